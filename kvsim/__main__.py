@@ -1,0 +1,5 @@
+"""`python -m kvsim` is the `kvsim` command."""
+
+from kvsim.cli import main
+
+main()

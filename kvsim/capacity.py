@@ -1,0 +1,253 @@
+"""Closed-form KV capacity: the arithmetic a planner does before any simulation.
+
+All functions are pure. Sizes are per tensor-parallel shard (one GPU), as vLLM sizes them.
+
+    bytes_per_token = 2 (K and V) · num_layers · max(1, num_kv_heads // tp) · head_dim · dtype_bytes
+    bytes_per_block = bytes_per_token · block_size
+    kv_pool_bytes   = memory · gpu_memory_utilization − weights − activation peak − non-torch
+    num_gpu_blocks  = floor(kv_pool_bytes / bytes_per_block)
+
+The simulation (`kvsim run`) shows how far real lengths sit from these worst cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvsim.config import DTYPE_BYTES, EngineConfig, GPUSpec, ModelSpec, ceil_div
+from kvsim.errors import KvsimError
+
+GIB = 2**30
+
+
+def kv_dtype_bytes(model: ModelSpec, engine: EngineConfig) -> int:
+    """Bytes of one KV element: the model's dtype for `auto`, 1 for any fp8 flavour."""
+    return engine.kv_dtype_bytes_override or model.dtype_bytes
+
+
+def kv_bytes_per_token(model: ModelSpec, engine: EngineConfig) -> int:
+    """`2 · layers · max(1, kv_heads // tp) · head_dim · dtype_bytes`.
+
+    OPT-13B fp16: 2 · 40 · 40 · 128 · 2 = 819,200 B (800 KiB); Llama-3.1-8B bf16:
+    2 · 32 · 8 · 128 · 2 = 131,072 B (128 KiB).
+    """
+    kv_heads_per_shard = max(1, model.num_kv_heads // engine.tensor_parallel_size)
+    return 2 * model.num_layers * kv_heads_per_shard * model.head_dim * kv_dtype_bytes(model, engine)
+
+
+def kv_bytes_per_block(model: ModelSpec, engine: EngineConfig) -> int:
+    """`bytes_per_token · block_size`."""
+    return kv_bytes_per_token(model, engine) * engine.block_size
+
+
+def weights_bytes(model: ModelSpec, tensor_parallel_size: int = 1) -> int:
+    """`num_params · dtype_bytes / tp`: every weight is split evenly across shards."""
+    assert model.num_params is not None
+    return ceil_div(model.num_params * model.dtype_bytes, tensor_parallel_size)
+
+
+def activation_peak_bytes(model: ModelSpec, engine: EngineConfig, max_model_len: int) -> int:
+    """Peak activation memory of vLLM's profiling forward pass (an estimate).
+
+    Assumption: vLLM profiles one forward of `max_num_batched_tokens` tokens (T); the peak is
+    inside one layer's MLP, where the gate/up output (2 · I / tp), the activated product
+    (I / tp) and about four hidden-sized buffers (residual, norm output, attention output,
+    projections: 4 · H) are live at once, plus fp32 logits for the sampled positions
+    (min(T, max_num_seqs) · vocab · 4 B):
+
+        T · (3 · I / tp + 4 · H) · dtype_bytes + min(T, max_num_seqs) · vocab · 4
+    """
+    tokens = engine.resolved_max_num_batched_tokens(max_model_len)
+    tp = engine.tensor_parallel_size
+    per_token = (3 * model.intermediate_size // tp + 4 * model.hidden_size) * model.dtype_bytes
+    logits = min(tokens, engine.max_num_seqs) * model.vocab_size * DTYPE_BYTES["float32"]
+    return tokens * per_token + logits
+
+
+def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> int:
+    """Bytes left for the KV cache on one GPU; `kv_cache_memory_bytes` replaces the estimate.
+
+    Raises `KvsimError` saying how many bytes are missing when the weights (per shard) do
+    not fit in `memory · gpu_memory_utilization`, or nothing is left for KV after them.
+    """
+    budget = int(gpu.memory_bytes * engine.gpu_memory_utilization)
+    weights = weights_bytes(model, engine.tensor_parallel_size)
+    if weights > budget:
+        raise KvsimError(
+            f"model={model.name}: weights need {weights:,} B per GPU (tensor_parallel_size="
+            f"{engine.tensor_parallel_size}) but {gpu.name} at gpu_memory_utilization="
+            f"{engine.gpu_memory_utilization} gives {budget:,} B; {weights - budget:,} B missing"
+        )
+    if engine.kv_cache_memory_bytes is not None:
+        return engine.kv_cache_memory_bytes
+    max_model_len = engine.resolved_max_model_len(model)
+    pool = budget - weights - activation_peak_bytes(model, engine, max_model_len)
+    pool -= engine.non_torch_memory_bytes
+    if pool <= 0:
+        raise KvsimError(
+            f"model={model.name}: no memory left for KV cache on {gpu.name} "
+            f"(weights + activations + non-torch exceed the budget by {-pool:,} B)"
+        )
+    return pool
+
+
+def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> int:
+    """`floor(kv_pool_bytes / bytes_per_block)`, or `num_gpu_blocks_override` when given."""
+    pool = kv_pool_bytes(model, gpu, engine)  # also checks that the weights fit
+    if engine.num_gpu_blocks_override is not None:
+        return engine.num_gpu_blocks_override
+    blocks = pool // kv_bytes_per_block(model, engine)
+    if blocks == 0:
+        raise KvsimError(f"kv pool of {pool:,} B holds no block of {kv_bytes_per_block(model, engine):,} B")
+    return blocks
+
+
+def vllm_max_concurrency(num_blocks: int, max_model_len: int, block_size: int) -> float:
+    """vLLM's startup log line "Maximum concurrency for N tokens per request":
+    `num_blocks / cdiv(max_model_len, block_size)` — every request assumed to reach max_model_len.
+    """
+    return num_blocks / ceil_div(max_model_len, block_size)
+
+
+def paged_max_seqs(num_blocks: int, context_len: int, block_size: int) -> int:
+    """Sequences of `context_len` tokens that fit with paging: `floor(num_blocks / cdiv(ctx, bs))`.
+
+    10,000 blocks of 16 tokens at 4,096 tokens: floor(10000 / 256) = 39.
+    """
+    return num_blocks // ceil_div(context_len, block_size)
+
+
+def slab_max_seqs(num_token_slots: int, max_model_len: int) -> int:
+    """Sequences that fit when each reserves a contiguous `max_model_len` slab, whatever its length."""
+    return num_token_slots // max_model_len
+
+
+def shared_prefix_blocks(
+    num_sequences: int, context_len: int, shared_prefix_tokens: int, block_size: int
+) -> tuple[int, int]:
+    """Blocks for N sequences of `context_len` tokens whose first P tokens are identical.
+
+    Returns (without sharing, with sharing). Only the prefix's full blocks are shared
+    (`P // bs`, stored once); each sequence keeps its own copy of the rest, including the
+    partial block where the prefix ends:
+
+        without = N · cdiv(ctx, bs)
+        with    = P // bs + N · (cdiv(ctx, bs) − P // bs)
+    """
+    assert shared_prefix_tokens <= context_len
+    per_seq = ceil_div(context_len, block_size)
+    shared = shared_prefix_tokens // block_size
+    return num_sequences * per_seq, shared + num_sequences * (per_seq - shared)
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityRow:
+    """One context length: how many sequences of that length fit (0 if above max_model_len)."""
+
+    context_len: int
+    blocks_per_seq: int
+    paged_max_seqs: int
+    slab_max_seqs: int
+    paged_max_seqs_fp8: int
+    shared_prefix_max_seqs: int | None = None
+    shared_prefix_blocks_without_sharing: int | None = None
+    shared_prefix_blocks_with_sharing: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityPlan:
+    """Everything `kvsim capacity` reports, for one model, GPU and engine configuration."""
+
+    model: str
+    gpu: str
+    kv_cache_dtype: str
+    block_size: int
+    max_model_len: int
+    bytes_per_token: int
+    bytes_per_block: int
+    weights_bytes: int
+    activation_peak_bytes: int
+    kv_pool_bytes: int
+    num_gpu_blocks: int
+    num_token_slots: int
+    max_concurrency: float
+    num_gpu_blocks_fp8: int
+    max_concurrency_fp8: float
+    shared_prefix_tokens: int
+    num_sequences: int
+    rows: list[CapacityRow] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan_capacity(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    engine: EngineConfig,
+    context_lengths: list[int],
+    shared_prefix_tokens: int = 0,
+    num_sequences: int = 0,
+) -> CapacityPlan:
+    """The concurrency table and the headline numbers, including fp8 KV and prefix sharing.
+
+    The fp8 column re-sizes the pool with `kv_cache_dtype=fp8` (same memory, half the bytes
+    per block for 16-bit models; `num_gpu_blocks_override` pins the block count for both).
+    Shared-prefix columns (when P > 0) assume `num_sequences` sequences of each context
+    length sharing the first P tokens (`shared_prefix_blocks`), and the most such sequences
+    that fit: `floor((num_blocks − P // bs) / (cdiv(ctx, bs) − P // bs))`.
+    """
+    if any(c <= 0 for c in context_lengths):
+        raise KvsimError(f"context_lengths={context_lengths}: every length must be positive")
+    if shared_prefix_tokens < 0 or num_sequences < 0:
+        raise KvsimError(
+            f"shared_prefix_tokens={shared_prefix_tokens}, num_sequences={num_sequences}: must be >= 0"
+        )
+    bs = engine.block_size
+    max_model_len = engine.resolved_max_model_len(model)
+    blocks = num_gpu_blocks(model, gpu, engine)
+    fp8 = engine.model_copy(update={"kv_cache_dtype": "fp8"})
+    blocks_fp8 = num_gpu_blocks(model, gpu, fp8)
+    slots = blocks * bs
+    rows = []
+    for ctx in sorted(set(context_lengths)):
+        servable = ctx <= max_model_len
+        row: dict[str, Any] = {
+            "context_len": ctx,
+            "blocks_per_seq": ceil_div(ctx, bs),
+            "paged_max_seqs": paged_max_seqs(blocks, ctx, bs) if servable else 0,
+            "slab_max_seqs": slab_max_seqs(slots, max_model_len) if servable else 0,
+            "paged_max_seqs_fp8": paged_max_seqs(blocks_fp8, ctx, bs) if servable else 0,
+        }
+        if shared_prefix_tokens and ctx >= shared_prefix_tokens:
+            shared = shared_prefix_tokens // bs
+            own = ceil_div(ctx, bs) - shared
+            without, with_ = shared_prefix_blocks(num_sequences, ctx, shared_prefix_tokens, bs)
+            fits = (blocks - shared) // own if own and servable else 0
+            row |= {
+                "shared_prefix_max_seqs": fits,
+                "shared_prefix_blocks_without_sharing": without,
+                "shared_prefix_blocks_with_sharing": with_,
+            }
+        rows.append(CapacityRow(**row))
+    return CapacityPlan(
+        model=model.name,
+        gpu=gpu.name,
+        kv_cache_dtype=engine.kv_cache_dtype,
+        block_size=bs,
+        max_model_len=max_model_len,
+        bytes_per_token=kv_bytes_per_token(model, engine),
+        bytes_per_block=kv_bytes_per_block(model, engine),
+        weights_bytes=weights_bytes(model, engine.tensor_parallel_size),
+        activation_peak_bytes=activation_peak_bytes(model, engine, max_model_len),
+        kv_pool_bytes=kv_pool_bytes(model, gpu, engine),
+        num_gpu_blocks=blocks,
+        num_token_slots=slots,
+        max_concurrency=vllm_max_concurrency(blocks, max_model_len, bs),
+        num_gpu_blocks_fp8=blocks_fp8,
+        max_concurrency_fp8=vllm_max_concurrency(blocks_fp8, max_model_len, bs),
+        shared_prefix_tokens=shared_prefix_tokens,
+        num_sequences=num_sequences,
+        rows=rows,
+    )

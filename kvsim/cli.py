@@ -1,0 +1,144 @@
+"""The `kvsim` command line: parse flags → validated config → call the library → print/write.
+
+No domain logic lives here. Every `KvsimError` becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+from kvsim.errors import KvsimError
+
+app = typer.Typer(
+    help="kvsim: capacity simulator for LLM serving with a paged KV cache.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_GPU = "h100-80gb"
+DEFAULT_CONTEXT_LENGTHS = "1024,2048,4096,8192,16384,32768"
+
+
+@app.callback()
+def _root() -> None:
+    """kvsim: capacity simulator for LLM serving with a paged KV cache."""
+
+
+class Format(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    markdown = "markdown"
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Print a `KvsimError` as one line and exit 2: the CLI never shows a traceback for bad input."""
+    try:
+        yield
+    except KvsimError as error:
+        typer.echo(f"kvsim: error: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
+def parse_int_list(text: str, field: str) -> list[int]:
+    """`1024,4096` → [1024, 4096]; anything else is an error naming the flag."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise KvsimError(f"{field}={text!r}: expected comma-separated integers") from None
+    if not values:
+        raise KvsimError(f"{field}={text!r}: expected at least one integer")
+    return values
+
+
+ModelOpt = Annotated[str, typer.Option("--model", help="Preset name or path to a HF config.json.")]
+GpuOpt = Annotated[str, typer.Option("--gpu", help="Preset name or path to a GPU YAML/JSON file.")]
+MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len")]
+BlockSizeOpt = Annotated[int | None, typer.Option("--block-size")]
+GpuUtilOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
+KvDtypeOpt = Annotated[str | None, typer.Option("--kv-cache-dtype", help="auto, fp8, fp8_e4m3, fp8_e5m2")]
+KvBytesOpt = Annotated[str | None, typer.Option("--kv-cache-memory-bytes", help="e.g. 12GiB")]
+BlocksOverrideOpt = Annotated[int | None, typer.Option("--num-gpu-blocks-override")]
+TpOpt = Annotated[int | None, typer.Option("--tensor-parallel-size", "-tp")]
+
+
+@app.command()
+def capacity(
+    model: ModelOpt = DEFAULT_MODEL,
+    gpu: GpuOpt = DEFAULT_GPU,
+    max_model_len: MaxModelLenOpt = None,
+    block_size: BlockSizeOpt = None,
+    gpu_memory_utilization: GpuUtilOpt = None,
+    kv_cache_dtype: KvDtypeOpt = None,
+    kv_cache_memory_bytes: KvBytesOpt = None,
+    num_gpu_blocks_override: BlocksOverrideOpt = None,
+    tensor_parallel_size: TpOpt = None,
+    context_lengths: Annotated[str, typer.Option("--context-lengths")] = DEFAULT_CONTEXT_LENGTHS,
+    shared_prefix_tokens: Annotated[int, typer.Option("--shared-prefix-tokens")] = 0,
+    num_sequences: Annotated[int, typer.Option("--num-sequences")] = 100,
+    output_format: Annotated[Format, typer.Option("--format")] = Format.table,
+) -> None:
+    """Closed-form KV capacity: pool, blocks, and max concurrent sequences per context length."""
+    from kvsim.capacity import plan_capacity
+    from kvsim.config import load_gpu, load_model, make_engine
+    from kvsim.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
+
+    with user_errors():
+        engine = make_engine(
+            max_model_len=max_model_len,
+            block_size=block_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_dtype=kv_cache_dtype,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            num_gpu_blocks_override=num_gpu_blocks_override,
+            tensor_parallel_size=tensor_parallel_size,
+        )
+        plan = plan_capacity(
+            load_model(model),
+            load_gpu(gpu),
+            engine,
+            parse_int_list(context_lengths, "--context-lengths"),
+            shared_prefix_tokens=shared_prefix_tokens,
+            num_sequences=num_sequences if shared_prefix_tokens else 0,
+        )
+    data = plan.to_dict()
+    rows = [{k: v for k, v in r.items() if v is not None} for r in data["rows"]]
+    if output_format is Format.json:
+        sys.stdout.write(to_json(data))
+    elif output_format is Format.csv:
+        sys.stdout.write(rows_to_csv(rows))
+    elif output_format is Format.markdown:
+        headline = {k: v for k, v in data.items() if k != "rows"}
+        sys.stdout.write(rows_to_markdown([headline]) + "\n" + rows_to_markdown(rows))
+    else:
+        from rich.console import Console
+
+        console = Console()
+        console.print(_headline(plan))
+        console.print(rows_to_rich(rows, title="Max concurrent sequences by context length"))
+
+
+def _headline(plan) -> str:  # plan: kvsim.capacity.CapacityPlan
+    gib = 2**30
+    return (
+        f"[bold]{plan.model}[/] on [bold]{plan.gpu}[/]  kv_cache_dtype={plan.kv_cache_dtype}  "
+        f"block_size={plan.block_size}  max_model_len={plan.max_model_len:,}\n"
+        f"KV: {plan.bytes_per_token:,} B/token, {plan.bytes_per_block:,} B/block; "
+        f"weights {plan.weights_bytes / gib:.2f} GiB; KV pool {plan.kv_pool_bytes / gib:.2f} GiB = "
+        f"{plan.num_gpu_blocks:,} blocks ({plan.num_token_slots:,} token slots)\n"
+        f"vLLM 'maximum concurrency' at max_model_len: {plan.max_concurrency:.2f}x "
+        f"(fp8 KV: {plan.num_gpu_blocks_fp8:,} blocks, {plan.max_concurrency_fp8:.2f}x)"
+    )
+
+
+def main() -> None:
+    app()

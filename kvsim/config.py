@@ -1,0 +1,285 @@
+"""Validated configuration: model shapes, GPU datasheets and vLLM-style engine arguments.
+
+Everything a user types passes through here once, at the boundary; the rest of kvsim
+trusts these frozen objects. A bad value raises `KvsimError` naming the field and value.
+
+Models load from a Hugging Face `config.json` (Llama, Mistral, Qwen2 and OPT field names)
+or a preset name (`kvsim/presets/models/*.json`, the same format). GPUs load from a preset
+name (`kvsim/presets/gpus.yaml`) or a YAML/JSON file with `GPUSpec`'s fields.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from kvsim.errors import KvsimError, from_validation_error
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any) -> Any:
+    """Parse `12GiB`, `1.5 GB`, `512MiB`, `4096` or a number into bytes (an int).
+
+    Binary units (KiB, MiB, GiB, TiB, and bare K/M/G/T as vLLM's docs use them) are powers of
+    1024; KB, MB, GB, TB are powers of 1000. Anything else is passed through for pydantic to
+    reject with the field name.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return int(value) if float(value).is_integer() else value
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match and match.group(2).lower() in _SIZE_UNITS:
+            number = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+            return int(number) if number.is_integer() else value
+        raise ValueError(f"not a size (use e.g. 12GiB, 512MiB, 4096): {value!r}")
+    return value
+
+
+Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
+"""A positive byte count that also accepts `12GiB`-style strings."""
+
+WeightDtype = Literal["float16", "bfloat16", "float32"]
+KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float16", "bfloat16"]
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSpec(BaseModel):
+    """The shapes of a decoder-only transformer that decide its KV and weight bytes.
+
+    `num_params` is computed from the shapes unless given (see `_count_params`).
+    """
+
+    model_config = _FROZEN
+
+    name: str
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0)
+    dtype: WeightDtype = "bfloat16"
+    gated_mlp: bool = True
+    tie_word_embeddings: bool = False
+    num_params: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> ModelSpec:
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
+            )
+        if self.num_params is None:
+            object.__setattr__(self, "num_params", _count_params(self))
+        return self
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+
+def _count_params(m: ModelSpec) -> int:
+    """Parameters from the shapes (biases and norms included only where they are not negligible).
+
+    per layer: q, o = hidden · heads · head_dim each; k, v = hidden · kv_heads · head_dim each;
+               MLP = (3 if gated else 2) · hidden · intermediate; two norms = 2 · hidden
+    model:     embeddings vocab · hidden (+ the same again for an untied LM head)
+               + max_position_embeddings · hidden for OPT's learned positions (not gated)
+    """
+    attn = 2 * m.hidden_size * m.num_attention_heads * m.head_dim
+    attn += 2 * m.hidden_size * m.num_kv_heads * m.head_dim
+    mlp = (3 if m.gated_mlp else 2) * m.hidden_size * m.intermediate_size
+    per_layer = attn + mlp + 2 * m.hidden_size
+    embed = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)
+    if not m.gated_mlp:
+        embed += m.max_position_embeddings * m.hidden_size
+    return m.num_layers * per_layer + embed + m.hidden_size
+
+
+def model_from_hf_config(raw: dict[str, Any], name: str) -> ModelSpec:
+    """Build a `ModelSpec` from a Hugging Face `config.json` dict (Llama/Mistral/Qwen2/OPT names)."""
+    is_opt = raw.get("model_type") == "opt"
+    try:
+        hidden = raw["hidden_size"]
+        heads = raw["num_attention_heads"]
+        fields = {
+            "name": name,
+            "num_layers": raw["num_hidden_layers"],
+            "hidden_size": hidden,
+            "num_attention_heads": heads,
+            "num_kv_heads": raw.get("num_key_value_heads") or heads,
+            "head_dim": raw.get("head_dim") or hidden // heads,
+            "intermediate_size": raw["ffn_dim"] if is_opt else raw["intermediate_size"],
+            "vocab_size": raw["vocab_size"],
+            "max_position_embeddings": raw.get("max_position_embeddings", 2048),
+            "dtype": raw.get("torch_dtype") or raw.get("dtype") or "float16",
+            "gated_mlp": not is_opt,
+            "tie_word_embeddings": raw.get("tie_word_embeddings", is_opt),
+        }
+    except KeyError as missing:
+        raise KvsimError(f"model config {name}: field {missing.args[0]!r} is missing") from None
+    if "num_params" in raw:
+        fields["num_params"] = raw["num_params"]
+    try:
+        return ModelSpec(**fields)
+    except ValidationError as error:
+        raise from_validation_error(error, prefix=f"model {name}") from None
+
+
+def model_presets() -> list[str]:
+    return sorted(p.stem for p in (PRESETS_DIR / "models").glob("*.json"))
+
+
+@cache
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset name (`llama-3.1-8b`) or a path to a `config.json`, YAML or JSON file."""
+    preset = PRESETS_DIR / "models" / f"{name_or_path}.json"
+    path = preset if preset.is_file() else Path(name_or_path)
+    if not path.is_file():
+        raise KvsimError(
+            f"model={name_or_path!r}: not a preset ({', '.join(model_presets())}) nor a file"
+        )
+    raw = _read_mapping(path, "model")
+    return model_from_hf_config(raw, name_or_path if preset.is_file() else path.stem)
+
+
+class GPUSpec(BaseModel):
+    """Datasheet figures of one GPU: memory, bandwidths and dense tensor-core rates."""
+
+    model_config = _FROZEN
+
+    name: str
+    memory_bytes: Bytes
+    hbm_bandwidth_bytes_per_s: float = Field(gt=0)
+    fp16_flops: float = Field(gt=0)
+    fp8_flops: float | None = Field(default=None, gt=0)
+    host_link_bandwidth_bytes_per_s: float = Field(gt=0)
+    source: str = "user-defined"
+
+
+@cache
+def _gpu_presets() -> dict[str, dict[str, Any]]:
+    return yaml.safe_load((PRESETS_DIR / "gpus.yaml").read_text())
+
+
+def gpu_presets() -> list[str]:
+    return sorted(_gpu_presets())
+
+
+@cache
+def load_gpu(name_or_path: str) -> GPUSpec:
+    """A preset name (`h100-80gb`) or a YAML/JSON file with `GPUSpec` fields."""
+    presets = _gpu_presets()
+    if name_or_path in presets:
+        raw, name = presets[name_or_path], name_or_path
+    elif Path(name_or_path).is_file():
+        raw, name = _read_mapping(Path(name_or_path), "gpu"), Path(name_or_path).stem
+    else:
+        raise KvsimError(f"gpu={name_or_path!r}: not a preset ({', '.join(gpu_presets())}) nor a file")
+    try:
+        return GPUSpec(**{"name": name, **raw})
+    except ValidationError as error:
+        raise from_validation_error(error, prefix=f"gpu {name}") from None
+
+
+def _read_mapping(path: Path, what: str) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text())  # YAML is a superset of JSON
+    except (OSError, yaml.YAMLError) as error:
+        raise KvsimError(f"{what} file {path}: cannot read: {str(error).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise KvsimError(f"{what} file {path}: expected a mapping of fields")
+    return raw
+
+
+class EngineConfig(BaseModel):
+    """vLLM's engine arguments (same names and defaults) plus kvsim's choice of allocator/scheduler.
+
+    `max_model_len=None` means the model's `max_position_embeddings`, as in vLLM.
+    `max_num_batched_tokens=None` means 2048 with chunked prefill (scheduler v1) and
+    `max(max_model_len, 2048)` otherwise, as in vLLM.
+    `non_torch_memory_bytes` is kvsim's estimate of what vLLM's profiler measures outside
+    PyTorch's allocator (CUDA context, NCCL, CUDA graphs); 1 GiB is typical for one GPU.
+    `watermark` is v0's fraction of blocks kept free at admission (v1 uses none).
+    """
+
+    model_config = _FROZEN
+
+    block_size: int = Field(default=16, gt=0)
+    max_model_len: int | None = Field(default=None, gt=0)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    kv_cache_dtype: KVCacheDtype = "auto"
+    kv_cache_memory_bytes: Bytes | None = None
+    num_gpu_blocks_override: int | None = Field(default=None, gt=0)
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    max_num_seqs: int = Field(default=256, gt=0)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    enable_prefix_caching: bool = True
+    swap_space: float = Field(default=4.0, ge=0, description="GiB of CPU swap per GPU")
+    preemption_mode: Literal["recompute", "swap"] | None = None
+    non_torch_memory_bytes: Annotated[int, BeforeValidator(parse_size), Field(ge=0)] = 2**30
+    allocator: Literal["paged", "slab-max", "slab-pow2", "slab-oracle"] = "paged"
+    scheduler: Literal["v1", "v0", "static"] = "v1"
+    watermark: float | None = Field(default=None, ge=0, lt=1)
+
+    def resolved_max_model_len(self, model: ModelSpec) -> int:
+        """`max_model_len`, defaulting to the model's; longer than the model allows is an error."""
+        if self.max_model_len is None:
+            return model.max_position_embeddings
+        if self.max_model_len > model.max_position_embeddings:
+            raise KvsimError(
+                f"max_model_len={self.max_model_len}: exceeds {model.name}'s "
+                f"max_position_embeddings={model.max_position_embeddings}"
+            )
+        return self.max_model_len
+
+    def resolved_max_num_batched_tokens(self, max_model_len: int) -> int:
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 2048 if self.scheduler == "v1" else max(max_model_len, 2048)
+
+    @property
+    def resolved_watermark(self) -> float:
+        if self.watermark is not None:
+            return self.watermark
+        return 0.01 if self.scheduler == "v0" else 0.0
+
+    @property
+    def kv_dtype_bytes_override(self) -> int | None:
+        """Bytes per KV element when the dtype is explicit; None for `auto` (the model's dtype)."""
+        return None if self.kv_cache_dtype == "auto" else DTYPE_BYTES[self.kv_cache_dtype]
+
+
+def make_engine(**fields: Any) -> EngineConfig:
+    """Validate engine fields (dropping those left as None) with one-line errors."""
+    try:
+        return EngineConfig(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as error:
+        raise from_validation_error(error) from None
+
+
+def ceil_div(a: int, b: int) -> int:
+    """`cdiv` as vLLM spells it: the number of size-`b` pieces that hold `a`."""
+    return -(-a // b)
+

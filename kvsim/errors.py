@@ -1,0 +1,34 @@
+"""The one error type users see, and the translation of pydantic's errors into it.
+
+Contract: every problem with user input (a flag, a scenario field, a file) is raised as
+`KvsimError` whose message is one line naming the field and the offending value. The CLI
+prints that line and exits non-zero; it never shows a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+
+class KvsimError(ValueError):
+    """Bad user input or an impossible request; the message is a complete one-line explanation."""
+
+
+def from_validation_error(error: ValidationError, prefix: str = "") -> KvsimError:
+    """Turn pydantic's multi-line report into one line: `field.path=value: reason`.
+
+    Only the first problem is reported: fixing one field at a time is how people work, and a
+    single line keeps the CLI contract.
+    """
+    first = error.errors()[0]
+    loc = ".".join(str(part) for part in first["loc"])
+    field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "value")
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        return KvsimError(f"{field}: unknown key")
+    if first["type"] == "missing":
+        return KvsimError(f"{field}: required field is missing")
+    return KvsimError(f"{field}={first.get('input')!r}: {message}")

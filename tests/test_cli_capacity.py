@@ -1,0 +1,77 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+
+runner = CliRunner()
+
+
+def run_json(*args):
+    result = runner.invoke(app, ["capacity", *args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_seed_exercise():
+    data = run_json("--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--num-gpu-blocks-override", "10000",
+                    "--context-lengths", "4096")
+    assert data["rows"][0]["paged_max_seqs"] == 39
+    for key in ("bytes_per_token", "bytes_per_block", "num_gpu_blocks", "kv_pool_bytes", "weights_bytes",
+                "max_concurrency"):
+        assert key in data
+
+
+def test_paper_table1():
+    data = run_json("--model", "opt-13b", "--kv-cache-memory-bytes", "12GiB")
+    assert data["bytes_per_token"] == 819_200
+    assert data["num_gpu_blocks"] == 983 and data["num_token_slots"] == 15_728
+
+
+def test_fp8_and_max_model_len_flags():
+    auto = run_json("--max-model-len", "8192", "--context-lengths", "1024")
+    fp8 = run_json("--max-model-len", "8192", "--context-lengths", "1024", "--kv-cache-dtype", "fp8")
+    half = run_json("--max-model-len", "4096", "--context-lengths", "1024")
+    assert fp8["bytes_per_block"] * 2 == auto["bytes_per_block"]
+    assert half["rows"][0]["slab_max_seqs"] >= 2 * auto["rows"][0]["slab_max_seqs"]
+
+
+def test_shared_prefix_flags():
+    data = run_json("--num-gpu-blocks-override", "10000", "--context-lengths", "5100",
+                    "--shared-prefix-tokens", "5000", "--num-sequences", "100")
+    row = data["rows"][0]
+    assert row["shared_prefix_blocks_with_sharing"] == 312 + 700
+    assert row["shared_prefix_max_seqs"] == (10000 - 312) // 7
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "markdown"])
+def test_other_formats(fmt):
+    result = runner.invoke(app, ["capacity", "--format", fmt, "--context-lengths", "4096"])
+    assert result.exit_code == 0 and "4" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [(["--model", "gpt-9"], "gpt-9"), (["--gpu", "tpu"], "tpu"), (["--kv-cache-dtype", "int2"], "int2"),
+     (["--block-size", "0"], "block_size"), (["--kv-cache-memory-bytes", "-5GiB"], "kv_cache_memory_bytes"),
+     (["--gpu-memory-utilization", "1.2"], "gpu_memory_utilization"),
+     (["--model", "llama-3.1-70b"], "missing"), (["--context-lengths", "4k"], "--context-lengths")],
+)
+def test_bad_input_is_one_line_and_nonzero(args, needle):
+    result = runner.invoke(app, ["capacity", *args])
+    assert result.exit_code == 2
+    assert needle in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
+
+
+def test_import_is_light_and_module_entry_point_works():
+    code = "import sys, kvsim, kvsim.capacity, kvsim.config; bad = {'torch','triton','matplotlib','simpy'} & set(sys.modules); print(sorted(bad))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    out = subprocess.run([sys.executable, "-m", "kvsim", "capacity", "--format", "csv"], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.startswith("context_len,")

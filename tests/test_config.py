@@ -1,0 +1,107 @@
+import json
+
+import pytest
+
+from kvsim.config import EngineConfig, load_gpu, load_model, make_engine, model_presets, parse_size
+from kvsim.errors import KvsimError
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("12GiB", 12 * 2**30), ("12 GB", 12 * 10**9), ("512MiB", 512 * 2**20), ("4096", 4096),
+     (4096, 4096), ("1.5GiB", 3 * 2**29), ("4G", 4 * 2**30)],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["12 parsecs", "GiB", "-1GiB"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_every_preset_loads_and_counts_plausible_params():
+    expected_billions = {
+        "opt-13b": 12.9, "opt-66b": 65.7, "opt-175b": 174.6, "llama-2-7b": 6.7, "llama-2-13b": 13.0,
+        "llama-2-70b": 69.0, "llama-3.1-8b": 8.03, "llama-3.1-70b": 70.6, "mistral-7b": 7.24,
+        "qwen2.5-7b": 7.6,
+    }
+    assert set(expected_billions) <= set(model_presets())
+    for name, billions in expected_billions.items():
+        model = load_model(name)
+        assert model.num_params / 1e9 == pytest.approx(billions, rel=0.02), name
+
+
+def test_gqa_and_mha_shapes():
+    assert load_model("llama-2-70b").num_kv_heads == 8
+    assert load_model("llama-2-7b").num_kv_heads == 32
+    assert load_model("opt-13b").head_dim == 128
+    assert load_model("qwen2.5-7b").head_dim == 128
+
+
+def test_hf_config_file(tmp_path):
+    raw = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000,
+           "max_position_embeddings": 512, "torch_dtype": "float16"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    model = load_model(str(path))
+    assert (model.num_layers, model.num_kv_heads, model.head_dim) == (2, 2, 64)
+    # 2 layers · (2·256·256 + 2·256·128 + 3·256·512 + 2·256) + 2·1000·256 + 256
+    assert model.num_params == 2 * (131072 + 65536 + 393216 + 512) + 512000 + 256
+
+
+def test_hf_config_missing_field_names_it(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 256}))
+    with pytest.raises(KvsimError, match="num_attention_heads"):
+        load_model(str(path))
+
+
+def test_user_gpu_yaml(tmp_path):
+    path = tmp_path / "mygpu.yaml"
+    path.write_text("memory_bytes: 24GiB\nhbm_bandwidth_bytes_per_s: 1e12\nfp16_flops: 1e14\n"
+                    "host_link_bandwidth_bytes_per_s: 3.2e10\n")
+    gpu = load_gpu(str(path))
+    assert gpu.memory_bytes == 24 * 2**30 and gpu.fp8_flops is None
+
+
+def test_gpu_yaml_bad_value_names_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("memory_bytes: -3GiB\nhbm_bandwidth_bytes_per_s: 1e12\nfp16_flops: 1e14\n"
+                    "host_link_bandwidth_bytes_per_s: 3.2e10\n")
+    with pytest.raises(KvsimError, match="memory_bytes"):
+        load_gpu(str(path))
+
+
+def test_unknown_presets():
+    with pytest.raises(KvsimError, match="model='gpt-9'"):
+        load_model("gpt-9")
+    with pytest.raises(KvsimError, match="gpu='tpu-v9'"):
+        load_gpu("tpu-v9")
+
+
+def test_engine_defaults_follow_vllm():
+    engine = EngineConfig()
+    assert engine.block_size == 16 and engine.gpu_memory_utilization == 0.9
+    assert engine.kv_cache_dtype == "auto" and engine.swap_space == 4.0
+    assert engine.resolved_max_num_batched_tokens(8192) == 2048
+    assert engine.model_copy(update={"scheduler": "v0"}).resolved_max_num_batched_tokens(8192) == 8192
+    assert engine.resolved_watermark == 0.0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("gpu_memory_utilization", 1.5), ("gpu_memory_utilization", 0), ("block_size", 0),
+     ("kv_cache_dtype", "int3"), ("kv_cache_memory_bytes", "-1GiB"), ("max_num_seqs", -4)],
+)
+def test_engine_errors_name_field_and_value(field, value):
+    with pytest.raises(KvsimError, match=field) as info:
+        make_engine(**{field: value})
+    assert "\n" not in str(info.value)
+
+
+def test_max_model_len_above_model_limit():
+    with pytest.raises(KvsimError, match="max_model_len=4096"):
+        EngineConfig(max_model_len=4096).resolved_max_model_len(load_model("opt-13b"))
