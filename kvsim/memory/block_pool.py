@@ -1,0 +1,122 @@
+"""Physical KV blocks: ref counts, the free queue (eviction order) and the prefix-cache map.
+
+This is mechanism only (vLLM v1's `BlockPool`); which blocks a sequence uses is policy and
+lives in `paged.py`.
+
+    free queue (head = next to reuse)                         tail (reused last)
+    ┌───────────────────────────┬─────────────────────────────────────────────┐
+    │ freed blocks with no hash │ freed cached blocks, least recently freed → │
+    └───────────────────────────┴─────────────────────────────────────────────┘
+
+* A block is *in use* when `ref_count > 0`, otherwise it is in the free queue.
+* A freed block with a content hash goes to the tail (LRU: its content may be hit again);
+  one without a hash goes to the head (nothing to keep).
+* Eviction is lazy: a cached block stays findable by hash while free, and is dropped from
+  the hash map only when `get_new_blocks` pops it for reuse.
+* A prefix hit on a free cached block (`touch`) pulls it out of the queue in O(1).
+* With `null_block=True`, block 0 is reserved (vLLM's null block) and never handed out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+NULL_BLOCK_ID = 0
+
+
+class BlockPool:
+    """`num_blocks` physical blocks; `num_usable_blocks` excludes the null block."""
+
+    __slots__ = ("num_blocks", "null_block", "ref_counts", "block_hashes", "free_queue", "cached")
+
+    def __init__(self, num_blocks: int, null_block: bool = True) -> None:
+        assert num_blocks > int(null_block), "a pool needs at least one usable block"
+        self.num_blocks = num_blocks
+        self.null_block = null_block
+        self.ref_counts = [0] * num_blocks
+        self.block_hashes: list[int | None] = [None] * num_blocks
+        first = 1 if null_block else 0
+        # OrderedDict as an O(1) doubly linked list: popitem(last=False) pops the head,
+        # move_to_end(last=False) pushes to the head, pop(key) removes from the middle.
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(first, num_blocks))
+        self.cached: dict[int, int] = {}  # content hash -> block id
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - int(self.null_block)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with ref_count 0, cached or not: all can be handed out."""
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        """vLLM's `kv_cache_usage_perc`: 1 − free / usable (cached-but-free counts as free)."""
+        return 1.0 - self.num_free_blocks / self.num_usable_blocks
+
+    def get_new_blocks(self, n: int) -> list[int]:
+        """Pop `n` blocks from the head, evicting their cached content; each gets ref_count 1.
+
+        The caller checks `num_free_blocks >= n` first ("can't" is decided before, not here).
+        """
+        assert n <= len(self.free_queue), f"asked for {n} blocks, {len(self.free_queue)} free"
+        popped = []
+        for _ in range(n):
+            block_id, _ = self.free_queue.popitem(last=False)
+            block_hash = self.block_hashes[block_id]
+            if block_hash is not None:
+                if self.cached.get(block_hash) == block_id:
+                    del self.cached[block_hash]
+                self.block_hashes[block_id] = None
+            self.ref_counts[block_id] = 1
+            popped.append(block_id)
+        return popped
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Take one more reference to each block (a prefix hit or a fork)."""
+        for block_id in block_ids:
+            if self.ref_counts[block_id] == 0:
+                del self.free_queue[block_id]
+            self.ref_counts[block_id] += 1
+
+    def free_blocks(self, ordered_block_ids: Sequence[int]) -> None:
+        """Drop one reference from each block, in the given order (callers pass tail-first).
+
+        A block whose count reaches zero joins the free queue: at the tail if it is cached,
+        at the head if not.
+        """
+        for block_id in ordered_block_ids:
+            self.ref_counts[block_id] -= 1
+            assert self.ref_counts[block_id] >= 0, f"block {block_id} freed too often"
+            if self.ref_counts[block_id] == 0:
+                self.free_queue[block_id] = None
+                if self.block_hashes[block_id] is None:
+                    self.free_queue.move_to_end(block_id, last=False)
+
+    def cache_block(self, block_id: int, block_hash: int) -> None:
+        """Record a full block's content hash so that later requests can hit it.
+
+        If another block already holds the same content (two requests computed it at the
+        same time), the first stays the one found by lookups and this one is not cached.
+        """
+        assert self.ref_counts[block_id] > 0 and self.block_hashes[block_id] is None
+        if block_hash not in self.cached:
+            self.cached[block_hash] = block_id
+            self.block_hashes[block_id] = block_hash
+
+    def lookup(self, block_hash: int) -> int | None:
+        return self.cached.get(block_hash)
+
+    def check_invariants(self) -> None:
+        """Blocks are conserved and the queue, counts and hash map agree."""
+        first = 1 if self.null_block else 0
+        in_use = sum(1 for b in range(first, self.num_blocks) if self.ref_counts[b] > 0)
+        assert in_use + len(self.free_queue) == self.num_usable_blocks, "blocks not conserved"
+        for block_id in self.free_queue:
+            assert self.ref_counts[block_id] == 0, f"free block {block_id} has references"
+        assert NULL_BLOCK_ID not in self.free_queue or not self.null_block
+        for block_hash, block_id in self.cached.items():
+            assert self.block_hashes[block_id] == block_hash, f"hash map stale at block {block_id}"
+        assert sum(h is not None for h in self.block_hashes) == len(self.cached)

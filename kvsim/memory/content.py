@@ -1,0 +1,104 @@
+"""What a sequence's tokens are, as far as prefix caching needs to know: block identities.
+
+vLLM hashes each full block as `hash(parent_hash, block_tokens, extra_keys)`, so equal
+hashes mean equal prefixes. kvsim rarely has token ids, so a sequence's content is either
+
+* `SegmentContent`: a list of (segment_id, num_tokens) pieces — a shared system prompt, a
+  conversation's earlier turns, Mooncake's 512-token `hash_ids`, a request's own output —
+  where token `i` of a segment is the same token wherever that segment appears; or
+* `TokenContent`: real token ids (the token-level ShareGPT workload).
+
+Both give `block_hashes(block_size, n)`: the chained hashes of the first `n` full blocks,
+computed once and memoised on the object.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Hashable, Sequence
+from itertools import accumulate
+
+ROOT_HASH = 0x6B7673696D  # the parent hash of block 0
+
+
+class _ChainedHashes:
+    """Lazily extended chain `h[i] = hash((h[i-1], key(i)))` for one block size."""
+
+    __slots__ = ("_hashes", "_block_size")
+
+    def __init__(self) -> None:
+        self._hashes: list[int] = []
+        self._block_size = 0
+
+    def block_key(self, start: int, end: int) -> Hashable:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def num_tokens(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def block_hashes(self, block_size: int, num_blocks: int) -> list[int]:
+        """Hashes of the first `num_blocks` full blocks (the content must cover them)."""
+        if block_size != self._block_size:
+            self._hashes, self._block_size = [], block_size
+        hashes = self._hashes
+        assert num_blocks * block_size <= self.num_tokens, "hashing beyond the known content"
+        parent = hashes[-1] if hashes else ROOT_HASH
+        for i in range(len(hashes), num_blocks):
+            parent = hash((parent, self.block_key(i * block_size, (i + 1) * block_size)))
+            hashes.append(parent)
+        return hashes[:num_blocks] if num_blocks < len(hashes) else hashes
+
+
+class SegmentContent(_ChainedHashes):
+    """Content made of named segments; a block's key lists the segment pieces it covers.
+
+        segments: (sys, 5000) (conv7.turn0, 300) (conv7.out0, 120) ...
+        tokens:   |----- sys -----|--- turn0 ---|-- out0 --| ...
+        block i covers [i·bs, (i+1)·bs) → key ((sys, 4992, 5000), (conv7.turn0, 0, 8))
+    """
+
+    __slots__ = ("segments", "_starts", "_num_tokens")
+
+    def __init__(self, segments: Sequence[tuple[Hashable, int]]) -> None:
+        super().__init__()
+        self.segments = tuple(segments)
+        lengths = [n for _, n in self.segments]
+        assert all(n > 0 for n in lengths), "segments must be non-empty"
+        self._starts = [0, *accumulate(lengths)]
+        self._num_tokens = self._starts[-1]
+
+    @property
+    def num_tokens(self) -> int:
+        return self._num_tokens
+
+    def block_key(self, start: int, end: int) -> Hashable:
+        pieces = []
+        i = bisect_right(self._starts, start) - 1
+        while start < end:
+            seg_id, _ = self.segments[i]
+            seg_start, seg_end = self._starts[i], self._starts[i + 1]
+            stop = min(end, seg_end)
+            pieces.append((seg_id, start - seg_start, stop - seg_start))
+            start, i = stop, i + 1
+        return tuple(pieces)
+
+
+class TokenContent(_ChainedHashes):
+    """Content given as real token ids."""
+
+    __slots__ = ("token_ids",)
+
+    def __init__(self, token_ids: Sequence[int]) -> None:
+        super().__init__()
+        self.token_ids = tuple(token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def block_key(self, start: int, end: int) -> Hashable:
+        return self.token_ids[start:end]
+
+
+Content = SegmentContent | TokenContent

@@ -1,0 +1,381 @@
+"""Paged KV allocation (PagedAttention): a block table per sequence over a shared `BlockPool`.
+
+    sequence A  block_table [7, 3, 9]      tokens 0..15 | 16..31 | 32..36 (5 of 16 used)
+    sequence B  block_table [7, 3, 4]      (forked from A, or hit A's cached prefix)
+    physical    block 7: ref_count 2, block 3: ref_count 2, block 9: 1, block 4: 1
+
+Contract:
+* Blocks are allocated only when a sequence crosses a block boundary (on demand).
+* `allocate` is all-or-nothing: when it returns False nothing has changed.
+* Prefix caching (`enable_caching`): each full block is registered under its chained
+  content hash; `lookup_prefix` walks from block 0 and stops at the first miss, and never
+  hits the block holding a prompt's last token (its logits must be recomputed).
+* Copy-on-write: writing into a block with `ref_count > 1` (only a partial last block
+  shared by `fork` can be) first copies it to a new block; each copy is counted.
+* Swap moves whole sequences' blocks to a CPU `BlockPool` and back, all-or-nothing.
+* Waste counters (`num_filled_slots`, `num_reserved_slots`) are kept incrementally and
+  re-derived from scratch by `check_invariants`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvsim.config import ceil_div
+from kvsim.memory.block_pool import BlockPool
+from kvsim.memory.content import Content
+
+
+@dataclass(slots=True)
+class SeqBlocks:
+    """One sequence's view of the cache: its block table and how many slots it has written."""
+
+    block_table: list[int]
+    num_tokens: int
+    final_num_tokens: int
+    content: Content | None
+    num_hashed_blocks: int  # leading blocks whose content hash has been registered (or tried)
+    reservable: int = 0  # slots this sequence holds for tokens it has or will have (see _own_reservable)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixHit:
+    num_tokens: int
+    block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SwapResult:
+    num_blocks: int
+    num_bytes: int
+
+
+NO_HIT = PrefixHit(0, ())
+
+
+class PagedAllocator:
+    """Block tables over a GPU pool (and a CPU pool for swap); the policy half of vLLM's KV manager."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        null_block: bool = True,
+        num_cpu_blocks: int = 0,
+        bytes_per_block: int = 0,
+    ) -> None:
+        self.pool = BlockPool(num_blocks, null_block=null_block)
+        self.cpu_pool = BlockPool(num_cpu_blocks, null_block=False) if num_cpu_blocks else None
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.bytes_per_block = bytes_per_block
+        self.seqs: dict[int, SeqBlocks] = {}
+        self.swapped: dict[int, SeqBlocks] = {}
+        self.block_fill = [0] * num_blocks  # tokens stored in each GPU block
+        self.num_filled_slots = 0  # Σ fill over GPU blocks with ref_count > 0
+        self._sum_written = 0  # Σ num_tokens over GPU sequences
+        self._sum_reservable = 0  # Σ seq.reservable over GPU sequences
+        self.num_copy_on_writes = 0
+        self.num_prefix_queries_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_total_slots(self) -> int:
+        return self.pool.num_usable_blocks * self.block_size
+
+    @property
+    def num_held_slots(self) -> int:
+        return (self.pool.num_usable_blocks - self.pool.num_free_blocks) * self.block_size
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.pool.num_free_blocks * self.block_size
+
+    @property
+    def num_reserved_slots(self) -> int:
+        """Held slots that the owning sequence will still fill (its last block's future tokens)."""
+        return self._sum_reservable - self._sum_written
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def external_fragmentation_slots(self, next_request_slots: int | None) -> int:
+        """Zero by construction: any free block can serve any sequence."""
+        return 0
+
+    def held_blocks(self, seq_id: int) -> int:
+        seq = self.seqs.get(seq_id)
+        return len(seq.block_table) if seq else 0
+
+    # ------------------------------------------------------------ prefix cache
+    def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:
+        """Longest run of cached full blocks from block 0, never covering the last token.
+
+        Counts the query and the hit (in tokens) for vLLM's prefix-cache metrics.
+        """
+        if not self.enable_caching or content is None:
+            return NO_HIT
+        self.num_prefix_queries_tokens += num_tokens
+        max_blocks = (num_tokens - 1) // self.block_size
+        hits = []
+        for block_hash in content.block_hashes(self.block_size, max_blocks):
+            block_id = self.pool.lookup(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        self.num_prefix_hit_tokens += len(hits) * self.block_size
+        return PrefixHit(len(hits) * self.block_size, tuple(hits))
+
+    # ------------------------------------------------------------- allocation
+    def _blocks_needed(self, seq: SeqBlocks | None, num_tokens_total: int, hit: PrefixHit) -> int:
+        """Free blocks `allocate` would consume: new blocks, a copy-on-write, free cached hits."""
+        if seq is None:
+            table_len, written, last = len(hit.block_ids), hit.num_tokens, None
+            needed = sum(1 for b in hit.block_ids if self.pool.ref_counts[b] == 0)
+        else:
+            table_len, written, needed = len(seq.block_table), seq.num_tokens, 0
+            last = seq.block_table[-1] if seq.block_table else None
+        needed += max(0, ceil_div(num_tokens_total, self.block_size) - table_len)
+        if (
+            last is not None
+            and num_tokens_total > written
+            and written % self.block_size
+            and self.pool.ref_counts[last] > 1
+        ):
+            needed += 1
+        return needed
+
+    def can_allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
+                     hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:
+        """Whether `allocate` would succeed while leaving `reserve_slots` free (v0's watermark)."""
+        needed = self._blocks_needed(self.seqs.get(seq_id), num_tokens_total, hit)
+        return needed == 0 or needed + ceil_div(reserve_slots, self.block_size) <= self.pool.num_free_blocks
+
+    def allocate(
+        self,
+        seq_id: int,
+        num_tokens_total: int,
+        final_num_tokens: int | None = None,
+        content: Content | None = None,
+        hit: PrefixHit = NO_HIT,
+        reserve_slots: int = 0,
+    ) -> bool:
+        """Make the sequence hold slots for `num_tokens_total` tokens and mark them written.
+
+        A new sequence starts from `hit` (its cached prefix blocks); `final_num_tokens` (its
+        prompt + output length) is needed only to classify free slots as reserved vs internal
+        fragmentation. Returns False, changing nothing, when the blocks are not there.
+        """
+        seq = self.seqs.get(seq_id)
+        needed = self._blocks_needed(seq, num_tokens_total, hit)
+        if needed and needed + ceil_div(reserve_slots, self.block_size) > self.pool.num_free_blocks:
+            return False
+        if seq is None:
+            seq = self._start(seq_id, final_num_tokens or num_tokens_total, content, hit)
+        if num_tokens_total > seq.num_tokens:
+            self._write(seq, num_tokens_total)
+        return True
+
+    def _start(self, seq_id: int, final_num_tokens: int, content: Content | None, hit: PrefixHit) -> SeqBlocks:
+        pool = self.pool
+        for block_id in hit.block_ids:
+            if pool.ref_counts[block_id] == 0:
+                self.num_filled_slots += self.block_fill[block_id]
+        pool.touch(hit.block_ids)
+        seq = SeqBlocks(list(hit.block_ids), hit.num_tokens, final_num_tokens, content, len(hit.block_ids))
+        self.seqs[seq_id] = seq
+        self._sum_written += seq.num_tokens
+        self._set_reservable(seq, self._own_reservable(seq))
+        return seq
+
+    def _own_reservable(self, seq: SeqBlocks) -> int:
+        """`min(held slots, final length)`: what the sequence holds and will fill."""
+        return min(len(seq.block_table) * self.block_size, seq.final_num_tokens)
+
+    def _set_reservable(self, seq: SeqBlocks, value: int) -> None:
+        self._sum_reservable += value - seq.reservable
+        seq.reservable = value
+
+    def _write(self, seq: SeqBlocks, num_tokens_total: int) -> None:
+        bs, pool, table = self.block_size, self.pool, seq.block_table
+        written = seq.num_tokens
+        seq.final_num_tokens = max(seq.final_num_tokens, num_tokens_total)  # outgrew its estimate
+        if written % bs and pool.ref_counts[table[-1]] > 1:
+            self._copy_on_write(seq)
+        new_len = ceil_div(num_tokens_total, bs)
+        if new_len > len(table):
+            fresh = pool.get_new_blocks(new_len - len(table))
+            for block_id in fresh:
+                self.block_fill[block_id] = 0
+            table.extend(fresh)
+        fill = self.block_fill
+        for index in range(written // bs, new_len):
+            block_id = table[index]
+            assert pool.ref_counts[block_id] == 1, f"writing shared block {block_id}"
+            fill[block_id] = min(bs, num_tokens_total - index * bs)
+        self.num_filled_slots += num_tokens_total - written
+        self._sum_written += num_tokens_total - written
+        seq.num_tokens = num_tokens_total
+        self._set_reservable(seq, self._own_reservable(seq))
+        if self.enable_caching and seq.content is not None:
+            self._hash_full_blocks(seq)
+
+    def _copy_on_write(self, seq: SeqBlocks) -> None:
+        """Give `seq` a private copy of its shared, partially filled last block."""
+        shared = seq.block_table[-1]
+        (copy,) = self.pool.get_new_blocks(1)
+        self.block_fill[copy] = self.block_fill[shared]
+        self.num_filled_slots += self.block_fill[copy]
+        self.pool.free_blocks([shared])  # still referenced by the other sharers
+        seq.block_table[-1] = copy
+        self.num_copy_on_writes += 1
+
+    def _hash_full_blocks(self, seq: SeqBlocks) -> None:
+        num_full = min(seq.num_tokens, seq.content.num_tokens) // self.block_size
+        if num_full <= seq.num_hashed_blocks:
+            return
+        hashes = seq.content.block_hashes(self.block_size, num_full)
+        for index in range(seq.num_hashed_blocks, num_full):
+            block_id = seq.block_table[index]
+            if self.pool.block_hashes[block_id] is None:
+                self.pool.cache_block(block_id, hashes[index])
+        seq.num_hashed_blocks = num_full
+
+    # ---------------------------------------------------------- fork and free
+    shares_blocks = True  # fork shares; slabs instead reserve each child's region at admission
+
+    def reserve(self, seq_id: int, final_num_tokens: int) -> bool:
+        """Nothing to reserve ahead with paging (a forked child shares its parent's blocks)."""
+        return True
+
+    def fork(self, parent_id: int, child_id: int, child_content: Content | None = None,
+             child_final_num_tokens: int | None = None) -> None:
+        """The child shares all of the parent's blocks (parallel sampling, beam search)."""
+        parent = self.seqs[parent_id]
+        assert child_id not in self.seqs and child_id not in self.swapped
+        self.pool.touch(parent.block_table)
+        final = child_final_num_tokens or parent.final_num_tokens
+        child = SeqBlocks(list(parent.block_table), parent.num_tokens, final,
+                          child_content or parent.content, parent.num_hashed_blocks)
+        self.seqs[child_id] = child
+        self._sum_written += child.num_tokens
+        # The shared partial last block's future slots are the parent's until a copy-on-write.
+        self._set_reservable(child, child.num_tokens)
+
+    def free(self, seq_id: int) -> None:
+        """Release a sequence's blocks tail-first (its last blocks are evicted first)."""
+        if seq_id in self.swapped:
+            seq = self.swapped.pop(seq_id)
+            assert self.cpu_pool is not None
+            self.cpu_pool.free_blocks(seq.block_table[::-1])
+            return
+        seq = self.seqs.pop(seq_id)
+        self._release_gpu(seq)
+
+    def _release_gpu(self, seq: SeqBlocks) -> None:
+        ref_counts = self.pool.ref_counts
+        for block_id in seq.block_table:
+            if ref_counts[block_id] == 1:
+                self.num_filled_slots -= self.block_fill[block_id]
+        self.pool.free_blocks(seq.block_table[::-1])
+        self._sum_written -= seq.num_tokens
+        self._set_reservable(seq, 0)
+
+    # ------------------------------------------------------------------- swap
+    def _swap_plan(self, tables: Sequence[list[int]]) -> list[int]:
+        """The distinct blocks of a group of sequences, in first-seen order."""
+        return list(dict.fromkeys(b for table in tables for b in table))
+
+    def swap_out(self, seq_ids: Sequence[int]) -> SwapResult | None:
+        """Move a group's blocks to the CPU pool; None (nothing changed) if it lacks room."""
+        if self.cpu_pool is None:
+            return None
+        seqs = [self.seqs[s] for s in seq_ids]
+        unique = self._swap_plan([s.block_table for s in seqs])
+        if len(unique) > self.cpu_pool.num_free_blocks:
+            return None
+        mapping = dict(zip(unique, self.cpu_pool.get_new_blocks(len(unique)), strict=True))
+        for seq_id, seq in zip(seq_ids, seqs, strict=True):
+            del self.seqs[seq_id]
+            self._release_gpu(seq)
+            seq.block_table = [mapping[b] for b in seq.block_table]
+            seq.num_hashed_blocks = 0
+            self.swapped[seq_id] = seq
+        self._touch_extra_refs(self.cpu_pool, [s.block_table for s in seqs])
+        return SwapResult(len(unique), len(unique) * self.bytes_per_block)
+
+    def can_swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> bool:
+        unique = self._swap_plan([self.swapped[s].block_table for s in seq_ids])
+        return len(unique) + ceil_div(reserve_slots, self.block_size) <= self.pool.num_free_blocks
+
+    def swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> SwapResult | None:
+        """Bring a swapped group back to new GPU blocks; None (nothing changed) if they don't fit."""
+        if not self.can_swap_in(seq_ids, reserve_slots):
+            return None
+        assert self.cpu_pool is not None
+        seqs = [self.swapped[s] for s in seq_ids]
+        unique = self._swap_plan([s.block_table for s in seqs])
+        fresh = self.pool.get_new_blocks(len(unique))
+        mapping = dict(zip(unique, fresh, strict=True))
+        last_blocks: set[int] = set()
+        for seq_id, seq in zip(seq_ids, seqs, strict=True):
+            self.cpu_pool.free_blocks(seq.block_table[::-1])
+            seq.block_table = [mapping[b] for b in seq.block_table]
+            del self.swapped[seq_id]
+            self.seqs[seq_id] = seq
+            for index, block_id in enumerate(seq.block_table):
+                self.block_fill[block_id] = min(self.block_size, seq.num_tokens - index * self.block_size)
+            self._sum_written += seq.num_tokens
+            shares_last = bool(seq.block_table) and seq.block_table[-1] in last_blocks
+            self._set_reservable(seq, seq.num_tokens if shares_last else self._own_reservable(seq))
+            last_blocks.update(seq.block_table[-1:])
+        self._touch_extra_refs(self.pool, [s.block_table for s in seqs])
+        self.num_filled_slots += sum(self.block_fill[b] for b in fresh)
+        for seq in seqs:
+            if self.enable_caching and seq.content is not None:
+                self._hash_full_blocks(seq)
+        return SwapResult(len(unique), len(unique) * self.bytes_per_block)
+
+    @staticmethod
+    def _touch_extra_refs(pool: BlockPool, tables: Sequence[list[int]]) -> None:
+        """New blocks start at ref_count 1; a block in k tables of the group needs k."""
+        seen: set[int] = set()
+        for table in tables:
+            for block_id in table:
+                if block_id in seen:
+                    pool.touch([block_id])
+                seen.add(block_id)
+
+    # ------------------------------------------------------------- invariants
+    def check_invariants(self) -> None:
+        """Blocks conserved; ref counts equal table references; counters match a recount."""
+        bs = self.block_size
+        self.pool.check_invariants()
+        refs = [0] * self.pool.num_blocks
+        for seq in self.seqs.values():
+            assert len(seq.block_table) == ceil_div(seq.num_tokens, bs), "table length != cdiv(tokens, bs)"
+            assert len(set(seq.block_table)) == len(seq.block_table)
+            for index, block_id in enumerate(seq.block_table):
+                refs[block_id] += 1
+                expected_fill = min(bs, seq.num_tokens - index * bs)
+                assert self.block_fill[block_id] == expected_fill, f"block {block_id} fill mismatch"
+        for block_id in range(int(self.pool.null_block), self.pool.num_blocks):
+            assert refs[block_id] == self.pool.ref_counts[block_id], f"block {block_id} ref_count mismatch"
+        assert self.num_filled_slots == sum(self.block_fill[b] for b, r in enumerate(refs) if r)
+        assert self._sum_written == sum(s.num_tokens for s in self.seqs.values())
+        assert self._sum_reservable == sum(s.reservable for s in self.seqs.values())
+        for seq in self.seqs.values():
+            assert seq.reservable in (self._own_reservable(seq), seq.num_tokens), "reservation out of range"
+        if self.cpu_pool is not None:
+            self.cpu_pool.check_invariants()
+            cpu_refs = [0] * self.cpu_pool.num_blocks
+            for seq in self.swapped.values():
+                for block_id in seq.block_table:
+                    cpu_refs[block_id] += 1
+            assert cpu_refs == self.cpu_pool.ref_counts, "cpu ref_count mismatch"
+        else:
+            assert not self.swapped

@@ -1,0 +1,260 @@
+"""Contiguous slab allocation: the pre-PagedAttention baseline (the paper's Orca variants).
+
+Each sequence reserves one contiguous region of token slots when it is admitted:
+
+    policy `max`    → max_model_len slots
+    policy `pow2`   → prompt + output rounded up to a power of two (at most max_model_len)
+    policy `oracle` → exactly prompt + output
+
+    address space  0                                                    num_total_slots
+                   |[A: 2048.......]|  free  |[B: 512..]|[C: 1024.....]|    free     |
+                     ^ written ^ reserved ^ internal fragmentation
+
+Regions live in one token address space managed by **first-fit** over a sorted list of
+free runs, coalesced on free, so external fragmentation appears by itself: free space
+split into runs too short for the next request's region.
+
+Contract: `allocate` is all-or-nothing; writing past a region is a `KvsimError` (the
+request outgrew the slab its policy gave it); regions never overlap.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from kvsim.errors import KvsimError
+from kvsim.memory.content import Content
+from kvsim.memory.paged import NO_HIT, PrefixHit, SwapResult
+
+SlabPolicy = Literal["max", "pow2", "oracle"]
+
+
+@dataclass(slots=True)
+class Slab:
+    start: int
+    size: int
+    num_tokens: int
+    final_num_tokens: int
+
+
+class FreeRuns:
+    """First-fit free list of [start, start + length) runs, sorted and coalesced."""
+
+    __slots__ = ("starts", "lengths")
+
+    def __init__(self, total: int) -> None:
+        self.starts = [0]
+        self.lengths = {0: total}
+
+    def find(self, size: int) -> int | None:
+        """Start of the first run that holds `size` slots, or None."""
+        for start in self.starts:
+            if self.lengths[start] >= size:
+                return start
+        return None
+
+    def take(self, start: int, size: int) -> None:
+        length = self.lengths.pop(start)
+        self.starts.pop(bisect_left(self.starts, start))
+        if length > size:
+            self.lengths[start + size] = length - size
+            insort(self.starts, start + size)
+
+    def give(self, start: int, size: int) -> None:
+        index = bisect_left(self.starts, start)
+        if index < len(self.starts) and self.starts[index] == start + size:  # merge with next
+            size += self.lengths.pop(self.starts.pop(index))
+        if index > 0:
+            prev = self.starts[index - 1]
+            if prev + self.lengths[prev] == start:  # merge with previous
+                self.lengths[prev] += size
+                return
+        self.lengths[start] = size
+        insort(self.starts, start)
+
+    def total(self) -> int:
+        return sum(self.lengths.values())
+
+
+def region_slots(policy: SlabPolicy, final_num_tokens: int, max_model_len: int) -> int:
+    """Slots a request of `final_num_tokens` (prompt + output) reserves under `policy`."""
+    if policy == "max":
+        return max_model_len
+    if policy == "pow2":
+        return max(final_num_tokens, min(1 << (final_num_tokens - 1).bit_length(), max_model_len))
+    return final_num_tokens
+
+
+class SlabAllocator:
+    """One contiguous region per sequence in a single token address space (first-fit)."""
+
+    shares_blocks = False
+
+    def __init__(self, num_slots: int, max_model_len: int, policy: SlabPolicy,
+                 num_cpu_slots: int = 0, bytes_per_token: int = 0) -> None:
+        self.num_total_slots = num_slots
+        self.max_model_len = max_model_len
+        self.policy = policy
+        self.free_runs = FreeRuns(num_slots)
+        self.seqs: dict[int, Slab] = {}
+        self.swapped: dict[int, Slab] = {}
+        self.num_cpu_slots = num_cpu_slots
+        self.num_cpu_slots_used = 0
+        self.bytes_per_token = bytes_per_token
+        self.num_held_slots = 0
+        self.num_filled_slots = 0
+        self._sum_reservable = 0  # Σ min(size, final_num_tokens)
+        self.num_prefix_queries_tokens = 0
+        self.num_prefix_hit_tokens = 0
+        self.num_copy_on_writes = 0
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.num_total_slots - self.num_held_slots
+
+    @property
+    def num_reserved_slots(self) -> int:
+        return self._sum_reservable - self.num_filled_slots
+
+    @property
+    def usage(self) -> float:
+        return self.num_held_slots / self.num_total_slots
+
+    def external_fragmentation_slots(self, next_request_slots: int | None) -> int:
+        """Free slots in runs too short for the next waiting request's region (0 if none waits)."""
+        if next_request_slots is None:
+            return 0
+        return sum(n for n in self.free_runs.lengths.values() if n < next_request_slots)
+
+    def held_blocks(self, seq_id: int) -> int:
+        slab = self.seqs.get(seq_id)
+        return slab.size if slab else 0
+
+    def region_slots(self, final_num_tokens: int) -> int:
+        return region_slots(self.policy, final_num_tokens, self.max_model_len)
+
+    def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:
+        """Slabs share nothing: no prefix hits."""
+        return NO_HIT
+
+    def can_allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
+                     hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:
+        if seq_id in self.seqs:
+            return True
+        size = self.region_slots(final_num_tokens or num_tokens_total)
+        return self.free_runs.find(size) is not None and size + reserve_slots <= self.num_free_slots
+
+    def allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
+                 content: Content | None = None, hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:
+        """Reserve the region on first call; later calls only write tokens into it."""
+        slab = self.seqs.get(seq_id)
+        if slab is None:
+            if not self.can_allocate(seq_id, num_tokens_total, final_num_tokens, reserve_slots=reserve_slots):
+                return False
+            slab = self._place(seq_id, 0, final_num_tokens or num_tokens_total)
+            assert slab is not None
+        self._write(seq_id, slab, num_tokens_total)
+        return True
+
+    def reserve(self, seq_id: int, final_num_tokens: int) -> bool:
+        """Reserve a region with nothing written yet (a parallel-sampling child's own slab)."""
+        return self.allocate(seq_id, 0, final_num_tokens)
+
+    def _place(self, seq_id: int, num_tokens: int, final_num_tokens: int) -> Slab | None:
+        size = self.region_slots(final_num_tokens)
+        start = self.free_runs.find(size)
+        if start is None:
+            return None
+        self.free_runs.take(start, size)
+        slab = Slab(start, size, num_tokens, final_num_tokens)
+        self.seqs[seq_id] = slab
+        self.num_held_slots += size
+        self.num_filled_slots += num_tokens
+        self._sum_reservable += min(size, final_num_tokens)
+        return slab
+
+    def _write(self, seq_id: int, slab: Slab, num_tokens_total: int) -> None:
+        if num_tokens_total > slab.size:
+            raise KvsimError(
+                f"request {seq_id}: {num_tokens_total} tokens exceed its {self.policy} slab of {slab.size} slots"
+            )
+        if num_tokens_total > slab.num_tokens:
+            self.num_filled_slots += num_tokens_total - slab.num_tokens
+            slab.num_tokens = num_tokens_total
+
+    def fork(self, parent_id: int, child_id: int, child_content: Content | None = None,
+             child_final_num_tokens: int | None = None) -> None:
+        """Copy the parent's tokens into the child's own region, reserved earlier by `reserve`."""
+        self._write(child_id, self.seqs[child_id], self.seqs[parent_id].num_tokens)
+
+    def free(self, seq_id: int) -> None:
+        if seq_id in self.swapped:
+            self.num_cpu_slots_used -= self.swapped.pop(seq_id).num_tokens
+            return
+        self._remove(self.seqs.pop(seq_id))
+
+    def _remove(self, slab: Slab) -> None:
+        self.free_runs.give(slab.start, slab.size)
+        self.num_held_slots -= slab.size
+        self.num_filled_slots -= slab.num_tokens
+        self._sum_reservable -= min(slab.size, slab.final_num_tokens)
+
+    def swap_out(self, seq_ids: Sequence[int]) -> SwapResult | None:
+        """Copy the written tokens to CPU and release the regions; None if CPU space lacks."""
+        tokens = sum(self.seqs[s].num_tokens for s in seq_ids)
+        if self.num_cpu_slots_used + tokens > self.num_cpu_slots:
+            return None
+        for seq_id in seq_ids:
+            slab = self.seqs.pop(seq_id)
+            self._remove(slab)
+            self.swapped[seq_id] = slab
+        self.num_cpu_slots_used += tokens
+        return SwapResult(tokens, tokens * self.bytes_per_token)
+
+    def can_swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> bool:
+        trial = FreeRuns(0)
+        trial.starts, trial.lengths = list(self.free_runs.starts), dict(self.free_runs.lengths)
+        needed = 0
+        for seq_id in seq_ids:
+            size = self.region_slots(self.swapped[seq_id].final_num_tokens)
+            start = trial.find(size)
+            if start is None:
+                return False
+            trial.take(start, size)
+            needed += size
+        return needed + reserve_slots <= self.num_free_slots
+
+    def swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> SwapResult | None:
+        if not self.can_swap_in(seq_ids, reserve_slots):
+            return None
+        tokens = 0
+        for seq_id in seq_ids:
+            old = self.swapped.pop(seq_id)
+            self._place(seq_id, old.num_tokens, old.final_num_tokens)
+            tokens += old.num_tokens
+        self.num_cpu_slots_used -= tokens
+        return SwapResult(tokens, tokens * self.bytes_per_token)
+
+    def check_invariants(self) -> None:
+        """Regions never overlap, cover their tokens, and free + held = total."""
+        spans = sorted((s.start, s.start + s.size) for s in self.seqs.values())
+        spans += sorted((start, start + n) for start, n in self.free_runs.lengths.items())
+        spans.sort()
+        position = 0
+        for start, end in spans:
+            assert start == position, f"gap or overlap at slot {position} (next span starts at {start})"
+            position = end
+        assert position == self.num_total_slots, "address space not covered"
+        for seq_id, slab in self.seqs.items():
+            assert slab.num_tokens <= slab.size, f"request {seq_id} overflows its slab"
+        assert self.free_runs.starts == sorted(self.free_runs.lengths)
+        for a, b in zip(self.free_runs.starts, self.free_runs.starts[1:], strict=False):
+            assert a + self.free_runs.lengths[a] < b, f"free runs at {a} and {b} not coalesced"
+        assert self.num_held_slots == sum(s.size for s in self.seqs.values())
+        assert self.num_filled_slots == sum(s.num_tokens for s in self.seqs.values())
+        assert self._sum_reservable == sum(min(s.size, s.final_num_tokens) for s in self.seqs.values())
+        assert self.num_cpu_slots_used == sum(s.num_tokens for s in self.swapped.values())
+        assert self.num_cpu_slots_used <= self.num_cpu_slots

@@ -1,0 +1,184 @@
+"""Tiny worlds with exact block ids: 11 blocks (block 0 is the null block, 10 usable) of 16 tokens."""
+
+import pytest
+
+from kvsim.memory import NO_HIT, PagedAllocator, SegmentContent, TokenContent, sharing_saved_slots, waste
+
+
+def world(**kwargs) -> PagedAllocator:
+    return PagedAllocator(num_blocks=11, block_size=16, **kwargs)
+
+
+def seg(*pieces):
+    return SegmentContent(list(pieces))
+
+
+def test_blocks_come_from_the_head_in_order():
+    a = world()
+    assert a.allocate(1, 40, content=seg(("a", 40)))
+    assert a.seqs[1].block_table == [1, 2, 3]
+    assert a.allocate(1, 48) and a.seqs[1].block_table == [1, 2, 3]  # within the last block
+    assert a.allocate(1, 49) and a.seqs[1].block_table == [1, 2, 3, 4]  # crosses a boundary
+    a.check_invariants()
+
+
+def test_free_order_is_lru_with_hashed_tail_blocks_evicted_first():
+    a = world()
+    a.allocate(1, 40, content=seg(("a", 40)))  # [1, 2, 3]: 1 and 2 full (hashed), 3 partial
+    a.allocate(2, 40, content=seg(("b", 40)))  # [4, 5, 6]
+    a.free(1)
+    a.free(2)
+    # Unhashed partial blocks go to the head; hashed blocks to the tail, each request tail-first.
+    assert list(a.pool.free_queue) == [6, 3, 7, 8, 9, 10, 2, 1, 5, 4]
+    assert a.allocate(3, 160)
+    assert a.seqs[3].block_table == [6, 3, 7, 8, 9, 10, 2, 1, 5, 4]
+    assert a.pool.cached == {}  # lazily evicted as they were popped
+    a.check_invariants()
+
+
+def test_allocate_is_all_or_nothing():
+    a = world()
+    assert a.allocate(1, 150)  # 10 blocks
+    assert not a.can_allocate(2, 1)
+    before = (list(a.pool.free_queue), dict(a.seqs))
+    assert not a.allocate(2, 1)
+    assert not a.allocate(1, 161)
+    assert (list(a.pool.free_queue), dict(a.seqs)) == before
+    assert a.allocate(1, 160)  # fills the last block, no new block needed
+    a.check_invariants()
+
+
+def test_prefix_hit_takes_exactly_the_full_shared_blocks():
+    a = world()
+    a.allocate(1, 52, content=seg(("sys", 32), ("a", 20)))  # [1, 2, 3, 4]; 1, 2, 3 hashed
+    hit = a.lookup_prefix(seg(("sys", 32), ("b", 20)), 52)
+    assert (hit.num_tokens, hit.block_ids) == (32, (1, 2))
+    assert a.allocate(2, 52, content=seg(("sys", 32), ("b", 20)), hit=hit)
+    assert a.seqs[2].block_table == [1, 2, 5, 6]
+    assert a.pool.ref_counts[1:7] == [2, 2, 1, 1, 1, 1]
+    assert sharing_saved_slots(a) == 32
+    a.check_invariants()
+
+
+def test_full_hit_recomputes_the_last_block():
+    a = world()
+    a.allocate(1, 32, content=seg(("sys", 32)))
+    hit = a.lookup_prefix(seg(("sys", 32)), 32)
+    assert hit.num_tokens == 16 and hit.block_ids == (1,)
+
+
+def test_lookup_stops_at_first_miss_and_counts_tokens():
+    a = world()
+    a.allocate(1, 48, content=seg(("x", 16), ("y", 16), ("z", 16)))
+    hit = a.lookup_prefix(seg(("x", 16), ("q", 16), ("z", 16), ("w", 1)), 49)
+    assert hit.block_ids == (1,)
+    assert (a.num_prefix_queries_tokens, a.num_prefix_hit_tokens) == (49, 16)
+
+
+def test_hit_on_a_free_cached_block_pulls_it_out_of_the_queue():
+    a = world()
+    a.allocate(1, 40, content=seg(("sys", 32), ("a", 8)))
+    a.free(1)
+    assert list(a.pool.free_queue) == [3, 4, 5, 6, 7, 8, 9, 10, 2, 1]
+    hit = a.lookup_prefix(seg(("sys", 32), ("b", 8)), 40)
+    assert hit.block_ids == (1, 2)
+    assert a.allocate(2, 40, content=seg(("sys", 32), ("b", 8)), hit=hit)
+    assert a.seqs[2].block_table == [1, 2, 3]
+    assert list(a.pool.free_queue) == [4, 5, 6, 7, 8, 9, 10]
+    a.check_invariants()
+
+
+def test_token_content_hits_on_real_ids():
+    a = world()
+    a.allocate(1, 33, content=TokenContent(range(33)))
+    hit = a.lookup_prefix(TokenContent([*range(20), 99, 98, 97, 96, 95]), 25)
+    assert hit.block_ids == (1,)
+
+
+def test_caching_off_means_no_hits():
+    a = world(enable_caching=False)
+    a.allocate(1, 40, content=seg(("a", 40)))
+    assert a.lookup_prefix(seg(("a", 40)), 40) is NO_HIT
+    a.free(1)
+    assert list(a.pool.free_queue)[:3] == [1, 2, 3]  # nothing hashed: all at the head
+
+
+def test_copy_on_write_on_first_write_to_a_forked_block_only():
+    a = world()
+    a.allocate(1, 20)  # [1, 2], block 2 holds 4 tokens
+    a.fork(1, 2)
+    assert a.pool.ref_counts[1:3] == [2, 2]
+    assert a.allocate(2, 21)
+    assert a.seqs[2].block_table == [1, 3] and a.num_copy_on_writes == 1
+    assert a.allocate(2, 22) and a.num_copy_on_writes == 1
+    assert a.allocate(1, 21) and a.seqs[1].block_table == [1, 2] and a.num_copy_on_writes == 1
+    a.check_invariants()
+
+
+def test_fork_sharing_matches_closed_form():
+    prompt, n, bs = 100, 4, 16
+    a = PagedAllocator(num_blocks=101, block_size=bs)
+    a.allocate(0, prompt)
+    for child in range(1, n):
+        a.fork(0, child)
+    assert a.num_held_slots // bs == -(-prompt // bs)
+    for seq in range(n):
+        assert a.allocate(seq, prompt + 1)
+    # shared full prompt blocks once, plus each sample's own last block
+    assert a.num_held_slots // bs == prompt // bs + n
+    a.check_invariants()
+
+
+def test_5000_token_prompt_shared_by_100_requests_is_stored_once():
+    a = PagedAllocator(num_blocks=1001, block_size=16)
+    system = ("system", 5000)
+    for request in range(100):
+        content = seg(system, (("user", request), 1))
+        hit = a.lookup_prefix(content, 5001)
+        assert a.allocate(request, 5001, content=content, hit=hit)
+        assert hit.num_tokens == (0 if request == 0 else 4992)
+    # 312 full prompt blocks once, then each request's own partial block (8 prompt tokens + 1)
+    assert a.num_held_slots // 16 == 312 + 100
+    a.check_invariants()
+
+
+def test_swap_out_and_in_all_or_nothing():
+    a = world(num_cpu_blocks=4, bytes_per_block=1000)
+    a.allocate(1, 40)  # 3 blocks
+    a.allocate(2, 40)
+    result = a.swap_out([1])
+    assert (result.num_blocks, result.num_bytes) == (3, 3000)
+    assert 1 in a.swapped and a.pool.num_free_blocks == 7
+    assert a.swap_out([2]) is None  # 3 more do not fit in 4 CPU blocks
+    assert a.allocate(3, 112)  # 7 blocks: GPU full
+    assert a.swap_in([1]) is None
+    a.free(3)
+    result = a.swap_in([1])
+    assert result.num_blocks == 3 and a.seqs[1].num_tokens == 40
+    a.check_invariants()
+
+
+def test_swap_keeps_fork_sharing():
+    a = world(num_cpu_blocks=10)
+    a.allocate(1, 20)
+    a.fork(1, 2)
+    assert a.swap_out([1, 2]).num_blocks == 2
+    assert a.cpu_pool.ref_counts[:2] == [2, 2]
+    assert a.swap_in([1, 2]).num_blocks == 2
+    assert a.seqs[1].block_table == a.seqs[2].block_table
+    a.check_invariants()
+
+
+def test_waste_paged():
+    a = world()
+    a.allocate(1, 20, final_num_tokens=40)  # 2 blocks = 32 slots, 20 written, 12 reserved
+    a.allocate(2, 20, final_num_tokens=20)  # 2 blocks, 20 written, 12 internal
+    w = waste(a)
+    assert (w.token_state, w.reserved, w.internal_frag, w.external_frag, w.free) == (40, 12, 12, 0, 96)
+    assert w.total == 160
+
+
+@pytest.mark.parametrize("bs", [16, 32, 128])
+def test_block_hashes_depend_on_block_size(bs):
+    content = seg(("a", 300))
+    assert len(content.block_hashes(bs, 300 // bs)) == 300 // bs
