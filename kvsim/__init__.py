@@ -7,3 +7,17 @@ simulation runs). Heavier entry points are loaded on first use.
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+
+def simulate(scenario, check: bool = False, progress=None):  # noqa: ANN001 - re-exported below
+    """`kvsim.simulate(scenario) -> RunResult`: see `kvsim.engine.simulate` (imported on first use)."""
+    from kvsim.engine import simulate as _simulate
+
+    return _simulate(scenario, check=check, progress=progress)
+
+
+def load_scenario(path=None, overrides=None):  # noqa: ANN001
+    """Read and validate a scenario YAML (None: the built-in default); see `kvsim.scenario`."""
+    from kvsim.scenario import load_scenario as _load
+
+    return _load(path, overrides)

@@ -127,6 +127,75 @@ def capacity(
         console.print(rows_to_rich(rows, title="Max concurrent sequences by context length"))
 
 
+class RunFormat(StrEnum):
+    table = "table"
+    json = "json"
+
+
+@app.command()
+def run(
+    scenario: Annotated[str | None, typer.Argument(help="Scenario YAML; omitted: the built-in default.")] = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a field: engine.block_size=32")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Directory for results [runs/NAME]")] = None,
+    output_format: Annotated[RunFormat, typer.Option("--format")] = RunFormat.table,
+    check: Annotated[bool, typer.Option("--check", help="check_invariants() after every step")] = False,
+) -> None:
+    """Simulate a scenario: per-request latency, per-step KV usage and waste, preemptions, queueing."""
+    from kvsim.engine import simulate
+    from kvsim.scenario import load_scenario
+
+    with user_errors():
+        spec = load_scenario(scenario, overrides or [])
+        with _progress_bar(enabled=output_format is RunFormat.table) as progress:
+            result = simulate(spec, check=check, progress=progress)
+        out_dir = result.write(output or f"runs/{spec.name}")
+    if output_format is RunFormat.json:
+        from kvsim.render import to_json
+
+        sys.stdout.write(to_json(result.summary))
+        return
+    from rich.console import Console
+
+    from kvsim.render import summary_table
+
+    console = Console()
+    console.print(summary_table(result.summary))
+    console.print(f"results written to {out_dir}/ (requests.csv, steps.csv, summary.json)")
+
+
+@contextmanager
+def _progress_bar(enabled: bool) -> Iterator:
+    """A rich progress bar over requests done, shown only once a run has taken more than a second."""
+    import time
+
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    started = time.monotonic()
+    bar = Progress(TextColumn("simulated {task.fields[sim_s]:>8.1f} s"), BarColumn(),
+                   TextColumn("{task.completed}/{task.total} requests"), TimeElapsedColumn(),
+                   transient=True, console=Console(stderr=True))
+    task = None
+
+    def update(sim_s: float, done: int, total: int) -> None:
+        nonlocal task
+        if task is None:
+            if time.monotonic() - started < 1.0:
+                return
+            bar.start()
+            task = bar.add_task("run", total=total, sim_s=sim_s)
+        bar.update(task, completed=done, sim_s=sim_s)
+
+    try:
+        yield update
+    finally:
+        if task is not None:
+            bar.stop()
+
+
 def _headline(plan) -> str:  # plan: kvsim.capacity.CapacityPlan
     gib = 2**30
     return (

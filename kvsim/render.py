@@ -56,3 +56,38 @@ def rows_to_rich(rows: Sequence[dict[str, Any]], title: str = ""):  # -> rich.ta
 
 def to_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=False) + "\n"
+
+
+def summary_table(summary: dict[str, Any]):  # -> rich.table.Table
+    """The run summary as a two-column rich table: configuration, throughput, latency, KV."""
+    from rich.table import Table
+
+    def pct(d: dict[str, Any]) -> str:
+        if d.get("mean") is None:
+            return "-"
+        return f"mean {d['mean']:.4g}  p50 {d['p50']:.4g}  p90 {d['p90']:.4g}  p99 {d['p99']:.4g}"
+
+    waste, usage = summary["waste"], summary["kv_cache_usage_perc"]
+    rows = [
+        ("scenario", f"{summary['scenario']}: {summary['model']} on {summary['gpu']}, "
+                     f"{summary['allocator']} / {summary['scheduler']}, latency {summary['latency_model']}"),
+        ("requests", f"{summary['num_finished']:,} finished, {summary['num_rejected']:,} rejected "
+                     f"of {summary['num_requests']:,} in {summary['duration_s']:.2f} s simulated"),
+        ("throughput", f"{summary['requests_per_s']:.3g} req/s, {summary['output_tokens_per_s']:,.0f} output tok/s"),
+        ("TTFT (s)", pct(summary["ttft_s"])),
+        ("TPOT (s)", pct(summary["tpot_s"])),
+        ("E2E (s)", pct(summary["e2e_s"])),
+        ("queue (s)", pct(summary["queue_s"])),
+        ("running", f"max {summary['max_running']}, mean {summary['mean_running']:.1f}"),
+        ("KV usage", f"mean {usage['mean']:.1%}, max {usage['max']:.1%} of {summary['num_gpu_blocks']:,} blocks"),
+        ("preemptions", f"{summary['num_preemptions']:,} (swapped out {summary['swapped_out_blocks']:,} blocks)"),
+        ("prefix cache hit rate", f"{summary['prefix_cache_hit_rate']:.1%}"),
+        ("KV waste (of pool)", "  ".join(f"{k} {v:.1%}" for k, v in waste.items() if v is not None)),
+        ("token states of allocated KV", f"{(summary['waste_of_allocated']['token_state'] or 0):.1%}"),
+    ]
+    table = Table(show_header=False, title="kvsim run")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    return table

@@ -78,8 +78,6 @@ class PagedAllocator:
         self._sum_written = 0  # Σ num_tokens over GPU sequences
         self._sum_reservable = 0  # Σ seq.reservable over GPU sequences
         self.num_copy_on_writes = 0
-        self.num_prefix_queries_tokens = 0
-        self.num_prefix_hit_tokens = 0
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -115,11 +113,10 @@ class PagedAllocator:
     def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:
         """Longest run of cached full blocks from block 0, never covering the last token.
 
-        Counts the query and the hit (in tokens) for vLLM's prefix-cache metrics.
+        The scheduler counts queries and hits (vLLM's prefix-cache metrics) when it admits.
         """
         if not self.enable_caching or content is None:
             return NO_HIT
-        self.num_prefix_queries_tokens += num_tokens
         max_blocks = (num_tokens - 1) // self.block_size
         hits = []
         for block_hash in content.block_hashes(self.block_size, max_blocks):
@@ -127,7 +124,6 @@ class PagedAllocator:
             if block_id is None:
                 break
             hits.append(block_id)
-        self.num_prefix_hit_tokens += len(hits) * self.block_size
         return PrefixHit(len(hits) * self.block_size, tuple(hits))
 
     # ------------------------------------------------------------- allocation
@@ -148,6 +144,10 @@ class PagedAllocator:
         ):
             needed += 1
         return needed
+
+    def slots_needed(self, seq_id: int, num_tokens_total: int, hit: PrefixHit = NO_HIT) -> int:
+        """Free slots `allocate` would take (whole blocks, including a copy-on-write)."""
+        return self._blocks_needed(self.seqs.get(seq_id), num_tokens_total, hit) * self.block_size
 
     def can_allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
                      hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:

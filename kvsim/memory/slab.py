@@ -107,9 +107,7 @@ class SlabAllocator:
         self.num_held_slots = 0
         self.num_filled_slots = 0
         self._sum_reservable = 0  # Σ min(size, final_num_tokens)
-        self.num_prefix_queries_tokens = 0
-        self.num_prefix_hit_tokens = 0
-        self.num_copy_on_writes = 0
+        self.num_copy_on_writes = 0  # slabs never share, so never copy
 
     @property
     def num_free_slots(self) -> int:
@@ -139,6 +137,11 @@ class SlabAllocator:
     def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:
         """Slabs share nothing: no prefix hits."""
         return NO_HIT
+
+    def slots_needed(self, seq_id: int, num_tokens_total: int, hit: PrefixHit = NO_HIT) -> int:
+        """0 for a sequence that has its region (it never grows); callers admit new ones via `allocate`."""
+        assert seq_id in self.seqs, "slots_needed is for sequences that already hold a region"
+        return 0
 
     def can_allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
                      hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:

@@ -1,0 +1,163 @@
+"""The simulation: the only module that knows about time (SimPy).
+
+Two processes share one `simpy.Environment`:
+
+    arrivals:  for each request: wait until its arrival → scheduler.add → wake the engine
+    engine:    loop: if idle, wait on the wake event (no polling)
+                     plan = scheduler.schedule(now)
+                     yield timeout(latency.step_time(plan))
+                     scheduler.complete(plan, now)
+
+`simulate(scenario)` builds the allocator, scheduler, latency model and workload from a
+validated `Scenario` and returns a `RunResult` (DataFrames + summary). Same scenario and
+seed → identical results: the only randomness is one `numpy.random.Generator(seed)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import simpy
+
+from kvsim.capacity import kv_bytes_per_block, kv_bytes_per_token, num_gpu_blocks, vllm_max_concurrency
+from kvsim.config import EngineConfig, load_gpu, load_model
+from kvsim.errors import KvsimError
+from kvsim.latency import ConstantLatency, LatencyModel, RooflineLatency
+from kvsim.memory import PagedAllocator, SlabAllocator
+from kvsim.metrics import StepRecorder, requests_frame, summarize
+from kvsim.request import Request
+from kvsim.results import RunResult
+from kvsim.scenario import Scenario
+from kvsim.scheduler import Scheduler, SchedulerLimits, make_scheduler
+from kvsim.workload import build_requests
+
+if TYPE_CHECKING:
+    from kvsim.config import GPUSpec, ModelSpec
+
+ProgressFn = Callable[[float, int, int], None]  # (simulated seconds, requests done, requests total)
+PROGRESS_EVERY_STEPS = 2000
+
+
+def make_allocator(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> PagedAllocator | SlabAllocator:
+    """The KV allocator of `engine.allocator`, sized by the capacity math (same bytes for all kinds).
+
+    Paged pools keep vLLM's null block, so both kinds get `num_gpu_blocks − 1` blocks of slots.
+    """
+    num_blocks = num_gpu_blocks(model, gpu, engine)
+    if num_blocks < 2:
+        raise KvsimError(f"num_gpu_blocks={num_blocks}: need at least 2 (one is vLLM's null block)")
+    bytes_per_block = kv_bytes_per_block(model, engine)
+    swap_bytes = int(engine.swap_space * 2**30)
+    if engine.allocator == "paged":
+        return PagedAllocator(num_blocks, engine.block_size, enable_caching=engine.enable_prefix_caching,
+                              num_cpu_blocks=swap_bytes // bytes_per_block, bytes_per_block=bytes_per_block)
+    bytes_per_token = kv_bytes_per_token(model, engine)
+    return SlabAllocator((num_blocks - 1) * engine.block_size, engine.resolved_max_model_len(model),
+                         policy=engine.allocator.removeprefix("slab-"),  # type: ignore[arg-type]
+                         num_cpu_slots=swap_bytes // bytes_per_token, bytes_per_token=bytes_per_token)
+
+
+def make_latency(scenario: Scenario, model: ModelSpec, gpu: GPUSpec) -> LatencyModel:
+    cfg = scenario.latency
+    if cfg.model == "constant":
+        return ConstantLatency(cfg.step_s, gpu.host_link_bandwidth_bytes_per_s)
+    roofline = RooflineLatency(model, gpu, scenario.engine, cfg.overhead_s, cfg.overlap_swap)
+    if cfg.model == "roofline":
+        return roofline
+    from kvsim.calibration import CalibratedLatency
+
+    assert cfg.profile is not None
+    return CalibratedLatency.from_csv(scenario.resolve_path(cfg.profile), model, scenario.engine, roofline)
+
+
+def make_limits(engine: EngineConfig, max_model_len: int, allocator: PagedAllocator | SlabAllocator) -> SchedulerLimits:
+    watermark_slots = 0
+    if engine.resolved_watermark:
+        bs = engine.block_size
+        watermark_slots = int(engine.resolved_watermark * allocator.num_total_slots / bs) * bs
+    return SchedulerLimits(
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.resolved_max_num_batched_tokens(max_model_len),
+        max_model_len=max_model_len,
+        watermark_slots=watermark_slots,
+        preemption_mode=engine.preemption_mode,
+    )
+
+
+def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: list[Request], check: bool = False,
+               progress: ProgressFn | None = None) -> StepRecorder:
+    """Run arrivals and the step loop to completion; every request ends finished or rejected."""
+    env = simpy.Environment()
+    recorder = StepRecorder()
+    state = {"wake": env.event(), "arrived": 0}
+
+    def arrivals():
+        for req in requests:
+            if req.arrival_s > env.now:
+                yield env.timeout(req.arrival_s - env.now)
+            scheduler.add(req)
+            state["arrived"] += 1
+            if not state["wake"].triggered:
+                state["wake"].succeed()
+
+    def engine_loop():
+        steps = 0
+        while True:
+            if not scheduler.has_work:
+                if state["arrived"] == len(requests):
+                    return
+                yield state["wake"]
+                state["wake"] = env.event()
+                continue
+            plan = scheduler.schedule(env.now)
+            if plan.is_empty:
+                if plan.preempted:
+                    continue  # preemptions freed memory; plan again at the same instant
+                if state["arrived"] == len(requests):
+                    raise RuntimeError(f"scheduler stalled at t={env.now:.3f}s with "
+                                       f"{len(scheduler.waiting)} waiting and nothing runnable")
+                yield state["wake"]
+                state["wake"] = env.event()
+                continue
+            duration = latency.step_time(plan)
+            recorder.record(env.now, duration, plan, scheduler)
+            yield env.timeout(duration)
+            scheduler.complete(plan, env.now)
+            if check:
+                scheduler.alloc.check_invariants()
+            steps += 1
+            if progress is not None and steps % PROGRESS_EVERY_STEPS == 0:
+                progress(env.now, len(scheduler.finished) + len(scheduler.rejected), len(requests))
+
+    env.process(arrivals())
+    env.run(until=env.process(engine_loop()))
+    if progress is not None:
+        progress(env.now, len(requests), len(requests))
+    return recorder
+
+
+def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None) -> RunResult:
+    """Simulate a scenario end to end. `check=True` runs `check_invariants()` after every step."""
+    model, gpu, engine = load_model(scenario.model), load_gpu(scenario.gpu), scenario.engine
+    max_model_len = engine.resolved_max_model_len(model)
+    allocator = make_allocator(model, gpu, engine)
+    scheduler = make_scheduler(engine.scheduler, allocator, make_limits(engine, max_model_len, allocator))
+    latency = make_latency(scenario, model, gpu)
+    requests = build_requests(scenario, max_model_len, np.random.default_rng(scenario.seed))
+    recorder = run_engine(scheduler, latency, requests, check=check, progress=progress)
+    assert len(scheduler.finished) + len(scheduler.rejected) == len(requests), "a request went missing"
+    assert allocator.num_held_slots == 0, "KV still held after the run"
+    requests_df = requests_frame(requests)
+    steps_df = recorder.frame()
+    num_blocks = num_gpu_blocks(model, gpu, engine)
+    extra = {
+        "scenario": scenario.name, "model": model.name, "gpu": gpu.name, "allocator": engine.allocator,
+        "scheduler": engine.scheduler, "latency_model": latency.name, "seed": scenario.seed,
+        "block_size": engine.block_size, "max_model_len": max_model_len, "num_gpu_blocks": num_blocks,
+        "kv_cache_dtype": engine.kv_cache_dtype,
+        "vllm_max_concurrency": vllm_max_concurrency(num_blocks, max_model_len, engine.block_size),
+    }
+    summary = summarize(requests_df, steps_df, scheduler, extra)
+    return RunResult(scenario=scenario, requests=requests_df, steps=steps_df, summary=summary)

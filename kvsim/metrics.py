@@ -1,0 +1,154 @@
+"""What a run records, as pandas DataFrames with vLLM's metric names, and its summary.
+
+Per step (one row per engine step, recorded when the step is planned, so it describes the
+memory held while the step runs): `time_s`, `duration_s`, `vllm:num_requests_running`,
+`vllm:num_requests_waiting`, `vllm:num_requests_swapped`, `num_batched_tokens`,
+`num_prefill_tokens`, `num_decode_seqs`, `vllm:kv_cache_usage_perc`,
+`vllm:num_preemptions_total` (cumulative), swap bytes, and the waste breakdown as fractions
+of the pool (`token_state`, `reserved`, `internal_frag`, `external_frag`, `free`).
+
+Per request: arrival, first scheduled, first token, finish (seconds), `ttft_s`
+(`vllm:time_to_first_token_seconds`), `tpot_s` (`vllm:inter_token_latency_seconds`, mean
+over the request's decode), `e2e_s` (`vllm:e2e_request_latency_seconds`), `queue_s`, token
+counts, prefix-hit tokens, preemptions, status and reject reason.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvsim.memory import SlabAllocator, waste
+from kvsim.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from kvsim.latency import StepPlan
+    from kvsim.scheduler import Scheduler
+
+WASTE_KEYS = ("token_state", "reserved", "internal_frag", "external_frag", "free")
+VLLM_REQUEST_METRICS = {
+    "ttft_s": "vllm:time_to_first_token_seconds",
+    "tpot_s": "vllm:inter_token_latency_seconds",
+    "e2e_s": "vllm:e2e_request_latency_seconds",
+}
+
+
+class StepRecorder:
+    """Appends one row per step into column lists (cheap inside the step loop)."""
+
+    COLUMNS = (
+        "time_s", "duration_s", "vllm:num_requests_running", "vllm:num_requests_waiting",
+        "vllm:num_requests_swapped", "num_batched_tokens", "num_prefill_tokens", "num_decode_seqs",
+        "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total", "swap_in_bytes", "swap_out_bytes",
+        "held_slots", *WASTE_KEYS,
+    )
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list[float]] = {c: [] for c in self.COLUMNS}
+
+    def record(self, now: float, duration_s: float, plan: StepPlan, scheduler: Scheduler) -> None:
+        alloc = scheduler.alloc
+        next_slots = None
+        if isinstance(alloc, SlabAllocator) and scheduler.waiting:
+            next_slots = alloc.region_slots(scheduler.waiting[0].kv_len)
+        w = waste(alloc, next_slots)
+        total = alloc.num_total_slots
+        row = (
+            now, duration_s, len(scheduler.running), len(scheduler.waiting), len(scheduler.swapped),
+            plan.num_tokens, plan.num_prefill_tokens, plan.num_decode_seqs, alloc.usage,
+            scheduler.num_preemptions, plan.swap_in_bytes, plan.swap_out_bytes, alloc.num_held_slots,
+            w.token_state / total, w.reserved / total, w.internal_frag / total, w.external_frag / total,
+            w.free / total,
+        )
+        for column, value in zip(self.columns.values(), row, strict=True):
+            column.append(value)
+
+    def frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.columns)
+
+
+def requests_frame(requests: list[Request]) -> pd.DataFrame:
+    """One row per request, in arrival order."""
+    import pandas as pd
+
+    nan = float("nan")
+    rows = []
+    for r in requests:
+        first, finish = r.first_token_s, r.finish_s
+        ttft = first - r.arrival_s if first is not None else nan
+        e2e = finish - r.arrival_s if finish is not None else nan
+        tpot = (finish - first) / (r.output_len - 1) if finish is not None and first is not None \
+            and r.output_len > 1 else nan
+        queue = r.first_scheduled_s - r.arrival_s if r.first_scheduled_s is not None else nan
+        rows.append((r.request_id, r.arrival_s, r.first_scheduled_s, first, finish, ttft, tpot, e2e, queue,
+                     r.prompt_len, r.output_len, r.num_samples, r.num_prefix_hit_tokens, r.num_preemptions,
+                     r.status.value, r.reject_reason))
+    return pd.DataFrame(rows, columns=[
+        "request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
+        "e2e_s", "queue_s", "prompt_tokens", "output_tokens", "num_samples", "prefix_hit_tokens",
+        "num_preemptions", "status", "reject_reason",
+    ])
+
+
+def _percentiles(values: np.ndarray) -> dict[str, float | None]:
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def _time_weighted(values: np.ndarray, weights: np.ndarray) -> float | None:
+    total = weights.sum()
+    return float((values * weights).sum() / total) if total > 0 else None
+
+
+def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, scheduler: Scheduler,
+              extra: dict[str, Any]) -> dict[str, Any]:
+    """The run's headline numbers (`summary.json`); `extra` adds configuration facts."""
+    finished = requests_df[requests_df["status"] == RequestStatus.FINISHED.value]
+    end_s = float((steps_df["time_s"] + steps_df["duration_s"]).max()) if len(steps_df) else 0.0
+    start_s = float(requests_df["arrival_s"].min()) if len(requests_df) else 0.0
+    duration = max(end_s - start_s, 0.0)
+    dt = steps_df["duration_s"].to_numpy()
+    running = steps_df["vllm:num_requests_running"].to_numpy(dtype=float)
+    usage = steps_df["vllm:kv_cache_usage_perc"].to_numpy()
+    holding = dt * (steps_df["held_slots"].to_numpy() > 0)
+    fractions = {k: _time_weighted(steps_df[k].to_numpy(), holding) for k in WASTE_KEYS}
+    used = {k: steps_df[k].to_numpy() for k in WASTE_KEYS[:-1]}
+    allocated = sum(used.values())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        of_allocated = {k: _time_weighted(np.nan_to_num(v / allocated), holding) for k, v in used.items()}
+    output_tokens = int((finished["output_tokens"] * finished["num_samples"]).sum())
+    rejected = requests_df[requests_df["status"] == RequestStatus.REJECTED.value]
+    return {
+        **extra,
+        "num_requests": int(len(requests_df)),
+        "num_finished": int(len(finished)),
+        "num_rejected": int(len(rejected)),
+        "reject_reasons": {str(k): int(v) for k, v in rejected["reject_reason"].value_counts().items()},
+        "num_steps": int(len(steps_df)),
+        "duration_s": duration,
+        "output_tokens_per_s": output_tokens / duration if duration else 0.0,
+        "requests_per_s": len(finished) / duration if duration else 0.0,
+        **{key: _percentiles(requests_df[key].to_numpy(dtype=float)) for key in ("ttft_s", "tpot_s", "e2e_s",
+                                                                                 "queue_s")},
+        "max_running": int(running.max()) if running.size else 0,
+        "mean_running": _time_weighted(running, dt) or 0.0,
+        "num_preemptions": scheduler.num_preemptions,
+        "kv_cache_usage_perc": {"mean": _time_weighted(usage, dt) or 0.0,
+                                "max": float(usage.max()) if usage.size else 0.0},
+        "prefix_cache_hit_rate": (scheduler.num_prefix_hit_tokens / scheduler.num_prefix_query_tokens
+                                  if scheduler.num_prefix_query_tokens else 0.0),
+        "vllm:prefix_cache_queries_total": scheduler.num_prefix_query_tokens,
+        "vllm:prefix_cache_hits_total": scheduler.num_prefix_hit_tokens,
+        "swapped_out_blocks": scheduler.num_swapped_out_blocks,
+        "num_copy_on_writes": scheduler.alloc.num_copy_on_writes,
+        "waste": fractions,
+        "waste_of_allocated": of_allocated,
+    }

@@ -1,0 +1,229 @@
+"""A scenario file: model, GPU, engine, workload, latency model and seed, validated once.
+
+    name: lab-8k
+    model: llama-3.1-8b            # preset or HF config.json path
+    gpu: h100-80gb                 # preset or YAML path
+    engine: {max_model_len: 8192, allocator: paged, scheduler: v1}
+    workload:
+      num_requests: 500
+      arrival: {process: poisson, rate: 8}
+      prompt_len: {dist: lognormal, mean: 1024, p99: 6000}
+      output_len: {dist: lognormal, mean: 256, p99: 1024}
+    latency: {model: roofline}
+    seed: 0
+
+Unknown keys, wrong types and bad values raise `KvsimError` naming the dotted field.
+Relative paths (traces, profiles) are relative to the scenario file; `builtin:NAME`
+refers to the data shipped in `kvsim/data/`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kvsim.config import EngineConfig
+from kvsim.errors import KvsimError, from_validation_error
+
+DATA_DIR = Path(__file__).parent / "data"
+DEFAULT_SCENARIO = DATA_DIR / "default_scenario.yaml"
+_STRICT = ConfigDict(frozen=True, extra="forbid")
+
+
+class Fixed(BaseModel):
+    model_config = _STRICT
+    dist: Literal["fixed"]
+    value: int = Field(gt=0)
+
+
+class Uniform(BaseModel):
+    model_config = _STRICT
+    dist: Literal["uniform"]
+    low: int = Field(gt=0)
+    high: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Uniform:
+        if self.high < self.low:
+            raise ValueError(f"high={self.high} is below low={self.low}")
+        return self
+
+
+class Lognormal(BaseModel):
+    """By mean and p99 (solved for sigma), or by mean and sigma."""
+
+    model_config = _STRICT
+    dist: Literal["lognormal"]
+    mean: float = Field(gt=0)
+    p99: float | None = Field(default=None, gt=0)
+    sigma: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> Lognormal:
+        if (self.p99 is None) == (self.sigma is None):
+            raise ValueError("give exactly one of p99 or sigma")
+        if self.p99 is not None and self.p99 <= self.mean:
+            raise ValueError(f"p99={self.p99} must exceed mean={self.mean}")
+        return self
+
+
+class Empirical(BaseModel):
+    """Resample one column of a length table (`builtin:sharegpt_lengths` or a CSV path)."""
+
+    model_config = _STRICT
+    dist: Literal["empirical"]
+    table: str
+    column: Literal["prompt", "output"]
+
+
+LengthDist = Annotated[Fixed | Uniform | Lognormal | Empirical, Field(discriminator="dist")]
+
+
+class Arrival(BaseModel):
+    """Inter-arrival process; `trace` uses the trace's own timestamps (scaled by `rate_scale`)."""
+
+    model_config = _STRICT
+    process: Literal["poisson", "gamma", "constant", "trace"] = "poisson"
+    rate: float | None = Field(default=None, gt=0, description="requests per second")
+    cv: float = Field(default=1.0, gt=0, description="coefficient of variation of gaps (gamma)")
+
+    @model_validator(mode="after")
+    def _rate_given(self) -> Arrival:
+        if self.process != "trace" and self.rate is None:
+            raise ValueError(f"process={self.process} needs a rate")
+        return self
+
+
+class SharedPrefix(BaseModel):
+    """A system prompt of `tokens` tokens in front of a `fraction` of requests."""
+
+    model_config = _STRICT
+    tokens: int = Field(gt=0)
+    fraction: float = Field(default=1.0, ge=0, le=1)
+    num_prefixes: int = Field(default=1, gt=0)
+
+
+class MultiTurn(BaseModel):
+    """Conversations of `turns` turns; each turn's prompt is the conversation so far."""
+
+    model_config = _STRICT
+    turns: int = Field(gt=0)
+    think_time_s: float = Field(default=10.0, ge=0)
+
+
+class Trace(BaseModel):
+    """A real workload file; see `kvsim.traces` for the formats."""
+
+    model_config = _STRICT
+    format: Literal["azure", "mooncake", "sharegpt_tokens", "lengths", "vllm_sharegpt", "servegen"]
+    path: str
+    rate_scale: float = Field(default=1.0, gt=0)
+    start_s: float = Field(default=0.0, ge=0)
+    clients: list[int] | None = None
+    duration_s: float = Field(default=600.0, gt=0)
+
+
+class Workload(BaseModel):
+    model_config = _STRICT
+    num_requests: int = Field(default=200, gt=0)
+    arrival: Arrival = Arrival(process="poisson", rate=4.0)
+    prompt_len: LengthDist | None = None
+    output_len: LengthDist | None = None
+    shared_prefix: SharedPrefix | None = None
+    multi_turn: MultiTurn | None = None
+    n: int = Field(default=1, gt=0, le=256, description="parallel samples per request")
+    trace: Trace | None = None
+
+    @model_validator(mode="after")
+    def _lengths_known(self) -> Workload:
+        if self.trace is None and (self.prompt_len is None or self.output_len is None):
+            raise ValueError("give prompt_len and output_len, or a trace")
+        if self.arrival.process == "trace" and (self.trace is None or self.trace.format in ("lengths",
+                                                                                          "vllm_sharegpt")):
+            raise ValueError("arrival.process=trace needs a trace with timestamps")
+        return self
+
+
+class LatencyConfig(BaseModel):
+    """`roofline` (datasheet), `calibrated` (a measured profile CSV) or `constant` (tests)."""
+
+    model_config = _STRICT
+    model: Literal["roofline", "calibrated", "constant"] = "roofline"
+    profile: str | None = None
+    overhead_s: float = Field(default=0.002, ge=0)
+    overlap_swap: bool = False
+    step_s: float = Field(default=0.01, gt=0)
+
+    @model_validator(mode="after")
+    def _profile_given(self) -> LatencyConfig:
+        if self.model == "calibrated" and not self.profile:
+            raise ValueError("model=calibrated needs a profile path")
+        return self
+
+
+class Scenario(BaseModel):
+    model_config = _STRICT
+    name: str = "scenario"
+    description: str = ""
+    model: str = "llama-3.1-8b"
+    gpu: str = "h100-80gb"
+    engine: EngineConfig = EngineConfig()
+    workload: Workload
+    latency: LatencyConfig = LatencyConfig()
+    seed: int = 0
+    base_dir: str = Field(default=".", exclude=True)
+
+    def resolve_path(self, path: str) -> Path:
+        """`builtin:NAME` → kvsim/data/NAME.*; a relative path → relative to the scenario file."""
+        if path.startswith("builtin:"):
+            name = path.removeprefix("builtin:")
+            matches = sorted(DATA_DIR.glob(f"{name}.*"))
+            if not matches:
+                raise KvsimError(f"path={path!r}: no built-in data named {name!r}")
+            return matches[0]
+        resolved = Path(self.base_dir) / path
+        if not resolved.exists():
+            raise KvsimError(f"path={path!r}: file not found ({resolved})")
+        return resolved
+
+
+def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
+    try:
+        return Scenario(**{**raw, "base_dir": str(base_dir)})
+    except ValidationError as error:
+        raise from_validation_error(error) from None
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`engine.block_size=32` style overrides; values are parsed as YAML scalars."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise KvsimError(f"--set {item!r}: expected dotted.key=value")
+        node = raw
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise KvsimError(f"--set {item!r}: {part} is not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(value)
+    return raw
+
+
+def load_scenario(path: str | Path | None, overrides: list[str] | None = None) -> Scenario:
+    """Read a YAML scenario (or the built-in default when `path` is None) and apply overrides."""
+    file = DEFAULT_SCENARIO if path is None else Path(path)
+    if not file.is_file():
+        raise KvsimError(f"scenario={str(path)!r}: file not found")
+    try:
+        raw = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise KvsimError(f"scenario {file}: not valid YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise KvsimError(f"scenario {file}: expected a mapping at the top level")
+    raw.setdefault("name", file.stem)
+    return make_scenario(apply_overrides(raw, overrides or []), file.parent)

@@ -1,0 +1,18 @@
+"""Continuous batching policies: `v1` (default), `v0` and `static`; pure Python, no simpy."""
+
+from __future__ import annotations
+
+from kvsim.scheduler.base import Allocator, Scheduler, SchedulerLimits
+from kvsim.scheduler.static import StaticScheduler
+from kvsim.scheduler.v0 import V0Scheduler
+from kvsim.scheduler.v1 import V1Scheduler
+
+POLICIES: dict[str, type[Scheduler]] = {"v1": V1Scheduler, "v0": V0Scheduler, "static": StaticScheduler}
+
+
+def make_scheduler(policy: str, allocator: Allocator, limits: SchedulerLimits) -> Scheduler:
+    return POLICIES[policy](allocator, limits)
+
+
+__all__ = ["POLICIES", "Scheduler", "SchedulerLimits", "StaticScheduler", "V0Scheduler", "V1Scheduler",
+           "make_scheduler"]

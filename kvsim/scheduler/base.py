@@ -1,0 +1,212 @@
+"""What every scheduling policy shares: queues, admission checks, preemption, step completion.
+
+A scheduler is pure Python, driven by two calls per engine step:
+
+    plan = scheduler.schedule(now)     # which requests compute how many tokens; may preempt
+    scheduler.complete(plan, now)      # tokens computed: sample, finish, free KV
+
+Requests that can never be served are rejected on `add` with a recorded reason; nothing
+is dropped silently. A request with n > 1 samples prefills once on its first sequence, then
+forks n − 1 children that share the prompt's KV (copy-on-write for a shared partial block).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from kvsim.config import ceil_div
+from kvsim.latency import StepPlan
+from kvsim.memory import NO_HIT, PagedAllocator, PrefixHit, SegmentContent, SlabAllocator
+from kvsim.request import Request, RequestStatus
+
+Allocator = PagedAllocator | SlabAllocator
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerLimits:
+    """The engine arguments that bound a step, resolved for one model."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    watermark_slots: int = 0  # free slots admission must leave (v0's 1 % watermark)
+    preemption_mode: str | None = None  # None: recompute, or swap for multi-sequence groups (v0)
+
+
+class Scheduler:
+    """Base class: subclasses implement `schedule` (v1, v0, static)."""
+
+    name = "base"
+
+    def __init__(self, allocator: Allocator, limits: SchedulerLimits) -> None:
+        self.alloc = allocator
+        self.limits = limits
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        self.finished: list[Request] = []
+        self.rejected: list[Request] = []
+        self.num_preemptions = 0
+        self.num_swapped_out_blocks = 0
+        self.num_prefix_query_tokens = 0
+        self.num_prefix_hit_tokens = 0
+        self._forked: set[int] = set()  # request ids whose samples have been forked
+
+    # ---------------------------------------------------------------- queues
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def add(self, req: Request) -> bool:
+        """Queue a request, or reject it (recording why) if it can never be served."""
+        reason = self.reject_reason(req)
+        if reason:
+            req.status, req.reject_reason = RequestStatus.REJECTED, reason
+            self.rejected.append(req)
+            return False
+        self.waiting.append(req)
+        return True
+
+    def reject_reason(self, req: Request) -> str | None:
+        limits = self.limits
+        if req.prompt_len + req.output_len > limits.max_model_len:
+            return f"prompt_len {req.prompt_len} + output_len {req.output_len} > max_model_len {limits.max_model_len}"
+        if req.num_samples > limits.max_num_seqs:
+            return f"num_samples {req.num_samples} > max_num_seqs {limits.max_num_seqs}"
+        needed = self._slots_for_whole_request(req)
+        if needed > self.alloc.num_total_slots - limits.watermark_slots:
+            return f"needs {needed} KV slots, the pool has {self.alloc.num_total_slots}"
+        return None
+
+    def _slots_for_whole_request(self, req: Request) -> int:
+        """KV slots a request holds at its largest, all samples together (prompt shared if paged)."""
+        alloc = self.alloc
+        if isinstance(alloc, SlabAllocator):
+            return req.num_samples * alloc.region_slots(req.kv_len)
+        bs = alloc.block_size
+        per_seq = ceil_div(req.kv_len, bs)
+        shared = req.prompt_len // bs if req.num_samples > 1 else 0
+        return (per_seq + (req.num_samples - 1) * (per_seq - shared)) * bs
+
+    # ------------------------------------------------------------ allocation
+    def active_seq_ids(self, req: Request) -> list[int]:
+        return req.seq_ids + req.child_seq_ids() if req.request_id in self._forked else req.seq_ids
+
+    def try_allocate(self, req: Request, num_tokens_total: int, hit: PrefixHit = NO_HIT,
+                     reserve_slots: int = 0) -> bool:
+        """Grow every active sequence of `req` to `num_tokens_total` slots, all or none."""
+        seq_ids = self.active_seq_ids(req)
+        if len(seq_ids) == 1:
+            return self.alloc.allocate(seq_ids[0], num_tokens_total, req.kv_len, req.content, hit, reserve_slots)
+        needed = sum(self.alloc.slots_needed(s, num_tokens_total) for s in seq_ids)
+        if needed and needed + reserve_slots > self.alloc.num_free_slots:
+            return False
+        for seq_id in seq_ids:
+            assert self.alloc.allocate(seq_id, num_tokens_total)
+        return True
+
+    def admit(self, req: Request, num_new: int, hit: PrefixHit, plan: StepPlan, now: float) -> None:
+        """Move the head of `waiting` to `running` with `num_new` tokens scheduled after `hit`.
+
+        The caller has checked `can_allocate`; slab allocators also reserve each sample's region.
+        """
+        assert self.waiting[0] is req
+        ok = self.alloc.allocate(req.seq_ids[0], hit.num_tokens + num_new, req.kv_len, req.content, hit)
+        assert ok, "admit after a successful can_allocate"
+        if not self.alloc.shares_blocks:
+            for child in req.child_seq_ids():
+                assert self.alloc.reserve(child, req.kv_len)
+        self.waiting.popleft()
+        if req.first_scheduled_s is None:
+            req.first_scheduled_s = now
+            req.num_prefix_hit_tokens = hit.num_tokens
+        self.num_prefix_query_tokens += req.num_tokens
+        self.num_prefix_hit_tokens += hit.num_tokens
+        req.num_computed_tokens = hit.num_tokens
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        self.plan_tokens(plan, req, num_new)
+
+    def can_admit(self, req: Request, hit: PrefixHit) -> bool:
+        """The whole prompt (all samples' regions, for slabs) fits, leaving the watermark free."""
+        alloc, reserve = self.alloc, self.limits.watermark_slots
+        if isinstance(alloc, SlabAllocator):
+            return alloc.num_free_slots >= req.num_samples * alloc.region_slots(req.kv_len) + reserve and \
+                alloc.can_allocate(req.seq_ids[0], req.num_tokens, req.kv_len, hit, reserve)
+        return alloc.can_allocate(req.seq_ids[0], req.num_tokens, req.kv_len, hit, reserve)
+
+    def lookup(self, req: Request) -> PrefixHit:
+        return self.alloc.lookup_prefix(req.content, req.num_tokens)
+
+    def plan_tokens(self, plan: StepPlan, req: Request, num_new: int) -> None:
+        past = req.num_computed_tokens
+        num_seqs = req.num_samples if req.request_id in self._forked else 1
+        plan.scheduled.append((req, num_new))
+        plan.add(num_new, past, num_seqs, samples=past + num_new == req.num_tokens)
+
+    # ------------------------------------------------------------ preemption
+    def free_request(self, req: Request) -> None:
+        seq_ids = req.seq_ids + req.child_seq_ids()
+        for seq_id in seq_ids:
+            if seq_id in self.alloc.seqs or seq_id in self.alloc.swapped:
+                self.alloc.free(seq_id)
+        self._forked.discard(req.request_id)
+
+    def preempt(self, req: Request, plan: StepPlan) -> None:
+        """Recompute (free all, back to the queue front) or swap out, as the policy says."""
+        self.num_preemptions += 1
+        req.num_preemptions += 1
+        plan.preempted.append(req)
+        if self.use_swap(req):
+            result = self.alloc.swap_out(self.active_seq_ids(req))
+            if result is not None:
+                req.status = RequestStatus.SWAPPED
+                self.swapped.append(req)
+                plan.swap_out_bytes += result.num_bytes
+                self.num_swapped_out_blocks += result.num_blocks
+                return
+        self.free_request(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(req)
+
+    def use_swap(self, req: Request) -> bool:
+        return self.limits.preemption_mode == "swap"
+
+    # ------------------------------------------------------------ completion
+    def complete(self, plan: StepPlan, now: float) -> list[Request]:
+        """Apply a finished step: advance progress, sample tokens, fork samples, finish and free."""
+        done = []
+        for req, num_new in plan.scheduled:
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted later in the same planning pass
+            req.num_computed_tokens += num_new
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a prefill chunk: nothing sampled yet
+            req.num_output_tokens += 1
+            if req.first_token_s is None:
+                req.first_token_s = now
+            if req.num_samples > 1 and req.request_id not in self._forked:
+                self._fork_samples(req)
+            if req.num_output_tokens >= req.output_len:
+                req.status, req.finish_s = RequestStatus.FINISHED, now
+                self.free_request(req)
+                done.append(req)
+        if done:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self.finished.extend(done)
+        return done
+
+    def _fork_samples(self, req: Request) -> None:
+        parent = req.seq_ids[0]
+        for index, child in enumerate(req.child_seq_ids(), start=1):
+            content = None
+            if isinstance(req.content, SegmentContent):
+                *prompt, (out_id, out_len) = req.content.segments
+                content = SegmentContent([*prompt, ((out_id, index), out_len)])
+            self.alloc.fork(parent, child, content, req.kv_len)  # token-level content: child not cached
+        self._forked.add(req.request_id)
+
+    def schedule(self, now: float) -> StepPlan:  # pragma: no cover - abstract
+        raise NotImplementedError

@@ -1,0 +1,84 @@
+"""vLLM v0's scheduler, the engine the PagedAttention paper describes.
+
+Per step, in this order:
+
+1. If nothing is swapped out, admit WAITING requests FCFS as one prefill-only batch
+   (whole prompts, no chunking) while the token budget, `max_num_seqs` and the free-block
+   watermark (1 % by default) allow. If any were admitted, the step is that batch.
+2. Otherwise decode every RUNNING request (1 token per sequence). When blocks run out,
+   preempt from the back (most recently admitted): by recompute for single-sequence
+   requests, by swap for groups with several sequences (`preemption_mode` overrides).
+3. If nothing was preempted, swap SWAPPED requests back in (FCFS) while they fit; they
+   decode in the same step. Swapped requests resume before any waiting request is admitted.
+"""
+
+from __future__ import annotations
+
+from kvsim.latency import StepPlan
+from kvsim.request import Request, RequestStatus
+from kvsim.scheduler.base import Scheduler
+
+
+class V0Scheduler(Scheduler):
+    name = "v0"
+
+    def use_swap(self, req: Request) -> bool:
+        mode = self.limits.preemption_mode
+        if mode is not None:
+            return mode == "swap"
+        return len(self.active_seq_ids(req)) > 1
+
+    def schedule(self, now: float) -> StepPlan:
+        plan = StepPlan()
+        if not self.swapped and self.waiting:
+            self._admit_prefills(plan, now)
+            if plan.scheduled:
+                return plan
+        self._decode_running(plan)
+        if not plan.preempted and self.swapped:
+            self._swap_in(plan)
+        return plan
+
+    def _admit_prefills(self, plan: StepPlan, now: float) -> None:
+        budget = self.limits.max_num_batched_tokens
+        while self.waiting and len(self.running) < self.limits.max_num_seqs:
+            req = self.waiting[0]
+            hit = self.lookup(req)
+            num_new = req.num_tokens - hit.num_tokens
+            if num_new > budget or not self.can_admit(req, hit):
+                break
+            self.admit(req, num_new, hit, plan, now)
+            budget -= num_new
+
+    def _decode_running(self, plan: StepPlan) -> None:
+        running = self.running
+        i = 0
+        while i < len(running):
+            req = running[i]
+            while not self.try_allocate(req, req.num_computed_tokens + 1):
+                victim = running.pop()
+                self.preempt(victim, plan)
+                if victim is req:
+                    break
+            if req.status is not RequestStatus.RUNNING:
+                break
+            self.plan_tokens(plan, req, 1)
+            i += 1
+
+    def _swap_in(self, plan: StepPlan) -> None:
+        alloc = self.alloc
+        while self.swapped and len(self.running) < self.limits.max_num_seqs:
+            req = self.swapped[0]
+            seq_ids = self.active_seq_ids(req)
+            # room for the swapped blocks, the watermark, and each sequence's next token
+            headroom = self.limits.watermark_slots + len(seq_ids) * getattr(alloc, "block_size", 1)
+            if not alloc.can_swap_in(seq_ids, headroom):
+                break
+            result = alloc.swap_in(seq_ids)
+            assert result is not None
+            plan.swap_in_bytes += result.num_bytes
+            self.swapped.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            assert self.try_allocate(req, req.num_computed_tokens + 1)
+            self.plan_tokens(plan, req, 1)

@@ -1,0 +1,57 @@
+"""vLLM v1's scheduler: one token budget per step, running requests first, then FCFS admission.
+
+No prefill/decode phases: each request's `num_computed_tokens` catches up to `num_tokens`
+by chunks (chunked prefill) or by 1 (decode). Per step:
+
+1. RUNNING, in admission order: schedule `min(remaining, budget)` tokens. If the KV
+   blocks are not there, preempt the most recently admitted running request (recompute:
+   free everything, back to the front of the queue) until they are, or until the request
+   itself was the one preempted.
+2. If nothing was preempted, admit WAITING requests FCFS while budget and `max_num_seqs`
+   allow and the whole prompt (after prefix-cache hits) fits; the first that does not fit
+   ends admission for the step.
+"""
+
+from __future__ import annotations
+
+from kvsim.latency import StepPlan
+from kvsim.request import RequestStatus
+from kvsim.scheduler.base import Scheduler
+
+
+class V1Scheduler(Scheduler):
+    name = "v1"
+
+    def schedule(self, now: float) -> StepPlan:
+        plan = StepPlan()
+        budget = self.limits.max_num_batched_tokens
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            total = req.num_computed_tokens + num_new
+            while not self.try_allocate(req, total):
+                victim = running.pop()
+                self.preempt(victim, plan)
+                if victim is req:
+                    break
+            if req.status is not RequestStatus.RUNNING:
+                break
+            self.plan_tokens(plan, req, num_new)
+            budget -= num_new
+            i += 1
+        if not plan.preempted:
+            self._admit(plan, budget, now)
+        return plan
+
+    def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
+        max_num_seqs = self.limits.max_num_seqs
+        while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
+            req = self.waiting[0]
+            hit = self.lookup(req)
+            if not self.can_admit(req, hit):
+                break
+            num_new = min(req.num_tokens - hit.num_tokens, budget)
+            self.admit(req, num_new, hit, plan, now)
+            budget -= num_new

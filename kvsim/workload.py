@@ -1,0 +1,144 @@
+"""Turn a scenario's workload section into `Request`s, all from one seeded generator.
+
+Order of construction (each step documented where it happens):
+
+1. base records: a trace's rows (in file order, from `start_s`, first `num_requests`), a
+   length table resampled with replacement, or lengths drawn from the configured
+   distributions;
+2. arrivals: the trace's own timestamps divided by `rate_scale`, or a Poisson, gamma
+   (coefficient of variation `cv`) or constant-rate process;
+3. structure: a shared system prompt in front of a fraction of prompts; multi-turn
+   conversations whose turn k prompt is every earlier prompt and reply plus a new message;
+4. output lengths capped so that prompt + output ≤ max_model_len (a prompt that alone
+   reaches max_model_len is kept and the scheduler rejects it, with the reason).
+
+Each request's content lists the segments that decide its KV blocks' identities, so prefix
+caching hits exactly where real requests would share tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvsim.errors import KvsimError
+from kvsim.memory import SegmentContent, TokenContent
+from kvsim.request import Request
+from kvsim.scenario import Arrival, Empirical, Fixed, LengthDist, Lognormal, Scenario, Uniform, Workload
+from kvsim.traces import READERS, TraceRecord, read_lengths, read_servegen
+
+Z_99 = 2.3263478740408408  # standard normal 99th percentile
+
+
+def lognormal_sigma(mean: float, p99: float) -> float:
+    """Solve mean = e^(μ + σ²/2), p99 = e^(μ + z·σ) for σ (the smaller root)."""
+    gap = math.log(p99) - math.log(mean)
+    disc = Z_99**2 - 2 * gap
+    if disc < 0:
+        raise KvsimError(f"lognormal mean={mean} p99={p99}: no lognormal has this mean and p99")
+    return Z_99 - math.sqrt(disc)
+
+
+def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator, scenario: Scenario) -> np.ndarray:
+    """`n` positive integer lengths from a distribution."""
+    if isinstance(dist, Fixed):
+        values = np.full(n, dist.value, dtype=np.float64)
+    elif isinstance(dist, Uniform):
+        values = rng.integers(dist.low, dist.high + 1, size=n).astype(np.float64)
+    elif isinstance(dist, Lognormal):
+        sigma = dist.sigma if dist.sigma is not None else lognormal_sigma(dist.mean, dist.p99 or 0.0)
+        mu = math.log(dist.mean) - sigma**2 / 2
+        values = rng.lognormal(mu, sigma, size=n)
+    else:
+        assert isinstance(dist, Empirical)
+        rows = read_lengths(scenario.resolve_path(dist.table))
+        column = np.array([r.prompt_len if dist.column == "prompt" else r.output_len for r in rows])
+        values = rng.choice(column, size=n).astype(np.float64)
+    return np.maximum(1, np.rint(values)).astype(np.int64)
+
+
+def arrival_times(arrival: Arrival, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Arrival instants (s) of `n` requests from a renewal process starting at 0."""
+    assert arrival.rate is not None
+    if arrival.process == "poisson":
+        gaps = rng.exponential(1.0 / arrival.rate, size=n)
+    elif arrival.process == "gamma":
+        shape = 1.0 / arrival.cv**2
+        gaps = rng.gamma(shape, 1.0 / (arrival.rate * shape), size=n)
+    else:
+        gaps = np.full(n, 1.0 / arrival.rate)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+def _base_records(scenario: Scenario, rng: np.random.Generator) -> list[TraceRecord]:
+    w = scenario.workload
+    trace = w.trace
+    if trace is None:
+        assert w.prompt_len is not None and w.output_len is not None
+        prompts = sample_lengths(w.prompt_len, w.num_requests, rng, scenario)
+        outputs = sample_lengths(w.output_len, w.num_requests, rng, scenario)
+        return [TraceRecord(None, int(p), int(o)) for p, o in zip(prompts, outputs, strict=True)]
+    path = scenario.resolve_path(trace.path)
+    if trace.format == "servegen":
+        records = read_servegen(path, rng, trace.start_s, trace.duration_s, trace.clients)
+        return records[: w.num_requests]
+    records = READERS[trace.format](path)
+    if records[0].arrival_s is None:  # a length table: resample rows
+        picks = rng.integers(0, len(records), size=w.num_requests)
+        return [records[i] for i in picks]
+    kept = [r for r in records if r.arrival_s >= trace.start_s][: w.num_requests]
+    if not kept:
+        raise KvsimError(f"workload.trace.start_s={trace.start_s}: no request of {path} arrives after it")
+    return kept
+
+
+def _arrivals(w: Workload, records: Sequence[TraceRecord], rng: np.random.Generator) -> np.ndarray:
+    if w.arrival.process == "trace" or (w.trace is not None and w.trace.format == "servegen"):
+        first = records[0].arrival_s or 0.0
+        scale = w.trace.rate_scale if w.trace is not None else 1.0
+        return np.array([((r.arrival_s or 0.0) - first) / scale for r in records])
+    return arrival_times(w.arrival, len(records), rng)
+
+
+def build_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generator) -> list[Request]:
+    """The scenario's requests, sorted by arrival, ids 0..n−1 in arrival order."""
+    w = scenario.workload
+    records = _base_records(scenario, rng)
+    arrivals = _arrivals(w, records, rng)
+    prefix = w.shared_prefix
+    with_prefix = rng.random(len(records)) < prefix.fraction if prefix else np.zeros(len(records), bool)
+    prefix_ids = rng.integers(0, prefix.num_prefixes, size=len(records)) if prefix else None
+    turns = w.multi_turn.turns if w.multi_turn else 1
+    think_s = w.multi_turn.think_time_s if w.multi_turn else 0.0
+    specs = []  # (arrival_s, prompt_len, output_len, content)
+    history: list[tuple[object, int]] = []
+    for index, record in enumerate(records):
+        conv, turn = divmod(index, turns)
+        if turn == 0:
+            history = []
+            if prefix is not None and with_prefix[index]:
+                history.append((("system", int(prefix_ids[index])), prefix.tokens))
+            conv_start = float(arrivals[conv * turns])
+        arrival = conv_start + turn * think_s if turns > 1 else float(arrivals[index])
+        if record.segments is not None:
+            prompt_segments = [*history, *record.segments]
+        else:
+            prompt_segments = [*history, (("user", conv, turn), record.prompt_len)]
+        prompt_len = sum(n for _, n in prompt_segments)
+        output_len = max(1, min(record.output_len, max_model_len - prompt_len))
+        out_segment = (("reply", conv, turn), output_len)
+        if record.token_ids is not None and not history:
+            content = TokenContent(record.token_ids[: prompt_len + output_len])
+        else:
+            content = SegmentContent([*prompt_segments, out_segment])
+        specs.append((arrival, prompt_len, output_len, content))
+        history = [*prompt_segments, out_segment]
+    order = sorted(range(len(specs)), key=lambda i: specs[i][0])
+    return [
+        Request(request_id=rid, arrival_s=specs[i][0], prompt_len=specs[i][1], output_len=specs[i][2],
+                content=specs[i][3], num_samples=w.n)
+        for rid, i in enumerate(order)
+    ]
