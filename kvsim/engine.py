@@ -24,7 +24,7 @@ import simpy
 from kvsim.capacity import kv_bytes_per_block, kv_bytes_per_token, num_gpu_blocks, vllm_max_concurrency
 from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.errors import KvsimError
-from kvsim.latency import ConstantLatency, LatencyModel, RooflineLatency
+from kvsim.latency import ConstantLatency, LatencyModel, RooflineLatency, StepPlan, burst_step_times
 from kvsim.memory import PagedAllocator, SlabAllocator
 from kvsim.metrics import StepRecorder, requests_frame, summarize
 from kvsim.request import Request
@@ -86,9 +86,40 @@ def make_limits(engine: EngineConfig, max_model_len: int, allocator: PagedAlloca
     )
 
 
+def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float,
+               next_arrival_s: float) -> tuple[list[Request], list[float]] | None:
+    """A run of pure-decode steps that the step-by-step loop would take unchanged, if any.
+
+    It includes only steps that start before the next arrival (a step never sees a request
+    that arrives while it runs), ends at the first request's last token, and stays within the
+    free KV memory, so no admission, preemption or early finish can happen inside it.
+    """
+    batch = scheduler.burst_batch()
+    if batch is None:
+        return None
+    max_steps = min(req.output_len - req.num_output_tokens for req in batch)
+    first = StepPlan()
+    for req in batch:
+        first.add(1, req.num_computed_tokens, 1, samples=True)
+    durations, start = [], now
+    for d in burst_step_times(latency, first):
+        if start >= next_arrival_s or len(durations) == max_steps:
+            break
+        durations.append(d)
+        start += d
+    seq_ids = [req.seq_ids[0] for req in batch]
+    while durations and scheduler.alloc.burst_slots_needed(seq_ids, len(durations)) > scheduler.alloc.num_free_slots:
+        durations = durations[: len(durations) // 2]
+    return (batch, durations) if durations else None
+
+
 def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: list[Request], check: bool = False,
-               progress: ProgressFn | None = None) -> StepRecorder:
-    """Run arrivals and the step loop to completion; every request ends finished or rejected."""
+               progress: ProgressFn | None = None, bursts: bool = True) -> StepRecorder:
+    """Run arrivals and the step loop to completion; every request ends finished or rejected.
+
+    `bursts=True` runs stretches of pure decode several steps at a time (`plan_burst`);
+    results are identical to `bursts=False`, which plans every step.
+    """
     env = simpy.Environment()
     recorder = StepRecorder()
     state = {"wake": env.event(), "arrived": 0}
@@ -103,13 +134,26 @@ def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: list[Reque
                 state["wake"].succeed()
 
     def engine_loop():
-        steps = 0
+        steps, next_progress = 0, PROGRESS_EVERY_STEPS
         while True:
             if not scheduler.has_work:
                 if state["arrived"] == len(requests):
                     return
                 yield state["wake"]
                 state["wake"] = env.event()
+                continue
+            arrived = state["arrived"]
+            next_arrival = requests[arrived].arrival_s if arrived < len(requests) else float("inf")
+            burst = plan_burst(scheduler, latency, env.now, next_arrival) if bursts else None
+            if burst is not None:
+                batch, durations = burst
+                recorder.record_burst(env.now, durations, scheduler, batch)
+                for d in durations:
+                    yield env.timeout(d)
+                scheduler.apply_burst(batch, len(durations), env.now)
+                if check:
+                    scheduler.alloc.check_invariants()
+                steps += len(durations)
                 continue
             plan = scheduler.schedule(env.now)
             if plan.is_empty:
@@ -128,7 +172,8 @@ def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: list[Reque
             if check:
                 scheduler.alloc.check_invariants()
             steps += 1
-            if progress is not None and steps % PROGRESS_EVERY_STEPS == 0:
+            if progress is not None and steps >= next_progress:
+                next_progress += PROGRESS_EVERY_STEPS
                 progress(env.now, len(scheduler.finished) + len(scheduler.rejected), len(requests))
 
     env.process(arrivals())
@@ -138,7 +183,8 @@ def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: list[Reque
     return recorder
 
 
-def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None) -> RunResult:
+def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
+             bursts: bool = True) -> RunResult:
     """Simulate a scenario end to end. `check=True` runs `check_invariants()` after every step."""
     model, gpu, engine = load_model(scenario.model), load_gpu(scenario.gpu), scenario.engine
     max_model_len = engine.resolved_max_model_len(model)
@@ -146,7 +192,7 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
     scheduler = make_scheduler(engine.scheduler, allocator, make_limits(engine, max_model_len, allocator))
     latency = make_latency(scenario, model, gpu)
     requests = build_requests(scenario, max_model_len, np.random.default_rng(scenario.seed))
-    recorder = run_engine(scheduler, latency, requests, check=check, progress=progress)
+    recorder = run_engine(scheduler, latency, requests, check=check, progress=progress, bursts=bursts)
     assert len(scheduler.finished) + len(scheduler.rejected) == len(requests), "a request went missing"
     assert allocator.num_held_slots == 0, "KV still held after the run"
     requests_df = requests_frame(requests)

@@ -23,6 +23,7 @@ The calibrated model (`kvsim.calibration`) reads a measured profile and plugs in
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -65,6 +66,23 @@ class StepPlan:
         self.sum_context_tokens += context * num_seqs
         self.max_context_tokens = max(self.max_context_tokens, context)
         self.attention_work += num_new * (past + (num_new + 1) / 2) * num_seqs
+
+
+def burst_step_times(latency: LatencyModel, first: StepPlan) -> Iterator[float]:
+    """Durations of successive decode steps of one unchanged batch whose first step is `first`.
+
+    Each step every sequence's context grows by one token: Σ context and the attention work
+    grow by the number of sequences, the longest context by one. The caller stops iterating.
+    """
+    plan = StepPlan(num_tokens=first.num_tokens, num_seqs=first.num_seqs, num_decode_seqs=first.num_decode_seqs,
+                    num_sampled=first.num_sampled, sum_context_tokens=first.sum_context_tokens,
+                    max_context_tokens=first.max_context_tokens, attention_work=first.attention_work)
+    growth = first.num_seqs
+    while True:
+        yield latency.step_time(plan)
+        plan.sum_context_tokens += growth
+        plan.attention_work += growth
+        plan.max_context_tokens += 1
 
 
 class LatencyModel(Protocol):

@@ -66,6 +66,40 @@ class StepRecorder:
         for column, value in zip(self.columns.values(), row, strict=True):
             column.append(value)
 
+    def record_burst(self, start_s: float, durations: list[float], scheduler: Scheduler,
+                     batch: list[Request]) -> None:
+        """Rows for a decode burst, identical to what `record` would write step by step.
+
+        Call before the burst is applied: occupancy comes from `burst_occupancy`.
+        """
+        alloc = scheduler.alloc
+        k, n = len(durations), len(batch)
+        held, filled, reserved = alloc.burst_occupancy([r.seq_ids[0] for r in batch], k)
+        total = alloc.num_total_slots
+        next_slots = None
+        if isinstance(alloc, SlabAllocator) and scheduler.waiting:
+            next_slots = alloc.region_slots(scheduler.waiting[0].kv_len)
+        external = alloc.external_fragmentation_slots(next_slots)
+        starts, t = [], start_s
+        for d in durations:
+            starts.append(t)
+            t += d
+        c = self.columns
+        c["time_s"] += starts
+        c["duration_s"] += durations
+        for name, value in (("vllm:num_requests_running", n), ("vllm:num_requests_waiting", len(scheduler.waiting)),
+                            ("vllm:num_requests_swapped", 0), ("num_batched_tokens", n), ("num_prefill_tokens", 0),
+                            ("num_decode_seqs", n), ("vllm:num_preemptions_total", scheduler.num_preemptions),
+                            ("swap_in_bytes", 0), ("swap_out_bytes", 0), ("external_frag", external / total)):
+            c[name] += [value] * k
+        free = total - held - external
+        c["vllm:kv_cache_usage_perc"] += (1.0 - (total - held) / total).tolist()
+        c["held_slots"] += held.tolist()
+        c["token_state"] += (filled / total).tolist()
+        c["reserved"] += (reserved / total).tolist()
+        c["internal_frag"] += ((held - filled - reserved) / total).tolist()
+        c["free"] += (free / total).tolist()
+
     def frame(self) -> pd.DataFrame:
         import pandas as pd
 

@@ -68,10 +68,6 @@ class Request:
         """Slots each sequence of this request holds at most: every token but the last sampled."""
         return self.prompt_len + self.output_len - 1
 
-    @property
-    def is_prefilling(self) -> bool:
-        return self.num_computed_tokens < self.num_tokens - 1 or self.num_output_tokens == 0
-
     def child_seq_ids(self) -> list[int]:
         base = self.request_id * MAX_SAMPLES
         return [base + i for i in range(1, self.num_samples)]

@@ -129,6 +129,9 @@ class PagedAllocator:
     # ------------------------------------------------------------- allocation
     def _blocks_needed(self, seq: SeqBlocks | None, num_tokens_total: int, hit: PrefixHit) -> int:
         """Free blocks `allocate` would consume: new blocks, a copy-on-write, free cached hits."""
+        if seq is not None and num_tokens_total <= len(seq.block_table) * self.block_size and (
+                seq.num_tokens % self.block_size == 0 or self.pool.ref_counts[seq.block_table[-1]] == 1):
+            return 0  # the common decode case: room left in an unshared last block
         if seq is None:
             table_len, written, last = len(hit.block_ids), hit.num_tokens, None
             needed = sum(1 for b in hit.block_ids if self.pool.ref_counts[b] == 0)
@@ -154,6 +157,19 @@ class PagedAllocator:
         """Whether `allocate` would succeed while leaving `reserve_slots` free (v0's watermark)."""
         needed = self._blocks_needed(self.seqs.get(seq_id), num_tokens_total, hit)
         return needed == 0 or needed + ceil_div(reserve_slots, self.block_size) <= self.pool.num_free_blocks
+
+    def append_token(self, seq_id: int) -> bool:
+        """Fast path of `allocate(seq_id, tokens + 1)` when the token fits the sequence's own last block.
+
+        Returns False, changing nothing, when the general path is needed (a new block or a copy).
+        """
+        seq = self.seqs[seq_id]
+        written = seq.num_tokens
+        bs = self.block_size
+        if written % bs == 0 or self.pool.ref_counts[seq.block_table[-1]] != 1:
+            return False
+        self._mark_written(seq, written + 1)
+        return True
 
     def allocate(
         self,
@@ -201,27 +217,37 @@ class PagedAllocator:
         seq.reservable = value
 
     def _write(self, seq: SeqBlocks, num_tokens_total: int) -> None:
-        bs, pool, table = self.block_size, self.pool, seq.block_table
-        written = seq.num_tokens
-        seq.final_num_tokens = max(seq.final_num_tokens, num_tokens_total)  # outgrew its estimate
-        if written % bs and pool.ref_counts[table[-1]] > 1:
+        pool, table = self.pool, seq.block_table
+        if seq.num_tokens % self.block_size and pool.ref_counts[table[-1]] > 1:
             self._copy_on_write(seq)
-        new_len = ceil_div(num_tokens_total, bs)
+        new_len = ceil_div(num_tokens_total, self.block_size)
         if new_len > len(table):
-            fresh = pool.get_new_blocks(new_len - len(table))
-            for block_id in fresh:
-                self.block_fill[block_id] = 0
-            table.extend(fresh)
-        fill = self.block_fill
-        for index in range(written // bs, new_len):
+            table.extend(pool.get_new_blocks(new_len - len(table)))
+        self._mark_written(seq, num_tokens_total)
+
+    def _mark_written(self, seq: SeqBlocks, num_tokens_total: int) -> None:
+        """Record tokens written up to `num_tokens_total` into blocks the table already holds.
+
+        Hot path (every decode token): the reservation update of `_own_reservable` is inlined.
+        """
+        bs, ref_counts, fill, table = self.block_size, self.pool.ref_counts, self.block_fill, seq.block_table
+        written = seq.num_tokens
+        if num_tokens_total > seq.final_num_tokens:
+            seq.final_num_tokens = num_tokens_total  # outgrew its estimate
+        last = len(table) - 1
+        for index in range(written // bs, last + 1):
             block_id = table[index]
-            assert pool.ref_counts[block_id] == 1, f"writing shared block {block_id}"
-            fill[block_id] = min(bs, num_tokens_total - index * bs)
-        self.num_filled_slots += num_tokens_total - written
-        self._sum_written += num_tokens_total - written
+            assert ref_counts[block_id] == 1, f"writing shared block {block_id}"
+            fill[block_id] = bs if index < last else num_tokens_total - last * bs
+        delta = num_tokens_total - written
+        self.num_filled_slots += delta
+        self._sum_written += delta
         seq.num_tokens = num_tokens_total
-        self._set_reservable(seq, self._own_reservable(seq))
-        if self.enable_caching and seq.content is not None:
+        held = (last + 1) * bs
+        reservable = held if held < seq.final_num_tokens else seq.final_num_tokens
+        self._sum_reservable += reservable - seq.reservable
+        seq.reservable = reservable
+        if self.enable_caching and seq.content is not None and num_tokens_total // bs > seq.num_hashed_blocks:
             self._hash_full_blocks(seq)
 
     def _copy_on_write(self, seq: SeqBlocks) -> None:
@@ -244,6 +270,61 @@ class PagedAllocator:
             if self.pool.block_hashes[block_id] is None:
                 self.pool.cache_block(block_id, hashes[index])
         seq.num_hashed_blocks = num_full
+
+    # --------------------------------------------------------- decode bursts
+    def _burst_events(self, seq_ids: Sequence[int], num_steps: int) -> list[tuple[int, int]]:
+        """(step offset, position) of each block `num_steps` decode steps take, in step-by-step order.
+
+        Step offset `off` writes slot `written + off`; a block starts there when it is ≡ 0 mod bs.
+        """
+        bs = self.block_size
+        events = []
+        for pos, seq_id in enumerate(seq_ids):
+            written = self.seqs[seq_id].num_tokens
+            events.extend((off, pos) for off in range((-written) % bs, num_steps, bs))
+        events.sort()
+        return events
+
+    def burst_slots_needed(self, seq_ids: Sequence[int], num_steps: int) -> int:
+        bs = self.block_size
+        return bs * sum(ceil_div(self.seqs[s].num_tokens + num_steps, bs) - len(self.seqs[s].block_table)
+                        for s in seq_ids)
+
+    def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> None:
+        """Exactly what `num_steps` steps of `allocate(seq, tokens + 1)` for each sequence in order do.
+
+        Blocks are handed out in (step, position) order, as the step-by-step calls would take
+        them; the caller has checked `burst_slots_needed` against the free slots. Sequences
+        must own their partial last block (no fork sharing).
+        """
+        events = self._burst_events(seq_ids, num_steps)
+        seqs = [self.seqs[s] for s in seq_ids]
+        fresh = self.pool.get_new_blocks(len(events))
+        for (_, pos), block_id in zip(events, fresh, strict=True):
+            seqs[pos].block_table.append(block_id)
+        for seq in seqs:
+            self._mark_written(seq, seq.num_tokens + num_steps)
+
+    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int):  # -> tuple[np.ndarray, ...]
+        """Held, filled and reserved slots after each of the next `num_steps` decode allocations.
+
+        `seq_ids` must be every sequence on the GPU (the whole running batch).
+        """
+        import numpy as np
+
+        bs = self.block_size
+        seqs = [self.seqs[s] for s in seq_ids]
+        steps = np.arange(1, num_steps + 1)
+        written = np.array([s.num_tokens for s in seqs])[:, None]
+        final = np.array([s.final_num_tokens for s in seqs])[:, None]
+        tokens = written + steps[None, :]
+        held_each = -(-tokens // bs) * bs
+        held = self.num_held_slots + held_each.sum(0) - sum(len(s.block_table) for s in seqs) * bs
+        filled = self.num_filled_slots + len(seqs) * steps
+        reservable = np.minimum(held_each, np.maximum(final, tokens)).sum(0)
+        reserved = self._sum_reservable - sum(s.reservable for s in seqs) + reservable - (
+            self._sum_written + len(seqs) * steps)
+        return held, filled, reserved
 
     # ---------------------------------------------------------- fork and free
     shares_blocks = True  # fork shares; slabs instead reserve each child's region at admission

@@ -119,7 +119,8 @@ class SlabAllocator:
 
     @property
     def usage(self) -> float:
-        return self.num_held_slots / self.num_total_slots
+        """1 − free / total, computed as the paged pool does (so decode bursts reproduce it exactly)."""
+        return 1.0 - self.num_free_slots / self.num_total_slots
 
     def external_fragmentation_slots(self, next_request_slots: int | None) -> int:
         """Free slots in runs too short for the next waiting request's region (0 if none waits)."""
@@ -187,6 +188,24 @@ class SlabAllocator:
         if num_tokens_total > slab.num_tokens:
             self.num_filled_slots += num_tokens_total - slab.num_tokens
             slab.num_tokens = num_tokens_total
+
+    def burst_slots_needed(self, seq_ids: Sequence[int], num_steps: int) -> int:
+        """Regions never grow: a decode burst needs no new space."""
+        return 0
+
+    def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> None:
+        """`num_steps` decode tokens for each sequence, as that many `allocate` calls would write."""
+        for seq_id in seq_ids:
+            slab = self.seqs[seq_id]
+            self._write(seq_id, slab, slab.num_tokens + num_steps)
+
+    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int):  # -> tuple[np.ndarray, ...]
+        """Held, filled and reserved slots after each of the next `num_steps` decode steps."""
+        import numpy as np
+
+        steps = np.arange(1, num_steps + 1)
+        filled = self.num_filled_slots + len(seq_ids) * steps
+        return np.full(num_steps, self.num_held_slots), filled, self._sum_reservable - filled
 
     def fork(self, parent_id: int, child_id: int, child_content: Content | None = None,
              child_final_num_tokens: int | None = None) -> None:

@@ -208,5 +208,46 @@ class Scheduler:
             self.alloc.fork(parent, child, content, req.kv_len)  # token-level content: child not cached
         self._forked.add(req.request_id)
 
+    # -------------------------------------------------------- decode bursts
+    def burst_batch(self) -> list[Request] | None:
+        """The running batch, if the coming steps are guaranteed to be pure decode of exactly it.
+
+        Holds when every running request is a single sequence decoding, nothing is swapped,
+        and the waiting head cannot be admitted (it cannot become admissible while the batch
+        only grows: free memory only shrinks). With prefix caching on and a queue, a waiting
+        request could start hitting blocks filled mid-burst, so that case is excluded.
+        The engine then runs several steps at once (`apply_burst`), with identical results.
+        """
+        running = self.running
+        if not running or self.swapped:
+            return None
+        for req in running:
+            decoding = req.num_output_tokens > 0 and req.num_computed_tokens == req.num_tokens - 1
+            if req.num_samples > 1 or not decoding:  # (a prefill's last token samples the first)
+                return None
+        if self.waiting and (getattr(self.alloc, "enable_caching", False) or not self.waiting_blocked()):
+            return None
+        return running
+
+    def waiting_blocked(self) -> bool:  # pragma: no cover - abstract
+        """Whether the policy's next step would admit nothing from `waiting` (the batch stays)."""
+        raise NotImplementedError
+
+    def apply_burst(self, batch: list[Request], num_steps: int, now: float) -> list[Request]:
+        """`num_steps` decode steps of `batch` at once; `now` is when the last one ends."""
+        self.alloc.append_burst([req.seq_ids[0] for req in batch], num_steps)
+        done = []
+        for req in batch:
+            req.num_computed_tokens += num_steps
+            req.num_output_tokens += num_steps
+            if req.num_output_tokens >= req.output_len:
+                req.status, req.finish_s = RequestStatus.FINISHED, now
+                self.free_request(req)
+                done.append(req)
+        if done:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self.finished.extend(done)
+        return done
+
     def schedule(self, now: float) -> StepPlan:  # pragma: no cover - abstract
         raise NotImplementedError

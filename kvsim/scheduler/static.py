@@ -42,3 +42,7 @@ class StaticScheduler(Scheduler):
                     break
                 available -= need
             self.admit(req, req.num_tokens - hit.num_tokens, hit, plan, now)
+
+    def waiting_blocked(self) -> bool:
+        """A running batch admits nobody until it is empty."""
+        return True

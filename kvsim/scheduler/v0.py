@@ -82,3 +82,10 @@ class V0Scheduler(Scheduler):
             self.running.append(req)
             assert self.try_allocate(req, req.num_computed_tokens + 1)
             self.plan_tokens(plan, req, 1)
+
+    def waiting_blocked(self) -> bool:
+        req = self.waiting[0]
+        hit = self.lookup(req)
+        return (len(self.running) >= self.limits.max_num_seqs
+                or req.num_tokens - hit.num_tokens > self.limits.max_num_batched_tokens
+                or not self.can_admit(req, hit))

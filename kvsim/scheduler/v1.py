@@ -27,9 +27,15 @@ class V1Scheduler(Scheduler):
         budget = self.limits.max_num_batched_tokens
         running = self.running
         i = 0
+        append_token = getattr(self.alloc, "append_token", None)
         while i < len(running) and budget > 0:
             req = running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new == 1 and append_token is not None and req.num_samples == 1 and append_token(req.seq_ids[0]):
+                self.plan_tokens(plan, req, 1)  # fast path: a decode token in its own last block
+                budget -= 1
+                i += 1
+                continue
             total = req.num_computed_tokens + num_new
             while not self.try_allocate(req, total):
                 victim = running.pop()
@@ -55,3 +61,15 @@ class V1Scheduler(Scheduler):
             num_new = min(req.num_tokens - hit.num_tokens, budget)
             self.admit(req, num_new, hit, plan, now)
             budget -= num_new
+
+    def burst_batch(self):  # -> list[Request] | None
+        """Also requires the whole batch to fit the token budget (else it is served in turns)."""
+        if len(self.running) > self.limits.max_num_batched_tokens:
+            return None
+        return super().burst_batch()
+
+    def waiting_blocked(self) -> bool:
+        req = self.waiting[0]
+        return (len(self.running) >= self.limits.max_num_seqs
+                or len(self.running) >= self.limits.max_num_batched_tokens
+                or not self.can_admit(req, self.lookup(req)))
