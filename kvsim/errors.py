@@ -23,7 +23,9 @@ def from_validation_error(error: ValidationError, prefix: str = "") -> KvsimErro
     Only the first problem is reported: fixing one field at a time is how people work, and a
     single line keeps the CLI contract.
     """
-    first = error.errors()[0]
+    errors = error.errors()
+    # A misspelt key usually explains a "missing" one too: report unknown keys first.
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = ".".join(str(part) for part in first["loc"])
     field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "value")
     message = first["msg"]

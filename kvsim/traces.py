@@ -186,6 +186,8 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
         if not trace_file.is_file() or not data_file.is_file():
             raise KvsimError(f"{path}: client {client} has no chunk-{client}-trace.csv / -dataset.json")
         pdfs = _servegen_pdfs(data_file)
+        if not pdfs:
+            raise KvsimError(f"{data_file}: no window has length distributions")
         with trace_file.open(newline="") as f:
             for line_no, row in enumerate(csv.reader(f), start=1):
                 try:
@@ -214,6 +216,8 @@ def _servegen_pdfs(path: Path) -> dict[float, tuple[np.ndarray, np.ndarray, np.n
         for window, fields in raw.items():
             inputs = ast.literal_eval(fields["input_tokens"])
             outputs = ast.literal_eval(fields["output_tokens"])
+            if not inputs or not outputs:
+                continue  # a window with no recorded requests
             in_vals = np.array(sorted(inputs))
             out_vals = np.array(sorted(outputs))
             in_cdf = np.cumsum([inputs[v] for v in in_vals])

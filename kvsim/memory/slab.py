@@ -236,18 +236,22 @@ class SlabAllocator:
         self.num_cpu_slots_used += tokens
         return SwapResult(tokens, tokens * self.bytes_per_token)
 
-    def can_swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> bool:
+    def can_place(self, final_num_tokens: Sequence[int], reserve_slots: int = 0) -> bool:
+        """Whether regions for all these lengths fit at once (first-fit on a copy of the free runs)."""
         trial = FreeRuns(0)
         trial.starts, trial.lengths = list(self.free_runs.starts), dict(self.free_runs.lengths)
         needed = 0
-        for seq_id in seq_ids:
-            size = self.region_slots(self.swapped[seq_id].final_num_tokens)
+        for final in final_num_tokens:
+            size = self.region_slots(final)
             start = trial.find(size)
             if start is None:
                 return False
             trial.take(start, size)
             needed += size
         return needed + reserve_slots <= self.num_free_slots
+
+    def can_swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> bool:
+        return self.can_place([self.swapped[s].final_num_tokens for s in seq_ids], reserve_slots)
 
     def swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> SwapResult | None:
         if not self.can_swap_in(seq_ids, reserve_slots):

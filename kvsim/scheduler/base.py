@@ -132,8 +132,7 @@ class Scheduler:
         """The whole prompt (all samples' regions, for slabs) fits, leaving the watermark free."""
         alloc, reserve = self.alloc, self.limits.watermark_slots
         if isinstance(alloc, SlabAllocator):
-            return alloc.num_free_slots >= req.num_samples * alloc.region_slots(req.kv_len) + reserve and \
-                alloc.can_allocate(req.seq_ids[0], req.num_tokens, req.kv_len, hit, reserve)
+            return alloc.can_place([req.kv_len] * req.num_samples, reserve)
         return alloc.can_allocate(req.seq_ids[0], req.num_tokens, req.kv_len, hit, reserve)
 
     def lookup(self, req: Request) -> PrefixHit:

@@ -1,0 +1,46 @@
+"""Shared helpers: tiny worlds with hand-made requests and a constant-latency engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvsim.engine import run_engine
+from kvsim.latency import ConstantLatency
+from kvsim.memory import PagedAllocator, SegmentContent, SlabAllocator
+from kvsim.request import Request
+from kvsim.scheduler import SchedulerLimits, make_scheduler
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO.parent / "shared" / "traces"
+
+
+def make_request(rid: int, arrival_s: float, prompt: int, output: int, n: int = 1, prefix: int = 0) -> Request:
+    segments = [("sys", prefix)] if prefix else []
+    segments += [(("user", rid), prompt - prefix), (("reply", rid), output)]
+    return Request(rid, arrival_s, prompt, output, content=SegmentContent(segments), num_samples=n)
+
+
+def tiny_world(policy="v1", allocator="paged", num_blocks=11, block_size=16, max_num_seqs=8,
+               max_num_batched_tokens=64, max_model_len=128, caching=True, preemption_mode=None,
+               num_cpu_blocks=0, watermark_slots=0):
+    if allocator == "paged":
+        alloc = PagedAllocator(num_blocks, block_size, enable_caching=caching, num_cpu_blocks=num_cpu_blocks,
+                               bytes_per_block=1000)
+    else:
+        alloc = SlabAllocator((num_blocks - 1) * block_size, max_model_len, allocator.removeprefix("slab-"),
+                              num_cpu_slots=num_cpu_blocks * block_size, bytes_per_token=1000 // block_size)
+    limits = SchedulerLimits(max_num_seqs, max_num_batched_tokens, max_model_len, watermark_slots, preemption_mode)
+    return make_scheduler(policy, alloc, limits)
+
+
+def run(scheduler, requests, step_s=0.01, link=float("inf"), bursts=True):
+    return run_engine(scheduler, ConstantLatency(step_s, link), requests, check=True, bursts=bursts)
+
+
+@pytest.fixture
+def traces() -> Path:
+    if not TRACES.is_dir():
+        pytest.skip("../shared/traces not present")
+    return TRACES

@@ -1,0 +1,60 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+
+runner = CliRunner()
+
+
+def test_default_run_writes_results(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--set", "workload.num_requests=50", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "kvsim run" in result.stdout
+    assert {p.name for p in out.iterdir()} == {"requests.csv", "steps.csv", "summary.json", "scenario.yaml"}
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("num_requests", "num_finished", "num_rejected", "duration_s", "output_tokens_per_s",
+                "requests_per_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "max_running", "mean_running",
+                "num_preemptions", "kv_cache_usage_perc", "prefix_cache_hit_rate", "swapped_out_blocks", "waste"):
+        assert key in summary
+    assert set(summary["ttft_s"]) == {"mean", "p50", "p90", "p99"}
+    assert set(summary["waste"]) == {"token_state", "reserved", "internal_frag", "external_frag", "free"}
+
+
+def test_json_format_and_set(tmp_path):
+    result = runner.invoke(app, ["run", "scenarios/paper-paged.yaml", "--format", "json", "--set",
+                                 "workload.num_requests=30", "--set", "engine.block_size=32", "-o",
+                                 str(tmp_path / "x"), "--check"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["block_size"] == 32 and summary["num_requests"] == 30
+
+
+@pytest.mark.parametrize(("yaml_text", "needle"), [
+    ("model: llama-3.1-8b\nwrkload: {}\n", "wrkload: unknown key"),
+    ("workload: {num_requests: many, prompt_len: {dist: fixed, value: 1}, output_len: {dist: fixed, value: 1}}\n",
+     "workload.num_requests='many'"),
+    ("workload: {arrival: {rate: -2}, prompt_len: {dist: fixed, value: 1}, output_len: {dist: fixed, value: 1}}\n",
+     "workload.arrival.rate=-2"),
+    ("workload: {trace: {format: azure, path: nowhere.csv}, arrival: {process: trace}}\n", "nowhere.csv"),
+    ("engine: {block_size: 0}\nworkload: {prompt_len: {dist: fixed, value: 1}, output_len: {dist: fixed, value: 1}}\n",
+     "engine.block_size=0"),
+    ("model: gpt-17\nworkload: {prompt_len: {dist: fixed, value: 1}, output_len: {dist: fixed, value: 1}}\n",
+     "gpt-17"),
+    ("[1, 2\n", "not valid YAML"),
+])
+def test_bad_scenarios_one_line_error_no_output(tmp_path, yaml_text, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(path), "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_bad_set_override(tmp_path):
+    result = runner.invoke(app, ["run", "--set", "engine.block_size", "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "dotted.key=value" in result.stderr

@@ -1,0 +1,94 @@
+"""Whole runs: determinism, conservation, the seed's lab and the paper check."""
+
+from pathlib import Path
+
+import pytest
+
+from kvsim.engine import simulate
+from kvsim.scenario import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+
+
+def run(name, *overrides, **kwargs):
+    return simulate(load_scenario(SCENARIOS / f"{name}.yaml", list(overrides)), **kwargs).summary
+
+
+def test_same_seed_same_results():
+    scenario = load_scenario(None, ["workload.num_requests=150"])
+    a, b = simulate(scenario), simulate(scenario)
+    assert a.summary == b.summary
+    assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
+    c = simulate(load_scenario(None, ["workload.num_requests=150", "seed=1"]))
+    assert c.summary != a.summary
+
+
+@pytest.mark.parametrize("name", ["paper-paged", "preemption-swap", "lab-5-system-prompt-caching",
+                                  "paper-slab-pow2"])
+def test_bursts_change_nothing(name):
+    scenario = load_scenario(SCENARIOS / f"{name}.yaml", ["workload.num_requests=120"])
+    a, b = simulate(scenario, bursts=False), simulate(scenario, bursts=True)
+    assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_scenario_conserves_requests_and_blocks(path):
+    result = simulate(load_scenario(path, ["workload.num_requests=200"]), check=True)
+    s = result.summary
+    assert s["num_finished"] + s["num_rejected"] == s["num_requests"] == 200
+    finished = result.requests[result.requests.status == "finished"]
+    assert (finished.first_token_s >= finished.arrival_s).all()
+    assert (finished.finish_s >= finished.first_token_s).all()
+    assert abs(sum(s["waste"].values()) - 1) < 1e-9
+
+
+def test_lab_slab_concurrency_follows_max_model_len():
+    long = run("lab-1-max-len-8192", "engine.allocator=slab-max")
+    short = run("lab-2-max-len-1024", "engine.allocator=slab-max")
+    assert 6 <= short["max_running"] / long["max_running"] <= 11  # about 8×
+
+
+def test_lab_paged_concurrency_follows_actual_lengths():
+    long, short = run("lab-1-max-len-8192"), run("lab-2-max-len-1024")
+    assert abs(long["mean_running"] - short["mean_running"]) <= 0.15 * short["mean_running"]
+    assert long["mean_running"] > 10 * run("lab-1-max-len-8192", "engine.allocator=slab-max")["mean_running"]
+
+
+def test_lab_fp8_admits_about_twice_the_sequences():
+    auto, fp8 = run("lab-2-max-len-1024"), run("lab-3-fp8-kv")
+    assert fp8["num_gpu_blocks"] == 2 * auto["num_gpu_blocks"]
+    assert 1.6 <= fp8["max_running"] / auto["max_running"] <= 2.2
+
+
+def test_lab_prefix_caching_cuts_ttft_and_kv():
+    off, on = run("lab-4-system-prompt-no-caching"), run("lab-5-system-prompt-caching")
+    assert on["ttft_s"]["mean"] < 0.1 * off["ttft_s"]["mean"]
+    assert on["prefix_cache_hit_rate"] > 0.8 and off["prefix_cache_hit_rate"] == 0
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_shared_prompt_kv_grows_sublinearly_only_with_caching(caching):
+    def peak_blocks(n):
+        result = simulate(load_scenario(SCENARIOS / "shared-prompt-5000x100.yaml", [
+            f"workload.num_requests={n}", "workload.arrival.rate=100000",
+            f"engine.enable_prefix_caching={str(caching).lower()}"]))
+        return result.steps["held_slots"].max() // 16
+
+    # each request: 5,100 prompt + 199 stored output tokens = 332 blocks, 312 of them the shared prompt
+    if caching:
+        assert (peak_blocks(10), peak_blocks(40)) == (312 + 10 * 20, 312 + 40 * 20)
+    else:
+        assert peak_blocks(40) / peak_blocks(10) > 3.5
+
+
+def test_shared_prompt_stored_once():
+    s = run("shared-prompt-5000x100", "workload.arrival.rate=100000")
+    # 100 requests of 5,100 prompt tokens: all but the first hit the 312 shared full blocks
+    assert s["vllm:prefix_cache_hits_total"] == 99 * 312 * 16
+
+
+def test_paper_paged_vs_slab_max():
+    paged, slab = run("paper-paged"), run("paper-slab-max")
+    assert paged["waste_of_allocated"]["token_state"] >= 0.95
+    assert slab["waste_of_allocated"]["token_state"] < 0.35  # paper: 20.4 %
+    assert paged["mean_running"] >= 3 * slab["mean_running"]
