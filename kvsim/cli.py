@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -194,6 +195,63 @@ def _progress_bar(enabled: bool) -> Iterator:
     finally:
         if task is not None:
             bar.stop()
+
+
+@app.command()
+def calibrate(
+    gpu: Annotated[str, typer.Option("--gpu", help="Name recorded in the profile (e.g. h200)")],
+    model: ModelOpt = DEFAULT_MODEL,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Profile CSV to write")] = None,
+    block_size: Annotated[str, typer.Option("--block-sizes", help="Comma-separated block sizes")] = "16",
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="auto or fp8")] = "auto",
+    tensor_parallel_size: TpOpt = None,
+    quick: Annotated[bool, typer.Option("--quick", help="A small grid for a smoke run")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid and exit")] = False,
+) -> None:
+    """Time the Triton paged-attention kernels and the model's GEMMs on a GPU into a profile CSV."""
+    from kvsim.config import load_model, make_engine
+
+    with user_errors():
+        spec = load_model(model)
+        engine = make_engine(tensor_parallel_size=tensor_parallel_size)
+        if kv_cache_dtype not in ("auto", "fp8"):
+            raise KvsimError(f"--kv-cache-dtype={kv_cache_dtype!r}: calibrate measures auto or fp8")
+        sizes = parse_int_list(block_size, "--block-sizes")
+        try:
+            from kernels import calibrate as harness
+        except ImportError as error:
+            raise KvsimError(f"calibrate needs torch and triton ({error.name} is missing): "
+                             "pip install -e '.[kernels]'") from None
+        shapes = harness.LayerShapes(
+            num_heads=max(1, spec.num_attention_heads // engine.tensor_parallel_size),
+            num_kv_heads=max(1, spec.num_kv_heads // engine.tensor_parallel_size), head_dim=spec.head_dim,
+            hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size // engine.tensor_parallel_size,
+            vocab_size=spec.vocab_size // engine.tensor_parallel_size, gated_mlp=spec.gated_mlp, dtype=spec.dtype,
+            kv_dtype=kv_cache_dtype)
+        base = harness.QUICK_GRID if quick else harness.DEFAULT_GRID
+        grid = harness.Grid(**{**harness.asdict(base), "block_sizes": tuple(sizes)})
+        points = harness.plan(shapes, grid)
+        if dry_run:
+            from kvsim.render import rows_to_csv
+
+            sys.stdout.write(rows_to_csv([{k: p.get(k, "") for k in ("kind", "op", "batch", "context_len",
+                                                                        "query_len", "num_tokens", "k", "n",
+                                                                        "block_size")} for p in points]))
+            typer.echo(f"{len(points)} measurements for {spec.name} ({shapes})", err=True)
+            return
+        import torch
+
+        if not torch.cuda.is_available():
+            raise KvsimError("no CUDA device: calibration times kernels on a GPU (--dry-run prints the grid)")
+        if output is None:
+            raise KvsimError("--output is required: the profile CSV to write")
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task("calibrating", total=len(points))
+            path = harness.measure(shapes, grid, gpu, Path(output),
+                                   progress=lambda done, total: bar.update(task, completed=done))
+    typer.echo(f"profile written to {path}")
 
 
 def _headline(plan) -> str:  # plan: kvsim.capacity.CapacityPlan

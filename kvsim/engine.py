@@ -155,7 +155,9 @@ def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: list[Reque
                     scheduler.alloc.check_invariants()
                 steps += len(durations)
                 continue
+            copies_before = scheduler.alloc.num_copy_on_writes
             plan = scheduler.schedule(env.now)
+            plan.num_copied_blocks = scheduler.alloc.num_copy_on_writes - copies_before
             if plan.is_empty:
                 if plan.preempted:
                     continue  # preemptions freed memory; plan again at the same instant

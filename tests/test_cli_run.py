@@ -58,3 +58,22 @@ def test_bad_scenarios_one_line_error_no_output(tmp_path, yaml_text, needle):
 def test_bad_set_override(tmp_path):
     result = runner.invoke(app, ["run", "--set", "engine.block_size", "-o", str(tmp_path / "o")])
     assert result.exit_code == 2 and "dotted.key=value" in result.stderr
+
+
+def test_calibrate_without_gpu_is_one_line_error(tmp_path):
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    result = runner.invoke(app, ["calibrate", "--gpu", "h200", "-o", str(tmp_path / "p.csv")])
+    assert result.exit_code == 2 and "no CUDA device" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "p.csv").exists()
+
+
+def test_calibrate_dry_run_lists_the_grid():
+    pytest.importorskip("triton")
+    result = runner.invoke(app, ["calibrate", "--gpu", "h200", "--dry-run", "--quick"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("kind,") and sum(line.startswith("decode") for line in lines) == 6

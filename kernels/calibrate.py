@@ -1,0 +1,205 @@
+"""GPU calibration harness: time the paged-attention kernels and the model's GEMMs into a profile.
+
+    measure(shapes, grid, gpu_name, output)       # on a CUDA device; `kvsim calibrate` calls this
+
+What it measures (one transformer layer each, medians from `triton.testing.do_bench`):
+
+    decode    batch × context grid, the model's head shape, each block size; block tables are
+              random draws from a KV pool several times larger than L2, so reads miss the cache
+    prefill   chunk lengths × cached lengths, batch 1 (the chunked-prefill case)
+    gemm      qkv, o, gate_up, down and lm_head at the token counts a step can have
+    copy      device-to-device copy bandwidth (the ceiling decode attention aims at)
+
+The rows follow `kvsim.latency.PROFILE_COLUMNS`; `kvsim.calibration` interpolates them. The
+decode grid is complete (every batch × context), which the bilinear interpolation needs.
+This module needs only torch, triton and the standard library (plus kvsim.latency's schema).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import platform
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+import triton
+
+from kernels.paged_attention import FP8_DTYPE, paged_attention_decode, paged_attention_prefill
+from kvsim.latency import PROFILE_COLUMNS
+
+L2_BYTES = 64 * 2**20  # H100/H200 have 50-60 MB; pools are sized well past it
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class LayerShapes:
+    """Per-shard shapes of one transformer layer (what the kernels and GEMMs see)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    gated_mlp: bool
+    dtype: str  # weight / activation dtype name
+    kv_dtype: str  # "auto" (= dtype) or "fp8"
+
+    def gemm_shapes(self) -> dict[str, tuple[int, int]]:
+        """op → (K input features, N output features)."""
+        hd = self.head_dim
+        return {
+            "qkv": (self.hidden_size, (self.num_heads + 2 * self.num_kv_heads) * hd),
+            "o": (self.num_heads * hd, self.hidden_size),
+            "gate_up": (self.hidden_size, (2 if self.gated_mlp else 1) * self.intermediate_size),
+            "down": (self.intermediate_size, self.hidden_size),
+            "lm_head": (self.hidden_size, self.vocab_size),
+        }
+
+
+@dataclass(frozen=True)
+class Grid:
+    batches: tuple[int, ...]
+    contexts: tuple[int, ...]
+    block_sizes: tuple[int, ...]
+    prefill_query_lens: tuple[int, ...]
+    prefill_cached_lens: tuple[int, ...]
+    gemm_tokens: tuple[int, ...]
+
+
+DEFAULT_GRID = Grid(
+    batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+    contexts=(128, 512, 1024, 2048, 4096, 8192, 16384, 32768),
+    block_sizes=(16,),
+    prefill_query_lens=(16, 64, 256, 1024, 2048),
+    prefill_cached_lens=(0, 1024, 4096, 16384),
+    gemm_tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+)
+QUICK_GRID = Grid(batches=(1, 16, 128), contexts=(512, 4096), block_sizes=(16,), prefill_query_lens=(128, 1024),
+                  prefill_cached_lens=(0, 2048), gemm_tokens=(1, 64, 1024))
+
+
+def plan(shapes: LayerShapes, grid: Grid) -> list[dict[str, object]]:
+    """Every measurement the grid asks for, in the order `measure` takes them."""
+    points: list[dict[str, object]] = []
+    for bs in grid.block_sizes:
+        points += [{"kind": "decode", "batch": b, "context_len": c, "block_size": bs}
+                   for b in grid.batches for c in grid.contexts]
+        points += [{"kind": "prefill", "batch": 1, "query_len": q, "context_len": p + q, "block_size": bs}
+                   for q in grid.prefill_query_lens for p in grid.prefill_cached_lens]
+    for op, (k, n) in shapes.gemm_shapes().items():
+        points += [{"kind": "gemm", "op": op, "num_tokens": t, "k": k, "n": n} for t in grid.gemm_tokens]
+    points.append({"kind": "copy"})
+    return points
+
+
+def do_bench_s(fn: Callable[[], object]) -> float:
+    """Median seconds of `fn` (triton.testing.do_bench works in milliseconds)."""
+    return triton.testing.do_bench(fn, return_mode="median") / 1e3
+
+
+class _KVPool:
+    """One random K/V pool per block size, reused by every attention point, sized past L2."""
+
+    def __init__(self, shapes: LayerShapes, block_size: int, max_tokens: int, device: str, max_bytes: int) -> None:
+        kv_dtype = FP8_DTYPE if shapes.kv_dtype == "fp8" else DTYPES[shapes.dtype]
+        elem = torch.empty((), dtype=kv_dtype).element_size()
+        self.bytes_per_token = 2 * shapes.num_kv_heads * shapes.head_dim * elem  # K and V
+        wanted = max(triton.cdiv(max_tokens, block_size), triton.cdiv(4 * L2_BYTES, self.bytes_per_token * block_size))
+        cap = max(1, max_bytes // (self.bytes_per_token * block_size))
+        self.num_blocks = min(wanted, cap)
+        shape = (self.num_blocks, block_size, shapes.num_kv_heads, shapes.head_dim)
+        self.k = torch.randn(shape, device=device).to(kv_dtype)
+        self.v = torch.randn(shape, device=device).to(kv_dtype)
+        self.block_size = block_size
+
+    def tables(self, batch: int, context: int) -> torch.Tensor:
+        """Random block tables (with replacement only when the pool is smaller than the request)."""
+        per_seq = triton.cdiv(context, self.block_size)
+        needed = batch * per_seq
+        if needed <= self.num_blocks:
+            ids = torch.randperm(self.num_blocks, device=self.k.device)[:needed]
+        else:
+            ids = torch.randint(0, self.num_blocks, (needed,), device=self.k.device)
+        return ids.to(torch.int32).reshape(batch, per_seq)
+
+
+def measure(shapes: LayerShapes, grid: Grid, gpu_name: str, output: Path, device: str = "cuda",
+            timer: Callable[[Callable[[], object]], float] = do_bench_s, max_kv_bytes: int = 48 * 2**30,
+            progress: Callable[[int, int], None] | None = None) -> Path:
+    """Measure every point of `plan(shapes, grid)` and write the profile CSV to `output`."""
+    act = DTYPES[shapes.dtype]
+    rows = []
+    points = plan(shapes, grid)
+    pools: dict[int, _KVPool] = {}
+    for index, point in enumerate(points):
+        row = dict.fromkeys(PROFILE_COLUMNS, "")
+        row.update(point)
+        kind = point["kind"]
+        if kind in ("decode", "prefill"):
+            bs = int(point["block_size"])
+            if bs not in pools:
+                longest = max(max(grid.batches) * max(grid.contexts),
+                              max(grid.prefill_query_lens) + max(grid.prefill_cached_lens))
+                pools[bs] = _KVPool(shapes, bs, longest, device, max_kv_bytes)
+            pool = pools[bs]
+            batch, ctx = int(point["batch"]), int(point["context_len"])
+            tables = pool.tables(batch, ctx)
+            lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+            if kind == "decode":
+                q = torch.randn(batch, shapes.num_heads, shapes.head_dim, device=device).to(act)
+                row["time_s"] = timer(partial(paged_attention_decode, q, pool.k, pool.v, tables, lens,
+                                              max_context=ctx))
+                row["flops"] = 4 * batch * ctx * shapes.num_heads * shapes.head_dim
+            else:
+                qlen = int(point["query_len"])
+                q = torch.randn(qlen, shapes.num_heads, shapes.head_dim, device=device).to(act)
+                starts = torch.tensor([0, qlen], dtype=torch.int32, device=device)
+                row["time_s"] = timer(partial(paged_attention_prefill, q, pool.k, pool.v, tables, lens, starts, qlen))
+                row["flops"] = 4 * qlen * (ctx - qlen + (qlen + 1) / 2) * shapes.num_heads * shapes.head_dim
+            row["bytes"] = batch * ctx * pool.bytes_per_token
+            row.update(num_heads=shapes.num_heads, num_kv_heads=shapes.num_kv_heads, head_dim=shapes.head_dim,
+                       dtype=shapes.kv_dtype if shapes.kv_dtype == "fp8" else shapes.dtype)
+        elif kind == "gemm":
+            t, k, n = int(point["num_tokens"]), int(point["k"]), int(point["n"])
+            x = torch.randn(t, k, device=device).to(act)
+            w = torch.randn(k, n, device=device).to(act)
+            row["time_s"] = timer(partial(torch.matmul, x, w))
+            row.update(flops=2 * t * k * n, bytes=(t * k + k * n + t * n) * x.element_size(), dtype=shapes.dtype)
+        else:
+            numel = (2**30 if device == "cuda" else 2**20) // 4
+            src = torch.randn(numel, device=device)
+            dst = torch.empty_like(src)
+            row["time_s"] = timer(partial(dst.copy_, src))
+            row["bytes"] = 2 * numel * 4
+        rows.append(row)
+        if progress is not None:
+            progress(index + 1, len(points))
+    return write_profile(output, rows, _metadata(gpu_name, shapes, grid, device))
+
+
+def _metadata(gpu_name: str, shapes: LayerShapes, grid: Grid, device: str) -> dict[str, str]:
+    name = torch.cuda.get_device_name() if device == "cuda" else f"{platform.processor() or 'cpu'} (interpreter)"
+    return {
+        "gpu": gpu_name, "device_name": name, "torch": torch.__version__, "triton": triton.__version__,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "shapes": str(asdict(shapes)), "grid": str(asdict(grid)),
+    }
+
+
+def write_profile(output: Path, rows: list[dict[str, object]], meta: dict[str, str]) -> Path:
+    """Write `# key: value` metadata, then the CSV; to a temporary name renamed when complete."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    with tmp.open("w", newline="") as f:
+        for key, value in meta.items():
+            f.write(f"# {key}: {value}\n")
+        writer = csv.DictWriter(f, fieldnames=PROFILE_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(output)
+    return output
