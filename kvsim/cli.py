@@ -254,6 +254,43 @@ def calibrate(
     typer.echo(f"profile written to {path}")
 
 
+@app.command()
+def report(
+    scenario: Annotated[str | None, typer.Argument(help="Base scenario YAML [a KV-bound built-in one]")] = None,
+    model: Annotated[str | None, typer.Option("--model")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu")] = None,
+    max_model_len: MaxModelLenOpt = None,
+    block_size: BlockSizeOpt = None,
+    gpu_memory_utilization: GpuUtilOpt = None,
+    kv_cache_dtype: KvDtypeOpt = None,
+    kv_cache_memory_bytes: KvBytesOpt = None,
+    num_gpu_blocks_override: BlocksOverrideOpt = None,
+    tensor_parallel_size: TpOpt = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a scenario field")] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="Report directory")] = "report",
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer, smaller runs (a smoke test)")] = False,
+    workers: Annotated[int | None, typer.Option("--workers", help="Local processes [all cores]")] = None,
+    dask_address: Annotated[str | None, typer.Option("--dask-address", help="Run on a Dask cluster")] = None,
+) -> None:
+    """Capacity-planning report: Markdown + HTML with figures and the CSV behind each."""
+    from kvsim.report import build_report
+    from kvsim.scenario import REPORT_SCENARIO, load_scenario
+    from kvsim.studies import StudyConfig
+
+    engine_flags = {"max_model_len": max_model_len, "block_size": block_size,
+                    "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_dtype": kv_cache_dtype,
+                    "kv_cache_memory_bytes": kv_cache_memory_bytes, "num_gpu_blocks_override": num_gpu_blocks_override,
+                    "tensor_parallel_size": tensor_parallel_size}
+    sets = [f"engine.{k}={v}" for k, v in engine_flags.items() if v is not None]
+    sets += [f"{k}={v}" for k, v in (("model", model), ("gpu", gpu)) if v is not None]
+    with user_errors():
+        base = load_scenario(scenario, sets + (overrides or []), default=REPORT_SCENARIO)
+        cfg = StudyConfig.quick() if quick else StudyConfig()
+        cfg = StudyConfig(**{**cfg.__dict__, "workers": workers, "dask_address": dask_address})
+        out = build_report(base, output, cfg, progress=lambda step: typer.echo(f"running {step} ...", err=True))
+    typer.echo(f"report written to {out}/report.html (and report.md, figures, CSVs, alerts.yaml)")
+
+
 def _headline(plan) -> str:  # plan: kvsim.capacity.CapacityPlan
     gib = 2**30
     return (

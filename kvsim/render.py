@@ -10,7 +10,7 @@ from typing import Any
 
 
 def _cell(value: Any) -> str:
-    if value is None:
+    if value is None or (isinstance(value, float) and value != value):  # None or NaN
         return ""
     if isinstance(value, float):
         return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"

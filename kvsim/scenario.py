@@ -30,6 +30,7 @@ from kvsim.errors import KvsimError, from_validation_error
 
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_SCENARIO = DATA_DIR / "default_scenario.yaml"
+REPORT_SCENARIO = DATA_DIR / "report_scenario.yaml"
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -206,7 +207,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         node = raw
         parts = key.split(".")
         for part in parts[:-1]:
-            child = node.setdefault(part, {})
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
             if not isinstance(child, dict):
                 raise KvsimError(f"--set {item!r}: {part} is not a section")
             node = child
@@ -214,9 +217,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def load_scenario(path: str | Path | None, overrides: list[str] | None = None) -> Scenario:
-    """Read a YAML scenario (or the built-in default when `path` is None) and apply overrides."""
-    file = DEFAULT_SCENARIO if path is None else Path(path)
+def load_scenario(path: str | Path | None, overrides: list[str] | None = None,
+                  default: Path = DEFAULT_SCENARIO) -> Scenario:
+    """Read a YAML scenario (or the built-in `default` when `path` is None) and apply overrides."""
+    file = default if path is None else Path(path)
     if not file.is_file():
         raise KvsimError(f"scenario={str(path)!r}: file not found")
     try:

@@ -1,0 +1,297 @@
+"""The capacity-planning report: tables, figures, Markdown and HTML (the only matplotlib user).
+
+    build_report(base_scenario, out_dir) → out_dir/ report.md, report.html, fig_*.png, *.csv, alerts.yaml
+
+Sections (each a table and a figure, computed in `kvsim.studies`): context ↔ concurrency,
+KV quantization, prefix sharing, the capacity formula, the paging multiplier, load, alerts.
+The directory is written to a temporary sibling and renamed when complete; the HTML
+references the PNGs beside it, so the folder opens offline.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from kvsim import studies  # noqa: E402
+from kvsim.capacity import plan_capacity  # noqa: E402
+from kvsim.render import rows_to_markdown  # noqa: E402
+from kvsim.scenario import Scenario  # noqa: E402
+
+WASTE_COLORS = {"token_state": "#2b8a3e", "reserved": "#f08c00", "internal_frag": "#c92a2a",
+                "external_frag": "#862e9c"}
+
+
+def _fig_context(sec: studies.Section, ax_pair) -> None:
+    df = sec.tables["context_concurrency"]
+    ax = ax_pair[0]
+    for col, style in (("closed_form_paged_at_mean_len", "--"), ("simulated_paged_max_running", "-"),
+                       ("closed_form_slab_max", "--"), ("simulated_slab_max_running", "-"),
+                       ("vllm_max_concurrency", ":")):
+        ax.plot(df.max_model_len, df[col], style, marker="o", label=col.replace("_", " "))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("max_model_len (tokens)")
+    ax.set_ylabel("concurrent sequences")
+    ax.legend(fontsize=7)
+
+
+def _fig_fp8(sec: studies.Section, ax_pair) -> None:
+    df = sec.tables["kv_quantization"]
+    ax_pair[0].bar(df.kv_cache_dtype, df.simulated_max_running, color=["#495057", "#1971c2"])
+    ax_pair[0].set_ylabel("simulated max concurrent sequences")
+    ax_pair[1].bar(df.kv_cache_dtype, df.tpot_mean_s_at_base_rate * 1e3, color=["#495057", "#1971c2"])
+    ax_pair[1].set_ylabel("mean TPOT at the base rate (ms)")
+
+
+def _fig_prefix(sec: studies.Section, ax_pair) -> None:
+    df = sec.tables["prefix_sharing"]
+    for caching, style in ((False, "--"), (True, "-")):
+        part = df[df.prefix_caching == caching]
+        label = "prefix caching " + ("on" if caching else "off")
+        ax_pair[0].plot(part.num_requests, part.kv_usage_max, style, marker="o", label=label)
+        ax_pair[1].plot(part.num_requests, part.ttft_mean_s, style, marker="o", label=label)
+    ax_pair[0].set_ylabel("peak kv_cache_usage_perc")
+    ax_pair[1].set_ylabel("mean TTFT (s)")
+    for ax in ax_pair:
+        ax.set_xlabel("requests sharing the system prompt")
+        ax.legend(fontsize=7)
+
+
+def _fig_formula(sec: studies.Section, ax_pair) -> None:
+    df = sec.tables["capacity_formula"]
+    ax = ax_pair[0]
+    ax.plot(df.context_len, df.closed_form_seqs, "--", marker="o", label="pool_blocks ÷ blocks_per_seq")
+    ax.plot(df.context_len, df.simulated_max_running, "-", marker="s", label="simulated")
+    ax.plot(df.context_len, df.fitted_seqs, ":", label=f"fitted ×{sec.facts['fitted_constant']:.2f}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length (prompt + output)")
+    ax.set_ylabel("concurrent sequences")
+    ax.legend(fontsize=7)
+
+
+def _fig_paging(sec: studies.Section, ax_pair) -> None:
+    df = sec.tables["waste_breakdown"]
+    bottom = pd.Series(0.0, index=df.index)
+    for key, color in WASTE_COLORS.items():
+        ax_pair[0].bar(df.allocator, df[key] * 100, bottom=bottom * 100, color=color, label=key)
+        bottom += df[key]
+    ax_pair[0].set_ylabel("% of allocated KV memory")
+    ax_pair[0].legend(fontsize=7)
+    rates = sec.tables["sustained_rate"]
+    ax_pair[1].bar(rates.allocator, rates.max_rate_meeting_slo, color="#1971c2")
+    ax_pair[1].set_ylabel("max request rate meeting the TTFT SLO (req/s)")
+
+
+def _fig_load(sec: studies.Section, ax_pair) -> None:
+    df = sec.tables["load_curves"]
+    for p in ("p50", "p90", "p99"):
+        ax_pair[0].plot(df.rate, df[f"ttft_{p}_s"], marker="o", label=f"TTFT {p}")
+        ax_pair[1].plot(df.rate, df[f"tpot_{p}_s"] * 1e3, marker="o", label=f"TPOT {p}")
+    ax_pair[0].set_yscale("log")
+    ax_pair[0].set_ylabel("seconds")
+    ax_pair[1].set_ylabel("ms")
+    for ax in ax_pair:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("request rate (req/s)")
+        ax.legend(fontsize=7)
+
+
+def _fig_series(sec: studies.Section, ax_pair, usage_alert: float | None = None) -> None:
+    ts = sec.tables["time_series"]
+    ax = ax_pair[0]
+    ax.plot(ts.time_s, ts["vllm:num_requests_running"], label="running")
+    ax.plot(ts.time_s, ts["vllm:num_requests_waiting"], label="waiting")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("requests")
+    ax.legend(fontsize=7, loc="upper left")
+    ax2 = ax_pair[1]
+    ax2.plot(ts.time_s, ts["vllm:kv_cache_usage_perc"], color="#2b8a3e", label="kv_cache_usage_perc")
+    jumps = ts[ts["vllm:num_preemptions_total"].diff().fillna(0) > 0]
+    ax2.scatter(jumps.time_s, jumps["vllm:kv_cache_usage_perc"], color="#c92a2a", s=10, label="preemption")
+    if usage_alert is not None:
+        ax2.axhline(usage_alert, color="#c92a2a", linestyle="--", linewidth=1, label="alert threshold")
+    ax2.set_ylim(0, 1.05)
+    ax2.set_xlabel("simulated time (s)")
+    ax2.legend(fontsize=7, loc="lower right")
+
+
+def _save_figure(draw: Callable, path: Path, title: str) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    draw(axes)
+    if not axes[1].has_data():
+        axes[1].remove()
+        fig.set_size_inches(6.5, 3.8)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
+    f = sec.facts
+    if sec.key == "context":
+        return (f"Each row simulates {cfg.num_requests} requests arriving at once, so the engine runs as many as KV "
+                f"memory ({f['num_gpu_blocks']:,} blocks) allows. Contiguous slabs reserve max_model_len per "
+                f"sequence, so their concurrency follows 1/max_model_len; paged concurrency follows the actual "
+                f"lengths (mean {f['mean_kv_len']:.0f} tokens) and barely moves. KV memory, not compute, is "
+                "the ceiling.")
+    if sec.key == "fp8":
+        return ("fp8 KV halves the bytes per block, so the same memory holds twice the blocks and about twice the "
+                "sequences; TPOT at the base rate changes with the KV bytes each decode step reads.")
+    if sec.key == "prefix":
+        return (f"Every request starts with the same {f['prefix_tokens']:,}-token system prompt. Without prefix "
+                "caching each request stores and prefills its own copy; with it the prompt's full blocks are "
+                "stored once, so KV usage grows with the requests' own tokens only and TTFT drops.")
+    if sec.key == "formula":
+        return (f"Fitting seqs ≈ k · pool_blocks ÷ blocks_per_seq(context) to saturated runs gives "
+                f"k = {f['fitted_constant']:.2f} (pool {f['pool_blocks']:,} blocks); the closed form with k = 1 is off "
+                f"by {100 * f['closed_form_error']:.0f} % on average, because sequences share the pool at different "
+                f"stages of their lives and few reach full length at once. vLLM's startup line would report "
+                f"\"maximum concurrency\" {f['vllm_max_concurrency']:.2f}x for max_model_len {st.max_model_len:,}: a "
+                "worst case that assumes every request reaches max_model_len; the table shows what was reached.")
+    if sec.key == "paging":
+        return ("Share of allocated KV memory holding token states versus reserved, internally and externally "
+                "fragmented slots, as in the PagedAttention paper's Fig. 2 (Orca Max 20.4 %, Pow2 26.8 %, Oracle "
+                f"38.2 %, vLLM 96.3 %), and the highest request rate whose p90 TTFT stays within {cfg.ttft_slo_s} s.")
+    if sec.key == "load":
+        return (f"TTFT and TPOT percentiles of the paged engine as the request rate rises to saturation, and the time "
+                f"series of the run at {f['time_series_rate']} req/s with preemptions marked.")
+    return (f"Rules on kv_cache_usage_perc (> {cfg.usage_alert} for {int(cfg.alert_for_s)} s) and on the preemption "
+            f"rate (> {cfg.preemption_rate_alert}/s over {int(cfg.preemption_window_s)} s), evaluated on the load "
+            "runs with Prometheus `for:` semantics; `alerts.yaml` holds them as a Prometheus rule file.")
+
+
+FIGURES = {"context": _fig_context, "fp8": _fig_fp8, "prefix": _fig_prefix, "formula": _fig_formula,
+           "paging": _fig_paging, "load": _fig_load}
+
+
+def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig | None = None,
+                 progress: Callable[[str], None] | None = None) -> Path:
+    """Run every study and write the report directory atomically."""
+    cfg = cfg or studies.StudyConfig()
+    st = studies.Study(base, cfg)
+    sections = []
+    for step in (studies.context_concurrency, studies.kv_quantization, studies.prefix_sharing,
+                 studies.capacity_formula):
+        if progress:
+            progress(step.__name__)
+        sections.append(step(st))
+    if progress:
+        progress("paging_and_load")
+    sections.extend(studies.paging_and_load(st))
+    capacity = plan_capacity(st.model, st.gpu, base.engine, [round(st.mean_kv_len), st.max_model_len])
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _write(tmp, st, cfg, sections, capacity)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: list[studies.Section], capacity) -> None:
+    head = {k: v for k, v in capacity.to_dict().items() if k != "rows"}
+    pd.DataFrame([head]).to_csv(tmp / "capacity.csv", index=False)
+    (tmp / "alerts.yaml").write_text(studies.prometheus_rules(cfg))
+    md = [f"# KV capacity report: {st.model.name} on {st.gpu.name}", "",
+          f"Scenario `{st.base.name}`: {st.base.description.strip() or 'no description'}", "",
+          f"Latency model for every section: **{st.latency_name}**. Each simulated point is an ordinary "
+          "`kvsim run` of a variant of this scenario (seed " f"{st.base.seed}).", "", "## Capacity at a glance", "",
+          rows_to_markdown([{"bytes_per_token": head["bytes_per_token"], "bytes_per_block": head["bytes_per_block"],
+                             "num_gpu_blocks": head["num_gpu_blocks"],
+                             "kv_pool_GiB": round(head["kv_pool_bytes"] / 2**30, 2),
+                             "vllm_max_concurrency": round(head["max_concurrency"], 2),
+                             "num_gpu_blocks_fp8": head["num_gpu_blocks_fp8"]}])]
+    body = []
+    for sec in sections:
+        md += ["", f"## {sec.title}", "", _text(sec, st, cfg), "", f"_Latency model: {st.latency_name}._", ""]
+        figure = f"fig_{sec.key}.png"
+        if sec.key in FIGURES:
+            _save_figure(lambda axes, s=sec: FIGURES[s.key](s, axes), tmp / figure, sec.title)
+        else:  # alerts: the usage series with the threshold
+            load = next(s for s in sections if s.key == "load")
+            _save_figure(lambda axes, s=load: _fig_series(s, axes, cfg.usage_alert), tmp / figure, sec.title)
+        if sec.key == "load":
+            _save_figure(lambda axes, s=sec: _fig_series(s, axes), tmp / "fig_time_series.png",
+                         "Running, waiting and KV usage over time")
+        md.append(f"![{sec.title}]({figure})")
+        if sec.key == "load":
+            md += ["", "![time series](fig_time_series.png)"]
+        for name, df in sec.tables.items():
+            df.to_csv(tmp / f"{name}.csv", index=False)
+            if name == "time_series":
+                md += ["", f"Data: [`{name}.csv`]({name}.csv) ({len(df):,} steps)."]
+                continue
+            md += ["", f"Table `{name}` ([CSV]({name}.csv)):", "", rows_to_markdown(_rounded(df))]
+        if sec.key == "alerts":
+            md += ["", "```yaml", studies.prometheus_rules(cfg).rstrip(), "```"]
+    (tmp / "report.md").write_text("\n".join(md) + "\n")
+    body = _markdown_to_html(md)
+    (tmp / "report.html").write_text(
+        "<!doctype html><html><head><meta charset='utf-8'><title>kvsim capacity report</title>"
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.45}"
+        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
+        "img{max-width:100%}pre{background:#f4f4f4;padding:8px}</style></head><body>\n" + body + "\n</body></html>\n")
+
+
+def _rounded(df: pd.DataFrame) -> list[dict]:
+    return [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()} for row in df.to_dict("records")]
+
+
+def _markdown_to_html(lines: list[str]) -> str:
+    """Enough Markdown for this report: headings, paragraphs, tables, images, links, code blocks."""
+    import re
+
+    def inline(text: str) -> str:
+        text = html.escape(text)
+        text = re.sub(r"!\[([^\]]*)\]\(([^)]+)\)", r"<img alt='\1' src='\2'>", text)
+        text = re.sub(r"\[([^\]]*)\]\(([^)]+)\)", r"<a href='\2'>\1</a>", text)
+        text = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text)
+        return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+
+    out, rows, code = [], [], None
+    for line in "\n".join(lines).splitlines() + [""]:
+        if code is not None:
+            if line.startswith("```"):
+                out.append("<pre>" + html.escape("\n".join(code)) + "</pre>")
+                code = None
+            else:
+                code.append(line)
+            continue
+        if line.startswith("```"):
+            code = []
+            continue
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if not all(set(c) <= set("-:") for c in cells):
+                rows.append(cells)
+            continue
+        if rows:
+            header, *rest = rows
+            out.append("<table><tr>" + "".join(f"<th>{inline(c)}</th>" for c in header) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in rest)
+                       + "</table>")
+            rows = []
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            out.append(f"<h{level}>{inline(line[level:].strip())}</h{level}>")
+        elif line.strip():
+            out.append(f"<p>{inline(line)}</p>")
+    return "\n".join(out)

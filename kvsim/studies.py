@@ -1,0 +1,253 @@
+"""The capacity report's experiments: which runs answer each question, reduced to tables.
+
+Every function takes the base scenario and returns a `Section`: DataFrames (the CSVs
+behind the tables and figures) and facts quoted in the text. `report.py` renders them.
+Runs go through `sweep.run_many`; each is an ordinary `kvsim run` of a variant of the base
+scenario (so any row can be reproduced with `kvsim run` and `--set`).
+
+"Saturating" runs send the whole workload at once (rate 10^5 req/s), so the engine holds as
+many sequences as KV memory allows: their `max_running` is the simulated concurrency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvsim.capacity import kv_bytes_per_block, num_gpu_blocks, paged_max_seqs, slab_max_seqs, vllm_max_concurrency
+from kvsim.config import ceil_div, load_gpu, load_model
+from kvsim.engine import make_latency
+from kvsim.scenario import Scenario, apply_overrides, make_scenario
+from kvsim.sweep import SweepResult, run_many
+from kvsim.workload import build_requests
+
+SATURATE = 100_000.0
+ALLOCATORS = ("slab-max", "slab-pow2", "slab-oracle", "paged")
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Knobs of the report; `quick` shrinks every sweep for smoke runs and tests."""
+
+    num_requests: int = 200
+    rates: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+    ttft_slo_s: float = 2.0
+    usage_alert: float = 0.9
+    alert_for_s: float = 30.0
+    preemption_rate_alert: float = 0.1  # preemptions per second over `preemption_window_s`
+    preemption_window_s: float = 60.0
+    shared_prefix_counts: tuple[int, ...] = (4, 16, 64)
+    workers: int | None = None
+    dask_address: str | None = None
+
+    @classmethod
+    def quick(cls) -> StudyConfig:
+        return cls(num_requests=60, rates=(0.5, 2.0, 8.0), shared_prefix_counts=(4, 16))
+
+
+def variant(base: Scenario, *overrides: str) -> Scenario:
+    raw = apply_overrides(base.model_dump(mode="json"), list(overrides))
+    return make_scenario(raw, base.base_dir)
+
+
+class Study:
+    """Shared facts about the base scenario and a runner that fixes the request count."""
+
+    def __init__(self, base: Scenario, cfg: StudyConfig) -> None:
+        self.base = variant(base, f"workload.num_requests={cfg.num_requests}")
+        self.cfg = cfg
+        self.model, self.gpu = load_model(base.model), load_gpu(base.gpu)
+        self.max_model_len = base.engine.resolved_max_model_len(self.model)
+        self.num_blocks = num_gpu_blocks(self.model, self.gpu, base.engine)
+        requests = build_requests(self.base, self.max_model_len, np.random.default_rng(self.base.seed))
+        self.mean_kv_len = float(np.mean([r.kv_len for r in requests]))
+        self.latency_name = make_latency(self.base, self.model, self.gpu).name
+
+    def run(self, scenarios: list[Scenario], keep_steps: bool = False) -> list[SweepResult]:
+        return run_many(scenarios, keep_steps=keep_steps, workers=self.cfg.workers,
+                        dask_address=self.cfg.dask_address)
+
+
+def context_concurrency(st: Study) -> Section:
+    """Max concurrent sequences vs max_model_len: closed form and simulated, paged and slab-max."""
+    lens = [n for n in (1024, 2048, 4096, 8192, 16384) if n <= st.model.max_position_embeddings]
+    runs = st.run([variant(st.base, f"engine.max_model_len={n}", f"engine.allocator={a}",
+                           f"workload.arrival.rate={SATURATE}") for n in lens for a in ("paged", "slab-max")])
+    bs, rows = st.base.engine.block_size, []
+    for i, n in enumerate(lens):
+        paged, slab = runs[2 * i].summary, runs[2 * i + 1].summary
+        rows.append({
+            "max_model_len": n,
+            "closed_form_paged_at_mean_len": paged_max_seqs(st.num_blocks, round(st.mean_kv_len), bs),
+            "closed_form_slab_max": slab_max_seqs((st.num_blocks - 1) * bs, n),
+            "vllm_max_concurrency": round(vllm_max_concurrency(st.num_blocks, n, bs), 2),
+            "simulated_paged_max_running": paged["max_running"],
+            "simulated_slab_max_running": slab["max_running"],
+            "paged_kv_usage_max": round(paged["kv_cache_usage_perc"]["max"], 3),
+            "num_rejected": paged["num_rejected"],
+        })
+    return Section("context", "Context ↔ concurrency", {"context_concurrency": pd.DataFrame(rows)},
+                   {"mean_kv_len": st.mean_kv_len, "num_gpu_blocks": st.num_blocks})
+
+
+def kv_quantization(st: Study) -> Section:
+    """fp8 vs auto KV: blocks, concurrency, and TPOT saturated and at the base rate."""
+    dtypes = ("auto", "fp8")
+    sat = st.run([variant(st.base, f"engine.kv_cache_dtype={d}", f"workload.arrival.rate={SATURATE}") for d in dtypes])
+    base = st.run([variant(st.base, f"engine.kv_cache_dtype={d}") for d in dtypes])
+    rows = []
+    for d, s, b in zip(dtypes, sat, base, strict=True):
+        engine = st.base.engine.model_copy(update={"kv_cache_dtype": d})
+        blocks = num_gpu_blocks(st.model, st.gpu, engine)
+        rows.append({
+            "kv_cache_dtype": d, "bytes_per_block": kv_bytes_per_block(st.model, engine), "num_gpu_blocks": blocks,
+            "closed_form_paged_at_mean_len": paged_max_seqs(blocks, round(st.mean_kv_len), engine.block_size),
+            "simulated_max_running": s.summary["max_running"],
+            "tpot_mean_s_saturated": s.summary["tpot_s"]["mean"],
+            "tpot_mean_s_at_base_rate": b.summary["tpot_s"]["mean"],
+            "ttft_p90_s_at_base_rate": b.summary["ttft_s"]["p90"],
+        })
+    return Section("fp8", "KV quantization (fp8)", {"kv_quantization": pd.DataFrame(rows)})
+
+
+def prefix_sharing(st: Study) -> Section:
+    """KV usage and TTFT vs the number of requests sharing one system prompt, caching off and on."""
+    prefix = min(2000, st.max_model_len // 2)
+    jobs = [(n, c) for n in st.cfg.shared_prefix_counts for c in (False, True)]
+    runs = st.run([variant(st.base, f"workload.num_requests={n}", f"workload.shared_prefix.tokens={prefix}",
+                           "workload.shared_prefix.fraction=1.0", f"engine.enable_prefix_caching={str(c).lower()}")
+                   for n, c in jobs])
+    rows = [{"num_requests": n, "prefix_caching": c, "shared_prefix_tokens": prefix,
+             "kv_usage_max": r.summary["kv_cache_usage_perc"]["max"], "ttft_mean_s": r.summary["ttft_s"]["mean"],
+             "prefix_cache_hit_rate": r.summary["prefix_cache_hit_rate"]} for (n, c), r in zip(jobs, runs, strict=True)]
+    return Section("prefix", "Prefix sharing", {"prefix_sharing": pd.DataFrame(rows)}, {"prefix_tokens": prefix})
+
+
+def capacity_formula(st: Study) -> Section:
+    """Fit seqs ≈ k · pool_blocks / blocks_per_seq(context) to saturated paged runs."""
+    bs = st.base.engine.block_size
+    contexts = [c for c in (256, 512, 1024, 2048, 4096) if c <= st.max_model_len]
+    runs = st.run([variant(st.base, "engine.allocator=paged", "engine.enable_prefix_caching=false",
+                           f"workload.arrival.rate={SATURATE}", f"workload.prompt_len={{dist: fixed, value: {c // 2}}}",
+                           f"workload.output_len={{dist: fixed, value: {c - c // 2}}}") for c in contexts])
+    usable = st.num_blocks - 1
+    closed = np.array([usable / ceil_div(c, bs) for c in contexts])
+    simulated = np.array([r.summary["max_running"] for r in runs], dtype=float)
+    k = float((simulated * closed).sum() / (closed**2).sum())
+    table = pd.DataFrame({"context_len": contexts, "blocks_per_seq": [ceil_div(c, bs) for c in contexts],
+                          "closed_form_seqs": closed.round(2), "simulated_max_running": simulated.astype(int),
+                          "fitted_seqs": (k * closed).round(2)})
+    error = float(np.mean(np.abs(closed - simulated) / simulated))
+    return Section("formula", "The capacity formula", {"capacity_formula": table},
+                   {"fitted_constant": k, "closed_form_error": error, "pool_blocks": usable,
+                    "vllm_max_concurrency": vllm_max_concurrency(st.num_blocks, st.max_model_len, bs)})
+
+
+def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
+    """Waste per allocator, sustainable rate under the TTFT SLO, load curves and alerts (paged)."""
+    cfg = st.cfg
+    sat = st.run([variant(st.base, f"engine.allocator={a}", f"workload.arrival.rate={SATURATE}") for a in ALLOCATORS])
+    jobs = [(a, r) for a in ALLOCATORS for r in cfg.rates]
+    # Load runs are longer than the others (x3 requests) so that saturation lasts past the alerts' `for:`.
+    load = st.run([variant(st.base, f"engine.allocator={a}", f"workload.arrival.rate={r}",
+                           f"workload.num_requests={3 * cfg.num_requests}") for a, r in jobs], keep_steps=True)
+    waste_rows = []
+    for a, s in zip(ALLOCATORS, sat, strict=True):
+        of_alloc = s.summary["waste_of_allocated"]
+        waste_rows.append({"allocator": a, **{k: round(v or 0.0, 4) for k, v in of_alloc.items()},
+                           "mean_running": round(s.summary["mean_running"], 2),
+                           "max_running": s.summary["max_running"]})
+    load_rows = []
+    for (a, rate), r in zip(jobs, load, strict=True):
+        s = r.summary
+        load_rows.append({"allocator": a, "rate": rate, "ttft_p50_s": s["ttft_s"]["p50"],
+                          "ttft_p90_s": s["ttft_s"]["p90"],
+                          "ttft_p99_s": s["ttft_s"]["p99"], "tpot_p50_s": s["tpot_s"]["p50"],
+                          "tpot_p90_s": s["tpot_s"]["p90"], "tpot_p99_s": s["tpot_s"]["p99"],
+                          "meets_slo": (s["ttft_s"]["p90"] or 0) <= cfg.ttft_slo_s,
+                          "num_preemptions": s["num_preemptions"],
+                          "throughput_req_s": s["requests_per_s"]})
+    load_df = pd.DataFrame(load_rows)
+    sustained = []
+    for a in ALLOCATORS:
+        ok = load_df[(load_df.allocator == a) & load_df.meets_slo]
+        sustained.append({"allocator": a, "max_rate_meeting_slo": float(ok.rate.max()) if len(ok) else 0.0})
+    paging = Section("paging", "Paging multiplier", {"waste_breakdown": pd.DataFrame(waste_rows),
+                                                   "sustained_rate": pd.DataFrame(sustained)})
+    paged_runs = [(rate, r) for (a, rate), r in zip(jobs, load, strict=True) if a == "paged"]
+    top_rate, top = paged_runs[-1]
+    series = top.steps[["time_s", "vllm:num_requests_running", "vllm:num_requests_waiting",
+                        "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"]].copy()
+    load_section = Section("load", "Load", {"load_curves": load_df[load_df.allocator == "paged"].reset_index(drop=True),
+                                            "time_series": series}, {"time_series_rate": top_rate})
+    alerts = Section("alerts", "Alerts", {"alert_firings": alert_firings(paged_runs, cfg)})
+    return paging, load_section, alerts
+
+
+def _firing_intervals(times: np.ndarray, ends: np.ndarray, condition: np.ndarray, for_s: float) -> list[tuple]:
+    """(fired_at, resolved_at) of each stretch where `condition` held continuously for `for_s`."""
+    out, start = [], None
+    for t, c in zip(times, condition, strict=True):
+        if c and start is None:
+            start = t
+        if not c and start is not None:
+            if t - start >= for_s:
+                out.append((start + for_s, t))
+            start = None
+    if start is not None and ends[-1] - start >= for_s:
+        out.append((start + for_s, ends[-1]))
+    return out
+
+
+def alert_firings(runs: list[tuple[float, SweepResult]], cfg: StudyConfig) -> pd.DataFrame:
+    """When each alert rule would have fired in each simulated run (Prometheus `for:` semantics)."""
+    rows = []
+    for rate, result in runs:
+        steps = result.steps
+        t = steps["time_s"].to_numpy()
+        ends = t + steps["duration_s"].to_numpy()
+        usage = steps["vllm:kv_cache_usage_perc"].to_numpy()
+        preempt = steps["vllm:num_preemptions_total"].to_numpy()
+        earlier = np.searchsorted(t, t - cfg.preemption_window_s)
+        preempt_rate = (preempt - preempt[earlier]) / cfg.preemption_window_s
+        for name, condition in (("KVCacheNearlyFull", usage > cfg.usage_alert),
+                                ("PreemptionStorm", preempt_rate > cfg.preemption_rate_alert)):
+            fired = _firing_intervals(t, ends, condition, cfg.alert_for_s)
+            rows.append({"rate": rate, "alert": name, "times_fired": len(fired),
+                         "first_fired_s": round(fired[0][0], 1) if fired else None,
+                         "total_firing_s": round(sum(b - a for a, b in fired), 1)})
+    return pd.DataFrame(rows)
+
+
+def prometheus_rules(cfg: StudyConfig) -> str:
+    """The alert rules as a Prometheus rule file."""
+    window = f"{int(cfg.preemption_window_s)}s"
+    return f"""groups:
+  - name: kvsim-kv-cache
+    rules:
+      - alert: KVCacheNearlyFull
+        expr: vllm:kv_cache_usage_perc > {cfg.usage_alert}
+        for: {int(cfg.alert_for_s)}s
+        labels:
+          severity: warning
+        annotations:
+          summary: "KV cache above {cfg.usage_alert:.0%} for {int(cfg.alert_for_s)}s: queueing, then preemptions"
+      - alert: PreemptionStorm
+        expr: rate(vllm:num_preemptions_total[{window}]) > {cfg.preemption_rate_alert}
+        for: {int(cfg.alert_for_s)}s
+        labels:
+          severity: critical
+        annotations:
+          summary: "More than {cfg.preemption_rate_alert * 60:.0f} preemptions a minute: KV memory is thrashing"
+"""

@@ -1,0 +1,76 @@
+"""The capacity report: every file there, images resolvable, numbers equal to capacity and run."""
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.capacity import plan_capacity
+from kvsim.cli import app
+from kvsim.config import load_gpu, load_model
+from kvsim.engine import simulate
+from kvsim.scenario import REPORT_SCENARIO, load_scenario
+from kvsim.studies import SATURATE, StudyConfig, variant
+
+TABLES = ("context_concurrency", "kv_quantization", "prefix_sharing", "capacity_formula", "waste_breakdown",
+          "sustained_rate", "load_curves", "time_series", "alert_firings", "capacity")
+FIGURES = ("fig_context", "fig_fp8", "fig_prefix", "fig_formula", "fig_paging", "fig_load", "fig_time_series",
+           "fig_alerts")
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("r") / "report"
+    result = CliRunner().invoke(app, ["report", "--quick", "-o", str(out), "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_every_file_is_written(report_dir):
+    names = {p.name for p in report_dir.iterdir()}
+    assert {"report.md", "report.html", "alerts.yaml"} <= names
+    assert {f"{t}.csv" for t in TABLES} <= names
+    assert {f"{f}.png" for f in FIGURES} <= names
+    for png in report_dir.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_html_and_markdown_reference_only_existing_files(report_dir):
+    html = (report_dir / "report.html").read_text()
+    images = re.findall(r"<img alt='[^']*' src='([^']+)'>", html)
+    assert len(images) == len(FIGURES)
+    links = re.findall(r"href='([^']+)'", html)
+    for ref in images + links:
+        assert (report_dir / ref).is_file(), ref
+    assert "http" not in "".join(images)  # opens offline
+    md = (report_dir / "report.md").read_text()
+    assert md.count("_Latency model: roofline._") == 7
+    assert "groups:" in (report_dir / "alerts.yaml").read_text()
+
+
+def test_report_numbers_agree_with_capacity_and_run(report_dir):
+    base = load_scenario(None, default=REPORT_SCENARIO)
+    model, gpu = load_model(base.model), load_gpu(base.gpu)
+    capacity = pd.read_csv(report_dir / "capacity.csv").iloc[0]
+    plan = plan_capacity(model, gpu, base.engine, [base.engine.max_model_len])
+    for key in ("bytes_per_token", "bytes_per_block", "num_gpu_blocks", "kv_pool_bytes", "num_gpu_blocks_fp8"):
+        assert capacity[key] == getattr(plan, key), key
+    quant = pd.read_csv(report_dir / "kv_quantization.csv").set_index("kv_cache_dtype")
+    n = StudyConfig.quick().num_requests
+    run = simulate(variant(base, f"workload.num_requests={n}", f"workload.arrival.rate={SATURATE}")).summary
+    assert quant.loc["auto", "simulated_max_running"] == run["max_running"]
+    assert quant.loc["auto", "num_gpu_blocks"] == plan.num_gpu_blocks == run["num_gpu_blocks"]
+
+
+def test_paging_section_matches_the_paper(report_dir):
+    waste = pd.read_csv(report_dir / "waste_breakdown.csv").set_index("allocator")
+    assert waste.loc["paged", "token_state"] >= 0.95
+    assert waste.loc["slab-max", "token_state"] < 0.5
+    assert waste.loc["paged", "mean_running"] > 2 * waste.loc["slab-max", "mean_running"]
+
+
+def test_report_bad_input_is_one_line(tmp_path):
+    result = CliRunner().invoke(app, ["report", "--gpu", "tpu", "-o", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "tpu" in result.stderr and not (tmp_path / "r").exists()
