@@ -191,9 +191,10 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
     model, gpu, engine = load_model(scenario.model), load_gpu(scenario.gpu), scenario.engine
     max_model_len = engine.resolved_max_model_len(model)
     allocator = make_allocator(model, gpu, engine)
-    scheduler = make_scheduler(engine.scheduler, allocator, make_limits(engine, max_model_len, allocator))
+    rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
+    requests = build_requests(scenario, max_model_len, rng)
+    scheduler = make_scheduler(engine.scheduler, allocator, make_limits(engine, max_model_len, allocator), rng)
     latency = make_latency(scenario, model, gpu)
-    requests = build_requests(scenario, max_model_len, np.random.default_rng(scenario.seed))
     recorder = run_engine(scheduler, latency, requests, check=check, progress=progress, bursts=bursts)
     assert len(scheduler.finished) + len(scheduler.rejected) == len(requests), "a request went missing"
     assert allocator.num_held_slots == 0, "KV still held after the run"

@@ -12,7 +12,8 @@ Token bookkeeping follows vLLM v1: `num_tokens` = prompt + generated so far;
 it does, one token is sampled. The KV of the last sampled token is never computed, so a
 request holds at most `kv_len = prompt_len + output_len − 1` slots per sequence.
 A request with `num_samples = n > 1` runs n sequences that share the prompt (v0 style
-parallel sampling: one prefill, then `fork`).
+parallel sampling: one prefill, then `fork`); with `beam`, they are beams that re-fork from
+the surviving beams after every step, so they share more than the prompt.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Request:
     output_len: int
     content: Content | None = None
     num_samples: int = 1
+    beam: bool = False  # beam search: after each step, beams re-fork from the surviving ones
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     num_output_tokens: int = 0

@@ -136,10 +136,13 @@ class Workload(BaseModel):
     shared_prefix: SharedPrefix | None = None
     multi_turn: MultiTurn | None = None
     n: int = Field(default=1, gt=0, le=256, description="parallel samples per request")
+    beam_width: int | None = Field(default=None, gt=1, le=64, description="beam search instead of sampling")
     trace: Trace | None = None
 
     @model_validator(mode="after")
     def _lengths_known(self) -> Workload:
+        if self.beam_width is not None and self.n > 1:
+            raise ValueError(f"give n={self.n} (parallel sampling) or beam_width={self.beam_width}, not both")
         if self.trace is None and (self.prompt_len is None or self.output_len is None):
             raise ValueError("give prompt_len and output_len, or a trace")
         if self.arrival.process == "trace" and (self.trace is None or self.trace.format in ("lengths",

@@ -139,6 +139,6 @@ def build_requests(scenario: Scenario, max_model_len: int, rng: np.random.Genera
     order = sorted(range(len(specs)), key=lambda i: specs[i][0])
     return [
         Request(request_id=rid, arrival_s=specs[i][0], prompt_len=specs[i][1], output_len=specs[i][2],
-                content=specs[i][3], num_samples=w.n)
+                content=specs[i][3], num_samples=w.beam_width or w.n, beam=w.beam_width is not None)
         for rid, i in enumerate(order)
     ]

@@ -126,3 +126,29 @@ def test_every_allocator_under_every_policy(policy, allocator):
     assert s.alloc.num_held_slots == 0
     for r in s.finished:
         assert r.num_output_tokens == r.output_len
+
+
+def test_beam_search_shares_more_than_the_prompt():
+    from kvsim.memory import sharing_saved_slots
+
+    def peak_saving(beam):
+        s = tiny_world(policy="v0", num_blocks=200, max_num_batched_tokens=256, max_model_len=256)
+        req = make_request(0, 0.0, prompt=40, output=60, n=4)
+        req.beam = beam
+        saved = []
+        original = s.complete
+
+        def spy(plan, now):
+            done = original(plan, now)
+            saved.append(sharing_saved_slots(s.alloc))
+            return done
+
+        s.complete = spy
+        run(s, [req])
+        assert req.status is RequestStatus.FINISHED and s.alloc.num_held_slots == 0
+        return max(saved), s.alloc.num_copy_on_writes
+
+    sampling_saved, sampling_copies = peak_saving(False)
+    beam_saved, beam_copies = peak_saving(True)
+    assert sampling_saved == 3 * 48  # right after the fork: all 3 prompt blocks shared by 3 children
+    assert beam_saved > sampling_saved and beam_copies > sampling_copies

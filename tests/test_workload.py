@@ -124,3 +124,10 @@ def test_malformed_rows_name_file_and_line(tmp_path, reader, text, needle):
     with pytest.raises(KvsimError, match=needle) as info:
         reader(path)
     assert str(path) in str(info.value)
+
+
+def test_beam_width_and_n_are_exclusive():
+    with pytest.raises(KvsimError, match="not both"):
+        scenario(n=2, beam_width=4)
+    reqs = build_requests(scenario(beam_width=4, num_requests=5), 4096, np.random.default_rng(0))
+    assert all(r.beam and r.num_samples == 4 for r in reqs)

@@ -10,8 +10,9 @@ from kvsim.scheduler.v1 import V1Scheduler
 POLICIES: dict[str, type[Scheduler]] = {"v1": V1Scheduler, "v0": V0Scheduler, "static": StaticScheduler}
 
 
-def make_scheduler(policy: str, allocator: Allocator, limits: SchedulerLimits) -> Scheduler:
-    return POLICIES[policy](allocator, limits)
+def make_scheduler(policy: str, allocator: Allocator, limits: SchedulerLimits, rng=None) -> Scheduler:
+    """`rng` (a numpy Generator) drives beam-search survivor draws; pass the run's generator."""
+    return POLICIES[policy](allocator, limits, rng)
 
 
 __all__ = ["POLICIES", "Scheduler", "SchedulerLimits", "StaticScheduler", "V0Scheduler", "V1Scheduler",

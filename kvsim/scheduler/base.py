@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvsim.config import ceil_div
 from kvsim.latency import StepPlan
 from kvsim.memory import NO_HIT, PagedAllocator, PrefixHit, SegmentContent, SlabAllocator
@@ -39,8 +41,9 @@ class Scheduler:
 
     name = "base"
 
-    def __init__(self, allocator: Allocator, limits: SchedulerLimits) -> None:
+    def __init__(self, allocator: Allocator, limits: SchedulerLimits, rng: np.random.Generator | None = None) -> None:
         self.alloc = allocator
+        self.rng = rng if rng is not None else np.random.default_rng(0)  # beam search picks survivors
         self.limits = limits
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -188,6 +191,8 @@ class Scheduler:
                 req.first_token_s = now
             if req.num_samples > 1 and req.request_id not in self._forked:
                 self._fork_samples(req)
+            elif req.beam and req.num_output_tokens < req.output_len:
+                self._reselect_beams(req)
             if req.num_output_tokens >= req.output_len:
                 req.status, req.finish_s = RequestStatus.FINISHED, now
                 self.free_request(req)
@@ -247,6 +252,26 @@ class Scheduler:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
             self.finished.extend(done)
         return done
+
+    def _reselect_beams(self, req: Request) -> None:
+        """Beam search step: each beam slot takes a parent drawn from the current beams.
+
+        Beams drawn at least once survive in place; slots of beams nobody drew are freed and
+        re-forked from the extra draws, sharing the parent's blocks (its partial last block is
+        copied on the next write). Slabs keep a region per beam, so nothing moves there.
+        """
+        if not self.alloc.shares_blocks:
+            return
+        seq_ids = self.active_seq_ids(req)
+        draws = sorted(self.rng.integers(0, len(seq_ids), size=len(seq_ids)).tolist())
+        survivors = sorted(set(draws))
+        extra = list(draws)
+        for beam in survivors:
+            extra.remove(beam)
+        dead = [i for i in range(len(seq_ids)) if i not in survivors]
+        for slot, parent in zip(dead, extra, strict=True):
+            self.alloc.free(seq_ids[slot])
+            self.alloc.fork(seq_ids[parent], seq_ids[slot], None, req.kv_len)
 
     def schedule(self, now: float) -> StepPlan:  # pragma: no cover - abstract
         raise NotImplementedError
