@@ -45,6 +45,40 @@ BLOCK_SIZES = (16, 32, 64, 128)
 
 
 @triton.jit
+def _to_dot_dtype(x, cache_dtype: tl.constexpr, IS_FP8: tl.constexpr, DOT_FP32: tl.constexpr):
+    """The dtype dots run in: fp16 for fp8 caches, fp32 where the interpreter needs it, else the cache's."""
+    if IS_FP8:
+        x = x.to(tl.float16)
+    elif DOT_FP32:
+        x = x.to(tl.float32)
+    else:
+        x = x.to(cache_dtype)
+    return x
+
+
+@triton.jit
+def _load_block(cache_ptr, block, t, d, t_mask, stride_b, stride_t, head, stride_h,
+                IS_FP8: tl.constexpr, DOT_FP32: tl.constexpr):
+    """One KV block of one head: [BLOCK_SIZE, HEAD_DIM], rows past the context zeroed."""
+    x = tl.load(cache_ptr + block * stride_b + t[:, None] * stride_t + head * stride_h + d[None, :],
+                mask=t_mask[:, None], other=0.0)
+    return _to_dot_dtype(x, cache_ptr.dtype.element_ty, IS_FP8, DOT_FP32)
+
+
+@triton.jit
+def _online_softmax_step(q, k, v, visible, m, l_sum, acc, qk_scale, v_scale):
+    """Fold one KV block into the running max `m`, denominator `l_sum` and numerator `acc`."""
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_sum = l_sum * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v) * v_scale
+    return m_new, l_sum, acc
+
+
+@triton.jit
 def _decode_kernel(
     out_ptr, part_out_ptr, part_m_ptr, part_l_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
@@ -71,12 +105,7 @@ def _decode_kernel(
     heads = kv_head * QUERY_GROUP + g
     g_mask = g < QUERY_GROUP
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :], mask=g_mask[:, None], other=0.0)
-    if IS_FP8:
-        q = q.to(tl.float16)
-    elif DOT_FP32:
-        q = q.to(tl.float32)
-    else:
-        q = q.to(k_cache_ptr.dtype.element_ty)
+    q = _to_dot_dtype(q, k_cache_ptr.dtype.element_ty, IS_FP8, DOT_FP32)
 
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_sum = tl.zeros([GROUP_PAD], tl.float32)
@@ -84,24 +113,9 @@ def _decode_kernel(
     for b in range(first_block, last_block):
         block = tl.load(block_tables_ptr + seq * stride_bts + b).to(tl.int64)
         t_mask = b * BLOCK_SIZE + t < ctx
-        k = tl.load(k_cache_ptr + block * stride_kb + t[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
-                    mask=t_mask[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + block * stride_vb + t[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
-                    mask=t_mask[:, None], other=0.0)
-        if IS_FP8:
-            k = k.to(tl.float16)
-            v = v.to(tl.float16)
-        elif DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * (scale * k_scale)
-        s = tl.where(t_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v) * v_scale
-        m = m_new
+        k = _load_block(k_cache_ptr, block, t, d, t_mask, stride_kb, stride_kt, kv_head, stride_kh, IS_FP8, DOT_FP32)
+        v = _load_block(v_cache_ptr, block, t, d, t_mask, stride_vb, stride_vt, kv_head, stride_vh, IS_FP8, DOT_FP32)
+        m, l_sum, acc = _online_softmax_step(q, k, v, t_mask[None, :], m, l_sum, acc, scale * k_scale, v_scale)
 
     if NUM_SPLITS == 1:
         out = acc / l_sum[:, None]
@@ -165,12 +179,7 @@ def _prefill_kernel(
     t = tl.arange(0, BLOCK_SIZE)
     q = tl.load(q_ptr + (q_start + rows)[:, None] * stride_qt + head * stride_qh + d[None, :],
                 mask=r_mask[:, None], other=0.0)
-    if IS_FP8:
-        q = q.to(tl.float16)
-    elif DOT_FP32:
-        q = q.to(tl.float32)
-    else:
-        q = q.to(k_cache_ptr.dtype.element_ty)
+    q = _to_dot_dtype(q, k_cache_ptr.dtype.element_ty, IS_FP8, DOT_FP32)
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
@@ -180,25 +189,10 @@ def _prefill_kernel(
         block = tl.load(block_tables_ptr + seq * stride_bts + b).to(tl.int64)
         key_pos = b * BLOCK_SIZE + t
         t_mask = key_pos < ctx
-        k = tl.load(k_cache_ptr + block * stride_kb + t[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
-                    mask=t_mask[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + block * stride_vb + t[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
-                    mask=t_mask[:, None], other=0.0)
-        if IS_FP8:
-            k = k.to(tl.float16)
-            v = v.to(tl.float16)
-        elif DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * (scale * k_scale)
+        k = _load_block(k_cache_ptr, block, t, d, t_mask, stride_kb, stride_kt, kv_head, stride_kh, IS_FP8, DOT_FP32)
+        v = _load_block(v_cache_ptr, block, t, d, t_mask, stride_vb, stride_vt, kv_head, stride_vh, IS_FP8, DOT_FP32)
         visible = (key_pos[None, :] <= pos[:, None]) & t_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v) * v_scale
-        m = m_new
+        m, l_sum, acc = _online_softmax_step(q, k, v, visible, m, l_sum, acc, scale * k_scale, v_scale)
 
     out = acc / l_sum[:, None]
     tl.store(out_ptr + (q_start + rows)[:, None] * stride_ot + head * stride_oh + d[None, :],

@@ -11,9 +11,6 @@ references the PNGs beside it, so the folder opens offline.
 from __future__ import annotations
 
 import html
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +23,7 @@ import pandas as pd  # noqa: E402
 from kvsim import studies  # noqa: E402
 from kvsim.capacity import plan_capacity  # noqa: E402
 from kvsim.render import rows_to_markdown  # noqa: E402
+from kvsim.results import atomic_directory  # noqa: E402
 from kvsim.scenario import Scenario  # noqa: E402
 
 WASTE_COLORS = {"token_state": "#2b8a3e", "reserved": "#f08c00", "internal_frag": "#c92a2a",
@@ -192,18 +190,9 @@ def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig |
         progress("paging_and_load")
     sections.extend(studies.paging_and_load(st))
     capacity = plan_capacity(st.model, st.gpu, base.engine, [round(st.mean_kv_len), st.max_model_len])
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out_dir) as tmp:
         _write(tmp, st, cfg, sections, capacity)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out_dir)
 
 
 def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: list[studies.Section], capacity) -> None:

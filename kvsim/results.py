@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +16,22 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from kvsim.scenario import Scenario
+
+
+@contextmanager
+def atomic_directory(out_dir: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling of `out_dir` to fill; it replaces `out_dir` only if the block succeeds."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,19 +51,10 @@ class RunResult:
         """
         import yaml
 
-        out = Path(out_dir)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
+        with atomic_directory(out_dir) as tmp:
             self.requests.to_csv(tmp / "requests.csv", index=False)
             self.steps.to_csv(tmp / "steps.csv", index=False)
             (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
             (tmp / "scenario.yaml").write_text(yaml.safe_dump(self.scenario.model_dump(mode="json"),
                                                               sort_keys=False))
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return out
+        return Path(out_dir)

@@ -148,6 +148,18 @@ class Scheduler:
         plan.add(num_new, past, num_seqs, samples=past + num_new == req.num_tokens)
 
     # ------------------------------------------------------------ preemption
+    def allocate_or_preempt(self, req: Request, num_tokens_total: int, plan: StepPlan) -> bool:
+        """Grow `req`, preempting running requests from the back until it fits.
+
+        Returns False when `req` itself was preempted (it was the last one running).
+        """
+        while not self.try_allocate(req, num_tokens_total):
+            victim = self.running.pop()
+            self.preempt(victim, plan)
+            if victim is req:
+                return False
+        return True
+
     def free_request(self, req: Request) -> None:
         seq_ids = req.seq_ids + req.child_seq_ids()
         for seq_id in seq_ids:
@@ -194,9 +206,14 @@ class Scheduler:
             elif req.beam and req.num_output_tokens < req.output_len:
                 self._reselect_beams(req)
             if req.num_output_tokens >= req.output_len:
-                req.status, req.finish_s = RequestStatus.FINISHED, now
-                self.free_request(req)
                 done.append(req)
+        return self._finish(done, now)
+
+    def _finish(self, done: list[Request], now: float) -> list[Request]:
+        """Mark requests that produced their last token finished at `now` and free their KV."""
+        for req in done:
+            req.status, req.finish_s = RequestStatus.FINISHED, now
+            self.free_request(req)
         if done:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
             self.finished.extend(done)
@@ -240,18 +257,10 @@ class Scheduler:
     def apply_burst(self, batch: list[Request], num_steps: int, now: float) -> list[Request]:
         """`num_steps` decode steps of `batch` at once; `now` is when the last one ends."""
         self.alloc.append_burst([req.seq_ids[0] for req in batch], num_steps)
-        done = []
         for req in batch:
             req.num_computed_tokens += num_steps
             req.num_output_tokens += num_steps
-            if req.num_output_tokens >= req.output_len:
-                req.status, req.finish_s = RequestStatus.FINISHED, now
-                self.free_request(req)
-                done.append(req)
-        if done:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
-            self.finished.extend(done)
-        return done
+        return self._finish([req for req in batch if req.num_output_tokens >= req.output_len], now)
 
     def _reselect_beams(self, req: Request) -> None:
         """Beam search step: each beam slot takes a parent drawn from the current beams.

@@ -55,12 +55,7 @@ class V0Scheduler(Scheduler):
         i = 0
         while i < len(running):
             req = running[i]
-            while not self.try_allocate(req, req.num_computed_tokens + 1):
-                victim = running.pop()
-                self.preempt(victim, plan)
-                if victim is req:
-                    break
-            if req.status is not RequestStatus.RUNNING:
+            if not self.allocate_or_preempt(req, req.num_computed_tokens + 1, plan):
                 break
             self.plan_tokens(plan, req, 1)
             i += 1

@@ -15,7 +15,6 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
 from __future__ import annotations
 
 from kvsim.latency import StepPlan
-from kvsim.request import RequestStatus
 from kvsim.scheduler.base import Scheduler
 
 
@@ -36,13 +35,7 @@ class V1Scheduler(Scheduler):
                 budget -= 1
                 i += 1
                 continue
-            total = req.num_computed_tokens + num_new
-            while not self.try_allocate(req, total):
-                victim = running.pop()
-                self.preempt(victim, plan)
-                if victim is req:
-                    break
-            if req.status is not RequestStatus.RUNNING:
+            if not self.allocate_or_preempt(req, req.num_computed_tokens + num_new, plan):
                 break
             self.plan_tokens(plan, req, num_new)
             budget -= num_new
