@@ -140,8 +140,8 @@ def _save_figure(draw: Callable, path: Path, title: str) -> None:
 def _text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
     f = sec.facts
     if sec.key == "context":
-        return (f"Each row simulates {cfg.num_requests} requests arriving at once, so the engine runs as many as KV "
-                f"memory ({f['num_gpu_blocks']:,} blocks) allows. Contiguous slabs reserve max_model_len per "
+        return (f"Each row simulates {3 * cfg.num_requests} requests arriving at once, so the engine runs as many "
+                f"as KV memory ({f['num_gpu_blocks']:,} blocks) allows. Contiguous slabs reserve max_model_len per "
                 f"sequence, so their concurrency follows 1/max_model_len; paged concurrency follows the actual "
                 f"lengths (mean {f['mean_kv_len']:.0f} tokens) and barely moves. KV memory, not compute, is "
                 "the ceiling.")
@@ -236,7 +236,8 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
     (tmp / "report.html").write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>kvsim capacity report</title>"
         "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.45}"
-        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
+        "table{border-collapse:collapse;font-size:13px;display:block;overflow-x:auto}"
+        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
         "img{max-width:100%}pre{background:#f4f4f4;padding:8px}</style></head><body>\n" + body + "\n</body></html>\n")
 
 
@@ -253,6 +254,7 @@ def _markdown_to_html(lines: list[str]) -> str:
         text = re.sub(r"!\[([^\]]*)\]\(([^)]+)\)", r"<img alt='\1' src='\2'>", text)
         text = re.sub(r"\[([^\]]*)\]\(([^)]+)\)", r"<a href='\2'>\1</a>", text)
         text = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text)
+        text = re.sub(r"(?<![\w/])_([^_]+)_(?![\w/])", r"<i>\1</i>", text)
         return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
 
     out, rows, code = [], [], None

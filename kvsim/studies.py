@@ -5,8 +5,9 @@ behind the tables and figures) and facts quoted in the text. `report.py` renders
 Runs go through `sweep.run_many`; each is an ordinary `kvsim run` of a variant of the base
 scenario (so any row can be reproduced with `kvsim run` and `--set`).
 
-"Saturating" runs send the whole workload at once (rate 10^5 req/s), so the engine holds as
-many sequences as KV memory allows: their `max_running` is the simulated concurrency.
+"Saturating" runs send three times the workload at once (rate 10^5 req/s), so the engine
+holds as many sequences as KV memory allows: their `max_running` is the simulated concurrency
+(unless `max_num_seqs` or the request count binds first; the tables show both limits).
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ def variant(base: Scenario, *overrides: str) -> Scenario:
     return make_scenario(raw, base.base_dir)
 
 
+def saturated(base: Scenario, num_requests: int, *overrides: str) -> Scenario:
+    """A variant of `base` whose 3 × `num_requests` requests all arrive at once."""
+    return variant(base, f"workload.num_requests={3 * num_requests}", f"workload.arrival.rate={SATURATE}", *overrides)
+
+
 class Study:
     """Shared facts about the base scenario and a runner that fixes the request count."""
 
@@ -74,6 +80,9 @@ class Study:
         self.mean_kv_len = float(np.mean([r.kv_len for r in requests]))
         self.latency_name = make_latency(self.base, self.model, self.gpu).name
 
+    def saturated(self, *overrides: str) -> Scenario:
+        return saturated(self.base, self.cfg.num_requests, *overrides)
+
     def run(self, scenarios: list[Scenario], keep_steps: bool = False) -> list[SweepResult]:
         return run_many(scenarios, keep_steps=keep_steps, workers=self.cfg.workers,
                         dask_address=self.cfg.dask_address)
@@ -82,8 +91,8 @@ class Study:
 def context_concurrency(st: Study) -> Section:
     """Max concurrent sequences vs max_model_len: closed form and simulated, paged and slab-max."""
     lens = [n for n in (1024, 2048, 4096, 8192, 16384) if n <= st.model.max_position_embeddings]
-    runs = st.run([variant(st.base, f"engine.max_model_len={n}", f"engine.allocator={a}",
-                           f"workload.arrival.rate={SATURATE}") for n in lens for a in ("paged", "slab-max")])
+    runs = st.run([st.saturated(f"engine.max_model_len={n}", f"engine.allocator={a}")
+                   for n in lens for a in ("paged", "slab-max")])
     bs, rows = st.base.engine.block_size, []
     for i, n in enumerate(lens):
         paged, slab = runs[2 * i].summary, runs[2 * i + 1].summary
@@ -104,7 +113,7 @@ def context_concurrency(st: Study) -> Section:
 def kv_quantization(st: Study) -> Section:
     """fp8 vs auto KV: blocks, concurrency, and TPOT saturated and at the base rate."""
     dtypes = ("auto", "fp8")
-    sat = st.run([variant(st.base, f"engine.kv_cache_dtype={d}", f"workload.arrival.rate={SATURATE}") for d in dtypes])
+    sat = st.run([st.saturated(f"engine.kv_cache_dtype={d}") for d in dtypes])
     base = st.run([variant(st.base, f"engine.kv_cache_dtype={d}") for d in dtypes])
     rows = []
     for d, s, b in zip(dtypes, sat, base, strict=True):
@@ -138,8 +147,8 @@ def capacity_formula(st: Study) -> Section:
     """Fit seqs ≈ k · pool_blocks / blocks_per_seq(context) to saturated paged runs."""
     bs = st.base.engine.block_size
     contexts = [c for c in (256, 512, 1024, 2048, 4096) if c <= st.max_model_len]
-    runs = st.run([variant(st.base, "engine.allocator=paged", "engine.enable_prefix_caching=false",
-                           f"workload.arrival.rate={SATURATE}", f"workload.prompt_len={{dist: fixed, value: {c // 2}}}",
+    runs = st.run([st.saturated("engine.allocator=paged", "engine.enable_prefix_caching=false",
+                                f"workload.prompt_len={{dist: fixed, value: {c // 2}}}",
                            f"workload.output_len={{dist: fixed, value: {c - c // 2}}}") for c in contexts])
     usable = st.num_blocks - 1
     closed = np.array([usable / ceil_div(c, bs) for c in contexts])
@@ -157,7 +166,7 @@ def capacity_formula(st: Study) -> Section:
 def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
     """Waste per allocator, sustainable rate under the TTFT SLO, load curves and alerts (paged)."""
     cfg = st.cfg
-    sat = st.run([variant(st.base, f"engine.allocator={a}", f"workload.arrival.rate={SATURATE}") for a in ALLOCATORS])
+    sat = st.run([st.saturated(f"engine.allocator={a}") for a in ALLOCATORS])
     jobs = [(a, r) for a in ALLOCATORS for r in cfg.rates]
     # Load runs are longer than the others (x3 requests) so that saturation lasts past the alerts' `for:`.
     load = st.run([variant(st.base, f"engine.allocator={a}", f"workload.arrival.rate={r}",

@@ -12,7 +12,7 @@ from kvsim.cli import app
 from kvsim.config import load_gpu, load_model
 from kvsim.engine import simulate
 from kvsim.scenario import REPORT_SCENARIO, load_scenario
-from kvsim.studies import SATURATE, StudyConfig, variant
+from kvsim.studies import StudyConfig, saturated
 
 TABLES = ("context_concurrency", "kv_quantization", "prefix_sharing", "capacity_formula", "waste_breakdown",
           "sustained_rate", "load_curves", "time_series", "alert_firings", "capacity")
@@ -59,7 +59,7 @@ def test_report_numbers_agree_with_capacity_and_run(report_dir):
         assert capacity[key] == getattr(plan, key), key
     quant = pd.read_csv(report_dir / "kv_quantization.csv").set_index("kv_cache_dtype")
     n = StudyConfig.quick().num_requests
-    run = simulate(variant(base, f"workload.num_requests={n}", f"workload.arrival.rate={SATURATE}")).summary
+    run = simulate(saturated(base, n)).summary
     assert quant.loc["auto", "simulated_max_running"] == run["max_running"]
     assert quant.loc["auto", "num_gpu_blocks"] == plan.num_gpu_blocks == run["num_gpu_blocks"]
 
