@@ -15,6 +15,7 @@ seed → identical results: the only randomness is one `numpy.random.Generator(s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -86,6 +87,21 @@ def make_limits(engine: EngineConfig, max_model_len: int, allocator: PagedAlloca
     )
 
 
+def exact_delay(now: float, durations: list[float]) -> float:
+    """One delay that lands exactly where adding `durations` to `now` one by one would.
+
+    The step-by-step loop accumulates `now += d` per step; a burst waits once, so the delay
+    is nudged by ulps until `now + delay` reproduces that float exactly.
+    """
+    end = now
+    for d in durations:
+        end += d
+    delay = end - now
+    while now + delay != end:
+        delay = math.nextafter(delay, math.inf if now + delay < end else -math.inf)
+    return delay
+
+
 def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float,
                next_arrival_s: float) -> tuple[list[Request], list[float]] | None:
     """A run of pure-decode steps that the step-by-step loop would take unchanged, if any.
@@ -98,9 +114,11 @@ def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float,
     if batch is None:
         return None
     max_steps = min(req.output_len - req.num_output_tokens for req in batch)
-    first = StepPlan()
-    for req in batch:
-        first.add(1, req.num_computed_tokens, 1, samples=True)
+    n = len(batch)
+    contexts = [req.num_computed_tokens + 1 for req in batch]
+    total = sum(contexts)  # what StepPlan.add would sum for n one-token decodes (attention work included)
+    first = StepPlan(num_tokens=n, num_seqs=n, num_decode_seqs=n, num_sampled=n, sum_context_tokens=total,
+                     sum_decode_context_tokens=total, max_context_tokens=max(contexts), attention_work=float(total))
     durations, start = [], now
     for d in burst_step_times(latency, first):
         if start >= next_arrival_s or len(durations) == max_steps:
@@ -148,8 +166,7 @@ def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: list[Reque
             if burst is not None:
                 batch, durations = burst
                 recorder.record_burst(env.now, durations, scheduler, batch)
-                for d in durations:
-                    yield env.timeout(d)
+                yield env.timeout(exact_delay(env.now, durations))
                 scheduler.apply_burst(batch, len(durations), env.now)
                 if check:
                     scheduler.alloc.check_invariants()
