@@ -15,7 +15,6 @@ seed → identical results: the only randomness is one `numpy.random.Generator(s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -87,21 +86,6 @@ def make_limits(engine: EngineConfig, max_model_len: int, allocator: PagedAlloca
     )
 
 
-def exact_delay(now: float, durations: list[float]) -> float:
-    """One delay that lands exactly where adding `durations` to `now` one by one would.
-
-    The step-by-step loop accumulates `now += d` per step; a burst waits once, so the delay
-    is nudged by ulps until `now + delay` reproduces that float exactly.
-    """
-    end = now
-    for d in durations:
-        end += d
-    delay = end - now
-    while now + delay != end:
-        delay = math.nextafter(delay, math.inf if now + delay < end else -math.inf)
-    return delay
-
-
 def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float,
                next_arrival_s: float) -> tuple[list[Request], list[float]] | None:
     """A run of pure-decode steps that the step-by-step loop would take unchanged, if any.
@@ -166,7 +150,8 @@ def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: list[Reque
             if burst is not None:
                 batch, durations = burst
                 recorder.record_burst(env.now, durations, scheduler, batch)
-                yield env.timeout(exact_delay(env.now, durations))
+                for d in durations:  # one timeout per step keeps env.now bit-identical to step-by-step
+                    yield env.timeout(d)
                 scheduler.apply_burst(batch, len(durations), env.now)
                 if check:
                     scheduler.alloc.check_invariants()
