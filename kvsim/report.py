@@ -152,9 +152,16 @@ def _text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> 
         return (f"Every request starts with the same {f['prefix_tokens']:,}-token system prompt. Without prefix "
                 "caching each request stores and prefills its own copy; with it the prompt's full blocks are "
                 "stored once, so KV usage grows with the requests' own tokens only and TTFT drops.")
+    if sec.key == "formula" and not f["num_kv_bound"]:
+        return (f"No saturated run was KV-bound here (concurrency was capped by {', '.join(f['other_limits'])}), so "
+                f"the formula seqs ≈ pool_blocks ÷ blocks_per_seq cannot be fitted: this pool ({f['pool_blocks']:,} "
+                f"blocks) holds more than the workload or max_num_seqs ever asks for. vLLM's startup line would "
+                f"report \"maximum concurrency\" {f['vllm_max_concurrency']:.2f}x for max_model_len "
+                f"{st.max_model_len:,}.")
     if sec.key == "formula":
         return (f"Fitting seqs ≈ k · pool_blocks ÷ blocks_per_seq(context) to saturated runs gives "
-                f"k = {f['fitted_constant']:.2f} (pool {f['pool_blocks']:,} blocks); the closed form with k = 1 is off "
+                f"k = {f['fitted_constant']:.2f} over the {f['num_kv_bound']} KV-bound runs (pool "
+                f"{f['pool_blocks']:,} blocks); the closed form with k = 1 is off "
                 f"by {100 * f['closed_form_error']:.0f} % on average, because sequences share the pool at different "
                 f"stages of their lives and few reach full length at once. vLLM's startup line would report "
                 f"\"maximum concurrency\" {f['vllm_max_concurrency']:.2f}x for max_model_len {st.max_model_len:,}: a "

@@ -64,7 +64,12 @@ def variant(base: Scenario, *overrides: str) -> Scenario:
 
 def saturated(base: Scenario, num_requests: int, *overrides: str) -> Scenario:
     """A variant of `base` whose 3 × `num_requests` requests all arrive at once."""
-    return variant(base, f"workload.num_requests={3 * num_requests}", f"workload.arrival.rate={SATURATE}", *overrides)
+    return variant(base, f"workload.num_requests={3 * num_requests}", poisson(SATURATE), *overrides)
+
+
+def poisson(rate: float) -> str:
+    """Override for Poisson arrivals at `rate` (a trace scenario keeps its lengths, not its timestamps)."""
+    return f"workload.arrival={{process: poisson, rate: {rate}}}"
 
 
 class Study:
@@ -82,6 +87,14 @@ class Study:
 
     def saturated(self, *overrides: str) -> Scenario:
         return saturated(self.base, self.cfg.num_requests, *overrides)
+
+    def limited_by(self, summary: dict[str, Any]) -> str:
+        """What capped a saturated run's concurrency: the request count, max_num_seqs, or KV memory."""
+        if summary["max_running"] >= summary["num_requests"] - summary["num_rejected"]:
+            return "requests"
+        if summary["max_running"] >= self.base.engine.max_num_seqs:
+            return "max_num_seqs"
+        return "kv"
 
     def run(self, scenarios: list[Scenario], keep_steps: bool = False) -> list[SweepResult]:
         return run_many(scenarios, keep_steps=keep_steps, workers=self.cfg.workers,
@@ -104,6 +117,7 @@ def context_concurrency(st: Study) -> Section:
             "simulated_paged_max_running": paged["max_running"],
             "simulated_slab_max_running": slab["max_running"],
             "paged_kv_usage_max": round(paged["kv_cache_usage_perc"]["max"], 3),
+            "paged_limited_by": st.limited_by(paged),
             "num_rejected": paged["num_rejected"],
         })
     return Section("context", "Context ↔ concurrency", {"context_concurrency": pd.DataFrame(rows)},
@@ -147,19 +161,25 @@ def capacity_formula(st: Study) -> Section:
     """Fit seqs ≈ k · pool_blocks / blocks_per_seq(context) to saturated paged runs."""
     bs = st.base.engine.block_size
     contexts = [c for c in (256, 512, 1024, 2048, 4096) if c <= st.max_model_len]
-    runs = st.run([st.saturated("engine.allocator=paged", "engine.enable_prefix_caching=false",
+    runs = st.run([st.saturated("engine.allocator=paged", "engine.enable_prefix_caching=false", "workload.trace=null",
                                 f"workload.prompt_len={{dist: fixed, value: {c // 2}}}",
                            f"workload.output_len={{dist: fixed, value: {c - c // 2}}}") for c in contexts])
     usable = st.num_blocks - 1
     closed = np.array([usable / ceil_div(c, bs) for c in contexts])
     simulated = np.array([r.summary["max_running"] for r in runs], dtype=float)
-    k = float((simulated * closed).sum() / (closed**2).sum())
+    limits = [st.limited_by(r.summary) for r in runs]
+    kv_bound = np.array([lim == "kv" for lim in limits])
+    # Fit only where KV memory was the limit; elsewhere the count says nothing about the formula.
+    k = error = float("nan")
+    if kv_bound.any():
+        k = float((simulated * closed)[kv_bound].sum() / (closed**2)[kv_bound].sum())
+        error = float(np.mean(np.abs(closed - simulated)[kv_bound] / simulated[kv_bound]))
     table = pd.DataFrame({"context_len": contexts, "blocks_per_seq": [ceil_div(c, bs) for c in contexts],
                           "closed_form_seqs": closed.round(2), "simulated_max_running": simulated.astype(int),
-                          "fitted_seqs": (k * closed).round(2)})
-    error = float(np.mean(np.abs(closed - simulated) / simulated))
+                          "fitted_seqs": (k * closed).round(2), "limited_by": limits})
     return Section("formula", "The capacity formula", {"capacity_formula": table},
                    {"fitted_constant": k, "closed_form_error": error, "pool_blocks": usable,
+                    "num_kv_bound": int(kv_bound.sum()), "other_limits": sorted(set(limits) - {"kv"}),
                     "vllm_max_concurrency": vllm_max_concurrency(st.num_blocks, st.max_model_len, bs)})
 
 
@@ -169,7 +189,7 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
     sat = st.run([st.saturated(f"engine.allocator={a}") for a in ALLOCATORS])
     jobs = [(a, r) for a in ALLOCATORS for r in cfg.rates]
     # Load runs are longer than the others (x3 requests) so that saturation lasts past the alerts' `for:`.
-    load = st.run([variant(st.base, f"engine.allocator={a}", f"workload.arrival.rate={r}",
+    load = st.run([variant(st.base, f"engine.allocator={a}", poisson(r),
                            f"workload.num_requests={3 * cfg.num_requests}") for a, r in jobs], keep_steps=True)
     waste_rows = []
     for a, s in zip(ALLOCATORS, sat, strict=True):
