@@ -118,8 +118,8 @@ def capacity(
     elif output_format is Format.csv:
         sys.stdout.write(rows_to_csv(rows))
     elif output_format is Format.markdown:
-        headline = {k: v for k, v in data.items() if k != "rows"}
-        sys.stdout.write(rows_to_markdown([headline]) + "\n" + rows_to_markdown(rows))
+        headline = [{"quantity": k, "value": v} for k, v in data.items() if k != "rows"]
+        sys.stdout.write(rows_to_markdown(headline) + "\n" + rows_to_markdown(rows))
     else:
         from rich.console import Console
 
