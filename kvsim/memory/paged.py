@@ -105,10 +105,6 @@ class PagedAllocator:
         """Zero by construction: any free block can serve any sequence."""
         return 0
 
-    def held_blocks(self, seq_id: int) -> int:
-        seq = self.seqs.get(seq_id)
-        return len(seq.block_table) if seq else 0
-
     # ------------------------------------------------------------ prefix cache
     def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:
         """Longest run of cached full blocks from block 0, never covering the last token.

@@ -128,10 +128,6 @@ class SlabAllocator:
             return 0
         return sum(n for n in self.free_runs.lengths.values() if n < next_request_slots)
 
-    def held_blocks(self, seq_id: int) -> int:
-        slab = self.seqs.get(seq_id)
-        return slab.size if slab else 0
-
     def region_slots(self, final_num_tokens: int) -> int:
         return region_slots(self.policy, final_num_tokens, self.max_model_len)
 
