@@ -83,6 +83,10 @@ QUICK_GRID = Grid(batches=(1, 16, 128), contexts=(512, 4096), block_sizes=(16,),
                   prefill_cached_lens=(0, 2048), gemm_tokens=(1, 64, 1024))
 
 
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
 def plan(shapes: LayerShapes, grid: Grid) -> list[dict[str, object]]:
     """Every measurement the grid asks for, in the order `measure` takes them."""
     points: list[dict[str, object]] = []

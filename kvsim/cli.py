@@ -239,9 +239,7 @@ def calibrate(
                                                                         "block_size")} for p in points]))
             typer.echo(f"{len(points)} measurements for {spec.name} ({shapes})", err=True)
             return
-        import torch
-
-        if not torch.cuda.is_available():
+        if not harness.has_cuda():
             raise KvsimError("no CUDA device: calibration times kernels on a GPU (--dry-run prints the grid)")
         if output is None:
             raise KvsimError("--output is required: the profile CSV to write")
