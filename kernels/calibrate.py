@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import triton
@@ -87,9 +88,9 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def plan(shapes: LayerShapes, grid: Grid) -> list[dict[str, object]]:
+def plan(shapes: LayerShapes, grid: Grid) -> list[dict[str, Any]]:
     """Every measurement the grid asks for, in the order `measure` takes them."""
-    points: list[dict[str, object]] = []
+    points: list[dict[str, Any]] = []
     for bs in grid.block_sizes:
         points += [{"kind": "decode", "batch": b, "context_len": c, "block_size": bs}
                    for b in grid.batches for c in grid.contexts]
@@ -141,7 +142,7 @@ def measure(shapes: LayerShapes, grid: Grid, gpu_name: str, output: Path, device
     points = plan(shapes, grid)
     pools: dict[int, _KVPool] = {}
     for index, point in enumerate(points):
-        row = dict.fromkeys(PROFILE_COLUMNS, "")
+        row: dict[str, Any] = dict.fromkeys(PROFILE_COLUMNS, "")
         row.update(point)
         kind = point["kind"]
         if kind in ("decode", "prefill"):
@@ -195,7 +196,7 @@ def _metadata(gpu_name: str, shapes: LayerShapes, grid: Grid, device: str) -> di
     }
 
 
-def write_profile(output: Path, rows: list[dict[str, object]], meta: dict[str, str]) -> Path:
+def write_profile(output: Path, rows: list[dict[str, Any]], meta: dict[str, str]) -> Path:
     """Write `# key: value` metadata, then the CSV; to a temporary name renamed when complete."""
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")

@@ -103,7 +103,8 @@ def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float,
     total = sum(contexts)  # what StepPlan.add would sum for n one-token decodes (attention work included)
     first = StepPlan(num_tokens=n, num_seqs=n, num_decode_seqs=n, num_sampled=n, sum_context_tokens=total,
                      sum_decode_context_tokens=total, max_context_tokens=max(contexts), attention_work=float(total))
-    durations, start = [], now
+    durations: list[float] = []
+    start = now
     for d in burst_step_times(latency, first):
         if start >= next_arrival_s or len(durations) == max_steps:
             break

@@ -215,7 +215,6 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
                              "kv_pool_GiB": round(head["kv_pool_bytes"] / 2**30, 2),
                              "vllm_max_concurrency": round(head["max_concurrency"], 2),
                              "num_gpu_blocks_fp8": head["num_gpu_blocks_fp8"]}])]
-    body = []
     for sec in sections:
         md += ["", f"## {sec.title}", "", _text(sec, st, cfg), "", f"_Latency model: {st.latency_name}._", ""]
         figure = f"fig_{sec.key}.png"
@@ -239,7 +238,7 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
         if sec.key == "alerts":
             md += ["", "```yaml", studies.prometheus_rules(cfg).rstrip(), "```"]
     (tmp / "report.md").write_text("\n".join(md) + "\n")
-    body = _markdown_to_html(md)
+    body = _markdown_to_html(md)  # the same text, as HTML
     (tmp / "report.html").write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>kvsim capacity report</title>"
         "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.45}"
@@ -264,7 +263,9 @@ def _markdown_to_html(lines: list[str]) -> str:
         text = re.sub(r"(?<![\w/])_([^_]+)_(?![\w/])", r"<i>\1</i>", text)
         return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
 
-    out, rows, code = [], [], None
+    out: list[str] = []
+    rows: list[list[str]] = []
+    code: list[str] | None = None
     for line in "\n".join(lines).splitlines() + [""]:
         if code is not None:
             if line.startswith("```"):

@@ -192,11 +192,11 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
     load = st.run([variant(st.base, f"engine.allocator={a}", poisson(r),
                            f"workload.num_requests={3 * cfg.num_requests}") for a, r in jobs], keep_steps=True)
     waste_rows = []
-    for a, s in zip(ALLOCATORS, sat, strict=True):
-        of_alloc = s.summary["waste_of_allocated"]
+    for a, result in zip(ALLOCATORS, sat, strict=True):
+        of_alloc = result.summary["waste_of_allocated"]
         waste_rows.append({"allocator": a, **{k: round(v or 0.0, 4) for k, v in of_alloc.items()},
-                           "mean_running": round(s.summary["mean_running"], 2),
-                           "max_running": s.summary["max_running"]})
+                           "mean_running": round(result.summary["mean_running"], 2),
+                           "max_running": result.summary["max_running"]})
     load_rows = []
     for (a, rate), r in zip(jobs, load, strict=True):
         s = r.summary
@@ -216,6 +216,7 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
                                                    "sustained_rate": pd.DataFrame(sustained)})
     paged_runs = [(rate, r) for (a, rate), r in zip(jobs, load, strict=True) if a == "paged"]
     top_rate, top = paged_runs[-1]
+    assert top.steps is not None, "load runs keep their steps"
     series = top.steps[["time_s", "vllm:num_requests_running", "vllm:num_requests_waiting",
                         "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"]].copy()
     load_section = Section("load", "Load", {"load_curves": load_df[load_df.allocator == "paged"].reset_index(drop=True),
@@ -244,6 +245,7 @@ def alert_firings(runs: list[tuple[float, SweepResult]], cfg: StudyConfig) -> pd
     rows = []
     for rate, result in runs:
         steps = result.steps
+        assert steps is not None, "alerts need the per-step series"
         t = steps["time_s"].to_numpy()
         ends = t + steps["duration_s"].to_numpy()
         usage = steps["vllm:kv_cache_usage_perc"].to_numpy()

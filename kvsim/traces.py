@@ -205,7 +205,7 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
                         break
                     prompt, output = _servegen_lengths(pdfs, t, rng.random())
                     records.append(TraceRecord(t - start_s, prompt, output))
-    records.sort(key=lambda r: r.arrival_s)
+    records.sort(key=lambda r: r.arrival_s or 0.0)
     return records
 
 

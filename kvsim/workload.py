@@ -25,6 +25,7 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.memory import SegmentContent, TokenContent
+from kvsim.memory.content import Content
 from kvsim.request import Request
 from kvsim.scenario import Arrival, Empirical, Fixed, LengthDist, Lognormal, Scenario, Uniform, Workload
 from kvsim.traces import READERS, TraceRecord, read_lengths, read_servegen
@@ -89,7 +90,7 @@ def _base_records(scenario: Scenario, rng: np.random.Generator) -> list[TraceRec
     if records[0].arrival_s is None:  # a length table: resample rows
         picks = rng.integers(0, len(records), size=w.num_requests)
         return [records[i] for i in picks]
-    kept = [r for r in records if r.arrival_s >= trace.start_s][: w.num_requests]
+    kept = [r for r in records if (r.arrival_s or 0.0) >= trace.start_s][: w.num_requests]
     if not kept:
         raise KvsimError(f"workload.trace.start_s={trace.start_s}: no request of {path} arrives after it")
     return kept
@@ -119,7 +120,7 @@ def build_requests(scenario: Scenario, max_model_len: int, rng: np.random.Genera
         conv, turn = divmod(index, turns)
         if turn == 0:
             history = []
-            if prefix is not None and with_prefix[index]:
+            if prefix is not None and prefix_ids is not None and with_prefix[index]:
                 history.append((("system", int(prefix_ids[index])), prefix.tokens))
             conv_start = float(arrivals[conv * turns])
         arrival = conv_start + turn * think_s if turns > 1 else float(arrivals[index])
@@ -130,6 +131,7 @@ def build_requests(scenario: Scenario, max_model_len: int, rng: np.random.Genera
         prompt_len = sum(n for _, n in prompt_segments)
         output_len = max(1, min(record.output_len, max_model_len - prompt_len))
         out_segment = (("reply", conv, turn), output_len)
+        content: Content
         if record.token_ids is not None and not history:
             content = TokenContent(record.token_ids[: prompt_len + output_len])
         else:

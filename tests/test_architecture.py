@@ -25,3 +25,8 @@ def test_import_contracts_hold():
 def test_ruff_is_clean():
     result = subprocess.run([tool("ruff"), "check", "."], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-2000:]
+
+
+def test_mypy_is_clean():
+    result = subprocess.run([tool("mypy")], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:]

@@ -28,8 +28,8 @@ from typing import Protocol
 class KVAllocator(Protocol):
     """What accounting (and the scheduler) need from an allocator."""
 
-    num_total_slots: int
-
+    @property
+    def num_total_slots(self) -> int: ...
     @property
     def num_held_slots(self) -> int: ...
     @property

@@ -257,10 +257,12 @@ class PagedAllocator:
         self.num_copy_on_writes += 1
 
     def _hash_full_blocks(self, seq: SeqBlocks) -> None:
-        num_full = min(seq.num_tokens, seq.content.num_tokens) // self.block_size
+        content = seq.content
+        assert content is not None
+        num_full = min(seq.num_tokens, content.num_tokens) // self.block_size
         if num_full <= seq.num_hashed_blocks:
             return
-        hashes = seq.content.block_hashes(self.block_size, num_full)
+        hashes = content.block_hashes(self.block_size, num_full)
         for index in range(seq.num_hashed_blocks, num_full):
             block_id = seq.block_table[index]
             if self.pool.block_hashes[block_id] is None:
@@ -274,7 +276,7 @@ class PagedAllocator:
         Step offset `off` writes slot `written + off`; a block starts there when it is ≡ 0 mod bs.
         """
         bs = self.block_size
-        events = []
+        events: list[tuple[int, int]] = []
         for pos, seq_id in enumerate(seq_ids):
             written = self.seqs[seq_id].num_tokens
             events.extend((off, pos) for off in range((-written) % bs, num_steps, bs))
