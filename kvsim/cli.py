@@ -48,6 +48,9 @@ def user_errors() -> Iterator[None]:
     except KvsimError as error:
         typer.echo(f"kvsim: error: {error}", err=True)
         raise typer.Exit(2) from None
+    except OSError as error:  # e.g. an output directory that cannot be written
+        typer.echo(f"kvsim: error: {error.filename or ''}: {error.strerror or error}", err=True)
+        raise typer.Exit(2) from None
 
 
 def parse_int_list(text: str, field: str) -> list[int]:

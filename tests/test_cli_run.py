@@ -77,3 +77,11 @@ def test_calibrate_dry_run_lists_the_grid():
     assert result.exit_code == 0, result.output
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("kind,") and sum(line.startswith("decode") for line in lines) == 6
+
+
+def test_unwritable_output_is_one_line_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = runner.invoke(app, ["run", "--set", "workload.num_requests=5", "-o", str(blocker / "out")])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
