@@ -92,13 +92,12 @@ class StepRecorder:
                             ("num_decode_seqs", n), ("vllm:num_preemptions_total", scheduler.num_preemptions),
                             ("swap_in_bytes", 0), ("swap_out_bytes", 0), ("external_frag", external / total)):
             c[name] += [value] * k
-        free = total - held - external
-        c["vllm:kv_cache_usage_perc"] += (1.0 - (total - held) / total).tolist()
-        c["held_slots"] += held.tolist()
-        c["token_state"] += (filled / total).tolist()
-        c["reserved"] += (reserved / total).tolist()
-        c["internal_frag"] += ((held - filled - reserved) / total).tolist()
-        c["free"] += (free / total).tolist()
+        c["vllm:kv_cache_usage_perc"] += [1.0 - (total - h) / total for h in held]
+        c["held_slots"] += held
+        c["token_state"] += [f / total for f in filled]
+        c["reserved"] += [r / total for r in reserved]
+        c["internal_frag"] += [(h - f - r) / total for h, f, r in zip(held, filled, reserved, strict=True)]
+        c["free"] += [(total - h - external) / total for h in held]
 
     def frame(self) -> pd.DataFrame:
         import pandas as pd

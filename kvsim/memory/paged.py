@@ -303,26 +303,35 @@ class PagedAllocator:
         for seq in seqs:
             self._mark_written(seq, seq.num_tokens + num_steps)
 
-    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int):  # -> tuple[np.ndarray, ...]
+    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> tuple[list[int], list[int], list[int]]:
         """Held, filled and reserved slots after each of the next `num_steps` decode allocations.
 
-        `seq_ids` must be every sequence on the GPU (the whole running batch).
+        `seq_ids` must be every sequence on the GPU (the whole running batch). Inside a burst
+        no sequence passes its final length, so a sequence's reservation `min(held, final)`
+        changes only when it takes a block: the per-step totals follow from those events.
         """
-        import numpy as np
-
-        bs = self.block_size
-        seqs = [self.seqs[s] for s in seq_ids]
-        steps = np.arange(1, num_steps + 1)
-        written = np.array([s.num_tokens for s in seqs])[:, None]
-        final = np.array([s.final_num_tokens for s in seqs])[:, None]
-        tokens = written + steps[None, :]
-        held_each = -(-tokens // bs) * bs
-        held = self.num_held_slots + held_each.sum(0) - sum(len(s.block_table) for s in seqs) * bs
-        filled = self.num_filled_slots + len(seqs) * steps
-        reservable = np.minimum(held_each, np.maximum(final, tokens)).sum(0)
-        reserved = self._sum_reservable - sum(s.reservable for s in seqs) + reservable - (
-            self._sum_written + len(seqs) * steps)
-        return held, filled, reserved
+        bs, n = self.block_size, len(seq_ids)
+        held_step = [0] * num_steps
+        reservable_step = [0] * num_steps
+        for seq_id in seq_ids:
+            seq = self.seqs[seq_id]
+            written, final = seq.num_tokens, seq.final_num_tokens
+            assert written + num_steps <= final, "a burst never passes a sequence's final length"
+            held = len(seq.block_table) * bs
+            for off in range((-written) % bs, num_steps, bs):
+                held_step[off] += bs
+                reservable_step[off] += min(held + bs, final) - min(held, final)
+                held += bs
+        held_out, filled_out, reserved_out = [], [], []
+        held, reservable = self.num_held_slots, self._sum_reservable
+        for j in range(num_steps):
+            held += held_step[j]
+            reservable += reservable_step[j]
+            filled = self.num_filled_slots + n * (j + 1)
+            held_out.append(held)
+            filled_out.append(filled)
+            reserved_out.append(reservable - (self._sum_written + n * (j + 1)))
+        return held_out, filled_out, reserved_out
 
     # ---------------------------------------------------------- fork and free
     shares_blocks = True  # fork shares; slabs instead reserve each child's region at admission

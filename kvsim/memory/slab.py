@@ -195,13 +195,10 @@ class SlabAllocator:
             slab = self.seqs[seq_id]
             self._write(seq_id, slab, slab.num_tokens + num_steps)
 
-    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int):  # -> tuple[np.ndarray, ...]
+    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> tuple[list[int], list[int], list[int]]:
         """Held, filled and reserved slots after each of the next `num_steps` decode steps."""
-        import numpy as np
-
-        steps = np.arange(1, num_steps + 1)
-        filled = self.num_filled_slots + len(seq_ids) * steps
-        return np.full(num_steps, self.num_held_slots), filled, self._sum_reservable - filled
+        filled = [self.num_filled_slots + len(seq_ids) * j for j in range(1, num_steps + 1)]
+        return [self.num_held_slots] * num_steps, filled, [self._sum_reservable - f for f in filled]
 
     def fork(self, parent_id: int, child_id: int, child_content: Content | None = None,
              child_final_num_tokens: int | None = None) -> None:

@@ -31,7 +31,8 @@ class V1Scheduler(Scheduler):
             req = running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             if num_new == 1 and append_token is not None and req.num_samples == 1 and append_token(req.seq_ids[0]):
-                self.plan_tokens(plan, req, 1)  # fast path: a decode token in its own last block
+                plan.scheduled.append((req, 1))  # fast path: a decode token in its own last block
+                plan.add(1, req.num_computed_tokens, 1, samples=True)
                 budget -= 1
                 i += 1
                 continue
