@@ -45,14 +45,14 @@ BLOCK_SIZES = (16, 32, 64, 128)
 
 
 @triton.jit
-def _to_dot_dtype(x, cache_dtype: tl.constexpr, IS_FP8: tl.constexpr, DOT_FP32: tl.constexpr):
+def _to_dot_dtype(x, cache_ptr, IS_FP8: tl.constexpr, DOT_FP32: tl.constexpr):
     """The dtype dots run in: fp16 for fp8 caches, fp32 where the interpreter needs it, else the cache's."""
     if IS_FP8:
         x = x.to(tl.float16)
     elif DOT_FP32:
         x = x.to(tl.float32)
     else:
-        x = x.to(cache_dtype)
+        x = x.to(cache_ptr.dtype.element_ty)
     return x
 
 
@@ -62,7 +62,7 @@ def _load_block(cache_ptr, block, t, d, t_mask, stride_b, stride_t, head, stride
     """One KV block of one head: [BLOCK_SIZE, HEAD_DIM], rows past the context zeroed."""
     x = tl.load(cache_ptr + block * stride_b + t[:, None] * stride_t + head * stride_h + d[None, :],
                 mask=t_mask[:, None], other=0.0)
-    return _to_dot_dtype(x, cache_ptr.dtype.element_ty, IS_FP8, DOT_FP32)
+    return _to_dot_dtype(x, cache_ptr, IS_FP8, DOT_FP32)
 
 
 @triton.jit
@@ -105,7 +105,7 @@ def _decode_kernel(
     heads = kv_head * QUERY_GROUP + g
     g_mask = g < QUERY_GROUP
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :], mask=g_mask[:, None], other=0.0)
-    q = _to_dot_dtype(q, k_cache_ptr.dtype.element_ty, IS_FP8, DOT_FP32)
+    q = _to_dot_dtype(q, k_cache_ptr, IS_FP8, DOT_FP32)
 
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_sum = tl.zeros([GROUP_PAD], tl.float32)
@@ -179,7 +179,7 @@ def _prefill_kernel(
     t = tl.arange(0, BLOCK_SIZE)
     q = tl.load(q_ptr + (q_start + rows)[:, None] * stride_qt + head * stride_qh + d[None, :],
                 mask=r_mask[:, None], other=0.0)
-    q = _to_dot_dtype(q, k_cache_ptr.dtype.element_ty, IS_FP8, DOT_FP32)
+    q = _to_dot_dtype(q, k_cache_ptr, IS_FP8, DOT_FP32)
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
