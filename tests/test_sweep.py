@@ -1,0 +1,42 @@
+"""Sweeps give the same results in-process, over local processes and on a Dask cluster."""
+
+import pytest
+
+from kvsim.errors import KvsimError
+from kvsim.scenario import load_scenario
+from kvsim.studies import variant
+from kvsim.sweep import run_many
+
+
+def scenarios():
+    base = load_scenario(None, ["workload.num_requests=40"])
+    return [variant(base, f"workload.arrival.rate={rate}") for rate in (5, 50)]
+
+
+def test_local_processes_match_in_process():
+    serial = run_many(scenarios(), workers=1)
+    parallel = run_many(scenarios(), workers=2, keep_steps=True)
+    assert [r.summary for r in serial] == [r.summary for r in parallel]
+    assert serial[0].steps is None and parallel[0].steps is not None
+
+
+def test_dask_cluster_matches_in_process():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        on_dask = run_many(scenarios(), dask_address=cluster.scheduler_address)
+    assert [r.summary for r in on_dask] == [r.summary for r in run_many(scenarios(), workers=1)]
+
+
+def test_dask_missing_is_a_clear_error(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_dask(name, *args, **kwargs):
+        if name.startswith("dask"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_dask)
+    with pytest.raises(KvsimError, match="pip install"):
+        run_many(scenarios(), dask_address="tcp://127.0.0.1:1")
