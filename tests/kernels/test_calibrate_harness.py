@@ -1,5 +1,7 @@
 """The calibration harness end to end on the CPU: a tiny grid, the interpreter, a stand-in timer."""
 
+import torch
+
 from kernels.calibrate import Grid, LayerShapes, measure, plan
 from kvsim.calibration import CalibratedLatency
 from kvsim.config import EngineConfig, load_gpu, load_model
@@ -19,7 +21,8 @@ def test_tiny_grid_writes_a_profile_the_model_reads(tmp_path):
         calls.append(1)
         return 1e-4 * len(calls)
 
-    path = measure(shapes, grid, "cpu-test", tmp_path / "p.csv", device="cpu", timer=timer,
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU only under the interpreter
+    path = measure(shapes, grid, "cpu-test", tmp_path / "p.csv", device=device, timer=timer,
                    max_kv_bytes=2**22)
     assert len(calls) == len(plan(shapes, grid)) == 4 + 2 + 5 * 2 + 1
     text = path.read_text()
