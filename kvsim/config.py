@@ -243,6 +243,13 @@ class EngineConfig(BaseModel):
     scheduler: Literal["v1", "v0", "static"] = "v1"
     watermark: float | None = Field(default=None, ge=0, lt=1)
 
+    @model_validator(mode="after")
+    def _swap_needs_v0(self) -> EngineConfig:
+        if self.preemption_mode == "swap" and self.scheduler != "v0":
+            raise ValueError(f"preemption_mode=swap needs scheduler v0 ({self.scheduler} preempts by recompute, "
+                             "as vLLM v1 does)")
+        return self
+
     def resolved_max_model_len(self, model: ModelSpec) -> int:
         """`max_model_len`, defaulting to the model's; longer than the model allows is an error."""
         if self.max_model_len is None:

@@ -15,6 +15,7 @@ seed → identical results: the only randomness is one `numpy.random.Generator(s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -86,6 +87,15 @@ def make_limits(engine: EngineConfig, max_model_len: int, allocator: PagedAlloca
     )
 
 
+def delay_until(now: float, t: float) -> float:
+    """The smallest float delay with `now + delay >= t`: `t - now` can fall an ulp short, and a
+    request must never be seen before it arrives."""
+    delay = t - now
+    while now + delay < t:
+        delay = math.nextafter(delay, math.inf)
+    return delay
+
+
 def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float,
                next_arrival_s: float) -> tuple[list[Request], list[float]] | None:
     """A run of pure-decode steps that the step-by-step loop would take unchanged, if any.
@@ -130,7 +140,7 @@ def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: list[Reque
     def arrivals():
         for req in requests:
             if req.arrival_s > env.now:
-                yield env.timeout(req.arrival_s - env.now)
+                yield env.timeout(delay_until(env.now, req.arrival_s))
             scheduler.add(req)
             state["arrived"] += 1
             if not state["wake"].triggered:

@@ -19,7 +19,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvsim.config import ceil_div
@@ -144,9 +144,32 @@ class PagedAllocator:
             needed += 1
         return needed
 
-    def slots_needed(self, seq_id: int, num_tokens_total: int, hit: PrefixHit = NO_HIT) -> int:
-        """Free slots `allocate` would take (whole blocks, including a copy-on-write)."""
-        return self._blocks_needed(self.seqs.get(seq_id), num_tokens_total, hit) * self.block_size
+    @staticmethod
+    def _growth_blocks(seqs: Sequence[SeqBlocks], targets: Sequence[int], block_size: int,
+                       ref_count: Callable[[int], int]) -> int:
+        """Blocks a group of sequences takes to grow each to its target token count.
+
+        New blocks where a sequence crosses a boundary, plus copies of shared partial last
+        blocks: k group members sharing one copy k − 1 times (the last writer keeps it), or k
+        times if someone outside the group shares it too.
+        """
+        blocks, sharers = 0, dict[int, int]()
+        for seq, target in zip(seqs, targets, strict=True):
+            if target <= seq.num_tokens:
+                continue
+            blocks += max(0, ceil_div(target, block_size) - len(seq.block_table))
+            if seq.num_tokens % block_size:
+                sharers[seq.block_table[-1]] = sharers.get(seq.block_table[-1], 0) + 1
+        for block_id, k in sharers.items():
+            blocks += k - 1 if ref_count(block_id) == k else k
+        return blocks
+
+    def slots_needed(self, seq_ids: Sequence[int], num_tokens_total: int) -> int:
+        """Free slots that growing every sequence of a group to `num_tokens_total` takes."""
+        seqs = [self.seqs[s] for s in seq_ids]
+        refs = self.pool.ref_counts
+        return self._growth_blocks(seqs, [num_tokens_total] * len(seqs), self.block_size,
+                                   refs.__getitem__) * self.block_size
 
     def can_allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
                      hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:
@@ -395,6 +418,17 @@ class PagedAllocator:
             self.swapped[seq_id] = seq
         self._touch_extra_refs(self.cpu_pool, [s.block_table for s in seqs])
         return SwapResult(len(unique), len(unique) * self.bytes_per_block)
+
+    def swap_in_growth_slots(self, seq_ids: Sequence[int]) -> int:
+        """Slots the swapped group needs, once back, for each sequence's next token.
+
+        A sequence whose last block is full needs a new block; k sequences sharing a partial
+        last block need k − 1 copies (the last writer keeps the original).
+        """
+        assert self.cpu_pool is not None
+        seqs = [self.swapped[s] for s in seq_ids]
+        return self._growth_blocks(seqs, [s.num_tokens + 1 for s in seqs], self.block_size,
+                                   self.cpu_pool.ref_counts.__getitem__) * self.block_size
 
     def can_swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> bool:
         unique = self._swap_plan([self.swapped[s].block_table for s in seq_ids])

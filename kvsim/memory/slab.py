@@ -135,9 +135,9 @@ class SlabAllocator:
         """Slabs share nothing: no prefix hits."""
         return NO_HIT
 
-    def slots_needed(self, seq_id: int, num_tokens_total: int, hit: PrefixHit = NO_HIT) -> int:
-        """0 for a sequence that has its region (it never grows); callers admit new ones via `allocate`."""
-        assert seq_id in self.seqs, "slots_needed is for sequences that already hold a region"
+    def slots_needed(self, seq_ids: Sequence[int], num_tokens_total: int) -> int:
+        """0: sequences that hold a region never grow; new ones are admitted via `allocate`."""
+        assert all(s in self.seqs for s in seq_ids), "slots_needed is for sequences that hold a region"
         return 0
 
     def can_allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
@@ -242,6 +242,10 @@ class SlabAllocator:
             trial.take(start, size)
             needed += size
         return needed + reserve_slots <= self.num_free_slots
+
+    def swap_in_growth_slots(self, seq_ids: Sequence[int]) -> int:
+        """Regions already hold every future token: nothing beyond the regions themselves."""
+        return 0
 
     def can_swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> bool:
         return self.can_place([self.swapped[s].final_num_tokens for s in seq_ids], reserve_slots)

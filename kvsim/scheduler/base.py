@@ -102,7 +102,7 @@ class Scheduler:
         seq_ids = self.active_seq_ids(req)
         if len(seq_ids) == 1:
             return self.alloc.allocate(seq_ids[0], num_tokens_total, req.kv_len, req.content, hit, reserve_slots)
-        needed = sum(self.alloc.slots_needed(s, num_tokens_total) for s in seq_ids)
+        needed = self.alloc.slots_needed(seq_ids, num_tokens_total)
         if needed and needed + reserve_slots > self.alloc.num_free_slots:
             return False
         for seq_id in seq_ids:

@@ -66,7 +66,7 @@ class V0Scheduler(Scheduler):
             req = self.swapped[0]
             seq_ids = self.active_seq_ids(req)
             # room for the swapped blocks, the watermark, and each sequence's next token
-            headroom = self.limits.watermark_slots + len(seq_ids) * getattr(alloc, "block_size", 1)
+            headroom = self.limits.watermark_slots + alloc.swap_in_growth_slots(seq_ids)
             if not alloc.can_swap_in(seq_ids, headroom):
                 break
             result = alloc.swap_in(seq_ids)

@@ -15,6 +15,7 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
 from __future__ import annotations
 
 from kvsim.latency import StepPlan
+from kvsim.request import Request
 from kvsim.scheduler.base import Scheduler
 
 
@@ -55,6 +56,10 @@ class V1Scheduler(Scheduler):
             num_new = min(req.num_tokens - hit.num_tokens, budget)
             self.admit(req, num_new, hit, plan, now)
             budget -= num_new
+
+    def use_swap(self, req: Request) -> bool:
+        """vLLM v1 preempts by recompute only."""
+        return False
 
     def burst_batch(self):  # -> list[Request] | None
         """Also requires the whole batch to fit the token budget (else it is served in turns)."""
