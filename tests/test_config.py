@@ -105,3 +105,9 @@ def test_engine_errors_name_field_and_value(field, value):
 def test_max_model_len_above_model_limit():
     with pytest.raises(KvsimError, match="max_model_len=4096"):
         EngineConfig(max_model_len=4096).resolved_max_model_len(load_model("opt-13b"))
+
+
+def test_swap_preemption_needs_v0():
+    assert make_engine(scheduler="v0", preemption_mode="swap").preemption_mode == "swap"
+    with pytest.raises(KvsimError, match="preemption_mode=swap needs scheduler v0"):
+        make_engine(scheduler="v1", preemption_mode="swap")
