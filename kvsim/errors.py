@@ -28,9 +28,11 @@ def from_validation_error(error: ValidationError, prefix: str = "") -> KvsimErro
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = ".".join(str(part) for part in first["loc"])
     field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "value")
-    message = first["msg"]
+    message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         return KvsimError(f"{field}: unknown key")
     if first["type"] == "missing":
         return KvsimError(f"{field}: required field is missing")
+    if isinstance(first.get("input"), dict):  # a check across fields: the message names them
+        return KvsimError(f"{field}: {message}")
     return KvsimError(f"{field}={first.get('input')!r}: {message}")
