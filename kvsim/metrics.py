@@ -36,6 +36,14 @@ VLLM_REQUEST_METRICS = {
 }
 
 
+def _next_region_slots(scheduler: Scheduler) -> int | None:
+    """The region the next waiting request needs (slabs' external fragmentation is relative to it)."""
+    alloc = scheduler.alloc
+    if isinstance(alloc, SlabAllocator) and scheduler.waiting:
+        return alloc.region_slots(scheduler.waiting[0].kv_len)
+    return None
+
+
 class StepRecorder:
     """Appends one row per step into column lists (cheap inside the step loop)."""
 
@@ -51,10 +59,7 @@ class StepRecorder:
 
     def record(self, now: float, duration_s: float, plan: StepPlan, scheduler: Scheduler) -> None:
         alloc = scheduler.alloc
-        next_slots = None
-        if isinstance(alloc, SlabAllocator) and scheduler.waiting:
-            next_slots = alloc.region_slots(scheduler.waiting[0].kv_len)
-        w = waste(alloc, next_slots)
+        w = waste(alloc, _next_region_slots(scheduler))
         total = alloc.num_total_slots
         row = (
             now, duration_s, len(scheduler.running), len(scheduler.waiting), len(scheduler.swapped),
@@ -76,10 +81,7 @@ class StepRecorder:
         k, n = len(durations), len(batch)
         held, filled, reserved = alloc.burst_occupancy([r.seq_ids[0] for r in batch], k)
         total = alloc.num_total_slots
-        next_slots = None
-        if isinstance(alloc, SlabAllocator) and scheduler.waiting:
-            next_slots = alloc.region_slots(scheduler.waiting[0].kv_len)
-        external = alloc.external_fragmentation_slots(next_slots)
+        external = alloc.external_fragmentation_slots(_next_region_slots(scheduler))
         starts, t = [], start_s
         for d in durations:
             starts.append(t)

@@ -128,21 +128,10 @@ class PagedAllocator:
         if seq is not None and num_tokens_total <= len(seq.block_table) * self.block_size and (
                 seq.num_tokens % self.block_size == 0 or self.pool.ref_counts[seq.block_table[-1]] == 1):
             return 0  # the common decode case: room left in an unshared last block
-        if seq is None:
-            table_len, written, last = len(hit.block_ids), hit.num_tokens, None
-            needed = sum(1 for b in hit.block_ids if self.pool.ref_counts[b] == 0)
-        else:
-            table_len, written, needed = len(seq.block_table), seq.num_tokens, 0
-            last = seq.block_table[-1] if seq.block_table else None
-        needed += max(0, ceil_div(num_tokens_total, self.block_size) - table_len)
-        if (
-            last is not None
-            and num_tokens_total > written
-            and written % self.block_size
-            and self.pool.ref_counts[last] > 1
-        ):
-            needed += 1
-        return needed
+        if seq is not None:
+            return self._growth_blocks([seq], [num_tokens_total], self.block_size, self.pool.ref_counts.__getitem__)
+        free_hits = sum(1 for b in hit.block_ids if self.pool.ref_counts[b] == 0)  # leave the free queue
+        return free_hits + max(0, ceil_div(num_tokens_total, self.block_size) - len(hit.block_ids))
 
     @staticmethod
     def _growth_blocks(seqs: Sequence[SeqBlocks], targets: Sequence[int], block_size: int,
