@@ -164,8 +164,32 @@ def load_model(name_or_path: str) -> ModelSpec:
     return model_from_hf_config(raw, name_or_path if preset.is_file() else path.stem)
 
 
+DEFAULT_PCIE_STEP_LATENCY_S = 1.0e-6
+"""NCCL's cost model (src/graph/tuning.cc, hwLat, Ring/LL over PCI): 1.0 us per ring step."""
+
+
+class GPULink(BaseModel):
+    """The GPU-to-GPU interconnect that tensor-parallel all-reduces cross.
+
+    `bandwidth_bytes_per_s` is the datasheet rate one GPU sends in one direction (NVLink 4:
+    450e9 of the quoted 900 GB/s bidirectional; PCIe 5.0 x16: 64e9); `latency_s` is the cost of
+    one step of a ring collective (NCCL's per-hop latency), independent of the message size.
+    """
+
+    model_config = _FROZEN
+
+    kind: Literal["nvlink", "pcie"]
+    bandwidth_bytes_per_s: float = Field(gt=0)
+    latency_s: float = Field(ge=0)
+    source: str = "user-defined"
+
+
 class GPUSpec(BaseModel):
-    """Datasheet figures of one GPU: memory, bandwidths and dense tensor-core rates."""
+    """Datasheet figures of one GPU: memory, bandwidths, dense tensor-core rates and its link.
+
+    A GPU file without `link` is taken to talk to its peers over PCIe at the host link's
+    bandwidth (`host_link_bandwidth_bytes_per_s`), with NCCL's PCIe step latency.
+    """
 
     model_config = _FROZEN
 
@@ -175,7 +199,16 @@ class GPUSpec(BaseModel):
     fp16_flops: float = Field(gt=0)
     fp8_flops: float | None = Field(default=None, gt=0)
     host_link_bandwidth_bytes_per_s: float = Field(gt=0)
+    link: GPULink | None = None
     source: str = "user-defined"
+
+    @property
+    def resolved_link(self) -> GPULink:
+        """`link`, or PCIe at the host link's bandwidth when the GPU file names none."""
+        if self.link is not None:
+            return self.link
+        return GPULink(kind="pcie", bandwidth_bytes_per_s=self.host_link_bandwidth_bytes_per_s,
+                       latency_s=DEFAULT_PCIE_STEP_LATENCY_S, source="default: PCIe at the host link's bandwidth")
 
 
 @cache

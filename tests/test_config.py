@@ -111,3 +111,38 @@ def test_swap_preemption_needs_v0():
     assert make_engine(scheduler="v0", preemption_mode="swap").preemption_mode == "swap"
     with pytest.raises(KvsimError, match="preemption_mode=swap needs scheduler v0"):
         make_engine(scheduler="v1", preemption_mode="swap")
+
+
+def test_rtx_pro_6000_preset_matches_its_datasheet():
+    gpu = load_gpu("rtx-pro-6000")
+    assert gpu.memory_bytes == 97887 * 2**20  # 96 GB GDDR7 as nvidia-smi reports it
+    assert gpu.hbm_bandwidth_bytes_per_s == 1597e9
+    assert gpu.fp16_flops == pytest.approx(503.8e12 * 120 / 125, rel=1e-3)  # whitepaper rate, Server clock
+    assert gpu.resolved_link.kind == "pcie" and gpu.resolved_link.bandwidth_bytes_per_s == 64e9
+
+
+def test_every_gpu_preset_names_its_link():
+    expected = {"a100-40gb": ("nvlink", 300e9), "a100-80gb": ("nvlink", 300e9), "h100-80gb": ("nvlink", 450e9),
+                "h200": ("nvlink", 450e9), "l4": ("pcie", 32e9), "l40s": ("pcie", 32e9),
+                "rtx-4090": ("pcie", 32e9), "rtx-pro-6000": ("pcie", 64e9)}
+    for name, (kind, bandwidth) in expected.items():
+        link = load_gpu(name).link
+        assert link is not None and (link.kind, link.bandwidth_bytes_per_s) == (kind, bandwidth), name
+        assert link.latency_s > 0 and link.source
+
+
+def test_gpu_file_without_link_uses_pcie_at_the_host_link(tmp_path):
+    path = tmp_path / "nolink.yaml"
+    path.write_text("memory_bytes: 24GiB\nhbm_bandwidth_bytes_per_s: 1e12\nfp16_flops: 1e14\n"
+                    "host_link_bandwidth_bytes_per_s: 3.2e10\n")
+    link = load_gpu(str(path)).resolved_link
+    assert (link.kind, link.bandwidth_bytes_per_s, link.latency_s) == ("pcie", 3.2e10, 1.0e-6)
+
+
+def test_gpu_file_bad_link_kind_names_the_field(tmp_path):
+    path = tmp_path / "badlink.yaml"
+    path.write_text("memory_bytes: 24GiB\nhbm_bandwidth_bytes_per_s: 1e12\nfp16_flops: 1e14\n"
+                    "host_link_bandwidth_bytes_per_s: 3.2e10\nlink: {kind: infiniband, bandwidth_bytes_per_s: 1e9, "
+                    "latency_s: 0}\n")
+    with pytest.raises(KvsimError, match="link.kind"):
+        load_gpu(str(path))
