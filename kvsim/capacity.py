@@ -47,7 +47,7 @@ def weights_bytes(model: ModelSpec, tensor_parallel_size: int = 1) -> int:
     return ceil_div(model.num_params * model.dtype_bytes, tensor_parallel_size)
 
 
-def activation_peak_bytes(model: ModelSpec, engine: EngineConfig, max_model_len: int) -> int:
+def activation_peak_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, max_model_len: int) -> int:
     """Peak activation memory of vLLM's profiling forward pass (an estimate).
 
     Assumption: vLLM profiles one forward of `max_num_batched_tokens` tokens (T); the peak is
@@ -58,19 +58,37 @@ def activation_peak_bytes(model: ModelSpec, engine: EngineConfig, max_model_len:
 
         T · (3 · I / tp + 4 · H) · dtype_bytes + min(T, max_num_seqs) · vocab · 4
     """
-    tokens = engine.resolved_max_num_batched_tokens(max_model_len)
+    tokens = engine.resolved_max_num_batched_tokens(max_model_len, gpu)
     tp = engine.tensor_parallel_size
     per_token = (3 * model.intermediate_size // tp + 4 * model.hidden_size) * model.dtype_bytes
-    logits = min(tokens, engine.max_num_seqs) * model.vocab_size * DTYPE_BYTES["float32"]
+    logits = min(tokens, engine.resolved_max_num_seqs(gpu)) * model.vocab_size * DTYPE_BYTES["float32"]
     return tokens * per_token + logits
 
 
+def check_parallel(model: ModelSpec, engine: EngineConfig) -> None:
+    """Tensor parallelism vLLM can shard: the heads split evenly over the GPUs.
+
+    vllm/config/model.py `verify_with_parallel_config`: attention heads divisible by TP;
+    vllm/model_executor/layers/linear.py `QKVParallelLinear`: KV heads divisible by TP, or TP
+    divisible by the KV heads (each KV head then replicated on TP / kv_heads GPUs).
+    """
+    tp, heads, kv_heads = engine.tensor_parallel_size, model.num_attention_heads, model.num_kv_heads
+    if heads % tp:
+        raise KvsimError(f"tensor_parallel_size={tp}: must divide {model.name}'s {heads} attention heads")
+    if (kv_heads % tp) if kv_heads >= tp else (tp % kv_heads):
+        raise KvsimError(f"tensor_parallel_size={tp}: {model.name}'s {kv_heads} KV heads cannot be split "
+                         "or replicated evenly over it")
+
+
 def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> int:
-    """Bytes left for the KV cache on one GPU; `kv_cache_memory_bytes` replaces the estimate.
+    """Bytes of the KV cache on one GPU: the estimate below, `kv_cache_memory_bytes`, or
+    `num_gpu_blocks_override · bytes_per_block` (so the pool always matches the blocks used).
 
     Raises `KvsimError` saying how many bytes are missing when the weights (per shard) do
-    not fit in `memory · gpu_memory_utilization`, or nothing is left for KV after them.
+    not fit in `memory · gpu_memory_utilization`, nothing is left for KV after them, or a
+    given pool does not fit in the GPU's memory beside the weights.
     """
+    check_parallel(model, engine)
     budget = int(gpu.memory_bytes * engine.gpu_memory_utilization)
     weights = weights_bytes(model, engine.tensor_parallel_size)
     if weights > budget:
@@ -79,10 +97,20 @@ def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> int:
             f"{engine.tensor_parallel_size}) but {gpu.name} at gpu_memory_utilization="
             f"{engine.gpu_memory_utilization} gives {budget:,} B; {weights - budget:,} B missing"
         )
-    if engine.kv_cache_memory_bytes is not None:
-        return engine.kv_cache_memory_bytes
+    given = None
+    if engine.num_gpu_blocks_override is not None:
+        given = ("num_gpu_blocks_override", engine.num_gpu_blocks_override,
+                 engine.num_gpu_blocks_override * kv_bytes_per_block(model, engine))
+    elif engine.kv_cache_memory_bytes is not None:
+        given = ("kv_cache_memory_bytes", engine.kv_cache_memory_bytes, engine.kv_cache_memory_bytes)
+    if given is not None:
+        name, value, pool_bytes = given
+        if pool_bytes + weights > gpu.memory_bytes:
+            raise KvsimError(f"{name}={value}: a KV pool of {pool_bytes / GIB:,.2f} GiB plus {weights / GIB:,.2f} "
+                             f"GiB of weights exceeds {gpu.name}'s {gpu.memory_bytes / GIB:,.2f} GiB")
+        return pool_bytes
     max_model_len = engine.resolved_max_model_len(model)
-    pool = budget - weights - activation_peak_bytes(model, engine, max_model_len)
+    pool = budget - weights - activation_peak_bytes(model, gpu, engine, max_model_len)
     pool -= engine.non_torch_memory_bytes
     if pool <= 0:
         raise KvsimError(
@@ -93,13 +121,22 @@ def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> int:
 
 
 def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> int:
-    """`floor(kv_pool_bytes / bytes_per_block)`, or `num_gpu_blocks_override` when given."""
+    """`floor(kv_pool_bytes / bytes_per_block)` (`num_gpu_blocks_override` when given).
+
+    Like vLLM's `check_enough_kv_cache_memory` (vllm/v1/core/kv_cache_utils.py), a pool that
+    cannot hold one request of `max_model_len` tokens is an error: vLLM refuses to start.
+    """
     pool = kv_pool_bytes(model, gpu, engine)  # also checks that the weights fit
-    if engine.num_gpu_blocks_override is not None:
-        return engine.num_gpu_blocks_override
-    blocks = pool // kv_bytes_per_block(model, engine)
+    per_block = kv_bytes_per_block(model, engine)
+    blocks = pool // per_block
     if blocks == 0:
-        raise KvsimError(f"kv pool of {pool:,} B holds no block of {kv_bytes_per_block(model, engine):,} B")
+        raise KvsimError(f"kv pool of {pool:,} B holds no block of {per_block:,} B")
+    max_model_len = engine.resolved_max_model_len(model)
+    needed = ceil_div(max_model_len, engine.block_size)
+    if blocks < needed:
+        raise KvsimError(f"max_model_len={max_model_len}: one request needs {needed * per_block / GIB:.2f} GiB of "
+                         f"KV cache, the pool holds {pool / GIB:.2f} GiB ({blocks:,} blocks); decrease "
+                         "max_model_len or give the KV cache more memory")
     return blocks
 
 
@@ -206,6 +243,9 @@ def plan_capacity(
         )
     bs = engine.block_size
     max_model_len = engine.resolved_max_model_len(model)
+    if shared_prefix_tokens and not any(shared_prefix_tokens <= c <= max_model_len for c in context_lengths):
+        raise KvsimError(f"shared_prefix_tokens={shared_prefix_tokens}: no context length in {context_lengths} "
+                         f"holds it within max_model_len {max_model_len}, so no row could show the sharing")
     blocks = num_gpu_blocks(model, gpu, engine)
     fp8 = engine.model_copy(update={"kv_cache_dtype": "fp8"})
     blocks_fp8 = num_gpu_blocks(model, gpu, fp8)
@@ -240,7 +280,7 @@ def plan_capacity(
         bytes_per_token=kv_bytes_per_token(model, engine),
         bytes_per_block=kv_bytes_per_block(model, engine),
         weights_bytes=weights_bytes(model, engine.tensor_parallel_size),
-        activation_peak_bytes=activation_peak_bytes(model, engine, max_model_len),
+        activation_peak_bytes=activation_peak_bytes(model, gpu, engine, max_model_len),
         kv_pool_bytes=kv_pool_bytes(model, gpu, engine),
         num_gpu_blocks=blocks,
         num_token_slots=slots,

@@ -246,12 +246,15 @@ def _read_mapping(path: Path, what: str) -> dict[str, Any]:
     return raw
 
 
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm/config/cache.py `BlockSize`
+
+
 class EngineConfig(BaseModel):
     """vLLM's engine arguments (same names and defaults) plus kvsim's choice of allocator/scheduler.
 
     `max_model_len=None` means the model's `max_position_embeddings`, as in vLLM.
-    `max_num_batched_tokens=None` means 2048 with chunked prefill (scheduler v1) and
-    `max(max_model_len, 2048)` otherwise, as in vLLM.
+    `max_num_seqs=None` and `max_num_batched_tokens=None` take vLLM's usage-context defaults
+    for the GPU (`resolved_max_num_seqs`, `resolved_max_num_batched_tokens`).
     `non_torch_memory_bytes` is kvsim's estimate of what vLLM's profiler measures outside
     PyTorch's allocator (CUDA context, NCCL, CUDA graphs); 1 GiB is typical for one GPU.
     `watermark` is v0's fraction of blocks kept free at admission (v1 uses none).
@@ -266,8 +269,9 @@ class EngineConfig(BaseModel):
     kv_cache_memory_bytes: Bytes | None = None
     num_gpu_blocks_override: int | None = Field(default=None, gt=0)
     tensor_parallel_size: int = Field(default=1, gt=0)
-    max_num_seqs: int = Field(default=256, gt=0)
+    max_num_seqs: int | None = Field(default=None, gt=0, description="sequences, not requests (n=4 counts 4)")
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    usage_context: Literal["openai_api_server", "llm_class"] = "openai_api_server"
     enable_prefix_caching: bool = True
     swap_space: float = Field(default=4.0, ge=0, description="GiB of CPU swap per GPU")
     preemption_mode: Literal["recompute", "swap"] | None = None
@@ -275,6 +279,12 @@ class EngineConfig(BaseModel):
     allocator: Literal["paged", "slab-max", "slab-pow2", "slab-oracle"] = "paged"
     scheduler: Literal["v1", "v0", "static"] = "v1"
     watermark: float | None = Field(default=None, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _block_size_vllm_accepts(self) -> EngineConfig:
+        if self.block_size not in VLLM_BLOCK_SIZES:  # vllm/config/cache.py: BlockSize = Literal[...]
+            raise ValueError(f"block_size={self.block_size}: vLLM accepts {', '.join(map(str, VLLM_BLOCK_SIZES))}")
+        return self
 
     @model_validator(mode="after")
     def _swap_needs_v0(self) -> EngineConfig:
@@ -294,10 +304,20 @@ class EngineConfig(BaseModel):
             )
         return self.max_model_len
 
-    def resolved_max_num_batched_tokens(self, max_model_len: int) -> int:
+    def resolved_max_num_seqs(self, gpu: GPUSpec) -> int:
+        """`max_num_seqs`, or vLLM's default for the usage context and GPU (see `_batch_defaults`)."""
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        return _batch_defaults(gpu, self.usage_context)[1]
+
+    def resolved_max_num_batched_tokens(self, max_model_len: int, gpu: GPUSpec) -> int:
+        """`max_num_batched_tokens`, or vLLM's default: the usage-context default for the GPU with
+        chunked prefill (scheduler v1), `max(max_model_len, 2048)` without it (v0, static)."""
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
-        return 2048 if self.scheduler == "v1" else max(max_model_len, 2048)
+        if self.scheduler == "v1":
+            return _batch_defaults(gpu, self.usage_context)[0]
+        return max(max_model_len, 2048)
 
     @property
     def resolved_watermark(self) -> float:
@@ -309,6 +329,23 @@ class EngineConfig(BaseModel):
     def kv_dtype_bytes_override(self) -> int | None:
         """Bytes per KV element when the dtype is explicit; None for `auto` (the model's dtype)."""
         return None if self.kv_cache_dtype == "auto" else DTYPE_BYTES[self.kv_cache_dtype]
+
+
+LARGE_GPU_BYTES = 70 * 2**30
+
+
+def _batch_defaults(gpu: GPUSpec, usage_context: str) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) that vLLM picks when neither is given.
+
+    Follows `EngineArgs.get_batch_defaults` in vllm/engine/arg_utils.py: GPUs with at least
+    70 GiB whose name does not contain "a100" (H100, H200, MI300x) get 8192 tokens for the
+    API server (`vllm serve`) and 16384 for the offline `LLM` class, and 1024 sequences;
+    every other GPU gets 2048 / 8192 tokens and 256 sequences (A100 is excluded because the
+    larger budget lowered its throughput, vLLM PR #17885).
+    """
+    if gpu.memory_bytes >= LARGE_GPU_BYTES and "a100" not in gpu.name.lower():
+        return (8192 if usage_context == "openai_api_server" else 16384), 1024
+    return (2048 if usage_context == "openai_api_server" else 8192), 256
 
 
 def make_engine(**fields: Any) -> EngineConfig:

@@ -73,14 +73,15 @@ def make_latency(scenario: Scenario, model: ModelSpec, gpu: GPUSpec) -> LatencyM
     return CalibratedLatency.from_csv(scenario.resolve_path(cfg.profile), model, scenario.engine, roofline)
 
 
-def make_limits(engine: EngineConfig, max_model_len: int, allocator: PagedAllocator | SlabAllocator) -> SchedulerLimits:
+def make_limits(engine: EngineConfig, gpu: GPUSpec, max_model_len: int,
+                allocator: PagedAllocator | SlabAllocator) -> SchedulerLimits:
     watermark_slots = 0
     if engine.resolved_watermark:
         bs = engine.block_size
         watermark_slots = int(engine.resolved_watermark * allocator.num_total_slots / bs) * bs
     return SchedulerLimits(
-        max_num_seqs=engine.max_num_seqs,
-        max_num_batched_tokens=engine.resolved_max_num_batched_tokens(max_model_len),
+        max_num_seqs=engine.resolved_max_num_seqs(gpu),
+        max_num_batched_tokens=engine.resolved_max_num_batched_tokens(max_model_len, gpu),
         max_model_len=max_model_len,
         watermark_slots=watermark_slots,
         preemption_mode=engine.preemption_mode,
@@ -206,7 +207,7 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
     allocator = make_allocator(model, gpu, engine)
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
     requests = build_requests(scenario, max_model_len, rng)
-    scheduler = make_scheduler(engine.scheduler, allocator, make_limits(engine, max_model_len, allocator), rng)
+    scheduler = make_scheduler(engine.scheduler, allocator, make_limits(engine, gpu, max_model_len, allocator), rng)
     latency = make_latency(scenario, model, gpu)
     recorder = run_engine(scheduler, latency, requests, check=check, progress=progress, bursts=bursts)
     assert len(scheduler.finished) + len(scheduler.rejected) == len(requests), "a request went missing"

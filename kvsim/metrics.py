@@ -8,9 +8,12 @@ memory held while the step runs): `time_s`, `duration_s`, `vllm:num_requests_run
 of the pool (`token_state`, `reserved`, `internal_frag`, `external_frag`, `free`).
 
 Per request: arrival, first scheduled, first token, finish (seconds), `ttft_s`
-(`vllm:time_to_first_token_seconds`), `tpot_s` (`vllm:inter_token_latency_seconds`, mean
-over the request's decode), `e2e_s` (`vllm:e2e_request_latency_seconds`), `queue_s`, token
-counts, prefix-hit tokens, preemptions, status and reject reason.
+(`vllm:time_to_first_token_seconds`), `tpot_s` (`vllm:request_time_per_output_token_seconds`:
+one value per request, its decode time over its output tokens after the first), `e2e_s`
+(`vllm:e2e_request_latency_seconds`), `queue_s`, token counts, prefix-hit tokens,
+preemptions, status and reject reason. vLLM's `vllm:inter_token_latency_seconds` is per
+token (one observation per generated token, vllm/v1/metrics/loggers.py); its mean over
+every token is the summary's `inter_token_latency_s`.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
 WASTE_KEYS = ("token_state", "reserved", "internal_frag", "external_frag", "free")
 VLLM_REQUEST_METRICS = {
     "ttft_s": "vllm:time_to_first_token_seconds",
-    "tpot_s": "vllm:inter_token_latency_seconds",
+    "tpot_s": "vllm:request_time_per_output_token_seconds",
     "e2e_s": "vllm:e2e_request_latency_seconds",
 }
 
@@ -160,6 +163,9 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, scheduler: Sche
     with np.errstate(invalid="ignore", divide="ignore"):
         of_allocated = {k: _time_weighted(np.nan_to_num(v / allocated), holding) for k, v in used.items()}
     output_tokens = int((finished["output_tokens"] * finished["num_samples"]).sum())
+    decoded = finished[finished["output_tokens"] > 1]
+    num_gaps = float((decoded["output_tokens"] - 1).sum())
+    itl_mean = float((decoded["finish_s"] - decoded["first_token_s"]).sum() / num_gaps) if num_gaps else None
     rejected = requests_df[requests_df["status"] == RequestStatus.REJECTED.value]
     return {
         **extra,
@@ -173,6 +179,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, scheduler: Sche
         "requests_per_s": len(finished) / duration if duration else 0.0,
         **{key: _percentiles(requests_df[key].to_numpy(dtype=float)) for key in ("ttft_s", "tpot_s", "e2e_s",
                                                                                  "queue_s")},
+        "inter_token_latency_s": {"mean": itl_mean},
         "max_running": int(running.max()) if running.size else 0,
         "mean_running": _time_weighted(running, dt) or 0.0,
         "num_preemptions": scheduler.num_preemptions,
@@ -182,7 +189,9 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, scheduler: Sche
                                   if scheduler.num_prefix_query_tokens else 0.0),
         "vllm:prefix_cache_queries_total": scheduler.num_prefix_query_tokens,
         "vllm:prefix_cache_hits_total": scheduler.num_prefix_hit_tokens,
-        "swapped_out_blocks": scheduler.num_swapped_out_blocks,
+        "prefix_cache_preempted_queries": scheduler.num_preempted_query_tokens,
+        "prefix_cache_preempted_hits": scheduler.num_preempted_hit_tokens,
+        "swapped_out_bytes": scheduler.num_swapped_out_bytes,
         "num_copy_on_writes": scheduler.alloc.num_copy_on_writes,
         "waste": fractions,
         "waste_of_allocated": of_allocated,

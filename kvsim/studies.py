@@ -92,7 +92,7 @@ class Study:
         """What capped a saturated run's concurrency: the request count, max_num_seqs, or KV memory."""
         if summary["max_running"] >= summary["num_requests"] - summary["num_rejected"]:
             return "requests"
-        if summary["max_running"] >= self.base.engine.max_num_seqs:
+        if summary["max_running"] >= self.base.engine.resolved_max_num_seqs(self.gpu):
             return "max_num_seqs"
         return "kv"
 

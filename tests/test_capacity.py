@@ -1,6 +1,7 @@
 import pytest
 
 from kvsim.capacity import (
+    check_parallel,
     kv_bytes_per_block,
     kv_bytes_per_token,
     num_gpu_blocks,
@@ -78,8 +79,28 @@ def test_plan_rows_above_max_model_len_are_zero():
 def test_model_too_big_says_missing_bytes():
     with pytest.raises(KvsimError, match="B missing"):
         num_gpu_blocks(load_model("llama-3.1-70b"), H100, EngineConfig())
-    # Two shards fit.
-    assert num_gpu_blocks(load_model("llama-3.1-70b"), H100, EngineConfig(tensor_parallel_size=2)) > 0
+    # Two shards fit (at 8k context; the full 128k would need 20 GiB of KV per GPU, more than is left).
+    assert num_gpu_blocks(load_model("llama-3.1-70b"), H100,
+                          EngineConfig(tensor_parallel_size=2, max_model_len=8192)) > 0
+    with pytest.raises(KvsimError, match="max_model_len=131072"):
+        num_gpu_blocks(load_model("llama-3.1-70b"), H100, EngineConfig(tensor_parallel_size=2))
+
+
+def test_max_model_len_the_pool_cannot_hold_is_refused_as_vllm_does():
+    """vLLM's check_enough_kv_cache_memory: 100 blocks × 16 = 1,600 slots < one 4,096-token request."""
+    m = load_model("llama-3.1-8b")
+    with pytest.raises(KvsimError, match="max_model_len=4096"):
+        num_gpu_blocks(m, H100, EngineConfig(max_model_len=4096, num_gpu_blocks_override=100))
+    assert num_gpu_blocks(m, H100, EngineConfig(max_model_len=4096, num_gpu_blocks_override=256)) == 256
+
+
+def test_tensor_parallel_must_split_the_heads():
+    m = load_model("llama-3.1-8b")  # 32 attention heads, 8 KV heads
+    for tp in (3, 64):
+        with pytest.raises(KvsimError, match=f"tensor_parallel_size={tp}"):
+            num_gpu_blocks(m, H100, EngineConfig(tensor_parallel_size=tp, max_model_len=4096))
+    for tp in (2, 4, 8, 16, 32):  # 16 and 32 replicate each KV head on 2 and 4 GPUs
+        check_parallel(m, EngineConfig(tensor_parallel_size=tp))
 
 
 def test_fp8_column_doubles_blocks_when_memory_bound():

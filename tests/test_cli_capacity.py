@@ -25,6 +25,13 @@ def test_seed_exercise():
         assert key in data
 
 
+def test_pool_matches_the_block_count_used():
+    """10,000 blocks of 16 tokens × 128 KiB = 20,971,520,000 B (19.53 GiB), not the 55 GiB estimate."""
+    data = run_json("--num-gpu-blocks-override", "10000", "--context-lengths", "4096")
+    assert data["num_gpu_blocks"] == 10_000
+    assert data["kv_pool_bytes"] == 10_000 * 16 * 131_072
+
+
 def test_paper_table1():
     data = run_json("--model", "opt-13b", "--kv-cache-memory-bytes", "12GiB")
     assert data["bytes_per_token"] == 819_200
@@ -58,7 +65,15 @@ def test_other_formats(fmt):
     [(["--model", "gpt-9"], "gpt-9"), (["--gpu", "tpu"], "tpu"), (["--kv-cache-dtype", "int2"], "int2"),
      (["--block-size", "0"], "block_size"), (["--kv-cache-memory-bytes", "-5GiB"], "kv_cache_memory_bytes"),
      (["--gpu-memory-utilization", "1.2"], "gpu_memory_utilization"),
-     (["--model", "llama-3.1-70b"], "missing"), (["--context-lengths", "4k"], "--context-lengths")],
+     (["--model", "llama-3.1-70b"], "missing"), (["--context-lengths", "4k"], "--context-lengths"),
+     # what vLLM refuses at startup (cited in kvsim/config.py and kvsim/capacity.py)
+     (["--tensor-parallel-size", "3"], "tensor_parallel_size=3"),
+     (["--tensor-parallel-size", "64"], "tensor_parallel_size=64"),
+     (["--block-size", "24"], "block_size=24"), (["--block-size", "1024"], "block_size=1024"),
+     (["--kv-cache-memory-bytes", "10TiB"], "kv_cache_memory_bytes=10995116277760"),
+     (["--num-gpu-blocks-override", "100000000"], "num_gpu_blocks_override=100000000"),
+     (["--num-gpu-blocks-override", "100", "--max-model-len", "4096"], "max_model_len=4096"),
+     (["--shared-prefix-tokens", "50000", "--context-lengths", "4096"], "shared_prefix_tokens=50000")],
 )
 def test_bad_input_is_one_line_and_nonzero(args, needle):
     result = runner.invoke(app, ["capacity", *args])

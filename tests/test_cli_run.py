@@ -17,7 +17,7 @@ def test_default_run_writes_results(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     for key in ("num_requests", "num_finished", "num_rejected", "duration_s", "output_tokens_per_s",
                 "requests_per_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "max_running", "mean_running",
-                "num_preemptions", "kv_cache_usage_perc", "prefix_cache_hit_rate", "swapped_out_blocks", "waste"):
+                "num_preemptions", "kv_cache_usage_perc", "prefix_cache_hit_rate", "swapped_out_bytes", "waste"):
         assert key in summary
     assert set(summary["ttft_s"]) == {"mean", "p50", "p90", "p99"}
     assert set(summary["waste"]) == {"token_state", "reserved", "internal_frag", "external_frag", "free"}

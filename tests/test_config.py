@@ -86,9 +86,26 @@ def test_engine_defaults_follow_vllm():
     engine = EngineConfig()
     assert engine.block_size == 16 and engine.gpu_memory_utilization == 0.9
     assert engine.kv_cache_dtype == "auto" and engine.swap_space == 4.0
-    assert engine.resolved_max_num_batched_tokens(8192) == 2048
-    assert engine.model_copy(update={"scheduler": "v0"}).resolved_max_num_batched_tokens(8192) == 8192
+    l4 = load_gpu("l4")
+    assert engine.resolved_max_num_batched_tokens(8192, l4) == 2048
+    assert engine.model_copy(update={"scheduler": "v0"}).resolved_max_num_batched_tokens(8192, l4) == 8192
     assert engine.resolved_watermark == 0.0
+
+
+def test_batch_defaults_follow_vllm_usage_context():
+    """vllm/engine/arg_utils.py `get_batch_defaults`: >= 70 GiB and not an A100 -> 8192 tokens (API
+    server) / 16384 (LLM class) and 1024 sequences; otherwise 2048 / 8192 and 256."""
+    engine = EngineConfig()
+    llm = engine.model_copy(update={"usage_context": "llm_class"})
+    l4, a100, h100, h200 = (load_gpu(g) for g in ("l4", "a100-80gb", "h100-80gb", "h200"))
+    for gpu in (h100, h200):  # 79.6 GiB and 140.4 GiB
+        assert (engine.resolved_max_num_batched_tokens(4096, gpu), engine.resolved_max_num_seqs(gpu)) == (8192, 1024)
+        assert llm.resolved_max_num_batched_tokens(4096, gpu) == 16384
+    for gpu in (l4, a100):  # 22.5 GiB; 80 GiB but an A100
+        assert (engine.resolved_max_num_batched_tokens(4096, gpu), engine.resolved_max_num_seqs(gpu)) == (2048, 256)
+        assert llm.resolved_max_num_batched_tokens(4096, gpu) == 8192
+    pinned = engine.model_copy(update={"max_num_seqs": 64, "max_num_batched_tokens": 512})
+    assert (pinned.resolved_max_num_batched_tokens(4096, h200), pinned.resolved_max_num_seqs(h200)) == (512, 64)
 
 
 @pytest.mark.parametrize(

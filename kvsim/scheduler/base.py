@@ -51,9 +51,14 @@ class Scheduler:
         self.finished: list[Request] = []
         self.rejected: list[Request] = []
         self.num_preemptions = 0
-        self.num_swapped_out_blocks = 0
+        self.num_swapped_out_bytes = 0
+        # vLLM's prefix-cache counters (tokens): first admissions only; re-admissions after a
+        # recompute preemption are counted apart, as PrefixCacheStats.record does
+        # (vllm/v1/metrics/stats.py, called from vllm/v1/core/kv_cache_manager.py).
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
+        self.num_preempted_query_tokens = 0
+        self.num_preempted_hit_tokens = 0
         self._forked: set[int] = set()  # request ids whose samples have been forked
 
     # ---------------------------------------------------------------- queues
@@ -78,9 +83,23 @@ class Scheduler:
         if req.num_samples > limits.max_num_seqs:
             return f"num_samples {req.num_samples} > max_num_seqs {limits.max_num_seqs}"
         needed = self._slots_for_whole_request(req)
-        if needed > self.alloc.num_total_slots - limits.watermark_slots:
+        # v0 refuses what cannot fit beside the watermark (AllocStatus.NEVER in vllm/core/block_manager.py);
+        # v1 has no watermark in vLLM, so kvsim's optional one only delays admission, never refuses.
+        watermark = limits.watermark_slots if self.watermark_refuses else 0
+        if needed > self.alloc.num_total_slots - watermark:
             return f"needs {needed} KV slots, the pool has {self.alloc.num_total_slots}"
         return None
+
+    watermark_refuses = False  # v0: a request that only fits inside the watermark is rejected
+
+    def num_running_seqs(self) -> int:
+        """Sequences running, as `max_num_seqs` counts them: every sample of a request.
+
+        vLLM v0 counts `seq_group.get_max_num_running_seqs()` (n for parallel sampling, from the
+        prefill on: vllm/core/scheduler.py); v1 fans a request with n > 1 out into n requests
+        (vllm/v1/engine/parallel_sampling.py), each counted by `max_num_seqs`.
+        """
+        return sum(r.num_samples for r in self.running)
 
     def _slots_for_whole_request(self, req: Request) -> int:
         """KV slots a request holds at its largest, all samples together (prompt shared if paged)."""
@@ -124,16 +143,24 @@ class Scheduler:
         if req.first_scheduled_s is None:
             req.first_scheduled_s = now
             req.num_prefix_hit_tokens = hit.num_tokens
-        self.num_prefix_query_tokens += req.num_tokens
-        self.num_prefix_hit_tokens += hit.num_tokens
+        if req.num_preemptions:  # a re-admission re-hits its own blocks: not a prefix-cache hit
+            self.num_preempted_query_tokens += req.num_tokens
+            self.num_preempted_hit_tokens += hit.num_tokens
+        else:
+            self.num_prefix_query_tokens += req.num_tokens
+            self.num_prefix_hit_tokens += hit.num_tokens
         req.num_computed_tokens = hit.num_tokens
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         self.plan_tokens(plan, req, num_new)
 
     def can_admit(self, req: Request, hit: PrefixHit) -> bool:
-        """The whole prompt (all samples' regions, for slabs) fits, leaving the watermark free."""
-        alloc, reserve = self.alloc, self.limits.watermark_slots
+        """The whole prompt (all samples' regions, for slabs) fits, leaving the watermark free.
+
+        With nothing running the watermark is not applied: it keeps room for running requests
+        to grow, and a request that `add` accepted must be able to run alone.
+        """
+        alloc, reserve = self.alloc, self.limits.watermark_slots if self.running else 0
         if isinstance(alloc, SlabAllocator):
             return alloc.can_place([req.kv_len] * req.num_samples, reserve)
         return alloc.can_allocate(req.seq_ids[0], req.num_tokens, req.kv_len, hit, reserve)
@@ -178,7 +205,7 @@ class Scheduler:
                 req.status = RequestStatus.SWAPPED
                 self.swapped.append(req)
                 plan.swap_out_bytes += result.num_bytes
-                self.num_swapped_out_blocks += result.num_blocks
+                self.num_swapped_out_bytes += result.num_bytes
                 return
         self.free_request(req)
         req.num_computed_tokens = 0

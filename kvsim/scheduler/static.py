@@ -30,7 +30,8 @@ class StaticScheduler(Scheduler):
     def _admit_batch(self, plan: StepPlan, now: float) -> None:
         alloc = self.alloc
         available = alloc.num_free_slots
-        while self.waiting and len(self.running) < self.limits.max_num_seqs:
+        num_seqs = 0
+        while self.waiting and num_seqs + self.waiting[0].num_samples <= self.limits.max_num_seqs:
             req = self.waiting[0]
             hit = self.lookup(req)
             if isinstance(alloc, SlabAllocator):
@@ -42,6 +43,7 @@ class StaticScheduler(Scheduler):
                     break
                 available -= need
             self.admit(req, req.num_tokens - hit.num_tokens, hit, plan, now)
+            num_seqs += req.num_samples
 
     def waiting_blocked(self) -> bool:
         """A running batch admits nobody until it is empty."""

@@ -21,6 +21,7 @@ from kvsim.scheduler.base import Scheduler
 
 class V0Scheduler(Scheduler):
     name = "v0"
+    watermark_refuses = True
 
     def use_swap(self, req: Request) -> bool:
         mode = self.limits.preemption_mode
@@ -41,7 +42,8 @@ class V0Scheduler(Scheduler):
 
     def _admit_prefills(self, plan: StepPlan, now: float) -> None:
         budget = self.limits.max_num_batched_tokens
-        while self.waiting and len(self.running) < self.limits.max_num_seqs:
+        num_seqs = self.num_running_seqs()
+        while self.waiting and num_seqs + self.waiting[0].num_samples <= self.limits.max_num_seqs:
             req = self.waiting[0]
             hit = self.lookup(req)
             num_new = req.num_tokens - hit.num_tokens
@@ -49,6 +51,7 @@ class V0Scheduler(Scheduler):
                 break
             self.admit(req, num_new, hit, plan, now)
             budget -= num_new
+            num_seqs += req.num_samples
 
     def _decode_running(self, plan: StepPlan) -> None:
         running = self.running
@@ -62,7 +65,7 @@ class V0Scheduler(Scheduler):
 
     def _swap_in(self, plan: StepPlan) -> None:
         alloc = self.alloc
-        while self.swapped and len(self.running) < self.limits.max_num_seqs:
+        while self.swapped and self.num_running_seqs() + self.swapped[0].num_samples <= self.limits.max_num_seqs:
             req = self.swapped[0]
             seq_ids = self.active_seq_ids(req)
             # room for the swapped blocks, the watermark, and each sequence's next token
@@ -81,6 +84,6 @@ class V0Scheduler(Scheduler):
     def waiting_blocked(self) -> bool:
         req = self.waiting[0]
         hit = self.lookup(req)
-        return (len(self.running) >= self.limits.max_num_seqs
+        return (self.num_running_seqs() + req.num_samples > self.limits.max_num_seqs
                 or req.num_tokens - hit.num_tokens > self.limits.max_num_batched_tokens
                 or not self.can_admit(req, hit))

@@ -48,7 +48,8 @@ class V1Scheduler(Scheduler):
 
     def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
         max_num_seqs = self.limits.max_num_seqs
-        while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
+        num_seqs = self.num_running_seqs()
+        while self.waiting and budget > 0 and num_seqs + self.waiting[0].num_samples <= max_num_seqs:
             req = self.waiting[0]
             hit = self.lookup(req)
             if not self.can_admit(req, hit):
@@ -56,6 +57,7 @@ class V1Scheduler(Scheduler):
             num_new = min(req.num_tokens - hit.num_tokens, budget)
             self.admit(req, num_new, hit, plan, now)
             budget -= num_new
+            num_seqs += req.num_samples
 
     def use_swap(self, req: Request) -> bool:
         """vLLM v1 preempts by recompute only."""
@@ -69,6 +71,6 @@ class V1Scheduler(Scheduler):
 
     def waiting_blocked(self) -> bool:
         req = self.waiting[0]
-        return (len(self.running) >= self.limits.max_num_seqs
+        return (self.num_running_seqs() + req.num_samples > self.limits.max_num_seqs
                 or len(self.running) >= self.limits.max_num_batched_tokens
                 or not self.can_admit(req, self.lookup(req)))

@@ -1,0 +1,68 @@
+"""Metric and scheduling semantics that must match vLLM's, each on a world small enough to check by hand."""
+
+from pathlib import Path
+
+from kvsim.engine import simulate
+from kvsim.metrics import VLLM_REQUEST_METRICS
+from kvsim.request import RequestStatus
+from kvsim.scenario import load_scenario
+from tests.conftest import make_request, run, tiny_world
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+
+
+def test_preempted_readmissions_are_not_prefix_cache_hits():
+    """Two requests of 40 + 60 tokens (cdiv(99, 16) = 7 blocks each) in 10 usable blocks: the later one is
+    preempted; its re-admission finds its own cached blocks. No two requests share a prefix, so vLLM's
+    `prefix_cache_hits` stays 0 and the re-hit is counted under `preempted_hits` (vllm/v1/metrics/stats.py)."""
+    s = tiny_world(num_blocks=11, max_num_batched_tokens=128)
+    reqs = [make_request(i, 0.0, prompt=40, output=60) for i in range(2)]
+    run(s, reqs)
+    assert s.num_preemptions >= 1
+    assert s.num_prefix_hit_tokens == 0
+    assert s.num_prefix_query_tokens == 80  # each request's first admission: its 40 prompt tokens
+    assert s.num_preempted_hit_tokens > 0  # the victim re-hit its own full blocks
+
+
+def test_no_shared_prefix_workload_reports_zero_hits_under_preemption():
+    scenario = load_scenario(SCENARIOS / "preemption-recompute.yaml",
+                             ["workload.num_requests=60", "engine.enable_prefix_caching=true"])
+    summary = simulate(scenario).summary
+    assert summary["num_preemptions"] > 0
+    assert summary["vllm:prefix_cache_hits_total"] == 0 and summary["prefix_cache_hit_rate"] == 0.0
+    assert summary["prefix_cache_preempted_queries"] > 0
+
+
+def test_max_num_seqs_counts_sequences_not_requests():
+    """n = 4 samples under max_num_seqs = 4: one request at a time (4 sequences), never 4 requests."""
+    s = tiny_world(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
+    reqs = [make_request(i, 0.0, prompt=16, output=4, n=4) for i in range(3)]
+    rec = run(s, reqs)
+    assert max(rec.columns["vllm:num_requests_running"]) == 1
+    # requests run back to back: each waits for the previous one to finish
+    assert reqs[1].first_scheduled_s >= reqs[0].finish_s and reqs[2].first_scheduled_s >= reqs[1].finish_s
+
+
+def test_v1_watermark_never_refuses_a_request_that_fits_alone():
+    """A request needing all 10 usable blocks (160 slots): v1 runs it alone despite a 2-block watermark;
+    v0 refuses it as vLLM v0's block manager does (total − required < watermark → NEVER)."""
+    for policy, expected in (("v1", RequestStatus.FINISHED), ("v0", RequestStatus.REJECTED)):
+        s = tiny_world(policy=policy, num_blocks=11, max_model_len=256, max_num_batched_tokens=256,
+                       watermark_slots=32)
+        req = make_request(0, 0.0, prompt=100, output=61)  # kv_len 160 = 10 blocks
+        run(s, [req])
+        assert req.status is expected, policy
+
+
+def test_per_request_tpot_has_vllms_per_request_name():
+    assert VLLM_REQUEST_METRICS["tpot_s"] == "vllm:request_time_per_output_token_seconds"
+
+
+def test_inter_token_latency_is_per_token():
+    """vLLM observes ITL once per generated token, so its mean weights requests by their output lengths."""
+    scenario = load_scenario(None, ["workload.num_requests=20"])
+    result = simulate(scenario)
+    done = result.requests[result.requests.status == "finished"]
+    gaps = (done.output_tokens - 1).sum()
+    expected = (done.finish_s - done.first_token_s).sum() / gaps
+    assert abs(result.summary["inter_token_latency_s"]["mean"] - expected) < 1e-12
