@@ -258,6 +258,8 @@ class EngineConfig(BaseModel):
     `non_torch_memory_bytes` is kvsim's estimate of what vLLM's profiler measures outside
     PyTorch's allocator (CUDA context, NCCL, CUDA graphs); 1 GiB is typical for one GPU.
     `watermark` is v0's fraction of blocks kept free at admission (v1 uses none).
+    `slab_placement` places slab regions with a buddy allocator (the paper's Orca: regions
+    rounded up to a power of two) or first-fit (exact sizes).
     """
 
     model_config = _FROZEN
@@ -277,6 +279,7 @@ class EngineConfig(BaseModel):
     preemption_mode: Literal["recompute", "swap"] | None = None
     non_torch_memory_bytes: Annotated[int, BeforeValidator(parse_size), Field(ge=0)] = 2**30
     allocator: Literal["paged", "slab-max", "slab-pow2", "slab-oracle"] = "paged"
+    slab_placement: Literal["buddy", "first-fit"] = "buddy"
     scheduler: Literal["v1", "v0", "static"] = "v1"
     watermark: float | None = Field(default=None, ge=0, lt=1)
 

@@ -44,10 +44,11 @@ PROGRESS_EVERY_STEPS = 2000
 def make_allocator(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> PagedAllocator | SlabAllocator:
     """The KV allocator of `engine.allocator`, sized by the capacity math (same bytes for all kinds).
 
-    Paged pools keep vLLM's null block, so both kinds get `num_gpu_blocks − 1` blocks of slots.
+    Paged pools keep vLLM's null block (`num_gpu_blocks − 1` usable blocks); slab pools, the
+    paper's Orca, have none: all `num_gpu_blocks · block_size` slots (OPT-13B in 12 GiB: 15,728).
     """
     num_blocks = num_gpu_blocks(model, gpu, engine)
-    if num_blocks < 2:
+    if num_blocks < 2 and engine.allocator == "paged":
         raise KvsimError(f"num_gpu_blocks={num_blocks}: need at least 2 (one is vLLM's null block)")
     bytes_per_block = kv_bytes_per_block(model, engine)
     swap_bytes = int(engine.swap_space * 2**30)
@@ -55,9 +56,10 @@ def make_allocator(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> Page
         return PagedAllocator(num_blocks, engine.block_size, enable_caching=engine.enable_prefix_caching,
                               num_cpu_blocks=swap_bytes // bytes_per_block, bytes_per_block=bytes_per_block)
     bytes_per_token = kv_bytes_per_token(model, engine)
-    return SlabAllocator((num_blocks - 1) * engine.block_size, engine.resolved_max_model_len(model),
+    return SlabAllocator(num_blocks * engine.block_size, engine.resolved_max_model_len(model),
                          policy=engine.allocator.removeprefix("slab-"),  # type: ignore[arg-type]
-                         num_cpu_slots=swap_bytes // bytes_per_token, bytes_per_token=bytes_per_token)
+                         num_cpu_slots=swap_bytes // bytes_per_token, bytes_per_token=bytes_per_token,
+                         placement=engine.slab_placement)
 
 
 def make_latency(scenario: Scenario, model: ModelSpec, gpu: GPUSpec) -> LatencyModel:

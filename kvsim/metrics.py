@@ -5,7 +5,7 @@ memory held while the step runs): `time_s`, `duration_s`, `vllm:num_requests_run
 `vllm:num_requests_waiting`, `vllm:num_requests_swapped`, `num_batched_tokens`,
 `num_prefill_tokens`, `num_decode_seqs`, `vllm:kv_cache_usage_perc`,
 `vllm:num_preemptions_total` (cumulative), swap bytes, and the waste breakdown as fractions
-of the pool (`token_state`, `reserved`, `internal_frag`, `external_frag`, `free`).
+of the pool (`token_state`, `reserved`, `internal_frag`, `slack`, `external_frag`, `free`).
 
 Per request: arrival, first scheduled, first token, finish (seconds), `ttft_s`
 (`vllm:time_to_first_token_seconds`), `tpot_s` (`vllm:request_time_per_output_token_seconds`:
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from kvsim.latency import StepPlan
     from kvsim.scheduler import Scheduler
 
-WASTE_KEYS = ("token_state", "reserved", "internal_frag", "external_frag", "free")
+WASTE_KEYS = ("token_state", "reserved", "internal_frag", "slack", "external_frag", "free")
 VLLM_REQUEST_METRICS = {
     "ttft_s": "vllm:time_to_first_token_seconds",
     "tpot_s": "vllm:request_time_per_output_token_seconds",
@@ -43,7 +43,8 @@ def _next_region_slots(scheduler: Scheduler) -> int | None:
     """The region the next waiting request needs (slabs' external fragmentation is relative to it)."""
     alloc = scheduler.alloc
     if isinstance(alloc, SlabAllocator) and scheduler.waiting:
-        return alloc.region_slots(scheduler.waiting[0].kv_len)
+        head = scheduler.waiting[0]
+        return alloc.region_slots(head.kv_len, head.prompt_len)
     return None
 
 
@@ -68,8 +69,8 @@ class StepRecorder:
             now, duration_s, len(scheduler.running), len(scheduler.waiting), len(scheduler.swapped),
             plan.num_tokens, plan.num_prefill_tokens, plan.num_decode_seqs, alloc.usage,
             scheduler.num_preemptions, plan.swap_in_bytes, plan.swap_out_bytes, alloc.num_held_slots,
-            w.token_state / total, w.reserved / total, w.internal_frag / total, w.external_frag / total,
-            w.free / total,
+            w.token_state / total, w.reserved / total, w.internal_frag / total, w.slack / total,
+            w.external_frag / total, w.free / total,
         )
         for column, value in zip(self.columns.values(), row, strict=True):
             column.append(value)
@@ -85,6 +86,7 @@ class StepRecorder:
         held, filled, reserved = alloc.burst_occupancy([r.seq_ids[0] for r in batch], k)
         total = alloc.num_total_slots
         external = alloc.external_fragmentation_slots(_next_region_slots(scheduler))
+        slack = alloc.num_slack_slots  # constant: nothing is placed or freed inside a burst
         starts, t = [], start_s
         for d in durations:
             starts.append(t)
@@ -95,13 +97,14 @@ class StepRecorder:
         for name, value in (("vllm:num_requests_running", n), ("vllm:num_requests_waiting", len(scheduler.waiting)),
                             ("vllm:num_requests_swapped", 0), ("num_batched_tokens", n), ("num_prefill_tokens", 0),
                             ("num_decode_seqs", n), ("vllm:num_preemptions_total", scheduler.num_preemptions),
-                            ("swap_in_bytes", 0), ("swap_out_bytes", 0), ("external_frag", external / total)):
+                            ("swap_in_bytes", 0), ("swap_out_bytes", 0), ("external_frag", external / total),
+                            ("slack", slack / total)):
             c[name] += [value] * k
         c["vllm:kv_cache_usage_perc"] += [1.0 - (total - h) / total for h in held]
         c["held_slots"] += held
         c["token_state"] += [f / total for f in filled]
         c["reserved"] += [r / total for r in reserved]
-        c["internal_frag"] += [(h - f - r) / total for h, f, r in zip(held, filled, reserved, strict=True)]
+        c["internal_frag"] += [(h - f - r - slack) / total for h, f, r in zip(held, filled, reserved, strict=True)]
         c["free"] += [(total - h - external) / total for h in held]
 
     def frame(self) -> pd.DataFrame:
@@ -144,6 +147,27 @@ def _percentiles(values: np.ndarray) -> dict[str, float | None]:
 def _time_weighted(values: np.ndarray, weights: np.ndarray) -> float | None:
     total = weights.sum()
     return float((values * weights).sum() / total) if total > 0 else None
+
+
+def saturated_summary(steps_df: pd.DataFrame) -> dict[str, Any]:
+    """The saturated steady state: the steps during which requests were queued (waiting > 0).
+
+    Ramp-up (before a queue forms) and drain (after it empties) are excluded, so these are
+    the numbers a plan for sustained load is built on: `mean_running` (the *sustained*
+    concurrency), preemptions per second, and the six KV states as time-averaged shares of
+    the whole pool (the view of the PagedAttention paper's Fig. 2). All None if nothing queued.
+    """
+    queued = steps_df["vllm:num_requests_waiting"].to_numpy() > 0
+    dt = steps_df["duration_s"].to_numpy() * queued
+    duration = float(dt.sum())
+    if duration <= 0:
+        return {"duration_s": 0.0, "mean_running": None, "preemptions_per_s": None,
+                "waste": dict.fromkeys(WASTE_KEYS)}
+    preempt = np.diff(steps_df["vllm:num_preemptions_total"].to_numpy(), prepend=0)
+    running = steps_df["vllm:num_requests_running"].to_numpy(dtype=float)
+    return {"duration_s": duration, "mean_running": _time_weighted(running, dt),
+            "preemptions_per_s": float(preempt[queued].sum()) / duration,
+            "waste": {k: _time_weighted(steps_df[k].to_numpy(), dt) for k in WASTE_KEYS}}
 
 
 def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, scheduler: Scheduler,
@@ -195,4 +219,5 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, scheduler: Sche
         "num_copy_on_writes": scheduler.alloc.num_copy_on_writes,
         "waste": fractions,
         "waste_of_allocated": of_allocated,
+        "saturated": saturated_summary(steps_df),
     }

@@ -27,7 +27,7 @@ from kvsim.results import atomic_directory  # noqa: E402
 from kvsim.scenario import Scenario  # noqa: E402
 
 WASTE_COLORS = {"token_state": "#2b8a3e", "reserved": "#f08c00", "internal_frag": "#c92a2a",
-                "external_frag": "#862e9c"}
+                "external_frag_and_others": "#862e9c"}
 
 
 def _fig_context(sec: studies.Section, ax_pair) -> None:
@@ -85,7 +85,7 @@ def _fig_paging(sec: studies.Section, ax_pair) -> None:
     for key, color in WASTE_COLORS.items():
         ax_pair[0].bar(df.allocator, df[key] * 100, bottom=bottom * 100, color=color, label=key)
         bottom += df[key]
-    ax_pair[0].set_ylabel("% of allocated KV memory")
+    ax_pair[0].set_ylabel("% of the KV pool, time-averaged while saturated")
     ax_pair[0].legend(fontsize=7)
     rates = sec.tables["sustained_rate"]
     ax_pair[1].bar(rates.allocator, rates.max_rate_meeting_slo, color="#1971c2")
@@ -167,9 +167,12 @@ def _text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> 
                 f"\"maximum concurrency\" {f['vllm_max_concurrency']:.2f}x for max_model_len {st.max_model_len:,}: a "
                 "worst case that assumes every request reaches max_model_len; the table shows what was reached.")
     if sec.key == "paging":
-        return ("Share of allocated KV memory holding token states versus reserved, internally and externally "
-                "fragmented slots, as in the PagedAttention paper's Fig. 2 (Orca Max 20.4 %, Pow2 26.8 %, Oracle "
-                f"38.2 %, vLLM 96.3 %), and the highest request rate whose p90 TTFT stays within {cfg.ttft_slo_s} s.")
+        return ("Shares of the whole KV pool, time-averaged over the saturated period of each run (while requests "
+                "queue), holding token states versus reserved slots, internal fragmentation, and external "
+                "fragmentation & others (buddy rounding slack, gaps, the pool's unallocatable remainder): the view "
+                "of the PagedAttention paper's Fig. 2 (token states: Orca Max 20.4 %, Pow2 26.8 %, Oracle 38.2 %, "
+                "vLLM 96.3 %; slab regions placed by a buddy allocator as the paper's Orca does), and the highest "
+                f"request rate whose p90 TTFT stays within {cfg.ttft_slo_s} s.")
     if sec.key == "load":
         return (f"TTFT and TPOT percentiles of the paged engine as the request rate rises to saturation, and the time "
                 f"series of the run at {f['time_series_rate']} req/s with preemptions marked.")

@@ -21,6 +21,7 @@ import pandas as pd
 from kvsim.capacity import kv_bytes_per_block, num_gpu_blocks, paged_max_seqs, slab_max_seqs, vllm_max_concurrency
 from kvsim.config import ceil_div, load_gpu, load_model
 from kvsim.engine import make_latency
+from kvsim.memory import fig2_shares
 from kvsim.scenario import Scenario, apply_overrides, make_scenario
 from kvsim.sweep import SweepResult, run_many
 from kvsim.workload import build_requests
@@ -193,9 +194,9 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
                            f"workload.num_requests={3 * cfg.num_requests}") for a, r in jobs], keep_steps=True)
     waste_rows = []
     for a, result in zip(ALLOCATORS, sat, strict=True):
-        of_alloc = result.summary["waste_of_allocated"]
-        waste_rows.append({"allocator": a, **{k: round(v or 0.0, 4) for k, v in of_alloc.items()},
-                           "mean_running": round(result.summary["mean_running"], 2),
+        shares = fig2_shares(result.summary["saturated"]["waste"])  # whole pool, while requests queue
+        waste_rows.append({"allocator": a, **{k: round(v, 4) for k, v in shares.items()},
+                           "sustained_running": round(result.summary["saturated"]["mean_running"] or 0.0, 2),
                            "max_running": result.summary["max_running"]})
     load_rows = []
     for (a, rate), r in zip(jobs, load, strict=True):

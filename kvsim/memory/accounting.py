@@ -7,12 +7,18 @@ Each slot of the pool is exactly one of:
                    (slots below its final length, prompt + output)
     internal_frag  held but beyond what the sequence will ever use
                    (paged: the unused tail of a last block past the final length;
-                    slabs: the region past prompt + output, e.g. max_model_len − need)
+                    slabs: the region the policy asked for past prompt + output,
+                    e.g. max_model_len − need)
+    slack          held only because the placement rounded the region up
+                   (the buddy allocator's power of two; 0 for paged and first-fit)
     external_frag  free but unusable for the next waiting request
-                   (slabs: free runs shorter than its region; paged: 0 by construction)
+                   (slabs: free blocks shorter than its region; paged: 0 by construction)
     free           everything else
 
-    token_state + reserved + internal_frag + external_frag + free = num_total_slots
+    token_state + reserved + internal_frag + slack + external_frag + free = num_total_slots
+
+The paper's Fig. 2 folds slack, external fragmentation and free space into one bar,
+"external fragmentation & others" (`fig2_shares`).
 
 Cached-but-unreferenced paged blocks count as free, as in vLLM's `kv_cache_usage_perc`.
 A partial last block shared by a fork is counted once: its future slots are reserved by the
@@ -36,6 +42,8 @@ class KVAllocator(Protocol):
     def num_filled_slots(self) -> int: ...
     @property
     def num_reserved_slots(self) -> int: ...
+    @property
+    def num_slack_slots(self) -> int: ...
     def external_fragmentation_slots(self, next_request_slots: int | None) -> int: ...
 
 
@@ -46,12 +54,13 @@ class Waste:
     token_state: int
     reserved: int
     internal_frag: int
+    slack: int
     external_frag: int
     free: int
 
     @property
     def total(self) -> int:
-        return self.token_state + self.reserved + self.internal_frag + self.external_frag + self.free
+        return self.token_state + self.reserved + self.internal_frag + self.slack + self.external_frag + self.free
 
     def fractions(self) -> dict[str, float]:
         total = self.total
@@ -64,10 +73,12 @@ def waste(allocator: KVAllocator, next_request_slots: int | None = None) -> Wast
     filled = allocator.num_filled_slots
     reserved = allocator.num_reserved_slots
     external = allocator.external_fragmentation_slots(next_request_slots)
+    slack = allocator.num_slack_slots
     return Waste(
         token_state=filled,
         reserved=reserved,
-        internal_frag=held - filled - reserved,
+        internal_frag=held - filled - reserved - slack,
+        slack=slack,
         external_frag=external,
         free=allocator.num_total_slots - held - external,
     )
@@ -84,3 +95,14 @@ def sharing_saved_slots(allocator: KVAllocator) -> int:
         return 0
     table_entries = sum(len(s.block_table) for s in seqs.values())
     return table_entries * block_size - allocator.num_held_slots
+
+
+FIG2_KEYS = ("token_state", "reserved", "internal_frag", "external_frag_and_others")
+
+
+def fig2_shares(fractions: dict[str, float | None]) -> dict[str, float]:
+    """The paper's Fig. 2 bars from the six shares of the whole pool: slack, external
+    fragmentation and free space together are its "external fragmentation & others"."""
+    f = {k: v or 0.0 for k, v in fractions.items()}
+    return {"token_state": f["token_state"], "reserved": f["reserved"], "internal_frag": f["internal_frag"],
+            "external_frag_and_others": f["slack"] + f["external_frag"] + f["free"]}

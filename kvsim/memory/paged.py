@@ -57,6 +57,8 @@ NO_HIT = PrefixHit(0, ())
 class PagedAllocator:
     """Block tables over a GPU pool (and a CPU pool for swap); the policy half of vLLM's KV manager."""
 
+    num_slack_slots = 0  # blocks are never rounded beyond what a sequence asks for
+
     def __init__(
         self,
         num_blocks: int,

@@ -1,18 +1,25 @@
 """Contiguous slab allocation: the pre-PagedAttention baseline (the paper's Orca variants).
 
-Each sequence reserves one contiguous region of token slots when it is admitted:
+Each sequence reserves one contiguous region of token slots when it is admitted; the
+policy says how many slots it asks for (Kwon et al., SOSP 2023, §6.1):
 
     policy `max`    → max_model_len slots
-    policy `pow2`   → prompt + output rounded up to a power of two (at most max_model_len)
+    policy `pow2`   → the prompt + the output length rounded up to a power of two
+                      (the paper: "reserving 32 slots for 25 output tokens"), at most max_model_len
     policy `oracle` → exactly prompt + output
+
+The placement decides where it goes and how many slots it really holds:
+
+    `buddy` (the paper's Orca, default)  the request rounded up to a power of two; the extra
+                                          slots are *slack*
+    `first-fit`                           exactly the request, first free run that fits
 
     address space  0                                                    num_total_slots
                    |[A: 2048.......]|  free  |[B: 512..]|[C: 1024.....]|    free     |
-                     ^ written ^ reserved ^ internal fragmentation
+                     ^ written ^ reserved ^ internal fragmentation ^ slack
 
-Regions live in one token address space managed by **first-fit** over a sorted list of
-free runs, coalesced on free, so external fragmentation appears by itself: free space
-split into runs too short for the next request's region.
+External fragmentation appears by itself: free space split into blocks too short for the
+next request's region. Slab pools have no null block (only vLLM's paged pool reserves one).
 
 Contract: `allocate` is all-or-nothing; writing past a region is a `KvsimError` (the
 request outgrew the slab its policy gave it); regions never overlap.
@@ -20,7 +27,6 @@ request outgrew the slab its policy gave it); regions never overlap.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -28,63 +34,33 @@ from typing import Literal
 from kvsim.errors import KvsimError
 from kvsim.memory.content import Content
 from kvsim.memory.paged import NO_HIT, PrefixHit, SwapResult
+from kvsim.memory.regions import BuddySpace, FreeRuns
 
 SlabPolicy = Literal["max", "pow2", "oracle"]
+SlabPlacement = Literal["buddy", "first-fit"]
 
 
 @dataclass(slots=True)
 class Slab:
     start: int
-    size: int
+    size: int  # slots held (the placement's rounding included)
     num_tokens: int
     final_num_tokens: int
+    policy_size: int  # slots the policy asked for; size − policy_size is slack
 
 
-class FreeRuns:
-    """First-fit free list of [start, start + length) runs, sorted and coalesced."""
+def region_slots(policy: SlabPolicy, final_num_tokens: int, max_model_len: int, prompt_len: int | None = None) -> int:
+    """Slots a sequence of `final_num_tokens` KV slots (prompt + output) asks for under `policy`.
 
-    __slots__ = ("starts", "lengths")
-
-    def __init__(self, total: int) -> None:
-        self.starts = [0]
-        self.lengths = {0: total}
-
-    def find(self, size: int) -> int | None:
-        """Start of the first run that holds `size` slots, or None."""
-        for start in self.starts:
-            if self.lengths[start] >= size:
-                return start
-        return None
-
-    def take(self, start: int, size: int) -> None:
-        length = self.lengths.pop(start)
-        self.starts.pop(bisect_left(self.starts, start))
-        if length > size:
-            self.lengths[start + size] = length - size
-            insort(self.starts, start + size)
-
-    def give(self, start: int, size: int) -> None:
-        index = bisect_left(self.starts, start)
-        if index < len(self.starts) and self.starts[index] == start + size:  # merge with next
-            size += self.lengths.pop(self.starts.pop(index))
-        if index > 0:
-            prev = self.starts[index - 1]
-            if prev + self.lengths[prev] == start:  # merge with previous
-                self.lengths[prev] += size
-                return
-        self.lengths[start] = size
-        insort(self.starts, start)
-
-    def total(self) -> int:
-        return sum(self.lengths.values())
-
-
-def region_slots(policy: SlabPolicy, final_num_tokens: int, max_model_len: int) -> int:
-    """Slots a request of `final_num_tokens` (prompt + output) reserves under `policy`."""
+    `pow2` rounds the output (`final_num_tokens − prompt_len`, at least 1) up to a power of
+    two; without `prompt_len` the whole length is rounded.
+    """
     if policy == "max":
         return max_model_len
     if policy == "pow2":
-        return max(final_num_tokens, min(1 << (final_num_tokens - 1).bit_length(), max_model_len))
+        prompt = prompt_len if prompt_len is not None and prompt_len < final_num_tokens else 0
+        output = final_num_tokens - prompt
+        return max(final_num_tokens, min(prompt + (1 << (output - 1).bit_length()), max_model_len))
     return final_num_tokens
 
 
@@ -94,11 +70,12 @@ class SlabAllocator:
     shares_blocks = False
 
     def __init__(self, num_slots: int, max_model_len: int, policy: SlabPolicy,
-                 num_cpu_slots: int = 0, bytes_per_token: int = 0) -> None:
+                 num_cpu_slots: int = 0, bytes_per_token: int = 0, placement: SlabPlacement = "first-fit") -> None:
         self.num_total_slots = num_slots
         self.max_model_len = max_model_len
         self.policy = policy
-        self.free_runs = FreeRuns(num_slots)
+        self.placement = placement
+        self.free_runs: FreeRuns | BuddySpace = BuddySpace(num_slots) if placement == "buddy" else FreeRuns(num_slots)
         self.seqs: dict[int, Slab] = {}
         self.swapped: dict[int, Slab] = {}
         self.num_cpu_slots = num_cpu_slots
@@ -107,6 +84,7 @@ class SlabAllocator:
         self.num_held_slots = 0
         self.num_filled_slots = 0
         self._sum_reservable = 0  # Σ min(size, final_num_tokens)
+        self.num_slack_slots = 0  # Σ size − policy_size: the buddy allocator's rounding
         self.num_copy_on_writes = 0  # slabs never share, so never copy
 
     @property
@@ -128,8 +106,13 @@ class SlabAllocator:
             return 0
         return sum(n for n in self.free_runs.lengths.values() if n < next_request_slots)
 
-    def region_slots(self, final_num_tokens: int) -> int:
-        return region_slots(self.policy, final_num_tokens, self.max_model_len)
+    def region_slots(self, final_num_tokens: int, prompt_len: int | None = None) -> int:
+        """Slots a region really holds: the policy's request, rounded by the placement."""
+        return self.free_runs.rounded(region_slots(self.policy, final_num_tokens, self.max_model_len, prompt_len))
+
+    def fits_ever(self, final_num_tokens: int, prompt_len: int | None = None) -> bool:
+        """Whether the region could be placed in the empty pool (buddy: within its largest tile)."""
+        return self.region_slots(final_num_tokens, prompt_len) <= self.free_runs.largest_region(self.num_total_slots)
 
     def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:
         """Slabs share nothing: no prefix hits."""
@@ -159,21 +142,31 @@ class SlabAllocator:
         self._write(seq_id, slab, num_tokens_total)
         return True
 
-    def reserve(self, seq_id: int, final_num_tokens: int) -> bool:
-        """Reserve a region with nothing written yet (a parallel-sampling child's own slab)."""
-        return self.allocate(seq_id, 0, final_num_tokens)
+    def reserve(self, seq_id: int, final_num_tokens: int, prompt_len: int | None = None) -> bool:
+        """Reserve a region with nothing written yet (at admission, where the policy may need the prompt)."""
+        if seq_id in self.seqs:
+            return True
+        policy_size = region_slots(self.policy, final_num_tokens, self.max_model_len, prompt_len)
+        size = self.free_runs.rounded(policy_size)
+        if self.free_runs.find(size) is None:
+            return False
+        return self._place(seq_id, 0, final_num_tokens, policy_size) is not None
 
-    def _place(self, seq_id: int, num_tokens: int, final_num_tokens: int) -> Slab | None:
-        size = self.region_slots(final_num_tokens)
+    def _place(self, seq_id: int, num_tokens: int, final_num_tokens: int,
+               policy_size: int | None = None) -> Slab | None:
+        if policy_size is None:
+            policy_size = region_slots(self.policy, final_num_tokens, self.max_model_len)
+        size = self.free_runs.rounded(policy_size)
         start = self.free_runs.find(size)
         if start is None:
             return None
         self.free_runs.take(start, size)
-        slab = Slab(start, size, num_tokens, final_num_tokens)
+        slab = Slab(start, size, num_tokens, final_num_tokens, policy_size)
         self.seqs[seq_id] = slab
         self.num_held_slots += size
         self.num_filled_slots += num_tokens
         self._sum_reservable += min(size, final_num_tokens)
+        self.num_slack_slots += size - policy_size
         return slab
 
     def _write(self, seq_id: int, slab: Slab, num_tokens_total: int) -> None:
@@ -216,6 +209,7 @@ class SlabAllocator:
         self.num_held_slots -= slab.size
         self.num_filled_slots -= slab.num_tokens
         self._sum_reservable -= min(slab.size, slab.final_num_tokens)
+        self.num_slack_slots -= slab.size - slab.policy_size
 
     def swap_out(self, seq_ids: Sequence[int]) -> SwapResult | None:
         """Copy the written tokens to CPU and release the regions; None if CPU space lacks."""
@@ -229,13 +223,12 @@ class SlabAllocator:
         self.num_cpu_slots_used += tokens
         return SwapResult(tokens, tokens * self.bytes_per_token)
 
-    def can_place(self, final_num_tokens: Sequence[int], reserve_slots: int = 0) -> bool:
-        """Whether regions for all these lengths fit at once (first-fit on a copy of the free runs)."""
-        trial = FreeRuns(0)
-        trial.starts, trial.lengths = list(self.free_runs.starts), dict(self.free_runs.lengths)
+    def can_place(self, final_num_tokens: Sequence[int], reserve_slots: int = 0, prompt_len: int | None = None) -> bool:
+        """Whether regions for all these lengths fit at once (placed on a copy of the free space)."""
+        trial = self.free_runs.copy()
         needed = 0
         for final in final_num_tokens:
-            size = self.region_slots(final)
+            size = self.region_slots(final, prompt_len)
             start = trial.find(size)
             if start is None:
                 return False
@@ -248,7 +241,17 @@ class SlabAllocator:
         return 0
 
     def can_swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> bool:
-        return self.can_place([self.swapped[s].final_num_tokens for s in seq_ids], reserve_slots)
+        """Whether the swapped regions (same sizes as before) fit again."""
+        trial = self.free_runs.copy()
+        needed = 0
+        for seq_id in seq_ids:
+            size = self.swapped[seq_id].size
+            start = trial.find(size)
+            if start is None:
+                return False
+            trial.take(start, size)
+            needed += size
+        return needed + reserve_slots <= self.num_free_slots
 
     def swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> SwapResult | None:
         if not self.can_swap_in(seq_ids, reserve_slots):
@@ -256,7 +259,7 @@ class SlabAllocator:
         tokens = 0
         for seq_id in seq_ids:
             old = self.swapped.pop(seq_id)
-            self._place(seq_id, old.num_tokens, old.final_num_tokens)
+            self._place(seq_id, old.num_tokens, old.final_num_tokens, old.policy_size)
             tokens += old.num_tokens
         self.num_cpu_slots_used -= tokens
         return SwapResult(tokens, tokens * self.bytes_per_token)
@@ -273,9 +276,9 @@ class SlabAllocator:
         assert position == self.num_total_slots, "address space not covered"
         for seq_id, slab in self.seqs.items():
             assert slab.num_tokens <= slab.size, f"request {seq_id} overflows its slab"
-        assert self.free_runs.starts == sorted(self.free_runs.lengths)
-        for a, b in zip(self.free_runs.starts, self.free_runs.starts[1:], strict=False):
-            assert a + self.free_runs.lengths[a] < b, f"free runs at {a} and {b} not coalesced"
+            assert slab.size == self.free_runs.rounded(slab.policy_size)
+        self.free_runs.check()
+        assert self.num_slack_slots == sum(s.size - s.policy_size for s in self.seqs.values())
         assert self.num_held_slots == sum(s.size for s in self.seqs.values())
         assert self.num_filled_slots == sum(s.num_tokens for s in self.seqs.values())
         assert self._sum_reservable == sum(min(s.size, s.final_num_tokens) for s in self.seqs.values())

@@ -82,6 +82,10 @@ class Scheduler:
             return f"prompt_len {req.prompt_len} + output_len {req.output_len} > max_model_len {limits.max_model_len}"
         if req.num_samples > limits.max_num_seqs:
             return f"num_samples {req.num_samples} > max_num_seqs {limits.max_num_seqs}"
+        alloc = self.alloc
+        if isinstance(alloc, SlabAllocator) and not alloc.fits_ever(req.kv_len, req.prompt_len):
+            return (f"its {alloc.region_slots(req.kv_len, req.prompt_len)}-slot region exceeds the largest "
+                    f"{alloc.placement} region of the pool")
         needed = self._slots_for_whole_request(req)
         # v0 refuses what cannot fit beside the watermark (AllocStatus.NEVER in vllm/core/block_manager.py);
         # v1 has no watermark in vLLM, so kvsim's optional one only delays admission, never refuses.
@@ -105,7 +109,7 @@ class Scheduler:
         """KV slots a request holds at its largest, all samples together (prompt shared if paged)."""
         alloc = self.alloc
         if isinstance(alloc, SlabAllocator):
-            return req.num_samples * alloc.region_slots(req.kv_len)
+            return req.num_samples * alloc.region_slots(req.kv_len, req.prompt_len)
         bs = alloc.block_size
         per_seq = ceil_div(req.kv_len, bs)
         shared = req.prompt_len // bs if req.num_samples > 1 else 0
@@ -134,11 +138,11 @@ class Scheduler:
         The caller has checked `can_allocate`; slab allocators also reserve each sample's region.
         """
         assert self.waiting[0] is req
+        if isinstance(self.alloc, SlabAllocator):  # each sample's region, sized from prompt and output
+            for seq_id in req.seq_ids + req.child_seq_ids():
+                assert self.alloc.reserve(seq_id, req.kv_len, req.prompt_len)
         ok = self.alloc.allocate(req.seq_ids[0], hit.num_tokens + num_new, req.kv_len, req.content, hit)
         assert ok, "admit after a successful can_allocate"
-        if not self.alloc.shares_blocks:
-            for child in req.child_seq_ids():
-                assert self.alloc.reserve(child, req.kv_len)
         self.waiting.popleft()
         if req.first_scheduled_s is None:
             req.first_scheduled_s = now
@@ -162,7 +166,7 @@ class Scheduler:
         """
         alloc, reserve = self.alloc, self.limits.watermark_slots if self.running else 0
         if isinstance(alloc, SlabAllocator):
-            return alloc.can_place([req.kv_len] * req.num_samples, reserve)
+            return alloc.can_place([req.kv_len] * req.num_samples, reserve, req.prompt_len)
         return alloc.can_allocate(req.seq_ids[0], req.num_tokens, req.kv_len, hit, reserve)
 
     def lookup(self, req: Request) -> PrefixHit:
