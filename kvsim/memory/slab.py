@@ -224,17 +224,18 @@ class SlabAllocator:
         return SwapResult(tokens, tokens * self.bytes_per_token)
 
     def can_place(self, final_num_tokens: Sequence[int], reserve_slots: int = 0, prompt_len: int | None = None) -> bool:
-        """Whether regions for all these lengths fit at once (placed on a copy of the free space)."""
+        """Whether regions for all these lengths fit at once."""
+        return self._fit_all([self.region_slots(final, prompt_len) for final in final_num_tokens], reserve_slots)
+
+    def _fit_all(self, sizes: Sequence[int], reserve_slots: int) -> bool:
+        """Whether regions of these (placement-rounded) sizes fit at once, placed on a copy of the free space."""
         trial = self.free_runs.copy()
-        needed = 0
-        for final in final_num_tokens:
-            size = self.region_slots(final, prompt_len)
+        for size in sizes:
             start = trial.find(size)
             if start is None:
                 return False
             trial.take(start, size)
-            needed += size
-        return needed + reserve_slots <= self.num_free_slots
+        return sum(sizes) + reserve_slots <= self.num_free_slots
 
     def swap_in_growth_slots(self, seq_ids: Sequence[int]) -> int:
         """Regions already hold every future token: nothing beyond the regions themselves."""
@@ -242,16 +243,7 @@ class SlabAllocator:
 
     def can_swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> bool:
         """Whether the swapped regions (same sizes as before) fit again."""
-        trial = self.free_runs.copy()
-        needed = 0
-        for seq_id in seq_ids:
-            size = self.swapped[seq_id].size
-            start = trial.find(size)
-            if start is None:
-                return False
-            trial.take(start, size)
-            needed += size
-        return needed + reserve_slots <= self.num_free_slots
+        return self._fit_all([self.swapped[s].size for s in seq_ids], reserve_slots)
 
     def swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> SwapResult | None:
         if not self.can_swap_in(seq_ids, reserve_slots):
