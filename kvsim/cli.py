@@ -292,6 +292,60 @@ def report(
     typer.echo(f"report written to {out}/report.html (and report.md, figures, CSVs, alerts.yaml)")
 
 
+class LatencyChoice(StrEnum):
+    roofline = "roofline"
+    calibrated = "calibrated"
+
+
+class ValidateFormat(StrEnum):
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+
+
+@app.command()
+def validate(
+    measured: Annotated[str, typer.Argument(help="A measured-run folder (../shared/validation/measured/<hw>/<case>) "
+                                                 "or a `vllm bench serve --save-result --save-detailed` JSON")],
+    latency: Annotated[LatencyChoice, typer.Option("--latency")] = LatencyChoice.roofline,
+    profile: Annotated[str | None, typer.Option("--profile", help="Measured profile for --latency calibrated "
+                                                                  "[the run's bundle under profiles/, if any]")] = None,
+    workload: Annotated[str | None, typer.Option("--workload", help="The run's workload [from meta.json]")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Preset or config.json [from the run]")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="Preset or GPU file [from the run]")] = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a scenario field")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Directory [validation/NAME-LATENCY]")] = None,
+    output_format: Annotated[ValidateFormat, typer.Option("--format")] = ValidateFormat.table,
+) -> None:
+    """Replay a real vLLM run in kvsim and tabulate the errors (TTFT, TPOT, E2E, throughput, queues)."""
+    from kvsim import validate as v
+    from kvsim.measured import load_measured
+
+    with user_errors():
+        run = load_measured(measured, workload)
+        if profile is None and latency is LatencyChoice.calibrated and Path(measured).is_dir():
+            found = v.default_profile(Path(measured), run)
+            profile = str(found) if found else None
+        result = v.validate(run, latency=latency.value, profile=profile, model=model, gpu=gpu,
+                            overrides=overrides or [])
+        out_dir = v.write_validation(result, output or f"validation/{run.name}-{latency.value}")
+    if output_format is ValidateFormat.json:
+        from kvsim.render import to_json
+
+        sys.stdout.write(to_json(v.to_json(result)))
+    elif output_format is ValidateFormat.markdown:
+        sys.stdout.write(v.markdown(result))
+    else:
+        from rich.console import Console
+
+        from kvsim.render import rows_to_rich
+
+        console = Console()
+        console.print(rows_to_rich(v.table_rows(result), title=v.headline(result)))
+        for note in result.notes:
+            console.print(f"note: {note}")
+    typer.echo(f"validation written to {out_dir}/ (validation.md, validation.json, figures, sim/)", err=True)
+
 def _headline(plan) -> str:  # plan: kvsim.capacity.CapacityPlan
     gib = 2**30
     return (

@@ -137,6 +137,32 @@ def _save_figure(draw: Callable, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def save_overlay_figure(panels: list[dict], path: Path, title: str) -> None:
+    """Panels of overlaid series, in a row: each panel is `{"title", "xlabel", "ylabel", "series":
+    [(label, x, y), ...]}` plus `"step": True` for gauges (drawn as steps) and `"cdf": True` to
+    plot the empirical CDF of each series' `y` (its `x` ignored). Used by `kvsim validate`."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        for label, x, y in panel["series"]:
+            if panel.get("cdf"):
+                values = sorted(v for v in y if v == v)
+                ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=label)
+            elif panel.get("step"):
+                ax.step(x, y, where="post", label=label)
+            else:
+                ax.plot(x, y, label=label)
+        if not ax.has_data():
+            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(panel["title"], fontsize=9)
+        ax.set_xlabel(panel["xlabel"])
+        ax.set_ylabel(panel["ylabel"])
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
 def _text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
     f = sec.facts
     if sec.key == "context":

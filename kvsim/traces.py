@@ -56,7 +56,8 @@ def _positive(value: Any, path: Path, line: int, field: str) -> int:
     return number
 
 
-def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line; a bad line raises `KvsimError` naming it."""
     with path.open() as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
@@ -94,7 +95,7 @@ def read_azure(path: Path) -> list[TraceRecord]:
 def read_mooncake(path: Path) -> list[TraceRecord]:
     """JSONL with `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one per 512 tokens)."""
     records = []
-    for line_no, row in _jsonl(path):
+    for line_no, row in iter_jsonl(path):
         prompt = _positive(row.get("input_length"), path, line_no, "input_length")
         output = _positive(row.get("output_length"), path, line_no, "output_length")
         hash_ids = row.get("hash_ids")
@@ -114,21 +115,39 @@ def read_mooncake(path: Path) -> list[TraceRecord]:
 
 
 def read_sharegpt_tokens(path: Path) -> list[TraceRecord]:
-    """LLMServingSim JSONL: `arrival_time_ns`, `input_toks`, `output_toks`, `input_tok_ids`, `output_tok_ids`."""
+    """LLMServingSim JSONL: `arrival_time_ns`, `input_toks`, `output_toks`, `input_tok_ids`, `output_tok_ids`.
+
+    The token ids are optional, as in LLMServingSim's format: a request without them shares no
+    prefix with any other (its blocks get a unique identity).
+    """
     records = []
-    for line_no, row in _jsonl(path):
+    for line_no, row in iter_jsonl(path):
         prompt = _positive(row.get("input_toks"), path, line_no, "input_toks")
         output = _positive(row.get("output_toks"), path, line_no, "output_toks")
-        ids_in, ids_out = row.get("input_tok_ids"), row.get("output_tok_ids")
-        if not isinstance(ids_in, list) or len(ids_in) != prompt or not isinstance(ids_out, list):
+        ids_in, ids_out = row.get("input_tok_ids"), row.get("output_tok_ids", [])
+        if ids_in is None:
+            ids_out = None
+        elif not isinstance(ids_in, list) or len(ids_in) != prompt or not isinstance(ids_out, list):
             raise _bad(path, line_no, "input_tok_ids must list input_toks token ids")
         try:
             arrival = float(row["arrival_time_ns"]) / 1e9
         except (KeyError, TypeError, ValueError):
             raise _bad(path, line_no, "arrival_time_ns is missing or not a number") from None
-        records.append(TraceRecord(arrival, prompt, output, token_ids=tuple(ids_in) + tuple(ids_out)))
+        ids = None if ids_in is None or ids_out is None else tuple(ids_in) + tuple(ids_out)
+        records.append(TraceRecord(arrival, prompt, output, token_ids=ids))
     return records
 
+
+def write_sharegpt_tokens(records: list[TraceRecord], path: Path) -> None:
+    """The inverse of `read_sharegpt_tokens`: arrivals in integer ns, token ids where known."""
+    with path.open("w") as f:
+        for r in records:
+            row: dict[str, Any] = {"input_toks": r.prompt_len, "output_toks": r.output_len,
+                                   "arrival_time_ns": round((r.arrival_s or 0.0) * 1e9)}
+            if r.token_ids is not None:
+                row["input_tok_ids"] = list(r.token_ids[: r.prompt_len])
+                row["output_tok_ids"] = list(r.token_ids[r.prompt_len:])
+            f.write(json.dumps(row, separators=(",", ":")) + "\n")
 
 def read_lengths(path: Path) -> list[TraceRecord]:
     """`num_prefill_tokens,num_decode_tokens,...` (Vidur / Sarathi-Serve length tables)."""

@@ -1,0 +1,332 @@
+"""Hold kvsim against a real run: replay it, simulate it, and tabulate the errors.
+
+    run = load_measured("../shared/validation/measured/RTXPRO6000/Llama-3.1-8B")
+    v = validate(run, latency="roofline")           # → Validation(table rows, sim result)
+    write_validation(v, "validation/llama")         # Markdown, JSON, CSV, figures, scenario
+
+The replayed scenario keeps the measured run's arrivals (the engine's `queued_ts`, the clock
+its TTFT is measured on), prompt and output lengths, token ids (so prefix-cache hits are the
+real ones) and engine arguments (vLLM's names; vLLM's defaults where the run left one out).
+Errors are (kvsim − measured) / measured. The peer simulator LLMServingSim's prediction of
+the same run, where the folder holds it, is a second column with its own errors.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvsim.config import load_gpu, load_model, model_presets
+from kvsim.errors import KvsimError
+from kvsim.measured import MeasuredRun
+from kvsim.scenario import Scenario, apply_overrides, make_scenario
+from kvsim.traces import write_sharegpt_tokens
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from kvsim.results import RunResult
+
+# The validation set's hardware labels (LLMServingSim's `hardware`) → kvsim GPU presets.
+HARDWARE_GPUS = {"RTXPRO6000": "rtx-pro-6000", "H100": "h100-80gb", "A100": "a100-80gb", "H200": "h200",
+                 "L40S": "l40s", "L4": "l4"}
+LATENCY_MODELS = ("roofline", "calibrated")
+TRACE_FILE = "workload.jsonl"
+PERCENTILES = {"mean": None, "p50": 50, "p90": 90, "p99": 99}
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The comparison: `rows` (one per metric: measured, kvsim, error, peer, peer error) and the run."""
+
+    run: MeasuredRun
+    scenario: Scenario
+    result: RunResult
+    rows: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    def row(self, metric: str) -> dict[str, Any]:
+        return next(r for r in self.rows if r["metric"] == metric)
+
+
+# -- the equivalent scenario ---------------------------------------------------------------
+
+def resolve_model(run: MeasuredRun, model: str | None) -> str:
+    """`--model`, else the preset named like the run's Hugging Face id (`meta-llama/Llama-3.1-8B`
+    → `llama-3.1-8b`). Mixture-of-experts runs are refused: kvsim does not model MoE yet."""
+    if run.expert_parallel or "-a3b" in run.model_id.lower() or run.data_parallel_size > 1:
+        raise KvsimError(f"{run.name}: {run.model_id} is a mixture-of-experts run (expert parallel, data "
+                         f"parallel {run.data_parallel_size}): MoE is not yet modelled by kvsim, so no "
+                         "error table is produced")
+    if model is not None:
+        return model
+    guess = run.model_id.rpartition("/")[2].lower()
+    if guess in model_presets():
+        return guess
+    raise KvsimError(f"model={run.model_id!r}: no kvsim preset of that name; pass --model with a preset "
+                     "or the model's config.json")
+
+
+def resolve_gpu(run: MeasuredRun, gpu: str | None) -> str:
+    if gpu is not None:
+        return gpu
+    if run.hardware in HARDWARE_GPUS:
+        return HARDWARE_GPUS[run.hardware]
+    raise KvsimError(f"gpu: the run does not say which GPU it ran on (hardware={run.hardware!r}); "
+                     "pass --gpu with a preset or a GPU file")
+
+
+def default_profile(run_dir: Path, run: MeasuredRun) -> Path | None:
+    """The measured profile bundle for the run's GPU and model in a `profiles/` folder above it
+    (`profiles/<hardware>/<org>/<model>/bf16/`), if there is one."""
+    if run.hardware is None or not run.model_id:
+        return None
+    variant = "bf16" if run.engine.get("kv_cache_dtype", "auto") == "auto" else "bf16-kvfp8"
+    for folder in run_dir.resolve().parents:
+        candidate = folder / "profiles" / run.hardware / run.model_id / variant
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, latency: str = "roofline",
+                   profile: str | Path | None = None, overrides: list[str] | None = None) -> Scenario:
+    """The run as a kvsim scenario whose workload is `trace_path` (written by `write_trace`)."""
+    if latency not in LATENCY_MODELS:
+        raise KvsimError(f"--latency={latency!r}: expected one of {', '.join(LATENCY_MODELS)}")
+    if latency == "calibrated" and profile is None:
+        raise KvsimError("--latency=calibrated needs --profile (a measured profile bundle or CSV)")
+    latency_cfg: dict[str, Any] = {"model": latency}
+    if latency == "calibrated":
+        latency_cfg["profile"] = str(Path(profile).resolve())  # type: ignore[arg-type]
+    raw: dict[str, Any] = {
+        "name": f"validate-{run.name}-{latency}",
+        "description": f"replay of the measured run {run.name} ({run.source}, {run.model_id})",
+        "model": model, "gpu": gpu,
+        "engine": {"enable_prefix_caching": True, **run.engine},
+        "workload": {"num_requests": len(run.records), "arrival": {"process": "trace"},
+                     "trace": {"format": "sharegpt_tokens", "path": trace_path.name}},
+        "latency": latency_cfg,
+        "seed": 0,
+    }
+    return make_scenario(apply_overrides(raw, overrides or []), trace_path.parent)
+
+
+# -- comparison ------------------------------------------------------------------------------
+
+def _stat(values: np.ndarray, which: str) -> float | None:
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return None
+    q = PERCENTILES[which]
+    return float(values.mean() if q is None else np.percentile(values, q))
+
+
+def request_stats(df: pd.DataFrame) -> dict[str, float | None]:
+    """Latency percentiles, makespan and output throughput of a request frame."""
+    stats: dict[str, float | None] = {}
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E")):
+        values = df[key].to_numpy(dtype=float)
+        for which in PERCENTILES:
+            stats[f"{label} {which} (s)"] = _stat(values, which)
+    makespan = float(df["finish_s"].max() - df["arrival_s"].min()) if len(df) else 0.0
+    stats["makespan (s)"] = makespan
+    stats["output tokens/s"] = float(df["output_tokens"].sum()) / makespan if makespan > 0 else None
+    return stats
+
+
+def sample_steps(steps: pd.DataFrame, column: str, times_s: np.ndarray) -> np.ndarray:
+    """The value of a per-step column at each instant; 0 where no step runs (idle or after the end)."""
+    out = np.zeros(len(times_s))
+    if not len(steps):
+        return out
+    start = steps["time_s"].to_numpy()
+    end = start + steps["duration_s"].to_numpy()
+    idx = np.clip(np.searchsorted(start, times_s, side="right") - 1, 0, None)
+    inside = (times_s >= start[0]) & (times_s < end[idx])
+    out[inside] = steps[column].to_numpy(dtype=float)[idx[inside]]
+    return out
+
+
+def series_stats(run: MeasuredRun, steps: pd.DataFrame) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """Running / waiting / KV usage, measured and simulated, sampled at the measured ticks.
+
+    vLLM's gauges are read once a second, so the simulation is read at the same instants (on
+    the same clock: seconds from the first arrival); without a time series kvsim's figures are
+    time-weighted over its steps and the measured ones are unknown.
+    """
+    names = (("running mean", "vllm:num_requests_running", "running", "mean"),
+             ("running max", "vllm:num_requests_running", "running", "max"),
+             ("waiting max", "vllm:num_requests_waiting", "waiting", "max"),
+             ("KV usage mean", "vllm:kv_cache_usage_perc", "kv_usage", "mean"))
+    measured: dict[str, float | None] = {}
+    simulated: dict[str, float | None] = {}
+    ts = run.timeseries
+    for label, sim_col, ts_col, how in names:
+        if ts is not None and len(ts):
+            t = ts["t_s"].to_numpy()
+            sim = sample_steps(steps, sim_col, t)
+            meas = ts[ts_col].to_numpy(dtype=float)
+            measured[label] = None if np.isnan(meas).all() else float(np.nanmean(meas) if how == "mean"
+                                                                        else np.nanmax(meas))
+        else:
+            sim = steps[sim_col].to_numpy(dtype=float)
+            measured[label] = None
+            if how == "mean":
+                dt = steps["duration_s"].to_numpy()
+                simulated[label] = float((sim * dt).sum() / dt.sum()) if dt.sum() > 0 else None
+                continue
+        simulated[label] = (float(sim.mean() if how == "mean" else sim.max())) if sim.size else None
+    return measured, simulated
+
+
+def _error_pct(value: float | None, reference: float | None) -> float | None:
+    if value is None or reference is None or reference == 0 or math.isnan(value) or math.isnan(reference):
+        return None
+    return (value - reference) / reference * 100.0
+
+
+def compare(run: MeasuredRun, result: RunResult) -> list[dict[str, Any]]:
+    """One row per metric: measured, kvsim, error %, and LLMServingSim with its error % if present."""
+    measured = request_stats(run.requests)
+    simulated = request_stats(result.requests)
+    peer = request_stats(run.peer) if run.peer is not None else {}
+    m_series, s_series = series_stats(run, result.steps)
+    measured.update(m_series)
+    simulated.update(s_series)
+    rows = []
+    for metric, value in measured.items():
+        row: dict[str, Any] = {"metric": metric, "measured": value, "kvsim": simulated.get(metric),
+                               "kvsim_error_pct": _error_pct(simulated.get(metric), value)}
+        if run.peer is not None:
+            row["llmservingsim"] = peer.get(metric)
+            row["llmservingsim_error_pct"] = _error_pct(peer.get(metric), value)
+        rows.append(row)
+    return rows
+
+
+# -- run it ------------------------------------------------------------------------------------
+
+def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path | None = None,
+             model: str | None = None, gpu: str | None = None, overrides: list[str] | None = None,
+             trace_dir: Path | None = None) -> Validation:
+    """Replay `run` in kvsim and compare. The replayed workload is written to `trace_dir`
+    (a temporary folder if None) as `workload.jsonl`, beside which the scenario resolves it."""
+    from kvsim.engine import simulate
+
+    model_name = resolve_model(run, model)
+    gpu_name = resolve_gpu(run, gpu)
+    load_model(model_name), load_gpu(gpu_name)  # fail early, with the field named
+    with tempfile.TemporaryDirectory(prefix="kvsim-validate-") as tmp:
+        folder = trace_dir or Path(tmp)
+        trace_path = folder / TRACE_FILE
+        write_sharegpt_tokens(run.records, trace_path)
+        scenario = build_scenario(run, trace_path, model=model_name, gpu=gpu_name, latency=latency,
+                                  profile=profile, overrides=overrides)
+        result = simulate(scenario)
+    notes = list(run.notes)
+    rejected = result.summary.get("num_rejected", 0)
+    if rejected:
+        notes.append(f"kvsim rejected {rejected} of the replayed requests ({result.summary['reject_reasons']})")
+    if run.peer is None:
+        notes.append("no LLMServingSim prediction (outputs/sim.csv) beside this run")
+    return Validation(run=run, scenario=scenario, result=result, rows=compare(run, result), notes=notes)
+
+
+# -- output ------------------------------------------------------------------------------------
+
+def _fmt(value: float | None, pct: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:+.1f} %" if pct else f"{value:,.4g}"
+
+
+def table_rows(v: Validation) -> list[dict[str, str]]:
+    """The error table as display strings (Markdown and the CLI's table)."""
+    rows = []
+    for r in v.rows:
+        row = {"metric": r["metric"], "measured": _fmt(r["measured"]) if r["measured"] is not None
+               else "not recorded", "kvsim": _fmt(r["kvsim"]), "kvsim error": _fmt(r["kvsim_error_pct"], True)}
+        if "llmservingsim" in r:
+            row["LLMServingSim"] = _fmt(r["llmservingsim"])
+            row["LLMServingSim error"] = _fmt(r["llmservingsim_error_pct"], True)
+        rows.append(row)
+    return rows
+
+
+def headline(v: Validation) -> str:
+    s = v.result.summary
+    return (f"{v.run.name} ({v.run.source}, {v.run.model_id}, {len(v.run.requests)} requests): kvsim "
+            f"{s['model']} on {s['gpu']}, TP {v.scenario.engine.tensor_parallel_size}, latency {s['latency_model']}")
+
+
+def to_json(v: Validation) -> dict[str, Any]:
+    return {"case": v.run.name, "source": v.run.source, "model_id": v.run.model_id,
+            "model": v.result.summary["model"], "gpu": v.result.summary["gpu"],
+            "latency_model": v.result.summary["latency_model"], "profile": v.scenario.latency.profile,
+            "engine": v.scenario.engine.model_dump(mode="json", exclude_defaults=True),
+            "num_requests": len(v.run.requests), "rows": v.rows, "notes": v.notes}
+
+
+def _figure_panels(v: Validation) -> tuple[list[dict], list[dict]]:
+    steps, ts = v.result.steps, v.run.timeseries
+    sim_t = steps["time_s"].to_numpy()
+    gauges = []
+    for title, sim_col, ts_col in (("running", "vllm:num_requests_running", "running"),
+                                   ("waiting", "vllm:num_requests_waiting", "waiting"),
+                                   ("KV usage", "vllm:kv_cache_usage_perc", "kv_usage")):
+        series = []
+        if ts is not None and not ts[ts_col].isna().all():
+            series.append(("measured", ts["t_s"].to_numpy(), ts[ts_col].to_numpy()))
+        series.append(("kvsim", sim_t, steps[sim_col].to_numpy()))
+        gauges.append({"title": title if ts is None or not ts[ts_col].isna().all()
+                       else f"{title} (not recorded in the measured run)",
+                       "xlabel": "seconds from the first arrival", "ylabel": title, "series": series, "step": True})
+    cdfs = []
+    for key, label in (("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"), ("e2e_s", "E2E (s)")):
+        series = [("measured", None, v.run.requests[key].to_numpy()),
+                  ("kvsim", None, v.result.requests[key].to_numpy())]
+        if v.run.peer is not None:
+            series.append(("LLMServingSim", None, v.run.peer[key].to_numpy()))
+        cdfs.append({"title": f"{label} CDF", "xlabel": label, "ylabel": "fraction of requests",
+                     "series": series, "cdf": True})
+    return gauges, cdfs
+
+
+def markdown(v: Validation) -> str:
+    from kvsim.render import rows_to_markdown
+
+    lines = [f"# kvsim validation: {v.run.name}", "", headline(v) + ".", "",
+             "Errors are (prediction − measured) / measured.", "", rows_to_markdown(table_rows(v))]
+    if v.notes:
+        lines += ["Notes:", "", *[f"- {n}" for n in v.notes], ""]
+    lines += ["![running, waiting, KV usage](fig_timeseries.png)", "", "![latency CDFs](fig_latency_cdf.png)", ""]
+    return "\n".join(lines)
+
+
+def write_validation(v: Validation, out_dir: str | Path) -> Path:
+    """`validation.md`, `validation.json`, `errors.csv`, two figures, and `sim/` (kvsim's run plus
+    the replayed `scenario.yaml` and `workload.jsonl`, so `kvsim run sim/scenario.yaml` repeats it).
+    Written to a temporary sibling and renamed into place when complete."""
+    import json
+
+    from kvsim.render import rows_to_csv
+    from kvsim.report import save_overlay_figure
+    from kvsim.results import atomic_directory
+
+    with atomic_directory(out_dir) as tmp:
+        (tmp / "validation.md").write_text(markdown(v))
+        (tmp / "validation.json").write_text(json.dumps(to_json(v), indent=2) + "\n")
+        (tmp / "errors.csv").write_text(rows_to_csv(v.rows))
+        v.run.requests.to_csv(tmp / "measured_requests.csv", index=False)
+        sim = v.result.write(tmp / "sim")
+        write_sharegpt_tokens(v.run.records, sim / TRACE_FILE)
+        gauges, cdfs = _figure_panels(v)
+        save_overlay_figure(gauges, tmp / "fig_timeseries.png", f"{v.run.name}: measured vs kvsim")
+        save_overlay_figure(cdfs, tmp / "fig_latency_cdf.png", f"{v.run.name}: latency distributions")
+    return Path(out_dir)

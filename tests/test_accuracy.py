@@ -1,0 +1,68 @@
+"""Fidelity targets on the two dense measured runs (issue 11), so a change that degrades them fails CI.
+
+With the imported measured profile: TTFT, TPOT and E2E means within 5 % of the measurement,
+and TPOT and E2E no worse than the peer LLMServingSim's error on the same run. With the
+roofline alone: all three within 15 %. Full 300-request replays; deterministic (seeded, no
+wall-clock). Targets not yet reached are listed in `NOT_YET_MET` with the current numbers:
+they are strict xfails, so reaching one fails the suite until it moves into the asserted set.
+"""
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from kvsim.measured import load_measured
+from kvsim.validate import Validation, default_profile, validate
+
+CASES = Path(__file__).resolve().parents[2] / "shared" / "validation" / "measured" / "RTXPRO6000"
+DENSE = ("Llama-3.1-8B", "Qwen3-32B")
+MEANS = ("TTFT mean (s)", "TPOT mean (s)", "E2E mean (s)")
+TOLERANCE_PCT = {"calibrated": 5.0, "roofline": 15.0}
+
+# (case, latency, metric or "peer <metric>") -> why it is not met yet (current error)
+NOT_YET_MET: dict[tuple[str, str, str], str] = {
+    **{(case, "calibrated", m): "the measured-profile importer has not landed" for case in DENSE for m in MEANS},
+    **{(case, "calibrated", f"peer {m}"): "the measured-profile importer has not landed"
+       for case in DENSE for m in MEANS[1:]},
+    ("Llama-3.1-8B", "roofline", "TTFT mean (s)"): "-57.8 %",
+    ("Llama-3.1-8B", "roofline", "TPOT mean (s)"): "-23.4 %",
+    ("Llama-3.1-8B", "roofline", "E2E mean (s)"): "-32.1 %",
+    ("Qwen3-32B", "roofline", "TTFT mean (s)"): "-69.8 %",
+    ("Qwen3-32B", "roofline", "TPOT mean (s)"): "-51.1 % (no tensor-parallel term)",
+    ("Qwen3-32B", "roofline", "E2E mean (s)"): "-58.8 %",
+}
+
+
+@cache
+def replay(case: str, latency: str) -> Validation:
+    run = load_measured(CASES / case)
+    return validate(run, latency=latency, profile=default_profile(CASES / case, run))
+
+
+def _params(checks: list[str], latencies: tuple[str, ...]) -> list:
+    params = []
+    for case in DENSE:
+        for latency in latencies:
+            for check in checks:
+                reason = NOT_YET_MET.get((case, latency, check))
+                marks = [pytest.mark.xfail(reason=f"target not met yet: {reason}", strict=True)] if reason else []
+                params.append(pytest.param(case, latency, check, marks=marks, id=f"{case}-{latency}-{check}"))
+    return params
+
+
+@pytest.mark.parametrize(("case", "latency", "metric"), _params(list(MEANS), ("roofline", "calibrated")))
+def test_mean_latency_within_tolerance(case, latency, metric):
+    row = replay(case, latency).row(metric)
+    assert abs(row["kvsim_error_pct"]) <= TOLERANCE_PCT[latency], row
+
+
+@pytest.mark.parametrize(("case", "latency", "check"), _params([f"peer {m}" for m in MEANS[1:]], ("calibrated",)))
+def test_calibrated_no_worse_than_llmservingsim(case, latency, check):
+    row = replay(case, latency).row(check.removeprefix("peer "))
+    assert abs(row["kvsim_error_pct"]) <= abs(row["llmservingsim_error_pct"]), row
+
+
+def test_replay_is_deterministic():
+    again = validate(load_measured(CASES / "Llama-3.1-8B"), latency="roofline")
+    assert again.rows == replay("Llama-3.1-8B", "roofline").rows

@@ -1,0 +1,243 @@
+"""`kvsim validate`: readers of measured runs and vLLM bench JSON, the replay, the error table.
+
+Tiny worlds first: two requests on a constant 10 ms step, where every simulated time is known
+by hand (request 0: 16-token prompt at t=0, 5 output tokens; request 1: 32-token prompt at
+t=0.015, 3 tokens). Then the shared validation set: the readers must reproduce LLMServingSim's
+own summary.txt (its vLLM column from the raw timestamps, its Sim column from sim.csv).
+"""
+
+import json
+import math
+import re
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.errors import KvsimError
+from kvsim.measured import load_measured, read_llmservingsim, read_measured_dir, request_frame
+from kvsim.validate import request_stats, resolve_model, validate, write_validation
+
+STARTED = "2026-01-01T00:00:00Z"
+EPOCH = datetime.fromisoformat(STARTED.replace("Z", "+00:00")).timestamp()
+CONSTANT = ["latency.model=constant", "latency.step_s=0.01"]
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "validation"
+CASES = SHARED / "measured" / "RTXPRO6000"
+
+
+def write_run(root: Path, expert_parallel: bool = False, output_1: int = 3) -> Path:
+    """A measured-run folder in the validation layout, its workload two levels up."""
+    run = root / "measured" / "GPUX" / "case"
+    (run / "vllm").mkdir(parents=True)
+    (root / "workloads").mkdir()
+    meta = {"model": "meta-llama/Llama-3.1-8B", "dataset_path": "workloads/w.jsonl", "started_at": STARTED,
+            "engine_kwargs": {"model": "meta-llama/Llama-3.1-8B", "tensor_parallel_size": 1, "max_num_seqs": 4,
+                              "max_num_batched_tokens": 64, "max_model_len": None, "kv_cache_dtype": "auto",
+                              "data_parallel_size": 2 if expert_parallel else 1,
+                              "enable_expert_parallel": expert_parallel}}
+    (run / "vllm" / "meta.json").write_text(json.dumps(meta))
+    rows = [  # engine clock starts at 100 s; the wall clock 0.5 s after started_at
+        {"request_id": "bench-0", "input_toks": 16, "output_toks": 5, "arrival_time": EPOCH + 0.5,
+         "queued_ts": 100.0, "scheduled_ts": 100.0, "first_token_ts": 100.01, "last_token_ts": 100.05},
+        {"request_id": "bench-1", "input_toks": 32, "output_toks": output_1, "arrival_time": EPOCH + 0.515,
+         "queued_ts": 100.015, "scheduled_ts": 100.02, "first_token_ts": 100.05, "last_token_ts": 100.09},
+    ]
+    (run / "vllm" / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "vllm" / "timeseries.csv").write_text(
+        "t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n1.0,48,8,0,0,0.0\n")
+    workload = [{"input_toks": 16, "output_toks": 5, "arrival_time_ns": 0, "input_tok_ids": list(range(16)),
+                 "output_tok_ids": list(range(100, 105))},
+                {"input_toks": 32, "output_toks": 3, "arrival_time_ns": 15_000_000,
+                 "input_tok_ids": list(range(16)) + list(range(200, 216)), "output_tok_ids": [1, 2, 3]}]
+    (root / "workloads" / "w.jsonl").write_text("".join(json.dumps(w) + "\n" for w in workload))
+    return run
+
+
+def test_measured_folder_gives_vllm_definitions_on_the_engine_clock(tmp_path):
+    run = read_measured_dir(write_run(tmp_path))
+    df = run.requests
+    assert list(df.arrival_s) == pytest.approx([0.0, 0.015])
+    assert list(df.ttft_s) == pytest.approx([0.01, 0.035])           # first token − queued
+    assert list(df.e2e_s) == pytest.approx([0.05, 0.075])            # last token − queued
+    assert list(df.tpot_s) == pytest.approx([0.04 / 4, 0.04 / 2])    # (last − first) / (output − 1)
+    assert [r.arrival_s for r in run.records] == pytest.approx([0.0, 0.015])  # queued_ts, not the workload's
+    assert run.records[1].token_ids == tuple(range(16)) + tuple(range(200, 216)) + (1, 2, 3)
+    assert run.engine == {"tensor_parallel_size": 1, "max_num_seqs": 4, "max_num_batched_tokens": 64,
+                          "kv_cache_dtype": "auto"}
+    # the series' t counts from started_at; the first request arrived 0.5 s after it
+    assert run.timeseries is not None and run.timeseries.t_s.tolist() == pytest.approx([0.5])
+    assert math.isnan(run.timeseries.kv_usage[0])
+    assert any("not recorded" in n for n in run.notes)
+    assert run.hardware == "GPUX" and run.peer is None
+
+
+def test_workload_that_is_not_the_runs_is_refused(tmp_path):
+    run_dir = write_run(tmp_path, output_1=4)
+    with pytest.raises(KvsimError, match=r"line 2 has 32\+3 tokens .* 32\+4: not this run's workload"):
+        read_measured_dir(run_dir)
+
+
+def test_missing_workload_names_the_flag(tmp_path):
+    run_dir = write_run(tmp_path)
+    (tmp_path / "workloads" / "w.jsonl").unlink()
+    with pytest.raises(KvsimError, match="--workload"):
+        read_measured_dir(run_dir)
+
+
+def test_replay_on_a_constant_step_matches_the_hand_timeline(tmp_path):
+    # kvsim: request 0 prefills in [0, .01) (first token .01) and decodes to .05; request 1 arrives
+    # at .015, joins the step at .02 (first token .03) and finishes at .05.
+    v = validate(load_measured(write_run(tmp_path)), gpu="h100-80gb", overrides=CONSTANT)
+    sim = v.result.requests
+    assert list(sim.ttft_s) == pytest.approx([0.01, 0.015])
+    assert list(sim.e2e_s) == pytest.approx([0.05, 0.035])
+    assert list(sim.tpot_s) == pytest.approx([0.01, 0.01])
+    ttft = v.row("TTFT mean (s)")
+    assert ttft["measured"] == pytest.approx((0.01 + 0.035) / 2)
+    assert ttft["kvsim"] == pytest.approx((0.01 + 0.015) / 2)
+    assert ttft["kvsim_error_pct"] == pytest.approx((0.0125 - 0.0225) / 0.0225 * 100)
+    assert v.row("makespan (s)")["measured"] == pytest.approx(0.09)
+    assert v.row("makespan (s)")["kvsim"] == pytest.approx(0.05)
+    assert v.row("output tokens/s")["kvsim"] == pytest.approx(8 / 0.05)
+    assert v.row("KV usage mean")["measured"] is None and v.row("KV usage mean")["kvsim_error_pct"] is None
+    # the second request's prompt starts with the first's 16 tokens: one full block, a real prefix hit
+    assert list(sim.prefix_hit_tokens) == [0, 16]
+    assert v.scenario.engine.max_num_seqs == 4 and v.scenario.engine.max_num_batched_tokens == 64
+
+
+def test_moe_runs_are_refused_with_one_line(tmp_path):
+    run = load_measured(write_run(tmp_path, expert_parallel=True))
+    with pytest.raises(KvsimError, match="MoE is not yet modelled"):
+        resolve_model(run, None)
+    result = CliRunner().invoke(app, ["validate", str(run_dir_of(tmp_path)), "--gpu", "h100-80gb"])
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "mixture-of-experts" in result.output
+
+
+def run_dir_of(root: Path) -> Path:
+    return root / "measured" / "GPUX" / "case"
+
+
+def test_cli_writes_tables_figures_and_a_rerunnable_scenario(tmp_path):
+    write_run(tmp_path)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["validate", str(run_dir_of(tmp_path)), "--gpu", "h100-80gb", "-o", str(out),
+                                      "--format", "json", *sum((["--set", s] for s in CONSTANT), [])])
+    assert result.exit_code == 0, result.output
+    for name in ("validation.md", "validation.json", "errors.csv", "fig_timeseries.png", "fig_latency_cdf.png",
+                 "sim/scenario.yaml", "sim/workload.jsonl", "sim/requests.csv"):
+        assert (out / name).is_file(), name
+    saved = json.loads((out / "validation.json").read_text())
+    assert saved["case"] == "case" and saved["rows"][0]["metric"] == "TTFT mean (s)"
+    rerun = CliRunner().invoke(app, ["run", str(out / "sim" / "scenario.yaml"), "-o", str(tmp_path / "rerun"),
+                                     "--format", "json"])
+    assert rerun.exit_code == 0, rerun.output
+    assert json.loads(rerun.output)["ttft_s"]["mean"] == pytest.approx(0.0125)
+
+
+def test_cli_bad_path_is_one_line(tmp_path):
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "no such file" in result.output
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "empty")])
+    assert result.exit_code == 2 and "vllm/meta.json" in result.output
+
+
+# -- vllm bench serve --save-result --save-detailed -------------------------------------------
+
+def bench_json(path: Path, **changes) -> Path:
+    """The fields vLLM's vllm/benchmarks/serve.py writes; the third request failed."""
+    raw = {"model_id": "meta-llama/Llama-3.1-8B", "request_rate": 10.0, "burstiness": 1.0,
+           "input_lens": [16, 32, 8], "output_lens": [5, 3, 0], "ttfts": [0.01, 0.02, 0.0],
+           "itls": [[0.01] * 4, [0.02, 0.02], []], "latencies": [0.05, 0.06, 0.0],
+           "start_times": [1000.0, 1000.015, 1000.02], "errors": ["", "", "timeout"], **changes}
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def test_bench_json_reader(tmp_path):
+    run = load_measured(bench_json(tmp_path / "bench.json"))
+    assert run.source == "vllm-bench" and len(run.requests) == 2
+    assert list(run.requests.ttft_s) == pytest.approx([0.01, 0.02])
+    assert list(run.requests.e2e_s) == pytest.approx([0.05, 0.06])
+    assert list(run.requests.tpot_s) == pytest.approx([(0.05 - 0.01) / 4, (0.06 - 0.02) / 2])
+    assert [r.arrival_s for r in run.records] == pytest.approx([0.0, 0.015])
+    assert any("1 failed" in n for n in run.notes)
+    # without latencies, E2E is TTFT plus the inter-token gaps
+    run = load_measured(bench_json(tmp_path / "b2.json", latencies=None))
+    assert list(run.requests.e2e_s) == pytest.approx([0.05, 0.06])
+
+
+def test_bench_json_without_start_times_resamples_at_the_rate(tmp_path):
+    run = load_measured(bench_json(tmp_path / "b.json", start_times=None, request_rate="inf"))
+    assert [r.arrival_s for r in run.records] == [0.0, 0.0]
+    assert any("no start_times" in n for n in run.notes)
+
+
+def test_bench_json_without_detail_is_refused(tmp_path):
+    with pytest.raises(KvsimError, match="ttfts is missing: save the result with --save-detailed"):
+        load_measured(bench_json(tmp_path / "b.json", ttfts=None))
+
+
+def test_bench_json_validates_end_to_end(tmp_path):
+    v = validate(load_measured(bench_json(tmp_path / "bench.json")), model="llama-3.1-8b", gpu="h100-80gb",
+                 overrides=CONSTANT)
+    assert list(v.result.requests.ttft_s) == pytest.approx([0.01, 0.015])
+    assert v.row("TTFT mean (s)")["measured"] == pytest.approx(0.015)
+    assert "llmservingsim" not in v.rows[0]
+    write_validation(v, tmp_path / "out")
+    markdown = (tmp_path / "out" / "validation.md").read_text()
+    assert "| running mean | not recorded |" in markdown  # a bench file has no time series
+    assert "client-side timings" in markdown
+
+
+# -- the shared validation set ------------------------------------------------------------------
+
+def summary_txt(case: str) -> dict[str, tuple[float, float]]:
+    """LLMServingSim's table: 'TTFT Mean  7097.2  6815.7  -4.0%' → {'TTFT Mean': (7097.2, 6815.7)} (ms)."""
+    rows = {}
+    for line in (CASES / case / "validation" / "summary.txt").read_text().splitlines():
+        m = re.match(r"^(\w+ \w+)\s+([\d.]+)\s+([\d.]+)\s+[-+][\d.]+%$", line)
+        if m:
+            rows[m.group(1)] = (float(m.group(2)), float(m.group(3)))
+    return rows
+
+
+@pytest.mark.parametrize("case", ["Llama-3.1-8B", "Qwen3-32B", "Qwen3-30B-A3B-Instruct-2507"])
+def test_readers_reproduce_llmservingsims_own_summary(case):
+    table = summary_txt(case)
+    assert len(table) == 15
+    run = read_measured_dir(CASES / case)
+    peer = read_llmservingsim(CASES / case / "outputs" / "sim.csv")
+    assert len(run.requests) == 300 and peer is not None and len(peer) == 300
+    measured, predicted = request_stats(run.requests), request_stats(peer)
+    for label, ours in (("TTFT", "TTFT"), ("TPOT", "TPOT"), ("Latency", "E2E")):
+        for which, key in (("Mean", "mean"), ("Median", "p50"), ("P90", "p90"), ("P99", "p99")):
+            vllm_ms, sim_ms = table[f"{label} {which}"]
+            assert measured[f"{ours} {key} (s)"] * 1e3 == pytest.approx(vllm_ms, abs=0.051), (label, which)
+            assert predicted[f"{ours} {key} (s)"] * 1e3 == pytest.approx(sim_ms, abs=0.051), (label, which)
+
+
+def test_request_frame_rebases_on_the_first_arrival():
+    import numpy as np
+
+    df = request_frame(np.array([5.0, 3.0]), np.array([6.0, 4.0]), np.array([9.0, 5.0]), np.array([1, 1]),
+                       np.array([4, 1]))
+    assert list(df.arrival_s) == [0.0, 2.0]      # sorted by arrival
+    assert list(df.tpot_s[:1].isna()) == [True]  # one output token: no TPOT
+    assert df.tpot_s[1] == pytest.approx(1.0)
+
+
+def test_qwen3_32b_preset_matches_the_published_config():
+    # huggingface.co/Qwen/Qwen3-32B config.json: 64 layers, 64 heads, 8 KV heads, explicit head_dim 128
+    # (q_proj is 5120 -> 64*128 = 8192, wider than hidden), 32.8B parameters per the model card.
+    from kvsim.capacity import kv_bytes_per_token
+    from kvsim.config import load_model, make_engine
+
+    model = load_model("qwen3-32b")
+    assert (model.num_layers, model.num_attention_heads, model.num_kv_heads, model.head_dim) == (64, 64, 8, 128)
+    assert kv_bytes_per_token(model, make_engine()) == 2 * 64 * 8 * 128 * 2                    # 256 KiB
+    assert kv_bytes_per_token(model, make_engine(tensor_parallel_size=2)) == 2 * 64 * 4 * 128 * 2
+    assert model.num_params == pytest.approx(32.8e9, rel=0.01)
