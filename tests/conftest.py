@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,16 @@ from kvsim.scheduler import SchedulerLimits, make_scheduler
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
+FULL_SIZE = os.environ.get("KVSIM_FULL_TESTS") == "1"
+
+
+def sized(small, full):
+    """The instance size of a `slow` test: `small` in `./dev test` (and CI), `full` with KVSIM_FULL_TESTS=1.
+
+    Both sizes run the same assertions; the small one keeps the whole suite under five minutes
+    on two cores, the full one (`KVSIM_FULL_TESTS=1 ./dev test -m slow`) is the original scale.
+    """
+    return full if FULL_SIZE else small
 
 
 def make_request(rid: int, arrival_s: float, prompt: int, output: int, n: int = 1, prefix: int = 0) -> Request:

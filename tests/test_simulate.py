@@ -3,7 +3,10 @@
 from pathlib import Path
 
 import pytest
+from conftest import sized
 
+from kvsim.capacity import num_gpu_blocks
+from kvsim.config import load_gpu, load_model
 from kvsim.engine import simulate
 from kvsim.scenario import load_scenario
 
@@ -31,11 +34,27 @@ def test_bursts_change_nothing(name):
     assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
 
 
+def capped(path, max_blocks=2048, max_len=16384):
+    """Overrides that shrink a scenario's KV pool to `max_blocks` and max_model_len to `max_len`
+    (where larger): `check_invariants()` walks the whole pool and every block table each step."""
+    spec = load_scenario(path)
+    model = load_model(spec.model)
+    overrides = []
+    if spec.engine.resolved_max_model_len(model) > max_len:
+        overrides.append(f"engine.max_model_len={max_len}")
+    if num_gpu_blocks(model, load_gpu(spec.gpu), spec.engine) > max_blocks:
+        overrides.append(f"engine.num_gpu_blocks_override={max_blocks}")
+    return overrides
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_scenario_conserves_requests_and_blocks(path):
-    result = simulate(load_scenario(path, ["workload.num_requests=200"]), check=True)
+    num_requests = sized(60, 200)
+    overrides = sized(capped(path), []) + [f"workload.num_requests={num_requests}"]
+    result = simulate(load_scenario(path, overrides), check=True)
     s = result.summary
-    assert s["num_finished"] + s["num_rejected"] == s["num_requests"] == 200
+    assert s["num_finished"] + s["num_rejected"] == s["num_requests"] == num_requests
     finished = result.requests[result.requests.status == "finished"]
     assert (finished.first_token_s >= finished.arrival_s).all()
     assert (finished.finish_s >= finished.first_token_s).all()
