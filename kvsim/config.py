@@ -174,6 +174,9 @@ class GPULink(BaseModel):
     `bandwidth_bytes_per_s` is the datasheet rate one GPU sends in one direction (NVLink 4:
     450e9 of the quoted 900 GB/s bidirectional; PCIe 5.0 x16: 64e9); `latency_s` is the cost of
     one step of a ring collective (NCCL's per-hop latency), independent of the message size.
+    `efficiency` is the fraction of that bandwidth an all-reduce achieves; None means the
+    measured default for the link's kind (`kvsim.collectives.LINK_EFFICIENCY`), 1.0 suits a
+    bandwidth that is already an effective figure (a simulator's cluster description).
     """
 
     model_config = _FROZEN
@@ -181,6 +184,7 @@ class GPULink(BaseModel):
     kind: Literal["nvlink", "pcie"]
     bandwidth_bytes_per_s: float = Field(gt=0)
     latency_s: float = Field(ge=0)
+    efficiency: float | None = Field(default=None, gt=0, le=1)
     source: str = "user-defined"
 
 

@@ -25,11 +25,12 @@ import simpy
 from kvsim.capacity import kv_bytes_per_block, kv_bytes_per_token, num_gpu_blocks, vllm_max_concurrency
 from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.errors import KvsimError
-from kvsim.latency import ConstantLatency, LatencyModel, RooflineLatency, StepPlan, burst_step_times
+from kvsim.latency import ConstantLatency, LatencyModel, StepPlan, burst_step_times
 from kvsim.memory import PagedAllocator, SlabAllocator
 from kvsim.metrics import StepRecorder, requests_frame, summarize
 from kvsim.request import Request
 from kvsim.results import RunResult
+from kvsim.roofline import RooflineLatency
 from kvsim.scenario import Scenario
 from kvsim.scheduler import Scheduler, SchedulerLimits, make_scheduler
 from kvsim.workload import build_requests
@@ -70,9 +71,11 @@ def make_latency(scenario: Scenario, model: ModelSpec, gpu: GPUSpec) -> LatencyM
     if cfg.model == "roofline":
         return roofline
     from kvsim.calibration import CalibratedLatency
+    from kvsim.profiles import load_profile
 
     assert cfg.profile is not None
-    return CalibratedLatency.from_csv(scenario.resolve_path(cfg.profile), model, scenario.engine, roofline)
+    profile = load_profile(scenario.resolve_path(cfg.profile), model, gpu, scenario.engine)
+    return CalibratedLatency(profile, model, scenario.engine, roofline)
 
 
 def make_limits(engine: EngineConfig, gpu: GPUSpec, max_model_len: int,
@@ -205,6 +208,8 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
              bursts: bool = True) -> RunResult:
     """Simulate a scenario end to end. `check=True` runs `check_invariants()` after every step."""
     model, gpu, engine = load_model(scenario.model), load_gpu(scenario.gpu), scenario.engine
+    if scenario.gpu_link is not None:
+        gpu = gpu.model_copy(update={"link": scenario.gpu_link})
     max_model_len = engine.resolved_max_model_len(model)
     allocator = make_allocator(model, gpu, engine)
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness

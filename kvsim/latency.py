@@ -1,53 +1,42 @@
-"""How long one engine step takes: `step_time(plan) -> seconds`.
+"""How long one engine step takes: `step_time(plan) -> seconds`, and the calibration schema.
 
 A `StepPlan` (built by the scheduler) carries only aggregates, so a step costs O(1) here:
 tokens in the batch, sequences, context lengths, prefill attention work, swap bytes.
 
-Every model splits a step into the same terms, per tensor-parallel shard:
+Two models implement `LatencyModel`: the roofline (`kvsim.roofline.RooflineLatency`, datasheet
+rates scaled by achievable fractions, no GPU needed) and the calibrated model
+(`kvsim.calibration.CalibratedLatency`, interpolation in a measured profile). Both split a step
+into the same terms, per tensor-parallel rank:
 
-    gemm       linear layers of all tokens + LM head of the sampled rows
-    decode     attention of the decode sequences (reads their KV)
-    prefill    causal attention of prefill chunks over cached + new tokens
-    copies     copy-on-write block copies
-    overhead   CPU-side scheduling, sampling and launch cost of one step (`overhead_s`)
-    swap       bytes swapped in + out over the host link (serial, or overlapped with compute)
+    linear      the transformer layers' GEMMs (qkv, o, gate_up, down) over the batch's tokens
+    token ops   non-GEMM per-token work: norms, activation, rotary, residual adds, embedding
+    attention   decode sequences reading their KV, prefill chunks over cached + new tokens
+                (one mixed kernel when the profile measured mixed batches)
+    sequence    LM head and sampler over the sampled rows
+    all-reduce  two per layer when tensor_parallel_size > 1 (ring over the GPU link)
+    copies      copy-on-write block copies
+    overhead    CPU-side scheduling and input preparation: fixed + per sequence
+    swap        bytes swapped in + out over the host link (serial, or overlapped with compute)
 
-Roofline model (`RooflineLatency`, no GPU needed):
-
-    gemm     = max(2 · P_layers · T / F,  W / B) + max(2 · V · H · S / F,  V · H · d / B)
-    decode   = max(4 · L · heads · hd · A_dec / F,  K_dec / B)     A_dec = Σ context of decode seqs
-    prefill  = max(4 · L · heads · hd · A_pre / F,  K_pre / B)     A_pre = Σ new · (past + (new + 1) / 2)
-    copies   = blocks · 2 · bytes_per_block / B
-    swap     = (swap-in + swap-out bytes) / host link bandwidth
-
-with T tokens in the batch, S sampled rows, P_layers the transformer-layer parameters and W
-their bytes, F the GPU's dense fp16 FLOP/s, B its HBM bandwidth, L layers, V vocab, H hidden,
-d dtype bytes, K the KV bytes read (context tokens · kv_bytes_per_token).
-
-The calibrated model (`kvsim.calibration.CalibratedLatency`) replaces gemm, decode and
-prefill by interpolation in a profile measured on a GPU, whose CSV schema is declared here
-(`PROFILE_COLUMNS`) and written by `kernels/calibrate.py`.
-
-This module imports nothing heavy at load time, so the GPU harness can read the schema on a
-machine without kvsim's other dependencies.
+The calibration profile's schema is declared here once (`PROFILE_COLUMNS`, `PROFILE_KINDS`);
+`kernels/calibrate.py` writes it and the importers in `kvsim.profiles` convert other formats
+into it. This module imports nothing heavy at load time, so the GPU harness can read the schema
+on a machine without kvsim's other dependencies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from kvsim.config import EngineConfig, GPUSpec, ModelSpec
+from typing import Protocol
 
 PROFILE_COLUMNS = (
-    "kind",          # decode | prefill | gemm | copy
-    "op",            # gemm: qkv | o | gate_up | down | lm_head; otherwise empty
-    "batch",         # decode: sequences; prefill: 1
-    "context_len",   # decode: tokens per sequence; prefill: cached + new tokens
-    "query_len",     # prefill: new tokens (chunk)
-    "num_tokens",    # gemm: rows (M)
+    "kind",          # one of PROFILE_KINDS
+    "op",            # gemm: qkv | o | gate_up | down | lm_head; token_op / step_op / sequence_op: the op's name
+    "batch",         # decode, attention: decode sequences; sequence_op: sampled sequences; prefill: 1
+    "context_len",   # decode: tokens per sequence; prefill, attention: the chunk's cached + new tokens
+    "query_len",     # prefill, attention: new tokens of the prefill chunk (attention: 0 = pure decode)
+    "num_tokens",    # gemm, token_op, step_op, moe: rows (M), the batch's tokens
     "n",             # gemm: output features
     "k",             # gemm: input features
     "block_size",
@@ -55,12 +44,39 @@ PROFILE_COLUMNS = (
     "num_kv_heads",  # per shard
     "head_dim",
     "dtype",         # KV dtype for attention, weight dtype for gemm
-    "time_s",        # median over repetitions, one layer (attention, gemm) or one copy
+    "time_s",        # median over repetitions: one layer (attention, gemm, token_op, moe), one step
+                     # (step_op, sequence_op) or one copy
     "bytes",         # bytes moved (attention: KV read; copy: read + written)
     "flops",
+    "decode_context_len",  # attention: tokens per decode sequence (0 = no decodes)
+    "calls",         # token_op / step_op: times the op runs per layer or per step (empty = 1)
+    "num_experts",   # moe: distinct experts the tokens activate on this rank
 )
 """Columns of a calibration profile CSV; `# key: value` lines before the header hold metadata
-(gpu, device name, torch and triton versions, date, grid)."""
+(`PROFILE_META_KEYS`). Files written before the last three columns existed still load."""
+
+PROFILE_KINDS = {
+    "decode": "paged decode attention of `batch` sequences of `context_len`, one layer",
+    "prefill": "causal attention of one chunk of `query_len` ending at `context_len`, one layer",
+    "attention": "one attention layer of a batch mixing a prefill chunk with `batch` decodes",
+    "gemm": "one linear layer's GEMM over `num_tokens` rows (lm_head: once per step, sampled rows)",
+    "token_op": "one non-GEMM per-token op of a layer over `num_tokens`, `calls` times per layer",
+    "step_op": "a per-token op run once per step (embedding, final norm) over `num_tokens`",
+    "sequence_op": "a per-step op over `batch` sampled sequences (lm_head, sampler)",
+    "moe": "one expert (MoE) layer over `num_tokens` routed to `num_experts` experts (stored, not yet modelled)",
+    "copy": "a device-to-device copy of `bytes`",
+}
+
+PROFILE_META_KEYS = (
+    "gpu",            # the device the profile was measured on (kvsim preset name or driver's name)
+    "model",          # the model's name as the source gives it
+    "tensor_parallel_size",
+    "kv_cache_dtype",  # bfloat16 | float16 | fp8
+    "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+    "intermediate_size", "vocab_size",  # full-model shapes; checked against the model used
+    "source_repository", "source_commit", "source_licence", "source_path",
+)
+"""Metadata keys the importers record and `kvsim.profiles.check_profile` compares; others are kept."""
 
 
 @dataclass(slots=True)
@@ -137,60 +153,3 @@ class ConstantLatency:
 
     def step_time(self, plan: StepPlan) -> float:
         return self.step_s + (plan.swap_in_bytes + plan.swap_out_bytes) / self.link
-
-
-class RooflineLatency:
-    """Datasheet roofline of one step (see the module docstring for every term)."""
-
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
-                 overhead_s: float = 0.002, overlap_swap: bool = False) -> None:
-        from kvsim.capacity import kv_bytes_per_block, kv_bytes_per_token
-
-        tp = engine.tensor_parallel_size
-        self.name = "roofline"
-        self.flops = gpu.fp16_flops
-        self.bandwidth = gpu.hbm_bandwidth_bytes_per_s
-        self.link = gpu.host_link_bandwidth_bytes_per_s
-        self.overhead_s = overhead_s
-        self.overlap_swap = overlap_swap
-        assert model.num_params is not None
-        lm_head_params = model.vocab_size * model.hidden_size
-        embed_params = lm_head_params * (1 if model.tie_word_embeddings else 2)
-        self.layer_params = (model.num_params - embed_params) / tp
-        self.layer_weight_bytes = self.layer_params * model.dtype_bytes
-        self.lm_head_params = lm_head_params / tp
-        self.lm_head_bytes = self.lm_head_params * model.dtype_bytes
-        heads = max(1, model.num_attention_heads // tp)
-        self.attn_flops_per_pair = 4 * model.num_layers * heads * model.head_dim
-        self.kv_bytes_per_token = kv_bytes_per_token(model, engine)
-        self.copy_bytes_per_block = 2 * kv_bytes_per_block(model, engine)
-
-    def gemm_s(self, num_tokens: int, num_sampled: int) -> float:
-        return (max(2 * self.layer_params * num_tokens / self.flops, self.layer_weight_bytes / self.bandwidth)
-                + max(2 * self.lm_head_params * num_sampled / self.flops, self.lm_head_bytes / self.bandwidth))
-
-    def decode_s(self, sum_decode_context: int) -> float:
-        return max(self.attn_flops_per_pair * sum_decode_context / self.flops,
-                   sum_decode_context * self.kv_bytes_per_token / self.bandwidth)
-
-    def prefill_s(self, prefill_work: float, prefill_context: int) -> float:
-        return max(self.attn_flops_per_pair * prefill_work / self.flops,
-                   prefill_context * self.kv_bytes_per_token / self.bandwidth)
-
-    def fixed_s(self, plan: StepPlan) -> float:
-        """Copies and the per-step overhead: terms no profile measures."""
-        return plan.num_copied_blocks * self.copy_bytes_per_block / self.bandwidth + self.overhead_s
-
-    def total_s(self, compute_s: float, plan: StepPlan) -> float:
-        """Add swap transfers to the compute time, serially or overlapped."""
-        swap = (plan.swap_in_bytes + plan.swap_out_bytes) / self.link
-        return max(compute_s, swap) if self.overlap_swap else compute_s + swap
-
-    def step_time(self, plan: StepPlan) -> float:
-        compute = 0.0
-        if plan.num_tokens:
-            decode_ctx = plan.sum_decode_context_tokens
-            compute = (self.gemm_s(plan.num_tokens, plan.num_sampled) + self.decode_s(decode_ctx)
-                       + self.prefill_s(plan.attention_work - decode_ctx, plan.sum_context_tokens - decode_ctx)
-                       + self.fixed_s(plan))
-        return self.total_s(compute, plan)

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kvsim.config import EngineConfig
+from kvsim.config import EngineConfig, GPULink
 from kvsim.errors import KvsimError, from_validation_error
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -152,12 +152,17 @@ class Workload(BaseModel):
 
 
 class LatencyConfig(BaseModel):
-    """`roofline` (datasheet), `calibrated` (a measured profile CSV) or `constant` (tests)."""
+    """`roofline` (datasheet rates at achievable fractions), `calibrated` or `constant` (tests).
+
+    `profile` (calibrated) is a kvsim profile CSV, an LLMServingSim profile bundle folder or a
+    Vidur `mlp.csv` (see `kvsim.profiles`). `overhead_s`, when given, replaces the modelled CPU
+    overhead per step (fixed + per sequence, `kvsim.roofline`) by a constant.
+    """
 
     model_config = _STRICT
     model: Literal["roofline", "calibrated", "constant"] = "roofline"
     profile: str | None = None
-    overhead_s: float = Field(default=0.002, ge=0)
+    overhead_s: float | None = Field(default=None, ge=0)
     overlap_swap: bool = False
     step_s: float = Field(default=0.01, gt=0)
 
@@ -177,6 +182,9 @@ class Scenario(BaseModel):
     engine: EngineConfig = EngineConfig()
     workload: Workload
     latency: LatencyConfig = LatencyConfig()
+    gpu_link: GPULink | None = None
+    """Replaces the GPU's link: one cluster's interconnect (e.g. PCIe through host memory when
+    peer-to-peer is off) rather than the GPU's datasheet."""
     seed: int = 0
     base_dir: str = Field(default=".", exclude=True)
 

@@ -4,11 +4,13 @@ import logging
 
 import pytest
 
-from kvsim.calibration import CalibratedLatency, Interp1D, Interp2D, read_profile
+from kvsim.calibration import CalibratedLatency, Interp1D, NestedInterp
 from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.engine import simulate
 from kvsim.errors import KvsimError
-from kvsim.latency import PROFILE_COLUMNS, RooflineLatency, StepPlan
+from kvsim.latency import PROFILE_COLUMNS, StepPlan
+from kvsim.profiles.native import read_native
+from kvsim.roofline import RooflineLatency
 from kvsim.scenario import make_scenario
 
 MODEL = load_model("llama-3.1-8b")
@@ -24,7 +26,7 @@ def gemm_time(t):
     return 2e-5 + 1e-8 * t
 
 
-def write_synthetic(path, drop=None):
+def write_synthetic(path, drop=None, gpu="h200", extra_gemm_rows=()):
     rows = []
     shape = {"block_size": 16, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16"}
     for b in BATCHES:
@@ -39,16 +41,20 @@ def write_synthetic(path, drop=None):
     for op in ("qkv", "o", "gate_up", "down", "lm_head"):
         for t in (1, 64, 512, 4096):
             rows.append({"kind": "gemm", "op": op, "num_tokens": t, "time_s": gemm_time(t), "dtype": "bfloat16"})
-    lines = ["# gpu: synthetic", ",".join(PROFILE_COLUMNS)]
+    rows += list(extra_gemm_rows)
+    lines = [f"# gpu: {gpu}", ",".join(PROFILE_COLUMNS)]
     lines += [",".join(str(r.get(c, "")) for c in PROFILE_COLUMNS) for r in rows]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
+def roofline():
+    return RooflineLatency(MODEL, load_gpu("h200"), ENGINE, overhead_s=0.0)
+
+
 @pytest.fixture
 def model(tmp_path):
-    roofline = RooflineLatency(MODEL, load_gpu("h200"), ENGINE, overhead_s=0.0)
-    return CalibratedLatency.from_csv(write_synthetic(tmp_path / "p.csv"), MODEL, ENGINE, roofline)
+    return CalibratedLatency.from_csv(write_synthetic(tmp_path / "p.csv"), MODEL, ENGINE, roofline())
 
 
 def decode_plan(batch, context):
@@ -57,10 +63,17 @@ def decode_plan(batch, context):
     return plan
 
 
+def missing_terms(tokens, sampled):
+    """What the synthetic profile lacks (token ops, sampler): the roofline's estimate of those terms."""
+    roof = roofline()
+    return roof.token_ops_s(tokens) + roof.sampler_s(sampled)
+
+
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_agrees_with_the_profile_at_measured_points(model, batch, context):
-    expected = decode_time(batch, context) * 32 + gemm_time(batch) * 4 * 32 + gemm_time(batch)
+    expected = (decode_time(batch, context) * 32 + gemm_time(batch) * 4 * 32 + gemm_time(batch)
+                + missing_terms(batch, batch))
     assert model.step_time(decode_plan(batch, context)) == pytest.approx(expected, rel=1e-9)
 
 
@@ -72,11 +85,27 @@ def test_monotone_in_batch_and_context(model):
         assert list(col) == sorted(col)
 
 
-def test_prefill_interpolates_work(model):
+def test_prefill_reads_the_chunk_and_its_cached_tokens(model):
     plan = StepPlan()
     plan.add(256, 4096, 1, samples=True)
-    expected = 1e-12 * 256 * (4096 + 257 / 2) * 32 + gemm_time(256) * 4 * 32 + gemm_time(1)
+    expected = 1e-12 * 256 * (4096 + 257 / 2) * 32 + gemm_time(256) * 4 * 32 + gemm_time(1) + missing_terms(256, 1)
     assert model.step_time(plan) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_profile_without_mixed_batches_adds_prefill_and_decode_kernels(model):
+    plan = StepPlan()
+    plan.add(256, 4096, 1, samples=True)
+    plan.add(1, 1023, 16, samples=True)
+    attention = (1e-12 * 256 * (4096 + 257 / 2) + decode_time(16, 1024)) * 32
+    expected = attention + gemm_time(272) * 4 * 32 + gemm_time(17) + missing_terms(272, 17)
+    assert model.step_time(plan) == pytest.approx(expected, rel=1e-9)
+
+
+def test_missing_terms_are_named_once_at_load(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        CalibratedLatency.from_csv(write_synthetic(tmp_path / "p.csv"), MODEL, ENGINE, roofline())
+    warnings = [r.getMessage() for r in caplog.records if "has no" in r.getMessage()]
+    assert warnings == ["calibrated latency: profile p has no token ops, sampler; using the roofline for them"]
 
 
 def test_outside_the_grid_falls_back_to_roofline_with_one_warning(model, caplog):
@@ -84,38 +113,73 @@ def test_outside_the_grid_falls_back_to_roofline_with_one_warning(model, caplog)
         model.step_time(decode_plan(200, 1024))
         model.step_time(decode_plan(300, 1024))
     warnings = [r for r in caplog.records if "outside the profile" in r.message]
-    assert len(warnings) == 1  # decode attention only (the gemm grid covers 200 and 300 tokens), once
-    roof = RooflineLatency(MODEL, load_gpu("h200"), ENGINE, overhead_s=0.0)
-    assert model.decode_s(200, 200 * 1024) == roof.decode_s(200 * 1024)
+    assert len(warnings) == 1  # attention only (the gemm grid covers 200 and 300 tokens), once
+    plan = decode_plan(200, 1024)
+    assert model.attention_s(plan) == roofline().attention_s(plan)
 
 
 def test_noisy_profiles_are_made_monotone():
     f = Interp1D([1, 2, 3], [1.0, 0.5, 2.0])
     assert f(2) == 1.0 and f(1.5) == 1.0 and f(4) is None
-    g = Interp2D({(1, 1): 1.0, (1, 2): 0.5, (2, 1): 0.2, (2, 2): 3.0})
-    assert g(1, 2) == 1.0 and g(2, 1) == 1.0
 
 
-def test_incomplete_grid_and_wrong_shape_are_errors(tmp_path):
-    roofline = RooflineLatency(MODEL, load_gpu("h200"), ENGINE)
-    with pytest.raises(KvsimError, match="not complete"):
-        CalibratedLatency.from_csv(write_synthetic(tmp_path / "a.csv", drop=(4, 1024)), MODEL, ENGINE, roofline)
+def test_a_point_measured_twice_is_averaged_not_a_crash(tmp_path):
+    f = Interp1D([1, 2, 2], [1.0, 2.0, 4.0])  # the largest x twice: once a ZeroDivisionError
+    assert f(2) == 3.0 and f(1.5) == 2.0
+    twice = [{"kind": "gemm", "op": op, "num_tokens": 4096, "time_s": gemm_time(4096) * 3, "dtype": "bfloat16"}
+             for op in ("qkv", "o", "gate_up", "down")]
+    model = CalibratedLatency.from_csv(write_synthetic(tmp_path / "p.csv", extra_gemm_rows=twice), MODEL, ENGINE,
+                                       roofline())
+    assert model.linear_s(4096) == pytest.approx(gemm_time(4096) * 2 * 4 * 32, rel=1e-12)  # mean of t and 3t
+
+
+def test_nested_interpolation_blends_in_log1p_and_tolerates_holes():
+    one = NestedInterp([((0.0,), 1.0), ((15.0,), 5.0)])
+    assert one(3.0) == pytest.approx(3.0)  # log(1+3) / log(1+15) = 1/2 of the way
+    assert one(16.0) is None
+    # axis 1 at 15 has only its 0 point: the lookup at (3, 3) keeps the side that answers
+    holes = NestedInterp([((0.0, 0.0), 1.0), ((0.0, 15.0), 5.0), ((15.0, 0.0), 2.0)])
+    assert holes(3.0, 3.0) == pytest.approx(3.0)
+    assert holes(3.0, 0.0) == pytest.approx(1.5)
+
+
+def test_wrong_attention_shape_and_bad_files_are_errors(tmp_path):
     with pytest.raises(KvsimError, match="no attention rows"):
-        CalibratedLatency.from_csv(write_synthetic(tmp_path / "b.csv"), load_model("llama-2-7b"), ENGINE, roofline)
+        CalibratedLatency.from_csv(write_synthetic(tmp_path / "b.csv"), load_model("llama-2-7b"), ENGINE, roofline())
     bad = tmp_path / "c.csv"
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(KvsimError, match="expected the columns"):
-        read_profile(bad)
+        read_native(bad)
+
+
+def test_profiles_written_before_the_new_columns_still_load(tmp_path):
+    path = write_synthetic(tmp_path / "old.csv")
+    lines = path.read_text().splitlines()
+    legacy = [lines[0]] + [",".join(line.split(",")[:16]) for line in lines[1:]]
+    path.write_text("\n".join(legacy) + "\n")
+    model = CalibratedLatency.from_csv(path, MODEL, ENGINE, roofline())
+    assert model.step_time(decode_plan(4, 1024)) == pytest.approx(
+        decode_time(4, 1024) * 32 + gemm_time(4) * 4 * 32 + gemm_time(4) + missing_terms(4, 4), rel=1e-9)
+
+
+def scenario_raw(profile):
+    return {"model": "llama-3.1-8b", "gpu": "h200", "engine": {"max_model_len": 8192},
+            "latency": {"model": "calibrated", "profile": profile},
+            "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate": 20},
+                         "prompt_len": {"dist": "fixed", "value": 300}, "output_len": {"dist": "fixed", "value": 50}}}
 
 
 def test_scenario_with_calibrated_latency_runs_end_to_end(tmp_path):
     write_synthetic(tmp_path / "prof.csv")
-    raw = {"model": "llama-3.1-8b", "gpu": "h200", "engine": {"max_model_len": 8192},
-           "latency": {"model": "calibrated", "profile": "prof.csv"},
-           "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate": 20},
-                        "prompt_len": {"dist": "fixed", "value": 300}, "output_len": {"dist": "fixed", "value": 50}}}
+    raw = scenario_raw("prof.csv")
     summary = simulate(make_scenario(raw, base_dir=tmp_path)).summary
-    assert summary["latency_model"] == "calibrated(prof: synthetic)"
+    assert summary["latency_model"] == "calibrated(prof: h200)"
     assert summary["num_finished"] == 60
     roof = simulate(make_scenario({**raw, "latency": {"model": "roofline"}}, base_dir=tmp_path)).summary
     assert summary["tpot_s"]["mean"] != roof["tpot_s"]["mean"]
+
+
+def test_scenario_refuses_a_profile_from_another_gpu(tmp_path):
+    write_synthetic(tmp_path / "prof.csv", gpu="NVIDIA A100-SXM4-80GB")
+    with pytest.raises(KvsimError, match="measured on gpu='NVIDIA A100-SXM4-80GB', but the scenario's gpu is 'h200'"):
+        simulate(make_scenario(scenario_raw("prof.csv"), base_dir=tmp_path))

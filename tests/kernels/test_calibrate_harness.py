@@ -5,7 +5,7 @@ import torch
 from kernels.calibrate import Grid, LayerShapes, measure, plan
 from kvsim.calibration import CalibratedLatency
 from kvsim.config import EngineConfig, load_gpu, load_model
-from kvsim.latency import RooflineLatency
+from kvsim.roofline import RooflineLatency
 
 
 def test_tiny_grid_writes_a_profile_the_model_reads(tmp_path):

@@ -1,0 +1,57 @@
+"""kvsim's own profile CSV: `# key: value` metadata lines, then `kvsim.latency.PROFILE_COLUMNS`.
+
+Written by `kvsim calibrate` (kernels/calibrate.py) and by `write_native` for imported profiles,
+so an import can be done once and shipped as one file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from kvsim.errors import KvsimError
+from kvsim.latency import PROFILE_COLUMNS
+from kvsim.profiles import Profile
+
+NUM_LEGACY_COLUMNS = 16
+"""Profiles written before `decode_context_len`, `calls` and `num_experts` existed have only these."""
+
+
+def read_native(path: Path) -> Profile:
+    """Metadata and rows of a kvsim profile CSV; a bad file is a `KvsimError`."""
+    meta: dict[str, str] = {}
+    lines = []
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise KvsimError(f"profile {path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            key, _, value = line[1:].partition(":")
+            meta[key.strip()] = value.strip()
+        elif line.strip():
+            lines.append(line)
+    reader = csv.DictReader(lines)
+    header = tuple(reader.fieldnames or ())
+    if len(header) < NUM_LEGACY_COLUMNS or header != PROFILE_COLUMNS[:len(header)]:
+        raise KvsimError(f"profile {path}: expected the columns {','.join(PROFILE_COLUMNS)}")
+    rows = [{c: (r.get(c) or "") for c in PROFILE_COLUMNS} for r in reader]
+    if not rows:
+        raise KvsimError(f"profile {path}: no rows")
+    return Profile(path.stem, meta, rows)
+
+
+def write_native(profile: Profile, path: Path) -> Path:
+    """Write `profile` as a kvsim CSV (metadata first), atomically: a temporary file renamed at the end."""
+    out = io.StringIO()
+    for key, value in profile.meta.items():
+        out.write(f"# {key}: {value}\n")
+    writer = csv.DictWriter(out, fieldnames=PROFILE_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(profile.rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(out.getvalue())
+    tmp.replace(path)
+    return path

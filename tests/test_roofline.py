@@ -1,0 +1,80 @@
+"""The roofline's terms and the tensor-parallel all-reduce, with numbers derived by hand or from public data."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from kvsim.collectives import allreduce_s
+from kvsim.config import EngineConfig, GPULink, load_gpu, load_model
+from kvsim.latency import StepPlan
+from kvsim.roofline import DATASHEET, RooflineLatency
+
+LLAMA = load_model("llama-3.1-8b")
+RTX = load_gpu("rtx-pro-6000")
+TP1 = EngineConfig(max_model_len=8192)
+PROFILE = Path(__file__).resolve().parents[2] / "shared" / "validation" / "profiles" / "RTXPRO6000"
+
+
+def test_ring_allreduce_by_hand():
+    pcie = RTX.resolved_link  # 64 GB/s each way, 1 us per ring step; PCIe reaches 57 % in an all-reduce
+    assert allreduce_s(4 * 2**20, 2, pcie) == pytest.approx(4 * 2**20 / (0.57 * 64e9) + 2 * 1e-6 + 8.4e-6)
+    nvlink = load_gpu("h100-80gb").resolved_link  # 450 GB/s each way, 0.5 us per step, 80 %
+    assert allreduce_s(1e6, 4, nvlink) == pytest.approx(2 * 3 / 4 * 1e6 / (0.8 * 450e9) + 6 * 0.5e-6 + 8.4e-6)
+    assert allreduce_s(1e6, 1, nvlink) == 0.0
+    given = GPULink(kind="pcie", bandwidth_bytes_per_s=16e9, latency_s=20e-6, efficiency=1.0)
+    assert allreduce_s(1.6e6, 2, given) == pytest.approx(1.6e6 / 16e9 + 2 * 20e-6 + 8.4e-6)
+
+
+@pytest.mark.parametrize(("num_bytes", "measured_us"), [(1048576, 41.04), (4194304, 124.87), (20971520, 587.09)])
+def test_pcie_allreduce_matches_published_nccl_measurements(num_bytes, measured_us):
+    """LLMServingSim's NCCL all-reduce on two RTX PRO 6000 over PCIe (profiler/perf/RTXPRO6000/hardware.yaml)."""
+    assert allreduce_s(num_bytes, 2, RTX.resolved_link) == pytest.approx(measured_us * 1e-6, rel=0.06)
+
+
+def test_tensor_parallel_adds_two_allreduces_per_layer():
+    tp2 = RooflineLatency(LLAMA, RTX, EngineConfig(max_model_len=8192, tensor_parallel_size=2))
+    one = 128 * 4096 * 2 / (0.57 * 64e9) + 2 * 1e-6 + 8.4e-6  # 128 tokens of a 4096-wide bf16 hidden state
+    assert tp2.allreduce_s(128) == pytest.approx(2 * 32 * one)
+    assert RooflineLatency(LLAMA, RTX, TP1).allreduce_s(128) == 0.0
+    plan = StepPlan()
+    plan.add(1, 511, 128, samples=True)
+    assert tp2.fixed_s(plan) == pytest.approx(tp2.allreduce_s(128) + tp2.cpu_s(128))
+
+
+def test_datasheet_efficiency_is_the_bare_roofline():
+    bare = RooflineLatency(LLAMA, RTX, TP1, overhead_s=0.0, efficiency=DATASHEET)
+    # decode reads 128 KiB of KV per token (2 · 32 layers · 8 heads · 128 · 2 bytes) at 1.597 TB/s
+    assert bare.decode_s(16, 16 * 1000) == pytest.approx(16 * 1000 * 131072 / 1.597e12)
+    # one layer: q, o = 4096², k, v = 4096 · 1024 each, MLP 3 · 4096 · 14336 parameters
+    params = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    flops, weights = 2 * params * 2048 / 483.6e12, params * 2 / 1.597e12
+    assert bare.linear_s(2048) == pytest.approx(32 * (flops**2 + weights**2) ** 0.5)
+    assert bare.cpu_s(128) == 0.0
+
+
+def test_cpu_overhead_is_fixed_plus_per_sequence_unless_given():
+    assert RooflineLatency(LLAMA, RTX, TP1).cpu_s(100) == pytest.approx(0.2e-3 + 100 * 5e-6)
+    assert RooflineLatency(LLAMA, RTX, TP1, overhead_s=0.002).cpu_s(100) == 0.002
+
+
+def test_decodes_batched_with_a_prefill_read_kv_slower():
+    roof = RooflineLatency(LLAMA, RTX, TP1)
+    floor = 32 * (2.5e-6 + 64 * 0.1e-6)
+    kv_bytes = 64 * 1024 * 131072
+    assert roof.decode_s(64, 64 * 1024) == pytest.approx(floor + kv_bytes / (0.85 * 1.597e12))
+    assert roof.decode_s(64, 64 * 1024, mixed=True) == pytest.approx(floor + kv_bytes / (0.35 * 1.597e12))
+
+
+def _profile_us(layers, tokens):
+    path = PROFILE / "meta-llama" / "Llama-3.1-8B" / "bf16" / "tp1" / "dense.csv"
+    with path.open() as f:
+        return sum(float(r["time_us"]) for r in csv.DictReader(f) if r["layer"] in layers and r["tokens"] == str(tokens))
+
+
+@pytest.mark.skipif(not PROFILE.is_dir(), reason="needs ../shared/validation")
+@pytest.mark.parametrize("tokens", [1, 128, 512, 2048])
+def test_roofline_linear_layers_match_the_public_profile(tokens):
+    """The fitted fractions reproduce the measured GEMMs of Llama-3.1-8B on the RTX PRO 6000 within 10 %."""
+    measured = 32 * _profile_us({"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}, tokens) * 1e-6
+    assert RooflineLatency(LLAMA, RTX, TP1).linear_s(tokens) == pytest.approx(measured, rel=0.10)
