@@ -12,6 +12,12 @@ casys-kaist/LLMServingSim, MIT): 12.7 us at 4 KiB, 41 us at 1 MiB, 125 us at 4 M
 20 MiB, i.e. 36 GB/s of the link's 64 GB/s (η = 0.57) and about 10 us of fixed latency; NCCL's
 baseLat for Ring/Simple is 8.4 us. NVLink reaches a larger share of its datasheet rate
 (nccl-tests bus bandwidth on H100 NVLink: about 80 %).
+
+A particular cluster can be slower than its GPUs' datasheet link (PCIe through host memory
+when peer-to-peer is off): a scenario's `gpu_link` then describes it. `kvsim validate` takes
+the measured cluster's link from LLMServingSim's cluster config (16 GB/s effective, 20 us per
+hop for the RTX PRO 6000 TP-2 run, 2.3x slower than the NCCL measurements above, which were
+taken later on another host), with that simulator's cost model: no separate base latency.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ if TYPE_CHECKING:
     from kvsim.config import GPULink
 
 BASE_LATENCY_S = 8.4e-6
-"""NCCL's per-collective base latency (tuning.cc baseLat, Ring/Simple)."""
+"""NCCL's per-collective base latency (tuning.cc baseLat, Ring/Simple), unless the link gives its own."""
 
 LINK_EFFICIENCY = {"pcie": 0.57, "nvlink": 0.80}
 """Achievable fraction of the link's datasheet bandwidth for an all-reduce (sources above), used
@@ -35,5 +41,6 @@ def allreduce_s(num_bytes: float, num_gpus: int, link: GPULink) -> float:
         return 0.0
     steps = 2 * (num_gpus - 1)
     efficiency = link.efficiency if link.efficiency is not None else LINK_EFFICIENCY[link.kind]
+    base = link.collective_latency_s if link.collective_latency_s is not None else BASE_LATENCY_S
     transfer = steps / num_gpus * num_bytes / (efficiency * link.bandwidth_bytes_per_s)
-    return transfer + steps * link.latency_s + BASE_LATENCY_S
+    return transfer + steps * link.latency_s + base

@@ -177,6 +177,9 @@ class GPULink(BaseModel):
     `efficiency` is the fraction of that bandwidth an all-reduce achieves; None means the
     measured default for the link's kind (`kvsim.collectives.LINK_EFFICIENCY`), 1.0 suits a
     bandwidth that is already an effective figure (a simulator's cluster description).
+    `collective_latency_s` is the fixed cost of launching one collective; None means NCCL's
+    (`kvsim.collectives.BASE_LATENCY_S`); 0 suits a description whose per-hop latency already
+    includes it (LLMServingSim's `link_latency`).
     """
 
     model_config = _FROZEN
@@ -185,6 +188,7 @@ class GPULink(BaseModel):
     bandwidth_bytes_per_s: float = Field(gt=0)
     latency_s: float = Field(ge=0)
     efficiency: float | None = Field(default=None, gt=0, le=1)
+    collective_latency_s: float | None = Field(default=None, ge=0)
     source: str = "user-defined"
 
 

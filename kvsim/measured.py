@@ -47,6 +47,8 @@ class MeasuredRun:
     `records`: the workload to replay: arrivals (same clock as `requests`), lengths and token
     ids where known. `engine`: vLLM engine arguments under kvsim's names.
     `peer`: LLMServingSim's per-request prediction (same columns), if present.
+    `link`: the GPU-to-GPU link as LLMServingSim's cluster config describes this cluster
+    (`bandwidth_bytes_per_s`, an effective rate, and `latency_s` per hop), if present.
     """
 
     name: str
@@ -60,6 +62,7 @@ class MeasuredRun:
     data_parallel_size: int = 1
     expert_parallel: bool = False
     peer: pd.DataFrame | None = None
+    link: dict[str, float] | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -201,13 +204,14 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     engine = {k: kwargs[k] for k in ENGINE_KEYS if kwargs.get(k) is not None}
     config = run_dir / "config.json"
     hardware = _hardware(config) if config.is_file() else None
+    link = _link(config) if config.is_file() else None
     return MeasuredRun(
         name=run_dir.name, source="vllm-measured", model_id=str(meta.get("model") or kwargs.get("model")),
         requests=requests, records=records, engine=engine, timeseries=timeseries,
         hardware=hardware or run_dir.resolve().parent.name,
         data_parallel_size=int(kwargs.get("data_parallel_size") or 1),
         expert_parallel=bool(kwargs.get("enable_expert_parallel")),
-        peer=read_llmservingsim(run_dir / "outputs" / "sim.csv"), notes=notes,
+        peer=read_llmservingsim(run_dir / "outputs" / "sim.csv"), link=link, notes=notes,
     )
 
 
@@ -219,6 +223,16 @@ def _hardware(config: Path) -> str | None:
             if instance.get("hardware"):
                 return str(instance["hardware"])
     return None
+
+
+def _link(config: Path) -> dict[str, float] | None:
+    """`link_bw` (GB/s) and `link_latency` (ns) of LLMServingSim's cluster config, in kvsim's units."""
+    raw = _read_json(config)
+    if not isinstance(raw, dict) or not isinstance(raw.get("link_bw"), (int, float)):
+        return None
+    latency_ns = raw.get("link_latency", 0)
+    return {"bandwidth_bytes_per_s": float(raw["link_bw"]) * 1e9,
+            "latency_s": float(latency_ns) * 1e-9 if isinstance(latency_ns, (int, float)) else 0.0}
 
 
 def read_llmservingsim(path: Path) -> pd.DataFrame | None:

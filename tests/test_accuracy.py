@@ -21,17 +21,7 @@ MEANS = ("TTFT mean (s)", "TPOT mean (s)", "E2E mean (s)")
 TOLERANCE_PCT = {"calibrated": 5.0, "roofline": 15.0}
 
 # (case, latency, metric or "peer <metric>") -> why it is not met yet (current error)
-NOT_YET_MET: dict[tuple[str, str, str], str] = {
-    **{(case, "calibrated", m): "the measured-profile importer has not landed" for case in DENSE for m in MEANS},
-    **{(case, "calibrated", f"peer {m}"): "the measured-profile importer has not landed"
-       for case in DENSE for m in MEANS[1:]},
-    ("Llama-3.1-8B", "roofline", "TTFT mean (s)"): "-56.6 %",
-    ("Llama-3.1-8B", "roofline", "TPOT mean (s)"): "-23.0 %",
-    ("Llama-3.1-8B", "roofline", "E2E mean (s)"): "-31.5 %",
-    ("Qwen3-32B", "roofline", "TTFT mean (s)"): "-69.4 %",
-    ("Qwen3-32B", "roofline", "TPOT mean (s)"): "-50.9 % (no tensor-parallel term)",
-    ("Qwen3-32B", "roofline", "E2E mean (s)"): "-58.5 %",
-}
+NOT_YET_MET: dict[tuple[str, str, str], str] = {}
 
 
 @cache

@@ -78,3 +78,22 @@ def test_roofline_linear_layers_match_the_public_profile(tokens):
     """The fitted fractions reproduce the measured GEMMs of Llama-3.1-8B on the RTX PRO 6000 within 10 %."""
     measured = 32 * _profile_us({"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}, tokens) * 1e-6
     assert RooflineLatency(LLAMA, RTX, TP1).linear_s(tokens) == pytest.approx(measured, rel=0.10)
+
+
+MEASURED = PROFILE.parents[1] / "measured" / "RTXPRO6000"
+
+
+@pytest.mark.skipif(not MEASURED.is_dir(), reason="needs ../shared/validation")
+def test_validate_uses_the_measured_clusters_link_for_tensor_parallel_runs(tmp_path):
+    from kvsim.measured import load_measured
+    from kvsim.validate import build_scenario
+
+    qwen = load_measured(MEASURED / "Qwen3-32B")  # LLMServingSim's config.json: link_bw 16 (GB/s), 20000 ns
+    assert qwen.link == {"bandwidth_bytes_per_s": 16e9, "latency_s": pytest.approx(20e-6)}
+    trace = tmp_path / "w.jsonl"
+    trace.write_text("")
+    link = build_scenario(qwen, trace, model="qwen3-32b", gpu="rtx-pro-6000").gpu_link
+    assert link is not None and (link.efficiency, link.collective_latency_s) == (1.0, 0.0)
+    assert allreduce_s(1.6e6, 2, link) == pytest.approx(1.6e6 / 16e9 + 2 * 20e-6)  # ASTRA-sim's ring on 2 GPUs
+    llama = load_measured(MEASURED / "Llama-3.1-8B")
+    assert build_scenario(llama, trace, model="llama-3.1-8b", gpu="rtx-pro-6000").gpu_link is None
