@@ -121,13 +121,15 @@ def capacity(
     elif output_format is Format.csv:
         sys.stdout.write(rows_to_csv(rows))
     elif output_format is Format.markdown:
-        headline = [{"quantity": k, "value": v} for k, v in data.items() if k != "rows"]
-        sys.stdout.write(rows_to_markdown(headline) + "\n" + rows_to_markdown(rows))
+        headline = [{"quantity": k, "value": v} for k, v in data.items() if k not in ("rows", "kv_types")]
+        sys.stdout.write(rows_to_markdown(headline) + "\n" + rows_to_markdown(data["kv_types"]) + "\n"
+                         + rows_to_markdown(rows))
     else:
         from rich.console import Console
 
         console = Console()
         console.print(_headline(plan))
+        console.print(rows_to_rich(data["kv_types"], title="KV by attention type (one request at max_model_len)"))
         console.print(rows_to_rich(rows, title="Max concurrent sequences by context length"))
 
 
@@ -351,8 +353,10 @@ def _headline(plan) -> str:  # plan: kvsim.capacity.CapacityPlan
     return (
         f"[bold]{plan.model}[/] on [bold]{plan.gpu}[/]  kv_cache_dtype={plan.kv_cache_dtype}  "
         f"block_size={plan.block_size}  max_model_len={plan.max_model_len:,}\n"
-        f"KV: {plan.bytes_per_token:,} B/token, {plan.bytes_per_block:,} B/block; "
-        f"weights {plan.weights_bytes / gib:.2f} GiB; KV pool {plan.kv_pool_bytes / gib:.2f} GiB = "
+        f"KV: {plan.bytes_per_token:,} B/token, {plan.bytes_per_block:,} B/block, "
+        f"{plan.num_kv_groups} KV group(s) of {plan.layers_per_kv_group} layers\n"
+        f"params {plan.num_params / 1e9:.2f}B ({plan.active_params_per_token / 1e9:.2f}B active per token); "
+        f"weights {plan.weights_bytes / gib:.2f} GiB per GPU; KV pool {plan.kv_pool_bytes / gib:.2f} GiB = "
         f"{plan.num_gpu_blocks:,} blocks ({plan.num_token_slots:,} token slots)\n"
         f"vLLM 'maximum concurrency' at max_model_len: {plan.max_concurrency:.2f}x "
         f"(fp8 KV: {plan.num_gpu_blocks_fp8:,} blocks, {plan.max_concurrency_fp8:.2f}x)"

@@ -3,8 +3,9 @@
 Everything a user types passes through here once, at the boundary; the rest of kvsim
 trusts these frozen objects. A bad value raises `KvsimError` naming the field and value.
 
-Models load from a Hugging Face `config.json` (Llama, Mistral, Qwen2 and OPT field names)
-or a preset name (`kvsim/presets/models/*.json`, the same format). GPUs load from a preset
+Models load from a Hugging Face `config.json` (the families in `kvsim.families`: Llama,
+Mistral, Qwen2/3, Qwen3-MoE, Mixtral, DeepSeek-V2/V3, gpt-oss, Gemma 3, Llama 4, OPT) or a
+preset name (`kvsim/presets/models/*.json`, the same format). GPUs load from a preset
 name (`kvsim/presets/gpus.yaml`) or a YAML/JSON file with `GPUSpec`'s fields.
 """
 
@@ -61,15 +62,61 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
+LayerType = Literal["full_attention", "sliding_attention", "chunked_attention"]
+WeightQuant = Literal["fp8", "mxfp4"]
+
+
+class MLASpec(BaseModel):
+    """Multi-head latent attention (DeepSeek-V2/V3): K and V are rebuilt from one cached latent of
+    `kv_lora_rank + qk_rope_head_dim` values per token per layer."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kv_lora_rank: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+    q_lora_rank: int | None = Field(default=None, gt=0)
+
+
+class MoESpec(BaseModel):
+    """A mixture of experts in `num_moe_layers` layers (the rest are dense with `intermediate_size`).
+
+    Each token is routed to `num_experts_per_tok` of `num_experts` gated experts of
+    `expert_intermediate_size`; `shared_expert_intermediate_size` is the total width of the
+    experts every token passes through (DeepSeek's shared experts, Llama 4's shared expert).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_experts: int = Field(gt=0)
+    num_experts_per_tok: int = Field(gt=0)
+    expert_intermediate_size: int = Field(gt=0)
+    shared_expert_intermediate_size: int = Field(default=0, ge=0)
+    num_moe_layers: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _check_top_k(self) -> MoESpec:
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} exceeds num_experts={self.num_experts}")
+        return self
+
+
 class ModelSpec(BaseModel):
     """The shapes of a decoder-only transformer that decide its KV and weight bytes.
 
-    `num_params` is computed from the shapes unless given (see `_count_params`).
+    Attention: every layer is full attention unless `layer_types` says otherwise
+    (`sliding_attention` keeps the last `sliding_window` tokens, `chunked_attention` the
+    current `attention_chunk_size`-token chunk); `mla` replaces K/V heads by one latent.
+    `moe` adds experts. `weight_quant` is the checkpoint's weight format where it is not
+    `dtype` (fp8: every linear layer 1 byte; mxfp4: experts 4.25 bits). `num_params` is
+    computed from the shapes unless given (`kvsim.weights.param_counts`).
     """
 
     model_config = _FROZEN
 
     name: str
+    model_type: str = "llama"
     num_layers: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
     num_attention_heads: int = Field(gt=0)
@@ -81,6 +128,12 @@ class ModelSpec(BaseModel):
     dtype: WeightDtype = "bfloat16"
     gated_mlp: bool = True
     tie_word_embeddings: bool = False
+    layer_types: tuple[LayerType, ...] | None = None
+    sliding_window: int | None = Field(default=None, gt=0)
+    attention_chunk_size: int | None = Field(default=None, gt=0)
+    mla: MLASpec | None = None
+    moe: MoESpec | None = None
+    weight_quant: WeightQuant | None = None
     num_params: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
@@ -90,57 +143,37 @@ class ModelSpec(BaseModel):
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_kv_heads={self.num_kv_heads}"
             )
+        types = set(self.layer_types or ())
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries, num_layers={self.num_layers}")
+        if "sliding_attention" in types and self.sliding_window is None:
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+        if "chunked_attention" in types and self.attention_chunk_size is None:
+            raise ValueError("layer_types has chunked_attention layers but attention_chunk_size is not set")
+        if self.moe is not None and self.moe.num_moe_layers > self.num_layers:
+            raise ValueError(f"moe.num_moe_layers={self.moe.num_moe_layers} exceeds num_layers={self.num_layers}")
         if self.num_params is None:
-            object.__setattr__(self, "num_params", _count_params(self))
+            from kvsim.weights import param_counts
+
+            object.__setattr__(self, "num_params", param_counts(self).total)
         return self
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
-
-def _count_params(m: ModelSpec) -> int:
-    """Parameters from the shapes (biases and norms included only where they are not negligible).
-
-    per layer: q, o = hidden · heads · head_dim each; k, v = hidden · kv_heads · head_dim each;
-               MLP = (3 if gated else 2) · hidden · intermediate; two norms = 2 · hidden
-    model:     embeddings vocab · hidden (+ the same again for an untied LM head)
-               + max_position_embeddings · hidden for OPT's learned positions (not gated)
-    """
-    attn = 2 * m.hidden_size * m.num_attention_heads * m.head_dim
-    attn += 2 * m.hidden_size * m.num_kv_heads * m.head_dim
-    mlp = (3 if m.gated_mlp else 2) * m.hidden_size * m.intermediate_size
-    per_layer = attn + mlp + 2 * m.hidden_size
-    embed = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)
-    if not m.gated_mlp:
-        embed += m.max_position_embeddings * m.hidden_size
-    return m.num_layers * per_layer + embed + m.hidden_size
+    @property
+    def resolved_layer_types(self) -> tuple[LayerType, ...]:
+        """One attention type per layer (all `full_attention` when `layer_types` is not set)."""
+        full: LayerType = "full_attention"
+        return self.layer_types or (full,) * self.num_layers
 
 
 def model_from_hf_config(raw: dict[str, Any], name: str) -> ModelSpec:
-    """Build a `ModelSpec` from a Hugging Face `config.json` dict (Llama/Mistral/Qwen2/OPT names)."""
-    is_opt = raw.get("model_type") == "opt"
-    try:
-        hidden = raw["hidden_size"]
-        heads = raw["num_attention_heads"]
-        fields = {
-            "name": name,
-            "num_layers": raw["num_hidden_layers"],
-            "hidden_size": hidden,
-            "num_attention_heads": heads,
-            "num_kv_heads": raw.get("num_key_value_heads") or heads,
-            "head_dim": raw.get("head_dim") or hidden // heads,
-            "intermediate_size": raw["ffn_dim"] if is_opt else raw["intermediate_size"],
-            "vocab_size": raw["vocab_size"],
-            "max_position_embeddings": raw.get("max_position_embeddings", 2048),
-            "dtype": raw.get("torch_dtype") or raw.get("dtype") or "float16",
-            "gated_mlp": not is_opt,
-            "tie_word_embeddings": raw.get("tie_word_embeddings", is_opt),
-        }
-    except KeyError as missing:
-        raise KvsimError(f"model config {name}: field {missing.args[0]!r} is missing") from None
-    if "num_params" in raw:
-        fields["num_params"] = raw["num_params"]
+    """Build a `ModelSpec` from a Hugging Face `config.json` dict (families: `kvsim.families`)."""
+    from kvsim.families import fields_from_hf_config
+
+    fields = fields_from_hf_config(raw, name)
     try:
         return ModelSpec(**fields)
     except ValidationError as error:
@@ -268,6 +301,10 @@ class EngineConfig(BaseModel):
     `watermark` is v0's fraction of blocks kept free at admission (v1 uses none).
     `slab_placement` places slab regions with a buddy allocator (the paper's Orca: regions
     rounded up to a power of two) or first-fit (exact sizes).
+    `data_parallel_size` engines each hold a full copy of the non-expert weights and their own
+    KV pool; with `enable_expert_parallel` the experts are split over tp · dp GPUs instead of
+    tp (vLLM's EP). `disable_hybrid_kv_cache_manager` allocates sliding-window and chunked
+    layers like full attention, as vLLM's flag does.
     """
 
     model_config = _FROZEN
@@ -279,6 +316,9 @@ class EngineConfig(BaseModel):
     kv_cache_memory_bytes: Bytes | None = None
     num_gpu_blocks_override: int | None = Field(default=None, gt=0)
     tensor_parallel_size: int = Field(default=1, gt=0)
+    data_parallel_size: int = Field(default=1, gt=0)
+    enable_expert_parallel: bool = False
+    disable_hybrid_kv_cache_manager: bool = False
     max_num_seqs: int | None = Field(default=None, gt=0, description="sequences, not requests (n=4 counts 4)")
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
     usage_context: Literal["openai_api_server", "llm_class"] = "openai_api_server"

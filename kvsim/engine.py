@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import simpy
 
-from kvsim.capacity import kv_bytes_per_block, kv_bytes_per_token, num_gpu_blocks, vllm_max_concurrency
+from kvsim.capacity import (
+    kv_bytes_per_block,
+    kv_bytes_per_token,
+    model_kv_layout,
+    model_max_concurrency,
+    num_gpu_blocks,
+)
 from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.errors import KvsimError
 from kvsim.latency import ConstantLatency, LatencyModel, StepPlan, burst_step_times
@@ -48,6 +54,10 @@ def make_allocator(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> Page
     Paged pools keep vLLM's null block (`num_gpu_blocks − 1` usable blocks); slab pools, the
     paper's Orca, have none: all `num_gpu_blocks · block_size` slots (OPT-13B in 12 GiB: 15,728).
     """
+    layout = model_kv_layout(model, engine)
+    if any(g.kind in ("sliding_window", "chunked_local") for g in layout.groups):
+        raise KvsimError(f"model={model.name}: simulating sliding-window/chunked KV groups is not supported yet; "
+                         "set engine.disable_hybrid_kv_cache_manager=true to allocate them as full attention")
     num_blocks = num_gpu_blocks(model, gpu, engine)
     if num_blocks < 2 and engine.allocator == "paged":
         raise KvsimError(f"num_gpu_blocks={num_blocks}: need at least 2 (one is vLLM's null block)")
@@ -227,7 +237,7 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
         "scheduler": engine.scheduler, "latency_model": latency.name, "seed": scenario.seed,
         "block_size": engine.block_size, "max_model_len": max_model_len, "num_gpu_blocks": num_blocks,
         "kv_cache_dtype": engine.kv_cache_dtype,
-        "vllm_max_concurrency": vllm_max_concurrency(num_blocks, max_model_len, engine.block_size),
+        "vllm_max_concurrency": model_max_concurrency(model, gpu, engine, num_blocks, max_model_len),
     }
     summary = summarize(requests_df, steps_df, scheduler, extra)
     return RunResult(scenario=scenario, requests=requests_df, steps=steps_df, summary=summary)

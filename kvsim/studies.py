@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.capacity import kv_bytes_per_block, num_gpu_blocks, paged_max_seqs, slab_max_seqs, vllm_max_concurrency
+from kvsim.capacity import kv_bytes_per_block, model_max_concurrency, num_gpu_blocks, paged_max_seqs, slab_max_seqs
 from kvsim.config import ceil_div, load_gpu, load_model
 from kvsim.engine import make_latency
 from kvsim.memory import fig2_shares
@@ -114,7 +114,7 @@ def context_concurrency(st: Study) -> Section:
             "max_model_len": n,
             "closed_form_paged_at_mean_len": paged_max_seqs(st.num_blocks, round(st.mean_kv_len), bs),
             "closed_form_slab_max": slab_max_seqs((st.num_blocks - 1) * bs, n),
-            "vllm_max_concurrency": round(vllm_max_concurrency(st.num_blocks, n, bs), 2),
+            "vllm_max_concurrency": round(model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks, n), 2),
             "simulated_paged_max_running": paged["max_running"],
             "simulated_slab_max_running": slab["max_running"],
             "paged_kv_usage_max": round(paged["kv_cache_usage_perc"]["max"], 3),
@@ -181,7 +181,8 @@ def capacity_formula(st: Study) -> Section:
     return Section("formula", "The capacity formula", {"capacity_formula": table},
                    {"fitted_constant": k, "closed_form_error": error, "pool_blocks": usable,
                     "num_kv_bound": int(kv_bound.sum()), "other_limits": sorted(set(limits) - {"kv"}),
-                    "vllm_max_concurrency": vllm_max_concurrency(st.num_blocks, st.max_model_len, bs)})
+                    "vllm_max_concurrency": model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks,
+                                                                   st.max_model_len)})
 
 
 def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
