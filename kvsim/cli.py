@@ -86,6 +86,10 @@ def capacity(
     kv_cache_memory_bytes: KvBytesOpt = None,
     num_gpu_blocks_override: BlocksOverrideOpt = None,
     tensor_parallel_size: TpOpt = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option("--max-num-batched-tokens")] = None,
+    data_parallel_size: Annotated[int | None, typer.Option("--data-parallel-size", "-dp")] = None,
+    enable_expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel")] = False,
+    disable_hybrid_kv_cache_manager: Annotated[bool, typer.Option("--disable-hybrid-kv-cache-manager")] = False,
     context_lengths: Annotated[str, typer.Option("--context-lengths")] = DEFAULT_CONTEXT_LENGTHS,
     shared_prefix_tokens: Annotated[int, typer.Option("--shared-prefix-tokens")] = 0,
     num_sequences: Annotated[int, typer.Option("--num-sequences")] = 100,
@@ -105,6 +109,10 @@ def capacity(
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             num_gpu_blocks_override=num_gpu_blocks_override,
             tensor_parallel_size=tensor_parallel_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            data_parallel_size=data_parallel_size,
+            enable_expert_parallel=enable_expert_parallel or None,
+            disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager or None,
         )
         plan = plan_capacity(
             load_model(model),

@@ -80,7 +80,7 @@ def test_gemma3_hybrid_groups_and_block_bytes() -> None:
     per_layer_token = 2 * 16 * 128 * BF16
     full_layers = [i for i in range(62) if (i + 1) % 6 == 0]
     assert len(full_layers) == 10
-    engine = make_engine(num_gpu_blocks_override=10_000, max_model_len=131072)
+    engine = make_engine(num_gpu_blocks_override=10_000, max_model_len=131072, max_num_batched_tokens=2048)
     layout = model_kv_layout(m, engine)
     # vLLM groups: group_size = min(52 sliding, 10 full) = 10 (52 >= 1.5 · 10); sliding layers
     # make cdiv(52, 10) = 6 groups, full layers 1 group.
@@ -106,7 +106,7 @@ def test_gpt_oss_alternating_layers_and_mxfp4_experts() -> None:
     # 128 experts of 2880, top-4, hidden 2880, vocab 201088; experts MXFP4.
     m = load_model("gpt-oss-120b")
     per_layer_token = 2 * 8 * 64 * BF16
-    engine = make_engine(num_gpu_blocks_override=5_000, max_model_len=131072)
+    engine = make_engine(num_gpu_blocks_override=10_000, max_model_len=131072, max_num_batched_tokens=2048)
     layout = model_kv_layout(m, engine)
     assert layout.group_size == 18 and len(layout.groups) == 2
     assert kv_bytes_per_token(m, engine) == 36 * per_layer_token
@@ -177,7 +177,8 @@ def test_missing_family_field_is_named() -> None:
 
 def test_cli_capacity_shows_the_per_type_breakdown() -> None:
     result = CliRunner().invoke(app, ["capacity", "--model", "gpt-oss-20b", "--gpu", "h100-80gb", "--max-model-len",
-                                      "8192", "--num-gpu-blocks-override", "1000", "--format", "json"])
+                                      "8192", "--num-gpu-blocks-override", "1000", "--max-num-batched-tokens", "2048",
+                                      "--format", "json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     types = {row["attention"]: row for row in data["kv_types"]}
