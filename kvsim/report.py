@@ -33,8 +33,8 @@ WASTE_COLORS = {"token_state": "#2b8a3e", "reserved": "#f08c00", "internal_frag"
 def _fig_context(sec: studies.Section, ax_pair) -> None:
     df = sec.tables["context_concurrency"]
     ax = ax_pair[0]
-    for col, style in (("closed_form_paged_at_mean_len", "--"), ("simulated_paged_max_running", "-"),
-                       ("closed_form_slab_max", "--"), ("simulated_slab_max_running", "-"),
+    for col, style in (("closed_form_paged_at_mean_len", "--"), ("simulated_paged_sustained", "-"),
+                       ("closed_form_slab_max", "--"), ("simulated_slab_sustained", "-"),
                        ("vllm_max_concurrency", ":")):
         ax.plot(df.max_model_len, df[col], style, marker="o", label=col.replace("_", " "))
     ax.set_xscale("log", base=2)
@@ -46,8 +46,8 @@ def _fig_context(sec: studies.Section, ax_pair) -> None:
 
 def _fig_fp8(sec: studies.Section, ax_pair) -> None:
     df = sec.tables["kv_quantization"]
-    ax_pair[0].bar(df.kv_cache_dtype, df.simulated_max_running, color=["#495057", "#1971c2"])
-    ax_pair[0].set_ylabel("simulated max concurrent sequences")
+    ax_pair[0].bar(df.kv_cache_dtype, df.simulated_sustained_running, color=["#495057", "#1971c2"])
+    ax_pair[0].set_ylabel("sustained concurrent sequences (saturated)")
     ax_pair[1].bar(df.kv_cache_dtype, df.tpot_mean_s_at_base_rate * 1e3, color=["#495057", "#1971c2"])
     ax_pair[1].set_ylabel("mean TPOT at the base rate (ms)")
 
@@ -67,16 +67,21 @@ def _fig_prefix(sec: studies.Section, ax_pair) -> None:
 
 
 def _fig_formula(sec: studies.Section, ax_pair) -> None:
-    df = sec.tables["capacity_formula"]
+    df = sec.tables["capacity_formula"].sort_values("context_len")
     ax = ax_pair[0]
     ax.plot(df.context_len, df.closed_form_seqs, "--", marker="o", label="pool_blocks ÷ blocks_per_seq")
-    ax.plot(df.context_len, df.simulated_max_running, "-", marker="s", label="simulated")
+    ax.plot(df.context_len, df.sustained_running, "-", marker="s", label="sustained (time-averaged, saturated)")
+    ax.plot(df.context_len, df.max_seqs_without_preemption, "-", marker="^", label="largest without preemption")
+    ax.plot(df.context_len, df.peak_running_transient, ":", marker="x", label="peak (admission transient)")
     ax.plot(df.context_len, df.fitted_seqs, ":", label=f"fitted ×{sec.facts['fitted_constant']:.2f}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length (prompt + output)")
     ax.set_ylabel("concurrent sequences")
     ax.legend(fontsize=7)
+    ax_pair[1].bar(df.lengths, df.preemptions_per_s, color="#c92a2a")
+    ax_pair[1].set_ylabel("preemptions per second while saturated")
+    ax_pair[1].tick_params(axis="x", labelrotation=30, labelsize=7)
 
 
 def _fig_paging(sec: studies.Section, ax_pair) -> None:
@@ -185,13 +190,7 @@ def _text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> 
                 f"report \"maximum concurrency\" {f['vllm_max_concurrency']:.2f}x for max_model_len "
                 f"{st.max_model_len:,}.")
     if sec.key == "formula":
-        return (f"Fitting seqs ≈ k · pool_blocks ÷ blocks_per_seq(context) to saturated runs gives "
-                f"k = {f['fitted_constant']:.2f} over the {f['num_kv_bound']} KV-bound runs (pool "
-                f"{f['pool_blocks']:,} blocks); the closed form with k = 1 is off "
-                f"by {100 * f['closed_form_error']:.0f} % on average, because sequences share the pool at different "
-                f"stages of their lives and few reach full length at once. vLLM's startup line would report "
-                f"\"maximum concurrency\" {f['vllm_max_concurrency']:.2f}x for max_model_len {st.max_model_len:,}: a "
-                "worst case that assumes every request reaches max_model_len; the table shows what was reached.")
+        return _formula_text(sec, st)
     if sec.key == "paging":
         return ("Shares of the whole KV pool, time-averaged over the saturated period of each run (while requests "
                 "queue), holding token states versus reserved slots, internal fragmentation, and external "
@@ -205,6 +204,27 @@ def _text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> 
     return (f"Rules on kv_cache_usage_perc (> {cfg.usage_alert} for {int(cfg.alert_for_s)} s) and on the preemption "
             f"rate (> {cfg.preemption_rate_alert}/s over {int(cfg.preemption_window_s)} s), evaluated on the load "
             "runs with Prometheus `for:` semantics; `alerts.yaml` holds them as a Prometheus rule file.")
+
+
+def _formula_text(sec: studies.Section, st: studies.Study) -> str:
+    """Three concurrency figures beside vLLM's, with the fitted constant, all from the table."""
+    f, df = sec.facts, sec.tables["capacity_formula"]
+    kv = df[df.limited_by == "kv"]
+    peak_k = float((kv.peak_running_transient / kv.closed_form_seqs).mean())
+    calm_k = float((kv.max_seqs_without_preemption / kv.closed_form_seqs).mean())
+    thrash = kv.preemptions_per_s.max()
+    return (f"Three concurrency figures per row, for {st.model.name} on {st.gpu.name} (pool {f['pool_blocks']:,} "
+            "blocks): the *sustained* concurrency (running requests averaged over the time requests queued; "
+            "ramp-up and drain excluded), the largest max_num_seqs that ran with no preemption, and the peak, an "
+            "admission transient when every sequence holds only its prompt. Fitting sustained seqs ≈ k · "
+            f"pool_blocks ÷ blocks_per_seq gives k = {f['fitted_constant']:.2f} over the {f['num_kv_bound']} "
+            f"KV-bound rows (k = {f['fitted_constant_fixed']:.2f} on the prompt c/2 + output c/2 rows alone). "
+            f"On those rows the peak averages {peak_k:.2f}× the closed form and the preemption-free concurrency "
+            f"{calm_k:.2f}×; the sustained level is held with up to {thrash:.2f} preemptions per second, so plan on "
+            "the preemption-free figure for a quiet engine and on the sustained one only if recomputation is "
+            f"acceptable, never on the peak. vLLM's startup line would report \"maximum concurrency\" "
+            f"{f['vllm_max_concurrency']:.2f}x for max_model_len {st.max_model_len:,}: a worst case that assumes "
+            "every request reaches max_model_len.")
 
 
 FIGURES = {"context": _fig_context, "fp8": _fig_fp8, "prefix": _fig_prefix, "formula": _fig_formula,

@@ -113,10 +113,11 @@ def context_concurrency(st: Study) -> Section:
         rows.append({
             "max_model_len": n,
             "closed_form_paged_at_mean_len": paged_max_seqs(st.num_blocks, round(st.mean_kv_len), bs),
-            "closed_form_slab_max": slab_max_seqs((st.num_blocks - 1) * bs, n),
+            "closed_form_slab_max": slab_max_seqs(st.num_blocks * bs, n),  # slab pools have no null block
             "vllm_max_concurrency": round(model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks, n), 2),
-            "simulated_paged_max_running": paged["max_running"],
-            "simulated_slab_max_running": slab["max_running"],
+            "simulated_paged_sustained": round(paged["saturated"]["mean_running"] or 0.0, 2),
+            "simulated_slab_sustained": round(slab["saturated"]["mean_running"] or 0.0, 2),
+            "paged_peak_transient": paged["max_running"],
             "paged_kv_usage_max": round(paged["kv_cache_usage_perc"]["max"], 3),
             "paged_limited_by": st.limited_by(paged),
             "num_rejected": paged["num_rejected"],
@@ -137,7 +138,8 @@ def kv_quantization(st: Study) -> Section:
         rows.append({
             "kv_cache_dtype": d, "bytes_per_block": kv_bytes_per_block(st.model, engine), "num_gpu_blocks": blocks,
             "closed_form_paged_at_mean_len": paged_max_seqs(blocks, round(st.mean_kv_len), engine.block_size),
-            "simulated_max_running": s.summary["max_running"],
+            "simulated_sustained_running": round(s.summary["saturated"]["mean_running"] or 0.0, 2),
+            "peak_running_transient": s.summary["max_running"],
             "tpot_mean_s_saturated": s.summary["tpot_s"]["mean"],
             "tpot_mean_s_at_base_rate": b.summary["tpot_s"]["mean"],
             "ttft_p90_s_at_base_rate": b.summary["ttft_s"]["p90"],
@@ -159,30 +161,75 @@ def prefix_sharing(st: Study) -> Section:
 
 
 def capacity_formula(st: Study) -> Section:
-    """Fit seqs ≈ k · pool_blocks / blocks_per_seq(context) to saturated paged runs."""
+    """Fit sustained seqs ≈ k · pool_blocks / blocks_per_seq to saturated paged runs.
+
+    Rows: fixed lengths (prompt c/2 + output c/2) at several context lengths c, and the
+    scenario's own length mix (c = its mean prompt + output). Each row reports the three
+    concurrency figures of a saturated run: the *sustained* concurrency (time-averaged
+    running while requests queue) with its preemption rate, the largest `max_num_seqs` that
+    ran with no preemption (bisection), and the peak (an admission transient, when every
+    sequence holds only its prompt). k is fitted on the sustained figure of KV-bound rows.
+    """
     bs = st.base.engine.block_size
     contexts = [c for c in (256, 512, 1024, 2048, 4096) if c <= st.max_model_len]
-    runs = st.run([st.saturated("engine.allocator=paged", "engine.enable_prefix_caching=false", "workload.trace=null",
-                                f"workload.prompt_len={{dist: fixed, value: {c // 2}}}",
-                           f"workload.output_len={{dist: fixed, value: {c - c // 2}}}") for c in contexts])
+    fixed = [(f"prompt {c // 2} + output {c - c // 2}", c,
+              ("workload.trace=null", "workload.shared_prefix=null",
+               f"workload.prompt_len={{dist: fixed, value: {c // 2}}}",
+               f"workload.output_len={{dist: fixed, value: {c - c // 2}}}")) for c in contexts]
+    rows_spec = [*fixed, ("scenario length mix", round(st.mean_kv_len), ())]
+    common = ("engine.allocator=paged", "engine.enable_prefix_caching=false")
+    runs = st.run([st.saturated(*common, *extra) for _, _, extra in rows_spec])
+    no_preemption = _largest_seqs_without_preemption(st, [(*common, *extra) for _, _, extra in rows_spec], runs)
     usable = st.num_blocks - 1
-    closed = np.array([usable / ceil_div(c, bs) for c in contexts])
-    simulated = np.array([r.summary["max_running"] for r in runs], dtype=float)
+    closed = np.array([usable / ceil_div(c, bs) for _, c, _ in rows_spec])
+    sustained = np.array([r.summary["saturated"]["mean_running"] or 0.0 for r in runs])
     limits = [st.limited_by(r.summary) for r in runs]
     kv_bound = np.array([lim == "kv" for lim in limits])
     # Fit only where KV memory was the limit; elsewhere the count says nothing about the formula.
-    k = error = float("nan")
+    k = k_fixed = float("nan")
     if kv_bound.any():
-        k = float((simulated * closed)[kv_bound].sum() / (closed**2)[kv_bound].sum())
-        error = float(np.mean(np.abs(closed - simulated)[kv_bound] / simulated[kv_bound]))
-    table = pd.DataFrame({"context_len": contexts, "blocks_per_seq": [ceil_div(c, bs) for c in contexts],
-                          "closed_form_seqs": closed.round(2), "simulated_max_running": simulated.astype(int),
-                          "fitted_seqs": (k * closed).round(2), "limited_by": limits})
+        k = float((sustained * closed)[kv_bound].sum() / (closed**2)[kv_bound].sum())
+    fixed_bound = kv_bound[: len(fixed)]
+    if fixed_bound.any():
+        c_f, s_f = closed[: len(fixed)][fixed_bound], sustained[: len(fixed)][fixed_bound]
+        k_fixed = float((s_f * c_f).sum() / (c_f**2).sum())
+    table = pd.DataFrame({
+        "lengths": [name for name, _, _ in rows_spec], "context_len": [c for _, c, _ in rows_spec],
+        "blocks_per_seq": [ceil_div(c, bs) for _, c, _ in rows_spec], "closed_form_seqs": closed.round(2),
+        "sustained_running": sustained.round(2),
+        "preemptions_per_s": [round(r.summary["saturated"]["preemptions_per_s"] or 0.0, 3) for r in runs],
+        "max_seqs_without_preemption": no_preemption,
+        "peak_running_transient": [r.summary["max_running"] for r in runs],
+        "sustained_over_closed_form": (sustained / closed).round(3),
+        "fitted_seqs": (k * closed).round(2), "limited_by": limits})
     return Section("formula", "The capacity formula", {"capacity_formula": table},
-                   {"fitted_constant": k, "closed_form_error": error, "pool_blocks": usable,
+                   {"fitted_constant": k, "fitted_constant_fixed": k_fixed, "pool_blocks": usable,
                     "num_kv_bound": int(kv_bound.sum()), "other_limits": sorted(set(limits) - {"kv"}),
                     "vllm_max_concurrency": model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks,
                                                                    st.max_model_len)})
+
+
+def _largest_seqs_without_preemption(st: Study, overrides: list[tuple[str, ...]],
+                                     runs: list[SweepResult]) -> list[int]:
+    """Per row, the largest `max_num_seqs` whose saturated run never preempts (bisection, all rows at once).
+
+    Bounds: 0 (nothing runs, nothing is preempted) and the row's peak running (a run that
+    preempted at its own peak); a row whose run never preempted is its peak. Stops within 5 %.
+    """
+    calm = [r.summary["num_preemptions"] == 0 for r in runs]
+    lo = [r.summary["max_running"] if ok else 0 for r, ok in zip(runs, calm, strict=True)]
+    hi = [r.summary["max_running"] + ok for r, ok in zip(runs, calm, strict=True)]
+    while True:
+        todo = [i for i in range(len(runs)) if hi[i] - lo[i] > max(1, lo[i] // 20)]
+        if not todo:
+            return lo
+        mids = {i: (lo[i] + hi[i]) // 2 for i in todo}
+        probes = st.run([st.saturated(*overrides[i], f"engine.max_num_seqs={mids[i]}") for i in todo])
+        for i, probe in zip(todo, probes, strict=True):
+            if probe.summary["num_preemptions"] == 0:
+                lo[i] = mids[i]
+            else:
+                hi[i] = mids[i]
 
 
 def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
