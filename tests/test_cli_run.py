@@ -20,7 +20,7 @@ def test_default_run_writes_results(tmp_path):
                 "num_preemptions", "kv_cache_usage_perc", "prefix_cache_hit_rate", "swapped_out_bytes", "waste"):
         assert key in summary
     assert set(summary["ttft_s"]) == {"mean", "p50", "p90", "p99"}
-    assert set(summary["waste"]) == {"token_state", "reserved", "internal_frag", "external_frag", "free"}
+    assert set(summary["waste"]) == {"token_state", "reserved", "internal_frag", "slack", "external_frag", "free"}
 
 
 def test_json_format_and_set(tmp_path):
