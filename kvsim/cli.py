@@ -154,14 +154,18 @@ def run(
     output_format: Annotated[RunFormat, typer.Option("--format")] = RunFormat.table,
     check: Annotated[bool, typer.Option("--check", help="check_invariants() after every step")] = False,
 ) -> None:
-    """Simulate a scenario: per-request latency, per-step KV usage and waste, preemptions, queueing."""
+    """Simulate a scenario: per-request latency, per-step KV usage and waste, preemptions, queueing.
+
+    A scenario with `replicas` simulates that fleet behind its `router` (see `kvsim.fleet`).
+    """
     from kvsim.engine import simulate
+    from kvsim.fleet import simulate_fleet
     from kvsim.scenario import load_scenario
 
     with user_errors():
         spec = load_scenario(scenario, overrides or [])
         with _progress_bar(enabled=output_format is RunFormat.table) as progress:
-            result = simulate(spec, check=check, progress=progress)
+            result = (simulate_fleet if spec.is_fleet else simulate)(spec, check=check, progress=progress)
         out_dir = result.write(output or f"runs/{spec.name}")
     if output_format is RunFormat.json:
         from kvsim.render import to_json
@@ -170,11 +174,13 @@ def run(
         return
     from rich.console import Console
 
-    from kvsim.render import summary_table
+    from kvsim.render import fleet_table, summary_table
 
     console = Console()
-    console.print(summary_table(result.summary))
-    console.print(f"results written to {out_dir}/ (requests.csv, steps.csv, summary.json)")
+    console.print(fleet_table(result.summary) if spec.is_fleet else summary_table(result.summary))
+    files = "requests.csv, steps.csv, routes.csv, replicas.csv, summary.json" if spec.is_fleet \
+        else "requests.csv, steps.csv, summary.json"
+    console.print(f"results written to {out_dir}/ ({files})")
 
 
 @contextmanager

@@ -16,8 +16,9 @@ seed → identical results: the only randomness is one `numpy.random.Generator(s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -112,13 +113,15 @@ def delay_until(now: float, t: float) -> float:
     return delay
 
 
-def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float,
-               next_arrival_s: float) -> tuple[list[Request], list[float]] | None:
+def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arrival_s: float,
+               end_before_arrival: bool = False) -> tuple[list[Request], list[float]] | None:
     """A run of pure-decode steps that the step-by-step loop would take unchanged, if any.
 
     It includes only steps that start before the next arrival (a step never sees a request
     that arrives while it runs), ends at the first request's last token, and stays within the
     free KV memory, so no admission, preemption or early finish can happen inside it.
+    `end_before_arrival` also keeps its last step from running past the next arrival, so an
+    observer at that instant (a fleet's router) sees the state step-by-step would show.
     """
     batch = scheduler.burst_batch()
     if batch is None:
@@ -132,7 +135,7 @@ def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float,
     durations: list[float] = []
     start = now
     for d in burst_step_times(latency, first):
-        if start >= next_arrival_s or len(durations) == max_steps:
+        if start + (d if end_before_arrival else 0.0) >= next_arrival_s or len(durations) == max_steps:
             break
         durations.append(d)
         start += d
@@ -142,102 +145,172 @@ def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float,
     return (batch, durations) if durations else None
 
 
-def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: list[Request], check: bool = False,
-               progress: ProgressFn | None = None, bursts: bool = True) -> StepRecorder:
-    """Run arrivals and the step loop to completion; every request ends finished or rejected.
+@dataclass(slots=True)
+class Arrivals:
+    """The run's requests in arrival order and how many have arrived; every engine of a run reads it."""
 
-    `bursts=True` runs stretches of pure decode several steps at a time (`plan_burst`);
-    results are identical to `bursts=False`, which plans every step.
+    requests: list[Request]
+    num_arrived: int = 0
+
+    @property
+    def all_arrived(self) -> bool:
+        return self.num_arrived == len(self.requests)
+
+    @property
+    def next_arrival_s(self) -> float:
+        return self.requests[self.num_arrived].arrival_s if not self.all_arrived else math.inf
+
+
+Dispatch = Callable[[Request], int]  # which engine an arriving request goes to (called at its arrival)
+
+
+def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyModel, recorder: StepRecorder,
+              arrivals: Arrivals, wake: list[simpy.Event], check: bool = False,
+              progress: Callable[[float], None] | None = None, bursts: bool = True,
+              observed: bool = False) -> Generator:
+    """One engine's step loop: plan, time, complete; idle until `wake[0]` is triggered (never polls).
+
+    A decode burst stops before the run's next arrival (to any engine: the dispatcher decides
+    only when it arrives), so it never spans a step that would have seen a new request;
+    `observed` (a router reads this engine's state at arrivals) makes it end before it too.
+    """
+    steps, next_progress = 0, PROGRESS_EVERY_STEPS
+    while True:
+        if not scheduler.has_work:
+            if arrivals.all_arrived:
+                return
+            yield wake[0]
+            wake[0] = env.event()
+            continue
+        burst = plan_burst(scheduler, latency, env.now, arrivals.next_arrival_s, observed) if bursts else None
+        if burst is not None:
+            batch, durations = burst
+            recorder.record_burst(env.now, durations, scheduler, batch)
+            for d in durations:  # one timeout per step keeps env.now bit-identical to step-by-step
+                yield env.timeout(d)
+            scheduler.apply_burst(batch, len(durations), env.now)
+            if check:
+                scheduler.alloc.check_invariants()
+            steps += len(durations)
+            continue
+        copies_before = scheduler.alloc.num_copy_on_writes
+        plan = scheduler.schedule(env.now)
+        plan.num_copied_blocks = scheduler.alloc.num_copy_on_writes - copies_before
+        if plan.is_empty:
+            if plan.preempted:
+                continue  # preemptions freed memory; plan again at the same instant
+            if arrivals.all_arrived:
+                raise RuntimeError(f"scheduler stalled at t={env.now:.3f}s with "
+                                   f"{len(scheduler.waiting)} waiting and nothing runnable")
+            yield wake[0]
+            wake[0] = env.event()
+            continue
+        duration = latency.step_time(plan)
+        recorder.record(env.now, duration, plan, scheduler)
+        yield env.timeout(duration)
+        scheduler.complete(plan, env.now)
+        if check:
+            scheduler.alloc.check_invariants()
+        steps += 1
+        if progress is not None and steps >= next_progress:
+            next_progress += PROGRESS_EVERY_STEPS
+            progress(env.now)
+
+
+def run_engines(engines: Sequence[tuple[Scheduler, LatencyModel]], requests: list[Request],
+                dispatch: Dispatch, check: bool = False, progress: ProgressFn | None = None,
+                bursts: bool = True) -> list[StepRecorder]:
+    """Run several engines in one simulated clock; each arriving request goes to `dispatch(req)`.
+
+    The dispatcher runs inside the arrival process, at the request's arrival instant, so it
+    sees every engine's state at that moment (a router). Every request ends finished or
+    rejected. `bursts=True` runs stretches of pure decode several steps at a time
+    (`plan_burst`); results are identical to `bursts=False`, which plans every step.
     """
     env = simpy.Environment()
-    recorder = StepRecorder()
-    state = {"wake": env.event(), "arrived": 0}
+    arrivals = Arrivals(requests)
+    wakes = [[env.event()] for _ in engines]
+    schedulers = [scheduler for scheduler, _ in engines]
 
-    def arrivals():
+    def arrival_process() -> Generator:
         for req in requests:
             if req.arrival_s > env.now:
                 yield env.timeout(delay_until(env.now, req.arrival_s))
-            scheduler.add(req)
-            state["arrived"] += 1
-            if not state["wake"].triggered:
-                state["wake"].succeed()
+            index = dispatch(req)
+            schedulers[index].add(req)
+            arrivals.num_arrived += 1
+            if not wakes[index][0].triggered:
+                wakes[index][0].succeed()
+        for wake in wakes:  # idle engines learn that nothing more will come, and end
+            if not wake[0].triggered:
+                wake[0].succeed()
 
-    def engine_loop():
-        steps, next_progress = 0, PROGRESS_EVERY_STEPS
-        while True:
-            if not scheduler.has_work:
-                if state["arrived"] == len(requests):
-                    return
-                yield state["wake"]
-                state["wake"] = env.event()
-                continue
-            arrived = state["arrived"]
-            next_arrival = requests[arrived].arrival_s if arrived < len(requests) else float("inf")
-            burst = plan_burst(scheduler, latency, env.now, next_arrival) if bursts else None
-            if burst is not None:
-                batch, durations = burst
-                recorder.record_burst(env.now, durations, scheduler, batch)
-                for d in durations:  # one timeout per step keeps env.now bit-identical to step-by-step
-                    yield env.timeout(d)
-                scheduler.apply_burst(batch, len(durations), env.now)
-                if check:
-                    scheduler.alloc.check_invariants()
-                steps += len(durations)
-                continue
-            copies_before = scheduler.alloc.num_copy_on_writes
-            plan = scheduler.schedule(env.now)
-            plan.num_copied_blocks = scheduler.alloc.num_copy_on_writes - copies_before
-            if plan.is_empty:
-                if plan.preempted:
-                    continue  # preemptions freed memory; plan again at the same instant
-                if state["arrived"] == len(requests):
-                    raise RuntimeError(f"scheduler stalled at t={env.now:.3f}s with "
-                                       f"{len(scheduler.waiting)} waiting and nothing runnable")
-                yield state["wake"]
-                state["wake"] = env.event()
-                continue
-            duration = latency.step_time(plan)
-            recorder.record(env.now, duration, plan, scheduler)
-            yield env.timeout(duration)
-            scheduler.complete(plan, env.now)
-            if check:
-                scheduler.alloc.check_invariants()
-            steps += 1
-            if progress is not None and steps >= next_progress:
-                next_progress += PROGRESS_EVERY_STEPS
-                progress(env.now, len(scheduler.finished) + len(scheduler.rejected), len(requests))
+    def report(now: float) -> None:
+        assert progress is not None
+        progress(now, sum(len(s.finished) + len(s.rejected) for s in schedulers), len(requests))
 
-    env.process(arrivals())
-    env.run(until=env.process(engine_loop()))
+    recorders = [StepRecorder() for _ in engines]
+    env.process(arrival_process())
+    loops = [env.process(step_loop(env, scheduler, latency, recorder, arrivals, wake, check,
+                                   report if progress is not None else None, bursts, observed=len(engines) > 1))
+             for (scheduler, latency), recorder, wake in zip(engines, recorders, wakes, strict=True)]
+    env.run(until=loops[0] if len(loops) == 1 else env.all_of(loops))
     if progress is not None:
         progress(env.now, len(requests), len(requests))
-    return recorder
+    return recorders
 
 
-def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
-             bursts: bool = True) -> RunResult:
-    """Simulate a scenario end to end. `check=True` runs `check_invariants()` after every step."""
+def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: list[Request], check: bool = False,
+               progress: ProgressFn | None = None, bursts: bool = True) -> StepRecorder:
+    """Run arrivals and one engine's step loop to completion (`run_engines` with one engine)."""
+    return run_engines([(scheduler, latency)], requests, lambda req: 0, check, progress, bursts)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineParts:
+    """One engine built from a scenario: its scheduler (with the KV allocator), latency model and facts."""
+
+    scheduler: Scheduler
+    latency: LatencyModel
+    facts: dict[str, Any]
+
+
+def build_engine(scenario: Scenario, rng: np.random.Generator) -> EngineParts:
+    """The allocator, scheduler and latency model of `scenario`'s model, GPU and engine settings."""
     model, gpu, engine = load_model(scenario.model), load_gpu(scenario.gpu), scenario.engine
     if scenario.gpu_link is not None:
         gpu = gpu.model_copy(update={"link": scenario.gpu_link})
     max_model_len = engine.resolved_max_model_len(model)
     allocator = make_allocator(model, gpu, engine)
-    rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
-    requests = build_requests(scenario, max_model_len, rng)
     scheduler = make_scheduler(engine.scheduler, allocator, make_limits(engine, gpu, max_model_len, allocator), rng)
     latency = make_latency(scenario, model, gpu)
-    recorder = run_engine(scheduler, latency, requests, check=check, progress=progress, bursts=bursts)
-    assert len(scheduler.finished) + len(scheduler.rejected) == len(requests), "a request went missing"
-    assert allocator.num_held_slots == 0, "KV still held after the run"
-    requests_df = requests_frame(requests)
-    steps_df = recorder.frame()
     num_blocks = num_gpu_blocks(model, gpu, engine)
-    extra = {
+    facts = {
         "scenario": scenario.name, "model": model.name, "gpu": gpu.name, "allocator": engine.allocator,
         "scheduler": engine.scheduler, "latency_model": latency.name, "seed": scenario.seed,
         "block_size": engine.block_size, "max_model_len": max_model_len, "num_gpu_blocks": num_blocks,
         "kv_cache_dtype": engine.kv_cache_dtype,
         "vllm_max_concurrency": model_max_concurrency(model, gpu, engine, num_blocks, max_model_len),
     }
-    summary = summarize(requests_df, steps_df, scheduler, extra)
+    return EngineParts(scheduler, latency, facts)
+
+
+def engine_result(scenario: Scenario, parts: EngineParts, requests: list[Request], recorder: StepRecorder) -> RunResult:
+    """The finished engine's tables and summary; `requests` are the ones it was given."""
+    scheduler = parts.scheduler
+    assert len(scheduler.finished) + len(scheduler.rejected) == len(requests), "a request went missing"
+    assert scheduler.alloc.num_held_slots == 0, "KV still held after the run"
+    requests_df = requests_frame(requests)
+    steps_df = recorder.frame()
+    summary = summarize(requests_df, steps_df, scheduler, parts.facts)
     return RunResult(scenario=scenario, requests=requests_df, steps=steps_df, summary=summary)
+
+
+def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
+             bursts: bool = True) -> RunResult:
+    """Simulate a scenario end to end. `check=True` runs `check_invariants()` after every step."""
+    rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
+    parts = build_engine(scenario, rng)
+    requests = build_requests(scenario, parts.facts["max_model_len"], rng)
+    recorder = run_engine(parts.scheduler, parts.latency, requests, check=check, progress=progress, bursts=bursts)
+    return engine_result(scenario, parts, requests, recorder)

@@ -136,7 +136,8 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
     ])
 
 
-def _percentiles(values: np.ndarray) -> dict[str, float | None]:
+def percentiles(values: np.ndarray) -> dict[str, float | None]:
+    """Mean, p50, p90 and p99 of the non-NaN values (all None when there are none)."""
     values = values[~np.isnan(values)]
     if values.size == 0:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
@@ -201,7 +202,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, scheduler: Sche
         "duration_s": duration,
         "output_tokens_per_s": output_tokens / duration if duration else 0.0,
         "requests_per_s": len(finished) / duration if duration else 0.0,
-        **{key: _percentiles(requests_df[key].to_numpy(dtype=float)) for key in ("ttft_s", "tpot_s", "e2e_s",
+        **{key: percentiles(requests_df[key].to_numpy(dtype=float)) for key in ("ttft_s", "tpot_s", "e2e_s",
                                                                                  "queue_s")},
         "inter_token_latency_s": {"mean": itl_mean},
         "max_running": int(running.max()) if running.size else 0,

@@ -92,3 +92,24 @@ def summary_table(summary: dict[str, Any]):  # -> rich.table.Table
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def fleet_table(summary: dict[str, Any]):  # -> rich.table.Table
+    """A fleet summary: fleet-wide latency and totals, then one row per replica."""
+    from rich.table import Table
+
+    def p90(d: dict[str, Any]) -> str:
+        return "-" if d.get("p90") is None else f"{d['p90']:.4g}"
+
+    table = Table(title=f"kvsim fleet: {summary['num_replicas']} replicas ({summary['num_gpus']} GPUs), "
+                        f"router {summary['router']}; {summary['num_finished']:,} of {summary['num_requests']:,} "
+                        f"finished in {summary['duration_s']:.2f} s; TTFT p90 {p90(summary['ttft_s'])} s, "
+                        f"TPOT p90 {p90(summary['tpot_s'])} s, prefix hits {summary['prefix_cache_hit_rate']:.1%}")
+    columns = {"replica": "#", "gpu": "gpu", "num_requests": "requests", "mean_running": "running",
+               "kv_cache_usage_mean": "KV use", "num_preemptions": "preempt", "prefix_cache_hit_rate": "hits",
+               "ttft_p90_s": "TTFT p90", "tpot_p90_s": "TPOT p90", "e2e_p90_s": "E2E p90"}
+    for label in columns.values():
+        table.add_column(label, justify="left" if label == "gpu" else "right")
+    for row in summary["per_replica"]:
+        table.add_row(*(_cell(row[c]) for c in columns))
+    return table

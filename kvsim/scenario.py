@@ -173,6 +173,35 @@ class LatencyConfig(BaseModel):
         return self
 
 
+class ReplicaGroup(BaseModel):
+    """`count` identical replicas; model, GPU and engine settings default to the scenario's own.
+
+    `engine` lists only the settings that differ from the scenario's `engine` section.
+    """
+
+    model_config = _STRICT
+    count: int = Field(default=1, gt=0, le=4096)
+    name: str | None = None
+    model: str | None = None
+    gpu: str | None = None
+    engine: dict[str, Any] = Field(default_factory=dict)
+
+
+class Router(BaseModel):
+    """How a fleet's router picks a replica for each arriving request (see `kvsim.router`).
+
+    `affinity` sends a request where the longest prefix of its blocks was last routed (a
+    conversation's earlier turns, a shared system prompt), unless that replica's outstanding
+    requests exceed both `load_bound` × the fleet's mean (+1) and the least loaded replica's
+    by `load_slack` or more: then it goes to the least loaded.
+    """
+
+    model_config = _STRICT
+    policy: Literal["round_robin", "least_outstanding", "least_kv", "affinity"] = "round_robin"
+    load_bound: float = Field(default=1.25, ge=1.0)
+    load_slack: int = Field(default=8, ge=0, description="outstanding requests above the least loaded")
+
+
 class Scenario(BaseModel):
     model_config = _STRICT
     name: str = "scenario"
@@ -186,7 +215,21 @@ class Scenario(BaseModel):
     """Replaces the GPU's link: one cluster's interconnect (e.g. PCIe through host memory when
     peer-to-peer is off) rather than the GPU's datasheet."""
     seed: int = 0
+    replicas: int | list[ReplicaGroup] | None = Field(default=None, description="a fleet behind `router`")
+    router: Router = Router()
     base_dir: str = Field(default=".", exclude=True)
+
+    @model_validator(mode="after")
+    def _replicas_positive(self) -> Scenario:
+        if isinstance(self.replicas, int) and not 0 < self.replicas <= 4096:
+            raise ValueError(f"replicas={self.replicas}: expected 1..4096")
+        if isinstance(self.replicas, list) and not self.replicas:
+            raise ValueError("replicas=[]: give a count or at least one replica group")
+        return self
+
+    @property
+    def is_fleet(self) -> bool:
+        return self.replicas is not None
 
     def resolve_path(self, path: str) -> Path:
         """`builtin:NAME` → kvsim/data/NAME.*; a relative path → relative to the scenario file."""

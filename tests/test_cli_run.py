@@ -85,3 +85,19 @@ def test_unwritable_output_is_one_line_error(tmp_path):
     result = runner.invoke(app, ["run", "--set", "workload.num_requests=5", "-o", str(blocker / "out")])
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output
+
+
+def test_run_a_fleet_writes_routes_and_per_replica_tables(tmp_path):
+    scenario = tmp_path / "fleet.yaml"
+    scenario.write_text(
+        "workload: {num_requests: 12, arrival: {process: constant, rate: 6},"
+        " prompt_len: {dist: fixed, value: 64}, output_len: {dist: fixed, value: 8}}\n"
+        "replicas: 3\nrouter: {policy: round_robin}\n")
+    result = runner.invoke(app, ["run", str(scenario), "-o", str(tmp_path / "out"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["num_replicas"] == 3 and [r["num_requests"] for r in summary["per_replica"]] == [4, 4, 4]
+    routes = (tmp_path / "out" / "routes.csv").read_text().splitlines()
+    assert routes[0] == "request_id,arrival_s,replica,reason,matched_tokens" and len(routes) == 13
+    bad = runner.invoke(app, ["run", str(scenario), "--set", "router.load_bound=0.5", "-o", str(tmp_path / "b")])
+    assert bad.exit_code == 2 and "load_bound" in bad.stderr and not (tmp_path / "b").exists()

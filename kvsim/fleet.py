@@ -1,0 +1,165 @@
+"""A fleet: many replicas behind a router, in one simulated clock.
+
+    replicas: 4                         # or groups:  replicas: [{count: 2, gpu: h200},
+    router: {policy: affinity}          #                       {count: 2, engine: {max_num_seqs: 64}}]
+
+Each replica is one engine exactly as `kvsim.engine.simulate` builds it (its own scheduler,
+KV pool and latency model, from the scenario's model/GPU/engine with its group's changes).
+The scenario's workload is the whole fleet's traffic, built once; the router assigns each
+request at its arrival instant (`kvsim.router`). Replicas know nothing of each other.
+
+Results: every request with its `replica`, every replica's steps, the router's decisions
+(`routes`), one summary per replica (the same summary a single run has) and a fleet-wide
+summary (percentiles over all requests, totals over replicas).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvsim.config import load_model
+from kvsim.engine import ProgressFn, build_engine, engine_result, run_engines
+from kvsim.errors import KvsimError
+from kvsim.metrics import percentiles
+from kvsim.request import Request
+from kvsim.results import RunResult, atomic_directory
+from kvsim.router import Decision, Router
+from kvsim.scenario import Scenario, make_scenario
+from kvsim.workload import build_requests
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def replica_scenarios(scenario: Scenario) -> list[Scenario]:
+    """One single-engine scenario per replica, in replica order (groups in the order given)."""
+    if scenario.replicas is None:
+        return [scenario]
+    base = scenario.model_dump(mode="json", exclude={"replicas", "router"})
+    if isinstance(scenario.replicas, int):
+        return [make_scenario({**base, "name": f"{scenario.name}/r{i}"}, scenario.base_dir)
+                for i in range(scenario.replicas)]
+    out = []
+    for g, group in enumerate(scenario.replicas):
+        raw = {**base, "engine": {**base["engine"], **group.engine}}
+        raw.update({key: value for key, value in (("model", group.model), ("gpu", group.gpu)) if value})
+        label = group.name or f"g{g}"
+        for i in range(group.count):
+            try:
+                out.append(make_scenario({**raw, "name": f"{scenario.name}/{label}-{i}"}, scenario.base_dir))
+            except KvsimError as error:
+                raise KvsimError(f"replicas[{g}]: {error}") from None
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class FleetResult:
+    """`requests` (with `replica`), `steps` (with `replica`), `routes`, per-replica runs, fleet summary."""
+
+    scenario: Scenario
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    routes: pd.DataFrame
+    replicas: list[RunResult]
+    summary: dict[str, Any]
+
+    def write(self, out_dir: str | Path) -> Path:
+        """`requests.csv`, `steps.csv`, `routes.csv`, `replicas.csv`, `summary.json`, `scenario.yaml`, atomically."""
+        import pandas as pd
+        import yaml
+
+        with atomic_directory(out_dir) as tmp:
+            self.requests.to_csv(tmp / "requests.csv", index=False)
+            self.steps.to_csv(tmp / "steps.csv", index=False)
+            self.routes.to_csv(tmp / "routes.csv", index=False)
+            pd.DataFrame(self.summary["per_replica"]).to_csv(tmp / "replicas.csv", index=False)
+            (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+            (tmp / "scenario.yaml").write_text(yaml.safe_dump(self.scenario.model_dump(mode="json"),
+                                                              sort_keys=False))
+        return Path(out_dir)
+
+
+def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
+                   bursts: bool = True) -> FleetResult:
+    """Simulate the scenario's replicas behind its router; one replica gives `simulate`'s result."""
+    import pandas as pd
+
+    specs = replica_scenarios(scenario)
+    rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
+    parts = [build_engine(spec, rng) for spec in specs]
+    max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))  # the workload's cap
+    requests = build_requests(scenario, max_model_len, rng)
+    schedulers = [p.scheduler for p in parts]
+    config = scenario.router
+    router = Router(config.policy, len(parts), scenario.engine.block_size, config.load_bound, config.load_slack,
+                    max_prefix_blocks=sum(p.facts["num_gpu_blocks"] for p in parts))
+    decisions: list[Decision] = []
+
+    def dispatch(req: Request) -> int:
+        decision = router.route(req, schedulers)
+        decisions.append(decision)
+        return decision.replica
+
+    recorders = run_engines([(p.scheduler, p.latency) for p in parts], requests, dispatch, check, progress, bursts)
+    assigned: list[list[Request]] = [[] for _ in parts]
+    for req, decision in zip(requests, decisions, strict=True):
+        assigned[decision.replica].append(req)
+    runs = [engine_result(spec, p, reqs, rec)
+            for spec, p, reqs, rec in zip(specs, parts, assigned, recorders, strict=True)]
+    requests_df = pd.concat([run.requests.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
+    requests_df = requests_df.sort_values("request_id", kind="stable").reset_index(drop=True)
+    steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
+    routes_df = pd.DataFrame({
+        "request_id": [r.request_id for r in requests], "arrival_s": [r.arrival_s for r in requests],
+        "replica": [d.replica for d in decisions], "reason": [d.reason for d in decisions],
+        "matched_tokens": [d.matched_tokens for d in decisions],
+    })
+    summary = fleet_summary(scenario, requests_df, runs, routes_df)
+    return FleetResult(scenario, requests_df, steps_df, routes_df, runs, summary)
+
+
+def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunResult],
+                  routes_df: pd.DataFrame) -> dict[str, Any]:
+    """Fleet-wide headline numbers: latency percentiles over every request, totals over replicas."""
+    finished = requests_df[requests_df["status"] == "finished"]
+    end_s = max((r.summary["duration_s"] + float(r.requests["arrival_s"].min()) for r in runs if len(r.requests)),
+                default=0.0)
+    duration = max(end_s - float(requests_df["arrival_s"].min()), 0.0) if len(requests_df) else 0.0
+    output_tokens = int((finished["output_tokens"] * finished["num_samples"]).sum())
+    queries = sum(r.summary["vllm:prefix_cache_queries_total"] for r in runs)
+    hits = sum(r.summary["vllm:prefix_cache_hits_total"] for r in runs)
+    per_replica = [{
+        "replica": i, "name": r.summary["scenario"], "gpu": r.summary["gpu"], "model": r.summary["model"],
+        "tensor_parallel_size": r.scenario.engine.tensor_parallel_size, "num_requests": r.summary["num_requests"],
+        "num_finished": r.summary["num_finished"], "mean_running": r.summary["mean_running"],
+        "kv_cache_usage_mean": r.summary["kv_cache_usage_perc"]["mean"],
+        "num_preemptions": r.summary["num_preemptions"],
+        "prefix_cache_hit_rate": r.summary["prefix_cache_hit_rate"], "ttft_p90_s": r.summary["ttft_s"]["p90"],
+        "tpot_p90_s": r.summary["tpot_s"]["p90"], "e2e_p90_s": r.summary["e2e_s"]["p90"],
+    } for i, r in enumerate(runs)]
+    counts = [row["num_requests"] for row in per_replica]
+    return {
+        "scenario": scenario.name, "num_replicas": len(runs), "router": scenario.router.policy,
+        "num_gpus": sum(row["tensor_parallel_size"] for row in per_replica), "seed": scenario.seed,
+        "num_requests": int(len(requests_df)), "num_finished": int(len(finished)),
+        "num_rejected": sum(r.summary["num_rejected"] for r in runs),
+        "duration_s": duration,
+        "output_tokens_per_s": output_tokens / duration if duration else 0.0,
+        "requests_per_s": len(finished) / duration if duration else 0.0,
+        **{key: percentiles(requests_df[key].to_numpy(dtype=float)) for key in ("ttft_s", "tpot_s", "e2e_s",
+                                                                                "queue_s")},
+        "mean_running": sum(r.summary["mean_running"] for r in runs),
+        "num_preemptions": sum(r.summary["num_preemptions"] for r in runs),
+        "kv_cache_usage_mean": float(np.mean([row["kv_cache_usage_mean"] for row in per_replica])),
+        "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+        "vllm:prefix_cache_queries_total": queries, "vllm:prefix_cache_hits_total": hits,
+        "requests_per_replica": {"min": min(counts), "max": max(counts), "mean": float(np.mean(counts))},
+        "route_reasons": {str(k): int(v) for k, v in sorted(Counter(routes_df["reason"]).items())},
+        "per_replica": per_replica,
+    }
