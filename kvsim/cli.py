@@ -183,6 +183,103 @@ def run(
     console.print(f"results written to {out_dir}/ ({files})")
 
 
+@app.command()
+def plan(
+    scenario: Annotated[str | None, typer.Argument(help="Scenario YAML: the fleet's traffic (trace or rate + "
+                                                         "length mix); omitted: the built-in default.")] = None,
+    spec_file: Annotated[str | None, typer.Option("--spec", help="YAML with plan fields (slo, gpus, ...)")] = None,
+    slo: Annotated[list[str] | None, typer.Option("--slo", help="METRIC.STAT=SECONDS, e.g. ttft_s.p90=2")] = None,
+    gpus: Annotated[list[str] | None, typer.Option("--gpu", help="Candidate GPU (repeat)")] = None,
+    tp_sizes: Annotated[list[int] | None, typer.Option("--tp", help="Candidate tensor-parallel size (repeat)")] = None,
+    knobs: Annotated[list[str] | None, typer.Option("--engine", help="Knob values: max_num_seqs=128,256")] = None,
+    costs: Annotated[list[str] | None, typer.Option("--gpu-hourly-cost", help="GPU=PRICE per GPU-hour")] = None,
+    max_replicas: Annotated[int | None, typer.Option("--max-replicas")] = None,
+    router: Annotated[str | None, typer.Option("--router", help="round_robin, least_outstanding, least_kv, "
+                                                                "affinity")] = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a scenario field")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Directory [plans/NAME]")] = None,
+    dask_address: Annotated[str | None, typer.Option("--dask-address", help="Existing Dask scheduler")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="LocalCluster processes; 1: run here")] = None,
+    output_format: Annotated[Format, typer.Option("--format")] = Format.table,
+) -> None:
+    """The cheapest fleet meeting latency SLOs: fewest replicas per candidate GPU / TP / engine knobs."""
+    import yaml
+
+    from kvsim.plan import plan as run_plan
+    from kvsim.plan import spec_from_options
+    from kvsim.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
+    from kvsim.scenario import load_scenario
+    from kvsim.search import dask_client
+
+    with user_errors():
+        base = load_scenario(scenario, overrides or [])
+        raw: dict = {}
+        if spec_file is not None:
+            if not Path(spec_file).is_file():
+                raise KvsimError(f"spec={spec_file!r}: file not found")
+            raw = yaml.safe_load(Path(spec_file).read_text()) or {}
+            if not isinstance(raw, dict):
+                raise KvsimError(f"spec={spec_file!r}: expected a mapping")
+        spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
+                                 max_replicas, router)
+        out_dir = Path(output or f"plans/{base.name}")
+        client = None if workers == 1 and not dask_address else dask_client(dask_address, workers)
+        try:
+            with _points_bar(enabled=output_format is Format.table) as on_point:
+                rows, simulated = run_plan(base, spec, out_dir, client, on_point)
+        finally:
+            if client is not None:
+                client.close()
+        _write_plan(rows, out_dir, base.name)
+    if output_format is Format.table:
+        from rich.console import Console
+
+        shown = ("rank", "candidate", "replicas", "num_gpus", "cost_per_hour", "headroom", "limiting_factor")
+        Console().print(rows_to_rich([{k: r[k] for k in shown} for r in rows], title=f"kvsim plan: {base.name}"))
+        typer.echo(f"{simulated} points simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
+                   f"pareto.png, points.jsonl)")
+    else:
+        writers = {Format.csv: rows_to_csv, Format.json: to_json, Format.markdown: rows_to_markdown}
+        sys.stdout.write(writers[output_format](rows))
+
+
+def _write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
+    """plan.csv / .json / .md and the Pareto figure, each written whole then renamed into place."""
+    import os
+
+    from kvsim.render import rows_to_csv, rows_to_markdown, to_json
+    from kvsim.report import pareto_figure
+
+    for file, write in (("plan.csv", rows_to_csv), ("plan.json", to_json), ("plan.md", rows_to_markdown)):
+        tmp = out_dir / f".{file}.tmp"
+        tmp.write_text(write(rows))
+        os.replace(tmp, out_dir / file)
+    tmp = out_dir / ".pareto.tmp.png"
+    pareto_figure(rows, tmp, f"{name}: candidates meeting the SLOs")
+    os.replace(tmp, out_dir / "pareto.png")
+
+
+@contextmanager
+def _points_bar(enabled: bool) -> Iterator:
+    """A rich progress line over finished search points (the total is not known in advance)."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    bar = Progress(SpinnerColumn(), TextColumn("{task.completed} points finished ({task.fields[simulated]} "
+                                               "simulated now)"), TimeElapsedColumn(),
+                   transient=True, console=Console(stderr=True))
+    task = bar.add_task("plan", total=None, simulated=0)
+
+    def update(finished: int, simulated: int) -> None:
+        bar.update(task, completed=finished, simulated=simulated)
+
+    with bar:
+        yield update
+
+
 @contextmanager
 def _progress_bar(enabled: bool) -> Iterator:
     """A rich progress bar over requests done, shown only once a run has taken more than a second."""

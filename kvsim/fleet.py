@@ -144,6 +144,8 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "tpot_p90_s": r.summary["tpot_s"]["p90"], "e2e_p90_s": r.summary["e2e_s"]["p90"],
     } for i, r in enumerate(runs)]
     counts = [row["num_requests"] for row in per_replica]
+    arrivals = requests_df["arrival_s"]
+    span_s = float(arrivals.max() - arrivals.min()) if len(arrivals) > 1 else 0.0
     return {
         "scenario": scenario.name, "num_replicas": len(runs), "router": scenario.router.policy,
         "num_gpus": sum(row["tensor_parallel_size"] for row in per_replica), "seed": scenario.seed,
@@ -152,6 +154,7 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "duration_s": duration,
         "output_tokens_per_s": output_tokens / duration if duration else 0.0,
         "requests_per_s": len(finished) / duration if duration else 0.0,
+        "offered_rate_per_s": (len(arrivals) - 1) / span_s if span_s else 0.0,
         **{key: percentiles(requests_df[key].to_numpy(dtype=float)) for key in ("ttft_s", "tpot_s", "e2e_s",
                                                                                 "queue_s")},
         "mean_running": sum(r.summary["mean_running"] for r in runs),

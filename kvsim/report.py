@@ -343,3 +343,30 @@ def _markdown_to_html(lines: list[str]) -> str:
         elif line.strip():
             out.append(f"<p>{inline(line)}</p>")
     return "\n".join(out)
+
+
+def pareto_figure(rows: list[dict], path: str | Path, title: str) -> None:
+    """Plan candidates: cost per replica-hour vs the rate each replica carries within the SLOs.
+
+    The frontier joins the candidates that no other beats on both (cheaper and carrying more).
+    """
+    points = sorted((r["cost_per_hour"] / r["replicas"], r["rate_per_replica"], r["candidate"])
+                    for r in rows if r["feasible"] and r["cost_per_hour"] is not None)
+    frontier, best = [], -1.0
+    for cost, rate, _ in points:
+        if rate > best:
+            frontier.append((cost, rate))
+            best = rate
+
+    def draw(axes) -> None:
+        ax = axes[0]
+        for cost, rate, label in points:
+            ax.scatter(cost, rate, color="#1971c2")
+            ax.annotate(label, (cost, rate), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        if frontier:
+            ax.plot(*zip(*frontier, strict=True), "--", color="#2b8a3e", label="Pareto frontier")
+            ax.legend(fontsize=7)
+        ax.set_xlabel("cost per replica-hour")
+        ax.set_ylabel("requests/s per replica within the SLOs")
+
+    _save_figure(draw, Path(path), title)

@@ -1,0 +1,124 @@
+"""`kvsim plan`: the replica search agrees with brute force, and a search survives crashes.
+
+The brute force below simulates every replica count and judges the SLOs from the per-request
+table with numpy, not from the plan's own bookkeeping.
+"""
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.errors import KvsimError
+from kvsim.fleet import simulate_fleet
+from kvsim.plan import Candidate, make_plan_spec, plan
+from kvsim.scenario import make_scenario
+
+runner = CliRunner()
+SLO = {"ttft_s.p90": 0.3, "e2e_s.p99": 2.0}
+
+
+def toy():
+    # 20 ms per step whatever the batch; at most 8 running per replica; 64-token replies take
+    # ≥ 1.3 s, so at 14 req/s one replica holds ~18 requests: it queues, and more replicas help.
+    return make_scenario({
+        "name": "toy", "engine": {"max_model_len": 2048, "num_gpu_blocks_override": 400, "max_num_seqs": 8},
+        "workload": {"num_requests": 100, "arrival": {"process": "poisson", "rate": 14.0},
+                     "prompt_len": {"dist": "fixed", "value": 256}, "output_len": {"dist": "fixed", "value": 64}},
+        "latency": {"model": "constant", "step_s": 0.02}, "seed": 5,
+    })
+
+
+def meets(result):
+    r = result.requests
+    return (np.percentile(r["ttft_s"], 90) <= SLO["ttft_s.p90"]
+            and np.percentile(r["e2e_s"], 99) <= SLO["e2e_s.p99"])
+
+
+def test_plan_finds_the_replica_count_brute_force_finds(tmp_path):
+    base = toy()
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "router": "least_outstanding",
+                           "gpu_hourly_cost": {"h100-80gb": 2.0}})
+    candidate = Candidate("h100-80gb", 1)
+    brute = next(n for n in range(1, 9) if meets(simulate_fleet(candidate.scenario(base, n, spec.router))))
+    assert brute > 1  # the toy needs a fleet, else the search is not exercised
+    rows, simulated = plan(base, spec, tmp_path)
+    assert rows[0]["replicas"] == brute and rows[0]["cost_per_hour"] == pytest.approx(2.0 * brute)
+    assert rows[0]["headroom"] >= 0 and f"at {brute - 1} replicas" in rows[0]["limiting_factor"]
+    assert simulated <= 2 * 3 + 1  # doubling to 8 then bisection: far fewer than 8 counts
+    again, simulated_again = plan(base, spec, tmp_path)
+    assert simulated_again == 0 and again == rows
+
+
+def test_an_interrupted_search_resumes_without_redoing_finished_points(tmp_path):
+    base = toy()
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb", "h200"], "max_replicas": 8})
+    full, total = plan(base, spec, tmp_path / "full")
+
+    def crash_after_two(finished, simulated):
+        if simulated == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        plan(base, spec, tmp_path / "cut", on_point=crash_after_two)
+    assert len((tmp_path / "cut" / "points.jsonl").read_text().splitlines()) == 2
+    with (tmp_path / "cut" / "points.jsonl").open("a") as f:
+        f.write('{"hash": "torn')  # a line cut short by the crash is ignored
+    rows, simulated = plan(base, spec, tmp_path / "cut")
+    assert simulated == total - 2 and rows == full
+
+
+def test_killing_a_dask_worker_mid_search_loses_no_finished_point(tmp_path):
+    distributed = pytest.importorskip("dask.distributed")
+    base = toy()
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb", "h200"], "max_replicas": 8})
+    expected, total = plan(base, spec, tmp_path / "here")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        pids = client.run(os.getpid)
+        killed = []
+
+        def kill_one(finished, simulated):
+            if not killed:
+                victim = sorted(pids)[0]
+                os.kill(pids[victim], signal.SIGKILL)
+                killed.append(victim)
+
+        rows, simulated = plan(base, spec, tmp_path / "dask", client=client, on_point=kill_one)
+    assert killed and simulated == total and rows == expected
+    lines = [json.loads(line) for line in (tmp_path / "dask" / "points.jsonl").read_text().splitlines()]
+    assert len(lines) == total == len({line["hash"] for line in lines})
+    rows, simulated = plan(base, spec, tmp_path / "dask")
+    assert simulated == 0 and rows == expected
+
+
+def test_bad_plan_input_is_one_line_naming_the_field(tmp_path):
+    with pytest.raises(KvsimError, match="ttft.p90"):
+        make_plan_spec({"slo": {"ttft.p90": 1.0}, "gpus": ["h100-80gb"]})
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "engine": {"max_num_seqs": [0]}})
+    with pytest.raises(KvsimError, match="max_num_seqs"):
+        plan(toy(), spec, tmp_path)
+    assert not (tmp_path / "points.jsonl").exists()
+    result = runner.invoke(app, ["plan", "--slo", "ttft_s.p90=fast", "--gpu", "h100-80gb", "--workers", "1",
+                                 "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "ttft_s.p90" in result.stderr and "Traceback" not in result.output
+
+
+def test_plan_command_writes_the_ranked_table_and_figure(tmp_path):
+    scenario = tmp_path / "toy.yaml"
+    scenario.write_text(json.dumps(toy().model_dump(mode="json")))
+    out = tmp_path / "plan"
+    result = runner.invoke(app, ["plan", str(scenario), "--slo", "ttft_s.p90=0.3", "--slo", "e2e_s.p99=2",
+                                 "--gpu", "h100-80gb", "--engine", "max_num_seqs=4,8", "--max-replicas", "8",
+                                 "--gpu-hourly-cost", "h100-80gb=2", "--workers", "1", "-o", str(out),
+                                 "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [r["max_num_seqs"] for r in rows] and all(r["feasible"] for r in rows)
+    assert rows[0]["cost_per_hour"] <= rows[1]["cost_per_hour"]
+    for name in ("plan.csv", "plan.json", "plan.md", "pareto.png", "points.jsonl"):
+        assert (out / name).stat().st_size > 0
