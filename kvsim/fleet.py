@@ -98,7 +98,7 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     schedulers = [p.scheduler for p in parts]
     config = scenario.router
     router = Router(config.policy, len(parts), scenario.engine.block_size, config.load_bound, config.load_slack,
-                    max_prefix_blocks=sum(p.facts["num_gpu_blocks"] for p in parts))
+                    config.match_threshold, max_prefix_blocks=sum(p.facts["num_gpu_blocks"] for p in parts))
     decisions: list[Decision] = []
 
     def dispatch(req: Request) -> int:

@@ -20,8 +20,10 @@ consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, SODA 201
 preferred replica is taken if its outstanding requests, counting this one, stay within
 `load_bound · (all outstanding + 1) / num_replicas`, or (so that a lightly loaded fleet
 does not scatter conversations over one request in flight) within `load_slack` of the
-least loaded replica. SGLang's cache-aware router makes the same trade with its relative
-and absolute balance thresholds (`balance_rel_threshold`, `balance_abs_threshold`).
+least loaded replica. A match shorter than `match_threshold` of the prompt (a common first
+block, say) is no reason to herd requests, so they go to the least loaded instead. SGLang's
+cache-aware router makes the same trades with its `cache_threshold` and its relative and
+absolute balance thresholds (`balance_rel_threshold`, `balance_abs_threshold`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Router:
     block_size: int = 16
     load_bound: float = 1.25
     load_slack: int = 8
+    match_threshold: float = 0.25
     max_prefix_blocks: int = 1 << 20
     _turn: int = 0
     _owner: OrderedDict[int, int] = field(default_factory=OrderedDict)  # block hash -> replica
@@ -97,8 +100,8 @@ class Router:
             if replica is None:
                 break
             matched, preferred = matched + 1, replica
-        if preferred < 0:
-            decision = Decision(self._least(replicas, start), "new_prefix")
+        if preferred < 0 or matched * self.block_size < self.match_threshold * req.prompt_len:
+            decision = Decision(self._least(replicas, start), "new_prefix", matched * self.block_size)
         else:
             loads = [outstanding(s) for s in replicas]
             within_bound = (loads[preferred] + 1) * self.num_replicas <= self.load_bound * (sum(loads) + 1)

@@ -193,13 +193,15 @@ class Router(BaseModel):
     `affinity` sends a request where the longest prefix of its blocks was last routed (a
     conversation's earlier turns, a shared system prompt), unless that replica's outstanding
     requests exceed both `load_bound` × the fleet's mean (+1) and the least loaded replica's
-    by `load_slack` or more: then it goes to the least loaded.
+    by `load_slack` or more: then it goes to the least loaded. So does a request whose match
+    covers less than `match_threshold` of its prompt.
     """
 
     model_config = _STRICT
     policy: Literal["round_robin", "least_outstanding", "least_kv", "affinity"] = "round_robin"
     load_bound: float = Field(default=1.25, ge=1.0)
     load_slack: int = Field(default=8, ge=0, description="outstanding requests above the least loaded")
+    match_threshold: float = Field(default=0.25, ge=0, le=1, description="least prompt fraction to follow")
 
 
 class Scenario(BaseModel):
