@@ -11,7 +11,8 @@ Memory layout (vLLM's):
 
 Decode (one query token per sequence). Program (s, kv_head, split) loads the query rows of all
 `num_heads / num_kv_heads` query heads that share `kv_head` (GQA), so every KV block is read
-once per program, and walks its range of logical blocks with an online softmax in fp32:
+once per program, and walks its range of logical blocks, a tile of `DECODE_TILE` tokens at a
+time (a tile never crosses a block), with an online softmax in fp32:
 
     m ← max(m, max_j s_j);  l ← l·e^(m_old − m) + Σ_j e^(s_j − m);  acc ← acc·e^(m_old − m) + Σ_j e^(s_j − m)·v_j
 
@@ -22,10 +23,12 @@ out = Σ_i acc_i·e^(m_i − M) / Σ_i l_i·e^(m_i − M), M = max_i m_i.
 Prefill / chunked prefill. New tokens' K/V are first scattered into the cache
 (`write_kv_cache`); then query token i of a sequence with `q_len` new tokens and `ctx`
 tokens in all sits at position `ctx − q_len + i` and attends causally to cache positions
-0..that position: cached blocks from earlier chunks or prefix-cache hits, and itself.
+0..that position: cached blocks from earlier chunks or prefix-cache hits, and itself
+(`PREFILL_TILE` cached tokens per step).
 
-fp8 KV: the cache holds e4m3 values x / scale (one scale per tensor, for K and for V); the
-kernels multiply by the scale after loading. Dots run on the cache dtype (fp16/bf16; fp8 is
+fp8 KV: the cache holds e4m3fn values x / scale (one scale per tensor, for K and for V), rounded
+to nearest-even and saturated at ±448 as vLLM writes them; the kernels multiply by the scale
+after loading. Dots run on the cache dtype (fp16/bf16; fp8 is
 upcast to fp16) with fp32 accumulation.
 
 Importing this module has no side effects; the wrappers assert shapes, dtypes and strides.
@@ -42,6 +45,22 @@ import triton.language as tl
 FP8_DTYPE = torch.float8_e4m3fn
 KV_DTYPES = (torch.float16, torch.bfloat16, FP8_DTYPE)
 BLOCK_SIZES = (16, 32, 64, 128)
+# Tokens of KV each loop iteration loads, at most one block. A whole 128-token block of head_dim
+# 128 (32 KiB each for K and V) spilled registers to the stack on sm_90 (4-5 KiB of stack frame,
+# `python -m kernels.compile_check`); these tiles compile without spills. The sizes are vLLM's
+# Triton backend defaults (vllm/v1/attention/ops/triton_unified_attention.py: TILE_SIZE_DECODE
+# 16 for 2-byte caches, TILE_SIZE_PREFILL 32); fp8 is upcast to fp16 before the dots here.
+DECODE_TILE = 16
+PREFILL_TILE = 32
+
+
+def prefill_num_warps(tile: int, fp8: bool) -> int:
+    """Warps per prefill program: 8 where 4 would spill or sit at the 255-register ceiling on sm_90.
+
+    With 4 warps and head_dim 128: fp16 tile 32 took 160 registers, fp8 tile 32 took 254, fp8 tile
+    16 spilled 8 bytes; with 8 warps they took 127, 148 and 168, no stack (compile_check's report).
+    """
+    return 8 if fp8 or tile >= 32 else 4
 
 
 @triton.jit
@@ -57,10 +76,10 @@ def _to_dot_dtype(x, cache_ptr, IS_FP8: tl.constexpr, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
-def _load_block(cache_ptr, block, t, d, t_mask, stride_b, stride_t, head, stride_h,
-                IS_FP8: tl.constexpr, DOT_FP32: tl.constexpr):
-    """One KV block of one head: [BLOCK_SIZE, HEAD_DIM], rows past the context zeroed."""
-    x = tl.load(cache_ptr + block * stride_b + t[:, None] * stride_t + head * stride_h + d[None, :],
+def _load_tile(cache_ptr, block, rows, d, t_mask, stride_b, stride_t, head, stride_h,
+               IS_FP8: tl.constexpr, DOT_FP32: tl.constexpr):
+    """`rows` of one KV block of one head: [TILE, HEAD_DIM], rows past the context zeroed."""
+    x = tl.load(cache_ptr + block * stride_b + rows[:, None] * stride_t + head * stride_h + d[None, :],
                 mask=t_mask[:, None], other=0.0)
     return _to_dot_dtype(x, cache_ptr, IS_FP8, DOT_FP32)
 
@@ -90,18 +109,20 @@ def _decode_kernel(
     stride_os, stride_oh,
     stride_ps, stride_ph, stride_pp,
     QUERY_GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, IS_FP8: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, IS_FP8: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
-    first_block = split * blocks_per_split
-    last_block = tl.minimum(first_block + blocks_per_split, tl.cdiv(ctx, BLOCK_SIZE))
+    TILES_PER_BLOCK: tl.constexpr = BLOCK_SIZE // TILE
+    first_tile = split * blocks_per_split * TILES_PER_BLOCK
+    last_tile = tl.minimum(first_tile + blocks_per_split * TILES_PER_BLOCK, tl.cdiv(ctx, TILE))
 
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_DIM)
-    t = tl.arange(0, BLOCK_SIZE)
+    t = tl.arange(0, TILE)
     heads = kv_head * QUERY_GROUP + g
     g_mask = g < QUERY_GROUP
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :], mask=g_mask[:, None], other=0.0)
@@ -110,11 +131,12 @@ def _decode_kernel(
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_sum = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for b in range(first_block, last_block):
-        block = tl.load(block_tables_ptr + seq * stride_bts + b).to(tl.int64)
-        t_mask = b * BLOCK_SIZE + t < ctx
-        k = _load_block(k_cache_ptr, block, t, d, t_mask, stride_kb, stride_kt, kv_head, stride_kh, IS_FP8, DOT_FP32)
-        v = _load_block(v_cache_ptr, block, t, d, t_mask, stride_vb, stride_vt, kv_head, stride_vh, IS_FP8, DOT_FP32)
+    for i in range(first_tile, last_tile):
+        block = tl.load(block_tables_ptr + seq * stride_bts + i // TILES_PER_BLOCK).to(tl.int64)
+        rows = (i % TILES_PER_BLOCK) * TILE + t
+        t_mask = i * TILE + t < ctx
+        k = _load_tile(k_cache_ptr, block, rows, d, t_mask, stride_kb, stride_kt, kv_head, stride_kh, IS_FP8, DOT_FP32)
+        v = _load_tile(v_cache_ptr, block, rows, d, t_mask, stride_vb, stride_vt, kv_head, stride_vh, IS_FP8, DOT_FP32)
         m, l_sum, acc = _online_softmax_step(q, k, v, t_mask[None, :], m, l_sum, acc, scale * k_scale, v_scale)
 
     if NUM_SPLITS == 1:
@@ -158,8 +180,8 @@ def _prefill_kernel(
     stride_vb, stride_vt, stride_vh,
     stride_bts,
     stride_ot, stride_oh,
-    QUERY_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-    IS_FP8: tl.constexpr, DOT_FP32: tl.constexpr,
+    QUERY_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+    BLOCK_M: tl.constexpr, IS_FP8: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -176,7 +198,8 @@ def _prefill_kernel(
     r_mask = rows < q_len
     pos = past + rows
     d = tl.arange(0, HEAD_DIM)
-    t = tl.arange(0, BLOCK_SIZE)
+    t = tl.arange(0, TILE)
+    TILES_PER_BLOCK: tl.constexpr = BLOCK_SIZE // TILE
     q = tl.load(q_ptr + (q_start + rows)[:, None] * stride_qt + head * stride_qh + d[None, :],
                 mask=r_mask[:, None], other=0.0)
     q = _to_dot_dtype(q, k_cache_ptr, IS_FP8, DOT_FP32)
@@ -185,12 +208,15 @@ def _prefill_kernel(
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     last_key = tl.minimum(past + (m_block + 1) * BLOCK_M, ctx)  # keys this tile can see: [0, last_key)
-    for b in range(0, tl.cdiv(last_key, BLOCK_SIZE)):
-        block = tl.load(block_tables_ptr + seq * stride_bts + b).to(tl.int64)
-        key_pos = b * BLOCK_SIZE + t
+    for i in range(0, tl.cdiv(last_key, TILE)):
+        block = tl.load(block_tables_ptr + seq * stride_bts + i // TILES_PER_BLOCK).to(tl.int64)
+        key_pos = i * TILE + t
         t_mask = key_pos < ctx
-        k = _load_block(k_cache_ptr, block, t, d, t_mask, stride_kb, stride_kt, kv_head, stride_kh, IS_FP8, DOT_FP32)
-        v = _load_block(v_cache_ptr, block, t, d, t_mask, stride_vb, stride_vt, kv_head, stride_vh, IS_FP8, DOT_FP32)
+        block_rows = (i % TILES_PER_BLOCK) * TILE + t
+        k = _load_tile(k_cache_ptr, block, block_rows, d, t_mask, stride_kb, stride_kt, kv_head, stride_kh, IS_FP8,
+                       DOT_FP32)
+        v = _load_tile(v_cache_ptr, block, block_rows, d, t_mask, stride_vb, stride_vt, kv_head, stride_vh, IS_FP8,
+                       DOT_FP32)
         visible = (key_pos[None, :] <= pos[:, None]) & t_mask[None, :]
         m, l_sum, acc = _online_softmax_step(q, k, v, visible, m, l_sum, acc, scale * k_scale, v_scale)
 
@@ -200,17 +226,33 @@ def _prefill_kernel(
 
 
 @triton.jit
-def _round_to_e4m3(x):
-    """Round fp32 to the nearest e4m3 value (ties away from zero), saturating at ±448.
+def _e4m3fn_bits(x):
+    """fp32 → the bit pattern of the nearest e4m3fn value (ties to even), saturated at ±448; NaN → 0x7f.
 
-    The result is exactly representable, so the cast that follows cannot round: Triton's CPU
-    interpreter (3.9) drops the carry when rounding overflows the mantissa (126 → 64).
+    This is vLLM's cache write: `__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3)`
+    (csrc/quantization/fp8/nvidia/quant_utils.cuh). torch's `.to(torch.float8_e4m3fn)` agrees up
+    to 464, but beyond it torch 2.11 gives NaN (it rounds to 480, whose pattern is NaN) where
+    torch 2.13 saturates (`fp8e4m3fn_from_fp32_value`, c10/util/Float8_e4m3fn.h): clamp first.
+    The bits are computed in integers and stored through a uint8 view, with no float → fp8 cast:
+    Triton's CPU interpreter rounds that cast wrongly (126 → 64 when the mantissa carries, seen with
+    3.9), drops the sign of -0.0 (3.6) and turns NaN into a finite value.
+
+    With e = max(exponent of |x|, -6) the spacing is 2^(e-3) (3 mantissa bits; below 2^-6 the
+    subnormals keep 2^-9), |x| = n·2^(e-3) after rounding to an integer n, and the pattern is
+    (e + 6)·8 + n: n in [8, 16] walks the mantissa (16 carries into the next exponent), and for
+    subnormals (e = -6) n in [0, 8] is the pattern itself. Every step is exact.
     """
-    ax = tl.abs(x)
-    exponent = tl.maximum(tl.floor(tl.log2(tl.maximum(ax, 1e-30))), -6.0)  # subnormals: spacing 2^-9
-    ulp = tl.exp2(exponent - 3.0)  # 3 mantissa bits
-    r = tl.minimum(tl.floor(ax / ulp + 0.5) * ulp, 448.0)
-    return tl.where(x < 0, -r, r)
+    ax = tl.minimum(tl.abs(x), 448.0)
+    exponent = tl.maximum((ax.to(tl.int32, bitcast=True) >> 23) - 127, -6)
+    inverse_ulp = (((127 + 3) - exponent) << 23).to(tl.float32, bitcast=True)  # 2^(3 - exponent)
+    steps = ax * inverse_ulp  # exact: a power of two
+    whole = tl.floor(steps)
+    frac = steps - whole
+    n = whole.to(tl.int32)
+    n = tl.where((frac > 0.5) | ((frac == 0.5) & ((n & 1) == 1)), n + 1, n)
+    bits = (exponent + 6) * 8 + n
+    bits = tl.where(x != x, 0x7F, bits)
+    return tl.where(x.to(tl.int32, bitcast=True) < 0, bits | 0x80, bits)  # the sign bit, -0.0 included
 
 
 @triton.jit
@@ -233,8 +275,10 @@ def _write_kv_kernel(
     k = tl.load(key_ptr + token * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask, other=0.0)
     v = tl.load(value_ptr + token * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask, other=0.0)
     if IS_FP8:
-        k = _round_to_e4m3(k.to(tl.float32) / k_scale)
-        v = _round_to_e4m3(v.to(tl.float32) / v_scale)
+        # IEEE division like vLLM's CUDA `x / scale` (Triton's `/` on fp32 may be approximate on a GPU);
+        # the caches arrive as uint8 views and take the bits
+        k = _e4m3fn_bits(tl.math.div_rn(k.to(tl.float32), k_scale))
+        v = _e4m3fn_bits(tl.math.div_rn(v.to(tl.float32), v_scale))
     tl.store(k_cache_ptr + block * stride_cb + offset * stride_ct + h[:, None] * stride_ch + d[None, :],
              k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + block * stride_db + offset * stride_dt + h[:, None] * stride_dh + d[None, :],
@@ -315,7 +359,8 @@ def paged_attention_decode(
         block_tables.stride(0), out.stride(0), out.stride(1),
         stride_ps, stride_ph, stride_pp,
         QUERY_GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, NUM_SPLITS=num_splits, IS_FP8=k_cache.dtype == FP8_DTYPE,
+        BLOCK_SIZE=block_size, TILE=min(block_size, DECODE_TILE), NUM_SPLITS=num_splits,
+        IS_FP8=k_cache.dtype == FP8_DTYPE,
         DOT_FP32=_dot_in_fp32(k_cache),
     )
     if num_splits > 1:
@@ -346,14 +391,16 @@ def paged_attention_prefill(
     scale = head_dim**-0.5 if scale is None else scale
     out = torch.empty(q.shape, dtype=q.dtype if q.dtype != torch.float32 else torch.float16, device=q.device)
     grid = (num_seqs, num_heads, triton.cdiv(max_query_len, block_m))
+    tile, fp8 = min(block_size, PREFILL_TILE), k_cache.dtype == FP8_DTYPE
     _prefill_kernel[grid](
         out, q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, k_scale, v_scale,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
-        QUERY_GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m,
-        IS_FP8=k_cache.dtype == FP8_DTYPE, DOT_FP32=_dot_in_fp32(k_cache),
+        QUERY_GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        TILE=tile, BLOCK_M=block_m, IS_FP8=fp8, DOT_FP32=_dot_in_fp32(k_cache),
+        num_warps=prefill_num_warps(tile, fp8),
     )
     return out
 
@@ -363,18 +410,20 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor
     """Scatter new tokens' K/V ([tokens, kv_heads, dim]) to cache slots (`slot = block · bs + offset`).
 
     A slot of -1 skips its token. For fp8 caches the values are divided by the scale, rounded to
-    the nearest e4m3 value and saturated at ±448.
+    the nearest e4m3fn value (ties to even) and saturated at ±448, as vLLM does (`_e4m3fn_bits`).
     """
     num_blocks, block_size, num_kv_heads, head_dim = _check_cache(k_cache, v_cache)
     assert key.shape == value.shape and key.dim() == 3 and key.shape[1:] == (num_kv_heads, head_dim)
     assert key.stride(2) == 1 and value.stride(2) == 1
     assert slot_mapping.dtype == torch.int64 and slot_mapping.shape == (key.shape[0],)
+    fp8 = k_cache.dtype == FP8_DTYPE
+    if fp8:  # the kernel writes e4m3fn bit patterns
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     _write_kv_kernel[(key.shape[0],)](
         key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         num_kv_heads,
-        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-        IS_FP8=k_cache.dtype == FP8_DTYPE,
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, HEADS_PAD=triton.next_power_of_2(num_kv_heads), IS_FP8=fp8,
     )

@@ -1,8 +1,14 @@
-"""Shared helpers: tiny worlds with hand-made requests and a constant-latency engine."""
+"""Shared helpers: tiny worlds with hand-made requests and a constant-latency engine; the random seed.
+
+Tests that draw random inputs (the kernel tests) seed from `KVSIM_TEST_SEED`. A run without it
+draws a fresh seed (fresh inputs find more) and prints it in the header; set the variable to
+replay a run. It is set here, before xdist starts its workers, so every worker sees the same seed.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 import pytest
@@ -25,6 +31,24 @@ def sized(small, full):
     on two cores, the full one (`KVSIM_FULL_TESTS=1 ./dev test -m slow`) is the original scale.
     """
     return full if FULL_SIZE else small
+
+
+SEED_VARIABLE = "KVSIM_TEST_SEED"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    seed = os.environ.setdefault(SEED_VARIABLE, str(secrets.randbelow(2**31)))
+    if not seed.isdigit():
+        raise pytest.UsageError(f"{SEED_VARIABLE} must be a non-negative integer, got {seed!r}")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"random inputs: {SEED_VARIABLE}={run_seed()} (set it to replay this run)"
+
+
+def run_seed() -> int:
+    """The run's seed (see the module docstring)."""
+    return int(os.environ[SEED_VARIABLE])
 
 
 def make_request(rid: int, arrival_s: float, prompt: int, output: int, n: int = 1, prefix: int = 0) -> Request:

@@ -1,12 +1,20 @@
-"""Kernels against the float64 reference, on fresh random inputs every run (no fixed seed).
+"""Kernels against the float64 reference, on fresh random inputs every run.
 
-Outputs are poisoned with NaN first, so an element the kernel forgets to write fails the test.
+The seed is printed in pytest's header and on a failure (`KVSIM_TEST_SEED` replays it; see
+conftest.py). Outputs are poisoned with NaN first, so an element the kernel forgets to write
+fails the test.
 """
 
 import pytest
 import torch
 
-from kernels.paged_attention import FP8_DTYPE, paged_attention_decode, paged_attention_prefill, write_kv_cache
+from kernels.paged_attention import (
+    FP8_DTYPE,
+    default_num_splits,
+    paged_attention_decode,
+    paged_attention_prefill,
+    write_kv_cache,
+)
 from kernels.reference import reference_decode, reference_prefill
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,6 +73,9 @@ CASES = [
     (FP8_DTYPE, 16, 8, 1, 32, [17, 48, 3]),
     (torch.float16, 64, 4, 1, 32, [64, 130]),
     (torch.bfloat16, 128, 2, 2, 16, [128, 1, 200]),
+    # Llama-3's head shape (head_dim 128, 4 query heads per KV head) at the largest block size
+    (torch.float16, 128, 8, 2, 128, [128, 1, 300]),
+    (FP8_DTYPE, 64, 4, 1, 128, [65, 20]),
 ]
 
 
@@ -79,7 +90,27 @@ def test_decode_matches_reference(dtype, block_size, heads, kv_heads, head_dim, 
     assert_close(out, ref, dtype)
 
 
-@pytest.mark.parametrize(("dtype", "block_size", "heads", "kv_heads", "head_dim", "lens"), CASES[:3])
+def test_automatic_split_count():
+    """Worked by hand from the rule: about two waves of programs on 132 SMs, >= 8 blocks a split, <= 64."""
+    assert default_num_splits(num_seqs=1, num_kv_heads=2, max_context=640, block_size=16) == 5  # 40 blocks // 8
+    assert default_num_splits(1, 2, 640, 128) == 1  # 5 blocks: too few to split
+    assert default_num_splits(1, 1, 100_000, 16) == 64  # 264 programs wanted, capped at 64
+    assert default_num_splits(4, 8, 100_000, 16) == 9  # 32 programs: ceil(264 / 32)
+    assert default_num_splits(132, 1, 100_000, 16) == 1  # the grid already fills every SM
+
+
+@pytest.mark.parametrize(("dtype", "block_size", "lens"), [(torch.float16, 16, [640]), (FP8_DTYPE, 16, [300, 640]),
+                                                          (torch.bfloat16, 32, [1100, 7])])
+def test_decode_with_the_automatic_split_count(dtype, block_size, lens):
+    k, v, tables, ctx, ks, vs = random_world(len(lens), lens, block_size, 2, 32, dtype)
+    assert default_num_splits(len(lens), 2, max(lens), block_size) > 1  # the split path is the one tested
+    q = torch.randn(len(lens), 8, 32, dtype=torch.float16 if dtype == FP8_DTYPE else dtype, device=DEVICE)
+    out = poison(lambda: paged_attention_decode(q, k, v, tables, ctx, k_scale=ks, v_scale=vs))
+    ref = reference_decode(q.cpu(), k.cpu(), v.cpu(), tables.cpu(), ctx.cpu(), k_scale=ks, v_scale=vs)
+    assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize(("dtype", "block_size", "heads", "kv_heads", "head_dim", "lens"), CASES)
 def test_chunked_prefill_over_cached_prefix(dtype, block_size, heads, kv_heads, head_dim, lens):
     """New tokens (some sequences all-new, some after a cached prefix) attend causally."""
     k, v, tables, ctx, ks, vs = random_world(len(lens), lens, block_size, kv_heads, head_dim, dtype)
@@ -97,8 +128,7 @@ def test_chunked_prefill_over_cached_prefix(dtype, block_size, heads, kv_heads, 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, FP8_DTYPE])
 def test_cache_write_scatters_to_slots(dtype):
     block_size, kv_heads, head_dim, tokens = 16, 3, 32, 7
-    cache_dtype = dtype
-    k_cache = torch.zeros(6, block_size, kv_heads, head_dim, dtype=cache_dtype, device=DEVICE)
+    k_cache = torch.zeros(6, block_size, kv_heads, head_dim, dtype=dtype, device=DEVICE)
     v_cache = torch.zeros_like(k_cache)
     src_dtype = torch.float16 if dtype == FP8_DTYPE else dtype
     key = torch.randn(tokens, kv_heads, head_dim, dtype=src_dtype, device=DEVICE)
@@ -106,20 +136,90 @@ def test_cache_write_scatters_to_slots(dtype):
     slots = torch.tensor([5 * 16 + 3, 0, -1, 17, 2 * 16 + 15, 40, 41], dtype=torch.int64, device=DEVICE)
     scale = 0.02 if dtype == FP8_DTYPE else 1.0
     write_kv_cache(key, value, k_cache, v_cache, slots, k_scale=scale, v_scale=scale)
-    def stored(x):  # what the cache should hold: torch's own rounding to the cache dtype
-        return (x.double() / scale).to(cache_dtype).double().cpu()
-
     for i, slot in enumerate(slots.tolist()):
         if slot < 0:
             continue
         for cache, src in ((k_cache, key), (v_cache, value)):
-            got = cache[slot // block_size, slot % block_size].double().cpu()
-            # equal up to one unit in the last place (e4m3 has 3 mantissa bits: 1/8 relative)
-            assert torch.allclose(got, stored(src[i]), rtol=0.126 if dtype == FP8_DTYPE else 0, atol=4e-3)
+            got = bits(cache[slot // block_size, slot % block_size])
+            want = naive_e4m3fn_bits(src[i].float() / scale) if dtype == FP8_DTYPE else bits(src[i])
+            assert torch.equal(got, want)
     assert k_cache.double().abs().sum() > 0
     written = {s for s in slots.tolist() if s >= 0}
     untouched = [s for s in range(6 * block_size) if s not in written]
     assert k_cache.reshape(-1, kv_heads, head_dim)[untouched].double().abs().sum() == 0
+
+
+def bits(x: torch.Tensor) -> torch.Tensor:
+    """The stored bit patterns, for bit-exact comparisons."""
+    return x.cpu().view({1: torch.uint8, 2: torch.int16}[x.element_size()])
+
+
+def e4m3fn_value(code: int) -> float:
+    """Decode one positive e4m3fn bit pattern (OCP FP8 spec: bias 7, no infinities, 0x7f is NaN)."""
+    exponent, mantissa = code >> 3, code & 7
+    return mantissa / 8 * 2.0**-6 if exponent == 0 else (1 + mantissa / 8) * 2.0 ** (exponent - 7)
+
+
+def naive_e4m3fn_bits(x: torch.Tensor) -> torch.Tensor:
+    """vLLM's fp8 cache write, by brute force: the nearest of the 127 finite magnitudes, ties to the even
+    code, |x| above 448 saturated (`__NV_SATFINITE`), sign copied; a second implementation, not the kernel's."""
+    grid = torch.tensor([e4m3fn_value(c) for c in range(127)], dtype=torch.float64)
+    mag = x.double().cpu().abs().clamp(max=448.0).flatten()
+    below = torch.searchsorted(grid, mag, right=True) - 1  # largest grid value <= mag
+    above = (below + 1).clamp(max=126)
+    d_below, d_above = mag - grid[below], grid[above] - mag
+    pick_above = (d_above < d_below) | ((d_above == d_below) & (below % 2 == 1))
+    code = torch.where(pick_above, above, below).to(torch.int32)
+    code |= torch.signbit(x.cpu().flatten()).to(torch.int32) << 7
+    return code.to(torch.uint8).view(torch.uint8).reshape(x.shape)
+
+
+def write_fp8(values: torch.Tensor, scale: float) -> torch.Tensor:
+    """Write `values` (any count) as the keys of one fp8 block and return the stored bytes."""
+    head_dim, per_token = 16, 32
+    n = -(-values.numel() // per_token)
+    key = torch.zeros(n * per_token, dtype=values.dtype)
+    key[: values.numel()] = values.flatten()
+    key = key.reshape(n, 2, head_dim).to(DEVICE)
+    k_cache = torch.zeros(1, 128, 2, head_dim, dtype=FP8_DTYPE, device=DEVICE)
+    v_cache = torch.zeros_like(k_cache)
+    write_kv_cache(key, key.clone(), k_cache, v_cache, torch.arange(n, dtype=torch.int64, device=DEVICE),
+                   k_scale=scale, v_scale=scale)
+    return bits(k_cache[0, :n]).flatten()[: values.numel()]
+
+
+def test_fp8_write_rounds_ties_to_even_and_saturates_bit_exactly():
+    """Every midpoint between neighbouring e4m3fn values (the ties), every value itself, both signs,
+    zeros, and values beyond the largest finite 448 up to infinity, with scale 1 (no division rounding)."""
+    grid = [e4m3fn_value(c) for c in range(127)]
+    mids = [(a + b) / 2 for a, b in zip(grid, grid[1:], strict=False)]
+    over = [448.5, 463.75, 464.0, 464.25, 479.0, 480.0, 500.0, 1e4, 65504.0, float("inf")]
+    magnitudes = torch.tensor(grid + mids + over, dtype=torch.float16)
+    assert magnitudes.double().tolist() == grid + mids + over  # every value exact in fp16
+    values = torch.cat([magnitudes, -magnitudes])
+    want = naive_e4m3fn_bits(values.float())
+    assert want[:127].tolist() == list(range(127))  # the grid maps to itself
+    assert want[127 + 125].item() == 126 and want[127 + 124].item() == 124  # 432 -> 448 (even), 400 -> 384 (even)
+    assert (want[127 + 126 : 127 + 136] == 126).all()  # 448.5 ... inf saturate to 448
+    assert torch.equal(write_fp8(values, 1.0), want)
+
+
+def test_fp8_write_matches_vllm_on_random_values_bit_exactly():
+    """Random magnitudes over the whole e4m3fn range and beyond, divided by a scale in fp32 first."""
+    x = torch.randn(4096, dtype=torch.float32) * 2.0 ** torch.randint(-14, 6, (4096,)).float()
+    x = x.to(torch.float16)
+    scale = 0.02
+    quotient = x.float() / torch.tensor(scale, dtype=torch.float32)  # IEEE fp32, as in CUDA's `x / scale`
+    want = naive_e4m3fn_bits(quotient)
+    assert (quotient.abs() > 448).sum() > 100 and (quotient.abs() < 2**-6).sum() > 100  # saturation, subnormals
+    # torch's own cast agrees once clamped (unclamped, torch 2.11 turns |x| > 464 into NaN)
+    assert torch.equal(quotient.clamp(-448, 448).to(FP8_DTYPE).view(torch.uint8), want)
+    assert torch.equal(write_fp8(x, scale), want)
+
+
+def test_fp8_write_keeps_nan():
+    stored = write_fp8(torch.tensor([float("nan"), 1.0], dtype=torch.float16), 1.0)
+    assert stored[0].item() & 0x7F == 0x7F and stored[1].item() == 0x38  # NaN (S.1111.111); 1.0 = 0.0111.000
 
 
 def test_write_then_prefill_end_to_end():
