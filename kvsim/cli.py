@@ -368,6 +368,32 @@ def calibrate(
     typer.echo(f"profile written to {path}")
 
 
+@app.command("import-profile")
+def import_profile(
+    source: Annotated[str, typer.Argument(help="An LLMServingSim profile bundle folder, a Vidur mlp.csv or a "
+                                               "kvsim profile CSV")],
+    output: Annotated[str, typer.Option("--output", "-o", help="kvsim profile CSV to write")],
+    model: ModelOpt = DEFAULT_MODEL,
+    gpu: GpuOpt = DEFAULT_GPU,
+    tensor_parallel_size: TpOpt = None,
+    kv_cache_dtype: KvDtypeOpt = None,
+    repository: Annotated[str | None, typer.Option("--source-repository", help="e.g. owner/name")] = None,
+    commit: Annotated[str | None, typer.Option("--source-commit", help="The source's commit")] = None,
+    licence: Annotated[str | None, typer.Option("--source-licence", help="The source's licence, e.g. MIT")] = None,
+) -> None:
+    """Convert a measured profile into kvsim's profile CSV, checked against the model, GPU, KV dtype and TP."""
+    from kvsim.config import load_gpu, load_model, make_engine
+    from kvsim.profiles import load_profile, with_source
+    from kvsim.profiles.native import write_native
+
+    with user_errors():
+        engine = make_engine(tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype)
+        profile = load_profile(Path(source), load_model(model), load_gpu(gpu), engine)
+        path = write_native(with_source(profile, repository, commit, licence), Path(output))
+    typer.echo(f"profile {profile.name} ({len(profile.rows)} rows, kinds {', '.join(sorted(profile.kinds()))}) "
+               f"written to {path}")
+
+
 @app.command()
 def report(
     scenario: Annotated[str | None, typer.Argument(help="Base scenario YAML [a KV-bound built-in one]")] = None,

@@ -183,3 +183,22 @@ def test_gpu_names_match_by_words(device, preset, same):
 def test_missing_profile_path_is_an_error(tmp_path):
     with pytest.raises(KvsimError, match="no such file or folder"):
         load_profile(tmp_path / "nope", LLAMA, RTX, TP1)
+
+
+def test_cli_imports_a_bundle_with_its_source(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    bundle = write_bundle(tmp_path / "bf16")
+    out = tmp_path / "llama.csv"
+    args = ["import-profile", str(bundle), "-o", str(out), "--model", "llama-3.1-8b", "--gpu", "rtx-pro-6000",
+            "--source-repository", "casys-kaist/LLMServingSim", "--source-commit", "5daddb2", "--source-licence", "MIT"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    meta = read_native(out).meta
+    assert (meta["source_repository"], meta["source_commit"], meta["source_licence"]) == (
+        "casys-kaist/LLMServingSim", "5daddb2", "MIT")
+    refused = CliRunner().invoke(app, [*args[:3], str(tmp_path / "other.csv"), "--gpu", "h200"])
+    assert refused.exit_code == 2 and "measured on gpu=" in refused.output
+    assert not (tmp_path / "other.csv").exists()

@@ -52,6 +52,13 @@ def load_profile(path: Path, model: ModelSpec, gpu: GPUSpec, engine: EngineConfi
     return profile
 
 
+def with_source(profile: Profile, repository: str | None, commit: str | None, licence: str | None) -> Profile:
+    """`profile` with the source fields that are given replaced (the rest kept as imported)."""
+    given = {"source_repository": repository, "source_commit": commit, "source_licence": licence}
+    meta = {**profile.meta, **{k: v for k, v in given.items() if v}}
+    return Profile(profile.name, meta, profile.rows)
+
+
 def find_source(folder: Path, default_repository: str) -> dict[str, str]:
     """`source_repository`, `source_commit`, `source_licence` from the nearest `source.yaml` at or above `folder`.
 
