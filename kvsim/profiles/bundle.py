@@ -14,8 +14,11 @@ layernorm (twice per layer: before attention and before the MLP, as LLMServingSi
 files list it), qk_norm, rotary_emb, act_fn → `token_op`; embedding, final_layernorm → `step_op`;
 lm_head, sampler → `sequence_op`; attention rows → `attention` (query_len = prefill_chunk,
 context_len = kv_prefill + prefill_chunk, batch = n_decode, decode_context_len = kv_decode);
-moe.csv → `moe`. skew.csv / skew_fit.csv (a correction for decodes of unequal lengths) are not
-imported: kvsim's step plan carries the decodes' mean context only.
+moe.csv → `moe`. skew.csv / skew_fit.csv (a correction for decode batches of unequal lengths,
+t = t(mean context) + α · (t(longest context) − t(mean context)), α per bucket of chunk, batch,
+share of long decodes, longest context) are not imported: kvsim's step plan does not carry the
+share of long decodes that picks the bucket, and the bundle's default α alone, tried on every
+step, overcorrected (+4 % TPOT on both validation runs, from -0.9 % and +0.8 %).
 
 Provenance: meta.yaml's versions and dates are kept; the source repository, commit and licence
 come from a `source.yaml` (`repository`, `commit`, `licence`) in the bundle or a folder above it,
