@@ -33,13 +33,14 @@ from kvsim.capacity import (
 from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.errors import KvsimError
 from kvsim.latency import ConstantLatency, LatencyModel, StepPlan, burst_step_times
-from kvsim.memory import PagedAllocator, SlabAllocator
+from kvsim.memory import GroupedPagedAllocator, PagedAllocator, SlabAllocator
 from kvsim.metrics import StepRecorder, requests_frame, summarize
 from kvsim.request import Request
 from kvsim.results import RunResult
 from kvsim.roofline import RooflineLatency
 from kvsim.scenario import Scenario
 from kvsim.scheduler import Scheduler, SchedulerLimits, make_scheduler
+from kvsim.scheduler.base import Allocator
 from kvsim.workload import build_requests
 
 if TYPE_CHECKING:
@@ -49,20 +50,24 @@ ProgressFn = Callable[[float, int, int], None]  # (simulated seconds, requests d
 PROGRESS_EVERY_STEPS = 2000
 
 
-def make_allocator(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> PagedAllocator | SlabAllocator:
+def make_allocator(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> Allocator:
     """The KV allocator of `engine.allocator`, sized by the capacity math (same bytes for all kinds).
 
     Paged pools keep vLLM's null block (`num_gpu_blocks − 1` usable blocks); slab pools, the
     paper's Orca, have none: all `num_gpu_blocks · block_size` slots (OPT-13B in 12 GiB: 15,728).
     """
-    layout = model_kv_layout(model, engine)
-    if any(g.kind in ("sliding_window", "chunked_local") for g in layout.groups):
-        raise KvsimError(f"model={model.name}: simulating sliding-window/chunked KV groups is not supported yet; "
-                         "set engine.disable_hybrid_kv_cache_manager=true to allocate them as full attention")
     num_blocks = num_gpu_blocks(model, gpu, engine)
     if num_blocks < 2 and engine.allocator == "paged":
         raise KvsimError(f"num_gpu_blocks={num_blocks}: need at least 2 (one is vLLM's null block)")
     bytes_per_block = kv_bytes_per_block(model, engine)
+    layout = model_kv_layout(model, engine)
+    if any(g.kind in ("sliding_window", "chunked_local") for g in layout.groups):
+        if engine.allocator != "paged" or engine.scheduler != "v1":
+            raise KvsimError(f"model={model.name}: sliding-window/chunked KV groups need allocator=paged and "
+                             "scheduler=v1 (vLLM's hybrid KV cache manager); or set "
+                             "engine.disable_hybrid_kv_cache_manager=true")
+        mnbt = engine.resolved_max_num_batched_tokens(engine.resolved_max_model_len(model), gpu)
+        return GroupedPagedAllocator(num_blocks, layout, mnbt, engine.enable_prefix_caching, bytes_per_block)
     swap_bytes = int(engine.swap_space * 2**30)
     if engine.allocator == "paged":
         return PagedAllocator(num_blocks, engine.block_size, enable_caching=engine.enable_prefix_caching,
@@ -90,7 +95,7 @@ def make_latency(scenario: Scenario, model: ModelSpec, gpu: GPUSpec) -> LatencyM
 
 
 def make_limits(engine: EngineConfig, gpu: GPUSpec, max_model_len: int,
-                allocator: PagedAllocator | SlabAllocator) -> SchedulerLimits:
+                allocator: Allocator) -> SchedulerLimits:
     watermark_slots = 0
     if engine.resolved_watermark:
         bs = engine.block_size

@@ -120,3 +120,31 @@ class BlockPool:
         for block_hash, block_id in self.cached.items():
             assert self.block_hashes[block_id] == block_hash, f"hash map stale at block {block_id}"
         assert sum(h is not None for h in self.block_hashes) == len(self.cached)
+
+
+class PoolSlots:
+    """Slot counts of an allocator over one `BlockPool` (`self.pool`, `self.block_size`):
+    a slot is one token's place in one block id."""
+
+    pool: BlockPool
+    block_size: int
+
+    @property
+    def num_total_slots(self) -> int:
+        return self.pool.num_usable_blocks * self.block_size
+
+    @property
+    def num_held_slots(self) -> int:
+        return (self.pool.num_usable_blocks - self.pool.num_free_blocks) * self.block_size
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.pool.num_free_blocks * self.block_size
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def external_fragmentation_slots(self, next_request_slots: int | None) -> int:
+        """Zero by construction: any free block can serve any sequence."""
+        return 0

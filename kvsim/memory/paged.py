@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvsim.config import ceil_div
-from kvsim.memory.block_pool import BlockPool
+from kvsim.memory.block_pool import BlockPool, PoolSlots
 from kvsim.memory.content import Content
 
 
@@ -54,10 +54,11 @@ class SwapResult:
 NO_HIT = PrefixHit(0, ())
 
 
-class PagedAllocator:
+class PagedAllocator(PoolSlots):
     """Block tables over a GPU pool (and a CPU pool for swap); the policy half of vLLM's KV manager."""
 
     num_slack_slots = 0  # blocks are never rounded beyond what a sequence asks for
+    supports_bursts = True
 
     def __init__(
         self,
@@ -83,29 +84,13 @@ class PagedAllocator:
 
     # ------------------------------------------------------------------ sizes
     @property
-    def num_total_slots(self) -> int:
-        return self.pool.num_usable_blocks * self.block_size
-
-    @property
-    def num_held_slots(self) -> int:
-        return (self.pool.num_usable_blocks - self.pool.num_free_blocks) * self.block_size
-
-    @property
-    def num_free_slots(self) -> int:
-        return self.pool.num_free_blocks * self.block_size
-
-    @property
     def num_reserved_slots(self) -> int:
         """Held slots that the owning sequence will still fill (its last block's future tokens)."""
         return self._sum_reservable - self._sum_written
 
-    @property
-    def usage(self) -> float:
-        return self.pool.usage
-
-    def external_fragmentation_slots(self, next_request_slots: int | None) -> int:
-        """Zero by construction: any free block can serve any sequence."""
-        return 0
+    def slots_for_tokens(self, num_tokens: int) -> int:
+        """Slots one sequence of `num_tokens` tokens holds: whole blocks."""
+        return ceil_div(num_tokens, self.block_size) * self.block_size
 
     # ------------------------------------------------------------ prefix cache
     def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:

@@ -68,6 +68,7 @@ class SlabAllocator:
     """One contiguous region per sequence in a single token address space (first-fit)."""
 
     shares_blocks = False
+    supports_bursts = True
 
     def __init__(self, num_slots: int, max_model_len: int, policy: SlabPolicy,
                  num_cpu_slots: int = 0, bytes_per_token: int = 0, placement: SlabPlacement = "first-fit") -> None:

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.config import ceil_div
 from kvsim.latency import StepPlan
-from kvsim.memory import NO_HIT, PagedAllocator, PrefixHit, SegmentContent, SlabAllocator
+from kvsim.memory import NO_HIT, GroupedPagedAllocator, PagedAllocator, PrefixHit, SegmentContent, SlabAllocator
 from kvsim.request import Request, RequestStatus
 
-Allocator = PagedAllocator | SlabAllocator
+Allocator = PagedAllocator | SlabAllocator | GroupedPagedAllocator
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +110,7 @@ class Scheduler:
         if isinstance(alloc, SlabAllocator):
             return req.num_samples * alloc.region_slots(req.kv_len, req.prompt_len)
         bs = alloc.block_size
-        per_seq = ceil_div(req.kv_len, bs)
+        per_seq = alloc.slots_for_tokens(req.kv_len) // bs
         shared = req.prompt_len // bs if req.num_samples > 1 else 0
         return (per_seq + (req.num_samples - 1) * (per_seq - shared)) * bs
 
@@ -271,7 +270,7 @@ class Scheduler:
         The engine then runs several steps at once (`apply_burst`), with identical results.
         """
         running = self.running
-        if not running or self.swapped:
+        if not running or self.swapped or not self.alloc.supports_bursts:
             return None
         for req in running:
             decoding = req.num_output_tokens > 0 and req.num_computed_tokens == req.num_tokens - 1

@@ -1,0 +1,132 @@
+"""Sliding-window and hybrid allocation: exact block ids freed as the window moves, and prefix hits.
+
+The tiny world: block_size 4, a sliding-window group (window 8) and a full-attention group,
+one layer each, 20 blocks (block 0 is vLLM's null block). Expected tables are worked out by
+hand from vLLM's rules (SlidingWindowManager.remove_skipped_blocks: before growing, blocks
+below (computed − window + 1) // block_size are freed; the free queue hands out the most
+recently freed uncached block first).
+"""
+
+from __future__ import annotations
+
+from kvsim.kv_layout import KVGroup, KVLayout
+from kvsim.memory import GroupedPagedAllocator, TokenContent
+
+
+def tiny(enable_caching: bool = False, num_blocks: int = 20) -> GroupedPagedAllocator:
+    layout = KVLayout((KVGroup("sliding_window", 1, 8), KVGroup("full", 1)), group_size=1, page_bytes=4,
+                      block_size=4)
+    return GroupedPagedAllocator(num_blocks, layout, max_num_batched_tokens=64, enable_caching=enable_caching)
+
+
+def grow(alloc: GroupedPagedAllocator, seq_id: int, num_tokens: int) -> list[list[int]]:
+    assert alloc.allocate(seq_id, num_tokens)
+    alloc.check_invariants()
+    return [list(t) for t in alloc.seqs[seq_id].tables]
+
+
+def test_sliding_window_blocks_are_freed_as_the_window_moves() -> None:
+    alloc = tiny()
+    assert alloc.allocate(1, 10, final_num_tokens=17)  # prefill: 3 blocks in each group
+    assert alloc.seqs[1].tables == [[1, 2, 3], [4, 5, 6]]
+    assert alloc.num_held_slots == 6 * 4
+    # 10 computed: 10 − 8 + 1 = 3 skipped tokens, no whole block yet.
+    assert grow(alloc, 1, 11) == [[1, 2, 3], [4, 5, 6]]
+    # 11 computed: 4 skipped tokens = block index 0 leaves the window: block 1 is freed.
+    assert grow(alloc, 1, 12) == [[0, 2, 3], [4, 5, 6]]
+    assert alloc.num_held_slots == 5 * 4
+    # 12 computed, a fourth block: block 1 (freed last, at the queue's head) is reused first.
+    assert grow(alloc, 1, 13) == [[0, 2, 3, 1], [4, 5, 6, 7]]
+    assert grow(alloc, 1, 14) == [[0, 2, 3, 1], [4, 5, 6, 7]]
+    assert grow(alloc, 1, 15) == [[0, 2, 3, 1], [4, 5, 6, 7]]
+    # 15 computed: 8 skipped tokens: block index 1 (block 2) goes.
+    assert grow(alloc, 1, 16) == [[0, 0, 3, 1], [4, 5, 6, 7]]
+    assert grow(alloc, 1, 17) == [[0, 0, 3, 1, 2], [4, 5, 6, 7, 8]]
+    # The sliding group holds 3 blocks (at most cdiv(8 − 1 + 1, 4) + 1 for one token a step), the full one 5.
+    assert alloc.num_held_slots == 8 * 4
+    alloc.free(1)
+    assert alloc.pool.num_free_blocks == 19
+    # Freed group by group, each tail-first: uncached blocks go to the head, so the last freed is next.
+    assert alloc.pool.get_new_blocks(8) == [4, 5, 6, 7, 8, 3, 1, 2]
+
+
+def test_can_allocate_counts_the_blocks_the_window_frees() -> None:
+    alloc = tiny(num_blocks=7)  # 6 usable
+    assert alloc.allocate(1, 12)  # 3 + 3 blocks: the pool is full
+    assert alloc.pool.num_free_blocks == 0
+    assert not alloc.can_allocate(2, 1)
+    # Growing to 13 needs 2 new blocks; 12 computed frees sliding blocks below (12 − 7) // 4 = 1: one.
+    assert not alloc.can_allocate(1, 13)
+    assert alloc.seqs[1].tables == [[1, 2, 3], [4, 5, 6]]  # nothing changed
+
+
+def test_prefix_hit_with_sliding_window_needs_the_blocks_before_the_hit() -> None:
+    alloc = tiny(enable_caching=True)
+    prompt = list(range(100, 120))  # 20 tokens
+    a = TokenContent(prompt)
+    assert alloc.allocate(1, 20, content=a)
+    for n in range(21, 25):
+        grow(alloc, 1, n)
+    alloc.free(1)
+    # Same 20-token prompt: at most (20 − 1) // 4 = 4 blocks may hit. The full group hits all 4;
+    # the sliding group needs cdiv(8 − 1, 4) = 2 cached blocks ending there (indices 2 and 3),
+    # and the blocks before them are null.
+    hit = alloc.lookup_prefix(TokenContent(prompt), 20)
+    assert hit.num_tokens == 16
+    sliding, full = hit.block_ids[:4], hit.block_ids[4:]
+    assert sliding[:2] == (0, 0) and 0 not in sliding[2:]
+    assert 0 not in full
+    assert alloc.allocate(2, 20, content=TokenContent(prompt), hit=hit)
+    alloc.check_invariants()
+    # A different prompt sharing only the first 8 tokens: 2 full blocks hit, and the sliding
+    # group's blocks 0 and 1 (from the start, fewer than needed but reaching block 0) too.
+    other = alloc.lookup_prefix(TokenContent(prompt[:8] + [7] * 12), 20)
+    assert other.num_tokens == 8
+
+
+def evict(alloc: GroupedPagedAllocator, block_ids: list[int]) -> None:
+    """Drop cached free blocks' content, as `BlockPool.get_new_blocks` does when it reuses them."""
+    for block_id in block_ids:
+        del alloc.pool.cached[alloc.pool.block_hashes[block_id]]
+        alloc.pool.block_hashes[block_id] = None
+
+
+def test_prefix_hit_needs_only_the_sliding_blocks_inside_the_window() -> None:
+    prompt = list(range(50, 66))  # 16 tokens: 4 blocks per group
+    cases = {  # evicted sliding blocks -> hit tokens, block ids (sliding table, then full table)
+        (1, 2): (16, (0, 0, 3, 4, 5, 6, 7, 8)),  # indices 0, 1 lie outside the last window: not needed
+        (3, 4): (8, (1, 2, 5, 6)),  # the longest run of 2 cached blocks ends at index 2
+        (2, 3): (4, (1, 5)),  # no run of 2; the run from block 0 (block 1 alone) still counts
+    }
+    for evicted, (expected_hit, expected_ids) in cases.items():
+        alloc = tiny(enable_caching=True)
+        assert alloc.allocate(1, 16, content=TokenContent(prompt))
+        assert alloc.seqs[1].tables == [[1, 2, 3, 4], [5, 6, 7, 8]]
+        alloc.free(1)
+        evict(alloc, list(evicted))
+        # A 17-token request may hit 4 blocks and the full group has all 4; the sliding group
+        # needs cdiv(8 − 1, 4) = 2 consecutive cached blocks ending where the hit ends
+        # (SlidingWindowManager.find_longest_cache_hit, scanning right to left).
+        hit = alloc.lookup_prefix(TokenContent(prompt + [1]), 17)
+        assert (hit.num_tokens, hit.block_ids) == (expected_hit, expected_ids)
+
+
+def test_hybrid_model_serves_more_than_full_attention_allocation_in_the_same_memory() -> None:
+    """gpt-oss-20b under load in a 512 MiB pool: its sliding layers keep at most the window, so
+    vLLM's hybrid manager runs more sequences than allocating every layer for the whole context
+    (the `disable_hybrid_kv_cache_manager` reading of the same model)."""
+    from kvsim.engine import simulate
+    from kvsim.scenario import load_scenario
+
+    common = ["model=gpt-oss-20b", "gpu=h100-80gb", "engine.kv_cache_memory_bytes=512MiB",
+              "engine.max_model_len=4096", "workload.num_requests=80", "workload.arrival.rate=50"]
+    hybrid = simulate(load_scenario(None, common), check=True).summary
+    unified = simulate(load_scenario(None, [*common, "engine.disable_hybrid_kv_cache_manager=true"]),
+                       check=True).summary
+    # gpt-oss-20b: 2 · 8 KV heads · 64 · 2 B = 2048 B per token per layer; a block id spans 16 tokens
+    # of 12 layers (two groups of 12) with the hybrid manager, of all 24 layers without.
+    assert hybrid["num_gpu_blocks"] == 2**29 // (16 * 2048 * 12)
+    assert unified["num_gpu_blocks"] == 2**29 // (16 * 2048 * 24)
+    assert hybrid["num_finished"] == unified["num_finished"]
+    assert hybrid["max_running"] > unified["max_running"]
+    assert hybrid["num_preemptions"] < unified["num_preemptions"]
