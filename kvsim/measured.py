@@ -83,14 +83,18 @@ def _number(row: dict[str, Any], key: str, where: str) -> float:
 
 
 def request_frame(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: np.ndarray,
-                  prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> pd.DataFrame:
-    """The per-request frame from absolute instants, re-based so the first arrival is 0."""
+                  prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                  first_scheduled_s: np.ndarray | None = None) -> pd.DataFrame:
+    """The per-request frame from absolute instants, re-based so the first arrival is 0
+    (`first_scheduled_s` NaN where the source does not record it)."""
     t0 = float(arrival_s.min())
     out = output_tokens.astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (finish_s - first_token_s) / (out - 1), np.nan)
+    scheduled = np.full(len(arrival_s), np.nan) if first_scheduled_s is None else first_scheduled_s
     df = pd.DataFrame({
-        "arrival_s": arrival_s - t0, "first_token_s": first_token_s - t0, "finish_s": finish_s - t0,
+        "arrival_s": arrival_s - t0, "first_scheduled_s": scheduled - t0,
+        "first_token_s": first_token_s - t0, "finish_s": finish_s - t0,
         "ttft_s": first_token_s - arrival_s, "tpot_s": tpot, "e2e_s": finish_s - arrival_s,
         "prompt_tokens": prompt_tokens.astype(int), "output_tokens": output_tokens.astype(int),
     })
@@ -194,7 +198,8 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     requests = request_frame(queued, np.array([float(r["first_token_ts"]) for r in rows]),
                              np.array([float(r["last_token_ts"]) for r in rows]),
                              np.array([int(r["input_toks"]) for r in rows]),
-                             np.array([int(r["output_toks"]) for r in rows]))
+                             np.array([int(r["output_toks"]) for r in rows]),
+                             np.array([float(r.get("scheduled_ts", "nan")) for r in rows]))
     # the time series counts from started_at (wall clock); requests carry wall-clock arrival_time too
     offset_s = 0.0
     first = min(rows, key=lambda r: float(r["queued_ts"]))
@@ -245,6 +250,7 @@ def read_llmservingsim(path: Path) -> pd.DataFrame | None:
     try:
         arrival = np.array([float(r["arrival"]) for r in rows]) / NS_PER_S
         ttft = np.array([float(r["TTFT"]) for r in rows]) / NS_PER_S
+        queuing = np.array([float(r.get("queuing_delay") or "nan") for r in rows]) / NS_PER_S
         finish = np.array([float(r["end_time"]) for r in rows]) / NS_PER_S
         prompt = np.array([int(r["input"]) for r in rows])
         output = np.array([int(r["output"]) for r in rows])
@@ -253,7 +259,7 @@ def read_llmservingsim(path: Path) -> pd.DataFrame | None:
                          f"TTFT ({error})") from None
     if not rows:
         return None
-    return request_frame(arrival, arrival + ttft, finish, prompt, output)
+    return request_frame(arrival, arrival + ttft, finish, prompt, output, arrival + queuing)
 
 
 # -- vllm bench serve --save-result --save-detailed -----------------------------------------

@@ -160,36 +160,49 @@ def sample_steps(steps: pd.DataFrame, column: str, times_s: np.ndarray) -> np.nd
     return out
 
 
-def series_stats(run: MeasuredRun, steps: pd.DataFrame) -> tuple[dict[str, float | None], dict[str, float | None]]:
-    """Running / waiting / KV usage, measured and simulated, sampled at the measured ticks.
+GAUGES = (("running mean", "vllm:num_requests_running", "running", "mean"),
+          ("running max", "vllm:num_requests_running", "running", "max"),
+          ("waiting max", "vllm:num_requests_waiting", "waiting", "max"),
+          ("KV usage mean", "vllm:kv_cache_usage_perc", "kv_usage", "mean"))
 
-    vLLM's gauges are read once a second, so the simulation is read at the same instants (on
-    the same clock: seconds from the first arrival); without a time series kvsim's figures are
-    time-weighted over its steps and the measured ones are unknown.
+
+def request_gauges(df: pd.DataFrame, times_s: np.ndarray) -> dict[str, np.ndarray]:
+    """Running (first scheduled ≤ t < finish) and waiting (arrival ≤ t < first scheduled) at each
+    instant, from per-request times: the gauges of a predictor that reports only requests."""
+    t = times_s[:, None]
+    arrival, scheduled, finish = (df[c].to_numpy()[None, :] for c in ("arrival_s", "first_scheduled_s", "finish_s"))
+    return {"running": ((scheduled <= t) & (t < finish)).sum(axis=1).astype(float),
+            "waiting": ((arrival <= t) & (t < scheduled)).sum(axis=1).astype(float)}
+
+
+def series_stats(run: MeasuredRun, steps: pd.DataFrame) -> dict[str, dict[str, float | None]]:
+    """Running / waiting / KV usage per source ("measured", "kvsim", "llmservingsim").
+
+    vLLM's gauges are read once a second, so kvsim (and LLMServingSim, from its per-request
+    times) are read at the same instants, on the same clock (seconds from the first arrival).
+    Without a measured series, kvsim's figures are time-weighted over its steps and the others
+    are unknown.
     """
-    names = (("running mean", "vllm:num_requests_running", "running", "mean"),
-             ("running max", "vllm:num_requests_running", "running", "max"),
-             ("waiting max", "vllm:num_requests_waiting", "waiting", "max"),
-             ("KV usage mean", "vllm:kv_cache_usage_perc", "kv_usage", "mean"))
-    measured: dict[str, float | None] = {}
-    simulated: dict[str, float | None] = {}
+    out: dict[str, dict[str, float | None]] = {"measured": {}, "kvsim": {}, "llmservingsim": {}}
     ts = run.timeseries
-    for label, sim_col, ts_col, how in names:
-        if ts is not None and len(ts):
-            t = ts["t_s"].to_numpy()
-            sim = sample_steps(steps, sim_col, t)
-            meas = ts[ts_col].to_numpy(dtype=float)
-            measured[label] = None if np.isnan(meas).all() else float(np.nanmean(meas) if how == "mean"
-                                                                        else np.nanmax(meas))
-        else:
+    if ts is None or not len(ts):
+        dt = steps["duration_s"].to_numpy()
+        for label, sim_col, _, how in GAUGES:
             sim = steps[sim_col].to_numpy(dtype=float)
-            measured[label] = None
-            if how == "mean":
-                dt = steps["duration_s"].to_numpy()
-                simulated[label] = float((sim * dt).sum() / dt.sum()) if dt.sum() > 0 else None
-                continue
-        simulated[label] = (float(sim.mean() if how == "mean" else sim.max())) if sim.size else None
-    return measured, simulated
+            mean = float((sim * dt).sum() / dt.sum()) if dt.sum() > 0 else None
+            out["kvsim"][label] = mean if how == "mean" else (float(sim.max()) if sim.size else None)
+            out["measured"][label] = out["llmservingsim"][label] = None
+        return out
+    t = ts["t_s"].to_numpy()
+    peer = run.peer
+    peer_gauges = request_gauges(peer, t) if peer is not None and peer["first_scheduled_s"].notna().all() else {}
+    for label, sim_col, ts_col, how in GAUGES:
+        agg = np.nanmean if how == "mean" else np.nanmax
+        measured = ts[ts_col].to_numpy(dtype=float)
+        out["measured"][label] = None if np.isnan(measured).all() else float(agg(measured))
+        out["kvsim"][label] = float(agg(sample_steps(steps, sim_col, t)))
+        out["llmservingsim"][label] = float(agg(peer_gauges[ts_col])) if ts_col in peer_gauges else None
+    return out
 
 
 def _error_pct(value: float | None, reference: float | None) -> float | None:
@@ -203,9 +216,10 @@ def compare(run: MeasuredRun, result: RunResult) -> list[dict[str, Any]]:
     measured = request_stats(run.requests)
     simulated = request_stats(result.requests)
     peer = request_stats(run.peer) if run.peer is not None else {}
-    m_series, s_series = series_stats(run, result.steps)
-    measured.update(m_series)
-    simulated.update(s_series)
+    gauges = series_stats(run, result.steps)
+    measured.update(gauges["measured"])
+    simulated.update(gauges["kvsim"])
+    peer.update(gauges["llmservingsim"])
     rows = []
     for metric, value in measured.items():
         row: dict[str, Any] = {"metric": metric, "measured": value, "kvsim": simulated.get(metric),
@@ -281,8 +295,11 @@ def to_json(v: Validation) -> dict[str, Any]:
 
 
 def _figure_panels(v: Validation) -> tuple[list[dict], list[dict]]:
-    steps, ts = v.result.steps, v.run.timeseries
+    steps, ts, peer = v.result.steps, v.run.timeseries, v.run.peer
     sim_t = steps["time_s"].to_numpy()
+    peer_t = np.arange(0.0, float(peer["finish_s"].max()) + 0.5, 0.25) if peer is not None else np.zeros(0)
+    peer_gauges = request_gauges(peer, peer_t) if peer is not None and peer["first_scheduled_s"].notna().all() \
+        else {}
     gauges = []
     for title, sim_col, ts_col in (("running", "vllm:num_requests_running", "running"),
                                    ("waiting", "vllm:num_requests_waiting", "waiting"),
@@ -291,6 +308,8 @@ def _figure_panels(v: Validation) -> tuple[list[dict], list[dict]]:
         if ts is not None and not ts[ts_col].isna().all():
             series.append(("measured", ts["t_s"].to_numpy(), ts[ts_col].to_numpy()))
         series.append(("kvsim", sim_t, steps[sim_col].to_numpy()))
+        if ts_col in peer_gauges:
+            series.append(("LLMServingSim", peer_t, peer_gauges[ts_col]))
         gauges.append({"title": title if ts is None or not ts[ts_col].isna().all()
                        else f"{title} (not recorded in the measured run)",
                        "xlabel": "seconds from the first arrival", "ylabel": title, "series": series, "step": True})

@@ -241,3 +241,41 @@ def test_qwen3_32b_preset_matches_the_published_config():
     assert kv_bytes_per_token(model, make_engine()) == 2 * 64 * 8 * 128 * 2                    # 256 KiB
     assert kv_bytes_per_token(model, make_engine(tensor_parallel_size=2)) == 2 * 64 * 4 * 128 * 2
     assert model.num_params == pytest.approx(32.8e9, rel=0.01)
+
+
+def test_request_gauges_by_hand():
+    import numpy as np
+    import pandas as pd
+
+    from kvsim.validate import request_gauges
+
+    # request a: arrives 0, scheduled 1, done 3; request b: arrives 0.5, scheduled 2.5, done 4
+    df = pd.DataFrame({"arrival_s": [0.0, 0.5], "first_scheduled_s": [1.0, 2.5], "finish_s": [3.0, 4.0]})
+    g = request_gauges(df, np.array([0.0, 1.0, 2.0, 2.5, 3.0, 4.0]))
+    assert g["running"].tolist() == [0, 1, 1, 2, 1, 0]
+    assert g["waiting"].tolist() == [1, 1, 1, 0, 0, 0]
+
+
+def test_measured_series_share_the_request_clock():
+    # vLLM's once-a-second gauges, rebuilt from the per-request timestamps, agree when the series is
+    # shifted by (first arrival_time − started_at), and agree worse half a second either way.
+    import numpy as np
+
+    from kvsim.validate import request_gauges
+
+    run = read_measured_dir(CASES / "Llama-3.1-8B")
+    ts = run.timeseries
+
+    def mismatch(shift_s):
+        g = request_gauges(run.requests, ts.t_s.to_numpy() + shift_s)
+        return float(np.abs(g["running"] - ts.running).mean())
+
+    assert mismatch(0.0) < 0.5
+    assert mismatch(0.0) < mismatch(0.5) and mismatch(0.0) < mismatch(-0.5)
+
+
+def test_peer_gauges_fill_the_llmservingsim_column():
+    v_rows = {r["metric"]: r for r in validate(read_measured_dir(CASES / "Llama-3.1-8B"), overrides=CONSTANT).rows}
+    assert v_rows["running max"]["llmservingsim"] == 128  # max_num_seqs caps the peer too
+    assert v_rows["waiting max"]["llmservingsim"] > 0
+    assert v_rows["KV usage mean"]["llmservingsim"] is None
