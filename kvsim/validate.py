@@ -58,18 +58,20 @@ class Validation:
 
 def resolve_model(run: MeasuredRun, model: str | None) -> str:
     """`--model`, else the preset named like the run's Hugging Face id (`meta-llama/Llama-3.1-8B`
-    → `llama-3.1-8b`). Mixture-of-experts runs are refused: kvsim does not model MoE yet."""
-    if run.expert_parallel or "-a3b" in run.model_id.lower() or run.data_parallel_size > 1:
-        raise KvsimError(f"{run.name}: {run.model_id} is a mixture-of-experts run (expert parallel, data "
-                         f"parallel {run.data_parallel_size}): MoE is not yet modelled by kvsim, so no "
-                         "error table is produced")
-    if model is not None:
-        return model
+    → `llama-3.1-8b`). Mixture-of-experts and data-parallel runs are refused: kvsim's latency
+    models do not model experts yet, and `validate` replays one engine."""
     guess = run.model_id.rpartition("/")[2].lower()
-    if guess in model_presets():
-        return guess
-    raise KvsimError(f"model={run.model_id!r}: no kvsim preset of that name; pass --model with a preset "
-                     "or the model's config.json")
+    name = model if model is not None else guess if guess in model_presets() else None
+    if run.expert_parallel or (name is not None and load_model(name).moe is not None):
+        raise KvsimError(f"{run.name}: {run.model_id} is a mixture-of-experts model: MoE is not yet modelled "
+                         "by kvsim's latency models, so no error table is produced")
+    if run.data_parallel_size > 1:
+        raise KvsimError(f"{run.name}: data_parallel_size={run.data_parallel_size}: validate replays one "
+                         "engine; data-parallel runs are not supported yet")
+    if name is None:
+        raise KvsimError(f"model={run.model_id!r}: no kvsim preset of that name; pass --model with a preset "
+                         "or the model's config.json")
+    return name
 
 
 def resolve_gpu(run: MeasuredRun, gpu: str | None) -> str:
@@ -256,6 +258,11 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
         notes.append(f"kvsim rejected {rejected} of the replayed requests ({result.summary['reject_reasons']})")
     if run.peer is None:
         notes.append("no LLMServingSim prediction (outputs/sim.csv) beside this run")
+    if scenario.gpu_link is not None and scenario.engine.tensor_parallel_size > 1:
+        link = scenario.gpu_link
+        notes.append(f"tensor-parallel all-reduces cross the cluster's link as its config.json describes it "
+                     f"({link.bandwidth_bytes_per_s / 1e9:g} GB/s, {link.latency_s * 1e6:g} us per hop), "
+                     "not the GPU preset's datasheet link")
     return Validation(run=run, scenario=scenario, result=result, rows=compare(run, result), notes=notes)
 
 

@@ -116,6 +116,16 @@ def test_moe_runs_are_refused_with_one_line(tmp_path):
     assert result.output.count("\n") == 1 and "mixture-of-experts" in result.output
 
 
+def test_the_shared_moe_case_is_refused_by_its_model_config():
+    result = CliRunner().invoke(app, ["validate", str(CASES / "Qwen3-30B-A3B-Instruct-2507"), "-o", "/nonexistent/x"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert "MoE is not yet modelled" in result.output
+    run = load_measured(CASES / "Qwen3-30B-A3B-Instruct-2507")
+    # refused for the model itself (qwen3-30b-a3b has 128 experts), not only for its expert-parallel launch
+    with pytest.raises(KvsimError, match="MoE is not yet modelled"):
+        resolve_model(run.__class__(**{**run.__dict__, "expert_parallel": False, "data_parallel_size": 1}), None)
+
+
 def run_dir_of(root: Path) -> Path:
     return root / "measured" / "GPUX" / "case"
 
