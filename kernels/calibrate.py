@@ -31,6 +31,7 @@ import triton
 
 from kernels.paged_attention import FP8_DTYPE, paged_attention_decode, paged_attention_prefill
 from kvsim.latency import PROFILE_COLUMNS
+from kvsim.output_dir import FILE_TAG, output_file
 
 L2_BYTES = 64 * 2**20  # H100/H200 have 50-60 MB; pools are sized well past it
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -197,14 +198,13 @@ def _metadata(gpu_name: str, shapes: LayerShapes, grid: Grid, device: str) -> di
 
 
 def write_profile(output: Path, rows: list[dict[str, Any]], meta: dict[str, str]) -> Path:
-    """Write `# key: value` metadata, then the CSV; to a temporary name renamed when complete."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    with tmp.open("w", newline="") as f:
+    """Write `# key: value` metadata, then the CSV, through `kvsim.output_dir.output_file`: a new
+    file or one kvsim wrote (its first line is `# generator: kvsim calibrate`), replaced when complete."""
+    with output_file(output) as tmp, tmp.open("w", newline="") as f:
+        f.write(f"{FILE_TAG} calibrate\n")
         for key, value in meta.items():
             f.write(f"# {key}: {value}\n")
         writer = csv.DictWriter(f, fieldnames=PROFILE_COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
-    tmp.replace(output)
     return output

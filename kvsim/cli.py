@@ -160,13 +160,16 @@ def run(
     """
     from kvsim.engine import simulate
     from kvsim.fleet import simulate_fleet
+    from kvsim.output_dir import check_output_dir, safe_component
     from kvsim.scenario import load_scenario
 
     with user_errors():
         spec = load_scenario(scenario, overrides or [])
+        out_dir = output or f"runs/{safe_component(spec.name)}"
+        check_output_dir(out_dir)  # refuse before simulating, not after
         with _progress_bar(enabled=output_format is RunFormat.table) as progress:
             result = (simulate_fleet if spec.is_fleet else simulate)(spec, check=check, progress=progress)
-        out_dir = result.write(output or f"runs/{spec.name}")
+        written = result.write(out_dir)
     if output_format is RunFormat.json:
         from kvsim.render import to_json
 
@@ -180,7 +183,7 @@ def run(
     console.print(fleet_table(result.summary) if spec.is_fleet else summary_table(result.summary))
     files = "requests.csv, steps.csv, routes.csv, replicas.csv, summary.json" if spec.is_fleet \
         else "requests.csv, steps.csv, summary.json"
-    console.print(f"results written to {out_dir}/ ({files})")
+    console.print(f"results written to {written}/ ({files})")
 
 
 @app.command()
@@ -205,6 +208,7 @@ def plan(
     """The cheapest fleet meeting latency SLOs: fewest replicas per candidate GPU / TP / engine knobs."""
     import yaml
 
+    from kvsim.output_dir import claim_directory, safe_component
     from kvsim.plan import plan as run_plan
     from kvsim.plan import spec_from_options
     from kvsim.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
@@ -222,7 +226,7 @@ def plan(
                 raise KvsimError(f"spec={spec_file!r}: expected a mapping")
         spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
                                  max_replicas, router)
-        out_dir = Path(output or f"plans/{base.name}")
+        out_dir = claim_directory(output or f"plans/{safe_component(base.name)}", "plan", PLAN_FILES)
         client = None if workers == 1 and not dask_address else dask_client(dask_address, workers)
         try:
             with _points_bar(enabled=output_format is Format.table) as on_point:
@@ -241,6 +245,10 @@ def plan(
     else:
         writers = {Format.csv: rows_to_csv, Format.json: to_json, Format.markdown: rows_to_markdown}
         sys.stdout.write(writers[output_format](rows))
+
+
+PLAN_FILES = ["points.jsonl", "plan.csv", "plan.json", "plan.md", "pareto.png",
+              ".plan.csv.tmp", ".plan.json.tmp", ".plan.md.tmp", ".pareto.tmp.png"]  # all `plan` writes
 
 
 def _write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
@@ -326,6 +334,7 @@ def calibrate(
 ) -> None:
     """Time the Triton paged-attention kernels and the model's GEMMs on a GPU into a profile CSV."""
     from kvsim.config import load_model, make_engine
+    from kvsim.output_dir import check_output_file
 
     with user_errors():
         spec = load_model(model)
@@ -333,6 +342,8 @@ def calibrate(
         if kv_cache_dtype not in ("auto", "fp8"):
             raise KvsimError(f"--kv-cache-dtype={kv_cache_dtype!r}: calibrate measures auto or fp8")
         sizes = parse_int_list(block_size, "--block-sizes")
+        if output is not None and not dry_run:
+            check_output_file(output)  # refuse before loading torch and measuring, not after
         try:
             from kernels import calibrate as harness
         except ImportError as error:
@@ -459,15 +470,18 @@ def validate(
     """Replay a real vLLM run in kvsim and tabulate the errors (TTFT, TPOT, E2E, throughput, queues)."""
     from kvsim import validate as v
     from kvsim.measured import load_measured
+    from kvsim.output_dir import check_output_dir, safe_component
 
     with user_errors():
         run = load_measured(measured, workload)
+        out_path = output or f"validation/{safe_component(run.name, 'run')}-{latency.value}"
+        check_output_dir(out_path)  # refuse before replaying, not after
         if profile is None and latency is LatencyChoice.calibrated and Path(measured).is_dir():
             found = v.default_profile(Path(measured), run)
             profile = str(found) if found else None
         result = v.validate(run, latency=latency.value, profile=profile, model=model, gpu=gpu,
                             overrides=overrides or [])
-        out_dir = v.write_validation(result, output or f"validation/{run.name}-{latency.value}")
+        out_dir = v.write_validation(result, out_path)
     if output_format is ValidateFormat.json:
         from kvsim.render import to_json
 

@@ -27,8 +27,9 @@ from kvsim.config import load_model
 from kvsim.engine import ProgressFn, build_engine, engine_result, run_engines
 from kvsim.errors import KvsimError
 from kvsim.metrics import percentiles
+from kvsim.output_dir import output_directory
 from kvsim.request import Request
-from kvsim.results import RunResult, atomic_directory
+from kvsim.results import RunResult
 from kvsim.router import Decision, Router
 from kvsim.scenario import Scenario, make_scenario
 from kvsim.workload import build_requests
@@ -70,11 +71,12 @@ class FleetResult:
     summary: dict[str, Any]
 
     def write(self, out_dir: str | Path) -> Path:
-        """`requests.csv`, `steps.csv`, `routes.csv`, `replicas.csv`, `summary.json`, `scenario.yaml`, atomically."""
+        """`requests.csv`, `steps.csv`, `routes.csv`, `replicas.csv`, `summary.json`, `scenario.yaml`, through
+        `kvsim.output_dir.output_directory` (only over kvsim's own output, swapped in when complete)."""
         import pandas as pd
         import yaml
 
-        with atomic_directory(out_dir) as tmp:
+        with output_directory(out_dir, "run") as tmp:
             self.requests.to_csv(tmp / "requests.csv", index=False)
             self.steps.to_csv(tmp / "steps.csv", index=False)
             self.routes.to_csv(tmp / "routes.csv", index=False)

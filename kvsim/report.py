@@ -22,8 +22,8 @@ import pandas as pd  # noqa: E402
 
 from kvsim import studies  # noqa: E402
 from kvsim.capacity import plan_capacity  # noqa: E402
+from kvsim.output_dir import check_output_dir, output_directory  # noqa: E402
 from kvsim.render import rows_to_markdown  # noqa: E402
-from kvsim.results import atomic_directory  # noqa: E402
 from kvsim.scenario import Scenario  # noqa: E402
 
 WASTE_COLORS = {"token_state": "#2b8a3e", "reserved": "#f08c00", "internal_frag": "#c92a2a",
@@ -234,6 +234,7 @@ FIGURES = {"context": _fig_context, "fp8": _fig_fp8, "prefix": _fig_prefix, "for
 def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig | None = None,
                  progress: Callable[[str], None] | None = None) -> Path:
     """Run every study and write the report directory atomically."""
+    check_output_dir(out_dir)  # refuse before the long part, not after it
     cfg = cfg or studies.StudyConfig()
     st = studies.Study(base, cfg)
     sections = []
@@ -246,7 +247,7 @@ def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig |
         progress("paging_and_load")
     sections.extend(studies.paging_and_load(st))
     capacity = plan_capacity(st.model, st.gpu, base.engine, [round(st.mean_kv_len), st.max_model_len])
-    with atomic_directory(out_dir) as tmp:
+    with output_directory(out_dir, "report") as tmp:
         _write(tmp, st, cfg, sections, capacity)
     return Path(out_dir)
 

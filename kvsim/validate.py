@@ -345,14 +345,15 @@ def markdown(v: Validation) -> str:
 def write_validation(v: Validation, out_dir: str | Path) -> Path:
     """`validation.md`, `validation.json`, `errors.csv`, two figures, and `sim/` (kvsim's run plus
     the replayed `scenario.yaml` and `workload.jsonl`, so `kvsim run sim/scenario.yaml` repeats it).
-    Written to a temporary sibling and renamed into place when complete."""
+    Written through `kvsim.output_dir.output_directory`: only over kvsim's own output, swapped into place
+    when complete."""
     import json
 
+    from kvsim.output_dir import output_directory
     from kvsim.render import rows_to_csv
     from kvsim.report import save_overlay_figure
-    from kvsim.results import atomic_directory
 
-    with atomic_directory(out_dir) as tmp:
+    with output_directory(out_dir, "validation") as tmp:
         (tmp / "validation.md").write_text(markdown(v))
         (tmp / "validation.json").write_text(json.dumps(to_json(v), indent=2) + "\n")
         (tmp / "errors.csv").write_text(rows_to_csv(v.rows))

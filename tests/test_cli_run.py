@@ -13,7 +13,8 @@ def test_default_run_writes_results(tmp_path):
     result = runner.invoke(app, ["run", "--set", "workload.num_requests=50", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "kvsim run" in result.stdout
-    assert {p.name for p in out.iterdir()} == {"requests.csv", "steps.csv", "summary.json", "scenario.yaml"}
+    assert {p.name for p in out.iterdir()} == {"requests.csv", "steps.csv", "summary.json", "scenario.yaml",
+                                               ".kvsim-output"}
     summary = json.loads((out / "summary.json").read_text())
     for key in ("num_requests", "num_finished", "num_rejected", "duration_s", "output_tokens_per_s",
                 "requests_per_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "max_running", "mean_running",

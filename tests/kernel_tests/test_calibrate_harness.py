@@ -26,7 +26,7 @@ def test_tiny_grid_writes_a_profile_the_model_reads(tmp_path):
                    max_kv_bytes=2**22)
     assert len(calls) == len(plan(shapes, grid)) == 4 + 2 + 5 * 2 + 1
     text = path.read_text()
-    assert text.startswith("# gpu: cpu-test") and "# triton:" in text
+    assert text.startswith("# generator: kvsim calibrate\n# gpu: cpu-test") and "# triton:" in text
     engine = EngineConfig(max_model_len=8192)
     roofline = RooflineLatency(model, load_gpu("h200"), engine)
     latency = CalibratedLatency.from_csv(path, model, engine, roofline)
