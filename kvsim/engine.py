@@ -32,15 +32,14 @@ from kvsim.capacity import (
 )
 from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.errors import KvsimError
-from kvsim.latency import ConstantLatency, LatencyModel, StepPlan, burst_step_times
-from kvsim.memory import GroupedPagedAllocator, PagedAllocator, SlabAllocator
+from kvsim.latency import ConstantLatency, LatencyModel
+from kvsim.memory import GroupedPagedAllocator, KVAllocator, PagedAllocator, SlabAllocator
 from kvsim.metrics import StepRecorder, requests_frame, summarize
 from kvsim.request import Request
 from kvsim.results import RunResult
 from kvsim.roofline import RooflineLatency
 from kvsim.scenario import Scenario
 from kvsim.scheduler import Scheduler, SchedulerLimits, make_scheduler
-from kvsim.scheduler.base import Allocator
 from kvsim.workload import build_requests
 
 if TYPE_CHECKING:
@@ -50,7 +49,7 @@ ProgressFn = Callable[[float, int, int], None]  # (simulated seconds, requests d
 PROGRESS_EVERY_STEPS = 2000
 
 
-def make_allocator(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> Allocator:
+def make_allocator(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> KVAllocator:
     """The KV allocator of `engine.allocator`, sized by the capacity math (same bytes for all kinds).
 
     Paged pools keep vLLM's null block (`num_gpu_blocks − 1` usable blocks); slab pools, the
@@ -95,7 +94,7 @@ def make_latency(scenario: Scenario, model: ModelSpec, gpu: GPUSpec) -> LatencyM
 
 
 def make_limits(engine: EngineConfig, gpu: GPUSpec, max_model_len: int,
-                allocator: Allocator) -> SchedulerLimits:
+                allocator: KVAllocator) -> SchedulerLimits:
     watermark_slots = 0
     if engine.resolved_watermark:
         bs = engine.block_size
@@ -116,38 +115,6 @@ def delay_until(now: float, t: float) -> float:
     while now + delay < t:
         delay = math.nextafter(delay, math.inf)
     return delay
-
-
-def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arrival_s: float,
-               end_before_arrival: bool = False) -> tuple[list[Request], list[float]] | None:
-    """A run of pure-decode steps that the step-by-step loop would take unchanged, if any.
-
-    It includes only steps that start before the next arrival (a step never sees a request
-    that arrives while it runs), ends at the first request's last token, and stays within the
-    free KV memory, so no admission, preemption or early finish can happen inside it.
-    `end_before_arrival` also keeps its last step from running past the next arrival, so an
-    observer at that instant (a fleet's router) sees the state step-by-step would show.
-    """
-    batch = scheduler.burst_batch()
-    if batch is None:
-        return None
-    max_steps = min(req.output_len - req.num_output_tokens for req in batch)
-    n = len(batch)
-    contexts = [req.num_computed_tokens + 1 for req in batch]
-    total = sum(contexts)  # what StepPlan.add would sum for n one-token decodes (attention work included)
-    first = StepPlan(num_tokens=n, num_seqs=n, num_decode_seqs=n, num_sampled=n, sum_context_tokens=total,
-                     sum_decode_context_tokens=total, max_context_tokens=max(contexts), attention_work=float(total))
-    durations: list[float] = []
-    start = now
-    for d in burst_step_times(latency, first):
-        if start + (d if end_before_arrival else 0.0) >= next_arrival_s or len(durations) == max_steps:
-            break
-        durations.append(d)
-        start += d
-    seq_ids = [req.seq_ids[0] for req in batch]
-    while durations and scheduler.alloc.burst_slots_needed(seq_ids, len(durations)) > scheduler.alloc.num_free_slots:
-        durations = durations[: len(durations) // 2]
-    return (batch, durations) if durations else None
 
 
 @dataclass(slots=True)
@@ -175,9 +142,9 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
               observed: bool = False) -> Generator:
     """One engine's step loop: plan, time, complete; idle until `wake[0]` is triggered (never polls).
 
-    A decode burst stops before the run's next arrival (to any engine: the dispatcher decides
-    only when it arrives), so it never spans a step that would have seen a new request;
-    `observed` (a router reads this engine's state at arrivals) makes it end before it too.
+    Decode bursts (`kvsim.scheduler.burst`) stop before the run's next arrival (to any engine:
+    the dispatcher decides only when it arrives) unless the queue's head is blocked;
+    `observed` (a router reads this engine's state at arrivals) makes them end before it too.
     """
     steps, next_progress = 0, PROGRESS_EVERY_STEPS
     while True:
@@ -187,16 +154,18 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
             yield wake[0]
             wake[0] = env.event()
             continue
-        burst = plan_burst(scheduler, latency, env.now, arrivals.next_arrival_s, observed) if bursts else None
+        burst = scheduler.plan_burst(latency, env.now, arrivals.next_arrival_s, observed) if bursts else None
         if burst is not None:
-            batch, durations = burst
-            recorder.record_burst(env.now, durations, scheduler, batch)
-            for d in durations:  # one timeout per step keeps env.now bit-identical to step-by-step
+            rows = recorder.begin_burst(env.now, burst, scheduler)
+            waiting = []
+            for d in burst.durations:  # one timeout per step keeps env.now bit-identical to step-by-step
+                waiting.append(len(scheduler.waiting))  # requests may arrive behind a blocked head
                 yield env.timeout(d)
-            scheduler.apply_burst(batch, len(durations), env.now)
+            recorder.end_burst(rows, waiting)
+            scheduler.apply_burst(burst, env.now)
             if check:
                 scheduler.alloc.check_invariants()
-            steps += len(durations)
+            steps += len(burst.durations)
             continue
         copies_before = scheduler.alloc.num_copy_on_writes
         plan = scheduler.schedule(env.now)
@@ -230,7 +199,7 @@ def run_engines(engines: Sequence[tuple[Scheduler, LatencyModel]], requests: lis
     The dispatcher runs inside the arrival process, at the request's arrival instant, so it
     sees every engine's state at that moment (a router). Every request ends finished or
     rejected. `bursts=True` runs stretches of pure decode several steps at a time
-    (`plan_burst`); results are identical to `bursts=False`, which plans every step.
+    (`kvsim.scheduler.burst`); results are identical to `bursts=False`, which plans every step.
     """
     env = simpy.Environment()
     arrivals = Arrivals(requests)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.memory import SlabAllocator, waste
+from kvsim.memory import waste
 from kvsim.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from kvsim.latency import StepPlan
     from kvsim.scheduler import Scheduler
+    from kvsim.scheduler.burst import Burst
 
 WASTE_KEYS = ("token_state", "reserved", "internal_frag", "slack", "external_frag", "free")
 VLLM_REQUEST_METRICS = {
@@ -41,11 +42,10 @@ VLLM_REQUEST_METRICS = {
 
 def _next_region_slots(scheduler: Scheduler) -> int | None:
     """The region the next waiting request needs (slabs' external fragmentation is relative to it)."""
-    alloc = scheduler.alloc
-    if isinstance(alloc, SlabAllocator) and scheduler.waiting:
-        head = scheduler.waiting[0]
-        return alloc.region_slots(head.kv_len, head.prompt_len)
-    return None
+    if not scheduler.waiting:
+        return None
+    head = scheduler.waiting[0]
+    return scheduler.alloc.region_slots(head.kv_len, head.prompt_len)
 
 
 class StepRecorder:
@@ -75,15 +75,13 @@ class StepRecorder:
         for column, value in zip(self.columns.values(), row, strict=True):
             column.append(value)
 
-    def record_burst(self, start_s: float, durations: list[float], scheduler: Scheduler,
-                     batch: list[Request]) -> None:
-        """Rows for a decode burst, identical to what `record` would write step by step.
-
-        Call before the burst is applied: occupancy comes from `burst_occupancy`.
-        """
+    def begin_burst(self, start_s: float, burst: Burst, scheduler: Scheduler) -> dict[str, list]:
+        """Rows for a decode burst, identical to what `record` would write step by step, but for
+        the waiting counts, which `end_burst` adds. Call before the burst is applied."""
         alloc = scheduler.alloc
-        k, n = len(durations), len(batch)
-        held, filled, reserved = alloc.burst_occupancy([r.seq_ids[0] for r in batch], k)
+        durations = burst.durations
+        k, n = len(durations), len(burst.batch)
+        held, filled, reserved = alloc.burst_occupancy(burst.seq_ids, k)
         total = alloc.num_total_slots
         external = alloc.external_fragmentation_slots(_next_region_slots(scheduler))
         slack = alloc.num_slack_slots  # constant: nothing is placed or freed inside a burst
@@ -91,21 +89,26 @@ class StepRecorder:
         for d in durations:
             starts.append(t)
             t += d
-        c = self.columns
-        c["time_s"] += starts
-        c["duration_s"] += durations
-        for name, value in (("vllm:num_requests_running", n), ("vllm:num_requests_waiting", len(scheduler.waiting)),
-                            ("vllm:num_requests_swapped", 0), ("num_batched_tokens", n), ("num_prefill_tokens", 0),
+        rows: dict[str, list] = {"time_s": starts, "duration_s": list(durations)}
+        for name, value in (("vllm:num_requests_running", n), ("vllm:num_requests_swapped", 0),
+                            ("num_batched_tokens", n), ("num_prefill_tokens", 0),
                             ("num_decode_seqs", n), ("vllm:num_preemptions_total", scheduler.num_preemptions),
                             ("swap_in_bytes", 0), ("swap_out_bytes", 0), ("external_frag", external / total),
                             ("slack", slack / total)):
-            c[name] += [value] * k
-        c["vllm:kv_cache_usage_perc"] += [1.0 - (total - h) / total for h in held]
-        c["held_slots"] += held
-        c["token_state"] += [f / total for f in filled]
-        c["reserved"] += [r / total for r in reserved]
-        c["internal_frag"] += [(h - f - r - slack) / total for h, f, r in zip(held, filled, reserved, strict=True)]
-        c["free"] += [(total - h - external) / total for h in held]
+            rows[name] = [value] * k
+        rows["vllm:kv_cache_usage_perc"] = [1.0 - (total - h) / total for h in held]
+        rows["held_slots"] = held
+        rows["token_state"] = [f / total for f in filled]
+        rows["reserved"] = [r / total for r in reserved]
+        rows["internal_frag"] = [(h - f - r - slack) / total for h, f, r in zip(held, filled, reserved, strict=True)]
+        rows["free"] = [(total - h - external) / total for h in held]
+        return rows
+
+    def end_burst(self, rows: dict[str, list], waiting: list[int]) -> None:
+        """Append a burst's rows, with the waiting count the engine saw before each step."""
+        rows["vllm:num_requests_waiting"] = waiting
+        for name, column in self.columns.items():
+            column += rows[name]
 
     def frame(self) -> pd.DataFrame:
         import pandas as pd

@@ -28,23 +28,10 @@ parent (the first sharer) until a copy-on-write gives the child its own block.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-
-class KVAllocator(Protocol):
-    """What accounting (and the scheduler) need from an allocator."""
-
-    @property
-    def num_total_slots(self) -> int: ...
-    @property
-    def num_held_slots(self) -> int: ...
-    @property
-    def num_filled_slots(self) -> int: ...
-    @property
-    def num_reserved_slots(self) -> int: ...
-    @property
-    def num_slack_slots(self) -> int: ...
-    def external_fragmentation_slots(self, next_request_slots: int | None) -> int: ...
+if TYPE_CHECKING:
+    from kvsim.memory.protocol import KVAllocator
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +76,7 @@ def sharing_saved_slots(allocator: KVAllocator) -> int:
 
     Paged: (Σ block-table lengths − distinct blocks in use) · block_size. Slabs never share: 0.
     """
-    seqs = getattr(allocator, "seqs", {})
-    block_size = getattr(allocator, "block_size", None)
-    if block_size is None:
-        return 0
-    table_entries = sum(len(s.block_table) for s in seqs.values())
-    return table_entries * block_size - allocator.num_held_slots
-
+    return allocator.num_mapped_slots - allocator.num_held_slots
 
 FIG2_KEYS = ("token_state", "reserved", "internal_frag", "external_frag_and_others")
 

@@ -35,7 +35,7 @@ from kvsim.errors import KvsimError
 from kvsim.kv_layout import KVGroup, KVLayout
 from kvsim.memory.block_pool import NULL_BLOCK_ID, BlockPool, PoolSlots
 from kvsim.memory.content import Content
-from kvsim.memory.paged import NO_HIT, PrefixHit
+from kvsim.memory.protocol import NO_HIT, PrefixHit
 
 
 @dataclass(slots=True)
@@ -55,7 +55,10 @@ class GroupedSeq:
 
 
 class GroupedPagedAllocator(PoolSlots):
-    """Block tables per KV group over one GPU pool, as vLLM's hybrid KV cache manager keeps them."""
+    """Block tables per KV group over one GPU pool, as vLLM's hybrid KV cache manager keeps them.
+
+    Implements `kvsim.memory.protocol.KVAllocator` (without fork, swap or bursts).
+    """
 
     num_slack_slots = 0
     num_copy_on_writes = 0
@@ -85,9 +88,20 @@ class GroupedPagedAllocator(PoolSlots):
         return sum(n * max(0, min(len(s.tables[0]) * bs, s.final_num_tokens) - s.num_tokens)
                    for s in self.seqs.values())
 
-    def slots_for_tokens(self, num_tokens: int) -> int:
-        """The most slots one sequence of `num_tokens` tokens holds at once (vLLM's per-request maximum)."""
-        return self.layout.blocks_per_request(num_tokens, self.max_num_batched_tokens) * self.block_size
+    @property
+    def num_mapped_slots(self) -> int:
+        return sum(len(s.block_table) for s in self.seqs.values()) * self.block_size
+
+    def region_slots(self, final_num_tokens: int, prompt_len: int | None = None) -> int:
+        """The most slots one sequence of `final_num_tokens` tokens holds at once (vLLM's per-request maximum)."""
+        return self.layout.blocks_per_request(final_num_tokens, self.max_num_batched_tokens) * self.block_size
+
+    def request_slots(self, prompt_len: int, final_num_tokens: int, num_samples: int) -> int:
+        """One sequence per request (parallel sampling is refused)."""
+        return num_samples * self.region_slots(final_num_tokens)
+
+    def never_fits_reason(self, final_num_tokens: int, prompt_len: int | None = None) -> str | None:
+        return None
 
     # ------------------------------------------------------------ prefix cache
     def _key(self, block_hash: int, group: int) -> int:
@@ -169,12 +183,10 @@ class GroupedPagedAllocator(PoolSlots):
         return take, freed
 
     def can_allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
-                     hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:
+                     hit: PrefixHit = NO_HIT, reserve_slots: int = 0, num_samples: int = 1,
+                     prompt_len: int | None = None) -> bool:
         take, freed = self._plan(self.seqs.get(seq_id), num_tokens_total, hit)
         return take == 0 or take + ceil_div(reserve_slots, self.block_size) <= self.pool.num_free_blocks + freed
-
-    def append_token(self, seq_id: int) -> bool:
-        return False  # the general path frees skipped blocks
 
     def slots_needed(self, seq_ids: Sequence[int], num_tokens_total: int) -> int:
         raise KvsimError("parallel sampling (n > 1) is not supported with sliding-window or chunked KV groups")
@@ -253,8 +265,11 @@ class GroupedPagedAllocator(PoolSlots):
         seq.num_hashed_blocks = num_full
 
     # ---------------------------------------------------------- fork and free
-    def reserve(self, seq_id: int, final_num_tokens: int) -> bool:
+    def reserve(self, seq_id: int, final_num_tokens: int, prompt_len: int | None = None) -> bool:
         return True
+
+    def holds(self, seq_id: int) -> bool:
+        return seq_id in self.seqs
 
     def fork(self, parent_id: int, child_id: int, child_content: Content | None = None,
              child_final_num_tokens: int | None = None) -> None:
@@ -287,6 +302,10 @@ class GroupedPagedAllocator(PoolSlots):
         raise AssertionError("supports_bursts is False")
 
     def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> None:
+        raise AssertionError("supports_bursts is False")
+
+    def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
+                             num_tokens: int) -> bool:
         raise AssertionError("supports_bursts is False")
 
     def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> tuple[list[int], list[int], list[int]]:

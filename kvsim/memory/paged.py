@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from kvsim.config import ceil_div
 from kvsim.memory.block_pool import BlockPool, PoolSlots
 from kvsim.memory.content import Content
+from kvsim.memory.paged_burst import PagedBursts
+from kvsim.memory.protocol import NO_HIT, PrefixHit, SwapResult
 
 
 @dataclass(slots=True)
@@ -39,23 +41,13 @@ class SeqBlocks:
     reservable: int = 0  # slots this sequence holds for tokens it has or will have (see _own_reservable)
 
 
-@dataclass(frozen=True, slots=True)
-class PrefixHit:
-    num_tokens: int
-    block_ids: tuple[int, ...]
+class PagedAllocator(PoolSlots, PagedBursts):
+    """Block tables over a GPU pool (and a CPU pool for swap); the policy half of vLLM's KV manager.
 
+    Implements `kvsim.memory.protocol.KVAllocator`; the decode-burst methods live in `paged_burst.py`.
+    """
 
-@dataclass(frozen=True, slots=True)
-class SwapResult:
-    num_blocks: int
-    num_bytes: int
-
-
-NO_HIT = PrefixHit(0, ())
-
-
-class PagedAllocator(PoolSlots):
-    """Block tables over a GPU pool (and a CPU pool for swap); the policy half of vLLM's KV manager."""
+    shares_blocks = True  # fork shares; slabs instead reserve each child's region at admission
 
     num_slack_slots = 0  # blocks are never rounded beyond what a sequence asks for
     supports_bursts = True
@@ -88,9 +80,23 @@ class PagedAllocator(PoolSlots):
         """Held slots that the owning sequence will still fill (its last block's future tokens)."""
         return self._sum_reservable - self._sum_written
 
-    def slots_for_tokens(self, num_tokens: int) -> int:
-        """Slots one sequence of `num_tokens` tokens holds: whole blocks."""
-        return ceil_div(num_tokens, self.block_size) * self.block_size
+    @property
+    def num_mapped_slots(self) -> int:
+        return sum(len(s.block_table) for s in self.seqs.values()) * self.block_size
+
+    def region_slots(self, final_num_tokens: int, prompt_len: int | None = None) -> int:
+        return ceil_div(final_num_tokens, self.block_size) * self.block_size
+
+    def never_fits_reason(self, final_num_tokens: int, prompt_len: int | None = None) -> str | None:
+        """Any free block serves any sequence: only the pool's size limits it (checked by the caller)."""
+        return None
+
+    def request_slots(self, prompt_len: int, final_num_tokens: int, num_samples: int) -> int:
+        """Samples share the prompt's full blocks (forked after the prefill); each owns the rest."""
+        bs = self.block_size
+        per_seq = ceil_div(final_num_tokens, bs)
+        shared = prompt_len // bs if num_samples > 1 else 0
+        return (per_seq + (num_samples - 1) * (per_seq - shared)) * bs
 
     # ------------------------------------------------------------ prefix cache
     def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:
@@ -148,23 +154,14 @@ class PagedAllocator(PoolSlots):
                                    refs.__getitem__) * self.block_size
 
     def can_allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
-                     hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:
-        """Whether `allocate` would succeed while leaving `reserve_slots` free (v0's watermark)."""
+                     hit: PrefixHit = NO_HIT, reserve_slots: int = 0, num_samples: int = 1,
+                     prompt_len: int | None = None) -> bool:
+        """Whether `allocate` would succeed while leaving `reserve_slots` free (v0's watermark).
+
+        Samples fork from the first sequence later, so `num_samples` needs nothing now.
+        """
         needed = self._blocks_needed(self.seqs.get(seq_id), num_tokens_total, hit)
         return needed == 0 or needed + ceil_div(reserve_slots, self.block_size) <= self.pool.num_free_blocks
-
-    def append_token(self, seq_id: int) -> bool:
-        """Fast path of `allocate(seq_id, tokens + 1)` when the token fits the sequence's own last block.
-
-        Returns False, changing nothing, when the general path is needed (a new block or a copy).
-        """
-        seq = self.seqs[seq_id]
-        written = seq.num_tokens
-        bs = self.block_size
-        if written % bs == 0 or self.pool.ref_counts[seq.block_table[-1]] != 1:
-            return False
-        self._mark_written(seq, written + 1)
-        return True
 
     def allocate(
         self,
@@ -182,6 +179,10 @@ class PagedAllocator(PoolSlots):
         fragmentation. Returns False, changing nothing, when the blocks are not there.
         """
         seq = self.seqs.get(seq_id)
+        if (seq is not None and num_tokens_total == seq.num_tokens + 1 and seq.num_tokens % self.block_size
+                and self.pool.ref_counts[seq.block_table[-1]] == 1):
+            self._mark_written(seq, num_tokens_total)  # hot path: a decode token in its own last block
+            return True
         needed = self._blocks_needed(seq, num_tokens_total, hit)
         if needed and needed + ceil_div(reserve_slots, self.block_size) > self.pool.num_free_blocks:
             return False
@@ -220,10 +221,11 @@ class PagedAllocator(PoolSlots):
             table.extend(pool.get_new_blocks(new_len - len(table)))
         self._mark_written(seq, num_tokens_total)
 
-    def _mark_written(self, seq: SeqBlocks, num_tokens_total: int) -> None:
+    def _mark_written(self, seq: SeqBlocks, num_tokens_total: int, hash_blocks: bool = True) -> None:
         """Record tokens written up to `num_tokens_total` into blocks the table already holds.
 
         Hot path (every decode token): the reservation update of `_own_reservable` is inlined.
+        `hash_blocks=False` leaves newly full blocks for the caller to register (bursts).
         """
         bs, ref_counts, fill, table = self.block_size, self.pool.ref_counts, self.block_fill, seq.block_table
         written = seq.num_tokens
@@ -242,7 +244,8 @@ class PagedAllocator(PoolSlots):
         reservable = held if held < seq.final_num_tokens else seq.final_num_tokens
         self._sum_reservable += reservable - seq.reservable
         seq.reservable = reservable
-        if self.enable_caching and seq.content is not None and num_tokens_total // bs > seq.num_hashed_blocks:
+        if hash_blocks and self.enable_caching and seq.content is not None \
+                and num_tokens_total // bs > seq.num_hashed_blocks:
             self._hash_full_blocks(seq)
 
     def _copy_on_write(self, seq: SeqBlocks) -> None:
@@ -268,74 +271,11 @@ class PagedAllocator(PoolSlots):
                 self.pool.cache_block(block_id, hashes[index])
         seq.num_hashed_blocks = num_full
 
-    # --------------------------------------------------------- decode bursts
-    def _burst_events(self, seq_ids: Sequence[int], num_steps: int) -> list[tuple[int, int]]:
-        """(step offset, position) of each block `num_steps` decode steps take, in step-by-step order.
-
-        Step offset `off` writes slot `written + off`; a block starts there when it is ≡ 0 mod bs.
-        """
-        bs = self.block_size
-        events: list[tuple[int, int]] = []
-        for pos, seq_id in enumerate(seq_ids):
-            written = self.seqs[seq_id].num_tokens
-            events.extend((off, pos) for off in range((-written) % bs, num_steps, bs))
-        events.sort()
-        return events
-
-    def burst_slots_needed(self, seq_ids: Sequence[int], num_steps: int) -> int:
-        bs = self.block_size
-        return bs * sum(ceil_div(self.seqs[s].num_tokens + num_steps, bs) - len(self.seqs[s].block_table)
-                        for s in seq_ids)
-
-    def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> None:
-        """Exactly what `num_steps` steps of `allocate(seq, tokens + 1)` for each sequence in order do.
-
-        Blocks are handed out in (step, position) order, as the step-by-step calls would take
-        them; the caller has checked `burst_slots_needed` against the free slots. Sequences
-        must own their partial last block (no fork sharing).
-        """
-        events = self._burst_events(seq_ids, num_steps)
-        seqs = [self.seqs[s] for s in seq_ids]
-        fresh = self.pool.get_new_blocks(len(events))
-        for (_, pos), block_id in zip(events, fresh, strict=True):
-            seqs[pos].block_table.append(block_id)
-        for seq in seqs:
-            self._mark_written(seq, seq.num_tokens + num_steps)
-
-    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> tuple[list[int], list[int], list[int]]:
-        """Held, filled and reserved slots after each of the next `num_steps` decode allocations.
-
-        `seq_ids` must be every sequence on the GPU (the whole running batch). Inside a burst
-        no sequence passes its final length, so a sequence's reservation `min(held, final)`
-        changes only when it takes a block: the per-step totals follow from those events.
-        """
-        bs, n = self.block_size, len(seq_ids)
-        held_step = [0] * num_steps
-        reservable_step = [0] * num_steps
-        for seq_id in seq_ids:
-            seq = self.seqs[seq_id]
-            written, final = seq.num_tokens, seq.final_num_tokens
-            assert written + num_steps <= final, "a burst never passes a sequence's final length"
-            held = len(seq.block_table) * bs
-            for off in range((-written) % bs, num_steps, bs):
-                held_step[off] += bs
-                reservable_step[off] += min(held + bs, final) - min(held, final)
-                held += bs
-        held_out, filled_out, reserved_out = [], [], []
-        held, reservable = self.num_held_slots, self._sum_reservable
-        for j in range(num_steps):
-            held += held_step[j]
-            reservable += reservable_step[j]
-            filled = self.num_filled_slots + n * (j + 1)
-            held_out.append(held)
-            filled_out.append(filled)
-            reserved_out.append(reservable - (self._sum_written + n * (j + 1)))
-        return held_out, filled_out, reserved_out
-
     # ---------------------------------------------------------- fork and free
-    shares_blocks = True  # fork shares; slabs instead reserve each child's region at admission
+    def holds(self, seq_id: int) -> bool:
+        return seq_id in self.seqs or seq_id in self.swapped
 
-    def reserve(self, seq_id: int, final_num_tokens: int) -> bool:
+    def reserve(self, seq_id: int, final_num_tokens: int, prompt_len: int | None = None) -> bool:
         """Nothing to reserve ahead with paging (a forked child shares its parent's blocks)."""
         return True
 

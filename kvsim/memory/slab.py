@@ -33,7 +33,7 @@ from typing import Literal
 
 from kvsim.errors import KvsimError
 from kvsim.memory.content import Content
-from kvsim.memory.paged import NO_HIT, PrefixHit, SwapResult
+from kvsim.memory.protocol import NO_HIT, PrefixHit, SwapResult
 from kvsim.memory.regions import BuddySpace, FreeRuns
 
 SlabPolicy = Literal["max", "pow2", "oracle"]
@@ -65,7 +65,10 @@ def region_slots(policy: SlabPolicy, final_num_tokens: int, max_model_len: int, 
 
 
 class SlabAllocator:
-    """One contiguous region per sequence in a single token address space (first-fit)."""
+    """One contiguous region per sequence in a single token address space (first-fit or buddy).
+
+    Implements `kvsim.memory.protocol.KVAllocator`.
+    """
 
     shares_blocks = False
     supports_bursts = True
@@ -101,6 +104,11 @@ class SlabAllocator:
         """1 − free / total, computed as the paged pool does (so decode bursts reproduce it exactly)."""
         return 1.0 - self.num_free_slots / self.num_total_slots
 
+    @property
+    def num_mapped_slots(self) -> int:
+        """Regions are never shared: what sequences map is what they hold."""
+        return self.num_held_slots
+
     def external_fragmentation_slots(self, next_request_slots: int | None) -> int:
         """Free slots in runs too short for the next waiting request's region (0 if none waits)."""
         if next_request_slots is None:
@@ -111,9 +119,16 @@ class SlabAllocator:
         """Slots a region really holds: the policy's request, rounded by the placement."""
         return self.free_runs.rounded(region_slots(self.policy, final_num_tokens, self.max_model_len, prompt_len))
 
-    def fits_ever(self, final_num_tokens: int, prompt_len: int | None = None) -> bool:
-        """Whether the region could be placed in the empty pool (buddy: within its largest tile)."""
-        return self.region_slots(final_num_tokens, prompt_len) <= self.free_runs.largest_region(self.num_total_slots)
+    def request_slots(self, prompt_len: int, final_num_tokens: int, num_samples: int) -> int:
+        """Each sample holds a region of its own from admission on."""
+        return num_samples * self.region_slots(final_num_tokens, prompt_len)
+
+    def never_fits_reason(self, final_num_tokens: int, prompt_len: int | None = None) -> str | None:
+        """A region larger than the empty pool could place (buddy: its largest tile) never fits."""
+        size = self.region_slots(final_num_tokens, prompt_len)
+        if size <= self.free_runs.largest_region(self.num_total_slots):
+            return None
+        return f"its {size}-slot region exceeds the largest {self.placement} region of the pool"
 
     def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:
         """Slabs share nothing: no prefix hits."""
@@ -125,11 +140,12 @@ class SlabAllocator:
         return 0
 
     def can_allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
-                     hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:
+                     hit: PrefixHit = NO_HIT, reserve_slots: int = 0, num_samples: int = 1,
+                     prompt_len: int | None = None) -> bool:
+        """A new sequence needs its region placed, and each of its `num_samples − 1` siblings' too."""
         if seq_id in self.seqs:
             return True
-        size = self.region_slots(final_num_tokens or num_tokens_total)
-        return self.free_runs.find(size) is not None and size + reserve_slots <= self.num_free_slots
+        return self.can_place([final_num_tokens or num_tokens_total] * num_samples, reserve_slots, prompt_len)
 
     def allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
                  content: Content | None = None, hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:
@@ -189,6 +205,11 @@ class SlabAllocator:
             slab = self.seqs[seq_id]
             self._write(seq_id, slab, slab.num_tokens + num_steps)
 
+    def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
+                             num_tokens: int) -> bool:
+        """Slabs cache nothing."""
+        return False
+
     def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> tuple[list[int], list[int], list[int]]:
         """Held, filled and reserved slots after each of the next `num_steps` decode steps."""
         filled = [self.num_filled_slots + len(seq_ids) * j for j in range(1, num_steps + 1)]
@@ -198,6 +219,9 @@ class SlabAllocator:
              child_final_num_tokens: int | None = None) -> None:
         """Copy the parent's tokens into the child's own region, reserved earlier by `reserve`."""
         self._write(child_id, self.seqs[child_id], self.seqs[parent_id].num_tokens)
+
+    def holds(self, seq_id: int) -> bool:
+        return seq_id in self.seqs or seq_id in self.swapped
 
     def free(self, seq_id: int) -> None:
         if seq_id in self.swapped:

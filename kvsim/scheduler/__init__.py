@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kvsim.scheduler.base import Allocator, Scheduler, SchedulerLimits
+from kvsim.memory import KVAllocator
+from kvsim.scheduler.base import Scheduler, SchedulerLimits
 from kvsim.scheduler.static import StaticScheduler
 from kvsim.scheduler.v0 import V0Scheduler
 from kvsim.scheduler.v1 import V1Scheduler
@@ -10,7 +11,7 @@ from kvsim.scheduler.v1 import V1Scheduler
 POLICIES: dict[str, type[Scheduler]] = {"v1": V1Scheduler, "v0": V0Scheduler, "static": StaticScheduler}
 
 
-def make_scheduler(policy: str, allocator: Allocator, limits: SchedulerLimits, rng=None) -> Scheduler:
+def make_scheduler(policy: str, allocator: KVAllocator, limits: SchedulerLimits, rng=None) -> Scheduler:
     """`rng` (a numpy Generator) drives beam-search survivor draws; pass the run's generator."""
     return POLICIES[policy](allocator, limits, rng)
 

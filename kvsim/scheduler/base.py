@@ -17,11 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.latency import StepPlan
-from kvsim.memory import NO_HIT, GroupedPagedAllocator, PagedAllocator, PrefixHit, SegmentContent, SlabAllocator
+from kvsim.latency import LatencyModel, StepPlan
+from kvsim.memory import NO_HIT, KVAllocator, PrefixHit, SegmentContent
 from kvsim.request import Request, RequestStatus
-
-Allocator = PagedAllocator | SlabAllocator | GroupedPagedAllocator
+from kvsim.scheduler import burst
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +39,7 @@ class Scheduler:
 
     name = "base"
 
-    def __init__(self, allocator: Allocator, limits: SchedulerLimits, rng: np.random.Generator | None = None) -> None:
+    def __init__(self, allocator: KVAllocator, limits: SchedulerLimits, rng: np.random.Generator | None = None) -> None:
         self.alloc = allocator
         self.rng = rng if rng is not None else np.random.default_rng(0)  # beam search picks survivors
         self.limits = limits
@@ -81,11 +80,10 @@ class Scheduler:
             return f"prompt_len {req.prompt_len} + output_len {req.output_len} > max_model_len {limits.max_model_len}"
         if req.num_samples > limits.max_num_seqs:
             return f"num_samples {req.num_samples} > max_num_seqs {limits.max_num_seqs}"
-        alloc = self.alloc
-        if isinstance(alloc, SlabAllocator) and not alloc.fits_ever(req.kv_len, req.prompt_len):
-            return (f"its {alloc.region_slots(req.kv_len, req.prompt_len)}-slot region exceeds the largest "
-                    f"{alloc.placement} region of the pool")
-        needed = self._slots_for_whole_request(req)
+        reason = self.alloc.never_fits_reason(req.kv_len, req.prompt_len)
+        if reason:
+            return reason
+        needed = self.request_slots(req)
         # v0 refuses what cannot fit beside the watermark (AllocStatus.NEVER in vllm/core/block_manager.py);
         # v1 has no watermark in vLLM, so kvsim's optional one only delays admission, never refuses.
         watermark = limits.watermark_slots if self.watermark_refuses else 0
@@ -104,15 +102,9 @@ class Scheduler:
         """
         return sum(r.num_samples for r in self.running)
 
-    def _slots_for_whole_request(self, req: Request) -> int:
-        """KV slots a request holds at its largest, all samples together (prompt shared if paged)."""
-        alloc = self.alloc
-        if isinstance(alloc, SlabAllocator):
-            return req.num_samples * alloc.region_slots(req.kv_len, req.prompt_len)
-        bs = alloc.block_size
-        per_seq = alloc.slots_for_tokens(req.kv_len) // bs
-        shared = req.prompt_len // bs if req.num_samples > 1 else 0
-        return (per_seq + (req.num_samples - 1) * (per_seq - shared)) * bs
+    def request_slots(self, req: Request) -> int:
+        """KV slots a request holds at its largest, all samples together."""
+        return self.alloc.request_slots(req.prompt_len, req.kv_len, req.num_samples)
 
     # ------------------------------------------------------------ allocation
     def active_seq_ids(self, req: Request) -> list[int]:
@@ -137,9 +129,8 @@ class Scheduler:
         The caller has checked `can_allocate`; slab allocators also reserve each sample's region.
         """
         assert self.waiting[0] is req
-        if isinstance(self.alloc, SlabAllocator):  # each sample's region, sized from prompt and output
-            for seq_id in req.seq_ids + req.child_seq_ids():
-                assert self.alloc.reserve(seq_id, req.kv_len, req.prompt_len)
+        for seq_id in req.seq_ids + req.child_seq_ids():  # slabs: each sample's region, sized from prompt and output
+            assert self.alloc.reserve(seq_id, req.kv_len, req.prompt_len)
         ok = self.alloc.allocate(req.seq_ids[0], hit.num_tokens + num_new, req.kv_len, req.content, hit)
         assert ok, "admit after a successful can_allocate"
         self.waiting.popleft()
@@ -163,10 +154,9 @@ class Scheduler:
         With nothing running the watermark is not applied: it keeps room for running requests
         to grow, and a request that `add` accepted must be able to run alone.
         """
-        alloc, reserve = self.alloc, self.limits.watermark_slots if self.running else 0
-        if isinstance(alloc, SlabAllocator):
-            return alloc.can_place([req.kv_len] * req.num_samples, reserve, req.prompt_len)
-        return alloc.can_allocate(req.seq_ids[0], req.num_tokens, req.kv_len, hit, reserve)
+        reserve = self.limits.watermark_slots if self.running else 0
+        return self.alloc.can_allocate(req.seq_ids[0], req.num_tokens, req.kv_len, hit, reserve, req.num_samples,
+                                       req.prompt_len)
 
     def lookup(self, req: Request) -> PrefixHit:
         return self.alloc.lookup_prefix(req.content, req.num_tokens)
@@ -191,9 +181,8 @@ class Scheduler:
         return True
 
     def free_request(self, req: Request) -> None:
-        seq_ids = req.seq_ids + req.child_seq_ids()
-        for seq_id in seq_ids:
-            if seq_id in self.alloc.seqs or seq_id in self.alloc.swapped:
+        for seq_id in req.seq_ids + req.child_seq_ids():
+            if self.alloc.holds(seq_id):
                 self.alloc.free(seq_id)
         self._forked.discard(req.request_id)
 
@@ -237,9 +226,9 @@ class Scheduler:
                 self._reselect_beams(req)
             if req.num_output_tokens >= req.output_len:
                 done.append(req)
-        return self._finish(done, now)
+        return self.finish(done, now)
 
-    def _finish(self, done: list[Request], now: float) -> list[Request]:
+    def finish(self, done: list[Request], now: float) -> list[Request]:
         """Mark requests that produced their last token finished at `now` and free their KV."""
         for req in done:
             req.status, req.finish_s = RequestStatus.FINISHED, now
@@ -260,37 +249,22 @@ class Scheduler:
         self._forked.add(req.request_id)
 
     # -------------------------------------------------------- decode bursts
-    def burst_batch(self) -> list[Request] | None:
-        """The running batch, if the coming steps are guaranteed to be pure decode of exactly it.
+    def plan_burst(self, latency: LatencyModel, now: float, next_arrival_s: float,
+                   end_before_arrival: bool = False) -> burst.Burst | None:
+        """Several pure-decode steps at once, exactly as step by step would run them (see `burst`)."""
+        return burst.plan_burst(self, latency, now, next_arrival_s, end_before_arrival)
 
-        Holds when every running request is a single sequence decoding, nothing is swapped,
-        and the waiting head cannot be admitted (it cannot become admissible while the batch
-        only grows: free memory only shrinks). With prefix caching on and a queue, a waiting
-        request could start hitting blocks filled mid-burst, so that case is excluded.
-        The engine then runs several steps at once (`apply_burst`), with identical results.
-        """
-        running = self.running
-        if not running or self.swapped or not self.alloc.supports_bursts:
-            return None
-        for req in running:
-            decoding = req.num_output_tokens > 0 and req.num_computed_tokens == req.num_tokens - 1
-            if req.num_samples > 1 or not decoding:  # (a prefill's last token samples the first)
-                return None
-        if self.waiting and (getattr(self.alloc, "enable_caching", False) or not self.waiting_blocked()):
-            return None
-        return running
+    def apply_burst(self, planned: burst.Burst, now: float) -> list[Request]:
+        """Apply a burst from `plan_burst`; `now` is when its last step ends."""
+        return burst.apply_burst(self, planned, now)
+
+    def schedules_whole_decode_batch(self, num_running: int) -> bool:
+        """Whether one step decodes all `num_running` requests (policies with a token budget may not)."""
+        return True
 
     def waiting_blocked(self) -> bool:  # pragma: no cover - abstract
         """Whether the policy's next step would admit nothing from `waiting` (the batch stays)."""
         raise NotImplementedError
-
-    def apply_burst(self, batch: list[Request], num_steps: int, now: float) -> list[Request]:
-        """`num_steps` decode steps of `batch` at once; `now` is when the last one ends."""
-        self.alloc.append_burst([req.seq_ids[0] for req in batch], num_steps)
-        for req in batch:
-            req.num_computed_tokens += num_steps
-            req.num_output_tokens += num_steps
-        return self._finish([req for req in batch if req.num_output_tokens >= req.output_len], now)
 
     def _reselect_beams(self, req: Request) -> None:
         """Beam search step: each beam slot takes a parent drawn from the current beams.

@@ -10,7 +10,6 @@ is ever preempted.
 from __future__ import annotations
 
 from kvsim.latency import StepPlan
-from kvsim.memory import SlabAllocator
 from kvsim.scheduler.base import Scheduler
 
 
@@ -28,20 +27,15 @@ class StaticScheduler(Scheduler):
         return plan
 
     def _admit_batch(self, plan: StepPlan, now: float) -> None:
-        alloc = self.alloc
-        available = alloc.num_free_slots
+        available = self.alloc.num_free_slots  # minus what admitted requests will grow into
         num_seqs = 0
         while self.waiting and num_seqs + self.waiting[0].num_samples <= self.limits.max_num_seqs:
             req = self.waiting[0]
             hit = self.lookup(req)
-            if isinstance(alloc, SlabAllocator):
-                if not self.can_admit(req, hit):
-                    break
-            else:
-                need = self._slots_for_whole_request(req)
-                if need > available:
-                    break
-                available -= need
+            need = self.request_slots(req)
+            if need > available or not self.can_admit(req, hit):
+                break
+            available -= need
             self.admit(req, req.num_tokens - hit.num_tokens, hit, plan, now)
             num_seqs += req.num_samples
 

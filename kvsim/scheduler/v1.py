@@ -27,16 +27,9 @@ class V1Scheduler(Scheduler):
         budget = self.limits.max_num_batched_tokens
         running = self.running
         i = 0
-        append_token = getattr(self.alloc, "append_token", None)
         while i < len(running) and budget > 0:
             req = running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if num_new == 1 and append_token is not None and req.num_samples == 1 and append_token(req.seq_ids[0]):
-                plan.scheduled.append((req, 1))  # fast path: a decode token in its own last block
-                plan.add(1, req.num_computed_tokens, 1, samples=True)
-                budget -= 1
-                i += 1
-                continue
             if not self.allocate_or_preempt(req, req.num_computed_tokens + num_new, plan):
                 break
             self.plan_tokens(plan, req, num_new)
@@ -63,11 +56,9 @@ class V1Scheduler(Scheduler):
         """vLLM v1 preempts by recompute only."""
         return False
 
-    def burst_batch(self):  # -> list[Request] | None
-        """Also requires the whole batch to fit the token budget (else it is served in turns)."""
-        if len(self.running) > self.limits.max_num_batched_tokens:
-            return None
-        return super().burst_batch()
+    def schedules_whole_decode_batch(self, num_running: int) -> bool:
+        """A batch larger than the token budget is decoded in turns."""
+        return num_running <= self.limits.max_num_batched_tokens
 
     def waiting_blocked(self) -> bool:
         req = self.waiting[0]

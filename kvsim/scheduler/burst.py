@@ -1,0 +1,128 @@
+"""Decode bursts: many pure-decode engine steps planned and applied at once, exactly.
+
+Most engine steps of a long run decode the same batch again and again: each running
+request computes one token, nothing is admitted, nothing finishes. A burst plans `k` such
+steps in one go (`plan_burst`), the engine advances time by the same `k` step durations,
+and `apply_burst` applies them to the requests and the allocator with one call
+(`KVAllocator.append_burst`). This module is the one place that decides when that is
+allowed; the rest of the scheduler does not know bursts exist.
+
+Why a burst equals `k` step-by-step iterations of `schedule` + `complete`
+-------------------------------------------------------------------------
+Let B be the running batch when the burst is planned. Conditions checked (`burst_batch`):
+
+(a) the allocator supports bursts, every request in B is one sequence decoding (its
+    prefill done, its first token sampled), nothing is swapped out, and the policy
+    schedules all of B in one step (v1: |B| ≤ max_num_batched_tokens);
+(b) the waiting queue is empty, or its head cannot be admitted now (`waiting_blocked`)
+    and the burst registers no block hash in the chain the head's prefix lookup walks
+    (`KVAllocator.burst_extends_prefix`);
+(c) no request of B reaches its last token before the burst's last step
+    (k ≤ min remaining output), and the burst's new blocks fit in the free memory
+    (`burst_slots_needed` ≤ free slots), so no step preempts;
+(d) if the queue was empty, every step starts before the next arrival.
+    (`end_before_arrival`, for engines a fleet's router observes at each arrival: every
+    step also ends before it, whatever the queue, so the router sees step-by-step state.)
+
+By induction over the steps, assume steps 1..j−1 of the step-by-step run did exactly the
+burst's work. At step j:
+* Running requests: by (a) and (c) each request of B is still decoding with room for its
+  next token, so `schedule` gives each exactly one token, in B's order, with no
+  preemption; by (c) none finishes at the end of step j < k, and at step k exactly the
+  requests whose output is complete finish, which `apply_burst` does at the same instant.
+* Admission: if the queue was empty, by (d) no request arrived before step j started. If
+  the head was blocked, it stays blocked: free memory only shrinks during a burst (blocks
+  are taken, none released), `max_num_seqs` and the token budget see the same |B|, and
+  by (b) the head's prefix hit cannot grow (evicting cached free blocks only shortens
+  it, and a hit on a free block costs the free block it saves). Arrivals join behind the
+  head and admission is FCFS, so a blocked head admits nobody behind it.
+* Memory: `append_burst` hands out blocks and registers filled blocks' hashes in
+  (step, position) order, which is the order the k · |B| `allocate` calls would use.
+* Time: the durations come from `burst_step_times`, the latency of the same plan with
+  every context one token longer per step, and the engine yields one timeout per step,
+  so the clock and the order of simultaneous events are bit-identical.
+* Records: per-step rows come from `burst_occupancy` (held, filled, reserved after each
+  step) and the waiting count the engine observes before each step.
+
+`tests/test_engine_properties.py` runs every shipped scenario and random workloads both
+ways (`simulate(..., bursts=False)`) and compares every row and summary value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvsim.latency import LatencyModel, StepPlan, burst_step_times
+
+if TYPE_CHECKING:
+    from kvsim.request import Request
+    from kvsim.scheduler.base import Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class Burst:
+    """`len(durations)` decode steps of `batch`; `durations` are the step times in seconds."""
+
+    batch: list[Request]
+    durations: list[float]
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return [req.seq_ids[0] for req in self.batch]
+
+
+def burst_batch(scheduler: Scheduler) -> list[Request] | None:
+    """The running batch if conditions (a) and the first half of (b) hold, else None."""
+    running = scheduler.running
+    if (not running or scheduler.swapped or not scheduler.alloc.supports_bursts
+            or not scheduler.schedules_whole_decode_batch(len(running))):
+        return None
+    for req in running:
+        decoding = req.num_output_tokens > 0 and req.num_computed_tokens == req.num_tokens - 1
+        if req.num_samples > 1 or not decoding:  # (a prefill's last token samples the first)
+            return None
+    if scheduler.waiting and not scheduler.waiting_blocked():
+        return None
+    return running
+
+
+def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arrival_s: float,
+               end_before_arrival: bool = False) -> Burst | None:
+    """The longest burst conditions (a)–(d) allow from `now`, or None (plan a single step)."""
+    batch = burst_batch(scheduler)
+    if batch is None:
+        return None
+    max_steps = min(req.output_len - req.num_output_tokens for req in batch)
+    n = len(batch)
+    contexts = [req.num_computed_tokens + 1 for req in batch]
+    total = sum(contexts)  # what StepPlan.add would sum for n one-token decodes (attention work included)
+    first = StepPlan(num_tokens=n, num_seqs=n, num_decode_seqs=n, num_sampled=n, sum_context_tokens=total,
+                     sum_decode_context_tokens=total, max_context_tokens=max(contexts), attention_work=float(total))
+    arrival_bound = next_arrival_s if end_before_arrival or not scheduler.waiting else float("inf")
+    durations: list[float] = []
+    start = now
+    for d in burst_step_times(latency, first):
+        if start + (d if end_before_arrival else 0.0) >= arrival_bound or len(durations) == max_steps:
+            break
+        durations.append(d)
+        start += d
+    alloc = scheduler.alloc
+    seq_ids = [req.seq_ids[0] for req in batch]
+    while durations and alloc.burst_slots_needed(seq_ids, len(durations)) > alloc.num_free_slots:
+        durations = durations[: len(durations) // 2]
+    if durations and scheduler.waiting:
+        head = scheduler.waiting[0]
+        if alloc.burst_extends_prefix(seq_ids, len(durations), head.content, head.num_tokens):
+            return None
+    return Burst(batch, durations) if durations else None
+
+
+def apply_burst(scheduler: Scheduler, burst: Burst, now: float) -> list[Request]:
+    """Apply the burst's steps; `now` is when the last one ends. Returns the requests that finished."""
+    num_steps = len(burst.durations)
+    scheduler.alloc.append_burst(burst.seq_ids, num_steps)
+    for req in burst.batch:
+        req.num_computed_tokens += num_steps
+        req.num_output_tokens += num_steps
+    return scheduler.finish([req for req in burst.batch if req.num_output_tokens >= req.output_len], now)
