@@ -6,7 +6,8 @@ For each case under `<validation>/measured/<hardware>/<case>/`: the measured mea
 the roofline alone, kvsim calibrated from the imported measured profile of that GPU and model
 (`<validation>/profiles/...`), and the peer LLMServingSim's own prediction, each with its error
 against the measurement. Writes `benchmarks/results/accuracy.json` and rewrites the table
-between the `accuracy:start` / `accuracy:end` markers in README.md. Deterministic: no
+between the `accuracy:start` / `accuracy:end` markers in README.md, and the calibrated replays'
+overlay figures to `docs/accuracy_<case>_{timeseries,latency_cdf}.png`. Deterministic: no
 wall-clock time enters any number.
 """
 
@@ -20,17 +21,19 @@ from typing import Any
 from kvsim.errors import KvsimError
 from kvsim.measured import MeasuredRun, load_measured
 from kvsim.render import rows_to_markdown
-from kvsim.validate import default_profile, request_stats, validate
+from kvsim.validate import default_profile, request_stats, save_figures, validate
 
 REPO = Path(__file__).resolve().parents[1]
 VALIDATION = REPO.parent / "shared" / "validation"
 RESULT = REPO / "benchmarks" / "results" / "accuracy.json"
+DOCS = REPO / "docs"
 METRICS = ("TTFT mean (s)", "TPOT mean (s)", "E2E mean (s)", "makespan (s)", "output tokens/s")
 START, END = "<!-- accuracy:start -->", "<!-- accuracy:end -->"
 
 
-def case_accuracy(run_dir: Path) -> dict[str, Any]:
-    """Measured vs roofline vs calibrated vs LLMServingSim on one case (errors in %)."""
+def case_accuracy(run_dir: Path, figures: bool = False) -> dict[str, Any]:
+    """Measured vs roofline vs calibrated vs LLMServingSim on one case (errors in %); with `figures`,
+    the calibrated replay's overlay figures go to `docs/accuracy_<case>_*.png`."""
     run = load_measured(run_dir)
     entry: dict[str, Any] = {"case": run.name, "hardware": run.hardware, "model_id": run.model_id,
                              "parallelism": _parallelism(run),
@@ -48,6 +51,8 @@ def case_accuracy(run_dir: Path) -> dict[str, Any]:
             continue
         entry["predictions"][f"kvsim_{latency}"] = _with_errors({r["metric"]: r["kvsim"] for r in v.rows}, measured)
         entry["predictions"][f"kvsim_{latency}"]["latency_model"] = v.result.summary["latency_model"]
+        if latency == "calibrated" and figures:
+            save_figures(v, DOCS, prefix=f"accuracy_{run.name}_")
     entry["profile"] = str(profile.relative_to(run_dir.resolve().parents[2])) if profile else None
     return entry
 
@@ -100,9 +105,10 @@ def update_readme(table: str, readme: Path = REPO / "README.md") -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--validation", type=Path, default=VALIDATION)
-    parser.add_argument("--no-readme", action="store_true", help="write only the JSON")
+    parser.add_argument("--no-readme", action="store_true", help="write only the JSON (no README, no figures)")
     args = parser.parse_args()
-    entries = [case_accuracy(d) for d in sorted((args.validation / "measured").glob("*/*")) if d.is_dir()]
+    entries = [case_accuracy(d, figures=not args.no_readme)
+               for d in sorted((args.validation / "measured").glob("*/*")) if d.is_dir()]
     RESULT.write_text(json.dumps({"validation_set": "../shared/validation (LLMServingSim @ 5daddb2, MIT)",
                                   "metrics": list(METRICS), "cases": entries}, indent=2) + "\n")
     table = markdown_table(entries)

@@ -163,10 +163,13 @@ def _read_timeseries(path: Path, offset_s: float) -> tuple[pd.DataFrame | None, 
     return df, notes
 
 
-def _epoch_s(stamp: str) -> float:
+def _epoch_s(stamp: str, where: Path) -> float:
     from datetime import datetime
 
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise KvsimError(f"{where}: started_at={stamp!r} is not an ISO timestamp") from None
 
 
 def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRun:
@@ -204,7 +207,7 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     offset_s = 0.0
     first = min(rows, key=lambda r: float(r["queued_ts"]))
     if "started_at" in meta and isinstance(first.get("arrival_time"), (int, float)):
-        offset_s = float(first["arrival_time"]) - _epoch_s(str(meta["started_at"]))
+        offset_s = float(first["arrival_time"]) - _epoch_s(str(meta["started_at"]), vllm / "meta.json")
     timeseries, notes = _read_timeseries(vllm / "timeseries.csv", offset_s)
     engine = {k: kwargs[k] for k in ENGINE_KEYS if kwargs.get(k) is not None}
     config = run_dir / "config.json"
@@ -287,21 +290,27 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
     for key, value in (*lists.items(), ("errors", errors)):
         if len(value) != n:
             raise KvsimError(f"{path}: {key} has {len(value)} entries, input_lens has {n}")
-    ok = [i for i in range(n) if not errors[i] and int(lists["output_lens"][i] or 0) > 0]
+    output_all = _values(lists["output_lens"], range(n), "output_lens", path, allow_missing=True)
+    ok = [i for i in range(n) if not errors[i] and output_all[i] > 0]
     if not ok:
         raise KvsimError(f"{path}: no successful request to compare")
     notes = []
     if n - len(ok):
         notes.append(f"{n - len(ok)} failed requests left out")
-    prompt = np.array([int(lists["input_lens"][i]) for i in ok])
-    output = np.array([int(lists["output_lens"][i]) for i in ok])
-    ttft = np.array([float(lists["ttfts"][i]) for i in ok])
+    prompt = _values(lists["input_lens"], ok, "input_lens", path).astype(int)
+    output = output_all[ok].astype(int)
+    if (prompt < 1).any():
+        raise KvsimError(f"{path}: input_lens has a non-positive entry")
+    ttft = _values(lists["ttfts"], ok, "ttfts", path)
     if isinstance(latencies, list) and len(latencies) == n:
-        e2e = np.array([float(latencies[i]) for i in ok])
+        e2e = _values(latencies, ok, "latencies", path)
     else:  # TTFT plus every inter-token gap
-        e2e = ttft + np.array([float(sum(lists["itls"][i] or [])) for i in ok])
+        gaps = [lists["itls"][i] or [] for i in ok]
+        if not all(isinstance(g, list) for g in gaps):
+            raise KvsimError(f"{path}: itls must hold one list of gaps per request")
+        e2e = ttft + np.array([_values(g, range(len(g)), "itls", path).sum() for g in gaps])
     if isinstance(starts, list) and len(starts) == n:
-        arrival = np.array([float(starts[i]) for i in ok])
+        arrival = _values(starts, ok, "start_times", path)
     else:
         arrival = _bench_arrivals(raw, len(ok), path)
         notes.append("the file has no start_times: arrivals are resampled at its request_rate, so only "
@@ -318,6 +327,19 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
         requests=request_frame(arrival, arrival + ttft, arrival + e2e, prompt, output),
         records=records, engine=engine, notes=notes,
     )
+
+
+def _values(items: list[Any], indices: Any, key: str, path: Path, allow_missing: bool = False) -> np.ndarray:
+    """`items[i]` for i in `indices` as finite floats; anything else names the field and the entry."""
+    out = []
+    for i in indices:
+        value = items[i]
+        if value is None and allow_missing:
+            value = 0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise KvsimError(f"{path}: {key}[{i}]={value!r} is not a number")
+        out.append(float(value))
+    return np.array(out, dtype=float)
 
 
 def _bench_arrivals(raw: dict[str, Any], n: int, path: Path) -> np.ndarray:

@@ -351,7 +351,6 @@ def write_validation(v: Validation, out_dir: str | Path) -> Path:
 
     from kvsim.output_dir import output_directory
     from kvsim.render import rows_to_csv
-    from kvsim.report import save_overlay_figure
 
     with output_directory(out_dir, "validation") as tmp:
         (tmp / "validation.md").write_text(markdown(v))
@@ -360,7 +359,17 @@ def write_validation(v: Validation, out_dir: str | Path) -> Path:
         v.run.requests.to_csv(tmp / "measured_requests.csv", index=False)
         sim = v.result.write(tmp / "sim")
         write_sharegpt_tokens(v.run.records, sim / TRACE_FILE)
-        gauges, cdfs = _figure_panels(v)
-        save_overlay_figure(gauges, tmp / "fig_timeseries.png", f"{v.run.name}: measured vs kvsim")
-        save_overlay_figure(cdfs, tmp / "fig_latency_cdf.png", f"{v.run.name}: latency distributions")
+        save_figures(v, tmp)
     return Path(out_dir)
+
+
+def save_figures(v: Validation, out_dir: Path, prefix: str = "fig_") -> tuple[Path, Path]:
+    """`<prefix>timeseries.png` (running, waiting, KV usage over time) and `<prefix>latency_cdf.png`."""
+    from kvsim.report import save_overlay_figure
+
+    gauges, cdfs = _figure_panels(v)
+    latency = v.result.summary["latency_model"]
+    paths = out_dir / f"{prefix}timeseries.png", out_dir / f"{prefix}latency_cdf.png"
+    save_overlay_figure(gauges, paths[0], f"{v.run.name}: measured vs kvsim ({latency})")
+    save_overlay_figure(cdfs, paths[1], f"{v.run.name}: latency distributions, kvsim {latency}")
+    return paths

@@ -289,3 +289,43 @@ def test_peer_gauges_fill_the_llmservingsim_column():
     assert v_rows["running max"]["llmservingsim"] == 128  # max_num_seqs caps the peer too
     assert v_rows["waiting max"]["llmservingsim"] > 0
     assert v_rows["KV usage mean"]["llmservingsim"] is None
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"ttfts": [0.01, "soon", 0.0]}, r"ttfts\[1\]='soon' is not a number"),
+    ({"input_lens": [16, 0, 8]}, "input_lens has a non-positive entry"),
+    ({"start_times": [1000.0, None, 1000.02]}, r"start_times\[1\]=None is not a number"),
+    ({"latencies": None, "itls": [[0.01] * 4, "x", []]}, "itls must hold one list"),
+    ({"output_lens": [5, 3]}, "output_lens has 2 entries, input_lens has 3"),
+])
+def test_bench_json_bad_fields_are_named(tmp_path, changes, message):
+    with pytest.raises(KvsimError, match=message):
+        load_measured(bench_json(tmp_path / "b.json", **changes))
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda run: _patch_json(run / "vllm" / "meta.json", started_at="yesterday"), "started_at='yesterday'"),
+    (lambda run: _patch_json(run / "vllm" / "meta.json", engine_kwargs=[]), "expected an object with engine_kwargs"),
+    (lambda run: (run / "vllm" / "requests.jsonl").write_text('{"queued_ts": "x"}\n'), r"queued_ts='x' is not a number"),
+    (lambda run: (run / "vllm" / "timeseries.csv").write_text("t,running\n1,2\n"), "expected columns t, running"),
+])
+def test_measured_folder_bad_fields_are_named(tmp_path, edit, message):
+    run_dir = write_run(tmp_path)
+    edit(run_dir)
+    result = CliRunner().invoke(app, ["validate", str(run_dir), "--gpu", "h100-80gb", "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert re.search(message, result.output), result.output
+    assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_engine_arguments_are_checked_by_name(tmp_path):
+    run_dir = write_run(tmp_path)
+    meta = json.loads((run_dir / "vllm" / "meta.json").read_text())
+    meta["engine_kwargs"]["max_num_seqs"] = -1
+    (run_dir / "vllm" / "meta.json").write_text(json.dumps(meta))
+    result = CliRunner().invoke(app, ["validate", str(run_dir), "--gpu", "h100-80gb", "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "max_num_seqs" in result.output
+
+
+def _patch_json(path: Path, **changes) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
