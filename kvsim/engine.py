@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from kvsim.results import RunResult
 from kvsim.roofline import RooflineLatency
 from kvsim.scenario import Scenario
 from kvsim.scheduler import Scheduler, SchedulerLimits, make_scheduler
+from kvsim.scheduler.burst import Burst
 from kvsim.workload import build_requests
 
 if TYPE_CHECKING:
@@ -133,18 +134,39 @@ class Arrivals:
         return self.requests[self.num_arrived].arrival_s if not self.all_arrived else math.inf
 
 
+    def horizon_s(self, num_ahead: int) -> float:
+        """When the `num_ahead`-th next request arrives (inf past the last one)."""
+        index = self.num_arrived + num_ahead - 1
+        return self.requests[index].arrival_s if index < len(self.requests) else math.inf
+
+
+@dataclass(slots=True)
+class Inbox:
+    """Requests dispatched to an engine while it runs a decode burst; it takes them when the step in flight ends.
+
+    With an inbox an engine plans bursts past arrivals to other engines and cuts a burst
+    after the step during which a request arrives for it: exactly where a step-by-step
+    engine would first see that request. Until then the request counts as waiting.
+    """
+
+    requests: list[Request] = field(default_factory=list)
+    in_burst: bool = False
+
+
 Dispatch = Callable[[Request], int]  # which engine an arriving request goes to (called at its arrival)
 
 
 def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyModel, recorder: StepRecorder,
               arrivals: Arrivals, wake: list[simpy.Event], check: bool = False,
               progress: Callable[[float], None] | None = None, bursts: bool = True,
-              observed: bool = False) -> Generator:
+              observed: bool = False, inbox: Inbox | None = None, num_engines: int = 1) -> Generator:
     """One engine's step loop: plan, time, complete; idle until `wake[0]` is triggered (never polls).
 
     Decode bursts (`kvsim.scheduler.burst`) stop before the run's next arrival (to any engine:
     the dispatcher decides only when it arrives) unless the queue's head is blocked;
-    `observed` (a router reads this engine's state at arrivals) makes them end before it too.
+    `observed` (a router reads this engine's KV state at arrivals) makes them end before it too.
+    With an `inbox` a burst is planned up to the `num_engines`-th next arrival and cut when
+    a request arrives for this engine (see `Inbox`).
     """
     steps, next_progress = 0, PROGRESS_EVERY_STEPS
     while True:
@@ -154,15 +176,30 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
             yield wake[0]
             wake[0] = env.event()
             continue
-        burst = scheduler.plan_burst(latency, env.now, arrivals.next_arrival_s, observed) if bursts else None
+        horizon_s = arrivals.next_arrival_s if inbox is None else arrivals.horizon_s(num_engines)
+        burst = scheduler.plan_burst(latency, env.now, horizon_s, observed) if bursts else None
         if burst is not None:
-            rows = recorder.begin_burst(env.now, burst, scheduler)
+            start_s = env.now
+            rows = recorder.begin_burst(start_s, burst, scheduler) if inbox is None else None
+            if inbox is not None:
+                inbox.in_burst = True
             waiting = []
             for d in burst.durations:  # one timeout per step keeps env.now bit-identical to step-by-step
                 waiting.append(len(scheduler.waiting))  # requests may arrive behind a blocked head
                 yield env.timeout(d)
+                if inbox is not None and inbox.requests:
+                    break
+            if inbox is not None:  # cut after the step in flight; arrivals waited in the inbox
+                burst = Burst(burst.batch, burst.durations[:len(waiting)])
+                rows = recorder.begin_burst(start_s, burst, scheduler)
+            assert rows is not None
             recorder.end_burst(rows, waiting)
             scheduler.apply_burst(burst, env.now)
+            if inbox is not None:
+                inbox.in_burst = False
+                for req in inbox.requests:
+                    scheduler.add(req)
+                inbox.requests.clear()
             if check:
                 scheduler.alloc.check_invariants()
             steps += len(burst.durations)
@@ -193,13 +230,15 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
 
 def run_engines(engines: Sequence[tuple[Scheduler, LatencyModel]], requests: list[Request],
                 dispatch: Dispatch, check: bool = False, progress: ProgressFn | None = None,
-                bursts: bool = True) -> list[StepRecorder]:
+                bursts: bool = True, inboxes: Sequence[Inbox] | None = None) -> list[StepRecorder]:
     """Run several engines in one simulated clock; each arriving request goes to `dispatch(req)`.
 
     The dispatcher runs inside the arrival process, at the request's arrival instant, so it
     sees every engine's state at that moment (a router). Every request ends finished or
     rejected. `bursts=True` runs stretches of pure decode several steps at a time
     (`kvsim.scheduler.burst`); results are identical to `bursts=False`, which plans every step.
+    `inboxes` (one per engine) let bursts run past other engines' arrivals; give them only
+    when the dispatcher reads no KV state (a burst applies its KV growth when it ends).
     """
     env = simpy.Environment()
     arrivals = Arrivals(requests)
@@ -211,7 +250,10 @@ def run_engines(engines: Sequence[tuple[Scheduler, LatencyModel]], requests: lis
             if req.arrival_s > env.now:
                 yield env.timeout(delay_until(env.now, req.arrival_s))
             index = dispatch(req)
-            schedulers[index].add(req)
+            if inboxes is not None and inboxes[index].in_burst:
+                inboxes[index].requests.append(req)
+            else:
+                schedulers[index].add(req)
             arrivals.num_arrived += 1
             if not wakes[index][0].triggered:
                 wakes[index][0].succeed()
@@ -225,9 +267,11 @@ def run_engines(engines: Sequence[tuple[Scheduler, LatencyModel]], requests: lis
 
     recorders = [StepRecorder() for _ in engines]
     env.process(arrival_process())
+    observed = len(engines) > 1 and inboxes is None
     loops = [env.process(step_loop(env, scheduler, latency, recorder, arrivals, wake, check,
-                                   report if progress is not None else None, bursts, observed=len(engines) > 1))
-             for (scheduler, latency), recorder, wake in zip(engines, recorders, wakes, strict=True)]
+                                   report if progress is not None else None, bursts, observed,
+                                   inboxes[i] if inboxes is not None else None, len(engines)))
+             for i, ((scheduler, latency), recorder, wake) in enumerate(zip(engines, recorders, wakes, strict=True))]
     env.run(until=loops[0] if len(loops) == 1 else env.all_of(loops))
     if progress is not None:
         progress(env.now, len(requests), len(requests))

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvsim.config import load_model
-from kvsim.engine import ProgressFn, build_engine, engine_result, run_engines
+from kvsim.engine import Inbox, ProgressFn, build_engine, engine_result, run_engines
 from kvsim.errors import KvsimError
 from kvsim.metrics import percentiles
 from kvsim.output_dir import output_directory
@@ -32,6 +32,7 @@ from kvsim.request import Request
 from kvsim.results import RunResult
 from kvsim.router import Decision, Router
 from kvsim.scenario import Scenario, make_scenario
+from kvsim.scheduler import Scheduler
 from kvsim.workload import build_requests
 
 if TYPE_CHECKING:
@@ -57,6 +58,23 @@ def replica_scenarios(scenario: Scenario) -> list[Scenario]:
             except KvsimError as error:
                 raise KvsimError(f"replicas[{g}]: {error}") from None
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """What the router reads of one replica: its scheduler's queues and KV pool, and its inbox."""
+
+    scheduler: Scheduler
+    inbox: Inbox
+
+    @property
+    def outstanding(self) -> int:
+        s = self.scheduler
+        return len(s.waiting) + len(s.running) + len(s.swapped) + len(self.inbox.requests)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.scheduler.alloc.usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,18 +115,21 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     parts = [build_engine(spec, rng) for spec in specs]
     max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))  # the workload's cap
     requests = build_requests(scenario, max_model_len, rng)
-    schedulers = [p.scheduler for p in parts]
+    inboxes = [Inbox() for _ in parts]
+    states = [ReplicaView(p.scheduler, inbox) for p, inbox in zip(parts, inboxes, strict=True)]
     config = scenario.router
     router = Router(config.policy, len(parts), scenario.engine.block_size, config.load_bound, config.load_slack,
                     config.match_threshold, max_prefix_blocks=sum(p.facts["num_gpu_blocks"] for p in parts))
     decisions: list[Decision] = []
 
     def dispatch(req: Request) -> int:
-        decision = router.route(req, schedulers)
+        decision = router.route(req, states)
         decisions.append(decision)
         return decision.replica
 
-    recorders = run_engines([(p.scheduler, p.latency) for p in parts], requests, dispatch, check, progress, bursts)
+    reads_kv = config.policy == "least_kv"  # bursts apply KV growth at their end: such a router needs exact steps
+    recorders = run_engines([(p.scheduler, p.latency) for p in parts], requests, dispatch, check, progress, bursts,
+                            inboxes=None if reads_kv else inboxes)
     assigned: list[list[Request]] = [[] for _ in parts]
     for req, decision in zip(requests, decisions, strict=True):
         assigned[decision.replica].append(req)

@@ -31,14 +31,23 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kvsim.request import Request
-from kvsim.scheduler import Scheduler
 
 
-def outstanding(scheduler: Scheduler) -> int:
-    """Requests a replica holds and has not finished: waiting, running and swapped out."""
-    return len(scheduler.waiting) + len(scheduler.running) + len(scheduler.swapped)
+class ReplicaState(Protocol):
+    """What a router may read of a replica at an arrival."""
+
+    @property
+    def outstanding(self) -> int:
+        """Requests it holds and has not finished: waiting (or arrived in a burst), running, swapped out."""
+        ...
+
+    @property
+    def kv_usage(self) -> float:
+        """`vllm:kv_cache_usage_perc` now."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +77,7 @@ class Router:
         assert self.policy in ("round_robin", "least_outstanding", "least_kv", "affinity"), self.policy
         assert self.num_replicas > 0 and self.block_size > 0 and self.load_bound >= 1.0
 
-    def route(self, req: Request, replicas: Sequence[Scheduler]) -> Decision:
+    def route(self, req: Request, replicas: Sequence[ReplicaState]) -> Decision:
         assert len(replicas) == self.num_replicas
         start = self._turn % self.num_replicas
         self._turn += 1
@@ -80,16 +89,16 @@ class Router:
             return Decision(self._least(replicas, start), "least_outstanding")
         return self._affinity(req, replicas, start)
 
-    def _least(self, replicas: Sequence[Scheduler], start: int, by_kv: bool = False) -> int:
+    def _least(self, replicas: Sequence[ReplicaState], start: int, by_kv: bool = False) -> int:
         n = self.num_replicas
 
         def key(i: int) -> tuple[float, int, int]:
             s = replicas[i]
-            return (s.alloc.usage if by_kv else 0.0, outstanding(s), (i - start) % n)
+            return (s.kv_usage if by_kv else 0.0, s.outstanding, (i - start) % n)
 
         return min(range(n), key=key)
 
-    def _affinity(self, req: Request, replicas: Sequence[Scheduler], start: int) -> Decision:
+    def _affinity(self, req: Request, replicas: Sequence[ReplicaState], start: int) -> Decision:
         num_blocks = req.prompt_len // self.block_size
         hashes = req.content.block_hashes(self.block_size, num_blocks) if req.content is not None and num_blocks \
             else []
@@ -103,7 +112,7 @@ class Router:
         if preferred < 0 or matched * self.block_size < self.match_threshold * req.prompt_len:
             decision = Decision(self._least(replicas, start), "new_prefix", matched * self.block_size)
         else:
-            loads = [outstanding(s) for s in replicas]
+            loads = [s.outstanding for s in replicas]
             within_bound = (loads[preferred] + 1) * self.num_replicas <= self.load_bound * (sum(loads) + 1)
             if within_bound or loads[preferred] - min(loads) < self.load_slack:
                 decision = Decision(preferred, "affinity", matched * self.block_size)

@@ -134,12 +134,20 @@ def test_replica_groups_get_their_own_settings_and_bad_ones_name_the_group():
         replica_scenarios(bad)
 
 
-def test_results_are_deterministic_and_burst_mode_changes_nothing():
-    spec = scenario(replicas=3, router={"policy": "least_kv"},
-                    workload={"num_requests": 60, "arrival": {"process": "poisson", "rate": 9.0},
-                              "output_len": {"dist": "uniform", "low": 10, "high": 200}})
+@pytest.mark.parametrize("policy", ["round_robin", "least_outstanding", "least_kv", "affinity"])
+def test_results_are_deterministic_and_burst_mode_changes_nothing(policy):
+    # Bursts run past other replicas' arrivals and are cut when one arrives for their replica
+    # (least_kv: they end before every arrival); either way step-by-step is the reference.
+    spec = scenario(replicas=3, router={"policy": policy}, engine={"enable_prefix_caching": True},
+                    workload={"num_requests": 90, "arrival": {"process": "poisson", "rate": 9.0},
+                              "output_len": {"dist": "uniform", "low": 10, "high": 200},
+                              "multi_turn": {"turns": 3, "think_time_s": 1.0}})
     a, b = simulate_fleet(spec), simulate_fleet(spec)
     assert a.summary == b.summary
     step_by_step = simulate_fleet(spec, bursts=False)
     assert list(step_by_step.routes["replica"]) == list(a.routes["replica"])
-    np.testing.assert_allclose(step_by_step.requests["e2e_s"], a.requests["e2e_s"], rtol=1e-12)
+    for column in ("first_token_s", "finish_s", "prefix_hit_tokens"):
+        np.testing.assert_allclose(step_by_step.requests[column], a.requests[column], rtol=1e-12)
+    assert len(step_by_step.steps) == len(a.steps)
+    np.testing.assert_allclose(step_by_step.steps["vllm:kv_cache_usage_perc"], a.steps["vllm:kv_cache_usage_perc"])
+    np.testing.assert_array_equal(step_by_step.steps["vllm:num_requests_waiting"], a.steps["vllm:num_requests_waiting"])
