@@ -213,7 +213,7 @@ def plan(
     from kvsim.plan import spec_from_options
     from kvsim.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
     from kvsim.scenario import load_scenario
-    from kvsim.search import dask_client
+    from kvsim.search import close_client, dask_client
 
     with user_errors():
         base = load_scenario(scenario, overrides or [])
@@ -233,7 +233,7 @@ def plan(
                 rows, simulated = run_plan(base, spec, out_dir, client, on_point)
         finally:
             if client is not None:
-                client.close()
+                close_client(client)
         _write_plan(rows, out_dir, base.name)
     if output_format is Format.table:
         from rich.console import Console

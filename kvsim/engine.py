@@ -327,6 +327,8 @@ def engine_result(scenario: Scenario, parts: EngineParts, requests: list[Request
 def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
              bursts: bool = True) -> RunResult:
     """Simulate a scenario end to end. `check=True` runs `check_invariants()` after every step."""
+    if scenario.replicas is not None:
+        raise KvsimError(f"replicas={scenario.replicas!r}: a fleet scenario; use kvsim.fleet.simulate_fleet")
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
     parts = build_engine(scenario, rng)
     requests = build_requests(scenario, parts.facts["max_model_len"], rng)

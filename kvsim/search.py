@@ -118,7 +118,10 @@ def run_searches(searches: Sequence[Search], evaluate: Callable[[Scenario], Metr
 
 
 def dask_client(address: str | None, workers: int | None) -> Any:
-    """A client of the cluster at `address`, or of a new LocalCluster of `workers` processes."""
+    """A client of the cluster at `address`, or of a new LocalCluster of `workers` processes.
+
+    Close it with `close_client`, which also stops a LocalCluster it started.
+    """
     from kvsim.errors import KvsimError
 
     try:
@@ -133,3 +136,11 @@ def dask_client(address: str | None, workers: int | None) -> Any:
     cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
                            dashboard_address=None)
     return Client(cluster)
+
+
+def close_client(client: Any) -> None:
+    """Close a client from `dask_client`, and the LocalCluster it started (an external cluster stays up)."""
+    cluster = getattr(client, "cluster", None)
+    client.close()
+    if cluster is not None:
+        cluster.close()

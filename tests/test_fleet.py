@@ -151,3 +151,8 @@ def test_results_are_deterministic_and_burst_mode_changes_nothing(policy):
     assert len(step_by_step.steps) == len(a.steps)
     np.testing.assert_allclose(step_by_step.steps["vllm:kv_cache_usage_perc"], a.steps["vllm:kv_cache_usage_perc"])
     np.testing.assert_array_equal(step_by_step.steps["vllm:num_requests_waiting"], a.steps["vllm:num_requests_waiting"])
+
+
+def test_the_single_engine_refuses_a_fleet_scenario():
+    with pytest.raises(KvsimError, match="replicas=2"):
+        simulate(scenario(replicas=2))
