@@ -6,7 +6,9 @@ simulation runs). Heavier entry points are loaded on first use.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from kvsim.version import __version__
+
+__all__ = ["__version__", "load_scenario", "simulate"]
 
 
 def simulate(scenario, check: bool = False, progress=None):  # noqa: ANN001 - re-exported below

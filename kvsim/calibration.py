@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvsim.errors import KvsimError
-from kvsim.latency import StepPlan
 from kvsim.profiles import Profile
 from kvsim.roofline import RooflineLatency
+from kvsim.step import StepPlan
 
 if TYPE_CHECKING:
     from kvsim.config import EngineConfig, ModelSpec

@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvsim.config import DTYPE_BYTES, EngineConfig, GPUSpec, ModelSpec, ceil_div
+from kvsim.config import DTYPE_BYTES, EngineConfig, GPUSpec, ModelSpec
 from kvsim.errors import KvsimError
 from kvsim.kv_layout import KVLayout, kv_layout
+from kvsim.units import ceil_div
 from kvsim.weights import active_params_per_token, total_weights_bytes, weights_bytes_by_component
 
 GIB = 2**30

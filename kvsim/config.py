@@ -405,9 +405,3 @@ def make_engine(**fields: Any) -> EngineConfig:
         return EngineConfig(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as error:
         raise from_validation_error(error) from None
-
-
-def ceil_div(a: int, b: int) -> int:
-    """`cdiv` as vLLM spells it: the number of size-`b` pieces that hold `a`."""
-    return -(-a // b)
-

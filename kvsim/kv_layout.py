@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from kvsim.config import ceil_div
+from kvsim.units import ceil_div
 
 if TYPE_CHECKING:
     from kvsim.config import EngineConfig, ModelSpec

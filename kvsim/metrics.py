@@ -28,9 +28,9 @@ from kvsim.request import Request, RequestStatus
 if TYPE_CHECKING:
     import pandas as pd
 
-    from kvsim.latency import StepPlan
     from kvsim.scheduler import Scheduler
     from kvsim.scheduler.burst import Burst
+    from kvsim.step import StepPlan
 
 WASTE_KEYS = ("token_state", "reserved", "internal_frag", "slack", "external_frag", "free")
 VLLM_REQUEST_METRICS = {

@@ -59,7 +59,7 @@ def safe_component(name: str, fallback: str = "scenario") -> str:
 
 
 def _version() -> str:
-    from kvsim import __version__
+    from kvsim.version import __version__
 
     return __version__
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from kvsim.memory.content import Content
+from kvsim.content import Content
 
 MAX_SAMPLES = 256  # sequence ids are request_id · MAX_SAMPLES + sample index
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvsim.collectives import allreduce_s
-from kvsim.latency import StepPlan
+from kvsim.step import StepPlan
 
 if TYPE_CHECKING:
     from kvsim.config import EngineConfig, GPUSpec, ModelSpec

@@ -20,12 +20,13 @@ import numpy as np
 import pandas as pd
 
 from kvsim.capacity import kv_bytes_per_block, model_max_concurrency, num_gpu_blocks, paged_max_seqs, slab_max_seqs
-from kvsim.config import ceil_div, load_gpu, load_model
+from kvsim.config import load_gpu, load_model
 from kvsim.engine import make_latency
 from kvsim.memory import fig2_shares
 from kvsim.rate_search import max_passing_rates
 from kvsim.scenario import Scenario, apply_overrides, make_scenario
 from kvsim.sweep import SweepResult, run_many
+from kvsim.units import ceil_div
 from kvsim.workload import build_requests
 
 SATURATE = 100_000.0

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvsim.content import Content
 from kvsim.errors import KvsimError
 from kvsim.memory import SegmentContent, TokenContent
-from kvsim.memory.content import Content
 from kvsim.request import Request
 from kvsim.scenario import Arrival, Empirical, Fixed, LengthDist, Lognormal, Scenario, Uniform, Workload
 from kvsim.traces import READERS, TraceRecord, read_lengths, read_servegen

@@ -8,10 +8,11 @@ from kvsim.calibration import CalibratedLatency, Interp1D, NestedInterp
 from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.engine import simulate
 from kvsim.errors import KvsimError
-from kvsim.latency import PROFILE_COLUMNS, StepPlan
+from kvsim.latency import PROFILE_COLUMNS
 from kvsim.profiles.native import read_native
 from kvsim.roofline import RooflineLatency
 from kvsim.scenario import make_scenario
+from kvsim.step import StepPlan
 
 MODEL = load_model("llama-3.1-8b")
 ENGINE = EngineConfig(max_model_len=8192)

@@ -7,10 +7,10 @@ import pytest
 from kvsim.calibration import CalibratedLatency
 from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.errors import KvsimError
-from kvsim.latency import StepPlan
 from kvsim.profiles import gpu_matches, load_profile
 from kvsim.profiles.native import read_native, write_native
 from kvsim.roofline import RooflineLatency
+from kvsim.step import StepPlan
 
 LLAMA = load_model("llama-3.1-8b")
 RTX = load_gpu("rtx-pro-6000")

@@ -7,8 +7,8 @@ import pytest
 
 from kvsim.collectives import allreduce_s
 from kvsim.config import EngineConfig, GPULink, load_gpu, load_model
-from kvsim.latency import StepPlan
 from kvsim.roofline import DATASHEET, RooflineLatency
+from kvsim.step import StepPlan
 
 LLAMA = load_model("llama-3.1-8b")
 RTX = load_gpu("rtx-pro-6000")

@@ -6,9 +6,9 @@ builds the one an engine config asks for.
 
 from __future__ import annotations
 
+from kvsim.content import SegmentContent, TokenContent
 from kvsim.memory.accounting import FIG2_KEYS, Waste, fig2_shares, sharing_saved_slots, waste
 from kvsim.memory.block_pool import BlockPool
-from kvsim.memory.content import SegmentContent, TokenContent
 from kvsim.memory.hybrid import GroupedPagedAllocator
 from kvsim.memory.paged import PagedAllocator
 from kvsim.memory.protocol import NO_HIT, KVAllocator, PrefixHit, SwapResult

@@ -30,12 +30,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvsim.config import ceil_div
+from kvsim.content import Content
 from kvsim.errors import KvsimError
 from kvsim.kv_layout import KVGroup, KVLayout
 from kvsim.memory.block_pool import NULL_BLOCK_ID, BlockPool, PoolSlots
-from kvsim.memory.content import Content
 from kvsim.memory.protocol import NO_HIT, PrefixHit
+from kvsim.units import ceil_div
 
 
 @dataclass(slots=True)

@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvsim.config import ceil_div
+from kvsim.content import Content
 from kvsim.memory.block_pool import BlockPool, PoolSlots
-from kvsim.memory.content import Content
 from kvsim.memory.paged_burst import PagedBursts
 from kvsim.memory.protocol import NO_HIT, PrefixHit, SwapResult
+from kvsim.units import ceil_div
 
 
 @dataclass(slots=True)

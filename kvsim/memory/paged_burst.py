@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kvsim.config import ceil_div
+from kvsim.units import ceil_div
 
 if TYPE_CHECKING:
+    from kvsim.content import Content
     from kvsim.memory.block_pool import BlockPool
-    from kvsim.memory.content import Content
     from kvsim.memory.paged import SeqBlocks
 
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvsim.memory.content import Content
+from kvsim.content import Content
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from kvsim.content import Content
 from kvsim.errors import KvsimError
-from kvsim.memory.content import Content
 from kvsim.memory.protocol import NO_HIT, PrefixHit, SwapResult
 from kvsim.memory.regions import BuddySpace, FreeRuns
 

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.latency import LatencyModel, StepPlan
+from kvsim.latency import LatencyModel
 from kvsim.memory import NO_HIT, KVAllocator, PrefixHit, SegmentContent
 from kvsim.request import Request, RequestStatus
 from kvsim.scheduler import burst
+from kvsim.step import StepPlan
 
 
 @dataclass(frozen=True, slots=True)

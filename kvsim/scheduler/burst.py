@@ -53,7 +53,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvsim.latency import LatencyModel, StepPlan, burst_step_times
+from kvsim.latency import LatencyModel, burst_step_times
+from kvsim.step import StepPlan
 
 if TYPE_CHECKING:
     from kvsim.request import Request

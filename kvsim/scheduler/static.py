@@ -9,8 +9,8 @@ is ever preempted.
 
 from __future__ import annotations
 
-from kvsim.latency import StepPlan
 from kvsim.scheduler.base import Scheduler
+from kvsim.step import StepPlan
 
 
 class StaticScheduler(Scheduler):

@@ -14,9 +14,9 @@ Per step, in this order:
 
 from __future__ import annotations
 
-from kvsim.latency import StepPlan
 from kvsim.request import Request, RequestStatus
 from kvsim.scheduler.base import Scheduler
+from kvsim.step import StepPlan
 
 
 class V0Scheduler(Scheduler):

@@ -14,9 +14,9 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
 
 from __future__ import annotations
 
-from kvsim.latency import StepPlan
 from kvsim.request import Request
 from kvsim.scheduler.base import Scheduler
+from kvsim.step import StepPlan
 
 
 class V1Scheduler(Scheduler):

@@ -1,0 +1,48 @@
+"""`StepPlan`: what one engine step computes, written by the scheduler and priced by the latency models.
+
+A leaf module (no kvsim imports), so the scheduler and the latency models meet here without
+depending on each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What one step computes. `scheduled` pairs each request with its new tokens per sequence."""
+
+    scheduled: list = field(default_factory=list)  # list[tuple[Request, int]]
+    num_tokens: int = 0  # Σ new tokens over all sequences (the batch size in tokens)
+    num_seqs: int = 0  # sequences computing at least one token
+    num_prefill_tokens: int = 0
+    num_decode_seqs: int = 0
+    num_sampled: int = 0  # sequences that sample a token at the end of the step (logit rows)
+    sum_context_tokens: int = 0  # Σ over sequences of context after the step (KV read)
+    sum_decode_context_tokens: int = 0  # the part of sum_context_tokens from decode sequences
+    max_context_tokens: int = 0
+    attention_work: float = 0.0  # Σ new · (past + (new + 1) / 2): causal query-key pairs
+    swap_in_bytes: int = 0
+    swap_out_bytes: int = 0
+    num_copied_blocks: int = 0
+    preempted: list = field(default_factory=list)  # requests preempted while planning this step
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled and not self.swap_in_bytes and not self.swap_out_bytes
+
+    def add(self, num_new: int, past: int, num_seqs: int, samples: bool) -> None:
+        """Account `num_seqs` sequences each computing `num_new` tokens after `past` cached ones."""
+        context = past + num_new
+        self.num_tokens += num_new * num_seqs
+        self.num_seqs += num_seqs
+        if num_new == 1 and past > 0:
+            self.num_decode_seqs += num_seqs
+            self.sum_decode_context_tokens += context * num_seqs
+        else:
+            self.num_prefill_tokens += num_new * num_seqs
+        self.num_sampled += num_seqs if samples else 0
+        self.sum_context_tokens += context * num_seqs
+        self.max_context_tokens = max(self.max_context_tokens, context)
+        self.attention_work += num_new * (past + (num_new + 1) / 2) * num_seqs
