@@ -5,7 +5,10 @@ memory held while the step runs): `time_s`, `duration_s`, `vllm:num_requests_run
 `vllm:num_requests_waiting`, `vllm:num_requests_swapped`, `num_batched_tokens`,
 `num_prefill_tokens`, `num_decode_seqs`, `vllm:kv_cache_usage_perc`,
 `vllm:num_preemptions_total` (cumulative), swap bytes, and the waste breakdown as fractions
-of the pool (`token_state`, `reserved`, `internal_frag`, `slack`, `external_frag`, `free`).
+of the pool (`token_state`, `reserved`, `internal_frag`, `slack`, `external_frag`, `free`),
+and `shared_slots`: slots that sharing saves (forked samples and beams, prefix-cache hits)
+against every sequence holding its own copy. The summary's `sharing_saving` is the paper's
+memory saving (§6.3): saved ÷ (held + saved), time-averaged over the steps that hold KV.
 
 Per request: arrival, first scheduled, first token, finish (seconds), `ttft_s`
 (`vllm:time_to_first_token_seconds`), `tpot_s` (`vllm:request_time_per_output_token_seconds`:
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.memory import waste
+from kvsim.memory import sharing_saved_slots, waste
 from kvsim.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -55,7 +58,7 @@ class StepRecorder:
         "time_s", "duration_s", "vllm:num_requests_running", "vllm:num_requests_waiting",
         "vllm:num_requests_swapped", "num_batched_tokens", "num_prefill_tokens", "num_decode_seqs",
         "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total", "swap_in_bytes", "swap_out_bytes",
-        "held_slots", *WASTE_KEYS,
+        "held_slots", "shared_slots", *WASTE_KEYS,
     )
 
     def __init__(self) -> None:
@@ -69,6 +72,7 @@ class StepRecorder:
             now, duration_s, len(scheduler.running), len(scheduler.waiting), len(scheduler.swapped),
             plan.num_tokens, plan.num_prefill_tokens, plan.num_decode_seqs, alloc.usage,
             scheduler.num_preemptions, plan.swap_in_bytes, plan.swap_out_bytes, alloc.num_held_slots,
+            sharing_saved_slots(alloc),
             w.token_state / total, w.reserved / total, w.internal_frag / total, w.slack / total,
             w.external_frag / total, w.free / total,
         )
@@ -94,7 +98,8 @@ class StepRecorder:
                             ("num_batched_tokens", n), ("num_prefill_tokens", 0),
                             ("num_decode_seqs", n), ("vllm:num_preemptions_total", scheduler.num_preemptions),
                             ("swap_in_bytes", 0), ("swap_out_bytes", 0), ("external_frag", external / total),
-                            ("slack", slack / total)):
+                            ("slack", slack / total),
+                            ("shared_slots", sharing_saved_slots(alloc))):  # bursts only append unshared blocks
             rows[name] = [value] * k
         rows["vllm:kv_cache_usage_perc"] = [1.0 - (total - h) / total for h in held]
         rows["held_slots"] = held
@@ -190,6 +195,9 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, scheduler: Sche
     allocated = sum(used.values())
     with np.errstate(invalid="ignore", divide="ignore"):
         of_allocated = {k: _time_weighted(np.nan_to_num(v / allocated), holding) for k, v in used.items()}
+    shared = steps_df["shared_slots"].to_numpy(dtype=float)
+    logical = steps_df["held_slots"].to_numpy(dtype=float) + shared
+    sharing_saving = float((shared * holding).sum() / (logical * holding).sum()) if (logical * holding).sum() else 0.0
     output_tokens = int((finished["output_tokens"] * finished["num_samples"]).sum())
     decoded = finished[finished["output_tokens"] > 1]
     num_gaps = float((decoded["output_tokens"] - 1).sum())
@@ -221,6 +229,7 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, scheduler: Sche
         "prefix_cache_preempted_hits": scheduler.num_preempted_hit_tokens,
         "swapped_out_bytes": scheduler.num_swapped_out_bytes,
         "num_copy_on_writes": scheduler.alloc.num_copy_on_writes,
+        "sharing_saving": sharing_saving,
         "waste": fractions,
         "waste_of_allocated": of_allocated,
         "saturated": saturated_summary(steps_df),

@@ -83,6 +83,7 @@ def summary_table(summary: dict[str, Any]):  # -> rich.table.Table
         ("preemptions",
          f"{summary['num_preemptions']:,} (swapped out {summary['swapped_out_bytes'] / 2**30:,.2f} GiB)"),
         ("prefix cache hit rate", f"{summary['prefix_cache_hit_rate']:.1%}"),
+        ("memory saved by sharing", f"{summary['sharing_saving']:.1%} (samples, beams and prefix hits)"),
         ("KV waste (of pool)", "  ".join(f"{k} {v:.1%}" for k, v in waste.items() if v is not None)),
         ("token states of allocated KV", f"{(summary['waste_of_allocated']['token_state'] or 0):.1%}"),
     ]

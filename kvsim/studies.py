@@ -159,7 +159,8 @@ def prefix_sharing(st: Study) -> Section:
                    for n, c in jobs])
     rows = [{"num_requests": n, "prefix_caching": c, "shared_prefix_tokens": prefix,
              "kv_usage_max": r.summary["kv_cache_usage_perc"]["max"], "ttft_mean_s": r.summary["ttft_s"]["mean"],
-             "prefix_cache_hit_rate": r.summary["prefix_cache_hit_rate"]} for (n, c), r in zip(jobs, runs, strict=True)]
+             "prefix_cache_hit_rate": r.summary["prefix_cache_hit_rate"],
+             "sharing_saving": round(r.summary["sharing_saving"], 4)} for (n, c), r in zip(jobs, runs, strict=True)]
     return Section("prefix", "Prefix sharing", {"prefix_sharing": pd.DataFrame(rows)}, {"prefix_tokens": prefix})
 
 

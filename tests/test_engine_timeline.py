@@ -133,7 +133,7 @@ def test_beam_search_shares_more_than_the_prompt():
 
     def peak_saving(beam):
         s = tiny_world(policy="v0", num_blocks=200, max_num_batched_tokens=256, max_model_len=256)
-        req = make_request(0, 0.0, prompt=40, output=60, n=4)
+        req = make_request(0, 0.0, prompt=40, output=200, n=4)  # long enough for beams to fork
         req.beam = beam
         saved = []
         original = s.complete

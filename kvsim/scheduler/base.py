@@ -21,6 +21,7 @@ from kvsim.latency import LatencyModel
 from kvsim.memory import NO_HIT, KVAllocator, PrefixHit, SegmentContent
 from kvsim.request import Request, RequestStatus
 from kvsim.scheduler import burst
+from kvsim.scheduler.beams import select_beams
 from kvsim.step import StepPlan
 
 
@@ -59,6 +60,7 @@ class Scheduler:
         self.num_preempted_query_tokens = 0
         self.num_preempted_hit_tokens = 0
         self._forked: set[int] = set()  # request ids whose samples have been forked
+        self._beam_scores: dict[int, np.ndarray] = {}  # request id -> cumulative log-prob of each beam slot
 
     # ---------------------------------------------------------------- queues
     @property
@@ -186,6 +188,7 @@ class Scheduler:
             if self.alloc.holds(seq_id):
                 self.alloc.free(seq_id)
         self._forked.discard(req.request_id)
+        self._beam_scores.pop(req.request_id, None)
 
     def preempt(self, req: Request, plan: StepPlan) -> None:
         """Recompute (free all, back to the queue front) or swap out, as the policy says."""
@@ -268,24 +271,35 @@ class Scheduler:
         raise NotImplementedError
 
     def _reselect_beams(self, req: Request) -> None:
-        """Beam search step: each beam slot takes a parent drawn from the current beams.
+        """Beam search step: the W best continuations survive (`beams.select_beams` states the model).
 
-        Beams drawn at least once survive in place; slots of beams nobody drew are freed and
-        re-forked from the extra draws, sharing the parent's blocks (its partial last block is
-        copied on the next write). Slabs keep a region per beam, so nothing moves there.
+        A beam that is the parent of at least one survivor keeps its slot for its first one;
+        slots of beams with no survivor are freed and re-forked from the parents of the extra
+        survivors, sharing their blocks (a partial last block is copied on the next write).
+        Slabs keep a region per beam, so nothing moves there.
         """
         if not self.alloc.shares_blocks:
             return
         seq_ids = self.active_seq_ids(req)
-        draws = sorted(self.rng.integers(0, len(seq_ids), size=len(seq_ids)).tolist())
-        survivors = sorted(set(draws))
-        extra = list(draws)
-        for beam in survivors:
-            extra.remove(beam)
-        dead = [i for i in range(len(seq_ids)) if i not in survivors]
-        for slot, parent in zip(dead, extra, strict=True):
+        scores = self._beam_scores.get(req.request_id)
+        if scores is None:
+            scores = np.zeros(len(seq_ids))
+        parents, new_scores = select_beams(scores, self.rng)
+        slot_scores = np.empty(len(seq_ids))
+        kept: set[int] = set()
+        extra = []
+        for parent, score in zip(parents, new_scores, strict=True):
+            if parent in kept:
+                extra.append((parent, score))
+            else:
+                kept.add(parent)
+                slot_scores[parent] = score
+        dead = [i for i in range(len(seq_ids)) if i not in kept]
+        for slot, (parent, score) in zip(dead, extra, strict=True):
             self.alloc.free(seq_ids[slot])
             self.alloc.fork(seq_ids[parent], seq_ids[slot], None, req.kv_len)
+            slot_scores[slot] = score
+        self._beam_scores[req.request_id] = slot_scores
 
     def schedule(self, now: float) -> StepPlan:  # pragma: no cover - abstract
         raise NotImplementedError
