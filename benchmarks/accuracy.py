@@ -5,7 +5,8 @@
 For each case under `<validation>/measured/<hardware>/<case>/`: the measured means, kvsim with
 the roofline alone, kvsim calibrated from the imported measured profile of that GPU and model
 (`<validation>/profiles/...`), and the peer LLMServingSim's own prediction, each with its error
-against the measurement. Writes `benchmarks/results/accuracy.json` and rewrites the table
+against the measurement (the JSON also keeps each replay's whole error table: percentiles,
+throughput, running and waiting). Writes `benchmarks/results/accuracy.json` and rewrites the table
 between the `accuracy:start` / `accuracy:end` markers in README.md, and the calibrated replays'
 overlay figures to `docs/accuracy_<case>_{timeseries,latency_cdf}.png`. Deterministic: no
 wall-clock time enters any number.
@@ -51,6 +52,7 @@ def case_accuracy(run_dir: Path, figures: bool = False) -> dict[str, Any]:
             continue
         entry["predictions"][f"kvsim_{latency}"] = _with_errors({r["metric"]: r["kvsim"] for r in v.rows}, measured)
         entry["predictions"][f"kvsim_{latency}"]["latency_model"] = v.result.summary["latency_model"]
+        entry["predictions"][f"kvsim_{latency}"]["table"] = v.rows  # every metric, with LLMServingSim's
         if latency == "calibrated" and figures:
             save_figures(v, DOCS, prefix=f"accuracy_{run.name}_")
     entry["profile"] = str(profile.relative_to(run_dir.resolve().parents[2])) if profile else None

@@ -56,3 +56,25 @@ def test_calibrated_no_worse_than_llmservingsim(case, latency, check):
 def test_replay_is_deterministic():
     again = validate(load_measured(CASES / "Llama-3.1-8B"), latency="roofline")
     assert again.rows == replay("Llama-3.1-8B", "roofline").rows
+
+
+def test_published_table_is_current():
+    """README's table and benchmarks/results/accuracy.json are what `python benchmarks/accuracy.py`
+    gives today: the JSON's kvsim means equal these replays, and the README shows the JSON."""
+    import importlib.util
+    import json
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("accuracy_script", repo / "benchmarks" / "accuracy.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    entries = json.loads((repo / "benchmarks" / "results" / "accuracy.json").read_text())["cases"]
+    by_case = {e["case"]: e for e in entries}
+    for case in DENSE:
+        for latency in ("roofline", "calibrated"):
+            published = by_case[case]["predictions"][f"kvsim_{latency}"]
+            for metric in MEANS:
+                assert published[metric] == pytest.approx(replay(case, latency).row(metric)["kvsim"], rel=1e-9)
+    readme = (repo / "README.md").read_text()
+    assert f"{script.START}\n{script.markdown_table(entries)}{script.END}" in readme
