@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvsim.errors import KvsimError
+from kvsim.moe_cost import expected_experts_touched
 from kvsim.profiles import Profile
 from kvsim.roofline import RooflineLatency
 from kvsim.step import StepPlan
@@ -159,8 +160,13 @@ class CalibratedLatency:
         points = [(_attention_key(r), float(r["time_s"])) for r in matching]
         self.attention = NestedInterp(points)
         self.mixed = any(k[0] > 0 and k[2] > 0 for k, _ in points)
+        moe_points = [((float(r["num_tokens"]), float(r["num_experts"])), float(r["time_s"]))
+                      for r in rows if r["kind"] == "moe"]
+        self.moe = NestedInterp(moe_points) if moe_points and roofline.moe is not None else None
+        needed = LAYER_GEMMS if roofline.num_dense_mlp_layers else LAYER_GEMMS[:2]
         missing = [term for term, have in (
-            ("linear layers", all(op in self.gemms for op in LAYER_GEMMS)), ("token ops", bool(self.token_ops)),
+            ("linear layers", all(op in self.gemms for op in needed)),
+            ("MoE layers", roofline.moe is None or self.moe is not None), ("token ops", bool(self.token_ops)),
             ("attention", bool(points)), ("LM head", "lm_head" in self.sequence_ops),
             ("sampler", "sampler" in self.sequence_ops)) if not have]
         if missing:
@@ -182,14 +188,38 @@ class CalibratedLatency:
             self._warned.add(term)
             log.warning("calibrated latency: %s outside the profile (%s); using the roofline for it", term, detail)
 
-    def linear_s(self, num_tokens: int) -> float:
+    def linear_s(self, num_tokens: int, group_tokens: int = 0) -> float:
+        """Attention projections and dense MLPs from the GEMM rows, MoE layers from `moe_s`."""
+        roof = self.roofline
         if "linear layers" in self.missing:
-            return self.roofline.linear_s(num_tokens)
-        layer = [self.gemms[op](num_tokens) for op in LAYER_GEMMS]
-        if any(t is None for t in layer):
+            return roof.linear_s(num_tokens, group_tokens)
+        attn = [self.gemms[op](num_tokens) for op in LAYER_GEMMS[:2]]
+        mlp = [self.gemms[op](num_tokens) for op in LAYER_GEMMS[2:]] if roof.num_dense_mlp_layers else []
+        if any(t is None for t in attn + mlp):
             self._fallback("linear layers", f"{num_tokens} tokens")
-            return self.roofline.linear_s(num_tokens)
-        return sum(layer) * self.num_layers  # type: ignore[arg-type]
+            return roof.linear_s(num_tokens, group_tokens)
+        return (sum(attn) * self.num_layers + sum(mlp) * roof.num_dense_mlp_layers  # type: ignore[arg-type]
+                + self.moe_s(num_tokens, group_tokens))
+
+    def moe_s(self, num_tokens: int, group_tokens: int = 0) -> float:
+        """MoE layers from the profile's (tokens, activated experts) grid, measured on one GPU
+        holding every expert: a GPU of g = tp · dp computes the DP group's T tokens' share T / g
+        and reads E_touched(T) / g experts (at least top-k, the grid's floor); shared experts,
+        router and dispatch/combine come from the roofline."""
+        roof, m = self.roofline, self.roofline.moe
+        if m is None or not num_tokens:
+            return 0.0
+        if self.moe is None:
+            return roof.moe_s(num_tokens, group_tokens)
+        routed = max(num_tokens, group_tokens)
+        touched = expected_experts_touched(m.num_experts, m.top_k, routed) / m.num_gpus
+        t = self.moe(max(1.0, routed / m.num_gpus), max(float(m.top_k), touched))
+        if t is None:
+            self._fallback("MoE layers", f"{routed} tokens, {touched:.1f} experts")
+            return roof.moe_s(num_tokens, group_tokens)
+        rest = (roof._gemm(m.shared_params, num_tokens) if m.shared_params else 0.0) + m.exchange_s(
+            num_tokens, roof.gpu_link)
+        return m.num_layers * (t + rest)
 
     def token_ops_s(self, num_tokens: int) -> float:
         if "token ops" in self.missing:
@@ -239,7 +269,7 @@ class CalibratedLatency:
         compute = 0.0
         if plan.num_tokens:
             t = plan.num_tokens
-            compute = (self.linear_s(t) + self.token_ops_s(t) + self.attention_s(plan)
+            compute = (self.linear_s(t, plan.num_dp_group_tokens) + self.token_ops_s(t) + self.attention_s(plan)
                        + self.sequence_s(plan.num_sampled) + self.roofline.fixed_s(plan))
         return self.roofline.total_s(compute, plan)
 

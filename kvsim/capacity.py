@@ -54,8 +54,7 @@ def kv_bytes_per_block(model: ModelSpec, engine: EngineConfig) -> int:
 def weights_bytes(model: ModelSpec, tensor_parallel_size: int = 1, expert_parallel_size: int = 1) -> int:
     """Weight bytes on one GPU: experts split over `tp · ep` GPUs, everything else over `tp`.
 
-    `expert_parallel_size` is the data-parallel size when expert parallelism is on (vLLM's EP
-    group spans tp · dp GPUs), else 1.
+    `expert_parallel_size` is the data-parallel size (see `engine_weights_bytes`).
     """
     by_component = weights_bytes_by_component(model)
     total = total_weights_bytes(model)
@@ -65,9 +64,11 @@ def weights_bytes(model: ModelSpec, tensor_parallel_size: int = 1, expert_parall
 
 
 def engine_weights_bytes(model: ModelSpec, engine: EngineConfig) -> int:
-    """`weights_bytes` for the engine's tensor, data and expert parallelism."""
-    ep = engine.data_parallel_size if engine.enable_expert_parallel else 1
-    return weights_bytes(model, engine.tensor_parallel_size, ep)
+    """`weights_bytes` on one GPU of the engine: with data parallelism an MoE model's experts are
+    spread over tp · dp GPUs, as whole experts with `enable_expert_parallel`, as tensor-parallel
+    shards without it (vLLM's MoE layers then form one TP group of dp · tp GPUs: docs,
+    data_parallel_deployment); the other weights are copied in every DP engine."""
+    return weights_bytes(model, engine.tensor_parallel_size, engine.data_parallel_size)
 
 
 def mlp_width(model: ModelSpec) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 import simpy
 
 from kvsim.capacity import (
@@ -324,11 +325,104 @@ def engine_result(scenario: Scenario, parts: EngineParts, requests: list[Request
     return RunResult(scenario=scenario, requests=requests_df, steps=steps_df, summary=summary)
 
 
+def least_loaded(schedulers: Sequence[Scheduler]) -> int:
+    """vLLM's DP load balancing: the engine with the lowest `4 · waiting + running`, the first on a
+    tie (vllm/v1/engine/core_client.py, DPLBAsyncMPClient.get_core_engine_for_request)."""
+    scores = [4 * len(s.waiting) + len(s.running) for s in schedulers]
+    return scores.index(min(scores))
+
+
+def lockstep_loop(env: simpy.Environment, schedulers: Sequence[Scheduler], latencies: Sequence[LatencyModel],
+                  recorders: Sequence[StepRecorder], arrivals: Arrivals, wake: list[simpy.Event],
+                  check: bool = False) -> Generator:
+    """Data-parallel engines whose MoE layers step together (vLLM runs every DP rank in lockstep
+    for MoE models, idle ranks on a dummy batch): each engine plans its own step, every plan
+    learns the group's token count (`StepPlan.num_dp_group_tokens`), and the step lasts as long
+    as the slowest engine's."""
+    while True:
+        if not any(s.has_work for s in schedulers):
+            if arrivals.all_arrived:
+                return
+            yield wake[0]
+            wake[0] = env.event()
+            continue
+        plans = [s.schedule(env.now) if s.has_work else None for s in schedulers]
+        busy = [(i, p) for i, p in enumerate(plans) if p is not None and not p.is_empty]
+        if not busy:
+            if any(p is not None and p.preempted for p in plans):
+                continue
+            if arrivals.all_arrived:
+                raise RuntimeError(f"DP engines stalled at t={env.now:.3f}s")
+            yield wake[0]
+            wake[0] = env.event()
+            continue
+        group_tokens = sum(p.num_tokens for _, p in busy)
+        for _, p in busy:
+            p.num_dp_group_tokens = group_tokens
+        duration = max(latencies[i].step_time(p) for i, p in busy)
+        for i, p in busy:
+            recorders[i].record(env.now, duration, p, schedulers[i])
+        yield env.timeout(duration)
+        for i, p in busy:
+            schedulers[i].complete(p, env.now)
+            if check:
+                schedulers[i].alloc.check_invariants()
+
+
+def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult:
+    """`data_parallel_size` engines, each with its own scheduler and KV pool, behind vLLM's DP
+    load balancer, stepping in lockstep (`lockstep_loop`). The result holds every request
+    (column `dp_rank`) and every engine's steps; scheduler counters are summed over engines."""
+    rng = np.random.default_rng(scenario.seed)
+    parts = [build_engine(scenario, rng) for _ in range(scenario.engine.data_parallel_size)]
+    requests = build_requests(scenario, parts[0].facts["max_model_len"], rng)
+    schedulers = [p.scheduler for p in parts]
+    env = simpy.Environment()
+    arrivals = Arrivals(requests)
+    wake = [env.event()]
+    rank: dict[int, int] = {}
+
+    def arrival_process() -> Generator:
+        for req in requests:
+            if req.arrival_s > env.now:
+                yield env.timeout(delay_until(env.now, req.arrival_s))
+            rank[req.request_id] = least_loaded(schedulers)
+            schedulers[rank[req.request_id]].add(req)
+            arrivals.num_arrived += 1
+            if not wake[0].triggered:
+                wake[0].succeed()
+        if not wake[0].triggered:
+            wake[0].succeed()
+
+    recorders = [StepRecorder() for _ in parts]
+    env.process(arrival_process())
+    env.run(until=env.process(lockstep_loop(env, schedulers, [p.latency for p in parts], recorders, arrivals,
+                                            wake, check)))
+    results = [engine_result(scenario, p, [r for r in requests if rank[r.request_id] == i], recorders[i])
+               for i, p in enumerate(parts)]
+    requests_df = pd.concat([r.requests.assign(dp_rank=i) for i, r in enumerate(results)]).sort_values(
+        "request_id", kind="stable").reset_index(drop=True)
+    steps_df = pd.concat([r.steps.assign(dp_rank=i) for i, r in enumerate(results)]).sort_values(
+        ["time_s", "dp_rank"], kind="stable").reset_index(drop=True)
+    summary = summarize(requests_df, steps_df, schedulers[0], {**parts[0].facts, "data_parallel_size": len(parts)})
+    for key, attr in (("num_preemptions", "num_preemptions"), ("vllm:prefix_cache_queries_total",
+                      "num_prefix_query_tokens"), ("vllm:prefix_cache_hits_total", "num_prefix_hit_tokens")):
+        summary[key] = sum(getattr(s, attr) for s in schedulers)
+    queries = summary["vllm:prefix_cache_queries_total"]
+    summary["prefix_cache_hit_rate"] = summary["vllm:prefix_cache_hits_total"] / queries if queries else 0.0
+    return RunResult(scenario=scenario, requests=requests_df, steps=steps_df, summary=summary)
+
+
 def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
              bursts: bool = True) -> RunResult:
-    """Simulate a scenario end to end. `check=True` runs `check_invariants()` after every step."""
+    """Simulate a scenario end to end. `check=True` runs `check_invariants()` after every step.
+
+    With `engine.data_parallel_size` > 1, the DP engines run together (`simulate_data_parallel`).
+    """
     if scenario.replicas is not None:
         raise KvsimError(f"replicas={scenario.replicas!r}: a fleet scenario; use kvsim.fleet.simulate_fleet")
+    if scenario.engine.data_parallel_size > 1:
+        return simulate_data_parallel(scenario, check)
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
     parts = build_engine(scenario, rng)
     requests = build_requests(scenario, parts.facts["max_model_len"], rng)

@@ -10,6 +10,9 @@ method, so the calibrated model can fall back to any one of them):
     prefill    L · t0 + 4 · L · heads · hd · A_pre / (ηp · F) + K_pre / (ηa · B)
     sequence   ‖(2 · V · H · S / (ηf · F),  V · H · d / (ηb · B))‖₂ + S · t_sample
     all-reduce 2 · L · ring(T · H · d)                              `kvsim.collectives`, TP > 1
+    MoE        L_moe · (‖(2 · T_g · k · P_e / g / (ηf · F),  E_touched(T_g) · W_e / g / (ηb · B))‖₂
+                        + shared experts + router + dispatch/combine)     `kvsim.moe_cost`
+               T_g: tokens of all DP engines in the step; g = tp · dp; dense MLP only on the other layers
     overhead   c0 + c_seq · sequences                               CPU: schedule, prepare, sample
 
 with F, B the GPU's dense fp16 FLOP/s and memory bandwidth. ‖(a, b)‖₂ = √(a² + b²) is a smooth
@@ -50,7 +53,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvsim.collectives import allreduce_s
+from kvsim.moe_cost import MoECost
 from kvsim.step import StepPlan
+from kvsim.weights import attention_params_per_layer
 
 if TYPE_CHECKING:
     from kvsim.config import EngineConfig, GPUSpec, ModelSpec
@@ -95,7 +100,7 @@ class RooflineLatency:
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, overhead_s: float | None = None,
                  overlap_swap: bool = False, efficiency: Efficiency = Efficiency()) -> None:
-        from kvsim.capacity import kv_bytes_per_block, kv_bytes_per_token
+        from kvsim.capacity import kv_bytes_per_block, kv_bytes_per_token, mlp_width
 
         tp = engine.tensor_parallel_size
         eff = self.eff = efficiency
@@ -112,15 +117,19 @@ class RooflineLatency:
         h = model.hidden_size
         heads = max(1, model.num_attention_heads // tp)
         kv_heads = max(1, model.num_kv_heads // tp)
-        attn_params = h * (heads + 2 * kv_heads) * model.head_dim + heads * model.head_dim * h
+        attn_params: float = h * (heads + 2 * kv_heads) * model.head_dim + heads * model.head_dim * h
+        if model.mla is not None:  # MLA's projections are not q/k/v/o of head_dim (kvsim.weights)
+            attn_params = attention_params_per_layer(model) / tp
         mlp_params = (3 if model.gated_mlp else 2) * h * model.intermediate_size / tp
+        self.moe = MoECost.of(model, engine) if model.moe is not None else None
+        self.num_dense_mlp_layers = model.num_layers - (self.moe.num_layers if self.moe else 0)
         self.attn_proj_params, self.mlp_params = attn_params, mlp_params
         self.lm_head_params = model.vocab_size * h / tp
         self.dtype_bytes = d
         self.hidden_size = h
         # bytes one token moves through the non-GEMM ops of a layer: two norms and the residual
         # adds (read + write the hidden state), rotary on q and k, the gated activation (read 2I, write I)
-        act = (3 if model.gated_mlp else 2) * model.intermediate_size / tp
+        act = (3 if model.gated_mlp else 2) * mlp_width(model) / tp
         self.token_op_bytes = d * (2 * 3 * h + 2 * (heads + kv_heads) * model.head_dim + act)
         self.attn_flops_per_pair = 4 * model.num_layers * heads * model.head_dim
         self.kv_bytes_per_token = kv_bytes_per_token(model, engine)
@@ -136,12 +145,26 @@ class RooflineLatency:
         """qkv and o projections of all layers."""
         return self.num_layers * self._gemm(self.attn_proj_params, num_tokens)
 
-    def mlp_s(self, num_tokens: int) -> float:
-        """The MLP of all layers (a dense gated MLP here; a per-layer-type term replaces this)."""
-        return self.num_layers * self._gemm(self.mlp_params, num_tokens)
+    def mlp_s(self, num_tokens: int, group_tokens: int = 0) -> float:
+        """The dense MLP of the non-MoE layers, plus `moe_s` for the MoE layers."""
+        dense = self.num_dense_mlp_layers * self._gemm(self.mlp_params, num_tokens)
+        return dense + self.moe_s(num_tokens, group_tokens) if self.moe is not None else dense
 
-    def linear_s(self, num_tokens: int) -> float:
-        return self.attn_proj_s(num_tokens) + self.mlp_s(num_tokens)
+    def moe_s(self, num_tokens: int, group_tokens: int = 0) -> float:
+        """All MoE layers: routed experts for the DP group's tokens (at least this engine's),
+        shared experts and router for this engine's, and the dispatch/combine exchange."""
+        m = self.moe
+        if m is None or not num_tokens:
+            return 0.0
+        routed = max(num_tokens, group_tokens)
+        experts = smooth_max(m.expert_flops(routed) / self._gemm_flops, m.expert_bytes_read(routed) / self._gemm_bw)
+        shared = self._gemm(m.shared_params, num_tokens) if m.shared_params else 0.0
+        per_layer = experts + shared + self._gemm(m.router_params, num_tokens) + m.exchange_s(num_tokens,
+                                                                                               self.gpu_link)
+        return m.num_layers * per_layer
+
+    def linear_s(self, num_tokens: int, group_tokens: int = 0) -> float:
+        return self.attn_proj_s(num_tokens) + self.mlp_s(num_tokens, group_tokens)
 
     def token_ops_s(self, num_tokens: int) -> float:
         """Norms, rotary, activation and residual adds of all layers: launch floors plus bytes."""
@@ -207,6 +230,6 @@ class RooflineLatency:
         compute = 0.0
         if plan.num_tokens:
             t = plan.num_tokens
-            compute = (self.linear_s(t) + self.token_ops_s(t) + self.attention_s(plan)
+            compute = (self.linear_s(t, plan.num_dp_group_tokens) + self.token_ops_s(t) + self.attention_s(plan)
                        + self.sequence_s(plan.num_sampled) + self.fixed_s(plan))
         return self.total_s(compute, plan)

@@ -26,6 +26,7 @@ class StepPlan:
     swap_in_bytes: int = 0
     swap_out_bytes: int = 0
     num_copied_blocks: int = 0
+    num_dp_group_tokens: int = 0  # tokens of every DP engine in this step (their MoE layers run together)
     preempted: list = field(default_factory=list)  # requests preempted while planning this step
 
     @property

@@ -141,10 +141,12 @@ def test_qwen3_30b_a3b_experts_and_expert_parallel_split() -> None:
     assert total == pytest.approx(30.5e9, rel=0.005)
     assert active_params_per_token(m) == pytest.approx(3.3e9, rel=0.02)
     assert kv_bytes_per_token(m, make_engine()) == 2 * 48 * 4 * 128 * BF16
-    # DP 2 with expert parallelism: each GPU keeps all non-expert weights and half the experts.
-    ep = make_engine(data_parallel_size=2, enable_expert_parallel=True)
-    assert engine_weights_bytes(m, ep) == (total - experts) * BF16 + experts * BF16 // 2
-    assert engine_weights_bytes(m, make_engine(data_parallel_size=2)) == total * BF16
+    # DP 2: each GPU keeps all non-expert weights and half the experts (whole experts with EP,
+    # half of each expert's shards without: vLLM's MoE layers span the dp · tp GPUs either way).
+    for ep in (True, False):
+        engine = make_engine(data_parallel_size=2, enable_expert_parallel=ep)
+        assert engine_weights_bytes(m, engine) == (total - experts) * BF16 + experts * BF16 // 2
+    assert engine_weights_bytes(m, make_engine()) == total * BF16
 
 
 def test_llama4_chunked_local_layers_and_disabling_the_hybrid_manager() -> None:
