@@ -12,9 +12,9 @@ import math
 import pytest
 
 from kvsim.config import load_gpu, load_model, make_engine
-from kvsim.step import StepPlan
 from kvsim.moe_cost import expected_experts_touched
 from kvsim.roofline import Efficiency, RooflineLatency
+from kvsim.step import StepPlan
 
 E, K, LAYERS, EXPERT_PARAMS = 128, 8, 48, 3 * 2048 * 768
 
