@@ -349,25 +349,29 @@ def _markdown_to_html(lines: list[str]) -> str:
 def pareto_figure(rows: list[dict], path: str | Path, title: str) -> None:
     """Plan candidates: cost per replica-hour vs the rate each replica carries within the SLOs.
 
-    The frontier joins the candidates that no other beats on both (cheaper and carrying more).
+    The frontier joins the candidates that no other beats on both (cheaper and carrying
+    more); candidates at the same point share one marker and one label.
     """
-    points = sorted((r["cost_per_hour"] / r["replicas"], r["rate_per_replica"], r["candidate"])
-                    for r in rows if r["feasible"] and r["cost_per_hour"] is not None)
+    labels: dict[tuple[float, float], list[str]] = {}
+    for r in rows:
+        if r["feasible"] and r["cost_per_hour"] is not None:
+            labels.setdefault((r["cost_per_hour"] / r["replicas"], r["rate_per_replica"]), []).append(r["candidate"])
     frontier, best = [], -1.0
-    for cost, rate, _ in points:
+    for cost, rate in sorted(labels):
         if rate > best:
             frontier.append((cost, rate))
             best = rate
-
-    def draw(axes) -> None:
-        ax = axes[0]
-        for cost, rate, label in points:
-            ax.scatter(cost, rate, color="#1971c2")
-            ax.annotate(label, (cost, rate), fontsize=7, xytext=(4, 3), textcoords="offset points")
-        if frontier:
-            ax.plot(*zip(*frontier, strict=True), "--", color="#2b8a3e", label="Pareto frontier")
-            ax.legend(fontsize=7)
-        ax.set_xlabel("cost per replica-hour")
-        ax.set_ylabel("requests/s per replica within the SLOs")
-
-    _save_figure(draw, Path(path), title)
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for (cost, rate), names in labels.items():
+        ax.scatter(cost, rate, color="#1971c2")
+        ax.annotate("\n".join(names), (cost, rate), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    if len(frontier) > 1:
+        ax.plot(*zip(*frontier, strict=True), "--", color="#2b8a3e", label="Pareto frontier")
+        ax.legend(fontsize=7)
+    ax.margins(x=0.25, y=0.15)
+    ax.set_xlabel("cost per replica-hour")
+    ax.set_ylabel("requests/s per replica within the SLOs")
+    ax.set_title(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
