@@ -166,7 +166,7 @@ def run(
     with user_errors():
         spec = load_scenario(scenario, overrides or [])
         out_dir = output or f"runs/{safe_component(spec.name)}"
-        check_output_dir(out_dir)  # refuse before simulating, not after
+        check_output_dir(out_dir, "run")  # refuse before simulating, not after
         with _progress_bar(enabled=output_format is RunFormat.table) as progress:
             result = (simulate_fleet if spec.is_fleet else simulate)(spec, check=check, progress=progress)
         written = result.write(out_dir)
@@ -475,7 +475,7 @@ def validate(
     with user_errors():
         run = load_measured(measured, workload)
         out_path = output or f"validation/{safe_component(run.name, 'run')}-{latency.value}"
-        check_output_dir(out_path)  # refuse before replaying, not after
+        check_output_dir(out_path, "validation")  # refuse before replaying, not after
         if profile is None and latency is LatencyChoice.calibrated and Path(measured).is_dir():
             found = v.default_profile(Path(measured), run)
             profile = str(found) if found else None

@@ -121,8 +121,11 @@ def _absolute_unprotected(path: str | Path) -> Path:
     return out
 
 
-def check_output_dir(path: str | Path) -> Path:
-    """The absolute folder to write, or a `KvsimError` saying why kvsim must not touch it."""
+def check_output_dir(path: str | Path, kind: str | None = None) -> Path:
+    """The absolute folder to write, or a `KvsimError` saying why kvsim must not touch it.
+
+    With `kind`, an existing kvsim folder must also be of that kind (a `run` never replaces a `report`).
+    """
     out = _absolute_unprotected(path)
     if not out.exists():
         return out
@@ -131,6 +134,8 @@ def check_output_dir(path: str | Path) -> Path:
     marker = _read_marker(out)
     if marker is None:
         raise _refuse(path, f"exists and has no {MARKER_NAME} marker")
+    if kind is not None and marker.get("kind") != kind:
+        raise _refuse(path, f"holds kvsim {marker.get('kind')!r} output, not {kind!r}")
     allowed = set(marker["files"]) | {MARKER_NAME}
     allowed |= {parent.as_posix() for name in marker["files"] for parent in Path(name).parents if str(parent) != "."}
     strangers = sorted(_listing(out) - allowed)
@@ -233,6 +238,18 @@ def _remove_folder(folder: Path) -> None:
         folder.rmdir()
 
 
+@contextmanager
+def _errors_name_output(path: str | Path, tmp: Path | None = None) -> Iterator[None]:
+    """An `OSError` on the output's folder (or on the temporary `tmp`) as a `KvsimError` naming `--output`,
+    so that no message shows kvsim's temporary names; other errors pass through unchanged."""
+    try:
+        yield
+    except OSError as error:
+        if tmp is not None and not str(error.filename or "").startswith(str(tmp)):
+            raise
+        raise KvsimError(f"--output={str(path)!r}: cannot write there ({error.strerror or error})") from None
+
+
 def _write_marker(folder: Path, kind: str, files: list[str]) -> None:
     text = json.dumps({"kvsim": _version(), "kind": kind, "files": sorted(files)}) + "\n"
     tmp = folder / (MARKER_NAME + ".tmp")
@@ -247,17 +264,19 @@ def output_directory(path: str | Path, kind: str) -> Iterator[Path]:
     `path` is checked first (`check_output_dir`); on any exception, KeyboardInterrupt included,
     the new folder is removed and `path` is left as it was.
     """
-    out = check_output_dir(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent))
+    out = check_output_dir(path, kind)
+    with _errors_name_output(path):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(out)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())
-        _write_marker(tmp, kind, [])  # a stale copy of this folder is recognisably kvsim's
-        yield tmp
-        _write_marker(tmp, kind, sorted(_listing(tmp) - {MARKER_NAME}))
-        check_output_dir(out)  # nothing foreign appeared while we worked
-        _swap_into_place(tmp, out)
+        with _errors_name_output(path, tmp):
+            os.chmod(tmp, 0o777 & ~_umask())
+            _write_marker(tmp, kind, [])  # a stale copy of this folder is recognisably kvsim's
+            yield tmp
+            _write_marker(tmp, kind, sorted(_listing(tmp) - {MARKER_NAME}))
+            check_output_dir(out, kind)  # nothing foreign appeared while we worked
+            _swap_into_place(tmp, out)
     finally:
         _remove_folder(tmp)  # the new folder if the block failed, else the old output
 
@@ -268,13 +287,14 @@ def claim_directory(path: str | Path, kind: str, files: list[str]) -> Path:
     It must be new or kvsim's (`check_output_dir`); it is created if missing, and its marker
     lists `files` (with those it listed before), so a later check accepts exactly them.
     """
-    out = check_output_dir(path)
+    out = check_output_dir(path, kind)
     listed = set(files)
-    if out.exists():
-        listed |= set((_read_marker(out) or {}).get("files", []))
-    else:
-        out.mkdir(parents=True)
-    _write_marker(out, kind, sorted(listed))
+    with _errors_name_output(path):
+        if out.exists():
+            listed |= set((_read_marker(out) or {}).get("files", []))
+        else:
+            out.mkdir(parents=True)
+        _write_marker(out, kind, sorted(listed))
     return out
 
 
@@ -283,17 +303,19 @@ def output_file(path: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling of `path` to write (starting with `FILE_TAG`); it replaces `path`
     in one rename when the block succeeds, and is removed otherwise."""
     out = check_output_file(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent)
+    with _errors_name_output(path):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent)
     os.close(fd)
     tmp = Path(name)
     try:
-        os.chmod(tmp, 0o666 & ~_umask())
-        yield tmp
-        with tmp.open("rb") as f:
-            assert f.readline().startswith(FILE_TAG.encode()), f"{out} must start with {FILE_TAG!r}"
-        check_output_file(out)
-        os.replace(tmp, out)
+        with _errors_name_output(path, tmp):
+            os.chmod(tmp, 0o666 & ~_umask())
+            yield tmp
+            with tmp.open("rb") as f:
+                assert f.readline().startswith(FILE_TAG.encode()), f"{out} must start with {FILE_TAG!r}"
+            check_output_file(out)
+            os.replace(tmp, out)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

@@ -234,7 +234,7 @@ FIGURES = {"context": _fig_context, "fp8": _fig_fp8, "prefix": _fig_prefix, "for
 def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig | None = None,
                  progress: Callable[[str], None] | None = None) -> Path:
     """Run every study and write the report directory atomically."""
-    check_output_dir(out_dir)  # refuse before the long part, not after it
+    check_output_dir(out_dir, "report")  # refuse before the long part, not after it
     cfg = cfg or studies.StudyConfig()
     st = studies.Study(base, cfg)
     sections = []

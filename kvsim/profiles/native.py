@@ -7,11 +7,11 @@ so an import can be done once and shipped as one file.
 from __future__ import annotations
 
 import csv
-import io
 from pathlib import Path
 
 from kvsim.errors import KvsimError
 from kvsim.latency import PROFILE_COLUMNS
+from kvsim.output_dir import FILE_TAG, output_file
 from kvsim.profiles import Profile
 
 NUM_LEGACY_COLUMNS = 16
@@ -43,15 +43,14 @@ def read_native(path: Path) -> Profile:
 
 
 def write_native(profile: Profile, path: Path) -> Path:
-    """Write `profile` as a kvsim CSV (metadata first), atomically: a temporary file renamed at the end."""
-    out = io.StringIO()
-    for key, value in profile.meta.items():
-        out.write(f"# {key}: {value}\n")
-    writer = csv.DictWriter(out, fieldnames=PROFILE_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(profile.rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(out.getvalue())
-    tmp.replace(path)
+    """Write `profile` as a kvsim CSV (`FILE_TAG` line, metadata, rows) through
+    `kvsim.output_dir.output_file`: only a new file or one kvsim wrote is replaced, when complete."""
+    with output_file(path) as tmp, tmp.open("w", newline="") as f:
+        f.write(f"{FILE_TAG} import-profile\n")
+        for key, value in profile.meta.items():
+            if key != "generator":  # an imported kvsim CSV's own tag line, rewritten above
+                f.write(f"# {key}: {value}\n")
+        writer = csv.DictWriter(f, fieldnames=PROFILE_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(profile.rows)
     return path

@@ -1,0 +1,63 @@
+"""Bad input found by an audit of main: each case is one line naming the field or file and the value,
+exit code 2, no traceback, and nothing written or destroyed."""
+
+import json
+from pathlib import Path
+
+from test_profiles import write_bundle  # tests/ is on sys.path
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.output_dir import MARKER_NAME
+
+runner = CliRunner()
+
+
+def refused(args: list[str], *words: str) -> str:
+    """Run the CLI; it must exit 2 with one `kvsim: error:` line holding every word."""
+    result = runner.invoke(app, args)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert len(lines) == 1 and lines[0].startswith("kvsim: error:"), result.output
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
+def listing(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def import_args(bundle: Path, output: Path) -> list[str]:
+    return ["import-profile", str(bundle), "-o", str(output), "--model", "llama-3.1-8b", "--gpu", "rtx-pro-6000"]
+
+
+def test_import_profile_never_overwrites_a_users_file_nor_leaves_temporaries(tmp_path):
+    bundle = write_bundle(tmp_path / "bundle")
+    (tmp_path / "precious.txt").write_text("my notes\n")
+    (tmp_path / "folder").mkdir()
+    before = listing(tmp_path)
+    refused(import_args(bundle, tmp_path / "precious.txt"), "precious.txt", "generator: kvsim")
+    refused(import_args(bundle, tmp_path / "folder"), "folder", "not a file")
+    assert listing(tmp_path) == before
+    line = refused(import_args(bundle, Path("/proc/x.csv")), "/proc/x.csv")
+    assert ".kvsim-" not in line and ".tmp" not in line  # no temporary names in messages
+    # its own output it replaces, and a kvsim CSV it wrote may be imported again
+    out = tmp_path / "llama.csv"
+    for _ in range(2):
+        assert runner.invoke(app, import_args(bundle, out)).exit_code == 0
+    assert out.read_text().startswith("# generator: kvsim import-profile\n")
+    assert runner.invoke(app, import_args(out, tmp_path / "again.csv")).exit_code == 0
+    assert (tmp_path / "again.csv").read_text().count("# generator:") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again.csv", "bundle", "folder", "llama.csv", "precious.txt"]
+
+
+def test_an_output_folder_of_another_kind_is_not_replaced(tmp_path):
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / MARKER_NAME).write_text(json.dumps({"kvsim": "0.1.0", "kind": "report", "files": ["index.md"]}))
+    (report / "index.md").write_text("# my report\n")
+    before = listing(tmp_path)
+    refused(["run", "--set", "workload.num_requests=5", "-o", str(report)], str(report), "'report'", "'run'")
+    assert listing(tmp_path) == before
