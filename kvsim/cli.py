@@ -73,6 +73,8 @@ KvDtypeOpt = Annotated[str | None, typer.Option("--kv-cache-dtype", help="auto, 
 KvBytesOpt = Annotated[str | None, typer.Option("--kv-cache-memory-bytes", help="e.g. 12GiB")]
 BlocksOverrideOpt = Annotated[int | None, typer.Option("--num-gpu-blocks-override")]
 TpOpt = Annotated[int | None, typer.Option("--tensor-parallel-size", "-tp")]
+HourlyCostOpt = Annotated[float | None, typer.Option(
+    "--gpu-hourly-cost", help="USD per GPU-hour [the GPU's list on-demand price as of a date, see the output]")]
 
 
 @app.command()
@@ -94,10 +96,12 @@ def capacity(
     shared_prefix_tokens: Annotated[int, typer.Option("--shared-prefix-tokens")] = 0,
     num_sequences: Annotated[int, typer.Option("--num-sequences")] = 100,
     output_format: Annotated[Format, typer.Option("--format")] = Format.table,
+    gpu_hourly_cost: HourlyCostOpt = None,
 ) -> None:
     """Closed-form KV capacity: pool, blocks, and max concurrent sequences per context length."""
     from kvsim.capacity import plan_capacity
     from kvsim.config import load_gpu, load_model, make_engine
+    from kvsim.cost import add_capacity_costs, gpu_price
     from kvsim.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
 
     with user_errors():
@@ -122,7 +126,8 @@ def capacity(
             shared_prefix_tokens=shared_prefix_tokens,
             num_sequences=num_sequences if shared_prefix_tokens else 0,
         )
-    data = plan.to_dict()
+        price = gpu_price(plan.gpu, gpu_hourly_cost)
+    data = add_capacity_costs(plan.to_dict(), price, engine.tensor_parallel_size)
     rows = [{k: v for k, v in r.items() if v is not None} for r in data["rows"]]
     if output_format is Format.json:
         sys.stdout.write(to_json(data))
@@ -422,6 +427,7 @@ def report(
     quick: Annotated[bool, typer.Option("--quick", help="Fewer, smaller runs (a smoke test)")] = False,
     workers: Annotated[int | None, typer.Option("--workers", help="Local processes [all cores]")] = None,
     dask_address: Annotated[str | None, typer.Option("--dask-address", help="Run on a Dask cluster")] = None,
+    gpu_hourly_cost: HourlyCostOpt = None,
 ) -> None:
     """Capacity-planning report: Markdown + HTML with figures and the CSV behind each."""
     from kvsim.report import build_report
@@ -437,7 +443,11 @@ def report(
     with user_errors():
         base = load_scenario(scenario, sets + (overrides or []), default=REPORT_SCENARIO)
         cfg = StudyConfig.quick() if quick else StudyConfig()
-        cfg = StudyConfig(**{**cfg.__dict__, "workers": workers, "dask_address": dask_address})
+        cfg = StudyConfig(**{**cfg.__dict__, "workers": workers, "dask_address": dask_address,
+                             "gpu_hourly_cost": gpu_hourly_cost})
+        from kvsim.cost import gpu_price
+
+        gpu_price(base.gpu, gpu_hourly_cost)  # a bad price fails before any run
         out = build_report(base, output, cfg, progress=lambda step: typer.echo(f"running {step} ...", err=True))
     typer.echo(f"report written to {out}/report.html (and report.md, figures, CSVs, alerts.yaml)")
 

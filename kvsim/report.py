@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from kvsim import studies  # noqa: E402
+from kvsim import report_text, studies  # noqa: E402
 from kvsim.capacity import plan_capacity  # noqa: E402
 from kvsim.output_dir import check_output_dir, output_directory  # noqa: E402
 from kvsim.render import rows_to_markdown  # noqa: E402
@@ -168,65 +168,6 @@ def save_overlay_figure(panels: list[dict], path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
-def _text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
-    f = sec.facts
-    if sec.key == "context":
-        return (f"Each row simulates {3 * cfg.num_requests} requests arriving at once, so the engine runs as many "
-                f"as KV memory ({f['num_gpu_blocks']:,} blocks) allows. Contiguous slabs reserve max_model_len per "
-                f"sequence, so their concurrency follows 1/max_model_len; paged concurrency follows the actual "
-                f"lengths (mean {f['mean_kv_len']:.0f} tokens) and barely moves. KV memory, not compute, is "
-                "the ceiling.")
-    if sec.key == "fp8":
-        return ("fp8 KV halves the bytes per block, so the same memory holds twice the blocks and about twice the "
-                "sequences; TPOT at the base rate changes with the KV bytes each decode step reads.")
-    if sec.key == "prefix":
-        return (f"Every request starts with the same {f['prefix_tokens']:,}-token system prompt. Without prefix "
-                "caching each request stores and prefills its own copy; with it the prompt's full blocks are "
-                "stored once, so KV usage grows with the requests' own tokens only and TTFT drops.")
-    if sec.key == "formula" and not f["num_kv_bound"]:
-        return (f"No saturated run was KV-bound here (concurrency was capped by {', '.join(f['other_limits'])}), so "
-                f"the formula seqs ≈ pool_blocks ÷ blocks_per_seq cannot be fitted: this pool ({f['pool_blocks']:,} "
-                f"blocks) holds more than the workload or max_num_seqs ever asks for. vLLM's startup line would "
-                f"report \"maximum concurrency\" {f['vllm_max_concurrency']:.2f}x for max_model_len "
-                f"{st.max_model_len:,}.")
-    if sec.key == "formula":
-        return _formula_text(sec, st)
-    if sec.key == "paging":
-        return ("Shares of the whole KV pool, time-averaged over the saturated period of each run (while requests "
-                "queue), holding token states versus reserved slots, internal fragmentation, and external "
-                "fragmentation & others (buddy rounding slack, gaps, the pool's unallocatable remainder): the view "
-                "of the PagedAttention paper's Fig. 2 (token states: Orca Max 20.4 %, Pow2 26.8 %, Oracle 38.2 %, "
-                "vLLM 96.3 %; slab regions placed by a buddy allocator as the paper's Orca does), and the highest "
-                f"request rate whose p90 TTFT stays within {cfg.ttft_slo_s} s.")
-    if sec.key == "load":
-        return (f"TTFT and TPOT percentiles of the paged engine as the request rate rises to saturation, and the time "
-                f"series of the run at {f['time_series_rate']} req/s with preemptions marked.")
-    return (f"Rules on kv_cache_usage_perc (> {cfg.usage_alert} for {int(cfg.alert_for_s)} s) and on the preemption "
-            f"rate (> {cfg.preemption_rate_alert}/s over {int(cfg.preemption_window_s)} s), evaluated on the load "
-            "runs with Prometheus `for:` semantics; `alerts.yaml` holds them as a Prometheus rule file.")
-
-
-def _formula_text(sec: studies.Section, st: studies.Study) -> str:
-    """Three concurrency figures beside vLLM's, with the fitted constant, all from the table."""
-    f, df = sec.facts, sec.tables["capacity_formula"]
-    kv = df[df.limited_by == "kv"]
-    peak_k = float((kv.peak_running_transient / kv.closed_form_seqs).mean())
-    calm_k = float((kv.max_seqs_without_preemption / kv.closed_form_seqs).mean())
-    thrash = kv.preemptions_per_s.max()
-    return (f"Three concurrency figures per row, for {st.model.name} on {st.gpu.name} (pool {f['pool_blocks']:,} "
-            "blocks): the *sustained* concurrency (running requests averaged over the time requests queued; "
-            "ramp-up and drain excluded), the largest max_num_seqs that ran with no preemption, and the peak, an "
-            "admission transient when every sequence holds only its prompt. Fitting sustained seqs ≈ k · "
-            f"pool_blocks ÷ blocks_per_seq gives k = {f['fitted_constant']:.2f} over the {f['num_kv_bound']} "
-            f"KV-bound rows (k = {f['fitted_constant_fixed']:.2f} on the prompt c/2 + output c/2 rows alone). "
-            f"On those rows the peak averages {peak_k:.2f}× the closed form and the preemption-free concurrency "
-            f"{calm_k:.2f}×; the sustained level is held with up to {thrash:.2f} preemptions per second, so plan on "
-            "the preemption-free figure for a quiet engine and on the sustained one only if recomputation is "
-            f"acceptable, never on the peak. vLLM's startup line would report \"maximum concurrency\" "
-            f"{f['vllm_max_concurrency']:.2f}x for max_model_len {st.max_model_len:,}: a worst case that assumes "
-            "every request reaches max_model_len.")
-
-
 FIGURES = {"context": _fig_context, "fp8": _fig_fp8, "prefix": _fig_prefix, "formula": _fig_formula,
            "paging": _fig_paging, "load": _fig_load}
 
@@ -257,7 +198,7 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
     pd.DataFrame([head]).to_csv(tmp / "capacity.csv", index=False)
     (tmp / "alerts.yaml").write_text(studies.prometheus_rules(cfg))
     md = [f"# KV capacity report: {st.model.name} on {st.gpu.name}", "",
-          f"Scenario `{st.base.name}`: {st.base.description.strip() or 'no description'}", "",
+          report_text.introduction(st), "",
           f"Latency model for every section: **{st.latency_name}**. Each simulated point is an ordinary "
           "`kvsim run` of a variant of this scenario (seed " f"{st.base.seed}).", "", "## Capacity at a glance", "",
           rows_to_markdown([{"bytes_per_token": head["bytes_per_token"], "bytes_per_block": head["bytes_per_block"],
@@ -266,7 +207,8 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
                              "vllm_max_concurrency": round(head["max_concurrency"], 2),
                              "num_gpu_blocks_fp8": head["num_gpu_blocks_fp8"]}])]
     for sec in sections:
-        md += ["", f"## {sec.title}", "", _text(sec, st, cfg), "", f"_Latency model: {st.latency_name}._", ""]
+        md += ["", f"## {sec.title}", "", report_text.section_text(sec, st, cfg), "",
+               f"_Latency model: {st.latency_name}._", ""]
         figure = f"fig_{sec.key}.png"
         if sec.key in FIGURES:
             _save_figure(lambda axes, s=sec: FIGURES[s.key](s, axes), tmp / figure, sec.title)

@@ -21,6 +21,7 @@ import pandas as pd
 
 from kvsim.capacity import kv_bytes_per_block, model_max_concurrency, num_gpu_blocks, paged_max_seqs, slab_max_seqs
 from kvsim.config import load_gpu, load_model
+from kvsim.cost import cost_per_million_output_tokens, cost_per_user_hour, gpu_price
 from kvsim.engine import make_latency
 from kvsim.memory import fig2_shares
 from kvsim.rate_search import max_passing_rates
@@ -55,6 +56,7 @@ class StudyConfig:
     shared_prefix_counts: tuple[int, ...] = (4, 16, 64)
     workers: int | None = None
     dask_address: str | None = None
+    gpu_hourly_cost: float | None = None  # USD per GPU-hour; None: the GPU's list on-demand default
 
     @classmethod
     def quick(cls) -> StudyConfig:
@@ -298,9 +300,19 @@ def sustained_rates(st: Study) -> pd.DataFrame:
                      "output_tokens_per_s": round(s.get("output_tokens_per_s", 0.0), 1),
                      "mean_running": round(s.get("mean_running", 0.0), 2)})
     df = pd.DataFrame(rows)
+    price = gpu_price(st.gpu.name, st.cfg.gpu_hourly_cost)
+    num_gpus = st.base.engine.tensor_parallel_size
+    df["usd_per_concurrent_user_hour"] = [_round(cost_per_user_hour(price, num_gpus, c)) for c in df.mean_running]
+    df["usd_per_million_output_tokens"] = [_round(cost_per_million_output_tokens(price, num_gpus, t))
+                                           for t in df.output_tokens_per_s]
+    df["price_source"] = price.source
     paged = df.loc[df.allocator == "paged", "max_rate_meeting_slo"].item()
     df["paging_multiplier"] = [round(paged / r, 2) if r else None for r in df.max_rate_meeting_slo]
     return df
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def _firing_intervals(times: np.ndarray, ends: np.ndarray, condition: np.ndarray, for_s: float) -> list[tuple]:

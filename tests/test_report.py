@@ -76,3 +76,17 @@ def test_paging_section_matches_the_paper(report_dir):
 def test_report_bad_input_is_one_line(tmp_path):
     result = CliRunner().invoke(app, ["report", "--gpu", "tpu", "-o", str(tmp_path / "r")])
     assert result.exit_code == 2 and "tpu" in result.stderr and not (tmp_path / "r").exists()
+
+
+def test_report_words_follow_the_data(report_dir):
+    """Sentences quote the runs: the configuration, the limit that capped them, the bisected rate and the cost."""
+    md = (report_dir / "report.md").read_text()
+    capacity = pd.read_csv(report_dir / "capacity.csv").iloc[0]
+    assert f"llama-3.1-8b on one l4, {capacity['num_gpu_blocks']:,} KV blocks" in md
+    limits = set(pd.read_csv(report_dir / "context_concurrency.csv").paged_limited_by)
+    if limits == {"kv"}:
+        assert "every run was capped by KV memory (paged)" in md
+    rates = pd.read_csv(report_dir / "sustained_rate.csv").set_index("allocator")
+    assert f"is {rates.loc['paged', 'max_rate_meeting_slo']:g} req/s with paging" in md
+    assert f"${rates.loc['paged', 'usd_per_concurrent_user_hour']:.4f} per concurrent user-hour" in md
+    assert "as of 2026-03-10" in md

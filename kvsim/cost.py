@@ -1,0 +1,76 @@
+"""What a GPU-hour buys: cost per concurrent user-hour and per million output tokens.
+
+    cost per concurrent user-hour   = usd_per_gpu_hour · num_gpus / concurrent sequences
+    cost per million output tokens  = usd_per_gpu_hour · num_gpus / (output tokens/s · 3600) · 10^6
+
+`num_gpus` is the tensor-parallel size (one replica). Defaults come from
+`kvsim/presets/gpu_prices.yaml`: list on-demand cloud prices of one provider as of a date,
+stated beside every figure; a planner's own price (`--gpu-hourly-cost`) replaces them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+from kvsim.errors import KvsimError
+
+PRICES = Path(__file__).parent / "presets" / "gpu_prices.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPrice:
+    usd_per_gpu_hour: float | None
+    source: str
+
+
+@cache
+def _price_table() -> dict:
+    return yaml.safe_load(PRICES.read_text())
+
+
+def gpu_price(gpu_name: str, usd_per_gpu_hour: float | None = None) -> GpuPrice:
+    """The user's price when given (must be > 0), else the preset's list on-demand price, else none."""
+    if usd_per_gpu_hour is not None:
+        if not usd_per_gpu_hour > 0:
+            raise KvsimError(f"gpu_hourly_cost={usd_per_gpu_hour}: must be a positive price in USD per GPU-hour")
+        return GpuPrice(float(usd_per_gpu_hour), "given (--gpu-hourly-cost)")
+    table = _price_table()
+    price = table["usd_per_gpu_hour"].get(gpu_name)
+    if price is None:
+        return GpuPrice(None, f"no default price for {gpu_name}: pass --gpu-hourly-cost")
+    return GpuPrice(float(price), f"list on-demand price as of {table['as_of']}: {table['source']}")
+
+
+def cost_per_user_hour(price: GpuPrice, num_gpus: int, concurrency: float) -> float | None:
+    """USD per concurrent user (sequence) per hour; None without a price or a positive concurrency."""
+    if price.usd_per_gpu_hour is None or concurrency <= 0:
+        return None
+    return price.usd_per_gpu_hour * num_gpus / concurrency
+
+
+def cost_per_million_output_tokens(price: GpuPrice, num_gpus: int, output_tokens_per_s: float) -> float | None:
+    """USD per million generated tokens at a throughput; None without a price or a positive throughput."""
+    if price.usd_per_gpu_hour is None or output_tokens_per_s <= 0:
+        return None
+    return price.usd_per_gpu_hour * num_gpus / (output_tokens_per_s * 3600) * 1e6
+
+
+def add_capacity_costs(plan: dict, price: GpuPrice, num_gpus: int) -> dict:
+    """`kvsim capacity`'s plan with the price and, per row, USD per concurrent user-hour at the row's
+    closed-form paged concurrency (every sequence at that context length: an upper bound on cost).
+
+    Per-token cost needs a simulated sustained rate: `kvsim report` gives it.
+    """
+    rows = [{**row, "usd_per_concurrent_user_hour": _rounded(cost_per_user_hour(price, num_gpus,
+                                                                                row["paged_max_seqs"]))}
+            for row in plan["rows"]]
+    return {**plan, "gpu_price_usd_per_gpu_hour": price.usd_per_gpu_hour, "gpu_price_source": price.source,
+            "rows": rows}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

@@ -1,0 +1,150 @@
+"""The report's sentences, each computed from the runs it describes (no fixed conclusions).
+
+Every function takes a section's tables and facts and says what they show: which limit
+capped the runs, how far the simulation sits from the closed forms, what sharing and fp8
+buy, and what a user-hour and a million tokens cost at the sustained rate.
+"""
+
+from __future__ import annotations
+
+from kvsim import studies
+
+
+def introduction(st: studies.Study) -> str:
+    """What was simulated, from the resolved configuration (not the scenario's free-text description)."""
+    e = st.base.engine
+    tp = f"{e.tensor_parallel_size}× " if e.tensor_parallel_size > 1 else "one "
+    return (f"Scenario `{st.base.name}`: {st.model.name} on {tp}{st.gpu.name}, {st.num_blocks:,} KV blocks of "
+            f"{e.block_size} tokens (vLLM keeps one as its null block), max_model_len {st.max_model_len:,}, "
+            f"requests of {st.mean_kv_len:.0f} tokens on average (prompt + output), scheduler {e.scheduler}.")
+
+
+def _limits_phrase(limits: list[str]) -> str:
+    """Which limit capped the saturated runs, in words."""
+    words = {"kv": "KV memory", "max_num_seqs": "max_num_seqs", "requests": "the number of requests sent"}
+    counts = {lim: limits.count(lim) for lim in dict.fromkeys(limits)}
+    if len(counts) == 1:
+        return f"every run was capped by {words[limits[0]]}"
+    return "the runs were capped by " + ", ".join(f"{words[k]} ({n} of {len(limits)})" for k, n in counts.items())
+
+
+def context_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
+    f, df = sec.facts, sec.tables["context_concurrency"]
+    first, last = df.iloc[0], df.iloc[-1]
+    slab_drop = first.simulated_slab_sustained / max(last.simulated_slab_sustained, 1e-9)
+    paged_drop = first.simulated_paged_sustained / max(last.simulated_paged_sustained, 1e-9)
+    return (f"Each row simulates {3 * cfg.num_requests} requests arriving at once, on {f['num_gpu_blocks']:,} KV "
+            f"blocks; {_limits_phrase(list(df.paged_limited_by))} (paged). From max_model_len "
+            f"{first.max_model_len:,} to {last.max_model_len:,}, sustained slab concurrency falls "
+            f"{slab_drop:.1f}× ({first.simulated_slab_sustained:g} → {last.simulated_slab_sustained:g}) because "
+            f"each sequence reserves max_model_len, while paged concurrency changes {paged_drop:.2f}× "
+            f"({first.simulated_paged_sustained:g} → {last.simulated_paged_sustained:g}): it follows the actual "
+            f"lengths (mean {f['mean_kv_len']:.0f} tokens).")
+
+
+def fp8_text(sec: studies.Section) -> str:
+    df = sec.tables["kv_quantization"].set_index("kv_cache_dtype")
+    auto, fp8 = df.loc["auto"], df.loc["fp8"]
+    tpot = fp8.tpot_mean_s_at_base_rate / auto.tpot_mean_s_at_base_rate
+    return (f"fp8 KV stores {auto.bytes_per_block / fp8.bytes_per_block:.1f}× fewer bytes per block: "
+            f"{int(fp8.num_gpu_blocks):,} blocks instead of {int(auto.num_gpu_blocks):,}, and sustained concurrency "
+            f"{fp8.simulated_sustained_running:g} instead of {auto.simulated_sustained_running:g} "
+            f"({fp8.simulated_sustained_running / max(auto.simulated_sustained_running, 1e-9):.2f}×). Mean TPOT at "
+            f"the base rate is {tpot:.2f}× the 16-bit one.")
+
+
+def prefix_text(sec: studies.Section) -> str:
+    f, df = sec.facts, sec.tables["prefix_sharing"]
+    biggest = df.num_requests.max()
+    off = df[(df.num_requests == biggest) & ~df.prefix_caching].iloc[0]
+    on = df[(df.num_requests == biggest) & df.prefix_caching].iloc[0]
+    return (f"Every request starts with the same {f['prefix_tokens']:,}-token system prompt. With {biggest} "
+            f"requests, prefix caching takes peak KV usage from {off.kv_usage_max:.1%} to {on.kv_usage_max:.1%}, "
+            f"mean TTFT from {off.ttft_mean_s:.2f} s to {on.ttft_mean_s:.2f} s, with a hit rate of "
+            f"{on.prefix_cache_hit_rate:.1%}; sharing saves {on.sharing_saving:.1%} of the KV the requests map.")
+
+
+def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
+    waste = sec.tables["waste_breakdown"].set_index("allocator")
+    rates = sec.tables["sustained_rate"].set_index("allocator")
+    shares = ", ".join(f"{a} {waste.loc[a, 'token_state']:.1%}" for a in waste.index)
+    mult = ", ".join(f"{rates.loc[a, 'paging_multiplier']:.2f}× over {a}" for a in rates.index if a != "paged"
+                     and rates.loc[a, "paging_multiplier"] == rates.loc[a, "paging_multiplier"])
+    paged = rates.loc["paged"]
+    cost = ""
+    if paged.usd_per_concurrent_user_hour == paged.usd_per_concurrent_user_hour and paged.usd_per_concurrent_user_hour:
+        cost = (f" At that rate paged KV serves {paged.mean_running:g} concurrent requests and "
+                f"{paged.output_tokens_per_s:,.0f} output tokens/s: ${paged.usd_per_concurrent_user_hour:.4f} per "
+                f"concurrent user-hour and ${paged.usd_per_million_output_tokens:.2f} per million output tokens "
+                f"({paged.price_source}).")
+    return ("Shares of the whole KV pool holding token states, time-averaged while requests queue (the view of "
+            f"the PagedAttention paper's Fig. 2; slack, gaps and free space are its \"external fragmentation & "
+            f"others\"): {shares} (paper: Orca Max 20.4 %, Pow2 26.8 %, Oracle 38.2 %, vLLM 96.3 %). The "
+            f"highest Poisson rate whose p90 TTFT stays within {cfg.ttft_slo_s} s, found by bisection to 5 %, is "
+            f"{paged.max_rate_meeting_slo:g} req/s with paging: {mult}.{cost}")
+
+
+def load_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
+    df = sec.tables["load_curves"]
+    ok = df[df.meets_slo]
+    knee = f"the p90 TTFT meets the {cfg.ttft_slo_s} s SLO up to {ok.rate.max():g} req/s" if len(ok) else \
+        f"no rate of the grid meets the {cfg.ttft_slo_s} s SLO"
+    return (f"TTFT and TPOT percentiles of the paged engine from {df.rate.min():g} to {df.rate.max():g} req/s: "
+            f"{knee}; the time series shows the run at {sec.facts['time_series_rate']:g} req/s with preemptions "
+            "marked.")
+
+
+def alerts_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
+    df = sec.tables["alert_firings"]
+    fired = df[df.times_fired > 0]
+    when = ("none fired" if fired.empty else "; ".join(
+        f"{r.alert} fired at {r.rate:g} req/s (first at {r.first_fired_s:g} s)" for r in fired.itertuples()))
+    return (f"Rules on kv_cache_usage_perc (> {cfg.usage_alert} for {int(cfg.alert_for_s)} s) and on the preemption "
+            f"rate (> {cfg.preemption_rate_alert}/s over {int(cfg.preemption_window_s)} s), evaluated on the load "
+            f"runs with Prometheus `for:` semantics: {when}. `alerts.yaml` holds them as a Prometheus rule file.")
+
+
+def section_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
+    f = sec.facts
+    if sec.key == "context":
+        return context_text(sec, cfg)
+    if sec.key == "fp8":
+        return fp8_text(sec)
+    if sec.key == "prefix":
+        return prefix_text(sec)
+    if sec.key == "formula" and not f["num_kv_bound"]:
+        return (f"No saturated run was KV-bound here (concurrency was capped by {', '.join(f['other_limits'])}), so "
+                f"the formula seqs ≈ pool_blocks ÷ blocks_per_seq cannot be fitted: this pool ({f['pool_blocks']:,} "
+                f"blocks) holds more than the workload or max_num_seqs ever asks for. vLLM's startup line would "
+                f"report \"maximum concurrency\" {f['vllm_max_concurrency']:.2f}x for max_model_len "
+                f"{st.max_model_len:,}.")
+    if sec.key == "formula":
+        return formula_text(sec, st)
+    if sec.key == "paging":
+        return paging_text(sec, st, cfg)
+    if sec.key == "load":
+        return load_text(sec, cfg)
+    return alerts_text(sec, cfg)
+
+
+def formula_text(sec: studies.Section, st: studies.Study) -> str:
+    """Three concurrency figures beside vLLM's, with the fitted constant, all from the table."""
+    f, df = sec.facts, sec.tables["capacity_formula"]
+    kv = df[df.limited_by == "kv"]
+    peak_k = float((kv.peak_running_transient / kv.closed_form_seqs).mean())
+    calm_k = float((kv.max_seqs_without_preemption / kv.closed_form_seqs).mean())
+    thrash = kv.preemptions_per_s.max()
+    return (f"Three concurrency figures per row, for {st.model.name} on {st.gpu.name} (pool {f['pool_blocks']:,} "
+            "blocks): the *sustained* concurrency (running requests averaged over the time requests queued; "
+            "ramp-up and drain excluded), the largest max_num_seqs that ran with no preemption, and the peak, an "
+            "admission transient when every sequence holds only its prompt. Fitting sustained seqs ≈ k · "
+            f"pool_blocks ÷ blocks_per_seq gives k = {f['fitted_constant']:.2f} over the {f['num_kv_bound']} "
+            f"KV-bound rows (k = {f['fitted_constant_fixed']:.2f} on the prompt c/2 + output c/2 rows alone). "
+            f"On those rows the peak averages {peak_k:.2f}× the closed form and the preemption-free concurrency "
+            f"{calm_k:.2f}×; the sustained level is held with up to {thrash:.2f} preemptions per second, so plan on "
+            "the preemption-free figure for a quiet engine and on the sustained one only if recomputation is "
+            f"acceptable, never on the peak. vLLM's startup line would report \"maximum concurrency\" "
+            f"{f['vllm_max_concurrency']:.2f}x for max_model_len {st.max_model_len:,}: a worst case that assumes "
+            "every request reaches max_model_len.")
+
+
