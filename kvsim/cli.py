@@ -128,7 +128,8 @@ def capacity(
         )
         price = gpu_price(plan.gpu, gpu_hourly_cost)
     data = add_capacity_costs(plan.to_dict(), price, engine.tensor_parallel_size)
-    rows = [{k: v for k, v in r.items() if v is not None} for r in data["rows"]]
+    used = {k for r in data["rows"] for k, v in r.items() if v is not None}  # drop columns that are empty in every row
+    rows = [{k: v for k, v in r.items() if k in used} for r in data["rows"]]
     if output_format is Format.json:
         sys.stdout.write(to_json(data))
     elif output_format is Format.csv:
