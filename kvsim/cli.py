@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from kvsim.errors import KvsimError
+from kvsim.errors import KvsimError, reading
 
 app = typer.Typer(
     help="kvsim: capacity simulator for LLM serving with a paged KV cache.",
@@ -227,7 +227,8 @@ def plan(
         if spec_file is not None:
             if not Path(spec_file).is_file():
                 raise KvsimError(f"spec={spec_file!r}: file not found")
-            raw = yaml.safe_load(Path(spec_file).read_text()) or {}
+            with reading(spec_file, "spec"):
+                raw = yaml.safe_load(Path(spec_file).read_text()) or {}
             if not isinstance(raw, dict):
                 raise KvsimError(f"spec={spec_file!r}: expected a mapping")
         spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],

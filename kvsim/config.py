@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from kvsim.errors import KvsimError, from_validation_error
+from kvsim.errors import KvsimError, from_validation_error, reading
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 
@@ -279,8 +279,9 @@ def load_gpu(name_or_path: str) -> GPUSpec:
 
 def _read_mapping(path: Path, what: str) -> dict[str, Any]:
     try:
-        raw = yaml.safe_load(path.read_text())  # YAML is a superset of JSON
-    except (OSError, yaml.YAMLError) as error:
+        with reading(path, f"{what} file"):
+            raw = yaml.safe_load(path.read_text())  # YAML is a superset of JSON
+    except yaml.YAMLError as error:
         raise KvsimError(f"{what} file {path}: cannot read: {str(error).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise KvsimError(f"{what} file {path}: expected a mapping of fields")

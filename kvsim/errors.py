@@ -7,6 +7,9 @@ prints that line and exits non-zero; it never shows a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,6 +18,18 @@ if TYPE_CHECKING:
 
 class KvsimError(ValueError):
     """Bad user input or an impossible request; the message is a complete one-line explanation."""
+
+
+@contextmanager
+def reading(path: str | Path, what: str) -> Iterator[None]:
+    """Read `path` inside this block: a file that cannot be opened or is not UTF-8 text (a binary
+    file, another encoding) becomes one `KvsimError` line naming `what` and the file."""
+    try:
+        yield
+    except UnicodeDecodeError as error:
+        raise KvsimError(f"{what} {path}: not UTF-8 text (byte {error.start})") from None
+    except OSError as error:
+        raise KvsimError(f"{what} {path}: cannot read ({error.strerror or error})") from None
 
 
 def from_validation_error(error: ValidationError, prefix: str = "") -> KvsimError:

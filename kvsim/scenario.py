@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kvsim.config import EngineConfig, GPULink
-from kvsim.errors import KvsimError, from_validation_error
+from kvsim.errors import KvsimError, from_validation_error, reading
 
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_SCENARIO = DATA_DIR / "default_scenario.yaml"
@@ -277,10 +277,13 @@ def load_scenario(path: str | Path | None, overrides: list[str] | None = None,
                   default: Path = DEFAULT_SCENARIO) -> Scenario:
     """Read a YAML scenario (or the built-in `default` when `path` is None) and apply overrides."""
     file = default if path is None else Path(path)
+    if file.is_dir():
+        raise KvsimError(f"scenario={str(path)!r}: is a directory, not a scenario YAML file")
     if not file.is_file():
         raise KvsimError(f"scenario={str(path)!r}: file not found")
     try:
-        raw = yaml.safe_load(file.read_text()) or {}
+        with reading(file, "scenario"):
+            raw = yaml.safe_load(file.read_text()) or {}
     except yaml.YAMLError as error:
         raise KvsimError(f"scenario {file}: not valid YAML: {str(error).splitlines()[0]}") from None
     if not isinstance(raw, dict):

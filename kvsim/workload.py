@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvsim.content import Content
-from kvsim.errors import KvsimError
+from kvsim.errors import KvsimError, reading
 from kvsim.memory import SegmentContent, TokenContent
 from kvsim.request import Request
 from kvsim.scenario import Arrival, Empirical, Fixed, LengthDist, Lognormal, Scenario, Uniform, Workload
@@ -54,7 +54,9 @@ def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator, scenario:
         values = rng.lognormal(mu, sigma, size=n)
     else:
         assert isinstance(dist, Empirical)
-        rows = read_lengths(scenario.resolve_path(dist.table))
+        table = scenario.resolve_path(dist.table)
+        with reading(table, "workload length table"):
+            rows = read_lengths(table)
         column = np.array([r.prompt_len if dist.column == "prompt" else r.output_len for r in rows])
         values = rng.choice(column, size=n).astype(np.float64)
     return np.maximum(1, np.rint(values)).astype(np.int64)
@@ -83,10 +85,12 @@ def _base_records(scenario: Scenario, rng: np.random.Generator) -> list[TraceRec
         outputs = sample_lengths(w.output_len, w.num_requests, rng, scenario)
         return [TraceRecord(None, int(p), int(o)) for p, o in zip(prompts, outputs, strict=True)]
     path = scenario.resolve_path(trace.path)
-    if trace.format == "servegen":
-        records = read_servegen(path, rng, trace.start_s, trace.duration_s, trace.clients)
-        return records[: w.num_requests]
-    records = READERS[trace.format](path)
+    with reading(path, "workload.trace.path"):
+        if trace.format == "servegen":
+            return read_servegen(path, rng, trace.start_s, trace.duration_s, trace.clients)[: w.num_requests]
+        records = READERS[trace.format](path)
+    if not records:
+        raise KvsimError(f"workload.trace.path {path}: no rows")
     if records[0].arrival_s is None:  # a length table: resample rows
         picks = rng.integers(0, len(records), size=w.num_requests)
         return [records[i] for i in picks]

@@ -61,3 +61,32 @@ def test_an_output_folder_of_another_kind_is_not_replaced(tmp_path):
     before = listing(tmp_path)
     refused(["run", "--set", "workload.num_requests=5", "-o", str(report)], str(report), "'report'", "'run'")
     assert listing(tmp_path) == before
+
+
+BINARY = b"\x7fELF\x02\x01\x01\x00\x89PNG\r\n\x1a\n\xff\xfe" * 20  # not UTF-8 anywhere past byte 8
+
+
+def test_binary_input_files_are_one_line_errors_naming_the_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("bin.json").write_bytes(BINARY)
+    refused(["run", "bin.json"], "scenario", "bin.json", "not UTF-8")
+    refused(["capacity", "--model", "bin.json"], "model", "bin.json", "not UTF-8")
+    refused(["plan", "--spec", "bin.json", "-o", "p"], "spec", "bin.json", "not UTF-8")
+    Path("trace.yaml").write_text("workload:\n  trace: {format: azure, path: bin.json}\n  arrival: {process: trace}\n")
+    refused(["run", "trace.yaml", "-o", "r"], "workload.trace.path", "bin.json", "not UTF-8")
+    Path("table.yaml").write_text("workload:\n  prompt_len: {dist: empirical, table: bin.json, column: prompt}\n"
+                                  "  output_len: {dist: fixed, value: 10}\n")
+    refused(["run", "table.yaml", "-o", "r"], "length table", "bin.json", "not UTF-8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin.json", "table.yaml", "trace.yaml"]
+
+
+def test_azure_trace_with_a_header_and_no_rows(tmp_path):
+    (tmp_path / "az.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    (tmp_path / "s.yaml").write_text("workload:\n  trace: {format: azure, path: az.csv}\n  arrival: {process: trace}\n")
+    refused(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "r")], "az.csv", "no rows")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_directory_as_scenario_is_called_a_directory(tmp_path):
+    refused(["run", str(tmp_path), "-o", str(tmp_path / "r")], str(tmp_path), "is a directory")
+    assert list(tmp_path.iterdir()) == []
