@@ -39,17 +39,47 @@ class _Config:
         value = self.raw.get(key)
         return default if value is None else value
 
+    def count(self, key: str, default: int | None = None) -> int:
+        """A positive integer field; only a missing (or null) key takes `default` (None: required).
+
+        0 is refused, never read as "missing": `num_key_value_heads: 0` is not full MHA.
+        """
+        value = self.raw.get(key)
+        if value is None:
+            return self.need(key) if default is None else default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise KvsimError(f"model config {self.name}: {key}={value!r}: must be a positive integer")
+        if value <= 0:
+            raise KvsimError(f"model config {self.name}: {key}={value}: must be > 0")
+        return value
+
+    def layer_indices(self, key: str) -> set[int]:
+        """A list of layer numbers (e.g. `mlp_only_layers`); missing is empty."""
+        value = self.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+            raise KvsimError(f"model config {self.name}: {key}={value!r}: must be a list of layer numbers")
+        return set(value)
+
+    def text_part(self) -> _Config:
+        """The config with a multimodal checkpoint's `text_config` (if any) laid over it."""
+        text = self.raw.get("text_config")
+        if text is None:
+            return self
+        if not isinstance(text, dict):
+            raise KvsimError(f"model config {self.name}: text_config={text!r}: must be a mapping")
+        return _Config({**self.raw, **text}, self.name)
+
 
 def _dense(c: _Config, *, is_opt: bool = False) -> Fields:
     """The fields every decoder has (Llama/Mistral/Qwen2/Qwen3/OPT names)."""
-    hidden, heads = c.need("hidden_size"), c.need("num_attention_heads")
+    hidden, heads = c.count("hidden_size"), c.count("num_attention_heads")
     return {
         "model_type": c.get("model_type", "llama"),
         "num_layers": c.need("num_hidden_layers"),
         "hidden_size": hidden,
         "num_attention_heads": heads,
-        "num_kv_heads": c.get("num_key_value_heads") or heads,
-        "head_dim": c.get("head_dim") or hidden // heads,
+        "num_kv_heads": c.count("num_key_value_heads", heads),
+        "head_dim": c.count("head_dim", hidden // heads),
         "intermediate_size": c.need("ffn_dim") if is_opt else c.need("intermediate_size"),
         "vocab_size": c.need("vocab_size"),
         "max_position_embeddings": c.get("max_position_embeddings", 2048),
@@ -84,8 +114,8 @@ def _qwen3_moe(c: _Config) -> Fields:
     """Qwen3-MoE: a layer is MoE unless listed in `mlp_only_layers`, every `decoder_sparse_step`-th
     layer (vllm/model_executor/models/qwen3_moe.py, Qwen3MoeDecoderLayer)."""
     fields = _dense(c)
-    step = c.get("decoder_sparse_step", 1)
-    dense_only = set(c.get("mlp_only_layers", []))
+    step = c.count("decoder_sparse_step", 1)
+    dense_only = c.layer_indices("mlp_only_layers")
     moe_layers = [i for i in range(fields["num_layers"]) if i not in dense_only and (i + 1) % step == 0]
     fields["moe"] = {
         "num_experts": c.need("num_experts"),
@@ -115,7 +145,7 @@ def _deepseek(c: _Config) -> Fields:
     (`num_nextn_predict_layers`) are loaded only for speculative decoding and are not counted."""
     fields = _dense(c)
     n = fields["num_layers"]
-    first_dense, freq = c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1)
+    first_dense, freq = c.get("first_k_dense_replace", 0), c.count("moe_layer_freq", 1)
     moe_layers = [i for i in range(n) if i >= first_dense and i % freq == 0]
     expert = c.need("moe_intermediate_size")
     fields["moe"] = {
@@ -156,13 +186,13 @@ def _gemma3(c: _Config) -> Fields:
     `sliding_window` window, every `sliding_window_pattern`-th layer is global, or `layer_types`
     says so directly (vllm/model_executor/models/gemma3.py, Gemma3Attention.is_sliding).
     Embeddings are tied; the vision tower (~0.4B) is not counted."""
-    text = _Config({**c.raw, **c.raw.get("text_config", {})}, c.name)
+    text = c.text_part()
     fields = _dense(text)
     fields["model_type"] = "gemma3"
     fields["tie_word_embeddings"] = text.get("tie_word_embeddings", True)
     n = fields["num_layers"]
     if text.get("layer_types") is None:
-        pattern = text.get("sliding_window_pattern", 6)
+        pattern = text.count("sliding_window_pattern", 6)
         fields["layer_types"] = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n)]
     else:
         fields["layer_types"] = _layer_types(text, n)
@@ -177,11 +207,11 @@ def _llama4(c: _Config) -> Fields:
     use_chunked_local_attn = not nope and attention_chunk_size). Every `interleave_moe_layer_step`-th
     layer is MoE with one shared expert of `intermediate_size`; other layers are dense with
     `intermediate_size_mlp`. The vision tower is not counted."""
-    text = _Config({**c.raw, **c.raw.get("text_config", {})}, c.name)
+    text = c.text_part()
     fields = _dense(text)
     fields["model_type"] = "llama4"
     n = fields["num_layers"]
-    interval = text.get("no_rope_layer_interval", 4)
+    interval = text.count("no_rope_layer_interval", 4)
     no_rope = text.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
     if len(no_rope) != n:
         raise KvsimError(f"model config {c.name}: no_rope_layers has {len(no_rope)} entries, "
@@ -189,7 +219,7 @@ def _llama4(c: _Config) -> Fields:
     chunk = text.get("attention_chunk_size")
     fields["layer_types"] = [CHUNKED if chunk and rope else FULL for rope in no_rope]
     fields["attention_chunk_size"] = chunk
-    step = text.get("interleave_moe_layer_step", 1)
+    step = text.count("interleave_moe_layer_step", 1)
     expert = fields["intermediate_size"]
     fields["intermediate_size"] = text.get("intermediate_size_mlp", expert)
     fields["moe"] = {

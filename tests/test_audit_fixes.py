@@ -90,3 +90,44 @@ def test_azure_trace_with_a_header_and_no_rows(tmp_path):
 def test_a_directory_as_scenario_is_called_a_directory(tmp_path):
     refused(["run", str(tmp_path), "-o", str(tmp_path / "r")], str(tmp_path), "is a directory")
     assert list(tmp_path.iterdir()) == []
+
+
+PRESETS = Path(__file__).parent.parent / "kvsim" / "presets" / "models"
+
+
+def edited_config(tmp_path: Path, preset: str, **changes) -> str:
+    """A copy of a shipped config.json with top-level (or, where it has one, text_config) keys changed."""
+    raw = json.loads((PRESETS / preset).read_text())
+    target = raw["text_config"] if isinstance(raw.get("text_config"), dict) and "text_config" not in changes else raw
+    for key, value in changes.items():
+        if value is KeyError:
+            target.pop(key, None)
+        else:
+            target[key] = value
+    path = tmp_path / f"{preset.removesuffix('.json')}-{'-'.join(changes)}.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+def test_zero_and_mistyped_config_fields_are_refused(tmp_path):
+    cases = [
+        ("qwen3-30b-a3b.json", {"decoder_sparse_step": 0}, "decoder_sparse_step=0: must be > 0"),
+        ("qwen3-30b-a3b.json", {"mlp_only_layers": "all"}, "mlp_only_layers='all'"),
+        ("deepseek-v3.json", {"moe_layer_freq": 0}, "moe_layer_freq=0: must be > 0"),
+        ("gemma-3-27b.json", {"sliding_window_pattern": 0, "layer_types": KeyError}, "sliding_window_pattern=0"),
+        ("gemma-3-27b.json", {"text_config": None}, "gemma-3-27b-text_config"),
+        ("gemma-3-27b.json", {"text_config": "x"}, "text_config='x': must be a mapping"),
+        ("llama-3.1-8b.json", {"num_attention_heads": 0, "head_dim": KeyError}, "num_attention_heads=0: must be > 0"),
+        # 0 is not "missing": it must not fall back to full multi-head attention or hidden // heads
+        ("llama-3.1-8b.json", {"num_key_value_heads": 0}, "num_key_value_heads=0: must be > 0"),
+        ("llama-3.1-8b.json", {"head_dim": 0}, "head_dim=0: must be > 0"),
+    ]
+    for preset, changes, words in cases:
+        refused(["capacity", "--model", edited_config(tmp_path, preset, **changes)], words)
+
+
+def test_a_missing_kv_heads_key_still_means_multi_head_attention(tmp_path):
+    from kvsim.config import load_model
+
+    model = load_model(edited_config(tmp_path, "llama-3.1-8b.json", num_key_value_heads=KeyError, head_dim=None))
+    assert (model.num_kv_heads, model.head_dim) == (32, 4096 // 32)  # hidden_size / num_attention_heads
