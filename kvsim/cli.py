@@ -147,6 +147,12 @@ def capacity(
         console.print(rows_to_rich(rows, title="Max concurrent sequences by context length"))
 
 
+class StepsOption(StrEnum):
+    none = "none"
+    sampled = "sampled"
+    all = "all"
+
+
 class RunFormat(StrEnum):
     table = "table"
     json = "json"
@@ -159,6 +165,9 @@ def run(
     output: Annotated[str | None, typer.Option("--output", "-o", help="Directory for results [runs/NAME]")] = None,
     output_format: Annotated[RunFormat, typer.Option("--format")] = RunFormat.table,
     check: Annotated[bool, typer.Option("--check", help="check_invariants() after every step")] = False,
+    steps: Annotated[StepsOption | None, typer.Option(
+        "--steps", help="Per-step rows to keep and write: all, sampled (at most 100,000) or none; "
+                        "the summary uses every step. Default: the scenario's `steps` (all).")] = None,
 ) -> None:
     """Simulate a scenario: per-request latency, per-step KV usage and waste, preemptions, queueing.
 
@@ -170,7 +179,7 @@ def run(
     from kvsim.scenario import load_scenario
 
     with user_errors():
-        spec = load_scenario(scenario, overrides or [])
+        spec = load_scenario(scenario, [*(overrides or []), *([f"steps={steps.value}"] if steps else [])])
         out_dir = output or f"runs/{safe_component(spec.name)}"
         check_output_dir(out_dir, "run")  # refuse before simulating, not after
         with _progress_bar(enabled=output_format is RunFormat.table) as progress:

@@ -39,7 +39,7 @@ from kvsim.metrics import StepRecorder, requests_frame, summarize
 from kvsim.request import Request
 from kvsim.results import RunResult
 from kvsim.roofline import RooflineLatency
-from kvsim.scenario import Scenario
+from kvsim.scenario import Scenario, StepsMode
 from kvsim.scheduler import Scheduler, SchedulerLimits, make_scheduler
 from kvsim.scheduler.burst import Burst
 from kvsim.workload import build_requests
@@ -322,6 +322,8 @@ def engine_result(scenario: Scenario, parts: EngineParts, requests: list[Request
     requests_df = requests_frame(requests)
     steps_df = recorder.frame()
     summary = summarize(requests_df, steps_df, scheduler, parts.facts)
+    if scenario.steps != "all":
+        steps_df = recorder.frame(scenario.steps)
     return RunResult(scenario=scenario, requests=requests_df, steps=steps_df, summary=summary)
 
 
@@ -414,15 +416,19 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
 
 
 def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
-             bursts: bool = True) -> RunResult:
+             bursts: bool = True, steps: StepsMode | None = None) -> RunResult:
     """Simulate a scenario end to end. `check=True` runs `check_invariants()` after every step.
 
-    With `engine.data_parallel_size` > 1, the DP engines run together (`simulate_data_parallel`).
+    With `engine.data_parallel_size` > 1, the DP engines run together (`simulate_data_parallel`,
+    which keeps every step: its summary is built from the engines' step tables).
+    `steps` overrides the scenario's `steps` (which per-step rows the result keeps and writes).
     """
+    if steps is not None:
+        scenario = scenario.model_copy(update={"steps": steps})
     if scenario.replicas is not None:
         raise KvsimError(f"replicas={scenario.replicas!r}: a fleet scenario; use kvsim.fleet.simulate_fleet")
     if scenario.engine.data_parallel_size > 1:
-        return simulate_data_parallel(scenario, check)
+        return simulate_data_parallel(scenario.model_copy(update={"steps": "all"}), check)
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
     parts = build_engine(scenario, rng)
     requests = build_requests(scenario, parts.facts["max_model_len"], rng)

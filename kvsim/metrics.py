@@ -21,6 +21,7 @@ every token is the summary's `inter_token_latency_s`.
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from kvsim.request import Request, RequestStatus
 if TYPE_CHECKING:
     import pandas as pd
 
+    from kvsim.scenario import StepsMode
     from kvsim.scheduler import Scheduler
     from kvsim.scheduler.burst import Burst
     from kvsim.step import StepPlan
@@ -51,8 +53,16 @@ def _next_region_slots(scheduler: Scheduler) -> int | None:
     return scheduler.alloc.region_slots(head.kv_len, head.prompt_len)
 
 
+MAX_SAMPLED_STEPS = 100_000  # `steps: sampled` keeps at most this many evenly spaced rows
+
+
 class StepRecorder:
-    """Appends one row per step into column lists (cheap inside the step loop)."""
+    """Appends one row per step into compact typed columns (8 bytes a value, cheap in the step loop).
+
+    The summary always uses every step; `frame(mode)` returns what a run keeps and writes:
+    every row (`all`), at most `MAX_SAMPLED_STEPS` rows evenly spaced by step index, always
+    including the first and the last (`sampled`), or none (`none`).
+    """
 
     COLUMNS = (
         "time_s", "duration_s", "vllm:num_requests_running", "vllm:num_requests_waiting",
@@ -61,8 +71,10 @@ class StepRecorder:
         "held_slots", "shared_slots", *WASTE_KEYS,
     )
 
+    FLOAT_COLUMNS = frozenset(("time_s", "duration_s", "vllm:kv_cache_usage_perc", *WASTE_KEYS))
+
     def __init__(self) -> None:
-        self.columns: dict[str, list[float]] = {c: [] for c in self.COLUMNS}
+        self.columns: dict[str, array] = {c: array("d" if c in self.FLOAT_COLUMNS else "q") for c in self.COLUMNS}
 
     def record(self, now: float, duration_s: float, plan: StepPlan, scheduler: Scheduler) -> None:
         alloc = scheduler.alloc
@@ -113,35 +125,55 @@ class StepRecorder:
         """Append a burst's rows, with the waiting count the engine saw before each step."""
         rows["vllm:num_requests_waiting"] = waiting
         for name, column in self.columns.items():
-            column += rows[name]
+            column.extend(rows[name])
 
-    def frame(self) -> pd.DataFrame:
+    @property
+    def num_steps(self) -> int:
+        return len(self.columns["time_s"])
+
+    def frame(self, mode: StepsMode = "all") -> pd.DataFrame:
+        """The recorded steps (`mode` as in the class docstring); columns are int64 or float64."""
         import pandas as pd
 
-        return pd.DataFrame(self.columns)
+        n = self.num_steps
+        if mode == "none":
+            index = np.arange(0)
+        elif mode == "sampled" and n > MAX_SAMPLED_STEPS:
+            index = np.unique(np.linspace(0, n - 1, MAX_SAMPLED_STEPS).round().astype(np.int64))
+        else:
+            index = None
+        data = {}
+        for name, column in self.columns.items():
+            values = np.frombuffer(column, dtype=np.float64 if column.typecode == "d" else np.int64) if n else \
+                np.zeros(0, dtype=np.float64 if column.typecode == "d" else np.int64)
+            data[name] = values.copy() if index is None else values[index]
+        return pd.DataFrame(data)
 
 
 def requests_frame(requests: list[Request]) -> pd.DataFrame:
     """One row per request, in arrival order."""
     import pandas as pd
 
-    nan = float("nan")
-    rows = []
-    for r in requests:
-        first, finish = r.first_token_s, r.finish_s
-        ttft = first - r.arrival_s if first is not None else nan
-        e2e = finish - r.arrival_s if finish is not None else nan
-        tpot = (finish - first) / (r.output_len - 1) if finish is not None and first is not None \
-            and r.output_len > 1 else nan
-        queue = r.first_scheduled_s - r.arrival_s if r.first_scheduled_s is not None else nan
-        rows.append((r.request_id, r.arrival_s, r.first_scheduled_s, first, finish, ttft, tpot, e2e, queue,
-                     r.prompt_len, r.output_len, r.num_samples, r.num_prefix_hit_tokens, r.num_preemptions,
-                     r.status.value, r.reject_reason))
-    return pd.DataFrame(rows, columns=[
-        "request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
-        "e2e_s", "queue_s", "prompt_tokens", "output_tokens", "num_samples", "prefix_hit_tokens",
-        "num_preemptions", "status", "reject_reason",
-    ])
+    def times(attr: str) -> np.ndarray:
+        return np.fromiter((v if (v := getattr(r, attr)) is not None else np.nan for r in requests),
+                           dtype=np.float64, count=len(requests))
+
+    def ints(attr: str) -> np.ndarray:
+        return np.fromiter((getattr(r, attr) for r in requests), dtype=np.int64, count=len(requests))
+
+    arrival, scheduled, first, finish = (times(a) for a in ("arrival_s", "first_scheduled_s", "first_token_s",
+                                                            "finish_s"))
+    output = ints("output_len")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(output > 1, (finish - first) / (output - 1), np.nan)
+    return pd.DataFrame({  # columnar: 8 bytes a value, no per-request row objects
+        "request_id": ints("request_id"), "arrival_s": arrival, "first_scheduled_s": scheduled,
+        "first_token_s": first, "finish_s": finish, "ttft_s": first - arrival, "tpot_s": tpot,
+        "e2e_s": finish - arrival, "queue_s": scheduled - arrival, "prompt_tokens": ints("prompt_len"),
+        "output_tokens": output, "num_samples": ints("num_samples"), "prefix_hit_tokens": ints("num_prefix_hit_tokens"),
+        "num_preemptions": ints("num_preemptions"), "status": [r.status.value for r in requests],
+        "reject_reason": [r.reject_reason for r in requests],
+    })
 
 
 def percentiles(values: np.ndarray) -> dict[str, float | None]:

@@ -25,7 +25,8 @@ class RunResult:
     summary: dict[str, Any]
 
     def write(self, out_dir: str | Path) -> Path:
-        """Write `requests.csv`, `steps.csv`, `summary.json` and `scenario.yaml` into `out_dir`.
+        """Write `requests.csv`, `steps.csv` (unless the scenario keeps no steps), `summary.json`
+        and `scenario.yaml` into `out_dir`.
 
         `out_dir` must be new or an earlier kvsim run (else `KvsimError`); the files go to a
         temporary sibling folder that is swapped into place only when all are complete.
@@ -34,7 +35,8 @@ class RunResult:
 
         with output_directory(out_dir, "run") as tmp:
             self.requests.to_csv(tmp / "requests.csv", index=False)
-            self.steps.to_csv(tmp / "steps.csv", index=False)
+            if self.scenario.steps != "none":
+                self.steps.to_csv(tmp / "steps.csv", index=False)
             (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
             (tmp / "scenario.yaml").write_text(yaml.safe_dump(self.scenario.model_dump(mode="json"),
                                                               sort_keys=False))

@@ -204,6 +204,8 @@ class Router(BaseModel):
     match_threshold: float = Field(default=0.25, ge=0, le=1, description="least prompt fraction to follow")
 
 
+StepsMode = Literal["none", "sampled", "all"]  # which per-step rows a run keeps and writes
+
 class Scenario(BaseModel):
     model_config = _STRICT
     name: str = "scenario"
@@ -217,6 +219,8 @@ class Scenario(BaseModel):
     """Replaces the GPU's link: one cluster's interconnect (e.g. PCIe through host memory when
     peer-to-peer is off) rather than the GPU's datasheet."""
     seed: int = 0
+    steps: StepsMode = Field(default="all", description="per-step rows kept and written: all, sampled "
+                             "(at most 100,000 evenly spaced) or none; the summary always uses every step")
     replicas: int | list[ReplicaGroup] | None = Field(default=None, description="a fleet behind `router`")
     router: Router = Router()
     base_dir: str = Field(default=".", exclude=True)

@@ -72,6 +72,7 @@ class Scheduler:
         reason = self.reject_reason(req)
         if reason:
             req.status, req.reject_reason = RequestStatus.REJECTED, reason
+            req.content = None
             self.rejected.append(req)
             return False
         self.waiting.append(req)
@@ -237,6 +238,7 @@ class Scheduler:
         for req in done:
             req.status, req.finish_s = RequestStatus.FINISHED, now
             self.free_request(req)
+            req.content = None  # its block-hash memo is not needed again: memory stays bounded in long runs
         if done:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
             self.finished.extend(done)

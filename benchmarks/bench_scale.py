@@ -1,0 +1,123 @@
+"""Cost curve of the default scenario: requests vs wall seconds and peak RSS, end to end.
+
+    python benchmarks/bench_scale.py [--sizes 1000 10000 100000 1000000] [--steps all] [--repeats 1]
+
+Each size runs in a fresh child process (import kvsim, simulate, write the run's files to a
+temporary folder), so its peak RSS (`ru_maxrss`) is that run's alone. Also measured in the same
+run: the overload pair of issue 9 (20 req/s, 1024 + 1024 tokens, llama-2-7b on an a100-80gb,
+1,000 requests, prefix caching on vs off) and a pure-Python baseline loop, so that times are
+reported as ratios comparable across machines. Writes `benchmarks/results/scale.json`.
+Vidur is not run side by side here; the JSON says why (`vidur`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OVERLOAD = {
+    "name": "overload", "model": "llama-2-7b", "gpu": "a100-80gb",
+    "engine": {"block_size": 16, "max_num_seqs": 128, "scheduler": "v1", "allocator": "paged", "max_model_len": 4096},
+    "workload": {"num_requests": 1000, "arrival": {"process": "poisson", "rate": 20.0},
+                 "prompt_len": {"dist": "fixed", "value": 1024}, "output_len": {"dist": "fixed", "value": 1024}},
+    "seed": 0,
+}
+VIDUR = ("not run side by side: the vidur 0.0.26 wheel is on PyPI (`pip download --no-deps vidur` works), but "
+         "installing its dependencies (wandb, streamlit, scikit-learn, kaleido, plotly) and its profiling data "
+         "on this shared 2-core machine did not fit the session; times here are ratios to the in-run baseline")
+
+
+def child_default(num_requests: int, steps: str) -> dict:
+    """One end-to-end run in this process: import, simulate, write. Called in a fresh child."""
+    import resource
+    import tempfile
+
+    start = time.perf_counter()
+    from kvsim.engine import simulate
+    from kvsim.scenario import load_scenario
+
+    spec = load_scenario(None, [f"workload.num_requests={num_requests}", f"steps={steps}"])
+    imported = time.perf_counter()
+    result = simulate(spec)
+    simulated = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        result.write(Path(tmp) / "run")
+    written = time.perf_counter()
+    return {"num_requests": num_requests, "steps": steps, "num_steps": result.summary["num_steps"],
+            "wall_s": written - start, "import_s": imported - start, "simulate_s": simulated - imported,
+            "write_s": written - simulated,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def child_overload(caching: bool) -> dict:
+    from kvsim.engine import simulate
+    from kvsim.scenario import make_scenario
+
+    raw = {**OVERLOAD, "engine": {**OVERLOAD["engine"], "enable_prefix_caching": caching}}
+    start = time.perf_counter()
+    summary = simulate(make_scenario(raw), steps="none").summary
+    return {"enable_prefix_caching": caching, "simulate_s": time.perf_counter() - start,
+            "num_steps": summary["num_steps"], "num_preemptions": summary["num_preemptions"]}
+
+
+def in_child(*args: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", *args], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def baseline_loop_s(num_steps: int = 200_000, width: int = 64) -> float:
+    """A pure-Python loop touching `width` dict entries per step (interpreter speed)."""
+    state = dict.fromkeys(range(width), 0)
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        for key in state:
+            state[key] += 1
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000, 1_000_000])
+    parser.add_argument("--steps", choices=["none", "sampled", "all"], default="all")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per size (median reported)")
+    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "scale.json")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, value, *rest = args.child
+        result = child_default(int(value), rest[0]) if kind == "default" else child_overload(value == "on")
+        print(json.dumps(result))
+        return
+    base = statistics.median(baseline_loop_s() for _ in range(3))
+    overload = {mode: [in_child("overload", mode) for _ in range(max(args.repeats, 3))] for mode in ("on", "off")}
+    over_s = {mode: statistics.median(r["simulate_s"] for r in runs) for mode, runs in overload.items()}
+    curve = []
+    for size in args.sizes:
+        runs = [in_child("default", str(size), args.steps) for _ in range(args.repeats)]
+        row = {**runs[len(runs) // 2], "runs_wall_s": [r["wall_s"] for r in runs]}
+        row["wall_s"] = statistics.median(r["wall_s"] for r in runs)
+        row["wall_ratio_to_baseline"] = row["wall_s"] / base
+        curve.append(row)
+        print(f"{size:>9,} requests: {row['wall_s']:8.1f} s ({row['write_s']:.1f} s writing), "
+              f"{row['num_steps']:,} steps, peak RSS {row['peak_rss_mib']:,.0f} MiB", flush=True)
+    out = {
+        "benchmark": "scale", "scenario": "built-in default (kvsim run)", "python": platform.python_version(),
+        "machine": platform.machine(), "steps": args.steps, "baseline_loop_s": base, "curve": curve,
+        "overload": {"runs": overload, "median_s": over_s, "caching_on_over_off": over_s["on"] / over_s["off"],
+                     "ratio_to_baseline": {m: s / base for m, s in over_s.items()}},
+        "vidur": VIDUR,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"overload, prefix caching on / off: {out['overload']['caching_on_over_off']:.2f}x "
+          f"({over_s['on']:.1f} s / {over_s['off']:.1f} s); baseline loop {base:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
