@@ -21,7 +21,7 @@ def test_two_requests_v1(bursts):
     assert times(a) == (0.0, 0.01, 0.03)
     assert times(b) == (0.02, 0.03, 0.04)
     assert rec.columns["time_s"] == pytest.approx([0.0, 0.01, 0.02, 0.03])
-    assert rec.columns["num_batched_tokens"] == [10, 1, 6, 1]
+    assert list(rec.columns["num_batched_tokens"]) == [10, 1, 6, 1]
 
 
 def test_chunked_prefill_v1():
@@ -39,7 +39,7 @@ def test_v0_runs_prefill_only_batches():
     # At 0.02 B's prefill runs alone (prefill-first), A waits one step.
     assert times(a) == (0.0, 0.01, 0.04)
     assert times(b) == (0.02, 0.03, 0.04)
-    assert rec.columns["num_batched_tokens"] == [10, 1, 5, 2]
+    assert list(rec.columns["num_batched_tokens"]) == [10, 1, 5, 2]
 
 
 def test_static_batch_admits_nobody_until_empty():
@@ -99,7 +99,7 @@ def test_parallel_sampling_forks_and_copies_on_write():
     rec = run(s, [a])
     # prompt 20 = one full block shared + a partial block each sample copies before writing
     assert s.alloc.num_copy_on_writes == 2
-    assert rec.columns["num_batched_tokens"] == [20, 3, 3]
+    assert list(rec.columns["num_batched_tokens"]) == [20, 3, 3]
 
 
 def test_rejections_are_recorded():
