@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_simulator import baseline  # the same interpreter-speed loop, in this run
+
 OVERLOAD = {
     "name": "overload", "model": "llama-2-7b", "gpu": "a100-80gb",
     "engine": {"block_size": 16, "max_num_seqs": 128, "scheduler": "v1", "allocator": "paged", "max_model_len": 4096},
@@ -71,16 +73,6 @@ def in_child(*args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def baseline_loop_s(num_steps: int = 200_000, width: int = 64) -> float:
-    """A pure-Python loop touching `width` dict entries per step (interpreter speed)."""
-    state = dict.fromkeys(range(width), 0)
-    start = time.perf_counter()
-    for _ in range(num_steps):
-        for key in state:
-            state[key] += 1
-    return time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000, 1_000_000])
@@ -94,7 +86,7 @@ def main() -> None:
         result = child_default(int(value), rest[0]) if kind == "default" else child_overload(value == "on")
         print(json.dumps(result))
         return
-    base = statistics.median(baseline_loop_s() for _ in range(3))
+    base = statistics.median(baseline(200_000, 64) for _ in range(3))  # 200k steps of a 64-request batch
     overload = {mode: [in_child("overload", mode) for _ in range(max(args.repeats, 3))] for mode in ("on", "off")}
     over_s = {mode: statistics.median(r["simulate_s"] for r in runs) for mode, runs in overload.items()}
     curve = []
