@@ -339,6 +339,8 @@ def plan_capacity(
         raise KvsimError(
             f"shared_prefix_tokens={shared_prefix_tokens}, num_sequences={num_sequences}: must be >= 0"
         )
+    if shared_prefix_tokens and num_sequences == 0:
+        raise KvsimError(f"num_sequences=0: must be > 0 to share a prefix of {shared_prefix_tokens} tokens")
     bs = engine.block_size
     max_model_len = engine.resolved_max_model_len(model)
     if shared_prefix_tokens and not any(shared_prefix_tokens <= c <= max_model_len for c in context_lengths):

@@ -223,9 +223,9 @@ def plan(
     """The cheapest fleet meeting latency SLOs: fewest replicas per candidate GPU / TP / engine knobs."""
     import yaml
 
-    from kvsim.output_dir import claim_directory, safe_component
+    from kvsim.output_dir import check_output_dir, claim_directory, safe_component
+    from kvsim.plan import check_candidates, spec_from_options
     from kvsim.plan import plan as run_plan
-    from kvsim.plan import spec_from_options
     from kvsim.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
     from kvsim.scenario import load_scenario
     from kvsim.search import close_client, dask_client
@@ -242,9 +242,12 @@ def plan(
                 raise KvsimError(f"spec={spec_file!r}: expected a mapping")
         spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
                                  max_replicas, router)
-        out_dir = claim_directory(output or f"plans/{safe_component(base.name)}", "plan", PLAN_FILES)
+        check_candidates(base, spec)
+        out_path = output or f"plans/{safe_component(base.name)}"
+        check_output_dir(out_path, "plan")
         client = None if workers == 1 and not dask_address else dask_client(dask_address, workers)
         try:
+            out_dir = claim_directory(out_path, "plan", PLAN_FILES)  # made only once every input is good
             with _points_bar(enabled=output_format is Format.table) as on_point:
                 rows, simulated = run_plan(base, spec, out_dir, client, on_point)
         finally:

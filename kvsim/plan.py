@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvsim.errors import KvsimError, from_validation_error
 from kvsim.scenario import Scenario, make_scenario
@@ -80,6 +80,15 @@ class PlanSpec(BaseModel):
                 raise ValueError(f"{gpu}={cost}: an hourly cost must be positive")
         return costs
 
+    @model_validator(mode="after")
+    def _costs_for_candidates(self) -> PlanSpec:
+        """A price for a GPU that is not a candidate is a typo or a forgotten `--gpu`: refuse it."""
+        stray = sorted(set(self.gpu_hourly_cost) - set(self.gpus))
+        if stray:
+            raise ValueError(f"gpu_hourly_cost names {stray[0]!r}, which is not a candidate GPU "
+                             f"(gpus: {', '.join(self.gpus)})")
+        return self
+
 
 def make_plan_spec(raw: dict[str, Any]) -> PlanSpec:
     try:
@@ -116,6 +125,17 @@ def candidates(spec: PlanSpec) -> list[Candidate]:
     grid = itertools.product(*(spec.engine[name] for name in names))
     knob_sets = [tuple(zip(names, values, strict=True)) for values in grid]
     return [Candidate(gpu, tp, knobs) for gpu in spec.gpus for tp in spec.tensor_parallel_sizes for knobs in knob_sets]
+
+
+def check_candidates(base: Scenario, spec: PlanSpec) -> None:
+    """Refuse, before any cluster starts or folder is made, a candidate whose GPU is unknown or
+    whose engine knobs do not make a valid scenario (a `KvsimError` naming the field)."""
+    from kvsim.config import load_gpu
+
+    for gpu in dict.fromkeys(spec.gpus):
+        load_gpu(gpu)
+    for candidate in candidates(spec):
+        candidate.scenario(base, 1, spec.router)
 
 
 def slo_values(metrics: Metrics, slo: dict[str, float]) -> dict[str, float]:

@@ -131,3 +131,24 @@ def test_a_missing_kv_heads_key_still_means_multi_head_attention(tmp_path):
 
     model = load_model(edited_config(tmp_path, "llama-3.1-8b.json", num_key_value_heads=KeyError, head_dim=None))
     assert (model.num_kv_heads, model.head_dim) == (32, 4096 // 32)  # hidden_size / num_attention_heads
+
+
+def test_shared_prefix_with_zero_sequences_is_refused():
+    refused(["capacity", "--shared-prefix-tokens", "2000", "--num-sequences", "0"], "num_sequences=0", "> 0")
+
+
+PLAN = ["plan", "--slo", "ttft_s.p90=2", "--set", "workload.num_requests=5"]
+
+
+def test_plan_checks_every_input_before_dask_or_its_folder(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)  # Dask not installed
+    out = tmp_path / "plan"
+    refused([*PLAN, "--gpu", "nope", "-o", str(out)], "gpu='nope'")
+    refused([*PLAN, "--gpu", "h100-80gb", "--engine", "bogus=1", "-o", str(out)], "engine.bogus")
+    refused([*PLAN, "--gpu", "h100-80gb", "--engine", "max_num_seqs=-1", "-o", str(out)], "max_num_seqs=-1")
+    refused([*PLAN, "--gpu", "h100-80gb", "--gpu-hourly-cost", "a100-80gb=2", "-o", str(out)],
+            "gpu_hourly_cost", "'a100-80gb'", "not a candidate")
+    refused([*PLAN, "--gpu", "h100-80gb", "-o", str(out)], "Dask")  # good inputs: now Dask is needed
+    assert list(tmp_path.iterdir()) == []
