@@ -64,6 +64,19 @@ def parse_int_list(text: str, field: str) -> list[int]:
     return values
 
 
+def parse_size_flag(text: str, flag: str) -> int:
+    """`64GiB`, `500MB` or a byte count → bytes; anything else is an error naming the flag."""
+    from kvsim.config import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, int) or value <= 0:
+        raise KvsimError(f"{flag}={text!r}: expected a size such as 64GiB, 500MB or 4096")
+    return value
+
+
 ModelOpt = Annotated[str, typer.Option("--model", help="Preset name or path to a HF config.json.")]
 GpuOpt = Annotated[str, typer.Option("--gpu", help="Preset name or path to a GPU YAML/JSON file.")]
 MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len")]
@@ -168,22 +181,28 @@ def run(
     steps: Annotated[StepsOption | None, typer.Option(
         "--steps", help="Per-step rows to keep and write: all, sampled (at most 100,000) or none; "
                         "the summary uses every step. Default: the scenario's `steps` (all).")] = None,
+    memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Refuse a run estimated to need "
+                                                     "more memory than this, e.g. 64GiB [this machine's]")] = None,
 ) -> None:
     """Simulate a scenario: per-request latency, per-step KV usage and waste, preemptions, queueing.
 
     A scenario with `replicas` simulates that fleet behind its `router` (see `kvsim.fleet`).
     """
     from kvsim.engine import simulate
-    from kvsim.fleet import simulate_fleet
+    from kvsim.fleet import FleetResult, simulate_fleet
     from kvsim.output_dir import check_output_dir, safe_component
+    from kvsim.results import RunResult
     from kvsim.scenario import load_scenario
 
     with user_errors():
+        limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
         spec = load_scenario(scenario, [*(overrides or []), *([f"steps={steps.value}"] if steps else [])])
         out_dir = output or f"runs/{safe_component(spec.name)}"
         check_output_dir(out_dir, "run")  # refuse before simulating, not after
         with _progress_bar(enabled=output_format is RunFormat.table) as progress:
-            result = (simulate_fleet if spec.is_fleet else simulate)(spec, check=check, progress=progress)
+            result: RunResult | FleetResult = (
+                simulate_fleet(spec, check=check, progress=progress) if spec.is_fleet
+                else simulate(spec, check=check, progress=progress, memory_limit_bytes=limit_bytes))
         written = result.write(out_dir)
     if output_format is RunFormat.json:
         from kvsim.render import to_json

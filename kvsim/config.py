@@ -371,6 +371,22 @@ class EngineConfig(BaseModel):
             return _batch_defaults(gpu, self.usage_context)[0]
         return max(max_model_len, 2048)
 
+    def check_vllm_startup(self, max_model_len: int, gpu: GPUSpec) -> None:
+        """Refuse what vLLM refuses at startup, with vLLM's reason (vllm/config/scheduler.py,
+        `SchedulerConfig.verify_max_model_len`): without chunked prefill (kvsim's v0 and static)
+        a prompt must fit in one step's token budget, and every step must be able to hold one
+        token of each of `max_num_seqs` sequences."""
+        tokens, seqs = self.resolved_max_num_batched_tokens(max_model_len, gpu), self.resolved_max_num_seqs(gpu)
+        if tokens < max_model_len and self.scheduler != "v1":
+            raise KvsimError(
+                f"engine.max_num_batched_tokens={tokens}: vLLM refuses this without chunked prefill "
+                f"(scheduler {self.scheduler}): max_num_batched_tokens ({tokens}) is smaller than max_model_len "
+                f"({max_model_len}); increase max_num_batched_tokens or decrease max_model_len")
+        if tokens < seqs:
+            raise KvsimError(
+                f"engine.max_num_batched_tokens={tokens}: vLLM refuses this: max_num_batched_tokens ({tokens}) "
+                f"must be greater than or equal to max_num_seqs ({seqs})")
+
     @property
     def resolved_watermark(self) -> float:
         if self.watermark is not None:

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from kvsim.budget import check_run_memory
 from kvsim.capacity import (
     kv_bytes_per_block,
     kv_bytes_per_token,
@@ -294,12 +295,16 @@ class EngineParts:
     facts: dict[str, Any]
 
 
-def build_engine(scenario: Scenario, rng: np.random.Generator) -> EngineParts:
-    """The allocator, scheduler and latency model of `scenario`'s model, GPU and engine settings."""
+def build_engine(scenario: Scenario, rng: np.random.Generator, memory_limit_bytes: int | None = None) -> EngineParts:
+    """The allocator, scheduler and latency model of `scenario`'s model, GPU and engine settings,
+    once the run is known to fit in `memory_limit_bytes` (see `kvsim.budget`)."""
     model, gpu, engine = load_model(scenario.model), load_gpu(scenario.gpu), scenario.engine
     if scenario.gpu_link is not None:
         gpu = gpu.model_copy(update={"link": scenario.gpu_link})
     max_model_len = engine.resolved_max_model_len(model)
+    engine.check_vllm_startup(max_model_len, gpu)
+    check_run_memory(scenario, model, gpu, engine, num_gpu_blocks(model, gpu, engine),
+                     kv_bytes_per_block(model, engine), memory_limit_bytes)
     allocator = make_allocator(model, gpu, engine)
     scheduler = make_scheduler(engine.scheduler, allocator, make_limits(engine, gpu, max_model_len, allocator), rng)
     latency = make_latency(scenario, model, gpu)
@@ -416,12 +421,14 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
 
 
 def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
-             bursts: bool = True, steps: StepsMode | None = None) -> RunResult:
+             bursts: bool = True, steps: StepsMode | None = None,
+             memory_limit_bytes: int | None = None) -> RunResult:
     """Simulate a scenario end to end. `check=True` runs `check_invariants()` after every step.
 
     With `engine.data_parallel_size` > 1, the DP engines run together (`simulate_data_parallel`,
     which keeps every step: its summary is built from the engines' step tables).
     `steps` overrides the scenario's `steps` (which per-step rows the result keeps and writes).
+    A run that cannot fit in `memory_limit_bytes` [the machine's memory] is refused up front.
     """
     if steps is not None:
         scenario = scenario.model_copy(update={"steps": steps})
@@ -430,7 +437,7 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
     if scenario.engine.data_parallel_size > 1:
         return simulate_data_parallel(scenario.model_copy(update={"steps": "all"}), check)
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
-    parts = build_engine(scenario, rng)
+    parts = build_engine(scenario, rng, memory_limit_bytes)
     requests = build_requests(scenario, parts.facts["max_model_len"], rng)
     recorder = run_engine(parts.scheduler, parts.latency, requests, check=check, progress=progress, bursts=bursts)
     return engine_result(scenario, parts, requests, recorder)

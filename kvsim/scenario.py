@@ -258,6 +258,10 @@ def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
         raise from_validation_error(error) from None
 
 
+def _first_line(error: Exception) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`engine.block_size=32` style overrides; values are parsed as YAML scalars."""
     for item in overrides:
@@ -273,7 +277,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             if not isinstance(child, dict):
                 raise KvsimError(f"--set {item!r}: {part} is not a section")
             node = child
-        node[parts[-1]] = yaml.safe_load(value)
+        try:
+            node[parts[-1]] = yaml.safe_load(value)
+        except yaml.YAMLError as error:
+            raise KvsimError(f"--set {item!r}: the value is not valid YAML ({_first_line(error)})") from None
     return raw
 
 
@@ -289,7 +296,7 @@ def load_scenario(path: str | Path | None, overrides: list[str] | None = None,
         with reading(file, "scenario"):
             raw = yaml.safe_load(file.read_text()) or {}
     except yaml.YAMLError as error:
-        raise KvsimError(f"scenario {file}: not valid YAML: {str(error).splitlines()[0]}") from None
+        raise KvsimError(f"scenario {file}: not valid YAML: {_first_line(error)}") from None
     if not isinstance(raw, dict):
         raise KvsimError(f"scenario {file}: expected a mapping at the top level")
     raw.setdefault("name", file.stem)

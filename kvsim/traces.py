@@ -160,7 +160,7 @@ def read_lengths(path: Path) -> list[TraceRecord]:
                 _positive(row.get("num_decode_tokens"), path, line_no, "num_decode_tokens"),
             ))
     if not records:
-        raise KvsimError(f"{path}: no rows")
+        raise KvsimError(f"{path}: no requests (the table has a header but no rows)")
     return records
 
 
@@ -179,6 +179,9 @@ def read_vllm_sharegpt(path: Path) -> list[TraceRecord]:
             raise KvsimError(f"{path}: conversation {index} has no 'conversations' list")
         if len(turns) < 2:
             continue  # as vLLM's benchmark does: skip conversations without a reply
+        if not all(isinstance(turn, dict) for turn in turns[:2]):
+            raise KvsimError(f"{path}: conversation {index}: turns must be objects with a 'value', "
+                             f"got {str(turns[0])[:40]!r}")
         prompt, reply = str(turns[0].get("value", "")), str(turns[1].get("value", ""))
         records.append(TraceRecord(None, max(1, len(prompt) // CHARS_PER_TOKEN),
                                    max(1, len(reply) // CHARS_PER_TOKEN)))

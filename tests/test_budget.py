@@ -1,0 +1,27 @@
+"""The memory floor of a run, derived by hand from the per-item costs in `kvsim.budget`."""
+
+import pytest
+
+from kvsim.budget import BLOCK_BYTES, REQUEST_BYTES, STEP_BYTES, check_run_memory, estimate_run_bytes
+from kvsim.config import load_gpu, load_model
+from kvsim.errors import KvsimError
+from kvsim.scenario import load_scenario
+
+
+def test_floor_counts_requests_blocks_and_steps():
+    s = load_scenario(None, ["workload.num_requests=1000", "workload.output_len={dist: fixed, value: 16}",
+                             "engine.max_num_seqs=8", "engine.swap_space=0", "engine.num_gpu_blocks_override=100"])
+    model, gpu = load_model(s.model), load_gpu(s.gpu)
+    parts = estimate_run_bytes(s, model, gpu, s.engine, 100, 2**21)
+    # 1,000 requests; 100 GPU blocks, no swap; at least 1,000 x 16 tokens / 8 per step = 2,000 steps
+    assert parts == {"requests": 1000 * REQUEST_BYTES, "kv_blocks": 100 * BLOCK_BYTES, "steps": 2000 * STEP_BYTES}
+    check_run_memory(s, model, gpu, s.engine, 100, 2**21, limit_bytes=sum(parts.values()))  # exactly fits
+    with pytest.raises(KvsimError, match="workload.num_requests=1000: this run needs at least"):
+        check_run_memory(s, model, gpu, s.engine, 100, 2**21, limit_bytes=sum(parts.values()) - 1)
+
+
+def test_swap_space_counts_cpu_blocks():
+    s = load_scenario(None, ["engine.swap_space=4"])
+    model, gpu = load_model(s.model), load_gpu(s.gpu)
+    parts = estimate_run_bytes(s, model, gpu, s.engine, 10, 2**21)
+    assert parts["kv_blocks"] == (10 + 4 * 2**30 // 2**21) * BLOCK_BYTES  # 4 GiB of 2 MiB blocks: 2,048
