@@ -1,25 +1,39 @@
 """kvsim: a discrete-event capacity simulator for LLM serving with a paged KV cache.
 
-`import kvsim` stays light: no torch, triton or matplotlib (and no simpy until a
-simulation runs). Heavier entry points are loaded on first use.
+The library API (typed; the CLI is a thin layer over it):
+
+    simulate(scenario, *, check=False, **overrides) -> RunResult
+        scenario: a Scenario, a YAML path, a dict of scenario fields, or None for the built-in default
+    load_scenario(path=None, overrides=None) -> Scenario
+        overrides: {"engine.block_size": 32} or ["engine.block_size=32"] (the CLI's --set)
+    Scenario, RunResult (requests/steps DataFrames, summary; write, to_parquet)
+
+`import kvsim` stays light: no torch, triton or matplotlib, and no simpy until a simulation runs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kvsim.results import RunResult
+from kvsim.scenario import Scenario, load_scenario
 from kvsim.version import __version__
 
-__all__ = ["__version__", "load_scenario", "simulate"]
+__all__ = ["RunResult", "Scenario", "__version__", "load_scenario", "simulate"]
 
 
-def simulate(scenario, check: bool = False, progress=None):  # noqa: ANN001 - re-exported below
-    """`kvsim.simulate(scenario) -> RunResult`: see `kvsim.engine.simulate` (imported on first use)."""
+def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, /, *, check: bool = False,
+             progress: Callable[[float, int, int], None] | None = None, **overrides: Any) -> RunResult:
+    """Simulate `scenario` (a Scenario, a YAML path, a dict of its fields, or None: the built-in default).
+
+    `overrides` replace fields: `seed=3`, `engine={"block_size": 32}` (merged into the section) or a
+    nested field with double underscores, `engine__block_size=32`. `check=True` runs every allocator's
+    `check_invariants()` after each step.
+    """
     from kvsim.engine import simulate as _simulate
+    from kvsim.scenario import resolve_scenario
 
-    return _simulate(scenario, check=check, progress=progress)
-
-
-def load_scenario(path=None, overrides=None):  # noqa: ANN001
-    """Read and validate a scenario YAML (None: the built-in default); see `kvsim.scenario`."""
-    from kvsim.scenario import load_scenario as _load
-
-    return _load(path, overrides)
+    fields = {key.replace("__", "."): value for key, value in overrides.items()}
+    return _simulate(resolve_scenario(scenario, fields), check=check, progress=progress)

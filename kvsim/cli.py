@@ -21,6 +21,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,  # help text is plain: rich markup would swallow "[default ...]" and other brackets
 )
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -28,8 +29,19 @@ DEFAULT_GPU = "h100-80gb"
 DEFAULT_CONTEXT_LENGTHS = "1024,2048,4096,8192,16384,32768"
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from kvsim.version import __version__
+
+        typer.echo(f"kvsim {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print kvsim's version and exit.")] = False,
+) -> None:
     """kvsim: capacity simulator for LLM serving with a paged KV cache."""
 
 
@@ -143,6 +155,8 @@ def capacity(
     data = add_capacity_costs(plan.to_dict(), price, engine.tensor_parallel_size)
     used = {k for r in data["rows"] for k, v in r.items() if v is not None}  # drop columns that are empty in every row
     rows = [{k: v for k, v in r.items() if k in used} for r in data["rows"]]
+    if output_format in (Format.table, Format.markdown):  # CSV and JSON keep the documented 0
+        rows = [_beyond_max_model_len(r, plan.max_model_len) for r in rows]
     if output_format is Format.json:
         sys.stdout.write(to_json(data))
     elif output_format is Format.csv:
@@ -158,6 +172,14 @@ def capacity(
         console.print(_headline(plan))
         console.print(rows_to_rich(data["kv_types"], title="KV by attention type (one request at max_model_len)"))
         console.print(rows_to_rich(rows, title="Max concurrent sequences by context length"))
+
+
+def _beyond_max_model_len(row: dict, max_model_len: int) -> dict:
+    """A context above max_model_len holds no sequence because vLLM refuses it, not for want of memory:
+    say so instead of printing 0."""
+    if row["context_len"] <= max_model_len:
+        return row
+    return {k: "exceeds max_model_len" if k.endswith("max_seqs") else v for k, v in row.items()}
 
 
 class StepsOption(StrEnum):

@@ -155,8 +155,8 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
                 default=0.0)
     duration = max(end_s - float(requests_df["arrival_s"].min()), 0.0) if len(requests_df) else 0.0
     output_tokens = int((finished["output_tokens"] * finished["num_samples"]).sum())
-    queries = sum(r.summary["vllm:prefix_cache_queries_total"] for r in runs)
-    hits = sum(r.summary["vllm:prefix_cache_hits_total"] for r in runs)
+    queries = sum(r.summary["num_prefix_cache_query_tokens"] for r in runs)
+    hits = sum(r.summary["num_prefix_cache_hit_tokens"] for r in runs)
     per_replica = [{
         "replica": i, "name": r.summary["scenario"], "gpu": r.summary["gpu"], "model": r.summary["model"],
         "tensor_parallel_size": r.scenario.engine.tensor_parallel_size, "num_requests": r.summary["num_requests"],
@@ -184,7 +184,7 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "num_preemptions": sum(r.summary["num_preemptions"] for r in runs),
         "kv_cache_usage_mean": float(np.mean([row["kv_cache_usage_mean"] for row in per_replica])),
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
-        "vllm:prefix_cache_queries_total": queries, "vllm:prefix_cache_hits_total": hits,
+        "num_prefix_cache_query_tokens": queries, "num_prefix_cache_hit_tokens": hits,
         "requests_per_replica": {"min": min(counts), "max": max(counts), "mean": float(np.mean(counts))},
         "route_reasons": {str(k): int(v) for k, v in sorted(Counter(routes_df["reason"]).items())},
         "per_replica": per_replica,

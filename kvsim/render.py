@@ -47,8 +47,8 @@ def rows_to_rich(rows: Sequence[dict[str, Any]], title: str = ""):  # -> rich.ta
 
     table = Table(title=title or None)
     cols = list(rows[0]) if rows else []
-    for c in cols:
-        table.add_column(c, justify="right" if isinstance(rows[0][c], (int, float)) else "left")
+    for c in cols:  # "fold": a narrow terminal wraps headers and values instead of cutting them short
+        table.add_column(c, justify="right" if isinstance(rows[0][c], (int, float)) else "left", overflow="fold")
     for r in rows:
         table.add_row(*(_cell(r[c]) for c in cols))
     return table

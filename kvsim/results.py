@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvsim.errors import KvsimError
 from kvsim.output_dir import output_directory
 
 if TYPE_CHECKING:
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from kvsim.scenario import Scenario
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class RunResult:
     """`requests` and `steps` DataFrames (see `kvsim.metrics`) and the `summary` dict."""
 
@@ -23,6 +24,34 @@ class RunResult:
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict[str, Any]
+
+    def __repr__(self) -> str:
+        """One line: the scenario, the table sizes and three headline numbers (print `summary` for all)."""
+        s = self.summary
+
+        def mean(key: str) -> str:
+            value = (s.get(key) or {}).get("mean")
+            return "-" if value is None else f"{value:.4g}"
+
+        return (f"RunResult(scenario={self.scenario.name!r}, requests={len(self.requests):,}, "
+                f"steps={len(self.steps):,}, finished={s.get('num_finished', 0):,}, "
+                f"ttft_s.mean={mean('ttft_s')}, tpot_s.mean={mean('tpot_s')})")
+
+    def to_parquet(self, out_dir: str | Path) -> Path:
+        """Write `requests.parquet` and `steps.parquet` (columns and dtypes kept) and `summary.json`.
+
+        Same safety as `write`: a new folder or an earlier kvsim output, swapped in complete. Needs
+        pyarrow (`pip install 'kvsim[parquet]'`).
+        """
+        try:
+            import pyarrow  # noqa: F401  (pandas' parquet engine)
+        except ImportError:
+            raise KvsimError("to_parquet needs pyarrow: pip install 'kvsim[parquet]'") from None
+        with output_directory(out_dir, "run") as tmp:
+            self.requests.to_parquet(tmp / "requests.parquet", index=False)
+            self.steps.to_parquet(tmp / "steps.parquet", index=False)
+            (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        return Path(out_dir)
 
     def write(self, out_dir: str | Path) -> Path:
         """Write `requests.csv`, `steps.csv` (unless the scenario keeps no steps), `summary.json`

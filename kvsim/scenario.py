@@ -19,6 +19,8 @@ refers to the data shipped in `kvsim/data/`.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -262,31 +264,69 @@ def _first_line(error: Exception) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """`engine.block_size=32` style overrides; values are parsed as YAML scalars."""
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise KvsimError(f"--set {item!r}: expected dotted.key=value")
-        node = raw
-        parts = key.split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise KvsimError(f"--set {item!r}: {part} is not a section")
-            node = child
-        try:
-            node[parts[-1]] = yaml.safe_load(value)
-        except yaml.YAMLError as error:
-            raise KvsimError(f"--set {item!r}: the value is not valid YAML ({_first_line(error)})") from None
+Overrides = Mapping[str, Any] | Sequence[str]
+"""Field overrides: `["engine.block_size=32"]` as `--set` gives them (values parsed as YAML), or
+`{"engine.block_size": 32}` (values as given). Each replaces the field it names, a section too."""
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]:
+    """Apply dotted-key overrides (see `Overrides`) to a raw scenario dict, in place; returns it."""
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    if isinstance(overrides, Mapping):
+        items = [(str(key), value, f"override {key!r}") for key, value in overrides.items()]
+    else:
+        items = []
+        for item in overrides:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise KvsimError(f"--set {item!r}: expected dotted.key=value")
+            try:
+                items.append((key, yaml.safe_load(value), f"--set {item!r}"))
+            except yaml.YAMLError as error:
+                raise KvsimError(f"--set {item!r}: the value is not valid YAML ({_first_line(error)})") from None
+    for key, value, label in items:
+        _set_field(raw, key.split("."), value, label)
     return raw
 
 
-def load_scenario(path: str | Path | None, overrides: list[str] | None = None,
+def _set_field(node: dict[str, Any], parts: list[str], value: Any, label: str) -> None:
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise KvsimError(f"{label}: {part} is not a section")
+        node = child
+    last = parts[-1]
+    if isinstance(value, Mapping) and isinstance(node.get(last), dict):
+        for key, item in value.items():
+            _set_field(node[last], [str(key)], item, label)
+    else:
+        node[last] = value
+
+
+def resolve_scenario(scenario: Scenario | str | Path | Mapping[str, Any] | None,
+                     overrides: Overrides = ()) -> Scenario:
+    """A `Scenario` from a Scenario, a YAML path, a dict of scenario fields or None (the built-in
+    default), with `overrides` applied."""
+    if scenario is None or isinstance(scenario, (str, Path)):
+        return load_scenario(scenario, overrides)
+    if isinstance(scenario, Scenario):
+        if not overrides:
+            return scenario
+        raw, base_dir = scenario.model_dump(), scenario.base_dir
+    elif isinstance(scenario, Mapping):
+        raw, base_dir = copy.deepcopy(dict(scenario)), "."
+    else:
+        raise KvsimError(f"scenario={scenario!r}: expected a Scenario, a YAML path or a dict of scenario fields")
+    return make_scenario(apply_overrides(raw, overrides), base_dir)
+
+
+def load_scenario(path: str | Path | None = None, overrides: Overrides | None = None,
                   default: Path = DEFAULT_SCENARIO) -> Scenario:
-    """Read a YAML scenario (or the built-in `default` when `path` is None) and apply overrides."""
+    """Read a YAML scenario (or the built-in `default` when `path` is None) and apply `overrides`
+    (a dict of dotted keys to values, or `--set`-style strings; see `Overrides`)."""
     file = default if path is None else Path(path)
     if file.is_dir():
         raise KvsimError(f"scenario={str(path)!r}: is a directory, not a scenario YAML file")
@@ -300,4 +340,4 @@ def load_scenario(path: str | Path | None, overrides: list[str] | None = None,
     if not isinstance(raw, dict):
         raise KvsimError(f"scenario {file}: expected a mapping at the top level")
     raw.setdefault("name", file.stem)
-    return make_scenario(apply_overrides(raw, overrides or []), file.parent)
+    return make_scenario(apply_overrides(raw, overrides or ()), file.parent)

@@ -10,7 +10,6 @@ from kvsim.capacity import (
     shared_prefix_blocks,
     slab_max_seqs,
     vllm_max_concurrency,
-    weights_bytes,
 )
 from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.errors import KvsimError
@@ -36,18 +35,28 @@ def test_tensor_parallel_divides_kv_heads_but_never_below_one():
 
 
 def test_opt13b_12gib_is_the_papers_15_7k_slots():
+    # OPT-13B (config.json): 40 layers, hidden 5120, fp16. K and V: 2 x 40 x 5120 x 2 B = 819,200 B a token,
+    # 13,107,200 B a 16-token block; 12 GiB / 13,107,200 B = 983.04 -> 983 blocks, 15,728 slots (the paper: 15.7K)
     engine = EngineConfig(kv_cache_memory_bytes="12GiB")
     assert num_gpu_blocks(load_model("opt-13b"), H100, engine) == 983
-    assert 983 * 16 == 15_728
+    plan = plan_capacity(load_model("opt-13b"), H100, engine, [1024])
+    assert (plan.num_gpu_blocks, plan.num_token_slots) == (983, 15_728)
 
 
 def test_pool_from_memory_by_hand():
-    m = load_model("llama-2-7b")
-    e = EngineConfig(max_model_len=4096)
-    plan = plan_capacity(m, H100, e, [4096])
-    expected_pool = int(H100.memory_bytes * 0.9) - weights_bytes(m) - plan.activation_peak_bytes - 2**30
-    assert plan.kv_pool_bytes == expected_pool
-    assert plan.num_gpu_blocks == expected_pool // (524_288 * 16)
+    """Llama-2-7B (config.json: 32 layers, hidden 4096, 32 KV heads of 128, MLP 11008, vocab 32000, untied
+    embeddings, fp16) on an H100 SXM (81,559 MiB), vLLM's defaults for the OpenAI server on a GPU of 70 GiB or
+    more (vllm/engine/arg_utils.py: max_num_batched_tokens 8192, max_num_seqs 1024)."""
+    params = 2 * 32000 * 4096 + 32 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) + 4096
+    assert params == 6_738_415_616  # the published parameter count of Llama-2-7B
+    weights = 2 * params
+    # kvsim's stated activation peak: gate/up + product + four hidden buffers for 8192 tokens, fp32 logits
+    activation = 8192 * (3 * 11008 + 4 * 4096) * 2 + 1024 * 32000 * 4
+    pool = int(81559 * 2**20 * 0.9) - weights - activation - 2**30  # 1 GiB non-torch memory
+    plan = plan_capacity(load_model("llama-2-7b"), H100, EngineConfig(max_model_len=4096), [4096])
+    assert (plan.weights_bytes, plan.activation_peak_bytes) == (weights, activation)
+    assert plan.kv_pool_bytes == pool == 61_477_583_257
+    assert plan.num_gpu_blocks == pool // (2 * 32 * 32 * 128 * 2 * 16) == 7328  # 512 KiB a token, 16 a block
 
 
 def test_seed_exercise_39_sequences_at_4k():
@@ -71,6 +80,7 @@ def test_shared_prefix_stores_full_blocks_once():
 
 
 def test_plan_rows_above_max_model_len_are_zero():
+    # 983 blocks (above) / cdiv(1024, 16) = 15; 4096 tokens exceed OPT-13B's max_position_embeddings 2048
     m = load_model("opt-13b")
     plan = plan_capacity(m, H100, EngineConfig(kv_cache_memory_bytes="12GiB"), [1024, 4096])
     assert [r.paged_max_seqs for r in plan.rows] == [15, 0]

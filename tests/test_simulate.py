@@ -103,7 +103,7 @@ def test_shared_prompt_kv_grows_sublinearly_only_with_caching(caching):
 def test_shared_prompt_stored_once():
     s = run("shared-prompt-5000x100", "workload.arrival.rate=100000")
     # 100 requests of 5,100 prompt tokens: all but the first hit the 312 shared full blocks
-    assert s["vllm:prefix_cache_hits_total"] == 99 * 312 * 16
+    assert s["num_prefix_cache_hit_tokens"] == 99 * 312 * 16
 
 
 def test_paper_paged_vs_slab_max():

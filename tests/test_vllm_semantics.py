@@ -29,8 +29,8 @@ def test_no_shared_prefix_workload_reports_zero_hits_under_preemption():
                              ["workload.num_requests=60", "engine.enable_prefix_caching=true"])
     summary = simulate(scenario).summary
     assert summary["num_preemptions"] > 0
-    assert summary["vllm:prefix_cache_hits_total"] == 0 and summary["prefix_cache_hit_rate"] == 0.0
-    assert summary["prefix_cache_preempted_queries"] > 0
+    assert summary["num_prefix_cache_hit_tokens"] == 0 and summary["prefix_cache_hit_rate"] == 0.0
+    assert summary["num_prefix_cache_preempted_query_tokens"] > 0
 
 
 def test_max_num_seqs_counts_sequences_not_requests():
