@@ -28,9 +28,9 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
              progress: Callable[[float, int, int], None] | None = None, **overrides: Any) -> RunResult:
     """Simulate `scenario` (a Scenario, a YAML path, a dict of its fields, or None: the built-in default).
 
-    `overrides` replace fields: `seed=3`, `engine={"block_size": 32}` (merged into the section) or a
-    nested field with double underscores, `engine__block_size=32`. `check=True` runs every allocator's
-    `check_invariants()` after each step.
+    `overrides` replace fields: `seed=3`, or a nested field with double underscores,
+    `engine__block_size=32` (a whole section too: `workload__prompt_len={"dist": "fixed", "value": 512}`).
+    `check=True` runs every allocator's `check_invariants()` after each step.
     """
     from kvsim.engine import simulate as _simulate
     from kvsim.scenario import resolve_scenario

@@ -298,12 +298,7 @@ def _set_field(node: dict[str, Any], parts: list[str], value: Any, label: str) -
         if not isinstance(child, dict):
             raise KvsimError(f"{label}: {part} is not a section")
         node = child
-    last = parts[-1]
-    if isinstance(value, Mapping) and isinstance(node.get(last), dict):
-        for key, item in value.items():
-            _set_field(node[last], [str(key)], item, label)
-    else:
-        node[last] = value
+    node[parts[-1]] = value  # replaced, never merged: `workload.prompt_len={dist: fixed, value: 512}` means just that
 
 
 def resolve_scenario(scenario: Scenario | str | Path | Mapping[str, Any] | None,

@@ -18,11 +18,13 @@ def test_the_api_is_exported_and_typed():
 
 
 def test_load_scenario_takes_dict_or_cli_overrides_alike():
-    a = kvsim.load_scenario(None, {"engine.block_size": 32, "seed": 7, "workload": {"num_requests": 30}})
-    b = kvsim.load_scenario(None, ["engine.block_size=32", "seed=7", "workload.num_requests=30"])
+    a = kvsim.load_scenario(None, {"engine.block_size": 32, "seed": 7, "workload.num_requests": 30,
+                                   "workload.prompt_len": {"dist": "fixed", "value": 100}})
+    b = kvsim.load_scenario(None, ["engine.block_size=32", "seed=7", "workload.num_requests=30",
+                                   "workload.prompt_len={dist: fixed, value: 100}"])
     assert isinstance(a, Scenario) and a == b
     assert (a.engine.block_size, a.seed, a.workload.num_requests) == (32, 7, 30)
-    assert a.engine.max_model_len == 8192  # merging a section keeps the fields it does not name
+    assert a.engine.max_model_len == 8192  # fields not named keep the file's values
 
 
 def test_simulate_a_path_a_dict_and_a_scenario_with_overrides(tmp_path):
