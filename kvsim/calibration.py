@@ -218,7 +218,7 @@ class CalibratedLatency:
             self._fallback("MoE layers", f"{routed} tokens, {touched:.1f} experts")
             return roof.moe_s(num_tokens, group_tokens)
         rest = (roof._gemm(m.shared_params, num_tokens) if m.shared_params else 0.0) + m.exchange_s(
-            num_tokens, roof.gpu_link)
+            routed, roof.gpu_link)
         return m.num_layers * (t + rest)
 
     def token_ops_s(self, num_tokens: int) -> float:

@@ -104,7 +104,8 @@ def request_frame(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: np
 # -- the measured-run folder ---------------------------------------------------------------
 
 ENGINE_KEYS = ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-               "kv_cache_dtype", "block_size", "gpu_memory_utilization", "enable_prefix_caching")
+               "kv_cache_dtype", "block_size", "gpu_memory_utilization", "enable_prefix_caching",
+               "data_parallel_size", "enable_expert_parallel")
 
 
 def find_workload(run_dir: Path, dataset_path: str) -> Path:

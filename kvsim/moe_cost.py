@@ -12,10 +12,12 @@ their experts are split over tp · dp GPUs, as whole experts with expert paralle
 (`enable_expert_parallel`) or as tensor-parallel shards without it (vLLM's MoE layers then
 form a TP group of size dp · tp; docs: data_parallel_deployment), and the tokens T are those
 of all DP engines in the step. Either way a GPU reads E_touched / (tp · dp) experts' bytes and
-computes 1 / (tp · dp) of the FLOPs on average. Tokens move to their experts' GPUs and back:
-an all-to-all (dispatch) and its reverse (combine) per MoE layer, each GPU sending
-T_own · k · hidden · dtype_bytes · (g − 1) / g bytes for a group of g GPUs
-(`all_to_all_s`, the ring formula of `kvsim.collectives`).
+computes 1 / (tp · dp) of the FLOPs on average. Tokens reach their experts' GPUs as vLLM's
+default all2all backend moves them (allgather_reducescatter, vllm/distributed/device_communicators/
+all2all.py): an all-gather of the group's hidden states before the experts and a reduce-scatter
+of their outputs after, per MoE layer, each a ring over the g = tp · dp GPUs moving
+(g − 1) / g · T_group · hidden · dtype_bytes per GPU (`ring_collective_s`, the ring formula of
+`kvsim.collectives` with g − 1 steps).
 
 Shared experts (DeepSeek, Llama 4) see every token: a dense GEMM. The router is a small GEMM
 (hidden × E) on every GPU.
@@ -40,8 +42,8 @@ def expected_experts_touched(num_experts: int, top_k: int, num_tokens: int) -> f
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** num_tokens)
 
 
-def all_to_all_s(num_bytes: float, num_gpus: int, link: GPULink) -> float:
-    """Seconds for an all-to-all in which each GPU holds `num_bytes`, sending (g − 1)/g of them."""
+def ring_collective_s(num_bytes: float, num_gpus: int, link: GPULink) -> float:
+    """Seconds for a ring all-gather or reduce-scatter of `num_bytes` in all over `num_gpus` GPUs."""
     if num_gpus <= 1 or num_bytes <= 0:
         return 0.0
     efficiency = link.efficiency if link.efficiency is not None else LINK_EFFICIENCY[link.kind]
@@ -88,6 +90,6 @@ class MoECost:
         """FLOPs one GPU computes in one MoE layer: 2 · T · k · expert_params / (tp · dp)."""
         return 2 * group_tokens * self.top_k * self.expert_params / self.num_gpus
 
-    def exchange_s(self, own_tokens: int, link: GPULink) -> float:
-        """Dispatch and combine of one MoE layer over the tp · dp GPUs."""
-        return 2 * all_to_all_s(own_tokens * self.top_k * self.hidden_bytes, self.num_gpus, link)
+    def exchange_s(self, group_tokens: int, link: GPULink) -> float:
+        """All-gather of the group's hidden states and reduce-scatter of the outputs, one MoE layer."""
+        return 2 * ring_collective_s(group_tokens * self.hidden_bytes, self.num_gpus, link)

@@ -159,7 +159,7 @@ class RooflineLatency:
         routed = max(num_tokens, group_tokens)
         experts = smooth_max(m.expert_flops(routed) / self._gemm_flops, m.expert_bytes_read(routed) / self._gemm_bw)
         shared = self._gemm(m.shared_params, num_tokens) if m.shared_params else 0.0
-        per_layer = experts + shared + self._gemm(m.router_params, num_tokens) + m.exchange_s(num_tokens,
+        per_layer = experts + shared + self._gemm(m.router_params, num_tokens) + m.exchange_s(routed,
                                                                                                self.gpu_link)
         return m.num_layers * per_layer
 

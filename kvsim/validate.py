@@ -58,16 +58,10 @@ class Validation:
 
 def resolve_model(run: MeasuredRun, model: str | None) -> str:
     """`--model`, else the preset named like the run's Hugging Face id (`meta-llama/Llama-3.1-8B`
-    → `llama-3.1-8b`). Mixture-of-experts and data-parallel runs are refused: kvsim's latency
-    models do not model experts yet, and `validate` replays one engine."""
+    → `llama-3.1-8b`). Mixture-of-experts and data-parallel runs replay as such (`kvsim.moe_cost`,
+    `kvsim.engine.simulate_data_parallel`)."""
     guess = run.model_id.rpartition("/")[2].lower()
     name = model if model is not None else guess if guess in model_presets() else None
-    if run.expert_parallel or (name is not None and load_model(name).moe is not None):
-        raise KvsimError(f"{run.name}: {run.model_id} is a mixture-of-experts model: MoE is not yet modelled "
-                         "by kvsim's latency models, so no error table is produced")
-    if run.data_parallel_size > 1:
-        raise KvsimError(f"{run.name}: data_parallel_size={run.data_parallel_size}: validate replays one "
-                         "engine; data-parallel runs are not supported yet")
     if name is None:
         raise KvsimError(f"model={run.model_id!r}: no kvsim preset of that name; pass --model with a preset "
                          "or the model's config.json")
@@ -116,7 +110,8 @@ def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, 
         "latency": latency_cfg,
         "seed": 0,
     }
-    if run.link is not None and int(run.engine.get("tensor_parallel_size", 1)) > 1:
+    if run.link is not None and (int(run.engine.get("tensor_parallel_size", 1)) > 1
+                                 or int(run.engine.get("data_parallel_size", 1)) > 1):
         # the cluster's own GPU link, not the GPU's datasheet: the measured TP run's all-reduces
         # crossed it. LLMServingSim's figures are effective ones (efficiency 1) and its per-hop
         # latency includes a collective's fixed cost (no NCCL base on top); see kvsim/collectives.py
@@ -186,6 +181,9 @@ def series_stats(run: MeasuredRun, steps: pd.DataFrame) -> dict[str, dict[str, f
     are unknown.
     """
     out: dict[str, dict[str, float | None]] = {"measured": {}, "kvsim": {}, "llmservingsim": {}}
+    if "dp_rank" in steps:  # data-parallel engines step together: their gauges add up (usage: the mean)
+        columns = {col: ("mean" if col == "vllm:kv_cache_usage_perc" else "sum") for _, col, _, _ in GAUGES}
+        steps = steps.groupby("time_s", as_index=False).agg({"duration_s": "max", **columns})
     ts = run.timeseries
     if ts is None or not len(ts):
         dt = steps["duration_s"].to_numpy()

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from kvsim.cli import app
 from kvsim.errors import KvsimError
 from kvsim.measured import load_measured, read_llmservingsim, read_measured_dir, request_frame
-from kvsim.validate import request_stats, resolve_model, validate, write_validation
+from kvsim.validate import request_stats, validate, write_validation
 
 STARTED = "2026-01-01T00:00:00Z"
 EPOCH = datetime.fromisoformat(STARTED.replace("Z", "+00:00")).timestamp()
@@ -65,7 +65,7 @@ def test_measured_folder_gives_vllm_definitions_on_the_engine_clock(tmp_path):
     assert [r.arrival_s for r in run.records] == pytest.approx([0.0, 0.015])  # queued_ts, not the workload's
     assert run.records[1].token_ids == tuple(range(16)) + tuple(range(200, 216)) + (1, 2, 3)
     assert run.engine == {"tensor_parallel_size": 1, "max_num_seqs": 4, "max_num_batched_tokens": 64,
-                          "kv_cache_dtype": "auto"}
+                          "kv_cache_dtype": "auto", "data_parallel_size": 1, "enable_expert_parallel": False}
     # the series' t counts from started_at; the first request arrived 0.5 s after it
     assert run.timeseries is not None and run.timeseries.t_s.tolist() == pytest.approx([0.5])
     assert math.isnan(run.timeseries.kv_usage[0])
@@ -107,23 +107,17 @@ def test_replay_on_a_constant_step_matches_the_hand_timeline(tmp_path):
     assert v.scenario.engine.max_num_seqs == 4 and v.scenario.engine.max_num_batched_tokens == 64
 
 
-def test_moe_runs_are_refused_with_one_line(tmp_path):
-    run = load_measured(write_run(tmp_path, expert_parallel=True))
-    with pytest.raises(KvsimError, match="MoE is not yet modelled"):
-        resolve_model(run, None)
-    result = CliRunner().invoke(app, ["validate", str(run_dir_of(tmp_path)), "--gpu", "h100-80gb"])
-    assert result.exit_code == 2
-    assert result.output.count("\n") == 1 and "mixture-of-experts" in result.output
-
-
-def test_the_shared_moe_case_is_refused_by_its_model_config():
-    result = CliRunner().invoke(app, ["validate", str(CASES / "Qwen3-30B-A3B-Instruct-2507"), "-o", "/nonexistent/x"])
-    assert result.exit_code == 2 and result.output.count("\n") == 1
-    assert "MoE is not yet modelled" in result.output
-    run = load_measured(CASES / "Qwen3-30B-A3B-Instruct-2507")
-    # refused for the model itself (qwen3-30b-a3b has 128 experts), not only for its expert-parallel launch
-    with pytest.raises(KvsimError, match="MoE is not yet modelled"):
-        resolve_model(run.__class__(**{**run.__dict__, "expert_parallel": False, "data_parallel_size": 1}), None)
+def test_the_shared_moe_case_replays_within_the_targets():
+    """Qwen3-30B-A3B, DP 2 with expert parallelism on two RTX PRO 6000s, with the imported profile
+    (its moe.csv): TTFT, TPOT and E2E means within 10 % of the measured run, TPOT within 5 %."""
+    profile = SHARED / "profiles" / "RTXPRO6000" / "Qwen" / "Qwen3-30B-A3B-Instruct-2507" / "bf16"
+    v = validate(load_measured(CASES / "Qwen3-30B-A3B-Instruct-2507"), latency="calibrated", profile=profile)
+    assert v.scenario.engine.data_parallel_size == 2 and v.scenario.engine.enable_expert_parallel
+    assert set(v.result.requests["dp_rank"]) == {0, 1}
+    errors = {r["metric"]: r["kvsim_error_pct"] for r in v.rows}
+    for metric in ("TTFT mean (s)", "TPOT mean (s)", "E2E mean (s)"):
+        assert abs(errors[metric]) < 10, (metric, errors[metric])
+    assert abs(errors["TPOT mean (s)"]) < 5
 
 
 def run_dir_of(root: Path) -> Path:
