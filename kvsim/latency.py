@@ -64,7 +64,7 @@ PROFILE_KINDS = {
     "token_op": "one non-GEMM per-token op of a layer over `num_tokens`, `calls` times per layer",
     "step_op": "a per-token op run once per step (embedding, final norm) over `num_tokens`",
     "sequence_op": "a per-step op over `batch` sampled sequences (lm_head, sampler)",
-    "moe": "one expert (MoE) layer over `num_tokens` routed to `num_experts` experts (stored, not yet modelled)",
+    "moe": "one expert (MoE) layer over `num_tokens` with `num_experts` distinct experts activated",
     "copy": "a device-to-device copy of `bytes`",
 }
 
