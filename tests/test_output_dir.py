@@ -218,17 +218,22 @@ def test_kill_at_a_random_instant_leaves_old_or_new_output(tmp_path):
         tag = f"gen{trial + 2}"
         two_renames = trial % 3 == 0
         sig = signal.SIGINT if two_renames else rng.choice([signal.SIGINT, signal.SIGKILL])
+        # SIGINT stays blocked across the fork until the child has its own handler: an early
+        # signal must not run the inherited one (pytest-xdist's worker reports it to the controller).
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         pid = os.fork()
         if pid == 0:  # the writer; never returns into pytest
             code = 1
             try:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
                 if two_renames:
                     output_dir._renameat2 = lambda src, dst, flags: False
                 _write_run(out, tag, 20, 20_000)
                 code = 0
             finally:
                 os._exit(code)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         time.sleep(rng.uniform(0, 1.5 * duration_s))
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
