@@ -80,16 +80,6 @@ class KVGroup:
         """Block indices [first, end) a sequence of `num_tokens` computed tokens still holds."""
         return self.num_skipped_tokens(num_tokens) // block_size, ceil_div(num_tokens, block_size)
 
-    def attended_tokens(self, context_len: int) -> int:
-        """Tokens one layer of this group reads for a query at position `context_len` − 1."""
-        if self.kind == "sliding_window":
-            assert self.window_tokens is not None
-            return min(context_len, self.window_tokens)
-        if self.kind == "chunked_local":
-            assert self.window_tokens is not None
-            return context_len - (context_len - 1) // self.window_tokens * self.window_tokens
-        return context_len
-
 
 @dataclass(frozen=True, slots=True)
 class KVLayout:
@@ -118,10 +108,6 @@ class KVLayout:
         """KV bytes of one token held by every layer (what a token costs while inside all windows)."""
         return self.bytes_per_token_per_layer * self.num_layers
 
-    @property
-    def is_hybrid(self) -> bool:
-        return len(self.groups) > 1
-
     def num_blocks(self, pool_bytes: int) -> int:
         return pool_bytes // self.page_bytes // self.group_size
 
@@ -138,11 +124,6 @@ class KVLayout:
         """Blocks a sequence of `num_tokens` computed tokens holds, all groups together."""
         return sum(end - first for first, end in (g.live_block_range(num_tokens, self.block_size)
                                                    for g in self.groups))
-
-    def kv_bytes_read(self, context_len: int) -> int:
-        """KV bytes one decode query at `context_len` reads over all layers."""
-        per_layer = self.bytes_per_token_per_layer
-        return sum(g.num_layers * per_layer * g.attended_tokens(context_len) for g in self.groups)
 
     def token_slots(self, num_blocks: int) -> int:
         """vLLM's "GPU KV cache size: N tokens": num_blocks // num_groups · block_size."""

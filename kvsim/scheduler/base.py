@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.latency import LatencyModel
-from kvsim.memory import NO_HIT, KVAllocator, PrefixHit, SegmentContent
+from kvsim.memory import KVAllocator, PrefixHit, SegmentContent
 from kvsim.request import Request, RequestStatus
 from kvsim.scheduler import burst
 from kvsim.scheduler.beams import select_beams
@@ -114,14 +114,13 @@ class Scheduler:
     def active_seq_ids(self, req: Request) -> list[int]:
         return req.seq_ids + req.child_seq_ids() if req.request_id in self._forked else req.seq_ids
 
-    def try_allocate(self, req: Request, num_tokens_total: int, hit: PrefixHit = NO_HIT,
-                     reserve_slots: int = 0) -> bool:
+    def try_allocate(self, req: Request, num_tokens_total: int) -> bool:
         """Grow every active sequence of `req` to `num_tokens_total` slots, all or none."""
         seq_ids = self.active_seq_ids(req)
         if len(seq_ids) == 1:
-            return self.alloc.allocate(seq_ids[0], num_tokens_total, req.kv_len, req.content, hit, reserve_slots)
+            return self.alloc.allocate(seq_ids[0], num_tokens_total, req.kv_len, req.content)
         needed = self.alloc.slots_needed(seq_ids, num_tokens_total)
-        if needed and needed + reserve_slots > self.alloc.num_free_slots:
+        if needed and needed > self.alloc.num_free_slots:
             return False
         for seq_id in seq_ids:
             assert self.alloc.allocate(seq_id, num_tokens_total)
