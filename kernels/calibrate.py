@@ -21,7 +21,7 @@ import csv
 import datetime
 import platform
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import triton
 
+from kernels.grid import Grid, LayerShapes, plan
 from kernels.paged_attention import FP8_DTYPE, paged_attention_decode, paged_attention_prefill
 from kvsim.latency import PROFILE_COLUMNS
 from kvsim.output_dir import FILE_TAG, output_file
@@ -37,70 +38,8 @@ L2_BYTES = 64 * 2**20  # H100/H200 have 50-60 MB; pools are sized well past it
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-@dataclass(frozen=True)
-class LayerShapes:
-    """Per-shard shapes of one transformer layer (what the kernels and GEMMs see)."""
-
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    intermediate_size: int
-    vocab_size: int
-    gated_mlp: bool
-    dtype: str  # weight / activation dtype name
-    kv_dtype: str  # "auto" (= dtype) or "fp8"
-
-    def gemm_shapes(self) -> dict[str, tuple[int, int]]:
-        """op → (K input features, N output features)."""
-        hd = self.head_dim
-        return {
-            "qkv": (self.hidden_size, (self.num_heads + 2 * self.num_kv_heads) * hd),
-            "o": (self.num_heads * hd, self.hidden_size),
-            "gate_up": (self.hidden_size, (2 if self.gated_mlp else 1) * self.intermediate_size),
-            "down": (self.intermediate_size, self.hidden_size),
-            "lm_head": (self.hidden_size, self.vocab_size),
-        }
-
-
-@dataclass(frozen=True)
-class Grid:
-    batches: tuple[int, ...]
-    contexts: tuple[int, ...]
-    block_sizes: tuple[int, ...]
-    prefill_query_lens: tuple[int, ...]
-    prefill_cached_lens: tuple[int, ...]
-    gemm_tokens: tuple[int, ...]
-
-
-DEFAULT_GRID = Grid(
-    batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-    contexts=(128, 512, 1024, 2048, 4096, 8192, 16384, 32768),
-    block_sizes=(16,),
-    prefill_query_lens=(16, 64, 256, 1024, 2048),
-    prefill_cached_lens=(0, 1024, 4096, 16384),
-    gemm_tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
-)
-QUICK_GRID = Grid(batches=(1, 16, 128), contexts=(512, 4096), block_sizes=(16,), prefill_query_lens=(128, 1024),
-                  prefill_cached_lens=(0, 2048), gemm_tokens=(1, 64, 1024))
-
-
 def has_cuda() -> bool:
     return torch.cuda.is_available()
-
-
-def plan(shapes: LayerShapes, grid: Grid) -> list[dict[str, Any]]:
-    """Every measurement the grid asks for, in the order `measure` takes them."""
-    points: list[dict[str, Any]] = []
-    for bs in grid.block_sizes:
-        points += [{"kind": "decode", "batch": b, "context_len": c, "block_size": bs}
-                   for b in grid.batches for c in grid.contexts]
-        points += [{"kind": "prefill", "batch": 1, "query_len": q, "context_len": p + q, "block_size": bs}
-                   for q in grid.prefill_query_lens for p in grid.prefill_cached_lens]
-    for op, (k, n) in shapes.gemm_shapes().items():
-        points += [{"kind": "gemm", "op": op, "num_tokens": t, "k": k, "n": n} for t in grid.gemm_tokens]
-    points.append({"kind": "copy"})
-    return points
 
 
 def do_bench_s(fn: Callable[[], object]) -> float:

@@ -5,6 +5,7 @@ No domain logic lives here. Every `KvsimError` becomes one line on stderr and ex
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -404,20 +405,17 @@ def calibrate(
         sizes = parse_int_list(block_size, "--block-sizes")
         if output is not None and not dry_run:
             check_output_file(output)  # refuse before loading torch and measuring, not after
-        try:
-            from kernels import calibrate as harness
-        except ImportError as error:
-            raise KvsimError(f"calibrate needs torch and triton ({error.name} is missing): "
-                             "pip install -e '.[kernels]'") from None
-        shapes = harness.LayerShapes(
+        from kernels import grid as calibration_grid  # standard library only: --dry-run needs no torch
+
+        shapes = calibration_grid.LayerShapes(
             num_heads=max(1, spec.num_attention_heads // engine.tensor_parallel_size),
             num_kv_heads=max(1, spec.num_kv_heads // engine.tensor_parallel_size), head_dim=spec.head_dim,
             hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size // engine.tensor_parallel_size,
             vocab_size=spec.vocab_size // engine.tensor_parallel_size, gated_mlp=spec.gated_mlp, dtype=spec.dtype,
             kv_dtype=kv_cache_dtype)
-        base = harness.QUICK_GRID if quick else harness.DEFAULT_GRID
-        grid = harness.Grid(**{**harness.asdict(base), "block_sizes": tuple(sizes)})
-        points = harness.plan(shapes, grid)
+        base = calibration_grid.QUICK_GRID if quick else calibration_grid.DEFAULT_GRID
+        grid = dataclasses.replace(base, block_sizes=tuple(sizes))
+        points = calibration_grid.plan(shapes, grid)
         if dry_run:
             from kvsim.render import rows_to_csv
 
@@ -426,6 +424,11 @@ def calibrate(
                                                                         "block_size")} for p in points]))
             typer.echo(f"{len(points)} measurements for {spec.name} ({shapes})", err=True)
             return
+        try:
+            from kernels import calibrate as harness
+        except ImportError as error:
+            raise KvsimError(f"calibrate needs torch and triton ({error.name} is missing): "
+                             "pip install -e '.[kernels]'") from None
         if not harness.has_cuda():
             raise KvsimError("no CUDA device: calibration times kernels on a GPU (--dry-run prints the grid)")
         if output is None:

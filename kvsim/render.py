@@ -58,6 +58,14 @@ def to_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=False) + "\n"
 
 
+def _sustained(saturated: dict[str, Any]) -> str:
+    """The saturated block in words: "not saturated" with the reason when its averages are None."""
+    if saturated["mean_running"] is None:
+        return f"not saturated ({saturated['reason']})"
+    return (f"{saturated['mean_running']:.1f} running, {saturated['preemptions_per_s']:.3g} preemptions/s "
+            f"over {saturated['duration_s']:.2f} s queued")
+
+
 def summary_table(summary: dict[str, Any]):  # -> rich.table.Table
     """The run summary as a two-column rich table: configuration, throughput, latency, KV."""
     from rich.table import Table
@@ -79,6 +87,7 @@ def summary_table(summary: dict[str, Any]):  # -> rich.table.Table
         ("E2E (s)", pct(summary["e2e_s"])),
         ("queue (s)", pct(summary["queue_s"])),
         ("running", f"max {summary['max_running']}, mean {summary['mean_running']:.1f}"),
+        ("sustained (while queued)", _sustained(summary["saturated"])),
         ("KV usage", f"mean {usage['mean']:.1%}, max {usage['max']:.1%} of {summary['num_gpu_blocks']:,} blocks"),
         ("preemptions",
          f"{summary['num_preemptions']:,} (swapped out {summary['swapped_out_bytes'] / 2**30:,.2f} GiB)"),

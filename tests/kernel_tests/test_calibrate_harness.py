@@ -2,7 +2,8 @@
 
 import torch
 
-from kernels.calibrate import Grid, LayerShapes, measure, plan
+from kernels.calibrate import measure
+from kernels.grid import Grid, LayerShapes, plan
 from kvsim.calibration import CalibratedLatency
 from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.roofline import RooflineLatency
