@@ -7,6 +7,8 @@ buy, and what a user-hour and a million tokens cost at the sustained rate.
 
 from __future__ import annotations
 
+import pandas as pd
+
 from kvsim import studies
 
 
@@ -69,7 +71,7 @@ def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfi
     rates = sec.tables["sustained_rate"].set_index("allocator")
     shares = ", ".join(f"{a} {waste.loc[a, 'token_state']:.1%}" for a in waste.index)
     mult = ", ".join(f"{rates.loc[a, 'paging_multiplier']:.2f}× over {a}" for a in rates.index if a != "paged"
-                     and rates.loc[a, "paging_multiplier"] == rates.loc[a, "paging_multiplier"])
+                     and pd.notna(rates.loc[a, "paging_multiplier"]))
     paged = rates.loc["paged"]
     cost = ""
     if paged.usd_per_concurrent_user_hour == paged.usd_per_concurrent_user_hour and paged.usd_per_concurrent_user_hour:
@@ -77,11 +79,18 @@ def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfi
                 f"{paged.output_tokens_per_s:,.0f} output tokens/s: ${paged.usd_per_concurrent_user_hour:.4f} per "
                 f"concurrent user-hour and ${paged.usd_per_million_output_tokens:.2f} per million output tokens "
                 f"({paged.price_source}).")
+    if pd.notna(paged.first_failing_rate):  # the search found the limit
+        rate = (f"The highest Poisson rate whose p90 TTFT stays within {cfg.ttft_slo_s} s, found by bisection to "
+                f"5 %, is {paged.max_rate_meeting_slo:g} req/s with paging: {mult or 'no other allocator has a limit'}"
+                f".{cost}")
+    else:
+        rate = (f"With paging the p90 TTFT stays within {cfg.ttft_slo_s} s at every rate tried, up to "
+                f"{paged.max_rate_meeting_slo:g} req/s, where all {3 * cfg.num_requests} requests of a probe arrive "
+                "as good as at once: this workload is too small to find the sustainable rate (raise the request "
+                "count), so no paging multiplier is given.")
     return ("Shares of the whole KV pool holding token states, time-averaged while requests queue (the view of "
             f"the PagedAttention paper's Fig. 2; slack, gaps and free space are its \"external fragmentation & "
-            f"others\"): {shares} (paper: Orca Max 20.4 %, Pow2 26.8 %, Oracle 38.2 %, vLLM 96.3 %). The "
-            f"highest Poisson rate whose p90 TTFT stays within {cfg.ttft_slo_s} s, found by bisection to 5 %, is "
-            f"{paged.max_rate_meeting_slo:g} req/s with paging: {mult}.{cost}")
+            f"others\"): {shares} (paper: Orca Max 20.4 %, Pow2 26.8 %, Oracle 38.2 %, vLLM 96.3 %). {rate}")
 
 
 def load_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:

@@ -306,8 +306,12 @@ def sustained_rates(st: Study) -> pd.DataFrame:
     df["usd_per_million_output_tokens"] = [_round(cost_per_million_output_tokens(price, num_gpus, t))
                                            for t in df.output_tokens_per_s]
     df["price_source"] = price.source
+    # A rate that never failed is only a lower bound, so a ratio involving one is no multiplier.
+    bounded = df.first_failing_rate.notna()
     paged = df.loc[df.allocator == "paged", "max_rate_meeting_slo"].item()
-    df["paging_multiplier"] = [round(paged / r, 2) if r else None for r in df.max_rate_meeting_slo]
+    paged_bounded = bool(bounded[df.allocator == "paged"].item())
+    df["paging_multiplier"] = [round(paged / r, 2) if r and ok and paged_bounded else None
+                               for r, ok in zip(df.max_rate_meeting_slo, bounded, strict=True)]
     return df
 
 

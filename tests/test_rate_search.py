@@ -34,6 +34,15 @@ def test_nothing_passes_reports_zero():
     assert bound.passed == 0.0 and bound.failed is not None
 
 
-def test_an_objective_that_never_fails_is_an_error():
-    with pytest.raises(RuntimeError, match="never failed"):
+def test_an_objective_that_never_fails_stops_growing_and_says_so():
+    """A workload too small to saturate (it meets the SLO even arriving all at once) is no error:
+    growth stops at start · 2^20 (20 doublings from 1 req/s) with no failing rate."""
+    calls = []
+    (bound,) = max_passing_rates(threshold_probe([float("inf")], calls), 1, start_rate=1.0)
+    assert bound.failed is None and bound.passed == 2.0**20
+    assert bound.num_probes == 21  # 1, 2, 4, ..., 2^20
+
+
+def test_a_loop_that_cannot_settle_is_still_an_error():
+    with pytest.raises(RuntimeError, match="did not settle"):
         max_passing_rates(lambda batch: [(True, None) for _ in batch], 1, max_rounds=10)
