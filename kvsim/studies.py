@@ -64,7 +64,11 @@ class StudyConfig:
 
 
 def variant(base: Scenario, *overrides: str) -> Scenario:
+    """`base` with `--set`-style overrides. A slab variant stores every layer's full KV: the Orca
+    baselines know no sliding windows, as vLLM with its hybrid KV cache manager disabled."""
     raw = apply_overrides(base.model_dump(mode="json"), list(overrides))
+    if raw["engine"]["allocator"] != "paged":
+        raw["engine"]["disable_hybrid_kv_cache_manager"] = True
     return make_scenario(raw, base.base_dir)
 
 
