@@ -95,7 +95,8 @@ GpuOpt = Annotated[str, typer.Option("--gpu", help="Preset name or path to a GPU
 MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len")]
 BlockSizeOpt = Annotated[int | None, typer.Option("--block-size")]
 GpuUtilOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
-KvDtypeOpt = Annotated[str | None, typer.Option("--kv-cache-dtype", help="auto, fp8, fp8_e4m3, fp8_e5m2")]
+KvDtypeOpt = Annotated[str | None, typer.Option(  # every value of kvsim.config.KVCacheDtype
+    "--kv-cache-dtype", help="auto, fp8, fp8_e4m3, fp8_e5m2, float16, bfloat16")]
 KvBytesOpt = Annotated[str | None, typer.Option("--kv-cache-memory-bytes", help="e.g. 12GiB")]
 BlocksOverrideOpt = Annotated[int | None, typer.Option("--num-gpu-blocks-override")]
 TpOpt = Annotated[int | None, typer.Option("--tensor-parallel-size", "-tp")]

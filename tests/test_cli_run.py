@@ -107,3 +107,13 @@ def test_run_a_fleet_writes_routes_and_per_replica_tables(tmp_path):
     assert routes[0] == "request_id,arrival_s,replica,reason,matched_tokens" and len(routes) == 13
     bad = runner.invoke(app, ["run", str(scenario), "--set", "router.load_bound=0.5", "-o", str(tmp_path / "b")])
     assert bad.exit_code == 2 and "load_bound" in bad.stderr and not (tmp_path / "b").exists()
+
+
+def test_kv_cache_dtype_help_lists_every_accepted_value():
+    """The help text is written by hand; every value the engine config accepts must appear in it."""
+    from typing import get_args
+
+    from kvsim.cli import KvDtypeOpt
+    from kvsim.config import KVCacheDtype
+    help_text = get_args(KvDtypeOpt)[1].help
+    assert [v for v in get_args(KVCacheDtype) if v not in help_text.split(", ")] == []
