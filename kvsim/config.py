@@ -326,6 +326,13 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = True
     swap_space: float = Field(default=4.0, ge=0, description="GiB of CPU swap per GPU")
     preemption_mode: Literal["recompute", "swap"] | None = None
+    # vLLM does not configure this: it measures it at startup. vllm/v1/worker/gpu_worker.py
+    # `determine_available_memory` runs `profile_run()` inside vllm/utils/mem_utils.py
+    # `memory_profiling` and subtracts `non_torch_increase` (device memory growth outside
+    # PyTorch's allocator: CUDA context, NCCL buffers, cuBLAS workspace) with the weights and
+    # the torch activation peak from the utilization budget. No measured value is shipped with
+    # kvsim; 1 GiB is an estimate for one GPU (an assumption, not a fit). Override it with the
+    # non-torch figure of vLLM's memory-profiling log line when you have one.
     non_torch_memory_bytes: Annotated[int, BeforeValidator(parse_size), Field(ge=0)] = 2**30
     allocator: Literal["paged", "slab-max", "slab-pow2", "slab-oracle"] = "paged"
     slab_placement: Literal["buddy", "first-fit"] = "buddy"

@@ -30,7 +30,7 @@ from kvsim.sweep import SweepResult, run_many
 from kvsim.units import ceil_div
 from kvsim.workload import build_requests
 
-SATURATE = 100_000.0
+SATURATE = 100_000.0  # req/s: far above any GPU's throughput, so the queue never empties (a choice, not a fit)
 ALLOCATORS = ("slab-max", "slab-pow2", "slab-oracle", "paged")
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+# Fitted by hand to the PagedAttention paper's beam-search savings on ShareGPT (44.3-66.3 %,
+# its §6.3) with ShareGPT-like lengths; see the module docstring for what the fit reproduces.
 ALPHA = 0.01
 SPREAD = 0.5
 
