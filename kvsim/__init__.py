@@ -2,8 +2,9 @@
 
 The library API (typed; the CLI is a thin layer over it):
 
-    simulate(scenario, *, check=False, **overrides) -> RunResult
-        scenario: a Scenario, a YAML path, a dict of scenario fields, or None for the built-in default
+    simulate(scenario, *, check=False, **overrides) -> RunResult | FleetResult
+        scenario: a Scenario, a YAML path, a dict of scenario fields, or None for the built-in default;
+        a fleet scenario (`replicas` set) runs `kvsim.fleet.simulate_fleet` and returns its FleetResult
     load_scenario(path=None, overrides=None) -> Scenario
         overrides: {"engine.block_size": 32} or ["engine.block_size=32"] (the CLI's --set)
     Scenario, RunResult (requests/steps DataFrames, summary; write, to_parquet)
@@ -15,25 +16,34 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsim.results import RunResult
 from kvsim.scenario import Scenario, load_scenario
 from kvsim.version import __version__
 
+if TYPE_CHECKING:
+    from kvsim.fleet import FleetResult
+
 __all__ = ["RunResult", "Scenario", "__version__", "load_scenario", "simulate"]
 
 
 def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, /, *, check: bool = False,
-             progress: Callable[[float, int, int], None] | None = None, **overrides: Any) -> RunResult:
+             progress: Callable[[float, int, int], None] | None = None, **overrides: Any) -> RunResult | FleetResult:
     """Simulate `scenario` (a Scenario, a YAML path, a dict of its fields, or None: the built-in default).
 
     `overrides` replace fields: `seed=3`, or a nested field with double underscores,
     `engine__block_size=32` (a whole section too: `workload__prompt_len={"dist": "fixed", "value": 512}`).
     `check=True` runs every allocator's `check_invariants()` after each step.
+    A fleet scenario (`replicas` set) runs its replicas behind its router and returns a `FleetResult`.
     """
     from kvsim.engine import simulate as _simulate
     from kvsim.scenario import resolve_scenario
 
     fields = {key.replace("__", "."): value for key, value in overrides.items()}
-    return _simulate(resolve_scenario(scenario, fields), check=check, progress=progress)
+    resolved = resolve_scenario(scenario, fields)
+    if resolved.is_fleet:
+        from kvsim.fleet import simulate_fleet
+
+        return simulate_fleet(resolved, check=check, progress=progress)
+    return _simulate(resolved, check=check, progress=progress)

@@ -51,3 +51,15 @@ def test_run_result_repr_is_one_short_line_and_parquet_round_trips(tmp_path):
     requests = pd.read_parquet(out / "requests.parquet")
     pd.testing.assert_frame_equal(requests, result.requests)
     assert len(pd.read_parquet(out / "steps.parquet")) == len(result.steps)
+
+
+def test_simulate_runs_a_fleet_scenario_through_the_fleet_path():
+    from kvsim.fleet import FleetResult, simulate_fleet
+
+    fleet = kvsim.load_scenario(None, {**SMALL, "replicas": 2, "router.policy": "round_robin"})
+    result = kvsim.simulate(fleet)
+    assert isinstance(result, FleetResult)
+    assert len(result.replicas) == 2 and result.summary["num_finished"] == 30
+    # round robin deals 30 requests 15 and 15
+    assert result.summary["requests_per_replica"] == {"min": 15, "max": 15, "mean": 15.0}
+    assert result.summary == simulate_fleet(fleet).summary  # the same path, the same seed
