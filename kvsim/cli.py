@@ -239,8 +239,7 @@ def run(
 
     console = Console()
     console.print(fleet_table(result.summary) if spec.is_fleet else summary_table(result.summary))
-    files = "requests.csv, steps.csv, routes.csv, replicas.csv, summary.json" if spec.is_fleet \
-        else "requests.csv, steps.csv, summary.json"
+    files = ", ".join(sorted(p.name for p in written.expanduser().iterdir() if not p.name.startswith(".")))
     console.print(f"results written to {written}/ ({files})")
 
 

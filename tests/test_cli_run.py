@@ -13,6 +13,7 @@ def test_default_run_writes_results(tmp_path):
     result = runner.invoke(app, ["run", "--set", "workload.num_requests=50", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "kvsim run" in result.stdout
+    assert "(requests.csv, scenario.yaml, steps.csv, summary.json)" in " ".join(result.stdout.split())  # as written
     assert {p.name for p in out.iterdir()} == {"requests.csv", "steps.csv", "summary.json", "scenario.yaml",
                                                ".kvsim-output"}
     summary = json.loads((out / "summary.json").read_text())
