@@ -2,7 +2,7 @@
 
     bounds = max_passing_rates(probe, num_items=4)      # probe(rates) -> [(passed, result), ...]
 
-No fixed grid and no ceiling: each item starts at `start_rate`, doubles until a rate fails
+No fixed grid and no ceiling short of MAX_RATE_FACTOR: each item starts at `start_rate`, doubles until a rate fails
 (or halves until one passes), then bisects geometrically between the highest passing rate
 and the lowest failing one until they are within `rel_tol` (5 %). Items are probed
 together, one batch per round, so a sweep runner can spread each round over workers.
