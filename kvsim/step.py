@@ -47,3 +47,17 @@ class StepPlan:
         self.sum_context_tokens += context * num_seqs
         self.max_context_tokens = max(self.max_context_tokens, context)
         self.attention_work += num_new * (past + (num_new + 1) / 2) * num_seqs
+
+    def add_decodes(self, num_seqs: int, sum_context_tokens: int, max_context_tokens: int) -> None:
+        """Account `num_seqs` one-token decodes (each after ≥ 1 cached token, each sampling) at once:
+        the same totals as `add(1, context − 1, 1, samples=True)` per sequence. Every term of
+        `attention_work` is a multiple of ½ far below 2⁵³, so its float sum is exact in any order."""
+        self.num_tokens += num_seqs
+        self.num_seqs += num_seqs
+        self.num_decode_seqs += num_seqs
+        self.sum_decode_context_tokens += sum_context_tokens
+        self.num_sampled += num_seqs
+        self.sum_context_tokens += sum_context_tokens
+        if max_context_tokens > self.max_context_tokens:
+            self.max_context_tokens = max_context_tokens
+        self.attention_work += sum_context_tokens  # decode term: 1 · (past + 1) = its context

@@ -205,6 +205,10 @@ class GroupedPagedAllocator(PoolSlots):
             self._write(seq, num_tokens_total)
         return True
 
+    def append_token(self, seq_id: int) -> bool:
+        """No separate fast path: every token goes through `allocate`."""
+        return False
+
     def _start(self, seq_id: int, final_num_tokens: int, content: Content | None, hit: PrefixHit) -> GroupedSeq:
         k = hit.num_tokens // self.block_size
         tables = [list(hit.block_ids[g * k:(g + 1) * k]) for g in range(len(self.groups))]

@@ -179,9 +179,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
         fragmentation. Returns False, changing nothing, when the blocks are not there.
         """
         seq = self.seqs.get(seq_id)
-        if (seq is not None and num_tokens_total == seq.num_tokens + 1 and seq.num_tokens % self.block_size
-                and self.pool.ref_counts[seq.block_table[-1]] == 1):
-            self._mark_written(seq, num_tokens_total)  # hot path: a decode token in its own last block
+        if seq is not None and num_tokens_total == seq.num_tokens + 1 and self.append_token(seq_id):
             return True
         needed = self._blocks_needed(seq, num_tokens_total, hit)
         if needed and needed + ceil_div(reserve_slots, self.block_size) > self.pool.num_free_blocks:
@@ -190,6 +188,31 @@ class PagedAllocator(PoolSlots, PagedBursts):
             seq = self._start(seq_id, final_num_tokens or num_tokens_total, content, hit)
         if num_tokens_total > seq.num_tokens:
             self._write(seq, num_tokens_total)
+        return True
+
+    def append_token(self, seq_id: int) -> bool:
+        """`allocate(seq_id, written + 1)` when that token goes into the sequence's own partly
+        filled last block (no new block, no copy, not past its final length); otherwise False,
+        changing nothing, and the caller uses `allocate`. The hot path of every decode step:
+        `_mark_written` inlined for one token in the last block."""
+        seq = self.seqs.get(seq_id)
+        if seq is None:
+            return False
+        bs, written, final = self.block_size, seq.num_tokens, seq.final_num_tokens
+        used = written % bs
+        block_id = seq.block_table[-1] if used else 0
+        if not used or written >= final or self.pool.ref_counts[block_id] != 1:
+            return False
+        self.block_fill[block_id] = used + 1
+        self.num_filled_slots += 1
+        self._sum_written += 1
+        seq.num_tokens = written + 1
+        held = len(seq.block_table) * bs  # a forked child's reservation becomes its own here, as in _mark_written
+        reservable = held if held < final else final
+        self._sum_reservable += reservable - seq.reservable
+        seq.reservable = reservable
+        if used + 1 == bs and self.enable_caching and seq.content is not None:
+            self._hash_full_blocks(seq)
         return True
 
     def _start(self, seq_id: int, final_num_tokens: int, content: Content | None, hit: PrefixHit) -> SeqBlocks:
@@ -221,11 +244,10 @@ class PagedAllocator(PoolSlots, PagedBursts):
             table.extend(pool.get_new_blocks(new_len - len(table)))
         self._mark_written(seq, num_tokens_total)
 
-    def _mark_written(self, seq: SeqBlocks, num_tokens_total: int, hash_blocks: bool = True) -> None:
+    def _mark_written(self, seq: SeqBlocks, num_tokens_total: int) -> None:
         """Record tokens written up to `num_tokens_total` into blocks the table already holds.
 
-        Hot path (every decode token): the reservation update of `_own_reservable` is inlined.
-        `hash_blocks=False` leaves newly full blocks for the caller to register (bursts).
+        The one-token case is `append_token`, the burst case `append_burst` (both inline this).
         """
         bs, ref_counts, fill, table = self.block_size, self.pool.ref_counts, self.block_fill, seq.block_table
         written = seq.num_tokens
@@ -244,7 +266,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
         reservable = held if held < seq.final_num_tokens else seq.final_num_tokens
         self._sum_reservable += reservable - seq.reservable
         seq.reservable = reservable
-        if hash_blocks and self.enable_caching and seq.content is not None \
+        if self.enable_caching and seq.content is not None \
                 and num_tokens_total // bs > seq.num_hashed_blocks:
             self._hash_full_blocks(seq)
 

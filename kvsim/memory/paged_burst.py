@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kvsim.units import ceil_div
-
 if TYPE_CHECKING:
     from kvsim.content import Content
     from kvsim.memory.block_pool import BlockPool
@@ -24,6 +22,7 @@ class PagedBursts:
     enable_caching: bool
     pool: BlockPool
     seqs: dict[int, SeqBlocks]
+    block_fill: list[int]
     num_filled_slots: int
     _sum_written: int
     _sum_reservable: int
@@ -32,25 +31,27 @@ class PagedBursts:
         @property
         def num_held_slots(self) -> int: ...
 
-        def _mark_written(self, seq: SeqBlocks, num_tokens_total: int, hash_blocks: bool = True) -> None: ...
-
-    def _burst_events(self, seq_ids: Sequence[int], num_steps: int) -> list[tuple[int, int]]:
+    def _burst_events(self, seqs: Sequence[SeqBlocks], num_steps: int) -> list[tuple[int, int]]:
         """(step offset, position) of each block `num_steps` decode steps take, in step-by-step order.
 
         Step offset `off` writes slot `written + off`; a block starts there when it is ≡ 0 mod bs.
         """
         bs = self.block_size
         events: list[tuple[int, int]] = []
-        for pos, seq_id in enumerate(seq_ids):
-            written = self.seqs[seq_id].num_tokens
-            events.extend((off, pos) for off in range((-written) % bs, num_steps, bs))
+        for pos, seq in enumerate(seqs):
+            first = -seq.num_tokens % bs
+            if first < num_steps:
+                events.extend((off, pos) for off in range(first, num_steps, bs))
         events.sort()
         return events
 
     def burst_slots_needed(self, seq_ids: Sequence[int], num_steps: int) -> int:
-        bs = self.block_size
-        return bs * sum(ceil_div(self.seqs[s].num_tokens + num_steps, bs) - len(self.seqs[s].block_table)
-                        for s in seq_ids)
+        bs, seqs = self.block_size, self.seqs
+        blocks = 0
+        for seq_id in seq_ids:
+            seq = seqs[seq_id]
+            blocks += -(-(seq.num_tokens + num_steps) // bs) - len(seq.block_table)
+        return blocks * bs
 
     def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> None:
         """Exactly what `num_steps` steps of `allocate(seq, tokens + 1)` for each sequence in order do.
@@ -59,36 +60,61 @@ class PagedBursts:
         (step, position) order, as the step-by-step calls would do it (the first block
         registered under a hash is the one lookups find). The caller has checked
         `burst_slots_needed` against the free slots. Sequences must own their partial last
-        block (no fork sharing).
+        block (no fork sharing) and stay within their final length (`burst_occupancy` asserts it).
+        The per-sequence update is `_mark_written`'s, inlined (hot: every sequence of every burst).
         """
-        events = self._burst_events(seq_ids, num_steps)
+        bs, fill = self.block_size, self.block_fill
         seqs = [self.seqs[s] for s in seq_ids]
+        events = self._burst_events(seqs, num_steps)
         fresh = self.pool.get_new_blocks(len(events))
         for (_, pos), block_id in zip(events, fresh, strict=True):
             seqs[pos].block_table.append(block_id)
-        written = [seq.num_tokens for seq in seqs]
+        filling: list[tuple[SeqBlocks, int]] = []  # sequences that may fill a block to hash, tokens before
+        reservable_delta = 0
         for seq in seqs:
-            self._mark_written(seq, seq.num_tokens + num_steps, hash_blocks=False)
-        if self.enable_caching:
-            self._hash_burst_blocks(seqs, written)
+            written = seq.num_tokens
+            total = written + num_steps
+            table = seq.block_table
+            last = len(table) - 1
+            for index in range(written // bs, last):
+                fill[table[index]] = bs
+            fill[table[last]] = total - last * bs
+            seq.num_tokens = total
+            held, final = (last + 1) * bs, seq.final_num_tokens
+            reservable = held if held < final else final
+            reservable_delta += reservable - seq.reservable
+            seq.reservable = reservable
+            if total // bs > seq.num_hashed_blocks and seq.content is not None:
+                filling.append((seq, written))
+        num_written = len(seqs) * num_steps
+        self.num_filled_slots += num_written
+        self._sum_written += num_written
+        self._sum_reservable += reservable_delta
+        if self.enable_caching and filling:
+            self._hash_burst_blocks(filling)
 
-    def _hash_burst_blocks(self, seqs: Sequence[SeqBlocks], written_before: Sequence[int]) -> None:
+    def _hash_burst_blocks(self, filling: Sequence[tuple[SeqBlocks, int]]) -> None:
         """Register the blocks a burst filled in the order step-by-step writes would have.
 
-        Block `i` of a sequence that had written `w` tokens fills at step offset
-        `(i + 1) · bs − w − 1`; ties between sequences go to the earlier position.
+        `filling` lists (sequence, tokens written before the burst) in batch order. Block `i` of
+        a sequence that had written `w` tokens fills at step offset `(i + 1) · bs − w − 1`; ties
+        between sequences go to the earlier position.
         """
         bs, pool = self.block_size, self.pool
         order: list[tuple[int, int, int]] = []
         hashes: list[list[int]] = []
-        for pos, (seq, before) in enumerate(zip(seqs, written_before, strict=True)):
-            num_full = min(seq.num_tokens, seq.content.num_tokens) // bs if seq.content is not None else 0
-            hashes.append(seq.content.block_hashes(bs, num_full) if seq.content is not None else [])
+        for pos, (seq, before) in enumerate(filling):
+            assert seq.content is not None
+            num_full = min(seq.num_tokens, seq.content.num_tokens) // bs
+            if num_full <= seq.num_hashed_blocks:
+                hashes.append([])
+                continue
+            hashes.append(seq.content.block_hashes(bs, num_full))
             order.extend(((i + 1) * bs - before - 1, pos, i) for i in range(seq.num_hashed_blocks, num_full))
-            seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
+            seq.num_hashed_blocks = num_full
         order.sort()
         for _, pos, index in order:
-            block_id = seqs[pos].block_table[index]
+            block_id = filling[pos][0].block_table[index]
             if pool.block_hashes[block_id] is None:
                 pool.cache_block(block_id, hashes[pos][index])
 

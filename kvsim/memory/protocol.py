@@ -102,6 +102,9 @@ class KVAllocator(Protocol):
     def allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
                  content: Content | None = None, hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:
         """Make the sequence hold `num_tokens_total` written slots (a new one starts from `hit`)."""
+    def append_token(self, seq_id: int) -> bool:
+        """`allocate(seq_id, written + 1)` if that needs no new space (a decode's common case), else
+        False with nothing changed: the caller then takes the general path (`allocate`)."""
     def reserve(self, seq_id: int, final_num_tokens: int, prompt_len: int | None = None) -> bool:
         """Set aside a sample's own space at admission, before `allocate` (True, no-op, if shared)."""
     def slots_needed(self, seq_ids: Sequence[int], num_tokens_total: int) -> int:

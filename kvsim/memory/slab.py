@@ -159,6 +159,10 @@ class SlabAllocator:
         self._write(seq_id, slab, num_tokens_total)
         return True
 
+    def append_token(self, seq_id: int) -> bool:
+        """No separate fast path: every token goes through `allocate`."""
+        return False
+
     def reserve(self, seq_id: int, final_num_tokens: int, prompt_len: int | None = None) -> bool:
         """Reserve a region with nothing written yet (at admission, where the policy may need the prompt)."""
         if seq_id in self.seqs:

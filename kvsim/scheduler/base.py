@@ -215,20 +215,23 @@ class Scheduler:
     def complete(self, plan: StepPlan, now: float) -> list[Request]:
         """Apply a finished step: advance progress, sample tokens, fork samples, finish and free."""
         done = []
+        running = RequestStatus.RUNNING
         for req, num_new in plan.scheduled:
-            if req.status is not RequestStatus.RUNNING:
+            if req.status is not running:
                 continue  # preempted later in the same planning pass
-            req.num_computed_tokens += num_new
-            if req.num_computed_tokens < req.num_tokens:
+            computed = req.num_computed_tokens + num_new
+            req.num_computed_tokens = computed
+            num_output = req.num_output_tokens
+            if computed < req.prompt_len + num_output:
                 continue  # a prefill chunk: nothing sampled yet
-            req.num_output_tokens += 1
+            req.num_output_tokens = num_output = num_output + 1
             if req.first_token_s is None:
                 req.first_token_s = now
             if req.num_samples > 1 and req.request_id not in self._forked:
                 self._fork_samples(req)
-            elif req.beam and req.num_output_tokens < req.output_len:
+            elif req.beam and num_output < req.output_len:
                 self._reselect_beams(req)
-            if req.num_output_tokens >= req.output_len:
+            if num_output >= req.output_len:
                 done.append(req)
         return self.finish(done, now)
 

@@ -97,9 +97,8 @@ def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arr
     max_steps = min(req.output_len - req.num_output_tokens for req in batch)
     n = len(batch)
     contexts = [req.num_computed_tokens + 1 for req in batch]
-    total = sum(contexts)  # what StepPlan.add would sum for n one-token decodes (attention work included)
-    first = StepPlan(num_tokens=n, num_seqs=n, num_decode_seqs=n, num_sampled=n, sum_context_tokens=total,
-                     sum_decode_context_tokens=total, max_context_tokens=max(contexts), attention_work=float(total))
+    first = StepPlan()
+    first.add_decodes(n, sum(contexts), max(contexts))
     arrival_bound = next_arrival_s if end_before_arrival or not scheduler.waiting else float("inf")
     durations: list[float] = []
     start = now

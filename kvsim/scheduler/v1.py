@@ -25,16 +25,29 @@ class V1Scheduler(Scheduler):
     def schedule(self, now: float) -> StepPlan:
         plan = StepPlan()
         budget = self.limits.max_num_batched_tokens
-        running = self.running
+        running, scheduled, append_token = self.running, plan.scheduled, self.alloc.append_token
+        num_decodes = sum_context = max_context = 0  # the plain decodes, accounted at once below
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self.allocate_or_preempt(req, req.num_computed_tokens + num_new, plan):
+            past = req.num_computed_tokens
+            if (past and req.prompt_len + req.num_output_tokens == past + 1 and req.num_samples == 1
+                    and append_token(req.seq_ids[0])):  # a plain decode: one token into its own last block
+                scheduled.append((req, 1))
+                num_decodes += 1
+                sum_context += past + 1
+                if past >= max_context:
+                    max_context = past + 1
+                budget -= 1
+                i += 1
+                continue
+            num_new = min(req.num_tokens - past, budget)
+            if not self.allocate_or_preempt(req, past + num_new, plan):
                 break
             self.plan_tokens(plan, req, num_new)
             budget -= num_new
             i += 1
+        plan.add_decodes(num_decodes, sum_context, max_context)
         if not plan.preempted:
             self._admit(plan, budget, now)
         return plan
