@@ -2,8 +2,9 @@
 
     build_report(base_scenario, out_dir) → out_dir/ report.md, report.html, fig_*.png, *.csv, alerts.yaml
 
-Sections (each a table and a figure, computed in `kvsim.studies`): context ↔ concurrency,
-KV quantization, prefix sharing, the capacity formula, the paging multiplier, load, alerts.
+Sections (each a table and a figure, computed in `kvsim.studies` and `kvsim.fleet_study`):
+context ↔ concurrency, KV quantization, prefix sharing, the capacity formula, the paging
+multiplier, load, alerts, and the fleet (replicas and routing on the Mooncake trace).
 The directory is written to a temporary sibling and renamed when complete; the HTML
 references the PNGs beside it, so the folder opens offline.
 """
@@ -18,9 +19,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from kvsim import report_text, studies  # noqa: E402
+from kvsim import fleet_study, report_text, studies  # noqa: E402
 from kvsim.capacity import plan_capacity  # noqa: E402
 from kvsim.output_dir import check_output_dir, output_directory  # noqa: E402
 from kvsim.render import rows_to_markdown  # noqa: E402
@@ -111,6 +113,23 @@ def _fig_load(sec: studies.Section, ax_pair) -> None:
         ax.legend(fontsize=7)
 
 
+def _fig_fleet(sec: studies.Section, ax_pair) -> None:
+    df, f = sec.tables["fleet_routing"], sec.facts
+    names = [r.replace("_", " ") for r in df.router]
+    ax_pair[0].bar(names, df.prefix_cache_hit_rate * 100, color="#1971c2")
+    ax_pair[0].axhline(f["unbounded_hit_rate"] * 100, color="#2b8a3e", linestyle="--", linewidth=1,
+                       label="unbounded fleet-wide cache")
+    ax_pair[0].set_ylabel(f"prefix-cache hit rate (%) at {int(df.replicas.iloc[0])} replicas")
+    ax_pair[0].legend(fontsize=7)
+    x = np.arange(len(df))
+    ax_pair[1].bar(x - 0.2, df.ttft_p50_s, 0.4, label="TTFT p50", color="#495057")
+    ax_pair[1].bar(x + 0.2, df.ttft_p90_s, 0.4, label="TTFT p90", color="#c92a2a")
+    ax_pair[1].axhline(f["ttft_target_s"], color="#c92a2a", linestyle="--", linewidth=1, label="p90 target")
+    ax_pair[1].set_xticks(x, names)
+    ax_pair[1].set_ylabel("seconds")
+    ax_pair[1].legend(fontsize=7)
+
+
 def _fig_series(sec: studies.Section, ax_pair, usage_alert: float | None = None) -> None:
     ts = sec.tables["time_series"]
     ax = ax_pair[0]
@@ -169,7 +188,7 @@ def save_overlay_figure(panels: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 FIGURES = {"context": _fig_context, "fp8": _fig_fp8, "prefix": _fig_prefix, "formula": _fig_formula,
-           "paging": _fig_paging, "load": _fig_load}
+           "paging": _fig_paging, "load": _fig_load, "fleet": _fig_fleet}
 
 
 def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig | None = None,
@@ -187,6 +206,9 @@ def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig |
     if progress:
         progress("paging_and_load")
     sections.extend(studies.paging_and_load(st))
+    if progress:
+        progress("fleet_routing")
+    sections.append(fleet_study.fleet_routing(st))
     capacity = plan_capacity(st.model, st.gpu, base.engine, [round(st.mean_kv_len), st.max_model_len])
     with output_directory(out_dir, "report") as tmp:
         _write(tmp, st, cfg, sections, capacity)

@@ -133,6 +133,8 @@ def section_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConf
         return paging_text(sec, st, cfg)
     if sec.key == "load":
         return load_text(sec, cfg)
+    if sec.key == "fleet":
+        return fleet_text(sec, st)
     return alerts_text(sec, cfg)
 
 
@@ -157,3 +159,86 @@ def formula_text(sec: studies.Section, st: studies.Study) -> str:
             "every request reaches max_model_len.")
 
 
+
+
+ROUTER_NAMES = {"round_robin": "round robin", "least_outstanding": "least outstanding", "affinity": "affinity"}
+
+
+def _relative(new: float, old: float) -> str:
+    """'lower', 'higher' or 'about the same' (within 5 %)."""
+    ratio = new / old if old else float("inf")
+    return "lower" if ratio < 0.95 else "higher" if ratio > 1.05 else "about the same"
+
+
+def fleet_text(sec: studies.Section, st: studies.Study) -> str:
+    """The fleet section: the traffic, the floor, replicas per router, and what affinity changed and why."""
+    f, df = sec.facts, sec.tables["fleet_routing"].set_index("router")
+    e = st.base.engine
+    tp = f"{e.tensor_parallel_size}× " if e.tensor_parallel_size > 1 else ""
+    refused = (f"; the {f['num_too_long']} prompts of {f['max_model_len']:,} tokens or more are refused, as vLLM "
+               "refuses them" if f["num_too_long"] else "")
+    traffic = (f"The first {f['num_requests']} requests of the Mooncake conversation trace (Kimi's production "
+               f"traffic: real arrivals over {f['span_s']:.0f} s, prompts of {f['mean_prompt_tokens']:,.0f} tokens "
+               "on average, 512-token prefix hashes; Apache-2.0, Qin et al., FAST 2025) on replicas of "
+               f"{st.model.name} on {tp}{st.gpu.name} with prefix caching, max_model_len {f['max_model_len']:,} (what "
+               f"one replica's pool holds){refused}.")
+    floor = (f"Served one at a time on one replica, the p90 TTFT is {f['floor_ttft_p90_s']:.2f} s (prefill alone; "
+             f"queue p99 {f['floor_queue_p99_s']:.2f} s): no number of replicas goes below it.")
+    if f["ttft_target_s"] == f["slo_s"]:
+        target = f"TTFT p90 ≤ {f['slo_s']:g} s needs"
+    else:
+        target = (f"That is above the report's {f['slo_s']:g} s TTFT SLO, so no fleet of this GPU meets it; sized "
+                  f"instead for TTFT p90 ≤ {f['ttft_target_s']:.2f} s (the floor plus {f['slo_s']:g} s of waiting), "
+                  "it needs")
+    needs = []
+    for router, row in df.iterrows():
+        if pd.isna(row.replicas_for_slo):
+            needs.append(f"more than {f['max_replicas']} replicas (the search's limit) with {ROUTER_NAMES[router]}")
+            continue
+        cost = f" (${row.cost_per_hour_for_slo:,.2f}/h)" if pd.notna(row.cost_per_hour_for_slo) else ""
+        needs.append(f"{int(row.replicas_for_slo)} replicas with {ROUTER_NAMES[router]}{cost}")
+    if df.replicas_for_slo.isna().all():
+        needs = [f"more than {f['max_replicas']} replicas (the search's limit) with every router"]
+    prices = f" Prices: {f['price_source']}." if df.cost_per_hour_for_slo.notna().any() else ""
+    size = int(df.replicas.iloc[0])
+    lo, aff, rr = df.loc["least_outstanding"], df.loc["affinity"], df.loc["round_robin"]
+    which = ("the fewest least-outstanding routing needs" if pd.notna(lo.replicas_for_slo)
+             else "the search's limit")
+    compare = (f"At {size} replicas ({which}), the prefix-cache hit rate is {rr.prefix_cache_hit_rate:.1%} with "
+               f"round robin, {lo.prefix_cache_hit_rate:.1%} with least outstanding and {aff.prefix_cache_hit_rate:.1%}"
+               f" with affinity (an unbounded cache shared by the fleet would serve {f['unbounded_hit_rate']:.1%} of "
+               f"these prompts); TTFT p50 / p90: {rr.ttft_p50_s:.2f} / {rr.ttft_p90_s:.2f} s, {lo.ttft_p50_s:.2f} / "
+               f"{lo.ttft_p90_s:.2f} s and {aff.ttft_p50_s:.2f} / {aff.ttft_p90_s:.2f} s.")
+    return " ".join([traffic, floor, f"{target} {'; '.join(needs)}.{prices}", compare, _affinity_verdict(f, lo, aff)])
+
+
+def _affinity_verdict(f: dict, lo: pd.Series, aff: pd.Series) -> str:
+    """Affinity against least outstanding: hits, TTFT, and the reasons the runs show."""
+    before, after = lo.prefix_cache_hit_rate, aff.prefix_cache_hit_rate
+    gain = after - before
+    p50, p90 = _relative(aff.ttft_p50_s, lo.ttft_p50_s), _relative(aff.ttft_p90_s, lo.ttft_p90_s)
+    if gain >= 0.005:
+        hits = f"Affinity raises the hit rate from {before:.1%} to {after:.1%}"
+    else:
+        hits = f"Affinity does not raise the hit rate ({before:.1%} → {after:.1%})"
+    if f["floor_hit_rate"] < 0.75 * f["unbounded_hit_rate"]:
+        hits += (f"; even one replica serving the requests one at a time keeps only {f['floor_hit_rate']:.1%} of "
+                 f"the {f['unbounded_hit_rate']:.1%}: its pool ({f['pool_tokens']:,} tokens, "
+                 f"{f['pool_tokens'] / f['mean_prompt_tokens']:.1f} mean prompts) evicts a conversation's blocks "
+                 "before its next turn")
+    ttft = (f". Its TTFT p50 is {p50} ({lo.ttft_p50_s:.2f} → {aff.ttft_p50_s:.2f} s) and its p90 {p90} "
+            f"({lo.ttft_p90_s:.2f} → {aff.ttft_p90_s:.2f} s)")
+    if p50 == p90 == "lower":
+        return hits + ttft + "."
+    why = []
+    saved = 1 - aff.prompt_tokens_computed / lo.prompt_tokens_computed if lo.prompt_tokens_computed else 0.0
+    why.append(f"affinity's hits spared {saved:.1%} of the prompt tokens computed" if saved > 0
+               else "affinity computed no fewer prompt tokens")
+    if aff.queue_p90_s > 1.05 * lo.queue_p90_s:
+        why.append(f"its queue time p90 is {aff.queue_p90_s:.2f} s against {lo.queue_p90_s:.2f} s (it keeps a "
+                   "conversation on its replica while that replica is within the load bound, even when another "
+                   "is idle)")
+    if aff.requests_per_replica_max > lo.requests_per_replica_max:
+        why.append(f"its busiest replica got {int(aff.requests_per_replica_max)} requests against "
+                   f"{int(lo.requests_per_replica_max)}")
+    return hits + ttft + ". Against least outstanding, the runs show that " + "; ".join(why) + "."

@@ -57,10 +57,13 @@ class StudyConfig:
     workers: int | None = None
     dask_address: str | None = None
     gpu_hourly_cost: float | None = None  # USD per GPU-hour; None: the GPU's list on-demand default
+    fleet_requests: int = 300  # leading requests of the Mooncake slice the fleet section replays
+    fleet_max_replicas: int = 64  # the fleet section's replica search stops here
 
     @classmethod
     def quick(cls) -> StudyConfig:
-        return cls(num_requests=60, rates=(0.5, 2.0, 8.0), shared_prefix_counts=(4, 16))
+        return cls(num_requests=60, rates=(0.5, 2.0, 8.0), shared_prefix_counts=(4, 16), fleet_requests=60,
+                   fleet_max_replicas=8)
 
 
 def variant(base: Scenario, *overrides: str) -> Scenario:

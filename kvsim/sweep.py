@@ -32,10 +32,12 @@ class SweepResult:
 
 
 def _run_one(args: tuple[Scenario, bool]) -> SweepResult:
+    """One run; a fleet scenario (`replicas` set) through `simulate_fleet` (its fleet summary)."""
     from kvsim.engine import simulate
+    from kvsim.fleet import simulate_fleet
 
     scenario, keep_steps = args
-    result = simulate(scenario)
+    result = simulate_fleet(scenario) if scenario.is_fleet else simulate(scenario)
     return SweepResult(result.summary, result.steps if keep_steps else None)
 
 

@@ -15,9 +15,9 @@ from kvsim.scenario import REPORT_SCENARIO, load_scenario
 from kvsim.studies import StudyConfig, saturated
 
 TABLES = ("context_concurrency", "kv_quantization", "prefix_sharing", "capacity_formula", "waste_breakdown",
-          "sustained_rate", "load_curves", "time_series", "alert_firings", "capacity")
+          "sustained_rate", "load_curves", "time_series", "alert_firings", "capacity", "fleet_routing")
 FIGURES = ("fig_context", "fig_fp8", "fig_prefix", "fig_formula", "fig_paging", "fig_load", "fig_time_series",
-           "fig_alerts")
+           "fig_alerts", "fig_fleet")
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_html_and_markdown_reference_only_existing_files(report_dir):
         assert (report_dir / ref).is_file(), ref
     assert "http" not in "".join(images)  # opens offline
     md = (report_dir / "report.md").read_text()
-    assert md.count("_Latency model: roofline._") == 7
+    assert md.count("_Latency model: roofline._") == 8
     assert "groups:" in (report_dir / "alerts.yaml").read_text()
 
 
@@ -90,3 +90,26 @@ def test_report_words_follow_the_data(report_dir):
     assert f"is {rates.loc['paged', 'max_rate_meeting_slo']:g} req/s with paging" in md
     assert f"${rates.loc['paged', 'usd_per_concurrent_user_hour']:.4f} per concurrent user-hour" in md
     assert "as of 2026-03-10" in md
+
+
+def test_fleet_section_counts_the_trace_and_quotes_its_table(report_dir):
+    """The refused prompts are counted from the shipped JSONL here (max_model_len = the pool's tokens, worked
+    from capacity.csv); the hit rates and TTFTs in the words are the table's."""
+    import json
+
+    blocks = int(pd.read_csv(report_dir / "capacity.csv").iloc[0]["num_gpu_blocks"])
+    max_model_len = min(131072, blocks * 16)  # llama-3.1-8b's max_position_embeddings, 16-token blocks
+    lines = (Path(__file__).resolve().parents[1] / "kvsim/data/mooncake_conversation_head.jsonl").read_text()
+    rows = [json.loads(line) for line in lines.splitlines()[: StudyConfig.quick().fleet_requests]]
+    too_long = sum(r["input_length"] >= max_model_len for r in rows)
+    md = (report_dir / "report.md").read_text()
+    assert f"max_model_len {max_model_len:,} (what one replica's pool holds)" in md
+    if too_long:
+        assert f"the {too_long} prompts of {max_model_len:,} tokens or more are refused" in md
+    fleet = pd.read_csv(report_dir / "fleet_routing.csv").set_index("router")
+    assert set(fleet.index) == {"round_robin", "least_outstanding", "affinity"}
+    assert (fleet.num_rejected == too_long).all()
+    lo, aff = fleet.loc["least_outstanding"], fleet.loc["affinity"]
+    assert (f"{lo.prefix_cache_hit_rate:.1%} with least outstanding and {aff.prefix_cache_hit_rate:.1%} with "
+            f"affinity") in md
+    assert f"{aff.ttft_p50_s:.2f} / {aff.ttft_p90_s:.2f} s." in md
