@@ -126,10 +126,13 @@ def capacity(
     gpu_hourly_cost: HourlyCostOpt = None,
 ) -> None:
     """Closed-form KV capacity: pool, blocks, and max concurrent sequences per context length."""
+    from functools import partial
+
     from kvsim.capacity import plan_capacity
     from kvsim.config import load_gpu, load_model, make_engine
     from kvsim.cost import add_capacity_costs, gpu_price
     from kvsim.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
+    from kvsim.roofline import RooflineLatency, cohort_output_tokens_per_s
 
     with user_errors():
         engine = make_engine(
@@ -154,7 +157,10 @@ def capacity(
             num_sequences=num_sequences if shared_prefix_tokens else 0,
         )
         price = gpu_price(plan.gpu, gpu_hourly_cost)
-    data = add_capacity_costs(plan.to_dict(), price, engine.tensor_parallel_size)
+        latency = RooflineLatency(load_model(model), load_gpu(gpu), engine)
+        data = add_capacity_costs(plan.to_dict(), price, engine.tensor_parallel_size,
+                                  engine.resolved_max_num_seqs(load_gpu(gpu)),
+                                  partial(cohort_output_tokens_per_s, latency))
     used = {k for r in data["rows"] for k, v in r.items() if v is not None}  # drop columns that are empty in every row
     rows = [{k: v for k, v in r.items() if k in used} for r in data["rows"]]
     if output_format in (Format.table, Format.markdown):  # CSV and JSON keep the documented 0

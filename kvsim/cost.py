@@ -3,13 +3,16 @@
     cost per concurrent user-hour   = usd_per_gpu_hour · num_gpus / concurrent sequences
     cost per million output tokens  = usd_per_gpu_hour · num_gpus / (output tokens/s · 3600) · 10^6
 
-`num_gpus` is the tensor-parallel size (one replica). Defaults come from
+`num_gpus` is the tensor-parallel size (one replica). `kvsim capacity` prices the closed-form
+concurrency and the roofline's closed-form cohort rate (`add_capacity_costs`); `kvsim report`
+prices the concurrency and output rate simulated at the sustained request rate. Defaults come from
 `kvsim/presets/gpu_prices.yaml`: list on-demand cloud prices of one provider as of a date,
 stated beside every figure; a planner's own price (`--gpu-hourly-cost`) replaces them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -59,15 +62,24 @@ def cost_per_million_output_tokens(price: GpuPrice, num_gpus: int, output_tokens
     return price.usd_per_gpu_hour * num_gpus / (output_tokens_per_s * 3600) * 1e6
 
 
-def add_capacity_costs(plan: dict, price: GpuPrice, num_gpus: int) -> dict:
-    """`kvsim capacity`'s plan with the price and, per row, USD per concurrent user-hour at the row's
-    closed-form paged concurrency (every sequence at that context length: an upper bound on cost).
+def add_capacity_costs(plan: dict, price: GpuPrice, num_gpus: int, max_num_seqs: int,
+                       output_tokens_per_s: Callable[[int, int], float]) -> dict:
+    """`kvsim capacity`'s plan with the price and, per row, the sequences that run at once (the row's
+    closed-form paged concurrency, every sequence at that context length, capped by `max_num_seqs`),
+    USD per concurrent user-hour at that concurrency, and USD per million output tokens at
+    `output_tokens_per_s(sequences, context_len)` (the CLI passes the roofline's closed-form cohort
+    rate, `kvsim.roofline.cohort_output_tokens_per_s`: prompt c/2 + output c/2, no queueing).
 
-    Per-token cost needs a simulated sustained rate: `kvsim report` gives it.
+    Both are planning estimates; `kvsim report` gives both at a simulated sustained rate.
     """
-    rows = [{**row, "usd_per_concurrent_user_hour": _rounded(cost_per_user_hour(price, num_gpus,
-                                                                                row["paged_max_seqs"]))}
-            for row in plan["rows"]]
+    rows = []
+    for row in plan["rows"]:
+        seqs = min(row["paged_max_seqs"], max_num_seqs)
+        rate = output_tokens_per_s(seqs, row["context_len"]) if seqs > 0 else 0.0
+        rows.append({**row, "concurrent_sequences": seqs,
+                     "usd_per_concurrent_user_hour": _rounded(cost_per_user_hour(price, num_gpus, seqs)),
+                     "output_tokens_per_s_closed_form": round(rate, 1),
+                     "usd_per_million_output_tokens": _rounded(cost_per_million_output_tokens(price, num_gpus, rate))})
     return {**plan, "gpu_price_usd_per_gpu_hour": price.usd_per_gpu_hour, "gpu_price_source": price.source,
             "rows": rows}
 

@@ -59,6 +59,7 @@ from kvsim.weights import attention_params_per_layer
 
 if TYPE_CHECKING:
     from kvsim.config import EngineConfig, GPUSpec, ModelSpec
+    from kvsim.latency import LatencyModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,3 +234,21 @@ class RooflineLatency:
             compute = (self.linear_s(t, plan.num_dp_group_tokens) + self.token_ops_s(t) + self.attention_s(plan)
                        + self.sequence_s(plan.num_sampled) + self.fixed_s(plan))
         return self.total_s(compute, plan)
+
+
+def cohort_output_tokens_per_s(latency: LatencyModel, num_seqs: int, context_len: int) -> float:
+    """Closed-form output tokens/s of `num_seqs` sequences of prompt c/2 + output c/2 (c = `context_len`)
+    served as one cohort: all prompts prefilled (priced as one step of `num_seqs` × c/2 new tokens), then
+    c/2 decode steps of `num_seqs` sequences at the mean decode context c/2 + c/4. Output: num_seqs · c/2
+    tokens over that time. A planning estimate with no queueing, chunking or preemption (the sustained
+    rate of a saturated engine, as `kvsim report` simulates it, is what to trust)."""
+    prompt = context_len // 2
+    output = context_len - prompt
+    if num_seqs <= 0 or output <= 0:
+        return 0.0
+    prefill = StepPlan()
+    prefill.add(prompt, 0, num_seqs, samples=True)
+    decode = StepPlan()
+    decode.add(1, prompt + output // 2 - 1, num_seqs, samples=True)
+    seconds = latency.step_time(prefill) + (output - 1) * latency.step_time(decode)
+    return num_seqs * output / seconds

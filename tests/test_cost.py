@@ -42,3 +42,37 @@ def test_bad_price_is_one_line(command, tmp_path):
                                                                         if command == "report" else [])])
     assert result.exit_code == 2 and "gpu_hourly_cost=-3.0" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_capacity_prices_a_million_output_tokens_at_the_cohort_rate():
+    """Closed form by hand with a constant 10 ms step: 10 sequences of prompt 50 + output 50 take one prefill
+    step and 49 decode steps, 0.5 s, for 500 tokens: 1,000 tokens/s. At $3.60 per GPU-hour (1 GPU) a million
+    tokens take 1,000 s: $1.00."""
+    from kvsim.cost import add_capacity_costs
+    from kvsim.latency import ConstantLatency
+    from kvsim.roofline import cohort_output_tokens_per_s
+
+    latency = ConstantLatency(0.01, 32e9)
+    assert cohort_output_tokens_per_s(latency, 10, 100) == pytest.approx(1000.0)
+    price = gpu_price("l4", 3.6)
+    plan = {"rows": [{"context_len": 100, "paged_max_seqs": 10}, {"context_len": 100, "paged_max_seqs": 300},
+                     {"context_len": 200_000, "paged_max_seqs": 0}]}
+    rows = add_capacity_costs(plan, price, 1, 256, lambda s, c: cohort_output_tokens_per_s(latency, s, c))["rows"]
+    assert rows[0]["usd_per_million_output_tokens"] == pytest.approx(1.0)
+    assert rows[0]["usd_per_concurrent_user_hour"] == pytest.approx(0.36)
+    # 300 fit in KV but max_num_seqs runs 256: 256 · 50 tokens in 0.5 s = 25,600 tokens/s
+    assert rows[1]["concurrent_sequences"] == 256
+    assert rows[1]["output_tokens_per_s_closed_form"] == pytest.approx(25_600.0)
+    assert rows[1]["usd_per_million_output_tokens"] == pytest.approx(3.6 / (25_600 * 3600) * 1e6, rel=1e-3)
+    assert rows[2]["usd_per_million_output_tokens"] is None  # nothing runs beyond max_model_len
+
+
+def test_capacity_cli_prints_both_costs():
+    result = runner.invoke(app, ["capacity", "--gpu", "l4", "--max-model-len", "4096", "--num-gpu-blocks-override",
+                                 "1000", "--context-lengths", "1024", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)["rows"][0]
+    assert row["concurrent_sequences"] == 1000 // 64  # 1,000 blocks, 64 blocks of 16 per 1,024-token sequence
+    tokens = row["output_tokens_per_s_closed_form"]
+    assert tokens > 0 and row["usd_per_million_output_tokens"] == pytest.approx(0.78 / (tokens * 3600) * 1e6,
+                                                                                 rel=1e-3)
