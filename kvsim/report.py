@@ -222,7 +222,9 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
     md = [f"# KV capacity report: {st.model.name} on {st.gpu.name}", "",
           report_text.introduction(st), "",
           f"Latency model for every section: **{st.latency_name}**. Each simulated point is an ordinary "
-          "`kvsim run` of a variant of this scenario (seed " f"{st.base.seed}).", "", "## Capacity at a glance", "",
+          "`kvsim run` of a variant of this scenario (seed " f"{st.base.seed}). In the tables, \"–\" marks a "
+          "figure a run could not give (a sustained figure of a run that never saturated, a replica count "
+          "beyond the search's limit), never a zero.", "", "## Capacity at a glance", "",
           rows_to_markdown([{"bytes_per_token": head["bytes_per_token"], "bytes_per_block": head["bytes_per_block"],
                              "num_gpu_blocks": head["num_gpu_blocks"],
                              "kv_pool_GiB": round(head["kv_pool_bytes"] / 2**30, 2),
@@ -262,7 +264,12 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
 
 
 def _rounded(df: pd.DataFrame) -> list[dict]:
-    return [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()} for row in df.to_dict("records")]
+    """Rows for a Markdown table: floats to 4 places, a missing value (None, NaN) as "–", never as 0."""
+    def cell(v):
+        if v is None or (isinstance(v, float) and v != v):
+            return "–"
+        return round(v, 4) if isinstance(v, float) else v
+    return [{k: cell(v) for k, v in row.items()} for row in df.to_dict("records")]
 
 
 def _markdown_to_html(lines: list[str]) -> str:

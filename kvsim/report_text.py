@@ -30,18 +30,30 @@ def _limits_phrase(limits: list[str]) -> str:
     return "the runs were capped by " + ", ".join(f"{words[k]} ({n} of {len(limits)})" for k, n in counts.items())
 
 
+def _count(value: float | None) -> str:
+    """A simulated figure, or "not saturated" where the run never queued long enough to have one."""
+    return "not saturated" if value is None or pd.isna(value) else f"{value:g}"
+
+
+def _change(before: float | None, after: float | None, digits: int, falling: bool = False) -> str:
+    """'R× (before → after)' with R = after ÷ before (before ÷ after when `falling`), or just the two
+    figures when either is missing."""
+    pair = f"({_count(before)} → {_count(after)})"
+    if before is None or after is None or pd.isna(before) or pd.isna(after) or not before or not after:
+        return pair
+    return f"{(before / after if falling else after / before):.{digits}f}× {pair}"
+
+
 def context_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
     f, df = sec.facts, sec.tables["context_concurrency"]
     first, last = df.iloc[0], df.iloc[-1]
-    slab_drop = first.simulated_slab_sustained / max(last.simulated_slab_sustained, 1e-9)
-    paged_drop = first.simulated_paged_sustained / max(last.simulated_paged_sustained, 1e-9)
+    slab = _change(first.simulated_slab_sustained, last.simulated_slab_sustained, 1, falling=True)
+    paged = _change(first.simulated_paged_sustained, last.simulated_paged_sustained, 2, falling=True)
     return (f"Each row simulates {3 * cfg.num_requests} requests arriving at once, on {f['num_gpu_blocks']:,} KV "
             f"blocks; {_limits_phrase(list(df.paged_limited_by))} (paged). From max_model_len "
-            f"{first.max_model_len:,} to {last.max_model_len:,}, sustained slab concurrency falls "
-            f"{slab_drop:.1f}× ({first.simulated_slab_sustained:g} → {last.simulated_slab_sustained:g}) because "
-            f"each sequence reserves max_model_len, while paged concurrency changes {paged_drop:.2f}× "
-            f"({first.simulated_paged_sustained:g} → {last.simulated_paged_sustained:g}): it follows the actual "
-            f"lengths (mean {f['mean_kv_len']:.0f} tokens).")
+            f"{first.max_model_len:,} to {last.max_model_len:,}, sustained slab concurrency falls by {slab} "
+            f"because each sequence reserves max_model_len, while paged concurrency changes by {paged}: it "
+            f"follows the actual lengths (mean {f['mean_kv_len']:.0f} tokens).")
 
 
 def fp8_text(sec: studies.Section) -> str:
@@ -50,9 +62,8 @@ def fp8_text(sec: studies.Section) -> str:
     tpot = fp8.tpot_mean_s_at_base_rate / auto.tpot_mean_s_at_base_rate
     return (f"fp8 KV stores {auto.bytes_per_block / fp8.bytes_per_block:.1f}× fewer bytes per block: "
             f"{int(fp8.num_gpu_blocks):,} blocks instead of {int(auto.num_gpu_blocks):,}, and sustained concurrency "
-            f"{fp8.simulated_sustained_running:g} instead of {auto.simulated_sustained_running:g} "
-            f"({fp8.simulated_sustained_running / max(auto.simulated_sustained_running, 1e-9):.2f}×). Mean TPOT at "
-            f"the base rate is {tpot:.2f}× the 16-bit one.")
+            f"changes by {_change(auto.simulated_sustained_running, fp8.simulated_sustained_running, 2)} from 16-bit "
+            f"to fp8. Mean TPOT at the base rate is {tpot:.2f}× the 16-bit one.")
 
 
 def prefix_text(sec: studies.Section) -> str:

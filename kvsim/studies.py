@@ -85,6 +85,15 @@ def poisson(rate: float) -> str:
     return f"workload.arrival={{process: poisson, rate: {rate}}}"
 
 
+def sustained(summary: dict[str, Any], key: str = "mean_running", digits: int | None = 2) -> float | None:
+    """A figure of the run's saturated steady state (`summary["saturated"][key]`), rounded; None, shown
+    as missing, when the run never saturated (a missing value is never 0)."""
+    value = summary["saturated"][key]
+    if value is None or digits is None:
+        return value
+    return round(value, digits)
+
+
 class Study:
     """Shared facts about the base scenario and a runner that fixes the request count."""
 
@@ -127,8 +136,8 @@ def context_concurrency(st: Study) -> Section:
             "closed_form_paged_at_mean_len": paged_max_seqs(st.num_blocks, round(st.mean_kv_len), bs),
             "closed_form_slab_max": slab_max_seqs(st.num_blocks * bs, n),  # slab pools have no null block
             "vllm_max_concurrency": round(model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks, n), 2),
-            "simulated_paged_sustained": round(paged["saturated"]["mean_running"] or 0.0, 2),
-            "simulated_slab_sustained": round(slab["saturated"]["mean_running"] or 0.0, 2),
+            "simulated_paged_sustained": sustained(paged),
+            "simulated_slab_sustained": sustained(slab),
             "paged_peak_transient": paged["max_running"],
             "paged_kv_usage_max": round(paged["kv_cache_usage_perc"]["max"], 3),
             "paged_limited_by": st.limited_by(paged),
@@ -150,7 +159,7 @@ def kv_quantization(st: Study) -> Section:
         rows.append({
             "kv_cache_dtype": d, "bytes_per_block": kv_bytes_per_block(st.model, engine), "num_gpu_blocks": blocks,
             "closed_form_paged_at_mean_len": paged_max_seqs(blocks, round(st.mean_kv_len), engine.block_size),
-            "simulated_sustained_running": round(s.summary["saturated"]["mean_running"] or 0.0, 2),
+            "simulated_sustained_running": sustained(s.summary),
             "peak_running_transient": s.summary["max_running"],
             "tpot_mean_s_saturated": s.summary["tpot_s"]["mean"],
             "tpot_mean_s_at_base_rate": b.summary["tpot_s"]["mean"],
@@ -195,25 +204,25 @@ def capacity_formula(st: Study) -> Section:
     no_preemption = _largest_seqs_without_preemption(st, [(*common, *extra) for _, _, extra in rows_spec], runs)
     usable = st.num_blocks - 1
     closed = np.array([usable / ceil_div(c, bs) for _, c, _ in rows_spec])
-    sustained = np.array([r.summary["saturated"]["mean_running"] or 0.0 for r in runs])
+    running = np.array([sustained(r.summary, digits=None) for r in runs], dtype=float)  # None → NaN
     limits = [st.limited_by(r.summary) for r in runs]
-    kv_bound = np.array([lim == "kv" for lim in limits])
+    kv_bound = np.array([lim == "kv" for lim in limits]) & ~np.isnan(running)  # a run never saturated says nothing
     # Fit only where KV memory was the limit; elsewhere the count says nothing about the formula.
     k = k_fixed = float("nan")
     if kv_bound.any():
-        k = float((sustained * closed)[kv_bound].sum() / (closed**2)[kv_bound].sum())
+        k = float((running * closed)[kv_bound].sum() / (closed**2)[kv_bound].sum())
     fixed_bound = kv_bound[: len(fixed)]
     if fixed_bound.any():
-        c_f, s_f = closed[: len(fixed)][fixed_bound], sustained[: len(fixed)][fixed_bound]
+        c_f, s_f = closed[: len(fixed)][fixed_bound], running[: len(fixed)][fixed_bound]
         k_fixed = float((s_f * c_f).sum() / (c_f**2).sum())
     table = pd.DataFrame({
         "lengths": [name for name, _, _ in rows_spec], "context_len": [c for _, c, _ in rows_spec],
         "blocks_per_seq": [ceil_div(c, bs) for _, c, _ in rows_spec], "closed_form_seqs": closed.round(2),
-        "sustained_running": sustained.round(2),
-        "preemptions_per_s": [round(r.summary["saturated"]["preemptions_per_s"] or 0.0, 3) for r in runs],
+        "sustained_running": running.round(2),
+        "preemptions_per_s": [sustained(r.summary, "preemptions_per_s", 3) for r in runs],
         "max_seqs_without_preemption": no_preemption,
         "peak_running_transient": [r.summary["max_running"] for r in runs],
-        "sustained_over_closed_form": (sustained / closed).round(3),
+        "sustained_over_closed_form": (running / closed).round(3),
         "fitted_seqs": (k * closed).round(2), "limited_by": limits})
     return Section("formula", "The capacity formula", {"capacity_formula": table},
                    {"fitted_constant": k, "fitted_constant_fixed": k_fixed, "pool_blocks": usable,
@@ -257,7 +266,7 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
     for a, result in zip(ALLOCATORS, sat, strict=True):
         shares = fig2_shares(result.summary["saturated"]["waste"])  # whole pool, while requests queue
         waste_rows.append({"allocator": a, **{k: round(v, 4) for k, v in shares.items()},
-                           "sustained_running": round(result.summary["saturated"]["mean_running"] or 0.0, 2),
+                           "sustained_running": sustained(result.summary),
                            "max_running": result.summary["max_running"]})
     load_rows = []
     for (a, rate), r in zip(jobs, load, strict=True):
@@ -266,7 +275,7 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
                           "ttft_p90_s": s["ttft_s"]["p90"],
                           "ttft_p99_s": s["ttft_s"]["p99"], "tpot_p50_s": s["tpot_s"]["p50"],
                           "tpot_p90_s": s["tpot_s"]["p90"], "tpot_p99_s": s["tpot_s"]["p99"],
-                          "meets_slo": (s["ttft_s"]["p90"] or 0) <= cfg.ttft_slo_s,
+                          "meets_slo": s["ttft_s"]["p90"] is not None and s["ttft_s"]["p90"] <= cfg.ttft_slo_s,
                           "num_preemptions": s["num_preemptions"],
                           "throughput_req_s": s["requests_per_s"]})
     load_df = pd.DataFrame(load_rows)

@@ -113,3 +113,20 @@ def test_fleet_section_counts_the_trace_and_quotes_its_table(report_dir):
     assert (f"{lo.prefix_cache_hit_rate:.1%} with least outstanding and {aff.prefix_cache_hit_rate:.1%} with "
             f"affinity") in md
     assert f"{aff.ttft_p50_s:.2f} / {aff.ttft_p90_s:.2f} s." in md
+
+
+def test_a_run_that_never_saturates_has_no_sustained_figure_not_zero():
+    """Six requests at once on an H200 all run at once: nothing queues, so there is no steady state to
+    average; the table keeps the gap (NaN), the words say "not saturated", the Markdown shows "–"."""
+    from kvsim import studies
+    from kvsim.report import _rounded
+    from kvsim.report_text import fp8_text
+
+    base = load_scenario(None, default=REPORT_SCENARIO, overrides=["gpu=h200"])
+    st = studies.Study(base, StudyConfig(num_requests=2, workers=1))
+    sec = studies.kv_quantization(st)
+    table = sec.tables["kv_quantization"]
+    assert table.simulated_sustained_running.isna().all()
+    assert (table.peak_running_transient == 6).all()
+    assert "(not saturated → not saturated)" in fp8_text(sec)
+    assert _rounded(table)[0]["simulated_sustained_running"] == "–"
