@@ -179,7 +179,14 @@ def capacity(
         console = Console()
         console.print(_headline(plan))
         console.print(rows_to_rich(data["kv_types"], title="KV by attention type (one request at max_model_len)"))
-        console.print(rows_to_rich(rows, title="Max concurrent sequences by context length"))
+        cost_keys = ("concurrent_sequences", "usd_per_concurrent_user_hour", "output_tokens_per_s_closed_form",
+                     "usd_per_million_output_tokens")
+        console.print(rows_to_rich([{k: v for k, v in r.items() if k not in cost_keys} for r in rows],
+                                   title="Max concurrent sequences by context length"))
+        costs = [{"context_len": r["context_len"], **{k: r[k] for k in cost_keys if k in r}} for r in rows
+                 if r["context_len"] <= plan.max_model_len]
+        if costs and len(costs[0]) > 2:  # a price is known
+            console.print(rows_to_rich(costs, title=f"Cost at that concurrency ({data['gpu_price_source']})"))
 
 
 def _beyond_max_model_len(row: dict, max_model_len: int) -> dict:
