@@ -68,16 +68,18 @@ PROFILE_KINDS = {
     "copy": "a device-to-device copy of `bytes`",
 }
 
-PROFILE_META_KEYS = (
-    "gpu",            # the device the profile was measured on (kvsim preset name or driver's name)
-    "model",          # the model's name as the source gives it
-    "tensor_parallel_size",
-    "kv_cache_dtype",  # bfloat16 | float16 | fp8
-    "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
-    "intermediate_size", "vocab_size",  # full-model shapes; checked against the model used
-    "source_repository", "source_commit", "source_licence", "source_path",
-)
-"""Metadata keys the importers record and `kvsim.profiles.check_profile` compares; others are kept."""
+PROFILE_META_KEYS: dict[str, type] = {
+    "gpu": str,            # the device the profile was measured on (kvsim preset name or driver's name)
+    "model": str,          # the model's name as the source gives it
+    "tensor_parallel_size": int,
+    "kv_cache_dtype": str,  # bfloat16 | float16 | fp8
+    "num_layers": int, "hidden_size": int, "num_attention_heads": int, "num_kv_heads": int, "head_dim": int,
+    "intermediate_size": int, "vocab_size": int,  # full-model shapes; checked against the model used
+    "source_repository": str, "source_commit": str, "source_licence": str, "source_path": str,
+}
+"""Metadata keys the importers record, with their value type: `kvsim.profiles.check_meta` refuses an
+integer key whose value is not an integer, and `check_profile` compares the integer keys with the
+scenario's model and tensor-parallel degree. Other keys are kept as they are."""
 
 
 def burst_step_times(latency: LatencyModel, first: StepPlan) -> Iterator[float]:

@@ -32,8 +32,9 @@ import pandas as pd
 from kvsim.errors import KvsimError
 from kvsim.traces import TraceRecord, iter_jsonl, read_sharegpt_tokens
 
-REQUEST_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s",
+REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s",
                    "prompt_tokens", "output_tokens")
+"""The columns of `MeasuredRun.requests`, in order; `request_frame` builds exactly these."""
 NS_PER_S = 1e9
 
 
@@ -92,12 +93,13 @@ def request_frame(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: np
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (finish_s - first_token_s) / (out - 1), np.nan)
     scheduled = np.full(len(arrival_s), np.nan) if first_scheduled_s is None else first_scheduled_s
-    df = pd.DataFrame({
+    columns = {
         "arrival_s": arrival_s - t0, "first_scheduled_s": scheduled - t0,
         "first_token_s": first_token_s - t0, "finish_s": finish_s - t0,
         "ttft_s": first_token_s - arrival_s, "tpot_s": tpot, "e2e_s": finish_s - arrival_s,
         "prompt_tokens": prompt_tokens.astype(int), "output_tokens": output_tokens.astype(int),
-    })
+    }
+    df = pd.DataFrame({name: columns[name] for name in REQUEST_COLUMNS})
     return df.sort_values("arrival_s", kind="stable").reset_index(drop=True)
 
 

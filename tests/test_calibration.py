@@ -149,8 +149,34 @@ def test_wrong_attention_shape_and_bad_files_are_errors(tmp_path):
         CalibratedLatency.from_csv(write_synthetic(tmp_path / "b.csv"), load_model("llama-2-7b"), ENGINE, roofline())
     bad = tmp_path / "c.csv"
     bad.write_text("a,b\n1,2\n")
-    with pytest.raises(KvsimError, match="expected the columns"):
+    with pytest.raises(KvsimError, match="column 'kind' is missing; expected the columns"):
         read_native(bad)
+
+
+def test_a_profile_missing_a_documented_column_or_kind_names_it(tmp_path):
+    """Each documented column and each row kind is checked against kvsim.latency's schema."""
+    lines = write_synthetic(tmp_path / "p.csv").read_text().splitlines()
+    header = lines[1].split(",")
+    time_col = header.index("time_s")
+    no_time = [lines[0], *(",".join(f for i, f in enumerate(line.split(",")) if i != time_col) for line in lines[1:])]
+    (tmp_path / "no_time.csv").write_text("\n".join(no_time) + "\n")
+    with pytest.raises(KvsimError, match=r"no_time.csv: column 'time_s' is missing"):
+        read_native(tmp_path / "no_time.csv")
+    (tmp_path / "kind.csv").write_text("\n".join([*lines[:2], "decodes" + lines[2][len("decode"):]]) + "\n")
+    with pytest.raises(KvsimError, match=r"kind.csv: kind='decodes' is not one of decode, prefill"):
+        read_native(tmp_path / "kind.csv")
+
+
+def test_a_profile_with_a_non_integer_shape_is_an_error_not_a_traceback(tmp_path):
+    from kvsim.profiles import load_profile
+
+    path = write_synthetic(tmp_path / "p.csv")
+    path.write_text("# num_layers: thirty-two\n" + path.read_text())
+    with pytest.raises(KvsimError, match="metadata num_layers='thirty-two' is not an integer"):
+        load_profile(path, MODEL, load_gpu("h200"), ENGINE)
+    path.write_text(path.read_text().replace("thirty-two", "40"))
+    with pytest.raises(KvsimError, match="measured with num_layers=40, but the scenario has num_layers=32"):
+        load_profile(path, MODEL, load_gpu("h200"), ENGINE)
 
 
 def test_profiles_written_before_the_new_columns_still_load(tmp_path):

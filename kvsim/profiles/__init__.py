@@ -13,6 +13,7 @@ a profile measured for another model, vocabulary, KV dtype, GPU or tensor-parall
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,16 +106,21 @@ def check_profile(profile: Profile, model: ModelSpec, gpu: GPUSpec, engine: Engi
     Only what the profile's metadata records is compared; every mismatch is one `KvsimError`
     naming the field, the profile's value and the scenario's.
     """
+    from kvsim.latency import PROFILE_META_KEYS
+
     meta = profile.meta
-    expected = {
-        "num_layers": model.num_layers, "hidden_size": model.hidden_size,
-        "num_attention_heads": model.num_attention_heads, "num_kv_heads": model.num_kv_heads,
-        "head_dim": model.head_dim, "intermediate_size": model.intermediate_size, "vocab_size": model.vocab_size,
-        "tensor_parallel_size": engine.tensor_parallel_size,
-    }
-    for key, want in expected.items():
+    for key, kind in PROFILE_META_KEYS.items():
         have = meta.get(key)
-        if have not in (None, "") and int(float(have)) != want:
+        if kind is not int or have in (None, ""):
+            continue
+        try:
+            value = float(have)
+        except ValueError:
+            value = math.nan
+        if not value.is_integer():
+            raise KvsimError(f"profile {profile.name}: metadata {key}={have!r} is not an integer")
+        want = engine.tensor_parallel_size if key == "tensor_parallel_size" else getattr(model, key)
+        if int(value) != want:
             raise KvsimError(f"profile {profile.name}: measured with {key}={have}, but the scenario has "
                              f"{key}={want} ({model.name}, tensor_parallel_size={engine.tensor_parallel_size})")
     kv = meta.get("kv_cache_dtype")

@@ -10,7 +10,7 @@ import csv
 from pathlib import Path
 
 from kvsim.errors import KvsimError
-from kvsim.latency import PROFILE_COLUMNS
+from kvsim.latency import PROFILE_COLUMNS, PROFILE_KINDS
 from kvsim.output_dir import FILE_TAG, output_file
 from kvsim.profiles import Profile
 
@@ -34,11 +34,16 @@ def read_native(path: Path) -> Profile:
             lines.append(line)
     reader = csv.DictReader(lines)
     header = tuple(reader.fieldnames or ())
-    if len(header) < NUM_LEGACY_COLUMNS or header != PROFILE_COLUMNS[:len(header)]:
-        raise KvsimError(f"profile {path}: expected the columns {','.join(PROFILE_COLUMNS)}")
+    if header != PROFILE_COLUMNS[:len(header)] or len(header) < NUM_LEGACY_COLUMNS:
+        missing = next((c for c in PROFILE_COLUMNS[:NUM_LEGACY_COLUMNS] if c not in header), None)
+        what = f"column {missing!r} is missing" if missing else "columns out of order"
+        raise KvsimError(f"profile {path}: {what}; expected the columns {','.join(PROFILE_COLUMNS)}")
     rows = [{c: (r.get(c) or "") for c in PROFILE_COLUMNS} for r in reader]
     if not rows:
         raise KvsimError(f"profile {path}: no rows")
+    for row in rows:
+        if row["kind"] not in PROFILE_KINDS:
+            raise KvsimError(f"profile {path}: kind={row['kind']!r} is not one of {', '.join(PROFILE_KINDS)}")
     return Profile(path.stem, meta, rows)
 
 
