@@ -121,12 +121,28 @@ def _absolute_unprotected(path: str | Path) -> Path:
     return out
 
 
+def _check_writable(path: str | Path, out: Path) -> None:
+    """A `KvsimError` unless kvsim can create files beside `out` (where the writers put their
+    temporary copy): probed by creating and removing an empty folder, named like a writer's
+    temporary (so one left by a kill is cleared like theirs), in the nearest existing folder
+    above it, so a command refuses before its work rather than after (`-o /proc/x`)."""
+    base = out.parent
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise KvsimError(f"--output={str(path)!r}: cannot write there ({base} is not a folder)")
+    with _errors_name_output(path):
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=base))
+
+
 def check_output_dir(path: str | Path, kind: str | None = None) -> Path:
-    """The absolute folder to write, or a `KvsimError` saying why kvsim must not touch it.
+    """The absolute folder to write, or a `KvsimError` saying why kvsim must not touch it
+    (protected, someone else's, or not writable).
 
     With `kind`, an existing kvsim folder must also be of that kind (a `run` never replaces a `report`).
     """
     out = _absolute_unprotected(path)
+    _check_writable(path, out)
     if not out.exists():
         return out
     if not out.is_dir():
@@ -145,8 +161,9 @@ def check_output_dir(path: str | Path, kind: str | None = None) -> Path:
 
 
 def check_output_file(path: str | Path) -> Path:
-    """The absolute file to write, or a `KvsimError` unless it is new or a file kvsim wrote."""
+    """The absolute file to write, or a `KvsimError` unless it is new or a file kvsim wrote, and writable."""
     out = _absolute_unprotected(path)
+    _check_writable(path, out)
     if not out.exists():
         return out
     if not out.is_file():

@@ -1,4 +1,6 @@
 import json
+import os
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -94,6 +96,28 @@ def test_unwritable_output_is_one_line_error(tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("where", ["/proc/kvsim-out", "read-only/out"])
+def test_unwritable_output_is_refused_before_simulating(tmp_path, monkeypatch, where):
+    """`-o /proc/x` (and a folder without write permission) is refused before the run, not after it."""
+    import kvsim.engine
+
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o555)
+    if where.startswith("read-only") and os.access(read_only, os.W_OK):
+        pytest.skip("running as root: permissions do not stop writing")
+
+    def no_simulation(*args, **kwargs):
+        raise AssertionError("simulated before checking the output")
+
+    monkeypatch.setattr(kvsim.engine, "simulate", no_simulation)
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["run", "--set", "workload.num_requests=5", "-o", where])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"kvsim: error: --output={where!r}: cannot write there (")
+    assert list(read_only.iterdir()) == [] and not Path("/proc/kvsim-out").exists()
+
+
 def test_run_a_fleet_writes_routes_and_per_replica_tables(tmp_path):
     scenario = tmp_path / "fleet.yaml"
     scenario.write_text(
@@ -118,3 +142,22 @@ def test_kv_cache_dtype_help_lists_every_accepted_value():
     from kvsim.config import KVCacheDtype
     help_text = get_args(KvDtypeOpt)[1].help
     assert [v for v in get_args(KVCacheDtype) if v not in help_text.split(", ")] == []
+
+
+def test_ctrl_c_while_kvsim_imports_exits_130_quietly(tmp_path):
+    """A Ctrl-C while the CLI's dependencies load: a stand-in `typer` raises KeyboardInterrupt on import."""
+    import subprocess
+    import sys
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["kvsim"] == "kvsim.__main__:main"  # the console script runs the same guarded entry
+    (tmp_path / "typer.py").write_text("raise KeyboardInterrupt\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    for argv in (["-m", "kvsim", "--version"], ["-c", "from kvsim.__main__ import main; main()", "--version"]):
+        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=120)
+        assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
+    (tmp_path / "typer.py").unlink()  # the real typer: the same entry runs the CLI
+    done = subprocess.run([sys.executable, "-m", "kvsim", "--version"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("kvsim ")
