@@ -9,7 +9,9 @@ The library API (typed; the CLI is a thin layer over it):
         overrides: {"engine.block_size": 32} or ["engine.block_size=32"] (the CLI's --set)
     Scenario, RunResult (requests/steps DataFrames, summary; write, to_parquet)
 
-`import kvsim` stays light: no torch, triton or matplotlib, and no simpy until a simulation runs.
+`import kvsim` imports nothing but the standard library: `RunResult`, `Scenario` and
+`load_scenario` load (pandas, pydantic) on first use, and simpy only when a simulation runs.
+So the `kvsim` command (`kvsim.__main__`) is inside its Ctrl-C handling before any heavy import.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvsim.results import RunResult
-from kvsim.scenario import Scenario, load_scenario
 from kvsim.version import __version__
 
 if TYPE_CHECKING:
     from kvsim.fleet import FleetResult
+    from kvsim.results import RunResult
+    from kvsim.scenario import Scenario, load_scenario
 
 __all__ = ["RunResult", "Scenario", "__version__", "load_scenario", "simulate"]
 
@@ -47,3 +49,20 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
 
         return simulate_fleet(resolved, check=check, progress=progress)
     return _simulate(resolved, check=check, progress=progress)
+
+
+def __getattr__(name: str) -> Any:
+    """The API's heavier names, imported on first use (PEP 562)."""
+    if name == "RunResult":
+        from kvsim.results import RunResult
+
+        return RunResult
+    if name == "Scenario":
+        from kvsim.scenario import Scenario
+
+        return Scenario
+    if name == "load_scenario":
+        from kvsim.scenario import load_scenario
+
+        return load_scenario
+    raise AttributeError(f"module 'kvsim' has no attribute {name!r}")
