@@ -36,7 +36,7 @@ from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.errors import KvsimError
 from kvsim.latency import ConstantLatency, LatencyModel
 from kvsim.memory import GroupedPagedAllocator, KVAllocator, PagedAllocator, SlabAllocator
-from kvsim.metrics import StepRecorder, requests_frame, summarize
+from kvsim.metrics import StepRecorder, dp_group_steps, kept_step_index, requests_frame, summarize
 from kvsim.request import Request
 from kvsim.results import RunResult
 from kvsim.roofline import RooflineLatency
@@ -379,7 +379,9 @@ def lockstep_loop(env: simpy.Environment, schedulers: Sequence[Scheduler], laten
 def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult:
     """`data_parallel_size` engines, each with its own scheduler and KV pool, behind vLLM's DP
     load balancer, stepping in lockstep (`lockstep_loop`). The result holds every request
-    (column `dp_rank`) and every engine's steps; scheduler counters are summed over engines."""
+    (column `dp_rank`) and the engines' steps (those `scenario.steps` keeps); the summary describes
+    the deployment: running and waiting counts and scheduler counters summed over the engines, pool
+    shares averaged over them (`kvsim.metrics.dp_group_steps`)."""
     rng = np.random.default_rng(scenario.seed)
     parts = [build_engine(scenario, rng) for _ in range(scenario.engine.data_parallel_size)]
     requests = build_requests(scenario, parts[0].facts["max_model_len"], rng)
@@ -405,18 +407,27 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
     env.process(arrival_process())
     env.run(until=env.process(lockstep_loop(env, schedulers, [p.latency for p in parts], recorders, arrivals,
                                             wake, check)))
-    results = [engine_result(scenario, p, [r for r in requests if rank[r.request_id] == i], recorders[i])
+    every_step = scenario.model_copy(update={"steps": "all"})
+    results = [engine_result(every_step, p, [r for r in requests if rank[r.request_id] == i], recorders[i])
                for i, p in enumerate(parts)]
     requests_df = pd.concat([r.requests.assign(dp_rank=i) for i, r in enumerate(results)]).sort_values(
         "request_id", kind="stable").reset_index(drop=True)
     steps_df = pd.concat([r.steps.assign(dp_rank=i) for i, r in enumerate(results)]).sort_values(
         ["time_s", "dp_rank"], kind="stable").reset_index(drop=True)
-    summary = summarize(requests_df, steps_df, schedulers[0], {**parts[0].facts, "data_parallel_size": len(parts)})
-    for key, attr in (("num_preemptions", "num_preemptions"), ("vllm:prefix_cache_queries_total",
-                      "num_prefix_query_tokens"), ("vllm:prefix_cache_hits_total", "num_prefix_hit_tokens")):
+    summary = summarize(requests_df, dp_group_steps(steps_df, len(parts)), schedulers[0],
+                        {**parts[0].facts, "data_parallel_size": len(parts)})
+    for key, attr in (("num_preemptions", "num_preemptions"), ("num_prefix_cache_query_tokens",
+                      "num_prefix_query_tokens"), ("num_prefix_cache_hit_tokens", "num_prefix_hit_tokens"),
+                      ("num_prefix_cache_preempted_query_tokens", "num_preempted_query_tokens"),
+                      ("num_prefix_cache_preempted_hit_tokens", "num_preempted_hit_tokens"),
+                      ("swapped_out_bytes", "num_swapped_out_bytes")):
         summary[key] = sum(getattr(s, attr) for s in schedulers)
-    queries = summary["vllm:prefix_cache_queries_total"]
-    summary["prefix_cache_hit_rate"] = summary["vllm:prefix_cache_hits_total"] / queries if queries else 0.0
+    summary["num_copy_on_writes"] = sum(s.alloc.num_copy_on_writes for s in schedulers)
+    queries = summary["num_prefix_cache_query_tokens"]
+    summary["prefix_cache_hit_rate"] = summary["num_prefix_cache_hit_tokens"] / queries if queries else 0.0
+    kept = kept_step_index(len(steps_df), scenario.steps)
+    if kept is not None:
+        steps_df = steps_df.iloc[kept].reset_index(drop=True)
     return RunResult(scenario=scenario, requests=requests_df, steps=steps_df, summary=summary)
 
 
@@ -425,8 +436,7 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
              memory_limit_bytes: int | None = None) -> RunResult:
     """Simulate a scenario end to end. `check=True` runs `check_invariants()` after every step.
 
-    With `engine.data_parallel_size` > 1, the DP engines run together (`simulate_data_parallel`,
-    which keeps every step: its summary is built from the engines' step tables).
+    With `engine.data_parallel_size` > 1, the DP engines run together (`simulate_data_parallel`).
     `steps` overrides the scenario's `steps` (which per-step rows the result keeps and writes).
     A run that cannot fit in `memory_limit_bytes` [the machine's memory] is refused up front.
     """
@@ -435,7 +445,7 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
     if scenario.replicas is not None:
         raise KvsimError(f"replicas={scenario.replicas!r}: a fleet scenario; use kvsim.fleet.simulate_fleet")
     if scenario.engine.data_parallel_size > 1:
-        return simulate_data_parallel(scenario.model_copy(update={"steps": "all"}), check)
+        return simulate_data_parallel(scenario, check)
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
     parts = build_engine(scenario, rng, memory_limit_bytes)
     requests = build_requests(scenario, parts.facts["max_model_len"], rng)

@@ -136,18 +136,51 @@ class StepRecorder:
         import pandas as pd
 
         n = self.num_steps
-        if mode == "none":
-            index = np.arange(0)
-        elif mode == "sampled" and n > MAX_SAMPLED_STEPS:
-            index = np.unique(np.linspace(0, n - 1, MAX_SAMPLED_STEPS).round().astype(np.int64))
-        else:
-            index = None
+        index = kept_step_index(n, mode)
         data = {}
         for name, column in self.columns.items():
             values = np.frombuffer(column, dtype=np.float64 if column.typecode == "d" else np.int64) if n else \
                 np.zeros(0, dtype=np.float64 if column.typecode == "d" else np.int64)
             data[name] = values.copy() if index is None else values[index]
         return pd.DataFrame(data)
+
+
+def kept_step_index(num_steps: int, mode: StepsMode) -> np.ndarray | None:
+    """Which of `num_steps` rows a run keeps in `mode` (see `StepRecorder`); None: all of them."""
+    if mode == "none":
+        return np.arange(0)
+    if mode == "sampled" and num_steps > MAX_SAMPLED_STEPS:
+        return np.unique(np.linspace(0, num_steps - 1, MAX_SAMPLED_STEPS).round().astype(np.int64))
+    return None
+
+
+IDLE_POOL = {"vllm:kv_cache_usage_perc": 0.0, **dict.fromkeys(WASTE_KEYS, 0.0), "free": 1.0}
+"""The pool shares of a data-parallel engine that has no row in a lockstep step: it runs nothing."""
+
+
+def dp_group_steps(steps_df: pd.DataFrame, num_engines: int) -> pd.DataFrame:
+    """Data-parallel engines' step rows (`dp_rank`, sharing `time_s` in lockstep) as one row per
+    step of the whole deployment, so its summary speaks of all engines together.
+
+    Counts (running, waiting, tokens, held and shared slots, bytes) are summed over the engines;
+    pool shares are averaged over every engine (the pools are equal), an engine without a row
+    counting as idle (`IDLE_POOL`); the cumulative preemption count is each engine's latest, summed.
+    """
+    import pandas as pd
+
+    wide = steps_df.pivot(index="time_s", columns="dp_rank")
+    ranks = range(num_engines)
+    data: dict[str, Any] = {"time_s": wide.index.to_numpy(),
+                            "duration_s": wide["duration_s"].max(axis=1).to_numpy()}
+    for name in StepRecorder.COLUMNS[2:]:
+        column = wide[name].reindex(columns=ranks)
+        if name == "vllm:num_preemptions_total":
+            column = column.ffill().fillna(0)
+        if name in IDLE_POOL:
+            data[name] = column.fillna(IDLE_POOL[name]).mean(axis=1).to_numpy()
+        else:
+            data[name] = column.fillna(0).sum(axis=1).to_numpy().astype(steps_df[name].dtype)
+    return pd.DataFrame(data)
 
 
 def requests_frame(requests: list[Request]) -> pd.DataFrame:

@@ -78,3 +78,23 @@ def test_dp_engines_step_together_with_their_own_pools() -> None:
     both = steps.groupby("time_s").filter(lambda g: len(g) == 2)
     assert len(both) > 0
     assert (both.groupby("time_s")["duration_s"].nunique() == 1).all()
+
+
+def test_dp_summary_is_the_deployments_and_steps_mode_is_honoured() -> None:
+    """Running counts add up over the DP engines (vllm:num_requests_running summed over engine
+    labels); `steps: none` keeps no rows and changes no summary number."""
+    from kvsim.engine import simulate
+    from kvsim.scenario import load_scenario
+
+    scenario = load_scenario(None, ["model=qwen3-30b-a3b", "gpu=h100-80gb", "engine.max_model_len=4096",
+                                    "workload.num_requests=60", "workload.arrival.rate=40",
+                                    "engine.data_parallel_size=2", "engine.enable_expert_parallel=true"])
+    result = simulate(scenario)
+    steps, summary = result.steps, result.summary
+    per_step = steps.groupby("time_s").agg(running=("vllm:num_requests_running", "sum"),
+                                           dt=("duration_s", "first"))
+    assert summary["max_running"] == per_step["running"].max() > steps["vllm:num_requests_running"].max()
+    assert summary["mean_running"] == pytest.approx((per_step["running"] * per_step["dt"]).sum() / per_step["dt"].sum())
+    assert summary["num_steps"] == len(per_step)
+    none = simulate(scenario, steps="none")
+    assert len(none.steps) == 0 and none.summary == summary
