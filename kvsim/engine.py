@@ -15,6 +15,8 @@ seed → identical results: the only randomness is one `numpy.random.Generator(s
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
@@ -120,12 +122,42 @@ def delay_until(now: float, t: float) -> float:
     return delay
 
 
+class Alarm(simpy.Event):
+    """An event that fires at the absolute instant `at_s`, as a `simpy.Timeout` fires after a delay.
+
+    A burst waited for at once must end on the very float instant its last step would end step
+    by step, and no delay may give it: `now + delay` rounds, and for some `now` the sum never
+    equals `at_s`. So this schedules the event the way `Environment.schedule` does, with the
+    instant in place of `now + delay` (simpy 4's `_queue` heap of `(time, priority, id, event)`).
+    """
+
+    def __init__(self, env: simpy.Environment, at_s: float) -> None:
+        super().__init__(env)
+        assert at_s >= env.now
+        self._ok = True
+        self._value = None
+        heapq.heappush(env._queue, (at_s, simpy.events.NORMAL, next(env._eid), self))  # type: ignore[attr-defined]
+
+
 @dataclass(slots=True)
 class Arrivals:
     """The run's requests in arrival order and how many have arrived; every engine of a run reads it."""
 
     requests: list[Request]
     num_arrived: int = 0
+    _times_s: np.ndarray | None = None  # every arrival instant, built on first use by `none_at`
+
+    def none_at(self, instants_s: np.ndarray) -> bool:
+        """No request still to arrive arrives exactly at one of `instants_s` (sorted, ascending)."""
+        if self._times_s is None:
+            self._times_s = np.fromiter((r.arrival_s for r in self.requests), dtype=np.float64,
+                                        count=len(self.requests))
+        times = self._times_s
+        upcoming = times[self.num_arrived:int(np.searchsorted(times, instants_s[-1], side="right"))]
+        if not len(upcoming):
+            return True
+        at = np.minimum(np.searchsorted(instants_s, upcoming), len(instants_s) - 1)
+        return not bool((instants_s[at] == upcoming).any())
 
     @property
     def all_arrived(self) -> bool:
@@ -153,6 +185,46 @@ class Inbox:
 
     requests: list[Request] = field(default_factory=list)
     in_burst: bool = False
+    # a burst waited for at once (`wait_burst`): its steps' end instants, how many of them run, and
+    # the pending alarm (the latest one rings; an earlier one, superseded by a cut, is ignored)
+    step_ends_s: list[float] | None = None
+    num_steps: int = 0
+    alarm: simpy.Event | None = None
+    resume: simpy.Event | None = None
+
+    def wait_burst(self, env: simpy.Environment, step_ends_s: list[float]) -> simpy.Event:
+        """Start a burst whose steps end at `step_ends_s`; the event to yield fires when the last one
+        ends, or when the step in flight at this engine's next arrival ends (`deliver`)."""
+        self.in_burst = True
+        self.step_ends_s = step_ends_s
+        self.num_steps = len(step_ends_s)
+        self.resume = env.event()
+        self._set_alarm(env, step_ends_s[-1])
+        return self.resume
+
+    def deliver(self, env: simpy.Environment, req: Request) -> None:
+        """A request arrives during the burst: it waits here, and a burst waited for at once is cut
+        after the step in flight, which a step-by-step engine would end before seeing it."""
+        self.requests.append(req)
+        ends = self.step_ends_s
+        if ends is not None and len(self.requests) == 1:
+            in_flight = bisect.bisect_right(ends, env.now) + 1  # no step ends exactly now (`Arrivals.none_at`)
+            if in_flight < self.num_steps:
+                self.num_steps = in_flight
+                self._set_alarm(env, ends[in_flight - 1])
+
+    def _set_alarm(self, env: simpy.Environment, at_s: float) -> None:
+        alarm = self.alarm = Alarm(env, at_s)
+        alarm.callbacks.append(self._ring)  # type: ignore[union-attr]
+
+    def _ring(self, alarm: simpy.Event) -> None:
+        if alarm is self.alarm:
+            assert self.resume is not None
+            self.resume.succeed()
+
+    def end_burst(self) -> None:
+        self.in_burst = False
+        self.step_ends_s = self.alarm = self.resume = None
 
 
 Dispatch = Callable[[Request], int]  # which engine an arriving request goes to (called at its arrival)
@@ -183,14 +255,25 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
         if burst is not None:
             start_s = env.now
             rows = recorder.begin_burst(start_s, burst, scheduler) if inbox is None else None
-            if inbox is not None:
-                inbox.in_burst = True
             waiting = []
-            for d in burst.durations:  # one timeout per step keeps env.now bit-identical to step-by-step
-                waiting.append(len(scheduler.waiting))  # requests may arrive behind a blocked head
-                yield env.timeout(d)
-                if inbox is not None and inbox.requests:
-                    break
+            step_ends_s = None
+            if inbox is not None:
+                step_ends_s = np.add.accumulate(np.concatenate(([start_s], burst.durations)))[1:]
+                if not arrivals.none_at(step_ends_s):
+                    step_ends_s = None  # an arrival ties with a step end: its order needs one event per step
+            if step_ends_s is not None:  # one wait for the whole burst (it ends at the same instants)
+                assert inbox is not None
+                yield inbox.wait_burst(env, step_ends_s.tolist())
+                waiting = [len(scheduler.waiting)] * inbox.num_steps  # arrivals waited in the inbox
+            else:
+                inbox_steps = inbox is not None
+                if inbox is not None:
+                    inbox.in_burst = True
+                for d in burst.durations:  # one timeout per step keeps env.now bit-identical to step-by-step
+                    waiting.append(len(scheduler.waiting))  # requests may arrive behind a blocked head
+                    yield env.timeout(d)
+                    if inbox_steps and inbox.requests:  # type: ignore[union-attr]
+                        break
             if inbox is not None:  # cut after the step in flight; arrivals waited in the inbox
                 burst = Burst(burst.batch, burst.durations[:len(waiting)])
                 rows = recorder.begin_burst(start_s, burst, scheduler)
@@ -198,7 +281,7 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
             recorder.end_burst(rows, waiting)
             scheduler.apply_burst(burst, env.now)
             if inbox is not None:
-                inbox.in_burst = False
+                inbox.end_burst()
                 for req in inbox.requests:
                     scheduler.add(req)
                 inbox.requests.clear()
@@ -253,7 +336,7 @@ def run_engines(engines: Sequence[tuple[Scheduler, LatencyModel]], requests: lis
                 yield env.timeout(delay_until(env.now, req.arrival_s))
             index = dispatch(req)
             if inboxes is not None and inboxes[index].in_burst:
-                inboxes[index].requests.append(req)
+                inboxes[index].deliver(env, req)
             else:
                 schedulers[index].add(req)
             arrivals.num_arrived += 1

@@ -16,6 +16,7 @@ summary (percentiles over all requests, totals over replicas).
 from __future__ import annotations
 
 import json
+from array import array
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,21 +61,54 @@ def replica_scenarios(scenario: Scenario) -> list[Scenario]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaView:
-    """What the router reads of one replica: its scheduler's queues and KV pool, and its inbox."""
+class FleetView:
+    """What the router reads of the replicas (`kvsim.router.FleetState`), cheaply at every arrival.
 
-    scheduler: Scheduler
-    inbox: Inbox
+    A replica's outstanding requests are the ones dispatched to it that have not ended: every
+    request it is given is waiting (or in its inbox during a burst), running or swapped out
+    until it is finished or rejected, so the count is `dispatched − ended`, two lengths a replica.
+    """
 
-    @property
-    def outstanding(self) -> int:
-        s = self.scheduler
-        return len(s.waiting) + len(s.running) + len(s.swapped) + len(self.inbox.requests)
+    def __init__(self, schedulers: list[Scheduler]) -> None:
+        self.schedulers = schedulers
+        self.dispatched = [0] * len(schedulers)
 
-    @property
-    def kv_usage(self) -> float:
-        return self.scheduler.alloc.usage
+    def outstanding(self) -> list[int]:
+        return [n - len(s.finished) - len(s.rejected) for n, s in zip(self.dispatched, self.schedulers, strict=True)]
+
+    def kv_usage(self) -> list[float]:
+        return [s.alloc.usage for s in self.schedulers]
+
+
+class Routes:
+    """The router's decisions, one row per request in arrival order, in compact columns."""
+
+    REASONS = ("turn", "least_outstanding", "least_kv", "affinity", "new_prefix", "over_bound")
+
+    def __init__(self) -> None:
+        self.request_id, self.arrival_s = array("q"), array("d")
+        self.replica, self.reason, self.matched_tokens = array("q"), array("b"), array("q")
+
+    def add(self, req: Request, decision: Decision) -> None:
+        self.request_id.append(req.request_id)
+        self.arrival_s.append(req.arrival_s)
+        self.replica.append(decision.replica)
+        self.reason.append(self.REASONS.index(decision.reason))
+        self.matched_tokens.append(decision.matched_tokens)
+
+    def frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        reasons = np.array(self.REASONS, dtype=object)
+        return pd.DataFrame({
+            "request_id": np.frombuffer(self.request_id, dtype=np.int64) if self.request_id else np.zeros(0, np.int64),
+            "arrival_s": np.frombuffer(self.arrival_s, dtype=np.float64) if self.arrival_s else np.zeros(0),
+            "replica": np.frombuffer(self.replica, dtype=np.int64) if self.replica else np.zeros(0, np.int64),
+            "reason": reasons[np.frombuffer(self.reason, dtype=np.int8).astype(np.int64)] if self.reason
+            else np.zeros(0, dtype=object),
+            "matched_tokens": np.frombuffer(self.matched_tokens, dtype=np.int64) if self.matched_tokens
+            else np.zeros(0, np.int64),
+        })
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,33 +150,30 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))  # the workload's cap
     requests = build_requests(scenario, max_model_len, rng)
     inboxes = [Inbox() for _ in parts]
-    states = [ReplicaView(p.scheduler, inbox) for p, inbox in zip(parts, inboxes, strict=True)]
+    view = FleetView([p.scheduler for p in parts])
     config = scenario.router
     router = Router(config.policy, len(parts), scenario.engine.block_size, config.load_bound, config.load_slack,
                     config.match_threshold, max_prefix_blocks=sum(p.facts["num_gpu_blocks"] for p in parts))
-    decisions: list[Decision] = []
+    routes = Routes()
 
     def dispatch(req: Request) -> int:
-        decision = router.route(req, states)
-        decisions.append(decision)
+        decision = router.route(req, view)
+        routes.add(req, decision)
+        view.dispatched[decision.replica] += 1
         return decision.replica
 
     reads_kv = config.policy == "least_kv"  # bursts apply KV growth at their end: such a router needs exact steps
     recorders = run_engines([(p.scheduler, p.latency) for p in parts], requests, dispatch, check, progress, bursts,
                             inboxes=None if reads_kv else inboxes)
     assigned: list[list[Request]] = [[] for _ in parts]
-    for req, decision in zip(requests, decisions, strict=True):
-        assigned[decision.replica].append(req)
+    for req, replica in zip(requests, routes.replica, strict=True):
+        assigned[replica].append(req)
     runs = [engine_result(spec, p, reqs, rec)
             for spec, p, reqs, rec in zip(specs, parts, assigned, recorders, strict=True)]
     requests_df = pd.concat([run.requests.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
     requests_df = requests_df.sort_values("request_id", kind="stable").reset_index(drop=True)
     steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
-    routes_df = pd.DataFrame({
-        "request_id": [r.request_id for r in requests], "arrival_s": [r.arrival_s for r in requests],
-        "replica": [d.replica for d in decisions], "reason": [d.reason for d in decisions],
-        "matched_tokens": [d.matched_tokens for d in decisions],
-    })
+    routes_df = routes.frame()
     summary = fleet_summary(scenario, requests_df, runs, routes_df)
     return FleetResult(scenario, requests_df, steps_df, routes_df, runs, summary)
 

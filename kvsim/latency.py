@@ -87,7 +87,14 @@ def burst_step_times(latency: LatencyModel, first: StepPlan) -> Iterator[float]:
 
     Each step every sequence's context grows by one token: Σ context and the attention work
     grow by the number of sequences, the longest context by one. The caller stops iterating.
+    A model with `decode_step_times(first)` (the same floats, its constant terms computed once)
+    gives them when it can; otherwise every step's plan is priced with `step_time`.
     """
+    fast = getattr(latency, "decode_step_times", None)
+    times = fast(first) if fast is not None else None
+    if times is not None:
+        yield from times
+        return
     plan = StepPlan(num_tokens=first.num_tokens, num_seqs=first.num_seqs, num_decode_seqs=first.num_decode_seqs,
                     num_sampled=first.num_sampled, sum_context_tokens=first.sum_context_tokens,
                     sum_decode_context_tokens=first.sum_decode_context_tokens,

@@ -49,6 +49,7 @@ which moved the mean TPOT there by about 2 %.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -226,6 +227,30 @@ class RooflineLatency:
         """Add swap transfers to the compute time, serially or overlapped."""
         swap = (plan.swap_in_bytes + plan.swap_out_bytes) / self.link
         return max(compute_s, swap) if self.overlap_swap else compute_s + swap
+
+    def decode_step_times(self, first: StepPlan) -> Iterator[float] | None:
+        """`step_time` of the successive steps of `kvsim.latency.burst_step_times` (pure decode, every
+        context one token longer per step), bit for bit: the same float operations in the same
+        order, with the terms that stay constant over a burst computed once (only the decode
+        attention term changes). None unless `first` is pure decode (then price each plan)."""
+        context = first.sum_decode_context_tokens
+        if first.num_prefill_tokens or first.attention_work != context or first.sum_context_tokens != context:
+            return None
+        t, eff = first.num_tokens, self.eff
+        head = self.linear_s(t, first.num_dp_group_tokens) + self.token_ops_s(t)
+        floor = self.num_layers * (eff.kernel_floor_s + first.num_decode_seqs * eff.decode_per_seq_s)
+        per_token, bandwidth = self.kv_bytes_per_token, eff.decode_bandwidth * self.bandwidth
+        tail, fixed = self.sequence_s(first.num_sampled), self.fixed_s(first)
+        swap = (first.swap_in_bytes + first.swap_out_bytes) / self.link
+        growth, overlap = first.num_seqs, self.overlap_swap
+
+        def times(context: int) -> Iterator[float]:
+            while True:  # attention_s = decode_s + prefill_s, and prefill_s is 0.0 here (x + 0.0 == x)
+                compute = head + (floor + context * per_token / bandwidth) + tail + fixed
+                yield max(compute, swap) if overlap else compute + swap
+                context += growth
+
+        return times(context)
 
     def step_time(self, plan: StepPlan) -> float:
         compute = 0.0

@@ -1,6 +1,6 @@
 """Routers: which replica of a fleet serves an arriving request. Pure Python, no simpy.
 
-A router is called at the request's arrival instant with the replicas' schedulers, so it
+A router is called at the request's arrival instant with the replicas' state, so it
 sees what a production router sees from its replicas' metrics at that moment:
 
 | policy              | picks                                                                |
@@ -29,24 +29,21 @@ absolute balance thresholds (`balance_rel_threshold`, `balance_abs_threshold`).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvsim.request import Request
 
 
-class ReplicaState(Protocol):
-    """What a router may read of a replica at an arrival."""
+class FleetState(Protocol):
+    """What a router may read of the replicas at an arrival, one value per replica in replica order."""
 
-    @property
-    def outstanding(self) -> int:
-        """Requests it holds and has not finished: waiting (or arrived in a burst), running, swapped out."""
+    def outstanding(self) -> list[int]:
+        """Requests each holds and has not finished: waiting (or arrived in a burst), running, swapped out."""
         ...
 
-    @property
-    def kv_usage(self) -> float:
-        """`vllm:kv_cache_usage_perc` now."""
+    def kv_usage(self) -> list[float]:
+        """Each one's `vllm:kv_cache_usage_perc` now."""
         ...
 
 
@@ -77,28 +74,29 @@ class Router:
         assert self.policy in ("round_robin", "least_outstanding", "least_kv", "affinity"), self.policy
         assert self.num_replicas > 0 and self.block_size > 0 and self.load_bound >= 1.0
 
-    def route(self, req: Request, replicas: Sequence[ReplicaState]) -> Decision:
-        assert len(replicas) == self.num_replicas
+    def route(self, req: Request, fleet: FleetState) -> Decision:
         start = self._turn % self.num_replicas
         self._turn += 1
         if self.policy == "round_robin":
             return Decision(start, "turn")
         if self.policy == "least_kv":
-            return Decision(self._least(replicas, start, by_kv=True), "least_kv")
+            loads, usage = fleet.outstanding(), fleet.kv_usage()
+            n = self.num_replicas
+            return Decision(min(range(n), key=lambda i: (usage[i], loads[i], (i - start) % n)), "least_kv")
         if self.policy == "least_outstanding":
-            return Decision(self._least(replicas, start), "least_outstanding")
-        return self._affinity(req, replicas, start)
+            return Decision(self._least(fleet.outstanding(), start), "least_outstanding")
+        return self._affinity(req, fleet.outstanding(), start)
 
-    def _least(self, replicas: Sequence[ReplicaState], start: int, by_kv: bool = False) -> int:
-        n = self.num_replicas
+    def _least(self, loads: list[int], start: int) -> int:
+        """The least loaded replica, the first at or after `start` (wrapping) on a tie."""
+        assert len(loads) == self.num_replicas
+        fewest = min(loads)
+        try:
+            return loads.index(fewest, start)
+        except ValueError:
+            return loads.index(fewest)
 
-        def key(i: int) -> tuple[float, int, int]:
-            s = replicas[i]
-            return (s.kv_usage if by_kv else 0.0, s.outstanding, (i - start) % n)
-
-        return min(range(n), key=key)
-
-    def _affinity(self, req: Request, replicas: Sequence[ReplicaState], start: int) -> Decision:
+    def _affinity(self, req: Request, loads: list[int], start: int) -> Decision:
         num_blocks = req.prompt_len // self.block_size
         hashes = req.content.block_hashes(self.block_size, num_blocks) if req.content is not None and num_blocks \
             else []
@@ -110,14 +108,13 @@ class Router:
                 break
             matched, preferred = matched + 1, replica
         if preferred < 0 or matched * self.block_size < self.match_threshold * req.prompt_len:
-            decision = Decision(self._least(replicas, start), "new_prefix", matched * self.block_size)
+            decision = Decision(self._least(loads, start), "new_prefix", matched * self.block_size)
         else:
-            loads = [s.outstanding for s in replicas]
             within_bound = (loads[preferred] + 1) * self.num_replicas <= self.load_bound * (sum(loads) + 1)
             if within_bound or loads[preferred] - min(loads) < self.load_slack:
                 decision = Decision(preferred, "affinity", matched * self.block_size)
             else:
-                decision = Decision(self._least(replicas, start), "over_bound", matched * self.block_size)
+                decision = Decision(self._least(loads, start), "over_bound", matched * self.block_size)
         for h in hashes:
             owner[h] = decision.replica
             owner.move_to_end(h)

@@ -153,6 +153,22 @@ def test_results_are_deterministic_and_burst_mode_changes_nothing(policy):
     np.testing.assert_array_equal(step_by_step.steps["vllm:num_requests_waiting"], a.steps["vllm:num_requests_waiting"])
 
 
+@pytest.mark.parametrize("policy", ["round_robin", "least_outstanding", "affinity"])
+def test_bursts_equal_step_by_step_when_arrivals_tie_with_step_ends(policy):
+    # A burst is waited for in one event, but not when a request arrives exactly when one of its
+    # steps ends: then the order of the two events decides what the router and the replica see.
+    # Dyadic step times (1/16 s) and arrivals every 1/8 s make such ties happen all the time.
+    spec = scenario(replicas=4, router={"policy": policy}, latency={"model": "constant", "step_s": 0.0625},
+                    workload={"num_requests": 80, "arrival": {"process": "constant", "rate": 8.0},
+                              "output_len": {"dist": "uniform", "low": 5, "high": 120}})
+    bursts, step_by_step = simulate_fleet(spec), simulate_fleet(spec, bursts=False)
+    assert list(step_by_step.routes["replica"]) == list(bursts.routes["replica"])
+    for column in ("first_token_s", "finish_s"):
+        np.testing.assert_array_equal(step_by_step.requests[column], bursts.requests[column])
+    for column in ("time_s", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        np.testing.assert_array_equal(step_by_step.steps[column], bursts.steps[column])
+
+
 def test_the_single_engine_refuses_a_fleet_scenario():
     with pytest.raises(KvsimError, match="replicas=2"):
         simulate(scenario(replicas=2))

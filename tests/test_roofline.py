@@ -97,3 +97,31 @@ def test_validate_uses_the_measured_clusters_link_for_tensor_parallel_runs(tmp_p
     assert allreduce_s(1.6e6, 2, link) == pytest.approx(1.6e6 / 16e9 + 2 * 20e-6)  # ASTRA-sim's ring on 2 GPUs
     llama = load_measured(MEASURED / "Llama-3.1-8B")
     assert build_scenario(llama, trace, model="llama-3.1-8b", gpu="rtx-pro-6000").gpu_link is None
+
+
+@pytest.mark.parametrize(("model", "tp", "overhead_s", "overlap_swap"), [
+    ("llama-3.1-8b", 1, None, False), ("llama-3.1-8b", 2, 0.003, True), ("mixtral-8x7b", 2, None, False),
+])
+def test_burst_step_times_equal_step_time_of_each_step_bit_for_bit(model, tp, overhead_s, overlap_swap):
+    """`decode_step_times` computes a burst's constant terms once: compared exactly (==) against
+    `step_time` of each step's plan, built independently with `StepPlan.add` per sequence."""
+    from itertools import islice
+
+    from kvsim.latency import burst_step_times
+
+    latency = RooflineLatency(load_model(model), load_gpu("h100-80gb"),
+                              EngineConfig(max_model_len=8192, tensor_parallel_size=tp), overhead_s, overlap_swap)
+    for contexts in ([17], [3001, 2999, 5, 40, 700, 12, 9000], [812 + i for i in range(200)]):
+        fast = list(islice(burst_step_times(latency, decode_plan(contexts)), 300))
+        assert fast == [latency.step_time(decode_plan([c + j for c in contexts])) for j in range(300)]
+    prefill = decode_plan([100])
+    prefill.add(50, 0, 1, samples=True)
+    assert latency.decode_step_times(prefill) is None  # not pure decode: priced plan by plan
+
+
+def decode_plan(contexts):
+    """One step decoding one token of each sequence, `contexts` its tokens after the step."""
+    plan = StepPlan()
+    for context in contexts:
+        plan.add(1, context - 1, 1, samples=True)
+    return plan
