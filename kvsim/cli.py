@@ -269,6 +269,9 @@ def plan(
     max_replicas: Annotated[int | None, typer.Option("--max-replicas")] = None,
     router: Annotated[str | None, typer.Option("--router", help="round_robin, least_outstanding, least_kv, "
                                                                 "affinity")] = None,
+    search: Annotated[str | None, typer.Option("--search", help="replicas: bisect each candidate's replica "
+                                                                "count on whole fleets; rate: the highest rate "
+                                                                "one replica sustains (homogeneous fleets)")] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a scenario field")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Directory [plans/NAME]")] = None,
     dask_address: Annotated[str | None, typer.Option("--dask-address", help="Existing Dask scheduler")] = None,
@@ -296,7 +299,7 @@ def plan(
             if not isinstance(raw, dict):
                 raise KvsimError(f"spec={spec_file!r}: expected a mapping")
         spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
-                                 max_replicas, router)
+                                 max_replicas, router, search)
         check_candidates(base, spec)
         out_path = output or f"plans/{safe_component(base.name)}"
         check_output_dir(out_path, "plan")

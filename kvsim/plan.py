@@ -14,19 +14,23 @@ For each candidate the table gives the cost per hour (replicas × TP × the GPU'
 price), GPUs, replicas, the headroom (the smallest relative slack of an SLO at that count),
 and the limiting factor: the SLO that failed with one replica fewer, and whether that
 fleet was short of KV memory (it preempted) or of compute (it only queued).
+
+`search: rate` sizes a homogeneous fleet instead from the highest load one replica sustains
+(`kvsim.plan_rate`): one single-replica bisection per candidate, then
+`replicas = ceil((1 + capacity_headroom) · target rate / max rate per replica)`.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvsim.errors import KvsimError, from_validation_error
+from kvsim.plan_rate import RateSearch, headroom, offered_rate_per_s, slo_values
 from kvsim.scenario import Scenario, make_scenario
 from kvsim.search import Metrics, PointStore, run_searches
 
@@ -46,6 +50,10 @@ class PlanSpec(BaseModel):
     max_replicas: int = Field(default=64, gt=0, le=4096)
     router: str = "least_outstanding"
     gpu_hourly_cost: dict[str, float] = Field(default_factory=dict)
+    search: Literal["replicas", "rate"] = "replicas"  # bisect the replica count, or the rate one replica takes
+    capacity_headroom: float = Field(default=0.1, ge=0, le=10)  # rate search: spare capacity kept, a fraction
+    rel_tol: float = Field(default=0.05, gt=0, le=1)  # rate search: bisect until failing/passing <= 1 + rel_tol
+    probe_requests: int = Field(default=2000, gt=0)  # rate search: the workload's first requests per probe
 
     @field_validator("slo")
     @classmethod
@@ -138,22 +146,6 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
         candidate.scenario(base, 1, spec.router)
 
 
-def slo_values(metrics: Metrics, slo: dict[str, float]) -> dict[str, float]:
-    """The measured value of every SLO's metric and statistic (inf when no request produced one)."""
-    out = {}
-    for key in slo:
-        metric, _, stat = key.partition(".")
-        value = metrics[metric][stat]
-        out[key] = math.inf if value is None else float(value)
-    return out
-
-
-def headroom(metrics: Metrics, slo: dict[str, float]) -> float:
-    """min over SLOs of (limit − value) / limit: ≥ 0 means every SLO is met."""
-    values = slo_values(metrics, slo)
-    return min((limit - values[key]) / limit for key, limit in slo.items())
-
-
 def point_metrics(scenario: Scenario) -> Metrics:
     """Simulate one fleet and keep what the plan needs (small, JSON-safe; runs on a Dask worker)."""
     from kvsim.fleet import simulate_fleet
@@ -243,9 +235,14 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     """
     if base.replicas is not None:
         raise KvsimError(f"replicas={base.replicas!r}: plan searches the replica count; remove it from the scenario")
-    searches = [ReplicaSearch(c, base, spec) for c in candidates(spec)]
-    for search in searches:  # bad knob values fail here, before any simulation
-        search.candidate.scenario(base, 1, spec.router)
+    for candidate in candidates(spec):  # bad knob values fail here, before any simulation
+        candidate.scenario(base, 1, spec.router)
+    searches: list[ReplicaSearch] | list[RateSearch]
+    if spec.search == "rate":
+        target_rate_per_s = offered_rate_per_s(base)
+        searches = [RateSearch(c, base, spec, target_rate_per_s) for c in candidates(spec)]
+    else:
+        searches = [ReplicaSearch(c, base, spec) for c in candidates(spec)]
     store = PointStore(Path(out_dir) / "points.jsonl")
     simulated = run_searches(searches, point_metrics, store, client, on_point)
     rows = [s.row(spec.gpu_hourly_cost.get(s.candidate.gpu)) for s in searches]
@@ -263,7 +260,8 @@ def _assignments(items: list[str], flag: str) -> list[tuple[str, str]]:
 
 
 def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_sizes: list[int], knobs: list[str],
-                      costs: list[str], max_replicas: int | None, router: str | None) -> PlanSpec:
+                      costs: list[str], max_replicas: int | None, router: str | None,
+                      search: str | None = None) -> PlanSpec:
     """A `PlanSpec` from a spec file's mapping (may be empty) with command-line flags on top."""
     import yaml
 
@@ -288,4 +286,6 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
         raw["max_replicas"] = max_replicas
     if router is not None:
         raw["router"] = router
+    if search is not None:
+        raw["search"] = search
     return make_plan_spec(raw)

@@ -5,6 +5,7 @@ table with numpy, not from the plan's own bookkeeping.
 """
 
 import json
+import math
 import os
 import signal
 
@@ -122,3 +123,38 @@ def test_plan_command_writes_the_ranked_table_and_figure(tmp_path):
     assert rows[0]["cost_per_hour"] <= rows[1]["cost_per_hour"]
     for name in ("plan.csv", "plan.json", "plan.md", "pareto.png", "points.jsonl"):
         assert (out / name).stat().st_size > 0
+
+
+def test_rate_search_sizes_the_fleet_that_a_brute_force_rate_sweep_sizes(tmp_path):
+    """One replica at 14·f req/s for f on a 1 % grid, judged from its requests with numpy: the
+    highest passing f gives ceil(1.1 / f) replicas (10 % capacity headroom); the plan's bisection
+    on f must land on the same count with far fewer simulations."""
+    base = toy()
+    grid = [round(0.25 + 0.01 * i, 2) for i in range(21)]
+    passes = []
+    for f in grid:
+        raw = base.model_dump(mode="json")
+        raw["workload"]["arrival"]["rate"] = 14.0 * f
+        passes.append(meets(simulate_fleet(make_scenario({**raw, "replicas": 1}))))
+    first_fail = passes.index(False)
+    assert first_fail > 0 and not any(passes[first_fail:])  # monotone on the grid, and the grid brackets it
+    expected = math.ceil(1.1 / grid[first_fail - 1])
+    assert expected == math.ceil(1.1 / grid[first_fail]) > 1  # not on a boundary between two counts
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate",
+                           "capacity_headroom": 0.1, "rel_tol": 0.02, "gpu_hourly_cost": {"h100-80gb": 3.0}})
+    rows, simulated = plan(base, spec, tmp_path)
+    row = rows[0]
+    assert row["replicas"] == expected and row["cost_per_hour"] == pytest.approx(3.0 * expected)
+    assert row["headroom"] >= 0 and row["capacity_headroom"] >= 0.1
+    assert "per replica" in row["limiting_factor"]
+    assert simulated < len(grid)
+    again, simulated_again = plan(base, spec, tmp_path)
+    assert simulated_again == 0 and again == rows
+
+
+def test_rate_search_refuses_a_fleet_no_replica_count_can_serve(tmp_path):
+    # A TTFT SLO below one step time: no load is light enough, so no fleet meets it.
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 0.01}, "gpus": ["h100-80gb"], "max_replicas": 4, "search": "rate"})
+    rows, _ = plan(toy(), spec, tmp_path)
+    assert rows[0]["feasible"] is False and rows[0]["replicas"] is None
+    assert "over 4 replicas" in rows[0]["limiting_factor"]
