@@ -2,7 +2,8 @@
 
 For each candidate, one replica is simulated on the fleet's traffic slowed down to a fraction
 `f` of it (arrivals `1/f` times further apart: a rate process's rate and a trace's
-`rate_scale` times `f`, the same requests otherwise, first `probe_requests` of them). `f`
+`rate_scale` times `f`, the same requests otherwise, first `probe_requests` of them; a
+multi-turn conversation's think time stays as given, only conversations start further apart). `f`
 starts at 1 (the whole traffic on one replica), halves until the SLOs are met (or doubles
 while they are, up to `1 + capacity_headroom`), then bisects geometrically between the highest
 passing and the lowest failing fraction until they are within `rel_tol`
