@@ -7,7 +7,7 @@ temporary folder), so its peak RSS (`ru_maxrss`) is that run's alone. Also measu
 run: the overload pair of issue 9 (20 req/s, 1024 + 1024 tokens, llama-2-7b on an a100-80gb,
 1,000 requests, prefix caching on vs off) and a pure-Python baseline loop, so that times are
 reported as ratios comparable across machines. Writes `benchmarks/results/scale.json`.
-Vidur is not run side by side here; the JSON says why (`vidur`).
+Vidur is not run here: benchmarks/bench_vidur.py runs it side by side (`vidur` in the JSON).
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ OVERLOAD = {
                  "prompt_len": {"dist": "fixed", "value": 1024}, "output_len": {"dist": "fixed", "value": 1024}},
     "seed": 0,
 }
-VIDUR = ("not run side by side: the vidur 0.0.26 wheel is on PyPI (`pip download --no-deps vidur` works), but "
-         "installing its dependencies (wandb, streamlit, scikit-learn, kaleido, plotly) and its profiling data "
-         "on this shared 2-core machine did not fit the session; times here are ratios to the in-run baseline")
+VIDUR = ("run side by side by benchmarks/bench_vidur.py (setup: benchmarks/setup_vidur.sh), same 10k-request "
+         "Azure trace, results in benchmarks/results/vidur.json")
 
 
 def child_default(num_requests: int, steps: str) -> dict:
