@@ -29,7 +29,6 @@ benchmarks/results/vidur.json. Takes about 6 minutes on an idle 2-core machine a
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
@@ -49,6 +48,7 @@ from vidur_profile import KVSIM_GPU, KVSIM_MODEL, VIDUR_DEVICE, VIDUR_MODEL, VID
 
 from kvsim.capacity import num_gpu_blocks
 from kvsim.config import EngineConfig, load_gpu, load_model
+from kvsim.traces import read_azure
 from kvsim.version import __version__ as kvsim_version
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,21 +80,15 @@ NOT_MATCHED = [
 
 def convert_trace(num_requests: int, rate_scale: float, work: Path) -> tuple[Path, Path, list[dict]]:
     """The first `num_requests` rows as kvsim's Azure CSV and Vidur's trace_replay CSV."""
+    records = read_azure(TRACE)[:num_requests]
+    if len(records) < num_requests:
+        raise SystemExit(f"bench_vidur: {TRACE} has {len(records)} rows, fewer than --num-requests {num_requests}")
     rows: list[dict[str, Any]] = []
-    with TRACE.open(newline="") as f:
-        for row in csv.DictReader(f):
-            if len(rows) == num_requests:
-                break
-            date, _, frac = row["TIMESTAMP"].partition(".")
-            t = datetime.fromisoformat(date).timestamp() + float(f"0.{frac or 0}")
-            output = int(row["GeneratedTokens"])
-            prompt = max(1, min(int(row["ContextTokens"]), MAX_TOKENS - output))  # vidur's max_tokens rule
-            rows.append({"t": t, "prompt": prompt, "output": output})
-    if len(rows) < num_requests:
-        raise SystemExit(f"bench_vidur: {TRACE} has {len(rows)} rows, fewer than --num-requests {num_requests}")
-    first = rows[0]["t"]
-    for r in rows:
-        r["arrival_s"] = round((r["t"] - first) / rate_scale, 6)  # microseconds: both read the same number
+    for rec in records:
+        assert rec.arrival_s is not None  # every Azure row has a timestamp
+        prompt = max(1, min(rec.prompt_len, MAX_TOKENS - rec.output_len))  # Vidur's max_tokens rule
+        # rounded to microseconds: both simulators read the same number
+        rows.append({"arrival_s": round(rec.arrival_s / rate_scale, 6), "prompt": prompt, "output": rec.output_len})
     start = datetime(2023, 11, 16)
     kvsim_csv, vidur_csv = work / "kvsim_trace.csv", work / "vidur_trace.csv"
     with kvsim_csv.open("w") as f:
