@@ -13,9 +13,10 @@ all of it: interpreter start, imports, loading the trace, simulating, writing it
 request and batch metrics CSVs and its Chrome trace; wandb off and plots off, as they need a
 wandb project and kaleido). The runs alternate kvsim, Vidur, `--repeats` times; medians are
 reported with the pure-Python baseline loop of bench_simulator.py measured in the same run, so
-ratios compare across machines (`paired_vidur_over_kvsim` gives each adjacent pair's ratio, which
-a busy machine disturbs less). First, untimed, Vidur runs the first 200 requests to train and
-cache its execution-time predictor (a one-time cost per profile; `vidur_warmup_s`).
+ratios compare across machines (`paired_vidur_over_kvsim` gives each adjacent pair's ratio and
+`vidur_over_kvsim_cpu` the ratio of CPU seconds, both less disturbed by a busy machine). First,
+untimed, Vidur runs the first 200 requests to train and cache its execution-time predictor (a
+one-time cost per profile; `vidur_warmup_s`).
 
 Matched: model (Llama-2-7B), GPU (A100-80GB), TP 1, block size 16, KV pool (kvsim's usable
 blocks passed to Vidur's num_blocks), 1 % admission watermark, max_num_seqs = batch_size_cap = 128,
@@ -32,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -136,16 +138,22 @@ def vidur_command(venv: Path, trace: Path, out: Path, datasets: tuple[str, str],
     ]
 
 
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> dict:
-    """Wall seconds and peak RSS of one fresh process; its stderr tail if it fails."""
-    start = time.perf_counter()
+    """Wall and CPU seconds (user + system, which a busy machine disturbs less) of one fresh
+    process; exits with its last stderr line if it fails."""
+    cpu, start = _children_cpu_s(), time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _, stderr = proc.communicate()
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, _children_cpu_s() - cpu
     if proc.returncode:
         raise SystemExit(f"bench_vidur: `{' '.join(cmd[:3])} ...` exited {proc.returncode}: "
                          f"{stderr.strip().splitlines()[-1] if stderr.strip() else ''}")
-    return {"wall_s": wall}
+    return {"wall_s": wall, "cpu_s": cpu}
 
 
 def kvsim_outputs(out: Path) -> dict:
@@ -210,11 +218,13 @@ def main() -> None:
             for name in ("kvsim", "vidur"):
                 out = work / f"{name}-{i}"
                 runs[name].append(timed(commands[name](out), env, work))
-                print(f"{name} run {i + 1}: {runs[name][-1]['wall_s']:.1f} s", flush=True)
+                print(f"{name} run {i + 1}: {runs[name][-1]['wall_s']:.1f} s ({runs[name][-1]['cpu_s']:.1f} s CPU)",
+                      flush=True)
                 if i == 0:
                     outputs[name] = kvsim_outputs(out) if name == "kvsim" else vidur_outputs(out)
                 shutil.rmtree(out)
     median = {name: statistics.median(r["wall_s"] for r in rs) for name, rs in runs.items()}
+    median_cpu = {name: statistics.median(r["cpu_s"] for r in rs) for name, rs in runs.items()}
     result = {
         "benchmark": "vidur side by side", "python": platform.python_version(), "machine": platform.machine(),
         "kvsim_version": kvsim_version, "vidur_version": vidur_version,
@@ -227,6 +237,8 @@ def main() -> None:
                     "profile": f"{datasets[0]} (kvsim roofline per-layer terms, benchmarks/vidur_profile.py)"},
         "not_matched": NOT_MATCHED,
         "repeats": args.repeats, "runs_s": {n: [r["wall_s"] for r in rs] for n, rs in runs.items()},
+        "runs_cpu_s": {n: [r["cpu_s"] for r in rs] for n, rs in runs.items()}, "median_cpu_s": median_cpu,
+        "vidur_over_kvsim_cpu": median_cpu["vidur"] / median_cpu["kvsim"],
         "median_s": median, "kvsim_over_vidur": median["kvsim"] / median["vidur"],
         "vidur_over_kvsim": median["vidur"] / median["kvsim"],
         "paired_vidur_over_kvsim": [v["wall_s"] / k["wall_s"]
@@ -238,7 +250,8 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"kvsim {median['kvsim']:.1f} s, Vidur {median['vidur']:.1f} s end to end (medians of {args.repeats}): "
-          f"kvsim is {result['vidur_over_kvsim']:.1f}x faster; baseline loop {base:.2f} s")
+          f"kvsim is {result['vidur_over_kvsim']:.1f}x faster ({result['vidur_over_kvsim_cpu']:.1f}x in CPU "
+          f"seconds); baseline loop {base:.2f} s")
 
 
 if __name__ == "__main__":
