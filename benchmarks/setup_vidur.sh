@@ -21,13 +21,13 @@
 # it predicts step times from are kvsim's.
 set -euo pipefail
 
-VENV="${VIDUR_VENV:-/work/vidur-venv}"
+VENV="$(realpath -m "${VIDUR_VENV:-/work/vidur-venv}")"
 PYTHON="${PYTHON:-python3}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VIDUR_VERSION=0.0.26
 
-case "$VENV" in
-  "$(cd "$HERE/.." && pwd)"*) echo "setup_vidur.sh: VIDUR_VENV=$VENV is inside the repository; choose a path outside it" >&2; exit 2 ;;
+case "$VENV/" in
+  "$(cd "$HERE/.." && pwd)/"*) echo "setup_vidur.sh: VIDUR_VENV=$VENV is inside the repository; choose a path outside it" >&2; exit 2 ;;
 esac
 
 if [ ! -x "$VENV/bin/python" ]; then
