@@ -299,6 +299,10 @@ def summarize(requests_df: pd.DataFrame, steps_df: pd.DataFrame, scheduler: Sche
                                                                                  "queue_s")},
         "inter_token_latency_s": {"mean": itl_mean},
         "max_running": int(running.max()) if running.size else 0,
+        # The peak of a run that preempted is an admission transient, not a level it held without
+        # preempting: null then (`kvsim report` bisects max_num_seqs for the largest level that never preempts).
+        "max_running_without_preemption": (int(running.max()) if running.size else 0)
+        if scheduler.num_preemptions == 0 else None,
         "mean_running": _time_weighted(running, dt) or 0.0,
         "num_preemptions": scheduler.num_preemptions,
         "kv_cache_usage_perc": {"mean": _time_weighted(usage, dt) or 0.0,

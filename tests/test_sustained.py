@@ -94,3 +94,21 @@ def test_saturated_run_reports_a_number():
     sat = summary["saturated"]
     assert sat["reason"] is None and 0 < sat["mean_running"] < 150
     assert sat["duration_s"] >= 0.5 * summary["duration_s"]
+
+
+def test_summary_gives_the_largest_concurrency_without_preemption_only_when_it_never_preempted():
+    """1,024 − 1 usable blocks, fixed 512 + 512 requests (64 blocks each at full length), all at once.
+    With max_num_seqs = 15, 15 · 64 = 960 <= 1,023 blocks: 15 run together to the end and nothing is
+    preempted, so the summary says 15. With 40 allowed, about twice as many start on their prompts (32 blocks
+    each) and growth preempts: a peak reached that way is no level the engine could hold, so null."""
+    def run(max_num_seqs: int) -> dict:
+        return simulate(load_scenario(None, [*POOL, "engine.max_model_len=1024", "workload.num_requests=45",
+                                             "workload.arrival={process: poisson, rate: 100000}",
+                                             "workload.prompt_len={dist: fixed, value: 512}",
+                                             "workload.output_len={dist: fixed, value: 512}",
+                                             f"engine.max_num_seqs={max_num_seqs}"])).summary
+
+    calm = run(15)
+    assert calm["num_preemptions"] == 0 and calm["max_running_without_preemption"] == 15
+    busy = run(40)
+    assert busy["num_preemptions"] > 0 and busy["max_running_without_preemption"] is None
