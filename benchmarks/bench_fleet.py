@@ -1,7 +1,7 @@
 """Fleet simulation cost: wall seconds and peak memory vs replicas × requests, on a real trace.
 
     python benchmarks/bench_fleet.py [--repeats 3] [--points 8x1200,16x2400,64x4800,64x19200]
-    python benchmarks/bench_fleet.py --repeats 1 --points 64x1000000     # the 1M point (~machine quiet)
+    python benchmarks/bench_fleet.py --repeats 1 --steps sampled --points 64x1000000   # the 1M point
 
 Workload: the Azure LLM 2023 conversation trace (`../shared/traces/azure_llm_2023`, CC-BY 4.0,
 Patel et al., ISCA 2024), its own arrivals time-scaled so that every replica carries about
@@ -66,9 +66,9 @@ def trace_for(num_requests: int) -> Path:
     return path
 
 
-def scenario_raw(replicas: int, num_requests: int, rate_per_replica: float) -> dict:
+def scenario_raw(replicas: int, num_requests: int, rate_per_replica: float, steps: str = "all") -> dict:
     return {
-        "name": f"fleet-{replicas}x{num_requests}", "model": "llama-3.1-8b", "gpu": "h100-80gb",
+        "name": f"fleet-{replicas}x{num_requests}", "model": "llama-3.1-8b", "gpu": "h100-80gb", "steps": steps,
         "engine": {"max_model_len": 16384, "max_num_seqs": 256},
         "workload": {"num_requests": num_requests, "arrival": {"process": "trace"},
                      "trace": {"format": "azure", "path": str(trace_for(num_requests)),
@@ -134,13 +134,16 @@ def main() -> None:
     parser.add_argument("--rate-per-replica", type=float, default=4.0)
     parser.add_argument("--baseline-requests", type=int, default=1200)
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "fleet.json")
+    parser.add_argument("--steps", choices=("all", "sampled", "none"), default="all",
+                        help="the scenario's per-step rows kept (a 1M-request fleet keeps ~50M steps: use sampled)")
     args = parser.parse_args()
     baseline: dict | None = None
     rows = []
     for replicas, num_requests in [(1, args.baseline_requests), *parse_points(args.points)]:
-        runs = [measure(scenario_raw(replicas, num_requests, args.rate_per_replica)) for _ in range(args.repeats)]
+        runs = [measure(scenario_raw(replicas, num_requests, args.rate_per_replica, args.steps))
+                for _ in range(args.repeats)]
         row = {"replicas": replicas, "num_requests": num_requests, "repeats": args.repeats,
-               "rate_per_replica": args.rate_per_replica,
+               "rate_per_replica": args.rate_per_replica, "steps": args.steps,
                **{k: statistics.median(r[k] for r in runs) for k in ("wall_s", "cpu_s", "peak_rss_mib")},
                **{k: runs[0][k] for k in ("num_finished", "simulated_s", "ttft_p90_s", "mean_running_per_replica")}}
         row["requests_per_wall_s"] = num_requests / row["wall_s"]
