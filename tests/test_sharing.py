@@ -29,14 +29,27 @@ def test_parallel_sampling_saving_is_in_the_papers_range(n):
     assert 16.2 <= saving("n", n) <= 30.5
 
 
+# The paper's §6.3 beam-search memory savings on ShareGPT over beam widths 2, 4 and 6 (percent).
+PAPER_BEAM_SHAREGPT = (44.3, 66.3)
+BEAM_MODEL_MISS = 1.5
+"""Percentage points by which widths 2 and 6 may miss the paper's range: kvsim/scheduler/beams.py's one
+fitted ALPHA gives about 43.0, 62.0 and 67.2 %. Its beams die one at a time (independent per-beam
+uncertainty); the paper's spread from width 2 to 6 is a little wider than that model reaches."""
+
+
 @pytest.mark.slow
-def test_beam_search_saving_grows_with_width_near_the_papers_range():
-    """Width 4 falls inside 44.3–66.3 %; widths 2 and 6 lie within 7 points of it (the beam model in
-    kvsim/scheduler/beams.py coalesces a little faster than real beams as the width grows)."""
+def test_beam_search_saving_is_the_papers_on_sharegpt():
+    low, high = PAPER_BEAM_SHAREGPT
     savings = {w: saving("beam_width", w) for w in (2, 4, 6)}
-    assert 44.3 <= savings[4] <= 66.3
-    assert 44.3 - 7 <= savings[2] < savings[4] < savings[6] <= 66.3 + 7
+    assert low <= savings[4] <= high
+    assert low - BEAM_MODEL_MISS <= savings[2] < savings[4] < savings[6] <= high + BEAM_MODEL_MISS
     assert all(savings[w] > saving("n", w) for w in (2, 6))  # beams share generated tokens too
+
+
+def test_beam_search_is_deterministic_and_keeps_the_books():
+    overrides = ["workload.num_requests=20", "workload.arrival.rate=2", "workload.beam_width=4"]
+    first, again = (simulate(load_scenario(PAPER, overrides), check=True) for _ in range(2))
+    assert first.summary == again.summary and first.summary["num_copy_on_writes"] > 0
 
 
 def test_no_sharing_saves_nothing():
