@@ -23,8 +23,8 @@ blocks passed to Vidur's num_blocks), 1 % admission watermark, max_num_seqs = ba
 max_num_batched_tokens = max_tokens_in_batch = 4,096, no chunked prefill and no prefix caching
 (kvsim scheduler v0; Vidur's vLLM scheduler, prefill-first), recompute preemption, and the
 per-layer step-time terms (see vidur_profile.py). Not matched: see NOT_MATCHED. Writes
-benchmarks/results/vidur.json. Takes about 6 minutes on an idle 2-core machine at today's speeds
-(Vidur about 70 s a run, kvsim 10-30 s), 15 minutes on one shared by several busy sessions.
+benchmarks/results/vidur.json. Takes about 3 minutes on an idle 2-core machine at today's speeds
+(a Vidur run is ~35 CPU seconds, a kvsim run ~5), 7-10 minutes on one shared by busy sessions.
 """
 
 from __future__ import annotations
