@@ -40,7 +40,7 @@ def test_verdict_says_more_hits_but_no_better_ttft_and_why():
     lo = _row(0.057, 0.65, 4.05, 0.50, 1_000_000, 85)
     aff = _row(0.127, 0.68, 4.52, 0.90, 926_000, 93)
     text = _affinity_verdict(FACTS, lo, aff)
-    assert text.startswith("Affinity raises the hit rate from 5.7% to 12.7%.")
+    assert text.startswith("Affinity raises the hit rate from 5.7% to 12.7% (7.0 points).")
     assert "TTFT p50 is about the same (0.65 → 0.68 s) and its p90 higher (4.05 → 4.52 s)" in text
     assert "affinity's hits spared 7.4% of the prompt tokens computed" in text
     assert "its queue time p90 is 0.90 s against 0.50 s" in text
@@ -52,7 +52,7 @@ def test_verdict_when_affinity_wins_gives_no_excuses():
     lo = _row(0.05, 1.0, 4.0, 0.5, 1_000_000, 90)
     aff = _row(0.20, 0.8, 3.0, 0.4, 800_000, 80)
     text = _affinity_verdict(FACTS, lo, aff)
-    assert text == ("Affinity raises the hit rate from 5.0% to 20.0%. Its TTFT p50 is lower (1.00 → 0.80 s) and "
+    assert text == ("Affinity raises the hit rate from 5.0% to 20.0% (15.0 points). Its TTFT p50 is lower (1.00 → 0.80 s) and "
                     "its p90 lower (4.00 → 3.00 s).")
 
 
@@ -61,6 +61,21 @@ def test_verdict_blames_eviction_only_when_one_replica_alone_loses_most_hits():
     facts = {**FACTS, "floor_hit_rate": 0.05, "unbounded_hit_rate": 0.106, "pool_tokens": 32_240,
              "mean_prompt_tokens": 14_233}
     text = _affinity_verdict(facts, lo, aff)
-    assert text.startswith("Affinity does not raise the hit rate (4.4% → 4.4%); even one replica")
-    assert "keeps only 5.0% of the 10.6%: its pool (32,240 tokens, 2.3 mean prompts)" in text
+    assert text.startswith("Affinity does not raise the hit rate (4.4% → 4.4%); the fleet stays far below the "
+                           "10.6% an unbounded cache would serve")
+    assert "keeps only 5.0%: a pool of 32,240 tokens (2.3 mean prompts)" in text
+    # the H200 case: affinity reaches 8.0 % of an 8.1 % bound, so eviction explains nothing there
+    near = _affinity_verdict({**facts, "floor_hit_rate": 0.036, "unbounded_hit_rate": 0.081},
+                             _row(0.042, 0.36, 1.88, 0.45, 4_090_259, 50), _row(0.080, 0.39, 2.56, 0.66, 3_929_651, 52))
+    assert "evicts" not in near and "3.8 points" in near
     assert "affinity computed no fewer prompt tokens" in text
+
+
+def test_verdict_names_a_small_gain_as_a_gain():
+    """4.61 % → 4.93 % (the L4 default report): a third of a point, stated as such, never as 'no gain'."""
+    lo = _row(0.0461, 1.69, 6.49, 0.75, 2_415_804, 10)
+    aff = _row(0.0493, 2.05, 6.73, 2.78, 2_407_612, 11)
+    text = _affinity_verdict(FACTS, lo, aff)
+    assert text.startswith("Affinity raises the hit rate from 4.6% to 4.9% (0.3 points)")
+    assert "p90 about the same (6.49 → 6.73 s)" in text  # 3.7 % apart: within 5 %
+    assert f"spared {1 - 2_407_612 / 2_415_804:.1%} of the prompt tokens" in text and "0.3%" in text
