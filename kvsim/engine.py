@@ -275,7 +275,7 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
                     if inbox_steps and inbox.requests:  # type: ignore[union-attr]
                         break
             if inbox is not None:  # cut after the step in flight; arrivals waited in the inbox
-                burst = Burst(burst.batch, burst.durations[:len(waiting)])
+                burst = Burst(burst.batch, burst.durations[:len(waiting)], burst.seq_ids)
                 rows = recorder.begin_burst(start_s, burst, scheduler)
             assert rows is not None
             recorder.end_burst(rows, waiting)

@@ -62,16 +62,16 @@ class BlockPool:
         The caller checks `num_free_blocks >= n` first ("can't" is decided before, not here).
         """
         assert n <= len(self.free_queue), f"asked for {n} blocks, {len(self.free_queue)} free"
-        popped = []
-        for _ in range(n):
-            block_id, _ = self.free_queue.popitem(last=False)
-            block_hash = self.block_hashes[block_id]
+        popitem, block_hashes, cached, ref_counts = (self.free_queue.popitem, self.block_hashes, self.cached,
+                                                     self.ref_counts)
+        popped = [popitem(last=False)[0] for _ in range(n)]
+        for block_id in popped:
+            block_hash = block_hashes[block_id]
             if block_hash is not None:
-                if self.cached.get(block_hash) == block_id:
-                    del self.cached[block_hash]
-                self.block_hashes[block_id] = None
-            self.ref_counts[block_id] = 1
-            popped.append(block_id)
+                if cached.get(block_hash) == block_id:
+                    del cached[block_hash]
+                block_hashes[block_id] = None
+            ref_counts[block_id] = 1
         return popped
 
     def touch(self, block_ids: Iterable[int]) -> None:
@@ -87,13 +87,16 @@ class BlockPool:
         A block whose count reaches zero joins the free queue: at the tail if it is cached,
         at the head if not.
         """
+        ref_counts, free_queue, block_hashes = self.ref_counts, self.free_queue, self.block_hashes
         for block_id in ordered_block_ids:
-            self.ref_counts[block_id] -= 1
-            assert self.ref_counts[block_id] >= 0, f"block {block_id} freed too often"
-            if self.ref_counts[block_id] == 0:
-                self.free_queue[block_id] = None
-                if self.block_hashes[block_id] is None:
-                    self.free_queue.move_to_end(block_id, last=False)
+            count = ref_counts[block_id] - 1
+            ref_counts[block_id] = count
+            if count == 0:
+                free_queue[block_id] = None
+                if block_hashes[block_id] is None:
+                    free_queue.move_to_end(block_id, last=False)
+            else:
+                assert count > 0, f"block {block_id} freed too often"
 
     def cache_block(self, block_id: int, block_hash: int) -> None:
         """Record a full block's content hash so that later requests can hit it.
@@ -101,10 +104,18 @@ class BlockPool:
         If another block already holds the same content (two requests computed it at the
         same time), the first stays the one found by lookups and this one is not cached.
         """
-        assert self.ref_counts[block_id] > 0 and self.block_hashes[block_id] is None
-        if block_hash not in self.cached:
-            self.cached[block_hash] = block_id
-            self.block_hashes[block_id] = block_hash
+        assert self.block_hashes[block_id] is None
+        self.cache_new_blocks((block_id,), (block_hash,))
+
+    def cache_new_blocks(self, block_ids: Iterable[int], block_hashes: Iterable[int]) -> None:
+        """`cache_block` for each pair, in order, skipping blocks that already carry a hash."""
+        own, cached = self.block_hashes, self.cached
+        for block_id, block_hash in zip(block_ids, block_hashes, strict=True):
+            if own[block_id] is None:
+                assert self.ref_counts[block_id] > 0
+                if block_hash not in cached:
+                    cached[block_hash] = block_id
+                    own[block_id] = block_hash
 
     def lookup(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)

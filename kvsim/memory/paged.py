@@ -72,6 +72,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
         self.num_filled_slots = 0  # Σ fill over GPU blocks with ref_count > 0
         self._sum_written = 0  # Σ num_tokens over GPU sequences
         self._sum_reservable = 0  # Σ seq.reservable over GPU sequences
+        self._num_mapped_blocks = 0  # Σ len(block_table) over GPU sequences
         self.num_copy_on_writes = 0
 
     # ------------------------------------------------------------------ sizes
@@ -82,7 +83,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
 
     @property
     def num_mapped_slots(self) -> int:
-        return sum(len(s.block_table) for s in self.seqs.values()) * self.block_size
+        return self._num_mapped_blocks * self.block_size
 
     def region_slots(self, final_num_tokens: int, prompt_len: int | None = None) -> int:
         return ceil_div(final_num_tokens, self.block_size) * self.block_size
@@ -224,6 +225,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
         seq = SeqBlocks(list(hit.block_ids), hit.num_tokens, final_num_tokens, content, len(hit.block_ids))
         self.seqs[seq_id] = seq
         self._sum_written += seq.num_tokens
+        self._num_mapped_blocks += len(seq.block_table)
         self._set_reservable(seq, self._own_reservable(seq))
         return seq
 
@@ -241,6 +243,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
             self._copy_on_write(seq)
         new_len = ceil_div(num_tokens_total, self.block_size)
         if new_len > len(table):
+            self._num_mapped_blocks += new_len - len(table)
             table.extend(pool.get_new_blocks(new_len - len(table)))
         self._mark_written(seq, num_tokens_total)
 
@@ -287,10 +290,8 @@ class PagedAllocator(PoolSlots, PagedBursts):
         if num_full <= seq.num_hashed_blocks:
             return
         hashes = content.block_hashes(self.block_size, num_full)
-        for index in range(seq.num_hashed_blocks, num_full):
-            block_id = seq.block_table[index]
-            if self.pool.block_hashes[block_id] is None:
-                self.pool.cache_block(block_id, hashes[index])
+        first = seq.num_hashed_blocks
+        self.pool.cache_new_blocks(seq.block_table[first:num_full], hashes[first:num_full])
         seq.num_hashed_blocks = num_full
 
     # ---------------------------------------------------------- fork and free
@@ -312,6 +313,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
                           child_content or parent.content, parent.num_hashed_blocks)
         self.seqs[child_id] = child
         self._sum_written += child.num_tokens
+        self._num_mapped_blocks += len(child.block_table)
         # The shared partial last block's future slots are the parent's until a copy-on-write.
         self._set_reservable(child, child.num_tokens)
 
@@ -332,6 +334,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
                 self.num_filled_slots -= self.block_fill[block_id]
         self.pool.free_blocks(seq.block_table[::-1])
         self._sum_written -= seq.num_tokens
+        self._num_mapped_blocks -= len(seq.block_table)
         self._set_reservable(seq, 0)
 
     # ------------------------------------------------------------------- swap
@@ -390,6 +393,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
             for index, block_id in enumerate(seq.block_table):
                 self.block_fill[block_id] = min(self.block_size, seq.num_tokens - index * self.block_size)
             self._sum_written += seq.num_tokens
+            self._num_mapped_blocks += len(seq.block_table)
             shares_last = bool(seq.block_table) and seq.block_table[-1] in last_blocks
             self._set_reservable(seq, seq.num_tokens if shares_last else self._own_reservable(seq))
             last_blocks.update(seq.block_table[-1:])
@@ -427,6 +431,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
             assert refs[block_id] == self.pool.ref_counts[block_id], f"block {block_id} ref_count mismatch"
         assert self.num_filled_slots == sum(self.block_fill[b] for b, r in enumerate(refs) if r)
         assert self._sum_written == sum(s.num_tokens for s in self.seqs.values())
+        assert self._num_mapped_blocks == sum(len(s.block_table) for s in self.seqs.values())
         assert self._sum_reservable == sum(s.reservable for s in self.seqs.values())
         for seq in self.seqs.values():
             assert seq.reservable in (self._own_reservable(seq), seq.num_tokens), "reservation out of range"

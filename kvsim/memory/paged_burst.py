@@ -26,6 +26,7 @@ class PagedBursts:
     num_filled_slots: int
     _sum_written: int
     _sum_reservable: int
+    _num_mapped_blocks: int
 
     if TYPE_CHECKING:
         @property
@@ -69,6 +70,7 @@ class PagedBursts:
         fresh = self.pool.get_new_blocks(len(events))
         for (_, pos), block_id in zip(events, fresh, strict=True):
             seqs[pos].block_table.append(block_id)
+        self._num_mapped_blocks += len(fresh)
         filling: list[tuple[SeqBlocks, int]] = []  # sequences that may fill a block to hash, tokens before
         reservable_delta = 0
         for seq in seqs:
@@ -100,7 +102,7 @@ class PagedBursts:
         a sequence that had written `w` tokens fills at step offset `(i + 1) · bs − w − 1`; ties
         between sequences go to the earlier position.
         """
-        bs, pool = self.block_size, self.pool
+        bs = self.block_size
         order: list[tuple[int, int, int]] = []
         hashes: list[list[int]] = []
         for pos, (seq, before) in enumerate(filling):
@@ -113,10 +115,8 @@ class PagedBursts:
             order.extend(((i + 1) * bs - before - 1, pos, i) for i in range(seq.num_hashed_blocks, num_full))
             seq.num_hashed_blocks = num_full
         order.sort()
-        for _, pos, index in order:
-            block_id = filling[pos][0].block_table[index]
-            if pool.block_hashes[block_id] is None:
-                pool.cache_block(block_id, hashes[pos][index])
+        self.pool.cache_new_blocks([filling[pos][0].block_table[index] for _, pos, index in order],
+                                   [hashes[pos][index] for _, pos, index in order])
 
     def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
                              num_tokens: int) -> bool:
@@ -152,12 +152,16 @@ class PagedBursts:
         bs, n = self.block_size, len(seq_ids)
         held_step = [0] * num_steps
         reservable_step = [0] * num_steps
+        seqs = self.seqs
         for seq_id in seq_ids:
-            seq = self.seqs[seq_id]
+            seq = seqs[seq_id]
             written, final = seq.num_tokens, seq.final_num_tokens
             assert written + num_steps <= final, "a burst never passes a sequence's final length"
+            first = -written % bs
+            if first >= num_steps:
+                continue  # takes no block during the burst
             held = len(seq.block_table) * bs
-            for off in range((-written) % bs, num_steps, bs):
+            for off in range(first, num_steps, bs):
                 held_step[off] += bs
                 reservable_step[off] += min(held + bs, final) - min(held, final)
                 held += bs

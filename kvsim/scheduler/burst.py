@@ -67,38 +67,41 @@ class Burst:
 
     batch: list[Request]
     durations: list[float]
-
-    @property
-    def seq_ids(self) -> list[int]:
-        return [req.seq_ids[0] for req in self.batch]
+    seq_ids: list[int]  # each request's one sequence, in batch order
 
 
-def burst_batch(scheduler: Scheduler) -> list[Request] | None:
-    """The running batch if conditions (a) and the first half of (b) hold, else None."""
+def burst_batch(scheduler: Scheduler) -> tuple[list[int], int, int, int] | None:
+    """If conditions (a) and the first half of (b) hold: the running batch's sequence ids, its
+    Σ and max context after one more token, and the most steps before a request's last token."""
     running = scheduler.running
     if (not running or scheduler.swapped or not scheduler.alloc.supports_bursts
             or not scheduler.schedules_whole_decode_batch(len(running))):
         return None
-    for req in running:
-        decoding = req.num_output_tokens > 0 and req.num_computed_tokens == req.num_tokens - 1
-        if req.num_samples > 1 or not decoding:  # (a prefill's last token samples the first)
+    seq_ids, sum_context, max_context, max_steps = [], 0, 0, running[0].output_len
+    for req in running:  # decoding: computed = num_tokens − 1 with a token sampled (a prefill's last samples the first)
+        num_output, context = req.num_output_tokens, req.num_computed_tokens + 1
+        if req.num_samples > 1 or not num_output or context != req.prompt_len + num_output:
             return None
+        seq_ids.append(req.seq_ids[0])
+        sum_context += context
+        if context > max_context:
+            max_context = context
+        if req.output_len - num_output < max_steps:
+            max_steps = req.output_len - num_output
     if scheduler.waiting and not scheduler.waiting_blocked():
         return None
-    return running
+    return seq_ids, sum_context, max_context, max_steps
 
 
 def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arrival_s: float,
                end_before_arrival: bool = False) -> Burst | None:
     """The longest burst conditions (a)–(d) allow from `now`, or None (plan a single step)."""
-    batch = burst_batch(scheduler)
-    if batch is None:
+    checked = burst_batch(scheduler)
+    if checked is None:
         return None
-    max_steps = min(req.output_len - req.num_output_tokens for req in batch)
-    n = len(batch)
-    contexts = [req.num_computed_tokens + 1 for req in batch]
+    seq_ids, sum_context, max_context, max_steps = checked
     first = StepPlan()
-    first.add_decodes(n, sum(contexts), max(contexts))
+    first.add_decodes(len(seq_ids), sum_context, max_context)
     arrival_bound = next_arrival_s if end_before_arrival or not scheduler.waiting else float("inf")
     durations: list[float] = []
     start = now
@@ -108,21 +111,23 @@ def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arr
         durations.append(d)
         start += d
     alloc = scheduler.alloc
-    seq_ids = [req.seq_ids[0] for req in batch]
     while durations and alloc.burst_slots_needed(seq_ids, len(durations)) > alloc.num_free_slots:
         durations = durations[: len(durations) // 2]
     if durations and scheduler.waiting:
         head = scheduler.waiting[0]
         if alloc.burst_extends_prefix(seq_ids, len(durations), head.content, head.num_tokens):
             return None
-    return Burst(batch, durations) if durations else None
+    return Burst(scheduler.running, durations, seq_ids) if durations else None
 
 
 def apply_burst(scheduler: Scheduler, burst: Burst, now: float) -> list[Request]:
     """Apply the burst's steps; `now` is when the last one ends. Returns the requests that finished."""
     num_steps = len(burst.durations)
     scheduler.alloc.append_burst(burst.seq_ids, num_steps)
+    done = []
     for req in burst.batch:
         req.num_computed_tokens += num_steps
         req.num_output_tokens += num_steps
-    return scheduler.finish([req for req in burst.batch if req.num_output_tokens >= req.output_len], now)
+        if req.num_output_tokens >= req.output_len:
+            done.append(req)
+    return scheduler.finish(done, now)
