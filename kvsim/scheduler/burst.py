@@ -50,7 +50,9 @@ ways (`simulate(..., bursts=False)`) and compares every row and summary value.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from kvsim.latency import LatencyModel, burst_step_times
@@ -75,7 +77,8 @@ def burst_batch(scheduler: Scheduler) -> tuple[list[int], int, int, int] | None:
     Σ and max context after one more token, and the most steps before a request's last token."""
     running = scheduler.running
     if (not running or scheduler.swapped or not scheduler.alloc.supports_bursts
-            or not scheduler.schedules_whole_decode_batch(len(running))):
+            or not scheduler.schedules_whole_decode_batch(len(running))
+            or scheduler.waiting and not scheduler.waiting_blocked()):
         return None
     seq_ids, sum_context, max_context, max_steps = [], 0, 0, running[0].output_len
     for req in running:  # decoding: computed = num_tokens − 1 with a token sampled (a prefill's last samples the first)
@@ -88,8 +91,6 @@ def burst_batch(scheduler: Scheduler) -> tuple[list[int], int, int, int] | None:
             max_context = context
         if req.output_len - num_output < max_steps:
             max_steps = req.output_len - num_output
-    if scheduler.waiting and not scheduler.waiting_blocked():
-        return None
     return seq_ids, sum_context, max_context, max_steps
 
 
@@ -102,22 +103,32 @@ def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arr
     seq_ids, sum_context, max_context, max_steps = checked
     first = StepPlan()
     first.add_decodes(len(seq_ids), sum_context, max_context)
-    arrival_bound = next_arrival_s if end_before_arrival or not scheduler.waiting else float("inf")
+    arrival_bound = next_arrival_s if end_before_arrival or not scheduler.waiting else math.inf
     durations: list[float] = []
-    start = now
-    for d in burst_step_times(latency, first):
-        if start + (d if end_before_arrival else 0.0) >= arrival_bound or len(durations) == max_steps:
-            break
-        durations.append(d)
-        start += d
+    if arrival_bound < math.inf:  # (d): as many steps as start (or end) before the arrival
+        start = now
+        for d in burst_step_times(latency, first):
+            if start + (d if end_before_arrival else 0.0) >= arrival_bound or len(durations) == max_steps:
+                break
+            durations.append(d)
+            start += d
+        num_steps = len(durations)
+    else:  # no arrival bounds it: its length is known before its step times (under overload, far fewer are kept)
+        num_steps = max_steps
     alloc = scheduler.alloc
-    while durations and alloc.burst_slots_needed(seq_ids, len(durations)) > alloc.num_free_slots:
-        durations = durations[: len(durations) // 2]
-    if durations and scheduler.waiting:
+    while num_steps and alloc.burst_slots_needed(seq_ids, num_steps) > alloc.num_free_slots:
+        num_steps //= 2  # (c): halve until the new blocks fit
+    if not num_steps:
+        return None
+    if scheduler.waiting:
         head = scheduler.waiting[0]
-        if alloc.burst_extends_prefix(seq_ids, len(durations), head.content, head.num_tokens):
+        if alloc.burst_extends_prefix(seq_ids, num_steps, head.content, head.num_tokens):
             return None
-    return Burst(scheduler.running, durations, seq_ids) if durations else None
+    if arrival_bound < math.inf:
+        durations = durations[:num_steps]
+    else:
+        durations = list(islice(burst_step_times(latency, first), num_steps))
+    return Burst(scheduler.running, durations, seq_ids)
 
 
 def apply_burst(scheduler: Scheduler, burst: Burst, now: float) -> list[Request]:
