@@ -1,6 +1,6 @@
 """Simulation speed of this checkout against a reference revision, measured side by side in one run.
 
-    python benchmarks/bench_speedup.py [--reference 4cfa5bb] [--num-requests 10000] [--repeats 3]
+    python benchmarks/bench_speedup.py [--reference REV] [--num-requests 10000] [--repeats 3]
 
 Each run is a fresh child process that simulates the built-in default scenario (`kvsim run`'s:
 llama-3.1-8b on an h100-80gb, v1, paged, prefix caching) with `--num-requests` requests and
@@ -29,6 +29,7 @@ from bench_scale import OVERLOAD
 from bench_simulator import baseline
 
 ROOT = Path(__file__).resolve().parent.parent
+PINNED_REFERENCE = "4cfa5bb"  # main before the hot-path work of issue 9 item 4 (append_token, burst trims)
 CHILD = """
 import json, sys, time
 from kvsim.engine import simulate
@@ -68,7 +69,8 @@ def export(rev: str, into: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", default="main", help="git revision to compare with (default: main)")
+    parser.add_argument("--reference", default=PINNED_REFERENCE,
+                        help=f"git revision to compare with (default: {PINNED_REFERENCE}, the pinned baseline)")
     parser.add_argument("--num-requests", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "speedup.json")
