@@ -112,6 +112,7 @@ def fleet_routing(st: Study) -> Section:
     arrivals = np.array([r.arrival_s or 0.0 for r in records])
     facts = {"num_requests": st.cfg.fleet_requests, "span_s": float(arrivals.max() - arrivals.min()),
              "mean_prompt_tokens": float(prompts.mean()), "max_model_len": max_model_len,
+             "max_model_len_by_pool": max_model_len < st.model.max_position_embeddings,
              "pool_tokens": (st.num_blocks - 1) * base.engine.block_size,
              "num_too_long": int((prompts >= max_model_len).sum()),
              "floor_ttft_p90_s": floor_p90, "floor_hit_rate": floor["prefix_cache_hit_rate"],

@@ -175,6 +175,10 @@ def formula_text(sec: studies.Section, st: studies.Study) -> str:
 ROUTER_NAMES = {"round_robin": "round robin", "least_outstanding": "least outstanding", "affinity": "affinity"}
 
 
+def _replicas(n: int) -> str:
+    return "1 replica" if n == 1 else f"{n} replicas"
+
+
 def _relative(new: float, old: float) -> str:
     """'lower', 'higher' or 'about the same' (within 5 %)."""
     ratio = new / old if old else float("inf")
@@ -186,13 +190,14 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
     f, df = sec.facts, sec.tables["fleet_routing"].set_index("router")
     e = st.base.engine
     tp = f"{e.tensor_parallel_size}× " if e.tensor_parallel_size > 1 else ""
+    limit = "what one replica's pool holds" if f["max_model_len_by_pool"] else "the model's longest context"
     refused = (f"; the {f['num_too_long']} prompts of {f['max_model_len']:,} tokens or more are refused, as vLLM "
                "refuses them" if f["num_too_long"] else "")
     traffic = (f"The first {f['num_requests']} requests of the Mooncake conversation trace (Kimi's production "
                f"traffic: real arrivals over {f['span_s']:.0f} s, prompts of {f['mean_prompt_tokens']:,.0f} tokens "
                "on average, 512-token prefix hashes; Apache-2.0, Qin et al., FAST 2025) on replicas of "
-               f"{st.model.name} on {tp}{st.gpu.name} with prefix caching, max_model_len {f['max_model_len']:,} (what "
-               f"one replica's pool holds){refused}.")
+               f"{st.model.name} on {tp}{st.gpu.name} with prefix caching, max_model_len {f['max_model_len']:,} ("
+               f"{limit}){refused}.")
     floor = (f"Served one at a time on one replica, the p90 TTFT is {f['floor_ttft_p90_s']:.2f} s (prefill alone, "
              f"queue p99 {f['floor_queue_p99_s']:.2f} s): more replicas only remove queueing, so no fleet goes far "
              f"below it (other cache hits aside: at most {f['unbounded_hit_rate']:.1%} of the prompt tokens here).")
@@ -208,7 +213,7 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
             needs.append(f"more than {f['max_replicas']} replicas (the search's limit) with {ROUTER_NAMES[router]}")
             continue
         cost = f" (${row.cost_per_hour_for_slo:,.2f}/h)" if pd.notna(row.cost_per_hour_for_slo) else ""
-        needs.append(f"{int(row.replicas_for_slo)} replicas with {ROUTER_NAMES[router]}{cost}")
+        needs.append(f"{_replicas(int(row.replicas_for_slo))} with {ROUTER_NAMES[router]}{cost}")
     if df.replicas_for_slo.isna().all():
         needs = [f"more than {f['max_replicas']} replicas (the search's limit) with every router"]
     prices = f" Prices: {f['price_source']}." if df.cost_per_hour_for_slo.notna().any() else ""
@@ -216,6 +221,12 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
     lo, aff, rr = df.loc["least_outstanding"], df.loc["affinity"], df.loc["round_robin"]
     which = ("the fewest least-outstanding routing needs" if pd.notna(lo.replicas_for_slo)
              else "the search's limit")
+    if size == 1:
+        one = (f"With one replica every router sends it everything: prefix-cache hit rate "
+               f"{lo.prefix_cache_hit_rate:.1%} (an unbounded cache would serve {f['unbounded_hit_rate']:.1%}), TTFT "
+               f"p50 / p90 {lo.ttft_p50_s:.2f} / {lo.ttft_p90_s:.2f} s: at this traffic there is no routing to "
+               "compare.")
+        return " ".join([traffic, floor, f"{target} {'; '.join(needs)}.{prices}", one])
     compare = (f"At {size} replicas ({which}), the prefix-cache hit rate is {rr.prefix_cache_hit_rate:.1%} with "
                f"round robin, {lo.prefix_cache_hit_rate:.1%} with least outstanding and {aff.prefix_cache_hit_rate:.1%}"
                f" with affinity (an unbounded cache shared by the fleet would serve {f['unbounded_hit_rate']:.1%} of "

@@ -79,3 +79,29 @@ def test_verdict_names_a_small_gain_as_a_gain():
     assert text.startswith("Affinity raises the hit rate from 4.6% to 4.9% (0.3 points)")
     assert "p90 about the same (6.49 → 6.73 s)" in text  # 3.7 % apart: within 5 %
     assert f"spared {1 - 2_407_612 / 2_415_804:.1%} of the prompt tokens" in text and "0.3%" in text
+
+
+def test_one_replica_fleet_says_there_is_nothing_to_route():
+    """A fleet of one (OPT-13B, max_model_len 2,048 from the model, not the pool): the words name the model's
+    limit, say "1 replica" and compare no routers."""
+    from kvsim.report_text import fleet_text
+    from kvsim.scenario import load_scenario
+    from kvsim.studies import Section
+
+    class St:  # what fleet_text reads of a Study
+        base = load_scenario(None, ["model=opt-13b", "engine.max_model_len=2048"])
+        model = type("M", (), {"name": "opt-13b"})
+        gpu = type("G", (), {"name": "a100-40gb"})
+
+    rows = [{"router": r, "replicas": 1, "prefix_cache_hit_rate": 0.344, "ttft_p50_s": 0.19, "ttft_p90_s": 0.40,
+             "queue_p90_s": 0.19, "prompt_tokens_computed": 8797, "requests_per_replica_max": 60,
+             "replicas_for_slo": 1, "cost_per_hour_for_slo": None} for r in ("round_robin", "least_outstanding",
+                                                                              "affinity")]
+    facts = {"num_requests": 60, "span_s": 15.0, "mean_prompt_tokens": 12386.0, "max_model_len": 2048,
+             "max_model_len_by_pool": False, "num_too_long": 50, "floor_ttft_p90_s": 0.18, "floor_queue_p99_s": 0.0,
+             "unbounded_hit_rate": 0.344, "ttft_target_s": 2.0, "slo_s": 2.0, "max_replicas": 8,
+             "price_source": "none"}
+    text = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame(rows)}, facts), St)
+    assert "max_model_len 2,048 (the model's longest context); the 50 prompts" in text
+    assert "needs 1 replica with round robin; 1 replica with least outstanding; 1 replica with affinity." in text
+    assert "at this traffic there is no routing to compare" in text and "Affinity" not in text
