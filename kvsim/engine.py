@@ -191,6 +191,22 @@ class Inbox:
     num_steps: int = 0
     alarm: simpy.Event | None = None
     resume: simpy.Event | None = None
+    # a router reads this engine's KV usage (`kv_usage`): the burst's usage after each step, and
+    # how many steps a burst run one event per step has done
+    observe_kv: bool = False
+    usage_after_step: list[float] | None = None
+    steps_done: int = 0
+
+    def kv_usage(self, alloc_usage: float, now: float) -> float:
+        """`kv_cache_usage_perc` as a step-by-step engine shows it now (`alloc_usage`: the allocator's,
+        which a burst brings up to date only when it ends): a step allocates when it is scheduled,
+        so the usage after the allocation of the step in flight."""
+        usage = self.usage_after_step
+        if not self.in_burst or usage is None:
+            return alloc_usage
+        ends = self.step_ends_s
+        done = bisect.bisect_right(ends, now) if ends is not None else self.steps_done  # no step ends exactly now
+        return usage[min(done, len(usage) - 1)]
 
     def wait_burst(self, env: simpy.Environment, step_ends_s: list[float]) -> simpy.Event:
         """Start a burst whose steps end at `step_ends_s`; the event to yield fires when the last one
@@ -224,7 +240,8 @@ class Inbox:
 
     def end_burst(self) -> None:
         self.in_burst = False
-        self.step_ends_s = self.alarm = self.resume = None
+        self.step_ends_s = self.alarm = self.resume = self.usage_after_step = None
+        self.steps_done = 0
 
 
 Dispatch = Callable[[Request], int]  # which engine an arriving request goes to (called at its arrival)
@@ -257,6 +274,10 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
             rows = recorder.begin_burst(start_s, burst, scheduler) if inbox is None else None
             waiting = []
             step_ends_s = None
+            if inbox is not None and inbox.observe_kv:  # usage after each step, as `record` would write it
+                held, _, _ = scheduler.alloc.burst_occupancy(burst.seq_ids, len(burst.durations))
+                total = scheduler.alloc.num_total_slots
+                inbox.usage_after_step = [1.0 - (total - h) / total for h in held]
             if inbox is not None:
                 step_ends_s = np.add.accumulate(np.concatenate(([start_s], burst.durations)))[1:]
                 if not arrivals.none_at(step_ends_s):
@@ -272,8 +293,10 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
                 for d in burst.durations:  # one timeout per step keeps env.now bit-identical to step-by-step
                     waiting.append(len(scheduler.waiting))  # requests may arrive behind a blocked head
                     yield env.timeout(d)
-                    if inbox_steps and inbox.requests:  # type: ignore[union-attr]
-                        break
+                    if inbox_steps:
+                        inbox.steps_done += 1  # type: ignore[union-attr]
+                        if inbox.requests:  # type: ignore[union-attr]
+                            break
             if inbox is not None:  # cut after the step in flight; arrivals waited in the inbox
                 burst = Burst(burst.batch, burst.durations[:len(waiting)], burst.seq_ids)
                 rows = recorder.begin_burst(start_s, burst, scheduler)
@@ -322,8 +345,9 @@ def run_engines(engines: Sequence[tuple[Scheduler, LatencyModel]], requests: lis
     sees every engine's state at that moment (a router). Every request ends finished or
     rejected. `bursts=True` runs stretches of pure decode several steps at a time
     (`kvsim.scheduler.burst`); results are identical to `bursts=False`, which plans every step.
-    `inboxes` (one per engine) let bursts run past other engines' arrivals; give them only
-    when the dispatcher reads no KV state (a burst applies its KV growth when it ends).
+    `inboxes` (one per engine) let bursts run past other engines' arrivals; a dispatcher that
+    reads KV state must read it through `Inbox.kv_usage` (with `observe_kv` set), since a burst
+    applies its KV growth to the allocator only when it ends.
     """
     env = simpy.Environment()
     arrivals = Arrivals(requests)

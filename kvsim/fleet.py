@@ -69,15 +69,18 @@ class FleetView:
     until it is finished or rejected, so the count is `dispatched − ended`, two lengths a replica.
     """
 
-    def __init__(self, schedulers: list[Scheduler]) -> None:
-        self.schedulers = schedulers
+    def __init__(self, schedulers: list[Scheduler], inboxes: list[Inbox]) -> None:
+        self.schedulers, self.inboxes = schedulers, inboxes
         self.dispatched = [0] * len(schedulers)
+        self.now_s = 0.0  # the arrival being routed
 
     def outstanding(self) -> list[int]:
         return [n - len(s.finished) - len(s.rejected) for n, s in zip(self.dispatched, self.schedulers, strict=True)]
 
     def kv_usage(self) -> list[float]:
-        return [s.alloc.usage for s in self.schedulers]
+        """Each replica's usage now, mid-burst included (`Inbox.kv_usage`)."""
+        return [inbox.kv_usage(s.alloc.usage, self.now_s) for s, inbox in zip(self.schedulers, self.inboxes,
+                                                                                strict=True)]
 
 
 class Routes:
@@ -149,22 +152,23 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     parts = [build_engine(spec, rng) for spec in specs]
     max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))  # the workload's cap
     requests = build_requests(scenario, max_model_len, rng)
-    inboxes = [Inbox() for _ in parts]
-    view = FleetView([p.scheduler for p in parts])
+    reads_kv = scenario.router.policy == "least_kv"  # the router reads KV usage, mid-burst too
+    inboxes = [Inbox(observe_kv=reads_kv) for _ in parts]
+    view = FleetView([p.scheduler for p in parts], inboxes)
     config = scenario.router
     router = Router(config.policy, len(parts), scenario.engine.block_size, config.load_bound, config.load_slack,
                     config.match_threshold, max_prefix_blocks=sum(p.facts["num_gpu_blocks"] for p in parts))
     routes = Routes()
 
     def dispatch(req: Request) -> int:
+        view.now_s = req.arrival_s
         decision = router.route(req, view)
         routes.add(req, decision)
         view.dispatched[decision.replica] += 1
         return decision.replica
 
-    reads_kv = config.policy == "least_kv"  # bursts apply KV growth at their end: such a router needs exact steps
     recorders = run_engines([(p.scheduler, p.latency) for p in parts], requests, dispatch, check, progress, bursts,
-                            inboxes=None if reads_kv else inboxes)
+                            inboxes=inboxes)
     assigned: list[list[Request]] = [[] for _ in parts]
     for req, replica in zip(requests, routes.replica, strict=True):
         assigned[replica].append(req)

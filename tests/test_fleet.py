@@ -137,7 +137,8 @@ def test_replica_groups_get_their_own_settings_and_bad_ones_name_the_group():
 @pytest.mark.parametrize("policy", ["round_robin", "least_outstanding", "least_kv", "affinity"])
 def test_results_are_deterministic_and_burst_mode_changes_nothing(policy):
     # Bursts run past other replicas' arrivals and are cut when one arrives for their replica
-    # (least_kv: they end before every arrival); either way step-by-step is the reference.
+    # (least_kv reads a bursting replica's KV usage after the steps done by then); step-by-step
+    # is the reference.
     spec = scenario(replicas=3, router={"policy": policy}, engine={"enable_prefix_caching": True},
                     workload={"num_requests": 90, "arrival": {"process": "poisson", "rate": 9.0},
                               "output_len": {"dist": "uniform", "low": 10, "high": 200},
@@ -153,7 +154,7 @@ def test_results_are_deterministic_and_burst_mode_changes_nothing(policy):
     np.testing.assert_array_equal(step_by_step.steps["vllm:num_requests_waiting"], a.steps["vllm:num_requests_waiting"])
 
 
-@pytest.mark.parametrize("policy", ["round_robin", "least_outstanding", "affinity"])
+@pytest.mark.parametrize("policy", ["round_robin", "least_outstanding", "least_kv", "affinity"])
 def test_bursts_equal_step_by_step_when_arrivals_tie_with_step_ends(policy):
     # A burst is waited for in one event, but not when a request arrives exactly when one of its
     # steps ends: then the order of the two events decides what the router and the replica see.
