@@ -1,13 +1,20 @@
 """How much memory a run will need, checked before anything is allocated.
 
-A run holds its requests, the KV allocator's per-block bookkeeping (GPU pool and CPU swap
-pool) and its per-step rows. The estimate is a floor, built from costs measured with
-tracemalloc on CPython 3.11 (a `Request` with its content and its row in the requests table
-about 2 KiB; a paged block's ref count, hash slot, fill count and free-queue entry about
-160 B; a recorded step about 1 KiB) and a lower bound on the steps (every step decodes at
-most `max_num_seqs` sequences, so a run takes at least total output tokens / `max_num_seqs`
-steps). A run whose floor exceeds the limit cannot succeed, so it is refused with both
-numbers instead of ending in MemoryError (or the kernel's OOM killer) after allocating.
+A run holds its per-request records, the KV allocator's per-block bookkeeping (GPU pool and
+CPU swap pool) and, when it keeps every step in memory, its per-step rows. The estimate is a
+floor, built from costs measured with tracemalloc on CPython 3.11 and a lower bound on the
+steps (every step decodes at most `max_num_seqs` sequences, so a run takes at least total
+output tokens / `max_num_seqs` steps). A run whose floor exceeds the limit cannot succeed,
+so it is refused with both numbers instead of ending in MemoryError (or the kernel's OOM
+killer) after allocating.
+
+Memory per request is small and columnar: `Request` objects exist only while in flight
+(`kvsim.workload.iter_requests` builds them at arrival, `kvsim.records` keeps a row of
+numbers when they end), so a request costs its row of records, its drawn lengths and its
+row in the final requests table (measured: about 190 bytes a request at 2k–20k requests).
+Steps cost nothing that grows with the run when they stream to disk (`simulate(out_dir=...)`,
+`kvsim run`) or are sampled or dropped (`steps: sampled | none`: at most 100,000 rows);
+an in-memory `steps: all` run keeps 20 columns of 8 bytes a step.
 
 The limit defaults to the machine's physical memory (or the cgroup's, if smaller);
 `kvsim run --memory-limit` or `simulate(..., memory_limit_bytes=...)` overrides it.
@@ -26,9 +33,9 @@ if TYPE_CHECKING:
     from kvsim.scenario import LengthDist, Scenario
 
 # Measured fits (tracemalloc, CPython 3.11; see the module docstring), floors not exact costs.
-REQUEST_BYTES = 2048  # a Request with its content and its requests-table row
+REQUEST_BYTES = 160   # a request's columnar record, drawn lengths and requests-table row (measured ≈ 190)
 BLOCK_BYTES = 160     # a paged block's ref count, hash slot, fill count and free-queue entry
-STEP_BYTES = 1024     # one recorded step row
+STEP_BYTES = 160      # one step row kept in memory: 20 columns of 8 bytes (0 when steps stream to disk)
 GIB = 2**30
 
 
@@ -70,8 +77,12 @@ def _num_requests(scenario: Scenario) -> int:
 
 
 def estimate_run_bytes(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
-                       num_gpu_blocks: int, bytes_per_block: int) -> dict[str, int]:
-    """The floor of a run's memory, by part: `requests`, `kv_blocks`, `steps` (bytes)."""
+                       num_gpu_blocks: int, bytes_per_block: int, steps_in_memory: bool = True) -> dict[str, int]:
+    """The floor of a run's memory, by part: `requests`, `kv_blocks`, `steps` (bytes).
+
+    `steps_in_memory`: the run keeps every step row in memory (`steps: all` without streaming
+    to disk); otherwise the steps part is 0 (bounded: one chunk, or the sample).
+    """
     w = scenario.workload
     num_requests = _num_requests(scenario)
     num_seqs = num_requests * (w.beam_width or w.n)
@@ -80,14 +91,15 @@ def estimate_run_bytes(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engin
     return {
         "requests": num_requests * REQUEST_BYTES,
         "kv_blocks": (num_gpu_blocks + num_cpu_blocks) * BLOCK_BYTES,
-        "steps": int(min_steps * STEP_BYTES),
+        "steps": int(min_steps * STEP_BYTES) if steps_in_memory else 0,
     }
 
 
 def check_run_memory(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
-                     num_gpu_blocks: int, bytes_per_block: int, limit_bytes: int | None = None) -> None:
+                     num_gpu_blocks: int, bytes_per_block: int, limit_bytes: int | None = None,
+                     steps_in_memory: bool = True) -> None:
     """Raise `KvsimError` with the estimate and the limit when the run cannot fit in memory."""
-    parts = estimate_run_bytes(scenario, model, gpu, engine, num_gpu_blocks, bytes_per_block)
+    parts = estimate_run_bytes(scenario, model, gpu, engine, num_gpu_blocks, bytes_per_block, steps_in_memory)
     limit = machine_memory_bytes() if limit_bytes is None else limit_bytes
     needed = sum(parts.values())
     if needed > limit:

@@ -203,6 +203,12 @@ class StepsOption(StrEnum):
     all = "all"
 
 
+class StepsFormatOption(StrEnum):
+    auto = "auto"
+    parquet = "parquet"
+    csv = "csv"
+
+
 class RunFormat(StrEnum):
     table = "table"
     json = "json"
@@ -218,6 +224,10 @@ def run(
     steps: Annotated[StepsOption | None, typer.Option(
         "--steps", help="Per-step rows to keep and write: all, sampled (at most 100,000) or none; "
                         "the summary uses every step. Default: the scenario's `steps` (all).")] = None,
+    steps_format: Annotated[StepsFormatOption, typer.Option(
+        "--steps-format", help="File the per-step rows stream to as the run goes: steps.parquet (needs "
+                               "pyarrow), steps.csv, or auto: parquet when pyarrow is installed",
+    )] = StepsFormatOption.auto,
     memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Refuse a run estimated to need "
                                                      "more memory than this, e.g. 64GiB [this machine's]")] = None,
 ) -> None:
@@ -230,17 +240,23 @@ def run(
     from kvsim.output_dir import check_output_dir, safe_component
     from kvsim.results import RunResult
     from kvsim.scenario import load_scenario
+    from kvsim.step_writer import resolve_format
 
     with user_errors():
         limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
         spec = load_scenario(scenario, [*(overrides or []), *([f"steps={steps.value}"] if steps else [])])
         out_dir = output or f"runs/{safe_component(spec.name)}"
         check_output_dir(out_dir, "run")  # refuse before simulating, not after
+        resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
         with _progress_bar(enabled=output_format is RunFormat.table) as progress:
-            result: RunResult | FleetResult = (
-                simulate_fleet(spec, check=check, progress=progress) if spec.is_fleet
-                else simulate(spec, check=check, progress=progress, memory_limit_bytes=limit_bytes))
-        written = result.write(out_dir)
+            result: RunResult | FleetResult
+            if spec.is_fleet:
+                result = simulate_fleet(spec, check=check, progress=progress)
+                written = result.write(out_dir)
+            else:  # written as it runs: the steps stream into the output's temporary folder
+                result = simulate(spec, check=check, progress=progress, memory_limit_bytes=limit_bytes,
+                                  out_dir=out_dir, steps_format=steps_format.value)
+                written = Path(out_dir)
     if output_format is RunFormat.json:
         from kvsim.render import to_json
 

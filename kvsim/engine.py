@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
-from collections.abc import Callable, Generator, Sequence
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,14 +41,17 @@ from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.errors import KvsimError
 from kvsim.latency import ConstantLatency, LatencyModel
 from kvsim.memory import GroupedPagedAllocator, KVAllocator, PagedAllocator, SlabAllocator
-from kvsim.metrics import StepRecorder, dp_group_steps, kept_step_index, requests_frame, summarize
+from kvsim.metrics import dp_group_steps, summarize
+from kvsim.output_dir import check_output_dir, output_directory
+from kvsim.recorder import StepRecorder, kept_step_index
 from kvsim.request import Request
-from kvsim.results import RunResult
+from kvsim.results import RunResult, write_run_files
 from kvsim.roofline import RooflineLatency
 from kvsim.scenario import Scenario, StepsMode
 from kvsim.scheduler import Scheduler, SchedulerLimits, make_scheduler
 from kvsim.scheduler.burst import Burst
-from kvsim.workload import build_requests
+from kvsim.step_writer import StepsFormat, StepWriter
+from kvsim.workload import iter_requests
 
 if TYPE_CHECKING:
     from kvsim.config import GPUSpec, ModelSpec
@@ -139,39 +145,64 @@ class Alarm(simpy.Event):
         heapq.heappush(env._queue, (at_s, simpy.events.NORMAL, next(env._eid), self))  # type: ignore[attr-defined]
 
 
-@dataclass(slots=True)
 class Arrivals:
-    """The run's requests in arrival order and how many have arrived; every engine of a run reads it."""
+    """The run's requests in arrival order, drawn from an iterator only as far as the engines look ahead.
 
-    requests: list[Request]
-    num_arrived: int = 0
-    _times_s: np.ndarray | None = None  # every arrival instant, built on first use by `none_at`
+    Every engine of a run reads it; the arrival process `pop`s each request at its arrival.
+    Nothing here keeps a request after it arrived, so a lazy iterator (`iter_requests`)
+    means only the requests in flight exist at any time.
+    """
+
+    __slots__ = ("_source", "_ahead", "num_arrived")
+
+    def __init__(self, requests: Iterable[Request]) -> None:
+        self._source: Iterator[Request] | None = iter(requests)
+        self._ahead: deque[Request] = deque()
+        self.num_arrived = 0
+
+    def _look(self, num_ahead: int) -> None:
+        while len(self._ahead) < num_ahead and self._source is not None:
+            req = next(self._source, None)
+            if req is None:
+                self._source = None
+            else:
+                self._ahead.append(req)
+
+    @property
+    def all_arrived(self) -> bool:
+        self._look(1)
+        return not self._ahead
+
+    @property
+    def next_arrival_s(self) -> float:
+        self._look(1)
+        return self._ahead[0].arrival_s if self._ahead else math.inf
+
+    def horizon_s(self, num_ahead: int) -> float:
+        """When the `num_ahead`-th next request arrives (inf past the last one)."""
+        self._look(num_ahead)
+        return self._ahead[num_ahead - 1].arrival_s if len(self._ahead) >= num_ahead else math.inf
+
+    def pop(self) -> Request:
+        """The next request, now arriving (`next_arrival_s` says when)."""
+        self._look(1)
+        self.num_arrived += 1
+        return self._ahead.popleft()
 
     def none_at(self, instants_s: np.ndarray) -> bool:
-        """No request still to arrive arrives exactly at one of `instants_s` (sorted, ascending)."""
-        if self._times_s is None:
-            self._times_s = np.fromiter((r.arrival_s for r in self.requests), dtype=np.float64,
-                                        count=len(self.requests))
-        times = self._times_s
-        upcoming = times[self.num_arrived:int(np.searchsorted(times, instants_s[-1], side="right"))]
+        """No request still to arrive arrives exactly at one of `instants_s` (sorted, ascending).
+
+        Looks ahead only as far as the last instant (the requests up to it are drawn now).
+        """
+        last_s = float(instants_s[-1])
+        while self._source is not None and (not self._ahead or self._ahead[-1].arrival_s <= last_s):
+            self._look(len(self._ahead) + 1)
+        upcoming = np.fromiter(itertools.takewhile(lambda t: t <= last_s, (r.arrival_s for r in self._ahead)),
+                               dtype=np.float64)
         if not len(upcoming):
             return True
         at = np.minimum(np.searchsorted(instants_s, upcoming), len(instants_s) - 1)
         return not bool((instants_s[at] == upcoming).any())
-
-    @property
-    def all_arrived(self) -> bool:
-        return self.num_arrived == len(self.requests)
-
-    @property
-    def next_arrival_s(self) -> float:
-        return self.requests[self.num_arrived].arrival_s if not self.all_arrived else math.inf
-
-
-    def horizon_s(self, num_ahead: int) -> float:
-        """When the `num_ahead`-th next request arrives (inf past the last one)."""
-        index = self.num_arrived + num_ahead - 1
-        return self.requests[index].arrival_s if index < len(self.requests) else math.inf
 
 
 @dataclass(slots=True)
@@ -336,34 +367,42 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
             progress(env.now)
 
 
-def run_engines(engines: Sequence[tuple[Scheduler, LatencyModel]], requests: list[Request],
+def run_engines(engines: Sequence[tuple[Scheduler, LatencyModel]], requests: Iterable[Request],
                 dispatch: Dispatch, check: bool = False, progress: ProgressFn | None = None,
-                bursts: bool = True, inboxes: Sequence[Inbox] | None = None) -> list[StepRecorder]:
+                bursts: bool = True, inboxes: Sequence[Inbox] | None = None,
+                recorders: Sequence[StepRecorder] | None = None, num_requests: int | None = None,
+                ) -> list[StepRecorder]:
     """Run several engines in one simulated clock; each arriving request goes to `dispatch(req)`.
 
-    The dispatcher runs inside the arrival process, at the request's arrival instant, so it
-    sees every engine's state at that moment (a router). Every request ends finished or
-    rejected. `bursts=True` runs stretches of pure decode several steps at a time
-    (`kvsim.scheduler.burst`); results are identical to `bursts=False`, which plans every step.
-    `inboxes` (one per engine) let bursts run past other engines' arrivals; a dispatcher that
-    reads KV state must read it through `Inbox.kv_usage` (with `observe_kv` set), since a burst
-    applies its KV growth to the allocator only when it ends.
+    `requests` in arrival order, a list or a lazy iterator (`kvsim.workload.iter_requests`):
+    it is read only as far as the engines look ahead, and no request is kept after it ends
+    (its numbers go to its scheduler's `records`). The dispatcher runs inside the arrival
+    process, at the request's arrival instant, so it sees every engine's state at that moment
+    (a router). Every request ends finished or rejected. `bursts=True` runs stretches of pure
+    decode several steps at a time (`kvsim.scheduler.burst`); results are identical to
+    `bursts=False`, which plans every step. `inboxes` (one per engine) let bursts run past
+    other engines' arrivals; a dispatcher that reads KV state must read it through
+    `Inbox.kv_usage` (with `observe_kv` set), since a burst applies its KV growth to the
+    allocator only when it ends. `recorders`: one per engine (default: every step kept in
+    memory), finished when the run ends. `num_requests`: the total for `progress` (default
+    `len(requests)`).
     """
     env = simpy.Environment()
     arrivals = Arrivals(requests)
+    total = num_requests if num_requests is not None else len(requests)  # type: ignore[arg-type]
     wakes = [[env.event()] for _ in engines]
     schedulers = [scheduler for scheduler, _ in engines]
 
     def arrival_process() -> Generator:
-        for req in requests:
-            if req.arrival_s > env.now:
-                yield env.timeout(delay_until(env.now, req.arrival_s))
+        while not arrivals.all_arrived:
+            if arrivals.next_arrival_s > env.now:
+                yield env.timeout(delay_until(env.now, arrivals.next_arrival_s))
+            req = arrivals.pop()
             index = dispatch(req)
             if inboxes is not None and inboxes[index].in_burst:
                 inboxes[index].deliver(env, req)
             else:
                 schedulers[index].add(req)
-            arrivals.num_arrived += 1
             if not wakes[index][0].triggered:
                 wakes[index][0].succeed()
         for wake in wakes:  # idle engines learn that nothing more will come, and end
@@ -372,9 +411,10 @@ def run_engines(engines: Sequence[tuple[Scheduler, LatencyModel]], requests: lis
 
     def report(now: float) -> None:
         assert progress is not None
-        progress(now, sum(len(s.finished) + len(s.rejected) for s in schedulers), len(requests))
+        progress(now, sum(len(s.records) for s in schedulers), total)
 
-    recorders = [StepRecorder() for _ in engines]
+    if recorders is None:
+        recorders = [StepRecorder() for _ in engines]
     env.process(arrival_process())
     observed = len(engines) > 1 and inboxes is None
     loops = [env.process(step_loop(env, scheduler, latency, recorder, arrivals, wake, check,
@@ -382,15 +422,19 @@ def run_engines(engines: Sequence[tuple[Scheduler, LatencyModel]], requests: lis
                                    inboxes[i] if inboxes is not None else None, len(engines)))
              for i, ((scheduler, latency), recorder, wake) in enumerate(zip(engines, recorders, wakes, strict=True))]
     env.run(until=loops[0] if len(loops) == 1 else env.all_of(loops))
+    for recorder in recorders:
+        recorder.finish()
     if progress is not None:
-        progress(env.now, len(requests), len(requests))
-    return recorders
+        progress(env.now, total, total)
+    return list(recorders)
 
 
-def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: list[Request], check: bool = False,
-               progress: ProgressFn | None = None, bursts: bool = True) -> StepRecorder:
+def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: Iterable[Request], check: bool = False,
+               progress: ProgressFn | None = None, bursts: bool = True, recorder: StepRecorder | None = None,
+               num_requests: int | None = None) -> StepRecorder:
     """Run arrivals and one engine's step loop to completion (`run_engines` with one engine)."""
-    return run_engines([(scheduler, latency)], requests, lambda req: 0, check, progress, bursts)[0]
+    return run_engines([(scheduler, latency)], requests, lambda req: 0, check, progress, bursts,
+                       recorders=None if recorder is None else [recorder], num_requests=num_requests)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,16 +446,18 @@ class EngineParts:
     facts: dict[str, Any]
 
 
-def build_engine(scenario: Scenario, rng: np.random.Generator, memory_limit_bytes: int | None = None) -> EngineParts:
+def build_engine(scenario: Scenario, rng: np.random.Generator, memory_limit_bytes: int | None = None,
+                 steps_in_memory: bool = True) -> EngineParts:
     """The allocator, scheduler and latency model of `scenario`'s model, GPU and engine settings,
-    once the run is known to fit in `memory_limit_bytes` (see `kvsim.budget`)."""
+    once the run is known to fit in `memory_limit_bytes` (see `kvsim.budget`; `steps_in_memory`:
+    the run keeps every step row in memory rather than streaming them or keeping a sample)."""
     model, gpu, engine = load_model(scenario.model), load_gpu(scenario.gpu), scenario.engine
     if scenario.gpu_link is not None:
         gpu = gpu.model_copy(update={"link": scenario.gpu_link})
     max_model_len = engine.resolved_max_model_len(model)
     engine.check_vllm_startup(max_model_len, gpu)
     check_run_memory(scenario, model, gpu, engine, num_gpu_blocks(model, gpu, engine),
-                     kv_bytes_per_block(model, engine), memory_limit_bytes)
+                     kv_bytes_per_block(model, engine), memory_limit_bytes, steps_in_memory)
     allocator = make_allocator(model, gpu, engine)
     scheduler = make_scheduler(engine.scheduler, allocator, make_limits(engine, gpu, max_model_len, allocator), rng)
     latency = make_latency(scenario, model, gpu)
@@ -426,17 +472,19 @@ def build_engine(scenario: Scenario, rng: np.random.Generator, memory_limit_byte
     return EngineParts(scheduler, latency, facts)
 
 
-def engine_result(scenario: Scenario, parts: EngineParts, requests: list[Request], recorder: StepRecorder) -> RunResult:
-    """The finished engine's tables and summary; `requests` are the ones it was given."""
+def engine_result(scenario: Scenario, parts: EngineParts, recorder: StepRecorder, num_requests: int | None = None,
+                  steps_path: Path | None = None) -> RunResult:
+    """The finished engine's tables and summary, from its scheduler's `records` (every request it was
+    given, `num_requests` if known) and its recorder's totals over every step. `steps_path`: where
+    the recorder's writer put the rows (they are read from there on access)."""
     scheduler = parts.scheduler
-    assert len(scheduler.finished) + len(scheduler.rejected) == len(requests), "a request went missing"
+    assert num_requests is None or len(scheduler.records) == num_requests, "a request went missing"
     assert scheduler.alloc.num_held_slots == 0, "KV still held after the run"
-    requests_df = requests_frame(requests)
-    steps_df = recorder.frame()
-    summary = summarize(requests_df, steps_df, scheduler, parts.facts)
-    if scenario.steps != "all":
-        steps_df = recorder.frame(scenario.steps)
-    return RunResult(scenario=scenario, requests=requests_df, steps=steps_df, summary=summary)
+    recorder.finish()
+    requests_df = scheduler.records.frame()
+    summary = summarize(requests_df, recorder.totals, scheduler, parts.facts)
+    rows = None if steps_path is not None and scenario.steps == "all" else recorder.frame()
+    return RunResult(scenario=scenario, requests=requests_df, step_rows=rows, summary=summary, steps_path=steps_path)
 
 
 def least_loaded(schedulers: Sequence[Scheduler]) -> int:
@@ -491,20 +539,16 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
     shares averaged over them (`kvsim.metrics.dp_group_steps`)."""
     rng = np.random.default_rng(scenario.seed)
     parts = [build_engine(scenario, rng) for _ in range(scenario.engine.data_parallel_size)]
-    requests = build_requests(scenario, parts[0].facts["max_model_len"], rng)
     schedulers = [p.scheduler for p in parts]
     env = simpy.Environment()
-    arrivals = Arrivals(requests)
+    arrivals = Arrivals(iter_requests(scenario, parts[0].facts["max_model_len"], rng))
     wake = [env.event()]
-    rank: dict[int, int] = {}
 
     def arrival_process() -> Generator:
-        for req in requests:
-            if req.arrival_s > env.now:
-                yield env.timeout(delay_until(env.now, req.arrival_s))
-            rank[req.request_id] = least_loaded(schedulers)
-            schedulers[rank[req.request_id]].add(req)
-            arrivals.num_arrived += 1
+        while not arrivals.all_arrived:
+            if arrivals.next_arrival_s > env.now:
+                yield env.timeout(delay_until(env.now, arrivals.next_arrival_s))
+            schedulers[least_loaded(schedulers)].add(arrivals.pop())
             if not wake[0].triggered:
                 wake[0].succeed()
         if not wake[0].triggered:
@@ -515,8 +559,8 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
     env.run(until=env.process(lockstep_loop(env, schedulers, [p.latency for p in parts], recorders, arrivals,
                                             wake, check)))
     every_step = scenario.model_copy(update={"steps": "all"})
-    results = [engine_result(every_step, p, [r for r in requests if rank[r.request_id] == i], recorders[i])
-               for i, p in enumerate(parts)]
+    results = [engine_result(every_step, p, recorder) for p, recorder in zip(parts, recorders, strict=True)]
+    assert sum(len(r.requests) for r in results) == arrivals.num_arrived, "a request went missing"
     requests_df = pd.concat([r.requests.assign(dp_rank=i) for i, r in enumerate(results)]).sort_values(
         "request_id", kind="stable").reset_index(drop=True)
     steps_df = pd.concat([r.steps.assign(dp_rank=i) for i, r in enumerate(results)]).sort_values(
@@ -535,26 +579,54 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
     kept = kept_step_index(len(steps_df), scenario.steps)
     if kept is not None:
         steps_df = steps_df.iloc[kept].reset_index(drop=True)
-    return RunResult(scenario=scenario, requests=requests_df, steps=steps_df, summary=summary)
+    return RunResult(scenario=scenario, requests=requests_df, step_rows=steps_df, summary=summary)
 
 
 def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
              bursts: bool = True, steps: StepsMode | None = None,
-             memory_limit_bytes: int | None = None) -> RunResult:
+             memory_limit_bytes: int | None = None, out_dir: str | Path | None = None,
+             steps_format: StepsFormat = "auto") -> RunResult:
     """Simulate a scenario end to end. `check=True` runs `check_invariants()` after every step.
 
     With `engine.data_parallel_size` > 1, the DP engines run together (`simulate_data_parallel`).
     `steps` overrides the scenario's `steps` (which per-step rows the result keeps and writes).
     A run that cannot fit in `memory_limit_bytes` [the machine's memory] is refused up front.
+
+    `out_dir`: write the run there as it goes (`RunResult.write`'s files and rules: new or an
+    earlier kvsim run, swapped in complete). The per-step rows then stream to disk in chunks
+    (`steps.parquet` with pyarrow, else `steps.csv`; `steps_format` chooses) instead of staying
+    in memory, and the result's `steps` reads them back from there when asked.
     """
     if steps is not None:
         scenario = scenario.model_copy(update={"steps": steps})
     if scenario.replicas is not None:
         raise KvsimError(f"replicas={scenario.replicas!r}: a fleet scenario; use kvsim.fleet.simulate_fleet")
     if scenario.engine.data_parallel_size > 1:
-        return simulate_data_parallel(scenario, check)
+        result = simulate_data_parallel(scenario, check)
+        if out_dir is not None:
+            result.write(out_dir)
+        return result
+    if out_dir is None:
+        return simulate_single(scenario, check, progress, bursts, memory_limit_bytes, StepRecorder(scenario.steps))
+    final = check_output_dir(out_dir, "run")  # refused before simulating, not after
+    with output_directory(out_dir, "run") as tmp:
+        writer = StepWriter(tmp, steps_format) if scenario.steps != "none" else None
+        result = simulate_single(scenario, check, progress, bursts, memory_limit_bytes,
+                                 StepRecorder(scenario.steps, writer),
+                                 None if writer is None else final / writer.path.name)
+        write_run_files(tmp, result, steps=False)
+    return result
+
+
+def simulate_single(scenario: Scenario, check: bool, progress: ProgressFn | None, bursts: bool,
+                    memory_limit_bytes: int | None, recorder: StepRecorder, steps_path: Path | None = None,
+                    ) -> RunResult:
+    """One engine, its requests drawn lazily (`iter_requests`), its steps into `recorder` (whose writer,
+    if any, puts them at `steps_path` once the output is swapped in)."""
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
-    parts = build_engine(scenario, rng, memory_limit_bytes)
-    requests = build_requests(scenario, parts.facts["max_model_len"], rng)
-    recorder = run_engine(parts.scheduler, parts.latency, requests, check=check, progress=progress, bursts=bursts)
-    return engine_result(scenario, parts, requests, recorder)
+    parts = build_engine(scenario, rng, memory_limit_bytes, steps_in_memory=recorder.keeps_all_rows)
+    requests = iter_requests(scenario, parts.facts["max_model_len"], rng)
+    num_requests = scenario.workload.num_requests  # an upper bound for progress (a trace may hold fewer)
+    run_engine(parts.scheduler, parts.latency, requests, check=check, progress=progress, bursts=bursts,
+               recorder=recorder, num_requests=num_requests)
+    return engine_result(scenario, parts, recorder, steps_path=steps_path)

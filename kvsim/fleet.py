@@ -75,7 +75,7 @@ class FleetView:
         self.now_s = 0.0  # the arrival being routed
 
     def outstanding(self) -> list[int]:
-        return [n - len(s.finished) - len(s.rejected) for n, s in zip(self.dispatched, self.schedulers, strict=True)]
+        return [n - len(s.records) for n, s in zip(self.dispatched, self.schedulers, strict=True)]
 
     def kv_usage(self) -> list[float]:
         """Each replica's usage now, mid-burst included (`Inbox.kv_usage`)."""
@@ -169,11 +169,7 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
 
     recorders = run_engines([(p.scheduler, p.latency) for p in parts], requests, dispatch, check, progress, bursts,
                             inboxes=inboxes)
-    assigned: list[list[Request]] = [[] for _ in parts]
-    for req, replica in zip(requests, routes.replica, strict=True):
-        assigned[replica].append(req)
-    runs = [engine_result(spec, p, reqs, rec)
-            for spec, p, reqs, rec in zip(specs, parts, assigned, recorders, strict=True)]
+    runs = [engine_result(spec, p, rec) for spec, p, rec in zip(specs, parts, recorders, strict=True)]
     requests_df = pd.concat([run.requests.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
     requests_df = requests_df.sort_values("request_id", kind="stable").reset_index(drop=True)
     steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)

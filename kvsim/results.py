@@ -18,12 +18,29 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True, repr=False)
 class RunResult:
-    """`requests` and `steps` DataFrames (see `kvsim.metrics`) and the `summary` dict."""
+    """`requests` and `steps` DataFrames (see `kvsim.metrics`) and the `summary` dict.
+
+    A run that streamed its steps to disk (`simulate(..., out_dir=...)`) keeps no `step_rows`;
+    its `steps` are read from `steps_path` each time they are asked for.
+    """
 
     scenario: Scenario
     requests: pd.DataFrame
-    steps: pd.DataFrame
+    step_rows: pd.DataFrame | None
     summary: dict[str, Any]
+    steps_path: Path | None = None
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """The per-step rows the run kept (`scenario.steps`): in memory, or read from `steps_path`."""
+        import pandas as pd
+
+        if self.step_rows is not None:
+            return self.step_rows
+        assert self.steps_path is not None, "a RunResult has step_rows or a steps_path"
+        if self.steps_path.suffix == ".parquet":
+            return pd.read_parquet(self.steps_path)
+        return pd.read_csv(self.steps_path)
 
     def __repr__(self) -> str:
         """One line: the scenario, the table sizes and three headline numbers (print `summary` for all)."""
@@ -60,13 +77,20 @@ class RunResult:
         `out_dir` must be new or an earlier kvsim run (else `KvsimError`); the files go to a
         temporary sibling folder that is swapped into place only when all are complete.
         """
-        import yaml
-
         with output_directory(out_dir, "run") as tmp:
-            self.requests.to_csv(tmp / "requests.csv", index=False)
-            if self.scenario.steps != "none":
-                self.steps.to_csv(tmp / "steps.csv", index=False)
-            (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
-            (tmp / "scenario.yaml").write_text(yaml.safe_dump(self.scenario.model_dump(mode="json"),
-                                                              sort_keys=False))
+            write_run_files(tmp, self, steps=self.scenario.steps != "none")
         return Path(out_dir)
+
+
+def write_run_files(folder: Path, result: RunResult, steps: bool) -> None:
+    """`requests.csv`, `summary.json`, `scenario.yaml` and, if `steps`, `steps.csv` into `folder`
+    (a temporary folder of `output_directory`)."""
+    import yaml
+
+    from kvsim.step_writer import frame_to_csv
+
+    frame_to_csv(result.requests, folder / "requests.csv")
+    if steps:
+        frame_to_csv(result.steps, folder / "steps.csv")
+    (folder / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+    (folder / "scenario.yaml").write_text(yaml.safe_dump(result.scenario.model_dump(mode="json"), sort_keys=False))

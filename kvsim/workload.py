@@ -14,12 +14,20 @@ Order of construction (each step documented where it happens):
 
 Each request's content lists the segments that decide its KV blocks' identities, so prefix
 caching hits exactly where real requests would share tokens.
+
+`iter_requests` draws every random number up front, in the order above, into compact
+columns (about 50 bytes a request), and builds each `Request` only when the arrival process
+asks for the next one: a run never holds more `Request` objects than are in flight. Requests
+come out in arrival order (ties in construction order) through a heap that releases a
+request once no later-constructed one can arrive before it, so the result is identical to
+building the whole list and sorting it (`build_requests`).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -76,14 +84,28 @@ def arrival_times(arrival: Arrival, n: int, rng: np.random.Generator) -> np.ndar
     return np.cumsum(gaps)
 
 
-def _base_records(scenario: Scenario, rng: np.random.Generator) -> list[TraceRecord]:
+class _SampledRecords(Sequence[TraceRecord]):
+    """Drawn lengths as a sequence of records, each built when read (two int64 columns in memory)."""
+
+    def __init__(self, prompts: np.ndarray, outputs: np.ndarray) -> None:
+        self.prompts, self.outputs = prompts, outputs
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        assert isinstance(index, int), "indexed one record at a time"
+        return TraceRecord(None, int(self.prompts[index]), int(self.outputs[index]))
+
+
+def _base_records(scenario: Scenario, rng: np.random.Generator) -> Sequence[TraceRecord]:
     w = scenario.workload
     trace = w.trace
     if trace is None:
         assert w.prompt_len is not None and w.output_len is not None
         prompts = sample_lengths(w.prompt_len, w.num_requests, rng, scenario)
         outputs = sample_lengths(w.output_len, w.num_requests, rng, scenario)
-        return [TraceRecord(None, int(p), int(o)) for p, o in zip(prompts, outputs, strict=True)]
+        return _SampledRecords(prompts, outputs)
     path = scenario.resolve_path(trace.path)
     with reading(path, "workload.trace.path"):
         if trace.format == "servegen":
@@ -109,42 +131,63 @@ def _arrivals(w: Workload, records: Sequence[TraceRecord], rng: np.random.Genera
 
 
 def build_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generator) -> list[Request]:
-    """The scenario's requests, sorted by arrival, ids 0..n−1 in arrival order."""
+    """The scenario's requests, sorted by arrival, ids 0..n−1 in arrival order (all at once)."""
+    return list(iter_requests(scenario, max_model_len, rng))
+
+
+def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generator) -> Iterator[Request]:
+    """The scenario's requests one at a time, sorted by arrival, ids 0..n−1 in arrival order.
+
+    Every random draw happens in this call, before the first request is taken (the run's one
+    generator is then free for the scheduler); the `Request` objects are built lazily.
+    """
     w = scenario.workload
     records = _base_records(scenario, rng)
+    n = len(records)
     arrivals = _arrivals(w, records, rng)
     prefix = w.shared_prefix
-    with_prefix = rng.random(len(records)) < prefix.fraction if prefix else np.zeros(len(records), bool)
-    prefix_ids = rng.integers(0, prefix.num_prefixes, size=len(records)) if prefix else None
+    with_prefix = rng.random(n) < prefix.fraction if prefix else np.zeros(n, bool)
+    prefix_ids = rng.integers(0, prefix.num_prefixes, size=n) if prefix else None
     turns = w.multi_turn.turns if w.multi_turn else 1
     think_s = w.multi_turn.think_time_s if w.multi_turn else 0.0
-    specs = []  # (arrival_s, prompt_len, output_len, content)
-    history: list[tuple[object, int]] = []
-    for index, record in enumerate(records):
-        conv, turn = divmod(index, turns)
-        if turn == 0:
-            history = []
-            if prefix is not None and prefix_ids is not None and with_prefix[index]:
-                history.append((("system", int(prefix_ids[index])), prefix.tokens))
-            conv_start = float(arrivals[conv * turns])
-        arrival = conv_start + turn * think_s if turns > 1 else float(arrivals[index])
-        if record.segments is not None:
-            prompt_segments = [*history, *record.segments]
-        else:
-            prompt_segments = [*history, (("user", conv, turn), record.prompt_len)]
-        prompt_len = sum(n for _, n in prompt_segments)
-        output_len = max(1, min(record.output_len, max_model_len - prompt_len))
-        out_segment = (("reply", conv, turn), output_len)
-        content: Content
-        if record.token_ids is not None and not history:
-            content = TokenContent(record.token_ids[: prompt_len + output_len])
-        else:
-            content = SegmentContent([*prompt_segments, out_segment])
-        specs.append((arrival, prompt_len, output_len, content))
-        history = [*prompt_segments, out_segment]
-    order = sorted(range(len(specs)), key=lambda i: specs[i][0])
-    return [
-        Request(request_id=rid, arrival_s=specs[i][0], prompt_len=specs[i][1], output_len=specs[i][2],
-                content=specs[i][3], num_samples=w.beam_width or w.n, beam=w.beam_width is not None)
-        for rid, i in enumerate(order)
-    ]
+    if turns > 1:  # turn k of a conversation arrives k think times after its first turn
+        index = np.arange(n)
+        arrival = arrivals[index - index % turns].astype(np.float64) + (index % turns).astype(np.float64) * think_s
+    else:
+        arrival = np.asarray(arrivals, dtype=np.float64)
+    # the earliest arrival among requests not yet constructed (inf past the last one)
+    later_min = np.append(np.minimum.accumulate(arrival[::-1])[::-1], np.inf) if n else np.array([np.inf])
+    num_samples, beam = w.beam_width or w.n, w.beam_width is not None
+
+    def generate() -> Iterator[Request]:
+        heap: list[tuple[float, int, int, int, Content]] = []
+        history: list[tuple[object, int]] = []
+        next_id = 0
+        for index in range(n):
+            record = records[index]
+            conv, turn = divmod(index, turns)
+            if turn == 0:
+                history = []
+                if prefix is not None and prefix_ids is not None and with_prefix[index]:
+                    history.append((("system", int(prefix_ids[index])), prefix.tokens))
+            if record.segments is not None:
+                prompt_segments = [*history, *record.segments]
+            else:
+                prompt_segments = [*history, (("user", conv, turn), record.prompt_len)]
+            prompt_len = sum(length for _, length in prompt_segments)
+            output_len = max(1, min(record.output_len, max_model_len - prompt_len))
+            out_segment = (("reply", conv, turn), output_len)
+            content: Content
+            if record.token_ids is not None and not history:
+                content = TokenContent(record.token_ids[: prompt_len + output_len])
+            else:
+                content = SegmentContent([*prompt_segments, out_segment])
+            heapq.heappush(heap, (float(arrival[index]), index, prompt_len, output_len, content))
+            history = [*prompt_segments, out_segment]
+            while heap and heap[0][0] <= later_min[index + 1]:
+                arrival_s, _, prompt_len, output_len, content = heapq.heappop(heap)
+                yield Request(request_id=next_id, arrival_s=arrival_s, prompt_len=prompt_len,
+                              output_len=output_len, content=content, num_samples=num_samples, beam=beam)
+                next_id += 1
+
+    return generate()

@@ -25,3 +25,13 @@ def test_swap_space_counts_cpu_blocks():
     model, gpu = load_model(s.model), load_gpu(s.gpu)
     parts = estimate_run_bytes(s, model, gpu, s.engine, 10, 2**21)
     assert parts["kv_blocks"] == (10 + 4 * 2**30 // 2**21) * BLOCK_BYTES  # 4 GiB of 2 MiB blocks: 2,048
+
+
+def test_steps_streamed_to_disk_cost_no_memory_per_step():
+    """`kvsim run` streams steps to disk (and `sampled`/`none` keep at most a sample): no per-step floor."""
+    s = load_scenario(None, ["workload.num_requests=1000", "workload.output_len={dist: fixed, value: 16}",
+                             "engine.max_num_seqs=8", "engine.swap_space=0"])
+    model, gpu = load_model(s.model), load_gpu(s.gpu)
+    kept = estimate_run_bytes(s, model, gpu, s.engine, 100, 2**21)
+    streamed = estimate_run_bytes(s, model, gpu, s.engine, 100, 2**21, steps_in_memory=False)
+    assert kept["steps"] == 2000 * STEP_BYTES and streamed == {**kept, "steps": 0}

@@ -6,8 +6,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
+from kvsim.step_writer import has_pyarrow
 
 runner = CliRunner()
+STEPS_FILE = "steps.parquet" if has_pyarrow() else "steps.csv"  # `--steps-format auto`
 
 
 def test_default_run_writes_results(tmp_path):
@@ -15,8 +17,8 @@ def test_default_run_writes_results(tmp_path):
     result = runner.invoke(app, ["run", "--set", "workload.num_requests=50", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "kvsim run" in result.stdout
-    assert "(requests.csv, scenario.yaml, steps.csv, summary.json)" in " ".join(result.stdout.split())  # as written
-    assert {p.name for p in out.iterdir()} == {"requests.csv", "steps.csv", "summary.json", "scenario.yaml",
+    assert f"(requests.csv, scenario.yaml, {STEPS_FILE}, summary.json)" in " ".join(result.stdout.split())
+    assert {p.name for p in out.iterdir()} == {"requests.csv", STEPS_FILE, "summary.json", "scenario.yaml",
                                                ".kvsim-output"}
     summary = json.loads((out / "summary.json").read_text())
     for key in ("num_requests", "num_finished", "num_rejected", "duration_s", "output_tokens_per_s",

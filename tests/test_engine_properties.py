@@ -44,7 +44,7 @@ def test_random_workloads_conserve_and_bursts_are_exact(specs, policy, allocator
                        caching=caching, preemption_mode=mode, num_cpu_blocks=num_blocks)
         reqs = build(specs)
         rec = run(s, reqs, bursts=bursts)  # check_invariants() after every step
-        assert len(s.finished) + len(s.rejected) == len(reqs)
+        assert len(s.records) == len(reqs)
         assert s.alloc.num_held_slots == 0
         for r in reqs:
             assert r.status in (RequestStatus.FINISHED, RequestStatus.REJECTED)

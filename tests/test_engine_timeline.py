@@ -20,8 +20,8 @@ def test_two_requests_v1(bursts):
     # B arrives mid-step at 0.015, joins at 0.02 (prefill) → first token 0.03, decodes → 0.04.
     assert times(a) == (0.0, 0.01, 0.03)
     assert times(b) == (0.02, 0.03, 0.04)
-    assert rec.columns["time_s"] == pytest.approx([0.0, 0.01, 0.02, 0.03])
-    assert list(rec.columns["num_batched_tokens"]) == [10, 1, 6, 1]
+    assert list(rec.frame()["time_s"]) == pytest.approx([0.0, 0.01, 0.02, 0.03])
+    assert list(rec.frame()["num_batched_tokens"]) == [10, 1, 6, 1]
 
 
 def test_chunked_prefill_v1():
@@ -39,7 +39,7 @@ def test_v0_runs_prefill_only_batches():
     # At 0.02 B's prefill runs alone (prefill-first), A waits one step.
     assert times(a) == (0.0, 0.01, 0.04)
     assert times(b) == (0.02, 0.03, 0.04)
-    assert list(rec.columns["num_batched_tokens"]) == [10, 1, 5, 2]
+    assert list(rec.frame()["num_batched_tokens"]) == [10, 1, 5, 2]
 
 
 def test_static_batch_admits_nobody_until_empty():
@@ -57,7 +57,7 @@ def test_idle_engine_waits_for_the_next_arrival():
     b = make_request(1, 5.0, prompt=4, output=1)
     rec = run(s, [a, b])
     assert times(b) == (5.0, 5.01, 5.01)
-    assert rec.columns["time_s"] == pytest.approx([0.0, 5.0])  # no polling steps in between
+    assert list(rec.frame()["time_s"]) == pytest.approx([0.0, 5.0])  # no polling steps in between
 
 
 def test_recompute_preemption_keeps_generated_tokens():
@@ -88,8 +88,8 @@ def test_swap_preemption_charges_link_time():
     b = make_request(1, 0.0, prompt=6, output=6)
     rec = run(s, [a, b], link=1e5)  # 1000 B per block / 1e5 B/s = 10 ms per block moved
     assert s.num_swapped_out_bytes > 0
-    assert max(rec.columns["duration_s"]) > 0.01
-    assert sum(rec.columns["swap_in_bytes"]) == sum(rec.columns["swap_out_bytes"]) > 0
+    assert max(list(rec.frame()["duration_s"])) > 0.01
+    assert sum(list(rec.frame()["swap_in_bytes"])) == sum(list(rec.frame()["swap_out_bytes"])) > 0
     assert a.status is b.status is RequestStatus.FINISHED
 
 
@@ -99,7 +99,7 @@ def test_parallel_sampling_forks_and_copies_on_write():
     rec = run(s, [a])
     # prompt 20 = one full block shared + a partial block each sample copies before writing
     assert s.alloc.num_copy_on_writes == 2
-    assert list(rec.columns["num_batched_tokens"]) == [20, 3, 3]
+    assert list(rec.frame()["num_batched_tokens"]) == [20, 3, 3]
 
 
 def test_rejections_are_recorded():
@@ -122,10 +122,11 @@ def test_every_allocator_under_every_policy(policy, allocator):
                          prefix=4 if i % 2 else 0) for i in range(24)]
     run(s, reqs)
     assert all(r.status in (RequestStatus.FINISHED, RequestStatus.REJECTED) for r in reqs)
-    assert len(s.finished) + len(s.rejected) == len(reqs)
+    assert len(s.records) == len(reqs)
     assert s.alloc.num_held_slots == 0
-    for r in s.finished:
-        assert r.num_output_tokens == r.output_len
+    for r in reqs:
+        if r.status is RequestStatus.FINISHED:
+            assert r.num_output_tokens == r.output_len
 
 
 def test_beam_search_shares_more_than_the_prompt():

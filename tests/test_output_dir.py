@@ -28,6 +28,7 @@ from kvsim.output_dir import (
     output_file,
     safe_component,
 )
+from kvsim.step_writer import has_pyarrow
 
 runner = CliRunner()
 RUN = ["run", "--set", "workload.num_requests=5"]
@@ -114,7 +115,8 @@ def test_rerun_replaces_its_own_output_and_leaves_nothing_beside_it(world):
     assert sorted(p.name for p in out.parent.iterdir()) == ["a"]  # no temporary folders left
     marker = json.loads((out / MARKER_NAME).read_text())
     assert marker["kind"] == "run"
-    assert sorted(marker["files"]) == ["requests.csv", "scenario.yaml", "steps.csv", "summary.json"]
+    steps_file = "steps.parquet" if has_pyarrow() else "steps.csv"  # `kvsim run --steps-format auto`
+    assert sorted(marker["files"]) == ["requests.csv", "scenario.yaml", steps_file, "summary.json"]
 
 
 @pytest.mark.parametrize(("name", "expected"), [

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from kvsim import metrics
+from kvsim import recorder
 from kvsim.engine import simulate
 from kvsim.scenario import load_scenario
 
@@ -14,14 +14,17 @@ def run(steps=None, n=60):
 def test_modes_keep_rows_but_not_change_the_summary(monkeypatch, tmp_path):
     full = run("all")
     assert full.summary["num_steps"] == len(full.steps) > 20
-    monkeypatch.setattr(metrics, "MAX_SAMPLED_STEPS", 11)
+    monkeypatch.setattr(recorder, "MAX_SAMPLED_STEPS", 11)
     sampled = run("sampled")
     none = run("none")
     assert sampled.summary == full.summary == none.summary
     assert none.steps.empty and list(none.steps.columns) == list(full.steps.columns)
     n = len(full.steps)
-    expected = sorted({round(i * (n - 1) / 10) for i in range(11)})  # evenly spaced, first and last included
-    assert expected[0] == 0 and expected[-1] == n - 1
+    stride = 1  # by hand: the smallest power of two whose multiples below n number at most 11 - 1
+    while len(range(0, n, stride)) > 10:
+        stride *= 2
+    expected = sorted({*range(0, n, stride), n - 1})  # every stride-th step and the last
+    assert stride > 1 and expected[0] == 0 and expected[-1] == n - 1 and len(expected) <= 11
     pd.testing.assert_frame_equal(sampled.steps, full.steps.iloc[expected].reset_index(drop=True))
     none.write(tmp_path / "none")
     full.write(tmp_path / "all")

@@ -50,7 +50,9 @@ def _steps(num_steps: int, queued: set[int], running: list[int]):
     import pandas as pd
 
     from kvsim.metrics import WASTE_KEYS
-    return pd.DataFrame({"duration_s": [0.1] * num_steps,
+    return pd.DataFrame({"time_s": [0.1 * i for i in range(num_steps)], "duration_s": [0.1] * num_steps,
+                         "vllm:kv_cache_usage_perc": [0.5] * num_steps, "held_slots": [1] * num_steps,
+                         "shared_slots": [0] * num_steps,
                          "vllm:num_requests_waiting": [1 if i in queued else 0 for i in range(num_steps)],
                          "vllm:num_requests_running": running,
                          "vllm:num_preemptions_total": [0] * num_steps,

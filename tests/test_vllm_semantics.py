@@ -38,7 +38,7 @@ def test_max_num_seqs_counts_sequences_not_requests():
     s = tiny_world(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256)
     reqs = [make_request(i, 0.0, prompt=16, output=4, n=4) for i in range(3)]
     rec = run(s, reqs)
-    assert max(rec.columns["vllm:num_requests_running"]) == 1
+    assert max(list(rec.frame()["vllm:num_requests_running"])) == 1
     # requests run back to back: each waits for the previous one to finish
     assert reqs[1].first_scheduled_s >= reqs[0].finish_s and reqs[2].first_scheduled_s >= reqs[1].finish_s
 

@@ -8,6 +8,8 @@ A scheduler is pure Python, driven by two calls per engine step:
 Requests that can never be served are rejected on `add` with a recorded reason; nothing
 is dropped silently. A request with n > 1 samples prefills once on its first sequence, then
 forks n − 1 children that share the prompt's KV (copy-on-write for a shared partial block).
+Every request that ends (finished or rejected) is copied into `records`
+(`kvsim.records.RequestRecords`, columnar) and the scheduler keeps no reference to it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from kvsim.latency import LatencyModel
 from kvsim.memory import KVAllocator, PrefixHit, SegmentContent
+from kvsim.records import RequestRecords
 from kvsim.request import Request, RequestStatus
 from kvsim.scheduler import burst
 from kvsim.scheduler.beams import select_beams
@@ -48,8 +51,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
-        self.finished: list[Request] = []
-        self.rejected: list[Request] = []
+        self.records = RequestRecords()  # every request that ended (finished or rejected), columnar
         self.num_preemptions = 0
         self.num_swapped_out_bytes = 0
         # vLLM's prefix-cache counters (tokens): first admissions only; re-admissions after a
@@ -73,7 +75,7 @@ class Scheduler:
         if reason:
             req.status, req.reject_reason = RequestStatus.REJECTED, reason
             req.content = None
-            self.rejected.append(req)
+            self.records.add(req)
             return False
         self.waiting.append(req)
         return True
@@ -243,7 +245,7 @@ class Scheduler:
             req.content = None  # its block-hash memo is not needed again: memory stays bounded in long runs
         if done:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
-            self.finished.extend(done)
+            self.records.extend(done)  # the scheduler keeps no finished Request: memory stays bounded
         return done
 
     def _fork_samples(self, req: Request) -> None:

@@ -1,0 +1,257 @@
+"""Per-step rows, recorded in bounded memory: typed columns filled a chunk at a time, then handed on.
+
+Each step appends one row (`record`, or a decode burst's rows at once) to compact typed
+columns, 8 bytes a value. Every `chunk_rows` rows the chunk goes, in order, to
+
+    totals    the summary's streaming sums over every step (`kvsim.metrics.StepTotals`), always;
+    and, by the scenario's `steps` mode:
+      all       the writer (`kvsim.step_writer.StepWriter`: to disk, a row group per chunk)
+                or, without a writer, a list of chunks kept in memory;
+      sampled   `StepSampler`: at most `MAX_SAMPLED_STEPS` rows, without knowing the total;
+      none      nothing more.
+
+So with a writer (or `sampled`, or `none`) the recorder holds at most one chunk of rows
+plus the sample, however long the run. `finish()` flushes the last chunk and closes the
+writer; call it once, when the run has ended.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvsim.memory import sharing_saved_slots, waste
+from kvsim.metrics import STEP_COLUMNS, STEP_FLOAT_COLUMNS, StepTotals
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from kvsim.scenario import StepsMode
+    from kvsim.scheduler import Scheduler
+    from kvsim.scheduler.burst import Burst
+    from kvsim.step import StepPlan
+    from kvsim.step_writer import StepWriter
+
+MAX_SAMPLED_STEPS = 100_000  # `steps: sampled` keeps at most this many rows
+CHUNK_ROWS = 32_768  # rows buffered before a chunk goes to the totals and the writer (about 5 MiB)
+
+COLUMNS = STEP_COLUMNS
+FLOAT_COLUMNS = STEP_FLOAT_COLUMNS
+DTYPES = {name: np.dtype(np.float64 if name in FLOAT_COLUMNS else np.int64) for name in COLUMNS}
+
+Chunk = dict[str, np.ndarray]
+
+
+def _next_region_slots(scheduler: Scheduler) -> int | None:
+    """The region the next waiting request needs (slabs' external fragmentation is relative to it)."""
+    if not scheduler.waiting:
+        return None
+    head = scheduler.waiting[0]
+    return scheduler.alloc.region_slots(head.kv_len, head.prompt_len)
+
+
+def empty_chunk() -> Chunk:
+    return {name: np.zeros(0, dtype=dtype) for name, dtype in DTYPES.items()}
+
+
+def concat(chunks: list[Chunk]) -> Chunk:
+    if not chunks:
+        return empty_chunk()
+    return {name: np.concatenate([c[name] for c in chunks]) for name in COLUMNS}
+
+
+def sampled_stride(num_steps: int, cap: int) -> int:
+    """The stride `StepSampler` ends with after `num_steps` steps: the smallest power of two whose
+    multiples below `num_steps` number at most `cap − 1`."""
+    stride = 1
+    while len(range(0, num_steps, stride)) > cap - 1:
+        stride *= 2
+    return stride
+
+
+def kept_step_index(num_steps: int, mode: StepsMode) -> np.ndarray | None:
+    """Which of a whole table's `num_steps` rows `mode` keeps, exactly as `StepRecorder` keeps them
+    while recording (`StepSampler` for `sampled`); None: all of them."""
+    if mode == "none":
+        return np.arange(0)
+    if mode == "sampled":
+        stride = sampled_stride(num_steps, MAX_SAMPLED_STEPS)
+        return np.unique(np.append(np.arange(0, num_steps, stride), num_steps - 1)) if num_steps else np.arange(0)
+    return None
+
+
+class StepSampler:
+    """Every `stride`-th step (by index from 0) and the last one, at most `cap` rows, total unknown.
+
+    The stride starts at 1 and doubles whenever the kept rows would exceed `cap − 1` (one row
+    is reserved for the last step), dropping every other kept row; so the kept rows are
+    always exactly the steps whose index is a multiple of the final stride, plus the last.
+    """
+
+    def __init__(self, cap: int) -> None:
+        assert cap >= 2
+        self.cap, self.stride = cap, 1
+        self.kept: Chunk | None = None  # the columns of the first chunk added
+        self.kept_index = np.zeros(0, dtype=np.int64)
+        self.last: Chunk = {}
+        self.last_index = -1
+
+    def add(self, chunk: Chunk, first_index: int) -> None:
+        n = len(chunk["time_s"])
+        if n == 0:
+            return
+        if self.kept is None:
+            self.kept = {k: v[:0] for k, v in chunk.items()}
+        index = np.arange(first_index, first_index + n, dtype=np.int64)
+        take = index % self.stride == 0
+        self.kept = {k: np.concatenate([self.kept[k], v[take]]) for k, v in chunk.items()}
+        kept = self.kept
+        self.kept_index = np.concatenate([self.kept_index, index[take]])
+        while len(self.kept_index) > self.cap - 1:
+            self.stride *= 2
+            take = self.kept_index % self.stride == 0
+            self.kept = kept = {k: v[take] for k, v in kept.items()}
+            self.kept_index = self.kept_index[take]
+        self.last = {k: v[-1:] for k, v in chunk.items()}
+        self.last_index = first_index + n - 1
+
+    def rows(self) -> Chunk:
+        if self.kept is None:
+            return empty_chunk()
+        if self.last_index % self.stride == 0:
+            return self.kept
+        return {k: np.concatenate([v, self.last[k]]) for k, v in self.kept.items()}
+
+
+class StepRecorder:
+    """One engine's per-step rows (see the module docstring): `record` per step, `finish` at the end.
+
+    `mode` is the scenario's `steps`; `writer` streams `all` rows to disk instead of keeping
+    them (and gets the sample, for `sampled`, at `finish`); `tags` are constant integer columns
+    added to every written row (a fleet's `replica`: several recorders may share one writer).
+    """
+
+    COLUMNS = COLUMNS
+
+    def __init__(self, mode: StepsMode = "all", writer: StepWriter | None = None,
+                 tags: Mapping[str, int] | None = None, chunk_rows: int | None = None) -> None:
+        self.mode, self.writer, self.tags = mode, writer, dict(tags or {})
+        self.chunk_rows = CHUNK_ROWS if chunk_rows is None else chunk_rows
+        self.columns: dict[str, array] = {c: array("d" if c in FLOAT_COLUMNS else "q") for c in COLUMNS}
+        self._time = self.columns["time_s"]
+        self.totals = StepTotals()
+        self.kept: list[Chunk] = []  # `all` without a writer
+        self.sampler = StepSampler(MAX_SAMPLED_STEPS) if mode == "sampled" else None
+        self.finished = False
+
+    @property
+    def keeps_all_rows(self) -> bool:
+        """Every row stays in memory (`all` without a writer): memory grows with the run."""
+        return self.mode == "all" and self.writer is None
+
+    @property
+    def num_steps(self) -> int:
+        return self.totals.num_steps + len(self._time)
+
+    def record(self, now: float, duration_s: float, plan: StepPlan, scheduler: Scheduler) -> None:
+        alloc = scheduler.alloc
+        w = waste(alloc, _next_region_slots(scheduler))
+        total = alloc.num_total_slots
+        row = (
+            now, duration_s, len(scheduler.running), len(scheduler.waiting), len(scheduler.swapped),
+            plan.num_tokens, plan.num_prefill_tokens, plan.num_decode_seqs, alloc.usage,
+            scheduler.num_preemptions, plan.swap_in_bytes, plan.swap_out_bytes, alloc.num_held_slots,
+            sharing_saved_slots(alloc),
+            w.token_state / total, w.reserved / total, w.internal_frag / total, w.slack / total,
+            w.external_frag / total, w.free / total,
+        )
+        for column, value in zip(self.columns.values(), row, strict=True):
+            column.append(value)
+        if len(self._time) >= self.chunk_rows:
+            self.flush()
+
+    def begin_burst(self, start_s: float, burst: Burst, scheduler: Scheduler) -> dict[str, list]:
+        """Rows for a decode burst, identical to what `record` would write step by step, but for
+        the waiting counts, which `end_burst` adds. Call before the burst is applied."""
+        alloc = scheduler.alloc
+        durations = burst.durations
+        k, n = len(durations), len(burst.batch)
+        held, filled, reserved = alloc.burst_occupancy(burst.seq_ids, k)
+        total = alloc.num_total_slots
+        external = alloc.external_fragmentation_slots(_next_region_slots(scheduler))
+        slack = alloc.num_slack_slots  # constant: nothing is placed or freed inside a burst
+        starts, t = [], start_s
+        for d in durations:
+            starts.append(t)
+            t += d
+        rows: dict[str, list] = {"time_s": starts, "duration_s": list(durations)}
+        for name, value in (("vllm:num_requests_running", n), ("vllm:num_requests_swapped", 0),
+                            ("num_batched_tokens", n), ("num_prefill_tokens", 0),
+                            ("num_decode_seqs", n), ("vllm:num_preemptions_total", scheduler.num_preemptions),
+                            ("swap_in_bytes", 0), ("swap_out_bytes", 0), ("external_frag", external / total),
+                            ("slack", slack / total),
+                            ("shared_slots", sharing_saved_slots(alloc))):  # bursts only append unshared blocks
+            rows[name] = [value] * k
+        rows["vllm:kv_cache_usage_perc"] = [1.0 - (total - h) / total for h in held]
+        rows["held_slots"] = held
+        rows["token_state"] = [f / total for f in filled]
+        rows["reserved"] = [r / total for r in reserved]
+        rows["internal_frag"] = [(h - f - r - slack) / total for h, f, r in zip(held, filled, reserved, strict=True)]
+        rows["free"] = [(total - h - external) / total for h in held]
+        return rows
+
+    def end_burst(self, rows: dict[str, list], waiting: list[int]) -> None:
+        """Append a burst's rows, with the waiting count the engine saw before each step."""
+        rows["vllm:num_requests_waiting"] = waiting
+        for name, column in self.columns.items():
+            column.extend(rows[name])
+        if len(self._time) >= self.chunk_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the buffered rows on as one chunk (see the module docstring) and empty the buffer."""
+        if not self._time:
+            return
+        first_index = self.totals.num_steps
+        chunk = {name: np.frombuffer(column, dtype=DTYPES[name]).copy() for name, column in self.columns.items()}
+        for column in self.columns.values():
+            del column[:]
+        self.totals.add(chunk)
+        if self.mode == "all":
+            if self.writer is not None:
+                self.writer.write(self._tagged(chunk))
+            else:
+                self.kept.append(chunk)
+        elif self.sampler is not None:
+            self.sampler.add(chunk, first_index)
+
+    def finish(self) -> None:
+        """Flush the last rows and close the writer (an empty table with the header if no step ran)."""
+        if self.finished:
+            return
+        self.flush()
+        if self.writer is not None:
+            if self.sampler is not None:
+                self.writer.write(self._tagged(self.sampler.rows()))
+            self.writer.close({**DTYPES, **dict.fromkeys(self.tags, np.dtype(np.int64))})
+        self.finished = True
+
+    def _tagged(self, chunk: Chunk) -> Chunk:
+        return {**chunk, **{k: np.full(len(chunk["time_s"]), v, dtype=np.int64) for k, v in self.tags.items()}}
+
+    def frame(self) -> pd.DataFrame:
+        """The rows this recorder keeps in memory: every row (`all` without a writer), the sample
+        (`sampled`), else none; columns int64 or float64, in `COLUMNS` order."""
+        import pandas as pd
+
+        self.finish()
+        if self.keeps_all_rows:
+            if len(self.kept) > 1:
+                self.kept = [concat(self.kept)]
+            return pd.DataFrame(self.kept[0] if self.kept else empty_chunk())
+        if self.sampler is not None:
+            return pd.DataFrame(self.sampler.rows())
+        return pd.DataFrame(empty_chunk())

@@ -1,0 +1,193 @@
+"""Bounded memory at any trace length: steps streamed to disk, columnar request records, lazy requests.
+
+Each claim is checked against an independent second path: the streamed files against the rows an
+in-memory run keeps, the lazy request stream against building every request and sorting the list
+(the construction the workload module documents), the memory bound with tracemalloc.
+"""
+
+import tracemalloc
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import sized
+
+from kvsim import recorder as recorder_module
+from kvsim import workload
+from kvsim.budget import estimate_run_bytes
+from kvsim.capacity import kv_bytes_per_block
+from kvsim.config import load_gpu, load_model
+from kvsim.engine import simulate
+from kvsim.memory import SegmentContent
+from kvsim.recorder import StepSampler
+from kvsim.request import Request, RequestStatus
+from kvsim.scenario import load_scenario
+from kvsim.step_writer import has_pyarrow
+
+FORMATS = ["csv", pytest.param("parquet", marks=pytest.mark.skipif(not has_pyarrow(), reason="needs pyarrow"))]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_streamed_steps_equal_the_in_memory_rows_exactly(tmp_path, monkeypatch, fmt):
+    """Chunks of 7 rows (so the file is written in many pieces, bursts split across chunks): the file holds
+    exactly the rows an in-memory run keeps, the summary and requests table are the same."""
+    monkeypatch.setattr(recorder_module, "CHUNK_ROWS", 7)
+    spec = load_scenario(None, ["workload.num_requests=60"])
+    memory = simulate(spec)
+    streamed = simulate(spec, out_dir=tmp_path / "run", steps_format=fmt)
+    assert streamed.step_rows is None and streamed.steps_path == (tmp_path / "run" / f"steps.{fmt}").resolve()
+    assert len(memory.steps) == memory.summary["num_steps"] > 7 * 10
+    pd.testing.assert_frame_equal(streamed.steps, memory.steps, check_exact=True)
+    assert streamed.summary == memory.summary
+    pd.testing.assert_frame_equal(streamed.requests, memory.requests, check_exact=True)
+    memory.write(tmp_path / "written")  # the in-memory result written whole: the same requests.csv bytes
+    assert (tmp_path / "run" / "requests.csv").read_bytes() == (tmp_path / "written" / "requests.csv").read_bytes()
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        ".kvsim-output", "requests.csv", "scenario.yaml", f"steps.{fmt}", "summary.json"]
+
+
+def test_streamed_csv_text_equals_pandas_whole_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(recorder_module, "CHUNK_ROWS", 5)
+    spec = load_scenario(None, ["workload.num_requests=30"])
+    streamed = simulate(spec, out_dir=tmp_path / "run", steps_format="csv")
+    expected = simulate(spec).steps.to_csv(index=False)
+    assert (tmp_path / "run" / "steps.csv").read_text() == expected
+    assert streamed.summary["num_steps"] == expected.count("\n") - 1
+
+
+def test_sampled_and_none_stream_the_same_files_as_written_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(recorder_module, "MAX_SAMPLED_STEPS", 9)
+    monkeypatch.setattr(recorder_module, "CHUNK_ROWS", 4)
+    spec = load_scenario(None, ["workload.num_requests=40", "steps=sampled"])
+    streamed = simulate(spec, out_dir=tmp_path / "s", steps_format="csv")
+    memory = simulate(spec)
+    assert len(memory.steps) <= 9
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "s" / "steps.csv"), memory.steps, check_exact=True)
+    none = simulate(spec, steps="none", out_dir=tmp_path / "n")
+    assert not any(p.name.startswith("steps") for p in (tmp_path / "n").iterdir())
+    assert none.summary == memory.summary == streamed.summary
+
+
+def test_sampler_keeps_every_stride_th_step_and_the_last_without_knowing_the_total():
+    """By hand: 23 steps fed in chunks of 3 with room for 5 rows: stride 1 → 2 → 4 → 8 as rows pile up;
+    multiples of 8 below 23 are 0, 8, 16 (3 rows ≤ 5 − 1), multiples of 4 would be 6; plus the last, 22."""
+    sampler = StepSampler(cap=5)
+    index = np.arange(23)
+    for start in range(0, 23, 3):
+        part = index[start:start + 3]
+        sampler.add({"time_s": part.astype(float), "n": part}, start)
+    rows = sampler.rows()
+    assert sampler.stride == 8
+    assert list(rows["n"]) == [0, 8, 16, 22]
+    assert list(rows["time_s"]) == [0.0, 8.0, 16.0, 22.0]
+
+
+def _build_and_sort(scenario, max_model_len, rng):
+    """The eager construction the workload module describes: every request built, then a stable sort."""
+    w = scenario.workload
+    records = workload._base_records(scenario, rng)
+    arrivals = workload._arrivals(w, records, rng)
+    prefix = w.shared_prefix
+    n = len(records)
+    with_prefix = rng.random(n) < prefix.fraction
+    prefix_ids = rng.integers(0, prefix.num_prefixes, size=n)
+    turns, think_s = w.multi_turn.turns, w.multi_turn.think_time_s
+    specs, history = [], []
+    for index in range(n):
+        record = records[index]
+        conv, turn = divmod(index, turns)
+        if turn == 0:
+            history = [(("system", int(prefix_ids[index])), prefix.tokens)] if with_prefix[index] else []
+            conv_start = float(arrivals[conv * turns])
+        prompt_segments = [*history, (("user", conv, turn), record.prompt_len)]
+        prompt_len = sum(length for _, length in prompt_segments)
+        output_len = max(1, min(record.output_len, max_model_len - prompt_len))
+        out_segment = (("reply", conv, turn), output_len)
+        specs.append((conv_start + turn * think_s, prompt_len, output_len, (*prompt_segments, out_segment)))
+        history = [*prompt_segments, out_segment]
+    order = sorted(range(n), key=lambda i: specs[i][0])
+    return [(rid, *specs[i]) for rid, i in enumerate(order)], order
+
+
+def test_lazy_requests_equal_building_all_and_sorting():
+    """Multi-turn conversations whose later turns arrive after other conversations start (think time ≫ the
+    gap between conversations), with a shared system prompt: the lazy stream must equal the sorted list."""
+    spec = load_scenario(None, ["workload.num_requests=300", "workload.multi_turn={turns: 4, think_time_s: 0.5}",
+                                "workload.shared_prefix={tokens: 64, fraction: 0.5, num_prefixes: 3}",
+                                "workload.arrival.rate=20"])
+    expected, order = _build_and_sort(spec, 8192, np.random.default_rng(7))
+    assert order != list(range(300))  # arrival order really differs from construction order
+    got = list(workload.iter_requests(spec, 8192, np.random.default_rng(7)))
+    assert [r.request_id for r in got] == list(range(300))
+    assert [(r.request_id, r.arrival_s, r.prompt_len, r.output_len, r.content.segments) for r in got] == expected
+    assert any(segments[0][0][0] == "system" for *_, segments in expected)
+
+
+def test_requests_are_built_only_when_the_arrival_process_asks(monkeypatch):
+    built = []
+
+    def counting(*args, **kwargs):
+        built.append(1)
+        return Request(*args, **kwargs)
+
+    monkeypatch.setattr(workload, "Request", counting)
+    spec = load_scenario(None, ["workload.num_requests=1000"])
+    stream = workload.iter_requests(spec, 8192, np.random.default_rng(0))
+    assert not built  # every draw made, no request built yet
+    first = next(stream)
+    assert first.request_id == 0 and len(built) == 1
+    assert isinstance(first.content, SegmentContent)
+
+
+def test_finished_requests_are_not_kept_by_the_run():
+    """When the run ends no Request is alive: the scheduler keeps columnar records, not the Request objects
+    (the old `finished` list), and the workload is a stream, not a list."""
+    import gc
+
+    def live_requests():
+        gc.collect()
+        return sum(isinstance(o, Request) for o in gc.get_objects())
+
+    before = live_requests()
+    alive_at_end = []
+
+    def progress(now_s, done, total):  # the last call comes when the run has ended, inside `simulate`
+        alive_at_end.append(live_requests() - before)
+
+    result = simulate(load_scenario(None, ["workload.num_requests=80"]), progress=progress)
+    assert alive_at_end[-1] == 0
+    assert (result.requests["status"] == RequestStatus.FINISHED.value).sum() == 80
+    assert list(result.requests["request_id"]) == list(range(80))
+
+
+def _peak_bytes(num_requests, out_dir):
+    spec = load_scenario(None, [f"workload.num_requests={num_requests}", "workload.prompt_len={dist: fixed, value: 24}",
+                                "workload.output_len={dist: fixed, value: 4}", "workload.arrival.rate=1000",
+                                "latency={model: constant, step_s: 0.002}", "engine.num_gpu_blocks_override=512"])
+    tracemalloc.start()
+    try:
+        result = simulate(spec, out_dir=out_dir, steps_format="csv")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    model, gpu = load_model(spec.model), load_gpu(spec.gpu)
+    floor = estimate_run_bytes(spec, model, gpu, spec.engine, result.summary["num_gpu_blocks"],
+                               kv_bytes_per_block(model, spec.engine), steps_in_memory=False)
+    return peak, result.summary["num_steps"], sum(floor.values())
+
+
+@pytest.mark.slow
+def test_peak_memory_of_a_steps_all_run_grows_far_less_than_its_requests(tmp_path, monkeypatch):
+    """Ten times the requests (and steps, every one streamed to steps.csv): the traced peak must grow far
+    less than tenfold. Before streaming, a run kept every Request (≈1 KB each with its content) and every
+    step row: its peak grew 4.7× from 2k to 20k requests, about 970 bytes a request. Now the per-request
+    cost is the columnar records and drawn lengths (≈ 200 B), and steps cost one chunk whatever their number."""
+    monkeypatch.setattr(recorder_module, "CHUNK_ROWS", 512)
+    small, large = sized((1000, 10_000), (2000, 20_000))
+    _peak_bytes(50, tmp_path / "warm")  # imports and caches first, outside the measurement
+    peak_small, steps_small, floor_small = _peak_bytes(small, tmp_path / "small")
+    peak_large, steps_large, floor_large = _peak_bytes(large, tmp_path / "large")
+    assert steps_large > 8 * steps_small > 8 * 512  # many chunks streamed in both runs
+    assert floor_small <= peak_small and floor_large <= peak_large  # kvsim.budget's estimate stays a floor
+    assert peak_large < 2.5 * peak_small, (peak_small, peak_large)
+    assert (peak_large - peak_small) / (large - small) < 400, (peak_small, peak_large)
