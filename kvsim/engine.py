@@ -41,7 +41,7 @@ from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.errors import KvsimError
 from kvsim.latency import ConstantLatency, LatencyModel
 from kvsim.memory import GroupedPagedAllocator, KVAllocator, PagedAllocator, SlabAllocator
-from kvsim.metrics import dp_group_steps, summarize
+from kvsim.metrics import dp_group_steps, requests_frame, summarize
 from kvsim.output_dir import check_output_dir, output_directory
 from kvsim.recorder import StepRecorder, kept_step_index
 from kvsim.request import Request
@@ -481,7 +481,7 @@ def engine_result(scenario: Scenario, parts: EngineParts, recorder: StepRecorder
     assert num_requests is None or len(scheduler.records) == num_requests, "a request went missing"
     assert scheduler.alloc.num_held_slots == 0, "KV still held after the run"
     recorder.finish()
-    requests_df = scheduler.records.frame()
+    requests_df = requests_frame(scheduler.records)
     summary = summarize(requests_df, recorder.totals, scheduler, parts.facts)
     rows = None if steps_path is not None and scenario.steps == "all" else recorder.frame()
     return RunResult(scenario=scenario, requests=requests_df, step_rows=rows, summary=summary, steps_path=steps_path)

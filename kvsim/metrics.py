@@ -83,11 +83,15 @@ def dp_group_steps(steps_df: pd.DataFrame, num_engines: int) -> pd.DataFrame:
     return pd.DataFrame(data)
 
 
-def requests_frame(requests: Iterable[Request]) -> pd.DataFrame:
-    """One row per request, in arrival order (`kvsim.records.RequestRecords.frame`)."""
-    records = RequestRecords()
-    records.extend(requests)
-    return records.frame()
+def requests_frame(requests: RequestRecords | Iterable[Request]) -> pd.DataFrame:
+    """One row per request, in arrival order: a scheduler's `records` or the given requests as they are now."""
+    import pandas as pd
+
+    if not isinstance(requests, RequestRecords):
+        records = RequestRecords()
+        records.extend(requests)
+        requests = records
+    return pd.DataFrame(requests.columns())
 
 
 def percentiles(values: np.ndarray) -> dict[str, float | None]:

@@ -4,10 +4,12 @@ A scheduler hands every request that finishes or is rejected to `RequestRecords.
 request's numbers are copied into typed columns (8 bytes a value, about 100 bytes a request)
 and nothing keeps the `Request` (its content, block-hash memo and sequence ids) alive after
 that. A run of a million requests therefore holds a million rows of numbers, not a million
-objects. `frame()` returns the requests table in arrival (`request_id`) order, whatever
-order they ended in. Reject reasons are kept only for rejected requests (a dict by row).
+objects. `columns()` returns the requests table in arrival (`request_id`) order, whatever
+order they ended in (`kvsim.metrics.requests_frame` makes it a DataFrame; this module stays
+pure Python + numpy, as the scheduler that fills it must). Reject reasons are kept only for
+rejected requests (a dict by row).
 
-Columns of the frame, with vLLM's metric names where one exists (see `kvsim.metrics`):
+Columns, with vLLM's metric names where one exists (see `kvsim.metrics`):
 `request_id, arrival_s, first_scheduled_s, first_token_s, finish_s, ttft_s, tpot_s, e2e_s,
 queue_s, prompt_tokens, output_tokens, num_samples, prefix_hit_tokens, num_preemptions,
 status, reject_reason`.
@@ -17,14 +19,10 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvsim.request import Request, RequestStatus
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 _STATUSES = tuple(RequestStatus)
 _STATUS_CODE = {status: code for code, status in enumerate(_STATUSES)}
@@ -67,10 +65,8 @@ class RequestRecords:
         """Rows whose request ended with `status`."""
         return self._status.count(_STATUS_CODE[status])
 
-    def frame(self) -> pd.DataFrame:
-        """The requests table, sorted by `request_id` (arrival order); see the module docstring."""
-        import pandas as pd
-
+    def columns(self) -> dict[str, np.ndarray]:
+        """The requests table's columns, sorted by `request_id` (arrival order); see the module docstring."""
         order = np.argsort(np.frombuffer(self._ints["request_id"], dtype=np.int64), kind="stable") \
             if len(self) else np.zeros(0, dtype=np.int64)
 
@@ -87,7 +83,7 @@ class RequestRecords:
         reasons = np.full(len(self), None, dtype=object)
         for row, reason in self._reasons.items():
             reasons[row] = reason
-        return pd.DataFrame({
+        return {
             "request_id": ints["request_id"], "arrival_s": arrival, "first_scheduled_s": scheduled,
             "first_token_s": first, "finish_s": finish, "ttft_s": first - arrival, "tpot_s": tpot,
             "e2e_s": finish - arrival, "queue_s": scheduled - arrival, "prompt_tokens": ints["prompt_tokens"],
@@ -95,4 +91,4 @@ class RequestRecords:
             "prefix_hit_tokens": ints["prefix_hit_tokens"], "num_preemptions": ints["num_preemptions"],
             "status": labels[codes] if len(codes) else np.zeros(0, dtype=object),
             "reject_reason": reasons[order] if len(order) else np.zeros(0, dtype=object),
-        })
+        }
