@@ -146,7 +146,7 @@ def test_finished_requests_are_not_kept_by_the_run():
 
     def live_requests():
         gc.collect()
-        return sum(isinstance(o, Request) for o in gc.get_objects())
+        return sum(type(o) is Request for o in gc.get_objects())
 
     before = live_requests()
     alive_at_end = []
