@@ -602,9 +602,14 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
     if scenario.replicas is not None:
         raise KvsimError(f"replicas={scenario.replicas!r}: a fleet scenario; use kvsim.fleet.simulate_fleet")
     if scenario.engine.data_parallel_size > 1:
-        result = simulate_data_parallel(scenario, check)
+        result = simulate_data_parallel(scenario, check)  # its steps are kept in memory
         if out_dir is not None:
-            result.write(out_dir)
+            with output_directory(out_dir, "run") as tmp:
+                if scenario.steps != "none":  # the same file a single engine's run streams to
+                    dp_writer = StepWriter(tmp, steps_format)
+                    dp_writer.write({name: result.steps[name].to_numpy() for name in result.steps.columns})
+                    dp_writer.close()
+                write_run_files(tmp, result, steps=False)
         return result
     if out_dir is None:
         return simulate_single(scenario, check, progress, bursts, memory_limit_bytes, StepRecorder(scenario.steps))

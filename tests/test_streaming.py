@@ -191,3 +191,10 @@ def test_peak_memory_of_a_steps_all_run_grows_far_less_than_its_requests(tmp_pat
     assert floor_small <= peak_small and floor_large <= peak_large  # kvsim.budget's estimate stays a floor
     assert peak_large < 2.5 * peak_small, (peak_small, peak_large)
     assert (peak_large - peak_small) / (large - small) < 400, (peak_small, peak_large)
+
+
+def test_a_data_parallel_run_writes_the_same_steps_file(tmp_path):
+    spec = load_scenario(None, ["workload.num_requests=30", "engine.data_parallel_size=2"])
+    result = simulate(spec, out_dir=tmp_path / "dp", steps_format="csv")
+    assert result.summary["data_parallel_size"] == 2
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "dp" / "steps.csv"), result.steps, check_exact=True)
