@@ -93,6 +93,7 @@ def main() -> None:
                         help="file the steps stream to (auto: parquet with pyarrow installed)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per size (median reported)")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "scale.json")
+    parser.add_argument("--note", default="", help="conditions of this measurement, kept in the JSON")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -122,7 +123,7 @@ def main() -> None:
         "baseline_loop_s": base, "curve": curve,
         "overload": {"runs": overload, "median_s": over_s, "caching_on_over_off": over_s["on"] / over_s["off"],
                      "ratio_to_baseline": {m: s / base for m, s in over_s.items()}},
-        "vidur": VIDUR,
+        "vidur": VIDUR, "note": args.note,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=2) + "\n")
