@@ -34,7 +34,7 @@ from kvsim.results import RunResult
 from kvsim.router import Decision, Router
 from kvsim.scenario import Scenario, make_scenario
 from kvsim.scheduler import Scheduler
-from kvsim.workload import build_requests
+from kvsim.workload import iter_requests
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -151,7 +151,7 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
     parts = [build_engine(spec, rng) for spec in specs]
     max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))  # the workload's cap
-    requests = build_requests(scenario, max_model_len, rng)
+    requests = iter_requests(scenario, max_model_len, rng)  # built at arrival, let go when they end
     reads_kv = scenario.router.policy == "least_kv"  # the router reads KV usage, mid-burst too
     inboxes = [Inbox(observe_kv=reads_kv) for _ in parts]
     view = FleetView([p.scheduler for p in parts], inboxes)
@@ -168,7 +168,7 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
         return decision.replica
 
     recorders = run_engines([(p.scheduler, p.latency) for p in parts], requests, dispatch, check, progress, bursts,
-                            inboxes=inboxes)
+                            inboxes=inboxes, num_requests=scenario.workload.num_requests)
     runs = [engine_result(spec, p, rec) for spec, p, rec in zip(specs, parts, recorders, strict=True)]
     requests_df = pd.concat([run.requests.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
     requests_df = requests_df.sort_values("request_id", kind="stable").reset_index(drop=True)
