@@ -194,7 +194,8 @@ def _beyond_max_model_len(row: dict, max_model_len: int) -> dict:
     say so instead of printing 0."""
     if row["context_len"] <= max_model_len:
         return row
-    return {k: "exceeds max_model_len" if k.endswith("max_seqs") else v for k, v in row.items()}
+    kept = ("context_len", "blocks_per_seq")
+    return {k: v if k in kept or v is None else "exceeds max_model_len" for k, v in row.items()}
 
 
 class StepsOption(StrEnum):
