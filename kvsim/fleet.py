@@ -29,6 +29,7 @@ from kvsim.engine import Inbox, ProgressFn, build_engine, engine_result, run_eng
 from kvsim.errors import KvsimError
 from kvsim.metrics import percentiles
 from kvsim.output_dir import output_directory
+from kvsim.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.request import Request
 from kvsim.results import RunResult
 from kvsim.router import Decision, Router
@@ -167,8 +168,11 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
         view.dispatched[decision.replica] += 1
         return decision.replica
 
+    # the scenario's `steps` holds for the whole fleet: `sampled` keeps at most MAX_SAMPLED_STEPS rows in all
+    per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
     recorders = run_engines([(p.scheduler, p.latency) for p in parts], requests, dispatch, check, progress, bursts,
-                            inboxes=inboxes, num_requests=scenario.workload.num_requests)
+                            inboxes=inboxes, num_requests=scenario.workload.num_requests,
+                            recorders=[StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap) for _ in parts])
     runs = [engine_result(spec, p, rec) for spec, p, rec in zip(specs, parts, recorders, strict=True)]
     requests_df = pd.concat([run.requests.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
     requests_df = requests_df.sort_values("request_id", kind="stable").reset_index(drop=True)

@@ -131,20 +131,23 @@ class StepRecorder:
 
     `mode` is the scenario's `steps`; `writer` streams `all` rows to disk instead of keeping
     them (and gets the sample, for `sampled`, at `finish`); `tags` are constant integer columns
-    added to every written row (a fleet's `replica`: several recorders may share one writer).
+    added to every written row (a fleet's `replica`: several recorders may share one writer);
+    `max_sampled_rows` caps `sampled` (default `MAX_SAMPLED_STEPS`; a fleet splits it among its replicas).
     """
 
     COLUMNS = COLUMNS
 
     def __init__(self, mode: StepsMode = "all", writer: StepWriter | None = None,
-                 tags: Mapping[str, int] | None = None, chunk_rows: int | None = None) -> None:
+                 tags: Mapping[str, int] | None = None, chunk_rows: int | None = None,
+                 max_sampled_rows: int | None = None) -> None:
         self.mode, self.writer, self.tags = mode, writer, dict(tags or {})
         self.chunk_rows = CHUNK_ROWS if chunk_rows is None else chunk_rows
         self.columns: dict[str, array] = {c: array("d" if c in FLOAT_COLUMNS else "q") for c in COLUMNS}
         self._time = self.columns["time_s"]
         self.totals = StepTotals()
         self.kept: list[Chunk] = []  # `all` without a writer
-        self.sampler = StepSampler(MAX_SAMPLED_STEPS) if mode == "sampled" else None
+        cap = MAX_SAMPLED_STEPS if max_sampled_rows is None else max_sampled_rows
+        self.sampler = StepSampler(cap) if mode == "sampled" else None
         self.finished = False
 
     @property

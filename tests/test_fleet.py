@@ -173,3 +173,21 @@ def test_bursts_equal_step_by_step_when_arrivals_tie_with_step_ends(policy):
 def test_the_single_engine_refuses_a_fleet_scenario():
     with pytest.raises(KvsimError, match="replicas=2"):
         simulate(scenario(replicas=2))
+
+
+def test_a_fleets_steps_setting_bounds_its_rows_and_leaves_its_summary_alone(monkeypatch):
+    # `steps` is a fleet-wide setting: none keeps no row, sampled at most MAX_SAMPLED_STEPS over all
+    # replicas (each replica keeps every k-th row of its own, k doubling at its share of the cap);
+    # the summary is made from every step in each case. A cap of 10 rows makes 3 replicas sample.
+    import kvsim.fleet
+
+    monkeypatch.setattr(kvsim.fleet, "MAX_SAMPLED_STEPS", 10)
+    runs = {mode: simulate_fleet(scenario(replicas=3, steps=mode)) for mode in ("all", "sampled", "none")}
+    every = runs["all"].steps
+    assert len(every) > 3 * 10 and len(runs["none"].steps) == 0
+    sampled = runs["sampled"].steps
+    assert 0 < len(sampled) <= 3 * (10 // 3)  # each replica keeps at most its 3 of the 10
+    for replica, rows in sampled.groupby("replica"):  # each kept row is one of that replica's steps
+        all_rows = every[every["replica"] == replica]
+        assert set(rows["time_s"]) <= set(all_rows["time_s"]) and rows["time_s"].iloc[-1] == all_rows["time_s"].iloc[-1]
+    assert runs["sampled"].summary == runs["all"].summary == runs["none"].summary
