@@ -203,40 +203,52 @@ def _complete(out: Path) -> str:
     return tags.pop()
 
 
+def _fork_writer(out: Path, tag: str, two_renames: bool) -> int:
+    """Fork a process that writes a 20-file run tagged `tag` at `out` and exits; its pid.
+
+    SIGINT stays blocked across the fork until the child has its own handler: an early signal
+    must not run the inherited one (pytest-xdist's worker reports it to the controller)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    pid = os.fork()
+    if pid == 0:  # the writer; never returns into pytest
+        code = 1
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            if two_renames:
+                output_dir._renameat2 = lambda src, dst, flags: False
+            _write_run(out, tag, 20, 20_000)
+            code = 0
+        finally:
+            os._exit(code)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    return pid
+
+
 def test_kill_at_a_random_instant_leaves_old_or_new_output(tmp_path):
     """Fork a writer that replaces a complete run, kill it (SIGINT or SIGKILL) after a random
     delay spanning the whole write, and check what is at the path; repeated 40 times. Every
     third writer swaps by two renames (filesystems without RENAME_EXCHANGE) and gets SIGINT,
-    which that path holds off between its renames (SIGKILL cannot be held off)."""
+    which that path holds off between its renames (SIGKILL cannot be held off). The write's
+    length is timed on forked writers left to finish (a fork pays for copy-on-write pages that
+    an in-process write does not), so the delays span it on a busy machine too."""
     out = tmp_path / "out"
     _write_run(out, "gen0", 20, 20_000)
-    started = time.perf_counter()
-    _write_run(out, "gen1", 20, 20_000)
-    duration_s = time.perf_counter() - started
+    duration_s = 0.0
+    for calibration in ("cal0", "cal1"):
+        started = time.perf_counter()
+        os.waitpid(_fork_writer(out, calibration, two_renames=False), 0)
+        duration_s = max(duration_s, time.perf_counter() - started)
+        assert _complete(out) == calibration
     rng = random.Random(1234)
     seen = {"old": 0, "new": 0}
-    current = "gen1"
+    current = "cal1"
     for trial in range(40):
         tag = f"gen{trial + 2}"
         two_renames = trial % 3 == 0
         sig = signal.SIGINT if two_renames else rng.choice([signal.SIGINT, signal.SIGKILL])
-        # SIGINT stays blocked across the fork until the child has its own handler: an early
-        # signal must not run the inherited one (pytest-xdist's worker reports it to the controller).
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        pid = os.fork()
-        if pid == 0:  # the writer; never returns into pytest
-            code = 1
-            try:
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-                if two_renames:
-                    output_dir._renameat2 = lambda src, dst, flags: False
-                _write_run(out, tag, 20, 20_000)
-                code = 0
-            finally:
-                os._exit(code)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        time.sleep(rng.uniform(0, 1.5 * duration_s))
+        pid = _fork_writer(out, tag, two_renames)
+        time.sleep(rng.uniform(0, 2 * duration_s))
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
         os.waitpid(pid, 0)
