@@ -150,14 +150,17 @@ class Arrivals:
 
     Every engine of a run reads it; the arrival process `pop`s each request at its arrival.
     Nothing here keeps a request after it arrived, so a lazy iterator (`iter_requests`)
-    means only the requests in flight exist at any time.
+    means only the requests in flight exist at any time. Each request drawn also gets the
+    instant the arrival process will deliver it (`delivered_s`): its arrival, or a few ulps
+    later where no float delay from the previous delivery reaches it (`delay_until`).
     """
 
-    __slots__ = ("_source", "_ahead", "num_arrived")
+    __slots__ = ("_source", "_ahead", "_last_s", "num_arrived")
 
     def __init__(self, requests: Iterable[Request]) -> None:
         self._source: Iterator[Request] | None = iter(requests)
-        self._ahead: deque[Request] = deque()
+        self._ahead: deque[tuple[Request, float]] = deque()  # (request, instant the arrival process delivers it)
+        self._last_s = 0.0  # the arrival process's clock after the last request drawn (simpy starts at 0)
         self.num_arrived = 0
 
     def _look(self, num_ahead: int) -> None:
@@ -165,8 +168,10 @@ class Arrivals:
             req = next(self._source, None)
             if req is None:
                 self._source = None
-            else:
-                self._ahead.append(req)
+            else:  # as `run_engines`' arrival process waits for it
+                if req.arrival_s > self._last_s:
+                    self._last_s += delay_until(self._last_s, req.arrival_s)
+                self._ahead.append((req, self._last_s))
 
     @property
     def all_arrived(self) -> bool:
@@ -176,33 +181,62 @@ class Arrivals:
     @property
     def next_arrival_s(self) -> float:
         self._look(1)
-        return self._ahead[0].arrival_s if self._ahead else math.inf
+        return self._ahead[0][0].arrival_s if self._ahead else math.inf
 
     def horizon_s(self, num_ahead: int) -> float:
         """When the `num_ahead`-th next request arrives (inf past the last one)."""
         self._look(num_ahead)
-        return self._ahead[num_ahead - 1].arrival_s if len(self._ahead) >= num_ahead else math.inf
+        return self._ahead[num_ahead - 1][0].arrival_s if len(self._ahead) >= num_ahead else math.inf
 
     def pop(self) -> Request:
         """The next request, now arriving (`next_arrival_s` says when)."""
         self._look(1)
         self.num_arrived += 1
-        return self._ahead.popleft()
+        return self._ahead.popleft()[0]
 
-    def none_at(self, instants_s: np.ndarray) -> bool:
-        """No request still to arrive arrives exactly at one of `instants_s` (sorted, ascending).
-
-        Looks ahead only as far as the last instant (the requests up to it are drawn now).
-        """
-        last_s = float(instants_s[-1])
-        while self._source is not None and (not self._ahead or self._ahead[-1].arrival_s <= last_s):
+    def delivered_until(self, last_s: float) -> list[tuple[Request, float]]:
+        """The requests still to arrive that the arrival process delivers at or before `last_s`, each with
+        that instant, in order (the requests up to it are drawn now)."""
+        self._look(1)
+        while self._source is not None and self._ahead[-1][1] <= last_s:
             self._look(len(self._ahead) + 1)
-        upcoming = np.fromiter(itertools.takewhile(lambda t: t <= last_s, (r.arrival_s for r in self._ahead)),
-                               dtype=np.float64)
-        if not len(upcoming):
-            return True
-        at = np.minimum(np.searchsorted(instants_s, upcoming), len(instants_s) - 1)
-        return not bool((instants_s[at] == upcoming).any())
+        return list(itertools.takewhile(lambda pair: pair[1] <= last_s, self._ahead))
+
+
+def none_at(delivered: list[tuple[Request, float]], instants_s: list[float]) -> bool:
+    """No delivery of `delivered` (from `Arrivals.delivered_until`) falls exactly on one of `instants_s`
+    (ascending): at such a tie the order of the two events decides what the engine sees."""
+    for _, at_s in delivered:
+        i = bisect.bisect_left(instants_s, at_s)
+        if i < len(instants_s) and instants_s[i] == at_s:
+            return False
+    return True
+
+
+def step_ends(start_s: float, durations: Sequence[float]) -> list[float]:
+    """When each step of a burst started at `start_s` ends, summed as one timeout per step would."""
+    ends, t = [], start_s
+    for d in durations:
+        t += d
+        ends.append(t)
+    return ends
+
+
+def waiting_before_steps(waiting: deque[Request], num_before: int, starts_s: list[float],
+                         delivered: list[tuple[Request, float]]) -> list[int]:
+    """The waiting count before each step a burst ran in one wait, as a step-by-step engine records it.
+
+    `num_before` were waiting when it began; the requests that joined since are the queue's tail
+    (a burst admits and preempts nothing), each counted from the first step that starts after its
+    delivery (`delivered` has their instants; none falls on a step start but the first, `none_at`).
+    """
+    num_joined = len(waiting) - num_before
+    if not num_joined:
+        return [num_before] * len(starts_s)
+    joined = {id(req) for req in itertools.islice(reversed(waiting), num_joined)}
+    joined_s = [at_s for req, at_s in delivered if id(req) in joined]
+    assert len(joined_s) == num_joined, "a request joined the queue outside the burst's arrivals"
+    return [num_before + bisect.bisect_left(joined_s, start) for start in starts_s]
 
 
 @dataclass(slots=True)
@@ -255,7 +289,7 @@ class Inbox:
         self.requests.append(req)
         ends = self.step_ends_s
         if ends is not None and len(self.requests) == 1:
-            in_flight = bisect.bisect_right(ends, env.now) + 1  # no step ends exactly now (`Arrivals.none_at`)
+            in_flight = bisect.bisect_right(ends, env.now) + 1  # no step ends exactly now (`none_at`)
             if in_flight < self.num_steps:
                 self.num_steps = in_flight
                 self._set_alarm(env, ends[in_flight - 1])
@@ -301,33 +335,31 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
         horizon_s = arrivals.next_arrival_s if inbox is None else arrivals.horizon_s(num_engines)
         burst = scheduler.plan_burst(latency, env.now, horizon_s, observed) if bursts else None
         if burst is not None:
-            start_s = env.now
+            start_s, num_waiting = env.now, len(scheduler.waiting)
             rows = recorder.begin_burst(start_s, burst, scheduler) if inbox is None else None
-            waiting = []
-            step_ends_s = None
             if inbox is not None and inbox.observe_kv:  # usage after each step, as `record` would write it
                 held, _, _ = scheduler.alloc.burst_occupancy(burst.seq_ids, len(burst.durations))
                 total = scheduler.alloc.num_total_slots
                 inbox.usage_after_step = [1.0 - (total - h) / total for h in held]
-            if inbox is not None:
-                step_ends_s = np.add.accumulate(np.concatenate(([start_s], burst.durations)))[1:]
-                if not arrivals.none_at(step_ends_s):
-                    step_ends_s = None  # an arrival ties with a step end: its order needs one event per step
-            if step_ends_s is not None:  # one wait for the whole burst (it ends at the same instants)
-                assert inbox is not None
-                yield inbox.wait_burst(env, step_ends_s.tolist())
-                waiting = [len(scheduler.waiting)] * inbox.num_steps  # arrivals waited in the inbox
-            else:
-                inbox_steps = inbox is not None
+            ends_s = step_ends(start_s, burst.durations)
+            delivered = arrivals.delivered_until(ends_s[-1])
+            if delivered and not none_at(delivered, ends_s):  # its order needs one event per step
+                waiting = []
                 if inbox is not None:
                     inbox.in_burst = True
                 for d in burst.durations:  # one timeout per step keeps env.now bit-identical to step-by-step
                     waiting.append(len(scheduler.waiting))  # requests may arrive behind a blocked head
                     yield env.timeout(d)
-                    if inbox_steps:
-                        inbox.steps_done += 1  # type: ignore[union-attr]
-                        if inbox.requests:  # type: ignore[union-attr]
+                    if inbox is not None:
+                        inbox.steps_done += 1
+                        if inbox.requests:
                             break
+            elif inbox is not None:  # one wait for the whole burst (it ends at the same instants)
+                yield inbox.wait_burst(env, ends_s)
+                waiting = [num_waiting] * inbox.num_steps  # arrivals waited in the inbox
+            else:  # one wait; arrivals joined the queue behind a blocked head at their instants
+                yield Alarm(env, ends_s[-1])
+                waiting = waiting_before_steps(scheduler.waiting, num_waiting, [start_s, *ends_s[:-1]], delivered)
             if inbox is not None:  # cut after the step in flight; arrivals waited in the inbox
                 burst = Burst(burst.batch, burst.durations[:len(waiting)], burst.seq_ids)
                 rows = recorder.begin_burst(start_s, burst, scheduler)

@@ -8,7 +8,7 @@ from conftest import sized
 from kvsim.capacity import num_gpu_blocks
 from kvsim.config import load_gpu, load_model
 from kvsim.engine import simulate
-from kvsim.scenario import load_scenario
+from kvsim.scenario import load_scenario, make_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
@@ -111,3 +111,38 @@ def test_paper_paged_vs_slab_max():
     assert paged["waste_of_allocated"]["token_state"] >= 0.95
     assert slab["waste_of_allocated"]["token_state"] < 0.35  # paper: 20.4 %
     assert paged["mean_running"] >= 3 * slab["mean_running"]
+
+
+@pytest.mark.parametrize("arrival", [{"process": "constant", "rate": 8.0}, {"process": "poisson", "rate": 7.7}])
+def test_bursts_waited_at_once_equal_step_by_step_with_arrivals_behind_a_blocked_head(arrival, monkeypatch):
+    # A single engine waits for a whole burst in one event; requests that arrive meanwhile join the
+    # queue behind its blocked head and count as waiting from the next step that starts after them.
+    # A request arriving exactly when a step ends makes the burst run one event per step instead
+    # (the order of the two events decides what the engine sees): dyadic step times (1/16 s) and
+    # arrivals every 1/8 s make such ties constant; Poisson arrivals make none. A 200-block pool
+    # (about 10 prompts of 300 tokens) keeps the queue's head blocked.
+    import kvsim.engine
+
+    seen = {"joined": 0, "ties": 0}
+    waiting_before_steps, none_at = kvsim.engine.waiting_before_steps, kvsim.engine.none_at
+
+    def counting_waiting(waiting, num_before, starts_s, delivered):
+        seen["joined"] += len(waiting) > num_before
+        return waiting_before_steps(waiting, num_before, starts_s, delivered)
+
+    def counting_none_at(delivered, instants_s):
+        result = none_at(delivered, instants_s)
+        seen["ties"] += not result
+        return result
+
+    monkeypatch.setattr(kvsim.engine, "waiting_before_steps", counting_waiting)
+    monkeypatch.setattr(kvsim.engine, "none_at", counting_none_at)
+    spec = make_scenario({"name": "ties", "model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 3,
+                          "engine": {"max_model_len": 1024, "num_gpu_blocks_override": 200},
+                          "latency": {"model": "constant", "step_s": 0.0625},
+                          "workload": {"num_requests": 80, "arrival": arrival,
+                                       "prompt_len": {"dist": "fixed", "value": 300},
+                                       "output_len": {"dist": "uniform", "low": 5, "high": 120}}})
+    step_by_step, bursts = simulate(spec, bursts=False), simulate(spec, check=True)
+    assert step_by_step.requests.equals(bursts.requests) and step_by_step.steps.equals(bursts.steps)
+    assert seen["ties" if arrival["process"] == "constant" else "joined"] > 0

@@ -39,10 +39,13 @@ burst's work. At step j:
 * Memory: `append_burst` hands out blocks and registers filled blocks' hashes in
   (step, position) order, which is the order the k · |B| `allocate` calls would use.
 * Time: the durations come from `burst_step_times`, the latency of the same plan with
-  every context one token longer per step, and the engine yields one timeout per step,
-  so the clock and the order of simultaneous events are bit-identical.
+  every context one token longer per step. The engine sums them as one timeout per step
+  would and waits once, for the last step's end (`kvsim.engine.Alarm`), so the clock is
+  bit-identical; where a request arrives exactly when a step ends, the order of the two
+  events matters and it yields one timeout per step instead.
 * Records: per-step rows come from `burst_occupancy` (held, filled, reserved after each
-  step) and the waiting count the engine observes before each step.
+  step) and the waiting count before each step: the requests that joined the queue during
+  the burst count from the first step that starts after their arrival.
 
 `tests/test_engine_properties.py` runs every shipped scenario and random workloads both
 ways (`simulate(..., bursts=False)`) and compares every row and summary value.
