@@ -9,8 +9,9 @@ The library API (typed; the CLI is a thin layer over it):
         overrides: {"engine.block_size": 32} or ["engine.block_size=32"] (the CLI's --set)
     Scenario, RunResult (requests/steps DataFrames, summary; write, to_parquet)
 
-`import kvsim` imports nothing but the standard library: `RunResult`, `Scenario` and
-`load_scenario` load (pandas, pydantic) on first use, and simpy only when a simulation runs.
+`import kvsim` imports nothing but the standard library: `Scenario` and `load_scenario` load
+pydantic on first use, simpy loads only when a simulation runs, and pandas only when a result's
+`requests` or `steps` DataFrame is asked for (`kvsim run` never imports it).
 So the `kvsim` command (`kvsim.__main__`) is inside its Ctrl-C handling before any heavy import.
 """
 

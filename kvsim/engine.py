@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from kvsim.budget import check_run_memory
@@ -41,7 +40,7 @@ from kvsim.config import EngineConfig, load_gpu, load_model
 from kvsim.errors import KvsimError
 from kvsim.latency import ConstantLatency, LatencyModel
 from kvsim.memory import GroupedPagedAllocator, KVAllocator, PagedAllocator, SlabAllocator
-from kvsim.metrics import dp_group_steps, requests_frame, summarize
+from kvsim.metrics import dp_group_steps, summarize
 from kvsim.output_dir import check_output_dir, output_directory
 from kvsim.recorder import StepRecorder, kept_step_index
 from kvsim.request import Request
@@ -50,7 +49,7 @@ from kvsim.roofline import RooflineLatency
 from kvsim.scenario import Scenario, StepsMode
 from kvsim.scheduler import Scheduler, SchedulerLimits, make_scheduler
 from kvsim.scheduler.burst import Burst
-from kvsim.step_writer import StepsFormat, StepWriter
+from kvsim.step_writer import StepsFormat, StepWriter, frame_columns
 from kvsim.workload import iter_requests
 
 if TYPE_CHECKING:
@@ -513,10 +512,11 @@ def engine_result(scenario: Scenario, parts: EngineParts, recorder: StepRecorder
     assert num_requests is None or len(scheduler.records) == num_requests, "a request went missing"
     assert scheduler.alloc.num_held_slots == 0, "KV still held after the run"
     recorder.finish()
-    requests_df = requests_frame(scheduler.records)
-    summary = summarize(requests_df, recorder.totals, scheduler, parts.facts)
-    rows = None if steps_path is not None and scenario.steps == "all" else recorder.frame()
-    return RunResult(scenario=scenario, requests=requests_df, step_rows=rows, summary=summary, steps_path=steps_path)
+    request_columns = scheduler.records.columns()
+    summary = summarize(request_columns, recorder.totals, scheduler, parts.facts)
+    rows = None if steps_path is not None and scenario.steps == "all" else recorder.kept_columns()
+    return RunResult(scenario=scenario, request_columns=request_columns, step_columns=rows, summary=summary,
+                     steps_path=steps_path)
 
 
 def least_loaded(schedulers: Sequence[Scheduler]) -> int:
@@ -569,6 +569,8 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
     (column `dp_rank`) and the engines' steps (those `scenario.steps` keeps); the summary describes
     the deployment: running and waiting counts and scheduler counters summed over the engines, pool
     shares averaged over them (`kvsim.metrics.dp_group_steps`)."""
+    import pandas as pd  # only here on the run path: concatenating and regrouping the engines' tables
+
     rng = np.random.default_rng(scenario.seed)
     parts = [build_engine(scenario, rng) for _ in range(scenario.engine.data_parallel_size)]
     schedulers = [p.scheduler for p in parts]
@@ -611,7 +613,8 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
     kept = kept_step_index(len(steps_df), scenario.steps)
     if kept is not None:
         steps_df = steps_df.iloc[kept].reset_index(drop=True)
-    return RunResult(scenario=scenario, requests=requests_df, step_rows=steps_df, summary=summary)
+    return RunResult(scenario=scenario, request_columns=frame_columns(requests_df),
+                     step_columns=frame_columns(steps_df), summary=summary)
 
 
 def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
@@ -638,8 +641,9 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
         if out_dir is not None:
             with output_directory(out_dir, "run") as tmp:
                 if scenario.steps != "none":  # the same file a single engine's run streams to
+                    assert result.step_columns is not None, "data-parallel steps are kept in memory"
                     dp_writer = StepWriter(tmp, steps_format)
-                    dp_writer.write({name: result.steps[name].to_numpy() for name in result.steps.columns})
+                    dp_writer.write(result.step_columns)
                     dp_writer.close()
                 write_run_files(tmp, result, steps=False)
         return result

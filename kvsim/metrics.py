@@ -21,6 +21,7 @@ every token is the summary's `inter_token_latency_s`.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -220,41 +221,45 @@ def saturated_summary(steps: StepTotals | pd.DataFrame, run_duration_s: float) -
             "waste": {k: _ratio(totals.waste_queued[k], duration) for k in WASTE_KEYS}, "reason": None}
 
 
-def summarize(requests_df: pd.DataFrame, steps: StepTotals | pd.DataFrame, scheduler: Scheduler,
+def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, scheduler: Scheduler,
               extra: dict[str, Any]) -> dict[str, Any]:
     """The run's headline numbers (`summary.json`); `extra` adds configuration facts.
 
+    `requests`: the requests table's columns (`RequestRecords.columns()`, or a requests DataFrame);
     `steps`: the streaming `StepTotals` over every step (or the whole steps table).
     """
+    def col(name: str) -> np.ndarray:
+        return np.asarray(requests[name])
+
     totals = steps if isinstance(steps, StepTotals) else StepTotals.of(steps)
-    status = requests_df["status"].to_numpy()
+    status = col("status")
     finished = status == RequestStatus.FINISHED.value  # masks, not filtered copies of the table
     rejected = status == RequestStatus.REJECTED.value
     num_finished = int(finished.sum())
-    start_s = float(requests_df["arrival_s"].min()) if len(requests_df) else 0.0
+    start_s = float(col("arrival_s").min()) if len(status) else 0.0
     duration = max(totals.end_s - start_s, 0.0) if totals.num_steps else 0.0
     fractions = {k: _ratio(totals.waste_holding[k], totals.holding) for k in WASTE_KEYS}
     of_allocated = {k: _ratio(v, totals.holding) for k, v in totals.of_allocated_holding.items()}
     sharing_saving = totals.shared_holding / totals.logical_holding if totals.logical_holding else 0.0
-    outputs = requests_df["output_tokens"].to_numpy()
-    output_tokens = int((outputs * requests_df["num_samples"].to_numpy())[finished].sum())
+    outputs = col("output_tokens")
+    output_tokens = int((outputs * col("num_samples"))[finished].sum())
     decoded = finished & (outputs > 1)
     num_gaps = float((outputs[decoded] - 1).sum())
-    gaps_s = requests_df["finish_s"].to_numpy()[decoded] - requests_df["first_token_s"].to_numpy()[decoded]
+    gaps_s = col("finish_s")[decoded] - col("first_token_s")[decoded]
     itl_mean = float(gaps_s.sum() / num_gaps) if num_gaps else None
-    reasons = requests_df["reject_reason"][rejected]
+    # Most frequent first, ties in order of first appearance (as pandas' value_counts orders them).
+    reasons = Counter(col("reject_reason")[rejected].tolist()).most_common()
     return {
         **extra,
-        "num_requests": int(len(requests_df)),
+        "num_requests": len(status),
         "num_finished": num_finished,
         "num_rejected": int(rejected.sum()),
-        "reject_reasons": {str(k): int(v) for k, v in reasons.value_counts().items()},
+        "reject_reasons": {str(k): int(v) for k, v in reasons},
         "num_steps": totals.num_steps,
         "duration_s": duration,
         "output_tokens_per_s": output_tokens / duration if duration else 0.0,
         "requests_per_s": num_finished / duration if duration else 0.0,
-        **{key: percentiles(requests_df[key].to_numpy(dtype=float)) for key in ("ttft_s", "tpot_s", "e2e_s",
-                                                                                 "queue_s")},
+        **{key: percentiles(col(key).astype(float)) for key in ("ttft_s", "tpot_s", "e2e_s", "queue_s")},
         "inter_token_latency_s": {"mean": itl_mean},
         "max_running": totals.max_running,
         # The peak of a run that preempted is an admission transient, not a level it held without

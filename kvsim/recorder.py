@@ -245,16 +245,20 @@ class StepRecorder:
     def _tagged(self, chunk: Chunk) -> Chunk:
         return {**chunk, **{k: np.full(len(chunk["time_s"]), v, dtype=np.int64) for k, v in self.tags.items()}}
 
-    def frame(self) -> pd.DataFrame:
+    def kept_columns(self) -> Chunk:
         """The rows this recorder keeps in memory: every row (`all` without a writer), the sample
         (`sampled`), else none; columns int64 or float64, in `COLUMNS` order."""
-        import pandas as pd
-
         self.finish()
         if self.keeps_all_rows:
             if len(self.kept) > 1:
                 self.kept = [concat(self.kept)]
-            return pd.DataFrame(self.kept[0] if self.kept else empty_chunk())
+            return self.kept[0] if self.kept else empty_chunk()
         if self.sampler is not None:
-            return pd.DataFrame(self.sampler.rows())
-        return pd.DataFrame(empty_chunk())
+            return self.sampler.rows()
+        return empty_chunk()
+
+    def frame(self) -> pd.DataFrame:
+        """`kept_columns()` as a DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.kept_columns())

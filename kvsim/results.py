@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ from kvsim.errors import KvsimError
 from kvsim.output_dir import output_directory
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
     from kvsim.scenario import Scenario
@@ -20,24 +22,40 @@ if TYPE_CHECKING:
 class RunResult:
     """`requests` and `steps` DataFrames (see `kvsim.metrics`) and the `summary` dict.
 
-    A run that streamed its steps to disk (`simulate(..., out_dir=...)`) keeps no `step_rows`;
-    its `steps` are read from `steps_path` each time they are asked for.
+    Both tables are held as columns (`request_columns`, `step_columns`: name → numpy array) and
+    made DataFrames on first access: a run that only writes its files (`kvsim run`) never imports
+    pandas. A run that streamed every step to disk (`simulate(..., out_dir=...)`) keeps no
+    `step_columns`; its `steps` are read from `steps_path` each time they are asked for.
     """
 
     scenario: Scenario
-    requests: pd.DataFrame
-    step_rows: pd.DataFrame | None
+    request_columns: Mapping[str, np.ndarray]
+    step_columns: Mapping[str, np.ndarray] | None
     summary: dict[str, Any]
     steps_path: Path | None = None
+    _frames: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, compare=False)
+
+    def _frame(self, name: str, columns: Mapping[str, np.ndarray]) -> pd.DataFrame:
+        """`columns` as a DataFrame, built on first access and kept (the same object every time)."""
+        if name not in self._frames:
+            import pandas as pd
+
+            self._frames[name] = pd.DataFrame(dict(columns))
+        return self._frames[name]
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """One row per request, in arrival order (`kvsim.records`' columns)."""
+        return self._frame("requests", self.request_columns)
 
     @property
     def steps(self) -> pd.DataFrame:
         """The per-step rows the run kept (`scenario.steps`): in memory, or read from `steps_path`."""
+        if self.step_columns is not None:
+            return self._frame("steps", self.step_columns)
         import pandas as pd
 
-        if self.step_rows is not None:
-            return self.step_rows
-        assert self.steps_path is not None, "a RunResult has step_rows or a steps_path"
+        assert self.steps_path is not None, "a RunResult has step_columns or a steps_path"
         if self.steps_path.suffix == ".parquet":
             return pd.read_parquet(self.steps_path)
         return pd.read_csv(self.steps_path)
@@ -50,7 +68,7 @@ class RunResult:
             value = (s.get(key) or {}).get("mean")
             return "-" if value is None else f"{value:.4g}"
 
-        return (f"RunResult(scenario={self.scenario.name!r}, requests={len(self.requests):,}, "
+        return (f"RunResult(scenario={self.scenario.name!r}, requests={len(self.request_columns['request_id']):,}, "
                 f"steps={len(self.steps):,}, finished={s.get('num_finished', 0):,}, "
                 f"ttft_s.mean={mean('ttft_s')}, tpot_s.mean={mean('tpot_s')})")
 
@@ -87,10 +105,11 @@ def write_run_files(folder: Path, result: RunResult, steps: bool) -> None:
     (a temporary folder of `output_directory`)."""
     import yaml
 
-    from kvsim.step_writer import frame_to_csv
+    from kvsim.step_writer import frame_columns, write_csv
 
-    frame_to_csv(result.requests, folder / "requests.csv")
+    write_csv(result.request_columns, folder / "requests.csv")
     if steps:
-        frame_to_csv(result.steps, folder / "steps.csv")
+        columns = result.step_columns if result.step_columns is not None else frame_columns(result.steps)
+        write_csv(columns, folder / "steps.csv")
     (folder / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
     (folder / "scenario.yaml").write_text(yaml.safe_dump(result.scenario.model_dump(mode="json"), sort_keys=False))

@@ -6,13 +6,16 @@
 
 Parquet keeps every column's dtype (int64 or float64) and writes one row group per chunk;
 pyarrow is an optional extra (`pip install 'kvsim[parquet]'`), and without it the rows go to
-CSV, formatted exactly as `DataFrame.to_csv` formats the whole table (the header once).
+CSV, formatted exactly as `DataFrame.to_csv` formats the whole table (the header once), by the
+csv module: writing needs no pandas (`kvsim run` never imports it).
 Write into the temporary folder of `kvsim.output_dir.output_directory`: the file appears at
 the output path only when the run has completed.
 """
 
 from __future__ import annotations
 
+import csv
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,20 +48,60 @@ def resolve_format(fmt: StepsFormat) -> Literal["parquet", "csv"]:
     return fmt
 
 
-CSV_CHUNK_ROWS = 2048  # rows pandas formats at a time (its own default, 100,000 values, is 5,000 rows)
+CSV_CHUNK_ROWS = 1024  # rows formatted at a time: Python objects for this many rows, however long the table
+
+Columns = Mapping[str, np.ndarray]
 
 
-def append_csv(frame: pd.DataFrame, f: IO[str], header: bool) -> None:
-    """`frame.to_csv(f, header=header, index=False)`, formatted `CSV_CHUNK_ROWS` rows at a time:
-    the same text, through a small buffer however long the table."""
-    for start in range(0, max(len(frame), 1), CSV_CHUNK_ROWS):
-        frame.iloc[start:start + CSV_CHUNK_ROWS].to_csv(f, header=header and start == 0, index=False)
+def _csv_fields(values: np.ndarray) -> list[Any]:
+    """One column's fields as `DataFrame.to_csv` writes them (float64 through numpy's `astype(str)`,
+    which for a float64 is Python's `repr`: the shortest text that reads back to the same double;
+    ints and bools as `str`; NaN and None as empty fields); `csv.writer` stringifies the rest."""
+    fields = values.tolist()
+    if values.dtype.kind == "f":
+        for i in np.flatnonzero(np.isnan(values)).tolist():
+            fields[i] = ""
+    elif values.dtype.kind == "O":  # strings, None or NaN (pandas' missing value)
+        fields = ["" if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in fields]
+    else:
+        assert values.dtype.kind in "iub", f"no CSV formatting for dtype {values.dtype}"
+    return fields
 
 
-def frame_to_csv(frame: pd.DataFrame, path: Path) -> None:
-    """`frame.to_csv(path, index=False)` through `append_csv`."""
+def append_csv(columns: Columns, f: IO[str], header: bool) -> None:
+    """Write `columns` (name → equal-length 1-d array) as CSV rows to `f`, the header first if `header`:
+    byte for byte `pandas.DataFrame(columns).to_csv(f, header=header, index=False)` (QUOTE_MINIMAL,
+    "\\n" line ends), without pandas, `CSV_CHUNK_ROWS` rows at a time."""
+    writer = csv.writer(f, lineterminator="\n")
+    if header:
+        writer.writerow(columns.keys())
+    arrays = [np.asarray(values) for values in columns.values()]
+    num_rows = len(arrays[0]) if arrays else 0
+    for start in range(0, num_rows, CSV_CHUNK_ROWS):
+        writer.writerows(zip(*(_csv_fields(a[start:start + CSV_CHUNK_ROWS]) for a in arrays), strict=True))
+
+
+def write_csv(columns: Columns, path: Path) -> None:
+    """A new CSV file at `path` holding `columns` (see `append_csv`)."""
     with path.open("w", newline="") as f:
-        append_csv(frame, f, header=True)
+        append_csv(columns, f, header=True)
+
+
+def frame_columns(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """A DataFrame's columns as numpy arrays (what `append_csv` takes)."""
+    return {str(name): frame[name].to_numpy() for name in frame.columns}
+
+
+def _arrow_array(values: np.ndarray) -> Any:
+    """A numpy column as a pyarrow Array, the same as `pa.array(values)` gives: an int or float column
+    wraps its buffer (`pa.array` would first import pandas, about 0.4 s, to look for pandas types);
+    any other dtype goes through `pa.array`."""
+    import pyarrow as pa
+
+    if values.dtype.kind in "iuf" and values.dtype.isnative:
+        values = np.ascontiguousarray(values)
+        return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+    return pa.array(values)
 
 
 class StepWriter:
@@ -79,17 +122,15 @@ class StepWriter:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            table = pa.table(dict(chunk))
+            table = pa.Table.from_arrays([_arrow_array(v) for v in chunk.values()], names=list(chunk))
             if self._parquet is None:
                 self._parquet = pq.ParquetWriter(self.path, table.schema)
             self._parquet.write_table(table)
         else:
-            import pandas as pd
-
             first = self._csv is None
             if self._csv is None:
                 self._csv = self.path.open("w", newline="")
-            append_csv(pd.DataFrame(dict(chunk)), self._csv, header=first)
+            append_csv(chunk, self._csv, header=first)
         self.num_rows += len(next(iter(chunk.values()), ()))
         self.write_s += time.perf_counter() - start_s
 

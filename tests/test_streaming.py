@@ -35,7 +35,7 @@ def test_streamed_steps_equal_the_in_memory_rows_exactly(tmp_path, monkeypatch, 
     spec = load_scenario(None, ["workload.num_requests=60"])
     memory = simulate(spec)
     streamed = simulate(spec, out_dir=tmp_path / "run", steps_format=fmt)
-    assert streamed.step_rows is None and streamed.steps_path == (tmp_path / "run" / f"steps.{fmt}").resolve()
+    assert streamed.step_columns is None and streamed.steps_path == (tmp_path / "run" / f"steps.{fmt}").resolve()
     assert len(memory.steps) == memory.summary["num_steps"] > 7 * 10
     pd.testing.assert_frame_equal(streamed.steps, memory.steps, check_exact=True)
     assert streamed.summary == memory.summary
@@ -189,7 +189,9 @@ def test_peak_memory_of_a_steps_all_run_grows_far_less_than_its_requests(tmp_pat
     peak_large, steps_large, floor_large = _peak_bytes(large, tmp_path / "large")
     assert steps_large > 8 * steps_small > 8 * 512  # many chunks streamed in both runs
     assert floor_small <= peak_small and floor_large <= peak_large  # kvsim.budget's estimate stays a floor
-    assert peak_large < 2.5 * peak_small, (peak_small, peak_large)
+    # 3.5x, not the 2.5x it was: writing without pandas cut both peaks (1k requests 2.1 -> 1.0 MB, 10k
+    # 5.2 -> 3.1 MB), the fixed part most, so their ratio rose while the growth per request fell (343 -> 229 B).
+    assert peak_large < 3.5 * peak_small, (peak_small, peak_large)
     assert (peak_large - peak_small) / (large - small) < 400, (peak_small, peak_large)
 
 

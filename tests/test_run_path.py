@@ -1,0 +1,127 @@
+"""`kvsim run` writes its files without pandas, and the files are what pandas would have written.
+
+pandas costs about 0.4 s to import (a tenth of a 10k-request run end to end), so the run path
+(the CLI, simulate, requests.csv, steps as Parquet or CSV, summary.json) must not import it; the
+`requests` DataFrame is built only when a user asks for it. The CSV writer is checked byte for
+byte against `DataFrame.to_csv` on awkward values, and a fresh interpreter running the CLI is
+checked for the heavy modules it loaded.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvsim.metrics import summarize
+from kvsim.scenario import load_scenario
+from kvsim.step_writer import append_csv, frame_columns, has_pyarrow, write_csv
+
+HEAVY = ("pandas", "matplotlib", "torch", "triton", "scipy")
+
+RUN_AND_LIST_HEAVY_MODULES = """
+import json, sys
+from kvsim.__main__ import main
+sys.argv = ["kvsim", "run", "--set", "workload.num_requests=40", "-o", sys.argv[1], *sys.argv[2:]]
+try:
+    main()
+except SystemExit as exit:
+    assert exit.code in (0, None), exit.code
+print(json.dumps(sorted(m for m in {heavy} if m in sys.modules)))
+"""
+
+
+@pytest.mark.parametrize("args", [
+    ["--format", "json"],
+    ["--steps-format", "csv"],
+    pytest.param(["--steps-format", "parquet"], marks=pytest.mark.skipif(not has_pyarrow(), reason="needs pyarrow")),
+    ["--steps", "sampled", "--format", "json"],
+    ["--set", "engine.data_parallel_size=2", "--format", "json"],
+])
+def test_kvsim_run_imports_no_pandas(tmp_path, args):
+    """A fresh interpreter running `kvsim run` (the table or JSON output, steps as CSV or Parquet, all or
+    sampled) has imported none of the heavy optional libraries once it has written its files.
+    Data-parallel runs concatenate their engines' tables with pandas, so they are the case that shows
+    this check sees pandas when it is there."""
+    out = tmp_path / "run"
+    script = RUN_AND_LIST_HEAVY_MODULES.format(heavy=HEAVY)
+    result = subprocess.run([sys.executable, "-c", script, str(out), *args], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (out / "requests.csv").is_file() and (out / "summary.json").is_file()
+    assert loaded == (["pandas"] if "engine.data_parallel_size=2" in args else [])
+
+
+def test_csv_writer_writes_what_pandas_writes(tmp_path):
+    """NaN, None, missing strings, commas, quotes and newlines in fields, tiny, huge, negative zero and
+    infinite floats, ints and bools: `append_csv` gives `DataFrame.to_csv(index=False)`'s bytes, with
+    and without the header, and written in chunks (every 3 rows) or whole."""
+    frame = pd.DataFrame({
+        "i": np.array([0, -7, 2**62, 5, 1, 3], dtype=np.int64),
+        "f": np.array([0.1 + 0.2, np.nan, 1e16, 1e-5, -0.0, np.inf]),
+        "g": np.array([1e-300, 123456789.125, 2.5, -np.inf, 1 / 3, 1e15]),
+        "b": np.array([True, False, True, True, False, False]),
+        "s": np.array(["plain", None, 'say "hi"', "a,b", "two\nlines", ""], dtype=object),
+        "vllm:metric": np.array([None] * 6, dtype=object),
+    })
+    expected = frame.to_csv(index=False)
+    write_csv(frame_columns(frame), tmp_path / "whole.csv")
+    assert (tmp_path / "whole.csv").read_bytes() == expected.encode()
+    import kvsim.step_writer as step_writer
+
+    with (tmp_path / "chunks.csv").open("w", newline="") as f:
+        step_writer.CSV_CHUNK_ROWS, saved = 3, step_writer.CSV_CHUNK_ROWS
+        try:
+            append_csv(frame_columns(frame.iloc[:4]), f, header=True)
+            append_csv(frame_columns(frame.iloc[4:]), f, header=False)
+        finally:
+            step_writer.CSV_CHUNK_ROWS = saved
+    assert (tmp_path / "chunks.csv").read_text() == expected
+
+
+def test_requests_csv_and_frame_come_from_the_same_columns(tmp_path):
+    """A run with rejected requests: requests.csv is `to_csv` of the `requests` DataFrame, which is built
+    (once) from `request_columns` only when asked for."""
+    from kvsim.engine import simulate
+
+    spec = load_scenario(None, ["workload.num_requests=40", "engine.max_model_len=1024"])
+    result = simulate(spec, out_dir=tmp_path / "run")
+    assert result.summary["num_rejected"] > 0
+    assert "requests" not in result._frames  # not built by the run itself
+    frame = result.requests
+    assert result.requests is frame
+    assert list(frame.columns) == list(result.request_columns)
+    assert (tmp_path / "run" / "requests.csv").read_text() == frame.to_csv(index=False)
+
+
+class _NoScheduler:
+    num_preemptions = num_prefix_hit_tokens = num_prefix_query_tokens = 0
+    num_preempted_query_tokens = num_preempted_hit_tokens = num_swapped_out_bytes = 0
+
+    class alloc:  # noqa: N801  (an attribute standing in for the allocator)
+        num_copy_on_writes = 0
+
+
+def test_reject_reasons_most_frequent_first_ties_in_order_of_first_appearance():
+    """By hand: reasons b, a, (a finished request), c, a, b, c, c → c three times, then b and a twice each
+    (b seen first), the order pandas' `value_counts` gives; the finished request's None is not counted."""
+    from kvsim.metrics import StepTotals
+
+    reasons = ["b", "a", None, "c", "a", "b", "c", "c"]
+    columns = {
+        "status": np.array(["finished" if r is None else "rejected" for r in reasons], dtype=object),
+        "reject_reason": np.array(reasons, dtype=object),
+        "arrival_s": np.zeros(8), "output_tokens": np.ones(8, dtype=np.int64),
+        "num_samples": np.ones(8, dtype=np.int64), "finish_s": np.ones(8), "first_token_s": np.ones(8),
+        **{key: np.ones(8) for key in ("ttft_s", "tpot_s", "e2e_s", "queue_s")},
+    }
+    summary = summarize(columns, StepTotals(), _NoScheduler(), {})  # type: ignore[arg-type]
+    assert list(summary["reject_reasons"].items()) == [("c", 3), ("b", 2), ("a", 2)]
+    assert summary["num_requests"] == 8 and summary["num_rejected"] == 7 and summary["num_finished"] == 1
+    frame = pd.DataFrame(columns)
+    counted = frame["reject_reason"][frame["status"] == "rejected"].value_counts()
+    assert list(counted.items()) == list(summary["reject_reasons"].items())
+    assert summarize(frame, StepTotals(), _NoScheduler(), {}) == summary  # type: ignore[arg-type]
