@@ -29,20 +29,16 @@ def test_parallel_sampling_saving_is_in_the_papers_range(n):
     assert 16.2 <= saving("n", n) <= 30.5
 
 
-# The paper's §6.3 beam-search memory savings on ShareGPT over beam widths 2, 4 and 6 (percent).
+# The paper's §6.3 (Fig. 15) beam-search memory savings on ShareGPT over beam widths 2 to 6, in percent:
+# "44.3%-66.3%". Savings grow with the width, so width 2 is the range's low end and width 6 its high end.
 PAPER_BEAM_SHAREGPT = (44.3, 66.3)
-BEAM_MODEL_MISS = 1.5
-"""Percentage points by which widths 2 and 6 may miss the paper's range: kvsim/scheduler/beams.py's one
-fitted ALPHA gives about 43.0, 62.0 and 67.2 %. Its beams die one at a time (independent per-beam
-uncertainty); the paper's spread from width 2 to 6 is a little wider than that model reaches."""
 
 
 @pytest.mark.slow
 def test_beam_search_saving_is_the_papers_on_sharegpt():
     low, high = PAPER_BEAM_SHAREGPT
     savings = {w: saving("beam_width", w) for w in (2, 4, 6)}
-    assert low <= savings[4] <= high
-    assert low - BEAM_MODEL_MISS <= savings[2] < savings[4] < savings[6] <= high + BEAM_MODEL_MISS
+    assert low <= savings[2] < savings[4] < savings[6] <= high, savings
     assert all(savings[w] > saving("n", w) for w in (2, 6))  # beams share generated tokens too
 
 
