@@ -75,28 +75,36 @@ class SegmentContent(_ChainedHashes):
     def block_hashes(self, block_size: int, num_blocks: int) -> list[int]:
         """As `_ChainedHashes.block_hashes`, with a fast path for blocks inside one segment.
 
-        Hot: every full block of every request is hashed once. A block that lies inside a
-        single segment gets the same key `block_key` would build, without the search.
+        Hot: every full block of every request is hashed once. The blocks that lie inside a
+        single segment are hashed in one tight loop per segment, with the same key `block_key`
+        would build (so the same hashes), without the search.
         """
         if block_size != self._block_size:
             self._hashes, self._block_size = [], block_size
         hashes = self._hashes
-        if num_blocks <= len(hashes):
-            return hashes if num_blocks == len(hashes) else hashes[:num_blocks]
+        done = len(hashes)
+        if num_blocks <= done:
+            return hashes if num_blocks == done else hashes[:num_blocks]
         assert num_blocks * block_size <= self._num_tokens, "hashing beyond the known content"
         parent = hashes[-1] if hashes else ROOT_HASH
-        starts, segments = self._starts, self.segments
-        i = bisect_right(starts, len(hashes) * block_size) - 1
-        for block in range(len(hashes), num_blocks):
-            start, end = block * block_size, (block + 1) * block_size
+        starts, segments, append = self._starts, self.segments, hashes.append
+        i = bisect_right(starts, done * block_size) - 1
+        start, stop = done * block_size, num_blocks * block_size
+        while start < stop:
             while starts[i + 1] <= start:
                 i += 1
-            if end <= starts[i + 1]:
-                key: Hashable = ((segments[i][0], start - starts[i], end - starts[i]),)
-            else:
-                key = self.block_key(start, end)
-            parent = hash((parent, key))
-            hashes.append(parent)
+            seg_start = starts[i]
+            inside = min(stop, start + (starts[i + 1] - start) // block_size * block_size)
+            if inside > start:  # whole blocks inside segment i, up to `inside`
+                seg_id = segments[i][0]
+                for offset in range(start - seg_start, inside - seg_start, block_size):
+                    parent = hash((parent, ((seg_id, offset, offset + block_size),)))
+                    append(parent)
+                start = inside
+            else:  # the block at `start` runs past the end of segment i
+                parent = hash((parent, self.block_key(start, start + block_size)))
+                append(parent)
+                start += block_size
         return hashes
 
     def block_key(self, start: int, end: int) -> Hashable:

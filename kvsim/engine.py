@@ -19,6 +19,7 @@ import bisect
 import heapq
 import itertools
 import math
+from array import array
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -144,72 +145,77 @@ class Alarm(simpy.Event):
         heapq.heappush(env._queue, (at_s, simpy.events.NORMAL, next(env._eid), self))  # type: ignore[attr-defined]
 
 
+def delivery_instants(arrivals_s: Iterable[float]) -> array:
+    """When `run_engines`' arrival process delivers each request (arrivals ascending): its arrival,
+    or a few ulps later where no float delay from the previous delivery reaches it (`delay_until`)."""
+    out, last = array("d"), 0.0  # simpy starts at 0
+    for at_s in arrivals_s:
+        if at_s > last:
+            step = last + (at_s - last)
+            last = step if step >= at_s else last + delay_until(last, at_s)
+        out.append(last)
+    return out
+
+
 class Arrivals:
-    """The run's requests in arrival order, drawn from an iterator only as far as the engines look ahead.
+    """The run's requests in arrival order, each built (drawn from its source) only when needed.
 
     Every engine of a run reads it; the arrival process `pop`s each request at its arrival.
-    Nothing here keeps a request after it arrived, so a lazy iterator (`iter_requests`)
-    means only the requests in flight exist at any time. Each request drawn also gets the
-    instant the arrival process will deliver it (`delivered_s`): its arrival, or a few ulps
-    later where no float delay from the previous delivery reaches it (`delay_until`).
+    The arrival instants are known up front (8 bytes a request: a `RequestStream`'s
+    `arrival_s`, or read off a list), and so are the instants the arrival process delivers
+    them (`delivery_instants`), so looking ahead (`horizon_s`, `none_delivered_at`) builds no
+    request. Nothing here keeps a request after it arrived, so with a lazy stream
+    (`kvsim.workload.iter_requests`) only the requests in flight exist at any time.
     """
 
-    __slots__ = ("_source", "_ahead", "_last_s", "num_arrived")
+    __slots__ = ("_source", "_ahead", "_times", "_delivered", "num_arrived")
 
     def __init__(self, requests: Iterable[Request]) -> None:
-        self._source: Iterator[Request] | None = iter(requests)
-        self._ahead: deque[tuple[Request, float]] = deque()  # (request, instant the arrival process delivers it)
-        self._last_s = 0.0  # the arrival process's clock after the last request drawn (simpy starts at 0)
+        times = getattr(requests, "arrival_s", None)
+        if times is None:
+            requests = list(requests)
+            times = [req.arrival_s for req in requests]
+        self._source: Iterator[Request] = iter(requests)
+        self._ahead: deque[Request] = deque()  # drawn from the source, not arrived yet
+        self._times = array("d", times)  # ascending: requests come in arrival order
+        self._delivered = delivery_instants(self._times)
         self.num_arrived = 0
-
-    def _look(self, num_ahead: int) -> None:
-        while len(self._ahead) < num_ahead and self._source is not None:
-            req = next(self._source, None)
-            if req is None:
-                self._source = None
-            else:  # as `run_engines`' arrival process waits for it
-                if req.arrival_s > self._last_s:
-                    self._last_s += delay_until(self._last_s, req.arrival_s)
-                self._ahead.append((req, self._last_s))
 
     @property
     def all_arrived(self) -> bool:
-        self._look(1)
-        return not self._ahead
+        return self.num_arrived == len(self._times)
 
     @property
     def next_arrival_s(self) -> float:
-        self._look(1)
-        return self._ahead[0][0].arrival_s if self._ahead else math.inf
+        return self._times[self.num_arrived] if self.num_arrived < len(self._times) else math.inf
 
     def horizon_s(self, num_ahead: int) -> float:
         """When the `num_ahead`-th next request arrives (inf past the last one)."""
-        self._look(num_ahead)
-        return self._ahead[num_ahead - 1][0].arrival_s if len(self._ahead) >= num_ahead else math.inf
+        index = self.num_arrived + num_ahead - 1
+        return self._times[index] if index < len(self._times) else math.inf
 
     def pop(self) -> Request:
         """The next request, now arriving (`next_arrival_s` says when)."""
-        self._look(1)
+        req = self._ahead.popleft() if self._ahead else next(self._source)
+        assert req.arrival_s == self._times[self.num_arrived], "requests out of arrival order"
         self.num_arrived += 1
-        return self._ahead.popleft()[0]
+        return req
+
+    def none_delivered_at(self, instants_s: Sequence[float]) -> bool:
+        """No request still to arrive is delivered exactly at one of `instants_s` (ascending): at such
+        a tie the order of the two events decides what the engine sees."""
+        delivered, first = self._delivered, self.num_arrived
+        upcoming = delivered[first:bisect.bisect_right(delivered, instants_s[-1], first)]
+        return not upcoming or set(instants_s).isdisjoint(upcoming)
 
     def delivered_until(self, last_s: float) -> list[tuple[Request, float]]:
         """The requests still to arrive that the arrival process delivers at or before `last_s`, each with
         that instant, in order (the requests up to it are drawn now)."""
-        self._look(1)
-        while self._source is not None and self._ahead[-1][1] <= last_s:
-            self._look(len(self._ahead) + 1)
-        return list(itertools.takewhile(lambda pair: pair[1] <= last_s, self._ahead))
-
-
-def none_at(delivered: list[tuple[Request, float]], instants_s: list[float]) -> bool:
-    """No delivery of `delivered` (from `Arrivals.delivered_until`) falls exactly on one of `instants_s`
-    (ascending): at such a tie the order of the two events decides what the engine sees."""
-    for _, at_s in delivered:
-        i = bisect.bisect_left(instants_s, at_s)
-        if i < len(instants_s) and instants_s[i] == at_s:
-            return False
-    return True
+        first = self.num_arrived
+        num = bisect.bisect_right(self._delivered, last_s, first) - first
+        while len(self._ahead) < num:
+            self._ahead.append(next(self._source))
+        return list(zip(itertools.islice(self._ahead, num), self._delivered[first:first + num], strict=True))
 
 
 def step_ends(start_s: float, durations: Sequence[float]) -> list[float]:
@@ -227,7 +233,7 @@ def waiting_before_steps(waiting: deque[Request], num_before: int, starts_s: lis
 
     `num_before` were waiting when it began; the requests that joined since are the queue's tail
     (a burst admits and preempts nothing), each counted from the first step that starts after its
-    delivery (`delivered` has their instants; none falls on a step start but the first, `none_at`).
+    delivery (`delivered` has their instants; none falls on a step start but the first, `none_delivered_at`).
     """
     num_joined = len(waiting) - num_before
     if not num_joined:
@@ -288,7 +294,7 @@ class Inbox:
         self.requests.append(req)
         ends = self.step_ends_s
         if ends is not None and len(self.requests) == 1:
-            in_flight = bisect.bisect_right(ends, env.now) + 1  # no step ends exactly now (`none_at`)
+            in_flight = bisect.bisect_right(ends, env.now) + 1  # no step ends exactly now (`none_delivered_at`)
             if in_flight < self.num_steps:
                 self.num_steps = in_flight
                 self._set_alarm(env, ends[in_flight - 1])
@@ -341,8 +347,7 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
                 total = scheduler.alloc.num_total_slots
                 inbox.usage_after_step = [1.0 - (total - h) / total for h in held]
             ends_s = step_ends(start_s, burst.durations)
-            delivered = arrivals.delivered_until(ends_s[-1])
-            if delivered and not none_at(delivered, ends_s):  # its order needs one event per step
+            if not arrivals.none_delivered_at(ends_s):  # its order needs one event per step
                 waiting = []
                 if inbox is not None:
                     inbox.in_burst = True
@@ -357,6 +362,7 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
                 yield inbox.wait_burst(env, ends_s)
                 waiting = [num_waiting] * inbox.num_steps  # arrivals waited in the inbox
             else:  # one wait; arrivals joined the queue behind a blocked head at their instants
+                delivered = arrivals.delivered_until(ends_s[-1])  # drawn now: they arrive during the wait
                 yield Alarm(env, ends_s[-1])
                 waiting = waiting_before_steps(scheduler.waiting, num_waiting, [start_s, *ends_s[:-1]], delivered)
             if inbox is not None:  # cut after the step in flight; arrivals waited in the inbox

@@ -19,6 +19,7 @@ import json
 from array import array
 from collections import Counter
 from dataclasses import dataclass
+from operator import sub
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,10 +74,11 @@ class FleetView:
     def __init__(self, schedulers: list[Scheduler], inboxes: list[Inbox]) -> None:
         self.schedulers, self.inboxes = schedulers, inboxes
         self.dispatched = [0] * len(schedulers)
+        self._ended = [s.records for s in schedulers]  # their lengths: requests ended
         self.now_s = 0.0  # the arrival being routed
 
     def outstanding(self) -> list[int]:
-        return [n - len(s.records) for n, s in zip(self.dispatched, self.schedulers, strict=True)]
+        return list(map(sub, self.dispatched, map(len, self._ended)))
 
     def kv_usage(self) -> list[float]:
         """Each replica's usage now, mid-burst included (`Inbox.kv_usage`)."""

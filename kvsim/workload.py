@@ -130,12 +130,25 @@ def _arrivals(w: Workload, records: Sequence[TraceRecord], rng: np.random.Genera
     return arrival_times(w.arrival, len(records), rng)
 
 
+class RequestStream(Iterator[Request]):
+    """A run's requests one at a time, in arrival order, built as they are taken; `arrival_s` holds
+    every one's arrival instant (ascending) before any is built, so a reader can look ahead for free."""
+
+    __slots__ = ("arrival_s", "_requests")
+
+    def __init__(self, arrival_s: np.ndarray, requests: Iterator[Request]) -> None:
+        self.arrival_s, self._requests = arrival_s, requests
+
+    def __next__(self) -> Request:
+        return next(self._requests)
+
+
 def build_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generator) -> list[Request]:
     """The scenario's requests, sorted by arrival, ids 0..n−1 in arrival order (all at once)."""
     return list(iter_requests(scenario, max_model_len, rng))
 
 
-def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generator) -> Iterator[Request]:
+def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generator) -> RequestStream:
     """The scenario's requests one at a time, sorted by arrival, ids 0..n−1 in arrival order.
 
     Every random draw happens in this call, before the first request is taken (the run's one
@@ -190,4 +203,4 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
                               output_len=output_len, content=content, num_samples=num_samples, beam=beam)
                 next_id += 1
 
-    return generate()
+    return RequestStream(np.sort(arrival, kind="stable"), generate())

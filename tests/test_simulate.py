@@ -124,19 +124,19 @@ def test_bursts_waited_at_once_equal_step_by_step_with_arrivals_behind_a_blocked
     import kvsim.engine
 
     seen = {"joined": 0, "ties": 0}
-    waiting_before_steps, none_at = kvsim.engine.waiting_before_steps, kvsim.engine.none_at
+    waiting_before_steps, none_at = kvsim.engine.waiting_before_steps, kvsim.engine.Arrivals.none_delivered_at
 
     def counting_waiting(waiting, num_before, starts_s, delivered):
         seen["joined"] += len(waiting) > num_before
         return waiting_before_steps(waiting, num_before, starts_s, delivered)
 
-    def counting_none_at(delivered, instants_s):
-        result = none_at(delivered, instants_s)
+    def counting_none_at(arrivals, instants_s):
+        result = none_at(arrivals, instants_s)
         seen["ties"] += not result
         return result
 
     monkeypatch.setattr(kvsim.engine, "waiting_before_steps", counting_waiting)
-    monkeypatch.setattr(kvsim.engine, "none_at", counting_none_at)
+    monkeypatch.setattr(kvsim.engine.Arrivals, "none_delivered_at", counting_none_at)
     spec = make_scenario({"name": "ties", "model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 3,
                           "engine": {"max_model_len": 1024, "num_gpu_blocks_override": 200},
                           "latency": {"model": "constant", "step_s": 0.0625},
