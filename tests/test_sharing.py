@@ -10,10 +10,12 @@ saturated queue keeps re-admitting fresh requests, which share a larger prompt f
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvsim.engine import simulate
 from kvsim.scenario import load_scenario
+from kvsim.scheduler.beams import select_beams
 
 PAPER = Path(__file__).resolve().parents[1] / "scenarios" / "paper-paged.yaml"
 
@@ -51,3 +53,25 @@ def test_beam_search_is_deterministic_and_keeps_the_books():
 def test_no_sharing_saves_nothing():
     summary = simulate(load_scenario(PAPER, ["workload.num_requests=30"])).summary
     assert summary["sharing_saving"] == 0.0
+
+
+def test_survivors_are_the_best_candidates_and_the_best_beams_branch_most():
+    """`select_beams`' contract, and its model's rank dependence (kvsim/scheduler/beams.py).
+
+    Every survivor's score is its parent's plus a log-probability (≤ 0), best first. Three beams
+    tie and the fourth is e^10 times less likely, so one slot goes to the best alternative token of
+    the three: an alternative with more than e^-10 of its beam's mass, i.e. a split distribution.
+    The model draws the rank-r beam's distribution with concentration ALPHA / r, and for a small
+    concentration a split is about proportionally rarer, so the first beam (ties rank by index)
+    should win that slot about three times as often as the third; at least twice is asserted. A
+    rank-independent model would give the three equal shares.
+    """
+    rng = np.random.default_rng(0)
+    scores = np.array([0.0, 0.0, 0.0, -10.0])
+    extra = np.zeros(len(scores), dtype=int)
+    for _ in range(2000):
+        parents, new_scores = select_beams(scores, rng)
+        assert set(parents) <= {0, 1, 2, 3} and len(parents) == len(scores)
+        assert np.all(np.diff(new_scores) <= 0) and np.all(new_scores <= scores[parents])
+        extra += np.maximum(np.bincount(parents, minlength=len(scores)) - 1, 0)
+    assert extra[2] > 0 and extra[0] >= 2 * extra[2], extra
