@@ -1,7 +1,8 @@
 """Per-step rows, recorded in bounded memory: typed columns filled a chunk at a time, then handed on.
 
-Each step appends one row (`record`, or a decode burst's rows at once) to compact typed
-columns, 8 bytes a value. Every `chunk_rows` rows the chunk goes, in order, to
+Each step appends one row (`record`) to compact typed columns, 8 bytes a value; a decode
+burst appends only what changes from step to step (`BurstRows`), expanded with numpy when
+its chunk is flushed. Every `chunk_rows` rows the chunk goes, in order, to
 
     totals    the summary's streaming sums over every step (`kvsim.metrics.StepTotals`), always;
     and, by the scenario's `steps` mode:
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -126,6 +127,83 @@ class StepSampler:
         return {k: np.concatenate([v, self.last[k]]) for k, v in self.kept.items()}
 
 
+class PendingBurst(NamedTuple):
+    """A decode burst's rows before its waiting counts are known (`StepRecorder.begin_burst`)."""
+
+    starts_s: list[float]
+    durations_s: list[float]
+    held_slots: list[int]  # after each step
+    filled_slots: list[int]
+    reserved_slots: list[int]
+    num_running: int
+    num_preemptions: int
+    external_slots: int
+    slack_slots: int
+    shared_slots: int
+    total_slots: int
+
+
+class BurstRows:
+    """Decode bursts' rows kept compact until their chunk is flushed: per row what changes from
+    step to step, per burst what does not and how many single-step rows were recorded before it.
+
+    `merge_into` expands them and puts them in their places among the single-step rows, with the
+    values `record` would have written (same integer slot counts, same divisions).
+    """
+
+    PER_BURST = 8  # num_steps, single rows before, then PendingBurst's six ints
+
+    def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        self.starts_s, self.durations_s = array("d"), array("d")
+        self.waiting, self.held, self.filled, self.reserved = array("q"), array("q"), array("q"), array("q")
+        self.per_burst = array("q")
+
+    def __len__(self) -> int:
+        return len(self.starts_s)
+
+    def add(self, pending: PendingBurst, waiting: list[int], num_single_rows_before: int) -> None:
+        self.starts_s.extend(pending.starts_s)
+        self.durations_s.extend(pending.durations_s)
+        self.waiting.extend(waiting)
+        self.held.extend(pending.held_slots)
+        self.filled.extend(pending.filled_slots)
+        self.reserved.extend(pending.reserved_slots)
+        self.per_burst.extend((len(pending.starts_s), num_single_rows_before, *pending[5:]))
+
+    def merge_into(self, singles: Chunk) -> Chunk:
+        """`singles` (the single-step rows) with the bursts' rows in their places; empties the bursts."""
+        per = np.frombuffer(self.per_burst, dtype=np.int64).reshape(-1, self.PER_BURST)
+        num_steps = per[:, 0]
+        running, preemptions, external, slack, shared, total = (np.repeat(per[:, i], num_steps) for i in range(2, 8))
+        held, filled = np.frombuffer(self.held, dtype=np.int64), np.frombuffer(self.filled, dtype=np.int64)
+        reserved = np.frombuffer(self.reserved, dtype=np.int64)
+        rows: dict[str, np.ndarray | int] = {
+            "time_s": np.frombuffer(self.starts_s), "duration_s": np.frombuffer(self.durations_s),
+            "vllm:num_requests_running": running, "vllm:num_requests_waiting": np.frombuffer(self.waiting, np.int64),
+            "vllm:num_requests_swapped": 0, "num_batched_tokens": running, "num_prefill_tokens": 0,
+            "num_decode_seqs": running, "vllm:kv_cache_usage_perc": 1.0 - (total - held) / total,
+            "vllm:num_preemptions_total": preemptions, "swap_in_bytes": 0, "swap_out_bytes": 0,
+            "held_slots": held, "shared_slots": shared, "token_state": filled / total, "reserved": reserved / total,
+            "internal_frag": (held - filled - reserved - slack) / total, "slack": slack / total,
+            "external_frag": external / total, "free": (total - held - external) / total,
+        }
+        num_rows = len(singles["time_s"]) + len(self)
+        at = np.repeat(per[:, 1], num_steps) + np.arange(len(self))  # burst rows' places in the chunk
+        single = np.ones(num_rows, dtype=bool)
+        single[at] = False
+        merged: Chunk = {}
+        for name, values in singles.items():
+            column = np.empty(num_rows, dtype=DTYPES[name])
+            column[single] = values
+            column[at] = rows[name]
+            merged[name] = column
+        self._clear()
+        return merged
+
+
 class StepRecorder:
     """One engine's per-step rows (see the module docstring): `record` per step, `finish` at the end.
 
@@ -144,6 +222,7 @@ class StepRecorder:
         self.chunk_rows = CHUNK_ROWS if chunk_rows is None else chunk_rows
         self.columns: dict[str, array] = {c: array("d" if c in FLOAT_COLUMNS else "q") for c in COLUMNS}
         self._time = self.columns["time_s"]
+        self._bursts = BurstRows()
         self.totals = StepTotals()
         self.kept: list[Chunk] = []  # `all` without a writer
         cap = MAX_SAMPLED_STEPS if max_sampled_rows is None else max_sampled_rows
@@ -157,7 +236,7 @@ class StepRecorder:
 
     @property
     def num_steps(self) -> int:
-        return self.totals.num_steps + len(self._time)
+        return self.totals.num_steps + len(self._time) + len(self._bursts)
 
     def record(self, now: float, duration_s: float, plan: StepPlan, scheduler: Scheduler) -> None:
         alloc = scheduler.alloc
@@ -173,55 +252,42 @@ class StepRecorder:
         )
         for column, value in zip(self.columns.values(), row, strict=True):
             column.append(value)
-        if len(self._time) >= self.chunk_rows:
+        if len(self._time) + len(self._bursts) >= self.chunk_rows:
             self.flush()
 
-    def begin_burst(self, start_s: float, burst: Burst, scheduler: Scheduler) -> dict[str, list]:
-        """Rows for a decode burst, identical to what `record` would write step by step, but for
-        the waiting counts, which `end_burst` adds. Call before the burst is applied."""
+    def begin_burst(self, start_s: float, burst: Burst, scheduler: Scheduler) -> PendingBurst:
+        """A decode burst's rows, identical to what `record` would write step by step, but for the
+        waiting counts, which `end_burst` adds. Call before the burst is applied."""
         alloc = scheduler.alloc
         durations = burst.durations
-        k, n = len(durations), len(burst.batch)
-        held, filled, reserved = alloc.burst_occupancy(burst.seq_ids, k)
-        total = alloc.num_total_slots
-        external = alloc.external_fragmentation_slots(_next_region_slots(scheduler))
-        slack = alloc.num_slack_slots  # constant: nothing is placed or freed inside a burst
+        held, filled, reserved = alloc.burst_occupancy(burst.seq_ids, len(durations))
         starts, t = [], start_s
         for d in durations:
             starts.append(t)
             t += d
-        rows: dict[str, list] = {"time_s": starts, "duration_s": list(durations)}
-        for name, value in (("vllm:num_requests_running", n), ("vllm:num_requests_swapped", 0),
-                            ("num_batched_tokens", n), ("num_prefill_tokens", 0),
-                            ("num_decode_seqs", n), ("vllm:num_preemptions_total", scheduler.num_preemptions),
-                            ("swap_in_bytes", 0), ("swap_out_bytes", 0), ("external_frag", external / total),
-                            ("slack", slack / total),
-                            ("shared_slots", sharing_saved_slots(alloc))):  # bursts only append unshared blocks
-            rows[name] = [value] * k
-        rows["vllm:kv_cache_usage_perc"] = [1.0 - (total - h) / total for h in held]
-        rows["held_slots"] = held
-        rows["token_state"] = [f / total for f in filled]
-        rows["reserved"] = [r / total for r in reserved]
-        rows["internal_frag"] = [(h - f - r - slack) / total for h, f, r in zip(held, filled, reserved, strict=True)]
-        rows["free"] = [(total - h - external) / total for h in held]
-        return rows
+        return PendingBurst(starts, durations, held, filled, reserved, len(burst.batch), scheduler.num_preemptions,
+                            alloc.external_fragmentation_slots(_next_region_slots(scheduler)),
+                            alloc.num_slack_slots,  # constant: nothing is placed or freed inside a burst
+                            sharing_saved_slots(alloc),  # bursts only append unshared blocks
+                            alloc.num_total_slots)
 
-    def end_burst(self, rows: dict[str, list], waiting: list[int]) -> None:
-        """Append a burst's rows, with the waiting count the engine saw before each step."""
-        rows["vllm:num_requests_waiting"] = waiting
-        for name, column in self.columns.items():
-            column.extend(rows[name])
-        if len(self._time) >= self.chunk_rows:
+    def end_burst(self, pending: PendingBurst, waiting: list[int]) -> None:
+        """Append a burst's rows, with the waiting count the engine saw before each step. They stay
+        compact (`BurstRows`) until the chunk is flushed."""
+        self._bursts.add(pending, waiting, len(self._time))
+        if len(self._time) + len(self._bursts) >= self.chunk_rows:
             self.flush()
 
     def flush(self) -> None:
         """Hand the buffered rows on as one chunk (see the module docstring) and empty the buffer."""
-        if not self._time:
+        if not self._time and not self._bursts:
             return
         first_index = self.totals.num_steps
         chunk = {name: np.frombuffer(column, dtype=DTYPES[name]).copy() for name, column in self.columns.items()}
         for column in self.columns.values():
             del column[:]
+        if self._bursts:
+            chunk = self._bursts.merge_into(chunk)
         self.totals.add(chunk)
         if self.mode == "all":
             if self.writer is not None:

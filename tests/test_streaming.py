@@ -46,6 +46,16 @@ def test_streamed_steps_equal_the_in_memory_rows_exactly(tmp_path, monkeypatch, 
         ".kvsim-output", "requests.csv", "scenario.yaml", f"steps.{fmt}", "summary.json"]
 
 
+def test_burst_rows_kept_compact_land_in_their_places_across_chunks(monkeypatch):
+    """Chunks of 7 rows: decode bursts' rows, kept compact until their chunk is flushed, interleave with
+    single steps and straddle chunk boundaries; they equal what a step-by-step run records row by row."""
+    monkeypatch.setattr(recorder_module, "CHUNK_ROWS", 7)
+    spec = load_scenario(None, ["workload.num_requests=60"])
+    bursts, step_by_step = simulate(spec), simulate(spec, bursts=False)
+    assert len(bursts.steps) > 7 * 10
+    pd.testing.assert_frame_equal(bursts.steps, step_by_step.steps, check_exact=True)
+
+
 def test_streamed_csv_text_equals_pandas_whole_table(tmp_path, monkeypatch):
     monkeypatch.setattr(recorder_module, "CHUNK_ROWS", 5)
     spec = load_scenario(None, ["workload.num_requests=30"])

@@ -15,6 +15,11 @@ lives in `paged.py`.
   the hash map only when `get_new_blocks` pops it for reuse.
 * A prefix hit on a free cached block (`touch`) pulls it out of the queue in O(1).
 * With `null_block=True`, block 0 is reserved (vLLM's null block) and never handed out.
+
+Blocks enter the queue only at the head (no hash) or at the tail (hashed), and a block's hash
+changes only while it is in use, so the queue is always its unhashed blocks followed by its
+hashed ones. It is kept as those two parts: a stack (a list whose end is the head, so freeing
+a sequence's blocks is one `extend`) and an ordered dict (the LRU part).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ NULL_BLOCK_ID = 0
 class BlockPool:
     """`num_blocks` physical blocks; `num_usable_blocks` excludes the null block."""
 
-    __slots__ = ("num_blocks", "null_block", "ref_counts", "block_hashes", "free_queue", "cached")
+    __slots__ = ("num_blocks", "null_block", "ref_counts", "block_hashes", "_unhashed", "_hashed", "cached")
 
     def __init__(self, num_blocks: int, null_block: bool = True) -> None:
         assert num_blocks > int(null_block), "a pool needs at least one usable block"
@@ -37,10 +42,17 @@ class BlockPool:
         self.ref_counts = [0] * num_blocks
         self.block_hashes: list[int | None] = [None] * num_blocks
         first = 1 if null_block else 0
-        # OrderedDict as an O(1) doubly linked list: popitem(last=False) pops the head,
-        # move_to_end(last=False) pushes to the head, pop(key) removes from the middle.
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(first, num_blocks))
+        # the free queue's head part: free blocks without a hash, the head at the end (block `first` first)
+        self._unhashed: list[int] = list(range(num_blocks - 1, first - 1, -1))
+        # its tail part: free hashed blocks, least recently freed first; OrderedDict as an O(1)
+        # doubly linked list: popitem(last=False) pops the oldest, pop(key) removes from the middle
+        self._hashed: OrderedDict[int, None] = OrderedDict()
         self.cached: dict[int, int] = {}  # content hash -> block id
+
+    @property
+    def free_queue(self) -> list[int]:
+        """The free blocks in eviction order (head first: the next handed out)."""
+        return [*reversed(self._unhashed), *self._hashed]
 
     @property
     def num_usable_blocks(self) -> int:
@@ -49,7 +61,7 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks with ref_count 0, cached or not: all can be handed out."""
-        return len(self.free_queue)
+        return len(self._unhashed) + len(self._hashed)
 
     @property
     def usage(self) -> float:
@@ -61,16 +73,23 @@ class BlockPool:
 
         The caller checks `num_free_blocks >= n` first ("can't" is decided before, not here).
         """
-        assert n <= len(self.free_queue), f"asked for {n} blocks, {len(self.free_queue)} free"
-        popitem, block_hashes, cached, ref_counts = (self.free_queue.popitem, self.block_hashes, self.cached,
-                                                     self.ref_counts)
-        popped = [popitem(last=False)[0] for _ in range(n)]
+        assert n <= self.num_free_blocks, f"asked for {n} blocks, {self.num_free_blocks} free"
+        unhashed, ref_counts = self._unhashed, self.ref_counts
+        num_unhashed = min(n, len(unhashed))
+        popped = unhashed[len(unhashed) - num_unhashed:]
+        popped.reverse()
+        del unhashed[len(unhashed) - num_unhashed:]
+        if num_unhashed < n:  # then the least recently freed hashed blocks, evicted
+            popitem, block_hashes, cached = self._hashed.popitem, self.block_hashes, self.cached
+            for _ in range(n - num_unhashed):
+                block_id = popitem(last=False)[0]
+                block_hash = block_hashes[block_id]
+                if block_hash is not None:
+                    if cached.get(block_hash) == block_id:
+                        del cached[block_hash]
+                    block_hashes[block_id] = None
+                popped.append(block_id)
         for block_id in popped:
-            block_hash = block_hashes[block_id]
-            if block_hash is not None:
-                if cached.get(block_hash) == block_id:
-                    del cached[block_hash]
-                block_hashes[block_id] = None
             ref_counts[block_id] = 1
         return popped
 
@@ -78,25 +97,37 @@ class BlockPool:
         """Take one more reference to each block (a prefix hit or a fork)."""
         for block_id in block_ids:
             if self.ref_counts[block_id] == 0:
-                del self.free_queue[block_id]
+                if block_id in self._hashed:
+                    del self._hashed[block_id]
+                else:
+                    self._unhashed.remove(block_id)
             self.ref_counts[block_id] += 1
 
-    def free_blocks(self, ordered_block_ids: Sequence[int]) -> None:
-        """Drop one reference from each block, in the given order (callers pass tail-first).
+    def free_blocks(self, ordered_block_ids: Sequence[int]) -> list[int]:
+        """Drop one reference from each block, in the given order (callers pass tail-first); returns
+        the blocks whose count reached zero, in that order.
 
-        A block whose count reaches zero joins the free queue: at the tail if it is cached,
-        at the head if not.
+        Those join the free queue: at the tail if cached, at the head if not. While nothing is
+        cached (`cached` empty: no block carries a hash), they all go to the head at once.
         """
-        ref_counts, free_queue, block_hashes = self.ref_counts, self.free_queue, self.block_hashes
+        ref_counts, freed = self.ref_counts, []
         for block_id in ordered_block_ids:
             count = ref_counts[block_id] - 1
             ref_counts[block_id] = count
-            if count == 0:
-                free_queue[block_id] = None
-                if block_hashes[block_id] is None:
-                    free_queue.move_to_end(block_id, last=False)
+            if not count:
+                freed.append(block_id)
             else:
                 assert count > 0, f"block {block_id} freed too often"
+        if not self.cached:
+            self._unhashed.extend(freed)
+            return freed
+        block_hashes, unhashed, hashed = self.block_hashes, self._unhashed, self._hashed
+        for block_id in freed:
+            if block_hashes[block_id] is None:
+                unhashed.append(block_id)
+            else:
+                hashed[block_id] = None
+        return freed
 
     def cache_block(self, block_id: int, block_hash: int) -> None:
         """Record a full block's content hash so that later requests can hit it.
@@ -124,10 +155,14 @@ class BlockPool:
         """Blocks are conserved and the queue, counts and hash map agree."""
         first = 1 if self.null_block else 0
         in_use = sum(1 for b in range(first, self.num_blocks) if self.ref_counts[b] > 0)
-        assert in_use + len(self.free_queue) == self.num_usable_blocks, "blocks not conserved"
-        for block_id in self.free_queue:
+        free_queue = self.free_queue
+        assert in_use + len(free_queue) == self.num_usable_blocks, "blocks not conserved"
+        assert len(set(free_queue)) == len(free_queue), "a block is in the free queue twice"
+        for block_id in free_queue:
             assert self.ref_counts[block_id] == 0, f"free block {block_id} has references"
-        assert NULL_BLOCK_ID not in self.free_queue or not self.null_block
+        for block_id in self._unhashed:
+            assert self.block_hashes[block_id] is None, f"hashed block {block_id} in the free queue's head part"
+        assert NULL_BLOCK_ID not in free_queue or not self.null_block
         for block_hash, block_id in self.cached.items():
             assert self.block_hashes[block_id] == block_hash, f"hash map stale at block {block_id}"
         assert sum(h is not None for h in self.block_hashes) == len(self.cached)

@@ -328,11 +328,8 @@ class PagedAllocator(PoolSlots, PagedBursts):
         self._release_gpu(seq)
 
     def _release_gpu(self, seq: SeqBlocks) -> None:
-        ref_counts = self.pool.ref_counts
-        for block_id in seq.block_table:
-            if ref_counts[block_id] == 1:
-                self.num_filled_slots -= self.block_fill[block_id]
-        self.pool.free_blocks(seq.block_table[::-1])
+        freed = self.pool.free_blocks(seq.block_table[::-1])  # a table holds each block once
+        self.num_filled_slots -= sum(map(self.block_fill.__getitem__, freed))
         self._sum_written -= seq.num_tokens
         self._num_mapped_blocks -= len(seq.block_table)
         self._set_reservable(seq, 0)

@@ -32,20 +32,6 @@ class PagedBursts:
         @property
         def num_held_slots(self) -> int: ...
 
-    def _burst_events(self, seqs: Sequence[SeqBlocks], num_steps: int) -> list[tuple[int, int]]:
-        """(step offset, position) of each block `num_steps` decode steps take, in step-by-step order.
-
-        Step offset `off` writes slot `written + off`; a block starts there when it is ≡ 0 mod bs.
-        """
-        bs = self.block_size
-        events: list[tuple[int, int]] = []
-        for pos, seq in enumerate(seqs):
-            first = -seq.num_tokens % bs
-            if first < num_steps:
-                events.extend((off, pos) for off in range(first, num_steps, bs))
-        events.sort()
-        return events
-
     def burst_slots_needed(self, seq_ids: Sequence[int], num_steps: int) -> int:
         bs, seqs = self.block_size, self.seqs
         blocks = 0
@@ -62,37 +48,53 @@ class PagedBursts:
         registered under a hash is the one lookups find). The caller has checked
         `burst_slots_needed` against the free slots. Sequences must own their partial last
         block (no fork sharing) and stay within their final length (`burst_occupancy` asserts it).
-        The per-sequence update is `_mark_written`'s, inlined (hot: every sequence of every burst).
+        The per-sequence update is `_mark_written`'s, inlined (hot: every sequence of every burst):
+
+            step offset:      0   1   2 ... first            first + bs
+            slot written:     w  w+1 ...    a block starts   the next one starts
+                              └ the partial last block ┘
+
+        A sequence with `w` tokens takes a new block at each step offset `first ≡ −w (mod bs)`
+        below `num_steps`; the block taken at offset `off` ends the burst holding
+        `min(bs, num_steps − off)` tokens.
         """
-        bs, fill = self.block_size, self.block_fill
+        bs, fill, caching = self.block_size, self.block_fill, self.enable_caching
         seqs = [self.seqs[s] for s in seq_ids]
-        events = self._burst_events(seqs, num_steps)
-        fresh = self.pool.get_new_blocks(len(events))
-        for (_, pos), block_id in zip(events, fresh, strict=True):
-            seqs[pos].block_table.append(block_id)
-        self._num_mapped_blocks += len(fresh)
+        events: list[tuple[int, int]] = []  # (step offset, position) of each block taken
         filling: list[tuple[SeqBlocks, int]] = []  # sequences that may fill a block to hash, tokens before
         reservable_delta = 0
-        for seq in seqs:
+        for pos, seq in enumerate(seqs):
             written = seq.num_tokens
             total = written + num_steps
-            table = seq.block_table
-            last = len(table) - 1
-            for index in range(written // bs, last):
-                fill[table[index]] = bs
-            fill[table[last]] = total - last * bs
+            used = written % bs
+            if used:  # the partial last block takes the first tokens
+                fill[seq.block_table[-1]] = bs if used + num_steps >= bs else used + num_steps
+                first = bs - used
+            else:
+                first = 0
+            if first < num_steps:
+                if first + bs >= num_steps:
+                    events.append((first, pos))
+                else:
+                    events.extend([(off, pos) for off in range(first, num_steps, bs)])
             seq.num_tokens = total
-            held, final = (last + 1) * bs, seq.final_num_tokens
+            held, final = -(-total // bs) * bs, seq.final_num_tokens
             reservable = held if held < final else final
             reservable_delta += reservable - seq.reservable
             seq.reservable = reservable
-            if total // bs > seq.num_hashed_blocks and seq.content is not None:
+            if caching and total // bs > seq.num_hashed_blocks and seq.content is not None:
                 filling.append((seq, written))
+        events.sort()
+        fresh = self.pool.get_new_blocks(len(events))
+        for (off, pos), block_id in zip(events, fresh, strict=True):
+            seqs[pos].block_table.append(block_id)
+            fill[block_id] = bs if num_steps - off >= bs else num_steps - off
+        self._num_mapped_blocks += len(fresh)
         num_written = len(seqs) * num_steps
         self.num_filled_slots += num_written
         self._sum_written += num_written
         self._sum_reservable += reservable_delta
-        if self.enable_caching and filling:
+        if filling:
             self._hash_burst_blocks(filling)
 
     def _hash_burst_blocks(self, filling: Sequence[tuple[SeqBlocks, int]]) -> None:
@@ -149,29 +151,32 @@ class PagedBursts:
         no sequence passes its final length, so a sequence's reservation `min(held, final)`
         changes only when it takes a block: the per-step totals follow from those events.
         """
-        bs, n = self.block_size, len(seq_ids)
+        bs, n, seqs = self.block_size, len(seq_ids), self.seqs
         held_step = [0] * num_steps
         reservable_step = [0] * num_steps
-        seqs = self.seqs
         for seq_id in seq_ids:
             seq = seqs[seq_id]
-            written, final = seq.num_tokens, seq.final_num_tokens
-            assert written + num_steps <= final, "a burst never passes a sequence's final length"
+            written = seq.num_tokens
             first = -written % bs
             if first >= num_steps:
                 continue  # takes no block during the burst
+            final = seq.final_num_tokens
             held = len(seq.block_table) * bs
             for off in range(first, num_steps, bs):
                 held_step[off] += bs
-                reservable_step[off] += min(held + bs, final) - min(held, final)
+                reservable_step[off] += (held + bs if held + bs < final else final) - (held if held < final else final)
                 held += bs
+        assert all(seqs[s].num_tokens + num_steps <= seqs[s].final_num_tokens for s in seq_ids), \
+            "a burst never passes a sequence's final length"
         held_out, filled_out, reserved_out = [], [], []
         held, reservable = self.num_held_slots, self._sum_reservable
+        filled, written = self.num_filled_slots, self._sum_written
         for j in range(num_steps):
             held += held_step[j]
             reservable += reservable_step[j]
-            filled = self.num_filled_slots + n * (j + 1)
+            filled += n
+            written += n
             held_out.append(held)
             filled_out.append(filled)
-            reserved_out.append(reservable - (self._sum_written + n * (j + 1)))
+            reserved_out.append(reservable - written)
         return held_out, filled_out, reserved_out
