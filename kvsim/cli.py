@@ -384,10 +384,11 @@ def _points_bar(enabled: bool) -> Iterator:
 
 @contextmanager
 def _progress_bar(enabled: bool) -> Iterator:
-    """A rich progress bar over requests done, shown only once a run has taken more than a second."""
+    """A rich progress bar over requests done, shown only once a run has taken more than a second, and
+    only on a terminal (elsewhere rich would draw nothing but a blank line; not importing it saves time)."""
     import time
 
-    if not enabled:
+    if not enabled or not sys.stderr.isatty():
         yield None
         return
     from rich.console import Console
