@@ -369,8 +369,7 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
                 burst = Burst(burst.batch, burst.durations[:len(waiting)], burst.seq_ids)
                 rows = recorder.begin_burst(start_s, burst, scheduler)
             assert rows is not None
-            recorder.end_burst(rows, waiting)
-            scheduler.apply_burst(burst, env.now)
+            recorder.end_burst(rows, waiting, scheduler.apply_burst(burst, env.now))
             if inbox is not None:
                 inbox.end_burst()
                 for req in inbox.requests:

@@ -30,6 +30,7 @@ from kvsim.metrics import STEP_COLUMNS, STEP_FLOAT_COLUMNS, StepTotals
 if TYPE_CHECKING:
     import pandas as pd
 
+    from kvsim.memory.protocol import Occupancy
     from kvsim.scenario import StepsMode
     from kvsim.scheduler import Scheduler
     from kvsim.scheduler.burst import Burst
@@ -42,6 +43,8 @@ CHUNK_ROWS = 32_768  # rows buffered before a chunk goes to the totals and the w
 COLUMNS = STEP_COLUMNS
 FLOAT_COLUMNS = STEP_FLOAT_COLUMNS
 DTYPES = {name: np.dtype(np.float64 if name in FLOAT_COLUMNS else np.int64) for name in COLUMNS}
+SINGLE_FLOATS = tuple(name for name in COLUMNS if name in FLOAT_COLUMNS)  # `record` writes them in this order
+SINGLE_INTS = tuple(name for name in COLUMNS if name not in FLOAT_COLUMNS)
 
 Chunk = dict[str, np.ndarray]
 
@@ -128,13 +131,10 @@ class StepSampler:
 
 
 class PendingBurst(NamedTuple):
-    """A decode burst's rows before its waiting counts are known (`StepRecorder.begin_burst`)."""
+    """What a decode burst's rows need from before it runs (`StepRecorder.begin_burst`)."""
 
     starts_s: list[float]
     durations_s: list[float]
-    held_slots: list[int]  # after each step
-    filled_slots: list[int]
-    reserved_slots: list[int]
     num_running: int
     num_preemptions: int
     external_slots: int
@@ -164,14 +164,15 @@ class BurstRows:
     def __len__(self) -> int:
         return len(self.starts_s)
 
-    def add(self, pending: PendingBurst, waiting: list[int], num_single_rows_before: int) -> None:
+    def add(self, pending: PendingBurst, waiting: list[int], occupancy: Occupancy, num_single_rows_before: int) -> None:
         self.starts_s.extend(pending.starts_s)
         self.durations_s.extend(pending.durations_s)
         self.waiting.extend(waiting)
-        self.held.extend(pending.held_slots)
-        self.filled.extend(pending.filled_slots)
-        self.reserved.extend(pending.reserved_slots)
-        self.per_burst.extend((len(pending.starts_s), num_single_rows_before, *pending[5:]))
+        held, filled, reserved = occupancy
+        self.held.extend(held)
+        self.filled.extend(filled)
+        self.reserved.extend(reserved)
+        self.per_burst.extend((len(pending.starts_s), num_single_rows_before, *pending[2:]))
 
     def merge_into(self, singles: Chunk) -> Chunk:
         """`singles` (the single-step rows) with the bursts' rows in their places; empties the bursts."""
@@ -220,8 +221,8 @@ class StepRecorder:
                  max_sampled_rows: int | None = None) -> None:
         self.mode, self.writer, self.tags = mode, writer, dict(tags or {})
         self.chunk_rows = CHUNK_ROWS if chunk_rows is None else chunk_rows
-        self.columns: dict[str, array] = {c: array("d" if c in FLOAT_COLUMNS else "q") for c in COLUMNS}
-        self._time = self.columns["time_s"]
+        # single-step rows until the chunk is flushed: their float and int values, each in `COLUMNS` order
+        self._floats, self._ints, self._num_rows = array("d"), array("q"), 0
         self._bursts = BurstRows()
         self.totals = StepTotals()
         self.kept: list[Chunk] = []  # `all` without a writer
@@ -236,56 +237,56 @@ class StepRecorder:
 
     @property
     def num_steps(self) -> int:
-        return self.totals.num_steps + len(self._time) + len(self._bursts)
+        return self.totals.num_steps + self._num_rows + len(self._bursts)
 
     def record(self, now: float, duration_s: float, plan: StepPlan, scheduler: Scheduler) -> None:
         alloc = scheduler.alloc
         w = waste(alloc, _next_region_slots(scheduler))
         total = alloc.num_total_slots
-        row = (
-            now, duration_s, len(scheduler.running), len(scheduler.waiting), len(scheduler.swapped),
-            plan.num_tokens, plan.num_prefill_tokens, plan.num_decode_seqs, alloc.usage,
-            scheduler.num_preemptions, plan.swap_in_bytes, plan.swap_out_bytes, alloc.num_held_slots,
-            sharing_saved_slots(alloc),
-            w.token_state / total, w.reserved / total, w.internal_frag / total, w.slack / total,
-            w.external_frag / total, w.free / total,
-        )
-        for column, value in zip(self.columns.values(), row, strict=True):
-            column.append(value)
-        if len(self._time) + len(self._bursts) >= self.chunk_rows:
+        self._floats.extend((now, duration_s, alloc.usage, w.token_state / total, w.reserved / total,
+                             w.internal_frag / total, w.slack / total, w.external_frag / total, w.free / total))
+        self._ints.extend((len(scheduler.running), len(scheduler.waiting), len(scheduler.swapped), plan.num_tokens,
+                           plan.num_prefill_tokens, plan.num_decode_seqs, scheduler.num_preemptions,
+                           plan.swap_in_bytes, plan.swap_out_bytes, alloc.num_held_slots, sharing_saved_slots(alloc)))
+        self._num_rows += 1
+        if self._num_rows + len(self._bursts) >= self.chunk_rows:
             self.flush()
 
     def begin_burst(self, start_s: float, burst: Burst, scheduler: Scheduler) -> PendingBurst:
-        """A decode burst's rows, identical to what `record` would write step by step, but for the
-        waiting counts, which `end_burst` adds. Call before the burst is applied."""
+        """What a decode burst's rows need from before it is applied; `end_burst` adds the rest and
+        writes rows identical to what `record` would write step by step."""
         alloc = scheduler.alloc
         durations = burst.durations
-        held, filled, reserved = alloc.burst_occupancy(burst.seq_ids, len(durations))
         starts, t = [], start_s
         for d in durations:
             starts.append(t)
             t += d
-        return PendingBurst(starts, durations, held, filled, reserved, len(burst.batch), scheduler.num_preemptions,
+        return PendingBurst(starts, durations, len(burst.batch), scheduler.num_preemptions,
                             alloc.external_fragmentation_slots(_next_region_slots(scheduler)),
                             alloc.num_slack_slots,  # constant: nothing is placed or freed inside a burst
                             sharing_saved_slots(alloc),  # bursts only append unshared blocks
                             alloc.num_total_slots)
 
-    def end_burst(self, pending: PendingBurst, waiting: list[int]) -> None:
-        """Append a burst's rows, with the waiting count the engine saw before each step. They stay
-        compact (`BurstRows`) until the chunk is flushed."""
-        self._bursts.add(pending, waiting, len(self._time))
-        if len(self._time) + len(self._bursts) >= self.chunk_rows:
+    def end_burst(self, pending: PendingBurst, waiting: list[int], occupancy: Occupancy) -> None:
+        """Append a burst's rows, with the waiting count the engine saw before each step and the held,
+        filled and reserved slots after each (`Scheduler.apply_burst`). They stay compact
+        (`BurstRows`) until the chunk is flushed."""
+        self._bursts.add(pending, waiting, occupancy, self._num_rows)
+        if self._num_rows + len(self._bursts) >= self.chunk_rows:
             self.flush()
 
     def flush(self) -> None:
         """Hand the buffered rows on as one chunk (see the module docstring) and empty the buffer."""
-        if not self._time and not self._bursts:
+        if not self._num_rows and not self._bursts:
             return
         first_index = self.totals.num_steps
-        chunk = {name: np.frombuffer(column, dtype=DTYPES[name]).copy() for name, column in self.columns.items()}
-        for column in self.columns.values():
-            del column[:]
+        floats = np.frombuffer(self._floats).reshape(-1, len(SINGLE_FLOATS))
+        ints = np.frombuffer(self._ints, dtype=np.int64).reshape(-1, len(SINGLE_INTS))
+        chunk = {name: (floats[:, SINGLE_FLOATS.index(name)] if name in FLOAT_COLUMNS
+                        else ints[:, SINGLE_INTS.index(name)]).copy() for name in COLUMNS}
+        del floats, ints  # views: the buffers can be emptied
+        del self._floats[:], self._ints[:]
+        self._num_rows = 0
         if self._bursts:
             chunk = self._bursts.merge_into(chunk)
         self.totals.add(chunk)

@@ -181,3 +181,38 @@ def test_waste_paged():
 def test_block_hashes_depend_on_block_size(bs):
     content = seg(("a", 300))
     assert len(content.block_hashes(bs, 300 // bs)) == 300 // bs
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_a_burst_equals_one_token_allocations_step_by_step(caching):
+    # 40, 16 and 5 tokens written (blocks [1, 2, 3], [4], [5]), 20 decode steps: a sequence takes a
+    # block at each step offset where written + offset ≡ 0 (mod 16): the first at 8, the second at 0
+    # and 16, the third at 11; so in step order blocks 6, 7, 8, 9 go to sequences 2, 1, 3, 2, and the
+    # held slots after each step are 96 (offsets 0-7), 112 (8-10), 128 (11-15), 144 (16-19). A naive
+    # second run allocates one token at a time: same tables, fills and hashes, and the occupancy that
+    # append_burst returns (burst_occupancy's before it) is its per-step books.
+    finals = {1: 100, 2: 60, 3: 30}
+    burst, naive = (PagedAllocator(num_blocks=30, block_size=16, enable_caching=caching) for _ in range(2))
+    for a in (burst, naive):
+        for seq_id, written in ((1, 40), (2, 16), (3, 5)):
+            assert a.allocate(seq_id, written, finals[seq_id], seg((("s", seq_id), finals[seq_id])))
+    planned = burst.burst_occupancy([1, 2, 3], 20)
+    assert burst.burst_slots_needed([1, 2, 3], 20) == 4 * 16
+    assert burst.append_burst([1, 2, 3], 20) == planned
+    assert planned[0] == [96] * 8 + [112] * 3 + [128] * 5 + [144] * 4
+    assert planned[1] == [40 + 16 + 5 + 3 * j for j in range(1, 21)]
+    assert [burst.seqs[s].block_table for s in (1, 2, 3)] == [[1, 2, 3, 7], [4, 6, 9], [5, 8]]
+    books: tuple[list[int], list[int], list[int]] = ([], [], [])
+    for _ in range(20):
+        for seq_id in (1, 2, 3):
+            assert naive.allocate(seq_id, naive.seqs[seq_id].num_tokens + 1)
+        held, filled, reserved = books
+        held.append(naive.num_held_slots)
+        filled.append(naive.num_filled_slots)
+        reserved.append(naive.num_reserved_slots)
+    assert planned == books
+    for a in (burst, naive):
+        a.check_invariants()
+    assert [naive.seqs[s].block_table for s in (1, 2, 3)] == [burst.seqs[s].block_table for s in (1, 2, 3)]
+    assert burst.block_fill == naive.block_fill and burst.pool.block_hashes == naive.pool.block_hashes
+    assert burst.pool.free_queue == naive.pool.free_queue

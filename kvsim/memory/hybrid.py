@@ -34,7 +34,7 @@ from kvsim.content import Content
 from kvsim.errors import KvsimError
 from kvsim.kv_layout import KVGroup, KVLayout
 from kvsim.memory.block_pool import NULL_BLOCK_ID, BlockPool, PoolSlots
-from kvsim.memory.protocol import NO_HIT, PrefixHit
+from kvsim.memory.protocol import NO_HIT, Occupancy, PrefixHit
 from kvsim.units import ceil_div
 
 
@@ -305,14 +305,14 @@ class GroupedPagedAllocator(PoolSlots):
     def burst_slots_needed(self, seq_ids: Sequence[int], num_steps: int) -> int:
         raise AssertionError("supports_bursts is False")
 
-    def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> None:
+    def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
         raise AssertionError("supports_bursts is False")
 
     def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
                              num_tokens: int) -> bool:
         raise AssertionError("supports_bursts is False")
 
-    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> tuple[list[int], list[int], list[int]]:
+    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
         raise AssertionError("supports_bursts is False")
 
     # ------------------------------------------------------------- invariants

@@ -257,10 +257,12 @@ class PagedAllocator(PoolSlots, PagedBursts):
         if num_tokens_total > seq.final_num_tokens:
             seq.final_num_tokens = num_tokens_total  # outgrew its estimate
         last = len(table) - 1
-        for index in range(written // bs, last + 1):
-            block_id = table[index]
-            assert ref_counts[block_id] == 1, f"writing shared block {block_id}"
-            fill[block_id] = bs if index < last else num_tokens_total - last * bs
+        written_blocks = table[written // bs:]  # the partly filled last block, if any, and the new ones
+        if written_blocks:
+            assert all(map((1).__eq__, map(ref_counts.__getitem__, written_blocks))), "writing a shared block"
+            for block_id in written_blocks:
+                fill[block_id] = bs
+            fill[table[last]] = num_tokens_total - last * bs
         delta = num_tokens_total - written
         self.num_filled_slots += delta
         self._sum_written += delta

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from kvsim.content import Content
     from kvsim.memory.block_pool import BlockPool
     from kvsim.memory.paged import SeqBlocks
+    from kvsim.memory.protocol import Occupancy
 
 
 class PagedBursts:
@@ -40,14 +41,15 @@ class PagedBursts:
             blocks += -(-(seq.num_tokens + num_steps) // bs) - len(seq.block_table)
         return blocks * bs
 
-    def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> None:
-        """Exactly what `num_steps` steps of `allocate(seq, tokens + 1)` for each sequence in order do.
+    def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
+        """Exactly what `num_steps` steps of `allocate(seq, tokens + 1)` for each sequence in order do;
+        returns what `burst_occupancy` would have said before (computed in the same pass).
 
         Blocks are handed out, and blocks that fill up are registered in the prefix cache, in
         (step, position) order, as the step-by-step calls would do it (the first block
         registered under a hash is the one lookups find). The caller has checked
         `burst_slots_needed` against the free slots. Sequences must own their partial last
-        block (no fork sharing) and stay within their final length (`burst_occupancy` asserts it).
+        block (no fork sharing) and stay within their final length (asserted).
         The per-sequence update is `_mark_written`'s, inlined (hot: every sequence of every burst):
 
             step offset:      0   1   2 ... first            first + bs
@@ -60,12 +62,14 @@ class PagedBursts:
         """
         bs, fill, caching = self.block_size, self.block_fill, self.enable_caching
         seqs = [self.seqs[s] for s in seq_ids]
+        held_step, reservable_step = [0] * num_steps, [0] * num_steps
         events: list[tuple[int, int]] = []  # (step offset, position) of each block taken
         filling: list[tuple[SeqBlocks, int]] = []  # sequences that may fill a block to hash, tokens before
         reservable_delta = 0
         for pos, seq in enumerate(seqs):
-            written = seq.num_tokens
+            written, final = seq.num_tokens, seq.final_num_tokens
             total = written + num_steps
+            assert total <= final, "a burst never passes a sequence's final length"
             used = written % bs
             if used:  # the partial last block takes the first tokens
                 fill[seq.block_table[-1]] = bs if used + num_steps >= bs else used + num_steps
@@ -73,17 +77,21 @@ class PagedBursts:
             else:
                 first = 0
             if first < num_steps:
-                if first + bs >= num_steps:
-                    events.append((first, pos))
-                else:
-                    events.extend([(off, pos) for off in range(first, num_steps, bs)])
+                held = len(seq.block_table) * bs
+                for off in range(first, num_steps, bs):
+                    events.append((off, pos))
+                    held_step[off] += bs
+                    before = held if held < final else final  # reservable: min(held, final)
+                    held += bs
+                    reservable_step[off] += (held if held < final else final) - before
             seq.num_tokens = total
-            held, final = -(-total // bs) * bs, seq.final_num_tokens
+            held = -(-total // bs) * bs
             reservable = held if held < final else final
             reservable_delta += reservable - seq.reservable
             seq.reservable = reservable
             if caching and total // bs > seq.num_hashed_blocks and seq.content is not None:
                 filling.append((seq, written))
+        occupancy = self._occupancy(held_step, reservable_step, len(seqs))  # from the totals before the burst
         events.sort()
         fresh = self.pool.get_new_blocks(len(events))
         for (off, pos), block_id in zip(events, fresh, strict=True):
@@ -96,6 +104,7 @@ class PagedBursts:
         self._sum_reservable += reservable_delta
         if filling:
             self._hash_burst_blocks(filling)
+        return occupancy
 
     def _hash_burst_blocks(self, filling: Sequence[tuple[SeqBlocks, int]]) -> None:
         """Register the blocks a burst filled in the order step-by-step writes would have.
@@ -144,38 +153,39 @@ class PagedBursts:
         max_blocks = (num_tokens - 1) // bs
         return not new_hashes.isdisjoint(content.block_hashes(bs, max_blocks))
 
-    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> tuple[list[int], list[int], list[int]]:
+    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
         """Held, filled and reserved slots after each of the next `num_steps` decode allocations.
 
         `seq_ids` must be every sequence on the GPU (the whole running batch). Inside a burst
         no sequence passes its final length, so a sequence's reservation `min(held, final)`
         changes only when it takes a block: the per-step totals follow from those events.
         """
-        bs, n, seqs = self.block_size, len(seq_ids), self.seqs
-        held_step = [0] * num_steps
-        reservable_step = [0] * num_steps
+        bs, seqs = self.block_size, self.seqs
+        held_step, reservable_step = [0] * num_steps, [0] * num_steps
         for seq_id in seq_ids:
             seq = seqs[seq_id]
-            written = seq.num_tokens
+            written, final = seq.num_tokens, seq.final_num_tokens
+            assert written + num_steps <= final, "a burst never passes a sequence's final length"
             first = -written % bs
-            if first >= num_steps:
-                continue  # takes no block during the burst
-            final = seq.final_num_tokens
             held = len(seq.block_table) * bs
             for off in range(first, num_steps, bs):
                 held_step[off] += bs
-                reservable_step[off] += (held + bs if held + bs < final else final) - (held if held < final else final)
+                before = held if held < final else final  # reservable: min(held, final)
                 held += bs
-        assert all(seqs[s].num_tokens + num_steps <= seqs[s].final_num_tokens for s in seq_ids), \
-            "a burst never passes a sequence's final length"
+                reservable_step[off] += (held if held < final else final) - before
+        return self._occupancy(held_step, reservable_step, len(seq_ids))
+
+    def _occupancy(self, held_step: list[int], reservable_step: list[int], num_seqs: int) -> Occupancy:
+        """Held, filled and reserved slots after each step, from each step's new held and reservable
+        slots and the totals now (before the burst): every step writes `num_seqs` tokens."""
         held_out, filled_out, reserved_out = [], [], []
         held, reservable = self.num_held_slots, self._sum_reservable
         filled, written = self.num_filled_slots, self._sum_written
-        for j in range(num_steps):
-            held += held_step[j]
-            reservable += reservable_step[j]
-            filled += n
-            written += n
+        for held_new, reservable_new in zip(held_step, reservable_step, strict=True):
+            held += held_new
+            reservable += reservable_new
+            filled += num_seqs
+            written += num_seqs
             held_out.append(held)
             filled_out.append(filled)
             reserved_out.append(reservable - written)

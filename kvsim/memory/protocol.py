@@ -51,6 +51,7 @@ class SwapResult:
 
 
 NO_HIT = PrefixHit(0, ())
+Occupancy = tuple[list[int], list[int], list[int]]  # held, filled, reserved slots after each step of a burst
 
 
 class KVAllocator(Protocol):
@@ -124,9 +125,9 @@ class KVAllocator(Protocol):
 
     # --------------------------------------------------------------- decode bursts
     def burst_slots_needed(self, seq_ids: Sequence[int], num_steps: int) -> int: ...
-    def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> None: ...
-    def burst_occupancy(self, seq_ids: Sequence[int],
-                        num_steps: int) -> tuple[list[int], list[int], list[int]]:
+    def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
+        """`num_steps` decode steps of every sequence at once; returns what `burst_occupancy` said before."""
+    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
         """Held, filled and reserved slots after each of the next `num_steps` decode steps."""
     def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
                              num_tokens: int) -> bool:

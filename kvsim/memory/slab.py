@@ -33,7 +33,7 @@ from typing import Literal
 
 from kvsim.content import Content
 from kvsim.errors import KvsimError
-from kvsim.memory.protocol import NO_HIT, PrefixHit, SwapResult
+from kvsim.memory.protocol import NO_HIT, Occupancy, PrefixHit, SwapResult
 from kvsim.memory.regions import BuddySpace, FreeRuns
 
 SlabPolicy = Literal["max", "pow2", "oracle"]
@@ -203,18 +203,20 @@ class SlabAllocator:
         """Regions never grow: a decode burst needs no new space."""
         return 0
 
-    def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> None:
+    def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
         """`num_steps` decode tokens for each sequence, as that many `allocate` calls would write."""
+        occupancy = self.burst_occupancy(seq_ids, num_steps)
         for seq_id in seq_ids:
             slab = self.seqs[seq_id]
             self._write(seq_id, slab, slab.num_tokens + num_steps)
+        return occupancy
 
     def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
                              num_tokens: int) -> bool:
         """Slabs cache nothing."""
         return False
 
-    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> tuple[list[int], list[int], list[int]]:
+    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
         """Held, filled and reserved slots after each of the next `num_steps` decode steps."""
         filled = [self.num_filled_slots + len(seq_ids) * j for j in range(1, num_steps + 1)]
         return [self.num_held_slots] * num_steps, filled, [self._sum_reservable - f for f in filled]

@@ -21,6 +21,7 @@ import numpy as np
 
 from kvsim.latency import LatencyModel
 from kvsim.memory import KVAllocator, PrefixHit, SegmentContent
+from kvsim.memory.protocol import Occupancy
 from kvsim.records import RequestRecords
 from kvsim.request import Request, RequestStatus
 from kvsim.scheduler import burst
@@ -264,8 +265,9 @@ class Scheduler:
         """Several pure-decode steps at once, exactly as step by step would run them (see `burst`)."""
         return burst.plan_burst(self, latency, now, next_arrival_s, end_before_arrival)
 
-    def apply_burst(self, planned: burst.Burst, now: float) -> list[Request]:
-        """Apply a burst from `plan_burst`; `now` is when its last step ends."""
+    def apply_burst(self, planned: burst.Burst, now: float) -> Occupancy:
+        """Apply a burst from `plan_burst`; `now` is when its last step ends. Returns each step's
+        held, filled and reserved slots (`KVAllocator.burst_occupancy`), for the step rows."""
         return burst.apply_burst(self, planned, now)
 
     def schedules_whole_decode_batch(self, num_running: int) -> bool:

@@ -43,9 +43,10 @@ burst's work. At step j:
   would and waits once, for the last step's end (`kvsim.engine.Alarm`), so the clock is
   bit-identical; where a request arrives exactly when a step ends, the order of the two
   events matters and it yields one timeout per step instead.
-* Records: per-step rows come from `burst_occupancy` (held, filled, reserved after each
-  step) and the waiting count before each step: the requests that joined the queue during
-  the burst count from the first step that starts after their arrival.
+* Records: per-step rows come from the occupancy `append_burst` returns (held, filled,
+  reserved after each step: `burst_occupancy` before the burst) and the waiting count
+  before each step: the requests that joined the queue during the burst count from the
+  first step that starts after their arrival.
 
 `tests/test_engine_properties.py` runs every shipped scenario and random workloads both
 ways (`simulate(..., bursts=False)`) and compares every row and summary value.
@@ -62,6 +63,7 @@ from kvsim.latency import LatencyModel, burst_step_times
 from kvsim.step import StepPlan
 
 if TYPE_CHECKING:
+    from kvsim.memory.protocol import Occupancy
     from kvsim.request import Request
     from kvsim.scheduler.base import Scheduler
 
@@ -134,14 +136,16 @@ def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arr
     return Burst(scheduler.running, durations, seq_ids)
 
 
-def apply_burst(scheduler: Scheduler, burst: Burst, now: float) -> list[Request]:
-    """Apply the burst's steps; `now` is when the last one ends. Returns the requests that finished."""
+def apply_burst(scheduler: Scheduler, burst: Burst, now: float) -> Occupancy:
+    """Apply the burst's steps; `now` is when the last one ends. Returns the held, filled and reserved
+    slots after each step (`KVAllocator.burst_occupancy` before it), for the step rows."""
     num_steps = len(burst.durations)
-    scheduler.alloc.append_burst(burst.seq_ids, num_steps)
+    occupancy = scheduler.alloc.append_burst(burst.seq_ids, num_steps)
     done = []
     for req in burst.batch:
         req.num_computed_tokens += num_steps
         req.num_output_tokens += num_steps
         if req.num_output_tokens >= req.output_len:
             done.append(req)
-    return scheduler.finish(done, now)
+    scheduler.finish(done, now)
+    return occupancy
