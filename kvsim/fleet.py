@@ -74,7 +74,7 @@ class FleetView:
     def __init__(self, schedulers: list[Scheduler], inboxes: list[Inbox]) -> None:
         self.schedulers, self.inboxes = schedulers, inboxes
         self.dispatched = [0] * len(schedulers)
-        self._ended = [s.records for s in schedulers]  # their lengths: requests ended
+        self._ended = [s.records.status_codes for s in schedulers]  # their lengths: requests ended
         self.now_s = 0.0  # the arrival being routed
 
     def outstanding(self) -> list[int]:

@@ -46,6 +46,12 @@ class RequestRecords:
     def __len__(self) -> int:
         return len(self._status)
 
+    @property
+    def status_codes(self) -> array:
+        """The live status column, one code per row: it grows in place, so its `len` (a C call, cheaper
+        than `len(records)`) stays the number of rows. A router reads it at every arrival."""
+        return self._status
+
     def add(self, req: Request) -> None:
         """Copy `req`'s numbers into a new row (missing times are NaN)."""
         if req.reject_reason is not None:
