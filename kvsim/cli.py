@@ -11,11 +11,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kvsim.errors import KvsimError, reading
+
+if TYPE_CHECKING:
+    from kvsim.fleet import FleetResult
+    from kvsim.results import RunResult
 
 app = typer.Typer(
     help="kvsim: capacity simulator for LLM serving with a paged KV cache.",
@@ -237,9 +241,7 @@ def run(
     A scenario with `replicas` simulates that fleet behind its `router` (see `kvsim.fleet`).
     """
     from kvsim.engine import simulate
-    from kvsim.fleet import FleetResult, simulate_fleet
     from kvsim.output_dir import check_output_dir, safe_component
-    from kvsim.results import RunResult
     from kvsim.scenario import load_scenario
     from kvsim.step_writer import resolve_format
 
@@ -252,6 +254,8 @@ def run(
         with _progress_bar(enabled=output_format is RunFormat.table) as progress:
             result: RunResult | FleetResult
             if spec.is_fleet:
+                from kvsim.fleet import simulate_fleet  # not imported by a single engine's run
+
                 result = simulate_fleet(spec, check=check, progress=progress)
                 written = result.write(out_dir)
             else:  # written as it runs: the steps stream into the output's temporary folder
