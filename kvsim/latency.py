@@ -92,9 +92,11 @@ def burst_step_times(latency: LatencyModel, first: StepPlan) -> Iterator[float]:
     """
     fast = getattr(latency, "decode_step_times", None)
     times = fast(first) if fast is not None else None
-    if times is not None:
-        yield from times
-        return
+    return times if times is not None else _priced_step_times(latency, first)
+
+
+def _priced_step_times(latency: LatencyModel, first: StepPlan) -> Iterator[float]:
+    """`burst_step_times` by pricing every step's plan with `step_time`."""
     plan = StepPlan(num_tokens=first.num_tokens, num_seqs=first.num_seqs, num_decode_seqs=first.num_decode_seqs,
                     num_sampled=first.num_sampled, sum_context_tokens=first.sum_context_tokens,
                     sum_decode_context_tokens=first.sum_decode_context_tokens,

@@ -138,6 +138,8 @@ class RooflineLatency:
         self.copy_bytes_per_block = 2 * kv_bytes_per_block(model, engine)
         self._gemm_flops = eff.gemm_flops * self.flops
         self._gemm_bw = eff.gemm_bandwidth * self.bandwidth
+        # linear_s of a dense model by token count: pure, asked again and again (every burst of n sequences)
+        self._dense_linear_s: dict[int, float] = {}
 
     # -- linear layers -------------------------------------------------------------------------
     def _gemm(self, params: float, rows: int) -> float:
@@ -166,7 +168,12 @@ class RooflineLatency:
         return m.num_layers * per_layer
 
     def linear_s(self, num_tokens: int, group_tokens: int = 0) -> float:
-        return self.attn_proj_s(num_tokens) + self.mlp_s(num_tokens, group_tokens)
+        if self.moe is not None:  # the DP group's tokens count too
+            return self.attn_proj_s(num_tokens) + self.mlp_s(num_tokens, group_tokens)
+        seconds = self._dense_linear_s.get(num_tokens)
+        if seconds is None:
+            seconds = self._dense_linear_s[num_tokens] = self.attn_proj_s(num_tokens) + self.mlp_s(num_tokens)
+        return seconds
 
     def token_ops_s(self, num_tokens: int) -> float:
         """Norms, rotary, activation and residual adds of all layers: launch floors plus bytes."""

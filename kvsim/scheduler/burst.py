@@ -111,9 +111,9 @@ def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arr
     arrival_bound = next_arrival_s if end_before_arrival or not scheduler.waiting else math.inf
     durations: list[float] = []
     if arrival_bound < math.inf:  # (d): as many steps as start (or end) before the arrival
-        start = now
-        for d in burst_step_times(latency, first):
-            if start + (d if end_before_arrival else 0.0) >= arrival_bound or len(durations) == max_steps:
+        start, reach = now, 1.0 if end_before_arrival else 0.0  # a step's start, or its end, counts
+        for d in islice(burst_step_times(latency, first), max_steps):
+            if start + reach * d >= arrival_bound:
                 break
             durations.append(d)
             start += d
