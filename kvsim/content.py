@@ -76,8 +76,11 @@ class SegmentContent(_ChainedHashes):
         """As `_ChainedHashes.block_hashes`, with a fast path for blocks inside one segment.
 
         Hot: every full block of every request is hashed once. The blocks that lie inside a
-        single segment are hashed in one tight loop per segment, with the same key `block_key`
-        would build (so the same hashes), without the search.
+        single segment are hashed in one tight loop per segment, without the search, keyed by
+        (hash(segment id), start, end): the same identity `block_key`'s one piece
+        ((segment id, start, end),) gives, flattened, since nesting tuples costs twice the time.
+        A block across segments keeps `block_key`'s pieces; the two forms never describe the same
+        tokens (a segment's tokens are its own), so only equal prefixes hash equal.
         """
         if block_size != self._block_size:
             self._hashes, self._block_size = [], block_size
@@ -96,9 +99,9 @@ class SegmentContent(_ChainedHashes):
             seg_start = starts[i]
             inside = min(stop, start + (starts[i + 1] - start) // block_size * block_size)
             if inside > start:  # whole blocks inside segment i, up to `inside`
-                seg_id = segments[i][0]
+                seg_hash = hash(segments[i][0])
                 for offset in range(start - seg_start, inside - seg_start, block_size):
-                    parent = hash((parent, ((seg_id, offset, offset + block_size),)))
+                    parent = hash((parent, seg_hash, offset, offset + block_size))
                     append(parent)
                 start = inside
             else:  # the block at `start` runs past the end of segment i
