@@ -57,7 +57,8 @@ def _csv_fields(values: np.ndarray) -> list[Any]:
     """One column's fields as `DataFrame.to_csv` writes them (float64 through numpy's `astype(str)`,
     which for a float64 is Python's `repr`: the shortest text that reads back to the same double;
     ints and bools as `str`; NaN and None as empty fields); `csv.writer` stringifies the rest."""
-    fields = values.tolist()
+    # float64's Python repr is numpy's str (and the fast path); other floats take numpy's own text.
+    fields = values.astype(str).tolist() if values.dtype.kind == "f" and values.dtype != np.float64 else values.tolist()
     if values.dtype.kind == "f":
         for i in np.flatnonzero(np.isnan(values)).tolist():
             fields[i] = ""

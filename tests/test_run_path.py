@@ -57,12 +57,13 @@ def test_kvsim_run_imports_no_pandas(tmp_path, args):
 
 def test_csv_writer_writes_what_pandas_writes(tmp_path):
     """NaN, None, missing strings, commas, quotes and newlines in fields, tiny, huge, negative zero and
-    infinite floats, ints and bools: `append_csv` gives `DataFrame.to_csv(index=False)`'s bytes, with
+    infinite floats, float32s (written as numpy writes them: 0.1, not 0.10000000149011612), ints and bools: `append_csv` gives `DataFrame.to_csv(index=False)`'s bytes, with
     and without the header, and written in chunks (every 3 rows) or whole."""
     frame = pd.DataFrame({
         "i": np.array([0, -7, 2**62, 5, 1, 3], dtype=np.int64),
         "f": np.array([0.1 + 0.2, np.nan, 1e16, 1e-5, -0.0, np.inf]),
         "g": np.array([1e-300, 123456789.125, 2.5, -np.inf, 1 / 3, 1e15]),
+        "f32": np.array([0.1, np.nan, 1e-7, 3.4e38, -2.5, 16777217.0], dtype=np.float32),
         "b": np.array([True, False, True, True, False, False]),
         "s": np.array(["plain", None, 'say "hi"', "a,b", "two\nlines", ""], dtype=object),
         "vllm:metric": np.array([None] * 6, dtype=object),
