@@ -104,20 +104,20 @@ class BlockPool:
             self.ref_counts[block_id] += 1
 
     def free_blocks(self, ordered_block_ids: Sequence[int]) -> list[int]:
-        """Drop one reference from each block, in the given order (callers pass tail-first); returns
-        the blocks whose count reached zero, in that order.
+        """Drop one reference from each block (each listed once), in the given order (callers pass
+        tail-first); returns the blocks whose count reached zero, in that order.
 
         Those join the free queue: at the tail if cached, at the head if not. While nothing is
         cached (`cached` empty: no block carries a hash), they all go to the head at once.
         """
-        ref_counts, freed = self.ref_counts, []
+        ref_counts, shared = self.ref_counts, False
         for block_id in ordered_block_ids:
             count = ref_counts[block_id] - 1
             ref_counts[block_id] = count
-            if not count:
-                freed.append(block_id)
-            else:
+            if count:
                 assert count > 0, f"block {block_id} freed too often"
+                shared = True
+        freed = [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
         if not self.cached:
             self._unhashed.extend(freed)
             return freed
