@@ -44,9 +44,9 @@ class BlockPool:
         first = 1 if null_block else 0
         # the free queue's head part: free blocks without a hash, the head at the end (block `first` first)
         self._unhashed: list[int] = list(range(num_blocks - 1, first - 1, -1))
-        # its tail part: free hashed blocks, least recently freed first; OrderedDict as an O(1)
-        # doubly linked list: popitem(last=False) pops the oldest, pop(key) removes from the middle
-        self._hashed: OrderedDict[int, None] = OrderedDict()
+        # its tail part: free hashed blocks -> their hash, least recently freed first; OrderedDict as an
+        # O(1) doubly linked list: popitem(last=False) pops the oldest, pop(key) removes from the middle
+        self._hashed: OrderedDict[int, int] = OrderedDict()
         self.cached: dict[int, int] = {}  # content hash -> block id
 
     @property
@@ -79,18 +79,17 @@ class BlockPool:
         popped = unhashed[len(unhashed) - num_unhashed:]
         popped.reverse()
         del unhashed[len(unhashed) - num_unhashed:]
-        if num_unhashed < n:  # then the least recently freed hashed blocks, evicted
-            popitem, block_hashes, cached = self._hashed.popitem, self.block_hashes, self.cached
-            for _ in range(n - num_unhashed):
-                block_id = popitem(last=False)[0]
-                block_hash = block_hashes[block_id]
-                if block_hash is not None:
-                    if cached.get(block_hash) == block_id:
-                        del cached[block_hash]
-                    block_hashes[block_id] = None
-                popped.append(block_id)
         for block_id in popped:
             ref_counts[block_id] = 1
+        if num_unhashed < n:  # then the least recently freed hashed blocks, evicted
+            popitem, block_hashes, cached = self._hashed.popitem, self.block_hashes, self.cached
+            append = popped.append
+            for _ in range(n - num_unhashed):
+                block_id, block_hash = popitem(False)
+                del cached[block_hash]  # a free hashed block is the one its hash maps to (`cache_new_blocks`)
+                block_hashes[block_id] = None
+                ref_counts[block_id] = 1
+                append(block_id)
         return popped
 
     def touch(self, block_ids: Iterable[int]) -> None:
@@ -111,23 +110,28 @@ class BlockPool:
         cached (`cached` empty: no block carries a hash), they all go to the head at once.
         """
         ref_counts, shared = self.ref_counts, False
-        for block_id in ordered_block_ids:
+        if not self.cached:
+            for block_id in ordered_block_ids:
+                count = ref_counts[block_id] - 1
+                ref_counts[block_id] = count
+                if count:
+                    assert count > 0, f"block {block_id} freed too often"
+                    shared = True
+            freed = [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
+            self._unhashed.extend(freed)
+            return freed
+        block_hashes, unhashed, hashed = self.block_hashes, self._unhashed.append, self._hashed
+        for block_id in ordered_block_ids:  # one pass: each block reaching zero joins its part of the queue
             count = ref_counts[block_id] - 1
             ref_counts[block_id] = count
             if count:
                 assert count > 0, f"block {block_id} freed too often"
                 shared = True
-        freed = [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
-        if not self.cached:
-            self._unhashed.extend(freed)
-            return freed
-        block_hashes, unhashed, hashed = self.block_hashes, self._unhashed, self._hashed
-        for block_id in freed:
-            if block_hashes[block_id] is None:
-                unhashed.append(block_id)
+            elif (block_hash := block_hashes[block_id]) is None:
+                unhashed(block_id)
             else:
-                hashed[block_id] = None
-        return freed
+                hashed[block_id] = block_hash
+        return [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
 
     def cache_block(self, block_id: int, block_hash: int) -> None:
         """Record a full block's content hash so that later requests can hit it.
@@ -140,13 +144,12 @@ class BlockPool:
 
     def cache_new_blocks(self, block_ids: Iterable[int], block_hashes: Iterable[int]) -> None:
         """`cache_block` for each pair, in order, skipping blocks that already carry a hash."""
-        own, cached = self.block_hashes, self.cached
+        own, setdefault, ref_counts = self.block_hashes, self.cached.setdefault, self.ref_counts
         for block_id, block_hash in zip(block_ids, block_hashes, strict=True):
-            if own[block_id] is None:
-                assert self.ref_counts[block_id] > 0
-                if block_hash not in cached:
-                    cached[block_hash] = block_id
-                    own[block_id] = block_hash
+            # the block is uncached, so the hash maps to it only if this call maps it
+            if own[block_id] is None and setdefault(block_hash, block_id) == block_id:
+                assert ref_counts[block_id] > 0
+                own[block_id] = block_hash
 
     def lookup(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
@@ -163,6 +166,8 @@ class BlockPool:
         for block_id in self._unhashed:
             assert self.block_hashes[block_id] is None, f"hashed block {block_id} in the free queue's head part"
         assert NULL_BLOCK_ID not in free_queue or not self.null_block
+        for block_id, block_hash in self._hashed.items():
+            assert self.block_hashes[block_id] == block_hash, f"free queue's hash stale at block {block_id}"
         for block_hash, block_id in self.cached.items():
             assert self.block_hashes[block_id] == block_hash, f"hash map stale at block {block_id}"
         assert sum(h is not None for h in self.block_hashes) == len(self.cached)

@@ -108,9 +108,9 @@ class PagedAllocator(PoolSlots, PagedBursts):
         if not self.enable_caching or content is None:
             return NO_HIT
         max_blocks = (num_tokens - 1) // self.block_size
-        hits = []
+        hits, lookup = [], self.pool.cached.get  # `BlockPool.lookup`, bound once: a call per prompt block
         for block_hash in content.block_hashes(self.block_size, max_blocks):
-            block_id = self.pool.lookup(block_hash)
+            block_id = lookup(block_hash)
             if block_id is None:
                 break
             hits.append(block_id)
