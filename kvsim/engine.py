@@ -220,10 +220,8 @@ class Arrivals:
 
 def step_ends(start_s: float, durations: Sequence[float]) -> list[float]:
     """When each step of a burst started at `start_s` ends, summed as one timeout per step would."""
-    ends, t = [], start_s
-    for d in durations:
-        t += d
-        ends.append(t)
+    ends = list(itertools.accumulate(durations, initial=start_s))  # start + d0, then + d1, ...: `t += d`
+    del ends[0]
     return ends
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping
+from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -257,10 +258,8 @@ class StepRecorder:
         writes rows identical to what `record` would write step by step."""
         alloc = scheduler.alloc
         durations = burst.durations
-        starts, t = [], start_s
-        for d in durations:
-            starts.append(t)
-            t += d
+        starts = list(accumulate(durations, initial=start_s))  # summed as one timeout per step would
+        starts.pop()
         return PendingBurst(starts, durations, len(burst.batch), scheduler.num_preemptions,
                             alloc.external_fragmentation_slots(_next_region_slots(scheduler)),
                             alloc.num_slack_slots,  # constant: nothing is placed or freed inside a burst

@@ -7,6 +7,7 @@ for when the scheduler may use it and why the result equals step-by-step allocat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate, repeat
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -178,15 +179,11 @@ class PagedBursts:
     def _occupancy(self, held_step: list[int], reservable_step: list[int], num_seqs: int) -> Occupancy:
         """Held, filled and reserved slots after each step, from each step's new held and reservable
         slots and the totals now (before the burst): every step writes `num_seqs` tokens."""
-        held_out, filled_out, reserved_out = [], [], []
-        held, reservable = self.num_held_slots, self._sum_reservable
-        filled, written = self.num_filled_slots, self._sum_written
-        for held_new, reservable_new in zip(held_step, reservable_step, strict=True):
-            held += held_new
-            reservable += reservable_new
-            filled += num_seqs
-            written += num_seqs
-            held_out.append(held)
-            filled_out.append(filled)
-            reserved_out.append(reservable - written)
+        # running sums (exact: integers), each list starting with the total before the burst, dropped
+        held_out = list(accumulate(held_step, initial=self.num_held_slots))
+        filled_out = list(accumulate(repeat(num_seqs, len(held_step)), initial=self.num_filled_slots))
+        # reserved = reservable − written, and every step writes `num_seqs` more tokens
+        reserved_out = list(accumulate([new - num_seqs for new in reservable_step],
+                                       initial=self._sum_reservable - self._sum_written))
+        del held_out[0], filled_out[0], reserved_out[0]
         return held_out, filled_out, reserved_out
