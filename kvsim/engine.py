@@ -146,13 +146,13 @@ class Alarm(simpy.Event):
 
 
 def delivery_instants(arrivals_s: Iterable[float]) -> array:
-    """When `run_engines`' arrival process delivers each request (arrivals ascending): its arrival,
-    or a few ulps later where no float delay from the previous delivery reaches it (`delay_until`)."""
+    """When the arrival process delivers each request (arrivals ascending): at its arrival, or a few
+    ulps later where no float delay from the previous delivery reaches it exactly (`delay_until`);
+    a request arriving at or before the previous delivery comes with it."""
     out, last = array("d"), 0.0  # simpy starts at 0
     for at_s in arrivals_s:
         if at_s > last:
-            step = last + (at_s - last)
-            last = step if step >= at_s else last + delay_until(last, at_s)
+            last += delay_until(last, at_s)  # where `env.timeout(delay)` from `last` fires
         out.append(last)
     return out
 
@@ -188,6 +188,13 @@ class Arrivals:
     @property
     def next_arrival_s(self) -> float:
         return self._times[self.num_arrived] if self.num_arrived < len(self._times) else math.inf
+
+    def wait_for_next(self, env: simpy.Environment) -> simpy.Event | None:
+        """The event an arrival process yields before `pop`ping the next request: it fires at that
+        request's delivery instant (`delivery_instants`, the instants every look-ahead here uses);
+        None when it is delivered now."""
+        at_s = self._delivered[self.num_arrived]
+        return Alarm(env, at_s) if at_s > env.now else None
 
     def horizon_s(self, num_ahead: int) -> float:
         """When the `num_ahead`-th next request arrives (inf past the last one)."""
@@ -429,8 +436,8 @@ def run_engines(engines: Sequence[tuple[Scheduler, LatencyModel]], requests: Ite
 
     def arrival_process() -> Generator:
         while not arrivals.all_arrived:
-            if arrivals.next_arrival_s > env.now:
-                yield env.timeout(delay_until(env.now, arrivals.next_arrival_s))
+            if (delivery := arrivals.wait_for_next(env)) is not None:
+                yield delivery
             req = arrivals.pop()
             index = dispatch(req)
             if inboxes is not None and inboxes[index].in_burst:
@@ -583,8 +590,8 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
 
     def arrival_process() -> Generator:
         while not arrivals.all_arrived:
-            if arrivals.next_arrival_s > env.now:
-                yield env.timeout(delay_until(env.now, arrivals.next_arrival_s))
+            if (delivery := arrivals.wait_for_next(env)) is not None:
+                yield delivery
             schedulers[least_loaded(schedulers)].add(arrivals.pop())
             if not wake[0].triggered:
                 wake[0].succeed()
