@@ -74,17 +74,9 @@ class PagedBursts:
             used = written % bs
             if used:  # the partial last block takes the first tokens
                 fill[seq.block_table[-1]] = bs if used + num_steps >= bs else used + num_steps
-                first = bs - used
-            else:
-                first = 0
-            if first < num_steps:
-                held = len(seq.block_table) * bs
-                for off in range(first, num_steps, bs):
+            if -written % bs < num_steps:  # it takes blocks during the burst
+                for off in _take_blocks(seq, num_steps, bs, held_step, reservable_step):
                     events.append((off, pos))
-                    held_step[off] += bs
-                    before = held if held < final else final  # reservable: min(held, final)
-                    held += bs
-                    reservable_step[off] += (held if held < final else final) - before
             seq.num_tokens = total
             held = -(-total // bs) * bs
             reservable = held if held < final else final
@@ -165,15 +157,8 @@ class PagedBursts:
         held_step, reservable_step = [0] * num_steps, [0] * num_steps
         for seq_id in seq_ids:
             seq = seqs[seq_id]
-            written, final = seq.num_tokens, seq.final_num_tokens
-            assert written + num_steps <= final, "a burst never passes a sequence's final length"
-            first = -written % bs
-            held = len(seq.block_table) * bs
-            for off in range(first, num_steps, bs):
-                held_step[off] += bs
-                before = held if held < final else final  # reservable: min(held, final)
-                held += bs
-                reservable_step[off] += (held if held < final else final) - before
+            assert seq.num_tokens + num_steps <= seq.final_num_tokens, "a burst never passes a sequence's final length"
+            _take_blocks(seq, num_steps, bs, held_step, reservable_step)
         return self._occupancy(held_step, reservable_step, len(seq_ids))
 
     def _occupancy(self, held_step: list[int], reservable_step: list[int], num_seqs: int) -> Occupancy:
@@ -187,3 +172,17 @@ class PagedBursts:
                                        initial=self._sum_reservable - self._sum_written))
         del held_out[0], filled_out[0], reserved_out[0]
         return held_out, filled_out, reserved_out
+
+
+def _take_blocks(seq: SeqBlocks, num_steps: int, bs: int, held_step: list[int], reservable_step: list[int]) -> range:
+    """The step offsets at which `seq` (before the burst) takes a block in the next `num_steps` decode
+    steps: those with `num_tokens + offset ≡ 0 (mod bs)`. Adds each block's slots to `held_step` and
+    the growth of its reservation `min(held, final)` to `reservable_step`, at that offset."""
+    offsets = range(-seq.num_tokens % bs, num_steps, bs)
+    held, final = len(seq.block_table) * bs, seq.final_num_tokens
+    for off in offsets:
+        held_step[off] += bs
+        before = held if held < final else final
+        held += bs
+        reservable_step[off] += (held if held < final else final) - before
+    return offsets
