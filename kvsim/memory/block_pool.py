@@ -106,32 +106,27 @@ class BlockPool:
         """Drop one reference from each block (each listed once), in the given order (callers pass
         tail-first); returns the blocks whose count reached zero, in that order.
 
-        Those join the free queue: at the tail if cached, at the head if not. While nothing is
-        cached (`cached` empty: no block carries a hash), they all go to the head at once.
+        Those join the free queue: at the tail if cached, at the head if not (while nothing is
+        cached, no block carries a hash: they all go to the head at once).
         """
         ref_counts, shared = self.ref_counts, False
-        if not self.cached:
-            for block_id in ordered_block_ids:
-                count = ref_counts[block_id] - 1
-                ref_counts[block_id] = count
-                if count:
-                    assert count > 0, f"block {block_id} freed too often"
-                    shared = True
-            freed = [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
-            self._unhashed.extend(freed)
-            return freed
-        block_hashes, unhashed, hashed = self.block_hashes, self._unhashed.append, self._hashed
-        for block_id in ordered_block_ids:  # one pass: each block reaching zero joins its part of the queue
+        for block_id in ordered_block_ids:
             count = ref_counts[block_id] - 1
             ref_counts[block_id] = count
             if count:
                 assert count > 0, f"block {block_id} freed too often"
                 shared = True
-            elif (block_hash := block_hashes[block_id]) is None:
+        freed = [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
+        if not self.cached:
+            self._unhashed.extend(freed)
+            return freed
+        block_hashes, unhashed, hashed = self.block_hashes, self._unhashed.append, self._hashed
+        for block_id in freed:
+            if (block_hash := block_hashes[block_id]) is None:
                 unhashed(block_id)
             else:
                 hashed[block_id] = block_hash
-        return [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
+        return freed
 
     def cache_block(self, block_id: int, block_hash: int) -> None:
         """Record a full block's content hash so that later requests can hit it.
