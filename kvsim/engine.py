@@ -225,13 +225,6 @@ class Arrivals:
         return list(zip(itertools.islice(self._ahead, num), self._delivered[first:first + num], strict=True))
 
 
-def step_ends(start_s: float, durations: Sequence[float]) -> list[float]:
-    """When each step of a burst started at `start_s` ends, summed as one timeout per step would."""
-    ends = list(itertools.accumulate(durations, initial=start_s))  # start + d0, then + d1, ...: `t += d`
-    del ends[0]
-    return ends
-
-
 def waiting_before_steps(waiting: deque[Request], num_before: int, starts_s: list[float],
                          delivered: list[tuple[Request, float]]) -> list[int]:
     """The waiting count before each step a burst ran in one wait, as a step-by-step engine records it.
@@ -345,13 +338,15 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
         horizon_s = arrivals.next_arrival_s if inbox is None else arrivals.horizon_s(num_engines)
         burst = scheduler.plan_burst(latency, env.now, horizon_s, observed) if bursts else None
         if burst is not None:
-            start_s, num_waiting = env.now, len(scheduler.waiting)
-            rows = recorder.begin_burst(start_s, burst, scheduler) if inbox is None else None
+            num_waiting = len(scheduler.waiting)
+            # each step's start, then the last one's end, summed as one timeout per step would (`t += d`)
+            instants_s = list(itertools.accumulate(burst.durations, initial=env.now))
+            rows = recorder.begin_burst(instants_s[:-1], burst, scheduler) if inbox is None else None
             if inbox is not None and inbox.observe_kv:  # usage after each step, as `record` would write it
                 held, _, _ = scheduler.alloc.burst_occupancy(burst.seq_ids, len(burst.durations))
                 total = scheduler.alloc.num_total_slots
                 inbox.usage_after_step = [1.0 - (total - h) / total for h in held]
-            ends_s = step_ends(start_s, burst.durations)
+            ends_s = instants_s[1:]
             if not arrivals.none_delivered_at(ends_s):  # its order needs one event per step
                 waiting = []
                 if inbox is not None:
@@ -369,10 +364,10 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
             else:  # one wait; arrivals joined the queue behind a blocked head at their instants
                 delivered = arrivals.delivered_until(ends_s[-1])  # drawn now: they arrive during the wait
                 yield Alarm(env, ends_s[-1])
-                waiting = waiting_before_steps(scheduler.waiting, num_waiting, [start_s, *ends_s[:-1]], delivered)
+                waiting = waiting_before_steps(scheduler.waiting, num_waiting, instants_s[:-1], delivered)
             if inbox is not None:  # cut after the step in flight; arrivals waited in the inbox
                 burst = Burst(burst.batch, burst.durations[:len(waiting)], burst.seq_ids)
-                rows = recorder.begin_burst(start_s, burst, scheduler)
+                rows = recorder.begin_burst(instants_s[:len(waiting)], burst, scheduler)
             assert rows is not None
             recorder.end_burst(rows, waiting, scheduler.apply_burst(burst, env.now))
             if inbox is not None:

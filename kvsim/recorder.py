@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping
-from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -253,14 +252,12 @@ class StepRecorder:
         if self._num_rows + len(self._bursts) >= self.chunk_rows:
             self.flush()
 
-    def begin_burst(self, start_s: float, burst: Burst, scheduler: Scheduler) -> PendingBurst:
-        """What a decode burst's rows need from before it is applied; `end_burst` adds the rest and
-        writes rows identical to what `record` would write step by step."""
+    def begin_burst(self, starts_s: list[float], burst: Burst, scheduler: Scheduler) -> PendingBurst:
+        """What a decode burst's rows need from before it is applied (`starts_s`: when each of its steps
+        starts, as the engine's clock reads then); `end_burst` adds the rest and writes rows identical
+        to what `record` would write step by step."""
         alloc = scheduler.alloc
-        durations = burst.durations
-        starts = list(accumulate(durations, initial=start_s))  # summed as one timeout per step would
-        starts.pop()
-        return PendingBurst(starts, durations, len(burst.batch), scheduler.num_preemptions,
+        return PendingBurst(starts_s, burst.durations, len(burst.batch), scheduler.num_preemptions,
                             alloc.external_fragmentation_slots(_next_region_slots(scheduler)),
                             alloc.num_slack_slots,  # constant: nothing is placed or freed inside a burst
                             sharing_saved_slots(alloc),  # bursts only append unshared blocks
