@@ -19,10 +19,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvsim.errors import KvsimError
-from kvsim.measured import MeasuredRun, load_measured
-from kvsim.render import rows_to_markdown
-from kvsim.validate import default_profile, request_stats, save_figures, validate
+from kvsim.model.errors import KvsimError
+from kvsim.results.render import rows_to_markdown
+from kvsim.validation.compare import default_profile, request_stats, save_figures, validate
+from kvsim.validation.measured import MeasuredRun, load_measured
 
 REPO = Path(__file__).resolve().parents[1]
 VALIDATION = REPO.parent / "shared" / "validation"

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kvsim.memory import PagedAllocator, SegmentContent, SlabAllocator
+from kvsim.kv import PagedAllocator, SegmentContent, SlabAllocator
 
 N = 20_000
 

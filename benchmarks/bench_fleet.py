@@ -79,8 +79,8 @@ def scenario_raw(replicas: int, num_requests: int, rate_per_replica: float, step
 
 def _run(args: tuple[dict, multiprocessing.Queue]) -> None:
     raw, queue = args
-    from kvsim.fleet import simulate_fleet
-    from kvsim.scenario import make_scenario
+    from kvsim.fleet.driver import simulate_fleet
+    from kvsim.workload.scenario import make_scenario
 
     scenario = make_scenario(raw)
     start, cpu = time.perf_counter(), time.process_time()

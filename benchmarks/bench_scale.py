@@ -46,12 +46,12 @@ def child_default(num_requests: int, steps: str, steps_format: str) -> dict:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     start = time.perf_counter()
-    from kvsim.engine import simulate_single
-    from kvsim.output_dir import output_directory
-    from kvsim.recorder import StepRecorder
-    from kvsim.results import write_run_files
-    from kvsim.scenario import load_scenario
-    from kvsim.step_writer import StepWriter
+    from kvsim.engine.recorder import StepRecorder
+    from kvsim.engine.simulate import simulate_single
+    from kvsim.results.output_dir import output_directory
+    from kvsim.results.run_result import write_run_files
+    from kvsim.results.step_writer import StepWriter
+    from kvsim.workload.scenario import load_scenario
 
     spec = load_scenario(None, [f"workload.num_requests={num_requests}", f"steps={steps}"])
     imported = time.perf_counter()
@@ -70,8 +70,8 @@ def child_default(num_requests: int, steps: str, steps_format: str) -> dict:
 
 
 def child_overload(caching: bool) -> dict:
-    from kvsim.engine import simulate
-    from kvsim.scenario import make_scenario
+    from kvsim.engine.simulate import simulate
+    from kvsim.workload.scenario import make_scenario
 
     raw = {**OVERLOAD, "engine": {**OVERLOAD["engine"], "enable_prefix_caching": caching}}
     start = time.perf_counter()

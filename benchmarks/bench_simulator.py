@@ -19,8 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
-from kvsim.engine import simulate
-from kvsim.scenario import make_scenario
+from kvsim.engine.simulate import simulate
+from kvsim.workload.scenario import make_scenario
 
 SCENARIO = {
     "name": "bench-10k",

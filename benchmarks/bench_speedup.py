@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PINNED_REFERENCE = "4cfa5bb"  # main before the hot-path work of issue 9 item 4 (append_token, burst trims)
 CHILD = """
 import json, sys, time
-from kvsim.engine import simulate
-from kvsim.scenario import load_scenario, make_scenario
+from kvsim.engine.simulate import simulate
+from kvsim.workload.scenario import load_scenario, make_scenario
 kind, value = sys.argv[1], sys.argv[2]
 if kind == "default":
     spec = load_scenario(None, [f"workload.num_requests={value}", "steps=none"])

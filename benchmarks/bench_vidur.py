@@ -48,10 +48,10 @@ import pandas as pd
 from bench_simulator import baseline  # the same interpreter-speed loop, in this run
 from vidur_profile import KVSIM_GPU, KVSIM_MODEL, VIDUR_DEVICE, VIDUR_MODEL, VIDUR_NETWORK, write_profile
 
-from kvsim.capacity import num_gpu_blocks
-from kvsim.config import EngineConfig, load_gpu, load_model
-from kvsim.traces import read_azure
-from kvsim.version import __version__ as kvsim_version
+from kvsim.model.capacity import num_gpu_blocks
+from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.version import __version__ as kvsim_version
+from kvsim.workload.traces import read_azure
 
 REPO = Path(__file__).resolve().parent.parent
 TRACE = REPO.parent / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"

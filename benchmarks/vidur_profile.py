@@ -6,7 +6,7 @@ compute dataset with `config.json` ({model, device_sku}), `mlp.csv.xz` and `atte
 and a network dataset with `config.json` ({sku}) whose all_reduce/send_recv tables are only read
 at TP > 1 or PP > 1. This machine reaches no dataset hub and microsoft/vidur keeps its measured
 attention.csv in Git LFS, so `write_profile` writes the tables in Vidur's column layout from
-kvsim's roofline (`kvsim.roofline.RooflineLatency`) as an offline Hugging Face cache
+kvsim's roofline (`kvsim.latency.roofline.RooflineLatency`) as an offline Hugging Face cache
 (`datasets--ORG--NAME/refs/main` -> `snapshots/REV/`), which `HF_HUB_OFFLINE=1` makes
 `snapshot_download` return. Both simulators then price a step from the same per-layer terms:
 
@@ -32,8 +32,8 @@ import json
 import lzma
 from pathlib import Path
 
-from kvsim.config import EngineConfig, load_gpu, load_model
-from kvsim.roofline import RooflineLatency
+from kvsim.latency.roofline import RooflineLatency
+from kvsim.model.config import EngineConfig, load_gpu, load_model
 
 VIDUR_MODEL = "meta-llama/Llama-2-7b-hf"  # vidur/config/model_config.py, Llama2_7BModelConfig
 VIDUR_DEVICE, VIDUR_NETWORK = "a100", "a100_dgx"  # vidur/types/{device,node}_sku_type.py

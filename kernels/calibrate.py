@@ -10,9 +10,9 @@ What it measures (one transformer layer each, medians from `triton.testing.do_be
     gemm      qkv, o, gate_up, down and lm_head at the token counts a step can have
     copy      device-to-device copy bandwidth (the ceiling decode attention aims at)
 
-The rows follow `kvsim.latency.PROFILE_COLUMNS`; `kvsim.calibration` interpolates them. The
+The rows follow `kvsim.latency.base.PROFILE_COLUMNS`; `kvsim.latency.calibrated` interpolates them. The
 decode grid is complete (every batch × context), which the bilinear interpolation needs.
-This module needs only torch, triton and the standard library (plus kvsim.latency's schema).
+This module needs only torch, triton and the standard library (plus kvsim.latency.base's schema).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import triton
 
 from kernels.grid import Grid, LayerShapes, plan
 from kernels.paged_attention import FP8_DTYPE, paged_attention_decode, paged_attention_prefill
-from kvsim.latency import PROFILE_COLUMNS
-from kvsim.output_dir import FILE_TAG, output_file
+from kvsim.latency.base import PROFILE_COLUMNS
+from kvsim.results.output_dir import FILE_TAG, output_file
 
 L2_BYTES = 64 * 2**20  # H100/H200 have 50-60 MB; pools are sized well past it
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -137,7 +137,7 @@ def _metadata(gpu_name: str, shapes: LayerShapes, grid: Grid, device: str) -> di
 
 
 def write_profile(output: Path, rows: list[dict[str, Any]], meta: dict[str, str]) -> Path:
-    """Write `# key: value` metadata, then the CSV, through `kvsim.output_dir.output_file`: a new
+    """Write `# key: value` metadata, then the CSV, through `kvsim.results.output_dir.output_file`: a new
     file or one kvsim wrote (its first line is `# generator: kvsim calibrate`), replaced when complete."""
     with output_file(output) as tmp, tmp.open("w", newline="") as f:
         f.write(f"{FILE_TAG} calibrate\n")

@@ -4,7 +4,7 @@ The library API (typed; the CLI is a thin layer over it):
 
     simulate(scenario, *, check=False, **overrides) -> RunResult | FleetResult
         scenario: a Scenario, a YAML path, a dict of scenario fields, or None for the built-in default;
-        a fleet scenario (`replicas` set) runs `kvsim.fleet.simulate_fleet` and returns its FleetResult
+        a fleet scenario (`replicas` set) runs `kvsim.fleet.driver.simulate_fleet` and returns its FleetResult
     load_scenario(path=None, overrides=None) -> Scenario
         overrides: {"engine.block_size": 32} or ["engine.block_size=32"] (the CLI's --set)
     Scenario, RunResult (requests/steps DataFrames, summary; write, to_parquet)
@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvsim.version import __version__
+from kvsim.model.version import __version__
 
 if TYPE_CHECKING:
-    from kvsim.fleet import FleetResult
-    from kvsim.results import RunResult
-    from kvsim.scenario import Scenario, load_scenario
+    from kvsim.fleet.driver import FleetResult
+    from kvsim.results.run_result import RunResult
+    from kvsim.workload.scenario import Scenario, load_scenario
 
 __all__ = ["RunResult", "Scenario", "__version__", "load_scenario", "simulate"]
 
@@ -40,13 +40,13 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
     `check=True` runs every allocator's `check_invariants()` after each step.
     A fleet scenario (`replicas` set) runs its replicas behind its router and returns a `FleetResult`.
     """
-    from kvsim.engine import simulate as _simulate
-    from kvsim.scenario import resolve_scenario
+    from kvsim.engine.simulate import simulate as _simulate
+    from kvsim.workload.scenario import resolve_scenario
 
     fields = {key.replace("__", "."): value for key, value in overrides.items()}
     resolved = resolve_scenario(scenario, fields)
     if resolved.is_fleet:
-        from kvsim.fleet import simulate_fleet
+        from kvsim.fleet.driver import simulate_fleet
 
         return simulate_fleet(resolved, check=check, progress=progress)
     return _simulate(resolved, check=check, progress=progress)
@@ -55,15 +55,15 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
 def __getattr__(name: str) -> Any:
     """The API's heavier names, imported on first use (PEP 562)."""
     if name == "RunResult":
-        from kvsim.results import RunResult
+        from kvsim.results.run_result import RunResult
 
         return RunResult
     if name == "Scenario":
-        from kvsim.scenario import Scenario
+        from kvsim.workload.scenario import Scenario
 
         return Scenario
     if name == "load_scenario":
-        from kvsim.scenario import load_scenario
+        from kvsim.workload.scenario import load_scenario
 
         return load_scenario
     raise AttributeError(f"module 'kvsim' has no attribute {name!r}")

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvsim.errors import KvsimError, reading
+from kvsim.model.errors import KvsimError, reading
 
 if TYPE_CHECKING:
-    from kvsim.fleet import FleetResult
-    from kvsim.results import RunResult
+    from kvsim.fleet.driver import FleetResult
+    from kvsim.results.run_result import RunResult
 
 app = typer.Typer(
     help="kvsim: capacity simulator for LLM serving with a paged KV cache.",
@@ -36,7 +36,7 @@ DEFAULT_CONTEXT_LENGTHS = "1024,2048,4096,8192,16384,32768"
 
 def _print_version(value: bool) -> None:
     if value:
-        from kvsim.version import __version__
+        from kvsim.model.version import __version__
 
         typer.echo(f"kvsim {__version__}")
         raise typer.Exit()
@@ -83,7 +83,7 @@ def parse_int_list(text: str, field: str) -> list[int]:
 
 def parse_size_flag(text: str, flag: str) -> int:
     """`64GiB`, `500MB` or a byte count → bytes; anything else is an error naming the flag."""
-    from kvsim.config import parse_size
+    from kvsim.model.config import parse_size
 
     try:
         value = parse_size(text)
@@ -99,7 +99,7 @@ GpuOpt = Annotated[str, typer.Option("--gpu", help="Preset name or path to a GPU
 MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len")]
 BlockSizeOpt = Annotated[int | None, typer.Option("--block-size")]
 GpuUtilOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
-KvDtypeOpt = Annotated[str | None, typer.Option(  # every value of kvsim.config.KVCacheDtype
+KvDtypeOpt = Annotated[str | None, typer.Option(  # every value of kvsim.model.config.KVCacheDtype
     "--kv-cache-dtype", help="auto, fp8, fp8_e4m3, fp8_e5m2, float16, bfloat16")]
 KvBytesOpt = Annotated[str | None, typer.Option("--kv-cache-memory-bytes", help="e.g. 12GiB")]
 BlocksOverrideOpt = Annotated[int | None, typer.Option("--num-gpu-blocks-override")]
@@ -132,11 +132,11 @@ def capacity(
     """Closed-form KV capacity: pool, blocks, and max concurrent sequences per context length."""
     from functools import partial
 
-    from kvsim.capacity import plan_capacity
-    from kvsim.config import load_gpu, load_model, make_engine
-    from kvsim.cost import add_capacity_costs, gpu_price
-    from kvsim.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
-    from kvsim.roofline import RooflineLatency, cohort_output_tokens_per_s
+    from kvsim.latency.roofline import RooflineLatency, cohort_output_tokens_per_s
+    from kvsim.model.capacity import plan_capacity
+    from kvsim.model.config import load_gpu, load_model, make_engine
+    from kvsim.planning.cost import add_capacity_costs, gpu_price
+    from kvsim.results.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
 
     with user_errors():
         engine = make_engine(
@@ -238,12 +238,12 @@ def run(
 ) -> None:
     """Simulate a scenario: per-request latency, per-step KV usage and waste, preemptions, queueing.
 
-    A scenario with `replicas` simulates that fleet behind its `router` (see `kvsim.fleet`).
+    A scenario with `replicas` simulates that fleet behind its `router` (see `kvsim.fleet.driver`).
     """
-    from kvsim.engine import simulate
-    from kvsim.output_dir import check_output_dir, safe_component
-    from kvsim.scenario import load_scenario
-    from kvsim.step_writer import resolve_format
+    from kvsim.engine.simulate import simulate
+    from kvsim.results.output_dir import check_output_dir, safe_component
+    from kvsim.results.step_writer import resolve_format
+    from kvsim.workload.scenario import load_scenario
 
     with user_errors():
         limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
@@ -254,7 +254,7 @@ def run(
         with _progress_bar(enabled=output_format is RunFormat.table) as progress:
             result: RunResult | FleetResult
             if spec.is_fleet:
-                from kvsim.fleet import simulate_fleet  # not imported by a single engine's run
+                from kvsim.fleet.driver import simulate_fleet  # not imported by a single engine's run
 
                 result = simulate_fleet(spec, check=check, progress=progress)
                 written = result.write(out_dir)
@@ -263,13 +263,13 @@ def run(
                                   out_dir=out_dir, steps_format=steps_format.value)
                 written = Path(out_dir)
     if output_format is RunFormat.json:
-        from kvsim.render import to_json
+        from kvsim.results.render import to_json
 
         sys.stdout.write(to_json(result.summary))
         return
     from rich.console import Console
 
-    from kvsim.render import fleet_table, summary_table
+    from kvsim.results.render import fleet_table, summary_table
 
     console = Console()
     console.print(fleet_table(result.summary) if spec.is_fleet else summary_table(result.summary))
@@ -302,12 +302,12 @@ def plan(
     """The cheapest fleet meeting latency SLOs: fewest replicas per candidate GPU / TP / engine knobs."""
     import yaml
 
-    from kvsim.output_dir import check_output_dir, claim_directory, safe_component
-    from kvsim.plan import check_candidates, spec_from_options
-    from kvsim.plan import plan as run_plan
-    from kvsim.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
-    from kvsim.scenario import load_scenario
-    from kvsim.search import close_client, dask_client
+    from kvsim.planning.plan import check_candidates, spec_from_options
+    from kvsim.planning.plan import plan as run_plan
+    from kvsim.planning.search import close_client, dask_client
+    from kvsim.results.output_dir import check_output_dir, claim_directory, safe_component
+    from kvsim.results.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
+    from kvsim.workload.scenario import load_scenario
 
     with user_errors():
         base = load_scenario(scenario, overrides or [])
@@ -353,8 +353,8 @@ def _write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
     """plan.csv / .json / .md and the Pareto figure, each written whole then renamed into place."""
     import os
 
-    from kvsim.render import rows_to_csv, rows_to_markdown, to_json
-    from kvsim.report import pareto_figure
+    from kvsim.report.build import pareto_figure
+    from kvsim.results.render import rows_to_csv, rows_to_markdown, to_json
 
     for file, write in (("plan.csv", rows_to_csv), ("plan.json", to_json), ("plan.md", rows_to_markdown)):
         tmp = out_dir / f".{file}.tmp"
@@ -432,8 +432,8 @@ def calibrate(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid and exit")] = False,
 ) -> None:
     """Time the Triton paged-attention kernels and the model's GEMMs on a GPU into a profile CSV."""
-    from kvsim.config import load_model, make_engine
-    from kvsim.output_dir import check_output_file
+    from kvsim.model.config import load_model, make_engine
+    from kvsim.results.output_dir import check_output_file
 
     with user_errors():
         spec = load_model(model)
@@ -455,7 +455,7 @@ def calibrate(
         grid = dataclasses.replace(base, block_sizes=tuple(sizes))
         points = calibration_grid.plan(shapes, grid)
         if dry_run:
-            from kvsim.render import rows_to_csv
+            from kvsim.results.render import rows_to_csv
 
             sys.stdout.write(rows_to_csv([{k: p.get(k, "") for k in ("kind", "op", "batch", "context_len",
                                                                         "query_len", "num_tokens", "k", "n",
@@ -494,9 +494,10 @@ def import_profile(
     licence: Annotated[str | None, typer.Option("--source-licence", help="The source's licence, e.g. MIT")] = None,
 ) -> None:
     """Convert a measured profile into kvsim's profile CSV, checked against the model, GPU, KV dtype and TP."""
-    from kvsim.config import load_gpu, load_model, make_engine
-    from kvsim.profiles import load_profile, with_source
-    from kvsim.profiles.native import write_native
+    from kvsim.latency.profiles import with_source
+    from kvsim.latency.profiles.loader import load_profile
+    from kvsim.latency.profiles.native import write_native
+    from kvsim.model.config import load_gpu, load_model, make_engine
 
     with user_errors():
         engine = make_engine(tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype)
@@ -526,9 +527,9 @@ def report(
     gpu_hourly_cost: HourlyCostOpt = None,
 ) -> None:
     """Capacity-planning report: Markdown + HTML with figures and the CSV behind each."""
-    from kvsim.report import build_report
-    from kvsim.scenario import REPORT_SCENARIO, load_scenario
-    from kvsim.studies import StudyConfig
+    from kvsim.report.build import build_report
+    from kvsim.report.studies import StudyConfig
+    from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
 
     engine_flags = {"max_model_len": max_model_len, "block_size": block_size,
                     "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_dtype": kv_cache_dtype,
@@ -541,7 +542,7 @@ def report(
         cfg = StudyConfig.quick() if quick else StudyConfig()
         cfg = StudyConfig(**{**cfg.__dict__, "workers": workers, "dask_address": dask_address,
                              "gpu_hourly_cost": gpu_hourly_cost})
-        from kvsim.cost import gpu_price
+        from kvsim.planning.cost import gpu_price
 
         gpu_price(base.gpu, gpu_hourly_cost)  # a bad price fails before any run
         out = build_report(base, output, cfg, progress=lambda step: typer.echo(f"running {step} ...", err=True))
@@ -574,9 +575,9 @@ def validate(
     output_format: Annotated[ValidateFormat, typer.Option("--format")] = ValidateFormat.table,
 ) -> None:
     """Replay a real vLLM run in kvsim and tabulate the errors (TTFT, TPOT, E2E, throughput, queues)."""
-    from kvsim import validate as v
-    from kvsim.measured import load_measured
-    from kvsim.output_dir import check_output_dir, safe_component
+    from kvsim.results.output_dir import check_output_dir, safe_component
+    from kvsim.validation import compare as v
+    from kvsim.validation.measured import load_measured
 
     with user_errors():
         run = load_measured(measured, workload)
@@ -589,7 +590,7 @@ def validate(
                             overrides=overrides or [])
         out_dir = v.write_validation(result, out_path)
     if output_format is ValidateFormat.json:
-        from kvsim.render import to_json
+        from kvsim.results.render import to_json
 
         sys.stdout.write(to_json(v.to_json(result)))
     elif output_format is ValidateFormat.markdown:
@@ -597,7 +598,7 @@ def validate(
     else:
         from rich.console import Console
 
-        from kvsim.render import rows_to_rich
+        from kvsim.results.render import rows_to_rich
 
         console = Console()
         console.print(rows_to_rich(v.table_rows(result), title=v.headline(result)))
@@ -605,7 +606,7 @@ def validate(
             console.print(f"note: {note}")
     typer.echo(f"validation written to {out_dir}/ (validation.md, validation.json, figures, sim/)", err=True)
 
-def _headline(plan) -> str:  # plan: kvsim.capacity.CapacityPlan
+def _headline(plan) -> str:  # plan: kvsim.model.capacity.CapacityPlan
     gib = 2**30
     return (
         f"[bold]{plan.model}[/] on [bold]{plan.gpu}[/]  kv_cache_dtype={plan.kv_cache_dtype}  "

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.engine import run_engine
-from kvsim.latency import ConstantLatency
-from kvsim.memory import PagedAllocator, SegmentContent, SlabAllocator
-from kvsim.request import Request
-from kvsim.scheduler import SchedulerLimits, make_scheduler
+from kvsim.engine.loop import run_engine
+from kvsim.kv import PagedAllocator, SegmentContent, SlabAllocator
+from kvsim.latency.base import ConstantLatency
+from kvsim.sched import SchedulerLimits, make_scheduler
+from kvsim.workload.request import Request
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"

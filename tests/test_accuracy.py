@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.measured import load_measured
-from kvsim.validate import Validation, default_profile, validate
+from kvsim.validation.compare import Validation, default_profile, validate
+from kvsim.validation.measured import load_measured
 
 CASES = Path(__file__).resolve().parents[2] / "shared" / "validation" / "measured" / "RTXPRO6000"
 DENSE = ("Llama-3.1-8B", "Qwen3-32B")

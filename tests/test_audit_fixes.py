@@ -8,7 +8,7 @@ from test_profiles import write_bundle  # tests/ is on sys.path
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.output_dir import MARKER_NAME
+from kvsim.results.output_dir import MARKER_NAME
 
 runner = CliRunner()
 
@@ -92,7 +92,7 @@ def test_a_directory_as_scenario_is_called_a_directory(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-PRESETS = Path(__file__).parent.parent / "kvsim" / "presets" / "models"
+PRESETS = Path(__file__).parent.parent / "kvsim" / "model" / "presets" / "models"
 
 
 def edited_config(tmp_path: Path, preset: str, **changes) -> str:
@@ -127,7 +127,7 @@ def test_zero_and_mistyped_config_fields_are_refused(tmp_path):
 
 
 def test_a_missing_kv_heads_key_still_means_multi_head_attention(tmp_path):
-    from kvsim.config import load_model
+    from kvsim.model.config import load_model
 
     model = load_model(edited_config(tmp_path, "llama-3.1-8b.json", num_key_value_heads=KeyError, head_dim=None))
     assert (model.num_kv_heads, model.head_dim) == (32, 4096 // 32)  # hidden_size / num_attention_heads

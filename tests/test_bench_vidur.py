@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.traces import read_azure
+from kvsim.workload.traces import read_azure
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -75,7 +75,7 @@ def test_profile_tables_are_the_roofline_in_vidurs_columns(bench, tmp_path):
     assert (one["n_head"], one["n_kv_head"], one["n_embd"], one["n_expanded_embd"], one["use_gated_mlp"],
             one["num_tensor_parallel_workers"]) == ("32", "32", "4096", "11008", "True", "1")
     # qkv of Llama-2-7B at 1 token, by hand: 4096 x (3 x 4096) fp16 weights, read at 89 % of the
-    # A100's 2.039 TB/s, blended with 2 FLOP per weight at 82 % of 312 TFLOP/s (kvsim/roofline.py)
+    # A100's 2.039 TB/s, blended with 2 FLOP per weight at 82 % of 312 TFLOP/s (kvsim/latency/roofline.py)
     params = 4096 * 3 * 4096
     read_s, compute_s = 2 * params / (0.89 * 2.039e12), 2 * params / (0.82 * 312e12)
     assert float(one["time_stats.attn_pre_proj.median"]) == pytest.approx(math.hypot(read_s, compute_s) * 1e3)

@@ -1,11 +1,11 @@
-"""The memory floor of a run, derived by hand from the per-item costs in `kvsim.budget`."""
+"""The memory floor of a run, derived by hand from the per-item costs in `kvsim.results.budget`."""
 
 import pytest
 
-from kvsim.budget import BLOCK_BYTES, REQUEST_BYTES, STEP_BYTES, check_run_memory, estimate_run_bytes
-from kvsim.config import load_gpu, load_model
-from kvsim.errors import KvsimError
-from kvsim.scenario import load_scenario
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.errors import KvsimError
+from kvsim.results.budget import BLOCK_BYTES, REQUEST_BYTES, STEP_BYTES, check_run_memory, estimate_run_bytes
+from kvsim.workload.scenario import load_scenario
 
 
 def test_floor_counts_requests_blocks_and_steps():

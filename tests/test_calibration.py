@@ -4,15 +4,15 @@ import logging
 
 import pytest
 
-from kvsim.calibration import CalibratedLatency, Interp1D, NestedInterp
-from kvsim.config import EngineConfig, load_gpu, load_model
-from kvsim.engine import simulate
-from kvsim.errors import KvsimError
-from kvsim.latency import PROFILE_COLUMNS
-from kvsim.profiles.native import read_native
-from kvsim.roofline import RooflineLatency
-from kvsim.scenario import make_scenario
-from kvsim.step import StepPlan
+from kvsim.engine.simulate import simulate
+from kvsim.latency.base import PROFILE_COLUMNS
+from kvsim.latency.calibrated import CalibratedLatency, Interp1D, NestedInterp
+from kvsim.latency.profiles.native import read_native
+from kvsim.latency.roofline import RooflineLatency
+from kvsim.latency.step_plan import StepPlan
+from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.errors import KvsimError
+from kvsim.workload.scenario import make_scenario
 
 MODEL = load_model("llama-3.1-8b")
 ENGINE = EngineConfig(max_model_len=8192)
@@ -154,7 +154,7 @@ def test_wrong_attention_shape_and_bad_files_are_errors(tmp_path):
 
 
 def test_a_profile_missing_a_documented_column_or_kind_names_it(tmp_path):
-    """Each documented column and each row kind is checked against kvsim.latency's schema."""
+    """Each documented column and each row kind is checked against kvsim.latency.base's schema."""
     lines = write_synthetic(tmp_path / "p.csv").read_text().splitlines()
     header = lines[1].split(",")
     time_col = header.index("time_s")
@@ -168,7 +168,7 @@ def test_a_profile_missing_a_documented_column_or_kind_names_it(tmp_path):
 
 
 def test_a_profile_with_a_non_integer_shape_is_an_error_not_a_traceback(tmp_path):
-    from kvsim.profiles import load_profile
+    from kvsim.latency.profiles.loader import load_profile
 
     path = write_synthetic(tmp_path / "p.csv")
     path.write_text("# num_layers: thirty-two\n" + path.read_text())

@@ -1,6 +1,6 @@
 import pytest
 
-from kvsim.capacity import (
+from kvsim.model.capacity import (
     check_parallel,
     kv_bytes_per_block,
     kv_bytes_per_token,
@@ -11,8 +11,8 @@ from kvsim.capacity import (
     slab_max_seqs,
     vllm_max_concurrency,
 )
-from kvsim.config import EngineConfig, load_gpu, load_model
-from kvsim.errors import KvsimError
+from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.errors import KvsimError
 
 H100 = load_gpu("h100-80gb")
 

@@ -66,7 +66,7 @@ def test_other_formats(fmt):
      (["--block-size", "0"], "block_size"), (["--kv-cache-memory-bytes", "-5GiB"], "kv_cache_memory_bytes"),
      (["--gpu-memory-utilization", "1.2"], "gpu_memory_utilization"),
      (["--model", "llama-3.1-70b"], "missing"), (["--context-lengths", "4k"], "--context-lengths"),
-     # what vLLM refuses at startup (cited in kvsim/config.py and kvsim/capacity.py)
+     # what vLLM refuses at startup (cited in kvsim/model/config.py and kvsim/model/capacity.py)
      (["--tensor-parallel-size", "3"], "tensor_parallel_size=3"),
      (["--tensor-parallel-size", "64"], "tensor_parallel_size=64"),
      (["--block-size", "24"], "block_size=24"), (["--block-size", "1024"], "block_size=1024"),
@@ -84,7 +84,7 @@ def test_bad_input_is_one_line_and_nonzero(args, needle):
 
 
 def test_import_is_light_and_module_entry_point_works():
-    code = "import sys, kvsim, kvsim.capacity, kvsim.config; bad = {'torch','triton','matplotlib','simpy'} & set(sys.modules); print(sorted(bad))"
+    code = "import sys, kvsim, kvsim.model.capacity, kvsim.model.config; bad = {'torch','triton','matplotlib','simpy'} & set(sys.modules); print(sorted(bad))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     out = subprocess.run([sys.executable, "-m", "kvsim", "capacity", "--format", "csv"], capture_output=True,

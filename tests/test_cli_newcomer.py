@@ -15,8 +15,8 @@ def test_version_is_the_packages():
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert pyproject["project"]["dynamic"] == ["version"]  # read from kvsim/version.py, one source
-    version = (REPO / "kvsim" / "version.py").read_text().split('__version__ = "')[1].split('"')[0]
+    assert pyproject["project"]["dynamic"] == ["version"]  # read from kvsim/model/version.py, one source
+    version = (REPO / "kvsim" / "model" / "version.py").read_text().split('__version__ = "')[1].split('"')[0]
     assert result.output == f"kvsim {version}\n"
 
 

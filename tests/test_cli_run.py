@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.step_writer import has_pyarrow
+from kvsim.results.step_writer import has_pyarrow
 
 runner = CliRunner()
 STEPS_FILE = "steps.parquet" if has_pyarrow() else "steps.csv"  # `--steps-format auto`
@@ -101,7 +101,7 @@ def test_unwritable_output_is_one_line_error(tmp_path):
 @pytest.mark.parametrize("where", ["/proc/kvsim-out", "read-only/out"])
 def test_unwritable_output_is_refused_before_simulating(tmp_path, monkeypatch, where):
     """`-o /proc/x` (and a folder without write permission) is refused before the run, not after it."""
-    import kvsim.engine
+    import kvsim.engine.simulate
 
     read_only = tmp_path / "read-only"
     read_only.mkdir(mode=0o555)
@@ -111,7 +111,7 @@ def test_unwritable_output_is_refused_before_simulating(tmp_path, monkeypatch, w
     def no_simulation(*args, **kwargs):
         raise AssertionError("simulated before checking the output")
 
-    monkeypatch.setattr(kvsim.engine, "simulate", no_simulation)
+    monkeypatch.setattr(kvsim.engine.simulate, "simulate", no_simulation)
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["run", "--set", "workload.num_requests=5", "-o", where])
     assert result.exit_code == 2, result.output
@@ -141,7 +141,7 @@ def test_kv_cache_dtype_help_lists_every_accepted_value():
     from typing import get_args
 
     from kvsim.cli import KvDtypeOpt
-    from kvsim.config import KVCacheDtype
+    from kvsim.model.config import KVCacheDtype
     help_text = get_args(KvDtypeOpt)[1].help
     assert [v for v in get_args(KVCacheDtype) if v not in help_text.split(", ")] == []
 

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from kvsim.config import EngineConfig, load_gpu, load_model, make_engine, model_presets, parse_size
-from kvsim.errors import KvsimError
+from kvsim.model.config import EngineConfig, load_gpu, load_model, make_engine, model_presets, parse_size
+from kvsim.model.errors import KvsimError
 
 
 @pytest.mark.parametrize(

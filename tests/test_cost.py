@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.cost import cost_per_million_output_tokens, cost_per_user_hour, gpu_price
+from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_hour, gpu_price
 
 runner = CliRunner()
 
@@ -48,9 +48,9 @@ def test_capacity_prices_a_million_output_tokens_at_the_cohort_rate():
     """Closed form by hand with a constant 10 ms step: 10 sequences of prompt 50 + output 50 take one prefill
     step and 49 decode steps, 0.5 s, for 500 tokens: 1,000 tokens/s. At $3.60 per GPU-hour (1 GPU) a million
     tokens take 1,000 s: $1.00."""
-    from kvsim.cost import add_capacity_costs
-    from kvsim.latency import ConstantLatency
-    from kvsim.roofline import cohort_output_tokens_per_s
+    from kvsim.latency.base import ConstantLatency
+    from kvsim.latency.roofline import cohort_output_tokens_per_s
+    from kvsim.planning.cost import add_capacity_costs
 
     latency = ConstantLatency(0.01, 32e9)
     assert cohort_output_tokens_per_s(latency, 10, 100) == pytest.approx(1000.0)

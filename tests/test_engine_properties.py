@@ -4,8 +4,8 @@ every request ends finished or rejected, and decode bursts change nothing."""
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from kvsim.metrics import requests_frame
-from kvsim.request import RequestStatus
+from kvsim.results.metrics import requests_frame
+from kvsim.workload.request import RequestStatus
 from tests.conftest import make_request, run, tiny_world
 
 REQUEST = st.tuples(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvsim.request import RequestStatus
+from kvsim.workload.request import RequestStatus
 from tests.conftest import make_request, run, tiny_world
 
 
@@ -130,7 +130,7 @@ def test_every_allocator_under_every_policy(policy, allocator):
 
 
 def test_beam_search_shares_more_than_the_prompt():
-    from kvsim.memory import sharing_saved_slots
+    from kvsim.kv import sharing_saved_slots
 
     def peak_saving(beam):
         s = tiny_world(policy="v0", num_blocks=200, max_num_batched_tokens=256, max_model_len=256)

@@ -11,17 +11,17 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from kvsim.capacity import (
+from kvsim.cli import app
+from kvsim.model.capacity import (
     engine_weights_bytes,
     kv_bytes_per_block,
     kv_bytes_per_token,
     model_kv_layout,
     plan_capacity,
 )
-from kvsim.cli import app
-from kvsim.config import PRESETS_DIR, load_gpu, load_model, make_engine, model_from_hf_config
-from kvsim.errors import KvsimError
-from kvsim.weights import active_params_per_token
+from kvsim.model.config import PRESETS_DIR, load_gpu, load_model, make_engine, model_from_hf_config
+from kvsim.model.errors import KvsimError
+from kvsim.model.weights import active_params_per_token
 
 BF16 = 2
 

@@ -12,10 +12,10 @@ import math
 import numpy as np
 import pytest
 
-from kvsim.engine import simulate
-from kvsim.errors import KvsimError
-from kvsim.fleet import replica_scenarios, simulate_fleet
-from kvsim.scenario import make_scenario
+from kvsim.engine.simulate import simulate
+from kvsim.fleet.driver import replica_scenarios, simulate_fleet
+from kvsim.model.errors import KvsimError
+from kvsim.workload.scenario import make_scenario
 
 H100_8B = {"model": "llama-3.1-8b", "gpu": "h100-80gb"}
 
@@ -179,9 +179,9 @@ def test_a_fleets_steps_setting_bounds_its_rows_and_leaves_its_summary_alone(mon
     # `steps` is a fleet-wide setting: none keeps no row, sampled at most MAX_SAMPLED_STEPS over all
     # replicas (each replica keeps every k-th row of its own, k doubling at its share of the cap);
     # the summary is made from every step in each case. A cap of 10 rows makes 3 replicas sample.
-    import kvsim.fleet
+    import kvsim.fleet.driver
 
-    monkeypatch.setattr(kvsim.fleet, "MAX_SAMPLED_STEPS", 10)
+    monkeypatch.setattr(kvsim.fleet.driver, "MAX_SAMPLED_STEPS", 10)
     runs = {mode: simulate_fleet(scenario(replicas=3, steps=mode)) for mode in ("all", "sampled", "none")}
     every = runs["all"].steps
     assert len(every) > 3 * 10 and len(runs["none"].steps) == 0

@@ -2,9 +2,9 @@
 
 import pandas as pd
 
-from kvsim.fleet_study import unbounded_hit_rate
-from kvsim.report_text import _affinity_verdict
-from kvsim.traces import TraceRecord
+from kvsim.report.fleet_study import unbounded_hit_rate
+from kvsim.report.text import _affinity_verdict
+from kvsim.workload.traces import TraceRecord
 
 
 def test_unbounded_hit_rate_counts_leading_segments_seen_before():
@@ -84,9 +84,9 @@ def test_verdict_names_a_small_gain_as_a_gain():
 def test_one_replica_fleet_says_there_is_nothing_to_route():
     """A fleet of one (OPT-13B, max_model_len 2,048 from the model, not the pool): the words name the model's
     limit, say "1 replica" and compare no routers."""
-    from kvsim.report_text import fleet_text
-    from kvsim.scenario import load_scenario
-    from kvsim.studies import Section
+    from kvsim.report.studies import Section
+    from kvsim.report.text import fleet_text
+    from kvsim.workload.scenario import load_scenario
 
     class St:  # what fleet_text reads of a Study
         base = load_scenario(None, ["model=opt-13b", "engine.max_model_len=2048"])

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.engine import simulate
-from kvsim.scenario import load_scenario
+from kvsim.engine.simulate import simulate
+from kvsim.workload.scenario import load_scenario
 
 GOLDEN = Path(__file__).parent / "golden"
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"

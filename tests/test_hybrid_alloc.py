@@ -9,8 +9,8 @@ recently freed uncached block first).
 
 from __future__ import annotations
 
-from kvsim.kv_layout import KVGroup, KVLayout
-from kvsim.memory import GroupedPagedAllocator, TokenContent
+from kvsim.kv import GroupedPagedAllocator, TokenContent
+from kvsim.model.kv_layout import KVGroup, KVLayout
 
 
 def tiny(enable_caching: bool = False, num_blocks: int = 20) -> GroupedPagedAllocator:
@@ -115,8 +115,8 @@ def test_hybrid_model_serves_more_than_full_attention_allocation_in_the_same_mem
     """gpt-oss-20b under load in a 512 MiB pool: its sliding layers keep at most the window, so
     vLLM's hybrid manager runs more sequences than allocating every layer for the whole context
     (the `disable_hybrid_kv_cache_manager` reading of the same model)."""
-    from kvsim.engine import simulate
-    from kvsim.scenario import load_scenario
+    from kvsim.engine.simulate import simulate
+    from kvsim.workload.scenario import load_scenario
 
     common = ["model=gpt-oss-20b", "gpu=h100-80gb", "engine.kv_cache_memory_bytes=512MiB",
               "engine.max_model_len=4096", "workload.num_requests=80", "workload.arrival.rate=50"]

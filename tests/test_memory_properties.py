@@ -4,7 +4,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, precondition, rule
 
-from kvsim.memory import PagedAllocator, SegmentContent, SlabAllocator, waste
+from kvsim.kv import PagedAllocator, SegmentContent, SlabAllocator, waste
 
 BS = 4
 SEGMENTS = st.sampled_from([("sys", 9), ("sys", 16), ("doc", 5), ("x", 3)])

@@ -11,10 +11,10 @@ import math
 
 import pytest
 
-from kvsim.config import load_gpu, load_model, make_engine
-from kvsim.moe_cost import expected_experts_touched
-from kvsim.roofline import Efficiency, RooflineLatency
-from kvsim.step import StepPlan
+from kvsim.latency.roofline import Efficiency, RooflineLatency
+from kvsim.latency.step_plan import StepPlan
+from kvsim.model.config import load_gpu, load_model, make_engine
+from kvsim.model.moe_cost import expected_experts_touched
 
 E, K, LAYERS, EXPERT_PARAMS = 128, 8, 48, 3 * 2048 * 768
 
@@ -64,8 +64,8 @@ def test_data_parallel_group_tokens_drive_the_expert_reads() -> None:
 
 
 def test_dp_engines_step_together_with_their_own_pools() -> None:
-    from kvsim.engine import simulate
-    from kvsim.scenario import load_scenario
+    from kvsim.engine.simulate import simulate
+    from kvsim.workload.scenario import load_scenario
 
     result = simulate(load_scenario(None, ["model=qwen3-30b-a3b", "gpu=h100-80gb", "engine.max_model_len=4096",
                                            "workload.num_requests=40", "workload.arrival.rate=20",
@@ -83,8 +83,8 @@ def test_dp_engines_step_together_with_their_own_pools() -> None:
 def test_dp_summary_is_the_deployments_and_steps_mode_is_honoured() -> None:
     """Running counts add up over the DP engines (vllm:num_requests_running summed over engine
     labels); `steps: none` keeps no rows and changes no summary number."""
-    from kvsim.engine import simulate
-    from kvsim.scenario import load_scenario
+    from kvsim.engine.simulate import simulate
+    from kvsim.workload.scenario import load_scenario
 
     scenario = load_scenario(None, ["model=qwen3-30b-a3b", "gpu=h100-80gb", "engine.max_model_len=4096",
                                     "workload.num_requests=60", "workload.arrival.rate=40",

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvsim import output_dir
 from kvsim.cli import app
-from kvsim.errors import KvsimError
-from kvsim.output_dir import (
+from kvsim.model.errors import KvsimError
+from kvsim.results import output_dir
+from kvsim.results.output_dir import (
     FILE_TAG,
     MARKER_NAME,
     check_output_dir,
@@ -28,7 +28,7 @@ from kvsim.output_dir import (
     output_file,
     safe_component,
 )
-from kvsim.step_writer import has_pyarrow
+from kvsim.results.step_writer import has_pyarrow
 
 runner = CliRunner()
 RUN = ["run", "--set", "workload.num_requests=5"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvsim.memory import NO_HIT, PagedAllocator, SegmentContent, TokenContent, sharing_saved_slots, waste
+from kvsim.kv import NO_HIT, PagedAllocator, SegmentContent, TokenContent, sharing_saved_slots, waste
 
 
 def world(**kwargs) -> PagedAllocator:

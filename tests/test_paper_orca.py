@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.config import load_gpu, load_model
-from kvsim.engine import make_allocator, simulate
-from kvsim.memory import SlabAllocator, fig2_shares, region_slots, waste
-from kvsim.memory.regions import BuddySpace
-from kvsim.scenario import load_scenario
+from kvsim.engine.builder import make_allocator
+from kvsim.engine.simulate import simulate
+from kvsim.kv import SlabAllocator, fig2_shares, region_slots, waste
+from kvsim.kv.regions import BuddySpace
+from kvsim.model.config import load_gpu, load_model
+from kvsim.workload.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 PAPER_POOL_SLOTS = 983 * 16  # OPT-13B, 12 GiB of KV: 12 GiB // (800 KiB · 16) = 983 blocks, no null block

@@ -14,10 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.errors import KvsimError
-from kvsim.fleet import simulate_fleet
-from kvsim.plan import Candidate, make_plan_spec, plan
-from kvsim.scenario import make_scenario
+from kvsim.fleet.driver import simulate_fleet
+from kvsim.model.errors import KvsimError
+from kvsim.planning.plan import Candidate, make_plan_spec, plan
+from kvsim.workload.scenario import make_scenario
 
 runner = CliRunner()
 SLO = {"ttft_s.p90": 0.3, "e2e_s.p99": 2.0}

@@ -4,13 +4,14 @@ import logging
 
 import pytest
 
-from kvsim.calibration import CalibratedLatency
-from kvsim.config import EngineConfig, load_gpu, load_model
-from kvsim.errors import KvsimError
-from kvsim.profiles import gpu_matches, load_profile
-from kvsim.profiles.native import read_native, write_native
-from kvsim.roofline import RooflineLatency
-from kvsim.step import StepPlan
+from kvsim.latency.calibrated import CalibratedLatency
+from kvsim.latency.profiles import gpu_matches
+from kvsim.latency.profiles.loader import load_profile
+from kvsim.latency.profiles.native import read_native, write_native
+from kvsim.latency.roofline import RooflineLatency
+from kvsim.latency.step_plan import StepPlan
+from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.errors import KvsimError
 
 LLAMA = load_model("llama-3.1-8b")
 RTX = load_gpu("rtx-pro-6000")

@@ -7,7 +7,7 @@ import yaml
 
 import kvsim
 from kvsim import RunResult, Scenario
-from kvsim.errors import KvsimError
+from kvsim.model.errors import KvsimError
 
 SMALL = {"workload.num_requests": 30}
 
@@ -54,7 +54,7 @@ def test_run_result_repr_is_one_short_line_and_parquet_round_trips(tmp_path):
 
 
 def test_simulate_runs_a_fleet_scenario_through_the_fleet_path():
-    from kvsim.fleet import FleetResult, simulate_fleet
+    from kvsim.fleet.driver import FleetResult, simulate_fleet
 
     fleet = kvsim.load_scenario(None, {**SMALL, "replicas": 2, "router.policy": "round_robin"})
     result = kvsim.simulate(fleet)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvsim.rate_search import max_passing_rates
+from kvsim.planning.rate_search import max_passing_rates
 
 
 def threshold_probe(thresholds, calls):

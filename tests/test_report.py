@@ -7,12 +7,12 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from kvsim.capacity import plan_capacity
 from kvsim.cli import app
-from kvsim.config import load_gpu, load_model
-from kvsim.engine import simulate
-from kvsim.scenario import REPORT_SCENARIO, load_scenario
-from kvsim.studies import StudyConfig, saturated
+from kvsim.engine.simulate import simulate
+from kvsim.model.capacity import plan_capacity
+from kvsim.model.config import load_gpu, load_model
+from kvsim.report.studies import StudyConfig, saturated
+from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
 
 TABLES = ("context_concurrency", "kv_quantization", "prefix_sharing", "capacity_formula", "waste_breakdown",
           "sustained_rate", "load_curves", "time_series", "alert_firings", "capacity", "fleet_routing")
@@ -99,7 +99,7 @@ def test_fleet_section_counts_the_trace_and_quotes_its_table(report_dir):
 
     blocks = int(pd.read_csv(report_dir / "capacity.csv").iloc[0]["num_gpu_blocks"])
     max_model_len = min(131072, blocks * 16)  # llama-3.1-8b's max_position_embeddings, 16-token blocks
-    lines = (Path(__file__).resolve().parents[1] / "kvsim/data/mooncake_conversation_head.jsonl").read_text()
+    lines = (Path(__file__).resolve().parents[1] / "kvsim/workload/data/mooncake_conversation_head.jsonl").read_text()
     rows = [json.loads(line) for line in lines.splitlines()[: StudyConfig.quick().fleet_requests]]
     too_long = sum(r["input_length"] >= max_model_len for r in rows)
     md = (report_dir / "report.md").read_text()
@@ -118,9 +118,9 @@ def test_fleet_section_counts_the_trace_and_quotes_its_table(report_dir):
 def test_a_run_that_never_saturates_has_no_sustained_figure_not_zero():
     """Six requests at once on an H200 all run at once: nothing queues, so there is no steady state to
     average; the table keeps the gap (NaN), the words say "not saturated", the Markdown shows "–"."""
-    from kvsim import studies
-    from kvsim.report import _rounded
-    from kvsim.report_text import fp8_text
+    from kvsim.report import studies
+    from kvsim.report.build import _rounded
+    from kvsim.report.text import fp8_text
 
     base = load_scenario(None, default=REPORT_SCENARIO, overrides=["gpu=h200"])
     st = studies.Study(base, StudyConfig(num_requests=2, workers=1))

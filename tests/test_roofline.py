@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.collectives import allreduce_s
-from kvsim.config import EngineConfig, GPULink, load_gpu, load_model
-from kvsim.roofline import DATASHEET, RooflineLatency
-from kvsim.step import StepPlan
+from kvsim.latency.roofline import DATASHEET, RooflineLatency
+from kvsim.latency.step_plan import StepPlan
+from kvsim.model.collectives import allreduce_s
+from kvsim.model.config import EngineConfig, GPULink, load_gpu, load_model
 
 LLAMA = load_model("llama-3.1-8b")
 RTX = load_gpu("rtx-pro-6000")
@@ -85,8 +85,8 @@ MEASURED = PROFILE.parents[1] / "measured" / "RTXPRO6000"
 
 @pytest.mark.skipif(not MEASURED.is_dir(), reason="needs ../shared/validation")
 def test_validate_uses_the_measured_clusters_link_for_tensor_parallel_runs(tmp_path):
-    from kvsim.measured import load_measured
-    from kvsim.validate import build_scenario
+    from kvsim.validation.compare import build_scenario
+    from kvsim.validation.measured import load_measured
 
     qwen = load_measured(MEASURED / "Qwen3-32B")  # LLMServingSim's config.json: link_bw 16 (GB/s), 20000 ns
     assert qwen.link == {"bandwidth_bytes_per_s": 16e9, "latency_s": pytest.approx(20e-6)}
@@ -107,7 +107,7 @@ def test_burst_step_times_equal_step_time_of_each_step_bit_for_bit(model, tp, ov
     `step_time` of each step's plan, built independently with `StepPlan.add` per sequence."""
     from itertools import islice
 
-    from kvsim.latency import burst_step_times
+    from kvsim.latency.base import burst_step_times
 
     latency = RooflineLatency(load_model(model), load_gpu("h100-80gb"),
                               EngineConfig(max_model_len=8192, tensor_parallel_size=tp), overhead_s, overlap_swap)

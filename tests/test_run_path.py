@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvsim.metrics import summarize
-from kvsim.scenario import load_scenario
-from kvsim.step_writer import append_csv, frame_columns, has_pyarrow, write_csv
+from kvsim.results.metrics import EngineCounters, summarize
+from kvsim.results.step_writer import append_csv, frame_columns, has_pyarrow, write_csv
+from kvsim.workload.scenario import load_scenario
 
 HEAVY = ("pandas", "matplotlib", "torch", "triton", "scipy")
 
@@ -71,7 +71,7 @@ def test_csv_writer_writes_what_pandas_writes(tmp_path):
     expected = frame.to_csv(index=False)
     write_csv(frame_columns(frame), tmp_path / "whole.csv")
     assert (tmp_path / "whole.csv").read_bytes() == expected.encode()
-    import kvsim.step_writer as step_writer
+    import kvsim.results.step_writer as step_writer
 
     with (tmp_path / "chunks.csv").open("w", newline="") as f:
         step_writer.CSV_CHUNK_ROWS, saved = 3, step_writer.CSV_CHUNK_ROWS
@@ -86,7 +86,7 @@ def test_csv_writer_writes_what_pandas_writes(tmp_path):
 def test_requests_csv_and_frame_come_from_the_same_columns(tmp_path):
     """A run with rejected requests: requests.csv is `to_csv` of the `requests` DataFrame, which is built
     (once) from `request_columns` only when asked for."""
-    from kvsim.engine import simulate
+    from kvsim.engine.simulate import simulate
 
     spec = load_scenario(None, ["workload.num_requests=40", "engine.max_model_len=1024"])
     result = simulate(spec, out_dir=tmp_path / "run")
@@ -98,18 +98,10 @@ def test_requests_csv_and_frame_come_from_the_same_columns(tmp_path):
     assert (tmp_path / "run" / "requests.csv").read_text() == frame.to_csv(index=False)
 
 
-class _NoScheduler:
-    num_preemptions = num_prefix_hit_tokens = num_prefix_query_tokens = 0
-    num_preempted_query_tokens = num_preempted_hit_tokens = num_swapped_out_bytes = 0
-
-    class alloc:  # noqa: N801  (an attribute standing in for the allocator)
-        num_copy_on_writes = 0
-
-
 def test_reject_reasons_most_frequent_first_ties_in_order_of_first_appearance():
     """By hand: reasons b, a, (a finished request), c, a, b, c, c → c three times, then b and a twice each
     (b seen first), the order pandas' `value_counts` gives; the finished request's None is not counted."""
-    from kvsim.metrics import StepTotals
+    from kvsim.results.metrics import StepTotals
 
     reasons = ["b", "a", None, "c", "a", "b", "c", "c"]
     columns = {
@@ -119,10 +111,10 @@ def test_reject_reasons_most_frequent_first_ties_in_order_of_first_appearance():
         "num_samples": np.ones(8, dtype=np.int64), "finish_s": np.ones(8), "first_token_s": np.ones(8),
         **{key: np.ones(8) for key in ("ttft_s", "tpot_s", "e2e_s", "queue_s")},
     }
-    summary = summarize(columns, StepTotals(), _NoScheduler(), {})  # type: ignore[arg-type]
+    summary = summarize(columns, StepTotals(), EngineCounters(), {})
     assert list(summary["reject_reasons"].items()) == [("c", 3), ("b", 2), ("a", 2)]
     assert summary["num_requests"] == 8 and summary["num_rejected"] == 7 and summary["num_finished"] == 1
     frame = pd.DataFrame(columns)
     counted = frame["reject_reason"][frame["status"] == "rejected"].value_counts()
     assert list(counted.items()) == list(summary["reject_reasons"].items())
-    assert summarize(frame, StepTotals(), _NoScheduler(), {}) == summary  # type: ignore[arg-type]
+    assert summarize(frame, StepTotals(), EngineCounters(), {}) == summary

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.engine import simulate
-from kvsim.scenario import load_scenario
-from kvsim.scheduler.beams import select_beams
+from kvsim.engine.simulate import simulate
+from kvsim.sched.beams import select_beams
+from kvsim.workload.scenario import load_scenario
 
 PAPER = Path(__file__).resolve().parents[1] / "scenarios" / "paper-paged.yaml"
 
@@ -56,7 +56,7 @@ def test_no_sharing_saves_nothing():
 
 
 def test_survivors_are_the_best_candidates_and_the_best_beams_branch_most():
-    """`select_beams`' contract, and its model's rank dependence (kvsim/scheduler/beams.py).
+    """`select_beams`' contract, and its model's rank dependence (kvsim/sched/beams.py).
 
     Every survivor's score is its parent's plus a log-probability (≤ 0), best first. Three beams
     tie and the fourth is e^10 times less likely, so one slot goes to the best alternative token of

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 from conftest import sized
 
-from kvsim.capacity import num_gpu_blocks
-from kvsim.config import load_gpu, load_model
-from kvsim.engine import simulate
-from kvsim.scenario import load_scenario, make_scenario
+from kvsim.engine.simulate import simulate
+from kvsim.model.capacity import num_gpu_blocks
+from kvsim.model.config import load_gpu, load_model
+from kvsim.workload.scenario import load_scenario, make_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
@@ -121,10 +121,11 @@ def test_bursts_waited_at_once_equal_step_by_step_with_arrivals_behind_a_blocked
     # (the order of the two events decides what the engine sees): dyadic step times (1/16 s) and
     # arrivals every 1/8 s make such ties constant; Poisson arrivals make none. A 200-block pool
     # (about 10 prompts of 300 tokens) keeps the queue's head blocked.
-    import kvsim.engine
+    import kvsim.engine.clock
+    import kvsim.engine.loop
 
     seen = {"joined": 0, "ties": 0}
-    waiting_before_steps, none_at = kvsim.engine.waiting_before_steps, kvsim.engine.Arrivals.none_delivered_at
+    waiting_before_steps, none_at = kvsim.engine.clock.waiting_before_steps, kvsim.engine.clock.Arrivals.none_delivered_at
 
     def counting_waiting(waiting, num_before, starts_s, delivered):
         seen["joined"] += len(waiting) > num_before
@@ -135,8 +136,8 @@ def test_bursts_waited_at_once_equal_step_by_step_with_arrivals_behind_a_blocked
         seen["ties"] += not result
         return result
 
-    monkeypatch.setattr(kvsim.engine, "waiting_before_steps", counting_waiting)
-    monkeypatch.setattr(kvsim.engine.Arrivals, "none_delivered_at", counting_none_at)
+    monkeypatch.setattr(kvsim.engine.loop, "waiting_before_steps", counting_waiting)
+    monkeypatch.setattr(kvsim.engine.clock.Arrivals, "none_delivered_at", counting_none_at)
     spec = make_scenario({"name": "ties", "model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 3,
                           "engine": {"max_model_len": 1024, "num_gpu_blocks_override": 200},
                           "latency": {"model": "constant", "step_s": 0.0625},

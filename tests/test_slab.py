@@ -1,7 +1,7 @@
 import pytest
 
-from kvsim.errors import KvsimError
-from kvsim.memory import SlabAllocator, region_slots, waste
+from kvsim.kv import SlabAllocator, region_slots, waste
+from kvsim.model.errors import KvsimError
 
 
 @pytest.mark.parametrize(

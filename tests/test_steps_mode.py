@@ -2,9 +2,9 @@
 
 import pandas as pd
 
-from kvsim import recorder
-from kvsim.engine import simulate
-from kvsim.scenario import load_scenario
+from kvsim.engine import recorder
+from kvsim.engine.simulate import simulate
+from kvsim.workload.scenario import load_scenario
 
 
 def run(steps=None, n=60):
@@ -41,15 +41,15 @@ def test_finished_requests_release_their_content():
     """A long run must not keep every request's block-hash memo alive after it finished."""
     import numpy as np
 
-    from kvsim.engine import build_engine
-    from kvsim.workload import build_requests
+    from kvsim.engine.builder import build_engine
+    from kvsim.workload.generate import build_requests
 
     spec = load_scenario(None, ["workload.num_requests=30"])
     rng = np.random.default_rng(spec.seed)
     parts = build_engine(spec, rng)
     requests = build_requests(spec, parts.facts["max_model_len"], rng)
     assert all(r.content is not None for r in requests)
-    from kvsim.engine import run_engine
+    from kvsim.engine.loop import run_engine
 
     run_engine(parts.scheduler, parts.latency, requests)
     assert all(r.content is None for r in requests)

@@ -12,17 +12,17 @@ import pandas as pd
 import pytest
 from conftest import sized
 
-from kvsim import recorder as recorder_module
-from kvsim import workload
-from kvsim.budget import estimate_run_bytes
-from kvsim.capacity import kv_bytes_per_block
-from kvsim.config import load_gpu, load_model
-from kvsim.engine import simulate
-from kvsim.memory import SegmentContent
-from kvsim.recorder import StepSampler
-from kvsim.request import Request, RequestStatus
-from kvsim.scenario import load_scenario
-from kvsim.step_writer import has_pyarrow
+from kvsim.engine import recorder as recorder_module
+from kvsim.engine.recorder import StepSampler
+from kvsim.engine.simulate import simulate
+from kvsim.kv import SegmentContent
+from kvsim.model.capacity import kv_bytes_per_block
+from kvsim.model.config import load_gpu, load_model
+from kvsim.results.budget import estimate_run_bytes
+from kvsim.results.step_writer import has_pyarrow
+from kvsim.workload import generate as workload
+from kvsim.workload.request import Request, RequestStatus
+from kvsim.workload.scenario import load_scenario
 
 FORMATS = ["csv", pytest.param("parquet", marks=pytest.mark.skipif(not has_pyarrow(), reason="needs pyarrow"))]
 
@@ -198,7 +198,7 @@ def test_peak_memory_of_a_steps_all_run_grows_far_less_than_its_requests(tmp_pat
     peak_small, steps_small, floor_small = _peak_bytes(small, tmp_path / "small")
     peak_large, steps_large, floor_large = _peak_bytes(large, tmp_path / "large")
     assert steps_large > 8 * steps_small > 8 * 512  # many chunks streamed in both runs
-    assert floor_small <= peak_small and floor_large <= peak_large  # kvsim.budget's estimate stays a floor
+    assert floor_small <= peak_small and floor_large <= peak_large  # kvsim.results.budget's estimate stays a floor
     # Ratio 5x (it was 2.5x): writing without pandas and compact burst rows shrank the fixed part of the
     # peak (1k requests: 2.1 -> 0.95 MB; 10k: 5.2 -> 3.4 MB), so the ratio rose to ~3.5 while the growth per
     # request fell (343 -> 268 B). The per-request bound below (vs ~970 B before streaming) is the sharp check.

@@ -1,8 +1,8 @@
 """Report variants of a hybrid (sliding-window) model: the slab baselines store full KV per layer."""
 
-from kvsim.engine import simulate
-from kvsim.scenario import make_scenario
-from kvsim.studies import variant
+from kvsim.engine.simulate import simulate
+from kvsim.report.studies import variant
+from kvsim.workload.scenario import make_scenario
 
 
 def tiny_gpt_oss():

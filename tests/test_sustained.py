@@ -2,9 +2,9 @@
 
 import pytest
 
-from kvsim.engine import simulate
-from kvsim.scenario import load_scenario
-from kvsim.studies import Study, StudyConfig, capacity_formula
+from kvsim.engine.simulate import simulate
+from kvsim.report.studies import Study, StudyConfig, capacity_formula
+from kvsim.workload.scenario import load_scenario
 
 POOL = ["model=llama-3.1-8b", "gpu=h100-80gb", "engine.num_gpu_blocks_override=1024",
         "engine.enable_prefix_caching=false", "workload.trace=null"]
@@ -49,7 +49,7 @@ def _steps(num_steps: int, queued: set[int], running: list[int]):
     """Hand-built steps: each 0.1 s long; steps in `queued` had a request waiting."""
     import pandas as pd
 
-    from kvsim.metrics import WASTE_KEYS
+    from kvsim.results.metrics import WASTE_KEYS
     return pd.DataFrame({"time_s": [0.1 * i for i in range(num_steps)], "duration_s": [0.1] * num_steps,
                          "vllm:kv_cache_usage_perc": [0.5] * num_steps, "held_slots": [1] * num_steps,
                          "shared_slots": [0] * num_steps,
@@ -62,7 +62,7 @@ def _steps(num_steps: int, queued: set[int], running: list[int]):
 def test_saturated_window_too_short_to_plan_on_is_null_with_a_reason():
     """A 10 s run (100 steps of 0.1 s) queued for 5 steps = 0.5 s, 5 % of it: a clump of arrivals, under the
     10 % floor, so no sustained figure; queued for 50 steps holding 8 running each, the figure is exactly 8."""
-    from kvsim.metrics import saturated_summary
+    from kvsim.results.metrics import saturated_summary
     clump = saturated_summary(_steps(100, set(range(40, 45)), [150] * 100), run_duration_s=10.0)
     assert clump["mean_running"] is None and clump["preemptions_per_s"] is None
     assert clump["duration_s"] == pytest.approx(0.5)
@@ -77,7 +77,7 @@ def test_light_load_never_saturates_and_the_table_says_so():
     H100), so a request almost never finds another still queued: no steady state to report."""
     from rich.console import Console
 
-    from kvsim.render import summary_table
+    from kvsim.results.render import summary_table
     scenario = load_scenario(None, [*POOL, "workload.num_requests=20", "workload.arrival={process: poisson, rate: 0.1}",
                                     "workload.prompt_len={dist: fixed, value: 64}",
                                     "workload.output_len={dist: fixed, value: 16}"])

@@ -2,10 +2,10 @@
 
 import pytest
 
-from kvsim.errors import KvsimError
-from kvsim.scenario import load_scenario
-from kvsim.studies import variant
-from kvsim.sweep import run_many
+from kvsim.model.errors import KvsimError
+from kvsim.planning.sweep import run_many
+from kvsim.report.studies import variant
+from kvsim.workload.scenario import load_scenario
 
 
 def scenarios():

@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.errors import KvsimError
-from kvsim.measured import load_measured, read_llmservingsim, read_measured_dir, request_frame
-from kvsim.validate import request_stats, validate, write_validation
+from kvsim.model.errors import KvsimError
+from kvsim.validation.compare import request_stats, validate, write_validation
+from kvsim.validation.measured import load_measured, read_llmservingsim, read_measured_dir, request_frame
 
 STARTED = "2026-01-01T00:00:00Z"
 EPOCH = datetime.fromisoformat(STARTED.replace("Z", "+00:00")).timestamp()
@@ -237,8 +237,8 @@ def test_request_frame_rebases_on_the_first_arrival():
 def test_qwen3_32b_preset_matches_the_published_config():
     # huggingface.co/Qwen/Qwen3-32B config.json: 64 layers, 64 heads, 8 KV heads, explicit head_dim 128
     # (q_proj is 5120 -> 64*128 = 8192, wider than hidden), 32.8B parameters per the model card.
-    from kvsim.capacity import kv_bytes_per_token
-    from kvsim.config import load_model, make_engine
+    from kvsim.model.capacity import kv_bytes_per_token
+    from kvsim.model.config import load_model, make_engine
 
     model = load_model("qwen3-32b")
     assert (model.num_layers, model.num_attention_heads, model.num_kv_heads, model.head_dim) == (64, 64, 8, 128)
@@ -251,7 +251,7 @@ def test_request_gauges_by_hand():
     import numpy as np
     import pandas as pd
 
-    from kvsim.validate import request_gauges
+    from kvsim.validation.compare import request_gauges
 
     # request a: arrives 0, scheduled 1, done 3; request b: arrives 0.5, scheduled 2.5, done 4
     df = pd.DataFrame({"arrival_s": [0.0, 0.5], "first_scheduled_s": [1.0, 2.5], "finish_s": [3.0, 4.0]})
@@ -265,7 +265,7 @@ def test_measured_series_share_the_request_clock():
     # shifted by (first arrival_time − started_at), and agree worse half a second either way.
     import numpy as np
 
-    from kvsim.validate import request_gauges
+    from kvsim.validation.compare import request_gauges
 
     run = read_measured_dir(CASES / "Llama-3.1-8B")
     ts = run.timeseries

@@ -2,10 +2,10 @@
 
 from pathlib import Path
 
-from kvsim.engine import simulate
-from kvsim.metrics import VLLM_REQUEST_METRICS
-from kvsim.request import RequestStatus
-from kvsim.scenario import load_scenario
+from kvsim.engine.simulate import simulate
+from kvsim.results.metrics import VLLM_REQUEST_METRICS
+from kvsim.workload.request import RequestStatus
+from kvsim.workload.scenario import load_scenario
 from tests.conftest import make_request, run, tiny_world
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"

@@ -3,9 +3,10 @@ import json
 import numpy as np
 import pytest
 
-from kvsim.errors import KvsimError
-from kvsim.scenario import Arrival, make_scenario
-from kvsim.traces import (
+from kvsim.model.errors import KvsimError
+from kvsim.workload.generate import arrival_times, build_requests, lognormal_sigma, sample_lengths
+from kvsim.workload.scenario import Arrival, make_scenario
+from kvsim.workload.traces import (
     read_azure,
     read_lengths,
     read_mooncake,
@@ -13,7 +14,6 @@ from kvsim.traces import (
     read_sharegpt_tokens,
     read_vllm_sharegpt,
 )
-from kvsim.workload import arrival_times, build_requests, lognormal_sigma, sample_lengths
 
 
 def scenario(**workload):
@@ -90,7 +90,7 @@ def test_real_traces_parse(traces):
 
 
 def test_token_level_sharegpt_hits_real_shared_prefixes(traces):
-    from kvsim.engine import simulate
+    from kvsim.engine.simulate import simulate
 
     s = make_scenario({"model": "llama-3.1-8b", "engine": {"max_model_len": 8192},
                        "workload": {"num_requests": 300, "arrival": {"process": "trace"},

@@ -4,9 +4,9 @@ import torch
 
 from kernels.calibrate import measure
 from kernels.grid import Grid, LayerShapes, plan
-from kvsim.calibration import CalibratedLatency
-from kvsim.config import EngineConfig, load_gpu, load_model
-from kvsim.roofline import RooflineLatency
+from kvsim.latency.calibrated import CalibratedLatency
+from kvsim.latency.roofline import RooflineLatency
+from kvsim.model.config import EngineConfig, load_gpu, load_model
 
 
 def test_tiny_grid_writes_a_profile_the_model_reads(tmp_path):

@@ -1,0 +1,327 @@
+"""Per-step rows, recorded in bounded memory: typed columns filled a chunk at a time, then handed on.
+
+Each step appends one row (`record`) to compact typed columns, 8 bytes a value; a decode
+burst appends only what changes from step to step (`BurstRows`), expanded with numpy when
+its chunk is flushed. Every `chunk_rows` rows the chunk goes, in order, to
+
+    totals    the summary's streaming sums over every step (`kvsim.results.metrics.StepTotals`), always;
+    and, by the scenario's `steps` mode:
+      all       the writer (`kvsim.results.step_writer.StepWriter`: to disk, a row group per chunk)
+                or, without a writer, a list of chunks kept in memory;
+      sampled   `StepSampler`: at most `MAX_SAMPLED_STEPS` rows, without knowing the total;
+      none      nothing more.
+
+So with a writer (or `sampled`, or `none`) the recorder holds at most one chunk of rows
+plus the sample, however long the run. `finish()` flushes the last chunk and closes the
+writer; call it once, when the run has ended.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from kvsim.kv import sharing_saved_slots, waste
+from kvsim.results.metrics import STEP_COLUMNS, STEP_FLOAT_COLUMNS, StepTotals
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from kvsim.kv.protocol import Occupancy
+    from kvsim.latency.step_plan import StepPlan
+    from kvsim.results.step_writer import StepWriter
+    from kvsim.sched import Scheduler
+    from kvsim.sched.burst import Burst
+    from kvsim.workload.scenario import StepsMode
+
+MAX_SAMPLED_STEPS = 100_000  # `steps: sampled` keeps at most this many rows
+CHUNK_ROWS = 32_768  # rows buffered before a chunk goes to the totals and the writer (about 5 MiB)
+
+COLUMNS = STEP_COLUMNS
+FLOAT_COLUMNS = STEP_FLOAT_COLUMNS
+DTYPES = {name: np.dtype(np.float64 if name in FLOAT_COLUMNS else np.int64) for name in COLUMNS}
+SINGLE_FLOATS = tuple(name for name in COLUMNS if name in FLOAT_COLUMNS)  # `record` writes them in this order
+SINGLE_INTS = tuple(name for name in COLUMNS if name not in FLOAT_COLUMNS)
+
+Chunk = dict[str, np.ndarray]
+
+
+def _next_region_slots(scheduler: Scheduler) -> int | None:
+    """The region the next waiting request needs (slabs' external fragmentation is relative to it)."""
+    if not scheduler.waiting:
+        return None
+    head = scheduler.waiting[0]
+    return scheduler.alloc.region_slots(head.kv_len, head.prompt_len)
+
+
+def empty_chunk() -> Chunk:
+    return {name: np.zeros(0, dtype=dtype) for name, dtype in DTYPES.items()}
+
+
+def concat(chunks: list[Chunk]) -> Chunk:
+    if not chunks:
+        return empty_chunk()
+    return {name: np.concatenate([c[name] for c in chunks]) for name in COLUMNS}
+
+
+def sampled_stride(num_steps: int, cap: int) -> int:
+    """The stride `StepSampler` ends with after `num_steps` steps: the smallest power of two whose
+    multiples below `num_steps` number at most `cap − 1`."""
+    stride = 1
+    while len(range(0, num_steps, stride)) > cap - 1:
+        stride *= 2
+    return stride
+
+
+def kept_step_index(num_steps: int, mode: StepsMode) -> np.ndarray | None:
+    """Which of a whole table's `num_steps` rows `mode` keeps, exactly as `StepRecorder` keeps them
+    while recording (`StepSampler` for `sampled`); None: all of them."""
+    if mode == "none":
+        return np.arange(0)
+    if mode == "sampled":
+        stride = sampled_stride(num_steps, MAX_SAMPLED_STEPS)
+        return np.unique(np.append(np.arange(0, num_steps, stride), num_steps - 1)) if num_steps else np.arange(0)
+    return None
+
+
+class StepSampler:
+    """Every `stride`-th step (by index from 0) and the last one, at most `cap` rows, total unknown.
+
+    The stride starts at 1 and doubles whenever the kept rows would exceed `cap − 1` (one row
+    is reserved for the last step), dropping every other kept row; so the kept rows are
+    always exactly the steps whose index is a multiple of the final stride, plus the last.
+    """
+
+    def __init__(self, cap: int) -> None:
+        assert cap >= 2
+        self.cap, self.stride = cap, 1
+        self.kept: Chunk | None = None  # the columns of the first chunk added
+        self.kept_index = np.zeros(0, dtype=np.int64)
+        self.last: Chunk = {}
+        self.last_index = -1
+
+    def add(self, chunk: Chunk, first_index: int) -> None:
+        n = len(chunk["time_s"])
+        if n == 0:
+            return
+        if self.kept is None:
+            self.kept = {k: v[:0] for k, v in chunk.items()}
+        index = np.arange(first_index, first_index + n, dtype=np.int64)
+        take = index % self.stride == 0
+        self.kept = {k: np.concatenate([self.kept[k], v[take]]) for k, v in chunk.items()}
+        kept = self.kept
+        self.kept_index = np.concatenate([self.kept_index, index[take]])
+        while len(self.kept_index) > self.cap - 1:
+            self.stride *= 2
+            take = self.kept_index % self.stride == 0
+            self.kept = kept = {k: v[take] for k, v in kept.items()}
+            self.kept_index = self.kept_index[take]
+        self.last = {k: v[-1:] for k, v in chunk.items()}
+        self.last_index = first_index + n - 1
+
+    def rows(self) -> Chunk:
+        if self.kept is None:
+            return empty_chunk()
+        if self.last_index % self.stride == 0:
+            return self.kept
+        return {k: np.concatenate([v, self.last[k]]) for k, v in self.kept.items()}
+
+
+class PendingBurst(NamedTuple):
+    """What a decode burst's rows need from before it runs (`StepRecorder.begin_burst`)."""
+
+    starts_s: list[float]
+    durations_s: list[float]
+    num_running: int
+    num_preemptions: int
+    external_slots: int
+    slack_slots: int
+    shared_slots: int
+    total_slots: int
+
+
+class BurstRows:
+    """Decode bursts' rows kept compact until their chunk is flushed: per row what changes from
+    step to step, per burst what does not and how many single-step rows were recorded before it.
+
+    `merge_into` expands them and puts them in their places among the single-step rows, with the
+    values `record` would have written (same integer slot counts, same divisions).
+    """
+
+    PER_BURST = 8  # num_steps, single rows before, then PendingBurst's six ints
+
+    def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        self.starts_s, self.durations_s = array("d"), array("d")
+        self.waiting, self.held, self.filled, self.reserved = array("q"), array("q"), array("q"), array("q")
+        self.per_burst = array("q")
+
+    def __len__(self) -> int:
+        return len(self.starts_s)
+
+    def add(self, pending: PendingBurst, waiting: list[int], occupancy: Occupancy, num_single_rows_before: int) -> None:
+        self.starts_s.extend(pending.starts_s)
+        self.durations_s.extend(pending.durations_s)
+        self.waiting.extend(waiting)
+        held, filled, reserved = occupancy
+        self.held.extend(held)
+        self.filled.extend(filled)
+        self.reserved.extend(reserved)
+        self.per_burst.extend((len(pending.starts_s), num_single_rows_before, *pending[2:]))
+
+    def merge_into(self, singles: Chunk) -> Chunk:
+        """`singles` (the single-step rows) with the bursts' rows in their places; empties the bursts."""
+        per = np.frombuffer(self.per_burst, dtype=np.int64).reshape(-1, self.PER_BURST)
+        num_steps = per[:, 0]
+        running, preemptions, external, slack, shared, total = (np.repeat(per[:, i], num_steps) for i in range(2, 8))
+        held, filled = np.frombuffer(self.held, dtype=np.int64), np.frombuffer(self.filled, dtype=np.int64)
+        reserved = np.frombuffer(self.reserved, dtype=np.int64)
+        rows: dict[str, np.ndarray | int] = {
+            "time_s": np.frombuffer(self.starts_s), "duration_s": np.frombuffer(self.durations_s),
+            "vllm:num_requests_running": running, "vllm:num_requests_waiting": np.frombuffer(self.waiting, np.int64),
+            "vllm:num_requests_swapped": 0, "num_batched_tokens": running, "num_prefill_tokens": 0,
+            "num_decode_seqs": running, "vllm:kv_cache_usage_perc": 1.0 - (total - held) / total,
+            "vllm:num_preemptions_total": preemptions, "swap_in_bytes": 0, "swap_out_bytes": 0,
+            "held_slots": held, "shared_slots": shared, "token_state": filled / total, "reserved": reserved / total,
+            "internal_frag": (held - filled - reserved - slack) / total, "slack": slack / total,
+            "external_frag": external / total, "free": (total - held - external) / total,
+        }
+        num_rows = len(singles["time_s"]) + len(self)
+        at = np.repeat(per[:, 1], num_steps) + np.arange(len(self))  # burst rows' places in the chunk
+        single = np.ones(num_rows, dtype=bool)
+        single[at] = False
+        merged: Chunk = {}
+        for name, values in singles.items():
+            column = np.empty(num_rows, dtype=DTYPES[name])
+            column[single] = values
+            column[at] = rows[name]
+            merged[name] = column
+        self._clear()
+        return merged
+
+
+class StepRecorder:
+    """One engine's per-step rows (see the module docstring): `record` per step, `finish` at the end.
+
+    `mode` is the scenario's `steps`; `writer` streams `all` rows to disk instead of keeping
+    them (and gets the sample, for `sampled`, at `finish`); `tags` are constant integer columns
+    added to every written row (a fleet's `replica`: several recorders may share one writer);
+    `max_sampled_rows` caps `sampled` (default `MAX_SAMPLED_STEPS`; a fleet splits it among its replicas).
+    """
+
+    COLUMNS = COLUMNS
+
+    def __init__(self, mode: StepsMode = "all", writer: StepWriter | None = None,
+                 tags: Mapping[str, int] | None = None, chunk_rows: int | None = None,
+                 max_sampled_rows: int | None = None) -> None:
+        self.mode, self.writer, self.tags = mode, writer, dict(tags or {})
+        self.chunk_rows = CHUNK_ROWS if chunk_rows is None else chunk_rows
+        # single-step rows until the chunk is flushed: their float and int values, each in `COLUMNS` order
+        self._floats, self._ints, self._num_rows = array("d"), array("q"), 0
+        self._bursts = BurstRows()
+        self.totals = StepTotals()
+        self.kept: list[Chunk] = []  # `all` without a writer
+        cap = MAX_SAMPLED_STEPS if max_sampled_rows is None else max_sampled_rows
+        self.sampler = StepSampler(cap) if mode == "sampled" else None
+        self.finished = False
+
+    @property
+    def keeps_all_rows(self) -> bool:
+        """Every row stays in memory (`all` without a writer): memory grows with the run."""
+        return self.mode == "all" and self.writer is None
+
+    @property
+    def num_steps(self) -> int:
+        return self.totals.num_steps + self._num_rows + len(self._bursts)
+
+    def record(self, now: float, duration_s: float, plan: StepPlan, scheduler: Scheduler) -> None:
+        alloc = scheduler.alloc
+        w = waste(alloc, _next_region_slots(scheduler))
+        total = alloc.num_total_slots
+        self._floats.extend((now, duration_s, alloc.usage, w.token_state / total, w.reserved / total,
+                             w.internal_frag / total, w.slack / total, w.external_frag / total, w.free / total))
+        self._ints.extend((len(scheduler.running), len(scheduler.waiting), len(scheduler.swapped), plan.num_tokens,
+                           plan.num_prefill_tokens, plan.num_decode_seqs, scheduler.num_preemptions,
+                           plan.swap_in_bytes, plan.swap_out_bytes, alloc.num_held_slots, sharing_saved_slots(alloc)))
+        self._num_rows += 1
+        if self._num_rows + len(self._bursts) >= self.chunk_rows:
+            self.flush()
+
+    def begin_burst(self, starts_s: list[float], burst: Burst, scheduler: Scheduler) -> PendingBurst:
+        """What a decode burst's rows need from before it is applied (`starts_s`: when each of its steps
+        starts, as the engine's clock reads then); `end_burst` adds the rest and writes rows identical
+        to what `record` would write step by step."""
+        alloc = scheduler.alloc
+        return PendingBurst(starts_s, burst.durations, len(burst.batch), scheduler.num_preemptions,
+                            alloc.external_fragmentation_slots(_next_region_slots(scheduler)),
+                            alloc.num_slack_slots,  # constant: nothing is placed or freed inside a burst
+                            sharing_saved_slots(alloc),  # bursts only append unshared blocks
+                            alloc.num_total_slots)
+
+    def end_burst(self, pending: PendingBurst, waiting: list[int], occupancy: Occupancy) -> None:
+        """Append a burst's rows, with the waiting count the engine saw before each step and the held,
+        filled and reserved slots after each (`Scheduler.apply_burst`). They stay compact
+        (`BurstRows`) until the chunk is flushed."""
+        self._bursts.add(pending, waiting, occupancy, self._num_rows)
+        if self._num_rows + len(self._bursts) >= self.chunk_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the buffered rows on as one chunk (see the module docstring) and empty the buffer."""
+        if not self._num_rows and not self._bursts:
+            return
+        first_index = self.totals.num_steps
+        floats = np.frombuffer(self._floats).reshape(-1, len(SINGLE_FLOATS))
+        ints = np.frombuffer(self._ints, dtype=np.int64).reshape(-1, len(SINGLE_INTS))
+        chunk = {name: (floats[:, SINGLE_FLOATS.index(name)] if name in FLOAT_COLUMNS
+                        else ints[:, SINGLE_INTS.index(name)]).copy() for name in COLUMNS}
+        del floats, ints  # views: the buffers can be emptied
+        del self._floats[:], self._ints[:]
+        self._num_rows = 0
+        if self._bursts:
+            chunk = self._bursts.merge_into(chunk)
+        self.totals.add(chunk)
+        if self.mode == "all":
+            if self.writer is not None:
+                self.writer.write(self._tagged(chunk))
+            else:
+                self.kept.append(chunk)
+        elif self.sampler is not None:
+            self.sampler.add(chunk, first_index)
+
+    def finish(self) -> None:
+        """Flush the last rows and close the writer (an empty table with the header if no step ran)."""
+        if self.finished:
+            return
+        self.flush()
+        if self.writer is not None:
+            if self.sampler is not None:
+                self.writer.write(self._tagged(self.sampler.rows()))
+            self.writer.close({**DTYPES, **dict.fromkeys(self.tags, np.dtype(np.int64))})
+        self.finished = True
+
+    def _tagged(self, chunk: Chunk) -> Chunk:
+        return {**chunk, **{k: np.full(len(chunk["time_s"]), v, dtype=np.int64) for k, v in self.tags.items()}}
+
+    def kept_columns(self) -> Chunk:
+        """The rows this recorder keeps in memory: every row (`all` without a writer), the sample
+        (`sampled`), else none; columns int64 or float64, in `COLUMNS` order."""
+        self.finish()
+        if self.keeps_all_rows:
+            if len(self.kept) > 1:
+                self.kept = [concat(self.kept)]
+            return self.kept[0] if self.kept else empty_chunk()
+        if self.sampler is not None:
+            return self.sampler.rows()
+        return empty_chunk()
+
+    def frame(self) -> pd.DataFrame:
+        """`kept_columns()` as a DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.kept_columns())

@@ -1,0 +1,149 @@
+"""The simulation: the only module that knows about time (SimPy).
+
+Two processes share one `simpy.Environment`:
+
+    arrivals:  for each request: wait until its arrival → scheduler.add → wake the engine
+    engine:    loop: if idle, wait on the wake event (no polling)
+                     plan = scheduler.schedule(now)
+                     yield timeout(latency.step_time(plan))
+                     scheduler.complete(plan, now)
+
+`simulate(scenario)` builds the allocator, scheduler, latency model and workload from a
+validated `Scenario` and returns a `RunResult` (DataFrames + summary). Same scenario and
+seed → identical results: the only randomness is one `numpy.random.Generator(seed)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import simpy
+
+from kvsim.engine.builder import build_engine, engine_result
+from kvsim.engine.clock import Arrivals
+from kvsim.engine.loop import ProgressFn, least_loaded, lockstep_loop, run_engine
+from kvsim.engine.recorder import StepRecorder, kept_step_index
+from kvsim.model.errors import KvsimError
+from kvsim.results.metrics import dp_group_steps, summarize
+from kvsim.results.output_dir import check_output_dir, output_directory
+from kvsim.results.run_result import RunResult, write_run_files
+from kvsim.results.step_writer import StepsFormat, StepWriter, frame_columns
+from kvsim.workload.generate import iter_requests
+from kvsim.workload.scenario import Scenario, StepsMode
+
+if TYPE_CHECKING:
+    pass
+
+
+
+def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult:
+    """`data_parallel_size` engines, each with its own scheduler and KV pool, behind vLLM's DP
+    load balancer, stepping in lockstep (`lockstep_loop`). The result holds every request
+    (column `dp_rank`) and the engines' steps (those `scenario.steps` keeps); the summary describes
+    the deployment: running and waiting counts and scheduler counters summed over the engines, pool
+    shares averaged over them (`kvsim.results.metrics.dp_group_steps`)."""
+    import pandas as pd  # only here on the run path: concatenating and regrouping the engines' tables
+
+    rng = np.random.default_rng(scenario.seed)
+    parts = [build_engine(scenario, rng) for _ in range(scenario.engine.data_parallel_size)]
+    schedulers = [p.scheduler for p in parts]
+    env = simpy.Environment()
+    arrivals = Arrivals(iter_requests(scenario, parts[0].facts["max_model_len"], rng))
+    wake = [env.event()]
+
+    def arrival_process() -> Generator:
+        while not arrivals.all_arrived:
+            if (delivery := arrivals.wait_for_next(env)) is not None:
+                yield delivery
+            schedulers[least_loaded(schedulers)].add(arrivals.pop())
+            if not wake[0].triggered:
+                wake[0].succeed()
+        if not wake[0].triggered:
+            wake[0].succeed()
+
+    recorders = [StepRecorder() for _ in parts]
+    env.process(arrival_process())
+    env.run(until=env.process(lockstep_loop(env, schedulers, [p.latency for p in parts], recorders, arrivals,
+                                            wake, check)))
+    every_step = scenario.model_copy(update={"steps": "all"})
+    results = [engine_result(every_step, p, recorder) for p, recorder in zip(parts, recorders, strict=True)]
+    assert sum(len(r.requests) for r in results) == arrivals.num_arrived, "a request went missing"
+    requests_df = pd.concat([r.requests.assign(dp_rank=i) for i, r in enumerate(results)]).sort_values(
+        "request_id", kind="stable").reset_index(drop=True)
+    steps_df = pd.concat([r.steps.assign(dp_rank=i) for i, r in enumerate(results)]).sort_values(
+        ["time_s", "dp_rank"], kind="stable").reset_index(drop=True)
+    summary = summarize(requests_df, dp_group_steps(steps_df, len(parts)), schedulers[0].counters(),
+                        {**parts[0].facts, "data_parallel_size": len(parts)})
+    for key, attr in (("num_preemptions", "num_preemptions"), ("num_prefix_cache_query_tokens",
+                      "num_prefix_query_tokens"), ("num_prefix_cache_hit_tokens", "num_prefix_hit_tokens"),
+                      ("num_prefix_cache_preempted_query_tokens", "num_preempted_query_tokens"),
+                      ("num_prefix_cache_preempted_hit_tokens", "num_preempted_hit_tokens"),
+                      ("swapped_out_bytes", "num_swapped_out_bytes")):
+        summary[key] = sum(getattr(s, attr) for s in schedulers)
+    summary["num_copy_on_writes"] = sum(s.alloc.num_copy_on_writes for s in schedulers)
+    queries = summary["num_prefix_cache_query_tokens"]
+    summary["prefix_cache_hit_rate"] = summary["num_prefix_cache_hit_tokens"] / queries if queries else 0.0
+    kept = kept_step_index(len(steps_df), scenario.steps)
+    if kept is not None:
+        steps_df = steps_df.iloc[kept].reset_index(drop=True)
+    return RunResult(scenario=scenario, request_columns=frame_columns(requests_df),
+                     step_columns=frame_columns(steps_df), summary=summary)
+
+
+def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
+             bursts: bool = True, steps: StepsMode | None = None,
+             memory_limit_bytes: int | None = None, out_dir: str | Path | None = None,
+             steps_format: StepsFormat = "auto") -> RunResult:
+    """Simulate a scenario end to end. `check=True` runs `check_invariants()` after every step.
+
+    With `engine.data_parallel_size` > 1, the DP engines run together (`simulate_data_parallel`).
+    `steps` overrides the scenario's `steps` (which per-step rows the result keeps and writes).
+    A run that cannot fit in `memory_limit_bytes` [the machine's memory] is refused up front.
+
+    `out_dir`: write the run there as it goes (`RunResult.write`'s files and rules: new or an
+    earlier kvsim run, swapped in complete). The per-step rows then stream to disk in chunks
+    (`steps.parquet` with pyarrow, else `steps.csv`; `steps_format` chooses) instead of staying
+    in memory, and the result's `steps` reads them back from there when asked.
+    """
+    if steps is not None:
+        scenario = scenario.model_copy(update={"steps": steps})
+    if scenario.replicas is not None:
+        raise KvsimError(f"replicas={scenario.replicas!r}: a fleet scenario; use kvsim.fleet.driver.simulate_fleet")
+    if scenario.engine.data_parallel_size > 1:
+        result = simulate_data_parallel(scenario, check)  # its steps are kept in memory
+        if out_dir is not None:
+            with output_directory(out_dir, "run") as tmp:
+                if scenario.steps != "none":  # the same file a single engine's run streams to
+                    assert result.step_columns is not None, "data-parallel steps are kept in memory"
+                    dp_writer = StepWriter(tmp, steps_format)
+                    dp_writer.write(result.step_columns)
+                    dp_writer.close()
+                write_run_files(tmp, result, steps=False)
+        return result
+    if out_dir is None:
+        return simulate_single(scenario, check, progress, bursts, memory_limit_bytes, StepRecorder(scenario.steps))
+    final = check_output_dir(out_dir, "run")  # refused before simulating, not after
+    with output_directory(out_dir, "run") as tmp:
+        writer = StepWriter(tmp, steps_format) if scenario.steps != "none" else None
+        result = simulate_single(scenario, check, progress, bursts, memory_limit_bytes,
+                                 StepRecorder(scenario.steps, writer),
+                                 None if writer is None else final / writer.path.name)
+        write_run_files(tmp, result, steps=False)
+    return result
+
+
+def simulate_single(scenario: Scenario, check: bool, progress: ProgressFn | None, bursts: bool,
+                    memory_limit_bytes: int | None, recorder: StepRecorder, steps_path: Path | None = None,
+                    ) -> RunResult:
+    """One engine, its requests drawn lazily (`iter_requests`), its steps into `recorder` (whose writer,
+    if any, puts them at `steps_path` once the output is swapped in)."""
+    rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
+    parts = build_engine(scenario, rng, memory_limit_bytes, steps_in_memory=recorder.keeps_all_rows)
+    requests = iter_requests(scenario, parts.facts["max_model_len"], rng)
+    num_requests = scenario.workload.num_requests  # an upper bound for progress (a trace may hold fewer)
+    run_engine(parts.scheduler, parts.latency, requests, check=check, progress=progress, bursts=bursts,
+               recorder=recorder, num_requests=num_requests)
+    return engine_result(scenario, parts, recorder, steps_path=steps_path)

@@ -1,0 +1,1 @@
+"""Many engines behind a dispatcher: routers and the fleet driver."""

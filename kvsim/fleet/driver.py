@@ -1,0 +1,230 @@
+"""A fleet: many replicas behind a router, in one simulated clock.
+
+    replicas: 4                         # or groups:  replicas: [{count: 2, gpu: h200},
+    router: {policy: affinity}          #                       {count: 2, engine: {max_num_seqs: 64}}]
+
+Each replica is one engine exactly as `kvsim.engine.simulate` builds it (its own scheduler,
+KV pool and latency model, from the scenario's model/GPU/engine with its group's changes).
+The scenario's workload is the whole fleet's traffic, built once; the router assigns each
+request at its arrival instant (`kvsim.fleet.router`). Replicas know nothing of each other.
+
+Results: every request with its `replica`, every replica's steps, the router's decisions
+(`routes`), one summary per replica (the same summary a single run has) and a fleet-wide
+summary (percentiles over all requests, totals over replicas).
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections import Counter
+from dataclasses import dataclass
+from operator import sub
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvsim.engine.builder import build_engine, engine_result
+from kvsim.engine.clock import Inbox
+from kvsim.engine.loop import ProgressFn, run_engines
+from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
+from kvsim.fleet.router import Decision, Router
+from kvsim.model.config import load_model
+from kvsim.model.errors import KvsimError
+from kvsim.results.metrics import percentiles
+from kvsim.results.output_dir import output_directory
+from kvsim.results.run_result import RunResult
+from kvsim.sched import Scheduler
+from kvsim.workload.generate import iter_requests
+from kvsim.workload.request import Request
+from kvsim.workload.scenario import Scenario, make_scenario
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def replica_scenarios(scenario: Scenario) -> list[Scenario]:
+    """One single-engine scenario per replica, in replica order (groups in the order given)."""
+    if scenario.replicas is None:
+        return [scenario]
+    base = scenario.model_dump(mode="json", exclude={"replicas", "router"})
+    if isinstance(scenario.replicas, int):
+        return [make_scenario({**base, "name": f"{scenario.name}/r{i}"}, scenario.base_dir)
+                for i in range(scenario.replicas)]
+    out = []
+    for g, group in enumerate(scenario.replicas):
+        raw = {**base, "engine": {**base["engine"], **group.engine}}
+        raw.update({key: value for key, value in (("model", group.model), ("gpu", group.gpu)) if value})
+        label = group.name or f"g{g}"
+        for i in range(group.count):
+            try:
+                out.append(make_scenario({**raw, "name": f"{scenario.name}/{label}-{i}"}, scenario.base_dir))
+            except KvsimError as error:
+                raise KvsimError(f"replicas[{g}]: {error}") from None
+    return out
+
+
+class FleetView:
+    """What the router reads of the replicas (`kvsim.fleet.router.FleetState`), cheaply at every arrival.
+
+    A replica's outstanding requests are the ones dispatched to it that have not ended: every
+    request it is given is waiting (or in its inbox during a burst), running or swapped out
+    until it is finished or rejected, so the count is `dispatched − ended`, two lengths a replica.
+    """
+
+    def __init__(self, schedulers: list[Scheduler], inboxes: list[Inbox]) -> None:
+        self.schedulers, self.inboxes = schedulers, inboxes
+        self.dispatched = [0] * len(schedulers)
+        self._ended = [s.records.status_codes for s in schedulers]  # their lengths: requests ended
+        self.now_s = 0.0  # the arrival being routed
+
+    def outstanding(self) -> list[int]:
+        return list(map(sub, self.dispatched, map(len, self._ended)))
+
+    def kv_usage(self) -> list[float]:
+        """Each replica's usage now, mid-burst included (`Inbox.kv_usage`)."""
+        return [inbox.kv_usage(s.alloc.usage, self.now_s) for s, inbox in zip(self.schedulers, self.inboxes,
+                                                                                strict=True)]
+
+
+class Routes:
+    """The router's decisions, one row per request in arrival order, in compact columns."""
+
+    REASONS = ("turn", "least_outstanding", "least_kv", "affinity", "new_prefix", "over_bound")
+
+    def __init__(self) -> None:
+        self.request_id, self.arrival_s = array("q"), array("d")
+        self.replica, self.reason, self.matched_tokens = array("q"), array("b"), array("q")
+
+    def add(self, req: Request, decision: Decision) -> None:
+        self.request_id.append(req.request_id)
+        self.arrival_s.append(req.arrival_s)
+        self.replica.append(decision.replica)
+        self.reason.append(self.REASONS.index(decision.reason))
+        self.matched_tokens.append(decision.matched_tokens)
+
+    def frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        reasons = np.array(self.REASONS, dtype=object)
+        return pd.DataFrame({
+            "request_id": np.frombuffer(self.request_id, dtype=np.int64) if self.request_id else np.zeros(0, np.int64),
+            "arrival_s": np.frombuffer(self.arrival_s, dtype=np.float64) if self.arrival_s else np.zeros(0),
+            "replica": np.frombuffer(self.replica, dtype=np.int64) if self.replica else np.zeros(0, np.int64),
+            "reason": reasons[np.frombuffer(self.reason, dtype=np.int8).astype(np.int64)] if self.reason
+            else np.zeros(0, dtype=object),
+            "matched_tokens": np.frombuffer(self.matched_tokens, dtype=np.int64) if self.matched_tokens
+            else np.zeros(0, np.int64),
+        })
+
+
+@dataclass(frozen=True, slots=True)
+class FleetResult:
+    """`requests` (with `replica`), `steps` (with `replica`), `routes`, per-replica runs, fleet summary."""
+
+    scenario: Scenario
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    routes: pd.DataFrame
+    replicas: list[RunResult]
+    summary: dict[str, Any]
+
+    def write(self, out_dir: str | Path) -> Path:
+        """`requests.csv`, `steps.csv`, `routes.csv`, `replicas.csv`, `summary.json`, `scenario.yaml`, through
+        `kvsim.results.output_dir.output_directory` (only over kvsim's own output, swapped in when complete)."""
+        import pandas as pd
+        import yaml
+
+        with output_directory(out_dir, "run") as tmp:
+            self.requests.to_csv(tmp / "requests.csv", index=False)
+            self.steps.to_csv(tmp / "steps.csv", index=False)
+            self.routes.to_csv(tmp / "routes.csv", index=False)
+            pd.DataFrame(self.summary["per_replica"]).to_csv(tmp / "replicas.csv", index=False)
+            (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+            (tmp / "scenario.yaml").write_text(yaml.safe_dump(self.scenario.model_dump(mode="json"),
+                                                              sort_keys=False))
+        return Path(out_dir)
+
+
+def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
+                   bursts: bool = True) -> FleetResult:
+    """Simulate the scenario's replicas behind its router; one replica gives `simulate`'s result."""
+    import pandas as pd
+
+    specs = replica_scenarios(scenario)
+    rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
+    parts = [build_engine(spec, rng) for spec in specs]
+    max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))  # the workload's cap
+    requests = iter_requests(scenario, max_model_len, rng)  # built at arrival, let go when they end
+    reads_kv = scenario.router.policy == "least_kv"  # the router reads KV usage, mid-burst too
+    inboxes = [Inbox(observe_kv=reads_kv) for _ in parts]
+    view = FleetView([p.scheduler for p in parts], inboxes)
+    config = scenario.router
+    router = Router(config.policy, len(parts), scenario.engine.block_size, config.load_bound, config.load_slack,
+                    config.match_threshold, max_prefix_blocks=sum(p.facts["num_gpu_blocks"] for p in parts))
+    routes = Routes()
+
+    def dispatch(req: Request) -> int:
+        view.now_s = req.arrival_s
+        decision = router.route(req, view)
+        routes.add(req, decision)
+        view.dispatched[decision.replica] += 1
+        return decision.replica
+
+    # the scenario's `steps` holds for the whole fleet: `sampled` keeps at most MAX_SAMPLED_STEPS rows in all
+    per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
+    recorders = run_engines([(p.scheduler, p.latency) for p in parts], requests, dispatch, check, progress, bursts,
+                            inboxes=inboxes, num_requests=scenario.workload.num_requests,
+                            recorders=[StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap) for _ in parts])
+    runs = [engine_result(spec, p, rec) for spec, p, rec in zip(specs, parts, recorders, strict=True)]
+    requests_df = pd.concat([run.requests.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
+    requests_df = requests_df.sort_values("request_id", kind="stable").reset_index(drop=True)
+    steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
+    routes_df = routes.frame()
+    summary = fleet_summary(scenario, requests_df, runs, routes_df)
+    return FleetResult(scenario, requests_df, steps_df, routes_df, runs, summary)
+
+
+def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunResult],
+                  routes_df: pd.DataFrame) -> dict[str, Any]:
+    """Fleet-wide headline numbers: latency percentiles over every request, totals over replicas."""
+    finished = requests_df[requests_df["status"] == "finished"]
+    end_s = max((r.summary["duration_s"] + float(r.requests["arrival_s"].min()) for r in runs if len(r.requests)),
+                default=0.0)
+    duration = max(end_s - float(requests_df["arrival_s"].min()), 0.0) if len(requests_df) else 0.0
+    output_tokens = int((finished["output_tokens"] * finished["num_samples"]).sum())
+    queries = sum(r.summary["num_prefix_cache_query_tokens"] for r in runs)
+    hits = sum(r.summary["num_prefix_cache_hit_tokens"] for r in runs)
+    per_replica = [{
+        "replica": i, "name": r.summary["scenario"], "gpu": r.summary["gpu"], "model": r.summary["model"],
+        "tensor_parallel_size": r.scenario.engine.tensor_parallel_size, "num_requests": r.summary["num_requests"],
+        "num_finished": r.summary["num_finished"], "mean_running": r.summary["mean_running"],
+        "kv_cache_usage_mean": r.summary["kv_cache_usage_perc"]["mean"],
+        "num_preemptions": r.summary["num_preemptions"],
+        "prefix_cache_hit_rate": r.summary["prefix_cache_hit_rate"], "ttft_p90_s": r.summary["ttft_s"]["p90"],
+        "tpot_p90_s": r.summary["tpot_s"]["p90"], "e2e_p90_s": r.summary["e2e_s"]["p90"],
+    } for i, r in enumerate(runs)]
+    counts = [row["num_requests"] for row in per_replica]
+    arrivals = requests_df["arrival_s"]
+    span_s = float(arrivals.max() - arrivals.min()) if len(arrivals) > 1 else 0.0
+    return {
+        "scenario": scenario.name, "num_replicas": len(runs), "router": scenario.router.policy,
+        "num_gpus": sum(row["tensor_parallel_size"] for row in per_replica), "seed": scenario.seed,
+        "num_requests": int(len(requests_df)), "num_finished": int(len(finished)),
+        "num_rejected": sum(r.summary["num_rejected"] for r in runs),
+        "duration_s": duration,
+        "output_tokens_per_s": output_tokens / duration if duration else 0.0,
+        "requests_per_s": len(finished) / duration if duration else 0.0,
+        "offered_rate_per_s": (len(arrivals) - 1) / span_s if span_s else 0.0,
+        **{key: percentiles(requests_df[key].to_numpy(dtype=float)) for key in ("ttft_s", "tpot_s", "e2e_s",
+                                                                                "queue_s")},
+        "mean_running": sum(r.summary["mean_running"] for r in runs),
+        "num_preemptions": sum(r.summary["num_preemptions"] for r in runs),
+        "kv_cache_usage_mean": float(np.mean([row["kv_cache_usage_mean"] for row in per_replica])),
+        "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+        "num_prefix_cache_query_tokens": queries, "num_prefix_cache_hit_tokens": hits,
+        "requests_per_replica": {"min": min(counts), "max": max(counts), "mean": float(np.mean(counts))},
+        "route_reasons": {str(k): int(v) for k, v in sorted(Counter(routes_df["reason"]).items())},
+        "per_replica": per_replica,
+    }

@@ -1,0 +1,445 @@
+"""Paged KV allocation (PagedAttention): a block table per sequence over a shared `BlockPool`.
+
+    sequence A  block_table [7, 3, 9]      tokens 0..15 | 16..31 | 32..36 (5 of 16 used)
+    sequence B  block_table [7, 3, 4]      (forked from A, or hit A's cached prefix)
+    physical    block 7: ref_count 2, block 3: ref_count 2, block 9: 1, block 4: 1
+
+Contract:
+* Blocks are allocated only when a sequence crosses a block boundary (on demand).
+* `allocate` is all-or-nothing: when it returns False nothing has changed.
+* Prefix caching (`enable_caching`): each full block is registered under its chained
+  content hash; `lookup_prefix` walks from block 0 and stops at the first miss, and never
+  hits the block holding a prompt's last token (its logits must be recomputed).
+* Copy-on-write: writing into a block with `ref_count > 1` (only a partial last block
+  shared by `fork` can be) first copies it to a new block; each copy is counted.
+* Swap moves whole sequences' blocks to a CPU `BlockPool` and back, all-or-nothing.
+* Waste counters (`num_filled_slots`, `num_reserved_slots`) are kept incrementally and
+  re-derived from scratch by `check_invariants`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvsim.kv.block_pool import BlockPool, PoolSlots
+from kvsim.kv.paged_burst import PagedBursts
+from kvsim.kv.protocol import NO_HIT, PrefixHit, SwapResult
+from kvsim.model.units import ceil_div
+from kvsim.workload.content import Content
+
+
+@dataclass(slots=True)
+class SeqBlocks:
+    """One sequence's view of the cache: its block table and how many slots it has written."""
+
+    block_table: list[int]
+    num_tokens: int
+    final_num_tokens: int
+    content: Content | None
+    num_hashed_blocks: int  # leading blocks whose content hash has been registered (or tried)
+    reservable: int = 0  # slots this sequence holds for tokens it has or will have (see _own_reservable)
+
+
+class PagedAllocator(PoolSlots, PagedBursts):
+    """Block tables over a GPU pool (and a CPU pool for swap); the policy half of vLLM's KV manager.
+
+    Implements `kvsim.kv.protocol.KVAllocator`; the decode-burst methods live in `paged_burst.py`.
+    """
+
+    shares_blocks = True  # fork shares; slabs instead reserve each child's region at admission
+
+    num_slack_slots = 0  # blocks are never rounded beyond what a sequence asks for
+    supports_bursts = True
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        null_block: bool = True,
+        num_cpu_blocks: int = 0,
+        bytes_per_block: int = 0,
+    ) -> None:
+        self.pool = BlockPool(num_blocks, null_block=null_block)
+        self.cpu_pool = BlockPool(num_cpu_blocks, null_block=False) if num_cpu_blocks else None
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.bytes_per_block = bytes_per_block
+        self.seqs: dict[int, SeqBlocks] = {}
+        self.swapped: dict[int, SeqBlocks] = {}
+        self.block_fill = [0] * num_blocks  # tokens stored in each GPU block
+        self.num_filled_slots = 0  # Σ fill over GPU blocks with ref_count > 0
+        self._sum_written = 0  # Σ num_tokens over GPU sequences
+        self._sum_reservable = 0  # Σ seq.reservable over GPU sequences
+        self._num_mapped_blocks = 0  # Σ len(block_table) over GPU sequences
+        self.num_copy_on_writes = 0
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_reserved_slots(self) -> int:
+        """Held slots that the owning sequence will still fill (its last block's future tokens)."""
+        return self._sum_reservable - self._sum_written
+
+    @property
+    def num_mapped_slots(self) -> int:
+        return self._num_mapped_blocks * self.block_size
+
+    def region_slots(self, final_num_tokens: int, prompt_len: int | None = None) -> int:
+        return ceil_div(final_num_tokens, self.block_size) * self.block_size
+
+    def never_fits_reason(self, final_num_tokens: int, prompt_len: int | None = None) -> str | None:
+        """Any free block serves any sequence: only the pool's size limits it (checked by the caller)."""
+        return None
+
+    def request_slots(self, prompt_len: int, final_num_tokens: int, num_samples: int) -> int:
+        """Samples share the prompt's full blocks (forked after the prefill); each owns the rest."""
+        bs = self.block_size
+        per_seq = ceil_div(final_num_tokens, bs)
+        shared = prompt_len // bs if num_samples > 1 else 0
+        return (per_seq + (num_samples - 1) * (per_seq - shared)) * bs
+
+    # ------------------------------------------------------------ prefix cache
+    def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:
+        """Longest run of cached full blocks from block 0, never covering the last token.
+
+        The scheduler counts queries and hits (vLLM's prefix-cache metrics) when it admits.
+        """
+        if not self.enable_caching or content is None:
+            return NO_HIT
+        max_blocks = (num_tokens - 1) // self.block_size
+        hits, lookup = [], self.pool.cached.get  # `BlockPool.lookup`, bound once: a call per prompt block
+        for block_hash in content.block_hashes(self.block_size, max_blocks):
+            block_id = lookup(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return PrefixHit(len(hits) * self.block_size, tuple(hits))
+
+    # ------------------------------------------------------------- allocation
+    def _blocks_needed(self, seq: SeqBlocks | None, num_tokens_total: int, hit: PrefixHit) -> int:
+        """Free blocks `allocate` would consume: new blocks, a copy-on-write, free cached hits."""
+        if seq is not None and num_tokens_total <= len(seq.block_table) * self.block_size and (
+                seq.num_tokens % self.block_size == 0 or self.pool.ref_counts[seq.block_table[-1]] == 1):
+            return 0  # the common decode case: room left in an unshared last block
+        if seq is not None:
+            return self._growth_blocks([seq], [num_tokens_total], self.block_size, self.pool.ref_counts.__getitem__)
+        free_hits = sum(1 for b in hit.block_ids if self.pool.ref_counts[b] == 0)  # leave the free queue
+        return free_hits + max(0, ceil_div(num_tokens_total, self.block_size) - len(hit.block_ids))
+
+    @staticmethod
+    def _growth_blocks(seqs: Sequence[SeqBlocks], targets: Sequence[int], block_size: int,
+                       ref_count: Callable[[int], int]) -> int:
+        """Blocks a group of sequences takes to grow each to its target token count.
+
+        New blocks where a sequence crosses a boundary, plus copies of shared partial last
+        blocks: k group members sharing one copy k − 1 times (the last writer keeps it), or k
+        times if someone outside the group shares it too.
+        """
+        blocks, sharers = 0, dict[int, int]()
+        for seq, target in zip(seqs, targets, strict=True):
+            if target <= seq.num_tokens:
+                continue
+            blocks += max(0, ceil_div(target, block_size) - len(seq.block_table))
+            if seq.num_tokens % block_size:
+                sharers[seq.block_table[-1]] = sharers.get(seq.block_table[-1], 0) + 1
+        for block_id, k in sharers.items():
+            blocks += k - 1 if ref_count(block_id) == k else k
+        return blocks
+
+    def slots_needed(self, seq_ids: Sequence[int], num_tokens_total: int) -> int:
+        """Free slots that growing every sequence of a group to `num_tokens_total` takes."""
+        seqs = [self.seqs[s] for s in seq_ids]
+        refs = self.pool.ref_counts
+        return self._growth_blocks(seqs, [num_tokens_total] * len(seqs), self.block_size,
+                                   refs.__getitem__) * self.block_size
+
+    def can_allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
+                     hit: PrefixHit = NO_HIT, reserve_slots: int = 0, num_samples: int = 1,
+                     prompt_len: int | None = None) -> bool:
+        """Whether `allocate` would succeed while leaving `reserve_slots` free (v0's watermark).
+
+        Samples fork from the first sequence later, so `num_samples` needs nothing now.
+        """
+        needed = self._blocks_needed(self.seqs.get(seq_id), num_tokens_total, hit)
+        return needed == 0 or needed + ceil_div(reserve_slots, self.block_size) <= self.pool.num_free_blocks
+
+    def allocate(
+        self,
+        seq_id: int,
+        num_tokens_total: int,
+        final_num_tokens: int | None = None,
+        content: Content | None = None,
+        hit: PrefixHit = NO_HIT,
+        reserve_slots: int = 0,
+    ) -> bool:
+        """Make the sequence hold slots for `num_tokens_total` tokens and mark them written.
+
+        A new sequence starts from `hit` (its cached prefix blocks); `final_num_tokens` (its
+        prompt + output length) is needed only to classify free slots as reserved vs internal
+        fragmentation. Returns False, changing nothing, when the blocks are not there.
+        """
+        seq = self.seqs.get(seq_id)
+        if seq is not None and num_tokens_total == seq.num_tokens + 1 and self.append_token(seq_id):
+            return True
+        needed = self._blocks_needed(seq, num_tokens_total, hit)
+        if needed and needed + ceil_div(reserve_slots, self.block_size) > self.pool.num_free_blocks:
+            return False
+        if seq is None:
+            seq = self._start(seq_id, final_num_tokens or num_tokens_total, content, hit)
+        if num_tokens_total > seq.num_tokens:
+            self._write(seq, num_tokens_total)
+        return True
+
+    def append_token(self, seq_id: int) -> bool:
+        """`allocate(seq_id, written + 1)` when that token goes into the sequence's own partly
+        filled last block (no new block, no copy, not past its final length); otherwise False,
+        changing nothing, and the caller uses `allocate`. The hot path of every decode step:
+        `_mark_written` inlined for one token in the last block."""
+        seq = self.seqs.get(seq_id)
+        if seq is None:
+            return False
+        bs, written, final = self.block_size, seq.num_tokens, seq.final_num_tokens
+        used = written % bs
+        block_id = seq.block_table[-1] if used else 0
+        if not used or written >= final or self.pool.ref_counts[block_id] != 1:
+            return False
+        self.block_fill[block_id] = used + 1
+        self.num_filled_slots += 1
+        self._sum_written += 1
+        seq.num_tokens = written + 1
+        held = len(seq.block_table) * bs  # a forked child's reservation becomes its own here, as in _mark_written
+        reservable = held if held < final else final
+        self._sum_reservable += reservable - seq.reservable
+        seq.reservable = reservable
+        if used + 1 == bs and self.enable_caching and seq.content is not None:
+            self._hash_full_blocks(seq)
+        return True
+
+    def _start(self, seq_id: int, final_num_tokens: int, content: Content | None, hit: PrefixHit) -> SeqBlocks:
+        pool = self.pool
+        for block_id in hit.block_ids:
+            if pool.ref_counts[block_id] == 0:
+                self.num_filled_slots += self.block_fill[block_id]
+        pool.touch(hit.block_ids)
+        seq = SeqBlocks(list(hit.block_ids), hit.num_tokens, final_num_tokens, content, len(hit.block_ids))
+        self.seqs[seq_id] = seq
+        self._sum_written += seq.num_tokens
+        self._num_mapped_blocks += len(seq.block_table)
+        self._set_reservable(seq, self._own_reservable(seq))
+        return seq
+
+    def _own_reservable(self, seq: SeqBlocks) -> int:
+        """`min(held slots, final length)`: what the sequence holds and will fill."""
+        return min(len(seq.block_table) * self.block_size, seq.final_num_tokens)
+
+    def _set_reservable(self, seq: SeqBlocks, value: int) -> None:
+        self._sum_reservable += value - seq.reservable
+        seq.reservable = value
+
+    def _write(self, seq: SeqBlocks, num_tokens_total: int) -> None:
+        pool, table = self.pool, seq.block_table
+        if seq.num_tokens % self.block_size and pool.ref_counts[table[-1]] > 1:
+            self._copy_on_write(seq)
+        new_len = ceil_div(num_tokens_total, self.block_size)
+        if new_len > len(table):
+            self._num_mapped_blocks += new_len - len(table)
+            table.extend(pool.get_new_blocks(new_len - len(table)))
+        self._mark_written(seq, num_tokens_total)
+
+    def _mark_written(self, seq: SeqBlocks, num_tokens_total: int) -> None:
+        """Record tokens written up to `num_tokens_total` into blocks the table already holds.
+
+        The one-token case is `append_token`, the burst case `append_burst` (both inline this).
+        """
+        bs, ref_counts, fill, table = self.block_size, self.pool.ref_counts, self.block_fill, seq.block_table
+        written = seq.num_tokens
+        if num_tokens_total > seq.final_num_tokens:
+            seq.final_num_tokens = num_tokens_total  # outgrew its estimate
+        last = len(table) - 1
+        written_blocks = table[written // bs:]  # the partly filled last block, if any, and the new ones
+        if written_blocks:
+            assert all(map((1).__eq__, map(ref_counts.__getitem__, written_blocks))), "writing a shared block"
+            for block_id in written_blocks:
+                fill[block_id] = bs
+            fill[table[last]] = num_tokens_total - last * bs
+        delta = num_tokens_total - written
+        self.num_filled_slots += delta
+        self._sum_written += delta
+        seq.num_tokens = num_tokens_total
+        held = (last + 1) * bs
+        reservable = held if held < seq.final_num_tokens else seq.final_num_tokens
+        self._sum_reservable += reservable - seq.reservable
+        seq.reservable = reservable
+        if self.enable_caching and seq.content is not None \
+                and num_tokens_total // bs > seq.num_hashed_blocks:
+            self._hash_full_blocks(seq)
+
+    def _copy_on_write(self, seq: SeqBlocks) -> None:
+        """Give `seq` a private copy of its shared, partially filled last block."""
+        shared = seq.block_table[-1]
+        (copy,) = self.pool.get_new_blocks(1)
+        self.block_fill[copy] = self.block_fill[shared]
+        self.num_filled_slots += self.block_fill[copy]
+        self.pool.free_blocks([shared])  # still referenced by the other sharers
+        seq.block_table[-1] = copy
+        self.num_copy_on_writes += 1
+
+    def _hash_full_blocks(self, seq: SeqBlocks) -> None:
+        content = seq.content
+        assert content is not None
+        num_full = min(seq.num_tokens, content.num_tokens) // self.block_size
+        if num_full <= seq.num_hashed_blocks:
+            return
+        hashes = content.block_hashes(self.block_size, num_full)
+        first = seq.num_hashed_blocks
+        self.pool.cache_new_blocks(seq.block_table[first:num_full], hashes[first:num_full])
+        seq.num_hashed_blocks = num_full
+
+    # ---------------------------------------------------------- fork and free
+    def holds(self, seq_id: int) -> bool:
+        return seq_id in self.seqs or seq_id in self.swapped
+
+    def reserve(self, seq_id: int, final_num_tokens: int, prompt_len: int | None = None) -> bool:
+        """Nothing to reserve ahead with paging (a forked child shares its parent's blocks)."""
+        return True
+
+    def fork(self, parent_id: int, child_id: int, child_content: Content | None = None,
+             child_final_num_tokens: int | None = None) -> None:
+        """The child shares all of the parent's blocks (parallel sampling, beam search)."""
+        parent = self.seqs[parent_id]
+        assert child_id not in self.seqs and child_id not in self.swapped
+        self.pool.touch(parent.block_table)
+        final = child_final_num_tokens or parent.final_num_tokens
+        child = SeqBlocks(list(parent.block_table), parent.num_tokens, final,
+                          child_content or parent.content, parent.num_hashed_blocks)
+        self.seqs[child_id] = child
+        self._sum_written += child.num_tokens
+        self._num_mapped_blocks += len(child.block_table)
+        # The shared partial last block's future slots are the parent's until a copy-on-write.
+        self._set_reservable(child, child.num_tokens)
+
+    def free(self, seq_id: int) -> None:
+        """Release a sequence's blocks tail-first (its last blocks are evicted first)."""
+        if seq_id in self.swapped:
+            seq = self.swapped.pop(seq_id)
+            assert self.cpu_pool is not None
+            self.cpu_pool.free_blocks(seq.block_table[::-1])
+            return
+        seq = self.seqs.pop(seq_id)
+        self._release_gpu(seq)
+
+    def _release_gpu(self, seq: SeqBlocks) -> None:
+        freed = self.pool.free_blocks(seq.block_table[::-1])  # a table holds each block once
+        self.num_filled_slots -= sum(map(self.block_fill.__getitem__, freed))
+        self._sum_written -= seq.num_tokens
+        self._num_mapped_blocks -= len(seq.block_table)
+        self._set_reservable(seq, 0)
+
+    # ------------------------------------------------------------------- swap
+    def _swap_plan(self, tables: Sequence[list[int]]) -> list[int]:
+        """The distinct blocks of a group of sequences, in first-seen order."""
+        return list(dict.fromkeys(b for table in tables for b in table))
+
+    def swap_out(self, seq_ids: Sequence[int]) -> SwapResult | None:
+        """Move a group's blocks to the CPU pool; None (nothing changed) if it lacks room."""
+        if self.cpu_pool is None:
+            return None
+        seqs = [self.seqs[s] for s in seq_ids]
+        unique = self._swap_plan([s.block_table for s in seqs])
+        if len(unique) > self.cpu_pool.num_free_blocks:
+            return None
+        mapping = dict(zip(unique, self.cpu_pool.get_new_blocks(len(unique)), strict=True))
+        for seq_id, seq in zip(seq_ids, seqs, strict=True):
+            del self.seqs[seq_id]
+            self._release_gpu(seq)
+            seq.block_table = [mapping[b] for b in seq.block_table]
+            seq.num_hashed_blocks = 0
+            self.swapped[seq_id] = seq
+        self._touch_extra_refs(self.cpu_pool, [s.block_table for s in seqs])
+        return SwapResult(len(unique), len(unique) * self.bytes_per_block)
+
+    def swap_in_growth_slots(self, seq_ids: Sequence[int]) -> int:
+        """Slots the swapped group needs, once back, for each sequence's next token.
+
+        A sequence whose last block is full needs a new block; k sequences sharing a partial
+        last block need k − 1 copies (the last writer keeps the original).
+        """
+        assert self.cpu_pool is not None
+        seqs = [self.swapped[s] for s in seq_ids]
+        return self._growth_blocks(seqs, [s.num_tokens + 1 for s in seqs], self.block_size,
+                                   self.cpu_pool.ref_counts.__getitem__) * self.block_size
+
+    def can_swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> bool:
+        unique = self._swap_plan([self.swapped[s].block_table for s in seq_ids])
+        return len(unique) + ceil_div(reserve_slots, self.block_size) <= self.pool.num_free_blocks
+
+    def swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> SwapResult | None:
+        """Bring a swapped group back to new GPU blocks; None (nothing changed) if they don't fit."""
+        if not self.can_swap_in(seq_ids, reserve_slots):
+            return None
+        assert self.cpu_pool is not None
+        seqs = [self.swapped[s] for s in seq_ids]
+        unique = self._swap_plan([s.block_table for s in seqs])
+        fresh = self.pool.get_new_blocks(len(unique))
+        mapping = dict(zip(unique, fresh, strict=True))
+        last_blocks: set[int] = set()
+        for seq_id, seq in zip(seq_ids, seqs, strict=True):
+            self.cpu_pool.free_blocks(seq.block_table[::-1])
+            seq.block_table = [mapping[b] for b in seq.block_table]
+            del self.swapped[seq_id]
+            self.seqs[seq_id] = seq
+            for index, block_id in enumerate(seq.block_table):
+                self.block_fill[block_id] = min(self.block_size, seq.num_tokens - index * self.block_size)
+            self._sum_written += seq.num_tokens
+            self._num_mapped_blocks += len(seq.block_table)
+            shares_last = bool(seq.block_table) and seq.block_table[-1] in last_blocks
+            self._set_reservable(seq, seq.num_tokens if shares_last else self._own_reservable(seq))
+            last_blocks.update(seq.block_table[-1:])
+        self._touch_extra_refs(self.pool, [s.block_table for s in seqs])
+        self.num_filled_slots += sum(self.block_fill[b] for b in fresh)
+        for seq in seqs:
+            if self.enable_caching and seq.content is not None:
+                self._hash_full_blocks(seq)
+        return SwapResult(len(unique), len(unique) * self.bytes_per_block)
+
+    @staticmethod
+    def _touch_extra_refs(pool: BlockPool, tables: Sequence[list[int]]) -> None:
+        """New blocks start at ref_count 1; a block in k tables of the group needs k."""
+        seen: set[int] = set()
+        for table in tables:
+            for block_id in table:
+                if block_id in seen:
+                    pool.touch([block_id])
+                seen.add(block_id)
+
+    # ------------------------------------------------------------- invariants
+    def check_invariants(self) -> None:
+        """Blocks conserved; ref counts equal table references; counters match a recount."""
+        bs = self.block_size
+        self.pool.check_invariants()
+        refs = [0] * self.pool.num_blocks
+        for seq in self.seqs.values():
+            assert len(seq.block_table) == ceil_div(seq.num_tokens, bs), "table length != cdiv(tokens, bs)"
+            assert len(set(seq.block_table)) == len(seq.block_table)
+            for index, block_id in enumerate(seq.block_table):
+                refs[block_id] += 1
+                expected_fill = min(bs, seq.num_tokens - index * bs)
+                assert self.block_fill[block_id] == expected_fill, f"block {block_id} fill mismatch"
+        for block_id in range(int(self.pool.null_block), self.pool.num_blocks):
+            assert refs[block_id] == self.pool.ref_counts[block_id], f"block {block_id} ref_count mismatch"
+        assert self.num_filled_slots == sum(self.block_fill[b] for b, r in enumerate(refs) if r)
+        assert self._sum_written == sum(s.num_tokens for s in self.seqs.values())
+        assert self._num_mapped_blocks == sum(len(s.block_table) for s in self.seqs.values())
+        assert self._sum_reservable == sum(s.reservable for s in self.seqs.values())
+        for seq in self.seqs.values():
+            assert seq.reservable in (self._own_reservable(seq), seq.num_tokens), "reservation out of range"
+        if self.cpu_pool is not None:
+            self.cpu_pool.check_invariants()
+            cpu_refs = [0] * self.cpu_pool.num_blocks
+            for seq in self.swapped.values():
+                for block_id in seq.block_table:
+                    cpu_refs[block_id] += 1
+            assert cpu_refs == self.cpu_pool.ref_counts, "cpu ref_count mismatch"
+        else:
+            assert not self.swapped

@@ -1,0 +1,188 @@
+"""Decode bursts over paged KV: what `num_steps` rounds of one-token `allocate` calls would do.
+
+A mixin of `PagedAllocator`, split out to keep modules small; see `kvsim.sched.burst`
+for when the scheduler may use it and why the result equals step-by-step allocation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import accumulate, repeat
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvsim.kv.block_pool import BlockPool
+    from kvsim.kv.paged import SeqBlocks
+    from kvsim.kv.protocol import Occupancy
+    from kvsim.workload.content import Content
+
+
+class PagedBursts:
+    """The `burst_*` methods of `KVAllocator` for `PagedAllocator` (uses its tables and counters)."""
+
+    block_size: int
+    enable_caching: bool
+    pool: BlockPool
+    seqs: dict[int, SeqBlocks]
+    block_fill: list[int]
+    num_filled_slots: int
+    _sum_written: int
+    _sum_reservable: int
+    _num_mapped_blocks: int
+
+    if TYPE_CHECKING:
+        @property
+        def num_held_slots(self) -> int: ...
+
+    def burst_slots_needed(self, seq_ids: Sequence[int], num_steps: int) -> int:
+        bs, seqs = self.block_size, self.seqs
+        blocks = 0
+        for seq_id in seq_ids:
+            seq = seqs[seq_id]
+            blocks += -(-(seq.num_tokens + num_steps) // bs) - len(seq.block_table)
+        return blocks * bs
+
+    def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
+        """Exactly what `num_steps` steps of `allocate(seq, tokens + 1)` for each sequence in order do;
+        returns what `burst_occupancy` would have said before (computed in the same pass).
+
+        Blocks are handed out, and blocks that fill up are registered in the prefix cache, in
+        (step, position) order, as the step-by-step calls would do it (the first block
+        registered under a hash is the one lookups find). The caller has checked
+        `burst_slots_needed` against the free slots. Sequences must own their partial last
+        block (no fork sharing) and stay within their final length (asserted).
+        The per-sequence update is `_mark_written`'s, inlined (hot: every sequence of every burst):
+
+            step offset:      0   1   2 ... first            first + bs
+            slot written:     w  w+1 ...    a block starts   the next one starts
+                              └ the partial last block ┘
+
+        A sequence with `w` tokens takes a new block at each step offset `first ≡ −w (mod bs)`
+        below `num_steps`; the block taken at offset `off` ends the burst holding
+        `min(bs, num_steps − off)` tokens.
+        """
+        bs, fill, caching = self.block_size, self.block_fill, self.enable_caching
+        seqs = [self.seqs[s] for s in seq_ids]
+        held_step, reservable_step = [0] * num_steps, [0] * num_steps
+        events: list[tuple[int, int]] = []  # (step offset, position) of each block taken
+        filling: list[tuple[SeqBlocks, int]] = []  # sequences that may fill a block to hash, tokens before
+        reservable_delta = 0
+        for pos, seq in enumerate(seqs):
+            written, final = seq.num_tokens, seq.final_num_tokens
+            total = written + num_steps
+            assert total <= final, "a burst never passes a sequence's final length"
+            used = written % bs
+            if used:  # the partial last block takes the first tokens
+                fill[seq.block_table[-1]] = bs if used + num_steps >= bs else used + num_steps
+            if -written % bs < num_steps:  # it takes blocks during the burst
+                for off in _take_blocks(seq, num_steps, bs, held_step, reservable_step):
+                    events.append((off, pos))
+            seq.num_tokens = total
+            held = -(-total // bs) * bs
+            reservable = held if held < final else final
+            reservable_delta += reservable - seq.reservable
+            seq.reservable = reservable
+            if caching and total // bs > seq.num_hashed_blocks and seq.content is not None:
+                filling.append((seq, written))
+        occupancy = self._occupancy(held_step, reservable_step, len(seqs))  # from the totals before the burst
+        events.sort()
+        fresh = self.pool.get_new_blocks(len(events))
+        for (off, pos), block_id in zip(events, fresh, strict=True):
+            seqs[pos].block_table.append(block_id)
+            fill[block_id] = bs if num_steps - off >= bs else num_steps - off
+        self._num_mapped_blocks += len(fresh)
+        num_written = len(seqs) * num_steps
+        self.num_filled_slots += num_written
+        self._sum_written += num_written
+        self._sum_reservable += reservable_delta
+        if filling:
+            self._hash_burst_blocks(filling)
+        return occupancy
+
+    def _hash_burst_blocks(self, filling: Sequence[tuple[SeqBlocks, int]]) -> None:
+        """Register the blocks a burst filled in the order step-by-step writes would have.
+
+        `filling` lists (sequence, tokens written before the burst) in batch order. Block `i` of
+        a sequence that had written `w` tokens fills at step offset `(i + 1) · bs − w − 1`; ties
+        between sequences go to the earlier position.
+        """
+        bs = self.block_size
+        order: list[tuple[int, int, int]] = []
+        hashes: list[list[int]] = []
+        for pos, (seq, before) in enumerate(filling):
+            assert seq.content is not None
+            num_full = min(seq.num_tokens, seq.content.num_tokens) // bs
+            if num_full <= seq.num_hashed_blocks:
+                hashes.append([])
+                continue
+            hashes.append(seq.content.block_hashes(bs, num_full))
+            order.extend(((i + 1) * bs - before - 1, pos, i) for i in range(seq.num_hashed_blocks, num_full))
+            seq.num_hashed_blocks = num_full
+        order.sort()
+        self.pool.cache_new_blocks([filling[pos][0].block_table[index] for _, pos, index in order],
+                                   [hashes[pos][index] for _, pos, index in order])
+
+    def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
+                             num_tokens: int) -> bool:
+        """Whether a burst registers a block hash in the chain `lookup_prefix(content, num_tokens)` walks.
+
+        If not, that lookup finds at most what it finds now during and after the burst: hits
+        only end where a hash is missing, and a burst adds no hash of the chain (it may evict
+        cached free blocks, which only shortens the hit).
+        """
+        if not self.enable_caching or content is None:
+            return False
+        bs = self.block_size
+        new_hashes: set[int] = set()
+        for seq_id in seq_ids:
+            seq = self.seqs[seq_id]
+            if seq.content is None:
+                continue
+            num_full = min(seq.num_tokens + num_steps, seq.content.num_tokens) // bs
+            if num_full > seq.num_hashed_blocks:
+                new_hashes.update(seq.content.block_hashes(bs, num_full)[seq.num_hashed_blocks:])
+        if not new_hashes:
+            return False
+        max_blocks = (num_tokens - 1) // bs
+        return not new_hashes.isdisjoint(content.block_hashes(bs, max_blocks))
+
+    def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
+        """Held, filled and reserved slots after each of the next `num_steps` decode allocations.
+
+        `seq_ids` must be every sequence on the GPU (the whole running batch). Inside a burst
+        no sequence passes its final length, so a sequence's reservation `min(held, final)`
+        changes only when it takes a block: the per-step totals follow from those events.
+        """
+        bs, seqs = self.block_size, self.seqs
+        held_step, reservable_step = [0] * num_steps, [0] * num_steps
+        for seq_id in seq_ids:
+            seq = seqs[seq_id]
+            assert seq.num_tokens + num_steps <= seq.final_num_tokens, "a burst never passes a sequence's final length"
+            _take_blocks(seq, num_steps, bs, held_step, reservable_step)
+        return self._occupancy(held_step, reservable_step, len(seq_ids))
+
+    def _occupancy(self, held_step: list[int], reservable_step: list[int], num_seqs: int) -> Occupancy:
+        """Held, filled and reserved slots after each step, from each step's new held and reservable
+        slots and the totals now (before the burst): every step writes `num_seqs` tokens."""
+        # running sums (exact: integers), each list starting with the total before the burst, dropped
+        held_out = list(accumulate(held_step, initial=self.num_held_slots))
+        filled_out = list(accumulate(repeat(num_seqs, len(held_step)), initial=self.num_filled_slots))
+        # reserved = reservable − written, and every step writes `num_seqs` more tokens
+        reserved_out = list(accumulate([new - num_seqs for new in reservable_step],
+                                       initial=self._sum_reservable - self._sum_written))
+        del held_out[0], filled_out[0], reserved_out[0]
+        return held_out, filled_out, reserved_out
+
+
+def _take_blocks(seq: SeqBlocks, num_steps: int, bs: int, held_step: list[int], reservable_step: list[int]) -> range:
+    """The step offsets at which `seq` (before the burst) takes a block in the next `num_steps` decode
+    steps: those with `num_tokens + offset ≡ 0 (mod bs)`. Adds each block's slots to `held_step` and
+    the growth of its reservation `min(held, final)` to `reservable_step`, at that offset."""
+    offsets = range(-seq.num_tokens % bs, num_steps, bs)
+    held, final = len(seq.block_table) * bs, seq.final_num_tokens
+    for off in offsets:
+        held_step[off] += bs
+        before = held if held < final else final
+        held += bs
+        reservable_step[off] += (held if held < final else final) - before
+    return offsets

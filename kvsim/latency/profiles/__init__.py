@@ -1,0 +1,119 @@
+"""Measured profiles in kvsim's calibration schema, from any supported source.
+
+One importer per source format, each returning a `Profile` (metadata + rows in the schema that
+`kvsim.latency.base` declares); the latency models never read a foreign format:
+
+    native.py   kvsim's own CSV (`kvsim calibrate`, or an imported profile written back out)
+    bundle.py   LLMServingSim's profile bundle (meta.yaml + tp<N>/dense.csv, attention.csv, ...)
+    vidur.py    Microsoft Vidur's per-operator `mlp.csv`
+
+`loader.load_profile(path, ...)` picks the importer from what the path holds; `check_profile` refuses
+a profile measured for another model, vocabulary, KV dtype, GPU or tensor-parallel degree.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvsim.model.errors import KvsimError
+
+if TYPE_CHECKING:
+    from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
+
+
+@dataclass(slots=True)
+class Profile:
+    """A profile in kvsim's schema: `meta` (`kvsim.latency.base.PROFILE_META_KEYS` and more) and `rows`."""
+
+    name: str
+    meta: dict[str, str] = field(default_factory=dict)
+    rows: list[dict[str, str]] = field(default_factory=list)
+
+    def kinds(self) -> set[str]:
+        return {r["kind"] for r in self.rows}
+
+
+def with_source(profile: Profile, repository: str | None, commit: str | None, licence: str | None) -> Profile:
+    """`profile` with the source fields that are given replaced (the rest kept as imported)."""
+    given = {"source_repository": repository, "source_commit": commit, "source_licence": licence}
+    meta = {**profile.meta, **{k: v for k, v in given.items() if v}}
+    return Profile(profile.name, meta, profile.rows)
+
+
+def find_source(folder: Path, default_repository: str) -> dict[str, str]:
+    """`source_repository`, `source_commit`, `source_licence` from the nearest `source.yaml` at or above `folder`.
+
+    Profiles copied from a public repository carry that file (`repository`, `commit`, `licence`);
+    without one the repository is the format's origin and the commit and licence are "unrecorded".
+    """
+    import yaml
+
+    for parent in (folder, *folder.parents):
+        candidate = parent / "source.yaml"
+        if candidate.is_file():
+            try:
+                raw = yaml.safe_load(candidate.read_text()) or {}
+            except (OSError, yaml.YAMLError):
+                raise KvsimError(f"profile source {candidate}: cannot read") from None
+            return {f"source_{k}": str(raw.get(k, "unrecorded")) for k in ("repository", "commit", "licence")}
+    return {"source_repository": default_repository, "source_commit": "unrecorded", "source_licence": "unrecorded"}
+
+
+def _tokens(name: str) -> set[str]:
+    return set(re.findall(r"[a-z]+[0-9]*|[0-9]+[a-z]*", name.lower()))
+
+
+def gpu_matches(measured_on: str, gpu: GPUSpec) -> bool:
+    """Whether a device name (`NVIDIA RTX PRO 6000 Blackwell Server Edition`) is the preset `gpu`.
+
+    True when the names are equal, or every word of one is a word of the other: the preset
+    `rtx-pro-6000` (`rtx`, `pro`, `6000`) matches the driver's name, Vidur's `a100` matches `a100-80gb`.
+    """
+    if measured_on.lower() == gpu.name.lower():
+        return True
+    preset, device = _tokens(gpu.name), _tokens(measured_on)
+    return bool(preset and device) and (preset <= device or device <= preset)
+
+
+def _kv_family(dtype: str) -> str:
+    """fp8 variants are one family (the kernels differ only in scaling); others compare by name."""
+    return "fp8" if dtype.startswith("fp8") else dtype
+
+
+def check_profile(profile: Profile, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> None:
+    """Refuse a profile measured for another model shape, vocabulary, KV dtype, GPU or TP degree.
+
+    Only what the profile's metadata records is compared; every mismatch is one `KvsimError`
+    naming the field, the profile's value and the scenario's.
+    """
+    from kvsim.latency.base import PROFILE_META_KEYS
+
+    meta = profile.meta
+    for key, kind in PROFILE_META_KEYS.items():
+        have = meta.get(key)
+        if kind is not int or have in (None, ""):
+            continue
+        try:
+            value = float(have)
+        except ValueError:
+            value = math.nan
+        if not value.is_integer():
+            raise KvsimError(f"profile {profile.name}: metadata {key}={have!r} is not an integer")
+        want = engine.tensor_parallel_size if key == "tensor_parallel_size" else getattr(model, key)
+        if int(value) != want:
+            raise KvsimError(f"profile {profile.name}: measured with {key}={have}, but the scenario has "
+                             f"{key}={want} ({model.name}, tensor_parallel_size={engine.tensor_parallel_size})")
+    kv = meta.get("kv_cache_dtype")
+    if kv:
+        scenario_kv = model.dtype if engine.kv_cache_dtype == "auto" else engine.kv_cache_dtype
+        if _kv_family(kv) != _kv_family(scenario_kv):
+            raise KvsimError(f"profile {profile.name}: measured with kv_cache_dtype={kv}, but the scenario's KV "
+                             f"cache is {scenario_kv}")
+    measured_on = meta.get("gpu")
+    if measured_on and not gpu_matches(measured_on, gpu):
+        raise KvsimError(f"profile {profile.name}: measured on gpu={measured_on!r}, but the scenario's gpu is "
+                         f"{gpu.name!r}")

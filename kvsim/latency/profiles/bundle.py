@@ -1,0 +1,130 @@
+"""LLMServingSim's profile bundle (casys-kaist/LLMServingSim, `profiler/perf/<hw>/<model>/<variant>/`).
+
+Format (../shared/validation/formats/profile-bundle.md), times in microseconds:
+
+    meta.yaml               gpu (driver's name), model, variant (bf16, bf16-kvfp8, ...), tp_degrees,
+                            engine_effective.hf_overrides (per-rank shapes at the largest TP degree)
+    tp<N>/dense.csv         layer,tokens,time_us           one op of one decoder layer (or of the step)
+    tp<N>/attention.csv     prefill_chunk,kv_prefill,n_decode,kv_decode,time_us   one attention layer
+    tp<N>/per_sequence.csv  layer,sequences,time_us        lm_head, sampler
+    tp<N>/moe.csv           tokens,activated_experts,time_us   (MoE models)
+
+Mapped into kvsim's schema: qkv_proj/o_proj/gate_up_proj/down_proj → `gemm` (qkv/o/gate_up/down);
+layernorm (twice per layer: before attention and before the MLP, as LLMServingSim's architecture
+files list it), qk_norm, rotary_emb, act_fn → `token_op`; embedding, final_layernorm → `step_op`;
+lm_head, sampler → `sequence_op`; attention rows → `attention` (query_len = prefill_chunk,
+context_len = kv_prefill + prefill_chunk, batch = n_decode, decode_context_len = kv_decode);
+moe.csv → `moe`. skew.csv / skew_fit.csv (a correction for decode batches of unequal lengths,
+t = t(mean context) + α · (t(longest context) − t(mean context)), α per bucket of chunk, batch,
+share of long decodes, longest context) are not imported: kvsim's step plan does not carry the
+share of long decodes that picks the bucket, and the bundle's default α alone, tried on every
+step, overcorrected (+4 % TPOT on both validation runs, from -0.9 % and +0.8 %).
+
+Provenance: meta.yaml's versions and dates are kept; the source repository, commit and licence
+come from a `source.yaml` (`repository`, `commit`, `licence`) in the bundle or a folder above it,
+and are recorded as "unrecorded" when there is none.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvsim.latency.profiles import Profile, find_source
+from kvsim.model.errors import KvsimError
+
+GEMMS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
+TOKEN_OPS = {"layernorm": 2, "qk_norm": 1, "rotary_emb": 1, "act_fn": 1}
+STEP_OPS = ("embedding", "final_layernorm")
+VARIANT_KV = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "fp8"}
+PROVENANCE = ("profiler_version", "vllm_version", "cuda_version", "hardware", "profiled_at", "architecture",
+              "architecture_sha256", "variant")
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            if not set(columns) <= set(reader.fieldnames or ()):
+                raise KvsimError(f"profile {path}: expected the columns {','.join(columns)}")
+            return list(reader)
+    except OSError as error:
+        raise KvsimError(f"profile {path}: cannot read ({error.strerror})") from None
+
+
+def _seconds(value: str, path: Path) -> str:
+    try:
+        us = float(value)
+    except ValueError:
+        raise KvsimError(f"profile {path}: time_us={value!r} is not a number") from None
+    if not us > 0:
+        raise KvsimError(f"profile {path}: time_us={value!r} must be positive")
+    return repr(us * 1e-6)
+
+
+def _meta(root: Path, raw: dict[str, Any], tp: int) -> dict[str, str]:
+    variant = str(raw.get("variant", ""))
+    weight, _, kv = variant.partition("-kv")
+    meta = {"gpu": str(raw.get("gpu", "")), "model": str(raw.get("model", "")), "tensor_parallel_size": str(tp),
+            "kv_cache_dtype": VARIANT_KV.get(kv or weight, kv or weight),
+            **find_source(root, "casys-kaist/LLMServingSim (profile bundle format)"),
+            "source_path": str(root), "source_format": "LLMServingSim profile bundle"}
+    overrides = (raw.get("engine_effective") or {}).get("hf_overrides") or {}
+    degrees = raw.get("tp_degrees") or [tp]
+    rank_tp = max(int(d) for d in degrees)  # the overrides are the per-rank shapes of the last (largest) degree
+    for ours, theirs in (("num_attention_heads", "num_attention_heads"), ("num_kv_heads", "num_key_value_heads"),
+                         ("intermediate_size", "intermediate_size"), ("vocab_size", "vocab_size")):
+        if theirs in overrides:
+            meta[ours] = str(int(overrides[theirs]) * rank_tp)
+    meta.update({k: str(raw[k]) for k in PROVENANCE if k in raw})
+    return meta
+
+
+def read_bundle(path: Path, tp: int) -> Profile:
+    """Import the bundle at `path` (the variant folder holding meta.yaml, or one of its tp<N> folders)."""
+    root = path.parent if (path / "dense.csv").is_file() and not (path / "meta.yaml").is_file() else path
+    meta_path = root / "meta.yaml"
+    if not meta_path.is_file():
+        raise KvsimError(f"profile {path}: not a profile bundle (no meta.yaml)")
+    try:
+        raw = yaml.safe_load(meta_path.read_text())
+    except yaml.YAMLError as error:
+        raise KvsimError(f"profile {meta_path}: cannot read: {str(error).splitlines()[0]}") from None
+    folder = root / f"tp{tp}"
+    if not folder.is_dir():
+        have = sorted(p.name for p in root.glob("tp*") if p.is_dir())
+        raise KvsimError(f"profile {root}: measured at {', '.join(have) or 'no TP degree'}, "
+                         f"not tensor_parallel_size={tp}")
+    rows: list[dict[str, str]] = []
+    dense = folder / "dense.csv"
+    for r in _read_csv(dense, ("layer", "tokens", "time_us")):
+        layer, t = r["layer"], _seconds(r["time_us"], dense)
+        if layer in GEMMS:
+            rows.append({"kind": "gemm", "op": GEMMS[layer], "num_tokens": r["tokens"], "time_s": t})
+        elif layer in STEP_OPS:
+            rows.append({"kind": "step_op", "op": layer, "num_tokens": r["tokens"], "time_s": t, "calls": "1"})
+        else:
+            rows.append({"kind": "token_op", "op": layer, "num_tokens": r["tokens"], "time_s": t,
+                         "calls": str(TOKEN_OPS.get(layer, 1))})
+    per_seq = folder / "per_sequence.csv"
+    if per_seq.is_file():
+        for r in _read_csv(per_seq, ("layer", "sequences", "time_us")):
+            rows.append({"kind": "sequence_op", "op": r["layer"], "batch": r["sequences"],
+                         "time_s": _seconds(r["time_us"], per_seq)})
+    attention = folder / "attention.csv"
+    if attention.is_file():
+        for r in _read_csv(attention, ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")):
+            chunk = int(r["prefill_chunk"])
+            rows.append({"kind": "attention", "query_len": str(chunk), "context_len": str(int(r["kv_prefill"]) + chunk),
+                         "batch": r["n_decode"], "decode_context_len": r["kv_decode"],
+                         "time_s": _seconds(r["time_us"], attention)})
+    moe = folder / "moe.csv"
+    if moe.is_file():
+        for r in _read_csv(moe, ("tokens", "activated_experts", "time_us")):
+            rows.append({"kind": "moe", "num_tokens": r["tokens"], "num_experts": r["activated_experts"],
+                         "time_s": _seconds(r["time_us"], moe)})
+    name = f"{raw.get('model', root.name)}/{raw.get('variant', '')}/tp{tp}"
+    return Profile(name, _meta(root, raw, tp), rows)

@@ -1,0 +1,26 @@
+"""`load_profile`: the importer a path calls for (bundle folder, Vidur `mlp.csv` or kvsim CSV), then the checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvsim.latency.profiles import Profile, bundle, check_profile, native, vidur
+from kvsim.model.errors import KvsimError
+
+if TYPE_CHECKING:
+    from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
+
+
+def load_profile(path: Path, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> Profile:
+    """Import the profile at `path` (a bundle folder, a Vidur `mlp.csv` or a kvsim CSV) and check it."""
+    if path.is_dir():
+        profile = bundle.read_bundle(path, engine.tensor_parallel_size)
+    elif not path.is_file():
+        raise KvsimError(f"profile {path}: no such file or folder")
+    elif vidur.is_vidur_csv(path):
+        profile = vidur.read_vidur_mlp(path, engine.tensor_parallel_size)
+    else:
+        profile = native.read_native(path)
+    check_profile(profile, model, gpu, engine)
+    return profile

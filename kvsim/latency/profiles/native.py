@@ -1,0 +1,61 @@
+"""kvsim's own profile CSV: `# key: value` metadata lines, then `kvsim.latency.base.PROFILE_COLUMNS`.
+
+Written by `kvsim calibrate` (kernels/calibrate.py) and by `write_native` for imported profiles,
+so an import can be done once and shipped as one file.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from kvsim.latency.base import PROFILE_COLUMNS, PROFILE_KINDS
+from kvsim.latency.profiles import Profile
+from kvsim.model.errors import KvsimError
+from kvsim.results.output_dir import FILE_TAG, output_file
+
+NUM_LEGACY_COLUMNS = 16
+"""Profiles written before `decode_context_len`, `calls` and `num_experts` existed have only these."""
+
+
+def read_native(path: Path) -> Profile:
+    """Metadata and rows of a kvsim profile CSV; a bad file is a `KvsimError`."""
+    meta: dict[str, str] = {}
+    lines = []
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise KvsimError(f"profile {path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            key, _, value = line[1:].partition(":")
+            meta[key.strip()] = value.strip()
+        elif line.strip():
+            lines.append(line)
+    reader = csv.DictReader(lines)
+    header = tuple(reader.fieldnames or ())
+    if header != PROFILE_COLUMNS[:len(header)] or len(header) < NUM_LEGACY_COLUMNS:
+        missing = next((c for c in PROFILE_COLUMNS[:NUM_LEGACY_COLUMNS] if c not in header), None)
+        what = f"column {missing!r} is missing" if missing else "columns out of order"
+        raise KvsimError(f"profile {path}: {what}; expected the columns {','.join(PROFILE_COLUMNS)}")
+    rows = [{c: (r.get(c) or "") for c in PROFILE_COLUMNS} for r in reader]
+    if not rows:
+        raise KvsimError(f"profile {path}: no rows")
+    for row in rows:
+        if row["kind"] not in PROFILE_KINDS:
+            raise KvsimError(f"profile {path}: kind={row['kind']!r} is not one of {', '.join(PROFILE_KINDS)}")
+    return Profile(path.stem, meta, rows)
+
+
+def write_native(profile: Profile, path: Path) -> Path:
+    """Write `profile` as a kvsim CSV (`FILE_TAG` line, metadata, rows) through
+    `kvsim.results.output_dir.output_file`: only a new file or one kvsim wrote is replaced, when complete."""
+    with output_file(path) as tmp, tmp.open("w", newline="") as f:
+        f.write(f"{FILE_TAG} import-profile\n")
+        for key, value in profile.meta.items():
+            if key != "generator":  # an imported kvsim CSV's own tag line, rewritten above
+                f.write(f"# {key}: {value}\n")
+        writer = csv.DictWriter(f, fieldnames=PROFILE_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(profile.rows)
+    return path

@@ -1,0 +1,94 @@
+"""Microsoft Vidur's per-operator MLP profile (`data/profiling/compute/<device>/<org>/<model>/mlp.csv`).
+
+One row per (num_tokens, num_tensor_parallel_workers) with the model's shapes (n_head, n_kv_head,
+n_embd, n_expanded_embd, vocab_size, use_gated_mlp) and `time_stats.<op>.<stat>` in milliseconds
+for the ops Vidur's profiler times (vidur/profiling/mlp/mlp_impl.py): emb, input_layernorm,
+attn_pre_proj, attn_rope, attn_post_proj, post_attention_layernorm, mlp_up_proj, mlp_act,
+mlp_down_proj, add. The median is used (as Vidur's predictors do), the mean where it is absent.
+
+It has no attention, LM head or sampler timings, so those terms fall back to the roofline; it
+records no GPU or dtype, so the GPU is the `<device>` folder name. The vocabulary in the file is
+Vidur's padded size and is not recorded (no timing depends on it).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from kvsim.latency.profiles import Profile, find_source
+from kvsim.model.errors import KvsimError
+
+OPS = {  # Vidur op -> (kind, kvsim op, calls per layer or step)
+    "emb": ("step_op", "embedding", 1),
+    "input_layernorm": ("token_op", "input_layernorm", 1),
+    "attn_pre_proj": ("gemm", "qkv", 1),
+    "attn_rope": ("token_op", "rotary_emb", 1),
+    "attn_post_proj": ("gemm", "o", 1),
+    "post_attention_layernorm": ("token_op", "post_attention_layernorm", 1),
+    "mlp_up_proj": ("gemm", "gate_up", 1),
+    "mlp_act": ("token_op", "act_fn", 1),
+    "mlp_down_proj": ("gemm", "down", 1),
+    "add": ("token_op", "add", 1),
+}
+SHAPES = {"n_head": "num_attention_heads", "n_kv_head": "num_kv_heads", "n_embd": "hidden_size",
+          "n_expanded_embd": "intermediate_size"}
+
+
+def is_vidur_csv(path: Path) -> bool:
+    try:
+        with path.open() as f:
+            header = f.readline()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return "num_tensor_parallel_workers" in header and "n_embd" in header
+
+
+def _time_column(fields: list[str], op: str) -> str | None:
+    for stat in ("median", "mean"):
+        if f"time_stats.{op}.{stat}" in fields:
+            return f"time_stats.{op}.{stat}"
+    return None
+
+
+def read_vidur_mlp(path: Path, tp: int) -> Profile:
+    """Import the rows of `path` measured at `tp` tensor-parallel workers."""
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            fields = list(reader.fieldnames or ())
+            table = list(reader)
+    except OSError as error:
+        raise KvsimError(f"profile {path}: cannot read ({error.strerror})") from None
+    columns = {op: _time_column(fields, op) for op in OPS}
+    if not any(columns.values()):
+        raise KvsimError(f"profile {path}: a Vidur mlp.csv without time_stats.<op>.median columns")
+    mine = [r for r in table if r.get("num_tensor_parallel_workers") == str(tp)]
+    if not mine:
+        have = sorted({r.get("num_tensor_parallel_workers", "?") for r in table})
+        raise KvsimError(f"profile {path}: measured at num_tensor_parallel_workers {', '.join(have)}, "
+                         f"not tensor_parallel_size={tp}")
+    rows = []
+    for r in mine:
+        for op, column in columns.items():
+            if column is None or r.get(column) in (None, ""):
+                continue
+            try:
+                seconds = float(r[column]) * 1e-3
+            except ValueError:
+                raise KvsimError(f"profile {path}: {column}={r[column]!r} is not a number") from None
+            if not seconds > 0:  # Vidur writes 0.0 for an op whose timer did not fire; skip it
+                continue
+            kind, name, calls = OPS[op]
+            rows.append({"kind": kind, "op": name, "num_tokens": r["num_tokens"], "time_s": repr(seconds),
+                         "calls": str(calls) if kind != "gemm" else ""})
+    first = mine[0]
+    meta = {SHAPES[k]: first[k] for k in SHAPES if first.get(k)}
+    if first.get("n_embd") and first.get("n_head"):
+        meta["head_dim"] = str(int(first["n_embd"]) // int(first["n_head"]))
+    parts = path.resolve().parts
+    device = parts[-4] if len(parts) >= 4 else ""
+    meta.update({"gpu": device, "model": "/".join(parts[-3:-1]), "tensor_parallel_size": str(tp),
+                 **find_source(path.parent, "microsoft/vidur"), "source_path": str(path),
+                 "source_format": "Vidur mlp.csv"})
+    return Profile(f"vidur:{meta['model']}", meta, rows)

@@ -1,0 +1,401 @@
+"""Closed-form KV capacity: the arithmetic a planner does before any simulation.
+
+All functions are pure. Sizes are per tensor-parallel shard (one GPU), as vLLM sizes them.
+
+    bytes_per_token = 2 (K and V) · num_layers · max(1, num_kv_heads // tp) · head_dim · dtype_bytes
+    bytes_per_block = bytes_per_token · block_size
+    kv_pool_bytes   = memory · gpu_memory_utilization − weights − activation peak − non-torch
+    num_gpu_blocks  = floor(kv_pool_bytes / bytes_per_block)
+
+The simulation (`kvsim run`) shows how far real lengths sit from these worst cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvsim.model.config import DTYPE_BYTES, EngineConfig, GPUSpec, ModelSpec
+from kvsim.model.errors import KvsimError
+from kvsim.model.kv_layout import KVLayout, kv_layout
+from kvsim.model.units import ceil_div
+from kvsim.model.weights import active_params_per_token, total_weights_bytes, weights_bytes_by_component
+
+GIB = 2**30
+
+
+def kv_dtype_bytes(model: ModelSpec, engine: EngineConfig) -> int:
+    """Bytes of one KV element: the model's dtype for `auto`, 1 for any fp8 flavour."""
+    return engine.kv_dtype_bytes_override or model.dtype_bytes
+
+
+def model_kv_layout(model: ModelSpec, engine: EngineConfig) -> KVLayout:
+    """The model's KV groups and page bytes on one GPU (`kvsim.model.kv_layout`)."""
+    return kv_layout(model, engine, kv_dtype_bytes(model, engine))
+
+
+def kv_bytes_per_token(model: ModelSpec, engine: EngineConfig) -> int:
+    """KV bytes of one token in every layer: `2 · layers · max(1, kv_heads // tp) · head_dim · dtype_bytes`.
+
+    OPT-13B fp16: 2 · 40 · 40 · 128 · 2 = 819,200 B (800 KiB); Llama-3.1-8B bf16:
+    2 · 32 · 8 · 128 · 2 = 131,072 B (128 KiB). MLA: `layers · (kv_lora_rank + qk_rope_head_dim)
+    · dtype_bytes`, whatever the TP. Sliding-window layers hold a token only while it is in
+    their window (`kvsim.model.kv_layout`).
+    """
+    return model_kv_layout(model, engine).bytes_per_token
+
+
+def kv_bytes_per_block(model: ModelSpec, engine: EngineConfig) -> int:
+    """Memory behind one block id: `bytes_per_token · block_size` for a model with one KV group;
+    a page in each of `group_size` layers for a hybrid model (`KVLayout.bytes_per_block`)."""
+    return model_kv_layout(model, engine).bytes_per_block
+
+
+def weights_bytes(model: ModelSpec, tensor_parallel_size: int = 1, expert_parallel_size: int = 1) -> int:
+    """Weight bytes on one GPU: experts split over `tp · ep` GPUs, everything else over `tp`.
+
+    `expert_parallel_size` is the data-parallel size (see `engine_weights_bytes`).
+    """
+    by_component = weights_bytes_by_component(model)
+    total = total_weights_bytes(model)
+    experts = by_component["experts"] if total == sum(by_component.values()) else 0
+    return ceil_div(total - experts, tensor_parallel_size) + ceil_div(
+        experts, tensor_parallel_size * expert_parallel_size)
+
+
+def engine_weights_bytes(model: ModelSpec, engine: EngineConfig) -> int:
+    """`weights_bytes` on one GPU of the engine: with data parallelism an MoE model's experts are
+    spread over tp · dp GPUs, as whole experts with `enable_expert_parallel`, as tensor-parallel
+    shards without it (vLLM's MoE layers then form one TP group of dp · tp GPUs: docs,
+    data_parallel_deployment); the other weights are copied in every DP engine."""
+    return weights_bytes(model, engine.tensor_parallel_size, engine.data_parallel_size)
+
+
+def mlp_width(model: ModelSpec) -> int:
+    """Intermediate values one token's MLP produces: `intermediate_size` for a dense layer;
+    `top_k · expert_intermediate + shared` for an MoE layer (the fused-MoE kernel's buffers)."""
+    if model.moe is None:
+        return model.intermediate_size
+    moe = model.moe
+    width = moe.num_experts_per_tok * moe.expert_intermediate_size + moe.shared_expert_intermediate_size
+    dense = model.intermediate_size if moe.num_moe_layers < model.num_layers else 0
+    return max(width, dense)
+
+
+def activation_peak_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, max_model_len: int) -> int:
+    """Peak activation memory of vLLM's profiling forward pass (an estimate).
+
+    Assumption: vLLM profiles one forward of `max_num_batched_tokens` tokens (T); the peak is
+    inside one layer's MLP, where the gate/up output (2 · I / tp), the activated product
+    (I / tp; I = `mlp_width`, the top-k experts' widths for an MoE layer) and about four
+    hidden-sized buffers (residual, norm output, attention output, projections: 4 · H) are
+    live at once, plus fp32 logits for the sampled positions (min(T, max_num_seqs) · vocab · 4 B):
+
+        T · (3 · I / tp + 4 · H) · dtype_bytes + min(T, max_num_seqs) · vocab · 4
+    """
+    tokens = engine.resolved_max_num_batched_tokens(max_model_len, gpu)
+    tp = engine.tensor_parallel_size
+    per_token = (3 * mlp_width(model) // tp + 4 * model.hidden_size) * model.dtype_bytes
+    logits = min(tokens, engine.resolved_max_num_seqs(gpu)) * model.vocab_size * DTYPE_BYTES["float32"]
+    return tokens * per_token + logits
+
+
+def check_parallel(model: ModelSpec, engine: EngineConfig) -> None:
+    """Tensor parallelism vLLM can shard: the heads split evenly over the GPUs.
+
+    vllm/config/model.py `verify_with_parallel_config`: attention heads divisible by TP;
+    vllm/model_executor/layers/linear.py `QKVParallelLinear`: KV heads divisible by TP, or TP
+    divisible by the KV heads (each KV head then replicated on TP / kv_heads GPUs).
+    """
+    tp, heads, kv_heads = engine.tensor_parallel_size, model.num_attention_heads, model.num_kv_heads
+    if heads % tp:
+        raise KvsimError(f"tensor_parallel_size={tp}: must divide {model.name}'s {heads} attention heads")
+    if (kv_heads % tp) if kv_heads >= tp else (tp % kv_heads):
+        raise KvsimError(f"tensor_parallel_size={tp}: {model.name}'s {kv_heads} KV heads cannot be split "
+                         "or replicated evenly over it")
+
+
+def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> int:
+    """Bytes of the KV cache on one GPU: the estimate below, `kv_cache_memory_bytes`, or
+    `num_gpu_blocks_override · bytes_per_block` (so the pool always matches the blocks used).
+
+    Raises `KvsimError` saying how many bytes are missing when the weights (per shard) do
+    not fit in `memory · gpu_memory_utilization`, nothing is left for KV after them, or a
+    given pool does not fit in the GPU's memory beside the weights.
+    """
+    check_parallel(model, engine)
+    budget = int(gpu.memory_bytes * engine.gpu_memory_utilization)
+    weights = engine_weights_bytes(model, engine)
+    if weights > budget:
+        raise KvsimError(
+            f"model={model.name}: weights need {weights:,} B per GPU (tensor_parallel_size="
+            f"{engine.tensor_parallel_size}) but {gpu.name} at gpu_memory_utilization="
+            f"{engine.gpu_memory_utilization} gives {budget:,} B; {weights - budget:,} B missing"
+        )
+    given = None
+    if engine.num_gpu_blocks_override is not None:
+        given = ("num_gpu_blocks_override", engine.num_gpu_blocks_override,
+                 engine.num_gpu_blocks_override * kv_bytes_per_block(model, engine))
+    elif engine.kv_cache_memory_bytes is not None:
+        given = ("kv_cache_memory_bytes", engine.kv_cache_memory_bytes, engine.kv_cache_memory_bytes)
+    if given is not None:
+        name, value, pool_bytes = given
+        if pool_bytes + weights > gpu.memory_bytes:
+            raise KvsimError(f"{name}={value}: a KV pool of {pool_bytes / GIB:,.2f} GiB plus {weights / GIB:,.2f} "
+                             f"GiB of weights exceeds {gpu.name}'s {gpu.memory_bytes / GIB:,.2f} GiB")
+        return pool_bytes
+    max_model_len = engine.resolved_max_model_len(model)
+    pool = budget - weights - activation_peak_bytes(model, gpu, engine, max_model_len)
+    pool -= engine.non_torch_memory_bytes
+    if pool <= 0:
+        raise KvsimError(
+            f"model={model.name}: no memory left for KV cache on {gpu.name} "
+            f"(weights + activations + non-torch exceed the budget by {-pool:,} B)"
+        )
+    return pool
+
+
+def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> int:
+    """`floor(kv_pool_bytes / bytes_per_block)` (`num_gpu_blocks_override` when given).
+
+    Like vLLM's `check_enough_kv_cache_memory` (vllm/v1/core/kv_cache_utils.py), a pool that
+    cannot hold one request of `max_model_len` tokens is an error: vLLM refuses to start.
+    """
+    pool = kv_pool_bytes(model, gpu, engine)  # also checks that the weights fit
+    layout = model_kv_layout(model, engine)
+    per_block = layout.bytes_per_block
+    blocks = layout.num_blocks(pool)
+    if blocks == 0:
+        raise KvsimError(f"kv pool of {pool:,} B holds no block of {per_block:,} B")
+    max_model_len = engine.resolved_max_model_len(model)
+    needed = layout.blocks_per_request(max_model_len, engine.resolved_max_num_batched_tokens(max_model_len, gpu))
+    if blocks < needed:
+        raise KvsimError(f"max_model_len={max_model_len}: one request needs {needed * per_block / GIB:.2f} GiB of "
+                         f"KV cache, the pool holds {pool / GIB:.2f} GiB ({blocks:,} blocks); decrease "
+                         "max_model_len or give the KV cache more memory")
+    return blocks
+
+
+def vllm_max_concurrency(num_blocks: int, max_model_len: int, block_size: int) -> float:
+    """vLLM's startup log line "Maximum concurrency for N tokens per request":
+    `num_blocks / cdiv(max_model_len, block_size)` — every request assumed to reach max_model_len.
+    """
+    return num_blocks / ceil_div(max_model_len, block_size)
+
+
+def model_max_concurrency(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, num_blocks: int,
+                          max_model_len: int) -> float:
+    """vLLM's "maximum concurrency" for any model: `num_blocks / Σ_groups max blocks per request`
+    (`KVLayout.max_concurrency`); `vllm_max_concurrency` when the model has one full-attention group."""
+    mnbt = engine.resolved_max_num_batched_tokens(max_model_len, gpu)
+    return model_kv_layout(model, engine).max_concurrency(num_blocks, max_model_len, mnbt)
+
+
+def paged_max_seqs(num_blocks: int, context_len: int, block_size: int) -> int:
+    """Sequences of `context_len` tokens that fit with paging: `floor(num_blocks / cdiv(ctx, bs))`.
+
+    10,000 blocks of 16 tokens at 4,096 tokens: floor(10000 / 256) = 39.
+    """
+    return num_blocks // ceil_div(context_len, block_size)
+
+
+def slab_max_seqs(num_token_slots: int, max_model_len: int) -> int:
+    """Sequences that fit when each reserves a contiguous `max_model_len` slab, whatever its length."""
+    return num_token_slots // max_model_len
+
+
+def shared_prefix_blocks(
+    num_sequences: int, context_len: int, shared_prefix_tokens: int, block_size: int
+) -> tuple[int, int]:
+    """Blocks for N sequences of `context_len` tokens whose first P tokens are identical.
+
+    Returns (without sharing, with sharing). Only the prefix's full blocks are shared
+    (`P // bs`, stored once); each sequence keeps its own copy of the rest, including the
+    partial block where the prefix ends:
+
+        without = N · cdiv(ctx, bs)
+        with    = P // bs + N · (cdiv(ctx, bs) − P // bs)
+    """
+    assert shared_prefix_tokens <= context_len
+    per_seq = ceil_div(context_len, block_size)
+    shared = shared_prefix_tokens // block_size
+    return num_sequences * per_seq, shared + num_sequences * (per_seq - shared)
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityRow:
+    """One context length: how many sequences of that length fit (0 if above max_model_len).
+
+    `blocks_per_seq` is what a sequence of that many tokens holds in every KV group together;
+    sliding-window and chunked groups hold only the blocks their window still covers.
+    """
+
+    context_len: int
+    blocks_per_seq: int
+    paged_max_seqs: int
+    slab_max_seqs: int
+    paged_max_seqs_fp8: int
+    shared_prefix_max_seqs: int | None = None
+    shared_prefix_blocks_without_sharing: int | None = None
+    shared_prefix_blocks_with_sharing: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KVTypeRow:
+    """The KV of one attention type: layers, groups, and what one request at max_model_len holds."""
+
+    attention: str
+    num_layers: int
+    num_groups: int
+    window_tokens: int | None
+    bytes_per_token_per_layer: int
+    max_blocks_per_request: int
+    max_bytes_per_request: int
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityPlan:
+    """Everything `kvsim capacity` reports, for one model, GPU and engine configuration."""
+
+    model: str
+    model_type: str
+    gpu: str
+    kv_cache_dtype: str
+    block_size: int
+    max_model_len: int
+    bytes_per_token: int
+    bytes_per_block: int
+    num_kv_groups: int
+    layers_per_kv_group: int
+    num_params: int
+    active_params_per_token: int
+    weights_bytes: int
+    activation_peak_bytes: int
+    kv_pool_bytes: int
+    num_gpu_blocks: int
+    num_token_slots: int
+    max_concurrency: float
+    num_gpu_blocks_fp8: int
+    max_concurrency_fp8: float
+    shared_prefix_tokens: int
+    num_sequences: int
+    kv_types: list[KVTypeRow] = field(default_factory=list)
+    rows: list[CapacityRow] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def kv_type_rows(layout: KVLayout, max_model_len: int, max_num_batched_tokens: int) -> list[KVTypeRow]:
+    """Per attention type: its groups summed (padding layers are counted in `group_size`, not here)."""
+    rows: dict[str, KVTypeRow] = {}
+    for g in layout.groups:
+        blocks = g.max_blocks_per_request(max_model_len, max_num_batched_tokens, layout.block_size)
+        old = rows.get(g.kind)
+        rows[g.kind] = KVTypeRow(
+            attention=g.kind,
+            num_layers=g.num_layers + (old.num_layers if old else 0),
+            num_groups=1 + (old.num_groups if old else 0),
+            window_tokens=g.window_tokens,
+            bytes_per_token_per_layer=layout.bytes_per_token_per_layer,
+            max_blocks_per_request=blocks + (old.max_blocks_per_request if old else 0),
+            max_bytes_per_request=blocks * layout.bytes_per_block + (old.max_bytes_per_request if old else 0),
+        )
+    return list(rows.values())
+
+
+def _shared_prefix_counts(layout: KVLayout, ctx: int, prefix_tokens: int) -> tuple[int, int]:
+    """(shared, own) blocks of a sequence of `ctx` tokens whose first P tokens it shares with others:
+    per group, the live blocks that lie wholly inside the prefix are shared."""
+    shared = own = 0
+    for g in layout.groups:
+        first, end = g.live_block_range(ctx, layout.block_size)
+        in_prefix = max(0, min(prefix_tokens // layout.block_size, end) - first)
+        shared += in_prefix
+        own += end - first - in_prefix
+    return shared, own
+
+
+def plan_capacity(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    engine: EngineConfig,
+    context_lengths: list[int],
+    shared_prefix_tokens: int = 0,
+    num_sequences: int = 0,
+) -> CapacityPlan:
+    """The concurrency table and the headline numbers, including fp8 KV and prefix sharing.
+
+    The fp8 column re-sizes the pool with `kv_cache_dtype=fp8` (same memory, half the bytes
+    per block for 16-bit models; `num_gpu_blocks_override` pins the block count for both).
+    Shared-prefix columns (when P > 0) assume `num_sequences` sequences of each context
+    length sharing the first P tokens (`shared_prefix_blocks`), and the most such sequences
+    that fit: `floor((num_blocks − shared) / own)` with shared = P // bs per full-attention
+    group (fewer in a sliding group whose window has moved past the prefix).
+    """
+    if any(c <= 0 for c in context_lengths):
+        raise KvsimError(f"context_lengths={context_lengths}: every length must be positive")
+    if shared_prefix_tokens < 0 or num_sequences < 0:
+        raise KvsimError(
+            f"shared_prefix_tokens={shared_prefix_tokens}, num_sequences={num_sequences}: must be >= 0"
+        )
+    if shared_prefix_tokens and num_sequences == 0:
+        raise KvsimError(f"num_sequences=0: must be > 0 to share a prefix of {shared_prefix_tokens} tokens")
+    bs = engine.block_size
+    max_model_len = engine.resolved_max_model_len(model)
+    if shared_prefix_tokens and not any(shared_prefix_tokens <= c <= max_model_len for c in context_lengths):
+        raise KvsimError(f"shared_prefix_tokens={shared_prefix_tokens}: no context length in {context_lengths} "
+                         f"holds it within max_model_len {max_model_len}, so no row could show the sharing")
+    mnbt = engine.resolved_max_num_batched_tokens(max_model_len, gpu)
+    layout = model_kv_layout(model, engine)
+    blocks = num_gpu_blocks(model, gpu, engine)
+    fp8 = engine.model_copy(update={"kv_cache_dtype": "fp8"})
+    blocks_fp8 = num_gpu_blocks(model, gpu, fp8)
+    slots = layout.token_slots(blocks)
+    rows = []
+    for ctx in sorted(set(context_lengths)):
+        servable = ctx <= max_model_len
+        per_seq = layout.live_blocks(ctx)
+        row: dict[str, Any] = {
+            "context_len": ctx,
+            "blocks_per_seq": per_seq,
+            "paged_max_seqs": blocks // per_seq if servable else 0,
+            "slab_max_seqs": slab_max_seqs(slots, max_model_len) if servable else 0,
+            "paged_max_seqs_fp8": blocks_fp8 // per_seq if servable else 0,
+        }
+        if shared_prefix_tokens and ctx >= shared_prefix_tokens:
+            shared, own = _shared_prefix_counts(layout, ctx, shared_prefix_tokens)
+            fits = (blocks - shared) // own if own and servable else 0
+            row |= {
+                "shared_prefix_max_seqs": fits,
+                "shared_prefix_blocks_without_sharing": num_sequences * per_seq,
+                "shared_prefix_blocks_with_sharing": shared + num_sequences * own,
+            }
+        rows.append(CapacityRow(**row))
+    assert model.num_params is not None
+    return CapacityPlan(
+        model=model.name,
+        model_type=model.model_type,
+        gpu=gpu.name,
+        kv_cache_dtype=engine.kv_cache_dtype,
+        block_size=bs,
+        max_model_len=max_model_len,
+        bytes_per_token=layout.bytes_per_token,
+        bytes_per_block=layout.bytes_per_block,
+        num_kv_groups=len(layout.groups),
+        layers_per_kv_group=layout.group_size,
+        num_params=model.num_params,
+        active_params_per_token=active_params_per_token(model),
+        weights_bytes=engine_weights_bytes(model, engine),
+        activation_peak_bytes=activation_peak_bytes(model, gpu, engine, max_model_len),
+        kv_pool_bytes=kv_pool_bytes(model, gpu, engine),
+        num_gpu_blocks=blocks,
+        num_token_slots=slots,
+        max_concurrency=layout.max_concurrency(blocks, max_model_len, mnbt),
+        num_gpu_blocks_fp8=blocks_fp8,
+        max_concurrency_fp8=model_kv_layout(model, fp8).max_concurrency(blocks_fp8, max_model_len, mnbt),
+        shared_prefix_tokens=shared_prefix_tokens,
+        num_sequences=num_sequences,
+        kv_types=kv_type_rows(layout, max_model_len, mnbt),
+        rows=rows,
+    )

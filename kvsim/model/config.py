@@ -1,0 +1,431 @@
+"""Validated configuration: model shapes, GPU datasheets and vLLM-style engine arguments.
+
+Everything a user types passes through here once, at the boundary; the rest of kvsim
+trusts these frozen objects. A bad value raises `KvsimError` naming the field and value.
+
+Models load from a Hugging Face `config.json` (the families in `kvsim.model.families`: Llama,
+Mistral, Qwen2/3, Qwen3-MoE, Mixtral, DeepSeek-V2/V3, gpt-oss, Gemma 3, Llama 4, OPT) or a
+preset name (`kvsim/model/presets/models/*.json`, the same format). GPUs load from a preset
+name (`kvsim/model/presets/gpus.yaml`) or a YAML/JSON file with `GPUSpec`'s fields.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from kvsim.model.errors import KvsimError, from_validation_error, reading
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any) -> Any:
+    """Parse `12GiB`, `1.5 GB`, `512MiB`, `4096` or a number into bytes (an int).
+
+    Binary units (KiB, MiB, GiB, TiB, and bare K/M/G/T as vLLM's docs use them) are powers of
+    1024; KB, MB, GB, TB are powers of 1000. Anything else is passed through for pydantic to
+    reject with the field name.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return int(value) if float(value).is_integer() else value
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match and match.group(2).lower() in _SIZE_UNITS:
+            number = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+            return int(number) if number.is_integer() else value
+        raise ValueError(f"not a size (use e.g. 12GiB, 512MiB, 4096): {value!r}")
+    return value
+
+
+Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
+"""A positive byte count that also accepts `12GiB`-style strings."""
+
+WeightDtype = Literal["float16", "bfloat16", "float32"]
+KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float16", "bfloat16"]
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+LayerType = Literal["full_attention", "sliding_attention", "chunked_attention"]
+WeightQuant = Literal["fp8", "mxfp4"]
+
+
+class MLASpec(BaseModel):
+    """Multi-head latent attention (DeepSeek-V2/V3): K and V are rebuilt from one cached latent of
+    `kv_lora_rank + qk_rope_head_dim` values per token per layer."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kv_lora_rank: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+    q_lora_rank: int | None = Field(default=None, gt=0)
+
+
+class MoESpec(BaseModel):
+    """A mixture of experts in `num_moe_layers` layers (the rest are dense with `intermediate_size`).
+
+    Each token is routed to `num_experts_per_tok` of `num_experts` gated experts of
+    `expert_intermediate_size`; `shared_expert_intermediate_size` is the total width of the
+    experts every token passes through (DeepSeek's shared experts, Llama 4's shared expert).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_experts: int = Field(gt=0)
+    num_experts_per_tok: int = Field(gt=0)
+    expert_intermediate_size: int = Field(gt=0)
+    shared_expert_intermediate_size: int = Field(default=0, ge=0)
+    num_moe_layers: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _check_top_k(self) -> MoESpec:
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} exceeds num_experts={self.num_experts}")
+        return self
+
+
+class ModelSpec(BaseModel):
+    """The shapes of a decoder-only transformer that decide its KV and weight bytes.
+
+    Attention: every layer is full attention unless `layer_types` says otherwise
+    (`sliding_attention` keeps the last `sliding_window` tokens, `chunked_attention` the
+    current `attention_chunk_size`-token chunk); `mla` replaces K/V heads by one latent.
+    `moe` adds experts. `weight_quant` is the checkpoint's weight format where it is not
+    `dtype` (fp8: every linear layer 1 byte; mxfp4: experts 4.25 bits). `num_params` is
+    computed from the shapes unless given (`kvsim.model.weights.param_counts`).
+    """
+
+    model_config = _FROZEN
+
+    name: str
+    model_type: str = "llama"
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0)
+    dtype: WeightDtype = "bfloat16"
+    gated_mlp: bool = True
+    tie_word_embeddings: bool = False
+    layer_types: tuple[LayerType, ...] | None = None
+    sliding_window: int | None = Field(default=None, gt=0)
+    attention_chunk_size: int | None = Field(default=None, gt=0)
+    mla: MLASpec | None = None
+    moe: MoESpec | None = None
+    weight_quant: WeightQuant | None = None
+    num_params: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> ModelSpec:
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
+            )
+        types = set(self.layer_types or ())
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries, num_layers={self.num_layers}")
+        if "sliding_attention" in types and self.sliding_window is None:
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+        if "chunked_attention" in types and self.attention_chunk_size is None:
+            raise ValueError("layer_types has chunked_attention layers but attention_chunk_size is not set")
+        if self.moe is not None and self.moe.num_moe_layers > self.num_layers:
+            raise ValueError(f"moe.num_moe_layers={self.moe.num_moe_layers} exceeds num_layers={self.num_layers}")
+        if self.num_params is None:
+            from kvsim.model.weights import param_counts
+
+            object.__setattr__(self, "num_params", param_counts(self).total)
+        return self
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def resolved_layer_types(self) -> tuple[LayerType, ...]:
+        """One attention type per layer (all `full_attention` when `layer_types` is not set)."""
+        full: LayerType = "full_attention"
+        return self.layer_types or (full,) * self.num_layers
+
+
+def model_from_hf_config(raw: dict[str, Any], name: str) -> ModelSpec:
+    """Build a `ModelSpec` from a Hugging Face `config.json` dict (families: `kvsim.model.families`)."""
+    from kvsim.model.families import fields_from_hf_config
+
+    fields = fields_from_hf_config(raw, name)
+    try:
+        return ModelSpec(**fields)
+    except ValidationError as error:
+        raise from_validation_error(error, prefix=f"model {name}") from None
+
+
+def model_presets() -> list[str]:
+    return sorted(p.stem for p in (PRESETS_DIR / "models").glob("*.json"))
+
+
+@cache
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset name (`llama-3.1-8b`) or a path to a `config.json`, YAML or JSON file."""
+    preset = PRESETS_DIR / "models" / f"{name_or_path}.json"
+    path = preset if preset.is_file() else Path(name_or_path)
+    if not path.is_file():
+        raise KvsimError(
+            f"model={name_or_path!r}: not a preset ({', '.join(model_presets())}) nor a file"
+        )
+    raw = _read_mapping(path, "model")
+    return model_from_hf_config(raw, name_or_path if preset.is_file() else path.stem)
+
+
+DEFAULT_PCIE_STEP_LATENCY_S = 1.0e-6
+"""NCCL's cost model (src/graph/tuning.cc, hwLat, Ring/LL over PCI): 1.0 us per ring step."""
+
+
+class GPULink(BaseModel):
+    """The GPU-to-GPU interconnect that tensor-parallel all-reduces cross.
+
+    `bandwidth_bytes_per_s` is the datasheet rate one GPU sends in one direction (NVLink 4:
+    450e9 of the quoted 900 GB/s bidirectional; PCIe 5.0 x16: 64e9); `latency_s` is the cost of
+    one step of a ring collective (NCCL's per-hop latency), independent of the message size.
+    `efficiency` is the fraction of that bandwidth an all-reduce achieves; None means the
+    measured default for the link's kind (`kvsim.model.collectives.LINK_EFFICIENCY`), 1.0 suits a
+    bandwidth that is already an effective figure (a simulator's cluster description).
+    `collective_latency_s` is the fixed cost of launching one collective; None means NCCL's
+    (`kvsim.model.collectives.BASE_LATENCY_S`); 0 suits a description whose per-hop latency already
+    includes it (LLMServingSim's `link_latency`).
+    """
+
+    model_config = _FROZEN
+
+    kind: Literal["nvlink", "pcie"]
+    bandwidth_bytes_per_s: float = Field(gt=0)
+    latency_s: float = Field(ge=0)
+    efficiency: float | None = Field(default=None, gt=0, le=1)
+    collective_latency_s: float | None = Field(default=None, ge=0)
+    source: str = "user-defined"
+
+
+class GPUSpec(BaseModel):
+    """Datasheet figures of one GPU: memory, bandwidths, dense tensor-core rates and its link.
+
+    A GPU file without `link` is taken to talk to its peers over PCIe at the host link's
+    bandwidth (`host_link_bandwidth_bytes_per_s`), with NCCL's PCIe step latency.
+    """
+
+    model_config = _FROZEN
+
+    name: str
+    memory_bytes: Bytes
+    hbm_bandwidth_bytes_per_s: float = Field(gt=0)
+    fp16_flops: float = Field(gt=0)
+    fp8_flops: float | None = Field(default=None, gt=0)
+    host_link_bandwidth_bytes_per_s: float = Field(gt=0)
+    link: GPULink | None = None
+    source: str = "user-defined"
+
+    @property
+    def resolved_link(self) -> GPULink:
+        """`link`, or PCIe at the host link's bandwidth when the GPU file names none."""
+        if self.link is not None:
+            return self.link
+        return GPULink(kind="pcie", bandwidth_bytes_per_s=self.host_link_bandwidth_bytes_per_s,
+                       latency_s=DEFAULT_PCIE_STEP_LATENCY_S, source="default: PCIe at the host link's bandwidth")
+
+
+@cache
+def _gpu_presets() -> dict[str, dict[str, Any]]:
+    return yaml.safe_load((PRESETS_DIR / "gpus.yaml").read_text())
+
+
+def gpu_presets() -> list[str]:
+    return sorted(_gpu_presets())
+
+
+@cache
+def load_gpu(name_or_path: str) -> GPUSpec:
+    """A preset name (`h100-80gb`) or a YAML/JSON file with `GPUSpec` fields."""
+    presets = _gpu_presets()
+    if name_or_path in presets:
+        raw, name = presets[name_or_path], name_or_path
+    elif Path(name_or_path).is_file():
+        raw, name = _read_mapping(Path(name_or_path), "gpu"), Path(name_or_path).stem
+    else:
+        raise KvsimError(f"gpu={name_or_path!r}: not a preset ({', '.join(gpu_presets())}) nor a file")
+    try:
+        return GPUSpec(**{"name": name, **raw})
+    except ValidationError as error:
+        raise from_validation_error(error, prefix=f"gpu {name}") from None
+
+
+def _read_mapping(path: Path, what: str) -> dict[str, Any]:
+    try:
+        with reading(path, f"{what} file"):
+            raw = yaml.safe_load(path.read_text())  # YAML is a superset of JSON
+    except yaml.YAMLError as error:
+        raise KvsimError(f"{what} file {path}: cannot read: {str(error).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise KvsimError(f"{what} file {path}: expected a mapping of fields")
+    return raw
+
+
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm/config/cache.py `BlockSize`
+
+
+class EngineConfig(BaseModel):
+    """vLLM's engine arguments (same names and defaults) plus kvsim's choice of allocator/scheduler.
+
+    `max_model_len=None` means the model's `max_position_embeddings`, as in vLLM.
+    `max_num_seqs=None` and `max_num_batched_tokens=None` take vLLM's usage-context defaults
+    for the GPU (`resolved_max_num_seqs`, `resolved_max_num_batched_tokens`).
+    `non_torch_memory_bytes` is kvsim's estimate of what vLLM's profiler measures outside
+    PyTorch's allocator (CUDA context, NCCL, CUDA graphs); 1 GiB is typical for one GPU.
+    `watermark` is v0's fraction of blocks kept free at admission (v1 uses none).
+    `slab_placement` places slab regions with a buddy allocator (the paper's Orca: regions
+    rounded up to a power of two) or first-fit (exact sizes).
+    `data_parallel_size` engines each hold a full copy of the non-expert weights and their own
+    KV pool; with `enable_expert_parallel` the experts are split over tp · dp GPUs instead of
+    tp (vLLM's EP). `disable_hybrid_kv_cache_manager` allocates sliding-window and chunked
+    layers like full attention, as vLLM's flag does.
+    """
+
+    model_config = _FROZEN
+
+    block_size: int = Field(default=16, gt=0)
+    max_model_len: int | None = Field(default=None, gt=0)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    kv_cache_dtype: KVCacheDtype = "auto"
+    kv_cache_memory_bytes: Bytes | None = None
+    num_gpu_blocks_override: int | None = Field(default=None, gt=0)
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    data_parallel_size: int = Field(default=1, gt=0)
+    enable_expert_parallel: bool = False
+    disable_hybrid_kv_cache_manager: bool = False
+    max_num_seqs: int | None = Field(default=None, gt=0, description="sequences, not requests (n=4 counts 4)")
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    usage_context: Literal["openai_api_server", "llm_class"] = "openai_api_server"
+    enable_prefix_caching: bool = True
+    swap_space: float = Field(default=4.0, ge=0, description="GiB of CPU swap per GPU")
+    preemption_mode: Literal["recompute", "swap"] | None = None
+    # vLLM does not configure this: it measures it at startup. vllm/v1/worker/gpu_worker.py
+    # `determine_available_memory` runs `profile_run()` inside vllm/utils/mem_utils.py
+    # `memory_profiling` and subtracts `non_torch_increase` (device memory growth outside
+    # PyTorch's allocator: CUDA context, NCCL buffers, cuBLAS workspace) with the weights and
+    # the torch activation peak from the utilization budget. No measured value is shipped with
+    # kvsim; 1 GiB is an estimate for one GPU (an assumption, not a fit). Override it with the
+    # non-torch figure of vLLM's memory-profiling log line when you have one.
+    non_torch_memory_bytes: Annotated[int, BeforeValidator(parse_size), Field(ge=0)] = 2**30
+    allocator: Literal["paged", "slab-max", "slab-pow2", "slab-oracle"] = "paged"
+    slab_placement: Literal["buddy", "first-fit"] = "buddy"
+    scheduler: Literal["v1", "v0", "static"] = "v1"
+    watermark: float | None = Field(default=None, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _block_size_vllm_accepts(self) -> EngineConfig:
+        if self.block_size not in VLLM_BLOCK_SIZES:  # vllm/config/cache.py: BlockSize = Literal[...]
+            raise ValueError(f"block_size={self.block_size}: vLLM accepts {', '.join(map(str, VLLM_BLOCK_SIZES))}")
+        return self
+
+    @model_validator(mode="after")
+    def _swap_needs_v0(self) -> EngineConfig:
+        if self.preemption_mode == "swap" and self.scheduler != "v0":
+            raise ValueError(f"preemption_mode=swap needs scheduler v0 ({self.scheduler} preempts by recompute, "
+                             "as vLLM v1 does)")
+        return self
+
+    def resolved_max_model_len(self, model: ModelSpec) -> int:
+        """`max_model_len`, defaulting to the model's; longer than the model allows is an error."""
+        if self.max_model_len is None:
+            return model.max_position_embeddings
+        if self.max_model_len > model.max_position_embeddings:
+            raise KvsimError(
+                f"max_model_len={self.max_model_len}: exceeds {model.name}'s "
+                f"max_position_embeddings={model.max_position_embeddings}"
+            )
+        return self.max_model_len
+
+    def resolved_max_num_seqs(self, gpu: GPUSpec) -> int:
+        """`max_num_seqs`, or vLLM's default for the usage context and GPU (see `_batch_defaults`)."""
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        return _batch_defaults(gpu, self.usage_context)[1]
+
+    def resolved_max_num_batched_tokens(self, max_model_len: int, gpu: GPUSpec) -> int:
+        """`max_num_batched_tokens`, or vLLM's default: the usage-context default for the GPU with
+        chunked prefill (scheduler v1), `max(max_model_len, 2048)` without it (v0, static)."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        if self.scheduler == "v1":
+            return _batch_defaults(gpu, self.usage_context)[0]
+        return max(max_model_len, 2048)
+
+    def check_vllm_startup(self, max_model_len: int, gpu: GPUSpec) -> None:
+        """Refuse what vLLM refuses at startup, with vLLM's reason (vllm/config/scheduler.py,
+        `SchedulerConfig.verify_max_model_len`): without chunked prefill (kvsim's v0 and static)
+        a prompt must fit in one step's token budget, and every step must be able to hold one
+        token of each of `max_num_seqs` sequences."""
+        tokens, seqs = self.resolved_max_num_batched_tokens(max_model_len, gpu), self.resolved_max_num_seqs(gpu)
+        if tokens < max_model_len and self.scheduler != "v1":
+            raise KvsimError(
+                f"engine.max_num_batched_tokens={tokens}: vLLM refuses this without chunked prefill "
+                f"(scheduler {self.scheduler}): max_num_batched_tokens ({tokens}) is smaller than max_model_len "
+                f"({max_model_len}); increase max_num_batched_tokens or decrease max_model_len")
+        if tokens < seqs:
+            raise KvsimError(
+                f"engine.max_num_batched_tokens={tokens}: vLLM refuses this: max_num_batched_tokens ({tokens}) "
+                f"must be greater than or equal to max_num_seqs ({seqs})")
+
+    @property
+    def resolved_watermark(self) -> float:
+        if self.watermark is not None:
+            return self.watermark
+        return 0.01 if self.scheduler == "v0" else 0.0
+
+    @property
+    def kv_dtype_bytes_override(self) -> int | None:
+        """Bytes per KV element when the dtype is explicit; None for `auto` (the model's dtype)."""
+        return None if self.kv_cache_dtype == "auto" else DTYPE_BYTES[self.kv_cache_dtype]
+
+
+LARGE_GPU_BYTES = 70 * 2**30
+
+
+def _batch_defaults(gpu: GPUSpec, usage_context: str) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) that vLLM picks when neither is given.
+
+    Follows `EngineArgs.get_batch_defaults` in vllm/engine/arg_utils.py: GPUs with at least
+    70 GiB whose name does not contain "a100" (H100, H200, MI300x) get 8192 tokens for the
+    API server (`vllm serve`) and 16384 for the offline `LLM` class, and 1024 sequences;
+    every other GPU gets 2048 / 8192 tokens and 256 sequences (A100 is excluded because the
+    larger budget lowered its throughput, vLLM PR #17885).
+    """
+    if gpu.memory_bytes >= LARGE_GPU_BYTES and "a100" not in gpu.name.lower():
+        return (8192 if usage_context == "openai_api_server" else 16384), 1024
+    return (2048 if usage_context == "openai_api_server" else 8192), 256
+
+
+def make_engine(**fields: Any) -> EngineConfig:
+    """Validate engine fields (dropping those left as None) with one-line errors."""
+    try:
+        return EngineConfig(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as error:
+        raise from_validation_error(error) from None

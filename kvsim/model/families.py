@@ -1,0 +1,266 @@
+"""Model families: reading a Hugging Face `config.json` into the fields `ModelSpec` validates.
+
+One reader per `model_type`; each names the family's own keys (DeepSeek's `n_routed_experts`,
+Mixtral's `num_local_experts`, Gemma 3's nested `text_config`, ...) and states which layers
+are sliding-window, chunked-local or MLA, and which carry a mixture of experts, the way
+vLLM's model file for that family decides it (cited per reader). A key that matters and is
+missing raises `KvsimError` naming it; an unknown `model_type` lists the supported ones.
+
+Pure data: no pydantic models are built here (config.py validates), so this module imports
+nothing from kvsim but the error type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvsim.model.errors import KvsimError
+
+Fields = dict[str, Any]
+
+FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
+
+
+class _Config:
+    """A `config.json` mapping whose missing keys are reported as one line naming the key."""
+
+    def __init__(self, raw: dict[str, Any], name: str) -> None:
+        self.raw, self.name = raw, name
+
+    def need(self, key: str) -> Any:
+        value = self.raw.get(key)
+        if value is None:
+            family = self.raw.get("model_type", "?")
+            raise KvsimError(f"model config {self.name}: field {key!r} is missing (needed for {family})")
+        return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.raw.get(key)
+        return default if value is None else value
+
+    def count(self, key: str, default: int | None = None) -> int:
+        """A positive integer field; only a missing (or null) key takes `default` (None: required).
+
+        0 is refused, never read as "missing": `num_key_value_heads: 0` is not full MHA.
+        """
+        value = self.raw.get(key)
+        if value is None:
+            return self.need(key) if default is None else default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise KvsimError(f"model config {self.name}: {key}={value!r}: must be a positive integer")
+        if value <= 0:
+            raise KvsimError(f"model config {self.name}: {key}={value}: must be > 0")
+        return value
+
+    def layer_indices(self, key: str) -> set[int]:
+        """A list of layer numbers (e.g. `mlp_only_layers`); missing is empty."""
+        value = self.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+            raise KvsimError(f"model config {self.name}: {key}={value!r}: must be a list of layer numbers")
+        return set(value)
+
+    def text_part(self) -> _Config:
+        """The config with a multimodal checkpoint's `text_config` (if any) laid over it."""
+        text = self.raw.get("text_config")
+        if text is None:
+            return self
+        if not isinstance(text, dict):
+            raise KvsimError(f"model config {self.name}: text_config={text!r}: must be a mapping")
+        return _Config({**self.raw, **text}, self.name)
+
+
+def _dense(c: _Config, *, is_opt: bool = False) -> Fields:
+    """The fields every decoder has (Llama/Mistral/Qwen2/Qwen3/OPT names)."""
+    hidden, heads = c.count("hidden_size"), c.count("num_attention_heads")
+    return {
+        "model_type": c.get("model_type", "llama"),
+        "num_layers": c.need("num_hidden_layers"),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_kv_heads": c.count("num_key_value_heads", heads),
+        "head_dim": c.count("head_dim", hidden // heads),
+        "intermediate_size": c.need("ffn_dim") if is_opt else c.need("intermediate_size"),
+        "vocab_size": c.need("vocab_size"),
+        "max_position_embeddings": c.get("max_position_embeddings", 2048),
+        "dtype": c.get("torch_dtype") or c.get("dtype") or "float16",
+        "gated_mlp": not is_opt,
+        "tie_word_embeddings": c.get("tie_word_embeddings", is_opt),
+        "weight_quant": _weight_quant(c),
+    }
+
+
+def _weight_quant(c: _Config) -> str | None:
+    """`fp8` (DeepSeek-V3's block-fp8 checkpoint) or `mxfp4` (gpt-oss's experts); None otherwise."""
+    quant = c.get("quantization_config") or {}
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method is None:
+        return None
+    if method in ("fp8", "mxfp4"):
+        return str(method)
+    raise KvsimError(f"model config {c.name}: quantization_config.quant_method={method!r}: "
+                     "kvsim knows fp8 and mxfp4 (or none)")
+
+
+def _llama(c: _Config) -> Fields:
+    return _dense(c)
+
+
+def _opt(c: _Config) -> Fields:
+    return _dense(c, is_opt=True)
+
+
+def _qwen3_moe(c: _Config) -> Fields:
+    """Qwen3-MoE: a layer is MoE unless listed in `mlp_only_layers`, every `decoder_sparse_step`-th
+    layer (vllm/model_executor/models/qwen3_moe.py, Qwen3MoeDecoderLayer)."""
+    fields = _dense(c)
+    step = c.count("decoder_sparse_step", 1)
+    dense_only = c.layer_indices("mlp_only_layers")
+    moe_layers = [i for i in range(fields["num_layers"]) if i not in dense_only and (i + 1) % step == 0]
+    fields["moe"] = {
+        "num_experts": c.need("num_experts"),
+        "num_experts_per_tok": c.need("num_experts_per_tok"),
+        "expert_intermediate_size": c.need("moe_intermediate_size"),
+        "num_moe_layers": len(moe_layers),
+    }
+    return fields
+
+
+def _mixtral(c: _Config) -> Fields:
+    """Mixtral: every layer MoE, experts of `intermediate_size` (vllm/model_executor/models/mixtral.py)."""
+    fields = _dense(c)
+    fields["moe"] = {
+        "num_experts": c.need("num_local_experts"),
+        "num_experts_per_tok": c.need("num_experts_per_tok"),
+        "expert_intermediate_size": fields["intermediate_size"],
+        "num_moe_layers": fields["num_layers"],
+    }
+    return fields
+
+
+def _deepseek(c: _Config) -> Fields:
+    """DeepSeek-V2/V3: MLA in every layer; layer i is MoE when i >= first_k_dense_replace and
+    i % moe_layer_freq == 0, with `n_shared_experts` shared experts of `moe_intermediate_size`
+    (vllm/model_executor/models/deepseek_v2.py, DeepseekV2DecoderLayer). The MTP layers
+    (`num_nextn_predict_layers`) are loaded only for speculative decoding and are not counted."""
+    fields = _dense(c)
+    n = fields["num_layers"]
+    first_dense, freq = c.get("first_k_dense_replace", 0), c.count("moe_layer_freq", 1)
+    moe_layers = [i for i in range(n) if i >= first_dense and i % freq == 0]
+    expert = c.need("moe_intermediate_size")
+    fields["moe"] = {
+        "num_experts": c.need("n_routed_experts"),
+        "num_experts_per_tok": c.need("num_experts_per_tok"),
+        "expert_intermediate_size": expert,
+        "shared_expert_intermediate_size": c.get("n_shared_experts", 0) * expert,
+        "num_moe_layers": len(moe_layers),
+    }
+    fields["mla"] = {
+        "kv_lora_rank": c.need("kv_lora_rank"),
+        "qk_rope_head_dim": c.need("qk_rope_head_dim"),
+        "qk_nope_head_dim": c.need("qk_nope_head_dim"),
+        "v_head_dim": c.need("v_head_dim"),
+        "q_lora_rank": c.get("q_lora_rank"),
+    }
+    return fields
+
+
+def _gpt_oss(c: _Config) -> Fields:
+    """gpt-oss: `layer_types` alternates sliding (window `sliding_window`) and full attention; every
+    layer MoE with `num_local_experts` experts of `intermediate_size`; experts in MXFP4
+    (vllm/model_executor/models/gpt_oss.py: sliding_window only where layer_types says so)."""
+    fields = _dense(c)
+    fields["layer_types"] = _layer_types(c, fields["num_layers"])
+    fields["sliding_window"] = c.need("sliding_window")
+    fields["moe"] = {
+        "num_experts": c.need("num_local_experts"),
+        "num_experts_per_tok": c.get("num_experts_per_tok") or c.need("experts_per_token"),
+        "expert_intermediate_size": fields["intermediate_size"],
+        "num_moe_layers": fields["num_layers"],
+    }
+    return fields
+
+
+def _gemma3(c: _Config) -> Fields:
+    """Gemma 3 (text part; multimodal checkpoints nest it in `text_config`): local layers use a
+    `sliding_window` window, every `sliding_window_pattern`-th layer is global, or `layer_types`
+    says so directly (vllm/model_executor/models/gemma3.py, Gemma3Attention.is_sliding).
+    Embeddings are tied; the vision tower (~0.4B) is not counted."""
+    text = c.text_part()
+    fields = _dense(text)
+    fields["model_type"] = "gemma3"
+    fields["tie_word_embeddings"] = text.get("tie_word_embeddings", True)
+    n = fields["num_layers"]
+    if text.get("layer_types") is None:
+        pattern = text.count("sliding_window_pattern", 6)
+        fields["layer_types"] = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n)]
+    else:
+        fields["layer_types"] = _layer_types(text, n)
+    fields["sliding_window"] = text.need("sliding_window")
+    return fields
+
+
+def _llama4(c: _Config) -> Fields:
+    """Llama 4 (text part, `text_config`): layers with RoPE use chunked local attention of
+    `attention_chunk_size` tokens, the NoPE layers (`no_rope_layers[i] == 0`, every 4th by
+    default) attend globally (vllm/model_executor/models/llama4.py, Llama4Attention:
+    use_chunked_local_attn = not nope and attention_chunk_size). Every `interleave_moe_layer_step`-th
+    layer is MoE with one shared expert of `intermediate_size`; other layers are dense with
+    `intermediate_size_mlp`. The vision tower is not counted."""
+    text = c.text_part()
+    fields = _dense(text)
+    fields["model_type"] = "llama4"
+    n = fields["num_layers"]
+    interval = text.count("no_rope_layer_interval", 4)
+    no_rope = text.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
+    if len(no_rope) != n:
+        raise KvsimError(f"model config {c.name}: no_rope_layers has {len(no_rope)} entries, "
+                         f"num_hidden_layers={n}")
+    chunk = text.get("attention_chunk_size")
+    fields["layer_types"] = [CHUNKED if chunk and rope else FULL for rope in no_rope]
+    fields["attention_chunk_size"] = chunk
+    step = text.count("interleave_moe_layer_step", 1)
+    expert = fields["intermediate_size"]
+    fields["intermediate_size"] = text.get("intermediate_size_mlp", expert)
+    fields["moe"] = {
+        "num_experts": text.need("num_local_experts"),
+        "num_experts_per_tok": text.get("num_experts_per_tok", 1),
+        "expert_intermediate_size": expert,
+        "shared_expert_intermediate_size": expert,
+        "num_moe_layers": len([i for i in range(n) if (i + 1) % step == 0]),
+    }
+    return fields
+
+
+def _layer_types(c: _Config, num_layers: int) -> list[str]:
+    types = c.need("layer_types")
+    if len(types) != num_layers or not set(types) <= {FULL, SLIDING}:
+        raise KvsimError(f"model config {c.name}: layer_types must list {num_layers} entries of "
+                         f"{FULL!r} or {SLIDING!r}")
+    return list(types)
+
+
+READERS: dict[str, Callable[[_Config], Fields]] = {
+    "llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama, "opt": _opt,
+    "qwen3_moe": _qwen3_moe, "mixtral": _mixtral,
+    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
+    "gpt_oss": _gpt_oss, "gemma3": _gemma3, "gemma3_text": _gemma3,
+    "llama4": _llama4, "llama4_text": _llama4,
+}
+
+
+def fields_from_hf_config(raw: dict[str, Any], name: str) -> Fields:
+    """The `ModelSpec` fields of a `config.json` mapping, read by its `model_type`'s reader.
+
+    A config without `model_type` is read as Llama-style (the layout most older configs share).
+    """
+    model_type = raw.get("model_type", "llama")
+    reader = READERS.get(model_type)
+    if reader is None:
+        raise KvsimError(f"model config {name}: model_type={model_type!r} is not supported "
+                         f"(supported: {', '.join(sorted(READERS))})")
+    fields = reader(_Config(raw, name))
+    fields["name"] = name
+    if "num_params" in raw:
+        fields["num_params"] = raw["num_params"]
+    return fields

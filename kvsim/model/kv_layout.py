@@ -1,0 +1,174 @@
+"""How a model's KV cache is laid out in one pool, as vLLM v1 lays it out.
+
+Each layer has a KV spec (vllm/v1/kv_cache_interface.py):
+
+    full attention   page = 2 · block_size · max(1, kv_heads // tp) · head_dim · dtype  (FullAttentionSpec)
+    MLA              page = block_size · (kv_lora_rank + qk_rope_head_dim) · dtype     (MLAAttentionSpec:
+                     one latent, num_kv_heads = 1, no separate K and V, the same on every TP rank)
+    sliding window   full's page; a request needs at most
+                     cdiv(min(window − 1 + max_num_batched_tokens, max_model_len), bs) + 1 blocks
+                     (SlidingWindowSpec.max_memory_usage_bytes)
+    chunked local    full's page; at most cdiv(min(chunk + max_num_batched_tokens, max_model_len), bs)
+                     blocks (ChunkedLocalAttentionSpec, Llama 4)
+
+Layers are grouped as vLLM's hybrid KV cache manager groups them
+(vllm/v1/core/kv_cache_utils.py, get_kv_cache_groups): one group of all layers when every layer
+has the same spec; otherwise layers of each type are split into groups of `group_size` layers
+(the smallest type's layer count, or the largest's when that is under 1.5× the smallest),
+padding the last group of a type. Every group has its own block table per request, all groups
+draw block ids from one shared pool, and one block id is one page in each of `group_size`
+layer tensors, so
+
+    bytes_per_block = page · group_size,    num_blocks = pool // page // group_size
+    "maximum concurrency" = num_blocks / Σ_groups max_blocks_per_request(group)
+                            (get_max_concurrency_for_kv_cache_config)
+
+For a uniform full-attention model this is today's formula (one group of all layers).
+`disable_hybrid_kv_cache_manager` turns sliding and chunked layers into full attention for
+allocation (unify_hybrid_kv_cache_specs), as vLLM does.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from kvsim.model.units import ceil_div
+
+if TYPE_CHECKING:
+    from kvsim.model.config import EngineConfig, ModelSpec
+
+AttentionKind = Literal["full", "mla", "sliding_window", "chunked_local"]
+
+
+@dataclass(frozen=True, slots=True)
+class KVGroup:
+    """One KV cache group: `num_layers` real layers of one kind sharing one block table per request."""
+
+    kind: AttentionKind
+    num_layers: int
+    window_tokens: int | None = None  # the sliding window or the attention chunk
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Leading tokens whose KV no layer of this group reads again.
+
+        Sliding window: max(0, n − window + 1) (SlidingWindowManager.get_num_skipped_tokens);
+        chunked local: the tokens before the current chunk, (n // chunk) · chunk
+        (ChunkedLocalAttentionManager); full and MLA: none.
+        """
+        if self.kind == "sliding_window":
+            assert self.window_tokens is not None
+            return max(0, num_computed_tokens - self.window_tokens + 1)
+        if self.kind == "chunked_local":
+            assert self.window_tokens is not None
+            return num_computed_tokens // self.window_tokens * self.window_tokens
+        return 0
+
+    def max_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int, block_size: int) -> int:
+        """Blocks of this group one request can hold at once (the spec's max_memory_usage_bytes / page)."""
+        if self.kind == "sliding_window":
+            assert self.window_tokens is not None
+            tokens = min(self.window_tokens - 1 + max_num_batched_tokens, max_model_len)
+            return ceil_div(tokens, block_size) + 1
+        if self.kind == "chunked_local":
+            assert self.window_tokens is not None
+            return ceil_div(min(self.window_tokens + max_num_batched_tokens, max_model_len), block_size)
+        return ceil_div(max_model_len, block_size)
+
+    def live_block_range(self, num_tokens: int, block_size: int) -> tuple[int, int]:
+        """Block indices [first, end) a sequence of `num_tokens` computed tokens still holds."""
+        return self.num_skipped_tokens(num_tokens) // block_size, ceil_div(num_tokens, block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """The groups of a model's layers and the bytes of their pages (per GPU)."""
+
+    groups: tuple[KVGroup, ...]
+    group_size: int  # layer tensors one block id spans (padding included)
+    page_bytes: int  # one block of one layer
+    block_size: int
+
+    @property
+    def bytes_per_token_per_layer(self) -> int:
+        return self.page_bytes // self.block_size
+
+    @property
+    def num_layers(self) -> int:
+        return sum(g.num_layers for g in self.groups)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Memory behind one block id: a page in each of `group_size` layer tensors."""
+        return self.page_bytes * self.group_size
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes of one token held by every layer (what a token costs while inside all windows)."""
+        return self.bytes_per_token_per_layer * self.num_layers
+
+    def num_blocks(self, pool_bytes: int) -> int:
+        return pool_bytes // self.page_bytes // self.group_size
+
+    def blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """vLLM's worst-case blocks per request: every group's maximum, summed."""
+        return sum(g.max_blocks_per_request(max_model_len, max_num_batched_tokens, self.block_size)
+                   for g in self.groups)
+
+    def max_concurrency(self, num_blocks: int, max_model_len: int, max_num_batched_tokens: int) -> float:
+        """vLLM's "Maximum concurrency for N tokens per request" (get_max_concurrency_for_kv_cache_config)."""
+        return num_blocks / self.blocks_per_request(max_model_len, max_num_batched_tokens)
+
+    def live_blocks(self, num_tokens: int) -> int:
+        """Blocks a sequence of `num_tokens` computed tokens holds, all groups together."""
+        return sum(end - first for first, end in (g.live_block_range(num_tokens, self.block_size)
+                                                   for g in self.groups))
+
+    def token_slots(self, num_blocks: int) -> int:
+        """vLLM's "GPU KV cache size: N tokens": num_blocks // num_groups · block_size."""
+        return num_blocks // len(self.groups) * self.block_size
+
+
+def layer_kinds(model: ModelSpec, engine: EngineConfig) -> list[tuple[AttentionKind, int | None]]:
+    """Each layer's (kind, window) as allocation sees it (hybrid manager disabled: all full)."""
+    if model.mla is not None:
+        return [("mla", None)] * model.num_layers
+    kinds: list[tuple[AttentionKind, int | None]] = []
+    for layer_type in model.resolved_layer_types:
+        if engine.disable_hybrid_kv_cache_manager or layer_type == "full_attention":
+            kinds.append(("full", None))
+        elif layer_type == "sliding_attention":
+            kinds.append(("sliding_window", model.sliding_window))
+        else:
+            kinds.append(("chunked_local", model.attention_chunk_size))
+    return kinds
+
+
+def page_bytes(model: ModelSpec, engine: EngineConfig, dtype_bytes: int) -> int:
+    """One block of one layer; MLA's latent is not split by tensor parallelism."""
+    if model.mla is not None:
+        return engine.block_size * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * dtype_bytes
+    kv_heads_per_shard = max(1, model.num_kv_heads // engine.tensor_parallel_size)
+    return 2 * engine.block_size * kv_heads_per_shard * model.head_dim * dtype_bytes
+
+
+def kv_layout(model: ModelSpec, engine: EngineConfig, dtype_bytes: int) -> KVLayout:
+    """Group the model's layers as vLLM's `get_kv_cache_groups` does."""
+    kinds = layer_kinds(model, engine)
+    counts = Counter(kinds)  # insertion order = first appearance, as vLLM's defaultdict
+    if len(counts) == 1:
+        (kind, window), n = next(iter(counts.items()))
+        groups: tuple[KVGroup, ...] = (KVGroup(kind, n, window),)
+        group_size = n
+    else:
+        group_size = min(counts.values())
+        if max(counts.values()) < group_size * 1.5:
+            group_size = max(counts.values())
+        found = []
+        for (kind, window), n in counts.items():
+            num_groups = ceil_div(n, group_size)
+            # layers[i::num_groups] go to the i-th group of this kind
+            found += [KVGroup(kind, len(range(i, n, num_groups)), window) for i in range(num_groups)]
+        groups = tuple(found)
+    return KVLayout(groups, group_size, page_bytes(model, engine, dtype_bytes), engine.block_size)

@@ -1,0 +1,88 @@
+"""What a GPU-hour buys: cost per concurrent user-hour and per million output tokens.
+
+    cost per concurrent user-hour   = usd_per_gpu_hour · num_gpus / concurrent sequences
+    cost per million output tokens  = usd_per_gpu_hour · num_gpus / (output tokens/s · 3600) · 10^6
+
+`num_gpus` is the tensor-parallel size (one replica). `kvsim capacity` prices the closed-form
+concurrency and the roofline's closed-form cohort rate (`add_capacity_costs`); `kvsim report`
+prices the concurrency and output rate simulated at the sustained request rate. Defaults come from
+`kvsim/model/presets/gpu_prices.yaml`: list on-demand cloud prices of one provider as of a date,
+stated beside every figure; a planner's own price (`--gpu-hourly-cost`) replaces them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+from kvsim.model.errors import KvsimError
+
+PRICES = Path(__file__).parents[1] / "model" / "presets" / "gpu_prices.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPrice:
+    usd_per_gpu_hour: float | None
+    source: str
+
+
+@cache
+def _price_table() -> dict:
+    return yaml.safe_load(PRICES.read_text())
+
+
+def gpu_price(gpu_name: str, usd_per_gpu_hour: float | None = None) -> GpuPrice:
+    """The user's price when given (must be > 0), else the preset's list on-demand price, else none."""
+    if usd_per_gpu_hour is not None:
+        if not usd_per_gpu_hour > 0:
+            raise KvsimError(f"gpu_hourly_cost={usd_per_gpu_hour}: must be a positive price in USD per GPU-hour")
+        return GpuPrice(float(usd_per_gpu_hour), "given (--gpu-hourly-cost)")
+    table = _price_table()
+    price = table["usd_per_gpu_hour"].get(gpu_name)
+    if price is None:
+        return GpuPrice(None, f"no default price for {gpu_name}: pass --gpu-hourly-cost")
+    return GpuPrice(float(price), f"list on-demand price as of {table['as_of']}: {table['source']}")
+
+
+def cost_per_user_hour(price: GpuPrice, num_gpus: int, concurrency: float) -> float | None:
+    """USD per concurrent user (sequence) per hour; None without a price or a positive concurrency."""
+    if price.usd_per_gpu_hour is None or concurrency <= 0:
+        return None
+    return price.usd_per_gpu_hour * num_gpus / concurrency
+
+
+def cost_per_million_output_tokens(price: GpuPrice, num_gpus: int, output_tokens_per_s: float) -> float | None:
+    """USD per million generated tokens at a throughput; None without a price or a positive throughput."""
+    if price.usd_per_gpu_hour is None or output_tokens_per_s <= 0:
+        return None
+    return price.usd_per_gpu_hour * num_gpus / (output_tokens_per_s * 3600) * 1e6
+
+
+def add_capacity_costs(plan: dict, price: GpuPrice, num_gpus: int, max_num_seqs: int,
+                       output_tokens_per_s: Callable[[int, int], float]) -> dict:
+    """`kvsim capacity`'s plan with the price and, per row, the sequences that run at once (the row's
+    closed-form paged concurrency, every sequence at that context length, capped by `max_num_seqs`),
+    USD per concurrent user-hour at that concurrency, and USD per million output tokens at
+    `output_tokens_per_s(sequences, context_len)` (the CLI passes the roofline's closed-form cohort
+    rate, `kvsim.latency.roofline.cohort_output_tokens_per_s`: prompt c/2 + output c/2, no queueing).
+
+    Both are planning estimates; `kvsim report` gives both at a simulated sustained rate.
+    """
+    rows = []
+    for row in plan["rows"]:
+        seqs = min(row["paged_max_seqs"], max_num_seqs)
+        rate = output_tokens_per_s(seqs, row["context_len"]) if seqs > 0 else 0.0
+        rows.append({**row, "concurrent_sequences": seqs,
+                     "usd_per_concurrent_user_hour": _rounded(cost_per_user_hour(price, num_gpus, seqs)),
+                     "output_tokens_per_s_closed_form": round(rate, 1),
+                     "usd_per_million_output_tokens": _rounded(cost_per_million_output_tokens(price, num_gpus, rate))})
+    return {**plan, "gpu_price_usd_per_gpu_hour": price.usd_per_gpu_hour, "gpu_price_source": price.source,
+            "rows": rows}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

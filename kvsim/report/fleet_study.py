@@ -1,0 +1,125 @@
+"""The report's fleet section: how many GPUs for a real trace, and what the router changes.
+
+Traffic: the first `StudyConfig.fleet_requests` requests of the Mooncake FAST'25 conversation
+trace shipped in `kvsim/workload/data` (Kimi's real arrival times, lengths and 512-token prefix
+`hash_ids`; Apache-2.0, Qin et al., FAST 2025), served by replicas of the report's model, GPU,
+TP and engine settings with prefix caching on and `max_model_len` raised to what one
+replica's KV pool holds (a longer prompt is refused, as vLLM refuses it, and counted).
+
+Three measurements, all ordinary simulations:
+
+1. the *floor*: the same requests one at a time on one replica (arrivals `FLOOR_GAP_S` apart),
+   so TTFT is prefill alone, with the warmest cache one replica can keep: no fleet size beats
+   its p90;
+2. the replicas each router needs for TTFT p90 within the report's SLO (`kvsim.planning.plan.plan`:
+   doubling, then bisection), or within the floor plus the SLO when the floor alone exceeds it;
+3. every router at one fleet size (the fewest replicas least-outstanding routing needs):
+   prefix-cache hit rate, TTFT p50/p90, queue p90, prompt tokens computed, load spread.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvsim.planning.cost import gpu_price
+from kvsim.planning.plan import Candidate, make_plan_spec, plan
+from kvsim.report.studies import Section, Study, variant
+from kvsim.workload.scenario import Scenario
+from kvsim.workload.traces import TraceRecord, read_mooncake
+
+TRACE = "builtin:mooncake_conversation_head"
+ROUTERS = ("round_robin", "least_outstanding", "affinity")
+FLOOR_GAP_S = 1000.0  # s between the floor run's arrivals; its queue p99 is reported to show none waited
+
+
+def traffic(st: Study) -> Scenario:
+    """The report's engine on the Mooncake slice, prefix caching on, max_model_len = one replica's pool."""
+    bs = st.base.engine.block_size
+    max_model_len = min(st.model.max_position_embeddings, st.num_blocks * bs)
+    workload = {"num_requests": st.cfg.fleet_requests, "arrival": {"process": "trace"},
+                "trace": {"format": "mooncake", "path": TRACE}}
+    return variant(st.base, f"workload={json.dumps(workload)}", "engine.allocator=paged",
+                   "engine.enable_prefix_caching=true", f"engine.max_model_len={max_model_len}", "replicas=null")
+
+
+def unbounded_hit_rate(records: Sequence[TraceRecord], max_model_len: int) -> float:
+    """Prompt tokens an unbounded, fleet-wide prefix cache would serve: per request, its leading
+    segments some earlier request already had (Mooncake's ids are chained hashes), over all
+    prompt tokens; prompts the engine refuses (≥ max_model_len) are left out, as they are never
+    looked up. Read from the trace itself, not from a simulation."""
+    seen: set[Any] = set()
+    hit = total = 0
+    for record in records:
+        assert record.segments is not None
+        if record.prompt_len >= max_model_len:
+            continue
+        leading = True
+        for segment, length in record.segments:
+            leading = leading and segment in seen
+            hit += length if leading else 0
+            seen.add(segment)
+        total += record.prompt_len
+    return hit / total if total else 0.0
+
+
+def _replicas_needed(st: Study, base: Scenario, target_s: float) -> dict[str, dict[str, Any]]:
+    """Per router, `kvsim.planning.plan.plan`'s row for TTFT p90 ≤ `target_s` on this GPU and TP."""
+    price = gpu_price(st.gpu.name, st.cfg.gpu_hourly_cost).usd_per_gpu_hour
+    out = {}
+    for router in ROUTERS:
+        spec = make_plan_spec({"slo": {"ttft_s.p90": target_s}, "gpus": [base.gpu],
+                               "tensor_parallel_sizes": [base.engine.tensor_parallel_size],
+                               "max_replicas": st.cfg.fleet_max_replicas, "router": router,
+                               "gpu_hourly_cost": {base.gpu: price} if price else {}})
+        with tempfile.TemporaryDirectory() as tmp:
+            rows, _ = plan(base, spec, tmp)
+        out[router] = rows[0]
+    return out
+
+
+def fleet_routing(st: Study) -> Section:
+    """Replicas needed per router for the TTFT SLO, and the routers compared at one fleet size."""
+    base = traffic(st)
+    max_model_len = base.engine.resolved_max_model_len(st.model)
+    floor = st.run([variant(base, f"workload.arrival={{process: constant, rate: {1 / FLOOR_GAP_S}}}")])[0].summary
+    slo = st.cfg.ttft_slo_s
+    floor_p90 = floor["ttft_s"]["p90"]
+    target = slo if floor_p90 is None or floor_p90 < slo else floor_p90 + slo
+    needed = _replicas_needed(st, base, target)
+    size = needed["least_outstanding"]["replicas"] or st.cfg.fleet_max_replicas
+    candidate = Candidate(base.gpu, base.engine.tensor_parallel_size)
+    runs = st.run([candidate.scenario(base, size, router) for router in ROUTERS])
+    rows = []
+    for router, run in zip(ROUTERS, runs, strict=True):
+        s, need = run.summary, needed[router]
+        rows.append({
+            "router": router, "replicas": size, "prefix_cache_hit_rate": round(s["prefix_cache_hit_rate"], 4),
+            "ttft_p50_s": s["ttft_s"]["p50"], "ttft_p90_s": s["ttft_s"]["p90"], "queue_p90_s": s["queue_s"]["p90"],
+            "prompt_tokens_computed": s["num_prefix_cache_query_tokens"] - s["num_prefix_cache_hit_tokens"],
+            "requests_per_replica_max": s["requests_per_replica"]["max"],
+            "routed_to_prefix": s["route_reasons"].get("affinity", 0),
+            "num_preemptions": s["num_preemptions"], "num_rejected": s["num_rejected"],
+            "replicas_for_slo": need["replicas"], "gpus_for_slo": need["num_gpus"],
+            "cost_per_hour_for_slo": need["cost_per_hour"]})
+    records = read_mooncake(base.resolve_path(TRACE))[: st.cfg.fleet_requests]
+    prompts = np.array([r.prompt_len for r in records])
+    arrivals = np.array([r.arrival_s or 0.0 for r in records])
+    facts = {"num_requests": st.cfg.fleet_requests, "span_s": float(arrivals.max() - arrivals.min()),
+             "mean_prompt_tokens": float(prompts.mean()), "max_model_len": max_model_len,
+             "max_model_len_by_pool": max_model_len < st.model.max_position_embeddings,
+             "pool_tokens": (st.num_blocks - 1) * base.engine.block_size,
+             "num_too_long": int((prompts >= max_model_len).sum()),
+             "floor_ttft_p90_s": floor_p90, "floor_hit_rate": floor["prefix_cache_hit_rate"],
+             "floor_queue_p99_s": floor["queue_s"]["p99"],
+             "unbounded_hit_rate": unbounded_hit_rate(records, max_model_len),
+             "ttft_target_s": target, "slo_s": slo,
+             "max_replicas": st.cfg.fleet_max_replicas,
+             "price_source": gpu_price(st.gpu.name, st.cfg.gpu_hourly_cost).source}
+    return Section("fleet", "How many GPUs for this traffic (Mooncake trace, routing)",
+                   {"fleet_routing": pd.DataFrame(rows)}, facts)

@@ -1,0 +1,400 @@
+"""The capacity report's experiments: which runs answer each question, reduced to tables.
+
+Every function takes the base scenario and returns a `Section`: DataFrames (the CSVs
+behind the tables and figures) and facts quoted in the text. `report.py` renders them.
+Runs go through `sweep.run_many`; each is an ordinary `kvsim run` of a variant of the base
+scenario (so any row can be reproduced with `kvsim run` and `--set`).
+
+"Saturating" runs send three times the workload at once (rate 10^5 req/s), so the engine
+holds as many sequences as KV memory allows: their `max_running` is the simulated concurrency
+(unless `max_num_seqs` or the request count binds first; the tables show both limits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvsim.engine.builder import make_latency
+from kvsim.kv import fig2_shares
+from kvsim.model.capacity import (
+    kv_bytes_per_block,
+    model_max_concurrency,
+    num_gpu_blocks,
+    paged_max_seqs,
+    slab_max_seqs,
+)
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.units import ceil_div
+from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_hour, gpu_price
+from kvsim.planning.rate_search import max_passing_rates
+from kvsim.planning.sweep import SweepResult, run_many
+from kvsim.workload.generate import build_requests
+from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
+
+SATURATE = 100_000.0  # req/s: far above any GPU's throughput, so the queue never empties (a choice, not a fit)
+ALLOCATORS = ("slab-max", "slab-pow2", "slab-oracle", "paged")
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Knobs of the report; `quick` shrinks every sweep for smoke runs and tests."""
+
+    num_requests: int = 200
+    rates: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+    ttft_slo_s: float = 2.0
+    usage_alert: float = 0.9
+    alert_for_s: float = 30.0
+    preemption_rate_alert: float = 0.1  # preemptions per second over `preemption_window_s`
+    preemption_window_s: float = 60.0
+    shared_prefix_counts: tuple[int, ...] = (4, 16, 64)
+    workers: int | None = None
+    dask_address: str | None = None
+    gpu_hourly_cost: float | None = None  # USD per GPU-hour; None: the GPU's list on-demand default
+    fleet_requests: int = 300  # leading requests of the Mooncake slice the fleet section replays
+    fleet_max_replicas: int = 64  # the fleet section's replica search stops here
+
+    @classmethod
+    def quick(cls) -> StudyConfig:
+        return cls(num_requests=60, rates=(0.5, 2.0, 8.0), shared_prefix_counts=(4, 16), fleet_requests=60,
+                   fleet_max_replicas=8)
+
+
+def variant(base: Scenario, *overrides: str) -> Scenario:
+    """`base` with `--set`-style overrides. A slab variant stores every layer's full KV: the Orca
+    baselines know no sliding windows, as vLLM with its hybrid KV cache manager disabled."""
+    raw = apply_overrides(base.model_dump(mode="json"), list(overrides))
+    if raw["engine"]["allocator"] != "paged":
+        raw["engine"]["disable_hybrid_kv_cache_manager"] = True
+    return make_scenario(raw, base.base_dir)
+
+
+def saturated(base: Scenario, num_requests: int, *overrides: str) -> Scenario:
+    """A variant of `base` whose 3 × `num_requests` requests all arrive at once."""
+    return variant(base, f"workload.num_requests={3 * num_requests}", poisson(SATURATE), *overrides)
+
+
+def poisson(rate: float) -> str:
+    """Override for Poisson arrivals at `rate` (a trace scenario keeps its lengths, not its timestamps)."""
+    return f"workload.arrival={{process: poisson, rate: {rate}}}"
+
+
+def sustained(summary: dict[str, Any], key: str = "mean_running", digits: int | None = 2) -> float | None:
+    """A figure of the run's saturated steady state (`summary["saturated"][key]`), rounded; None, shown
+    as missing, when the run never saturated (a missing value is never 0)."""
+    value = summary["saturated"][key]
+    if value is None or digits is None:
+        return value
+    return round(value, digits)
+
+
+class Study:
+    """Shared facts about the base scenario and a runner that fixes the request count."""
+
+    def __init__(self, base: Scenario, cfg: StudyConfig) -> None:
+        self.base = variant(base, f"workload.num_requests={cfg.num_requests}")
+        self.cfg = cfg
+        self.model, self.gpu = load_model(base.model), load_gpu(base.gpu)
+        self.max_model_len = base.engine.resolved_max_model_len(self.model)
+        self.num_blocks = num_gpu_blocks(self.model, self.gpu, base.engine)
+        requests = build_requests(self.base, self.max_model_len, np.random.default_rng(self.base.seed))
+        self.mean_kv_len = float(np.mean([r.kv_len for r in requests]))
+        self.latency_name = make_latency(self.base, self.model, self.gpu).name
+
+    def saturated(self, *overrides: str) -> Scenario:
+        return saturated(self.base, self.cfg.num_requests, *overrides)
+
+    def limited_by(self, summary: dict[str, Any]) -> str:
+        """What capped a saturated run's concurrency: the request count, max_num_seqs, or KV memory."""
+        if summary["max_running"] >= summary["num_requests"] - summary["num_rejected"]:
+            return "requests"
+        if summary["max_running"] >= self.base.engine.resolved_max_num_seqs(self.gpu):
+            return "max_num_seqs"
+        return "kv"
+
+    def run(self, scenarios: list[Scenario], keep_steps: bool = False) -> list[SweepResult]:
+        return run_many(scenarios, keep_steps=keep_steps, workers=self.cfg.workers,
+                        dask_address=self.cfg.dask_address)
+
+
+def context_concurrency(st: Study) -> Section:
+    """Max concurrent sequences vs max_model_len: closed form and simulated, paged and slab-max."""
+    lens = [n for n in (1024, 2048, 4096, 8192, 16384) if n <= st.model.max_position_embeddings]
+    runs = st.run([st.saturated(f"engine.max_model_len={n}", f"engine.allocator={a}")
+                   for n in lens for a in ("paged", "slab-max")])
+    bs, rows = st.base.engine.block_size, []
+    for i, n in enumerate(lens):
+        paged, slab = runs[2 * i].summary, runs[2 * i + 1].summary
+        rows.append({
+            "max_model_len": n,
+            "closed_form_paged_at_mean_len": paged_max_seqs(st.num_blocks, round(st.mean_kv_len), bs),
+            "closed_form_slab_max": slab_max_seqs(st.num_blocks * bs, n),  # slab pools have no null block
+            "vllm_max_concurrency": round(model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks, n), 2),
+            "simulated_paged_sustained": sustained(paged),
+            "simulated_slab_sustained": sustained(slab),
+            "paged_peak_transient": paged["max_running"],
+            "paged_kv_usage_max": round(paged["kv_cache_usage_perc"]["max"], 3),
+            "paged_limited_by": st.limited_by(paged),
+            "num_rejected": paged["num_rejected"],
+        })
+    return Section("context", "Context ↔ concurrency", {"context_concurrency": pd.DataFrame(rows)},
+                   {"mean_kv_len": st.mean_kv_len, "num_gpu_blocks": st.num_blocks})
+
+
+def kv_quantization(st: Study) -> Section:
+    """fp8 vs auto KV: blocks, concurrency, and TPOT saturated and at the base rate."""
+    dtypes = ("auto", "fp8")
+    sat = st.run([st.saturated(f"engine.kv_cache_dtype={d}") for d in dtypes])
+    base = st.run([variant(st.base, f"engine.kv_cache_dtype={d}") for d in dtypes])
+    rows = []
+    for d, s, b in zip(dtypes, sat, base, strict=True):
+        engine = st.base.engine.model_copy(update={"kv_cache_dtype": d})
+        blocks = num_gpu_blocks(st.model, st.gpu, engine)
+        rows.append({
+            "kv_cache_dtype": d, "bytes_per_block": kv_bytes_per_block(st.model, engine), "num_gpu_blocks": blocks,
+            "closed_form_paged_at_mean_len": paged_max_seqs(blocks, round(st.mean_kv_len), engine.block_size),
+            "simulated_sustained_running": sustained(s.summary),
+            "peak_running_transient": s.summary["max_running"],
+            "tpot_mean_s_saturated": s.summary["tpot_s"]["mean"],
+            "tpot_mean_s_at_base_rate": b.summary["tpot_s"]["mean"],
+            "ttft_p90_s_at_base_rate": b.summary["ttft_s"]["p90"],
+        })
+    return Section("fp8", "KV quantization (fp8)", {"kv_quantization": pd.DataFrame(rows)})
+
+
+def prefix_sharing(st: Study) -> Section:
+    """KV usage and TTFT vs the number of requests sharing one system prompt, caching off and on."""
+    prefix = min(2000, st.max_model_len // 2)
+    jobs = [(n, c) for n in st.cfg.shared_prefix_counts for c in (False, True)]
+    runs = st.run([variant(st.base, f"workload.num_requests={n}", f"workload.shared_prefix.tokens={prefix}",
+                           "workload.shared_prefix.fraction=1.0", f"engine.enable_prefix_caching={str(c).lower()}")
+                   for n, c in jobs])
+    rows = [{"num_requests": n, "prefix_caching": c, "shared_prefix_tokens": prefix,
+             "kv_usage_max": r.summary["kv_cache_usage_perc"]["max"], "ttft_mean_s": r.summary["ttft_s"]["mean"],
+             "prefix_cache_hit_rate": r.summary["prefix_cache_hit_rate"],
+             "sharing_saving": round(r.summary["sharing_saving"], 4)} for (n, c), r in zip(jobs, runs, strict=True)]
+    return Section("prefix", "Prefix sharing", {"prefix_sharing": pd.DataFrame(rows)}, {"prefix_tokens": prefix})
+
+
+def capacity_formula(st: Study) -> Section:
+    """Fit sustained seqs ≈ k · pool_blocks / blocks_per_seq to saturated paged runs.
+
+    Rows: fixed lengths (prompt c/2 + output c/2) at several context lengths c, and the
+    scenario's own length mix (c = its mean prompt + output). Each row reports the three
+    concurrency figures of a saturated run: the *sustained* concurrency (time-averaged
+    running while requests queue) with its preemption rate, the largest `max_num_seqs` that
+    ran with no preemption (bisection), and the peak (an admission transient, when every
+    sequence holds only its prompt). k is fitted on the sustained figure of KV-bound rows.
+    """
+    bs = st.base.engine.block_size
+    contexts = [c for c in (256, 512, 1024, 2048, 4096) if c <= st.max_model_len]
+    fixed = [(f"prompt {c // 2} + output {c - c // 2}", c,
+              ("workload.trace=null", "workload.shared_prefix=null",
+               f"workload.prompt_len={{dist: fixed, value: {c // 2}}}",
+               f"workload.output_len={{dist: fixed, value: {c - c // 2}}}")) for c in contexts]
+    rows_spec = [*fixed, ("scenario length mix", round(st.mean_kv_len), ())]
+    common = ("engine.allocator=paged", "engine.enable_prefix_caching=false")
+    runs = st.run([st.saturated(*common, *extra) for _, _, extra in rows_spec])
+    no_preemption = _largest_seqs_without_preemption(st, [(*common, *extra) for _, _, extra in rows_spec], runs)
+    usable = st.num_blocks - 1
+    closed = np.array([usable / ceil_div(c, bs) for _, c, _ in rows_spec])
+    running = np.array([sustained(r.summary, digits=None) for r in runs], dtype=float)  # None → NaN
+    limits = [st.limited_by(r.summary) for r in runs]
+    kv_bound = np.array([lim == "kv" for lim in limits]) & ~np.isnan(running)  # a run never saturated says nothing
+    # Fit only where KV memory was the limit; elsewhere the count says nothing about the formula.
+    k = k_fixed = float("nan")
+    if kv_bound.any():
+        k = float((running * closed)[kv_bound].sum() / (closed**2)[kv_bound].sum())
+    fixed_bound = kv_bound[: len(fixed)]
+    if fixed_bound.any():
+        c_f, s_f = closed[: len(fixed)][fixed_bound], running[: len(fixed)][fixed_bound]
+        k_fixed = float((s_f * c_f).sum() / (c_f**2).sum())
+    table = pd.DataFrame({
+        "lengths": [name for name, _, _ in rows_spec], "context_len": [c for _, c, _ in rows_spec],
+        "blocks_per_seq": [ceil_div(c, bs) for _, c, _ in rows_spec], "closed_form_seqs": closed.round(2),
+        "sustained_running": running.round(2),
+        "preemptions_per_s": [sustained(r.summary, "preemptions_per_s", 3) for r in runs],
+        "max_seqs_without_preemption": no_preemption,
+        "peak_running_transient": [r.summary["max_running"] for r in runs],
+        "sustained_over_closed_form": (running / closed).round(3),
+        "fitted_seqs": (k * closed).round(2), "limited_by": limits})
+    return Section("formula", "The capacity formula", {"capacity_formula": table},
+                   {"fitted_constant": k, "fitted_constant_fixed": k_fixed, "pool_blocks": usable,
+                    "num_kv_bound": int(kv_bound.sum()), "other_limits": sorted(set(limits) - {"kv"}),
+                    "vllm_max_concurrency": model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks,
+                                                                   st.max_model_len)})
+
+
+def _largest_seqs_without_preemption(st: Study, overrides: list[tuple[str, ...]],
+                                     runs: list[SweepResult]) -> list[int]:
+    """Per row, the largest `max_num_seqs` whose saturated run never preempts (bisection, all rows at once).
+
+    Bounds: 0 (nothing runs, nothing is preempted) and the row's peak running (a run that
+    preempted at its own peak); a row whose run never preempted is its peak. Stops within 5 %.
+    """
+    calm = [r.summary["num_preemptions"] == 0 for r in runs]
+    lo = [r.summary["max_running"] if ok else 0 for r, ok in zip(runs, calm, strict=True)]
+    hi = [r.summary["max_running"] + ok for r, ok in zip(runs, calm, strict=True)]
+    while True:
+        todo = [i for i in range(len(runs)) if hi[i] - lo[i] > max(1, lo[i] // 20)]
+        if not todo:
+            return lo
+        mids = {i: (lo[i] + hi[i]) // 2 for i in todo}
+        probes = st.run([st.saturated(*overrides[i], f"engine.max_num_seqs={mids[i]}") for i in todo])
+        for i, probe in zip(todo, probes, strict=True):
+            if probe.summary["num_preemptions"] == 0:
+                lo[i] = mids[i]
+            else:
+                hi[i] = mids[i]
+
+
+def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
+    """Waste per allocator, sustainable rate under the TTFT SLO, load curves and alerts (paged)."""
+    cfg = st.cfg
+    sat = st.run([st.saturated(f"engine.allocator={a}") for a in ALLOCATORS])
+    jobs = [(a, r) for a in ALLOCATORS for r in cfg.rates]
+    # Load runs are longer than the others (x3 requests) so that saturation lasts past the alerts' `for:`.
+    load = st.run([variant(st.base, f"engine.allocator={a}", poisson(r),
+                           f"workload.num_requests={3 * cfg.num_requests}") for a, r in jobs], keep_steps=True)
+    waste_rows = []
+    for a, result in zip(ALLOCATORS, sat, strict=True):
+        shares = fig2_shares(result.summary["saturated"]["waste"])  # whole pool, while requests queue
+        waste_rows.append({"allocator": a, **{k: round(v, 4) for k, v in shares.items()},
+                           "sustained_running": sustained(result.summary),
+                           "max_running": result.summary["max_running"]})
+    load_rows = []
+    for (a, rate), r in zip(jobs, load, strict=True):
+        s = r.summary
+        load_rows.append({"allocator": a, "rate": rate, "ttft_p50_s": s["ttft_s"]["p50"],
+                          "ttft_p90_s": s["ttft_s"]["p90"],
+                          "ttft_p99_s": s["ttft_s"]["p99"], "tpot_p50_s": s["tpot_s"]["p50"],
+                          "tpot_p90_s": s["tpot_s"]["p90"], "tpot_p99_s": s["tpot_s"]["p99"],
+                          "meets_slo": s["ttft_s"]["p90"] is not None and s["ttft_s"]["p90"] <= cfg.ttft_slo_s,
+                          "num_preemptions": s["num_preemptions"],
+                          "throughput_req_s": s["requests_per_s"]})
+    load_df = pd.DataFrame(load_rows)
+    paging = Section("paging", "Paging multiplier", {"waste_breakdown": pd.DataFrame(waste_rows),
+                                                   "sustained_rate": sustained_rates(st)})
+    paged_runs = [(rate, r) for (a, rate), r in zip(jobs, load, strict=True) if a == "paged"]
+    top_rate, top = paged_runs[-1]
+    assert top.steps is not None, "load runs keep their steps"
+    series = top.steps[["time_s", "vllm:num_requests_running", "vllm:num_requests_waiting",
+                        "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"]].copy()
+    load_section = Section("load", "Load", {"load_curves": load_df[load_df.allocator == "paged"].reset_index(drop=True),
+                                            "time_series": series}, {"time_series_rate": top_rate})
+    alerts = Section("alerts", "Alerts", {"alert_firings": alert_firings(paged_runs, cfg)})
+    return paging, load_section, alerts
+
+
+def sustained_rates(st: Study) -> pd.DataFrame:
+    """Per allocator, the highest Poisson rate whose p90 TTFT meets the SLO (growth, then bisection to 5 %).
+
+    Each probe is a run of 3 × `num_requests` requests at that rate; the row keeps the run
+    at the highest passing rate (its throughput and concurrency are what that rate sustains).
+    """
+    slo = st.cfg.ttft_slo_s
+
+    def probe(batch: Sequence[tuple[int, float]]) -> list[tuple[bool, dict[str, Any]]]:
+        runs = st.run([variant(st.base, f"engine.allocator={ALLOCATORS[i]}", poisson(rate),
+                               f"workload.num_requests={3 * st.cfg.num_requests}") for i, rate in batch])
+        return [((r.summary["ttft_s"]["p90"] is not None and r.summary["ttft_s"]["p90"] <= slo
+                  and r.summary["num_rejected"] == 0), r.summary) for r in runs]
+
+    bounds = max_passing_rates(probe, len(ALLOCATORS))
+    rows = []
+    for a, b in zip(ALLOCATORS, bounds, strict=True):
+        s = b.result or {}
+        rows.append({"allocator": a, "max_rate_meeting_slo": round(b.passed, 4),
+                     "first_failing_rate": round(b.failed, 4) if b.failed is not None else None,
+                     "num_probes": b.num_probes,
+                     "output_tokens_per_s": round(s.get("output_tokens_per_s", 0.0), 1),
+                     "mean_running": round(s.get("mean_running", 0.0), 2)})
+    df = pd.DataFrame(rows)
+    price = gpu_price(st.gpu.name, st.cfg.gpu_hourly_cost)
+    num_gpus = st.base.engine.tensor_parallel_size
+    df["usd_per_concurrent_user_hour"] = [_round(cost_per_user_hour(price, num_gpus, c)) for c in df.mean_running]
+    df["usd_per_million_output_tokens"] = [_round(cost_per_million_output_tokens(price, num_gpus, t))
+                                           for t in df.output_tokens_per_s]
+    df["price_source"] = price.source
+    # A rate that never failed is only a lower bound, so a ratio involving one is no multiplier.
+    bounded = df.first_failing_rate.notna()
+    paged = df.loc[df.allocator == "paged", "max_rate_meeting_slo"].item()
+    paged_bounded = bool(bounded[df.allocator == "paged"].item())
+    df["paging_multiplier"] = [round(paged / r, 2) if r and ok and paged_bounded else None
+                               for r, ok in zip(df.max_rate_meeting_slo, bounded, strict=True)]
+    return df
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _firing_intervals(times: np.ndarray, ends: np.ndarray, condition: np.ndarray, for_s: float) -> list[tuple]:
+    """(fired_at, resolved_at) of each stretch where `condition` held continuously for `for_s`."""
+    out, start = [], None
+    for t, c in zip(times, condition, strict=True):
+        if c and start is None:
+            start = t
+        if not c and start is not None:
+            if t - start >= for_s:
+                out.append((start + for_s, t))
+            start = None
+    if start is not None and ends[-1] - start >= for_s:
+        out.append((start + for_s, ends[-1]))
+    return out
+
+
+def alert_firings(runs: list[tuple[float, SweepResult]], cfg: StudyConfig) -> pd.DataFrame:
+    """When each alert rule would have fired in each simulated run (Prometheus `for:` semantics)."""
+    rows = []
+    for rate, result in runs:
+        steps = result.steps
+        assert steps is not None, "alerts need the per-step series"
+        t = steps["time_s"].to_numpy()
+        ends = t + steps["duration_s"].to_numpy()
+        usage = steps["vllm:kv_cache_usage_perc"].to_numpy()
+        preempt = steps["vllm:num_preemptions_total"].to_numpy()
+        earlier = np.searchsorted(t, t - cfg.preemption_window_s)
+        preempt_rate = (preempt - preempt[earlier]) / cfg.preemption_window_s
+        for name, condition in (("KVCacheNearlyFull", usage > cfg.usage_alert),
+                                ("PreemptionStorm", preempt_rate > cfg.preemption_rate_alert)):
+            fired = _firing_intervals(t, ends, condition, cfg.alert_for_s)
+            rows.append({"rate": rate, "alert": name, "times_fired": len(fired),
+                         "first_fired_s": round(fired[0][0], 1) if fired else None,
+                         "total_firing_s": round(sum(b - a for a, b in fired), 1)})
+    return pd.DataFrame(rows)
+
+
+def prometheus_rules(cfg: StudyConfig) -> str:
+    """The alert rules as a Prometheus rule file."""
+    window = f"{int(cfg.preemption_window_s)}s"
+    return f"""groups:
+  - name: kvsim-kv-cache
+    rules:
+      - alert: KVCacheNearlyFull
+        expr: vllm:kv_cache_usage_perc > {cfg.usage_alert}
+        for: {int(cfg.alert_for_s)}s
+        labels:
+          severity: warning
+        annotations:
+          summary: "KV cache above {cfg.usage_alert:.0%} for {int(cfg.alert_for_s)}s: queueing, then preemptions"
+      - alert: PreemptionStorm
+        expr: rate(vllm:num_preemptions_total[{window}]) > {cfg.preemption_rate_alert}
+        for: {int(cfg.alert_for_s)}s
+        labels:
+          severity: critical
+        annotations:
+          summary: "More than {cfg.preemption_rate_alert * 60:.0f} preemptions a minute: KV memory is thrashing"
+"""

@@ -1,0 +1,268 @@
+"""The report's sentences, each computed from the runs it describes (no fixed conclusions).
+
+Every function takes a section's tables and facts and says what they show: which limit
+capped the runs, how far the simulation sits from the closed forms, what sharing and fp8
+buy, and what a user-hour and a million tokens cost at the sustained rate.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from kvsim.report import studies
+
+
+def introduction(st: studies.Study) -> str:
+    """What was simulated, from the resolved configuration (not the scenario's free-text description)."""
+    e = st.base.engine
+    tp = f"{e.tensor_parallel_size}× " if e.tensor_parallel_size > 1 else "one "
+    return (f"Scenario `{st.base.name}`: {st.model.name} on {tp}{st.gpu.name}, {st.num_blocks:,} KV blocks of "
+            f"{e.block_size} tokens (vLLM keeps one as its null block), max_model_len {st.max_model_len:,}, "
+            f"requests of {st.mean_kv_len:.0f} tokens on average (prompt + output), scheduler {e.scheduler}.")
+
+
+def _limits_phrase(limits: list[str]) -> str:
+    """Which limit capped the saturated runs, in words."""
+    words = {"kv": "KV memory", "max_num_seqs": "max_num_seqs", "requests": "the number of requests sent"}
+    counts = {lim: limits.count(lim) for lim in dict.fromkeys(limits)}
+    if len(counts) == 1:
+        return f"every run was capped by {words[limits[0]]}"
+    return "the runs were capped by " + ", ".join(f"{words[k]} ({n} of {len(limits)})" for k, n in counts.items())
+
+
+def _count(value: float | None) -> str:
+    """A simulated figure, or "not saturated" where the run never queued long enough to have one."""
+    return "not saturated" if value is None or pd.isna(value) else f"{value:g}"
+
+
+def _change(before: float | None, after: float | None, digits: int, falling: bool = False) -> str:
+    """'R× (before → after)' with R = after ÷ before (before ÷ after when `falling`), or just the two
+    figures when either is missing."""
+    pair = f"({_count(before)} → {_count(after)})"
+    if before is None or after is None or pd.isna(before) or pd.isna(after) or not before or not after:
+        return pair
+    return f"{(before / after if falling else after / before):.{digits}f}× {pair}"
+
+
+def context_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
+    f, df = sec.facts, sec.tables["context_concurrency"]
+    first, last = df.iloc[0], df.iloc[-1]
+    slab = _change(first.simulated_slab_sustained, last.simulated_slab_sustained, 1, falling=True)
+    paged = _change(first.simulated_paged_sustained, last.simulated_paged_sustained, 2, falling=True)
+    return (f"Each row simulates {3 * cfg.num_requests} requests arriving at once, on {f['num_gpu_blocks']:,} KV "
+            f"blocks; {_limits_phrase(list(df.paged_limited_by))} (paged). From max_model_len "
+            f"{first.max_model_len:,} to {last.max_model_len:,}, sustained slab concurrency falls by {slab} "
+            f"because each sequence reserves max_model_len, while paged concurrency changes by {paged}: it "
+            f"follows the actual lengths (mean {f['mean_kv_len']:.0f} tokens).")
+
+
+def fp8_text(sec: studies.Section) -> str:
+    df = sec.tables["kv_quantization"].set_index("kv_cache_dtype")
+    auto, fp8 = df.loc["auto"], df.loc["fp8"]
+    tpot = fp8.tpot_mean_s_at_base_rate / auto.tpot_mean_s_at_base_rate
+    return (f"fp8 KV stores {auto.bytes_per_block / fp8.bytes_per_block:.1f}× fewer bytes per block: "
+            f"{int(fp8.num_gpu_blocks):,} blocks instead of {int(auto.num_gpu_blocks):,}, and sustained concurrency "
+            f"changes by {_change(auto.simulated_sustained_running, fp8.simulated_sustained_running, 2)} from 16-bit "
+            f"to fp8. Mean TPOT at the base rate is {tpot:.2f}× the 16-bit one.")
+
+
+def prefix_text(sec: studies.Section) -> str:
+    f, df = sec.facts, sec.tables["prefix_sharing"]
+    biggest = df.num_requests.max()
+    off = df[(df.num_requests == biggest) & ~df.prefix_caching].iloc[0]
+    on = df[(df.num_requests == biggest) & df.prefix_caching].iloc[0]
+    return (f"Every request starts with the same {f['prefix_tokens']:,}-token system prompt. With {biggest} "
+            f"requests, prefix caching takes peak KV usage from {off.kv_usage_max:.1%} to {on.kv_usage_max:.1%}, "
+            f"mean TTFT from {off.ttft_mean_s:.2f} s to {on.ttft_mean_s:.2f} s, with a hit rate of "
+            f"{on.prefix_cache_hit_rate:.1%}; sharing saves {on.sharing_saving:.1%} of the KV the requests map.")
+
+
+def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
+    waste = sec.tables["waste_breakdown"].set_index("allocator")
+    rates = sec.tables["sustained_rate"].set_index("allocator")
+    shares = ", ".join(f"{a} {waste.loc[a, 'token_state']:.1%}" for a in waste.index)
+    mult = ", ".join(f"{rates.loc[a, 'paging_multiplier']:.2f}× over {a}" for a in rates.index if a != "paged"
+                     and pd.notna(rates.loc[a, "paging_multiplier"]))
+    paged = rates.loc["paged"]
+    cost = ""
+    if paged.usd_per_concurrent_user_hour == paged.usd_per_concurrent_user_hour and paged.usd_per_concurrent_user_hour:
+        cost = (f" At that rate paged KV serves {paged.mean_running:g} concurrent requests and "
+                f"{paged.output_tokens_per_s:,.0f} output tokens/s: ${paged.usd_per_concurrent_user_hour:.4f} per "
+                f"concurrent user-hour and ${paged.usd_per_million_output_tokens:.2f} per million output tokens "
+                f"({paged.price_source}).")
+    if pd.notna(paged.first_failing_rate):  # the search found the limit
+        rate = (f"The highest Poisson rate whose p90 TTFT stays within {cfg.ttft_slo_s} s, found by bisection to "
+                f"5 %, is {paged.max_rate_meeting_slo:g} req/s with paging: {mult or 'no other allocator has a limit'}"
+                f".{cost}")
+    else:
+        rate = (f"With paging the p90 TTFT stays within {cfg.ttft_slo_s} s at every rate tried, up to "
+                f"{paged.max_rate_meeting_slo:g} req/s, where all {3 * cfg.num_requests} requests of a probe arrive "
+                "as good as at once: this workload is too small to find the sustainable rate (raise the request "
+                "count), so no paging multiplier is given.")
+    return ("Shares of the whole KV pool holding token states, time-averaged while requests queue (the view of "
+            f"the PagedAttention paper's Fig. 2; slack, gaps and free space are its \"external fragmentation & "
+            f"others\"): {shares} (paper: Orca Max 20.4 %, Pow2 26.8 %, Oracle 38.2 %, vLLM 96.3 %). {rate}")
+
+
+def load_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
+    df = sec.tables["load_curves"]
+    ok = df[df.meets_slo]
+    knee = f"the p90 TTFT meets the {cfg.ttft_slo_s} s SLO up to {ok.rate.max():g} req/s" if len(ok) else \
+        f"no rate of the grid meets the {cfg.ttft_slo_s} s SLO"
+    return (f"TTFT and TPOT percentiles of the paged engine from {df.rate.min():g} to {df.rate.max():g} req/s: "
+            f"{knee}; the time series shows the run at {sec.facts['time_series_rate']:g} req/s with preemptions "
+            "marked.")
+
+
+def alerts_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
+    df = sec.tables["alert_firings"]
+    fired = df[df.times_fired > 0]
+    when = ("none fired" if fired.empty else "; ".join(
+        f"{r.alert} fired at {r.rate:g} req/s (first at {r.first_fired_s:g} s)" for r in fired.itertuples()))
+    return (f"Rules on kv_cache_usage_perc (> {cfg.usage_alert} for {int(cfg.alert_for_s)} s) and on the preemption "
+            f"rate (> {cfg.preemption_rate_alert}/s over {int(cfg.preemption_window_s)} s), evaluated on the load "
+            f"runs with Prometheus `for:` semantics: {when}. `alerts.yaml` holds them as a Prometheus rule file.")
+
+
+def section_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
+    f = sec.facts
+    if sec.key == "context":
+        return context_text(sec, cfg)
+    if sec.key == "fp8":
+        return fp8_text(sec)
+    if sec.key == "prefix":
+        return prefix_text(sec)
+    if sec.key == "formula" and not f["num_kv_bound"]:
+        return (f"No saturated run was KV-bound here (concurrency was capped by {', '.join(f['other_limits'])}), so "
+                f"the formula seqs ≈ pool_blocks ÷ blocks_per_seq cannot be fitted: this pool ({f['pool_blocks']:,} "
+                f"blocks) holds more than the workload or max_num_seqs ever asks for. vLLM's startup line would "
+                f"report \"maximum concurrency\" {f['vllm_max_concurrency']:.2f}x for max_model_len "
+                f"{st.max_model_len:,}.")
+    if sec.key == "formula":
+        return formula_text(sec, st)
+    if sec.key == "paging":
+        return paging_text(sec, st, cfg)
+    if sec.key == "load":
+        return load_text(sec, cfg)
+    if sec.key == "fleet":
+        return fleet_text(sec, st)
+    return alerts_text(sec, cfg)
+
+
+def formula_text(sec: studies.Section, st: studies.Study) -> str:
+    """Three concurrency figures beside vLLM's, with the fitted constant, all from the table."""
+    f, df = sec.facts, sec.tables["capacity_formula"]
+    kv = df[df.limited_by == "kv"]
+    peak_k = float((kv.peak_running_transient / kv.closed_form_seqs).mean())
+    calm_k = float((kv.max_seqs_without_preemption / kv.closed_form_seqs).mean())
+    thrash = kv.preemptions_per_s.max()
+    return (f"Three concurrency figures per row, for {st.model.name} on {st.gpu.name} (pool {f['pool_blocks']:,} "
+            "blocks): the *sustained* concurrency (running requests averaged over the time requests queued; "
+            "ramp-up and drain excluded), the largest max_num_seqs that ran with no preemption, and the peak, an "
+            "admission transient when every sequence holds only its prompt. Fitting sustained seqs ≈ k · "
+            f"pool_blocks ÷ blocks_per_seq gives k = {f['fitted_constant']:.2f} over the {f['num_kv_bound']} "
+            f"KV-bound rows (k = {f['fitted_constant_fixed']:.2f} on the prompt c/2 + output c/2 rows alone). "
+            f"On those rows the peak averages {peak_k:.2f}× the closed form and the preemption-free concurrency "
+            f"{calm_k:.2f}×; the sustained level is held with up to {thrash:.2f} preemptions per second, so plan on "
+            "the preemption-free figure for a quiet engine and on the sustained one only if recomputation is "
+            f"acceptable, never on the peak. vLLM's startup line would report \"maximum concurrency\" "
+            f"{f['vllm_max_concurrency']:.2f}x for max_model_len {st.max_model_len:,}: a worst case that assumes "
+            "every request reaches max_model_len.")
+
+
+
+
+ROUTER_NAMES = {"round_robin": "round robin", "least_outstanding": "least outstanding", "affinity": "affinity"}
+
+
+def _replicas(n: int) -> str:
+    return "1 replica" if n == 1 else f"{n} replicas"
+
+
+def _relative(new: float, old: float) -> str:
+    """'lower', 'higher' or 'about the same' (within 5 %)."""
+    ratio = new / old if old else float("inf")
+    return "lower" if ratio < 0.95 else "higher" if ratio > 1.05 else "about the same"
+
+
+def fleet_text(sec: studies.Section, st: studies.Study) -> str:
+    """The fleet section: the traffic, the floor, replicas per router, and what affinity changed and why."""
+    f, df = sec.facts, sec.tables["fleet_routing"].set_index("router")
+    e = st.base.engine
+    tp = f"{e.tensor_parallel_size}× " if e.tensor_parallel_size > 1 else ""
+    limit = "what one replica's pool holds" if f["max_model_len_by_pool"] else "the model's longest context"
+    refused = (f"; the {f['num_too_long']} prompts of {f['max_model_len']:,} tokens or more are refused, as vLLM "
+               "refuses them" if f["num_too_long"] else "")
+    traffic = (f"The first {f['num_requests']} requests of the Mooncake conversation trace (Kimi's production "
+               f"traffic: real arrivals over {f['span_s']:.0f} s, prompts of {f['mean_prompt_tokens']:,.0f} tokens "
+               "on average, 512-token prefix hashes; Apache-2.0, Qin et al., FAST 2025) on replicas of "
+               f"{st.model.name} on {tp}{st.gpu.name} with prefix caching, max_model_len {f['max_model_len']:,} ("
+               f"{limit}){refused}.")
+    floor = (f"Served one at a time on one replica, the p90 TTFT is {f['floor_ttft_p90_s']:.2f} s (prefill alone, "
+             f"queue p99 {f['floor_queue_p99_s']:.2f} s): more replicas only remove queueing, so no fleet goes far "
+             f"below it (other cache hits aside: at most {f['unbounded_hit_rate']:.1%} of the prompt tokens here).")
+    if f["ttft_target_s"] == f["slo_s"]:
+        target = f"TTFT p90 ≤ {f['slo_s']:g} s needs"
+    else:
+        target = (f"That is above the report's {f['slo_s']:g} s TTFT SLO, so no fleet of this GPU meets it; sized "
+                  f"instead for TTFT p90 ≤ {f['ttft_target_s']:.2f} s (the floor plus {f['slo_s']:g} s of waiting), "
+                  "it needs")
+    needs = []
+    for router, row in df.iterrows():
+        if pd.isna(row.replicas_for_slo):
+            needs.append(f"more than {f['max_replicas']} replicas (the search's limit) with {ROUTER_NAMES[router]}")
+            continue
+        cost = f" (${row.cost_per_hour_for_slo:,.2f}/h)" if pd.notna(row.cost_per_hour_for_slo) else ""
+        needs.append(f"{_replicas(int(row.replicas_for_slo))} with {ROUTER_NAMES[router]}{cost}")
+    if df.replicas_for_slo.isna().all():
+        needs = [f"more than {f['max_replicas']} replicas (the search's limit) with every router"]
+    prices = f" Prices: {f['price_source']}." if df.cost_per_hour_for_slo.notna().any() else ""
+    size = int(df.replicas.iloc[0])
+    lo, aff, rr = df.loc["least_outstanding"], df.loc["affinity"], df.loc["round_robin"]
+    which = ("the fewest least-outstanding routing needs" if pd.notna(lo.replicas_for_slo)
+             else "the search's limit")
+    if size == 1:
+        one = (f"With one replica every router sends it everything: prefix-cache hit rate "
+               f"{lo.prefix_cache_hit_rate:.1%} (an unbounded cache would serve {f['unbounded_hit_rate']:.1%}), TTFT "
+               f"p50 / p90 {lo.ttft_p50_s:.2f} / {lo.ttft_p90_s:.2f} s: at this traffic there is no routing to "
+               "compare.")
+        return " ".join([traffic, floor, f"{target} {'; '.join(needs)}.{prices}", one])
+    compare = (f"At {size} replicas ({which}), the prefix-cache hit rate is {rr.prefix_cache_hit_rate:.1%} with "
+               f"round robin, {lo.prefix_cache_hit_rate:.1%} with least outstanding and {aff.prefix_cache_hit_rate:.1%}"
+               f" with affinity (an unbounded cache shared by the fleet would serve {f['unbounded_hit_rate']:.1%} of "
+               f"these prompts); TTFT p50 / p90: {rr.ttft_p50_s:.2f} / {rr.ttft_p90_s:.2f} s, {lo.ttft_p50_s:.2f} / "
+               f"{lo.ttft_p90_s:.2f} s and {aff.ttft_p50_s:.2f} / {aff.ttft_p90_s:.2f} s.")
+    return " ".join([traffic, floor, f"{target} {'; '.join(needs)}.{prices}", compare, _affinity_verdict(f, lo, aff)])
+
+
+def _affinity_verdict(f: dict, lo: pd.Series, aff: pd.Series) -> str:
+    """Affinity against least outstanding: hits, TTFT, and the reasons the runs show."""
+    before, after = lo.prefix_cache_hit_rate, aff.prefix_cache_hit_rate
+    gain = after - before
+    p50, p90 = _relative(aff.ttft_p50_s, lo.ttft_p50_s), _relative(aff.ttft_p90_s, lo.ttft_p90_s)
+    if gain > 0:
+        hits = f"Affinity raises the hit rate from {before:.1%} to {after:.1%} ({100 * gain:.1f} points)"
+    else:
+        hits = f"Affinity does not raise the hit rate ({before:.1%} → {after:.1%})"
+    bound = f["unbounded_hit_rate"]
+    if after < 0.75 * bound and f["floor_hit_rate"] < 0.75 * bound:
+        hits += (f"; the fleet stays far below the {bound:.1%} an unbounded cache would serve, and one replica "
+                 f"serving the requests one at a time keeps only {f['floor_hit_rate']:.1%}: a pool of "
+                 f"{f['pool_tokens']:,} tokens ({f['pool_tokens'] / f['mean_prompt_tokens']:.1f} mean prompts) "
+                 "evicts a conversation's blocks before its next turn")
+    ttft = (f". Its TTFT p50 is {p50} ({lo.ttft_p50_s:.2f} → {aff.ttft_p50_s:.2f} s) and its p90 {p90} "
+            f"({lo.ttft_p90_s:.2f} → {aff.ttft_p90_s:.2f} s)")
+    if p50 == p90 == "lower":
+        return hits + ttft + "."
+    why = []
+    saved = 1 - aff.prompt_tokens_computed / lo.prompt_tokens_computed if lo.prompt_tokens_computed else 0.0
+    why.append(f"affinity's hits spared {saved:.1%} of the prompt tokens computed" if saved > 0
+               else "affinity computed no fewer prompt tokens")
+    if aff.queue_p90_s > 1.05 * lo.queue_p90_s:
+        why.append(f"its queue time p90 is {aff.queue_p90_s:.2f} s against {lo.queue_p90_s:.2f} s (it keeps a "
+                   "conversation on its replica while that replica is within the load bound, even when another "
+                   "is idle)")
+    if aff.requests_per_replica_max > lo.requests_per_replica_max:
+        why.append(f"its busiest replica got {int(aff.requests_per_replica_max)} requests against "
+                   f"{int(lo.requests_per_replica_max)}")
+    return hits + ttft + ". Against least outstanding, the runs show that " + "; ".join(why) + "."

@@ -1,0 +1,113 @@
+"""How much memory a run will need, checked before anything is allocated.
+
+A run holds its per-request records, the KV allocator's per-block bookkeeping (GPU pool and
+CPU swap pool) and, when it keeps every step in memory, its per-step rows. The estimate is a
+floor, built from costs measured with tracemalloc on CPython 3.11 and a lower bound on the
+steps (every step decodes at most `max_num_seqs` sequences, so a run takes at least total
+output tokens / `max_num_seqs` steps). A run whose floor exceeds the limit cannot succeed,
+so it is refused with both numbers instead of ending in MemoryError (or the kernel's OOM
+killer) after allocating.
+
+Memory per request is small and columnar: `Request` objects exist only while in flight
+(`kvsim.workload.generate.iter_requests` builds them at arrival, `kvsim.results.records` keeps a row of
+numbers when they end), so a request costs its row of records, its drawn lengths and its
+row in the final requests table (measured: about 190 bytes a request at 2k–20k requests).
+Steps cost nothing that grows with the run when they stream to disk (`simulate(out_dir=...)`,
+`kvsim run`) or are sampled or dropped (`steps: sampled | none`: at most 100,000 rows);
+an in-memory `steps: all` run keeps 20 columns of 8 bytes a step.
+
+The limit defaults to the machine's physical memory (or the cgroup's, if smaller);
+`kvsim run --memory-limit` or `simulate(..., memory_limit_bytes=...)` overrides it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvsim.model.errors import KvsimError
+
+if TYPE_CHECKING:
+    from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
+    from kvsim.workload.scenario import LengthDist, Scenario
+
+# Measured fits (tracemalloc, CPython 3.11; see the module docstring), floors not exact costs.
+REQUEST_BYTES = 160   # a request's columnar record, drawn lengths and requests-table row (measured ≈ 190)
+BLOCK_BYTES = 160     # a paged block's ref count, hash slot, fill count and free-queue entry
+STEP_BYTES = 160      # one step row kept in memory: 20 columns of 8 bytes (0 when steps stream to disk)
+GIB = 2**30
+
+
+def machine_memory_bytes() -> int:
+    """Physical memory, or the cgroup v2 limit when one is set and smaller."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
+
+
+def _mean_length(dist: LengthDist | None) -> float:
+    """The distribution's mean where it is known without reading data; 1 otherwise (a floor)."""
+    if dist is None:
+        return 1.0
+    if dist.dist == "fixed":
+        return float(dist.value)
+    if dist.dist == "uniform":
+        return (dist.low + dist.high) / 2
+    if dist.dist == "lognormal":
+        return float(dist.mean)
+    return 1.0
+
+
+def _num_requests(scenario: Scenario) -> int:
+    """Requests the run will build: `num_requests`, or fewer when a trace file cannot hold that many
+    (a record takes at least 8 bytes of the file)."""
+    w = scenario.workload
+    if w.trace is None or w.trace.format == "servegen" or w.trace.path.startswith("builtin:"):
+        return w.num_requests
+    path = Path(scenario.base_dir) / w.trace.path
+    if path.is_file() and w.trace.format != "lengths":
+        return min(w.num_requests, path.stat().st_size // 8 + 1)
+    return w.num_requests
+
+
+def estimate_run_bytes(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
+                       num_gpu_blocks: int, bytes_per_block: int, steps_in_memory: bool = True) -> dict[str, int]:
+    """The floor of a run's memory, by part: `requests`, `kv_blocks`, `steps` (bytes).
+
+    `steps_in_memory`: the run keeps every step row in memory (`steps: all` without streaming
+    to disk); otherwise the steps part is 0 (bounded: one chunk, or the sample).
+    """
+    w = scenario.workload
+    num_requests = _num_requests(scenario)
+    num_seqs = num_requests * (w.beam_width or w.n)
+    num_cpu_blocks = int(engine.swap_space * GIB) // max(1, bytes_per_block) if engine.allocator == "paged" else 0
+    min_steps = num_seqs * _mean_length(w.output_len) / engine.resolved_max_num_seqs(gpu)
+    return {
+        "requests": num_requests * REQUEST_BYTES,
+        "kv_blocks": (num_gpu_blocks + num_cpu_blocks) * BLOCK_BYTES,
+        "steps": int(min_steps * STEP_BYTES) if steps_in_memory else 0,
+    }
+
+
+def check_run_memory(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
+                     num_gpu_blocks: int, bytes_per_block: int, limit_bytes: int | None = None,
+                     steps_in_memory: bool = True) -> None:
+    """Raise `KvsimError` with the estimate and the limit when the run cannot fit in memory."""
+    parts = estimate_run_bytes(scenario, model, gpu, engine, num_gpu_blocks, bytes_per_block, steps_in_memory)
+    limit = machine_memory_bytes() if limit_bytes is None else limit_bytes
+    needed = sum(parts.values())
+    if needed > limit:
+        worst = max(parts, key=parts.__getitem__)
+        field = {"requests": f"workload.num_requests={scenario.workload.num_requests}",
+                 "steps": f"workload.num_requests={scenario.workload.num_requests}",
+                 "kv_blocks": f"num_gpu_blocks={num_gpu_blocks}, engine.swap_space={engine.swap_space}"}[worst]
+        detail = ", ".join(f"{k} {v / GIB:,.1f}" for k, v in parts.items())
+        raise KvsimError(
+            f"{field}: this run needs at least {needed / GIB:,.1f} GiB of memory (GiB by part: {detail}), "
+            f"more than the limit of {limit / GIB:,.1f} GiB; make it smaller or raise --memory-limit")

@@ -1,0 +1,298 @@
+"""What a run records, as pandas DataFrames with vLLM's metric names, and its summary.
+
+Per step (one row per engine step, recorded when the step is planned, so it describes the
+memory held while the step runs): `time_s`, `duration_s`, `vllm:num_requests_running`,
+`vllm:num_requests_waiting`, `vllm:num_requests_swapped`, `num_batched_tokens`,
+`num_prefill_tokens`, `num_decode_seqs`, `vllm:kv_cache_usage_perc`,
+`vllm:num_preemptions_total` (cumulative), swap bytes, and the waste breakdown as fractions
+of the pool (`token_state`, `reserved`, `internal_frag`, `slack`, `external_frag`, `free`),
+and `shared_slots`: slots that sharing saves (forked samples and beams, prefix-cache hits)
+against every sequence holding its own copy. The summary's `sharing_saving` is the paper's
+memory saving (§6.3): saved ÷ (held + saved), time-averaged over the steps that hold KV.
+
+Per request: arrival, first scheduled, first token, finish (seconds), `ttft_s`
+(`vllm:time_to_first_token_seconds`), `tpot_s` (`vllm:request_time_per_output_token_seconds`:
+one value per request, its decode time over its output tokens after the first), `e2e_s`
+(`vllm:e2e_request_latency_seconds`), `queue_s`, token counts, prefix-hit tokens,
+preemptions, status and reject reason. vLLM's `vllm:inter_token_latency_seconds` is per
+token (one observation per generated token, vllm/v1/metrics/loggers.py); its mean over
+every token is the summary's `inter_token_latency_s`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvsim.results.records import RequestRecords
+from kvsim.workload.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+WASTE_KEYS = ("token_state", "reserved", "internal_frag", "slack", "external_frag", "free")
+VLLM_REQUEST_METRICS = {
+    "ttft_s": "vllm:time_to_first_token_seconds",
+    "tpot_s": "vllm:request_time_per_output_token_seconds",
+    "e2e_s": "vllm:e2e_request_latency_seconds",
+}
+
+
+STEP_COLUMNS = (
+    "time_s", "duration_s", "vllm:num_requests_running", "vllm:num_requests_waiting",
+    "vllm:num_requests_swapped", "num_batched_tokens", "num_prefill_tokens", "num_decode_seqs",
+    "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total", "swap_in_bytes", "swap_out_bytes",
+    "held_slots", "shared_slots", *WASTE_KEYS,
+)
+"""The per-step table's columns, in order (`kvsim.engine.recorder.StepRecorder` fills them)."""
+STEP_FLOAT_COLUMNS = frozenset(("time_s", "duration_s", "vllm:kv_cache_usage_perc", *WASTE_KEYS))
+"""The float64 columns; the others are int64."""
+
+
+IDLE_POOL = {"vllm:kv_cache_usage_perc": 0.0, **dict.fromkeys(WASTE_KEYS, 0.0), "free": 1.0}
+"""The pool shares of a data-parallel engine that has no row in a lockstep step: it runs nothing."""
+
+
+def dp_group_steps(steps_df: pd.DataFrame, num_engines: int) -> pd.DataFrame:
+    """Data-parallel engines' step rows (`dp_rank`, sharing `time_s` in lockstep) as one row per
+    step of the whole deployment, so its summary speaks of all engines together.
+
+    Counts (running, waiting, tokens, held and shared slots, bytes) are summed over the engines;
+    pool shares are averaged over every engine (the pools are equal), an engine without a row
+    counting as idle (`IDLE_POOL`); the cumulative preemption count is each engine's latest, summed.
+    """
+    import pandas as pd
+
+    wide = steps_df.pivot(index="time_s", columns="dp_rank")
+    ranks = range(num_engines)
+    data: dict[str, Any] = {"time_s": wide.index.to_numpy(),
+                            "duration_s": wide["duration_s"].max(axis=1).to_numpy()}
+    for name in STEP_COLUMNS[2:]:
+        column = wide[name].reindex(columns=ranks)
+        if name == "vllm:num_preemptions_total":
+            column = column.ffill().fillna(0)
+        if name in IDLE_POOL:
+            data[name] = column.fillna(IDLE_POOL[name]).mean(axis=1).to_numpy()
+        else:
+            data[name] = column.fillna(0).sum(axis=1).to_numpy().astype(steps_df[name].dtype)
+    return pd.DataFrame(data)
+
+
+def requests_frame(requests: RequestRecords | Iterable[Request]) -> pd.DataFrame:
+    """One row per request, in arrival order: a scheduler's `records` or the given requests as they are now."""
+    import pandas as pd
+
+    if not isinstance(requests, RequestRecords):
+        records = RequestRecords()
+        records.extend(requests)
+        requests = records
+    return pd.DataFrame(requests.columns())
+
+
+def percentiles(values: np.ndarray) -> dict[str, float | None]:
+    """Mean, p50, p90 and p99 of the non-NaN values (all None when there are none)."""
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    """A time-weighted mean from its two sums: None when no time was weighted."""
+    return float(numerator / denominator) if denominator > 0 else None
+
+
+@dataclass(slots=True)
+class StepTotals:
+    """Streaming sums over every step, from which the summary's step figures follow exactly.
+
+    `add` takes the steps a chunk at a time (a dict of columns or a steps DataFrame, in step
+    order); each time-weighted mean is kept as Σ value·weight and Σ weight, so memory does not
+    grow with the run. Weights: `dt` (each step's duration), `holding` (dt of steps that hold
+    KV: the waste shares and sharing), `queued` (dt of steps with requests waiting: `saturated`).
+    """
+
+    num_steps: int = 0
+    end_s: float = 0.0
+    dt: float = 0.0
+    max_running: int = 0
+    running_dt: float = 0.0
+    usage_dt: float = 0.0
+    max_usage: float = 0.0
+    holding: float = 0.0
+    waste_holding: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WASTE_KEYS, 0.0))
+    of_allocated_holding: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WASTE_KEYS[:-1], 0.0))
+    shared_holding: float = 0.0
+    logical_holding: float = 0.0
+    queued: float = 0.0
+    queued_preemptions: int = 0
+    running_queued: float = 0.0
+    waste_queued: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WASTE_KEYS, 0.0))
+    last_preemptions_total: int = 0  # the cumulative count of the last step added
+
+    @classmethod
+    def of(cls, steps: Mapping[str, Any]) -> StepTotals:
+        """The totals of a whole steps table (a DataFrame or a dict of columns)."""
+        totals = cls()
+        totals.add(steps)
+        return totals
+
+    def add(self, steps: Mapping[str, Any]) -> None:
+        """Add the next steps, in order (after those already added)."""
+        def col(name: str) -> np.ndarray:
+            return np.asarray(steps[name])
+
+        dt = col("duration_s").astype(np.float64)
+        if dt.size == 0:
+            return
+        self.num_steps += int(dt.size)
+        self.end_s = max(self.end_s, float((col("time_s") + dt).max()))
+        self.dt += float(dt.sum())
+        running = col("vllm:num_requests_running").astype(np.float64)
+        self.max_running = max(self.max_running, int(running.max()))
+        self.running_dt += float((running * dt).sum())
+        usage = col("vllm:kv_cache_usage_perc")
+        self.usage_dt += float((usage * dt).sum())
+        self.max_usage = max(self.max_usage, float(usage.max()))
+        held = col("held_slots")
+        holding = dt * (held > 0)
+        self.holding += float(holding.sum())
+        fractions = {k: col(k) for k in WASTE_KEYS}
+        for k, v in fractions.items():
+            self.waste_holding[k] += float((v * holding).sum())
+        allocated = sum(fractions[k] for k in WASTE_KEYS[:-1])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for k in WASTE_KEYS[:-1]:
+                self.of_allocated_holding[k] += float((np.nan_to_num(fractions[k] / allocated) * holding).sum())
+        shared = col("shared_slots").astype(np.float64)
+        self.shared_holding += float((shared * holding).sum())
+        self.logical_holding += float(((held + shared) * holding).sum())
+        queued = col("vllm:num_requests_waiting") > 0
+        dt_queued = dt * queued
+        self.queued += float(dt_queued.sum())
+        preemptions = col("vllm:num_preemptions_total")
+        self.queued_preemptions += int(np.diff(preemptions, prepend=self.last_preemptions_total)[queued].sum())
+        self.last_preemptions_total = int(preemptions[-1])
+        self.running_queued += float((running * dt_queued).sum())
+        for k, v in fractions.items():
+            self.waste_queued[k] += float((v * dt_queued).sum())
+
+
+MIN_SATURATED_FRACTION = 0.1
+"""Shortest saturated window, as a share of the run, whose averages `saturated` reports.
+
+The sustained figures are meant to describe a steady state a plan can be built on. Queues that
+exist for under a tenth of the run are transient clumps of arrivals (a Poisson stream bunches up
+now and then even at light load), and the concurrency averaged over them is the burst's peak, not
+what the engine holds under sustained overload: the default scenario, whose KV pool never fills
+beyond half, queued for well under 10 % of its run. A saturated run (arrivals faster than the
+engine serves) queues for most of the run, far above this floor.
+"""
+
+
+def saturated_summary(steps: StepTotals | pd.DataFrame, run_duration_s: float) -> dict[str, Any]:
+    """The saturated steady state: the steps during which requests were queued (waiting > 0).
+
+    Ramp-up (before a queue forms) and drain (after it empties) are excluded, so these are
+    the numbers a plan for sustained load is built on: `mean_running` (the *sustained*
+    concurrency), preemptions per second, and the six KV states as time-averaged shares of
+    the whole pool (the view of the PagedAttention paper's Fig. 2). `duration_s` is always the
+    queued time; the averages are None, with a `reason`, when nothing queued or when the queued
+    time is under `MIN_SATURATED_FRACTION` of `run_duration_s` (too short to be a steady state).
+    `steps`: the run's `StepTotals`, or its whole steps table.
+    """
+    totals = steps if isinstance(steps, StepTotals) else StepTotals.of(steps)
+    duration = totals.queued
+    if duration <= 0 or duration < MIN_SATURATED_FRACTION * run_duration_s:
+        reason = ("no request ever waited" if duration <= 0 else
+                  f"requests waited for {duration:.3g} s, under {MIN_SATURATED_FRACTION:.0%} of the "
+                  f"{run_duration_s:.3g} s run: a transient, not a sustained steady state")
+        return {"duration_s": duration, "mean_running": None, "preemptions_per_s": None,
+                "waste": dict.fromkeys(WASTE_KEYS), "reason": reason}
+    return {"duration_s": duration, "mean_running": _ratio(totals.running_queued, duration),
+            "preemptions_per_s": float(totals.queued_preemptions) / duration,
+            "waste": {k: _ratio(totals.waste_queued[k], duration) for k in WASTE_KEYS}, "reason": None}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCounters:
+    """An engine's run-long counters, as its scheduler (`Scheduler.counters()`) reports them at the end.
+
+    Prefix-cache tokens as vLLM counts them: queries and hits of first admissions, and apart from them
+    those of re-admissions after a preemption.
+    """
+
+    num_preemptions: int = 0
+    num_prefix_query_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
+    num_preempted_query_tokens: int = 0
+    num_preempted_hit_tokens: int = 0
+    num_swapped_out_bytes: int = 0
+    num_copy_on_writes: int = 0
+
+
+def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, scheduler: EngineCounters,
+              extra: dict[str, Any]) -> dict[str, Any]:
+    """The run's headline numbers (`summary.json`); `extra` adds configuration facts.
+
+    `requests`: the requests table's columns (`RequestRecords.columns()`, or a requests DataFrame);
+    `steps`: the streaming `StepTotals` over every step (or the whole steps table).
+    """
+    def col(name: str) -> np.ndarray:
+        return np.asarray(requests[name])
+
+    totals = steps if isinstance(steps, StepTotals) else StepTotals.of(steps)
+    status = col("status")
+    finished = status == RequestStatus.FINISHED.value  # masks, not filtered copies of the table
+    rejected = status == RequestStatus.REJECTED.value
+    num_finished = int(finished.sum())
+    start_s = float(col("arrival_s").min()) if len(status) else 0.0
+    duration = max(totals.end_s - start_s, 0.0) if totals.num_steps else 0.0
+    fractions = {k: _ratio(totals.waste_holding[k], totals.holding) for k in WASTE_KEYS}
+    of_allocated = {k: _ratio(v, totals.holding) for k, v in totals.of_allocated_holding.items()}
+    sharing_saving = totals.shared_holding / totals.logical_holding if totals.logical_holding else 0.0
+    outputs = col("output_tokens")
+    output_tokens = int((outputs * col("num_samples"))[finished].sum())
+    decoded = finished & (outputs > 1)
+    num_gaps = float((outputs[decoded] - 1).sum())
+    gaps_s = col("finish_s")[decoded] - col("first_token_s")[decoded]
+    itl_mean = float(gaps_s.sum() / num_gaps) if num_gaps else None
+    # Most frequent first, ties in order of first appearance (as pandas' value_counts orders them).
+    reasons = Counter(col("reject_reason")[rejected].tolist()).most_common()
+    return {
+        **extra,
+        "num_requests": len(status),
+        "num_finished": num_finished,
+        "num_rejected": int(rejected.sum()),
+        "reject_reasons": {str(k): int(v) for k, v in reasons},
+        "num_steps": totals.num_steps,
+        "duration_s": duration,
+        "output_tokens_per_s": output_tokens / duration if duration else 0.0,
+        "requests_per_s": num_finished / duration if duration else 0.0,
+        **{key: percentiles(col(key).astype(float)) for key in ("ttft_s", "tpot_s", "e2e_s", "queue_s")},
+        "inter_token_latency_s": {"mean": itl_mean},
+        "max_running": totals.max_running,
+        # The peak of a run that preempted is an admission transient, not a level it held without
+        # preempting: null then (`kvsim report` bisects max_num_seqs for the largest level that never preempts).
+        "max_running_without_preemption": totals.max_running if scheduler.num_preemptions == 0 else None,
+        "mean_running": _ratio(totals.running_dt, totals.dt) or 0.0,
+        "num_preemptions": scheduler.num_preemptions,
+        "kv_cache_usage_perc": {"mean": _ratio(totals.usage_dt, totals.dt) or 0.0, "max": totals.max_usage},
+        "prefix_cache_hit_rate": (scheduler.num_prefix_hit_tokens / scheduler.num_prefix_query_tokens
+                                  if scheduler.num_prefix_query_tokens else 0.0),
+        "num_prefix_cache_query_tokens": scheduler.num_prefix_query_tokens,
+        "num_prefix_cache_hit_tokens": scheduler.num_prefix_hit_tokens,
+        "num_prefix_cache_preempted_query_tokens": scheduler.num_preempted_query_tokens,
+        "num_prefix_cache_preempted_hit_tokens": scheduler.num_preempted_hit_tokens,
+        "swapped_out_bytes": scheduler.num_swapped_out_bytes,
+        "num_copy_on_writes": scheduler.num_copy_on_writes,
+        "sharing_saving": sharing_saving,
+        "waste": fractions,
+        "waste_of_allocated": of_allocated,
+        "saturated": saturated_summary(totals, duration),
+    }

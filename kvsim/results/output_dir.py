@@ -1,0 +1,338 @@
+"""Where kvsim may write, and how it replaces its own output without ever losing a file.
+
+kvsim writes only to a path that does not exist yet or that it wrote itself:
+
+    runs/default/                 a kvsim folder: its marker lists every file kvsim put there
+      .kvsim-output               {"kvsim": "0.1.0", "kind": "run", "files": ["requests.csv", ...]}
+      requests.csv  steps.csv  summary.json  scenario.yaml
+
+A folder without the marker, a folder holding anything its marker does not list (a user's
+notes beside a run), a file, a symlink, `/`, the home directory and the working directory or
+any of its ancestors are refused with a one-line `KvsimError`; no flag overrides this. A
+single output file (a calibration profile) is replaced only if its first line is
+`FILE_TAG`, which every such file kvsim writes begins with.
+
+Replacing is a swap, so an interrupt at any instant leaves the complete old output or the
+complete new one at the path:
+
+    1. fill   .default.kvsim-PID-XXXX/     (marker first, then the files, then the file list)
+    2. swap   renameat2(RENAME_EXCHANGE)   one atomic step: the path now holds the new folder,
+                                           the temporary name the old one
+    3. remove .default.kvsim-PID-XXXX/     (the old output)
+
+Where the filesystem cannot exchange, step 2 is two renames with SIGINT/SIGTERM held off in
+between. A temporary folder left by a killed run is removed by the next write to the same
+path once its process is gone. Folders and files get the permissions the umask allows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from kvsim.model.errors import KvsimError
+
+MARKER_NAME = ".kvsim-output"
+FILE_TAG = "# generator: kvsim"
+_TEMP_INFIX = ".kvsim-"
+_AT_FDCWD = -100
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+
+
+def safe_component(name: str, fallback: str = "scenario") -> str:
+    """`name` as one harmless path component: `[A-Za-z0-9._-]` only, no leading dot, not empty.
+
+    `../../etc` → `etc`, `a/b` → `a_b`, `.` and `..` → `fallback`.
+    """
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).lstrip("._")
+    return cleaned[:100] or fallback
+
+
+def _version() -> str:
+    from kvsim.model.version import __version__
+
+    return __version__
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _protected_reason(path: Path) -> str | None:
+    """Why `path` (absolute, not resolved) may never be an output, or None."""
+    cwd = Path.cwd()
+    places = {Path(os.path.abspath(path)), path.resolve()}
+    protected = {Path("/"), Path.home(), Path.home().resolve(), cwd, cwd.resolve()}
+    ancestors = set(cwd.parents) | set(cwd.resolve().parents)
+    if places & {Path("/")}:
+        return "is the filesystem root"
+    if places & {Path.home(), Path.home().resolve()}:
+        return "is the home directory"
+    if places & protected:
+        return "is the working directory"
+    if places & ancestors:
+        return "is an ancestor of the working directory"
+    return None
+
+
+def _refuse(path: Path | str, why: str) -> KvsimError:
+    return KvsimError(f"--output={str(path)!r}: {why}; kvsim only replaces output it wrote itself "
+                      "(choose a new path)")
+
+
+def _read_marker(folder: Path) -> dict | None:
+    marker = folder / MARKER_NAME
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    try:
+        data = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("files"), list) else None
+
+
+def _listing(folder: Path) -> set[str]:
+    """Every file and folder below `folder`, as relative POSIX paths."""
+    names: set[str] = set()
+    for root, dirs, files in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        names.update((rel / name).as_posix() for name in dirs + files)
+    return names
+
+
+def _absolute_unprotected(path: str | Path) -> Path:
+    """`path` made absolute (`~` expanded), unless it is protected or a symlink."""
+    out = Path(os.path.abspath(Path(path).expanduser()))
+    reason = _protected_reason(out) or ("is a symbolic link" if out.is_symlink() else None)
+    if reason:
+        raise _refuse(path, reason)
+    return out
+
+
+def _check_writable(path: str | Path, out: Path) -> None:
+    """A `KvsimError` unless kvsim can create files beside `out` (where the writers put their
+    temporary copy): probed by creating and removing an empty folder, named like a writer's
+    temporary (so one left by a kill is cleared like theirs), in the nearest existing folder
+    above it, so a command refuses before its work rather than after (`-o /proc/x`)."""
+    base = out.parent
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise KvsimError(f"--output={str(path)!r}: cannot write there ({base} is not a folder)")
+    with _errors_name_output(path):
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=base))
+
+
+def check_output_dir(path: str | Path, kind: str | None = None) -> Path:
+    """The absolute folder to write, or a `KvsimError` saying why kvsim must not touch it
+    (protected, someone else's, or not writable).
+
+    With `kind`, an existing kvsim folder must also be of that kind (a `run` never replaces a `report`).
+    """
+    out = _absolute_unprotected(path)
+    _check_writable(path, out)
+    if not out.exists():
+        return out
+    if not out.is_dir():
+        raise _refuse(path, "exists and is not a folder")
+    marker = _read_marker(out)
+    if marker is None:
+        raise _refuse(path, f"exists and has no {MARKER_NAME} marker")
+    if kind is not None and marker.get("kind") != kind:
+        raise _refuse(path, f"holds kvsim {marker.get('kind')!r} output, not {kind!r}")
+    allowed = set(marker["files"]) | {MARKER_NAME}
+    allowed |= {parent.as_posix() for name in marker["files"] for parent in Path(name).parents if str(parent) != "."}
+    strangers = sorted(_listing(out) - allowed)
+    if strangers:
+        raise _refuse(path, f"holds {strangers[0]!r}, which kvsim did not write")
+    return out
+
+
+def check_output_file(path: str | Path) -> Path:
+    """The absolute file to write, or a `KvsimError` unless it is new or a file kvsim wrote, and writable."""
+    out = _absolute_unprotected(path)
+    _check_writable(path, out)
+    if not out.exists():
+        return out
+    if not out.is_file():
+        raise _refuse(path, "exists and is not a file")
+    try:
+        with out.open("rb") as f:
+            first = f.readline(len(FILE_TAG) + 1)
+    except OSError as error:
+        raise _refuse(path, f"cannot be read ({error.strerror})") from None
+    if not first.startswith(FILE_TAG.encode()):
+        raise _refuse(path, f"exists and does not start with {FILE_TAG!r}")
+    return out
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """Linux renameat2(2); False where the C library or the filesystem lacks it."""
+    func = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if func is None:
+        return False
+    if func(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(dst))
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Delay SIGINT and SIGTERM (delivered on exit) so that two renames cannot be split."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _swap_into_place(new: Path, out: Path) -> None:
+    """Put folder `new` at `out`; afterwards `new` holds the old output (if there was one)."""
+    if not out.exists():
+        if not _renameat2(new, out, _RENAME_NOREPLACE):
+            os.rename(new, out)
+        return
+    if _renameat2(new, out, _RENAME_EXCHANGE):
+        return
+    aside = new.with_name(new.name + "-old")
+    with _signals_held():
+        os.rename(out, aside)
+        os.rename(new, out)
+        os.rename(aside, new)
+
+
+def _remove_stale_temporaries(out: Path) -> None:
+    """Remove `.NAME.kvsim-PID-*` folders that kvsim left when a writer with that PID was killed."""
+    for candidate in out.parent.glob(f".{out.name}{_TEMP_INFIX}*"):
+        match = re.fullmatch(rf"\.{re.escape(out.name)}{re.escape(_TEMP_INFIX)}(\d+)-\w+(-old)?", candidate.name)
+        if not match or not candidate.is_dir() or candidate.is_symlink():
+            continue
+        if _read_marker(candidate) is None and {p.name for p in candidate.iterdir()} - {MARKER_NAME + ".tmp"}:
+            continue  # kvsim's name but not (recognisably) kvsim's content: leave it
+        pid = int(match.group(1))
+        if pid != os.getpid():
+            try:
+                os.kill(pid, 0)
+                continue  # still running: another writer's folder
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+        _remove_folder(candidate)
+
+
+def _remove_folder(folder: Path) -> None:
+    """Remove a kvsim folder, its marker last, so that a removal cut short stays recognisable."""
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        if entry.name == MARKER_NAME:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        (folder / MARKER_NAME).unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+@contextmanager
+def _errors_name_output(path: str | Path, tmp: Path | None = None) -> Iterator[None]:
+    """An `OSError` on the output's folder (or on the temporary `tmp`) as a `KvsimError` naming `--output`,
+    so that no message shows kvsim's temporary names; other errors pass through unchanged."""
+    try:
+        yield
+    except OSError as error:
+        if tmp is not None and not str(error.filename or "").startswith(str(tmp)):
+            raise
+        raise KvsimError(f"--output={str(path)!r}: cannot write there ({error.strerror or error})") from None
+
+
+def _write_marker(folder: Path, kind: str, files: list[str]) -> None:
+    text = json.dumps({"kvsim": _version(), "kind": kind, "files": sorted(files)}) + "\n"
+    tmp = folder / (MARKER_NAME + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, folder / MARKER_NAME)
+
+
+@contextmanager
+def output_directory(path: str | Path, kind: str) -> Iterator[Path]:
+    """Yield an empty folder to fill; when the block succeeds it replaces `path` (see the module doc).
+
+    `path` is checked first (`check_output_dir`); on any exception, KeyboardInterrupt included,
+    the new folder is removed and `path` is left as it was.
+    """
+    out = check_output_dir(path, kind)
+    with _errors_name_output(path):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(out)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent))
+    try:
+        with _errors_name_output(path, tmp):
+            os.chmod(tmp, 0o777 & ~_umask())
+            _write_marker(tmp, kind, [])  # a stale copy of this folder is recognisably kvsim's
+            yield tmp
+            _write_marker(tmp, kind, sorted(_listing(tmp) - {MARKER_NAME}))
+            check_output_dir(out, kind)  # nothing foreign appeared while we worked
+            _swap_into_place(tmp, out)
+    finally:
+        _remove_folder(tmp)  # the new folder if the block failed, else the old output
+
+
+def claim_directory(path: str | Path, kind: str, files: list[str]) -> Path:
+    """A folder kvsim keeps working in across runs (a resumable search) and writes only `files` in.
+
+    It must be new or kvsim's (`check_output_dir`); it is created if missing, and its marker
+    lists `files` (with those it listed before), so a later check accepts exactly them.
+    """
+    out = check_output_dir(path, kind)
+    listed = set(files)
+    with _errors_name_output(path):
+        if out.exists():
+            listed |= set((_read_marker(out) or {}).get("files", []))
+        else:
+            out.mkdir(parents=True)
+        _write_marker(out, kind, sorted(listed))
+    return out
+
+
+@contextmanager
+def output_file(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling of `path` to write (starting with `FILE_TAG`); it replaces `path`
+    in one rename when the block succeeds, and is removed otherwise."""
+    out = check_output_file(path)
+    with _errors_name_output(path):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        with _errors_name_output(path, tmp):
+            os.chmod(tmp, 0o666 & ~_umask())
+            yield tmp
+            with tmp.open("rb") as f:
+                assert f.readline().startswith(FILE_TAG.encode()), f"{out} must start with {FILE_TAG!r}"
+            check_output_file(out)
+            os.replace(tmp, out)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()

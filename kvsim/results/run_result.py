@@ -1,0 +1,117 @@
+"""A finished run and how it is written to disk.
+
+Only over kvsim's own output, atomically: see `kvsim.results.output_dir`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvsim.model.errors import KvsimError
+from kvsim.results.output_dir import output_directory
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+    from kvsim.workload.scenario import Scenario
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class RunResult:
+    """`requests` and `steps` DataFrames (see `kvsim.results.metrics`) and the `summary` dict.
+
+    Both tables are held as columns (`request_columns`, `step_columns`: name → numpy array) and
+    made DataFrames on first access: a run that only writes its files (`kvsim run`) never imports
+    pandas. A run that streamed every step to disk (`simulate(..., out_dir=...)`) keeps no
+    `step_columns`; its `steps` are read from `steps_path` each time they are asked for.
+    """
+
+    scenario: Scenario
+    request_columns: Mapping[str, np.ndarray]
+    step_columns: Mapping[str, np.ndarray] | None
+    summary: dict[str, Any]
+    steps_path: Path | None = None
+    _frames: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, compare=False)
+
+    def _frame(self, name: str, columns: Mapping[str, np.ndarray]) -> pd.DataFrame:
+        """`columns` as a DataFrame, built on first access and kept (the same object every time)."""
+        if name not in self._frames:
+            import pandas as pd
+
+            self._frames[name] = pd.DataFrame(dict(columns))
+        return self._frames[name]
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """One row per request, in arrival order (`kvsim.results.records`' columns)."""
+        return self._frame("requests", self.request_columns)
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """The per-step rows the run kept (`scenario.steps`): in memory, or read from `steps_path`."""
+        if self.step_columns is not None:
+            return self._frame("steps", self.step_columns)
+        import pandas as pd
+
+        assert self.steps_path is not None, "a RunResult has step_columns or a steps_path"
+        if self.steps_path.suffix == ".parquet":
+            return pd.read_parquet(self.steps_path)
+        return pd.read_csv(self.steps_path)
+
+    def __repr__(self) -> str:
+        """One line: the scenario, the table sizes and three headline numbers (print `summary` for all)."""
+        s = self.summary
+
+        def mean(key: str) -> str:
+            value = (s.get(key) or {}).get("mean")
+            return "-" if value is None else f"{value:.4g}"
+
+        return (f"RunResult(scenario={self.scenario.name!r}, requests={len(self.request_columns['request_id']):,}, "
+                f"steps={len(self.steps):,}, finished={s.get('num_finished', 0):,}, "
+                f"ttft_s.mean={mean('ttft_s')}, tpot_s.mean={mean('tpot_s')})")
+
+    def to_parquet(self, out_dir: str | Path) -> Path:
+        """Write `requests.parquet` and `steps.parquet` (columns and dtypes kept) and `summary.json`.
+
+        Same safety as `write`: a new folder or an earlier kvsim output, swapped in complete. Needs
+        pyarrow (`pip install 'kvsim[parquet]'`).
+        """
+        try:
+            import pyarrow  # noqa: F401  (pandas' parquet engine)
+        except ImportError:
+            raise KvsimError("to_parquet needs pyarrow: pip install 'kvsim[parquet]'") from None
+        with output_directory(out_dir, "run") as tmp:
+            self.requests.to_parquet(tmp / "requests.parquet", index=False)
+            self.steps.to_parquet(tmp / "steps.parquet", index=False)
+            (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        return Path(out_dir)
+
+    def write(self, out_dir: str | Path) -> Path:
+        """Write `requests.csv`, `steps.csv` (unless the scenario keeps no steps), `summary.json`
+        and `scenario.yaml` into `out_dir`.
+
+        `out_dir` must be new or an earlier kvsim run (else `KvsimError`); the files go to a
+        temporary sibling folder that is swapped into place only when all are complete.
+        """
+        with output_directory(out_dir, "run") as tmp:
+            write_run_files(tmp, self, steps=self.scenario.steps != "none")
+        return Path(out_dir)
+
+
+def write_run_files(folder: Path, result: RunResult, steps: bool) -> None:
+    """`requests.csv`, `summary.json`, `scenario.yaml` and, if `steps`, `steps.csv` into `folder`
+    (a temporary folder of `output_directory`)."""
+    import yaml
+
+    from kvsim.results.step_writer import frame_columns, write_csv
+
+    write_csv(result.request_columns, folder / "requests.csv")
+    if steps:
+        columns = result.step_columns if result.step_columns is not None else frame_columns(result.steps)
+        write_csv(columns, folder / "steps.csv")
+    (folder / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+    (folder / "scenario.yaml").write_text(yaml.safe_dump(result.scenario.model_dump(mode="json"), sort_keys=False))

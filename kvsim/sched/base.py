@@ -1,0 +1,320 @@
+"""What every scheduling policy shares: queues, admission checks, preemption, step completion.
+
+A scheduler is pure Python, driven by two calls per engine step:
+
+    plan = scheduler.schedule(now)     # which requests compute how many tokens; may preempt
+    scheduler.complete(plan, now)      # tokens computed: sample, finish, free KV
+
+Requests that can never be served are rejected on `add` with a recorded reason; nothing
+is dropped silently. A request with n > 1 samples prefills once on its first sequence, then
+forks n − 1 children that share the prompt's KV (copy-on-write for a shared partial block).
+Every request that ends (finished or rejected) is copied into `records`
+(`kvsim.results.records.RequestRecords`, columnar) and the scheduler keeps no reference to it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.kv import KVAllocator, PrefixHit, SegmentContent
+from kvsim.kv.protocol import Occupancy
+from kvsim.latency.base import LatencyModel
+from kvsim.latency.step_plan import StepPlan
+from kvsim.results.metrics import EngineCounters
+from kvsim.results.records import RequestRecords
+from kvsim.sched import burst
+from kvsim.sched.beams import select_beams
+from kvsim.workload.request import Request, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerLimits:
+    """The engine arguments that bound a step, resolved for one model."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    watermark_slots: int = 0  # free slots admission must leave (v0's 1 % watermark)
+    preemption_mode: str | None = None  # None: recompute, or swap for multi-sequence groups (v0)
+
+
+class Scheduler:
+    """Base class: subclasses implement `schedule` (v1, v0, static)."""
+
+    name = "base"
+
+    def __init__(self, allocator: KVAllocator, limits: SchedulerLimits, rng: np.random.Generator | None = None) -> None:
+        self.alloc = allocator
+        self.rng = rng if rng is not None else np.random.default_rng(0)  # beam search picks survivors
+        self.limits = limits
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        self.records = RequestRecords()  # every request that ended (finished or rejected), columnar
+        self.num_preemptions = 0
+        self.num_swapped_out_bytes = 0
+        # vLLM's prefix-cache counters (tokens): first admissions only; re-admissions after a
+        # recompute preemption are counted apart, as PrefixCacheStats.record does
+        # (vllm/v1/metrics/stats.py, called from vllm/v1/core/kv_cache_manager.py).
+        self.num_prefix_query_tokens = 0
+        self.num_prefix_hit_tokens = 0
+        self.num_preempted_query_tokens = 0
+        self.num_preempted_hit_tokens = 0
+        self._forked: set[int] = set()  # request ids whose samples have been forked
+        self._beam_scores: dict[int, np.ndarray] = {}  # request id -> cumulative log-prob of each beam slot
+
+    # ---------------------------------------------------------------- queues
+    def counters(self) -> EngineCounters:
+        """The run-long counters a summary reports (`kvsim.results.metrics.summarize`)."""
+        return EngineCounters(self.num_preemptions, self.num_prefix_query_tokens, self.num_prefix_hit_tokens,
+                              self.num_preempted_query_tokens, self.num_preempted_hit_tokens,
+                              self.num_swapped_out_bytes, self.alloc.num_copy_on_writes)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def add(self, req: Request) -> bool:
+        """Queue a request, or reject it (recording why) if it can never be served."""
+        reason = self.reject_reason(req)
+        if reason:
+            req.status, req.reject_reason = RequestStatus.REJECTED, reason
+            req.content = None
+            self.records.add(req)
+            return False
+        self.waiting.append(req)
+        return True
+
+    def reject_reason(self, req: Request) -> str | None:
+        limits = self.limits
+        if req.prompt_len + req.output_len > limits.max_model_len:
+            return f"prompt_len {req.prompt_len} + output_len {req.output_len} > max_model_len {limits.max_model_len}"
+        if req.num_samples > limits.max_num_seqs:
+            return f"num_samples {req.num_samples} > max_num_seqs {limits.max_num_seqs}"
+        reason = self.alloc.never_fits_reason(req.kv_len, req.prompt_len)
+        if reason:
+            return reason
+        needed = self.request_slots(req)
+        # v0 refuses what cannot fit beside the watermark (AllocStatus.NEVER in vllm/core/block_manager.py);
+        # v1 has no watermark in vLLM, so kvsim's optional one only delays admission, never refuses.
+        watermark = limits.watermark_slots if self.watermark_refuses else 0
+        if needed > self.alloc.num_total_slots - watermark:
+            return f"needs {needed} KV slots, the pool has {self.alloc.num_total_slots}"
+        return None
+
+    watermark_refuses = False  # v0: a request that only fits inside the watermark is rejected
+
+    def num_running_seqs(self) -> int:
+        """Sequences running, as `max_num_seqs` counts them: every sample of a request.
+
+        vLLM v0 counts `seq_group.get_max_num_running_seqs()` (n for parallel sampling, from the
+        prefill on: vllm/core/scheduler.py); v1 fans a request with n > 1 out into n requests
+        (vllm/v1/engine/parallel_sampling.py), each counted by `max_num_seqs`.
+        """
+        return sum(r.num_samples for r in self.running)
+
+    def request_slots(self, req: Request) -> int:
+        """KV slots a request holds at its largest, all samples together."""
+        return self.alloc.request_slots(req.prompt_len, req.kv_len, req.num_samples)
+
+    # ------------------------------------------------------------ allocation
+    def active_seq_ids(self, req: Request) -> list[int]:
+        return req.seq_ids + req.child_seq_ids() if req.request_id in self._forked else req.seq_ids
+
+    def try_allocate(self, req: Request, num_tokens_total: int) -> bool:
+        """Grow every active sequence of `req` to `num_tokens_total` slots, all or none."""
+        seq_ids = self.active_seq_ids(req)
+        if len(seq_ids) == 1:
+            return self.alloc.allocate(seq_ids[0], num_tokens_total, req.kv_len, req.content)
+        needed = self.alloc.slots_needed(seq_ids, num_tokens_total)
+        if needed and needed > self.alloc.num_free_slots:
+            return False
+        for seq_id in seq_ids:
+            assert self.alloc.allocate(seq_id, num_tokens_total)
+        return True
+
+    def admit(self, req: Request, num_new: int, hit: PrefixHit, plan: StepPlan, now: float) -> None:
+        """Move the head of `waiting` to `running` with `num_new` tokens scheduled after `hit`.
+
+        The caller has checked `can_allocate`; slab allocators also reserve each sample's region.
+        """
+        assert self.waiting[0] is req
+        for seq_id in req.seq_ids + req.child_seq_ids():  # slabs: each sample's region, sized from prompt and output
+            assert self.alloc.reserve(seq_id, req.kv_len, req.prompt_len)
+        ok = self.alloc.allocate(req.seq_ids[0], hit.num_tokens + num_new, req.kv_len, req.content, hit)
+        assert ok, "admit after a successful can_allocate"
+        self.waiting.popleft()
+        if req.first_scheduled_s is None:
+            req.first_scheduled_s = now
+            req.num_prefix_hit_tokens = hit.num_tokens
+        if req.num_preemptions:  # a re-admission re-hits its own blocks: not a prefix-cache hit
+            self.num_preempted_query_tokens += req.num_tokens
+            self.num_preempted_hit_tokens += hit.num_tokens
+        else:
+            self.num_prefix_query_tokens += req.num_tokens
+            self.num_prefix_hit_tokens += hit.num_tokens
+        req.num_computed_tokens = hit.num_tokens
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        self.plan_tokens(plan, req, num_new)
+
+    def can_admit(self, req: Request, hit: PrefixHit) -> bool:
+        """The whole prompt (all samples' regions, for slabs) fits, leaving the watermark free.
+
+        With nothing running the watermark is not applied: it keeps room for running requests
+        to grow, and a request that `add` accepted must be able to run alone.
+        """
+        reserve = self.limits.watermark_slots if self.running else 0
+        return self.alloc.can_allocate(req.seq_ids[0], req.num_tokens, req.kv_len, hit, reserve, req.num_samples,
+                                       req.prompt_len)
+
+    def lookup(self, req: Request) -> PrefixHit:
+        return self.alloc.lookup_prefix(req.content, req.num_tokens)
+
+    def plan_tokens(self, plan: StepPlan, req: Request, num_new: int) -> None:
+        past = req.num_computed_tokens
+        num_seqs = req.num_samples if req.request_id in self._forked else 1
+        plan.scheduled.append((req, num_new))
+        plan.add(num_new, past, num_seqs, samples=past + num_new == req.num_tokens)
+
+    # ------------------------------------------------------------ preemption
+    def allocate_or_preempt(self, req: Request, num_tokens_total: int, plan: StepPlan) -> bool:
+        """Grow `req`, preempting running requests from the back until it fits.
+
+        Returns False when `req` itself was preempted (it was the last one running).
+        """
+        while not self.try_allocate(req, num_tokens_total):
+            victim = self.running.pop()
+            self.preempt(victim, plan)
+            if victim is req:
+                return False
+        return True
+
+    def free_request(self, req: Request) -> None:
+        for seq_id in req.seq_ids + req.child_seq_ids():
+            if self.alloc.holds(seq_id):
+                self.alloc.free(seq_id)
+        self._forked.discard(req.request_id)
+        self._beam_scores.pop(req.request_id, None)
+
+    def preempt(self, req: Request, plan: StepPlan) -> None:
+        """Recompute (free all, back to the queue front) or swap out, as the policy says."""
+        self.num_preemptions += 1
+        req.num_preemptions += 1
+        plan.preempted.append(req)
+        if self.use_swap(req):
+            result = self.alloc.swap_out(self.active_seq_ids(req))
+            if result is not None:
+                req.status = RequestStatus.SWAPPED
+                self.swapped.append(req)
+                plan.swap_out_bytes += result.num_bytes
+                self.num_swapped_out_bytes += result.num_bytes
+                return
+        self.free_request(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(req)
+
+    def use_swap(self, req: Request) -> bool:
+        return self.limits.preemption_mode == "swap"
+
+    # ------------------------------------------------------------ completion
+    def complete(self, plan: StepPlan, now: float) -> list[Request]:
+        """Apply a finished step: advance progress, sample tokens, fork samples, finish and free."""
+        done = []
+        running = RequestStatus.RUNNING
+        for req, num_new in plan.scheduled:
+            if req.status is not running:
+                continue  # preempted later in the same planning pass
+            computed = req.num_computed_tokens + num_new
+            req.num_computed_tokens = computed
+            num_output = req.num_output_tokens
+            if computed < req.prompt_len + num_output:
+                continue  # a prefill chunk: nothing sampled yet
+            req.num_output_tokens = num_output = num_output + 1
+            if req.first_token_s is None:
+                req.first_token_s = now
+            if req.num_samples > 1 and req.request_id not in self._forked:
+                self._fork_samples(req)
+            elif req.beam and num_output < req.output_len:
+                self._reselect_beams(req)
+            if num_output >= req.output_len:
+                done.append(req)
+        return self.finish(done, now)
+
+    def finish(self, done: list[Request], now: float) -> list[Request]:
+        """Mark requests that produced their last token finished at `now` and free their KV."""
+        for req in done:
+            req.status, req.finish_s = RequestStatus.FINISHED, now
+            self.free_request(req)
+            req.content = None  # its block-hash memo is not needed again: memory stays bounded in long runs
+        if done:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self.records.extend(done)  # the scheduler keeps no finished Request: memory stays bounded
+        return done
+
+    def _fork_samples(self, req: Request) -> None:
+        parent = req.seq_ids[0]
+        for index, child in enumerate(req.child_seq_ids(), start=1):
+            content = None
+            if isinstance(req.content, SegmentContent):
+                *prompt, (out_id, out_len) = req.content.segments
+                content = SegmentContent([*prompt, ((out_id, index), out_len)])
+            self.alloc.fork(parent, child, content, req.kv_len)  # token-level content: child not cached
+        self._forked.add(req.request_id)
+
+    # -------------------------------------------------------- decode bursts
+    def plan_burst(self, latency: LatencyModel, now: float, next_arrival_s: float,
+                   end_before_arrival: bool = False) -> burst.Burst | None:
+        """Several pure-decode steps at once, exactly as step by step would run them (see `burst`)."""
+        return burst.plan_burst(self, latency, now, next_arrival_s, end_before_arrival)
+
+    def apply_burst(self, planned: burst.Burst, now: float) -> Occupancy:
+        """Apply a burst from `plan_burst`; `now` is when its last step ends. Returns each step's
+        held, filled and reserved slots (`KVAllocator.burst_occupancy`), for the step rows."""
+        return burst.apply_burst(self, planned, now)
+
+    def schedules_whole_decode_batch(self, num_running: int) -> bool:
+        """Whether one step decodes all `num_running` requests (policies with a token budget may not)."""
+        return True
+
+    def waiting_blocked(self) -> bool:  # pragma: no cover - abstract
+        """Whether the policy's next step would admit nothing from `waiting` (the batch stays)."""
+        raise NotImplementedError
+
+    def _reselect_beams(self, req: Request) -> None:
+        """Beam search step: the W best continuations survive (`beams.select_beams` states the model).
+
+        A beam that is the parent of at least one survivor keeps its slot for its first one;
+        slots of beams with no survivor are freed and re-forked from the parents of the extra
+        survivors, sharing their blocks (a partial last block is copied on the next write).
+        Slabs keep a region per beam, so nothing moves there.
+        """
+        if not self.alloc.shares_blocks:
+            return
+        seq_ids = self.active_seq_ids(req)
+        scores = self._beam_scores.get(req.request_id)
+        if scores is None:
+            scores = np.zeros(len(seq_ids))
+        parents, new_scores = select_beams(scores, self.rng)
+        slot_scores = np.empty(len(seq_ids))
+        kept: set[int] = set()
+        extra = []
+        for parent, score in zip(parents, new_scores, strict=True):
+            if parent in kept:
+                extra.append((parent, score))
+            else:
+                kept.add(parent)
+                slot_scores[parent] = score
+        dead = [i for i in range(len(seq_ids)) if i not in kept]
+        for slot, (parent, score) in zip(dead, extra, strict=True):
+            self.alloc.free(seq_ids[slot])
+            self.alloc.fork(seq_ids[parent], seq_ids[slot], None, req.kv_len)
+            slot_scores[slot] = score
+        self._beam_scores[req.request_id] = slot_scores
+
+    def schedule(self, now: float) -> StepPlan:  # pragma: no cover - abstract
+        raise NotImplementedError

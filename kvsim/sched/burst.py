@@ -1,0 +1,151 @@
+"""Decode bursts: many pure-decode engine steps planned and applied at once, exactly.
+
+Most engine steps of a long run decode the same batch again and again: each running
+request computes one token, nothing is admitted, nothing finishes. A burst plans `k` such
+steps in one go (`plan_burst`), the engine advances time by the same `k` step durations,
+and `apply_burst` applies them to the requests and the allocator with one call
+(`KVAllocator.append_burst`). This module is the one place that decides when that is
+allowed; the rest of the scheduler does not know bursts exist.
+
+Why a burst equals `k` step-by-step iterations of `schedule` + `complete`
+-------------------------------------------------------------------------
+Let B be the running batch when the burst is planned. Conditions checked (`burst_batch`):
+
+(a) the allocator supports bursts, every request in B is one sequence decoding (its
+    prefill done, its first token sampled), nothing is swapped out, and the policy
+    schedules all of B in one step (v1: |B| ≤ max_num_batched_tokens);
+(b) the waiting queue is empty, or its head cannot be admitted now (`waiting_blocked`)
+    and the burst registers no block hash in the chain the head's prefix lookup walks
+    (`KVAllocator.burst_extends_prefix`);
+(c) no request of B reaches its last token before the burst's last step
+    (k ≤ min remaining output), and the burst's new blocks fit in the free memory
+    (`burst_slots_needed` ≤ free slots), so no step preempts;
+(d) if the queue was empty, every step starts before the next arrival.
+    (`end_before_arrival`, for engines a fleet's router observes at each arrival: every
+    step also ends before it, whatever the queue, so the router sees step-by-step state.)
+
+By induction over the steps, assume steps 1..j−1 of the step-by-step run did exactly the
+burst's work. At step j:
+* Running requests: by (a) and (c) each request of B is still decoding with room for its
+  next token, so `schedule` gives each exactly one token, in B's order, with no
+  preemption; by (c) none finishes at the end of step j < k, and at step k exactly the
+  requests whose output is complete finish, which `apply_burst` does at the same instant.
+* Admission: if the queue was empty, by (d) no request arrived before step j started. If
+  the head was blocked, it stays blocked: free memory only shrinks during a burst (blocks
+  are taken, none released), `max_num_seqs` and the token budget see the same |B|, and
+  by (b) the head's prefix hit cannot grow (evicting cached free blocks only shortens
+  it, and a hit on a free block costs the free block it saves). Arrivals join behind the
+  head and admission is FCFS, so a blocked head admits nobody behind it.
+* Memory: `append_burst` hands out blocks and registers filled blocks' hashes in
+  (step, position) order, which is the order the k · |B| `allocate` calls would use.
+* Time: the durations come from `burst_step_times`, the latency of the same plan with
+  every context one token longer per step. The engine sums them as one timeout per step
+  would and waits once, for the last step's end (`kvsim.engine.clock.Alarm`), so the clock is
+  bit-identical; where a request arrives exactly when a step ends, the order of the two
+  events matters and it yields one timeout per step instead.
+* Records: per-step rows come from the occupancy `append_burst` returns (held, filled,
+  reserved after each step: `burst_occupancy` before the burst) and the waiting count
+  before each step: the requests that joined the queue during the burst count from the
+  first step that starts after their arrival.
+
+`tests/test_engine_properties.py` runs every shipped scenario and random workloads both
+ways (`simulate(..., bursts=False)`) and compares every row and summary value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import islice
+from typing import TYPE_CHECKING
+
+from kvsim.latency.base import LatencyModel, burst_step_times
+from kvsim.latency.step_plan import StepPlan
+
+if TYPE_CHECKING:
+    from kvsim.kv.protocol import Occupancy
+    from kvsim.sched.base import Scheduler
+    from kvsim.workload.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class Burst:
+    """`len(durations)` decode steps of `batch`; `durations` are the step times in seconds."""
+
+    batch: list[Request]
+    durations: list[float]
+    seq_ids: list[int]  # each request's one sequence, in batch order
+
+
+def burst_batch(scheduler: Scheduler) -> tuple[list[int], int, int, int] | None:
+    """If conditions (a) and the first half of (b) hold: the running batch's sequence ids, its
+    Σ and max context after one more token, and the most steps before a request's last token."""
+    running = scheduler.running
+    if (not running or scheduler.swapped or not scheduler.alloc.supports_bursts
+            or not scheduler.schedules_whole_decode_batch(len(running))
+            or scheduler.waiting and not scheduler.waiting_blocked()):
+        return None
+    seq_ids, sum_context, max_context, max_steps = [], 0, 0, running[0].output_len
+    for req in running:  # decoding: computed = num_tokens − 1 with a token sampled (a prefill's last samples the first)
+        num_output, context = req.num_output_tokens, req.num_computed_tokens + 1
+        if req.num_samples > 1 or not num_output or context != req.prompt_len + num_output:
+            return None
+        seq_ids.append(req.seq_ids[0])
+        sum_context += context
+        if context > max_context:
+            max_context = context
+        if req.output_len - num_output < max_steps:
+            max_steps = req.output_len - num_output
+    return seq_ids, sum_context, max_context, max_steps
+
+
+def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arrival_s: float,
+               end_before_arrival: bool = False) -> Burst | None:
+    """The longest burst conditions (a)–(d) allow from `now`, or None (plan a single step)."""
+    checked = burst_batch(scheduler)
+    if checked is None:
+        return None
+    seq_ids, sum_context, max_context, max_steps = checked
+    first = StepPlan()
+    first.add_decodes(len(seq_ids), sum_context, max_context)
+    arrival_bound = next_arrival_s if end_before_arrival or not scheduler.waiting else math.inf
+    durations: list[float] = []
+    if arrival_bound < math.inf:  # (d): as many steps as start (or end) before the arrival
+        start, reach = now, 1.0 if end_before_arrival else 0.0  # a step's start, or its end, counts
+        for d in islice(burst_step_times(latency, first), max_steps):
+            if start + reach * d >= arrival_bound:
+                break
+            durations.append(d)
+            start += d
+        num_steps = len(durations)
+    else:  # no arrival bounds it: its length is known before its step times (under overload, far fewer are kept)
+        num_steps = max_steps
+    alloc = scheduler.alloc
+    while num_steps and alloc.burst_slots_needed(seq_ids, num_steps) > alloc.num_free_slots:
+        num_steps //= 2  # (c): halve until the new blocks fit
+    if not num_steps:
+        return None
+    if scheduler.waiting:
+        head = scheduler.waiting[0]
+        if alloc.burst_extends_prefix(seq_ids, num_steps, head.content, head.num_tokens):
+            return None
+    if arrival_bound < math.inf:
+        durations = durations[:num_steps]
+    else:
+        durations = list(islice(burst_step_times(latency, first), num_steps))
+    return Burst(scheduler.running, durations, seq_ids)
+
+
+def apply_burst(scheduler: Scheduler, burst: Burst, now: float) -> Occupancy:
+    """Apply the burst's steps; `now` is when the last one ends. Returns the held, filled and reserved
+    slots after each step (`KVAllocator.burst_occupancy` before it), for the step rows."""
+    num_steps = len(burst.durations)
+    occupancy = scheduler.alloc.append_burst(burst.seq_ids, num_steps)
+    done = []
+    for req in burst.batch:
+        req.num_computed_tokens += num_steps
+        req.num_output_tokens += num_steps
+        if req.num_output_tokens >= req.output_len:
+            done.append(req)
+    scheduler.finish(done, now)
+    return occupancy

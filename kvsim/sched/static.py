@@ -1,0 +1,44 @@
+"""Request-level (static) batching, as before continuous batching (FasterTransformer era).
+
+When nothing is running, admit a batch FCFS up to `max_num_seqs` whose KV for the whole
+request (prompt + output, every sample) is set aside at admission, then prefill the batch
+in one step and decode until its last request finishes. Requests that finish early leave
+the batch, but nobody joins it until it is empty. Memory is reserved up front, so nothing
+is ever preempted.
+"""
+
+from __future__ import annotations
+
+from kvsim.latency.step_plan import StepPlan
+from kvsim.sched.base import Scheduler
+
+
+class StaticScheduler(Scheduler):
+    name = "static"
+
+    def schedule(self, now: float) -> StepPlan:
+        plan = StepPlan()
+        if not self.running:
+            self._admit_batch(plan, now)
+            return plan
+        for req in self.running:
+            assert self.try_allocate(req, req.num_computed_tokens + 1), "static batches never run out"
+            self.plan_tokens(plan, req, 1)
+        return plan
+
+    def _admit_batch(self, plan: StepPlan, now: float) -> None:
+        available = self.alloc.num_free_slots  # minus what admitted requests will grow into
+        num_seqs = 0
+        while self.waiting and num_seqs + self.waiting[0].num_samples <= self.limits.max_num_seqs:
+            req = self.waiting[0]
+            hit = self.lookup(req)
+            need = self.request_slots(req)
+            if need > available or not self.can_admit(req, hit):
+                break
+            available -= need
+            self.admit(req, req.num_tokens - hit.num_tokens, hit, plan, now)
+            num_seqs += req.num_samples
+
+    def waiting_blocked(self) -> bool:
+        """A running batch admits nobody until it is empty."""
+        return True

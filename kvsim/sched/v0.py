@@ -1,0 +1,89 @@
+"""vLLM v0's scheduler, the engine the PagedAttention paper describes.
+
+Per step, in this order:
+
+1. If nothing is swapped out, admit WAITING requests FCFS as one prefill-only batch
+   (whole prompts, no chunking) while the token budget, `max_num_seqs` and the free-block
+   watermark (1 % by default) allow. If any were admitted, the step is that batch.
+2. Otherwise decode every RUNNING request (1 token per sequence). When blocks run out,
+   preempt from the back (most recently admitted): by recompute for single-sequence
+   requests, by swap for groups with several sequences (`preemption_mode` overrides).
+3. If nothing was preempted, swap SWAPPED requests back in (FCFS) while they fit; they
+   decode in the same step. Swapped requests resume before any waiting request is admitted.
+"""
+
+from __future__ import annotations
+
+from kvsim.latency.step_plan import StepPlan
+from kvsim.sched.base import Scheduler
+from kvsim.workload.request import Request, RequestStatus
+
+
+class V0Scheduler(Scheduler):
+    name = "v0"
+    watermark_refuses = True
+
+    def use_swap(self, req: Request) -> bool:
+        mode = self.limits.preemption_mode
+        if mode is not None:
+            return mode == "swap"
+        return len(self.active_seq_ids(req)) > 1
+
+    def schedule(self, now: float) -> StepPlan:
+        plan = StepPlan()
+        if not self.swapped and self.waiting:
+            self._admit_prefills(plan, now)
+            if plan.scheduled:
+                return plan
+        self._decode_running(plan)
+        if not plan.preempted and self.swapped:
+            self._swap_in(plan)
+        return plan
+
+    def _admit_prefills(self, plan: StepPlan, now: float) -> None:
+        budget = self.limits.max_num_batched_tokens
+        num_seqs = self.num_running_seqs()
+        while self.waiting and num_seqs + self.waiting[0].num_samples <= self.limits.max_num_seqs:
+            req = self.waiting[0]
+            hit = self.lookup(req)
+            num_new = req.num_tokens - hit.num_tokens
+            if num_new > budget or not self.can_admit(req, hit):
+                break
+            self.admit(req, num_new, hit, plan, now)
+            budget -= num_new
+            num_seqs += req.num_samples
+
+    def _decode_running(self, plan: StepPlan) -> None:
+        running = self.running
+        i = 0
+        while i < len(running):
+            req = running[i]
+            if not self.allocate_or_preempt(req, req.num_computed_tokens + 1, plan):
+                break
+            self.plan_tokens(plan, req, 1)
+            i += 1
+
+    def _swap_in(self, plan: StepPlan) -> None:
+        alloc = self.alloc
+        while self.swapped and self.num_running_seqs() + self.swapped[0].num_samples <= self.limits.max_num_seqs:
+            req = self.swapped[0]
+            seq_ids = self.active_seq_ids(req)
+            # room for the swapped blocks, the watermark, and each sequence's next token
+            headroom = self.limits.watermark_slots + alloc.swap_in_growth_slots(seq_ids)
+            if not alloc.can_swap_in(seq_ids, headroom):
+                break
+            result = alloc.swap_in(seq_ids)
+            assert result is not None
+            plan.swap_in_bytes += result.num_bytes
+            self.swapped.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            assert self.try_allocate(req, req.num_computed_tokens + 1)
+            self.plan_tokens(plan, req, 1)
+
+    def waiting_blocked(self) -> bool:
+        req = self.waiting[0]
+        hit = self.lookup(req)
+        return (self.num_running_seqs() + req.num_samples > self.limits.max_num_seqs
+                or req.num_tokens - hit.num_tokens > self.limits.max_num_batched_tokens
+                or not self.can_admit(req, hit))

@@ -1,0 +1,1 @@
+"""Measured runs (vLLM) and the comparison of kvsim against them."""

@@ -1,0 +1,373 @@
+"""Hold kvsim against a real run: replay it, simulate it, and tabulate the errors.
+
+    run = load_measured("../shared/validation/measured/RTXPRO6000/Llama-3.1-8B")
+    v = validate(run, latency="roofline")           # → Validation(table rows, sim result)
+    write_validation(v, "validation/llama")         # Markdown, JSON, CSV, figures, scenario
+
+The replayed scenario keeps the measured run's arrivals (the engine's `queued_ts`, the clock
+its TTFT is measured on), prompt and output lengths, token ids (so prefix-cache hits are the
+real ones) and engine arguments (vLLM's names; vLLM's defaults where the run left one out).
+Errors are (kvsim − measured) / measured. The peer simulator LLMServingSim's prediction of
+the same run, where the folder holds it, is a second column with its own errors.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvsim.model.config import load_gpu, load_model, model_presets
+from kvsim.model.errors import KvsimError
+from kvsim.validation.measured import MeasuredRun
+from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
+from kvsim.workload.traces import write_sharegpt_tokens
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from kvsim.results.run_result import RunResult
+
+# The validation set's hardware labels (LLMServingSim's `hardware`) → kvsim GPU presets.
+HARDWARE_GPUS = {"RTXPRO6000": "rtx-pro-6000", "H100": "h100-80gb", "A100": "a100-80gb", "H200": "h200",
+                 "L40S": "l40s", "L4": "l4"}
+LATENCY_MODELS = ("roofline", "calibrated")
+TRACE_FILE = "workload.jsonl"
+PERCENTILES = {"mean": None, "p50": 50, "p90": 90, "p99": 99}
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The comparison: `rows` (one per metric: measured, kvsim, error, peer, peer error) and the run."""
+
+    run: MeasuredRun
+    scenario: Scenario
+    result: RunResult
+    rows: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    def row(self, metric: str) -> dict[str, Any]:
+        return next(r for r in self.rows if r["metric"] == metric)
+
+
+# -- the equivalent scenario ---------------------------------------------------------------
+
+def resolve_model(run: MeasuredRun, model: str | None) -> str:
+    """`--model`, else the preset named like the run's Hugging Face id (`meta-llama/Llama-3.1-8B`
+    → `llama-3.1-8b`). Mixture-of-experts and data-parallel runs replay as such (`kvsim.model.moe_cost`,
+    `kvsim.engine.simulate.simulate_data_parallel`)."""
+    guess = run.model_id.rpartition("/")[2].lower()
+    name = model if model is not None else guess if guess in model_presets() else None
+    if name is None:
+        raise KvsimError(f"model={run.model_id!r}: no kvsim preset of that name; pass --model with a preset "
+                         "or the model's config.json")
+    return name
+
+
+def resolve_gpu(run: MeasuredRun, gpu: str | None) -> str:
+    if gpu is not None:
+        return gpu
+    if run.hardware in HARDWARE_GPUS:
+        return HARDWARE_GPUS[run.hardware]
+    raise KvsimError(f"gpu: the run does not say which GPU it ran on (hardware={run.hardware!r}); "
+                     "pass --gpu with a preset or a GPU file")
+
+
+def default_profile(run_dir: Path, run: MeasuredRun) -> Path | None:
+    """The measured profile bundle for the run's GPU and model in a `profiles/` folder above it
+    (`profiles/<hardware>/<org>/<model>/bf16/`), if there is one."""
+    if run.hardware is None or not run.model_id:
+        return None
+    variant = "bf16" if run.engine.get("kv_cache_dtype", "auto") == "auto" else "bf16-kvfp8"
+    for folder in run_dir.resolve().parents:
+        candidate = folder / "profiles" / run.hardware / run.model_id / variant
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, latency: str = "roofline",
+                   profile: str | Path | None = None, overrides: list[str] | None = None) -> Scenario:
+    """The run as a kvsim scenario whose workload is `trace_path` (written by `write_trace`)."""
+    if latency not in LATENCY_MODELS:
+        raise KvsimError(f"--latency={latency!r}: expected one of {', '.join(LATENCY_MODELS)}")
+    if latency == "calibrated" and profile is None:
+        raise KvsimError("--latency=calibrated needs --profile (a measured profile bundle or CSV)")
+    latency_cfg: dict[str, Any] = {"model": latency}
+    if latency == "calibrated":
+        latency_cfg["profile"] = str(Path(profile).resolve())  # type: ignore[arg-type]
+    raw: dict[str, Any] = {
+        "name": f"validate-{run.name}-{latency}",
+        "description": f"replay of the measured run {run.name} ({run.source}, {run.model_id})",
+        "model": model, "gpu": gpu,
+        "engine": {"enable_prefix_caching": True, **run.engine},
+        "workload": {"num_requests": len(run.records), "arrival": {"process": "trace"},
+                     "trace": {"format": "sharegpt_tokens", "path": trace_path.name}},
+        "latency": latency_cfg,
+        "seed": 0,
+    }
+    if run.link is not None and (int(run.engine.get("tensor_parallel_size", 1)) > 1
+                                 or int(run.engine.get("data_parallel_size", 1)) > 1):
+        # the cluster's own GPU link, not the GPU's datasheet: the measured TP run's all-reduces
+        # crossed it. LLMServingSim's figures are effective ones (efficiency 1) and its per-hop
+        # latency includes a collective's fixed cost (no NCCL base on top); see kvsim/model/collectives.py
+        raw["gpu_link"] = {"kind": load_gpu(gpu).resolved_link.kind, **run.link, "efficiency": 1.0,
+                           "collective_latency_s": 0.0,
+                           "source": "the measured cluster's link, from LLMServingSim's config.json"}
+    return make_scenario(apply_overrides(raw, overrides or []), trace_path.parent)
+
+
+# -- comparison ------------------------------------------------------------------------------
+
+def _stat(values: np.ndarray, which: str) -> float | None:
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return None
+    q = PERCENTILES[which]
+    return float(values.mean() if q is None else np.percentile(values, q))
+
+
+def request_stats(df: pd.DataFrame) -> dict[str, float | None]:
+    """Latency percentiles, makespan and output throughput of a request frame."""
+    stats: dict[str, float | None] = {}
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E")):
+        values = df[key].to_numpy(dtype=float)
+        for which in PERCENTILES:
+            stats[f"{label} {which} (s)"] = _stat(values, which)
+    makespan = float(df["finish_s"].max() - df["arrival_s"].min()) if len(df) else 0.0
+    stats["makespan (s)"] = makespan
+    stats["output tokens/s"] = float(df["output_tokens"].sum()) / makespan if makespan > 0 else None
+    return stats
+
+
+def sample_steps(steps: pd.DataFrame, column: str, times_s: np.ndarray) -> np.ndarray:
+    """The value of a per-step column at each instant; 0 where no step runs (idle or after the end)."""
+    out = np.zeros(len(times_s))
+    if not len(steps):
+        return out
+    start = steps["time_s"].to_numpy()
+    end = start + steps["duration_s"].to_numpy()
+    idx = np.clip(np.searchsorted(start, times_s, side="right") - 1, 0, None)
+    inside = (times_s >= start[0]) & (times_s < end[idx])
+    out[inside] = steps[column].to_numpy(dtype=float)[idx[inside]]
+    return out
+
+
+GAUGES = (("running mean", "vllm:num_requests_running", "running", "mean"),
+          ("running max", "vllm:num_requests_running", "running", "max"),
+          ("waiting max", "vllm:num_requests_waiting", "waiting", "max"),
+          ("KV usage mean", "vllm:kv_cache_usage_perc", "kv_usage", "mean"))
+
+
+def request_gauges(df: pd.DataFrame, times_s: np.ndarray) -> dict[str, np.ndarray]:
+    """Running (first scheduled ≤ t < finish) and waiting (arrival ≤ t < first scheduled) at each
+    instant, from per-request times: the gauges of a predictor that reports only requests."""
+    t = times_s[:, None]
+    arrival, scheduled, finish = (df[c].to_numpy()[None, :] for c in ("arrival_s", "first_scheduled_s", "finish_s"))
+    return {"running": ((scheduled <= t) & (t < finish)).sum(axis=1).astype(float),
+            "waiting": ((arrival <= t) & (t < scheduled)).sum(axis=1).astype(float)}
+
+
+def series_stats(run: MeasuredRun, steps: pd.DataFrame) -> dict[str, dict[str, float | None]]:
+    """Running / waiting / KV usage per source ("measured", "kvsim", "llmservingsim").
+
+    vLLM's gauges are read once a second, so kvsim (and LLMServingSim, from its per-request
+    times) are read at the same instants, on the same clock (seconds from the first arrival).
+    Without a measured series, kvsim's figures are time-weighted over its steps and the others
+    are unknown.
+    """
+    out: dict[str, dict[str, float | None]] = {"measured": {}, "kvsim": {}, "llmservingsim": {}}
+    if "dp_rank" in steps:  # data-parallel engines step together: their gauges add up (usage: the mean)
+        columns = {col: ("mean" if col == "vllm:kv_cache_usage_perc" else "sum") for _, col, _, _ in GAUGES}
+        steps = steps.groupby("time_s", as_index=False).agg({"duration_s": "max", **columns})
+    ts = run.timeseries
+    if ts is None or not len(ts):
+        dt = steps["duration_s"].to_numpy()
+        for label, sim_col, _, how in GAUGES:
+            sim = steps[sim_col].to_numpy(dtype=float)
+            mean = float((sim * dt).sum() / dt.sum()) if dt.sum() > 0 else None
+            out["kvsim"][label] = mean if how == "mean" else (float(sim.max()) if sim.size else None)
+            out["measured"][label] = out["llmservingsim"][label] = None
+        return out
+    t = ts["t_s"].to_numpy()
+    peer = run.peer
+    peer_gauges = request_gauges(peer, t) if peer is not None and peer["first_scheduled_s"].notna().all() else {}
+    for label, sim_col, ts_col, how in GAUGES:
+        agg = np.nanmean if how == "mean" else np.nanmax
+        measured = ts[ts_col].to_numpy(dtype=float)
+        out["measured"][label] = None if np.isnan(measured).all() else float(agg(measured))
+        out["kvsim"][label] = float(agg(sample_steps(steps, sim_col, t)))
+        out["llmservingsim"][label] = float(agg(peer_gauges[ts_col])) if ts_col in peer_gauges else None
+    return out
+
+
+def _error_pct(value: float | None, reference: float | None) -> float | None:
+    if value is None or reference is None or reference == 0 or math.isnan(value) or math.isnan(reference):
+        return None
+    return (value - reference) / reference * 100.0
+
+
+def compare(run: MeasuredRun, result: RunResult) -> list[dict[str, Any]]:
+    """One row per metric: measured, kvsim, error %, and LLMServingSim with its error % if present."""
+    measured = request_stats(run.requests)
+    simulated = request_stats(result.requests)
+    peer = request_stats(run.peer) if run.peer is not None else {}
+    gauges = series_stats(run, result.steps)
+    measured.update(gauges["measured"])
+    simulated.update(gauges["kvsim"])
+    peer.update(gauges["llmservingsim"])
+    rows = []
+    for metric, value in measured.items():
+        row: dict[str, Any] = {"metric": metric, "measured": value, "kvsim": simulated.get(metric),
+                               "kvsim_error_pct": _error_pct(simulated.get(metric), value)}
+        if run.peer is not None:
+            row["llmservingsim"] = peer.get(metric)
+            row["llmservingsim_error_pct"] = _error_pct(peer.get(metric), value)
+        rows.append(row)
+    return rows
+
+
+# -- run it ------------------------------------------------------------------------------------
+
+def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path | None = None,
+             model: str | None = None, gpu: str | None = None, overrides: list[str] | None = None,
+             trace_dir: Path | None = None) -> Validation:
+    """Replay `run` in kvsim and compare. The replayed workload is written to `trace_dir`
+    (a temporary folder if None) as `workload.jsonl`, beside which the scenario resolves it."""
+    from kvsim.engine.simulate import simulate
+
+    model_name = resolve_model(run, model)
+    gpu_name = resolve_gpu(run, gpu)
+    load_model(model_name), load_gpu(gpu_name)  # fail early, with the field named
+    with tempfile.TemporaryDirectory(prefix="kvsim-validate-") as tmp:
+        folder = trace_dir or Path(tmp)
+        trace_path = folder / TRACE_FILE
+        write_sharegpt_tokens(run.records, trace_path)
+        scenario = build_scenario(run, trace_path, model=model_name, gpu=gpu_name, latency=latency,
+                                  profile=profile, overrides=overrides)
+        result = simulate(scenario)
+    notes = list(run.notes)
+    rejected = result.summary.get("num_rejected", 0)
+    if rejected:
+        notes.append(f"kvsim rejected {rejected} of the replayed requests ({result.summary['reject_reasons']})")
+    if run.peer is None:
+        notes.append("no LLMServingSim prediction (outputs/sim.csv) beside this run")
+    if scenario.gpu_link is not None and scenario.engine.tensor_parallel_size > 1:
+        link = scenario.gpu_link
+        notes.append(f"tensor-parallel all-reduces cross the cluster's link as its config.json describes it "
+                     f"({link.bandwidth_bytes_per_s / 1e9:g} GB/s, {link.latency_s * 1e6:g} us per hop), "
+                     "not the GPU preset's datasheet link")
+    return Validation(run=run, scenario=scenario, result=result, rows=compare(run, result), notes=notes)
+
+
+# -- output ------------------------------------------------------------------------------------
+
+def _fmt(value: float | None, pct: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:+.1f} %" if pct else f"{value:,.4g}"
+
+
+def table_rows(v: Validation) -> list[dict[str, str]]:
+    """The error table as display strings (Markdown and the CLI's table)."""
+    rows = []
+    for r in v.rows:
+        row = {"metric": r["metric"], "measured": _fmt(r["measured"]) if r["measured"] is not None
+               else "not recorded", "kvsim": _fmt(r["kvsim"]), "kvsim error": _fmt(r["kvsim_error_pct"], True)}
+        if "llmservingsim" in r:
+            row["LLMServingSim"] = _fmt(r["llmservingsim"])
+            row["LLMServingSim error"] = _fmt(r["llmservingsim_error_pct"], True)
+        rows.append(row)
+    return rows
+
+
+def headline(v: Validation) -> str:
+    s = v.result.summary
+    return (f"{v.run.name} ({v.run.source}, {v.run.model_id}, {len(v.run.requests)} requests): kvsim "
+            f"{s['model']} on {s['gpu']}, TP {v.scenario.engine.tensor_parallel_size}, latency {s['latency_model']}")
+
+
+def to_json(v: Validation) -> dict[str, Any]:
+    return {"case": v.run.name, "source": v.run.source, "model_id": v.run.model_id,
+            "model": v.result.summary["model"], "gpu": v.result.summary["gpu"],
+            "latency_model": v.result.summary["latency_model"], "profile": v.scenario.latency.profile,
+            "engine": v.scenario.engine.model_dump(mode="json", exclude_defaults=True),
+            "num_requests": len(v.run.requests), "rows": v.rows, "notes": v.notes}
+
+
+def _figure_panels(v: Validation) -> tuple[list[dict], list[dict]]:
+    steps, ts, peer = v.result.steps, v.run.timeseries, v.run.peer
+    sim_t = steps["time_s"].to_numpy()
+    peer_t = np.arange(0.0, float(peer["finish_s"].max()) + 0.5, 0.25) if peer is not None else np.zeros(0)
+    peer_gauges = request_gauges(peer, peer_t) if peer is not None and peer["first_scheduled_s"].notna().all() \
+        else {}
+    gauges = []
+    for title, sim_col, ts_col in (("running", "vllm:num_requests_running", "running"),
+                                   ("waiting", "vllm:num_requests_waiting", "waiting"),
+                                   ("KV usage", "vllm:kv_cache_usage_perc", "kv_usage")):
+        series = []
+        if ts is not None and not ts[ts_col].isna().all():
+            series.append(("measured", ts["t_s"].to_numpy(), ts[ts_col].to_numpy()))
+        series.append(("kvsim", sim_t, steps[sim_col].to_numpy()))
+        if ts_col in peer_gauges:
+            series.append(("LLMServingSim", peer_t, peer_gauges[ts_col]))
+        gauges.append({"title": title if ts is None or not ts[ts_col].isna().all()
+                       else f"{title} (not recorded in the measured run)",
+                       "xlabel": "seconds from the first arrival", "ylabel": title, "series": series, "step": True})
+    cdfs = []
+    for key, label in (("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"), ("e2e_s", "E2E (s)")):
+        series = [("measured", None, v.run.requests[key].to_numpy()),
+                  ("kvsim", None, v.result.requests[key].to_numpy())]
+        if v.run.peer is not None:
+            series.append(("LLMServingSim", None, v.run.peer[key].to_numpy()))
+        cdfs.append({"title": f"{label} CDF", "xlabel": label, "ylabel": "fraction of requests",
+                     "series": series, "cdf": True})
+    return gauges, cdfs
+
+
+def markdown(v: Validation) -> str:
+    from kvsim.results.render import rows_to_markdown
+
+    lines = [f"# kvsim validation: {v.run.name}", "", headline(v) + ".", "",
+             "Errors are (prediction − measured) / measured.", "", rows_to_markdown(table_rows(v))]
+    if v.notes:
+        lines += ["Notes:", "", *[f"- {n}" for n in v.notes], ""]
+    lines += ["![running, waiting, KV usage](fig_timeseries.png)", "", "![latency CDFs](fig_latency_cdf.png)", ""]
+    return "\n".join(lines)
+
+
+def write_validation(v: Validation, out_dir: str | Path) -> Path:
+    """`validation.md`, `validation.json`, `errors.csv`, two figures, and `sim/` (kvsim's run plus
+    the replayed `scenario.yaml` and `workload.jsonl`, so `kvsim run sim/scenario.yaml` repeats it).
+    Written through `kvsim.results.output_dir.output_directory`: only over kvsim's own output, swapped into place
+    when complete."""
+    import json
+
+    from kvsim.results.output_dir import output_directory
+    from kvsim.results.render import rows_to_csv
+
+    with output_directory(out_dir, "validation") as tmp:
+        (tmp / "validation.md").write_text(markdown(v))
+        (tmp / "validation.json").write_text(json.dumps(to_json(v), indent=2) + "\n")
+        (tmp / "errors.csv").write_text(rows_to_csv(v.rows))
+        v.run.requests.to_csv(tmp / "measured_requests.csv", index=False)
+        sim = v.result.write(tmp / "sim")
+        write_sharegpt_tokens(v.run.records, sim / TRACE_FILE)
+        save_figures(v, tmp)
+    return Path(out_dir)
+
+
+def save_figures(v: Validation, out_dir: Path, prefix: str = "fig_") -> tuple[Path, Path]:
+    """`<prefix>timeseries.png` (running, waiting, KV usage over time) and `<prefix>latency_cdf.png`."""
+    from kvsim.report.build import save_overlay_figure
+
+    gauges, cdfs = _figure_panels(v)
+    latency = v.result.summary["latency_model"]
+    paths = out_dir / f"{prefix}timeseries.png", out_dir / f"{prefix}latency_cdf.png"
+    save_overlay_figure(gauges, paths[0], f"{v.run.name}: measured vs kvsim ({latency})")
+    save_overlay_figure(cdfs, paths[1], f"{v.run.name}: latency distributions, kvsim {latency}")
+    return paths

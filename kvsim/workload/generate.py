@@ -1,0 +1,205 @@
+"""Turn a scenario's workload section into `Request`s, all from one seeded generator.
+
+Order of construction (each step documented where it happens):
+
+1. base records: a trace's rows (in file order, from `start_s`, first `num_requests`), a
+   length table resampled with replacement, or lengths drawn from the configured
+   distributions;
+2. arrivals: the trace's own timestamps divided by `rate_scale`, or a Poisson, gamma
+   (coefficient of variation `cv`) or constant-rate process;
+3. structure: a shared system prompt in front of a fraction of prompts; multi-turn
+   conversations whose turn k prompt is every earlier prompt and reply plus a new message;
+4. output lengths capped so that prompt + output ≤ max_model_len (a prompt that alone
+   reaches max_model_len is kept and the scheduler rejects it, with the reason).
+
+Each request's content lists the segments that decide its KV blocks' identities, so prefix
+caching hits exactly where real requests would share tokens.
+
+`iter_requests` draws every random number up front, in the order above, into compact
+columns (about 50 bytes a request), and builds each `Request` only when the arrival process
+asks for the next one: a run never holds more `Request` objects than are in flight. Requests
+come out in arrival order (ties in construction order) through a heap that releases a
+request once no later-constructed one can arrive before it, so the result is identical to
+building the whole list and sorting it (`build_requests`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from kvsim.model.errors import KvsimError, reading
+from kvsim.workload.content import Content, SegmentContent, TokenContent
+from kvsim.workload.request import Request
+from kvsim.workload.scenario import Arrival, Empirical, Fixed, LengthDist, Lognormal, Scenario, Uniform, Workload
+from kvsim.workload.traces import READERS, TraceRecord, read_lengths, read_servegen
+
+Z_99 = 2.3263478740408408  # standard normal 99th percentile
+
+
+def lognormal_sigma(mean: float, p99: float) -> float:
+    """Solve mean = e^(μ + σ²/2), p99 = e^(μ + z·σ) for σ (the smaller root)."""
+    gap = math.log(p99) - math.log(mean)
+    disc = Z_99**2 - 2 * gap
+    if disc < 0:
+        raise KvsimError(f"lognormal mean={mean} p99={p99}: no lognormal has this mean and p99")
+    return Z_99 - math.sqrt(disc)
+
+
+def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator, scenario: Scenario) -> np.ndarray:
+    """`n` positive integer lengths from a distribution."""
+    if isinstance(dist, Fixed):
+        values = np.full(n, dist.value, dtype=np.float64)
+    elif isinstance(dist, Uniform):
+        values = rng.integers(dist.low, dist.high + 1, size=n).astype(np.float64)
+    elif isinstance(dist, Lognormal):
+        sigma = dist.sigma if dist.sigma is not None else lognormal_sigma(dist.mean, dist.p99 or 0.0)
+        mu = math.log(dist.mean) - sigma**2 / 2
+        values = rng.lognormal(mu, sigma, size=n)
+    else:
+        assert isinstance(dist, Empirical)
+        table = scenario.resolve_path(dist.table)
+        with reading(table, "workload length table"):
+            rows = read_lengths(table)
+        column = np.array([r.prompt_len if dist.column == "prompt" else r.output_len for r in rows])
+        values = rng.choice(column, size=n).astype(np.float64)
+    return np.maximum(1, np.rint(values)).astype(np.int64)
+
+
+def arrival_times(arrival: Arrival, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Arrival instants (s) of `n` requests from a renewal process starting at 0."""
+    assert arrival.rate is not None
+    if arrival.process == "poisson":
+        gaps = rng.exponential(1.0 / arrival.rate, size=n)
+    elif arrival.process == "gamma":
+        shape = 1.0 / arrival.cv**2
+        gaps = rng.gamma(shape, 1.0 / (arrival.rate * shape), size=n)
+    else:
+        gaps = np.full(n, 1.0 / arrival.rate)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+class _SampledRecords(Sequence[TraceRecord]):
+    """Drawn lengths as a sequence of records, each built when read (two int64 columns in memory)."""
+
+    def __init__(self, prompts: np.ndarray, outputs: np.ndarray) -> None:
+        self.prompts, self.outputs = prompts, outputs
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        assert isinstance(index, int), "indexed one record at a time"
+        return TraceRecord(None, int(self.prompts[index]), int(self.outputs[index]))
+
+
+def _base_records(scenario: Scenario, rng: np.random.Generator) -> Sequence[TraceRecord]:
+    w = scenario.workload
+    trace = w.trace
+    if trace is None:
+        assert w.prompt_len is not None and w.output_len is not None
+        prompts = sample_lengths(w.prompt_len, w.num_requests, rng, scenario)
+        outputs = sample_lengths(w.output_len, w.num_requests, rng, scenario)
+        return _SampledRecords(prompts, outputs)
+    path = scenario.resolve_path(trace.path)
+    with reading(path, "workload.trace.path"):
+        if trace.format == "servegen":
+            return read_servegen(path, rng, trace.start_s, trace.duration_s, trace.clients)[: w.num_requests]
+        records = READERS[trace.format](path)
+    if not records:
+        raise KvsimError(f"workload.trace.path {path}: no rows")
+    if records[0].arrival_s is None:  # a length table: resample rows
+        picks = rng.integers(0, len(records), size=w.num_requests)
+        return [records[i] for i in picks]
+    kept = [r for r in records if (r.arrival_s or 0.0) >= trace.start_s][: w.num_requests]
+    if not kept:
+        raise KvsimError(f"workload.trace.start_s={trace.start_s}: no request of {path} arrives after it")
+    return kept
+
+
+def _arrivals(w: Workload, records: Sequence[TraceRecord], rng: np.random.Generator) -> np.ndarray:
+    if w.arrival.process == "trace" or (w.trace is not None and w.trace.format == "servegen"):
+        first = records[0].arrival_s or 0.0
+        scale = w.trace.rate_scale if w.trace is not None else 1.0
+        return np.array([((r.arrival_s or 0.0) - first) / scale for r in records])
+    return arrival_times(w.arrival, len(records), rng)
+
+
+class RequestStream(Iterator[Request]):
+    """A run's requests one at a time, in arrival order, built as they are taken; `arrival_s` holds
+    every one's arrival instant (ascending) before any is built, so a reader can look ahead for free."""
+
+    __slots__ = ("arrival_s", "_requests")
+
+    def __init__(self, arrival_s: np.ndarray, requests: Iterator[Request]) -> None:
+        self.arrival_s, self._requests = arrival_s, requests
+
+    def __next__(self) -> Request:
+        return next(self._requests)
+
+
+def build_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generator) -> list[Request]:
+    """The scenario's requests, sorted by arrival, ids 0..n−1 in arrival order (all at once)."""
+    return list(iter_requests(scenario, max_model_len, rng))
+
+
+def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generator) -> RequestStream:
+    """The scenario's requests one at a time, sorted by arrival, ids 0..n−1 in arrival order.
+
+    Every random draw happens in this call, before the first request is taken (the run's one
+    generator is then free for the scheduler); the `Request` objects are built lazily.
+    """
+    w = scenario.workload
+    records = _base_records(scenario, rng)
+    n = len(records)
+    arrivals = _arrivals(w, records, rng)
+    prefix = w.shared_prefix
+    with_prefix = rng.random(n) < prefix.fraction if prefix else np.zeros(n, bool)
+    prefix_ids = rng.integers(0, prefix.num_prefixes, size=n) if prefix else None
+    turns = w.multi_turn.turns if w.multi_turn else 1
+    think_s = w.multi_turn.think_time_s if w.multi_turn else 0.0
+    if turns > 1:  # turn k of a conversation arrives k think times after its first turn
+        index = np.arange(n)
+        arrival = arrivals[index - index % turns].astype(np.float64) + (index % turns).astype(np.float64) * think_s
+    else:
+        arrival = np.asarray(arrivals, dtype=np.float64)
+    # the earliest arrival among requests not yet constructed (inf past the last one)
+    later_min = np.append(np.minimum.accumulate(arrival[::-1])[::-1], np.inf) if n else np.array([np.inf])
+    num_samples, beam = w.beam_width or w.n, w.beam_width is not None
+
+    def generate() -> Iterator[Request]:
+        heap: list[tuple[float, int, int, int, Content]] = []
+        history: list[tuple[object, int]] = []
+        next_id = 0
+        for index in range(n):
+            record = records[index]
+            conv, turn = divmod(index, turns)
+            if turn == 0:
+                history = []
+                if prefix is not None and prefix_ids is not None and with_prefix[index]:
+                    history.append((("system", int(prefix_ids[index])), prefix.tokens))
+            if record.segments is not None:
+                prompt_segments = [*history, *record.segments]
+            else:
+                prompt_segments = [*history, (("user", conv, turn), record.prompt_len)]
+            prompt_len = sum(length for _, length in prompt_segments)
+            output_len = max(1, min(record.output_len, max_model_len - prompt_len))
+            out_segment = (("reply", conv, turn), output_len)
+            content: Content
+            if record.token_ids is not None and not history:
+                content = TokenContent(record.token_ids[: prompt_len + output_len])
+            else:
+                content = SegmentContent([*prompt_segments, out_segment])
+            heapq.heappush(heap, (float(arrival[index]), index, prompt_len, output_len, content))
+            history = [*prompt_segments, out_segment]
+            while heap and heap[0][0] <= later_min[index + 1]:
+                arrival_s, _, prompt_len, output_len, content = heapq.heappop(heap)
+                yield Request(request_id=next_id, arrival_s=arrival_s, prompt_len=prompt_len,
+                              output_len=output_len, content=content, num_samples=num_samples, beam=beam)
+                next_id += 1
+
+    return RequestStream(np.sort(arrival, kind="stable"), generate())

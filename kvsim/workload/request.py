@@ -1,0 +1,75 @@
+"""A request and its lifecycle, as the scheduler sees it.
+
+    WAITING ──admit──▶ RUNNING ──last token──▶ FINISHED
+       ▲                 │  │
+       └──recompute──────┘  └──swap out──▶ SWAPPED ──swap in──▶ RUNNING
+    (PREEMPTED: back at the front of the queue, to recompute prompt + generated tokens)
+
+    arriving: REJECTED (with a reason) if it can never be served
+
+Token bookkeeping follows vLLM v1: `num_tokens` = prompt + generated so far;
+`num_computed_tokens` catches up to it (a prefill chunk, or 1 token when decoding); when
+it does, one token is sampled. The KV of the last sampled token is never computed, so a
+request holds at most `kv_len = prompt_len + output_len − 1` slots per sequence.
+A request with `num_samples = n > 1` runs n sequences that share the prompt (v0 style
+parallel sampling: one prefill, then `fork`); with `beam`, they are beams that re-fork from
+the surviving beams after every step, so they share more than the prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from kvsim.workload.content import Content
+
+MAX_SAMPLES = 256  # sequence ids are request_id · MAX_SAMPLES + sample index
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+@dataclass(slots=True)
+class Request:
+    """One user request: lengths, content for prefix caching, progress and timestamps (seconds)."""
+
+    request_id: int
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    content: Content | None = None
+    num_samples: int = 1
+    beam: bool = False  # beam search: after each step, beams re-fork from the surviving ones
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    num_preemptions: int = 0
+    num_prefix_hit_tokens: int = 0
+    reject_reason: str | None = None
+    seq_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        assert self.prompt_len > 0 and self.output_len > 0 and 0 < self.num_samples <= MAX_SAMPLES
+        self.seq_ids = [self.request_id * MAX_SAMPLES]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.num_output_tokens
+
+    @property
+    def kv_len(self) -> int:
+        """Slots each sequence of this request holds at most: every token but the last sampled."""
+        return self.prompt_len + self.output_len - 1
+
+    def child_seq_ids(self) -> list[int]:
+        base = self.request_id * MAX_SAMPLES
+        return [base + i for i in range(1, self.num_samples)]

@@ -1,0 +1,338 @@
+"""A scenario file: model, GPU, engine, workload, latency model and seed, validated once.
+
+    name: lab-8k
+    model: llama-3.1-8b            # preset or HF config.json path
+    gpu: h100-80gb                 # preset or YAML path
+    engine: {max_model_len: 8192, allocator: paged, scheduler: v1}
+    workload:
+      num_requests: 500
+      arrival: {process: poisson, rate: 8}
+      prompt_len: {dist: lognormal, mean: 1024, p99: 6000}
+      output_len: {dist: lognormal, mean: 256, p99: 1024}
+    latency: {model: roofline}
+    seed: 0
+
+Unknown keys, wrong types and bad values raise `KvsimError` naming the dotted field.
+Relative paths (traces, profiles) are relative to the scenario file; `builtin:NAME`
+refers to the data shipped in `kvsim/workload/data/`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kvsim.model.config import EngineConfig, GPULink
+from kvsim.model.errors import KvsimError, from_validation_error, reading
+
+DATA_DIR = Path(__file__).parent / "data"
+DEFAULT_SCENARIO = DATA_DIR / "default_scenario.yaml"
+REPORT_SCENARIO = DATA_DIR / "report_scenario.yaml"
+_STRICT = ConfigDict(frozen=True, extra="forbid")
+
+
+class Fixed(BaseModel):
+    model_config = _STRICT
+    dist: Literal["fixed"]
+    value: int = Field(gt=0)
+
+
+class Uniform(BaseModel):
+    model_config = _STRICT
+    dist: Literal["uniform"]
+    low: int = Field(gt=0)
+    high: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Uniform:
+        if self.high < self.low:
+            raise ValueError(f"high={self.high} is below low={self.low}")
+        return self
+
+
+class Lognormal(BaseModel):
+    """By mean and p99 (solved for sigma), or by mean and sigma."""
+
+    model_config = _STRICT
+    dist: Literal["lognormal"]
+    mean: float = Field(gt=0)
+    p99: float | None = Field(default=None, gt=0)
+    sigma: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> Lognormal:
+        if (self.p99 is None) == (self.sigma is None):
+            raise ValueError("give exactly one of p99 or sigma")
+        if self.p99 is not None and self.p99 <= self.mean:
+            raise ValueError(f"p99={self.p99} must exceed mean={self.mean}")
+        return self
+
+
+class Empirical(BaseModel):
+    """Resample one column of a length table (`builtin:sharegpt_lengths` or a CSV path)."""
+
+    model_config = _STRICT
+    dist: Literal["empirical"]
+    table: str
+    column: Literal["prompt", "output"]
+
+
+LengthDist = Annotated[Fixed | Uniform | Lognormal | Empirical, Field(discriminator="dist")]
+
+
+class Arrival(BaseModel):
+    """Inter-arrival process; `trace` uses the trace's own timestamps (scaled by `rate_scale`)."""
+
+    model_config = _STRICT
+    process: Literal["poisson", "gamma", "constant", "trace"] = "poisson"
+    rate: float | None = Field(default=None, gt=0, description="requests per second")
+    cv: float = Field(default=1.0, gt=0, description="coefficient of variation of gaps (gamma)")
+
+    @model_validator(mode="after")
+    def _rate_given(self) -> Arrival:
+        if self.process != "trace" and self.rate is None:
+            raise ValueError(f"process={self.process} needs a rate")
+        return self
+
+
+class SharedPrefix(BaseModel):
+    """A system prompt of `tokens` tokens in front of a `fraction` of requests."""
+
+    model_config = _STRICT
+    tokens: int = Field(gt=0)
+    fraction: float = Field(default=1.0, ge=0, le=1)
+    num_prefixes: int = Field(default=1, gt=0)
+
+
+class MultiTurn(BaseModel):
+    """Conversations of `turns` turns; each turn's prompt is the conversation so far."""
+
+    model_config = _STRICT
+    turns: int = Field(gt=0)
+    think_time_s: float = Field(default=10.0, ge=0)
+
+
+class Trace(BaseModel):
+    """A real workload file; see `kvsim.workload.traces` for the formats."""
+
+    model_config = _STRICT
+    format: Literal["azure", "mooncake", "sharegpt_tokens", "lengths", "vllm_sharegpt", "servegen"]
+    path: str
+    rate_scale: float = Field(default=1.0, gt=0)
+    start_s: float = Field(default=0.0, ge=0)
+    clients: list[int] | None = None
+    duration_s: float = Field(default=600.0, gt=0)
+
+
+class Workload(BaseModel):
+    model_config = _STRICT
+    num_requests: int = Field(default=200, gt=0)
+    arrival: Arrival = Arrival(process="poisson", rate=4.0)
+    prompt_len: LengthDist | None = None
+    output_len: LengthDist | None = None
+    shared_prefix: SharedPrefix | None = None
+    multi_turn: MultiTurn | None = None
+    n: int = Field(default=1, gt=0, le=256, description="parallel samples per request")
+    beam_width: int | None = Field(default=None, gt=1, le=64, description="beam search instead of sampling")
+    trace: Trace | None = None
+
+    @model_validator(mode="after")
+    def _lengths_known(self) -> Workload:
+        if self.beam_width is not None and self.n > 1:
+            raise ValueError(f"give n={self.n} (parallel sampling) or beam_width={self.beam_width}, not both")
+        if self.trace is None and (self.prompt_len is None or self.output_len is None):
+            raise ValueError("give prompt_len and output_len, or a trace")
+        if self.arrival.process == "trace" and (self.trace is None or self.trace.format in ("lengths",
+                                                                                          "vllm_sharegpt")):
+            raise ValueError("arrival.process=trace needs a trace with timestamps")
+        return self
+
+
+class LatencyConfig(BaseModel):
+    """`roofline` (datasheet rates at achievable fractions), `calibrated` or `constant` (tests).
+
+    `profile` (calibrated) is a kvsim profile CSV, an LLMServingSim profile bundle folder or a
+    Vidur `mlp.csv` (see `kvsim.latency.profiles`). `overhead_s`, when given, replaces the modelled CPU
+    overhead per step (fixed + per sequence, `kvsim.latency.roofline`) by a constant.
+    """
+
+    model_config = _STRICT
+    model: Literal["roofline", "calibrated", "constant"] = "roofline"
+    profile: str | None = None
+    overhead_s: float | None = Field(default=None, ge=0)
+    overlap_swap: bool = False
+    step_s: float = Field(default=0.01, gt=0)
+
+    @model_validator(mode="after")
+    def _profile_given(self) -> LatencyConfig:
+        if self.model == "calibrated" and not self.profile:
+            raise ValueError("model=calibrated needs a profile path")
+        return self
+
+
+class ReplicaGroup(BaseModel):
+    """`count` identical replicas; model, GPU and engine settings default to the scenario's own.
+
+    `engine` lists only the settings that differ from the scenario's `engine` section.
+    """
+
+    model_config = _STRICT
+    count: int = Field(default=1, gt=0, le=4096)
+    name: str | None = None
+    model: str | None = None
+    gpu: str | None = None
+    engine: dict[str, Any] = Field(default_factory=dict)
+
+
+class Router(BaseModel):
+    """How a fleet's router picks a replica for each arriving request (see `kvsim.fleet.router`).
+
+    `affinity` sends a request where the longest prefix of its blocks was last routed (a
+    conversation's earlier turns, a shared system prompt), unless that replica's outstanding
+    requests exceed both `load_bound` × the fleet's mean (+1) and the least loaded replica's
+    by `load_slack` or more: then it goes to the least loaded. So does a request whose match
+    covers less than `match_threshold` of its prompt.
+    """
+
+    model_config = _STRICT
+    policy: Literal["round_robin", "least_outstanding", "least_kv", "affinity"] = "round_robin"
+    load_bound: float = Field(default=1.25, ge=1.0)
+    load_slack: int = Field(default=8, ge=0, description="outstanding requests above the least loaded")
+    match_threshold: float = Field(default=0.25, ge=0, le=1, description="least prompt fraction to follow")
+
+
+StepsMode = Literal["none", "sampled", "all"]  # which per-step rows a run keeps and writes
+
+class Scenario(BaseModel):
+    model_config = _STRICT
+    name: str = "scenario"
+    description: str = ""
+    model: str = "llama-3.1-8b"
+    gpu: str = "h100-80gb"
+    engine: EngineConfig = EngineConfig()
+    workload: Workload
+    latency: LatencyConfig = LatencyConfig()
+    gpu_link: GPULink | None = None
+    """Replaces the GPU's link: one cluster's interconnect (e.g. PCIe through host memory when
+    peer-to-peer is off) rather than the GPU's datasheet."""
+    seed: int = 0
+    steps: StepsMode = Field(default="all", description="per-step rows kept and written: all, sampled "
+                             "(at most 100,000 evenly spaced) or none; the summary always uses every step")
+    replicas: int | list[ReplicaGroup] | None = Field(default=None, description="a fleet behind `router`")
+    router: Router = Router()
+    base_dir: str = Field(default=".", exclude=True)
+
+    @model_validator(mode="after")
+    def _replicas_positive(self) -> Scenario:
+        if isinstance(self.replicas, int) and not 0 < self.replicas <= 4096:
+            raise ValueError(f"replicas={self.replicas}: expected 1..4096")
+        if isinstance(self.replicas, list) and not self.replicas:
+            raise ValueError("replicas=[]: give a count or at least one replica group")
+        return self
+
+    @property
+    def is_fleet(self) -> bool:
+        return self.replicas is not None
+
+    def resolve_path(self, path: str) -> Path:
+        """`builtin:NAME` → kvsim/workload/data/NAME.*; a relative path → relative to the scenario file."""
+        if path.startswith("builtin:"):
+            name = path.removeprefix("builtin:")
+            matches = sorted(DATA_DIR.glob(f"{name}.*"))
+            if not matches:
+                raise KvsimError(f"path={path!r}: no built-in data named {name!r}")
+            return matches[0]
+        resolved = Path(self.base_dir) / path
+        if not resolved.exists():
+            raise KvsimError(f"path={path!r}: file not found ({resolved})")
+        return resolved
+
+
+def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
+    try:
+        return Scenario(**{**raw, "base_dir": str(base_dir)})
+    except ValidationError as error:
+        raise from_validation_error(error) from None
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+Overrides = Mapping[str, Any] | Sequence[str]
+"""Field overrides: `["engine.block_size=32"]` as `--set` gives them (values parsed as YAML), or
+`{"engine.block_size": 32}` (values as given). Each replaces the field it names, a section too."""
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]:
+    """Apply dotted-key overrides (see `Overrides`) to a raw scenario dict, in place; returns it."""
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    if isinstance(overrides, Mapping):
+        items = [(str(key), value, f"override {key!r}") for key, value in overrides.items()]
+    else:
+        items = []
+        for item in overrides:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise KvsimError(f"--set {item!r}: expected dotted.key=value")
+            try:
+                items.append((key, yaml.safe_load(value), f"--set {item!r}"))
+            except yaml.YAMLError as error:
+                raise KvsimError(f"--set {item!r}: the value is not valid YAML ({_first_line(error)})") from None
+    for key, value, label in items:
+        _set_field(raw, key.split("."), value, label)
+    return raw
+
+
+def _set_field(node: dict[str, Any], parts: list[str], value: Any, label: str) -> None:
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise KvsimError(f"{label}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value  # replaced, never merged: `workload.prompt_len={dist: fixed, value: 512}` means just that
+
+
+def resolve_scenario(scenario: Scenario | str | Path | Mapping[str, Any] | None,
+                     overrides: Overrides = ()) -> Scenario:
+    """A `Scenario` from a Scenario, a YAML path, a dict of scenario fields or None (the built-in
+    default), with `overrides` applied."""
+    if scenario is None or isinstance(scenario, (str, Path)):
+        return load_scenario(scenario, overrides)
+    if isinstance(scenario, Scenario):
+        if not overrides:
+            return scenario
+        raw, base_dir = scenario.model_dump(), scenario.base_dir
+    elif isinstance(scenario, Mapping):
+        raw, base_dir = copy.deepcopy(dict(scenario)), "."
+    else:
+        raise KvsimError(f"scenario={scenario!r}: expected a Scenario, a YAML path or a dict of scenario fields")
+    return make_scenario(apply_overrides(raw, overrides), base_dir)
+
+
+def load_scenario(path: str | Path | None = None, overrides: Overrides | None = None,
+                  default: Path = DEFAULT_SCENARIO) -> Scenario:
+    """Read a YAML scenario (or the built-in `default` when `path` is None) and apply `overrides`
+    (a dict of dotted keys to values, or `--set`-style strings; see `Overrides`)."""
+    file = default if path is None else Path(path)
+    if file.is_dir():
+        raise KvsimError(f"scenario={str(path)!r}: is a directory, not a scenario YAML file")
+    if not file.is_file():
+        raise KvsimError(f"scenario={str(path)!r}: file not found")
+    try:
+        with reading(file, "scenario"):
+            raw = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise KvsimError(f"scenario {file}: not valid YAML: {_first_line(error)}") from None
+    if not isinstance(raw, dict):
+        raise KvsimError(f"scenario {file}: expected a mapping at the top level")
+    raw.setdefault("name", file.stem)
+    return make_scenario(apply_overrides(raw, overrides or ()), file.parent)

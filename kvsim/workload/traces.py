@@ -1,0 +1,267 @@
+"""Readers for real serving workloads; each yields `TraceRecord`s in file order.
+
+| format            | file                                   | arrivals | lengths | block identity |
+|-------------------|----------------------------------------|----------|---------|----------------|
+| `azure`           | Azure LLM trace 2023 CSV               | yes      | yes     | none           |
+| `mooncake`        | Mooncake FAST'25 JSONL                 | yes (ms) | yes     | 512-token `hash_ids` |
+| `sharegpt_tokens` | LLMServingSim token-level ShareGPT JSONL | yes (ns) | yes   | real token ids |
+| `lengths`         | Vidur/Sarathi length table CSV         | no       | yes     | none           |
+| `vllm_sharegpt`   | vLLM benchmark ShareGPT JSON           | no       | ≈ chars / 4 | none       |
+| `servegen`        | ServeGen per-client model (a folder)   | sampled  | sampled | none           |
+
+A malformed row raises `KvsimError` naming the file and line. Arrival times are seconds
+from the first record.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvsim.model.errors import KvsimError
+
+MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's traces hash one id per 512-token block (FAST'25 trace README)
+CHARS_PER_TOKEN = 4  # vLLM ShareGPT JSON carries text; without a tokenizer, ~4 characters a token
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    arrival_s: float | None
+    prompt_len: int
+    output_len: int
+    segments: tuple[tuple[Any, int], ...] | None = None  # prompt block identities, if known
+    token_ids: tuple[int, ...] | None = None  # prompt + output token ids, if known
+
+
+def _bad(path: Path, line: int, what: str) -> KvsimError:
+    return KvsimError(f"{path}:{line}: {what}")
+
+
+def _positive(value: Any, path: Path, line: int, field: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise _bad(path, line, f"{field}={value!r} is not an integer") from None
+    if number <= 0:
+        raise _bad(path, line, f"{field}={number} must be positive")
+    return number
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line; a bad line raises `KvsimError` naming it."""
+    with path.open() as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise _bad(path, line_no, f"not JSON ({error.msg})") from None
+            if not isinstance(row, dict):
+                raise _bad(path, line_no, "expected a JSON object")
+            yield line_no, row
+
+
+def read_azure(path: Path) -> list[TraceRecord]:
+    """`TIMESTAMP,ContextTokens,GeneratedTokens`; timestamps have 100 ns digits."""
+    records, first = [], None
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        for line_no, row in enumerate(reader, start=2):
+            try:
+                stamp = row["TIMESTAMP"]
+                date, _, frac = stamp.partition(".")
+                t = datetime.fromisoformat(date).timestamp() + float(f"0.{frac or 0}")
+            except (KeyError, ValueError, TypeError):
+                raise _bad(path, line_no, f"TIMESTAMP={row.get('TIMESTAMP')!r} is not a timestamp") from None
+            first = t if first is None else first
+            records.append(TraceRecord(
+                t - first,
+                _positive(row.get("ContextTokens"), path, line_no, "ContextTokens"),
+                _positive(row.get("GeneratedTokens"), path, line_no, "GeneratedTokens"),
+            ))
+    return records
+
+
+def read_mooncake(path: Path) -> list[TraceRecord]:
+    """JSONL with `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one per 512 tokens)."""
+    records = []
+    for line_no, row in iter_jsonl(path):
+        prompt = _positive(row.get("input_length"), path, line_no, "input_length")
+        output = _positive(row.get("output_length"), path, line_no, "output_length")
+        hash_ids = row.get("hash_ids")
+        if not isinstance(hash_ids, list) or len(hash_ids) != math.ceil(prompt / MOONCAKE_BLOCK_TOKENS):
+            raise _bad(path, line_no, f"hash_ids must list ceil(input_length / 512) = "
+                                      f"{math.ceil(prompt / MOONCAKE_BLOCK_TOKENS)} ids")
+        segments = []
+        for i, hash_id in enumerate(hash_ids):
+            length = min(MOONCAKE_BLOCK_TOKENS, prompt - i * MOONCAKE_BLOCK_TOKENS)
+            segments.append((("mooncake", hash_id), length))
+        try:
+            arrival = float(row["timestamp"]) / 1000.0
+        except (KeyError, TypeError, ValueError):
+            raise _bad(path, line_no, f"timestamp={row.get('timestamp')!r} is not a number") from None
+        records.append(TraceRecord(arrival, prompt, output, tuple(segments)))
+    return records
+
+
+def read_sharegpt_tokens(path: Path) -> list[TraceRecord]:
+    """LLMServingSim JSONL: `arrival_time_ns`, `input_toks`, `output_toks`, `input_tok_ids`, `output_tok_ids`.
+
+    The token ids are optional, as in LLMServingSim's format: a request without them shares no
+    prefix with any other (its blocks get a unique identity).
+    """
+    records = []
+    for line_no, row in iter_jsonl(path):
+        prompt = _positive(row.get("input_toks"), path, line_no, "input_toks")
+        output = _positive(row.get("output_toks"), path, line_no, "output_toks")
+        ids_in, ids_out = row.get("input_tok_ids"), row.get("output_tok_ids", [])
+        if ids_in is None:
+            ids_out = None
+        elif not isinstance(ids_in, list) or len(ids_in) != prompt or not isinstance(ids_out, list):
+            raise _bad(path, line_no, "input_tok_ids must list input_toks token ids")
+        try:
+            arrival = float(row["arrival_time_ns"]) / 1e9
+        except (KeyError, TypeError, ValueError):
+            raise _bad(path, line_no, "arrival_time_ns is missing or not a number") from None
+        ids = None if ids_in is None or ids_out is None else tuple(ids_in) + tuple(ids_out)
+        records.append(TraceRecord(arrival, prompt, output, token_ids=ids))
+    return records
+
+
+def write_sharegpt_tokens(records: list[TraceRecord], path: Path) -> None:
+    """The inverse of `read_sharegpt_tokens`: arrivals in integer ns, token ids where known."""
+    with path.open("w") as f:
+        for r in records:
+            row: dict[str, Any] = {"input_toks": r.prompt_len, "output_toks": r.output_len,
+                                   "arrival_time_ns": round((r.arrival_s or 0.0) * 1e9)}
+            if r.token_ids is not None:
+                row["input_tok_ids"] = list(r.token_ids[: r.prompt_len])
+                row["output_tok_ids"] = list(r.token_ids[r.prompt_len:])
+            f.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+def read_lengths(path: Path) -> list[TraceRecord]:
+    """`num_prefill_tokens,num_decode_tokens,...` (Vidur / Sarathi-Serve length tables)."""
+    records = []
+    with path.open(newline="") as f:
+        for line_no, row in enumerate(csv.DictReader(f), start=2):
+            records.append(TraceRecord(
+                None,
+                _positive(row.get("num_prefill_tokens"), path, line_no, "num_prefill_tokens"),
+                _positive(row.get("num_decode_tokens"), path, line_no, "num_decode_tokens"),
+            ))
+    if not records:
+        raise KvsimError(f"{path}: no requests (the table has a header but no rows)")
+    return records
+
+
+def read_vllm_sharegpt(path: Path) -> list[TraceRecord]:
+    """vLLM benchmark JSON: the first human/gpt pair of each conversation, tokens ≈ characters / 4."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise KvsimError(f"{path}:{error.lineno}: not JSON ({error.msg})") from None
+    if not isinstance(data, list):
+        raise KvsimError(f"{path}: expected a JSON list of conversations")
+    records = []
+    for index, item in enumerate(data):
+        turns = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(turns, list):
+            raise KvsimError(f"{path}: conversation {index} has no 'conversations' list")
+        if len(turns) < 2:
+            continue  # as vLLM's benchmark does: skip conversations without a reply
+        if not all(isinstance(turn, dict) for turn in turns[:2]):
+            raise KvsimError(f"{path}: conversation {index}: turns must be objects with a 'value', "
+                             f"got {str(turns[0])[:40]!r}")
+        prompt, reply = str(turns[0].get("value", "")), str(turns[1].get("value", ""))
+        records.append(TraceRecord(None, max(1, len(prompt) // CHARS_PER_TOKEN),
+                                   max(1, len(reply) // CHARS_PER_TOKEN)))
+    return records
+
+
+def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration_s: float,
+                  clients: list[int] | None) -> list[TraceRecord]:
+    """Sample requests from ServeGen's per-client model over [start_s, start_s + duration_s).
+
+    Each client's `chunk-i-trace.csv` gives, per 600 s window, a rate and the coefficient of
+    variation of gaps; arrivals are drawn from a gamma process with that rate and CV (the
+    fitted Gamma/Weibull parameters are not used). Lengths come from `chunk-i-dataset.json`'s
+    distributions for the latest window at or before the request, input and output drawn
+    with the same uniform number as ServeGen's own sampler does.
+    """
+    if not path.is_dir():
+        raise KvsimError(f"{path}: servegen needs the folder of chunk-*-trace.csv files")
+    ids = clients if clients is not None else sorted(
+        int(p.name.split("-")[1]) for p in path.glob("chunk-*-trace.csv"))
+    records = []
+    for client in ids:
+        trace_file, data_file = path / f"chunk-{client}-trace.csv", path / f"chunk-{client}-dataset.json"
+        if not trace_file.is_file() or not data_file.is_file():
+            raise KvsimError(f"{path}: client {client} has no chunk-{client}-trace.csv / -dataset.json")
+        pdfs = _servegen_pdfs(data_file)
+        if not pdfs:
+            raise KvsimError(f"{data_file}: no window has length distributions")
+        with trace_file.open(newline="") as f:
+            for line_no, row in enumerate(csv.reader(f), start=1):
+                try:
+                    window, rate, cv = float(row[0]), float(row[1]), float(row[2] or 1.0)
+                except (IndexError, ValueError):
+                    raise _bad(trace_file, line_no, "expected window,rate,cv,...") from None
+                lo, hi = max(window, start_s), min(window + 600.0, start_s + duration_s)
+                if rate <= 0 or hi <= lo:
+                    continue
+                shape = 1.0 / max(cv, 1e-3) ** 2
+                t = lo
+                while True:
+                    t += rng.gamma(shape, 1.0 / (rate * shape))
+                    if t >= hi:
+                        break
+                    prompt, output = _servegen_lengths(pdfs, t, rng.random())
+                    records.append(TraceRecord(t - start_s, prompt, output))
+    records.sort(key=lambda r: r.arrival_s or 0.0)
+    return records
+
+
+def _servegen_pdfs(path: Path) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    try:
+        raw = json.loads(path.read_text())
+        out = {}
+        for window, fields in raw.items():
+            inputs = ast.literal_eval(fields["input_tokens"])
+            outputs = ast.literal_eval(fields["output_tokens"])
+            if not inputs or not outputs:
+                continue  # a window with no recorded requests
+            in_vals = np.array(sorted(inputs))
+            out_vals = np.array(sorted(outputs))
+            in_cdf = np.cumsum([inputs[v] for v in in_vals])
+            out_cdf = np.cumsum([outputs[v] for v in out_vals])
+            out[float(window)] = (in_vals, in_cdf / in_cdf[-1], out_vals, out_cdf / out_cdf[-1])
+        return out
+    except (ValueError, KeyError, SyntaxError, TypeError) as error:
+        raise KvsimError(f"{path}: malformed ServeGen dataset ({error})") from None
+
+
+def _servegen_lengths(pdfs, t: float, u: float) -> tuple[int, int]:
+    window = max((w for w in pdfs if w <= t), default=min(pdfs))
+    in_vals, in_cdf, out_vals, out_cdf = pdfs[window]
+    prompt = int(in_vals[min(np.searchsorted(in_cdf, u), len(in_vals) - 1)])
+    output = int(out_vals[min(np.searchsorted(out_cdf, u), len(out_vals) - 1)])
+    return max(1, prompt), max(1, output)
+
+
+READERS = {
+    "azure": read_azure,
+    "mooncake": read_mooncake,
+    "sharegpt_tokens": read_sharegpt_tokens,
+    "lengths": read_lengths,
+    "vllm_sharegpt": read_vllm_sharegpt,
+}
