@@ -92,8 +92,12 @@ def main(capability: int = 90) -> int:
         types = {**POINTERS, "k_cache_ptr": kv, "v_cache_ptr": kv}
         signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
         try:
-            compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target,
-                                      options=options)
+            source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        except TypeError as error:  # before Triton 3.2 ASTSource took `constants`, keyed by index
+            print(f"compile_check: Triton {triton.__version__}'s ASTSource differs ({error})", file=sys.stderr)
+            return 3
+        try:
+            compiled = triton.compile(source, target=target, options=options)
         except (RuntimeError, FileNotFoundError) as error:
             if "ptxas" in str(error):
                 print(f"compile_check: no ptxas ({error})", file=sys.stderr)
