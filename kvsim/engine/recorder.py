@@ -53,7 +53,7 @@ def _next_region_slots(scheduler: Scheduler) -> int | None:
     """The region the next waiting request needs (slabs' external fragmentation is relative to it)."""
     if not scheduler.waiting:
         return None
-    head = scheduler.waiting[0]
+    head = scheduler.waiting.peek()
     return scheduler.alloc.region_slots(head.kv_len, head.prompt_len)
 
 

@@ -27,6 +27,7 @@ from kvsim.results.metrics import EngineCounters
 from kvsim.results.records import RequestRecords
 from kvsim.sched import burst
 from kvsim.sched.beams import select_beams
+from kvsim.sched.request_queue import FCFSQueue, RequestQueue
 from kvsim.workload.request import Request, RequestStatus
 
 
@@ -46,11 +47,13 @@ class Scheduler:
 
     name = "base"
 
-    def __init__(self, allocator: KVAllocator, limits: SchedulerLimits, rng: np.random.Generator | None = None) -> None:
+    def __init__(self, allocator: KVAllocator, limits: SchedulerLimits, rng: np.random.Generator | None = None,
+                 waiting: RequestQueue | None = None) -> None:
         self.alloc = allocator
         self.rng = rng if rng is not None else np.random.default_rng(0)  # beam search picks survivors
         self.limits = limits
-        self.waiting: deque[Request] = deque()
+        # the scheduling policy: the waiting order and the preemption victim (default FCFS, vLLM's default)
+        self.waiting: RequestQueue = waiting if waiting is not None else FCFSQueue()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.records = RequestRecords()  # every request that ended (finished or rejected), columnar
@@ -85,7 +88,7 @@ class Scheduler:
             req.content = None
             self.records.add(req)
             return False
-        self.waiting.append(req)
+        self.waiting.add(req)
         return True
 
     def reject_reason(self, req: Request) -> str | None:
@@ -141,12 +144,12 @@ class Scheduler:
 
         The caller has checked `can_allocate`; slab allocators also reserve each sample's region.
         """
-        assert self.waiting[0] is req
+        assert self.waiting.peek() is req
         for seq_id in req.seq_ids + req.child_seq_ids():  # slabs: each sample's region, sized from prompt and output
             assert self.alloc.reserve(seq_id, req.kv_len, req.prompt_len)
         ok = self.alloc.allocate(req.seq_ids[0], hit.num_tokens + num_new, req.kv_len, req.content, hit)
         assert ok, "admit after a successful can_allocate"
-        self.waiting.popleft()
+        self.waiting.pop()
         if req.first_scheduled_s is None:
             req.first_scheduled_s = now
             req.num_prefix_hit_tokens = hit.num_tokens
@@ -182,12 +185,16 @@ class Scheduler:
 
     # ------------------------------------------------------------ preemption
     def allocate_or_preempt(self, req: Request, num_tokens_total: int, plan: StepPlan) -> bool:
-        """Grow `req`, preempting running requests from the back until it fits.
+        """Grow `req`, preempting the policy's victims (`RequestQueue.victim_index`; FCFS: from the
+        back of `running`) until it fits.
 
-        Returns False when `req` itself was preempted (it was the last one running).
+        Returns False when `req` itself was preempted. FCFS never picks a request scheduled
+        earlier in this step (those precede `req` in `running`); a policy that can must take
+        the victim out of `plan` itself.
         """
+        running = self.running
         while not self.try_allocate(req, num_tokens_total):
-            victim = self.running.pop()
+            victim = running.pop(self.waiting.victim_index(running))
             self.preempt(victim, plan)
             if victim is req:
                 return False
@@ -216,7 +223,7 @@ class Scheduler:
         self.free_request(req)
         req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
-        self.waiting.appendleft(req)
+        self.waiting.prepend(req)
 
     def use_swap(self, req: Request) -> bool:
         return self.limits.preemption_mode == "swap"
