@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvsim.kv.block_pool import NULL_BLOCK_ID, BlockPool, PoolSlots
+from kvsim.kv.prefix_cache import HashChainCache
 from kvsim.kv.protocol import NO_HIT, Occupancy, PrefixHit
 from kvsim.model.errors import KvsimError
 from kvsim.model.kv_layout import KVGroup, KVLayout
@@ -68,7 +69,9 @@ class GroupedPagedAllocator(PoolSlots):
 
     def __init__(self, num_blocks: int, layout: KVLayout, max_num_batched_tokens: int,
                  enable_caching: bool = True, bytes_per_block: int = 0) -> None:
-        self.pool = BlockPool(num_blocks, null_block=True)
+        # one hash chain for every group, each group's blocks keyed apart (`_key`)
+        self.prefix_cache = HashChainCache(num_blocks, layout.block_size)
+        self.pool = BlockPool(num_blocks, null_block=True, cache=self.prefix_cache)
         self.layout = layout
         self.groups = layout.groups
         self.block_size = layout.block_size
@@ -108,7 +111,7 @@ class GroupedPagedAllocator(PoolSlots):
         return hash((block_hash, group))
 
     def _cached(self, block_hash: int, group_ids: Sequence[int]) -> list[int] | None:
-        found = [self.pool.lookup(self._key(block_hash, g)) for g in group_ids]
+        found = [self.prefix_cache.lookup(self._key(block_hash, g)) for g in group_ids]
         return None if any(b is None for b in found) else found  # type: ignore[return-value]
 
     def _type_hit(self, group: KVGroup, group_ids: Sequence[int], hashes: list[int],
@@ -264,8 +267,8 @@ class GroupedPagedAllocator(PoolSlots):
         for g, table in enumerate(seq.tables):
             for index in range(seq.num_hashed_blocks, num_full):
                 block_id = table[index]
-                if block_id != NULL_BLOCK_ID and self.pool.block_hashes[block_id] is None:
-                    self.pool.cache_block(block_id, self._key(hashes[index], g))
+                if block_id != NULL_BLOCK_ID and self.prefix_cache.block_hashes[block_id] is None:
+                    self.prefix_cache.insert_keys((block_id,), (self._key(hashes[index], g),))
         seq.num_hashed_blocks = num_full
 
     # ---------------------------------------------------------- fork and free
