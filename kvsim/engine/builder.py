@@ -135,7 +135,7 @@ def engine_result(scenario: Scenario, parts: EngineParts, recorder: StepRecorder
     the recorder's writer put the rows (they are read from there on access)."""
     scheduler = parts.scheduler
     assert num_requests is None or len(scheduler.records) == num_requests, "a request went missing"
-    assert scheduler.alloc.num_held_slots == 0, "KV still held after the run"
+    assert scheduler.num_held_slots == 0, "KV still held after the run"
     recorder.finish()
     request_columns = scheduler.records.columns()
     summary = summarize(request_columns, recorder.totals, scheduler.counters(), parts.facts)

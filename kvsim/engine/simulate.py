@@ -77,13 +77,13 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
         ["time_s", "dp_rank"], kind="stable").reset_index(drop=True)
     summary = summarize(requests_df, dp_group_steps(steps_df, len(parts)), schedulers[0].counters(),
                         {**parts[0].facts, "data_parallel_size": len(parts)})
+    counters = [s.counters() for s in schedulers]
     for key, attr in (("num_preemptions", "num_preemptions"), ("num_prefix_cache_query_tokens",
                       "num_prefix_query_tokens"), ("num_prefix_cache_hit_tokens", "num_prefix_hit_tokens"),
                       ("num_prefix_cache_preempted_query_tokens", "num_preempted_query_tokens"),
                       ("num_prefix_cache_preempted_hit_tokens", "num_preempted_hit_tokens"),
-                      ("swapped_out_bytes", "num_swapped_out_bytes")):
-        summary[key] = sum(getattr(s, attr) for s in schedulers)
-    summary["num_copy_on_writes"] = sum(s.alloc.num_copy_on_writes for s in schedulers)
+                      ("swapped_out_bytes", "num_swapped_out_bytes"), ("num_copy_on_writes", "num_copy_on_writes")):
+        summary[key] = sum(getattr(c, attr) for c in counters)
     queries = summary["num_prefix_cache_query_tokens"]
     summary["prefix_cache_hit_rate"] = summary["num_prefix_cache_hit_tokens"] / queries if queries else 0.0
     kept = kept_step_index(len(steps_df), scenario.steps)

@@ -84,7 +84,7 @@ class FleetView:
 
     def kv_usage(self) -> list[float]:
         """Each replica's usage now, mid-burst included (`Inbox.kv_usage`)."""
-        return [inbox.kv_usage(s.alloc.usage, self.now_s) for s, inbox in zip(self.schedulers, self.inboxes,
+        return [inbox.kv_usage(s.kv_usage, self.now_s) for s, inbox in zip(self.schedulers, self.inboxes,
                                                                                 strict=True)]
 
 

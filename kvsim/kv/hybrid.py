@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from kvsim.kv.block_pool import NULL_BLOCK_ID, BlockPool, PoolSlots
 from kvsim.kv.prefix_cache import HashChainCache
-from kvsim.kv.protocol import NO_HIT, Occupancy, PrefixHit
+from kvsim.kv.protocol import ALLOCATED, NO_HIT, Allocation, Occupancy, PrefixHit
 from kvsim.model.errors import KvsimError
 from kvsim.model.kv_layout import KVGroup, KVLayout
 from kvsim.model.units import ceil_div
@@ -195,10 +195,10 @@ class GroupedPagedAllocator(PoolSlots):
         raise KvsimError("parallel sampling (n > 1) is not supported with sliding-window or chunked KV groups")
 
     def allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
-                 content: Content | None = None, hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:
+                 content: Content | None = None, hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> Allocation | None:
         """Free what the window left behind, then hold `num_tokens_total` tokens in every group."""
         if not self.can_allocate(seq_id, num_tokens_total, final_num_tokens, hit, reserve_slots):
-            return False
+            return None
         seq = self.seqs.get(seq_id)
         if seq is None:
             seq = self._start(seq_id, final_num_tokens or num_tokens_total, content, hit)
@@ -206,7 +206,7 @@ class GroupedPagedAllocator(PoolSlots):
             self.remove_skipped_blocks(seq)
         if num_tokens_total > seq.num_tokens:
             self._write(seq, num_tokens_total)
-        return True
+        return ALLOCATED
 
     def append_token(self, seq_id: int) -> bool:
         """No separate fast path: every token goes through `allocate`."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from kvsim.kv.block_pool import BlockPool, PoolSlots
 from kvsim.kv.paged_burst import PagedBursts
 from kvsim.kv.prefix_cache import HashChainCache, PrefixCache
-from kvsim.kv.protocol import NO_HIT, PrefixHit, SwapResult
+from kvsim.kv.protocol import ALLOCATED, NO_HIT, Allocation, PrefixHit, SwapResult
 from kvsim.model.units import ceil_div
 from kvsim.workload.content import Content
 
@@ -171,24 +171,24 @@ class PagedAllocator(PoolSlots, PagedBursts):
         content: Content | None = None,
         hit: PrefixHit = NO_HIT,
         reserve_slots: int = 0,
-    ) -> bool:
+    ) -> Allocation | None:
         """Make the sequence hold slots for `num_tokens_total` tokens and mark them written.
 
         A new sequence starts from `hit` (its cached prefix blocks); `final_num_tokens` (its
         prompt + output length) is needed only to classify free slots as reserved vs internal
-        fragmentation. Returns False, changing nothing, when the blocks are not there.
+        fragmentation. Returns None, changing nothing, when the blocks are not there.
         """
         seq = self.seqs.get(seq_id)
         if seq is not None and num_tokens_total == seq.num_tokens + 1 and self.append_token(seq_id):
-            return True
+            return ALLOCATED
         needed = self._blocks_needed(seq, num_tokens_total, hit)
         if needed and needed + ceil_div(reserve_slots, self.block_size) > self.pool.num_free_blocks:
-            return False
+            return None
         if seq is None:
             seq = self._start(seq_id, final_num_tokens or num_tokens_total, content, hit)
-        if num_tokens_total > seq.num_tokens:
-            self._write(seq, num_tokens_total)
-        return True
+        if num_tokens_total > seq.num_tokens and self._write(seq, num_tokens_total):
+            return Allocation(num_copied_blocks=1)
+        return ALLOCATED
 
     def append_token(self, seq_id: int) -> bool:
         """`allocate(seq_id, written + 1)` when that token goes into the sequence's own partly
@@ -236,15 +236,18 @@ class PagedAllocator(PoolSlots, PagedBursts):
         self._sum_reservable += value - seq.reservable
         seq.reservable = value
 
-    def _write(self, seq: SeqBlocks, num_tokens_total: int) -> None:
+    def _write(self, seq: SeqBlocks, num_tokens_total: int) -> bool:
+        """Write up to `num_tokens_total`; True if a shared last block was copied first."""
         pool, table = self.pool, seq.block_table
-        if seq.num_tokens % self.block_size and pool.ref_counts[table[-1]] > 1:
+        copied = bool(seq.num_tokens % self.block_size) and pool.ref_counts[table[-1]] > 1
+        if copied:
             self._copy_on_write(seq)
         new_len = ceil_div(num_tokens_total, self.block_size)
         if new_len > len(table):
             self._num_mapped_blocks += new_len - len(table)
             table.extend(pool.get_new_blocks(new_len - len(table)))
         self._mark_written(seq, num_tokens_total)
+        return copied
 
     def _mark_written(self, seq: SeqBlocks, num_tokens_total: int) -> None:
         """Record tokens written up to `num_tokens_total` into blocks the table already holds.

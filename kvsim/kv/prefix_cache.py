@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from kvsim.kv.protocol import PrefixHit
@@ -148,3 +149,23 @@ class HashChainCache:
         assert sum(h is not None for h in self.block_hashes) == len(self.cached)
         free_cached = sum(1 for b, h in enumerate(self.block_hashes) if h is not None and ref_counts[b] == 0)
         assert free_cached == len(self._evictable), "a free cached block is not evictable"
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """vLLM's prefix-cache counters, in tokens (`PrefixCacheStats.record`, vllm/v1/metrics/stats.py):
+    queries and hits of first admissions; re-admissions after a recompute preemption, which re-hit
+    their own blocks, are counted apart. kvsim records a request once, when it is admitted."""
+
+    num_query_tokens: int = 0
+    num_hit_tokens: int = 0
+    num_preempted_query_tokens: int = 0
+    num_preempted_hit_tokens: int = 0
+
+    def record(self, num_tokens: int, num_hit_tokens: int, preempted: bool) -> None:
+        if preempted:
+            self.num_preempted_query_tokens += num_tokens
+            self.num_preempted_hit_tokens += num_hit_tokens
+        else:
+            self.num_query_tokens += num_tokens
+            self.num_hit_tokens += num_hit_tokens
