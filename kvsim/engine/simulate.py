@@ -51,7 +51,7 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
     parts = [build_engine(scenario, rng) for _ in range(scenario.engine.data_parallel_size)]
     schedulers = [p.scheduler for p in parts]
     env = simpy.Environment()
-    arrivals = Arrivals(iter_requests(scenario, parts[0].facts["max_model_len"], rng))
+    arrivals = Arrivals(iter_requests(scenario, parts[0].spec.max_model_len, rng))
     wake = [env.event()]
 
     def arrival_process() -> Generator:
@@ -142,7 +142,7 @@ def simulate_single(scenario: Scenario, check: bool, progress: ProgressFn | None
     if any, puts them at `steps_path` once the output is swapped in)."""
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
     parts = build_engine(scenario, rng, memory_limit_bytes, steps_in_memory=recorder.keeps_all_rows)
-    requests = iter_requests(scenario, parts.facts["max_model_len"], rng)
+    requests = iter_requests(scenario, parts.spec.max_model_len, rng)
     num_requests = scenario.workload.num_requests  # an upper bound for progress (a trace may hold fewer)
     run_engine(parts.scheduler, parts.latency, requests, check=check, progress=progress, bursts=bursts,
                recorder=recorder, num_requests=num_requests)
