@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.collectives import allreduce_s
 from kvsim.model.moe_cost import MoECost
-from kvsim.model.weights import attention_params_per_layer
+from kvsim.model.spec import attention_params_per_layer
 
 if TYPE_CHECKING:
     from kvsim.latency.base import LatencyModel
