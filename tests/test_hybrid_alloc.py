@@ -86,9 +86,10 @@ def test_prefix_hit_with_sliding_window_needs_the_blocks_before_the_hit() -> Non
 
 def evict(alloc: GroupedPagedAllocator, block_ids: list[int]) -> None:
     """Drop cached free blocks' content, as `BlockPool.get_new_blocks` does when it reuses them."""
+    cache = alloc.prefix_cache
     for block_id in block_ids:
-        del alloc.pool.cached[alloc.pool.block_hashes[block_id]]
-        alloc.pool.block_hashes[block_id] = None
+        del cache.cached[cache.block_hashes[block_id]]
+        cache.block_hashes[block_id] = None
 
 
 def test_prefix_hit_needs_only_the_sliding_blocks_inside_the_window() -> None:

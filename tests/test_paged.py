@@ -32,7 +32,7 @@ def test_free_order_is_lru_with_hashed_tail_blocks_evicted_first():
     assert list(a.pool.free_queue) == [6, 3, 7, 8, 9, 10, 2, 1, 5, 4]
     assert a.allocate(3, 160)
     assert a.seqs[3].block_table == [6, 3, 7, 8, 9, 10, 2, 1, 5, 4]
-    assert a.pool.cached == {}  # lazily evicted as they were popped
+    assert a.pool.cache.cached == {}  # lazily evicted as they were popped
     a.check_invariants()
 
 
@@ -214,5 +214,5 @@ def test_a_burst_equals_one_token_allocations_step_by_step(caching):
     for a in (burst, naive):
         a.check_invariants()
     assert [naive.seqs[s].block_table for s in (1, 2, 3)] == [burst.seqs[s].block_table for s in (1, 2, 3)]
-    assert burst.block_fill == naive.block_fill and burst.pool.block_hashes == naive.pool.block_hashes
+    assert burst.block_fill == naive.block_fill and burst.prefix_cache.block_hashes == naive.prefix_cache.block_hashes
     assert burst.pool.free_queue == naive.pool.free_queue

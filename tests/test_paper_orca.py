@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.engine.builder import make_allocator
+from kvsim.engine.builder import make_allocator, resolve_engine
 from kvsim.engine.simulate import simulate
 from kvsim.kv import SlabAllocator, fig2_shares, region_slots, waste
 from kvsim.kv.regions import BuddySpace
-from kvsim.model.config import load_gpu, load_model
 from kvsim.workload.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
@@ -57,7 +56,7 @@ def test_buddy_rounds_regions_and_counts_the_rounding_as_slack():
 
 def test_slab_pools_have_no_null_block():
     scenario = load_scenario(SCENARIOS / "paper-slab-max.yaml")
-    alloc = make_allocator(load_model(scenario.model), load_gpu(scenario.gpu), scenario.engine)
+    alloc = make_allocator(resolve_engine(scenario))
     assert alloc.num_total_slots == PAPER_POOL_SLOTS
 
 

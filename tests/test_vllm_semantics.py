@@ -19,9 +19,9 @@ def test_preempted_readmissions_are_not_prefix_cache_hits():
     reqs = [make_request(i, 0.0, prompt=40, output=60) for i in range(2)]
     run(s, reqs)
     assert s.num_preemptions >= 1
-    assert s.num_prefix_hit_tokens == 0
-    assert s.num_prefix_query_tokens == 80  # each request's first admission: its 40 prompt tokens
-    assert s.num_preempted_hit_tokens > 0  # the victim re-hit its own full blocks
+    assert s.prefix_stats.num_hit_tokens == 0
+    assert s.prefix_stats.num_query_tokens == 80  # each request's first admission: its 40 prompt tokens
+    assert s.prefix_stats.num_preempted_hit_tokens > 0  # the victim re-hit its own full blocks
 
 
 def test_no_shared_prefix_workload_reports_zero_hits_under_preemption():

@@ -1,5 +1,13 @@
-"""The builder: a validated scenario resolved once into one engine's parts (allocator, scheduler, latency
-model, limits) and the facts its summary reports.
+"""The builder: a validated scenario resolved once into one immutable engine specification, then built.
+
+    scenario ──resolve_engine──▶ EngineSpec ──build_engine──▶ EngineParts (allocator in a scheduler, latency)
+              (model, GPU, limits, KV layout,   (runtime state, built from the spec alone)
+               pool size, bytes per block: once)
+
+`resolve_engine` is the one place the model and GPU are loaded and the capacity math runs
+for an engine: everything downstream (allocator, scheduler limits, latency model, the summary's
+facts, the workload's length cap) reads the spec and re-derives nothing. It raises `KvsimError`
+naming the field for what vLLM would refuse at startup.
 """
 
 from __future__ import annotations
@@ -14,13 +22,7 @@ from kvsim.engine.recorder import StepRecorder
 from kvsim.kv import GroupedPagedAllocator, KVAllocator, PagedAllocator, SlabAllocator
 from kvsim.latency.base import ConstantLatency, LatencyModel
 from kvsim.latency.roofline import RooflineLatency
-from kvsim.model.capacity import (
-    kv_bytes_per_block,
-    kv_bytes_per_token,
-    model_kv_layout,
-    model_max_concurrency,
-    num_gpu_blocks,
-)
+from kvsim.model.capacity import model_kv_layout, num_gpu_blocks
 from kvsim.model.config import EngineConfig, load_gpu, load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_run_memory
@@ -31,72 +33,117 @@ from kvsim.workload.scenario import Scenario
 
 if TYPE_CHECKING:
     from kvsim.model.config import GPUSpec, ModelSpec
+    from kvsim.model.kv_layout import KVLayout
 
 
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """One engine of a scenario, resolved once (`resolve_engine`); immutable.
 
-def make_allocator(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> KVAllocator:
-    """The KV allocator of `engine.allocator`, sized by the capacity math (same bytes for all kinds).
-
-    Paged pools keep vLLM's null block (`num_gpu_blocks − 1` usable blocks); slab pools, the
-    paper's Orca, have none: all `num_gpu_blocks · block_size` slots (OPT-13B in 12 GiB: 15,728).
+    `scenario` is the validated scenario it came from (its workload source, latency choice,
+    seed and `steps`); `gpu` has the scenario's `gpu_link` applied. `num_gpu_blocks` is the
+    pool's block ids (vLLM's null block included), `num_kv_slots` the slots an allocator can
+    hand out (paged pools keep block 0 back: `(num_gpu_blocks − 1) · block_size`; slab pools,
+    the paper's Orca, have no null block). `num_cpu_blocks`/`num_cpu_slots`: the swap space.
     """
+
+    scenario: Scenario
+    model: ModelSpec
+    gpu: GPUSpec
+    engine: EngineConfig
+    max_model_len: int
+    kv_layout: KVLayout
+    num_gpu_blocks: int
+    bytes_per_block: int
+    bytes_per_token: int
+    num_kv_slots: int
+    num_cpu_blocks: int
+    num_cpu_slots: int
+    limits: SchedulerLimits
+
+    @property
+    def vllm_max_concurrency(self) -> float:
+        """vLLM's startup "maximum concurrency": every request at `max_model_len` (`KVLayout.max_concurrency`)."""
+        return self.kv_layout.max_concurrency(self.num_gpu_blocks, self.max_model_len,
+                                              self.limits.max_num_batched_tokens)
+
+
+def resolve_engine(scenario: Scenario) -> EngineSpec:
+    """Load the model and GPU, check what vLLM checks at startup and size the KV pool, once."""
+    model, gpu, engine = load_model(scenario.model), load_gpu(scenario.gpu), scenario.engine
+    if scenario.gpu_link is not None:
+        gpu = gpu.model_copy(update={"link": scenario.gpu_link})
+    max_model_len = engine.resolved_max_model_len(model)
+    engine.check_vllm_startup(max_model_len, gpu)
     num_blocks = num_gpu_blocks(model, gpu, engine)
-    if num_blocks < 2 and engine.allocator == "paged":
-        raise KvsimError(f"num_gpu_blocks={num_blocks}: need at least 2 (one is vLLM's null block)")
-    bytes_per_block = kv_bytes_per_block(model, engine)
     layout = model_kv_layout(model, engine)
-    if any(g.kind in ("sliding_window", "chunked_local") for g in layout.groups):
-        if engine.allocator != "paged" or engine.scheduler != "v1":
-            raise KvsimError(f"model={model.name}: sliding-window/chunked KV groups need allocator=paged and "
-                             "scheduler=v1 (vLLM's hybrid KV cache manager); or set "
-                             "engine.disable_hybrid_kv_cache_manager=true")
-        mnbt = engine.resolved_max_num_batched_tokens(engine.resolved_max_model_len(model), gpu)
-        return GroupedPagedAllocator(num_blocks, layout, mnbt, engine.enable_prefix_caching, bytes_per_block)
+    bs = engine.block_size
+    num_kv_slots = (num_blocks - 1 if engine.allocator == "paged" else num_blocks) * bs
     swap_bytes = int(engine.swap_space * 2**30)
-    if engine.allocator == "paged":
-        return PagedAllocator(num_blocks, engine.block_size, enable_caching=engine.enable_prefix_caching,
-                              num_cpu_blocks=swap_bytes // bytes_per_block, bytes_per_block=bytes_per_block)
-    bytes_per_token = kv_bytes_per_token(model, engine)
-    return SlabAllocator(num_blocks * engine.block_size, engine.resolved_max_model_len(model),
-                         policy=engine.allocator.removeprefix("slab-"),  # type: ignore[arg-type]
-                         num_cpu_slots=swap_bytes // bytes_per_token, bytes_per_token=bytes_per_token,
-                         placement=engine.slab_placement)
-
-
-def make_latency(scenario: Scenario, model: ModelSpec, gpu: GPUSpec) -> LatencyModel:
-    cfg = scenario.latency
-    if cfg.model == "constant":
-        return ConstantLatency(cfg.step_s, gpu.host_link_bandwidth_bytes_per_s)
-    roofline = RooflineLatency(model, gpu, scenario.engine, cfg.overhead_s, cfg.overlap_swap)
-    if cfg.model == "roofline":
-        return roofline
-    from kvsim.latency.calibrated import CalibratedLatency
-    from kvsim.latency.profiles.loader import load_profile
-
-    assert cfg.profile is not None
-    profile = load_profile(scenario.resolve_path(cfg.profile), model, gpu, scenario.engine)
-    return CalibratedLatency(profile, model, scenario.engine, roofline)
-
-
-def make_limits(engine: EngineConfig, gpu: GPUSpec, max_model_len: int,
-                allocator: KVAllocator) -> SchedulerLimits:
-    watermark_slots = 0
-    if engine.resolved_watermark:
-        bs = engine.block_size
-        watermark_slots = int(engine.resolved_watermark * allocator.num_total_slots / bs) * bs
-    return SchedulerLimits(
+    watermark_slots = int(engine.resolved_watermark * num_kv_slots / bs) * bs if engine.resolved_watermark else 0
+    limits = SchedulerLimits(
         max_num_seqs=engine.resolved_max_num_seqs(gpu),
         max_num_batched_tokens=engine.resolved_max_num_batched_tokens(max_model_len, gpu),
         max_model_len=max_model_len,
         watermark_slots=watermark_slots,
         preemption_mode=engine.preemption_mode,
     )
+    return EngineSpec(scenario, model, gpu, engine, max_model_len, layout, num_blocks, layout.bytes_per_block,
+                      layout.bytes_per_token, num_kv_slots, swap_bytes // layout.bytes_per_block,
+                      swap_bytes // layout.bytes_per_token, limits)
+
+
+def make_allocator(spec: EngineSpec) -> KVAllocator:
+    """The KV allocator of `engine.allocator`, sized by the spec (same bytes for all kinds).
+
+    Paged pools keep vLLM's null block (`num_gpu_blocks − 1` usable blocks); slab pools, the
+    paper's Orca, have none: all `num_gpu_blocks · block_size` slots (OPT-13B in 12 GiB: 15,728).
+    """
+    engine, num_blocks = spec.engine, spec.num_gpu_blocks
+    if num_blocks < 2 and engine.allocator == "paged":
+        raise KvsimError(f"num_gpu_blocks={num_blocks}: need at least 2 (one is vLLM's null block)")
+    allocator: KVAllocator
+    if any(g.kind in ("sliding_window", "chunked_local") for g in spec.kv_layout.groups):
+        if engine.allocator != "paged" or engine.scheduler != "v1":
+            raise KvsimError(f"model={spec.model.name}: sliding-window/chunked KV groups need allocator=paged and "
+                             "scheduler=v1 (vLLM's hybrid KV cache manager); or set "
+                             "engine.disable_hybrid_kv_cache_manager=true")
+        allocator = GroupedPagedAllocator(num_blocks, spec.kv_layout, spec.limits.max_num_batched_tokens,
+                                          engine.enable_prefix_caching, spec.bytes_per_block)
+    elif engine.allocator == "paged":
+        allocator = PagedAllocator(num_blocks, engine.block_size, enable_caching=engine.enable_prefix_caching,
+                                   num_cpu_blocks=spec.num_cpu_blocks, bytes_per_block=spec.bytes_per_block)
+    else:
+        allocator = SlabAllocator(num_blocks * engine.block_size, spec.max_model_len,
+                                  policy=engine.allocator.removeprefix("slab-"),  # type: ignore[arg-type]
+                                  num_cpu_slots=spec.num_cpu_slots, bytes_per_token=spec.bytes_per_token,
+                                  placement=engine.slab_placement)
+    assert allocator.num_total_slots == spec.num_kv_slots, "the spec's slot count is the allocator's"
+    return allocator
+
+
+def make_latency(spec: EngineSpec) -> LatencyModel:
+    """The scenario's latency model (`latency.model`) for the spec's model, GPU and engine."""
+    scenario, model, gpu = spec.scenario, spec.model, spec.gpu
+    cfg = scenario.latency
+    if cfg.model == "constant":
+        return ConstantLatency(cfg.step_s, gpu.host_link_bandwidth_bytes_per_s)
+    roofline = RooflineLatency(model, gpu, spec.engine, cfg.overhead_s, cfg.overlap_swap, layout=spec.kv_layout)
+    if cfg.model == "roofline":
+        return roofline
+    from kvsim.latency.calibrated import CalibratedLatency
+    from kvsim.latency.profiles.loader import load_profile
+
+    assert cfg.profile is not None
+    profile = load_profile(scenario.resolve_path(cfg.profile), model, gpu, spec.engine)
+    return CalibratedLatency(profile, model, spec.engine, roofline)
 
 
 @dataclass(frozen=True, slots=True)
 class EngineParts:
-    """One engine built from a scenario: its scheduler (with the KV allocator), latency model and facts."""
+    """One engine built from its spec: its scheduler (with the KV allocator), latency model and facts."""
 
+    spec: EngineSpec
     scheduler: Scheduler
     latency: LatencyModel
     facts: dict[str, Any]
@@ -104,28 +151,22 @@ class EngineParts:
 
 def build_engine(scenario: Scenario, rng: np.random.Generator, memory_limit_bytes: int | None = None,
                  steps_in_memory: bool = True) -> EngineParts:
-    """The allocator, scheduler and latency model of `scenario`'s model, GPU and engine settings,
-    once the run is known to fit in `memory_limit_bytes` (see `kvsim.results.budget`; `steps_in_memory`:
-    the run keeps every step row in memory rather than streaming them or keeping a sample)."""
-    model, gpu, engine = load_model(scenario.model), load_gpu(scenario.gpu), scenario.engine
-    if scenario.gpu_link is not None:
-        gpu = gpu.model_copy(update={"link": scenario.gpu_link})
-    max_model_len = engine.resolved_max_model_len(model)
-    engine.check_vllm_startup(max_model_len, gpu)
-    check_run_memory(scenario, model, gpu, engine, num_gpu_blocks(model, gpu, engine),
-                     kv_bytes_per_block(model, engine), memory_limit_bytes, steps_in_memory)
-    allocator = make_allocator(model, gpu, engine)
-    scheduler = make_scheduler(engine.scheduler, allocator, make_limits(engine, gpu, max_model_len, allocator), rng)
-    latency = make_latency(scenario, model, gpu)
-    num_blocks = num_gpu_blocks(model, gpu, engine)
+    """The allocator, scheduler and latency model of `scenario`'s engine (`resolve_engine`), once the run
+    is known to fit in `memory_limit_bytes` (see `kvsim.results.budget`; `steps_in_memory`: the run
+    keeps every step row in memory rather than streaming them or keeping a sample)."""
+    spec = resolve_engine(scenario)
+    check_run_memory(scenario, spec.model, spec.gpu, spec.engine, spec.num_gpu_blocks, spec.bytes_per_block,
+                     memory_limit_bytes, steps_in_memory)
+    scheduler = make_scheduler(spec.engine.scheduler, make_allocator(spec), spec.limits, rng)
+    latency = make_latency(spec)
+    engine = spec.engine
     facts = {
-        "scenario": scenario.name, "model": model.name, "gpu": gpu.name, "allocator": engine.allocator,
+        "scenario": scenario.name, "model": spec.model.name, "gpu": spec.gpu.name, "allocator": engine.allocator,
         "scheduler": engine.scheduler, "latency_model": latency.name, "seed": scenario.seed,
-        "block_size": engine.block_size, "max_model_len": max_model_len, "num_gpu_blocks": num_blocks,
-        "kv_cache_dtype": engine.kv_cache_dtype,
-        "vllm_max_concurrency": model_max_concurrency(model, gpu, engine, num_blocks, max_model_len),
+        "block_size": engine.block_size, "max_model_len": spec.max_model_len, "num_gpu_blocks": spec.num_gpu_blocks,
+        "kv_cache_dtype": engine.kv_cache_dtype, "vllm_max_concurrency": spec.vllm_max_concurrency,
     }
-    return EngineParts(scheduler, latency, facts)
+    return EngineParts(spec, scheduler, latency, facts)
 
 
 def engine_result(scenario: Scenario, parts: EngineParts, recorder: StepRecorder, num_requests: int | None = None,
@@ -135,7 +176,7 @@ def engine_result(scenario: Scenario, parts: EngineParts, recorder: StepRecorder
     the recorder's writer put the rows (they are read from there on access)."""
     scheduler = parts.scheduler
     assert num_requests is None or len(scheduler.records) == num_requests, "a request went missing"
-    assert scheduler.alloc.num_held_slots == 0, "KV still held after the run"
+    assert scheduler.num_held_slots == 0, "KV still held after the run"
     recorder.finish()
     request_columns = scheduler.records.columns()
     summary = summarize(request_columns, recorder.totals, scheduler.counters(), parts.facts)

@@ -18,7 +18,7 @@ import simpy
 from kvsim.workload.request import Request
 
 if TYPE_CHECKING:
-    pass
+    from kvsim.sched.request_queue import RequestQueue
 
 
 
@@ -128,7 +128,7 @@ class Arrivals:
         return list(zip(itertools.islice(self._ahead, num), self._delivered[first:first + num], strict=True))
 
 
-def waiting_before_steps(waiting: deque[Request], num_before: int, starts_s: list[float],
+def waiting_before_steps(waiting: RequestQueue, num_before: int, starts_s: list[float],
                          delivered: list[tuple[Request, float]]) -> list[int]:
     """The waiting count before each step a burst ran in one wait, as a step-by-step engine records it.
 

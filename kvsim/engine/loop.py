@@ -54,7 +54,7 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
             num_waiting = len(scheduler.waiting)
             # each step's start, then the last one's end, summed as one timeout per step would (`t += d`)
             instants_s = list(itertools.accumulate(burst.durations, initial=env.now))
-            rows = recorder.begin_burst(instants_s[:-1], burst, scheduler) if inbox is None else None
+            rows = recorder.begin_burst(instants_s[:-1], burst, scheduler.snapshot()) if inbox is None else None
             if inbox is not None and inbox.observe_kv:  # usage after each step, as `record` would write it
                 held, _, _ = scheduler.alloc.burst_occupancy(burst.seq_ids, len(burst.durations))
                 total = scheduler.alloc.num_total_slots
@@ -80,7 +80,7 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
                 waiting = waiting_before_steps(scheduler.waiting, num_waiting, instants_s[:-1], delivered)
             if inbox is not None:  # cut after the step in flight; arrivals waited in the inbox
                 burst = Burst(burst.batch, burst.durations[:len(waiting)], burst.seq_ids)
-                rows = recorder.begin_burst(instants_s[:len(waiting)], burst, scheduler)
+                rows = recorder.begin_burst(instants_s[:len(waiting)], burst, scheduler.snapshot())
             assert rows is not None
             recorder.end_burst(rows, waiting, scheduler.apply_burst(burst, env.now))
             if inbox is not None:
@@ -89,12 +89,10 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
                     scheduler.add(req)
                 inbox.requests.clear()
             if check:
-                scheduler.alloc.check_invariants()
+                scheduler.check_invariants()
             steps += len(burst.durations)
             continue
-        copies_before = scheduler.alloc.num_copy_on_writes
         plan = scheduler.schedule(env.now)
-        plan.num_copied_blocks = scheduler.alloc.num_copy_on_writes - copies_before
         if plan.is_empty:
             if plan.preempted:
                 continue  # preemptions freed memory; plan again at the same instant
@@ -105,11 +103,11 @@ def step_loop(env: simpy.Environment, scheduler: Scheduler, latency: LatencyMode
             wake[0] = env.event()
             continue
         duration = latency.step_time(plan)
-        recorder.record(env.now, duration, plan, scheduler)
+        recorder.record(env.now, duration, plan, scheduler.snapshot())
         yield env.timeout(duration)
         scheduler.complete(plan, env.now)
         if check:
-            scheduler.alloc.check_invariants()
+            scheduler.check_invariants()
         steps += 1
         if progress is not None and steps >= next_progress:
             next_progress += PROGRESS_EVERY_STEPS
@@ -222,11 +220,11 @@ def lockstep_loop(env: simpy.Environment, schedulers: Sequence[Scheduler], laten
             p.num_dp_group_tokens = group_tokens
         duration = max(latencies[i].step_time(p) for i, p in busy)
         for i, p in busy:
-            recorders[i].record(env.now, duration, p, schedulers[i])
+            recorders[i].record(env.now, duration, p, schedulers[i].snapshot())
         yield env.timeout(duration)
         for i, p in busy:
             schedulers[i].complete(p, env.now)
             if check:
-                schedulers[i].alloc.check_invariants()
+                schedulers[i].check_invariants()
 
 

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from kvsim.kv import sharing_saved_slots, waste
 from kvsim.results.metrics import STEP_COLUMNS, STEP_FLOAT_COLUMNS, StepTotals
 
 if TYPE_CHECKING:
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
     from kvsim.kv.protocol import Occupancy
     from kvsim.latency.step_plan import StepPlan
     from kvsim.results.step_writer import StepWriter
-    from kvsim.sched import Scheduler
+    from kvsim.sched.base import SchedulerSnapshot
     from kvsim.sched.burst import Burst
     from kvsim.workload.scenario import StepsMode
 
@@ -47,14 +46,6 @@ SINGLE_FLOATS = tuple(name for name in COLUMNS if name in FLOAT_COLUMNS)  # `rec
 SINGLE_INTS = tuple(name for name in COLUMNS if name not in FLOAT_COLUMNS)
 
 Chunk = dict[str, np.ndarray]
-
-
-def _next_region_slots(scheduler: Scheduler) -> int | None:
-    """The region the next waiting request needs (slabs' external fragmentation is relative to it)."""
-    if not scheduler.waiting:
-        return None
-    head = scheduler.waiting[0]
-    return scheduler.alloc.region_slots(head.kv_len, head.prompt_len)
 
 
 def empty_chunk() -> Chunk:
@@ -239,29 +230,30 @@ class StepRecorder:
     def num_steps(self) -> int:
         return self.totals.num_steps + self._num_rows + len(self._bursts)
 
-    def record(self, now: float, duration_s: float, plan: StepPlan, scheduler: Scheduler) -> None:
-        alloc = scheduler.alloc
-        w = waste(alloc, _next_region_slots(scheduler))
-        total = alloc.num_total_slots
-        self._floats.extend((now, duration_s, alloc.usage, w.token_state / total, w.reserved / total,
+    def record(self, now: float, duration_s: float, plan: StepPlan, state: SchedulerSnapshot) -> None:
+        """One step's row: `plan` is what it computes, `state` the engine as it was planned (`Scheduler.snapshot`)."""
+        kv = state.kv
+        w = kv.waste()
+        total = kv.total_slots
+        self._floats.extend((now, duration_s, kv.usage, w.token_state / total, w.reserved / total,
                              w.internal_frag / total, w.slack / total, w.external_frag / total, w.free / total))
-        self._ints.extend((len(scheduler.running), len(scheduler.waiting), len(scheduler.swapped), plan.num_tokens,
-                           plan.num_prefill_tokens, plan.num_decode_seqs, scheduler.num_preemptions,
-                           plan.swap_in_bytes, plan.swap_out_bytes, alloc.num_held_slots, sharing_saved_slots(alloc)))
+        self._ints.extend((state.num_running, state.num_waiting, state.num_swapped, plan.num_tokens,
+                           plan.num_prefill_tokens, plan.num_decode_seqs, state.num_preemptions,
+                           plan.swap_in_bytes, plan.swap_out_bytes, kv.held_slots, kv.shared_slots))
         self._num_rows += 1
         if self._num_rows + len(self._bursts) >= self.chunk_rows:
             self.flush()
 
-    def begin_burst(self, starts_s: list[float], burst: Burst, scheduler: Scheduler) -> PendingBurst:
+    def begin_burst(self, starts_s: list[float], burst: Burst, state: SchedulerSnapshot) -> PendingBurst:
         """What a decode burst's rows need from before it is applied (`starts_s`: when each of its steps
-        starts, as the engine's clock reads then); `end_burst` adds the rest and writes rows identical
-        to what `record` would write step by step."""
-        alloc = scheduler.alloc
-        return PendingBurst(starts_s, burst.durations, len(burst.batch), scheduler.num_preemptions,
-                            alloc.external_fragmentation_slots(_next_region_slots(scheduler)),
-                            alloc.num_slack_slots,  # constant: nothing is placed or freed inside a burst
-                            sharing_saved_slots(alloc),  # bursts only append unshared blocks
-                            alloc.num_total_slots)
+        starts, as the engine's clock reads then; `state`: the engine then); `end_burst` adds the rest
+        and writes rows identical to what `record` would write step by step."""
+        kv = state.kv
+        return PendingBurst(starts_s, burst.durations, len(burst.batch), state.num_preemptions,
+                            kv.external_frag_slots,
+                            kv.slack_slots,  # constant: nothing is placed or freed inside a burst
+                            kv.shared_slots,  # bursts only append unshared blocks
+                            kv.total_slots)
 
     def end_burst(self, pending: PendingBurst, waiting: list[int], occupancy: Occupancy) -> None:
         """Append a burst's rows, with the waiting count the engine saw before each step and the held,

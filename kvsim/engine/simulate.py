@@ -51,7 +51,7 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
     parts = [build_engine(scenario, rng) for _ in range(scenario.engine.data_parallel_size)]
     schedulers = [p.scheduler for p in parts]
     env = simpy.Environment()
-    arrivals = Arrivals(iter_requests(scenario, parts[0].facts["max_model_len"], rng))
+    arrivals = Arrivals(iter_requests(scenario, parts[0].spec.max_model_len, rng))
     wake = [env.event()]
 
     def arrival_process() -> Generator:
@@ -77,13 +77,13 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
         ["time_s", "dp_rank"], kind="stable").reset_index(drop=True)
     summary = summarize(requests_df, dp_group_steps(steps_df, len(parts)), schedulers[0].counters(),
                         {**parts[0].facts, "data_parallel_size": len(parts)})
+    counters = [s.counters() for s in schedulers]
     for key, attr in (("num_preemptions", "num_preemptions"), ("num_prefix_cache_query_tokens",
                       "num_prefix_query_tokens"), ("num_prefix_cache_hit_tokens", "num_prefix_hit_tokens"),
                       ("num_prefix_cache_preempted_query_tokens", "num_preempted_query_tokens"),
                       ("num_prefix_cache_preempted_hit_tokens", "num_preempted_hit_tokens"),
-                      ("swapped_out_bytes", "num_swapped_out_bytes")):
-        summary[key] = sum(getattr(s, attr) for s in schedulers)
-    summary["num_copy_on_writes"] = sum(s.alloc.num_copy_on_writes for s in schedulers)
+                      ("swapped_out_bytes", "num_swapped_out_bytes"), ("num_copy_on_writes", "num_copy_on_writes")):
+        summary[key] = sum(getattr(c, attr) for c in counters)
     queries = summary["num_prefix_cache_query_tokens"]
     summary["prefix_cache_hit_rate"] = summary["num_prefix_cache_hit_tokens"] / queries if queries else 0.0
     kept = kept_step_index(len(steps_df), scenario.steps)
@@ -142,7 +142,7 @@ def simulate_single(scenario: Scenario, check: bool, progress: ProgressFn | None
     if any, puts them at `steps_path` once the output is swapped in)."""
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
     parts = build_engine(scenario, rng, memory_limit_bytes, steps_in_memory=recorder.keeps_all_rows)
-    requests = iter_requests(scenario, parts.facts["max_model_len"], rng)
+    requests = iter_requests(scenario, parts.spec.max_model_len, rng)
     num_requests = scenario.workload.num_requests  # an upper bound for progress (a trace may hold fewer)
     run_engine(parts.scheduler, parts.latency, requests, check=check, progress=progress, bursts=bursts,
                recorder=recorder, num_requests=num_requests)

@@ -84,7 +84,7 @@ class FleetView:
 
     def kv_usage(self) -> list[float]:
         """Each replica's usage now, mid-burst included (`Inbox.kv_usage`)."""
-        return [inbox.kv_usage(s.alloc.usage, self.now_s) for s, inbox in zip(self.schedulers, self.inboxes,
+        return [inbox.kv_usage(s.kv_usage, self.now_s) for s, inbox in zip(self.schedulers, self.inboxes,
                                                                                 strict=True)]
 
 
@@ -162,7 +162,7 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     view = FleetView([p.scheduler for p in parts], inboxes)
     config = scenario.router
     router = Router(config.policy, len(parts), scenario.engine.block_size, config.load_bound, config.load_slack,
-                    config.match_threshold, max_prefix_blocks=sum(p.facts["num_gpu_blocks"] for p in parts))
+                    config.match_threshold, max_prefix_blocks=sum(p.spec.num_gpu_blocks for p in parts))
     routes = Routes()
 
     def dispatch(req: Request) -> int:

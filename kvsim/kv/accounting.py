@@ -28,7 +28,7 @@ parent (the first sharer) until a copy-on-write gives the child its own block.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from kvsim.kv.protocol import KVAllocator
@@ -54,21 +54,39 @@ class Waste:
         return {k: v / total for k, v in asdict(self).items()}
 
 
+class KVOccupancy(NamedTuple):
+    """Where a pool's slots are at one instant, read once from its allocator (`occupancy`): what the
+    step rows need, so that they never hold the allocator itself. Immutable; a NamedTuple rather than
+    a frozen dataclass because one is built per engine step (0.4 µs against 1.6 µs)."""
+
+    total_slots: int
+    held_slots: int
+    filled_slots: int
+    reserved_slots: int
+    slack_slots: int
+    external_frag_slots: int  # relative to the next waiting request's region
+    shared_slots: int  # what sharing saves now (`sharing_saved_slots`)
+    usage: float  # vLLM's `kv_cache_usage_perc`
+
+    def waste(self) -> Waste:
+        """The five-way breakdown of the pool (see the module docstring)."""
+        held, filled, reserved, slack = self.held_slots, self.filled_slots, self.reserved_slots, self.slack_slots
+        external = self.external_frag_slots
+        return Waste(token_state=filled, reserved=reserved, internal_frag=held - filled - reserved - slack,
+                     slack=slack, external_frag=external, free=self.total_slots - held - external)
+
+
+def occupancy(allocator: KVAllocator, next_request_slots: int | None = None) -> KVOccupancy:
+    """The allocator's slots now; `next_request_slots` is the region the next waiting request needs."""
+    return KVOccupancy(allocator.num_total_slots, allocator.num_held_slots, allocator.num_filled_slots,
+                       allocator.num_reserved_slots, allocator.num_slack_slots,
+                       allocator.external_fragmentation_slots(next_request_slots), sharing_saved_slots(allocator),
+                       allocator.usage)
+
+
 def waste(allocator: KVAllocator, next_request_slots: int | None = None) -> Waste:
     """The five-way breakdown; `next_request_slots` is the region the next waiting request needs."""
-    held = allocator.num_held_slots
-    filled = allocator.num_filled_slots
-    reserved = allocator.num_reserved_slots
-    external = allocator.external_fragmentation_slots(next_request_slots)
-    slack = allocator.num_slack_slots
-    return Waste(
-        token_state=filled,
-        reserved=reserved,
-        internal_frag=held - filled - reserved - slack,
-        slack=slack,
-        external_frag=external,
-        free=allocator.num_total_slots - held - external,
-    )
+    return occupancy(allocator, next_request_slots).waste()
 
 
 def sharing_saved_slots(allocator: KVAllocator) -> int:

@@ -1,58 +1,61 @@
-"""Physical KV blocks: ref counts, the free queue (eviction order) and the prefix-cache map.
+"""Physical KV blocks: ref counts and the free queue (eviction order), over a prefix cache.
 
 This is mechanism only (vLLM v1's `BlockPool`); which blocks a sequence uses is policy and
-lives in `paged.py`.
+lives in `paged.py`; which free blocks keep content, and which of them to evict first, is the
+prefix cache's (`kvsim.kv.prefix_cache`: the hash chain by default).
 
     free queue (head = next to reuse)                         tail (reused last)
     ┌───────────────────────────┬─────────────────────────────────────────────┐
-    │ freed blocks with no hash │ freed cached blocks, least recently freed → │
+    │ freed blocks with no hash │ the cache's evictable blocks, LRU →         │
     └───────────────────────────┴─────────────────────────────────────────────┘
 
 * A block is *in use* when `ref_count > 0`, otherwise it is in the free queue.
-* A freed block with a content hash goes to the tail (LRU: its content may be hit again);
-  one without a hash goes to the head (nothing to keep).
-* Eviction is lazy: a cached block stays findable by hash while free, and is dropped from
-  the hash map only when `get_new_blocks` pops it for reuse.
+* A freed block holding cached content goes to the cache's evictable tail (LRU: its content
+  may be hit again); one without goes to the head (nothing to keep).
+* Eviction is lazy: a cached block stays findable while free, and its content is dropped
+  only when `get_new_blocks` takes it for reuse (`PrefixCache.evict`).
 * A prefix hit on a free cached block (`touch`) pulls it out of the queue in O(1).
 * With `null_block=True`, block 0 is reserved (vLLM's null block) and never handed out.
 
-Blocks enter the queue only at the head (no hash) or at the tail (hashed), and a block's hash
-changes only while it is in use, so the queue is always its unhashed blocks followed by its
-hashed ones. It is kept as those two parts: a stack (a list whose end is the head, so freeing
-a sequence's blocks is one `extend`) and an ordered dict (the LRU part).
+Blocks enter the queue only at the head (no content) or at the cache's tail, and a block's
+content changes only while it is in use, so the queue is always its plain blocks followed by
+the evictable ones. The head part is a stack (a list whose end is the head, so freeing a
+sequence's blocks is one `extend`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+
+from kvsim.kv.prefix_cache import HashChainCache, PrefixCache
 
 NULL_BLOCK_ID = 0
 
 
 class BlockPool:
-    """`num_blocks` physical blocks; `num_usable_blocks` excludes the null block."""
+    """`num_blocks` physical blocks; `num_usable_blocks` excludes the null block.
 
-    __slots__ = ("num_blocks", "null_block", "ref_counts", "block_hashes", "_unhashed", "_hashed", "cached")
+    `cache`: the prefix cache over these blocks (default: an empty `HashChainCache` of
+    `block_size`; a pool nobody caches in, as the CPU swap pool, simply never inserts).
+    """
 
-    def __init__(self, num_blocks: int, null_block: bool = True) -> None:
+    __slots__ = ("num_blocks", "null_block", "ref_counts", "cache", "_unhashed")
+
+    def __init__(self, num_blocks: int, null_block: bool = True, cache: PrefixCache | None = None,
+                 block_size: int = 16) -> None:
         assert num_blocks > int(null_block), "a pool needs at least one usable block"
         self.num_blocks = num_blocks
         self.null_block = null_block
         self.ref_counts = [0] * num_blocks
-        self.block_hashes: list[int | None] = [None] * num_blocks
+        self.cache: PrefixCache = cache if cache is not None else HashChainCache(num_blocks, block_size)
         first = 1 if null_block else 0
-        # the free queue's head part: free blocks without a hash, the head at the end (block `first` first)
+        # the free queue's head part: free blocks without cached content, the head at the end (block `first` first)
         self._unhashed: list[int] = list(range(num_blocks - 1, first - 1, -1))
-        # its tail part: free hashed blocks -> their hash, least recently freed first; OrderedDict as an
-        # O(1) doubly linked list: popitem(last=False) pops the oldest, pop(key) removes from the middle
-        self._hashed: OrderedDict[int, int] = OrderedDict()
-        self.cached: dict[int, int] = {}  # content hash -> block id
 
     @property
     def free_queue(self) -> list[int]:
         """The free blocks in eviction order (head first: the next handed out)."""
-        return [*reversed(self._unhashed), *self._hashed]
+        return [*reversed(self._unhashed), *self.cache.evictable_blocks()]
 
     @property
     def num_usable_blocks(self) -> int:
@@ -61,7 +64,7 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks with ref_count 0, cached or not: all can be handed out."""
-        return len(self._unhashed) + len(self._hashed)
+        return len(self._unhashed) + self.cache.num_evictable_blocks
 
     @property
     def usage(self) -> float:
@@ -69,7 +72,7 @@ class BlockPool:
         return 1.0 - self.num_free_blocks / self.num_usable_blocks
 
     def get_new_blocks(self, n: int) -> list[int]:
-        """Pop `n` blocks from the head, evicting their cached content; each gets ref_count 1.
+        """Pop `n` blocks from the head, evicting cached content last; each gets ref_count 1.
 
         The caller checks `num_free_blocks >= n` first ("can't" is decided before, not here).
         """
@@ -79,35 +82,26 @@ class BlockPool:
         popped = unhashed[len(unhashed) - num_unhashed:]
         popped.reverse()
         del unhashed[len(unhashed) - num_unhashed:]
+        if num_unhashed < n:  # then the cache's evictable blocks, their content forgotten
+            popped.extend(self.cache.evict(n - num_unhashed))
         for block_id in popped:
             ref_counts[block_id] = 1
-        if num_unhashed < n:  # then the least recently freed hashed blocks, evicted
-            popitem, block_hashes, cached = self._hashed.popitem, self.block_hashes, self.cached
-            append = popped.append
-            for _ in range(n - num_unhashed):
-                block_id, block_hash = popitem(False)
-                del cached[block_hash]  # a free hashed block is the one its hash maps to (`cache_new_blocks`)
-                block_hashes[block_id] = None
-                ref_counts[block_id] = 1
-                append(block_id)
         return popped
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Take one more reference to each block (a prefix hit or a fork)."""
+        lock = self.cache.lock
         for block_id in block_ids:
-            if self.ref_counts[block_id] == 0:
-                if block_id in self._hashed:
-                    del self._hashed[block_id]
-                else:
-                    self._unhashed.remove(block_id)
+            if self.ref_counts[block_id] == 0 and not lock(block_id):
+                self._unhashed.remove(block_id)
             self.ref_counts[block_id] += 1
 
     def free_blocks(self, ordered_block_ids: Sequence[int]) -> list[int]:
         """Drop one reference from each block (each listed once), in the given order (callers pass
         tail-first); returns the blocks whose count reached zero, in that order.
 
-        Those join the free queue: at the tail if cached, at the head if not (while nothing is
-        cached, no block carries a hash: they all go to the head at once).
+        Those join the free queue: the cache keeps those holding content (`PrefixCache.unlock`,
+        at its tail), the others go to the head.
         """
         ref_counts, shared = self.ref_counts, False
         for block_id in ordered_block_ids:
@@ -117,40 +111,11 @@ class BlockPool:
                 assert count > 0, f"block {block_id} freed too often"
                 shared = True
         freed = [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
-        if not self.cached:
-            self._unhashed.extend(freed)
-            return freed
-        block_hashes, unhashed, hashed = self.block_hashes, self._unhashed.append, self._hashed
-        for block_id in freed:
-            if (block_hash := block_hashes[block_id]) is None:
-                unhashed(block_id)
-            else:
-                hashed[block_id] = block_hash
+        self._unhashed.extend(self.cache.unlock(freed))
         return freed
 
-    def cache_block(self, block_id: int, block_hash: int) -> None:
-        """Record a full block's content hash so that later requests can hit it.
-
-        If another block already holds the same content (two requests computed it at the
-        same time), the first stays the one found by lookups and this one is not cached.
-        """
-        assert self.block_hashes[block_id] is None
-        self.cache_new_blocks((block_id,), (block_hash,))
-
-    def cache_new_blocks(self, block_ids: Iterable[int], block_hashes: Iterable[int]) -> None:
-        """`cache_block` for each pair, in order, skipping blocks that already carry a hash."""
-        own, setdefault, ref_counts = self.block_hashes, self.cached.setdefault, self.ref_counts
-        for block_id, block_hash in zip(block_ids, block_hashes, strict=True):
-            # the block is uncached, so the hash maps to it only if this call maps it
-            if own[block_id] is None and setdefault(block_hash, block_id) == block_id:
-                assert ref_counts[block_id] > 0
-                own[block_id] = block_hash
-
-    def lookup(self, block_hash: int) -> int | None:
-        return self.cached.get(block_hash)
-
     def check_invariants(self) -> None:
-        """Blocks are conserved and the queue, counts and hash map agree."""
+        """Blocks are conserved and the queue, counts and the cache agree."""
         first = 1 if self.null_block else 0
         in_use = sum(1 for b in range(first, self.num_blocks) if self.ref_counts[b] > 0)
         free_queue = self.free_queue
@@ -158,14 +123,8 @@ class BlockPool:
         assert len(set(free_queue)) == len(free_queue), "a block is in the free queue twice"
         for block_id in free_queue:
             assert self.ref_counts[block_id] == 0, f"free block {block_id} has references"
-        for block_id in self._unhashed:
-            assert self.block_hashes[block_id] is None, f"hashed block {block_id} in the free queue's head part"
         assert NULL_BLOCK_ID not in free_queue or not self.null_block
-        for block_id, block_hash in self._hashed.items():
-            assert self.block_hashes[block_id] == block_hash, f"free queue's hash stale at block {block_id}"
-        for block_hash, block_id in self.cached.items():
-            assert self.block_hashes[block_id] == block_hash, f"hash map stale at block {block_id}"
-        assert sum(h is not None for h in self.block_hashes) == len(self.cached)
+        self.cache.check_invariants(self.ref_counts)
 
 
 class PoolSlots:

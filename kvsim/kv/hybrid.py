@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvsim.kv.block_pool import NULL_BLOCK_ID, BlockPool, PoolSlots
-from kvsim.kv.protocol import NO_HIT, Occupancy, PrefixHit
+from kvsim.kv.prefix_cache import HashChainCache
+from kvsim.kv.protocol import ALLOCATED, NO_HIT, Allocation, Occupancy, PrefixHit
 from kvsim.model.errors import KvsimError
 from kvsim.model.kv_layout import KVGroup, KVLayout
 from kvsim.model.units import ceil_div
@@ -68,7 +69,9 @@ class GroupedPagedAllocator(PoolSlots):
 
     def __init__(self, num_blocks: int, layout: KVLayout, max_num_batched_tokens: int,
                  enable_caching: bool = True, bytes_per_block: int = 0) -> None:
-        self.pool = BlockPool(num_blocks, null_block=True)
+        # one hash chain for every group, each group's blocks keyed apart (`_key`)
+        self.prefix_cache = HashChainCache(num_blocks, layout.block_size)
+        self.pool = BlockPool(num_blocks, null_block=True, cache=self.prefix_cache)
         self.layout = layout
         self.groups = layout.groups
         self.block_size = layout.block_size
@@ -108,7 +111,7 @@ class GroupedPagedAllocator(PoolSlots):
         return hash((block_hash, group))
 
     def _cached(self, block_hash: int, group_ids: Sequence[int]) -> list[int] | None:
-        found = [self.pool.lookup(self._key(block_hash, g)) for g in group_ids]
+        found = [self.prefix_cache.lookup(self._key(block_hash, g)) for g in group_ids]
         return None if any(b is None for b in found) else found  # type: ignore[return-value]
 
     def _type_hit(self, group: KVGroup, group_ids: Sequence[int], hashes: list[int],
@@ -192,10 +195,10 @@ class GroupedPagedAllocator(PoolSlots):
         raise KvsimError("parallel sampling (n > 1) is not supported with sliding-window or chunked KV groups")
 
     def allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
-                 content: Content | None = None, hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:
+                 content: Content | None = None, hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> Allocation | None:
         """Free what the window left behind, then hold `num_tokens_total` tokens in every group."""
         if not self.can_allocate(seq_id, num_tokens_total, final_num_tokens, hit, reserve_slots):
-            return False
+            return None
         seq = self.seqs.get(seq_id)
         if seq is None:
             seq = self._start(seq_id, final_num_tokens or num_tokens_total, content, hit)
@@ -203,7 +206,7 @@ class GroupedPagedAllocator(PoolSlots):
             self.remove_skipped_blocks(seq)
         if num_tokens_total > seq.num_tokens:
             self._write(seq, num_tokens_total)
-        return True
+        return ALLOCATED
 
     def append_token(self, seq_id: int) -> bool:
         """No separate fast path: every token goes through `allocate`."""
@@ -264,8 +267,8 @@ class GroupedPagedAllocator(PoolSlots):
         for g, table in enumerate(seq.tables):
             for index in range(seq.num_hashed_blocks, num_full):
                 block_id = table[index]
-                if block_id != NULL_BLOCK_ID and self.pool.block_hashes[block_id] is None:
-                    self.pool.cache_block(block_id, self._key(hashes[index], g))
+                if block_id != NULL_BLOCK_ID and self.prefix_cache.block_hashes[block_id] is None:
+                    self.prefix_cache.insert_keys((block_id,), (self._key(hashes[index], g),))
         seq.num_hashed_blocks = num_full
 
     # ---------------------------------------------------------- fork and free

@@ -7,9 +7,10 @@
 Contract:
 * Blocks are allocated only when a sequence crosses a block boundary (on demand).
 * `allocate` is all-or-nothing: when it returns False nothing has changed.
-* Prefix caching (`enable_caching`): each full block is registered under its chained
-  content hash; `lookup_prefix` walks from block 0 and stops at the first miss, and never
-  hits the block holding a prompt's last token (its logits must be recomputed).
+* Prefix caching (`enable_caching`): each full block is registered in the pool's prefix
+  cache (`kvsim.kv.prefix_cache`; the hash chain by default) as soon as it fills;
+  `lookup_prefix` asks it for the longest cached prefix, which never covers the block
+  holding a prompt's last token (its logits must be recomputed).
 * Copy-on-write: writing into a block with `ref_count > 1` (only a partial last block
   shared by `fork` can be) first copies it to a new block; each copy is counted.
 * Swap moves whole sequences' blocks to a CPU `BlockPool` and back, all-or-nothing.
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 
 from kvsim.kv.block_pool import BlockPool, PoolSlots
 from kvsim.kv.paged_burst import PagedBursts
-from kvsim.kv.protocol import NO_HIT, PrefixHit, SwapResult
+from kvsim.kv.prefix_cache import HashChainCache, PrefixCache
+from kvsim.kv.protocol import ALLOCATED, NO_HIT, Allocation, PrefixHit, SwapResult
 from kvsim.model.units import ceil_div
 from kvsim.workload.content import Content
 
@@ -45,12 +47,13 @@ class PagedAllocator(PoolSlots, PagedBursts):
     """Block tables over a GPU pool (and a CPU pool for swap); the policy half of vLLM's KV manager.
 
     Implements `kvsim.kv.protocol.KVAllocator`; the decode-burst methods live in `paged_burst.py`.
+    `prefix_cache`: the GPU pool's prefix cache (default a `HashChainCache`); decode bursts need the
+    hash chain's key-level inserts, so with another cache they are off (`supports_bursts`).
     """
 
     shares_blocks = True  # fork shares; slabs instead reserve each child's region at admission
 
     num_slack_slots = 0  # blocks are never rounded beyond what a sequence asks for
-    supports_bursts = True
 
     def __init__(
         self,
@@ -60,9 +63,12 @@ class PagedAllocator(PoolSlots, PagedBursts):
         null_block: bool = True,
         num_cpu_blocks: int = 0,
         bytes_per_block: int = 0,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
-        self.pool = BlockPool(num_blocks, null_block=null_block)
-        self.cpu_pool = BlockPool(num_cpu_blocks, null_block=False) if num_cpu_blocks else None
+        self.prefix_cache = prefix_cache if prefix_cache is not None else HashChainCache(num_blocks, block_size)
+        self.supports_bursts = isinstance(self.prefix_cache, HashChainCache)
+        self.pool = BlockPool(num_blocks, null_block=null_block, cache=self.prefix_cache)
+        self.cpu_pool = BlockPool(num_cpu_blocks, null_block=False, block_size=block_size) if num_cpu_blocks else None
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.bytes_per_block = bytes_per_block
@@ -101,20 +107,13 @@ class PagedAllocator(PoolSlots, PagedBursts):
 
     # ------------------------------------------------------------ prefix cache
     def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:
-        """Longest run of cached full blocks from block 0, never covering the last token.
+        """Longest run of cached full blocks from block 0, never covering the last token (`PrefixCache.match`).
 
         The scheduler counts queries and hits (vLLM's prefix-cache metrics) when it admits.
         """
         if not self.enable_caching or content is None:
             return NO_HIT
-        max_blocks = (num_tokens - 1) // self.block_size
-        hits, lookup = [], self.pool.cached.get  # `BlockPool.lookup`, bound once: a call per prompt block
-        for block_hash in content.block_hashes(self.block_size, max_blocks):
-            block_id = lookup(block_hash)
-            if block_id is None:
-                break
-            hits.append(block_id)
-        return PrefixHit(len(hits) * self.block_size, tuple(hits))
+        return self.prefix_cache.match(content, num_tokens)
 
     # ------------------------------------------------------------- allocation
     def _blocks_needed(self, seq: SeqBlocks | None, num_tokens_total: int, hit: PrefixHit) -> int:
@@ -172,24 +171,24 @@ class PagedAllocator(PoolSlots, PagedBursts):
         content: Content | None = None,
         hit: PrefixHit = NO_HIT,
         reserve_slots: int = 0,
-    ) -> bool:
+    ) -> Allocation | None:
         """Make the sequence hold slots for `num_tokens_total` tokens and mark them written.
 
         A new sequence starts from `hit` (its cached prefix blocks); `final_num_tokens` (its
         prompt + output length) is needed only to classify free slots as reserved vs internal
-        fragmentation. Returns False, changing nothing, when the blocks are not there.
+        fragmentation. Returns None, changing nothing, when the blocks are not there.
         """
         seq = self.seqs.get(seq_id)
         if seq is not None and num_tokens_total == seq.num_tokens + 1 and self.append_token(seq_id):
-            return True
+            return ALLOCATED
         needed = self._blocks_needed(seq, num_tokens_total, hit)
         if needed and needed + ceil_div(reserve_slots, self.block_size) > self.pool.num_free_blocks:
-            return False
+            return None
         if seq is None:
             seq = self._start(seq_id, final_num_tokens or num_tokens_total, content, hit)
-        if num_tokens_total > seq.num_tokens:
-            self._write(seq, num_tokens_total)
-        return True
+        if num_tokens_total > seq.num_tokens and self._write(seq, num_tokens_total):
+            return Allocation(num_copied_blocks=1)
+        return ALLOCATED
 
     def append_token(self, seq_id: int) -> bool:
         """`allocate(seq_id, written + 1)` when that token goes into the sequence's own partly
@@ -237,15 +236,18 @@ class PagedAllocator(PoolSlots, PagedBursts):
         self._sum_reservable += value - seq.reservable
         seq.reservable = value
 
-    def _write(self, seq: SeqBlocks, num_tokens_total: int) -> None:
+    def _write(self, seq: SeqBlocks, num_tokens_total: int) -> bool:
+        """Write up to `num_tokens_total`; True if a shared last block was copied first."""
         pool, table = self.pool, seq.block_table
-        if seq.num_tokens % self.block_size and pool.ref_counts[table[-1]] > 1:
+        copied = bool(seq.num_tokens % self.block_size) and pool.ref_counts[table[-1]] > 1
+        if copied:
             self._copy_on_write(seq)
         new_len = ceil_div(num_tokens_total, self.block_size)
         if new_len > len(table):
             self._num_mapped_blocks += new_len - len(table)
             table.extend(pool.get_new_blocks(new_len - len(table)))
         self._mark_written(seq, num_tokens_total)
+        return copied
 
     def _mark_written(self, seq: SeqBlocks, num_tokens_total: int) -> None:
         """Record tokens written up to `num_tokens_total` into blocks the table already holds.
@@ -291,9 +293,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
         num_full = min(seq.num_tokens, content.num_tokens) // self.block_size
         if num_full <= seq.num_hashed_blocks:
             return
-        hashes = content.block_hashes(self.block_size, num_full)
-        first = seq.num_hashed_blocks
-        self.pool.cache_new_blocks(seq.block_table[first:num_full], hashes[first:num_full])
+        self.prefix_cache.insert(content, seq.block_table, seq.num_hashed_blocks, num_full)
         seq.num_hashed_blocks = num_full
 
     # ---------------------------------------------------------- fork and free

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from itertools import accumulate, repeat
 from typing import TYPE_CHECKING
 
+from kvsim.kv.prefix_cache import HashChainCache, PrefixCache
+
 if TYPE_CHECKING:
     from kvsim.kv.block_pool import BlockPool
     from kvsim.kv.paged import SeqBlocks
@@ -23,6 +25,7 @@ class PagedBursts:
     block_size: int
     enable_caching: bool
     pool: BlockPool
+    prefix_cache: PrefixCache  # a `HashChainCache` when `supports_bursts`
     seqs: dict[int, SeqBlocks]
     block_fill: list[int]
     num_filled_slots: int
@@ -119,7 +122,9 @@ class PagedBursts:
             order.extend(((i + 1) * bs - before - 1, pos, i) for i in range(seq.num_hashed_blocks, num_full))
             seq.num_hashed_blocks = num_full
         order.sort()
-        self.pool.cache_new_blocks([filling[pos][0].block_table[index] for _, pos, index in order],
+        cache = self.prefix_cache
+        assert isinstance(cache, HashChainCache)  # blocks of several sequences in one order: by key
+        cache.insert_keys([filling[pos][0].block_table[index] for _, pos, index in order],
                                    [hashes[pos][index] for _, pos, index in order])
 
     def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,

@@ -13,7 +13,8 @@ int id; a request with n samples owns n of them.
 Contracts shared by all implementations:
 
 * `can_allocate(...)` is True exactly when `allocate(...)` with the same arguments would
-  succeed; `allocate` is all-or-nothing (False means nothing changed).
+  succeed; `allocate` is all-or-nothing: an `Allocation` (what it cost besides new blocks),
+  or None when nothing changed ("can't" is a return value).
 * Growth is monotone: `allocate(seq, n)` with `n` at most what is written only re-checks.
 * `free` releases everything a sequence holds, on the GPU or swapped out.
 * `swap_out`/`swap_in` move whole groups or nothing (None: nothing changed).
@@ -50,7 +51,15 @@ class SwapResult:
     num_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A successful `allocate`: `num_copied_blocks` shared blocks it copied first (copy-on-write)."""
+
+    num_copied_blocks: int = 0
+
+
 NO_HIT = PrefixHit(0, ())
+ALLOCATED = Allocation()  # the common result: nothing copied
 Occupancy = tuple[list[int], list[int], list[int]]  # held, filled, reserved slots after each step of a burst
 
 
@@ -101,8 +110,9 @@ class KVAllocator(Protocol):
         """Whether `allocate` would succeed leaving `reserve_slots` free; for a new request with
         `num_samples` > 1, also whether its siblings' regions fit (allocators that do not share)."""
     def allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
-                 content: Content | None = None, hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:
-        """Make the sequence hold `num_tokens_total` written slots (a new one starts from `hit`)."""
+                 content: Content | None = None, hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> Allocation | None:
+        """Make the sequence hold `num_tokens_total` written slots (a new one starts from `hit`);
+        None, changing nothing, when the space is not there."""
     def append_token(self, seq_id: int) -> bool:
         """`allocate(seq_id, written + 1)` if that needs no new space (a decode's common case), else
         False with nothing changed: the caller then takes the general path (`allocate`)."""

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kvsim.kv.protocol import NO_HIT, Occupancy, PrefixHit, SwapResult
+from kvsim.kv.protocol import ALLOCATED, NO_HIT, Allocation, Occupancy, PrefixHit, SwapResult
 from kvsim.kv.regions import BuddySpace, FreeRuns
 from kvsim.model.errors import KvsimError
 from kvsim.workload.content import Content
@@ -148,16 +148,16 @@ class SlabAllocator:
         return self.can_place([final_num_tokens or num_tokens_total] * num_samples, reserve_slots, prompt_len)
 
     def allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
-                 content: Content | None = None, hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> bool:
-        """Reserve the region on first call; later calls only write tokens into it."""
+                 content: Content | None = None, hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> Allocation | None:
+        """Reserve the region on first call; later calls only write tokens into it (nothing is ever copied)."""
         slab = self.seqs.get(seq_id)
         if slab is None:
             if not self.can_allocate(seq_id, num_tokens_total, final_num_tokens, reserve_slots=reserve_slots):
-                return False
+                return None
             slab = self._place(seq_id, 0, final_num_tokens or num_tokens_total)
             assert slab is not None
         self._write(seq_id, slab, num_tokens_total)
-        return True
+        return ALLOCATED
 
     def append_token(self, seq_id: int) -> bool:
         """No separate fast path: every token goes through `allocate`."""

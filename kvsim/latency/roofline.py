@@ -56,11 +56,12 @@ from typing import TYPE_CHECKING
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.collectives import allreduce_s
 from kvsim.model.moe_cost import MoECost
-from kvsim.model.weights import attention_params_per_layer
+from kvsim.model.spec import attention_params_per_layer
 
 if TYPE_CHECKING:
     from kvsim.latency.base import LatencyModel
     from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
+    from kvsim.model.kv_layout import KVLayout
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +98,14 @@ def smooth_max(a: float, b: float) -> float:
 class RooflineLatency:
     """Roofline of one step on one tensor-parallel rank (see the module docstring for every term).
 
-    `overhead_s`, when given, replaces the modelled CPU overhead by a constant per step.
+    `overhead_s`, when given, replaces the modelled CPU overhead by a constant per step. `layout`: the
+    model's KV layout on one GPU when the caller has resolved it (`kvsim.engine.builder.EngineSpec`).
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, overhead_s: float | None = None,
-                 overlap_swap: bool = False, efficiency: Efficiency = Efficiency()) -> None:
-        from kvsim.model.capacity import kv_bytes_per_block, kv_bytes_per_token, mlp_width
+                 overlap_swap: bool = False, efficiency: Efficiency = Efficiency(),
+                 layout: KVLayout | None = None) -> None:
+        from kvsim.model.capacity import mlp_width, model_kv_layout
 
         tp = engine.tensor_parallel_size
         eff = self.eff = efficiency
@@ -134,8 +137,9 @@ class RooflineLatency:
         act = (3 if model.gated_mlp else 2) * mlp_width(model) / tp
         self.token_op_bytes = d * (2 * 3 * h + 2 * (heads + kv_heads) * model.head_dim + act)
         self.attn_flops_per_pair = 4 * model.num_layers * heads * model.head_dim
-        self.kv_bytes_per_token = kv_bytes_per_token(model, engine)
-        self.copy_bytes_per_block = 2 * kv_bytes_per_block(model, engine)
+        layout = layout if layout is not None else model_kv_layout(model, engine)
+        self.kv_bytes_per_token = layout.bytes_per_token
+        self.copy_bytes_per_block = 2 * layout.bytes_per_block
         self._gemm_flops = eff.gemm_flops * self.flops
         self._gemm_bw = eff.gemm_bandwidth * self.bandwidth
         # linear_s of a dense model by token count: pure, asked again and again (every burst of n sequences)

@@ -1,4 +1,4 @@
-"""Validated configuration: model shapes, GPU datasheets and vLLM-style engine arguments.
+"""Validated configuration: models (shapes in `kvsim.model.spec`), GPU datasheets and vLLM-style engine arguments.
 
 Everything a user types passes through here once, at the boundary; the rest of kvsim
 trusts these frozen objects. A bad value raises `KvsimError` naming the field and value.
@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from kvsim.model.errors import KvsimError, from_validation_error, reading
+from kvsim.model.spec import DTYPE_BYTES, ModelSpec
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 
@@ -55,118 +56,9 @@ def parse_size(value: Any) -> Any:
 Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 """A positive byte count that also accepts `12GiB`-style strings."""
 
-WeightDtype = Literal["float16", "bfloat16", "float32"]
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float16", "bfloat16"]
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-
-
-LayerType = Literal["full_attention", "sliding_attention", "chunked_attention"]
-WeightQuant = Literal["fp8", "mxfp4"]
-
-
-class MLASpec(BaseModel):
-    """Multi-head latent attention (DeepSeek-V2/V3): K and V are rebuilt from one cached latent of
-    `kv_lora_rank + qk_rope_head_dim` values per token per layer."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kv_lora_rank: int = Field(gt=0)
-    qk_rope_head_dim: int = Field(gt=0)
-    qk_nope_head_dim: int = Field(gt=0)
-    v_head_dim: int = Field(gt=0)
-    q_lora_rank: int | None = Field(default=None, gt=0)
-
-
-class MoESpec(BaseModel):
-    """A mixture of experts in `num_moe_layers` layers (the rest are dense with `intermediate_size`).
-
-    Each token is routed to `num_experts_per_tok` of `num_experts` gated experts of
-    `expert_intermediate_size`; `shared_expert_intermediate_size` is the total width of the
-    experts every token passes through (DeepSeek's shared experts, Llama 4's shared expert).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    num_experts: int = Field(gt=0)
-    num_experts_per_tok: int = Field(gt=0)
-    expert_intermediate_size: int = Field(gt=0)
-    shared_expert_intermediate_size: int = Field(default=0, ge=0)
-    num_moe_layers: int = Field(ge=0)
-
-    @model_validator(mode="after")
-    def _check_top_k(self) -> MoESpec:
-        if self.num_experts_per_tok > self.num_experts:
-            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} exceeds num_experts={self.num_experts}")
-        return self
-
-
-class ModelSpec(BaseModel):
-    """The shapes of a decoder-only transformer that decide its KV and weight bytes.
-
-    Attention: every layer is full attention unless `layer_types` says otherwise
-    (`sliding_attention` keeps the last `sliding_window` tokens, `chunked_attention` the
-    current `attention_chunk_size`-token chunk); `mla` replaces K/V heads by one latent.
-    `moe` adds experts. `weight_quant` is the checkpoint's weight format where it is not
-    `dtype` (fp8: every linear layer 1 byte; mxfp4: experts 4.25 bits). `num_params` is
-    computed from the shapes unless given (`kvsim.model.weights.param_counts`).
-    """
-
-    model_config = _FROZEN
-
-    name: str
-    model_type: str = "llama"
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    max_position_embeddings: int = Field(gt=0)
-    dtype: WeightDtype = "bfloat16"
-    gated_mlp: bool = True
-    tie_word_embeddings: bool = False
-    layer_types: tuple[LayerType, ...] | None = None
-    sliding_window: int | None = Field(default=None, gt=0)
-    attention_chunk_size: int | None = Field(default=None, gt=0)
-    mla: MLASpec | None = None
-    moe: MoESpec | None = None
-    weight_quant: WeightQuant | None = None
-    num_params: int | None = Field(default=None, gt=0)
-
-    @model_validator(mode="after")
-    def _check_heads(self) -> ModelSpec:
-        if self.num_attention_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_kv_heads={self.num_kv_heads}"
-            )
-        types = set(self.layer_types or ())
-        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
-            raise ValueError(f"layer_types has {len(self.layer_types)} entries, num_layers={self.num_layers}")
-        if "sliding_attention" in types and self.sliding_window is None:
-            raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
-        if "chunked_attention" in types and self.attention_chunk_size is None:
-            raise ValueError("layer_types has chunked_attention layers but attention_chunk_size is not set")
-        if self.moe is not None and self.moe.num_moe_layers > self.num_layers:
-            raise ValueError(f"moe.num_moe_layers={self.moe.num_moe_layers} exceeds num_layers={self.num_layers}")
-        if self.num_params is None:
-            from kvsim.model.weights import param_counts
-
-            object.__setattr__(self, "num_params", param_counts(self).total)
-        return self
-
-    @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def resolved_layer_types(self) -> tuple[LayerType, ...]:
-        """One attention type per layer (all `full_attention` when `layer_types` is not set)."""
-        full: LayerType = "full_attention"
-        return self.layer_types or (full,) * self.num_layers
 
 
 def model_from_hf_config(raw: dict[str, Any], name: str) -> ModelSpec:

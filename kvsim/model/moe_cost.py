@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvsim.model.collectives import BASE_LATENCY_S, LINK_EFFICIENCY
-from kvsim.model.weights import MXFP4_BYTES_PER_PARAM, expert_params
+from kvsim.model.spec import expert_params
+from kvsim.model.weights import MXFP4_BYTES_PER_PARAM
 
 if TYPE_CHECKING:
     from kvsim.model.config import EngineConfig, GPULink, ModelSpec

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.engine.builder import make_latency
+from kvsim.engine.builder import make_latency, resolve_engine
 from kvsim.kv import fig2_shares
 from kvsim.model.capacity import (
     kv_bytes_per_block,
@@ -28,7 +28,6 @@ from kvsim.model.capacity import (
     paged_max_seqs,
     slab_max_seqs,
 )
-from kvsim.model.config import load_gpu, load_model
 from kvsim.model.units import ceil_div
 from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_hour, gpu_price
 from kvsim.planning.rate_search import max_passing_rates
@@ -106,12 +105,12 @@ class Study:
     def __init__(self, base: Scenario, cfg: StudyConfig) -> None:
         self.base = variant(base, f"workload.num_requests={cfg.num_requests}")
         self.cfg = cfg
-        self.model, self.gpu = load_model(base.model), load_gpu(base.gpu)
-        self.max_model_len = base.engine.resolved_max_model_len(self.model)
-        self.num_blocks = num_gpu_blocks(self.model, self.gpu, base.engine)
+        spec = resolve_engine(self.base)
+        self.model, self.gpu, self.max_model_len, self.num_blocks = (spec.model, spec.gpu, spec.max_model_len,
+                                                                      spec.num_gpu_blocks)
         requests = build_requests(self.base, self.max_model_len, np.random.default_rng(self.base.seed))
         self.mean_kv_len = float(np.mean([r.kv_len for r in requests]))
-        self.latency_name = make_latency(self.base, self.model, self.gpu).name
+        self.latency_name = make_latency(spec).name
 
     def saturated(self, *overrides: str) -> Scenario:
         return saturated(self.base, self.cfg.num_requests, *overrides)

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from kvsim.kv import KVAllocator, PrefixHit, SegmentContent
+from kvsim.kv import Allocation, KVAllocator, KVOccupancy, PrefixCacheStats, PrefixHit, SegmentContent, occupancy
 from kvsim.kv.protocol import Occupancy
 from kvsim.latency.base import LatencyModel
 from kvsim.latency.step_plan import StepPlan
@@ -27,6 +28,7 @@ from kvsim.results.metrics import EngineCounters
 from kvsim.results.records import RequestRecords
 from kvsim.sched import burst
 from kvsim.sched.beams import select_beams
+from kvsim.sched.request_queue import FCFSQueue, RequestQueue
 from kvsim.workload.request import Request, RequestStatus
 
 
@@ -41,37 +43,72 @@ class SchedulerLimits:
     preemption_mode: str | None = None  # None: recompute, or swap for multi-sequence groups (v0)
 
 
+class SchedulerSnapshot(NamedTuple):
+    """An engine's state at one instant, as a step row records it (`Scheduler.snapshot`): the queues'
+    lengths, the preemptions so far and where the KV pool's slots are. The recorder reads this, never
+    the scheduler's queues or its allocator. Immutable (a NamedTuple: one is built per step)."""
+
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    num_preemptions: int
+    kv: KVOccupancy
+
+
 class Scheduler:
     """Base class: subclasses implement `schedule` (v1, v0, static)."""
 
     name = "base"
 
-    def __init__(self, allocator: KVAllocator, limits: SchedulerLimits, rng: np.random.Generator | None = None) -> None:
+    def __init__(self, allocator: KVAllocator, limits: SchedulerLimits, rng: np.random.Generator | None = None,
+                 waiting: RequestQueue | None = None) -> None:
         self.alloc = allocator
         self.rng = rng if rng is not None else np.random.default_rng(0)  # beam search picks survivors
         self.limits = limits
-        self.waiting: deque[Request] = deque()
+        # the scheduling policy: the waiting order and the preemption victim (default FCFS, vLLM's default)
+        self.waiting: RequestQueue = waiting if waiting is not None else FCFSQueue()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.records = RequestRecords()  # every request that ended (finished or rejected), columnar
         self.num_preemptions = 0
         self.num_swapped_out_bytes = 0
-        # vLLM's prefix-cache counters (tokens): first admissions only; re-admissions after a
-        # recompute preemption are counted apart, as PrefixCacheStats.record does
-        # (vllm/v1/metrics/stats.py, called from vllm/v1/core/kv_cache_manager.py).
-        self.num_prefix_query_tokens = 0
-        self.num_prefix_hit_tokens = 0
-        self.num_preempted_query_tokens = 0
-        self.num_preempted_hit_tokens = 0
+        self.prefix_stats = PrefixCacheStats()  # recorded at each admission (`admit`)
         self._forked: set[int] = set()  # request ids whose samples have been forked
         self._beam_scores: dict[int, np.ndarray] = {}  # request id -> cumulative log-prob of each beam slot
 
     # ---------------------------------------------------------------- queues
     def counters(self) -> EngineCounters:
         """The run-long counters a summary reports (`kvsim.results.metrics.summarize`)."""
-        return EngineCounters(self.num_preemptions, self.num_prefix_query_tokens, self.num_prefix_hit_tokens,
-                              self.num_preempted_query_tokens, self.num_preempted_hit_tokens,
+        stats = self.prefix_stats
+        return EngineCounters(self.num_preemptions, stats.num_query_tokens, stats.num_hit_tokens,
+                              stats.num_preempted_query_tokens, stats.num_preempted_hit_tokens,
                               self.num_swapped_out_bytes, self.alloc.num_copy_on_writes)
+
+    def snapshot(self) -> SchedulerSnapshot:
+        """The queues and the KV pool now (a step row's state)."""
+        return SchedulerSnapshot(len(self.running), len(self.waiting), len(self.swapped), self.num_preemptions,
+                                 occupancy(self.alloc, self.next_request_slots()))
+
+    def next_request_slots(self) -> int | None:
+        """The region the next waiting request needs (slabs' external fragmentation is relative to it)."""
+        if not self.waiting:
+            return None
+        head = self.waiting.peek()
+        return self.alloc.region_slots(head.kv_len, head.prompt_len)
+
+    @property
+    def kv_usage(self) -> float:
+        """vLLM's `kv_cache_usage_perc` now."""
+        return self.alloc.usage
+
+    @property
+    def num_held_slots(self) -> int:
+        """KV slots held now (0 once every request has ended)."""
+        return self.alloc.num_held_slots
+
+    def check_invariants(self) -> None:
+        """The allocator's books balance (`KVAllocator.check_invariants`); raises AssertionError if not."""
+        self.alloc.check_invariants()
 
     @property
     def has_work(self) -> bool:
@@ -85,7 +122,7 @@ class Scheduler:
             req.content = None
             self.records.add(req)
             return False
-        self.waiting.append(req)
+        self.waiting.add(req)
         return True
 
     def reject_reason(self, req: Request) -> str | None:
@@ -124,16 +161,23 @@ class Scheduler:
     def active_seq_ids(self, req: Request) -> list[int]:
         return req.seq_ids + req.child_seq_ids() if req.request_id in self._forked else req.seq_ids
 
-    def try_allocate(self, req: Request, num_tokens_total: int) -> bool:
-        """Grow every active sequence of `req` to `num_tokens_total` slots, all or none."""
+    def try_allocate(self, req: Request, num_tokens_total: int, plan: StepPlan) -> bool:
+        """Grow every active sequence of `req` to `num_tokens_total` slots, all or none; the blocks
+        copied on the way are the plan's (`StepPlan.num_copied_blocks`)."""
         seq_ids = self.active_seq_ids(req)
         if len(seq_ids) == 1:
-            return self.alloc.allocate(seq_ids[0], num_tokens_total, req.kv_len, req.content)
+            result = self.alloc.allocate(seq_ids[0], num_tokens_total, req.kv_len, req.content)
+            if result is None:
+                return False
+            plan.num_copied_blocks += result.num_copied_blocks
+            return True
         needed = self.alloc.slots_needed(seq_ids, num_tokens_total)
         if needed and needed > self.alloc.num_free_slots:
             return False
         for seq_id in seq_ids:
-            assert self.alloc.allocate(seq_id, num_tokens_total)
+            grown = self.alloc.allocate(seq_id, num_tokens_total)
+            assert grown is not None
+            plan.num_copied_blocks += grown.num_copied_blocks
         return True
 
     def admit(self, req: Request, num_new: int, hit: PrefixHit, plan: StepPlan, now: float) -> None:
@@ -141,21 +185,19 @@ class Scheduler:
 
         The caller has checked `can_allocate`; slab allocators also reserve each sample's region.
         """
-        assert self.waiting[0] is req
+        assert self.waiting.peek() is req
         for seq_id in req.seq_ids + req.child_seq_ids():  # slabs: each sample's region, sized from prompt and output
             assert self.alloc.reserve(seq_id, req.kv_len, req.prompt_len)
-        ok = self.alloc.allocate(req.seq_ids[0], hit.num_tokens + num_new, req.kv_len, req.content, hit)
-        assert ok, "admit after a successful can_allocate"
-        self.waiting.popleft()
+        result: Allocation | None = self.alloc.allocate(req.seq_ids[0], hit.num_tokens + num_new, req.kv_len,
+                                                        req.content, hit)
+        assert result is not None, "admit after a successful can_allocate"
+        plan.num_copied_blocks += result.num_copied_blocks
+        self.waiting.pop()
         if req.first_scheduled_s is None:
             req.first_scheduled_s = now
             req.num_prefix_hit_tokens = hit.num_tokens
-        if req.num_preemptions:  # a re-admission re-hits its own blocks: not a prefix-cache hit
-            self.num_preempted_query_tokens += req.num_tokens
-            self.num_preempted_hit_tokens += hit.num_tokens
-        else:
-            self.num_prefix_query_tokens += req.num_tokens
-            self.num_prefix_hit_tokens += hit.num_tokens
+        # a re-admission re-hits its own blocks: not a prefix-cache hit
+        self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
         req.num_computed_tokens = hit.num_tokens
         req.status = RequestStatus.RUNNING
         self.running.append(req)
@@ -175,19 +217,25 @@ class Scheduler:
         return self.alloc.lookup_prefix(req.content, req.num_tokens)
 
     def plan_tokens(self, plan: StepPlan, req: Request, num_new: int) -> None:
+        """Schedule `num_new` tokens of `req` (each active sequence) in `plan`: the one place a step's
+        token accounting is written (`StepPlan.add`). Hot: every scheduled request of every step."""
         past = req.num_computed_tokens
-        num_seqs = req.num_samples if req.request_id in self._forked else 1
+        num_seqs = req.num_samples if req.num_samples > 1 and req.request_id in self._forked else 1
         plan.scheduled.append((req, num_new))
-        plan.add(num_new, past, num_seqs, samples=past + num_new == req.num_tokens)
+        plan.add(num_new, past, num_seqs, past + num_new == req.num_tokens)
 
     # ------------------------------------------------------------ preemption
     def allocate_or_preempt(self, req: Request, num_tokens_total: int, plan: StepPlan) -> bool:
-        """Grow `req`, preempting running requests from the back until it fits.
+        """Grow `req`, preempting the policy's victims (`RequestQueue.victim_index`; FCFS: from the
+        back of `running`) until it fits.
 
-        Returns False when `req` itself was preempted (it was the last one running).
+        Returns False when `req` itself was preempted. FCFS never picks a request scheduled
+        earlier in this step (those precede `req` in `running`); a policy that can must take
+        the victim out of `plan` itself.
         """
-        while not self.try_allocate(req, num_tokens_total):
-            victim = self.running.pop()
+        running = self.running
+        while not self.try_allocate(req, num_tokens_total, plan):
+            victim = running.pop(self.waiting.victim_index(running))
             self.preempt(victim, plan)
             if victim is req:
                 return False
@@ -216,7 +264,7 @@ class Scheduler:
         self.free_request(req)
         req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
-        self.waiting.appendleft(req)
+        self.waiting.prepend(req)
 
     def use_swap(self, req: Request) -> bool:
         return self.limits.preemption_mode == "swap"

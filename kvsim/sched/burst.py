@@ -126,7 +126,7 @@ def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arr
     if not num_steps:
         return None
     if scheduler.waiting:
-        head = scheduler.waiting[0]
+        head = scheduler.waiting.peek()
         if alloc.burst_extends_prefix(seq_ids, num_steps, head.content, head.num_tokens):
             return None
     if arrival_bound < math.inf:

@@ -22,15 +22,17 @@ class StaticScheduler(Scheduler):
             self._admit_batch(plan, now)
             return plan
         for req in self.running:
-            assert self.try_allocate(req, req.num_computed_tokens + 1), "static batches never run out"
+            assert self.try_allocate(req, req.num_computed_tokens + 1, plan), "static batches never run out"
             self.plan_tokens(plan, req, 1)
         return plan
 
     def _admit_batch(self, plan: StepPlan, now: float) -> None:
         available = self.alloc.num_free_slots  # minus what admitted requests will grow into
-        num_seqs = 0
-        while self.waiting and num_seqs + self.waiting[0].num_samples <= self.limits.max_num_seqs:
-            req = self.waiting[0]
+        num_seqs, waiting = 0, self.waiting
+        while waiting:
+            req = waiting.peek()
+            if num_seqs + req.num_samples > self.limits.max_num_seqs:
+                break
             hit = self.lookup(req)
             need = self.request_slots(req)
             if need > available or not self.can_admit(req, hit):

@@ -42,9 +42,11 @@ class V0Scheduler(Scheduler):
 
     def _admit_prefills(self, plan: StepPlan, now: float) -> None:
         budget = self.limits.max_num_batched_tokens
-        num_seqs = self.num_running_seqs()
-        while self.waiting and num_seqs + self.waiting[0].num_samples <= self.limits.max_num_seqs:
-            req = self.waiting[0]
+        num_seqs, waiting = self.num_running_seqs(), self.waiting
+        while waiting:
+            req = waiting.peek()
+            if num_seqs + req.num_samples > self.limits.max_num_seqs:
+                break
             hit = self.lookup(req)
             num_new = req.num_tokens - hit.num_tokens
             if num_new > budget or not self.can_admit(req, hit):
@@ -78,11 +80,11 @@ class V0Scheduler(Scheduler):
             self.swapped.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            assert self.try_allocate(req, req.num_computed_tokens + 1)
+            assert self.try_allocate(req, req.num_computed_tokens + 1, plan)
             self.plan_tokens(plan, req, 1)
 
     def waiting_blocked(self) -> bool:
-        req = self.waiting[0]
+        req = self.waiting.peek()
         hit = self.lookup(req)
         return (self.num_running_seqs() + req.num_samples > self.limits.max_num_seqs
                 or req.num_tokens - hit.num_tokens > self.limits.max_num_batched_tokens

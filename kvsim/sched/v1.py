@@ -53,10 +53,12 @@ class V1Scheduler(Scheduler):
         return plan
 
     def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
-        max_num_seqs = self.limits.max_num_seqs
+        max_num_seqs, waiting = self.limits.max_num_seqs, self.waiting
         num_seqs = self.num_running_seqs()
-        while self.waiting and budget > 0 and num_seqs + self.waiting[0].num_samples <= max_num_seqs:
-            req = self.waiting[0]
+        while waiting and budget > 0:
+            req = waiting.peek()
+            if num_seqs + req.num_samples > max_num_seqs:
+                break
             hit = self.lookup(req)
             if not self.can_admit(req, hit):
                 break
@@ -74,7 +76,7 @@ class V1Scheduler(Scheduler):
         return num_running <= self.limits.max_num_batched_tokens
 
     def waiting_blocked(self) -> bool:
-        req = self.waiting[0]
+        req = self.waiting.peek()
         return (self.num_running_seqs() + req.num_samples > self.limits.max_num_seqs
                 or len(self.running) >= self.limits.max_num_batched_tokens
                 or not self.can_admit(req, self.lookup(req)))

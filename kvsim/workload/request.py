@@ -46,6 +46,7 @@ class Request:
     content: Content | None = None
     num_samples: int = 1
     beam: bool = False  # beam search: after each step, beams re-fork from the surviving ones
+    priority: int = 0  # vLLM's request priority: smaller is served first under the `priority` policy
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     num_output_tokens: int = 0

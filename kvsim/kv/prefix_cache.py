@@ -1,0 +1,171 @@
+"""The prefix cache: which blocks hold content a later request can reuse, and which to evict first.
+
+One component behind a small interface (`PrefixCache`), so that vLLM's hash chain
+(`HashChainCache`, the first implementation) and a radix tree (SGLang's RadixCache) are
+interchangeable. The `BlockPool` keeps the mechanism (ref counts, the plain free list) and
+asks its cache about the blocks that hold content; the allocators ask it for hits.
+
+    BlockPool free queue     plain free blocks (no content)  │  the cache's evictable blocks
+    (head = next reused)     head part, a stack              │  `evict` order: LRU, least recently freed first
+
+Contract (every implementation):
+
+* `match(content, num_tokens)` is the longest cached prefix of **full blocks** from block 0,
+  never covering the last token (its logits must be computed: a full hit still recomputes the
+  last block). A hit of k blocks means the first k · block_size tokens are exactly the
+  content's, so a request may start from them (`PrefixHit.block_ids`, in order). `match`
+  changes nothing: the caller takes the blocks (`BlockPool.touch`) only when it admits.
+* `insert(content, block_table, first_block, num_full_blocks)`: blocks
+  `block_table[first_block:num_full_blocks]` now hold the content's full blocks of those
+  indices (in use, ref_count > 0). Content already cached under another block stays found
+  there (the first block to hold it wins) and this one is not cached.
+* Reference counting lives in the pool; the cache hears the transitions of blocks it
+  holds content for: `unlock(blocks)` when blocks lose their last reference (they become
+  evictable at the LRU tail, in the order given; the pool frees a request's blocks tail-first,
+  so its prefix's first blocks are evicted last, as vLLM's free queue) and returns the
+  blocks it holds no content for (the pool's plain free list gets those); `lock(block)` when a
+  free block gains a reference (a hit), True if it was one of its evictable blocks.
+* `evict(n)`: the `n` next evictable blocks, content forgotten (lazy eviction: a free cached
+  block stays hittable until it is evicted for reuse). The pool evicts only when its plain
+  free list is empty, so `num_free_blocks` counts evictable blocks as free, as vLLM's
+  `kv_cache_usage_perc` does.
+
+Pure Python; no kvsim imports but the content and hit types.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvsim.kv.protocol import PrefixHit
+from kvsim.workload.content import Content
+
+
+class PrefixCache(Protocol):
+    """What the block pool and the paged allocators use of a prefix cache (see the module docstring)."""
+
+    def match(self, content: Content, num_tokens: int) -> PrefixHit: ...
+    def insert(self, content: Content, block_table: Sequence[int], first_block: int, num_full_blocks: int) -> None: ...
+    def lock(self, block_id: int) -> bool: ...
+    def unlock(self, block_ids: list[int]) -> list[int]: ...
+    def evict(self, num_blocks: int) -> list[int]: ...
+    @property
+    def num_evictable_blocks(self) -> int: ...
+    def evictable_blocks(self) -> list[int]:
+        """The evictable blocks in eviction order (the next evicted first)."""
+    def check_invariants(self, ref_counts: Sequence[int]) -> None:
+        """Raise AssertionError unless its books balance against the pool's ref counts."""
+
+
+class HashChainCache:
+    """vLLM v1's prefix cache: each full block keyed by its chained content hash.
+
+    `cached` maps a hash to the block found for it; `block_hashes[b]` is block b's hash (None:
+    it holds no cached content); `_evictable` is the LRU of free cached blocks (an ordered dict:
+    O(1) pop of the oldest and removal from the middle). Besides `PrefixCache`, it speaks in keys
+    (`lookup`, `insert_keys`): the hybrid allocator keys each group's blocks apart, and decode
+    bursts register blocks of several sequences in one interleaved order.
+    """
+
+    __slots__ = ("block_size", "block_hashes", "cached", "_evictable")
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.block_hashes: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}  # content hash -> block id
+        self._evictable: OrderedDict[int, int] = OrderedDict()  # free cached block -> its hash, oldest first
+
+    def match(self, content: Content, num_tokens: int) -> PrefixHit:
+        """Walk the content's chained hashes from block 0; stop at the first miss."""
+        bs = self.block_size
+        max_blocks = (num_tokens - 1) // bs
+        hits, lookup = [], self.cached.get  # bound once: a call per prompt block
+        for block_hash in content.block_hashes(bs, max_blocks):
+            block_id = lookup(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return PrefixHit(len(hits) * bs, tuple(hits))
+
+    def insert(self, content: Content, block_table: Sequence[int], first_block: int, num_full_blocks: int) -> None:
+        hashes = content.block_hashes(self.block_size, num_full_blocks)
+        self.insert_keys(block_table[first_block:num_full_blocks], hashes[first_block:num_full_blocks])
+
+    def insert_keys(self, block_ids: Iterable[int], keys: Iterable[int]) -> None:
+        """Cache each block under its key, in order, skipping blocks that already carry one and keys
+        already cached (the first block stays the one lookups find)."""
+        own, setdefault = self.block_hashes, self.cached.setdefault
+        for block_id, key in zip(block_ids, keys, strict=True):
+            # the block is uncached, so the key maps to it only if this call maps it
+            if own[block_id] is None and setdefault(key, block_id) == block_id:
+                own[block_id] = key
+
+    def lookup(self, key: int) -> int | None:
+        return self.cached.get(key)
+
+    def lock(self, block_id: int) -> bool:
+        if block_id in self._evictable:
+            del self._evictable[block_id]
+            return True
+        return False
+
+    def unlock(self, block_ids: list[int]) -> list[int]:
+        if not self.cached:  # nothing cached: no block carries a hash
+            return block_ids
+        block_hashes, evictable, plain = self.block_hashes, self._evictable, []
+        for block_id in block_ids:
+            if (block_hash := block_hashes[block_id]) is None:
+                plain.append(block_id)
+            else:
+                evictable[block_id] = block_hash
+        return plain
+
+    def evict(self, num_blocks: int) -> list[int]:
+        popitem, block_hashes, cached = self._evictable.popitem, self.block_hashes, self.cached
+        evicted = []
+        for _ in range(num_blocks):
+            block_id, block_hash = popitem(False)
+            del cached[block_hash]  # a free hashed block is the one its hash maps to (`insert_keys`)
+            block_hashes[block_id] = None
+            evicted.append(block_id)
+        return evicted
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return len(self._evictable)
+
+    def evictable_blocks(self) -> list[int]:
+        return list(self._evictable)
+
+    def check_invariants(self, ref_counts: Sequence[int]) -> None:
+        for block_id, block_hash in self._evictable.items():
+            assert ref_counts[block_id] == 0, f"evictable block {block_id} has references"
+            assert self.block_hashes[block_id] == block_hash, f"evictable block {block_id}'s hash stale"
+        for block_hash, block_id in self.cached.items():
+            assert self.block_hashes[block_id] == block_hash, f"hash map stale at block {block_id}"
+        assert sum(h is not None for h in self.block_hashes) == len(self.cached)
+        free_cached = sum(1 for b, h in enumerate(self.block_hashes) if h is not None and ref_counts[b] == 0)
+        assert free_cached == len(self._evictable), "a free cached block is not evictable"
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """vLLM's prefix-cache counters, in tokens (`PrefixCacheStats.record`, vllm/v1/metrics/stats.py):
+    queries and hits of first admissions; re-admissions after a recompute preemption, which re-hit
+    their own blocks, are counted apart. kvsim records a request once, when it is admitted."""
+
+    num_query_tokens: int = 0
+    num_hit_tokens: int = 0
+    num_preempted_query_tokens: int = 0
+    num_preempted_hit_tokens: int = 0
+
+    def record(self, num_tokens: int, num_hit_tokens: int, preempted: bool) -> None:
+        if preempted:
+            self.num_preempted_query_tokens += num_tokens
+            self.num_preempted_hit_tokens += num_hit_tokens
+        else:
+            self.num_query_tokens += num_tokens
+            self.num_hit_tokens += num_hit_tokens

@@ -1,0 +1,192 @@
+"""What a model *is* for kvsim: the shapes of a decoder-only transformer (`ModelSpec`) and its
+parameter counts by component, which follow from the shapes (a `ModelSpec` without a given
+`num_params` gets their total).
+
+    attention (per layer)   q, o = hidden · heads · head_dim; k, v = hidden · kv_heads · head_dim
+                            MLA: q (q_lora: hidden · q_lora + q_lora · heads · (nope + rope),
+                                 else hidden · heads · (nope + rope)) + kv_a = hidden · (kv_lora + rope)
+                                 + kv_b = kv_lora · heads · (nope + v) + o = heads · v · hidden
+    dense MLP (per layer)   (3 if gated else 2) · hidden · intermediate       (non-MoE layers)
+    experts (per MoE layer) num_experts · 3 · hidden · expert_intermediate     (all stored)
+    shared (per MoE layer)  3 · hidden · shared_expert_intermediate
+    router (per MoE layer)  hidden · num_experts
+    embeddings              vocab · hidden (· 2 when the LM head is untied) + OPT's learned positions
+    norms                   2 · hidden per layer + the final norm
+
+Biases, MLA's latent norms and quantization scales are left out (each well under 0.1 % of the
+total). Bytes of those weights: `kvsim.model.weights`; the GPU and engine configs and the preset
+loaders: `kvsim.model.config`. A leaf of kvsim: it imports nothing of kvsim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+WeightDtype = Literal["float16", "bfloat16", "float32"]
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+LayerType = Literal["full_attention", "sliding_attention", "chunked_attention"]
+WeightQuant = Literal["fp8", "mxfp4"]
+
+
+class MLASpec(BaseModel):
+    """Multi-head latent attention (DeepSeek-V2/V3): K and V are rebuilt from one cached latent of
+    `kv_lora_rank + qk_rope_head_dim` values per token per layer."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kv_lora_rank: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+    q_lora_rank: int | None = Field(default=None, gt=0)
+
+
+class MoESpec(BaseModel):
+    """A mixture of experts in `num_moe_layers` layers (the rest are dense with `intermediate_size`).
+
+    Each token is routed to `num_experts_per_tok` of `num_experts` gated experts of
+    `expert_intermediate_size`; `shared_expert_intermediate_size` is the total width of the
+    experts every token passes through (DeepSeek's shared experts, Llama 4's shared expert).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_experts: int = Field(gt=0)
+    num_experts_per_tok: int = Field(gt=0)
+    expert_intermediate_size: int = Field(gt=0)
+    shared_expert_intermediate_size: int = Field(default=0, ge=0)
+    num_moe_layers: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _check_top_k(self) -> MoESpec:
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} exceeds num_experts={self.num_experts}")
+        return self
+
+
+class ModelSpec(BaseModel):
+    """The shapes of a decoder-only transformer that decide its KV and weight bytes.
+
+    Attention: every layer is full attention unless `layer_types` says otherwise
+    (`sliding_attention` keeps the last `sliding_window` tokens, `chunked_attention` the
+    current `attention_chunk_size`-token chunk); `mla` replaces K/V heads by one latent.
+    `moe` adds experts. `weight_quant` is the checkpoint's weight format where it is not
+    `dtype` (fp8: every linear layer 1 byte; mxfp4: experts 4.25 bits). `num_params` is
+    computed from the shapes unless given (`param_counts`).
+    """
+
+    model_config = _FROZEN
+
+    name: str
+    model_type: str = "llama"
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0)
+    dtype: WeightDtype = "bfloat16"
+    gated_mlp: bool = True
+    tie_word_embeddings: bool = False
+    layer_types: tuple[LayerType, ...] | None = None
+    sliding_window: int | None = Field(default=None, gt=0)
+    attention_chunk_size: int | None = Field(default=None, gt=0)
+    mla: MLASpec | None = None
+    moe: MoESpec | None = None
+    weight_quant: WeightQuant | None = None
+    num_params: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> ModelSpec:
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
+            )
+        types = set(self.layer_types or ())
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries, num_layers={self.num_layers}")
+        if "sliding_attention" in types and self.sliding_window is None:
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+        if "chunked_attention" in types and self.attention_chunk_size is None:
+            raise ValueError("layer_types has chunked_attention layers but attention_chunk_size is not set")
+        if self.moe is not None and self.moe.num_moe_layers > self.num_layers:
+            raise ValueError(f"moe.num_moe_layers={self.moe.num_moe_layers} exceeds num_layers={self.num_layers}")
+        if self.num_params is None:
+            object.__setattr__(self, "num_params", param_counts(self).total)
+        return self
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def resolved_layer_types(self) -> tuple[LayerType, ...]:
+        """One attention type per layer (all `full_attention` when `layer_types` is not set)."""
+        full: LayerType = "full_attention"
+        return self.layer_types or (full,) * self.num_layers
+
+
+@dataclass(frozen=True, slots=True)
+class ParamCounts:
+    """Parameters of the whole model (all layers) by component."""
+
+    attention: int
+    dense_mlp: int
+    experts: int
+    shared_experts: int
+    router: int
+    embeddings: int
+    norms: int
+
+    @property
+    def total(self) -> int:
+        return (self.attention + self.dense_mlp + self.experts + self.shared_experts + self.router
+                + self.embeddings + self.norms)
+
+
+def attention_params_per_layer(m: ModelSpec) -> int:
+    h = m.hidden_size
+    if m.mla is not None:
+        a = m.mla
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        q = h * a.q_lora_rank + a.q_lora_rank * m.num_attention_heads * qk if a.q_lora_rank else \
+            h * m.num_attention_heads * qk
+        kv = h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank * m.num_attention_heads * (
+            a.qk_nope_head_dim + a.v_head_dim)
+        return q + kv + m.num_attention_heads * a.v_head_dim * h
+    return 2 * h * m.num_attention_heads * m.head_dim + 2 * h * m.num_kv_heads * m.head_dim
+
+
+def expert_params(m: ModelSpec) -> int:
+    """Parameters of one routed expert (gate, up and down projections)."""
+    assert m.moe is not None
+    return 3 * m.hidden_size * m.moe.expert_intermediate_size
+
+
+def param_counts(m: ModelSpec) -> ParamCounts:
+    h = m.hidden_size
+    moe = m.moe
+    moe_layers = moe.num_moe_layers if moe else 0
+    dense_layers = m.num_layers - moe_layers
+    embed = m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
+    if not m.gated_mlp:  # OPT's learned positions
+        embed += m.max_position_embeddings * h
+    return ParamCounts(
+        attention=m.num_layers * attention_params_per_layer(m),
+        dense_mlp=dense_layers * (3 if m.gated_mlp else 2) * h * m.intermediate_size,
+        experts=moe_layers * moe.num_experts * expert_params(m) if moe else 0,
+        shared_experts=moe_layers * 3 * h * moe.shared_expert_intermediate_size if moe else 0,
+        router=moe_layers * h * moe.num_experts if moe else 0,
+        embeddings=embed,
+        norms=(2 * m.num_layers + 1) * h,
+    )

@@ -1,0 +1,45 @@
+"""The builder resolves a scenario once into an immutable engine spec; everything is built from it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import kvsim.engine.builder
+from kvsim.engine.builder import build_engine, resolve_engine
+from kvsim.workload.scenario import load_scenario
+
+LLAMA_8B = ["model=llama-3.1-8b", "engine.num_gpu_blocks_override=1000", "engine.block_size=16",
+            "engine.max_model_len=4096", "workload.num_requests=10"]
+
+
+def test_spec_by_hand_paged_v0():
+    spec = resolve_engine(load_scenario(None, [*LLAMA_8B, "engine.scheduler=v0"]))
+    # 2 (K, V) · 32 layers · 8 KV heads · 128 · 2 B = 128 KiB a token; 16 tokens a block
+    assert (spec.bytes_per_token, spec.bytes_per_block) == (131_072, 2_097_152)
+    assert spec.num_gpu_blocks == 1000 and spec.num_kv_slots == 999 * 16  # block 0 is vLLM's null block
+    assert spec.num_cpu_blocks == 4 * 2**30 // 2_097_152 == 2048  # swap_space 4 GiB
+    # v0's 1 % watermark, in whole blocks: int(0.01 · 15,984 / 16) = 9 blocks
+    assert spec.limits.watermark_slots == 9 * 16 and spec.max_model_len == 4096
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.num_gpu_blocks = 2  # type: ignore[misc]
+
+
+def test_slab_spec_has_no_null_block():
+    spec = resolve_engine(load_scenario(None, [*LLAMA_8B, "engine.allocator=slab-max", "engine.scheduler=v0"]))
+    assert spec.num_kv_slots == 1000 * 16 and spec.num_cpu_slots == 4 * 2**30 // 131_072
+
+
+def test_build_engine_sizes_the_pool_once_and_from_the_spec(monkeypatch):
+    calls = []
+    real = kvsim.engine.builder.num_gpu_blocks
+    monkeypatch.setattr(kvsim.engine.builder, "num_gpu_blocks", lambda *a: calls.append(a) or real(*a))
+    parts = build_engine(load_scenario(None, LLAMA_8B), np.random.default_rng(0))
+    assert len(calls) == 1  # it was computed twice
+    assert parts.scheduler.alloc.num_total_slots == parts.spec.num_kv_slots == 15_984
+    assert parts.scheduler.limits is parts.spec.limits
+    assert parts.facts["num_gpu_blocks"] == 1000 and parts.facts["max_model_len"] == 4096
+    # vLLM's "maximum concurrency": 1,000 blocks / cdiv(4,096, 16) blocks a request
+    assert parts.facts["vllm_max_concurrency"] == 1000 / 256

@@ -1,0 +1,101 @@
+"""The prefix-cache seam: the hash chain's contract on hand-built blocks, and a second cache plugged in."""
+
+from __future__ import annotations
+
+from kvsim.kv import PagedAllocator, SegmentContent
+from kvsim.kv.block_pool import BlockPool
+from kvsim.kv.prefix_cache import HashChainCache
+from kvsim.kv.protocol import PrefixHit
+
+BS = 4
+
+
+def content(*segments):
+    return SegmentContent(list(segments))
+
+
+def test_match_full_blocks_from_the_first_stopping_at_a_miss_never_the_last_token():
+    cache = HashChainCache(10, BS)
+    a = content(("sys", 12), ("a", 4))  # 16 tokens: blocks 0..3
+    cache.insert(a, [5, 6, 7, 8], 0, 4)
+    assert cache.match(a, 16) == PrefixHit(12, (5, 6, 7))  # the block holding the last token is recomputed
+    assert cache.match(a, 17) == PrefixHit(16, (5, 6, 7, 8))
+    b = content(("sys", 8), ("b", 8))  # shares blocks 0 and 1 only
+    assert cache.match(b, 16) == PrefixHit(8, (5, 6))
+    c = content(("other", 4), ("sys", 12))  # block 0 differs: the chain breaks at once
+    assert cache.match(c, 16) == PrefixHit(0, ())
+
+
+def test_the_first_block_to_hold_content_stays_the_one_found():
+    cache = HashChainCache(10, BS)
+    a = content(("sys", 8))
+    cache.insert(a, [1, 2], 0, 2)
+    cache.insert(a, [3, 4], 0, 2)  # computed again at the same time by another request
+    assert cache.match(a, 9).block_ids == (1, 2)
+    assert cache.block_hashes[3] is None and cache.block_hashes[4] is None
+
+
+def test_eviction_order_is_the_order_blocks_were_freed_and_a_hit_takes_a_block_out():
+    pool = BlockPool(8, cache=HashChainCache(8, BS))
+    cache = pool.cache
+    assert isinstance(cache, HashChainCache)
+    first, second = pool.get_new_blocks(3), pool.get_new_blocks(2)
+    assert (first, second) == ([1, 2, 3], [4, 5])
+    x, y = content(("x", 12)), content(("y", 8))
+    cache.insert(x, first, 0, 3)
+    cache.insert(y, second, 0, 2)
+    assert pool.free_blocks(first[::-1]) == [3, 2, 1]  # a request's blocks tail-first
+    pool.free_blocks(second[::-1])
+    assert pool.free_queue == [6, 7, 3, 2, 1, 5, 4]  # plain blocks at the head, cached ones LRU after
+    assert cache.num_evictable_blocks == 5 and pool.num_free_blocks == 7
+    hit = cache.match(y, 9)
+    pool.touch(hit.block_ids)  # a hit on free cached blocks pulls them out of the queue
+    assert pool.free_queue == [6, 7, 3, 2, 1]
+    assert pool.get_new_blocks(3) == [6, 7, 3]  # plain ones first, then the least recently freed cached one
+    assert cache.match(x, 13) == PrefixHit(8, (1, 2))  # x's third block (block 3) was evicted: the chain ends
+    assert cache.block_hashes[3] is None
+    pool.check_invariants()
+
+
+class PlainCache:
+    """A second implementation behind the seam: it never keeps content (as with caching off)."""
+
+    num_evictable_blocks = 0
+
+    def match(self, content, num_tokens):
+        return PrefixHit(0, ())
+
+    def insert(self, content, block_table, first_block, num_full_blocks):
+        return None
+
+    def lock(self, block_id):
+        return False
+
+    def unlock(self, block_ids):
+        return block_ids
+
+    def evict(self, num_blocks):
+        assert num_blocks == 0
+        return []
+
+    def evictable_blocks(self):
+        return []
+
+    def check_invariants(self, ref_counts):
+        return None
+
+
+def test_a_cache_passed_to_the_allocator_is_the_one_used_and_bursts_need_the_hash_chain():
+    alloc = PagedAllocator(11, BS, enable_caching=True, prefix_cache=PlainCache())
+    assert not alloc.supports_bursts
+    a = content(("sys", 8), ("a", 4))
+    assert alloc.allocate(0, 12, 12, a)
+    alloc.free(0)
+    assert alloc.lookup_prefix(a, 12) == PrefixHit(0, ())
+    default = PagedAllocator(11, BS, enable_caching=True)
+    assert default.supports_bursts and isinstance(default.prefix_cache, HashChainCache)
+    assert default.allocate(0, 12, 12, a)
+    default.free(0)
+    assert default.lookup_prefix(a, 12) == PrefixHit(8, (1, 2))  # blocks 1..3 held it; the last is recomputed
+    alloc.check_invariants()
+    default.check_invariants()
