@@ -122,21 +122,21 @@ def test_bursts_waited_at_once_equal_step_by_step_with_arrivals_behind_a_blocked
     # arrivals every 1/8 s make such ties constant; Poisson arrivals make none. A 200-block pool
     # (about 10 prompts of 300 tokens) keeps the queue's head blocked.
     import kvsim.engine.clock
-    import kvsim.engine.loop
+    import kvsim.engine.runtime
 
     seen = {"joined": 0, "ties": 0}
-    waiting_before_steps, none_at = kvsim.engine.clock.waiting_before_steps, kvsim.engine.clock.Arrivals.none_delivered_at
+    join, none_at = kvsim.engine.runtime.BurstInFlight.join, kvsim.engine.clock.Arrivals.none_delivered_at
 
-    def counting_waiting(waiting, num_before, starts_s, delivered):
-        seen["joined"] += len(waiting) > num_before
-        return waiting_before_steps(waiting, num_before, starts_s, delivered)
+    def counting_join(flight, now):
+        seen["joined"] += 1
+        return join(flight, now)
 
     def counting_none_at(arrivals, instants_s):
         result = none_at(arrivals, instants_s)
         seen["ties"] += not result
         return result
 
-    monkeypatch.setattr(kvsim.engine.loop, "waiting_before_steps", counting_waiting)
+    monkeypatch.setattr(kvsim.engine.runtime.BurstInFlight, "join", counting_join)
     monkeypatch.setattr(kvsim.engine.clock.Arrivals, "none_delivered_at", counting_none_at)
     spec = make_scenario({"name": "ties", "model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 3,
                           "engine": {"max_model_len": 1024, "num_gpu_blocks_override": 200},

@@ -15,17 +15,15 @@ seed → identical results: the only randomness is one `numpy.random.Generator(s
 
 from __future__ import annotations
 
-from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import simpy
 
 from kvsim.engine.builder import build_engine, engine_result
-from kvsim.engine.clock import Arrivals
-from kvsim.engine.loop import ProgressFn, least_loaded, lockstep_loop, run_engine
+from kvsim.engine.loop import ProgressFn, least_loaded, run_engine, run_engines
 from kvsim.engine.recorder import StepRecorder, kept_step_index
+from kvsim.engine.runtime import Engine
 from kvsim.model.errors import KvsimError
 from kvsim.results.metrics import dp_group_steps, summarize
 from kvsim.results.output_dir import check_output_dir, output_directory
@@ -41,7 +39,7 @@ if TYPE_CHECKING:
 
 def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult:
     """`data_parallel_size` engines, each with its own scheduler and KV pool, behind vLLM's DP
-    load balancer, stepping in lockstep (`lockstep_loop`). The result holds every request
+    load balancer, stepping in lockstep (`kvsim.engine.loop.step_loop`). The result holds every request
     (column `dp_rank`) and the engines' steps (those `scenario.steps` keeps); the summary describes
     the deployment: running and waiting counts and scheduler counters summed over the engines, pool
     shares averaged over them (`kvsim.results.metrics.dp_group_steps`)."""
@@ -50,27 +48,13 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
     rng = np.random.default_rng(scenario.seed)
     parts = [build_engine(scenario, rng) for _ in range(scenario.engine.data_parallel_size)]
     schedulers = [p.scheduler for p in parts]
-    env = simpy.Environment()
-    arrivals = Arrivals(iter_requests(scenario, parts[0].spec.max_model_len, rng))
-    wake = [env.event()]
-
-    def arrival_process() -> Generator:
-        while not arrivals.all_arrived:
-            if (delivery := arrivals.wait_for_next(env)) is not None:
-                yield delivery
-            schedulers[least_loaded(schedulers)].add(arrivals.pop())
-            if not wake[0].triggered:
-                wake[0].succeed()
-        if not wake[0].triggered:
-            wake[0].succeed()
-
-    recorders = [StepRecorder() for _ in parts]
-    env.process(arrival_process())
-    env.run(until=env.process(lockstep_loop(env, schedulers, [p.latency for p in parts], recorders, arrivals,
-                                            wake, check)))
+    group = [Engine(p.scheduler, p.latency, StepRecorder()) for p in parts]
+    requests = iter_requests(scenario, parts[0].spec.max_model_len, rng)
+    run_engines([group], requests, lambda req, now: least_loaded(schedulers), check,
+                num_requests=scenario.workload.num_requests)
+    recorders = [engine.recorder for engine in group]
     every_step = scenario.model_copy(update={"steps": "all"})
     results = [engine_result(every_step, p, recorder) for p, recorder in zip(parts, recorders, strict=True)]
-    assert sum(len(r.requests) for r in results) == arrivals.num_arrived, "a request went missing"
     requests_df = pd.concat([r.requests.assign(dp_rank=i) for i, r in enumerate(results)]).sort_values(
         "request_id", kind="stable").reset_index(drop=True)
     steps_df = pd.concat([r.steps.assign(dp_rank=i) for i, r in enumerate(results)]).sort_values(

@@ -26,16 +26,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvsim.engine.builder import build_engine, engine_result
-from kvsim.engine.clock import Inbox
 from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
+from kvsim.engine.runtime import Engine
 from kvsim.fleet.router import Decision, Router
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.metrics import percentiles
 from kvsim.results.output_dir import output_directory
 from kvsim.results.run_result import RunResult
-from kvsim.sched import Scheduler
 from kvsim.workload.generate import iter_requests
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario, make_scenario
@@ -69,23 +68,22 @@ class FleetView:
     """What the router reads of the replicas (`kvsim.fleet.router.FleetState`), cheaply at every arrival.
 
     A replica's outstanding requests are the ones dispatched to it that have not ended: every
-    request it is given is waiting (or in its inbox during a burst), running or swapped out
-    until it is finished or rejected, so the count is `dispatched − ended`, two lengths a replica.
+    request it is given is waiting, running or swapped out until it is finished or rejected (at
+    once, on arrival), so the count is `dispatched − ended`, two lengths a replica.
     """
 
-    def __init__(self, schedulers: list[Scheduler], inboxes: list[Inbox]) -> None:
-        self.schedulers, self.inboxes = schedulers, inboxes
-        self.dispatched = [0] * len(schedulers)
-        self._ended = [s.records.status_codes for s in schedulers]  # their lengths: requests ended
-        self.now_s = 0.0  # the arrival being routed
+    def __init__(self, engines: list[Engine]) -> None:
+        self.engines = engines
+        self.dispatched = [0] * len(engines)
+        self._ended = [e.scheduler.records.status_codes for e in engines]  # their lengths: requests ended
+        self.now_s = 0.0  # the instant the arrival being routed is delivered
 
     def outstanding(self) -> list[int]:
         return list(map(sub, self.dispatched, map(len, self._ended)))
 
     def kv_usage(self) -> list[float]:
-        """Each replica's usage now, mid-burst included (`Inbox.kv_usage`)."""
-        return [inbox.kv_usage(s.kv_usage, self.now_s) for s, inbox in zip(self.schedulers, self.inboxes,
-                                                                                strict=True)]
+        """Each replica's usage now, mid-burst included (`Engine.kv_usage`)."""
+        return [engine.kv_usage(self.now_s) for engine in self.engines]
 
 
 class Routes:
@@ -158,26 +156,26 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))  # the workload's cap
     requests = iter_requests(scenario, max_model_len, rng)  # built at arrival, let go when they end
     reads_kv = scenario.router.policy == "least_kv"  # the router reads KV usage, mid-burst too
-    inboxes = [Inbox(observe_kv=reads_kv) for _ in parts]
-    view = FleetView([p.scheduler for p in parts], inboxes)
+    # the scenario's `steps` holds for the whole fleet: `sampled` keeps at most MAX_SAMPLED_STEPS rows in all
+    per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
+    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap),
+                      observe_kv=reads_kv) for p in parts]
+    view = FleetView(engines)
     config = scenario.router
     router = Router(config.policy, len(parts), scenario.engine.block_size, config.load_bound, config.load_slack,
                     config.match_threshold, max_prefix_blocks=sum(p.spec.num_gpu_blocks for p in parts))
     routes = Routes()
 
-    def dispatch(req: Request) -> int:
-        view.now_s = req.arrival_s
+    def dispatch(req: Request, now: float) -> int:
+        view.now_s = now
         decision = router.route(req, view)
         routes.add(req, decision)
         view.dispatched[decision.replica] += 1
         return decision.replica
 
-    # the scenario's `steps` holds for the whole fleet: `sampled` keeps at most MAX_SAMPLED_STEPS rows in all
-    per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
-    recorders = run_engines([(p.scheduler, p.latency) for p in parts], requests, dispatch, check, progress, bursts,
-                            inboxes=inboxes, num_requests=scenario.workload.num_requests,
-                            recorders=[StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap) for _ in parts])
-    runs = [engine_result(spec, p, rec) for spec, p, rec in zip(specs, parts, recorders, strict=True)]
+    run_engines([[engine] for engine in engines], requests, dispatch, check, progress, bursts,
+                num_requests=scenario.workload.num_requests)
+    runs = [engine_result(spec, p, e.recorder) for spec, p, e in zip(specs, parts, engines, strict=True)]
     requests_df = pd.concat([run.requests.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
     requests_df = requests_df.sort_values("request_id", kind="stable").reset_index(drop=True)
     steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)

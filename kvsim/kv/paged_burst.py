@@ -6,17 +6,27 @@ for when the scheduler may use it and why the result equals step-by-step allocat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import accumulate, repeat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvsim.kv.prefix_cache import HashChainCache, PrefixCache
 
 if TYPE_CHECKING:
     from kvsim.kv.block_pool import BlockPool
-    from kvsim.kv.paged import SeqBlocks
     from kvsim.kv.protocol import Occupancy
     from kvsim.workload.content import Content
+
+
+class SeqBlocks(Protocol):
+    """What a burst reads and writes of one sequence's table (`kvsim.kv.paged.SeqBlocks` is one)."""
+
+    block_table: list[int]
+    num_tokens: int
+    final_num_tokens: int
+    content: Content | None
+    num_hashed_blocks: int
+    reservable: int
 
 
 class PagedBursts:
@@ -26,7 +36,7 @@ class PagedBursts:
     enable_caching: bool
     pool: BlockPool
     prefix_cache: PrefixCache  # a `HashChainCache` when `supports_bursts`
-    seqs: dict[int, SeqBlocks]
+    seqs: Mapping[int, SeqBlocks]
     block_fill: list[int]
     num_filled_slots: int
     _sum_written: int

@@ -21,12 +21,9 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.kv import Allocation, KVAllocator, KVOccupancy, PrefixCacheStats, PrefixHit, SegmentContent, occupancy
-from kvsim.kv.protocol import Occupancy
-from kvsim.latency.base import LatencyModel
 from kvsim.latency.step_plan import StepPlan
 from kvsim.results.metrics import EngineCounters
 from kvsim.results.records import RequestRecords
-from kvsim.sched import burst
 from kvsim.sched.beams import select_beams
 from kvsim.sched.request_queue import FCFSQueue, RequestQueue
 from kvsim.workload.request import Request, RequestStatus
@@ -314,17 +311,7 @@ class Scheduler:
             self.alloc.fork(parent, child, content, req.kv_len)  # token-level content: child not cached
         self._forked.add(req.request_id)
 
-    # -------------------------------------------------------- decode bursts
-    def plan_burst(self, latency: LatencyModel, now: float, next_arrival_s: float,
-                   end_before_arrival: bool = False) -> burst.Burst | None:
-        """Several pure-decode steps at once, exactly as step by step would run them (see `burst`)."""
-        return burst.plan_burst(self, latency, now, next_arrival_s, end_before_arrival)
-
-    def apply_burst(self, planned: burst.Burst, now: float) -> Occupancy:
-        """Apply a burst from `plan_burst`; `now` is when its last step ends. Returns each step's
-        held, filled and reserved slots (`KVAllocator.burst_occupancy`), for the step rows."""
-        return burst.apply_burst(self, planned, now)
-
+    # ------------------------------------------- decode bursts (`kvsim.sched.burst`)
     def schedules_whole_decode_batch(self, num_running: int) -> bool:
         """Whether one step decodes all `num_running` requests (policies with a token budget may not)."""
         return True

@@ -20,9 +20,10 @@ Let B be the running batch when the burst is planned. Conditions checked (`burst
 (c) no request of B reaches its last token before the burst's last step
     (k ≤ min remaining output), and the burst's new blocks fit in the free memory
     (`burst_slots_needed` ≤ free slots), so no step preempts;
-(d) if the queue was empty, every step starts before the next arrival.
-    (`end_before_arrival`, for engines a fleet's router observes at each arrival: every
-    step also ends before it, whatever the queue, so the router sees step-by-step state.)
+(d) if the queue was empty, every step starts before `next_arrival_s`, and the engine cuts
+    the burst after the step in flight when a request joins its queue (`kvsim.engine.bursting`):
+    a step-by-step engine would see that request when that step ends. A single engine passes
+    the run's next arrival, so nothing is cut; in a fleet the next arrival may go elsewhere.
 
 By induction over the steps, assume steps 1..j−1 of the step-by-step run did exactly the
 burst's work. At step j:
@@ -30,7 +31,7 @@ burst's work. At step j:
   next token, so `schedule` gives each exactly one token, in B's order, with no
   preemption; by (c) none finishes at the end of step j < k, and at step k exactly the
   requests whose output is complete finish, which `apply_burst` does at the same instant.
-* Admission: if the queue was empty, by (d) no request arrived before step j started. If
+* Admission: if the queue was empty, by (d) no request joined it before step j started. If
   the head was blocked, it stays blocked: free memory only shrinks during a burst (blocks
   are taken, none released), `max_num_seqs` and the token budget see the same |B|, and
   by (b) the head's prefix hit cannot grow (evicting cached free blocks only shortens
@@ -40,32 +41,58 @@ burst's work. At step j:
   (step, position) order, which is the order the k · |B| `allocate` calls would use.
 * Time: the durations come from `burst_step_times`, the latency of the same plan with
   every context one token longer per step. The engine sums them as one timeout per step
-  would and waits once, for the last step's end (`kvsim.engine.clock.Alarm`), so the clock is
+  would and waits once, for the last step's end (`kvsim.engine.clock.call_at`), so the clock is
   bit-identical; where a request arrives exactly when a step ends, the order of the two
   events matters and it yields one timeout per step instead.
+* What others see mid-burst (a fleet's router): requests are added (or rejected) at their
+  arrival as step by step; none finishes before the last step; the KV usage after each
+  step's allocation comes from `burst_occupancy` (`kvsim.engine.bursting.BurstInFlight`).
 * Records: per-step rows come from the occupancy `append_burst` returns (held, filled,
   reserved after each step: `burst_occupancy` before the burst) and the waiting count
   before each step: the requests that joined the queue during the burst count from the
   first step that starts after their arrival.
 
 `tests/test_engine_properties.py` runs every shipped scenario and random workloads both
-ways (`simulate(..., bursts=False)`) and compares every row and summary value.
+ways (`simulate(..., bursts=False)`) and compares every row and summary value;
+`tests/test_burst_exact.py` does it byte for byte on fleets of 8 and 16 replicas, every router.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvsim.latency.base import LatencyModel, burst_step_times
 from kvsim.latency.step_plan import StepPlan
 
 if TYPE_CHECKING:
-    from kvsim.kv.protocol import Occupancy
-    from kvsim.sched.base import Scheduler
+    from kvsim.kv.protocol import KVAllocator, Occupancy
+    from kvsim.sched.request_queue import RequestQueue
     from kvsim.workload.request import Request
+
+
+class BurstScheduler(Protocol):
+    """What bursts need of a scheduler (`kvsim.sched.base.Scheduler` has it): its queues, its
+    allocator, and two policy questions."""
+
+    @property
+    def alloc(self) -> KVAllocator: ...
+    @property
+    def running(self) -> list[Request]: ...
+    @property
+    def waiting(self) -> RequestQueue: ...
+    @property
+    def swapped(self) -> Sequence[Request]: ...
+
+    def schedules_whole_decode_batch(self, num_running: int) -> bool:
+        """Whether one step decodes all `num_running` requests (policies with a token budget may not)."""
+    def waiting_blocked(self) -> bool:
+        """Whether the policy's next step would admit nothing from `waiting` (the batch stays)."""
+    def finish(self, done: list[Request], now: float) -> list[Request]:
+        """Mark requests that produced their last token finished at `now` and free their KV."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +104,7 @@ class Burst:
     seq_ids: list[int]  # each request's one sequence, in batch order
 
 
-def burst_batch(scheduler: Scheduler) -> tuple[list[int], int, int, int] | None:
+def burst_batch(scheduler: BurstScheduler) -> tuple[list[int], int, int, int] | None:
     """If conditions (a) and the first half of (b) hold: the running batch's sequence ids, its
     Σ and max context after one more token, and the most steps before a request's last token."""
     running = scheduler.running
@@ -99,8 +126,7 @@ def burst_batch(scheduler: Scheduler) -> tuple[list[int], int, int, int] | None:
     return seq_ids, sum_context, max_context, max_steps
 
 
-def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arrival_s: float,
-               end_before_arrival: bool = False) -> Burst | None:
+def plan_burst(scheduler: BurstScheduler, latency: LatencyModel, now: float, next_arrival_s: float) -> Burst | None:
     """The longest burst conditions (a)–(d) allow from `now`, or None (plan a single step)."""
     checked = burst_batch(scheduler)
     if checked is None:
@@ -108,12 +134,12 @@ def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arr
     seq_ids, sum_context, max_context, max_steps = checked
     first = StepPlan()
     first.add_decodes(len(seq_ids), sum_context, max_context)
-    arrival_bound = next_arrival_s if end_before_arrival or not scheduler.waiting else math.inf
+    arrival_bound = math.inf if scheduler.waiting else next_arrival_s
     durations: list[float] = []
-    if arrival_bound < math.inf:  # (d): as many steps as start (or end) before the arrival
-        start, reach = now, 1.0 if end_before_arrival else 0.0  # a step's start, or its end, counts
+    if arrival_bound < math.inf:  # (d): as many steps as start before the arrival
+        start = now
         for d in islice(burst_step_times(latency, first), max_steps):
-            if start + reach * d >= arrival_bound:
+            if start >= arrival_bound:
                 break
             durations.append(d)
             start += d
@@ -136,7 +162,7 @@ def plan_burst(scheduler: Scheduler, latency: LatencyModel, now: float, next_arr
     return Burst(scheduler.running, durations, seq_ids)
 
 
-def apply_burst(scheduler: Scheduler, burst: Burst, now: float) -> Occupancy:
+def apply_burst(scheduler: BurstScheduler, burst: Burst, now: float) -> Occupancy:
     """Apply the burst's steps; `now` is when the last one ends. Returns the held, filled and reserved
     slots after each step (`KVAllocator.burst_occupancy` before it), for the step rows."""
     num_steps = len(burst.durations)

@@ -1,0 +1,135 @@
+"""One engine at run time: its scheduler, latency model and step recorder, the wake-up it sleeps on
+when idle, and the decode burst it runs now, if any: the engine side of `kvsim.sched.burst`.
+
+A burst (several pure-decode steps priced and booked at once) is exact only if nobody can tell
+it from the steps it stands for, and that is this module's contract:
+
+* the clock: the burst ends on the very float instants its steps would (`call_at`), waited for
+  in one event, or one timeout per step where a delivery falls exactly on a step's end;
+* requests that arrive meanwhile are added (or rejected) at once (`deliver`), as step by step:
+  a router counting outstanding requests sees the same numbers. A burst planned with an empty
+  queue is cut after the step in flight when one joins (the next step would admit it);
+* the KV usage a router reads mid-burst is the usage after the allocation of the step in
+  flight (`kv_usage`), from the allocator's `burst_occupancy`;
+* the step rows: the waiting count before each step counts the requests that joined by then.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Generator
+from dataclasses import dataclass, field
+
+import simpy
+
+from kvsim.engine.clock import Arrivals, Wakeup, call_at
+from kvsim.engine.recorder import StepRecorder
+from kvsim.latency.base import LatencyModel
+from kvsim.sched import Scheduler
+from kvsim.sched.burst import Burst, apply_burst
+from kvsim.workload.request import Request
+
+
+@dataclass(slots=True, eq=False)
+class BurstInFlight:
+    """A burst an engine runs now: its steps' end instants and how many of them will run."""
+
+    env: simpy.Environment
+    ends_s: list[float]
+    num_steps: int
+    cut_on_join: bool  # planned with an empty queue: a request joining it ends the burst after the step in flight
+    one_wait: bool  # waited for in one event: no delivery falls on one of its step ends
+    usage_after_step: list[float] | None  # kv_cache_usage_perc after each step's allocation (if a router reads it)
+    done: simpy.Event  # fires when its last step (after a cut: the step in flight) has ended
+    joined_s: list[float] = field(default_factory=list)  # when each request that joined the queue meanwhile did
+    steps_done: int = 0  # steps ended, counted by the engine (one timeout per step)
+    _timer: object = None  # the pending end (a cut replaces it; the replaced one is ignored)
+
+    def steps_ended(self, now: float) -> int:
+        """Steps ended by `now`: in one wait no step ends exactly at a delivery, so none ends now."""
+        return bisect.bisect_right(self.ends_s, now) if self.one_wait else self.steps_done
+
+    def end_after(self, num_steps: int) -> None:
+        """Run `num_steps` steps (fewer than planned: a cut)."""
+        self.num_steps = num_steps
+        if self.one_wait:
+            token = self._timer = object()
+            call_at(self.env, self.ends_s[num_steps - 1], lambda: self._ring(token))
+
+    def _ring(self, token: object) -> None:
+        if token is self._timer:
+            self.done.succeed()
+
+    def join(self, now: float) -> None:
+        """A request joined the engine's queue at `now`."""
+        self.joined_s.append(now)
+        in_flight = self.steps_ended(now) + 1
+        if self.cut_on_join and in_flight < self.num_steps:
+            self.end_after(in_flight)
+
+
+@dataclass(slots=True, eq=False)
+class Engine:
+    """One engine's run-time state (`kvsim.engine.loop.run_engines` gives it its `wakeup`).
+
+    `observe_kv`: a dispatcher reads this engine's KV usage at arrivals (`kv_usage`), so a burst
+    works out the usage after each of its steps before it runs.
+    """
+
+    scheduler: Scheduler
+    latency: LatencyModel
+    recorder: StepRecorder
+    observe_kv: bool = False
+    wakeup: Wakeup = field(init=False)
+    burst: BurstInFlight | None = field(default=None, init=False)
+
+    def deliver(self, now: float, req: Request) -> None:
+        """A request arrives for this engine at `now`: queued (or rejected) at once, then the engine is woken."""
+        if self.scheduler.add(req) and self.burst is not None:
+            self.burst.join(now)
+        self.wakeup.ring()
+
+    def kv_usage(self, now: float) -> float:
+        """`kv_cache_usage_perc` as a step-by-step engine shows it at `now`: a step allocates when it is
+        scheduled, so mid-burst the usage after the allocation of the step in flight."""
+        burst = self.burst
+        if burst is None or burst.usage_after_step is None:
+            return self.scheduler.kv_usage
+        usage = burst.usage_after_step
+        return usage[min(burst.steps_ended(now), len(usage) - 1)]
+
+    def run_burst(self, env: simpy.Environment, burst: Burst, arrivals: Arrivals) -> Generator:
+        """Run a planned burst (`kvsim.sched.burst.plan_burst`) to its end, or to a cut, and book it."""
+        scheduler, recorder, durations = self.scheduler, self.recorder, burst.durations
+        # each step's start, then the last one's end, summed as one timeout per step would (`t += d`)
+        instants_s = list(itertools.accumulate(durations, initial=env.now))
+        ends_s = instants_s[1:]
+        pending = recorder.begin_burst(instants_s[:-1], burst, scheduler.snapshot())
+        usage = None
+        if self.observe_kv:  # usage after each step, as `record` would write it
+            held, _, _ = scheduler.alloc.burst_occupancy(burst.seq_ids, len(durations))
+            total = scheduler.alloc.num_total_slots
+            usage = [1.0 - (total - h) / total for h in held]
+        num_waiting = len(scheduler.waiting)
+        flight = self.burst = BurstInFlight(env, ends_s, len(durations), not num_waiting,
+                                            arrivals.none_delivered_at(ends_s), usage, env.event())
+        if flight.one_wait:
+            flight.end_after(len(durations))
+            yield flight.done
+            waiting = [num_waiting + bisect.bisect_left(flight.joined_s, start)
+                       for start in instants_s[:flight.num_steps]]
+        else:  # one timeout per step: the order of a step's end and a delivery at that instant matters
+            waiting = []
+            for d in durations:
+                waiting.append(len(scheduler.waiting))
+                yield env.timeout(d)
+                flight.steps_done += 1
+                if flight.steps_done == flight.num_steps:
+                    break
+        self.burst = None
+        num_steps = flight.num_steps
+        if num_steps < len(durations):  # cut after the step in flight
+            burst = Burst(burst.batch, durations[:num_steps], burst.seq_ids)
+            pending = pending._replace(starts_s=instants_s[:num_steps], durations_s=burst.durations)
+        recorder.end_burst(pending, waiting, apply_burst(scheduler, burst, env.now))
