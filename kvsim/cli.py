@@ -253,15 +253,15 @@ def run(
         resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
         with _progress_bar(enabled=output_format is RunFormat.table) as progress:
             result: RunResult | FleetResult
-            if spec.is_fleet:
+            if spec.is_fleet:  # written as it runs: the steps stream into the output's temporary folder
                 from kvsim.fleet.driver import simulate_fleet  # not imported by a single engine's run
 
-                result = simulate_fleet(spec, check=check, progress=progress)
-                written = result.write(out_dir)
-            else:  # written as it runs: the steps stream into the output's temporary folder
+                result = simulate_fleet(spec, check=check, progress=progress, out_dir=out_dir,
+                                        steps_format=steps_format.value)
+            else:
                 result = simulate(spec, check=check, progress=progress, memory_limit_bytes=limit_bytes,
                                   out_dir=out_dir, steps_format=steps_format.value)
-                written = Path(out_dir)
+            written = Path(out_dir)
     if output_format is RunFormat.json:
         from kvsim.results.render import to_json
 
