@@ -11,7 +11,8 @@ The trace has 19,366 rows: a point that needs more replays it end to end, each c
 by `LOOP_PERIOD_S` (a converted copy written once under the system's temporary folder,
 never in ../shared), so 1M requests are 52 back-to-back copies of the real hour.
 
-Each point runs in a fresh process (so its peak RSS is its own); the median wall time of
+Each point runs as `kvsim run` runs it, its output (step rows streamed, requests, routes) written
+to a temporary folder, in a fresh process (so its peak RSS is its own); the median wall time of
 `--repeats` runs is kept (CPU seconds too: on a shared machine they say more than wall
 seconds). The same run first measures one replica on the same per-replica load
 (`--baseline-requests`), and every point states its wall and CPU time per request as a ratio
@@ -83,9 +84,10 @@ def _run(args: tuple[dict, multiprocessing.Queue]) -> None:
     from kvsim.workload.scenario import make_scenario
 
     scenario = make_scenario(raw)
-    start, cpu = time.perf_counter(), time.process_time()
-    summary = simulate_fleet(scenario).summary
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    with tempfile.TemporaryDirectory() as out_dir:  # as `kvsim run` does: the step rows stream to disk
+        start, cpu = time.perf_counter(), time.process_time()
+        summary = simulate_fleet(scenario, out_dir=Path(out_dir) / "run").summary
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     queue.put({"wall_s": wall, "cpu_s": cpu, "peak_rss_mib": peak_mib, "num_finished": summary["num_finished"],
                "simulated_s": summary["duration_s"], "ttft_p90_s": summary["ttft_s"]["p90"],

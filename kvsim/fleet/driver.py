@@ -33,8 +33,9 @@ from kvsim.fleet.router import Decision, Router
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.metrics import percentiles
-from kvsim.results.output_dir import output_directory
+from kvsim.results.output_dir import check_output_dir, output_directory
 from kvsim.results.run_result import RunResult
+from kvsim.results.step_writer import StepsFormat, StepWriter, concat_step_files, frame_columns, write_csv
 from kvsim.workload.generate import iter_requests
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario, make_scenario
@@ -119,35 +120,76 @@ class Routes:
 
 @dataclass(frozen=True, slots=True)
 class FleetResult:
-    """`requests` (with `replica`), `steps` (with `replica`), `routes`, per-replica runs, fleet summary."""
+    """`requests` (with `replica`), `steps` (with `replica`), `routes`, per-replica runs, fleet summary.
+
+    The steps are held in memory (`step_frame`), or, for a run that streamed them to disk
+    (`simulate_fleet(..., out_dir=...)`), read from `steps_path` each time they are asked for;
+    the per-replica runs then keep no steps of their own.
+    """
 
     scenario: Scenario
     requests: pd.DataFrame
-    steps: pd.DataFrame
     routes: pd.DataFrame
     replicas: list[RunResult]
     summary: dict[str, Any]
+    step_frame: pd.DataFrame | None = None
+    steps_path: Path | None = None
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        if self.step_frame is not None:
+            return self.step_frame
+        import pandas as pd
+
+        assert self.steps_path is not None, "a FleetResult has a step_frame or a steps_path"
+        return pd.read_parquet(self.steps_path) if self.steps_path.suffix == ".parquet" else pd.read_csv(
+            self.steps_path)
 
     def write(self, out_dir: str | Path) -> Path:
-        """`requests.csv`, `steps.csv`, `routes.csv`, `replicas.csv`, `summary.json`, `scenario.yaml`, through
-        `kvsim.results.output_dir.output_directory` (only over kvsim's own output, swapped in when complete)."""
-        import pandas as pd
-        import yaml
-
+        """`requests.csv`, `steps.csv` (unless the scenario keeps no steps), `routes.csv`, `replicas.csv`,
+        `summary.json`, `scenario.yaml`, through `kvsim.results.output_dir.output_directory` (only over
+        kvsim's own output, swapped in when complete)."""
         with output_directory(out_dir, "run") as tmp:
-            self.requests.to_csv(tmp / "requests.csv", index=False)
-            self.steps.to_csv(tmp / "steps.csv", index=False)
-            self.routes.to_csv(tmp / "routes.csv", index=False)
-            pd.DataFrame(self.summary["per_replica"]).to_csv(tmp / "replicas.csv", index=False)
-            (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
-            (tmp / "scenario.yaml").write_text(yaml.safe_dump(self.scenario.model_dump(mode="json"),
-                                                              sort_keys=False))
+            if self.scenario.steps != "none":
+                self.steps.to_csv(tmp / "steps.csv", index=False)
+            write_fleet_files(tmp, self)
         return Path(out_dir)
 
 
+def write_fleet_files(folder: Path, result: FleetResult) -> None:
+    """Every file of a fleet's run but its steps into `folder` (a temporary folder of `output_directory`)."""
+    import pandas as pd
+    import yaml
+
+    write_csv(frame_columns(result.requests), folder / "requests.csv")  # pandas' text, in bounded memory
+    write_csv(frame_columns(result.routes), folder / "routes.csv")
+    pd.DataFrame(result.summary["per_replica"]).to_csv(folder / "replicas.csv", index=False)
+    (folder / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+    (folder / "scenario.yaml").write_text(yaml.safe_dump(result.scenario.model_dump(mode="json"), sort_keys=False))
+
+
 def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
-                   bursts: bool = True) -> FleetResult:
-    """Simulate the scenario's replicas behind its router; one replica gives `simulate`'s result."""
+                   bursts: bool = True, out_dir: str | Path | None = None,
+                   steps_format: StepsFormat = "auto") -> FleetResult:
+    """Simulate the scenario's replicas behind its router; one replica gives `simulate`'s result.
+
+    `out_dir`: write the run there as it goes (`FleetResult.write`'s files and rules). Every replica's
+    step rows then stream to disk in chunks (one part file per replica, concatenated in replica
+    order when the run ends: `steps.parquet` with pyarrow, else `steps.csv`; `steps_format`
+    chooses), so memory stays bounded however many steps the fleet runs.
+    """
+    if out_dir is None:
+        return _run_fleet(scenario, check, progress, bursts)
+    final = check_output_dir(out_dir, "run")  # refused before simulating, not after
+    with output_directory(out_dir, "run") as tmp:
+        result = _run_fleet(scenario, check, progress, bursts, (tmp, final, steps_format))
+        write_fleet_files(tmp, result)
+    return result
+
+
+def _run_fleet(scenario: Scenario, check: bool, progress: ProgressFn | None, bursts: bool,
+               streamed: tuple[Path, Path, StepsFormat] | None = None) -> FleetResult:
+    """The fleet's run; `streamed`: (the output's temporary folder, its final path, the steps format)."""
     import pandas as pd
 
     specs = replica_scenarios(scenario)
@@ -158,8 +200,11 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     reads_kv = scenario.router.policy == "least_kv"  # the router reads KV usage, mid-burst too
     # the scenario's `steps` holds for the whole fleet: `sampled` keeps at most MAX_SAMPLED_STEPS rows in all
     per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
-    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap),
-                      observe_kv=reads_kv) for p in parts]
+    writers = [StepWriter(streamed[0], streamed[2], name=f".steps-r{i}") if streamed is not None
+               and scenario.steps != "none" else None for i in range(len(parts))]
+    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, writer, {"replica": i} if writer else None,
+                                                           max_sampled_rows=per_replica_cap), observe_kv=reads_kv)
+               for i, (p, writer) in enumerate(zip(parts, writers, strict=True))]
     view = FleetView(engines)
     config = scenario.router
     router = Router(config.policy, len(parts), scenario.engine.block_size, config.load_bound, config.load_slack,
@@ -175,21 +220,41 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
 
     run_engines([[engine] for engine in engines], requests, dispatch, check, progress, bursts,
                 num_requests=scenario.workload.num_requests)
-    runs = [engine_result(spec, p, e.recorder) for spec, p, e in zip(specs, parts, engines, strict=True)]
-    requests_df = pd.concat([run.requests.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
-    requests_df = requests_df.sort_values("request_id", kind="stable").reset_index(drop=True)
-    steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
+    streams = writers[0] is not None  # then the replicas keep no steps of their own
+    replica_specs = [spec.model_copy(update={"steps": "none"}) for spec in specs] if streams else specs
+    runs = [engine_result(spec, p, e.recorder) for spec, p, e in zip(replica_specs, parts, engines, strict=True)]
+    requests_df = fleet_requests(runs)
     routes_df = routes.frame()
     summary = fleet_summary(scenario, requests_df, runs, routes_df)
-    return FleetResult(scenario, requests_df, steps_df, routes_df, runs, summary)
+    if not streams:
+        steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
+        return FleetResult(scenario, requests_df, routes_df, runs, summary, step_frame=steps_df)
+    assert streamed is not None and writers[0] is not None
+    tmp, final, _ = streamed
+    dest = tmp / f"steps.{writers[0].format}"
+    concat_step_files([w.path for w in writers if w is not None], dest)
+    return FleetResult(scenario, requests_df, routes_df, runs, summary, steps_path=final / dest.name)
+
+
+def fleet_requests(runs: list[RunResult]) -> pd.DataFrame:
+    """Every replica's requests with its `replica`, in request id order (ties: replica order), built from
+    their columns at once (no per-replica DataFrame)."""
+    import pandas as pd
+
+    names = list(runs[0].request_columns)
+    columns = {name: np.concatenate([run.request_columns[name] for run in runs]) for name in names}
+    counts = [len(run.request_columns["request_id"]) for run in runs]
+    columns["replica"] = np.repeat(np.arange(len(runs), dtype=np.int64), counts)
+    order = np.argsort(columns["request_id"], kind="stable")
+    return pd.DataFrame({name: values[order] for name, values in columns.items()})
 
 
 def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunResult],
                   routes_df: pd.DataFrame) -> dict[str, Any]:
     """Fleet-wide headline numbers: latency percentiles over every request, totals over replicas."""
     finished = requests_df[requests_df["status"] == "finished"]
-    end_s = max((r.summary["duration_s"] + float(r.requests["arrival_s"].min()) for r in runs if len(r.requests)),
-                default=0.0)
+    end_s = max((r.summary["duration_s"] + float(r.request_columns["arrival_s"].min()) for r in runs
+                 if len(r.request_columns["arrival_s"])), default=0.0)
     duration = max(end_s - float(requests_df["arrival_s"].min()), 0.0) if len(requests_df) else 0.0
     output_tokens = int((finished["output_tokens"] * finished["num_samples"]).sum())
     queries = sum(r.summary["num_prefix_cache_query_tokens"] for r in runs)

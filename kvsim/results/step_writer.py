@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import math
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -147,3 +148,30 @@ class StepWriter:
         if self._csv is not None:
             self._csv.close()
             self._csv = None
+
+
+def concat_step_files(parts: list[Path], dest: Path) -> None:
+    """Concatenate step files written by `StepWriter`s (same columns, same format as `dest`) into `dest`,
+    in the order given, a row group or a line at a time (memory stays bounded), and remove the parts."""
+    if dest.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        writer = None
+        for part in parts:
+            source = pq.ParquetFile(part)
+            if writer is None:
+                writer = pq.ParquetWriter(dest, source.schema_arrow, use_dictionary=False)
+            for index in range(source.num_row_groups):
+                writer.write_table(source.read_row_group(index))
+        if writer is not None:
+            writer.close()
+    else:
+        with dest.open("w", newline="") as out:
+            for number, part in enumerate(parts):
+                with part.open(newline="") as f:
+                    header = f.readline()
+                    if number == 0:
+                        out.write(header)
+                    shutil.copyfileobj(f, out)
+    for part in parts:
+        part.unlink()

@@ -21,7 +21,7 @@ Let B be the running batch when the burst is planned. Conditions checked (`burst
     (k ≤ min remaining output), and the burst's new blocks fit in the free memory
     (`burst_slots_needed` ≤ free slots), so no step preempts;
 (d) if the queue was empty, every step starts before `next_arrival_s`, and the engine cuts
-    the burst after the step in flight when a request joins its queue (`kvsim.engine.bursting`):
+    the burst after the step in flight when a request joins its queue (`kvsim.engine.runtime`):
     a step-by-step engine would see that request when that step ends. A single engine passes
     the run's next arrival, so nothing is cut; in a fleet the next arrival may go elsewhere.
 
@@ -46,7 +46,7 @@ burst's work. At step j:
   events matters and it yields one timeout per step instead.
 * What others see mid-burst (a fleet's router): requests are added (or rejected) at their
   arrival as step by step; none finishes before the last step; the KV usage after each
-  step's allocation comes from `burst_occupancy` (`kvsim.engine.bursting.BurstInFlight`).
+  step's allocation comes from `burst_occupancy` (`kvsim.engine.runtime.BurstInFlight`).
 * Records: per-step rows come from the occupancy `append_burst` returns (held, filled,
   reserved after each step: `burst_occupancy` before the burst) and the waiting count
   before each step: the requests that joined the queue during the burst count from the

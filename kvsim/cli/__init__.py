@@ -7,14 +7,38 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from kvsim.cli.shared import (
+    PLAN_FILES,
+    BlockSizeOpt,
+    BlocksOverrideOpt,
+    Format,
+    GpuOpt,
+    GpuUtilOpt,
+    HourlyCostOpt,
+    KvBytesOpt,
+    KvDtypeOpt,
+    LatencyChoice,
+    MaxModelLenOpt,
+    ModelOpt,
+    RunFormat,
+    StepsFormatOption,
+    StepsOption,
+    TpOpt,
+    ValidateFormat,
+    beyond_max_model_len,
+    capacity_headline,
+    parse_int_list,
+    parse_size_flag,
+    points_bar,
+    progress_bar,
+    user_errors,
+    write_plan,
+)
 from kvsim.model.errors import KvsimError, reading
 
 if TYPE_CHECKING:
@@ -48,64 +72,6 @@ def _root(
                                           help="Print kvsim's version and exit.")] = False,
 ) -> None:
     """kvsim: capacity simulator for LLM serving with a paged KV cache."""
-
-
-class Format(StrEnum):
-    table = "table"
-    csv = "csv"
-    json = "json"
-    markdown = "markdown"
-
-
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Print a `KvsimError` as one line and exit 2: the CLI never shows a traceback for bad input."""
-    try:
-        yield
-    except KvsimError as error:
-        typer.echo(f"kvsim: error: {error}", err=True)
-        raise typer.Exit(2) from None
-    except OSError as error:  # e.g. an output directory that cannot be written
-        typer.echo(f"kvsim: error: {error.filename or ''}: {error.strerror or error}", err=True)
-        raise typer.Exit(2) from None
-
-
-def parse_int_list(text: str, field: str) -> list[int]:
-    """`1024,4096` → [1024, 4096]; anything else is an error naming the flag."""
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise KvsimError(f"{field}={text!r}: expected comma-separated integers") from None
-    if not values:
-        raise KvsimError(f"{field}={text!r}: expected at least one integer")
-    return values
-
-
-def parse_size_flag(text: str, flag: str) -> int:
-    """`64GiB`, `500MB` or a byte count → bytes; anything else is an error naming the flag."""
-    from kvsim.model.config import parse_size
-
-    try:
-        value = parse_size(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, int) or value <= 0:
-        raise KvsimError(f"{flag}={text!r}: expected a size such as 64GiB, 500MB or 4096")
-    return value
-
-
-ModelOpt = Annotated[str, typer.Option("--model", help="Preset name or path to a HF config.json.")]
-GpuOpt = Annotated[str, typer.Option("--gpu", help="Preset name or path to a GPU YAML/JSON file.")]
-MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len")]
-BlockSizeOpt = Annotated[int | None, typer.Option("--block-size")]
-GpuUtilOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
-KvDtypeOpt = Annotated[str | None, typer.Option(  # every value of kvsim.model.config.KVCacheDtype
-    "--kv-cache-dtype", help="auto, fp8, fp8_e4m3, fp8_e5m2, float16, bfloat16")]
-KvBytesOpt = Annotated[str | None, typer.Option("--kv-cache-memory-bytes", help="e.g. 12GiB")]
-BlocksOverrideOpt = Annotated[int | None, typer.Option("--num-gpu-blocks-override")]
-TpOpt = Annotated[int | None, typer.Option("--tensor-parallel-size", "-tp")]
-HourlyCostOpt = Annotated[float | None, typer.Option(
-    "--gpu-hourly-cost", help="USD per GPU-hour [the GPU's list on-demand price as of a date, see the output]")]
 
 
 @app.command()
@@ -168,7 +134,7 @@ def capacity(
     used = {k for r in data["rows"] for k, v in r.items() if v is not None}  # drop columns that are empty in every row
     rows = [{k: v for k, v in r.items() if k in used} for r in data["rows"]]
     if output_format in (Format.table, Format.markdown):  # CSV and JSON keep the documented 0
-        rows = [_beyond_max_model_len(r, plan.max_model_len) for r in rows]
+        rows = [beyond_max_model_len(r, plan.max_model_len) for r in rows]
     if output_format is Format.json:
         sys.stdout.write(to_json(data))
     elif output_format is Format.csv:
@@ -181,7 +147,7 @@ def capacity(
         from rich.console import Console
 
         console = Console()
-        console.print(_headline(plan))
+        console.print(capacity_headline(plan))
         console.print(rows_to_rich(data["kv_types"], title="KV by attention type (one request at max_model_len)"))
         cost_keys = ("concurrent_sequences", "usd_per_concurrent_user_hour", "output_tokens_per_s_closed_form",
                      "usd_per_million_output_tokens")
@@ -191,32 +157,6 @@ def capacity(
                  if r["context_len"] <= plan.max_model_len]
         if costs and len(costs[0]) > 2:  # a price is known
             console.print(rows_to_rich(costs, title=f"Cost at that concurrency ({data['gpu_price_source']})"))
-
-
-def _beyond_max_model_len(row: dict, max_model_len: int) -> dict:
-    """A context above max_model_len holds no sequence because vLLM refuses it, not for want of memory:
-    say so instead of printing 0."""
-    if row["context_len"] <= max_model_len:
-        return row
-    kept = ("context_len", "blocks_per_seq")
-    return {k: v if k in kept or v is None else "exceeds max_model_len" for k, v in row.items()}
-
-
-class StepsOption(StrEnum):
-    none = "none"
-    sampled = "sampled"
-    all = "all"
-
-
-class StepsFormatOption(StrEnum):
-    auto = "auto"
-    parquet = "parquet"
-    csv = "csv"
-
-
-class RunFormat(StrEnum):
-    table = "table"
-    json = "json"
 
 
 @app.command()
@@ -251,17 +191,17 @@ def run(
         out_dir = output or f"runs/{safe_component(spec.name)}"
         check_output_dir(out_dir, "run")  # refuse before simulating, not after
         resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
-        with _progress_bar(enabled=output_format is RunFormat.table) as progress:
+        with progress_bar(enabled=output_format is RunFormat.table) as progress:
             result: RunResult | FleetResult
-            if spec.is_fleet:
+            if spec.is_fleet:  # written as it runs: the steps stream into the output's temporary folder
                 from kvsim.fleet.driver import simulate_fleet  # not imported by a single engine's run
 
-                result = simulate_fleet(spec, check=check, progress=progress)
-                written = result.write(out_dir)
-            else:  # written as it runs: the steps stream into the output's temporary folder
+                result = simulate_fleet(spec, check=check, progress=progress, out_dir=out_dir,
+                                        steps_format=steps_format.value)
+            else:
                 result = simulate(spec, check=check, progress=progress, memory_limit_bytes=limit_bytes,
                                   out_dir=out_dir, steps_format=steps_format.value)
-                written = Path(out_dir)
+            written = Path(out_dir)
     if output_format is RunFormat.json:
         from kvsim.results.render import to_json
 
@@ -327,12 +267,12 @@ def plan(
         client = None if workers == 1 and not dask_address else dask_client(dask_address, workers)
         try:
             out_dir = claim_directory(out_path, "plan", PLAN_FILES)  # made only once every input is good
-            with _points_bar(enabled=output_format is Format.table) as on_point:
+            with points_bar(enabled=output_format is Format.table) as on_point:
                 rows, simulated = run_plan(base, spec, out_dir, client, on_point)
         finally:
             if client is not None:
                 close_client(client)
-        _write_plan(rows, out_dir, base.name)
+        write_plan(rows, out_dir, base.name)
     if output_format is Format.table:
         from rich.console import Console
 
@@ -343,81 +283,6 @@ def plan(
     else:
         writers = {Format.csv: rows_to_csv, Format.json: to_json, Format.markdown: rows_to_markdown}
         sys.stdout.write(writers[output_format](rows))
-
-
-PLAN_FILES = ["points.jsonl", "plan.csv", "plan.json", "plan.md", "pareto.png",
-              ".plan.csv.tmp", ".plan.json.tmp", ".plan.md.tmp", ".pareto.tmp.png"]  # all `plan` writes
-
-
-def _write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
-    """plan.csv / .json / .md and the Pareto figure, each written whole then renamed into place."""
-    import os
-
-    from kvsim.report.build import pareto_figure
-    from kvsim.results.render import rows_to_csv, rows_to_markdown, to_json
-
-    for file, write in (("plan.csv", rows_to_csv), ("plan.json", to_json), ("plan.md", rows_to_markdown)):
-        tmp = out_dir / f".{file}.tmp"
-        tmp.write_text(write(rows))
-        os.replace(tmp, out_dir / file)
-    tmp = out_dir / ".pareto.tmp.png"
-    pareto_figure(rows, tmp, f"{name}: candidates meeting the SLOs")
-    os.replace(tmp, out_dir / "pareto.png")
-
-
-@contextmanager
-def _points_bar(enabled: bool) -> Iterator:
-    """A rich progress line over finished search points (the total is not known in advance)."""
-    if not enabled:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    bar = Progress(SpinnerColumn(), TextColumn("{task.completed} points finished ({task.fields[simulated]} "
-                                               "simulated now)"), TimeElapsedColumn(),
-                   transient=True, console=Console(stderr=True))
-    task = bar.add_task("plan", total=None, simulated=0)
-
-    def update(finished: int, simulated: int) -> None:
-        bar.update(task, completed=finished, simulated=simulated)
-
-    with bar:
-        yield update
-
-
-@contextmanager
-def _progress_bar(enabled: bool) -> Iterator:
-    """A rich progress bar over requests done, shown only once a run has taken more than a second, and
-    only on a terminal (elsewhere rich would draw nothing but a blank line; not importing it saves time)."""
-    import time
-
-    if not enabled or not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    started = time.monotonic()
-    bar = Progress(TextColumn("simulated {task.fields[sim_s]:>8.1f} s"), BarColumn(),
-                   TextColumn("{task.completed}/{task.total} requests"), TimeElapsedColumn(),
-                   transient=True, console=Console(stderr=True))
-    task = None
-
-    def update(sim_s: float, done: int, total: int) -> None:
-        nonlocal task
-        if task is None:
-            if time.monotonic() - started < 1.0:
-                return
-            bar.start()
-            task = bar.add_task("run", total=total, sim_s=sim_s)
-        bar.update(task, completed=done, sim_s=sim_s)
-
-    try:
-        yield update
-    finally:
-        if task is not None:
-            bar.stop()
 
 
 @app.command()
@@ -549,17 +414,6 @@ def report(
     typer.echo(f"report written to {out}/report.html (and report.md, figures, CSVs, alerts.yaml)")
 
 
-class LatencyChoice(StrEnum):
-    roofline = "roofline"
-    calibrated = "calibrated"
-
-
-class ValidateFormat(StrEnum):
-    table = "table"
-    json = "json"
-    markdown = "markdown"
-
-
 @app.command()
 def validate(
     measured: Annotated[str, typer.Argument(help="A measured-run folder (../shared/validation/measured/<hw>/<case>) "
@@ -605,21 +459,6 @@ def validate(
         for note in result.notes:
             console.print(f"note: {note}")
     typer.echo(f"validation written to {out_dir}/ (validation.md, validation.json, figures, sim/)", err=True)
-
-def _headline(plan) -> str:  # plan: kvsim.model.capacity.CapacityPlan
-    gib = 2**30
-    return (
-        f"[bold]{plan.model}[/] on [bold]{plan.gpu}[/]  kv_cache_dtype={plan.kv_cache_dtype}  "
-        f"block_size={plan.block_size}  max_model_len={plan.max_model_len:,}\n"
-        f"KV: {plan.bytes_per_token:,} B/token, {plan.bytes_per_block:,} B/block, "
-        f"{plan.num_kv_groups} KV group(s) of {plan.layers_per_kv_group} layers\n"
-        f"params {plan.num_params / 1e9:.2f}B ({plan.active_params_per_token / 1e9:.2f}B active per token); "
-        f"weights {plan.weights_bytes / gib:.2f} GiB per GPU; KV pool {plan.kv_pool_bytes / gib:.2f} GiB = "
-        f"{plan.num_gpu_blocks:,} blocks ({plan.num_token_slots:,} token slots)\n"
-        f"vLLM 'maximum concurrency' at max_model_len: {plan.max_concurrency:.2f}x "
-        f"(fp8 KV: {plan.num_gpu_blocks_fp8:,} blocks, {plan.max_concurrency_fp8:.2f}x)"
-    )
-
 
 def main() -> None:
     app()
