@@ -47,7 +47,7 @@ def test_eviction_order_is_the_order_blocks_were_freed_and_a_hit_takes_a_block_o
     assert pool.free_blocks(first[::-1]) == [3, 2, 1]  # a request's blocks tail-first
     pool.free_blocks(second[::-1])
     assert pool.free_queue == [6, 7, 3, 2, 1, 5, 4]  # plain blocks at the head, cached ones LRU after
-    assert cache.num_evictable_blocks == 5 and pool.num_free_blocks == 7
+    assert list(cache.evictable) == [3, 2, 1, 5, 4] and pool.num_free_blocks == 7
     hit = cache.match(y, 9)
     pool.touch(hit.block_ids)  # a hit on free cached blocks pulls them out of the queue
     assert pool.free_queue == [6, 7, 3, 2, 1]
@@ -60,7 +60,7 @@ def test_eviction_order_is_the_order_blocks_were_freed_and_a_hit_takes_a_block_o
 class PlainCache:
     """A second implementation behind the seam: it never keeps content (as with caching off)."""
 
-    num_evictable_blocks = 0
+    evictable: tuple[int, ...] = ()
 
     def match(self, content, num_tokens):
         return PrefixHit(0, ())
@@ -76,9 +76,6 @@ class PlainCache:
 
     def evict(self, num_blocks):
         assert num_blocks == 0
-        return []
-
-    def evictable_blocks(self):
         return []
 
     def check_invariants(self, ref_counts):

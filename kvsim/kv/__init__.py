@@ -1,7 +1,8 @@
 """KV memory managers: pure Python, no simpy, driven by method calls.
 
 Every allocator implements `KVAllocator` (`protocol.py`); `kvsim.engine.builder.make_allocator`
-builds the one an engine config asks for.
+builds the one an engine spec asks for. The paged pools keep their prefix cache behind
+`PrefixCache` (`prefix_cache.py`: vLLM's hash chain, `HashChainCache`, by default).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ class BlockPool:
     `block_size`; a pool nobody caches in, as the CPU swap pool, simply never inserts).
     """
 
-    __slots__ = ("num_blocks", "null_block", "ref_counts", "cache", "_unhashed")
+    __slots__ = ("num_blocks", "null_block", "ref_counts", "cache", "_unhashed", "_evictable")
 
     def __init__(self, num_blocks: int, null_block: bool = True, cache: PrefixCache | None = None,
                  block_size: int = 16) -> None:
@@ -48,6 +48,7 @@ class BlockPool:
         self.null_block = null_block
         self.ref_counts = [0] * num_blocks
         self.cache: PrefixCache = cache if cache is not None else HashChainCache(num_blocks, block_size)
+        self._evictable = self.cache.evictable  # the queue's tail part, the cache's (read for its length)
         first = 1 if null_block else 0
         # the free queue's head part: free blocks without cached content, the head at the end (block `first` first)
         self._unhashed: list[int] = list(range(num_blocks - 1, first - 1, -1))
@@ -55,7 +56,7 @@ class BlockPool:
     @property
     def free_queue(self) -> list[int]:
         """The free blocks in eviction order (head first: the next handed out)."""
-        return [*reversed(self._unhashed), *self.cache.evictable_blocks()]
+        return [*reversed(self._unhashed), *self._evictable]
 
     @property
     def num_usable_blocks(self) -> int:
@@ -64,7 +65,7 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks with ref_count 0, cached or not: all can be handed out."""
-        return len(self._unhashed) + self.cache.num_evictable_blocks
+        return len(self._unhashed) + len(self._evictable)
 
     @property
     def usage(self) -> float:

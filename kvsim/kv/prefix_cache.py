@@ -29,6 +29,8 @@ Contract (every implementation):
   block stays hittable until it is evicted for reuse). The pool evicts only when its plain
   free list is empty, so `num_free_blocks` counts evictable blocks as free, as vLLM's
   `kv_cache_usage_perc` does.
+* `evictable`: the evictable blocks, iterated in eviction order (the next evicted first); one
+  object for the cache's life, so the pool reads its `len` without a call into the cache.
 
 Pure Python; no kvsim imports but the content and hit types.
 """
@@ -36,7 +38,7 @@ Pure Python; no kvsim imports but the content and hit types.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,9 +55,7 @@ class PrefixCache(Protocol):
     def unlock(self, block_ids: list[int]) -> list[int]: ...
     def evict(self, num_blocks: int) -> list[int]: ...
     @property
-    def num_evictable_blocks(self) -> int: ...
-    def evictable_blocks(self) -> list[int]:
-        """The evictable blocks in eviction order (the next evicted first)."""
+    def evictable(self) -> Collection[int]: ...
     def check_invariants(self, ref_counts: Sequence[int]) -> None:
         """Raise AssertionError unless its books balance against the pool's ref counts."""
 
@@ -64,19 +64,19 @@ class HashChainCache:
     """vLLM v1's prefix cache: each full block keyed by its chained content hash.
 
     `cached` maps a hash to the block found for it; `block_hashes[b]` is block b's hash (None:
-    it holds no cached content); `_evictable` is the LRU of free cached blocks (an ordered dict:
-    O(1) pop of the oldest and removal from the middle). Besides `PrefixCache`, it speaks in keys
+    it holds no cached content); `evictable` is the LRU of free cached blocks, each with its hash (an
+    ordered dict: O(1) pop of the oldest and removal from the middle). Besides `PrefixCache`, it speaks in keys
     (`lookup`, `insert_keys`): the hybrid allocator keys each group's blocks apart, and decode
     bursts register blocks of several sequences in one interleaved order.
     """
 
-    __slots__ = ("block_size", "block_hashes", "cached", "_evictable")
+    __slots__ = ("block_size", "block_hashes", "cached", "evictable")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.block_size = block_size
         self.block_hashes: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # content hash -> block id
-        self._evictable: OrderedDict[int, int] = OrderedDict()  # free cached block -> its hash, oldest first
+        self.evictable: OrderedDict[int, int] = OrderedDict()  # free cached block -> its hash, oldest first
 
     def match(self, content: Content, num_tokens: int) -> PrefixHit:
         """Walk the content's chained hashes from block 0; stop at the first miss."""
@@ -107,15 +107,15 @@ class HashChainCache:
         return self.cached.get(key)
 
     def lock(self, block_id: int) -> bool:
-        if block_id in self._evictable:
-            del self._evictable[block_id]
+        if block_id in self.evictable:
+            del self.evictable[block_id]
             return True
         return False
 
     def unlock(self, block_ids: list[int]) -> list[int]:
         if not self.cached:  # nothing cached: no block carries a hash
             return block_ids
-        block_hashes, evictable, plain = self.block_hashes, self._evictable, []
+        block_hashes, evictable, plain = self.block_hashes, self.evictable, []
         for block_id in block_ids:
             if (block_hash := block_hashes[block_id]) is None:
                 plain.append(block_id)
@@ -124,7 +124,7 @@ class HashChainCache:
         return plain
 
     def evict(self, num_blocks: int) -> list[int]:
-        popitem, block_hashes, cached = self._evictable.popitem, self.block_hashes, self.cached
+        popitem, block_hashes, cached = self.evictable.popitem, self.block_hashes, self.cached
         evicted = []
         for _ in range(num_blocks):
             block_id, block_hash = popitem(False)
@@ -133,22 +133,15 @@ class HashChainCache:
             evicted.append(block_id)
         return evicted
 
-    @property
-    def num_evictable_blocks(self) -> int:
-        return len(self._evictable)
-
-    def evictable_blocks(self) -> list[int]:
-        return list(self._evictable)
-
     def check_invariants(self, ref_counts: Sequence[int]) -> None:
-        for block_id, block_hash in self._evictable.items():
+        for block_id, block_hash in self.evictable.items():
             assert ref_counts[block_id] == 0, f"evictable block {block_id} has references"
             assert self.block_hashes[block_id] == block_hash, f"evictable block {block_id}'s hash stale"
         for block_hash, block_id in self.cached.items():
             assert self.block_hashes[block_id] == block_hash, f"hash map stale at block {block_id}"
         assert sum(h is not None for h in self.block_hashes) == len(self.cached)
         free_cached = sum(1 for b, h in enumerate(self.block_hashes) if h is not None and ref_counts[b] == 0)
-        assert free_cached == len(self._evictable), "a free cached block is not evictable"
+        assert free_cached == len(self.evictable), "a free cached block is not evictable"
 
 
 @dataclass(slots=True)
