@@ -562,8 +562,9 @@ class ValidateFormat(StrEnum):
 
 @app.command()
 def validate(
-    measured: Annotated[str, typer.Argument(help="A measured-run folder (../shared/validation/measured/<hw>/<case>) "
-                                                 "or a `vllm bench serve --save-result --save-detailed` JSON")],
+    measured: Annotated[str, typer.Argument(help="A measured-run folder (as benchmarks/validation_set/measured/"
+                                                 "<hw>/<case>) or a `vllm bench serve --save-result "
+                                                 "--save-detailed` JSON")],
     latency: Annotated[LatencyChoice, typer.Option("--latency")] = LatencyChoice.roofline,
     profile: Annotated[str | None, typer.Option("--profile", help="Measured profile for --latency calibrated "
                                                                   "[the run's bundle under profiles/, if any]")] = None,

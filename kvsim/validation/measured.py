@@ -2,7 +2,7 @@
 
 Two inputs, one result type (`MeasuredRun`):
 
-* a folder in the layout of `../shared/validation/measured/<hardware>/<case>/`:
+* a folder in the layout of `benchmarks/validation_set/measured/<hardware>/<case>/`:
   `vllm/meta.json` (engine arguments, the workload file), `vllm/requests.jsonl` (engine-clock
   timestamps per request), `vllm/timeseries.csv` (one row a second), and optionally the peer
   simulator LLMServingSim's prediction `outputs/sim.csv`;
@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.model.errors import KvsimError
+from kvsim.workload.files import data_file, open_text
 from kvsim.workload.traces import TraceRecord, iter_jsonl, read_sharegpt_tokens
 
 REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s",
@@ -116,13 +117,14 @@ def find_workload(run_dir: Path, dataset_path: str) -> Path:
     name = Path(dataset_path).name
     for folder in [run_dir, *run_dir.resolve().parents]:
         for candidate in (folder / dataset_path, *sorted(folder.glob(f"traces/*/{name}"))):
-            if candidate.is_file():
-                return candidate
+            if data_file(candidate).is_file():
+                return data_file(candidate)
     raise KvsimError(f"{run_dir / 'vllm' / 'meta.json'}: dataset_path={dataset_path!r} not found "
                      "beside the run or in a traces/ folder above it; pass --workload PATH")
 
 
 def _read_requests_jsonl(path: Path) -> list[dict[str, Any]]:
+    path = data_file(path)
     if not path.is_file():
         raise KvsimError(f"{path}: file not found")
     rows = []
@@ -145,9 +147,10 @@ def _request_index(row: dict[str, Any], fallback: int) -> int:
 
 
 def _read_timeseries(path: Path, offset_s: float) -> tuple[pd.DataFrame | None, list[str]]:
+    path = data_file(path)
     if not path.is_file():
         return None, [f"{path.name} absent: no running/waiting comparison"]
-    with path.open(newline="") as f:
+    with open_text(path, newline="") as f:
         rows = list(csv.DictReader(f))
     try:
         df = pd.DataFrame({
@@ -248,10 +251,11 @@ def _link(config: Path) -> dict[str, float] | None:
 
 def read_llmservingsim(path: Path) -> pd.DataFrame | None:
     """LLMServingSim's `outputs/sim.csv` (nanoseconds) as a request frame, or None if absent."""
+    path = data_file(path)
     if not path.is_file():
         return None
     csv.field_size_limit(2**31 - 1)  # the ITL column lists every token's gap
-    with path.open(newline="") as f:
+    with open_text(path, newline="") as f:
         rows = list(csv.DictReader(f))
     try:
         arrival = np.array([float(r["arrival"]) for r in rows]) / NS_PER_S
@@ -364,7 +368,7 @@ def load_measured(path: str | Path, workload: str | Path | None = None) -> Measu
     if p.is_dir():
         if not (p / "vllm" / "meta.json").is_file():
             raise KvsimError(f"measured={str(path)!r}: no vllm/meta.json in this folder (expected the layout "
-                             "of ../shared/validation/measured/<hardware>/<case>/)")
+                             "of benchmarks/validation_set/measured/<hardware>/<case>/)")
         return read_measured_dir(p, Path(workload) if workload else None)
     if p.is_file():
         return read_vllm_bench(p)
