@@ -256,7 +256,7 @@ def run(
             if spec.is_fleet:
                 from kvsim.fleet.driver import simulate_fleet  # not imported by a single engine's run
 
-                result = simulate_fleet(spec, check=check, progress=progress)
+                result = simulate_fleet(spec, check=check, progress=progress, memory_limit_bytes=limit_bytes)
                 written = result.write(out_dir)
             else:  # written as it runs: the steps stream into the output's temporary folder
                 result = simulate(spec, check=check, progress=progress, memory_limit_bytes=limit_bytes,

@@ -166,7 +166,17 @@ CASES = [
      "num_gpu_blocks_override=1000000000"),
     ("exabyte-swap", {}, ["run", "--set", "engine.scheduler=v0", "--set", "engine.swap_space=1000000"],
      "engine.swap_space=1000000.0: this run needs at least"),
-    ("over-a-given-memory-limit", {}, ["run", "--memory-limit", "1MiB"], "more than the limit of 0.0 GiB"),
+    ("over-a-given-memory-limit", {}, ["run", "--memory-limit", "1MiB"], "more than the limit of 1.0 MiB"),
+    # a fleet: every replica's blocks (27,816 on the GPU + 4 GiB of 2 MiB swap blocks = 2,048, 160 B each)
+    # and 100 kB per engine, the requests (1,000 x 160 B) once: 4 replicas need 18.8 MiB
+    ("fleet-over-a-given-memory-limit", {}, ["run", "--set", "replicas=4", "--memory-limit", "8MiB"],
+     "replicas=4: this fleet needs at least 18.8 MiB"),
+    ("data-parallel-over-a-given-memory-limit", {}, ["run", "--set", "engine.data_parallel_size=4",
+                                                     "--memory-limit", "8MiB"],
+     "engine.data_parallel_size=4: this data-parallel group needs at least 18.8 MiB"),
+    ("fleet-many-replicas-few-requests", {}, ["run", "--set", "replicas=4096", "--set", "workload.num_requests=40",
+                                              "--memory-limit", "16GiB"],  # 4,096 x (29,864 x 160 B + 100 kB)
+     "replicas=4096: this fleet needs at least 18.6 GiB"),
     ("memory-limit-unparsable", {}, ["run", "--memory-limit", "plenty"], "--memory-limit='plenty'"),
     # --- configurations vLLM refuses at startup (vllm/config/scheduler.py, verify_max_model_len)
     ("v0-batch-below-max-model-len", {}, ["run", "--set", "engine.scheduler=v0", "--set",
