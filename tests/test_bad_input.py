@@ -41,7 +41,29 @@ def config_json(**changes) -> dict[str, str]:
     return {"config.json": json.dumps(base), "s.yaml": f"model: {{d}}/config.json\n{WORKLOAD}"}
 
 
+def measured_run(**request) -> dict[str, str]:
+    """A measured-run folder `m/` (validation layout) of one request, its fields changed by `request`."""
+    meta = {"model": "meta-llama/Llama-3.1-8B", "dataset_path": "w.jsonl",
+            "engine_kwargs": {"model": "meta-llama/Llama-3.1-8B", "max_num_seqs": 4}}
+    row = {"request_id": "bench-0", "input_toks": 16, "output_toks": 5, "queued_ts": 100.0, "scheduled_ts": 100.0,
+           "first_token_ts": 100.01, "last_token_ts": 100.05, **request}
+    row = {key: value for key, value in row.items() if value is not None}  # None: the field is absent
+    workload = {"input_toks": 16, "output_toks": 5, "arrival_time_ns": 0}
+    return {"m/vllm/meta.json": json.dumps(meta), "m/vllm/requests.jsonl": json.dumps(row) + "\n",
+            "m/w.jsonl": json.dumps(workload) + "\n"}
+
+
+def bench_json(**changes) -> dict[str, str]:
+    """`vllm bench serve --save-result --save-detailed` JSON of two requests, fields changed by `changes`."""
+    raw = {"model_id": "meta-llama/Llama-3.1-8B", "input_lens": [16, 32], "output_lens": [5, 3],
+           "ttfts": [0.01, 0.02], "itls": [[0.01] * 4, [0.02, 0.02]], "latencies": [0.05, 0.06],
+           "start_times": [1000.0, 1000.015], **changes}
+    return {"b.json": json.dumps(raw)}
+
+
 RUN_S = ["run", "{d}/s.yaml"]
+VALIDATE_M = ["validate", "{d}/m", "--gpu", "h100-80gb", "-o", "{d}/out"]
+VALIDATE_B = ["validate", "{d}/b.json", "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o", "{d}/out"]
 AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 MOONCAKE_ROW = '{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]}\n'
 TOKENS_ROW = '{"arrival_time_ns": 0, "input_toks": 2, "output_toks": 1, "input_tok_ids": [1, 2], "output_tok_ids": [3]}\n'
@@ -188,6 +210,18 @@ CASES = [
     ("batch-below-max-num-seqs", {}, ["run", "--set", "engine.max_num_batched_tokens=100", "--set",
                                       "engine.max_num_seqs=256"],
      "max_num_batched_tokens (100) must be greater than or equal to max_num_seqs (256)"),
+    # --- measured runs that cannot have happened (kvsim validate)
+    ("measured-negative-ttft", measured_run(scheduled_ts=None, first_token_ts=99.79), VALIDATE_M,
+     "requests.jsonl:1: first_token_ts=99.79 is before queued_ts=100.0: the TTFT would be negative"),
+    ("measured-last-token-before-first", measured_run(last_token_ts=100.005), VALIDATE_M,
+     "last_token_ts=100.005 is before first_token_ts=100.01: the decode time (E2E below TTFT) would be negative"),
+    ("measured-scheduled-before-queued", measured_run(scheduled_ts=99.0), VALIDATE_M,
+     "scheduled_ts=99.0 is before queued_ts=100.0: the queue time would be negative"),
+    ("bench-negative-ttft", bench_json(ttfts=[0.01, -0.21]), VALIDATE_B, "b.json: ttfts[1]=-0.21 is negative"),
+    ("bench-e2e-below-ttft", bench_json(latencies=[0.005, 0.06]), VALIDATE_B,
+     "b.json: request 0's E2E 0.005 s is below its TTFT 0.01 s"),
+    ("bench-negative-gap", bench_json(latencies=None, itls=[[0.01, -0.02], [0.02, 0.02]]), VALIDATE_B,
+     "b.json: itls[0] has a negative gap"),
     # --- other commands
     ("capacity-context-lengths", {}, ["capacity", "--context-lengths", "1k,2k"], "--context-lengths='1k,2k'"),
     ("capacity-kv-bytes", {}, ["capacity", "--kv-cache-memory-bytes", "lots"], "kv_cache_memory_bytes"),
@@ -212,6 +246,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
     d = tmp_path / "case"
     d.mkdir()
     for name, text in files.items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
         (d / name).write_text(text.replace("{d}", str(d)))
     argv = [a.replace("{d}", str(d)) for a in args]
     if argv[0] in ("run", "report") and "-o" not in argv:

@@ -14,7 +14,9 @@ Two inputs, one result type (`MeasuredRun`):
 Definitions (the validation README's, which are vLLM's): TTFT = first token − queued;
 E2E = last token − queued; TPOT = (last − first token) / (output tokens − 1), undefined for a
 one-token reply. Times in the `requests` frame are seconds from the first arrival.
-A malformed file raises `KvsimError` naming the file and the field.
+A malformed file raises `KvsimError` naming the file and the field, and so does an impossible
+one: a request's instants out of order (queued ≤ scheduled ≤ first token ≤ last token), a
+negative TTFT or inter-token gap, an E2E shorter than its TTFT.
 """
 
 from __future__ import annotations
@@ -134,10 +136,26 @@ def _read_requests_jsonl(path: Path) -> list[dict[str, Any]]:
             _number(row, key, where)
         if int(row["output_toks"]) < 1 or int(row["input_toks"]) < 1:
             raise KvsimError(f"{where}: input_toks and output_toks must be positive")
+        _check_order(row, where)
         rows.append(row)
     if not rows:
         raise KvsimError(f"{path}: no requests")
     return rows
+
+
+TIMELINE = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
+"""A request's instants in the order they happen; `scheduled_ts` may be absent."""
+_SPANS = {("queued_ts", "scheduled_ts"): "queue time", ("scheduled_ts", "first_token_ts"): "prefill time",
+          ("queued_ts", "first_token_ts"): "TTFT", ("first_token_ts", "last_token_ts"): "decode time (E2E below TTFT)"}
+
+
+def _check_order(row: dict[str, Any], where: str) -> None:
+    """Each recorded instant of `TIMELINE` is at or after the one before it: no negative TTFT or E2E."""
+    known = [(key, _number(row, key, where)) for key in TIMELINE if key in row]
+    for (before, t0), (after, t1) in zip(known, known[1:], strict=False):
+        if t1 < t0:
+            raise KvsimError(f"{where}: {after}={t1!r} is before {before}={t0!r}: the {_SPANS[before, after]} "
+                             "would be negative; not a physical measurement")
 
 
 def _request_index(row: dict[str, Any], fallback: int) -> int:
@@ -316,6 +334,7 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
         if not all(isinstance(g, list) for g in gaps):
             raise KvsimError(f"{path}: itls must hold one list of gaps per request")
         e2e = ttft + np.array([_values(g, range(len(g)), "itls", path).sum() for g in gaps])
+    _check_bench_times(ttft, e2e, ok, [lists["itls"][i] for i in ok], path)
     if isinstance(starts, list) and len(starts) == n:
         arrival = _values(starts, ok, "start_times", path)
     else:
@@ -347,6 +366,20 @@ def _values(items: list[Any], indices: Any, key: str, path: Path, allow_missing:
             raise KvsimError(f"{path}: {key}[{i}]={value!r} is not a number")
         out.append(float(value))
     return np.array(out, dtype=float)
+
+
+def _check_bench_times(ttft: np.ndarray, e2e: np.ndarray, ok: list[int], itls: list[Any], path: Path) -> None:
+    """TTFT and inter-token gaps are never negative, and E2E is never shorter than TTFT."""
+    for j, i in enumerate(ok):
+        first, last = float(ttft[j]), float(e2e[j])
+        if first < 0:
+            raise KvsimError(f"{path}: ttfts[{i}]={first!r} is negative; not a physical measurement")
+        gaps = itls[j] if isinstance(itls[j], list) else []
+        if any(isinstance(g, (int, float)) and g < 0 for g in gaps):
+            raise KvsimError(f"{path}: itls[{i}] has a negative gap; not a physical measurement")
+        if last < first:
+            raise KvsimError(f"{path}: request {i}'s E2E {last!r} s is below its TTFT {first!r} s "
+                             "(latencies, or ttfts plus itls); not a physical measurement")
 
 
 def _bench_arrivals(raw: dict[str, Any], n: int, path: Path) -> np.ndarray:
