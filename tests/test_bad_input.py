@@ -61,7 +61,30 @@ def bench_json(**changes) -> dict[str, str]:
     return {"b.json": json.dumps(raw)}
 
 
+BUNDLE_META = ("gpu: NVIDIA RTX PRO 6000 Blackwell Server Edition\nmodel: meta-llama/Llama-3.1-8B\nvariant: bf16\n"
+               "tp_degrees: [1]\n")
+BUNDLE_DENSE = "layer,tokens,time_us\nqkv_proj,1,30\nqkv_proj,256,60\ngate_up_proj,1,100\ngate_up_proj,256,200\n"
+
+
+def bundle(meta: str = BUNDLE_META, dense: str = BUNDLE_DENSE, **files: str) -> dict[str, str]:
+    """A tiny LLMServingSim profile bundle `b/` (Llama-3.1-8B on the RTX PRO 6000, TP 1)."""
+    return {"b/meta.yaml": meta, "b/tp1/dense.csv": dense, **{f"b/tp1/{k}.csv": v for k, v in files.items()}}
+
+
+VIDUR_COLUMNS = ("n_head,n_kv_head,n_embd,n_expanded_embd,vocab_size,use_gated_mlp,num_tokens,"
+                 "num_tensor_parallel_workers,time_stats.attn_pre_proj.median,time_stats.mlp_up_proj.median")
+
+
+def vidur(*rows: str) -> dict[str, str]:
+    """A Vidur mlp.csv in Vidur's layout (compute/<device>/<org>/<model>/), Llama-2-7B on an A100."""
+    return {"compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv": "\n".join([VIDUR_COLUMNS, *rows]) + "\n"}
+
+
+VIDUR_ROW = "32,32,4096,11008,32000,True,{tokens},1,{ms},{ms}"
 RUN_S = ["run", "{d}/s.yaml"]
+IMPORT_B = ["import-profile", "{d}/b", "-o", "{d}/out.csv", "--gpu", "rtx-pro-6000"]
+IMPORT_V = ["import-profile", "{d}/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv", "-o", "{d}/out.csv",
+            "--model", "llama-2-7b", "--gpu", "a100-80gb"]
 VALIDATE_M = ["validate", "{d}/m", "--gpu", "h100-80gb", "-o", "{d}/out"]
 VALIDATE_B = ["validate", "{d}/b.json", "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o", "{d}/out"]
 AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -222,6 +245,33 @@ CASES = [
      "b.json: request 0's E2E 0.005 s is below its TTFT 0.01 s"),
     ("bench-negative-gap", bench_json(latencies=None, itls=[[0.01, -0.02], [0.02, 0.02]]), VALIDATE_B,
      "b.json: itls[0] has a negative gap"),
+    # --- measured profiles that are malformed or not physical (kvsim import-profile)
+    ("profile-meta-empty", bundle(meta=""), IMPORT_B, "meta.yaml: expected a mapping (gpu, model, variant, "
+                                                      "tp_degrees, ...), got an empty file"),
+    ("profile-meta-a-list", bundle(meta="- gpu\n- model\n"), IMPORT_B, "meta.yaml: expected a mapping"),
+    ("profile-meta-bad-tp-degrees", bundle(meta=BUNDLE_META.replace("[1]", "[one]")), IMPORT_B,
+     "tp_degrees must list integers"),
+    ("profile-truncated-csv", bundle(dense=BUNDLE_DENSE + "down_proj,256"), IMPORT_B,
+     "dense.csv: time_us=None is not a number"),
+    ("profile-text-in-a-size", bundle(dense=BUNDLE_DENSE.replace("qkv_proj,256", "qkv_proj,lots")), IMPORT_B,
+     "(gemm qkv): num_tokens='lots' is not a number"),
+    ("profile-text-in-attention", bundle(attention="prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n"
+                                                   "x,0,1,16,10\n"), IMPORT_B,
+     "attention.csv: prefill_chunk='x' is not a whole number"),
+    ("profile-infinite-time", bundle(dense=BUNDLE_DENSE.replace("qkv_proj,256,60", "qkv_proj,256,inf")), IMPORT_B,
+     "(gemm qkv): time_s='inf' is not a finite number"),
+    ("profile-duplicate-points-900x-apart", bundle(dense=BUNDLE_DENSE + "qkv_proj,1,27000\n"), IMPORT_B,
+     "the gemm qkv point num_tokens=1 is measured 2 times, 900x apart"),
+    ("profile-faster-when-bigger", bundle(dense=BUNDLE_DENSE.replace("gate_up_proj,256,200", "gate_up_proj,256,2")),
+     IMPORT_B, "the gemm gate_up time at num_tokens=256 (2e-06 s) is 50x below the time at the smaller num_tokens=1"),
+    ("profile-for-another-model", bundle(meta=BUNDLE_META.replace("meta-llama/Llama-3.1-8B", "Qwen/Qwen3-32B")),
+     IMPORT_B, "measured for model='Qwen/Qwen3-32B', but the scenario's model is 'llama-3.1-8b'"),
+    ("vidur-no-heads", vidur("0,32,4096,11008,32000,True,1,1,0.05,0.2"), IMPORT_V,
+     "mlp.csv: n_head='0' must be a positive whole number"),
+    ("vidur-all-negative", vidur(VIDUR_ROW.format(tokens=1, ms=-0.05), VIDUR_ROW.format(tokens=2, ms=-0.06)), IMPORT_V,
+     "mlp.csv: no usable rows"),
+    ("vidur-truncated", vidur(VIDUR_ROW.format(tokens=1, ms=0.05), "32,32,4096,11008,32000,True,2,1,0.06"), IMPORT_V,
+     "mlp.csv: line 3 does not have the header's 10 fields (a truncated or malformed file)"),
     # --- other commands
     ("capacity-context-lengths", {}, ["capacity", "--context-lengths", "1k,2k"], "--context-lengths='1k,2k'"),
     ("capacity-kv-bytes", {}, ["capacity", "--kv-cache-memory-bytes", "lots"], "kv_cache_memory_bytes"),

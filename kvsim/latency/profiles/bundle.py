@@ -57,14 +57,21 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
         raise KvsimError(f"profile {path}: cannot read ({error.strerror})") from None
 
 
-def _seconds(value: str, path: Path) -> str:
+def _seconds(value: str | None, path: Path) -> str:
     try:
-        us = float(value)
-    except ValueError:
+        us = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # TypeError: a short (truncated) row
         raise KvsimError(f"profile {path}: time_us={value!r} is not a number") from None
     if not us > 0:
         raise KvsimError(f"profile {path}: time_us={value!r} must be positive")
     return repr(us * 1e-6)
+
+
+def _whole(row: dict[str, str], column: str, path: Path) -> int:
+    try:
+        return int(row[column])
+    except (TypeError, ValueError):
+        raise KvsimError(f"profile {path}: {column}={row[column]!r} is not a whole number") from None
 
 
 def _meta(root: Path, raw: dict[str, Any], tp: int) -> dict[str, str]:
@@ -95,6 +102,9 @@ def read_bundle(path: Path, tp: int) -> Profile:
         raw = yaml.safe_load(meta_path.read_text())
     except yaml.YAMLError as error:
         raise KvsimError(f"profile {meta_path}: cannot read: {str(error).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise KvsimError(f"profile {meta_path}: expected a mapping (gpu, model, variant, tp_degrees, ...), "
+                         f"got {type(raw).__name__ if raw is not None else 'an empty file'}")
     folder = root / f"tp{tp}"
     if not folder.is_dir():
         have = sorted(p.name for p in root.glob("tp*") if p.is_dir())
@@ -119,8 +129,8 @@ def read_bundle(path: Path, tp: int) -> Profile:
     attention = data_file(folder / "attention.csv")
     if attention.is_file():
         for r in _read_csv(attention, ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")):
-            chunk = int(r["prefill_chunk"])
-            rows.append({"kind": "attention", "query_len": str(chunk), "context_len": str(int(r["kv_prefill"]) + chunk),
+            chunk, cached = _whole(r, "prefill_chunk", attention), _whole(r, "kv_prefill", attention)
+            rows.append({"kind": "attention", "query_len": str(chunk), "context_len": str(cached + chunk),
                          "batch": r["n_decode"], "decode_context_len": r["kv_decode"],
                          "time_s": _seconds(r["time_us"], attention)})
     moe = data_file(folder / "moe.csv")
@@ -129,4 +139,9 @@ def read_bundle(path: Path, tp: int) -> Profile:
             rows.append({"kind": "moe", "num_tokens": r["tokens"], "num_experts": r["activated_experts"],
                          "time_s": _seconds(r["time_us"], moe)})
     name = f"{raw.get('model', root.name)}/{raw.get('variant', '')}/tp{tp}"
-    return Profile(name, _meta(root, raw, tp), rows)
+    try:
+        meta = _meta(root, raw, tp)
+    except (AttributeError, TypeError, ValueError):
+        raise KvsimError(f"profile {meta_path}: tp_degrees must list integers and engine_effective.hf_overrides "
+                         "map shape names to integers") from None
+    return Profile(name, meta, rows)
