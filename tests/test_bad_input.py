@@ -125,6 +125,20 @@ CASES = [
     ("swap-preemption-on-v1", scenario(f"engine: {{preemption_mode: swap}}\n{WORKLOAD}"), RUN_S,
      "preemption_mode=swap needs scheduler v0"),
     ("yaml-broken", scenario("[1, 2\n"), RUN_S, "not valid YAML"),
+    ("yaml-error-says-where-not-what", scenario(f"a: b\n  c: {'z' * 300}\n"), RUN_S,
+     "not valid YAML: mapping values are not allowed here at line 2, column 4"),
+    ("yaml-duplicate-section", scenario(f"engine: {{block_size: 16}}\nengine: {{block_size: 32}}\n{WORKLOAD}"), RUN_S,
+     "duplicate key 'engine' (lines 1 and 2): give each key once"),
+    ("yaml-duplicate-field", scenario(f"engine:\n  block_size: 16\n  block_size: 32\n{WORKLOAD}"), RUN_S,
+     "duplicate key 'block_size' (lines 2 and 3)"),
+    ("yaml-long-key-is-cut", scenario(f"{'x' * 500}: 1\n{WORKLOAD}"), RUN_S, f"'{'x' * 56}...: unknown key"),
+    ("yaml-long-value-is-cut", scenario(f"engine: {{block_size: {'y' * 500}}}\n{WORKLOAD}"), RUN_S,
+     f"engine.block_size='{'y' * 56}...: "),
+    ("yaml-names-lines", {"s.yaml": "name:hash:\n" * 3}, RUN_S, "duplicate key 'name:hash' (lines 1 and 2)"),
+    ("seed-negative", scenario(f"seed: -1\n{WORKLOAD}"), RUN_S, "seed=-1: "),
+    ("trace-dev-zero", scenario("workload: {num_requests: 5, arrival: {process: trace}, "
+                                "trace: {format: azure, path: /dev/zero}}\n"), RUN_S,
+     "path='/dev/zero': not a regular file"),
     ("yaml-top-level-list", scenario("- 1\n- 2\n"), RUN_S, "expected a mapping"),
     ("scenario-missing", {}, ["run", "{d}/nope.yaml"], "nope.yaml"),
     ("beam-and-n", scenario(f"workload: {{n: 2, beam_width: 4, {LENGTHS}}}\n"), RUN_S, "not both"),
@@ -149,6 +163,8 @@ CASES = [
     ("set-through-a-value", {}, ["run", "--set", "engine.max_model_len.x=1"], "max_model_len is not a section"),
     ("set-bad-value", {}, ["run", "--set", "engine.block_size=abc"], "engine.block_size='abc'"),
     ("set-unknown-field", {}, ["run", "--set", "engine.blok_size=16"], "engine.blok_size: unknown key"),
+    ("set-duplicate-key", {}, ["run", "--set", "engine={block_size: 16, block_size: 32}"],
+     "the value is not valid YAML (duplicate key 'block_size' (lines 1 and 1)"),
     # --- traces
     ("azure-empty-file", trace_scenario("azure", "t.csv", ""), RUN_S, "t.csv: no rows"),
     ("azure-header-only", trace_scenario("azure", "t.csv", AZURE_HEAD), RUN_S, "t.csv: no rows"),
@@ -198,6 +214,17 @@ CASES = [
      "config.json"),
     ("hf-a-list", {"config.json": "[1, 2]", "s.yaml": f"model: {{d}}/config.json\n{WORKLOAD}"}, RUN_S,
      "expected a mapping"),
+    ("hf-layer-types-a-number", config_json(model_type="gemma3_text", layer_types=5, sliding_window=512), RUN_S,
+     "layer_types=5: must list 2 entries (num_hidden_layers), each 'full_attention' or 'sliding_attention'"),
+    ("hf-layer-types-of-objects", config_json(model_type="gemma3_text", layer_types=[{}, {}], sliding_window=512),
+     RUN_S, "layer_types=[{}, {}]: must list 2 entries"),
+    ("hf-no-rope-layers-text", config_json(model_type="llama4_text", no_rope_layers="all"), RUN_S,
+     "no_rope_layers='all': must list 2 entries (num_hidden_layers), each 0 or 1"),
+    ("hf-first-k-dense-text", config_json(model_type="deepseek_v3", first_k_dense_replace="3"), RUN_S,
+     "first_k_dense_replace='3': must be a whole number >= 0"),
+    ("hf-duplicate-key", {"config.json": '{"hidden_size": 64, "hidden_size": 128}',
+                          "s.yaml": f"model: {{d}}/config.json\n{WORKLOAD}"}, RUN_S,
+     "duplicate key 'hidden_size' (lines 1 and 1)"),
     # --- GPU files
     ("gpu-file-bad-size", {"g.yaml": "memory_bytes: lots\nhbm_bandwidth_bytes_per_s: 1e12\nfp16_flops: 1e14\n"
                            "host_link_bandwidth_bytes_per_s: 1e10\n", "s.yaml": f"gpu: {{d}}/g.yaml\n{WORKLOAD}"},
@@ -307,6 +334,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("kvsim: error: ") and needle in lines[0], lines[0]
+    assert len(lines[0].replace(str(d), "{d}")) < 500, lines[0]  # names the field and value, echoes no file
     assert "Traceback" not in result.output
     assert sorted(p.name for p in d.iterdir()) == before  # nothing written beside the inputs
     assert list(tmp_path.iterdir()) == [d]  # nor in the working directory (no runs/, report/)

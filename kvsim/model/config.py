@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from kvsim.model.errors import KvsimError, from_validation_error, reading
+from kvsim.model.yaml_io import load_yaml, yaml_problem
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 
@@ -280,9 +281,9 @@ def load_gpu(name_or_path: str) -> GPUSpec:
 def _read_mapping(path: Path, what: str) -> dict[str, Any]:
     try:
         with reading(path, f"{what} file"):
-            raw = yaml.safe_load(path.read_text())  # YAML is a superset of JSON
+            raw = load_yaml(path.read_text())  # YAML is a superset of JSON; a repeated key is refused
     except yaml.YAMLError as error:
-        raise KvsimError(f"{what} file {path}: cannot read: {str(error).splitlines()[0]}") from None
+        raise KvsimError(f"{what} file {path}: cannot read: {yaml_problem(error)}") from None
     if not isinstance(raw, dict):
         raise KvsimError(f"{what} file {path}: expected a mapping of fields")
     return raw

@@ -20,6 +20,15 @@ class KvsimError(ValueError):
     """Bad user input or an impossible request; the message is a complete one-line explanation."""
 
 
+SHOWN_CHARS = 60
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """`repr(value)`, cut to `limit` characters: an error names the value, it does not echo a file."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
 @contextmanager
 def reading(path: str | Path, what: str) -> Iterator[None]:
     """Read `path` inside this block: a file that cannot be opened or is not UTF-8 text (a binary
@@ -41,7 +50,7 @@ def from_validation_error(error: ValidationError, prefix: str = "") -> KvsimErro
     errors = error.errors()
     # A misspelt key usually explains a "missing" one too: report unknown keys first.
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    loc = ".".join(str(part) for part in first["loc"])
+    loc = ".".join(str(part) if len(str(part)) <= SHOWN_CHARS else shown(str(part)) for part in first["loc"])
     field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "value")
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
@@ -50,4 +59,4 @@ def from_validation_error(error: ValidationError, prefix: str = "") -> KvsimErro
         return KvsimError(f"{field}: required field is missing")
     if isinstance(first.get("input"), dict):  # a check across fields: the message names them
         return KvsimError(f"{field}: {message}")
-    return KvsimError(f"{field}={first.get('input')!r}: {message}")
+    return KvsimError(f"{field}={shown(first.get('input'))}: {message}")
