@@ -66,7 +66,8 @@ def user_errors() -> Iterator[None]:
         typer.echo(f"kvsim: error: {error}", err=True)
         raise typer.Exit(2) from None
     except OSError as error:  # e.g. an output directory that cannot be written
-        typer.echo(f"kvsim: error: {error.filename or ''}: {error.strerror or error}", err=True)
+        where = f"{error.filename}: " if error.filename else ""
+        typer.echo(f"kvsim: error: {where}{error.strerror or error}", err=True)
         raise typer.Exit(2) from None
 
 

@@ -338,3 +338,26 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
     assert "Traceback" not in result.output
     assert sorted(p.name for p in d.iterdir()) == before  # nothing written beside the inputs
     assert list(tmp_path.iterdir()) == [d]  # nor in the working directory (no runs/, report/)
+
+
+# -- faults: the machine, not the input --------------------------------------------------------
+
+@pytest.mark.parametrize(("command", "writer"), [
+    (["run", "--set", "workload.num_requests=5"], "kvsim.engine.simulate.write_run_files"),
+    (["run", "--set", "workload.num_requests=5", "--set", "replicas=2"], "pandas.DataFrame.to_csv"),
+])
+def test_a_full_disk_names_the_output_and_leaves_nothing(tmp_path, monkeypatch, command, writer):
+    """ENOSPC comes from `write` on an open file, so the OSError has no file name: the line names --output."""
+    import errno
+    import os
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(writer, full)
+    out = tmp_path / "out"
+    result = runner.invoke(app, [*command, "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [f"kvsim: error: --output={str(out)!r}: cannot write there "
+                                                  "(No space left on device)"]
+    assert list(tmp_path.iterdir()) == []  # not even the temporary folder

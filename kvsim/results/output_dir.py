@@ -258,11 +258,12 @@ def _remove_folder(folder: Path) -> None:
 @contextmanager
 def _errors_name_output(path: str | Path, tmp: Path | None = None) -> Iterator[None]:
     """An `OSError` on the output's folder (or on the temporary `tmp`) as a `KvsimError` naming `--output`,
-    so that no message shows kvsim's temporary names; other errors pass through unchanged."""
+    so that no message shows kvsim's temporary names; other errors pass through unchanged. An error
+    without a file name (a full disk: `write` on an open file) is the output's too: only it is written."""
     try:
         yield
     except OSError as error:
-        if tmp is not None and not str(error.filename or "").startswith(str(tmp)):
+        if tmp is not None and error.filename and not str(error.filename).startswith(str(tmp)):
             raise
         raise KvsimError(f"--output={str(path)!r}: cannot write there ({error.strerror or error})") from None
 
