@@ -361,3 +361,41 @@ def test_a_full_disk_names_the_output_and_leaves_nothing(tmp_path, monkeypatch, 
     assert result.stderr.strip().splitlines() == [f"kvsim: error: --output={str(out)!r}: cannot write there "
                                                   "(No space left on device)"]
     assert list(tmp_path.iterdir()) == []  # not even the temporary folder
+
+
+def test_ctrl_c_says_what_was_interrupted_and_what_is_intact(tmp_path):
+    """SIGINT once the run streams into its temporary folder: one line, exit 130, no traceback, the
+    earlier output at the path untouched and no temporary left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    first = runner.invoke(app, ["run", "--set", "workload.num_requests=5", "-o", str(out)])
+    assert first.exit_code == 0, first.output
+    before = sorted((p.name, p.read_bytes()) for p in out.iterdir())
+    child = subprocess.Popen(  # SIGINT as a terminal's Ctrl-C delivers it, even from a background job
+        [sys.executable, "-m", "kvsim", "run", "--set", "workload.num_requests=1000000", "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        while not any(p.name.startswith(".out.kvsim-") for p in tmp_path.iterdir()) and child.poll() is None:
+            time.sleep(0.05)  # polling for the temporary folder, not timing anything
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 130, stderr
+    assert stderr.splitlines() == [f"kvsim: interrupted (kvsim run): {out} was not written; what was there "
+                                   "before is intact"]
+    assert sorted((p.name, p.read_bytes()) for p in out.iterdir()) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_ctrl_c_before_any_output_says_so():
+    from kvsim.__main__ import interrupted_message
+
+    assert interrupted_message(["report", "--quick"], None) == (
+        "kvsim: interrupted (kvsim report) before it wrote any output; no file was changed")
+    assert "points.jsonl" in interrupted_message(["plan"], None)
