@@ -380,8 +380,8 @@ def test_ctrl_c_says_what_was_interrupted_and_what_is_intact(tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        while not any(p.name.startswith(".out.kvsim-") for p in tmp_path.iterdir()) and child.poll() is None:
-            time.sleep(0.05)  # polling for the temporary folder, not timing anything
+        while not any((p / ".kvsim-output").exists() for p in tmp_path.glob(".out.kvsim-*")) and child.poll() is None:
+            time.sleep(0.05)  # polling for the temporary folder's marker (the run is writing), not timing
         child.send_signal(signal.SIGINT)
         _, stderr = child.communicate(timeout=120)
     finally:
