@@ -105,6 +105,8 @@ KvDtypeOpt = Annotated[str | None, typer.Option(  # every value of kvsim.model.c
 KvBytesOpt = Annotated[str | None, typer.Option("--kv-cache-memory-bytes", help="e.g. 12GiB")]
 BlocksOverrideOpt = Annotated[int | None, typer.Option("--num-gpu-blocks-override")]
 TpOpt = Annotated[int | None, typer.Option("--tensor-parallel-size", "-tp")]
+MaxNumSeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs", help="Sequences per step [vLLM's default "
+                                                                         "for the GPU]")]
 HourlyCostOpt = Annotated[float | None, typer.Option(
     "--gpu-hourly-cost", help="USD per GPU-hour [the GPU's list on-demand price as of a date, see the output]")]
 
@@ -120,6 +122,7 @@ def capacity(
     kv_cache_memory_bytes: KvBytesOpt = None,
     num_gpu_blocks_override: BlocksOverrideOpt = None,
     tensor_parallel_size: TpOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option("--max-num-batched-tokens")] = None,
     data_parallel_size: Annotated[int | None, typer.Option("--data-parallel-size", "-dp")] = None,
     enable_expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel")] = False,
@@ -148,6 +151,7 @@ def capacity(
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             num_gpu_blocks_override=num_gpu_blocks_override,
             tensor_parallel_size=tensor_parallel_size,
+            max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             data_parallel_size=data_parallel_size,
             enable_expert_parallel=enable_expert_parallel or None,
@@ -236,6 +240,7 @@ def run(
     )] = StepsFormatOption.auto,
     memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Refuse a run estimated to need "
                                                      "more memory than this, e.g. 64GiB [this machine's]")] = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
 ) -> None:
     """Simulate a scenario: per-request latency, per-step KV usage and waste, preemptions, queueing.
 
@@ -248,7 +253,9 @@ def run(
 
     with user_errors():
         limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
-        spec = load_scenario(scenario, [*(overrides or []), *([f"steps={steps.value}"] if steps else [])])
+        flags = [f"steps={steps.value}"] if steps else []
+        flags += [f"engine.max_num_seqs={max_num_seqs}"] if max_num_seqs is not None else []
+        spec = load_scenario(scenario, [*(overrides or []), *flags])
         out_dir = output or f"runs/{safe_component(spec.name)}"
         check_output_dir(out_dir, "run")  # refuse before simulating, not after
         resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
@@ -520,6 +527,7 @@ def report(
     kv_cache_memory_bytes: KvBytesOpt = None,
     num_gpu_blocks_override: BlocksOverrideOpt = None,
     tensor_parallel_size: TpOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a scenario field")] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="Report directory")] = "report",
     quick: Annotated[bool, typer.Option("--quick", help="Fewer, smaller runs (a smoke test)")] = False,
@@ -535,7 +543,7 @@ def report(
     engine_flags = {"max_model_len": max_model_len, "block_size": block_size,
                     "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_dtype": kv_cache_dtype,
                     "kv_cache_memory_bytes": kv_cache_memory_bytes, "num_gpu_blocks_override": num_gpu_blocks_override,
-                    "tensor_parallel_size": tensor_parallel_size}
+                    "tensor_parallel_size": tensor_parallel_size, "max_num_seqs": max_num_seqs}
     sets = [f"engine.{k}={v}" for k, v in engine_flags.items() if v is not None]
     sets += [f"{k}={v}" for k, v in (("model", model), ("gpu", gpu)) if v is not None]
     with user_errors():

@@ -163,6 +163,10 @@ CASES = [
     ("set-through-a-value", {}, ["run", "--set", "engine.max_model_len.x=1"], "max_model_len is not a section"),
     ("set-bad-value", {}, ["run", "--set", "engine.block_size=abc"], "engine.block_size='abc'"),
     ("set-unknown-field", {}, ["run", "--set", "engine.blok_size=16"], "engine.blok_size: unknown key"),
+    ("set-near-miss-key", {}, ["run", "--set", "engine.max_num_seq=3"],
+     "engine.max_num_seq: unknown key (did you mean max_num_seqs?)"),
+    ("set-near-miss-section", {}, ["run", "--set", "wrkload.num_requests=3"], "wrkload: unknown key (did you mean "
+                                                                             "workload?)"),
     ("set-duplicate-key", {}, ["run", "--set", "engine={block_size: 16, block_size: 32}"],
      "the value is not valid YAML (duplicate key 'block_size' (lines 1 and 1)"),
     # --- traces
@@ -303,6 +307,11 @@ CASES = [
     ("capacity-context-lengths", {}, ["capacity", "--context-lengths", "1k,2k"], "--context-lengths='1k,2k'"),
     ("capacity-kv-bytes", {}, ["capacity", "--kv-cache-memory-bytes", "lots"], "kv_cache_memory_bytes"),
     ("capacity-tp-zero", {}, ["capacity", "--tensor-parallel-size", "0"], "tensor_parallel_size=0"),
+    ("capacity-gpu-util-a-percentage", {}, ["capacity", "--gpu-memory-utilization", "95"],
+     "gpu_memory_utilization=95.0: must be a fraction in (0, 1] (did you mean 0.95?)"),
+    ("capacity-max-num-seqs-zero", {}, ["capacity", "--max-num-seqs", "0"], "max_num_seqs=0"),
+    ("run-max-num-seqs-zero", {}, ["run", "--max-num-seqs", "0"], "engine.max_num_seqs=0"),
+    ("report-max-num-seqs-zero", {}, ["report", "--max-num-seqs", "0"], "engine.max_num_seqs=0"),
     ("report-gpu-unknown", {}, ["report", "--gpu", "tpu"], "gpu='tpu'"),
     ("report-set-broken", {}, ["report", "--set", "engine.block_size=[1"], "--set 'engine.block_size=[1'"),
     ("calibrate-dtype", {}, ["calibrate", "--gpu", "h200", "--kv-cache-dtype", "int4"], "--kv-cache-dtype='int4'"),
@@ -376,7 +385,8 @@ def test_ctrl_c_says_what_was_interrupted_and_what_is_intact(tmp_path):
     assert first.exit_code == 0, first.output
     before = sorted((p.name, p.read_bytes()) for p in out.iterdir())
     child = subprocess.Popen(  # SIGINT as a terminal's Ctrl-C delivers it, even from a background job
-        [sys.executable, "-m", "kvsim", "run", "--set", "workload.num_requests=1000000", "-o", str(out)],
+        [sys.executable, "-m", "kvsim", "run", "--set", "workload.num_requests=1000000", "--steps", "none",
+         "-o", str(out)],  # no steps file: no pyarrow writer, whose own SIGINT handling could hold the signal
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:

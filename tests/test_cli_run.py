@@ -164,3 +164,23 @@ def test_ctrl_c_while_kvsim_imports_exits_130_with_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "kvsim", "--version"], capture_output=True, text=True, env=env,
                           timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("kvsim ")
+
+
+def test_max_num_seqs_flag_as_in_vllm(tmp_path):
+    """`--max-num-seqs` (vLLM's engine argument) caps the batch of `run` and the concurrency `capacity` prices."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    out = tmp_path / "r"
+    result = CliRunner().invoke(app, ["run", "--max-num-seqs", "8", "--set", "workload.num_requests=40",
+                                      "--set", "workload.arrival.rate=1000", "-o", str(out), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["max_running"] == 8  # 40 requests at once, 8 at a time
+    assert "max_num_seqs: 8" in (out / "scenario.yaml").read_text()
+    capped = CliRunner().invoke(app, ["capacity", "--max-num-seqs", "64", "--format", "json"])
+    assert capped.exit_code == 0, capped.output
+    rows = json.loads(capped.output)["rows"]
+    assert all(r["concurrent_sequences"] == min(64, r["paged_max_seqs"]) for r in rows)

@@ -218,6 +218,22 @@ def _gemma3(c: _Config) -> Fields:
     return fields
 
 
+def _gemma2(c: _Config) -> Fields:
+    """Gemma 2: layers 0, 2, 4, ... use a `sliding_window` window, the odd layers attend globally,
+    unless `layer_types` says so directly (HF's Gemma2Config: `sliding_attention` where (i + 1) % 2,
+    as vllm/model_executor/models/gemma2.py reads it). Embeddings are tied."""
+    fields = _dense(c)
+    fields["model_type"] = "gemma2"
+    fields["tie_word_embeddings"] = c.get("tie_word_embeddings", True)
+    n = fields["num_layers"]
+    if c.get("layer_types") is None:
+        fields["layer_types"] = [SLIDING if i % 2 == 0 else FULL for i in range(n)]
+    else:
+        fields["layer_types"] = _layer_types(c, n)
+    fields["sliding_window"] = c.need("sliding_window")
+    return fields
+
+
 def _llama4(c: _Config) -> Fields:
     """Llama 4 (text part, `text_config`): layers with RoPE use chunked local attention of
     `attention_chunk_size` tokens, the NoPE layers (`no_rope_layers[i] == 0`, every 4th by
@@ -256,6 +272,8 @@ def _layer_types(c: _Config, num_layers: int) -> list[str]:
 
 READERS: dict[str, Callable[[_Config], Fields]] = {
     "llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama, "opt": _opt,
+    "phi3": _llama,  # Phi-3: fused qkv and gate_up projections of Llama's shapes (vLLM's Phi3 is a Llama)
+    "gemma2": _gemma2,
     "qwen3_moe": _qwen3_moe, "mixtral": _mixtral,
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
     "gpt_oss": _gpt_oss, "gemma3": _gemma3, "gemma3_text": _gemma3,

@@ -260,7 +260,7 @@ def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
     try:
         return Scenario(**{**raw, "base_dir": str(base_dir)})
     except ValidationError as error:
-        raise from_validation_error(error) from None
+        raise from_validation_error(error, model=Scenario) from None
 
 
 Overrides = Mapping[str, Any] | Sequence[str]
