@@ -1,6 +1,6 @@
 """kvsim's accuracy on every public measured run: regenerates the README table and the JSON.
 
-    python benchmarks/accuracy.py [--validation ../shared/validation] [--no-readme]
+    python benchmarks/accuracy.py [--validation benchmarks/validation_set] [--no-readme]
 
 For each case under `<validation>/measured/<hardware>/<case>/`: the measured means, kvsim with
 the roofline alone, kvsim calibrated from the imported measured profile of that GPU and model
@@ -25,7 +25,7 @@ from kvsim.validation.compare import default_profile, request_stats, save_figure
 from kvsim.validation.measured import MeasuredRun, load_measured
 
 REPO = Path(__file__).resolve().parents[1]
-VALIDATION = REPO.parent / "shared" / "validation"
+VALIDATION = REPO / "benchmarks" / "validation_set"  # the subset of ../shared/validation it needs, shipped
 RESULT = REPO / "benchmarks" / "results" / "accuracy.json"
 DOCS = REPO / "docs"
 METRICS = ("TTFT mean (s)", "TPOT mean (s)", "E2E mean (s)", "makespan (s)", "output tokens/s")

@@ -3,6 +3,13 @@
 Tests that draw random inputs (the kernel tests) seed from `KVSIM_TEST_SEED`. A run without it
 draws a fresh seed (fresh inputs find more) and prints it in the header; set the variable to
 replay a run. It is set here, before xdist starts its workers, so every worker sees the same seed.
+
+Data: the validation subset the accuracy and validation tests need ships in the repository
+(`VALIDATION_SET`); tests that read the team's `../shared` folder get it from the `shared` (or
+`traces`) fixture, which skips them, with the reason, where it is absent. `KVSIM_SHARED=none`
+puts `../shared` out of reach, as on a bare clone (`.ci/run` reruns those tests that way:
+`-m shared`); `KVSIM_SHARED=PATH` reads it from elsewhere. No test builds a `../shared` path
+of its own (tests/test_bare_clone.py checks).
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from kvsim.sched import SchedulerLimits, make_scheduler
 from kvsim.workload.request import Request
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO.parent / "shared" / "traces"
+VALIDATION_SET = REPO / "benchmarks" / "validation_set"
+SHARED_VARIABLE = "KVSIM_SHARED"
 FULL_SIZE = os.environ.get("KVSIM_FULL_TESTS") == "1"
 
 
@@ -37,13 +45,32 @@ SEED_VARIABLE = "KVSIM_TEST_SEED"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "shared: reads ../shared; skips where it is absent or KVSIM_SHARED=none")
     seed = os.environ.setdefault(SEED_VARIABLE, str(secrets.randbelow(2**31)))
     if not seed.isdigit():
         raise pytest.UsageError(f"{SEED_VARIABLE} must be a non-negative integer, got {seed!r}")
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return f"random inputs: {SEED_VARIABLE}={run_seed()} (set it to replay this run)"
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    root = shared_root()
+    return [f"random inputs: {SEED_VARIABLE}={run_seed()} (set it to replay this run)",
+            f"../shared: {root if root else 'out of reach (tests that need it skip)'} ({SHARED_VARIABLE}=none hides it)"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that read ../shared (through the fixtures below) carry the `shared` mark."""
+    for item in items:
+        if {"shared", "traces"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.shared)
+
+
+def shared_root() -> Path | None:
+    """The team's shared data folder, or None where it is absent or `KVSIM_SHARED=none`."""
+    value = os.environ.get(SHARED_VARIABLE, "")
+    if value == "none":
+        return None
+    root = Path(value) if value else REPO.parent / "shared"
+    return root if root.is_dir() else None
 
 
 def run_seed() -> int:
@@ -75,7 +102,16 @@ def run(scheduler, requests, step_s=0.01, link=float("inf"), bursts=True):
 
 
 @pytest.fixture
-def traces() -> Path:
-    if not TRACES.is_dir():
+def shared() -> Path:
+    """`../shared`; the test skips where it is absent (a bare clone) or hidden (`KVSIM_SHARED=none`)."""
+    root = shared_root()
+    if root is None:
+        pytest.skip(f"needs ../shared (absent, or {SHARED_VARIABLE}=none)")
+    return root
+
+
+@pytest.fixture
+def traces(shared: Path) -> Path:
+    if not (shared / "traces").is_dir():
         pytest.skip("../shared/traces not present")
-    return TRACES
+    return shared / "traces"

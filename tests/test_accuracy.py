@@ -11,11 +11,12 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from conftest import VALIDATION_SET
 
 from kvsim.validation.compare import Validation, default_profile, validate
 from kvsim.validation.measured import load_measured
 
-CASES = Path(__file__).resolve().parents[2] / "shared" / "validation" / "measured" / "RTXPRO6000"
+CASES = VALIDATION_SET / "measured" / "RTXPRO6000"  # shipped in the repository
 DENSE = ("Llama-3.1-8B", "Qwen3-32B")
 MEANS = ("TTFT mean (s)", "TPOT mean (s)", "E2E mean (s)")
 TOLERANCE_PCT = {"calibrated": 5.0, "roofline": 15.0}

@@ -41,7 +41,52 @@ def config_json(**changes) -> dict[str, str]:
     return {"config.json": json.dumps(base), "s.yaml": f"model: {{d}}/config.json\n{WORKLOAD}"}
 
 
+def measured_run(**request) -> dict[str, str]:
+    """A measured-run folder `m/` (validation layout) of one request, its fields changed by `request`."""
+    meta = {"model": "meta-llama/Llama-3.1-8B", "dataset_path": "w.jsonl",
+            "engine_kwargs": {"model": "meta-llama/Llama-3.1-8B", "max_num_seqs": 4}}
+    row = {"request_id": "bench-0", "input_toks": 16, "output_toks": 5, "queued_ts": 100.0, "scheduled_ts": 100.0,
+           "first_token_ts": 100.01, "last_token_ts": 100.05, **request}
+    row = {key: value for key, value in row.items() if value is not None}  # None: the field is absent
+    workload = {"input_toks": 16, "output_toks": 5, "arrival_time_ns": 0}
+    return {"m/vllm/meta.json": json.dumps(meta), "m/vllm/requests.jsonl": json.dumps(row) + "\n",
+            "m/w.jsonl": json.dumps(workload) + "\n"}
+
+
+def bench_json(**changes) -> dict[str, str]:
+    """`vllm bench serve --save-result --save-detailed` JSON of two requests, fields changed by `changes`."""
+    raw = {"model_id": "meta-llama/Llama-3.1-8B", "input_lens": [16, 32], "output_lens": [5, 3],
+           "ttfts": [0.01, 0.02], "itls": [[0.01] * 4, [0.02, 0.02]], "latencies": [0.05, 0.06],
+           "start_times": [1000.0, 1000.015], **changes}
+    return {"b.json": json.dumps(raw)}
+
+
+BUNDLE_META = ("gpu: NVIDIA RTX PRO 6000 Blackwell Server Edition\nmodel: meta-llama/Llama-3.1-8B\nvariant: bf16\n"
+               "tp_degrees: [1]\n")
+BUNDLE_DENSE = "layer,tokens,time_us\nqkv_proj,1,30\nqkv_proj,256,60\ngate_up_proj,1,100\ngate_up_proj,256,200\n"
+
+
+def bundle(meta: str = BUNDLE_META, dense: str = BUNDLE_DENSE, **files: str) -> dict[str, str]:
+    """A tiny LLMServingSim profile bundle `b/` (Llama-3.1-8B on the RTX PRO 6000, TP 1)."""
+    return {"b/meta.yaml": meta, "b/tp1/dense.csv": dense, **{f"b/tp1/{k}.csv": v for k, v in files.items()}}
+
+
+VIDUR_COLUMNS = ("n_head,n_kv_head,n_embd,n_expanded_embd,vocab_size,use_gated_mlp,num_tokens,"
+                 "num_tensor_parallel_workers,time_stats.attn_pre_proj.median,time_stats.mlp_up_proj.median")
+
+
+def vidur(*rows: str) -> dict[str, str]:
+    """A Vidur mlp.csv in Vidur's layout (compute/<device>/<org>/<model>/), Llama-2-7B on an A100."""
+    return {"compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv": "\n".join([VIDUR_COLUMNS, *rows]) + "\n"}
+
+
+VIDUR_ROW = "32,32,4096,11008,32000,True,{tokens},1,{ms},{ms}"
 RUN_S = ["run", "{d}/s.yaml"]
+IMPORT_B = ["import-profile", "{d}/b", "-o", "{d}/out.csv", "--gpu", "rtx-pro-6000"]
+IMPORT_V = ["import-profile", "{d}/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv", "-o", "{d}/out.csv",
+            "--model", "llama-2-7b", "--gpu", "a100-80gb"]
+VALIDATE_M = ["validate", "{d}/m", "--gpu", "h100-80gb", "-o", "{d}/out"]
+VALIDATE_B = ["validate", "{d}/b.json", "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o", "{d}/out"]
 AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 MOONCAKE_ROW = '{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]}\n'
 TOKENS_ROW = '{"arrival_time_ns": 0, "input_toks": 2, "output_toks": 1, "input_tok_ids": [1, 2], "output_tok_ids": [3]}\n'
@@ -80,6 +125,20 @@ CASES = [
     ("swap-preemption-on-v1", scenario(f"engine: {{preemption_mode: swap}}\n{WORKLOAD}"), RUN_S,
      "preemption_mode=swap needs scheduler v0"),
     ("yaml-broken", scenario("[1, 2\n"), RUN_S, "not valid YAML"),
+    ("yaml-error-says-where-not-what", scenario(f"a: b\n  c: {'z' * 300}\n"), RUN_S,
+     "not valid YAML: mapping values are not allowed here at line 2, column 4"),
+    ("yaml-duplicate-section", scenario(f"engine: {{block_size: 16}}\nengine: {{block_size: 32}}\n{WORKLOAD}"), RUN_S,
+     "duplicate key 'engine' (lines 1 and 2): give each key once"),
+    ("yaml-duplicate-field", scenario(f"engine:\n  block_size: 16\n  block_size: 32\n{WORKLOAD}"), RUN_S,
+     "duplicate key 'block_size' (lines 2 and 3)"),
+    ("yaml-long-key-is-cut", scenario(f"{'x' * 500}: 1\n{WORKLOAD}"), RUN_S, f"'{'x' * 56}...: unknown key"),
+    ("yaml-long-value-is-cut", scenario(f"engine: {{block_size: {'y' * 500}}}\n{WORKLOAD}"), RUN_S,
+     f"engine.block_size='{'y' * 56}...: "),
+    ("yaml-names-lines", {"s.yaml": "name:hash:\n" * 3}, RUN_S, "duplicate key 'name:hash' (lines 1 and 2)"),
+    ("seed-negative", scenario(f"seed: -1\n{WORKLOAD}"), RUN_S, "seed=-1: "),
+    ("trace-dev-zero", scenario("workload: {num_requests: 5, arrival: {process: trace}, "
+                                "trace: {format: azure, path: /dev/zero}}\n"), RUN_S,
+     "path='/dev/zero': not a regular file"),
     ("yaml-top-level-list", scenario("- 1\n- 2\n"), RUN_S, "expected a mapping"),
     ("scenario-missing", {}, ["run", "{d}/nope.yaml"], "nope.yaml"),
     ("beam-and-n", scenario(f"workload: {{n: 2, beam_width: 4, {LENGTHS}}}\n"), RUN_S, "not both"),
@@ -104,6 +163,12 @@ CASES = [
     ("set-through-a-value", {}, ["run", "--set", "engine.max_model_len.x=1"], "max_model_len is not a section"),
     ("set-bad-value", {}, ["run", "--set", "engine.block_size=abc"], "engine.block_size='abc'"),
     ("set-unknown-field", {}, ["run", "--set", "engine.blok_size=16"], "engine.blok_size: unknown key"),
+    ("set-near-miss-key", {}, ["run", "--set", "engine.max_num_seq=3"],
+     "engine.max_num_seq: unknown key (did you mean max_num_seqs?)"),
+    ("set-near-miss-section", {}, ["run", "--set", "wrkload.num_requests=3"], "wrkload: unknown key (did you mean "
+                                                                             "workload?)"),
+    ("set-duplicate-key", {}, ["run", "--set", "engine={block_size: 16, block_size: 32}"],
+     "the value is not valid YAML (duplicate key 'block_size' (lines 1 and 1)"),
     # --- traces
     ("azure-empty-file", trace_scenario("azure", "t.csv", ""), RUN_S, "t.csv: no rows"),
     ("azure-header-only", trace_scenario("azure", "t.csv", AZURE_HEAD), RUN_S, "t.csv: no rows"),
@@ -153,6 +218,17 @@ CASES = [
      "config.json"),
     ("hf-a-list", {"config.json": "[1, 2]", "s.yaml": f"model: {{d}}/config.json\n{WORKLOAD}"}, RUN_S,
      "expected a mapping"),
+    ("hf-layer-types-a-number", config_json(model_type="gemma3_text", layer_types=5, sliding_window=512), RUN_S,
+     "layer_types=5: must list 2 entries (num_hidden_layers), each 'full_attention' or 'sliding_attention'"),
+    ("hf-layer-types-of-objects", config_json(model_type="gemma3_text", layer_types=[{}, {}], sliding_window=512),
+     RUN_S, "layer_types=[{}, {}]: must list 2 entries"),
+    ("hf-no-rope-layers-text", config_json(model_type="llama4_text", no_rope_layers="all"), RUN_S,
+     "no_rope_layers='all': must list 2 entries (num_hidden_layers), each 0 or 1"),
+    ("hf-first-k-dense-text", config_json(model_type="deepseek_v3", first_k_dense_replace="3"), RUN_S,
+     "first_k_dense_replace='3': must be a whole number >= 0"),
+    ("hf-duplicate-key", {"config.json": '{"hidden_size": 64, "hidden_size": 128}',
+                          "s.yaml": f"model: {{d}}/config.json\n{WORKLOAD}"}, RUN_S,
+     "duplicate key 'hidden_size' (lines 1 and 1)"),
     # --- GPU files
     ("gpu-file-bad-size", {"g.yaml": "memory_bytes: lots\nhbm_bandwidth_bytes_per_s: 1e12\nfp16_flops: 1e14\n"
                            "host_link_bandwidth_bytes_per_s: 1e10\n", "s.yaml": f"gpu: {{d}}/g.yaml\n{WORKLOAD}"},
@@ -166,7 +242,17 @@ CASES = [
      "num_gpu_blocks_override=1000000000"),
     ("exabyte-swap", {}, ["run", "--set", "engine.scheduler=v0", "--set", "engine.swap_space=1000000"],
      "engine.swap_space=1000000.0: this run needs at least"),
-    ("over-a-given-memory-limit", {}, ["run", "--memory-limit", "1MiB"], "more than the limit of 0.0 GiB"),
+    ("over-a-given-memory-limit", {}, ["run", "--memory-limit", "1MiB"], "more than the limit of 1.0 MiB"),
+    # a fleet: every replica's blocks (27,816 on the GPU + 4 GiB of 2 MiB swap blocks = 2,048, 160 B each)
+    # and 100 kB per engine, the requests (1,000 x 160 B) once: 4 replicas need 18.8 MiB
+    ("fleet-over-a-given-memory-limit", {}, ["run", "--set", "replicas=4", "--memory-limit", "8MiB"],
+     "replicas=4: this fleet needs at least 18.8 MiB"),
+    ("data-parallel-over-a-given-memory-limit", {}, ["run", "--set", "engine.data_parallel_size=4",
+                                                     "--memory-limit", "8MiB"],
+     "engine.data_parallel_size=4: this data-parallel group needs at least 18.8 MiB"),
+    ("fleet-many-replicas-few-requests", {}, ["run", "--set", "replicas=4096", "--set", "workload.num_requests=40",
+                                              "--memory-limit", "16GiB"],  # 4,096 x (29,864 x 160 B + 100 kB)
+     "replicas=4096: this fleet needs at least 18.6 GiB"),
     ("memory-limit-unparsable", {}, ["run", "--memory-limit", "plenty"], "--memory-limit='plenty'"),
     # --- configurations vLLM refuses at startup (vllm/config/scheduler.py, verify_max_model_len)
     ("v0-batch-below-max-model-len", {}, ["run", "--set", "engine.scheduler=v0", "--set",
@@ -178,10 +264,54 @@ CASES = [
     ("batch-below-max-num-seqs", {}, ["run", "--set", "engine.max_num_batched_tokens=100", "--set",
                                       "engine.max_num_seqs=256"],
      "max_num_batched_tokens (100) must be greater than or equal to max_num_seqs (256)"),
+    # --- measured runs that cannot have happened (kvsim validate)
+    ("measured-negative-ttft", measured_run(scheduled_ts=None, first_token_ts=99.79), VALIDATE_M,
+     "requests.jsonl:1: first_token_ts=99.79 is before queued_ts=100.0: the TTFT would be negative"),
+    ("measured-last-token-before-first", measured_run(last_token_ts=100.005), VALIDATE_M,
+     "last_token_ts=100.005 is before first_token_ts=100.01: the decode time (E2E below TTFT) would be negative"),
+    ("measured-scheduled-before-queued", measured_run(scheduled_ts=99.0), VALIDATE_M,
+     "scheduled_ts=99.0 is before queued_ts=100.0: the queue time would be negative"),
+    ("bench-negative-ttft", bench_json(ttfts=[0.01, -0.21]), VALIDATE_B, "b.json: ttfts[1]=-0.21 is negative"),
+    ("bench-e2e-below-ttft", bench_json(latencies=[0.005, 0.06]), VALIDATE_B,
+     "b.json: request 0's E2E 0.005 s is below its TTFT 0.01 s"),
+    ("bench-negative-gap", bench_json(latencies=None, itls=[[0.01, -0.02], [0.02, 0.02]]), VALIDATE_B,
+     "b.json: itls[0] has a negative gap"),
+    # --- measured profiles that are malformed or not physical (kvsim import-profile)
+    ("profile-meta-empty", bundle(meta=""), IMPORT_B, "meta.yaml: expected a mapping (gpu, model, variant, "
+                                                      "tp_degrees, ...), got an empty file"),
+    ("profile-meta-a-list", bundle(meta="- gpu\n- model\n"), IMPORT_B, "meta.yaml: expected a mapping"),
+    ("profile-meta-bad-tp-degrees", bundle(meta=BUNDLE_META.replace("[1]", "[one]")), IMPORT_B,
+     "tp_degrees must list integers"),
+    ("profile-truncated-csv", bundle(dense=BUNDLE_DENSE + "down_proj,256"), IMPORT_B,
+     "dense.csv: time_us=None is not a number"),
+    ("profile-text-in-a-size", bundle(dense=BUNDLE_DENSE.replace("qkv_proj,256", "qkv_proj,lots")), IMPORT_B,
+     "(gemm qkv): num_tokens='lots' is not a number"),
+    ("profile-text-in-attention", bundle(attention="prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n"
+                                                   "x,0,1,16,10\n"), IMPORT_B,
+     "attention.csv: prefill_chunk='x' is not a whole number"),
+    ("profile-infinite-time", bundle(dense=BUNDLE_DENSE.replace("qkv_proj,256,60", "qkv_proj,256,inf")), IMPORT_B,
+     "(gemm qkv): time_s='inf' is not a finite number"),
+    ("profile-duplicate-points-900x-apart", bundle(dense=BUNDLE_DENSE + "qkv_proj,1,27000\n"), IMPORT_B,
+     "the gemm qkv point num_tokens=1 is measured 2 times, 900x apart"),
+    ("profile-faster-when-bigger", bundle(dense=BUNDLE_DENSE.replace("gate_up_proj,256,200", "gate_up_proj,256,2")),
+     IMPORT_B, "the gemm gate_up time at num_tokens=256 (2e-06 s) is 50x below the time at the smaller num_tokens=1"),
+    ("profile-for-another-model", bundle(meta=BUNDLE_META.replace("meta-llama/Llama-3.1-8B", "Qwen/Qwen3-32B")),
+     IMPORT_B, "measured for model='Qwen/Qwen3-32B', but the scenario's model is 'llama-3.1-8b'"),
+    ("vidur-no-heads", vidur("0,32,4096,11008,32000,True,1,1,0.05,0.2"), IMPORT_V,
+     "mlp.csv: n_head='0' must be a positive whole number"),
+    ("vidur-all-negative", vidur(VIDUR_ROW.format(tokens=1, ms=-0.05), VIDUR_ROW.format(tokens=2, ms=-0.06)), IMPORT_V,
+     "mlp.csv: no usable rows"),
+    ("vidur-truncated", vidur(VIDUR_ROW.format(tokens=1, ms=0.05), "32,32,4096,11008,32000,True,2,1,0.06"), IMPORT_V,
+     "mlp.csv: line 3 does not have the header's 10 fields (a truncated or malformed file)"),
     # --- other commands
     ("capacity-context-lengths", {}, ["capacity", "--context-lengths", "1k,2k"], "--context-lengths='1k,2k'"),
     ("capacity-kv-bytes", {}, ["capacity", "--kv-cache-memory-bytes", "lots"], "kv_cache_memory_bytes"),
     ("capacity-tp-zero", {}, ["capacity", "--tensor-parallel-size", "0"], "tensor_parallel_size=0"),
+    ("capacity-gpu-util-a-percentage", {}, ["capacity", "--gpu-memory-utilization", "95"],
+     "gpu_memory_utilization=95.0: must be a fraction in (0, 1] (did you mean 0.95?)"),
+    ("capacity-max-num-seqs-zero", {}, ["capacity", "--max-num-seqs", "0"], "max_num_seqs=0"),
+    ("run-max-num-seqs-zero", {}, ["run", "--max-num-seqs", "0"], "engine.max_num_seqs=0"),
+    ("report-max-num-seqs-zero", {}, ["report", "--max-num-seqs", "0"], "engine.max_num_seqs=0"),
     ("report-gpu-unknown", {}, ["report", "--gpu", "tpu"], "gpu='tpu'"),
     ("report-set-broken", {}, ["report", "--set", "engine.block_size=[1"], "--set 'engine.block_size=[1'"),
     ("calibrate-dtype", {}, ["calibrate", "--gpu", "h200", "--kv-cache-dtype", "int4"], "--kv-cache-dtype='int4'"),
@@ -202,6 +332,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
     d = tmp_path / "case"
     d.mkdir()
     for name, text in files.items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
         (d / name).write_text(text.replace("{d}", str(d)))
     argv = [a.replace("{d}", str(d)) for a in args]
     if argv[0] in ("run", "report") and "-o" not in argv:
@@ -212,6 +343,69 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("kvsim: error: ") and needle in lines[0], lines[0]
+    assert len(lines[0].replace(str(d), "{d}")) < 500, lines[0]  # names the field and value, echoes no file
     assert "Traceback" not in result.output
     assert sorted(p.name for p in d.iterdir()) == before  # nothing written beside the inputs
     assert list(tmp_path.iterdir()) == [d]  # nor in the working directory (no runs/, report/)
+
+
+# -- faults: the machine, not the input --------------------------------------------------------
+
+@pytest.mark.parametrize(("command", "writer"), [
+    (["run", "--set", "workload.num_requests=5"], "kvsim.engine.simulate.write_run_files"),
+    (["run", "--set", "workload.num_requests=5", "--set", "replicas=2"], "pandas.DataFrame.to_csv"),
+])
+def test_a_full_disk_names_the_output_and_leaves_nothing(tmp_path, monkeypatch, command, writer):
+    """ENOSPC comes from `write` on an open file, so the OSError has no file name: the line names --output."""
+    import errno
+    import os
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(writer, full)
+    out = tmp_path / "out"
+    result = runner.invoke(app, [*command, "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [f"kvsim: error: --output={str(out)!r}: cannot write there "
+                                                  "(No space left on device)"]
+    assert list(tmp_path.iterdir()) == []  # not even the temporary folder
+
+
+def test_ctrl_c_says_what_was_interrupted_and_what_is_intact(tmp_path):
+    """SIGINT once the run streams into its temporary folder: one line, exit 130, no traceback, the
+    earlier output at the path untouched and no temporary left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    first = runner.invoke(app, ["run", "--set", "workload.num_requests=5", "-o", str(out)])
+    assert first.exit_code == 0, first.output
+    before = sorted((p.name, p.read_bytes()) for p in out.iterdir())
+    child = subprocess.Popen(  # SIGINT as a terminal's Ctrl-C delivers it, even from a background job
+        [sys.executable, "-m", "kvsim", "run", "--set", "workload.num_requests=1000000", "--steps", "none",
+         "-o", str(out)],  # no steps file: no pyarrow writer, whose own SIGINT handling could hold the signal
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        while not any((p / ".kvsim-output").exists() for p in tmp_path.glob(".out.kvsim-*")) and child.poll() is None:
+            time.sleep(0.05)  # polling for the temporary folder's marker (the run is writing), not timing
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 130, stderr
+    assert stderr.splitlines() == [f"kvsim: interrupted (kvsim run): {out} was not written; what was there "
+                                   "before is intact"]
+    assert sorted((p.name, p.read_bytes()) for p in out.iterdir()) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_ctrl_c_before_any_output_says_so():
+    from kvsim.__main__ import interrupted_message
+
+    assert interrupted_message(["report", "--quick"], None) == (
+        "kvsim: interrupted (kvsim report) before it wrote any output; no file was changed")
+    assert "points.jsonl" in interrupted_message(["plan"], None)

@@ -146,7 +146,7 @@ def test_kv_cache_dtype_help_lists_every_accepted_value():
     assert [v for v in get_args(KVCacheDtype) if v not in help_text.split(", ")] == []
 
 
-def test_ctrl_c_while_kvsim_imports_exits_130_quietly(tmp_path):
+def test_ctrl_c_while_kvsim_imports_exits_130_with_one_line(tmp_path):
     """A Ctrl-C while the CLI's dependencies load: a stand-in `typer` raises KeyboardInterrupt on import."""
     import subprocess
     import sys
@@ -158,8 +158,29 @@ def test_ctrl_c_while_kvsim_imports_exits_130_quietly(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     for argv in (["-m", "kvsim", "--version"], ["-c", "from kvsim.__main__ import main; main()", "--version"]):
         done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=120)
-        assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
+        assert (done.returncode, done.stdout, done.stderr) == (
+            130, "", "kvsim: interrupted (kvsim --version) before it wrote any output; no file was changed\n")
     (tmp_path / "typer.py").unlink()  # the real typer: the same entry runs the CLI
     done = subprocess.run([sys.executable, "-m", "kvsim", "--version"], capture_output=True, text=True, env=env,
                           timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("kvsim ")
+
+
+def test_max_num_seqs_flag_as_in_vllm(tmp_path):
+    """`--max-num-seqs` (vLLM's engine argument) caps the batch of `run` and the concurrency `capacity` prices."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    out = tmp_path / "r"
+    result = CliRunner().invoke(app, ["run", "--max-num-seqs", "8", "--set", "workload.num_requests=40",
+                                      "--set", "workload.arrival.rate=1000", "-o", str(out), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["max_running"] == 8  # 40 requests at once, 8 at a time
+    assert "max_num_seqs: 8" in (out / "scenario.yaml").read_text()
+    capped = CliRunner().invoke(app, ["capacity", "--max-num-seqs", "64", "--format", "json"])
+    assert capped.exit_code == 0, capped.output
+    rows = json.loads(capped.output)["rows"]
+    assert all(r["concurrent_sequences"] == min(64, r["paged_max_seqs"]) for r in rows)

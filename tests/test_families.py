@@ -191,3 +191,49 @@ def test_cli_capacity_shows_the_per_type_breakdown() -> None:
     assert data["max_concurrency"] == pytest.approx(1000 / (cdiv(127 + 2048, 16) + 1 + 512))
     table = CliRunner().invoke(app, ["capacity", "--model", "gpt-oss-20b", "--max-model-len", "8192"])
     assert table.exit_code == 0 and "KV by attention type" in table.output
+
+
+# google/gemma-2-9b-it config.json (model_type gemma2): 42 layers alternating a 4096-token window
+# (layer 0 first) and global attention, 16 heads and 8 KV heads of head_dim 256, tied embeddings.
+# (The published file says torch_dtype float32; bfloat16 here: the layout, not the dtype, is tested.)
+GEMMA2_9B = {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "hidden_size": 3584,
+             "intermediate_size": 14336, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+             "num_hidden_layers": 42, "sliding_window": 4096, "max_position_embeddings": 8192,
+             "vocab_size": 256000, "torch_dtype": "bfloat16", "hidden_activation": "gelu_pytorch_tanh",
+             "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+# microsoft/Phi-3-mini-4k-instruct config.json (model_type phi3): Llama's shapes, full MHA.
+PHI3_MINI = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 3072,
+             "intermediate_size": 8192, "num_attention_heads": 32, "num_key_value_heads": 32,
+             "num_hidden_layers": 32, "max_position_embeddings": 4096, "vocab_size": 32064,
+             "torch_dtype": "bfloat16", "tie_word_embeddings": False, "sliding_window": 2047,
+             "_name_or_path": "Phi-3-mini-4k-instruct"}
+
+
+def test_gemma2_alternates_sliding_and_global_layers_from_layer_0(tmp_path) -> None:
+    folder = tmp_path / "gemma-2-9b-it"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(GEMMA2_9B))
+    m = load_model(str(folder / "config.json"))
+    assert m.name == "gemma-2-9b-it"  # no _name_or_path: the folder names it, not "config"
+    assert m.resolved_layer_types[:3] == ("sliding_attention", "full_attention", "sliding_attention")
+    assert m.resolved_layer_types.count("full_attention") == 21 and m.sliding_window == 4096
+    assert m.tie_word_embeddings and m.head_dim == 256
+    engine = make_engine(max_model_len=8192)
+    assert kv_bytes_per_token(m, engine) == 42 * 2 * 8 * 256 * BF16  # every layer stores K and V
+    kinds = {row.attention: row for row in plan_capacity(m, load_gpu("h100-80gb"), engine, [8192]).kv_types}
+    assert kinds["sliding_window"].num_layers == 21 and kinds["full"].num_layers == 21
+    given = {**GEMMA2_9B, "layer_types": ["full_attention"] * 42}  # a config that says so directly wins
+    assert set(model_from_hf_config(given, "g").resolved_layer_types) == {"full_attention"}
+
+
+def test_phi3_loads_as_llama_shaped_and_is_named_by_name_or_path(tmp_path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(PHI3_MINI))
+    m = load_model(str(path))
+    assert m.name == "Phi-3-mini-4k-instruct"
+    assert (m.num_layers, m.num_kv_heads, m.head_dim) == (32, 32, 3072 // 32)
+    assert kv_bytes_per_token(m, make_engine(max_model_len=4096)) == 2 * 32 * 32 * 96 * BF16  # 384 KiB
+    local = {**PHI3_MINI, "_name_or_path": "/data/checkpoints/phi3-ft/"}
+    path.write_text(json.dumps(local))
+    load_model.cache_clear()
+    assert load_model(str(path)).name == "phi3-ft"  # a local path: its last folder

@@ -1,9 +1,10 @@
 """The roofline's terms and the tensor-parallel all-reduce, with numbers derived by hand or from public data."""
 
 import csv
-from pathlib import Path
+import gzip
 
 import pytest
+from conftest import VALIDATION_SET
 
 from kvsim.latency.roofline import DATASHEET, RooflineLatency
 from kvsim.latency.step_plan import StepPlan
@@ -13,7 +14,7 @@ from kvsim.model.config import EngineConfig, GPULink, load_gpu, load_model
 LLAMA = load_model("llama-3.1-8b")
 RTX = load_gpu("rtx-pro-6000")
 TP1 = EngineConfig(max_model_len=8192)
-PROFILE = Path(__file__).resolve().parents[2] / "shared" / "validation" / "profiles" / "RTXPRO6000"
+PROFILE = VALIDATION_SET / "profiles" / "RTXPRO6000"
 
 
 def test_ring_allreduce_by_hand():
@@ -67,12 +68,11 @@ def test_decodes_batched_with_a_prefill_read_kv_slower():
 
 
 def _profile_us(layers, tokens):
-    path = PROFILE / "meta-llama" / "Llama-3.1-8B" / "bf16" / "tp1" / "dense.csv"
-    with path.open() as f:
+    path = PROFILE / "meta-llama" / "Llama-3.1-8B" / "bf16" / "tp1" / "dense.csv.gz"
+    with gzip.open(path, "rt") as f:
         return sum(float(r["time_us"]) for r in csv.DictReader(f) if r["layer"] in layers and r["tokens"] == str(tokens))
 
 
-@pytest.mark.skipif(not PROFILE.is_dir(), reason="needs ../shared/validation")
 @pytest.mark.parametrize("tokens", [1, 128, 512, 2048])
 def test_roofline_linear_layers_match_the_public_profile(tokens):
     """The fitted fractions reproduce the measured GEMMs of Llama-3.1-8B on the RTX PRO 6000 within 10 %."""
@@ -83,7 +83,6 @@ def test_roofline_linear_layers_match_the_public_profile(tokens):
 MEASURED = PROFILE.parents[1] / "measured" / "RTXPRO6000"
 
 
-@pytest.mark.skipif(not MEASURED.is_dir(), reason="needs ../shared/validation")
 def test_validate_uses_the_measured_clusters_link_for_tensor_parallel_runs(tmp_path):
     from kvsim.validation.compare import build_scenario
     from kvsim.validation.measured import load_measured

@@ -2,7 +2,7 @@
 
 Tiny worlds first: two requests on a constant 10 ms step, where every simulated time is known
 by hand (request 0: 16-token prompt at t=0, 5 output tokens; request 1: 32-token prompt at
-t=0.015, 3 tokens). Then the shared validation set: the readers must reproduce LLMServingSim's
+t=0.015, 3 tokens). Then the validation set (its subset shipped in benchmarks/validation_set): the readers must reproduce LLMServingSim's
 own summary.txt (its vLLM column from the raw timestamps, its Sim column from sim.csv).
 """
 
@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from conftest import VALIDATION_SET
 from typer.testing import CliRunner
 
 from kvsim.cli import app
@@ -23,8 +24,7 @@ from kvsim.validation.measured import load_measured, read_llmservingsim, read_me
 STARTED = "2026-01-01T00:00:00Z"
 EPOCH = datetime.fromisoformat(STARTED.replace("Z", "+00:00")).timestamp()
 CONSTANT = ["latency.model=constant", "latency.step_s=0.01"]
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "validation"
-CASES = SHARED / "measured" / "RTXPRO6000"
+CASES = VALIDATION_SET / "measured" / "RTXPRO6000"
 
 
 def write_run(root: Path, expert_parallel: bool = False, output_1: int = 3) -> Path:
@@ -110,7 +110,7 @@ def test_replay_on_a_constant_step_matches_the_hand_timeline(tmp_path):
 def test_the_shared_moe_case_replays_within_the_targets():
     """Qwen3-30B-A3B, DP 2 with expert parallelism on two RTX PRO 6000s, with the imported profile
     (its moe.csv): TTFT, TPOT and E2E means within 10 % of the measured run, TPOT within 5 %."""
-    profile = SHARED / "profiles" / "RTXPRO6000" / "Qwen" / "Qwen3-30B-A3B-Instruct-2507" / "bf16"
+    profile = VALIDATION_SET / "profiles" / "RTXPRO6000" / "Qwen" / "Qwen3-30B-A3B-Instruct-2507" / "bf16"
     v = validate(load_measured(CASES / "Qwen3-30B-A3B-Instruct-2507"), latency="calibrated", profile=profile)
     assert v.scenario.engine.data_parallel_size == 2 and v.scenario.engine.enable_expert_parallel
     assert set(v.result.requests["dp_rank"]) == {0, 1}
@@ -197,7 +197,7 @@ def test_bench_json_validates_end_to_end(tmp_path):
     assert "client-side timings" in markdown
 
 
-# -- the shared validation set ------------------------------------------------------------------
+# -- the validation set ------------------------------------------------------------------
 
 def summary_txt(case: str) -> dict[str, tuple[float, float]]:
     """LLMServingSim's table: 'TTFT Mean  7097.2  6815.7  -4.0%' → {'TTFT Mean': (7097.2, 6815.7)} (ms)."""

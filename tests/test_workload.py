@@ -131,3 +131,20 @@ def test_beam_width_and_n_are_exclusive():
         scenario(n=2, beam_width=4)
     reqs = build_requests(scenario(beam_width=4, num_requests=5), 4096, np.random.default_rng(0))
     assert all(r.beam and r.num_samples == 4 for r in reqs)
+
+
+def test_a_gzipped_trace_reads_as_the_plain_one_and_is_found_by_its_plain_name(tmp_path):
+    import gzip
+
+    from kvsim.workload.files import data_file
+
+    plain = tmp_path / "t.csv"
+    plain.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+                     "2023-11-16 18:15:50.9951690,396,109\n")
+    packed = tmp_path / "packed" / "t.csv.gz"
+    packed.parent.mkdir()
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert data_file(packed.parent / "t.csv") == packed  # only the .gz exists: that one
+    assert data_file(plain) == plain
+    assert read_azure(packed) == read_azure(plain)
+    assert [r.arrival_s for r in read_azure(packed)] == pytest.approx([0.0, 4.314579])

@@ -24,6 +24,7 @@ from kvsim.cli.shared import (
     KvDtypeOpt,
     LatencyChoice,
     MaxModelLenOpt,
+    MaxNumSeqsOpt,
     ModelOpt,
     RunFormat,
     StepsFormatOption,
@@ -85,6 +86,7 @@ def capacity(
     kv_cache_memory_bytes: KvBytesOpt = None,
     num_gpu_blocks_override: BlocksOverrideOpt = None,
     tensor_parallel_size: TpOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option("--max-num-batched-tokens")] = None,
     data_parallel_size: Annotated[int | None, typer.Option("--data-parallel-size", "-dp")] = None,
     enable_expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel")] = False,
@@ -113,6 +115,7 @@ def capacity(
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             num_gpu_blocks_override=num_gpu_blocks_override,
             tensor_parallel_size=tensor_parallel_size,
+            max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             data_parallel_size=data_parallel_size,
             enable_expert_parallel=enable_expert_parallel or None,
@@ -175,6 +178,7 @@ def run(
     )] = StepsFormatOption.auto,
     memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Refuse a run estimated to need "
                                                      "more memory than this, e.g. 64GiB [this machine's]")] = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
 ) -> None:
     """Simulate a scenario: per-request latency, per-step KV usage and waste, preemptions, queueing.
 
@@ -187,7 +191,9 @@ def run(
 
     with user_errors():
         limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
-        spec = load_scenario(scenario, [*(overrides or []), *([f"steps={steps.value}"] if steps else [])])
+        flags = [f"steps={steps.value}"] if steps else []
+        flags += [f"engine.max_num_seqs={max_num_seqs}"] if max_num_seqs is not None else []
+        spec = load_scenario(scenario, [*(overrides or []), *flags])
         out_dir = output or f"runs/{safe_component(spec.name)}"
         check_output_dir(out_dir, "run")  # refuse before simulating, not after
         resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
@@ -197,7 +203,7 @@ def run(
                 from kvsim.fleet.driver import simulate_fleet  # not imported by a single engine's run
 
                 result = simulate_fleet(spec, check=check, progress=progress, out_dir=out_dir,
-                                        steps_format=steps_format.value)
+                                        steps_format=steps_format.value, memory_limit_bytes=limit_bytes)
             else:
                 result = simulate(spec, check=check, progress=progress, memory_limit_bytes=limit_bytes,
                                   out_dir=out_dir, steps_format=steps_format.value)
@@ -384,6 +390,7 @@ def report(
     kv_cache_memory_bytes: KvBytesOpt = None,
     num_gpu_blocks_override: BlocksOverrideOpt = None,
     tensor_parallel_size: TpOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a scenario field")] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="Report directory")] = "report",
     quick: Annotated[bool, typer.Option("--quick", help="Fewer, smaller runs (a smoke test)")] = False,
@@ -399,7 +406,7 @@ def report(
     engine_flags = {"max_model_len": max_model_len, "block_size": block_size,
                     "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_dtype": kv_cache_dtype,
                     "kv_cache_memory_bytes": kv_cache_memory_bytes, "num_gpu_blocks_override": num_gpu_blocks_override,
-                    "tensor_parallel_size": tensor_parallel_size}
+                    "tensor_parallel_size": tensor_parallel_size, "max_num_seqs": max_num_seqs}
     sets = [f"engine.{k}={v}" for k, v in engine_flags.items() if v is not None]
     sets += [f"{k}={v}" for k, v in (("model", model), ("gpu", gpu)) if v is not None]
     with user_errors():
@@ -416,8 +423,9 @@ def report(
 
 @app.command()
 def validate(
-    measured: Annotated[str, typer.Argument(help="A measured-run folder (../shared/validation/measured/<hw>/<case>) "
-                                                 "or a `vllm bench serve --save-result --save-detailed` JSON")],
+    measured: Annotated[str, typer.Argument(help="A measured-run folder (as benchmarks/validation_set/measured/"
+                                                 "<hw>/<case>) or a `vllm bench serve --save-result "
+                                                 "--save-detailed` JSON")],
     latency: Annotated[LatencyChoice, typer.Option("--latency")] = LatencyChoice.roofline,
     profile: Annotated[str | None, typer.Option("--profile", help="Measured profile for --latency calibrated "
                                                                   "[the run's bundle under profiles/, if any]")] = None,

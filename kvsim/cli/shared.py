@@ -32,7 +32,8 @@ def user_errors() -> Iterator[None]:
         typer.echo(f"kvsim: error: {error}", err=True)
         raise typer.Exit(2) from None
     except OSError as error:  # e.g. an output directory that cannot be written
-        typer.echo(f"kvsim: error: {error.filename or ''}: {error.strerror or error}", err=True)
+        where = f"{error.filename}: " if error.filename else ""
+        typer.echo(f"kvsim: error: {where}{error.strerror or error}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -70,6 +71,8 @@ KvDtypeOpt = Annotated[str | None, typer.Option(  # every value of kvsim.model.c
 KvBytesOpt = Annotated[str | None, typer.Option("--kv-cache-memory-bytes", help="e.g. 12GiB")]
 BlocksOverrideOpt = Annotated[int | None, typer.Option("--num-gpu-blocks-override")]
 TpOpt = Annotated[int | None, typer.Option("--tensor-parallel-size", "-tp")]
+MaxNumSeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs", help="Sequences per step [vLLM's default "
+                                                                         "for the GPU]")]
 HourlyCostOpt = Annotated[float | None, typer.Option(
     "--gpu-hourly-cost", help="USD per GPU-hour [the GPU's list on-demand price as of a date, see the output]")]
 

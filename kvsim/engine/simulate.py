@@ -25,6 +25,7 @@ from kvsim.engine.loop import ProgressFn, least_loaded, run_engine, run_engines
 from kvsim.engine.recorder import StepRecorder, kept_step_index
 from kvsim.engine.runtime import Engine
 from kvsim.model.errors import KvsimError
+from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import dp_group_steps, summarize
 from kvsim.results.output_dir import check_output_dir, output_directory
 from kvsim.results.run_result import RunResult, write_run_files
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
 
 
 
-def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult:
+def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit_bytes: int | None = None,
+                           ) -> RunResult:
     """`data_parallel_size` engines, each with its own scheduler and KV pool, behind vLLM's DP
     load balancer, stepping in lockstep (`kvsim.engine.loop.step_loop`). The result holds every request
     (column `dp_rank`) and the engines' steps (those `scenario.steps` keeps); the summary describes
@@ -45,6 +47,8 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False) -> RunResult
     shares averaged over them (`kvsim.results.metrics.dp_group_steps`)."""
     import pandas as pd  # only here on the run path: concatenating and regrouping the engines' tables
 
+    check_engines_memory(scenario, [(scenario, scenario.engine.data_parallel_size)], memory_limit_bytes,
+                         steps_in_memory=scenario.steps == "all")
     rng = np.random.default_rng(scenario.seed)
     parts = [build_engine(scenario, rng) for _ in range(scenario.engine.data_parallel_size)]
     schedulers = [p.scheduler for p in parts]
@@ -97,7 +101,7 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
     if scenario.replicas is not None:
         raise KvsimError(f"replicas={scenario.replicas!r}: a fleet scenario; use kvsim.fleet.driver.simulate_fleet")
     if scenario.engine.data_parallel_size > 1:
-        result = simulate_data_parallel(scenario, check)  # its steps are kept in memory
+        result = simulate_data_parallel(scenario, check, memory_limit_bytes)  # its steps are kept in memory
         if out_dir is not None:
             with output_directory(out_dir, "run") as tmp:
                 if scenario.steps != "none":  # the same file a single engine's run streams to

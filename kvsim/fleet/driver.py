@@ -32,6 +32,7 @@ from kvsim.engine.runtime import Engine
 from kvsim.fleet.router import Decision, Router
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
+from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import percentiles
 from kvsim.results.output_dir import check_output_dir, output_directory
 from kvsim.results.run_result import RunResult
@@ -48,21 +49,39 @@ def replica_scenarios(scenario: Scenario) -> list[Scenario]:
     """One single-engine scenario per replica, in replica order (groups in the order given)."""
     if scenario.replicas is None:
         return [scenario]
+    return [_replica(scenario, raw, f"{scenario.name}/{label}{i}", g)
+            for g, raw, label, count in _groups(scenario) for i in range(count)]
+
+
+def replica_groups(scenario: Scenario) -> list[tuple[Scenario, int]]:
+    """(the first replica's scenario, number of replicas) per group: what differs between
+    replicas, without building every one (the memory check reads it before the fleet exists)."""
+    if scenario.replicas is None:
+        return [(scenario, 1)]
+    return [(_replica(scenario, raw, f"{scenario.name}/{label}0", g), count)
+            for g, raw, label, count in _groups(scenario) if count]
+
+
+def _groups(scenario: Scenario) -> list[tuple[int, dict[str, Any], str, int]]:
+    """(group index, raw replica scenario less its name, name prefix, count) per group."""
     base = scenario.model_dump(mode="json", exclude={"replicas", "router"})
     if isinstance(scenario.replicas, int):
-        return [make_scenario({**base, "name": f"{scenario.name}/r{i}"}, scenario.base_dir)
-                for i in range(scenario.replicas)]
+        return [(0, base, "r", scenario.replicas)]
     out = []
-    for g, group in enumerate(scenario.replicas):
+    for g, group in enumerate(scenario.replicas or ()):
         raw = {**base, "engine": {**base["engine"], **group.engine}}
         raw.update({key: value for key, value in (("model", group.model), ("gpu", group.gpu)) if value})
-        label = group.name or f"g{g}"
-        for i in range(group.count):
-            try:
-                out.append(make_scenario({**raw, "name": f"{scenario.name}/{label}-{i}"}, scenario.base_dir))
-            except KvsimError as error:
-                raise KvsimError(f"replicas[{g}]: {error}") from None
+        out.append((g, raw, f"{group.name or f'g{g}'}-", group.count))
     return out
+
+
+def _replica(scenario: Scenario, raw: dict[str, Any], name: str, group: int) -> Scenario:
+    try:
+        return make_scenario({**raw, "name": name}, scenario.base_dir)
+    except KvsimError as error:
+        if isinstance(scenario.replicas, int):
+            raise
+        raise KvsimError(f"replicas[{group}]: {error}") from None
 
 
 class FleetView:
@@ -170,14 +189,18 @@ def write_fleet_files(folder: Path, result: FleetResult) -> None:
 
 def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
                    bursts: bool = True, out_dir: str | Path | None = None,
-                   steps_format: StepsFormat = "auto") -> FleetResult:
+                   steps_format: StepsFormat = "auto", memory_limit_bytes: int | None = None) -> FleetResult:
     """Simulate the scenario's replicas behind its router; one replica gives `simulate`'s result.
 
     `out_dir`: write the run there as it goes (`FleetResult.write`'s files and rules). Every replica's
     step rows then stream to disk in chunks (one part file per replica, concatenated in replica
     order when the run ends: `steps.parquet` with pyarrow, else `steps.csv`; `steps_format`
-    chooses), so memory stays bounded however many steps the fleet runs.
+    chooses), so memory stays bounded however many steps the fleet runs. A fleet that cannot fit in
+    `memory_limit_bytes` [the machine's memory] is refused before any replica is built or any folder
+    made (`kvsim.results.budget.check_engines_memory`).
     """
+    check_engines_memory(scenario, replica_groups(scenario), memory_limit_bytes,
+                         steps_in_memory=scenario.steps == "all" and out_dir is None)
     if out_dir is None:
         return _run_fleet(scenario, check, progress, bursts)
     final = check_output_dir(out_dir, "run")  # refused before simulating, not after

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.errors import KvsimError, from_validation_error, reading
 from kvsim.model.spec import DTYPE_BYTES, ModelSpec
+from kvsim.model.yaml_io import load_yaml, yaml_problem
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 
@@ -86,7 +87,18 @@ def load_model(name_or_path: str) -> ModelSpec:
             f"model={name_or_path!r}: not a preset ({', '.join(model_presets())}) nor a file"
         )
     raw = _read_mapping(path, "model")
-    return model_from_hf_config(raw, name_or_path if preset.is_file() else path.stem)
+    return model_from_hf_config(raw, name_or_path if preset.is_file() else config_name(raw, path))
+
+
+def config_name(raw: dict[str, Any], path: Path) -> str:
+    """A config file's model name: its `_name_or_path` (`meta-llama/Llama-3.1-8B`; a local path's last
+    folder), else the folder of a `config.json`, else the file's stem."""
+    given = raw.get("_name_or_path")
+    if isinstance(given, str) and given.strip():
+        given = given.strip().rstrip("/")
+        return Path(given).name if given.startswith(("/", ".", "~")) or given.count("/") > 1 else given
+    folder = path.resolve().parent.name
+    return folder if path.name == "config.json" and folder else path.stem
 
 
 DEFAULT_PCIE_STEP_LATENCY_S = 1.0e-6
@@ -166,15 +178,15 @@ def load_gpu(name_or_path: str) -> GPUSpec:
     try:
         return GPUSpec(**{"name": name, **raw})
     except ValidationError as error:
-        raise from_validation_error(error, prefix=f"gpu {name}") from None
+        raise from_validation_error(error, prefix=f"gpu {name}", model=GPUSpec) from None
 
 
 def _read_mapping(path: Path, what: str) -> dict[str, Any]:
     try:
         with reading(path, f"{what} file"):
-            raw = yaml.safe_load(path.read_text())  # YAML is a superset of JSON
+            raw = load_yaml(path.read_text())  # YAML is a superset of JSON; a repeated key is refused
     except yaml.YAMLError as error:
-        raise KvsimError(f"{what} file {path}: cannot read: {str(error).splitlines()[0]}") from None
+        raise KvsimError(f"{what} file {path}: cannot read: {yaml_problem(error)}") from None
     if not isinstance(raw, dict):
         raise KvsimError(f"{what} file {path}: expected a mapping of fields")
     return raw
@@ -205,6 +217,14 @@ class EngineConfig(BaseModel):
     block_size: int = Field(default=16, gt=0)
     max_model_len: int | None = Field(default=None, gt=0)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+
+    @field_validator("gpu_memory_utilization", mode="before")
+    @classmethod
+    def _a_fraction_not_a_percentage(cls, value: Any) -> Any:
+        """`95` is a percentage given where vLLM takes the fraction 0.95: say so."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 10 <= value <= 100:
+            raise ValueError(f"must be a fraction in (0, 1] (did you mean {value / 100:g}?)")
+        return value
     kv_cache_dtype: KVCacheDtype = "auto"
     kv_cache_memory_bytes: Bytes | None = None
     num_gpu_blocks_override: int | None = Field(default=None, gt=0)
@@ -320,4 +340,4 @@ def make_engine(**fields: Any) -> EngineConfig:
     try:
         return EngineConfig(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as error:
-        raise from_validation_error(error) from None
+        raise from_validation_error(error, model=EngineConfig) from None

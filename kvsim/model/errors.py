@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -18,6 +18,15 @@ if TYPE_CHECKING:
 
 class KvsimError(ValueError):
     """Bad user input or an impossible request; the message is a complete one-line explanation."""
+
+
+SHOWN_CHARS = 60
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """`repr(value)`, cut to `limit` characters: an error names the value, it does not echo a file."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
 @contextmanager
@@ -32,22 +41,45 @@ def reading(path: str | Path, what: str) -> Iterator[None]:
         raise KvsimError(f"{what} {path}: cannot read ({error.strerror or error})") from None
 
 
-def from_validation_error(error: ValidationError, prefix: str = "") -> KvsimError:
+def close_match(word: str, choices: list[str]) -> str:
+    """` (did you mean X?)` for the choice nearest a misspelt `word` (difflib), or "" when none is near."""
+    import difflib
+
+    near = difflib.get_close_matches(word, choices, n=1, cutoff=0.75)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
+def _fields_at(model: type | None, loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the pydantic model that `loc` (less its last part) leads to from `model`."""
+    from typing import get_args
+
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return []
+        candidates = [fields[part].annotation, *get_args(fields[part].annotation)]
+        model = next((c for c in candidates if isinstance(c, type) and hasattr(c, "model_fields")), None)
+    return list(getattr(model, "model_fields", {}))
+
+
+def from_validation_error(error: ValidationError, prefix: str = "", model: type | None = None) -> KvsimError:
     """Turn pydantic's multi-line report into one line: `field.path=value: reason`.
 
     Only the first problem is reported: fixing one field at a time is how people work, and a
-    single line keeps the CLI contract.
+    single line keeps the CLI contract. Given the validated `model` class, a misspelt key is
+    told the nearest field name (`engine.max_num_seq: unknown key (did you mean max_num_seqs?)`).
     """
     errors = error.errors()
     # A misspelt key usually explains a "missing" one too: report unknown keys first.
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    loc = ".".join(str(part) for part in first["loc"])
+    loc = ".".join(str(part) if len(str(part)) <= SHOWN_CHARS else shown(str(part)) for part in first["loc"])
     field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "value")
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        return KvsimError(f"{field}: unknown key")
+        hint = close_match(str(first["loc"][-1]), _fields_at(model, first["loc"][:-1])) if first["loc"] else ""
+        return KvsimError(f"{field}: unknown key{hint}")
     if first["type"] == "missing":
         return KvsimError(f"{field}: required field is missing")
     if isinstance(first.get("input"), dict):  # a check across fields: the message names them
         return KvsimError(f"{field}: {message}")
-    return KvsimError(f"{field}={first.get('input')!r}: {message}")
+    return KvsimError(f"{field}={shown(first.get('input'))}: {message}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, shown
 
 Fields = dict[str, Any]
 
@@ -51,6 +51,24 @@ class _Config:
             raise KvsimError(f"model config {self.name}: {key}={value!r}: must be a positive integer")
         if value <= 0:
             raise KvsimError(f"model config {self.name}: {key}={value}: must be > 0")
+        return value
+
+    def whole(self, key: str, default: int = 0) -> int:
+        """A whole number >= 0 (`first_k_dense_replace`, `n_shared_experts`); missing is `default`."""
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise KvsimError(f"model config {self.name}: {key}={shown(value)}: must be a whole number >= 0")
+        return value
+
+    def layer_list(self, key: str, num_layers: int, allowed: tuple[Any, ...]) -> list[Any] | None:
+        """A per-layer list of `num_layers` entries, each one of `allowed`; missing is None."""
+        value = self.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or len(value) != num_layers or not all(
+                type(v) is type(allowed[0]) and v in allowed for v in value):
+            raise KvsimError(f"model config {self.name}: {key}={shown(value)}: must list {num_layers} entries "
+                             f"(num_hidden_layers), each {' or '.join(repr(a) for a in allowed)}")
         return value
 
     def layer_indices(self, key: str) -> set[int]:
@@ -145,14 +163,14 @@ def _deepseek(c: _Config) -> Fields:
     (`num_nextn_predict_layers`) are loaded only for speculative decoding and are not counted."""
     fields = _dense(c)
     n = fields["num_layers"]
-    first_dense, freq = c.get("first_k_dense_replace", 0), c.count("moe_layer_freq", 1)
+    first_dense, freq = c.whole("first_k_dense_replace"), c.count("moe_layer_freq", 1)
     moe_layers = [i for i in range(n) if i >= first_dense and i % freq == 0]
     expert = c.need("moe_intermediate_size")
     fields["moe"] = {
         "num_experts": c.need("n_routed_experts"),
         "num_experts_per_tok": c.need("num_experts_per_tok"),
         "expert_intermediate_size": expert,
-        "shared_expert_intermediate_size": c.get("n_shared_experts", 0) * expert,
+        "shared_expert_intermediate_size": c.whole("n_shared_experts") * expert,
         "num_moe_layers": len(moe_layers),
     }
     fields["mla"] = {
@@ -200,6 +218,22 @@ def _gemma3(c: _Config) -> Fields:
     return fields
 
 
+def _gemma2(c: _Config) -> Fields:
+    """Gemma 2: layers 0, 2, 4, ... use a `sliding_window` window, the odd layers attend globally,
+    unless `layer_types` says so directly (HF's Gemma2Config: `sliding_attention` where (i + 1) % 2,
+    as vllm/model_executor/models/gemma2.py reads it). Embeddings are tied."""
+    fields = _dense(c)
+    fields["model_type"] = "gemma2"
+    fields["tie_word_embeddings"] = c.get("tie_word_embeddings", True)
+    n = fields["num_layers"]
+    if c.get("layer_types") is None:
+        fields["layer_types"] = [SLIDING if i % 2 == 0 else FULL for i in range(n)]
+    else:
+        fields["layer_types"] = _layer_types(c, n)
+    fields["sliding_window"] = c.need("sliding_window")
+    return fields
+
+
 def _llama4(c: _Config) -> Fields:
     """Llama 4 (text part, `text_config`): layers with RoPE use chunked local attention of
     `attention_chunk_size` tokens, the NoPE layers (`no_rope_layers[i] == 0`, every 4th by
@@ -212,10 +246,7 @@ def _llama4(c: _Config) -> Fields:
     fields["model_type"] = "llama4"
     n = fields["num_layers"]
     interval = text.count("no_rope_layer_interval", 4)
-    no_rope = text.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
-    if len(no_rope) != n:
-        raise KvsimError(f"model config {c.name}: no_rope_layers has {len(no_rope)} entries, "
-                         f"num_hidden_layers={n}")
+    no_rope = text.layer_list("no_rope_layers", n, (0, 1)) or [int((i + 1) % interval != 0) for i in range(n)]
     chunk = text.get("attention_chunk_size")
     fields["layer_types"] = [CHUNKED if chunk and rope else FULL for rope in no_rope]
     fields["attention_chunk_size"] = chunk
@@ -233,15 +264,16 @@ def _llama4(c: _Config) -> Fields:
 
 
 def _layer_types(c: _Config, num_layers: int) -> list[str]:
-    types = c.need("layer_types")
-    if len(types) != num_layers or not set(types) <= {FULL, SLIDING}:
-        raise KvsimError(f"model config {c.name}: layer_types must list {num_layers} entries of "
-                         f"{FULL!r} or {SLIDING!r}")
-    return list(types)
+    c.need("layer_types")
+    types = c.layer_list("layer_types", num_layers, (FULL, SLIDING))
+    assert types is not None
+    return types
 
 
 READERS: dict[str, Callable[[_Config], Fields]] = {
     "llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama, "opt": _opt,
+    "phi3": _llama,  # Phi-3: fused qkv and gate_up projections of Llama's shapes (vLLM's Phi3 is a Llama)
+    "gemma2": _gemma2,
     "qwen3_moe": _qwen3_moe, "mixtral": _mixtral,
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
     "gpt_oss": _gpt_oss, "gemma3": _gemma3, "gemma3_text": _gemma3,

@@ -16,6 +16,10 @@ Steps cost nothing that grows with the run when they stream to disk (`simulate(o
 `kvsim run`) or are sampled or dropped (`steps: sampled | none`: at most 100,000 rows);
 an in-memory `steps: all` run keeps 20 columns of 8 bytes a step.
 
+A fleet or data-parallel group (`check_engines_memory`) holds its requests once and, per
+engine, its blocks and a fixed cost (scheduler, latency model, recorder: measured ≈ 108 KB apart
+from the blocks), so 4,096 replicas are refused up front, not after minutes of building them.
+
 The limit defaults to the machine's physical memory (or the cgroup's, if smaller);
 `kvsim run --memory-limit` or `simulate(..., memory_limit_bytes=...)` overrides it.
 """
@@ -26,6 +30,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvsim.model.capacity import kv_bytes_per_block, num_gpu_blocks
+from kvsim.model.config import load_gpu, load_model
 from kvsim.model.errors import KvsimError
 
 if TYPE_CHECKING:
@@ -36,7 +42,9 @@ if TYPE_CHECKING:
 REQUEST_BYTES = 160   # a request's columnar record, drawn lengths and requests-table row (measured ≈ 190)
 BLOCK_BYTES = 160     # a paged block's ref count, hash slot, fill count and free-queue entry
 STEP_BYTES = 160      # one step row kept in memory: 20 columns of 8 bytes (0 when steps stream to disk)
+ENGINE_BYTES = 100_000  # one engine of a fleet apart from its blocks (measured ≈ 108 KB)
 GIB = 2**30
+MIB = 2**20
 
 
 def machine_memory_bytes() -> int:
@@ -100,14 +108,42 @@ def check_run_memory(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engine:
                      steps_in_memory: bool = True) -> None:
     """Raise `KvsimError` with the estimate and the limit when the run cannot fit in memory."""
     parts = estimate_run_bytes(scenario, model, gpu, engine, num_gpu_blocks, bytes_per_block, steps_in_memory)
+    _refuse_over_limit(parts, limit_bytes, "run", {
+        "requests": f"workload.num_requests={scenario.workload.num_requests}",
+        "steps": f"workload.num_requests={scenario.workload.num_requests}",
+        "kv_blocks": f"num_gpu_blocks={num_gpu_blocks}, engine.swap_space={engine.swap_space}"})
+
+
+def check_engines_memory(scenario: Scenario, engines: list[tuple[Scenario, int]], limit_bytes: int | None = None,
+                         steps_in_memory: bool = True) -> None:
+    """Raise `KvsimError` when `scenario`'s fleet or data-parallel group cannot fit: `engines` gives
+    (single-engine scenario, number of such engines) per group. Its requests count once; every
+    engine its blocks and fixed cost; the steps' floor is still total output / `max_num_seqs` (the
+    engines' rows together). Checked before any engine is built."""
+    parts = {"requests": 0, "kv_blocks": 0, "engines": 0, "steps": 0}
+    for spec, count in engines:
+        model, gpu = load_model(spec.model), load_gpu(spec.gpu)
+        one = estimate_run_bytes(spec, model, gpu, spec.engine, num_gpu_blocks(model, gpu, spec.engine),
+                                 kv_bytes_per_block(model, spec.engine), steps_in_memory)
+        parts["kv_blocks"] += count * one["kv_blocks"]
+        parts["engines"] += count * ENGINE_BYTES
+        parts["requests"], parts["steps"] = max(parts["requests"], one["requests"]), max(parts["steps"], one["steps"])
+    fleet = scenario.replicas is not None
+    size = f"replicas={scenario.replicas}" if fleet else \
+        f"engine.data_parallel_size={scenario.engine.data_parallel_size}"
+    _refuse_over_limit(parts, limit_bytes, "fleet" if fleet else "data-parallel group", {
+        "requests": f"workload.num_requests={scenario.workload.num_requests}",
+        "steps": f"workload.num_requests={scenario.workload.num_requests}", "kv_blocks": size, "engines": size})
+
+
+def _refuse_over_limit(parts: dict[str, int], limit_bytes: int | None, what: str, fields: dict[str, str]) -> None:
+    """The refusal both checks give: the field behind the largest part, every part, and the limit."""
     limit = machine_memory_bytes() if limit_bytes is None else limit_bytes
     needed = sum(parts.values())
     if needed > limit:
-        worst = max(parts, key=parts.__getitem__)
-        field = {"requests": f"workload.num_requests={scenario.workload.num_requests}",
-                 "steps": f"workload.num_requests={scenario.workload.num_requests}",
-                 "kv_blocks": f"num_gpu_blocks={num_gpu_blocks}, engine.swap_space={engine.swap_space}"}[worst]
-        detail = ", ".join(f"{k} {v / GIB:,.1f}" for k, v in parts.items())
+        unit, scale = ("GiB", GIB) if limit >= GIB else ("MiB", MIB)
+        detail = ", ".join(f"{k} {v / scale:,.1f}" for k, v in parts.items())
         raise KvsimError(
-            f"{field}: this run needs at least {needed / GIB:,.1f} GiB of memory (GiB by part: {detail}), "
-            f"more than the limit of {limit / GIB:,.1f} GiB; make it smaller or raise --memory-limit")
+            f"{fields[max(parts, key=parts.__getitem__)]}: this {what} needs at least {needed / scale:,.1f} {unit} "
+            f"of memory ({unit} by part: {detail}), more than the limit of {limit / scale:,.1f} {unit}; "
+            "make it smaller or raise --memory-limit")

@@ -258,13 +258,26 @@ def _remove_folder(folder: Path) -> None:
 @contextmanager
 def _errors_name_output(path: str | Path, tmp: Path | None = None) -> Iterator[None]:
     """An `OSError` on the output's folder (or on the temporary `tmp`) as a `KvsimError` naming `--output`,
-    so that no message shows kvsim's temporary names; other errors pass through unchanged."""
+    so that no message shows kvsim's temporary names; other errors pass through unchanged. An error
+    without a file name (a full disk: `write` on an open file) is the output's too: only it is written."""
     try:
         yield
     except OSError as error:
-        if tmp is not None and not str(error.filename or "").startswith(str(tmp)):
+        if tmp is not None and error.filename and not str(error.filename).startswith(str(tmp)):
             raise
         raise KvsimError(f"--output={str(path)!r}: cannot write there ({error.strerror or error})") from None
+
+
+@contextmanager
+def _interrupt_names(path: str | Path) -> Iterator[None]:
+    """A Ctrl-C inside the block carries the output's path (`kvsim_output`) to the command's one
+    line (kvsim/__main__.py): that output was not written, the old one is intact."""
+    try:
+        yield
+    except KeyboardInterrupt as interrupt:
+        if not hasattr(interrupt, "kvsim_output"):  # the innermost output is the one being written
+            interrupt.kvsim_output = str(path)  # type: ignore[attr-defined]
+        raise
 
 
 def _write_marker(folder: Path, kind: str, files: list[str]) -> None:
@@ -287,7 +300,7 @@ def output_directory(path: str | Path, kind: str) -> Iterator[Path]:
         _remove_stale_temporaries(out)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent))
     try:
-        with _errors_name_output(path, tmp):
+        with _errors_name_output(path, tmp), _interrupt_names(path):
             os.chmod(tmp, 0o777 & ~_umask())
             _write_marker(tmp, kind, [])  # a stale copy of this folder is recognisably kvsim's
             yield tmp
@@ -326,7 +339,7 @@ def output_file(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(name)
     try:
-        with _errors_name_output(path, tmp):
+        with _errors_name_output(path, tmp), _interrupt_names(path):
             os.chmod(tmp, 0o666 & ~_umask())
             yield tmp
             with tmp.open("rb") as f:

@@ -1,6 +1,6 @@
 """Hold kvsim against a real run: replay it, simulate it, and tabulate the errors.
 
-    run = load_measured("../shared/validation/measured/RTXPRO6000/Llama-3.1-8B")
+    run = load_measured("benchmarks/validation_set/measured/RTXPRO6000/Llama-3.1-8B")
     v = validate(run, latency="roofline")           # → Validation(table rows, sim result)
     write_validation(v, "validation/llama")         # Markdown, JSON, CSV, figures, scenario
 

@@ -2,7 +2,7 @@
 
 Two inputs, one result type (`MeasuredRun`):
 
-* a folder in the layout of `../shared/validation/measured/<hardware>/<case>/`:
+* a folder in the layout of `benchmarks/validation_set/measured/<hardware>/<case>/`:
   `vllm/meta.json` (engine arguments, the workload file), `vllm/requests.jsonl` (engine-clock
   timestamps per request), `vllm/timeseries.csv` (one row a second), and optionally the peer
   simulator LLMServingSim's prediction `outputs/sim.csv`;
@@ -14,7 +14,9 @@ Two inputs, one result type (`MeasuredRun`):
 Definitions (the validation README's, which are vLLM's): TTFT = first token − queued;
 E2E = last token − queued; TPOT = (last − first token) / (output tokens − 1), undefined for a
 one-token reply. Times in the `requests` frame are seconds from the first arrival.
-A malformed file raises `KvsimError` naming the file and the field.
+A malformed file raises `KvsimError` naming the file and the field, and so does an impossible
+one: a request's instants out of order (queued ≤ scheduled ≤ first token ≤ last token), a
+negative TTFT or inter-token gap, an E2E shorter than its TTFT.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.model.errors import KvsimError
+from kvsim.workload.files import data_file, open_text
 from kvsim.workload.traces import TraceRecord, iter_jsonl, read_sharegpt_tokens
 
 REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s",
@@ -116,13 +119,14 @@ def find_workload(run_dir: Path, dataset_path: str) -> Path:
     name = Path(dataset_path).name
     for folder in [run_dir, *run_dir.resolve().parents]:
         for candidate in (folder / dataset_path, *sorted(folder.glob(f"traces/*/{name}"))):
-            if candidate.is_file():
-                return candidate
+            if data_file(candidate).is_file():
+                return data_file(candidate)
     raise KvsimError(f"{run_dir / 'vllm' / 'meta.json'}: dataset_path={dataset_path!r} not found "
                      "beside the run or in a traces/ folder above it; pass --workload PATH")
 
 
 def _read_requests_jsonl(path: Path) -> list[dict[str, Any]]:
+    path = data_file(path)
     if not path.is_file():
         raise KvsimError(f"{path}: file not found")
     rows = []
@@ -132,10 +136,26 @@ def _read_requests_jsonl(path: Path) -> list[dict[str, Any]]:
             _number(row, key, where)
         if int(row["output_toks"]) < 1 or int(row["input_toks"]) < 1:
             raise KvsimError(f"{where}: input_toks and output_toks must be positive")
+        _check_order(row, where)
         rows.append(row)
     if not rows:
         raise KvsimError(f"{path}: no requests")
     return rows
+
+
+TIMELINE = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
+"""A request's instants in the order they happen; `scheduled_ts` may be absent."""
+_SPANS = {("queued_ts", "scheduled_ts"): "queue time", ("scheduled_ts", "first_token_ts"): "prefill time",
+          ("queued_ts", "first_token_ts"): "TTFT", ("first_token_ts", "last_token_ts"): "decode time (E2E below TTFT)"}
+
+
+def _check_order(row: dict[str, Any], where: str) -> None:
+    """Each recorded instant of `TIMELINE` is at or after the one before it: no negative TTFT or E2E."""
+    known = [(key, _number(row, key, where)) for key in TIMELINE if key in row]
+    for (before, t0), (after, t1) in zip(known, known[1:], strict=False):
+        if t1 < t0:
+            raise KvsimError(f"{where}: {after}={t1!r} is before {before}={t0!r}: the {_SPANS[before, after]} "
+                             "would be negative; not a physical measurement")
 
 
 def _request_index(row: dict[str, Any], fallback: int) -> int:
@@ -145,9 +165,10 @@ def _request_index(row: dict[str, Any], fallback: int) -> int:
 
 
 def _read_timeseries(path: Path, offset_s: float) -> tuple[pd.DataFrame | None, list[str]]:
+    path = data_file(path)
     if not path.is_file():
         return None, [f"{path.name} absent: no running/waiting comparison"]
-    with path.open(newline="") as f:
+    with open_text(path, newline="") as f:
         rows = list(csv.DictReader(f))
     try:
         df = pd.DataFrame({
@@ -248,10 +269,11 @@ def _link(config: Path) -> dict[str, float] | None:
 
 def read_llmservingsim(path: Path) -> pd.DataFrame | None:
     """LLMServingSim's `outputs/sim.csv` (nanoseconds) as a request frame, or None if absent."""
+    path = data_file(path)
     if not path.is_file():
         return None
     csv.field_size_limit(2**31 - 1)  # the ITL column lists every token's gap
-    with path.open(newline="") as f:
+    with open_text(path, newline="") as f:
         rows = list(csv.DictReader(f))
     try:
         arrival = np.array([float(r["arrival"]) for r in rows]) / NS_PER_S
@@ -312,6 +334,7 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
         if not all(isinstance(g, list) for g in gaps):
             raise KvsimError(f"{path}: itls must hold one list of gaps per request")
         e2e = ttft + np.array([_values(g, range(len(g)), "itls", path).sum() for g in gaps])
+    _check_bench_times(ttft, e2e, ok, [lists["itls"][i] for i in ok], path)
     if isinstance(starts, list) and len(starts) == n:
         arrival = _values(starts, ok, "start_times", path)
     else:
@@ -345,6 +368,20 @@ def _values(items: list[Any], indices: Any, key: str, path: Path, allow_missing:
     return np.array(out, dtype=float)
 
 
+def _check_bench_times(ttft: np.ndarray, e2e: np.ndarray, ok: list[int], itls: list[Any], path: Path) -> None:
+    """TTFT and inter-token gaps are never negative, and E2E is never shorter than TTFT."""
+    for j, i in enumerate(ok):
+        first, last = float(ttft[j]), float(e2e[j])
+        if first < 0:
+            raise KvsimError(f"{path}: ttfts[{i}]={first!r} is negative; not a physical measurement")
+        gaps = itls[j] if isinstance(itls[j], list) else []
+        if any(isinstance(g, (int, float)) and g < 0 for g in gaps):
+            raise KvsimError(f"{path}: itls[{i}] has a negative gap; not a physical measurement")
+        if last < first:
+            raise KvsimError(f"{path}: request {i}'s E2E {last!r} s is below its TTFT {first!r} s "
+                             "(latencies, or ttfts plus itls); not a physical measurement")
+
+
 def _bench_arrivals(raw: dict[str, Any], n: int, path: Path) -> np.ndarray:
     rate = raw.get("request_rate")
     if rate in (None, "inf") or (isinstance(rate, float) and math.isinf(rate)):
@@ -364,7 +401,7 @@ def load_measured(path: str | Path, workload: str | Path | None = None) -> Measu
     if p.is_dir():
         if not (p / "vllm" / "meta.json").is_file():
             raise KvsimError(f"measured={str(path)!r}: no vllm/meta.json in this folder (expected the layout "
-                             "of ../shared/validation/measured/<hardware>/<case>/)")
+                             "of benchmarks/validation_set/measured/<hardware>/<case>/)")
         return read_measured_dir(p, Path(workload) if workload else None)
     if p.is_file():
         return read_vllm_bench(p)

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from kvsim.model.config import EngineConfig, GPULink
 from kvsim.model.errors import KvsimError, from_validation_error, reading
+from kvsim.model.yaml_io import load_yaml, yaml_problem
 
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_SCENARIO = DATA_DIR / "default_scenario.yaml"
@@ -220,7 +221,7 @@ class Scenario(BaseModel):
     gpu_link: GPULink | None = None
     """Replaces the GPU's link: one cluster's interconnect (e.g. PCIe through host memory when
     peer-to-peer is off) rather than the GPU's datasheet."""
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)  # numpy's generators take a non-negative seed
     steps: StepsMode = Field(default="all", description="per-step rows kept and written: all, sampled "
                              "(at most 100,000 evenly spaced) or none; the summary always uses every step")
     replicas: int | list[ReplicaGroup] | None = Field(default=None, description="a fleet behind `router`")
@@ -250,6 +251,8 @@ class Scenario(BaseModel):
         resolved = Path(self.base_dir) / path
         if not resolved.exists():
             raise KvsimError(f"path={path!r}: file not found ({resolved})")
+        if not (resolved.is_file() or resolved.is_dir()):  # /dev/zero, a pipe: reading never ends
+            raise KvsimError(f"path={path!r}: not a regular file ({resolved})")
         return resolved
 
 
@@ -257,11 +260,7 @@ def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
     try:
         return Scenario(**{**raw, "base_dir": str(base_dir)})
     except ValidationError as error:
-        raise from_validation_error(error) from None
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise from_validation_error(error, model=Scenario) from None
 
 
 Overrides = Mapping[str, Any] | Sequence[str]
@@ -282,9 +281,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]
             if not sep or not key:
                 raise KvsimError(f"--set {item!r}: expected dotted.key=value")
             try:
-                items.append((key, yaml.safe_load(value), f"--set {item!r}"))
+                items.append((key, load_yaml(value), f"--set {item!r}"))
             except yaml.YAMLError as error:
-                raise KvsimError(f"--set {item!r}: the value is not valid YAML ({_first_line(error)})") from None
+                raise KvsimError(f"--set {item!r}: the value is not valid YAML ({yaml_problem(error)})") from None
     for key, value, label in items:
         _set_field(raw, key.split("."), value, label)
     return raw
@@ -329,9 +328,9 @@ def load_scenario(path: str | Path | None = None, overrides: Overrides | None = 
         raise KvsimError(f"scenario={str(path)!r}: file not found")
     try:
         with reading(file, "scenario"):
-            raw = yaml.safe_load(file.read_text()) or {}
+            raw = load_yaml(file.read_text()) or {}
     except yaml.YAMLError as error:
-        raise KvsimError(f"scenario {file}: not valid YAML: {_first_line(error)}") from None
+        raise KvsimError(f"scenario {file}: not valid YAML: {yaml_problem(error)}") from None
     if not isinstance(raw, dict):
         raise KvsimError(f"scenario {file}: expected a mapping at the top level")
     raw.setdefault("name", file.stem)

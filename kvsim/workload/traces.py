@@ -10,7 +10,7 @@
 | `servegen`        | ServeGen per-client model (a folder)   | sampled  | sampled | none           |
 
 A malformed row raises `KvsimError` naming the file and line. Arrival times are seconds
-from the first record.
+from the first record. The CSV and JSONL files may be gzipped (`.gz`, see `kvsim.workload.files`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.model.errors import KvsimError
+from kvsim.workload.files import open_text
 
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's traces hash one id per 512-token block (FAST'25 trace README)
 CHARS_PER_TOKEN = 4  # vLLM ShareGPT JSON carries text; without a tokenizer, ~4 characters a token
@@ -58,7 +59,7 @@ def _positive(value: Any, path: Path, line: int, field: str) -> int:
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; a bad line raises `KvsimError` naming it."""
-    with path.open() as f:
+    with open_text(path) as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -74,7 +75,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 def read_azure(path: Path) -> list[TraceRecord]:
     """`TIMESTAMP,ContextTokens,GeneratedTokens`; timestamps have 100 ns digits."""
     records, first = [], None
-    with path.open(newline="") as f:
+    with open_text(path, newline="") as f:
         reader = csv.DictReader(f)
         for line_no, row in enumerate(reader, start=2):
             try:
@@ -152,7 +153,7 @@ def write_sharegpt_tokens(records: list[TraceRecord], path: Path) -> None:
 def read_lengths(path: Path) -> list[TraceRecord]:
     """`num_prefill_tokens,num_decode_tokens,...` (Vidur / Sarathi-Serve length tables)."""
     records = []
-    with path.open(newline="") as f:
+    with open_text(path, newline="") as f:
         for line_no, row in enumerate(csv.DictReader(f), start=2):
             records.append(TraceRecord(
                 None,

@@ -63,7 +63,8 @@ def find_source(folder: Path, default_repository: str) -> dict[str, str]:
     return {"source_repository": default_repository, "source_commit": "unrecorded", "source_licence": "unrecorded"}
 
 
-def _tokens(name: str) -> set[str]:
+def name_words(name: str) -> set[str]:
+    """The words of a device or model name (`NVIDIA H100 80GB` → h100, 80gb, nvidia), compared as sets."""
     return set(re.findall(r"[a-z]+[0-9]*|[0-9]+[a-z]*", name.lower()))
 
 
@@ -75,7 +76,7 @@ def gpu_matches(measured_on: str, gpu: GPUSpec) -> bool:
     """
     if measured_on.lower() == gpu.name.lower():
         return True
-    preset, device = _tokens(gpu.name), _tokens(measured_on)
+    preset, device = name_words(gpu.name), name_words(measured_on)
     return bool(preset and device) and (preset <= device or device <= preset)
 
 

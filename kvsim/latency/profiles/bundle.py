@@ -1,6 +1,7 @@
 """LLMServingSim's profile bundle (casys-kaist/LLMServingSim, `profiler/perf/<hw>/<model>/<variant>/`).
 
-Format (../shared/validation/formats/profile-bundle.md), times in microseconds:
+Format (benchmarks/validation_set/formats/profile-bundle.md), times in microseconds; any CSV
+may be gzipped (`dense.csv.gz`):
 
     meta.yaml               gpu (driver's name), model, variant (bf16, bf16-kvfp8, ...), tp_degrees,
                             engine_effective.hf_overrides (per-rank shapes at the largest TP degree)
@@ -35,6 +36,7 @@ import yaml
 
 from kvsim.latency.profiles import Profile, find_source
 from kvsim.model.errors import KvsimError
+from kvsim.workload.files import data_file, open_text
 
 GEMMS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
 TOKEN_OPS = {"layernorm": 2, "qk_norm": 1, "rotary_emb": 1, "act_fn": 1}
@@ -46,7 +48,7 @@ PROVENANCE = ("profiler_version", "vllm_version", "cuda_version", "hardware", "p
 
 def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
     try:
-        with path.open(newline="") as f:
+        with open_text(path, newline="") as f:
             reader = csv.DictReader(f)
             if not set(columns) <= set(reader.fieldnames or ()):
                 raise KvsimError(f"profile {path}: expected the columns {','.join(columns)}")
@@ -55,14 +57,21 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
         raise KvsimError(f"profile {path}: cannot read ({error.strerror})") from None
 
 
-def _seconds(value: str, path: Path) -> str:
+def _seconds(value: str | None, path: Path) -> str:
     try:
-        us = float(value)
-    except ValueError:
+        us = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # TypeError: a short (truncated) row
         raise KvsimError(f"profile {path}: time_us={value!r} is not a number") from None
     if not us > 0:
         raise KvsimError(f"profile {path}: time_us={value!r} must be positive")
     return repr(us * 1e-6)
+
+
+def _whole(row: dict[str, str], column: str, path: Path) -> int:
+    try:
+        return int(row[column])
+    except (TypeError, ValueError):
+        raise KvsimError(f"profile {path}: {column}={row[column]!r} is not a whole number") from None
 
 
 def _meta(root: Path, raw: dict[str, Any], tp: int) -> dict[str, str]:
@@ -85,7 +94,7 @@ def _meta(root: Path, raw: dict[str, Any], tp: int) -> dict[str, str]:
 
 def read_bundle(path: Path, tp: int) -> Profile:
     """Import the bundle at `path` (the variant folder holding meta.yaml, or one of its tp<N> folders)."""
-    root = path.parent if (path / "dense.csv").is_file() and not (path / "meta.yaml").is_file() else path
+    root = path.parent if data_file(path / "dense.csv").is_file() and not (path / "meta.yaml").is_file() else path
     meta_path = root / "meta.yaml"
     if not meta_path.is_file():
         raise KvsimError(f"profile {path}: not a profile bundle (no meta.yaml)")
@@ -93,13 +102,16 @@ def read_bundle(path: Path, tp: int) -> Profile:
         raw = yaml.safe_load(meta_path.read_text())
     except yaml.YAMLError as error:
         raise KvsimError(f"profile {meta_path}: cannot read: {str(error).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise KvsimError(f"profile {meta_path}: expected a mapping (gpu, model, variant, tp_degrees, ...), "
+                         f"got {type(raw).__name__ if raw is not None else 'an empty file'}")
     folder = root / f"tp{tp}"
     if not folder.is_dir():
         have = sorted(p.name for p in root.glob("tp*") if p.is_dir())
         raise KvsimError(f"profile {root}: measured at {', '.join(have) or 'no TP degree'}, "
                          f"not tensor_parallel_size={tp}")
     rows: list[dict[str, str]] = []
-    dense = folder / "dense.csv"
+    dense = data_file(folder / "dense.csv")
     for r in _read_csv(dense, ("layer", "tokens", "time_us")):
         layer, t = r["layer"], _seconds(r["time_us"], dense)
         if layer in GEMMS:
@@ -109,22 +121,27 @@ def read_bundle(path: Path, tp: int) -> Profile:
         else:
             rows.append({"kind": "token_op", "op": layer, "num_tokens": r["tokens"], "time_s": t,
                          "calls": str(TOKEN_OPS.get(layer, 1))})
-    per_seq = folder / "per_sequence.csv"
+    per_seq = data_file(folder / "per_sequence.csv")
     if per_seq.is_file():
         for r in _read_csv(per_seq, ("layer", "sequences", "time_us")):
             rows.append({"kind": "sequence_op", "op": r["layer"], "batch": r["sequences"],
                          "time_s": _seconds(r["time_us"], per_seq)})
-    attention = folder / "attention.csv"
+    attention = data_file(folder / "attention.csv")
     if attention.is_file():
         for r in _read_csv(attention, ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")):
-            chunk = int(r["prefill_chunk"])
-            rows.append({"kind": "attention", "query_len": str(chunk), "context_len": str(int(r["kv_prefill"]) + chunk),
+            chunk, cached = _whole(r, "prefill_chunk", attention), _whole(r, "kv_prefill", attention)
+            rows.append({"kind": "attention", "query_len": str(chunk), "context_len": str(cached + chunk),
                          "batch": r["n_decode"], "decode_context_len": r["kv_decode"],
                          "time_s": _seconds(r["time_us"], attention)})
-    moe = folder / "moe.csv"
+    moe = data_file(folder / "moe.csv")
     if moe.is_file():
         for r in _read_csv(moe, ("tokens", "activated_experts", "time_us")):
             rows.append({"kind": "moe", "num_tokens": r["tokens"], "num_experts": r["activated_experts"],
                          "time_s": _seconds(r["time_us"], moe)})
     name = f"{raw.get('model', root.name)}/{raw.get('variant', '')}/tp{tp}"
-    return Profile(name, _meta(root, raw, tp), rows)
+    try:
+        meta = _meta(root, raw, tp)
+    except (AttributeError, TypeError, ValueError):
+        raise KvsimError(f"profile {meta_path}: tp_degrees must list integers and engine_effective.hf_overrides "
+                         "map shape names to integers") from None
+    return Profile(name, meta, rows)

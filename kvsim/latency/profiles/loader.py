@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvsim.latency.profiles import Profile, bundle, check_profile, native, vidur
+from kvsim.latency.profiles.checks import check_model_name, check_rows
 from kvsim.model.errors import KvsimError
 
 if TYPE_CHECKING:
@@ -13,7 +14,8 @@ if TYPE_CHECKING:
 
 
 def load_profile(path: Path, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> Profile:
-    """Import the profile at `path` (a bundle folder, a Vidur `mlp.csv` or a kvsim CSV) and check it."""
+    """Import the profile at `path` (a bundle folder, a Vidur `mlp.csv` or a kvsim CSV) and check it:
+    physical rows (`checks.check_rows`), the model's name, then its shapes, dtype, GPU and TP."""
     if path.is_dir():
         profile = bundle.read_bundle(path, engine.tensor_parallel_size)
     elif not path.is_file():
@@ -22,5 +24,7 @@ def load_profile(path: Path, model: ModelSpec, gpu: GPUSpec, engine: EngineConfi
         profile = vidur.read_vidur_mlp(path, engine.tensor_parallel_size)
     else:
         profile = native.read_native(path)
+    check_rows(profile)
+    check_model_name(profile, model)
     check_profile(profile, model, gpu, engine)
     return profile

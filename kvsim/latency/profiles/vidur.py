@@ -68,6 +68,10 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
         have = sorted({r.get("num_tensor_parallel_workers", "?") for r in table})
         raise KvsimError(f"profile {path}: measured at num_tensor_parallel_workers {', '.join(have)}, "
                          f"not tensor_parallel_size={tp}")
+    short = next((i for i, r in enumerate(table) if None in r or None in r.values()), None)
+    if short is not None:  # csv.DictReader fills a short row with None and keys a long row's rest by None
+        raise KvsimError(f"profile {path}: line {short + 2} does not have the header's {len(fields)} fields "
+                         "(a truncated or malformed file)")
     rows = []
     for r in mine:
         for op, column in columns.items():
@@ -75,7 +79,7 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
                 continue
             try:
                 seconds = float(r[column]) * 1e-3
-            except ValueError:
+            except (TypeError, ValueError):  # TypeError: a short (truncated) row
                 raise KvsimError(f"profile {path}: {column}={r[column]!r} is not a number") from None
             if not seconds > 0:  # Vidur writes 0.0 for an op whose timer did not fire; skip it
                 continue
@@ -83,6 +87,10 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
             rows.append({"kind": kind, "op": name, "num_tokens": r["num_tokens"], "time_s": repr(seconds),
                          "calls": str(calls) if kind != "gemm" else ""})
     first = mine[0]
+    for column in SHAPES:
+        value = first.get(column)
+        if value not in (None, "") and not (value.isdigit() and int(value) > 0):
+            raise KvsimError(f"profile {path}: {column}={value!r} must be a positive whole number")
     meta = {SHAPES[k]: first[k] for k in SHAPES if first.get(k)}
     if first.get("n_embd") and first.get("n_head"):
         meta["head_dim"] = str(int(first["n_embd"]) // int(first["n_head"]))

@@ -1,0 +1,49 @@
+"""YAML as kvsim reads user files: safe, duplicate keys refused, errors told in one short line.
+
+PyYAML keeps the last of two equal keys (`engine:` twice: the first section silently lost);
+`load_yaml` refuses it instead, naming both lines. `yaml_problem` gives an error's problem and
+position without echoing the offending text (a file of anything may have been named).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from yaml.constructor import ConstructorError
+
+from kvsim.model.errors import shown
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that raises on a mapping with a repeated key."""
+
+
+def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)  # `<<` merge keys first: a merged key may be overridden
+    lines: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key, line = loader.construct_object(key_node, deep=True), key_node.start_mark.line
+        try:
+            if key in lines:  # the position is in the message: no mark, so yaml_problem adds none
+                raise ConstructorError(None, None, f"duplicate key {shown(key)} (lines {lines[key] + 1} and "
+                                       f"{line + 1}): give each key once")
+            lines[key] = line
+        except TypeError:  # an unhashable key: the base constructor names it
+            break
+    return loader.construct_mapping(node, deep=True)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def load_yaml(text: str) -> Any:
+    """`yaml.safe_load(text)`, except that a repeated key is a `yaml.YAMLError`."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """The error's problem and where it is (`... at line 3, column 7`), never the offending text."""
+    problem = getattr(error, "problem", None) or getattr(error, "context", None) or type(error).__name__
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(problem)

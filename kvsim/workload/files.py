@@ -1,0 +1,30 @@
+"""Opening the data files kvsim reads (traces, measured runs, profiles), plain or gzip-compressed.
+
+The repository ships its larger data files gzipped (`benchmarks/validation_set/`); every reader
+goes through `data_file` and `open_text`, so a file named `x.csv` may also be given, or found,
+as `x.csv.gz`, and reads the same.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import IO
+
+GZIP_SUFFIX = ".gz"
+
+
+def data_file(path: Path) -> Path:
+    """`path`, or `path.gz` when only the compressed copy exists (then the caller reads that one)."""
+    if not path.exists():
+        compressed = path.with_name(path.name + GZIP_SUFFIX)
+        if compressed.is_file():
+            return compressed
+    return path
+
+
+def open_text(path: Path, newline: str | None = None) -> IO[str]:
+    """Open `path` for reading text; a name ending in `.gz` is decompressed on the fly."""
+    if path.name.endswith(GZIP_SUFFIX):
+        return gzip.open(path, "rt", newline=newline)
+    return path.open(newline=newline)
