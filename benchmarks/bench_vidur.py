@@ -76,8 +76,8 @@ NOT_MATCHED = [
     "Vidur counts each request's blocks (a number per request); kvsim tracks every block as vLLM does "
     "(ids, block tables, reference counts, free queue, content hashes when caching), which is part of what "
     "it spends its time on",
-    "Vidur's vllm scheduler caps a prefill batch at batch size x its longest prompt <= max_tokens_in_batch "
-    "(padded); kvsim's v0 sums the batch's tokens",
+    "the paper's vllm scheduler caps a prefill batch at batch size x its longest prompt <= max_tokens_in_batch "
+    "(padded); vidur 0.0.26's and kvsim's v0 sum the batch's tokens",
     "Vidur's random forest grid is cut to one setting (32 trees, depth 32, 2-fold) to train in seconds on "
     "2 cores; its predictions are cached and looked up, so this does not change its simulation speed",
     "Vidur's execution-time predictor is its default Python path (the package's "
@@ -259,7 +259,18 @@ def main() -> None:
     parser.add_argument("--vidur-venv", type=Path, default=Path(os.environ.get("VIDUR_VENV", "/work/vidur-venv")))
     parser.add_argument("--vidur-paper", type=Path, default=Path(os.environ.get("VIDUR_PAPER", "/tmp/vidur-paper")))
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "vidur.json")
+    parser.add_argument("--write-scenarios", type=Path, metavar="DIR",
+                        help="only write each scenario's traces and kvsim scenario.yaml under DIR (to profile "
+                             "kvsim on exactly these runs) and exit")
     args = parser.parse_args()
+    if args.write_scenarios:
+        for name in args.scenarios:
+            scenario = scenarios(args.num_requests)[name]
+            files = convert_trace(scenario, args.write_scenarios / name)
+            path = args.write_scenarios / name / "scenario.yaml"
+            path.write_text(json.dumps(kvsim_scenario(scenario, files.kvsim.resolve())))
+            print(path)
+        return
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     package = _probe(args.vidur_venv / "bin" / "python", REPO, env)
     paper = _probe(args.vidur_paper / "venv" / "bin" / "python", args.vidur_paper / "src", env)
