@@ -111,3 +111,19 @@ def write_profile(cache: Path, block_size: int, max_tokens: int, max_batch: int)
     network_id = "kvsim/network-a100-dgx-tp1"
     _lay_out(cache, "network", network_id, {"config.json": json.dumps({"sku": VIDUR_NETWORK}).encode()})
     return compute_id, network_id
+
+
+def write_csv_profile(folder: Path, block_size: int, max_tokens: int, max_batch: int) -> tuple[Path, Path]:
+    """The same tables as plain `mlp.csv` and `attention.csv` in `folder`, for the paper's code
+    (microsoft/vidur @ 7d47513 reads `--*_compute_input_file` / `--*_attention_input_file` paths,
+    default `data/profiling/compute/{DEVICE}/{MODEL}/`); returns their paths. The folder name
+    carries the tables' digest, as the package's dataset name does (the paper's own prediction
+    cache is keyed by a hash of the training rows and settings)."""
+    files = {name.removesuffix(".xz"): lzma.decompress(data)
+             for name, data in tables(block_size, max_tokens, max_batch).items()}
+    digest = hashlib.sha1(b"".join(files[k] for k in sorted(files))).hexdigest()[:10]
+    out = folder / f"roofline-llama-2-7b-a100-{digest}"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    return out / "mlp.csv", out / "attention.csv"

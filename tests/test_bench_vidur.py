@@ -1,22 +1,26 @@
-"""benchmarks/bench_vidur.py's inputs: both simulators get the same requests, Vidur's profile is the roofline.
+"""benchmarks/bench_vidur.py's inputs: all simulators get the same requests, Vidur's profile is the roofline.
 
-Runs without Vidur: only the trace conversion and the profile tables are checked (the side-by-side
-run itself is a benchmark, `python benchmarks/bench_vidur.py`).
+Runs without Vidur: only the trace conversions, the paper's flags (against its config source, when
+../shared/peers is there) and the profile tables are checked (the side-by-side run itself is a
+benchmark, `python benchmarks/bench_vidur.py`).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import lzma
 import math
 import sys
+import tarfile
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from kvsim.workload.traces import read_azure
+from kvsim.workload.traces import read_azure, read_mooncake
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 KVSIM = BENCHMARKS.parent / "kvsim"
@@ -28,40 +32,97 @@ def bench():
     try:
         import bench_vidur
         import vidur_profile
+        import vidur_sides
     finally:
         sys.path.remove(str(BENCHMARKS))
-    return bench_vidur, vidur_profile
+    return SimpleNamespace(bench_vidur=bench_vidur, profile=vidur_profile, sides=vidur_sides)
 
 
-def test_both_trace_files_hold_the_same_requests(bench, tmp_path, monkeypatch):
-    bench_vidur, _ = bench
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_all_three_trace_files_hold_the_same_requests(bench, tmp_path):
+    bench_vidur, vidur_sides = bench.bench_vidur, bench.sides
     # the benchmark reads ../shared's Azure conversation trace; kvsim ships an unchanged copy of it
-    monkeypatch.setattr(bench_vidur, "TRACE", KVSIM / "workload" / "data" / "azure_conv.csv")
-    with bench_vidur.TRACE.open(newline="") as f:
+    trace = bench_vidur.TRACE if bench_vidur.TRACE.exists() else KVSIM / "workload" / "data" / "azure_conv.csv"
+    with trace.open(newline="") as f:
         raw = [row for _, row in zip(range(400), csv.DictReader(f), strict=False)]
-    kvsim_csv, vidur_csv, _ = bench_vidur.convert_trace(400, 0.5, tmp_path)
-    kvsim_rows = read_azure(kvsim_csv)
-    with vidur_csv.open(newline="") as f:
-        vidur_rows = list(csv.DictReader(f))
-    assert len(kvsim_rows) == len(vidur_rows) == 400
+    scenario = dataclasses.replace(vidur_sides.scenarios(400)["azure_conv"], rate_scale=0.5, trace=trace)
+    files = vidur_sides.convert_trace(scenario, tmp_path)
+    kvsim_rows = read_azure(files.kvsim)
+    paper_rows, package_rows = _read_csv(files.vidur_paper), _read_csv(files.vidur_package)
+    assert len(kvsim_rows) == len(paper_rows) == len(package_rows) == 400
     clipped = 0
-    for source, k, v in zip(raw, kvsim_rows, vidur_rows, strict=True):
+    for source, k, p, v in zip(raw, kvsim_rows, paper_rows, package_rows, strict=True):
         output = int(source["GeneratedTokens"])
         prompt = min(int(source["ContextTokens"]), 4096 - output)  # Vidur's rule: the prompt gives way
         clipped += prompt < int(source["ContextTokens"])
         assert (k.prompt_len, k.output_len) == (prompt, output) == (int(v["PromptTokenCount"]),
                                                                      int(v["CompletionTokenCount"]))
+        assert (int(p["num_prefill_tokens"]), int(p["num_decode_tokens"])) == (prompt, output)
         assert k.arrival_s == pytest.approx(float(v["Time"]), abs=2e-6)
+        assert p["arrived_at"] == v["Time"]
         assert v["Date"] == "2023-11-16"
     assert clipped > 0, "the first 400 conv requests include prompts over 4,096 - output tokens"
     # rate_scale 0.5 doubles every gap: the 400th arrival of the raw trace, at twice its offset
     first, last = (datetime.fromisoformat(raw[i]["TIMESTAMP"][:26]) for i in (0, -1))
     span = (last - first).total_seconds() * 2
-    assert float(vidur_rows[-1]["Time"]) == pytest.approx(span, abs=1e-5)
+    assert float(package_rows[-1]["Time"]) == pytest.approx(span, abs=1e-5)
+
+
+def test_mooncake_prompts_are_clipped_with_their_hash_ids(bench, tmp_path):
+    vidur_sides = bench.sides
+    if not vidur_sides.MOONCAKE_TRACE.exists():
+        pytest.skip("../shared/traces is not beside the checkout")
+    with vidur_sides.MOONCAKE_TRACE.open() as f:
+        raw = [json.loads(line) for _, line in zip(range(300), f, strict=False)]
+    scenario = vidur_sides.scenarios(300)["mooncake_preempt_cache"]
+    files = vidur_sides.convert_trace(scenario, tmp_path)
+    converted = [json.loads(line) for line in files.kvsim.read_text().splitlines()]
+    kvsim_rows, paper_rows = read_mooncake(files.kvsim), _read_csv(files.vidur_paper)
+    assert len(converted) == len(kvsim_rows) == len(paper_rows) == 300
+    clipped = 0
+    for source, c, k, p in zip(raw, converted, kvsim_rows, paper_rows, strict=True):
+        prompt = min(source["input_length"], 4096 - source["output_length"])
+        clipped += prompt < source["input_length"]
+        blocks = -(-prompt // 512)  # one id per started 512-token block of the clipped prompt
+        assert c["hash_ids"] == source["hash_ids"][:blocks]
+        assert (k.prompt_len, k.output_len) == (prompt, source["output_length"])
+        assert (int(p["num_prefill_tokens"]), int(p["num_decode_tokens"])) == (prompt, source["output_length"])
+        # arrivals slowed to 0.4x the trace's rate: ms / 1000 / 0.4
+        assert k.arrival_s == pytest.approx(float(p["arrived_at"]), abs=2e-6)
+        assert k.arrival_s == pytest.approx(source["timestamp"] / 1000 / 0.4, abs=2e-6)
+    assert clipped > 150, "most Mooncake prompts are longer than Llama-2-7B's 4,096 tokens"
+    assert all(c["hash_ids"][0] == 0 for c in converted), "every request shares block id 0 (the README)"
+
+
+def test_paper_flags_are_fields_of_the_papers_config(bench, tmp_path):
+    vidur_sides = bench.sides
+    if not vidur_sides.PAPER_TARBALL.exists():
+        pytest.skip("../shared/peers is not beside the checkout")
+    with tarfile.open(vidur_sides.PAPER_TARBALL) as tar:
+        config = tar.extractfile("vidur-7d47513/vidur/config/config.py").read().decode()
+    prefixes = ("random_forrest_execution_time_predictor_config_", "vllm_scheduler_config_",
+                "sarathi_scheduler_config_", "trace_request_generator_config_", "metrics_config_",
+                "replica_config_", "cluster_config_", "replica_scheduler_config_",
+                "execution_time_predictor_config_", "request_generator_config_")
+    for scenario in vidur_sides.scenarios(10).values():
+        cmd = vidur_sides.vidur_paper_command(Path("python"), scenario, tmp_path / "t.csv", tmp_path / "out",
+                                              (tmp_path / "mlp.csv", tmp_path / "attention.csv"), tmp_path)
+        flags = [c.removeprefix("--").removeprefix("no-") for c in cmd if c.startswith("--")]
+        assert f"--{scenario.vidur_scheduler}_scheduler_config_num_blocks" in cmd
+        for flag in flags:
+            if flag in ("seed", "log_level"):
+                continue
+            prefix = next(p for p in prefixes if flag.startswith(p))
+            field = flag.removeprefix(prefix)
+            assert f"    {field}: " in config or field == "type", f"--{flag} names no field of the paper's config"
 
 
 def test_profile_tables_are_the_roofline_in_vidurs_columns(bench, tmp_path):
-    _, vidur_profile = bench
+    vidur_profile = bench.profile
     compute_id, network_id = vidur_profile.write_profile(tmp_path, 16, 256, 4)
     root = tmp_path / "profiling_data" / "compute" / f"datasets--{compute_id.replace('/', '--')}"
     snapshot = root / "snapshots" / (root / "refs" / "main").read_text()
@@ -94,3 +155,14 @@ def test_profile_tables_are_the_roofline_in_vidurs_columns(bench, tmp_path):
     (two,) = [r for r in decode if (r["batch_size"], r["kv_cache_size"]) == ("2", "256")]
     expected_s = 2.5e-6 + 2 * 0.1e-6 + 512 * 2 * 32 * 128 * 2 / (0.85 * 2.039e12)
     assert float(two["time_stats.attn_decode.median"]) == pytest.approx(expected_s * 1e3)
+
+
+def test_paper_csvs_are_the_package_tables(bench, tmp_path):
+    vidur_profile = bench.profile
+    mlp, attention = vidur_profile.write_csv_profile(tmp_path / "paper", 16, 64, 2)
+    compute_id, _ = vidur_profile.write_profile(tmp_path / "package", 16, 64, 2)
+    root = tmp_path / "package" / "profiling_data" / "compute" / f"datasets--{compute_id.replace('/', '--')}"
+    snapshot = root / "snapshots" / (root / "refs" / "main").read_text()
+    assert mlp.read_bytes() == lzma.decompress((snapshot / "mlp.csv.xz").read_bytes())
+    assert attention.read_bytes() == lzma.decompress((snapshot / "attention.csv.xz").read_bytes())
+    assert mlp.parent.name.endswith(compute_id.rsplit("-", 1)[1])  # the same digest names both
