@@ -23,16 +23,17 @@ from kvsim.workload.scenario import make_scenario
 ROUTERS = ["round_robin", "least_outstanding", "least_kv", "affinity"]
 
 
-def world(replicas=None, router="round_robin", num_requests=2000, rate_per_replica=14.0, **engine):
+def world(replicas=None, router="round_robin", num_requests=2000, rate_per_replica=14.0, seed=11, latency=None,
+          output_len=None, **engine):
     raw = {
-        "name": "bursts", "model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 11,
+        "name": "bursts", "model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": seed,
         "engine": {"max_model_len": 1024, "num_gpu_blocks_override": 110, "enable_prefix_caching": True, **engine},
         "workload": {"num_requests": num_requests,
                      "arrival": {"process": "poisson", "rate": rate_per_replica * (replicas or 1)},
                      "prompt_len": {"dist": "lognormal", "mean": 200, "p99": 1000},  # a few % rejected
-                     "output_len": {"dist": "lognormal", "mean": 32, "p99": 200},
+                     "output_len": output_len or {"dist": "lognormal", "mean": 32, "p99": 200},
                      "multi_turn": {"turns": 3, "think_time_s": 0.5}},
-        "latency": {"model": "roofline"},
+        "latency": latency or {"model": "roofline"},
     }
     if replicas is not None:
         raw.update(replicas=replicas, router={"policy": router})
@@ -75,6 +76,20 @@ def test_fleet_bursts_equal_step_by_step_bit_for_bit(replicas, router, burst_cou
     s = step_by_step.summary
     assert s["num_rejected"] > 0 and s["num_preemptions"] > 0 and s["prefix_cache_hit_rate"] > 0
     assert burst_counts["bursts"] > 100 and burst_counts["cuts"] > 10
+
+
+@pytest.mark.parametrize("scheduler", ["v1", "v0"])
+def test_fleet_bursts_equal_step_by_step_when_steps_end_on_arrivals_and_evict_cached_blocks(scheduler, burst_counts):
+    # Dyadic step times (1/16 s) and conversations whose next turn comes 0.5 s after the last one ended
+    # put arrivals exactly on step ends (one timeout per step then); a 110-block pool makes decode steps
+    # evict free cached blocks whose hashes a running sequence is about to register: step by step the
+    # hash is registered (or not) before the eviction of a later step, so a burst must interleave its
+    # block takes and hash registrations in (step, position) order (it once took all blocks first).
+    spec = world(16, "affinity", num_requests=960, rate_per_replica=3.0, seed=2, scheduler=scheduler,
+                 latency={"model": "constant", "step_s": 0.0625},
+                 output_len={"dist": "lognormal", "mean": 40, "p99": 300})
+    assert_same(simulate_fleet(spec), simulate_fleet(spec, bursts=False), ("requests", "steps", "routes"))
+    assert burst_counts["bursts"] > 100
 
 
 @pytest.mark.slow

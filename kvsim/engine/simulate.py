@@ -1,15 +1,9 @@
-"""The simulation: the only module that knows about time (SimPy).
+"""Simulating one engine, or a lockstep data-parallel group, from a scenario.
 
-Two processes share one `simpy.Environment`:
-
-    arrivals:  for each request: wait until its arrival → scheduler.add → wake the engine
-    engine:    loop: if idle, wait on the wake event (no polling)
-                     plan = scheduler.schedule(now)
-                     yield timeout(latency.step_time(plan))
-                     scheduler.complete(plan, now)
-
-`simulate(scenario)` builds the allocator, scheduler, latency model and workload from a
-validated `Scenario` and returns a `RunResult` (DataFrames + summary). Same scenario and
+Both run through the one driver (`kvsim.engine.loop.run_engines`: one arrival process, one step
+loop; a fleet's replicas use it too, from `kvsim.fleet.driver`). `simulate(scenario)` builds the
+allocator, scheduler, latency model and workload from a validated `Scenario` and returns a
+`RunResult` (DataFrames + summary). Same scenario and
 seed → identical results: the only randomness is one `numpy.random.Generator(seed)`.
 """
 

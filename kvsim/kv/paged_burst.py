@@ -78,7 +78,7 @@ class PagedBursts:
         seqs = [self.seqs[s] for s in seq_ids]
         held_step, reservable_step = [0] * num_steps, [0] * num_steps
         events: list[tuple[int, int]] = []  # (step offset, position) of each block taken
-        filling: list[tuple[SeqBlocks, int]] = []  # sequences that may fill a block to hash, tokens before
+        filling: list[tuple[SeqBlocks, int, int]] = []  # may fill a block to hash: (seq, tokens before, position)
         reservable_delta = 0
         for pos, seq in enumerate(seqs):
             written, final = seq.num_tokens, seq.final_num_tokens
@@ -96,46 +96,71 @@ class PagedBursts:
             reservable_delta += reservable - seq.reservable
             seq.reservable = reservable
             if caching and total // bs > seq.num_hashed_blocks and seq.content is not None:
-                filling.append((seq, written))
+                filling.append((seq, written, pos))
         occupancy = self._occupancy(held_step, reservable_step, len(seqs))  # from the totals before the burst
         events.sort()
-        fresh = self.pool.get_new_blocks(len(events))
-        for (off, pos), block_id in zip(events, fresh, strict=True):
-            seqs[pos].block_table.append(block_id)
-            fill[block_id] = bs if num_steps - off >= bs else num_steps - off
-        self._num_mapped_blocks += len(fresh)
+        registrations = self._burst_registrations(filling) if filling else []
+        if registrations:  # takes and registrations interleaved as the steps do them (see _take_and_register)
+            self._take_and_register(seqs, events, registrations, num_steps)
+        else:
+            for (off, pos), block_id in zip(events, self.pool.get_new_blocks(len(events)), strict=True):
+                seqs[pos].block_table.append(block_id)
+                fill[block_id] = bs if num_steps - off >= bs else num_steps - off
+        self._num_mapped_blocks += len(events)
         num_written = len(seqs) * num_steps
         self.num_filled_slots += num_written
         self._sum_written += num_written
         self._sum_reservable += reservable_delta
-        if filling:
-            self._hash_burst_blocks(filling)
         return occupancy
 
-    def _hash_burst_blocks(self, filling: Sequence[tuple[SeqBlocks, int]]) -> None:
-        """Register the blocks a burst filled in the order step-by-step writes would have.
+    def _burst_registrations(self, filling: Sequence[tuple[SeqBlocks, int, int]]) -> list[tuple[int, int, int, int]]:
+        """The hashes a burst registers, as (step offset, batch position, block index, hash), in the order
+        step-by-step writes would register them.
 
-        `filling` lists (sequence, tokens written before the burst) in batch order. Block `i` of
-        a sequence that had written `w` tokens fills at step offset `(i + 1) · bs − w − 1`; ties
-        between sequences go to the earlier position.
+        `filling` lists (sequence, tokens written before the burst, batch position) in batch order. Block `i`
+        of a sequence that had written `w` tokens fills at step offset `(i + 1) · bs − w − 1`; ties between
+        sequences go to the earlier position.
         """
         bs = self.block_size
-        order: list[tuple[int, int, int]] = []
-        hashes: list[list[int]] = []
-        for pos, (seq, before) in enumerate(filling):
+        order: list[tuple[int, int, int, int]] = []
+        for seq, before, pos in filling:
             assert seq.content is not None
             num_full = min(seq.num_tokens, seq.content.num_tokens) // bs
             if num_full <= seq.num_hashed_blocks:
-                hashes.append([])
                 continue
-            hashes.append(seq.content.block_hashes(bs, num_full))
-            order.extend(((i + 1) * bs - before - 1, pos, i) for i in range(seq.num_hashed_blocks, num_full))
+            hashes = seq.content.block_hashes(bs, num_full)
+            order.extend(((i + 1) * bs - before - 1, pos, i, hashes[i]) for i in range(seq.num_hashed_blocks, num_full))
             seq.num_hashed_blocks = num_full
         order.sort()
-        cache = self.prefix_cache
+        return order
+
+    def _take_and_register(self, seqs: Sequence[SeqBlocks], takes: Sequence[tuple[int, int]],
+                           registrations: Sequence[tuple[int, int, int, int]], num_steps: int) -> None:
+        """Hand out the burst's new blocks (`takes`: step offset, position) and register its filled blocks'
+        hashes in one (step, position) order, a take before a registration in the same call.
+
+        The order matters: taking a block may evict a free cached block, and a hash registered while
+        another block still holds it is not registered (`HashChainCache.insert_keys`). Runs of takes
+        and of registrations each go to the pool in one call.
+        """
+        bs, fill, pool, cache = self.block_size, self.block_fill, self.pool, self.prefix_cache
         assert isinstance(cache, HashChainCache)  # blocks of several sequences in one order: by key
-        cache.insert_keys([filling[pos][0].block_table[index] for _, pos, index in order],
-                                   [hashes[pos][index] for _, pos, index in order])
+        merged = sorted([(off, pos, 0, 0, 0) for off, pos in takes] + [(off, pos, 1, i, h) for off, pos, i, h in
+                                                                      registrations])
+        start = 0
+        while start < len(merged):
+            kind = merged[start][2]
+            end = start
+            while end < len(merged) and merged[end][2] == kind:
+                end += 1
+            run = merged[start:end]
+            if kind == 0:
+                for (off, pos, *_), block_id in zip(run, pool.get_new_blocks(len(run)), strict=True):
+                    seqs[pos].block_table.append(block_id)
+                    fill[block_id] = bs if num_steps - off >= bs else num_steps - off
+            else:
+                cache.insert_keys([seqs[pos].block_table[i] for _, pos, _, i, _ in run], [h for *_, h in run])
+            start = end
 
     def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
                              num_tokens: int) -> bool:
