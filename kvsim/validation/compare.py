@@ -68,13 +68,64 @@ def resolve_model(run: MeasuredRun, model: str | None) -> str:
     return name
 
 
-def resolve_gpu(run: MeasuredRun, gpu: str | None) -> str:
+def resolve_gpu(run: MeasuredRun, gpu: str | None, recorded: dict[str, Any] | None = None) -> str:
+    """`--gpu`, else the GPU the run recorded (its device name matched to a preset), else its hardware label."""
     if gpu is not None:
         return gpu
+    name = (recorded or {}).get("gpu")
+    if name:
+        from kvsim.latency.profiles import gpu_matches
+        from kvsim.model.config import gpu_presets
+
+        matches = [p for p in gpu_presets() if gpu_matches(str(name), load_gpu(p))]
+        if len(matches) == 1:
+            return matches[0]
     if run.hardware in HARDWARE_GPUS:
         return HARDWARE_GPUS[run.hardware]
-    raise KvsimError(f"gpu: the run does not say which GPU it ran on (hardware={run.hardware!r}); "
-                     "pass --gpu with a preset or a GPU file")
+    raise KvsimError(f"gpu: the run does not say which GPU it ran on (hardware={run.hardware!r}"
+                     + (f", gpu={name!r} matches no single preset" if name else "")
+                     + "); pass --gpu with a preset or a GPU file")
+
+
+RECORDED_GPU_KEYS = ("gpu", "gpu_name", "device_name", "device")
+RECORDED_ENGINE_KEYS = ("tensor_parallel_size", "kv_cache_dtype", "block_size", "max_num_seqs",
+                        "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization")
+
+
+def recorded_settings(path: str | Path) -> dict[str, Any]:
+    """What a measured run recorded about its setup, beyond the engine arguments `load_measured` reads:
+    the GPU's name (`gpu`), the KV pool vLLM allocated (`num_gpu_blocks`) and, for a `vllm bench serve`
+    JSON, engine arguments saved as its metadata (`--metadata tensor_parallel_size=2 ...`).
+
+    Read from `vllm/meta.json` of a measured folder (top level, `engine_kwargs` or `cache_config`) or from
+    the top level of a bench result. Missing keys are simply absent; values are as recorded.
+    """
+    p = Path(path)
+    source = p / "vllm" / "meta.json" if p.is_dir() else p
+    if not source.is_file():
+        return {}
+    import json
+
+    try:
+        raw = json.loads(source.read_text())
+    except (OSError, ValueError):
+        return {}  # load_measured reports an unreadable file; nothing more is recorded
+    if not isinstance(raw, dict):
+        return {}
+    scopes = [raw, *(raw[k] for k in ("engine_kwargs", "cache_config", "metadata") if isinstance(raw.get(k), dict))]
+    out: dict[str, Any] = {}
+    for scope in scopes:
+        for key in RECORDED_GPU_KEYS:
+            if scope.get(key) and "gpu" not in out:
+                out["gpu"] = str(scope[key])
+        blocks = scope.get("num_gpu_blocks")
+        if isinstance(blocks, (int, float)) and not isinstance(blocks, bool) and blocks > 0:
+            out.setdefault("num_gpu_blocks", int(blocks))
+        if not p.is_dir():  # a bench result's engine arguments; a measured folder's come from load_measured
+            for key in RECORDED_ENGINE_KEYS:
+                if scope.get(key) not in (None, "") and key not in out:
+                    out[key] = scope[key]
+    return out
 
 
 def default_profile(run_dir: Path, run: MeasuredRun) -> Path | None:
@@ -91,8 +142,12 @@ def default_profile(run_dir: Path, run: MeasuredRun) -> Path | None:
 
 
 def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, latency: str = "roofline",
-                   profile: str | Path | None = None, overrides: list[str] | None = None) -> Scenario:
-    """The run as a kvsim scenario whose workload is `trace_path` (written by `write_trace`)."""
+                   profile: str | Path | None = None, overrides: list[str] | None = None,
+                   recorded: dict[str, Any] | None = None, cluster_link: bool = True) -> Scenario:
+    """The run as a kvsim scenario whose workload is `trace_path` (written by `write_trace`); a KV pool
+    size the run `recorded` (`num_gpu_blocks`) becomes `num_gpu_blocks_override`, and a bench result's
+    recorded engine arguments fill what its file lacks. With `cluster_link` False the GPU preset's own
+    link is used even where the run's cluster config describes another."""
     if latency not in LATENCY_MODELS:
         raise KvsimError(f"--latency={latency!r}: expected one of {', '.join(LATENCY_MODELS)}")
     if latency == "calibrated" and profile is None:
@@ -104,13 +159,13 @@ def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, 
         "name": f"validate-{run.name}-{latency}",
         "description": f"replay of the measured run {run.name} ({run.source}, {run.model_id})",
         "model": model, "gpu": gpu,
-        "engine": {"enable_prefix_caching": True, **run.engine},
+        "engine": {"enable_prefix_caching": True, **_recorded_engine(recorded or {}), **run.engine},
         "workload": {"num_requests": len(run.records), "arrival": {"process": "trace"},
                      "trace": {"format": "sharegpt_tokens", "path": trace_path.name}},
         "latency": latency_cfg,
         "seed": 0,
     }
-    if run.link is not None and (int(run.engine.get("tensor_parallel_size", 1)) > 1
+    if cluster_link and run.link is not None and (int(run.engine.get("tensor_parallel_size", 1)) > 1
                                  or int(run.engine.get("data_parallel_size", 1)) > 1):
         # the cluster's own GPU link, not the GPU's datasheet: the measured TP run's all-reduces
         # crossed it. LLMServingSim's figures are effective ones (efficiency 1) and its per-hop
@@ -119,6 +174,13 @@ def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, 
                            "collective_latency_s": 0.0,
                            "source": "the measured cluster's link, from LLMServingSim's config.json"}
     return make_scenario(apply_overrides(raw, overrides or []), trace_path.parent)
+
+
+def _recorded_engine(recorded: dict[str, Any]) -> dict[str, Any]:
+    engine = {k: recorded[k] for k in RECORDED_ENGINE_KEYS if k in recorded}
+    if "num_gpu_blocks" in recorded:
+        engine["num_gpu_blocks_override"] = recorded["num_gpu_blocks"]
+    return engine
 
 
 # -- comparison ------------------------------------------------------------------------------
@@ -205,14 +267,59 @@ def series_stats(run: MeasuredRun, steps: pd.DataFrame) -> dict[str, dict[str, f
     return out
 
 
+PHASE_METRICS = ("prompt tokens/s while prefilling", "generation tokens/s per running request")
+
+
+def measured_phase_rates(path: str | Path) -> dict[str, float | None]:
+    """Prefill and decode speed separately, from vLLM's per-second series (`vllm/timeseries.csv`:
+    `prompt_throughput`, `gen_throughput`, `running`): the mean prompt tokens/s over the seconds that
+    prefilled anything, and generated tokens per second per running request (Σ gen / Σ running). A
+    model that prices prefill slow and decode fast shows both here even when its latency means agree."""
+    series = Path(path) / "vllm" / "timeseries.csv"
+    if not series.is_file():
+        return {}
+    import csv
+
+    try:
+        with series.open(newline="") as f:
+            rows = [(float(r["prompt_throughput"]), float(r["gen_throughput"]), float(r["running"]))
+                    for r in csv.DictReader(f)]
+    except (OSError, KeyError, ValueError, TypeError):
+        return {}  # an older series without the throughput columns: no per-phase comparison
+    prompt = [p for p, _, _ in rows if p > 0]
+    running = sum(r for _, _, r in rows)
+    return {PHASE_METRICS[0]: sum(prompt) / len(prompt) if prompt else None,
+            PHASE_METRICS[1]: sum(g for _, g, _ in rows) / running if running else None}
+
+
+def simulated_phase_rates(steps: pd.DataFrame) -> dict[str, float | None]:
+    """`measured_phase_rates` of kvsim's steps, binned into the same 1-second ticks from the first step:
+    prompt tokens are `num_prefill_tokens`, generated tokens `num_decode_seqs` (one each), running is
+    sampled at each tick (all data-parallel engines together)."""
+    if not len(steps):
+        return dict.fromkeys(PHASE_METRICS)
+    end = (steps["time_s"] + steps["duration_s"]).to_numpy()
+    ticks = np.floor(end).astype(int)
+    num_ticks = int(ticks.max()) + 1
+    prompt = np.bincount(ticks, weights=steps["num_prefill_tokens"].to_numpy(dtype=float), minlength=num_ticks)
+    decode = np.bincount(ticks, weights=steps["num_decode_seqs"].to_numpy(dtype=float), minlength=num_ticks)
+    if "dp_rank" in steps:
+        steps = steps.groupby("time_s", as_index=False).agg({"duration_s": "max", "vllm:num_requests_running": "sum"})
+    running = sample_steps(steps, "vllm:num_requests_running", np.arange(1, num_ticks + 1, dtype=float))
+    busy = prompt[prompt > 0]
+    return {PHASE_METRICS[0]: float(busy.mean()) if busy.size else None,
+            PHASE_METRICS[1]: float(decode.sum() / running.sum()) if running.sum() else None}
+
+
 def _error_pct(value: float | None, reference: float | None) -> float | None:
     if value is None or reference is None or reference == 0 or math.isnan(value) or math.isnan(reference):
         return None
     return (value - reference) / reference * 100.0
 
 
-def compare(run: MeasuredRun, result: RunResult) -> list[dict[str, Any]]:
-    """One row per metric: measured, kvsim, error %, and LLMServingSim with its error % if present."""
+def compare(run: MeasuredRun, result: RunResult, phases: dict[str, float | None] | None = None) -> list[dict[str, Any]]:
+    """One row per metric: measured, kvsim, error %, and LLMServingSim with its error % if present;
+    with the measured `phases` (`measured_phase_rates`), prefill and decode speed rows as well."""
     measured = request_stats(run.requests)
     simulated = request_stats(result.requests)
     peer = request_stats(run.peer) if run.peer is not None else {}
@@ -220,6 +327,9 @@ def compare(run: MeasuredRun, result: RunResult) -> list[dict[str, Any]]:
     measured.update(gauges["measured"])
     simulated.update(gauges["kvsim"])
     peer.update(gauges["llmservingsim"])
+    if phases:
+        measured.update(phases)
+        simulated.update(simulated_phase_rates(result.steps))
     rows = []
     for metric, value in measured.items():
         row: dict[str, Any] = {"metric": metric, "measured": value, "kvsim": simulated.get(metric),
@@ -235,22 +345,32 @@ def compare(run: MeasuredRun, result: RunResult) -> list[dict[str, Any]]:
 
 def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path | None = None,
              model: str | None = None, gpu: str | None = None, overrides: list[str] | None = None,
-             trace_dir: Path | None = None) -> Validation:
+             trace_dir: Path | None = None, measured_path: str | Path | None = None,
+             cluster_link: bool = True) -> Validation:
     """Replay `run` in kvsim and compare. The replayed workload is written to `trace_dir`
-    (a temporary folder if None) as `workload.jsonl`, beside which the scenario resolves it."""
+    (a temporary folder if None) as `workload.jsonl`, beside which the scenario resolves it.
+    `measured_path` (the folder or bench JSON `run` was loaded from) adds what the run recorded
+    (`recorded_settings`: GPU, KV pool, a bench result's engine arguments) and, for a folder, the
+    per-phase speed rows (`measured_phase_rates`); `cluster_link` as in `build_scenario`."""
     from kvsim.engine.simulate import simulate
 
+    recorded = recorded_settings(measured_path) if measured_path is not None else {}
     model_name = resolve_model(run, model)
-    gpu_name = resolve_gpu(run, gpu)
+    gpu_name = resolve_gpu(run, gpu, recorded)
     load_model(model_name), load_gpu(gpu_name)  # fail early, with the field named
     with tempfile.TemporaryDirectory(prefix="kvsim-validate-") as tmp:
         folder = trace_dir or Path(tmp)
         trace_path = folder / TRACE_FILE
         write_sharegpt_tokens(run.records, trace_path)
         scenario = build_scenario(run, trace_path, model=model_name, gpu=gpu_name, latency=latency,
-                                  profile=profile, overrides=overrides)
+                                  profile=profile, overrides=overrides, recorded=recorded,
+                                  cluster_link=cluster_link)
         result = simulate(scenario)
     notes = list(run.notes)
+    if recorded:
+        taken = ", ".join(f"{k}={v}" for k, v in recorded.items() if k != "gpu" or gpu is None)
+        notes.append(f"from what the run recorded: {taken}" + (f" (gpu preset {gpu_name})" if gpu is None and
+                                                                 "gpu" in recorded else ""))
     rejected = result.summary.get("num_rejected", 0)
     if rejected:
         notes.append(f"kvsim rejected {rejected} of the replayed requests ({result.summary['reject_reasons']})")
@@ -261,7 +381,9 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
         notes.append(f"tensor-parallel all-reduces cross the cluster's link as its config.json describes it "
                      f"({link.bandwidth_bytes_per_s / 1e9:g} GB/s, {link.latency_s * 1e6:g} us per hop), "
                      "not the GPU preset's datasheet link")
-    return Validation(run=run, scenario=scenario, result=result, rows=compare(run, result), notes=notes)
+    phases = measured_phase_rates(measured_path) if measured_path is not None and Path(measured_path).is_dir() \
+        else {}
+    return Validation(run=run, scenario=scenario, result=result, rows=compare(run, result, phases), notes=notes)
 
 
 # -- output ------------------------------------------------------------------------------------
