@@ -10,11 +10,11 @@ from kvsim.validation.compare import (
     PHASE_METRICS,
     build_scenario,
     measured_phase_rates,
-    recorded_settings,
     resolve_gpu,
     simulated_phase_rates,
 )
 from kvsim.validation.measured import MeasuredRun
+from kvsim.validation.recorded import recorded_settings
 from kvsim.workload.traces import TraceRecord
 
 

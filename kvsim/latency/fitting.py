@@ -13,15 +13,15 @@ predict each sample from the GPU's datasheet and a candidate `Efficiency`:
 over the samples given (coordinate descent, each coordinate by golden-section search in a
 physical range; deterministic). `fit_attention` reads a bundle's attention grid (decode alone,
 prefill alone, and decodes joining a prefill chunk) for the decode, mixed-decode and prefill
-fractions. `errors` reports a prediction's per-op errors; `leave_one_gpu_out` fits on every GPU
-but one and predicts that one. Nothing here reads files: the caller imports the profiles
-(`benchmarks/fit_efficiency.py` does, from ../shared/validation/profiles).
+fractions, `fit_grouped_gemm` a bundle's MoE grid for the fused-MoE kernel's speed. `errors` reports
+a prediction's per-op errors (the leave-one-GPU-out loop is the script's). Nothing here reads files:
+the caller imports the profiles (`benchmarks/fit_efficiency.py` does, from ../shared/validation/profiles).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
@@ -48,7 +48,6 @@ class LayerShape:
     head_dim: int
     intermediate_size: int
     gated_mlp: bool = True
-    qk_norm: bool = False
     dtype_bytes: int = 2
 
     def gemm_params(self, op: str, tp: int) -> float:
@@ -125,7 +124,7 @@ def predict(samples: Sequence[OpSample], gpus: dict[str, GPUSpec], effs: dict[st
     out = np.zeros(len(samples))
     for gpu in {s.gpu for s in samples}:
         idx = np.array([i for i, s in enumerate(samples) if s.gpu == gpu])
-        out[idx] = _predict_one(samples, idx, gpus[gpu], effs[gpu])
+        out[idx] = _predict_columns(_columns(samples, idx), gpus[gpu], effs[gpu])
     return out
 
 
@@ -136,11 +135,6 @@ def _columns(samples: Sequence[OpSample], idx: np.ndarray) -> dict[str, np.ndarr
             "kernels": np.array([s.num_kernels for s in pick], dtype=float),
             "d": np.array([s.dtype_bytes for s in pick], dtype=float),
             "gemm": np.array([s.op_class == "gemm" for s in pick])}
-
-
-def _predict_one(samples: Sequence[OpSample], idx: np.ndarray, gpu: GPUSpec, eff: Efficiency) -> np.ndarray:
-    c = _columns(samples, idx)
-    return _predict_columns(c, gpu, eff)
 
 
 def _predict_columns(c: dict[str, np.ndarray], gpu: GPUSpec, eff: Efficiency) -> np.ndarray:
@@ -216,10 +210,13 @@ def fit_gemm(samples: Sequence[OpSample], gpus: dict[str, GPUSpec], start: Effic
     return replace(eff, gemm_flops=eff.gemm_flops_by_regime[-1])
 
 
-def fit_token_ops(samples: Sequence[OpSample], gpus: dict[str, GPUSpec], start: Efficiency) -> Efficiency:
-    """The small-kernel floor t0 and the bandwidth fraction ηt of the non-GEMM ops."""
+def fit_token_ops(samples: Sequence[OpSample], gpus: dict[str, GPUSpec], start: Efficiency,
+                  max_bandwidth: float = 1.0) -> Efficiency:
+    """The small-kernel floor t0 and the bandwidth fraction ηt of the non-GEMM ops. ηt may exceed 1 only
+    up to `max_bandwidth`: a GPU whose L2 holds the activations between ops beats its DRAM rate (a fit
+    on that GPU's own profiles may say so; a default for other GPUs should not assume it)."""
     ops = [s for s in samples if s.op_class == TOKEN_OP_CLASS]
-    return _fit(ops, gpus, start, {"kernel_floor_s": (0.5e-6, 15e-6), "token_op_bandwidth": (0.1, 1.0)})
+    return _fit(ops, gpus, start, {"kernel_floor_s": (0.5e-6, 15e-6), "token_op_bandwidth": (0.1, max_bandwidth)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,19 +307,7 @@ def errors(samples: Sequence[OpSample], predicted: np.ndarray) -> dict[str, dict
     return out
 
 
-def fit_op_fractions(samples: Sequence[OpSample], gpus: dict[str, GPUSpec], start: Efficiency) -> Efficiency:
-    """GEMM and token-op fractions fitted jointly over `samples` (all their GPUs pooled)."""
-    return fit_token_ops(samples, gpus, fit_gemm(samples, gpus, start))
-
-
-def leave_one_gpu_out(samples: Sequence[OpSample], gpus: dict[str, GPUSpec], start: Efficiency,
-                      training: Callable[[str], Iterable[str]]) -> dict[str, dict[str, object]]:
-    """For each GPU: fit on the GPUs `training(gpu)` names (never the GPU itself), predict its samples."""
-    out: dict[str, dict[str, object]] = {}
-    for gpu in sorted({s.gpu for s in samples}):
-        train = sorted(set(training(gpu)) - {gpu})
-        eff = fit_op_fractions([s for s in samples if s.gpu in train], gpus, start)
-        mine = [s for s in samples if s.gpu == gpu]
-        out[gpu] = {"trained_on": train, "errors": errors(mine, predict(mine, gpus, {gpu: eff})),
-                    "fitted": eff}
-    return out
+def fit_op_fractions(samples: Sequence[OpSample], gpus: dict[str, GPUSpec], start: Efficiency,
+                     max_token_op_bandwidth: float = 1.0) -> Efficiency:
+    """GEMM and token-op fractions fitted over `samples` (all their GPUs pooled)."""
+    return fit_token_ops(samples, gpus, fit_gemm(samples, gpus, start), max_token_op_bandwidth)

@@ -34,7 +34,7 @@ source: Vidur's mlp.csv on H100, A100 and A40 (TP 1-8) and LLMServingSim's RTX P
     ηb, tg     weight-read fraction and fixed cost per GEMM kernel (H100 about 0.9 and 7 us: the fixed
                cost is what makes small TP-8 shards slow)
     ηt, t0     non-GEMM ops: bandwidth fraction and per-kernel floor (the RTX PRO 6000's 128 MB L2 lets
-               them beat its DRAM rate: ηt hits its bound 1 there)
+               them beat its DRAM rate: its own fit finds ηt about 1.7; defaults stay at most 1)
     ηa         paged decode alone: KV read at about 0.88 of datasheet in the bundles (batch >= 32,
                context >= 1k)
     ηm         decodes joining a prefill chunk run in the varlen kernel, whose extra time in the bundles
@@ -88,7 +88,8 @@ class Efficiency:
 
     `gemm_flops_by_regime`, when given, is the GEMMs' FLOP/s fraction at each of
     `GEMM_REGIME_TOKENS` (linear in log tokens between them, constant outside): skinny GEMMs
-    fill few tiles and waves; empty means `gemm_flops` at every size.
+    fill few tiles and waves; empty means `gemm_flops` at every size. The defaults are round
+    figures of the RTX PRO 6000 fit; the roofline takes a GPU's from `efficiency_for`.
     """
 
     gemm_flops: float = 0.82
@@ -97,9 +98,9 @@ class Efficiency:
     gemm_floor_s: float = 0.0
     token_op_bandwidth: float = 1.0
     grouped_gemm_fraction: float = 1.0
-    decode_bandwidth: float = 0.85
-    mixed_decode_bandwidth: float = 0.35
-    prefill_flops: float = 0.45
+    decode_bandwidth: float = 0.88
+    mixed_decode_bandwidth: float = 1.48  # of the KV bytes read once per query head (see ηm)
+    prefill_flops: float = 0.41
     kernel_floor_s: float = 2.5e-6
     decode_per_seq_s: float = 0.1e-6
     sample_per_seq_s: float = 0.5e-6

@@ -24,6 +24,7 @@ import numpy as np
 from kvsim.model.config import load_gpu, load_model, model_presets
 from kvsim.model.errors import KvsimError
 from kvsim.validation.measured import MeasuredRun
+from kvsim.validation.recorded import recorded_engine, recorded_settings
 from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
 from kvsim.workload.traces import write_sharegpt_tokens
 
@@ -87,47 +88,6 @@ def resolve_gpu(run: MeasuredRun, gpu: str | None, recorded: dict[str, Any] | No
                      + "); pass --gpu with a preset or a GPU file")
 
 
-RECORDED_GPU_KEYS = ("gpu", "gpu_name", "device_name", "device")
-RECORDED_ENGINE_KEYS = ("tensor_parallel_size", "kv_cache_dtype", "block_size", "max_num_seqs",
-                        "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization")
-
-
-def recorded_settings(path: str | Path) -> dict[str, Any]:
-    """What a measured run recorded about its setup, beyond the engine arguments `load_measured` reads:
-    the GPU's name (`gpu`), the KV pool vLLM allocated (`num_gpu_blocks`) and, for a `vllm bench serve`
-    JSON, engine arguments saved as its metadata (`--metadata tensor_parallel_size=2 ...`).
-
-    Read from `vllm/meta.json` of a measured folder (top level, `engine_kwargs` or `cache_config`) or from
-    the top level of a bench result. Missing keys are simply absent; values are as recorded.
-    """
-    p = Path(path)
-    source = p / "vllm" / "meta.json" if p.is_dir() else p
-    if not source.is_file():
-        return {}
-    import json
-
-    try:
-        raw = json.loads(source.read_text())
-    except (OSError, ValueError):
-        return {}  # load_measured reports an unreadable file; nothing more is recorded
-    if not isinstance(raw, dict):
-        return {}
-    scopes = [raw, *(raw[k] for k in ("engine_kwargs", "cache_config", "metadata") if isinstance(raw.get(k), dict))]
-    out: dict[str, Any] = {}
-    for scope in scopes:
-        for key in RECORDED_GPU_KEYS:
-            if scope.get(key) and "gpu" not in out:
-                out["gpu"] = str(scope[key])
-        blocks = scope.get("num_gpu_blocks")
-        if isinstance(blocks, (int, float)) and not isinstance(blocks, bool) and blocks > 0:
-            out.setdefault("num_gpu_blocks", int(blocks))
-        if not p.is_dir():  # a bench result's engine arguments; a measured folder's come from load_measured
-            for key in RECORDED_ENGINE_KEYS:
-                if scope.get(key) not in (None, "") and key not in out:
-                    out[key] = scope[key]
-    return out
-
-
 def default_profile(run_dir: Path, run: MeasuredRun) -> Path | None:
     """The measured profile bundle for the run's GPU and model in a `profiles/` folder above it
     (`profiles/<hardware>/<org>/<model>/bf16/`), if there is one."""
@@ -159,7 +119,7 @@ def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, 
         "name": f"validate-{run.name}-{latency}",
         "description": f"replay of the measured run {run.name} ({run.source}, {run.model_id})",
         "model": model, "gpu": gpu,
-        "engine": {"enable_prefix_caching": True, **_recorded_engine(recorded or {}), **run.engine},
+        "engine": {"enable_prefix_caching": True, **recorded_engine(recorded or {}), **run.engine},
         "workload": {"num_requests": len(run.records), "arrival": {"process": "trace"},
                      "trace": {"format": "sharegpt_tokens", "path": trace_path.name}},
         "latency": latency_cfg,
@@ -174,13 +134,6 @@ def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, 
                            "collective_latency_s": 0.0,
                            "source": "the measured cluster's link, from LLMServingSim's config.json"}
     return make_scenario(apply_overrides(raw, overrides or []), trace_path.parent)
-
-
-def _recorded_engine(recorded: dict[str, Any]) -> dict[str, Any]:
-    engine = {k: recorded[k] for k in RECORDED_ENGINE_KEYS if k in recorded}
-    if "num_gpu_blocks" in recorded:
-        engine["num_gpu_blocks_override"] = recorded["num_gpu_blocks"]
-    return engine
 
 
 # -- comparison ------------------------------------------------------------------------------
