@@ -28,9 +28,9 @@ profiles, never on the measured serving runs kvsim is validated on, by `benchmar
 source: Vidur's mlp.csv on H100, A100 and A40 (TP 1-8) and LLMServingSim's RTX PRO 6000 bundles
 (vLLM 0.19 kernels). A preset with profiles gets its own fit; any other GPU the default of its
 `memory_type`, fitted on the profiled GPUs of that type, with its leave-one-GPU-out error.
-    ηf(T)      GEMM FLOP/s fraction by size regime (16 ... 4096 tokens, linear in log T): skinny GEMMs
-               fill few tiles (H100: about 0.2 at 16 tokens, 0.72 at 4096; public: 72-80 % for large
-               linear layers on A100/H100)
+    ηf(T)      GEMM FLOP/s fraction by size regime (16 ... 4096 tokens, linear in log T, never falling
+               with T): skinny GEMMs fill few tiles (H100: 0.65 up to 1024 tokens, 0.75 at 4096; the GDDR
+               default 0.28 at 16 tokens to 0.76; public: 72-80 % for large linear layers on A100/H100)
     ηb, tg     weight-read fraction and fixed cost per GEMM kernel (H100 about 0.9 and 7 us: the fixed
                cost is what makes small TP-8 shards slow)
     ηt, t0     non-GEMM ops: bandwidth fraction and per-kernel floor (the RTX PRO 6000's 128 MB L2 lets
