@@ -18,12 +18,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from kvsim.model.config import load_gpu
 from kvsim.model.errors import KvsimError
 from kvsim.results.render import rows_to_markdown
 from kvsim.validation.compare import (
+    HARDWARE_GPUS,
     PHASE_METRICS,
     default_profile,
     measured_phase_rates,
@@ -43,6 +50,27 @@ START, END = "<!-- accuracy:start -->", "<!-- accuracy:end -->"
 LOGO_START, LOGO_END = "<!-- logo:start -->", "<!-- logo:end -->"
 EFFICIENCY = REPO / "kvsim" / "model" / "presets" / "efficiency.yaml"
 LOGO_CLASSES = (("gemm", "GEMMs"), ("token_op", "norms, rotary, activation, adds (per layer)"))
+
+
+@contextmanager
+def _gpu_file(raw: dict[str, Any]) -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="kvsim-logo-") as tmp:
+        path = Path(tmp) / f"{raw['name']}.yaml"
+        path.write_text(yaml.safe_dump({k: v for k, v in raw.items() if k != "name"}))
+        yield str(path)
+
+
+def logo_gpu_file(run: MeasuredRun) -> Any:
+    """A GPU file of the run's preset whose `efficiency` is its leave-one-GPU-out fit (a context manager
+    giving the file's path), or None when the run's GPU has no held-out fit."""
+    preset = HARDWARE_GPUS.get(run.hardware or "")
+    logo = leave_one_gpu_out()
+    if preset is None or preset not in logo:
+        return None
+    raw = load_gpu(preset).model_dump(mode="json")
+    raw["name"] = f"{preset}-held-out"
+    raw["efficiency"] = {k: v for k, v in logo[preset]["fitted"].items() if k != "source"}
+    return _gpu_file(raw)
 
 
 def leave_one_gpu_out() -> dict[str, Any]:
@@ -90,6 +118,14 @@ def case_accuracy(run_dir: Path, figures: bool = False) -> dict[str, Any]:
         entry["predictions"][f"kvsim_{latency}"]["table"] = v.rows  # every metric, with LLMServingSim's
         if latency == "calibrated" and figures:
             save_figures(v, DOCS, prefix=f"accuracy_{run.name}_")
+    held_out = logo_gpu_file(run)
+    if held_out is not None:  # the roofline with fractions fitted on the other GPUs of this memory type
+        with held_out as gpu_file:
+            v = validate(run, latency="roofline", gpu=gpu_file, measured_path=run_dir)
+        entry["predictions"]["kvsim_roofline_held_out"] = {
+            **_with_errors({r["metric"]: r["kvsim"] for r in v.rows}, measured),
+            "latency_model": v.result.summary["latency_model"],
+            "fractions_fitted_on": leave_one_gpu_out()[HARDWARE_GPUS[run.hardware or ""]]["trained_on"]}
     if run.link is not None and int(run.engine.get("tensor_parallel_size", 1)) > 1:
         # the same replay over the GPU preset's own link instead of the peer's fitted cluster link
         for latency in ("roofline", "calibrated"):
@@ -134,6 +170,7 @@ def markdown_table(entries: list[dict[str, Any]]) -> str:
         rows.append({"case": f"{e['case']} ({e['parallelism']})", "predictor": "measured (vLLM 0.19)",
                      **{m: _cell(e["measured"][m]) for m in TABLE_METRICS}})
         for key, label in (("kvsim_roofline", "kvsim roofline"), ("kvsim_calibrated", "kvsim calibrated"),
+                           ("kvsim_roofline_held_out", "kvsim roofline, fractions fitted on other GPUs"),
                            ("kvsim_roofline_preset_link", "kvsim roofline, GPU preset's link"),
                            ("kvsim_calibrated_preset_link", "kvsim calibrated, GPU preset's link"),
                            ("llmservingsim", "LLMServingSim")):

@@ -36,6 +36,22 @@ def test_profiled_presets_use_their_own_fit_and_others_their_memory_types_defaul
     assert all("expected_error_pct" in d for d in STORED["defaults"].values())
 
 
+def test_a_gpu_file_can_override_fractions_and_bad_names_are_refused(tmp_path):
+    from kvsim.model.errors import KvsimError
+
+    path = tmp_path / "mygpu.yaml"
+    raw = load_gpu("l40s").model_dump(mode="json")
+    raw.pop("name")
+    path.write_text(yaml.safe_dump({**raw, "efficiency": {"gemm_bandwidth": 0.5}}))
+    eff = efficiency_for(load_gpu(str(path)))
+    assert eff.gemm_bandwidth == 0.5  # given
+    assert eff.gemm_floor_s == STORED["defaults"]["gddr"]["gemm_floor_s"]  # the rest: its memory type's default
+    typo = tmp_path / "typo.yaml"  # (load_gpu caches by path)
+    typo.write_text(yaml.safe_dump({**raw, "efficiency": {"gemm_bandwith": 0.5}}))
+    with pytest.raises(KvsimError, match="efficiency.gemm_bandwith"):
+        efficiency_for(load_gpu(str(typo)))
+
+
 def test_regime_interpolation_is_the_same_in_the_roofline_and_the_fit():
     eff = _eff(STORED["defaults"]["hbm"])
     tokens = np.array([1, 16, 17, 40, 64, 100, 256, 700, 1024, 3000, 4096, 9000], dtype=float)

@@ -70,6 +70,7 @@ import yaml
 
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.collectives import allreduce_s
+from kvsim.model.errors import KvsimError
 from kvsim.model.moe_cost import MoECost
 from kvsim.model.weights import attention_params_per_layer
 
@@ -164,12 +165,20 @@ def _fitted() -> dict[str, Any]:
 
 def efficiency_for(gpu: GPUSpec) -> Efficiency:
     """The fractions fitted on `gpu`'s own public profiles when the preset has them, else the default
-    for its memory type (HBM or GDDR), fitted on the profiled GPUs of that type (sources in the file)."""
+    for its memory type (HBM or GDDR), fitted on the profiled GPUs of that type (sources in the file);
+    a GPU file's own `efficiency` mapping overrides any of them."""
     raw = _fitted()
-    entry = raw["gpus"].get(gpu.name) or raw["defaults"][gpu.memory_type]
+    entry = {**(raw["gpus"].get(gpu.name) or raw["defaults"][gpu.memory_type]), **(gpu.efficiency or {})}
+    unknown = sorted(set(gpu.efficiency or {}) - set(Efficiency.__slots__))
+    if unknown:
+        raise KvsimError(f"gpu {gpu.name}: efficiency.{unknown[0]} is not a roofline fraction "
+                         f"(expected one of {', '.join(Efficiency.__slots__)})")
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()
                               if k in Efficiency.__slots__}
-    return Efficiency(**fields)
+    try:
+        return Efficiency(**fields)
+    except TypeError as error:
+        raise KvsimError(f"gpu {gpu.name}: efficiency: {error}") from None
 
 
 class RooflineLatency:

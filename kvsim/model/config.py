@@ -230,7 +230,8 @@ class GPUSpec(BaseModel):
 
     A GPU file without `link` is taken to talk to its peers over PCIe at the host link's
     bandwidth (`host_link_bandwidth_bytes_per_s`), with NCCL's PCIe step latency. `memory_type`
-    picks the roofline's default achievable fractions for a GPU without fitted ones
+    picks the roofline's default achievable fractions for a GPU without fitted ones, and
+    `efficiency` (fields of `kvsim.latency.roofline.Efficiency`) overrides any of them
     (`kvsim.latency.roofline.efficiency_for`).
     """
 
@@ -244,6 +245,7 @@ class GPUSpec(BaseModel):
     host_link_bandwidth_bytes_per_s: float = Field(gt=0)
     link: GPULink | None = None
     memory_type: Literal["hbm", "gddr"] = "hbm"
+    efficiency: dict[str, Any] | None = None
     source: str = "user-defined"
 
     @property
