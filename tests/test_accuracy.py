@@ -20,6 +20,7 @@ CASES = VALIDATION_SET / "measured" / "RTXPRO6000"  # shipped in the repository
 DENSE = ("Llama-3.1-8B", "Qwen3-32B")
 MEANS = ("TTFT mean (s)", "TPOT mean (s)", "E2E mean (s)")
 TOLERANCE_PCT = {"calibrated": 5.0, "roofline": 15.0}
+pytestmark = pytest.mark.skipif(not CASES.is_dir(), reason=f"needs the measured runs in {CASES}")
 
 # (case, latency, metric or "peer <metric>") -> why it is not met yet (current error)
 NOT_YET_MET: dict[tuple[str, str, str], str] = {}
@@ -28,7 +29,7 @@ NOT_YET_MET: dict[tuple[str, str, str], str] = {}
 @cache
 def replay(case: str, latency: str) -> Validation:
     run = load_measured(CASES / case)
-    return validate(run, latency=latency, profile=default_profile(CASES / case, run))
+    return validate(run, latency=latency, profile=default_profile(CASES / case, run), measured_path=CASES / case)
 
 
 def _params(checks: list[str], latencies: tuple[str, ...]) -> list:
@@ -54,8 +55,43 @@ def test_calibrated_no_worse_than_llmservingsim(case, latency, check):
     assert abs(row["kvsim_error_pct"]) <= abs(row["llmservingsim_error_pct"]), row
 
 
+# Issue 21's targets: roofline within 5 %, calibrated within 2 % on the dense cases; MoE roofline within 15 %.
+TARGET_PCT = {"roofline": 5.0, "calibrated": 2.0}
+MOE = "Qwen3-30B-A3B-Instruct-2507"
+MOE_ROOFLINE_PCT = 15.0
+TARGET_NOT_MET: dict[tuple[str, str, str], str] = {
+    ("Llama-3.1-8B", "calibrated", "TTFT mean (s)"): "-3.8 %: the calibrated path's prefill is 7.6 % fast at "
+                                                    "the measured prompt rate",
+}
+
+
+def _target_params() -> list:
+    params = []
+    for case in DENSE:
+        for latency in TARGET_PCT:
+            for metric in MEANS:
+                reason = TARGET_NOT_MET.get((case, latency, metric))
+                marks = [pytest.mark.xfail(reason=f"target not met yet: {reason}", strict=True)] if reason else []
+                params.append(pytest.param(case, latency, metric, marks=marks, id=f"{case}-{latency}-{metric}"))
+    return params
+
+
+@pytest.mark.parametrize(("case", "latency", "metric"), _target_params())
+def test_dense_cases_meet_the_fidelity_targets(case, latency, metric):
+    row = replay(case, latency).row(metric)
+    assert abs(row["kvsim_error_pct"]) <= TARGET_PCT[latency], row
+
+
+@pytest.mark.parametrize("metric", MEANS)
+def test_moe_roofline_within_15_percent(metric):
+    """The MoE case with the roofline alone (no moe.csv): expert GEMMs priced per tokens-per-expert regime
+    at the fused-MoE kernel's fitted speed."""
+    row = replay(MOE, "roofline").row(metric)
+    assert abs(row["kvsim_error_pct"]) <= MOE_ROOFLINE_PCT, row
+
+
 def test_replay_is_deterministic():
-    again = validate(load_measured(CASES / "Llama-3.1-8B"), latency="roofline")
+    again = validate(load_measured(CASES / "Llama-3.1-8B"), latency="roofline", measured_path=CASES / "Llama-3.1-8B")
     assert again.rows == replay("Llama-3.1-8B", "roofline").rows
 
 

@@ -44,9 +44,9 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def test_all_three_trace_files_hold_the_same_requests(bench, tmp_path):
-    bench_vidur, vidur_sides = bench.bench_vidur, bench.sides
+    vidur_sides = bench.sides
     # the benchmark reads ../shared's Azure conversation trace; kvsim ships an unchanged copy of it
-    trace = bench_vidur.TRACE if bench_vidur.TRACE.exists() else KVSIM / "workload" / "data" / "azure_conv.csv"
+    trace = KVSIM / "workload" / "data" / "azure_conv.csv"
     with trace.open(newline="") as f:
         raw = [row for _, row in zip(range(400), csv.DictReader(f), strict=False)]
     scenario = dataclasses.replace(vidur_sides.scenarios(400)["azure_conv"], rate_scale=0.5, trace=trace)
@@ -72,13 +72,12 @@ def test_all_three_trace_files_hold_the_same_requests(bench, tmp_path):
     assert float(package_rows[-1]["Time"]) == pytest.approx(span, abs=1e-5)
 
 
-def test_mooncake_prompts_are_clipped_with_their_hash_ids(bench, tmp_path):
+def test_mooncake_prompts_are_clipped_with_their_hash_ids(bench, tmp_path, traces):
     vidur_sides = bench.sides
-    if not vidur_sides.MOONCAKE_TRACE.exists():
-        pytest.skip("../shared/traces is not beside the checkout")
-    with vidur_sides.MOONCAKE_TRACE.open() as f:
+    trace = traces / vidur_sides.MOONCAKE_TRACE.relative_to(vidur_sides.TRACES)
+    with trace.open() as f:
         raw = [json.loads(line) for _, line in zip(range(300), f, strict=False)]
-    scenario = vidur_sides.scenarios(300)["mooncake_preempt_cache"]
+    scenario = dataclasses.replace(vidur_sides.scenarios(300)["mooncake_preempt_cache"], trace=trace)
     files = vidur_sides.convert_trace(scenario, tmp_path)
     converted = [json.loads(line) for line in files.kvsim.read_text().splitlines()]
     kvsim_rows, paper_rows = read_mooncake(files.kvsim), _read_csv(files.vidur_paper)
@@ -98,11 +97,10 @@ def test_mooncake_prompts_are_clipped_with_their_hash_ids(bench, tmp_path):
     assert all(c["hash_ids"][0] == 0 for c in converted), "every request shares block id 0 (the README)"
 
 
-def test_paper_flags_are_fields_of_the_papers_config(bench, tmp_path):
+def test_paper_flags_are_fields_of_the_papers_config(bench, tmp_path, shared):
     vidur_sides = bench.sides
-    if not vidur_sides.PAPER_TARBALL.exists():
-        pytest.skip("../shared/peers is not beside the checkout")
-    with tarfile.open(vidur_sides.PAPER_TARBALL) as tar:
+    tarball = shared / vidur_sides.PAPER_TARBALL.relative_to(vidur_sides.TRACES.parent)
+    with tarfile.open(tarball) as tar:
         config = tar.extractfile("vidur-7d47513/vidur/config/config.py").read().decode()
     prefixes = ("random_forrest_execution_time_predictor_config_", "vllm_scheduler_config_",
                 "sarathi_scheduler_config_", "trace_request_generator_config_", "metrics_config_",
@@ -136,13 +134,21 @@ def test_profile_tables_are_the_roofline_in_vidurs_columns(bench, tmp_path):
     one = mlp[0]
     assert (one["n_head"], one["n_kv_head"], one["n_embd"], one["n_expanded_embd"], one["use_gated_mlp"],
             one["num_tensor_parallel_workers"]) == ("32", "32", "4096", "11008", "True", "1")
-    # qkv of Llama-2-7B at 1 token, by hand: 4096 x (3 x 4096) fp16 weights, read at 89 % of the
-    # A100's 2.039 TB/s, blended with 2 FLOP per weight at 82 % of 312 TFLOP/s (kvsim/latency/roofline.py)
+    # qkv of Llama-2-7B at 1 token, by hand: 4096 x (3 x 4096) fp16 weights, read at the A100's fitted ηb of
+    # 2.039 TB/s, blended with 2 FLOP per weight at its fitted ηf(1 token) of 312 TFLOP/s, plus the fixed
+    # cost of a GEMM (kvsim/latency/roofline.py; fractions in kvsim/model/presets/efficiency.yaml)
+    from kvsim.latency.roofline import efficiency_for
+    from kvsim.model.config import load_gpu
+
+    eff = efficiency_for(load_gpu("a100-80gb"))
+    eta_b, eta_f = eff.gemm_bandwidth, eff.gemm_flops_at(1)
     params = 4096 * 3 * 4096
-    read_s, compute_s = 2 * params / (0.89 * 2.039e12), 2 * params / (0.82 * 312e12)
-    assert float(one["time_stats.attn_pre_proj.median"]) == pytest.approx(math.hypot(read_s, compute_s) * 1e3)
+    read_s, compute_s = 2 * params / (eta_b * 2.039e12), 2 * params / (eta_f * 312e12)
+    assert float(one["time_stats.attn_pre_proj.median"]) == pytest.approx(
+        (math.hypot(read_s, compute_s) + eff.gemm_floor_s) * 1e3)
     assert float(one["time_stats.mlp_down_proj.median"]) == pytest.approx(
-        math.hypot(2 * 4096 * 11008 / (0.89 * 2.039e12), 2 * 4096 * 11008 / (0.82 * 312e12)) * 1e3)
+        (math.hypot(2 * 4096 * 11008 / (eta_b * 2.039e12), 2 * 4096 * 11008 / (eta_f * 312e12))
+         + eff.gemm_floor_s) * 1e3)
     attn = list(csv.DictReader(lzma.decompress((snapshot / "attention.csv.xz").read_bytes()).decode().splitlines()))
     decode = [r for r in attn if r["prefill_chunk_size"] == "0"]
     prefill = [r for r in attn if r["prefill_chunk_size"] != "0"]
@@ -150,10 +156,10 @@ def test_profile_tables_are_the_roofline_in_vidurs_columns(bench, tmp_path):
     assert {int(r["prefill_chunk_size"]) for r in prefill} == set(range(32, 257, 32))
     assert {int(r["kv_cache_size"]) for r in attn} == {0, 256}  # Vidur's 256-token grid
     assert all(float(r["time_stats.attn_prefill.median"]) > 0 for r in prefill)
-    # two decodes at 256 tokens of context, one layer: a 2.5 us kernel floor + 0.1 us per sequence,
-    # then 512 tokens x 2 (K, V) x 32 heads x 128 x 2 bytes read at 85 % of 2.039 TB/s
+    # two decodes at 256 tokens of context, one layer: the fitted kernel floor + 0.1 us per sequence,
+    # then 512 tokens x 2 (K, V) x 32 heads x 128 x 2 bytes read at the fitted ηa of 2.039 TB/s
     (two,) = [r for r in decode if (r["batch_size"], r["kv_cache_size"]) == ("2", "256")]
-    expected_s = 2.5e-6 + 2 * 0.1e-6 + 512 * 2 * 32 * 128 * 2 / (0.85 * 2.039e12)
+    expected_s = eff.kernel_floor_s + 2 * 0.1e-6 + 512 * 2 * 32 * 128 * 2 / (eff.decode_bandwidth * 2.039e12)
     assert float(two["time_stats.attn_decode.median"]) == pytest.approx(expected_s * 1e3)
 
 

@@ -4,7 +4,7 @@ import csv
 import gzip
 
 import pytest
-from conftest import VALIDATION_SET
+from conftest import REPO, VALIDATION_SET
 
 from kvsim.latency.roofline import DATASHEET, RooflineLatency
 from kvsim.latency.step_plan import StepPlan
@@ -20,8 +20,8 @@ PROFILE = VALIDATION_SET / "profiles" / "RTXPRO6000"
 def test_ring_allreduce_by_hand():
     pcie = RTX.resolved_link  # 64 GB/s each way, 1 us per ring step; PCIe reaches 57 % in an all-reduce
     assert allreduce_s(4 * 2**20, 2, pcie) == pytest.approx(4 * 2**20 / (0.57 * 64e9) + 2 * 1e-6 + 8.4e-6)
-    nvlink = load_gpu("h100-80gb").resolved_link  # 450 GB/s each way, 0.5 us per step, 80 %
-    assert allreduce_s(1e6, 4, nvlink) == pytest.approx(2 * 3 / 4 * 1e6 / (0.8 * 450e9) + 6 * 0.5e-6 + 8.4e-6)
+    nvlink = load_gpu("h100-80gb").resolved_link  # 450 GB/s each way; NCCL-fitted: 73 %, 0.789 us/step, 18.26 us
+    assert allreduce_s(1e6, 4, nvlink) == pytest.approx(2 * 3 / 4 * 1e6 / (0.73 * 450e9) + 6 * 0.789e-6 + 18.26e-6)
     assert allreduce_s(1e6, 1, nvlink) == 0.0
     given = GPULink(kind="pcie", bandwidth_bytes_per_s=16e9, latency_s=20e-6, efficiency=1.0)
     assert allreduce_s(1.6e6, 2, given) == pytest.approx(1.6e6 / 16e9 + 2 * 20e-6 + 8.4e-6)
@@ -60,11 +60,41 @@ def test_cpu_overhead_is_fixed_plus_per_sequence_unless_given():
 
 
 def test_decodes_batched_with_a_prefill_read_kv_slower():
+    """Alone, decodes read each KV head once; joining a prefill chunk, the varlen kernel reads it once per
+    query head (Llama-3.1-8B: 32 query heads over 8 KV heads, 4 reads), at the fitted fractions."""
     roof = RooflineLatency(LLAMA, RTX, TP1)
-    floor = 32 * (2.5e-6 + 64 * 0.1e-6)
+    eff = roof.eff
+    floor = 32 * (eff.kernel_floor_s + 64 * eff.decode_per_seq_s)
     kv_bytes = 64 * 1024 * 131072
-    assert roof.decode_s(64, 64 * 1024) == pytest.approx(floor + kv_bytes / (0.85 * 1.597e12))
-    assert roof.decode_s(64, 64 * 1024, mixed=True) == pytest.approx(floor + kv_bytes / (0.35 * 1.597e12))
+    assert roof.decode_s(64, 64 * 1024) == pytest.approx(floor + kv_bytes / (eff.decode_bandwidth * 1.597e12))
+    assert roof.decode_s(64, 64 * 1024, mixed=True) == pytest.approx(
+        floor + 4 * kv_bytes / (eff.mixed_decode_bandwidth * 1.597e12))
+
+
+@pytest.mark.skipif(not PROFILE.is_dir(), reason="needs ../shared/validation")
+@pytest.mark.parametrize("model", ["Llama-3.1-8B", "Qwen3-32B"])
+def test_mixed_step_attention_matches_the_measured_grid(model):
+    """One layer's attention for decodes joining a prefill chunk, against the bundle's measured 4-D grid
+    (prefill_chunk 16-2048, kv_prefill 0, n_decode 32-256, kv_decode 1k-16k): the summed time within 10 %,
+    every point within a factor 2 (0.67-1.85 today: the grid's apparent read rate rises at small batches, whose KV
+    partly stays in the 128 MB L2; one fraction cannot follow that)."""
+    org = "meta-llama" if model.startswith("Llama") else "Qwen"
+    path = PROFILE / org / model / "bf16" / "tp1" / "attention.csv.gz"
+    with gzip.open(path, "rt", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["kv_prefill"] == "0" and int(r["prefill_chunk"]) > 0
+                and int(r["n_decode"]) >= 32 and int(r["kv_decode"]) >= 1024]
+    spec = load_model(model.lower())
+    roof = RooflineLatency(spec, RTX, TP1)
+    predicted, measured = [], []
+    for r in rows:
+        plan = StepPlan()
+        plan.add(int(r["prefill_chunk"]), 0, 1, samples=True)
+        plan.add(1, int(r["kv_decode"]) - 1, int(r["n_decode"]), samples=True)
+        predicted.append(roof.attention_s(plan) / spec.num_layers)
+        measured.append(float(r["time_us"]) * 1e-6)
+    assert len(rows) > 100
+    assert sum(predicted) == pytest.approx(sum(measured), rel=0.10)
+    assert all(1 / 2 < p / m < 2 for p, m in zip(predicted, measured, strict=True))
 
 
 def _profile_us(layers, tokens):
@@ -75,12 +105,39 @@ def _profile_us(layers, tokens):
 
 @pytest.mark.parametrize("tokens", [1, 128, 512, 2048])
 def test_roofline_linear_layers_match_the_public_profile(tokens):
-    """The fitted fractions reproduce the measured GEMMs of Llama-3.1-8B on the RTX PRO 6000 within 10 %."""
+    """The RTX PRO 6000's fitted fractions (pooled over Llama-3.1-8B, Qwen3-32B and Qwen3-30B-A3B at TP 1
+    and 2) reproduce Llama-3.1-8B's measured GEMMs within 15 % (the fit's mean per-op error on this GPU is
+    in kvsim/model/presets/efficiency.yaml)."""
     measured = 32 * _profile_us({"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}, tokens) * 1e-6
-    assert RooflineLatency(LLAMA, RTX, TP1).linear_s(tokens) == pytest.approx(measured, rel=0.10)
+    assert RooflineLatency(LLAMA, RTX, TP1).linear_s(tokens) == pytest.approx(measured, rel=0.15)
 
 
 MEASURED = PROFILE.parents[1] / "measured" / "RTXPRO6000"
+
+
+def _fit_collectives_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fit_collectives", REPO / "benchmarks" / "fit_collectives.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+@pytest.mark.parametrize(("setup", "preset"), [("h100_dgx", "h100-80gb"), ("a100_dgx", "a100-80gb")])
+def test_nvlink_presets_hold_the_fit_to_vidurs_nccl_all_reduce(setup, preset, shared):
+    """The preset link's (efficiency, per-step, base latency) are the least-squares fit to Vidur's DGX
+    all-reduce (2-8 GPUs, 2 KiB-64 MiB), and messages above 4 MiB are within 15 % on average at every GPU count."""
+    script = _fit_collectives_script()
+    rows = script.measurements(shared / "validation", setup)
+    link = load_gpu(preset).resolved_link
+    fitted = script.fit(rows, link.bandwidth_bytes_per_s)
+    assert (link.efficiency, link.latency_s, link.collective_latency_s) == pytest.approx(
+        (fitted["efficiency"], fitted["latency_s"], fitted["collective_latency_s"]), rel=0.01)
+    for key, e in script.link_errors(rows, link).items():
+        if key.endswith("> 4 MiB"):
+            assert e["mean_abs_pct"] <= 15.0, key
 
 
 def test_validate_uses_the_measured_clusters_link_for_tensor_parallel_runs(tmp_path):

@@ -28,7 +28,8 @@ def saving(kind: str, width: int) -> float:
 
 @pytest.mark.parametrize("n", [2, 4, 6])
 def test_parallel_sampling_saving_is_in_the_papers_range(n):
-    assert 16.2 <= saving("n", n) <= 30.5
+    # to the paper's precision (one decimal): n = 6 sits at the range's top, 30.5 % with the fitted roofline
+    assert 16.2 <= round(saving("n", n), 1) <= 30.5
 
 
 # The paper's §6.3 (Fig. 15) beam-search memory savings on ShareGPT over beam widths 2 to 6, in percent:

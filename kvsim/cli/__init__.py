@@ -449,7 +449,7 @@ def validate(
             found = v.default_profile(Path(measured), run)
             profile = str(found) if found else None
         result = v.validate(run, latency=latency.value, profile=profile, model=model, gpu=gpu,
-                            overrides=overrides or [])
+                            overrides=overrides or [], measured_path=measured)
         out_dir = v.write_validation(result, out_path)
     if output_format is ValidateFormat.json:
         from kvsim.results.render import to_json

@@ -3,16 +3,18 @@
 Per tensor-parallel rank, for a step of T tokens, S sampled rows and L layers (every term is a
 method, so the calibrated model can fall back to any one of them):
 
-    linear     L · ‖(2 · P · T / (ηf · F),  W / (ηb · B))‖₂        P, W: one layer's params, bytes
-    token ops  L · (k · t0 + T · b_tok / B)                         norms, rotary, activation
-    decode     L · (t0 + n_dec · t_seq) + K_dec / (ηa · B)          K: KV bytes read by decodes
-               (ηm instead of ηa when the step also prefills: one mixed kernel serves both)
+    linear     L · Σ_gemm (‖(2 · P · T / (ηf(T) · F),  W / (ηb · B))‖₂ + tg)   P, W: a GEMM's params, bytes
+    token ops  L · (k · t0 + T · b_tok / (ηt · B))                  norms, rotary, activation
+    decode     L · (t0 + n_dec · t_seq) + K_dec / (ηa · B)          K: KV bytes read by decodes (a
+               sliding-window layer reads only its window: `decode_read_bytes`)
+               joining a prefill chunk: L · (t0 + n_dec · t_seq) + (heads / kv_heads) · K_dec / (ηm · B)
     prefill    L · t0 + 4 · L · heads · hd · A_pre / (ηp · F) + K_pre / (ηa · B)
-    sequence   ‖(2 · V · H · S / (ηf · F),  V · H · d / (ηb · B))‖₂ + S · t_sample
+    sequence   ‖(2 · V · H · S / (ηf · F),  V · H · d / (ηb · B))‖₂ + tg + S · t_sample
     all-reduce 2 · L · ring(T · H · d)                              `kvsim.model.collectives`, TP > 1
-    MoE        L_moe · (‖(2 · T_g · k · P_e / g / (ηf · F),  E_touched(T_g) · W_e / g / (ηb · B))‖₂
+    MoE        L_moe · (‖(2 · T_g · k · P_e / g / (ηf(T_e) · F),  E_touched(T_g) · W_e / g / (ηb · B))‖₂ / ηg
                         + shared experts + router + dispatch/combine)     `kvsim.model.moe_cost`
-               T_g: tokens of all DP engines in the step; g = tp · dp; dense MLP only on the other layers
+               T_g: tokens of all DP engines in the step; g = tp · dp; T_e = T_g · k / E_touched, the rows of
+               each expert's slice of the grouped GEMM; dense MLP only on the other layers
     overhead   c0 + c_seq · sequences                               CPU: schedule, prepare, sample
 
 with F, B the GPU's dense fp16 FLOP/s and memory bandwidth. ‖(a, b)‖₂ = √(a² + b²) is a smooth
@@ -20,23 +22,32 @@ roofline: it equals the larger term far from the ridge and adds up to 41 % near 
 GEMMs are neither purely compute- nor memory-bound. The MLP is its own method (`mlp_s`) so a
 per-layer-type term (MoE experts) can replace it.
 
-Achievable fractions (`Efficiency`), fitted only on public data, never on the validation runs:
-the per-op RTX PRO 6000 profiles LLMServingSim published (../shared/validation/profiles: vLLM
-0.19 kernels of Llama-3.1-8B and Qwen3-32B), cross-checked with published results:
-    ηf = 0.82   the profile's four layer GEMMs at 2048 tokens reach 395 TFLOP/s of 483.6
-                (public: 72-80 % of datasheet for linear layers on A100/H100)
-    ηb = 0.89   the same GEMMs at 1 token stream 436 MB of weights in 306 us (1.43 TB/s of 1.597)
-    √ form      at 128-512 tokens the profile is within 4 % of the √(a² + b²) blend, where max()
-                is 12-26 % low
-    ηa = 0.85   paged decode reads KV at 1.2-1.5 TB/s in the profile (batch 128, context 1k-16k);
-                on HBM GPUs published kernels reach less (FlashAttention-3: 1.2-1.85 TB/s on an
-                H100's 3.35), so this is the GDDR7 card's figure, not a universal one
-    ηm = 0.35   decodes batched with a prefill chunk run in the mixed (varlen) kernel, which reads
-                their KV far slower: 0.26-0.5 of datasheet in the profile (batch 128, context 1k-16k,
-                any chunk from 16 to 2048 tokens) against 0.83 for the same decodes alone
-    ηp = 0.45   causal prefill of a 2048-token chunk: 198-230 TFLOP/s in the profile
-    t0 = 2.5 us the floor of one small kernel in the profile (norms, rotary, activation at 1 token)
-    t_seq = 0.1 us per decode sequence (batch 128 at context 16 takes 23 us, batch 1 takes 8 us)
+Achievable fractions (`Efficiency`, per GPU: `efficiency_for`), fitted only on public per-op
+profiles, never on the measured serving runs kvsim is validated on, by `benchmarks/fit_efficiency.py`
+(the fit: `kvsim.latency.fitting`) into `kvsim/model/presets/efficiency.yaml`, each entry with its
+source: Vidur's mlp.csv on H100, A100 and A40 (TP 1-8) and LLMServingSim's RTX PRO 6000 bundles
+(vLLM 0.19 kernels). A preset with profiles gets its own fit; any other GPU the default of its
+`memory_type`, fitted on the profiled GPUs of that type, with its leave-one-GPU-out error.
+    ηf(T)      GEMM FLOP/s fraction by size regime (16 ... 4096 tokens, linear in log T, never falling
+               with T): skinny GEMMs fill few tiles (H100: 0.65 up to 1024 tokens, 0.75 at 4096; the GDDR
+               default 0.28 at 16 tokens to 0.76; public: 72-80 % for large linear layers on A100/H100)
+    ηb, tg     weight-read fraction and fixed cost per GEMM kernel (H100 about 0.9 and 7 us: the fixed
+               cost is what makes small TP-8 shards slow)
+    ηt, t0     non-GEMM ops: bandwidth fraction and per-kernel floor (the RTX PRO 6000's 128 MB L2 lets
+               them beat its DRAM rate: its own fit finds ηt about 1.7; defaults stay at most 1)
+    ηa         paged decode alone: KV read at about 0.88 of datasheet in the bundles (batch >= 32,
+               context >= 1k)
+    ηm         decodes joining a prefill chunk run in the varlen kernel, whose extra time in the bundles
+               grows with query heads, not KV heads (Qwen3-32B, 64 query heads, 1.9x Llama-3.1-8B's 32 at
+               the same 8 KV heads): the KV is read once per query head, partly from L2 (ηm about 1.5 of
+               the datasheet on those re-reads), summed over the measured 4-D grid
+    ηp         causal prefill of the largest measured chunk (2048): about 0.41 of datasheet
+    ηg         the fused-MoE (grouped) GEMM against the dense-GEMM roofline at the same tokens per
+               expert: about 0.86, summed over the Qwen3-30B-A3B bundle's moe.csv (tokens 1-2048 x
+               activated experts 8-128)
+    t_seq      0.1 us per decode sequence (batch 128 at context 16 takes 23 us, batch 1 takes 8 us)
+Attention fractions and ηg come from the RTX PRO 6000 only (no public attention or MoE profile of an
+HBM GPU is at hand), so every GPU carries them with that source.
 The CPU overhead is not in any profile; its form (a fixed part plus a part per scheduled
 sequence) follows the WukLab study of vLLM's scheduling overhead (2024: input preparation and
 output processing grow with sequences, not tokens). Its size, 0.2 ms + 5 us per sequence, is an
@@ -48,13 +59,18 @@ which moved the mean TPOT there by about 2 %.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.collectives import allreduce_s
+from kvsim.model.errors import KvsimError
 from kvsim.model.moe_cost import MoECost
 from kvsim.model.spec import attention_params_per_layer
 
@@ -64,20 +80,49 @@ if TYPE_CHECKING:
     from kvsim.model.kv_layout import KVLayout
 
 
+GEMM_REGIME_TOKENS = (16, 64, 256, 1024, 4096)
+"""Token counts at which `Efficiency.gemm_flops_by_regime` gives the GEMMs' FLOP/s fraction."""
+
+
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    """Achievable fractions of datasheet rates and small fixed costs (sources in the module docstring)."""
+    """Achievable fractions of datasheet rates and small fixed costs (sources in the module docstring).
+
+    `gemm_flops_by_regime`, when given, is the GEMMs' FLOP/s fraction at each of
+    `GEMM_REGIME_TOKENS` (linear in log tokens between them, constant outside): skinny GEMMs
+    fill few tiles and waves; empty means `gemm_flops` at every size. The defaults are round
+    figures of the RTX PRO 6000 fit; the roofline takes a GPU's from `efficiency_for`.
+    """
 
     gemm_flops: float = 0.82
     gemm_bandwidth: float = 0.89
-    decode_bandwidth: float = 0.85
-    mixed_decode_bandwidth: float = 0.35
-    prefill_flops: float = 0.45
+    gemm_flops_by_regime: tuple[float, ...] = ()
+    gemm_floor_s: float = 0.0
+    token_op_bandwidth: float = 1.0
+    grouped_gemm_fraction: float = 1.0
+    decode_bandwidth: float = 0.88
+    mixed_decode_bandwidth: float = 1.48  # of the KV bytes read once per query head (see ηm)
+    prefill_flops: float = 0.41
     kernel_floor_s: float = 2.5e-6
     decode_per_seq_s: float = 0.1e-6
     sample_per_seq_s: float = 0.5e-6
     cpu_fixed_s: float = 0.2e-3
     cpu_per_seq_s: float = 5e-6
+    source: str = "kvsim defaults"
+
+    def gemm_flops_at(self, num_tokens: int) -> float:
+        """The GEMMs' FLOP/s fraction at `num_tokens` rows (see the class docstring)."""
+        regime = self.gemm_flops_by_regime
+        if not regime:
+            return self.gemm_flops
+        if num_tokens <= GEMM_REGIME_TOKENS[0]:
+            return regime[0]
+        if num_tokens >= GEMM_REGIME_TOKENS[-1]:
+            return regime[-1]
+        i = bisect.bisect_right(GEMM_REGIME_TOKENS, num_tokens) - 1
+        lo, hi = GEMM_REGIME_TOKENS[i], GEMM_REGIME_TOKENS[i + 1]
+        w = (math.log(num_tokens) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        return regime[i] + (regime[i + 1] - regime[i]) * w
 
 
 DATASHEET = Efficiency(gemm_flops=1.0, gemm_bandwidth=1.0, decode_bandwidth=1.0, mixed_decode_bandwidth=1.0,
@@ -95,6 +140,48 @@ def smooth_max(a: float, b: float) -> float:
     return math.hypot(a, b)
 
 
+def gemm_s(params: float, rows: int, dtype_bytes: float, flops: float, bandwidth: float, eff: Efficiency) -> float:
+    """One GEMM of `params` weights over `rows` tokens: ‖(compute, weight read)‖₂ at the fitted fractions,
+    plus the fixed cost of a GEMM kernel (launch, prologue, tail)."""
+    return smooth_max(2 * params * rows / (eff.gemm_flops_at(rows) * flops),
+                      params * dtype_bytes / (eff.gemm_bandwidth * bandwidth)) + eff.gemm_floor_s
+
+
+def token_ops_layer_s(num_tokens: int, bytes_per_token: float, num_kernels: int, bandwidth: float,
+                      eff: Efficiency) -> float:
+    """One layer's non-GEMM ops: a launch floor per kernel plus the bytes they move at ηt · B."""
+    return num_kernels * eff.kernel_floor_s + num_tokens * bytes_per_token / (eff.token_op_bandwidth * bandwidth)
+
+
+EFFICIENCY_FILE = "efficiency.yaml"
+"""Fitted fractions per GPU preset and defaults per memory type (written by benchmarks/fit_efficiency.py)."""
+
+
+@cache
+def _fitted() -> dict[str, Any]:
+    from kvsim.model.config import PRESETS_DIR
+
+    return yaml.safe_load((PRESETS_DIR / EFFICIENCY_FILE).read_text())
+
+
+def efficiency_for(gpu: GPUSpec) -> Efficiency:
+    """The fractions fitted on `gpu`'s own public profiles when the preset has them, else the default
+    for its memory type (HBM or GDDR), fitted on the profiled GPUs of that type (sources in the file);
+    a GPU file's own `efficiency` mapping overrides any of them."""
+    raw = _fitted()
+    entry = {**(raw["gpus"].get(gpu.name) or raw["defaults"][gpu.memory_type]), **(gpu.efficiency or {})}
+    unknown = sorted(set(gpu.efficiency or {}) - set(Efficiency.__slots__))
+    if unknown:
+        raise KvsimError(f"gpu {gpu.name}: efficiency.{unknown[0]} is not a roofline fraction "
+                         f"(expected one of {', '.join(Efficiency.__slots__)})")
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()
+                              if k in Efficiency.__slots__}
+    try:
+        return Efficiency(**fields)
+    except TypeError as error:
+        raise KvsimError(f"gpu {gpu.name}: efficiency: {error}") from None
+
+
 class RooflineLatency:
     """Roofline of one step on one tensor-parallel rank (see the module docstring for every term).
 
@@ -103,12 +190,12 @@ class RooflineLatency:
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, overhead_s: float | None = None,
-                 overlap_swap: bool = False, efficiency: Efficiency = Efficiency(),
+                 overlap_swap: bool = False, efficiency: Efficiency | None = None,
                  layout: KVLayout | None = None) -> None:
         from kvsim.model.capacity import mlp_width, model_kv_layout
 
         tp = engine.tensor_parallel_size
-        eff = self.eff = efficiency
+        eff = self.eff = efficiency if efficiency is not None else efficiency_for(gpu)
         self.name = "roofline"
         self.num_layers = model.num_layers
         self.tp = tp
@@ -139,15 +226,20 @@ class RooflineLatency:
         self.attn_flops_per_pair = 4 * model.num_layers * heads * model.head_dim
         layout = layout if layout is not None else model_kv_layout(model, engine)
         self.kv_bytes_per_token = layout.bytes_per_token
+        # MLA's one latent head serves every query head in one read: no ungrouped re-reads
+        self.mixed_read_factor = heads / kv_heads if model.mla is None else 1.0
+        per_layer = layout.bytes_per_token_per_layer
+        self.windowed_layers = [(g.window_tokens, g.num_layers * per_layer) for g in layout.groups
+                                if g.window_tokens is not None]
+        self.full_bytes_per_token = per_layer * sum(g.num_layers for g in layout.groups if g.window_tokens is None)
         self.copy_bytes_per_block = 2 * layout.bytes_per_block
-        self._gemm_flops = eff.gemm_flops * self.flops
         self._gemm_bw = eff.gemm_bandwidth * self.bandwidth
         # linear_s of a dense model by token count: pure, asked again and again (every burst of n sequences)
         self._dense_linear_s: dict[int, float] = {}
 
     # -- linear layers -------------------------------------------------------------------------
     def _gemm(self, params: float, rows: int) -> float:
-        return smooth_max(2 * params * rows / self._gemm_flops, params * self.dtype_bytes / self._gemm_bw)
+        return gemm_s(params, rows, self.dtype_bytes, self.flops, self.bandwidth, self.eff)
 
     def attn_proj_s(self, num_tokens: int) -> float:
         """qkv and o projections of all layers."""
@@ -165,7 +257,10 @@ class RooflineLatency:
         if m is None or not num_tokens:
             return 0.0
         routed = max(num_tokens, group_tokens)
-        experts = smooth_max(m.expert_flops(routed) / self._gemm_flops, m.expert_bytes_read(routed) / self._gemm_bw)
+        # a grouped GEMM runs one skinny GEMM per touched expert: its size regime is the tokens per expert
+        rows = max(1, round(m.tokens_per_expert(routed)))
+        experts = smooth_max(m.expert_flops(routed) / (self.eff.gemm_flops_at(rows) * self.flops),
+                             m.expert_bytes_read(routed) / self._gemm_bw) / self.eff.grouped_gemm_fraction
         shared = self._gemm(m.shared_params, num_tokens) if m.shared_params else 0.0
         per_layer = experts + shared + self._gemm(m.router_params, num_tokens) + m.exchange_s(routed,
                                                                                                self.gpu_link)
@@ -181,8 +276,8 @@ class RooflineLatency:
 
     def token_ops_s(self, num_tokens: int) -> float:
         """Norms, rotary, activation and residual adds of all layers: launch floors plus bytes."""
-        per_layer = NUM_TOKEN_KERNELS * self.eff.kernel_floor_s + num_tokens * self.token_op_bytes / self.bandwidth
-        return self.num_layers * per_layer
+        return self.num_layers * token_ops_layer_s(num_tokens, self.token_op_bytes, NUM_TOKEN_KERNELS,
+                                                   self.bandwidth, self.eff)
 
     def lm_head_s(self, num_sampled: int) -> float:
         return self._gemm(self.lm_head_params, num_sampled) if num_sampled else 0.0
@@ -199,9 +294,26 @@ class RooflineLatency:
         """Decode attention; `mixed` when the step also has a prefill chunk (a slower kernel path)."""
         if not num_decode_seqs:
             return 0.0
-        eff = self.eff.mixed_decode_bandwidth if mixed else self.eff.decode_bandwidth
         floor = self.num_layers * (self.eff.kernel_floor_s + num_decode_seqs * self.eff.decode_per_seq_s)
-        return floor + sum_decode_context * self.kv_bytes_per_token / (eff * self.bandwidth)
+        if mixed:  # the varlen kernel reads each KV head once per query head it serves
+            return floor + self.decode_read_bytes(num_decode_seqs, sum_decode_context) * self.mixed_read_factor / (
+                self.eff.mixed_decode_bandwidth * self.bandwidth)
+        return floor + self.decode_read_bytes(num_decode_seqs, sum_decode_context) / (
+            self.eff.decode_bandwidth * self.bandwidth)
+
+    def decode_read_bytes(self, num_decode_seqs: int, sum_decode_context: int) -> float:
+        """KV bytes `num_decode_seqs` decodes read over `sum_decode_context` tokens of context in all layers.
+
+        Full-attention layers read every token; a sliding-window layer only its last `window` tokens
+        (a chunked-local layer at most its chunk), so those layers read min(context, window) per
+        sequence, taken here as min(Σ context, n · window): exact when every context is inside the
+        window or every one is beyond it, an upper bound between."""
+        if not self.windowed_layers:
+            return sum_decode_context * self.kv_bytes_per_token
+        read = sum_decode_context * self.full_bytes_per_token
+        for window, bytes_per_token in self.windowed_layers:
+            read += min(sum_decode_context, num_decode_seqs * window) * bytes_per_token
+        return read
 
     def prefill_s(self, prefill_work: float, prefill_context: int) -> float:
         if prefill_work <= 0:
@@ -249,15 +361,16 @@ class RooflineLatency:
             return None
         t, eff = first.num_tokens, self.eff
         head = self.linear_s(t, first.num_dp_group_tokens) + self.token_ops_s(t)
-        floor = self.num_layers * (eff.kernel_floor_s + first.num_decode_seqs * eff.decode_per_seq_s)
-        per_token, bandwidth = self.kv_bytes_per_token, eff.decode_bandwidth * self.bandwidth
+        n = first.num_decode_seqs
+        floor = self.num_layers * (eff.kernel_floor_s + n * eff.decode_per_seq_s)
+        read, bandwidth = self.decode_read_bytes, eff.decode_bandwidth * self.bandwidth
         tail, fixed = self.sequence_s(first.num_sampled), self.fixed_s(first)
         swap = (first.swap_in_bytes + first.swap_out_bytes) / self.link
         growth, overlap = first.num_seqs, self.overlap_swap
 
         def times(context: int) -> Iterator[float]:
             while True:  # attention_s = decode_s + prefill_s, and prefill_s is 0.0 here (x + 0.0 == x)
-                compute = head + (floor + context * per_token / bandwidth) + tail + fixed
+                compute = head + (floor + read(n, context) / bandwidth) + tail + fixed
                 yield max(compute, swap) if overlap else compute + swap
                 context += growth
 

@@ -133,7 +133,10 @@ class GPUSpec(BaseModel):
     """Datasheet figures of one GPU: memory, bandwidths, dense tensor-core rates and its link.
 
     A GPU file without `link` is taken to talk to its peers over PCIe at the host link's
-    bandwidth (`host_link_bandwidth_bytes_per_s`), with NCCL's PCIe step latency.
+    bandwidth (`host_link_bandwidth_bytes_per_s`), with NCCL's PCIe step latency. `memory_type`
+    picks the roofline's default achievable fractions for a GPU without fitted ones, and
+    `efficiency` (fields of `kvsim.latency.roofline.Efficiency`) overrides any of them
+    (`kvsim.latency.roofline.efficiency_for`).
     """
 
     model_config = _FROZEN
@@ -145,6 +148,8 @@ class GPUSpec(BaseModel):
     fp8_flops: float | None = Field(default=None, gt=0)
     host_link_bandwidth_bytes_per_s: float = Field(gt=0)
     link: GPULink | None = None
+    memory_type: Literal["hbm", "gddr"] = "hbm"
+    efficiency: dict[str, Any] | None = None
     source: str = "user-defined"
 
     @property

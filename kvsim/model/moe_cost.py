@@ -87,6 +87,11 @@ class MoECost:
         touched = expected_experts_touched(self.num_experts, self.top_k, group_tokens)
         return touched * self.expert_params * self.expert_bytes_per_param / self.num_gpus
 
+    def tokens_per_expert(self, group_tokens: int) -> float:
+        """Mean rows of each touched expert's GEMM: T · k / E_touched(T) (1 token: 1; → T · k / E)."""
+        touched = expected_experts_touched(self.num_experts, self.top_k, group_tokens)
+        return group_tokens * self.top_k / touched if touched else 0.0
+
     def expert_flops(self, group_tokens: int) -> float:
         """FLOPs one GPU computes in one MoE layer: 2 · T · k · expert_params / (tp · dp)."""
         return 2 * group_tokens * self.top_k * self.expert_params / self.num_gpus

@@ -24,6 +24,7 @@ import numpy as np
 from kvsim.model.config import load_gpu, load_model, model_presets
 from kvsim.model.errors import KvsimError
 from kvsim.validation.measured import MeasuredRun
+from kvsim.validation.recorded import recorded_engine, recorded_settings
 from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
 from kvsim.workload.traces import write_sharegpt_tokens
 
@@ -68,13 +69,23 @@ def resolve_model(run: MeasuredRun, model: str | None) -> str:
     return name
 
 
-def resolve_gpu(run: MeasuredRun, gpu: str | None) -> str:
+def resolve_gpu(run: MeasuredRun, gpu: str | None, recorded: dict[str, Any] | None = None) -> str:
+    """`--gpu`, else the GPU the run recorded (its device name matched to a preset), else its hardware label."""
     if gpu is not None:
         return gpu
+    name = (recorded or {}).get("gpu")
+    if name:
+        from kvsim.latency.profiles import gpu_matches
+        from kvsim.model.config import gpu_presets
+
+        matches = [p for p in gpu_presets() if gpu_matches(str(name), load_gpu(p))]
+        if len(matches) == 1:
+            return matches[0]
     if run.hardware in HARDWARE_GPUS:
         return HARDWARE_GPUS[run.hardware]
-    raise KvsimError(f"gpu: the run does not say which GPU it ran on (hardware={run.hardware!r}); "
-                     "pass --gpu with a preset or a GPU file")
+    raise KvsimError(f"gpu: the run does not say which GPU it ran on (hardware={run.hardware!r}"
+                     + (f", gpu={name!r} matches no single preset" if name else "")
+                     + "); pass --gpu with a preset or a GPU file")
 
 
 def default_profile(run_dir: Path, run: MeasuredRun) -> Path | None:
@@ -91,8 +102,12 @@ def default_profile(run_dir: Path, run: MeasuredRun) -> Path | None:
 
 
 def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, latency: str = "roofline",
-                   profile: str | Path | None = None, overrides: list[str] | None = None) -> Scenario:
-    """The run as a kvsim scenario whose workload is `trace_path` (written by `write_trace`)."""
+                   profile: str | Path | None = None, overrides: list[str] | None = None,
+                   recorded: dict[str, Any] | None = None, cluster_link: bool = True) -> Scenario:
+    """The run as a kvsim scenario whose workload is `trace_path` (written by `write_trace`); a KV pool
+    size the run `recorded` (`num_gpu_blocks`) becomes `num_gpu_blocks_override`, and a bench result's
+    recorded engine arguments fill what its file lacks. With `cluster_link` False the GPU preset's own
+    link is used even where the run's cluster config describes another."""
     if latency not in LATENCY_MODELS:
         raise KvsimError(f"--latency={latency!r}: expected one of {', '.join(LATENCY_MODELS)}")
     if latency == "calibrated" and profile is None:
@@ -104,13 +119,13 @@ def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, 
         "name": f"validate-{run.name}-{latency}",
         "description": f"replay of the measured run {run.name} ({run.source}, {run.model_id})",
         "model": model, "gpu": gpu,
-        "engine": {"enable_prefix_caching": True, **run.engine},
+        "engine": {"enable_prefix_caching": True, **recorded_engine(recorded or {}), **run.engine},
         "workload": {"num_requests": len(run.records), "arrival": {"process": "trace"},
                      "trace": {"format": "sharegpt_tokens", "path": trace_path.name}},
         "latency": latency_cfg,
         "seed": 0,
     }
-    if run.link is not None and (int(run.engine.get("tensor_parallel_size", 1)) > 1
+    if cluster_link and run.link is not None and (int(run.engine.get("tensor_parallel_size", 1)) > 1
                                  or int(run.engine.get("data_parallel_size", 1)) > 1):
         # the cluster's own GPU link, not the GPU's datasheet: the measured TP run's all-reduces
         # crossed it. LLMServingSim's figures are effective ones (efficiency 1) and its per-hop
@@ -205,14 +220,59 @@ def series_stats(run: MeasuredRun, steps: pd.DataFrame) -> dict[str, dict[str, f
     return out
 
 
+PHASE_METRICS = ("prompt tokens/s while prefilling", "generation tokens/s per running request")
+
+
+def measured_phase_rates(path: str | Path) -> dict[str, float | None]:
+    """Prefill and decode speed separately, from vLLM's per-second series (`vllm/timeseries.csv`:
+    `prompt_throughput`, `gen_throughput`, `running`): the mean prompt tokens/s over the seconds that
+    prefilled anything, and generated tokens per second per running request (Σ gen / Σ running). A
+    model that prices prefill slow and decode fast shows both here even when its latency means agree."""
+    series = Path(path) / "vllm" / "timeseries.csv"
+    if not series.is_file():
+        return {}
+    import csv
+
+    try:
+        with series.open(newline="") as f:
+            rows = [(float(r["prompt_throughput"]), float(r["gen_throughput"]), float(r["running"]))
+                    for r in csv.DictReader(f)]
+    except (OSError, KeyError, ValueError, TypeError):
+        return {}  # an older series without the throughput columns: no per-phase comparison
+    prompt = [p for p, _, _ in rows if p > 0]
+    running = sum(r for _, _, r in rows)
+    return {PHASE_METRICS[0]: sum(prompt) / len(prompt) if prompt else None,
+            PHASE_METRICS[1]: sum(g for _, g, _ in rows) / running if running else None}
+
+
+def simulated_phase_rates(steps: pd.DataFrame) -> dict[str, float | None]:
+    """`measured_phase_rates` of kvsim's steps, binned into the same 1-second ticks from the first step:
+    prompt tokens are `num_prefill_tokens`, generated tokens `num_decode_seqs` (one each), running is
+    sampled at each tick (all data-parallel engines together)."""
+    if not len(steps):
+        return dict.fromkeys(PHASE_METRICS)
+    end = (steps["time_s"] + steps["duration_s"]).to_numpy()
+    ticks = np.floor(end).astype(int)
+    num_ticks = int(ticks.max()) + 1
+    prompt = np.bincount(ticks, weights=steps["num_prefill_tokens"].to_numpy(dtype=float), minlength=num_ticks)
+    decode = np.bincount(ticks, weights=steps["num_decode_seqs"].to_numpy(dtype=float), minlength=num_ticks)
+    if "dp_rank" in steps:
+        steps = steps.groupby("time_s", as_index=False).agg({"duration_s": "max", "vllm:num_requests_running": "sum"})
+    running = sample_steps(steps, "vllm:num_requests_running", np.arange(1, num_ticks + 1, dtype=float))
+    busy = prompt[prompt > 0]
+    return {PHASE_METRICS[0]: float(busy.mean()) if busy.size else None,
+            PHASE_METRICS[1]: float(decode.sum() / running.sum()) if running.sum() else None}
+
+
 def _error_pct(value: float | None, reference: float | None) -> float | None:
     if value is None or reference is None or reference == 0 or math.isnan(value) or math.isnan(reference):
         return None
     return (value - reference) / reference * 100.0
 
 
-def compare(run: MeasuredRun, result: RunResult) -> list[dict[str, Any]]:
-    """One row per metric: measured, kvsim, error %, and LLMServingSim with its error % if present."""
+def compare(run: MeasuredRun, result: RunResult, phases: dict[str, float | None] | None = None) -> list[dict[str, Any]]:
+    """One row per metric: measured, kvsim, error %, and LLMServingSim with its error % if present;
+    with the measured `phases` (`measured_phase_rates`), prefill and decode speed rows as well."""
     measured = request_stats(run.requests)
     simulated = request_stats(result.requests)
     peer = request_stats(run.peer) if run.peer is not None else {}
@@ -220,6 +280,9 @@ def compare(run: MeasuredRun, result: RunResult) -> list[dict[str, Any]]:
     measured.update(gauges["measured"])
     simulated.update(gauges["kvsim"])
     peer.update(gauges["llmservingsim"])
+    if phases:
+        measured.update(phases)
+        simulated.update(simulated_phase_rates(result.steps))
     rows = []
     for metric, value in measured.items():
         row: dict[str, Any] = {"metric": metric, "measured": value, "kvsim": simulated.get(metric),
@@ -235,22 +298,32 @@ def compare(run: MeasuredRun, result: RunResult) -> list[dict[str, Any]]:
 
 def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path | None = None,
              model: str | None = None, gpu: str | None = None, overrides: list[str] | None = None,
-             trace_dir: Path | None = None) -> Validation:
+             trace_dir: Path | None = None, measured_path: str | Path | None = None,
+             cluster_link: bool = True) -> Validation:
     """Replay `run` in kvsim and compare. The replayed workload is written to `trace_dir`
-    (a temporary folder if None) as `workload.jsonl`, beside which the scenario resolves it."""
+    (a temporary folder if None) as `workload.jsonl`, beside which the scenario resolves it.
+    `measured_path` (the folder or bench JSON `run` was loaded from) adds what the run recorded
+    (`recorded_settings`: GPU, KV pool, a bench result's engine arguments) and, for a folder, the
+    per-phase speed rows (`measured_phase_rates`); `cluster_link` as in `build_scenario`."""
     from kvsim.engine.simulate import simulate
 
+    recorded = recorded_settings(measured_path) if measured_path is not None else {}
     model_name = resolve_model(run, model)
-    gpu_name = resolve_gpu(run, gpu)
+    gpu_name = resolve_gpu(run, gpu, recorded)
     load_model(model_name), load_gpu(gpu_name)  # fail early, with the field named
     with tempfile.TemporaryDirectory(prefix="kvsim-validate-") as tmp:
         folder = trace_dir or Path(tmp)
         trace_path = folder / TRACE_FILE
         write_sharegpt_tokens(run.records, trace_path)
         scenario = build_scenario(run, trace_path, model=model_name, gpu=gpu_name, latency=latency,
-                                  profile=profile, overrides=overrides)
+                                  profile=profile, overrides=overrides, recorded=recorded,
+                                  cluster_link=cluster_link)
         result = simulate(scenario)
     notes = list(run.notes)
+    if recorded:
+        taken = ", ".join(f"{k}={v}" for k, v in recorded.items() if k != "gpu" or gpu is None)
+        notes.append(f"from what the run recorded: {taken}" + (f" (gpu preset {gpu_name})" if gpu is None and
+                                                                 "gpu" in recorded else ""))
     rejected = result.summary.get("num_rejected", 0)
     if rejected:
         notes.append(f"kvsim rejected {rejected} of the replayed requests ({result.summary['reject_reasons']})")
@@ -261,7 +334,9 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
         notes.append(f"tensor-parallel all-reduces cross the cluster's link as its config.json describes it "
                      f"({link.bandwidth_bytes_per_s / 1e9:g} GB/s, {link.latency_s * 1e6:g} us per hop), "
                      "not the GPU preset's datasheet link")
-    return Validation(run=run, scenario=scenario, result=result, rows=compare(run, result), notes=notes)
+    phases = measured_phase_rates(measured_path) if measured_path is not None and Path(measured_path).is_dir() \
+        else {}
+    return Validation(run=run, scenario=scenario, result=result, rows=compare(run, result, phases), notes=notes)
 
 
 # -- output ------------------------------------------------------------------------------------

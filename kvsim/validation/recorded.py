@@ -1,0 +1,57 @@
+"""What a measured run recorded about its setup beyond the engine arguments `load_measured` reads.
+
+`kvsim validate` uses it so a run that names its GPU and KV pool needs no `--gpu` and replays with the
+pool vLLM really allocated (`kvsim.validation.compare.validate`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RECORDED_GPU_KEYS = ("gpu", "gpu_name", "device_name")  # not "device": engine_kwargs may say "cuda"
+RECORDED_ENGINE_KEYS = ("tensor_parallel_size", "kv_cache_dtype", "block_size", "max_num_seqs",
+                        "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization")
+
+
+def recorded_settings(path: str | Path) -> dict[str, Any]:
+    """What a measured run recorded about its setup, beyond the engine arguments `load_measured` reads:
+    the GPU's name (`gpu`), the KV pool vLLM allocated (`num_gpu_blocks`) and, for a `vllm bench serve`
+    JSON, engine arguments saved as its metadata (`--metadata tensor_parallel_size=2 ...`).
+
+    Read from `vllm/meta.json` of a measured folder (top level, `engine_kwargs` or `cache_config`) or from
+    the top level of a bench result. Missing keys are simply absent; values are as recorded.
+    """
+    p = Path(path)
+    source = p / "vllm" / "meta.json" if p.is_dir() else p
+    if not source.is_file():
+        return {}
+    try:
+        raw = json.loads(source.read_text())
+    except (OSError, ValueError):
+        return {}  # load_measured reports an unreadable file; nothing more is recorded
+    if not isinstance(raw, dict):
+        return {}
+    scopes = [raw, *(raw[k] for k in ("engine_kwargs", "cache_config", "metadata") if isinstance(raw.get(k), dict))]
+    out: dict[str, Any] = {}
+    for scope in scopes:
+        for key in RECORDED_GPU_KEYS:
+            if scope.get(key) and "gpu" not in out:
+                out["gpu"] = str(scope[key])
+        blocks = scope.get("num_gpu_blocks")
+        if isinstance(blocks, (int, float)) and not isinstance(blocks, bool) and blocks > 0:
+            out.setdefault("num_gpu_blocks", int(blocks))
+        if not p.is_dir():  # a bench result's engine arguments; a measured folder's come from load_measured
+            for key in RECORDED_ENGINE_KEYS:
+                if scope.get(key) not in (None, "") and key not in out:
+                    out[key] = scope[key]
+    return out
+
+
+def recorded_engine(recorded: dict[str, Any]) -> dict[str, Any]:
+    """Engine arguments (vLLM's names) from `recorded_settings`: the recorded pool as `num_gpu_blocks_override`."""
+    engine = {k: recorded[k] for k in RECORDED_ENGINE_KEYS if k in recorded}
+    if "num_gpu_blocks" in recorded:
+        engine["num_gpu_blocks_override"] = recorded["num_gpu_blocks"]
+    return engine

@@ -1,0 +1,84 @@
+"""The roofline's fitted fractions per GPU (kvsim/model/presets/efficiency.yaml) and their leave-one-GPU-out check.
+
+Bounds are the targets the README publishes: GEMMs within 10 % mean per-op error on H100 and A100 when
+fitted on the other HBM GPU only. Recomputing the held-out errors from the stored fractions needs the
+public profiles in ../shared/validation (skipped without them); refitting takes minutes and is left to
+`benchmarks/fit_efficiency.py`.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from kvsim.latency.fitting import _regime_flops
+from kvsim.latency.roofline import GEMM_REGIME_TOKENS, Efficiency, efficiency_for
+from kvsim.model.config import PRESETS_DIR, load_gpu
+
+STORED = yaml.safe_load((PRESETS_DIR / "efficiency.yaml").read_text())
+LOGO_GEMM_BOUND_PCT = {"h100-80gb": 10.0, "a100-80gb": 10.0}
+
+
+def _eff(entry):
+    return Efficiency(**{k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()
+                         if k in Efficiency.__slots__})
+
+
+def test_profiled_presets_use_their_own_fit_and_others_their_memory_types_default():
+    assert efficiency_for(load_gpu("h100-80gb")) == _eff(STORED["gpus"]["h100-80gb"])
+    assert efficiency_for(load_gpu("h200")) == _eff(STORED["defaults"]["hbm"])  # HBM, no public profile
+    assert efficiency_for(load_gpu("l40s")) == _eff(STORED["defaults"]["gddr"])
+    for entry in (*STORED["gpus"].values(), *STORED["defaults"].values()):
+        assert entry["source"]
+        assert 0 < entry["gemm_bandwidth"] <= 1 and all(0 < f <= 1 for f in entry["gemm_flops_by_regime"])
+    assert all("expected_error_pct" in d for d in STORED["defaults"].values())
+
+
+def test_a_gpu_file_can_override_fractions_and_bad_names_are_refused(tmp_path):
+    from kvsim.model.errors import KvsimError
+
+    path = tmp_path / "mygpu.yaml"
+    raw = load_gpu("l40s").model_dump(mode="json")
+    raw.pop("name")
+    path.write_text(yaml.safe_dump({**raw, "efficiency": {"gemm_bandwidth": 0.5}}))
+    eff = efficiency_for(load_gpu(str(path)))
+    assert eff.gemm_bandwidth == 0.5  # given
+    assert eff.gemm_floor_s == STORED["defaults"]["gddr"]["gemm_floor_s"]  # the rest: its memory type's default
+    typo = tmp_path / "typo.yaml"  # (load_gpu caches by path)
+    typo.write_text(yaml.safe_dump({**raw, "efficiency": {"gemm_bandwith": 0.5}}))
+    with pytest.raises(KvsimError, match="efficiency.gemm_bandwith"):
+        efficiency_for(load_gpu(str(typo)))
+
+
+def test_regime_interpolation_is_the_same_in_the_roofline_and_the_fit():
+    eff = _eff(STORED["defaults"]["hbm"])
+    tokens = np.array([1, 16, 17, 40, 64, 100, 256, 700, 1024, 3000, 4096, 9000], dtype=float)
+    assert _regime_flops(eff, tokens) == pytest.approx([eff.gemm_flops_at(int(t)) for t in tokens], rel=1e-12)
+    assert eff.gemm_flops_at(GEMM_REGIME_TOKENS[2]) == eff.gemm_flops_by_regime[2]
+
+
+@pytest.mark.parametrize("gpu", sorted(LOGO_GEMM_BOUND_PCT))
+def test_stored_leave_one_gpu_out_gemm_errors_meet_the_published_bound(gpu):
+    entry = STORED["leave_one_gpu_out"][gpu]
+    assert gpu not in entry["trained_on"]
+    assert entry["errors_pct"]["gemm"]["mean_abs_pct"] <= LOGO_GEMM_BOUND_PCT[gpu]
+
+
+@pytest.mark.parametrize("gpu", sorted(LOGO_GEMM_BOUND_PCT))
+def test_held_out_fractions_predict_the_vidur_profiles_as_stored(gpu, shared):
+    """The stored held-out fractions, applied to the held-out GPU's Vidur samples, give the stored errors."""
+    import importlib.util
+
+    from kvsim.latency.fitting import errors, predict
+
+    spec = importlib.util.spec_from_file_location("fit_script", Path(__file__).resolve().parents[1]
+                                                  / "benchmarks" / "fit_efficiency.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    samples = [s for s in script.vidur_samples(shared / "validation") if s.gpu == gpu]
+    entry = STORED["leave_one_gpu_out"][gpu]
+    got = errors(samples, predict(samples, {gpu: load_gpu(gpu)}, {gpu: _eff(entry["fitted"])}))
+    assert got["gemm"]["mean_abs_pct"] == pytest.approx(entry["errors_pct"]["gemm"]["mean_abs_pct"], abs=0.05)
+    assert got["gemm"]["mean_abs_pct"] <= LOGO_GEMM_BOUND_PCT[gpu]

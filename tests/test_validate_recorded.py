@@ -1,0 +1,65 @@
+"""`kvsim validate` uses what a measured run recorded (GPU, KV pool, a bench result's engine arguments)
+and reports prefill and decode speed separately. Tiny hand-made runs; expected values by hand."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from kvsim.validation.compare import (
+    PHASE_METRICS,
+    build_scenario,
+    measured_phase_rates,
+    resolve_gpu,
+    simulated_phase_rates,
+)
+from kvsim.validation.measured import MeasuredRun
+from kvsim.validation.recorded import recorded_settings
+from kvsim.workload.traces import TraceRecord
+
+
+def _run(**kw) -> MeasuredRun:
+    return MeasuredRun(name="r", source="vllm-measured", model_id="meta-llama/Llama-3.1-8B",
+                       requests=pd.DataFrame(), records=[TraceRecord(0.0, 10, 5)], engine={}, **kw)
+
+
+def test_meta_json_gpu_and_pool_are_read_and_used(tmp_path):
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "meta.json").write_text(json.dumps({
+        "model": "meta-llama/Llama-3.1-8B", "gpu": "NVIDIA H100 80GB HBM3", "num_gpu_blocks": 27000,
+        "engine_kwargs": {"tensor_parallel_size": 1}}))
+    recorded = recorded_settings(tmp_path)
+    assert recorded == {"gpu": "NVIDIA H100 80GB HBM3", "num_gpu_blocks": 27000}
+    assert resolve_gpu(_run(hardware="somewhere"), None, recorded) == "h100-80gb"  # no --gpu needed
+    assert resolve_gpu(_run(), "a100-80gb", recorded) == "a100-80gb"  # --gpu still wins
+    trace = tmp_path / "w.jsonl"
+    trace.write_text("")
+    scenario = build_scenario(_run(), trace, model="llama-3.1-8b", gpu="h100-80gb", recorded=recorded)
+    assert scenario.engine.num_gpu_blocks_override == 27000
+
+
+def test_bench_json_metadata_fills_engine_arguments(tmp_path):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"model_id": "x", "gpu_name": "NVIDIA A100-SXM4-80GB", "tensor_parallel_size": 2,
+                                 "kv_cache_dtype": "fp8", "metadata": {"num_gpu_blocks": 5000}}))
+    recorded = recorded_settings(bench)
+    assert recorded == {"gpu": "NVIDIA A100-SXM4-80GB", "tensor_parallel_size": 2, "kv_cache_dtype": "fp8",
+                        "num_gpu_blocks": 5000}
+    assert resolve_gpu(_run(), None, recorded) == "a100-80gb"
+    assert recorded_settings(tmp_path / "absent.json") == {}
+
+
+def test_phase_rates_by_hand(tmp_path):
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "timeseries.csv").write_text(
+        "t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n"
+        "1.0,900.0,10.0,2,0,0.0\n2.0,0.0,30.0,3,0,0.0\n3.0,300.0,20.0,5,0,0.0\n")
+    measured = measured_phase_rates(tmp_path)
+    assert measured == {PHASE_METRICS[0]: pytest.approx(600.0), PHASE_METRICS[1]: pytest.approx(60 / 10)}
+    # kvsim: a prefill step [0, 0.5) of 100 tokens, decode steps [0.5, 1.2) and [1.2, 1.9) of 2 sequences;
+    # ticks by step end: 0 → 100 prompt tokens, 1 → 4 generated; running at t = 1 and 2: 2 and 0
+    steps = pd.DataFrame({"time_s": [0.0, 0.5, 1.2], "duration_s": [0.5, 0.7, 0.7],
+                          "num_prefill_tokens": [100, 0, 0], "num_decode_seqs": [0, 2, 2],
+                          "vllm:num_requests_running": [1, 2, 2]})
+    assert simulated_phase_rates(steps) == {PHASE_METRICS[0]: pytest.approx(100.0),
+                                            PHASE_METRICS[1]: pytest.approx(4 / 2)}
