@@ -3,8 +3,8 @@
 Both run through the one driver (`kvsim.engine.loop.run_engines`: one arrival process, one step
 loop; a fleet's replicas use it too, from `kvsim.fleet.driver`). `simulate(scenario)` builds the
 allocator, scheduler, latency model and workload from a validated `Scenario` and returns a
-`RunResult` (DataFrames + summary). Same scenario and
-seed → identical results: the only randomness is one `numpy.random.Generator(seed)`.
+`RunResult` (DataFrames + summary). Same scenario and seed → identical results: the only
+randomness is one `numpy.random.Generator(seed)`.
 """
 
 from __future__ import annotations
