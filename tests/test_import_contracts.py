@@ -108,7 +108,6 @@ KNOWN_CYCLES = [
     {"kvsim.model.config", "kvsim.model.weights"},
     {"kvsim.kv.paged", "kvsim.kv.paged_burst"},
     {"kvsim.sched.base", "kvsim.sched.burst"},
-    {"kvsim.planning.plan", "kvsim.planning.plan_rate"},
 ]
 
 

@@ -218,6 +218,8 @@ class SteadyRateSearch:
     rel_tol: float = 0.01
     first_tol: float = 0.05
     converge_tol: float = 0.02
+    max_rate: float = math.inf  # a passing rate this high ends a level: nothing more is asked for
+    min_rate: float = 0.0  # a failing rate this low ends the search: nothing useful passes
     levels: list[Level] = field(default_factory=list)
     results: dict[tuple[int, float], Any] = field(default_factory=dict)
     converged: bool = False
@@ -231,7 +233,7 @@ class SteadyRateSearch:
     def level(self) -> Level:
         return self.levels[-1]
 
-    def _answer(self) -> Level | None:
+    def answer_level(self) -> Level | None:
         """The longest level whose search has finished (its passing rate is the answer)."""
         done = [lv for lv in self.levels if self._level_done(lv)]
         return done[-1] if done else None
@@ -239,17 +241,19 @@ class SteadyRateSearch:
     @property
     def rate(self) -> float:
         """The answer: the highest passing rate of the longest finished level (0 if none passed)."""
-        level = self._answer()
+        level = self.answer_level()
         return level.bound.passed if level else 0.0
 
     @property
     def evidence(self) -> Any:
         """The evidence of the passing probe behind `rate` (None when nothing passed)."""
-        level = self._answer()
+        level = self.answer_level()
         return level.bound.result if level else None
 
     def _level_done(self, lv: Level) -> bool:
         b, tol = lv.bound, self.first_tol if lv is self.levels[0] else self.rel_tol
+        if b.passed >= self.max_rate or (b.failed is not None and b.failed <= self.min_rate):
+            return True
         if b.failed is None:
             return False
         if b.passed == 0.0:
@@ -260,8 +264,8 @@ class SteadyRateSearch:
         if self.converged or self.capped:
             return None
         if self._level_done(self.level):
-            if self.level.bound.passed == 0.0:
-                self.converged = True  # nothing passes even one request at a time
+            if self.level.bound.passed == 0.0 or self.level.bound.passed < self.min_rate:
+                self.converged = True  # nothing (useful) passes, however long the run
                 return None
             if len(self.levels) > 1:
                 before, now = self.levels[-2].bound.passed, self.level.bound.passed
@@ -273,7 +277,7 @@ class SteadyRateSearch:
                 return None
             self.levels.append(Level(2 * self.level.num_requests, start_rate=self.level.bound.passed,
                                      step=1 + 2 * self.rel_tol))
-        rate = self._pending = self.level.next_rate()
+        rate = self._pending = min(self.level.next_rate(), self.max_rate)
         return rate, self.level.num_requests
 
     def observe(self, passed: bool, evidence: Any) -> None:
@@ -291,7 +295,7 @@ class SteadyRateSearch:
 
     def summary(self) -> dict[str, Any]:
         """The answer and how it was reached (JSON-safe)."""
-        level = self._answer()
+        level = self.answer_level()
         return {"rate_per_s": self.rate, "converged": self.converged, "capped": self.capped,
                 "num_requests": level.num_requests if level else self.num_requests,
                 "rates_by_length": {lv.num_requests: lv.bound.passed for lv in self.levels if self._level_done(lv)},
@@ -309,3 +313,35 @@ def drive(searches: Sequence[SteadyRateSearch],
         for (i, _, _), (passed, evidence) in zip(todo, run(todo), strict=True):
             searches[i].observe(passed, evidence)
     raise RuntimeError(f"steady-state rate search did not settle in {max_rounds} rounds")
+
+
+def search_rates(make: Callable[[int, float, int], Any], num_items: int, slo: Mapping[str, float],
+                 run: Callable[[list[Any]], Sequence[Mapping[str, Any]]], start_rate: float = 1.0,
+                 num_requests: int = 400, max_requests: int = 12_800) -> list[SteadyRateSearch]:
+    """The sustainable rate of `num_items` variants at once: `make(item, rate, num_requests)` builds a
+    probe's scenario, `run(scenarios)` returns each one's `window_evidence` (a round's probes together)."""
+    searches = [SteadyRateSearch(start_rate, num_requests, max_requests) for _ in range(num_items)]
+
+    def probe(batch: list[tuple[int, float, int]]) -> list[tuple[bool, Any]]:
+        evidence = run([make(i, rate, n) for i, rate, n in batch])
+        return [(probe_passes(ev, slo), ev) for ev in evidence]
+
+    drive(searches, probe)
+    return searches
+
+
+def failing_evidence(search: SteadyRateSearch) -> Mapping[str, Any] | None:
+    """The evidence of the lowest failing probe at the answer's run length (what stopped the rate)."""
+    level = search.answer_level() or search.level
+    failed = level.bound.failed
+    return None if failed is None else search.results.get((level.num_requests, failed))
+
+
+def why_failed(evidence: Mapping[str, Any] | None, slo: Mapping[str, float]) -> str | None:
+    """'is overloaded' / 'is backlogged' when the system was not stable, else 'misses' and the SLOs missed."""
+    if evidence is None:
+        return None
+    if evidence["verdict"] != STABLE:
+        return f"is {evidence['verdict']}"
+    missed = [k for k, v in slo_values(evidence, slo).items() if v > slo[k]]
+    return "misses " + ", ".join(missed) if missed else None

@@ -96,20 +96,26 @@ def _fig_paging(sec: studies.Section, ax_pair) -> None:
     ax_pair[0].set_ylabel("% of the KV pool, time-averaged while saturated")
     ax_pair[0].legend(fontsize=7)
     rates = sec.tables["sustained_rate"]
-    ax_pair[1].bar(rates.allocator, rates.max_rate_meeting_slo, color="#1971c2")
-    ax_pair[1].set_ylabel("max request rate meeting the TTFT SLO (req/s)")
+    ax_pair[1].bar(rates.allocator, rates.max_rate_meeting_slo.fillna(0.0).astype(float), color="#1971c2")
+    for x, value in enumerate(rates.max_rate_meeting_slo):
+        ax_pair[1].annotate("–" if pd.isna(value) else f"{value:.3g}", (x, 0 if pd.isna(value) else value),
+                            ha="center", va="bottom", fontsize=8)
+    ax_pair[1].set_ylabel("sustainable rate under the TTFT SLO (req/s)")
 
 
 def _fig_load(sec: studies.Section, ax_pair) -> None:
-    df = sec.tables["load_curves"]
+    df, f = sec.tables["load_curves"], sec.facts
     for p in ("p50", "p90", "p99"):
         ax_pair[0].plot(df.rate, df[f"ttft_{p}_s"], marker="o", label=f"TTFT {p}")
         ax_pair[1].plot(df.rate, df[f"tpot_{p}_s"] * 1e3, marker="o", label=f"TPOT {p}")
+    ax_pair[0].axhline(f["ttft_slo_s"], color="#c92a2a", linestyle="--", linewidth=1, label="TTFT p90 SLO")
+    if f["sustainable_rate"]:
+        for ax in ax_pair:
+            ax.axvline(f["sustainable_rate"], color="#495057", linestyle=":", linewidth=1, label="sustainable rate")
     ax_pair[0].set_yscale("log")
-    ax_pair[0].set_ylabel("seconds")
-    ax_pair[1].set_ylabel("ms")
+    ax_pair[0].set_ylabel("TTFT (s), log scale")
+    ax_pair[1].set_ylabel("TPOT (ms)")
     for ax in ax_pair:
-        ax.set_xscale("log", base=2)
         ax.set_xlabel("request rate (req/s)")
         ax.legend(fontsize=7)
 

@@ -77,41 +77,69 @@ def prefix_text(sec: studies.Section) -> str:
             f"{on.prefix_cache_hit_rate:.1%}; sharing saves {on.sharing_saving:.1%} of the KV the requests map.")
 
 
+def _rate_evidence(row: pd.Series, cfg: studies.StudyConfig) -> str:
+    """How a sustainable rate was established: run length, window, served/offered, percentile CI."""
+    length = (f"capped at {int(row.requests_per_probe):,} requests a probe before two run lengths agreed within 2 %"
+              if row.capped else f"stable to within 2 % from {int(row.requests_per_probe) // 2:,} to "
+              f"{int(row.requests_per_probe):,} requests a probe")
+    ci = ""
+    if pd.notna(row.ttft_p90_ci_low_s) and pd.notna(row.ttft_p90_ci_high_s):
+        ci = f", 95 % interval {row.ttft_p90_ci_low_s:.2f}–{row.ttft_p90_ci_high_s:.2f} s"
+    return (f"{length}; over its measurement window ({row.num_in_window:,} requests in {row.window_s:,.0f} s, "
+            f"warm-up and drain left out) it served {row.served_over_offered:.3f}× the offered rate with a backlog "
+            f"trend of {row.backlog_trend:+.3f} and p90 TTFT {row.ttft_p90_s:.2f} s{ci}")
+
+
 def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
     waste = sec.tables["waste_breakdown"].set_index("allocator")
     rates = sec.tables["sustained_rate"].set_index("allocator")
+    saturated = [a for a in waste.index if waste.loc[a, "limited_by"] == "kv"]
     shares = ", ".join(f"{a} {waste.loc[a, 'token_state']:.1%}" for a in waste.index)
+    if len(saturated) == len(waste):
+        intro = ("Shares of the whole KV pool holding token states, time-averaged while requests queue (the view of "
+                 f"the PagedAttention paper's Fig. 2; slack, gaps and free space are its \"external fragmentation & "
+                 f"others\"): {shares} (paper: Orca Max 20.4 %, Pow2 26.8 %, Oracle 38.2 %, vLLM 96.3 %).")
+    else:
+        free = [a for a in waste.index if a not in saturated]
+        intro = (f"Token-state shares of the KV pool (the paper's Fig. 2 view): {shares}; but the {', '.join(free)} "
+                 "run(s) never filled the pool (capped by " + ", ".join(sorted({waste.loc[a, 'limited_by']
+                                                                              for a in free}))
+                 + " instead), so their shares describe a pool with room to spare, not the paper's KV-bound case.")
     mult = ", ".join(f"{rates.loc[a, 'paging_multiplier']:.2f}× over {a}" for a in rates.index if a != "paged"
                      and pd.notna(rates.loc[a, "paging_multiplier"]))
     paged = rates.loc["paged"]
+    if pd.isna(paged.max_rate_meeting_slo):
+        return (f"{intro} No Poisson rate is sustainable with paging under p90 TTFT ≤ {cfg.ttft_slo_s} s: even "
+                f"at the lowest probed rate the probe {paged.fails_by}.")
     cost = ""
-    if paged.usd_per_concurrent_user_hour == paged.usd_per_concurrent_user_hour and paged.usd_per_concurrent_user_hour:
-        cost = (f" At that rate paged KV serves {paged.mean_running:g} concurrent requests and "
-                f"{paged.output_tokens_per_s:,.0f} output tokens/s: ${paged.usd_per_concurrent_user_hour:.4f} per "
-                f"concurrent user-hour and ${paged.usd_per_million_output_tokens:.2f} per million output tokens "
-                f"({paged.price_source}).")
-    if pd.notna(paged.first_failing_rate):  # the search found the limit
-        rate = (f"The highest Poisson rate whose p90 TTFT stays within {cfg.ttft_slo_s} s, found by bisection to "
-                f"5 %, is {paged.max_rate_meeting_slo:g} req/s with paging: {mult or 'no other allocator has a limit'}"
-                f".{cost}")
-    else:
-        rate = (f"With paging the p90 TTFT stays within {cfg.ttft_slo_s} s at every rate tried, up to "
-                f"{paged.max_rate_meeting_slo:g} req/s, where all {3 * cfg.num_requests} requests of a probe arrive "
-                "as good as at once: this workload is too small to find the sustainable rate (raise the request "
-                "count), so no paging multiplier is given.")
-    return ("Shares of the whole KV pool holding token states, time-averaged while requests queue (the view of "
-            f"the PagedAttention paper's Fig. 2; slack, gaps and free space are its \"external fragmentation & "
-            f"others\"): {shares} (paper: Orca Max 20.4 %, Pow2 26.8 %, Oracle 38.2 %, vLLM 96.3 %). {rate}")
+    if pd.notna(paged.usd_per_concurrent_user_hour):
+        cost = (f" At that rate, over the window, paged KV runs {paged.mean_running:g} requests at once (Little's "
+                f"law) and serves {paged.output_tokens_per_s:,.0f} output tokens/s: "
+                f"${paged.usd_per_concurrent_user_hour:.4f} per concurrent user-hour and "
+                f"${paged.usd_per_million_output_tokens:.2f} per million output tokens ({paged.price_source}).")
+    rejected = ""
+    if paged.rejected_fraction and paged.rejected_fraction > 0:
+        rejected = (f" {paged.rejected_fraction:.1%} of the requests can never be served (over max_model_len or "
+                    "the pool) and are counted apart, not as SLO misses.")
+    above = (f" Above it, at {paged.first_failing_rate:g} req/s, the probe {paged.fails_by}."
+             if pd.notna(paged.fails_by) else "")
+    return (f"{intro} The highest sustainable Poisson rate with p90 TTFT ≤ {cfg.ttft_slo_s} s is "
+            f"{paged.max_rate_meeting_slo:g} req/s with paging ({_rate_evidence(paged, cfg)}).{above} "
+            f"Paging multiplier: {mult or 'no other allocator sustains any rate'}.{rejected}{cost}")
 
 
 def load_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
-    df = sec.tables["load_curves"]
+    df, f = sec.tables["load_curves"], sec.facts
     ok = df[df.meets_slo]
-    knee = f"the p90 TTFT meets the {cfg.ttft_slo_s} s SLO up to {ok.rate.max():g} req/s" if len(ok) else \
-        f"no rate of the grid meets the {cfg.ttft_slo_s} s SLO"
-    return (f"TTFT and TPOT percentiles of the paged engine from {df.rate.min():g} to {df.rate.max():g} req/s: "
-            f"{knee}; the time series shows the run at {sec.facts['time_series_rate']:g} req/s with preemptions "
-            "marked.")
+    knee = f"the p90 TTFT meets the {cfg.ttft_slo_s} s SLO, stably, up to {ok.rate.max():g} req/s" if len(ok) else \
+        f"no rate of the grid meets the {cfg.ttft_slo_s} s SLO stably"
+    verdicts = ", ".join(f"{r.rate:g}: {r.verdict}" for r in df.itertuples())
+    around = (f" (the grid spans {df.fraction_of_sustainable.min():.3g}× to {df.fraction_of_sustainable.max():.3g}× "
+              f"the sustainable rate {f['sustainable_rate']:g} req/s)" if f["sustainable_rate"] else "")
+    return (f"TTFT and TPOT percentiles of the paged engine from {df.rate.min():g} to {df.rate.max():g} req/s"
+            f"{around}, {int(df.num_requests.iloc[0]):,} requests a run, over each run's measurement window: {knee}. "
+            f"Verdicts per rate: {verdicts}. The time series shows the run at {f['time_series_rate']:g} req/s with "
+            "preemptions marked.")
 
 
 def alerts_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
