@@ -284,7 +284,9 @@ def plan(
     spec_file: Annotated[str | None, typer.Option("--spec", help="YAML with plan fields (slo, gpus, ...)")] = None,
     slo: Annotated[list[str] | None, typer.Option("--slo", help="METRIC.STAT=SECONDS, e.g. ttft_s.p90=2")] = None,
     gpus: Annotated[list[str] | None, typer.Option("--gpu", help="Candidate GPU (repeat)")] = None,
-    tp_sizes: Annotated[list[int] | None, typer.Option("--tp", help="Candidate tensor-parallel size (repeat)")] = None,
+    tp_sizes: Annotated[list[int] | None, typer.Option("-tp", "--tensor-parallel-size", "--tp",
+                                                       help="Candidate tensor-parallel size (repeat) "
+                                                            "[the scenario's]")] = None,
     knobs: Annotated[list[str] | None, typer.Option("--engine", help="Knob values: max_num_seqs=128,256")] = None,
     costs: Annotated[list[str] | None, typer.Option("--gpu-hourly-cost", help="GPU=PRICE per GPU-hour")] = None,
     max_replicas: Annotated[int | None, typer.Option("--max-replicas")] = None,
@@ -316,9 +318,16 @@ def plan(
             if not Path(spec_file).is_file():
                 raise KvsimError(f"spec={spec_file!r}: file not found")
             with reading(spec_file, "spec"):
-                raw = yaml.safe_load(Path(spec_file).read_text()) or {}
+                try:
+                    raw = yaml.safe_load(Path(spec_file).read_text()) or {}
+                except yaml.YAMLError as error:
+                    mark = getattr(error, "problem_mark", None)
+                    where = f" (line {mark.line + 1})" if mark is not None else ""
+                    raise KvsimError(f"spec={spec_file!r}: not valid YAML{where}") from None
             if not isinstance(raw, dict):
                 raise KvsimError(f"spec={spec_file!r}: expected a mapping")
+        if not tp_sizes and "tensor_parallel_sizes" not in raw:
+            tp_sizes = [base.engine.tensor_parallel_size]  # the scenario's TP unless candidates are given
         spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
                                  max_replicas, router, search)
         check_candidates(base, spec)

@@ -37,14 +37,21 @@ from kvsim.workload.scenario import Scenario
 
 
 def check_candidates(base: Scenario, spec: PlanSpec) -> None:
-    """Refuse, before any cluster starts or folder is made, a candidate whose GPU is unknown or
-    whose engine knobs do not make a valid scenario (a `KvsimError` naming the field)."""
-    from kvsim.model.config import load_gpu
+    """Refuse, before any cluster starts or folder is made, a scenario that already fixes `replicas`, and
+    a candidate whose GPU is unknown, whose engine knobs do not make a valid scenario, or whose TP the
+    model cannot be split over or whose weights leave no KV pool (a `KvsimError` naming the field)."""
+    from kvsim.model.capacity import check_parallel, num_gpu_blocks
+    from kvsim.model.config import load_gpu, load_model
 
+    if base.replicas is not None:
+        raise KvsimError(f"replicas={base.replicas!r}: plan searches the replica count; remove it from the scenario")
     for gpu in dict.fromkeys(spec.gpus):
         load_gpu(gpu)
+    model = load_model(base.model)
     for candidate in candidates(spec):
-        candidate.scenario(base, 1, spec.router)
+        scenario = candidate.scenario(base, 1, spec.router)
+        check_parallel(model, scenario.engine)
+        num_gpu_blocks(model, load_gpu(candidate.gpu), scenario.engine)
 
 
 def point_metrics(scenario: Scenario) -> Metrics:
@@ -150,17 +157,14 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
 
     Finished points are kept in `out_dir/points.jsonl`, so a rerun resumes where it stopped.
     """
-    if base.replicas is not None:
-        raise KvsimError(f"replicas={base.replicas!r}: plan searches the replica count; remove it from the scenario")
-    for candidate in candidates(spec):  # bad knob values fail here, before any simulation
-        candidate.scenario(base, 1, spec.router)
+    check_candidates(base, spec)  # bad knob values fail here, before any simulation
     searches: list[ReplicaSearch] | list[RateSearch]
     if spec.search == "rate":
         target_rate_per_s = offered_rate_per_s(base)
         searches = [RateSearch(c, base, spec, target_rate_per_s) for c in candidates(spec)]
     else:
         searches = [ReplicaSearch(c, base, spec) for c in candidates(spec)]
-    store = PointStore(Path(out_dir) / "points.jsonl")
+    store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence",))
     simulated = run_searches(searches, point_metrics, store, client, on_point)
     rows = [{**s.row(hourly_price(spec, s.candidate.gpu).usd_per_gpu_hour),
              "price_source": hourly_price(spec, s.candidate.gpu).source} for s in searches]
@@ -200,7 +204,10 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
         except ValueError:
             raise KvsimError(f"--gpu-hourly-cost {key}={value!r}: expected a price per hour") from None
     for key, value in _assignments(knobs, "--engine"):
-        raw.setdefault("engine", {})[key] = [yaml.safe_load(v) for v in value.split(",")]
+        try:
+            raw.setdefault("engine", {})[key] = [yaml.safe_load(v) for v in value.split(",")]
+        except yaml.YAMLError:
+            raise KvsimError(f"--engine {key}={value!r}: not a comma-separated list of values") from None
     if gpus:
         raw["gpus"] = gpus
     if tp_sizes:

@@ -62,6 +62,15 @@ class PlanSpec(BaseModel):
             raise ValueError(f"{sizes}: tensor-parallel sizes must be positive")
         return sizes
 
+    @field_validator("engine")
+    @classmethod
+    def _no_tp_knob(cls, engine: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        """TP is a candidate dimension (it multiplies GPUs and cost), not an engine knob."""
+        if "tensor_parallel_size" in engine:
+            raise ValueError(f"tensor_parallel_size={engine['tensor_parallel_size']}: give TP sizes with "
+                             "-tp/--tensor-parallel-size (or tensor_parallel_sizes), so GPUs and cost count them")
+        return engine
+
     @field_validator("gpu_hourly_cost")
     @classmethod
     def _positive_cost(cls, costs: dict[str, float]) -> dict[str, float]:

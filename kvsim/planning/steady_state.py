@@ -59,7 +59,7 @@ Z_95 = 1.959964
 
 def quantile_ci(sorted_values: np.ndarray, p: float, z: float = Z_95) -> tuple[float | None, float | None]:
     """A confidence interval for the p-quantile: the order statistics at ranks n·p ∓ z·√(n·p·(1−p))
-    (0-based, clipped to the sample). Values must be sorted; NaN/inf count as the largest."""
+    (0-based, clipped to the sample). Values must be sorted."""
     n = len(sorted_values)
     if n == 0:
         return None, None
@@ -73,9 +73,9 @@ def _finite(value: float) -> float | None:
 
 
 def _stats(values: np.ndarray) -> dict[str, Any]:
-    """mean, p50/p90/p99 (numpy's linear interpolation, as `kvsim.results.metrics.percentiles`) and CIs.
-    A request that never produced the value (NaN) counts as infinitely late."""
-    values = np.where(np.isnan(values), np.inf, values)
+    """mean, p50/p90/p99 (numpy's linear interpolation, as `kvsim.results.metrics.percentiles`) and CIs,
+    over the requests that have the value (NaN left out: a one-token reply has no TPOT)."""
+    values = values[~np.isnan(values)]
     ordered = np.sort(values)
     out: dict[str, Any] = {"n": int(len(values))}
     if not len(values):
