@@ -10,10 +10,16 @@ at that traffic: counts 1, 2, 4, … are tried until one meets it, then bisectio
 last miss and the first hit. This assumes that adding a replica never breaks an SLO (more
 replicas, less load each), which holds for the load-aware routers and round robin alike.
 
+A count passes only when its fleet is stable and meets every SLO over the steady-state
+measurement window (`kvsim.planning.steady_state`); the chosen count is then re-run with 10×
+the requests (`kvsim.planning.verify`: `verified` and `verify_*` columns).
+
 For each candidate the table gives the cost per hour (replicas × TP × the GPU's hourly
-price), GPUs, replicas, the headroom (the smallest relative slack of an SLO at that count),
-and the limiting factor: the SLO that failed with one replica fewer, and whether that
-fleet was short of KV memory (it preempted) or of compute (it only queued).
+price: the planner's, or the shipped list's, `price_source`), GPUs, replicas, the headroom
+(the smallest relative slack of an SLO at that count), the limiting factor (the SLO that
+failed with one replica fewer, and whether that fleet was short of KV memory, it preempted,
+or of compute, it only queued), the window's evidence, and the first-principles floor
+(`kvsim.planning.bounds`: `lower_bound_replicas`, which bound binds, `replicas_over_bound`).
 
 `search: rate` sizes a homogeneous fleet instead from the highest load one replica sustains
 (`kvsim.planning.plan_rate`): one single-replica bisection per candidate, then
@@ -27,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError
+from kvsim.planning.bounds import replica_floor
 from kvsim.planning.cost import GpuPrice, gpu_price
 from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s
 from kvsim.planning.search import Metrics, PointStore, run_searches
@@ -160,14 +167,19 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     check_candidates(base, spec)  # bad knob values fail here, before any simulation
     searches: list[ReplicaSearch] | list[RateSearch]
     if spec.search == "rate":
-        target_rate_per_s = offered_rate_per_s(base)
-        searches = [RateSearch(c, base, spec, target_rate_per_s) for c in candidates(spec)]
+        searches = [RateSearch(c, base, spec, offered_rate_per_s(base)) for c in candidates(spec)]
     else:
         searches = [ReplicaSearch(c, base, spec) for c in candidates(spec)]
     store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence",))
     simulated = run_searches(searches, point_metrics, store, client, on_point)
-    rows = [{**s.row(hourly_price(spec, s.candidate.gpu).usd_per_gpu_hour),
-             "price_source": hourly_price(spec, s.candidate.gpu).source} for s in searches]
+    target_rate_per_s = offered_rate_per_s(base)
+    rows = []
+    for s in searches:
+        row = s.row(hourly_price(spec, s.candidate.gpu).usd_per_gpu_hour)
+        floor = replica_floor(s.candidate.scenario(base, 1, spec.router), target_rate_per_s)
+        rows.append({**row, "lower_bound_replicas": floor.replicas, "bound_binds": floor.binds,
+                     "replicas_over_bound": round(row["replicas"] / floor.replicas, 3) if row["replicas"] else None,
+                     "price_source": hourly_price(spec, s.candidate.gpu).source})
     return rank(rows), simulated
 
 

@@ -49,9 +49,10 @@ def _fig_context(sec: studies.Section, ax_pair) -> None:
 
 def _fig_fp8(sec: studies.Section, ax_pair) -> None:
     df = sec.tables["kv_quantization"]
-    ax_pair[0].bar(df.kv_cache_dtype, df.simulated_sustained_running, color=["#495057", "#1971c2"])
+    numeric = df[["simulated_sustained_running", "tpot_mean_s_at_base_rate"]].astype(float)  # None → NaN: no bar
+    ax_pair[0].bar(df.kv_cache_dtype, numeric.simulated_sustained_running, color=["#495057", "#1971c2"])
     ax_pair[0].set_ylabel("sustained concurrent sequences (saturated)")
-    ax_pair[1].bar(df.kv_cache_dtype, df.tpot_mean_s_at_base_rate * 1e3, color=["#495057", "#1971c2"])
+    ax_pair[1].bar(df.kv_cache_dtype, numeric.tpot_mean_s_at_base_rate * 1e3, color=["#495057", "#1971c2"])
     ax_pair[1].set_ylabel("mean TPOT at the base rate (ms)")
 
 
@@ -76,7 +77,8 @@ def _fig_formula(sec: studies.Section, ax_pair) -> None:
     ax.plot(df.context_len, df.sustained_running, "-", marker="s", label="sustained (time-averaged, saturated)")
     ax.plot(df.context_len, df.max_seqs_without_preemption, "-", marker="^", label="largest without preemption")
     ax.plot(df.context_len, df.peak_running_transient, ":", marker="x", label="peak (admission transient)")
-    ax.plot(df.context_len, df.fitted_seqs, ":", label=f"fitted ×{sec.facts['fitted_constant']:.2f}")
+    if np.isfinite(sec.facts["fitted_constant"]):  # no KV-bound row: nothing was fitted
+        ax.plot(df.context_len, df.fitted_seqs, ":", label=f"fitted ×{sec.facts['fitted_constant']:.2f}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length (prompt + output)")

@@ -120,7 +120,10 @@ class Study:
         return saturated(self.base, self.cfg.num_requests, *overrides)
 
     def limited_by(self, summary: dict[str, Any]) -> str:
-        """What capped a saturated run's concurrency: the request count, max_num_seqs, or KV memory."""
+        """What capped a saturated run's concurrency: KV memory (it preempted, or neither other limit was
+        reached), the request count, or max_num_seqs."""
+        if summary["num_preemptions"]:
+            return "kv"
         if summary["max_running"] >= summary["num_requests"] - summary["num_rejected"]:
             return "requests"
         if summary["max_running"] >= self.base.engine.resolved_max_num_seqs(self.gpu):
@@ -178,6 +181,7 @@ def kv_quantization(st: Study) -> Section:
             "tpot_mean_s_saturated": s.summary["tpot_s"]["mean"],
             "tpot_mean_s_at_base_rate": b.summary["tpot_s"]["mean"],
             "ttft_p90_s_at_base_rate": b.summary["ttft_s"]["p90"],
+            "limited_by": st.limited_by(s.summary),
         })
     return Section("fp8", "KV quantization (fp8)", {"kv_quantization": pd.DataFrame(rows)})
 

@@ -59,11 +59,21 @@ def context_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
 def fp8_text(sec: studies.Section) -> str:
     df = sec.tables["kv_quantization"].set_index("kv_cache_dtype")
     auto, fp8 = df.loc["auto"], df.loc["fp8"]
-    tpot = fp8.tpot_mean_s_at_base_rate / auto.tpot_mean_s_at_base_rate
+    tpot = ""
+    if pd.notna(fp8.tpot_mean_s_at_base_rate) and pd.notna(auto.tpot_mean_s_at_base_rate):
+        tpot = f" Mean TPOT at the base rate is {fp8.tpot_mean_s_at_base_rate / auto.tpot_mean_s_at_base_rate:.2f}×" \
+               " the 16-bit one."
+    capped = sorted({lim for lim in df.limited_by if lim != "kv"})
+    caveat = ""
+    if capped:
+        words = {"requests": "the number of requests sent", "max_num_seqs": "max_num_seqs"}
+        caveat = (f" These saturated runs were capped by {' and '.join(words[c] for c in capped)}, not by KV memory, "
+                  "so the simulated change understates what fp8 buys a KV-bound engine (the closed form: "
+                  f"{fp8.closed_form_paged_at_mean_len / auto.closed_form_paged_at_mean_len:.2f}× the sequences).")
     return (f"fp8 KV stores {auto.bytes_per_block / fp8.bytes_per_block:.1f}× fewer bytes per block: "
             f"{int(fp8.num_gpu_blocks):,} blocks instead of {int(auto.num_gpu_blocks):,}, and sustained concurrency "
             f"changes by {_change(auto.simulated_sustained_running, fp8.simulated_sustained_running, 2)} from 16-bit "
-            f"to fp8. Mean TPOT at the base rate is {tpot:.2f}× the 16-bit one.")
+            f"to fp8.{caveat}{tpot}")
 
 
 def prefix_text(sec: studies.Section) -> str:
@@ -71,8 +81,13 @@ def prefix_text(sec: studies.Section) -> str:
     biggest = df.num_requests.max()
     off = df[(df.num_requests == biggest) & ~df.prefix_caching].iloc[0]
     on = df[(df.num_requests == biggest) & df.prefix_caching].iloc[0]
+    if round(off.kv_usage_max, 3) == round(on.kv_usage_max, 3):
+        usage = (f"peak KV usage is {on.kv_usage_max:.1%} with and without prefix caching (the pool fills either "
+                 "way, so the peak hides what sharing saves; see the saving below)")
+    else:
+        usage = f"prefix caching takes peak KV usage from {off.kv_usage_max:.1%} to {on.kv_usage_max:.1%}"
     return (f"Every request starts with the same {f['prefix_tokens']:,}-token system prompt. With {biggest} "
-            f"requests, prefix caching takes peak KV usage from {off.kv_usage_max:.1%} to {on.kv_usage_max:.1%}, "
+            f"requests, {usage}, "
             f"mean TTFT from {off.ttft_mean_s:.2f} s to {on.ttft_mean_s:.2f} s, with a hit rate of "
             f"{on.prefix_cache_hit_rate:.1%}; sharing saves {on.sharing_saving:.1%} of the KV the requests map.")
 
