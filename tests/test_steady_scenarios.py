@@ -32,7 +32,7 @@ def test_the_rate_does_not_depend_on_the_first_run_length():
     n = sized(200, 400)
 
     def rate(first: int) -> float:
-        cfg = studies.StudyConfig(workers=1, rate_requests=first, rate_max_requests=16 * n)
+        cfg = studies.StudyConfig(workers=1, rate_requests=first, rate_max_requests=32 * n)
         st = studies.Study(base, cfg)
         from kvsim.planning.steady_state import search_rates
 

@@ -44,8 +44,6 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.planning.rate_search import RateBound
-
 SLO_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
 SLO_STATS = ("mean", "p50", "p90", "p99")
 STABLE, BACKLOGGED, OVERLOADED, EMPTY = "stable", "backlogged", "overloaded", "no servable requests"
@@ -179,6 +177,17 @@ def describe(evidence: Mapping[str, Any]) -> str:
         return f"{EMPTY} ({evidence['num_rejected']} of {evidence['num_requests']} rejected)"
     return (f"{evidence['verdict']}: {evidence['num_in_window']} requests over {evidence['window_s']:.4g} s, "
             f"served/offered {evidence['served_over_offered']:.3f}, backlog trend {evidence['backlog_trend']:+.3f}")
+
+
+@dataclass(slots=True)
+class RateBound:
+    """`passed`: the highest rate whose probe passed (0 if none); `failed`: the lowest that failed (None
+    before one has); `result`: the probe's evidence at `passed`."""
+
+    passed: float = 0.0
+    failed: float | None = None
+    result: Any = None
+    num_probes: int = 0
 
 
 @dataclass(slots=True)

@@ -124,6 +124,12 @@ def _fig_load(sec: studies.Section, ax_pair) -> None:
 
 def _fig_fleet(sec: studies.Section, ax_pair) -> None:
     df, f = sec.tables["fleet_routing"], sec.facts
+    if f.get("unservable"):
+        ax_pair[0].text(0.5, 0.5, f"{f['num_too_long']} of {f['num_requests']} requests over max_model_len "
+                        f"{f['max_model_len']:,}:\nnot servable, no fleet sized", ha="center", va="center",
+                        transform=ax_pair[0].transAxes)
+        ax_pair[0].set_axis_off()
+        return
     names = [r.replace("_", " ") for r in df.router]
     ax_pair[0].bar(names, df.prefix_cache_hit_rate * 100, color="#1971c2")
     ax_pair[0].axhline(f["unbounded_hit_rate"] * 100, color="#2b8a3e", linestyle="--", linewidth=1,

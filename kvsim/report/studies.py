@@ -67,12 +67,14 @@ class StudyConfig:
     fleet_max_replicas: int = 64  # the fleet section's replica search stops here
     rate_requests: int = 400  # the steady-state rate search's first run length (it doubles until converged)
     rate_max_requests: int = 12_800  # ... up to this many requests per probe (the cap is reported when hit)
+    saturate_max_requests: int = 20_000  # a request-bound saturated run is re-run with more, up to this
 
     @classmethod
     def quick(cls) -> StudyConfig:
         return cls(num_requests=60, load_fractions=(0.25, 0.75, 1.0, 1.5), shared_prefix_counts=(4, 16),
                    fleet_requests=60,
-                   fleet_max_replicas=8, rate_requests=200, rate_max_requests=1600)
+                   fleet_max_replicas=8, rate_requests=200, rate_max_requests=1600,
+                   saturate_max_requests=3000)
 
 
 def variant(base: Scenario, *overrides: str) -> Scenario:
@@ -116,8 +118,25 @@ class Study:
         self.mean_kv_len = float(np.mean([r.kv_len for r in requests]))
         self.latency_name = make_latency(self.base, self.model, self.gpu).name
 
-    def saturated(self, *overrides: str) -> Scenario:
-        return saturated(self.base, self.cfg.num_requests, *overrides)
+    def saturated(self, *overrides: str, num_requests: int | None = None) -> Scenario:
+        """A saturating variant: 3 × `num_requests` (default the report's) requests at once."""
+        return saturated(self.base, num_requests or self.cfg.num_requests, *overrides)
+
+    def run_saturated(self, overrides: list[tuple[str, ...]]) -> tuple[list[SweepResult], list[int]]:
+        """Saturated runs of each override set, a run re-done with 4× the requests while the request count
+        is what capped it (up to `saturate_max_requests`), so that KV memory or max_num_seqs caps it: a
+        study that ended request-bound would measure the workload's size, not the engine. Returns the
+        runs and the request counts (÷ 3) they used."""
+        counts = [self.cfg.num_requests] * len(overrides)
+        runs = self.run([self.saturated(*o) for o in overrides])
+        while todo := [i for i, r in enumerate(runs) if self.limited_by(r.summary) == "requests"
+                       and 3 * 4 * counts[i] <= self.cfg.saturate_max_requests]:
+            for i in todo:
+                counts[i] *= 4
+            for i, run in zip(todo, self.run([self.saturated(*overrides[i], num_requests=counts[i]) for i in todo]),
+                              strict=True):
+                runs[i] = run
+        return runs, counts
 
     def limited_by(self, summary: dict[str, Any]) -> str:
         """What capped a saturated run's concurrency: KV memory (it preempted, or neither other limit was
@@ -143,8 +162,8 @@ class Study:
 def context_concurrency(st: Study) -> Section:
     """Max concurrent sequences vs max_model_len: closed form and simulated, paged and slab-max."""
     lens = [n for n in (1024, 2048, 4096, 8192, 16384) if n <= st.model.max_position_embeddings]
-    runs = st.run([st.saturated(f"engine.max_model_len={n}", f"engine.allocator={a}")
-                   for n in lens for a in ("paged", "slab-max")])
+    runs, _ = st.run_saturated([(f"engine.max_model_len={n}", f"engine.allocator={a}")
+                                for n in lens for a in ("paged", "slab-max")])
     bs, rows = st.base.engine.block_size, []
     for i, n in enumerate(lens):
         paged, slab = runs[2 * i].summary, runs[2 * i + 1].summary
@@ -167,7 +186,7 @@ def context_concurrency(st: Study) -> Section:
 def kv_quantization(st: Study) -> Section:
     """fp8 vs auto KV: blocks, concurrency, and TPOT saturated and at the base rate."""
     dtypes = ("auto", "fp8")
-    sat = st.run([st.saturated(f"engine.kv_cache_dtype={d}") for d in dtypes])
+    sat, _ = st.run_saturated([(f"engine.kv_cache_dtype={d}",) for d in dtypes])
     base = st.run([variant(st.base, f"engine.kv_cache_dtype={d}") for d in dtypes])
     rows = []
     for d, s, b in zip(dtypes, sat, base, strict=True):
@@ -218,8 +237,9 @@ def capacity_formula(st: Study) -> Section:
                f"workload.output_len={{dist: fixed, value: {c - c // 2}}}")) for c in contexts]
     rows_spec = [*fixed, ("scenario length mix", round(st.mean_kv_len), ())]
     common = ("engine.allocator=paged", "engine.enable_prefix_caching=false")
-    runs = st.run([st.saturated(*common, *extra) for _, _, extra in rows_spec])
-    no_preemption = _largest_seqs_without_preemption(st, [(*common, *extra) for _, _, extra in rows_spec], runs)
+    runs, counts = st.run_saturated([(*common, *extra) for _, _, extra in rows_spec])
+    no_preemption = _largest_seqs_without_preemption(st, [(*common, *extra) for _, _, extra in rows_spec], runs,
+                                                     counts)
     usable = st.num_blocks - 1
     closed = np.array([usable / ceil_div(c, bs) for _, c, _ in rows_spec])
     running = np.array([sustained(r.summary, digits=None) for r in runs], dtype=float)  # None → NaN
@@ -249,8 +269,8 @@ def capacity_formula(st: Study) -> Section:
                                                                    st.max_model_len)})
 
 
-def _largest_seqs_without_preemption(st: Study, overrides: list[tuple[str, ...]],
-                                     runs: list[SweepResult]) -> list[int]:
+def _largest_seqs_without_preemption(st: Study, overrides: list[tuple[str, ...]], runs: list[SweepResult],
+                                     counts: list[int]) -> list[int]:
     """Per row, the largest `max_num_seqs` whose saturated run never preempts (bisection, all rows at once).
 
     Bounds: 0 (nothing runs, nothing is preempted) and the row's peak running (a run that
@@ -264,7 +284,8 @@ def _largest_seqs_without_preemption(st: Study, overrides: list[tuple[str, ...]]
         if not todo:
             return lo
         mids = {i: (lo[i] + hi[i]) // 2 for i in todo}
-        probes = st.run([st.saturated(*overrides[i], f"engine.max_num_seqs={mids[i]}") for i in todo])
+        probes = st.run([st.saturated(*overrides[i], f"engine.max_num_seqs={mids[i]}", num_requests=counts[i])
+                         for i in todo])
         for i, probe in zip(todo, probes, strict=True):
             if probe.summary["num_preemptions"] == 0:
                 lo[i] = mids[i]
@@ -279,7 +300,7 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
     when nothing is sustainable it falls back to 1 req/s times the fractions.
     """
     cfg = st.cfg
-    sat = st.run([st.saturated(f"engine.allocator={a}") for a in ALLOCATORS])
+    sat, _ = st.run_saturated([(f"engine.allocator={a}",) for a in ALLOCATORS])
     rates_df = sustained_rates(st)
     knee = rates_df.loc[rates_df.allocator == "paged", "max_rate_meeting_slo"].item()
     grid = [round((knee or 1.0) * f, 4) for f in cfg.load_fractions]

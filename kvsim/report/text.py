@@ -49,7 +49,8 @@ def context_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
     first, last = df.iloc[0], df.iloc[-1]
     slab = _change(first.simulated_slab_sustained, last.simulated_slab_sustained, 1, falling=True)
     paged = _change(first.simulated_paged_sustained, last.simulated_paged_sustained, 2, falling=True)
-    return (f"Each row simulates {3 * cfg.num_requests} requests arriving at once, on {f['num_gpu_blocks']:,} KV "
+    return (f"Each row simulates {3 * cfg.num_requests} requests arriving at once (4× more, again, while that many "
+            f"did not fill the engine), on {f['num_gpu_blocks']:,} KV "
             f"blocks; {_limits_phrase(list(df.paged_limited_by))} (paged). From max_model_len "
             f"{first.max_model_len:,} to {last.max_model_len:,}, sustained slab concurrency falls by {slab} "
             f"because each sequence reserves max_model_len, while paged concurrency changes by {paged}: it "
@@ -230,10 +231,15 @@ def _relative(new: float, old: float) -> str:
 
 def fleet_text(sec: studies.Section, st: studies.Study) -> str:
     """The fleet section: the traffic, the floor, replicas per router, and what affinity changed and why."""
-    f, df = sec.facts, sec.tables["fleet_routing"].set_index("router")
+    f = sec.facts
+    if f.get("unservable"):
+        return (f"{f['num_too_long']} of the first {f['num_requests']} Mooncake requests "
+                f"({f['num_too_long'] / f['num_requests']:.0%}) are longer than max_model_len "
+                f"{f['max_model_len']:,}: this engine cannot serve this trace, so no fleet is sized for it.")
+    df = sec.tables["fleet_routing"].set_index("router")
     e = st.base.engine
     tp = f"{e.tensor_parallel_size}× " if e.tensor_parallel_size > 1 else ""
-    limit = "what one replica's pool holds" if f["max_model_len_by_pool"] else "the model's longest context"
+    limit = "what one replica's pool holds" if f["max_model_len_by_pool"] else "the engine's max_model_len"
     refused = (f"; the {f['num_too_long']} prompts of {f['max_model_len']:,} tokens or more are refused, as vLLM "
                "refuses them" if f["num_too_long"] else "")
     traffic = (f"The first {f['num_requests']} requests of the Mooncake conversation trace (Kimi's production "
