@@ -128,6 +128,9 @@ def capacity(
     num_sequences: Annotated[int, typer.Option("--num-sequences")] = 100,
     output_format: Annotated[Format, typer.Option("--format")] = Format.table,
     gpu_hourly_cost: HourlyCostOpt = None,
+    sustained: Annotated[bool, typer.Option("--sustained", help="Also simulate, per context length, the "
+                                            "highest rate one replica sustains (steady state, prompt c/2 + "
+                                            "output c/2) and price its output tokens (slower: minutes)")] = False,
 ) -> None:
     """Closed-form KV capacity: pool, blocks, and max concurrent sequences per context length."""
     from functools import partial
@@ -135,7 +138,7 @@ def capacity(
     from kvsim.latency.roofline import RooflineLatency, cohort_output_tokens_per_s
     from kvsim.model.capacity import plan_capacity
     from kvsim.model.config import load_gpu, load_model, make_engine
-    from kvsim.planning.cost import add_capacity_costs, gpu_price
+    from kvsim.planning.cost import add_capacity_costs, add_sustained_costs, gpu_price
     from kvsim.results.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
 
     with user_errors():
@@ -165,6 +168,9 @@ def capacity(
         data = add_capacity_costs(plan.to_dict(), price, engine.tensor_parallel_size,
                                   engine.resolved_max_num_seqs(load_gpu(gpu)),
                                   partial(cohort_output_tokens_per_s, latency))
+        if sustained:
+            data = add_sustained_costs(data, price, engine.tensor_parallel_size,
+                                       partial(_fixed_length_scenario, model, gpu, engine))
     used = {k for r in data["rows"] for k, v in r.items() if v is not None}  # drop columns that are empty in every row
     rows = [{k: v for k, v in r.items() if k in used} for r in data["rows"]]
     if output_format in (Format.table, Format.markdown):  # CSV and JSON keep the documented 0
@@ -184,13 +190,26 @@ def capacity(
         console.print(_headline(plan))
         console.print(rows_to_rich(data["kv_types"], title="KV by attention type (one request at max_model_len)"))
         cost_keys = ("concurrent_sequences", "usd_per_concurrent_user_hour", "output_tokens_per_s_closed_form",
-                     "usd_per_million_output_tokens")
+                     "usd_per_million_output_tokens", "sustained_rate_per_s", "output_tokens_per_s_sustained",
+                     "usd_per_million_output_tokens_sustained")
         console.print(rows_to_rich([{k: v for k, v in r.items() if k not in cost_keys} for r in rows],
                                    title="Max concurrent sequences by context length"))
         costs = [{"context_len": r["context_len"], **{k: r[k] for k in cost_keys if k in r}} for r in rows
                  if r["context_len"] <= plan.max_model_len]
         if costs and len(costs[0]) > 2:  # a price is known
             console.print(rows_to_rich(costs, title=f"Cost at that concurrency ({data['gpu_price_source']})"))
+
+
+def _fixed_length_scenario(model: str, gpu: str, engine, context_len: int):  # engine: EngineConfig
+    """`capacity --sustained`'s traffic at one context length: prompt c/2 + output c/2, Poisson arrivals."""
+    from kvsim.workload.scenario import make_scenario
+
+    half = context_len // 2
+    return make_scenario({"name": f"capacity-{context_len}", "model": model, "gpu": gpu, "steps": "none",
+                          "engine": engine.model_dump(mode="json", exclude_unset=True),
+                          "workload": {"num_requests": 200, "arrival": {"process": "poisson", "rate": 1.0},
+                                       "prompt_len": {"dist": "fixed", "value": half},
+                                       "output_len": {"dist": "fixed", "value": context_len - half}}})
 
 
 def _beyond_max_model_len(row: dict, max_model_len: int) -> dict:
@@ -345,10 +364,13 @@ def plan(
     if output_format is Format.table:
         from rich.console import Console
 
-        shown = ("rank", "candidate", "replicas", "num_gpus", "cost_per_hour", "headroom", "limiting_factor")
-        Console().print(rows_to_rich([{k: r[k] for k in shown} for r in rows], title=f"kvsim plan: {base.name}"))
+        shown = ("rank", "candidate", "replicas", "lower_bound_replicas", "num_gpus", "cost_per_hour", "headroom",
+                 "verified", "limiting_factor")
+        Console().print(rows_to_rich([{k: r.get(k) for k in shown} for r in rows], title=f"kvsim plan: {base.name}"))
+        sources = sorted({r["price_source"] for r in rows})
+        typer.echo(f"prices: {'; '.join(sources)}")
         typer.echo(f"{simulated} points simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
-                   f"pareto.png, points.jsonl)")
+                   f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests")
     else:
         writers = {Format.csv: rows_to_csv, Format.json: to_json, Format.markdown: rows_to_markdown}
         sys.stdout.write(writers[output_format](rows))

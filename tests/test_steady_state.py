@@ -12,6 +12,7 @@ from kvsim.planning.steady_state import (
     BACKLOGGED,
     OVERLOADED,
     STABLE,
+    TOO_SHORT,
     SteadyRateSearch,
     drive,
     probe_passes,
@@ -26,7 +27,8 @@ def table(arrival, finish, status=None):
     n = len(arrival)
     arrival, finish = np.asarray(arrival, float), np.asarray(finish, float)
     first = np.minimum(arrival + 0.1, finish)
-    return {"arrival_s": arrival, "finish_s": finish, "first_scheduled_s": arrival, "first_token_s": first,
+    scheduled = np.maximum(arrival, finish - 0.5)  # each request runs 0.5 s once scheduled
+    return {"arrival_s": arrival, "finish_s": finish, "first_scheduled_s": scheduled, "first_token_s": first,
             "status": np.array(status or ["finished"] * n, dtype=object), "ttft_s": first - arrival,
             "tpot_s": np.full(n, 0.01), "e2e_s": finish - arrival, "queue_s": np.zeros(n),
             "output_tokens": np.full(n, 10), "num_samples": np.ones(n, int)}
@@ -58,6 +60,27 @@ def test_a_slow_leak_is_backlogged():
     ev = window_evidence(table(t, 1.03 * (t + 1)))
     assert ev["served_over_offered"] == pytest.approx(1 / 1.03, abs=0.005)
     assert ev["verdict"] == BACKLOGGED
+
+
+def test_a_run_shorter_than_ten_service_times_is_too_short_to_judge():
+    """200 arrivals over 199 s, each running 30 s: the warm-up is 3 × 30 s, leaving a window of
+    199 − 90 − 19.9 ≈ 89 s < 10 × 30 s."""
+    t = np.arange(200.0)
+    tab = table(t, t + 30.0)
+    tab["first_scheduled_s"] = t
+    assert window_evidence(tab)["verdict"] == TOO_SHORT
+
+
+def test_a_search_lengthens_a_run_that_is_too_short():
+    """Probes under 800 requests are too short; the search doubles the run before judging any rate."""
+    search = SteadyRateSearch(start_rate=1.0, num_requests=100, max_requests=6400)
+
+    def run(batch):
+        return [(n >= 800 and rate <= 5.0, {"verdict": "stable" if n >= 800 else TOO_SHORT}) for _, rate, n in batch]
+
+    drive([search], run)
+    assert min(search.summary()["rates_by_length"]) >= 800
+    assert search.rate == pytest.approx(5.0, rel=0.011)
 
 
 def test_rejected_requests_are_neither_offered_nor_slo_misses():

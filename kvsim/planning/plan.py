@@ -38,8 +38,8 @@ from kvsim.planning.cost import GpuPrice, gpu_price
 from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s
 from kvsim.planning.search import Metrics, PointStore, run_searches
 from kvsim.planning.spec import Candidate, PlanSpec, candidates, make_plan_spec
-from kvsim.planning.steady_state import headroom, probe_passes, why_failed
-from kvsim.planning.verify import Verification, evidence_columns
+from kvsim.planning.steady_state import TOO_SHORT, headroom, probe_passes, why_failed
+from kvsim.planning.verify import Verification, evidence_columns, with_requests
 from kvsim.workload.scenario import Scenario
 
 
@@ -86,10 +86,12 @@ class ReplicaSearch:
     spec: PlanSpec
     results: dict[int, Metrics] = field(default_factory=dict)
     verify: Verification = field(init=False)
+    num_requests: int = field(init=False)  # per probe: the traffic's, doubled while a window is too short
     _pending: int | None = None
 
     def __post_init__(self) -> None:
         self.verify = Verification(self.candidate, self.spec)
+        self.num_requests = self.base.workload.num_requests
 
     def _ok(self, metrics: Metrics) -> bool:
         return probe_passes(metrics["evidence"], self.spec.slo)
@@ -112,15 +114,23 @@ class ReplicaSearch:
     def next_scenario(self) -> Scenario | None:
         count = self._next_count()
         self._pending = count
+        traffic = self.base if self.num_requests == self.base.workload.num_requests \
+            else with_requests(self.base, self.num_requests)
         if count is not None:
-            return self.candidate.scenario(self.base, count, self.spec.router)
-        return self.verify.next_scenario(self.base, self._fewest_ok(), self.base.workload.num_requests)
+            return self.candidate.scenario(traffic, count, self.spec.router)
+        return self.verify.next_scenario(traffic, self._fewest_ok(), self.num_requests)
 
     def observe(self, metrics: Metrics) -> None:
         if self._pending is None:
             self.verify.observe(metrics)
-        else:
-            self.results[self._pending] = metrics
+            return
+        ev = metrics["evidence"]
+        if (ev["verdict"] == TOO_SHORT and ev["num_requests"] >= self.num_requests
+                and 2 * self.num_requests <= self.spec.max_probe_requests):
+            self.num_requests *= 2  # this traffic is too short to judge a fleet: every count again, longer
+            self.results.clear()
+            return
+        self.results[self._pending] = metrics
 
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """This candidate's line of the plan table."""
@@ -142,7 +152,7 @@ class ReplicaSearch:
             cause = "KV memory (preempting)" if below["num_preemptions"] else "compute (queueing)"
             limiting = f"{why_failed(below['evidence'], slo)} at {best - 1} replicas: {cause}"
         num_gpus = best * c.tensor_parallel_size
-        return {**row, "replicas": best, "num_gpus": num_gpus,
+        return {**row, "replicas": best, "num_gpus": num_gpus, "requests_per_probe": self.num_requests,
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
                 "headroom": headroom(metrics["evidence"], slo), "limiting_factor": limiting,
                 "rate_per_replica": metrics["offered_rate_per_s"] / best,

@@ -35,7 +35,7 @@ class PlanSpec(BaseModel):
     capacity_headroom: float = Field(default=0.1, ge=0, le=10)  # rate search: spare capacity kept, a fraction
     rel_tol: float = Field(default=0.05, gt=0, le=1)  # rate search: the first run length bisects to this
     probe_requests: int = Field(default=2000, gt=0)  # rate search: the workload's first requests per probe
-    max_probe_requests: int = Field(default=32_000, gt=0)  # rate search: the run length doubles up to this
+    max_probe_requests: int = Field(default=32_000, gt=0)  # a probe's run length doubles up to this
 
     @field_validator("slo")
     @classmethod

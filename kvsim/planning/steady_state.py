@@ -10,9 +10,12 @@ growing when the last request arrives. A probe therefore judges one run over a *
     arrivals:   |--warm-up--|=============window=============|--tail--|   drain (no arrivals)
                 t0          a = t0 + 0.2·span                b = t_last − 0.1·span
 
-that leaves out the warm-up (the system starts empty) and the drain (after the last arrival the
-queue only empties). Over the window, with `offered` = servable requests arriving in [a, b) per
-second and `served` = requests finishing in [a, b) per second:
+that leaves out the warm-up (the system starts empty: at least 20 % of the span and 3 mean service
+times, first scheduled → finish, so the running set has filled) and the drain (after the last arrival
+the queue only empties). A window shorter than 10 mean service times or holding fewer than 50
+requests is **too short** to judge: the run must be longer (the search doubles it). Otherwise, with
+`offered` = servable requests arriving in [a, b) per second and `served` = requests finishing in
+[a, b) per second:
 
 - **overloaded**: served ÷ offered < 1 − `THROUGHPUT_TOL` (5 %): the system finishes fewer requests
   than arrive, so its backlog grows without bound;
@@ -47,7 +50,11 @@ import numpy as np
 SLO_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
 SLO_STATS = ("mean", "p50", "p90", "p99")
 STABLE, BACKLOGGED, OVERLOADED, EMPTY = "stable", "backlogged", "overloaded", "no servable requests"
+TOO_SHORT = "too short"
 WARMUP_FRACTION = 0.2  # of the arrival span, left out at the start (the system starts empty)
+WARMUP_SERVICES = 3.0  # ... and at least this many mean service times (first scheduled → finish): the fill-up
+MIN_WINDOW_SERVICES = 10.0  # a window shorter than this many mean service times cannot show a steady state
+MIN_WINDOW_REQUESTS = 50
 TAIL_FRACTION = 0.1  # of the arrival span, left out before the last arrival (its requests see the load thin out)
 THROUGHPUT_TOL = 0.05  # served ÷ offered must be at least 1 − this
 TREND_TOL = 0.01  # backlog slope ÷ offered rate must be at most this: 1 % of arrivals may not pile up
@@ -117,7 +124,9 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
                 **{m: _stats(np.zeros(0)) for m in SLO_METRICS}}
     t0, t_last = float(arrival[servable].min()), float(arrival[servable].max())
     span = t_last - t0
-    start, end = t0 + warmup_fraction * span, t_last - tail_fraction * span
+    service_s = float(np.nanmean(finish[servable] - np.asarray(requests["first_scheduled_s"], float)[servable]))
+    start, end = t0 + max(warmup_fraction * span, WARMUP_SERVICES * service_s), t_last - tail_fraction * span
+    end = max(end, start)
     window_s = end - start
     in_window = servable & (arrival >= start) & (arrival < end)
     num_in = int(in_window.sum())
@@ -131,7 +140,9 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     ratio = served / offered if offered > 0 and math.isfinite(offered) else None
     trend = slope / offered if offered > 0 and math.isfinite(offered) else None
     trend_low = (slope - Z_95 * slope_se) / offered if trend is not None else None
-    if ratio is None or ratio < 1 - THROUGHPUT_TOL:
+    if window_s < MIN_WINDOW_SERVICES * service_s or num_in < MIN_WINDOW_REQUESTS:
+        verdict = TOO_SHORT  # judged on too few requests or service times: a longer run must decide
+    elif ratio is None or ratio < 1 - THROUGHPUT_TOL:
         verdict = OVERLOADED
     elif trend_low is None or trend_low > TREND_TOL:
         verdict = BACKLOGGED
@@ -144,6 +155,7 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     return {**out, "verdict": verdict, "window_start_s": start, "window_s": window_s, "num_in_window": num_in,
             "offered_per_s": offered, "served_per_s": served, "served_over_offered": ratio,
             "backlog_trend": trend, "backlog_trend_low": trend_low, "backlog_end": int(backlog[-1]),
+            "mean_service_s": service_s,
             # Little's law over the window: sequences running = throughput × time each spends scheduled
             "mean_running": served * float(np.nanmean(busy_s)) if num_in else 0.0,
             "output_tokens_per_s": float(outputs[finished_in].sum()) / window_s if window_s > 0 else 0.0,
@@ -161,13 +173,13 @@ def slo_values(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> dict[st
 
 
 def headroom(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> float:
-    """min over SLOs of (limit − value) ÷ limit: ≥ 0 means every SLO is met in the window."""
+    """min over SLOs of (limit − value) ÷ limit: ≥ 0 means every SLO is met in the window (inf: no SLO)."""
     values = slo_values(evidence, slo)
-    return min((limit - values[key]) / limit for key, limit in slo.items())
+    return min(((limit - values[key]) / limit for key, limit in slo.items()), default=math.inf)
 
 
 def probe_passes(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> bool:
-    """Stable over the window and every SLO within its limit there."""
+    """Stable over the window and every SLO within its limit there (no SLO: stability alone, the capacity)."""
     return evidence["verdict"] == STABLE and headroom(evidence, slo) >= 0
 
 
@@ -293,6 +305,12 @@ class SteadyRateSearch:
         assert self._pending is not None, "observe follows next_probe"
         rate, b = self._pending, self.level.bound
         self.results[(self.level.num_requests, rate)] = evidence
+        if _too_short(evidence) and 2 * self.level.num_requests <= self.max_requests:
+            # the run cannot judge this rate: this level starts again, twice as long, from this rate
+            lv = self.level
+            self.levels[-1] = Level(2 * lv.num_requests, RateBound(num_probes=lv.bound.num_probes + 1), rate, lv.step)
+            self._pending = None
+            return
         b.num_probes += 1
         if b.num_probes > 1 and (b.failed is None if passed else b.passed == 0.0):
             self.level.step = min(self.level.step**2, 2.0)  # still not bracketed: take longer strides
@@ -309,6 +327,10 @@ class SteadyRateSearch:
                 "num_requests": level.num_requests if level else self.num_requests,
                 "rates_by_length": {lv.num_requests: lv.bound.passed for lv in self.levels if self._level_done(lv)},
                 "num_probes": sum(lv.bound.num_probes for lv in self.levels), "evidence": self.evidence}
+
+
+def _too_short(evidence: Any) -> bool:
+    return isinstance(evidence, Mapping) and evidence.get("verdict") == TOO_SHORT
 
 
 def drive(searches: Sequence[SteadyRateSearch],

@@ -333,31 +333,38 @@ def _markdown_to_html(lines: list[str]) -> str:
 
 
 def pareto_figure(rows: list[dict], path: str | Path, title: str) -> None:
-    """Plan candidates: cost per replica-hour vs the rate each replica carries within the SLOs.
+    """Plan candidates: the fleet's cost per hour against the request rate it serves within the SLOs
+    (replicas × the rate per replica the search found), one labelled point per feasible candidate.
 
-    The frontier joins the candidates that no other beats on both (cheaper and carrying
-    more); candidates at the same point share one marker and one label.
+    The frontier joins the candidates no other beats on both (cheaper and serving more); candidates
+    at the same point share one marker and one label. Labels alternate above and below their points.
     """
     labels: dict[tuple[float, float], list[str]] = {}
     for r in rows:
-        if r["feasible"] and r["cost_per_hour"] is not None:
-            labels.setdefault((r["cost_per_hour"] / r["replicas"], r["rate_per_replica"]), []).append(r["candidate"])
+        if r["feasible"] and r["cost_per_hour"] is not None and r["rate_per_replica"]:
+            point = (r["cost_per_hour"], r["replicas"] * r["rate_per_replica"])
+            labels.setdefault(point, []).append(f"{r['candidate']} ×{r['replicas']}")
     frontier, best = [], -1.0
     for cost, rate in sorted(labels):
         if rate > best:
             frontier.append((cost, rate))
             best = rate
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for (cost, rate), names in labels.items():
-        ax.scatter(cost, rate, color="#1971c2")
-        ax.annotate("\n".join(names), (cost, rate), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for k, ((cost, rate), names) in enumerate(sorted(labels.items())):
+        ax.scatter(cost, rate, color="#2b8a3e" if (cost, rate) in frontier else "#1971c2", zorder=3)
+        ax.annotate("\n".join(names), (cost, rate), fontsize=8, xytext=(6, 8 if k % 2 == 0 else -14),
+                    textcoords="offset points", va="center")
     if len(frontier) > 1:
         ax.plot(*zip(*frontier, strict=True), "--", color="#2b8a3e", label="Pareto frontier")
-        ax.legend(fontsize=7)
-    ax.margins(x=0.25, y=0.15)
-    ax.set_xlabel("cost per replica-hour")
-    ax.set_ylabel("requests/s per replica within the SLOs")
+        ax.legend(fontsize=8)
+    if not labels:
+        ax.text(0.5, 0.5, "no candidate meets the SLOs within the replica limit", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.margins(x=0.3, y=0.2)
+    ax.set_xlabel("fleet cost (USD per hour)")
+    ax.set_ylabel("request rate served within the SLOs (req/s)")
     ax.set_title(title, fontsize=11)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -116,6 +116,9 @@ class Study:
         self.num_blocks = num_gpu_blocks(self.model, self.gpu, base.engine)
         requests = build_requests(self.base, self.max_model_len, np.random.default_rng(self.base.seed))
         self.mean_kv_len = float(np.mean([r.kv_len for r in requests]))
+        # as the scheduler refuses them (`kvsim.sched.base.Scheduler.reject_reason`'s first test)
+        self.unservable_fraction = float(np.mean([r.prompt_len + r.output_len > self.max_model_len
+                                                  for r in requests])) if requests else 0.0
         self.latency_name = make_latency(self.base, self.model, self.gpu).name
 
     def saturated(self, *overrides: str, num_requests: int | None = None) -> Scenario:

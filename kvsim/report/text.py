@@ -16,9 +16,18 @@ def introduction(st: studies.Study) -> str:
     """What was simulated, from the resolved configuration (not the scenario's free-text description)."""
     e = st.base.engine
     tp = f"{e.tensor_parallel_size}× " if e.tensor_parallel_size > 1 else "one "
+    refused = ""
+    if st.unservable_fraction > 0.5:
+        refused = (f" **Most of this traffic cannot be served: {st.unservable_fraction:.0%} of the requests are "
+                   f"longer than max_model_len {st.max_model_len:,} and are refused, as vLLM refuses them; every "
+                   "figure below describes the rest.**")
+    elif st.unservable_fraction > 0:
+        refused = (f" {st.unservable_fraction:.1%} of the requests are longer than max_model_len and are refused "
+                   "(counted apart from every SLO).")
     return (f"Scenario `{st.base.name}`: {st.model.name} on {tp}{st.gpu.name}, {st.num_blocks:,} KV blocks of "
             f"{e.block_size} tokens (vLLM keeps one as its null block), max_model_len {st.max_model_len:,}, "
-            f"requests of {st.mean_kv_len:.0f} tokens on average (prompt + output), scheduler {e.scheduler}.")
+            f"requests of {st.mean_kv_len:.0f} tokens on average (prompt + output), scheduler {e.scheduler}."
+            f"{refused}")
 
 
 def _limits_phrase(limits: list[str]) -> str:
