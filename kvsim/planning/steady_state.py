@@ -10,10 +10,11 @@ growing when the last request arrives. A probe therefore judges one run over a *
     arrivals:   |--warm-up--|=============window=============|--tail--|   drain (no arrivals)
                 t0          a = t0 + 0.2·span                b = t_last − 0.1·span
 
-that leaves out the warm-up (the system starts empty: at least 20 % of the span and 3 mean service
-times, first scheduled → finish, so the running set has filled) and the drain (after the last arrival
-the queue only empties). A window shorter than 10 mean service times or holding fewer than 50
-requests is **too short** to judge: the run must be longer (the search doubles it). Otherwise, with
+that leaves out the warm-up (the system starts empty: at least 20 % of the span and 3 service times,
+a service time being the median first scheduled → finish of the requests never preempted, so the
+running set has filled) and the drain (after the last arrival the queue only empties). A window
+shorter than 10 service times or holding fewer than 50 requests is **too short** to judge: the run
+must be longer (the search doubles it). Otherwise, with
 `offered` = servable requests arriving in [a, b) per second and `served` = requests finishing in
 [a, b) per second:
 
@@ -52,8 +53,8 @@ SLO_STATS = ("mean", "p50", "p90", "p99")
 STABLE, BACKLOGGED, OVERLOADED, EMPTY = "stable", "backlogged", "overloaded", "no servable requests"
 TOO_SHORT = "too short"
 WARMUP_FRACTION = 0.2  # of the arrival span, left out at the start (the system starts empty)
-WARMUP_SERVICES = 3.0  # ... and at least this many mean service times (first scheduled → finish): the fill-up
-MIN_WINDOW_SERVICES = 10.0  # a window shorter than this many mean service times cannot show a steady state
+WARMUP_SERVICES = 3.0  # ... and at least this many service times (first scheduled → finish): the fill-up
+MIN_WINDOW_SERVICES = 10.0  # a window shorter than this many service times cannot show a steady state
 MIN_WINDOW_REQUESTS = 50
 TAIL_FRACTION = 0.1  # of the arrival span, left out before the last arrival (its requests see the load thin out)
 THROUGHPUT_TOL = 0.05  # served ÷ offered must be at least 1 − this
@@ -102,6 +103,17 @@ def _slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return slope, math.sqrt(float((residuals**2).sum()) / (len(x) - 2) / sxx)
 
 
+def _service_s(requests: Mapping[str, Any], servable: np.ndarray) -> float:
+    """The median time a request runs once scheduled (first scheduled → finish), over the requests never
+    preempted when there are any: a preempted request's time includes its wait to be re-admitted, which
+    grows without bound in an overloaded run and would say nothing about how long serving one takes."""
+    busy = np.asarray(requests["finish_s"], float) - np.asarray(requests["first_scheduled_s"], float)
+    calm = servable & (np.asarray(requests["num_preemptions"]) == 0) if "num_preemptions" in requests else servable
+    chosen = busy[calm if calm.any() else servable]
+    chosen = chosen[~np.isnan(chosen)]
+    return float(np.median(chosen)) if len(chosen) else 0.0
+
+
 def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP_FRACTION,
                     tail_fraction: float = TAIL_FRACTION) -> dict[str, Any]:
     """What one run says about steady state: window, counts, served ÷ offered, backlog trend, verdict,
@@ -124,7 +136,7 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
                 **{m: _stats(np.zeros(0)) for m in SLO_METRICS}}
     t0, t_last = float(arrival[servable].min()), float(arrival[servable].max())
     span = t_last - t0
-    service_s = float(np.nanmean(finish[servable] - np.asarray(requests["first_scheduled_s"], float)[servable]))
+    service_s = _service_s(requests, servable)
     start, end = t0 + max(warmup_fraction * span, WARMUP_SERVICES * service_s), t_last - tail_fraction * span
     end = max(end, start)
     window_s = end - start

@@ -275,6 +275,15 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
     if df.replicas_for_slo.isna().all():
         needs = [f"more than {f['max_replicas']} replicas (the search's limit) with every router"]
     prices = f" Prices: {f['price_source']}." if df.cost_per_hour_for_slo.notna().any() else ""
+    lo_row = df.loc["least_outstanding"]
+    if "floor_replicas" in df.columns and pd.notna(lo_row.floor_replicas):
+        prices += (f" From first principles no engine could serve this traffic on fewer than "
+                   f"{_replicas(int(lo_row.floor_replicas))} ({lo_row.floor_binds} binds: "
+                   + ("the prompt and output tokens at one replica's best-batch step cost" if lo_row.floor_binds
+                      == "compute" else "the KV the requests hold, by Little's law, against one pool") + ")"
+                   + (f"; least outstanding needs {lo_row.replicas_over_floor:g}× that, the price of queueing "
+                      "within the SLO, batching limits and KV fragmentation"
+                      if pd.notna(lo_row.replicas_over_floor) else "") + ".")
     size = int(df.replicas.iloc[0])
     lo, aff, rr = df.loc["least_outstanding"], df.loc["affinity"], df.loc["round_robin"]
     which = ("the fewest least-outstanding routing needs" if pd.notna(lo.replicas_for_slo)
