@@ -195,14 +195,6 @@ def probe_passes(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> bool:
     return evidence["verdict"] == STABLE and headroom(evidence, slo) >= 0
 
 
-def describe(evidence: Mapping[str, Any]) -> str:
-    """One line of a probe's evidence, for tables and logs."""
-    if evidence["verdict"] == EMPTY:
-        return f"{EMPTY} ({evidence['num_rejected']} of {evidence['num_requests']} rejected)"
-    return (f"{evidence['verdict']}: {evidence['num_in_window']} requests over {evidence['window_s']:.4g} s, "
-            f"served/offered {evidence['served_over_offered']:.3f}, backlog trend {evidence['backlog_trend']:+.3f}")
-
-
 @dataclass(slots=True)
 class RateBound:
     """`passed`: the highest rate whose probe passed (0 if none); `failed`: the lowest that failed (None
