@@ -4,7 +4,6 @@ import pytest
 
 from kvsim.planning.cost import gpu_price
 from kvsim.planning.plan import make_plan_spec, plan
-from kvsim.planning.verify import VERIFY_FACTOR
 from tests.test_plan import SLO, toy
 
 
@@ -15,7 +14,7 @@ def test_rows_carry_window_evidence_a_long_verification_run_and_the_floor(tmp_pa
     (row,) = plan(toy(), spec, tmp_path)[0]
     assert row["feasible"] and row["verdict"] == "stable"
     probe = 100  # the toy's workload has 100 requests; a rate-search probe 100 (and 200, ... as it converges)
-    assert row["verify_num_requests"] >= VERIFY_FACTOR * probe
+    assert spec.verify_factor == 10 and row["verify_num_requests"] >= spec.verify_factor * probe
     assert row["verified"] in (True, False) and row["verify_verdict"] in ("stable", "backlogged", "overloaded")
     assert "ttft_s.p90_ci" in row and "verify_ttft_s.p90" in row
     assert 1 <= row["lower_bound_replicas"] <= row["replicas"]

@@ -36,6 +36,7 @@ class PlanSpec(BaseModel):
     rel_tol: float = Field(default=0.05, gt=0, le=1)  # rate search: the first run length bisects to this
     probe_requests: int = Field(default=2000, gt=0)  # rate search: the workload's first requests per probe
     max_probe_requests: int = Field(default=32_000, gt=0)  # a probe's run length doubles up to this
+    verify_factor: int = Field(default=10, ge=0)  # the chosen fleet re-run with this × a probe's requests (0: not)
 
     @field_validator("slo")
     @classmethod

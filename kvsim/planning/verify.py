@@ -1,8 +1,8 @@
-"""A plan's answer checked by one long run: the chosen fleet with `VERIFY_FACTOR` × a probe's requests.
+"""A plan's answer checked by one long run: the chosen fleet with `verify_factor` (10) × a probe's requests.
 
 A search judges each count or fraction on probes of N requests; a planner signs for the traffic
 lasting. So once a candidate's search ends, its chosen fleet is simulated once more, whole, on the
-same traffic with 10 × N requests (a trace gives at most the records it has: the count run is
+same traffic with 10 × N requests (`PlanSpec.verify_factor`) (a trace gives at most the records it has: the count run is
 reported), and that run's steady-state evidence (`kvsim.planning.steady_state`) stands in the
 table beside the search's: `verify_*` columns, and `verified` (stable and every SLO met).
 """
@@ -20,8 +20,6 @@ if TYPE_CHECKING:
 
     from kvsim.planning.search import Metrics
     from kvsim.planning.spec import Candidate, PlanSpec
-
-VERIFY_FACTOR = 10
 
 
 def evidence_columns(evidence: Mapping[str, Any], slo: Mapping[str, float], prefix: str = "") -> dict[str, Any]:
@@ -60,10 +58,10 @@ class Verification:
 
     def next_scenario(self, traffic: Scenario, replicas: int | None, probe_requests: int) -> Scenario | None:
         """The verification run (once), or None: already asked, or no feasible fleet to verify."""
-        if self.asked or replicas is None or probe_requests <= 0:
+        if self.asked or replicas is None or probe_requests <= 0 or self.spec.verify_factor == 0:
             return None
         self.asked = True
-        return self.candidate.scenario(with_requests(traffic, VERIFY_FACTOR * probe_requests), replicas,
+        return self.candidate.scenario(with_requests(traffic, self.spec.verify_factor * probe_requests), replicas,
                                        self.spec.router)
 
     def observe(self, metrics: Metrics) -> None:
