@@ -2,7 +2,8 @@
 
 For each candidate, one replica is simulated on the fleet's traffic slowed down to a fraction
 `f` of it (arrivals `1/f` times further apart: a rate process's rate and a trace's
-`rate_scale` times `f`, the same requests otherwise, first `probe_requests` of them; a
+`rate_scale` times `f`, the same requests otherwise, first `probe_requests` of them (or the
+traffic's count if smaller) at first; a
 multi-turn conversation's think time stays as given, only conversations start further apart). A
 fraction passes when the replica is stable there and meets the SLOs over the measurement window
 (`kvsim.planning.steady_state`); `f` starts at 1 (the whole traffic on one replica), halves until
@@ -70,7 +71,8 @@ class RateSearch:
 
     def __post_init__(self) -> None:
         enough = 1.0 + self.spec.capacity_headroom  # a passing fraction at which one replica is the answer
-        self.search = SteadyRateSearch(1.0, self.spec.probe_requests, max_requests=self.spec.max_probe_requests,
+        first = min(self.spec.probe_requests, self.base.workload.num_requests)  # then doubled as it converges
+        self.search = SteadyRateSearch(1.0, first, max_requests=self.spec.max_probe_requests,
                                        first_tol=self.spec.rel_tol,
                                        max_rate=enough, min_rate=enough / self.spec.max_replicas)
         self.verify = Verification(self.candidate, self.spec)
