@@ -82,7 +82,7 @@ def test_verdict_names_a_small_gain_as_a_gain():
 
 
 def test_one_replica_fleet_says_there_is_nothing_to_route():
-    """A fleet of one (OPT-13B, max_model_len 2,048 from the model, not the pool): the words name the model's
+    """A fleet of one (OPT-13B, max_model_len 2,048 from the engine, not the pool): the words name the engine's
     limit, say "1 replica" and compare no routers."""
     from kvsim.report.studies import Section
     from kvsim.report.text import fleet_text
@@ -102,6 +102,16 @@ def test_one_replica_fleet_says_there_is_nothing_to_route():
              "unbounded_hit_rate": 0.344, "ttft_target_s": 2.0, "slo_s": 2.0, "max_replicas": 8,
              "price_source": "none"}
     text = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame(rows)}, facts), St)
-    assert "max_model_len 2,048 (the model's longest context); the 50 prompts" in text
+    assert "max_model_len 2,048 (the engine's max_model_len); the 50 prompts" in text
     assert "needs 1 replica with round robin; 1 replica with least outstanding; 1 replica with affinity." in text
     assert "at this traffic there is no routing to compare" in text and "Affinity" not in text
+
+
+def test_a_mostly_unservable_trace_is_said_in_one_line_and_not_sized():
+    from kvsim.report.studies import Section
+    from kvsim.report.text import fleet_text
+
+    facts = {"unservable": True, "num_too_long": 236, "num_requests": 300, "max_model_len": 2048}
+    text = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame()}, facts), None)
+    assert text == ("236 of the first 300 Mooncake requests (79%) are longer than max_model_len 2,048: this engine "
+                    "cannot serve this trace, so no fleet is sized for it.")

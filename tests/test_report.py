@@ -98,12 +98,17 @@ def test_fleet_section_counts_the_trace_and_quotes_its_table(report_dir):
     import json
 
     blocks = int(pd.read_csv(report_dir / "capacity.csv").iloc[0]["num_gpu_blocks"])
-    max_model_len = min(131072, blocks * 16)  # llama-3.1-8b's max_position_embeddings, 16-token blocks
+    max_model_len = min(4096, blocks * 16)  # the report scenario's max_model_len, or the pool (16-token blocks)
     lines = (Path(__file__).resolve().parents[1] / "kvsim/workload/data/mooncake_conversation_head.jsonl").read_text()
     rows = [json.loads(line) for line in lines.splitlines()[: StudyConfig.quick().fleet_requests]]
     too_long = sum(r["input_length"] >= max_model_len for r in rows)
     md = (report_dir / "report.md").read_text()
-    assert f"max_model_len {max_model_len:,} (what one replica's pool holds)" in md
+    if too_long > len(rows) / 2:  # most of the slice is over max_model_len: one line, no fleet sized
+        assert (f"{too_long} of the first {len(rows)} Mooncake requests ({too_long / len(rows):.0%}) are longer than "
+                f"max_model_len {max_model_len:,}: this engine cannot serve this trace") in md
+        return
+    limit = "what one replica's pool holds" if max_model_len < 4096 else "the engine's max_model_len"
+    assert f"max_model_len {max_model_len:,} ({limit})" in md
     if too_long:
         assert f"the {too_long} prompts of {max_model_len:,} tokens or more are refused" in md
     fleet = pd.read_csv(report_dir / "fleet_routing.csv").set_index("router")
@@ -123,7 +128,7 @@ def test_a_run_that_never_saturates_has_no_sustained_figure_not_zero():
     from kvsim.report.text import fp8_text
 
     base = load_scenario(None, default=REPORT_SCENARIO, overrides=["gpu=h200"])
-    st = studies.Study(base, StudyConfig(num_requests=2, workers=1))
+    st = studies.Study(base, StudyConfig(num_requests=2, workers=1, saturate_max_requests=6))  # no re-run
     sec = studies.kv_quantization(st)
     table = sec.tables["kv_quantization"]
     assert table.simulated_sustained_running.isna().all()

@@ -33,6 +33,7 @@ from kvsim.cli.shared import (
     ValidateFormat,
     beyond_max_model_len,
     capacity_headline,
+    fixed_length_scenario,
     parse_int_list,
     parse_size_flag,
     points_bar,
@@ -96,6 +97,9 @@ def capacity(
     num_sequences: Annotated[int, typer.Option("--num-sequences")] = 100,
     output_format: Annotated[Format, typer.Option("--format")] = Format.table,
     gpu_hourly_cost: HourlyCostOpt = None,
+    sustained: Annotated[bool, typer.Option("--sustained", help="Also simulate, per context length, the "
+                                            "highest rate one replica sustains (steady state, prompt c/2 + "
+                                            "output c/2) and price its output tokens (slower: minutes)")] = False,
 ) -> None:
     """Closed-form KV capacity: pool, blocks, and max concurrent sequences per context length."""
     from functools import partial
@@ -103,7 +107,7 @@ def capacity(
     from kvsim.latency.roofline import RooflineLatency, cohort_output_tokens_per_s
     from kvsim.model.capacity import plan_capacity
     from kvsim.model.config import load_gpu, load_model, make_engine
-    from kvsim.planning.cost import add_capacity_costs, gpu_price
+    from kvsim.planning.cost import add_capacity_costs, add_sustained_costs, gpu_price
     from kvsim.results.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
 
     with user_errors():
@@ -134,6 +138,9 @@ def capacity(
         data = add_capacity_costs(plan.to_dict(), price, engine.tensor_parallel_size,
                                   engine.resolved_max_num_seqs(load_gpu(gpu)),
                                   partial(cohort_output_tokens_per_s, latency))
+        if sustained:
+            data = add_sustained_costs(data, price, engine.tensor_parallel_size,
+                                       partial(fixed_length_scenario, model, gpu, engine))
     used = {k for r in data["rows"] for k, v in r.items() if v is not None}  # drop columns that are empty in every row
     rows = [{k: v for k, v in r.items() if k in used} for r in data["rows"]]
     if output_format in (Format.table, Format.markdown):  # CSV and JSON keep the documented 0
@@ -153,7 +160,8 @@ def capacity(
         console.print(capacity_headline(plan))
         console.print(rows_to_rich(data["kv_types"], title="KV by attention type (one request at max_model_len)"))
         cost_keys = ("concurrent_sequences", "usd_per_concurrent_user_hour", "output_tokens_per_s_closed_form",
-                     "usd_per_million_output_tokens")
+                     "usd_per_million_output_tokens", "sustained_rate_per_s", "output_tokens_per_s_sustained",
+                     "usd_per_million_output_tokens_sustained")
         console.print(rows_to_rich([{k: v for k, v in r.items() if k not in cost_keys} for r in rows],
                                    title="Max concurrent sequences by context length"))
         costs = [{"context_len": r["context_len"], **{k: r[k] for k in cost_keys if k in r}} for r in rows
@@ -230,7 +238,9 @@ def plan(
     spec_file: Annotated[str | None, typer.Option("--spec", help="YAML with plan fields (slo, gpus, ...)")] = None,
     slo: Annotated[list[str] | None, typer.Option("--slo", help="METRIC.STAT=SECONDS, e.g. ttft_s.p90=2")] = None,
     gpus: Annotated[list[str] | None, typer.Option("--gpu", help="Candidate GPU (repeat)")] = None,
-    tp_sizes: Annotated[list[int] | None, typer.Option("--tp", help="Candidate tensor-parallel size (repeat)")] = None,
+    tp_sizes: Annotated[list[int] | None, typer.Option("-tp", "--tensor-parallel-size", "--tp",
+                                                       help="Candidate tensor-parallel size (repeat) "
+                                                            "[the scenario's]")] = None,
     knobs: Annotated[list[str] | None, typer.Option("--engine", help="Knob values: max_num_seqs=128,256")] = None,
     costs: Annotated[list[str] | None, typer.Option("--gpu-hourly-cost", help="GPU=PRICE per GPU-hour")] = None,
     max_replicas: Annotated[int | None, typer.Option("--max-replicas")] = None,
@@ -262,9 +272,16 @@ def plan(
             if not Path(spec_file).is_file():
                 raise KvsimError(f"spec={spec_file!r}: file not found")
             with reading(spec_file, "spec"):
-                raw = yaml.safe_load(Path(spec_file).read_text()) or {}
+                try:
+                    raw = yaml.safe_load(Path(spec_file).read_text()) or {}
+                except yaml.YAMLError as error:
+                    mark = getattr(error, "problem_mark", None)
+                    where = f" (line {mark.line + 1})" if mark is not None else ""
+                    raise KvsimError(f"spec={spec_file!r}: not valid YAML{where}") from None
             if not isinstance(raw, dict):
                 raise KvsimError(f"spec={spec_file!r}: expected a mapping")
+        if not tp_sizes and "tensor_parallel_sizes" not in raw:
+            tp_sizes = [base.engine.tensor_parallel_size]  # the scenario's TP unless candidates are given
         spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
                                  max_replicas, router, search)
         check_candidates(base, spec)
@@ -282,10 +299,13 @@ def plan(
     if output_format is Format.table:
         from rich.console import Console
 
-        shown = ("rank", "candidate", "replicas", "num_gpus", "cost_per_hour", "headroom", "limiting_factor")
-        Console().print(rows_to_rich([{k: r[k] for k in shown} for r in rows], title=f"kvsim plan: {base.name}"))
+        shown = ("rank", "candidate", "replicas", "lower_bound_replicas", "num_gpus", "cost_per_hour", "headroom",
+                 "verified", "limiting_factor")
+        Console().print(rows_to_rich([{k: r.get(k) for k in shown} for r in rows], title=f"kvsim plan: {base.name}"))
+        sources = sorted({r["price_source"] for r in rows})
+        typer.echo(f"prices: {'; '.join(sources)}")
         typer.echo(f"{simulated} points simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
-                   f"pareto.png, points.jsonl)")
+                   f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests")
     else:
         writers = {Format.csv: rows_to_csv, Format.json: to_json, Format.markdown: rows_to_markdown}
         sys.stdout.write(writers[output_format](rows))

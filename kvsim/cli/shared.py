@@ -202,3 +202,15 @@ def capacity_headline(plan) -> str:  # plan: kvsim.model.capacity.CapacityPlan
         f"vLLM 'maximum concurrency' at max_model_len: {plan.max_concurrency:.2f}x "
         f"(fp8 KV: {plan.num_gpu_blocks_fp8:,} blocks, {plan.max_concurrency_fp8:.2f}x)"
     )
+
+
+def fixed_length_scenario(model: str, gpu: str, engine, context_len: int):  # engine: EngineConfig
+    """`capacity --sustained`'s traffic at one context length: prompt c/2 + output c/2, Poisson arrivals."""
+    from kvsim.workload.scenario import make_scenario
+
+    half = context_len // 2
+    return make_scenario({"name": f"capacity-{context_len}", "model": model, "gpu": gpu, "steps": "none",
+                          "engine": engine.model_dump(mode="json", exclude_unset=True),
+                          "workload": {"num_requests": 200, "arrival": {"process": "poisson", "rate": 1.0},
+                                       "prompt_len": {"dist": "fixed", "value": half},
+                                       "output_len": {"dist": "fixed", "value": context_len - half}}})

@@ -104,6 +104,15 @@ class GroupedPagedAllocator(PoolSlots):
         return num_samples * self.region_slots(final_num_tokens)
 
     def never_fits_reason(self, final_num_tokens: int, prompt_len: int | None = None) -> str | None:
+        """Admission takes the whole prompt in every group at once (`_plan` for a new sequence: before a
+        window frees anything), so a prompt the empty pool cannot take that way would wait forever at the
+        head of the queue: refuse it. (vLLM v1 allocates a chunk at a time and could serve it.)"""
+        if prompt_len is None:
+            return None
+        blocks = len(self.groups) * ceil_div(prompt_len, self.block_size)
+        if blocks > self.pool.num_usable_blocks:
+            return (f"prompt_len {prompt_len} takes {blocks} blocks in {len(self.groups)} KV groups at admission, "
+                    f"the pool has {self.pool.num_usable_blocks}")
         return None
 
     # ------------------------------------------------------------ prefix cache

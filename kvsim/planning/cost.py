@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -86,3 +87,41 @@ def add_capacity_costs(plan: dict, price: GpuPrice, num_gpus: int, max_num_seqs:
 
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
+
+
+def add_sustained_costs(plan: dict, price: GpuPrice, num_gpus: int, scenario_for: Callable[[int], Any],
+                        num_requests: int = 200, max_requests: int = 3200) -> dict:
+    """`kvsim capacity --sustained`: per row within max_model_len, the highest Poisson rate one replica
+    sustains (`kvsim.planning.steady_state`, stability alone: no latency SLO, so this is its capacity)
+    on `scenario_for(context_len)`'s fixed lengths, and USD per million output tokens at the output rate
+    measured over that probe's window (warm-up and drain left out), beside the closed-form figure."""
+    from kvsim.planning.steady_state import search_rates
+    from kvsim.planning.sweep import run_many
+    from kvsim.workload.scenario import make_scenario
+
+    rows = [r for r in plan["rows"] if r.get("paged_max_seqs", 0) > 0]
+    bases = [scenario_for(r["context_len"]) for r in rows]
+
+    def make(i: int, rate: float, n: int) -> Any:
+        raw = bases[i].model_dump(mode="json")
+        raw["workload"].update(arrival={"process": "poisson", "rate": rate}, num_requests=n)
+        return make_scenario(raw, bases[i].base_dir)
+
+    def run(scenarios: list[Any]) -> list[dict]:
+        return [r.evidence for r in run_many(scenarios, workers=1, evidence=True) if r.evidence is not None]
+
+    searches = search_rates(make, len(rows), {}, run, num_requests=num_requests, max_requests=max_requests)
+    found = {r["context_len"]: s for r, s in zip(rows, searches, strict=True)}
+    out = []
+    for row in plan["rows"]:
+        s = found.get(row["context_len"])
+        ev = s.evidence if s is not None else None
+        tokens = ev["output_tokens_per_s"] if ev else 0.0
+        out.append({**row, "sustained_rate_per_s": round(s.rate, 3) if s is not None and s.rate else None,
+                    "sustained_requests_per_probe": (lv.num_requests if s is not None and (lv := s.answer_level())
+                                                     else None),
+                    "sustained_converged": s.converged if s is not None else None,
+                    "output_tokens_per_s_sustained": round(tokens, 1) if ev else None,
+                    "usd_per_million_output_tokens_sustained":
+                        _rounded(cost_per_million_output_tokens(price, num_gpus, tokens)) if ev else None})
+    return {**plan, "rows": out}

@@ -10,10 +10,16 @@ at that traffic: counts 1, 2, 4, … are tried until one meets it, then bisectio
 last miss and the first hit. This assumes that adding a replica never breaks an SLO (more
 replicas, less load each), which holds for the load-aware routers and round robin alike.
 
+A count passes only when its fleet is stable and meets every SLO over the steady-state
+measurement window (`kvsim.planning.steady_state`); the chosen count is then re-run with 10×
+the requests (`kvsim.planning.verify`: `verified` and `verify_*` columns).
+
 For each candidate the table gives the cost per hour (replicas × TP × the GPU's hourly
-price), GPUs, replicas, the headroom (the smallest relative slack of an SLO at that count),
-and the limiting factor: the SLO that failed with one replica fewer, and whether that
-fleet was short of KV memory (it preempted) or of compute (it only queued).
+price: the planner's, or the shipped list's, `price_source`), GPUs, replicas, the headroom
+(the smallest relative slack of an SLO at that count), the limiting factor (the SLO that
+failed with one replica fewer, and whether that fleet was short of KV memory, it preempted,
+or of compute, it only queued), the window's evidence, and the first-principles floor
+(`kvsim.planning.bounds`: `lower_bound_replicas`, which bound binds, `replicas_over_bound`).
 
 `search: rate` sizes a homogeneous fleet instead from the highest load one replica sustains
 (`kvsim.planning.plan_rate`): one single-replica bisection per candidate, then
@@ -22,158 +28,81 @@ fleet was short of KV memory (it preempted) or of compute (it only queued).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-from kvsim.model.errors import KvsimError, from_validation_error
-from kvsim.planning.plan_rate import RateSearch, headroom, offered_rate_per_s, slo_values
+from kvsim.model.errors import KvsimError
+from kvsim.planning.bounds import replica_floor
+from kvsim.planning.cost import GpuPrice, gpu_price
+from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s
 from kvsim.planning.search import Metrics, PointStore, run_searches
-from kvsim.workload.scenario import Scenario, make_scenario
-
-SLO_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
-SLO_STATS = ("mean", "p50", "p90", "p99")
-ROUTERS = ("round_robin", "least_outstanding", "least_kv", "affinity")
-
-
-class PlanSpec(BaseModel):
-    """What to search: SLOs (`metric.stat: seconds`), candidate GPUs, TP sizes, engine knob grid."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    slo: dict[str, float] = Field(min_length=1)
-    gpus: list[str] = Field(min_length=1)
-    tensor_parallel_sizes: list[int] = Field(default=[1], min_length=1)
-    engine: dict[str, list[Any]] = Field(default_factory=dict)
-    max_replicas: int = Field(default=64, gt=0, le=4096)
-    router: str = "least_outstanding"
-    gpu_hourly_cost: dict[str, float] = Field(default_factory=dict)
-    search: Literal["replicas", "rate"] = "replicas"  # bisect the replica count, or the rate one replica takes
-    capacity_headroom: float = Field(default=0.1, ge=0, le=10)  # rate search: spare capacity kept, a fraction
-    rel_tol: float = Field(default=0.05, gt=0, le=1)  # rate search: bisect until failing/passing <= 1 + rel_tol
-    probe_requests: int = Field(default=2000, gt=0)  # rate search: the workload's first requests per probe
-
-    @field_validator("slo")
-    @classmethod
-    def _known_slos(cls, slo: dict[str, float]) -> dict[str, float]:
-        for key, limit in slo.items():
-            metric, _, stat = key.partition(".")
-            if metric not in SLO_METRICS or stat not in SLO_STATS:
-                raise ValueError(f"{key!r}: expected METRIC.STAT with METRIC in {SLO_METRICS}, STAT in {SLO_STATS}")
-            if not limit > 0:
-                raise ValueError(f"{key}={limit}: must be positive (seconds)")
-        return slo
-
-    @field_validator("router")
-    @classmethod
-    def _known_router(cls, router: str) -> str:
-        if router not in ROUTERS:
-            raise ValueError(f"router={router!r}: expected one of {', '.join(ROUTERS)}")
-        return router
-
-    @field_validator("tensor_parallel_sizes")
-    @classmethod
-    def _positive_tp(cls, sizes: list[int]) -> list[int]:
-        if any(tp <= 0 for tp in sizes):
-            raise ValueError(f"{sizes}: tensor-parallel sizes must be positive")
-        return sizes
-
-    @field_validator("gpu_hourly_cost")
-    @classmethod
-    def _positive_cost(cls, costs: dict[str, float]) -> dict[str, float]:
-        for gpu, cost in costs.items():
-            if not cost > 0:
-                raise ValueError(f"{gpu}={cost}: an hourly cost must be positive")
-        return costs
-
-    @model_validator(mode="after")
-    def _costs_for_candidates(self) -> PlanSpec:
-        """A price for a GPU that is not a candidate is a typo or a forgotten `--gpu`: refuse it."""
-        stray = sorted(set(self.gpu_hourly_cost) - set(self.gpus))
-        if stray:
-            raise ValueError(f"gpu_hourly_cost names {stray[0]!r}, which is not a candidate GPU "
-                             f"(gpus: {', '.join(self.gpus)})")
-        return self
-
-
-def make_plan_spec(raw: dict[str, Any]) -> PlanSpec:
-    try:
-        return PlanSpec(**raw)
-    except ValidationError as error:
-        raise from_validation_error(error, prefix="plan") from None
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One deployment shape: GPU, tensor-parallel size and engine settings (replica count searched)."""
-
-    gpu: str
-    tensor_parallel_size: int
-    knobs: tuple[tuple[str, Any], ...] = ()
-
-    @property
-    def label(self) -> str:
-        knobs = "".join(f" {k}={v}" for k, v in self.knobs)
-        return f"{self.gpu} tp{self.tensor_parallel_size}{knobs}"
-
-    def scenario(self, base: Scenario, replicas: int, router: str) -> Scenario:
-        """The base scenario's traffic on `replicas` replicas of this candidate behind `router`."""
-        raw = base.model_dump(mode="json")
-        raw["engine"] = {**raw["engine"], "tensor_parallel_size": self.tensor_parallel_size, **dict(self.knobs)}
-        raw.update(gpu=self.gpu, replicas=replicas, router={**raw["router"], "policy": router},
-                   name=f"{base.name}/{self.label.replace(' ', '_')}/x{replicas}")
-        return make_scenario(raw, base.base_dir)
-
-
-def candidates(spec: PlanSpec) -> list[Candidate]:
-    """Every combination of GPU, TP size and engine knob values, in the order given."""
-    names = list(spec.engine)
-    grid = itertools.product(*(spec.engine[name] for name in names))
-    knob_sets = [tuple(zip(names, values, strict=True)) for values in grid]
-    return [Candidate(gpu, tp, knobs) for gpu in spec.gpus for tp in spec.tensor_parallel_sizes for knobs in knob_sets]
+from kvsim.planning.spec import Candidate, PlanSpec, candidates, make_plan_spec
+from kvsim.planning.steady_state import TOO_SHORT, headroom, probe_passes, why_failed
+from kvsim.planning.verify import Verification, evidence_columns, with_requests
+from kvsim.workload.scenario import Scenario
 
 
 def check_candidates(base: Scenario, spec: PlanSpec) -> None:
-    """Refuse, before any cluster starts or folder is made, a candidate whose GPU is unknown or
-    whose engine knobs do not make a valid scenario (a `KvsimError` naming the field)."""
-    from kvsim.model.config import load_gpu
+    """Refuse, before any cluster starts or folder is made, a scenario that already fixes `replicas`, and
+    a candidate whose GPU is unknown, whose engine knobs do not make a valid scenario, or whose TP the
+    model cannot be split over or whose weights leave no KV pool (a `KvsimError` naming the field)."""
+    from kvsim.model.capacity import check_parallel, num_gpu_blocks
+    from kvsim.model.config import load_gpu, load_model
 
+    if base.replicas is not None:
+        raise KvsimError(f"replicas={base.replicas!r}: plan searches the replica count; remove it from the scenario")
     for gpu in dict.fromkeys(spec.gpus):
         load_gpu(gpu)
+    model = load_model(base.model)
     for candidate in candidates(spec):
-        candidate.scenario(base, 1, spec.router)
+        scenario = candidate.scenario(base, 1, spec.router)
+        check_parallel(model, scenario.engine)
+        num_gpu_blocks(model, load_gpu(candidate.gpu), scenario.engine)
 
 
 def point_metrics(scenario: Scenario) -> Metrics:
     """Simulate one fleet and keep what the plan needs (small, JSON-safe; runs on a Dask worker)."""
     from kvsim.fleet.driver import simulate_fleet
+    from kvsim.planning.steady_state import window_evidence
 
-    summary = simulate_fleet(scenario).summary
+    result = simulate_fleet(scenario)
+    summary = result.summary
     keep = ("num_replicas", "num_gpus", "num_requests", "num_finished", "num_rejected", "duration_s",
-            "requests_per_s", "output_tokens_per_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "num_preemptions",
-            "kv_cache_usage_mean", "prefix_cache_hit_rate", "offered_rate_per_s")
-    return {key: summary[key] for key in keep}
+            "requests_per_s", "output_tokens_per_s", "num_preemptions", "kv_cache_usage_mean",
+            "prefix_cache_hit_rate", "offered_rate_per_s")
+    # the SLOs are judged on `evidence` (the steady-state window), never on the whole run's percentiles
+    return {**{key: summary[key] for key in keep}, "evidence": window_evidence(result.requests)}
 
 
 @dataclass(slots=True)
 class ReplicaSearch:
-    """The fewest replicas of one candidate meeting the SLOs: doubling, then bisection."""
+    """The fewest replicas of one candidate whose fleet is stable and meets the SLOs over the
+    measurement window (`kvsim.planning.steady_state`): doubling, then bisection; then one
+    verification run of that fleet with 10× the traffic's requests (`kvsim.planning.verify`)."""
 
     candidate: Candidate
     base: Scenario
     spec: PlanSpec
     results: dict[int, Metrics] = field(default_factory=dict)
+    verify: Verification = field(init=False)
+    num_requests: int = field(init=False)  # per probe: the traffic's, doubled while a window is too short
     _pending: int | None = None
 
+    def __post_init__(self) -> None:
+        self.verify = Verification(self.candidate, self.spec)
+        self.num_requests = self.base.workload.num_requests
+
+    def _ok(self, metrics: Metrics) -> bool:
+        return probe_passes(metrics["evidence"], self.spec.slo)
+
     def _fewest_ok(self) -> int | None:
-        ok = [n for n, m in self.results.items() if headroom(m, self.spec.slo) >= 0]
+        ok = [n for n, m in self.results.items() if self._ok(m)]
         return min(ok) if ok else None
 
     def _next_count(self) -> int | None:
         best = self._fewest_ok()
-        misses = [n for n, m in self.results.items() if headroom(m, self.spec.slo) < 0 and (best is None or n < best)]
+        misses = [n for n, m in self.results.items() if not self._ok(m) and (best is None or n < best)]
         low = max(misses, default=0)
         if best is None:  # double until a count meets the SLOs (the last try is max_replicas)
             if low >= self.spec.max_replicas:
@@ -185,10 +114,22 @@ class ReplicaSearch:
     def next_scenario(self) -> Scenario | None:
         count = self._next_count()
         self._pending = count
-        return None if count is None else self.candidate.scenario(self.base, count, self.spec.router)
+        traffic = self.base if self.num_requests == self.base.workload.num_requests \
+            else with_requests(self.base, self.num_requests)
+        if count is not None:
+            return self.candidate.scenario(traffic, count, self.spec.router)
+        return self.verify.next_scenario(traffic, self._fewest_ok(), self.num_requests)
 
     def observe(self, metrics: Metrics) -> None:
-        assert self._pending is not None
+        if self._pending is None:
+            self.verify.observe(metrics)
+            return
+        ev = metrics["evidence"]
+        if (ev["verdict"] == TOO_SHORT and ev["num_requests"] >= self.num_requests
+                and 2 * self.num_requests <= self.spec.max_probe_requests):
+            self.num_requests *= 2  # this traffic is too short to judge a fleet: every count again, longer
+            self.results.clear()
+            return
         self.results[self._pending] = metrics
 
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
@@ -199,23 +140,23 @@ class ReplicaSearch:
                                **{k: v for k, v in c.knobs}, "feasible": best is not None}
         if best is None:
             worst = self.results[max(self.results)]
-            failing = [k for k, v in slo_values(worst, slo).items() if v > slo[k]]
-            return {**row, "replicas": None, "num_gpus": None, "cost_per_hour": None, "headroom": headroom(worst, slo),
-                    "limiting_factor": f"misses {', '.join(failing)} even at {max(self.results)} replicas",
-                    "rate_per_replica": None, **{k: v for k, v in slo_values(worst, slo).items()}}
+            return {**row, "replicas": None, "num_gpus": None, "cost_per_hour": None,
+                    "headroom": headroom(worst["evidence"], slo),
+                    "limiting_factor": f"{why_failed(worst['evidence'], slo)} even at {max(self.results)} replicas",
+                    "rate_per_replica": None, **evidence_columns(worst["evidence"], slo), **self.verify.columns()}
         metrics = self.results[best]
         below = self.results.get(best - 1)
         if below is None:
             limiting = "none: one replica meets every SLO"
         else:
-            failing = [k for k, v in slo_values(below, slo).items() if v > slo[k]]
             cause = "KV memory (preempting)" if below["num_preemptions"] else "compute (queueing)"
-            limiting = f"{', '.join(failing)} at {best - 1} replicas: {cause}"
+            limiting = f"{why_failed(below['evidence'], slo)} at {best - 1} replicas: {cause}"
         num_gpus = best * c.tensor_parallel_size
-        return {**row, "replicas": best, "num_gpus": num_gpus,
+        return {**row, "replicas": best, "num_gpus": num_gpus, "requests_per_probe": self.num_requests,
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
-                "headroom": headroom(metrics, slo), "limiting_factor": limiting,
-                "rate_per_replica": metrics["offered_rate_per_s"] / best, **slo_values(metrics, slo)}
+                "headroom": headroom(metrics["evidence"], slo), "limiting_factor": limiting,
+                "rate_per_replica": metrics["offered_rate_per_s"] / best,
+                **evidence_columns(metrics["evidence"], slo), **self.verify.columns()}
 
 
 def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -233,20 +174,28 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
 
     Finished points are kept in `out_dir/points.jsonl`, so a rerun resumes where it stopped.
     """
-    if base.replicas is not None:
-        raise KvsimError(f"replicas={base.replicas!r}: plan searches the replica count; remove it from the scenario")
-    for candidate in candidates(spec):  # bad knob values fail here, before any simulation
-        candidate.scenario(base, 1, spec.router)
+    check_candidates(base, spec)  # bad knob values fail here, before any simulation
     searches: list[ReplicaSearch] | list[RateSearch]
     if spec.search == "rate":
-        target_rate_per_s = offered_rate_per_s(base)
-        searches = [RateSearch(c, base, spec, target_rate_per_s) for c in candidates(spec)]
+        searches = [RateSearch(c, base, spec, offered_rate_per_s(base)) for c in candidates(spec)]
     else:
         searches = [ReplicaSearch(c, base, spec) for c in candidates(spec)]
-    store = PointStore(Path(out_dir) / "points.jsonl")
+    store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence",))
     simulated = run_searches(searches, point_metrics, store, client, on_point)
-    rows = [s.row(spec.gpu_hourly_cost.get(s.candidate.gpu)) for s in searches]
+    target_rate_per_s = offered_rate_per_s(base)
+    rows = []
+    for s in searches:
+        row = s.row(hourly_price(spec, s.candidate.gpu).usd_per_gpu_hour)
+        floor = replica_floor(s.candidate.scenario(base, 1, spec.router), target_rate_per_s)
+        rows.append({**row, "lower_bound_replicas": floor.replicas, "bound_binds": floor.binds,
+                     "replicas_over_bound": round(row["replicas"] / floor.replicas, 3) if row["replicas"] else None,
+                     "price_source": hourly_price(spec, s.candidate.gpu).source})
     return rank(rows), simulated
+
+
+def hourly_price(spec: PlanSpec, gpu: str) -> GpuPrice:
+    """The planner's price for `gpu` when given, else the shipped list price (`kvsim.planning.cost`)."""
+    return gpu_price(gpu, spec.gpu_hourly_cost.get(gpu))
 
 
 def _assignments(items: list[str], flag: str) -> list[tuple[str, str]]:
@@ -277,7 +226,10 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
         except ValueError:
             raise KvsimError(f"--gpu-hourly-cost {key}={value!r}: expected a price per hour") from None
     for key, value in _assignments(knobs, "--engine"):
-        raw.setdefault("engine", {})[key] = [yaml.safe_load(v) for v in value.split(",")]
+        try:
+            raw.setdefault("engine", {})[key] = [yaml.safe_load(v) for v in value.split(",")]
+        except yaml.YAMLError:
+            raise KvsimError(f"--engine {key}={value!r}: not a comma-separated list of values") from None
     if gpus:
         raw["gpus"] = gpus
     if tp_sizes:

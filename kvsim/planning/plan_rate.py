@@ -2,20 +2,23 @@
 
 For each candidate, one replica is simulated on the fleet's traffic slowed down to a fraction
 `f` of it (arrivals `1/f` times further apart: a rate process's rate and a trace's
-`rate_scale` times `f`, the same requests otherwise, first `probe_requests` of them; a
-multi-turn conversation's think time stays as given, only conversations start further apart). `f`
-starts at 1 (the whole traffic on one replica), halves until the SLOs are met (or doubles
-while they are, up to `1 + capacity_headroom`), then bisects geometrically between the highest
-passing and the lowest failing fraction until they are within `rel_tol`
-(`kvsim.planning.rate_search.RateBound`, the same growth-and-bisection as `kvsim sweep`'s rate search).
+`rate_scale` times `f`, the same requests otherwise, first `probe_requests` of them (or the
+traffic's count if smaller) at first; a
+multi-turn conversation's think time stays as given, only conversations start further apart). A
+fraction passes when the replica is stable there and meets the SLOs over the measurement window
+(`kvsim.planning.steady_state`); `f` starts at 1 (the whole traffic on one replica), halves until
+a probe passes (or doubles while they do, up to `1 + capacity_headroom`), bisects, and the run
+length doubles until `f` moves less than 2 % (`SteadyRateSearch`, capped at `max_probe_requests`).
 The fleet is then
 
     replicas = ceil((1 + capacity_headroom) / f_max)      (one replica per f_max of the traffic)
 
 which assumes what the replica-count search verifies by simulating whole fleets: a router
 that spreads load evenly (every replica sees about 1/replicas of the traffic) and a workload
-whose SLOs do not depend on the fleet as a whole. It costs one single-replica bisection per
-candidate instead of a fleet simulation per tried count, so it suits big fleets.
+whose SLOs do not depend on the fleet as a whole. It costs single-replica bisections per
+candidate instead of a fleet simulation per tried count, so it suits big fleets; the chosen fleet is
+then simulated once, as a whole, with 10× a probe's requests (`kvsim.planning.verify`), and its
+percentiles are reported beside the search's.
 """
 
 from __future__ import annotations
@@ -24,28 +27,19 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvsim.planning.rate_search import RateBound
 from kvsim.planning.search import Metrics
+from kvsim.planning.steady_state import (
+    SteadyRateSearch,
+    failing_evidence,
+    headroom,
+    probe_passes,
+    why_failed,
+)
+from kvsim.planning.verify import Verification, evidence_columns
 from kvsim.workload.scenario import Scenario, make_scenario
 
 if TYPE_CHECKING:
-    from kvsim.planning.plan import Candidate, PlanSpec
-
-
-def slo_values(metrics: Metrics, slo: dict[str, float]) -> dict[str, float]:
-    """The measured value of every SLO's metric and statistic (inf when no request produced one)."""
-    out = {}
-    for key in slo:
-        metric, _, stat = key.partition(".")
-        value = metrics[metric][stat]
-        out[key] = math.inf if value is None else float(value)
-    return out
-
-
-def headroom(metrics: Metrics, slo: dict[str, float]) -> float:
-    """min over SLOs of (limit − value) / limit: ≥ 0 means every SLO is met."""
-    values = slo_values(metrics, slo)
-    return min((limit - values[key]) / limit for key, limit in slo.items())
+    from kvsim.planning.spec import Candidate, PlanSpec
 
 
 def scaled_traffic(base: Scenario, fraction: float, num_requests: int) -> Scenario:
@@ -63,72 +57,90 @@ def scaled_traffic(base: Scenario, fraction: float, num_requests: int) -> Scenar
 
 @dataclass(slots=True)
 class RateSearch:
-    """The largest fraction of the traffic one replica of `candidate` serves within the SLOs."""
+    """The largest fraction of the traffic one replica of `candidate` sustains within the SLOs
+    (`kvsim.planning.steady_state.SteadyRateSearch` over the fraction, from `probe_requests` a probe,
+    doubling until the fraction moves < 2 %), then one verification run of the chosen fleet."""
 
     candidate: Candidate
     base: Scenario
     spec: PlanSpec
     target_rate_per_s: float  # the base traffic's offered request rate
-    bound: RateBound = field(default_factory=RateBound)
-    results: dict[float, Metrics] = field(default_factory=dict)
-    _pending: float | None = None
+    search: SteadyRateSearch = field(init=False)
+    verify: Verification = field(init=False)
+    _pending: tuple[float, int] | None = None
+
+    def __post_init__(self) -> None:
+        enough = 1.0 + self.spec.capacity_headroom  # a passing fraction at which one replica is the answer
+        first = min(self.spec.probe_requests, self.base.workload.num_requests)  # then doubled as it converges
+        self.search = SteadyRateSearch(1.0, first, max_requests=self.spec.max_probe_requests,
+                                       first_tol=self.spec.rel_tol,
+                                       max_rate=enough, min_rate=enough / self.spec.max_replicas)
+        self.verify = Verification(self.candidate, self.spec)
 
     @property
-    def _enough(self) -> float:
-        """A passing fraction at which one replica is the answer: search no higher."""
-        return 1.0 + self.spec.capacity_headroom
-
-    def _settled(self) -> bool:
-        b = self.bound
-        if b.passed >= self._enough:
-            return True
-        if b.failed is not None and b.failed <= self._enough / self.spec.max_replicas:
-            return True  # even max_replicas replicas would each carry more than one can
-        return b.settled(1.0, self.spec.rel_tol)
+    def replicas(self) -> int | None:
+        fraction = self.search.rate
+        if not fraction or fraction < self.search.min_rate:
+            return None
+        replicas = math.ceil(self.search.max_rate / fraction)
+        return replicas if replicas <= self.spec.max_replicas else None
 
     def next_scenario(self) -> Scenario | None:
-        if self._settled():
-            self._pending = None
-            return None
-        fraction = self._pending = min(self.bound.next_rate(1.0), self._enough)
-        probe = scaled_traffic(self.base, fraction, min(self.spec.probe_requests, self.base.workload.num_requests))
-        return self.candidate.scenario(probe, 1, self.spec.router)
+        if self._pending is None or self._pending[1] > 0:
+            probe = self.search.next_probe()
+            if probe is not None:
+                fraction, n = self._pending = probe
+                return self.candidate.scenario(scaled_traffic(self.base, fraction, n), 1, self.spec.router)
+        self._pending = (0.0, 0)
+        level = self.search.answer_level()
+        return self.verify.next_scenario(self.base, self.replicas, level.num_requests if level else 0)
 
     def observe(self, metrics: Metrics) -> None:
         assert self._pending is not None
-        fraction = self._pending
-        self.results[fraction] = metrics
-        self.bound.num_probes += 1
-        if headroom(metrics, self.spec.slo) >= 0:
-            self.bound.passed, self.bound.result = fraction, metrics
+        if self._pending[1] > 0:
+            self.search.observe(probe_passes(metrics["evidence"], self.spec.slo), metrics)
         else:
-            self.bound.failed = fraction
+            self.verify.observe(metrics)
 
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """This candidate's line of the plan table (the same columns as the replica-count search)."""
-        c, slo, b = self.candidate, self.spec.slo, self.bound
+        c, slo, s = self.candidate, self.spec.slo, self.search
         row: dict[str, Any] = {"candidate": c.label, "gpu": c.gpu, "tensor_parallel_size": c.tensor_parallel_size,
                                **dict(c.knobs)}
-        failed = self.results.get(b.failed) if b.failed is not None else None
-        if b.failed is None or failed is None:
-            limiting = "none: one replica meets every SLO under all the traffic"
+        failed = failing_evidence(s)
+        if s.rate >= s.max_rate:
+            limiting = "none: one replica sustains all the traffic within every SLO"
+        elif failed is None:
+            limiting = "nothing sustainable"
         else:
-            failing = [k for k, v in slo_values(failed, slo).items() if v > slo[k]]
+            level = s.answer_level() or s.level
+            assert level.bound.failed is not None
             cause = "KV memory (preempting)" if failed["num_preemptions"] else "compute (queueing)"
-            limiting = f"{', '.join(failing)} at {b.failed * self.target_rate_per_s:.3g} req/s per replica: {cause}"
-        replicas = math.ceil(self._enough / b.passed) if b.passed else None
-        if replicas is None or replicas > self.spec.max_replicas:
-            worst = failed if failed is not None else self.results[max(self.results)]
+            limiting = (f"{why_failed(failed['evidence'], slo)} at {level.bound.failed * self.target_rate_per_s:.3g}"
+                        f" req/s per replica: {cause}")
+        replicas = self.replicas
+        found = s.evidence
+        if replicas is None:
+            worst = found or failed or next(iter(s.results.values()))
             return {**row, "feasible": False, "replicas": None, "num_gpus": None, "cost_per_hour": None,
-                    "headroom": headroom(worst, slo), "limiting_factor": f"over {self.spec.max_replicas} replicas; "
-                    + limiting, "rate_per_replica": b.passed * self.target_rate_per_s, "capacity_headroom": None,
-                    **slo_values(worst, slo)}
+                    "headroom": headroom(worst["evidence"], slo),
+                    "limiting_factor": f"over {self.spec.max_replicas} replicas; " + limiting,
+                    "rate_per_replica": s.rate * self.target_rate_per_s, "capacity_headroom": None,
+                    **evidence_columns(worst["evidence"], slo), **search_columns(s), **self.verify.columns()}
         num_gpus = replicas * c.tensor_parallel_size
         return {**row, "feasible": True, "replicas": replicas, "num_gpus": num_gpus,
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
-                "headroom": headroom(b.result, slo), "limiting_factor": limiting,
-                "rate_per_replica": b.passed * self.target_rate_per_s,
-                "capacity_headroom": replicas * b.passed - 1.0, **slo_values(b.result, slo)}
+                "headroom": headroom(found["evidence"], slo), "limiting_factor": limiting,
+                "rate_per_replica": s.rate * self.target_rate_per_s,
+                "capacity_headroom": replicas * s.rate - 1.0, **evidence_columns(found["evidence"], slo),
+                **search_columns(s), **self.verify.columns()}
+
+
+def search_columns(search: SteadyRateSearch) -> dict[str, Any]:
+    """How the rate search ended: requests per probe behind the answer, converged or capped, probes."""
+    level = search.answer_level()
+    return {"requests_per_probe": level.num_requests if level else None, "converged": search.converged,
+            "capped": search.capped, "num_probes": search.summary()["num_probes"]}
 
 
 def offered_rate_per_s(base: Scenario) -> float:

@@ -6,9 +6,10 @@
 A *search* proposes one scenario at a time (`next_scenario()`), learns its metrics
 (`observe(metrics)`) and proposes the next, or None when it is done (e.g. a bisection on
 replica count). Many searches run at once: each has at most one point in flight, submitted
-as a Dask future; `as_completed` hands back whichever finishes first, and its search
+as a Dask future; ``wait(..., FIRST_COMPLETED)` hands back whichever finishes first, and its search
 proposes its next point. Dask does all the scheduling, retries a task whose worker died
-(`distributed.scheduler.allowed-failures`), and `client=None` runs points in this process.
+(`distributed.scheduler.allowed-failures`), and `client=None` runs points in this process. A
+cluster left with no worker for a minute is reported (`KvsimError`), not waited on forever.
 
 Every finished point is appended to the store at once (one JSON line, flushed and fsynced),
 keyed by the hash of its scenario, so a crash or a killed worker loses no finished point and
@@ -44,18 +45,35 @@ def scenario_hash(scenario: Scenario) -> str:
 
 
 class PointStore:
-    """Finished points as JSON lines `{"hash", "name", "metrics"}`; a torn last line is ignored."""
+    """Finished points as JSON lines `{"hash", "name", "metrics"}`, read and written line-atomically.
 
-    def __init__(self, path: str | Path) -> None:
+    A line that is not a whole point (cut short by a crash, not UTF-8, not JSON, or without the metric
+    keys `required` names, as points from an older kvsim) is skipped, so that point is simulated again.
+    Each point is appended with one `write` of a whole line; a file whose last line was torn gets a
+    newline first, so the new point never joins the torn one.
+    """
+
+    def __init__(self, path: str | Path, required: tuple[str, ...] = ()) -> None:
         self.path = Path(path)
         self.points: dict[str, Metrics] = {}
+        self.required = required
         if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                    self.points[row["hash"]] = row["metrics"]
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue  # a line cut short by a crash: that point is simply not done
+            for raw in self.path.read_bytes().split(b"\n"):
+                row = self._parse(raw)
+                if row is not None:
+                    self.points[row[0]] = row[1]
+
+    def _parse(self, raw: bytes) -> tuple[str, Metrics] | None:
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        if not isinstance(row, dict) or not isinstance(row.get("hash"), str):
+            return None
+        metrics = row.get("metrics")
+        if not isinstance(metrics, dict) or any(not isinstance(metrics.get(k), dict) for k in self.required):
+            return None
+        return row["hash"], metrics
 
     def __contains__(self, key: str) -> bool:
         return key in self.points
@@ -63,10 +81,16 @@ class PointStore:
     def add(self, key: str, name: str, metrics: Metrics) -> None:
         self.points[key] = metrics
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
-            f.write(json.dumps({"hash": key, "name": name, "metrics": metrics}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        line = (json.dumps({"hash": key, "name": name, "metrics": metrics}) + "\n").encode()
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line  # the last line was torn: end it before this point
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def run_searches(searches: Sequence[Search], evaluate: Callable[[Scenario], Metrics], store: PointStore,
@@ -100,21 +124,46 @@ def run_searches(searches: Sequence[Search], evaluate: Callable[[Scenario], Metr
         for search in searches:
             advance(search)
         return simulated
-    from dask.distributed import as_completed
-
     in_flight: dict[Any, tuple[Search, str, Scenario]] = {}
-    queue = as_completed()
     for search in searches:
         if (submitted := advance(search)) is not None:
             in_flight[submitted[0]] = (search, submitted[1], submitted[2])
-            queue.add(submitted[0])
-    for future in queue:
-        search, key, scenario = in_flight.pop(future)
-        record(key, scenario, future.result(), search, fresh=True)
-        if (submitted := advance(search)) is not None:
-            in_flight[submitted[0]] = (search, submitted[1], submitted[2])
-            queue.add(submitted[0])
+    while in_flight:
+        for future in _finished(list(in_flight), client):
+            search, key, scenario = in_flight.pop(future)
+            record(key, scenario, future.result(), search, fresh=True)
+            if (submitted := advance(search)) is not None:
+                in_flight[submitted[0]] = (search, submitted[1], submitted[2])
     return simulated
+
+
+NO_WORKERS_TIMEOUT_S = 60.0  # a cluster with no worker for this long cannot finish a point
+
+
+def _finished(futures: list[Any], client: Any, poll_s: float = 5.0) -> list[Any]:
+    """The futures that have finished, as soon as one has (in submission order); a `KvsimError` once the
+    cluster has had no worker for NO_WORKERS_TIMEOUT_S (its only worker died, say), never a silent wait."""
+    import time
+
+    from dask.distributed import wait
+
+    from kvsim.model.errors import KvsimError
+
+    idle_since: float | None = None
+    while True:
+        try:
+            done, _ = wait(futures, timeout=poll_s, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            done = set()
+        if done:
+            return [f for f in futures if f in done]
+        if client.scheduler_info().get("workers"):
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > NO_WORKERS_TIMEOUT_S:
+            raise KvsimError(f"dask cluster {client.scheduler.address}: no worker for {NO_WORKERS_TIMEOUT_S:.0f} s "
+                             "(they died or never joined); the finished points are kept in points.jsonl")
 
 
 def dask_client(address: str | None, workers: int | None) -> Any:
@@ -131,7 +180,7 @@ def dask_client(address: str | None, workers: int | None) -> Any:
     if address:
         try:
             return Client(address, timeout=10)
-        except (OSError, TimeoutError) as error:
+        except (OSError, TimeoutError, ValueError, TypeError) as error:
             raise KvsimError(f"dask_address={address!r}: cannot connect ({error})") from None
     cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
                            dashboard_address=None)

@@ -25,26 +25,31 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class SweepResult:
-    """A run's summary, and its per-step table when asked for (`keep_steps`)."""
+    """A run's summary, its per-step table when asked for (`keep_steps`), and its steady-state evidence
+    (`kvsim.planning.steady_state.window_evidence`, computed where the run ran) when asked for."""
 
     summary: dict[str, Any]
     steps: pd.DataFrame | None
+    evidence: dict[str, Any] | None = None
 
 
-def _run_one(args: tuple[Scenario, bool]) -> SweepResult:
+def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
     """One run; a fleet scenario (`replicas` set) through `simulate_fleet` (its fleet summary)."""
     from kvsim.engine.simulate import simulate
     from kvsim.fleet.driver import simulate_fleet
+    from kvsim.planning.steady_state import window_evidence
 
-    scenario, keep_steps = args
+    scenario, keep_steps, evidence = args
     result = simulate_fleet(scenario) if scenario.is_fleet else simulate(scenario)
-    return SweepResult(result.summary, result.steps if keep_steps else None)
+    return SweepResult(result.summary, result.steps if keep_steps else None,
+                       window_evidence(result.requests) if evidence else None)
 
 
 def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: int | None = None,
-             dask_address: str | None = None) -> list[SweepResult]:
-    """Simulate every scenario; `workers=1` runs in this process (no pickling)."""
-    jobs = [(s, keep_steps) for s in scenarios]
+             dask_address: str | None = None, evidence: bool = False) -> list[SweepResult]:
+    """Simulate every scenario; `workers=1` runs in this process (no pickling); `evidence` adds each
+    run's steady-state window evidence."""
+    jobs = [(s, keep_steps, evidence) for s in scenarios]
     if dask_address:
         try:
             from dask.distributed import Client

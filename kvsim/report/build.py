@@ -49,9 +49,10 @@ def _fig_context(sec: studies.Section, ax_pair) -> None:
 
 def _fig_fp8(sec: studies.Section, ax_pair) -> None:
     df = sec.tables["kv_quantization"]
-    ax_pair[0].bar(df.kv_cache_dtype, df.simulated_sustained_running, color=["#495057", "#1971c2"])
+    numeric = df[["simulated_sustained_running", "tpot_mean_s_at_base_rate"]].astype(float)  # None → NaN: no bar
+    ax_pair[0].bar(df.kv_cache_dtype, numeric.simulated_sustained_running, color=["#495057", "#1971c2"])
     ax_pair[0].set_ylabel("sustained concurrent sequences (saturated)")
-    ax_pair[1].bar(df.kv_cache_dtype, df.tpot_mean_s_at_base_rate * 1e3, color=["#495057", "#1971c2"])
+    ax_pair[1].bar(df.kv_cache_dtype, numeric.tpot_mean_s_at_base_rate * 1e3, color=["#495057", "#1971c2"])
     ax_pair[1].set_ylabel("mean TPOT at the base rate (ms)")
 
 
@@ -76,7 +77,8 @@ def _fig_formula(sec: studies.Section, ax_pair) -> None:
     ax.plot(df.context_len, df.sustained_running, "-", marker="s", label="sustained (time-averaged, saturated)")
     ax.plot(df.context_len, df.max_seqs_without_preemption, "-", marker="^", label="largest without preemption")
     ax.plot(df.context_len, df.peak_running_transient, ":", marker="x", label="peak (admission transient)")
-    ax.plot(df.context_len, df.fitted_seqs, ":", label=f"fitted ×{sec.facts['fitted_constant']:.2f}")
+    if np.isfinite(sec.facts["fitted_constant"]):  # no KV-bound row: nothing was fitted
+        ax.plot(df.context_len, df.fitted_seqs, ":", label=f"fitted ×{sec.facts['fitted_constant']:.2f}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length (prompt + output)")
@@ -96,26 +98,38 @@ def _fig_paging(sec: studies.Section, ax_pair) -> None:
     ax_pair[0].set_ylabel("% of the KV pool, time-averaged while saturated")
     ax_pair[0].legend(fontsize=7)
     rates = sec.tables["sustained_rate"]
-    ax_pair[1].bar(rates.allocator, rates.max_rate_meeting_slo, color="#1971c2")
-    ax_pair[1].set_ylabel("max request rate meeting the TTFT SLO (req/s)")
+    ax_pair[1].bar(rates.allocator, rates.max_rate_meeting_slo.fillna(0.0).astype(float), color="#1971c2")
+    for x, value in enumerate(rates.max_rate_meeting_slo):
+        ax_pair[1].annotate("–" if pd.isna(value) else f"{value:.3g}", (x, 0 if pd.isna(value) else value),
+                            ha="center", va="bottom", fontsize=8)
+    ax_pair[1].set_ylabel("sustainable rate under the TTFT SLO (req/s)")
 
 
 def _fig_load(sec: studies.Section, ax_pair) -> None:
-    df = sec.tables["load_curves"]
+    df, f = sec.tables["load_curves"], sec.facts
     for p in ("p50", "p90", "p99"):
         ax_pair[0].plot(df.rate, df[f"ttft_{p}_s"], marker="o", label=f"TTFT {p}")
         ax_pair[1].plot(df.rate, df[f"tpot_{p}_s"] * 1e3, marker="o", label=f"TPOT {p}")
+    ax_pair[0].axhline(f["ttft_slo_s"], color="#c92a2a", linestyle="--", linewidth=1, label="TTFT p90 SLO")
+    if f["sustainable_rate"]:
+        for ax in ax_pair:
+            ax.axvline(f["sustainable_rate"], color="#495057", linestyle=":", linewidth=1, label="sustainable rate")
     ax_pair[0].set_yscale("log")
-    ax_pair[0].set_ylabel("seconds")
-    ax_pair[1].set_ylabel("ms")
+    ax_pair[0].set_ylabel("TTFT (s), log scale")
+    ax_pair[1].set_ylabel("TPOT (ms)")
     for ax in ax_pair:
-        ax.set_xscale("log", base=2)
         ax.set_xlabel("request rate (req/s)")
         ax.legend(fontsize=7)
 
 
 def _fig_fleet(sec: studies.Section, ax_pair) -> None:
     df, f = sec.tables["fleet_routing"], sec.facts
+    if f.get("unservable"):
+        ax_pair[0].text(0.5, 0.5, f"{f['num_too_long']} of {f['num_requests']} requests over max_model_len "
+                        f"{f['max_model_len']:,}:\nnot servable, no fleet sized", ha="center", va="center",
+                        transform=ax_pair[0].transAxes)
+        ax_pair[0].set_axis_off()
+        return
     names = [r.replace("_", " ") for r in df.router]
     ax_pair[0].bar(names, df.prefix_cache_hit_rate * 100, color="#1971c2")
     ax_pair[0].axhline(f["unbounded_hit_rate"] * 100, color="#2b8a3e", linestyle="--", linewidth=1,
@@ -319,31 +333,38 @@ def _markdown_to_html(lines: list[str]) -> str:
 
 
 def pareto_figure(rows: list[dict], path: str | Path, title: str) -> None:
-    """Plan candidates: cost per replica-hour vs the rate each replica carries within the SLOs.
+    """Plan candidates: the fleet's cost per hour against the request rate it serves within the SLOs
+    (replicas × the rate per replica the search found), one labelled point per feasible candidate.
 
-    The frontier joins the candidates that no other beats on both (cheaper and carrying
-    more); candidates at the same point share one marker and one label.
+    The frontier joins the candidates no other beats on both (cheaper and serving more); candidates
+    at the same point share one marker and one label. Labels alternate above and below their points.
     """
     labels: dict[tuple[float, float], list[str]] = {}
     for r in rows:
-        if r["feasible"] and r["cost_per_hour"] is not None:
-            labels.setdefault((r["cost_per_hour"] / r["replicas"], r["rate_per_replica"]), []).append(r["candidate"])
+        if r["feasible"] and r["cost_per_hour"] is not None and r["rate_per_replica"]:
+            point = (r["cost_per_hour"], r["replicas"] * r["rate_per_replica"])
+            labels.setdefault(point, []).append(f"{r['candidate']} ×{r['replicas']}")
     frontier, best = [], -1.0
     for cost, rate in sorted(labels):
         if rate > best:
             frontier.append((cost, rate))
             best = rate
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for (cost, rate), names in labels.items():
-        ax.scatter(cost, rate, color="#1971c2")
-        ax.annotate("\n".join(names), (cost, rate), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for k, ((cost, rate), names) in enumerate(sorted(labels.items())):
+        ax.scatter(cost, rate, color="#2b8a3e" if (cost, rate) in frontier else "#1971c2", zorder=3)
+        ax.annotate("\n".join(names), (cost, rate), fontsize=8, xytext=(6, 8 if k % 2 == 0 else -14),
+                    textcoords="offset points", va="center")
     if len(frontier) > 1:
         ax.plot(*zip(*frontier, strict=True), "--", color="#2b8a3e", label="Pareto frontier")
-        ax.legend(fontsize=7)
-    ax.margins(x=0.25, y=0.15)
-    ax.set_xlabel("cost per replica-hour")
-    ax.set_ylabel("requests/s per replica within the SLOs")
+        ax.legend(fontsize=8)
+    if not labels:
+        ax.text(0.5, 0.5, "no candidate meets the SLOs within the replica limit", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.margins(x=0.3, y=0.2)
+    ax.set_xlabel("fleet cost (USD per hour)")
+    ax.set_ylabel("request rate served within the SLOs (req/s)")
     ax.set_title(title, fontsize=11)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

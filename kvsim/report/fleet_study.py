@@ -3,8 +3,9 @@
 Traffic: the first `StudyConfig.fleet_requests` requests of the Mooncake FAST'25 conversation
 trace shipped in `kvsim/workload/data` (Kimi's real arrival times, lengths and 512-token prefix
 `hash_ids`; Apache-2.0, Qin et al., FAST 2025), served by replicas of the report's model, GPU,
-TP and engine settings with prefix caching on and `max_model_len` raised to what one
-replica's KV pool holds (a longer prompt is refused, as vLLM refuses it, and counted).
+TP and engine settings with prefix caching on and `max_model_len` the user's, or what one
+replica's KV pool holds if that is less (a longer prompt is refused, as vLLM refuses it, and
+counted). When more than half the slice is refused, the section says so and sizes nothing.
 
 Three measurements, all ordinary simulations:
 
@@ -35,13 +36,14 @@ from kvsim.workload.traces import TraceRecord, read_mooncake
 
 TRACE = "builtin:mooncake_conversation_head"
 ROUTERS = ("round_robin", "least_outstanding", "affinity")
+UNSERVABLE_SHARE = 0.5  # more of the trace than this over max_model_len: say so, size nothing
 FLOOR_GAP_S = 1000.0  # s between the floor run's arrivals; its queue p99 is reported to show none waited
 
 
 def traffic(st: Study) -> Scenario:
     """The report's engine on the Mooncake slice, prefix caching on, max_model_len = one replica's pool."""
     bs = st.base.engine.block_size
-    max_model_len = min(st.model.max_position_embeddings, st.num_blocks * bs)
+    max_model_len = min(st.max_model_len, st.num_blocks * bs)  # the user's limit, or the pool's if smaller
     workload = {"num_requests": st.cfg.fleet_requests, "arrival": {"process": "trace"},
                 "trace": {"format": "mooncake", "path": TRACE}}
     return variant(st.base, f"workload={json.dumps(workload)}", "engine.allocator=paged",
@@ -87,6 +89,14 @@ def fleet_routing(st: Study) -> Section:
     """Replicas needed per router for the TTFT SLO, and the routers compared at one fleet size."""
     base = traffic(st)
     max_model_len = base.engine.resolved_max_model_len(st.model)
+    records = read_mooncake(base.resolve_path(TRACE))[: st.cfg.fleet_requests]
+    prompts = np.array([r.prompt_len for r in records])
+    num_too_long = int((prompts >= max_model_len).sum())
+    if num_too_long > UNSERVABLE_SHARE * len(records):  # sizing the rest would answer another question
+        return Section("fleet", "How many GPUs for this traffic (Mooncake trace, routing)",
+                       {"fleet_routing": pd.DataFrame()},
+                       {"unservable": True, "num_too_long": num_too_long, "num_requests": len(records),
+                        "max_model_len": max_model_len})
     floor = st.run([variant(base, f"workload.arrival={{process: constant, rate: {1 / FLOOR_GAP_S}}}")])[0].summary
     slo = st.cfg.ttft_slo_s
     floor_p90 = floor["ttft_s"]["p90"]
@@ -106,15 +116,15 @@ def fleet_routing(st: Study) -> Section:
             "routed_to_prefix": s["route_reasons"].get("affinity", 0),
             "num_preemptions": s["num_preemptions"], "num_rejected": s["num_rejected"],
             "replicas_for_slo": need["replicas"], "gpus_for_slo": need["num_gpus"],
-            "cost_per_hour_for_slo": need["cost_per_hour"]})
-    records = read_mooncake(base.resolve_path(TRACE))[: st.cfg.fleet_requests]
-    prompts = np.array([r.prompt_len for r in records])
+            "cost_per_hour_for_slo": need["cost_per_hour"], "verified_10x": need.get("verified"),
+            "floor_replicas": need["lower_bound_replicas"], "floor_binds": need["bound_binds"],
+            "replicas_over_floor": need["replicas_over_bound"]})
     arrivals = np.array([r.arrival_s or 0.0 for r in records])
     facts = {"num_requests": st.cfg.fleet_requests, "span_s": float(arrivals.max() - arrivals.min()),
              "mean_prompt_tokens": float(prompts.mean()), "max_model_len": max_model_len,
-             "max_model_len_by_pool": max_model_len < st.model.max_position_embeddings,
+             "max_model_len_by_pool": max_model_len < st.max_model_len,
              "pool_tokens": (st.num_blocks - 1) * base.engine.block_size,
-             "num_too_long": int((prompts >= max_model_len).sum()),
+             "num_too_long": num_too_long,
              "floor_ttft_p90_s": floor_p90, "floor_hit_rate": floor["prefix_cache_hit_rate"],
              "floor_queue_p99_s": floor["queue_s"]["p99"],
              "unbounded_hit_rate": unbounded_hit_rate(records, max_model_len),

@@ -12,7 +12,6 @@ holds as many sequences as KV memory allows: their `max_running` is the simulate
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +29,7 @@ from kvsim.model.capacity import (
 )
 from kvsim.model.units import ceil_div
 from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_hour, gpu_price
-from kvsim.planning.rate_search import max_passing_rates
+from kvsim.planning.steady_state import failing_evidence, probe_passes, search_rates, why_failed
 from kvsim.planning.sweep import SweepResult, run_many
 from kvsim.workload.generate import build_requests
 from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
@@ -52,7 +51,8 @@ class StudyConfig:
     """Knobs of the report; `quick` shrinks every sweep for smoke runs and tests."""
 
     num_requests: int = 200
-    rates: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+    # load grid, as fractions of paged KV's sustainable rate: light load to past the knee
+    load_fractions: tuple[float, ...] = (0.125, 0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5)
     ttft_slo_s: float = 2.0
     usage_alert: float = 0.9
     alert_for_s: float = 30.0
@@ -64,11 +64,16 @@ class StudyConfig:
     gpu_hourly_cost: float | None = None  # USD per GPU-hour; None: the GPU's list on-demand default
     fleet_requests: int = 300  # leading requests of the Mooncake slice the fleet section replays
     fleet_max_replicas: int = 64  # the fleet section's replica search stops here
+    rate_requests: int = 400  # the steady-state rate search's first run length (it doubles until converged)
+    rate_max_requests: int = 12_800  # ... up to this many requests per probe (the cap is reported when hit)
+    saturate_max_requests: int = 20_000  # a request-bound saturated run is re-run with more, up to this
 
     @classmethod
     def quick(cls) -> StudyConfig:
-        return cls(num_requests=60, rates=(0.5, 2.0, 8.0), shared_prefix_counts=(4, 16), fleet_requests=60,
-                   fleet_max_replicas=8)
+        return cls(num_requests=60, load_fractions=(0.25, 0.75, 1.0, 1.5), shared_prefix_counts=(4, 16),
+                   fleet_requests=60,
+                   fleet_max_replicas=8, rate_requests=200, rate_max_requests=1600,
+                   saturate_max_requests=3000)
 
 
 def variant(base: Scenario, *overrides: str) -> Scenario:
@@ -110,13 +115,36 @@ class Study:
                                                                       spec.num_gpu_blocks)
         requests = build_requests(self.base, self.max_model_len, np.random.default_rng(self.base.seed))
         self.mean_kv_len = float(np.mean([r.kv_len for r in requests]))
+        # as the scheduler refuses them (`kvsim.sched.base.Scheduler.reject_reason`'s first test)
+        self.unservable_fraction = float(np.mean([r.prompt_len + r.output_len > self.max_model_len
+                                                  for r in requests])) if requests else 0.0
         self.latency_name = make_latency(spec).name
 
-    def saturated(self, *overrides: str) -> Scenario:
-        return saturated(self.base, self.cfg.num_requests, *overrides)
+    def saturated(self, *overrides: str, num_requests: int | None = None) -> Scenario:
+        """A saturating variant: 3 × `num_requests` (default the report's) requests at once."""
+        return saturated(self.base, num_requests or self.cfg.num_requests, *overrides)
+
+    def run_saturated(self, overrides: list[tuple[str, ...]]) -> tuple[list[SweepResult], list[int]]:
+        """Saturated runs of each override set, a run re-done with 4× the requests while the request count
+        is what capped it (up to `saturate_max_requests`), so that KV memory or max_num_seqs caps it: a
+        study that ended request-bound would measure the workload's size, not the engine. Returns the
+        runs and the request counts (÷ 3) they used."""
+        counts = [self.cfg.num_requests] * len(overrides)
+        runs = self.run([self.saturated(*o) for o in overrides])
+        while todo := [i for i, r in enumerate(runs) if self.limited_by(r.summary) == "requests"
+                       and 3 * 4 * counts[i] <= self.cfg.saturate_max_requests]:
+            for i in todo:
+                counts[i] *= 4
+            for i, run in zip(todo, self.run([self.saturated(*overrides[i], num_requests=counts[i]) for i in todo]),
+                              strict=True):
+                runs[i] = run
+        return runs, counts
 
     def limited_by(self, summary: dict[str, Any]) -> str:
-        """What capped a saturated run's concurrency: the request count, max_num_seqs, or KV memory."""
+        """What capped a saturated run's concurrency: KV memory (it preempted, or neither other limit was
+        reached), the request count, or max_num_seqs."""
+        if summary["num_preemptions"]:
+            return "kv"
         if summary["max_running"] >= summary["num_requests"] - summary["num_rejected"]:
             return "requests"
         if summary["max_running"] >= self.base.engine.resolved_max_num_seqs(self.gpu):
@@ -127,12 +155,17 @@ class Study:
         return run_many(scenarios, keep_steps=keep_steps, workers=self.cfg.workers,
                         dask_address=self.cfg.dask_address)
 
+    def evidence(self, scenarios: list[Any]) -> list[dict[str, Any]]:
+        """Each run's steady-state window evidence (`kvsim.planning.steady_state.window_evidence`)."""
+        runs = run_many(scenarios, workers=self.cfg.workers, dask_address=self.cfg.dask_address, evidence=True)
+        return [r.evidence for r in runs if r.evidence is not None]
+
 
 def context_concurrency(st: Study) -> Section:
     """Max concurrent sequences vs max_model_len: closed form and simulated, paged and slab-max."""
     lens = [n for n in (1024, 2048, 4096, 8192, 16384) if n <= st.model.max_position_embeddings]
-    runs = st.run([st.saturated(f"engine.max_model_len={n}", f"engine.allocator={a}")
-                   for n in lens for a in ("paged", "slab-max")])
+    runs, _ = st.run_saturated([(f"engine.max_model_len={n}", f"engine.allocator={a}")
+                                for n in lens for a in ("paged", "slab-max")])
     bs, rows = st.base.engine.block_size, []
     for i, n in enumerate(lens):
         paged, slab = runs[2 * i].summary, runs[2 * i + 1].summary
@@ -155,7 +188,7 @@ def context_concurrency(st: Study) -> Section:
 def kv_quantization(st: Study) -> Section:
     """fp8 vs auto KV: blocks, concurrency, and TPOT saturated and at the base rate."""
     dtypes = ("auto", "fp8")
-    sat = st.run([st.saturated(f"engine.kv_cache_dtype={d}") for d in dtypes])
+    sat, _ = st.run_saturated([(f"engine.kv_cache_dtype={d}",) for d in dtypes])
     base = st.run([variant(st.base, f"engine.kv_cache_dtype={d}") for d in dtypes])
     rows = []
     for d, s, b in zip(dtypes, sat, base, strict=True):
@@ -169,6 +202,7 @@ def kv_quantization(st: Study) -> Section:
             "tpot_mean_s_saturated": s.summary["tpot_s"]["mean"],
             "tpot_mean_s_at_base_rate": b.summary["tpot_s"]["mean"],
             "ttft_p90_s_at_base_rate": b.summary["ttft_s"]["p90"],
+            "limited_by": st.limited_by(s.summary),
         })
     return Section("fp8", "KV quantization (fp8)", {"kv_quantization": pd.DataFrame(rows)})
 
@@ -205,8 +239,9 @@ def capacity_formula(st: Study) -> Section:
                f"workload.output_len={{dist: fixed, value: {c - c // 2}}}")) for c in contexts]
     rows_spec = [*fixed, ("scenario length mix", round(st.mean_kv_len), ())]
     common = ("engine.allocator=paged", "engine.enable_prefix_caching=false")
-    runs = st.run([st.saturated(*common, *extra) for _, _, extra in rows_spec])
-    no_preemption = _largest_seqs_without_preemption(st, [(*common, *extra) for _, _, extra in rows_spec], runs)
+    runs, counts = st.run_saturated([(*common, *extra) for _, _, extra in rows_spec])
+    no_preemption = _largest_seqs_without_preemption(st, [(*common, *extra) for _, _, extra in rows_spec], runs,
+                                                     counts)
     usable = st.num_blocks - 1
     closed = np.array([usable / ceil_div(c, bs) for _, c, _ in rows_spec])
     running = np.array([sustained(r.summary, digits=None) for r in runs], dtype=float)  # None → NaN
@@ -236,8 +271,8 @@ def capacity_formula(st: Study) -> Section:
                                                                    st.max_model_len)})
 
 
-def _largest_seqs_without_preemption(st: Study, overrides: list[tuple[str, ...]],
-                                     runs: list[SweepResult]) -> list[int]:
+def _largest_seqs_without_preemption(st: Study, overrides: list[tuple[str, ...]], runs: list[SweepResult],
+                                     counts: list[int]) -> list[int]:
     """Per row, the largest `max_num_seqs` whose saturated run never preempts (bisection, all rows at once).
 
     Bounds: 0 (nothing runs, nothing is preempted) and the row's peak running (a run that
@@ -251,7 +286,8 @@ def _largest_seqs_without_preemption(st: Study, overrides: list[tuple[str, ...]]
         if not todo:
             return lo
         mids = {i: (lo[i] + hi[i]) // 2 for i in todo}
-        probes = st.run([st.saturated(*overrides[i], f"engine.max_num_seqs={mids[i]}") for i in todo])
+        probes = st.run([st.saturated(*overrides[i], f"engine.max_num_seqs={mids[i]}", num_requests=counts[i])
+                         for i in todo])
         for i, probe in zip(todo, probes, strict=True):
             if probe.summary["num_preemptions"] == 0:
                 lo[i] = mids[i]
@@ -260,79 +296,96 @@ def _largest_seqs_without_preemption(st: Study, overrides: list[tuple[str, ...]]
 
 
 def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
-    """Waste per allocator, sustainable rate under the TTFT SLO, load curves and alerts (paged)."""
+    """Waste per allocator, sustainable rate under the TTFT SLO, load curves and alerts (paged).
+
+    The load grid is `load_fractions` of paged KV's sustainable rate (the SLO's knee sits inside it);
+    when nothing is sustainable it falls back to 1 req/s times the fractions.
+    """
     cfg = st.cfg
-    sat = st.run([st.saturated(f"engine.allocator={a}") for a in ALLOCATORS])
-    jobs = [(a, r) for a in ALLOCATORS for r in cfg.rates]
-    # Load runs are longer than the others (x3 requests) so that saturation lasts past the alerts' `for:`.
-    load = st.run([variant(st.base, f"engine.allocator={a}", poisson(r),
-                           f"workload.num_requests={3 * cfg.num_requests}") for a, r in jobs], keep_steps=True)
+    sat, _ = st.run_saturated([(f"engine.allocator={a}",) for a in ALLOCATORS])
+    rates_df = sustained_rates(st)
+    knee = rates_df.loc[rates_df.allocator == "paged", "max_rate_meeting_slo"].item()
+    grid = [round((knee or 1.0) * f, 4) for f in cfg.load_fractions]
+    paged_row = rates_df[rates_df.allocator == "paged"].iloc[0]
+    # As long as the rate search's converged probes (at least 3 × num_requests, so that saturation lasts past
+    # the alerts' `for:`), judged over the same window.
+    num_load = max(3 * cfg.num_requests, int(paged_row.requests_per_probe or 0))
+    load = run_many([variant(st.base, "engine.allocator=paged", poisson(r), f"workload.num_requests={num_load}")
+                     for r in grid], keep_steps=True, workers=cfg.workers, dask_address=cfg.dask_address,
+                    evidence=True)
     waste_rows = []
     for a, result in zip(ALLOCATORS, sat, strict=True):
         shares = fig2_shares(result.summary["saturated"]["waste"])  # whole pool, while requests queue
         waste_rows.append({"allocator": a, **{k: round(v, 4) for k, v in shares.items()},
                            "sustained_running": sustained(result.summary),
-                           "max_running": result.summary["max_running"]})
+                           "max_running": result.summary["max_running"],
+                           "kv_usage_max": round(result.summary["kv_cache_usage_perc"]["max"], 4),
+                           "limited_by": st.limited_by(result.summary)})
+    slo = {"ttft_s.p90": cfg.ttft_slo_s}
     load_rows = []
-    for (a, rate), r in zip(jobs, load, strict=True):
-        s = r.summary
-        load_rows.append({"allocator": a, "rate": rate, "ttft_p50_s": s["ttft_s"]["p50"],
-                          "ttft_p90_s": s["ttft_s"]["p90"],
-                          "ttft_p99_s": s["ttft_s"]["p99"], "tpot_p50_s": s["tpot_s"]["p50"],
-                          "tpot_p90_s": s["tpot_s"]["p90"], "tpot_p99_s": s["tpot_s"]["p99"],
-                          "meets_slo": s["ttft_s"]["p90"] is not None and s["ttft_s"]["p90"] <= cfg.ttft_slo_s,
-                          "num_preemptions": s["num_preemptions"],
-                          "throughput_req_s": s["requests_per_s"]})
-    load_df = pd.DataFrame(load_rows)
+    for rate, r in zip(grid, load, strict=True):
+        ev = r.evidence
+        assert ev is not None
+        load_rows.append({"rate": rate, "fraction_of_sustainable": rate / knee if knee else None,
+                          "num_requests": num_load, "verdict": ev["verdict"],
+                          **{f"{m}_{p}_s": ev[f"{m}_s"][p] for m in ("ttft", "tpot") for p in ("p50", "p90", "p99")},
+                          "meets_slo": probe_passes(ev, slo), "num_preemptions": r.summary["num_preemptions"],
+                          "served_per_s": ev["served_per_s"], "served_over_offered": ev["served_over_offered"]})
     paging = Section("paging", "Paging multiplier", {"waste_breakdown": pd.DataFrame(waste_rows),
-                                                   "sustained_rate": sustained_rates(st)})
-    paged_runs = [(rate, r) for (a, rate), r in zip(jobs, load, strict=True) if a == "paged"]
+                                                   "sustained_rate": rates_df})
+    paged_runs = list(zip(grid, load, strict=True))
     top_rate, top = paged_runs[-1]
     assert top.steps is not None, "load runs keep their steps"
     series = top.steps[["time_s", "vllm:num_requests_running", "vllm:num_requests_waiting",
                         "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"]].copy()
-    load_section = Section("load", "Load", {"load_curves": load_df[load_df.allocator == "paged"].reset_index(drop=True),
-                                            "time_series": series}, {"time_series_rate": top_rate})
+    load_section = Section("load", "Load", {"load_curves": pd.DataFrame(load_rows), "time_series": series},
+                           {"time_series_rate": top_rate, "sustainable_rate": knee, "ttft_slo_s": cfg.ttft_slo_s})
     alerts = Section("alerts", "Alerts", {"alert_firings": alert_firings(paged_runs, cfg)})
     return paging, load_section, alerts
 
 
 def sustained_rates(st: Study) -> pd.DataFrame:
-    """Per allocator, the highest Poisson rate whose p90 TTFT meets the SLO (growth, then bisection to 5 %).
+    """Per allocator, the highest Poisson rate that is sustainable under the TTFT SLO
+    (`kvsim.planning.steady_state`: stable over a measurement window, p90 TTFT over the requests that
+    arrived in it), the run length grown until the rate moves < 2 % when it doubles.
 
-    Each probe is a run of 3 × `num_requests` requests at that rate; the row keeps the run
-    at the highest passing rate (its throughput and concurrency are what that rate sustains).
+    Throughput, concurrency and cost are the window's at that rate (the drain left out), so the $/M
+    tokens and $/user-hour price a steady state, not a burst.
     """
-    slo = st.cfg.ttft_slo_s
-
-    def probe(batch: Sequence[tuple[int, float]]) -> list[tuple[bool, dict[str, Any]]]:
-        runs = st.run([variant(st.base, f"engine.allocator={ALLOCATORS[i]}", poisson(rate),
-                               f"workload.num_requests={3 * st.cfg.num_requests}") for i, rate in batch])
-        return [((r.summary["ttft_s"]["p90"] is not None and r.summary["ttft_s"]["p90"] <= slo
-                  and r.summary["num_rejected"] == 0), r.summary) for r in runs]
-
-    bounds = max_passing_rates(probe, len(ALLOCATORS))
+    slo = {"ttft_s.p90": st.cfg.ttft_slo_s}
+    searches = search_rates(
+        lambda i, rate, n: variant(st.base, f"engine.allocator={ALLOCATORS[i]}", poisson(rate),
+                                   f"workload.num_requests={n}", "steps=none"),
+        len(ALLOCATORS), slo, st.evidence, num_requests=st.cfg.rate_requests, max_requests=st.cfg.rate_max_requests)
     rows = []
-    for a, b in zip(ALLOCATORS, bounds, strict=True):
-        s = b.result or {}
-        rows.append({"allocator": a, "max_rate_meeting_slo": round(b.passed, 4),
-                     "first_failing_rate": round(b.failed, 4) if b.failed is not None else None,
-                     "num_probes": b.num_probes,
-                     "output_tokens_per_s": round(s.get("output_tokens_per_s", 0.0), 1),
-                     "mean_running": round(s.get("mean_running", 0.0), 2)})
+    for a, s in zip(ALLOCATORS, searches, strict=True):
+        ev, failed = s.evidence, failing_evidence(s)
+        level = s.answer_level()
+        ci = ev["ttft_s"]["p90_ci"] if ev else (None, None)
+        rows.append({"allocator": a, "max_rate_meeting_slo": round(s.rate, 4) if s.rate else None,
+                     "first_failing_rate": round(level.bound.failed, 4) if level and level.bound.failed else None,
+                     "fails_by": why_failed(failed, slo), "requests_per_probe": level.num_requests if level else None,
+                     "converged": s.converged, "capped": s.capped, "num_probes": s.summary()["num_probes"],
+                     "verdict": ev["verdict"] if ev else None,
+                     "window_s": round(ev["window_s"], 1) if ev else None,
+                     "num_in_window": ev["num_in_window"] if ev else None,
+                     "served_over_offered": _round(ev["served_over_offered"]) if ev else None,
+                     "backlog_trend": _round(ev["backlog_trend"]) if ev else None,
+                     "ttft_p90_s": _round(ev["ttft_s"]["p90"]) if ev else None,
+                     "ttft_p90_ci_low_s": _round(ci[0]), "ttft_p90_ci_high_s": _round(ci[1]),
+                     "rejected_fraction": _round(ev["rejected_fraction"]) if ev else None,
+                     "output_tokens_per_s": round(ev["output_tokens_per_s"], 1) if ev else None,
+                     "mean_running": round(ev["mean_running"], 2) if ev else None})
     df = pd.DataFrame(rows)
     price = gpu_price(st.gpu.name, st.cfg.gpu_hourly_cost)
     num_gpus = st.base.engine.tensor_parallel_size
-    df["usd_per_concurrent_user_hour"] = [_round(cost_per_user_hour(price, num_gpus, c)) for c in df.mean_running]
-    df["usd_per_million_output_tokens"] = [_round(cost_per_million_output_tokens(price, num_gpus, t))
+    df["usd_per_concurrent_user_hour"] = [_round(cost_per_user_hour(price, num_gpus, c)) if c else None
+                                          for c in df.mean_running]
+    df["usd_per_million_output_tokens"] = [_round(cost_per_million_output_tokens(price, num_gpus, t)) if t else None
                                            for t in df.output_tokens_per_s]
     df["price_source"] = price.source
-    # A rate that never failed is only a lower bound, so a ratio involving one is no multiplier.
-    bounded = df.first_failing_rate.notna()
     paged = df.loc[df.allocator == "paged", "max_rate_meeting_slo"].item()
-    paged_bounded = bool(bounded[df.allocator == "paged"].item())
-    df["paging_multiplier"] = [round(paged / r, 2) if r and ok and paged_bounded else None
-                               for r, ok in zip(df.max_rate_meeting_slo, bounded, strict=True)]
+    df["paging_multiplier"] = [round(paged / r, 2) if r and paged else None for r in df.max_rate_meeting_slo]
     return df
 
 

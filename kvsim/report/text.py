@@ -16,9 +16,18 @@ def introduction(st: studies.Study) -> str:
     """What was simulated, from the resolved configuration (not the scenario's free-text description)."""
     e = st.base.engine
     tp = f"{e.tensor_parallel_size}× " if e.tensor_parallel_size > 1 else "one "
+    refused = ""
+    if st.unservable_fraction > 0.5:
+        refused = (f" **Most of this traffic cannot be served: {st.unservable_fraction:.0%} of the requests are "
+                   f"longer than max_model_len {st.max_model_len:,} and are refused, as vLLM refuses them; every "
+                   "figure below describes the rest.**")
+    elif st.unservable_fraction > 0:
+        refused = (f" {st.unservable_fraction:.1%} of the requests are longer than max_model_len and are refused "
+                   "(counted apart from every SLO).")
     return (f"Scenario `{st.base.name}`: {st.model.name} on {tp}{st.gpu.name}, {st.num_blocks:,} KV blocks of "
             f"{e.block_size} tokens (vLLM keeps one as its null block), max_model_len {st.max_model_len:,}, "
-            f"requests of {st.mean_kv_len:.0f} tokens on average (prompt + output), scheduler {e.scheduler}.")
+            f"requests of {st.mean_kv_len:.0f} tokens on average (prompt + output), scheduler {e.scheduler}."
+            f"{refused}")
 
 
 def _limits_phrase(limits: list[str]) -> str:
@@ -49,7 +58,8 @@ def context_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
     first, last = df.iloc[0], df.iloc[-1]
     slab = _change(first.simulated_slab_sustained, last.simulated_slab_sustained, 1, falling=True)
     paged = _change(first.simulated_paged_sustained, last.simulated_paged_sustained, 2, falling=True)
-    return (f"Each row simulates {3 * cfg.num_requests} requests arriving at once, on {f['num_gpu_blocks']:,} KV "
+    return (f"Each row simulates {3 * cfg.num_requests} requests arriving at once (4× more, again, while that many "
+            f"did not fill the engine), on {f['num_gpu_blocks']:,} KV "
             f"blocks; {_limits_phrase(list(df.paged_limited_by))} (paged). From max_model_len "
             f"{first.max_model_len:,} to {last.max_model_len:,}, sustained slab concurrency falls by {slab} "
             f"because each sequence reserves max_model_len, while paged concurrency changes by {paged}: it "
@@ -59,11 +69,21 @@ def context_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
 def fp8_text(sec: studies.Section) -> str:
     df = sec.tables["kv_quantization"].set_index("kv_cache_dtype")
     auto, fp8 = df.loc["auto"], df.loc["fp8"]
-    tpot = fp8.tpot_mean_s_at_base_rate / auto.tpot_mean_s_at_base_rate
+    tpot = ""
+    if pd.notna(fp8.tpot_mean_s_at_base_rate) and pd.notna(auto.tpot_mean_s_at_base_rate):
+        tpot = f" Mean TPOT at the base rate is {fp8.tpot_mean_s_at_base_rate / auto.tpot_mean_s_at_base_rate:.2f}×" \
+               " the 16-bit one."
+    capped = sorted({lim for lim in df.limited_by if lim != "kv"})
+    caveat = ""
+    if capped:
+        words = {"requests": "the number of requests sent", "max_num_seqs": "max_num_seqs"}
+        caveat = (f" These saturated runs were capped by {' and '.join(words[c] for c in capped)}, not by KV memory, "
+                  "so the simulated change understates what fp8 buys a KV-bound engine (the closed form: "
+                  f"{fp8.closed_form_paged_at_mean_len / auto.closed_form_paged_at_mean_len:.2f}× the sequences).")
     return (f"fp8 KV stores {auto.bytes_per_block / fp8.bytes_per_block:.1f}× fewer bytes per block: "
             f"{int(fp8.num_gpu_blocks):,} blocks instead of {int(auto.num_gpu_blocks):,}, and sustained concurrency "
             f"changes by {_change(auto.simulated_sustained_running, fp8.simulated_sustained_running, 2)} from 16-bit "
-            f"to fp8. Mean TPOT at the base rate is {tpot:.2f}× the 16-bit one.")
+            f"to fp8.{caveat}{tpot}")
 
 
 def prefix_text(sec: studies.Section) -> str:
@@ -71,47 +91,80 @@ def prefix_text(sec: studies.Section) -> str:
     biggest = df.num_requests.max()
     off = df[(df.num_requests == biggest) & ~df.prefix_caching].iloc[0]
     on = df[(df.num_requests == biggest) & df.prefix_caching].iloc[0]
+    if round(off.kv_usage_max, 3) == round(on.kv_usage_max, 3):
+        usage = (f"peak KV usage is {on.kv_usage_max:.1%} with and without prefix caching (the pool fills either "
+                 "way, so the peak hides what sharing saves; see the saving below)")
+    else:
+        usage = f"prefix caching takes peak KV usage from {off.kv_usage_max:.1%} to {on.kv_usage_max:.1%}"
     return (f"Every request starts with the same {f['prefix_tokens']:,}-token system prompt. With {biggest} "
-            f"requests, prefix caching takes peak KV usage from {off.kv_usage_max:.1%} to {on.kv_usage_max:.1%}, "
+            f"requests, {usage}, "
             f"mean TTFT from {off.ttft_mean_s:.2f} s to {on.ttft_mean_s:.2f} s, with a hit rate of "
             f"{on.prefix_cache_hit_rate:.1%}; sharing saves {on.sharing_saving:.1%} of the KV the requests map.")
+
+
+def _rate_evidence(row: pd.Series, cfg: studies.StudyConfig) -> str:
+    """How a sustainable rate was established: run length, window, served/offered, percentile CI."""
+    length = (f"capped at {int(row.requests_per_probe):,} requests a probe before two run lengths agreed within 2 %"
+              if row.capped else f"stable to within 2 % from {int(row.requests_per_probe) // 2:,} to "
+              f"{int(row.requests_per_probe):,} requests a probe")
+    ci = ""
+    if pd.notna(row.ttft_p90_ci_low_s) and pd.notna(row.ttft_p90_ci_high_s):
+        ci = f", 95 % interval {row.ttft_p90_ci_low_s:.2f}–{row.ttft_p90_ci_high_s:.2f} s"
+    return (f"{length}; over its measurement window ({row.num_in_window:,} requests in {row.window_s:,.0f} s, "
+            f"warm-up and drain left out) it served {row.served_over_offered:.3f}× the offered rate with a backlog "
+            f"trend of {row.backlog_trend:+.3f} and p90 TTFT {row.ttft_p90_s:.2f} s{ci}")
 
 
 def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
     waste = sec.tables["waste_breakdown"].set_index("allocator")
     rates = sec.tables["sustained_rate"].set_index("allocator")
+    saturated = [a for a in waste.index if waste.loc[a, "limited_by"] == "kv"]
     shares = ", ".join(f"{a} {waste.loc[a, 'token_state']:.1%}" for a in waste.index)
+    if len(saturated) == len(waste):
+        intro = ("Shares of the whole KV pool holding token states, time-averaged while requests queue (the view of "
+                 f"the PagedAttention paper's Fig. 2; slack, gaps and free space are its \"external fragmentation & "
+                 f"others\"): {shares} (paper: Orca Max 20.4 %, Pow2 26.8 %, Oracle 38.2 %, vLLM 96.3 %).")
+    else:
+        free = [a for a in waste.index if a not in saturated]
+        intro = (f"Token-state shares of the KV pool (the paper's Fig. 2 view): {shares}; but the {', '.join(free)} "
+                 "run(s) never filled the pool (capped by " + ", ".join(sorted({waste.loc[a, 'limited_by']
+                                                                              for a in free}))
+                 + " instead), so their shares describe a pool with room to spare, not the paper's KV-bound case.")
     mult = ", ".join(f"{rates.loc[a, 'paging_multiplier']:.2f}× over {a}" for a in rates.index if a != "paged"
                      and pd.notna(rates.loc[a, "paging_multiplier"]))
     paged = rates.loc["paged"]
+    if pd.isna(paged.max_rate_meeting_slo):
+        return (f"{intro} No Poisson rate is sustainable with paging under p90 TTFT ≤ {cfg.ttft_slo_s} s: even "
+                f"at the lowest probed rate the probe {paged.fails_by}.")
     cost = ""
-    if paged.usd_per_concurrent_user_hour == paged.usd_per_concurrent_user_hour and paged.usd_per_concurrent_user_hour:
-        cost = (f" At that rate paged KV serves {paged.mean_running:g} concurrent requests and "
-                f"{paged.output_tokens_per_s:,.0f} output tokens/s: ${paged.usd_per_concurrent_user_hour:.4f} per "
-                f"concurrent user-hour and ${paged.usd_per_million_output_tokens:.2f} per million output tokens "
-                f"({paged.price_source}).")
-    if pd.notna(paged.first_failing_rate):  # the search found the limit
-        rate = (f"The highest Poisson rate whose p90 TTFT stays within {cfg.ttft_slo_s} s, found by bisection to "
-                f"5 %, is {paged.max_rate_meeting_slo:g} req/s with paging: {mult or 'no other allocator has a limit'}"
-                f".{cost}")
-    else:
-        rate = (f"With paging the p90 TTFT stays within {cfg.ttft_slo_s} s at every rate tried, up to "
-                f"{paged.max_rate_meeting_slo:g} req/s, where all {3 * cfg.num_requests} requests of a probe arrive "
-                "as good as at once: this workload is too small to find the sustainable rate (raise the request "
-                "count), so no paging multiplier is given.")
-    return ("Shares of the whole KV pool holding token states, time-averaged while requests queue (the view of "
-            f"the PagedAttention paper's Fig. 2; slack, gaps and free space are its \"external fragmentation & "
-            f"others\"): {shares} (paper: Orca Max 20.4 %, Pow2 26.8 %, Oracle 38.2 %, vLLM 96.3 %). {rate}")
+    if pd.notna(paged.usd_per_concurrent_user_hour):
+        cost = (f" At that rate, over the window, paged KV runs {paged.mean_running:g} requests at once (Little's "
+                f"law) and serves {paged.output_tokens_per_s:,.0f} output tokens/s: "
+                f"${paged.usd_per_concurrent_user_hour:.4f} per concurrent user-hour and "
+                f"${paged.usd_per_million_output_tokens:.2f} per million output tokens ({paged.price_source}).")
+    rejected = ""
+    if paged.rejected_fraction and paged.rejected_fraction > 0:
+        rejected = (f" {paged.rejected_fraction:.1%} of the requests can never be served (over max_model_len or "
+                    "the pool) and are counted apart, not as SLO misses.")
+    above = (f" Above it, at {paged.first_failing_rate:g} req/s, the probe {paged.fails_by}."
+             if pd.notna(paged.fails_by) else "")
+    return (f"{intro} The highest sustainable Poisson rate with p90 TTFT ≤ {cfg.ttft_slo_s} s is "
+            f"{paged.max_rate_meeting_slo:g} req/s with paging ({_rate_evidence(paged, cfg)}).{above} "
+            f"Paging multiplier: {mult or 'no other allocator sustains any rate'}.{rejected}{cost}")
 
 
 def load_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
-    df = sec.tables["load_curves"]
+    df, f = sec.tables["load_curves"], sec.facts
     ok = df[df.meets_slo]
-    knee = f"the p90 TTFT meets the {cfg.ttft_slo_s} s SLO up to {ok.rate.max():g} req/s" if len(ok) else \
-        f"no rate of the grid meets the {cfg.ttft_slo_s} s SLO"
-    return (f"TTFT and TPOT percentiles of the paged engine from {df.rate.min():g} to {df.rate.max():g} req/s: "
-            f"{knee}; the time series shows the run at {sec.facts['time_series_rate']:g} req/s with preemptions "
-            "marked.")
+    knee = f"the p90 TTFT meets the {cfg.ttft_slo_s} s SLO, stably, up to {ok.rate.max():g} req/s" if len(ok) else \
+        f"no rate of the grid meets the {cfg.ttft_slo_s} s SLO stably"
+    verdicts = ", ".join(f"{r.rate:g}: {r.verdict}" for r in df.itertuples())
+    around = (f" (the grid spans {df.fraction_of_sustainable.min():.3g}× to {df.fraction_of_sustainable.max():.3g}× "
+              f"the sustainable rate {f['sustainable_rate']:g} req/s)" if f["sustainable_rate"] else "")
+    return (f"TTFT and TPOT percentiles of the paged engine from {df.rate.min():g} to {df.rate.max():g} req/s"
+            f"{around}, {int(df.num_requests.iloc[0]):,} requests a run, over each run's measurement window: {knee}. "
+            f"Verdicts per rate: {verdicts}. The time series shows the run at {f['time_series_rate']:g} req/s with "
+            "preemptions marked.")
 
 
 def alerts_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
@@ -187,10 +240,15 @@ def _relative(new: float, old: float) -> str:
 
 def fleet_text(sec: studies.Section, st: studies.Study) -> str:
     """The fleet section: the traffic, the floor, replicas per router, and what affinity changed and why."""
-    f, df = sec.facts, sec.tables["fleet_routing"].set_index("router")
+    f = sec.facts
+    if f.get("unservable"):
+        return (f"{f['num_too_long']} of the first {f['num_requests']} Mooncake requests "
+                f"({f['num_too_long'] / f['num_requests']:.0%}) are longer than max_model_len "
+                f"{f['max_model_len']:,}: this engine cannot serve this trace, so no fleet is sized for it.")
+    df = sec.tables["fleet_routing"].set_index("router")
     e = st.base.engine
     tp = f"{e.tensor_parallel_size}× " if e.tensor_parallel_size > 1 else ""
-    limit = "what one replica's pool holds" if f["max_model_len_by_pool"] else "the model's longest context"
+    limit = "what one replica's pool holds" if f["max_model_len_by_pool"] else "the engine's max_model_len"
     refused = (f"; the {f['num_too_long']} prompts of {f['max_model_len']:,} tokens or more are refused, as vLLM "
                "refuses them" if f["num_too_long"] else "")
     traffic = (f"The first {f['num_requests']} requests of the Mooncake conversation trace (Kimi's production "
@@ -217,6 +275,15 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
     if df.replicas_for_slo.isna().all():
         needs = [f"more than {f['max_replicas']} replicas (the search's limit) with every router"]
     prices = f" Prices: {f['price_source']}." if df.cost_per_hour_for_slo.notna().any() else ""
+    lo_row = df.loc["least_outstanding"]
+    if "floor_replicas" in df.columns and pd.notna(lo_row.floor_replicas):
+        prices += (f" From first principles no engine could serve this traffic on fewer than "
+                   f"{_replicas(int(lo_row.floor_replicas))} ({lo_row.floor_binds} binds: "
+                   + ("the prompt and output tokens at one replica's best-batch step cost" if lo_row.floor_binds
+                      == "compute" else "the KV the requests hold, by Little's law, against one pool") + ")"
+                   + (f"; least outstanding needs {lo_row.replicas_over_floor:g}× that, the price of queueing "
+                      "within the SLO, batching limits and KV fragmentation"
+                      if pd.notna(lo_row.replicas_over_floor) else "") + ".")
     size = int(df.replicas.iloc[0])
     lo, aff, rr = df.loc["least_outstanding"], df.loc["affinity"], df.loc["round_robin"]
     which = ("the fewest least-outstanding routing needs" if pd.notna(lo.replicas_for_slo)

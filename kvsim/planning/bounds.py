@@ -1,0 +1,82 @@
+"""The fewest replicas any engine could serve a traffic with: a floor from first principles.
+
+    floor = replica_floor(scenario, rate_per_s)   # the traffic's lengths on one replica of the scenario
+
+Two floors; the larger binds (`binds`), and `replicas = ceil(max(compute, kv))`:
+
+**compute.** Every prompt token and every output token must be computed. One replica computes prompt
+tokens at best at C ÷ t_prefill tokens/s (one step of a full chunk, C = max_num_batched_tokens new
+tokens) and output tokens at best at B ÷ t_decode tokens/s (one decode step of B = max_num_seqs
+sequences at the traffic's mean context), t the latency model's step time (`kvsim.latency`). So a
+request costs at least P · t_prefill/C + O · t_decode/B replica-seconds, and λ requests a second
+need λ · E[that] replicas. (Each token type is priced at its own best batch; a step mixing both
+could share the weight reads, which this leaves out, so it is a floor per token type.)
+
+**kv.** By Little's law the KV one replica's requests hold on average is λ · E[∫ held dt]. A request
+holds at least its context (P + k tokens at its k-th output token) during each of its O − 1 decode
+steps, and a decode step lasts at least t_1 (one sequence: the fastest step), so
+∫ held dt ≥ t_1 · (O − 1) · (P + O/2) token-seconds, against the pool's usable token slots
+(num_gpu_blocks − 1) · block_size. (A sliding-window model keeps less than its context in some
+layers; the pool is then counted in full-context tokens, as its blocks are.)
+
+Requests the engine refuses (prompt + output over max_model_len) are left out, as they are never served.
+`simulated ÷ replicas` then says how far the simulated fleet sits above the floor: queueing for the
+SLO, batching limits, fragmentation and preemption are the gap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.latency.step_plan import StepPlan
+from kvsim.workload.scenario import Scenario
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFloor:
+    """Replicas needed by compute and by KV held (fractions), and which binds."""
+
+    rate_per_s: float
+    compute_replicas: float
+    kv_replicas: float
+    num_requests: int  # the servable requests the mean lengths come from
+
+    @property
+    def replicas(self) -> int:
+        return max(1, math.ceil(max(self.compute_replicas, self.kv_replicas)))
+
+    @property
+    def binds(self) -> str:
+        return "compute" if self.compute_replicas >= self.kv_replicas else "kv"
+
+
+def replica_floor(scenario: Scenario, rate_per_s: float) -> ReplicaFloor:
+    """The floor for `rate_per_s` requests a second with `scenario`'s lengths on its model, GPU and engine."""
+    from kvsim.engine.builder import make_latency, resolve_engine
+    from kvsim.workload.generate import build_requests
+
+    spec = resolve_engine(scenario)
+    gpu, engine, max_model_len = spec.gpu, spec.engine, spec.max_model_len
+    requests = [r for r in build_requests(scenario, max_model_len, np.random.default_rng(scenario.seed))
+                if r.prompt_len + r.output_len <= max_model_len]
+    if not requests:
+        return ReplicaFloor(rate_per_s, 0.0, 0.0, 0)
+    prompts = np.array([r.prompt_len * 1.0 for r in requests])
+    outputs = np.array([r.output_len * 1.0 for r in requests])
+    latency = make_latency(spec)
+    chunk = engine.resolved_max_num_batched_tokens(max_model_len, gpu)
+    batch = engine.resolved_max_num_seqs(gpu)
+    context = max(1, round(float(np.mean(prompts + outputs / 2))))
+    prefill, decode, single = StepPlan(), StepPlan(), StepPlan()
+    prefill.add(int(chunk), 0, 1, samples=True)
+    decode.add(1, context - 1, batch, samples=True)
+    single.add(1, context - 1, 1, samples=True)
+    per_prompt_token_s = latency.step_time(prefill) / chunk
+    per_output_token_s = latency.step_time(decode) / batch
+    work_s = float(np.mean(prompts * per_prompt_token_s + outputs * per_output_token_s))
+    held_token_s = float(np.mean(latency.step_time(single) * np.maximum(outputs - 1, 0) * (prompts + outputs / 2)))
+    pool_tokens = (spec.num_gpu_blocks - 1) * engine.block_size
+    return ReplicaFloor(rate_per_s, rate_per_s * work_s, rate_per_s * held_token_s / pool_tokens, len(requests))

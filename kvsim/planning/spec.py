@@ -1,0 +1,129 @@
+"""What `kvsim plan` searches: the SLOs, the candidates (GPU × TP × engine knobs) and the search's knobs.
+
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 2.0}, "gpus": ["h100-80gb"]})
+    for candidate in candidates(spec): candidate.scenario(base, replicas, spec.router)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kvsim.model.errors import from_validation_error
+from kvsim.planning.steady_state import SLO_METRICS, SLO_STATS
+from kvsim.workload.scenario import Scenario, make_scenario
+
+ROUTERS = ("round_robin", "least_outstanding", "least_kv", "affinity")
+
+
+class PlanSpec(BaseModel):
+    """What to search: SLOs (`metric.stat: seconds`), candidate GPUs, TP sizes, engine knob grid."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    slo: dict[str, float] = Field(min_length=1)
+    gpus: list[str] = Field(min_length=1)
+    tensor_parallel_sizes: list[int] = Field(default=[1], min_length=1)
+    engine: dict[str, list[Any]] = Field(default_factory=dict)
+    max_replicas: int = Field(default=64, gt=0, le=4096)
+    router: str = "least_outstanding"
+    gpu_hourly_cost: dict[str, float] = Field(default_factory=dict)
+    search: Literal["replicas", "rate"] = "replicas"  # bisect the replica count, or the rate one replica takes
+    capacity_headroom: float = Field(default=0.1, ge=0, le=10)  # rate search: spare capacity kept, a fraction
+    rel_tol: float = Field(default=0.05, gt=0, le=1)  # rate search: the first run length bisects to this
+    probe_requests: int = Field(default=2000, gt=0)  # rate search: the workload's first requests per probe
+    max_probe_requests: int = Field(default=32_000, gt=0)  # a probe's run length doubles up to this
+    verify_factor: int = Field(default=10, ge=0)  # the chosen fleet re-run with this × a probe's requests (0: not)
+
+    @field_validator("slo")
+    @classmethod
+    def _known_slos(cls, slo: dict[str, float]) -> dict[str, float]:
+        for key, limit in slo.items():
+            metric, _, stat = key.partition(".")
+            if metric not in SLO_METRICS or stat not in SLO_STATS:
+                raise ValueError(f"{key!r}: expected METRIC.STAT with METRIC in {SLO_METRICS}, STAT in {SLO_STATS}")
+            if not (limit > 0 and math.isfinite(limit)):
+                raise ValueError(f"{key}={limit}: must be a positive, finite number of seconds")
+        return slo
+
+    @field_validator("router")
+    @classmethod
+    def _known_router(cls, router: str) -> str:
+        if router not in ROUTERS:
+            raise ValueError(f"router={router!r}: expected one of {', '.join(ROUTERS)}")
+        return router
+
+    @field_validator("tensor_parallel_sizes")
+    @classmethod
+    def _positive_tp(cls, sizes: list[int]) -> list[int]:
+        if any(tp <= 0 for tp in sizes):
+            raise ValueError(f"{sizes}: tensor-parallel sizes must be positive")
+        return sizes
+
+    @field_validator("engine")
+    @classmethod
+    def _no_tp_knob(cls, engine: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        """TP is a candidate dimension (it multiplies GPUs and cost), not an engine knob."""
+        if "tensor_parallel_size" in engine:
+            raise ValueError(f"tensor_parallel_size={engine['tensor_parallel_size']}: give TP sizes with "
+                             "-tp/--tensor-parallel-size (or tensor_parallel_sizes), so GPUs and cost count them")
+        return engine
+
+    @field_validator("gpu_hourly_cost")
+    @classmethod
+    def _positive_cost(cls, costs: dict[str, float]) -> dict[str, float]:
+        for gpu, cost in costs.items():
+            if not cost > 0:
+                raise ValueError(f"{gpu}={cost}: an hourly cost must be positive")
+        return costs
+
+    @model_validator(mode="after")
+    def _costs_for_candidates(self) -> PlanSpec:
+        """A price for a GPU that is not a candidate is a typo or a forgotten `--gpu`: refuse it."""
+        stray = sorted(set(self.gpu_hourly_cost) - set(self.gpus))
+        if stray:
+            raise ValueError(f"gpu_hourly_cost names {stray[0]!r}, which is not a candidate GPU "
+                             f"(gpus: {', '.join(self.gpus)})")
+        return self
+
+
+def make_plan_spec(raw: dict[str, Any]) -> PlanSpec:
+    try:
+        return PlanSpec(**raw)
+    except ValidationError as error:
+        raise from_validation_error(error, prefix="plan") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One deployment shape: GPU, tensor-parallel size and engine settings (replica count searched)."""
+
+    gpu: str
+    tensor_parallel_size: int
+    knobs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def label(self) -> str:
+        knobs = "".join(f" {k}={v}" for k, v in self.knobs)
+        return f"{self.gpu} tp{self.tensor_parallel_size}{knobs}"
+
+    def scenario(self, base: Scenario, replicas: int, router: str) -> Scenario:
+        """The base scenario's traffic on `replicas` replicas of this candidate behind `router`."""
+        raw = base.model_dump(mode="json")
+        raw["engine"] = {**raw["engine"], "tensor_parallel_size": self.tensor_parallel_size, **dict(self.knobs)}
+        raw.update(gpu=self.gpu, replicas=replicas, router={**raw["router"], "policy": router},
+                   name=f"{base.name}/{self.label.replace(' ', '_')}/x{replicas}")
+        return make_scenario(raw, base.base_dir)
+
+
+def candidates(spec: PlanSpec) -> list[Candidate]:
+    """Every combination of GPU, TP size and engine knob values, in the order given."""
+    names = list(spec.engine)
+    grid = itertools.product(*(spec.engine[name] for name in names))
+    knob_sets = [tuple(zip(names, values, strict=True)) for values in grid]
+    return [Candidate(gpu, tp, knobs) for gpu in spec.gpus for tp in spec.tensor_parallel_sizes for knobs in knob_sets]
+
+

@@ -1,0 +1,41 @@
+"""The first-principles replica floor, worked out by hand on a constant-step world."""
+
+import pytest
+
+from kvsim.planning.bounds import replica_floor
+from kvsim.workload.scenario import make_scenario
+
+
+def world(max_num_seqs=8, blocks=401, prompt=64, output=20, max_model_len=1024):
+    return make_scenario({
+        "name": "floor", "model": "llama-3.1-8b", "gpu": "h100-80gb",
+        "engine": {"max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "num_gpu_blocks_override": blocks,
+                   "max_num_batched_tokens": 512},
+        "latency": {"model": "constant", "step_s": 0.01},
+        "workload": {"num_requests": 50, "arrival": {"process": "poisson", "rate": 1.0},
+                     "prompt_len": {"dist": "fixed", "value": prompt}, "output_len": {"dist": "fixed", "value": output}}})
+
+
+def test_compute_and_kv_floors_by_hand():
+    """τ = 10 ms per step whatever it holds. Compute: a prompt token costs at best τ/512 (a full chunk), an
+    output token τ/8 (8 decodes a step): 64·τ/512 + 20·τ/8 = 1.25 ms + 25 ms = 26.25 ms a request, so at
+    100 req/s, 2.625 replicas. KV: (20 − 1) decode steps of ≥ τ each, holding ≥ 64 + 10 tokens on average:
+    19 · 74 · 10 ms = 14.06 token-seconds a request; 100 req/s hold 1406 tokens; the pool has (401 − 1)
+    blocks of 16 = 6400 slots: 0.2197 replicas. Compute binds: 3 replicas."""
+    floor = replica_floor(world(), 100.0)
+    assert floor.compute_replicas == pytest.approx(100 * (64 * 0.01 / 512 + 20 * 0.01 / 8))
+    assert floor.kv_replicas == pytest.approx(100 * 19 * 74 * 0.01 / 6400)
+    assert floor.binds == "compute" and floor.replicas == 3
+
+
+def test_a_small_pool_makes_kv_bind():
+    """Same traffic, 41 blocks (640 slots): KV needs 1406 / 640 = 2.2 replicas; with 64 sequences a step the
+    compute floor drops to 100 · (1.25 ms + 20 · 10 ms / 64) = 0.4375: KV binds, 3 replicas."""
+    floor = replica_floor(world(max_num_seqs=64, blocks=41, max_model_len=512), 100.0)
+    assert floor.kv_replicas == pytest.approx(100 * 19 * 74 * 0.01 / 640)
+    assert floor.binds == "kv" and floor.replicas == 3
+
+
+def test_refused_requests_are_left_out():
+    floor = replica_floor(world(prompt=2000, max_model_len=1024), 100.0)
+    assert floor.num_requests == 0 and floor.replicas == 1

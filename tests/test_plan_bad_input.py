@@ -1,0 +1,54 @@
+"""`kvsim plan` refuses bad input in one line, exit 2, with nothing written; its point store survives damage."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.planning.search import PointStore
+
+runner = CliRunner()
+BASE = ["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", "ttft_s.p90=2"]
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--slo", "ttft_s.p90=inf"], "finite"),
+    (["--slo", "ttft_s.p90=nan"], "finite"),
+    (["-tp", "3"], "tensor_parallel_size=3"),
+    (["--engine", "tensor_parallel_size=2"], "--tensor-parallel-size"),
+    (["--engine", "max_num_seqs=[1,"], "--engine max_num_seqs"),
+    (["--set", "replicas=2"], "replicas=2"),
+    (["--dask-address", "::not an address::", "--workers", "2"], "dask_address"),
+])
+def test_refused_in_one_line_before_any_folder(tmp_path, extra, needle):
+    out = tmp_path / "plan"
+    result = runner.invoke(app, [*BASE, *extra, "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not out.exists()
+
+
+def test_bad_yaml_spec_is_one_line(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("slo: {ttft_s.p90: [\n")
+    out = tmp_path / "plan"
+    result = runner.invoke(app, [*BASE, "--spec", str(spec), "-o", str(out)])
+    assert result.exit_code == 2 and "not valid YAML" in result.stderr and not out.exists()
+
+
+def test_point_store_skips_corrupt_rows_and_ends_a_torn_line(tmp_path):
+    path = tmp_path / "points.jsonl"
+    good = {"hash": "a", "name": "x", "metrics": {"evidence": {"verdict": "stable"}}}
+    path.write_bytes(b"".join([
+        json.dumps(good).encode() + b"\n",
+        b"[1, 2]\n", b'{"hash": 3}\n', b'{"hash": "b", "metrics": 5}\n', b"\xff\xfe\n",
+        b'{"hash": "c", "metrics": {"old": 1}}\n',  # a point from before the evidence existed
+        b'{"hash": "d", "metr',  # torn by a crash
+    ]))
+    store = PointStore(path, required=("evidence",))
+    assert set(store.points) == {"a"}
+    store.add("e", "y", {"evidence": {"verdict": "stable"}})
+    again = PointStore(path, required=("evidence",))
+    assert set(again.points) == {"a", "e"}
+    assert path.read_bytes().endswith(b"\n") and path.read_bytes().count(b'"hash": "e"') == 1

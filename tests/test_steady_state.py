@@ -1,0 +1,159 @@
+"""The steady-state test and the converging rate search, against cases worked out by hand.
+
+Expected numbers come from queueing arguments stated in each test, never from kvsim's output.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from kvsim.planning.steady_state import (
+    BACKLOGGED,
+    OVERLOADED,
+    STABLE,
+    TOO_SHORT,
+    SteadyRateSearch,
+    drive,
+    probe_passes,
+    quantile_ci,
+    window_evidence,
+)
+from kvsim.planning.sweep import run_many
+from kvsim.workload.scenario import make_scenario
+
+
+def table(arrival, finish, status=None):
+    n = len(arrival)
+    arrival, finish = np.asarray(arrival, float), np.asarray(finish, float)
+    first = np.minimum(arrival + 0.1, finish)
+    scheduled = np.maximum(arrival, finish - 0.5)  # each request runs 0.5 s once scheduled
+    return {"arrival_s": arrival, "finish_s": finish, "first_scheduled_s": scheduled, "first_token_s": first,
+            "status": np.array(status or ["finished"] * n, dtype=object), "ttft_s": first - arrival,
+            "tpot_s": np.full(n, 0.01), "e2e_s": finish - arrival, "queue_s": np.zeros(n),
+            "output_tokens": np.full(n, 10), "num_samples": np.ones(n, int)}
+
+
+def test_a_server_that_keeps_up_is_stable():
+    """1 req/s, each done 0.5 s after it arrives: served = offered, the backlog never grows."""
+    t = np.arange(1000.0)
+    ev = window_evidence(table(t, t + 0.5))
+    assert ev["verdict"] == STABLE
+    assert ev["served_over_offered"] == pytest.approx(1.0, abs=0.002)
+    # the window drops the first 20 % and the last 10 % of the 999 s arrival span
+    assert ev["window_s"] == pytest.approx(0.7 * 999) and ev["num_in_window"] == pytest.approx(700, abs=1)
+
+
+def test_a_server_at_half_the_rate_is_overloaded():
+    """Arrivals 1/s, one server finishing one every 2 s: served/offered = 0.5, backlog slope 0.5/s."""
+    t = np.arange(1000.0)
+    ev = window_evidence(table(t, 2.0 * (t + 1)))
+    assert ev["verdict"] == OVERLOADED
+    assert ev["served_over_offered"] == pytest.approx(0.5, abs=0.01)
+    assert ev["backlog_trend"] == pytest.approx(0.5, abs=0.01)
+
+
+def test_a_slow_leak_is_backlogged():
+    """Service 3 % slower than arrivals: served/offered 0.97 is within the 5 % throughput tolerance,
+    but the backlog grows by 3 % of arrivals, above the 1 % trend bound."""
+    t = np.arange(4000.0)
+    ev = window_evidence(table(t, 1.03 * (t + 1)))
+    assert ev["served_over_offered"] == pytest.approx(1 / 1.03, abs=0.005)
+    assert ev["verdict"] == BACKLOGGED
+
+
+def test_a_run_shorter_than_ten_service_times_is_too_short_to_judge():
+    """200 arrivals over 199 s, each running 30 s: the warm-up is 3 × 30 s, leaving a window of
+    199 − 90 − 19.9 ≈ 89 s < 10 × 30 s."""
+    t = np.arange(200.0)
+    tab = table(t, t + 30.0)
+    tab["first_scheduled_s"] = t
+    assert window_evidence(tab)["verdict"] == TOO_SHORT
+
+
+def test_a_search_lengthens_a_run_that_is_too_short():
+    """Probes under 800 requests are too short; the search doubles the run before judging any rate."""
+    search = SteadyRateSearch(start_rate=1.0, num_requests=100, max_requests=6400)
+
+    def run(batch):
+        return [(n >= 800 and rate <= 5.0, {"verdict": "stable" if n >= 800 else TOO_SHORT}) for _, rate, n in batch]
+
+    drive([search], run)
+    assert min(search.summary()["rates_by_length"]) >= 800
+    assert search.rate == pytest.approx(5.0, rel=0.011)
+
+
+def test_rejected_requests_are_neither_offered_nor_slo_misses():
+    t = np.arange(1000.0)
+    status = ["rejected" if i % 4 == 0 else "finished" for i in range(1000)]
+    finish = np.where(np.array(status) == "rejected", np.nan, t + 0.5)
+    ev = window_evidence(table(t, finish, status))
+    assert ev["num_rejected"] == 250 and ev["rejected_fraction"] == 0.25
+    assert ev["verdict"] == STABLE and ev["served_over_offered"] == pytest.approx(1.0, abs=0.005)
+    assert ev["ttft_s"]["p99"] == pytest.approx(0.1)
+
+
+def test_quantile_ci_brackets_the_order_statistic():
+    """n = 1000, p = 0.9: ranks 900 ∓ 1.96·√90 ≈ 881..919 of 0..999 (the values are their ranks)."""
+    lo, hi = quantile_ci(np.arange(1000.0), 0.9)
+    assert 878 <= lo <= 882 and 918 <= hi <= 921
+
+
+def threshold_search(threshold, noise=0.0, **kw):
+    """A search against a probe that passes below `threshold · (1 + noise / n)`: long runs see the truth."""
+    search = SteadyRateSearch(start_rate=1.0, num_requests=100, **kw)
+
+    def run(batch):
+        return [(rate <= threshold * (1 + noise / n), None) for _, rate, n in batch]
+
+    drive([search], run)
+    return search
+
+
+def test_search_converges_when_doubling_the_run_moves_the_answer_less_than_two_percent():
+    s = threshold_search(7.3, noise=50.0)  # 1.5x at 100 requests, 1.25x at 200, ... → 7.3
+    lengths = sorted(s.summary()["rates_by_length"])
+    assert s.converged and not s.capped
+    rates = s.summary()["rates_by_length"]
+    assert abs(rates[lengths[-1]] - rates[lengths[-2]]) / rates[lengths[-2]] < 0.02
+    assert s.rate == pytest.approx(7.3 * (1 + 50 / lengths[-1]), rel=0.011)
+
+
+def test_search_reports_the_cap_when_it_cannot_converge():
+    s = threshold_search(7.3, noise=1000.0, max_requests=800)
+    assert s.capped and not s.converged and s.summary()["num_requests"] == 800
+
+
+def analytic_scenario(rate: float, num_requests: int, batch_cap: int, step_s: float, output_len: int):
+    return make_scenario({
+        "name": "analytic", "model": "llama-3.1-8b", "gpu": "h100-80gb", "steps": "none",
+        "engine": {"max_num_seqs": batch_cap, "max_model_len": 1024, "num_gpu_blocks_override": 20_000},
+        "latency": {"model": "constant", "step_s": step_s},
+        "workload": {"num_requests": num_requests, "arrival": {"process": "constant", "rate": rate},
+                     "prompt_len": {"dist": "fixed", "value": 64},
+                     "output_len": {"dist": "fixed", "value": output_len}}})
+
+
+def test_analytic_capacity_found_within_two_percent():
+    """Constant step time τ, fixed lengths, batch cap B, KV never short, evenly spaced arrivals.
+
+    vLLM v1 computes a 64-token prompt in one step, which also yields the first output token; each
+    of the remaining O − 1 tokens takes one decode step. So a request holds one of the B slots for
+    O steps, and B slots finish B requests every O·τ seconds: capacity = B ÷ (O · τ). With
+    B = 4, O = 20, τ = 10 ms: 4 ÷ 0.2 s = 20 req/s. Below it the queue stays empty; above it the
+    backlog grows at (rate − capacity), which the trend test sees once it exceeds 1 % of arrivals.
+    """
+    batch_cap, output_len, step_s = 4, 20, 0.01
+    capacity = batch_cap / (output_len * step_s)
+    slo = {"e2e_s.p99": 1e6}  # no latency limit: only stability decides
+    search = SteadyRateSearch(start_rate=1.0, num_requests=400, max_requests=3200)
+
+    def run(batch):
+        results = run_many([analytic_scenario(r, n, batch_cap, step_s, output_len) for _, r, n in batch],
+                           workers=1, evidence=True)
+        return [(probe_passes(x.evidence, slo), x.evidence) for x in results]
+
+    drive([search], run)
+    assert search.converged
+    assert search.rate == pytest.approx(capacity, rel=0.02)
+    assert math.isclose(search.evidence["served_over_offered"], 1.0, abs_tol=0.02)
