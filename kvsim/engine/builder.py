@@ -28,7 +28,7 @@ from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_run_memory
 from kvsim.results.metrics import summarize
 from kvsim.results.run_result import RunResult
-from kvsim.sched import Scheduler, SchedulerLimits, make_scheduler
+from kvsim.sched import Scheduler, SchedulerLimits, make_request_queue, make_scheduler
 from kvsim.workload.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -157,7 +157,8 @@ def build_engine(scenario: Scenario, rng: np.random.Generator, memory_limit_byte
     spec = resolve_engine(scenario)
     check_run_memory(scenario, spec.model, spec.gpu, spec.engine, spec.num_gpu_blocks, spec.bytes_per_block,
                      memory_limit_bytes, steps_in_memory)
-    scheduler = make_scheduler(spec.engine.scheduler, make_allocator(spec), spec.limits, rng)
+    scheduler = make_scheduler(spec.engine.scheduler, make_allocator(spec), spec.limits, rng,
+                               make_request_queue(spec.engine.scheduling_policy))
     latency = make_latency(spec)
     engine = spec.engine
     facts = {

@@ -258,6 +258,13 @@ class EngineConfig(BaseModel):
     speculative_config: SpeculativeConfig | None = None
 
     @model_validator(mode="after")
+    def _priority_needs_v1(self) -> EngineConfig:
+        if self.scheduling_policy == "priority" and self.scheduler != "v1":
+            raise ValueError(f"scheduling_policy=priority needs scheduler v1 (got {self.scheduler}): vLLM v0's "
+                             "priority policy also preempts running requests for waiting ones, not modelled")
+        return self
+
+    @model_validator(mode="after")
     def _speculation_needs_v1(self) -> EngineConfig:
         if self.speculative_config is not None and self.scheduler != "v1":
             raise ValueError(f"speculative_config needs scheduler v1 (got {self.scheduler}): vLLM speculates in "

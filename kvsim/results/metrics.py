@@ -295,4 +295,19 @@ def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, sch
         "waste": fractions,
         "waste_of_allocated": of_allocated,
         "saturated": saturated_summary(totals, duration),
+        **({"by_priority": by_priority(requests)} if "priority" in requests else {}),
     }
+
+
+def by_priority(requests: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per request priority (smallest, i.e. served first, first): requests, finished, TTFT, TPOT, E2E."""
+    priority = np.asarray(requests["priority"])
+    finished = np.asarray(requests["status"]) == RequestStatus.FINISHED.value
+    out = {}
+    for value in np.unique(priority):
+        rows = priority == value
+        out[str(int(value))] = {
+            "num_requests": int(rows.sum()), "num_finished": int((rows & finished).sum()),
+            **{key: percentiles(np.asarray(requests[key], dtype=float)[rows]) for key in ("ttft_s", "tpot_s", "e2e_s")},
+        }
+    return out

@@ -312,6 +312,12 @@ class Scheduler:
         self._forked.add(req.request_id)
 
     # ------------------------------------------- decode bursts (`kvsim.sched.burst`)
+    @property
+    def allows_bursts(self) -> bool:
+        """False under the priority policy: a later arrival can outrank a blocked head and be admitted
+        (burst condition (b) holds for FCFS admission only)."""
+        return self.waiting.policy == "fcfs"
+
     def schedules_whole_decode_batch(self, num_running: int) -> bool:
         """Whether one step decodes all `num_running` requests (policies with a token budget may not)."""
         return True

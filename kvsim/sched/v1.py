@@ -4,12 +4,14 @@ No prefill/decode phases: each request's `num_computed_tokens` catches up to `nu
 by chunks (chunked prefill) or by 1 (decode). Per step:
 
 1. RUNNING, in admission order: schedule `min(remaining, budget)` tokens. If the KV
-   blocks are not there, preempt the most recently admitted running request (recompute:
-   free everything, back to the front of the queue) until they are, or until the request
-   itself was the one preempted.
-2. If nothing was preempted, admit WAITING requests FCFS while budget and `max_num_seqs`
-   allow and the whole prompt (after prefix-cache hits) fits; the first that does not fit
-   ends admission for the step.
+   blocks are not there, preempt the policy's victim (FCFS: the most recently admitted
+   running request; priority: the lowest-priority one, max (priority, arrival)) by
+   recompute (free everything, back to the queue) until they are, or until the request
+   itself was the one preempted. A priority victim this step already scheduled is taken
+   out of the plan and its tokens go back to the budget, as vLLM's scheduler does.
+2. If nothing was preempted, admit WAITING requests in the policy's order (FCFS, or
+   smallest (priority, arrival)) while budget and `max_num_seqs` allow and the whole prompt
+   (after prefix-cache hits) fits; the first that does not fit ends admission for the step.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class V1Scheduler(Scheduler):
         budget = self.limits.max_num_batched_tokens
         running, scheduled, append_token = self.running, plan.scheduled, self.alloc.append_token
         num_decodes = sum_context = max_context = 0  # the plain decodes, accounted at once below
+        refunded_any = False
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -42,15 +45,43 @@ class V1Scheduler(Scheduler):
                 i += 1
                 continue
             num_new = min(req.num_tokens - past, budget)
-            if not self.allocate_or_preempt(req, past + num_new, plan):
+            num_preempted = len(plan.preempted)
+            fits = self.allocate_or_preempt(req, past + num_new, plan)
+            if len(plan.preempted) > num_preempted and self.waiting.policy == "priority":
+                refunded, unscheduled = self._unschedule(plan, plan.preempted[num_preempted:])
+                budget += refunded
+                i -= unscheduled  # they stood before `req` in `running`
+                refunded_any = refunded_any or unscheduled > 0
+            if not fits:
                 break
             self.plan_tokens(plan, req, num_new)
             budget -= num_new
             i += 1
-        plan.add_decodes(num_decodes, sum_context, max_context)
+        if refunded_any:  # the decodes counted above include requests taken out again
+            plan = self._replan(plan)
+        else:
+            plan.add_decodes(num_decodes, sum_context, max_context)
         if not plan.preempted:
             self._admit(plan, budget, now)
         return plan
+
+    @staticmethod
+    def _unschedule(plan: StepPlan, victims: list[Request]) -> tuple[int, int]:
+        """Take preempted requests that this step already scheduled out of `plan.scheduled`, as vLLM's
+        priority preemption does (their tokens go back to the budget); returns (tokens, requests)."""
+        gone = {id(v) for v in victims}
+        kept = [(r, n) for r, n in plan.scheduled if id(r) not in gone]
+        refunded = sum(n for r, n in plan.scheduled if id(r) in gone)
+        unscheduled = len(plan.scheduled) - len(kept)
+        plan.scheduled[:] = kept
+        return refunded, unscheduled
+
+    def _replan(self, plan: StepPlan) -> StepPlan:
+        """A fresh plan accounting only what is still scheduled (after a refund)."""
+        fresh = StepPlan(preempted=plan.preempted)
+        for req, num_new in plan.scheduled:
+            self.plan_tokens(fresh, req, num_new)
+        return fresh
 
     def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
         max_num_seqs, waiting = self.limits.max_num_seqs, self.waiting

@@ -118,6 +118,31 @@ class MultiTurn(BaseModel):
     think_time_s: float = Field(default=10.0, ge=0)
 
 
+class PriorityClass(BaseModel):
+    """One class of requests: its vLLM `priority` (smaller is served first) and its share of requests."""
+
+    model_config = _STRICT
+    name: str
+    priority: int
+    weight: float = Field(gt=0, description="relative share of conversations in this class")
+
+
+class PriorityMix(BaseModel):
+    """Requests carry a priority drawn from these classes by weight (a conversation keeps its class);
+    `engine.scheduling_policy: priority` makes the scheduler use it."""
+
+    model_config = _STRICT
+    classes: list[PriorityClass] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> PriorityMix:
+        names = [c.name for c in self.classes]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        if duplicate is not None:
+            raise ValueError(f"class name {duplicate!r} appears twice")
+        return self
+
+
 class Trace(BaseModel):
     """A real workload file; see `kvsim.workload.traces` for the formats."""
 
@@ -141,6 +166,7 @@ class Workload(BaseModel):
     n: int = Field(default=1, gt=0, le=256, description="parallel samples per request")
     beam_width: int | None = Field(default=None, gt=1, le=64, description="beam search instead of sampling")
     trace: Trace | None = None
+    priority: PriorityMix | None = None
 
     @model_validator(mode="after")
     def _lengths_known(self) -> Workload:
