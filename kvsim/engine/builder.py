@@ -22,6 +22,7 @@ from kvsim.engine.recorder import StepRecorder
 from kvsim.kv import GroupedPagedAllocator, KVAllocator, PagedAllocator, SlabAllocator
 from kvsim.latency.base import ConstantLatency, LatencyModel
 from kvsim.latency.roofline import RooflineLatency
+from kvsim.latency.speculative import speculative_latency
 from kvsim.model.capacity import model_kv_layout, num_gpu_blocks
 from kvsim.model.config import EngineConfig, load_gpu, load_model
 from kvsim.model.errors import KvsimError
@@ -29,6 +30,7 @@ from kvsim.results.budget import check_run_memory
 from kvsim.results.metrics import summarize
 from kvsim.results.run_result import RunResult
 from kvsim.sched import Scheduler, SchedulerLimits, make_request_queue, make_scheduler
+from kvsim.sched.speculative import make_speculation
 from kvsim.workload.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -123,7 +125,15 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
 
 
 def make_latency(spec: EngineSpec) -> LatencyModel:
-    """The scenario's latency model (`latency.model`) for the spec's model, GPU and engine."""
+    """The scenario's latency model (`latency.model`) for the spec's model, GPU and engine, with the
+    drafter's cost on top under speculative decoding (`kvsim.latency.speculative`)."""
+    target = _target_latency(spec)
+    if spec.engine.speculative_config is None:
+        return target
+    return speculative_latency(target, spec.model, spec.gpu, spec.engine)
+
+
+def _target_latency(spec: EngineSpec) -> LatencyModel:
     scenario, model, gpu = spec.scenario, spec.model, spec.gpu
     cfg = scenario.latency
     if cfg.model == "constant":
@@ -157,8 +167,14 @@ def build_engine(scenario: Scenario, rng: np.random.Generator, memory_limit_byte
     spec = resolve_engine(scenario)
     check_run_memory(scenario, spec.model, spec.gpu, spec.engine, spec.num_gpu_blocks, spec.bytes_per_block,
                      memory_limit_bytes, steps_in_memory)
-    scheduler = make_scheduler(spec.engine.scheduler, make_allocator(spec), spec.limits, rng,
-                               make_request_queue(spec.engine.scheduling_policy))
+    allocator, speculation = make_allocator(spec), None
+    if spec.engine.speculative_config is not None:
+        if type(allocator) is not PagedAllocator:
+            raise KvsimError(f"engine.speculative_config: needs the paged allocator over full attention (got "
+                             f"allocator={spec.engine.allocator}, model {spec.model.name})")
+        speculation = make_speculation(spec.engine.speculative_config)
+    scheduler = make_scheduler(spec.engine.scheduler, allocator, spec.limits, rng,
+                               make_request_queue(spec.engine.scheduling_policy), speculation)
     latency = make_latency(spec)
     engine = spec.engine
     facts = {

@@ -18,7 +18,7 @@ such runs consume no random numbers. Pure Python and numpy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -119,3 +119,49 @@ def constant_rate_for_length(length: float, k: int) -> float:
         else:
             high = mid
     return (low + high) / 2
+
+
+@dataclass(slots=True)
+class Speculation:
+    """One engine's speculative decoding: its acceptance model, lookahead and run-long counters.
+
+    `num_lookahead_slots` is vLLM's `num_lookahead_tokens`: K for EAGLE and draft models (the
+    drafter writes its drafts' KV in the target's blocks), 0 for n-gram (vllm/v1/core/sched/
+    scheduler.py). Counters follow vLLM's `vllm:spec_decode_*` metrics: `num_drafts` verify steps
+    with at least one draft, `num_draft_tokens` drafts verified, `num_accepted_tokens` accepted.
+    `rejected_slot_s` integrates, over time, the slots holding drafts the last verify rejected
+    (held until the next step overwrites them); `pending` maps each request verifying drafts in
+    the step being planned to its number of drafts.
+    """
+
+    model: AcceptanceModel
+    num_lookahead_slots: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_rejected_slots: int = 0
+    rejected_slot_s: float = 0.0
+    last_complete_s: float = 0.0
+    pending: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.model.num_speculative_tokens
+
+    def verify_outcomes(self, rng: np.random.Generator, now: float) -> np.ndarray:
+        """Drafts accepted by each request of `pending` (in its order) in the step ending at `now`;
+        the slots the previous step's rejected drafts held are integrated up to `now` and start over."""
+        self.rejected_slot_s += self.num_rejected_slots * (now - self.last_complete_s)
+        self.last_complete_s, self.num_rejected_slots = now, 0
+        return self.model.sample(rng, len(self.pending))
+
+    def record_verify(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_drafts += num_drafts > 0
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+
+
+def make_speculation(config: SpeculativeConfig) -> Speculation:
+    """The runtime state of `config` (vLLM's lookahead: K for EAGLE and draft models, 0 for n-gram)."""
+    lookahead = 0 if config.method == "ngram" else config.num_speculative_tokens
+    return Speculation(acceptance_model(config), lookahead)

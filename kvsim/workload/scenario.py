@@ -255,6 +255,13 @@ class Scenario(BaseModel):
     base_dir: str = Field(default=".", exclude=True)
 
     @model_validator(mode="after")
+    def _speculation_single_sequence(self) -> Scenario:
+        if self.engine.speculative_config is not None and (self.workload.n > 1 or self.workload.beam_width):
+            raise ValueError("engine.speculative_config speculates for single sequences: give workload.n=1 "
+                             f"and no beam_width (got n={self.workload.n}, beam_width={self.workload.beam_width})")
+        return self
+
+    @model_validator(mode="after")
     def _replicas_positive(self) -> Scenario:
         if isinstance(self.replicas, int) and not 0 < self.replicas <= 4096:
             raise ValueError(f"replicas={self.replicas}: expected 1..4096")
