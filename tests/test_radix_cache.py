@@ -44,6 +44,22 @@ def test_locks_protect_the_path_and_sizes_move_between_evictable_and_protected()
     assert tree.total_size() == 0
 
 
+def test_a_lock_on_an_inner_page_stays_above_a_later_split():
+    tree = RadixCache(page_size=1)
+    tree.insert(["a", "b", "c", "d"], [1, 2, 3, 4])
+    node, page = tree.where(2)
+    assert (node.value, page) == ([1, 2, 3, 4], 1)
+    tree.inc_lock_ref(node, page)  # protects the node: all 4 pages
+    assert tree.protected_size == 4
+    tree.match_prefix(["a", "b", "x"])  # splits after page "b": the lock goes up with it
+    tree.check_invariants()
+    assert tree.protected_size == 2 and tree.evictable_size == 2
+    assert sorted(tree.evict(10)) == [3, 4]  # the unlocked lower part is a leaf now
+    tree.dec_lock_ref(*tree.where(2))
+    tree.check_invariants()
+    assert sorted(tree.evict(10)) == [1, 2]
+
+
 def test_eviction_is_lru_over_leaves_and_cascades_to_parents():
     tree = RadixCache(page_size=1)
     tree.insert(["s", "x"], [0, 1])  # tick 1
@@ -88,11 +104,31 @@ class RadixMachine(RuleBasedStateMachine):
         self.held.append(entry)
         return entry
 
+    @rule(target=locks, pick=st.integers(0, 10**6))
+    def lock_page(self, pick):
+        """A lock on one page inside a node (as a block pool locks a block it hands out)."""
+        stored = sorted(v for node in self.tree._nodes() for v in node.value)
+        if not stored:
+            return ("page", None, [])
+        value = stored[pick % len(stored)]
+        node, page = self.tree.where(value)
+        self.tree.inc_lock_ref(node, page)
+        path = node.value[:page + 1]
+        while node.parent is not self.tree.root:
+            node = node.parent
+            path = node.value + path
+        entry = ("page", value, path)
+        self.held.append(entry)
+        return entry
+
     @rule(entry=locks)
     def unlock(self, entry):
         if entry in self.held:
             self.held.remove(entry)
-            self.tree.dec_lock_ref(entry[0])
+            if entry[0] == "page":
+                self.tree.dec_lock_ref(*self.tree.where(entry[1]))
+            else:
+                self.tree.dec_lock_ref(entry[0])
 
     @rule(num_tokens=st.integers(0, 40))
     def evict(self, num_tokens):
@@ -100,7 +136,7 @@ class RadixMachine(RuleBasedStateMachine):
         freed = self.tree.evict(num_tokens)
         assert len(freed) * 4 >= min(num_tokens, before)  # it frees what was asked while it can
         self.evicted.extend(freed)
-        locked = {v for _, values in self.held for v in values}
+        locked = {v for entry in self.held for v in entry[-1]}
         assert locked.isdisjoint(freed), "a locked page was evicted"
 
     @invariant()

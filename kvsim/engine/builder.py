@@ -20,6 +20,7 @@ import numpy as np
 
 from kvsim.engine.recorder import StepRecorder
 from kvsim.kv import GroupedPagedAllocator, KVAllocator, PagedAllocator, SlabAllocator
+from kvsim.kv.radix_prefix_cache import RadixPrefixCache
 from kvsim.latency.base import ConstantLatency, LatencyModel
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.speculative import speculative_latency
@@ -106,6 +107,9 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
         raise KvsimError(f"num_gpu_blocks={num_blocks}: need at least 2 (one is vLLM's null block)")
     allocator: KVAllocator
     if any(g.kind in ("sliding_window", "chunked_local") for g in spec.kv_layout.groups):
+        if engine.prefix_cache == "radix":
+            raise KvsimError(f"engine.prefix_cache=radix: model={spec.model.name} has sliding-window/chunked KV "
+                             "groups, which kvsim caches with the hash chain only")
         if engine.allocator != "paged" or engine.scheduler != "v1":
             raise KvsimError(f"model={spec.model.name}: sliding-window/chunked KV groups need allocator=paged and "
                              "scheduler=v1 (vLLM's hybrid KV cache manager); or set "
@@ -113,8 +117,10 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
         allocator = GroupedPagedAllocator(num_blocks, spec.kv_layout, spec.limits.max_num_batched_tokens,
                                           engine.enable_prefix_caching, spec.bytes_per_block)
     elif engine.allocator == "paged":
+        cache = RadixPrefixCache(num_blocks, engine.block_size) if engine.prefix_cache == "radix" else None
         allocator = PagedAllocator(num_blocks, engine.block_size, enable_caching=engine.enable_prefix_caching,
-                                   num_cpu_blocks=spec.num_cpu_blocks, bytes_per_block=spec.bytes_per_block)
+                                   num_cpu_blocks=spec.num_cpu_blocks, bytes_per_block=spec.bytes_per_block,
+                                   prefix_cache=cache)
     else:
         allocator = SlabAllocator(num_blocks * engine.block_size, spec.max_model_len,
                                   policy=engine.allocator.removeprefix("slab-"),  # type: ignore[arg-type]

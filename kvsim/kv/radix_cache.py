@@ -19,6 +19,10 @@
 * `inc_lock_ref(node)` / `dec_lock_ref(node)` add / drop one lock on every node from `node` up to
   (not including) the root while a request uses that prefix; a locked node is *protected*, an
   unlocked one *evictable*. Sizes are in tokens (pages × `page_size`), as SGLang counts them.
+  A lock is attached to one page of `node`: its last by default (SGLang's, where a request locks
+  the node its match ended at); `page=` attaches it to an earlier one, so that splitting the node
+  later leaves the lock above the cut with the pages it protects (`lock_ref` = locks on the node's
+  own pages + its children's `lock_ref`). `where(value)` finds the node and page holding a value.
 * `evict(num_tokens)` removes unlocked leaves, least recently used first (SGLang's default
   `LRUStrategy`), a parent that becomes an unlocked leaf joining the candidates, until at least
   `num_tokens` tokens are freed or nothing evictable is left; it returns the freed values.
@@ -52,6 +56,7 @@ class TreeNode:
     children: dict[Hashable, TreeNode] = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    page_locks: list[int] = field(default_factory=list)  # locks attached to each page (see `inc_lock_ref`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +71,13 @@ class RadixCache:
     """SGLang's radix prefix cache over page keys (see the module docstring for the contract)."""
 
     __slots__ = ("page_size", "root", "evictable_leaves", "_evictable_pages", "_protected_pages", "_clock",
-                 "_next_id")
+                 "_next_id", "_where")
 
     def __init__(self, page_size: int) -> None:
         assert page_size > 0
         self.page_size = page_size
         self._next_id = 0
+        self._where: dict[int, TreeNode] = {}  # value -> the node holding it
         self.root = self._new_node([], [], None)
         self.root.lock_ref = 1  # as SGLang: the root is never evictable
         self.evictable_leaves: set[TreeNode] = set()
@@ -140,9 +146,19 @@ class RadixCache:
             self._update_leaf_status(leaf)
         return start
 
+    def where(self, value: int) -> tuple[TreeNode, int] | None:
+        """The node holding `value` and its page index there, or None if the tree does not hold it."""
+        node = self._where.get(value)
+        return None if node is None else (node, node.value.index(value))
+
     # ---------------------------------------------------------------- locking
-    def inc_lock_ref(self, node: TreeNode) -> int:
-        """Lock the path from `node` to the root; returns the change in evictable tokens (≤ 0)."""
+    def inc_lock_ref(self, node: TreeNode, page: int = -1) -> int:
+        """Lock the path from `node` to the root, the lock attached to `node`'s page `page` (its last
+        by default); returns the change in evictable tokens (≤ 0). Locking the root (an empty match)
+        does nothing, as in SGLang."""
+        if node is self.root:
+            return 0
+        node.page_locks[page] += 1
         delta = 0
         while node is not self.root:
             if node.lock_ref == 0:
@@ -155,8 +171,12 @@ class RadixCache:
             node = node.parent
         return delta * self.page_size
 
-    def dec_lock_ref(self, node: TreeNode) -> int:
-        """Unlock the path from `node` to the root; returns the change in evictable tokens (≥ 0)."""
+    def dec_lock_ref(self, node: TreeNode, page: int = -1) -> int:
+        """Drop a lock `inc_lock_ref(node, page)` took; returns the change in evictable tokens (≥ 0)."""
+        if node is self.root:
+            return 0
+        assert node.page_locks[page] > 0, f"node {node.node_id}: page {page} is not locked"
+        node.page_locks[page] -= 1
         delta = 0
         while node is not self.root:
             assert node.lock_ref > 0, f"node {node.node_id} unlocked more often than locked"
@@ -191,27 +211,42 @@ class RadixCache:
         return self._clock
 
     def _new_node(self, key: list[Hashable], value: list[int], parent: TreeNode | None) -> TreeNode:
-        node = TreeNode(self._next_id, key, value, parent)
+        node = TreeNode(self._next_id, key, value, parent, page_locks=[0] * len(key))
         self._next_id += 1
+        for v in value:
+            self._where[v] = node
         return node
 
     def _split(self, child: TreeNode, split_len: int) -> TreeNode:
-        """Cut `child`'s run after `split_len` pages; the new upper node (returned) inherits its locks."""
+        """Cut `child`'s run after `split_len` pages. The new upper node (returned) holds every lock
+        `child` counted; the lower part keeps those not attached to the pages that moved up (SGLang's
+        locks sit on a node's last page, so with them the lower part keeps all: its `lock_ref`)."""
         parent = child.parent
         assert parent is not None and 0 < split_len < len(child.key)
         upper = self._new_node(child.key[:split_len], child.value[:split_len], parent)
         upper.lock_ref, upper.last_access = child.lock_ref, child.last_access
+        upper.page_locks = child.page_locks[:split_len]
         child.key, child.value = child.key[split_len:], child.value[split_len:]
+        child.page_locks = child.page_locks[split_len:]
         child.parent = upper
         upper.children[child.key[0]] = child
         parent.children[upper.key[0]] = upper
-        return upper  # not a leaf (it has `child`); `child`'s leaf status is unchanged
+        moved = sum(upper.page_locks)
+        if moved:  # those locks no longer pass through `child`
+            child.lock_ref -= moved
+            if child.lock_ref == 0:
+                self._protected_pages -= len(child.key)
+                self._evictable_pages += len(child.key)
+                self._update_leaf_status(child)
+        return upper  # not a leaf (it has `child`)
 
     def _delete_leaf(self, leaf: TreeNode) -> TreeNode:
         parent = leaf.parent
         assert parent is not None and not leaf.children and leaf.lock_ref == 0
         removed = parent.children.pop(leaf.key[0])
         assert removed is leaf
+        for v in leaf.value:
+            del self._where[v]
         self._evictable_pages -= len(leaf.key)
         self.evictable_leaves.discard(leaf)
         self._update_leaf_status(parent)
@@ -248,8 +283,10 @@ class RadixCache:
             seen_values.update(node.value)
             for first, child in node.children.items():
                 assert child.key[0] == first and child.parent is node
-            # every lock on a child passed through this node
-            assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()) >= 0
+            # a node counts the locks on its own pages and every lock on its children (they passed through it)
+            assert len(node.page_locks) == len(node.key) and min(node.page_locks) >= 0
+            assert node.lock_ref == sum(node.page_locks) + sum(c.lock_ref for c in node.children.values())
+            assert all(self._where[v] is node for v in node.value), f"node {node.node_id}: value map stale"
             if node.lock_ref:
                 protected += len(node.key)
             else:
@@ -260,6 +297,7 @@ class RadixCache:
         assert protected == self._protected_pages, "protected size drifted"
         assert leaves == self.evictable_leaves, "evictable leaf set drifted"
         assert all(leaf.lock_ref == 0 for leaf in self.evictable_leaves), "a locked node is evictable"
+        assert len(self._where) == len(seen_values), "value map holds values the tree does not"
 
 
 def _common_length(node_key: Sequence[Hashable], key: Sequence[Hashable], start: int) -> int:

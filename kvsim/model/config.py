@@ -214,6 +214,8 @@ class EngineConfig(BaseModel):
     `scheduling_policy` orders the waiting queue (vLLM's `--scheduling-policy`: `fcfs`, or
     `priority`: smallest (priority, arrival) first, the lowest-priority running request preempted);
     `speculative_config` is vLLM's `--speculative-config` (`kvsim.model.speculative_config`).
+    `prefix_cache` picks the prefix cache of the paged pool: vLLM's `hash_chain` or SGLang's `radix`
+    tree (`kvsim.kv.radix_prefix_cache`), with `enable_prefix_caching` on.
     """
 
     model_config = _FROZEN
@@ -255,7 +257,14 @@ class EngineConfig(BaseModel):
     scheduler: Literal["v1", "v0", "static"] = "v1"
     watermark: float | None = Field(default=None, ge=0, lt=1)
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    prefix_cache: Literal["hash_chain", "radix"] = "hash_chain"
     speculative_config: SpeculativeConfig | None = None
+
+    @model_validator(mode="after")
+    def _radix_needs_paged(self) -> EngineConfig:
+        if self.prefix_cache == "radix" and self.allocator != "paged":
+            raise ValueError(f"prefix_cache=radix needs allocator paged (got {self.allocator})")
+        return self
 
     @model_validator(mode="after")
     def _priority_needs_v1(self) -> EngineConfig:
