@@ -131,3 +131,43 @@ def test_bad_speculation_setups_are_one_line():
         kvsim.simulate(None, workload__n=2, engine__speculative_config=config)
     with pytest.raises(KvsimError, match="needs the paged allocator"):
         kvsim.simulate(None, engine__allocator="slab-max", engine__speculative_config=config)
+
+
+def test_cli_takes_vllms_flags_and_refuses_bad_values_in_one_line(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "ok"
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 2, "synthetic_acceptance_length": 3})
+    result = runner.invoke(app, ["run", "--set", "workload.num_requests=10", "--speculative-config", spec,
+                                 "--scheduling-policy", "priority", "-o", str(out), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["spec_decode"]["mean_acceptance_length"] == 3.0
+    for bad, needle in [('{"method": "ngram", "num_speculative_tokens": 0, "acceptance_rates": 0.5}',
+                         "engine.speculative_config.num_speculative_tokens=0"),
+                        ('{"method": "medusa", "num_speculative_tokens": 2, "acceptance_rates": 0.5}',
+                         "engine.speculative_config.method='medusa'"),
+                        ('{"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": 1.2}',
+                         "acceptance_rates=1.2")]:
+        target = tmp_path / "bad"
+        result = runner.invoke(app, ["run", "--speculative-config", bad, "-o", str(target)])
+        assert result.exit_code == 2 and needle in result.stderr, result.output
+        assert len(result.stderr.strip().splitlines()) == 1 and not target.exists()
+    result = runner.invoke(app, ["run", "--scheduling-policy", "sjf", "-o", str(tmp_path / "bad2")])
+    assert result.exit_code == 2 and "engine.scheduling_policy='sjf'" in result.stderr
+
+
+def test_spec_and_priority_summary_keys_are_documented():
+    from tests.test_summary_keys import documented_keys
+
+    mix = {"classes": [{"name": "a", "priority": 0, "weight": 1}, {"name": "b", "priority": 1, "weight": 1}]}
+    config = {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": 0.5}
+    summary = kvsim.simulate(None, workload__num_requests=20, workload__priority=mix,
+                             engine__scheduling_policy="priority", engine__speculative_config=config).summary
+    assert {"spec_decode", "by_priority"} <= set(summary)
+    assert set(summary) - documented_keys() == set()
