@@ -111,7 +111,7 @@ class RadixCache:
         while start < len(key) and key[start] in node.children:
             child = node.children[key[start]]
             child.last_access = now
-            matched = _common_length(child.key, key, start)
+            matched = _common_length(child.key, key, start) if len(child.key) > 1 else 1
             if matched < len(child.key):
                 node = self._split(child, matched)
                 values.extend(node.value)
@@ -132,7 +132,7 @@ class RadixCache:
         while start < len(key) and key[start] in node.children:
             child = node.children[key[start]]
             child.last_access = now
-            matched = _common_length(child.key, key, start)
+            matched = _common_length(child.key, key, start) if len(child.key) > 1 else 1
             if matched < len(child.key):
                 child = self._split(child, matched)
             node = child
@@ -301,9 +301,9 @@ class RadixCache:
 
 
 def _common_length(node_key: Sequence[Hashable], key: Sequence[Hashable], start: int) -> int:
-    """Pages `node_key` shares with `key[start:]` from their first page."""
+    """Pages `node_key` shares with `key[start:]` from their first page (equal: the child was found by it)."""
     limit = min(len(node_key), len(key) - start)
-    i = 0
+    i = 1
     while i < limit and node_key[i] == key[start + i]:
         i += 1
     return i
