@@ -187,6 +187,12 @@ def run(
     memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Refuse a run estimated to need "
                                                      "more memory than this, e.g. 64GiB [this machine's]")] = None,
     max_num_seqs: MaxNumSeqsOpt = None,
+    scheduling_policy: Annotated[str | None, typer.Option(
+        "--scheduling-policy", help="vLLM's flag: fcfs or priority (engine.scheduling_policy)")] = None,
+    speculative_config: Annotated[str | None, typer.Option(
+        "--speculative-config", help="vLLM's flag, a JSON object (engine.speculative_config), e.g. "
+                                     "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
+                                     "\"acceptance_rates\": 0.8}'")] = None,
 ) -> None:
     """Simulate a scenario: per-request latency, per-step KV usage and waste, preemptions, queueing.
 
@@ -201,6 +207,8 @@ def run(
         limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
         flags = [f"steps={steps.value}"] if steps else []
         flags += [f"engine.max_num_seqs={max_num_seqs}"] if max_num_seqs is not None else []
+        flags += [f"engine.{name}={value}" for name, value in (("scheduling_policy", scheduling_policy),
+                                                                 ("speculative_config", speculative_config)) if value]
         spec = load_scenario(scenario, [*(overrides or []), *flags])
         out_dir = output or f"runs/{safe_component(spec.name)}"
         check_output_dir(out_dir, "run")  # refuse before simulating, not after

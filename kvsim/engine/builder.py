@@ -20,15 +20,18 @@ import numpy as np
 
 from kvsim.engine.recorder import StepRecorder
 from kvsim.kv import GroupedPagedAllocator, KVAllocator, PagedAllocator, SlabAllocator
+from kvsim.kv.radix_prefix_cache import RadixPrefixCache
 from kvsim.latency.base import ConstantLatency, LatencyModel
 from kvsim.latency.roofline import RooflineLatency
+from kvsim.latency.speculative import speculative_latency
 from kvsim.model.capacity import model_kv_layout, num_gpu_blocks
 from kvsim.model.config import EngineConfig, load_gpu, load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_run_memory
 from kvsim.results.metrics import summarize
 from kvsim.results.run_result import RunResult
-from kvsim.sched import Scheduler, SchedulerLimits, make_scheduler
+from kvsim.sched import Scheduler, SchedulerLimits, make_request_queue, make_scheduler
+from kvsim.sched.speculative import make_speculation
 from kvsim.workload.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -104,6 +107,9 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
         raise KvsimError(f"num_gpu_blocks={num_blocks}: need at least 2 (one is vLLM's null block)")
     allocator: KVAllocator
     if any(g.kind in ("sliding_window", "chunked_local") for g in spec.kv_layout.groups):
+        if engine.prefix_cache == "radix":
+            raise KvsimError(f"engine.prefix_cache=radix: model={spec.model.name} has sliding-window/chunked KV "
+                             "groups, which kvsim caches with the hash chain only")
         if engine.allocator != "paged" or engine.scheduler != "v1":
             raise KvsimError(f"model={spec.model.name}: sliding-window/chunked KV groups need allocator=paged and "
                              "scheduler=v1 (vLLM's hybrid KV cache manager); or set "
@@ -111,8 +117,10 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
         allocator = GroupedPagedAllocator(num_blocks, spec.kv_layout, spec.limits.max_num_batched_tokens,
                                           engine.enable_prefix_caching, spec.bytes_per_block)
     elif engine.allocator == "paged":
+        cache = RadixPrefixCache(num_blocks, engine.block_size) if engine.prefix_cache == "radix" else None
         allocator = PagedAllocator(num_blocks, engine.block_size, enable_caching=engine.enable_prefix_caching,
-                                   num_cpu_blocks=spec.num_cpu_blocks, bytes_per_block=spec.bytes_per_block)
+                                   num_cpu_blocks=spec.num_cpu_blocks, bytes_per_block=spec.bytes_per_block,
+                                   prefix_cache=cache)
     else:
         allocator = SlabAllocator(num_blocks * engine.block_size, spec.max_model_len,
                                   policy=engine.allocator.removeprefix("slab-"),  # type: ignore[arg-type]
@@ -123,7 +131,15 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
 
 
 def make_latency(spec: EngineSpec) -> LatencyModel:
-    """The scenario's latency model (`latency.model`) for the spec's model, GPU and engine."""
+    """The scenario's latency model (`latency.model`) for the spec's model, GPU and engine, with the
+    drafter's cost on top under speculative decoding (`kvsim.latency.speculative`)."""
+    target = _target_latency(spec)
+    if spec.engine.speculative_config is None:
+        return target
+    return speculative_latency(target, spec.model, spec.gpu, spec.engine)
+
+
+def _target_latency(spec: EngineSpec) -> LatencyModel:
     scenario, model, gpu = spec.scenario, spec.model, spec.gpu
     cfg = scenario.latency
     if cfg.model == "constant":
@@ -157,7 +173,14 @@ def build_engine(scenario: Scenario, rng: np.random.Generator, memory_limit_byte
     spec = resolve_engine(scenario)
     check_run_memory(scenario, spec.model, spec.gpu, spec.engine, spec.num_gpu_blocks, spec.bytes_per_block,
                      memory_limit_bytes, steps_in_memory)
-    scheduler = make_scheduler(spec.engine.scheduler, make_allocator(spec), spec.limits, rng)
+    allocator, speculation = make_allocator(spec), None
+    if spec.engine.speculative_config is not None:
+        if type(allocator) is not PagedAllocator:
+            raise KvsimError(f"engine.speculative_config: needs the paged allocator over full attention (got "
+                             f"allocator={spec.engine.allocator}, model {spec.model.name})")
+        speculation = make_speculation(spec.engine.speculative_config)
+    scheduler = make_scheduler(spec.engine.scheduler, allocator, spec.limits, rng,
+                               make_request_queue(spec.engine.scheduling_policy), speculation)
     latency = make_latency(spec)
     engine = spec.engine
     facts = {

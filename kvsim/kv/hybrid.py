@@ -221,6 +221,10 @@ class GroupedPagedAllocator(PoolSlots):
         """No separate fast path: every token goes through `allocate`."""
         return False
 
+    def hold(self, seq_id: int, num_slots: int) -> bool:
+        """Speculative decoding runs on the paged allocator only (the builder refuses it here)."""
+        raise AssertionError("hold: speculative decoding needs the paged allocator")
+
     def _start(self, seq_id: int, final_num_tokens: int, content: Content | None, hit: PrefixHit) -> GroupedSeq:
         k = hit.num_tokens // self.block_size
         tables = [list(hit.block_ids[g * k:(g + 1) * k]) for g in range(len(self.groups))]

@@ -14,6 +14,8 @@ Contract:
 * Copy-on-write: writing into a block with `ref_count > 1` (only a partial last block
   shared by `fork` can be) first copies it to a new block; each copy is counted.
 * Swap moves whole sequences' blocks to a CPU `BlockPool` and back, all-or-nothing.
+* `hold` gives a sequence blocks beyond what it has written (speculative decoding's verify and
+  lookahead slots); only single sequences speculate, so forks never hold ahead.
 * Waste counters (`num_filled_slots`, `num_reserved_slots`) are kept incrementally and
   re-derived from scratch by `check_invariants`.
 """
@@ -200,7 +202,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
             return False
         bs, written, final = self.block_size, seq.num_tokens, seq.final_num_tokens
         used = written % bs
-        block_id = seq.block_table[-1] if used else 0
+        block_id = seq.block_table[written // bs] if used else 0  # the partly filled block (not the last if held ahead)
         if not used or written >= final or self.pool.ref_counts[block_id] != 1:
             return False
         self.block_fill[block_id] = used + 1
@@ -258,8 +260,8 @@ class PagedAllocator(PoolSlots, PagedBursts):
         written = seq.num_tokens
         if num_tokens_total > seq.final_num_tokens:
             seq.final_num_tokens = num_tokens_total  # outgrew its estimate
-        last = len(table) - 1
-        written_blocks = table[written // bs:]  # the partly filled last block, if any, and the new ones
+        last = (num_tokens_total - 1) // bs  # the block the last written token is in (blocks past it: held ahead)
+        written_blocks = table[written // bs:last + 1]  # the partly filled block, if any, and the newly written ones
         if written_blocks:
             assert all(map((1).__eq__, map(ref_counts.__getitem__, written_blocks))), "writing a shared block"
             for block_id in written_blocks:
@@ -269,13 +271,33 @@ class PagedAllocator(PoolSlots, PagedBursts):
         self.num_filled_slots += delta
         self._sum_written += delta
         seq.num_tokens = num_tokens_total
-        held = (last + 1) * bs
+        held = len(table) * bs
         reservable = held if held < seq.final_num_tokens else seq.final_num_tokens
         self._sum_reservable += reservable - seq.reservable
         seq.reservable = reservable
         if self.enable_caching and seq.content is not None \
                 and num_tokens_total // bs > seq.num_hashed_blocks:
             self._hash_full_blocks(seq)
+
+    def hold(self, seq_id: int, num_slots: int) -> bool:
+        """Make a running sequence hold blocks for `num_slots` slots without writing them: the slots a
+        speculative verify step writes and may reject, and EAGLE's lookahead (vLLM's `allocate_slots`
+        with `num_lookahead_tokens`). Blocks past the written tokens stay in the table ("held ahead")
+        until the sequence writes into them or is freed, so rejected drafts' slots are reused.
+        All or nothing: False (nothing changed) when the free blocks are too few."""
+        seq = self.seqs[seq_id]
+        extra = ceil_div(num_slots, self.block_size) - len(seq.block_table)
+        if extra <= 0:
+            return True
+        if extra > self.pool.num_free_blocks:
+            return False
+        fresh = self.pool.get_new_blocks(extra)
+        for block_id in fresh:
+            self.block_fill[block_id] = 0
+        seq.block_table.extend(fresh)
+        self._num_mapped_blocks += extra
+        self._set_reservable(seq, self._own_reservable(seq))
+        return True
 
     def _copy_on_write(self, seq: SeqBlocks) -> None:
         """Give `seq` a private copy of its shared, partially filled last block."""
@@ -420,11 +442,11 @@ class PagedAllocator(PoolSlots, PagedBursts):
         self.pool.check_invariants()
         refs = [0] * self.pool.num_blocks
         for seq in self.seqs.values():
-            assert len(seq.block_table) == ceil_div(seq.num_tokens, bs), "table length != cdiv(tokens, bs)"
+            assert len(seq.block_table) >= ceil_div(seq.num_tokens, bs), "table shorter than cdiv(tokens, bs)"
             assert len(set(seq.block_table)) == len(seq.block_table)
             for index, block_id in enumerate(seq.block_table):
                 refs[block_id] += 1
-                expected_fill = min(bs, seq.num_tokens - index * bs)
+                expected_fill = min(bs, max(0, seq.num_tokens - index * bs))  # 0: held ahead (`hold`)
                 assert self.block_fill[block_id] == expected_fill, f"block {block_id} fill mismatch"
         for block_id in range(int(self.pool.null_block), self.pool.num_blocks):
             assert refs[block_id] == self.pool.ref_counts[block_id], f"block {block_id} ref_count mismatch"

@@ -116,6 +116,9 @@ class KVAllocator(Protocol):
     def append_token(self, seq_id: int) -> bool:
         """`allocate(seq_id, written + 1)` if that needs no new space (a decode's common case), else
         False with nothing changed: the caller then takes the general path (`allocate`)."""
+    def hold(self, seq_id: int, num_slots: int) -> bool:
+        """Hold space for `num_slots` slots without writing them (speculative verify and lookahead
+        slots); all or nothing. Paged only."""
     def reserve(self, seq_id: int, final_num_tokens: int, prompt_len: int | None = None) -> bool:
         """Set aside a sample's own space at admission, before `allocate` (True, no-op, if shared)."""
     def slots_needed(self, seq_ids: Sequence[int], num_tokens_total: int) -> int:

@@ -163,6 +163,10 @@ class SlabAllocator:
         """No separate fast path: every token goes through `allocate`."""
         return False
 
+    def hold(self, seq_id: int, num_slots: int) -> bool:
+        """Speculative decoding runs on the paged allocator only (the builder refuses it here)."""
+        raise AssertionError("hold: speculative decoding needs the paged allocator")
+
     def reserve(self, seq_id: int, final_num_tokens: int, prompt_len: int | None = None) -> bool:
         """Reserve a region with nothing written yet (at admission, where the policy may need the prompt)."""
         if seq_id in self.seqs:

@@ -28,6 +28,9 @@ class StepPlan:
     num_copied_blocks: int = 0
     num_dp_group_tokens: int = 0  # tokens of every DP engine in this step (their MoE layers run together)
     preempted: list = field(default_factory=list)  # requests preempted while planning this step
+    num_spec_decode_seqs: int = 0  # sequences verifying speculative drafts (their drafter ran for them)
+    num_draft_tokens: int = 0  # Σ drafts they verify
+    sum_spec_context_tokens: int = 0  # Σ their contexts after the step (what the drafter reads)
 
     @property
     def is_empty(self) -> bool:

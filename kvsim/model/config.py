@@ -21,6 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from kvsim.model.errors import KvsimError, from_validation_error, reading
 from kvsim.model.spec import DTYPE_BYTES, ModelSpec
+from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.model.yaml_io import load_yaml, yaml_problem
 
 PRESETS_DIR = Path(__file__).parent / "presets"
@@ -215,6 +216,11 @@ class EngineConfig(BaseModel):
     KV pool; with `enable_expert_parallel` the experts are split over tp · dp GPUs instead of
     tp (vLLM's EP). `disable_hybrid_kv_cache_manager` allocates sliding-window and chunked
     layers like full attention, as vLLM's flag does.
+    `scheduling_policy` orders the waiting queue (vLLM's `--scheduling-policy`: `fcfs`, or
+    `priority`: smallest (priority, arrival) first, the lowest-priority running request preempted);
+    `speculative_config` is vLLM's `--speculative-config` (`kvsim.model.speculative_config`).
+    `prefix_cache` picks the prefix cache of the paged pool: vLLM's `hash_chain` or SGLang's `radix`
+    tree (`kvsim.kv.radix_prefix_cache`), with `enable_prefix_caching` on.
     """
 
     model_config = _FROZEN
@@ -255,6 +261,29 @@ class EngineConfig(BaseModel):
     slab_placement: Literal["buddy", "first-fit"] = "buddy"
     scheduler: Literal["v1", "v0", "static"] = "v1"
     watermark: float | None = Field(default=None, ge=0, lt=1)
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    prefix_cache: Literal["hash_chain", "radix"] = "hash_chain"
+    speculative_config: SpeculativeConfig | None = None
+
+    @model_validator(mode="after")
+    def _radix_needs_paged(self) -> EngineConfig:
+        if self.prefix_cache == "radix" and self.allocator != "paged":
+            raise ValueError(f"prefix_cache=radix needs allocator paged (got {self.allocator})")
+        return self
+
+    @model_validator(mode="after")
+    def _priority_needs_v1(self) -> EngineConfig:
+        if self.scheduling_policy == "priority" and self.scheduler != "v1":
+            raise ValueError(f"scheduling_policy=priority needs scheduler v1 (got {self.scheduler}): vLLM v0's "
+                             "priority policy also preempts running requests for waiting ones, not modelled")
+        return self
+
+    @model_validator(mode="after")
+    def _speculation_needs_v1(self) -> EngineConfig:
+        if self.speculative_config is not None and self.scheduler != "v1":
+            raise ValueError(f"speculative_config needs scheduler v1 (got {self.scheduler}): vLLM speculates in "
+                             "its v1 engine only")
+        return self
 
     @model_validator(mode="after")
     def _block_size_vllm_accepts(self) -> EngineConfig:
@@ -301,6 +330,8 @@ class EngineConfig(BaseModel):
         a prompt must fit in one step's token budget, and every step must be able to hold one
         token of each of `max_num_seqs` sequences."""
         tokens, seqs = self.resolved_max_num_batched_tokens(max_model_len, gpu), self.resolved_max_num_seqs(gpu)
+        if self.speculative_config is not None:
+            self.speculative_config.check_max_model_len(max_model_len)
         if tokens < max_model_len and self.scheduler != "v1":
             raise KvsimError(
                 f"engine.max_num_batched_tokens={tokens}: vLLM refuses this without chunked prefill "

@@ -234,6 +234,28 @@ class EngineCounters:
     num_preempted_hit_tokens: int = 0
     num_swapped_out_bytes: int = 0
     num_copy_on_writes: int = 0
+    spec_decode: SpecDecodeCounters | None = None  # with speculative decoding only
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDecodeCounters:
+    """Speculative decoding's run-long counts (vLLM's `vllm:spec_decode_*`) and `rejected_slot_s`, the
+    time integral of the KV slots that rejected drafts held, over a pool of `num_total_slots`."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    rejected_slot_s: float
+    num_total_slots: int
+
+    def summary(self, duration_s: float) -> dict[str, Any]:
+        drafts, tokens, accepted = self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens
+        return {
+            "num_drafts": drafts, "num_draft_tokens": tokens, "num_accepted_tokens": accepted,
+            "mean_acceptance_length": 1.0 + accepted / drafts if drafts else None,
+            "draft_acceptance_rate": accepted / tokens if tokens else None,
+            "draft_rejected_share": self.rejected_slot_s / (self.num_total_slots * duration_s) if duration_s else 0.0,
+        }
 
 
 def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, scheduler: EngineCounters,
@@ -295,4 +317,20 @@ def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, sch
         "waste": fractions,
         "waste_of_allocated": of_allocated,
         "saturated": saturated_summary(totals, duration),
+        **({"by_priority": by_priority(requests)} if "priority" in requests else {}),
+        **({"spec_decode": scheduler.spec_decode.summary(duration)} if scheduler.spec_decode is not None else {}),
     }
+
+
+def by_priority(requests: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per request priority (smallest, i.e. served first, first): requests, finished, TTFT, TPOT, E2E."""
+    priority = np.asarray(requests["priority"])
+    finished = np.asarray(requests["status"]) == RequestStatus.FINISHED.value
+    out = {}
+    for value in np.unique(priority):
+        rows = priority == value
+        out[str(int(value))] = {
+            "num_requests": int(rows.sum()), "num_finished": int((rows & finished).sum()),
+            **{key: percentiles(np.asarray(requests[key], dtype=float)[rows]) for key in ("ttft_s", "tpot_s", "e2e_s")},
+        }
+    return out

@@ -12,7 +12,8 @@ rejected requests (a dict by row).
 Columns, with vLLM's metric names where one exists (see `kvsim.results.metrics`):
 `request_id, arrival_s, first_scheduled_s, first_token_s, finish_s, ttft_s, tpot_s, e2e_s,
 queue_s, prompt_tokens, output_tokens, num_samples, prefix_hit_tokens, num_preemptions,
-status, reject_reason`.
+status, reject_reason`, and `priority` (vLLM's request priority) when some request's is not 0:
+a run without priorities writes the table it always wrote.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ _STATUS_CODE = {status: code for code, status in enumerate(_STATUSES)}
 _TIMES = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s")
 _INTS = (("request_id", "request_id"), ("prompt_tokens", "prompt_len"), ("output_tokens", "output_len"),
          ("num_samples", "num_samples"), ("prefix_hit_tokens", "num_prefix_hit_tokens"),
-         ("num_preemptions", "num_preemptions"))
+         ("num_preemptions", "num_preemptions"), ("priority", "priority"))
 
 
 class RequestRecords:
@@ -89,7 +90,7 @@ class RequestRecords:
         reasons = np.full(len(self), None, dtype=object)
         for row, reason in self._reasons.items():
             reasons[row] = reason
-        return {
+        table = {
             "request_id": ints["request_id"], "arrival_s": arrival, "first_scheduled_s": scheduled,
             "first_token_s": first, "finish_s": finish, "ttft_s": first - arrival, "tpot_s": tpot,
             "e2e_s": finish - arrival, "queue_s": scheduled - arrival, "prompt_tokens": ints["prompt_tokens"],
@@ -98,3 +99,6 @@ class RequestRecords:
             "status": labels[codes] if len(codes) else np.zeros(0, dtype=object),
             "reject_reason": reasons[order] if len(order) else np.zeros(0, dtype=object),
         }
+        if ints["priority"].any():
+            table["priority"] = ints["priority"]
+        return table

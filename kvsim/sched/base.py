@@ -22,10 +22,11 @@ import numpy as np
 
 from kvsim.kv import Allocation, KVAllocator, KVOccupancy, PrefixCacheStats, PrefixHit, SegmentContent, occupancy
 from kvsim.latency.step_plan import StepPlan
-from kvsim.results.metrics import EngineCounters
+from kvsim.results.metrics import EngineCounters, SpecDecodeCounters
 from kvsim.results.records import RequestRecords
 from kvsim.sched.beams import select_beams
 from kvsim.sched.request_queue import FCFSQueue, RequestQueue
+from kvsim.sched.speculative import Speculation
 from kvsim.workload.request import Request, RequestStatus
 
 
@@ -64,6 +65,7 @@ class Scheduler:
         self.limits = limits
         # the scheduling policy: the waiting order and the preemption victim (default FCFS, vLLM's default)
         self.waiting: RequestQueue = waiting if waiting is not None else FCFSQueue()
+        self.speculation: Speculation | None = None  # speculative decoding (v1 only): set by `make_scheduler`
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.records = RequestRecords()  # every request that ended (finished or rejected), columnar
@@ -76,10 +78,13 @@ class Scheduler:
     # ---------------------------------------------------------------- queues
     def counters(self) -> EngineCounters:
         """The run-long counters a summary reports (`kvsim.results.metrics.summarize`)."""
-        stats = self.prefix_stats
+        stats, spec = self.prefix_stats, self.speculation
+        spec_counters = None if spec is None else SpecDecodeCounters(
+            spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens, spec.rejected_slot_s,
+            self.alloc.num_total_slots)
         return EngineCounters(self.num_preemptions, stats.num_query_tokens, stats.num_hit_tokens,
                               stats.num_preempted_query_tokens, stats.num_preempted_hit_tokens,
-                              self.num_swapped_out_bytes, self.alloc.num_copy_on_writes)
+                              self.num_swapped_out_bytes, self.alloc.num_copy_on_writes, spec_counters)
 
     def snapshot(self) -> SchedulerSnapshot:
         """The queues and the KV pool now (a step row's state)."""
@@ -158,11 +163,14 @@ class Scheduler:
     def active_seq_ids(self, req: Request) -> list[int]:
         return req.seq_ids + req.child_seq_ids() if req.request_id in self._forked else req.seq_ids
 
-    def try_allocate(self, req: Request, num_tokens_total: int, plan: StepPlan) -> bool:
+    def try_allocate(self, req: Request, num_tokens_total: int, plan: StepPlan, hold_slots: int = 0) -> bool:
         """Grow every active sequence of `req` to `num_tokens_total` slots, all or none; the blocks
-        copied on the way are the plan's (`StepPlan.num_copied_blocks`)."""
+        copied on the way are the plan's (`StepPlan.num_copied_blocks`). A single sequence also holds
+        `hold_slots` slots (a speculative verify step's, `KVAllocator.hold`)."""
         seq_ids = self.active_seq_ids(req)
         if len(seq_ids) == 1:
+            if hold_slots and not self.alloc.hold(seq_ids[0], hold_slots):
+                return False
             result = self.alloc.allocate(seq_ids[0], num_tokens_total, req.kv_len, req.content)
             if result is None:
                 return False
@@ -222,7 +230,7 @@ class Scheduler:
         plan.add(num_new, past, num_seqs, past + num_new == req.num_tokens)
 
     # ------------------------------------------------------------ preemption
-    def allocate_or_preempt(self, req: Request, num_tokens_total: int, plan: StepPlan) -> bool:
+    def allocate_or_preempt(self, req: Request, num_tokens_total: int, plan: StepPlan, hold_slots: int = 0) -> bool:
         """Grow `req`, preempting the policy's victims (`RequestQueue.victim_index`; FCFS: from the
         back of `running`) until it fits.
 
@@ -231,7 +239,7 @@ class Scheduler:
         the victim out of `plan` itself.
         """
         running = self.running
-        while not self.try_allocate(req, num_tokens_total, plan):
+        while not self.try_allocate(req, num_tokens_total, plan, hold_slots):
             victim = running.pop(self.waiting.victim_index(running))
             self.preempt(victim, plan)
             if victim is req:
@@ -271,9 +279,16 @@ class Scheduler:
         """Apply a finished step: advance progress, sample tokens, fork samples, finish and free."""
         done = []
         running = RequestStatus.RUNNING
+        spec = self.speculation
+        if spec is not None:
+            accepted = iter(spec.verify_outcomes(self.rng, now).tolist())
         for req, num_new in plan.scheduled:
             if req.status is not running:
                 continue  # preempted later in the same planning pass
+            if spec is not None and req.request_id in spec.pending:
+                if self._complete_verify(spec, req, spec.pending[req.request_id], next(accepted)):
+                    done.append(req)
+                continue
             computed = req.num_computed_tokens + num_new
             req.num_computed_tokens = computed
             num_output = req.num_output_tokens
@@ -288,7 +303,25 @@ class Scheduler:
                 self._reselect_beams(req)
             if num_output >= req.output_len:
                 done.append(req)
+        if spec is not None:
+            spec.pending.clear()
         return self.finish(done, now)
+
+    def _complete_verify(self, spec: Speculation, req: Request, num_drafts: int, num_accepted: int) -> bool:
+        """A verify step's outcome: the accepted drafts and one more token (the correction or the bonus),
+        capped at the request's output length; their KV is written, the rejected drafts' slots stay
+        held (the next step overwrites them). True when the request has its last token."""
+        num_accepted = min(num_accepted, num_drafts)
+        emitted = min(num_accepted + 1, req.output_len - req.num_output_tokens)
+        req.num_computed_tokens += emitted
+        req.num_output_tokens += emitted
+        spec.record_verify(num_drafts, num_accepted)
+        if req.num_output_tokens >= req.output_len:
+            return True
+        written = self.alloc.allocate(req.seq_ids[0], req.num_computed_tokens, req.kv_len, req.content)
+        assert written is not None, "the verify step held these slots"
+        spec.num_rejected_slots += num_drafts - num_accepted
+        return False
 
     def finish(self, done: list[Request], now: float) -> list[Request]:
         """Mark requests that produced their last token finished at `now` and free their KV."""
@@ -312,6 +345,13 @@ class Scheduler:
         self._forked.add(req.request_id)
 
     # ------------------------------------------- decode bursts (`kvsim.sched.burst`)
+    @property
+    def allows_bursts(self) -> bool:
+        """False under the priority policy (a later arrival can outrank a blocked head and be admitted:
+        burst condition (b) holds for FCFS admission only) and with speculative decoding (a verify step
+        is not a one-token decode)."""
+        return self.waiting.policy == "fcfs" and self.speculation is None
+
     def schedules_whole_decode_batch(self, num_running: int) -> bool:
         """Whether one step decodes all `num_running` requests (policies with a token budget may not)."""
         return True

@@ -11,9 +11,10 @@ Why a burst equals `k` step-by-step iterations of `schedule` + `complete`
 -------------------------------------------------------------------------
 Let B be the running batch when the burst is planned. Conditions checked (`burst_batch`):
 
-(a) the allocator supports bursts, every request in B is one sequence decoding (its
-    prefill done, its first token sampled), nothing is swapped out, and the policy
-    schedules all of B in one step (v1: |B| ≤ max_num_batched_tokens);
+(a) the allocator supports bursts, the scheduler allows them (`allows_bursts`: FCFS, no
+    speculation), every request in B is one sequence decoding (its prefill done, its first
+    token sampled), nothing is swapped out, and the policy schedules all of B in one step
+    (v1: |B| ≤ max_num_batched_tokens);
 (b) the waiting queue is empty, or its head cannot be admitted now (`waiting_blocked`)
     and the burst registers no block hash in the chain the head's prefix lookup walks
     (`KVAllocator.burst_extends_prefix`);
@@ -87,6 +88,9 @@ class BurstScheduler(Protocol):
     @property
     def swapped(self) -> Sequence[Request]: ...
 
+    @property
+    def allows_bursts(self) -> bool:
+        """False where the policy's steps are not the plain decodes and FCFS admission bursts assume."""
     def schedules_whole_decode_batch(self, num_running: int) -> bool:
         """Whether one step decodes all `num_running` requests (policies with a token budget may not)."""
     def waiting_blocked(self) -> bool:
@@ -108,7 +112,7 @@ def burst_batch(scheduler: BurstScheduler) -> tuple[list[int], int, int, int] | 
     """If conditions (a) and the first half of (b) hold: the running batch's sequence ids, its
     Σ and max context after one more token, and the most steps before a request's last token."""
     running = scheduler.running
-    if (not running or scheduler.swapped or not scheduler.alloc.supports_bursts
+    if (not running or scheduler.swapped or not scheduler.alloc.supports_bursts or not scheduler.allows_bursts
             or not scheduler.schedules_whole_decode_batch(len(running))
             or scheduler.waiting and not scheduler.waiting_blocked()):
         return None

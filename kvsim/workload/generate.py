@@ -10,7 +10,9 @@ Order of construction (each step documented where it happens):
 3. structure: a shared system prompt in front of a fraction of prompts; multi-turn
    conversations whose turn k prompt is every earlier prompt and reply plus a new message;
 4. output lengths capped so that prompt + output ≤ max_model_len (a prompt that alone
-   reaches max_model_len is kept and the scheduler rejects it, with the reason).
+   reaches max_model_len is kept and the scheduler rejects it, with the reason);
+5. priorities: with a class mix, one class per conversation (every turn keeps it), drawn by
+   weight after everything above, so a scenario without a mix draws exactly as before.
 
 Each request's content lists the segments that decide its KV blocks' identities, so prefix
 caching hits exactly where real requests would share tokens.
@@ -129,6 +131,16 @@ def _arrivals(w: Workload, records: Sequence[TraceRecord], rng: np.random.Genera
     return arrival_times(w.arrival, len(records), rng)
 
 
+def _priorities(w: Workload, n: int, turns: int, rng: np.random.Generator) -> np.ndarray | None:
+    """Each conversation's priority, drawn from the class mix by weight (None without a mix)."""
+    if w.priority is None:
+        return None
+    classes = w.priority.classes
+    weights = np.array([c.weight for c in classes], dtype=np.float64)
+    picks = rng.choice(len(classes), size=-(-n // turns), p=weights / weights.sum())
+    return np.array([c.priority for c in classes], dtype=np.int64)[picks]
+
+
 class RequestStream(Iterator[Request]):
     """A run's requests one at a time, in arrival order, built as they are taken; `arrival_s` holds
     every one's arrival instant (ascending) before any is built, so a reader can look ahead for free."""
@@ -170,6 +182,7 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
     # the earliest arrival among requests not yet constructed (inf past the last one)
     later_min = np.append(np.minimum.accumulate(arrival[::-1])[::-1], np.inf) if n else np.array([np.inf])
     num_samples, beam = w.beam_width or w.n, w.beam_width is not None
+    priorities = _priorities(w, n, turns, rng)
 
     def generate() -> Iterator[Request]:
         heap: list[tuple[float, int, int, int, Content]] = []
@@ -197,9 +210,10 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
             heapq.heappush(heap, (float(arrival[index]), index, prompt_len, output_len, content))
             history = [*prompt_segments, out_segment]
             while heap and heap[0][0] <= later_min[index + 1]:
-                arrival_s, _, prompt_len, output_len, content = heapq.heappop(heap)
+                arrival_s, built, prompt_len, output_len, content = heapq.heappop(heap)
                 yield Request(request_id=next_id, arrival_s=arrival_s, prompt_len=prompt_len,
-                              output_len=output_len, content=content, num_samples=num_samples, beam=beam)
+                              output_len=output_len, content=content, num_samples=num_samples, beam=beam,
+                              priority=int(priorities[built // turns]) if priorities is not None else 0)
                 next_id += 1
 
     return RequestStream(np.sort(arrival, kind="stable"), generate())

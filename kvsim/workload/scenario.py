@@ -118,6 +118,31 @@ class MultiTurn(BaseModel):
     think_time_s: float = Field(default=10.0, ge=0)
 
 
+class PriorityClass(BaseModel):
+    """One class of requests: its vLLM `priority` (smaller is served first) and its share of requests."""
+
+    model_config = _STRICT
+    name: str
+    priority: int
+    weight: float = Field(gt=0, description="relative share of conversations in this class")
+
+
+class PriorityMix(BaseModel):
+    """Requests carry a priority drawn from these classes by weight (a conversation keeps its class);
+    `engine.scheduling_policy: priority` makes the scheduler use it."""
+
+    model_config = _STRICT
+    classes: list[PriorityClass] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> PriorityMix:
+        names = [c.name for c in self.classes]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        if duplicate is not None:
+            raise ValueError(f"class name {duplicate!r} appears twice")
+        return self
+
+
 class Trace(BaseModel):
     """A real workload file; see `kvsim.workload.traces` for the formats."""
 
@@ -141,6 +166,7 @@ class Workload(BaseModel):
     n: int = Field(default=1, gt=0, le=256, description="parallel samples per request")
     beam_width: int | None = Field(default=None, gt=1, le=64, description="beam search instead of sampling")
     trace: Trace | None = None
+    priority: PriorityMix | None = None
 
     @model_validator(mode="after")
     def _lengths_known(self) -> Workload:
@@ -227,6 +253,13 @@ class Scenario(BaseModel):
     replicas: int | list[ReplicaGroup] | None = Field(default=None, description="a fleet behind `router`")
     router: Router = Router()
     base_dir: str = Field(default=".", exclude=True)
+
+    @model_validator(mode="after")
+    def _speculation_single_sequence(self) -> Scenario:
+        if self.engine.speculative_config is not None and (self.workload.n > 1 or self.workload.beam_width):
+            raise ValueError("engine.speculative_config speculates for single sequences: give workload.n=1 "
+                             f"and no beam_width (got n={self.workload.n}, beam_width={self.workload.beam_width})")
+        return self
 
     @model_validator(mode="after")
     def _replicas_positive(self) -> Scenario:

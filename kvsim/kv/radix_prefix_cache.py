@@ -1,0 +1,146 @@
+"""SGLang's radix cache behind the prefix-cache seam: `RadixCache` over a vLLM-style block pool.
+
+    pool block = one radix page (page_size = block_size), keyed by its chained content hash
+    a block with references  -> one lock on its page (`RadixCache.inc_lock_ref(node, page)`)
+    a free block in the tree -> evictable; `evict` takes least recently *used* leaves first
+
+Where it differs from the hash chain (`kvsim.kv.prefix_cache.HashChainCache`), for the same hits
+while nothing is evicted:
+
+* eviction order: SGLang's LRU over unlocked leaves, by the last match or insert that touched a
+  node, so a prefix that was looked up (a request waiting for it) or that other conversations
+  extend stays; vLLM's free queue evicts in the order blocks were freed, a request's last block
+  first, whatever was looked up since;
+* granularity: SGLang evicts whole leaf nodes (a run of pages), so an eviction can free more
+  blocks than asked; those are kept here as plain free blocks (`_spare`) and reused first;
+* a sequence whose prefix the tree holds in other blocks (two requests computed the same content
+  at once) caches none of its own blocks past it: a node's blocks must be held by whoever holds
+  its descendants, as in SGLang where a request's KV is the tree's.
+
+Partial-block matches (SGLang with page_size 1) need a pool that shares partial blocks; kvsim's
+paged pool, like vLLM's, shares full blocks only, so pages are blocks here.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Collection, Iterator, Sequence
+
+from kvsim.kv.protocol import PrefixHit
+from kvsim.kv.radix_cache import RadixCache, TreeNode
+from kvsim.workload.content import Content
+
+
+class _Evictable(Collection[int]):
+    """The cache's evictable blocks (spare ones, then the tree's free ones) as one live collection:
+    `len` is O(1); iteration follows the order `RadixPrefixCache.evict` would take them."""
+
+    __slots__ = ("_cache",)
+
+    def __init__(self, cache: RadixPrefixCache) -> None:
+        self._cache = cache
+
+    def __len__(self) -> int:
+        return len(self._cache._spare) + self._cache._num_free_cached
+
+    def __contains__(self, block_id: object) -> bool:
+        """Spare, or in the tree with no lock on its page (no reference)."""
+        if not isinstance(block_id, int):
+            return False
+        where = self._cache.tree.where(block_id)
+        return block_id in self._cache._spare or (where is not None and where[0].page_locks[where[1]] == 0)
+
+    def __iter__(self) -> Iterator[int]:
+        """Spare blocks, then whole LRU leaves (a parent once all its children are gone), as `evict`."""
+        cache = self._cache
+        yield from cache._spare
+        tree = cache.tree
+        heap = [(leaf.last_access, leaf.node_id, leaf) for leaf in tree.evictable_leaves]
+        heapq.heapify(heap)
+        gone: set[int] = set()
+        while heap:
+            _, _, node = heapq.heappop(heap)
+            yield from node.value
+            gone.add(node.node_id)
+            parent = node.parent
+            if parent is not None and parent is not tree.root and parent.lock_ref == 0 \
+                    and all(c.node_id in gone for c in parent.children.values()):
+                heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
+
+
+class RadixPrefixCache:
+    """`kvsim.kv.prefix_cache.PrefixCache` over SGLang's `RadixCache` (see the module docstring)."""
+
+    __slots__ = ("block_size", "tree", "_spare", "_num_free_cached", "evictable")
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.tree = RadixCache(block_size)
+        self._spare: list[int] = []  # evicted with their node beyond what `evict` was asked for: plain, free
+        self._num_free_cached = 0  # blocks in the tree with no reference
+        self.evictable = _Evictable(self)  # `PrefixCache.evictable`: its len, and eviction order
+
+    def match(self, content: Content, num_tokens: int) -> PrefixHit:
+        """SGLang's `match_prefix` on the full blocks before the last token (it splits the node the
+        match ends in and refreshes the access time of the path, as SGLang's does)."""
+        keys = content.block_hashes(self.block_size, (num_tokens - 1) // self.block_size)
+        values = self.tree.match_prefix(keys).values
+        return PrefixHit(len(values) * self.block_size, tuple(values))
+
+    def insert(self, content: Content, block_table: Sequence[int], first_block: int, num_full_blocks: int) -> None:
+        keys = content.block_hashes(self.block_size, num_full_blocks)
+        cached = self.tree.match_prefix(keys).values
+        if list(block_table[:len(cached)]) != cached:
+            return  # the tree holds this prefix in other blocks: this sequence's stay plain
+        start = self.tree.insert(keys, block_table[:num_full_blocks])
+        for block_id in block_table[start:num_full_blocks]:  # in use: each holds a lock on its page
+            where = self.tree.where(block_id)
+            assert where is not None
+            self.tree.inc_lock_ref(*where)
+
+    def lock(self, block_id: int) -> bool:
+        where = self.tree.where(block_id)
+        if where is None:
+            return False
+        self.tree.inc_lock_ref(*where)
+        self._num_free_cached -= 1
+        return True
+
+    def unlock(self, block_ids: list[int]) -> list[int]:
+        plain = []
+        for block_id in block_ids:
+            where = self.tree.where(block_id)
+            if where is None:
+                plain.append(block_id)
+            else:
+                self.tree.dec_lock_ref(*where)
+                self._num_free_cached += 1
+        return plain
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Spare blocks first, then SGLang's eviction of whole LRU leaves; what it frees beyond
+        `num_blocks` becomes spare."""
+        if len(self._spare) < num_blocks:
+            freed = self.tree.evict((num_blocks - len(self._spare)) * self.block_size)
+            self._num_free_cached -= len(freed)
+            self._spare.extend(freed)
+        assert len(self._spare) >= num_blocks, "asked to evict more than is evictable"
+        taken, self._spare = self._spare[:num_blocks], self._spare[num_blocks:]
+        return taken
+
+    def check_invariants(self, ref_counts: Sequence[int]) -> None:
+        """The tree balances; each block in it holds one lock per reference state (1 if in use);
+        its free blocks are exactly the evictable ones; spare blocks are free and outside it."""
+        self.tree.check_invariants()
+        free_cached = 0
+        stack: list[TreeNode] = list(self.tree.root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            for block_id, locks in zip(node.value, node.page_locks, strict=True):
+                assert locks == (1 if ref_counts[block_id] else 0), f"block {block_id}: {locks} locks"
+                free_cached += not ref_counts[block_id]
+        assert free_cached == self._num_free_cached, "free cached count drifted"
+        assert free_cached * self.block_size == self.tree.evictable_size, "a free block is protected"
+        for block_id in self._spare:
+            assert ref_counts[block_id] == 0 and self.tree.where(block_id) is None

@@ -1,0 +1,167 @@
+"""How many of K drafted tokens the target model accepts in one verify step: the acceptance model.
+
+Each decode step of a speculating sequence verifies K + 1 tokens (the last accepted token and K
+drafts). Verification walks the drafts in order and stops at the first rejection; the target then
+emits one more token of its own (the correction after a rejection, or the bonus token after K
+acceptances). So a step that accepts `a` drafts emits a + 1 tokens, 1 ≤ a + 1 ≤ K + 1:
+
+    drafts      d1   d2   d3          K = 3, conditional rates c = (c1, c2, c3)
+    accepted?   yes  yes  no          P = c1 · c2 · (1 − c3)
+    emitted     d1   d2   t3          a = 2 drafts accepted, 3 tokens this step
+
+`AcceptanceModel` holds the conditional rates c_i = P(draft i accepted | drafts < i accepted)
+whatever form the user gave (`kvsim.model.speculative_config` lists them); `sample` draws the
+accepted count of each sequence from the run's seeded generator, and draws nothing when every rate
+is 0 or 1 (a fixed acceptance: vLLM's synthetic sampler with an integer acceptance length), so
+such runs consume no random numbers. Pure Python and numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from kvsim.model.speculative_config import SpeculativeConfig
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceModel:
+    """Per-position conditional acceptance rates, one per draft (`len(conditional_rates)` = K)."""
+
+    conditional_rates: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        assert self.conditional_rates and all(0.0 <= c <= 1.0 for c in self.conditional_rates)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return len(self.conditional_rates)
+
+    @property
+    def unconditional_rates(self) -> tuple[float, ...]:
+        """p_i = P(drafts 1..i all accepted) = c_1 · … · c_i (vLLM's synthetic_acceptance_rates)."""
+        return tuple(float(p) for p in np.cumprod(self.conditional_rates))
+
+    @property
+    def mean_accepted_drafts(self) -> float:
+        """E[a] = Σ_i p_i: the expected number of drafts accepted per step."""
+        return float(sum(self.unconditional_rates))
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """E[a] + 1: tokens emitted per verify step (vLLM's mean acceptance length)."""
+        return 1.0 + self.mean_accepted_drafts
+
+    @property
+    def is_fixed(self) -> bool:
+        """Every rate is 0 or 1: each step accepts the same number of drafts, no random draw."""
+        return all(c in (0.0, 1.0) for c in self.conditional_rates)
+
+    def sample(self, rng: np.random.Generator, num_seqs: int) -> np.ndarray:
+        """Drafts accepted by each of `num_seqs` sequences this step (ints in [0, K]).
+
+        One uniform per sequence and position, row by row: sequence s accepts draft i while
+        u[s, i] < c_i for every earlier i (a fixed model draws nothing).
+        """
+        if self.is_fixed:
+            accepted = 0
+            while accepted < len(self.conditional_rates) and self.conditional_rates[accepted] == 1.0:
+                accepted += 1
+            return np.full(num_seqs, accepted, dtype=np.int64)
+        draws = rng.random((num_seqs, len(self.conditional_rates)))
+        ok = draws < np.asarray(self.conditional_rates)
+        return np.cumprod(ok, axis=1).sum(axis=1).astype(np.int64)
+
+
+def acceptance_model(config: SpeculativeConfig) -> AcceptanceModel:
+    """The conditional rates of whichever acceptance form `config` gives (exactly one is set)."""
+    k = config.num_speculative_tokens
+    if config.acceptance_rates is not None:
+        rates = config.acceptance_rates
+        conditional = (float(rates),) * k if isinstance(rates, (int, float)) else tuple(rates) * (k // len(rates))
+        return AcceptanceModel(conditional)
+    if config.acceptance_length is not None:
+        return AcceptanceModel((constant_rate_for_length(config.acceptance_length, k),) * k)
+    if config.synthetic_acceptance_rates is not None:
+        return AcceptanceModel(conditional_from_unconditional(config.synthetic_acceptance_rates))
+    assert config.synthetic_acceptance_length is not None
+    return AcceptanceModel(conditional_from_unconditional(
+        min_variance_schedule(config.synthetic_acceptance_length, k)))
+
+
+def min_variance_schedule(length: float, k: int) -> tuple[float, ...]:
+    """vLLM's `_acceptance_length_to_rates`: unconditional rates [1]·⌊L−1⌋ + [frac(L−1)] + [0]·…,
+    the least-variance way to accept L − 1 drafts a step on average."""
+    drafts = length - 1.0
+    full = min(int(drafts), k)
+    rates = [1.0] * full + ([drafts - full] if full < k else [])
+    return tuple(rates + [0.0] * (k - len(rates)))
+
+
+def conditional_from_unconditional(unconditional: tuple[float, ...]) -> tuple[float, ...]:
+    """c_i = p_i / p_{i−1} (p_0 = 1; 0 once a p is 0), vLLM's `unconditional_to_conditional_rates`."""
+    previous = (1.0, *unconditional[:-1])
+    return tuple(p / q if q > 0.0 else 0.0 for p, q in zip(unconditional, previous, strict=True))
+
+
+def constant_rate_for_length(length: float, k: int) -> float:
+    """α with (1 − α^(K+1)) / (1 − α) = L: i.i.d. acceptance of mean length L (bisection; the
+    left side grows with α from 1 at α = 0 to K + 1 at α = 1)."""
+    assert 1.0 <= length <= k + 1
+    low, high = 0.0, 1.0
+    for _ in range(100):  # 2^-100: exact to double precision
+        mid = (low + high) / 2
+        if sum(mid**i for i in range(k + 1)) < length:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+@dataclass(slots=True)
+class Speculation:
+    """One engine's speculative decoding: its acceptance model, lookahead and run-long counters.
+
+    `num_lookahead_slots` is vLLM's `num_lookahead_tokens`: K for EAGLE and draft models (the
+    drafter writes its drafts' KV in the target's blocks), 0 for n-gram (vllm/v1/core/sched/
+    scheduler.py). Counters follow vLLM's `vllm:spec_decode_*` metrics: `num_drafts` verify steps
+    with at least one draft, `num_draft_tokens` drafts verified, `num_accepted_tokens` accepted.
+    `rejected_slot_s` integrates, over time, the slots holding drafts the last verify rejected
+    (held until the next step overwrites them); `pending` maps each request verifying drafts in
+    the step being planned to its number of drafts.
+    """
+
+    model: AcceptanceModel
+    num_lookahead_slots: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_rejected_slots: int = 0
+    rejected_slot_s: float = 0.0
+    last_complete_s: float = 0.0
+    pending: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.model.num_speculative_tokens
+
+    def verify_outcomes(self, rng: np.random.Generator, now: float) -> np.ndarray:
+        """Drafts accepted by each request of `pending` (in its order) in the step ending at `now`;
+        the slots the previous step's rejected drafts held are integrated up to `now` and start over."""
+        self.rejected_slot_s += self.num_rejected_slots * (now - self.last_complete_s)
+        self.last_complete_s, self.num_rejected_slots = now, 0
+        return self.model.sample(rng, len(self.pending))
+
+    def record_verify(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_drafts += num_drafts > 0
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+
+
+def make_speculation(config: SpeculativeConfig) -> Speculation:
+    """The runtime state of `config` (vLLM's lookahead: K for EAGLE and draft models, 0 for n-gram)."""
+    lookahead = 0 if config.method == "ngram" else config.num_speculative_tokens
+    return Speculation(acceptance_model(config), lookahead)

@@ -1,0 +1,98 @@
+"""SGLang's radix cache behind the prefix-cache seam, against vLLM's hash chain: same hits while nothing is
+evicted, the expected difference when something is."""
+
+import pytest
+
+import kvsim
+from kvsim.kv import PagedAllocator, SegmentContent
+from kvsim.kv.prefix_cache import HashChainCache
+from kvsim.kv.radix_prefix_cache import RadixPrefixCache
+from kvsim.model.errors import KvsimError
+
+BS = 4
+
+
+def allocator(kind):
+    cache = RadixPrefixCache(7, BS) if kind == "radix" else HashChainCache(7, BS)
+    return PagedAllocator(7, BS, prefix_cache=cache)  # blocks 1..6 usable (0 is the null block)
+
+
+@pytest.mark.parametrize("kind", ["hash_chain", "radix"])
+def test_the_same_hits_while_nothing_is_evicted(kind):
+    alloc = allocator(kind)
+    a = SegmentContent([("sys", 8), ("a", 5)])
+    alloc.allocate(1, 12, 13, a)  # 3 full blocks: 1, 2, 3
+    b = SegmentContent([("sys", 8), ("b", 5)])
+    hit = alloc.lookup_prefix(b, 13)
+    assert hit.num_tokens == 8 and hit.block_ids == (1, 2)  # the shared system prompt's two blocks
+    alloc.allocate(2, 12, 13, b, hit)
+    alloc.free(1)
+    alloc.check_invariants()
+    assert alloc.lookup_prefix(a, 13).block_ids == (1, 2, 3)  # a's own block stays cached while free
+    alloc.free(2)
+    alloc.check_invariants()
+
+
+@pytest.mark.parametrize(("kind", "a_hit", "b_hit"), [("hash_chain", 0, 8), ("radix", 8, 0)])
+def test_eviction_order_differs_lru_by_use_against_order_freed(kind, a_hit, b_hit):
+    # A and B each cache 2 full blocks (A: 1, 2; B: 3, 4), A is freed before B, then A's prefix is looked
+    # up (a request waiting for it). C needs 4 blocks: the 2 plain ones (5, 6), then 2 evicted.
+    #   hash chain (vLLM's free queue): the first freed go first, A's last block first: 2, 1 -> A's prefix lost;
+    #   radix (SGLang's LRU leaves): B's node was used least recently (A's lookup touched A's) -> 3, 4 go.
+    alloc = allocator(kind)
+    a, b = SegmentContent([("a", 9)]), SegmentContent([("b", 9)])
+    alloc.allocate(1, 8, 9, a)
+    alloc.allocate(2, 8, 9, b)
+    assert alloc.seqs[1].block_table == [1, 2] and alloc.seqs[2].block_table == [3, 4]
+    alloc.free(1)
+    alloc.free(2)
+    assert alloc.lookup_prefix(a, 9).num_tokens == 8
+    alloc.allocate(3, 16, 16, SegmentContent([("c", 16)]))
+    evicted = sorted(alloc.seqs[3].block_table[2:])
+    assert evicted == ([1, 2] if kind == "hash_chain" else [3, 4])
+    assert alloc.lookup_prefix(a, 9).num_tokens == a_hit
+    assert alloc.lookup_prefix(b, 9).num_tokens == b_hit
+    alloc.check_invariants()
+
+
+def test_radix_evicts_whole_leaves_and_keeps_the_extra_blocks_as_spare():
+    alloc = allocator("radix")
+    alloc.allocate(1, 12, 13, SegmentContent([("x", 13)]))  # one leaf of 3 blocks: 1, 2, 3
+    alloc.free(1)
+    alloc.allocate(2, 16, 16, SegmentContent([("y", 16)]))  # 4 blocks: plain 4, 5, 6, then 1 evicted
+    cache = alloc.prefix_cache
+    assert isinstance(cache, RadixPrefixCache)
+    # SGLang frees the whole node [1, 2, 3]: block 1 is used, 2 and 3 are free without content
+    assert sorted(alloc.seqs[2].block_table) == [1, 4, 5, 6] and sorted(cache._spare) == [2, 3]
+    assert alloc.lookup_prefix(SegmentContent([("x", 13)]), 13).num_tokens == 0
+    assert alloc.pool.num_free_blocks == 2 and list(cache.evictable) == cache._spare and 2 in cache.evictable
+    alloc.check_invariants()
+
+
+MULTI_TURN = {"workload": {"num_requests": 120, "arrival": {"process": "poisson", "rate": 4},
+                           "prompt_len": {"dist": "uniform", "low": 50, "high": 400},
+                           "output_len": {"dist": "uniform", "low": 20, "high": 200},
+                           "shared_prefix": {"tokens": 600, "fraction": 0.8, "num_prefixes": 3},
+                           "multi_turn": {"turns": 4, "think_time_s": 2.0}}}
+
+
+def test_radix_and_hash_chain_give_identical_runs_when_nothing_is_evicted():
+    hash_chain = kvsim.simulate(MULTI_TURN, check=True)
+    radix = kvsim.simulate(MULTI_TURN, check=True, engine__prefix_cache="radix")
+    assert radix.summary["prefix_cache_hit_rate"] > 0.3
+    assert {k: v for k, v in radix.summary.items() if k != "num_steps"} == \
+        {k: v for k, v in hash_chain.summary.items() if k != "num_steps"}
+    assert radix.requests.equals(hash_chain.requests)
+
+
+def test_radix_under_memory_pressure_keeps_its_books_and_reports_hits():
+    tight = {**MULTI_TURN, "engine": {"num_gpu_blocks_override": 300, "max_model_len": 4096}}
+    radix = kvsim.simulate(tight, check=True, engine__prefix_cache="radix").summary
+    hash_chain = kvsim.simulate(tight, check=True).summary
+    assert radix["num_finished"] == hash_chain["num_finished"] == 120
+    assert 0 < radix["prefix_cache_hit_rate"] < 1 and 0 < hash_chain["prefix_cache_hit_rate"] < 1
+
+
+def test_radix_needs_the_paged_allocator():
+    with pytest.raises(KvsimError, match="prefix_cache=radix needs allocator paged"):
+        kvsim.simulate(None, engine__allocator="slab-max", engine__prefix_cache="radix")

@@ -1,0 +1,173 @@
+"""Speculative decoding in the v1 scheduler: steps, held slots and capacity worked out by hand."""
+
+import math
+
+import pytest
+
+import kvsim
+from kvsim.kv import PagedAllocator
+from kvsim.latency.speculative import SpeculativeLatency, eagle_head
+from kvsim.latency.step_plan import StepPlan
+from kvsim.model.config import load_model
+from kvsim.model.errors import KvsimError
+from kvsim.model.speculative_config import SpeculativeConfig
+from kvsim.sched import SchedulerLimits, make_scheduler
+from kvsim.sched.speculative import make_speculation
+from tests.conftest import make_request
+
+
+def world(method, num_blocks, block_size, k=3, length=3.0, max_num_seqs=16):
+    """K = 3 drafts, vLLM's synthetic sampler with length 3: exactly 2 drafts accepted every step."""
+    config = SpeculativeConfig(method=method, num_speculative_tokens=k, synthetic_acceptance_length=length)
+    alloc = PagedAllocator(num_blocks, block_size, enable_caching=False)
+    return make_scheduler("v1", alloc, SchedulerLimits(max_num_seqs, 256, 512), speculation=make_speculation(config))
+
+
+def run_steps(sched, now=0.0):
+    """Step until idle; returns (tokens scheduled per step, blocks held by sequence 0 after each step)."""
+    steps, held = [], []
+    while sched.has_work:
+        plan = sched.schedule(now)
+        steps.append([n for _, n in plan.scheduled])
+        now += 1.0
+        sched.complete(plan, now)
+        sched.alloc.check_invariants()
+        seq = sched.alloc.seqs.get(0)
+        held.append(None if seq is None else (len(seq.block_table), seq.num_tokens))
+    return steps, held
+
+
+def test_k3_fixed_acceptance_2_finishes_in_ceil_output_over_3_steps_holding_the_slots_worked_out():
+    # prompt 5, output 10, blocks of 4 tokens, n-gram (no lookahead). Step 1 prefills 5 tokens and samples
+    # token 1. Each later step verifies the last token + 3 drafts (4 tokens), accepts 2, emits 3:
+    # outputs 1 -> 4 -> 7 -> 10, so 1 + ceil(9 / 3) = 4 steps = ceil(10 / 3).
+    # Slots: step 2 holds past 5 + 4 verified = 9 slots -> 3 blocks, writes 5 + 3 = 8 (slot 8: a rejected draft);
+    # step 3 holds 8 + 4 = 12 -> 3 blocks, writes 11; step 4 would hold 15 -> 4 blocks, and finishes.
+    sched = world("ngram", num_blocks=11, block_size=4)
+    sched.add(make_request(0, 0.0, 5, 10))
+    steps, held = run_steps(sched)
+    assert steps == [[5], [4], [4], [4]] and len(steps) == math.ceil(10 / 3)
+    assert held == [(2, 5), (3, 8), (3, 11), None]
+    spec = sched.speculation
+    assert (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens) == (3, 9, 6)
+    record = sched.records.columns()
+    assert record["output_tokens"][0] == 10
+
+
+def test_eagle_lookahead_holds_k_more_slots():
+    # EAGLE reserves num_lookahead_tokens = K = 3 more: step 2 holds 5 + 4 + 3 = 12 -> 3 blocks,
+    # step 3 holds 8 + 7 = 15 -> 4 blocks (written 11), step 4 would hold 18 and finishes.
+    sched = world("eagle", num_blocks=11, block_size=4)
+    sched.add(make_request(0, 0.0, 5, 10))
+    _, held = run_steps(sched)
+    assert held == [(2, 5), (3, 8), (4, 11), None]
+
+
+def test_an_output_not_a_multiple_finishes_one_step_earlier_and_caps_the_last_step():
+    # output 9: tokens 1 -> 4 -> 7 -> 9 (the last step emits only the 2 still needed): 1 + ceil(8 / 3) = 4
+    sched = world("ngram", num_blocks=11, block_size=4)
+    sched.add(make_request(0, 0.0, 5, 9))
+    steps, _ = run_steps(sched)
+    assert len(steps) == 1 + math.ceil((9 - 1) / 3)
+    assert sched.speculation.num_accepted_tokens == 2 + 2 + 2
+
+
+@pytest.mark.parametrize(("method", "expected"), [(None, 6), ("ngram", 6), ("eagle", 4)])
+def test_kv_reserved_for_drafts_cuts_the_sequences_a_pool_fits(method, expected):
+    # 12 usable blocks of 16. Six requests of prompt 28, output 3, all admitted (2 blocks each: prompts are
+    # admitted without lookahead, as vLLM's scheduler does for a fresh prefill). At the first decode:
+    #   no speculation: 29 slots -> 2 blocks each: all 6 keep running;
+    #   n-gram K = 3:   28 + 4 verified = 32 slots -> 2 blocks: still 6;
+    #   EAGLE K = 3:    28 + 4 + 3 lookahead = 35 slots -> 3 blocks: floor(12 / 3) = 4 run, 2 are preempted.
+    if method is None:
+        alloc = PagedAllocator(13, 16, enable_caching=False)
+        sched = make_scheduler("v1", alloc, SchedulerLimits(16, 256, 512))
+    else:
+        sched = world(method, num_blocks=13, block_size=16)
+    for rid in range(6):
+        sched.add(make_request(rid, 0.0, 28, 3))
+    plan = sched.schedule(0.0)
+    assert len(plan.scheduled) == 6 and sched.alloc.pool.num_free_blocks == 0
+    sched.complete(plan, 1.0)
+    plan = sched.schedule(1.0)
+    assert len(sched.running) == expected == 12 // math.ceil({None: 29, "ngram": 32, "eagle": 35}[method] / 16)
+    assert len(plan.preempted) == 6 - expected
+    sched.complete(plan, 2.0)
+    sched.alloc.check_invariants()
+
+
+def test_drafter_cost_is_k_passes_of_the_head_or_draft_model_and_nothing_for_ngram():
+    class Fixed:
+        name = "fixed"
+
+        def step_time(self, plan):
+            return 1.0 + plan.num_decode_seqs
+
+    plan = StepPlan()
+    plan.num_spec_decode_seqs, plan.sum_spec_context_tokens, plan.max_context_tokens = 2, 200, 120
+    assert SpeculativeLatency(Fixed(), None, 3, "ngram").step_time(plan) == 1.0
+    assert SpeculativeLatency(Fixed(), Fixed(), 3, "eagle").step_time(plan) == 1.0 + 3 * (1.0 + 2)
+    head = eagle_head(load_model("llama-3.1-8b"))
+    assert head.num_layers == 1 and head.hidden_size == 4096 and head.vocab_size == 128256
+
+
+def test_speculation_end_to_end_is_deterministic_and_reports_vllm_spec_metrics():
+    config = {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rates": [0.9, 0.8, 0.7]}
+    first = kvsim.simulate(None, check=True, workload__num_requests=30, engine__speculative_config=config)
+    again = kvsim.simulate(None, workload__num_requests=30, engine__speculative_config=config)
+    spec = first.summary["spec_decode"]
+    assert spec == again.summary["spec_decode"] and first.summary["tpot_s"] == again.summary["tpot_s"]
+    # 1 + 0.9 + 0.9·0.8 + 0.9·0.8·0.7 = 3.124 tokens a step in expectation
+    assert spec["mean_acceptance_length"] == pytest.approx(3.124, abs=0.05)
+    assert spec["num_accepted_tokens"] <= spec["num_draft_tokens"] <= 3 * spec["num_drafts"]
+    assert first.summary["latency_model"] == "roofline+eagle"
+    plain = kvsim.simulate(None, workload__num_requests=30).summary
+    assert first.summary["tpot_s"]["mean"] < plain["tpot_s"]["mean"]
+
+
+def test_bad_speculation_setups_are_one_line():
+    config = {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": 0.5}
+    with pytest.raises(KvsimError, match="speculates for single sequences"):
+        kvsim.simulate(None, workload__n=2, engine__speculative_config=config)
+    with pytest.raises(KvsimError, match="needs the paged allocator"):
+        kvsim.simulate(None, engine__allocator="slab-max", engine__speculative_config=config)
+
+
+def test_cli_takes_vllms_flags_and_refuses_bad_values_in_one_line(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "ok"
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 2, "synthetic_acceptance_length": 3})
+    result = runner.invoke(app, ["run", "--set", "workload.num_requests=10", "--speculative-config", spec,
+                                 "--scheduling-policy", "priority", "-o", str(out), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["spec_decode"]["mean_acceptance_length"] == 3.0
+    for bad, needle in [('{"method": "ngram", "num_speculative_tokens": 0, "acceptance_rates": 0.5}',
+                         "engine.speculative_config.num_speculative_tokens=0"),
+                        ('{"method": "medusa", "num_speculative_tokens": 2, "acceptance_rates": 0.5}',
+                         "engine.speculative_config.method='medusa'"),
+                        ('{"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": 1.2}',
+                         "acceptance_rates=1.2")]:
+        target = tmp_path / "bad"
+        result = runner.invoke(app, ["run", "--speculative-config", bad, "-o", str(target)])
+        assert result.exit_code == 2 and needle in result.stderr, result.output
+        assert len(result.stderr.strip().splitlines()) == 1 and not target.exists()
+    result = runner.invoke(app, ["run", "--scheduling-policy", "sjf", "-o", str(tmp_path / "bad2")])
+    assert result.exit_code == 2 and "engine.scheduling_policy='sjf'" in result.stderr
+
+
+def test_spec_and_priority_summary_keys_are_documented():
+    from tests.test_summary_keys import documented_keys
+
+    mix = {"classes": [{"name": "a", "priority": 0, "weight": 1}, {"name": "b", "priority": 1, "weight": 1}]}
+    config = {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": 0.5}
+    summary = kvsim.simulate(None, workload__num_requests=20, workload__priority=mix,
+                             engine__scheduling_policy="priority", engine__speculative_config=config).summary
+    assert {"spec_decode", "by_priority"} <= set(summary)
+    assert set(summary) - documented_keys() == set()
