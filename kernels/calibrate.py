@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import csv
 import datetime
+import hashlib
+import os
 import platform
+import subprocess
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
@@ -88,6 +91,7 @@ def measure(shapes: LayerShapes, grid: Grid, gpu_name: str, output: Path, device
         if kind in ("decode", "prefill"):
             bs = int(point["block_size"])
             if bs not in pools:
+                pools.clear()  # points come block size by block size: free the last pool before the next
                 longest = max(max(grid.batches) * max(grid.contexts),
                               max(grid.prefill_query_lens) + max(grid.prefill_cached_lens))
                 pools[bs] = _KVPool(shapes, bs, longest, device, max_kv_bytes)
@@ -108,7 +112,7 @@ def measure(shapes: LayerShapes, grid: Grid, gpu_name: str, output: Path, device
                 row["flops"] = 4 * qlen * (ctx - qlen + (qlen + 1) / 2) * shapes.num_heads * shapes.head_dim
             row["bytes"] = batch * ctx * pool.bytes_per_token
             row.update(num_heads=shapes.num_heads, num_kv_heads=shapes.num_kv_heads, head_dim=shapes.head_dim,
-                       dtype=shapes.kv_dtype if shapes.kv_dtype == "fp8" else shapes.dtype)
+                       dtype=shapes.kv_cache_dtype)
         elif kind == "gemm":
             t, k, n = int(point["num_tokens"]), int(point["k"]), int(point["n"])
             x = torch.randn(t, k, device=device).to(act)
@@ -128,12 +132,52 @@ def measure(shapes: LayerShapes, grid: Grid, gpu_name: str, output: Path, device
 
 
 def _metadata(gpu_name: str, shapes: LayerShapes, grid: Grid, device: str) -> dict[str, str]:
+    """What the profile was measured with: model, shapes, TP, KV dtype, block sizes, device, driver,
+    library versions and the kernels' code (git commit and a hash of the sources)."""
     name = torch.cuda.get_device_name() if device == "cuda" else f"{platform.processor() or 'cpu'} (interpreter)"
     return {
-        "gpu": gpu_name, "device_name": name, "torch": torch.__version__, "triton": triton.__version__,
+        "gpu": gpu_name, "device_name": name, "driver": _driver_version(), "cuda": str(torch.version.cuda),
+        "torch": torch.__version__, "triton": triton.__version__,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "model": shapes.model, "tensor_parallel_size": str(shapes.tensor_parallel_size),
+        "kv_cache_dtype": shapes.kv_cache_dtype, "block_sizes": ",".join(map(str, grid.block_sizes)),
+        "kernels_commit": kernels_commit(), "kernels_source_sha256": kernels_source_hash(),
         "shapes": str(asdict(shapes)), "grid": str(asdict(grid)),
     }
+
+
+def _driver_version() -> str:
+    try:
+        found = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (no nvidia-smi)"
+    return found.stdout.strip().splitlines()[0] if found.returncode == 0 and found.stdout.strip() else "unknown"
+
+
+def kernels_commit() -> str:
+    """The git commit the kernels came from: KVSIM_KERNELS_COMMIT when set (a copied tree has no .git),
+    else `git rev-parse HEAD` with `-dirty` when kernels/ has changes, else 'unknown'."""
+    if os.environ.get("KVSIM_KERNELS_COMMIT"):
+        return os.environ["KVSIM_KERNELS_COMMIT"]
+    here = Path(__file__).parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=here, capture_output=True, text=True,
+                               timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def kernels_source_hash() -> str:
+    """sha256 of kernels/*.py (names and contents, sorted): identifies the code even without git."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def write_profile(output: Path, rows: list[dict[str, Any]], meta: dict[str, str]) -> Path:

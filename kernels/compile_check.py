@@ -2,12 +2,18 @@
 
 The interpreter tests check the arithmetic; this checks that Triton's real compiler accepts every
 kernel for every KV dtype (fp8 included) on sm_90 (H100/H200), so a GPU session does not open
-with a compile error, and reports what each compiled kernel uses: registers and the stack frame,
-where spilled registers go (`cuobjdump --dump-resource-usage` on the cubin; Triton's own
-`n_spills` needs a GPU to load the kernel). Decode and prefill are also compiled at the largest
-block size with head_dim 128, where whole-block tiles once spilled. Must run without
-TRITON_INTERPRET. Exit 0 and one line per kernel on success; exit 3 when this Triton cannot
-compile ahead of time (no AOT API or no ptxas).
+with a compile error, and reports per kernel, one line each:
+
+    _decode_kernel *fp16 d=128 bs=16 tile=32 m=- split=False warps=4 sm_90: 100811 bytes of PTX,
+        168 registers, 0 bytes of stack, 3 async copies
+
+registers and the stack frame, where spilled registers go (`cuobjdump --dump-resource-usage`
+on the cubin, shipped in Triton's wheel; Triton's own `n_spills` needs a GPU to load the
+kernel), and the `cp.async` instructions in the PTX, which the software-pipelined loops of
+decode and prefill issue (none means the loads stayed synchronous). Decode and prefill compile
+at the smallest and largest block size and with a padded head_dim, with the constexprs and
+warps the wrappers launch (their `*_meta`). Must run without TRITON_INTERPRET. Exit 0 on
+success; exit 3 when this Triton cannot compile ahead of time (no AOT API or no ptxas).
 """
 
 from __future__ import annotations
@@ -29,28 +35,34 @@ POINTERS = {"out_ptr": "*fp16", "part_out_ptr": "*fp32", "part_m_ptr": "*fp32", 
 KV_TYPES = ("*fp16", "*bf16", "*fp8e4nv")
 
 
-def cases(pa: Any) -> list[tuple[Any, str, dict[str, Any]]]:
-    """(kernel, KV pointer type, constexprs and options): every kernel at block size 16, decode and prefill
-    also at 128, with the warps the wrappers launch."""
-    out = []
+def cases() -> list[tuple[Any, str, dict[str, Any]]]:
+    """(kernel, KV pointer type, constexprs and launch options): the wrappers' own `*_meta`, Llama's
+    head shape (head_dim 128, 4 query heads per KV head) at the smallest and largest block size for
+    every KV dtype, head_dim 80 (padded to 128) for fp16, one and several decode splits."""
+    from kernels import cache_write, decode, prefill
+
+    out: list[tuple[Any, str, dict[str, Any]]] = []
     for kv in KV_TYPES:
         fp8 = kv == "*fp8e4nv"
-        block_sizes = (16, 128) if kv != "*bf16" else (16,)
-        for bs in block_sizes:
-            out += [(pa._decode_kernel, kv, {"QUERY_GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "BLOCK_SIZE": bs,
-                                             "TILE": min(bs, pa.DECODE_TILE), "NUM_SPLITS": splits, "IS_FP8": fp8,
-                                             "DOT_FP32": False}) for splits in ((1, 4) if bs == 16 else (1,))]
-            out.append((pa._prefill_kernel, kv, {"QUERY_GROUP": 4, "HEAD_DIM": 128, "BLOCK_SIZE": bs,
-                                                 "TILE": min(bs, pa.PREFILL_TILE), "BLOCK_M": 16, "IS_FP8": fp8,
-                                                 "DOT_FP32": False,
-                                                 "num_warps": pa.prefill_num_warps(min(bs, pa.PREFILL_TILE), fp8)}))
-        out += [
-            # an fp8 cache is written through a uint8 view (see write_kv_cache)
-            (pa._write_kv_kernel, "*u8" if fp8 else kv, {"HEAD_DIM": 128, "BLOCK_SIZE": 16, "HEADS_PAD": 8,
-                                                         "IS_FP8": fp8}),
-            (pa._reduce_splits_kernel, kv, {"HEAD_DIM": 128, "NUM_SPLITS": 4, "SPLITS_PAD": 4}),
-        ]
+        shapes = [(128, 16), (128, 128)] + {"*fp16": [(80, 32)], "*fp8e4nv": [(96, 64)]}.get(kv, [])
+        for head_dim, bs in shapes:
+            out += [(decode._decode_kernel, kv, decode.decode_meta(4, head_dim, bs, fp8, split))
+                    for split in (False, True)]
+            out.append((prefill._prefill_kernel, kv, prefill.prefill_meta(4, head_dim, bs, fp8)))
+        # an fp8 cache is written through a uint8 view (see write_kv_cache)
+        out.append((cache_write._write_kv_kernel, "*u8" if fp8 else kv, cache_write.write_meta(8, 128, 16, fp8)))
+        out.append((decode._reduce_splits_kernel, kv, {"HEAD_DIM": 128, "HEAD_DIM_PAD": 128, "TILE": decode.DECODE_TILE,
+                                                       "SPLITS_PAD": 4}))
     return out
+
+
+SHAPE_FIELDS = (("d", "HEAD_DIM"), ("bs", "BLOCK_SIZE"), ("tile", "TILE"), ("m", "BLOCK_M"), ("split", "SPLIT"))
+
+
+def async_copies(asm: dict[str, Any]) -> int:
+    """Asynchronous global-to-shared copy instructions in the PTX (`cp.async`, including TMA's
+    `cp.async.bulk`): what a software-pipelined loop issues on sm_80+; 0 when loads stayed synchronous."""
+    return len(re.findall(r"^\s*(?:@%p\d+\s+)?cp\.async\.(?!wait|commit)", asm["ptx"], re.MULTILINE))
 
 
 def resource_usage(cubin: bytes) -> str:
@@ -74,25 +86,27 @@ def main(capability: int = 90) -> int:
     except ImportError:
         print("compile_check: this Triton has no ahead-of-time compile API", file=sys.stderr)
         return 3
-    from kernels import paged_attention as pa
-
     target = GPUTarget("cuda", capability, 32)
-    for fn, kv, constexprs in cases(pa):
+    for fn, kv, constexprs in cases():
         options = {"num_warps": constexprs.pop("num_warps", 4)}
         types = {**POINTERS, "k_cache_ptr": kv, "v_cache_ptr": kv}
         signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
         try:
-            compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target,
-                                      options=options)
+            source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        except TypeError as error:  # before Triton 3.2 ASTSource took `constants`, keyed by index
+            print(f"compile_check: Triton {triton.__version__}'s ASTSource differs ({error})", file=sys.stderr)
+            return 3
+        try:
+            compiled = triton.compile(source, target=target, options=options)
         except (RuntimeError, FileNotFoundError) as error:
             if "ptxas" in str(error):
                 print(f"compile_check: no ptxas ({error})", file=sys.stderr)
                 return 3
             raise
-        shape = (f"bs={constexprs.get('BLOCK_SIZE', '-')} tile={constexprs.get('TILE', '-')} "
-                 f"warps={options['num_warps']}")
-        print(f"{fn.__name__} {kv} {shape} sm_{capability}: {len(compiled.asm['ptx'])} bytes of PTX, "
-              f"{resource_usage(compiled.asm['cubin'])}", flush=True)
+        shape = " ".join(f"{key}={constexprs.get(name, '-')}" for key, name in SHAPE_FIELDS)
+        print(f"{fn.__name__} {kv} {shape} warps={options['num_warps']} sm_{capability}: "
+              f"{len(compiled.asm['ptx'])} bytes of PTX, {resource_usage(compiled.asm['cubin'])}, "
+              f"{async_copies(compiled.asm)} async copies", flush=True)
     return 0
 
 

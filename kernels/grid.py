@@ -23,6 +23,13 @@ class LayerShapes:
     gated_mlp: bool
     dtype: str  # weight / activation dtype name
     kv_dtype: str  # "auto" (= dtype) or "fp8"
+    model: str = ""  # the model's name, recorded in the profile
+    tensor_parallel_size: int = 1  # the shapes are one shard's of this many
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The KV cache's dtype as profiles record it (`kvsim.latency.PROFILE_META_KEYS`)."""
+        return "fp8" if self.kv_dtype == "fp8" else self.dtype
 
     def gemm_shapes(self) -> dict[str, tuple[int, int]]:
         """op → (K input features, N output features)."""
@@ -49,7 +56,7 @@ class Grid:
 DEFAULT_GRID = Grid(
     batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     contexts=(128, 512, 1024, 2048, 4096, 8192, 16384, 32768),
-    block_sizes=(16,),
+    block_sizes=(16, 32),
     prefill_query_lens=(16, 64, 256, 1024, 2048),
     prefill_cached_lens=(0, 1024, 4096, 16384),
     gemm_tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),

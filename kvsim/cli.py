@@ -450,7 +450,7 @@ def calibrate(
             num_kv_heads=max(1, spec.num_kv_heads // engine.tensor_parallel_size), head_dim=spec.head_dim,
             hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size // engine.tensor_parallel_size,
             vocab_size=spec.vocab_size // engine.tensor_parallel_size, gated_mlp=spec.gated_mlp, dtype=spec.dtype,
-            kv_dtype=kv_cache_dtype)
+            kv_dtype=kv_cache_dtype, model=spec.name, tensor_parallel_size=engine.tensor_parallel_size)
         base = calibration_grid.QUICK_GRID if quick else calibration_grid.DEFAULT_GRID
         grid = dataclasses.replace(base, block_sizes=tuple(sizes))
         points = calibration_grid.plan(shapes, grid)

@@ -8,8 +8,10 @@ fails the test.
 import pytest
 import torch
 
+from kernels.decode import resident_programs_per_sm
 from kernels.paged_attention import (
     FP8_DTYPE,
+    SmLimits,
     default_num_splits,
     paged_attention_decode,
     paged_attention_prefill,
@@ -67,57 +69,77 @@ def poison(fn):
 
 
 CASES = [
-    # dtype, block_size, heads, kv_heads, head_dim, context lengths (1, exact multiples, ragged)
-    (torch.float16, 16, 4, 4, 32, [1, 16, 37, 64]),
+    # dtype, block_size, heads, kv_heads, head_dim, context lengths: ragged batches with 1, exact multiples
+    # of the block and of the 32-token tile, and tails; block 16 makes every full tile span two pages
+    (torch.float16, 16, 4, 4, 64, [1, 16, 37, 64, 200]),
     (torch.bfloat16, 32, 8, 2, 64, [5, 32, 95]),
-    (FP8_DTYPE, 16, 8, 1, 32, [17, 48, 3]),
-    (torch.float16, 64, 4, 1, 32, [64, 130]),
-    (torch.bfloat16, 128, 2, 2, 16, [128, 1, 200]),
+    (FP8_DTYPE, 16, 8, 1, 64, [17, 48, 3]),  # 8 query heads per KV head
+    (torch.float16, 64, 6, 2, 80, [64, 130]),  # head_dim 80 padded to 128; 3 heads per KV head
+    (torch.bfloat16, 128, 4, 2, 96, [128, 1, 200]),  # head_dim 96; a tile is a quarter page
+    (FP8_DTYPE, 32, 4, 2, 80, [33, 90]),
     # Llama-3's head shape (head_dim 128, 4 query heads per KV head) at the largest block size
     (torch.float16, 128, 8, 2, 128, [128, 1, 300]),
     (FP8_DTYPE, 64, 4, 1, 128, [65, 20]),
 ]
 
 
-@pytest.mark.parametrize(("dtype", "block_size", "heads", "kv_heads", "head_dim", "lens"), CASES)
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_matches_reference(dtype, block_size, heads, kv_heads, head_dim, lens, num_splits):
+def query(num_rows, heads, head_dim, dtype):
+    return torch.randn(num_rows, heads, head_dim, dtype=torch.float16 if dtype == FP8_DTYPE else dtype, device=DEVICE)
+
+
+def check_decode(dtype, block_size, heads, kv_heads, head_dim, lens, num_splits):
     k, v, tables, ctx, ks, vs = random_world(len(lens), lens, block_size, kv_heads, head_dim, dtype)
-    q = torch.randn(len(lens), heads, head_dim, dtype=torch.float16 if dtype == FP8_DTYPE else dtype, device=DEVICE)
+    q = query(len(lens), heads, head_dim, dtype)
     out = poison(lambda: paged_attention_decode(q, k, v, tables, ctx, k_scale=ks, v_scale=vs,
                                                 num_splits=num_splits))
     ref = reference_decode(q.cpu(), k.cpu(), v.cpu(), tables.cpu(), ctx.cpu(), k_scale=ks, v_scale=vs)
     assert_close(out, ref, dtype)
 
 
+@pytest.mark.parametrize(("dtype", "block_size", "heads", "kv_heads", "head_dim", "lens"), CASES)
+@pytest.mark.parametrize("num_splits", [1, 3, None], ids=["splits1", "splits3", "auto"])
+def test_decode_matches_reference(dtype, block_size, heads, kv_heads, head_dim, lens, num_splits):
+    check_decode(dtype, block_size, heads, kv_heads, head_dim, lens, num_splits)
+
+
+def test_decode_splits_each_sequence_by_its_own_length():
+    """7 splits over a ragged batch: sequences of 1 and 2 tiles leave splits idle (nothing written for
+    them, none read back), the 16-tile one takes 2-3 tiles a split."""
+    check_decode(torch.float16, 16, 4, 2, 64, [1, 31, 33, 500], 7)
+
+
 def test_automatic_split_count():
-    """Worked by hand from the rule: about two waves of programs on 132 SMs, >= 8 blocks a split, <= 64."""
-    assert default_num_splits(num_seqs=1, num_kv_heads=2, max_context=640, block_size=16) == 5  # 40 blocks // 8
-    assert default_num_splits(1, 2, 640, 128) == 1  # 5 blocks: too few to split
-    assert default_num_splits(1, 1, 100_000, 16) == 64  # 264 programs wanted, capped at 64
-    assert default_num_splits(4, 8, 100_000, 16) == 9  # 32 programs: ceil(264 / 32)
-    assert default_num_splits(132, 1, 100_000, 16) == 1  # the grid already fills every SM
+    """Worked by hand. fp16 head_dim 128: 4 warps of 168 registers (21,504 a program: 3 fit in 65,536),
+    48 KiB of staged K/V (4 fit), 16 by warps: 3 resident, a wave of 396 programs on 132 SMs.
+    fp8: 8 warps of 255 (rounded to 256) registers fill the register file: 1 resident, 132."""
+    assert resident_programs_per_sm(4, 168, 48 * 1024) == 3
+    assert resident_programs_per_sm(8, 255, 24 * 1024) == 1
+    assert resident_programs_per_sm(4, 64, 0) == 8  # 8,192 registers a program
+    assert default_num_splits(num_seqs=1, num_kv_heads=2, max_context=640) == 5  # 20 tiles, >= 4 each
+    assert default_num_splits(1, 8, 100_000) == 50  # ceil(396 / 8)
+    assert default_num_splits(1, 1, 100_000) == 64  # 396 wanted, capped at 64
+    assert default_num_splits(4, 8, 100_000) == 13  # 32 programs: ceil(396 / 32)
+    assert default_num_splits(50, 8, 100_000) == 1  # 400 programs already fill the wave
+    assert default_num_splits(16, 8, 100_000, kv_bytes=1) == 2  # fp8: ceil(132 / 128)
+    assert default_num_splits(1, 1, 100_000, limits=SmLimits(num_sms=10)) == 30
 
 
 @pytest.mark.parametrize(("dtype", "block_size", "lens"), [(torch.float16, 16, [640]), (FP8_DTYPE, 16, [300, 640]),
                                                           (torch.bfloat16, 32, [1100, 7])])
 def test_decode_with_the_automatic_split_count(dtype, block_size, lens):
-    k, v, tables, ctx, ks, vs = random_world(len(lens), lens, block_size, 2, 32, dtype)
-    assert default_num_splits(len(lens), 2, max(lens), block_size) > 1  # the split path is the one tested
-    q = torch.randn(len(lens), 8, 32, dtype=torch.float16 if dtype == FP8_DTYPE else dtype, device=DEVICE)
-    out = poison(lambda: paged_attention_decode(q, k, v, tables, ctx, k_scale=ks, v_scale=vs))
-    ref = reference_decode(q.cpu(), k.cpu(), v.cpu(), tables.cpu(), ctx.cpu(), k_scale=ks, v_scale=vs)
-    assert_close(out, ref, dtype)
+    assert default_num_splits(len(lens), 2, max(lens), 64, torch.empty((), dtype=dtype).element_size()) > 1
+    check_decode(dtype, block_size, 8, 2, 64, lens, None)
 
 
 @pytest.mark.parametrize(("dtype", "block_size", "heads", "kv_heads", "head_dim", "lens"), CASES)
 def test_chunked_prefill_over_cached_prefix(dtype, block_size, heads, kv_heads, head_dim, lens):
-    """New tokens (some sequences all-new, some after a cached prefix) attend causally."""
+    """New tokens (some sequences all-new, some after a cached prefix) attend causally. Query blocks of
+    64 // group tokens (64, 21, 16, 8) start at every offset against the 32-token tiles, so programs
+    see no, some and many unmasked tiles before the masked ones."""
     k, v, tables, ctx, ks, vs = random_world(len(lens), lens, block_size, kv_heads, head_dim, dtype)
     q_lens = [max(1, n // 2) if i % 2 else n for i, n in enumerate(lens)]
     starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
-    q = torch.randn(sum(q_lens), heads, head_dim, dtype=torch.float16 if dtype == FP8_DTYPE else dtype,
-                    device=DEVICE)
+    q = query(sum(q_lens), heads, head_dim, dtype)
     out = poison(lambda: paged_attention_prefill(q, k, v, tables, ctx, starts, max(q_lens), k_scale=ks,
                                                  v_scale=vs))
     ref = reference_prefill(q.cpu(), k.cpu(), v.cpu(), tables.cpu(), ctx.cpu(), starts.cpu(), k_scale=ks,
@@ -127,7 +149,7 @@ def test_chunked_prefill_over_cached_prefix(dtype, block_size, heads, kv_heads, 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, FP8_DTYPE])
 def test_cache_write_scatters_to_slots(dtype):
-    block_size, kv_heads, head_dim, tokens = 16, 3, 32, 7
+    block_size, kv_heads, head_dim, tokens = 16, 3, 80, 7  # head_dim 80: the padded columns stay unwritten
     k_cache = torch.zeros(6, block_size, kv_heads, head_dim, dtype=dtype, device=DEVICE)
     v_cache = torch.zeros_like(k_cache)
     src_dtype = torch.float16 if dtype == FP8_DTYPE else dtype
@@ -224,7 +246,7 @@ def test_fp8_write_keeps_nan():
 
 def test_write_then_prefill_end_to_end():
     """Cache-write the new tokens, then prefill over them: equals dense causal attention."""
-    block_size, heads, kv_heads, head_dim, n = 16, 4, 2, 32, 40
+    block_size, heads, kv_heads, head_dim, n = 16, 4, 2, 96, 40
     k_cache = torch.zeros(8, block_size, kv_heads, head_dim, dtype=torch.float16, device=DEVICE)
     v_cache = torch.zeros_like(k_cache)
     table = torch.tensor([[6, 1, 4]], dtype=torch.int32, device=DEVICE)
@@ -248,3 +270,6 @@ def test_wrappers_reject_bad_shapes():
     with pytest.raises(AssertionError, match="block_size"):
         bad = torch.zeros(4, 8, 2, 32, dtype=torch.float16, device=DEVICE)
         paged_attention_decode(torch.randn(2, 2, 32, dtype=torch.float16), bad, bad, tables, ctx)
+    with pytest.raises(AssertionError, match="head_dim 20"):
+        bad = torch.zeros(4, 16, 2, 20, dtype=torch.float16, device=DEVICE)
+        paged_attention_decode(torch.randn(2, 2, 20, dtype=torch.float16), bad, bad, tables, ctx)
