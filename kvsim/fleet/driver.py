@@ -47,7 +47,7 @@ def replica_scenarios(scenario: Scenario) -> list[Scenario]:
     """One single-engine scenario per replica, in replica order (groups in the order given)."""
     if scenario.replicas is None:
         return [scenario]
-    base = scenario.model_dump(mode="json", exclude={"replicas", "router"})
+    base = scenario.model_dump(mode="json", exclude={"replicas", "router", "kv_transfer_config"})
     if isinstance(scenario.replicas, int):
         return [make_scenario({**base, "name": f"{scenario.name}/r{i}"}, scenario.base_dir)
                 for i in range(scenario.replicas)]
@@ -128,13 +128,16 @@ class FleetResult:
     replicas: list[RunResult]
     summary: dict[str, Any]
 
-    def write(self, out_dir: str | Path) -> Path:
-        """`requests.csv`, `steps.csv`, `routes.csv`, `replicas.csv`, `summary.json`, `scenario.yaml`, through
-        `kvsim.results.output_dir.output_directory` (only over kvsim's own output, swapped in when complete)."""
+    def write(self, out_dir: str | Path, extra: dict[str, pd.DataFrame] | None = None) -> Path:
+        """`requests.csv`, `steps.csv`, `routes.csv`, `replicas.csv`, `summary.json`, `scenario.yaml` (and the
+        `extra` tables, by file name), through `kvsim.results.output_dir.output_directory` (only over kvsim's
+        own output, swapped in when complete)."""
         import pandas as pd
         import yaml
 
         with output_directory(out_dir, "run") as tmp:
+            for name, table in (extra or {}).items():
+                table.to_csv(tmp / name, index=False)
             self.requests.to_csv(tmp / "requests.csv", index=False)
             self.steps.to_csv(tmp / "steps.csv", index=False)
             self.routes.to_csv(tmp / "routes.csv", index=False)
@@ -149,6 +152,9 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
                    bursts: bool = True) -> FleetResult:
     """Simulate the scenario's replicas behind its router; one replica gives `simulate`'s result."""
     import pandas as pd
+
+    if scenario.kv_transfer_config is not None:
+        raise KvsimError("kv_transfer_config: a disaggregated fleet; use kvsim.fleet.disagg.simulate_disagg")
 
     specs = replica_scenarios(scenario)
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness

@@ -187,6 +187,9 @@ class ReplicaGroup(BaseModel):
     model: str | None = None
     gpu: str | None = None
     engine: dict[str, Any] = Field(default_factory=dict)
+    kv_role: Literal["kv_producer", "kv_consumer"] | None = Field(
+        default=None, exclude_if=lambda role: role is None,
+        description="vLLM's kv_role in a disaggregated fleet: kv_producer (prefill), kv_consumer (decode)")
 
 
 class Router(BaseModel):
@@ -204,6 +207,24 @@ class Router(BaseModel):
     load_bound: float = Field(default=1.25, ge=1.0)
     load_slack: int = Field(default=8, ge=0, description="outstanding requests above the least loaded")
     match_threshold: float = Field(default=0.25, ge=0, le=1, description="least prompt fraction to follow")
+
+
+class KVTransferConfig(BaseModel):
+    """vLLM's `--kv-transfer-config` for a disaggregated fleet (`kvsim.fleet.disagg`): replica groups with
+    `kv_role: kv_producer` form the prefill pool, `kv_consumer` the decode pool.
+
+    `kv_link` names a link preset (`kvsim.fleet.kv_transfer.LINK_PRESETS`: nvlink, pcie, rdma);
+    `kv_link_bandwidth_bytes_per_s` and `kv_link_latency_s` replace its figures. Each decode instance
+    receives over its own link, shared by the transfers into it. `kv_connector` is recorded only.
+    """
+
+    model_config = _STRICT
+    kv_connector: str = "NixlConnector"
+    kv_link: Literal["nvlink", "pcie", "rdma"] = "rdma"
+    kv_link_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    kv_link_latency_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    prefill_router: Router = Router(policy="least_outstanding")
+    decode_router: Router = Router(policy="least_outstanding")
 
 
 StepsMode = Literal["none", "sampled", "all"]  # which per-step rows a run keeps and writes
@@ -225,6 +246,9 @@ class Scenario(BaseModel):
                              "(at most 100,000 evenly spaced) or none; the summary always uses every step")
     replicas: int | list[ReplicaGroup] | None = Field(default=None, description="a fleet behind `router`")
     router: Router = Router()
+    kv_transfer_config: KVTransferConfig | None = Field(
+        default=None, exclude_if=lambda config: config is None,
+        description="disaggregated prefill/decode: replica groups carry kv_role")
     base_dir: str = Field(default=".", exclude=True)
 
     @model_validator(mode="after")
@@ -233,6 +257,16 @@ class Scenario(BaseModel):
             raise ValueError(f"replicas={self.replicas}: expected 1..4096")
         if isinstance(self.replicas, list) and not self.replicas:
             raise ValueError("replicas=[]: give a count or at least one replica group")
+        roles = [g.kv_role for g in self.replicas] if isinstance(self.replicas, list) else []
+        if self.kv_transfer_config is not None:
+            for role in ("kv_producer", "kv_consumer"):
+                if role not in roles:
+                    raise ValueError(f"kv_transfer_config: no replica group with kv_role={role} (replicas={roles})")
+            if None in roles:
+                raise ValueError(f"replicas[{roles.index(None)}].kv_role=None: every group of a disaggregated "
+                                 "fleet is kv_producer or kv_consumer")
+        elif any(roles):
+            raise ValueError("kv_role is set on a replica group but kv_transfer_config is missing")
         return self
 
     @property
