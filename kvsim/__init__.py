@@ -33,7 +33,8 @@ __all__ = ["RunResult", "Scenario", "__version__", "load_scenario", "simulate"]
 
 
 def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, /, *, check: bool = False,
-             progress: Callable[[float, int, int], None] | None = None, **overrides: Any) -> RunResult | FleetResult | DisaggResult:
+             progress: Callable[[float, int, int], None] | None = None,
+             **overrides: Any) -> RunResult | FleetResult | DisaggResult:
     """Simulate `scenario` (a Scenario, a YAML path, a dict of its fields, or None: the built-in default).
 
     `overrides` replace fields: `seed=3`, or a nested field with double underscores,

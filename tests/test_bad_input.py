@@ -42,6 +42,8 @@ def config_json(**changes) -> dict[str, str]:
 
 
 RUN_S = ["run", "{d}/s.yaml"]
+DISAGG = f"kv_transfer_config: {{kv_link: rdma}}\n{WORKLOAD}"
+DISAGG_GROUPS = "replicas: [{count: 1, kv_role: kv_producer}, {count: 1, kv_role: kv_consumer}]\n"
 AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 MOONCAKE_ROW = '{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]}\n'
 TOKENS_ROW = '{"arrival_time_ns": 0, "input_toks": 2, "output_toks": 1, "input_tok_ids": [1, 2], "output_tok_ids": [3]}\n'
@@ -178,6 +180,21 @@ CASES = [
     ("batch-below-max-num-seqs", {}, ["run", "--set", "engine.max_num_batched_tokens=100", "--set",
                                       "engine.max_num_seqs=256"],
      "max_num_batched_tokens (100) must be greater than or equal to max_num_seqs (256)"),
+    # --- disaggregated prefill/decode (kvsim.fleet.disagg)
+    ("disagg-pool-size-zero", scenario(f"{DISAGG}replicas: [{{count: 0, kv_role: kv_producer}}, "
+                                       "{count: 1, kv_role: kv_consumer}]\n"), RUN_S, "replicas.0.count=0"),
+    ("disagg-no-decode-pool", scenario(f"{DISAGG}replicas: [{{count: 2, kv_role: kv_producer}}]\n"), RUN_S,
+     "no replica group with kv_role=kv_consumer"),
+    ("disagg-link-zero-bandwidth", scenario(f"kv_transfer_config: {{kv_link_bandwidth_bytes_per_s: 0}}\n"
+                                            f"{WORKLOAD}{DISAGG_GROUPS}"), RUN_S,
+     "kv_transfer_config.kv_link_bandwidth_bytes_per_s=0"),
+    ("disagg-link-unknown", scenario(f"kv_transfer_config: {{kv_link: carrier-pigeon}}\n{WORKLOAD}{DISAGG_GROUPS}"),
+     RUN_S, "kv_transfer_config.kv_link='carrier-pigeon'"),
+    ("disagg-role-unknown", scenario(f"{DISAGG}replicas: [{{count: 1, kv_role: kv_both}}, "
+                                     "{count: 1, kv_role: kv_consumer}]\n"), RUN_S, "replicas.0.kv_role='kv_both'"),
+    ("disagg-role-without-config", scenario(f"{WORKLOAD}{DISAGG_GROUPS}"), RUN_S, "kv_transfer_config is missing"),
+    ("disagg-slab-allocator", scenario(f"{DISAGG}engine: {{allocator: slab-max}}\n{DISAGG_GROUPS}"), RUN_S,
+     "engine.allocator=slab-max"),
     # --- other commands
     ("capacity-context-lengths", {}, ["capacity", "--context-lengths", "1k,2k"], "--context-lengths='1k,2k'"),
     ("capacity-kv-bytes", {}, ["capacity", "--kv-cache-memory-bytes", "lots"], "kv_cache_memory_bytes"),

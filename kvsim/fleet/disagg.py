@@ -117,6 +117,7 @@ class Disaggregation:
         self.output_len: dict[int, int] = {}  # request id -> the client's max_tokens while it prefills
         self.transfers: dict[str, list[Any]] = {key: [] for key in TRANSFER_COLUMNS}
         self.num_handed_off = self.num_in_decode_queues = 0
+        self.num_held = dict.fromkeys(self.prefill, 0)  # prefill replica -> requests whose KV it keeps for D
         self.env: simpy.Environment | None = None
         self.arrivals: Arrivals | None = None
         for i in self.prefill:
@@ -129,7 +130,7 @@ class Disaggregation:
         """The run's arrivals feed the prefill instances; hand-offs feed the decode instances."""
         self.env, self.arrivals = env, arrivals
         decode = set(self.decode)
-        return [_DecodeClock(self, self.decode.index(i)) if i in decode else arrivals
+        return [_DecodeClock(self, self.decode.index(i)) if i in decode else _PrefillClock(self, i, arrivals)
                 for i in range(len(self.engines))]
 
     def upstream_done(self) -> bool:
@@ -165,13 +166,14 @@ class Disaggregation:
             req.first_token_s = req.finish_s = None
             req.num_preemptions = 0
             self.num_handed_off += 1
+            self.num_held[prefill] += 1
             self.d_view.now_s = now
             decision = self.d_router.route(req, self.d_view)
             self.d_routes.add(req, decision)
             self.d_view.dispatched[decision.replica] += 1
             engine = self.engines[self.decode[decision.replica]]
             if engine.scheduler.reject_reason(req) is not None:  # D can never hold it: rejected there
-                self.engines[prefill].scheduler.free_request(req)
+                self._release(prefill, req)
                 self.num_in_decode_queues += 1
                 engine.scheduler.add(req)
                 self._ring_decode_if_done()
@@ -182,14 +184,30 @@ class Disaggregation:
             engine.wakeup.ring()
         return hand_off
 
+    def _release(self, prefill: int, req: Request) -> None:
+        """The prefill instance frees the request's KV; it may admit what waited for those blocks."""
+        engine = self.engines[prefill]
+        engine.scheduler.free_request(req)
+        self.num_held[prefill] -= 1
+        engine.wakeup.ring()
+
     # ---------------------------------------------------------------- decode side
     def _reserve_on(self, k: int):  # type: ignore[no-untyped-def]
         def reserve(now: float) -> None:
-            """At a step boundary of decode instance k: reserve blocks for pending transfers, FIFO."""
-            pending = self.pending[k]
-            if not pending:
-                return
+            """At a step boundary of decode instance k: requests whose KV has arrived go first in the queue
+            (they need no new block, so a preempted request that cannot fit never blocks them: no deadlock);
+            then blocks for pending transfers, FIFO, unless a local request waits (FCFS: it would come first)."""
             scheduler = self.engines[self.decode[k]].scheduler
+            waiting, held = scheduler.waiting, scheduler.held_kv_tokens
+            if held and waiting and waiting[0].request_id not in held:
+                loaded = [r for r in waiting if r.request_id in held]
+                if loaded:
+                    others = [r for r in waiting if r.request_id not in held]
+                    waiting.clear()
+                    waiting.extend(loaded + others)
+            pending = self.pending[k]
+            if not pending or len(waiting) > len(held):
+                return
             alloc, started = scheduler.alloc, False
             while pending:
                 req, prefill, handoff_s = pending[0]
@@ -226,7 +244,7 @@ class Disaggregation:
         for request_id in self.links[k].advance(now):
             flight = self.in_flight[k].pop(request_id)
             req = flight.req
-            self.engines[flight.prefill].scheduler.free_request(req)  # P frees when the transfer ends
+            self._release(flight.prefill, req)  # P frees when the transfer ends
             for key, value in zip(TRANSFER_COLUMNS, (request_id, flight.prefill, self.decode[k], flight.num_bytes,
                                                      flight.handoff_s, flight.start_s, now), strict=True):
                 self.transfers[key].append(value)
@@ -235,6 +253,26 @@ class Disaggregation:
             engine.deliver(now, req)
         self._arm(k)
         self._ring_decode_if_done()
+
+
+@dataclass(slots=True)
+class _PrefillClock:
+    """A prefill instance's arrival clock: the run's arrivals, and it is not done while it keeps KV for
+    transfers (its queue may wait for those blocks; their release wakes it)."""
+
+    disagg: Disaggregation
+    replica: int
+    arrivals: Arrivals
+
+    @property
+    def all_arrived(self) -> bool:
+        return self.arrivals.all_arrived and not self.disagg.num_held[self.replica]
+
+    def horizon_s(self, num_ahead: int) -> float:
+        return self.arrivals.horizon_s(num_ahead)
+
+    def none_delivered_at(self, instants_s: Sequence[float]) -> bool:
+        return self.arrivals.none_delivered_at(instants_s)
 
 
 @dataclass(slots=True)
@@ -297,6 +335,10 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
     run_engines([[engine] for engine in engines], requests, disagg.dispatch, check, progress, bursts,
                 num_requests=scenario.workload.num_requests, clocks=disagg.clocks)
     assert all(not pending for pending in disagg.pending) and all(not f for f in disagg.in_flight)
+    for engine in engines:  # conservation: nothing left queued, no block held on either side
+        assert not engine.scheduler.has_work and engine.scheduler.alloc.num_held_slots == 0
+        if check:
+            engine.scheduler.alloc.check_invariants()
     runs = [engine_result(spec, p, e.recorder) for spec, p, e in zip(specs, parts, engines, strict=True)]
     prefill = set(disagg.prefill)
     client_rows = [(run.requests[run.requests["status"] == "rejected"] if i in prefill else run.requests)

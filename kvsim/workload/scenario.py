@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.config import EngineConfig, GPULink
 from kvsim.model.errors import KvsimError, from_validation_error, reading
@@ -250,6 +250,19 @@ class Scenario(BaseModel):
         default=None, exclude_if=lambda config: config is None,
         description="disaggregated prefill/decode: replica groups carry kv_role")
     base_dir: str = Field(default=".", exclude=True)
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _groups_named(cls, value: Any) -> Any:
+        """A bad replica group is reported by its own field (not as "not an int", the union's first branch)."""
+        if isinstance(value, list):
+            for i, group in enumerate(value):
+                if isinstance(group, dict):
+                    try:
+                        ReplicaGroup(**group)
+                    except ValidationError as error:
+                        raise from_validation_error(error, f"replicas.{i}") from None
+        return value
 
     @model_validator(mode="after")
     def _replicas_positive(self) -> Scenario:
