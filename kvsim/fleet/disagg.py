@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import simpy
 
 from kvsim.engine.builder import EngineParts, build_engine, engine_result
 from kvsim.engine.clock import ArrivalClock, Arrivals, call_at
@@ -118,7 +117,7 @@ class Disaggregation:
         self.transfers: dict[str, list[Any]] = {key: [] for key in TRANSFER_COLUMNS}
         self.num_handed_off = self.num_in_decode_queues = 0
         self.num_held = dict.fromkeys(self.prefill, 0)  # prefill replica -> requests whose KV it keeps for D
-        self.env: simpy.Environment | None = None
+        self.env: Any = None  # the run's simpy.Environment (only kvsim.engine imports simpy)
         self.arrivals: Arrivals | None = None
         for i in self.prefill:
             engines[i].scheduler.hand_off = self._hand_off_from(i)
@@ -126,7 +125,7 @@ class Disaggregation:
             engines[i].at_step_boundary = self._reserve_on(k)
 
     # ---------------------------------------------------------------- the clocks
-    def clocks(self, env: simpy.Environment, arrivals: Arrivals) -> list[ArrivalClock]:
+    def clocks(self, env: Any, arrivals: Arrivals) -> list[ArrivalClock]:
         """The run's arrivals feed the prefill instances; hand-offs feed the decode instances."""
         self.env, self.arrivals = env, arrivals
         decode = set(self.decode)
