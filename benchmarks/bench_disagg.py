@@ -51,7 +51,8 @@ def main() -> None:
     colocated, disagg = (make_scenario(raw) for raw in scenarios(args.replicas, args.requests))
     times: dict[str, list[float]] = {"colocated": [], "disagg": []}
     for _ in range(args.repeats):
-        for name, run in (("colocated", lambda: simulate_fleet(colocated)), ("disagg", lambda: simulate_disagg(disagg))):
+        runs = (("colocated", lambda: simulate_fleet(colocated)), ("disagg", lambda: simulate_disagg(disagg)))
+        for name, run in runs:
             start = time.perf_counter()
             summary = run().summary
             times[name].append(time.perf_counter() - start)

@@ -18,6 +18,7 @@ import typer
 from kvsim.model.errors import KvsimError, reading
 
 if TYPE_CHECKING:
+    from kvsim.fleet.autoscaled import AutoscaledResult
     from kvsim.fleet.disagg import DisaggResult
     from kvsim.fleet.driver import FleetResult
     from kvsim.results.run_result import RunResult
@@ -253,11 +254,16 @@ def run(
         check_output_dir(out_dir, "run")  # refuse before simulating, not after
         resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
         with _progress_bar(enabled=output_format is RunFormat.table) as progress:
-            result: RunResult | FleetResult | DisaggResult
+            result: RunResult | FleetResult | DisaggResult | AutoscaledResult
             if spec.kv_transfer_config is not None:
                 from kvsim.fleet.disagg import simulate_disagg
 
                 result = simulate_disagg(spec, check=check, progress=progress)
+                written = result.write(out_dir)
+            elif spec.autoscaler is not None:
+                from kvsim.fleet.autoscaled import simulate_autoscaled
+
+                result = simulate_autoscaled(spec, check=check, progress=progress)
                 written = result.write(out_dir)
             elif spec.is_fleet:
                 from kvsim.fleet.driver import simulate_fleet  # not imported by a single engine's run

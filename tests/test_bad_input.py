@@ -195,6 +195,14 @@ CASES = [
     ("disagg-role-without-config", scenario(f"{WORKLOAD}{DISAGG_GROUPS}"), RUN_S, "kv_transfer_config is missing"),
     ("disagg-slab-allocator", scenario(f"{DISAGG}engine: {{allocator: slab-max}}\n{DISAGG_GROUPS}"), RUN_S,
      "engine.allocator=slab-max"),
+    # --- autoscaled fleets (kvsim.fleet.autoscaled)
+    ("autoscaler-never-scales", scenario(f"{WORKLOAD}replicas: 2\nrouter: {{policy: least_outstanding}}\n"
+                                         "autoscaler: {min_replicas: 2, max_replicas: 2}\n"), RUN_S,
+     "autoscaler.max_replicas=2: equals min_replicas"),
+    ("autoscaler-startup-negative", scenario(f"{WORKLOAD}replicas: 2\nrouter: {{policy: least_outstanding}}\n"
+                                             "autoscaler: {startup_s: -1}\n"), RUN_S, "autoscaler.startup_s=-1"),
+    ("autoscaler-without-count", scenario(f"{WORKLOAD}replicas: [{{count: 2}}]\nautoscaler: {{}}\n"), RUN_S,
+     "autoscaler: needs replicas as a count"),
     # --- other commands
     ("capacity-context-lengths", {}, ["capacity", "--context-lengths", "1k,2k"], "--context-lengths='1k,2k'"),
     ("capacity-kv-bytes", {}, ["capacity", "--kv-cache-memory-bytes", "lots"], "kv_cache_memory_bytes"),

@@ -47,7 +47,7 @@ def replica_scenarios(scenario: Scenario) -> list[Scenario]:
     """One single-engine scenario per replica, in replica order (groups in the order given)."""
     if scenario.replicas is None:
         return [scenario]
-    base = scenario.model_dump(mode="json", exclude={"replicas", "router", "kv_transfer_config"})
+    base = scenario.model_dump(mode="json", exclude={"replicas", "router", "kv_transfer_config", "autoscaler"})
     if isinstance(scenario.replicas, int):
         return [make_scenario({**base, "name": f"{scenario.name}/r{i}"}, scenario.base_dir)
                 for i in range(scenario.replicas)]
@@ -155,6 +155,8 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
 
     if scenario.kv_transfer_config is not None:
         raise KvsimError("kv_transfer_config: a disaggregated fleet; use kvsim.fleet.disagg.simulate_disagg")
+    if scenario.autoscaler is not None:
+        raise KvsimError("autoscaler: an autoscaled fleet; use kvsim.fleet.autoscaled.simulate_autoscaled")
 
     specs = replica_scenarios(scenario)
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness

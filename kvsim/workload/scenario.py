@@ -227,6 +227,27 @@ class KVTransferConfig(BaseModel):
     decode_router: Router = Router(policy="least_outstanding")
 
 
+class AutoscalerConfig(BaseModel):
+    """An autoscaled fleet (`kvsim.fleet.autoscaled`): Kubernetes HPA's rule and names, in snake case
+    (`kvsim.fleet.autoscaler.AutoscalerSpec` states the rule). `replicas` (an int) is the count at the
+    start, clamped to [min_replicas, max_replicas]. `slo_ttft_s` / `slo_tpot_s` only score the run
+    (attainment per `slo_window_s` of arrivals), they do not steer it."""
+
+    model_config = _STRICT
+    metric: Literal["num_requests_waiting", "kv_cache_usage_perc"] = "num_requests_waiting"
+    target: float = 4.0
+    min_replicas: int = 1
+    max_replicas: int = 16
+    tolerance: float = 0.1
+    sync_period_s: float = 15.0
+    scale_up_window_s: float = 0.0
+    scale_down_window_s: float = 300.0
+    startup_s: float = 120.0
+    slo_ttft_s: float = Field(default=2.0, gt=0)
+    slo_tpot_s: float = Field(default=0.1, gt=0)
+    slo_window_s: float = Field(default=300.0, gt=0)
+
+
 StepsMode = Literal["none", "sampled", "all"]  # which per-step rows a run keeps and writes
 
 class Scenario(BaseModel):
@@ -249,6 +270,9 @@ class Scenario(BaseModel):
     kv_transfer_config: KVTransferConfig | None = Field(
         default=None, exclude_if=lambda config: config is None,
         description="disaggregated prefill/decode: replica groups carry kv_role")
+    autoscaler: AutoscalerConfig | None = Field(
+        default=None, exclude_if=lambda config: config is None,
+        description="replica count follows an HPA-style policy; new replicas serve after startup_s")
     base_dir: str = Field(default=".", exclude=True)
 
     @field_validator("replicas", mode="before")
@@ -280,6 +304,10 @@ class Scenario(BaseModel):
                                  "fleet is kv_producer or kv_consumer")
         elif any(roles):
             raise ValueError("kv_role is set on a replica group but kv_transfer_config is missing")
+        if self.autoscaler is not None and not isinstance(self.replicas, int):
+            raise ValueError(f"autoscaler: needs replicas as a count (the start), not replicas={self.replicas!r}")
+        if self.autoscaler is not None and self.kv_transfer_config is not None:
+            raise ValueError("autoscaler with kv_transfer_config: autoscaling a disaggregated fleet is not modelled")
         return self
 
     @property
