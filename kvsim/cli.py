@@ -237,10 +237,16 @@ def run(
     )] = StepsFormatOption.auto,
     memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Refuse a run estimated to need "
                                                      "more memory than this, e.g. 64GiB [this machine's]")] = None,
+    kv_transfer_config: Annotated[str | None, typer.Option(
+        "--kv-transfer-config", help="vLLM's flag: JSON for the scenario's kv_transfer_config, e.g. "
+                                     "'{\"kv_connector\": \"NixlConnector\", \"kv_link\": \"rdma\"}' (replica groups "
+                                     "carry kv_role)")] = None,
 ) -> None:
     """Simulate a scenario: per-request latency, per-step KV usage and waste, preemptions, queueing.
 
-    A scenario with `replicas` simulates that fleet behind its `router` (see `kvsim.fleet.driver`).
+    A scenario with `replicas` simulates that fleet behind its `router` (see `kvsim.fleet.driver`);
+    with `kv_transfer_config`, a disaggregated prefill/decode fleet (`kvsim.fleet.disagg`); with
+    `autoscaler`, an autoscaled fleet (`kvsim.fleet.autoscaled`).
     """
     from kvsim.engine.simulate import simulate
     from kvsim.results.output_dir import check_output_dir, safe_component
@@ -249,7 +255,9 @@ def run(
 
     with user_errors():
         limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
-        spec = load_scenario(scenario, [*(overrides or []), *([f"steps={steps.value}"] if steps else [])])
+        flags = [*([f"steps={steps.value}"] if steps else []),
+                 *([f"kv_transfer_config={kv_transfer_config}"] if kv_transfer_config is not None else [])]
+        spec = load_scenario(scenario, [*(overrides or []), *flags])
         out_dir = output or f"runs/{safe_component(spec.name)}"
         check_output_dir(out_dir, "run")  # refuse before simulating, not after
         resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too

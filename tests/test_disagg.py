@@ -114,3 +114,22 @@ def test_ttft_counts_what_the_client_sees():
     prefill_ttft = result.summary["per_replica"][0]["ttft_p90_s"]
     assert result.summary["ttft_s"]["p90"] >= prefill_ttft + LINK_LATENCY_S + PROMPT_BYTES / BANDWIDTH
     assert not math.isnan(result.summary["disaggregation"]["transfer_s"]["mean"])
+
+
+def test_cli_kv_transfer_config_flag_writes_the_pool_files(tmp_path):
+    """`kvsim run --kv-transfer-config JSON` (vLLM's flag) on groups with kv_role: transfers.csv and pools.csv."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    raw = scenario(num_requests=5, rate=10.0).model_dump(mode="json")
+    del raw["kv_transfer_config"]
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "s.yaml"), "-o", str(out), "--format", "json",
+                                      "--kv-transfer-config", '{"kv_connector": "NixlConnector", "kv_link": "pcie"}'])
+    assert result.exit_code == 0, result.output
+    assert {"transfers.csv", "pools.csv", "requests.csv", "summary.json"} <= {p.name for p in out.iterdir()}
+    summary = yaml.safe_load((out / "summary.json").read_text())
+    assert summary["disaggregation"]["kv_link"] == "pcie" and summary["num_finished"] == 5
