@@ -1,6 +1,6 @@
 """Autoscaled vs static fleets on a trace whose rate varies: GPU-hours and SLO attainment over time.
 
-    python benchmarks/study_autoscale.py [--static 2,3,4,6] [--startup-s 120]
+    python benchmarks/study_autoscale.py [--static 2,3,4,6] [--set autoscaler.startup_s=60 ...] [--output F]
 
 A study, not a speed benchmark. `scenarios/azure-autoscale.yaml` (the Azure 2023 conversation
 trace's real hour, CC-BY 4.0, Patel et al., ISCA 2024) runs autoscaled, then as static fleets of
@@ -28,9 +28,11 @@ RESULTS = ROOT / "benchmarks" / "results" / "autoscale.json"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--static", default="2,3,4,6")
-    parser.add_argument("--startup-s", type=float, default=None)
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        help="a scenario override, as kvsim run --set (e.g. workload.trace.rate_scale=4)")
+    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
-    overrides = [] if args.startup_s is None else [f"autoscaler.startup_s={args.startup_s}"]
+    overrides = args.overrides
     scaled_spec = load_scenario(SCENARIO, overrides)
     config = scaled_spec.autoscaler
     assert config is not None
@@ -51,10 +53,11 @@ def main() -> None:
                      "slo_attainment": met, "worst_window": float(slo["slo_attainment"].min()),
                      "ttft_p90_s": static.summary["ttft_s"]["p90"], "tpot_p90_s": static.summary["tpot_s"]["p90"],
                      "per_window": slo["slo_attainment"].round(4).tolist()})
-    result = {"scenario": str(SCENARIO.relative_to(ROOT)), "autoscaler": config.model_dump(mode="json"),
+    result = {"scenario": str(SCENARIO.relative_to(ROOT)), "overrides": overrides,
+              "autoscaler": config.model_dump(mode="json"),
               "windows_s": scaled.slo["window_start_s"].tolist(), "fleets": rows}
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    args.output.parent.mkdir(exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
     for row in rows:
         print(f"{row['fleet']:>12}  {row['gpu_hours']:6.2f} GPU-h  SLO {row['slo_attainment']:.3f} "
               f"(worst 5-min window {row['worst_window']:.3f})  TTFT p90 {row['ttft_p90_s']:.2f} s")

@@ -8,7 +8,8 @@ P90 TPOT 0.04 s, and reports the goodput (the highest rate at which 90 % of requ
 about 1.6 req/s on one colocated GPU (vLLM), and 10 req/s on 2 prefill + 1 decode GPUs, 3.3 req/s per
 GPU (2.1x). kvsim runs the same shapes: OPT-13B on a100-80gb, roofline latency, vLLM v1 defaults
 (v1: chunked prefill, which DistServe's vLLM of 2023 did not have), NVLink between the instances, and
-bisects each deployment's rate to the goodput. Writes `benchmarks/results/distserve.json`.
+bisects each deployment's rate to the goodput; the colocated GPU also runs kvsim's v0 scheduler
+(prefill-first batches, no chunking: the vLLM DistServe compared with). Writes `benchmarks/results/distserve.json`.
 """
 
 from __future__ import annotations
@@ -29,17 +30,17 @@ SLO_TTFT_S, SLO_TPOT_S, ATTAINMENT = 0.4, 0.04, 0.9
 PUBLISHED = {"colocated_per_gpu": 1.6, "disagg_2p1d_total": 10.0, "disagg_2p1d_per_gpu": 3.3}
 
 
-def base(num_requests: int, rate: float) -> dict[str, Any]:
+def base(num_requests: int, rate: float, scheduler: str = "v1") -> dict[str, Any]:
     return {"name": "distserve-fig1", "model": "opt-13b", "gpu": "a100-80gb", "steps": "none",
-            "engine": {"max_model_len": 2048},
+            "engine": {"max_model_len": 2048, "scheduler": scheduler},
             "workload": {"num_requests": num_requests, "arrival": {"process": "poisson", "rate": rate},
                          "prompt_len": {"dist": "fixed", "value": 512},
                          "output_len": {"dist": "fixed", "value": 64}}}
 
 
 def attainment(num_requests: int, rate: float, topology: str) -> float:
-    raw = base(num_requests, rate)
-    if topology == "colocated":
+    raw = base(num_requests, rate, "v0" if topology == "colocated-v0" else "v1")
+    if topology.startswith("colocated"):
         raw["replicas"] = 1
         result: Any = simulate_fleet(make_scenario(raw))
     else:
@@ -70,9 +71,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=600)
     args = parser.parse_args()
     colocated = goodput(args.requests, "colocated", 20.0)
+    colocated_v0 = goodput(args.requests, "colocated-v0", 20.0)
     disagg = goodput(args.requests, "disagg", 60.0)
-    rows = {"colocated_per_gpu": colocated, "disagg_2p1d_total": disagg, "disagg_2p1d_per_gpu": disagg / 3,
-            "ratio_per_gpu": disagg / 3 / colocated if colocated else None}
+    rows = {"colocated_per_gpu": colocated, "colocated_v0_per_gpu": colocated_v0, "disagg_2p1d_total": disagg,
+            "disagg_2p1d_per_gpu": disagg / 3, "ratio_per_gpu": disagg / 3 / colocated if colocated else None,
+            "ratio_per_gpu_vs_v0": disagg / 3 / colocated_v0 if colocated_v0 else None}
     result = {"slo": {"ttft_p90_s": SLO_TTFT_S, "tpot_p90_s": SLO_TPOT_S, "attainment": ATTAINMENT},
               "requests_per_rate": args.requests, "published": PUBLISHED, "kvsim": rows}
     RESULTS.parent.mkdir(exist_ok=True)

@@ -11,9 +11,10 @@ front); a slot is OFF, STARTING, READY or DRAINING:
     OFF ──scale up──▶ STARTING ──startup_s──▶ READY ──scale down──▶ DRAINING ──no work left──▶ OFF
                           └──────scale down (cancelled first)──────────────────────────────▶ OFF
 
-Every `sync_period_s` (from t = 0) the autoscaler reads the metric averaged over READY replicas (vLLM's
+Every `sync_period_s` (from t = 0) the autoscaler reads the metric of the READY replicas (vLLM's
 `num_requests_waiting`, or `kv_cache_usage_perc`) and recommends a count for STARTING + READY (the HPA
-counts pods that are not ready yet too). Scaling up turns OFF slots STARTING (a DRAINING slot asked
+counts pods that are not ready yet too, their missing metric at 0 for a scale-up: `Scaler._metric`).
+Scaling up turns OFF slots STARTING (a DRAINING slot asked
 for again is kept READY: its requests are still there, and it is the cheaper choice); scaling down
 cancels STARTING slots first (newest first), then drains READY ones, fewest outstanding first. The
 router sees only READY replicas. A DRAINING slot is switched off at the first sync after its last
@@ -118,12 +119,25 @@ class Scaler:
         return sum(1 for s in self.slots if s is state)
 
     def _metric(self) -> float:
+        """The per-replica value handed to the HPA rule for STARTING + READY replicas, as the HPA treats pods
+        that are not ready yet (their metric is missing): averaged over READY replicas, then, where that
+        would scale up, STARTING ones count as 0 (which damps a scale-up: desired = ceil(Σ ready / target)),
+        and where it would scale down, as exactly at target (kubernetes.io, "Horizontal Pod Autoscaling",
+        algorithm details)."""
         ready = [e for e, s in zip(self.engines, self.slots, strict=True) if s is Slot.READY]
         if not ready:
             return 0.0
         if self.spec.metric == "num_requests_waiting":
-            return sum(len(e.scheduler.waiting) for e in ready) / len(ready)
-        return sum(e.kv_usage(self.env.now) for e in ready) / len(ready)
+            total = float(sum(len(e.scheduler.waiting) for e in ready))
+        else:
+            total = sum(e.kv_usage(self.env.now) for e in ready)
+        starting, target = self._count(Slot.STARTING), self.spec.target
+        ratio = total / len(ready) / target
+        if not starting or abs(ratio - 1) <= self.spec.tolerance:
+            return total / len(ready)
+        if ratio > 1:
+            return total / (len(ready) + starting)
+        return (total + target * starting) / (len(ready) + starting)
 
     def _set(self, i: int, state: Slot) -> None:
         now = self.env.now
