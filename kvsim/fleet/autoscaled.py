@@ -24,6 +24,7 @@ bill does from the moment a replica is requested.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -180,7 +181,7 @@ class Scaler:
                 i = off[0]
                 self._set(i, Slot.STARTING)
                 token = self._starts[i] = object()
-                call_at(self.env, self.env.now + self.spec.startup_s, lambda i=i, token=token: self._ready(i, token))
+                call_at(self.env, self.env.now + self.spec.startup_s, functools.partial(self._ready, i, token))
         for _ in range(max(-change, 0)):
             starting = [i for i, s in enumerate(slots) if s is Slot.STARTING]
             if starting:
