@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 from kvsim.model.version import __version__
 
 if TYPE_CHECKING:
+    from kvsim.fleet.autoscaled import AutoscaledResult
+    from kvsim.fleet.disagg import DisaggResult
     from kvsim.fleet.driver import FleetResult
     from kvsim.results.run_result import RunResult
     from kvsim.workload.scenario import Scenario, load_scenario
@@ -32,7 +34,8 @@ __all__ = ["RunResult", "Scenario", "__version__", "load_scenario", "simulate"]
 
 
 def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, /, *, check: bool = False,
-             progress: Callable[[float, int, int], None] | None = None, **overrides: Any) -> RunResult | FleetResult:
+             progress: Callable[[float, int, int], None] | None = None,
+             **overrides: Any) -> RunResult | FleetResult | DisaggResult | AutoscaledResult:
     """Simulate `scenario` (a Scenario, a YAML path, a dict of its fields, or None: the built-in default).
 
     `overrides` replace fields: `seed=3`, or a nested field with double underscores,
@@ -45,6 +48,14 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
 
     fields = {key.replace("__", "."): value for key, value in overrides.items()}
     resolved = resolve_scenario(scenario, fields)
+    if resolved.kv_transfer_config is not None:
+        from kvsim.fleet.disagg import simulate_disagg
+
+        return simulate_disagg(resolved, check=check, progress=progress)
+    if resolved.autoscaler is not None:
+        from kvsim.fleet.autoscaled import simulate_autoscaled
+
+        return simulate_autoscaled(resolved, check=check, progress=progress)
     if resolved.is_fleet:
         from kvsim.fleet.driver import simulate_fleet
 

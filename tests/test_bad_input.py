@@ -87,6 +87,8 @@ IMPORT_V = ["import-profile", "{d}/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv
             "--model", "llama-2-7b", "--gpu", "a100-80gb"]
 VALIDATE_M = ["validate", "{d}/m", "--gpu", "h100-80gb", "-o", "{d}/out"]
 VALIDATE_B = ["validate", "{d}/b.json", "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o", "{d}/out"]
+DISAGG = f"kv_transfer_config: {{kv_link: rdma}}\n{WORKLOAD}"
+DISAGG_GROUPS = "replicas: [{count: 1, kv_role: kv_producer}, {count: 1, kv_role: kv_consumer}]\n"
 AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 MOONCAKE_ROW = '{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]}\n'
 TOKENS_ROW = '{"arrival_time_ns": 0, "input_toks": 2, "output_toks": 1, "input_tok_ids": [1, 2], "output_tok_ids": [3]}\n'
@@ -303,6 +305,29 @@ CASES = [
      "mlp.csv: no usable rows"),
     ("vidur-truncated", vidur(VIDUR_ROW.format(tokens=1, ms=0.05), "32,32,4096,11008,32000,True,2,1,0.06"), IMPORT_V,
      "mlp.csv: line 3 does not have the header's 10 fields (a truncated or malformed file)"),
+    # --- disaggregated prefill/decode (kvsim.fleet.disagg)
+    ("disagg-pool-size-zero", scenario(f"{DISAGG}replicas: [{{count: 0, kv_role: kv_producer}}, "
+                                       "{count: 1, kv_role: kv_consumer}]\n"), RUN_S, "replicas.0.count=0"),
+    ("disagg-no-decode-pool", scenario(f"{DISAGG}replicas: [{{count: 2, kv_role: kv_producer}}]\n"), RUN_S,
+     "no replica group with kv_role=kv_consumer"),
+    ("disagg-link-zero-bandwidth", scenario(f"kv_transfer_config: {{kv_link_bandwidth_bytes_per_s: 0}}\n"
+                                            f"{WORKLOAD}{DISAGG_GROUPS}"), RUN_S,
+     "kv_transfer_config.kv_link_bandwidth_bytes_per_s=0"),
+    ("disagg-link-unknown", scenario(f"kv_transfer_config: {{kv_link: carrier-pigeon}}\n{WORKLOAD}{DISAGG_GROUPS}"),
+     RUN_S, "kv_transfer_config.kv_link='carrier-pigeon'"),
+    ("disagg-role-unknown", scenario(f"{DISAGG}replicas: [{{count: 1, kv_role: kv_both}}, "
+                                     "{count: 1, kv_role: kv_consumer}]\n"), RUN_S, "replicas.0.kv_role='kv_both'"),
+    ("disagg-role-without-config", scenario(f"{WORKLOAD}{DISAGG_GROUPS}"), RUN_S, "kv_transfer_config is missing"),
+    ("disagg-slab-allocator", scenario(f"{DISAGG}engine: {{allocator: slab-max}}\n{DISAGG_GROUPS}"), RUN_S,
+     "engine.allocator=slab-max"),
+    # --- autoscaled fleets (kvsim.fleet.autoscaled)
+    ("autoscaler-never-scales", scenario(f"{WORKLOAD}replicas: 2\nrouter: {{policy: least_outstanding}}\n"
+                                         "autoscaler: {min_replicas: 2, max_replicas: 2}\n"), RUN_S,
+     "autoscaler.max_replicas=2: equals min_replicas"),
+    ("autoscaler-startup-negative", scenario(f"{WORKLOAD}replicas: 2\nrouter: {{policy: least_outstanding}}\n"
+                                             "autoscaler: {startup_s: -1}\n"), RUN_S, "autoscaler.startup_s=-1"),
+    ("autoscaler-without-count", scenario(f"{WORKLOAD}replicas: [{{count: 2}}]\nautoscaler: {{}}\n"), RUN_S,
+     "autoscaler: needs replicas as a count"),
     # --- other commands
     ("capacity-context-lengths", {}, ["capacity", "--context-lengths", "1k,2k"], "--context-lengths='1k,2k'"),
     ("capacity-kv-bytes", {}, ["capacity", "--kv-cache-memory-bytes", "lots"], "kv_cache_memory_bytes"),

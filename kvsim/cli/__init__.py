@@ -44,6 +44,8 @@ from kvsim.cli.shared import (
 from kvsim.model.errors import KvsimError, reading
 
 if TYPE_CHECKING:
+    from kvsim.fleet.autoscaled import AutoscaledResult
+    from kvsim.fleet.disagg import DisaggResult
     from kvsim.fleet.driver import FleetResult
     from kvsim.results.run_result import RunResult
 
@@ -193,10 +195,16 @@ def run(
         "--speculative-config", help="vLLM's flag, a JSON object (engine.speculative_config), e.g. "
                                      "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
                                      "\"acceptance_rates\": 0.8}'")] = None,
+    kv_transfer_config: Annotated[str | None, typer.Option(
+        "--kv-transfer-config", help="vLLM's flag: JSON for the scenario's kv_transfer_config, e.g. "
+                                     "'{\"kv_connector\": \"NixlConnector\", \"kv_link\": \"rdma\"}' (replica groups "
+                                     "carry kv_role)")] = None,
 ) -> None:
     """Simulate a scenario: per-request latency, per-step KV usage and waste, preemptions, queueing.
 
-    A scenario with `replicas` simulates that fleet behind its `router` (see `kvsim.fleet.driver`).
+    A scenario with `replicas` simulates that fleet behind its `router` (see `kvsim.fleet.driver`);
+    with `kv_transfer_config`, a disaggregated prefill/decode fleet (`kvsim.fleet.disagg`); with
+    `autoscaler`, an autoscaled fleet (`kvsim.fleet.autoscaled`).
     """
     from kvsim.engine.simulate import simulate
     from kvsim.results.output_dir import check_output_dir, safe_component
@@ -209,13 +217,24 @@ def run(
         flags += [f"engine.max_num_seqs={max_num_seqs}"] if max_num_seqs is not None else []
         flags += [f"engine.{name}={value}" for name, value in (("scheduling_policy", scheduling_policy),
                                                                  ("speculative_config", speculative_config)) if value]
+        flags += [f"kv_transfer_config={kv_transfer_config}"] if kv_transfer_config is not None else []
         spec = load_scenario(scenario, [*(overrides or []), *flags])
         out_dir = output or f"runs/{safe_component(spec.name)}"
         check_output_dir(out_dir, "run")  # refuse before simulating, not after
         resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
         with progress_bar(enabled=output_format is RunFormat.table) as progress:
-            result: RunResult | FleetResult
-            if spec.is_fleet:  # written as it runs: the steps stream into the output's temporary folder
+            result: RunResult | FleetResult | DisaggResult | AutoscaledResult
+            if spec.kv_transfer_config is not None:
+                from kvsim.fleet.disagg import simulate_disagg
+
+                result = simulate_disagg(spec, check=check, progress=progress)
+                result.write(out_dir)
+            elif spec.autoscaler is not None:
+                from kvsim.fleet.autoscaled import simulate_autoscaled
+
+                result = simulate_autoscaled(spec, check=check, progress=progress)
+                result.write(out_dir)
+            elif spec.is_fleet:  # written as it runs: the steps stream into the output's temporary folder
                 from kvsim.fleet.driver import simulate_fleet  # not imported by a single engine's run
 
                 result = simulate_fleet(spec, check=check, progress=progress, out_dir=out_dir,

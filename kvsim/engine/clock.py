@@ -10,6 +10,7 @@ import bisect
 import math
 from array import array
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from typing import Protocol
 
 import simpy
 
@@ -77,6 +78,24 @@ def delivery_instants(arrivals_s: Iterable[float]) -> array:
             last += delay_until(last, at_s)  # where `env.timeout(delay)` from `last` fires
         out.append(last)
     return out
+
+
+class ArrivalClock(Protocol):
+    """What a step loop reads of the requests still to come to its engines (`Arrivals` for the run's
+    arrivals; a disaggregated decode pool's handoffs, `kvsim.fleet.disagg`)."""
+
+    @property
+    def all_arrived(self) -> bool:
+        """Nothing more will join these engines' queues."""
+        ...
+
+    def horizon_s(self, num_ahead: int) -> float:
+        """A bound on when the `num_ahead`-th next request can join (inf: none known)."""
+        ...
+
+    def none_delivered_at(self, instants_s: Sequence[float]) -> bool:
+        """No request joins exactly at one of `instants_s` (ascending)."""
+        ...
 
 
 class Arrivals:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 
 import simpy
 
-from kvsim.engine.clock import Arrivals, Wakeup
+from kvsim.engine.clock import ArrivalClock, Arrivals, Wakeup
 from kvsim.engine.recorder import StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.latency.base import LatencyModel
@@ -29,7 +29,7 @@ PROGRESS_EVERY_STEPS = 2000
 Dispatch = Callable[[Request, float], int]  # which engine an arriving request goes to (called at its arrival, now)
 
 
-def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrivals, check: bool = False,
+def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: ArrivalClock, check: bool = False,
               progress: Callable[[float], None] | None = None, bursts: bool = True, num_engines: int = 1,
               ) -> Generator:
     """The step loop of one engine, or of data-parallel engines whose MoE layers step together (vLLM
@@ -40,10 +40,15 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
     A lone engine may run decode bursts (`kvsim.sched.burst`), planned up to the `num_engines`-th
     next arrival (the dispatcher decides where each goes only when it arrives) and cut when a
     request joins its queue (`Engine.run_burst`): this is the one place they are run.
+    An engine's `at_step_boundary` (if set) is called before each of its steps is planned and after
+    each wake-up (a disaggregated decode instance reserves KV for pending transfers there).
     """
     steps, next_progress = 0, PROGRESS_EVERY_STEPS
     wakeup, lone = group[0].wakeup, group[0] if len(group) == 1 else None
+    boundaries = [engine.at_step_boundary for engine in group if engine.at_step_boundary is not None]
     while True:
+        for at_boundary in boundaries:
+            at_boundary(env.now)
         if not any(engine.scheduler.has_work for engine in group):
             if arrivals.all_arrived:
                 return
@@ -92,7 +97,8 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
 
 def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request], dispatch: Dispatch,
                 check: bool = False, progress: ProgressFn | None = None, bursts: bool = True,
-                num_requests: int | None = None) -> None:
+                num_requests: int | None = None,
+                clocks: Callable[[simpy.Environment, Arrivals], Sequence[ArrivalClock]] | None = None) -> None:
     """Run engine groups (one engine each, or a lockstep data-parallel group) in one simulated clock;
     each arriving request goes to engine `dispatch(req, now)` (an index into the groups' engines, in order).
 
@@ -104,6 +110,8 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request],
     stretches of pure decode several steps at a time (`kvsim.sched.burst`); results are identical
     to `bursts=False`, which plans every step. Every engine's recorder is finished when the run
     ends. `num_requests`: the total for `progress` (default: the number of requests).
+    `clocks(env, arrivals)`, if given, is called once the clock exists and returns the arrival clock
+    each group's loop reads (default: the run's arrivals): engines fed by other engines, not by arrivals.
     """
     env = simpy.Environment()
     arrivals = Arrivals(requests)
@@ -128,9 +136,10 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request],
         progress(now, sum(len(engine.scheduler.records) for engine in engines), total)
 
     env.process(arrival_process())
-    loops = [env.process(step_loop(env, group, arrivals, check, report if progress is not None else None, bursts,
+    group_clocks = clocks(env, arrivals) if clocks is not None else [arrivals] * len(groups)
+    loops = [env.process(step_loop(env, group, clock, check, report if progress is not None else None, bursts,
                                    len(engines)))
-             for group in groups]
+             for group, clock in zip(groups, group_clocks, strict=True)]
     env.run(until=loops[0] if len(loops) == 1 else env.all_of(loops))
     for engine in engines:
         engine.recorder.finish()

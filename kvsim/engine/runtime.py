@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import simpy
 
-from kvsim.engine.clock import Arrivals, Wakeup, call_at
+from kvsim.engine.clock import ArrivalClock, Wakeup, call_at
 from kvsim.engine.recorder import StepRecorder
 from kvsim.latency.base import LatencyModel
 from kvsim.sched import Scheduler
@@ -64,8 +64,13 @@ class BurstInFlight:
     def join(self, now: float) -> None:
         """A request joined the engine's queue at `now`."""
         self.joined_s.append(now)
+        if self.cut_on_join:
+            self.cut(now)
+
+    def cut(self, now: float) -> None:
+        """End the burst after the step in flight at `now` (if that is before its planned end)."""
         in_flight = self.steps_ended(now) + 1
-        if self.cut_on_join and in_flight < self.num_steps:
+        if in_flight < self.num_steps:
             self.end_after(in_flight)
 
 
@@ -81,6 +86,7 @@ class Engine:
     latency: LatencyModel
     recorder: StepRecorder
     observe_kv: bool = False
+    at_step_boundary: Callable[[float], None] | None = None  # see `kvsim.engine.loop.step_loop`
     wakeup: Wakeup = field(init=False)
     burst: BurstInFlight | None = field(default=None, init=False)
 
@@ -99,7 +105,7 @@ class Engine:
         usage = burst.usage_after_step
         return usage[min(burst.steps_ended(now), len(usage) - 1)]
 
-    def run_burst(self, env: simpy.Environment, burst: Burst, arrivals: Arrivals) -> Generator:
+    def run_burst(self, env: simpy.Environment, burst: Burst, arrivals: ArrivalClock) -> Generator:
         """Run a planned burst (`kvsim.sched.burst.plan_burst`) to its end, or to a cut, and book it."""
         scheduler, recorder, durations = self.scheduler, self.recorder, burst.durations
         # each step's start, then the last one's end, summed as one timeout per step would (`t += d`)

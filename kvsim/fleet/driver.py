@@ -64,7 +64,7 @@ def replica_groups(scenario: Scenario) -> list[tuple[Scenario, int]]:
 
 def _groups(scenario: Scenario) -> list[tuple[int, dict[str, Any], str, int]]:
     """(group index, raw replica scenario less its name, name prefix, count) per group."""
-    base = scenario.model_dump(mode="json", exclude={"replicas", "router"})
+    base = scenario.model_dump(mode="json", exclude={"replicas", "router", "kv_transfer_config", "autoscaler"})
     if isinstance(scenario.replicas, int):
         return [(0, base, "r", scenario.replicas)]
     out = []
@@ -164,11 +164,13 @@ class FleetResult:
         return pd.read_parquet(self.steps_path) if self.steps_path.suffix == ".parquet" else pd.read_csv(
             self.steps_path)
 
-    def write(self, out_dir: str | Path) -> Path:
+    def write(self, out_dir: str | Path, extra: dict[str, pd.DataFrame] | None = None) -> Path:
         """`requests.csv`, `steps.csv` (unless the scenario keeps no steps), `routes.csv`, `replicas.csv`,
-        `summary.json`, `scenario.yaml`, through `kvsim.results.output_dir.output_directory` (only over
-        kvsim's own output, swapped in when complete)."""
+        `summary.json`, `scenario.yaml` (and the `extra` tables, by file name), through
+        `kvsim.results.output_dir.output_directory` (only over kvsim's own output, swapped in when complete)."""
         with output_directory(out_dir, "run") as tmp:
+            for name, table in (extra or {}).items():
+                table.to_csv(tmp / name, index=False)
             if self.scenario.steps != "none":
                 self.steps.to_csv(tmp / "steps.csv", index=False)
             write_fleet_files(tmp, self)
@@ -214,6 +216,11 @@ def _run_fleet(scenario: Scenario, check: bool, progress: ProgressFn | None, bur
                streamed: tuple[Path, Path, StepsFormat] | None = None) -> FleetResult:
     """The fleet's run; `streamed`: (the output's temporary folder, its final path, the steps format)."""
     import pandas as pd
+
+    if scenario.kv_transfer_config is not None:
+        raise KvsimError("kv_transfer_config: a disaggregated fleet; use kvsim.fleet.disagg.simulate_disagg")
+    if scenario.autoscaler is not None:
+        raise KvsimError("autoscaler: an autoscaled fleet; use kvsim.fleet.autoscaled.simulate_autoscaled")
 
     specs = replica_scenarios(scenario)
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness

@@ -15,6 +15,7 @@ Every request that ends (finished or rejected) is copied into `records`
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -73,6 +74,13 @@ class Scheduler:
         self.num_swapped_out_bytes = 0
         self.prefix_stats = PrefixCacheStats()  # recorded at each admission (`admit`)
         self._forked: set[int] = set()  # request ids whose samples have been forked
+        # Disaggregated prefill/decode (`kvsim.fleet.disagg`); both stay empty otherwise.
+        # A decode instance: requests that join the queue with their KV already held here (loaded from a
+        # prefill instance): request id -> tokens held, admitted as computed (vLLM's remote-prefill requests).
+        self.held_kv_tokens: dict[int, int] = {}
+        # A prefill instance: called with each request it finishes, whose KV it keeps (not freed) until
+        # the transfer to a decode instance ends; the callee frees it (`free_request`).
+        self.hand_off: Callable[[Request, float], None] | None = None
         self._beam_scores: dict[int, np.ndarray] = {}  # request id -> cumulative log-prob of each beam slot
 
     # ---------------------------------------------------------------- queues
@@ -201,8 +209,10 @@ class Scheduler:
         if req.first_scheduled_s is None:
             req.first_scheduled_s = now
             req.num_prefix_hit_tokens = hit.num_tokens
-        # a re-admission re-hits its own blocks: not a prefix-cache hit
-        self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
+        if self.held_kv_tokens and self.held_kv_tokens.pop(req.request_id, None) is not None:
+            pass  # loaded KV, not a prefix-cache query: its lookup was counted when the load was reserved
+        else:  # a re-admission re-hits its own blocks: not a prefix-cache hit (counted apart)
+            self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
         req.num_computed_tokens = hit.num_tokens
         req.status = RequestStatus.RUNNING
         self.running.append(req)
@@ -219,6 +229,12 @@ class Scheduler:
                                        req.prompt_len)
 
     def lookup(self, req: Request) -> PrefixHit:
+        """The prefix cache's hit; for KV loaded from a prefill instance, every prompt token but the last
+        (vLLM recomputes it to sample the first token; the sequence already holds its blocks)."""
+        if self.held_kv_tokens:
+            held = self.held_kv_tokens.get(req.request_id)
+            if held is not None:
+                return PrefixHit(held, ())
         return self.alloc.lookup_prefix(req.content, req.num_tokens)
 
     def plan_tokens(self, plan: StepPlan, req: Request, num_new: int) -> None:
@@ -325,13 +341,18 @@ class Scheduler:
 
     def finish(self, done: list[Request], now: float) -> list[Request]:
         """Mark requests that produced their last token finished at `now` and free their KV."""
+        hand_off = self.hand_off
         for req in done:
             req.status, req.finish_s = RequestStatus.FINISHED, now
-            self.free_request(req)
-            req.content = None  # its block-hash memo is not needed again: memory stays bounded in long runs
+            if hand_off is None:
+                self.free_request(req)
+                req.content = None  # its block-hash memo is not needed again: memory stays bounded in long runs
         if done:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
             self.records.extend(done)  # the scheduler keeps no finished Request: memory stays bounded
+            if hand_off is not None:
+                for req in done:
+                    hand_off(req, now)
         return done
 
     def _fork_samples(self, req: Request) -> None:

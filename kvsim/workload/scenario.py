@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.config import EngineConfig, GPULink
 from kvsim.model.errors import KvsimError, from_validation_error, reading
@@ -214,6 +214,9 @@ class ReplicaGroup(BaseModel):
     model: str | None = None
     gpu: str | None = None
     engine: dict[str, Any] = Field(default_factory=dict)
+    kv_role: Literal["kv_producer", "kv_consumer"] | None = Field(
+        default=None, exclude_if=lambda role: role is None,
+        description="vLLM's kv_role in a disaggregated fleet: kv_producer (prefill), kv_consumer (decode)")
 
 
 class Router(BaseModel):
@@ -231,6 +234,45 @@ class Router(BaseModel):
     load_bound: float = Field(default=1.25, ge=1.0)
     load_slack: int = Field(default=8, ge=0, description="outstanding requests above the least loaded")
     match_threshold: float = Field(default=0.25, ge=0, le=1, description="least prompt fraction to follow")
+
+
+class KVTransferConfig(BaseModel):
+    """vLLM's `--kv-transfer-config` for a disaggregated fleet (`kvsim.fleet.disagg`): replica groups with
+    `kv_role: kv_producer` form the prefill pool, `kv_consumer` the decode pool.
+
+    `kv_link` names a link preset (`kvsim.fleet.kv_transfer.LINK_PRESETS`: nvlink, pcie, rdma);
+    `kv_link_bandwidth_bytes_per_s` and `kv_link_latency_s` replace its figures. Each decode instance
+    receives over its own link, shared by the transfers into it. `kv_connector` is recorded only.
+    """
+
+    model_config = _STRICT
+    kv_connector: str = "NixlConnector"
+    kv_link: Literal["nvlink", "pcie", "rdma"] = "rdma"
+    kv_link_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    kv_link_latency_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    prefill_router: Router = Router(policy="least_outstanding")
+    decode_router: Router = Router(policy="least_outstanding")
+
+
+class AutoscalerConfig(BaseModel):
+    """An autoscaled fleet (`kvsim.fleet.autoscaled`): Kubernetes HPA's rule and names, in snake case
+    (`kvsim.fleet.autoscaler.AutoscalerSpec` states the rule). `replicas` (an int) is the count at the
+    start, clamped to [min_replicas, max_replicas]. `slo_ttft_s` / `slo_tpot_s` only score the run
+    (attainment per `slo_window_s` of arrivals), they do not steer it."""
+
+    model_config = _STRICT
+    metric: Literal["num_requests_waiting", "kv_cache_usage_perc"] = "num_requests_waiting"
+    target: float = 4.0
+    min_replicas: int = 1
+    max_replicas: int = 16
+    tolerance: float = 0.1
+    sync_period_s: float = 15.0
+    scale_up_window_s: float = 0.0
+    scale_down_window_s: float = 300.0
+    startup_s: float = 120.0
+    slo_ttft_s: float = Field(default=2.0, gt=0)
+    slo_tpot_s: float = Field(default=0.1, gt=0)
+    slo_window_s: float = Field(default=300.0, gt=0)
 
 
 StepsMode = Literal["none", "sampled", "all"]  # which per-step rows a run keeps and writes
@@ -252,7 +294,26 @@ class Scenario(BaseModel):
                              "(at most 100,000 evenly spaced) or none; the summary always uses every step")
     replicas: int | list[ReplicaGroup] | None = Field(default=None, description="a fleet behind `router`")
     router: Router = Router()
+    kv_transfer_config: KVTransferConfig | None = Field(
+        default=None, exclude_if=lambda config: config is None,
+        description="disaggregated prefill/decode: replica groups carry kv_role")
+    autoscaler: AutoscalerConfig | None = Field(
+        default=None, exclude_if=lambda config: config is None,
+        description="replica count follows an HPA-style policy; new replicas serve after startup_s")
     base_dir: str = Field(default=".", exclude=True)
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _groups_named(cls, value: Any) -> Any:
+        """A bad replica group is reported by its own field (not as "not an int", the union's first branch)."""
+        if isinstance(value, list):
+            for i, group in enumerate(value):
+                if isinstance(group, dict):
+                    try:
+                        ReplicaGroup(**group)
+                    except ValidationError as error:
+                        raise from_validation_error(error, f"replicas.{i}") from None
+        return value
 
     @model_validator(mode="after")
     def _speculation_single_sequence(self) -> Scenario:
@@ -267,6 +328,20 @@ class Scenario(BaseModel):
             raise ValueError(f"replicas={self.replicas}: expected 1..4096")
         if isinstance(self.replicas, list) and not self.replicas:
             raise ValueError("replicas=[]: give a count or at least one replica group")
+        roles = [g.kv_role for g in self.replicas] if isinstance(self.replicas, list) else []
+        if self.kv_transfer_config is not None:
+            for role in ("kv_producer", "kv_consumer"):
+                if role not in roles:
+                    raise ValueError(f"kv_transfer_config: no replica group with kv_role={role} (replicas={roles})")
+            if None in roles:
+                raise ValueError(f"replicas[{roles.index(None)}].kv_role=None: every group of a disaggregated "
+                                 "fleet is kv_producer or kv_consumer")
+        elif any(roles):
+            raise ValueError("kv_role is set on a replica group but kv_transfer_config is missing")
+        if self.autoscaler is not None and not isinstance(self.replicas, int):
+            raise ValueError(f"autoscaler: needs replicas as a count (the start), not replicas={self.replicas!r}")
+        if self.autoscaler is not None and self.kv_transfer_config is not None:
+            raise ValueError("autoscaler with kv_transfer_config: autoscaling a disaggregated fleet is not modelled")
         return self
 
     @property

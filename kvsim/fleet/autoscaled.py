@@ -1,0 +1,304 @@
+"""An autoscaled fleet: the replica count follows `kvsim.fleet.autoscaler` (Kubernetes HPA's rule), with
+cold starts and draining.
+
+    replicas: 2                      # at the start (warm), clamped to [min_replicas, max_replicas]
+    router: {policy: least_outstanding}
+    autoscaler: {metric: num_requests_waiting, target: 4, min_replicas: 1, max_replicas: 8, startup_s: 120}
+
+Every replica slot is an engine exactly as a colocated fleet builds it (`max_replicas` of them, built up
+front); a slot is OFF, STARTING, READY or DRAINING:
+
+    OFF ──scale up──▶ STARTING ──startup_s──▶ READY ──scale down──▶ DRAINING ──no work left──▶ OFF
+                          └──────scale down (cancelled first)──────────────────────────────▶ OFF
+
+Every `sync_period_s` (from t = 0) the autoscaler reads the metric of the READY replicas (vLLM's
+`num_requests_waiting`, or `kv_cache_usage_perc`) and recommends a count for STARTING + READY (the HPA
+counts pods that are not ready yet too, their missing metric at 0 for a scale-up: `Scaler._metric`).
+Scaling up turns OFF slots STARTING (a DRAINING slot asked
+for again is kept READY: its requests are still there, and it is the cheaper choice); scaling down
+cancels STARTING slots first (newest first), then drains READY ones, fewest outstanding first. The
+router sees only READY replicas. A DRAINING slot is switched off at the first sync after its last
+request ends. GPU-hours bill every slot that is not OFF (`tensor_parallel_size` GPUs each), as a cloud
+bill does from the moment a replica is requested.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvsim.engine.builder import build_engine, engine_result
+from kvsim.engine.clock import Arrivals, call_at
+from kvsim.engine.loop import ProgressFn, run_engines
+from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
+from kvsim.engine.runtime import Engine
+from kvsim.fleet.autoscaler import Autoscaler, AutoscalerSpec
+from kvsim.fleet.driver import FleetResult, FleetView, Routes, fleet_summary, replica_scenarios
+from kvsim.fleet.router import Decision, Router
+from kvsim.model.config import load_model
+from kvsim.model.errors import KvsimError
+from kvsim.workload.generate import iter_requests
+from kvsim.workload.request import Request
+from kvsim.workload.scenario import AutoscalerConfig, Scenario
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+class Slot(Enum):
+    OFF = "off"
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+
+
+def autoscaler_spec(config: AutoscalerConfig) -> AutoscalerSpec:
+    """The pure core's spec; a policy that can never scale is refused (one line naming the field)."""
+    fields = config.model_dump(exclude={"slo_ttft_s", "slo_tpot_s", "slo_window_s"})
+    spec = AutoscalerSpec(**fields)
+    if spec.min_replicas == spec.max_replicas:
+        raise KvsimError(f"autoscaler.max_replicas={spec.max_replicas}: equals min_replicas, so the policy can "
+                         f"never scale (a static fleet is replicas: {spec.max_replicas} without autoscaler)")
+    return spec
+
+
+class ScalingView(FleetView):
+    """The router's view: the READY slots only, in slot order (`ready`: their slot indices), so a router
+    over `len(ready)` replicas routes exactly as over a static fleet of that size."""
+
+    def __init__(self, engines: list[Engine], slots: list[Slot]) -> None:
+        super().__init__(engines)
+        self.slots = slots
+        self.ready: list[int] = []
+
+    def refresh(self) -> int:
+        """Re-read which slots are READY; their number."""
+        self.ready = [i for i, s in enumerate(self.slots) if s is Slot.READY]
+        return len(self.ready)
+
+    def outstanding(self) -> list[int]:
+        every = super().outstanding()
+        return [every[i] for i in self.ready]
+
+    def kv_usage(self) -> list[float]:
+        return [self.engines[i].kv_usage(self.now_s) for i in self.ready]
+
+
+@dataclass(slots=True)
+class Scaler:
+    """The slots' states through the run, driven by the sync timer; `history` is `scaling.csv`."""
+
+    spec: AutoscalerSpec
+    engines: list[Engine]
+    slots: list[Slot]
+    gpus_per_slot: list[int]
+    env: Any = None  # the run's simpy.Environment (only kvsim.engine imports simpy)
+    arrivals: Arrivals | None = None
+    gpu_seconds: float = 0.0
+    autoscaler: Autoscaler = field(init=False)
+    history: dict[str, list[Any]] = field(init=False)
+    _since_s: list[float] = field(init=False)  # when each slot last left OFF
+    _starts: list[object] = field(init=False)  # the pending start of each slot (a cancel voids it)
+
+    def __post_init__(self) -> None:
+        self.autoscaler = Autoscaler(self.spec)
+        self.history = {key: [] for key in ("time_s", "metric", "desired", "num_ready", "num_starting",
+                                            "num_draining")}
+        self._since_s = [0.0] * len(self.slots)
+        self._starts = [None] * len(self.slots)
+
+    def start(self, env: Any, arrivals: Arrivals) -> list[Arrivals]:
+        """`run_engines`' `clocks` hook: every slot reads the run's arrivals; the first sync is at t = 0."""
+        self.env, self.arrivals = env, arrivals
+        self._sync()
+        return [arrivals] * len(self.engines)
+
+    def _count(self, state: Slot) -> int:
+        return sum(1 for s in self.slots if s is state)
+
+    def _metric(self) -> float:
+        """The per-replica value handed to the HPA rule for STARTING + READY replicas, as the HPA treats pods
+        that are not ready yet (their metric is missing): averaged over READY replicas, then, where that
+        would scale up, STARTING ones count as 0 (which damps a scale-up: desired = ceil(Σ ready / target)),
+        and where it would scale down, as exactly at target (kubernetes.io, "Horizontal Pod Autoscaling",
+        algorithm details)."""
+        ready = [e for e, s in zip(self.engines, self.slots, strict=True) if s is Slot.READY]
+        if not ready:
+            return 0.0
+        if self.spec.metric == "num_requests_waiting":
+            total = float(sum(len(e.scheduler.waiting) for e in ready))
+        else:
+            total = sum(e.kv_usage(self.env.now) for e in ready)
+        starting, target = self._count(Slot.STARTING), self.spec.target
+        ratio = total / len(ready) / target
+        if not starting or abs(ratio - 1) <= self.spec.tolerance:
+            return total / len(ready)
+        if ratio > 1:
+            return total / (len(ready) + starting)
+        return (total + target * starting) / (len(ready) + starting)
+
+    def _set(self, i: int, state: Slot) -> None:
+        now = self.env.now
+        if state is Slot.OFF and self.slots[i] is not Slot.OFF:
+            self.gpu_seconds += (now - self._since_s[i]) * self.gpus_per_slot[i]
+        elif self.slots[i] is Slot.OFF and state is not Slot.OFF:
+            self._since_s[i] = now
+        self.slots[i] = state
+
+    def _sync(self) -> None:
+        assert self.arrivals is not None
+        now = self.env.now
+        for i, s in enumerate(self.slots):  # drained: off
+            if s is Slot.DRAINING and not self.engines[i].scheduler.has_work:
+                self._set(i, Slot.OFF)
+        current = self._count(Slot.READY) + self._count(Slot.STARTING)
+        metric = self._metric()
+        desired = self.autoscaler.recommend(now, current, metric)
+        self._scale(desired - current)
+        for key, value in zip(self.history, (now, metric, desired, self._count(Slot.READY),
+                                             self._count(Slot.STARTING), self._count(Slot.DRAINING)), strict=True):
+            self.history[key].append(value)
+        if not (self.arrivals.all_arrived and not any(e.scheduler.has_work for e in self.engines)):
+            call_at(self.env, now + self.spec.sync_period_s, self._sync)
+
+    def finish(self) -> None:
+        """The run ended (its last request finished): bill every slot still on until now."""
+        for i, s in enumerate(self.slots):
+            if s is not Slot.OFF:
+                self._set(i, Slot.OFF)
+
+    def _scale(self, change: int) -> None:
+        slots = self.slots
+        for _ in range(max(change, 0)):
+            draining = [i for i, s in enumerate(slots) if s is Slot.DRAINING]
+            off = [i for i, s in enumerate(slots) if s is Slot.OFF]
+            if draining:
+                slots[draining[0]] = Slot.READY
+            elif off:
+                i = off[0]
+                self._set(i, Slot.STARTING)
+                token = self._starts[i] = object()
+                call_at(self.env, self.env.now + self.spec.startup_s, functools.partial(self._ready, i, token))
+        for _ in range(max(-change, 0)):
+            starting = [i for i, s in enumerate(slots) if s is Slot.STARTING]
+            if starting:
+                self._set(starting[-1], Slot.OFF)
+                continue
+            ready = [i for i, s in enumerate(slots) if s is Slot.READY]
+            slots[min(ready, key=lambda j: (self._load(j), -j))] = Slot.DRAINING
+
+    def _load(self, i: int) -> int:
+        scheduler = self.engines[i].scheduler
+        return len(scheduler.waiting) + len(scheduler.running) + len(scheduler.swapped)
+
+    def _ready(self, i: int, token: object) -> None:
+        if self.slots[i] is Slot.STARTING and self._starts[i] is token:  # not cancelled (and restarted) meanwhile
+            self.slots[i] = Slot.READY
+
+
+def slo_attainment(requests_df: pd.DataFrame, slo_ttft_s: float, slo_tpot_s: float, window_s: float) -> pd.DataFrame:
+    """Per window of `window_s` seconds of arrivals: requests, and the share that finished within both SLOs
+    (a rejected request misses; a one-token output has no TPOT and is judged on TTFT alone)."""
+    import pandas as pd
+
+    arrival = requests_df["arrival_s"].to_numpy(dtype=float)
+    window = np.floor(arrival / window_s).astype(np.int64)
+    tpot = requests_df["tpot_s"].to_numpy(dtype=float)
+    met = ((requests_df["status"] == "finished").to_numpy() & (requests_df["ttft_s"].to_numpy(dtype=float)
+                                                               <= slo_ttft_s)
+           & (np.isnan(tpot) | (tpot <= slo_tpot_s)))
+    frame = pd.DataFrame({"window": window, "met": met})
+    grouped = frame.groupby("window", sort=True)["met"].agg(["size", "mean"]).reset_index()
+    return pd.DataFrame({"window_start_s": grouped["window"].to_numpy(dtype=float) * window_s,
+                         "num_requests": grouped["size"].to_numpy(dtype=np.int64),
+                         "slo_attainment": grouped["mean"].to_numpy(dtype=float)})
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscaledResult:
+    """A fleet result plus `scaling` (one row per sync) and `slo` (attainment per window of arrivals)."""
+
+    fleet: FleetResult
+    scaling: pd.DataFrame
+    slo: pd.DataFrame
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.fleet.summary
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        return self.fleet.requests
+
+    def write(self, out_dir: Any) -> Any:
+        """`FleetResult.write`'s files plus `scaling.csv` and `slo.csv`."""
+        return self.fleet.write(out_dir, {"scaling.csv": self.scaling, "slo.csv": self.slo})
+
+
+def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
+                        bursts: bool = True) -> AutoscaledResult:
+    """Simulate the autoscaled fleet (module docstring)."""
+    import pandas as pd
+
+    config = scenario.autoscaler
+    assert config is not None and isinstance(scenario.replicas, int)
+    spec = autoscaler_spec(config)
+    if scenario.router.policy not in ("least_outstanding", "least_kv"):
+        raise KvsimError(f"router.policy={scenario.router.policy}: an autoscaled fleet routes by load "
+                         "(least_outstanding or least_kv); affinity's memory of replicas is not kept across scaling")
+    specs = replica_scenarios(scenario.model_copy(update={"replicas": spec.max_replicas}))
+    rng = np.random.default_rng(scenario.seed)
+    parts = [build_engine(s, rng) for s in specs]
+    max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))
+    requests = iter_requests(scenario, max_model_len, rng)
+    per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
+    observe_kv = scenario.router.policy == "least_kv" or spec.metric == "kv_cache_usage_perc"
+    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap),
+                      observe_kv=observe_kv) for p in parts]
+    initial = min(max(scenario.replicas, spec.min_replicas), spec.max_replicas)
+    slots = [Slot.READY if i < initial else Slot.OFF for i in range(len(engines))]
+    scaler = Scaler(spec, engines, slots, [s.engine.tensor_parallel_size for s in specs])
+    view = ScalingView(engines, slots)
+    router_config = scenario.router
+    router = Router(router_config.policy, initial, scenario.engine.block_size, router_config.load_bound,
+                    router_config.load_slack, router_config.match_threshold)
+    routes = Routes()
+
+    def dispatch(req: Request, now: float) -> int:
+        view.now_s = now
+        router.num_replicas = view.refresh()  # the router's turn counter carries on over the new set
+        decision = router.route(req, view)
+        replica = view.ready[decision.replica]
+        routes.add(req, Decision(replica, decision.reason, decision.matched_tokens))
+        view.dispatched[replica] += 1
+        return replica
+
+    run_engines([[engine] for engine in engines], requests, dispatch, check, progress, bursts,
+                num_requests=scenario.workload.num_requests, clocks=scaler.start)
+    billed_span_s = scaler.env.now
+    scaler.finish()
+    runs = [engine_result(s, p, e.recorder) for s, p, e in zip(specs, parts, engines, strict=True)]
+    served = [i for i, run in enumerate(runs) if len(run.requests)] or [0]  # slots never used add no rows
+    requests_df = pd.concat([runs[i].requests.assign(replica=i) for i in served], ignore_index=True)
+    requests_df = requests_df.sort_values("request_id", kind="stable").reset_index(drop=True)
+    steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
+    routes_df = routes.frame()
+    summary = fleet_summary(scenario, requests_df, runs, routes_df)
+    scaling = pd.DataFrame(scaler.history)
+    slo = slo_attainment(requests_df, config.slo_ttft_s, config.slo_tpot_s, config.slo_window_s)
+    met = slo["slo_attainment"] * slo["num_requests"]
+    summary["autoscaling"] = {
+        **config.model_dump(mode="json"),
+        "gpu_hours": scaler.gpu_seconds / 3600.0,
+        "mean_gpus": scaler.gpu_seconds / billed_span_s if billed_span_s else 0.0,
+        "billed_span_s": billed_span_s,
+        "max_ready": int(scaling["num_ready"].max()) if len(scaling) else initial,
+        "num_syncs": len(scaling),
+        "slo_attainment": float(met.sum() / slo["num_requests"].sum()) if len(slo) else 0.0,
+        "worst_window_slo_attainment": float(slo["slo_attainment"].min()) if len(slo) else 0.0,
+    }
+    fleet = FleetResult(scenario, requests_df, routes_df, runs, summary, step_frame=steps_df)
+    return AutoscaledResult(fleet, scaling, slo)

@@ -1,0 +1,390 @@
+"""Disaggregated prefill/decode (xPyD), as vLLM runs it with a P2P connector (NIXL) behind its proxy.
+
+    kv_transfer_config: {kv_link: rdma}           # kvsim.fleet.kv_transfer: presets, bytes
+    replicas:
+      - {count: 2, kv_role: kv_producer}          # the prefill pool
+      - {count: 1, kv_role: kv_consumer, engine: {max_num_seqs: 512}}   # the decode pool
+
+A request's life (each instance is one engine exactly as a colocated fleet builds it):
+
+    arrives ─▶ prefill router ─▶ P: queue, prefill, first token (max_tokens=1, as the proxy asks)
+           ─▶ decode router ─▶ D: waits until D can reserve the prompt's blocks (FIFO, at D's step
+              boundaries or at once if D is idle; D's own prefix-cache hit is not moved)
+           ─▶ transfer over D's ingress link (latency + bytes ÷ bandwidth, shared: `SharedLink`);
+              P keeps its blocks until the transfer ends, then frees them
+           ─▶ D's queue with the KV held: admitted as computed but for the last prompt token, which
+              D recomputes to sample the first token, then decodes the rest (vLLM's remote prefill)
+
+What a client measures: vLLM's proxy discards the prefill instance's token and streams the decode
+instance's response, so the first token a client sees is D's: TTFT = P queue + prefill + wait for D's
+blocks + transfer + D queue + D's first step. That is the `ttft_s` of the requests table; the
+prefill instance's own TTFT is in its replica's summary. `queue_s` is the wait before the prefill.
+
+Simplifications, stated: a request D can never hold is rejected when its prefill ends (its prefill
+was spent); a transfer into D is limited by D's ingress link only (not P's egress); n > 1 samples and
+beam search are refused; D's preempted requests recompute locally, as vLLM's do.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvsim.engine.builder import EngineParts, build_engine, engine_result
+from kvsim.engine.clock import ArrivalClock, Arrivals, call_at
+from kvsim.engine.loop import ProgressFn, run_engines
+from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
+from kvsim.engine.runtime import Engine
+from kvsim.fleet.driver import FleetView, Routes, fleet_summary, replica_scenarios
+from kvsim.fleet.kv_transfer import decode_link, kv_bytes_per_block_received, per_gpu_link
+from kvsim.fleet.link import SharedLink
+from kvsim.fleet.router import Router
+from kvsim.kv import PagedAllocator
+from kvsim.model.config import load_model
+from kvsim.model.errors import KvsimError
+from kvsim.model.units import ceil_div
+from kvsim.results.metrics import percentiles
+from kvsim.workload.generate import iter_requests
+from kvsim.workload.request import Request, RequestStatus
+from kvsim.workload.scenario import KVTransferConfig, Scenario
+from kvsim.workload.scenario import Router as RouterConfig
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from kvsim.results.run_result import RunResult
+
+TRANSFER_COLUMNS = ("request_id", "prefill_replica", "decode_replica", "num_bytes", "handoff_s", "start_s",
+                    "end_s")
+
+
+@dataclass(slots=True)
+class _InFlight:
+    req: Request
+    prefill: int  # replica index
+    handoff_s: float
+    start_s: float
+    num_bytes: int
+
+
+def _make_router(config: RouterConfig, parts: Sequence[EngineParts], block_size: int) -> Router:
+    return Router(config.policy, len(parts), block_size, config.load_bound, config.load_slack,
+                  config.match_threshold, max_prefix_blocks=sum(p.facts["num_gpu_blocks"] for p in parts))
+
+
+class Disaggregation:
+    """The two pools, their routers and the links into the decode instances; the hand-offs between them.
+
+    Indices: `prefill[k]` / `decode[k]` are replica indices (the scenario's replica order).
+    """
+
+    def __init__(self, scenario: Scenario, specs: list[Scenario], parts: list[EngineParts],
+                 engines: list[Engine]) -> None:
+        config = scenario.kv_transfer_config
+        assert config is not None and isinstance(scenario.replicas, list)
+        roles = [group.kv_role for group in scenario.replicas for _ in range(group.count)]
+        self.config: KVTransferConfig = config
+        self.engines = engines
+        self.prefill = [i for i, role in enumerate(roles) if role == "kv_producer"]
+        self.decode = [i for i, role in enumerate(roles) if role == "kv_consumer"]
+        for i, (spec, part) in enumerate(zip(specs, parts, strict=True)):
+            where = f"replicas ({spec.name}, {roles[i]})"
+            if not isinstance(part.scheduler.alloc, PagedAllocator) or spec.engine.scheduler != "v1":
+                raise KvsimError(f"{where}: engine.allocator={spec.engine.allocator}, engine.scheduler="
+                                 f"{spec.engine.scheduler}: disaggregation needs paged and v1 (vLLM v1's connectors)")
+        if scenario.workload.n != 1 or scenario.workload.beam_width is not None:
+            field = "n" if scenario.workload.n != 1 else "beam_width"
+            raise KvsimError(f"workload.{field}={getattr(scenario.workload, field)}: a disaggregated fleet models "
+                             "single-sequence requests only")
+        self.links = [SharedLink(decode_link(config, specs[d].engine)) for d in self.decode]
+        self.block_bytes = [kv_bytes_per_block_received(load_model(specs[d].model), specs[d].engine)
+                            for d in self.decode]
+        self.block_size = [specs[d].engine.block_size for d in self.decode]
+        self.p_view = FleetView([engines[i] for i in self.prefill])
+        self.d_view = FleetView([engines[i] for i in self.decode])
+        block_size = specs[0].engine.block_size
+        self.p_router = _make_router(config.prefill_router, [parts[i] for i in self.prefill], block_size)
+        self.d_router = _make_router(config.decode_router, [parts[i] for i in self.decode], block_size)
+        self.p_routes, self.d_routes = Routes(), Routes()
+        self.pending: list[deque[tuple[Request, int, float]]] = [deque() for _ in self.decode]
+        self.in_flight: list[dict[int, _InFlight]] = [{} for _ in self.decode]
+        self._timer: list[object] = [None] * len(self.decode)
+        self.output_len: dict[int, int] = {}  # request id -> the client's max_tokens while it prefills
+        self.transfers: dict[str, list[Any]] = {key: [] for key in TRANSFER_COLUMNS}
+        self.num_handed_off = self.num_in_decode_queues = 0
+        self.num_held = dict.fromkeys(self.prefill, 0)  # prefill replica -> requests whose KV it keeps for D
+        self.env: Any = None  # the run's simpy.Environment (only kvsim.engine imports simpy)
+        self.arrivals: Arrivals | None = None
+        for i in self.prefill:
+            engines[i].scheduler.hand_off = self._hand_off_from(i)
+        for k, i in enumerate(self.decode):
+            engines[i].at_step_boundary = self._reserve_on(k)
+
+    # ---------------------------------------------------------------- the clocks
+    def clocks(self, env: Any, arrivals: Arrivals) -> list[ArrivalClock]:
+        """The run's arrivals feed the prefill instances; hand-offs feed the decode instances."""
+        self.env, self.arrivals = env, arrivals
+        decode = set(self.decode)
+        return [_DecodeClock(self, self.decode.index(i)) if i in decode else _PrefillClock(self, i, arrivals)
+                for i in range(len(self.engines))]
+
+    def upstream_done(self) -> bool:
+        """No request can still reach a decode queue: all arrived, none on a prefill instance or between."""
+        assert self.arrivals is not None
+        if not self.arrivals.all_arrived:
+            return False
+        ended_on_prefill = sum(len(self.engines[i].scheduler.records) for i in self.prefill)
+        on_prefill = sum(self.p_view.dispatched) - ended_on_prefill
+        return on_prefill == 0 and self.num_handed_off == self.num_in_decode_queues
+
+    def _ring_decode_if_done(self) -> None:
+        if self.upstream_done():
+            for i in self.decode:
+                self.engines[i].wakeup.ring()
+
+    # ---------------------------------------------------------------- dispatch
+    def dispatch(self, req: Request, now: float) -> int:
+        """A request arrives: to a prefill instance, asking for one token (the proxy's max_tokens=1)."""
+        self.p_view.now_s = now
+        decision = self.p_router.route(req, self.p_view)
+        self.p_routes.add(req, decision)
+        self.p_view.dispatched[decision.replica] += 1
+        self.output_len[req.request_id] = req.output_len
+        req.output_len = 1
+        return self.prefill[decision.replica]
+
+    def _hand_off_from(self, prefill: int):  # type: ignore[no-untyped-def]
+        def hand_off(req: Request, now: float) -> None:
+            """P sampled its token (its KV stays held): the request is the client's again, for a decode instance."""
+            req.output_len = self.output_len.pop(req.request_id)
+            req.status, req.num_computed_tokens, req.num_output_tokens = RequestStatus.WAITING, 0, 0
+            req.first_token_s = req.finish_s = None
+            req.num_preemptions = 0
+            self.num_handed_off += 1
+            self.num_held[prefill] += 1
+            self.d_view.now_s = now
+            decision = self.d_router.route(req, self.d_view)
+            self.d_routes.add(req, decision)
+            self.d_view.dispatched[decision.replica] += 1
+            engine = self.engines[self.decode[decision.replica]]
+            if engine.scheduler.reject_reason(req) is not None:  # D can never hold it: rejected there
+                self._release(prefill, req)
+                self.num_in_decode_queues += 1
+                engine.scheduler.add(req)
+                self._ring_decode_if_done()
+                return
+            self.pending[decision.replica].append((req, prefill, now))
+            if engine.burst is not None:
+                engine.burst.cut(now)  # D reserves at its next step boundary
+            engine.wakeup.ring()
+        return hand_off
+
+    def _release(self, prefill: int, req: Request) -> None:
+        """The prefill instance frees the request's KV; it may admit what waited for those blocks."""
+        engine = self.engines[prefill]
+        engine.scheduler.free_request(req)
+        self.num_held[prefill] -= 1
+        engine.wakeup.ring()
+
+    # ---------------------------------------------------------------- decode side
+    def _reserve_on(self, k: int):  # type: ignore[no-untyped-def]
+        def reserve(now: float) -> None:
+            """At a step boundary of decode instance k: requests whose KV has arrived go first in the queue
+            (they need no new block, so a preempted request that cannot fit never blocks them: no deadlock);
+            then blocks for pending transfers, FIFO, unless a local request waits (FCFS: it would come first)."""
+            scheduler = self.engines[self.decode[k]].scheduler
+            waiting, held = scheduler.waiting, scheduler.held_kv_tokens
+            if held and waiting and waiting.peek().request_id not in held:
+                loaded = [r for r in waiting if r.request_id in held]
+                for req in reversed(loaded):  # to the front, in their order; the rest keep theirs
+                    waiting.remove(req)
+                    waiting.prepend(req)
+            pending = self.pending[k]
+            if not pending or len(waiting) > len(held):
+                return
+            alloc, started = scheduler.alloc, False
+            while pending:
+                req, prefill, handoff_s = pending[0]
+                hit = alloc.lookup_prefix(req.content, req.prompt_len)
+                seq_id = req.seq_ids[0]
+                if not alloc.allocate(seq_id, req.prompt_len, req.kv_len, req.content, hit):
+                    break  # vLLM's decode side: the request waits until its blocks can be allocated
+                pending.popleft()
+                scheduler.prefix_stats.record(req.prompt_len, hit.num_tokens, preempted=False)
+                num_blocks = ceil_div(req.prompt_len, self.block_size[k]) - len(hit.block_ids)
+                num_bytes = num_blocks * self.block_bytes[k]
+                self.links[k].start(req.request_id, num_bytes, now)
+                self.in_flight[k][req.request_id] = _InFlight(req, prefill, handoff_s, now, num_bytes)
+                started = True
+            if started:
+                self._arm(k)
+        return reserve
+
+    def _arm(self, k: int) -> None:
+        """Wake at the next transfer end on link k (a later start re-arms: the older timer is ignored)."""
+        assert self.env is not None
+        nxt = self.links[k].next_end()
+        token = self._timer[k] = object()
+        if nxt is not None:
+            call_at(self.env, max(nxt[0], self.env.now), lambda: self._transfers_end(k, token))
+
+    def _transfers_end(self, k: int, token: object) -> None:
+        if token is not self._timer[k]:
+            return
+        assert self.env is not None
+        now = self.env.now
+        engine = self.engines[self.decode[k]]
+        for request_id in self.links[k].advance(now):
+            flight = self.in_flight[k].pop(request_id)
+            req = flight.req
+            self._release(flight.prefill, req)  # P frees when the transfer ends
+            for key, value in zip(TRANSFER_COLUMNS, (request_id, flight.prefill, self.decode[k], flight.num_bytes,
+                                                     flight.handoff_s, flight.start_s, now), strict=True):
+                self.transfers[key].append(value)
+            engine.scheduler.held_kv_tokens[request_id] = req.prompt_len - 1
+            self.num_in_decode_queues += 1
+            engine.deliver(now, req)
+        self._arm(k)
+        self._ring_decode_if_done()
+
+
+@dataclass(slots=True)
+class _PrefillClock:
+    """A prefill instance's arrival clock: the run's arrivals, and it is not done while it keeps KV for
+    transfers (its queue may wait for those blocks; their release wakes it)."""
+
+    disagg: Disaggregation
+    replica: int
+    arrivals: Arrivals
+
+    @property
+    def all_arrived(self) -> bool:
+        return self.arrivals.all_arrived and not self.disagg.num_held[self.replica]
+
+    def horizon_s(self, num_ahead: int) -> float:
+        return self.arrivals.horizon_s(num_ahead)
+
+    def none_delivered_at(self, instants_s: Sequence[float]) -> bool:
+        return self.arrivals.none_delivered_at(instants_s)
+
+
+@dataclass(slots=True)
+class _DecodeClock:
+    """A decode instance's arrival clock: requests join its queue when their transfers end."""
+
+    disagg: Disaggregation
+    k: int
+
+    @property
+    def all_arrived(self) -> bool:
+        return self.disagg.upstream_done() and not self.disagg.pending[self.k] and not self.disagg.in_flight[self.k]
+
+    def horizon_s(self, num_ahead: int) -> float:
+        return float("inf")  # unknown: a burst planned with an empty queue is cut when a request joins
+
+    def none_delivered_at(self, instants_s: Sequence[float]) -> bool:
+        return not self.disagg.in_flight[self.k]  # a transfer may end on a step's end: step by step then
+
+
+@dataclass(frozen=True, slots=True)
+class DisaggResult:
+    """A fleet result (`kvsim.fleet.driver.FleetResult`'s tables) plus `transfers`, one row per KV transfer."""
+
+    scenario: Scenario
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    routes: pd.DataFrame
+    transfers: pd.DataFrame
+    replicas: list[RunResult]
+    summary: dict[str, Any]
+
+    def write(self, out_dir: Any) -> Any:
+        """`kvsim.fleet.driver.FleetResult.write`'s files plus `transfers.csv` and `pools.csv`."""
+        import pandas as pd
+
+        from kvsim.fleet.driver import FleetResult
+
+        fleet = FleetResult(self.scenario, self.requests, self.routes, self.replicas, self.summary,
+                            step_frame=self.steps)
+        extra = {"transfers.csv": self.transfers,
+                 "pools.csv": pd.DataFrame([{"pool": name, **pool} for name, pool in
+                                            self.summary["disaggregation"]["pools"].items()])}
+        return fleet.write(out_dir, extra)
+
+
+def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
+                    bursts: bool = True) -> DisaggResult:
+    """Simulate a disaggregated fleet (module docstring); every request ends finished or rejected once."""
+    import pandas as pd
+
+    specs = replica_scenarios(scenario)
+    rng = np.random.default_rng(scenario.seed)
+    parts = [build_engine(spec, rng) for spec in specs]
+    max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))
+    requests = iter_requests(scenario, max_model_len, rng)
+    per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
+    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap),
+                      observe_kv=True) for p in parts]
+    disagg = Disaggregation(scenario, specs, parts, engines)
+    run_engines([[engine] for engine in engines], requests, disagg.dispatch, check, progress, bursts,
+                num_requests=scenario.workload.num_requests, clocks=disagg.clocks)
+    assert all(not pending for pending in disagg.pending) and all(not f for f in disagg.in_flight)
+    for engine in engines:  # conservation: nothing left queued, no block held on either side
+        assert not engine.scheduler.has_work and engine.scheduler.alloc.num_held_slots == 0
+        if check:
+            engine.scheduler.alloc.check_invariants()
+    runs = [engine_result(spec, p, e.recorder) for spec, p, e in zip(specs, parts, engines, strict=True)]
+    prefill = set(disagg.prefill)
+    client_rows = [(run.requests[run.requests["status"] == "rejected"] if i in prefill else run.requests)
+                   .assign(replica=i) for i, run in enumerate(runs)]
+    requests_df = pd.concat(client_rows, ignore_index=True).sort_values("request_id", kind="stable")
+    requests_df = requests_df.reset_index(drop=True)
+    steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
+    routes_df = pd.concat([disagg.p_routes.frame().assign(pool="prefill"),
+                           disagg.d_routes.frame().assign(pool="decode")], ignore_index=True)
+    routes_df["replica"] = [(disagg.prefill if pool == "prefill" else disagg.decode)[r]
+                            for pool, r in zip(routes_df["pool"], routes_df["replica"], strict=True)]
+    transfers_df = pd.DataFrame({key: np.asarray(values, dtype=np.float64 if key.endswith("_s") else np.int64)
+                                 for key, values in disagg.transfers.items()})
+    transfers_df = transfers_df.sort_values("request_id", kind="stable").reset_index(drop=True)
+    summary = fleet_summary(scenario, requests_df, runs, routes_df)
+    for row, role in zip(summary["per_replica"], [g.kv_role for g in scenario.replicas  # type: ignore[union-attr]
+                                                  for _ in range(g.count)], strict=True):
+        row["kv_role"] = role
+    summary["disaggregation"] = disagg_summary(disagg, runs, engines, transfers_df, summary["duration_s"])
+    return DisaggResult(scenario, requests_df, steps_df, routes_df, transfers_df, runs, summary)
+
+
+def disagg_summary(disagg: Disaggregation, runs: list[RunResult], engines: list[Engine],
+                   transfers_df: pd.DataFrame, duration_s: float) -> dict[str, Any]:
+    """Per-pool numbers and the transfers' distribution (`summary.json`'s `disaggregation`)."""
+    bandwidth, latency = per_gpu_link(disagg.config)
+
+    def pool(indices: list[int]) -> dict[str, Any]:
+        busy_s = sum(engines[i].recorder.totals.dt for i in indices)
+        return {
+            "num_instances": len(indices),
+            "num_gpus": sum(runs[i].scenario.engine.tensor_parallel_size for i in indices),
+            "utilization": busy_s / (duration_s * len(indices)) if duration_s else 0.0,
+            "mean_running": sum(runs[i].summary["mean_running"] for i in indices),
+            "mean_waiting_per_step": sum(float(runs[i].steps["vllm:num_requests_waiting"].mean())
+                                         if len(runs[i].steps) else 0.0 for i in indices),
+            "kv_cache_usage_mean": float(np.mean([runs[i].summary["kv_cache_usage_perc"]["mean"] for i in indices])),
+            "num_preemptions": sum(runs[i].summary["num_preemptions"] for i in indices),
+        }
+
+    prefill_queue_s = np.concatenate([runs[i].requests["queue_s"].to_numpy(dtype=float) for i in disagg.prefill])
+    transfer_s = (transfers_df["end_s"] - transfers_df["start_s"]).to_numpy(dtype=float)
+    wait_s = (transfers_df["start_s"] - transfers_df["handoff_s"]).to_numpy(dtype=float)
+    return {
+        "kv_connector": disagg.config.kv_connector, "kv_link": disagg.config.kv_link,
+        "kv_link_bandwidth_bytes_per_s_per_gpu": bandwidth, "kv_link_latency_s": latency,
+        "num_transfers": len(transfers_df), "bytes_moved": int(transfers_df["num_bytes"].sum()),
+        "transfer_s": percentiles(transfer_s), "transfer_wait_s": percentiles(wait_s),
+        "prefill_queue_s": percentiles(prefill_queue_s),
+        "pools": {"prefill": pool(disagg.prefill), "decode": pool(disagg.decode)},
+    }
