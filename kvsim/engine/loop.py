@@ -44,6 +44,9 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
     steps, next_progress = 0, PROGRESS_EVERY_STEPS
     wakeup, lone = group[0].wakeup, group[0] if len(group) == 1 else None
     while True:
+        if progress is not None and steps >= next_progress:  # here, so that decode bursts count too
+            next_progress = steps + PROGRESS_EVERY_STEPS
+            progress(env.now)
         if not any(engine.scheduler.has_work for engine in group):
             if arrivals.all_arrived:
                 return
@@ -85,9 +88,6 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
             if check:
                 engine.scheduler.check_invariants()
         steps += 1
-        if progress is not None and steps >= next_progress:
-            next_progress += PROGRESS_EVERY_STEPS
-            progress(env.now)
 
 
 def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request], dispatch: Dispatch,

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from kvsim.workload.scenario import Scenario
 
 Metrics = dict[str, Any]
-OnPoint = Callable[[int, int], None]  # (points finished, of which simulated in this run)
+OnPoint = Callable[[int, int, int, int], None]  # (points finished, of which simulated in this run,
+#                                                 searches still open, searches)
 
 
 class Search(Protocol):
@@ -73,6 +74,7 @@ def run_searches(searches: Sequence[Search], evaluate: Callable[[Scenario], Metr
                  client: Any = None, on_point: OnPoint | None = None) -> int:
     """Drive every search to its end; returns how many points were simulated (not taken from the store)."""
     finished = simulated = 0
+    num_open = len(searches)
 
     def record(key: str, scenario: Scenario, metrics: Metrics, search: Search, fresh: bool) -> None:
         nonlocal finished, simulated
@@ -82,10 +84,11 @@ def run_searches(searches: Sequence[Search], evaluate: Callable[[Scenario], Metr
         finished += 1
         search.observe(metrics)
         if on_point is not None:
-            on_point(finished, simulated)
+            on_point(finished, simulated, num_open, len(searches))
 
     def advance(search: Search) -> tuple[Any, str, Scenario] | None:
         """Feed the search stored points until it needs a new one; submit that (or run it here)."""
+        nonlocal num_open
         while (scenario := search.next_scenario()) is not None:
             key = scenario_hash(scenario)
             if key in store:
@@ -94,6 +97,7 @@ def run_searches(searches: Sequence[Search], evaluate: Callable[[Scenario], Metr
                 record(key, scenario, evaluate(scenario), search, fresh=True)
             else:
                 return client.submit(evaluate, scenario, key=f"kvsim-point-{key}"), key, scenario
+        num_open -= 1
         return None
 
     if client is None:

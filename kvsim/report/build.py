@@ -192,24 +192,30 @@ FIGURES = {"context": _fig_context, "fp8": _fig_fp8, "prefix": _fig_prefix, "for
            "paging": _fig_paging, "load": _fig_load, "fleet": _fig_fleet}
 
 
+StudyProgress = Callable[[int, int, str, int, int], None]  # (study, of studies, its name, runs done, submitted)
+
+
 def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig | None = None,
-                 progress: Callable[[str], None] | None = None) -> Path:
-    """Run every study and write the report directory atomically."""
+                 progress: StudyProgress | None = None) -> Path:
+    """Run every study and write the report directory atomically. `progress` hears, as each study
+    starts and each of its runs is submitted or done, the study's number and its run counts."""
     check_output_dir(out_dir, "report")  # refuse before the long part, not after it
     cfg = cfg or studies.StudyConfig()
     st = studies.Study(base, cfg)
-    sections = []
-    for step in (studies.context_concurrency, studies.kv_quantization, studies.prefix_sharing,
-                 studies.capacity_formula):
-        if progress:
-            progress(step.__name__)
-        sections.append(step(st))
-    if progress:
-        progress("paging_and_load")
-    sections.extend(studies.paging_and_load(st))
-    if progress:
-        progress("fleet_routing")
-    sections.append(fleet_study.fleet_routing(st))
+    steps = (studies.context_concurrency, studies.kv_quantization, studies.prefix_sharing,
+             studies.capacity_formula, studies.paging_and_load, fleet_study.fleet_routing)
+    sections: list[studies.Section] = []
+    for index, step in enumerate(steps, 1):
+        st.runs_submitted = st.runs_done = 0
+        if progress is not None:
+            def tell(index: int = index, name: str = step.__name__) -> None:
+                progress(index, len(steps), name, st.runs_done, st.runs_submitted)
+
+            st.on_runs = tell
+            tell()
+        made = step(st)
+        sections.extend(made if isinstance(made, tuple) else [made])
+    st.on_runs = None
     capacity = plan_capacity(st.model, st.gpu, base.engine, [round(st.mean_kv_len), st.max_model_len])
     with output_directory(out_dir, "report") as tmp:
         _write(tmp, st, cfg, sections, capacity)

@@ -12,7 +12,7 @@ holds as many sequences as KV memory allows: their `max_running` is the simulate
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +111,8 @@ class Study:
         requests = build_requests(self.base, self.max_model_len, np.random.default_rng(self.base.seed))
         self.mean_kv_len = float(np.mean([r.kv_len for r in requests]))
         self.latency_name = make_latency(spec).name
+        self.runs_submitted = self.runs_done = 0  # counted for progress only (`on_runs`)
+        self.on_runs: Callable[[], None] | None = None
 
     def saturated(self, *overrides: str) -> Scenario:
         return saturated(self.base, self.cfg.num_requests, *overrides)
@@ -123,9 +125,18 @@ class Study:
             return "max_num_seqs"
         return "kv"
 
+    def count_runs(self, submitted: int, done: int) -> None:
+        """Progress only: add to the runs submitted and done, and tell `on_runs`."""
+        self.runs_submitted += submitted
+        self.runs_done += done
+        if self.on_runs is not None:
+            self.on_runs()
+
     def run(self, scenarios: list[Scenario], keep_steps: bool = False) -> list[SweepResult]:
+        """`run_many` with the report's workers, counted (`count_runs`)."""
+        self.count_runs(len(scenarios), 0)
         return run_many(scenarios, keep_steps=keep_steps, workers=self.cfg.workers,
-                        dask_address=self.cfg.dask_address)
+                        dask_address=self.cfg.dask_address, on_done=lambda: self.count_runs(0, 1))
 
 
 def context_concurrency(st: Study) -> Section:

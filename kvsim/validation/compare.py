@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -235,9 +236,10 @@ def compare(run: MeasuredRun, result: RunResult) -> list[dict[str, Any]]:
 
 def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path | None = None,
              model: str | None = None, gpu: str | None = None, overrides: list[str] | None = None,
-             trace_dir: Path | None = None) -> Validation:
+             trace_dir: Path | None = None, progress: Callable[[float, int, int], None] | None = None) -> Validation:
     """Replay `run` in kvsim and compare. The replayed workload is written to `trace_dir`
-    (a temporary folder if None) as `workload.jsonl`, beside which the scenario resolves it."""
+    (a temporary folder if None) as `workload.jsonl`, beside which the scenario resolves it.
+    `progress`: the replay's `(simulated s, requests done, total)` callback, as `simulate`'s."""
     from kvsim.engine.simulate import simulate
 
     model_name = resolve_model(run, model)
@@ -249,7 +251,7 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
         write_sharegpt_tokens(run.records, trace_path)
         scenario = build_scenario(run, trace_path, model=model_name, gpu=gpu_name, latency=latency,
                                   profile=profile, overrides=overrides)
-        result = simulate(scenario)
+        result = simulate(scenario, progress=progress)
     notes = list(run.notes)
     rejected = result.summary.get("num_rejected", 0)
     if rejected:
