@@ -91,3 +91,16 @@ def test_a_study_counts_its_runs_as_they_are_submitted_and_finish():
     st.on_runs = lambda: seen.append((st.runs_done, st.runs_submitted))
     st.run([base, base])
     assert seen == [(0, 2), (1, 2), (2, 2)]
+
+
+def test_a_runs_progress_moves_during_the_run_and_changes_no_result():
+    from kvsim.engine.simulate import simulate
+    from kvsim.workload.scenario import load_scenario
+
+    scenario = load_scenario(None, ["workload.num_requests=200"])
+    calls = []
+    with_progress = simulate(scenario, progress=lambda sim_s, done, total: calls.append((sim_s, done, total)))
+    assert with_progress.summary == simulate(scenario).summary
+    during = [c for c in calls if c[1] < c[2]]
+    assert len(during) >= 5 and during == sorted(during)  # many calls before the end, never going back
+    assert calls[-1][1:] == (200, 200)

@@ -24,7 +24,7 @@ from kvsim.sched.burst import plan_burst
 from kvsim.workload.request import Request
 
 ProgressFn = Callable[[float, int, int], None]  # (simulated seconds, requests done, requests total)
-PROGRESS_EVERY_STEPS = 2000
+PROGRESS_EVERY_STEPS = 64  # steps between progress calls: a step can take milliseconds of wall time (a large batch)
 
 Dispatch = Callable[[Request, float], int]  # which engine an arriving request goes to (called at its arrival, now)
 
