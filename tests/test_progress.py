@@ -38,15 +38,15 @@ def test_short_work_prints_nothing_and_lines_come_at_most_every_interval(monkeyp
     assert capsys.readouterr().err.splitlines() == ["kvsim run: b (4 s)", "kvsim run: d (15 s)"]
 
 
-def test_a_new_phase_prints_at_once(monkeypatch, capsys):
-    clock = iter([0.0, 0.1, 0.2, 0.3])
+def test_a_phase_that_ends_prints_its_last_line(monkeypatch, capsys):
+    clock = iter([0.0, 0.1, 0.2, 0.3, 0.4])
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     with progress.updater("report") as update:
         update("study 1/2 a: 0/0 runs", None, None, "a")
-        update("study 1/2 a: 0/3 runs", 0, 3, "a")  # same study, too soon: not printed
-        update("study 2/2 b: 0/0 runs", None, None, "b")
-    assert capsys.readouterr().err.splitlines() == ["kvsim report: study 1/2 a: 0/0 runs (0 s)",
-                                                    "kvsim report: study 2/2 b: 0/0 runs (0 s)"]
+        update("study 1/2 a: 3/3 runs", 3, 3, "a")  # too soon for a line of its own
+        update("study 2/2 b: 0/0 runs", None, None, "b")  # a ended
+        update("study 2/2 b: 0/2 runs", 0, 2, "b")
+    assert capsys.readouterr().err.splitlines() == ["kvsim report: study 1/2 a: 3/3 runs (0 s)"]
 
 
 def test_run_prints_simulated_time_and_requests(eager, tmp_path):

@@ -3,9 +3,9 @@
 On a terminal: one rich line (a bar when the total is known), drawn only once the work has taken
 `BAR_AFTER_S`, and erased when it ends. Elsewhere (a pipe, a log file, CI): plain lines with no
 control characters, the first once the work has taken `PLAIN_FIRST_S`, then at most one every
-`PLAIN_EVERY_S`, plus one at once whenever the phase changes (a new study of the report):
+`PLAIN_EVERY_S`, plus a phase's last line when it ends (a study of the report, with its run count):
 
-    kvsim report: study 2/6 kv_quantization: 3/4 runs (14 s)
+    kvsim report: study 2/6 kv_quantization: 4/4 runs (14 s)
 
 Short work prints nothing. Each `updater` takes `(text, completed, total, phase)`; the helpers
 below turn a command's own callback (requests done, points finished, runs done) into that text.
@@ -33,18 +33,24 @@ def updater(command: str, enabled: bool = True) -> Iterator[Update | None]:
         return
     started = time.monotonic()
     if not sys.stderr.isatty():
-        last: dict[str, float | str | None] = {"printed_s": None, "phase": None}
+        printed_s: float | None = None
+        last_phase: str | None = None
+        last_text = ""
+
+        def say(text: str, now: float) -> None:
+            nonlocal printed_s
+            print(f"kvsim {command}: {text} ({now - started:.0f} s)", file=sys.stderr, flush=True)
+            printed_s = now
 
         def plain(text: str, completed: float | None = None, total: float | None = None,
                   phase: str | None = None) -> None:
+            nonlocal last_phase, last_text
             now = time.monotonic()
-            printed = last["printed_s"]
-            new_phase = phase is not None and phase != last["phase"]
-            last["phase"] = phase
-            due = now - started >= PLAIN_FIRST_S and (printed is None or now - float(printed) >= PLAIN_EVERY_S)
-            if new_phase or due:
-                print(f"kvsim {command}: {text} ({now - started:.0f} s)", file=sys.stderr, flush=True)
-                last["printed_s"] = now
+            if last_phase is not None and phase != last_phase:
+                say(last_text, now)  # a phase ended: its final counts
+            elif now - started >= PLAIN_FIRST_S and (printed_s is None or now - printed_s >= PLAIN_EVERY_S):
+                say(text, now)
+            last_phase, last_text = phase, text
 
         yield plain
         return

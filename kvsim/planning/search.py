@@ -137,14 +137,39 @@ def dask_client(address: str | None, workers: int | None) -> Any:
             return Client(address, timeout=10)
         except (OSError, TimeoutError) as error:
             raise KvsimError(f"dask_address={address!r}: cannot connect ({error})") from None
-    cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                           dashboard_address=None)
+    from kvsim.planning.sweep import sigint_ignored
+
+    # A Ctrl-C is the parent's to report, in one line: the workers ignore SIGINT, and log only errors
+    # (not a warning per task cancelled when the parent stops them).
+    saved = os.environ.get(WORKER_LOG_LEVEL)
+    os.environ[WORKER_LOG_LEVEL] = "error"  # read by each worker process as it starts
+    try:
+        with sigint_ignored():
+            cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                                   dashboard_address=None)
+    finally:
+        if saved is None:
+            os.environ.pop(WORKER_LOG_LEVEL)
+        else:
+            os.environ[WORKER_LOG_LEVEL] = saved
     return Client(cluster)
 
 
+WORKER_LOG_LEVEL = "DASK_LOGGING__DISTRIBUTED"  # dask's config key logging.distributed, as an environment variable
+
+
 def close_client(client: Any) -> None:
-    """Close a client from `dask_client`, and the LocalCluster it started (an external cluster stays up)."""
+    """Close a client from `dask_client`, and the LocalCluster it started (an external cluster stays up).
+    Dask's shutdown warnings ("worker process still alive, killing") are held back: noise, not news."""
+    import logging
+
     cluster = getattr(client, "cluster", None)
-    client.close()
-    if cluster is not None:
-        cluster.close()
+    logger = logging.getLogger("distributed")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    finally:
+        logger.setLevel(level)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,22 @@ def ignore_sigint() -> None:
     the parent alone reports it (one line, exit 130); a worker that took it too would print its own
     traceback. The parent's shutdown stops the workers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT while worker processes are started (a Dask LocalCluster's): a process started
+    with SIGINT ignored keeps ignoring it, as `ignore_sigint` makes a pool's workers. A Ctrl-C in
+    those few seconds is lost (press it again); off the main thread, where no handler can be set,
+    nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _run_one(args: tuple[Scenario, bool]) -> SweepResult:
