@@ -60,7 +60,7 @@ def test_an_interrupted_search_resumes_without_redoing_finished_points(tmp_path)
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb", "h200"], "max_replicas": 8})
     full, total = plan(base, spec, tmp_path / "full")
 
-    def crash_after_two(finished, simulated):
+    def crash_after_two(finished, simulated, *_):
         if simulated == 2:
             raise KeyboardInterrupt
 
@@ -83,7 +83,7 @@ def test_killing_a_dask_worker_mid_search_loses_no_finished_point(tmp_path):
         pids = client.run(os.getpid)
         killed = []
 
-        def kill_one(finished, simulated):
+        def kill_one(finished, simulated, *_):
             if not killed:
                 victim = sorted(pids)[0]
                 os.kill(pids[victim], signal.SIGKILL)

@@ -40,3 +40,31 @@ def test_dask_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_dask)
     with pytest.raises(KvsimError, match="pip install"):
         run_many(scenarios(), dask_address="tcp://127.0.0.1:1")
+
+
+def _sigint_handler_name() -> str:
+    import signal
+
+    return str(signal.getsignal(signal.SIGINT))
+
+
+def test_worker_processes_leave_a_ctrl_c_to_the_parent():
+    """A terminal's Ctrl-C reaches every process of its group; workers ignore it, so only the parent
+    prints its one line (no traceback per worker). Pool workers through their initializer; a
+    LocalCluster's because they start with SIGINT ignored."""
+    import signal
+    from concurrent.futures import ProcessPoolExecutor
+
+    from kvsim.planning.search import close_client, dask_client
+    from kvsim.planning.sweep import ignore_sigint
+
+    with ProcessPoolExecutor(max_workers=1, initializer=ignore_sigint) as pool:
+        assert pool.submit(_sigint_handler_name).result() == str(signal.SIG_IGN)
+    pytest.importorskip("dask.distributed")
+    before = signal.getsignal(signal.SIGINT)
+    client = dask_client(None, 1)
+    try:
+        assert list(client.run(_sigint_handler_name).values()) == [str(signal.SIG_IGN)]
+    finally:
+        close_client(client)
+    assert signal.getsignal(signal.SIGINT) is before  # the parent's own handler is back

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from kvsim.cli.progress import points_text, run_progress, study_text, updater
 from kvsim.cli.shared import (
     PLAN_FILES,
     BlockSizeOpt,
@@ -36,8 +37,6 @@ from kvsim.cli.shared import (
     fixed_length_scenario,
     parse_int_list,
     parse_size_flag,
-    points_bar,
-    progress_bar,
     user_errors,
     write_plan,
 )
@@ -222,7 +221,7 @@ def run(
         out_dir = output or f"runs/{safe_component(spec.name)}"
         check_output_dir(out_dir, "run")  # refuse before simulating, not after
         resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
-        with progress_bar(enabled=output_format is RunFormat.table) as progress:
+        with run_progress("run", enabled=output_format is RunFormat.table) as progress:
             result: RunResult | FleetResult | DisaggResult | AutoscaledResult
             if spec.kv_transfer_config is not None:
                 from kvsim.fleet.disagg import simulate_disagg
@@ -317,7 +316,11 @@ def plan(
         client = None if workers == 1 and not dask_address else dask_client(dask_address, workers)
         try:
             out_dir = claim_directory(out_path, "plan", PLAN_FILES)  # made only once every input is good
-            with points_bar(enabled=output_format is Format.table) as on_point:
+            with updater("plan") as update:
+                def on_point(finished: int, simulated: int, open_searches: int, num_searches: int) -> None:
+                    assert update is not None
+                    update(points_text(finished, simulated, open_searches, num_searches), None, None, None)
+
                 rows, simulated = run_plan(base, spec, out_dir, client, on_point)
         finally:
             if client is not None:
@@ -464,7 +467,13 @@ def report(
         from kvsim.planning.cost import gpu_price
 
         gpu_price(base.gpu, gpu_hourly_cost)  # a bad price fails before any run
-        out = build_report(base, output, cfg, progress=lambda step: typer.echo(f"running {step} ...", err=True))
+        with updater("report") as update:
+            def on_study(index: int, num_studies: int, name: str, runs_done: int, runs_submitted: int) -> None:
+                assert update is not None
+                update(study_text(index, num_studies, name, runs_done, runs_submitted), runs_done,
+                       runs_submitted or None, name)
+
+            out = build_report(base, output, cfg, progress=on_study)
     typer.echo(f"report written to {out}/report.html (and report.md, figures, CSVs, alerts.yaml)")
 
 
@@ -495,8 +504,9 @@ def validate(
         if profile is None and latency is LatencyChoice.calibrated and Path(measured).is_dir():
             found = v.default_profile(Path(measured), run)
             profile = str(found) if found else None
-        result = v.validate(run, latency=latency.value, profile=profile, model=model, gpu=gpu,
-                            overrides=overrides or [], measured_path=measured)
+        with run_progress("validate") as progress:
+            result = v.validate(run, latency=latency.value, profile=profile, model=model, gpu=gpu,
+                                overrides=overrides or [], measured_path=measured, progress=progress)
         out_dir = v.write_validation(result, out_path)
     if output_format is ValidateFormat.json:
         from kvsim.results.render import to_json

@@ -1,10 +1,9 @@
 """What the `kvsim` commands share: option types and choices, flag parsers, the one-line error rule,
-progress bars and the few text helpers of the capacity and plan output (`kvsim.cli` defines the commands).
+the few text helpers of the capacity and plan output (`kvsim.cli` defines the commands).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
@@ -121,61 +120,6 @@ def write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
     tmp = out_dir / ".pareto.tmp.png"
     pareto_figure(rows, tmp, f"{name}: candidates meeting the SLOs")
     os.replace(tmp, out_dir / "pareto.png")
-
-
-@contextmanager
-def points_bar(enabled: bool) -> Iterator:
-    """A rich progress line over finished search points (the total is not known in advance)."""
-    if not enabled:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    bar = Progress(SpinnerColumn(), TextColumn("{task.completed} points finished ({task.fields[simulated]} "
-                                               "simulated now)"), TimeElapsedColumn(),
-                   transient=True, console=Console(stderr=True))
-    task = bar.add_task("plan", total=None, simulated=0)
-
-    def update(finished: int, simulated: int) -> None:
-        bar.update(task, completed=finished, simulated=simulated)
-
-    with bar:
-        yield update
-
-
-@contextmanager
-def progress_bar(enabled: bool) -> Iterator:
-    """A rich progress bar over requests done, shown only once a run has taken more than a second, and
-    only on a terminal (elsewhere rich would draw nothing but a blank line; not importing it saves time)."""
-    import time
-
-    if not enabled or not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    started = time.monotonic()
-    bar = Progress(TextColumn("simulated {task.fields[sim_s]:>8.1f} s"), BarColumn(),
-                   TextColumn("{task.completed}/{task.total} requests"), TimeElapsedColumn(),
-                   transient=True, console=Console(stderr=True))
-    task = None
-
-    def update(sim_s: float, done: int, total: int) -> None:
-        nonlocal task
-        if task is None:
-            if time.monotonic() - started < 1.0:
-                return
-            bar.start()
-            task = bar.add_task("run", total=total, sim_s=sim_s)
-        bar.update(task, completed=done, sim_s=sim_s)
-
-    try:
-        yield update
-    finally:
-        if task is not None:
-            bar.stop()
 
 
 class LatencyChoice(StrEnum):

@@ -24,7 +24,7 @@ from kvsim.sched.burst import plan_burst
 from kvsim.workload.request import Request
 
 ProgressFn = Callable[[float, int, int], None]  # (simulated seconds, requests done, requests total)
-PROGRESS_EVERY_STEPS = 2000
+PROGRESS_EVERY_STEPS = 64  # steps between progress calls: a step can take milliseconds of wall time (a large batch)
 
 Dispatch = Callable[[Request, float], int]  # which engine an arriving request goes to (called at its arrival, now)
 
@@ -49,6 +49,9 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
     while True:
         for at_boundary in boundaries:
             at_boundary(env.now)
+        if progress is not None and steps >= next_progress:  # here, so that decode bursts count too
+            next_progress = steps + PROGRESS_EVERY_STEPS
+            progress(env.now)
         if not any(engine.scheduler.has_work for engine in group):
             if arrivals.all_arrived:
                 return
@@ -90,9 +93,6 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
             if check:
                 engine.scheduler.check_invariants()
         steps += 1
-        if progress is not None and steps >= next_progress:
-            next_progress += PROGRESS_EVERY_STEPS
-            progress(env.now)
 
 
 def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request], dispatch: Dispatch,

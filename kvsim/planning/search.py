@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from kvsim.workload.scenario import Scenario
 
 Metrics = dict[str, Any]
-OnPoint = Callable[[int, int], None]  # (points finished, of which simulated in this run)
+OnPoint = Callable[[int, int, int, int], None]  # (points finished, of which simulated in this run,
+#                                                 searches still open, searches)
 
 
 class Search(Protocol):
@@ -97,6 +98,7 @@ def run_searches(searches: Sequence[Search], evaluate: Callable[[Scenario], Metr
                  client: Any = None, on_point: OnPoint | None = None) -> int:
     """Drive every search to its end; returns how many points were simulated (not taken from the store)."""
     finished = simulated = 0
+    num_open = len(searches)
 
     def record(key: str, scenario: Scenario, metrics: Metrics, search: Search, fresh: bool) -> None:
         nonlocal finished, simulated
@@ -106,10 +108,11 @@ def run_searches(searches: Sequence[Search], evaluate: Callable[[Scenario], Metr
         finished += 1
         search.observe(metrics)
         if on_point is not None:
-            on_point(finished, simulated)
+            on_point(finished, simulated, num_open, len(searches))
 
     def advance(search: Search) -> tuple[Any, str, Scenario] | None:
         """Feed the search stored points until it needs a new one; submit that (or run it here)."""
+        nonlocal num_open
         while (scenario := search.next_scenario()) is not None:
             key = scenario_hash(scenario)
             if key in store:
@@ -118,6 +121,7 @@ def run_searches(searches: Sequence[Search], evaluate: Callable[[Scenario], Metr
                 record(key, scenario, evaluate(scenario), search, fresh=True)
             else:
                 return client.submit(evaluate, scenario, key=f"kvsim-point-{key}"), key, scenario
+        num_open -= 1
         return None
 
     if client is None:
@@ -182,14 +186,39 @@ def dask_client(address: str | None, workers: int | None) -> Any:
             return Client(address, timeout=10)
         except (OSError, TimeoutError, ValueError, TypeError) as error:
             raise KvsimError(f"dask_address={address!r}: cannot connect ({error})") from None
-    cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                           dashboard_address=None)
+    from kvsim.planning.sweep import sigint_ignored
+
+    # A Ctrl-C is the parent's to report, in one line: the workers ignore SIGINT, and log only errors
+    # (not a warning per task cancelled when the parent stops them).
+    saved = os.environ.get(WORKER_LOG_LEVEL)
+    os.environ[WORKER_LOG_LEVEL] = "error"  # read by each worker process as it starts
+    try:
+        with sigint_ignored():
+            cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                                   dashboard_address=None)
+    finally:
+        if saved is None:
+            os.environ.pop(WORKER_LOG_LEVEL)
+        else:
+            os.environ[WORKER_LOG_LEVEL] = saved
     return Client(cluster)
 
 
+WORKER_LOG_LEVEL = "DASK_LOGGING__DISTRIBUTED"  # dask's config key logging.distributed, as an environment variable
+
+
 def close_client(client: Any) -> None:
-    """Close a client from `dask_client`, and the LocalCluster it started (an external cluster stays up)."""
+    """Close a client from `dask_client`, and the LocalCluster it started (an external cluster stays up).
+    Dask's shutdown warnings ("worker process still alive, killing") are held back: noise, not news."""
+    import logging
+
     cluster = getattr(client, "cluster", None)
-    client.close()
-    if cluster is not None:
-        cluster.close()
+    logger = logging.getLogger("distributed")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    finally:
+        logger.setLevel(level)

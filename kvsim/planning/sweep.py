@@ -10,8 +10,11 @@ Results come back in the order of `scenarios`. Each run is independent and deter
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +36,29 @@ class SweepResult:
     evidence: dict[str, Any] | None = None
 
 
+def ignore_sigint() -> None:
+    """Worker-process initializer: a Ctrl-C at the terminal reaches every process of its group, and
+    the parent alone reports it (one line, exit 130); a worker that took it too would print its own
+    traceback. The parent's shutdown stops the workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT while worker processes are started (a Dask LocalCluster's): a process started
+    with SIGINT ignored keeps ignoring it, as `ignore_sigint` makes a pool's workers. A Ctrl-C in
+    those few seconds is lost (press it again); off the main thread, where no handler can be set,
+    nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
     """One run; a fleet scenario (`replicas` set) through `simulate_fleet` (its fleet summary)."""
     from kvsim.engine.simulate import simulate
@@ -46,20 +72,33 @@ def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
 
 
 def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: int | None = None,
-             dask_address: str | None = None, evidence: bool = False) -> list[SweepResult]:
+             dask_address: str | None = None, evidence: bool = False,
+             on_done: Callable[[], None] | None = None) -> list[SweepResult]:
     """Simulate every scenario; `workers=1` runs in this process (no pickling); `evidence` adds each
-    run's steady-state window evidence."""
+    run's steady-state window evidence. `on_done()` is called in this process as each run finishes
+    (for progress; it never changes a result)."""
     jobs = [(s, keep_steps, evidence) for s in scenarios]
+    done = on_done or (lambda: None)
     if dask_address:
         try:
-            from dask.distributed import Client
+            from dask.distributed import Client, as_completed
         except ImportError:
             raise KvsimError("dask_address given but dask.distributed is not installed: "
                              "pip install -e '.[dist]'") from None
         with Client(dask_address) as client:
-            return client.gather(client.map(_run_one, jobs, pure=False))
+            futures = client.map(_run_one, jobs, pure=False)
+            for _ in as_completed(futures):
+                done()
+            return client.gather(futures)
     workers = workers or min(len(jobs), os.cpu_count() or 1)
+    results = []
     if workers <= 1 or len(jobs) <= 1:
-        return [_run_one(job) for job in jobs]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_run_one, jobs, chunksize=1))
+        for job in jobs:
+            results.append(_run_one(job))
+            done()
+        return results
+    with ProcessPoolExecutor(max_workers=workers, initializer=ignore_sigint) as pool:
+        for result in pool.map(_run_one, jobs, chunksize=1):
+            results.append(result)
+            done()
+    return results

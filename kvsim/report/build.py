@@ -13,167 +13,23 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from kvsim.model.capacity import plan_capacity  # noqa: E402
 from kvsim.report import fleet_study, studies  # noqa: E402
 from kvsim.report import text as report_text
+from kvsim.report.figures import FIGURES, fig_series, save_figure  # noqa: E402
+from kvsim.report.summary import summary_markdown  # noqa: E402
 from kvsim.results.output_dir import check_output_dir, output_directory  # noqa: E402
 from kvsim.results.render import rows_to_markdown  # noqa: E402
 from kvsim.workload.scenario import Scenario  # noqa: E402
-
-WASTE_COLORS = {"token_state": "#2b8a3e", "reserved": "#f08c00", "internal_frag": "#c92a2a",
-                "external_frag_and_others": "#862e9c"}
-
-
-def _fig_context(sec: studies.Section, ax_pair) -> None:
-    df = sec.tables["context_concurrency"]
-    ax = ax_pair[0]
-    for col, style in (("closed_form_paged_at_mean_len", "--"), ("simulated_paged_sustained", "-"),
-                       ("closed_form_slab_max", "--"), ("simulated_slab_sustained", "-"),
-                       ("vllm_max_concurrency", ":")):
-        ax.plot(df.max_model_len, df[col], style, marker="o", label=col.replace("_", " "))
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("max_model_len (tokens)")
-    ax.set_ylabel("concurrent sequences")
-    ax.legend(fontsize=7)
-
-
-def _fig_fp8(sec: studies.Section, ax_pair) -> None:
-    df = sec.tables["kv_quantization"]
-    numeric = df[["simulated_sustained_running", "tpot_mean_s_at_base_rate"]].astype(float)  # None → NaN: no bar
-    ax_pair[0].bar(df.kv_cache_dtype, numeric.simulated_sustained_running, color=["#495057", "#1971c2"])
-    ax_pair[0].set_ylabel("sustained concurrent sequences (saturated)")
-    ax_pair[1].bar(df.kv_cache_dtype, numeric.tpot_mean_s_at_base_rate * 1e3, color=["#495057", "#1971c2"])
-    ax_pair[1].set_ylabel("mean TPOT at the base rate (ms)")
-
-
-def _fig_prefix(sec: studies.Section, ax_pair) -> None:
-    df = sec.tables["prefix_sharing"]
-    for caching, style in ((False, "--"), (True, "-")):
-        part = df[df.prefix_caching == caching]
-        label = "prefix caching " + ("on" if caching else "off")
-        ax_pair[0].plot(part.num_requests, part.kv_usage_max, style, marker="o", label=label)
-        ax_pair[1].plot(part.num_requests, part.ttft_mean_s, style, marker="o", label=label)
-    ax_pair[0].set_ylabel("peak kv_cache_usage_perc")
-    ax_pair[1].set_ylabel("mean TTFT (s)")
-    for ax in ax_pair:
-        ax.set_xlabel("requests sharing the system prompt")
-        ax.legend(fontsize=7)
-
-
-def _fig_formula(sec: studies.Section, ax_pair) -> None:
-    df = sec.tables["capacity_formula"].sort_values("context_len")
-    ax = ax_pair[0]
-    ax.plot(df.context_len, df.closed_form_seqs, "--", marker="o", label="pool_blocks ÷ blocks_per_seq")
-    ax.plot(df.context_len, df.sustained_running, "-", marker="s", label="sustained (time-averaged, saturated)")
-    ax.plot(df.context_len, df.max_seqs_without_preemption, "-", marker="^", label="largest without preemption")
-    ax.plot(df.context_len, df.peak_running_transient, ":", marker="x", label="peak (admission transient)")
-    if np.isfinite(sec.facts["fitted_constant"]):  # no KV-bound row: nothing was fitted
-        ax.plot(df.context_len, df.fitted_seqs, ":", label=f"fitted ×{sec.facts['fitted_constant']:.2f}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length (prompt + output)")
-    ax.set_ylabel("concurrent sequences")
-    ax.legend(fontsize=7)
-    ax_pair[1].bar(df.lengths, df.preemptions_per_s, color="#c92a2a")
-    ax_pair[1].set_ylabel("preemptions per second while saturated")
-    ax_pair[1].tick_params(axis="x", labelrotation=30, labelsize=7)
-
-
-def _fig_paging(sec: studies.Section, ax_pair) -> None:
-    df = sec.tables["waste_breakdown"]
-    bottom = pd.Series(0.0, index=df.index)
-    for key, color in WASTE_COLORS.items():
-        ax_pair[0].bar(df.allocator, df[key] * 100, bottom=bottom * 100, color=color, label=key)
-        bottom += df[key]
-    ax_pair[0].set_ylabel("% of the KV pool, time-averaged while saturated")
-    ax_pair[0].legend(fontsize=7)
-    rates = sec.tables["sustained_rate"]
-    ax_pair[1].bar(rates.allocator, rates.max_rate_meeting_slo.fillna(0.0).astype(float), color="#1971c2")
-    for x, value in enumerate(rates.max_rate_meeting_slo):
-        ax_pair[1].annotate("–" if pd.isna(value) else f"{value:.3g}", (x, 0 if pd.isna(value) else value),
-                            ha="center", va="bottom", fontsize=8)
-    ax_pair[1].set_ylabel("sustainable rate under the TTFT SLO (req/s)")
-
-
-def _fig_load(sec: studies.Section, ax_pair) -> None:
-    df, f = sec.tables["load_curves"], sec.facts
-    for p in ("p50", "p90", "p99"):
-        ax_pair[0].plot(df.rate, df[f"ttft_{p}_s"], marker="o", label=f"TTFT {p}")
-        ax_pair[1].plot(df.rate, df[f"tpot_{p}_s"] * 1e3, marker="o", label=f"TPOT {p}")
-    ax_pair[0].axhline(f["ttft_slo_s"], color="#c92a2a", linestyle="--", linewidth=1, label="TTFT p90 SLO")
-    if f["sustainable_rate"]:
-        for ax in ax_pair:
-            ax.axvline(f["sustainable_rate"], color="#495057", linestyle=":", linewidth=1, label="sustainable rate")
-    ax_pair[0].set_yscale("log")
-    ax_pair[0].set_ylabel("TTFT (s), log scale")
-    ax_pair[1].set_ylabel("TPOT (ms)")
-    for ax in ax_pair:
-        ax.set_xlabel("request rate (req/s)")
-        ax.legend(fontsize=7)
-
-
-def _fig_fleet(sec: studies.Section, ax_pair) -> None:
-    df, f = sec.tables["fleet_routing"], sec.facts
-    if f.get("unservable"):
-        ax_pair[0].text(0.5, 0.5, f"{f['num_too_long']} of {f['num_requests']} requests over max_model_len "
-                        f"{f['max_model_len']:,}:\nnot servable, no fleet sized", ha="center", va="center",
-                        transform=ax_pair[0].transAxes)
-        ax_pair[0].set_axis_off()
-        return
-    names = [r.replace("_", " ") for r in df.router]
-    ax_pair[0].bar(names, df.prefix_cache_hit_rate * 100, color="#1971c2")
-    ax_pair[0].axhline(f["unbounded_hit_rate"] * 100, color="#2b8a3e", linestyle="--", linewidth=1,
-                       label="unbounded fleet-wide cache")
-    ax_pair[0].set_ylabel(f"prefix-cache hit rate (%) at {int(df.replicas.iloc[0])} replicas")
-    ax_pair[0].legend(fontsize=7)
-    x = np.arange(len(df))
-    ax_pair[1].bar(x - 0.2, df.ttft_p50_s, 0.4, label="TTFT p50", color="#495057")
-    ax_pair[1].bar(x + 0.2, df.ttft_p90_s, 0.4, label="TTFT p90", color="#c92a2a")
-    ax_pair[1].axhline(f["ttft_target_s"], color="#c92a2a", linestyle="--", linewidth=1, label="p90 target")
-    ax_pair[1].set_xticks(x, names)
-    ax_pair[1].set_ylabel("seconds")
-    ax_pair[1].legend(fontsize=7)
-
-
-def _fig_series(sec: studies.Section, ax_pair, usage_alert: float | None = None) -> None:
-    ts = sec.tables["time_series"]
-    ax = ax_pair[0]
-    ax.plot(ts.time_s, ts["vllm:num_requests_running"], label="running")
-    ax.plot(ts.time_s, ts["vllm:num_requests_waiting"], label="waiting")
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("requests")
-    ax.legend(fontsize=7, loc="upper left")
-    ax2 = ax_pair[1]
-    ax2.plot(ts.time_s, ts["vllm:kv_cache_usage_perc"], color="#2b8a3e", label="kv_cache_usage_perc")
-    jumps = ts[ts["vllm:num_preemptions_total"].diff().fillna(0) > 0]
-    ax2.scatter(jumps.time_s, jumps["vllm:kv_cache_usage_perc"], color="#c92a2a", s=10, label="preemption")
-    if usage_alert is not None:
-        ax2.axhline(usage_alert, color="#c92a2a", linestyle="--", linewidth=1, label="alert threshold")
-    ax2.set_ylim(0, 1.05)
-    ax2.set_xlabel("simulated time (s)")
-    ax2.legend(fontsize=7, loc="lower right")
-
-
-def _save_figure(draw: Callable, path: Path, title: str) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    draw(axes)
-    if not axes[1].has_data():
-        axes[1].remove()
-        fig.set_size_inches(6.5, 3.8)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def save_overlay_figure(panels: list[dict], path: Path, title: str) -> None:
@@ -202,28 +58,31 @@ def save_overlay_figure(panels: list[dict], path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
-FIGURES = {"context": _fig_context, "fp8": _fig_fp8, "prefix": _fig_prefix, "formula": _fig_formula,
-           "paging": _fig_paging, "load": _fig_load, "fleet": _fig_fleet}
+StudyProgress = Callable[[int, int, str, int, int], None]  # (study, of studies, its name, runs done, submitted)
 
 
 def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig | None = None,
-                 progress: Callable[[str], None] | None = None) -> Path:
-    """Run every study and write the report directory atomically."""
+                 progress: StudyProgress | None = None) -> Path:
+    """Run every study and write the report directory atomically. `progress` hears, as each study
+    starts and each of its runs is submitted or done, the study's number and its run counts."""
     check_output_dir(out_dir, "report")  # refuse before the long part, not after it
     cfg = cfg or studies.StudyConfig()
     st = studies.Study(base, cfg)
-    sections = []
-    for step in (studies.context_concurrency, studies.kv_quantization, studies.prefix_sharing,
-                 studies.capacity_formula):
-        if progress:
-            progress(step.__name__)
-        sections.append(step(st))
-    if progress:
-        progress("paging_and_load")
-    sections.extend(studies.paging_and_load(st))
-    if progress:
-        progress("fleet_routing")
-    sections.append(fleet_study.fleet_routing(st))
+    steps: tuple[Callable[[studies.Study], studies.Section | tuple[studies.Section, ...]], ...] = (
+        studies.context_concurrency, studies.kv_quantization, studies.prefix_sharing, studies.capacity_formula,
+        studies.paging_and_load, fleet_study.fleet_routing)
+    sections: list[studies.Section] = []
+    for index, step in enumerate(steps, 1):
+        st.runs_submitted = st.runs_done = 0
+        if progress is not None:
+            def tell(index: int = index, name: str = step.__name__) -> None:
+                progress(index, len(steps), name, st.runs_done, st.runs_submitted)
+
+            st.on_runs = tell
+            tell()
+        made = step(st)
+        sections.extend(made if isinstance(made, tuple) else [made])
+    st.on_runs = None
     capacity = plan_capacity(st.model, st.gpu, base.engine, [round(st.mean_kv_len), st.max_model_len])
     with output_directory(out_dir, "report") as tmp:
         _write(tmp, st, cfg, sections, capacity)
@@ -235,7 +94,7 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
     pd.DataFrame([head]).to_csv(tmp / "capacity.csv", index=False)
     (tmp / "alerts.yaml").write_text(studies.prometheus_rules(cfg))
     md = [f"# KV capacity report: {st.model.name} on {st.gpu.name}", "",
-          report_text.introduction(st), "",
+          *summary_markdown(sections, st, cfg), report_text.introduction(st), "",
           f"Latency model for every section: **{st.latency_name}**. Each simulated point is an ordinary "
           "`kvsim run` of a variant of this scenario (seed " f"{st.base.seed}). In the tables, \"–\" marks a "
           "figure a run could not give (a sustained figure of a run that never saturated, a replica count "
@@ -250,13 +109,13 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
                f"_Latency model: {st.latency_name}._", ""]
         figure = f"fig_{sec.key}.png"
         if sec.key in FIGURES:
-            _save_figure(lambda axes, s=sec: FIGURES[s.key](s, axes), tmp / figure, sec.title)
+            save_figure(partial(FIGURES[sec.key], sec, cfg), tmp / figure, sec.title)
         else:  # alerts: the usage series with the threshold
             load = next(s for s in sections if s.key == "load")
-            _save_figure(lambda axes, s=load: _fig_series(s, axes, cfg.usage_alert), tmp / figure, sec.title)
+            save_figure(partial(fig_series, load, cfg, alert=True), tmp / figure, sec.title)
         if sec.key == "load":
-            _save_figure(lambda axes, s=sec: _fig_series(s, axes), tmp / "fig_time_series.png",
-                         "Running, waiting and KV usage over time")
+            save_figure(partial(fig_series, sec, cfg), tmp / "fig_time_series.png",
+                        "Running, waiting and KV usage over time")
         md.append(f"![{sec.title}]({figure})")
         if sec.key == "load":
             md += ["", "![time series](fig_time_series.png)"]
@@ -272,10 +131,17 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
     body = _markdown_to_html(md)  # the same text, as HTML
     (tmp / "report.html").write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>kvsim capacity report</title>"
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.45}"
-        "table{border-collapse:collapse;font-size:13px;display:block;overflow-x:auto}"
-        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
-        "img{max-width:100%}pre{background:#f4f4f4;padding:8px}</style></head><body>\n" + body + "\n</body></html>\n")
+        "<style>" + STYLE + "</style></head><body>\n" + body + "\n</body></html>\n")
+
+
+# Tables fit the page: the layout shares the width among columns, a header breaks after any
+# underscore (`<wbr>`, the name itself unchanged) and a long text cell wraps.
+STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
+         "table{border-collapse:collapse;font-size:12px;width:100%}"
+         "td,th{border:1px solid #ccc;padding:3px 5px;text-align:right;overflow-wrap:anywhere}"
+         "th{background:#f4f4f4;vertical-align:bottom;font-weight:600}"
+         ".summary{border:2px solid #1971c2;background:#eef5fc;border-radius:6px;padding:.4em 1.2em;margin:1em 0}"
+         ".summary li{margin:.3em 0}img{max-width:100%}pre{background:#f4f4f4;padding:8px;overflow-x:auto}")
 
 
 def _rounded(df: pd.DataFrame) -> list[dict]:
@@ -288,7 +154,8 @@ def _rounded(df: pd.DataFrame) -> list[dict]:
 
 
 def _markdown_to_html(lines: list[str]) -> str:
-    """Enough Markdown for this report: headings, paragraphs, tables, images, links, code blocks."""
+    """Enough Markdown for this report: headings, paragraphs, tables, images, links, code blocks and
+    the summary quote."""
     import re
 
     def inline(text: str) -> str:
@@ -301,6 +168,7 @@ def _markdown_to_html(lines: list[str]) -> str:
 
     out: list[str] = []
     rows: list[list[str]] = []
+    quote: list[str] = []
     code: list[str] | None = None
     for line in "\n".join(lines).splitlines() + [""]:
         if code is not None:
@@ -320,10 +188,20 @@ def _markdown_to_html(lines: list[str]) -> str:
             continue
         if rows:
             header, *rest = rows
-            out.append("<table><tr>" + "".join(f"<th>{inline(c)}</th>" for c in header) + "</tr>"
+            out.append("<table><tr>" + "".join(f"<th>{inline(c).replace('_', '_<wbr>')}</th>" for c in header)
+                       + "</tr>"
                        + "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in rest)
                        + "</table>")
             rows = []
+        if line.startswith(">"):  # the summary box: a quote of a bold heading and a list
+            quote.append(line[1:].strip())
+            continue
+        if quote:
+            items = [inline(q[2:]) for q in quote if q.startswith("- ")]
+            heads = [inline(q) for q in quote if q and not q.startswith("- ")]
+            out.append("<div class='summary'>" + "".join(f"<p>{h}</p>" for h in heads)
+                       + "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul></div>")
+            quote = []
         if line.startswith("#"):
             level = len(line) - len(line.lstrip("#"))
             out.append(f"<h{level}>{inline(line[level:].strip())}</h{level}>")

@@ -80,7 +80,7 @@ def _replicas_needed(st: Study, base: Scenario, target_s: float) -> dict[str, di
                                "max_replicas": st.cfg.fleet_max_replicas, "router": router,
                                "gpu_hourly_cost": {base.gpu: price} if price else {}})
         with tempfile.TemporaryDirectory() as tmp:
-            rows, _ = plan(base, spec, tmp)
+            rows, _ = plan(base, spec, tmp, on_point=lambda *_: st.count_runs(1, 1))  # counted as it goes
         out[router] = rows[0]
     return out
 

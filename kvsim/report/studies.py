@@ -12,6 +12,7 @@ holds as many sequences as KV memory allows: their `max_running` is the simulate
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +120,8 @@ class Study:
         self.unservable_fraction = float(np.mean([r.prompt_len + r.output_len > self.max_model_len
                                                   for r in requests])) if requests else 0.0
         self.latency_name = make_latency(spec).name
+        self.runs_submitted = self.runs_done = 0  # counted for progress only (`on_runs`)
+        self.on_runs: Callable[[], None] | None = None
 
     def saturated(self, *overrides: str, num_requests: int | None = None) -> Scenario:
         """A saturating variant: 3 × `num_requests` (default the report's) requests at once."""
@@ -151,9 +154,18 @@ class Study:
             return "max_num_seqs"
         return "kv"
 
+    def count_runs(self, submitted: int, done: int) -> None:
+        """Progress only: add to the runs submitted and done, and tell `on_runs`."""
+        self.runs_submitted += submitted
+        self.runs_done += done
+        if self.on_runs is not None:
+            self.on_runs()
+
     def run(self, scenarios: list[Scenario], keep_steps: bool = False) -> list[SweepResult]:
+        """`run_many` with the report's workers, counted (`count_runs`)."""
+        self.count_runs(len(scenarios), 0)
         return run_many(scenarios, keep_steps=keep_steps, workers=self.cfg.workers,
-                        dask_address=self.cfg.dask_address)
+                        dask_address=self.cfg.dask_address, on_done=lambda: self.count_runs(0, 1))
 
     def evidence(self, scenarios: list[Any]) -> list[dict[str, Any]]:
         """Each run's steady-state window evidence (`kvsim.planning.steady_state.window_evidence`)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -299,12 +300,13 @@ def compare(run: MeasuredRun, result: RunResult, phases: dict[str, float | None]
 def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path | None = None,
              model: str | None = None, gpu: str | None = None, overrides: list[str] | None = None,
              trace_dir: Path | None = None, measured_path: str | Path | None = None,
-             cluster_link: bool = True) -> Validation:
+             cluster_link: bool = True, progress: Callable[[float, int, int], None] | None = None) -> Validation:
     """Replay `run` in kvsim and compare. The replayed workload is written to `trace_dir`
     (a temporary folder if None) as `workload.jsonl`, beside which the scenario resolves it.
     `measured_path` (the folder or bench JSON `run` was loaded from) adds what the run recorded
     (`recorded_settings`: GPU, KV pool, a bench result's engine arguments) and, for a folder, the
-    per-phase speed rows (`measured_phase_rates`); `cluster_link` as in `build_scenario`."""
+    per-phase speed rows (`measured_phase_rates`); `cluster_link` as in `build_scenario`;
+    `progress`: the replay's `(simulated s, requests done, total)` callback, as `simulate`'s."""
     from kvsim.engine.simulate import simulate
 
     recorded = recorded_settings(measured_path) if measured_path is not None else {}
@@ -318,7 +320,7 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
         scenario = build_scenario(run, trace_path, model=model_name, gpu=gpu_name, latency=latency,
                                   profile=profile, overrides=overrides, recorded=recorded,
                                   cluster_link=cluster_link)
-        result = simulate(scenario)
+        result = simulate(scenario, progress=progress)
     notes = list(run.notes)
     if recorded:
         taken = ", ".join(f"{k}={v}" for k, v in recorded.items() if k != "gpu" or gpu is None)

@@ -1,0 +1,114 @@
+"""The report's figures, summary box and HTML, drawn from small hand-made tables (no simulation):
+real axis values, SLO lines, English legends, a one-panel figure over the whole canvas, tables that
+fit the page, and a summary that quotes the tables and drops a line whose figure is missing."""
+
+from types import SimpleNamespace
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvsim.report.build import STYLE, _markdown_to_html
+from kvsim.report.figures import fig_context, fig_load, save_figure
+from kvsim.report.studies import Section, StudyConfig
+from kvsim.report.summary import summary_lines, summary_markdown
+
+CFG = StudyConfig(ttft_slo_s=2.0)
+
+
+def context_section() -> Section:
+    lens = [1024, 2048, 4096]
+    return Section("context", "Context", {"context_concurrency": pd.DataFrame({
+        "max_model_len": lens, "closed_form_paged_at_mean_len": [63, 63, 63],
+        "simulated_paged_sustained": [72.9, 72.9, 72.9], "closed_form_slab_max": [31, 15, 7],
+        "simulated_slab_sustained": [31.0, 15.0, 7.0],  # equal to the closed form: both must stay visible
+        "vllm_max_concurrency": [31.5, 15.75, 7.88]})})
+
+
+def test_a_one_panel_figure_uses_the_whole_canvas_and_coinciding_lines_stay_visible(tmp_path):
+    drawn = {}
+
+    def draw(axes):
+        fig_context(context_section(), CFG, axes)
+        drawn["ax"] = axes[0]
+
+    save_figure(draw, tmp_path / "f.png", "Context")
+    ax = drawn["ax"]
+    assert ax.get_position().width > 0.5  # half the canvas before (the empty right panel's slot kept)
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    closed, simulated = lines["slab max, closed form (pool ÷ max_model_len)"], lines["slab max, simulated (sustained)"]
+    assert np.array_equal(closed.get_ydata(), simulated.get_ydata())
+    assert closed.get_markersize() > simulated.get_markersize() and closed.get_markerfacecolor() == "none"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1,024", "2,048", "4,096"]
+
+
+def test_load_figure_has_real_rates_and_the_slo_line():
+    df = pd.DataFrame({"rate": [0.25, 1.0, 4.0], **{f"{m}_{p}_s": [0.1, 0.5, 9.0] for m in ("ttft", "tpot")
+                                                     for p in ("p50", "p90", "p99")}})
+    fig, axes = plt.subplots(1, 2)
+    fig_load(Section("load", "Load", {"load_curves": df}), CFG, axes)
+    assert [t.get_text() for t in axes[0].get_xticklabels()] == ["0.25", "1", "4"]
+    slo = [line for line in axes[0].get_lines() if line.get_label().startswith("SLO")]
+    assert len(slo) == 1 and list(slo[0].get_ydata()) == [2.0, 2.0]
+    assert slo[0].get_label() == "SLO: TTFT p90 ≤ 2 s"
+    for ax in axes:  # legends speak English: no table column names
+        assert not {t.get_text() for t in ax.get_legend().get_texts()} & set(df.columns)
+    plt.close(fig)
+
+
+def study(dtype="auto", tp=1):
+    engine = SimpleNamespace(kv_cache_dtype=dtype, tensor_parallel_size=tp)
+    return SimpleNamespace(base=SimpleNamespace(engine=engine), gpu=SimpleNamespace(name="h100-80gb"),
+                           mean_kv_len=1500.4, max_model_len=8192)
+
+
+def sections(gpus_for_slo=6.0, failing=4.9):
+    quant = pd.DataFrame({"kv_cache_dtype": ["auto", "fp8"], "simulated_sustained_running": [72.94, 109.76]})
+    rates = pd.DataFrame({"allocator": ["slab-max", "paged"], "max_rate_meeting_slo": [0.44, 4.7568],
+                          "first_failing_rate": [0.46, failing]})
+    fleet = pd.DataFrame({"router": ["round_robin", "least_outstanding"], "replicas_for_slo": [4.0, 3.0],
+                          "gpus_for_slo": [8.0, gpus_for_slo], "cost_per_hour_for_slo": [9.0, 7.5]})
+    return [Section("fp8", "", {"kv_quantization": quant}), Section("paging", "", {"sustained_rate": rates}),
+            Section("fleet", "", {"fleet_routing": fleet}, {"ttft_target_s": 2.0, "num_requests": 300,
+                                                            "max_replicas": 64})]
+
+
+def test_summary_quotes_the_tables():
+    assert summary_lines(sections(), study(tp=2), CFG) == [
+        "**73 users fit on one replica (2× h100-80gb, tensor parallel)** at a time (sustained concurrency while "
+        "saturated, 1,500 tokens per sequence on average, max_model_len 8,192); 110 with fp8 KV.",
+        "**One replica (2× h100-80gb, tensor parallel) serves 4.76 requests/s** of this scenario's traffic with "
+        "TTFT p90 ≤ 2 s (Poisson arrivals; 4.9 requests/s misses it).",
+        "**6 GPUs (3 replicas) for the Mooncake trace's first 300 requests** at TTFT p90 ≤ 2 s "
+        "(least-outstanding routing, $7.50 per hour)."]
+
+
+def test_summary_says_what_it_does_not_know():
+    lines = summary_lines(sections(gpus_for_slo=float("nan"), failing=float("nan")), study(), CFG)
+    assert "serves at least 4.76 requests/s" in lines[1]
+    assert lines[2].startswith("**More than 64 replicas for the Mooncake trace's first 300 requests**")
+    renamed = sections()
+    renamed[0].tables["kv_quantization"] = renamed[0].tables["kv_quantization"].rename(
+        columns={"simulated_sustained_running": "sustained_running"})
+    assert len(summary_lines(renamed, study(), CFG)) == 2  # a renamed column drops its line, never fails
+    assert summary_markdown([], study(), CFG) == []
+
+
+def test_html_has_the_summary_box_and_tables_that_fit():
+    md = ["# Report", "", *summary_markdown(sections(), study(), CFG),
+          "| closed_form_paged_at_mean_len | limited_by |", "|---|---|", "| 63 | kv |", ""]
+    body = _markdown_to_html(md)
+    assert body.count("<div class='summary'>") == 1 and body.count("<li><b>") == 3
+    assert "<th>closed_<wbr>form_<wbr>paged_<wbr>at_<wbr>mean_<wbr>len</th>" in body
+    assert "overflow-x:auto" not in STYLE.split("pre{")[0] and "display:block" not in STYLE
+
+
+@pytest.mark.parametrize("column", ["simulated_paged_sustained", "vllm_max_concurrency"])
+def test_a_missing_column_leaves_its_line_out(column):
+    sec = context_section()
+    sec.tables["context_concurrency"] = sec.tables["context_concurrency"].drop(columns=[column])
+    fig, axes = plt.subplots(1, 2)
+    fig_context(sec, CFG, axes)
+    assert len(axes[0].get_lines()) == 4
+    plt.close(fig)
