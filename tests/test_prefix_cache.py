@@ -57,6 +57,35 @@ def test_eviction_order_is_the_order_blocks_were_freed_and_a_hit_takes_a_block_o
     pool.check_invariants()
 
 
+def test_a_repeated_match_answers_as_a_fresh_walk_after_inserts_and_evictions():
+    """`match` returns its last answer again while it stands: a waiting head looked up again sees the
+    block its walk missed once another request caches it, and loses a hit block once it is evicted;
+    other content's inserts leave it as it was. Each answer is checked against a cache that never
+    matched before (no remembered answer)."""
+    pool = BlockPool(8, cache=HashChainCache(8, BS))
+    cache = pool.cache
+    assert isinstance(cache, HashChainCache)
+    head = content(("sys", 8), ("q", 8))  # 16 tokens: at most blocks 0..2 can hit
+
+    def fresh(c, num_tokens):
+        other = HashChainCache(8, BS)
+        other.cached.update(cache.cached)
+        return other.match(c, num_tokens)
+
+    blocks = pool.get_new_blocks(2)
+    cache.insert(content(("sys", 8)), blocks, 0, 2)
+    assert cache.match(head, 16) == fresh(head, 16) == PrefixHit(8, (1, 2))  # stops at block 2 (q's first)
+    cache.insert(content(("other", 4)), pool.get_new_blocks(1), 0, 1)  # not the missing hash: same answer
+    assert cache.match(head, 16) == fresh(head, 16) == PrefixHit(8, (1, 2))
+    cache.insert(head, [*blocks, *pool.get_new_blocks(2)], 0, 4)  # now the missing block is cached
+    assert cache.match(head, 16) == fresh(head, 16) == PrefixHit(12, (1, 2, 4))
+    assert cache.match(head, 13) == fresh(head, 13) == PrefixHit(12, (1, 2, 4))  # another length: walked again
+    pool.free_blocks([5, 4, 2, 1])  # evictable, oldest first: 5, 4, 2, 1 (block 3, "other", stays held)
+    assert cache.match(head, 16) == PrefixHit(12, (1, 2, 4))  # free cached blocks still hit
+    assert pool.get_new_blocks(4) == [6, 7, 5, 4]  # plain blocks first, then evicts 5 and head's block 4
+    assert cache.match(head, 16) == fresh(head, 16) == PrefixHit(8, (1, 2))
+
+
 class PlainCache:
     """A second implementation behind the seam: it never keeps content (as with caching off)."""
 

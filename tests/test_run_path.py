@@ -83,6 +83,27 @@ def test_csv_writer_writes_what_pandas_writes(tmp_path):
     assert (tmp_path / "chunks.csv").read_text() == expected
 
 
+@pytest.mark.parametrize("negative_zero", [False, True])
+def test_numeric_csv_fast_path_writes_what_pandas_writes(tmp_path, negative_zero):
+    """Only float64, int and bool columns (the step rows) take `append_csv`'s join path, which formats
+    each distinct value once: repeated values (so the distinct-value branch runs), repeated NaN and
+    infinities, a column of distinct floats, negative zero beside zero (np.unique merges them), and a
+    lone column (csv.writer quotes a lone empty field) all give `to_csv`'s bytes."""
+    zero = -0.0 if negative_zero else 0.0
+    frame = pd.DataFrame({
+        "time_s": np.array([0.0, 0.1, 0.30000000000000004, 1e16, 1e-300, 2.5, 7.0, 8.125]),
+        "usage": np.array([0.5, 0.5, np.nan, np.nan, 1 / 3, 1 / 3, 0.5, zero]),
+        "frac": np.array([0.0, 0.0, zero, np.inf, np.inf, -np.inf, 0.0, 0.0]),
+        "vllm:running": np.array([3, 3, 3, -1, 2**62, 3, 3, 3], dtype=np.int64),
+        "flag": np.array([True, True, False, True, True, True, True, True]),
+    })
+    write_csv(frame_columns(frame), tmp_path / "steps.csv")
+    assert (tmp_path / "steps.csv").read_bytes() == frame.to_csv(index=False).encode()
+    lone = frame[["usage"]]
+    write_csv(frame_columns(lone), tmp_path / "lone.csv")
+    assert (tmp_path / "lone.csv").read_bytes() == lone.to_csv(index=False).encode()
+
+
 def test_requests_csv_and_frame_come_from_the_same_columns(tmp_path):
     """A run with rejected requests: requests.csv is `to_csv` of the `requests` DataFrame, which is built
     (once) from `request_columns` only when asked for."""

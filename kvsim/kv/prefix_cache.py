@@ -70,25 +70,41 @@ class HashChainCache:
     bursts register blocks of several sequences in one interleaved order.
     """
 
-    __slots__ = ("block_size", "block_hashes", "cached", "evictable")
+    __slots__ = ("block_size", "block_hashes", "cached", "evictable", "_memo", "_memo_miss", "_memo_blocks")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.block_size = block_size
         self.block_hashes: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # content hash -> block id
         self.evictable: OrderedDict[int, int] = OrderedDict()  # free cached block -> its hash, oldest first
+        # The last `match`, kept while its answer stands (a blocked waiting head is looked up again every
+        # step until it fits): (content, num_tokens, hit), the hash its walk stopped at (None: no miss) and
+        # the hit's blocks. `insert_keys` of that missing hash or `evict` of a hit block drops it.
+        self._memo: tuple[Content, int, PrefixHit] | None = None
+        self._memo_miss: int | None = None
+        self._memo_blocks: frozenset[int] = frozenset()
 
     def match(self, content: Content, num_tokens: int) -> PrefixHit:
-        """Walk the content's chained hashes from block 0; stop at the first miss."""
+        """Walk the content's chained hashes from block 0; stop at the first miss.
+
+        The walk's answer changes only when its missing hash is cached or one of its hit blocks is
+        evicted (the map changes nowhere else), so the last answer is returned again until then.
+        """
+        memo = self._memo
+        if memo is not None and memo[0] is content and memo[1] == num_tokens:
+            return memo[2]
         bs = self.block_size
         max_blocks = (num_tokens - 1) // bs
-        hits, lookup = [], self.cached.get  # bound once: a call per prompt block
+        hits, lookup, miss = [], self.cached.get, None  # bound once: a call per prompt block
         for block_hash in content.block_hashes(bs, max_blocks):
             block_id = lookup(block_hash)
             if block_id is None:
+                miss = block_hash
                 break
             hits.append(block_id)
-        return PrefixHit(len(hits) * bs, tuple(hits))
+        hit = PrefixHit(len(hits) * bs, tuple(hits))
+        self._memo, self._memo_miss, self._memo_blocks = (content, num_tokens, hit), miss, frozenset(hits)
+        return hit
 
     def insert(self, content: Content, block_table: Sequence[int], first_block: int, num_full_blocks: int) -> None:
         hashes = content.block_hashes(self.block_size, num_full_blocks)
@@ -97,11 +113,13 @@ class HashChainCache:
     def insert_keys(self, block_ids: Iterable[int], keys: Iterable[int]) -> None:
         """Cache each block under its key, in order, skipping blocks that already carry one and keys
         already cached (the first block stays the one lookups find)."""
-        own, setdefault = self.block_hashes, self.cached.setdefault
+        own, setdefault, miss = self.block_hashes, self.cached.setdefault, self._memo_miss
         for block_id, key in zip(block_ids, keys, strict=True):
             # the block is uncached, so the key maps to it only if this call maps it
             if own[block_id] is None and setdefault(key, block_id) == block_id:
                 own[block_id] = key
+                if key == miss:  # the last match's walk would now go further
+                    self._memo = None
 
     def lookup(self, key: int) -> int | None:
         return self.cached.get(key)
@@ -131,6 +149,8 @@ class HashChainCache:
             del cached[block_hash]  # a free hashed block is the one its hash maps to (`insert_keys`)
             block_hashes[block_id] = None
             evicted.append(block_id)
+        if self._memo is not None and not self._memo_blocks.isdisjoint(evicted):
+            self._memo = None  # the last match hit a block that is gone
         return evicted
 
     def check_invariants(self, ref_counts: Sequence[int]) -> None:
