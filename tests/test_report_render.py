@@ -112,3 +112,29 @@ def test_a_missing_column_leaves_its_line_out(column):
     fig_context(sec, CFG, axes)
     assert len(axes[0].get_lines()) == 4
     plt.close(fig)
+
+
+def _rendered(renderable, width):
+    from rich.console import Console
+
+    console = Console(width=width, record=True, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_terminal_tables_never_break_a_header_or_value_mid_word():
+    """kvsim plan's ten columns at 80 columns: rich folded `lower_bound_replicas` into `lower_` / `bound_` /
+    `replic` / `as`. Too wide a table becomes one field/value table per row; a wide terminal keeps the table."""
+    from kvsim.results.render import rows_to_rich
+
+    row = {"rank": 1, "candidate": "h100-80gb tp1", "replicas": 12, "lower_bound_replicas": 6, "num_gpus": 12,
+           "cost_per_hour": 9.36, "headroom": 0.07, "verified": True, "limiting_factor": "kv_cache_usage_perc",
+           "price_source": "list on-demand price as of 2026-03-10"}
+    narrow = _rendered(rows_to_rich([row, {**row, "rank": 2}], title="kvsim plan", width=80), 80)
+    words = {w for key, value in row.items() for w in (key, *str(value).split())}
+    found = set(narrow.replace("│", " ").split())
+    assert {"lower_bound_replicas", "limiting_factor", "kv_cache_usage_perc", "h100-80gb", "2026-03-10"} <= found
+    assert words - {"1", "True", "9.36", "0.07", "12", "6"} <= found  # every header and word whole
+    assert "(2 of 2)" in narrow and max(len(line) for line in narrow.splitlines()) <= 80
+    wide = _rendered(rows_to_rich([row], title="kvsim plan", width=250), 250)
+    assert "(1 of 1)" not in wide and "lower_bound_replicas" in wide
