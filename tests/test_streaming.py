@@ -20,6 +20,7 @@ from kvsim.kv import SegmentContent
 from kvsim.model.capacity import kv_bytes_per_block
 from kvsim.model.config import load_gpu, load_model
 from kvsim.results.budget import estimate_run_bytes
+from kvsim.results.metrics import EngineCounters, StepTotals, dp_group_steps, summarize
 from kvsim.results.step_writer import has_pyarrow
 from kvsim.workload import generate as workload
 from kvsim.workload.request import Request, RequestStatus
@@ -212,6 +213,65 @@ def test_a_data_parallel_run_writes_the_same_steps_file(tmp_path):
     result = simulate(spec, out_dir=tmp_path / "dp", steps_format="csv")
     assert result.summary["data_parallel_size"] == 2
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "dp" / "steps.csv"), result.steps, check_exact=True)
+
+
+def test_chunked_data_parallel_steps_are_the_whole_tables_and_its_lockstep_totals(tmp_path, monkeypatch):
+    """Rows handed on 64 at a time (whole lockstep steps each), a preempting DP group: the streamed file and
+    the in-memory rows are one table in (time_s, dp_rank) order, and the summary's step figures are those of
+    the lockstep steps regrouped from that whole table at once (preemption counts carried across chunks)."""
+    monkeypatch.setattr(recorder_module, "CHUNK_ROWS", 64)
+    spec = load_scenario(None, ["workload.num_requests=120", "engine.data_parallel_size=2", "workload.arrival.rate=200",
+                                "engine.max_model_len=1024", "engine.num_gpu_blocks_override=160"])
+    memory = simulate(spec)
+    steps = memory.steps
+    assert len(steps) > 10 * 64 and memory.summary["num_preemptions"] > 0
+    assert steps.equals(steps.sort_values(["time_s", "dp_rank"]))
+    expected = StepTotals.of(dp_group_steps(steps, 2))
+    assert memory.summary["num_steps"] == expected.num_steps == steps["time_s"].nunique()
+    assert memory.summary["max_running"] == expected.max_running
+    whole = summarize(memory.request_columns, expected, EngineCounters(num_preemptions=1), {})
+    for key in ("duration_s", "mean_running", "sharing_saving"):
+        assert memory.summary[key] == pytest.approx(whole[key], rel=1e-12)
+    assert memory.summary["saturated"]["preemptions_per_s"] == pytest.approx(whole["saturated"]["preemptions_per_s"])
+    assert memory.summary["waste"] == pytest.approx(whole["waste"], rel=1e-12)
+    for fmt in ("csv", "parquet") if has_pyarrow() else ("csv",):
+        streamed = simulate(spec, out_dir=tmp_path / fmt, steps_format=fmt)
+        assert streamed.steps_path == tmp_path / fmt / f"steps.{fmt}" and streamed.step_columns is None
+        pd.testing.assert_frame_equal(streamed.steps, steps, check_exact=True)
+        assert streamed.summary == memory.summary
+    sampled = simulate(spec, steps="sampled")
+    assert sampled.summary == memory.summary and len(sampled.steps) == len(steps)  # under the cap: every row
+
+
+def _dp_peak_bytes(num_requests, out_dir):
+    spec = load_scenario(None, [f"workload.num_requests={num_requests}", "workload.prompt_len={dist: fixed, value: 24}",
+                                "workload.output_len={dist: fixed, value: 32}", "workload.arrival.rate=400",
+                                "latency={model: constant, step_s: 0.002}", "engine.num_gpu_blocks_override=512",
+                                "engine.data_parallel_size=2"])
+    tracemalloc.start()
+    try:
+        result = simulate(spec, out_dir=out_dir, steps_format="csv")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return peak, len(pd.read_csv(out_dir / "steps.csv", usecols=["time_s"])), result.summary["num_steps"]
+
+
+@pytest.mark.slow
+def test_peak_memory_of_a_data_parallel_steps_all_run_grows_far_less_than_its_requests(tmp_path, monkeypatch):
+    """The same bound for a lockstep DP group of 2 (every rank's row streamed to steps.csv): ten times the
+    requests. Kept in memory and regrouped after the run (concatenated, sorted, pivoted), its rows (about
+    2.5 rows of 160 B a request here) grew the peak by about 2.5 kB a request (7.8x from 1k to 10k
+    requests); streamed a chunk of whole lockstep steps at a time, what grows is the requests' columns
+    (about 0.3 kB a request, 3.4x from 1k to 10k)."""
+    monkeypatch.setattr(recorder_module, "CHUNK_ROWS", 512)
+    small, large = sized((500, 5000), (2000, 20_000))
+    _dp_peak_bytes(50, tmp_path / "warm")
+    peak_small, rows_small, steps_small = _dp_peak_bytes(small, tmp_path / "small")
+    peak_large, rows_large, steps_large = _dp_peak_bytes(large, tmp_path / "large")
+    assert rows_large > 8 * rows_small > 8 * 512 and steps_large > 8 * steps_small  # many chunks in both runs
+    assert peak_large < 5 * peak_small, (peak_small, peak_large)
+    assert (peak_large - peak_small) / (large - small) < 600, (peak_small, peak_large)
 
 
 def _fleet_peak_bytes(num_requests, out_dir):

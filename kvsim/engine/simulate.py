@@ -10,54 +10,54 @@ randomness is one `numpy.random.Generator(seed)`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvsim.engine.builder import build_engine, engine_result
+from kvsim.engine.lockstep_recorder import LockstepRecorder
 from kvsim.engine.loop import ProgressFn, least_loaded, run_engine, run_engines
-from kvsim.engine.recorder import StepRecorder, kept_step_index
+from kvsim.engine.recorder import StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
-from kvsim.results.metrics import dp_group_steps, summarize
+from kvsim.results.metrics import summarize
 from kvsim.results.output_dir import check_output_dir, output_directory
 from kvsim.results.run_result import RunResult, write_run_files
-from kvsim.results.step_writer import StepsFormat, StepWriter, frame_columns
+from kvsim.results.step_writer import StepsFormat, StepWriter
 from kvsim.workload.generate import iter_requests
 from kvsim.workload.scenario import Scenario, StepsMode
 
-if TYPE_CHECKING:
-    pass
-
-
 
 def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit_bytes: int | None = None,
-                           ) -> RunResult:
+                           writer: StepWriter | None = None, steps_path: Path | None = None) -> RunResult:
     """`data_parallel_size` engines, each with its own scheduler and KV pool, behind vLLM's DP
     load balancer, stepping in lockstep (`kvsim.engine.loop.step_loop`). The result holds every request
-    (column `dp_rank`) and the engines' steps (those `scenario.steps` keeps); the summary describes
-    the deployment: running and waiting counts and scheduler counters summed over the engines, pool
-    shares averaged over them (`kvsim.results.metrics.dp_group_steps`)."""
-    import pandas as pd  # only here on the run path: concatenating and regrouping the engines' tables
-
+    (column `dp_rank`) and the engines' steps (those `scenario.steps` keeps, in (`time_s`, `dp_rank`)
+    order); the summary describes the deployment: running and waiting counts and scheduler counters
+    summed over the engines, pool shares averaged over them (`kvsim.results.metrics.dp_group_steps`).
+    The steps stream through a `LockstepRecorder`: to `writer`, if given (they are read back from
+    `steps_path`, where the writer's file lands), else kept in memory (`all`) or sampled."""
     check_engines_memory(scenario, [(scenario, scenario.engine.data_parallel_size)], memory_limit_bytes,
-                         steps_in_memory=scenario.steps == "all")
+                         steps_in_memory=scenario.steps == "all" and writer is None)
     rng = np.random.default_rng(scenario.seed)
     parts = [build_engine(scenario, rng) for _ in range(scenario.engine.data_parallel_size)]
     schedulers = [p.scheduler for p in parts]
-    group = [Engine(p.scheduler, p.latency, StepRecorder()) for p in parts]
+    steps = LockstepRecorder(scenario.steps, len(parts), writer)
+    group = [Engine(p.scheduler, p.latency, steps.rank(i)) for i, p in enumerate(parts)]
     requests = iter_requests(scenario, parts[0].spec.max_model_len, rng)
     run_engines([group], requests, lambda req, now: least_loaded(schedulers), check,
                 num_requests=scenario.workload.num_requests)
-    recorders = [engine.recorder for engine in group]
-    every_step = scenario.model_copy(update={"steps": "all"})
-    results = [engine_result(every_step, p, recorder) for p, recorder in zip(parts, recorders, strict=True)]
-    requests_df = pd.concat([r.requests.assign(dp_rank=i) for i, r in enumerate(results)]).sort_values(
-        "request_id", kind="stable").reset_index(drop=True)
-    steps_df = pd.concat([r.steps.assign(dp_rank=i) for i, r in enumerate(results)]).sort_values(
-        ["time_s", "dp_rank"], kind="stable").reset_index(drop=True)
-    summary = summarize(requests_df, dp_group_steps(steps_df, len(parts)), schedulers[0].counters(),
+    tables: list[dict[str, np.ndarray]] = []  # each rank's requests by request_id, with its dp_rank
+    for i, (p, engine) in enumerate(zip(parts, group, strict=True)):
+        table = dict(engine_result(scenario, p, engine.recorder).request_columns)
+        table["dp_rank"] = np.full(len(table["request_id"]), i, dtype=np.int64)
+        tables.append(table)
+    del table
+    request_columns = {name: np.concatenate([table.pop(name) for table in tables]) for name in list(tables[0])}
+    order = np.argsort(request_columns["request_id"], kind="stable")
+    for name, values in request_columns.items():  # one column at a time: one extra copy at most
+        request_columns[name] = values[order]
+    summary = summarize(request_columns, steps.totals, schedulers[0].counters(),
                         {**parts[0].facts, "data_parallel_size": len(parts)})
     counters = [s.counters() for s in schedulers]
     for key, attr in (("num_preemptions", "num_preemptions"), ("num_prefix_cache_query_tokens",
@@ -68,11 +68,10 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
         summary[key] = sum(getattr(c, attr) for c in counters)
     queries = summary["num_prefix_cache_query_tokens"]
     summary["prefix_cache_hit_rate"] = summary["num_prefix_cache_hit_tokens"] / queries if queries else 0.0
-    kept = kept_step_index(len(steps_df), scenario.steps)
-    if kept is not None:
-        steps_df = steps_df.iloc[kept].reset_index(drop=True)
-    return RunResult(scenario=scenario, request_columns=frame_columns(requests_df),
-                     step_columns=frame_columns(steps_df), summary=summary)
+    streamed = writer is not None and scenario.steps == "all"
+    return RunResult(scenario=scenario, request_columns=request_columns,
+                     step_columns=None if streamed else steps.kept_columns(), summary=summary,
+                     steps_path=steps_path if streamed else None)
 
 
 def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
@@ -88,31 +87,26 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
     `out_dir`: write the run there as it goes (`RunResult.write`'s files and rules: new or an
     earlier kvsim run, swapped in complete). The per-step rows then stream to disk in chunks
     (`steps.parquet` with pyarrow, else `steps.csv`; `steps_format` chooses) instead of staying
-    in memory, and the result's `steps` reads them back from there when asked.
+    in memory, and the result's `steps` reads them back from there when asked; a data-parallel
+    group's rows too, in (`time_s`, `dp_rank`) order (`kvsim.engine.lockstep_recorder`).
     """
     if steps is not None:
         scenario = scenario.model_copy(update={"steps": steps})
     if scenario.replicas is not None:
         raise KvsimError(f"replicas={scenario.replicas!r}: a fleet scenario; use kvsim.fleet.driver.simulate_fleet")
-    if scenario.engine.data_parallel_size > 1:
-        result = simulate_data_parallel(scenario, check, memory_limit_bytes)  # its steps are kept in memory
-        if out_dir is not None:
-            with output_directory(out_dir, "run") as tmp:
-                if scenario.steps != "none":  # the same file a single engine's run streams to
-                    assert result.step_columns is not None, "data-parallel steps are kept in memory"
-                    dp_writer = StepWriter(tmp, steps_format)
-                    dp_writer.write(result.step_columns)
-                    dp_writer.close()
-                write_run_files(tmp, result, steps=False)
-        return result
     if out_dir is None:
+        if scenario.engine.data_parallel_size > 1:
+            return simulate_data_parallel(scenario, check, memory_limit_bytes)
         return simulate_single(scenario, check, progress, bursts, memory_limit_bytes, StepRecorder(scenario.steps))
     final = check_output_dir(out_dir, "run")  # refused before simulating, not after
     with output_directory(out_dir, "run") as tmp:
         writer = StepWriter(tmp, steps_format) if scenario.steps != "none" else None
-        result = simulate_single(scenario, check, progress, bursts, memory_limit_bytes,
-                                 StepRecorder(scenario.steps, writer),
-                                 None if writer is None else final / writer.path.name)
+        steps_path = None if writer is None else final / writer.path.name
+        if scenario.engine.data_parallel_size > 1:
+            result = simulate_data_parallel(scenario, check, memory_limit_bytes, writer, steps_path)
+        else:
+            result = simulate_single(scenario, check, progress, bursts, memory_limit_bytes,
+                                     StepRecorder(scenario.steps, writer), steps_path)
         write_run_files(tmp, result, steps=False)
     return result
 

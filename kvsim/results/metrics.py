@@ -22,7 +22,7 @@ every token is the summary's `inter_token_latency_s`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,13 +57,16 @@ IDLE_POOL = {"vllm:kv_cache_usage_perc": 0.0, **dict.fromkeys(WASTE_KEYS, 0.0), 
 """The pool shares of a data-parallel engine that has no row in a lockstep step: it runs nothing."""
 
 
-def dp_group_steps(steps_df: pd.DataFrame, num_engines: int) -> pd.DataFrame:
+def dp_group_steps(steps_df: pd.DataFrame, num_engines: int, preemptions_before: Sequence[int] | None = None,
+                   ) -> pd.DataFrame:
     """Data-parallel engines' step rows (`dp_rank`, sharing `time_s` in lockstep) as one row per
     step of the whole deployment, so its summary speaks of all engines together.
 
     Counts (running, waiting, tokens, held and shared slots, bytes) are summed over the engines;
     pool shares are averaged over every engine (the pools are equal), an engine without a row
-    counting as idle (`IDLE_POOL`); the cumulative preemption count is each engine's latest, summed.
+    counting as idle (`IDLE_POOL`); the cumulative preemption count is each engine's latest, summed
+    (before its first row here: its count in `preemptions_before`, by rank, default 0; so the steps
+    can come a chunk at a time, each chunk holding whole steps).
     """
     import pandas as pd
 
@@ -74,7 +77,7 @@ def dp_group_steps(steps_df: pd.DataFrame, num_engines: int) -> pd.DataFrame:
     for name in STEP_COLUMNS[2:]:
         column = wide[name].reindex(columns=ranks)
         if name == "vllm:num_preemptions_total":
-            column = column.ffill().fillna(0)
+            column = column.ffill().fillna(dict(enumerate(preemptions_before or [0] * num_engines)))
         if name in IDLE_POOL:
             data[name] = column.fillna(IDLE_POOL[name]).mean(axis=1).to_numpy()
         else:
