@@ -209,9 +209,10 @@ class Scheduler:
         if req.first_scheduled_s is None:
             req.first_scheduled_s = now
             req.num_prefix_hit_tokens = hit.num_tokens
-        if self.held_kv_tokens and self.held_kv_tokens.pop(req.request_id, None) is not None:
-            pass  # loaded KV, not a prefix-cache query: its lookup was counted when the load was reserved
-        else:  # a re-admission re-hits its own blocks: not a prefix-cache hit (counted apart)
+        # KV loaded from a prefill instance is no prefix-cache query: its lookup was counted when the load
+        # was reserved. A re-admission re-hits its own blocks: counted apart (`preempted`), as vLLM does.
+        loaded = self.held_kv_tokens.pop(req.request_id, None) if self.held_kv_tokens else None
+        if loaded is None:
             self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
         req.num_computed_tokens = hit.num_tokens
         req.status = RequestStatus.RUNNING
