@@ -200,7 +200,8 @@ class Scheduler:
         """
         assert self.waiting.peek() is req
         for seq_id in req.seq_ids + req.child_seq_ids():  # slabs: each sample's region, sized from prompt and output
-            assert self.alloc.reserve(seq_id, req.kv_len, req.prompt_len)
+            reserved = self.alloc.reserve(seq_id, req.kv_len, req.prompt_len)
+            assert reserved, "admit after a successful can_allocate"
         result: Allocation | None = self.alloc.allocate(req.seq_ids[0], hit.num_tokens + num_new, req.kv_len,
                                                         req.content, hit)
         assert result is not None, "admit after a successful can_allocate"

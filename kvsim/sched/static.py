@@ -22,7 +22,8 @@ class StaticScheduler(Scheduler):
             self._admit_batch(plan, now)
             return plan
         for req in self.running:
-            assert self.try_allocate(req, req.num_computed_tokens + 1, plan), "static batches never run out"
+            grown = self.try_allocate(req, req.num_computed_tokens + 1, plan)
+            assert grown, "static batches never run out"
             self.plan_tokens(plan, req, 1)
         return plan
 

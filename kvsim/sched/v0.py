@@ -80,7 +80,8 @@ class V0Scheduler(Scheduler):
             self.swapped.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            assert self.try_allocate(req, req.num_computed_tokens + 1, plan)
+            grown = self.try_allocate(req, req.num_computed_tokens + 1, plan)
+            assert grown
             self.plan_tokens(plan, req, 1)
 
     def waiting_blocked(self) -> bool:

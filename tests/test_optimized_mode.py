@@ -1,0 +1,33 @@
+"""Running under `python -O` (asserts stripped) changes no result.
+
+An `assert` whose expression allocates or reserves KV would be skipped under -O and leave the books
+short; the schedulers keep every side effect outside their asserts. Each scheduler family runs once
+with and once without -O and the summaries must be byte-identical.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _summary(tmp_path: Path, name: str, optimize: bool, args: list[str]) -> bytes:
+    out = tmp_path / name
+    flags = ["-O"] if optimize else []
+    subprocess.run([sys.executable, *flags, "-m", "kvsim", "run", *args, "-o", str(out), "--format", "json"],
+                   check=True, cwd=REPO, capture_output=True)
+    return (out / "summary.json").read_bytes()
+
+
+@pytest.mark.parametrize("args", [
+    ["scenarios/preemption-swap.yaml", "--set", "workload.num_requests=120"],          # v0, swap
+    ["scenarios/paper-slab-pow2.yaml", "--set", "workload.num_requests=120"],          # v0, slab reserve
+    ["--set", "engine.scheduler=static", "--set", "workload.num_requests=60"],         # static batches
+], ids=["v0-swap", "v0-slab", "static"])
+def test_asserts_have_no_side_effects(tmp_path: Path, args: list[str]) -> None:
+    assert _summary(tmp_path, "plain", False, args) == _summary(tmp_path, "optimized", True, args)
