@@ -2,13 +2,15 @@
 a tolerance band, clamping, and the stabilisation windows (scale down to the highest recent recommendation)."""
 
 import pytest
+from pydantic import ValidationError
 
-from kvsim.fleet.autoscaler import Autoscaler, AutoscalerSpec
-from kvsim.model.errors import KvsimError
+from kvsim.fleet.autoscaler import Autoscaler
+from kvsim.model.errors import from_validation_error
+from kvsim.workload.scenario import AutoscalerConfig
 
 
 def test_ceil_of_current_times_ratio():
-    a = Autoscaler(AutoscalerSpec(target=4, max_replicas=32))
+    a = Autoscaler(AutoscalerConfig(target=4, max_replicas=32))
     assert a.raw(num_current=3, metric_per_replica=10) == 8  # ceil(3 · 10 / 4) = ceil(7.5)
     assert a.raw(num_current=3, metric_per_replica=4.3) == 3  # 4.3 / 4 = 1.075, inside the 10 % tolerance
     assert a.raw(num_current=3, metric_per_replica=4.5) == 4  # 1.125 > 1.1: ceil(3.375)
@@ -17,7 +19,7 @@ def test_ceil_of_current_times_ratio():
 
 
 def test_scale_up_at_once_scale_down_after_the_window():
-    a = Autoscaler(AutoscalerSpec(target=4, scale_down_window_s=300, sync_period_s=15))
+    a = Autoscaler(AutoscalerConfig(target=4, scale_down_window_s=300, sync_period_s=15))
     assert a.recommend(0, num_current=2, metric_per_replica=8) == 4  # up at once: ceil(2 · 2)
     # load drops: raw recommendations 1, but the highest of the last 300 s (4, at t=0) holds until t > 300
     assert a.recommend(15, num_current=4, metric_per_replica=0) == 4
@@ -26,7 +28,7 @@ def test_scale_up_at_once_scale_down_after_the_window():
 
 
 def test_a_dip_inside_the_window_does_not_remove_replicas():
-    a = Autoscaler(AutoscalerSpec(target=4, scale_down_window_s=60))
+    a = Autoscaler(AutoscalerConfig(target=4, scale_down_window_s=60))
     for t in range(0, 120, 15):
         assert a.recommend(t, num_current=4, metric_per_replica=4) == 4
     assert a.recommend(120, num_current=4, metric_per_replica=1) == 4  # the last 60 s held raw 4s
@@ -39,5 +41,6 @@ def test_a_dip_inside_the_window_does_not_remove_replicas():
     ("sync_period_s", {"sync_period_s": 0}), ("target", {"metric": "kv_cache_usage_perc", "target": 80}),
 ])
 def test_a_policy_that_cannot_work_is_one_error_naming_the_field(field, kwargs):
-    with pytest.raises(KvsimError, match=rf"^autoscaler\.{field}="):
-        AutoscalerSpec(**kwargs)
+    with pytest.raises(ValidationError) as refused:
+        AutoscalerConfig(**kwargs)
+    assert str(from_validation_error(refused.value, "autoscaler")).startswith(f"autoscaler.{field}=")

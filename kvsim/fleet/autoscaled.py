@@ -36,7 +36,7 @@ from kvsim.engine.clock import Arrivals, call_at
 from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.engine.runtime import Engine
-from kvsim.fleet.autoscaler import Autoscaler, AutoscalerSpec
+from kvsim.fleet.autoscaler import Autoscaler
 from kvsim.fleet.driver import FleetResult, FleetView, Routes, fleet_summary, replica_scenarios
 from kvsim.fleet.router import Decision, Router
 from kvsim.model.config import load_model
@@ -53,16 +53,6 @@ class Slot(Enum):
     STARTING = "starting"
     READY = "ready"
     DRAINING = "draining"
-
-
-def autoscaler_spec(config: AutoscalerConfig) -> AutoscalerSpec:
-    """The pure core's spec; a policy that can never scale is refused (one line naming the field)."""
-    fields = config.model_dump(exclude={"slo_ttft_s", "slo_tpot_s", "slo_window_s"})
-    spec = AutoscalerSpec(**fields)
-    if spec.min_replicas == spec.max_replicas:
-        raise KvsimError(f"autoscaler.max_replicas={spec.max_replicas}: equals min_replicas, so the policy can "
-                         f"never scale (a static fleet is replicas: {spec.max_replicas} without autoscaler)")
-    return spec
 
 
 class ScalingView(FleetView):
@@ -91,7 +81,7 @@ class ScalingView(FleetView):
 class Scaler:
     """The slots' states through the run, driven by the sync timer; `history` is `scaling.csv`."""
 
-    spec: AutoscalerSpec
+    spec: AutoscalerConfig
     engines: list[Engine]
     slots: list[Slot]
     gpus_per_slot: list[int]
@@ -243,9 +233,8 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     """Simulate the autoscaled fleet (module docstring)."""
     import pandas as pd
 
-    config = scenario.autoscaler
-    assert config is not None and isinstance(scenario.replicas, int)
-    spec = autoscaler_spec(config)
+    spec = scenario.autoscaler
+    assert spec is not None and isinstance(scenario.replicas, int)
     if scenario.router.policy not in ("least_outstanding", "least_kv"):
         raise KvsimError(f"router.policy={scenario.router.policy}: an autoscaled fleet routes by load "
                          "(least_outstanding or least_kv); affinity's memory of replicas is not kept across scaling")
@@ -288,10 +277,10 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     routes_df = routes.frame()
     summary = fleet_summary(scenario, requests_df, runs, routes_df)
     scaling = pd.DataFrame(scaler.history)
-    slo = slo_attainment(requests_df, config.slo_ttft_s, config.slo_tpot_s, config.slo_window_s)
+    slo = slo_attainment(requests_df, spec.slo_ttft_s, spec.slo_tpot_s, spec.slo_window_s)
     met = slo["slo_attainment"] * slo["num_requests"]
     summary["autoscaling"] = {
-        **config.model_dump(mode="json"),
+        **spec.model_dump(mode="json"),
         "gpu_hours": scaler.gpu_seconds / 3600.0,
         "mean_gpus": scaler.gpu_seconds / billed_span_s if billed_span_s else 0.0,
         "billed_span_s": billed_span_s,

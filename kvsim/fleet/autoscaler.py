@@ -10,6 +10,7 @@ takes the *highest* recommendation of the last `scale_down_window_s` (default 30
 drop replicas it will need again), a scale-up the *lowest* of the last `scale_up_window_s` (default 0 s:
 scale up at once). A replica added now serves only after `startup_s` (model load: minutes); the fleet
 counts it from the moment it is requested, as a GPU bill does. Pure Python: the fleet's clock calls it.
+The policy's fields and their ranges are declared once, in `kvsim.workload.scenario.AutoscalerConfig`.
 """
 
 from __future__ import annotations
@@ -17,51 +18,17 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING
 
-from kvsim.model.errors import KvsimError
-
-Metric = Literal["num_requests_waiting", "kv_cache_usage_perc"]  # vLLM's Prometheus names, per replica
-
-
-@dataclass(frozen=True, slots=True)
-class AutoscalerSpec:
-    """The policy; names follow the HPA's (`minReplicas`, `stabilizationWindowSeconds`, ...) in snake case."""
-
-    metric: Metric = "num_requests_waiting"
-    target: float = 4.0  # the metric's per-replica target value
-    min_replicas: int = 1
-    max_replicas: int = 16
-    tolerance: float = 0.1
-    sync_period_s: float = 15.0
-    scale_up_window_s: float = 0.0
-    scale_down_window_s: float = 300.0
-    startup_s: float = 120.0
-
-    def __post_init__(self) -> None:
-        checks = {
-            "target": self.target > 0 and math.isfinite(self.target),
-            "min_replicas": self.min_replicas >= 1,
-            "max_replicas": self.max_replicas >= self.min_replicas,
-            "tolerance": 0 <= self.tolerance < 1,
-            "sync_period_s": self.sync_period_s > 0 and math.isfinite(self.sync_period_s),
-            "scale_up_window_s": self.scale_up_window_s >= 0,
-            "scale_down_window_s": self.scale_down_window_s >= 0,
-            "startup_s": self.startup_s >= 0 and math.isfinite(self.startup_s),
-        }
-        for name, ok in checks.items():
-            if not ok:
-                hint = f" (min_replicas={self.min_replicas})" if name == "max_replicas" else ""
-                raise KvsimError(f"autoscaler.{name}={getattr(self, name)!r}: out of range{hint}")
-        if self.metric == "kv_cache_usage_perc" and self.target > 1:
-            raise KvsimError(f"autoscaler.target={self.target!r}: kv_cache_usage_perc is a fraction in (0, 1]")
+if TYPE_CHECKING:
+    from kvsim.workload.scenario import AutoscalerConfig
 
 
 @dataclass(slots=True)
 class Autoscaler:
     """The HPA's recommendation with its stabilisation windows. `recommend` is called once per sync period."""
 
-    spec: AutoscalerSpec
+    spec: AutoscalerConfig  # the scenario's policy, validated there
     _history: deque[tuple[float, int]] = field(default_factory=deque)  # (instant, raw recommendation)
 
     def raw(self, num_current: int, metric_per_replica: float) -> int:

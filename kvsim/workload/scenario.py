@@ -256,23 +256,41 @@ class KVTransferConfig(BaseModel):
 
 class AutoscalerConfig(BaseModel):
     """An autoscaled fleet (`kvsim.fleet.autoscaled`): Kubernetes HPA's rule and names, in snake case
-    (`kvsim.fleet.autoscaler.AutoscalerSpec` states the rule). `replicas` (an int) is the count at the
-    start, clamped to [min_replicas, max_replicas]. `slo_ttft_s` / `slo_tpot_s` only score the run
-    (attainment per `slo_window_s` of arrivals), they do not steer it."""
+    (`kvsim.fleet.autoscaler` states the rule and takes this policy as it is). `replicas` (an int) is the
+    count at the start, clamped to [min_replicas, max_replicas]. `slo_ttft_s` / `slo_tpot_s` only score the
+    run (attainment per `slo_window_s` of arrivals), they do not steer it."""
 
     model_config = _STRICT
-    metric: Literal["num_requests_waiting", "kv_cache_usage_perc"] = "num_requests_waiting"
-    target: float = 4.0
-    min_replicas: int = 1
+    metric: Literal["num_requests_waiting", "kv_cache_usage_perc"] = "num_requests_waiting"  # vLLM's names
+    target: float = Field(default=4.0, gt=0, allow_inf_nan=False)  # the metric's per-replica target value
+    min_replicas: int = Field(default=1, ge=1)
     max_replicas: int = 16
-    tolerance: float = 0.1
-    sync_period_s: float = 15.0
-    scale_up_window_s: float = 0.0
-    scale_down_window_s: float = 300.0
-    startup_s: float = 120.0
+    tolerance: float = Field(default=0.1, ge=0, lt=1)
+    sync_period_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
+    scale_up_window_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    scale_down_window_s: float = Field(default=300.0, ge=0, allow_inf_nan=False)
+    startup_s: float = Field(default=120.0, ge=0, allow_inf_nan=False)
     slo_ttft_s: float = Field(default=2.0, gt=0)
     slo_tpot_s: float = Field(default=0.1, gt=0)
     slo_window_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("target")
+    @classmethod
+    def _fraction_target(cls, target: float, info: Any) -> float:
+        if info.data.get("metric") == "kv_cache_usage_perc" and target > 1:
+            raise ValueError("kv_cache_usage_perc is a fraction in (0, 1]")
+        return target
+
+    @field_validator("max_replicas")
+    @classmethod
+    def _can_scale(cls, max_replicas: int, info: Any) -> int:
+        min_replicas = info.data.get("min_replicas", 1)
+        if max_replicas < min_replicas:
+            raise ValueError(f"below min_replicas={min_replicas}")
+        if max_replicas == min_replicas:
+            raise ValueError(f"equals min_replicas, so the policy can never scale (a static fleet is "
+                             f"replicas: {max_replicas} without autoscaler)")
+        return max_replicas
 
 
 StepsMode = Literal["none", "sampled", "all"]  # which per-step rows a run keeps and writes
