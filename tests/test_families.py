@@ -195,11 +195,10 @@ def test_cli_capacity_shows_the_per_type_breakdown() -> None:
 
 # google/gemma-2-9b-it config.json (model_type gemma2): 42 layers alternating a 4096-token window
 # (layer 0 first) and global attention, 16 heads and 8 KV heads of head_dim 256, tied embeddings.
-# (The published file says torch_dtype float32; bfloat16 here: the layout, not the dtype, is tested.)
 GEMMA2_9B = {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "hidden_size": 3584,
              "intermediate_size": 14336, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
              "num_hidden_layers": 42, "sliding_window": 4096, "max_position_embeddings": 8192,
-             "vocab_size": 256000, "torch_dtype": "bfloat16", "hidden_activation": "gelu_pytorch_tanh",
+             "vocab_size": 256000, "torch_dtype": "float32", "hidden_activation": "gelu_pytorch_tanh",
              "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # microsoft/Phi-3-mini-4k-instruct config.json (model_type phi3): Llama's shapes, full MHA.
 PHI3_MINI = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 3072,
@@ -219,11 +218,20 @@ def test_gemma2_alternates_sliding_and_global_layers_from_layer_0(tmp_path) -> N
     assert m.resolved_layer_types.count("full_attention") == 21 and m.sliding_window == 4096
     assert m.tie_word_embeddings and m.head_dim == 256
     engine = make_engine(max_model_len=8192)
-    assert kv_bytes_per_token(m, engine) == 42 * 2 * 8 * 256 * BF16  # every layer stores K and V
+    # every layer stores K and V; the float32 checkpoint is served in bfloat16, as vLLM's dtype=auto does
+    assert m.dtype == "bfloat16" and kv_bytes_per_token(m, engine) == 42 * 2 * 8 * 256 * BF16
     kinds = {row.attention: row for row in plan_capacity(m, load_gpu("h100-80gb"), engine, [8192]).kv_types}
     assert kinds["sliding_window"].num_layers == 21 and kinds["full"].num_layers == 21
     given = {**GEMMA2_9B, "layer_types": ["full_attention"] * 42}  # a config that says so directly wins
     assert set(model_from_hf_config(given, "g").resolved_layer_types) == {"full_attention"}
+
+
+def test_a_float32_checkpoint_is_served_in_16_bits_as_vllm_auto_does() -> None:
+    """vLLM's `--dtype auto`: float32 (or no torch_dtype) -> float16; Gemma -> bfloat16; others kept."""
+    fields = {k: v for k, v in PHI3_MINI.items() if k != "torch_dtype"}
+    assert model_from_hf_config(fields, "p").dtype == "float16"
+    assert model_from_hf_config({**fields, "torch_dtype": "float32"}, "p").dtype == "float16"
+    assert model_from_hf_config({**fields, "torch_dtype": "bfloat16"}, "p").dtype == "bfloat16"
 
 
 def test_phi3_loads_as_llama_shaped_and_is_named_by_name_or_path(tmp_path) -> None:

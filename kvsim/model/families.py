@@ -101,11 +101,20 @@ def _dense(c: _Config, *, is_opt: bool = False) -> Fields:
         "intermediate_size": c.need("ffn_dim") if is_opt else c.need("intermediate_size"),
         "vocab_size": c.need("vocab_size"),
         "max_position_embeddings": c.get("max_position_embeddings", 2048),
-        "dtype": c.get("torch_dtype") or c.get("dtype") or "float16",
+        "dtype": _served_dtype(c),
         "gated_mlp": not is_opt,
         "tie_word_embeddings": c.get("tie_word_embeddings", is_opt),
         "weight_quant": _weight_quant(c),
     }
+
+
+def _served_dtype(c: _Config) -> str:
+    """The dtype vLLM serves with `--dtype auto`: the checkpoint's, except that a float32 (or unstated)
+    checkpoint runs in float16, and a Gemma one in bfloat16 (vLLM's `_get_and_verify_dtype`)."""
+    dtype = c.get("torch_dtype") or c.get("dtype") or "float32"
+    if dtype != "float32":
+        return str(dtype)
+    return "bfloat16" if str(c.get("model_type", "")).startswith("gemma") else "float16"
 
 
 def _weight_quant(c: _Config) -> str | None:
