@@ -138,3 +138,34 @@ def test_terminal_tables_never_break_a_header_or_value_mid_word():
     assert "(2 of 2)" in narrow and max(len(line) for line in narrow.splitlines()) <= 80
     wide = _rendered(rows_to_rich([row], title="kvsim plan", width=250), 250)
     assert "(1 of 1)" not in wide and "lower_bound_replicas" in wide
+
+
+def _fleet_summary(num_replicas: int) -> dict:
+    """A fleet summary of `num_replicas` H100 replicas; replica i has i + 1 requests and TTFT p90 (i + 1) ms."""
+    rows = [{"replica": i, "gpu": "h100-80gb", "num_requests": i + 1, "mean_running": 2.0, "kv_cache_usage_mean": 0.25,
+             "num_preemptions": 0, "prefix_cache_hit_rate": 0.5, "ttft_p90_s": (i + 1) / 1000, "tpot_p90_s": 0.006,
+             "e2e_p90_s": 2.5} for i in range(num_replicas)]
+    return {"num_replicas": num_replicas, "num_gpus": num_replicas, "router": "least_kv", "num_finished": 10,
+            "num_requests": 10, "duration_s": 60.0, "ttft_s": {"p90": 0.02}, "tpot_s": {"p90": 0.006},
+            "prefix_cache_hit_rate": 0.5, "per_replica": rows}
+
+
+def test_a_small_fleet_prints_every_replica_whole_at_80_columns():
+    from kvsim.results.render import fleet_table
+
+    text = _rendered(fleet_table(_fleet_summary(4)), 80)
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    assert "on h100-80gb" in text and "4 ms" in text and "25.0%" in text and "2.5 s" in text
+
+
+def test_a_large_fleet_prints_its_spread_across_replicas():
+    from kvsim.results.render import fleet_table
+
+    text = _rendered(fleet_table(_fleet_summary(16)), 80)
+    lines = {line.split()[0]: line.split() for line in text.splitlines() if line.split()[:1] in (["min"], ["p50"],
+                                                                                              ["max"])}
+    # requests 1..16: min 1, median 8.5, max 16; TTFT p90 1..16 ms likewise
+    assert lines["min"][1] == "1" and lines["p50"][1] == "8.5" and lines["max"][1] == "16"
+    assert "1 ms" in " ".join(lines["min"]) and "8.5 ms" in " ".join(lines["p50"])
+    assert "16 ms" in " ".join(lines["max"])
+    assert "…" not in text and "replicas.csv" in text and len(text.splitlines()) < 16

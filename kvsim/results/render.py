@@ -121,22 +121,67 @@ def summary_table(summary: dict[str, Any]):  # -> rich.table.Table
     return table
 
 
+FLEET_ROWS_SHOWN = 8  # a larger fleet prints its spread across replicas (min, median, max), not every row
+
+
 def fleet_table(summary: dict[str, Any]):  # -> rich.table.Table
-    """A fleet summary: fleet-wide latency and totals, then one row per replica."""
+    """A fleet summary: fleet-wide latency and totals in the title, then one row per replica, or, past
+    `FLEET_ROWS_SHOWN` replicas, the minimum, median and maximum of each column across replicas (every
+    replica's row is in `replicas.csv`). Fractions print as percentages and times in ms or s, short enough
+    for 80 columns; the GPU is named once when every replica has the same."""
+    import statistics
+
+    from rich import box
     from rich.table import Table
 
     def p90(d: dict[str, Any]) -> str:
         return "-" if d.get("p90") is None else f"{d['p90']:.4g}"
 
-    table = Table(title=f"kvsim fleet: {summary['num_replicas']} replicas ({summary['num_gpus']} GPUs), "
+    rows = summary["per_replica"]
+    gpus = sorted({row["gpu"] for row in rows})
+    on = f" on {gpus[0]}" if len(gpus) == 1 else ""
+    table = Table(title=f"kvsim fleet: {summary['num_replicas']} replicas ({summary['num_gpus']} GPUs{on}), "
                         f"router {summary['router']}; {summary['num_finished']:,} of {summary['num_requests']:,} "
                         f"finished in {summary['duration_s']:.2f} s; TTFT p90 {p90(summary['ttft_s'])} s, "
-                        f"TPOT p90 {p90(summary['tpot_s'])} s, prefix hits {summary['prefix_cache_hit_rate']:.1%}")
-    columns = {"replica": "#", "gpu": "gpu", "num_requests": "requests", "mean_running": "running",
-               "kv_cache_usage_mean": "KV use", "num_preemptions": "preempt", "prefix_cache_hit_rate": "hits",
-               "ttft_p90_s": "TTFT p90", "tpot_p90_s": "TPOT p90", "e2e_p90_s": "E2E p90"}
-    for label in columns.values():
-        table.add_column(label, justify="left" if label == "gpu" else "right")
-    for row in summary["per_replica"]:
-        table.add_row(*(_cell(row[c]) for c in columns))
+                        f"TPOT p90 {p90(summary['tpot_s'])} s, prefix hits {summary['prefix_cache_hit_rate']:.1%}",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    shares = {"kv_cache_usage_mean": "KV\nuse", "prefix_cache_hit_rate": "prefix\nhits"}
+    times = {"ttft_p90_s": "TTFT\np90", "tpot_p90_s": "TPOT\np90", "e2e_p90_s": "E2E\np90"}
+    counts = {"num_requests": "requests", "mean_running": "mean\nrunning", "num_preemptions": "preempt"}
+    spread = len(rows) > FLEET_ROWS_SHOWN
+    table.add_column("" if spread else "#", justify="left" if spread else "right", no_wrap=True)
+    if not on:
+        table.add_column("gpu", no_wrap=True)
+    for label in [*counts.values(), *shares.values(), *times.values()]:
+        table.add_column(label, justify="right", no_wrap=True)
+
+    def cells(row: dict[str, Any]) -> list[str]:
+        return ([_cell(row[c]) for c in counts] + [_share(row[c]) for c in shares]
+                + [_duration(row[c]) for c in times])
+
+    if not spread:
+        for row in rows:
+            table.add_row(str(row["replica"]), *([] if on else [row["gpu"]]), *cells(row))
+        return table
+    for name, pick in (("min", min), ("p50", statistics.median), ("max", max)):
+        picked = {c: _finite_pick(pick, [row[c] for row in rows]) for c in [*counts, *shares, *times]}
+        table.add_row(name, *([] if on else [", ".join(gpus)]), *cells(picked))
+    table.caption = f"across the {len(rows)} replicas; one row per replica: replicas.csv"
     return table
+
+
+def _finite_pick(pick: Any, values: list[Any]) -> Any:
+    """`pick` (min, median, max) over the values a replica has (a replica that served nothing has None)."""
+    present = [v for v in values if v is not None and v == v]
+    return pick(present) if present else None
+
+
+def _share(value: Any) -> str:
+    return "" if value is None or value != value else f"{value:.1%}"
+
+
+def _duration(value: Any) -> str:
+    """Seconds, shown in ms below one second (3 significant digits)."""
+    if value is None or value != value:
+        return ""
+    return f"{value * 1e3:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
