@@ -41,7 +41,7 @@ def main() -> None:
     rows = [{"fleet": "autoscaled", "gpu_hours": auto["gpu_hours"], "mean_gpus": auto["mean_gpus"],
              "slo_attainment": auto["slo_attainment"], "worst_window": auto["worst_window_slo_attainment"],
              "ttft_p90_s": scaled.summary["ttft_s"]["p90"], "tpot_p90_s": scaled.summary["tpot_s"]["p90"],
-             "per_window": scaled.slo["slo_attainment"].round(4).tolist()}]
+             "per_window": scaled.tables["slo"]["slo_attainment"].round(4).tolist()}]
     for size in (int(n) for n in args.static.split(",")):
         spec = scaled_spec.model_copy(update={"autoscaler": None, "replicas": size})
         static = simulate_fleet(spec)
@@ -55,7 +55,7 @@ def main() -> None:
                      "per_window": slo["slo_attainment"].round(4).tolist()})
     result = {"scenario": str(SCENARIO.relative_to(ROOT)), "overrides": overrides,
               "autoscaler": config.model_dump(mode="json"),
-              "windows_s": scaled.slo["window_start_s"].tolist(), "fleets": rows}
+              "windows_s": scaled.tables["slo"]["window_start_s"].tolist(), "fleets": rows}
     args.output.parent.mkdir(exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     for row in rows:

@@ -2,12 +2,13 @@
 
 The library API (typed; the CLI is a thin layer over it):
 
-    simulate(scenario, *, check=False, **overrides) -> RunResult | FleetResult
+    simulate(scenario, *, check=False, **overrides) -> RunResult
         scenario: a Scenario, a YAML path, a dict of scenario fields, or None for the built-in default;
-        a fleet scenario (`replicas` set) runs `kvsim.fleet.driver.simulate_fleet` and returns its FleetResult
+        a fleet scenario (`replicas` set) runs `kvsim.fleet.driver.simulate_fleet` (a RunResult with
+        per-replica sections)
     load_scenario(path=None, overrides=None) -> Scenario
         overrides: {"engine.block_size": 32} or ["engine.block_size=32"] (the CLI's --set)
-    Scenario, RunResult (requests/steps DataFrames, summary; write, to_parquet)
+    Scenario, RunResult (requests/steps DataFrames, summary, a fleet's replicas and tables; write, to_parquet)
 
 `import kvsim` imports nothing but the standard library: `Scenario` and `load_scenario` load
 pydantic on first use, simpy loads only when a simulation runs, and pandas only when a result's
@@ -24,9 +25,6 @@ from typing import TYPE_CHECKING, Any
 from kvsim.model.version import __version__
 
 if TYPE_CHECKING:
-    from kvsim.fleet.autoscaled import AutoscaledResult
-    from kvsim.fleet.disagg import DisaggResult
-    from kvsim.fleet.driver import FleetResult
     from kvsim.results.run_result import RunResult
     from kvsim.workload.scenario import Scenario, load_scenario
 
@@ -35,13 +33,14 @@ __all__ = ["RunResult", "Scenario", "__version__", "load_scenario", "simulate"]
 
 def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, /, *, check: bool = False,
              progress: Callable[[float, int, int], None] | None = None,
-             **overrides: Any) -> RunResult | FleetResult | DisaggResult | AutoscaledResult:
+             **overrides: Any) -> RunResult:
     """Simulate `scenario` (a Scenario, a YAML path, a dict of its fields, or None: the built-in default).
 
     `overrides` replace fields: `seed=3`, or a nested field with double underscores,
     `engine__block_size=32` (a whole section too: `workload__prompt_len={"dist": "fixed", "value": 512}`).
     `check=True` runs every allocator's `check_invariants()` after each step.
-    A fleet scenario (`replicas` set) runs its replicas behind its router and returns a `FleetResult`.
+    A fleet scenario (`replicas` set) runs its replicas behind its router; its result has one section per
+    replica (`replicas`) and the fleet's tables (`tables`: routes, ...).
     """
     from kvsim.engine.simulate import simulate as _simulate
     from kvsim.workload.scenario import resolve_scenario

@@ -30,12 +30,12 @@ def test_zero_startup_instant_thresholds_pinned_at_n_is_the_static_fleet(policy)
     static = simulate_fleet(make_scenario(raw(policy=policy)))
     scaled = simulate_autoscaled(make_scenario(raw(autoscaler=pinned, policy=policy)))
     assert scaled.requests.equals(static.requests)
-    assert scaled.fleet.routes.equals(static.routes)
+    assert scaled.tables["routes"].equals(static.tables["routes"])
     auto = scaled.summary["autoscaling"]
     last_finish_s = float((static.requests["arrival_s"] + static.requests["e2e_s"]).max())
     assert auto["billed_span_s"] == pytest.approx(last_finish_s, rel=1e-12)
     assert auto["gpu_hours"] == pytest.approx(2 * last_finish_s / 3600, rel=1e-12)
-    assert set(scaled.scaling["num_ready"]) == {2}
+    assert set(scaled.tables["scaling"]["num_ready"]) == {2}
 
 
 def test_a_new_replica_serves_only_after_startup():
@@ -43,9 +43,10 @@ def test_a_new_replica_serves_only_after_startup():
     first request no earlier than startup_s later; billing counts it from the request on."""
     policy = {"min_replicas": 1, "max_replicas": 2, "target": 1, "startup_s": 5.0, "sync_period_s": 1.0}
     result = simulate_autoscaled(make_scenario(raw(num_requests=600, rate=60.0, replicas=1, autoscaler=policy)))
-    scaling = result.scaling
+    scaling = result.tables["scaling"]
     first_up_s = float(scaling.loc[scaling["num_starting"] > 0, "time_s"].min())
-    on_new = result.fleet.routes[result.fleet.routes["replica"] == 1]
+    routes = result.tables["routes"]
+    on_new = routes[routes["replica"] == 1]
     assert len(on_new) > 0 and on_new["arrival_s"].min() >= first_up_s + 5.0
     ready_at = scaling.loc[scaling["num_ready"] == 2, "time_s"]
     assert ready_at.min() >= first_up_s + 5.0

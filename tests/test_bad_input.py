@@ -378,7 +378,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
 
 @pytest.mark.parametrize(("command", "writer"), [
     (["run", "--set", "workload.num_requests=5"], "kvsim.engine.simulate.write_run_files"),
-    (["run", "--set", "workload.num_requests=5", "--set", "replicas=2"], "pandas.DataFrame.to_csv"),
+    (["run", "--set", "workload.num_requests=5", "--set", "replicas=2"], "kvsim.fleet.driver.write_run_files"),
 ])
 def test_a_full_disk_names_the_output_and_leaves_nothing(tmp_path, monkeypatch, command, writer):
     """ENOSPC comes from `write` on an open file, so the OSError has no file name: the line names --output."""

@@ -48,7 +48,7 @@ def test_one_request_ttft_is_prefill_plus_transfer_plus_first_decode_step():
     assert req["ttft_s"] == pytest.approx(STEP_S + transfer_s + STEP_S, rel=1e-12)
     # then 4 more decode steps for output tokens 2..5
     assert req["e2e_s"] == pytest.approx(STEP_S + transfer_s + 5 * STEP_S, rel=1e-12)
-    t = result.transfers.iloc[0]
+    t = result.tables["transfers"].iloc[0]
     assert t["num_bytes"] == PROMPT_BYTES
     assert t["end_s"] - t["start_s"] == pytest.approx(transfer_s, rel=1e-12)
     assert t["start_s"] == t["handoff_s"]  # an idle decode instance reserves at the hand-off
@@ -60,7 +60,7 @@ def test_one_request_ttft_is_prefill_plus_transfer_plus_first_decode_step():
 def test_decode_tp_sets_bytes_and_link_width():
     """TP 2 on D: 4 kv heads per rank, so the same bytes in all; two per-GPU links, so half the drain time."""
     result = simulate_disagg(scenario(decode_engine={"tensor_parallel_size": 2}))
-    t = result.transfers.iloc[0]
+    t = result.tables["transfers"].iloc[0]
     assert t["num_bytes"] == PROMPT_BYTES
     assert t["end_s"] - t["start_s"] == pytest.approx(LINK_LATENCY_S + PROMPT_BYTES / (2 * BANDWIDTH), rel=1e-12)
 
@@ -68,8 +68,8 @@ def test_decode_tp_sets_bytes_and_link_width():
 def test_two_equal_transfers_on_one_link_take_twice_as_long():
     """2P1D, two requests 1 ns apart prefill side by side and reach D together: they share D's link."""
     result = simulate_disagg(scenario(num_prefill=2, num_requests=2, rate=1e9))
-    assert list(result.transfers["prefill_replica"]) == [0, 1]
-    drain_s = (result.transfers["end_s"] - result.transfers["start_s"] - LINK_LATENCY_S).to_numpy()
+    assert list(result.tables["transfers"]["prefill_replica"]) == [0, 1]
+    drain_s = (result.tables["transfers"]["end_s"] - result.tables["transfers"]["start_s"] - LINK_LATENCY_S).to_numpy()
     alone_s = PROMPT_BYTES / BANDWIDTH
     assert drain_s == pytest.approx([2 * alone_s, 2 * alone_s], rel=1e-6)
 
@@ -84,7 +84,7 @@ def test_conservation_across_pools_under_memory_pressure():
     ids = sorted(result.requests["request_id"])
     assert ids == list(range(60))
     assert set(result.requests["status"]) <= {"finished", "rejected"}
-    assert (result.requests["status"] == "finished").sum() == len(result.transfers)
+    assert (result.requests["status"] == "finished").sum() == len(result.tables["transfers"])
     assert result.summary["disaggregation"]["transfer_wait_s"]["p99"] > 0  # waited for blocks
     assert result.summary["num_finished"] + result.summary["num_rejected"] == 60
 
@@ -93,7 +93,7 @@ def test_a_request_decode_can_never_hold_is_rejected_once():
     spec = scenario(decode_engine={"num_gpu_blocks_override": 4, "max_model_len": 64})  # D holds 3 blocks
     result = simulate_disagg(spec)
     assert list(result.requests["status"]) == ["rejected"]
-    assert result.summary["num_rejected"] == 1 and len(result.transfers) == 0
+    assert result.summary["num_rejected"] == 1 and len(result.tables["transfers"]) == 0
 
 
 def test_bursts_are_exact_in_a_disaggregated_fleet():
@@ -104,7 +104,7 @@ def test_bursts_are_exact_in_a_disaggregated_fleet():
     spec = make_scenario(raw)
     on, off = simulate_disagg(spec), simulate_disagg(spec, bursts=False)
     assert on.requests.equals(off.requests)
-    assert on.transfers.equals(off.transfers)
+    assert on.tables["transfers"].equals(off.tables["transfers"])
     assert on.summary == off.summary
 
 

@@ -104,7 +104,7 @@ def test_least_outstanding_sends_the_next_request_to_the_idle_replica():
     spec = scenario(replicas=2, router={"policy": "least_outstanding"}, latency={"model": "constant", "step_s": 0.01},
                     workload={"num_requests": 3, "arrival": {"process": "constant", "rate": 10.0},
                               "prompt_len": {"dist": "fixed", "value": 16}, "output_len": {"dist": "fixed", "value": 100}})
-    routes = simulate_fleet(spec).routes
+    routes = simulate_fleet(spec).tables["routes"]
     # t=0: both idle, the rotation starts at 0; t=0.1: replica 0 is busy (100 steps of 10 ms);
     # t=0.2: one each, tie broken by the rotation (third decision starts at 0).
     assert list(routes["replica"]) == [0, 1, 0]
@@ -146,7 +146,7 @@ def test_results_are_deterministic_and_burst_mode_changes_nothing(policy):
     a, b = simulate_fleet(spec), simulate_fleet(spec)
     assert a.summary == b.summary
     step_by_step = simulate_fleet(spec, bursts=False)
-    assert list(step_by_step.routes["replica"]) == list(a.routes["replica"])
+    assert list(step_by_step.tables["routes"]["replica"]) == list(a.tables["routes"]["replica"])
     for column in ("first_token_s", "finish_s", "prefix_hit_tokens"):
         np.testing.assert_allclose(step_by_step.requests[column], a.requests[column], rtol=1e-12)
     assert len(step_by_step.steps) == len(a.steps)
@@ -163,7 +163,7 @@ def test_bursts_equal_step_by_step_when_arrivals_tie_with_step_ends(policy):
                     workload={"num_requests": 80, "arrival": {"process": "constant", "rate": 8.0},
                               "output_len": {"dist": "uniform", "low": 5, "high": 120}})
     bursts, step_by_step = simulate_fleet(spec), simulate_fleet(spec, bursts=False)
-    assert list(step_by_step.routes["replica"]) == list(bursts.routes["replica"])
+    assert list(step_by_step.tables["routes"]["replica"]) == list(bursts.tables["routes"]["replica"])
     for column in ("first_token_s", "finish_s"):
         np.testing.assert_array_equal(step_by_step.requests[column], bursts.requests[column])
     for column in ("time_s", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):

@@ -54,11 +54,11 @@ def test_run_result_repr_is_one_short_line_and_parquet_round_trips(tmp_path):
 
 
 def test_simulate_runs_a_fleet_scenario_through_the_fleet_path():
-    from kvsim.fleet.driver import FleetResult, simulate_fleet
+    from kvsim.fleet.driver import simulate_fleet
 
     fleet = kvsim.load_scenario(None, {**SMALL, "replicas": 2, "router.policy": "round_robin"})
     result = kvsim.simulate(fleet)
-    assert isinstance(result, FleetResult)
+    assert isinstance(result, RunResult) and all(isinstance(r, RunResult) for r in result.replicas)
     assert len(result.replicas) == 2 and result.summary["num_finished"] == 30
     # round robin deals 30 requests 15 and 15
     assert result.summary["requests_per_replica"] == {"min": 15, "max": 15, "mean": 15.0}

@@ -43,9 +43,6 @@ from kvsim.cli.shared import (
 from kvsim.model.errors import KvsimError, reading
 
 if TYPE_CHECKING:
-    from kvsim.fleet.autoscaled import AutoscaledResult
-    from kvsim.fleet.disagg import DisaggResult
-    from kvsim.fleet.driver import FleetResult
     from kvsim.results.run_result import RunResult
 
 app = typer.Typer(
@@ -222,7 +219,7 @@ def run(
         check_output_dir(out_dir, "run")  # refuse before simulating, not after
         resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
         with run_progress("run", enabled=output_format is RunFormat.table) as progress:
-            result: RunResult | FleetResult | DisaggResult | AutoscaledResult
+            result: RunResult
             if spec.kv_transfer_config is not None:
                 from kvsim.fleet.disagg import simulate_disagg
 

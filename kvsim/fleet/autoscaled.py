@@ -37,10 +37,11 @@ from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.fleet.autoscaler import Autoscaler
-from kvsim.fleet.driver import FleetResult, FleetView, Routes, fleet_summary, replica_scenarios
+from kvsim.fleet.driver import FleetView, Routes, fleet_summary, fleet_tables, replica_scenarios
 from kvsim.fleet.router import Decision, Router
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
+from kvsim.results.run_result import RunResult
 from kvsim.workload.generate import iter_requests
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import AutoscalerConfig, Scenario
@@ -207,30 +208,10 @@ def slo_attainment(requests_df: pd.DataFrame, slo_ttft_s: float, slo_tpot_s: flo
                          "slo_attainment": grouped["mean"].to_numpy(dtype=float)})
 
 
-@dataclass(frozen=True, slots=True)
-class AutoscaledResult:
-    """A fleet result plus `scaling` (one row per sync) and `slo` (attainment per window of arrivals)."""
-
-    fleet: FleetResult
-    scaling: pd.DataFrame
-    slo: pd.DataFrame
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        return self.fleet.summary
-
-    @property
-    def requests(self) -> pd.DataFrame:
-        return self.fleet.requests
-
-    def write(self, out_dir: Any) -> Any:
-        """`FleetResult.write`'s files plus `scaling.csv` and `slo.csv`."""
-        return self.fleet.write(out_dir, {"scaling.csv": self.scaling, "slo.csv": self.slo})
-
-
 def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
-                        bursts: bool = True) -> AutoscaledResult:
-    """Simulate the autoscaled fleet (module docstring)."""
+                        bursts: bool = True) -> RunResult:
+    """Simulate the autoscaled fleet (module docstring): a fleet's result (`kvsim.fleet.driver`) whose `tables`
+    add `scaling` (one row per sync) and `slo` (attainment per window of arrivals)."""
     import pandas as pd
 
     spec = scenario.autoscaler
@@ -289,5 +270,5 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
         "slo_attainment": float(met.sum() / slo["num_requests"].sum()) if len(slo) else 0.0,
         "worst_window_slo_attainment": float(slo["slo_attainment"].min()) if len(slo) else 0.0,
     }
-    fleet = FleetResult(scenario, requests_df, routes_df, runs, summary, step_frame=steps_df)
-    return AutoscaledResult(fleet, scaling, slo)
+    tables = {**fleet_tables(routes_df, summary), "scaling": scaling, "slo": slo}
+    return RunResult.of_frames(scenario, requests_df, steps_df, summary, runs, tables)

@@ -39,7 +39,7 @@ from kvsim.engine.clock import ArrivalClock, Arrivals, call_at
 from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.engine.runtime import Engine
-from kvsim.fleet.driver import FleetView, Routes, fleet_summary, replica_scenarios
+from kvsim.fleet.driver import FleetView, Routes, fleet_summary, fleet_tables, replica_scenarios
 from kvsim.fleet.kv_transfer import decode_link, kv_bytes_per_block_received, per_gpu_link
 from kvsim.fleet.link import SharedLink
 from kvsim.fleet.router import Router
@@ -48,6 +48,7 @@ from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.model.units import ceil_div
 from kvsim.results.metrics import percentiles
+from kvsim.results.run_result import RunResult
 from kvsim.workload.generate import iter_requests
 from kvsim.workload.request import Request, RequestStatus
 from kvsim.workload.scenario import KVTransferConfig, Scenario
@@ -55,8 +56,6 @@ from kvsim.workload.scenario import Router as RouterConfig
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from kvsim.results.run_result import RunResult
 
 TRANSFER_COLUMNS = ("request_id", "prefill_replica", "decode_replica", "num_bytes", "handoff_s", "start_s",
                     "end_s")
@@ -290,35 +289,12 @@ class _DecodeClock:
         return not self.disagg.in_flight[self.k]  # a transfer may end on a step's end: step by step then
 
 
-@dataclass(frozen=True, slots=True)
-class DisaggResult:
-    """A fleet result (`kvsim.fleet.driver.FleetResult`'s tables) plus `transfers`, one row per KV transfer."""
-
-    scenario: Scenario
-    requests: pd.DataFrame
-    steps: pd.DataFrame
-    routes: pd.DataFrame
-    transfers: pd.DataFrame
-    replicas: list[RunResult]
-    summary: dict[str, Any]
-
-    def write(self, out_dir: Any) -> Any:
-        """`kvsim.fleet.driver.FleetResult.write`'s files plus `transfers.csv` and `pools.csv`."""
-        import pandas as pd
-
-        from kvsim.fleet.driver import FleetResult
-
-        fleet = FleetResult(self.scenario, self.requests, self.routes, self.replicas, self.summary,
-                            step_frame=self.steps)
-        extra = {"transfers.csv": self.transfers,
-                 "pools.csv": pd.DataFrame([{"pool": name, **pool} for name, pool in
-                                            self.summary["disaggregation"]["pools"].items()])}
-        return fleet.write(out_dir, extra)
-
-
 def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
-                    bursts: bool = True) -> DisaggResult:
-    """Simulate a disaggregated fleet (module docstring); every request ends finished or rejected once."""
+                    bursts: bool = True) -> RunResult:
+    """Simulate a disaggregated fleet (module docstring); every request ends finished or rejected once.
+
+    A fleet's result (`kvsim.fleet.driver`) whose `tables` add `transfers` (one row per KV transfer) and
+    `pools` (the prefill and decode pools' numbers)."""
     import pandas as pd
 
     specs = replica_scenarios(scenario)
@@ -356,7 +332,9 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
                                                   for _ in range(g.count)], strict=True):
         row["kv_role"] = role
     summary["disaggregation"] = disagg_summary(disagg, runs, engines, transfers_df, summary["duration_s"])
-    return DisaggResult(scenario, requests_df, steps_df, routes_df, transfers_df, runs, summary)
+    pools_df = pd.DataFrame([{"pool": name, **pool} for name, pool in summary["disaggregation"]["pools"].items()])
+    tables = {**fleet_tables(routes_df, summary), "transfers": transfers_df, "pools": pools_df}
+    return RunResult.of_frames(scenario, requests_df, steps_df, summary, runs, tables)
 
 
 def disagg_summary(disagg: Disaggregation, runs: list[RunResult], engines: list[Engine],

@@ -8,17 +8,15 @@ KV pool and latency model, from the scenario's model/GPU/engine with its group's
 The scenario's workload is the whole fleet's traffic, built once; the router assigns each
 request at its arrival instant (`kvsim.fleet.router`). Replicas know nothing of each other.
 
-Results: every request with its `replica`, every replica's steps, the router's decisions
-(`routes`), one summary per replica (the same summary a single run has) and a fleet-wide
-summary (percentiles over all requests, totals over replicas).
+Results (one `kvsim.results.run_result.RunResult`): every request with its `replica`, every replica's
+steps, the router's decisions (`tables["routes"]`), one section per replica (`replicas`: the same
+result a single run has) and a fleet-wide summary (percentiles over all requests, totals over replicas).
 """
 
 from __future__ import annotations
 
-import json
 from array import array
 from collections import Counter
-from dataclasses import dataclass
 from operator import sub
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,8 +33,8 @@ from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import percentiles
 from kvsim.results.output_dir import check_output_dir, output_directory
-from kvsim.results.run_result import RunResult
-from kvsim.results.step_writer import StepsFormat, StepWriter, concat_step_files, frame_columns, write_csv
+from kvsim.results.run_result import RunResult, write_run_files
+from kvsim.results.step_writer import StepsFormat, StepWriter, concat_step_files
 from kvsim.workload.generate import iter_requests
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario, make_scenario
@@ -137,64 +135,19 @@ class Routes:
         })
 
 
-@dataclass(frozen=True, slots=True)
-class FleetResult:
-    """`requests` (with `replica`), `steps` (with `replica`), `routes`, per-replica runs, fleet summary.
-
-    The steps are held in memory (`step_frame`), or, for a run that streamed them to disk
-    (`simulate_fleet(..., out_dir=...)`), read from `steps_path` each time they are asked for;
-    the per-replica runs then keep no steps of their own.
-    """
-
-    scenario: Scenario
-    requests: pd.DataFrame
-    routes: pd.DataFrame
-    replicas: list[RunResult]
-    summary: dict[str, Any]
-    step_frame: pd.DataFrame | None = None
-    steps_path: Path | None = None
-
-    @property
-    def steps(self) -> pd.DataFrame:
-        if self.step_frame is not None:
-            return self.step_frame
-        import pandas as pd
-
-        assert self.steps_path is not None, "a FleetResult has a step_frame or a steps_path"
-        return pd.read_parquet(self.steps_path) if self.steps_path.suffix == ".parquet" else pd.read_csv(
-            self.steps_path)
-
-    def write(self, out_dir: str | Path, extra: dict[str, pd.DataFrame] | None = None) -> Path:
-        """`requests.csv`, `steps.csv` (unless the scenario keeps no steps), `routes.csv`, `replicas.csv`,
-        `summary.json`, `scenario.yaml` (and the `extra` tables, by file name), through
-        `kvsim.results.output_dir.output_directory` (only over kvsim's own output, swapped in when complete)."""
-        with output_directory(out_dir, "run") as tmp:
-            for name, table in (extra or {}).items():
-                table.to_csv(tmp / name, index=False)
-            if self.scenario.steps != "none":
-                self.steps.to_csv(tmp / "steps.csv", index=False)
-            write_fleet_files(tmp, self)
-        return Path(out_dir)
-
-
-def write_fleet_files(folder: Path, result: FleetResult) -> None:
-    """Every file of a fleet's run but its steps into `folder` (a temporary folder of `output_directory`)."""
+def fleet_tables(routes_df: pd.DataFrame, summary: dict[str, Any]) -> dict[str, pd.DataFrame]:
+    """A fleet's own tables (`RunResult.tables`): the router's decisions and one row per replica."""
     import pandas as pd
-    import yaml
 
-    write_csv(frame_columns(result.requests), folder / "requests.csv")  # pandas' text, in bounded memory
-    write_csv(frame_columns(result.routes), folder / "routes.csv")
-    pd.DataFrame(result.summary["per_replica"]).to_csv(folder / "replicas.csv", index=False)
-    (folder / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
-    (folder / "scenario.yaml").write_text(yaml.safe_dump(result.scenario.model_dump(mode="json"), sort_keys=False))
+    return {"routes": routes_df, "replicas": pd.DataFrame(summary["per_replica"])}
 
 
 def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
                    bursts: bool = True, out_dir: str | Path | None = None,
-                   steps_format: StepsFormat = "auto", memory_limit_bytes: int | None = None) -> FleetResult:
+                   steps_format: StepsFormat = "auto", memory_limit_bytes: int | None = None) -> RunResult:
     """Simulate the scenario's replicas behind its router; one replica gives `simulate`'s result.
 
-    `out_dir`: write the run there as it goes (`FleetResult.write`'s files and rules). Every replica's
+    `out_dir`: write the run there as it goes (`RunResult.write`'s files and rules). Every replica's
     step rows then stream to disk in chunks (one part file per replica, concatenated in replica
     order when the run ends: `steps.parquet` with pyarrow, else `steps.csv`; `steps_format`
     chooses), so memory stays bounded however many steps the fleet runs. A fleet that cannot fit in
@@ -208,12 +161,12 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     final = check_output_dir(out_dir, "run")  # refused before simulating, not after
     with output_directory(out_dir, "run") as tmp:
         result = _run_fleet(scenario, check, progress, bursts, (tmp, final, steps_format))
-        write_fleet_files(tmp, result)
+        write_run_files(tmp, result, steps=False)
     return result
 
 
 def _run_fleet(scenario: Scenario, check: bool, progress: ProgressFn | None, bursts: bool,
-               streamed: tuple[Path, Path, StepsFormat] | None = None) -> FleetResult:
+               streamed: tuple[Path, Path, StepsFormat] | None = None) -> RunResult:
     """The fleet's run; `streamed`: (the output's temporary folder, its final path, the steps format)."""
     import pandas as pd
 
@@ -256,14 +209,15 @@ def _run_fleet(scenario: Scenario, check: bool, progress: ProgressFn | None, bur
     requests_df = fleet_requests(runs)
     routes_df = routes.frame()
     summary = fleet_summary(scenario, requests_df, runs, routes_df)
+    tables = fleet_tables(routes_df, summary)
     if not streams:
         steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
-        return FleetResult(scenario, requests_df, routes_df, runs, summary, step_frame=steps_df)
+        return RunResult.of_frames(scenario, requests_df, steps_df, summary, runs, tables)
     assert streamed is not None and writers[0] is not None
     tmp, final, _ = streamed
     dest = tmp / f"steps.{writers[0].format}"
     concat_step_files([w.path for w in writers if w is not None], dest)
-    return FleetResult(scenario, requests_df, routes_df, runs, summary, steps_path=final / dest.name)
+    return RunResult.of_frames(scenario, requests_df, None, summary, runs, tables, steps_path=final / dest.name)
 
 
 def fleet_requests(runs: list[RunResult]) -> pd.DataFrame:

@@ -1,11 +1,21 @@
-"""A finished run and how it is written to disk.
+"""A finished run, of one engine, a data-parallel group or a fleet, and the one writer of its files.
 
-Only over kvsim's own output, atomically: see `kvsim.results.output_dir`."""
+    RunResult ─┬─ requests, steps        every request (a fleet's with its `replica`), the kept step rows
+               ├─ summary                the run's headline numbers (`summary.json`)
+               ├─ replicas               a fleet's per-replica sections, each a one-engine RunResult
+               └─ tables                 a fleet's other tables by name: routes, replicas (per-replica
+                                         rows), a disaggregated fleet's transfers and pools, an
+                                         autoscaled fleet's scaling and slo; each written as NAME.csv
+
+A single engine is a fleet of one with no sections and no tables of its own: every run has the same
+type, and `write_run_files` writes every run's files. Only over kvsim's own output, atomically: see
+`kvsim.results.output_dir`.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,12 +32,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True, repr=False)
 class RunResult:
-    """`requests` and `steps` DataFrames (see `kvsim.results.metrics`) and the `summary` dict.
+    """`requests` and `steps` DataFrames (see `kvsim.results.metrics`), the `summary` dict and, for a
+    fleet, its per-replica sections (`replicas`) and its other `tables`.
 
-    Both tables are held as columns (`request_columns`, `step_columns`: name → numpy array) and
+    Both main tables are held as columns (`request_columns`, `step_columns`: name → numpy array) and
     made DataFrames on first access: a run that only writes its files (`kvsim run`) never imports
     pandas. A run that streamed every step to disk (`simulate(..., out_dir=...)`) keeps no
     `step_columns`; its `steps` are read from `steps_path` each time they are asked for.
+    A fleet's result is built from its DataFrames (`of_frames`), which `requests`/`steps` then return.
     """
 
     scenario: Scenario
@@ -35,7 +47,25 @@ class RunResult:
     step_columns: Mapping[str, np.ndarray] | None
     summary: dict[str, Any]
     steps_path: Path | None = None
+    replicas: tuple[RunResult, ...] = ()  # a fleet's replicas in replica order; () for one engine or DP group
+    tables: Mapping[str, pd.DataFrame] = field(default_factory=dict)  # name → table, written as NAME.csv
     _frames: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, compare=False)
+
+    @classmethod
+    def of_frames(cls, scenario: Scenario, requests: pd.DataFrame, steps: pd.DataFrame | None,
+                  summary: dict[str, Any], replicas: Sequence[RunResult], tables: Mapping[str, pd.DataFrame],
+                  steps_path: Path | None = None) -> RunResult:
+        """A fleet's result from its `requests` and `steps` DataFrames (or `steps_path`, where its step
+        rows were streamed): the frames are kept, so `requests`/`steps` return these same objects."""
+        from kvsim.results.step_writer import frame_columns
+
+        assert (steps is None) != (steps_path is None), "a fleet's steps are in memory or at steps_path"
+        result = cls(scenario, frame_columns(requests), None if steps is None else frame_columns(steps), summary,
+                     steps_path, tuple(replicas), dict(tables))
+        result._frames["requests"] = requests
+        if steps is not None:
+            result._frames["steps"] = steps
+        return result
 
     def _frame(self, name: str, columns: Mapping[str, np.ndarray]) -> pd.DataFrame:
         """`columns` as a DataFrame, built on first access and kept (the same object every time)."""
@@ -47,7 +77,7 @@ class RunResult:
 
     @property
     def requests(self) -> pd.DataFrame:
-        """One row per request, in arrival order (`kvsim.results.records`' columns)."""
+        """One row per request, in arrival order (`kvsim.results.records`' columns; a fleet's: `replica` too)."""
         return self._frame("requests", self.request_columns)
 
     @property
@@ -91,8 +121,8 @@ class RunResult:
         return Path(out_dir)
 
     def write(self, out_dir: str | Path) -> Path:
-        """Write `requests.csv`, `steps.csv` (unless the scenario keeps no steps), `summary.json`
-        and `scenario.yaml` into `out_dir`.
+        """Write `write_run_files`' files, `steps.csv` included unless the scenario keeps no steps, into
+        `out_dir`.
 
         `out_dir` must be new or an earlier kvsim run (else `KvsimError`); the files go to a
         temporary sibling folder that is swapped into place only when all are complete.
@@ -103,8 +133,9 @@ class RunResult:
 
 
 def write_run_files(folder: Path, result: RunResult, steps: bool) -> None:
-    """`requests.csv`, `summary.json`, `scenario.yaml` and, if `steps`, `steps.csv` into `folder`
-    (a temporary folder of `output_directory`)."""
+    """`requests.csv`, `summary.json`, `scenario.yaml`, every table of `result.tables` as NAME.csv and,
+    if `steps`, `steps.csv` into `folder` (a temporary folder of `output_directory`). Every CSV is
+    `DataFrame.to_csv`'s text (`kvsim.results.step_writer.write_csv`), written in bounded memory."""
     import yaml
 
     from kvsim.results.step_writer import frame_columns, write_csv
@@ -113,5 +144,7 @@ def write_run_files(folder: Path, result: RunResult, steps: bool) -> None:
     if steps:
         columns = result.step_columns if result.step_columns is not None else frame_columns(result.steps)
         write_csv(columns, folder / "steps.csv")
+    for name, table in result.tables.items():
+        write_csv(frame_columns(table), folder / f"{name}.csv")
     (folder / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
     (folder / "scenario.yaml").write_text(yaml.safe_dump(result.scenario.model_dump(mode="json"), sort_keys=False))
