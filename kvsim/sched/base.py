@@ -5,6 +5,9 @@ A scheduler is pure Python, driven by two calls per engine step:
     plan = scheduler.schedule(now)     # which requests compute how many tokens; may preempt
     scheduler.complete(plan, now)      # tokens computed: sample, finish, free KV
 
+`schedule` is the policy's `select` (v1, v0, static: the (request, new tokens) pairs, in order) and
+then `account`, the one place a step's token totals are written.
+
 Requests that can never be served are rejected on `add` with a recorded reason; nothing
 is dropped silently. A request with n > 1 samples prefills once on its first sequence, then
 forks n − 1 children that share the prompt's KV (copy-on-write for a shared partial block).
@@ -55,7 +58,7 @@ class SchedulerSnapshot(NamedTuple):
 
 
 class Scheduler:
-    """Base class: subclasses implement `schedule` (v1, v0, static)."""
+    """Base class: subclasses implement `select` (v1, v0, static)."""
 
     name = "base"
 
@@ -218,7 +221,7 @@ class Scheduler:
         req.num_computed_tokens = hit.num_tokens
         req.status = RequestStatus.RUNNING
         self.running.append(req)
-        self.plan_tokens(plan, req, num_new)
+        plan.scheduled.append((req, num_new))
 
     def can_admit(self, req: Request, hit: PrefixHit) -> bool:
         """The whole prompt (all samples' regions, for slabs) fits, leaving the watermark free.
@@ -239,13 +242,57 @@ class Scheduler:
                 return PrefixHit(held, ())
         return self.alloc.lookup_prefix(req.content, req.num_tokens)
 
-    def plan_tokens(self, plan: StepPlan, req: Request, num_new: int) -> None:
-        """Schedule `num_new` tokens of `req` (each active sequence) in `plan`: the one place a step's
-        token accounting is written (`StepPlan.add`). Hot: every scheduled request of every step."""
-        past = req.num_computed_tokens
-        num_seqs = req.num_samples if req.num_samples > 1 and req.request_id in self._forked else 1
-        plan.scheduled.append((req, num_new))
-        plan.add(num_new, past, num_seqs, past + num_new == req.num_tokens)
+    # ------------------------------------------------------------ the step's plan
+    def schedule(self, now: float) -> StepPlan:
+        """The next step: the policy's choice (`select`), then its token totals (`account`)."""
+        plan = self.select(now)
+        self.account(plan)
+        return plan
+
+    def select(self, now: float) -> StepPlan:  # pragma: no cover - abstract
+        """The policy: `plan.scheduled`, the (request, new tokens per sequence) pairs the step computes, in
+        order, with the plan's preemptions, swaps and copies; its token totals are left to `account`."""
+        raise NotImplementedError
+
+    def account(self, plan: StepPlan) -> None:
+        """Write the token totals of every (request, new tokens) of `plan.scheduled` (`StepPlan.add`): the
+        one place a step's accounting is written, once the policy's choice is final.
+
+        A plain decode (one token after ≥ 1 computed, sampling, one sequence: most entries of most
+        steps) is summed here and added with the others at once (`StepPlan.add_decodes`, the same totals);
+        a speculative verify step has its own totals (`_account_verify`). Exact because planning never
+        changes a scheduled request's `num_computed_tokens` afterwards: a request preempted after it was
+        scheduled is taken out of `plan.scheduled` (v1's priority victims; FCFS victims are never
+        scheduled yet, they come after it in `running`). Hot: every scheduled request of every step.
+        """
+        num_decodes = sum_context = max_context = 0
+        forked, add = self._forked, plan.add
+        verifying = self.speculation.pending if self.speculation is not None else None
+        for req, num_new in plan.scheduled:
+            past = req.num_computed_tokens
+            if verifying is not None and req.request_id in verifying:
+                self._account_verify(plan, past, num_new)
+            elif (num_new == 1 and past and past + 1 == req.prompt_len + req.num_output_tokens
+                  and (req.num_samples == 1 or req.request_id not in forked)):
+                num_decodes += 1
+                sum_context += past + 1
+                if past >= max_context:
+                    max_context = past + 1
+            else:
+                num_seqs = req.num_samples if req.num_samples > 1 and req.request_id in forked else 1
+                add(num_new, past, num_seqs, past + num_new == req.num_tokens)
+        if num_decodes:
+            plan.add_decodes(num_decodes, sum_context, max_context)
+
+    @staticmethod
+    def _account_verify(plan: StepPlan, past: int, num_new: int) -> None:
+        """A speculative verify step: the last sampled token and `num_new` − 1 drafts, computed as one
+        chunk after the request's `past` tokens, each with a row of logits (the target checks every draft)."""
+        plan.add(num_new, past, 1, samples=True)
+        plan.num_sampled += num_new - 1
+        plan.num_spec_decode_seqs += 1
+        plan.num_draft_tokens += num_new - 1
+        plan.sum_spec_context_tokens += past + num_new
 
     # ------------------------------------------------------------ preemption
     def allocate_or_preempt(self, req: Request, num_tokens_total: int, plan: StepPlan, hold_slots: int = 0) -> bool:
@@ -413,6 +460,3 @@ class Scheduler:
             self.alloc.fork(seq_ids[parent], seq_ids[slot], None, req.kv_len)
             slot_scores[slot] = score
         self._beam_scores[req.request_id] = slot_scores
-
-    def schedule(self, now: float) -> StepPlan:  # pragma: no cover - abstract
-        raise NotImplementedError

@@ -16,7 +16,7 @@ from kvsim.sched.base import Scheduler
 class StaticScheduler(Scheduler):
     name = "static"
 
-    def schedule(self, now: float) -> StepPlan:
+    def select(self, now: float) -> StepPlan:
         plan = StepPlan()
         if not self.running:
             self._admit_batch(plan, now)
@@ -24,7 +24,7 @@ class StaticScheduler(Scheduler):
         for req in self.running:
             grown = self.try_allocate(req, req.num_computed_tokens + 1, plan)
             assert grown, "static batches never run out"
-            self.plan_tokens(plan, req, 1)
+            plan.scheduled.append((req, 1))
         return plan
 
     def _admit_batch(self, plan: StepPlan, now: float) -> None:

@@ -29,7 +29,7 @@ class V0Scheduler(Scheduler):
             return mode == "swap"
         return len(self.active_seq_ids(req)) > 1
 
-    def schedule(self, now: float) -> StepPlan:
+    def select(self, now: float) -> StepPlan:
         plan = StepPlan()
         if not self.swapped and self.waiting:
             self._admit_prefills(plan, now)
@@ -62,7 +62,7 @@ class V0Scheduler(Scheduler):
             req = running[i]
             if not self.allocate_or_preempt(req, req.num_computed_tokens + 1, plan):
                 break
-            self.plan_tokens(plan, req, 1)
+            plan.scheduled.append((req, 1))
             i += 1
 
     def _swap_in(self, plan: StepPlan) -> None:
@@ -82,7 +82,7 @@ class V0Scheduler(Scheduler):
             self.running.append(req)
             grown = self.try_allocate(req, req.num_computed_tokens + 1, plan)
             assert grown
-            self.plan_tokens(plan, req, 1)
+            plan.scheduled.append((req, 1))
 
     def waiting_blocked(self) -> bool:
         req = self.waiting.peek()

@@ -28,12 +28,10 @@ from kvsim.workload.request import Request
 class V1Scheduler(Scheduler):
     name = "v1"
 
-    def schedule(self, now: float) -> StepPlan:
+    def select(self, now: float) -> StepPlan:
         plan = StepPlan()
         budget = self.limits.max_num_batched_tokens
         running, scheduled, append_token = self.running, plan.scheduled, self.alloc.append_token
-        num_decodes = sum_context = max_context = 0  # the plain decodes, accounted at once below
-        refunded_any = False
         spec = self.speculation
         i = 0
         while i < len(running) and budget > 0:
@@ -42,10 +40,6 @@ class V1Scheduler(Scheduler):
             if (spec is None and past and req.prompt_len + req.num_output_tokens == past + 1 and req.num_samples == 1
                     and append_token(req.seq_ids[0])):  # a plain decode: one token into its own last block
                 scheduled.append((req, 1))
-                num_decodes += 1
-                sum_context += past + 1
-                if past >= max_context:
-                    max_context = past + 1
                 budget -= 1
                 i += 1
                 continue
@@ -62,28 +56,22 @@ class V1Scheduler(Scheduler):
                 refunded, unscheduled = self._unschedule(plan, plan.preempted[num_preempted:])
                 budget += refunded
                 i -= unscheduled  # they stood before `req` in `running`
-                refunded_any = refunded_any or unscheduled > 0
             if not fits:
                 break
             if verify:
                 assert spec is not None
                 spec.pending[req.request_id] = num_new - 1
-                self._plan_verify(plan, req, num_new)
-            else:
-                self.plan_tokens(plan, req, num_new)
+            scheduled.append((req, num_new))
             budget -= num_new
             i += 1
-        if refunded_any:  # the decodes counted above include requests taken out again
-            plan = self._replan(plan)
-        else:
-            plan.add_decodes(num_decodes, sum_context, max_context)
         if not plan.preempted:
             self._admit(plan, budget, now)
         return plan
 
     def _unschedule(self, plan: StepPlan, victims: list[Request]) -> tuple[int, int]:
         """Take preempted requests that this step already scheduled out of `plan.scheduled`, as vLLM's
-        priority preemption does (their tokens go back to the budget); returns (tokens, requests)."""
+        priority preemption does (their tokens go back to the budget; `account` never sees them);
+        returns (tokens, requests)."""
         gone = {id(v) for v in victims}
         if self.speculation is not None:
             for victim in victims:
@@ -93,28 +81,6 @@ class V1Scheduler(Scheduler):
         unscheduled = len(plan.scheduled) - len(kept)
         plan.scheduled[:] = kept
         return refunded, unscheduled
-
-    def _replan(self, plan: StepPlan) -> StepPlan:
-        """A fresh plan accounting only what is still scheduled (after a refund)."""
-        fresh = StepPlan(preempted=plan.preempted)
-        verifying = self.speculation.pending if self.speculation is not None else {}
-        for req, num_new in plan.scheduled:
-            if req.request_id in verifying:
-                self._plan_verify(fresh, req, num_new)
-            else:
-                self.plan_tokens(fresh, req, num_new)
-        return fresh
-
-    @staticmethod
-    def _plan_verify(plan: StepPlan, req: Request, num_new: int) -> None:
-        """A speculative verify step: the last sampled token and `num_new` − 1 drafts, computed as one
-        chunk after the request's context, each with a row of logits (the target checks every draft)."""
-        plan.scheduled.append((req, num_new))
-        plan.add(num_new, req.num_computed_tokens, 1, samples=True)
-        plan.num_sampled += num_new - 1
-        plan.num_spec_decode_seqs += 1
-        plan.num_draft_tokens += num_new - 1
-        plan.sum_spec_context_tokens += req.num_computed_tokens + num_new
 
     def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
         max_num_seqs, waiting = self.limits.max_num_seqs, self.waiting
