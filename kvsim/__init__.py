@@ -4,8 +4,8 @@ The library API (typed; the CLI is a thin layer over it):
 
     simulate(scenario, *, check=False, **overrides) -> RunResult
         scenario: a Scenario, a YAML path, a dict of scenario fields, or None for the built-in default;
-        a fleet scenario (`replicas` set) runs `kvsim.fleet.driver.simulate_fleet` (a RunResult with
-        per-replica sections)
+        any kind of scenario, through `kvsim.fleet.run.simulate_scenario`; a fleet's
+        result has per-replica sections
     load_scenario(path=None, overrides=None) -> Scenario
         overrides: {"engine.block_size": 32} or ["engine.block_size=32"] (the CLI's --set)
     Scenario, RunResult (requests/steps DataFrames, summary, a fleet's replicas and tables; write, to_parquet)
@@ -42,24 +42,11 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
     A fleet scenario (`replicas` set) runs its replicas behind its router; its result has one section per
     replica (`replicas`) and the fleet's tables (`tables`: routes, ...).
     """
-    from kvsim.engine.simulate import simulate as _simulate
+    from kvsim.fleet.run import simulate_scenario
     from kvsim.workload.scenario import resolve_scenario
 
     fields = {key.replace("__", "."): value for key, value in overrides.items()}
-    resolved = resolve_scenario(scenario, fields)
-    if resolved.kv_transfer_config is not None:
-        from kvsim.fleet.disagg import simulate_disagg
-
-        return simulate_disagg(resolved, check=check, progress=progress)
-    if resolved.autoscaler is not None:
-        from kvsim.fleet.autoscaled import simulate_autoscaled
-
-        return simulate_autoscaled(resolved, check=check, progress=progress)
-    if resolved.is_fleet:
-        from kvsim.fleet.driver import simulate_fleet
-
-        return simulate_fleet(resolved, check=check, progress=progress)
-    return _simulate(resolved, check=check, progress=progress)
+    return simulate_scenario(resolve_scenario(scenario, fields), check=check, progress=progress)
 
 
 def __getattr__(name: str) -> Any:

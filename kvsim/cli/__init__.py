@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -41,9 +41,6 @@ from kvsim.cli.shared import (
     write_plan,
 )
 from kvsim.model.errors import KvsimError, reading
-
-if TYPE_CHECKING:
-    from kvsim.results.run_result import RunResult
 
 app = typer.Typer(
     help="kvsim: capacity simulator for LLM serving with a paged KV cache.",
@@ -200,9 +197,9 @@ def run(
 
     A scenario with `replicas` simulates that fleet behind its `router` (see `kvsim.fleet.driver`);
     with `kv_transfer_config`, a disaggregated prefill/decode fleet (`kvsim.fleet.disagg`); with
-    `autoscaler`, an autoscaled fleet (`kvsim.fleet.autoscaled`).
+    `autoscaler`, an autoscaled fleet (`kvsim.fleet.autoscaled`): all through `kvsim.fleet.run`.
     """
-    from kvsim.engine.simulate import simulate
+    from kvsim.fleet.run import simulate_scenario
     from kvsim.results.output_dir import check_output_dir, safe_component
     from kvsim.results.step_writer import resolve_format
     from kvsim.workload.scenario import load_scenario
@@ -219,25 +216,8 @@ def run(
         check_output_dir(out_dir, "run")  # refuse before simulating, not after
         resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
         with run_progress("run", enabled=output_format is RunFormat.table) as progress:
-            result: RunResult
-            if spec.kv_transfer_config is not None:
-                from kvsim.fleet.disagg import simulate_disagg
-
-                result = simulate_disagg(spec, check=check, progress=progress)
-                result.write(out_dir)
-            elif spec.autoscaler is not None:
-                from kvsim.fleet.autoscaled import simulate_autoscaled
-
-                result = simulate_autoscaled(spec, check=check, progress=progress)
-                result.write(out_dir)
-            elif spec.is_fleet:  # written as it runs: the steps stream into the output's temporary folder
-                from kvsim.fleet.driver import simulate_fleet  # not imported by a single engine's run
-
-                result = simulate_fleet(spec, check=check, progress=progress, out_dir=out_dir,
-                                        steps_format=steps_format.value, memory_limit_bytes=limit_bytes)
-            else:
-                result = simulate(spec, check=check, progress=progress, memory_limit_bytes=limit_bytes,
-                                  out_dir=out_dir, steps_format=steps_format.value)
+            result = simulate_scenario(spec, check=check, progress=progress, out_dir=out_dir,
+                                       steps_format=steps_format.value, memory_limit_bytes=limit_bytes)
             written = Path(out_dir)
     if output_format is RunFormat.json:
         from kvsim.results.render import to_json

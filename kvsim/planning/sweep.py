@@ -60,13 +60,12 @@ def sigint_ignored() -> Iterator[None]:
 
 
 def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
-    """One run; a fleet scenario (`replicas` set) through `simulate_fleet` (its fleet summary)."""
-    from kvsim.engine.simulate import simulate
-    from kvsim.fleet.driver import simulate_fleet
+    """One run of any kind (`kvsim.fleet.run.simulate_scenario`; a fleet's summary is its fleet summary)."""
+    from kvsim.fleet.run import simulate_scenario
     from kvsim.planning.steady_state import window_evidence
 
     scenario, keep_steps, evidence = args
-    result = simulate_fleet(scenario) if scenario.is_fleet else simulate(scenario)
+    result = simulate_scenario(scenario)
     return SweepResult(result.summary, result.steps if keep_steps else None,
                        window_evidence(result.requests) if evidence else None)
 

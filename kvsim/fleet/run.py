@@ -1,0 +1,51 @@
+"""Any scenario to its one result: the single entry point the API (`kvsim.simulate`), the CLI and the
+planners call, so none of them tells the kinds of run apart.
+
+    kv_transfer_config set ──▶ kvsim.fleet.disagg.simulate_disagg         (prefill/decode pools)
+    autoscaler set         ──▶ kvsim.fleet.autoscaled.simulate_autoscaled (replicas scaled in the run)
+    replicas set           ──▶ kvsim.fleet.driver.simulate_fleet          (replicas behind a router)
+    otherwise              ──▶ kvsim.engine.simulate.simulate             (one engine, or a DP group)
+
+Each returns a `kvsim.results.run_result.RunResult`. A fleet's modules are imported only when a fleet
+runs (a single engine's `kvsim run` never loads them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvsim.engine.loop import ProgressFn
+    from kvsim.results.run_result import RunResult
+    from kvsim.results.step_writer import StepsFormat
+    from kvsim.workload.scenario import Scenario
+
+
+def simulate_scenario(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
+                      out_dir: str | Path | None = None, steps_format: StepsFormat = "auto",
+                      memory_limit_bytes: int | None = None) -> RunResult:
+    """Simulate `scenario`, whatever its kind (module docstring); `out_dir`: write the run there
+    (`RunResult.write`'s files and rules; a single engine and a static fleet stream their steps into it as
+    they run). `memory_limit_bytes` refuses up front what cannot fit (single engines and static fleets)."""
+    if scenario.kv_transfer_config is not None or scenario.autoscaler is not None:
+        if scenario.kv_transfer_config is not None:
+            from kvsim.fleet.disagg import simulate_disagg
+
+            result = simulate_disagg(scenario, check=check, progress=progress)
+        else:
+            from kvsim.fleet.autoscaled import simulate_autoscaled
+
+            result = simulate_autoscaled(scenario, check=check, progress=progress)
+        if out_dir is not None:
+            result.write(out_dir)
+        return result
+    if scenario.is_fleet:
+        from kvsim.fleet.driver import simulate_fleet
+
+        return simulate_fleet(scenario, check=check, progress=progress, out_dir=out_dir, steps_format=steps_format,
+                              memory_limit_bytes=memory_limit_bytes)
+    from kvsim.engine.simulate import simulate
+
+    return simulate(scenario, check=check, progress=progress, memory_limit_bytes=memory_limit_bytes, out_dir=out_dir,
+                    steps_format=steps_format)
