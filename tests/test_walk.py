@@ -26,6 +26,8 @@ The layers are within the target and the run never calls up a layer; the module 
 the 300-500 lines the design allows.
 """
 
+import json
+import subprocess
 import sys
 import tomllib
 from collections import Counter
@@ -109,10 +111,23 @@ def walk_of(run) -> Walk:
     return Walk(modules, up_calls, calls)
 
 
+def measure() -> dict:
+    """The walk of one `simulate` of the default scenario, as JSON-safe data (run in a fresh process)."""
+    scenario = load_scenario(None)
+    walk = walk_of(lambda: simulate(scenario))
+    return {"modules": walk.modules, "up_calls": walk.up_calls,
+            "calls": [[module, function, n] for (module, function), n in walk.calls.items()]}
+
+
 @pytest.fixture(scope="module")
 def walk():
-    scenario = load_scenario(None)
-    return walk_of(lambda: simulate(scenario))
+    """Measured in a fresh interpreter: kvsim caches some loaders per process (`functools.cache`), so in the
+    test process an earlier test's run would hide the functions, and the modules, they run the first time."""
+    code = "import json; from tests.test_walk import measure; print(json.dumps(measure()))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    data = json.loads(out.stdout)
+    calls = Counter({(module, function): n for module, function, n in data["calls"]})
+    return Walk(data["modules"], [tuple(call) for call in data["up_calls"]], calls)
 
 
 def test_the_walk_enters_each_layer_going_down(walk):
@@ -124,9 +139,8 @@ def test_the_walk_enters_each_layer_going_down(walk):
 
 
 def test_the_scenario_is_resolved_once(walk):
-    """The model and GPU are loaded, and the KV pool sized, once for the one engine (`resolve_engine`)."""
-    for function in ("load_model", "load_gpu"):
-        assert walk.calls["kvsim.model.config", function] == 1, function
+    """The engine is resolved and its KV pool sized once (`resolve_engine`). (The model and GPU loaders
+    cache per process, so how often they are called does not show in a profile.)"""
     assert walk.calls["kvsim.model.capacity", "num_gpu_blocks"] == 1
     assert walk.calls["kvsim.engine.builder", "resolve_engine"] == 1
 
