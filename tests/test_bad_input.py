@@ -87,6 +87,7 @@ IMPORT_V = ["import-profile", "{d}/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv
             "--model", "llama-2-7b", "--gpu", "a100-80gb"]
 VALIDATE_M = ["validate", "{d}/m", "--gpu", "h100-80gb", "-o", "{d}/out"]
 VALIDATE_B = ["validate", "{d}/b.json", "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o", "{d}/out"]
+PLAN = ["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", "ttft_s.p90=2", "-o", "{d}/out"]
 DISAGG = f"kv_transfer_config: {{kv_link: rdma}}\n{WORKLOAD}"
 DISAGG_GROUPS = "replicas: [{count: 1, kv_role: kv_producer}, {count: 1, kv_role: kv_consumer}]\n"
 AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -256,6 +257,12 @@ CASES = [
                                               "--memory-limit", "16GiB"],  # 4,096 x (29,864 x 160 B + 100 kB)
      "replicas=4096: this fleet needs at least 18.6 GiB"),
     ("memory-limit-unparsable", {}, ["run", "--memory-limit", "plenty"], "--memory-limit='plenty'"),
+    # a plan: every point is estimated first; refused up front only when even the smallest one cannot fit
+    ("plan-smallest-point-over-the-limit", {}, [*PLAN, "--memory-limit", "1MiB"],
+     "--memory-limit 1.0 MiB: even the smallest point (h100-80gb tp1, 1 replica, 1000 requests) needs at least"),
+    ("plan-rate-search-first-probe-over-the-limit", {}, [*PLAN, "--search", "rate", "--memory-limit", "1MiB"],
+     "--memory-limit 1.0 MiB: even the smallest point"),
+    ("plan-memory-limit-unparsable", {}, [*PLAN, "--memory-limit", "plenty"], "--memory-limit='plenty'"),
     # --- configurations vLLM refuses at startup (vllm/config/scheduler.py, verify_max_model_len)
     ("v0-batch-below-max-model-len", {}, ["run", "--set", "engine.scheduler=v0", "--set",
                                           "engine.max_num_batched_tokens=512"],

@@ -279,6 +279,8 @@ def plan(
     output: Annotated[str | None, typer.Option("--output", "-o", help="Directory [plans/NAME]")] = None,
     dask_address: Annotated[str | None, typer.Option("--dask-address", help="Existing Dask scheduler")] = None,
     workers: Annotated[int | None, typer.Option("--workers", help="LocalCluster processes; 1: run here")] = None,
+    memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Bound every simulated point by this "
+                                                     "memory estimate, e.g. 64GiB [this machine's]")] = None,
     output_format: Annotated[Format, typer.Option("--format")] = Format.table,
 ) -> None:
     """The cheapest fleet meeting latency SLOs: fewest replicas per candidate GPU / TP / engine knobs."""
@@ -308,8 +310,9 @@ def plan(
                 raise KvsimError(f"spec={spec_file!r}: expected a mapping")
         if not tp_sizes and "tensor_parallel_sizes" not in raw:
             tp_sizes = [base.engine.tensor_parallel_size]  # the scenario's TP unless candidates are given
+        limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
         spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
-                                 max_replicas, router, search)
+                                 max_replicas, router, search, limit_bytes)
         check_candidates(base, spec)
         out_path = output or f"plans/{safe_component(base.name)}"
         check_output_dir(out_path, "plan")
@@ -334,6 +337,11 @@ def plan(
         Console().print(rows_to_rich([{k: r.get(k) for k in shown} for r in rows], title=f"kvsim plan: {base.name}"))
         sources = sorted({r["price_source"] for r in rows})
         typer.echo(f"prices: {'; '.join(sources)}")
+        for r in rows:
+            if r["memory_limited"]:
+                typer.echo(f"memory: {r['candidate']}: {r['limiting_factor']}")
+            elif r.get("verify_memory"):
+                typer.echo(f"memory: {r['candidate']}: not verified: {r['verify_memory']}")
         typer.echo(f"{simulated} points simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
                    f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests")
     else:

@@ -28,15 +28,19 @@ or of compute, it only queued), the window's evidence, and the first-principles 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError
 from kvsim.planning.bounds import replica_floor
 from kvsim.planning.cost import GpuPrice, gpu_price
-from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s
-from kvsim.planning.search import Metrics, PointStore, run_searches
+from kvsim.planning.memory import MemoryBound, bounded_by_memory
+from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traffic
+from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
 from kvsim.planning.spec import Candidate, PlanSpec, candidates, make_plan_spec
 from kvsim.planning.steady_state import TOO_SHORT, headroom, probe_passes, why_failed
 from kvsim.planning.verify import Verification, evidence_columns, with_requests
@@ -59,14 +63,35 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
         scenario = candidate.scenario(base, 1, spec.router)
         check_parallel(model, scenario.engine)
         num_gpu_blocks(model, load_gpu(candidate.gpu), scenario.engine)
+    check_plan_memory(base, spec)
 
 
-def point_metrics(scenario: Scenario) -> Metrics:
+def first_point(base: Scenario, spec: PlanSpec, candidate: Candidate) -> Scenario:
+    """The smallest point a candidate's search simulates: one replica on the traffic (a rate search's
+    first probe: its first `probe_requests`)."""
+    traffic = scaled_traffic(base, 1.0, min(spec.probe_requests, base.workload.num_requests)) \
+        if spec.search == "rate" else base
+    return candidate.scenario(traffic, 1, spec.router)
+
+
+def check_plan_memory(base: Scenario, spec: PlanSpec) -> None:
+    """Refuse a plan none of whose candidates fits in the memory limit even at its smallest point (the
+    searches are bounded by it; `kvsim.planning.memory`): one line naming the limit."""
+    memory = MemoryBound.of(spec.memory_limit_bytes)
+    needs = [(memory.needed_bytes(first_point(base, spec, c)), c) for c in candidates(spec)]
+    least, smallest = min(needs, key=lambda need: need[0])
+    if least > memory.limit_bytes:
+        raise KvsimError(f"{memory.label}: even the smallest point ({smallest.label}, 1 replica, "
+                         f"{first_point(base, spec, smallest).workload.num_requests} requests) needs at least "
+                         f"{memory.size(least)} of memory; nothing in this plan fits")
+
+
+def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> Metrics:
     """Simulate one fleet and keep what the plan needs (small, JSON-safe; runs on a Dask worker)."""
     from kvsim.fleet.driver import simulate_fleet
     from kvsim.planning.steady_state import window_evidence
 
-    result = simulate_fleet(scenario)
+    result = simulate_fleet(scenario, memory_limit_bytes=memory_limit_bytes)
     summary = result.summary
     keep = ("num_replicas", "num_gpus", "num_requests", "num_finished", "num_rejected", "duration_s",
             "requests_per_s", "output_tokens_per_s", "num_preemptions", "kv_cache_usage_mean",
@@ -87,11 +112,25 @@ class ReplicaSearch:
     results: dict[int, Metrics] = field(default_factory=dict)
     verify: Verification = field(init=False)
     num_requests: int = field(init=False)  # per probe: the traffic's, doubled while a window is too short
+    memory: MemoryBound = field(init=False)
+    cap: int = field(init=False)  # the most replicas (<= max_replicas) whose fleet fits in memory at this length
+    _longer: tuple[str, Scenario] | None = None  # a longer run the memory bound ruled out
     _pending: int | None = None
 
     def __post_init__(self) -> None:
-        self.verify = Verification(self.candidate, self.spec)
+        self.memory = MemoryBound.of(self.spec.memory_limit_bytes)
+        self.verify = Verification(self.candidate, self.spec, self.memory)
         self.num_requests = self.base.workload.num_requests
+        self.cap = self._most_replicas(self.num_requests)
+
+    def _traffic(self, num_requests: int) -> Scenario:
+        return self.base if num_requests == self.base.workload.num_requests else with_requests(self.base, num_requests)
+
+    def _fleet(self, count: int, num_requests: int) -> Scenario:
+        return self.candidate.scenario(self._traffic(num_requests), count, self.spec.router)
+
+    def _most_replicas(self, num_requests: int) -> int:
+        return self.memory.most_replicas(lambda n: self._fleet(n, num_requests), self.spec.max_replicas)
 
     def _ok(self, metrics: Metrics) -> bool:
         return probe_passes(metrics["evidence"], self.spec.slo)
@@ -104,18 +143,17 @@ class ReplicaSearch:
         best = self._fewest_ok()
         misses = [n for n, m in self.results.items() if not self._ok(m) and (best is None or n < best)]
         low = max(misses, default=0)
-        if best is None:  # double until a count meets the SLOs (the last try is max_replicas)
-            if low >= self.spec.max_replicas:
+        if best is None:  # double until a count meets the SLOs (the last try: max_replicas, or what fits in memory)
+            if low >= self.cap:
                 return None
-            return min(self.spec.max_replicas, max(1, 2 * low))
+            return min(self.cap, max(1, 2 * low))
         mid = (low + best) // 2
         return mid if mid > low else None
 
     def next_scenario(self) -> Scenario | None:
         count = self._next_count()
         self._pending = count
-        traffic = self.base if self.num_requests == self.base.workload.num_requests \
-            else with_requests(self.base, self.num_requests)
+        traffic = self._traffic(self.num_requests)
         if count is not None:
             return self.candidate.scenario(traffic, count, self.spec.router)
         return self.verify.next_scenario(traffic, self._fewest_ok(), self.num_requests)
@@ -127,22 +165,49 @@ class ReplicaSearch:
         ev = metrics["evidence"]
         if (ev["verdict"] == TOO_SHORT and ev["num_requests"] >= self.num_requests
                 and 2 * self.num_requests <= self.spec.max_probe_requests):
-            self.num_requests *= 2  # this traffic is too short to judge a fleet: every count again, longer
-            self.results.clear()
-            return
+            longer = self._most_replicas(2 * self.num_requests)
+            if longer >= self._pending:
+                self.num_requests *= 2  # this traffic is too short to judge a fleet: every count again, longer
+                self.cap = longer
+                self.results.clear()
+                return
+            self._longer = (f"a {2 * self.num_requests}-request run of {self._pending} replicas",
+                            self._fleet(self._pending, 2 * self.num_requests))
         self.results[self._pending] = metrics
+
+    def memory_block(self) -> tuple[str, Scenario] | None:
+        """What the memory bound kept this search from simulating when that decided its answer (no count
+        met the SLOs): (what, its scenario); None when the bound did not decide."""
+        if self._fewest_ok() is not None:
+            return None
+        if not self.results:  # not even one replica fits
+            return "1 replica", self._fleet(1, self.num_requests)
+        most = max(self.results)
+        if most == self.cap < self.spec.max_replicas:
+            return f"{most + 1} replicas", self._fleet(most + 1, self.num_requests)
+        return self._longer
 
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """This candidate's line of the plan table."""
         best, slo = self._fewest_ok(), self.spec.slo
+        block = self.memory_block()
         c = self.candidate
         row: dict[str, Any] = {"candidate": c.label, "gpu": c.gpu, "tensor_parallel_size": c.tensor_parallel_size,
-                               **{k: v for k, v in c.knobs}, "feasible": best is not None}
+                               **{k: v for k, v in c.knobs}, "feasible": best is not None,
+                               "memory_limited": False, "memory_bound_replicas": self.cap}
+        if block is not None and not self.results:  # not even one replica fits in memory
+            return {**row, "memory_limited": True, "replicas": None, "num_gpus": None, "cost_per_hour": None,
+                    "headroom": None, "limiting_factor": bounded_by_memory(self.memory.over(*block)),
+                    **self.verify.columns()}
         if best is None:
-            worst = self.results[max(self.results)]
-            return {**row, "replicas": None, "num_gpus": None, "cost_per_hour": None,
-                    "headroom": headroom(worst["evidence"], slo),
-                    "limiting_factor": f"{why_failed(worst['evidence'], slo)} even at {max(self.results)} replicas",
+            most = max(self.results)
+            worst = self.results[most]
+            limiting = f"{why_failed(worst['evidence'], slo)} even at {most} replicas"
+            if block is not None:
+                row["memory_limited"] = True
+                limiting += "; " + bounded_by_memory(self.memory.over(*block))
+            return {**row, "replicas": None, "num_gpus": None, "requests_per_probe": self.num_requests,
+                    "cost_per_hour": None, "headroom": headroom(worst["evidence"], slo), "limiting_factor": limiting,
                     "rate_per_replica": None, **evidence_columns(worst["evidence"], slo), **self.verify.columns()}
         metrics = self.results[best]
         below = self.results.get(best - 1)
@@ -160,12 +225,15 @@ class ReplicaSearch:
 
 
 def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Feasible first, then by cost per hour (GPUs when a price is missing), then more headroom."""
+    """Feasible first, then by cost per hour (GPUs when a price is missing), then more headroom; every row
+    with every column (None where a row has no value), in the order they first appear."""
     def key(row: dict[str, Any]) -> tuple:
-        cost = row["cost_per_hour"]
+        cost, room = row["cost_per_hour"], row["headroom"]
         return (not row["feasible"], cost is None, cost if cost is not None else 0.0,
-                row["num_gpus"] or 0, -row["headroom"])
-    return [{"rank": i + 1, **row} for i, row in enumerate(sorted(rows, key=key))]
+                row["num_gpus"] or 0, -room if room is not None else math.inf)
+    columns = list(dict.fromkeys(["rank", *(k for row in rows for k in row)]))
+    ranked = [{"rank": i + 1, **row} for i, row in enumerate(sorted(rows, key=key))]
+    return [{k: row.get(k) for k in columns} for row in ranked]
 
 
 def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None,
@@ -181,7 +249,9 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     else:
         searches = [ReplicaSearch(c, base, spec) for c in candidates(spec)]
     store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence",))
-    simulated = run_searches(searches, point_metrics, store, client, on_point)
+    evaluate = partial(point_metrics, memory_limit_bytes=spec.memory_limit_bytes)
+    simulated = run_searches(searches, evaluate, store, client, on_point)
+    note_memory_limited(searches, store)
     target_rate_per_s = offered_rate_per_s(base)
     rows = []
     for s in searches:
@@ -191,6 +261,20 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
                      "replicas_over_bound": round(row["replicas"] / floor.replicas, 3) if row["replicas"] else None,
                      "price_source": hourly_price(spec, s.candidate.gpu).source})
     return rank(rows), simulated
+
+
+def note_memory_limited(searches: Sequence[ReplicaSearch | RateSearch], store: PointStore) -> None:
+    """Each point a search could not pass for memory, in `points.jsonl` as `{"verdict": "memory_limited",
+    "memory_bytes", "memory_limit_bytes"}` (no `evidence`: a rerun never takes it for a simulated point,
+    and judges the bound again under its own limit); once per point and limit."""
+    for search in searches:
+        block = search.memory_block()
+        if block is None:
+            continue
+        memory, scenario = search.memory, block[1]
+        key = f"{scenario_hash(scenario)}-memory-{memory.limit_bytes}"
+        store.note(key, scenario.name, {"verdict": "memory_limited", "memory_bytes": memory.needed_bytes(scenario),
+                                        "memory_limit_bytes": memory.limit_bytes})
 
 
 def hourly_price(spec: PlanSpec, gpu: str) -> GpuPrice:
@@ -210,7 +294,7 @@ def _assignments(items: list[str], flag: str) -> list[tuple[str, str]]:
 
 def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_sizes: list[int], knobs: list[str],
                       costs: list[str], max_replicas: int | None, router: str | None,
-                      search: str | None = None) -> PlanSpec:
+                      search: str | None = None, memory_limit_bytes: int | None = None) -> PlanSpec:
     """A `PlanSpec` from a spec file's mapping (may be empty) with command-line flags on top."""
     import yaml
 
@@ -240,4 +324,6 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
         raw["router"] = router
     if search is not None:
         raw["search"] = search
+    if memory_limit_bytes is not None:
+        raw["memory_limit_bytes"] = memory_limit_bytes
     return make_plan_spec(raw)

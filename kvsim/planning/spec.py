@@ -37,6 +37,7 @@ class PlanSpec(BaseModel):
     probe_requests: int = Field(default=2000, gt=0)  # rate search: the workload's first requests per probe
     max_probe_requests: int = Field(default=32_000, gt=0)  # a probe's run length doubles up to this
     verify_factor: int = Field(default=10, ge=0)  # the chosen fleet re-run with this × a probe's requests (0: not)
+    memory_limit_bytes: int | None = Field(default=None, gt=0)  # a point's memory floor bound (None: the machine's)
 
     @field_validator("slo")
     @classmethod
