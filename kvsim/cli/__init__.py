@@ -34,6 +34,7 @@ from kvsim.cli.shared import (
     ValidateFormat,
     beyond_max_model_len,
     capacity_headline,
+    chosen_text,
     fixed_length_scenario,
     parse_int_list,
     parse_size_flag,
@@ -281,9 +282,15 @@ def plan(
     workers: Annotated[int | None, typer.Option("--workers", help="LocalCluster processes; 1: run here")] = None,
     memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Bound every simulated point by this "
                                                      "memory estimate, e.g. 64GiB [this machine's]")] = None,
+    xpyd: Annotated[list[str] | None, typer.Option("--xpyd", help="Disaggregated splits to rank beside the "
+                                                                  "colocated fleets, e.g. 1P1D,2P1D (repeat)")] = None,
+    kv_transfer_config: Annotated[str | None, typer.Option(
+        "--kv-transfer-config", help="vLLM's flag: JSON for the splits' link, e.g. '{\"kv_link\": \"nvlink\"}' "
+                                     "[rdma]")] = None,
     output_format: Annotated[Format, typer.Option("--format")] = Format.table,
 ) -> None:
-    """The cheapest fleet meeting latency SLOs: fewest replicas per candidate GPU / TP / engine knobs."""
+    """The cheapest fleet meeting latency SLOs: fewest replicas per candidate GPU / TP / engine knobs, and
+    with --xpyd disaggregated prefill/decode splits of each, all ranked by cost."""
     import yaml
 
     from kvsim.planning.plan import check_candidates, spec_from_options
@@ -312,7 +319,7 @@ def plan(
             tp_sizes = [base.engine.tensor_parallel_size]  # the scenario's TP unless candidates are given
         limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
         spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
-                                 max_replicas, router, search, limit_bytes)
+                                 max_replicas, router, search, limit_bytes, xpyd, kv_transfer_config)
         check_candidates(base, spec)
         out_path = output or f"plans/{safe_component(base.name)}"
         check_output_dir(out_path, "plan")
@@ -332,8 +339,8 @@ def plan(
     if output_format is Format.table:
         from rich.console import Console
 
-        shown = ("rank", "candidate", "replicas", "lower_bound_replicas", "num_gpus", "cost_per_hour", "headroom",
-                 "verified", "limiting_factor")
+        shown = ("rank", "candidate", "replicas", "lower_bound_replicas", "num_gpus", "cost_per_hour",
+                 "usd_per_million_output_tokens", "headroom", "verified", "limiting_factor")
         Console().print(rows_to_rich([{k: r.get(k) for k in shown} for r in rows], title=f"kvsim plan: {base.name}"))
         sources = sorted({r["price_source"] for r in rows})
         typer.echo(f"prices: {'; '.join(sources)}")
@@ -342,6 +349,7 @@ def plan(
                 typer.echo(f"memory: {r['candidate']}: {r['limiting_factor']}")
             elif r.get("verify_memory"):
                 typer.echo(f"memory: {r['candidate']}: not verified: {r['verify_memory']}")
+        typer.echo(chosen_text(rows))
         typer.echo(f"{simulated} points simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
                    f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests")
     else:

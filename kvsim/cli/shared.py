@@ -106,6 +106,18 @@ PLAN_FILES = ["points.jsonl", "plan.csv", "plan.json", "plan.md", "pareto.png",
               ".plan.csv.tmp", ".plan.json.tmp", ".plan.md.tmp", ".pareto.tmp.png"]  # all `plan` writes
 
 
+def chosen_text(rows: list[dict]) -> str:
+    """The plan's answer in one line: the first ranked row when it meets the SLOs."""
+    best = rows[0] if rows else None
+    if best is None or not best["feasible"]:
+        return "chosen: none: no candidate meets every SLO within its limits (see limiting_factor)"
+    cost = "no price" if best["cost_per_hour"] is None else f"${best['cost_per_hour']:,.2f}/hour"
+    per_token = best.get("usd_per_million_output_tokens")
+    tokens = "" if per_token is None else f", ${per_token:,.3f} per million output tokens"
+    return (f"chosen: {best['candidate']} x{best['replicas']} ({best['topology']}): {best['num_gpus']} GPUs, "
+            f"{cost}{tokens}")
+
+
 def write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
     """plan.csv / .json / .md and the Pareto figure, each written whole then renamed into place."""
     import os

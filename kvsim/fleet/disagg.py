@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -62,6 +62,25 @@ TRANSFER_COLUMNS = ("request_id", "prefill_replica", "decode_replica", "num_byte
                     "end_s")
 
 
+def check_disaggregable(scenario: Scenario, specs: list[Scenario]) -> None:
+    """Refuse, before any engine is built, what a disaggregated fleet does not model: an instance whose
+    engine is not paged and v1 (vLLM v1's connectors), n > 1 samples or beam search (`KvsimError`)."""
+    assert isinstance(scenario.replicas, list)
+    roles = [group.kv_role for group in scenario.replicas for _ in range(group.count)]
+    for spec, role in zip(specs, roles, strict=True):
+        if spec.engine.allocator != "paged" or spec.engine.scheduler != "v1":
+            _refuse_engine(spec, role)
+    if scenario.workload.n != 1 or scenario.workload.beam_width is not None:
+        field = "n" if scenario.workload.n != 1 else "beam_width"
+        raise KvsimError(f"workload.{field}={getattr(scenario.workload, field)}: a disaggregated fleet models "
+                         "single-sequence requests only")
+
+
+def _refuse_engine(spec: Scenario, role: str | None) -> NoReturn:
+    raise KvsimError(f"replicas ({spec.name}, {role}): engine.allocator={spec.engine.allocator}, engine.scheduler="
+                     f"{spec.engine.scheduler}: disaggregation needs paged and v1 (vLLM v1's connectors)")
+
+
 @dataclass(slots=True)
 class _InFlight:
     req: Request
@@ -91,15 +110,10 @@ class Disaggregation:
         self.engines = engines
         self.prefill = [i for i, role in enumerate(roles) if role == "kv_producer"]
         self.decode = [i for i, role in enumerate(roles) if role == "kv_consumer"]
+        check_disaggregable(scenario, specs)
         for i, (spec, part) in enumerate(zip(specs, parts, strict=True)):
-            where = f"replicas ({spec.name}, {roles[i]})"
-            if not isinstance(part.scheduler.alloc, PagedAllocator) or spec.engine.scheduler != "v1":
-                raise KvsimError(f"{where}: engine.allocator={spec.engine.allocator}, engine.scheduler="
-                                 f"{spec.engine.scheduler}: disaggregation needs paged and v1 (vLLM v1's connectors)")
-        if scenario.workload.n != 1 or scenario.workload.beam_width is not None:
-            field = "n" if scenario.workload.n != 1 else "beam_width"
-            raise KvsimError(f"workload.{field}={getattr(scenario.workload, field)}: a disaggregated fleet models "
-                             "single-sequence requests only")
+            if not isinstance(part.scheduler.alloc, PagedAllocator):  # e.g. a hybrid model's grouped pool
+                _refuse_engine(spec, roles[i])
         self.links = [SharedLink(decode_link(config, specs[d].engine)) for d in self.decode]
         self.block_bytes = [kv_bytes_per_block_received(load_model(specs[d].model), specs[d].engine)
                             for d in self.decode]

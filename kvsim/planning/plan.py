@@ -33,18 +33,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsim.model.errors import KvsimError
 from kvsim.planning.bounds import replica_floor
-from kvsim.planning.cost import GpuPrice, gpu_price
+from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_price
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traffic
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
 from kvsim.planning.spec import Candidate, PlanSpec, candidates, make_plan_spec
 from kvsim.planning.steady_state import TOO_SHORT, headroom, probe_passes, why_failed
 from kvsim.planning.verify import Verification, evidence_columns, with_requests
+from kvsim.planning.xpyd import XpydSearch
 from kvsim.workload.scenario import Scenario
+
+if TYPE_CHECKING:
+    from kvsim.fleet.disagg import DisaggResult
+    from kvsim.fleet.driver import FleetResult
 
 
 def check_candidates(base: Scenario, spec: PlanSpec) -> None:
@@ -60,9 +65,14 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
         load_gpu(gpu)
     model = load_model(base.model)
     for candidate in candidates(spec):
-        scenario = candidate.scenario(base, 1, spec.router)
+        scenario = candidate.scenario(base, candidate.smallest_fleet, spec.router)
         check_parallel(model, scenario.engine)
         num_gpu_blocks(model, load_gpu(candidate.gpu), scenario.engine)
+        if candidate.split is not None:
+            from kvsim.fleet.disagg import check_disaggregable
+            from kvsim.fleet.driver import replica_scenarios
+
+            check_disaggregable(scenario, replica_scenarios(scenario))
     check_plan_memory(base, spec)
 
 
@@ -70,8 +80,8 @@ def first_point(base: Scenario, spec: PlanSpec, candidate: Candidate) -> Scenari
     """The smallest point a candidate's search simulates: one replica on the traffic (a rate search's
     first probe: its first `probe_requests`)."""
     traffic = scaled_traffic(base, 1.0, min(spec.probe_requests, base.workload.num_requests)) \
-        if spec.search == "rate" else base
-    return candidate.scenario(traffic, 1, spec.router)
+        if spec.search == "rate" and candidate.split is None else base
+    return candidate.scenario(traffic, candidate.smallest_fleet, spec.router)
 
 
 def check_plan_memory(base: Scenario, spec: PlanSpec) -> None:
@@ -81,17 +91,26 @@ def check_plan_memory(base: Scenario, spec: PlanSpec) -> None:
     needs = [(memory.needed_bytes(first_point(base, spec, c)), c) for c in candidates(spec)]
     least, smallest = min(needs, key=lambda need: need[0])
     if least > memory.limit_bytes:
-        raise KvsimError(f"{memory.label}: even the smallest point ({smallest.label}, 1 replica, "
+        raise KvsimError(f"{memory.label}: even the smallest point ({smallest.label}, {smallest.smallest_fleet} "
+                         f"{'instances' if smallest.split else 'replica'}, "
                          f"{first_point(base, spec, smallest).workload.num_requests} requests) needs at least "
                          f"{memory.size(least)} of memory; nothing in this plan fits")
 
 
 def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> Metrics:
-    """Simulate one fleet and keep what the plan needs (small, JSON-safe; runs on a Dask worker)."""
-    from kvsim.fleet.driver import simulate_fleet
+    """Simulate one fleet (colocated, or disaggregated: `kv_transfer_config`) and keep what the plan needs
+    (small, JSON-safe; runs on a Dask worker)."""
+    from kvsim.fleet.disagg import simulate_disagg
+    from kvsim.fleet.driver import replica_groups, simulate_fleet
     from kvsim.planning.steady_state import window_evidence
+    from kvsim.results.budget import check_engines_memory
 
-    result = simulate_fleet(scenario, memory_limit_bytes=memory_limit_bytes)
+    if scenario.kv_transfer_config is not None:
+        check_engines_memory(scenario, replica_groups(scenario), memory_limit_bytes,
+                             steps_in_memory=scenario.steps == "all")
+        result: FleetResult | DisaggResult = simulate_disagg(scenario)
+    else:
+        result = simulate_fleet(scenario, memory_limit_bytes=memory_limit_bytes)
     summary = result.summary
     keep = ("num_replicas", "num_gpus", "num_requests", "num_finished", "num_rejected", "duration_s",
             "requests_per_s", "output_tokens_per_s", "num_preemptions", "kv_cache_usage_mean",
@@ -218,6 +237,7 @@ class ReplicaSearch:
             limiting = f"{why_failed(below['evidence'], slo)} at {best - 1} replicas: {cause}"
         num_gpus = best * c.tensor_parallel_size
         return {**row, "replicas": best, "num_gpus": num_gpus, "requests_per_probe": self.num_requests,
+                "output_tokens_per_s": metrics["output_tokens_per_s"],
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
                 "headroom": headroom(metrics["evidence"], slo), "limiting_factor": limiting,
                 "rate_per_replica": metrics["offered_rate_per_s"] / best,
@@ -228,9 +248,9 @@ def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Feasible first, then by cost per hour (GPUs when a price is missing), then more headroom; every row
     with every column (None where a row has no value), in the order they first appear."""
     def key(row: dict[str, Any]) -> tuple:
-        cost, room = row["cost_per_hour"], row["headroom"]
-        return (not row["feasible"], cost is None, cost if cost is not None else 0.0,
-                row["num_gpus"] or 0, -room if room is not None else math.inf)
+        cost, room, per_token = row["cost_per_hour"], row["headroom"], row.get("usd_per_million_output_tokens")
+        return (not row["feasible"], cost is None, cost if cost is not None else 0.0, row["num_gpus"] or 0,
+                per_token if per_token is not None else math.inf, -room if room is not None else math.inf)
     columns = list(dict.fromkeys(["rank", *(k for row in rows for k in row)]))
     ranked = [{"rank": i + 1, **row} for i, row in enumerate(sorted(rows, key=key))]
     return [{k: row.get(k) for k in columns} for row in ranked]
@@ -243,11 +263,10 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     Finished points are kept in `out_dir/points.jsonl`, so a rerun resumes where it stopped.
     """
     check_candidates(base, spec)  # bad knob values fail here, before any simulation
-    searches: list[ReplicaSearch] | list[RateSearch]
-    if spec.search == "rate":
-        searches = [RateSearch(c, base, spec, offered_rate_per_s(base)) for c in candidates(spec)]
-    else:
-        searches = [ReplicaSearch(c, base, spec) for c in candidates(spec)]
+    searches: list[ReplicaSearch | RateSearch | XpydSearch] = [
+        XpydSearch(c, base, spec) if c.split is not None else
+        RateSearch(c, base, spec, offered_rate_per_s(base)) if spec.search == "rate" else ReplicaSearch(c, base, spec)
+        for c in candidates(spec)]
     store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence",))
     evaluate = partial(point_metrics, memory_limit_bytes=spec.memory_limit_bytes)
     simulated = run_searches(searches, evaluate, store, client, on_point)
@@ -255,15 +274,23 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     target_rate_per_s = offered_rate_per_s(base)
     rows = []
     for s in searches:
-        row = s.row(hourly_price(spec, s.candidate.gpu).usd_per_gpu_hour)
-        floor = replica_floor(s.candidate.scenario(base, 1, spec.router), target_rate_per_s)
-        rows.append({**row, "lower_bound_replicas": floor.replicas, "bound_binds": floor.binds,
+        c, price = s.candidate, hourly_price(spec, s.candidate.gpu)
+        row = s.row(price.usd_per_gpu_hour)
+        tokens_per_s = row.get("output_tokens_per_s")
+        if tokens_per_s is None and row["feasible"] and s.verify.metrics is not None:  # a rate search's fleet
+            tokens_per_s = s.verify.metrics["output_tokens_per_s"]
+        shape = Candidate(c.gpu, c.tensor_parallel_size, c.knobs)  # the floor counts colocated replicas
+        floor = replica_floor(shape.scenario(base, 1, spec.router), target_rate_per_s)
+        rows.append({"topology": "colocated", **row, "output_tokens_per_s": tokens_per_s,
+                     "usd_per_million_output_tokens": cost_per_million_output_tokens(
+                         price, row["num_gpus"], tokens_per_s) if row["feasible"] and tokens_per_s else None,
+                     "lower_bound_replicas": floor.replicas, "bound_binds": floor.binds,
                      "replicas_over_bound": round(row["replicas"] / floor.replicas, 3) if row["replicas"] else None,
-                     "price_source": hourly_price(spec, s.candidate.gpu).source})
+                     "price_source": price.source})
     return rank(rows), simulated
 
 
-def note_memory_limited(searches: Sequence[ReplicaSearch | RateSearch], store: PointStore) -> None:
+def note_memory_limited(searches: Sequence[ReplicaSearch | RateSearch | XpydSearch], store: PointStore) -> None:
     """Each point a search could not pass for memory, in `points.jsonl` as `{"verdict": "memory_limited",
     "memory_bytes", "memory_limit_bytes"}` (no `evidence`: a rerun never takes it for a simulated point,
     and judges the bound again under its own limit); once per point and limit."""
@@ -294,11 +321,24 @@ def _assignments(items: list[str], flag: str) -> list[tuple[str, str]]:
 
 def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_sizes: list[int], knobs: list[str],
                       costs: list[str], max_replicas: int | None, router: str | None,
-                      search: str | None = None, memory_limit_bytes: int | None = None) -> PlanSpec:
-    """A `PlanSpec` from a spec file's mapping (may be empty) with command-line flags on top."""
+                      search: str | None = None, memory_limit_bytes: int | None = None,
+                      xpyd: list[str] | None = None, kv_transfer_config: str | None = None) -> PlanSpec:
+    """A `PlanSpec` from a spec file's mapping (may be empty) with command-line flags on top (`xpyd`:
+    splits, each item comma-separated; `kv_transfer_config`: a JSON object)."""
     import yaml
 
     raw = dict(raw)
+    if xpyd:
+        raw["xpyd"] = [split.strip() for item in xpyd for split in item.split(",")]
+    if kv_transfer_config is not None:
+        try:
+            config = yaml.safe_load(kv_transfer_config)
+        except yaml.YAMLError:
+            config = None
+        if not isinstance(config, dict):
+            raise KvsimError(f"--kv-transfer-config {kv_transfer_config[:60]!r}: expected a JSON object, e.g. "
+                             "'{\"kv_link\": \"nvlink\"}'")
+        raw["kv_transfer_config"] = config
     for key, value in _assignments(slo, "--slo"):
         try:
             raw.setdefault("slo", {})[key] = float(value)
