@@ -34,10 +34,10 @@ from kvsim.cli.shared import (
     ValidateFormat,
     beyond_max_model_len,
     capacity_headline,
-    chosen_text,
     fixed_length_scenario,
     parse_int_list,
     parse_size_flag,
+    print_plan,
     user_errors,
     write_plan,
 )
@@ -297,7 +297,7 @@ def plan(
     from kvsim.planning.plan import plan as run_plan
     from kvsim.planning.search import close_client, dask_client
     from kvsim.results.output_dir import check_output_dir, claim_directory, safe_component
-    from kvsim.results.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
+    from kvsim.results.render import rows_to_csv, rows_to_markdown, to_json
     from kvsim.workload.scenario import load_scenario
 
     with user_errors():
@@ -337,21 +337,7 @@ def plan(
                 close_client(client)
         write_plan(rows, out_dir, base.name)
     if output_format is Format.table:
-        from rich.console import Console
-
-        shown = ("rank", "candidate", "replicas", "lower_bound_replicas", "num_gpus", "cost_per_hour",
-                 "usd_per_million_output_tokens", "headroom", "verified", "limiting_factor")
-        Console().print(rows_to_rich([{k: r.get(k) for k in shown} for r in rows], title=f"kvsim plan: {base.name}"))
-        sources = sorted({r["price_source"] for r in rows})
-        typer.echo(f"prices: {'; '.join(sources)}")
-        for r in rows:
-            if r["memory_limited"]:
-                typer.echo(f"memory: {r['candidate']}: {r['limiting_factor']}")
-            elif r.get("verify_memory"):
-                typer.echo(f"memory: {r['candidate']}: not verified: {r['verify_memory']}")
-        typer.echo(chosen_text(rows))
-        typer.echo(f"{simulated} points simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
-                   f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests")
+        print_plan(rows, base.name, out_dir, simulated)
     else:
         writers = {Format.csv: rows_to_csv, Format.json: to_json, Format.markdown: rows_to_markdown}
         sys.stdout.write(writers[output_format](rows))
