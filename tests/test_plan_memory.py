@@ -80,3 +80,26 @@ def test_plan_command_prints_the_memory_bound(tmp_path):
                                  "--memory-limit", "1800000", "-o", str(tmp_path / "plan")])
     assert result.exit_code == 0, result.output
     assert "memory: h100-80gb tp1: " in result.stdout and "answer bounded by memory" in result.stdout
+
+
+def test_the_limit_bounds_the_rate_search_fleet(tmp_path):
+    """`--search rate`: the fleet the rate gives must fit on the whole traffic (R = 100 requests), and a
+    probe's run (one replica: 9 · 160 B · n + 491,680 B) doubles from 100 requests only while it fits."""
+    base = toy()
+    raw = {"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate", "rel_tol": 0.02,
+           "verify_factor": 0}
+    free, _ = plan(base, make_plan_spec(raw), tmp_path / "free")
+    needed = free[0]["replicas"]
+    limit = 160 * 100 * 9 + PER_REPLICA_BYTES * (needed - 1) + 1000  # one replica short of the answer
+    assert needed > 1 and fits(limit, 100) == needed - 1
+    longest = 100
+    while 2 * longest <= 32_000 and 9 * 160 * 2 * longest + PER_REPLICA_BYTES <= limit:
+        longest *= 2
+    rows, _ = plan(base, make_plan_spec({**raw, "memory_limit_bytes": limit}), tmp_path / "bounded")
+    row = rows[0]
+    assert not row["feasible"] and row["memory_limited"] and row["memory_bound_replicas"] == needed - 1
+    over_mib = (160 * 100 * 9 + PER_REPLICA_BYTES * needed) / 2**20
+    assert row["limiting_factor"].startswith(f"over {needed - 1} replicas ({needed} replicas would need "
+                                             f"{over_mib:.1f} MiB > limit {limit / 2**20:.1f} MiB; answer bounded "
+                                             "by memory); ")
+    assert row["requests_per_probe"] is None or row["requests_per_probe"] <= longest

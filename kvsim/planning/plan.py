@@ -21,6 +21,12 @@ failed with one replica fewer, and whether that fleet was short of KV memory, it
 or of compute, it only queued), the window's evidence, and the first-principles floor
 (`kvsim.planning.bounds`: `lower_bound_replicas`, which bound binds, `replicas_over_bound`).
 
+`xpyd: [1P1D, 2P1D]` adds those disaggregated prefill/decode splits of every candidate shape, each one
+fixed fleet judged the same way (`kvsim.planning.xpyd`), ranked with the colocated rows by cost
+(`topology`, `usd_per_million_output_tokens`). Every point is memory-estimated first
+(`kvsim.planning.memory`, `memory_limit_bytes`): a search stops at the most replicas that fit and
+marks its row `memory_limited`; a plan nothing of which fits is refused before it starts.
+
 `search: rate` sizes a homogeneous fleet instead from the highest load one replica sustains
 (`kvsim.planning.plan_rate`): one single-replica bisection per candidate, then
 `replicas = ceil((1 + capacity_headroom) · target rate / max rate per replica)`.
