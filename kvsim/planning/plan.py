@@ -49,7 +49,7 @@ from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traf
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
 from kvsim.planning.spec import Candidate, PlanSpec, candidates, make_plan_spec
 from kvsim.planning.steady_state import TOO_SHORT, headroom, probe_passes, why_failed
-from kvsim.planning.verify import Verification, evidence_columns, with_requests
+from kvsim.planning.verify import Verification, evidence_columns, traffic_of
 from kvsim.planning.xpyd import XpydSearch
 from kvsim.workload.scenario import Scenario
 
@@ -149,7 +149,7 @@ class ReplicaSearch:
         self.cap = self._most_replicas(self.num_requests)
 
     def _traffic(self, num_requests: int) -> Scenario:
-        return self.base if num_requests == self.base.workload.num_requests else with_requests(self.base, num_requests)
+        return traffic_of(self.base, num_requests)
 
     def _fleet(self, count: int, num_requests: int) -> Scenario:
         return self.candidate.scenario(self._traffic(num_requests), count, self.spec.router)

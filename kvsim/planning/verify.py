@@ -48,6 +48,12 @@ def with_requests(base: Scenario, num_requests: int) -> Scenario:
     return make_scenario(raw, base.base_dir)
 
 
+def traffic_of(base: Scenario, num_requests: int) -> Scenario:
+    """`base` itself when `num_requests` is its own count (the same scenario, so the same point keys), else
+    `with_requests(base, num_requests)`: a search's traffic at one run length."""
+    return base if num_requests == base.workload.num_requests else with_requests(base, num_requests)
+
+
 @dataclass(slots=True)
 class Verification:
     """One long run of a candidate's chosen fleet; asked for once, after the search settles."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.steady_state import TOO_SHORT, headroom, probe_passes, why_failed
-from kvsim.planning.verify import Verification, evidence_columns, with_requests
+from kvsim.planning.verify import Verification, evidence_columns, traffic_of
 
 if TYPE_CHECKING:
     from kvsim.planning.search import Metrics
@@ -51,7 +51,7 @@ class XpydSearch:
         return f"{self.candidate.split[0]}P{self.candidate.split[1]}D"
 
     def _traffic(self, num_requests: int) -> Scenario:
-        return self.base if num_requests == self.base.workload.num_requests else with_requests(self.base, num_requests)
+        return traffic_of(self.base, num_requests)
 
     def _fleet(self, num_requests: int) -> Scenario:
         return self.candidate.scenario(self._traffic(num_requests), self.candidate.smallest_fleet, self.spec.router)
