@@ -135,8 +135,8 @@ def chosen_text(rows: list[dict]) -> str:
     cost = "no price" if best["cost_per_hour"] is None else f"${best['cost_per_hour']:,.2f}/hour"
     per_token = best.get("usd_per_million_output_tokens")
     tokens = "" if per_token is None else f", ${per_token:,.3f} per million output tokens"
-    return (f"chosen: {best['candidate']} x{best['replicas']} ({best['topology']}): {best['num_gpus']} GPUs, "
-            f"{cost}{tokens}")
+    gpus = f"{best['num_gpus']} GPU{'s' * (best['num_gpus'] != 1)}"
+    return f"chosen: {best['candidate']} x{best['replicas']} ({best['topology']}): {gpus}, {cost}{tokens}"
 
 
 def write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
