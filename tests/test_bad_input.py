@@ -257,6 +257,8 @@ CASES = [
                                               "--memory-limit", "16GiB"],  # 4,096 x (29,864 x 160 B + 100 kB)
      "replicas=4096: this fleet needs at least 18.6 GiB"),
     ("memory-limit-unparsable", {}, ["run", "--memory-limit", "plenty"], "--memory-limit='plenty'"),
+    ("disagg-over-a-given-memory-limit", scenario(f"{DISAGG}{DISAGG_GROUPS}"), [*RUN_S, "--memory-limit", "1MiB"],
+     "replicas=[1 x kv_producer, 1 x kv_consumer]: this fleet needs at least 9.3 MiB"),
     # a plan: every point is estimated first; refused up front only when even the smallest one cannot fit
     ("plan-smallest-point-over-the-limit", {}, [*PLAN, "--memory-limit", "1MiB"],
      "--memory-limit 1.0 MiB: even the smallest point (h100-80gb tp1, 1 replica, 1000 requests) needs at least"),

@@ -227,7 +227,7 @@ def run(
             if spec.kv_transfer_config is not None:
                 from kvsim.fleet.disagg import simulate_disagg
 
-                result = simulate_disagg(spec, check=check, progress=progress)
+                result = simulate_disagg(spec, check=check, progress=progress, memory_limit_bytes=limit_bytes)
                 result.write(out_dir)
             elif spec.autoscaler is not None:
                 from kvsim.fleet.autoscaled import simulate_autoscaled

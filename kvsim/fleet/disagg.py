@@ -39,7 +39,7 @@ from kvsim.engine.clock import ArrivalClock, Arrivals, call_at
 from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.engine.runtime import Engine
-from kvsim.fleet.driver import FleetView, Routes, fleet_summary, replica_scenarios
+from kvsim.fleet.driver import FleetView, Routes, fleet_summary, replica_groups, replica_scenarios
 from kvsim.fleet.kv_transfer import decode_link, kv_bytes_per_block_received, per_gpu_link
 from kvsim.fleet.link import SharedLink
 from kvsim.fleet.router import Router
@@ -47,6 +47,7 @@ from kvsim.kv import PagedAllocator
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.model.units import ceil_div
+from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import percentiles
 from kvsim.workload.generate import iter_requests
 from kvsim.workload.request import Request, RequestStatus
@@ -331,10 +332,15 @@ class DisaggResult:
 
 
 def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
-                    bursts: bool = True) -> DisaggResult:
-    """Simulate a disaggregated fleet (module docstring); every request ends finished or rejected once."""
+                    bursts: bool = True, memory_limit_bytes: int | None = None) -> DisaggResult:
+    """Simulate a disaggregated fleet (module docstring); every request ends finished or rejected once.
+
+    A fleet that cannot fit in `memory_limit_bytes` [the machine's memory] is refused before any instance
+    is built (`kvsim.results.budget.check_engines_memory`, as a colocated fleet's)."""
     import pandas as pd
 
+    check_engines_memory(scenario, replica_groups(scenario), memory_limit_bytes,
+                         steps_in_memory=scenario.steps == "all")
     specs = replica_scenarios(scenario)
     rng = np.random.default_rng(scenario.seed)
     parts = [build_engine(spec, rng) for spec in specs]

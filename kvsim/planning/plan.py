@@ -107,14 +107,11 @@ def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> 
     """Simulate one fleet (colocated, or disaggregated: `kv_transfer_config`) and keep what the plan needs
     (small, JSON-safe; runs on a Dask worker)."""
     from kvsim.fleet.disagg import simulate_disagg
-    from kvsim.fleet.driver import replica_groups, simulate_fleet
+    from kvsim.fleet.driver import simulate_fleet
     from kvsim.planning.steady_state import window_evidence
-    from kvsim.results.budget import check_engines_memory
 
     if scenario.kv_transfer_config is not None:
-        check_engines_memory(scenario, replica_groups(scenario), memory_limit_bytes,
-                             steps_in_memory=scenario.steps == "all")
-        result: FleetResult | DisaggResult = simulate_disagg(scenario)
+        result: FleetResult | DisaggResult = simulate_disagg(scenario, memory_limit_bytes=memory_limit_bytes)
     else:
         result = simulate_fleet(scenario, memory_limit_bytes=memory_limit_bytes)
     summary = result.summary

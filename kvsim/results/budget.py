@@ -122,8 +122,12 @@ def check_engines_memory(scenario: Scenario, engines: list[tuple[Scenario, int]]
     engines' rows together). Checked before any engine is built."""
     parts = estimate_engines_bytes(engines, steps_in_memory)
     fleet = scenario.replicas is not None
-    size = f"replicas={scenario.replicas}" if fleet else \
-        f"engine.data_parallel_size={scenario.engine.data_parallel_size}"
+    if isinstance(scenario.replicas, list):  # groups: their counts, not their whole settings
+        groups = [f"{g.count} x {g.name or g.kv_role or f'group {i}'}" for i, g in enumerate(scenario.replicas)]
+        size = f"replicas=[{', '.join(groups)}]"
+    else:
+        size = f"replicas={scenario.replicas}" if fleet else \
+            f"engine.data_parallel_size={scenario.engine.data_parallel_size}"
     _refuse_over_limit(parts, limit_bytes, "fleet" if fleet else "data-parallel group", {
         "requests": f"workload.num_requests={scenario.workload.num_requests}",
         "steps": f"workload.num_requests={scenario.workload.num_requests}", "kv_blocks": size, "engines": size})
