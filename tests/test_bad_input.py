@@ -348,6 +348,9 @@ CASES = [
      "autoscaler.max_replicas=2: equals min_replicas"),
     ("autoscaler-startup-negative", scenario(f"{WORKLOAD}replicas: 2\nrouter: {{policy: least_outstanding}}\n"
                                              "autoscaler: {startup_s: -1}\n"), RUN_S, "autoscaler.startup_s=-1"),
+    ("autoscaler-over-a-given-memory-limit", scenario(f"{WORKLOAD}replicas: 1\nrouter: {{policy: least_outstanding}}\n"
+                                                      "autoscaler: {max_replicas: 64}\n"),
+     [*RUN_S, "--memory-limit", "64MiB"], "autoscaler.max_replicas=64: this fleet needs at least"),
     ("autoscaler-without-count", scenario(f"{WORKLOAD}replicas: [{{count: 2}}]\nautoscaler: {{}}\n"), RUN_S,
      "autoscaler: needs replicas as a count"),
     # --- other commands

@@ -232,7 +232,7 @@ def run(
             elif spec.autoscaler is not None:
                 from kvsim.fleet.autoscaled import simulate_autoscaled
 
-                result = simulate_autoscaled(spec, check=check, progress=progress)
+                result = simulate_autoscaled(spec, check=check, progress=progress, memory_limit_bytes=limit_bytes)
                 result.write(out_dir)
             elif spec.is_fleet:  # written as it runs: the steps stream into the output's temporary folder
                 from kvsim.fleet.driver import simulate_fleet  # not imported by a single engine's run

@@ -115,14 +115,17 @@ def check_run_memory(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engine:
 
 
 def check_engines_memory(scenario: Scenario, engines: list[tuple[Scenario, int]], limit_bytes: int | None = None,
-                         steps_in_memory: bool = True) -> None:
+                         steps_in_memory: bool = True, size_field: str | None = None) -> None:
     """Raise `KvsimError` when `scenario`'s fleet or data-parallel group cannot fit: `engines` gives
     (single-engine scenario, number of such engines) per group. Its requests count once; every
     engine its blocks and fixed cost; the steps' floor is still total output / `max_num_seqs` (the
-    engines' rows together). Checked before any engine is built."""
+    engines' rows together). Checked before any engine is built. `size_field` names the setting behind
+    the engine count when it is not `replicas` or `engine.data_parallel_size` (an autoscaler's maximum)."""
     parts = estimate_engines_bytes(engines, steps_in_memory)
     fleet = scenario.replicas is not None
-    if isinstance(scenario.replicas, list):  # groups: their counts, not their whole settings
+    if size_field is not None:
+        size = size_field
+    elif isinstance(scenario.replicas, list):  # groups: their counts, not their whole settings
         groups = [f"{g.count} x {g.name or g.kv_role or f'group {i}'}" for i, g in enumerate(scenario.replicas)]
         size = f"replicas=[{', '.join(groups)}]"
     else:
