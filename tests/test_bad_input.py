@@ -270,6 +270,8 @@ CASES = [
     ("plan-xpyd-no-decode", {}, [*PLAN, "--xpyd", "1P1D,2P0D"], "'2P0D': needs at least 1 decode (kv_consumer)"),
     ("plan-xpyd-malformed", {}, [*PLAN, "--xpyd", "1P"], "plan.xpyd=['1P']: '1P': expected xPyD"),
     ("plan-xpyd-twice", {}, [*PLAN, "--xpyd", "1P1D", "--xpyd", "1p1d"], "plan.xpyd=['1P1D', '1p1d']: a split is given twice"),
+    ("plan-xpyd-auto-on-slab", {}, [*PLAN, "--xpyd", "auto", "--set", "engine.allocator=slab-pow2"],
+     "disaggregation needs paged and v1"),
     ("plan-xpyd-link-unknown", {}, [*PLAN, "--xpyd", "1P1D", "--kv-transfer-config", '{"kv_link": "pigeon"}'],
      "kv_transfer_config.kv_link='pigeon'"),
     ("plan-kv-transfer-config-not-json", {}, [*PLAN, "--xpyd", "1P1D", "--kv-transfer-config", "[1,"],

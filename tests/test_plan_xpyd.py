@@ -6,7 +6,8 @@ steps on a request (the prompt and the first token in one step, then 63 decode s
 so it serves at most 8 / (64 · 0.02 s) = 6.25 req/s. A decode instance of a split spends the same 64
 steps (it recomputes the last prompt token to sample the client's first token, then 63 more), so its
 ceiling is also 6.25 req/s, and the prefill instance adds a GPU that serves no decode. Hence:
-  * 1P2D's decode pool serves at most 12.5 req/s < 14 offered (served/offered ≤ 0.89 < 0.95): overloaded;
+  * 1P2D's decode pool serves at most 12.5 req/s < 14 offered (served/offered ≤ 0.89 < 0.95): overloaded
+    (1P1D and 2P1D at most 6.25 req/s);
   * a split needs at least as many decode instances as the colocated answer needs replicas, plus a
     prefill instance: every feasible split uses more GPUs, so colocated ranks first;
   * cost = GPUs × the given $2/GPU-hour, GPUs = instances × TP; $/M tokens = cost / (tokens/s · 3600) · 10⁶.
@@ -25,15 +26,19 @@ runner = CliRunner()
 
 
 def test_splits_rank_beside_colocated_fleets_by_cost(tmp_path):
+    """1P3D given, and `auto`: the colocated answer is 3 replicas (test_plan's brute force), so auto adds
+    every split of at most 3 instances, 1P1D, 1P2D and 2P1D, whose decode pools serve at most 6.25,
+    12.5 and 6.25 req/s < 14 offered: all overloaded."""
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "verify_factor": 2,
-                           "gpu_hourly_cost": {"h100-80gb": 2.0}, "xpyd": ["1P2D", "1P3D"]})
+                           "gpu_hourly_cost": {"h100-80gb": 2.0}, "xpyd": ["1P3D", "auto"]})
     rows, _ = plan(toy(), spec, tmp_path)
     by_topology = {row["topology"]: row for row in rows}
-    assert set(by_topology) == {"colocated", "1P2D", "1P3D"}
+    assert set(by_topology) == {"colocated", "1P3D", "1P1D", "1P2D", "2P1D"}
     colocated = by_topology["colocated"]
-    assert rows[0]["topology"] == "colocated" and colocated["feasible"]
-    assert not by_topology["1P2D"]["feasible"] and by_topology["1P2D"]["verdict"] == "overloaded"
-    assert by_topology["1P2D"]["limiting_factor"].endswith("at 1P2D")
+    assert rows[0]["topology"] == "colocated" and colocated["feasible"] and colocated["replicas"] == 3
+    for split in ("1P1D", "1P2D", "2P1D"):
+        assert not by_topology[split]["feasible"] and by_topology[split]["verdict"] == "overloaded"
+        assert by_topology[split]["limiting_factor"].endswith(f"at {split}")
     for row in rows:
         if row["feasible"]:
             instances = row["prefill_instances"] + row["decode_instances"] if row["topology"] != "colocated" \
@@ -47,7 +52,9 @@ def test_splits_rank_beside_colocated_fleets_by_cost(tmp_path):
                 assert row["num_gpus"] >= colocated["num_gpus"] + 1
     feasible = [row for row in rows if row["feasible"]]
     assert [row["cost_per_hour"] for row in feasible] == sorted(row["cost_per_hour"] for row in feasible)
-    assert rows[-1]["topology"] == "1P2D"  # infeasible rows come last
+    assert all(not row["feasible"] for row in rows[len(feasible):])  # infeasible rows come last
+    again, simulated_again = plan(toy(), spec, tmp_path)
+    assert simulated_again == 0 and again == rows
 
 
 def test_rank_orders_by_cost_then_gpus_then_cost_per_token():

@@ -282,8 +282,9 @@ def plan(
     workers: Annotated[int | None, typer.Option("--workers", help="LocalCluster processes; 1: run here")] = None,
     memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Bound every simulated point by this "
                                                      "memory estimate, e.g. 64GiB [this machine's]")] = None,
-    xpyd: Annotated[list[str] | None, typer.Option("--xpyd", help="Disaggregated splits to rank beside the "
-                                                                  "colocated fleets, e.g. 1P1D,2P1D (repeat)")] = None,
+    xpyd: Annotated[list[str] | None, typer.Option(
+        "--xpyd", help="Disaggregated splits to rank beside the colocated fleets, e.g. 1P1D,2P1D (repeat); "
+                       "auto: every split up to each colocated answer's size")] = None,
     kv_transfer_config: Annotated[str | None, typer.Option(
         "--kv-transfer-config", help="vLLM's flag: JSON for the splits' link, e.g. '{\"kv_link\": \"nvlink\"}' "
                                      "[rdma]")] = None,

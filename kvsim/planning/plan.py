@@ -47,7 +47,7 @@ from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_pr
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traffic
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
-from kvsim.planning.spec import Candidate, PlanSpec, candidates, make_plan_spec
+from kvsim.planning.spec import Candidate, PlanSpec, auto_splits, candidates, make_plan_spec, with_split
 from kvsim.planning.steady_state import TOO_SHORT, headroom, probe_passes, why_failed
 from kvsim.planning.verify import Verification, evidence_columns, traffic_of
 from kvsim.planning.xpyd import XpydSearch
@@ -70,7 +70,8 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
     for gpu in dict.fromkeys(spec.gpus):
         load_gpu(gpu)
     model = load_model(base.model)
-    for candidate in candidates(spec):
+    auto = [with_split(c, (1, 1), spec) for c in candidates(spec) if c.split is None and auto_splits(spec, c, 2)]
+    for candidate in [*candidates(spec), *auto]:  # an automatic split's shape is checked as 1P1D
         scenario = candidate.scenario(base, candidate.smallest_fleet, spec.router)
         check_parallel(model, scenario.engine)
         num_gpu_blocks(model, load_gpu(candidate.gpu), scenario.engine)
@@ -273,6 +274,11 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence",))
     evaluate = partial(point_metrics, memory_limit_bytes=spec.memory_limit_bytes)
     simulated = run_searches(searches, evaluate, store, client, on_point)
+    # xpyd: [auto]: then the splits no larger than each shape's colocated answer
+    splits = [XpydSearch(c, base, spec) for s in searches if s.candidate.split is None
+              for c in auto_splits(spec, s.candidate, s.row(None)["replicas"] or 0)]
+    simulated += run_searches(splits, evaluate, store, client, on_point)
+    searches += splits
     note_memory_limited(searches, store)
     target_rate_per_s = offered_rate_per_s(base)
     rows = []

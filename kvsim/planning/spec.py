@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -40,7 +41,8 @@ class PlanSpec(BaseModel):
     max_probe_requests: int = Field(default=32_000, gt=0)  # a probe's run length doubles up to this
     verify_factor: int = Field(default=10, ge=0)  # the chosen fleet re-run with this × a probe's requests (0: not)
     memory_limit_bytes: int | None = Field(default=None, gt=0)  # a point's memory floor bound (None: the machine's)
-    xpyd: list[str] = Field(default_factory=list)  # disaggregated splits beside the colocated fleets: 1P1D, 2P1D, ...
+    xpyd: list[str] = Field(default_factory=list)  # disaggregated splits beside the colocated fleets: 1P1D, 2P1D,
+    #                                                 ...; `auto`: every split up to each shape's colocated answer
     kv_transfer_config: dict[str, Any] = Field(default_factory=dict)  # the splits' link (vLLM's --kv-transfer-config)
 
     @field_validator("slo")
@@ -57,9 +59,10 @@ class PlanSpec(BaseModel):
     @field_validator("xpyd")
     @classmethod
     def _splits(cls, splits: list[str]) -> list[str]:
-        for text in splits:
+        given = [text for text in splits if not is_auto(text)]
+        for text in given:
             parse_split(text)
-        if len({parse_split(text) for text in splits}) < len(splits):
+        if len({parse_split(text) for text in given}) < len(given) or len(given) < len(splits) - 1:
             raise ValueError("a split is given twice")
         return splits
 
@@ -112,13 +115,18 @@ class PlanSpec(BaseModel):
 
 
 SPLIT = re.compile(r"(\d+)P(\d+)D", re.IGNORECASE)
+AUTO = "auto"  # as a split: every split of x + y <= the instances of the shape's colocated answer
+
+
+def is_auto(text: str) -> bool:
+    return isinstance(text, str) and text.strip().lower() == AUTO
 
 
 def parse_split(text: str) -> tuple[int, int]:
     """`2P1D` -> (2 prefill instances, 1 decode instance); a `ValueError` naming the text otherwise."""
     match = SPLIT.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
-        raise ValueError(f"{text!r}: expected xPyD (x prefill and y decode instances), e.g. 1P1D or 2P1D")
+        raise ValueError(f"{text!r}: expected xPyD (x prefill and y decode instances), e.g. 1P1D or 2P1D, or auto")
     num_prefill, num_decode = int(match[1]), int(match[2])
     if num_prefill == 0 or num_decode == 0:
         pool = "prefill (kv_producer)" if num_prefill == 0 else "decode (kv_consumer)"
@@ -180,8 +188,25 @@ def candidates(spec: PlanSpec) -> list[Candidate]:
     grid = itertools.product(*(spec.engine[name] for name in names))
     knob_sets = [tuple(zip(names, values, strict=True)) for values in grid]
     shapes = [(gpu, tp, knobs) for gpu in spec.gpus for tp in spec.tensor_parallel_sizes for knobs in knob_sets]
-    link = json.dumps(spec.kv_transfer_config, sort_keys=True)
-    return [Candidate(*shape) for shape in shapes] + [
-        Candidate(*shape, split=parse_split(text), kv_transfer_config=link) for text in spec.xpyd for shape in shapes]
+    given = [parse_split(text) for text in spec.xpyd if not is_auto(text)]
+    return [Candidate(*shape) for shape in shapes] + [with_split(Candidate(*shape), split, spec)
+                                                      for split in given for shape in shapes]
+
+
+def with_split(shape: Candidate, split: tuple[int, int], spec: PlanSpec) -> Candidate:
+    """`shape` (a colocated candidate) as the xPyD `split` over the plan's link."""
+    return dataclasses.replace(shape, split=split, kv_transfer_config=json.dumps(spec.kv_transfer_config,
+                                                                                 sort_keys=True))
+
+
+def auto_splits(spec: PlanSpec, shape: Candidate, num_replicas: int) -> list[Candidate]:
+    """With `xpyd: [auto]`: every split x + y <= `num_replicas` (the shape's colocated answer, so no
+    split uses more GPUs than it), fewest instances first, fewer prefill first; the given splits
+    excepted (they are candidates already)."""
+    if not any(is_auto(text) for text in spec.xpyd):
+        return []
+    given = {parse_split(text) for text in spec.xpyd if not is_auto(text)}
+    splits = [(x, total - x) for total in range(2, num_replicas + 1) for x in range(1, total)]
+    return [with_split(shape, split, spec) for split in splits if split not in given]
 
 
