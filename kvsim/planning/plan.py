@@ -47,7 +47,7 @@ from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_pr
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traffic
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
-from kvsim.planning.spec import Candidate, PlanSpec, auto_splits, candidates, make_plan_spec, with_split
+from kvsim.planning.spec import Candidate, PlanSpec, auto_splits, candidates, has_auto, make_plan_spec, with_split
 from kvsim.planning.steady_state import TOO_SHORT, headroom, probe_passes, why_failed
 from kvsim.planning.verify import Verification, evidence_columns, traffic_of
 from kvsim.planning.xpyd import XpydSearch
@@ -70,7 +70,7 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
     for gpu in dict.fromkeys(spec.gpus):
         load_gpu(gpu)
     model = load_model(base.model)
-    auto = [with_split(c, (1, 1), spec) for c in candidates(spec) if c.split is None and auto_splits(spec, c, 2)]
+    auto = [with_split(c, (1, 1), spec) for c in candidates(spec) if c.split is None] if has_auto(spec) else []
     for candidate in [*candidates(spec), *auto]:  # an automatic split's shape is checked as 1P1D
         scenario = candidate.scenario(base, candidate.smallest_fleet, spec.router)
         check_parallel(model, scenario.engine)

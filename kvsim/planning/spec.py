@@ -199,11 +199,16 @@ def with_split(shape: Candidate, split: tuple[int, int], spec: PlanSpec) -> Cand
                                                                                  sort_keys=True))
 
 
+def has_auto(spec: PlanSpec) -> bool:
+    """Whether the plan asks for the automatic splits (`xpyd: [auto]`)."""
+    return any(is_auto(text) for text in spec.xpyd)
+
+
 def auto_splits(spec: PlanSpec, shape: Candidate, num_replicas: int) -> list[Candidate]:
     """With `xpyd: [auto]`: every split x + y <= `num_replicas` (the shape's colocated answer, so no
     split uses more GPUs than it), fewest instances first, fewer prefill first; the given splits
     excepted (they are candidates already)."""
-    if not any(is_auto(text) for text in spec.xpyd):
+    if not has_auto(spec):
         return []
     given = {parse_split(text) for text in spec.xpyd if not is_auto(text)}
     splits = [(x, total - x) for total in range(2, num_replicas + 1) for x in range(1, total)]
