@@ -87,6 +87,7 @@ IMPORT_V = ["import-profile", "{d}/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv
             "--model", "llama-2-7b", "--gpu", "a100-80gb"]
 VALIDATE_M = ["validate", "{d}/m", "--gpu", "h100-80gb", "-o", "{d}/out"]
 VALIDATE_B = ["validate", "{d}/b.json", "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o", "{d}/out"]
+PLAN = ["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", "ttft_s.p90=2", "-o", "{d}/out"]
 DISAGG = f"kv_transfer_config: {{kv_link: rdma}}\n{WORKLOAD}"
 DISAGG_GROUPS = "replicas: [{count: 1, kv_role: kv_producer}, {count: 1, kv_role: kv_consumer}]\n"
 AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -256,6 +257,29 @@ CASES = [
                                               "--memory-limit", "16GiB"],  # 4,096 x (29,864 x 160 B + 100 kB)
      "replicas=4096: this fleet needs at least 18.6 GiB"),
     ("memory-limit-unparsable", {}, ["run", "--memory-limit", "plenty"], "--memory-limit='plenty'"),
+    ("disagg-over-a-given-memory-limit", scenario(f"{DISAGG}{DISAGG_GROUPS}"), [*RUN_S, "--memory-limit", "1MiB"],
+     "replicas=[1 x kv_producer, 1 x kv_consumer]: this fleet needs at least 9.3 MiB"),
+    # a plan: every point is estimated first; refused up front only when even the smallest one cannot fit
+    ("plan-smallest-point-over-the-limit", {}, [*PLAN, "--memory-limit", "1MiB"],
+     "--memory-limit 1.0 MiB: even the smallest point (h100-80gb tp1, 1 replica, 1000 requests) needs at least"),
+    ("plan-rate-search-first-probe-over-the-limit", {}, [*PLAN, "--search", "rate", "--memory-limit", "1MiB"],
+     "--memory-limit 1.0 MiB: even the smallest point"),
+    ("plan-memory-limit-unparsable", {}, [*PLAN, "--memory-limit", "plenty"], "--memory-limit='plenty'"),
+    # a plan's xPyD splits (kvsim.planning.xpyd)
+    ("plan-xpyd-no-prefill", {}, [*PLAN, "--xpyd", "0P1D"], "plan.xpyd=['0P1D']: '0P1D': needs at least 1 prefill (kv_producer)"),
+    ("plan-xpyd-no-decode", {}, [*PLAN, "--xpyd", "1P1D,2P0D"], "'2P0D': needs at least 1 decode (kv_consumer)"),
+    ("plan-xpyd-malformed", {}, [*PLAN, "--xpyd", "1P"], "plan.xpyd=['1P']: '1P': expected xPyD"),
+    ("plan-xpyd-twice", {}, [*PLAN, "--xpyd", "1P1D", "--xpyd", "1p1d"], "plan.xpyd=['1P1D', '1p1d']: a split is given twice"),
+    ("plan-xpyd-auto-on-slab", {}, [*PLAN, "--xpyd", "auto", "--set", "engine.allocator=slab-pow2"],
+     "disaggregation needs paged and v1"),
+    ("plan-xpyd-link-unknown", {}, [*PLAN, "--xpyd", "1P1D", "--kv-transfer-config", '{"kv_link": "pigeon"}'],
+     "kv_transfer_config.kv_link='pigeon'"),
+    ("plan-kv-transfer-config-not-json", {}, [*PLAN, "--xpyd", "1P1D", "--kv-transfer-config", "[1,"],
+     "--kv-transfer-config '[1,': expected a JSON object"),
+    ("plan-kv-transfer-config-without-splits", {}, [*PLAN, "--kv-transfer-config", '{"kv_link": "nvlink"}'],
+     "give the splits with --xpyd"),
+    ("plan-xpyd-slab-allocator", {}, [*PLAN, "--xpyd", "1P1D", "--set", "engine.allocator=slab-max"],
+     "engine.allocator=slab-max, engine.scheduler=v1: disaggregation needs paged and v1"),
     # --- configurations vLLM refuses at startup (vllm/config/scheduler.py, verify_max_model_len)
     ("v0-batch-below-max-model-len", {}, ["run", "--set", "engine.scheduler=v0", "--set",
                                           "engine.max_num_batched_tokens=512"],
@@ -326,6 +350,9 @@ CASES = [
      "autoscaler.max_replicas=2: equals min_replicas"),
     ("autoscaler-startup-negative", scenario(f"{WORKLOAD}replicas: 2\nrouter: {{policy: least_outstanding}}\n"
                                              "autoscaler: {startup_s: -1}\n"), RUN_S, "autoscaler.startup_s=-1"),
+    ("autoscaler-over-a-given-memory-limit", scenario(f"{WORKLOAD}replicas: 1\nrouter: {{policy: least_outstanding}}\n"
+                                                      "autoscaler: {max_replicas: 64}\n"),
+     [*RUN_S, "--memory-limit", "64MiB"], "autoscaler.max_replicas=64: this fleet needs at least"),
     ("autoscaler-without-count", scenario(f"{WORKLOAD}replicas: [{{count: 2}}]\nautoscaler: {{}}\n"), RUN_S,
      "autoscaler: needs replicas as a count"),
     # --- other commands

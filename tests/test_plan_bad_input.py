@@ -52,3 +52,39 @@ def test_point_store_skips_corrupt_rows_and_ends_a_torn_line(tmp_path):
     again = PointStore(path, required=("evidence",))
     assert set(again.points) == {"a", "e"}
     assert path.read_bytes().endswith(b"\n") and path.read_bytes().count(b'"hash": "e"') == 1
+
+
+def test_a_cluster_whose_only_worker_is_gone_is_reported_within_the_timeout(tmp_path, monkeypatch):
+    """The cluster's one worker leaves after the first point (and a cluster that never had one): the
+    search stops with one line naming the cluster and the timeout, and keeps the finished point."""
+    distributed = pytest.importorskip("dask.distributed")
+    from test_plan import SLO, toy  # tests/ is on sys.path
+
+    from kvsim.model.errors import KvsimError
+    from kvsim.planning.plan import make_plan_spec, plan
+    from kvsim.planning.search import NO_WORKERS_TIMEOUT_ENV
+
+    monkeypatch.setenv(NO_WORKERS_TIMEOUT_ENV, "1")
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8})
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        def leave(finished, simulated, *_):
+            if simulated == 1:
+                cluster.scale(0)
+
+        with pytest.raises(KvsimError, match=r"dask cluster .*: no worker for 1 s \(they died or never joined\)"):
+            plan(toy(), spec, tmp_path / "died", client=client, on_point=leave)
+    assert len((tmp_path / "died" / "points.jsonl").read_text().splitlines()) == 1
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client, pytest.raises(KvsimError, match="no worker for 1 s"):
+        plan(toy(), spec, tmp_path / "never", client=client)
+
+
+def test_a_bad_no_worker_timeout_is_one_line(monkeypatch):
+    from kvsim.model.errors import KvsimError
+    from kvsim.planning.search import NO_WORKERS_TIMEOUT_ENV, no_workers_timeout_s
+
+    for text in ("0", "-1", "soon", "inf"):
+        monkeypatch.setenv(NO_WORKERS_TIMEOUT_ENV, text)
+        with pytest.raises(KvsimError, match=f"{NO_WORKERS_TIMEOUT_ENV}={text!r}: expected a positive number"):
+            no_workers_timeout_s()

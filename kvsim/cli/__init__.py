@@ -37,6 +37,7 @@ from kvsim.cli.shared import (
     fixed_length_scenario,
     parse_int_list,
     parse_size_flag,
+    print_plan,
     user_errors,
     write_plan,
 )
@@ -256,16 +257,25 @@ def plan(
     output: Annotated[str | None, typer.Option("--output", "-o", help="Directory [plans/NAME]")] = None,
     dask_address: Annotated[str | None, typer.Option("--dask-address", help="Existing Dask scheduler")] = None,
     workers: Annotated[int | None, typer.Option("--workers", help="LocalCluster processes; 1: run here")] = None,
+    memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Bound every simulated point by this "
+                                                     "memory estimate, e.g. 64GiB [this machine's]")] = None,
+    xpyd: Annotated[list[str] | None, typer.Option(
+        "--xpyd", help="Disaggregated splits to rank beside the colocated fleets, e.g. 1P1D,2P1D (repeat); "
+                       "auto: every split up to each colocated answer's size")] = None,
+    kv_transfer_config: Annotated[str | None, typer.Option(
+        "--kv-transfer-config", help="vLLM's flag: JSON for the splits' link, e.g. '{\"kv_link\": \"nvlink\"}' "
+                                     "[rdma]")] = None,
     output_format: Annotated[Format, typer.Option("--format")] = Format.table,
 ) -> None:
-    """The cheapest fleet meeting latency SLOs: fewest replicas per candidate GPU / TP / engine knobs."""
+    """The cheapest fleet meeting latency SLOs: fewest replicas per candidate GPU / TP / engine knobs, and
+    with --xpyd disaggregated prefill/decode splits of each, all ranked by cost."""
     import yaml
 
     from kvsim.planning.plan import check_candidates, spec_from_options
     from kvsim.planning.plan import plan as run_plan
     from kvsim.planning.search import close_client, dask_client
     from kvsim.results.output_dir import check_output_dir, claim_directory, safe_component
-    from kvsim.results.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
+    from kvsim.results.render import rows_to_csv, rows_to_markdown, to_json
     from kvsim.workload.scenario import load_scenario
 
     with user_errors():
@@ -285,8 +295,9 @@ def plan(
                 raise KvsimError(f"spec={spec_file!r}: expected a mapping")
         if not tp_sizes and "tensor_parallel_sizes" not in raw:
             tp_sizes = [base.engine.tensor_parallel_size]  # the scenario's TP unless candidates are given
+        limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
         spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
-                                 max_replicas, router, search)
+                                 max_replicas, router, search, limit_bytes, xpyd, kv_transfer_config)
         check_candidates(base, spec)
         out_path = output or f"plans/{safe_component(base.name)}"
         check_output_dir(out_path, "plan")
@@ -304,15 +315,7 @@ def plan(
                 close_client(client)
         write_plan(rows, out_dir, base.name)
     if output_format is Format.table:
-        from rich.console import Console
-
-        shown = ("rank", "candidate", "replicas", "lower_bound_replicas", "num_gpus", "cost_per_hour", "headroom",
-                 "verified", "limiting_factor")
-        Console().print(rows_to_rich([{k: r.get(k) for k in shown} for r in rows], title=f"kvsim plan: {base.name}"))
-        sources = sorted({r["price_source"] for r in rows})
-        typer.echo(f"prices: {'; '.join(sources)}")
-        typer.echo(f"{simulated} points simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
-                   f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests")
+        print_plan(rows, base.name, out_dir, simulated)
     else:
         writers = {Format.csv: rows_to_csv, Format.json: to_json, Format.markdown: rows_to_markdown}
         sys.stdout.write(writers[output_format](rows))

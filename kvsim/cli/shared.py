@@ -106,6 +106,39 @@ PLAN_FILES = ["points.jsonl", "plan.csv", "plan.json", "plan.md", "pareto.png",
               ".plan.csv.tmp", ".plan.json.tmp", ".plan.md.tmp", ".pareto.tmp.png"]  # all `plan` writes
 
 
+def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> None:
+    """`kvsim plan`'s terminal answer: the ranked table, prices, memory bounds met, the choice, the files."""
+    import typer
+    from rich.console import Console
+
+    from kvsim.results.render import rows_to_rich
+
+    shown = ("rank", "candidate", "replicas", "lower_bound_replicas", "num_gpus", "cost_per_hour",
+             "usd_per_million_output_tokens", "headroom", "verified", "limiting_factor")
+    Console().print(rows_to_rich([{k: r.get(k) for k in shown} for r in rows], title=f"kvsim plan: {name}"))
+    typer.echo(f"prices: {'; '.join(sorted({r['price_source'] for r in rows}))}")
+    for r in rows:
+        if r["memory_limited"]:
+            typer.echo(f"memory: {r['candidate']}: {r['limiting_factor']}")
+        elif r.get("verify_memory"):
+            typer.echo(f"memory: {r['candidate']}: not verified: {r['verify_memory']}")
+    typer.echo(chosen_text(rows))
+    typer.echo(f"{simulated} points simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
+               f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests")
+
+
+def chosen_text(rows: list[dict]) -> str:
+    """The plan's answer in one line: the first ranked row when it meets the SLOs."""
+    best = rows[0] if rows else None
+    if best is None or not best["feasible"]:
+        return "chosen: none: no candidate meets every SLO within its limits (see limiting_factor)"
+    cost = "no price" if best["cost_per_hour"] is None else f"${best['cost_per_hour']:,.2f}/hour"
+    per_token = best.get("usd_per_million_output_tokens")
+    tokens = "" if per_token is None else f", ${per_token:,.3f} per million output tokens"
+    gpus = f"{best['num_gpus']} GPU{'s' * (best['num_gpus'] != 1)}"
+    return f"chosen: {best['candidate']} x{best['replicas']} ({best['topology']}): {gpus}, {cost}{tokens}"
+
+
 def write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
     """plan.csv / .json / .md and the Pareto figure, each written whole then renamed into place."""
     import os

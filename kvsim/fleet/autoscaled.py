@@ -37,10 +37,11 @@ from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.fleet.autoscaler import Autoscaler
-from kvsim.fleet.driver import FleetView, Routes, fleet_summary, fleet_tables, replica_scenarios
+from kvsim.fleet.driver import FleetView, Routes, fleet_summary, fleet_tables, replica_groups, replica_scenarios
 from kvsim.fleet.router import Decision, Router
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
+from kvsim.results.budget import check_engines_memory
 from kvsim.results.run_result import RunResult
 from kvsim.workload.generate import iter_requests
 from kvsim.workload.request import Request
@@ -209,9 +210,11 @@ def slo_attainment(requests_df: pd.DataFrame, slo_ttft_s: float, slo_tpot_s: flo
 
 
 def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
-                        bursts: bool = True) -> RunResult:
+                        bursts: bool = True, memory_limit_bytes: int | None = None) -> RunResult:
     """Simulate the autoscaled fleet (module docstring): a fleet's result (`kvsim.fleet.driver`) whose `tables`
-    add `scaling` (one row per sync) and `slo` (attainment per window of arrivals)."""
+    add `scaling` (one row per sync) and `slo` (attainment per window of arrivals). Every replica it may start
+    is built up front, so a fleet of `autoscaler.max_replicas` that cannot fit in `memory_limit_bytes` [the
+    machine's memory] is refused before any is built (`kvsim.results.budget.check_engines_memory`)."""
     import pandas as pd
 
     spec = scenario.autoscaler
@@ -219,7 +222,10 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     if scenario.router.policy not in ("least_outstanding", "least_kv"):
         raise KvsimError(f"router.policy={scenario.router.policy}: an autoscaled fleet routes by load "
                          "(least_outstanding or least_kv); affinity's memory of replicas is not kept across scaling")
-    specs = replica_scenarios(scenario.model_copy(update={"replicas": spec.max_replicas}))
+    largest = scenario.model_copy(update={"replicas": spec.max_replicas})
+    check_engines_memory(largest, replica_groups(largest), memory_limit_bytes, steps_in_memory=scenario.steps == "all",
+                         size_field=f"autoscaler.max_replicas={spec.max_replicas}")
+    specs = replica_scenarios(largest)
     rng = np.random.default_rng(scenario.seed)
     parts = [build_engine(s, rng) for s in specs]
     max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))

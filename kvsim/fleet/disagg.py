@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from kvsim.engine.clock import ArrivalClock, Arrivals, call_at
 from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.engine.runtime import Engine
-from kvsim.fleet.driver import FleetView, Routes, fleet_summary, fleet_tables, replica_scenarios
+from kvsim.fleet.driver import FleetView, Routes, fleet_summary, fleet_tables, replica_groups, replica_scenarios
 from kvsim.fleet.kv_transfer import decode_link, kv_bytes_per_block_received, per_gpu_link
 from kvsim.fleet.link import SharedLink
 from kvsim.fleet.router import Router
@@ -47,6 +47,7 @@ from kvsim.kv import PagedAllocator
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.model.units import ceil_div
+from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import percentiles
 from kvsim.results.run_result import RunResult
 from kvsim.workload.generate import iter_requests
@@ -59,6 +60,25 @@ if TYPE_CHECKING:
 
 TRANSFER_COLUMNS = ("request_id", "prefill_replica", "decode_replica", "num_bytes", "handoff_s", "start_s",
                     "end_s")
+
+
+def check_disaggregable(scenario: Scenario, specs: list[Scenario]) -> None:
+    """Refuse, before any engine is built, what a disaggregated fleet does not model: an instance whose
+    engine is not paged and v1 (vLLM v1's connectors), n > 1 samples or beam search (`KvsimError`)."""
+    assert isinstance(scenario.replicas, list)
+    roles = [group.kv_role for group in scenario.replicas for _ in range(group.count)]
+    for spec, role in zip(specs, roles, strict=True):
+        if spec.engine.allocator != "paged" or spec.engine.scheduler != "v1":
+            _refuse_engine(spec, role)
+    if scenario.workload.n != 1 or scenario.workload.beam_width is not None:
+        field = "n" if scenario.workload.n != 1 else "beam_width"
+        raise KvsimError(f"workload.{field}={getattr(scenario.workload, field)}: a disaggregated fleet models "
+                         "single-sequence requests only")
+
+
+def _refuse_engine(spec: Scenario, role: str | None) -> NoReturn:
+    raise KvsimError(f"replicas ({spec.name}, {role}): engine.allocator={spec.engine.allocator}, engine.scheduler="
+                     f"{spec.engine.scheduler}: disaggregation needs paged and v1 (vLLM v1's connectors)")
 
 
 @dataclass(slots=True)
@@ -90,15 +110,10 @@ class Disaggregation:
         self.engines = engines
         self.prefill = [i for i, role in enumerate(roles) if role == "kv_producer"]
         self.decode = [i for i, role in enumerate(roles) if role == "kv_consumer"]
+        check_disaggregable(scenario, specs)
         for i, (spec, part) in enumerate(zip(specs, parts, strict=True)):
-            where = f"replicas ({spec.name}, {roles[i]})"
-            if not isinstance(part.scheduler.alloc, PagedAllocator) or spec.engine.scheduler != "v1":
-                raise KvsimError(f"{where}: engine.allocator={spec.engine.allocator}, engine.scheduler="
-                                 f"{spec.engine.scheduler}: disaggregation needs paged and v1 (vLLM v1's connectors)")
-        if scenario.workload.n != 1 or scenario.workload.beam_width is not None:
-            field = "n" if scenario.workload.n != 1 else "beam_width"
-            raise KvsimError(f"workload.{field}={getattr(scenario.workload, field)}: a disaggregated fleet models "
-                             "single-sequence requests only")
+            if not isinstance(part.scheduler.alloc, PagedAllocator):  # e.g. a hybrid model's grouped pool
+                _refuse_engine(spec, roles[i])
         self.links = [SharedLink(decode_link(config, specs[d].engine)) for d in self.decode]
         self.block_bytes = [kv_bytes_per_block_received(load_model(specs[d].model), specs[d].engine)
                             for d in self.decode]
@@ -290,13 +305,17 @@ class _DecodeClock:
 
 
 def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
-                    bursts: bool = True) -> RunResult:
+                    bursts: bool = True, memory_limit_bytes: int | None = None) -> RunResult:
     """Simulate a disaggregated fleet (module docstring); every request ends finished or rejected once.
 
     A fleet's result (`kvsim.fleet.driver`) whose `tables` add `transfers` (one row per KV transfer) and
-    `pools` (the prefill and decode pools' numbers)."""
+    `pools` (the prefill and decode pools' numbers). A fleet that cannot fit in `memory_limit_bytes` [the
+    machine's memory] is refused before any instance is built (`kvsim.results.budget.check_engines_memory`,
+    as a colocated fleet's)."""
     import pandas as pd
 
+    check_engines_memory(scenario, replica_groups(scenario), memory_limit_bytes,
+                         steps_in_memory=scenario.steps == "all")
     specs = replica_scenarios(scenario)
     rng = np.random.default_rng(scenario.seed)
     parts = [build_engine(spec, rng) for spec in specs]

@@ -27,16 +27,17 @@ def simulate_scenario(scenario: Scenario, check: bool = False, progress: Progres
                       memory_limit_bytes: int | None = None) -> RunResult:
     """Simulate `scenario`, whatever its kind (module docstring); `out_dir`: write the run there
     (`RunResult.write`'s files and rules; a single engine and a static fleet stream their steps into it as
-    they run). `memory_limit_bytes` refuses up front what cannot fit (single engines and static fleets)."""
+    they run). `memory_limit_bytes` refuses up front what cannot fit (every kind of run)."""
     if scenario.kv_transfer_config is not None or scenario.autoscaler is not None:
         if scenario.kv_transfer_config is not None:
             from kvsim.fleet.disagg import simulate_disagg
 
-            result = simulate_disagg(scenario, check=check, progress=progress)
+            result = simulate_disagg(scenario, check=check, progress=progress, memory_limit_bytes=memory_limit_bytes)
         else:
             from kvsim.fleet.autoscaled import simulate_autoscaled
 
-            result = simulate_autoscaled(scenario, check=check, progress=progress)
+            result = simulate_autoscaled(scenario, check=check, progress=progress,
+                                         memory_limit_bytes=memory_limit_bytes)
         if out_dir is not None:
             result.write(out_dir)
         return result

@@ -21,6 +21,12 @@ failed with one replica fewer, and whether that fleet was short of KV memory, it
 or of compute, it only queued), the window's evidence, and the first-principles floor
 (`kvsim.planning.bounds`: `lower_bound_replicas`, which bound binds, `replicas_over_bound`).
 
+`xpyd: [1P1D, 2P1D]` adds those disaggregated prefill/decode splits of every candidate shape, each one
+fixed fleet judged the same way (`kvsim.planning.xpyd`), ranked with the colocated rows by cost
+(`topology`, `usd_per_million_output_tokens`). Every point is memory-estimated first
+(`kvsim.planning.memory`, `memory_limit_bytes`): a search stops at the most replicas that fit and
+marks its row `memory_limited`; a plan nothing of which fits is refused before it starts.
+
 `search: rate` sizes a homogeneous fleet instead from the highest load one replica sustains
 (`kvsim.planning.plan_rate`): one single-replica bisection per candidate, then
 `replicas = ceil((1 + capacity_headroom) · target rate / max rate per replica)`.
@@ -28,18 +34,23 @@ or of compute, it only queued), the window's evidence, and the first-principles 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError
 from kvsim.planning.bounds import replica_floor
-from kvsim.planning.cost import GpuPrice, gpu_price
-from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s
-from kvsim.planning.search import Metrics, PointStore, run_searches
-from kvsim.planning.spec import Candidate, PlanSpec, candidates, make_plan_spec
+from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_price
+from kvsim.planning.memory import MemoryBound, bounded_by_memory
+from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traffic
+from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
+from kvsim.planning.spec import Candidate, PlanSpec, auto_splits, candidates, has_auto, make_plan_spec, with_split
 from kvsim.planning.steady_state import TOO_SHORT, headroom, probe_passes, why_failed
-from kvsim.planning.verify import Verification, evidence_columns, with_requests
+from kvsim.planning.verify import Verification, evidence_columns, traffic_of
+from kvsim.planning.xpyd import XpydSearch
 from kvsim.workload.scenario import Scenario
 
 
@@ -55,18 +66,47 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
     for gpu in dict.fromkeys(spec.gpus):
         load_gpu(gpu)
     model = load_model(base.model)
-    for candidate in candidates(spec):
-        scenario = candidate.scenario(base, 1, spec.router)
+    auto = [with_split(c, (1, 1), spec) for c in candidates(spec) if c.split is None] if has_auto(spec) else []
+    for candidate in [*candidates(spec), *auto]:  # an automatic split's shape is checked as 1P1D
+        scenario = candidate.scenario(base, candidate.smallest_fleet, spec.router)
         check_parallel(model, scenario.engine)
         num_gpu_blocks(model, load_gpu(candidate.gpu), scenario.engine)
+        if candidate.split is not None:
+            from kvsim.fleet.disagg import check_disaggregable
+            from kvsim.fleet.driver import replica_scenarios
+
+            check_disaggregable(scenario, replica_scenarios(scenario))
+    check_plan_memory(base, spec)
 
 
-def point_metrics(scenario: Scenario) -> Metrics:
-    """Simulate one fleet and keep what the plan needs (small, JSON-safe; runs on a Dask worker)."""
-    from kvsim.fleet.driver import simulate_fleet
+def first_point(base: Scenario, spec: PlanSpec, candidate: Candidate) -> Scenario:
+    """The smallest point a candidate's search simulates: one replica on the traffic (a rate search's
+    first probe: its first `probe_requests`)."""
+    traffic = scaled_traffic(base, 1.0, min(spec.probe_requests, base.workload.num_requests)) \
+        if spec.search == "rate" and candidate.split is None else base
+    return candidate.scenario(traffic, candidate.smallest_fleet, spec.router)
+
+
+def check_plan_memory(base: Scenario, spec: PlanSpec) -> None:
+    """Refuse a plan none of whose candidates fits in the memory limit even at its smallest point (the
+    searches are bounded by it; `kvsim.planning.memory`): one line naming the limit."""
+    memory = MemoryBound.of(spec.memory_limit_bytes)
+    needs = [(memory.needed_bytes(first_point(base, spec, c)), c) for c in candidates(spec)]
+    least, smallest = min(needs, key=lambda need: need[0])
+    if least > memory.limit_bytes:
+        raise KvsimError(f"{memory.label}: even the smallest point ({smallest.label}, {smallest.smallest_fleet} "
+                         f"{'instances' if smallest.split else 'replica'}, "
+                         f"{first_point(base, spec, smallest).workload.num_requests} requests) needs at least "
+                         f"{memory.size(least)} of memory; nothing in this plan fits")
+
+
+def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> Metrics:
+    """Simulate one fleet (colocated, or disaggregated: `kv_transfer_config`) and keep what the plan needs
+    (small, JSON-safe; runs on a Dask worker)."""
+    from kvsim.fleet.run import simulate_scenario
     from kvsim.planning.steady_state import window_evidence
 
-    result = simulate_fleet(scenario)
+    result = simulate_scenario(scenario, memory_limit_bytes=memory_limit_bytes)
     summary = result.summary
     keep = ("num_replicas", "num_gpus", "num_requests", "num_finished", "num_rejected", "duration_s",
             "requests_per_s", "output_tokens_per_s", "num_preemptions", "kv_cache_usage_mean",
@@ -87,11 +127,25 @@ class ReplicaSearch:
     results: dict[int, Metrics] = field(default_factory=dict)
     verify: Verification = field(init=False)
     num_requests: int = field(init=False)  # per probe: the traffic's, doubled while a window is too short
+    memory: MemoryBound = field(init=False)
+    cap: int = field(init=False)  # the most replicas (<= max_replicas) whose fleet fits in memory at this length
+    _longer: tuple[str, Scenario] | None = None  # a longer run the memory bound ruled out
     _pending: int | None = None
 
     def __post_init__(self) -> None:
-        self.verify = Verification(self.candidate, self.spec)
+        self.memory = MemoryBound.of(self.spec.memory_limit_bytes)
+        self.verify = Verification(self.candidate, self.spec, self.memory)
         self.num_requests = self.base.workload.num_requests
+        self.cap = self._most_replicas(self.num_requests)
+
+    def _traffic(self, num_requests: int) -> Scenario:
+        return traffic_of(self.base, num_requests)
+
+    def _fleet(self, count: int, num_requests: int) -> Scenario:
+        return self.candidate.scenario(self._traffic(num_requests), count, self.spec.router)
+
+    def _most_replicas(self, num_requests: int) -> int:
+        return self.memory.most_replicas(lambda n: self._fleet(n, num_requests), self.spec.max_replicas)
 
     def _ok(self, metrics: Metrics) -> bool:
         return probe_passes(metrics["evidence"], self.spec.slo)
@@ -104,18 +158,17 @@ class ReplicaSearch:
         best = self._fewest_ok()
         misses = [n for n, m in self.results.items() if not self._ok(m) and (best is None or n < best)]
         low = max(misses, default=0)
-        if best is None:  # double until a count meets the SLOs (the last try is max_replicas)
-            if low >= self.spec.max_replicas:
+        if best is None:  # double until a count meets the SLOs (the last try: max_replicas, or what fits in memory)
+            if low >= self.cap:
                 return None
-            return min(self.spec.max_replicas, max(1, 2 * low))
+            return min(self.cap, max(1, 2 * low))
         mid = (low + best) // 2
         return mid if mid > low else None
 
     def next_scenario(self) -> Scenario | None:
         count = self._next_count()
         self._pending = count
-        traffic = self.base if self.num_requests == self.base.workload.num_requests \
-            else with_requests(self.base, self.num_requests)
+        traffic = self._traffic(self.num_requests)
         if count is not None:
             return self.candidate.scenario(traffic, count, self.spec.router)
         return self.verify.next_scenario(traffic, self._fewest_ok(), self.num_requests)
@@ -127,22 +180,49 @@ class ReplicaSearch:
         ev = metrics["evidence"]
         if (ev["verdict"] == TOO_SHORT and ev["num_requests"] >= self.num_requests
                 and 2 * self.num_requests <= self.spec.max_probe_requests):
-            self.num_requests *= 2  # this traffic is too short to judge a fleet: every count again, longer
-            self.results.clear()
-            return
+            longer = self._most_replicas(2 * self.num_requests)
+            if longer >= self._pending:
+                self.num_requests *= 2  # this traffic is too short to judge a fleet: every count again, longer
+                self.cap = longer
+                self.results.clear()
+                return
+            self._longer = (f"a {2 * self.num_requests}-request run of {self._pending} replicas",
+                            self._fleet(self._pending, 2 * self.num_requests))
         self.results[self._pending] = metrics
+
+    def memory_block(self) -> tuple[str, Scenario] | None:
+        """What the memory bound kept this search from simulating when that decided its answer (no count
+        met the SLOs): (what, its scenario); None when the bound did not decide."""
+        if self._fewest_ok() is not None:
+            return None
+        if not self.results:  # not even one replica fits
+            return "1 replica", self._fleet(1, self.num_requests)
+        most = max(self.results)
+        if most == self.cap < self.spec.max_replicas:
+            return f"{most + 1} replicas", self._fleet(most + 1, self.num_requests)
+        return self._longer
 
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """This candidate's line of the plan table."""
         best, slo = self._fewest_ok(), self.spec.slo
+        block = self.memory_block()
         c = self.candidate
         row: dict[str, Any] = {"candidate": c.label, "gpu": c.gpu, "tensor_parallel_size": c.tensor_parallel_size,
-                               **{k: v for k, v in c.knobs}, "feasible": best is not None}
+                               **{k: v for k, v in c.knobs}, "feasible": best is not None,
+                               "memory_limited": False, "memory_bound_replicas": self.cap}
+        if block is not None and not self.results:  # not even one replica fits in memory
+            return {**row, "memory_limited": True, "replicas": None, "num_gpus": None, "cost_per_hour": None,
+                    "headroom": None, "limiting_factor": bounded_by_memory(self.memory.over(*block)),
+                    **self.verify.columns()}
         if best is None:
-            worst = self.results[max(self.results)]
-            return {**row, "replicas": None, "num_gpus": None, "cost_per_hour": None,
-                    "headroom": headroom(worst["evidence"], slo),
-                    "limiting_factor": f"{why_failed(worst['evidence'], slo)} even at {max(self.results)} replicas",
+            most = max(self.results)
+            worst = self.results[most]
+            limiting = f"{why_failed(worst['evidence'], slo)} even at {most} replicas"
+            if block is not None:
+                row["memory_limited"] = True
+                limiting += "; " + bounded_by_memory(self.memory.over(*block))
+            return {**row, "replicas": None, "num_gpus": None, "requests_per_probe": self.num_requests,
+                    "cost_per_hour": None, "headroom": headroom(worst["evidence"], slo), "limiting_factor": limiting,
                     "rate_per_replica": None, **evidence_columns(worst["evidence"], slo), **self.verify.columns()}
         metrics = self.results[best]
         below = self.results.get(best - 1)
@@ -153,6 +233,7 @@ class ReplicaSearch:
             limiting = f"{why_failed(below['evidence'], slo)} at {best - 1} replicas: {cause}"
         num_gpus = best * c.tensor_parallel_size
         return {**row, "replicas": best, "num_gpus": num_gpus, "requests_per_probe": self.num_requests,
+                "output_tokens_per_s": metrics["output_tokens_per_s"],
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
                 "headroom": headroom(metrics["evidence"], slo), "limiting_factor": limiting,
                 "rate_per_replica": metrics["offered_rate_per_s"] / best,
@@ -160,12 +241,15 @@ class ReplicaSearch:
 
 
 def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Feasible first, then by cost per hour (GPUs when a price is missing), then more headroom."""
+    """Feasible first, then by cost per hour (GPUs when a price is missing), then more headroom; every row
+    with every column (None where a row has no value), in the order they first appear."""
     def key(row: dict[str, Any]) -> tuple:
-        cost = row["cost_per_hour"]
-        return (not row["feasible"], cost is None, cost if cost is not None else 0.0,
-                row["num_gpus"] or 0, -row["headroom"])
-    return [{"rank": i + 1, **row} for i, row in enumerate(sorted(rows, key=key))]
+        cost, room, per_token = row["cost_per_hour"], row["headroom"], row.get("usd_per_million_output_tokens")
+        return (not row["feasible"], cost is None, cost if cost is not None else 0.0, row["num_gpus"] or 0,
+                per_token if per_token is not None else math.inf, -room if room is not None else math.inf)
+    columns = list(dict.fromkeys(["rank", *(k for row in rows for k in row)]))
+    ranked = [{"rank": i + 1, **row} for i, row in enumerate(sorted(rows, key=key))]
+    return [{k: row.get(k) for k in columns} for row in ranked]
 
 
 def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None,
@@ -175,22 +259,50 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     Finished points are kept in `out_dir/points.jsonl`, so a rerun resumes where it stopped.
     """
     check_candidates(base, spec)  # bad knob values fail here, before any simulation
-    searches: list[ReplicaSearch] | list[RateSearch]
-    if spec.search == "rate":
-        searches = [RateSearch(c, base, spec, offered_rate_per_s(base)) for c in candidates(spec)]
-    else:
-        searches = [ReplicaSearch(c, base, spec) for c in candidates(spec)]
+    searches: list[ReplicaSearch | RateSearch | XpydSearch] = [
+        XpydSearch(c, base, spec) if c.split is not None else
+        RateSearch(c, base, spec, offered_rate_per_s(base)) if spec.search == "rate" else ReplicaSearch(c, base, spec)
+        for c in candidates(spec)]
     store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence",))
-    simulated = run_searches(searches, point_metrics, store, client, on_point)
+    evaluate = partial(point_metrics, memory_limit_bytes=spec.memory_limit_bytes)
+    simulated = run_searches(searches, evaluate, store, client, on_point)
+    # xpyd: [auto]: then the splits no larger than each shape's colocated answer
+    splits = [XpydSearch(c, base, spec) for s in searches if s.candidate.split is None
+              for c in auto_splits(spec, s.candidate, s.row(None)["replicas"] or 0)]
+    simulated += run_searches(splits, evaluate, store, client, on_point)
+    searches += splits
+    note_memory_limited(searches, store)
     target_rate_per_s = offered_rate_per_s(base)
     rows = []
     for s in searches:
-        row = s.row(hourly_price(spec, s.candidate.gpu).usd_per_gpu_hour)
-        floor = replica_floor(s.candidate.scenario(base, 1, spec.router), target_rate_per_s)
-        rows.append({**row, "lower_bound_replicas": floor.replicas, "bound_binds": floor.binds,
+        c, price = s.candidate, hourly_price(spec, s.candidate.gpu)
+        row = s.row(price.usd_per_gpu_hour)
+        tokens_per_s = row.get("output_tokens_per_s")
+        if tokens_per_s is None and row["feasible"] and s.verify.metrics is not None:  # a rate search's fleet
+            tokens_per_s = s.verify.metrics["output_tokens_per_s"]
+        shape = Candidate(c.gpu, c.tensor_parallel_size, c.knobs)  # the floor counts colocated replicas
+        floor = replica_floor(shape.scenario(base, 1, spec.router), target_rate_per_s)
+        rows.append({"topology": "colocated", **row, "output_tokens_per_s": tokens_per_s,
+                     "usd_per_million_output_tokens": cost_per_million_output_tokens(
+                         price, row["num_gpus"], tokens_per_s) if row["feasible"] and tokens_per_s else None,
+                     "lower_bound_replicas": floor.replicas, "bound_binds": floor.binds,
                      "replicas_over_bound": round(row["replicas"] / floor.replicas, 3) if row["replicas"] else None,
-                     "price_source": hourly_price(spec, s.candidate.gpu).source})
+                     "price_source": price.source})
     return rank(rows), simulated
+
+
+def note_memory_limited(searches: Sequence[ReplicaSearch | RateSearch | XpydSearch], store: PointStore) -> None:
+    """Each point a search could not pass for memory, in `points.jsonl` as `{"verdict": "memory_limited",
+    "memory_bytes", "memory_limit_bytes"}` (no `evidence`: a rerun never takes it for a simulated point,
+    and judges the bound again under its own limit); once per point and limit."""
+    for search in searches:
+        block = search.memory_block()
+        if block is None:
+            continue
+        memory, scenario = search.memory, block[1]
+        key = f"{scenario_hash(scenario)}-memory-{memory.limit_bytes}"
+        store.note(key, scenario.name, {"verdict": "memory_limited", "memory_bytes": memory.needed_bytes(scenario),
+                                        "memory_limit_bytes": memory.limit_bytes})
 
 
 def hourly_price(spec: PlanSpec, gpu: str) -> GpuPrice:
@@ -210,11 +322,24 @@ def _assignments(items: list[str], flag: str) -> list[tuple[str, str]]:
 
 def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_sizes: list[int], knobs: list[str],
                       costs: list[str], max_replicas: int | None, router: str | None,
-                      search: str | None = None) -> PlanSpec:
-    """A `PlanSpec` from a spec file's mapping (may be empty) with command-line flags on top."""
+                      search: str | None = None, memory_limit_bytes: int | None = None,
+                      xpyd: list[str] | None = None, kv_transfer_config: str | None = None) -> PlanSpec:
+    """A `PlanSpec` from a spec file's mapping (may be empty) with command-line flags on top (`xpyd`:
+    splits, each item comma-separated; `kv_transfer_config`: a JSON object)."""
     import yaml
 
     raw = dict(raw)
+    if xpyd:
+        raw["xpyd"] = [split.strip() for item in xpyd for split in item.split(",")]
+    if kv_transfer_config is not None:
+        try:
+            config = yaml.safe_load(kv_transfer_config)
+        except yaml.YAMLError:
+            config = None
+        if not isinstance(config, dict):
+            raise KvsimError(f"--kv-transfer-config {kv_transfer_config[:60]!r}: expected a JSON object, e.g. "
+                             "'{\"kv_link\": \"nvlink\"}'")
+        raw["kv_transfer_config"] = config
     for key, value in _assignments(slo, "--slo"):
         try:
             raw.setdefault("slo", {})[key] = float(value)
@@ -240,4 +365,6 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
         raw["router"] = router
     if search is not None:
         raw["search"] = search
+    if memory_limit_bytes is not None:
+        raw["memory_limit_bytes"] = memory_limit_bytes
     return make_plan_spec(raw)

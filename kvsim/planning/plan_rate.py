@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.search import Metrics
 from kvsim.planning.steady_state import (
     SteadyRateSearch,
@@ -67,15 +68,28 @@ class RateSearch:
     target_rate_per_s: float  # the base traffic's offered request rate
     search: SteadyRateSearch = field(init=False)
     verify: Verification = field(init=False)
+    memory: MemoryBound = field(init=False)
+    cap: int = field(init=False)  # the most replicas (<= max_replicas) whose fleet fits in memory on the traffic
+    first_probe_fits: bool = field(init=False)  # False: nothing is simulated (the memory bound)
     _pending: tuple[float, int] | None = None
 
     def __post_init__(self) -> None:
+        self.memory = MemoryBound.of(self.spec.memory_limit_bytes)
+        self.cap = self.memory.most_replicas(lambda n: self.candidate.scenario(self.base, n, self.spec.router),
+                                             self.spec.max_replicas)
         enough = 1.0 + self.spec.capacity_headroom  # a passing fraction at which one replica is the answer
         first = min(self.spec.probe_requests, self.base.workload.num_requests)  # then doubled as it converges
-        self.search = SteadyRateSearch(1.0, first, max_requests=self.spec.max_probe_requests,
-                                       first_tol=self.spec.rel_tol,
-                                       max_rate=enough, min_rate=enough / self.spec.max_replicas)
-        self.verify = Verification(self.candidate, self.spec)
+        longest = first  # a probe's run length doubles only while the probe fits in memory
+        while 2 * longest <= self.spec.max_probe_requests and self.memory.fits(self._probe(2 * longest)):
+            longest *= 2
+        self.first_probe_fits = self.memory.fits(self._probe(first))
+        self.search = SteadyRateSearch(1.0, first, max_requests=longest, first_tol=self.spec.rel_tol,
+                                       max_rate=enough, min_rate=enough / max(1, self.cap))
+        self.verify = Verification(self.candidate, self.spec, self.memory)
+
+    def _probe(self, num_requests: int) -> Scenario:
+        """A one-replica probe of `num_requests` (its memory does not depend on the traffic's fraction)."""
+        return self.candidate.scenario(scaled_traffic(self.base, 1.0, num_requests), 1, self.spec.router)
 
     @property
     def replicas(self) -> int | None:
@@ -83,9 +97,11 @@ class RateSearch:
         if not fraction or fraction < self.search.min_rate:
             return None
         replicas = math.ceil(self.search.max_rate / fraction)
-        return replicas if replicas <= self.spec.max_replicas else None
+        return replicas if replicas <= self.cap else None
 
     def next_scenario(self) -> Scenario | None:
+        if not self.first_probe_fits or self.cap == 0:
+            return None
         if self._pending is None or self._pending[1] > 0:
             probe = self.search.next_probe()
             if probe is not None:
@@ -102,11 +118,27 @@ class RateSearch:
         else:
             self.verify.observe(metrics)
 
+    def memory_block(self) -> tuple[str, Scenario] | None:
+        """What the memory bound kept this search from simulating when that decided its answer: (what, its
+        scenario), or None (`ReplicaSearch.memory_block`)."""
+        if not self.first_probe_fits:
+            first = self.search.levels[0].num_requests
+            return f"a {first}-request probe of 1 replica", self._probe(first)
+        if self.replicas is None and self.cap < self.spec.max_replicas:
+            count = self.cap + 1
+            return f"{count} replica{'s' * (count > 1)}", self.candidate.scenario(self.base, count, self.spec.router)
+        return None
+
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """This candidate's line of the plan table (the same columns as the replica-count search)."""
         c, slo, s = self.candidate, self.spec.slo, self.search
         row: dict[str, Any] = {"candidate": c.label, "gpu": c.gpu, "tensor_parallel_size": c.tensor_parallel_size,
-                               **dict(c.knobs)}
+                               **dict(c.knobs), "memory_limited": False, "memory_bound_replicas": self.cap}
+        block = self.memory_block()
+        if block is not None and not s.results:  # not even one replica, or its first probe, fits in memory
+            return {**row, "feasible": False, "memory_limited": True, "replicas": None, "num_gpus": None,
+                    "cost_per_hour": None, "headroom": None,
+                    "limiting_factor": bounded_by_memory(self.memory.over(*block)), **self.verify.columns()}
         failed = failing_evidence(s)
         if s.rate >= s.max_rate:
             limiting = "none: one replica sustains all the traffic within every SLO"
@@ -122,9 +154,14 @@ class RateSearch:
         found = s.evidence
         if replicas is None:
             worst = found or failed or next(iter(s.results.values()))
+            if block is not None:  # the bound is memory's, not max_replicas'
+                row["memory_limited"] = True
+                limiting = f"over {self.cap} replicas ({bounded_by_memory(self.memory.over(*block))}); " + limiting
+            else:
+                limiting = f"over {self.spec.max_replicas} replicas; " + limiting
             return {**row, "feasible": False, "replicas": None, "num_gpus": None, "cost_per_hour": None,
                     "headroom": headroom(worst["evidence"], slo),
-                    "limiting_factor": f"over {self.spec.max_replicas} replicas; " + limiting,
+                    "limiting_factor": limiting,
                     "rate_per_replica": s.rate * self.target_rate_per_s, "capacity_headroom": None,
                     **evidence_columns(worst["evidence"], slo), **search_columns(s), **self.verify.columns()}
         num_gpus = replicas * c.tensor_parallel_size

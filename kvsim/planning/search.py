@@ -9,7 +9,8 @@ replica count). Many searches run at once: each has at most one point in flight,
 as a Dask future; ``wait(..., FIRST_COMPLETED)` hands back whichever finishes first, and its search
 proposes its next point. Dask does all the scheduling, retries a task whose worker died
 (`distributed.scheduler.allowed-failures`), and `client=None` runs points in this process. A
-cluster left with no worker for a minute is reported (`KvsimError`), not waited on forever.
+cluster left with no worker for a minute (`KVSIM_DASK_NO_WORKERS_TIMEOUT_S` sets the seconds) is
+reported (`KvsimError`), not waited on forever.
 
 Every finished point is appended to the store at once (one JSON line, flushed and fsynced),
 keyed by the hash of its scenario, so a crash or a killed worker loses no finished point and
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -49,7 +51,8 @@ class PointStore:
     """Finished points as JSON lines `{"hash", "name", "metrics"}`, read and written line-atomically.
 
     A line that is not a whole point (cut short by a crash, not UTF-8, not JSON, or without the metric
-    keys `required` names, as points from an older kvsim) is skipped, so that point is simulated again.
+    keys `required` names, as points from an older kvsim) is skipped, so that point is simulated again;
+    the hashes of whole lines without those keys (a plan's memory-limited notes) are in `other_keys`.
     Each point is appended with one `write` of a whole line; a file whose last line was torn gets a
     newline first, so the new point never joins the torn one.
     """
@@ -57,30 +60,43 @@ class PointStore:
     def __init__(self, path: str | Path, required: tuple[str, ...] = ()) -> None:
         self.path = Path(path)
         self.points: dict[str, Metrics] = {}
+        self.other_keys: set[str] = set()
         self.required = required
         if self.path.exists():
             for raw in self.path.read_bytes().split(b"\n"):
                 row = self._parse(raw)
-                if row is not None:
+                if row is None:
+                    continue
+                if any(not isinstance(row[1].get(k), dict) for k in self.required):
+                    self.other_keys.add(row[0])
+                else:
                     self.points[row[0]] = row[1]
 
-    def _parse(self, raw: bytes) -> tuple[str, Metrics] | None:
+    @staticmethod
+    def _parse(raw: bytes) -> tuple[str, Metrics] | None:
         try:
             row = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
             return None
-        if not isinstance(row, dict) or not isinstance(row.get("hash"), str):
+        if not isinstance(row, dict) or not isinstance(row.get("hash"), str) or not isinstance(row.get("metrics"),
+                                                                                              dict):
             return None
-        metrics = row.get("metrics")
-        if not isinstance(metrics, dict) or any(not isinstance(metrics.get(k), dict) for k in self.required):
-            return None
-        return row["hash"], metrics
+        return row["hash"], row["metrics"]
 
     def __contains__(self, key: str) -> bool:
         return key in self.points
 
     def add(self, key: str, name: str, metrics: Metrics) -> None:
         self.points[key] = metrics
+        self._append(key, name, metrics)
+
+    def note(self, key: str, name: str, metrics: Metrics) -> None:
+        """A line that is not a point (no `required` keys): written once per key, never read back as one."""
+        if key not in self.other_keys:
+            self.other_keys.add(key)
+            self._append(key, name, metrics)
+
+    def _append(self, key: str, name: str, metrics: Metrics) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = (json.dumps({"hash": key, "name": name, "metrics": metrics}) + "\n").encode()
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
@@ -142,17 +158,36 @@ def run_searches(searches: Sequence[Search], evaluate: Callable[[Scenario], Metr
 
 
 NO_WORKERS_TIMEOUT_S = 60.0  # a cluster with no worker for this long cannot finish a point
+NO_WORKERS_TIMEOUT_ENV = "KVSIM_DASK_NO_WORKERS_TIMEOUT_S"  # replaces it (seconds, positive)
 
 
-def _finished(futures: list[Any], client: Any, poll_s: float = 5.0) -> list[Any]:
+def no_workers_timeout_s() -> float:
+    """NO_WORKERS_TIMEOUT_S, or the positive number of seconds the environment's NO_WORKERS_TIMEOUT_ENV gives."""
+    from kvsim.model.errors import KvsimError
+
+    text = os.environ.get(NO_WORKERS_TIMEOUT_ENV)
+    if text is None:
+        return NO_WORKERS_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise KvsimError(f"{NO_WORKERS_TIMEOUT_ENV}={text!r}: expected a positive number of seconds")
+    return value
+
+
+def _finished(futures: list[Any], client: Any) -> list[Any]:
     """The futures that have finished, as soon as one has (in submission order); a `KvsimError` once the
-    cluster has had no worker for NO_WORKERS_TIMEOUT_S (its only worker died, say), never a silent wait."""
+    cluster has had no worker for `no_workers_timeout_s()` (its only worker died, say), never a silent wait."""
     import time
 
     from dask.distributed import wait
 
     from kvsim.model.errors import KvsimError
 
+    timeout_s = no_workers_timeout_s()
+    poll_s = min(5.0, timeout_s / 4)
     idle_since: float | None = None
     while True:
         try:
@@ -165,8 +200,8 @@ def _finished(futures: list[Any], client: Any, poll_s: float = 5.0) -> list[Any]
             idle_since = None
         elif idle_since is None:
             idle_since = time.monotonic()
-        elif time.monotonic() - idle_since > NO_WORKERS_TIMEOUT_S:
-            raise KvsimError(f"dask cluster {client.scheduler.address}: no worker for {NO_WORKERS_TIMEOUT_S:.0f} s "
+        elif time.monotonic() - idle_since > timeout_s:
+            raise KvsimError(f"dask cluster {client.scheduler.address}: no worker for {timeout_s:g} s "
                              "(they died or never joined); the finished points are kept in points.jsonl")
 
 

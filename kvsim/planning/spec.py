@@ -6,8 +6,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,6 +40,10 @@ class PlanSpec(BaseModel):
     probe_requests: int = Field(default=2000, gt=0)  # rate search: the workload's first requests per probe
     max_probe_requests: int = Field(default=32_000, gt=0)  # a probe's run length doubles up to this
     verify_factor: int = Field(default=10, ge=0)  # the chosen fleet re-run with this × a probe's requests (0: not)
+    memory_limit_bytes: int | None = Field(default=None, gt=0)  # a point's memory floor bound (None: the machine's)
+    xpyd: list[str] = Field(default_factory=list)  # disaggregated splits beside the colocated fleets: 1P1D, 2P1D,
+    #                                                 ...; `auto`: every split up to each shape's colocated answer
+    kv_transfer_config: dict[str, Any] = Field(default_factory=dict)  # the splits' link (vLLM's --kv-transfer-config)
 
     @field_validator("slo")
     @classmethod
@@ -48,6 +55,23 @@ class PlanSpec(BaseModel):
             if not (limit > 0 and math.isfinite(limit)):
                 raise ValueError(f"{key}={limit}: must be a positive, finite number of seconds")
         return slo
+
+    @field_validator("xpyd")
+    @classmethod
+    def _splits(cls, splits: list[str]) -> list[str]:
+        given = [text for text in splits if not is_auto(text)]
+        for text in given:
+            parse_split(text)
+        if len({parse_split(text) for text in given}) < len(given) or len(given) < len(splits) - 1:
+            raise ValueError("a split is given twice")
+        return splits
+
+    @model_validator(mode="after")
+    def _link_needs_splits(self) -> PlanSpec:
+        if self.kv_transfer_config and not self.xpyd:
+            raise ValueError(f"kv_transfer_config={self.kv_transfer_config}: sets the link of xPyD candidates; "
+                             "give the splits with --xpyd (e.g. 1P1D,2P1D)")
+        return self
 
     @field_validator("router")
     @classmethod
@@ -90,6 +114,26 @@ class PlanSpec(BaseModel):
         return self
 
 
+SPLIT = re.compile(r"(\d+)P(\d+)D", re.IGNORECASE)
+AUTO = "auto"  # as a split: every split of x + y <= the instances of the shape's colocated answer
+
+
+def is_auto(text: str) -> bool:
+    return isinstance(text, str) and text.strip().lower() == AUTO
+
+
+def parse_split(text: str) -> tuple[int, int]:
+    """`2P1D` -> (2 prefill instances, 1 decode instance); a `ValueError` naming the text otherwise."""
+    match = SPLIT.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"{text!r}: expected xPyD (x prefill and y decode instances), e.g. 1P1D or 2P1D, or auto")
+    num_prefill, num_decode = int(match[1]), int(match[2])
+    if num_prefill == 0 or num_decode == 0:
+        pool = "prefill (kv_producer)" if num_prefill == 0 else "decode (kv_consumer)"
+        raise ValueError(f"{text!r}: needs at least 1 {pool} instance")
+    return num_prefill, num_decode
+
+
 def make_plan_spec(raw: dict[str, Any]) -> PlanSpec:
     try:
         return PlanSpec(**raw)
@@ -99,31 +143,75 @@ def make_plan_spec(raw: dict[str, Any]) -> PlanSpec:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One deployment shape: GPU, tensor-parallel size and engine settings (replica count searched)."""
+    """One deployment shape: GPU, tensor-parallel size and engine settings; colocated (replica count
+    searched), or an xPyD `split` (x prefill + y decode instances of that shape, every instance at that
+    TP, over the link `kv_transfer_config`, a JSON object)."""
 
     gpu: str
     tensor_parallel_size: int
     knobs: tuple[tuple[str, Any], ...] = ()
+    split: tuple[int, int] | None = None
+    kv_transfer_config: str = "{}"
 
     @property
     def label(self) -> str:
         knobs = "".join(f" {k}={v}" for k, v in self.knobs)
-        return f"{self.gpu} tp{self.tensor_parallel_size}{knobs}"
+        split = f" {self.split[0]}P{self.split[1]}D" if self.split else ""
+        return f"{self.gpu} tp{self.tensor_parallel_size}{knobs}{split}"
+
+    @property
+    def smallest_fleet(self) -> int:
+        """The fewest instances this candidate runs: 1 replica, or a split's x + y."""
+        return sum(self.split) if self.split else 1
 
     def scenario(self, base: Scenario, replicas: int, router: str) -> Scenario:
-        """The base scenario's traffic on `replicas` replicas of this candidate behind `router`."""
+        """The base scenario's traffic on `replicas` replicas of this candidate behind `router` (a split:
+        its x + y instances, each pool behind `router` unless `kv_transfer_config` names a pool's router)."""
         raw = base.model_dump(mode="json")
         raw["engine"] = {**raw["engine"], "tensor_parallel_size": self.tensor_parallel_size, **dict(self.knobs)}
         raw.update(gpu=self.gpu, replicas=replicas, router={**raw["router"], "policy": router},
                    name=f"{base.name}/{self.label.replace(' ', '_')}/x{replicas}")
+        if self.split is not None:
+            num_prefill, num_decode = self.split
+            assert replicas == num_prefill + num_decode, "a split's fleet is its x + y instances"
+            raw["replicas"] = [{"count": num_prefill, "name": "prefill", "kv_role": "kv_producer"},
+                               {"count": num_decode, "name": "decode", "kv_role": "kv_consumer"}]
+            raw["kv_transfer_config"] = {"prefill_router": {"policy": router}, "decode_router": {"policy": router},
+                                         **json.loads(self.kv_transfer_config)}
         return make_scenario(raw, base.base_dir)
 
 
 def candidates(spec: PlanSpec) -> list[Candidate]:
-    """Every combination of GPU, TP size and engine knob values, in the order given."""
+    """Every combination of GPU, TP size and engine knob values, in the order given: colocated, then
+    each xPyD split of each (`spec.xpyd`)."""
     names = list(spec.engine)
     grid = itertools.product(*(spec.engine[name] for name in names))
     knob_sets = [tuple(zip(names, values, strict=True)) for values in grid]
-    return [Candidate(gpu, tp, knobs) for gpu in spec.gpus for tp in spec.tensor_parallel_sizes for knobs in knob_sets]
+    shapes = [(gpu, tp, knobs) for gpu in spec.gpus for tp in spec.tensor_parallel_sizes for knobs in knob_sets]
+    given = [parse_split(text) for text in spec.xpyd if not is_auto(text)]
+    return [Candidate(*shape) for shape in shapes] + [with_split(Candidate(*shape), split, spec)
+                                                      for split in given for shape in shapes]
+
+
+def with_split(shape: Candidate, split: tuple[int, int], spec: PlanSpec) -> Candidate:
+    """`shape` (a colocated candidate) as the xPyD `split` over the plan's link."""
+    return dataclasses.replace(shape, split=split, kv_transfer_config=json.dumps(spec.kv_transfer_config,
+                                                                                 sort_keys=True))
+
+
+def has_auto(spec: PlanSpec) -> bool:
+    """Whether the plan asks for the automatic splits (`xpyd: [auto]`)."""
+    return any(is_auto(text) for text in spec.xpyd)
+
+
+def auto_splits(spec: PlanSpec, shape: Candidate, num_replicas: int) -> list[Candidate]:
+    """With `xpyd: [auto]`: every split x + y <= `num_replicas` (the shape's colocated answer, so no
+    split uses more GPUs than it), fewest instances first, fewer prefill first; the given splits
+    excepted (they are candidates already)."""
+    if not has_auto(spec):
+        return []
+    given = {parse_split(text) for text in spec.xpyd if not is_auto(text)}
+    splits = [(x, total - x) for total in range(2, num_replicas + 1) for x in range(1, total)]
+    return [with_split(shape, split, spec) for split in splits if split not in given]
 
 

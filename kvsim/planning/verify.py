@@ -18,6 +18,7 @@ from kvsim.workload.scenario import Scenario, make_scenario
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from kvsim.planning.memory import MemoryBound
     from kvsim.planning.search import Metrics
     from kvsim.planning.spec import Candidate, PlanSpec
 
@@ -47,22 +48,35 @@ def with_requests(base: Scenario, num_requests: int) -> Scenario:
     return make_scenario(raw, base.base_dir)
 
 
+def traffic_of(base: Scenario, num_requests: int) -> Scenario:
+    """`base` itself when `num_requests` is its own count (the same scenario, so the same point keys), else
+    `with_requests(base, num_requests)`: a search's traffic at one run length."""
+    return base if num_requests == base.workload.num_requests else with_requests(base, num_requests)
+
+
 @dataclass(slots=True)
 class Verification:
     """One long run of a candidate's chosen fleet; asked for once, after the search settles."""
 
     candidate: Candidate
     spec: PlanSpec
+    memory: MemoryBound
     metrics: Metrics | None = None
     asked: bool = False
+    memory_note: str | None = None  # why the run was not made: its memory floor exceeds the plan's limit
 
     def next_scenario(self, traffic: Scenario, replicas: int | None, probe_requests: int) -> Scenario | None:
-        """The verification run (once), or None: already asked, or no feasible fleet to verify."""
+        """The verification run (once), or None: already asked, no feasible fleet to verify, or the run
+        would not fit in the plan's memory limit (`memory_note` says so)."""
         if self.asked or replicas is None or probe_requests <= 0 or self.spec.verify_factor == 0:
             return None
         self.asked = True
-        return self.candidate.scenario(with_requests(traffic, self.spec.verify_factor * probe_requests), replicas,
-                                       self.spec.router)
+        num_requests = self.spec.verify_factor * probe_requests
+        scenario = self.candidate.scenario(with_requests(traffic, num_requests), replicas, self.spec.router)
+        if not self.memory.fits(scenario):
+            self.memory_note = self.memory.over(f"the {num_requests}-request verification run", scenario)
+            return None
+        return scenario
 
     def observe(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -70,7 +84,7 @@ class Verification:
     def columns(self) -> dict[str, Any]:
         """`verified` and the long run's evidence as `verify_*` columns (empty values when not run)."""
         if self.metrics is None:
-            return {"verified": None, "verify_num_requests": None}
+            return {"verified": None, "verify_num_requests": None, "verify_memory": self.memory_note}
         ev = self.metrics["evidence"]
         return {"verified": probe_passes(ev, self.spec.slo), "verify_num_requests": ev["num_requests"],
-                **evidence_columns(ev, self.spec.slo, prefix="verify_")}
+                "verify_memory": None, **evidence_columns(ev, self.spec.slo, prefix="verify_")}

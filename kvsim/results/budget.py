@@ -115,11 +115,30 @@ def check_run_memory(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engine:
 
 
 def check_engines_memory(scenario: Scenario, engines: list[tuple[Scenario, int]], limit_bytes: int | None = None,
-                         steps_in_memory: bool = True) -> None:
+                         steps_in_memory: bool = True, size_field: str | None = None) -> None:
     """Raise `KvsimError` when `scenario`'s fleet or data-parallel group cannot fit: `engines` gives
     (single-engine scenario, number of such engines) per group. Its requests count once; every
     engine its blocks and fixed cost; the steps' floor is still total output / `max_num_seqs` (the
-    engines' rows together). Checked before any engine is built."""
+    engines' rows together). Checked before any engine is built. `size_field` names the setting behind
+    the engine count when it is not `replicas` or `engine.data_parallel_size` (an autoscaler's maximum)."""
+    parts = estimate_engines_bytes(engines, steps_in_memory)
+    fleet = scenario.replicas is not None
+    if size_field is not None:
+        size = size_field
+    elif isinstance(scenario.replicas, list):  # groups: their counts, not their whole settings
+        groups = [f"{g.count} x {g.name or g.kv_role or f'group {i}'}" for i, g in enumerate(scenario.replicas)]
+        size = f"replicas=[{', '.join(groups)}]"
+    else:
+        size = f"replicas={scenario.replicas}" if fleet else \
+            f"engine.data_parallel_size={scenario.engine.data_parallel_size}"
+    _refuse_over_limit(parts, limit_bytes, "fleet" if fleet else "data-parallel group", {
+        "requests": f"workload.num_requests={scenario.workload.num_requests}",
+        "steps": f"workload.num_requests={scenario.workload.num_requests}", "kv_blocks": size, "engines": size})
+
+
+def estimate_engines_bytes(engines: list[tuple[Scenario, int]], steps_in_memory: bool = True) -> dict[str, int]:
+    """The floor of a fleet's or data-parallel group's memory, by part (`requests`, `kv_blocks`, `engines`,
+    `steps`, bytes): `engines` gives (single-engine scenario, number of such engines) per group."""
     parts = {"requests": 0, "kv_blocks": 0, "engines": 0, "steps": 0}
     for spec, count in engines:
         model, gpu = load_model(spec.model), load_gpu(spec.gpu)
@@ -128,12 +147,7 @@ def check_engines_memory(scenario: Scenario, engines: list[tuple[Scenario, int]]
         parts["kv_blocks"] += count * one["kv_blocks"]
         parts["engines"] += count * ENGINE_BYTES
         parts["requests"], parts["steps"] = max(parts["requests"], one["requests"]), max(parts["steps"], one["steps"])
-    fleet = scenario.replicas is not None
-    size = f"replicas={scenario.replicas}" if fleet else \
-        f"engine.data_parallel_size={scenario.engine.data_parallel_size}"
-    _refuse_over_limit(parts, limit_bytes, "fleet" if fleet else "data-parallel group", {
-        "requests": f"workload.num_requests={scenario.workload.num_requests}",
-        "steps": f"workload.num_requests={scenario.workload.num_requests}", "kv_blocks": size, "engines": size})
+    return parts
 
 
 def _refuse_over_limit(parts: dict[str, int], limit_bytes: int | None, what: str, fields: dict[str, str]) -> None:
@@ -141,9 +155,14 @@ def _refuse_over_limit(parts: dict[str, int], limit_bytes: int | None, what: str
     limit = machine_memory_bytes() if limit_bytes is None else limit_bytes
     needed = sum(parts.values())
     if needed > limit:
-        unit, scale = ("GiB", GIB) if limit >= GIB else ("MiB", MIB)
+        unit, scale = size_unit(limit)
         detail = ", ".join(f"{k} {v / scale:,.1f}" for k, v in parts.items())
         raise KvsimError(
             f"{fields[max(parts, key=parts.__getitem__)]}: this {what} needs at least {needed / scale:,.1f} {unit} "
             f"of memory ({unit} by part: {detail}), more than the limit of {limit / scale:,.1f} {unit}; "
             "make it smaller or raise --memory-limit")
+
+
+def size_unit(limit_bytes: int) -> tuple[str, int]:
+    """The unit a memory limit and the sizes set against it are written in: GiB from 1 GiB up, else MiB."""
+    return ("GiB", GIB) if limit_bytes >= GIB else ("MiB", MIB)

@@ -1,0 +1,105 @@
+"""`kvsim plan --memory-limit`: every point is memory-estimated first, and the limit bounds the search.
+
+The bound below is derived by hand from `kvsim.results.budget`'s floor for the toy fleet of
+`tests/test_plan.py` (100 requests, 64-token replies, max_num_seqs 8, 400 GPU blocks, the default
+4 GiB of swap in 2 MiB blocks: Llama-3.1-8B's 16 tokens × 128 KiB), with R requests a probe:
+
+    requests  160 B · R                    steps (kept in memory)  160 B · R · 64 / 8
+    per replica  (400 + 4 GiB / 2 MiB) · 160 B + 100,000 B = 491,680 B
+
+so n replicas fit under L bytes when 160·R·(1 + 8) + 491,680·n ≤ L.
+"""
+
+import json
+import math
+
+from test_plan import SLO, toy  # tests/ is on sys.path
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.planning.plan import make_plan_spec, plan
+
+runner = CliRunner()
+PER_REPLICA_BYTES = (400 + 4 * 2**30 // (2 * 2**20)) * 160 + 100_000
+
+
+def fits(limit_bytes, num_requests):
+    """The most replicas whose floor fits under the limit (the formula above)."""
+    return math.floor((limit_bytes - 160 * num_requests * (1 + 64 // 8)) / PER_REPLICA_BYTES)
+
+
+def spec(limit_bytes=None):
+    raw = {"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "gpu_hourly_cost": {"h100-80gb": 2.0}}
+    return make_plan_spec({**raw, "memory_limit_bytes": limit_bytes} if limit_bytes else raw)
+
+
+def test_the_limit_bounds_the_replica_search_and_is_said(tmp_path):
+    free, _ = plan(toy(), spec(), tmp_path / "free")
+    needed, run_length = free[0]["replicas"], free[0]["requests_per_probe"]
+    limit = 1_800_000
+    cap = fits(limit, run_length)
+    assert PER_REPLICA_BYTES == 491_680 and cap == 2 < needed  # the limit stops the search below the answer
+    rows, simulated = plan(toy(), spec(limit), tmp_path / "bounded")
+    row = rows[0]
+    assert not row["feasible"] and row["memory_limited"] and row["replicas"] is None
+    assert row["memory_bound_replicas"] == cap and row["requests_per_probe"] == run_length
+    over_mib = (160 * run_length * 9 + PER_REPLICA_BYTES * (cap + 1)) / 2**20  # 3 replicas: 1.956 MiB
+    assert row["limiting_factor"].endswith(f"even at {cap} replicas; {cap + 1} replicas would need "
+                                           f"{over_mib:.1f} MiB > limit {limit / 2**20:.1f} MiB; "
+                                           "answer bounded by memory")
+    lines = [json.loads(line) for line in (tmp_path / "bounded" / "points.jsonl").read_text().splitlines()]
+    simulated_counts = [int(p["name"].rsplit("/x", 1)[1]) for p in lines if "evidence" in p["metrics"]]
+    assert len(simulated_counts) == simulated and max(simulated_counts) <= cap  # no point over the bound ran
+    notes = [p for p in lines if "evidence" not in p["metrics"]]
+    assert [(n["name"].rsplit("/x", 1)[1], n["metrics"]["verdict"]) for n in notes] == [(str(cap + 1),
+                                                                                         "memory_limited")]
+    assert notes[0]["metrics"]["memory_limit_bytes"] == limit
+    again, simulated_again = plan(toy(), spec(limit), tmp_path / "bounded")  # resumes; the note is not doubled
+    assert simulated_again == 0 and again == rows
+    assert len((tmp_path / "bounded" / "points.jsonl").read_text().splitlines()) == len(lines)
+
+
+def test_a_limit_above_the_answer_changes_nothing_but_can_skip_the_long_verification(tmp_path):
+    free, _ = plan(toy(), spec(), tmp_path / "free")
+    needed, run_length = free[0]["replicas"], free[0]["requests_per_probe"]
+    limit = 160 * run_length * 9 + PER_REPLICA_BYTES * needed  # exactly the answer's floor
+    assert fits(limit, run_length) == needed
+    rows, _ = plan(toy(), spec(limit), tmp_path / "bounded")
+    row = rows[0]
+    assert row["feasible"] and row["replicas"] == needed and not row["memory_limited"]
+    # the 10x verification run (10 · R requests) has a larger floor: it is skipped and said so
+    assert row["verified"] is None and f"the {10 * run_length}-request verification run would need" in \
+        row["verify_memory"]
+
+
+def test_plan_command_prints_the_memory_bound(tmp_path):
+    scenario = tmp_path / "toy.yaml"
+    scenario.write_text(json.dumps(toy().model_dump(mode="json")))
+    result = runner.invoke(app, ["plan", str(scenario), "--slo", "ttft_s.p90=0.3", "--slo", "e2e_s.p99=2",
+                                 "--gpu", "h100-80gb", "--max-replicas", "8", "--workers", "1",
+                                 "--memory-limit", "1800000", "-o", str(tmp_path / "plan")])
+    assert result.exit_code == 0, result.output
+    assert "memory: h100-80gb tp1: " in result.stdout and "answer bounded by memory" in result.stdout
+
+
+def test_the_limit_bounds_the_rate_search_fleet(tmp_path):
+    """`--search rate`: the fleet the rate gives must fit on the whole traffic (R = 100 requests), and a
+    probe's run (one replica: 9 · 160 B · n + 491,680 B) doubles from 100 requests only while it fits."""
+    base = toy()
+    raw = {"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate", "rel_tol": 0.02,
+           "verify_factor": 0}
+    free, _ = plan(base, make_plan_spec(raw), tmp_path / "free")
+    needed = free[0]["replicas"]
+    limit = 160 * 100 * 9 + PER_REPLICA_BYTES * (needed - 1) + 1000  # one replica short of the answer
+    assert needed > 1 and fits(limit, 100) == needed - 1
+    longest = 100
+    while 2 * longest <= 32_000 and 9 * 160 * 2 * longest + PER_REPLICA_BYTES <= limit:
+        longest *= 2
+    rows, _ = plan(base, make_plan_spec({**raw, "memory_limit_bytes": limit}), tmp_path / "bounded")
+    row = rows[0]
+    assert not row["feasible"] and row["memory_limited"] and row["memory_bound_replicas"] == needed - 1
+    over_mib = (160 * 100 * 9 + PER_REPLICA_BYTES * needed) / 2**20
+    assert row["limiting_factor"].startswith(f"over {needed - 1} replicas ({needed} replicas would need "
+                                             f"{over_mib:.1f} MiB > limit {limit / 2**20:.1f} MiB; answer bounded "
+                                             "by memory); ")
+    assert row["requests_per_probe"] is None or row["requests_per_probe"] <= longest

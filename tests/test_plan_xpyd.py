@@ -1,0 +1,88 @@
+"""`kvsim plan --xpyd`: disaggregated splits judged like colocated fleets and ranked with them by cost.
+
+Hand derivation on the toy of `tests/test_plan.py` (every step 20 ms whatever it carries, at most 8
+sequences per instance, 256-token prompts, 64-token replies, 14 req/s): a colocated replica spends 64
+steps on a request (the prompt and the first token in one step, then 63 decode steps), 8 at a time,
+so it serves at most 8 / (64 · 0.02 s) = 6.25 req/s. A decode instance of a split spends the same 64
+steps (it recomputes the last prompt token to sample the client's first token, then 63 more), so its
+ceiling is also 6.25 req/s, and the prefill instance adds a GPU that serves no decode. Hence:
+  * 1P2D's decode pool serves at most 12.5 req/s < 14 offered (served/offered ≤ 0.89 < 0.95): overloaded
+    (1P1D and 2P1D at most 6.25 req/s);
+  * a split needs at least as many decode instances as the colocated answer needs replicas, plus a
+    prefill instance: every feasible split uses more GPUs, so colocated ranks first;
+  * cost = GPUs × the given $2/GPU-hour, GPUs = instances × TP; $/M tokens = cost / (tokens/s · 3600) · 10⁶.
+"""
+
+import json
+
+import pytest
+from test_plan import SLO, toy  # tests/ is on sys.path
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.planning.plan import make_plan_spec, plan, rank
+
+runner = CliRunner()
+
+
+def test_splits_rank_beside_colocated_fleets_by_cost(tmp_path):
+    """1P3D given, and `auto`: the colocated answer is 3 replicas (test_plan's brute force), so auto adds
+    every split of at most 3 instances, 1P1D, 1P2D and 2P1D, whose decode pools serve at most 6.25,
+    12.5 and 6.25 req/s < 14 offered: all overloaded."""
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "verify_factor": 2,
+                           "gpu_hourly_cost": {"h100-80gb": 2.0}, "xpyd": ["1P3D", "auto"]})
+    rows, _ = plan(toy(), spec, tmp_path)
+    by_topology = {row["topology"]: row for row in rows}
+    assert set(by_topology) == {"colocated", "1P3D", "1P1D", "1P2D", "2P1D"}
+    colocated = by_topology["colocated"]
+    assert rows[0]["topology"] == "colocated" and colocated["feasible"] and colocated["replicas"] == 3
+    for split in ("1P1D", "1P2D", "2P1D"):
+        assert not by_topology[split]["feasible"] and by_topology[split]["verdict"] == "overloaded"
+        assert by_topology[split]["limiting_factor"].endswith(f"at {split}")
+    for row in rows:
+        if row["feasible"]:
+            instances = row["prefill_instances"] + row["decode_instances"] if row["topology"] != "colocated" \
+                else row["replicas"]
+            assert row["num_gpus"] == instances * row["tensor_parallel_size"]
+            assert row["cost_per_hour"] == pytest.approx(2.0 * row["num_gpus"])
+            assert row["usd_per_million_output_tokens"] == pytest.approx(
+                row["cost_per_hour"] / (row["output_tokens_per_s"] * 3600) * 1e6)
+            if row["topology"] != "colocated":
+                assert row["decode_instances"] >= colocated["replicas"]
+                assert row["num_gpus"] >= colocated["num_gpus"] + 1
+    feasible = [row for row in rows if row["feasible"]]
+    assert [row["cost_per_hour"] for row in feasible] == sorted(row["cost_per_hour"] for row in feasible)
+    assert all(not row["feasible"] for row in rows[len(feasible):])  # infeasible rows come last
+    again, simulated_again = plan(toy(), spec, tmp_path)
+    assert simulated_again == 0 and again == rows
+
+
+def test_rank_orders_by_cost_then_gpus_then_cost_per_token():
+    def row(name, feasible, cost, gpus, per_token=None, room=0.1):
+        return {"candidate": name, "feasible": feasible, "cost_per_hour": cost, "num_gpus": gpus,
+                "usd_per_million_output_tokens": per_token, "headroom": room}
+    ranked = rank([row("none", False, None, None, room=-1.0), row("dear", True, 9.0, 3, 1.0),
+                   row("cheap-slow", True, 4.0, 2, 2.0), row("cheap-fast", True, 4.0, 2, 1.5),
+                   row("unpriced", True, None, 1)])
+    assert [r["candidate"] for r in ranked] == ["cheap-fast", "cheap-slow", "dear", "unpriced", "none"]
+    assert [r["rank"] for r in ranked] == [1, 2, 3, 4, 5]
+
+
+def test_plan_command_counts_tp_in_a_split_and_prints_the_choice(tmp_path):
+    raw = toy().model_dump(mode="json")
+    raw["workload"].update(num_requests=60, arrival={"process": "poisson", "rate": 1.0})
+    scenario = tmp_path / "light.yaml"
+    scenario.write_text(json.dumps(raw))
+    args = ["plan", str(scenario), "--slo", "e2e_s.p99=5", "--gpu", "h100-80gb", "-tp", "2", "--xpyd", "1P1D",
+            "--kv-transfer-config", '{"kv_link": "nvlink"}', "--gpu-hourly-cost", "h100-80gb=2",
+            "--max-replicas", "2", "--workers", "1", "-o", str(tmp_path / "plan")]
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["topology"]: row for row in json.loads(result.stdout)}
+    # 1 req/s is far below one instance's 6.25 req/s: one TP-2 replica (2 GPUs) and 1P1D (2 x 2 GPUs) both serve
+    assert rows["colocated"]["num_gpus"] == 2 and rows["colocated"]["cost_per_hour"] == pytest.approx(4.0)
+    assert rows["1P1D"]["num_gpus"] == 4 and rows["1P1D"]["cost_per_hour"] == pytest.approx(8.0)
+    assert rows["colocated"]["rank"] == 1 and rows["1P1D"]["rank"] == 2
+    table = runner.invoke(app, args)  # resumes from points.jsonl
+    assert table.exit_code == 0, table.output
+    assert "chosen: h100-80gb tp2 x1 (colocated): 2 GPUs, $4.00/hour, $" in table.stdout
