@@ -18,7 +18,7 @@ A tier holds block hashes (the identity of a full, hashed KV block: `kvsim.workl
 `TieredOffload` stacks tiers (CPU, then disk): a block a tier evicts is offered to the tier below, and a
 lookup walks the prefix block by block, each block served by the fastest tier that holds it. A tier of 0 blocks
 holds nothing: every call is a no-op, so a run with it equals a run without offload.
-Pure Python; the engine prices the bytes moved (`kvsim.fleet.link`).
+Pure Python; the engine prices the bytes moved (`kvsim.kv.link`).
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ class OffloadTier:
     def hashes_lru_first(self) -> list[BlockHash]:
         """Every block held (ready or being stored), the next to be evicted first."""
         return list(self._slots)
+
+    def num_pins(self, block_hash: BlockHash) -> int:
+        """Loads in flight that read the block (0 when it is not held)."""
+        slot = self._slots.get(block_hash)
+        return 0 if slot is None else slot.pins
 
     def holds(self, block_hash: BlockHash) -> bool:
         slot = self._slots.get(block_hash)

@@ -62,6 +62,10 @@ class SharedLink:
     def num_in_flight(self) -> int:
         return len(self._active)
 
+    @property
+    def in_flight_ids(self) -> set[int]:
+        return set(self._active)
+
     def start(self, transfer_id: int, num_bytes: int, now_s: float) -> None:
         assert transfer_id not in self._active, f"transfer {transfer_id} is already in flight"
         if num_bytes < 0:
