@@ -61,6 +61,7 @@ def test_prefix_evicted_to_cpu_loads_instead_of_recomputing():
     assert summary["recompute_avoided_tokens"] == 64
     assert summary["bytes_loaded"] == 4 * BLOCK_BYTES
     assert summary["tiers"]["cpu"]["num_hit_blocks"] == 4
+    assert summary["load_s_mean"] == pytest.approx(4 * BLOCK_S, rel=1e-12)
     # write-through: A's 4 blocks, B's 8, C's block 4 (its fifth, the 16 new tokens) = 13 blocks stored
     assert summary["bytes_stored"] == 13 * BLOCK_BYTES
     # the GPU's own prefix cache missed: its counters saw C's query, no hit

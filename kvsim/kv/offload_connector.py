@@ -47,6 +47,7 @@ class _Load:
     hashes: list[list[BlockHash]]  # per tier, the blocks it serves
     start_s: float
     num_pending: int  # tier transfers not ended
+    end_s: float = 0.0  # when its latest ended transfer ended
 
 
 @dataclass(slots=True)
@@ -68,7 +69,7 @@ class OffloadConnector:
     num_hit_blocks: list[int] = field(init=False)  # per tier, blocks loaded from it
     num_loads: int = 0
     num_stored_bytes: int = 0
-    load_s: list[float] = field(default_factory=list)  # each load's duration (start to ready)
+    load_s: list[float] = field(default_factory=list)  # each load's duration (start to its last transfer's end)
 
     def __post_init__(self) -> None:
         assert self.tiers and all(t.num_blocks > 0 for t in self.tiers), "a tier of 0 blocks is no tier"
@@ -131,14 +132,15 @@ class OffloadConnector:
             self.cache.tiers[0].complete_store(self._stores.pop(store_id))
         ready, ended = self._ready, False
         for k, link in enumerate(self._loads_on):
-            for request_id in link.advance(now_s):
+            for request_id, end_s in zip(link.advance(now_s), link.ended_s, strict=True):
                 ended = True
                 load = self._loads[request_id]
                 self.cache.tiers[k].complete_load(load.hashes[k])
                 load.num_pending -= 1
+                load.end_s = max(load.end_s, end_s)
                 if not load.num_pending:
                     ready.append(request_id)
-                    self.load_s.append(now_s - load.start_s)
+                    self.load_s.append(load.end_s - load.start_s)
                     del self._loads[request_id]
         if ended:
             self._tell_next_end()
