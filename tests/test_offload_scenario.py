@@ -39,8 +39,9 @@ def test_a_tier_of_size_zero_writes_the_same_bytes_as_no_tier(tmp_path, zero):
 
 
 def test_multi_turn_hits_the_cpu_tier_and_counts_the_loaded_tokens_as_cached():
-    without = simulate(multi_turn(), check=True)
-    with_cpu = simulate(multi_turn({"cpu_bytes": "32GiB"}), check=True)
+    # (every tier's books are checked at every step in tests/test_offload_connector.py's tiny worlds)
+    without = simulate(multi_turn())
+    with_cpu = simulate(multi_turn({"cpu_bytes": "6GiB"}))  # 3,072 blocks: twice the GPU pool
     offload = with_cpu.summary["kv_offload"]
     assert offload["recompute_avoided_tokens"] > 0 and offload["num_loads"] > 0
     assert offload["bytes_loaded"] == offload["tiers"]["cpu"]["num_hit_blocks"] * 16 * 131072
@@ -57,10 +58,9 @@ def test_multi_turn_hits_the_cpu_tier_and_counts_the_loaded_tokens_as_cached():
 def test_kv_offload_summary_through_the_cli(tmp_path):
     out = tmp_path / "run"
     result = runner.invoke(app, ["run", "--set", "workload.num_requests=20", "--set",
-                                 "engine.kv_offload={cpu_bytes: 8GiB, bandwidth_bytes_per_s: 32e9}", "-o", str(out),
-                                 "--check"])
+                                 "engine.kv_offload={cpu_bytes: 1GiB, bandwidth_bytes_per_s: 32e9}", "-o", str(out)])
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     cpu = summary["kv_offload"]["tiers"]["cpu"]
-    assert cpu["num_blocks"] == 8 * 2**30 // (16 * 131072)  # Llama-3.1-8B, TP 1: 2 MiB per block
+    assert cpu["num_blocks"] == 2**30 // (16 * 131072)  # Llama-3.1-8B, TP 1: 2 MiB per block
     assert cpu["load_bandwidth_bytes_per_s"] == 32e9
