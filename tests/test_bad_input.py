@@ -344,6 +344,26 @@ CASES = [
     ("disagg-role-without-config", scenario(f"{WORKLOAD}{DISAGG_GROUPS}"), RUN_S, "kv_transfer_config is missing"),
     ("disagg-slab-allocator", scenario(f"{DISAGG}engine: {{allocator: slab-max}}\n{DISAGG_GROUPS}"), RUN_S,
      "engine.allocator=slab-max"),
+    # --- KV offload tiers (engine.kv_offload, kvsim.kv.offload_connector)
+    ("offload-tier-larger-than-host", scenario(f"engine: {{kv_offload: {{cpu_bytes: 3TB}}}}\n{WORKLOAD}"), RUN_S,
+     "cpu_bytes=3000000000000: larger than host_memory_bytes=2000000000000"),
+    ("offload-blocks-larger-than-host", scenario(f"engine: {{kv_offload: {{num_cpu_blocks: 10000000}}}}\n{WORKLOAD}"),
+     RUN_S, "engine.kv_offload.num_cpu_blocks=10000000: 20971520000000 bytes, larger than host_memory_bytes"),
+    ("offload-zero-bandwidth", scenario(f"engine: {{kv_offload: {{cpu_bytes: 1GiB, bandwidth_bytes_per_s: 0}}}}\n"
+                                        f"{WORKLOAD}"), RUN_S, "engine.kv_offload.bandwidth_bytes_per_s=0"),
+    ("offload-zero-disk-bandwidth", scenario("engine: {kv_offload: {cpu_bytes: 1GiB, disk_bytes: 1TB, "
+                                             f"disk_bandwidth_bytes_per_s: 0}}}}\n{WORKLOAD}"), RUN_S,
+     "engine.kv_offload.disk_bandwidth_bytes_per_s=0"),
+    ("offload-disk-without-bandwidth", scenario(f"engine: {{kv_offload: {{cpu_bytes: 1GiB, disk_bytes: 1TB}}}}\n"
+                                                f"{WORKLOAD}"), RUN_S, "needs disk_bandwidth_bytes_per_s"),
+    ("offload-disk-without-cpu", scenario("engine: {kv_offload: {disk_bytes: 1TB, disk_bandwidth_bytes_per_s: 1e9}}\n"
+                                          f"{WORKLOAD}"), RUN_S, "needs a CPU tier above it"),
+    ("offload-size-text", scenario(f"engine: {{kv_offload: {{cpu_bytes: lots}}}}\n{WORKLOAD}"), RUN_S,
+     "engine.kv_offload.cpu_bytes"),
+    ("offload-on-v0", scenario(f"engine: {{scheduler: v0, kv_offload: {{cpu_bytes: 1GiB}}}}\n{WORKLOAD}"), RUN_S,
+     "kv_offload needs scheduler=v1 (got v0)"),
+    ("offload-set-zero-bandwidth", {}, ["run", "--set", "engine.kv_offload={cpu_bytes: 1GiB, bandwidth_bytes_per_s: 0}"],
+     "engine.kv_offload.bandwidth_bytes_per_s=0"),
     # --- autoscaled fleets (kvsim.fleet.autoscaled)
     ("autoscaler-never-scales", scenario(f"{WORKLOAD}replicas: 2\nrouter: {{policy: least_outstanding}}\n"
                                          "autoscaler: {min_replicas: 2, max_replicas: 2}\n"), RUN_S,

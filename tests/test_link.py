@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.fleet.link import LinkSpec, SharedLink
+from kvsim.kv.link import LinkSpec, SharedLink
 from kvsim.model.errors import KvsimError
 
 GB = 1e9

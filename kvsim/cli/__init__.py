@@ -35,6 +35,7 @@ from kvsim.cli.shared import (
     beyond_max_model_len,
     capacity_headline,
     fixed_length_scenario,
+    offload_line,
     parse_int_list,
     parse_size_flag,
     print_plan,
@@ -266,9 +267,12 @@ def plan(
         "--kv-transfer-config", help="vLLM's flag: JSON for the splits' link, e.g. '{\"kv_link\": \"nvlink\"}' "
                                      "[rdma]")] = None,
     output_format: Annotated[Format, typer.Option("--format")] = Format.table,
+    offload_sizes: Annotated[list[str] | None, typer.Option(
+        "--offload-size", help="Also size a KV offload tier: a CPU tier size to try (repeat), e.g. 64GiB")] = None,
 ) -> None:
     """The cheapest fleet meeting latency SLOs: fewest replicas per candidate GPU / TP / engine knobs, and
-    with --xpyd disaggregated prefill/decode splits of each, all ranked by cost."""
+    with --xpyd disaggregated prefill/decode splits of each, all ranked by cost. With --offload-size, also the
+    CPU offload tier one replica needs (`kvsim.planning.offload_sizing`)."""
     import yaml
 
     from kvsim.planning.plan import check_candidates, spec_from_options
@@ -299,6 +303,7 @@ def plan(
         spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
                                  max_replicas, router, search, limit_bytes, xpyd, kv_transfer_config)
         check_candidates(base, spec)
+        sizes = [parse_size_flag(size, "--offload-size") for size in offload_sizes or []]
         out_path = output or f"plans/{safe_component(base.name)}"
         check_output_dir(out_path, "plan")
         client = None if workers == 1 and not dask_address else dask_client(dask_address, workers)
@@ -314,8 +319,17 @@ def plan(
             if client is not None:
                 close_client(client)
         write_plan(rows, out_dir, base.name)
+        if sizes:
+            from kvsim.planning.offload_sizing import size_offload, ttft_slo, write_sizing
+
+            limit, stat = ttft_slo(spec.slo)
+            sizing = size_offload(base, sizes, (0.5, 1.0, 2.0), ttft_slo_s=limit, ttft_percentile=stat,
+                                  workers=workers or 1, dask_address=dask_address)
+            write_sizing(sizing, out_dir)
     if output_format is Format.table:
         print_plan(rows, base.name, out_dir, simulated)
+        if sizes:
+            typer.echo(offload_line(sizing))
     else:
         writers = {Format.csv: rows_to_csv, Format.json: to_json, Format.markdown: rows_to_markdown}
         sys.stdout.write(writers[output_format](rows))

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -103,7 +103,22 @@ class RunFormat(StrEnum):
 
 
 PLAN_FILES = ["points.jsonl", "plan.csv", "plan.json", "plan.md", "pareto.png",
-              ".plan.csv.tmp", ".plan.json.tmp", ".plan.md.tmp", ".pareto.tmp.png"]  # all `plan` writes
+              ".plan.csv.tmp", ".plan.json.tmp", ".plan.md.tmp", ".pareto.tmp.png",  # all `plan` writes
+              "offload_points.csv", "offload_pays.csv", "offload_hurts.csv", "offload_sizing.json"]  # --offload-size
+
+
+def offload_line(sizing: Any) -> str:
+    """`kvsim plan --offload-size`'s one-line answer (`kvsim.planning.offload_sizing.OffloadSizing`)."""
+    f = sizing.facts
+    size = sizing.size_for_ttft_bytes
+    slo = f"TTFT {f['ttft_percentile']} <= {f['ttft_slo_s']} s" if f["ttft_slo_s"] is not None else "no TTFT SLO"
+    found = ("not met by any size tried" if size is None else "met without a tier" if not size
+             else f"met from a CPU tier of {size / 2**30:g} GiB")
+    largest = f"the largest tier ({f['largest_bytes'] / 2**30:g} GiB)"
+    pays = (f"{largest} cuts TTFT p90 by 5 % at no load tried" if sizing.pays_from_load is None
+            else f"{largest} cuts TTFT p90 by >= 5 % from load x{sizing.pays_from_load:g} of the scenario's")
+    return (f"offload (one replica): {slo} {found}; {pays}; "
+            "offload_points.csv, offload_pays.csv, offload_hurts.csv, offload_sizing.json")
 
 
 def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> None:

@@ -20,6 +20,8 @@ import numpy as np
 
 from kvsim.engine.recorder import StepRecorder
 from kvsim.kv import GroupedPagedAllocator, KVAllocator, PagedAllocator, SlabAllocator
+from kvsim.kv.link import LinkSpec
+from kvsim.kv.offload_connector import OffloadConnector, TierSpec
 from kvsim.kv.radix_prefix_cache import RadixPrefixCache
 from kvsim.latency.base import ConstantLatency, LatencyModel
 from kvsim.latency.roofline import RooflineLatency
@@ -130,6 +132,34 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
     return allocator
 
 
+def make_offload(spec: EngineSpec) -> OffloadConnector | None:
+    """The offload tiers of `engine.kv_offload` (`kvsim.kv.offload_connector`), or None when it has no tier
+    of at least one block (so a tier of size 0 is exactly no tier). A block takes the shard bytes of every TP
+    rank; loads and stores move at the host link's bandwidth per rank (each rank has its own), the disk
+    tier's reads at the drive's bandwidth."""
+    config, engine = spec.engine.kv_offload, spec.engine
+    if config is None:
+        return None
+    tp = engine.tensor_parallel_size
+    block_bytes = spec.bytes_per_block * tp
+    num_cpu, num_disk = config.num_blocks("cpu", block_bytes), config.num_blocks("disk", block_bytes)
+    if num_cpu * block_bytes > config.host_memory_bytes:
+        raise KvsimError(f"engine.kv_offload.num_cpu_blocks={num_cpu}: {num_cpu * block_bytes} bytes, larger than "
+                         f"host_memory_bytes={config.host_memory_bytes}")
+    if num_disk and not num_cpu:
+        raise KvsimError(f"engine.kv_offload: a disk tier ({num_disk} blocks) needs a CPU tier above "
+                         "it (cpu_bytes or num_cpu_blocks of at least one block): LMCache's local disk sits "
+                         "below its CPU cache")
+    if not num_cpu:
+        return None
+    bandwidth = (config.bandwidth_bytes_per_s or spec.gpu.host_link_bandwidth_bytes_per_s) * tp
+    tiers = [TierSpec("cpu", num_cpu, LinkSpec(bandwidth))]
+    if num_disk:
+        assert config.disk_bandwidth_bytes_per_s is not None
+        tiers.append(TierSpec("disk", num_disk, LinkSpec(config.disk_bandwidth_bytes_per_s)))
+    return OffloadConnector(tiers, LinkSpec(bandwidth), engine.block_size, block_bytes)
+
+
 def make_latency(spec: EngineSpec) -> LatencyModel:
     """The scenario's latency model (`latency.model`) for the spec's model, GPU and engine, with the
     drafter's cost on top under speculative decoding (`kvsim.latency.speculative`)."""
@@ -181,6 +211,11 @@ def build_engine(scenario: Scenario, rng: np.random.Generator, memory_limit_byte
         speculation = make_speculation(spec.engine.speculative_config)
     scheduler = make_scheduler(spec.engine.scheduler, allocator, spec.limits, rng,
                                make_request_queue(spec.engine.scheduling_policy), speculation)
+    if type(allocator) is PagedAllocator:  # full attention only: the hybrid allocator keys blocks per group
+        scheduler.offload = make_offload(spec)
+    elif spec.engine.kv_offload is not None:
+        raise KvsimError(f"engine.kv_offload: needs the paged allocator over full attention (model {spec.model.name} "
+                         "has sliding-window/chunked groups; set engine.disable_hybrid_kv_cache_manager=true)")
     latency = make_latency(spec)
     engine = spec.engine
     facts = {
@@ -203,6 +238,8 @@ def engine_result(scenario: Scenario, parts: EngineParts, recorder: StepRecorder
     recorder.finish()
     request_columns = scheduler.records.columns()
     summary = summarize(request_columns, recorder.totals, scheduler.counters(), parts.facts)
+    if scheduler.offload is not None:
+        summary["kv_offload"] = scheduler.offload.summary(summary["duration_s"])
     rows = None if steps_path is not None and scenario.steps == "all" else recorder.kept_columns()
     return RunResult(scenario=scenario, request_columns=request_columns, step_columns=rows, summary=summary,
                      steps_path=steps_path)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 
 import simpy
 
-from kvsim.engine.clock import ArrivalClock, Arrivals, Wakeup
+from kvsim.engine.clock import ArrivalClock, Arrivals, Wakeup, call_at
 from kvsim.engine.recorder import StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.latency.base import LatencyModel
@@ -74,7 +74,7 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
         if not busy:
             if any(plan.preempted for _, plan in plans):
                 continue  # preemptions freed memory; plan again at the same instant
-            if arrivals.all_arrived:
+            if arrivals.all_arrived and not any(engine.scheduler.loading for engine in group):
                 num_waiting = sum(len(engine.scheduler.waiting) for engine in group)
                 raise RuntimeError(f"scheduler stalled at t={env.now:.3f}s with {num_waiting} waiting and "
                                    "nothing runnable")
@@ -121,6 +121,8 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request],
         wakeup = Wakeup(env)
         for engine in group:
             engine.wakeup = wakeup
+            if engine.scheduler.offload is not None:
+                engine.scheduler.offload.on_next_load_end = _ring_at(env, wakeup)
 
     def arrival_process() -> Generator:
         while not arrivals.all_arrived:
@@ -145,6 +147,21 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request],
         engine.recorder.finish()
     if progress is not None:
         progress(env.now, total, total)
+
+
+def _ring_at(env: simpy.Environment, wakeup: Wakeup) -> Callable[[float], None]:
+    """An offload connector's `on_next_load_end`: ring `wakeup` at the instant given, the latest only (a new
+    instant replaces the older one), so an engine idle while a load is in flight wakes when it ends."""
+    latest: list[object] = [None]
+
+    def arm(at_s: float) -> None:
+        token = latest[0] = object()
+
+        def ring() -> None:
+            if token is latest[0]:
+                wakeup.ring()
+        call_at(env, max(at_s, env.now), ring)
+    return arm
 
 
 def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: Iterable[Request], check: bool = False,

@@ -41,9 +41,9 @@ from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.fleet.driver import FleetView, Routes, fleet_summary, fleet_tables, replica_groups, replica_scenarios
 from kvsim.fleet.kv_transfer import decode_link, kv_bytes_per_block_received, per_gpu_link
-from kvsim.fleet.link import SharedLink
 from kvsim.fleet.router import Router
 from kvsim.kv import PagedAllocator
+from kvsim.kv.link import SharedLink
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.model.units import ceil_div

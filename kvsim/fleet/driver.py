@@ -233,9 +233,13 @@ def fleet_requests(runs: list[RunResult]) -> pd.DataFrame:
     return pd.DataFrame({name: values[order] for name, values in columns.items()})
 
 
+OFFLOAD_TOTALS = ("num_loads", "bytes_loaded", "bytes_stored", "recompute_avoided_tokens")  # summed over replicas
+
+
 def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunResult],
                   routes_df: pd.DataFrame) -> dict[str, Any]:
-    """Fleet-wide headline numbers: latency percentiles over every request, totals over replicas."""
+    """Fleet-wide headline numbers: latency percentiles over every request, totals over replicas (with KV
+    offload, `kv_offload`: its totals over the replicas that have a tier; each replica's is in its summary)."""
     finished = requests_df[requests_df["status"] == "finished"]
     end_s = max((r.summary["duration_s"] + float(r.request_columns["arrival_s"].min()) for r in runs
                  if len(r.request_columns["arrival_s"])), default=0.0)
@@ -255,6 +259,8 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
     counts = [row["num_requests"] for row in per_replica]
     arrivals = requests_df["arrival_s"]
     span_s = float(arrivals.max() - arrivals.min()) if len(arrivals) > 1 else 0.0
+    offload = [r.summary["kv_offload"] for r in runs if "kv_offload" in r.summary]
+    extra = {"kv_offload": {key: sum(o[key] for o in offload) for key in OFFLOAD_TOTALS}} if offload else {}
     return {
         "scenario": scenario.name, "num_replicas": len(runs), "router": scenario.router.policy,
         "num_gpus": sum(row["tensor_parallel_size"] for row in per_replica), "seed": scenario.seed,
@@ -273,5 +279,5 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "num_prefix_cache_query_tokens": queries, "num_prefix_cache_hit_tokens": hits,
         "requests_per_replica": {"min": min(counts), "max": max(counts), "mean": float(np.mean(counts))},
         "route_reasons": {str(k): int(v) for k, v in sorted(Counter(routes_df["reason"]).items())},
-        "per_replica": per_replica,
+        "per_replica": per_replica, **extra,
     }

@@ -9,7 +9,7 @@
 The latencies are orders of magnitude for one transfer's setup (a NIXL read's descriptor exchange and
 completion), not measurements; `kv_link_latency_s` replaces them. A decode instance of TP size t has
 one such link per GPU (one NIC per GPU, as rail-optimised clusters wire them), so its ingress is
-t × the per-GPU bandwidth, shared by every transfer into it (`kvsim.fleet.link.SharedLink`).
+t × the per-GPU bandwidth, shared by every transfer into it (`kvsim.kv.link.SharedLink`).
 
 Bytes: a decode instance receives the whole prompt's KV in its own layout, whole blocks as vLLM's
 connectors move them (block-granular descriptors): `num_blocks · block_size · bytes_per_token(D) · tp(D)`,
@@ -19,7 +19,7 @@ heads divided by TP, at least 1, so heads replicated across ranks are received b
 
 from __future__ import annotations
 
-from kvsim.fleet.link import LinkSpec
+from kvsim.kv.link import LinkSpec
 from kvsim.model.capacity import kv_bytes_per_token
 from kvsim.model.config import EngineConfig, ModelSpec
 from kvsim.workload.scenario import KVTransferConfig

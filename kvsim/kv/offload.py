@@ -18,7 +18,7 @@ A tier holds block hashes (the identity of a full, hashed KV block: `kvsim.workl
 `TieredOffload` stacks tiers (CPU, then disk): a block a tier evicts is offered to the tier below, and a
 lookup walks the prefix block by block, each block served by the fastest tier that holds it. A tier of 0 blocks
 holds nothing: every call is a no-op, so a run with it equals a run without offload.
-Pure Python; the engine prices the bytes moved (`kvsim.fleet.link`).
+Pure Python; the engine prices the bytes moved (`kvsim.kv.link`).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class OffloadTier:
     num_loaded_blocks: int = 0
     num_evicted_blocks: int = 0
     num_refused_stores: int = 0
+    num_pins: int = 0  # Σ pins over the blocks held: loads in flight reading this tier, block by block
 
     def __post_init__(self) -> None:
         assert self.num_blocks >= 0, f"{self.name}: num_blocks={self.num_blocks}"
@@ -58,6 +59,11 @@ class OffloadTier:
     def hashes_lru_first(self) -> list[BlockHash]:
         """Every block held (ready or being stored), the next to be evicted first."""
         return list(self._slots)
+
+    def pins_of(self, block_hash: BlockHash) -> int:
+        """Loads in flight that read the block (0 when it is not held)."""
+        slot = self._slots.get(block_hash)
+        return 0 if slot is None else slot.pins
 
     def holds(self, block_hash: BlockHash) -> bool:
         slot = self._slots.get(block_hash)
@@ -76,12 +82,14 @@ class OffloadTier:
             slot = self._slots[h]
             assert slot.ready, f"{self.name}: load of a block still being stored"
             slot.pins += 1
+        self.num_pins += len(hashes)
 
     def complete_load(self, hashes: Sequence[BlockHash]) -> None:
         for h in hashes:
             slot = self._slots[h]
             assert slot.pins > 0, f"{self.name}: load completed twice"
             slot.pins -= 1
+        self.num_pins -= len(hashes)
         self.num_loaded_blocks += len(hashes)
 
     def touch(self, hashes: Sequence[BlockHash]) -> None:
@@ -119,9 +127,12 @@ class OffloadTier:
 
     def check_invariants(self) -> None:
         assert len(self._slots) <= self.num_blocks, f"{self.name}: {len(self._slots)} > {self.num_blocks} blocks"
+        num_pins = 0
         for h, slot in self._slots.items():
             assert slot.pins >= 0, f"{self.name}: block {h!r} pinned {slot.pins} times"
             assert slot.ready or slot.pins == 0, f"{self.name}: block {h!r} pinned while being stored"
+            num_pins += slot.pins
+        assert num_pins == self.num_pins, f"{self.name}: {num_pins} pins held, {self.num_pins} counted"
 
 
 @dataclass(slots=True)

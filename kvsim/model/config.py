@@ -198,6 +198,64 @@ def _read_mapping(path: Path, what: str) -> dict[str, Any]:
     return raw
 
 
+OffloadBytes = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
+DGX_HOST_MEMORY_BYTES = 2 * 10**12  # NVIDIA DGX H100 / H200 datasheet: 2 TB system memory
+
+
+class KVOffloadConfig(BaseModel):
+    """`engine.kv_offload`: a CPU (and optionally disk) tier below the GPU prefix cache (vLLM's CPU
+    offloading connector, LMCache's CPU and local disk backends); validated once, frozen.
+
+        engine:
+          kv_offload:
+            cpu_bytes: 64GiB                 # vLLM's --kv-offloading-size (GiB, all TP ranks together)
+            # num_cpu_blocks: 40000          # or a block count (vLLM's OffloadingConnector `num_cpu_blocks`)
+            bandwidth_bytes_per_s: 64e9      # GPU <-> CPU per GPU and direction; default the GPU's host link
+            disk_bytes: 1TiB                 # optional: LMCache's local disk tier below the CPU
+            disk_bandwidth_bytes_per_s: 5e9  # required with a disk tier (no default: drives differ)
+            host_memory_bytes: 2TiB          # the host the CPU tier must fit in
+
+    Sizes are the engine's, all tensor-parallel ranks together (each rank keeps its shard of a block; a
+    block takes `bytes_per_block(shard) · tensor_parallel_size` bytes of the tier), as vLLM's
+    `kv_offloading_size` sums over ranks. Each rank moves its shard over its own host link at
+    `bandwidth_bytes_per_s`, so the engine moves `bandwidth · tp` bytes/s each way. A tier of 0 bytes or 0
+    blocks is no tier. The default host memory is a DGX H100/H200 node's 2 TB of system memory (NVIDIA DGX
+    H100 datasheet); set `host_memory_bytes` for the machine you deploy on. Bad values raise one line
+    naming the field and the value.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpu_bytes: OffloadBytes | None = None
+    num_cpu_blocks: int | None = Field(default=None, ge=0)
+    bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    disk_bytes: OffloadBytes | None = None
+    num_disk_blocks: int | None = Field(default=None, ge=0)
+    disk_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    host_memory_bytes: Bytes = DGX_HOST_MEMORY_BYTES
+
+    @model_validator(mode="after")
+    def _one_size_per_tier(self) -> KVOffloadConfig:
+        for tier in ("cpu", "disk"):
+            if getattr(self, f"{tier}_bytes") is not None and getattr(self, f"num_{tier}_blocks") is not None:
+                raise ValueError(f"give {tier}_bytes or num_{tier}_blocks, not both")
+        if self.cpu_bytes is not None and self.cpu_bytes > self.host_memory_bytes:
+            raise ValueError(f"cpu_bytes={self.cpu_bytes}: larger than host_memory_bytes={self.host_memory_bytes} "
+                             "(the CPU tier must fit in the host's memory)")
+        has_disk = bool(self.disk_bytes) or bool(self.num_disk_blocks)
+        if has_disk and self.disk_bandwidth_bytes_per_s is None:
+            raise ValueError("a disk tier needs disk_bandwidth_bytes_per_s (bytes/s the drive reads)")
+        return self
+
+    def num_blocks(self, tier: str, bytes_per_block: int) -> int:
+        """Blocks of `bytes_per_block` (all ranks together) that the tier holds (0: no tier)."""
+        num = getattr(self, f"num_{tier}_blocks")
+        if num is not None:
+            return int(num)
+        size = getattr(self, f"{tier}_bytes")
+        return 0 if size is None else size // bytes_per_block
+
+
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm/config/cache.py `BlockSize`
 
 
@@ -219,6 +277,7 @@ class EngineConfig(BaseModel):
     `scheduling_policy` orders the waiting queue (vLLM's `--scheduling-policy`: `fcfs`, or
     `priority`: smallest (priority, arrival) first, the lowest-priority running request preempted);
     `speculative_config` is vLLM's `--speculative-config` (`kvsim.model.speculative_config`).
+    `kv_offload` adds CPU/disk tiers below the prefix cache (`KVOffloadConfig`, `kvsim.kv.offload_connector`).
     `prefix_cache` picks the prefix cache of the paged pool: vLLM's `hash_chain` or SGLang's `radix`
     tree (`kvsim.kv.radix_prefix_cache`), with `enable_prefix_caching` on.
     """
@@ -264,11 +323,25 @@ class EngineConfig(BaseModel):
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     prefix_cache: Literal["hash_chain", "radix"] = "hash_chain"
     speculative_config: SpeculativeConfig | None = None
+    kv_offload: KVOffloadConfig | None = Field(default=None, exclude_if=lambda config: config is None)
 
     @model_validator(mode="after")
     def _radix_needs_paged(self) -> EngineConfig:
         if self.prefix_cache == "radix" and self.allocator != "paged":
             raise ValueError(f"prefix_cache=radix needs allocator paged (got {self.allocator})")
+        return self
+
+    @model_validator(mode="after")
+    def _offload_needs_hashed_blocks(self) -> EngineConfig:
+        """The tiers hold hashed blocks of vLLM v1's paged hash-chain prefix cache (the connector's world)."""
+        if self.kv_offload is not None:
+            for name, value, needed in (("allocator", self.allocator, "paged"), ("scheduler", self.scheduler, "v1"),
+                                        ("prefix_cache", self.prefix_cache, "hash_chain"),
+                                        ("enable_prefix_caching", self.enable_prefix_caching, True)):
+                if value != needed:
+                    raise ValueError(f"kv_offload needs {name}={needed} (got {value})")
+            if self.speculative_config is not None:
+                raise ValueError("kv_offload with speculative_config: not modelled together")
         return self
 
     @model_validator(mode="after")

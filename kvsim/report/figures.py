@@ -208,6 +208,24 @@ def fig_fleet(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) 
     axes[1].legend(fontsize=8, loc="upper center", ncols=3)
 
 
+def fig_offload(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
+    """Prefix hit rate over all tiers and TTFT p90 against the CPU tier's size, one line per load."""
+    df, f = sec.tables["offload_points"], sec.facts
+    for load, at in df.groupby("load"):
+        axes[0].plot(at.cpu_GiB, at.hit_rate_all_tiers * 100, marker="o", label=f"load ×{load:g}")
+        axes[1].plot(at.cpu_GiB, at.ttft_p90_s, marker="o", label=f"load ×{load:g}")
+    axes[0].axhline(f["unbounded_hit_rate"] * 100, color="#2b8a3e", linestyle="--", linewidth=1,
+                    label="unbounded cache")
+    axes[0].set_ylabel("prefix hit rate, GPU + CPU tier (%)")
+    if f["ttft_slo_s"] is not None:
+        axes[1].axhline(f["ttft_slo_s"], color=SLAB, linestyle="--", linewidth=1,
+                        label=f"SLO: TTFT p90 ≤ {_number(f['ttft_slo_s'], 's')}")
+    axes[1].set_ylabel("TTFT p90 (s)")
+    for ax in axes:
+        ax.set_xlabel("CPU offload tier (GiB; 0: none)")
+        ax.legend(fontsize=8)
+
+
 def fig_series(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray, alert: bool = False) -> None:
     """Running and waiting requests, and KV usage with its preemptions (and the alert threshold)."""
     ts = sec.tables["time_series"]
@@ -231,7 +249,7 @@ def fig_series(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray,
 
 
 FIGURES: dict[str, Draw] = {"context": fig_context, "fp8": fig_fp8, "prefix": fig_prefix, "formula": fig_formula,
-                            "paging": fig_paging, "load": fig_load, "fleet": fig_fleet}
+                            "paging": fig_paging, "load": fig_load, "fleet": fig_fleet, "offload": fig_offload}
 
 
 def save_figure(draw: Callable[[np.ndarray], None], path: Path, title: str) -> None:

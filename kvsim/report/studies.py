@@ -68,13 +68,15 @@ class StudyConfig:
     rate_requests: int = 400  # the steady-state rate search's first run length (it doubles until converged)
     rate_max_requests: int = 12_800  # ... up to this many requests per probe (the cap is reported when hit)
     saturate_max_requests: int = 20_000  # a request-bound saturated run is re-run with more, up to this
+    offload_requests: int = 600  # leading requests of the Mooncake slice the offload section replays
+    offload_loads: tuple[float, ...] = (0.5, 1.0, 2.0)  # × the trace's arrival rate
 
     @classmethod
     def quick(cls) -> StudyConfig:
         return cls(num_requests=60, load_fractions=(0.25, 0.75, 1.0, 1.5), shared_prefix_counts=(4, 16),
                    fleet_requests=60,
                    fleet_max_replicas=8, rate_requests=200, rate_max_requests=1600,
-                   saturate_max_requests=3000)
+                   saturate_max_requests=3000, offload_requests=60, offload_loads=(1.0,))
 
 
 def variant(base: Scenario, *overrides: str) -> Scenario:

@@ -199,6 +199,8 @@ def section_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConf
         return load_text(sec, cfg)
     if sec.key == "fleet":
         return fleet_text(sec, st)
+    if sec.key == "offload":
+        return offload_text(sec)
     return alerts_text(sec, cfg)
 
 
@@ -333,3 +335,45 @@ def _affinity_verdict(f: dict, lo: pd.Series, aff: pd.Series) -> str:
         why.append(f"its busiest replica got {int(aff.requests_per_replica_max)} requests against "
                    f"{int(lo.requests_per_replica_max)}")
     return hits + ttft + ". Against least outstanding, the runs show that " + "; ".join(why) + "."
+
+
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**30:,.1f} GiB"
+
+
+def _needs(num_bytes: int | None) -> str:
+    """What a target needs: a CPU tier of some size, none, or more than the sizes tried give."""
+    if num_bytes is None:
+        return "is not reached with any tier size tried"
+    return "needs no CPU tier (the GPU's prefix cache reaches it)" if not num_bytes else \
+        f"needs a CPU tier of {_gib(num_bytes)} per replica"
+
+
+def offload_text(sec: studies.Section) -> str:
+    """The offload section's words, every number from its tables and facts."""
+    f, pays, hurts = sec.facts, sec.tables["offload_pays"], sec.tables["offload_hurts"]
+    target = f["target_hit_rate"]
+    hit = (f"A prefix hit rate of {target:.0%} (GPU and CPU tier together; 90 % of the "
+           f"{f['unbounded_hit_rate']:.0%} an unbounded cache would hit on these {f['num_requests']} requests) "
+           f"{_needs(f['size_for_hit_rate_bytes'])}.")
+    slo = f" TTFT p90 ≤ {f['ttft_slo_s']:g} s at the trace's rate {_needs(f['size_for_ttft_bytes'])}."
+    if len(pays):
+        paying = [f"×{load:g}" for load, ok in zip(pays["load"], pays["pays"], strict=True) if ok]
+        pay = (f" The largest tier ({_gib(f['largest_bytes'])}) cuts TTFT p90 by at least {f['pays_margin']:.0%} at "
+               f"load{'s' if len(paying) > 1 else ''} {', '.join(paying)} of the trace's rate" if paying else
+               f" The largest tier ({_gib(f['largest_bytes'])}) cuts TTFT p90 by less than {f['pays_margin']:.0%} at "
+               "every load tried") + " (table `offload_pays`)."
+    else:
+        pay = ""
+    slow = hurts[~hurts["load_is_faster"]]
+    if len(slow):
+        row = slow.sort_values("prefix_tokens").iloc[0]
+        hurt = (f" Where it hurts: loading a {int(row.prefix_tokens):,}-token prefix at "
+                f"{row.bandwidth_bytes_per_s / 1e9:g} GB/s per GPU takes {row.load_s * 1e3:.1f} ms, its recompute "
+                f"{row.recompute_s * 1e3:.1f} ms; below about {row.break_even_bandwidth_bytes_per_s / 1e9:.1f} GB/s "
+                "per GPU a load is slower than recomputing, and vLLM loads whatever the tier holds (table "
+                "`offload_hurts`).")
+    else:
+        hurt = (" At every bandwidth tried, loading a prefix is faster than recomputing it (table "
+                "`offload_hurts`).")
+    return hit + slo + pay + hurt

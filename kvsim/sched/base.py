@@ -25,10 +25,12 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.kv import Allocation, KVAllocator, KVOccupancy, PrefixCacheStats, PrefixHit, SegmentContent, occupancy
+from kvsim.kv.offload_connector import OffloadConnector
 from kvsim.latency.step_plan import StepPlan
 from kvsim.results.metrics import EngineCounters, SpecDecodeCounters
 from kvsim.results.records import RequestRecords
 from kvsim.sched.beams import select_beams
+from kvsim.sched.offload import OffloadScheduling
 from kvsim.sched.request_queue import FCFSQueue, RequestQueue
 from kvsim.sched.speculative import Speculation
 from kvsim.workload.request import Request, RequestStatus
@@ -57,8 +59,8 @@ class SchedulerSnapshot(NamedTuple):
     kv: KVOccupancy
 
 
-class Scheduler:
-    """Base class: subclasses implement `select` (v1, v0, static)."""
+class Scheduler(OffloadScheduling):
+    """Base class: subclasses implement `select` (v1, v0, static); KV offload's half is `OffloadScheduling`."""
 
     name = "base"
 
@@ -85,6 +87,12 @@ class Scheduler:
         # the transfer to a decode instance ends; the callee frees it (`free_request`).
         self.hand_off: Callable[[Request, float], None] | None = None
         self._beam_scores: dict[int, np.ndarray] = {}  # request id -> cumulative log-prob of each beam slot
+        # KV offload (`engine.kv_offload`, v1 only; `kvsim.kv.offload_connector`), set by the builder: requests
+        # whose prefix loads from a lower tier wait in `loading` (id -> (request, tokens it will hold)), out of
+        # `waiting`, as vLLM's WAITING_FOR_REMOTE_KVS; each request's next block to offer to the tiers.
+        self.offload: OffloadConnector | None = None
+        self.loading: dict[int, tuple[Request, int]] = {}
+        self._next_stored_block: dict[int, int] = {}
 
     # ---------------------------------------------------------------- queues
     def counters(self) -> EngineCounters:
@@ -122,10 +130,13 @@ class Scheduler:
     def check_invariants(self) -> None:
         """The allocator's books balance (`KVAllocator.check_invariants`); raises AssertionError if not."""
         self.alloc.check_invariants()
+        if self.offload is not None:
+            self.offload.check_invariants()
+            assert set(self.loading) == set(self.offload.loading_ids), "a load without its request, or the reverse"
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+        return bool(self.waiting or self.running or self.swapped or self.loading)
 
     def add(self, req: Request) -> bool:
         """Queue a request, or reject it (recording why) if it can never be served."""
@@ -317,6 +328,8 @@ class Scheduler:
                 self.alloc.free(seq_id)
         self._forked.discard(req.request_id)
         self._beam_scores.pop(req.request_id, None)
+        if self._next_stored_block:
+            self._next_stored_block.pop(req.request_id, None)
 
     def preempt(self, req: Request, plan: StepPlan) -> None:
         """Recompute (free all, back to the queue front) or swap out, as the policy says."""
@@ -370,6 +383,8 @@ class Scheduler:
                 done.append(req)
         if spec is not None:
             spec.pending.clear()
+        if self.offload is not None:
+            self._store_computed(plan, now)
         return self.finish(done, now)
 
     def _complete_verify(self, spec: Speculation, req: Request, num_drafts: int, num_accepted: int) -> bool:
@@ -390,9 +405,11 @@ class Scheduler:
 
     def finish(self, done: list[Request], now: float) -> list[Request]:
         """Mark requests that produced their last token finished at `now` and free their KV."""
-        hand_off = self.hand_off
+        hand_off, next_stored = self.hand_off, self._next_stored_block
         for req in done:
             req.status, req.finish_s = RequestStatus.FINISHED, now
+            if next_stored:
+                next_stored.pop(req.request_id, None)
             if hand_off is None:
                 self.free_request(req)
                 req.content = None  # its block-hash memo is not needed again: memory stays bounded in long runs
@@ -418,9 +435,9 @@ class Scheduler:
     @property
     def allows_bursts(self) -> bool:
         """False under the priority policy (a later arrival can outrank a blocked head and be admitted:
-        burst condition (b) holds for FCFS admission only) and with speculative decoding (a verify step
-        is not a one-token decode)."""
-        return self.waiting.policy == "fcfs" and self.speculation is None
+        burst condition (b) holds for FCFS admission only), with speculative decoding (a verify step
+        is not a one-token decode) and with KV offload (every step's stores and loads are timed)."""
+        return self.waiting.policy == "fcfs" and self.speculation is None and self.offload is None
 
     def schedules_whole_decode_batch(self, num_running: int) -> bool:
         """Whether one step decodes all `num_running` requests (policies with a token budget may not)."""

@@ -16,6 +16,8 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
 2. If nothing was preempted, admit WAITING requests in the policy's order (FCFS, or
    smallest (priority, arrival)) while budget and `max_num_seqs` allow and the whole prompt
    (after prefix-cache hits) fits; the first that does not fit ends admission for the step.
+   With KV offload, a request whose prefix the offload tiers hold past the GPU hit leaves the queue
+   to load it (`Scheduler.start_load`) and admission goes on; loaded ones rejoin at the front.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class V1Scheduler(Scheduler):
     name = "v1"
 
     def select(self, now: float) -> StepPlan:
+        if self.offload is not None:
+            self.finish_loads(now)
         plan = StepPlan()
         budget = self.limits.max_num_batched_tokens
         running, scheduled, append_token = self.running, plan.scheduled, self.alloc.append_token
@@ -92,6 +96,8 @@ class V1Scheduler(Scheduler):
             hit = self.lookup(req)
             if not self.can_admit(req, hit):
                 break
+            if self.offload is not None and self.start_load(req, hit, now):
+                continue  # it waits for its load (vLLM's WAITING_FOR_REMOTE_KVS); the next may be admitted
             num_new = min(req.num_tokens - hit.num_tokens, budget)
             self.admit(req, num_new, hit, plan, now)
             budget -= num_new

@@ -49,11 +49,13 @@ class SharedLink:
     if nothing else starts; `advance(now_s)` books the bytes drained up to `now_s` and returns the ids that ended.
 
     Contract: calls come with non-decreasing `now_s`; a transfer id is in flight at most once.
-    `bytes_moved` counts every byte of every ended transfer (a pool's "bytes moved" metric).
+    `bytes_moved` counts every byte of every ended transfer (a pool's "bytes moved" metric);
+    `ended_s` holds the instant each transfer the last `advance` returned ended, in its order.
     """
 
     spec: LinkSpec
     bytes_moved: int = 0
+    ended_s: list[float] = field(default_factory=list)
     _active: dict[int, _Transfer] = field(default_factory=dict)
     _sizes: dict[int, int] = field(default_factory=dict)
     _now_s: float = 0.0
@@ -61,6 +63,10 @@ class SharedLink:
     @property
     def num_in_flight(self) -> int:
         return len(self._active)
+
+    @property
+    def in_flight_ids(self) -> set[int]:
+        return set(self._active)
 
     def start(self, transfer_id: int, num_bytes: int, now_s: float) -> None:
         assert transfer_id not in self._active, f"transfer {transfer_id} is already in flight"
@@ -98,11 +104,13 @@ class SharedLink:
         """Drain the bytes the link moves until `now_s`; return the ids of the transfers that ended (in order)."""
         assert now_s >= self._now_s, f"time went back: {now_s} < {self._now_s}"
         ended: list[int] = []
+        self.ended_s = []
         while (nxt := self.next_end()) is not None and nxt[0] <= now_s:
             self._drain_until(nxt[0])
             del self._active[nxt[1]]
             self.bytes_moved += self._sizes.pop(nxt[1])
             ended.append(nxt[1])
+            self.ended_s.append(nxt[0])
         self._drain_until(now_s)
         return ended
 

@@ -1,0 +1,194 @@
+"""The offload connector: the tiers of `offload.py` with the time their bytes take, as vLLM's
+OffloadingConnector (vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py) runs them.
+
+    GPU prefix cache ──store (write-through, async)──▶ CPU tier (LRU) ──evicted──▶ disk tier (LRU)
+          ▲                  GPU→host link                  │                        │
+          └──────── load (async) over the tier's link ──────┴────────────────────────┘
+
+* Stores: after each step, the full blocks a request computed in it are offered to the CPU tier
+  (vLLM's `_get_reqs_to_store`: every newly full block, from block 0 of the request on; blocks the
+  tier holds are skipped). They go as one transfer over the GPU→host link (shared by concurrent
+  stores, `SharedLink`), and a lookup can hit them only once it has ended (`complete_store`). A block the
+  CPU tier evicts is demoted to the disk tier at once (the demotion's write is not priced: stated).
+* Loads: a waiting request whose prefix misses the GPU cache at block k but whose blocks k.. are held
+  by the tiers (`lookup`, each block from the fastest tier holding it) gets GPU blocks for them and
+  waits while they load (vLLM's WAITING_FOR_REMOTE_KVS): one transfer per tier over that tier's
+  host→GPU link, shared by the loads in flight on it; the request is ready when all of its transfers end.
+  The loaded blocks are pinned in their tiers meanwhile and touched (most recently used) when it starts.
+* Time is explicit (`now_s` in every call, non-decreasing); the engine wakes an idle engine at the
+  instant `on_next_load_end` is told (`kvsim.engine.loop`).
+
+Counters for the run's summary (`summary()`): hits per tier (blocks and tokens), bytes moved each way,
+recompute avoided (tokens loaded instead of prefilled), load durations. Pure Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvsim.kv.link import LinkSpec, SharedLink
+from kvsim.kv.offload import BlockHash, OffloadTier, TieredOffload
+from kvsim.workload.content import Content
+
+
+@dataclass(frozen=True, slots=True)
+class TierSpec:
+    """One tier: `num_blocks` blocks, loaded to the GPU over `load_link`."""
+
+    name: str
+    num_blocks: int
+    load_link: LinkSpec
+
+
+@dataclass(slots=True)
+class _Load:
+    hashes: list[list[BlockHash]]  # per tier, the blocks it serves
+    start_s: float
+    num_pending: int  # tier transfers not ended
+    end_s: float = 0.0  # when its latest ended transfer ended
+
+
+@dataclass(slots=True)
+class OffloadConnector:
+    """Tiers (top first) with their links; `bytes_per_block` is one block's bytes, all TP ranks together."""
+
+    tiers: list[TierSpec]
+    store_link: LinkSpec
+    block_size: int
+    bytes_per_block: int
+    cache: TieredOffload = field(init=False)
+    _store: SharedLink = field(init=False)
+    _loads_on: list[SharedLink] = field(init=False)
+    _stores: dict[int, list[BlockHash]] = field(default_factory=dict)
+    _loads: dict[int, _Load] = field(default_factory=dict)
+    _ready: list[int] = field(default_factory=list)  # requests whose loads ended, not yet taken
+    _next_store_id: int = 0
+    on_next_load_end: Callable[[float], None] | None = None  # told the next load's end after every change
+    num_hit_blocks: list[int] = field(init=False)  # per tier, blocks loaded from it
+    num_loads: int = 0
+    num_stored_bytes: int = 0
+    load_s: list[float] = field(default_factory=list)  # each load's duration (start to its last transfer's end)
+
+    def __post_init__(self) -> None:
+        assert self.tiers and all(t.num_blocks > 0 for t in self.tiers), "a tier of 0 blocks is no tier"
+        self.cache = TieredOffload([OffloadTier(t.name, t.num_blocks) for t in self.tiers])
+        self._store = SharedLink(self.store_link)
+        self._loads_on = [SharedLink(t.load_link) for t in self.tiers]
+        self.num_hit_blocks = [0] * len(self.tiers)
+
+    @property
+    def loading_ids(self) -> set[int]:
+        """Requests whose loads are in flight or ended but not yet taken (`take_ready`)."""
+        return set(self._loads) | set(self._ready)
+
+    def lookup(self, content: Content, first_block: int, num_blocks: int) -> int:
+        """How many blocks from `first_block` (up to `num_blocks` blocks of the content) the tiers hold, in a row."""
+        if first_block >= num_blocks:
+            return 0
+        hashes = content.block_hashes(self.block_size, num_blocks)[first_block:num_blocks]
+        return sum(self.cache.lookup(hashes))
+
+    def start_load(self, request_id: int, content: Content, first_block: int, num_blocks: int, now_s: float) -> None:
+        """Load blocks `first_block .. first_block + num_blocks` (a `lookup` hit) for a request, starting now."""
+        self.advance(now_s)
+        hashes = content.block_hashes(self.block_size, first_block + num_blocks)[first_block:]
+        per_tier: list[list[BlockHash]] = [[] for _ in self.tiers]
+        for h in hashes:
+            per_tier[next(i for i, t in enumerate(self.cache.tiers) if t.holds(h))].append(h)
+        pending = 0
+        for k, (tier, own) in enumerate(zip(self.cache.tiers, per_tier, strict=True)):
+            if own:
+                tier.prepare_load(own)
+                tier.touch(own)
+                self._loads_on[k].start(request_id, len(own) * self.bytes_per_block, now_s)
+                self.num_hit_blocks[k] += len(own)
+                pending += 1
+        assert pending, "a load of no block"
+        self._loads[request_id] = _Load(per_tier, now_s, pending)
+        self.num_loads += 1
+        self._tell_next_end()
+
+    def store(self, hashes: Sequence[BlockHash], now_s: float) -> None:
+        """Offer newly computed full blocks to the top tier; the ones it takes are written over the store link."""
+        self.advance(now_s)
+        to_store = self.cache.store(hashes)
+        if to_store:
+            self._store.start(self._next_store_id, len(to_store) * self.bytes_per_block, now_s)
+            self._stores[self._next_store_id] = to_store
+            self._next_store_id += 1
+            self.num_stored_bytes += len(to_store) * self.bytes_per_block
+
+    def take_ready(self, now_s: float) -> list[int]:
+        """The requests whose loads have completed by `now_s` and were not taken yet, in the order they completed."""
+        self.advance(now_s)
+        ready, self._ready = self._ready, []
+        return ready
+
+    def advance(self, now_s: float) -> None:
+        """Book the transfers that ended by `now_s`: stores become hittable, completed loads ready (`take_ready`)."""
+        for store_id in self._store.advance(now_s):
+            self.cache.tiers[0].complete_store(self._stores.pop(store_id))
+        ready, ended = self._ready, False
+        for k, link in enumerate(self._loads_on):
+            for request_id, end_s in zip(link.advance(now_s), link.ended_s, strict=True):
+                ended = True
+                load = self._loads[request_id]
+                self.cache.tiers[k].complete_load(load.hashes[k])
+                load.num_pending -= 1
+                load.end_s = max(load.end_s, end_s)
+                if not load.num_pending:
+                    ready.append(request_id)
+                    self.load_s.append(load.end_s - load.start_s)
+                    del self._loads[request_id]
+        if ended:
+            self._tell_next_end()
+
+    def _tell_next_end(self) -> None:
+        ends = [nxt[0] for link in self._loads_on if (nxt := link.next_end()) is not None]
+        if ends and self.on_next_load_end is not None:
+            self.on_next_load_end(min(ends))
+
+    @property
+    def bytes_loaded(self) -> list[int]:
+        """Per tier, bytes moved to the GPU by loads that ended."""
+        return [link.bytes_moved for link in self._loads_on]
+
+    def check_invariants(self) -> None:
+        """Every tier's books balance; blocks pinned are exactly those of loads in flight, once each."""
+        self.cache.check_invariants()
+        for k, tier in enumerate(self.cache.tiers):
+            pinned: dict[BlockHash, int] = {}
+            for request_id, load in self._loads.items():
+                if request_id in self._loads_on[k].in_flight_ids:
+                    for h in load.hashes[k]:
+                        pinned[h] = pinned.get(h, 0) + 1
+            for h, num in pinned.items():  # the loads' blocks are pinned that often, and nothing else is
+                assert tier.holds(h) and tier.pins_of(h) == num, f"{tier.name}: block {h!r} pins != loads reading it"
+            assert tier.num_pins == sum(pinned.values()), f"{tier.name}: a block is pinned by no load"
+
+    def summary(self, duration_s: float) -> dict[str, Any]:
+        """`summary.json`'s `kv_offload`: per tier, then totals; tokens loaded are prefill not recomputed."""
+        tiers = {}
+        for k, (spec, tier) in enumerate(zip(self.tiers, self.cache.tiers, strict=True)):
+            tiers[spec.name] = {
+                "num_blocks": spec.num_blocks, "bytes": spec.num_blocks * self.bytes_per_block,
+                "load_bandwidth_bytes_per_s": spec.load_link.bandwidth_bytes_per_s,
+                "num_hit_blocks": self.num_hit_blocks[k], "num_hit_tokens": self.num_hit_blocks[k] * self.block_size,
+                "bytes_loaded": self.bytes_loaded[k], "num_stored_blocks": tier.num_stored_blocks,
+                "num_evicted_blocks": tier.num_evicted_blocks, "num_refused_stores": tier.num_refused_stores,
+                "num_held_blocks_at_end": tier.num_held,
+            }
+        loaded_tokens = sum(self.num_hit_blocks) * self.block_size
+        return {
+            "tiers": tiers,
+            "store_bandwidth_bytes_per_s": self.store_link.bandwidth_bytes_per_s,
+            "num_loads": self.num_loads,
+            "bytes_loaded": sum(self.bytes_loaded), "bytes_stored": self.num_stored_bytes,
+            "recompute_avoided_tokens": loaded_tokens,
+            "load_s_mean": sum(self.load_s) / len(self.load_s) if self.load_s else 0.0,
+            "load_s_max": max(self.load_s, default=0.0),
+            "store_link_busy_fraction": (self.num_stored_bytes / self.store_link.bandwidth_bytes_per_s / duration_s
+                                         if duration_s else 0.0),
+        }

@@ -1,0 +1,207 @@
+"""How much KV offload for this trace (issue 22 item 3): the CPU tier size a target prefix hit rate or TTFT
+SLO needs, the load past which the tier pays, and where it hurts.
+
+    sizing = size_offload(base, cpu_sizes_bytes=[0, 4 * GiB, 16 * GiB, 64 * GiB], loads=[0.5, 1, 2],
+                          target_hit_rate=0.5, ttft_slo_s=1.0)
+
+1. *Points*: the base scenario (a trace replay or a synthetic workload) at each load (× its arrival rate: a
+   trace's timestamps compressed by `rate_scale`, a process's rate multiplied) and each CPU tier size, each
+   an ordinary `kvsim run` with `engine.kv_offload.cpu_bytes` set (0: no tier), on the sweep machinery
+   (`kvsim.planning.sweep.run_many`: local processes or Dask).
+2. *Size*: at load 1, the smallest size whose prefix hit rate over all tiers reaches the target, and the
+   smallest whose TTFT percentile meets the SLO (None when no size in the grid does).
+3. *Pays*: at each load, TTFT p90 with the largest tier against no tier, beside the mean concurrency
+   (running requests) without it; the tier pays at a load where it cuts TTFT p90 by at least
+   `PAYS_MARGIN`; `pays_from_load` is the lowest such load of the grid.
+4. *Hurts*: for prefixes of several lengths, the time to load them over the tier's link against the time
+   the engine's latency model takes to prefill them alone (chunked at `max_num_batched_tokens`); the
+   break-even bandwidth below which loading is slower than recomputing. vLLM loads whatever the tier
+   holds, so a link slower than that makes such requests slower than without a tier.
+
+Hit rate over all tiers = (GPU prefix-cache hit tokens + tokens loaded from the tiers) / tokens queried,
+first admissions and re-admissions after preemption together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from kvsim.engine.builder import make_latency, resolve_engine
+from kvsim.latency.step_plan import StepPlan
+from kvsim.model.errors import KvsimError
+from kvsim.model.units import ceil_div
+from kvsim.planning.sweep import run_many
+from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
+
+PAYS_MARGIN = 0.05  # the tier "pays" at a load when TTFT p90 is at least 5 % lower than without it
+TTFT_PERCENTILES = ("mean", "p50", "p90", "p99")
+
+
+@dataclass(frozen=True)
+class OffloadSizing:
+    """The answer (module docstring): `points` (one row per load and size), `pays` (per load), `hurts` (per
+    prefix length and bandwidth), the sizes found (bytes, or None) and the lowest load at which the tier pays."""
+
+    points: pd.DataFrame
+    pays: pd.DataFrame
+    hurts: pd.DataFrame
+    size_for_hit_rate_bytes: int | None
+    size_for_ttft_bytes: int | None
+    pays_from_load: float | None
+    facts: dict[str, Any]
+
+
+def variant(base: Scenario, cpu_bytes: int, load: float = 1.0, bandwidth_bytes_per_s: float | None = None) -> Scenario:
+    """`base` with a CPU tier of `cpu_bytes` (0: none) at `load` × its arrival rate."""
+    raw = base.model_dump(mode="json")
+    tier = {"cpu_bytes": cpu_bytes}
+    if bandwidth_bytes_per_s is not None:
+        tier["bandwidth_bytes_per_s"] = bandwidth_bytes_per_s  # type: ignore[assignment]
+    raw["engine"]["kv_offload"] = tier if cpu_bytes else None
+    if load != 1.0:
+        workload = raw["workload"]
+        if workload["arrival"]["process"] == "trace":
+            workload["trace"]["rate_scale"] *= load
+        else:
+            workload["arrival"]["rate"] *= load
+    return make_scenario(apply_overrides(raw, []), base.base_dir)
+
+
+def point_row(summary: dict[str, Any], load: float, cpu_bytes: int) -> dict[str, Any]:
+    """One point's row: the hit rates, TTFT and what the tier moved."""
+    offload = summary.get("kv_offload") or {}
+    queried = summary["num_prefix_cache_query_tokens"] + summary["num_prefix_cache_preempted_query_tokens"]
+    gpu_hits = summary["num_prefix_cache_hit_tokens"] + summary["num_prefix_cache_preempted_hit_tokens"]
+    loaded = offload.get("recompute_avoided_tokens", 0)
+    row = {"load": load, "cpu_bytes": cpu_bytes, "cpu_GiB": round(cpu_bytes / 2**30, 3),
+           "gpu_hit_rate": gpu_hits / queried if queried else 0.0,
+           "hit_rate_all_tiers": (gpu_hits + loaded) / queried if queried else 0.0,
+           "recompute_avoided_tokens": loaded, "bytes_loaded": offload.get("bytes_loaded", 0),
+           "bytes_stored": offload.get("bytes_stored", 0), "num_loads": offload.get("num_loads", 0),
+           "load_s_mean": offload.get("load_s_mean", 0.0), "mean_running": summary["mean_running"],
+           "num_preemptions": summary["num_preemptions"],
+           "num_finished": summary["num_finished"]}
+    for p in TTFT_PERCENTILES:
+        row[f"ttft_{p}_s"] = summary["ttft_s"][p]
+    return row
+
+
+def prefill_s(base: Scenario, num_tokens: int) -> float:
+    """Seconds the engine's latency model takes to prefill `num_tokens` alone, in chunks of the step budget."""
+    spec = resolve_engine(base)
+    latency, budget = make_latency(spec), spec.limits.max_num_batched_tokens
+    total, past = 0.0, 0
+    while past < num_tokens:
+        chunk = min(budget, num_tokens - past)
+        plan = StepPlan()
+        plan.add(chunk, past, 1, past + chunk == num_tokens)
+        total += latency.step_time(plan)
+        past += chunk
+    return total
+
+
+def hurts_table(base: Scenario, prefix_lens: Sequence[int], bandwidths: Sequence[float]) -> pd.DataFrame:
+    """Per prefix length and link bandwidth: load time (whole blocks, all TP ranks over their own links)
+    against recompute time, and the break-even bandwidth per TP rank."""
+    spec = resolve_engine(base)
+    bs, tp = spec.engine.block_size, spec.engine.tensor_parallel_size
+    rows = []
+    for n in prefix_lens:
+        if n > spec.max_model_len:
+            continue
+        num_bytes = ceil_div(n, bs) * spec.bytes_per_block  # one rank's shard; every rank moves its own at once
+        recompute = prefill_s(base, n)
+        for bandwidth in bandwidths:
+            load = num_bytes / bandwidth
+            rows.append({"prefix_tokens": n, "bandwidth_bytes_per_s": bandwidth, "bytes_per_rank": num_bytes,
+                         "load_s": load, "recompute_s": recompute, "load_over_recompute": load / recompute,
+                         "load_is_faster": load < recompute,
+                         "break_even_bandwidth_bytes_per_s": num_bytes / recompute, "tensor_parallel_size": tp})
+    return pd.DataFrame(rows)
+
+
+def pays_table(points: pd.DataFrame, largest: int) -> pd.DataFrame:
+    """Per load: TTFT p90 without a tier and with the largest, the concurrency without it, and whether the tier
+    cuts TTFT p90 by at least `PAYS_MARGIN` there."""
+    rows = []
+    for load in sorted(points["load"].unique()):
+        at = points[points["load"] == load].set_index("cpu_bytes")
+        without, with_tier = at.loc[0, "ttft_p90_s"], at.loc[largest, "ttft_p90_s"]
+        rows.append({"load": load, "mean_running_without": at.loc[0, "mean_running"],
+                     "ttft_p90_without_s": without, "ttft_p90_with_largest_s": with_tier,
+                     "ttft_p90_ratio": with_tier / without if without else None,
+                     "pays": bool(with_tier <= (1 - PAYS_MARGIN) * without)})
+    return pd.DataFrame(rows)
+
+
+def size_offload(base: Scenario, cpu_sizes_bytes: Sequence[int], loads: Sequence[float] = (1.0,),
+                 target_hit_rate: float | None = None, ttft_slo_s: float | None = None, ttft_percentile: str = "p90",
+                 bandwidth_bytes_per_s: float | None = None, prefix_lens: Sequence[int] = (1024, 4096, 16384, 65536),
+                 hurt_bandwidths: Sequence[float] | None = None, workers: int | None = None,
+                 dask_address: str | None = None) -> OffloadSizing:
+    """Run the grid and answer (module docstring). Size 0 (no tier) is always part of the grid."""
+    if not cpu_sizes_bytes or any(size < 0 for size in cpu_sizes_bytes):
+        raise KvsimError(f"offload sizes={list(cpu_sizes_bytes)}: give sizes >= 0 bytes")
+    if ttft_percentile not in TTFT_PERCENTILES:
+        raise KvsimError(f"ttft percentile={ttft_percentile!r}: one of {', '.join(TTFT_PERCENTILES)}")
+    if base.engine.allocator != "paged" or not base.engine.enable_prefix_caching:
+        raise KvsimError("offload sizing: needs engine.allocator=paged with enable_prefix_caching on")
+    sizes = sorted({0, *cpu_sizes_bytes})
+    loads = sorted(set(loads) | {1.0})
+    grid = [(load, size) for load in loads for size in sizes]
+    runs = run_many([variant(base, size, load, bandwidth_bytes_per_s) for load, size in grid], workers=workers,
+                    dask_address=dask_address)
+    points = pd.DataFrame([point_row(r.summary, load, size) for (load, size), r in zip(grid, runs, strict=True)])
+    at_one = points[points["load"] == 1.0]
+    size_hit = size_ttft = None
+    if target_hit_rate is not None:
+        ok = at_one[at_one["hit_rate_all_tiers"] >= target_hit_rate]
+        size_hit = int(ok["cpu_bytes"].min()) if len(ok) else None
+    if ttft_slo_s is not None:
+        ok = at_one[at_one[f"ttft_{ttft_percentile}_s"] <= ttft_slo_s]
+        size_ttft = int(ok["cpu_bytes"].min()) if len(ok) else None
+    spec = resolve_engine(base)
+    link = bandwidth_bytes_per_s or spec.gpu.host_link_bandwidth_bytes_per_s
+    bandwidths = hurt_bandwidths or sorted({link, link / 4, link / 16}, reverse=True)
+    hurts = hurts_table(base, prefix_lens, bandwidths)
+    facts = {"tier_bandwidth_bytes_per_s": link, "target_hit_rate": target_hit_rate, "ttft_slo_s": ttft_slo_s,
+             "ttft_percentile": ttft_percentile, "largest_bytes": sizes[-1], "pays_margin": PAYS_MARGIN,
+             "num_runs": len(grid)}
+    pays = pays_table(points, sizes[-1]) if sizes[-1] else pd.DataFrame()
+    paying = [float(x) for x in pays["load"][pays["pays"]]] if len(pays) else []
+    return OffloadSizing(points, pays, hurts, size_hit, size_ttft, min(paying, default=None), facts)
+
+
+OFFLOAD_FILES = ["offload_points.csv", "offload_pays.csv", "offload_hurts.csv", "offload_sizing.json"]
+
+
+def ttft_slo(slo: dict[str, float]) -> tuple[float | None, str]:
+    """The TTFT limit and its statistic among a plan's SLOs (`ttft_s.p90: 2` -> (2, "p90")); (None, "p90")."""
+    for key, limit in slo.items():
+        metric, stat = key.split(".", 1)
+        if metric == "ttft_s":
+            return limit, stat
+    return None, "p90"
+
+
+def answer(sizing: OffloadSizing) -> dict[str, Any]:
+    """The sizing's answers in one mapping (`offload_sizing.json`)."""
+    return {"size_for_hit_rate_bytes": sizing.size_for_hit_rate_bytes,
+            "size_for_ttft_bytes": sizing.size_for_ttft_bytes, "pays_from_load": sizing.pays_from_load, **sizing.facts}
+
+
+def write_sizing(sizing: OffloadSizing, out_dir: Any) -> list[str]:
+    """The tables as CSV and the answers as JSON in `out_dir`; returns the file names."""
+    import json
+    from pathlib import Path
+
+    out = Path(out_dir)
+    for name, df in (("offload_points.csv", sizing.points), ("offload_pays.csv", sizing.pays),
+                     ("offload_hurts.csv", sizing.hurts)):
+        df.to_csv(out / name, index=False)
+    (out / "offload_sizing.json").write_text(json.dumps(answer(sizing), indent=2) + "\n")
+    return OFFLOAD_FILES

@@ -1,0 +1,43 @@
+"""The report's offload section: how much CPU memory a KV offload tier needs for the Mooncake trace, the
+load from which it pays, and where loading is slower than recomputing (`kvsim.planning.offload_sizing`).
+
+Traffic: the fleet section's (`kvsim.report.fleet_study.traffic`: the shipped Mooncake conversation slice,
+its real arrivals and 512-token prefix `hash_ids`), its first `StudyConfig.offload_requests` requests on
+one replica of the report's engine. CPU tier sizes: 0, 1, 4 and 16 times the replica's GPU KV pool (those
+that fit in a DGX node's host memory), each at `StudyConfig.offload_loads` × the trace's rate. The hit-rate
+target is 90 % of what an unbounded cache would hit on the slice (read from the trace): a tier cannot
+serve reuse the trace does not have. The TTFT target is the report's SLO on TTFT p90.
+"""
+
+from __future__ import annotations
+
+from kvsim.engine.builder import resolve_engine
+from kvsim.model.config import DGX_HOST_MEMORY_BYTES
+from kvsim.planning.offload_sizing import size_offload
+from kvsim.report.fleet_study import TRACE, traffic, unbounded_hit_rate
+from kvsim.report.studies import Section, Study, variant
+from kvsim.workload.traces import read_mooncake
+
+POOL_MULTIPLES = (1, 4, 16)  # CPU tier sizes tried, in GPU KV pools
+REACHABLE_SHARE = 0.9  # the hit-rate target: this share of the unbounded cache's hit rate
+
+
+def offload_sizing(st: Study) -> Section:
+    """The sizing grid on the Mooncake slice and its answers (module docstring)."""
+    base = variant(traffic(st), f"workload.num_requests={st.cfg.offload_requests}")
+    pool_bytes = (st.num_blocks - 1) * resolve_engine(st.base).bytes_per_block
+    sizes = [m * pool_bytes for m in POOL_MULTIPLES if m * pool_bytes <= DGX_HOST_MEMORY_BYTES]
+    records = read_mooncake(base.resolve_path(TRACE))[: st.cfg.offload_requests]
+    unbounded = unbounded_hit_rate(records, base.engine.resolved_max_model_len(st.model))
+    num_runs = (len(sizes) + 1) * len(set(st.cfg.offload_loads) | {1.0})
+    st.count_runs(num_runs, 0)
+    sizing = size_offload(base, sizes, st.cfg.offload_loads, target_hit_rate=REACHABLE_SHARE * unbounded,
+                          ttft_slo_s=st.cfg.ttft_slo_s, workers=st.cfg.workers, dask_address=st.cfg.dask_address)
+    st.count_runs(0, num_runs)
+    facts = {**sizing.facts, "size_for_hit_rate_bytes": sizing.size_for_hit_rate_bytes,
+             "size_for_ttft_bytes": sizing.size_for_ttft_bytes, "pays_from_load": sizing.pays_from_load,
+             "unbounded_hit_rate": unbounded, "num_requests": st.cfg.offload_requests, "pool_bytes": pool_bytes}
+    return Section("offload", "How much KV offload (CPU tier) for this traffic (Mooncake trace)",
+                   {"offload_points": sizing.points, "offload_pays": sizing.pays, "offload_hurts": sizing.hurts},
+                   facts)
+

@@ -1,0 +1,87 @@
+"""The scheduler's half of KV offload (`engine.kv_offload`, `kvsim.kv.offload_connector`), as vLLM's
+scheduler drives its OffloadingConnector: a waiting request whose prefix the offload tiers hold past its
+GPU prefix-cache hit leaves the queue while those blocks load (vLLM's WAITING_FOR_REMOTE_KVS) and
+rejoins it at the front, holding them, once they have; after every step, the full blocks computed in it
+are offered to the tiers (write-through, vLLM's `_get_reqs_to_store`). Pure Python.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvsim.workload.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from kvsim.kv import KVAllocator, PrefixCacheStats, PrefixHit
+    from kvsim.kv.offload_connector import OffloadConnector
+    from kvsim.latency.step_plan import StepPlan
+    from kvsim.sched.request_queue import RequestQueue
+
+
+class OffloadScheduling:
+    """Mixed into `kvsim.sched.base.Scheduler`, whose state it uses (`offload`, `loading`, `waiting`, ...)."""
+
+    alloc: KVAllocator
+    waiting: RequestQueue
+    prefix_stats: PrefixCacheStats
+    held_kv_tokens: dict[int, int]
+    offload: OffloadConnector | None
+    loading: dict[int, tuple[Request, int]]
+    _next_stored_block: dict[int, int]
+
+    def start_load(self, req: Request, hit: PrefixHit, now: float) -> bool:
+        """For the waiting head `req` (whose whole prompt fits after `hit`): if the offload tiers hold its
+        prefix past the GPU hit, take the GPU blocks of its whole prompt, start loading those blocks and
+        move it from `waiting` to `loading` (True); False, changing nothing, when they hold none of it.
+
+        The prefix-cache query is counted now (the GPU hit); once loaded, the request is admitted with
+        the GPU hit and the loaded blocks computed (`finish_loads`, `lookup`). Taking the whole prompt's
+        blocks now (vLLM takes the loaded prefix's, then the rest when it schedules the request) makes a
+        loaded request admissible at once: it can never wait for blocks while holding others.
+        """
+        offload = self.offload
+        assert offload is not None and self.waiting.peek() is req
+        if req.content is None or req.request_id in self.held_kv_tokens:
+            return False
+        bs, first = offload.block_size, len(hit.block_ids)
+        num_blocks = offload.lookup(req.content, first, (req.num_tokens - 1) // bs)  # the last token is computed
+        if not num_blocks:
+            return False
+        seq_id = req.seq_ids[0]
+        assert self.alloc.allocate(seq_id, hit.num_tokens, req.kv_len, req.content, hit) is not None
+        assert self.alloc.hold(seq_id, req.num_tokens), "start_load after a successful can_admit"
+        self.waiting.pop()
+        self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
+        self.loading[req.request_id] = (req, (first + num_blocks) * bs)
+        self._next_stored_block[req.request_id] = first + num_blocks  # the tiers hold those blocks already
+        offload.start_load(req.request_id, req.content, first, num_blocks, now)
+        return True
+
+    def finish_loads(self, now: float) -> None:
+        """Book the offload transfers ended by `now`; loaded requests go to the front of `waiting` (in the
+        order their loads ended), holding their KV (`held_kv_tokens`)."""
+        assert self.offload is not None
+        ready = self.offload.take_ready(now)
+        for request_id in reversed(ready):
+            req, num_tokens = self.loading.pop(request_id)
+            self.held_kv_tokens[request_id] = num_tokens
+            self.waiting.prepend(req)
+
+    def _store_computed(self, plan: StepPlan, now: float) -> None:
+        """Offer the full blocks each request computed in this step to the offload tiers (write-through,
+        vLLM's `_get_reqs_to_store`): every newly full block since the last offer, from block 0 on."""
+        assert self.offload is not None
+        bs, next_stored, hashes = self.offload.block_size, self._next_stored_block, []
+        running = RequestStatus.RUNNING
+        for req, _ in plan.scheduled:
+            content = req.content
+            if req.status is not running or content is None:
+                continue
+            num_full = min(req.num_computed_tokens, content.num_tokens) // bs
+            start = next_stored.get(req.request_id, 0)
+            if num_full > start:
+                hashes.extend(content.block_hashes(bs, num_full)[start:num_full])
+                next_stored[req.request_id] = num_full
+        if hashes:
+            self.offload.store(hashes, now)
+

@@ -1,0 +1,144 @@
+"""The offload tier wired into the engine (`kvsim.kv.offload_connector`, `Scheduler.start_load`): timelines
+derived by hand, bandwidth sharing, conservation, size 0 = no tier.
+
+Tiny world: a GPU pool of 8 usable blocks of 16 tokens, a CPU tier of 100 blocks, each block
+1,000,000 B, the GPU<->CPU link 4e8 B/s each way (one block takes 2.5 ms), every step STEP_S = 10 ms.
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsim.engine.loop import run_engine
+from kvsim.kv import PagedAllocator, TokenContent
+from kvsim.kv.link import LinkSpec
+from kvsim.kv.offload_connector import OffloadConnector, TierSpec
+from kvsim.latency.base import ConstantLatency
+from kvsim.sched import SchedulerLimits, make_scheduler
+from kvsim.workload.request import Request
+
+STEP_S = 0.01
+BLOCK_BYTES = 1_000_000
+BANDWIDTH = 4e8
+BLOCK_S = BLOCK_BYTES / BANDWIDTH  # 2.5 ms per block
+
+
+def connector(num_cpu_blocks=100, disk=None):
+    tiers = [TierSpec("cpu", num_cpu_blocks, LinkSpec(BANDWIDTH))]
+    if disk is not None:
+        tiers.append(TierSpec("disk", disk[0], LinkSpec(disk[1])))
+    return OffloadConnector(tiers, LinkSpec(BANDWIDTH), 16, BLOCK_BYTES)
+
+
+def run(requests, offload, num_blocks=9, budget=16):
+    alloc = PagedAllocator(num_blocks, 16)
+    scheduler = make_scheduler("v1", alloc, SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=budget,
+                                                            max_model_len=1024))
+    scheduler.offload = offload
+    run_engine(scheduler, ConstantLatency(STEP_S), requests, check=True)
+    return scheduler, scheduler.records.columns()
+
+
+def req(request_id, arrival_s, tokens, output_len=1):
+    return Request(request_id, arrival_s, len(tokens), output_len, TokenContent(tokens))
+
+
+def evicted_then_reused(offload):
+    """A (64 tokens) at 0; B (128 other tokens) at 1 s takes all 8 GPU blocks, evicting A's 4 cached ones;
+    C at 2 s: A's 64 tokens + 16 new ones."""
+    a, b = list(range(64)), list(range(1000, 1128))
+    return run([req(0, 0.0, a), req(1, 1.0, b), req(2, 2.0, a + list(range(5000, 5016)))], offload)
+
+
+def test_prefix_evicted_to_cpu_loads_instead_of_recomputing():
+    scheduler, rows = evicted_then_reused(connector())
+    # C: GPU miss (evicted), CPU hit of blocks 0..3 (the 4 full blocks before its last token). It waits for
+    # the load (4 blocks over the idle link: 4 · 2.5 ms), then one step prefills its 16 new tokens and samples.
+    assert rows["ttft_s"][2] == pytest.approx(4 * BLOCK_S + STEP_S, rel=1e-12)
+    assert rows["prefix_hit_tokens"][2] == 64  # counted as cached, not prefilled
+    assert rows["queue_s"][2] == pytest.approx(4 * BLOCK_S, rel=1e-12)  # scheduled once loaded
+    summary = scheduler.offload.summary(3.0)
+    assert summary["recompute_avoided_tokens"] == 64
+    assert summary["bytes_loaded"] == 4 * BLOCK_BYTES
+    assert summary["tiers"]["cpu"]["num_hit_blocks"] == 4
+    assert summary["load_s_mean"] == pytest.approx(4 * BLOCK_S, rel=1e-12)
+    # write-through: A's 4 blocks, B's 8, C's block 4 (its fifth, the 16 new tokens) = 13 blocks stored
+    assert summary["bytes_stored"] == 13 * BLOCK_BYTES
+    # the GPU's own prefix cache missed: its counters saw C's query, no hit
+    assert scheduler.prefix_stats.num_hit_tokens == 0
+    assert scheduler.prefix_stats.num_query_tokens == 64 + 128 + 80
+
+
+def test_without_offload_the_prefix_is_recomputed():
+    _, rows = evicted_then_reused(None)
+    assert rows["ttft_s"][2] == pytest.approx(5 * STEP_S, rel=1e-12)  # 80 tokens at 16 per step
+    assert rows["prefix_hit_tokens"][2] == 0
+
+
+def test_a_load_slower_than_its_recompute_hurts():
+    slow = 1e7  # B/s (a slow disk or a shared, throttled link): a block takes 0.1 s, ten steps' worth
+    offload = OffloadConnector([TierSpec("cpu", 100, LinkSpec(slow))], LinkSpec(BANDWIDTH), 16, BLOCK_BYTES)
+    _, rows = evicted_then_reused(offload)
+    assert rows["ttft_s"][2] == pytest.approx(4 * BLOCK_BYTES / slow + STEP_S, rel=1e-12)  # 0.41 s > 0.05 s
+    assert rows["ttft_s"][2] > 5 * STEP_S
+
+
+def test_two_concurrent_loads_share_the_bandwidth():
+    a1, a2 = list(range(64)), list(range(100, 164))
+    b = list(range(1000, 1256))  # 16 blocks: evicts everything cached
+    requests = [req(0, 0.0, a1), req(1, 0.0, a2), req(2, 1.0, b),
+                req(3, 2.0, a1 + list(range(5000, 5016))), req(4, 2.0, a2 + list(range(6000, 6016)))]
+    scheduler, rows = run(requests, connector(), num_blocks=17, budget=64)
+    # both loads (4 blocks each) start at 2 s and drain together at half the bandwidth: both end at
+    # 2 + 2 · 4 · 2.5 ms; one step then prefills both (16 + 16 tokens within the 64-token budget).
+    for i in (3, 4):
+        assert rows["ttft_s"][i] == pytest.approx(2 * 4 * BLOCK_S + STEP_S, rel=1e-12)
+        assert rows["prefix_hit_tokens"][i] == 64
+    assert scheduler.offload.summary(3.0)["num_loads"] == 2
+
+
+def test_a_load_served_by_two_tiers_waits_for_both():
+    """A CPU tier of 4 blocks demotes its evictions to a disk tier (read at 1e8 B/s): C's 4 blocks are
+    on disk (A's, demoted when B's 8 were stored), so it waits for 4 blocks over the disk's link."""
+    disk_bw = 1e8
+    scheduler, rows = evicted_then_reused(connector(num_cpu_blocks=4, disk=(100, disk_bw)))
+    hits = scheduler.offload.summary(3.0)["tiers"]
+    assert hits["disk"]["num_hit_blocks"] == 4 and hits["cpu"]["num_hit_blocks"] == 0
+    assert rows["ttft_s"][2] == pytest.approx(4 * BLOCK_BYTES / disk_bw + STEP_S, rel=1e-12)
+
+
+def test_store_not_finished_is_not_hit():
+    """A block is hittable only once its store transfer has ended."""
+    offload = connector()
+    content = TokenContent(list(range(64)))
+    offload.store(content.block_hashes(16, 4), 0.0)  # 4 blocks: ends at 4 · 2.5 ms
+    offload.advance(4 * BLOCK_S / 2)
+    assert offload.lookup(content, 0, 4) == 0
+    offload.advance(4 * BLOCK_S)
+    assert offload.lookup(content, 0, 4) == 4
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["store", "load", "advance"]), st.integers(0, 7), st.integers(1, 6)),
+                max_size=40))
+def test_random_operations_keep_every_tier_balanced(ops):
+    """Conservation per tier: every slot ever reserved is held or was evicted; pins = loads in flight."""
+    offload = connector(num_cpu_blocks=6, disk=(5, 2e8))
+    contents = [TokenContent(list(range(1000 * i, 1000 * i + 16 * 6))) for i in range(8)]
+    now, loading = 0.0, set()
+    for kind, which, num_blocks in ops:
+        content = contents[which]
+        if kind == "store":
+            offload.store(content.block_hashes(16, num_blocks), now)
+        elif kind == "load" and which not in loading and (hit := offload.lookup(content, 0, num_blocks)):
+            offload.start_load(which, content, 0, hit, now)
+            loading.add(which)
+        else:
+            now += BLOCK_S * num_blocks
+            loading -= set(offload.take_ready(now))
+        offload.check_invariants()
+        for tier in offload.cache.tiers:
+            storing = sum(1 for h in tier.hashes_lru_first() if not tier.holds(h))
+            assert tier.num_stored_blocks + storing == tier.num_held + tier.num_evicted_blocks
+            assert tier.num_held <= tier.num_blocks
+        assert loading == offload.loading_ids

@@ -1,0 +1,66 @@
+"""`engine.kv_offload` through scenarios and the CLI: a tier of size 0 is no tier (byte for byte), and a
+multi-turn workload whose earlier turns fall out of a small GPU pool loads them from the CPU tier."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.engine.simulate import simulate
+from kvsim.workload.scenario import make_scenario
+
+runner = CliRunner()
+
+
+def multi_turn(kv_offload=None, num_requests=120):
+    """Conversations of 4 turns (1,000-token turns, 50 tokens out, 5 s apart) on 1,500 GPU blocks: a
+    conversation's earlier turns are often evicted from the GPU before its next turn arrives."""
+    engine = {"max_model_len": 8192, "num_gpu_blocks_override": 1500, "max_num_seqs": 16}
+    if kv_offload is not None:
+        engine["kv_offload"] = kv_offload
+    return make_scenario({
+        "name": "mt", "model": "llama-3.1-8b", "gpu": "h200", "engine": engine,
+        "workload": {"num_requests": num_requests, "arrival": {"process": "poisson", "rate": 4.0},
+                     "prompt_len": {"dist": "fixed", "value": 1000}, "output_len": {"dist": "fixed", "value": 50},
+                     "multi_turn": {"turns": 4, "think_time_s": 5.0}},
+        "seed": 3})
+
+
+@pytest.mark.parametrize("zero", ["cpu_bytes: 0", "num_cpu_blocks: 0", "cpu_bytes: 1MiB"])  # 1 MiB < one block
+def test_a_tier_of_size_zero_writes_the_same_bytes_as_no_tier(tmp_path, zero):
+    base = ["run", "scenarios/lab-5-system-prompt-caching.yaml", "--set", "workload.num_requests=40",
+            "--steps-format", "csv"]
+    assert runner.invoke(app, [*base, "-o", str(tmp_path / "none")]).exit_code == 0
+    result = runner.invoke(app, [*base, "--set", f"engine.kv_offload={{{zero}}}", "-o", str(tmp_path / "zero")])
+    assert result.exit_code == 0, result.output
+    for name in ("requests.csv", "steps.csv", "summary.json"):
+        assert (tmp_path / "none" / name).read_bytes() == (tmp_path / "zero" / name).read_bytes(), name
+
+
+def test_multi_turn_hits_the_cpu_tier_and_counts_the_loaded_tokens_as_cached():
+    # (every tier's books are checked at every step in tests/test_offload_connector.py's tiny worlds)
+    without = simulate(multi_turn())
+    with_cpu = simulate(multi_turn({"cpu_bytes": "6GiB"}))  # 3,072 blocks: twice the GPU pool
+    offload = with_cpu.summary["kv_offload"]
+    assert offload["recompute_avoided_tokens"] > 0 and offload["num_loads"] > 0
+    assert offload["bytes_loaded"] == offload["tiers"]["cpu"]["num_hit_blocks"] * 16 * 131072
+    assert with_cpu.summary["num_preemptions"] == 0  # so every load is a first admission's
+    requests = with_cpu.requests
+    assert (requests["status"] == "finished").all()
+    # a request's prefix hit = its GPU hit + the tokens it loaded; the GPU counters hold the GPU part only
+    assert requests["prefix_hit_tokens"].sum() == (with_cpu.summary["num_prefix_cache_hit_tokens"]
+                                                   + offload["recompute_avoided_tokens"])
+    assert requests["prefix_hit_tokens"].sum() > without.requests["prefix_hit_tokens"].sum()
+    assert with_cpu.summary["ttft_s"]["mean"] < without.summary["ttft_s"]["mean"]
+
+
+def test_kv_offload_summary_through_the_cli(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--set", "workload.num_requests=20", "--set",
+                                 "engine.kv_offload={cpu_bytes: 1GiB, bandwidth_bytes_per_s: 32e9}", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    cpu = summary["kv_offload"]["tiers"]["cpu"]
+    assert cpu["num_blocks"] == 2**30 // (16 * 131072)  # Llama-3.1-8B, TP 1: 2 MiB per block
+    assert cpu["load_bandwidth_bytes_per_s"] == 32e9

@@ -1,0 +1,99 @@
+"""The offload sizing answer (`kvsim.planning.offload_sizing`): prices derived by hand, the answers picked
+from the grid as defined, and `kvsim plan --offload-size` writing them."""
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.cli.shared import offload_line
+from kvsim.planning.offload_sizing import hurts_table, pays_table, prefill_s, size_offload, ttft_slo, variant
+from kvsim.workload.scenario import make_scenario
+
+STEP_S = 0.01
+GiB = 2**30
+BLOCK_BYTES = 16 * 131072  # Llama-3.1-8B, TP 1: 128 KiB per token, 16 tokens per block
+
+
+def toy(num_requests=60, rate=4.0, latency=None):
+    """Multi-turn conversations on a 1,500-block GPU pool (the shape of tests/test_offload_scenario.py)."""
+    return make_scenario({
+        "name": "mt", "model": "llama-3.1-8b", "gpu": "h200",
+        "engine": {"max_model_len": 8192, "num_gpu_blocks_override": 1500, "max_num_seqs": 16,
+                   "max_num_batched_tokens": 2048},
+        "workload": {"num_requests": num_requests, "arrival": {"process": "poisson", "rate": rate},
+                     "prompt_len": {"dist": "fixed", "value": 1000}, "output_len": {"dist": "fixed", "value": 50},
+                     "multi_turn": {"turns": 4, "think_time_s": 5.0}},
+        "latency": latency or {"model": "roofline"}, "seed": 3})
+
+
+def test_recompute_and_load_are_priced_by_hand():
+    base = toy(latency={"model": "constant", "step_s": STEP_S})
+    assert prefill_s(base, 5000) == pytest.approx(3 * STEP_S)  # chunks of 2048: 2048, 2048, 904
+    hurts = hurts_table(base, [4096, 100_000], [64e9, 1e9]).set_index("bandwidth_bytes_per_s")
+    assert set(hurts["prefix_tokens"]) == {4096}  # longer than max_model_len: left out
+    fast, slow = hurts.loc[64e9], hurts.loc[1e9]
+    assert fast["bytes_per_rank"] == 256 * BLOCK_BYTES  # 4096 tokens: 256 whole blocks
+    assert fast["load_s"] == pytest.approx(256 * BLOCK_BYTES / 64e9)  # 8.4 ms
+    assert fast["recompute_s"] == pytest.approx(2 * STEP_S) and fast["load_is_faster"]
+    assert slow["load_s"] == pytest.approx(256 * BLOCK_BYTES / 1e9) and not slow["load_is_faster"]  # 0.54 s
+    assert slow["break_even_bandwidth_bytes_per_s"] == pytest.approx(256 * BLOCK_BYTES / (2 * STEP_S))
+
+
+def test_pays_is_a_five_percent_cut_of_ttft_p90():
+    points = pd.DataFrame([
+        {"load": 0.5, "cpu_bytes": 0, "ttft_p90_s": 1.0, "mean_running": 2.0},
+        {"load": 0.5, "cpu_bytes": GiB, "ttft_p90_s": 0.96, "mean_running": 2.0},  # 4 % lower: no
+        {"load": 1.0, "cpu_bytes": 0, "ttft_p90_s": 2.0, "mean_running": 5.0},
+        {"load": 1.0, "cpu_bytes": GiB, "ttft_p90_s": 1.9, "mean_running": 4.0}])  # 5 % lower: pays
+    pays = pays_table(points, GiB)
+    assert list(pays["pays"]) == [False, True]
+    assert list(pays["ttft_p90_ratio"]) == pytest.approx([0.96, 0.95])
+
+
+def test_variant_scales_the_load_and_sets_the_tier():
+    base = toy()
+    v = variant(base, 8 * GiB, load=2.0, bandwidth_bytes_per_s=32e9)
+    assert v.workload.arrival.rate == 8.0
+    assert v.engine.kv_offload.cpu_bytes == 8 * GiB and v.engine.kv_offload.bandwidth_bytes_per_s == 32e9
+    assert variant(base, 0).engine.kv_offload is None
+
+
+def test_size_offload_picks_the_smallest_size_meeting_each_target():
+    sizing = size_offload(toy(), [1 * GiB, 8 * GiB], target_hit_rate=0.3, ttft_slo_s=10.0, workers=1)
+    points = sizing.points.set_index("cpu_bytes")
+    assert list(points.index) == [0, GiB, 8 * GiB]  # no tier is always in the grid
+    assert points.loc[0, "recompute_avoided_tokens"] == 0
+    meets = [size for size in points.index if points.loc[size, "hit_rate_all_tiers"] >= 0.3]
+    assert sizing.size_for_hit_rate_bytes == (min(meets) if meets else None)
+    assert points.loc[8 * GiB, "hit_rate_all_tiers"] > points.loc[0, "hit_rate_all_tiers"]
+    assert sizing.size_for_ttft_bytes == 0  # a 10 s SLO: met without a tier
+    assert "without a tier" in offload_line(sizing) and "\n" not in offload_line(sizing)
+
+
+def test_ttft_slo_from_a_plans_slos():
+    assert ttft_slo({"e2e_s.p99": 5.0, "ttft_s.p50": 0.5}) == (0.5, "p50")
+    assert ttft_slo({"e2e_s.p99": 5.0}) == (None, "p90")
+
+
+def test_plan_with_offload_size_writes_the_sizing(tmp_path):
+    scenario = tmp_path / "toy.yaml"
+    scenario.write_text(json.dumps(toy(num_requests=30).model_dump(mode="json")))
+    out = tmp_path / "plan"
+    result = runner().invoke(app, ["plan", str(scenario), "--slo", "ttft_s.p90=2", "--gpu", "h200",
+                                   "--max-replicas", "1", "--workers", "1", "--offload-size", "4GiB", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "offload (one replica)" in result.stdout
+    answer = json.loads((out / "offload_sizing.json").read_text())
+    assert answer["ttft_slo_s"] == 2 and answer["largest_bytes"] == 4 * GiB
+    points = pd.read_csv(out / "offload_points.csv")
+    assert sorted(set(points["load"])) == [0.5, 1.0, 2.0] and sorted(set(points["cpu_bytes"])) == [0, 4 * GiB]
+    bad = runner().invoke(app, ["plan", str(scenario), "--slo", "ttft_s.p90=2", "--gpu", "h200", "--workers", "1",
+                                "--offload-size", "lots", "-o", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "--offload-size='lots'" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def runner():
+    return CliRunner()
