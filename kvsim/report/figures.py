@@ -208,6 +208,28 @@ def fig_fleet(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) 
     axes[1].legend(fontsize=8, loc="upper center", ncols=3)
 
 
+def fig_speculation(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
+    """TPOT and output throughput against the batch-size limit, without and with speculation; the crossover."""
+    df, f = sec.tables["speculation"], sec.facts
+    for speculative, label, color in ((False, "without speculation", VLLM),
+                                      (True, f"{f['config']['method']}, K = {f['config']['num_speculative_tokens']}",
+                                       PAGED)):
+        rows = df[df.speculative == speculative]
+        axes[0].plot(rows.max_num_seqs, rows.tpot_mean_s * 1e3, marker="o", color=color, label=label)
+        axes[1].plot(rows.max_num_seqs, rows.output_tokens_per_s, marker="o", color=color, label=label)
+    if f.get("crossover_batch_size") is not None:
+        for ax in axes:
+            ax.axvline(f["crossover_batch_size"], color=SLAB, linestyle="--", linewidth=1,
+                       label=f"speculation stops paying ({f['crossover_batch_size']} seqs)")
+    axes[0].set_ylabel("time per output token, mean (ms)")
+    axes[1].set_ylabel("output tokens/s")
+    for ax in axes:
+        ax.set_xscale("log")
+        _ticks_at(ax, df.max_num_seqs, min_ratio=1.0)
+        ax.set_xlabel("batch-size limit max_num_seqs (saturated)")
+        ax.legend(fontsize=8)
+
+
 def fig_series(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray, alert: bool = False) -> None:
     """Running and waiting requests, and KV usage with its preemptions (and the alert threshold)."""
     ts = sec.tables["time_series"]
@@ -231,7 +253,8 @@ def fig_series(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray,
 
 
 FIGURES: dict[str, Draw] = {"context": fig_context, "fp8": fig_fp8, "prefix": fig_prefix, "formula": fig_formula,
-                            "paging": fig_paging, "load": fig_load, "fleet": fig_fleet}
+                            "paging": fig_paging, "load": fig_load, "fleet": fig_fleet,
+                            "speculation": fig_speculation}
 
 
 def save_figure(draw: Callable[[np.ndarray], None], path: Path, title: str) -> None:
