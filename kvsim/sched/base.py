@@ -327,7 +327,13 @@ class Scheduler:
     def _complete_verify(self, spec: Speculation, req: Request, num_drafts: int, num_accepted: int) -> bool:
         """A verify step's outcome: the accepted drafts and one more token (the correction or the bonus),
         capped at the request's output length; their KV is written, the rejected drafts' slots stay
-        held (the next step overwrites them). True when the request has its last token."""
+        held (the next step overwrites them). True when the request has its last token. A request with
+        acceptance lengths from a trace takes its k-th verify step's from there (k counted since it
+        arrived) in place of the model's draw while they last; either is capped at the drafts verified."""
+        lengths = req.acceptance_lengths
+        if lengths is not None and req.num_verify_steps < len(lengths):
+            num_accepted = lengths[req.num_verify_steps] - 1  # emitted tokens − the correction/bonus token
+        req.num_verify_steps += 1
         num_accepted = min(num_accepted, num_drafts)
         emitted = min(num_accepted + 1, req.output_len - req.num_output_tokens)
         req.num_computed_tokens += emitted
