@@ -303,6 +303,8 @@ class RadixCache:
 def _common_length(node_key: Sequence[Hashable], key: Sequence[Hashable], start: int) -> int:
     """Pages `node_key` shares with `key[start:]` from their first page (equal: the child was found by it)."""
     limit = min(len(node_key), len(key) - start)
+    if limit == len(node_key) and type(key) is type(node_key) and key[start:start + limit] == node_key:
+        return limit  # the whole run matches (the usual case): one comparison in C instead of a loop
     i = 1
     while i < limit and node_key[i] == key[start + i]:
         i += 1
