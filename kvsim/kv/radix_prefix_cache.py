@@ -91,10 +91,9 @@ class RadixPrefixCache:
 
     def insert(self, content: Content, block_table: Sequence[int], first_block: int, num_full_blocks: int) -> None:
         keys = content.block_hashes(self.block_size, num_full_blocks)
-        cached = self.tree.match_prefix(keys).values
-        if list(block_table[:len(cached)]) != cached:
+        start = self.tree.insert_if_cached_as(keys, block_table[:num_full_blocks])
+        if start is None:
             return  # the tree holds this prefix in other blocks: this sequence's stay plain
-        start = self.tree.insert(keys, block_table[:num_full_blocks])
         for block_id in block_table[start:num_full_blocks]:  # in use: each holds a lock on its page
             where = self.tree.where(block_id)
             assert where is not None
