@@ -1,7 +1,7 @@
 """SGLang's RadixCache semantics, on tiny hand-built trees, and its invariants under random use."""
 
 import hypothesis.strategies as st
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from kvsim.kv.radix_cache import RadixCache, page_keys
@@ -153,3 +153,34 @@ class RadixMachine(RuleBasedStateMachine):
 
 TestRadixMachine = RadixMachine.TestCase
 TestRadixMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def _state(tree):
+    """Everything observable about a tree: each node's pages, values, locks, access time and id, the clock."""
+    nodes = sorted((n.node_id, tuple(n.key), tuple(n.value), n.lock_ref, tuple(n.page_locks), n.last_access,
+                     n.parent.node_id) for n in tree._nodes())
+    return nodes, tree.match_prefix([]).last_node.last_access, tree.evictable_size, tree.protected_size
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.lists(st.sampled_from("abc"), min_size=1, max_size=6), st.booleans(),
+                              st.integers(0, 12)), max_size=12))
+def test_insert_if_cached_as_is_match_prefix_then_insert(ops):
+    """The one-walk `insert_if_cached_as` leaves a tree exactly as `match_prefix` then (when the cached values
+    are the caller's) `insert` do: same nodes, values, locks, access times, ids and clock."""
+    one, two = RadixCache(page_size=1), RadixCache(page_size=1)
+    next_value = 0
+    for key, reuse, evict in ops:
+        cached = one.match_prefix(key).values  # a probe on both trees alike (also ticks and splits)
+        assert two.match_prefix(key).values == cached
+        values = (cached if reuse else []) + list(range(next_value, next_value + len(key)))
+        values = values[:len(key)]
+        next_value += len(key)
+        got = one.insert_if_cached_as(key, values)
+        again = two.match_prefix(key).values
+        expected = two.insert(key, values) if list(values[:len(again)]) == again else None
+        assert got == expected
+        one.evict(evict)
+        two.evict(evict)
+        assert _state(one) == _state(two)
+        one.check_invariants()

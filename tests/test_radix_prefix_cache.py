@@ -96,3 +96,20 @@ def test_radix_under_memory_pressure_keeps_its_books_and_reports_hits():
 def test_radix_needs_the_paged_allocator():
     with pytest.raises(KvsimError, match="prefix_cache=radix needs allocator paged"):
         kvsim.simulate(None, engine__allocator="slab-max", engine__prefix_cache="radix")
+
+
+@pytest.mark.parametrize("kind", ["hash_chain", "radix"])
+def test_one_token_blocks_match_partial_blocks_as_sglang_page_size_one(kind):
+    """SGLang with page_size 1 matches any token prefix (its `match_prefix` aligns only when page_size > 1);
+    kvsim does the same with one-token blocks, where a page is a block and the pool allocates per token, as
+    SGLang's token pool does, so no partial block needs a copy. A and B share their first 6 tokens (one
+    6-token segment), then differ: with 4-token blocks B hits 4 tokens (one full block), with 1-token
+    blocks all 6."""
+    a, b = SegmentContent([("sys", 6), ("a", 4)]), SegmentContent([("sys", 6), ("b", 4)])
+    for block_size, expected in ((4, 4), (1, 6)):
+        num_blocks = 64
+        cache = (RadixPrefixCache if kind == "radix" else HashChainCache)(num_blocks, block_size)
+        alloc = PagedAllocator(num_blocks, block_size, prefix_cache=cache)
+        alloc.allocate(1, 10, 10, a)
+        assert alloc.lookup_prefix(b, 10).num_tokens == expected
+        alloc.check_invariants()

@@ -16,9 +16,9 @@ from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
 
 TABLES = ("context_concurrency", "kv_quantization", "prefix_sharing", "capacity_formula", "waste_breakdown",
           "sustained_rate", "load_curves", "time_series", "alert_firings", "capacity", "fleet_routing",
-          "offload_points", "offload_pays", "offload_hurts")
+          "offload_points", "offload_pays", "offload_hurts", "speculation", "speculation_speedup")
 FIGURES = ("fig_context", "fig_fp8", "fig_prefix", "fig_formula", "fig_paging", "fig_load", "fig_time_series",
-           "fig_alerts", "fig_fleet", "fig_offload")
+           "fig_alerts", "fig_fleet", "fig_offload", "fig_speculation")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_html_and_markdown_reference_only_existing_files(report_dir):
         assert (report_dir / ref).is_file(), ref
     assert "http" not in "".join(images)  # opens offline
     md = (report_dir / "report.md").read_text()
-    assert md.count("_Latency model: roofline._") == 9
+    assert md.count("_Latency model: roofline._") == 10  # one per section
     assert "groups:" in (report_dir / "alerts.yaml").read_text()
 
 

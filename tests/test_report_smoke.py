@@ -20,7 +20,7 @@ PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "kvsim/m
 MODELS = sized(["llama-3.1-8b", "qwen3-30b-a3b"], PRESETS)
 TINY = StudyConfig(num_requests=12, load_fractions=(0.5, 1.5), shared_prefix_counts=(4,), fleet_requests=12,
                    fleet_max_replicas=2, rate_requests=60, rate_max_requests=120, saturate_max_requests=150,
-                   workers=1)
+                   speculation_batch_sizes=(1, 16), workers=1)
 
 
 def fitting(model: str) -> tuple[str, int]:

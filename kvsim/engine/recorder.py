@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from kvsim.results.metrics import STEP_COLUMNS, STEP_FLOAT_COLUMNS, StepTotals
+from kvsim.results.metrics import DRAFT_KEY, STEP_COLUMNS, STEP_FLOAT_COLUMNS, StepTotals
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,6 +42,7 @@ CHUNK_ROWS = 32_768  # rows buffered before a chunk goes to the totals and the w
 COLUMNS = STEP_COLUMNS
 FLOAT_COLUMNS = STEP_FLOAT_COLUMNS
 DTYPES = {name: np.dtype(np.float64 if name in FLOAT_COLUMNS else np.int64) for name in COLUMNS}
+DRAFT_DTYPES = {**DTYPES, DRAFT_KEY: np.dtype(np.float64)}  # with speculative decoding's `draft_rejected`
 SINGLE_FLOATS = tuple(name for name in COLUMNS if name in FLOAT_COLUMNS)  # `record` writes them in this order
 SINGLE_INTS = tuple(name for name in COLUMNS if name not in FLOAT_COLUMNS)
 
@@ -55,7 +56,7 @@ def empty_chunk() -> Chunk:
 def concat(chunks: list[Chunk]) -> Chunk:
     if not chunks:
         return empty_chunk()
-    return {name: np.concatenate([c[name] for c in chunks]) for name in COLUMNS}
+    return {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}  # COLUMNS (+ draft_rejected)
 
 
 def sampled_stride(num_steps: int, cap: int) -> int:
@@ -188,9 +189,9 @@ class BurstRows:
         single[at] = False
         merged: Chunk = {}
         for name, values in singles.items():
-            column = np.empty(num_rows, dtype=DTYPES[name])
+            column = np.empty(num_rows, dtype=DRAFT_DTYPES[name])
             column[single] = values
-            column[at] = rows[name]
+            column[at] = rows.get(name, 0.0) if name == DRAFT_KEY else rows[name]  # a burst never verifies drafts
             merged[name] = column
         self._clear()
         return merged
@@ -203,14 +204,19 @@ class StepRecorder:
     them (and gets the sample, for `sampled`, at `finish`); `tags` are constant integer columns
     added to every written row (a fleet's `replica`: several recorders may share one writer);
     `max_sampled_rows` caps `sampled` (default `MAX_SAMPLED_STEPS`; a fleet splits it among its replicas).
+    `draft_column` adds speculative decoding's `draft_rejected` share (`kvsim.results.metrics.DRAFT_KEY`)
+    to every row, taken out of `reserved` and `internal_frag` where the snapshot's `draft_rejected` says
+    (0 for a step without it: an engine of the fleet that does not speculate, a decode burst).
     """
 
     COLUMNS = COLUMNS
 
     def __init__(self, mode: StepsMode = "all", writer: StepWriter | None = None,
                  tags: Mapping[str, int] | None = None, chunk_rows: int | None = None,
-                 max_sampled_rows: int | None = None) -> None:
+                 max_sampled_rows: int | None = None, draft_column: bool = False) -> None:
         self.mode, self.writer, self.tags = mode, writer, dict(tags or {})
+        self.draft_column = draft_column
+        self._draft = array("d")  # `draft_rejected` of the single-step rows, with `draft_column`
         self.chunk_rows = CHUNK_ROWS if chunk_rows is None else chunk_rows
         # single-step rows until the chunk is flushed: their float and int values, each in `COLUMNS` order
         self._floats, self._ints, self._num_rows = array("d"), array("q"), 0
@@ -235,8 +241,13 @@ class StepRecorder:
         kv = state.kv
         w = kv.waste()
         total = kv.total_slots
-        self._floats.extend((now, duration_s, kv.usage, w.token_state / total, w.reserved / total,
-                             w.internal_frag / total, w.slack / total, w.external_frag / total, w.free / total))
+        reserved, internal_frag = w.reserved, w.internal_frag
+        if self.draft_column:
+            below, past = state.draft_rejected or (0, 0)
+            reserved, internal_frag = reserved - below, internal_frag - past
+            self._draft.append((below + past) / total)
+        self._floats.extend((now, duration_s, kv.usage, w.token_state / total, reserved / total,
+                             internal_frag / total, w.slack / total, w.external_frag / total, w.free / total))
         self._ints.extend((state.num_running, state.num_waiting, state.num_swapped, plan.num_tokens,
                            plan.num_prefill_tokens, plan.num_decode_seqs, state.num_preemptions,
                            plan.swap_in_bytes, plan.swap_out_bytes, kv.held_slots, kv.shared_slots))
@@ -274,6 +285,9 @@ class StepRecorder:
                         else ints[:, SINGLE_INTS.index(name)]).copy() for name in COLUMNS}
         del floats, ints  # views: the buffers can be emptied
         del self._floats[:], self._ints[:]
+        if self.draft_column:
+            chunk[DRAFT_KEY] = np.array(self._draft, dtype=np.float64)
+            del self._draft[:]
         self._num_rows = 0
         if self._bursts:
             chunk = self._bursts.merge_into(chunk)
@@ -294,7 +308,8 @@ class StepRecorder:
         if self.writer is not None:
             if self.sampler is not None:
                 self.writer.write(self._tagged(self.sampler.rows()))
-            self.writer.close({**DTYPES, **dict.fromkeys(self.tags, np.dtype(np.int64))})
+            self.writer.close({**(DRAFT_DTYPES if self.draft_column else DTYPES),
+                               **dict.fromkeys(self.tags, np.dtype(np.int64))})
         self.finished = True
 
     def _tagged(self, chunk: Chunk) -> Chunk:

@@ -94,10 +94,12 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
         scenario = scenario.model_copy(update={"steps": steps})
     if scenario.replicas is not None:
         raise KvsimError(f"replicas={scenario.replicas!r}: a fleet scenario; use kvsim.fleet.driver.simulate_fleet")
+    speculates = scenario.engine.speculative_config is not None  # step rows get `draft_rejected`
     if out_dir is None:
         if scenario.engine.data_parallel_size > 1:
             return simulate_data_parallel(scenario, check, memory_limit_bytes)
-        return simulate_single(scenario, check, progress, bursts, memory_limit_bytes, StepRecorder(scenario.steps))
+        return simulate_single(scenario, check, progress, bursts, memory_limit_bytes,
+                               StepRecorder(scenario.steps, draft_column=speculates))
     final = check_output_dir(out_dir, "run")  # refused before simulating, not after
     with output_directory(out_dir, "run") as tmp:
         writer = StepWriter(tmp, steps_format) if scenario.steps != "none" else None
@@ -106,7 +108,7 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
             result = simulate_data_parallel(scenario, check, memory_limit_bytes, writer, steps_path)
         else:
             result = simulate_single(scenario, check, progress, bursts, memory_limit_bytes,
-                                     StepRecorder(scenario.steps, writer), steps_path)
+                                     StepRecorder(scenario.steps, writer, draft_column=speculates), steps_path)
         write_run_files(tmp, result, steps=False)
     return result
 

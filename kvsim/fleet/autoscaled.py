@@ -232,7 +232,9 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     requests = iter_requests(scenario, max_model_len, rng)
     per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
     observe_kv = scenario.router.policy == "least_kv" or spec.metric == "kv_cache_usage_perc"
-    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap),
+    speculates = any(p.scheduler.speculation is not None for p in parts)  # every replica's rows: one table
+    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap,
+                                                           draft_column=speculates),
                       observe_kv=observe_kv) for p in parts]
     initial = min(max(scenario.replicas, spec.min_replicas), spec.max_replicas)
     slots = [Slot.READY if i < initial else Slot.OFF for i in range(len(engines))]

@@ -322,7 +322,9 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
     max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))
     requests = iter_requests(scenario, max_model_len, rng)
     per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
-    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap),
+    speculates = any(p.scheduler.speculation is not None for p in parts)  # every replica's rows: one table
+    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap,
+                                                           draft_column=speculates),
                       observe_kv=True) for p in parts]
     disagg = Disaggregation(scenario, specs, parts, engines)
     run_engines([[engine] for engine in engines], requests, disagg.dispatch, check, progress, bursts,

@@ -185,8 +185,10 @@ def _run_fleet(scenario: Scenario, check: bool, progress: ProgressFn | None, bur
     per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
     writers = [StepWriter(streamed[0], streamed[2], name=f".steps-r{i}") if streamed is not None
                and scenario.steps != "none" else None for i in range(len(parts))]
+    speculates = any(p.scheduler.speculation is not None for p in parts)  # every replica's rows: one table
     engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, writer, {"replica": i} if writer else None,
-                                                           max_sampled_rows=per_replica_cap), observe_kv=reads_kv)
+                                                           max_sampled_rows=per_replica_cap, draft_column=speculates),
+                      observe_kv=reads_kv)
                for i, (p, writer) in enumerate(zip(parts, writers, strict=True))]
     view = FleetView(engines)
     config = scenario.router

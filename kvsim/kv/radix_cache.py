@@ -146,6 +146,43 @@ class RadixCache:
             self._update_leaf_status(leaf)
         return start
 
+    def insert_if_cached_as(self, key: Sequence[Hashable], values: Sequence[int]) -> int | None:
+        """`match_prefix(key)`, then, when the cached prefix holds `values`' leading values, `insert(key,
+        values)`: the same effects as those two calls (two clock ticks, the path's access times, the
+        split, the new leaf), in one walk. Returns `insert`'s count, or None (nothing inserted) when
+        the tree holds the prefix in other values."""
+        assert len(key) == len(values), "one value per page"
+        now = self._tick()
+        node = self.root
+        node.last_access = now
+        path, cached, start = [node], [], 0
+        while start < len(key) and key[start] in node.children:
+            child = node.children[key[start]]
+            child.last_access = now
+            matched = _common_length(child.key, key, start) if len(child.key) > 1 else 1
+            split = matched < len(child.key)
+            if split:
+                child = self._split(child, matched)  # the upper part: `insert` walks it whole, then stops
+            cached.extend(child.value)
+            node = child
+            path.append(node)
+            start += matched
+            if split:
+                break
+        if list(values[:len(cached)]) != cached:
+            return None
+        now = self._tick()  # `insert`'s walk: the same nodes (the lower part of a split is not on it)
+        for visited in path:
+            visited.last_access = now
+        if start < len(key):
+            leaf = self._new_node(list(key[start:]), list(values[start:]), node)
+            leaf.last_access = now
+            node.children[key[start]] = leaf
+            self._evictable_pages += len(leaf.key)
+            self._update_leaf_status(node)
+            self._update_leaf_status(leaf)
+        return start
+
     def where(self, value: int) -> tuple[TreeNode, int] | None:
         """The node holding `value` and its page index there, or None if the tree does not hold it."""
         node = self._where.get(value)
@@ -303,6 +340,8 @@ class RadixCache:
 def _common_length(node_key: Sequence[Hashable], key: Sequence[Hashable], start: int) -> int:
     """Pages `node_key` shares with `key[start:]` from their first page (equal: the child was found by it)."""
     limit = min(len(node_key), len(key) - start)
+    if limit == len(node_key) and type(key) is type(node_key) and key[start:start + limit] == node_key:
+        return limit  # the whole run matches (the usual case): one comparison in C instead of a loop
     i = 1
     while i < limit and node_key[i] == key[start + i]:
         i += 1

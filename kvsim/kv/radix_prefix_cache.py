@@ -17,8 +17,10 @@ while nothing is evicted:
   at once) caches none of its own blocks past it: a node's blocks must be held by whoever holds
   its descendants, as in SGLang where a request's KV is the tree's.
 
-Partial-block matches (SGLang with page_size 1) need a pool that shares partial blocks; kvsim's
-paged pool, like vLLM's, shares full blocks only, so pages are blocks here.
+Pages are blocks here: a match covers whole blocks, as SGLang's does with page_size = block size.
+SGLang's default page_size 1 (token-granular matches over a per-token pool) is `block_size = 1`:
+no partial block exists, so none needs a copy; a 16-token block gives up the matches that end
+inside a block (README, "Partial-block matches").
 """
 
 from __future__ import annotations
@@ -89,10 +91,9 @@ class RadixPrefixCache:
 
     def insert(self, content: Content, block_table: Sequence[int], first_block: int, num_full_blocks: int) -> None:
         keys = content.block_hashes(self.block_size, num_full_blocks)
-        cached = self.tree.match_prefix(keys).values
-        if list(block_table[:len(cached)]) != cached:
+        start = self.tree.insert_if_cached_as(keys, block_table[:num_full_blocks])
+        if start is None:
             return  # the tree holds this prefix in other blocks: this sequence's stay plain
-        start = self.tree.insert(keys, block_table[:num_full_blocks])
         for block_id in block_table[start:num_full_blocks]:  # in use: each holds a lock on its page
             where = self.tree.where(block_id)
             assert where is not None

@@ -47,7 +47,16 @@ from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_pr
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traffic
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
-from kvsim.planning.spec import Candidate, PlanSpec, auto_splits, candidates, has_auto, make_plan_spec, with_split
+from kvsim.planning.spec import (
+    Candidate,
+    PlanSpec,
+    auto_splits,
+    candidates,
+    check_slo_classes,
+    has_auto,
+    make_plan_spec,
+    with_split,
+)
 from kvsim.planning.steady_state import TOO_SHORT, headroom, probe_passes, why_failed
 from kvsim.planning.verify import Verification, evidence_columns, traffic_of
 from kvsim.planning.xpyd import XpydSearch
@@ -55,14 +64,16 @@ from kvsim.workload.scenario import Scenario
 
 
 def check_candidates(base: Scenario, spec: PlanSpec) -> None:
-    """Refuse, before any cluster starts or folder is made, a scenario that already fixes `replicas`, and
-    a candidate whose GPU is unknown, whose engine knobs do not make a valid scenario, or whose TP the
-    model cannot be split over or whose weights leave no KV pool (a `KvsimError` naming the field)."""
+    """Refuse, before any cluster starts or folder is made, a scenario that already fixes `replicas`, an
+    SLO for a priority class the workload does not have, and a candidate whose GPU is unknown, whose engine
+    knobs do not make a valid scenario, or whose TP the model cannot be split over or whose weights leave
+    no KV pool (a `KvsimError` naming the field)."""
     from kvsim.model.capacity import check_parallel, num_gpu_blocks
     from kvsim.model.config import load_gpu, load_model
 
     if base.replicas is not None:
         raise KvsimError(f"replicas={base.replicas!r}: plan searches the replica count; remove it from the scenario")
+    check_slo_classes(base, spec)
     for gpu in dict.fromkeys(spec.gpus):
         load_gpu(gpu)
     model = load_model(base.model)

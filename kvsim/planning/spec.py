@@ -1,6 +1,7 @@
 """What `kvsim plan` searches: the SLOs, the candidates (GPU × TP × engine knobs) and the search's knobs.
 
-    spec = make_plan_spec({"slo": {"ttft_s.p90": 2.0}, "gpus": ["h100-80gb"]})
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 2.0, "ttft_s.p90@0": 0.5}, "gpus": ["h100-80gb"]})
+    check_slo_classes(base, spec)          # every `@PRIORITY` is a class the workload has
     for candidate in candidates(spec): candidate.scenario(base, replicas, spec.router)
 """
 
@@ -16,15 +17,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvsim.model.errors import from_validation_error
-from kvsim.planning.steady_state import SLO_METRICS, SLO_STATS
+from kvsim.model.errors import KvsimError, from_validation_error
+from kvsim.planning.steady_state import parse_slo_key
 from kvsim.workload.scenario import Scenario, make_scenario
 
 ROUTERS = ("round_robin", "least_outstanding", "least_kv", "affinity")
 
 
 class PlanSpec(BaseModel):
-    """What to search: SLOs (`metric.stat: seconds`), candidate GPUs, TP sizes, engine knob grid."""
+    """What to search: SLOs (`metric.stat: seconds`, or `metric.stat@priority: seconds` for one priority
+    class's requests), candidate GPUs, TP sizes, engine knob grid."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     slo: dict[str, float] = Field(min_length=1)
@@ -49,9 +51,7 @@ class PlanSpec(BaseModel):
     @classmethod
     def _known_slos(cls, slo: dict[str, float]) -> dict[str, float]:
         for key, limit in slo.items():
-            metric, _, stat = key.partition(".")
-            if metric not in SLO_METRICS or stat not in SLO_STATS:
-                raise ValueError(f"{key!r}: expected METRIC.STAT with METRIC in {SLO_METRICS}, STAT in {SLO_STATS}")
+            parse_slo_key(key)
             if not (limit > 0 and math.isfinite(limit)):
                 raise ValueError(f"{key}={limit}: must be a positive, finite number of seconds")
         return slo
@@ -139,6 +139,31 @@ def make_plan_spec(raw: dict[str, Any]) -> PlanSpec:
         return PlanSpec(**raw)
     except ValidationError as error:
         raise from_validation_error(error, prefix="plan") from None
+
+
+def workload_priorities(base: Scenario) -> set[int] | None:
+    """The request priorities `base`'s workload gives: its class mix's, {0} without one, None when a
+    trace's priority column sets them (any value may appear; a class no request has then misses)."""
+    w = base.workload
+    if w.trace is not None and w.trace.priority_column is not None:
+        return None
+    return {c.priority for c in w.priority.classes} if w.priority is not None else {0}
+
+
+def check_slo_classes(base: Scenario, spec: PlanSpec) -> None:
+    """Refuse an SLO for a priority class no request of `base` can have (a typo would pass vacuously
+    or never): a `KvsimError` naming the SLO and the workload's classes."""
+    known = workload_priorities(base)
+    if known is None:
+        return
+    for key in spec.slo:
+        priority = parse_slo_key(key)[2]
+        if priority is not None and priority not in known:
+            w = base.workload
+            classes = (", ".join(f"{c.name}={c.priority}" for c in w.priority.classes) if w.priority is not None
+                       else "none: every request has priority 0")
+            raise KvsimError(f"slo {key}: no request of this workload has priority {priority} "
+                             f"(workload.priority classes: {classes})")
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
     evidence = window_evidence(result.requests)                  # JSON-safe, SLO-independent
     ok = probe_passes(evidence, {"ttft_s.p90": 2.0})             # stable and every SLO met
+    ok = probe_passes(evidence, {"ttft_s.p90@0": 0.5})           # ... over priority-0 requests only
     search = SteadyRateSearch(start_rate=1.0, num_requests=400)  # then next_probe() / observe(...)
 
 A finite burst that meets an SLO says nothing about steady state: the queue it builds may still be
@@ -28,11 +29,14 @@ must be longer (the search doubles it). Otherwise, with
 - **stable**: neither.
 
 A rate passes only when its probe is stable *and* every SLO percentile, taken over the servable
-requests that arrived inside the window, is within its limit. Each percentile comes with a 95 %
-order-statistic confidence interval (the ranks n·p ∓ 1.96·√(n·p·(1−p)) of the sorted sample,
-the normal approximation of the binomial): latencies of neighbouring requests are correlated in a
-queue, so read it as a lower bound on the uncertainty. Requests the engine refuses (prompt over
-`max_model_len`, more KV than the pool ever holds) are counted apart: neither offered nor SLO misses.
+requests that arrived inside the window, is within its limit. An SLO may name one priority class,
+`METRIC.STAT@PRIORITY` (vLLM's integer request priority, as the summary's `by_priority` keys it):
+its percentile is then taken over the window's requests of that priority only (`parse_slo_key`).
+Each percentile comes with a 95 % order-statistic confidence interval (the ranks n·p ∓
+1.96·√(n·p·(1−p)) of the sorted sample, the normal approximation of the binomial): latencies of
+neighbouring requests are correlated in a queue, so read it as a lower bound on the uncertainty.
+Requests the engine refuses (prompt over `max_model_len`, more KV than the pool ever holds) are
+counted apart: neither offered nor SLO misses.
 
 The run length is the search's choice (`SteadyRateSearch`): the highest passing rate is found with
 N requests, then again with 2N, 4N, …, until it moves less than `converge_tol` (2 %) when the run
@@ -49,6 +53,7 @@ from typing import Any
 import numpy as np
 
 SLO_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
+SLO_KEY_FORMAT = "METRIC.STAT or METRIC.STAT@PRIORITY"
 SLO_STATS = ("mean", "p50", "p90", "p99")
 STABLE, BACKLOGGED, OVERLOADED, EMPTY = "stable", "backlogged", "overloaded", "no servable requests"
 TOO_SHORT = "too short"
@@ -164,6 +169,7 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     busy_s = finish[window_rows] - np.asarray(requests["first_scheduled_s"], dtype=float)[window_rows]
     outputs = (np.asarray(requests["output_tokens"]) * np.asarray(requests["num_samples"]))
     finished_in = done & (finish >= start) & (finish < end)
+    classes = {"by_priority": _class_stats(requests, window_rows)} if "priority" in requests else {}
     return {**out, "verdict": verdict, "window_start_s": start, "window_s": window_s, "num_in_window": num_in,
             "offered_per_s": offered, "served_per_s": served, "served_over_offered": ratio,
             "backlog_trend": trend, "backlog_trend_low": trend_low, "backlog_end": int(backlog[-1]),
@@ -171,15 +177,50 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
             # Little's law over the window: sequences running = throughput × time each spends scheduled
             "mean_running": served * float(np.nanmean(busy_s)) if num_in else 0.0,
             "output_tokens_per_s": float(outputs[finished_in].sum()) / window_s if window_s > 0 else 0.0,
-            **{m: _stats(np.asarray(requests[m], dtype=float)[window_rows]) for m in SLO_METRICS}}
+            **{m: _stats(np.asarray(requests[m], dtype=float)[window_rows]) for m in SLO_METRICS}, **classes}
+
+
+def _class_stats(requests: Mapping[str, Any], window_rows: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per priority present in the window (str keys, JSON-safe): each metric's stats over its requests.
+    A fleet's table may hold NaN where a replica had no priority column: those requests have priority 0."""
+    priority = np.nan_to_num(np.asarray(requests["priority"], dtype=float)[window_rows]).astype(np.int64)
+    out = {}
+    for value in np.unique(priority):
+        rows = window_rows[priority == value]
+        out[str(int(value))] = {m: _stats(np.asarray(requests[m], dtype=float)[rows]) for m in SLO_METRICS}
+    return out
+
+
+def parse_slo_key(key: str) -> tuple[str, str, int | None]:
+    """`ttft_s.p90` → ("ttft_s", "p90", None); `ttft_s.p90@1` → ("ttft_s", "p90", 1): the SLO over priority-1
+    requests. A malformed key raises `ValueError` naming it."""
+    name, at, cls = key.partition("@")
+    metric, _, stat = name.partition(".")
+    if metric not in SLO_METRICS or stat not in SLO_STATS:
+        raise ValueError(f"{key!r}: expected {SLO_KEY_FORMAT} with METRIC in {SLO_METRICS}, STAT in {SLO_STATS}")
+    if not at:
+        return metric, stat, None
+    try:
+        return metric, stat, int(cls)
+    except ValueError:
+        raise ValueError(f"{key!r}: the class after '@' must be an integer request priority, got {cls!r}") from None
+
+
+def slo_stats(evidence: Mapping[str, Any], metric: str, priority: int | None) -> Mapping[str, Any]:
+    """The window's stats of `metric`, over every request or over one priority's (empty when none arrived).
+    A run whose table has no `priority` column gave every request priority 0."""
+    if priority is None or ("by_priority" not in evidence and priority == 0):
+        return evidence[metric]
+    return evidence.get("by_priority", {}).get(str(priority), {}).get(metric) or _stats(np.zeros(0))
 
 
 def slo_values(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> dict[str, float]:
-    """Each SLO's measured value over the window (inf when no request produced one)."""
+    """Each SLO's measured value over the window, or over its class's requests there (inf when none
+    produced one)."""
     out = {}
     for key in slo:
-        metric, _, stat = key.partition(".")
-        value = evidence[metric][stat]
+        metric, stat, priority = parse_slo_key(key)
+        value = slo_stats(evidence, metric, priority)[stat]
         out[key] = math.inf if value is None else float(value)
     return out
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvsim.planning.steady_state import SLO_STATS, probe_passes, slo_values
+from kvsim.planning.steady_state import SLO_STATS, parse_slo_key, probe_passes, slo_stats, slo_values
 from kvsim.workload.scenario import Scenario, make_scenario
 
 if TYPE_CHECKING:
@@ -31,10 +31,11 @@ def evidence_columns(evidence: Mapping[str, Any], slo: Mapping[str, float], pref
                             f"{prefix}backlog_trend": evidence["backlog_trend"],
                             f"{prefix}rejected_fraction": evidence["rejected_fraction"]}
     for key, value in slo_values(evidence, slo).items():
-        metric, _, stat = key.partition(".")
+        metric, stat, priority = parse_slo_key(key)
         cols[f"{prefix}{key}"] = value
-        if stat != SLO_STATS[0]:  # percentiles carry an order-statistic interval
-            low, high = evidence[metric][f"{stat}_ci"]
+        stats = slo_stats(evidence, metric, priority)
+        if stat != SLO_STATS[0]:  # percentiles carry an order-statistic interval (none without values)
+            low, high = stats.get(f"{stat}_ci", (None, None))
             cols[f"{prefix}{key}_ci"] = None if low is None else "–".join(
                 "inf" if v is None else f"{v:.4g}" for v in (low, high))
     return cols

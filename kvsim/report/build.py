@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from kvsim.model.capacity import plan_capacity  # noqa: E402
-from kvsim.report import fleet_study, offload_study, studies  # noqa: E402
+from kvsim.report import fleet_study, offload_study, speculation_study, studies  # noqa: E402
 from kvsim.report import text as report_text
 from kvsim.report.figures import FIGURES, fig_series, save_figure  # noqa: E402
 from kvsim.report.summary import summary_markdown  # noqa: E402
@@ -70,7 +70,8 @@ def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig |
     st = studies.Study(base, cfg)
     steps: tuple[Callable[[studies.Study], studies.Section | tuple[studies.Section, ...]], ...] = (
         studies.context_concurrency, studies.kv_quantization, studies.prefix_sharing, studies.capacity_formula,
-        studies.paging_and_load, fleet_study.fleet_routing, offload_study.offload_sizing)
+        studies.paging_and_load, fleet_study.fleet_routing, offload_study.offload_sizing,
+        speculation_study.speculation)
     sections: list[studies.Section] = []
     for index, step in enumerate(steps, 1):
         st.runs_submitted = st.runs_done = 0

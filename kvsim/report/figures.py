@@ -223,6 +223,27 @@ def fig_offload(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray
     axes[1].set_ylabel("TTFT p90 (s)")
     for ax in axes:
         ax.set_xlabel("CPU offload tier (GiB; 0: none)")
+
+
+def fig_speculation(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
+    """TPOT and output throughput against the batch-size limit, without and with speculation; the crossover."""
+    df, f = sec.tables["speculation"], sec.facts
+    for speculative, label, color in ((False, "without speculation", VLLM),
+                                      (True, f"{f['config']['method']}, K = {f['config']['num_speculative_tokens']}",
+                                       PAGED)):
+        rows = df[df.speculative == speculative]
+        axes[0].plot(rows.max_num_seqs, rows.tpot_mean_s * 1e3, marker="o", color=color, label=label)
+        axes[1].plot(rows.max_num_seqs, rows.output_tokens_per_s, marker="o", color=color, label=label)
+    if f.get("crossover_batch_size") is not None:
+        for ax in axes:
+            ax.axvline(f["crossover_batch_size"], color=SLAB, linestyle="--", linewidth=1,
+                       label=f"speculation stops paying ({f['crossover_batch_size']} seqs)")
+    axes[0].set_ylabel("time per output token, mean (ms)")
+    axes[1].set_ylabel("output tokens/s")
+    for ax in axes:
+        ax.set_xscale("log")
+        _ticks_at(ax, df.max_num_seqs, min_ratio=1.0)
+        ax.set_xlabel("batch-size limit max_num_seqs (saturated)")
         ax.legend(fontsize=8)
 
 
@@ -249,7 +270,8 @@ def fig_series(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray,
 
 
 FIGURES: dict[str, Draw] = {"context": fig_context, "fp8": fig_fp8, "prefix": fig_prefix, "formula": fig_formula,
-                            "paging": fig_paging, "load": fig_load, "fleet": fig_fleet, "offload": fig_offload}
+                            "paging": fig_paging, "load": fig_load, "fleet": fig_fleet, "offload": fig_offload,
+                            "speculation": fig_speculation}
 
 
 def save_figure(draw: Callable[[np.ndarray], None], path: Path, title: str) -> None:

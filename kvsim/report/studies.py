@@ -70,13 +70,16 @@ class StudyConfig:
     saturate_max_requests: int = 20_000  # a request-bound saturated run is re-run with more, up to this
     offload_requests: int = 600  # leading requests of the Mooncake slice the offload section replays
     offload_loads: tuple[float, ...] = (0.5, 1.0, 2.0)  # × the trace's arrival rate
+    # batch-size limits (max_num_seqs) the speculative-decoding section runs with and without drafts
+    speculation_batch_sizes: tuple[int, ...] = (1, 4, 16, 32, 64, 128, 256)
 
     @classmethod
     def quick(cls) -> StudyConfig:
         return cls(num_requests=60, load_fractions=(0.25, 0.75, 1.0, 1.5), shared_prefix_counts=(4, 16),
                    fleet_requests=60,
                    fleet_max_replicas=8, rate_requests=200, rate_max_requests=1600,
-                   saturate_max_requests=3000, offload_requests=60, offload_loads=(1.0,))
+                   saturate_max_requests=3000, offload_requests=60, offload_loads=(1.0,),
+                   speculation_batch_sizes=(1, 16, 128))
 
 
 def variant(base: Scenario, *overrides: str) -> Scenario:

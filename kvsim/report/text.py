@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kvsim.report import studies
+from kvsim.report.speculation_study import speculation_text
 
 
 def introduction(st: studies.Study) -> str:
@@ -201,6 +202,8 @@ def section_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConf
         return fleet_text(sec, st)
     if sec.key == "offload":
         return offload_text(sec)
+    if sec.key == "speculation":
+        return speculation_text(sec)
     return alerts_text(sec, cfg)
 
 

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 WASTE_KEYS = ("token_state", "reserved", "internal_frag", "slack", "external_frag", "free")
+DRAFT_KEY = "draft_rejected"
+"""Speculative decoding's step rows only: the pool share holding the KV of drafts that a verify step
+rejected, until a step overwrites them; carved out of `reserved` and `internal_frag` (where those slots
+would otherwise count), so the shares still sum to 1. A run without speculation has no such column."""
 VLLM_REQUEST_METRICS = {
     "ttft_s": "vllm:time_to_first_token_seconds",
     "tpot_s": "vllm:request_time_per_output_token_seconds",
@@ -166,12 +170,17 @@ class StepTotals:
         holding = dt * (held > 0)
         self.holding += float(holding.sum())
         fractions = {k: col(k) for k in WASTE_KEYS}
-        for k, v in fractions.items():
-            self.waste_holding[k] += float((v * holding).sum())
         allocated = sum(fractions[k] for k in WASTE_KEYS[:-1])
+        if DRAFT_KEY in steps:  # speculative decoding: a held share beside the others
+            fractions[DRAFT_KEY] = col(DRAFT_KEY)
+            allocated = allocated + fractions[DRAFT_KEY]
+        for k, v in fractions.items():
+            self.waste_holding[k] = self.waste_holding.get(k, 0.0) + float((v * holding).sum())
         with np.errstate(invalid="ignore", divide="ignore"):
-            for k in WASTE_KEYS[:-1]:
-                self.of_allocated_holding[k] += float((np.nan_to_num(fractions[k] / allocated) * holding).sum())
+            for k in fractions:
+                if k != "free":
+                    self.of_allocated_holding[k] = self.of_allocated_holding.get(k, 0.0) + float(
+                        (np.nan_to_num(fractions[k] / allocated) * holding).sum())
         shared = col("shared_slots").astype(np.float64)
         self.shared_holding += float((shared * holding).sum())
         self.logical_holding += float(((held + shared) * holding).sum())
@@ -183,7 +192,7 @@ class StepTotals:
         self.last_preemptions_total = int(preemptions[-1])
         self.running_queued += float((running * dt_queued).sum())
         for k, v in fractions.items():
-            self.waste_queued[k] += float((v * dt_queued).sum())
+            self.waste_queued[k] = self.waste_queued.get(k, 0.0) + float((v * dt_queued).sum())
 
 
 MIN_SATURATED_FRACTION = 0.1
@@ -216,10 +225,10 @@ def saturated_summary(steps: StepTotals | pd.DataFrame, run_duration_s: float) -
                   f"requests waited for {duration:.3g} s, under {MIN_SATURATED_FRACTION:.0%} of the "
                   f"{run_duration_s:.3g} s run: a transient, not a sustained steady state")
         return {"duration_s": duration, "mean_running": None, "preemptions_per_s": None,
-                "waste": dict.fromkeys(WASTE_KEYS), "reason": reason}
+                "waste": dict.fromkeys(totals.waste_queued), "reason": reason}
     return {"duration_s": duration, "mean_running": _ratio(totals.running_queued, duration),
             "preemptions_per_s": float(totals.queued_preemptions) / duration,
-            "waste": {k: _ratio(totals.waste_queued[k], duration) for k in WASTE_KEYS}, "reason": None}
+            "waste": {k: _ratio(v, duration) for k, v in totals.waste_queued.items()}, "reason": None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +287,7 @@ def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, sch
     num_finished = int(finished.sum())
     start_s = float(col("arrival_s").min()) if len(status) else 0.0
     duration = max(totals.end_s - start_s, 0.0) if totals.num_steps else 0.0
-    fractions = {k: _ratio(totals.waste_holding[k], totals.holding) for k in WASTE_KEYS}
+    fractions = {k: _ratio(v, totals.holding) for k, v in totals.waste_holding.items()}
     of_allocated = {k: _ratio(v, totals.holding) for k, v in totals.of_allocated_holding.items()}
     sharing_saving = totals.shared_holding / totals.logical_holding if totals.logical_holding else 0.0
     outputs = col("output_tokens")

@@ -50,13 +50,18 @@ class SchedulerLimits:
 class SchedulerSnapshot(NamedTuple):
     """An engine's state at one instant, as a step row records it (`Scheduler.snapshot`): the queues'
     lengths, the preemptions so far and where the KV pool's slots are. The recorder reads this, never
-    the scheduler's queues or its allocator. Immutable (a NamedTuple: one is built per step)."""
+    the scheduler's queues or its allocator. Immutable (a NamedTuple: one is built per step).
+
+    `draft_rejected`, with speculative decoding only: the held slots still holding drafts a verify
+    rejected (`Scheduler.draft_rejected_slots`), as (those below their sequence's final length, which
+    the pool counts reserved; those past it, which it counts internal fragmentation)."""
 
     num_running: int
     num_waiting: int
     num_swapped: int
     num_preemptions: int
     kv: KVOccupancy
+    draft_rejected: tuple[int, int] | None = None
 
 
 class Scheduler(OffloadScheduling):
@@ -108,7 +113,30 @@ class Scheduler(OffloadScheduling):
     def snapshot(self) -> SchedulerSnapshot:
         """The queues and the KV pool now (a step row's state)."""
         return SchedulerSnapshot(len(self.running), len(self.waiting), len(self.swapped), self.num_preemptions,
-                                 occupancy(self.alloc, self.next_request_slots()))
+                                 occupancy(self.alloc, self.next_request_slots()),
+                                 None if self.speculation is None else self.draft_rejected_slots())
+
+    def draft_rejected_slots(self) -> tuple[int, int]:
+        """Slots holding the KV of rejected drafts now, split (below the final length, past it).
+
+        A verify that leaves c tokens computed and rejects r drafts leaves their KV in slots [c, c + r)
+        of the request's blocks. The next step that schedules the request writes slot c first (its
+        last sampled token, counted written when planned), so from then [c + 1, c + r) remain; the
+        step overwrites them as it runs. Slots below `kv_len` are the pool's reserved ones, the rest
+        its internal fragmentation."""
+        assert self.speculation is not None
+        verifying = self.speculation.pending
+        below = past = 0
+        for req in self.running:
+            rejected = req.num_rejected_draft_slots
+            if rejected and req.status is RequestStatus.RUNNING:
+                computed = req.num_computed_tokens
+                start, end = computed + (req.request_id in verifying), computed + rejected
+                if end > start:
+                    inside = max(0, min(end, req.kv_len) - start)
+                    below += inside
+                    past += end - start - inside
+        return below, past
 
     def next_request_slots(self) -> int | None:
         """The region the next waiting request needs (slabs' external fragmentation is relative to it)."""
@@ -345,7 +373,7 @@ class Scheduler(OffloadScheduling):
                 self.num_swapped_out_bytes += result.num_bytes
                 return
         self.free_request(req)
-        req.num_computed_tokens = 0
+        req.num_computed_tokens = req.num_rejected_draft_slots = 0
         req.status = RequestStatus.PREEMPTED
         self.waiting.prepend(req)
 
@@ -390,8 +418,15 @@ class Scheduler(OffloadScheduling):
     def _complete_verify(self, spec: Speculation, req: Request, num_drafts: int, num_accepted: int) -> bool:
         """A verify step's outcome: the accepted drafts and one more token (the correction or the bonus),
         capped at the request's output length; their KV is written, the rejected drafts' slots stay
-        held (the next step overwrites them). True when the request has its last token."""
+        held (the next step overwrites them). True when the request has its last token. A request with
+        acceptance lengths from a trace takes its k-th verify step's from there (k counted since it
+        arrived) in place of the model's draw while they last; either is capped at the drafts verified."""
+        lengths = req.acceptance_lengths
+        if lengths is not None and req.num_verify_steps < len(lengths):
+            num_accepted = lengths[req.num_verify_steps] - 1  # emitted tokens − the correction/bonus token
+        req.num_verify_steps += 1
         num_accepted = min(num_accepted, num_drafts)
+        req.num_rejected_draft_slots = 0
         emitted = min(num_accepted + 1, req.output_len - req.num_output_tokens)
         req.num_computed_tokens += emitted
         req.num_output_tokens += emitted
@@ -401,6 +436,7 @@ class Scheduler(OffloadScheduling):
         written = self.alloc.allocate(req.seq_ids[0], req.num_computed_tokens, req.kv_len, req.content)
         assert written is not None, "the verify step held these slots"
         spec.num_rejected_slots += num_drafts - num_accepted
+        req.num_rejected_draft_slots = num_drafts - num_accepted
         return False
 
     def finish(self, done: list[Request], now: float) -> list[Request]:

@@ -13,7 +13,9 @@ acceptances). So a step that accepts `a` drafts emits a + 1 tokens, 1 ≤ a + 1 
 whatever form the user gave (`kvsim.model.speculative_config` lists them); `sample` draws the
 accepted count of each sequence from the run's seeded generator, and draws nothing when every rate
 is 0 or 1 (a fixed acceptance: vLLM's synthetic sampler with an integer acceptance length), so
-such runs consume no random numbers. Pure Python and numpy.
+such runs consume no random numbers. A request may bring its own acceptance lengths (a trace's
+acceptance column, `kvsim.workload.traces`): its verify steps take them in order while they last,
+and the model still draws for it, so a trace changes no other request's draws. Pure Python and numpy.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ Order of construction (each step documented where it happens):
 4. output lengths capped so that prompt + output ≤ max_model_len (a prompt that alone
    reaches max_model_len is kept and the scheduler rejects it, with the reason);
 5. priorities: with a class mix, one class per conversation (every turn keeps it), drawn by
-   weight after everything above, so a scenario without a mix draws exactly as before.
+   weight after everything above, so a scenario without a mix draws exactly as before; with a
+   trace's priority column, each conversation's first row's value (no draw). A trace's acceptance
+   column gives each request its acceptance lengths (speculative decoding) as they are.
 
 Each request's content lists the segments that decide its KV blocks' identities, so prefix
 caching hits exactly where real requests would share tokens.
@@ -37,7 +39,7 @@ from kvsim.model.errors import KvsimError, reading
 from kvsim.workload.content import Content, SegmentContent, TokenContent
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Arrival, Empirical, Fixed, LengthDist, Lognormal, Scenario, Uniform, Workload
-from kvsim.workload.traces import READERS, TraceRecord, read_lengths, read_servegen
+from kvsim.workload.traces import READERS, ROW_READERS, TraceColumns, TraceRecord, read_lengths, read_servegen
 
 Z_99 = 2.3263478740408408  # standard normal 99th percentile
 
@@ -111,7 +113,10 @@ def _base_records(scenario: Scenario, rng: np.random.Generator) -> Sequence[Trac
     with reading(path, "workload.trace.path"):
         if trace.format == "servegen":
             return read_servegen(path, rng, trace.start_s, trace.duration_s, trace.clients)[: w.num_requests]
-        records = READERS[trace.format](path)
+        if trace.format in ROW_READERS:
+            records = ROW_READERS[trace.format](path, TraceColumns(trace.priority_column, trace.acceptance_column))
+        else:
+            records = READERS[trace.format](path)
     if not records:
         raise KvsimError(f"workload.trace.path {path}: no rows")
     if records[0].arrival_s is None:  # a length table: resample rows
@@ -131,8 +136,13 @@ def _arrivals(w: Workload, records: Sequence[TraceRecord], rng: np.random.Genera
     return arrival_times(w.arrival, len(records), rng)
 
 
-def _priorities(w: Workload, n: int, turns: int, rng: np.random.Generator) -> np.ndarray | None:
-    """Each conversation's priority, drawn from the class mix by weight (None without a mix)."""
+def _priorities(w: Workload, records: Sequence[TraceRecord], turns: int,
+                rng: np.random.Generator) -> np.ndarray | None:
+    """Each conversation's priority: its first turn's row in the trace's priority column, or drawn from
+    the class mix by weight (None with neither)."""
+    n = len(records)
+    if w.trace is not None and w.trace.priority_column is not None:
+        return np.array([records[first].priority for first in range(0, n, turns)], dtype=np.int64)
     if w.priority is None:
         return None
     classes = w.priority.classes
@@ -182,7 +192,8 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
     # the earliest arrival among requests not yet constructed (inf past the last one)
     later_min = np.append(np.minimum.accumulate(arrival[::-1])[::-1], np.inf) if n else np.array([np.inf])
     num_samples, beam = w.beam_width or w.n, w.beam_width is not None
-    priorities = _priorities(w, n, turns, rng)
+    priorities = _priorities(w, records, turns, rng)
+    with_acceptance = w.trace is not None and w.trace.acceptance_column is not None
 
     def generate() -> Iterator[Request]:
         heap: list[tuple[float, int, int, int, Content]] = []
@@ -213,7 +224,8 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
                 arrival_s, built, prompt_len, output_len, content = heapq.heappop(heap)
                 yield Request(request_id=next_id, arrival_s=arrival_s, prompt_len=prompt_len,
                               output_len=output_len, content=content, num_samples=num_samples, beam=beam,
-                              priority=int(priorities[built // turns]) if priorities is not None else 0)
+                              priority=int(priorities[built // turns]) if priorities is not None else 0,
+                              acceptance_lengths=records[built].acceptance_lengths if with_acceptance else None)
                 next_id += 1
 
     return RequestStream(np.sort(arrival, kind="stable"), generate())

@@ -57,6 +57,10 @@ class Request:
     num_prefix_hit_tokens: int = 0
     reject_reason: str | None = None
     seq_ids: list[int] = field(default_factory=list)
+    # speculative decoding: tokens each verify step emits, from a trace (None: the acceptance model draws)
+    acceptance_lengths: tuple[int, ...] | None = None
+    num_verify_steps: int = 0
+    num_rejected_draft_slots: int = 0  # slots after its computed tokens holding drafts its last verify rejected
 
     def __post_init__(self) -> None:
         assert self.prompt_len > 0 and self.output_len > 0 and 0 < self.num_samples <= MAX_SAMPLES

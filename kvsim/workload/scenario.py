@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvsim.model.config import EngineConfig, GPULink
 from kvsim.model.errors import KvsimError, from_validation_error, reading
 from kvsim.model.yaml_io import load_yaml, yaml_problem
+from kvsim.workload.traces import ROW_READERS
 
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_SCENARIO = DATA_DIR / "default_scenario.yaml"
@@ -143,8 +144,15 @@ class PriorityMix(BaseModel):
         return self
 
 
+COLUMN_FORMATS = tuple(ROW_READERS)  # the row formats, which carry per-request columns
+
+
 class Trace(BaseModel):
-    """A real workload file; see `kvsim.workload.traces` for the formats."""
+    """A real workload file; see `kvsim.workload.traces` for the formats.
+
+    `priority_column` names a column (a JSON key) of each row holding the request's vLLM priority;
+    `acceptance_column` one holding its acceptance lengths, the tokens each of its verify steps
+    emitted under speculative decoding (`kvsim.sched.speculative`). Row formats only."""
 
     model_config = _STRICT
     format: Literal["azure", "mooncake", "sharegpt_tokens", "lengths", "vllm_sharegpt", "servegen"]
@@ -153,6 +161,17 @@ class Trace(BaseModel):
     start_s: float = Field(default=0.0, ge=0)
     clients: list[int] | None = None
     duration_s: float = Field(default=600.0, gt=0)
+    # left out of a written scenario when unset, so a scenario without them writes what it always wrote
+    priority_column: str | None = Field(default=None, min_length=1, exclude_if=lambda column: column is None)
+    acceptance_column: str | None = Field(default=None, min_length=1, exclude_if=lambda column: column is None)
+
+    @model_validator(mode="after")
+    def _columns_in_rows(self) -> Trace:
+        for name in ("priority_column", "acceptance_column"):
+            if getattr(self, name) is not None and self.format not in COLUMN_FORMATS:
+                raise ValueError(f"{name}={getattr(self, name)!r}: format={self.format} has no per-request "
+                                 f"columns (only {', '.join(COLUMN_FORMATS)})")
+        return self
 
 
 class Workload(BaseModel):
@@ -174,6 +193,9 @@ class Workload(BaseModel):
             raise ValueError(f"give n={self.n} (parallel sampling) or beam_width={self.beam_width}, not both")
         if self.trace is None and (self.prompt_len is None or self.output_len is None):
             raise ValueError("give prompt_len and output_len, or a trace")
+        if self.priority is not None and self.trace is not None and self.trace.priority_column is not None:
+            raise ValueError(f"give priority (a class mix) or trace.priority_column={self.trace.priority_column!r}, "
+                             "not both")
         if self.arrival.process == "trace" and (self.trace is None or self.trace.format in ("lengths",
                                                                                           "vllm_sharegpt")):
             raise ValueError("arrival.process=trace needs a trace with timestamps")
@@ -338,6 +360,10 @@ class Scenario(BaseModel):
         if self.engine.speculative_config is not None and (self.workload.n > 1 or self.workload.beam_width):
             raise ValueError("engine.speculative_config speculates for single sequences: give workload.n=1 "
                              f"and no beam_width (got n={self.workload.n}, beam_width={self.workload.beam_width})")
+        trace = self.workload.trace
+        if trace is not None and trace.acceptance_column is not None and self.engine.speculative_config is None:
+            raise ValueError(f"workload.trace.acceptance_column={trace.acceptance_column!r} needs "
+                             "engine.speculative_config (the drafts whose acceptance it gives)")
         return self
 
     @model_validator(mode="after")

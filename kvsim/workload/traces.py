@@ -11,6 +11,12 @@
 
 A malformed row raises `KvsimError` naming the file and line. Arrival times are seconds
 from the first record. The CSV and JSONL files may be gzipped (`.gz`, see `kvsim.workload.files`).
+
+The row formats (`azure`, `mooncake`, `sharegpt_tokens`, `lengths`) may carry two more per-request
+columns, named by the scenario (`TraceColumns`): a **priority** (vLLM's integer request priority;
+text is an error) and **acceptance lengths** (speculative decoding: tokens each verify step of that
+request emitted, the bonus token included, each ≥ 1; a JSON list, or in a CSV cell integers
+separated by spaces, commas or semicolons, brackets allowed).
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ import ast
 import csv
 import json
 import math
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +48,8 @@ class TraceRecord:
     output_len: int
     segments: tuple[tuple[Any, int], ...] | None = None  # prompt block identities, if known
     token_ids: tuple[int, ...] | None = None  # prompt + output token ids, if known
+    priority: int = 0  # vLLM's request priority, from the trace's priority column
+    acceptance_lengths: tuple[int, ...] | None = None  # tokens per verify step, from the acceptance column
 
 
 def _bad(path: Path, line: int, what: str) -> KvsimError:
@@ -55,6 +64,47 @@ def _positive(value: Any, path: Path, line: int, field: str) -> int:
     if number <= 0:
         raise _bad(path, line, f"{field}={number} must be positive")
     return number
+
+
+@dataclass(frozen=True, slots=True)
+class TraceColumns:
+    """The optional per-request columns a reader takes from each row (None: not read)."""
+
+    priority: str | None = None
+    acceptance: str | None = None
+
+    def read(self, row: Mapping[str, Any], path: Path, line: int) -> dict[str, Any]:
+        """`TraceRecord` fields from `row`'s columns; a missing or malformed value raises `KvsimError`."""
+        out: dict[str, Any] = {}
+        if self.priority is not None:
+            value = row.get(self.priority)
+            if isinstance(value, str):
+                value = value.strip()
+            if isinstance(value, bool) or not isinstance(value, (int, str)) \
+                    or not re.fullmatch(r"[+-]?\d+", str(value)):
+                raise _bad(path, line, f"priority column {self.priority}={value!r} is not an integer")
+            out["priority"] = int(value)
+        if self.acceptance is not None:
+            out["acceptance_lengths"] = _acceptance_lengths(row.get(self.acceptance), path, line, self.acceptance)
+        return out
+
+
+NO_COLUMNS = TraceColumns()
+
+
+def _acceptance_lengths(value: Any, path: Path, line: int, column: str) -> tuple[int, ...]:
+    items = re.split(r"[\s,;]+", value.strip().strip("[]").strip()) if isinstance(value, str) else value
+    if isinstance(items, list) and items == [""]:
+        items = []
+    if not isinstance(items, list):
+        raise _bad(path, line, f"acceptance column {column}={value!r} is not a list of integers")
+    lengths = []
+    for item in items:
+        if isinstance(item, bool) or not re.fullmatch(r"\d+", str(item).strip()) or int(item) < 1:
+            raise _bad(path, line, f"acceptance column {column}: {item!r} is not an acceptance length "
+                                   "(an integer ≥ 1: tokens a verify step emitted)")
+        lengths.append(int(item))
+    return tuple(lengths)
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -72,7 +122,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield line_no, row
 
 
-def read_azure(path: Path) -> list[TraceRecord]:
+def read_azure(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
     """`TIMESTAMP,ContextTokens,GeneratedTokens`; timestamps have 100 ns digits."""
     records, first = [], None
     with open_text(path, newline="") as f:
@@ -89,11 +139,12 @@ def read_azure(path: Path) -> list[TraceRecord]:
                 t - first,
                 _positive(row.get("ContextTokens"), path, line_no, "ContextTokens"),
                 _positive(row.get("GeneratedTokens"), path, line_no, "GeneratedTokens"),
+                **columns.read(row, path, line_no),
             ))
     return records
 
 
-def read_mooncake(path: Path) -> list[TraceRecord]:
+def read_mooncake(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
     """JSONL with `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one per 512 tokens)."""
     records = []
     for line_no, row in iter_jsonl(path):
@@ -111,11 +162,11 @@ def read_mooncake(path: Path) -> list[TraceRecord]:
             arrival = float(row["timestamp"]) / 1000.0
         except (KeyError, TypeError, ValueError):
             raise _bad(path, line_no, f"timestamp={row.get('timestamp')!r} is not a number") from None
-        records.append(TraceRecord(arrival, prompt, output, tuple(segments)))
+        records.append(TraceRecord(arrival, prompt, output, tuple(segments), **columns.read(row, path, line_no)))
     return records
 
 
-def read_sharegpt_tokens(path: Path) -> list[TraceRecord]:
+def read_sharegpt_tokens(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
     """LLMServingSim JSONL: `arrival_time_ns`, `input_toks`, `output_toks`, `input_tok_ids`, `output_tok_ids`.
 
     The token ids are optional, as in LLMServingSim's format: a request without them shares no
@@ -135,7 +186,7 @@ def read_sharegpt_tokens(path: Path) -> list[TraceRecord]:
         except (KeyError, TypeError, ValueError):
             raise _bad(path, line_no, "arrival_time_ns is missing or not a number") from None
         ids = None if ids_in is None or ids_out is None else tuple(ids_in) + tuple(ids_out)
-        records.append(TraceRecord(arrival, prompt, output, token_ids=ids))
+        records.append(TraceRecord(arrival, prompt, output, token_ids=ids, **columns.read(row, path, line_no)))
     return records
 
 
@@ -150,7 +201,7 @@ def write_sharegpt_tokens(records: list[TraceRecord], path: Path) -> None:
                 row["output_tok_ids"] = list(r.token_ids[r.prompt_len:])
             f.write(json.dumps(row, separators=(",", ":")) + "\n")
 
-def read_lengths(path: Path) -> list[TraceRecord]:
+def read_lengths(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
     """`num_prefill_tokens,num_decode_tokens,...` (Vidur / Sarathi-Serve length tables)."""
     records = []
     with open_text(path, newline="") as f:
@@ -159,6 +210,7 @@ def read_lengths(path: Path) -> list[TraceRecord]:
                 None,
                 _positive(row.get("num_prefill_tokens"), path, line_no, "num_prefill_tokens"),
                 _positive(row.get("num_decode_tokens"), path, line_no, "num_decode_tokens"),
+                **columns.read(row, path, line_no),
             ))
     if not records:
         raise KvsimError(f"{path}: no requests (the table has a header but no rows)")
@@ -259,10 +311,11 @@ def _servegen_lengths(pdfs, t: float, u: float) -> tuple[int, int]:
     return max(1, prompt), max(1, output)
 
 
-READERS = {
+# the row formats: each reads the optional per-request columns too
+ROW_READERS: dict[str, Callable[[Path, TraceColumns], list[TraceRecord]]] = {
     "azure": read_azure,
     "mooncake": read_mooncake,
     "sharegpt_tokens": read_sharegpt_tokens,
     "lengths": read_lengths,
-    "vllm_sharegpt": read_vllm_sharegpt,
 }
+READERS: dict[str, Callable[..., list[TraceRecord]]] = {**ROW_READERS, "vllm_sharegpt": read_vllm_sharegpt}
