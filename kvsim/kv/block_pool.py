@@ -25,9 +25,7 @@ sequence's blocks is one `extend`).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Sequence
-from itertools import repeat
 
 from kvsim.kv.prefix_cache import HashChainCache, PrefixCache
 
@@ -106,16 +104,14 @@ class BlockPool:
         Those join the free queue: the cache keeps those holding content (`PrefixCache.unlock`,
         at its tail), the others go to the head.
         """
-        ref_counts = self.ref_counts
-        if all(map((1).__eq__, map(ref_counts.__getitem__, ordered_block_ids))):  # hot: none shared, all to 0
-            deque(map(ref_counts.__setitem__, ordered_block_ids, repeat(0)), maxlen=0)  # a loop in C
-            freed = list(ordered_block_ids)
-        else:
-            for block_id in ordered_block_ids:
-                count = ref_counts[block_id] - 1
-                assert count >= 0, f"block {block_id} freed too often"
-                ref_counts[block_id] = count
-            freed = [b for b in ordered_block_ids if not ref_counts[b]]
+        ref_counts, shared = self.ref_counts, False
+        for block_id in ordered_block_ids:
+            count = ref_counts[block_id] - 1
+            ref_counts[block_id] = count
+            if count:
+                assert count > 0, f"block {block_id} freed too often"
+                shared = True
+        freed = [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
         self._unhashed.extend(self.cache.unlock(freed))
         return freed
 

@@ -133,15 +133,13 @@ class HashChainCache:
     def unlock(self, block_ids: list[int]) -> list[int]:
         if not self.cached:  # nothing cached: no block carries a hash
             return block_ids
-        # hot (every freed request): two comprehensions and one `update` instead of a loop with a branch
-        block_hashes = self.block_hashes
-        hashed = [block_id for block_id in block_ids if block_hashes[block_id] is not None]
-        if not hashed:
-            return block_ids
-        self.evictable.update(zip(hashed, map(block_hashes.__getitem__, hashed), strict=True))  # the tail, in order
-        if len(hashed) == len(block_ids):
-            return []
-        return [block_id for block_id in block_ids if block_hashes[block_id] is None]
+        block_hashes, evictable, plain = self.block_hashes, self.evictable, []
+        for block_id in block_ids:
+            if (block_hash := block_hashes[block_id]) is None:
+                plain.append(block_id)
+            else:
+                evictable[block_id] = block_hash
+        return plain
 
     def evict(self, num_blocks: int) -> list[int]:
         popitem, block_hashes, cached = self.evictable.popitem, self.block_hashes, self.cached
