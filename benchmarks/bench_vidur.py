@@ -272,6 +272,9 @@ def main() -> None:
             print(path)
         return
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # the warm-up writes every side's bytecode caches (a user's installed package has them): an inherited
+    # PYTHONDONTWRITEBYTECODE would make each timed run recompile its own modules from source instead
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     package = _probe(args.vidur_venv / "bin" / "python", REPO, env)
     paper = _probe(args.vidur_paper / "venv" / "bin" / "python", args.vidur_paper / "src", env)
     if package is None or paper is None:

@@ -120,6 +120,9 @@ class Disaggregation:
         self.block_size = [specs[d].engine.block_size for d in self.decode]
         self.p_view = FleetView([engines[i] for i in self.prefill])
         self.d_view = FleetView([engines[i] for i in self.decode])
+        for pool, router in ((self.prefill, config.prefill_router), (self.decode, config.decode_router)):
+            for i in pool:  # only a pool whose router reads KV usage needs it mid-burst (`Engine.kv_usage`)
+                engines[i].observe_kv = router.policy == "least_kv"
         block_size = specs[0].engine.block_size
         self.p_router = _make_router(config.prefill_router, [parts[i] for i in self.prefill], block_size)
         self.d_router = _make_router(config.decode_router, [parts[i] for i in self.decode], block_size)
@@ -324,8 +327,8 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
     per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
     speculates = any(p.scheduler.speculation is not None for p in parts)  # every replica's rows: one table
     engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap,
-                                                           draft_column=speculates),
-                      observe_kv=True) for p in parts]
+                                                           draft_column=speculates))
+               for p in parts]  # `Disaggregation` sets `observe_kv` where a pool's router reads KV usage
     disagg = Disaggregation(scenario, specs, parts, engines)
     run_engines([[engine] for engine in engines], requests, disagg.dispatch, check, progress, bursts,
                 num_requests=scenario.workload.num_requests, clocks=disagg.clocks)

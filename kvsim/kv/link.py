@@ -83,6 +83,10 @@ class SharedLink:
         """The instant the next transfer ends (and its id), if no other transfer starts before then."""
         if not self._active:
             return None
+        if len(self._active) == 1:  # hot (a link mostly carries one transfer): the loop below, unrolled
+            ((i, t),) = self._active.items()
+            start_s = t.drain_from_s if t.drain_from_s > self._now_s else self._now_s
+            return start_s + t.remaining_bytes / self.spec.bandwidth_bytes_per_s, i
         now, remaining = self._now_s, {i: t.remaining_bytes for i, t in self._active.items()}
         pending = sorted((t.drain_from_s, i) for i, t in self._active.items() if t.drain_from_s > now)
         draining = [i for i in remaining if self._active[i].drain_from_s <= now]

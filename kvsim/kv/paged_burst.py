@@ -87,9 +87,18 @@ class PagedBursts:
             used = written % bs
             if used:  # the partial last block takes the first tokens
                 fill[seq.block_table[-1]] = bs if used + num_steps >= bs else used + num_steps
-            if -written % bs < num_steps:  # it takes blocks during the burst
-                for off in _take_blocks(seq, num_steps, bs, held_step, reservable_step):
-                    events.append((off, pos))
+            first = -written % bs
+            if first < num_steps:  # it takes blocks during the burst
+                if num_steps <= bs:  # one block, at offset `first`: `_take_blocks` inlined (hot)
+                    held_step[first] += bs
+                    held = len(seq.block_table) * bs
+                    before = held if held < final else final
+                    held += bs
+                    reservable_step[first] += (held if held < final else final) - before
+                    events.append((first, pos))
+                else:
+                    for off in _take_blocks(seq, num_steps, bs, held_step, reservable_step):
+                        events.append((off, pos))
             seq.num_tokens = total
             held = -(-total // bs) * bs
             reservable = held if held < final else final

@@ -66,13 +66,12 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.collectives import allreduce_s
 from kvsim.model.errors import KvsimError
 from kvsim.model.moe_cost import MoECost
 from kvsim.model.spec import attention_params_per_layer
+from kvsim.model.yaml_io import load_shipped_yaml
 
 if TYPE_CHECKING:
     from kvsim.latency.base import LatencyModel
@@ -161,7 +160,7 @@ EFFICIENCY_FILE = "efficiency.yaml"
 def _fitted() -> dict[str, Any]:
     from kvsim.model.config import PRESETS_DIR
 
-    return yaml.safe_load((PRESETS_DIR / EFFICIENCY_FILE).read_text())
+    return load_shipped_yaml((PRESETS_DIR / EFFICIENCY_FILE).read_text())
 
 
 def efficiency_for(gpu: GPUSpec) -> Efficiency:

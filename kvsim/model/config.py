@@ -22,7 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from kvsim.model.errors import KvsimError, from_validation_error, reading
 from kvsim.model.spec import DTYPE_BYTES, ModelSpec
 from kvsim.model.speculative_config import SpeculativeConfig
-from kvsim.model.yaml_io import load_yaml, yaml_problem
+from kvsim.model.yaml_io import load_shipped_yaml, load_yaml, yaml_problem
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 
@@ -164,7 +164,7 @@ class GPUSpec(BaseModel):
 
 @cache
 def _gpu_presets() -> dict[str, dict[str, Any]]:
-    return yaml.safe_load((PRESETS_DIR / "gpus.yaml").read_text())
+    return load_shipped_yaml((PRESETS_DIR / "gpus.yaml").read_text())
 
 
 def gpu_presets() -> list[str]:

@@ -76,14 +76,14 @@ def _numeric_texts(values: np.ndarray) -> list[str]:
 
     Hot (every step row, ~20 columns): most step columns repeat few values (counts, usage), so
     each distinct value is formatted once (`np.unique`) and the texts are gathered back; a column
-    of mostly distinct values (times) is formatted value by value. -0.0 equals 0.0 for `np.unique`
+    of mostly distinct values (times: over 3/4 distinct) is formatted value by value. -0.0 equals 0.0 for `np.unique`
     but prints differently, so a float column holding one takes the value-by-value path.
     """
     to_text = float.__repr__ if values.dtype.kind == "f" else str
     is_float = values.dtype.kind == "f"
     if not (is_float and bool(np.any(np.signbit(values) & (values == 0)))):
         distinct, inverse = np.unique(values, return_inverse=True)
-        if 2 * len(distinct) <= len(values):
+        if 4 * len(distinct) <= 3 * len(values):  # measured: still faster than a repr each at 3/4 distinct
             texts = ["" if v != v else to_text(v) for v in distinct.tolist()]  # v != v: NaN
             return np.array(texts, dtype=object)[inverse.reshape(-1)].tolist()
     fields = list(map(to_text, values.tolist()))
