@@ -60,6 +60,8 @@ def parse_size_flag(text: str, flag: str) -> int:
     return value
 
 
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_GPU = "h100-80gb"
 ModelOpt = Annotated[str, typer.Option("--model", help="Preset name or path to a HF config.json.")]
 GpuOpt = Annotated[str, typer.Option("--gpu", help="Preset name or path to a GPU YAML/JSON file.")]
 MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len")]

@@ -33,6 +33,7 @@ from kvsim.sched.beams import select_beams
 from kvsim.sched.offload import OffloadScheduling
 from kvsim.sched.request_queue import FCFSQueue, RequestQueue
 from kvsim.sched.speculative import Speculation
+from kvsim.sched.speculative_steps import SpeculativeSteps
 from kvsim.workload.request import Request, RequestStatus
 
 
@@ -64,8 +65,9 @@ class SchedulerSnapshot(NamedTuple):
     draft_rejected: tuple[int, int] | None = None
 
 
-class Scheduler(OffloadScheduling):
-    """Base class: subclasses implement `select` (v1, v0, static); KV offload's half is `OffloadScheduling`."""
+class Scheduler(OffloadScheduling, SpeculativeSteps):
+    """Base class: subclasses implement `select` (v1, v0, static); KV offload's half is `OffloadScheduling`,
+    speculative decoding's `SpeculativeSteps`."""
 
     name = "base"
 
@@ -115,28 +117,6 @@ class Scheduler(OffloadScheduling):
         return SchedulerSnapshot(len(self.running), len(self.waiting), len(self.swapped), self.num_preemptions,
                                  occupancy(self.alloc, self.next_request_slots()),
                                  None if self.speculation is None else self.draft_rejected_slots())
-
-    def draft_rejected_slots(self) -> tuple[int, int]:
-        """Slots holding the KV of rejected drafts now, split (below the final length, past it).
-
-        A verify that leaves c tokens computed and rejects r drafts leaves their KV in slots [c, c + r)
-        of the request's blocks. The next step that schedules the request writes slot c first (its
-        last sampled token, counted written when planned), so from then [c + 1, c + r) remain; the
-        step overwrites them as it runs. Slots below `kv_len` are the pool's reserved ones, the rest
-        its internal fragmentation."""
-        assert self.speculation is not None
-        verifying = self.speculation.pending
-        below = past = 0
-        for req in self.running:
-            rejected = req.num_rejected_draft_slots
-            if rejected and req.status is RequestStatus.RUNNING:
-                computed = req.num_computed_tokens
-                start, end = computed + (req.request_id in verifying), computed + rejected
-                if end > start:
-                    inside = max(0, min(end, req.kv_len) - start)
-                    below += inside
-                    past += end - start - inside
-        return below, past
 
     def next_request_slots(self) -> int | None:
         """The region the next waiting request needs (slabs' external fragmentation is relative to it)."""
@@ -323,16 +303,6 @@ class Scheduler(OffloadScheduling):
         if num_decodes:
             plan.add_decodes(num_decodes, sum_context, max_context)
 
-    @staticmethod
-    def _account_verify(plan: StepPlan, past: int, num_new: int) -> None:
-        """A speculative verify step: the last sampled token and `num_new` − 1 drafts, computed as one
-        chunk after the request's `past` tokens, each with a row of logits (the target checks every draft)."""
-        plan.add(num_new, past, 1, samples=True)
-        plan.num_sampled += num_new - 1
-        plan.num_spec_decode_seqs += 1
-        plan.num_draft_tokens += num_new - 1
-        plan.sum_spec_context_tokens += past + num_new
-
     # ------------------------------------------------------------ preemption
     def allocate_or_preempt(self, req: Request, num_tokens_total: int, plan: StepPlan, hold_slots: int = 0) -> bool:
         """Grow `req`, preempting the policy's victims (`RequestQueue.victim_index`; FCFS: from the
@@ -414,30 +384,6 @@ class Scheduler(OffloadScheduling):
         if self.offload is not None:
             self._store_computed(plan, now)
         return self.finish(done, now)
-
-    def _complete_verify(self, spec: Speculation, req: Request, num_drafts: int, num_accepted: int) -> bool:
-        """A verify step's outcome: the accepted drafts and one more token (the correction or the bonus),
-        capped at the request's output length; their KV is written, the rejected drafts' slots stay
-        held (the next step overwrites them). True when the request has its last token. A request with
-        acceptance lengths from a trace takes its k-th verify step's from there (k counted since it
-        arrived) in place of the model's draw while they last; either is capped at the drafts verified."""
-        lengths = req.acceptance_lengths
-        if lengths is not None and req.num_verify_steps < len(lengths):
-            num_accepted = lengths[req.num_verify_steps] - 1  # emitted tokens − the correction/bonus token
-        req.num_verify_steps += 1
-        num_accepted = min(num_accepted, num_drafts)
-        req.num_rejected_draft_slots = 0
-        emitted = min(num_accepted + 1, req.output_len - req.num_output_tokens)
-        req.num_computed_tokens += emitted
-        req.num_output_tokens += emitted
-        spec.record_verify(num_drafts, num_accepted)
-        if req.num_output_tokens >= req.output_len:
-            return True
-        written = self.alloc.allocate(req.seq_ids[0], req.num_computed_tokens, req.kv_len, req.content)
-        assert written is not None, "the verify step held these slots"
-        spec.num_rejected_slots += num_drafts - num_accepted
-        req.num_rejected_draft_slots = num_drafts - num_accepted
-        return False
 
     def finish(self, done: list[Request], now: float) -> list[Request]:
         """Mark requests that produced their last token finished at `now` and free their KV."""

@@ -1,0 +1,108 @@
+"""The profile commands: `kvsim calibrate` (time the Triton kernels and GEMMs on a GPU into a profile CSV)
+and `kvsim import-profile` (convert a measured profile into kvsim's). Registered on the app by `kvsim.cli`."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvsim.cli.shared import (
+    DEFAULT_GPU,
+    DEFAULT_MODEL,
+    GpuOpt,
+    KvDtypeOpt,
+    ModelOpt,
+    TpOpt,
+    parse_int_list,
+    user_errors,
+)
+from kvsim.model.errors import KvsimError
+
+
+def calibrate(
+    gpu: Annotated[str, typer.Option("--gpu", help="Name recorded in the profile (e.g. h200)")],
+    model: ModelOpt = DEFAULT_MODEL,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Profile CSV to write")] = None,
+    block_size: Annotated[str, typer.Option("--block-sizes", help="Comma-separated block sizes")] = "16",
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="auto or fp8")] = "auto",
+    tensor_parallel_size: TpOpt = None,
+    quick: Annotated[bool, typer.Option("--quick", help="A small grid for a smoke run")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid and exit")] = False,
+) -> None:
+    """Time the Triton paged-attention kernels and the model's GEMMs on a GPU into a profile CSV."""
+    from kvsim.model.config import load_model, make_engine
+    from kvsim.results.output_dir import check_output_file
+
+    with user_errors():
+        spec = load_model(model)
+        engine = make_engine(tensor_parallel_size=tensor_parallel_size)
+        if kv_cache_dtype not in ("auto", "fp8"):
+            raise KvsimError(f"--kv-cache-dtype={kv_cache_dtype!r}: calibrate measures auto or fp8")
+        sizes = parse_int_list(block_size, "--block-sizes")
+        if output is not None and not dry_run:
+            check_output_file(output)  # refuse before loading torch and measuring, not after
+        from kernels import grid as calibration_grid  # standard library only: --dry-run needs no torch
+
+        shapes = calibration_grid.LayerShapes(
+            num_heads=max(1, spec.num_attention_heads // engine.tensor_parallel_size),
+            num_kv_heads=max(1, spec.num_kv_heads // engine.tensor_parallel_size), head_dim=spec.head_dim,
+            hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size // engine.tensor_parallel_size,
+            vocab_size=spec.vocab_size // engine.tensor_parallel_size, gated_mlp=spec.gated_mlp, dtype=spec.dtype,
+            kv_dtype=kv_cache_dtype, model=spec.name, tensor_parallel_size=engine.tensor_parallel_size)
+        base = calibration_grid.QUICK_GRID if quick else calibration_grid.DEFAULT_GRID
+        grid = dataclasses.replace(base, block_sizes=tuple(sizes))
+        points = calibration_grid.plan(shapes, grid)
+        if dry_run:
+            from kvsim.results.render import rows_to_csv
+
+            sys.stdout.write(rows_to_csv([{k: p.get(k, "") for k in ("kind", "op", "batch", "context_len",
+                                                                        "query_len", "num_tokens", "k", "n",
+                                                                        "block_size")} for p in points]))
+            typer.echo(f"{len(points)} measurements for {spec.name} ({shapes})", err=True)
+            return
+        try:
+            from kernels import calibrate as harness
+        except ImportError as error:
+            raise KvsimError(f"calibrate needs torch and triton ({error.name} is missing): "
+                             "pip install -e '.[kernels]'") from None
+        if not harness.has_cuda():
+            raise KvsimError("no CUDA device: calibration times kernels on a GPU (--dry-run prints the grid)")
+        if output is None:
+            raise KvsimError("--output is required: the profile CSV to write")
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task("calibrating", total=len(points))
+            path = harness.measure(shapes, grid, gpu, Path(output),
+                                   progress=lambda done, total: bar.update(task, completed=done))
+    typer.echo(f"profile written to {path}")
+
+
+def import_profile(
+    source: Annotated[str, typer.Argument(help="An LLMServingSim profile bundle folder, a Vidur mlp.csv or a "
+                                               "kvsim profile CSV")],
+    output: Annotated[str, typer.Option("--output", "-o", help="kvsim profile CSV to write")],
+    model: ModelOpt = DEFAULT_MODEL,
+    gpu: GpuOpt = DEFAULT_GPU,
+    tensor_parallel_size: TpOpt = None,
+    kv_cache_dtype: KvDtypeOpt = None,
+    repository: Annotated[str | None, typer.Option("--source-repository", help="e.g. owner/name")] = None,
+    commit: Annotated[str | None, typer.Option("--source-commit", help="The source's commit")] = None,
+    licence: Annotated[str | None, typer.Option("--source-licence", help="The source's licence, e.g. MIT")] = None,
+) -> None:
+    """Convert a measured profile into kvsim's profile CSV, checked against the model, GPU, KV dtype and TP."""
+    from kvsim.latency.profiles import with_source
+    from kvsim.latency.profiles.loader import load_profile
+    from kvsim.latency.profiles.native import write_native
+    from kvsim.model.config import load_gpu, load_model, make_engine
+
+    with user_errors():
+        engine = make_engine(tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype)
+        profile = load_profile(Path(source), load_model(model), load_gpu(gpu), engine)
+        path = write_native(with_source(profile, repository, commit, licence), Path(output))
+    typer.echo(f"profile {profile.name} ({len(profile.rows)} rows, kinds {', '.join(sorted(profile.kinds()))}) "
+               f"written to {path}")
