@@ -4,7 +4,9 @@ Per tensor-parallel rank, for a step of T tokens, S sampled rows and L layers (e
 method, so the calibrated model can fall back to any one of them):
 
     linear     L · Σ_gemm (‖(2 · P · T / (ηf(T) · F),  W / (ηb · B))‖₂ + tg)   P, W: a GEMM's params, bytes
-    token ops  L · (k · t0 + T · b_tok / (ηt · B))                  norms, rotary, activation
+    token ops  L · Σ_op calls · (t0 · f_ref / f_clk + T · b_op · (h / ηl2 + (1 − h) / ηt) / (s_op · B))
+               norms (with the residual adds), rotary, activation; h = min(1, σ · L2 / (T · b_op)): the
+               share of the op's tensors its L2 holds (`token_op_s`)
     decode     L · (t0 + n_dec · t_seq) + K_dec / (ηa · B)          K: KV bytes read by decodes (a
                sliding-window layer reads only its window: `decode_read_bytes`)
                joining a prefill chunk: L · (t0 + n_dec · t_seq) + (heads / kv_heads) · K_dec / (ηm · B)
@@ -33,8 +35,16 @@ source: Vidur's mlp.csv on H100, A100 and A40 (TP 1-8) and LLMServingSim's RTX P
                default 0.28 at 16 tokens to 0.76; public: 72-80 % for large linear layers on A100/H100)
     ηb, tg     weight-read fraction and fixed cost per GEMM kernel (H100 about 0.9 and 7 us: the fixed
                cost is what makes small TP-8 shards slow)
-    ηt, t0     non-GEMM ops: bandwidth fraction and per-kernel floor (the RTX PRO 6000's 128 MB L2 lets
-               them beat its DRAM rate: its own fit finds ηt about 1.7; defaults stay at most 1)
+    token ops  non-GEMM ops, fitted one op at a time (not per layer): ηt the DRAM fraction, ηl2 the rate
+               (as a fraction of DRAM's datasheet B) of an op whose tensors sit in L2 (the profilers
+               time an op again and again on the same tensors, and in a real step the previous op has
+               just written them), σ the share of the L2 (`GPUSpec.l2_cache_bytes`) that holds them,
+               s_op the speed of rotary, activation and residual add relative to a norm (different
+               kernels: a norm reduces over the row first), t0 the floor of one kernel at the
+               reference clock f_ref = 1.5 GHz, scaled by the GPU's boost clock (a kernel too small to
+               stream costs a fixed number of cycles). Fitted on one HBM GPU, these predict the other
+               within 8-11 % per layer (leave-one-GPU-out, README); the former single ηt and t0 missed
+               by 14-15 %, biased by the GPUs' different clocks and L2 sizes
     ηa         paged decode alone: KV read at about 0.88 of datasheet in the bundles (batch >= 32,
                context >= 1k)
     ηm         decodes joining a prefill chunk run in the varlen kernel, whose extra time in the bundles
@@ -99,6 +109,10 @@ class Efficiency:
     gemm_flops_by_regime: tuple[float, ...] = ()
     gemm_floor_s: float = 0.0
     token_op_bandwidth: float = 1.0
+    token_op_l2_bandwidth: float = 1.0
+    token_op_l2_share: float = 0.5
+    token_op_speed_by_class: tuple[float, ...] = ()  # rotary, activation, add; a norm is 1; empty: all 1
+    token_op_floor_s: float = 2.5e-6  # at REFERENCE_CLOCK_HZ
     grouped_gemm_fraction: float = 1.0
     decode_bandwidth: float = 0.88
     mixed_decode_bandwidth: float = 1.48  # of the KV bytes read once per query head (see ηm)
@@ -127,12 +141,16 @@ class Efficiency:
 
 DATASHEET = Efficiency(gemm_flops=1.0, gemm_bandwidth=1.0, decode_bandwidth=1.0, mixed_decode_bandwidth=1.0,
                        prefill_flops=1.0,
-                       kernel_floor_s=0.0, decode_per_seq_s=0.0, sample_per_seq_s=0.0,
+                       kernel_floor_s=0.0, token_op_floor_s=0.0, decode_per_seq_s=0.0, sample_per_seq_s=0.0,
                        cpu_fixed_s=0.0, cpu_per_seq_s=0.0)
 """The bare datasheet roofline (every fraction 1, no floors, no CPU overhead): for tests and comparisons."""
 
-NUM_TOKEN_KERNELS = 4
-"""Non-GEMM kernels per layer: two RMSNorms (with their residual adds), rotary, the gated activation."""
+TOKEN_OP_CLASSES = ("norm", "rotary", "activation", "add")
+"""Kinds of non-GEMM op; `Efficiency.token_op_speed_by_class` gives the speed of the last three
+relative to a norm."""
+
+REFERENCE_CLOCK_HZ = 1.5e9
+"""The clock `Efficiency.token_op_floor_s` is stated at; a GPU's floor is scaled by reference / boost."""
 
 
 def smooth_max(a: float, b: float) -> float:
@@ -147,10 +165,25 @@ def gemm_s(params: float, rows: int, dtype_bytes: float, flops: float, bandwidth
                       params * dtype_bytes / (eff.gemm_bandwidth * bandwidth)) + eff.gemm_floor_s
 
 
-def token_ops_layer_s(num_tokens: int, bytes_per_token: float, num_kernels: int, bandwidth: float,
-                      eff: Efficiency) -> float:
-    """One layer's non-GEMM ops: a launch floor per kernel plus the bytes they move at ηt · B."""
-    return num_kernels * eff.kernel_floor_s + num_tokens * bytes_per_token / (eff.token_op_bandwidth * bandwidth)
+def token_op_floor_s(gpu: GPUSpec, eff: Efficiency) -> float:
+    """The floor of one small non-GEMM kernel on `gpu`: `token_op_floor_s` at the reference clock, scaled
+    by the GPU's boost clock (unscaled when the GPU file gives none)."""
+    return eff.token_op_floor_s * (REFERENCE_CLOCK_HZ / gpu.boost_clock_hz if gpu.boost_clock_hz else 1.0)
+
+
+def token_op_s(num_tokens: int, bytes_per_token: float, calls: int, op_class: int, gpu: GPUSpec,
+               eff: Efficiency) -> float:
+    """`calls` runs of one non-GEMM op over `num_tokens` tokens, each moving `bytes_per_token` per token
+    (read + write), of kind `TOKEN_OP_CLASSES[op_class]`: a clock-scaled floor per call plus its bytes,
+    the share h its L2 holds at ηl2 · B and the rest at ηt · B (see the module docstring)."""
+    working_set = num_tokens * bytes_per_token
+    if working_set <= 0:
+        return calls * token_op_floor_s(gpu, eff)
+    b = gpu.hbm_bandwidth_bytes_per_s
+    hit = min(1.0, eff.token_op_l2_share * gpu.l2_cache_bytes / working_set)
+    speed = eff.token_op_speed_by_class[op_class - 1] if op_class and eff.token_op_speed_by_class else 1.0
+    per_byte = (hit / eff.token_op_l2_bandwidth + (1 - hit) / eff.token_op_bandwidth) / (b * speed)
+    return calls * (token_op_floor_s(gpu, eff) + working_set * per_byte)
 
 
 EFFICIENCY_FILE = "efficiency.yaml"
@@ -219,10 +252,13 @@ class RooflineLatency:
         self.lm_head_params = model.vocab_size * h / tp
         self.dtype_bytes = d
         self.hidden_size = h
-        # bytes one token moves through the non-GEMM ops of a layer: two norms and the residual
-        # adds (read + write the hidden state), rotary on q and k, the gated activation (read 2I, write I)
+        # the non-GEMM ops of a layer as (bytes per token, calls, kind): two norms fused with the
+        # residual add (read the hidden state and the residual, write one: 3h), rotary on q and k
+        # (read + write), the activation (gated: read 2I, write I)
         act = (3 if model.gated_mlp else 2) * mlp_width(model) / tp
-        self.token_op_bytes = d * (2 * 3 * h + 2 * (heads + kv_heads) * model.head_dim + act)
+        self.gpu = gpu
+        self.token_ops = ((d * 3 * h, 2, 0), (d * 2 * (heads + kv_heads) * model.head_dim, 1, 1), (d * act, 1, 2))
+        self._token_ops_s: dict[int, float] = {}
         self.attn_flops_per_pair = 4 * model.num_layers * heads * model.head_dim
         layout = layout if layout is not None else model_kv_layout(model, engine)
         self.kv_bytes_per_token = layout.bytes_per_token
@@ -275,9 +311,12 @@ class RooflineLatency:
         return seconds
 
     def token_ops_s(self, num_tokens: int) -> float:
-        """Norms, rotary, activation and residual adds of all layers: launch floors plus bytes."""
-        return self.num_layers * token_ops_layer_s(num_tokens, self.token_op_bytes, NUM_TOKEN_KERNELS,
-                                                   self.bandwidth, self.eff)
+        """Norms, rotary, activation and residual adds of all layers: floors plus bytes (`token_op_s`)."""
+        seconds = self._token_ops_s.get(num_tokens)
+        if seconds is None:
+            seconds = self._token_ops_s[num_tokens] = self.num_layers * sum(
+                token_op_s(num_tokens, b, calls, kind, self.gpu, self.eff) for b, calls, kind in self.token_ops)
+        return seconds
 
     def lm_head_s(self, num_sampled: int) -> float:
         return self._gemm(self.lm_head_params, num_sampled) if num_sampled else 0.0

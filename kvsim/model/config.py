@@ -135,7 +135,8 @@ class GPUSpec(BaseModel):
 
     A GPU file without `link` is taken to talk to its peers over PCIe at the host link's
     bandwidth (`host_link_bandwidth_bytes_per_s`), with NCCL's PCIe step latency. `memory_type`
-    picks the roofline's default achievable fractions for a GPU without fitted ones, and
+    picks the roofline's default achievable fractions for a GPU without fitted ones; `l2_cache_bytes`
+    (0: none known) and `boost_clock_hz` (None: the roofline's reference clock) price the token ops; and
     `efficiency` (fields of `kvsim.latency.roofline.Efficiency`) overrides any of them
     (`kvsim.latency.roofline.efficiency_for`).
     """
@@ -150,6 +151,8 @@ class GPUSpec(BaseModel):
     host_link_bandwidth_bytes_per_s: float = Field(gt=0)
     link: GPULink | None = None
     memory_type: Literal["hbm", "gddr"] = "hbm"
+    l2_cache_bytes: float = Field(default=0.0, ge=0)
+    boost_clock_hz: float | None = Field(default=None, gt=0)
     efficiency: dict[str, Any] | None = None
     source: str = "user-defined"
 
