@@ -181,3 +181,22 @@ def decode_plan(contexts):
     for context in contexts:
         plan.add(1, context - 1, 1, samples=True)
     return plan
+
+
+def test_sliding_window_layers_prefill_only_their_window():
+    """gemma-3-27b: 52 of 62 layers attend a 1,024-token window. A 16,384-token prompt's full layers
+    see 16,384 · 16,385 / 2 query-key pairs; each windowed layer at most 1,024 per query (and reads
+    at most the chunk plus a window of KV, here the chunk itself)."""
+    gemma = load_model("gemma-3-27b")
+    h100 = load_gpu("h100-80gb")
+    roof = RooflineLatency(gemma, h100, EngineConfig(max_model_len=32768), efficiency=DATASHEET)
+    n = 16384
+    plan = StepPlan()
+    plan.add(n, 0, 1, samples=True)
+    full_pairs, window_pairs = n * (n + 1) / 2, n * 1024
+    flops = 4 * 32 * 128 * (10 * full_pairs + 52 * window_pairs)  # 4 · heads · head_dim per pair and layer
+    kv_read = 62 * n * 2 * 16 * 128 * 2  # every layer reads the chunk's K and V (16 KV heads of 128, bf16)
+    assert roof.attention_s(plan) == pytest.approx(flops / 989e12 + kv_read / 3.35e12, rel=1e-12)
+    # without the window (an unknown chunk), every layer would span the whole prompt
+    assert roof.prefill_s(plan.attention_work, n) == pytest.approx(
+        4 * 32 * 128 * 62 * full_pairs / 989e12 + kv_read / 3.35e12, rel=1e-12)

@@ -11,6 +11,7 @@ method, so the calibrated model can fall back to any one of them):
                sliding-window layer reads only its window: `decode_read_bytes`)
                joining a prefill chunk: L · (t0 + n_dec · t_seq) + (heads / kv_heads) · K_dec / (ηm · B)
     prefill    L · t0 + 4 · L · heads · hd · A_pre / (ηp · F) + K_pre / (ηa · B)
+               (a sliding-window layer: at most window pairs per query and window + chunk KV tokens)
     sequence   ‖(2 · V · H · S / (ηf · F),  V · H · d / (ηb · B))‖₂ + tg + S · t_sample
     all-reduce 2 · L · ring(T · H · d)                              `kvsim.model.collectives`, TP > 1
     MoE        L_moe · (‖(2 · T_g · k · P_e / g / (ηf(T_e) · F),  E_touched(T_g) · W_e / g / (ηb · B))‖₂ / ηg
@@ -267,6 +268,8 @@ class RooflineLatency:
         per_layer = layout.bytes_per_token_per_layer
         self.windowed_layers = [(g.window_tokens, g.num_layers * per_layer) for g in layout.groups
                                 if g.window_tokens is not None]
+        self.windowed_layer_counts = [(g.window_tokens, g.num_layers) for g in layout.groups
+                                      if g.window_tokens is not None]
         self.full_bytes_per_token = per_layer * sum(g.num_layers for g in layout.groups if g.window_tokens is None)
         self.copy_bytes_per_block = 2 * layout.bytes_per_block
         self._gemm_bw = eff.gemm_bandwidth * self.bandwidth
@@ -354,18 +357,36 @@ class RooflineLatency:
             read += min(sum_decode_context, num_decode_seqs * window) * bytes_per_token
         return read
 
-    def prefill_s(self, prefill_work: float, prefill_context: int) -> float:
+    def prefill_s(self, prefill_work: float, prefill_context: int, num_prefill_tokens: int | None = None,
+                  num_prefill_seqs: int = 0) -> float:
+        """Causal attention of prefill chunks: `prefill_work` query-key pairs over `prefill_context` tokens
+        of KV in every layer. Given the chunks' new tokens and sequences, a sliding-window layer attends
+        only its window, as in decode: at most `num_prefill_tokens` · window pairs (each query sees at
+        most window keys) and Σ new + `num_prefill_seqs` · window KV tokens (an upper bound, exact
+        when every query is inside the window or every one beyond it)."""
         if prefill_work <= 0:
             return 0.0
-        compute = self.attn_flops_per_pair * prefill_work / (self.eff.prefill_flops * self.flops)
-        read = prefill_context * self.kv_bytes_per_token / (self.eff.decode_bandwidth * self.bandwidth)
+        if not self.windowed_layers or num_prefill_tokens is None:
+            compute = self.attn_flops_per_pair * prefill_work / (self.eff.prefill_flops * self.flops)
+            read = prefill_context * self.kv_bytes_per_token / (self.eff.decode_bandwidth * self.bandwidth)
+            return self.num_layers * self.eff.kernel_floor_s + compute + read
+        full_layers = self.num_layers - sum(n for _, n in self.windowed_layer_counts)
+        layer_pairs = full_layers * prefill_work
+        for window, n in self.windowed_layer_counts:
+            layer_pairs += n * min(prefill_work, num_prefill_tokens * window)
+        kv_bytes = prefill_context * self.full_bytes_per_token
+        for window, bytes_per_token in self.windowed_layers:
+            kv_bytes += min(prefill_context, num_prefill_tokens + num_prefill_seqs * window) * bytes_per_token
+        compute = self.attn_flops_per_pair / self.num_layers * layer_pairs / (self.eff.prefill_flops * self.flops)
+        read = kv_bytes / (self.eff.decode_bandwidth * self.bandwidth)
         return self.num_layers * self.eff.kernel_floor_s + compute + read
 
     def attention_s(self, plan: StepPlan) -> float:
         decode_ctx = plan.sum_decode_context_tokens
         mixed = plan.num_prefill_tokens > 0
         return (self.decode_s(plan.num_decode_seqs, decode_ctx, mixed)
-                + self.prefill_s(plan.attention_work - decode_ctx, plan.sum_context_tokens - decode_ctx))
+                + self.prefill_s(plan.attention_work - decode_ctx, plan.sum_context_tokens - decode_ctx,
+                                 plan.num_prefill_tokens, plan.num_seqs - plan.num_decode_seqs))
 
     # -- communication, CPU, copies, swap ------------------------------------------------------
     def allreduce_s(self, num_tokens: int) -> float:
