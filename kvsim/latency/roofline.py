@@ -68,8 +68,8 @@ candidates (0; 0.3 ms + 2 us; 0.2 ms + 5 us) by their errors on the two dense RT
 which moved the mean TPOT there by about 2 %. No independent source fits vLLM v1: Vidur's public
 CPU-overhead profiles (microsoft/vidur data/profiling/{a100,a40}/cpu_overheads.csv, not in the
 validation set) time vLLM v0's schedule + prepare-inputs + process-outputs at about 1.1 ms (8
-sequences) to 6.2 ms (64) per step on an A100 (Llama-2-7B, medians), an upper bound only: v1 runs the scheduler in its own
-process and, with async scheduling, overlaps it with the GPU step.
+sequences) to 6.2 ms (64) per step on an A100 (Llama-2-7B, medians), an upper bound only: v1
+runs the scheduler in its own process and, with async scheduling, overlaps it with the GPU step.
 """
 
 from __future__ import annotations
