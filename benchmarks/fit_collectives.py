@@ -12,12 +12,15 @@ The model is `kvsim.model.collectives.allreduce_s`, NCCL's own form:
     t = 2 (p − 1) / p · n / (η · link bandwidth) + 2 (p − 1) · λ + base
 
 linear in (1/η, λ, base), so it is fitted by least squares on relative error over every size and GPU
-count of a setup at once. The fitted (η, λ, base) of the DGX setups are the `link` of the
-`h100-80gb` and `a100-80gb` presets (`efficiency`, `latency_s`, `collective_latency_s`); the script
-checks the presets hold them and writes `benchmarks/results/collectives.json` with the errors of the
-preset link against every measurement (by setup, GPU count and size band) and those of the datasheet
-link kvsim used before (η 0.80, λ 0.5 us, base 8.4 us); the bridged pairs are a cross-check only (no
-fit: the presets are SXM GPUs on NVSwitch). Deterministic.
+count of a setup at once (the pooled form, for GPU counts not measured), and again at each GPU count p
+alone as (η_p, one fixed cost c_p = 2 (p − 1) λ + base): NCCL's algorithm and protocol, hence the
+bandwidth it reaches, change with the count. The fitted values of the DGX setups are the `link` of
+the `h100-80gb` and `a100-80gb` presets (`efficiency`, `latency_s`, `collective_latency_s`, and
+`by_num_gpus`); the script checks the presets hold them and writes `benchmarks/results/collectives.json`
+with the errors of the preset link against every measurement (by setup, GPU count and size band),
+those of the pooled form alone and those of the datasheet link kvsim used before (η 0.80, λ 0.5 us,
+base 8.4 us); the bridged pairs are a cross-check only (no fit: the presets are SXM GPUs on NVSwitch).
+Deterministic.
 """
 
 from __future__ import annotations
@@ -62,6 +65,17 @@ def fit(rows: list[tuple[int, int, float]], bandwidth: float) -> dict[str, float
     return {"efficiency": float(1 / inv_eta), "latency_s": float(max(step, 0.0)), "collective_latency_s": float(base)}
 
 
+def fit_by_num_gpus(rows: list[tuple[int, int, float]], bandwidth: float) -> dict[int, dict[str, float]]:
+    """η_p and the fixed cost c_p at each GPU count p, minimising Σ (t_model / t − 1)² over its sizes."""
+    out = {}
+    for gpus in sorted({r[0] for r in rows}):
+        n, t = (np.array(c, dtype=float) for c in zip(*[(b, s) for p, b, s in rows if p == gpus], strict=True))
+        columns = np.stack([2 * (gpus - 1) / gpus * n / bandwidth, np.ones_like(n)], axis=1) / t[:, None]
+        (inv_eta, fixed), *_ = np.linalg.lstsq(columns, np.ones_like(t), rcond=None)
+        out[gpus] = {"efficiency": float(1 / inv_eta), "fixed_s": float(max(fixed, 0.0))}
+    return out
+
+
 def link_errors(rows: list[tuple[int, int, float]], link: GPULink) -> dict[str, Any]:
     """Mean |error| and signed mean (%) of `link`'s all-reduce per GPU count and size band."""
     out: dict[str, Any] = {}
@@ -87,15 +101,23 @@ def main() -> None:
         rows = measurements(args.validation, setup)
         gpu = load_gpu(preset)
         link = gpu.resolved_link
-        fitted = fit(rows, link.bandwidth_bytes_per_s) if setup in PRESET_SETUP.values() else None
-        before = link.model_copy(update=BEFORE)
-        report["setups"][setup] = {"preset": preset, "fitted": fitted,
-                                   "preset_link": link_errors(rows, link), "before": link_errors(rows, before)}
-        if fitted is not None:
+        own = setup in PRESET_SETUP.values()
+        fitted = fit(rows, link.bandwidth_bytes_per_s) if own else None
+        by_count = fit_by_num_gpus(rows, link.bandwidth_bytes_per_s) if own else None
+        pooled = link.model_copy(update={"by_num_gpus": None})
+        before = pooled.model_copy(update=BEFORE)
+        report["setups"][setup] = {"preset": preset, "fitted": fitted, "fitted_by_num_gpus": by_count,
+                                   "preset_link": link_errors(rows, link), "pooled": link_errors(rows, pooled),
+                                   "before": link_errors(rows, before)}
+        if fitted is not None and by_count is not None:
             held = {"efficiency": link.efficiency, "latency_s": link.latency_s,
                     "collective_latency_s": link.collective_latency_s}
             if any(held[k] is None or abs(held[k] / v - 1) > 0.01 for k, v in fitted.items() if v):  # type: ignore[operator]
                 mismatched.append(f"{preset}: preset link {held} but the fit gives {fitted}")
+            have = {p: f.model_dump() for p, f in (link.by_num_gpus or {}).items()}
+            if set(have) != set(by_count) or any(abs(have[p][k] / v - 1) > 0.01
+                                                 for p, f in by_count.items() for k, v in f.items() if v):
+                mismatched.append(f"{preset}: preset by_num_gpus {have} but the fit gives {by_count}")
     RESULT.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({s: {"fitted": r["fitted"], "preset_link": r["preset_link"]} for s, r in report["setups"].items()},
                      indent=1))

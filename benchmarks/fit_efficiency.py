@@ -9,9 +9,11 @@ Profiles (all public, none of them a measured serving run that kvsim is validate
   - Vidur's `mlp.csv` on H100, A100 and A40 (`profiles/vidur/compute/<gpu>/...`, MIT): GEMMs and
     token ops at TP 1, 2, 4, 8.
 Per GPU with profiles, the GEMM fractions (ηb, ηf by size regime) and the token-op fractions
-(t0, ηt) are fitted on that GPU's profiles. The default for a GPU without profiles is fitted on
-every profiled GPU of its memory type (HBM: H100 + A100; GDDR: A40 + RTX PRO 6000). Leave-one-GPU-
-out: each profiled GPU is predicted by the default fitted on the other GPUs of its memory type.
+(t0 at the reference clock, ηt, ηl2, σ, the speed of each op kind; one op at a time, with the GPU's
+datasheet L2 size and boost clock) are fitted on that GPU's profiles. The default for a GPU
+without profiles is fitted on every profiled GPU of its memory type (HBM: H100 + A100; GDDR: A40 +
+RTX PRO 6000). Leave-one-GPU-out: each profiled GPU is predicted by the default fitted on the other
+GPUs of its memory type.
 Attention fractions come from the RTX PRO 6000 grid only (no public HBM attention profile here),
 so every entry carries them with that source. Deterministic.
 """
@@ -54,8 +56,8 @@ SOURCES = {"h100-80gb": "Vidur mlp.csv on H100-80GB SXM (Llama-2-70B, Qwen-72B, 
            "a40": "Vidur mlp.csv on A40 (Llama-2-7B/70B; TP 1-8)",
            "rtx-pro-6000": "LLMServingSim bundles on RTX PRO 6000 (Llama-3.1-8B, Qwen3-32B, Qwen3-30B-A3B; TP 1-2)"}
 MEMORY_TYPES = ("hbm", "gddr")
-OWN_TOKEN_OP_BANDWIDTH = 3.0
 FITTED = ("gemm_flops", "gemm_bandwidth", "gemm_flops_by_regime", "gemm_floor_s", "token_op_bandwidth",
+          "token_op_l2_bandwidth", "token_op_l2_share", "token_op_speed_by_class", "token_op_floor_s",
           "kernel_floor_s")
 ATTENTION = ("decode_bandwidth", "mixed_decode_bandwidth", "prefill_flops", "grouped_gemm_fraction")
 
@@ -128,9 +130,7 @@ def main() -> None:
         samples += op_samples(p, shape, gpu, tp)
     gpus = {g: load_gpu(g) for g in sorted({s.gpu for s in samples})}
     start = Efficiency()
-    # a GPU's own fit may find its token ops beating DRAM (L2); defaults and held-out fits stay at <= 1
-    own = {gpu: fit_op_fractions([s for s in samples if s.gpu == gpu], gpus, start, OWN_TOKEN_OP_BANDWIDTH)
-           for gpu in gpus}
+    own = {gpu: fit_op_fractions([s for s in samples if s.gpu == gpu], gpus, start) for gpu in gpus}
     attention = attention_fractions(found, gpus, own)
     attention_source = ("attention and grouped GEMM: LLMServingSim RTX PRO 6000 attention grids (decode alone, "
                         "decodes joining a prefill chunk, prefill alone) and Qwen3-30B-A3B moe.csv, the only public "

@@ -12,6 +12,15 @@ T tokens, S sampled rows and L layers, on one tensor-parallel rank:
     sequence    t_lm_head(S) + t_sampler(S)
     + the roofline's all-reduce, copies, CPU overhead and swap (no per-op profile measures those)
 
+Each cost is counted once. LLMServingSim's bundles hold vLLM's layerwise-profile CUDA time per module
+(GPU kernel time, no host time: profiler/core/hooks/timings.py), timed in eager mode on one GPU with
+per-rank shapes (TP emulated: no all-reduce runs), so neither the CPU overhead nor the all-reduce is in
+them; the roofline's token ops, attention and LM head are not added where the profile has its own.
+Dropping the CPU overhead on the calibrated path would move the Llama-3.1-8B replay from -3.8 % to
+-8.9 % TTFT and from -0.9 % to -3.1 % TPOT: the measured steps are longer than their kernels. The
+eager kernels may differ from the CUDA-graph, torch.compile kernels of the measured run (fusions);
+no public profile of the compiled kernels is at hand to say by how much.
+
 Terms the profile lacks fall back to the roofline's estimate, with one warning at load naming
 them; a term whose inputs fall outside the measured range falls back for that step, with one
 warning per term. Measured times along a 1-D series are made monotone (a running maximum), and

@@ -7,7 +7,8 @@ roofline terms the simulator prices (`kvsim.latency.roofline.gemm_s`, `token_ops
 predict each sample from the GPU's datasheet and a candidate `Efficiency`:
 
     GEMM       ‖(2 · P · T / (ηf(T) · F),  P · d / (ηb · B))‖₂ + tg   ηf(T): by size regime
-    token ops  k · t0 + T · bytes_per_token / (ηt · B)               k kernels per layer
+    token op   calls · (t0 · f_ref / f_clk + T · b · (h / ηl2 + (1 − h) / ηt) / (s · B))
+               one op (norm, rotary, activation, add) at a time; h: the share of its tensors in L2
 
 `fit_gemm` and `fit_token_ops` choose the fractions that minimise the mean squared log error
 over the samples given (coordinate descent, each coordinate by golden-section search in a
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.latency.roofline import GEMM_REGIME_TOKENS, Efficiency
+from kvsim.latency.roofline import GEMM_REGIME_TOKENS, REFERENCE_CLOCK_HZ, TOKEN_OP_CLASSES, Efficiency
 
 if TYPE_CHECKING:
     from kvsim.latency.profiles import Profile
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 GEMM_OPS = ("qkv", "o", "gate_up", "down")
 TOKEN_OP_CLASS = "token_op"
+OP_KINDS = {"rotary_emb": 1, "act_fn": 2, "add": 3}  # index in TOKEN_OP_CLASSES; every other token op is a norm
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,18 +80,19 @@ class OpSample:
     profile: str
     tp: int
     op: str
-    op_class: str  # "gemm" | "token_op" (the per-layer sum of the non-GEMM ops)
+    op_class: str  # "gemm" | "token_op" (one non-GEMM op, all its calls in a layer)
     num_tokens: int
     measured_s: float
     params: float = 0.0  # GEMM: weights on this rank
-    bytes_per_token: float = 0.0  # token ops: summed over the layer's calls
+    bytes_per_token: float = 0.0  # token ops: moved by one call
     num_kernels: int = 0  # token ops: calls per layer
     dtype_bytes: int = 2
+    token_kind: int = 0  # token ops: index in TOKEN_OP_CLASSES
 
 
 def op_samples(profile: Profile, shape: LayerShape, gpu: str, tp: int) -> list[OpSample]:
-    """GEMM samples (one per op and token count) and per-layer token-op samples (the layer's
-    norms, rotary, activation and adds summed at each token count, where all were measured)."""
+    """GEMM samples (one per op and token count) and token-op samples (one per op and token count,
+    at the token counts where every token op of the layer was measured, so `errors` can sum a layer)."""
     out: list[OpSample] = []
     token: dict[int, list[tuple[str, float, int]]] = {}
     ops_seen: set[str] = set()
@@ -104,10 +107,9 @@ def op_samples(profile: Profile, shape: LayerShape, gpu: str, tp: int) -> list[O
     for tokens, ops in sorted(token.items()):
         if {op for op, _, _ in ops} != ops_seen:
             continue
-        out.append(OpSample(gpu, profile.name, tp, "token_ops", TOKEN_OP_CLASS, tokens,
-                            sum(t * c for _, t, c in ops),
-                            bytes_per_token=sum(shape.token_op_bytes(op, tp) * c for op, _, c in ops),
-                            num_kernels=sum(c for _, _, c in ops), dtype_bytes=shape.dtype_bytes))
+        out += [OpSample(gpu, profile.name, tp, op, TOKEN_OP_CLASS, tokens, t * calls,
+                         bytes_per_token=shape.token_op_bytes(op, tp), num_kernels=calls,
+                         dtype_bytes=shape.dtype_bytes, token_kind=OP_KINDS.get(op, 0)) for op, t, calls in ops]
     return out
 
 
@@ -134,6 +136,7 @@ def _columns(samples: Sequence[OpSample], idx: np.ndarray) -> dict[str, np.ndarr
             "params": np.array([s.params for s in pick]), "bytes": np.array([s.bytes_per_token for s in pick]),
             "kernels": np.array([s.num_kernels for s in pick], dtype=float),
             "d": np.array([s.dtype_bytes for s in pick], dtype=float),
+            "kind": np.array([s.token_kind for s in pick]),
             "gemm": np.array([s.op_class == "gemm" for s in pick])}
 
 
@@ -142,8 +145,20 @@ def _predict_columns(c: dict[str, np.ndarray], gpu: GPUSpec, eff: Efficiency) ->
     compute = 2 * c["params"] * c["tokens"] / (_regime_flops(eff, c["tokens"]) * f)
     memory = c["params"] * c["d"] / (eff.gemm_bandwidth * b)
     gemm = np.sqrt(compute * compute + memory * memory) + eff.gemm_floor_s
-    token = c["kernels"] * eff.kernel_floor_s + c["tokens"] * c["bytes"] / (eff.token_op_bandwidth * b)
-    return np.where(c["gemm"], gemm, token)
+    return np.where(c["gemm"], gemm, _token_op_columns(c, gpu, eff))
+
+
+def _token_op_columns(c: dict[str, np.ndarray], gpu: GPUSpec, eff: Efficiency) -> np.ndarray:
+    """`kvsim.latency.roofline.token_op_s` over arrays."""
+    working_set = np.maximum(c["tokens"] * c["bytes"], 1.0)
+    hit = np.minimum(1.0, eff.token_op_l2_share * gpu.l2_cache_bytes / working_set)
+    speed = np.ones(working_set.shape)
+    for kind, s in enumerate(eff.token_op_speed_by_class, start=1):
+        speed = np.where(c["kind"] == kind, s, speed)
+    per_byte = (hit / eff.token_op_l2_bandwidth + (1 - hit) / eff.token_op_bandwidth) / (
+        gpu.hbm_bandwidth_bytes_per_s * speed)
+    floor = eff.token_op_floor_s * (REFERENCE_CLOCK_HZ / gpu.boost_clock_hz if gpu.boost_clock_hz else 1.0)
+    return c["kernels"] * (floor + working_set * per_byte)
 
 
 # -- fitting ----------------------------------------------------------------------------------
@@ -190,7 +205,12 @@ def _fit(samples: Sequence[OpSample], gpus: dict[str, GPUSpec], start: Efficienc
 
 
 def _with(eff: Efficiency, name: str, value: float) -> Efficiency:
-    """`eff` with one coordinate changed: a field, or `regime<i>` (the i-th GEMM size regime)."""
+    """`eff` with one coordinate changed: a field, `regime<i>` (the i-th GEMM size regime) or `kind<i>`
+    (the speed of the i-th non-norm token-op kind)."""
+    if name.startswith("kind"):
+        speeds = list(eff.token_op_speed_by_class)
+        speeds[int(name.removeprefix("kind"))] = value
+        return replace(eff, token_op_speed_by_class=tuple(speeds))
     if name.startswith("regime"):
         values = list(eff.gemm_flops_by_regime)
         values[int(name.removeprefix("regime"))] = value
@@ -210,13 +230,20 @@ def fit_gemm(samples: Sequence[OpSample], gpus: dict[str, GPUSpec], start: Effic
     return replace(eff, gemm_flops=eff.gemm_flops_by_regime[-1])
 
 
-def fit_token_ops(samples: Sequence[OpSample], gpus: dict[str, GPUSpec], start: Efficiency,
-                  max_bandwidth: float = 1.0) -> Efficiency:
-    """The small-kernel floor t0 and the bandwidth fraction ηt of the non-GEMM ops. ηt may exceed 1 only
-    up to `max_bandwidth`: a GPU whose L2 holds the activations between ops beats its DRAM rate (a fit
-    on that GPU's own profiles may say so; a default for other GPUs should not assume it)."""
+def fit_token_ops(samples: Sequence[OpSample], gpus: dict[str, GPUSpec], start: Efficiency) -> Efficiency:
+    """The non-GEMM ops' floor t0 (at the reference clock), DRAM fraction ηt (at most 1), L2 rate ηl2 and
+    share σ, and the speed of each non-norm kind; `kernel_floor_s` (the attention kernels' floor) becomes
+    t0 at the samples' GPU clock when they share one (the same small-kernel cost), else t0 itself."""
     ops = [s for s in samples if s.op_class == TOKEN_OP_CLASS]
-    return _fit(ops, gpus, start, {"kernel_floor_s": (0.5e-6, 15e-6), "token_op_bandwidth": (0.1, max_bandwidth)})
+    kinds = len(TOKEN_OP_CLASSES) - 1
+    start = replace(start, token_op_speed_by_class=start.token_op_speed_by_class or (1.0,) * kinds)
+    coords = {"token_op_floor_s": (0.3e-6, 15e-6), "token_op_bandwidth": (0.1, 1.0),
+              "token_op_l2_bandwidth": (0.2, 4.0), "token_op_l2_share": (0.05, 1.0),
+              **{f"kind{i}": (0.3, 4.0) for i in range(kinds)}}
+    eff = _fit(ops, gpus, start, coords)
+    clocks = {gpus[s.gpu].boost_clock_hz for s in ops}
+    clock = clocks.pop() if len(clocks) == 1 else None
+    return replace(eff, kernel_floor_s=eff.token_op_floor_s * (REFERENCE_CLOCK_HZ / clock if clock else 1.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,23 +318,28 @@ def fit_grouped_gemm(profile: Profile, expert_params: float, top_k: int, dtype_b
 
 def errors(samples: Sequence[OpSample], predicted: np.ndarray) -> dict[str, dict[str, float]]:
     """Per op class: mean and p90 of |predicted / measured − 1| (%), the signed mean (%), the
-    error of the summed time (%), and the number of samples."""
+    error of the summed time (%), and the number of samples. GEMMs count one by one; token ops are
+    summed per layer first (all of a layer's norms, rotary, activation and adds at one token count)."""
     out: dict[str, dict[str, float]] = {}
-    measured = np.array([s.measured_s for s in samples])
-    for cls in ("gemm", TOKEN_OP_CLASS):
-        m = np.array([s.op_class == cls for s in samples])
-        if not m.any():
+    gemm = [(p, s.measured_s) for s, p in zip(samples, predicted, strict=True) if s.op_class == "gemm"]
+    layers: dict[tuple[str, str, int, int], list[float]] = {}
+    for s, p in zip(samples, predicted, strict=True):
+        if s.op_class == TOKEN_OP_CLASS:
+            pair = layers.setdefault((s.gpu, s.profile, s.tp, s.num_tokens), [0.0, 0.0])
+            pair[0], pair[1] = pair[0] + float(p), pair[1] + s.measured_s
+    for cls, pairs in (("gemm", gemm), (TOKEN_OP_CLASS, [tuple(v) for v in layers.values()])):
+        if not pairs:
             continue
-        rel = predicted[m] / measured[m] - 1
+        pred, measured = np.array([p for p, _ in pairs]), np.array([m for _, m in pairs])
+        rel = pred / measured - 1
         out[cls] = {"mean_abs_pct": float(np.mean(np.abs(rel)) * 100),
                     "p90_abs_pct": float(np.percentile(np.abs(rel), 90) * 100),
                     "signed_mean_pct": float(np.mean(rel) * 100),
-                    "sum_pct": float((predicted[m].sum() / measured[m].sum() - 1) * 100),
-                    "num_samples": int(m.sum())}
+                    "sum_pct": float((pred.sum() / measured.sum() - 1) * 100),
+                    "num_samples": len(pairs)}
     return out
 
 
-def fit_op_fractions(samples: Sequence[OpSample], gpus: dict[str, GPUSpec], start: Efficiency,
-                     max_token_op_bandwidth: float = 1.0) -> Efficiency:
+def fit_op_fractions(samples: Sequence[OpSample], gpus: dict[str, GPUSpec], start: Efficiency) -> Efficiency:
     """GEMM and token-op fractions fitted over `samples` (all their GPUs pooled)."""
-    return fit_token_ops(samples, gpus, fit_gemm(samples, gpus, start), max_token_op_bandwidth)
+    return fit_token_ops(samples, gpus, fit_gemm(samples, gpus, start))

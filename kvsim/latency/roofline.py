@@ -4,11 +4,14 @@ Per tensor-parallel rank, for a step of T tokens, S sampled rows and L layers (e
 method, so the calibrated model can fall back to any one of them):
 
     linear     L · Σ_gemm (‖(2 · P · T / (ηf(T) · F),  W / (ηb · B))‖₂ + tg)   P, W: a GEMM's params, bytes
-    token ops  L · (k · t0 + T · b_tok / (ηt · B))                  norms, rotary, activation
+    token ops  L · Σ_op calls · (t0 · f_ref / f_clk + T · b_op · (h / ηl2 + (1 − h) / ηt) / (s_op · B))
+               norms (with the residual adds), rotary, activation; h = min(1, σ · L2 / (T · b_op)): the
+               share of the op's tensors its L2 holds (`token_op_s`)
     decode     L · (t0 + n_dec · t_seq) + K_dec / (ηa · B)          K: KV bytes read by decodes (a
                sliding-window layer reads only its window: `decode_read_bytes`)
                joining a prefill chunk: L · (t0 + n_dec · t_seq) + (heads / kv_heads) · K_dec / (ηm · B)
     prefill    L · t0 + 4 · L · heads · hd · A_pre / (ηp · F) + K_pre / (ηa · B)
+               (a sliding-window layer: at most window pairs per query and window + chunk KV tokens)
     sequence   ‖(2 · V · H · S / (ηf · F),  V · H · d / (ηb · B))‖₂ + tg + S · t_sample
     all-reduce 2 · L · ring(T · H · d)                              `kvsim.model.collectives`, TP > 1
     MoE        L_moe · (‖(2 · T_g · k · P_e / g / (ηf(T_e) · F),  E_touched(T_g) · W_e / g / (ηb · B))‖₂ / ηg
@@ -33,8 +36,16 @@ source: Vidur's mlp.csv on H100, A100 and A40 (TP 1-8) and LLMServingSim's RTX P
                default 0.28 at 16 tokens to 0.76; public: 72-80 % for large linear layers on A100/H100)
     ηb, tg     weight-read fraction and fixed cost per GEMM kernel (H100 about 0.9 and 7 us: the fixed
                cost is what makes small TP-8 shards slow)
-    ηt, t0     non-GEMM ops: bandwidth fraction and per-kernel floor (the RTX PRO 6000's 128 MB L2 lets
-               them beat its DRAM rate: its own fit finds ηt about 1.7; defaults stay at most 1)
+    token ops  non-GEMM ops, fitted one op at a time (not per layer): ηt the DRAM fraction, ηl2 the rate
+               (as a fraction of DRAM's datasheet B) of an op whose tensors sit in L2 (the profilers
+               time an op again and again on the same tensors, and in a real step the previous op has
+               just written them), σ the share of the L2 (`GPUSpec.l2_cache_bytes`) that holds them,
+               s_op the speed of rotary, activation and residual add relative to a norm (different
+               kernels: a norm reduces over the row first), t0 the floor of one kernel at the
+               reference clock f_ref = 1.5 GHz, scaled by the GPU's boost clock (a kernel too small to
+               stream costs a fixed number of cycles). Fitted on one HBM GPU, these predict the other
+               within 8-11 % per layer (leave-one-GPU-out, README); the former single ηt and t0 missed
+               by 14-15 %, biased by the GPUs' different clocks and L2 sizes
     ηa         paged decode alone: KV read at about 0.88 of datasheet in the bundles (batch >= 32,
                context >= 1k)
     ηm         decodes joining a prefill chunk run in the varlen kernel, whose extra time in the bundles
@@ -54,7 +65,11 @@ output processing grow with sequences, not tokens). Its size, 0.2 ms + 5 us per 
 assumption for vLLM v1 (whose redesign moved most of that work off the critical path) and, unlike
 the fractions above, it is NOT independent of the validation runs: it was chosen among three
 candidates (0; 0.3 ms + 2 us; 0.2 ms + 5 us) by their errors on the two dense RTX PRO 6000 runs,
-which moved the mean TPOT there by about 2 %.
+which moved the mean TPOT there by about 2 %. No independent source fits vLLM v1: Vidur's public
+CPU-overhead profiles (microsoft/vidur data/profiling/{a100,a40}/cpu_overheads.csv, not in the
+validation set) time vLLM v0's schedule + prepare-inputs + process-outputs at about 1.1 ms (8
+sequences) to 6.2 ms (64) per step on an A100 (Llama-2-7B, medians), an upper bound only: v1
+runs the scheduler in its own process and, with async scheduling, overlaps it with the GPU step.
 """
 
 from __future__ import annotations
@@ -98,6 +113,10 @@ class Efficiency:
     gemm_flops_by_regime: tuple[float, ...] = ()
     gemm_floor_s: float = 0.0
     token_op_bandwidth: float = 1.0
+    token_op_l2_bandwidth: float = 1.0
+    token_op_l2_share: float = 0.5
+    token_op_speed_by_class: tuple[float, ...] = ()  # rotary, activation, add; a norm is 1; empty: all 1
+    token_op_floor_s: float = 2.5e-6  # at REFERENCE_CLOCK_HZ
     grouped_gemm_fraction: float = 1.0
     decode_bandwidth: float = 0.88
     mixed_decode_bandwidth: float = 1.48  # of the KV bytes read once per query head (see ηm)
@@ -126,12 +145,16 @@ class Efficiency:
 
 DATASHEET = Efficiency(gemm_flops=1.0, gemm_bandwidth=1.0, decode_bandwidth=1.0, mixed_decode_bandwidth=1.0,
                        prefill_flops=1.0,
-                       kernel_floor_s=0.0, decode_per_seq_s=0.0, sample_per_seq_s=0.0,
+                       kernel_floor_s=0.0, token_op_floor_s=0.0, decode_per_seq_s=0.0, sample_per_seq_s=0.0,
                        cpu_fixed_s=0.0, cpu_per_seq_s=0.0)
 """The bare datasheet roofline (every fraction 1, no floors, no CPU overhead): for tests and comparisons."""
 
-NUM_TOKEN_KERNELS = 4
-"""Non-GEMM kernels per layer: two RMSNorms (with their residual adds), rotary, the gated activation."""
+TOKEN_OP_CLASSES = ("norm", "rotary", "activation", "add")
+"""Kinds of non-GEMM op; `Efficiency.token_op_speed_by_class` gives the speed of the last three
+relative to a norm."""
+
+REFERENCE_CLOCK_HZ = 1.5e9
+"""The clock `Efficiency.token_op_floor_s` is stated at; a GPU's floor is scaled by reference / boost."""
 
 
 def smooth_max(a: float, b: float) -> float:
@@ -146,10 +169,25 @@ def gemm_s(params: float, rows: int, dtype_bytes: float, flops: float, bandwidth
                       params * dtype_bytes / (eff.gemm_bandwidth * bandwidth)) + eff.gemm_floor_s
 
 
-def token_ops_layer_s(num_tokens: int, bytes_per_token: float, num_kernels: int, bandwidth: float,
-                      eff: Efficiency) -> float:
-    """One layer's non-GEMM ops: a launch floor per kernel plus the bytes they move at ηt · B."""
-    return num_kernels * eff.kernel_floor_s + num_tokens * bytes_per_token / (eff.token_op_bandwidth * bandwidth)
+def token_op_floor_s(gpu: GPUSpec, eff: Efficiency) -> float:
+    """The floor of one small non-GEMM kernel on `gpu`: `token_op_floor_s` at the reference clock, scaled
+    by the GPU's boost clock (unscaled when the GPU file gives none)."""
+    return eff.token_op_floor_s * (REFERENCE_CLOCK_HZ / gpu.boost_clock_hz if gpu.boost_clock_hz else 1.0)
+
+
+def token_op_s(num_tokens: int, bytes_per_token: float, calls: int, op_class: int, gpu: GPUSpec,
+               eff: Efficiency) -> float:
+    """`calls` runs of one non-GEMM op over `num_tokens` tokens, each moving `bytes_per_token` per token
+    (read + write), of kind `TOKEN_OP_CLASSES[op_class]`: a clock-scaled floor per call plus its bytes,
+    the share h its L2 holds at ηl2 · B and the rest at ηt · B (see the module docstring)."""
+    working_set = num_tokens * bytes_per_token
+    if working_set <= 0:
+        return calls * token_op_floor_s(gpu, eff)
+    b = gpu.hbm_bandwidth_bytes_per_s
+    hit = min(1.0, eff.token_op_l2_share * gpu.l2_cache_bytes / working_set)
+    speed = eff.token_op_speed_by_class[op_class - 1] if op_class and eff.token_op_speed_by_class else 1.0
+    per_byte = (hit / eff.token_op_l2_bandwidth + (1 - hit) / eff.token_op_bandwidth) / (b * speed)
+    return calls * (token_op_floor_s(gpu, eff) + working_set * per_byte)
 
 
 EFFICIENCY_FILE = "efficiency.yaml"
@@ -218,10 +256,13 @@ class RooflineLatency:
         self.lm_head_params = model.vocab_size * h / tp
         self.dtype_bytes = d
         self.hidden_size = h
-        # bytes one token moves through the non-GEMM ops of a layer: two norms and the residual
-        # adds (read + write the hidden state), rotary on q and k, the gated activation (read 2I, write I)
+        # the non-GEMM ops of a layer as (bytes per token, calls, kind): two norms fused with the
+        # residual add (read the hidden state and the residual, write one: 3h), rotary on q and k
+        # (read + write), the activation (gated: read 2I, write I)
         act = (3 if model.gated_mlp else 2) * mlp_width(model) / tp
-        self.token_op_bytes = d * (2 * 3 * h + 2 * (heads + kv_heads) * model.head_dim + act)
+        self.gpu = gpu
+        self.token_ops = ((d * 3 * h, 2, 0), (d * 2 * (heads + kv_heads) * model.head_dim, 1, 1), (d * act, 1, 2))
+        self._token_ops_s: dict[int, float] = {}
         self.attn_flops_per_pair = 4 * model.num_layers * heads * model.head_dim
         layout = layout if layout is not None else model_kv_layout(model, engine)
         self.kv_bytes_per_token = layout.bytes_per_token
@@ -230,6 +271,8 @@ class RooflineLatency:
         per_layer = layout.bytes_per_token_per_layer
         self.windowed_layers = [(g.window_tokens, g.num_layers * per_layer) for g in layout.groups
                                 if g.window_tokens is not None]
+        self.windowed_layer_counts = [(g.window_tokens, g.num_layers) for g in layout.groups
+                                      if g.window_tokens is not None]
         self.full_bytes_per_token = per_layer * sum(g.num_layers for g in layout.groups if g.window_tokens is None)
         self.copy_bytes_per_block = 2 * layout.bytes_per_block
         self._gemm_bw = eff.gemm_bandwidth * self.bandwidth
@@ -274,9 +317,12 @@ class RooflineLatency:
         return seconds
 
     def token_ops_s(self, num_tokens: int) -> float:
-        """Norms, rotary, activation and residual adds of all layers: launch floors plus bytes."""
-        return self.num_layers * token_ops_layer_s(num_tokens, self.token_op_bytes, NUM_TOKEN_KERNELS,
-                                                   self.bandwidth, self.eff)
+        """Norms, rotary, activation and residual adds of all layers: floors plus bytes (`token_op_s`)."""
+        seconds = self._token_ops_s.get(num_tokens)
+        if seconds is None:
+            seconds = self._token_ops_s[num_tokens] = self.num_layers * sum(
+                token_op_s(num_tokens, b, calls, kind, self.gpu, self.eff) for b, calls, kind in self.token_ops)
+        return seconds
 
     def lm_head_s(self, num_sampled: int) -> float:
         return self._gemm(self.lm_head_params, num_sampled) if num_sampled else 0.0
@@ -314,18 +360,36 @@ class RooflineLatency:
             read += min(sum_decode_context, num_decode_seqs * window) * bytes_per_token
         return read
 
-    def prefill_s(self, prefill_work: float, prefill_context: int) -> float:
+    def prefill_s(self, prefill_work: float, prefill_context: int, num_prefill_tokens: int | None = None,
+                  num_prefill_seqs: int = 0) -> float:
+        """Causal attention of prefill chunks: `prefill_work` query-key pairs over `prefill_context` tokens
+        of KV in every layer. Given the chunks' new tokens and sequences, a sliding-window layer attends
+        only its window, as in decode: at most `num_prefill_tokens` · window pairs (each query sees at
+        most window keys) and Σ new + `num_prefill_seqs` · window KV tokens (an upper bound, exact
+        when every query is inside the window or every one beyond it)."""
         if prefill_work <= 0:
             return 0.0
-        compute = self.attn_flops_per_pair * prefill_work / (self.eff.prefill_flops * self.flops)
-        read = prefill_context * self.kv_bytes_per_token / (self.eff.decode_bandwidth * self.bandwidth)
+        if not self.windowed_layers or num_prefill_tokens is None:
+            compute = self.attn_flops_per_pair * prefill_work / (self.eff.prefill_flops * self.flops)
+            read = prefill_context * self.kv_bytes_per_token / (self.eff.decode_bandwidth * self.bandwidth)
+            return self.num_layers * self.eff.kernel_floor_s + compute + read
+        full_layers = self.num_layers - sum(n for _, n in self.windowed_layer_counts)
+        layer_pairs = full_layers * prefill_work
+        for window, n in self.windowed_layer_counts:
+            layer_pairs += n * min(prefill_work, num_prefill_tokens * window)
+        kv_bytes = prefill_context * self.full_bytes_per_token
+        for window, bytes_per_token in self.windowed_layers:
+            kv_bytes += min(prefill_context, num_prefill_tokens + num_prefill_seqs * window) * bytes_per_token
+        compute = self.attn_flops_per_pair / self.num_layers * layer_pairs / (self.eff.prefill_flops * self.flops)
+        read = kv_bytes / (self.eff.decode_bandwidth * self.bandwidth)
         return self.num_layers * self.eff.kernel_floor_s + compute + read
 
     def attention_s(self, plan: StepPlan) -> float:
         decode_ctx = plan.sum_decode_context_tokens
         mixed = plan.num_prefill_tokens > 0
         return (self.decode_s(plan.num_decode_seqs, decode_ctx, mixed)
-                + self.prefill_s(plan.attention_work - decode_ctx, plan.sum_context_tokens - decode_ctx))
+                + self.prefill_s(plan.attention_work - decode_ctx, plan.sum_context_tokens - decode_ctx,
+                                 plan.num_prefill_tokens, plan.num_seqs - plan.num_decode_seqs))
 
     # -- communication, CPU, copies, swap ------------------------------------------------------
     def allreduce_s(self, num_tokens: int) -> float:

@@ -13,6 +13,11 @@ casys-kaist/LLMServingSim, MIT): 12.7 us at 4 KiB, 41 us at 1 MiB, 125 us at 4 M
 baseLat for Ring/Simple is 8.4 us. NVLink reaches a larger share of its datasheet rate
 (nccl-tests bus bandwidth on H100 NVLink: about 80 %).
 
+A link may also carry fits at particular GPU counts (`GPULink.by_num_gpus`: η and one fixed cost
+per count, for the step latencies and base together); the A100 and H100/H200 presets carry those
+of Vidur's DGX measurements at 2, 4 and 8 GPUs (benchmarks/fit_collectives.py), since NCCL's
+choice of algorithm and protocol, hence its achieved bandwidth, changes with the count.
+
 A particular cluster can be slower than its GPUs' datasheet link (PCIe through host memory
 when peer-to-peer is off): a scenario's `gpu_link` then describes it. `kvsim validate` takes
 the measured cluster's link from LLMServingSim's cluster config (16 GB/s effective, 20 us per
@@ -40,6 +45,9 @@ def allreduce_s(num_bytes: float, num_gpus: int, link: GPULink) -> float:
     if num_gpus <= 1:
         return 0.0
     steps = 2 * (num_gpus - 1)
+    at_count = link.by_num_gpus.get(num_gpus) if link.by_num_gpus else None
+    if at_count is not None:  # fitted at this GPU count (`GPULink.by_num_gpus`)
+        return steps / num_gpus * num_bytes / (at_count.efficiency * link.bandwidth_bytes_per_s) + at_count.fixed_s
     efficiency = link.efficiency if link.efficiency is not None else LINK_EFFICIENCY[link.kind]
     base = link.collective_latency_s if link.collective_latency_s is not None else BASE_LATENCY_S
     transfer = steps / num_gpus * num_bytes / (efficiency * link.bandwidth_bytes_per_s)

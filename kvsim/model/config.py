@@ -106,6 +106,15 @@ DEFAULT_PCIE_STEP_LATENCY_S = 1.0e-6
 """NCCL's cost model (src/graph/tuning.cc, hwLat, Ring/LL over PCI): 1.0 us per ring step."""
 
 
+class AllReduceFit(BaseModel):
+    """An all-reduce fitted at one GPU count: t = 2 (p − 1) / p · n / (`efficiency` · bandwidth) + `fixed_s`."""
+
+    model_config = _FROZEN
+
+    efficiency: float = Field(gt=0, le=1)
+    fixed_s: float = Field(ge=0)
+
+
 class GPULink(BaseModel):
     """The GPU-to-GPU interconnect that tensor-parallel all-reduces cross.
 
@@ -117,7 +126,9 @@ class GPULink(BaseModel):
     bandwidth that is already an effective figure (a simulator's cluster description).
     `collective_latency_s` is the fixed cost of launching one collective; None means NCCL's
     (`kvsim.model.collectives.BASE_LATENCY_S`); 0 suits a description whose per-hop latency already
-    includes it (LLMServingSim's `link_latency`).
+    includes it (LLMServingSim's `link_latency`). `by_num_gpus` holds fits at particular GPU counts
+    (NCCL picks other algorithms and protocols at other counts); a count it lists replaces the
+    pooled form for that count.
     """
 
     model_config = _FROZEN
@@ -127,6 +138,7 @@ class GPULink(BaseModel):
     latency_s: float = Field(ge=0)
     efficiency: float | None = Field(default=None, gt=0, le=1)
     collective_latency_s: float | None = Field(default=None, ge=0)
+    by_num_gpus: dict[int, AllReduceFit] | None = None
     source: str = "user-defined"
 
 
@@ -135,7 +147,8 @@ class GPUSpec(BaseModel):
 
     A GPU file without `link` is taken to talk to its peers over PCIe at the host link's
     bandwidth (`host_link_bandwidth_bytes_per_s`), with NCCL's PCIe step latency. `memory_type`
-    picks the roofline's default achievable fractions for a GPU without fitted ones, and
+    picks the roofline's default achievable fractions for a GPU without fitted ones; `l2_cache_bytes`
+    (0: none known) and `boost_clock_hz` (None: the roofline's reference clock) price the token ops; and
     `efficiency` (fields of `kvsim.latency.roofline.Efficiency`) overrides any of them
     (`kvsim.latency.roofline.efficiency_for`).
     """
@@ -150,6 +163,8 @@ class GPUSpec(BaseModel):
     host_link_bandwidth_bytes_per_s: float = Field(gt=0)
     link: GPULink | None = None
     memory_type: Literal["hbm", "gddr"] = "hbm"
+    l2_cache_bytes: float = Field(default=0.0, ge=0)
+    boost_clock_hz: float | None = Field(default=None, gt=0)
     efficiency: dict[str, Any] | None = None
     source: str = "user-defined"
 
