@@ -444,6 +444,15 @@ def test_a_full_disk_names_the_output_and_leaves_nothing(tmp_path, monkeypatch, 
     assert list(tmp_path.iterdir()) == []  # not even the temporary folder
 
 
+def _as_a_terminal_starts_it() -> None:
+    """A child as a shell starts it: SIGINT handled by default and not blocked. The test process may
+    have it ignored or blocked (pytest-xdist's worker, another test's fork), and a child inherits both."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_says_what_was_interrupted_and_what_is_intact(tmp_path):
     """SIGINT once the run streams into its temporary folder: one line, exit 130, no traceback, the
     earlier output at the path untouched and no temporary left."""
@@ -460,7 +469,7 @@ def test_ctrl_c_says_what_was_interrupted_and_what_is_intact(tmp_path):
         [sys.executable, "-m", "kvsim", "run", "--set", "workload.num_requests=1000000", "--steps", "none",
          "-o", str(out)],  # no steps file: no pyarrow writer, whose own SIGINT handling could hold the signal
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        preexec_fn=_as_a_terminal_starts_it)
     try:
         while not any((p / ".kvsim-output").exists() for p in tmp_path.glob(".out.kvsim-*")) and child.poll() is None:
             time.sleep(0.05)  # polling for the temporary folder's marker (the run is writing), not timing
