@@ -124,6 +124,34 @@ def test_search_reports_the_cap_when_it_cannot_converge():
     assert s.capped and not s.converged and s.summary()["num_requests"] == 800
 
 
+def test_verification_backs_off_until_the_long_run_holds():
+    """The probe passes below 7.3 · (1 + 50/n): the search converges where doubling n moves the answer
+    < 2 % (n_c requests), i.e. at about 7.3 · (1 + 50/n_c), which a run of 10·n_c requests, passing only
+    below 7.3 · (1 + 5/n_c), refuses. Backing off 3 % a time, the first rate at or below that limit is the
+    answer: it holds, and the rate 3 % above it (the previous long run) did not."""
+    s = threshold_search(7.3, noise=50.0, verify_factor=10, max_verify_requests=10**9)
+    n_c = s.answer_level().num_requests
+    limit = 7.3 * (1 + 50 / (10 * n_c))
+    assert s.long_runs[0].rate == s.search_rate > limit
+    assert all(not run.passed for run in s.long_runs[:-1]) and s.long_runs[-1].passed and s.verified
+    assert s.rate <= limit < s.rate / 0.97
+    assert [run.rate for run in s.long_runs] == pytest.approx([s.search_rate * 0.97**k for k in range(len(s.long_runs))])
+    assert s.failed_rate == pytest.approx(s.rate / 0.97)
+    assert s.summary()["long_runs"][-1] == {"rate_per_s": s.rate, "passed": True, "num_requests": None}
+
+
+def test_verification_that_never_holds_gives_no_rate():
+    """A long run that always fails: max_verify_tries rates 3 % apart are tried, then the answer is 0."""
+    search = SteadyRateSearch(start_rate=1.0, num_requests=100, verify_factor=10, max_verify_tries=3)
+
+    def run(batch):
+        return [(n < 1000 and rate <= 4.0, None) for _, rate, n in batch]
+
+    drive([search], run)
+    assert len(search.long_runs) == 3 and search.verified is False and search.rate == 0.0
+    assert search.evidence is None and search.search_rate > 0
+
+
 def analytic_scenario(rate: float, num_requests: int, batch_cap: int, step_s: float, output_len: int):
     return make_scenario({
         "name": "analytic", "model": "llama-3.1-8b", "gpu": "h100-80gb", "steps": "none",

@@ -12,7 +12,8 @@ replicas, less load each), which holds for the load-aware routers and round robi
 
 A count passes only when its fleet is stable and meets every SLO over the steady-state
 measurement window (`kvsim.planning.steady_state`); the chosen count is then re-run with 10×
-the requests (`kvsim.planning.verify`: `verified` and `verify_*` columns).
+the requests, and while that long run fails, one replica more is tried long (`kvsim.planning.verify`:
+`replicas` is the count that held, `searched_replicas` the probes' answer, `verified`, `verify_*`).
 
 For each candidate the table gives the cost per hour (replicas × TP × the GPU's hourly
 price: the planner's, or the shipped list's, `price_source`), GPUs, replicas, the headroom
@@ -133,29 +134,37 @@ class ReplicaSearch:
         self.results[self._pending] = metrics
 
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
-        """This candidate's line of the plan table."""
+        """This candidate's line of the plan table: `replicas` is the count whose long run held."""
         best, slo = self._fewest_ok(), self.spec.slo
         c = self.candidate
         row: dict[str, Any] = {"candidate": c.label, "gpu": c.gpu, "tensor_parallel_size": c.tensor_parallel_size,
-                               **{k: v for k, v in c.knobs}, "feasible": best is not None}
-        if best is None:
-            worst = self.results[max(self.results)]
-            return {**row, "replicas": None, "num_gpus": None, "cost_per_hour": None,
-                    "headroom": headroom(worst["evidence"], slo),
-                    "limiting_factor": f"{why_failed(worst['evidence'], slo)} even at {max(self.results)} replicas",
-                    "rate_per_replica": None, **evidence_columns(worst["evidence"], slo), **self.verify.columns()}
+                               **{k: v for k, v in c.knobs}, "searched_replicas": best}
+        replicas = self.verify.replicas(best)
+        if best is None or replicas is None:
+            count = max(self.results) if best is None else best
+            worst = self.results[count] if best is None else self.verify.attempts[-1][1]
+            why = (f"{why_failed(worst['evidence'], slo)} even at {count} replicas" if best is None else
+                   f"the long run {why_failed(worst['evidence'], slo)} even at {self.verify.attempts[-1][0]} "
+                   f"replicas ({best} passed the probes)")
+            return {**row, "feasible": False, "replicas": None, "num_gpus": None, "cost_per_hour": None,
+                    "headroom": headroom(worst["evidence"], slo), "limiting_factor": why,
+                    "rate_per_replica": None, **evidence_columns(self.results[count]["evidence"], slo),
+                    **self.verify.columns()}
         metrics = self.results[best]
-        below = self.results.get(best - 1)
-        if below is None:
+        failed_long = [(n, m) for n, m in self.verify.attempts if n < replicas]
+        below = failed_long[-1] if failed_long else (best - 1, self.results.get(best - 1))
+        if below[1] is None:
             limiting = "none: one replica meets every SLO"
         else:
-            cause = "KV memory (preempting)" if below["num_preemptions"] else "compute (queueing)"
-            limiting = f"{why_failed(below['evidence'], slo)} at {best - 1} replicas: {cause}"
-        num_gpus = best * c.tensor_parallel_size
-        return {**row, "replicas": best, "num_gpus": num_gpus, "requests_per_probe": self.num_requests,
+            cause = "KV memory (preempting)" if below[1]["num_preemptions"] else "compute (queueing)"
+            run = "in the long run " if failed_long else ""
+            limiting = f"{why_failed(below[1]['evidence'], slo)} {run}at {below[0]} replicas: {cause}"
+        num_gpus = replicas * c.tensor_parallel_size
+        return {**row, "feasible": True, "replicas": replicas, "num_gpus": num_gpus,
+                "requests_per_probe": self.num_requests,
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
-                "headroom": headroom(metrics["evidence"], slo), "limiting_factor": limiting,
-                "rate_per_replica": metrics["offered_rate_per_s"] / best,
+                "headroom": headroom((self.verify.metrics or metrics)["evidence"], slo), "limiting_factor": limiting,
+                "rate_per_replica": metrics["offered_rate_per_s"] / replicas,
                 **evidence_columns(metrics["evidence"], slo), **self.verify.columns()}
 
 

@@ -107,6 +107,11 @@ def _rate_evidence(row: pd.Series, cfg: studies.StudyConfig) -> str:
     length = (f"capped at {int(row.requests_per_probe):,} requests a probe before two run lengths agreed within 2 %"
               if row.capped else f"stable to within 2 % from {int(row.requests_per_probe) // 2:,} to "
               f"{int(row.requests_per_probe):,} requests a probe")
+    if row.get("verified") is True:
+        backed = (f", after the search's {row.search_rate:g} req/s failed there and was backed off 3 % at a time"
+                  if row.num_long_runs > 1 else "")
+        length += (f"; then held in one run {int(row.verify_num_requests):,} requests long{backed}, the run "
+                   "the figures below come from")
     ci = ""
     if pd.notna(row.ttft_p90_ci_low_s) and pd.notna(row.ttft_p90_ci_high_s):
         ci = f", 95 % interval {row.ttft_p90_ci_low_s:.2f}–{row.ttft_p90_ci_high_s:.2f} s"
@@ -134,6 +139,10 @@ def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfi
                      and pd.notna(rates.loc[a, "paging_multiplier"]))
     paged = rates.loc["paged"]
     if pd.isna(paged.max_rate_meeting_slo):
+        if paged.get("verified") is False:
+            return (f"{intro} No Poisson rate is sustainable with paging under p90 TTFT ≤ {cfg.ttft_slo_s} s in a "
+                    f"long run: the search's {paged.search_rate:g} req/s and {int(paged.num_long_runs) - 1} rates "
+                    f"3 % apart below it each failed when run 10× longer (the last {paged.fails_by}).")
         return (f"{intro} No Poisson rate is sustainable with paging under p90 TTFT ≤ {cfg.ttft_slo_s} s: even "
                 f"at the lowest probed rate the probe {paged.fails_by}.")
     cost = ""
@@ -146,7 +155,8 @@ def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfi
     if paged.rejected_fraction and paged.rejected_fraction > 0:
         rejected = (f" {paged.rejected_fraction:.1%} of the requests can never be served (over max_model_len or "
                     "the pool) and are counted apart, not as SLO misses.")
-    above = (f" Above it, at {paged.first_failing_rate:g} req/s, the probe {paged.fails_by}."
+    failer = "long run" if paged.num_long_runs > 1 else "probe"
+    above = (f" Above it, at {paged.first_failing_rate:g} req/s, the {failer} {paged.fails_by}."
              if pd.notna(paged.fails_by) else "")
     return (f"{intro} The highest sustainable Poisson rate with p90 TTFT ≤ {cfg.ttft_slo_s} s is "
             f"{paged.max_rate_meeting_slo:g} req/s with paging ({_rate_evidence(paged, cfg)}).{above} "
