@@ -334,6 +334,10 @@ def plan(
         Console().print(rows_to_rich([{k: r.get(k) for k in shown} for r in rows], title=f"kvsim plan: {base.name}"))
         sources = sorted({r["price_source"] for r in rows})
         typer.echo(f"prices: {'; '.join(sources)}")
+        for r in rows:
+            if r.get("gap_breakdown"):
+                typer.echo(f"gap to the floor, {r['candidate']}: {r['gap_breakdown']} (replicas at the traffic's "
+                           f"rate, from the run behind the answer; {r['bound_binds']} floor binds)")
         typer.echo(f"{simulated} points simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
                    f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests")
     else:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError
-from kvsim.planning.bounds import replica_floor
+from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica_floor
 from kvsim.planning.cost import GpuPrice, gpu_price
 from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s
 from kvsim.planning.search import Metrics, PointStore, run_searches
@@ -72,8 +72,15 @@ def point_metrics(scenario: Scenario) -> Metrics:
     keep = ("num_replicas", "num_gpus", "num_requests", "num_finished", "num_rejected", "duration_s",
             "requests_per_s", "output_tokens_per_s", "num_preemptions", "kv_cache_usage_mean",
             "prefix_cache_hit_rate", "offered_rate_per_s")
-    # the SLOs are judged on `evidence` (the steady-state window), never on the whole run's percentiles
-    return {**{key: summary[key] for key in keep}, "evidence": window_evidence(result.requests)}
+    requests = result.requests
+    servable = requests["status"] != "rejected"
+    uncached = int((requests["prompt_tokens"] - requests["prefix_hit_tokens"])[servable].sum())
+    prefill = sum(run.num_prefill_tokens for run in result.replicas)
+    # the SLOs are judged on `evidence` (the steady-state window), never on the whole run's percentiles;
+    # busy time and recomputed tokens are what the gap to the floor is made of (`kvsim.planning.bounds`)
+    return {**{key: summary[key] for key in keep}, "evidence": window_evidence(requests),
+            "busy_replica_s": sum(run.busy_s for run in result.replicas),
+            "recomputed_tokens": max(0, prefill - uncached)}
 
 
 @dataclass(slots=True)
@@ -133,6 +140,13 @@ class ReplicaSearch:
             return
         self.results[self._pending] = metrics
 
+    def answer_metrics(self) -> Metrics | None:
+        """The run behind the answer: the long run that held, else the probe at the searched count."""
+        best = self._fewest_ok()
+        if self.verify.held:
+            return self.verify.metrics
+        return self.results.get(best) if best is not None and not self.verify.attempts else None
+
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """This candidate's line of the plan table: `replicas` is the count whose long run held."""
         best, slo = self._fewest_ok(), self.spec.slo
@@ -189,17 +203,27 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
         searches = [RateSearch(c, base, spec, offered_rate_per_s(base)) for c in candidates(spec)]
     else:
         searches = [ReplicaSearch(c, base, spec) for c in candidates(spec)]
-    store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence",))
+    store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence", "busy_replica_s"))
     simulated = run_searches(searches, point_metrics, store, client, on_point)
     target_rate_per_s = offered_rate_per_s(base)
     rows = []
     for s in searches:
         row = s.row(hourly_price(spec, s.candidate.gpu).usd_per_gpu_hour)
         floor = replica_floor(s.candidate.scenario(base, 1, spec.router), target_rate_per_s)
+        gap = answer_gap(floor, row["replicas"], s.answer_metrics())
         rows.append({**row, "lower_bound_replicas": floor.replicas, "bound_binds": floor.binds,
                      "replicas_over_bound": round(row["replicas"] / floor.replicas, 3) if row["replicas"] else None,
+                     **{f"gap_{k}": v for k, v in gap.items()}, "gap_breakdown": gap_text(gap, row["replicas"]),
                      "price_source": hourly_price(spec, s.candidate.gpu).source})
     return rank(rows), simulated
+
+
+def answer_gap(floor: ReplicaFloor, replicas: int | None, metrics: Metrics | None) -> dict[str, float]:
+    """The gap between `replicas` and the floor, from the run that backs them (`kvsim.planning.bounds`)."""
+    if not replicas or metrics is None:
+        return {}
+    return gap_breakdown(floor, replicas, metrics["busy_replica_s"], metrics["num_finished"],
+                         metrics["recomputed_tokens"])
 
 
 def hourly_price(spec: PlanSpec, gpu: str) -> GpuPrice:

@@ -102,6 +102,10 @@ class RateSearch:
         else:
             self.verify.observe(metrics)
 
+    def answer_metrics(self) -> Metrics | None:
+        """The run behind the answer: the long run that held (a single-replica probe is not the fleet)."""
+        return self.verify.metrics if self.verify.held else None
+
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """This candidate's line of the plan table (the same columns as the replica-count search)."""
         c, slo, s = self.candidate, self.spec.slo, self.search

@@ -291,8 +291,11 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
                    f"{_replicas(int(lo_row.floor_replicas))} ({lo_row.floor_binds} binds: "
                    + ("the prompt and output tokens at one replica's best-batch step cost" if lo_row.floor_binds
                       == "compute" else "the KV the requests hold, by Little's law, against one pool") + ")"
-                   + (f"; least outstanding needs {lo_row.replicas_over_floor:g}× that, the price of queueing "
-                      "within the SLO, batching limits and KV fragmentation"
+                   + (f"; least outstanding needs {lo_row.replicas_over_floor:g}× that"
+                      + (f", made of (from that fleet's own run, in replicas at the traffic's rate) "
+                         f"{lo_row.gap_breakdown}: batching is steps below the best batch, preemption the "
+                         "recomputed tokens, idle the capacity the SLO keeps free"
+                         if "gap_breakdown" in df.columns and pd.notna(lo_row.gap_breakdown) else "")
                       if pd.notna(lo_row.replicas_over_floor) else "") + ".")
     size = int(df.replicas.iloc[0])
     lo, aff, rr = df.loc["least_outstanding"], df.loc["affinity"], df.loc["round_robin"]

@@ -35,6 +35,8 @@ class RunResult:
     step_columns: Mapping[str, np.ndarray] | None
     summary: dict[str, Any]
     steps_path: Path | None = None
+    busy_s: float = 0.0  # the sum of the run's step times (the engine computing), not written to any file
+    num_prefill_tokens: int = 0  # prompt and recomputed tokens its steps computed, not written either
     _frames: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, compare=False)
 
     def _frame(self, name: str, columns: Mapping[str, np.ndarray]) -> pd.DataFrame:
