@@ -58,9 +58,10 @@ def test_the_gap_breakdown_sums_to_the_replicas_and_is_right_by_hand():
     scenario = make_scenario(raw)
     metrics = point_metrics(scenario)
     floor = replica_floor(scenario, 2.0)
-    parts = gap_breakdown(floor, 1, metrics["busy_replica_s"], metrics["num_finished"], metrics["recomputed_tokens"])
-    assert metrics["busy_replica_s"] == pytest.approx(50 * 20 * 0.01)
-    assert metrics["recomputed_tokens"] == 0
+    work = metrics["work"]
+    parts = gap_breakdown(floor, 1, work["busy_replica_s"], metrics["num_finished"], work["recomputed_tokens"])
+    assert work["busy_replica_s"] == pytest.approx(50 * 20 * 0.01)
+    assert work["recomputed_tokens"] == 0
     assert parts["compute_floor"] == pytest.approx(0.0525)
     assert parts["batching"] == pytest.approx(0.3475)
     assert parts["preemption"] == 0.0

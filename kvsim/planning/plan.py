@@ -79,8 +79,8 @@ def point_metrics(scenario: Scenario) -> Metrics:
     # the SLOs are judged on `evidence` (the steady-state window), never on the whole run's percentiles;
     # busy time and recomputed tokens are what the gap to the floor is made of (`kvsim.planning.bounds`)
     return {**{key: summary[key] for key in keep}, "evidence": window_evidence(requests),
-            "busy_replica_s": sum(run.busy_s for run in result.replicas),
-            "recomputed_tokens": max(0, prefill - uncached)}
+            "work": {"busy_replica_s": sum(run.busy_s for run in result.replicas),
+                     "recomputed_tokens": max(0, prefill - uncached)}}
 
 
 @dataclass(slots=True)
@@ -203,7 +203,7 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
         searches = [RateSearch(c, base, spec, offered_rate_per_s(base)) for c in candidates(spec)]
     else:
         searches = [ReplicaSearch(c, base, spec) for c in candidates(spec)]
-    store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence", "busy_replica_s"))
+    store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence", "work"))
     simulated = run_searches(searches, point_metrics, store, client, on_point)
     target_rate_per_s = offered_rate_per_s(base)
     rows = []
@@ -222,8 +222,8 @@ def answer_gap(floor: ReplicaFloor, replicas: int | None, metrics: Metrics | Non
     """The gap between `replicas` and the floor, from the run that backs them (`kvsim.planning.bounds`)."""
     if not replicas or metrics is None:
         return {}
-    return gap_breakdown(floor, replicas, metrics["busy_replica_s"], metrics["num_finished"],
-                         metrics["recomputed_tokens"])
+    work = metrics["work"]
+    return gap_breakdown(floor, replicas, work["busy_replica_s"], metrics["num_finished"], work["recomputed_tokens"])
 
 
 def hourly_price(spec: PlanSpec, gpu: str) -> GpuPrice:
