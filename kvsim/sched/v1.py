@@ -15,7 +15,8 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
    `complete` accepts a prefix of the drafts (`kvsim.sched.speculative`).
 2. If nothing was preempted, admit WAITING requests in the policy's order (FCFS, or
    smallest (priority, arrival)) while budget and `max_num_seqs` allow and the whole prompt
-   (after prefix-cache hits) fits; the first that does not fit ends admission for the step.
+   (after prefix-cache hits) fits (with sliding-window or other hybrid KV groups: the first chunk,
+   as vLLM v1 allocates it); the first that does not fit ends admission for the step.
 """
 
 from __future__ import annotations
@@ -124,9 +125,9 @@ class V1Scheduler(Scheduler):
             if num_seqs + req.num_samples > max_num_seqs:
                 break
             hit = self.lookup(req)
-            if not self.can_admit(req, hit):
-                break
             num_new = min(req.num_tokens - hit.num_tokens, budget)
+            if not self.can_admit(req, hit, num_new):
+                break
             self.admit(req, num_new, hit, plan, now)
             budget -= num_new
             num_seqs += req.num_samples
@@ -141,6 +142,8 @@ class V1Scheduler(Scheduler):
 
     def waiting_blocked(self) -> bool:
         req = self.waiting.peek()
+        hit = self.lookup(req)
+        first_chunk = min(req.num_tokens - hit.num_tokens, self.limits.max_num_batched_tokens)
         return (self.num_running_seqs() + req.num_samples > self.limits.max_num_seqs
                 or len(self.running) >= self.limits.max_num_batched_tokens
-                or not self.can_admit(req, self.lookup(req)))
+                or not self.can_admit(req, hit, first_chunk))
