@@ -8,7 +8,7 @@ Poisson arrivals and TTFT p90 ≤ 2 s, as `kvsim report` searches them (`kvsim.r
 defaults, paged KV):
 
 - the search as the report runs it: first run length N = 400 requests a probe, doubled until the rate
-  moves < 2 %, then the answer re-run with 10× its run length (at most 64,000 requests) and backed off
+  moves < 2 %, then the answer re-run with 10× its run length (at most 128,000 requests) and backed off
   3 % at a time until that long run holds (`kvsim.planning.steady_state.SteadyRateSearch`);
 - the same search started from 4N = 1,600 requests a probe (no verification): its rate against N's;
 - with `--plan`, `kvsim plan` (replica-count search) for traffic at 2.5× the verified rate (400 requests a
@@ -114,9 +114,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", action="append", choices=list(SETTINGS), help="[all]")
     parser.add_argument("--plan", action="store_true", help="also size a fleet for 2.5x the verified rate")
+    parser.add_argument("--plan-only", action="store_true", help="only the plan, from the stored verified rate")
     args = parser.parse_args()
     cfg = StudyConfig()
     for name in args.setting or list(SETTINGS):
+        if args.plan_only:
+            stored = json.loads(RESULTS.read_text())[name]
+            plan_out = plan_evidence(SETTINGS[name], stored["reported_rate_per_s"])
+            results = json.loads(RESULTS.read_text())  # read again: another setting may have landed meanwhile
+            results[name]["plan"] = plan_out
+            RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+            print(json.dumps({name: plan_out}, indent=2), flush=True)
+            continue
         out = rate_evidence(SETTINGS[name], cfg)
         if args.plan and out["reported_rate_per_s"]:
             out["plan"] = plan_evidence(SETTINGS[name], out["reported_rate_per_s"])

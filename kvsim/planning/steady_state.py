@@ -39,12 +39,13 @@ N requests, then again with 2N, 4N, …, until it moves less than `converge_tol`
 doubles, or the cap `max_requests` is reached (then `capped` says so).
 
 A rate found on runs of N requests can still be optimistic: a backlog that grows by well under 1 % of
-arrivals, or a queue whose waits creep up, passes N and fails 10 N (the report's default: 3.435 req/s
-passed 6,400 requests and missed p90 TTFT by 10 % at 64,000). With `verify_factor` k > 0 the search
-therefore ends with **verification**: the answer is run once more with k × its run length (at most
-`max_verify_requests`); while that long run fails, the rate backs off by `verify_backoff` (3 %) and
-the long run is repeated, at most `max_verify_tries` times. `rate` is then the rate that held in the
-long run (0, with `verified` False, when none did), and `evidence` that long run's.
+arrivals, or a queue whose waits creep up, passes N and fails 10 N (the report's default: 3.245 req/s
+passed 6,400 requests and missed p90 TTFT ≤ 2 s at 64,000, 2.12 s; 3.148 held, 0.39 s). With
+`verify_factor` k > 0 the search therefore ends with **verification**: the answer is run once more
+with k × its run length (at most `max_verify_requests`); while that long run fails, the rate backs
+off by `verify_backoff` (3 %) and the long run is repeated, at most `max_verify_tries` times. `rate`
+is then the rate that held in the long run (0, with `verified` False, when none did), and `evidence`
+that long run's.
 """
 
 from __future__ import annotations
@@ -254,7 +255,7 @@ class SteadyRateSearch:
     max_rate: float = math.inf  # a passing rate this high ends a level: nothing more is asked for
     min_rate: float = 0.0  # a failing rate this low ends the search: nothing useful passes
     verify_factor: int = 0  # > 0: the answer re-run with this × its run length, backed off until it holds
-    max_verify_requests: int = 64_000
+    max_verify_requests: int = 128_000
     verify_backoff: float = 0.03
     max_verify_tries: int = 8
     levels: list[Level] = field(default_factory=list)
@@ -424,7 +425,7 @@ def drive(searches: Sequence[SteadyRateSearch],
 def search_rates(make: Callable[[int, float, int], Any], num_items: int, slo: Mapping[str, float],
                  run: Callable[[list[Any]], Sequence[Mapping[str, Any]]], start_rate: float = 1.0,
                  num_requests: int = 400, max_requests: int = 12_800, verify_factor: int = 0,
-                 max_verify_requests: int = 64_000) -> list[SteadyRateSearch]:
+                 max_verify_requests: int = 128_000) -> list[SteadyRateSearch]:
     """The sustainable rate of `num_items` variants at once: `make(item, rate, num_requests)` builds a
     probe's scenario, `run(scenarios)` returns each one's `window_evidence` (a round's probes together);
     `verify_factor` > 0 re-runs each answer that much longer, backing off until it holds."""

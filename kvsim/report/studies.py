@@ -68,7 +68,7 @@ class StudyConfig:
     rate_requests: int = 400  # the steady-state rate search's first run length (it doubles until converged)
     rate_max_requests: int = 12_800  # ... up to this many requests per probe (the cap is reported when hit)
     rate_verify_factor: int = 10  # the answer re-run this many times longer, backed off 3 % until it holds
-    rate_max_verify_requests: int = 64_000  # ... with at most this many requests
+    rate_max_verify_requests: int = 128_000  # ... with at most this many (10 x rate_max_requests)
     saturate_max_requests: int = 20_000  # a request-bound saturated run is re-run with more, up to this
 
     @classmethod
