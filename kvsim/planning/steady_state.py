@@ -443,9 +443,9 @@ def search_rates(make: Callable[[int, float, int], Any], num_items: int, slo: Ma
 def failing_evidence(search: SteadyRateSearch) -> Mapping[str, Any] | None:
     """The evidence of the lowest failing probe at the answer's run length (what stopped the rate): the
     last failed long run's when verification backed off."""
-    failed = [run for run in search.long_runs if not run.passed]
-    if failed:
-        return failed[-1].evidence
+    failed_long = [run for run in search.long_runs if not run.passed]
+    if failed_long:
+        return failed_long[-1].evidence
     level = search.answer_level() or search.level
     failed = level.bound.failed
     return None if failed is None else search.results.get((level.num_requests, failed))
