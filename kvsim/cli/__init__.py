@@ -339,7 +339,8 @@ def plan(
                 typer.echo(f"gap to the floor, {r['candidate']}: {r['gap_breakdown']} (replicas at the traffic's "
                            f"rate, from the run behind the answer; {r['bound_binds']} floor binds)")
         typer.echo(f"{simulated} points simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
-                   f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests")
+                   f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests, "
+                   f"one replica more while that long run fails")
     else:
         writers = {Format.csv: rows_to_csv, Format.json: to_json, Format.markdown: rows_to_markdown}
         sys.stdout.write(writers[output_format](rows))

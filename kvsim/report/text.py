@@ -102,12 +102,17 @@ def prefix_text(sec: studies.Section) -> str:
             f"{on.prefix_cache_hit_rate:.1%}; sharing saves {on.sharing_saving:.1%} of the KV the requests map.")
 
 
+def _is(value: object, flag: bool) -> bool:
+    """A table's boolean cell (numpy bool, or NaN/None where missing) equals `flag`."""
+    return value is not None and bool(pd.notna(value)) and bool(value) is flag
+
+
 def _rate_evidence(row: pd.Series, cfg: studies.StudyConfig) -> str:
     """How a sustainable rate was established: run length, window, served/offered, percentile CI."""
     length = (f"capped at {int(row.requests_per_probe):,} requests a probe before two run lengths agreed within 2 %"
               if row.capped else f"stable to within 2 % from {int(row.requests_per_probe) // 2:,} to "
               f"{int(row.requests_per_probe):,} requests a probe")
-    if row.get("verified") is True:
+    if _is(row.get("verified"), True):
         backed = (f", after the search's {row.search_rate:g} req/s failed there and was backed off 3 % at a time"
                   if row.num_long_runs > 1 else "")
         length += (f"; then held in one run {int(row.verify_num_requests):,} requests long{backed}, the run "
@@ -139,7 +144,7 @@ def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfi
                      and pd.notna(rates.loc[a, "paging_multiplier"]))
     paged = rates.loc["paged"]
     if pd.isna(paged.max_rate_meeting_slo):
-        if paged.get("verified") is False:
+        if _is(paged.get("verified"), False):
             return (f"{intro} No Poisson rate is sustainable with paging under p90 TTFT ≤ {cfg.ttft_slo_s} s in a "
                     f"long run: the search's {paged.search_rate:g} req/s and {int(paged.num_long_runs) - 1} rates "
                     f"3 % apart below it each failed when run 10× longer (the last {paged.fails_by}).")
