@@ -90,3 +90,28 @@ def test_a_prompt_the_hybrid_pool_cannot_hold_whole_is_served_a_chunk_at_a_time(
     summary, prompts = result.summary, result.requests.prompt_tokens
     assert int((7 * -(-prompts // 16) > 4500).sum()) >= 1  # some prompts the pool cannot take whole
     assert summary["num_rejected"] == 0 and summary["num_finished"] == 20
+
+
+def test_a_pool_of_exactly_vllms_per_request_maximum_serves_the_longest_request():
+    """max_model_len 16,050 = a 16,000-token prompt + 50 outputs: vLLM's startup check asks for
+    cdiv(16,050, 16) = 1,004 full-group blocks + 6 sliding groups × (cdiv(1,023 + 8,192, 16) + 1 = 577)
+    = 4,466 blocks. A pool of exactly that (4,467 with the null block) must serve three such requests one
+    after another, chunk by chunk, the allocator's invariants checked every step: never a stall."""
+    from kvsim.engine.simulate import simulate
+    from kvsim.workload.scenario import make_scenario
+
+    scenario = make_scenario({
+        "name": "hybrid-tight", "model": "gemma-3-27b", "gpu": "h100-80gb", "steps": "none",
+        "engine": {"max_model_len": 16050, "num_gpu_blocks_override": 4467, "enable_prefix_caching": False},
+        "latency": {"model": "constant", "step_s": 0.01},
+        "workload": {"num_requests": 3, "arrival": {"process": "constant", "rate": 100.0},
+                     "prompt_len": {"dist": "fixed", "value": 16000}, "output_len": {"dist": "fixed", "value": 50}}})
+    summary = simulate(scenario, check=True).summary
+    assert summary["num_finished"] == 3 and summary["num_rejected"] == 0
+    raw = scenario.model_dump(mode="json")
+    # 4,466 blocks pass the startup check (blocks ≥ 4,466, as vLLM compares memory), but block 0 is the null
+    # block: 4,465 usable, one short of a request's maximum, so each is refused up front, never stalled
+    raw["engine"]["num_gpu_blocks_override"] = 4466
+    short = simulate(make_scenario(raw)).summary
+    assert short["num_rejected"] == 3 and list(short["reject_reasons"]) == [
+        f"needs {4466 * 16} KV slots, the pool has {4465 * 16}"]
