@@ -1,6 +1,7 @@
 """Does the report's sustainable rate hold when the traffic lasts? N vs 4N, and a run 10× longer.
 
     python benchmarks/steady_verify.py [--setting NAME ...] [--plan]
+    python benchmarks/steady_verify.py --plan-only | --long-only N [--setting NAME ...]
 
 For the report's default scenario (Llama-3.1-8B on one L4) and the three heavy settings of issue 20
 (Qwen3-32B on one H100; Llama-3.1-70B on 2×H200, TP 2, max_model_len 8,192; Qwen3-30B-A3B on one H100),
@@ -14,6 +15,10 @@ defaults, paged KV):
 - with `--plan`, `kvsim plan` (replica-count search) for traffic at 2.5× the verified rate (400 requests a
   probe, p90 TTFT ≤ 2 s), whose chosen fleet is re-run with 10× the requests and re-searched upwards
   while that long run fails (`kvsim.planning.plan`).
+
+`--plan-only` adds the plan to a stored setting; `--long-only N` runs its stored rate with N requests
+(backed off 3 % until it holds): the 70B and 30B-A3B searches are capped at 12,800 requests a probe, so
+their 10× run has 128,000 (stored as `long_runs_128000`; an earlier cap made their first long run 64,000).
 
 Each setting's evidence is merged into benchmarks/results/steady_verify.json (one key per setting), so
 settings can run as separate processes.
