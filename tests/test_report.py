@@ -101,9 +101,8 @@ def test_the_headline_rate_held_in_a_ten_times_longer_run(report_dir):
     assert bool(paged.verified) and paged.num_long_runs >= 1
     assert paged.verify_num_requests == min(10 * paged.requests_per_probe, quick.rate_max_verify_requests)
     assert paged.max_rate_meeting_slo <= paged.search_rate
-    # each long run backs off 3 %: the printed rate is the search's times 0.97 per failed long run
-    assert paged.max_rate_meeting_slo == pytest.approx(paged.search_rate * 0.97 ** (paged.num_long_runs - 1),
-                                                       abs=1e-4)
+    if paged.num_long_runs > 1:  # a long run failed: the printed rate is within one 3 % step of it
+        assert paged.first_failing_rate * 0.97 <= paged.max_rate_meeting_slo + 1e-4
     md = (report_dir / "report.md").read_text()
     assert f"then held in one run {int(paged.verify_num_requests):,} requests long" in md
 

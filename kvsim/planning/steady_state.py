@@ -43,9 +43,10 @@ arrivals, or a queue whose waits creep up, passes N and fails 10 N (the report's
 passed 6,400 requests and missed p90 TTFT ≤ 2 s at 64,000, 2.12 s; 3.148 held, 0.39 s). With
 `verify_factor` k > 0 the search therefore ends with **verification**: the answer is run once more
 with k × its run length (at most `max_verify_requests`); while that long run fails, the rate backs
-off by `verify_backoff` (3 %) and the long run is repeated, at most `max_verify_tries` times. `rate`
-is then the rate that held in the long run (0, with `verified` False, when none did), and `evidence`
-that long run's.
+off, 3 % (`verify_backoff`) the first time and twice as far each next time, and once a long run holds
+it is bisected against the lowest failed one to within 3 % (at most `max_verify_tries` long runs).
+`rate` is then the highest rate a long run held (0, with `verified` False, when none did), and
+`evidence` that long run's.
 """
 
 from __future__ import annotations
@@ -257,7 +258,7 @@ class SteadyRateSearch:
     verify_factor: int = 0  # > 0: the answer re-run with this × its run length, backed off until it holds
     max_verify_requests: int = 128_000
     verify_backoff: float = 0.03
-    max_verify_tries: int = 8
+    max_verify_tries: int = 12
     levels: list[Level] = field(default_factory=list)
     results: dict[tuple[int, float], Any] = field(default_factory=dict)
     long_runs: list[LongRun] = field(default_factory=list)  # the verification runs, in order
@@ -289,20 +290,26 @@ class SteadyRateSearch:
         """Whether a long run held the answer (None: no verification asked for, or nothing to verify)."""
         if not self.long_runs:
             return None
-        return self.long_runs[-1].passed
+        return any(run.passed for run in self.long_runs)
+
+    def _best_long_run(self) -> LongRun | None:
+        held = [run for run in self.long_runs if run.passed]
+        return max(held, key=lambda run: run.rate) if held else None
 
     @property
     def rate(self) -> float:
-        """The answer: the rate the long run held when verifying (0 if none held), else `search_rate`."""
+        """The answer: the highest rate a long run held when verifying (0 if none held), else `search_rate`."""
         if self.long_runs:
-            return self.long_runs[-1].rate if self.long_runs[-1].passed else 0.0
+            best = self._best_long_run()
+            return best.rate if best else 0.0
         return self.search_rate
 
     @property
     def evidence(self) -> Any:
         """The evidence behind `rate`: the long run's when verifying, else the passing probe's (None: none)."""
         if self.long_runs:
-            return self.long_runs[-1].evidence if self.long_runs[-1].passed else None
+            best = self._best_long_run()
+            return best.evidence if best else None
         level = self.answer_level()
         return level.bound.result if level else None
 
@@ -345,16 +352,26 @@ class SteadyRateSearch:
         return rate, self.level.num_requests
 
     def _next_long_run(self) -> tuple[float, int] | None:
-        """The next verification run (rate, requests), or None: not asked for, nothing to verify, or done."""
+        """The next verification run (rate, requests), or None: not asked for, nothing to verify, or done.
+
+        Back-off: while every long run failed, each step down is twice the last (3 %, 6 %, 12 %, … of the
+        lowest failed rate, at most half); once one held, bisect between it and the lowest failed rate
+        until they are within one first step (`verify_backoff`). So a short search that was 3 % optimistic
+        costs one more long run, and one that was 30 % optimistic a handful, not a rate of 0."""
         if not self.verify_factor or self.search_rate <= 0 or self.search_rate < self.min_rate:
             return None
+        held = [run.rate for run in self.long_runs if run.passed]
+        failed = [run.rate for run in self.long_runs if not run.passed]
         if not self.long_runs:
             rate = self.search_rate
-        else:
-            last = self.long_runs[-1]
-            if last.passed or len(self.long_runs) >= self.max_verify_tries:
+        elif len(self.long_runs) >= self.max_verify_tries:
+            return None
+        elif held:
+            if not failed or min(failed) * (1 - self.verify_backoff) <= max(held) * (1 + 1e-9):
                 return None
-            rate = last.rate * (1 - self.verify_backoff)
+            rate = math.sqrt(max(held) * min(failed))
+        else:
+            rate = min(failed) * (1 - min(0.5, self.verify_backoff * 2 ** (len(failed) - 1)))
         level = self.answer_level()
         assert level is not None
         self._pending, self._verifying = rate, True
@@ -445,7 +462,7 @@ def failing_evidence(search: SteadyRateSearch) -> Mapping[str, Any] | None:
     last failed long run's when verification backed off."""
     failed_long = [run for run in search.long_runs if not run.passed]
     if failed_long:
-        return failed_long[-1].evidence
+        return min(failed_long, key=lambda run: run.rate).evidence
     level = search.answer_level() or search.level
     failed = level.bound.failed
     return None if failed is None else search.results.get((level.num_requests, failed))

@@ -113,8 +113,8 @@ def _rate_evidence(row: pd.Series, cfg: studies.StudyConfig) -> str:
               if row.capped else f"stable to within 2 % from {int(row.requests_per_probe) // 2:,} to "
               f"{int(row.requests_per_probe):,} requests a probe")
     if _is(row.get("verified"), True):
-        backed = (f", after the search's {row.search_rate:g} req/s failed there and was backed off 3 % at a time"
-                  if row.num_long_runs > 1 else "")
+        backed = (f", after the search's {row.search_rate:g} req/s failed there and was backed off (3 %, then "
+                  "doubling steps, then bisected to within 3 %)" if row.num_long_runs > 1 else "")
         length += (f"; then held in one run {int(row.verify_num_requests):,} requests long{backed}, the run "
                    "the figures below come from")
     ci = ""
@@ -146,8 +146,8 @@ def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfi
     if pd.isna(paged.max_rate_meeting_slo):
         if _is(paged.get("verified"), False):
             return (f"{intro} No Poisson rate is sustainable with paging under p90 TTFT ≤ {cfg.ttft_slo_s} s in a "
-                    f"long run: the search's {paged.search_rate:g} req/s and {int(paged.num_long_runs) - 1} rates "
-                    f"3 % apart below it each failed when run 10× longer (the last {paged.fails_by}).")
+                    f"long run: the search's {paged.search_rate:g} req/s and {int(paged.num_long_runs) - 1} lower "
+                    f"rates each failed when run 10× longer (the lowest {paged.fails_by}).")
         return (f"{intro} No Poisson rate is sustainable with paging under p90 TTFT ≤ {cfg.ttft_slo_s} s: even "
                 f"at the lowest probed rate the probe {paged.fails_by}.")
     cost = ""

@@ -157,7 +157,8 @@ class StepTotals:
         self.num_steps += int(dt.size)
         self.end_s = max(self.end_s, float((col("time_s") + dt).max()))
         self.dt += float(dt.sum())
-        self.prefill_tokens += int(col("num_prefill_tokens").sum())
+        if "num_prefill_tokens" in steps:  # a hand-made table may leave the token counts out
+            self.prefill_tokens += int(col("num_prefill_tokens").sum())
         running = col("vllm:num_requests_running").astype(np.float64)
         self.max_running = max(self.max_running, int(running.max()))
         self.running_dt += float((running * dt).sum())
