@@ -39,3 +39,35 @@ def test_a_small_pool_makes_kv_bind():
 def test_refused_requests_are_left_out():
     floor = replica_floor(world(prompt=2000, max_model_len=1024), 100.0)
     assert floor.num_requests == 0 and floor.replicas == 1
+
+
+def test_the_gap_breakdown_sums_to_the_replicas_and_is_right_by_hand():
+    """One replica, evenly spaced arrivals at 2 req/s (0.5 s apart), the world above: each request runs alone,
+    its 64-token prompt in one step (which yields the first token) and 19 decode steps: 20 steps of τ, 0.2 s
+    of steps a request (w). The floor prices it at w_min = 64·τ/512 + 20·τ/8 = 26.25 ms. At λ = 2 req/s:
+    compute floor 2 · 26.25 ms = 0.0525 replicas; busy 2 · 0.2 = 0.4, so batching (one sequence a step
+    where 8 fit) 0.4 − 0.0525 = 0.3475; nothing preempted, nothing recomputed; idle 1 − 0.4 = 0.6. They sum
+    to the one replica; the KV floor is 2 · 19 · 74 · τ / 6400 slots; the gap to the binding (compute)
+    floor is 1 − 0.0525."""
+    from kvsim.planning.bounds import GAP_PARTS, gap_breakdown, gap_text
+    from kvsim.planning.plan import point_metrics
+
+    raw = world().model_dump(mode="json")
+    raw["workload"]["arrival"] = {"process": "constant", "rate": 2.0}
+    raw.update(replicas=1, steps="none")
+    scenario = make_scenario(raw)
+    metrics = point_metrics(scenario)
+    floor = replica_floor(scenario, 2.0)
+    work = metrics["work"]
+    parts = gap_breakdown(floor, 1, work["busy_replica_s"], metrics["num_finished"], work["recomputed_tokens"])
+    assert work["busy_replica_s"] == pytest.approx(50 * 20 * 0.01)
+    assert work["recomputed_tokens"] == 0
+    assert parts["compute_floor"] == pytest.approx(0.0525)
+    assert parts["batching"] == pytest.approx(0.3475)
+    assert parts["preemption"] == 0.0
+    assert parts["idle"] == pytest.approx(0.6)
+    assert sum(parts[k] for k in GAP_PARTS) == pytest.approx(1.0)
+    assert parts["kv_floor"] == pytest.approx(2 * 19 * 74 * 0.01 / 6400)
+    assert parts["gap"] == pytest.approx(1 - 0.0525)
+    assert gap_text(parts, 1) == "1 replicas = compute floor 0.05 + batching 0.35 + preemption 0.00 + idle 0.60; " \
+                                 "KV floor 0.00"

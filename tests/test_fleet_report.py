@@ -115,3 +115,28 @@ def test_a_mostly_unservable_trace_is_said_in_one_line_and_not_sized():
     text = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame()}, facts), None)
     assert text == ("236 of the first 300 Mooncake requests (79%) are longer than max_model_len 2,048: this engine "
                     "cannot serve this trace, so no fleet is sized for it.")
+
+
+def test_the_fleet_section_quotes_the_gap_breakdown_of_the_floor():
+    """With a floor and the plan's gap breakdown in the table, the sentence on the floor quotes the parts."""
+    from kvsim.report.studies import Section
+    from kvsim.report.text import fleet_text
+    from kvsim.workload.scenario import load_scenario
+
+    class St:  # what fleet_text reads of a Study
+        base = load_scenario(None, ["model=opt-13b", "engine.max_model_len=2048"])
+        model = type("M", (), {"name": "opt-13b"})
+        gpu = type("G", (), {"name": "a100-40gb"})
+
+    gap = "3 replicas = compute floor 1.26 + batching 1.76 + preemption 0.00 - idle 0.02; KV floor 1.21"
+    rows = [{"router": r, "replicas": 3, "prefix_cache_hit_rate": 0.3, "ttft_p50_s": 0.19, "ttft_p90_s": 0.40,
+             "queue_p90_s": 0.19, "prompt_tokens_computed": 8797, "requests_per_replica_max": 60,
+             "replicas_for_slo": 3, "cost_per_hour_for_slo": None, "floor_replicas": 2, "floor_binds": "compute",
+             "replicas_over_floor": 1.5, "gap_breakdown": gap} for r in ("round_robin", "least_outstanding",
+                                                                         "affinity")]
+    facts = {"num_requests": 60, "span_s": 15.0, "mean_prompt_tokens": 1200.0, "max_model_len": 2048,
+             "max_model_len_by_pool": False, "num_too_long": 0, "floor_ttft_p90_s": 0.18, "floor_queue_p99_s": 0.0,
+             "unbounded_hit_rate": 0.3, "ttft_target_s": 2.0, "slo_s": 2.0, "max_replicas": 8,
+             "price_source": "none"}
+    text = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame(rows)}, facts), St)
+    assert "least outstanding needs 1.5× that, made of (from that fleet's own run" in text and gap in text

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from kvsim.cli import app
 from kvsim.fleet.driver import simulate_fleet
 from kvsim.model.errors import KvsimError
+from kvsim.planning.bounds import GAP_PARTS
 from kvsim.planning.plan import Candidate, make_plan_spec, plan
 from kvsim.workload.scenario import make_scenario
 
@@ -123,6 +124,9 @@ def test_plan_command_writes_the_ranked_table_and_figure(tmp_path):
     assert rows[0]["cost_per_hour"] <= rows[1]["cost_per_hour"]
     for name in ("plan.csv", "plan.json", "plan.md", "pareto.png", "points.jsonl"):
         assert (out / name).stat().st_size > 0
+    for r in rows:  # the gap's parts, from the run behind the answer, add up to the replicas chosen
+        assert sum(r[f"gap_{k}"] for k in GAP_PARTS) == pytest.approx(r["replicas"])
+        assert r["gap_breakdown"].startswith(f"{r['replicas']} replicas = compute floor ")
 
 
 def test_rate_search_sizes_the_fleet_that_a_brute_force_rate_sweep_sizes(tmp_path):

@@ -29,3 +29,34 @@ def test_tp_counts_in_gpus_and_cost(tmp_path):
                            "gpu_hourly_cost": {"h100-80gb": 2.0}})
     (row,) = plan(toy(), spec, tmp_path)[0]
     assert row["num_gpus"] == 2 * row["replicas"] and row["cost_per_hour"] == pytest.approx(4.0 * row["replicas"])
+
+
+def dd_fleet(num_requests: int):
+    """D/D/c: evenly spaced arrivals at 40.2 req/s, round robin, constant 10 ms steps, 64-token prompts
+    (one step, which also yields the first token), 20-token replies, at most 4 running per replica."""
+    from kvsim.workload.scenario import make_scenario
+
+    return make_scenario({
+        "name": "ddc", "steps": "none", "router": {"policy": "round_robin"},
+        "engine": {"max_num_seqs": 4, "max_model_len": 1024, "num_gpu_blocks_override": 20_000},
+        "latency": {"model": "constant", "step_s": 0.01},
+        "workload": {"num_requests": num_requests, "arrival": {"process": "constant", "rate": 40.2},
+                     "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 20}}})
+
+
+def test_a_fleet_the_short_probe_flatters_is_re_searched_in_long_runs(tmp_path):
+    """A replica holds a request in one of its 4 slots for 20 steps: capacity 4 / (20 · 10 ms) = 20 req/s.
+    Two replicas get 20.1 req/s each, 0.5 % over: the backlog grows by 0.1 request a second, under the
+    1 % trend tolerance, so only the waits tell. A request arriving t s into the run waits about
+    0.1·t / 20 = t / 200 s. The window's p90 arrival sits at about 0.83 of the arrival span (window
+    [0.2, 0.9) of it): with 400 requests (span 10 s) p90 TTFT ≈ 0.04 s + a step or two, within 0.2 s;
+    with 4,000 (100 s) ≈ 0.41 s, over it. One replica (40.2 req/s on 20) is overloaded; three (13.4 each)
+    never queue. So the probes choose 2, the 10× run refuses 2, and the next count, 3, holds."""
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 0.2}, "gpus": ["h100-80gb"], "max_replicas": 8,
+                           "router": "round_robin"})
+    (row,) = plan(dd_fleet(400), spec, tmp_path)[0]
+    assert row["searched_replicas"] == 2 and row["replicas"] == 3 and row["verified"] is True
+    assert row["verify_attempts"] == "2 failed, 3 held" and row["verify_num_requests"] == 4000
+    # three replicas never queue: TTFT is the wait for the next step boundary (< 10 ms) plus one 10 ms step
+    assert row["verify_ttft_s.p90"] <= 0.02 + 1e-9
+    assert "in the long run at 2 replicas" in row["limiting_factor"]

@@ -93,6 +93,21 @@ def test_report_words_follow_the_data(report_dir):
     assert "as of 2026-03-10" in md
 
 
+def test_the_headline_rate_held_in_a_ten_times_longer_run(report_dir):
+    """The sustainable rate the report prints is one whose long run (10x the converged probe length, at most
+    --quick's 3,200 requests) held: verified, and the sentence says so with that run's length."""
+    rates = pd.read_csv(report_dir / "sustained_rate.csv").set_index("allocator")
+    paged = rates.loc["paged"]
+    quick = StudyConfig.quick()
+    assert bool(paged.verified) and paged.num_long_runs >= 1
+    assert paged.verify_num_requests == min(10 * paged.requests_per_probe, quick.rate_max_verify_requests)
+    assert paged.max_rate_meeting_slo <= paged.search_rate
+    if paged.num_long_runs > 1:  # a long run failed: the printed rate is within one 3 % step of it
+        assert paged.first_failing_rate * 0.97 <= paged.max_rate_meeting_slo + 1e-4
+    md = (report_dir / "report.md").read_text()
+    assert f"then held in one run {int(paged.verify_num_requests):,} requests long" in md
+
+
 def test_fleet_section_counts_the_trace_and_quotes_its_table(report_dir):
     """The refused prompts are counted from the shipped JSONL here (max_model_len = the pool's tokens, worked
     from capacity.csv); the hit rates and TTFTs in the words are the table's."""

@@ -124,6 +124,48 @@ def test_search_reports_the_cap_when_it_cannot_converge():
     assert s.capped and not s.converged and s.summary()["num_requests"] == 800
 
 
+def test_verification_backs_off_until_the_long_run_holds():
+    """The probe passes below 7.3 · (1 + 50/n): the search converges where doubling n moves the answer
+    < 2 % (n_c requests), i.e. at about 7.3 · (1 + 50/n_c), which a run of 10·n_c requests, passing only
+    below 7.3 · (1 + 5/n_c), refuses. The first step back is 3 %; the answer is the highest rate a long
+    run held, with a failed long run at most one 3 % step above it, so it is within 3 % of the limit."""
+    s = threshold_search(7.3, noise=50.0, verify_factor=10, max_verify_requests=10**9)
+    n_c = s.answer_level().num_requests
+    limit = 7.3 * (1 + 50 / (10 * n_c))
+    assert s.long_runs[0].rate == s.search_rate > limit and not s.long_runs[0].passed
+    assert s.long_runs[1].rate == pytest.approx(s.search_rate * 0.97)
+    assert s.verified and s.rate <= limit < s.failed_rate and s.failed_rate * 0.97 <= s.rate * (1 + 1e-9)
+    assert all(run.passed == (run.rate <= limit) for run in s.long_runs)
+    assert s.summary()["rate_per_s"] == s.rate and s.summary()["verified"] is True
+
+
+def test_a_far_too_optimistic_search_backs_off_in_growing_steps_then_bisects():
+    """Short runs pass below 10, long runs (≥ 1,000 requests) only below 6: the search answers about 10,
+    40 % too high. Steps of 3, 6, 12, 24 % from the lowest failure reach 10 · 0.97 · 0.94 · 0.88 · 0.76
+    ≈ 6.1 (fails) then 6.1 · 0.52 ≈ 3.2 (holds); bisection then closes to within 3 % of 6."""
+    search = SteadyRateSearch(start_rate=1.0, num_requests=100, verify_factor=10)
+
+    def run(batch):
+        return [(rate <= (6.0 if n >= 1000 else 10.0), None) for _, rate, n in batch]
+
+    drive([search], run)
+    assert search.search_rate == pytest.approx(10.0, rel=0.05) and search.verified
+    assert search.rate <= 6.0 < search.failed_rate <= search.rate / 0.97 * (1 + 1e-9)
+    assert len(search.long_runs) <= search.max_verify_tries
+
+
+def test_verification_that_never_holds_gives_no_rate():
+    """A long run that always fails: max_verify_tries rates 3 % apart are tried, then the answer is 0."""
+    search = SteadyRateSearch(start_rate=1.0, num_requests=100, verify_factor=10, max_verify_tries=3)
+
+    def run(batch):
+        return [(n < 1000 and rate <= 4.0, None) for _, rate, n in batch]
+
+    drive([search], run)
+    assert len(search.long_runs) == 3 and search.verified is False and search.rate == 0.0
+    assert search.evidence is None and search.search_rate > 0
+
+
 def analytic_scenario(rate: float, num_requests: int, batch_cap: int, step_s: float, output_len: int):
     return make_scenario({
         "name": "analytic", "model": "llama-3.1-8b", "gpu": "h100-80gb", "steps": "none",

@@ -139,9 +139,13 @@ def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> No
             typer.echo(f"memory: {r['candidate']}: {r['limiting_factor']}")
         elif r.get("verify_memory"):
             typer.echo(f"memory: {r['candidate']}: not verified: {r['verify_memory']}")
+        if r.get("gap_breakdown"):
+            typer.echo(f"gap to the floor, {r['candidate']}: {r['gap_breakdown']} (replicas at the traffic's "
+                       f"rate, from the run behind the answer; {r['bound_binds']} floor binds)")
     typer.echo(chosen_text(rows))
     typer.echo(f"{simulated} points simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
-               f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests")
+               f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests, "
+               f"one replica more while that long run fails")
 
 
 def chosen_text(rows: list[dict]) -> str:

@@ -71,7 +71,8 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     streamed = writer is not None and scenario.steps == "all"
     return RunResult(scenario=scenario, request_columns=request_columns,
                      step_columns=None if streamed else steps.kept_columns(), summary=summary,
-                     steps_path=steps_path if streamed else None)
+                     steps_path=steps_path if streamed else None, busy_s=steps.totals.dt,
+                     num_prefill_tokens=steps.totals.prefill_tokens)
 
 
 def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,

@@ -18,6 +18,11 @@ keeps its own block table per sequence, and all groups draw block ids from one `
   current chunk's start. The hit is the longest length every type accepts (iterated to a fixed
   point). A block hits for a type only if every group of that type has it cached.
 * Blocks of one request are freed group by group, each tail-first.
+* Admission (scheduler v1) asks for the first chunk only, as vLLM v1's scheduler calls
+  `allocate_slots(request, num_new_tokens)` with the chunk the token budget allows
+  (`admits_by_chunk`): a prompt longer than the pool could hold in every group at once is
+  served a chunk at a time while its windows free blocks behind it. What can never be served
+  is what vLLM's startup check counts: more than `blocks_per_request` blocks (`region_slots`).
 * `allocate` is all-or-nothing. Parallel sampling (fork) and swap are not supported (vLLM v1
   has neither for hybrid models); decode bursts are off (`supports_bursts`).
 
@@ -65,6 +70,7 @@ class GroupedPagedAllocator(PoolSlots):
     num_copy_on_writes = 0
     shares_blocks = True  # not used: fork is refused
     supports_bursts = False
+    admits_by_chunk = True  # as vLLM v1's allocate_slots: the first chunk's blocks, the window freeing behind
     cpu_pool = None
 
     def __init__(self, num_blocks: int, layout: KVLayout, max_num_batched_tokens: int,
@@ -104,15 +110,7 @@ class GroupedPagedAllocator(PoolSlots):
         return num_samples * self.region_slots(final_num_tokens)
 
     def never_fits_reason(self, final_num_tokens: int, prompt_len: int | None = None) -> str | None:
-        """Admission takes the whole prompt in every group at once (`_plan` for a new sequence: before a
-        window frees anything), so a prompt the empty pool cannot take that way would wait forever at the
-        head of the queue: refuse it. (vLLM v1 allocates a chunk at a time and could serve it.)"""
-        if prompt_len is None:
-            return None
-        blocks = len(self.groups) * ceil_div(prompt_len, self.block_size)
-        if blocks > self.pool.num_usable_blocks:
-            return (f"prompt_len {prompt_len} takes {blocks} blocks in {len(self.groups)} KV groups at admission, "
-                    f"the pool has {self.pool.num_usable_blocks}")
+        """Nothing beyond the scheduler's own check (`region_slots` against the pool): admission is per chunk."""
         return None
 
     # ------------------------------------------------------------ prefix cache

@@ -20,8 +20,23 @@ steps, and a decode step lasts at least t_1 (one sequence: the fastest step), so
 layers; the pool is then counted in full-context tokens, as its blocks are.)
 
 Requests the engine refuses (prompt + output over max_model_len) are left out, as they are never served.
-`simulated ÷ replicas` then says how far the simulated fleet sits above the floor: queueing for the
-SLO, batching limits, fragmentation and preemption are the gap.
+
+**The gap, from the run's own counters** (`gap_breakdown`). A fleet of R replicas that ran n requests
+with B replica-seconds of steps in all (every replica's step times summed) spends w = B ÷ n
+replica-seconds per request, against the floor's w_min; at the traffic's rate λ it keeps λ·w replicas
+busy, and the rest, R − λ·w, idle. So, exactly,
+
+    R = λ·w_min                      compute floor (every token at its best batch)
+      + λ·(w − w_min) − recompute    batching: steps below the best batch (too little load, max_num_seqs,
+                                     or the KV pool capping the batch); negative where mixed prefill and
+                                     decode steps share weight reads the floor prices apart
+      + recompute                    preemption: λ · (prefill tokens computed beyond each prompt's uncached
+                                     part, per request) · the floor's cost of a prompt token
+      + (R − λ·w)                    idle: capacity held back so queues stay within the SLO (and the
+                                     warm-up and drain of a finite run), and the count rounded up
+
+and the gap to the floor that binds is R − max(compute, kv). The KV floor stands beside it: when it
+binds, the KV pool is what caps the batch, and its cost shows up as batching.
 """
 
 from __future__ import annotations
@@ -43,6 +58,8 @@ class ReplicaFloor:
     compute_replicas: float
     kv_replicas: float
     num_requests: int  # the servable requests the mean lengths come from
+    prompt_token_s: float = 0.0  # replica-seconds a prompt token costs at best (a full chunk's step ÷ its tokens)
+    output_token_s: float = 0.0  # ... and an output token (a full decode step ÷ its sequences)
 
     @property
     def replicas(self) -> int:
@@ -79,4 +96,35 @@ def replica_floor(scenario: Scenario, rate_per_s: float) -> ReplicaFloor:
     work_s = float(np.mean(prompts * per_prompt_token_s + outputs * per_output_token_s))
     held_token_s = float(np.mean(latency.step_time(single) * np.maximum(outputs - 1, 0) * (prompts + outputs / 2)))
     pool_tokens = (spec.num_gpu_blocks - 1) * engine.block_size
-    return ReplicaFloor(rate_per_s, rate_per_s * work_s, rate_per_s * held_token_s / pool_tokens, len(requests))
+    return ReplicaFloor(rate_per_s, rate_per_s * work_s, rate_per_s * held_token_s / pool_tokens, len(requests),
+                        per_prompt_token_s, per_output_token_s)
+
+
+GAP_PARTS = ("compute_floor", "batching", "preemption", "idle")
+
+
+def gap_breakdown(floor: ReplicaFloor, replicas: int, busy_replica_s: float, num_served: int,
+                  recomputed_tokens: int) -> dict[str, float]:
+    """`replicas` split into `GAP_PARTS` (they sum to it), from a run of the fleet: `busy_replica_s` (its
+    step times summed over replicas), `num_served` requests it finished, `recomputed_tokens` (prefill tokens
+    computed beyond each prompt's uncached part: preemption's recompute). Also `kv_floor` and `gap` (replicas
+    − the binding floor), all in replicas at the floor's rate. Empty when the run served nothing."""
+    if num_served <= 0:
+        return {}
+    rate = floor.rate_per_s
+    busy = rate * busy_replica_s / num_served
+    preemption = rate * recomputed_tokens / num_served * floor.prompt_token_s
+    parts = {"compute_floor": floor.compute_replicas, "batching": busy - floor.compute_replicas - preemption,
+             "preemption": preemption, "idle": replicas - busy}
+    return {**parts, "kv_floor": floor.kv_replicas,
+            "gap": replicas - max(floor.compute_replicas, floor.kv_replicas)}
+
+
+def gap_text(parts: dict[str, float], replicas: int | None) -> str:
+    """One line: 'R = compute floor a + batching b + preemption c + idle d; KV floor e' (empty: no parts)."""
+    if not parts or not replicas:
+        return ""
+    first, *rest = GAP_PARTS
+    terms = f"{first.replace('_', ' ')} {parts[first]:.2f}" + "".join(
+        f" {'-' if parts[name] < 0 else '+'} {name} {abs(parts[name]):.2f}" for name in rest)
+    return f"{replicas} replicas = {terms}; KV floor {parts['kv_floor']:.2f}"

@@ -12,7 +12,8 @@ replicas, less load each), which holds for the load-aware routers and round robi
 
 A count passes only when its fleet is stable and meets every SLO over the steady-state
 measurement window (`kvsim.planning.steady_state`); the chosen count is then re-run with 10×
-the requests (`kvsim.planning.verify`: `verified` and `verify_*` columns).
+the requests, and while that long run fails, one replica more is tried long (`kvsim.planning.verify`:
+`replicas` is the count that held, `searched_replicas` the probes' answer, `verified`, `verify_*`).
 
 For each candidate the table gives the cost per hour (replicas × TP × the GPU's hourly
 price: the planner's, or the shipped list's, `price_source`), GPUs, replicas, the headroom
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError
-from kvsim.planning.bounds import replica_floor
+from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica_floor
 from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_price
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traffic
@@ -122,8 +123,15 @@ def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> 
     keep = ("num_replicas", "num_gpus", "num_requests", "num_finished", "num_rejected", "duration_s",
             "requests_per_s", "output_tokens_per_s", "num_preemptions", "kv_cache_usage_mean",
             "prefix_cache_hit_rate", "offered_rate_per_s")
-    # the SLOs are judged on `evidence` (the steady-state window), never on the whole run's percentiles
-    return {**{key: summary[key] for key in keep}, "evidence": window_evidence(result.requests)}
+    requests = result.requests
+    servable = requests["status"] != "rejected"
+    uncached = int((requests["prompt_tokens"] - requests["prefix_hit_tokens"])[servable].sum())
+    prefill = sum(run.num_prefill_tokens for run in result.replicas)
+    # the SLOs are judged on `evidence` (the steady-state window), never on the whole run's percentiles;
+    # busy time and recomputed tokens are what the gap to the floor is made of (`kvsim.planning.bounds`)
+    return {**{key: summary[key] for key in keep}, "evidence": window_evidence(requests),
+            "work": {"busy_replica_s": sum(run.busy_s for run in result.replicas),
+                     "recomputed_tokens": max(0, prefill - uncached)}}
 
 
 @dataclass(slots=True)
@@ -213,41 +221,57 @@ class ReplicaSearch:
             return f"{most + 1} replicas", self._fleet(most + 1, self.num_requests)
         return self._longer
 
+    def answer_metrics(self) -> Metrics | None:
+        """The run behind the answer: the long run that held, else the probe at the searched count."""
+        best = self._fewest_ok()
+        if self.verify.held:
+            return self.verify.metrics
+        return self.results.get(best) if best is not None and not self.verify.attempts else None
+
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
-        """This candidate's line of the plan table."""
+        """This candidate's line of the plan table: `replicas` is the count whose long run held."""
         best, slo = self._fewest_ok(), self.spec.slo
         block = self.memory_block()
         c = self.candidate
         row: dict[str, Any] = {"candidate": c.label, "gpu": c.gpu, "tensor_parallel_size": c.tensor_parallel_size,
                                **{k: v for k, v in c.knobs}, "feasible": best is not None,
-                               "memory_limited": False, "memory_bound_replicas": self.cap}
+                               "memory_limited": False, "memory_bound_replicas": self.cap, "searched_replicas": best}
         if block is not None and not self.results:  # not even one replica fits in memory
             return {**row, "memory_limited": True, "replicas": None, "num_gpus": None, "cost_per_hour": None,
                     "headroom": None, "limiting_factor": bounded_by_memory(self.memory.over(*block)),
                     **self.verify.columns()}
-        if best is None:
-            most = max(self.results)
-            worst = self.results[most]
-            limiting = f"{why_failed(worst['evidence'], slo)} even at {most} replicas"
-            if block is not None:
+        replicas = self.verify.replicas(best)
+        if best is None or replicas is None:
+            count = max(self.results) if best is None else best
+            worst = self.results[count] if best is None else self.verify.attempts[-1][1]
+            why = (f"{why_failed(worst['evidence'], slo)} even at {count} replicas" if best is None else
+                   f"the long run {why_failed(worst['evidence'], slo)} even at {self.verify.attempts[-1][0]} "
+                   f"replicas ({best} passed the probes)")
+            over = (self.memory.over(*block) if block is not None else self.verify.memory_note)
+            if over is not None:  # memory kept the search (or the next long run) from a larger count
                 row["memory_limited"] = True
-                limiting += "; " + bounded_by_memory(self.memory.over(*block))
-            return {**row, "replicas": None, "num_gpus": None, "requests_per_probe": self.num_requests,
-                    "cost_per_hour": None, "headroom": headroom(worst["evidence"], slo), "limiting_factor": limiting,
-                    "rate_per_replica": None, **evidence_columns(worst["evidence"], slo), **self.verify.columns()}
+                why += "; " + bounded_by_memory(over)
+            return {**row, "feasible": False, "replicas": None, "num_gpus": None,
+                    "requests_per_probe": self.num_requests, "cost_per_hour": None,
+                    "headroom": headroom(worst["evidence"], slo), "limiting_factor": why,
+                    "rate_per_replica": None, **evidence_columns(self.results[count]["evidence"], slo),
+                    **self.verify.columns()}
         metrics = self.results[best]
-        below = self.results.get(best - 1)
-        if below is None:
+        failed_long = [(n, m) for n, m in self.verify.attempts if n < replicas]
+        below = failed_long[-1] if failed_long else (best - 1, self.results.get(best - 1))
+        if below[1] is None:
             limiting = "none: one replica meets every SLO"
         else:
-            cause = "KV memory (preempting)" if below["num_preemptions"] else "compute (queueing)"
-            limiting = f"{why_failed(below['evidence'], slo)} at {best - 1} replicas: {cause}"
-        num_gpus = best * c.tensor_parallel_size
-        return {**row, "replicas": best, "num_gpus": num_gpus, "requests_per_probe": self.num_requests,
-                "output_tokens_per_s": metrics["output_tokens_per_s"],
+            cause = "KV memory (preempting)" if below[1]["num_preemptions"] else "compute (queueing)"
+            run = "in the long run " if failed_long else ""
+            limiting = f"{why_failed(below[1]['evidence'], slo)} {run}at {below[0]} replicas: {cause}"
+        num_gpus = replicas * c.tensor_parallel_size
+        return {**row, "feasible": True, "replicas": replicas, "num_gpus": num_gpus,
+                "requests_per_probe": self.num_requests,
+                "output_tokens_per_s": (self.answer_metrics() or metrics)["output_tokens_per_s"],
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
-                "headroom": headroom(metrics["evidence"], slo), "limiting_factor": limiting,
-                "rate_per_replica": metrics["offered_rate_per_s"] / best,
+                "headroom": headroom((self.verify.metrics or metrics)["evidence"], slo), "limiting_factor": limiting,
+                "rate_per_replica": metrics["offered_rate_per_s"] / replicas,
                 **evidence_columns(metrics["evidence"], slo), **self.verify.columns()}
 
 
@@ -274,7 +298,7 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
         XpydSearch(c, base, spec) if c.split is not None else
         RateSearch(c, base, spec, offered_rate_per_s(base)) if spec.search == "rate" else ReplicaSearch(c, base, spec)
         for c in candidates(spec)]
-    store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence",))
+    store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence", "work"))
     evaluate = partial(point_metrics, memory_limit_bytes=spec.memory_limit_bytes)
     simulated = run_searches(searches, evaluate, store, client, on_point)
     # xpyd: [auto]: then the splits no larger than each shape's colocated answer
@@ -293,11 +317,13 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
             tokens_per_s = s.verify.metrics["output_tokens_per_s"]
         shape = Candidate(c.gpu, c.tensor_parallel_size, c.knobs)  # the floor counts colocated replicas
         floor = replica_floor(shape.scenario(base, 1, spec.router), target_rate_per_s)
+        gap = answer_gap(floor, row["replicas"], s.answer_metrics())
         rows.append({"topology": "colocated", **row, "output_tokens_per_s": tokens_per_s,
                      "usd_per_million_output_tokens": cost_per_million_output_tokens(
                          price, row["num_gpus"], tokens_per_s) if row["feasible"] and tokens_per_s else None,
                      "lower_bound_replicas": floor.replicas, "bound_binds": floor.binds,
                      "replicas_over_bound": round(row["replicas"] / floor.replicas, 3) if row["replicas"] else None,
+                     **{f"gap_{k}": v for k, v in gap.items()}, "gap_breakdown": gap_text(gap, row["replicas"]),
                      "price_source": price.source})
     return rank(rows), simulated
 
@@ -314,6 +340,14 @@ def note_memory_limited(searches: Sequence[ReplicaSearch | RateSearch | XpydSear
         key = f"{scenario_hash(scenario)}-memory-{memory.limit_bytes}"
         store.note(key, scenario.name, {"verdict": "memory_limited", "memory_bytes": memory.needed_bytes(scenario),
                                         "memory_limit_bytes": memory.limit_bytes})
+
+
+def answer_gap(floor: ReplicaFloor, replicas: int | None, metrics: Metrics | None) -> dict[str, float]:
+    """The gap between `replicas` and the floor, from the run that backs them (`kvsim.planning.bounds`)."""
+    if not replicas or metrics is None:
+        return {}
+    work = metrics["work"]
+    return gap_breakdown(floor, replicas, work["busy_replica_s"], metrics["num_finished"], work["recomputed_tokens"])
 
 
 def hourly_price(spec: PlanSpec, gpu: str) -> GpuPrice:

@@ -17,8 +17,8 @@ which assumes what the replica-count search verifies by simulating whole fleets:
 that spreads load evenly (every replica sees about 1/replicas of the traffic) and a workload
 whose SLOs do not depend on the fleet as a whole. It costs single-replica bisections per
 candidate instead of a fleet simulation per tried count, so it suits big fleets; the chosen fleet is
-then simulated once, as a whole, with 10× a probe's requests (`kvsim.planning.verify`), and its
-percentiles are reported beside the search's.
+then simulated as a whole with 10× a probe's requests (`kvsim.planning.verify`), one replica more
+while that long run fails, and its percentiles are reported beside the search's.
 """
 
 from __future__ import annotations
@@ -129,6 +129,10 @@ class RateSearch:
             return f"{count} replica{'s' * (count > 1)}", self.candidate.scenario(self.base, count, self.spec.router)
         return None
 
+    def answer_metrics(self) -> Metrics | None:
+        """The run behind the answer: the long run that held (a single-replica probe is not the fleet)."""
+        return self.verify.metrics if self.verify.held else None
+
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """This candidate's line of the plan table (the same columns as the replica-count search)."""
         c, slo, s = self.candidate, self.spec.slo, self.search
@@ -150,24 +154,36 @@ class RateSearch:
             cause = "KV memory (preempting)" if failed["num_preemptions"] else "compute (queueing)"
             limiting = (f"{why_failed(failed['evidence'], slo)} at {level.bound.failed * self.target_rate_per_s:.3g}"
                         f" req/s per replica: {cause}")
-        replicas = self.replicas
+        searched = self.replicas
+        replicas = self.verify.replicas(searched)
+        row["searched_replicas"] = searched
         found = s.evidence
         if replicas is None:
             worst = found or failed or next(iter(s.results.values()))
-            if block is not None:  # the bound is memory's, not max_replicas'
+            if searched is not None:  # the search found a count; its long runs failed
+                count, long_run = self.verify.attempts[-1]
+                worst = long_run
+                why = (f"the long run {why_failed(long_run['evidence'], slo)} even at {count} replicas "
+                       f"({searched} from the rate search)")
+                if self.verify.memory_note is not None:  # and the next count's long run would not fit
+                    row["memory_limited"] = True
+                    why += "; " + bounded_by_memory(self.verify.memory_note)
+            elif block is not None:  # the bound is memory's, not max_replicas'
                 row["memory_limited"] = True
-                limiting = f"over {self.cap} replicas ({bounded_by_memory(self.memory.over(*block))}); " + limiting
+                why = f"over {self.cap} replicas ({bounded_by_memory(self.memory.over(*block))}); " + limiting
             else:
-                limiting = f"over {self.spec.max_replicas} replicas; " + limiting
+                why = f"over {self.spec.max_replicas} replicas; " + limiting
             return {**row, "feasible": False, "replicas": None, "num_gpus": None, "cost_per_hour": None,
                     "headroom": headroom(worst["evidence"], slo),
-                    "limiting_factor": limiting,
+                    "limiting_factor": why,
                     "rate_per_replica": s.rate * self.target_rate_per_s, "capacity_headroom": None,
                     **evidence_columns(worst["evidence"], slo), **search_columns(s), **self.verify.columns()}
         num_gpus = replicas * c.tensor_parallel_size
         return {**row, "feasible": True, "replicas": replicas, "num_gpus": num_gpus,
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
-                "headroom": headroom(found["evidence"], slo), "limiting_factor": limiting,
+                "headroom": headroom(found["evidence"], slo),
+                "limiting_factor": limiting if replicas == searched else
+                f"{limiting}; the long run failed at {searched}..{replicas - 1} replicas",
                 "rate_per_replica": s.rate * self.target_rate_per_s,
                 "capacity_headroom": replicas * s.rate - 1.0, **evidence_columns(found["evidence"], slo),
                 **search_columns(s), **self.verify.columns()}

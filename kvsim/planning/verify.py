@@ -1,15 +1,19 @@
-"""A plan's answer checked by one long run: the chosen fleet with `verify_factor` (10) × a probe's requests.
+"""A plan's answer checked by a long run: the chosen fleet with `verify_factor` (10) × a probe's requests.
 
 A search judges each count or fraction on probes of N requests; a planner signs for the traffic
 lasting. So once a candidate's search ends, its chosen fleet is simulated once more, whole, on the
-same traffic with 10 × N requests (`PlanSpec.verify_factor`) (a trace gives at most the records it has: the count run is
-reported), and that run's steady-state evidence (`kvsim.planning.steady_state`) stands in the
-table beside the search's: `verify_*` columns, and `verified` (stable and every SLO met).
+same traffic with 10 × N requests (`PlanSpec.verify_factor`) (a trace gives at most the records it has:
+the count run is reported). A short probe can be optimistic (a queue growing by under 1 % of arrivals,
+waits that creep up), so while the long run fails the search goes on in long runs: the next larger
+count (one replica more), up to `max_replicas`. The answer is the first count whose long run holds;
+that run's steady-state evidence (`kvsim.planning.steady_state`) stands in the table beside the
+search's (`verify_*` columns, `verified`: stable and every SLO met), with `searched_replicas` (the short
+probes' answer) and `verify_attempts` (each count tried long and whether it held).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvsim.planning.steady_state import SLO_STATS, parse_slo_key, probe_passes, slo_stats, slo_values
@@ -57,35 +61,65 @@ def traffic_of(base: Scenario, num_requests: int) -> Scenario:
 
 @dataclass(slots=True)
 class Verification:
-    """One long run of a candidate's chosen fleet; asked for once, after the search settles."""
+    """The long runs of a candidate's chosen fleet: the searched count first, one replica more while it fails."""
 
     candidate: Candidate
     spec: PlanSpec
     memory: MemoryBound
-    metrics: Metrics | None = None
-    asked: bool = False
-    memory_note: str | None = None  # why the run was not made: its memory floor exceeds the plan's limit
+    grows: bool = True  # a failed long run is retried one replica larger (False: a fixed fleet, an xPyD split)
+    attempts: list[tuple[int, Metrics]] = field(default_factory=list)  # (replicas, long run's metrics)
+    memory_note: str | None = None  # why a long run was not made: its memory floor exceeds the plan's limit
+    _count: int | None = None
 
     def next_scenario(self, traffic: Scenario, replicas: int | None, probe_requests: int) -> Scenario | None:
-        """The verification run (once), or None: already asked, no feasible fleet to verify, or the run
-        would not fit in the plan's memory limit (`memory_note` says so)."""
-        if self.asked or replicas is None or probe_requests <= 0 or self.spec.verify_factor == 0:
+        """The next long run, or None: nothing to verify, not asked for, held, failed at `max_replicas`, or
+        the run would not fit in the plan's memory limit (`memory_note` says so; no larger count is tried)."""
+        if (replicas is None or probe_requests <= 0 or self.spec.verify_factor == 0
+                or self.memory_note is not None):
             return None
-        self.asked = True
+        count = replicas
+        if self.attempts:
+            last, metrics = self.attempts[-1]
+            if (probe_passes(metrics["evidence"], self.spec.slo) or last >= self.spec.max_replicas
+                    or not self.grows):
+                return None
+            count = last + 1
         num_requests = self.spec.verify_factor * probe_requests
-        scenario = self.candidate.scenario(with_requests(traffic, num_requests), replicas, self.spec.router)
+        scenario = self.candidate.scenario(with_requests(traffic, num_requests), count, self.spec.router)
         if not self.memory.fits(scenario):
             self.memory_note = self.memory.over(f"the {num_requests}-request verification run", scenario)
             return None
+        self._count = count
         return scenario
 
     def observe(self, metrics: Metrics) -> None:
-        self.metrics = metrics
+        assert self._count is not None, "observe follows next_scenario"
+        self.attempts.append((self._count, metrics))
+        self._count = None
+
+    @property
+    def metrics(self) -> Metrics | None:
+        """The last long run's metrics (None: none ran)."""
+        return self.attempts[-1][1] if self.attempts else None
+
+    @property
+    def held(self) -> bool | None:
+        """Whether the last long run held (None: none ran)."""
+        return None if self.metrics is None else probe_passes(self.metrics["evidence"], self.spec.slo)
+
+    def replicas(self, searched: int | None) -> int | None:
+        """The answer: the count whose long run held; `searched` when none ran; None when none held."""
+        if not self.attempts:
+            return searched
+        return self.attempts[-1][0] if self.held else None
 
     def columns(self) -> dict[str, Any]:
         """`verified` and the long run's evidence as `verify_*` columns (empty values when not run)."""
         if self.metrics is None:
-            return {"verified": None, "verify_num_requests": None, "verify_memory": self.memory_note}
+            return {"verified": None, "verify_num_requests": None, "verify_attempts": None,
+                    "verify_memory": self.memory_note}
         ev = self.metrics["evidence"]
-        return {"verified": probe_passes(ev, self.spec.slo), "verify_num_requests": ev["num_requests"],
-                "verify_memory": None, **evidence_columns(ev, self.spec.slo, prefix="verify_")}
+        tried = ", ".join(f"{n} {'held' if probe_passes(m['evidence'], self.spec.slo) else 'failed'}"
+                          for n, m in self.attempts)
+        return {"verified": self.held, "verify_num_requests": ev["num_requests"], "verify_attempts": tried,
+                "verify_memory": self.memory_note, **evidence_columns(ev, self.spec.slo, prefix="verify_")}

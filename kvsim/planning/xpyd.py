@@ -42,7 +42,7 @@ class XpydSearch:
     def __post_init__(self) -> None:
         assert self.candidate.split is not None
         self.memory = MemoryBound.of(self.spec.memory_limit_bytes)
-        self.verify = Verification(self.candidate, self.spec, self.memory)
+        self.verify = Verification(self.candidate, self.spec, self.memory, grows=False)
         self.num_requests = self.base.workload.num_requests
 
     @property
@@ -85,6 +85,10 @@ class XpydSearch:
             self._blocked = (f"a {2 * self.num_requests}-request run of {self.split_text}", longer)
         self.metrics = metrics
 
+    def answer_metrics(self) -> Metrics | None:
+        """None: a split's gap to the colocated floor is not broken down (`kvsim.planning.plan.answer_gap`)."""
+        return None
+
     def memory_block(self) -> tuple[str, Scenario] | None:
         """What the memory bound kept this split from simulating when that decided its answer, or None."""
         return None if self._passes() else self._blocked
@@ -112,6 +116,11 @@ class XpydSearch:
             return {**row, "replicas": None, "num_gpus": None, "cost_per_hour": None, "limiting_factor": limiting,
                     "rate_per_replica": None, **common}
         instances = c.smallest_fleet
+        if self.verify.replicas(instances) is None:  # the long run failed: a split does not grow
+            long_run = self.verify.attempts[-1][1]["evidence"]
+            return {**row, "feasible": False, "replicas": None, "num_gpus": None, "cost_per_hour": None,
+                    "limiting_factor": f"the long run {why_failed(long_run, slo)} at {self.split_text} (the probes "
+                                       "passed)", "rate_per_replica": None, **common}
         num_gpus = instances * c.tensor_parallel_size
         return {**row, "replicas": instances, "num_gpus": num_gpus,
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,

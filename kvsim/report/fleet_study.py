@@ -118,7 +118,7 @@ def fleet_routing(st: Study) -> Section:
             "replicas_for_slo": need["replicas"], "gpus_for_slo": need["num_gpus"],
             "cost_per_hour_for_slo": need["cost_per_hour"], "verified_10x": need.get("verified"),
             "floor_replicas": need["lower_bound_replicas"], "floor_binds": need["bound_binds"],
-            "replicas_over_floor": need["replicas_over_bound"]})
+            "replicas_over_floor": need["replicas_over_bound"], "gap_breakdown": need.get("gap_breakdown") or None})
     arrivals = np.array([r.arrival_s or 0.0 for r in records])
     facts = {"num_requests": st.cfg.fleet_requests, "span_s": float(arrivals.max() - arrivals.min()),
              "mean_prompt_tokens": float(prompts.mean()), "max_model_len": max_model_len,

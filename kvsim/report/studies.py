@@ -67,6 +67,8 @@ class StudyConfig:
     fleet_max_replicas: int = 64  # the fleet section's replica search stops here
     rate_requests: int = 400  # the steady-state rate search's first run length (it doubles until converged)
     rate_max_requests: int = 12_800  # ... up to this many requests per probe (the cap is reported when hit)
+    rate_verify_factor: int = 10  # the answer re-run this many times longer, backed off until it holds
+    rate_max_verify_requests: int = 128_000  # ... with at most this many (10 x rate_max_requests)
     saturate_max_requests: int = 20_000  # a request-bound saturated run is re-run with more, up to this
     offload_requests: int = 600  # leading requests of the Mooncake slice the offload section replays
     offload_loads: tuple[float, ...] = (0.5, 1.0, 2.0)  # × the trace's arrival rate
@@ -78,8 +80,8 @@ class StudyConfig:
         return cls(num_requests=60, load_fractions=(0.25, 0.75, 1.0, 1.5), shared_prefix_counts=(4, 16),
                    fleet_requests=60,
                    fleet_max_replicas=8, rate_requests=200, rate_max_requests=1600,
-                   saturate_max_requests=3000, offload_requests=60, offload_loads=(1.0,),
-                   speculation_batch_sizes=(1, 16, 128))
+                   rate_max_verify_requests=3200, saturate_max_requests=3000, offload_requests=60,
+                   offload_loads=(1.0,), speculation_batch_sizes=(1, 16, 128))
 
 
 def variant(base: Scenario, *overrides: str) -> Scenario:
@@ -364,7 +366,9 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
 def sustained_rates(st: Study) -> pd.DataFrame:
     """Per allocator, the highest Poisson rate that is sustainable under the TTFT SLO
     (`kvsim.planning.steady_state`: stable over a measurement window, p90 TTFT over the requests that
-    arrived in it), the run length grown until the rate moves < 2 % when it doubles.
+    arrived in it), the run length grown until the rate moves < 2 % when it doubles; then that answer is
+    run `rate_verify_factor` (10) × longer and backed off (3 %, doubling) until a long run holds too, so
+    the rate printed is one that held in the long run (`search_rate` is the answer before verification).
 
     Throughput, concurrency and cost are the window's at that rate (the drain left out), so the $/M
     tokens and $/user-hour price a steady state, not a burst.
@@ -373,16 +377,20 @@ def sustained_rates(st: Study) -> pd.DataFrame:
     searches = search_rates(
         lambda i, rate, n: variant(st.base, f"engine.allocator={ALLOCATORS[i]}", poisson(rate),
                                    f"workload.num_requests={n}", "steps=none"),
-        len(ALLOCATORS), slo, st.evidence, num_requests=st.cfg.rate_requests, max_requests=st.cfg.rate_max_requests)
+        len(ALLOCATORS), slo, st.evidence, num_requests=st.cfg.rate_requests, max_requests=st.cfg.rate_max_requests,
+        verify_factor=st.cfg.rate_verify_factor, max_verify_requests=st.cfg.rate_max_verify_requests)
     rows = []
     for a, s in zip(ALLOCATORS, searches, strict=True):
         ev, failed = s.evidence, failing_evidence(s)
         level = s.answer_level()
         ci = ev["ttft_s"]["p90_ci"] if ev else (None, None)
         rows.append({"allocator": a, "max_rate_meeting_slo": round(s.rate, 4) if s.rate else None,
-                     "first_failing_rate": round(level.bound.failed, 4) if level and level.bound.failed else None,
+                     "first_failing_rate": round(s.failed_rate, 4) if s.failed_rate else None,
                      "fails_by": why_failed(failed, slo), "requests_per_probe": level.num_requests if level else None,
                      "converged": s.converged, "capped": s.capped, "num_probes": s.summary()["num_probes"],
+                     "search_rate": round(s.search_rate, 4) if s.search_rate else None, "verified": s.verified,
+                     "verify_num_requests": ev["num_requests"] if ev and s.long_runs else None,
+                     "num_long_runs": len(s.long_runs),
                      "verdict": ev["verdict"] if ev else None,
                      "window_s": round(ev["window_s"], 1) if ev else None,
                      "num_in_window": ev["num_in_window"] if ev else None,

@@ -103,11 +103,21 @@ def prefix_text(sec: studies.Section) -> str:
             f"{on.prefix_cache_hit_rate:.1%}; sharing saves {on.sharing_saving:.1%} of the KV the requests map.")
 
 
+def _is(value: object, flag: bool) -> bool:
+    """A table's boolean cell (numpy bool, or NaN/None where missing) equals `flag`."""
+    return value is not None and bool(pd.notna(value)) and bool(value) is flag
+
+
 def _rate_evidence(row: pd.Series, cfg: studies.StudyConfig) -> str:
     """How a sustainable rate was established: run length, window, served/offered, percentile CI."""
     length = (f"capped at {int(row.requests_per_probe):,} requests a probe before two run lengths agreed within 2 %"
               if row.capped else f"stable to within 2 % from {int(row.requests_per_probe) // 2:,} to "
               f"{int(row.requests_per_probe):,} requests a probe")
+    if _is(row.get("verified"), True):
+        backed = (f", after the search's {row.search_rate:g} req/s failed there and was backed off (3 %, then "
+                  "doubling steps, then bisected to within 3 %)" if row.num_long_runs > 1 else "")
+        length += (f"; then held in one run {int(row.verify_num_requests):,} requests long{backed}, the run "
+                   "the figures below come from")
     ci = ""
     if pd.notna(row.ttft_p90_ci_low_s) and pd.notna(row.ttft_p90_ci_high_s):
         ci = f", 95 % interval {row.ttft_p90_ci_low_s:.2f}–{row.ttft_p90_ci_high_s:.2f} s"
@@ -135,6 +145,10 @@ def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfi
                      and pd.notna(rates.loc[a, "paging_multiplier"]))
     paged = rates.loc["paged"]
     if pd.isna(paged.max_rate_meeting_slo):
+        if _is(paged.get("verified"), False):
+            return (f"{intro} No Poisson rate is sustainable with paging under p90 TTFT ≤ {cfg.ttft_slo_s} s in a "
+                    f"long run: the search's {paged.search_rate:g} req/s and {int(paged.num_long_runs) - 1} lower "
+                    f"rates each failed when run 10× longer (the lowest {paged.fails_by}).")
         return (f"{intro} No Poisson rate is sustainable with paging under p90 TTFT ≤ {cfg.ttft_slo_s} s: even "
                 f"at the lowest probed rate the probe {paged.fails_by}.")
     cost = ""
@@ -147,7 +161,8 @@ def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfi
     if paged.rejected_fraction and paged.rejected_fraction > 0:
         rejected = (f" {paged.rejected_fraction:.1%} of the requests can never be served (over max_model_len or "
                     "the pool) and are counted apart, not as SLO misses.")
-    above = (f" Above it, at {paged.first_failing_rate:g} req/s, the probe {paged.fails_by}."
+    failer = "long run" if paged.num_long_runs > 1 else "probe"
+    above = (f" Above it, at {paged.first_failing_rate:g} req/s, the {failer} {paged.fails_by}."
              if pd.notna(paged.fails_by) else "")
     return (f"{intro} The highest sustainable Poisson rate with p90 TTFT ≤ {cfg.ttft_slo_s} s is "
             f"{paged.max_rate_meeting_slo:g} req/s with paging ({_rate_evidence(paged, cfg)}).{above} "
@@ -286,8 +301,11 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
                    f"{_replicas(int(lo_row.floor_replicas))} ({lo_row.floor_binds} binds: "
                    + ("the prompt and output tokens at one replica's best-batch step cost" if lo_row.floor_binds
                       == "compute" else "the KV the requests hold, by Little's law, against one pool") + ")"
-                   + (f"; least outstanding needs {lo_row.replicas_over_floor:g}× that, the price of queueing "
-                      "within the SLO, batching limits and KV fragmentation"
+                   + (f"; least outstanding needs {lo_row.replicas_over_floor:g}× that"
+                      + (f", made of (from that fleet's own run, in replicas at the traffic's rate) "
+                         f"{lo_row.gap_breakdown}: batching is steps below the best batch, preemption the "
+                         "recomputed tokens, idle the capacity the SLO keeps free"
+                         if "gap_breakdown" in df.columns and pd.notna(lo_row.gap_breakdown) else "")
                       if pd.notna(lo_row.replicas_over_floor) else "") + ".")
     size = int(df.replicas.iloc[0])
     lo, aff, rr = df.loc["least_outstanding"], df.loc["affinity"], df.loc["round_robin"]

@@ -141,6 +141,7 @@ class StepTotals:
     running_queued: float = 0.0
     waste_queued: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WASTE_KEYS, 0.0))
     last_preemptions_total: int = 0  # the cumulative count of the last step added
+    prefill_tokens: int = 0  # prompt (and recomputed) tokens the steps computed
 
     @classmethod
     def of(cls, steps: Mapping[str, Any]) -> StepTotals:
@@ -160,6 +161,8 @@ class StepTotals:
         self.num_steps += int(dt.size)
         self.end_s = max(self.end_s, float((col("time_s") + dt).max()))
         self.dt += float(dt.sum())
+        if "num_prefill_tokens" in steps:  # a hand-made table may leave the token counts out
+            self.prefill_tokens += int(col("num_prefill_tokens").sum())
         running = col("vllm:num_requests_running").astype(np.float64)
         self.max_running = max(self.max_running, int(running.max()))
         self.running_dt += float((running * dt).sum())

@@ -242,14 +242,17 @@ class Scheduler(OffloadScheduling, SpeculativeSteps):
         self.running.append(req)
         plan.scheduled.append((req, num_new))
 
-    def can_admit(self, req: Request, hit: PrefixHit) -> bool:
-        """The whole prompt (all samples' regions, for slabs) fits, leaving the watermark free.
+    def can_admit(self, req: Request, hit: PrefixHit, num_new: int | None = None) -> bool:
+        """The whole prompt (all samples' regions, for slabs) fits, leaving the watermark free; for an
+        allocator that `admits_by_chunk` (sliding-window and other hybrid KV groups, as vLLM v1), the
+        `num_new` tokens to be scheduled after the hit (default: the whole prompt).
 
         With nothing running the watermark is not applied: it keeps room for running requests
         to grow, and a request that `add` accepted must be able to run alone.
         """
         reserve = self.limits.watermark_slots if self.running else 0
-        return self.alloc.can_allocate(req.seq_ids[0], req.num_tokens, req.kv_len, hit, reserve, req.num_samples,
+        tokens = hit.num_tokens + num_new if num_new is not None and self.alloc.admits_by_chunk else req.num_tokens
+        return self.alloc.can_allocate(req.seq_ids[0], tokens, req.kv_len, hit, reserve, req.num_samples,
                                        req.prompt_len)
 
     def lookup(self, req: Request) -> PrefixHit:

@@ -48,8 +48,9 @@ class OffloadScheduling:
         if not num_blocks:
             return False
         seq_id = req.seq_ids[0]
-        assert self.alloc.allocate(seq_id, hit.num_tokens, req.kv_len, req.content, hit) is not None
-        assert self.alloc.hold(seq_id, req.num_tokens), "start_load after a successful can_admit"
+        allocated = self.alloc.allocate(seq_id, hit.num_tokens, req.kv_len, req.content, hit)
+        held = self.alloc.hold(seq_id, req.num_tokens)
+        assert allocated is not None and held, "start_load after a successful can_admit"
         self.waiting.pop()
         self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
         self.loading[req.request_id] = (req, (first + num_blocks) * bs)

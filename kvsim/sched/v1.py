@@ -15,7 +15,8 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
    `complete` accepts a prefix of the drafts (`kvsim.sched.speculative`).
 2. If nothing was preempted, admit WAITING requests in the policy's order (FCFS, or
    smallest (priority, arrival)) while budget and `max_num_seqs` allow and the whole prompt
-   (after prefix-cache hits) fits; the first that does not fit ends admission for the step.
+   (after prefix-cache hits) fits (with sliding-window or other hybrid KV groups: the first chunk,
+   as vLLM v1 allocates it); the first that does not fit ends admission for the step.
    With KV offload, a request whose prefix the offload tiers hold past the GPU hit leaves the queue
    to load it (`Scheduler.start_load`) and admission goes on; loaded ones rejoin at the front.
 """
@@ -94,11 +95,11 @@ class V1Scheduler(Scheduler):
             if num_seqs + req.num_samples > max_num_seqs:
                 break
             hit = self.lookup(req)
-            if not self.can_admit(req, hit):
+            num_new = min(req.num_tokens - hit.num_tokens, budget)
+            if not self.can_admit(req, hit, num_new):
                 break
             if self.offload is not None and self.start_load(req, hit, now):
                 continue  # it waits for its load (vLLM's WAITING_FOR_REMOTE_KVS); the next may be admitted
-            num_new = min(req.num_tokens - hit.num_tokens, budget)
             self.admit(req, num_new, hit, plan, now)
             budget -= num_new
             num_seqs += req.num_samples
@@ -113,6 +114,8 @@ class V1Scheduler(Scheduler):
 
     def waiting_blocked(self) -> bool:
         req = self.waiting.peek()
+        hit = self.lookup(req)
+        first_chunk = min(req.num_tokens - hit.num_tokens, self.limits.max_num_batched_tokens)
         return (self.num_running_seqs() + req.num_samples > self.limits.max_num_seqs
                 or len(self.running) >= self.limits.max_num_batched_tokens
-                or not self.can_admit(req, self.lookup(req)))
+                or not self.can_admit(req, hit, first_chunk))
