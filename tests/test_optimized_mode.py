@@ -28,6 +28,9 @@ def _summary(tmp_path: Path, name: str, optimize: bool, args: list[str]) -> byte
     ["scenarios/preemption-swap.yaml", "--set", "workload.num_requests=120"],          # v0, swap
     ["scenarios/paper-slab-pow2.yaml", "--set", "workload.num_requests=120"],          # v0, slab reserve
     ["--set", "engine.scheduler=static", "--set", "workload.num_requests=60"],         # static batches
-], ids=["v0-swap", "v0-slab", "static"])
+    ["scenarios/mooncake-conv-replay.yaml", "--set", "workload.num_requests=150",      # v1, offload loads
+     "--set", "engine.kv_offload={cpu_bytes: 64GiB}", "--set", "engine.num_gpu_blocks_override=3000",
+     "--set", "engine.max_model_len=32768"],
+], ids=["v0-swap", "v0-slab", "static", "v1-offload"])
 def test_asserts_have_no_side_effects(tmp_path: Path, args: list[str]) -> None:
     assert _summary(tmp_path, "plain", False, args) == _summary(tmp_path, "optimized", True, args)
