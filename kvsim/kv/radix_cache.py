@@ -138,12 +138,7 @@ class RadixCache:
             node = child
             start += matched
         if start < len(key):
-            leaf = self._new_node(list(key[start:]), list(values[start:]), node)
-            leaf.last_access = now
-            node.children[key[start]] = leaf
-            self._evictable_pages += len(leaf.key)
-            self._update_leaf_status(node)
-            self._update_leaf_status(leaf)
+            self._add_leaf(node, key[start:], values[start:], now)
         return start
 
     def insert_if_cached_as(self, key: Sequence[Hashable], values: Sequence[int]) -> int | None:
@@ -175,13 +170,17 @@ class RadixCache:
         for visited in path:
             visited.last_access = now
         if start < len(key):
-            leaf = self._new_node(list(key[start:]), list(values[start:]), node)
-            leaf.last_access = now
-            node.children[key[start]] = leaf
-            self._evictable_pages += len(leaf.key)
-            self._update_leaf_status(node)
-            self._update_leaf_status(leaf)
+            self._add_leaf(node, key[start:], values[start:], now)
         return start
+
+    def _add_leaf(self, parent: TreeNode, key: Sequence[Hashable], values: Sequence[int], now: int) -> None:
+        """A new evictable leaf below `parent` holding the pages `key` (values `values`), accessed at `now`."""
+        leaf = self._new_node(list(key), list(values), parent)
+        leaf.last_access = now
+        parent.children[key[0]] = leaf
+        self._evictable_pages += len(leaf.key)
+        self._update_leaf_status(parent)
+        self._update_leaf_status(leaf)
 
     def where(self, value: int) -> tuple[TreeNode, int] | None:
         """The node holding `value` and its page index there, or None if the tree does not hold it."""
