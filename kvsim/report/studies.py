@@ -357,10 +357,29 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
     assert top.steps is not None, "load runs keep their steps"
     series = top.steps[["time_s", "vllm:num_requests_running", "vllm:num_requests_waiting",
                         "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"]].copy()
-    load_section = Section("load", "Load", {"load_curves": pd.DataFrame(load_rows), "time_series": series},
+    load_tables = {"load_curves": pd.DataFrame(load_rows)}
+    by_class = latency_by_priority(grid, load)
+    if by_class["priority"].nunique() > 1:  # a workload with priority classes: each class's latency per load
+        load_tables["load_by_priority"] = by_class
+    load_section = Section("load", "Load", {**load_tables, "time_series": series},
                            {"time_series_rate": top_rate, "sustainable_rate": knee, "ttft_slo_s": cfg.ttft_slo_s})
     alerts = Section("alerts", "Alerts", {"alert_firings": alert_firings(paged_runs, cfg)})
     return paging, load_section, alerts
+
+
+def latency_by_priority(rates: list[float], runs: list[SweepResult]) -> pd.DataFrame:
+    """Per load point and request priority (vLLM's: smaller is served first), that class's requests in the
+    run's measurement window and their TTFT, TPOT and E2E p50/p90 (`window_evidence`'s `by_priority`); one
+    class (priority 0) when the workload has none."""
+    rows = []
+    for rate, run in zip(rates, runs, strict=True):
+        assert run.evidence is not None
+        classes = run.evidence.get("by_priority") or {"0": run.evidence}
+        for priority, stats in sorted(classes.items(), key=lambda item: int(item[0])):
+            rows.append({"rate": rate, "priority": int(priority), "num_in_window": stats["ttft_s"]["n"],
+                         **{f"{m.removesuffix('_s')}_{q}_s": stats[m][q] for m in ("ttft_s", "tpot_s", "e2e_s")
+                            for q in ("p50", "p90")}})
+    return pd.DataFrame(rows)
 
 
 def sustained_rates(st: Study) -> pd.DataFrame:

@@ -180,7 +180,19 @@ def load_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
     return (f"TTFT and TPOT percentiles of the paged engine from {df.rate.min():g} to {df.rate.max():g} req/s"
             f"{around}, {int(df.num_requests.iloc[0]):,} requests a run, over each run's measurement window: {knee}. "
             f"Verdicts per rate: {verdicts}. The time series shows the run at {f['time_series_rate']:g} req/s with "
-            "preemptions marked.")
+            f"preemptions marked.{_by_priority_text(sec)}")
+
+
+def _by_priority_text(sec: studies.Section) -> str:
+    """With priority classes: each class's p90 TTFT at the highest rate of the grid."""
+    df = sec.tables.get("load_by_priority")
+    if df is None:
+        return ""
+    top = df[df.rate == df.rate.max()]
+    each = ", ".join(f"priority {r.priority}: {r.ttft_p90_s:.3g} s over {r.num_in_window:,} requests"
+                     for r in top.itertuples())
+    return (f" Per priority class (`load_by_priority`; smaller is served first), p90 TTFT at {top.rate.iloc[0]:g} "
+            f"req/s: {each}.")
 
 
 def alerts_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
