@@ -90,3 +90,28 @@ def test_import_is_light_and_module_entry_point_works():
     out = subprocess.run([sys.executable, "-m", "kvsim", "capacity", "--format", "csv"], capture_output=True,
                          text=True, check=True)
     assert out.stdout.startswith("context_len,")
+
+
+@pytest.mark.parametrize(("config", "blocks_per_seq", "seqs"), [
+    # EAGLE, K = 3: a verify step holds the 3 drafts and vLLM's num_lookahead_tokens (3): 1024 + 6 = 1030 slots,
+    # ceil(1030 / 16) = 65 blocks, 640 // 65 = 9 sequences (10 without drafts: 640 // 64)
+    ({"method": "eagle", "num_speculative_tokens": 3, "acceptance_length": 2.5}, 65, 9),
+    # n-gram, K = 3: no lookahead (its drafter keeps no KV): 1027 slots, still 65 blocks
+    ({"method": "ngram", "num_speculative_tokens": 3, "acceptance_length": 2.5}, 65, 9),
+    # n-gram, K = 16: 1040 slots, 65 blocks; EAGLE K = 16: 1056 slots, 66 blocks, 640 // 66 = 9
+    ({"method": "eagle", "num_speculative_tokens": 16, "acceptance_length": 2.5}, 66, 9),
+])
+def test_drafts_cut_concurrency_as_vllm_reserves_their_slots(config, blocks_per_seq, seqs):
+    """Issue 23: capacity shows how drafts cut concurrency (vLLM v1's allocate_slots with num_lookahead_tokens)."""
+    data = run_json("--num-gpu-blocks-override", "640", "--context-lengths", "1024,2048", "--max-model-len", "2048",
+                    "--speculative-config", json.dumps(config))
+    row, at_limit = data["rows"]
+    assert row["paged_max_seqs"] == 10 and row["blocks_per_seq"] == 64
+    assert row["blocks_per_seq_with_drafts"] == blocks_per_seq and row["paged_max_seqs_with_drafts"] == seqs
+    # at max_model_len the reservation is capped there (vLLM: min(..., max_model_len)): no extra block
+    assert at_limit["blocks_per_seq_with_drafts"] == at_limit["blocks_per_seq"] == 128
+
+
+def test_without_speculation_capacity_has_no_draft_columns():
+    data = run_json("--num-gpu-blocks-override", "640", "--context-lengths", "1024", "--max-model-len", "2048")
+    assert data["rows"][0]["paged_max_seqs_with_drafts"] is None

@@ -30,6 +30,7 @@ from kvsim.cli.shared import (
     MaxNumSeqsOpt,
     ModelOpt,
     RunFormat,
+    SpeculativeConfigOpt,
     StepsFormatOption,
     StepsOption,
     TpOpt,
@@ -39,6 +40,7 @@ from kvsim.cli.shared import (
     fixed_length_scenario,
     offload_line,
     parse_int_list,
+    parse_json_object,
     parse_size_flag,
     print_plan,
     user_errors,
@@ -86,6 +88,7 @@ def capacity(
     tensor_parallel_size: TpOpt = None,
     max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option("--max-num-batched-tokens")] = None,
+    speculative_config: SpeculativeConfigOpt = None,
     data_parallel_size: Annotated[int | None, typer.Option("--data-parallel-size", "-dp")] = None,
     enable_expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel")] = False,
     disable_hybrid_kv_cache_manager: Annotated[bool, typer.Option("--disable-hybrid-kv-cache-manager")] = False,
@@ -121,6 +124,8 @@ def capacity(
             data_parallel_size=data_parallel_size,
             enable_expert_parallel=enable_expert_parallel or None,
             disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager or None,
+            speculative_config=None if speculative_config is None else parse_json_object(speculative_config,
+                                                                                          "--speculative-config"),
         )
         plan = plan_capacity(
             load_model(model),
@@ -186,10 +191,7 @@ def run(
     max_num_seqs: MaxNumSeqsOpt = None,
     scheduling_policy: Annotated[str | None, typer.Option(
         "--scheduling-policy", help="vLLM's flag: fcfs or priority (engine.scheduling_policy)")] = None,
-    speculative_config: Annotated[str | None, typer.Option(
-        "--speculative-config", help="vLLM's flag, a JSON object (engine.speculative_config), e.g. "
-                                     "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
-                                     "\"acceptance_rates\": 0.8}'")] = None,
+    speculative_config: SpeculativeConfigOpt = None,
     kv_transfer_config: Annotated[str | None, typer.Option(
         "--kv-transfer-config", help="vLLM's flag: JSON for the scenario's kv_transfer_config, e.g. "
                                      "'{\"kv_connector\": \"NixlConnector\", \"kv_link\": \"rdma\"}' (replica groups "

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, shown
 
 
 class Format(StrEnum):
@@ -72,6 +72,24 @@ KvDtypeOpt = Annotated[str | None, typer.Option(  # every value of kvsim.model.c
 KvBytesOpt = Annotated[str | None, typer.Option("--kv-cache-memory-bytes", help="e.g. 12GiB")]
 BlocksOverrideOpt = Annotated[int | None, typer.Option("--num-gpu-blocks-override")]
 TpOpt = Annotated[int | None, typer.Option("--tensor-parallel-size", "-tp")]
+SpeculativeConfigOpt = Annotated[str | None, typer.Option(
+    "--speculative-config", help="vLLM's flag, a JSON object (engine.speculative_config), e.g. "
+                                 "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"acceptance_rates\": 0.8}'")]
+
+
+def parse_json_object(text: str, flag: str) -> dict:
+    """A flag's JSON object (vLLM's `--speculative-config` style); anything else is one line naming the flag."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise KvsimError(f"{flag}={shown(text)}: not JSON ({error.msg} at character {error.pos})") from None
+    if not isinstance(value, dict):
+        raise KvsimError(f"{flag}={shown(text)}: expected a JSON object")
+    return value
+
+
 MaxNumSeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs", help="Sequences per step [vLLM's default "
                                                                          "for the GPU]")]
 HourlyCostOpt = Annotated[float | None, typer.Option(
@@ -130,9 +148,9 @@ def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> No
 
     from kvsim.results.render import rows_to_rich
 
-    shown = ("rank", "candidate", "replicas", "lower_bound_replicas", "num_gpus", "cost_per_hour",
+    columns = ("rank", "candidate", "replicas", "lower_bound_replicas", "num_gpus", "cost_per_hour",
              "usd_per_million_output_tokens", "headroom", "verified", "limiting_factor")
-    Console().print(rows_to_rich([{k: r.get(k) for k in shown} for r in rows], title=f"kvsim plan: {name}"))
+    Console().print(rows_to_rich([{k: r.get(k) for k in columns} for r in rows], title=f"kvsim plan: {name}"))
     typer.echo(f"prices: {'; '.join(sorted({r['price_source'] for r in rows}))}")
     for r in rows:
         if r["memory_limited"]:

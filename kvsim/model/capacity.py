@@ -236,6 +236,8 @@ class CapacityRow:
     slab_max_seqs: int
     paged_max_seqs_fp8: int
     shared_prefix_max_seqs: int | None = None
+    blocks_per_seq_with_drafts: int | None = None  # with engine.speculative_config: + K drafts + lookahead
+    paged_max_seqs_with_drafts: int | None = None
     shared_prefix_blocks_without_sharing: int | None = None
     shared_prefix_blocks_with_sharing: int | None = None
 
@@ -328,6 +330,9 @@ def plan_capacity(
 
     The fp8 column re-sizes the pool with `kv_cache_dtype=fp8` (same memory, half the bytes
     per block for 16-bit models; `num_gpu_blocks_override` pins the block count for both).
+    With `engine.speculative_config` (K drafts), a sequence of that length also holds the K drafts its
+    verify step computes and vLLM's `num_lookahead_tokens` (K for EAGLE and draft models, 0 for n-gram),
+    capped at max_model_len, as vLLM v1's `allocate_slots` reserves them: `*_with_drafts` columns.
     Shared-prefix columns (when P > 0) assume `num_sequences` sequences of each context
     length sharing the first P tokens (`shared_prefix_blocks`), and the most such sequences
     that fit: `floor((num_blocks − shared) / own)` with shared = P // bs per full-attention
@@ -363,6 +368,11 @@ def plan_capacity(
             "slab_max_seqs": slab_max_seqs(slots, max_model_len) if servable else 0,
             "paged_max_seqs_fp8": blocks_fp8 // per_seq if servable else 0,
         }
+        if engine.speculative_config is not None:  # a verify step holds K drafts and vLLM's lookahead more
+            extra = engine.speculative_config.num_speculative_tokens + engine.speculative_config.num_lookahead_tokens
+            with_drafts = layout.live_blocks(min(ctx + extra, max_model_len))
+            row |= {"blocks_per_seq_with_drafts": with_drafts,
+                    "paged_max_seqs_with_drafts": blocks // with_drafts if servable else 0}
         if shared_prefix_tokens and ctx >= shared_prefix_tokens:
             shared, own = _shared_prefix_counts(layout, ctx, shared_prefix_tokens)
             fits = (blocks - shared) // own if own and servable else 0

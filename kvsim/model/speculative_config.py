@@ -99,6 +99,12 @@ class SpeculativeConfig(BaseModel):
             raise ValueError("method=draft_model needs model (the draft model's preset or config.json)")
         return self
 
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """vLLM's `num_lookahead_tokens`: the KV slots a request holds past its verified tokens for the next
+        step's drafts: K for EAGLE and draft models, 0 for n-gram (its drafts need no KV of a drafter)."""
+        return 0 if self.method == "ngram" else self.num_speculative_tokens
+
     def check_max_model_len(self, max_model_len: int) -> None:
         """K drafts must fit in the context (vLLM caps drafting by the model length)."""
         if self.num_speculative_tokens >= max_model_len:

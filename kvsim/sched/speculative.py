@@ -164,6 +164,5 @@ class Speculation:
 
 
 def make_speculation(config: SpeculativeConfig) -> Speculation:
-    """The runtime state of `config` (vLLM's lookahead: K for EAGLE and draft models, 0 for n-gram)."""
-    lookahead = 0 if config.method == "ngram" else config.num_speculative_tokens
-    return Speculation(acceptance_model(config), lookahead)
+    """The runtime state of `config` (its acceptance model; vLLM's lookahead, `num_lookahead_tokens`)."""
+    return Speculation(acceptance_model(config), config.num_lookahead_tokens)
