@@ -103,22 +103,7 @@ class RadixCache:
     # ----------------------------------------------------------------- lookup
     def match_prefix(self, key: Sequence[Hashable]) -> MatchResult:
         """The longest cached prefix of `key` (page keys); splits the node the match ends inside."""
-        now = self._tick()
-        node = self.root
-        node.last_access = now
-        values: list[int] = []
-        start = 0
-        while start < len(key) and key[start] in node.children:
-            child = node.children[key[start]]
-            child.last_access = now
-            matched = _common_length(child.key, key, start) if len(child.key) > 1 else 1
-            if matched < len(child.key):
-                node = self._split(child, matched)
-                values.extend(node.value)
-                break
-            values.extend(child.value)
-            node = child
-            start += matched
+        node, _, values, _ = self._walk(key, self._tick())
         return MatchResult(values, node)
 
     def insert(self, key: Sequence[Hashable], values: Sequence[int]) -> int:
@@ -126,17 +111,7 @@ class RadixCache:
         were already cached (their `values` stay the caller's to free)."""
         assert len(key) == len(values), "one value per page"
         now = self._tick()
-        node = self.root
-        node.last_access = now
-        start = 0
-        while start < len(key) and key[start] in node.children:
-            child = node.children[key[start]]
-            child.last_access = now
-            matched = _common_length(child.key, key, start) if len(child.key) > 1 else 1
-            if matched < len(child.key):
-                child = self._split(child, matched)
-            node = child
-            start += matched
+        node, start, _, _ = self._walk(key, now)
         if start < len(key):
             self._add_leaf(node, key[start:], values[start:], now)
         return start
@@ -147,23 +122,7 @@ class RadixCache:
         split, the new leaf), in one walk. Returns `insert`'s count, or None (nothing inserted) when
         the tree holds the prefix in other values."""
         assert len(key) == len(values), "one value per page"
-        now = self._tick()
-        node = self.root
-        node.last_access = now
-        path, cached, start = [node], [], 0
-        while start < len(key) and key[start] in node.children:
-            child = node.children[key[start]]
-            child.last_access = now
-            matched = _common_length(child.key, key, start) if len(child.key) > 1 else 1
-            split = matched < len(child.key)
-            if split:
-                child = self._split(child, matched)  # the upper part: `insert` walks it whole, then stops
-            cached.extend(child.value)
-            node = child
-            path.append(node)
-            start += matched
-            if split:
-                break
+        node, start, cached, path = self._walk(key, self._tick())
         if list(values[:len(cached)]) != cached:
             return None
         now = self._tick()  # `insert`'s walk: the same nodes (the lower part of a split is not on it)
@@ -172,6 +131,28 @@ class RadixCache:
         if start < len(key):
             self._add_leaf(node, key[start:], values[start:], now)
         return start
+
+    def _walk(self, key: Sequence[Hashable], now: int) -> tuple[TreeNode, int, list[int], list[TreeNode]]:
+        """Follow `key` from the root, marking each node on the way accessed at `now` and splitting the node
+        a match ends inside (its upper part is the last on the path): (the last node, the pages matched,
+        their values, the path from the root). The one walk of `match_prefix` and `insert` (SGLang's)."""
+        node = self.root
+        node.last_access = now
+        path, values, start = [node], [], 0
+        while start < len(key) and key[start] in node.children:
+            child = node.children[key[start]]
+            child.last_access = now
+            matched = _common_length(child.key, key, start) if len(child.key) > 1 else 1
+            split = matched < len(child.key)
+            if split:
+                child = self._split(child, matched)
+            values.extend(child.value)
+            node = child
+            path.append(node)
+            start += matched
+            if split:
+                break
+        return node, start, values, path
 
     def _add_leaf(self, parent: TreeNode, key: Sequence[Hashable], values: Sequence[int], now: int) -> None:
         """A new evictable leaf below `parent` holding the pages `key` (values `values`), accessed at `now`."""
