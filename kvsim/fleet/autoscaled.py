@@ -31,19 +31,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.engine.builder import build_engine, engine_result
+from kvsim.engine.builder import engine_result
 from kvsim.engine.clock import Arrivals, call_at
 from kvsim.engine.loop import ProgressFn, run_engines
-from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.fleet.autoscaler import Autoscaler
-from kvsim.fleet.driver import FleetView, Routes, fleet_summary, fleet_tables, replica_groups, replica_scenarios
+from kvsim.fleet.driver import (
+    FleetView,
+    Routes,
+    fleet_summary,
+    fleet_tables,
+    replica_engines,
+    replica_groups,
+    replica_scenarios,
+)
 from kvsim.fleet.router import Decision, Router
-from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.run_result import RunResult
-from kvsim.workload.generate import iter_requests
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import AutoscalerConfig, Scenario
 
@@ -226,16 +231,8 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     check_engines_memory(largest, replica_groups(largest), memory_limit_bytes, steps_in_memory=scenario.steps == "all",
                          size_field=f"autoscaler.max_replicas={spec.max_replicas}")
     specs = replica_scenarios(largest)
-    rng = np.random.default_rng(scenario.seed)
-    parts = [build_engine(s, rng) for s in specs]
-    max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))
-    requests = iter_requests(scenario, max_model_len, rng)
-    per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
     observe_kv = scenario.router.policy == "least_kv" or spec.metric == "kv_cache_usage_perc"
-    speculates = any(p.scheduler.speculation is not None for p in parts)  # every replica's rows: one table
-    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap,
-                                                           draft_column=speculates),
-                      observe_kv=observe_kv) for p in parts]
+    parts, engines, requests = replica_engines(scenario, specs, observe_kv)
     initial = min(max(scenario.replicas, spec.min_replicas), spec.max_replicas)
     slots = [Slot.READY if i < initial else Slot.OFF for i in range(len(engines))]
     scaler = Scaler(spec, engines, slots, [s.engine.tensor_parallel_size for s in specs])

@@ -34,12 +34,19 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from kvsim.engine.builder import EngineParts, build_engine, engine_result
+from kvsim.engine.builder import EngineParts, engine_result
 from kvsim.engine.clock import ArrivalClock, Arrivals, call_at
 from kvsim.engine.loop import ProgressFn, run_engines
-from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.engine.runtime import Engine
-from kvsim.fleet.driver import FleetView, Routes, fleet_summary, fleet_tables, replica_groups, replica_scenarios
+from kvsim.fleet.driver import (
+    FleetView,
+    Routes,
+    fleet_summary,
+    fleet_tables,
+    replica_engines,
+    replica_groups,
+    replica_scenarios,
+)
 from kvsim.fleet.kv_transfer import decode_link, kv_bytes_per_block_received, per_gpu_link
 from kvsim.fleet.router import Router
 from kvsim.kv import PagedAllocator
@@ -50,7 +57,6 @@ from kvsim.model.units import ceil_div
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import percentiles
 from kvsim.results.run_result import RunResult
-from kvsim.workload.generate import iter_requests
 from kvsim.workload.request import Request, RequestStatus
 from kvsim.workload.scenario import KVTransferConfig, Scenario
 from kvsim.workload.scenario import Router as RouterConfig
@@ -320,15 +326,8 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
     check_engines_memory(scenario, replica_groups(scenario), memory_limit_bytes,
                          steps_in_memory=scenario.steps == "all")
     specs = replica_scenarios(scenario)
-    rng = np.random.default_rng(scenario.seed)
-    parts = [build_engine(spec, rng) for spec in specs]
-    max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))
-    requests = iter_requests(scenario, max_model_len, rng)
-    per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
-    speculates = any(p.scheduler.speculation is not None for p in parts)  # every replica's rows: one table
-    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, max_sampled_rows=per_replica_cap,
-                                                           draft_column=speculates))
-               for p in parts]  # `Disaggregation` sets `observe_kv` where a pool's router reads KV usage
+    # `Disaggregation` sets `observe_kv` where a pool's router reads KV usage
+    parts, engines, requests = replica_engines(scenario, specs, observe_kv=False)
     disagg = Disaggregation(scenario, specs, parts, engines)
     run_engines([[engine] for engine in engines], requests, disagg.dispatch, check, progress, bursts,
                 num_requests=scenario.workload.num_requests, clocks=disagg.clocks)

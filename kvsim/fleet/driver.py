@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.engine.builder import build_engine, engine_result
+from kvsim.engine.builder import EngineParts, build_engine, engine_result
 from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.engine.runtime import Engine
@@ -40,7 +40,11 @@ from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario, make_scenario
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import pandas as pd
+
+    from kvsim.workload.generate import RequestStream
 
 
 def replica_scenarios(scenario: Scenario) -> list[Scenario]:
@@ -165,6 +169,28 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     return result
 
 
+def replica_engines(scenario: Scenario, specs: list[Scenario], observe_kv: bool,
+                    writers: Sequence[StepWriter | None] | None = None
+                    ) -> tuple[list[EngineParts], list[Engine], RequestStream]:
+    """One engine per replica scenario in `specs`, and the traffic: one generator seeded by `scenario.seed`
+    (the run's only source of randomness) builds the engines in order, then draws the requests (built at
+    arrival, let go when they end; capped at the scenario's max_model_len). `scenario.steps` holds for the
+    whole fleet: `sampled` keeps at most MAX_SAMPLED_STEPS rows in all; a replica with a writer in
+    `writers` streams its rows there, labelled with its `replica`; if any replica speculates, every one
+    has the `draft_rejected` column (one table). `observe_kv`: a dispatcher reads every engine's KV usage."""
+    rng = np.random.default_rng(scenario.seed)
+    parts = [build_engine(spec, rng) for spec in specs]
+    max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))
+    requests = iter_requests(scenario, max_model_len, rng)
+    per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
+    speculates = any(p.scheduler.speculation is not None for p in parts)
+    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, writer, {"replica": i} if writer else None,
+                                                           max_sampled_rows=per_replica_cap, draft_column=speculates),
+                      observe_kv=observe_kv)
+               for i, (p, writer) in enumerate(zip(parts, writers or [None] * len(parts), strict=True))]
+    return parts, engines, requests
+
+
 def _run_fleet(scenario: Scenario, check: bool, progress: ProgressFn | None, bursts: bool,
                streamed: tuple[Path, Path, StepsFormat] | None = None) -> RunResult:
     """The fleet's run; `streamed`: (the output's temporary folder, its final path, the steps format)."""
@@ -176,20 +202,10 @@ def _run_fleet(scenario: Scenario, check: bool, progress: ProgressFn | None, bur
         raise KvsimError("autoscaler: an autoscaled fleet; use kvsim.fleet.autoscaled.simulate_autoscaled")
 
     specs = replica_scenarios(scenario)
-    rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
-    parts = [build_engine(spec, rng) for spec in specs]
-    max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))  # the workload's cap
-    requests = iter_requests(scenario, max_model_len, rng)  # built at arrival, let go when they end
-    reads_kv = scenario.router.policy == "least_kv"  # the router reads KV usage, mid-burst too
-    # the scenario's `steps` holds for the whole fleet: `sampled` keeps at most MAX_SAMPLED_STEPS rows in all
-    per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
     writers = [StepWriter(streamed[0], streamed[2], name=f".steps-r{i}") if streamed is not None
-               and scenario.steps != "none" else None for i in range(len(parts))]
-    speculates = any(p.scheduler.speculation is not None for p in parts)  # every replica's rows: one table
-    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, writer, {"replica": i} if writer else None,
-                                                           max_sampled_rows=per_replica_cap, draft_column=speculates),
-                      observe_kv=reads_kv)
-               for i, (p, writer) in enumerate(zip(parts, writers, strict=True))]
+               and scenario.steps != "none" else None for i in range(len(specs))]
+    reads_kv = scenario.router.policy == "least_kv"  # the router reads KV usage, mid-burst too
+    parts, engines, requests = replica_engines(scenario, specs, reads_kv, writers)
     view = FleetView(engines)
     config = scenario.router
     router = Router(config.policy, len(parts), scenario.engine.block_size, config.load_bound, config.load_slack,
