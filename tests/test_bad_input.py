@@ -457,9 +457,19 @@ def _as_a_terminal_starts_it() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
+def _signal_state(pid: int) -> str:
+    """The kernel's view of a process's signals (pending, blocked, ignored, caught masks), for a failure message."""
+    try:
+        lines = open(f"/proc/{pid}/status").read().splitlines()  # noqa: SIM115 (a one-shot read)
+    except OSError:
+        return "(no /proc status)"
+    return "; ".join(line for line in lines if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+
+
 def test_ctrl_c_says_what_was_interrupted_and_what_is_intact(tmp_path):
     """SIGINT once the run streams into its temporary folder: one line, exit 130, no traceback, the
-    earlier output at the path untouched and no temporary left."""
+    earlier output at the path untouched and no temporary left. (A loaded machine may print progress
+    lines first: the run had been going for seconds.)"""
     import signal
     import subprocess
     import sys
@@ -470,22 +480,68 @@ def test_ctrl_c_says_what_was_interrupted_and_what_is_intact(tmp_path):
     assert first.exit_code == 0, first.output
     before = sorted((p.name, p.read_bytes()) for p in out.iterdir())
     child = subprocess.Popen(  # SIGINT as a terminal's Ctrl-C delivers it, even from a background job
-        [sys.executable, "-m", "kvsim", "run", "--set", "workload.num_requests=1000000", "--steps", "none",
-         "-o", str(out)],  # no steps file: no pyarrow writer, whose own SIGINT handling could hold the signal
+        [sys.executable, "-X", "faulthandler", "-m", "kvsim", "run", "--set", "workload.num_requests=1000000",
+         "--steps", "none", "-o", str(out)],  # no steps file: no pyarrow writer
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         preexec_fn=_as_a_terminal_starts_it)
     try:
         while not any((p / ".kvsim-output").exists() for p in tmp_path.glob(".out.kvsim-*")) and child.poll() is None:
             time.sleep(0.05)  # polling for the temporary folder's marker (the run is writing), not timing
         child.send_signal(signal.SIGINT)
-        _, stderr = child.communicate(timeout=120)
+        try:
+            _, stderr = child.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # the interrupt was lost: say where the child is, then fail
+            state = _signal_state(child.pid)
+            child.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+            _, stderr = child.communicate(timeout=30)
+            pytest.fail(f"SIGINT lost; child signals: {state}; stderr:\n{stderr[-6000:]}")
     finally:
         child.kill()
     assert child.returncode == 130, stderr
-    assert stderr.splitlines() == [f"kvsim: interrupted (kvsim run): {out} was not written; what was there "
-                                   "before is intact"]
+    *progress, last = stderr.splitlines()
+    assert last == f"kvsim: interrupted (kvsim run): {out} was not written; what was there before is intact"
+    assert all(line.startswith("kvsim run: simulated ") for line in progress), stderr
     assert sorted((p.name, p.read_bytes()) for p in out.iterdir()) == before
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_a_ctrl_c_swallowed_where_it_landed_is_raised_at_the_next_progress(monkeypatch):
+    """The CLI's SIGINT handler remembers the interrupt: code that swallowed the KeyboardInterrupt (here an
+    `except BaseException`) does not lose it, the next progress call of the run raises it again."""
+    import contextlib
+    import signal
+    import threading
+
+    from kvsim.cli import interrupts
+    from kvsim.cli.progress import run_progress
+
+    monkeypatch.setattr(interrupts, "_interrupted", threading.Event())
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        interrupts.install()
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        with contextlib.suppress(BaseException):  # what a careless library does
+            signal.raise_signal(signal.SIGINT)
+        for enabled in (False, True):
+            with run_progress("run", enabled=enabled) as progress, pytest.raises(KeyboardInterrupt):
+                progress(1.0, 1, 10)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_ignored_by_the_caller_stays_ignored(monkeypatch):
+    """`nohup kvsim ... &` starts kvsim with SIGINT ignored: the CLI does not take it back."""
+    import signal
+
+    from kvsim.cli import interrupts
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        interrupts.install()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_ctrl_c_before_any_output_says_so():

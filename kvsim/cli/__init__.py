@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from kvsim.cli.interrupts import install as install_interrupts
 from kvsim.cli.profiles import calibrate, import_profile
 from kvsim.cli.progress import points_text, run_progress, study_text, updater
 from kvsim.cli.shared import (
@@ -440,4 +441,5 @@ def validate(
     typer.echo(f"validation written to {out_dir}/ (validation.md, validation.json, figures, sim/)", err=True)
 
 def main() -> None:
+    install_interrupts()
     app()

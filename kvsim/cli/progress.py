@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from kvsim.cli.interrupts import raise_if_interrupted
+
 BAR_AFTER_S = 1.0
 PLAIN_FIRST_S = 3.0
 PLAIN_EVERY_S = 10.0
@@ -26,10 +28,15 @@ Update = Callable[[str, float | None, float | None, str | None], None]  # (text,
 
 
 @contextmanager
-def updater(command: str, enabled: bool = True) -> Iterator[Update | None]:
-    """An `Update` for `kvsim COMMAND` (None when disabled): a rich line on a terminal, plain lines elsewhere."""
+def updater(command: str, enabled: bool = True) -> Iterator[Update]:
+    """An `Update` for `kvsim COMMAND`: a rich line on a terminal, plain lines elsewhere, nothing when
+    disabled. Every call first raises a Ctrl-C that was lost where it landed (`raise_if_interrupted`)."""
     if not enabled:
-        yield None
+        def quiet(text: str, completed: float | None = None, total: float | None = None,
+                  phase: str | None = None) -> None:
+            raise_if_interrupted()
+
+        yield quiet
         return
     started = time.monotonic()
     if not sys.stderr.isatty():
@@ -45,6 +52,7 @@ def updater(command: str, enabled: bool = True) -> Iterator[Update | None]:
         def plain(text: str, completed: float | None = None, total: float | None = None,
                   phase: str | None = None) -> None:
             nonlocal last_phase, last_text
+            raise_if_interrupted()
             now = time.monotonic()
             if last_phase is not None and phase != last_phase:
                 say(last_text, now)  # a phase ended: its final counts
@@ -64,6 +72,7 @@ def updater(command: str, enabled: bool = True) -> Iterator[Update | None]:
     def rich_line(text: str, completed: float | None = None, total: float | None = None,
                   phase: str | None = None) -> None:
         nonlocal task
+        raise_if_interrupted()
         if task is None:
             if time.monotonic() - started < BAR_AFTER_S:
                 return
@@ -84,13 +93,10 @@ def requests_text(sim_s: float, done: int, total: int) -> str:
 
 
 @contextmanager
-def run_progress(command: str, enabled: bool = True) -> Iterator[Callable[[float, int, int], None] | None]:
-    """A simulation's `progress(sim_s, done, total)` callback (`kvsim.engine.loop.ProgressFn`)."""
+def run_progress(command: str, enabled: bool = True) -> Iterator[Callable[[float, int, int], None]]:
+    """A simulation's `progress(sim_s, done, total)` callback (`kvsim.engine.loop.ProgressFn`); disabled,
+    it says nothing but still raises a lost Ctrl-C."""
     with updater(command, enabled) as update:
-        if update is None:
-            yield None
-            return
-
         def on_progress(sim_s: float, done: int, total: int) -> None:
             update(requests_text(sim_s, done, total), done, total, None)
 
