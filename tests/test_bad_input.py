@@ -170,6 +170,8 @@ CASES = [
      "engine.max_num_seq: unknown key (did you mean max_num_seqs?)"),
     ("set-near-miss-section", {}, ["run", "--set", "wrkload.num_requests=3"], "wrkload: unknown key (did you mean "
                                                                              "workload?)"),
+    ("set-flow-map-without-space", {}, ["run", "--set", "engine.kv_offload={cpu_bytes:1GiB}"],  # YAML: one key
+     "engine.kv_offload.cpu_bytes:1GiB: unknown key; YAML needs a space after the colon: `cpu_bytes: 1GiB`"),
     ("set-duplicate-key", {}, ["run", "--set", "engine={block_size: 16, block_size: 32}"],
      "the value is not valid YAML (duplicate key 'block_size' (lines 1 and 1)"),
     # --- traces

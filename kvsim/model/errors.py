@@ -76,8 +76,13 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
     field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "value")
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        hint = close_match(str(first["loc"][-1]), _fields_at(model, first["loc"][:-1])) if first["loc"] else ""
-        return KvsimError(f"{field}: unknown key{hint}")
+        key = str(first["loc"][-1]) if first["loc"] else ""
+        fields = _fields_at(model, first["loc"][:-1]) if first["loc"] else []
+        name, colon, _ = key.partition(":")
+        if colon and name.strip() in fields:  # YAML reads `{cpu_bytes:1GiB}` as one key: it needs `: `
+            return KvsimError(f"{field}: unknown key; YAML needs a space after the colon: "
+                              f"`{name.strip()}: {key[len(name) + 1:].strip()}`")
+        return KvsimError(f"{field}: unknown key{close_match(key, fields)}")
     if first["type"] == "missing":
         return KvsimError(f"{field}: required field is missing")
     if isinstance(first.get("input"), dict):  # a check across fields: the message names them
