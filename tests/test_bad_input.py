@@ -172,6 +172,8 @@ CASES = [
                                                                              "workload?)"),
     ("set-flow-map-without-space", {}, ["run", "--set", "engine.kv_offload={cpu_bytes:1GiB}"],  # YAML: one key
      "engine.kv_offload.cpu_bytes:1GiB: unknown key; YAML needs a space after the colon: `cpu_bytes: 1GiB`"),
+    ("kv-transfer-without-pools", {}, ["run", "--kv-transfer-config", '{"kv_connector": "NixlConnector"}'],
+     "kvsim: error: kv_transfer_config: no replica group with kv_role=kv_producer"),  # a check across fields
     ("set-duplicate-key", {}, ["run", "--set", "engine={block_size: 16, block_size: 32}"],
      "the value is not valid YAML (duplicate key 'block_size' (lines 1 and 1)"),
     # --- traces

@@ -86,5 +86,5 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
     if first["type"] == "missing":
         return KvsimError(f"{field}: required field is missing")
     if isinstance(first.get("input"), dict):  # a check across fields: the message names them
-        return KvsimError(f"{field}: {message}")
+        return KvsimError(f"{field}: {message}" if prefix or loc else message)
     return KvsimError(f"{field}={shown(first.get('input'))}: {message}")
