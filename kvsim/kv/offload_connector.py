@@ -215,3 +215,49 @@ class OffloadConnector:
         """The share of `duration_s` the tier's write link needs for the bytes written into it."""
         link = self._writes_on[tier].spec
         return self.num_stored_bytes[tier] / link.bandwidth_bytes_per_s / duration_s if duration_s else 0.0
+
+
+_SUMMED = ("num_blocks", "bytes", "num_hit_blocks", "num_hit_tokens", "bytes_loaded", "num_stored_blocks",
+           "num_evicted_blocks", "num_refused_stores", "num_held_blocks_at_end", "bytes_stored")
+_BANDWIDTHS = ("load_bandwidth_bytes_per_s", "store_bandwidth_bytes_per_s")
+
+
+def combine_summaries(summaries: Sequence[dict[str, Any]], durations_s: Sequence[float]) -> dict[str, Any]:
+    """One `kv_offload` for engines that each have a tier (a fleet's replicas, a data-parallel group's ranks),
+    from their `summary()`s over runs of `durations_s`: per tier (by name) and in total, counts and bytes
+    summed; a bandwidth the engines share, or None where they differ; `load_s_mean` weighted by loads,
+    `load_s_max` the largest; a link's busy fraction weighted by run duration (its busy seconds over all
+    engines ÷ their summed durations); `num_engines`, per tier the engines that have it."""
+    assert summaries and len(summaries) == len(durations_s), "one duration per summary"
+    tiers: dict[str, dict[str, Any]] = {}
+    for summary in summaries:
+        for name in summary["tiers"]:
+            tiers.setdefault(name, {})
+    for name, combined in tiers.items():
+        have = [(s["tiers"][name], d) for s, d in zip(summaries, durations_s, strict=True) if name in s["tiers"]]
+        combined.update({key: sum(t[key] for t, _ in have) for key in _SUMMED})
+        combined.update({key: _shared(t[key] for t, _ in have) for key in _BANDWIDTHS})
+        combined["store_link_busy_fraction"] = _weighted(have, "store_link_busy_fraction")
+        combined["num_engines"] = len(have)
+    num_loads = sum(s["num_loads"] for s in summaries)
+    return {
+        "tiers": tiers, "store_bandwidth_bytes_per_s": _shared(s["store_bandwidth_bytes_per_s"] for s in summaries),
+        "num_loads": num_loads, "bytes_loaded": sum(s["bytes_loaded"] for s in summaries),
+        "bytes_stored": sum(s["bytes_stored"] for s in summaries),
+        "recompute_avoided_tokens": sum(s["recompute_avoided_tokens"] for s in summaries),
+        "load_s_mean": sum(s["load_s_mean"] * s["num_loads"] for s in summaries) / num_loads if num_loads else 0.0,
+        "load_s_max": max(s["load_s_max"] for s in summaries),
+        "store_link_busy_fraction": _weighted(list(zip(summaries, durations_s, strict=True)),
+                                              "store_link_busy_fraction"),
+        "num_engines": len(summaries),
+    }
+
+
+def _shared(values: Any) -> float | None:
+    distinct = set(values)
+    return distinct.pop() if len(distinct) == 1 else None
+
+
+def _weighted(parts: Sequence[tuple[dict[str, Any], float]], key: str) -> float:
+    total_s = sum(d for _, d in parts)
+    return sum(p[key] * d for p, d in parts) / total_s if total_s else 0.0
