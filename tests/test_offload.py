@@ -115,8 +115,12 @@ def test_touch_makes_the_first_block_the_last_to_go():
 
 def test_a_cpu_eviction_is_demoted_to_disk_and_a_lookup_walks_down():
     stack = TieredOffload([OffloadTier("cpu", 2), OffloadTier("disk", 4)])
-    stack.tiers[0].complete_store(stack.store(["h1", "h2"]))
-    stack.tiers[0].complete_store(stack.store(["h3"]))  # h1 leaves the CPU for the disk
+    assert stack.store(["h1", "h2"]) == (["h1", "h2"], [])
+    stack.tiers[0].complete_store(["h1", "h2"])
+    assert stack.store(["h3"]) == (["h3"], [(1, ["h1"])])  # h1 leaves the CPU for the disk, being written
+    stack.tiers[0].complete_store(["h3"])
+    assert stack.lookup(["h1"]) == [0, 0]  # in neither tier until the disk's write ends
+    stack.tiers[1].complete_store(["h1"])
     assert stack.tiers[0].lookup(["h1"]) == 0 and stack.tiers[1].lookup(["h1"]) == 1
     assert stack.lookup(["h1", "h2", "h3", "h4"]) == [2, 1]  # h1 from disk, h2 and h3 from the CPU; no h4
     assert stack.lookup(["h4", "h1"]) == [0, 0]
@@ -124,5 +128,5 @@ def test_a_cpu_eviction_is_demoted_to_disk_and_a_lookup_walks_down():
 
 def test_a_tier_of_zero_blocks_holds_nothing():
     stack = TieredOffload([OffloadTier("cpu", 0)])
-    assert stack.store(["a", "b"]) == [] and stack.lookup(["a"]) == [0]
+    assert stack.store(["a", "b"]) == ([], []) and stack.lookup(["a"]) == [0]
     assert stack.tiers[0].num_held == 0

@@ -26,7 +26,7 @@ BLOCK_S = BLOCK_BYTES / BANDWIDTH  # 2.5 ms per block
 def connector(num_cpu_blocks=100, disk=None):
     tiers = [TierSpec("cpu", num_cpu_blocks, LinkSpec(BANDWIDTH))]
     if disk is not None:
-        tiers.append(TierSpec("disk", disk[0], LinkSpec(disk[1])))
+        tiers.append(TierSpec("disk", disk[0], LinkSpec(disk[1]), LinkSpec(disk[1])))
     return OffloadConnector(tiers, LinkSpec(BANDWIDTH), 16, BLOCK_BYTES)
 
 
@@ -105,6 +105,27 @@ def test_a_load_served_by_two_tiers_waits_for_both():
     hits = scheduler.offload.summary(3.0)["tiers"]
     assert hits["disk"]["num_hit_blocks"] == 4 and hits["cpu"]["num_hit_blocks"] == 0
     assert rows["ttft_s"][2] == pytest.approx(4 * BLOCK_BYTES / disk_bw + STEP_S, rel=1e-12)
+
+
+def test_a_demotion_to_disk_is_written_over_the_disk_link_before_it_can_hit():
+    """CPU tier of 4 blocks, disk written at 1e8 B/s (one block: 10 ms). A's 4 blocks stored at 0 (ready at
+    10 ms); B's 4 at 20 ms evict them: one 4-block write to disk, alone until 30 ms (1e6 B drained), when C's
+    2 blocks (stored at 30 ms, B ready by then) evict B's first two, a 2-block write sharing the link: both
+    drain at 5e7 B/s, C's demotion (2e6 B) ends at 70 ms, then A's last 1e6 B alone by 80 ms."""
+    offload = connector(num_cpu_blocks=4, disk=(100, 1e8))
+    a, b, c = (TokenContent(list(range(k, k + 64))) for k in (0, 1000, 2000))
+    offload.store(a.block_hashes(16, 4), 0.0)
+    offload.store(b.block_hashes(16, 4), 0.02)
+    offload.store(c.block_hashes(16, 2), 0.03)
+    offload.check_invariants()
+    eps = 1e-9
+    for now, a_hits, b_hits in ((0.07 - eps, 0, 0), (0.07 + eps, 0, 2), (0.08 - eps, 0, 2), (0.08 + eps, 4, 2)):
+        offload.advance(now)
+        assert offload.lookup(a, 0, 4) == a_hits and offload.lookup(b, 0, 2) == b_hits, now
+        offload.check_invariants()
+    disk = offload.summary(0.1)["tiers"]["disk"]
+    assert disk["bytes_stored"] == 6 * BLOCK_BYTES and disk["num_stored_blocks"] == 6
+    assert disk["store_link_busy_fraction"] == pytest.approx(6 * BLOCK_BYTES / 1e8 / 0.1, rel=1e-12)
 
 
 def test_store_not_finished_is_not_hit():

@@ -9,7 +9,16 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.cli.shared import offload_line
-from kvsim.planning.offload_sizing import hurts_table, pays_table, prefill_s, size_offload, ttft_slo, variant
+from kvsim.planning.offload_sizing import (
+    hurts_table,
+    pays_table,
+    prefill_s,
+    size_offload,
+    sizing_base,
+    ttft_slo,
+    variant,
+)
+from kvsim.planning.spec import make_plan_spec
 from kvsim.workload.scenario import make_scenario
 
 STEP_S = 0.01
@@ -78,6 +87,23 @@ def test_ttft_slo_from_a_plans_slos():
     assert ttft_slo({"e2e_s.p99": 5.0}) == (None, "p90")
 
 
+def test_the_plan_sizes_the_tier_for_its_cheapest_feasible_colocated_fleet():
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 2}, "gpus": ["h200", "h100-80gb"], "engine": {"max_num_seqs": [16, 32]},
+                           "router": "least_kv"})
+    rows = [{"topology": "1P1D", "feasible": True, "replicas": 2},  # a split: not what a tier is sized for
+            {"topology": "colocated", "feasible": False, "replicas": None},
+            {"topology": "colocated", "feasible": True, "replicas": 3, "gpu": "h100-80gb", "tensor_parallel_size": 1,
+             "max_num_seqs": 32},
+            {"topology": "colocated", "feasible": True, "replicas": 2, "gpu": "h200", "tensor_parallel_size": 1,
+             "max_num_seqs": 16}]  # ranked below: not it
+    base = toy()
+    fleet, label = sizing_base(base, spec, rows)
+    assert label == "h100-80gb tp1 max_num_seqs=32 x3"
+    assert (fleet.gpu, fleet.replicas, fleet.engine.max_num_seqs, fleet.router.policy) == ("h100-80gb", 3, 32, "least_kv")
+    assert fleet.workload == base.workload  # the whole traffic, on the fleet
+    assert sizing_base(base, spec, rows[:2]) == (base, "the scenario as given (no feasible colocated answer)")
+
+
 def test_plan_with_offload_size_writes_the_sizing(tmp_path):
     scenario = tmp_path / "toy.yaml"
     scenario.write_text(json.dumps(toy(num_requests=30).model_dump(mode="json")))
@@ -85,9 +111,11 @@ def test_plan_with_offload_size_writes_the_sizing(tmp_path):
     result = runner().invoke(app, ["plan", str(scenario), "--slo", "ttft_s.p90=2", "--gpu", "h200",
                                    "--max-replicas", "1", "--workers", "1", "--offload-size", "4GiB", "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert "offload (one replica)" in result.stdout
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan[0]["feasible"] and plan[0]["replicas"] == 1  # the plan's answer: one h200
+    assert "offload (h200 tp1 x1):" in result.stdout  # the tier is sized for that answer's replicas
     answer = json.loads((out / "offload_sizing.json").read_text())
-    assert answer["ttft_slo_s"] == 2 and answer["largest_bytes"] == 4 * GiB
+    assert answer["ttft_slo_s"] == 2 and answer["largest_bytes"] == 4 * GiB and answer["sized_for"] == "h200 tp1 x1"
     points = pd.read_csv(out / "offload_points.csv")
     assert sorted(set(points["load"])) == [0.5, 1.0, 2.0] and sorted(set(points["cpu_bytes"])) == [0, 4 * GiB]
     bad = runner().invoke(app, ["plan", str(scenario), "--slo", "ttft_s.p90=2", "--gpu", "h200", "--workers", "1",

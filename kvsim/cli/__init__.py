@@ -272,11 +272,12 @@ def plan(
                                      "[rdma]")] = None,
     output_format: Annotated[Format, typer.Option("--format")] = Format.table,
     offload_sizes: Annotated[list[str] | None, typer.Option(
-        "--offload-size", help="Also size a KV offload tier: a CPU tier size to try (repeat), e.g. 64GiB")] = None,
+        "--offload-size", help="Also size a KV offload tier for the cheapest colocated answer: a CPU tier "
+                                "size per replica to try (repeat), e.g. 64GiB")] = None,
 ) -> None:
     """The cheapest fleet meeting latency SLOs: fewest replicas per candidate GPU / TP / engine knobs, and
     with --xpyd disaggregated prefill/decode splits of each, all ranked by cost. With --offload-size, also the
-    CPU offload tier one replica needs (`kvsim.planning.offload_sizing`)."""
+    CPU offload tier each replica of the cheapest colocated answer needs (`kvsim.planning.offload_sizing`)."""
     import yaml
 
     from kvsim.planning.plan import check_candidates, spec_from_options
@@ -324,11 +325,12 @@ def plan(
                 close_client(client)
         write_plan(rows, out_dir, base.name)
         if sizes:
-            from kvsim.planning.offload_sizing import size_offload, ttft_slo, write_sizing
+            from kvsim.planning.offload_sizing import size_offload, sizing_base, ttft_slo, write_sizing
 
             limit, stat = ttft_slo(spec.slo)
-            sizing = size_offload(base, sizes, (0.5, 1.0, 2.0), ttft_slo_s=limit, ttft_percentile=stat,
-                                  workers=workers or 1, dask_address=dask_address)
+            sized, sized_for = sizing_base(base, spec, rows)
+            sizing = size_offload(sized, sizes, (0.5, 1.0, 2.0), ttft_slo_s=limit, ttft_percentile=stat,
+                                  workers=workers or 1, dask_address=dask_address, sized_for=sized_for)
             write_sizing(sizing, out_dir)
     if output_format is Format.table:
         print_plan(rows, base.name, out_dir, simulated)

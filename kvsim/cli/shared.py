@@ -133,11 +133,11 @@ def offload_line(sizing: Any) -> str:
     size = sizing.size_for_ttft_bytes
     slo = f"TTFT {f['ttft_percentile']} <= {f['ttft_slo_s']} s" if f["ttft_slo_s"] is not None else "no TTFT SLO"
     found = ("not met by any size tried" if size is None else "met without a tier" if not size
-             else f"met from a CPU tier of {size / 2**30:g} GiB")
+             else f"met from a CPU tier of {size / 2**30:g} GiB a replica")
     largest = f"the largest tier ({f['largest_bytes'] / 2**30:g} GiB)"
     pays = (f"{largest} cuts TTFT p90 by 5 % at no load tried" if sizing.pays_from_load is None
             else f"{largest} cuts TTFT p90 by >= 5 % from load x{sizing.pays_from_load:g} of the scenario's")
-    return (f"offload (one replica): {slo} {found}; {pays}; "
+    return (f"offload ({f['sized_for']}): {slo} {found}; {pays}; "
             "offload_points.csv, offload_pays.csv, offload_hurts.csv, offload_sizing.json")
 
 

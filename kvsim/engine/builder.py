@@ -136,7 +136,7 @@ def make_offload(spec: EngineSpec) -> OffloadConnector | None:
     """The offload tiers of `engine.kv_offload` (`kvsim.kv.offload_connector`), or None when it has no tier
     of at least one block (so a tier of size 0 is exactly no tier). A block takes the shard bytes of every TP
     rank; loads and stores move at the host link's bandwidth per rank (each rank has its own), the disk
-    tier's reads at the drive's bandwidth."""
+    tier's reads and writes (demotions from the CPU tier) at the drive's bandwidth."""
     config, engine = spec.engine.kv_offload, spec.engine
     if config is None:
         return None
@@ -156,7 +156,8 @@ def make_offload(spec: EngineSpec) -> OffloadConnector | None:
     tiers = [TierSpec("cpu", num_cpu, LinkSpec(bandwidth))]
     if num_disk:
         assert config.disk_bandwidth_bytes_per_s is not None
-        tiers.append(TierSpec("disk", num_disk, LinkSpec(config.disk_bandwidth_bytes_per_s)))
+        disk_link = LinkSpec(config.disk_bandwidth_bytes_per_s)  # the drive's, for reads and for writes
+        tiers.append(TierSpec("disk", num_disk, disk_link, disk_link))
     return OffloadConnector(tiers, LinkSpec(bandwidth), engine.block_size, block_bytes)
 
 

@@ -18,6 +18,7 @@ from kvsim.engine.lockstep_recorder import LockstepRecorder
 from kvsim.engine.loop import ProgressFn, least_loaded, run_engine, run_engines
 from kvsim.engine.recorder import StepRecorder
 from kvsim.engine.runtime import Engine
+from kvsim.kv.offload_connector import combine_summaries
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import summarize
@@ -34,7 +35,8 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     load balancer, stepping in lockstep (`kvsim.engine.loop.step_loop`). The result holds every request
     (column `dp_rank`) and the engines' steps (those `scenario.steps` keeps, in (`time_s`, `dp_rank`)
     order); the summary describes the deployment: running and waiting counts and scheduler counters
-    summed over the engines, pool shares averaged over them (`kvsim.results.metrics.dp_group_steps`).
+    summed over the engines, pool shares averaged over them (`kvsim.results.metrics.dp_group_steps`),
+    with KV offload its tiers' books over the ranks (`kvsim.kv.offload_connector.combine_summaries`).
     The steps stream through a `LockstepRecorder`: to `writer`, if given (they are read back from
     `steps_path`, where the writer's file lands), else kept in memory (`all`) or sampled."""
     check_engines_memory(scenario, [(scenario, scenario.engine.data_parallel_size)], memory_limit_bytes,
@@ -68,6 +70,9 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
         summary[key] = sum(getattr(c, attr) for c in counters)
     queries = summary["num_prefix_cache_query_tokens"]
     summary["prefix_cache_hit_rate"] = summary["num_prefix_cache_hit_tokens"] / queries if queries else 0.0
+    offloads = [s.offload.summary(summary["duration_s"]) for s in schedulers if s.offload is not None]
+    if offloads:  # every rank has the same tiers; their books over the group's run
+        summary["kv_offload"] = combine_summaries(offloads, [summary["duration_s"]] * len(offloads))
     streamed = writer is not None and scenario.steps == "all"
     return RunResult(scenario=scenario, request_columns=request_columns,
                      step_columns=None if streamed else steps.kept_columns(), summary=summary,

@@ -28,6 +28,7 @@ from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.fleet.router import Decision, Router
+from kvsim.kv.offload_connector import combine_summaries
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
@@ -251,13 +252,11 @@ def fleet_requests(runs: list[RunResult]) -> pd.DataFrame:
     return pd.DataFrame({name: values[order] for name, values in columns.items()})
 
 
-OFFLOAD_TOTALS = ("num_loads", "bytes_loaded", "bytes_stored", "recompute_avoided_tokens")  # summed over replicas
-
-
 def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunResult],
                   routes_df: pd.DataFrame) -> dict[str, Any]:
     """Fleet-wide headline numbers: latency percentiles over every request, totals over replicas (with KV
-    offload, `kv_offload`: its totals over the replicas that have a tier; each replica's is in its summary)."""
+    offload, `kv_offload`: the books of the replicas that have a tier, per tier and in total,
+    `kvsim.kv.offload_connector.combine_summaries`; each replica's is in its summary)."""
     finished = requests_df[requests_df["status"] == "finished"]
     end_s = max((r.summary["duration_s"] + float(r.request_columns["arrival_s"].min()) for r in runs
                  if len(r.request_columns["arrival_s"])), default=0.0)
@@ -277,8 +276,8 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
     counts = [row["num_requests"] for row in per_replica]
     arrivals = requests_df["arrival_s"]
     span_s = float(arrivals.max() - arrivals.min()) if len(arrivals) > 1 else 0.0
-    offload = [r.summary["kv_offload"] for r in runs if "kv_offload" in r.summary]
-    extra = {"kv_offload": {key: sum(o[key] for o in offload) for key in OFFLOAD_TOTALS}} if offload else {}
+    offload = [(r.summary["kv_offload"], r.summary["duration_s"]) for r in runs if "kv_offload" in r.summary]
+    extra = {"kv_offload": combine_summaries(*zip(*offload, strict=True))} if offload else {}
     return {
         "scenario": scenario.name, "num_replicas": len(runs), "router": scenario.router.policy,
         "num_gpus": sum(row["tensor_parallel_size"] for row in per_replica), "seed": scenario.seed,

@@ -15,8 +15,9 @@ A tier holds block hashes (the identity of a full, hashed KV block: `kvsim.workl
         [ h7 ready ][ h3 ready, pinned ][ h9 storing ][ h1 ready ]
           evicted first          never evicted while pinned or storing
 
-`TieredOffload` stacks tiers (CPU, then disk): a block a tier evicts is offered to the tier below, and a
-lookup walks the prefix block by block, each block served by the fastest tier that holds it. A tier of 0 blocks
+`TieredOffload` stacks tiers (CPU, then disk): a block a tier evicts is offered to the tier below (a slot
+reserved there, ready once its write ends, as LMCache's local disk admits a chunk only after writing it), and
+a lookup walks the prefix block by block, each block served by the fastest tier that holds it. A tier of 0 blocks
 holds nothing: every call is a no-op, so a run with it equals a run without offload.
 Pure Python; the engine prices the bytes moved (`kvsim.kv.link`).
 """
@@ -152,24 +153,27 @@ class TieredOffload:
             hits[tier] += 1
         return hits
 
-    def store(self, hashes: Sequence[BlockHash]) -> list[BlockHash]:
-        """Offer `hashes` to the top tier, demoting its evictions down the stack; return what the top must write
-        (blocks the tier did not hold). Stores become ready on `complete_store`; demotions are ready at once."""
+    def store(self, hashes: Sequence[BlockHash]) -> tuple[list[BlockHash], list[tuple[int, list[BlockHash]]]]:
+        """Offer `hashes` to the top tier, demoting its evictions down the stack. Returns what the top must write
+        (blocks it did not hold) and the demotions, (tier index, blocks that tier must write): every slot
+        reserved is ready only on that tier's `complete_store`, when its write ends."""
         if not self.tiers:
-            return []
+            return [], []
         prepared = self.tiers[0].prepare_store(hashes)
         if prepared is None:
-            return []
+            return [], []
         to_store, evicted = prepared
-        for lower in self.tiers[1:]:
+        demotions: list[tuple[int, list[BlockHash]]] = []
+        for k, lower in enumerate(self.tiers[1:], start=1):
             if not evicted:
                 break
             demoted = lower.prepare_store(evicted)
             if demoted is None:
                 break
-            lower.complete_store(demoted[0])
+            if demoted[0]:
+                demotions.append((k, demoted[0]))
             evicted = demoted[1]
-        return to_store
+        return to_store, demotions
 
     def check_invariants(self) -> None:
         for tier in self.tiers:

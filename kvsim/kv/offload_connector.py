@@ -1,15 +1,18 @@
 """The offload connector: the tiers of `offload.py` with the time their bytes take, as vLLM's
 OffloadingConnector (vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py) runs them.
 
-    GPU prefix cache ──store (write-through, async)──▶ CPU tier (LRU) ──evicted──▶ disk tier (LRU)
-          ▲                  GPU→host link                  │                        │
-          └──────── load (async) over the tier's link ──────┴────────────────────────┘
+    GPU prefix cache ──store (write-through, async)──▶ CPU tier (LRU) ──evicted (async)──▶ disk tier (LRU)
+          ▲                  GPU→host link                  │       disk's write link      │
+          └──────── load (async) over the tier's link ──────┴──────────────────────────────┘
 
 * Stores: after each step, the full blocks a request computed in it are offered to the CPU tier
   (vLLM's `_get_reqs_to_store`: every newly full block, from block 0 of the request on; blocks the
   tier holds are skipped). They go as one transfer over the GPU→host link (shared by concurrent
-  stores, `SharedLink`), and a lookup can hit them only once it has ended (`complete_store`). A block the
-  CPU tier evicts is demoted to the disk tier at once (the demotion's write is not priced: stated).
+  stores, `SharedLink`), and a lookup can hit them only once it has ended (`complete_store`). The blocks
+  the CPU tier evicts to make room are demoted to the disk tier: their disk slots are reserved at once and
+  written, as one transfer per store, over the disk's write link (shared by the demotions in flight),
+  hittable there once it ends, as LMCache's local disk backend writes a chunk asynchronously and admits
+  it only when written. The disk's reads and writes use separate links (they do not contend).
 * Loads: a waiting request whose prefix misses the GPU cache at block k but whose blocks k.. are held
   by the tiers (`lookup`, each block from the fastest tier holding it) gets GPU blocks for them and
   waits while they load (vLLM's WAITING_FOR_REMOTE_KVS): one transfer per tier over that tier's
@@ -35,11 +38,13 @@ from kvsim.workload.content import Content
 
 @dataclass(frozen=True, slots=True)
 class TierSpec:
-    """One tier: `num_blocks` blocks, loaded to the GPU over `load_link`."""
+    """One tier: `num_blocks` blocks, loaded to the GPU over `load_link`; the blocks demoted into it are
+    written over `store_link` (a lower tier's; the top tier's writes use the connector's `store_link`)."""
 
     name: str
     num_blocks: int
     load_link: LinkSpec
+    store_link: LinkSpec | None = None
 
 
 @dataclass(slots=True)
@@ -59,24 +64,27 @@ class OffloadConnector:
     block_size: int
     bytes_per_block: int
     cache: TieredOffload = field(init=False)
-    _store: SharedLink = field(init=False)
+    _writes_on: list[SharedLink] = field(init=False)  # per tier, the link its writes go over
     _loads_on: list[SharedLink] = field(init=False)
-    _stores: dict[int, list[BlockHash]] = field(default_factory=dict)
+    _writing: list[dict[int, list[BlockHash]]] = field(init=False)  # per tier, writes in flight: id -> blocks
     _loads: dict[int, _Load] = field(default_factory=dict)
     _ready: list[int] = field(default_factory=list)  # requests whose loads ended, not yet taken
     _next_store_id: int = 0
     on_next_load_end: Callable[[float], None] | None = None  # told the next load's end after every change
     num_hit_blocks: list[int] = field(init=False)  # per tier, blocks loaded from it
     num_loads: int = 0
-    num_stored_bytes: int = 0
+    num_stored_bytes: list[int] = field(init=False)  # per tier, bytes of the writes started into it
     load_s: list[float] = field(default_factory=list)  # each load's duration (start to its last transfer's end)
 
     def __post_init__(self) -> None:
         assert self.tiers and all(t.num_blocks > 0 for t in self.tiers), "a tier of 0 blocks is no tier"
+        assert all(t.store_link is not None for t in self.tiers[1:]), "a lower tier needs its write link"
         self.cache = TieredOffload([OffloadTier(t.name, t.num_blocks) for t in self.tiers])
-        self._store = SharedLink(self.store_link)
+        self._writes_on = [SharedLink(t.store_link or self.store_link) for t in self.tiers]
         self._loads_on = [SharedLink(t.load_link) for t in self.tiers]
+        self._writing = [{} for _ in self.tiers]
         self.num_hit_blocks = [0] * len(self.tiers)
+        self.num_stored_bytes = [0] * len(self.tiers)
 
     @property
     def loading_ids(self) -> set[int]:
@@ -111,14 +119,18 @@ class OffloadConnector:
         self._tell_next_end()
 
     def store(self, hashes: Sequence[BlockHash], now_s: float) -> None:
-        """Offer newly computed full blocks to the top tier; the ones it takes are written over the store link."""
+        """Offer newly computed full blocks to the top tier; the ones it takes are written over the store link,
+        the ones it evicts for them over the lower tier's write link."""
         self.advance(now_s)
-        to_store = self.cache.store(hashes)
-        if to_store:
-            self._store.start(self._next_store_id, len(to_store) * self.bytes_per_block, now_s)
-            self._stores[self._next_store_id] = to_store
+        to_store, demotions = self.cache.store(hashes)
+        for k, blocks in [(0, to_store), *demotions]:
+            if not blocks:
+                continue
+            num_bytes = len(blocks) * self.bytes_per_block
+            self._writes_on[k].start(self._next_store_id, num_bytes, now_s)
+            self._writing[k][self._next_store_id] = blocks
             self._next_store_id += 1
-            self.num_stored_bytes += len(to_store) * self.bytes_per_block
+            self.num_stored_bytes[k] += num_bytes
 
     def take_ready(self, now_s: float) -> list[int]:
         """The requests whose loads have completed by `now_s` and were not taken yet, in the order they completed."""
@@ -128,8 +140,9 @@ class OffloadConnector:
 
     def advance(self, now_s: float) -> None:
         """Book the transfers that ended by `now_s`: stores become hittable, completed loads ready (`take_ready`)."""
-        for store_id in self._store.advance(now_s):
-            self.cache.tiers[0].complete_store(self._stores.pop(store_id))
+        for tier, link, writing in zip(self.cache.tiers, self._writes_on, self._writing, strict=True):
+            for store_id in link.advance(now_s):
+                tier.complete_store(writing.pop(store_id))
         ready, ended = self._ready, False
         for k, link in enumerate(self._loads_on):
             for request_id, end_s in zip(link.advance(now_s), link.ended_s, strict=True):
@@ -156,9 +169,13 @@ class OffloadConnector:
         return [link.bytes_moved for link in self._loads_on]
 
     def check_invariants(self) -> None:
-        """Every tier's books balance; blocks pinned are exactly those of loads in flight, once each."""
+        """Every tier's books balance; blocks pinned are exactly those of loads in flight, once each; blocks
+        being stored are exactly those of the tier's writes in flight."""
         self.cache.check_invariants()
         for k, tier in enumerate(self.cache.tiers):
+            storing = {h for h in tier.hashes_lru_first() if not tier.holds(h)}
+            written = [h for blocks in self._writing[k].values() for h in blocks]
+            assert len(written) == len(storing) and set(written) == storing, f"{tier.name}: storing != writes"
             pinned: dict[BlockHash, int] = {}
             for request_id, load in self._loads.items():
                 if request_id in self._loads_on[k].in_flight_ids:
@@ -178,17 +195,69 @@ class OffloadConnector:
                 "num_hit_blocks": self.num_hit_blocks[k], "num_hit_tokens": self.num_hit_blocks[k] * self.block_size,
                 "bytes_loaded": self.bytes_loaded[k], "num_stored_blocks": tier.num_stored_blocks,
                 "num_evicted_blocks": tier.num_evicted_blocks, "num_refused_stores": tier.num_refused_stores,
-                "num_held_blocks_at_end": tier.num_held,
+                "num_held_blocks_at_end": tier.num_held, "bytes_stored": self.num_stored_bytes[k],
+                "store_bandwidth_bytes_per_s": self._writes_on[k].spec.bandwidth_bytes_per_s,
+                "store_link_busy_fraction": self._busy_fraction(k, duration_s),
             }
         loaded_tokens = sum(self.num_hit_blocks) * self.block_size
         return {
             "tiers": tiers,
             "store_bandwidth_bytes_per_s": self.store_link.bandwidth_bytes_per_s,
             "num_loads": self.num_loads,
-            "bytes_loaded": sum(self.bytes_loaded), "bytes_stored": self.num_stored_bytes,
+            "bytes_loaded": sum(self.bytes_loaded), "bytes_stored": self.num_stored_bytes[0],
             "recompute_avoided_tokens": loaded_tokens,
             "load_s_mean": sum(self.load_s) / len(self.load_s) if self.load_s else 0.0,
             "load_s_max": max(self.load_s, default=0.0),
-            "store_link_busy_fraction": (self.num_stored_bytes / self.store_link.bandwidth_bytes_per_s / duration_s
-                                         if duration_s else 0.0),
+            "store_link_busy_fraction": self._busy_fraction(0, duration_s),
         }
+
+    def _busy_fraction(self, tier: int, duration_s: float) -> float:
+        """The share of `duration_s` the tier's write link needs for the bytes written into it."""
+        link = self._writes_on[tier].spec
+        return self.num_stored_bytes[tier] / link.bandwidth_bytes_per_s / duration_s if duration_s else 0.0
+
+
+_SUMMED = ("num_blocks", "bytes", "num_hit_blocks", "num_hit_tokens", "bytes_loaded", "num_stored_blocks",
+           "num_evicted_blocks", "num_refused_stores", "num_held_blocks_at_end", "bytes_stored")
+_BANDWIDTHS = ("load_bandwidth_bytes_per_s", "store_bandwidth_bytes_per_s")
+
+
+def combine_summaries(summaries: Sequence[dict[str, Any]], durations_s: Sequence[float]) -> dict[str, Any]:
+    """One `kv_offload` for engines that each have a tier (a fleet's replicas, a data-parallel group's ranks),
+    from their `summary()`s over runs of `durations_s`: per tier (by name) and in total, counts and bytes
+    summed; a bandwidth the engines share, or None where they differ; `load_s_mean` weighted by loads,
+    `load_s_max` the largest; a link's busy fraction weighted by run duration (its busy seconds over all
+    engines ÷ their summed durations); `num_engines`, per tier the engines that have it."""
+    assert summaries and len(summaries) == len(durations_s), "one duration per summary"
+    tiers: dict[str, dict[str, Any]] = {}
+    for summary in summaries:
+        for name in summary["tiers"]:
+            tiers.setdefault(name, {})
+    for name, combined in tiers.items():
+        have = [(s["tiers"][name], d) for s, d in zip(summaries, durations_s, strict=True) if name in s["tiers"]]
+        combined.update({key: sum(t[key] for t, _ in have) for key in _SUMMED})
+        combined.update({key: _shared(t[key] for t, _ in have) for key in _BANDWIDTHS})
+        combined["store_link_busy_fraction"] = _weighted(have, "store_link_busy_fraction")
+        combined["num_engines"] = len(have)
+    num_loads = sum(s["num_loads"] for s in summaries)
+    return {
+        "tiers": tiers, "store_bandwidth_bytes_per_s": _shared(s["store_bandwidth_bytes_per_s"] for s in summaries),
+        "num_loads": num_loads, "bytes_loaded": sum(s["bytes_loaded"] for s in summaries),
+        "bytes_stored": sum(s["bytes_stored"] for s in summaries),
+        "recompute_avoided_tokens": sum(s["recompute_avoided_tokens"] for s in summaries),
+        "load_s_mean": sum(s["load_s_mean"] * s["num_loads"] for s in summaries) / num_loads if num_loads else 0.0,
+        "load_s_max": max(s["load_s_max"] for s in summaries),
+        "store_link_busy_fraction": _weighted(list(zip(summaries, durations_s, strict=True)),
+                                              "store_link_busy_fraction"),
+        "num_engines": len(summaries),
+    }
+
+
+def _shared(values: Any) -> float | None:
+    distinct = set(values)
+    return distinct.pop() if len(distinct) == 1 else None
+
+
+def _weighted(parts: Sequence[tuple[dict[str, Any], float]], key: str) -> float:
+    total_s = sum(d for _, d in parts)
+    return sum(p[key] * d for p, d in parts) / total_s if total_s else 0.0

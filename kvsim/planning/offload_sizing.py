@@ -19,7 +19,12 @@ SLO needs, the load past which the tier pays, and where it hurts.
    holds, so a link slower than that makes such requests slower than without a tier.
 
 Hit rate over all tiers = (GPU prefix-cache hit tokens + tokens loaded from the tiers) / tokens queried,
-first admissions and re-admissions after preemption together.
+first admissions and re-admissions after preemption together (a fleet's summary counts first admissions
+only: it has no re-admission counters).
+
+`kvsim plan --offload-size` sizes the plan's answer (`sizing_base`): the cheapest feasible colocated fleet,
+its GPU, TP and engine knobs on its replica count behind the plan's router, the tier on every replica, so a
+load is the whole fleet's traffic × the factor; with no feasible colocated answer, the scenario as given.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from kvsim.engine.builder import make_latency, resolve_engine
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.errors import KvsimError
 from kvsim.model.units import ceil_div
+from kvsim.planning.spec import Candidate, PlanSpec
 from kvsim.planning.sweep import run_many
 from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
 
@@ -74,8 +80,8 @@ def variant(base: Scenario, cpu_bytes: int, load: float = 1.0, bandwidth_bytes_p
 def point_row(summary: dict[str, Any], load: float, cpu_bytes: int) -> dict[str, Any]:
     """One point's row: the hit rates, TTFT and what the tier moved."""
     offload = summary.get("kv_offload") or {}
-    queried = summary["num_prefix_cache_query_tokens"] + summary["num_prefix_cache_preempted_query_tokens"]
-    gpu_hits = summary["num_prefix_cache_hit_tokens"] + summary["num_prefix_cache_preempted_hit_tokens"]
+    queried = summary["num_prefix_cache_query_tokens"] + summary.get("num_prefix_cache_preempted_query_tokens", 0)
+    gpu_hits = summary["num_prefix_cache_hit_tokens"] + summary.get("num_prefix_cache_preempted_hit_tokens", 0)
     loaded = offload.get("recompute_avoided_tokens", 0)
     row = {"load": load, "cpu_bytes": cpu_bytes, "cpu_GiB": round(cpu_bytes / 2**30, 3),
            "gpu_hit_rate": gpu_hits / queried if queried else 0.0,
@@ -142,8 +148,9 @@ def size_offload(base: Scenario, cpu_sizes_bytes: Sequence[int], loads: Sequence
                  target_hit_rate: float | None = None, ttft_slo_s: float | None = None, ttft_percentile: str = "p90",
                  bandwidth_bytes_per_s: float | None = None, prefix_lens: Sequence[int] = (1024, 4096, 16384, 65536),
                  hurt_bandwidths: Sequence[float] | None = None, workers: int | None = None,
-                 dask_address: str | None = None) -> OffloadSizing:
-    """Run the grid and answer (module docstring). Size 0 (no tier) is always part of the grid."""
+                 dask_address: str | None = None, sized_for: str = "the scenario as given") -> OffloadSizing:
+    """Run the grid and answer (module docstring). Size 0 (no tier) is always part of the grid; a size is
+    each engine's tier (a fleet's replicas each get one). `sized_for` labels what `base` is."""
     if not cpu_sizes_bytes or any(size < 0 for size in cpu_sizes_bytes):
         raise KvsimError(f"offload sizes={list(cpu_sizes_bytes)}: give sizes >= 0 bytes")
     if ttft_percentile not in TTFT_PERCENTILES:
@@ -170,10 +177,20 @@ def size_offload(base: Scenario, cpu_sizes_bytes: Sequence[int], loads: Sequence
     hurts = hurts_table(base, prefix_lens, bandwidths)
     facts = {"tier_bandwidth_bytes_per_s": link, "target_hit_rate": target_hit_rate, "ttft_slo_s": ttft_slo_s,
              "ttft_percentile": ttft_percentile, "largest_bytes": sizes[-1], "pays_margin": PAYS_MARGIN,
-             "num_runs": len(grid)}
+             "num_runs": len(grid), "sized_for": sized_for}
     pays = pays_table(points, sizes[-1]) if sizes[-1] else pd.DataFrame()
     paying = [float(x) for x in pays["load"][pays["pays"]]] if len(pays) else []
     return OffloadSizing(points, pays, hurts, size_hit, size_ttft, min(paying, default=None), facts)
+
+
+def sizing_base(base: Scenario, spec: PlanSpec, rows: Sequence[dict[str, Any]]) -> tuple[Scenario, str]:
+    """What `kvsim plan --offload-size` sizes, and its label (module docstring): the first feasible colocated
+    row of the ranked plan `rows` as a fleet, or `base` itself when no colocated row is feasible."""
+    for row in rows:
+        if row.get("topology") == "colocated" and row["feasible"] and row["replicas"]:
+            shape = Candidate(row["gpu"], row["tensor_parallel_size"], tuple((k, row[k]) for k in spec.engine))
+            return shape.scenario(base, row["replicas"], spec.router), f"{shape.label} x{row['replicas']}"
+    return base, "the scenario as given (no feasible colocated answer)"
 
 
 OFFLOAD_FILES = ["offload_points.csv", "offload_pays.csv", "offload_hurts.csv", "offload_sizing.json"]
