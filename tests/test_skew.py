@@ -138,3 +138,11 @@ def test_sliding_window_layers_look_the_grid_up_at_contexts_capped_by_their_wind
     prefill.add(256, 1024, 1, samples=True)
     full_us, window_us = (10 + 1e-3 * 256 * (cached + 256) for cached in (1024, 512))
     assert model.attention_s(prefill) == pytest.approx(16 * (full_us + window_us) * 1e-6, rel=1e-12)
+
+
+def test_an_alpha_that_is_not_a_number_is_named(tmp_path):
+    root = skew_bundle(tmp_path / "bf16")
+    table = root / "tp1" / "skew_fit.csv"
+    table.write_text(table.read_text().replace(",0.25,", ",fast,"))
+    with pytest.raises(KvsimError, match=r"row \d+ \(attention_skew\): alpha='fast' is not a number"):
+        load_profile(root, LLAMA, RTX, TP1)
