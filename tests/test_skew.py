@@ -1,8 +1,11 @@
 """The measured skew correction for decodes of unequal lengths (`kvsim.latency.skew`), by hand on tiny tables."""
 
 import pytest
+from test_burst_exact import assert_same
 from test_profiles import LLAMA, RTX, TP1, calibrated, write_bundle
 
+import kvsim.engine.runtime
+from kvsim.engine.simulate import simulate
 from kvsim.latency.calibrated import CalibratedLatency
 from kvsim.latency.profiles.loader import load_profile
 from kvsim.latency.profiles.native import read_native, write_native
@@ -11,6 +14,7 @@ from kvsim.latency.skew import DEFAULT_KEY, EDGES_KEY, SkewCorrection, format_ed
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.errors import KvsimError
 from kvsim.model.spec import ModelSpec
+from kvsim.workload.scenario import make_scenario
 
 EDGES = {"batch": [2, 4, 8], "skew_share": [0.05, 0.4, 1.01], "decode_context_len": [1024, 4096],
          "context_len": [0, 512]}
@@ -146,3 +150,35 @@ def test_an_alpha_that_is_not_a_number_is_named(tmp_path):
     table.write_text(table.read_text().replace(",0.25,", ",fast,"))
     with pytest.raises(KvsimError, match=r"row \d+ \(attention_skew\): alpha='fast' is not a number"):
         load_profile(root, LLAMA, RTX, TP1)
+
+
+def test_decode_bursts_price_the_skew_as_the_step_by_step_run_does(tmp_path, monkeypatch):
+    """A burst prices its steps from the first plan, the shortest and longest contexts growing by one a
+    step (`kvsim.latency.base.burst_step_times`): the same requests and steps, bit for bit, as planning
+    every step, on a world small enough to stay inside the tiny grid so every correction comes from it."""
+    skew_bundle(tmp_path / "bf16")
+    spec = make_scenario({
+        "model": "llama-3.1-8b", "gpu": "rtx-pro-6000", "seed": 3,
+        "engine": {"max_model_len": 1024, "max_num_seqs": 16, "max_num_batched_tokens": 256},
+        "latency": {"model": "calibrated", "profile": "bf16"},
+        "workload": {"num_requests": 200, "arrival": {"process": "poisson", "rate": 20},
+                     "prompt_len": {"dist": "lognormal", "mean": 100, "p99": 400},
+                     "output_len": {"dist": "lognormal", "mean": 40, "p99": 300}}}, base_dir=tmp_path)
+    corrected, bursts = [0], [0]
+    skew_step, run_burst = SkewCorrection.corrected, kvsim.engine.runtime.Engine.run_burst
+
+    def counting(self, t_mean, *args):
+        t = skew_step(self, t_mean, *args)
+        corrected[0] += t != t_mean
+        return t
+
+    def counting_burst(self, *args):
+        bursts[0] += 1
+        return run_burst(self, *args)
+
+    monkeypatch.setattr(SkewCorrection, "corrected", counting)
+    monkeypatch.setattr(kvsim.engine.runtime.Engine, "run_burst", counting_burst)
+    step_by_step = simulate(spec, bursts=False)
+    assert corrected[0] > 100 and bursts[0] == 0
+    assert_same(simulate(spec), step_by_step, ("requests", "steps"))
+    assert bursts[0] > 10
