@@ -134,14 +134,21 @@ def test_a_point_measured_twice_is_averaged_not_a_crash(tmp_path):
     assert model.linear_s(4096) == pytest.approx(gemm_time(4096) * 2 * 4 * 32, rel=1e-12)  # mean of t and 3t
 
 
-def test_nested_interpolation_blends_in_log1p_and_tolerates_holes():
+def test_nested_interpolation_blends_linearly_and_tolerates_holes():
     one = NestedInterp([((0.0,), 1.0), ((15.0,), 5.0)])
-    assert one(3.0) == pytest.approx(3.0)  # log(1+3) / log(1+15) = 1/2 of the way
+    assert one(3.0) == pytest.approx(1.8)  # 3/15 of the way from 1 to 5
     assert one(16.0) is None
     # axis 1 at 15 has only its 0 point: the lookup at (3, 3) keeps the side that answers
     holes = NestedInterp([((0.0, 0.0), 1.0), ((0.0, 15.0), 5.0), ((15.0, 0.0), 2.0)])
-    assert holes(3.0, 3.0) == pytest.approx(3.0)
-    assert holes(3.0, 0.0) == pytest.approx(1.5)
+    assert holes(3.0, 3.0) == pytest.approx(1.8)
+    assert holes(3.0, 0.0) == pytest.approx(1.2)  # 1 + (2 - 1) · 3/15
+
+
+def test_a_linear_kernel_is_interpolated_exactly_between_doubling_grid_points():
+    """Decode attention is a fixed cost plus KV bytes read: t = a + b · n · c is bilinear in (n, c), so a
+    linear blend on a doubling grid is exact at (3, 768), where a blend in log(1 + x) overshoots."""
+    points = [((n, c), 8e-6 + 1e-9 * n * c) for n in (2.0, 4.0) for c in (512.0, 1024.0)]
+    assert NestedInterp(points)(3.0, 768.0) == pytest.approx(8e-6 + 1e-9 * 3 * 768, rel=1e-12)
 
 
 def test_wrong_attention_shape_and_bad_files_are_errors(tmp_path):

@@ -52,9 +52,11 @@ PROFILE_COLUMNS = (
     "decode_context_len",  # attention: tokens per decode sequence (0 = no decodes)
     "calls",         # token_op / step_op: times the op runs per layer or per step (empty = 1)
     "num_experts",   # moe: distinct experts the tokens activate on this rank
+    "skew_share",    # attention_skew: upper edge of the bucket's share of long decodes (`kvsim.latency.skew`)
+    "alpha",         # attention_skew: the bucket's fitted α
 )
 """Columns of a calibration profile CSV; `# key: value` lines before the header hold metadata
-(`PROFILE_META_KEYS`). Files written before the last three columns existed still load."""
+(`PROFILE_META_KEYS`). Files written before the last five columns existed still load."""
 
 PROFILE_KINDS = {
     "decode": "paged decode attention of `batch` sequences of `context_len`, one layer",
@@ -66,6 +68,7 @@ PROFILE_KINDS = {
     "sequence_op": "a per-step op over `batch` sampled sequences (lm_head, sampler)",
     "moe": "one expert (MoE) layer over `num_tokens` with `num_experts` distinct experts activated",
     "copy": "a device-to-device copy of `bytes`",
+    "attention_skew": "α of one bucket of the skew correction for decodes of unequal lengths (`kvsim.latency.skew`)",
 }
 
 PROFILE_META_KEYS: dict[str, type] = {
@@ -86,7 +89,7 @@ def burst_step_times(latency: LatencyModel, first: StepPlan) -> Iterator[float]:
     """Durations of successive decode steps of one unchanged batch whose first step is `first`.
 
     Each step every sequence's context grows by one token: Σ context and the attention work
-    grow by the number of sequences, the longest context by one. The caller stops iterating.
+    grow by the number of sequences, the shortest and longest contexts by one. The caller stops iterating.
     A model with `decode_step_times(first)` (the same floats, its constant terms computed once)
     gives them when it can; otherwise every step's plan is priced with `step_time`.
     """
@@ -100,7 +103,9 @@ def _priced_step_times(latency: LatencyModel, first: StepPlan) -> Iterator[float
     plan = StepPlan(num_tokens=first.num_tokens, num_seqs=first.num_seqs, num_decode_seqs=first.num_decode_seqs,
                     num_sampled=first.num_sampled, sum_context_tokens=first.sum_context_tokens,
                     sum_decode_context_tokens=first.sum_decode_context_tokens,
-                    max_context_tokens=first.max_context_tokens, attention_work=first.attention_work)
+                    max_context_tokens=first.max_context_tokens, attention_work=first.attention_work,
+                    min_decode_context_tokens=first.min_decode_context_tokens,
+                    max_decode_context_tokens=first.max_decode_context_tokens)
     growth = first.num_seqs
     while True:
         yield latency.step_time(plan)
@@ -108,6 +113,8 @@ def _priced_step_times(latency: LatencyModel, first: StepPlan) -> Iterator[float
         plan.sum_decode_context_tokens += growth
         plan.attention_work += growth
         plan.max_context_tokens += 1
+        plan.min_decode_context_tokens += 1
+        plan.max_decode_context_tokens += 1
 
 
 class LatencyModel(Protocol):

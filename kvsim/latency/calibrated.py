@@ -7,8 +7,11 @@ T tokens, S sampled rows and L layers, on one tensor-parallel rank:
     linear      L · Σ over qkv, o, gate_up, down of t_op(T)          linear in T between points
     token ops   L · Σ calls · t_op(T) over norms, rotary, activation  + Σ t_op(T) of the step ops
     attention   L · t_att(prefill chunk, its cached tokens, decodes, their mean context)
-                nested linear interpolation in log(1 + x) along each axis (`NestedInterp`); a
-                profile without mixed batches adds its prefill and decode kernels instead
+                nested linear interpolation along each axis (`NestedInterp`); a
+                profile without mixed batches adds its prefill and decode kernels instead; with a
+                measured skew fit, + α · (t_att at the longest decode context − t_att) for decodes of
+                unequal lengths (`kvsim.latency.skew`); a sliding-window layer with its contexts capped
+                at the window
     sequence    t_lm_head(S) + t_sampler(S)
     + the roofline's all-reduce, copies, CPU overhead and swap (no per-op profile measures those)
 
@@ -16,8 +19,8 @@ Each cost is counted once. LLMServingSim's bundles hold vLLM's layerwise-profile
 (GPU kernel time, no host time: profiler/core/hooks/timings.py), timed in eager mode on one GPU with
 per-rank shapes (TP emulated: no all-reduce runs), so neither the CPU overhead nor the all-reduce is in
 them; the roofline's token ops, attention and LM head are not added where the profile has its own.
-Dropping the CPU overhead on the calibrated path would move the Llama-3.1-8B replay from -3.8 % to
--8.9 % TTFT and from -0.9 % to -3.1 % TPOT: the measured steps are longer than their kernels. The
+Dropping the CPU overhead on the calibrated path would move the Llama-3.1-8B replay from -0.2 % to
+-5.7 % TTFT and from +1.7 % to -0.8 % TPOT: the measured steps are longer than their kernels. The
 eager kernels may differ from the CUDA-graph, torch.compile kernels of the measured run (fusions);
 no public profile of the compiled kernels is at hand to say by how much.
 
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvsim.latency.profiles import Profile
 from kvsim.latency.roofline import RooflineLatency
+from kvsim.latency.skew import SkewCorrection
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.errors import KvsimError
 from kvsim.model.moe_cost import expected_experts_touched
@@ -91,9 +95,18 @@ class NestedInterp:
 
     The points form a tree: first axis → second axis → ... → time. A lookup brackets the value
     of the first axis between the two nearest measured keys, interpolates each subtree on the
-    remaining axes, and blends the two results linearly in log(1 + x) (doubling grids that start
-    at 0). Each subtree uses its own keys, so an irregular grid needs no filling in. None when a
-    value lies outside its axis' measured range (or no subtree answers).
+    remaining axes, and blends the two results linearly in x. Each subtree uses its own keys, so
+    an irregular grid needs no filling in. None when a value lies outside its axis' measured range
+    (or no subtree answers).
+
+    Linear, not in log(1 + x), although the grids double: the kernels' time is close to linear
+    along each axis (decode: a fixed cost + KV bytes read, in sequences and in context), and a
+    blend in log space of a linear function overshoots between the points. Predicting every
+    interior point of LLMServingSim's RTX PRO 6000 attention grids (Llama-3.1-8B TP 1, Qwen3-32B
+    TP 2) from its two neighbours along one axis (4x apart): mean signed error, linear vs log(1 + x),
+    prefill chunk +1.6 % vs +5.7 %, cached tokens +0.4 % vs +4.4 %, decodes +5.6 % vs +19.4 %,
+    decode context +1.4 % vs +8.7 %; on the Qwen3-30B-A3B moe.csv, tokens +0.5 % vs +4.6 % and
+    experts -0.4 % vs +16.4 %.
     """
 
     def __init__(self, points: Sequence[tuple[tuple[float, ...], float]]) -> None:
@@ -127,8 +140,7 @@ class NestedInterp:
         v0, v1 = self._lookup(node[k0], coords[1:]), self._lookup(node[k1], coords[1:])
         if v0 is None or v1 is None:
             return v1 if v0 is None else v0
-        w = (math.log1p(x) - math.log1p(k0)) / (math.log1p(k1) - math.log1p(k0))
-        return v0 + (v1 - v0) * w
+        return v0 + (v1 - v0) * (x - k0) / (k1 - k0)
 
     def __call__(self, *coords: float) -> float | None:
         return self._lookup(self.tree, coords) if self.tree else None
@@ -169,6 +181,8 @@ class CalibratedLatency:
         points = [(_attention_key(r), float(r["time_s"])) for r in matching]
         self.attention = NestedInterp(points)
         self.mixed = any(k[0] > 0 and k[2] > 0 for k, _ in points)
+        skew_rows = [r for r in rows if r["kind"] == "attention_skew"]
+        self.skew = SkewCorrection(skew_rows, profile.meta, profile.name) if skew_rows and points else None
         moe_points = [((float(r["num_tokens"]), float(r["num_experts"])), float(r["time_s"]))
                       for r in rows if r["kind"] == "moe"]
         self.moe = NestedInterp(moe_points) if moe_points and roofline.moe is not None else None
@@ -257,22 +271,49 @@ class CalibratedLatency:
         return total
 
     def attention_s(self, plan: StepPlan) -> float:
+        """All layers' attention: full-attention layers at the plan's contexts, each sliding-window (or
+        chunked-local) group at contexts capped by its window (`_layer_attention_s`)."""
         if "attention" in self.missing:
             return self.roofline.attention_s(plan)
+        windowed = self.roofline.windowed_layer_counts
+        total = 0.0
+        for window, num_layers in ((None, self.num_layers - sum(n for _, n in windowed)), *windowed):
+            if num_layers:
+                t = self._layer_attention_s(plan, window)
+                if t is None:
+                    return self.roofline.attention_s(plan)
+                total += num_layers * t
+        return total
+
+    def _layer_attention_s(self, plan: StepPlan, window: int | None) -> float | None:
+        """One layer's attention from the grid, skew-corrected; None (after the fallback warning) outside it.
+
+        A layer with a `window` sees at most that many past tokens per sequence, so it is looked up with
+        each context capped there, as the roofline reads it (`RooflineLatency.decode_read_bytes`): cached
+        tokens at most `window` per prefilling sequence, decode contexts at min(Σ, n · window) / n on
+        average and the shortest and longest at most `window`. An upper bound for a prefill chunk (its
+        own queries may see fewer than window + chunk keys), exact while every context fits the window."""
         chunk = plan.num_prefill_tokens
         num_dec = plan.num_decode_seqs
         cached = max(0, plan.sum_context_tokens - plan.sum_decode_context_tokens - chunk)
-        mean_ctx = plan.sum_decode_context_tokens / num_dec if num_dec else 0.0
+        sum_ctx, shortest, longest = (plan.sum_decode_context_tokens, plan.min_decode_context_tokens,
+                                      plan.max_decode_context_tokens)
+        if window is not None:
+            cached = min(cached, (plan.num_seqs - num_dec) * window)
+            sum_ctx, shortest, longest = min(sum_ctx, num_dec * window), min(shortest, window), min(longest, window)
+        mean_ctx = sum_ctx / num_dec if num_dec else 0.0
         if self.mixed or not (chunk and num_dec):
             t = self.attention(chunk, cached, num_dec, mean_ctx)
+            if self.skew is not None and t is not None:
+                t = self.skew.corrected(t, self.attention(chunk, cached, num_dec, longest) if num_dec > 1 else None,
+                                        chunk, num_dec, mean_ctx, shortest, longest, cached)
         else:
             pre, dec = self.attention(chunk, cached, 0, 0), self.attention(0, 0, num_dec, mean_ctx)
             t = None if pre is None or dec is None else pre + dec
         if t is None:
             self._fallback("attention", f"prefill {chunk} tokens after {cached}, {num_dec} decodes at "
                                         f"mean context {mean_ctx:.0f}")
-            return self.roofline.attention_s(plan)
-        return t * self.num_layers
+        return t
 
     def step_time(self, plan: StepPlan) -> float:
         compute = 0.0

@@ -36,7 +36,8 @@ class SpeculativeLatency:
         if self.drafter is None or not plan.num_spec_decode_seqs:
             return step_s
         draft = StepPlan()
-        draft.add_decodes(plan.num_spec_decode_seqs, plan.sum_spec_context_tokens, plan.max_context_tokens)
+        draft.add_decodes(plan.num_spec_decode_seqs, plan.sum_spec_context_tokens, plan.max_context_tokens,
+                          plan.min_decode_context_tokens)
         return step_s + self.num_speculative_tokens * self.drafter.step_time(draft)
 
 

@@ -22,6 +22,8 @@ class StepPlan:
     sum_context_tokens: int = 0  # Σ over sequences of context after the step (KV read)
     sum_decode_context_tokens: int = 0  # the part of sum_context_tokens from decode sequences
     max_context_tokens: int = 0
+    min_decode_context_tokens: int = 0  # the shortest and longest decode contexts (0 without decodes): how
+    max_decode_context_tokens: int = 0  # unequal they are (a measured skew correction prices that)
     attention_work: float = 0.0  # Σ new · (past + (new + 1) / 2): causal query-key pairs
     swap_in_bytes: int = 0
     swap_out_bytes: int = 0
@@ -42,6 +44,7 @@ class StepPlan:
         self.num_tokens += num_new * num_seqs
         self.num_seqs += num_seqs
         if num_new == 1 and past > 0:
+            self._decode_extremes(context, context)
             self.num_decode_seqs += num_seqs
             self.sum_decode_context_tokens += context * num_seqs
         else:
@@ -51,10 +54,14 @@ class StepPlan:
         self.max_context_tokens = max(self.max_context_tokens, context)
         self.attention_work += num_new * (past + (num_new + 1) / 2) * num_seqs
 
-    def add_decodes(self, num_seqs: int, sum_context_tokens: int, max_context_tokens: int) -> None:
-        """Account `num_seqs` one-token decodes (each after ≥ 1 cached token, each sampling) at once:
-        the same totals as `add(1, context − 1, 1, samples=True)` per sequence. Every term of
-        `attention_work` is a multiple of ½ far below 2⁵³, so its float sum is exact in any order."""
+    def add_decodes(self, num_seqs: int, sum_context_tokens: int, max_context_tokens: int,
+                    min_context_tokens: int) -> None:
+        """Account `num_seqs` one-token decodes (each after ≥ 1 cached token, each sampling) at once, of
+        contexts between `min_context_tokens` and `max_context_tokens`: the same totals as
+        `add(1, context − 1, 1, samples=True)` per sequence. Every term of `attention_work` is a
+        multiple of ½ far below 2⁵³, so its float sum is exact in any order."""
+        if num_seqs:
+            self._decode_extremes(min_context_tokens, max_context_tokens)
         self.num_tokens += num_seqs
         self.num_seqs += num_seqs
         self.num_decode_seqs += num_seqs
@@ -64,3 +71,10 @@ class StepPlan:
         if max_context_tokens > self.max_context_tokens:
             self.max_context_tokens = max_context_tokens
         self.attention_work += sum_context_tokens  # decode term: 1 · (past + 1) = its context
+
+    def _decode_extremes(self, shortest: int, longest: int) -> None:
+        """Widen the decode contexts' range to include [shortest, longest] (before counting the new decodes)."""
+        if not self.num_decode_seqs or shortest < self.min_decode_context_tokens:
+            self.min_decode_context_tokens = shortest
+        if longest > self.max_decode_context_tokens:
+            self.max_decode_context_tokens = longest

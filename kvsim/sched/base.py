@@ -288,6 +288,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps):
         scheduled yet, they come after it in `running`). Hot: every scheduled request of every step.
         """
         num_decodes = sum_context = max_context = 0
+        min_context = -1
         forked, add = self._forked, plan.add
         verifying = self.speculation.pending if self.speculation is not None else None
         for req, num_new in plan.scheduled:
@@ -300,11 +301,13 @@ class Scheduler(OffloadScheduling, SpeculativeSteps):
                 sum_context += past + 1
                 if past >= max_context:
                     max_context = past + 1
+                if past < min_context or min_context < 0:  # past < min ⟺ past + 1 ≤ min
+                    min_context = past + 1
             else:
                 num_seqs = req.num_samples if req.num_samples > 1 and req.request_id in forked else 1
                 add(num_new, past, num_seqs, past + num_new == req.num_tokens)
         if num_decodes:
-            plan.add_decodes(num_decodes, sum_context, max_context)
+            plan.add_decodes(num_decodes, sum_context, max_context, min_context)
 
     # ------------------------------------------------------------ preemption
     def allocate_or_preempt(self, req: Request, num_tokens_total: int, plan: StepPlan, hold_slots: int = 0) -> bool:

@@ -108,15 +108,16 @@ class Burst:
     seq_ids: list[int]  # each request's one sequence, in batch order
 
 
-def burst_batch(scheduler: BurstScheduler) -> tuple[list[int], int, int, int] | None:
+def burst_batch(scheduler: BurstScheduler) -> tuple[list[int], int, int, int, int] | None:
     """If conditions (a) and the first half of (b) hold: the running batch's sequence ids, its
-    Σ and max context after one more token, and the most steps before a request's last token."""
+    Σ, max and min context after one more token, and the most steps before a request's last token."""
     running = scheduler.running
     if (not running or scheduler.swapped or not scheduler.alloc.supports_bursts or not scheduler.allows_bursts
             or not scheduler.schedules_whole_decode_batch(len(running))
             or scheduler.waiting and not scheduler.waiting_blocked()):
         return None
     seq_ids, sum_context, max_context, max_steps = [], 0, 0, running[0].output_len
+    min_context = running[0].num_computed_tokens + 1
     for req in running:  # decoding: computed = num_tokens − 1 with a token sampled (a prefill's last samples the first)
         num_output, context = req.num_output_tokens, req.num_computed_tokens + 1
         if req.num_samples > 1 or not num_output or context != req.prompt_len + num_output:
@@ -125,9 +126,11 @@ def burst_batch(scheduler: BurstScheduler) -> tuple[list[int], int, int, int] | 
         sum_context += context
         if context > max_context:
             max_context = context
+        if context < min_context:
+            min_context = context
         if req.output_len - num_output < max_steps:
             max_steps = req.output_len - num_output
-    return seq_ids, sum_context, max_context, max_steps
+    return seq_ids, sum_context, max_context, min_context, max_steps
 
 
 def plan_burst(scheduler: BurstScheduler, latency: LatencyModel, now: float, next_arrival_s: float) -> Burst | None:
@@ -135,9 +138,9 @@ def plan_burst(scheduler: BurstScheduler, latency: LatencyModel, now: float, nex
     checked = burst_batch(scheduler)
     if checked is None:
         return None
-    seq_ids, sum_context, max_context, max_steps = checked
+    seq_ids, sum_context, max_context, min_context, max_steps = checked
     first = StepPlan()
-    first.add_decodes(len(seq_ids), sum_context, max_context)
+    first.add_decodes(len(seq_ids), sum_context, max_context, min_context)
     arrival_bound = math.inf if scheduler.waiting else next_arrival_s
     durations: list[float] = []
     if arrival_bound < math.inf:  # (d): as many steps as start before the arrival

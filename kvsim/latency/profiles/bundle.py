@@ -15,11 +15,11 @@ layernorm (twice per layer: before attention and before the MLP, as LLMServingSi
 files list it), qk_norm, rotary_emb, act_fn → `token_op`; embedding, final_layernorm → `step_op`;
 lm_head, sampler → `sequence_op`; attention rows → `attention` (query_len = prefill_chunk,
 context_len = kv_prefill + prefill_chunk, batch = n_decode, decode_context_len = kv_decode);
-moe.csv → `moe`. skew.csv / skew_fit.csv (a correction for decode batches of unequal lengths,
-t = t(mean context) + α · (t(longest context) − t(mean context)), α per bucket of chunk, batch,
-share of long decodes, longest context) are not imported: kvsim's step plan does not carry the
-share of long decodes that picks the bucket, and the bundle's default α alone, tried on every
-step, overcorrected (+4 % TPOT on both validation runs, from -0.9 % and +0.8 %).
+moe.csv → `moe`; skew_fit.csv (the correction for decodes of unequal lengths,
+t = t(mean context) + α · (t(longest context) − t(mean context)), α per bucket of chunk, decodes,
+share of long decodes, longest context and cached tokens: `kvsim.latency.skew`) → `attention_skew`,
+with meta.yaml's `skew_fit.bucket_axes` as each bucket's upper edges and `per_tp.<N>.alpha_default`
+as the default, when `skew_fit.enabled`. skew.csv (the raw shots the fit was made from) is not read.
 
 Provenance: meta.yaml's versions and dates are kept; the source repository, commit and licence
 come from a `source.yaml` (`repository`, `commit`, `licence`) in the bundle or a folder above it,
@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from kvsim.latency.profiles import Profile, find_source
+from kvsim.latency.skew import DEFAULT_KEY, EDGES_KEY, format_edges
 from kvsim.model.errors import KvsimError
 from kvsim.workload.files import data_file, open_text
 
@@ -144,4 +145,49 @@ def read_bundle(path: Path, tp: int) -> Profile:
     except (AttributeError, TypeError, ValueError):
         raise KvsimError(f"profile {meta_path}: tp_degrees must list integers and engine_effective.hf_overrides "
                          "map shape names to integers") from None
+    skew = _skew_rows(folder, raw, tp, meta_path)
+    if skew is not None:
+        rows += skew[0]
+        meta.update(skew[1])
     return Profile(name, meta, rows)
+
+
+SKEW_AXES = (("n", "n_label", "batch"), ("skew_rate", "skew_rate_label", "skew_share"),
+             ("kv_big", "kv_big_label", "decode_context_len"), ("kp", "kp_label", "context_len"))
+"""skew_fit's bucket axes: (meta.yaml's prefix of `<prefix>_bins` / `_labels`, skew_fit.csv's column,
+kvsim's column)."""
+
+
+def _skew_rows(folder: Path, raw: dict[str, Any], tp: int,
+               meta_path: Path) -> tuple[list[dict[str, str]], dict[str, str]] | None:
+    """`attention_skew` rows and their metadata from tp<N>/skew_fit.csv, or None when the bundle has no
+    enabled skew fit. A label's bucket is (bins[i], bins[i + 1]]: its upper edge is bins[i + 1]."""
+    fit = raw.get("skew_fit")
+    table = data_file(folder / "skew_fit.csv")
+    if not isinstance(fit, dict) or not fit.get("enabled") or not table.is_file():
+        return None
+    try:
+        axes = fit["bucket_axes"]
+        edge_of = {prefix: dict(zip(axes[f"{prefix}_labels"], (float(b) for b in axes[f"{prefix}_bins"][1:]),
+                                    strict=True)) for prefix, _, _ in SKEW_AXES}
+    except (KeyError, TypeError, ValueError):
+        raise KvsimError(f"profile {meta_path}: skew_fit.bucket_axes needs <axis>_bins (one more than its labels) "
+                         "and <axis>_labels for n, skew_rate, kv_big and kp") from None
+    entry = (fit.get("per_tp") or {}).get(tp) or {}
+    raw_default = entry.get("alpha_default", fit.get("alpha_default", 0.0)) if isinstance(entry, dict) else None
+    try:
+        default = float(raw_default)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise KvsimError(f"profile {meta_path}: skew_fit.per_tp.{tp}.alpha_default={raw_default!r} is not a "
+                         "number") from None
+    columns = ("pc", "alpha", *(label for _, label, _ in SKEW_AXES))
+    rows = []
+    for r in _read_csv(table, columns):
+        row = {"kind": "attention_skew", "query_len": str(_whole(r, "pc", table)), "alpha": r["alpha"]}
+        for prefix, label, ours in SKEW_AXES:
+            if r[label] not in edge_of[prefix]:
+                raise KvsimError(f"profile {table}: {label}={r[label]!r} is not one of meta.yaml's {prefix}_labels")
+            row[ours] = repr(edge_of[prefix][r[label]])
+        rows.append(row)
+    edges = {ours: sorted(edge_of[prefix].values()) for prefix, _, ours in SKEW_AXES}
+    return rows, {EDGES_KEY: format_edges(edges), DEFAULT_KEY: repr(default)}

@@ -3,7 +3,8 @@
 `check_rows` refuses, naming the row:
 * no rows at all (a file whose every time was zero or negative leaves none);
 * a time that is not a finite positive number of seconds, a size (tokens, batch, context...)
-  that is not a whole number >= 0;
+  that is not a whole number >= 0; an `attention_skew` row (a fitted α, no time) whose α or
+  bucket edges are not finite numbers;
 * one point measured twice with times more than `MAX_SPREAD` apart (a unit slip, not noise);
 * a time more than `MAX_SPREAD` below the time of a smaller size of the same op, others fixed
   (more tokens, sequences or context never make a kernel 10x faster; measured profiles dip at
@@ -28,6 +29,8 @@ MAX_SPREAD = 10.0
 SIZES = ("batch", "context_len", "query_len", "num_tokens", "n", "k", "block_size", "num_heads", "num_kv_heads",
          "head_dim", "decode_context_len", "num_experts")
 """The schema's size columns: whole numbers where given (empty: not this kind's axis)."""
+SKEW_SIZES = ("query_len", "batch", "decode_context_len", "context_len")
+"""An `attention_skew` row's bucket edges besides `skew_share` (`kvsim.latency.skew`)."""
 
 
 def check_rows(profile: Profile) -> None:
@@ -38,6 +41,10 @@ def check_rows(profile: Profile) -> None:
     points: dict[tuple[str, ...], list[float]] = {}
     for i, row in enumerate(profile.rows):
         what = f"{where}: row {i + 1} ({row.get('kind')} {row.get('op') or ''})".replace(" )", ")")
+        if row.get("kind") == "attention_skew":  # a fitted coefficient over bucket edges, not a time
+            for column in ("alpha", "skew_share", *SKEW_SIZES):
+                _finite(row.get(column), column, what)
+            continue
         seconds = _finite(row.get("time_s"), "time_s", what)
         if not seconds > 0:
             raise KvsimError(f"{what}: time_s={row.get('time_s')!r} must be positive")

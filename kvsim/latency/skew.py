@@ -1,0 +1,108 @@
+"""The measured skew correction of attention for decodes of unequal context lengths.
+
+A profile's attention grid times batches whose decodes all have one context length; the calibrated
+model looks a step up at the decodes' mean context, which has the batch's exact KV read
+(n · mean = Σ context). A real batch mixes short and long decodes, and the varlen attention
+kernel is slower on it than on the uniform batch (work splits unevenly over the SMs, tiles are
+padded): LLMServingSim's profiler times bimodal batches (`skew.csv`: n decodes of which a share are
+long) against uniform ones at the mean and at the longest context and fits, per bucket,
+
+    α = (t_skew − t_mean) / (t_max − t_mean),  so  t = t_mean + α · (t_max − t_mean)
+
+(`skew_fit.csv`, weighted least squares per bucket; `meta.yaml` holds the bucket edges and α_default,
+the pooled fit, for a bucket the table lacks). A step's bucket:
+
+    chunk       the prefill chunk's tokens, one of the profiled chunks (0 = pure decode); a chunk
+                between two profiled ones takes the nearer in log(1 + x), as the attention grid blends
+    batch       decode sequences n
+    share       (mean − min) / (max − min) of the decode contexts, in [0, 1] (the long decodes' share
+                for a bimodal batch)
+    longest     the longest decode context (kv_big)
+    cached      the prefill chunk's cached tokens (kv_prefill)
+
+each axis but the chunk bucketed by its edges: a value falls in the first bucket whose upper edge
+is at least the value; beyond the last edge it has no bucket (α_default). No correction for fewer
+than two decodes or equal contexts.
+
+Rows (`kvsim.latency.base.PROFILE_COLUMNS`, kind `attention_skew`): query_len = the chunk, batch,
+skew_share, decode_context_len (longest) and context_len (cached) = the bucket's upper edges,
+alpha. Metadata: `attention_skew_edges` (`batch=2,4,...;skew_share=...;decode_context_len=...;
+context_len=...`) and `attention_skew_alpha_default`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+
+from kvsim.model.errors import KvsimError
+
+AXES = ("batch", "skew_share", "decode_context_len", "context_len")
+"""The bucketed axes, in key order after the chunk: decodes, share of long ones, longest decode, cached."""
+EDGES_KEY = "attention_skew_edges"
+DEFAULT_KEY = "attention_skew_alpha_default"
+
+
+def format_edges(edges: Mapping[str, Sequence[float]]) -> str:
+    """`attention_skew_edges` metadata: `axis=e1,e2,...` per axis of `AXES`, joined by `;`."""
+    return ";".join(f"{axis}={','.join(repr(float(e)) for e in edges[axis])}" for axis in AXES)
+
+
+def _parse_edges(text: str, where: str) -> dict[str, list[float]]:
+    edges: dict[str, list[float]] = {}
+    try:
+        for part in text.split(";"):
+            axis, _, values = part.partition("=")
+            edges[axis.strip()] = sorted(float(v) for v in values.split(","))
+    except ValueError:
+        raise KvsimError(f"profile {where}: {EDGES_KEY}={text!r} is not axis=number,...;...") from None
+    if set(edges) != set(AXES):
+        raise KvsimError(f"profile {where}: {EDGES_KEY} must give the edges of {', '.join(AXES)}, got {text!r}")
+    return edges
+
+
+class SkewCorrection:
+    """α per bucket from a profile's `attention_skew` rows and metadata; `alpha(...)` for one step."""
+
+    def __init__(self, rows: Sequence[Mapping[str, str]], meta: Mapping[str, str], where: str) -> None:
+        self.edges = _parse_edges(meta.get(EDGES_KEY, ""), where)
+        try:
+            self.alpha_default = float(meta.get(DEFAULT_KEY) or 0.0)
+            self.table = {(float(r["query_len"]), *(float(r[a]) for a in AXES)): float(r["alpha"]) for r in rows}
+        except ValueError:
+            raise KvsimError(f"profile {where}: attention_skew rows need numbers in query_len, "
+                             f"{', '.join(AXES)} and alpha") from None
+        self.chunks = sorted({k[0] for k in self.table})
+
+    def _chunk(self, chunk: float) -> float:
+        """The profiled chunk whose bucket prices `chunk`: 0 for a pure decode step, else the nearest
+        profiled non-zero chunk in log(1 + x)."""
+        mixed = [c for c in self.chunks if c > 0]
+        if chunk <= 0 or not mixed:
+            return 0.0
+        return min(mixed, key=lambda c: abs(math.log1p(c) - math.log1p(chunk)))
+
+    def _edge(self, axis: str, value: float) -> float | None:
+        edges = self.edges[axis]
+        i = bisect.bisect_left(edges, value)
+        return edges[i] if i < len(edges) else None
+
+    def alpha(self, chunk: float, num_decodes: int, share: float, longest: float, cached: float) -> float:
+        """α of a step's bucket (the pooled α_default when its bucket was not measured)."""
+        key = [self._chunk(chunk)]
+        for axis, value in zip(AXES, (num_decodes, min(1.0, max(0.0, share)), longest, cached), strict=True):
+            edge = self._edge(axis, value)
+            if edge is None:
+                return self.alpha_default
+            key.append(edge)
+        return self.table.get(tuple(key), self.alpha_default)
+
+    def corrected(self, t_mean: float, t_max: float | None, chunk: float, num_decodes: int, mean_context: float,
+                  shortest: float, longest: float, cached: float) -> float:
+        """t_mean + α · (t_max − t_mean) for the step's decodes; t_mean when they are fewer than two, all
+        of one length, or t_max is unknown (longest beyond the grid) or not above t_mean."""
+        if num_decodes < 2 or longest <= shortest or t_max is None or t_max <= t_mean:
+            return t_mean
+        share = (mean_context - shortest) / (longest - shortest)
+        return t_mean + self.alpha(chunk, num_decodes, share, longest, cached) * (t_max - t_mean)
