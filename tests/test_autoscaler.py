@@ -44,3 +44,31 @@ def test_a_policy_that_cannot_work_is_one_error_naming_the_field(field, kwargs):
     with pytest.raises(ValidationError) as refused:
         AutoscalerConfig(**kwargs)
     assert str(from_validation_error(refused.value, "autoscaler")).startswith(f"autoscaler.{field}=")
+
+
+def test_scale_up_is_bounded_by_the_hpa_default_policies():
+    """Kubernetes' defaults (behavior.scaleUp: 100 % or 4 pods per 15 s, selectPolicy Max): from 1 replica a
+    recommendation of 16 becomes max(1 + 4, 2 · 1) = 5; the count at the start of the 15 s period is what the
+    bound grows from, so syncs every 5 s inside one period stay at 5; then max(5 + 4, 10) = 10; then 16."""
+    a = Autoscaler(AutoscalerConfig(target=1, max_replicas=16, sync_period_s=5))
+    assert a.recommend(0, num_current=1, metric_per_replica=50) == 5
+    assert a.recommend(5, num_current=5, metric_per_replica=50) == 5  # the period began at 1 (t = 0 is inside it)
+    assert a.recommend(10, num_current=5, metric_per_replica=50) == 5
+    assert a.recommend(15, num_current=5, metric_per_replica=50) == 10  # t = 0 is no longer after 15 - 15
+    assert a.recommend(30, num_current=10, metric_per_replica=50) == 16  # max(14, 20), clamped at max_replicas
+
+
+def test_scale_down_is_bounded_by_a_percent_policy():
+    """scaleDown 50 % per 60 s, no stabilisation window: from 8, floor(8 · 0.5) = 4; within that 60 s the
+    period began at 8, so 4 holds; after it, floor(4 · 0.5) = 2. The default (100 %) does not bound at all."""
+    a = Autoscaler(AutoscalerConfig(target=4, scale_down_window_s=0, scale_down_percent=50, scale_down_period_s=60))
+    assert a.recommend(0, num_current=8, metric_per_replica=0) == 4
+    assert a.recommend(15, num_current=4, metric_per_replica=0) == 4
+    assert a.recommend(60, num_current=4, metric_per_replica=0) == 2
+    assert Autoscaler(AutoscalerConfig(target=4, scale_down_window_s=0)).recommend(0, 8, 0) == 1
+
+
+def test_policies_that_can_never_grow_the_fleet_are_refused():
+    with pytest.raises(ValidationError) as refused:
+        AutoscalerConfig(scale_up_pods=0, scale_up_percent=0)
+    assert str(from_validation_error(refused.value, "autoscaler")).startswith("autoscaler.scale_up_percent=0")

@@ -8,8 +8,12 @@ per replica, or KV cache usage) and recommends
 clamped to [min_replicas, max_replicas]. Recommendations are stabilised as the HPA does: a scale-down
 takes the *highest* recommendation of the last `scale_down_window_s` (default 300 s, so a dip does not
 drop replicas it will need again), a scale-up the *lowest* of the last `scale_up_window_s` (default 0 s:
-scale up at once). A replica added now serves only after `startup_s` (model load: minutes); the fleet
-counts it from the moment it is requested, as a GPU bill does. Pure Python: the fleet's clock calls it.
+scale up at once). Then the HPA's scaling policies bound the step (selectPolicy Max, its defaults): with
+`start` the count at the beginning of the last `scale_up_period_s` (now's count less the changes made
+strictly inside that period), at most max(start + scale_up_pods, ceil(start · (1 + scale_up_percent/100)))
+replicas (default: double or 4 more per 15 s), and at least floor(start · (1 − scale_down_percent/100))
+over `scale_down_period_s` (default 100 %: no bound). A replica added now serves only after `startup_s`
+(model load: minutes); the fleet counts it from the moment it is requested, as a GPU bill does. Pure Python: the fleet's clock calls it.
 The policy's fields and their ranges are declared once, in `kvsim.workload.scenario.AutoscalerConfig`.
 """
 
@@ -30,6 +34,7 @@ class Autoscaler:
 
     spec: AutoscalerConfig  # the scenario's policy, validated there
     _history: deque[tuple[float, int]] = field(default_factory=deque)  # (instant, raw recommendation)
+    _changes: deque[tuple[float, int]] = field(default_factory=deque)  # (instant, replicas added) of each scaling
 
     def raw(self, num_current: int, metric_per_replica: float) -> int:
         """The unstabilised recommendation for `num_current` replicas reading `metric_per_replica`."""
@@ -44,10 +49,30 @@ class Autoscaler:
         horizon_s = max(self.spec.scale_up_window_s, self.spec.scale_down_window_s)
         while self._history and self._history[0][0] < now_s - horizon_s:
             self._history.popleft()
+        stabilised = num_current
         if raw > num_current:
             up = [r for t, r in self._history if t >= now_s - self.spec.scale_up_window_s]
-            return max(num_current, min(up))
-        if raw < num_current:
+            stabilised = max(num_current, min(up))
+        elif raw < num_current:
             down = [r for t, r in self._history if t >= now_s - self.spec.scale_down_window_s]
-            return min(num_current, max(down))
-        return num_current
+            stabilised = min(num_current, max(down))
+        desired = self._rate_limited(now_s, num_current, stabilised)
+        if desired != num_current:
+            self._changes.append((now_s, desired - num_current))
+        return desired
+
+    def _rate_limited(self, now_s: float, num_current: int, desired: int) -> int:
+        """`desired` within the scaling policies (module docstring), as the HPA controller's
+        `convertDesiredReplicasWithBehaviorRate` bounds it."""
+        spec = self.spec
+        while self._changes and self._changes[0][0] <= now_s - max(spec.scale_up_period_s, spec.scale_down_period_s):
+            self._changes.popleft()
+        if desired > num_current:
+            start = num_current - sum(n for t, n in self._changes if t > now_s - spec.scale_up_period_s)
+            limit = max(start + spec.scale_up_pods, math.ceil(start * (1 + spec.scale_up_percent / 100)))
+            return min(desired, max(limit, num_current))
+        if desired < num_current:
+            start = num_current - sum(n for t, n in self._changes if t > now_s - spec.scale_down_period_s)
+            limit = math.floor(start * (1 - spec.scale_down_percent / 100))
+            return max(desired, min(limit, num_current))
+        return desired

@@ -291,6 +291,14 @@ class AutoscalerConfig(BaseModel):
     sync_period_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
     scale_up_window_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     scale_down_window_s: float = Field(default=300.0, ge=0, allow_inf_nan=False)
+    # the HPA's scaling policies (behavior.scaleUp / scaleDown.policies, selectPolicy Max), its defaults: per
+    # `scale_up_period_s` at most the larger of `scale_up_pods` more and `scale_up_percent` % more replicas;
+    # per `scale_down_period_s` at most `scale_down_percent` % fewer (100: all)
+    scale_up_pods: int = Field(default=4, ge=0)
+    scale_up_percent: float = Field(default=100.0, ge=0, allow_inf_nan=False)
+    scale_up_period_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
+    scale_down_percent: float = Field(default=100.0, ge=0, le=100, allow_inf_nan=False)
+    scale_down_period_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
     startup_s: float = Field(default=120.0, ge=0, allow_inf_nan=False)
     slo_ttft_s: float = Field(default=2.0, gt=0)
     slo_tpot_s: float = Field(default=0.1, gt=0)
@@ -302,6 +310,13 @@ class AutoscalerConfig(BaseModel):
         if info.data.get("metric") == "kv_cache_usage_perc" and target > 1:
             raise ValueError("kv_cache_usage_perc is a fraction in (0, 1]")
         return target
+
+    @field_validator("scale_up_percent")
+    @classmethod
+    def _can_scale_up(cls, percent: float, info: Any) -> float:
+        if percent == 0 and info.data.get("scale_up_pods") == 0:
+            raise ValueError("0 with scale_up_pods=0: the policies would never let the fleet grow")
+        return percent
 
     @field_validator("max_replicas")
     @classmethod
