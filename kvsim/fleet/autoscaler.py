@@ -13,7 +13,8 @@ scale up at once). Then the HPA's scaling policies bound the step (selectPolicy 
 strictly inside that period), at most max(start + scale_up_pods, ceil(start · (1 + scale_up_percent/100)))
 replicas (default: double or 4 more per 15 s), and at least floor(start · (1 − scale_down_percent/100))
 over `scale_down_period_s` (default 100 %: no bound). A replica added now serves only after `startup_s`
-(model load: minutes); the fleet counts it from the moment it is requested, as a GPU bill does. Pure Python: the fleet's clock calls it.
+(model load: minutes); the fleet counts it from the moment it is requested, as a GPU bill does.
+Pure Python: the fleet's clock calls it.
 The policy's fields and their ranges are declared once, in `kvsim.workload.scenario.AutoscalerConfig`.
 """
 
