@@ -104,22 +104,6 @@ def test_numeric_csv_fast_path_writes_what_pandas_writes(tmp_path, negative_zero
     assert (tmp_path / "lone.csv").read_bytes() == lone.to_csv(index=False).encode()
 
 
-def test_object_columns_take_the_joined_path_and_write_what_pandas_writes(tmp_path):
-    """A table of float64, int and object columns (the requests table: status, reject_reason) is joined
-    without `csv.writer`: strings needing quotes (commas, quotes, newlines, carriage returns), empty
-    strings, None and NaN among strings still give `to_csv`'s bytes."""
-    frame = pd.DataFrame({
-        "request_id": np.arange(7, dtype=np.int64),
-        "ttft_s": np.array([0.1, np.nan, 0.1, 2.5, 1e-05, 0.1, 3.0]),
-        "status": np.array(["finished", "rejected", "finished", 'say "hi"', "a,b", "two\nlines", "cr\r"],
-                           dtype=object),
-        "reject_reason": np.array([None, "prompt too long, 5000 > 4096", None, "", np.nan, None, "x"],
-                                  dtype=object),
-    })
-    write_csv(frame_columns(frame), tmp_path / "requests.csv")
-    assert (tmp_path / "requests.csv").read_bytes() == frame.to_csv(index=False).encode()
-
-
 def test_step_writer_csv_remembers_texts_across_chunks(tmp_path):
     """`StepWriter` keeps each float column's texts from chunk to chunk: values repeated in later chunks,
     NaN in several, 0.0 remembered before a chunk holding -0.0, and a strictly increasing column

@@ -15,7 +15,6 @@ the output path only when the run has completed.
 from __future__ import annotations
 
 import csv
-import io
 import math
 import shutil
 import time
@@ -115,56 +114,30 @@ def _numeric_texts(values: np.ndarray, texts: _Texts | None = None) -> list[str]
     return fields
 
 
-def _quoted(value: Any) -> str:
-    """One field as `csv.writer` writes it in a row of several (QUOTE_MINIMAL: quoted where it must be)."""
-    line = io.StringIO()
-    csv.writer(line, lineterminator="\n").writerow((value, ""))
-    return line.getvalue()[:-2]  # the row ends with "," (the empty second field) and "\n"
-
-
-def _object_texts(values: np.ndarray) -> list[str]:
-    """An object column's fields (strings, None, NaN: see `_csv_fields`) as `csv.writer` writes them in
-    a row of several fields; each distinct string is quoted (or not) once."""
-    known: dict[str, str] = {}
-    texts = []
-    for value in _csv_fields(values):
-        if type(value) is str:
-            text = known.get(value)
-            if text is None:
-                text = known[value] = _quoted(value)
-        else:
-            text = _quoted(value)
-        texts.append(text)
-    return texts
-
-
 def append_csv(columns: Columns, f: IO[str], header: bool, texts: list[_Texts] | None = None) -> None:
     """Write `columns` (name → equal-length 1-d array) as CSV rows to `f`, the header first if `header`:
     byte for byte `pandas.DataFrame(columns).to_csv(f, header=header, index=False)` (QUOTE_MINIMAL,
     "\\n" line ends), without pandas, `CSV_CHUNK_ROWS` rows at a time.
 
-    Tables of two or more float64/int/bool/object columns (the step and request rows) skip
-    `csv.writer`: each chunk is its fields' texts joined (`_numeric_texts`, `_object_texts`), the
-    same bytes in about half the time. (One column is left to `csv.writer`: it writes an empty lone
-    field as `""`; so are other dtypes, float32 say.) `texts`: one `_Texts` per column, kept by the
-    caller from one call to the next (`StepWriter` appends a table a chunk at a time), so repeated
-    floats are formatted once per table.
+    Tables of two or more float64/int/bool columns (the step rows) skip `csv.writer`: their fields
+    never need quoting, so each chunk is its fields' texts joined (`_numeric_texts`), the same bytes
+    in about half the time. (One column is left to `csv.writer`: it writes an empty lone field as `""`.)
+    `texts`: one `_Texts` per column, kept by the caller from one call to the next (`StepWriter`
+    appends a table a chunk at a time), so repeated floats are formatted once per table.
     """
     writer = csv.writer(f, lineterminator="\n")
     if header:
         writer.writerow(columns.keys())
     arrays = [np.asarray(values) for values in columns.values()]
     num_rows = len(arrays[0]) if arrays else 0
-    joined = len(arrays) >= 2 and all(a.dtype == np.float64 or a.dtype.kind in "iubO" for a in arrays)
-    if joined and texts is None:
+    plain = len(arrays) >= 2 and all(a.dtype == np.float64 or a.dtype.kind in "iub" for a in arrays)
+    if plain and texts is None:
         texts = [_Texts() for _ in arrays]
     for start in range(0, num_rows, CSV_CHUNK_ROWS):
         chunks = [a[start:start + CSV_CHUNK_ROWS] for a in arrays]
-        if joined:
+        if plain:
             assert texts is not None
-            fields = [_object_texts(chunk) if chunk.dtype.kind == "O" else _numeric_texts(chunk, known)
-                      for chunk, known in zip(chunks, texts, strict=True)]
-            f.write("\n".join(map(",".join, zip(*fields, strict=True))))
+            f.write("\n".join(map(",".join, zip(*map(_numeric_texts, chunks, texts), strict=True))))
             f.write("\n")
         else:
             writer.writerows(zip(*map(_csv_fields, chunks), strict=True))
