@@ -74,18 +74,19 @@ class _Texts(dict[float, str]):
     """One float64 column's field texts by value (repr; NaN → ""), kept across the chunks of a table:
     step columns (usage, waste shares, durations) repeat values from chunk to chunk, and a float's
     repr is the costliest part of a row (a 17-digit repr takes thousands of instructions). At most
-    `TEXTS_KEPT` values are kept, so memory stays bounded however long the run."""
+    `TEXTS_KEPT` values are kept (then it starts again), so memory stays bounded however long the run."""
 
     __slots__ = ()
 
     def __missing__(self, value: float) -> str:
         text = "" if value != value else float.__repr__(value)  # value != value: NaN
-        if len(self) < TEXTS_KEPT:
-            self[value] = text
+        if len(self) >= TEXTS_KEPT:  # start again: the values of the run's recent steps are the likely ones
+            self.clear()
+        self[value] = text
         return text
 
 
-TEXTS_KEPT = 1 << 16  # per float column (a few MiB)
+TEXTS_KEPT = 1 << 12  # per float column: at most a few hundred KiB
 
 
 def _numeric_texts(values: np.ndarray, texts: _Texts | None = None) -> list[str]:
