@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import kvsim.engine.builder
+import kvsim.model.capacity
 from kvsim.engine.builder import build_engine, resolve_engine
+from kvsim.model.config import EngineConfig
 from kvsim.workload.scenario import load_scenario
 
 LLAMA_8B = ["model=llama-3.1-8b", "engine.num_gpu_blocks_override=1000", "engine.block_size=16",
@@ -33,11 +35,24 @@ def test_slab_spec_has_no_null_block():
 
 
 def test_build_engine_sizes_the_pool_once_and_from_the_spec(monkeypatch):
-    calls = []
-    real = kvsim.engine.builder.num_gpu_blocks
-    monkeypatch.setattr(kvsim.engine.builder, "num_gpu_blocks", lambda *a: calls.append(a) or real(*a))
+    """The pool is sized once, and the KV layout and `max_model_len` it needs are resolved once
+    (`resolve_engine` hands both to `num_gpu_blocks`, which derived them again)."""
+    calls: dict[str, int] = {}
+
+    def counted(owner, name):
+        real = getattr(owner, name)
+
+        def count(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, count)
+
+    counted(kvsim.engine.builder, "num_gpu_blocks")
+    counted(kvsim.engine.builder, "model_kv_layout")
+    counted(kvsim.model.capacity, "model_kv_layout")
+    counted(EngineConfig, "resolved_max_model_len")
     parts = build_engine(load_scenario(None, LLAMA_8B), np.random.default_rng(0))
-    assert len(calls) == 1  # it was computed twice
+    assert calls == {"num_gpu_blocks": 1, "model_kv_layout": 1, "resolved_max_model_len": 1}
     assert parts.scheduler.alloc.num_total_slots == parts.spec.num_kv_slots == 15_984
     assert parts.scheduler.limits is parts.spec.limits
     assert parts.facts["num_gpu_blocks"] == 1000 and parts.facts["max_model_len"] == 4096

@@ -104,6 +104,28 @@ def test_numeric_csv_fast_path_writes_what_pandas_writes(tmp_path, negative_zero
     assert (tmp_path / "lone.csv").read_bytes() == lone.to_csv(index=False).encode()
 
 
+def test_step_writer_csv_remembers_texts_across_chunks(tmp_path):
+    """`StepWriter` keeps each float column's texts from chunk to chunk: values repeated in later chunks,
+    NaN in several, 0.0 remembered before a chunk holding -0.0, and a strictly increasing column
+    (formatted value by value) still give `to_csv`'s bytes for the whole table."""
+    from kvsim.results.step_writer import StepWriter
+
+    chunks = [
+        {"time_s": np.array([0.0, 0.1, 0.30000000000000004]), "usage": np.array([0.5, 0.0, np.nan]),
+         "n": np.array([1, 1, 2], dtype=np.int64)},
+        {"time_s": np.array([0.5, 0.75, 1e16]), "usage": np.array([-0.0, 0.5, 1 / 3]),
+         "n": np.array([2, 3, 3], dtype=np.int64)},
+        {"time_s": np.array([2e16, 2e16, 3e16]), "usage": np.array([np.nan, 1 / 3, 0.0]),
+         "n": np.array([3, 3, 4], dtype=np.int64)},
+    ]
+    writer = StepWriter(tmp_path, "csv")
+    for chunk in chunks:
+        writer.write(chunk)
+    writer.close()
+    whole = pd.DataFrame({k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]})
+    assert (tmp_path / "steps.csv").read_bytes() == whole.to_csv(index=False).encode()
+
+
 def test_requests_csv_and_frame_come_from_the_same_columns(tmp_path):
     """A run with rejected requests: requests.csv is `to_csv` of the `requests` DataFrame, which is built
     (once) from `request_columns` only when asked for."""

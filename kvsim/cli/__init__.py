@@ -5,6 +5,7 @@ No domain logic lives here. Every `KvsimError` becomes one line on stderr and ex
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -220,10 +221,17 @@ def run(
         out_dir = output or f"runs/{safe_component(spec.name)}"
         check_output_dir(out_dir, "run")  # refuse before simulating, not after
         resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
-        with run_progress("run", enabled=output_format is RunFormat.table) as progress:
-            result = simulate_scenario(spec, check=check, progress=progress, out_dir=out_dir,
-                                       steps_format=steps_format.value, memory_limit_bytes=limit_bytes)
-            written = Path(out_dir)
+        # What exists now (the modules, the scenario) outlives the run: the collector need not walk it
+        # while the run allocates (a full collection fewer: ~0.04 s of the bench's 2 s runs); unfrozen
+        # after, so an in-process caller (CliRunner) keeps its usual collection.
+        gc.freeze()
+        try:
+            with run_progress("run", enabled=output_format is RunFormat.table) as progress:
+                result = simulate_scenario(spec, check=check, progress=progress, out_dir=out_dir,
+                                           steps_format=steps_format.value, memory_limit_bytes=limit_bytes)
+                written = Path(out_dir)
+        finally:
+            gc.unfreeze()
     if output_format is RunFormat.json:
         from kvsim.results.render import to_json
 

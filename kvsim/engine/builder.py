@@ -80,8 +80,8 @@ def resolve_engine(scenario: Scenario) -> EngineSpec:
         gpu = gpu.model_copy(update={"link": scenario.gpu_link})
     max_model_len = engine.resolved_max_model_len(model)
     engine.check_vllm_startup(max_model_len, gpu)
-    num_blocks = num_gpu_blocks(model, gpu, engine)
     layout = model_kv_layout(model, engine)
+    num_blocks = num_gpu_blocks(model, gpu, engine, layout=layout, max_model_len=max_model_len)
     bs = engine.block_size
     num_kv_slots = (num_blocks - 1 if engine.allocator == "paged" else num_blocks) * bs
     swap_bytes = int(engine.swap_space * 2**30)

@@ -115,9 +115,12 @@ def check_parallel(model: ModelSpec, engine: EngineConfig) -> None:
                          "or replicated evenly over it")
 
 
-def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> int:
+def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, *, layout: KVLayout | None = None,
+                  max_model_len: int | None = None) -> int:
     """Bytes of the KV cache on one GPU: the estimate below, `kv_cache_memory_bytes`, or
     `num_gpu_blocks_override · bytes_per_block` (so the pool always matches the blocks used).
+    `layout` and `max_model_len`: the engine's `model_kv_layout` and `resolved_max_model_len` where
+    the caller has them already (`kvsim.engine.builder.resolve_engine`); derived here otherwise.
 
     Raises `KvsimError` saying how many bytes are missing when the weights (per shard) do
     not fit in `memory · gpu_memory_utilization`, nothing is left for KV after them, or a
@@ -135,7 +138,8 @@ def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> int:
     given = None
     if engine.num_gpu_blocks_override is not None:
         given = ("num_gpu_blocks_override", engine.num_gpu_blocks_override,
-                 engine.num_gpu_blocks_override * kv_bytes_per_block(model, engine))
+                 engine.num_gpu_blocks_override
+                 * (layout if layout is not None else model_kv_layout(model, engine)).bytes_per_block)
     elif engine.kv_cache_memory_bytes is not None:
         given = ("kv_cache_memory_bytes", engine.kv_cache_memory_bytes, engine.kv_cache_memory_bytes)
     if given is not None:
@@ -144,7 +148,8 @@ def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> int:
             raise KvsimError(f"{name}={value}: a KV pool of {pool_bytes / GIB:,.2f} GiB plus {weights / GIB:,.2f} "
                              f"GiB of weights exceeds {gpu.name}'s {gpu.memory_bytes / GIB:,.2f} GiB")
         return pool_bytes
-    max_model_len = engine.resolved_max_model_len(model)
+    if max_model_len is None:
+        max_model_len = engine.resolved_max_model_len(model)
     pool = budget - weights - activation_peak_bytes(model, gpu, engine, max_model_len)
     pool -= engine.non_torch_memory_bytes
     if pool <= 0:
@@ -155,19 +160,23 @@ def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> int:
     return pool
 
 
-def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> int:
-    """`floor(kv_pool_bytes / bytes_per_block)` (`num_gpu_blocks_override` when given).
+def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, *, layout: KVLayout | None = None,
+                   max_model_len: int | None = None) -> int:
+    """`floor(kv_pool_bytes / bytes_per_block)` (`num_gpu_blocks_override` when given); `layout` and
+    `max_model_len` as for `kv_pool_bytes`.
 
     Like vLLM's `check_enough_kv_cache_memory` (vllm/v1/core/kv_cache_utils.py), a pool that
     cannot hold one request of `max_model_len` tokens is an error: vLLM refuses to start.
     """
-    pool = kv_pool_bytes(model, gpu, engine)  # also checks that the weights fit
-    layout = model_kv_layout(model, engine)
+    if layout is None:
+        layout = model_kv_layout(model, engine)
+    pool = kv_pool_bytes(model, gpu, engine, layout=layout, max_model_len=max_model_len)  # checks the weights fit
     per_block = layout.bytes_per_block
     blocks = layout.num_blocks(pool)
     if blocks == 0:
         raise KvsimError(f"kv pool of {pool:,} B holds no block of {per_block:,} B")
-    max_model_len = engine.resolved_max_model_len(model)
+    if max_model_len is None:
+        max_model_len = engine.resolved_max_model_len(model)
     needed = layout.blocks_per_request(max_model_len, engine.resolved_max_num_batched_tokens(max_model_len, gpu))
     if blocks < needed:
         raise KvsimError(f"max_model_len={max_model_len}: one request needs {needed * per_block / GIB:.2f} GiB of "

@@ -70,30 +70,52 @@ def _csv_fields(values: np.ndarray) -> list[Any]:
     return fields
 
 
-def _numeric_texts(values: np.ndarray) -> list[str]:
+class _Texts(dict[float, str]):
+    """One float64 column's field texts by value (repr; NaN → ""), kept across the chunks of a table:
+    step columns (usage, waste shares, durations) repeat values from chunk to chunk, and a float's
+    repr is the costliest part of a row (a 17-digit repr takes thousands of instructions). At most
+    `TEXTS_KEPT` values are kept (then it starts again), so memory stays bounded however long the run."""
+
+    __slots__ = ()
+
+    def __missing__(self, value: float) -> str:
+        text = "" if value != value else float.__repr__(value)  # value != value: NaN
+        if len(self) >= TEXTS_KEPT:  # start again: the values of the run's recent steps are the likely ones
+            self.clear()
+        self[value] = text
+        return text
+
+
+TEXTS_KEPT = 1 << 12  # per float column: at most a few hundred KiB
+
+
+def _numeric_texts(values: np.ndarray, texts: _Texts | None = None) -> list[str]:
     """A float64, int or bool column's fields as text, exactly what `csv.writer` makes of
     `_csv_fields(values)` (repr of each float, str of each int or bool, NaN as "").
 
     Hot (every step row, ~20 columns): most step columns repeat few values (counts, usage), so
-    each distinct value is formatted once (`np.unique`) and the texts are gathered back; a column
-    of mostly distinct values (times: over 3/4 distinct) is formatted value by value. -0.0 equals 0.0 for `np.unique`
-    but prints differently, so a float column holding one takes the value-by-value path.
+    each distinct value is formatted once (`np.unique`) and the texts are gathered back, a float's
+    text looked up in `texts` (the table's earlier chunks) before it is formatted; a column of
+    mostly distinct values (over 3/4 distinct; a strictly increasing one, times, without sorting it)
+    is formatted value by value. -0.0 equals 0.0 for `np.unique` and a dict but prints differently,
+    so a float column holding one takes the value-by-value path. (Measured in CPU time: looking up
+    every float of a mostly distinct column costs more than its repr saves.)
     """
-    to_text = float.__repr__ if values.dtype.kind == "f" else str
     is_float = values.dtype.kind == "f"
-    if not (is_float and bool(np.any(np.signbit(values) & (values == 0)))):
+    if not (is_float and (bool(np.all(values[1:] > values[:-1]))  # strictly increasing (times): all distinct
+                          or bool(np.any(np.signbit(values) & (values == 0))))):
         distinct, inverse = np.unique(values, return_inverse=True)
         if 4 * len(distinct) <= 3 * len(values):  # measured: still faster than a repr each at 3/4 distinct
-            texts = ["" if v != v else to_text(v) for v in distinct.tolist()]  # v != v: NaN
-            return np.array(texts, dtype=object)[inverse.reshape(-1)].tolist()
-    fields = list(map(to_text, values.tolist()))
+            to_text = (texts if texts is not None else _Texts()).__getitem__ if is_float else str
+            return np.array(list(map(to_text, distinct.tolist())), dtype=object)[inverse.reshape(-1)].tolist()
+    fields = list(map(float.__repr__ if is_float else str, values.tolist()))
     if is_float:
         for i in np.flatnonzero(np.isnan(values)).tolist():
             fields[i] = ""
     return fields
 
 
-def append_csv(columns: Columns, f: IO[str], header: bool) -> None:
+def append_csv(columns: Columns, f: IO[str], header: bool, texts: list[_Texts] | None = None) -> None:
     """Write `columns` (name → equal-length 1-d array) as CSV rows to `f`, the header first if `header`:
     byte for byte `pandas.DataFrame(columns).to_csv(f, header=header, index=False)` (QUOTE_MINIMAL,
     "\\n" line ends), without pandas, `CSV_CHUNK_ROWS` rows at a time.
@@ -101,6 +123,8 @@ def append_csv(columns: Columns, f: IO[str], header: bool) -> None:
     Tables of two or more float64/int/bool columns (the step rows) skip `csv.writer`: their fields
     never need quoting, so each chunk is its fields' texts joined (`_numeric_texts`), the same bytes
     in about half the time. (One column is left to `csv.writer`: it writes an empty lone field as `""`.)
+    `texts`: one `_Texts` per column, kept by the caller from one call to the next (`StepWriter`
+    appends a table a chunk at a time), so repeated floats are formatted once per table.
     """
     writer = csv.writer(f, lineterminator="\n")
     if header:
@@ -108,10 +132,13 @@ def append_csv(columns: Columns, f: IO[str], header: bool) -> None:
     arrays = [np.asarray(values) for values in columns.values()]
     num_rows = len(arrays[0]) if arrays else 0
     plain = len(arrays) >= 2 and all(a.dtype == np.float64 or a.dtype.kind in "iub" for a in arrays)
+    if plain and texts is None:
+        texts = [_Texts() for _ in arrays]
     for start in range(0, num_rows, CSV_CHUNK_ROWS):
         chunks = [a[start:start + CSV_CHUNK_ROWS] for a in arrays]
         if plain:
-            f.write("\n".join(map(",".join, zip(*map(_numeric_texts, chunks), strict=True))))
+            assert texts is not None
+            f.write("\n".join(map(",".join, zip(*map(_numeric_texts, chunks, texts), strict=True))))
             f.write("\n")
         else:
             writer.writerows(zip(*map(_csv_fields, chunks), strict=True))
@@ -150,6 +177,7 @@ class StepWriter:
         self.write_s = 0.0  # wall seconds spent writing (a benchmark's simulate/write split)
         self._parquet: Any = None  # pyarrow.parquet.ParquetWriter, opened on the first chunk
         self._csv: IO[str] | None = None
+        self._texts: list[_Texts] | None = None  # CSV: each column's texts, kept from chunk to chunk
 
     def write(self, chunk: Mapping[str, np.ndarray]) -> None:
         """Append one chunk; every chunk must have the same columns in the same order."""
@@ -168,7 +196,8 @@ class StepWriter:
             first = self._csv is None
             if self._csv is None:
                 self._csv = self.path.open("w", newline="")
-            append_csv(chunk, self._csv, header=first)
+                self._texts = [_Texts() for _ in chunk]
+            append_csv(chunk, self._csv, header=first, texts=self._texts)
         self.num_rows += len(next(iter(chunk.values()), ()))
         self.write_s += time.perf_counter() - start_s
 
