@@ -275,9 +275,9 @@ class CalibratedLatency:
         chunked-local) group at contexts capped by its window (`_layer_attention_s`)."""
         if "attention" in self.missing:
             return self.roofline.attention_s(plan)
-        windowed = self.roofline.windowed_layer_counts
+        roof = self.roofline
         total = 0.0
-        for window, num_layers in ((None, self.num_layers - sum(n for _, n in windowed)), *windowed):
+        for window, num_layers in ((None, roof.num_full_attention_layers), *roof.windowed_layer_counts):
             if num_layers:
                 t = self._layer_attention_s(plan, window)
                 if t is None:

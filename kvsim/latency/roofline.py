@@ -273,6 +273,7 @@ class RooflineLatency:
                                 if g.window_tokens is not None]
         self.windowed_layer_counts = [(g.window_tokens, g.num_layers) for g in layout.groups
                                       if g.window_tokens is not None]
+        self.num_full_attention_layers = self.num_layers - sum(n for _, n in self.windowed_layer_counts)
         self.full_bytes_per_token = per_layer * sum(g.num_layers for g in layout.groups if g.window_tokens is None)
         self.copy_bytes_per_block = 2 * layout.bytes_per_block
         self._gemm_bw = eff.gemm_bandwidth * self.bandwidth
@@ -373,8 +374,7 @@ class RooflineLatency:
             compute = self.attn_flops_per_pair * prefill_work / (self.eff.prefill_flops * self.flops)
             read = prefill_context * self.kv_bytes_per_token / (self.eff.decode_bandwidth * self.bandwidth)
             return self.num_layers * self.eff.kernel_floor_s + compute + read
-        full_layers = self.num_layers - sum(n for _, n in self.windowed_layer_counts)
-        layer_pairs = full_layers * prefill_work
+        layer_pairs = self.num_full_attention_layers * prefill_work
         for window, n in self.windowed_layer_counts:
             layer_pairs += n * min(prefill_work, num_prefill_tokens * window)
         kv_bytes = prefill_context * self.full_bytes_per_token
