@@ -69,11 +69,16 @@ class Autoscaler:
         while self._changes and self._changes[0][0] <= now_s - max(spec.scale_up_period_s, spec.scale_down_period_s):
             self._changes.popleft()
         if desired > num_current:
-            start = num_current - sum(n for t, n in self._changes if t > now_s - spec.scale_up_period_s)
+            start = self._at_period_start(now_s, num_current, spec.scale_up_period_s)
             limit = max(start + spec.scale_up_pods, math.ceil(start * (1 + spec.scale_up_percent / 100)))
             return min(desired, max(limit, num_current))
         if desired < num_current:
-            start = num_current - sum(n for t, n in self._changes if t > now_s - spec.scale_down_period_s)
+            start = self._at_period_start(now_s, num_current, spec.scale_down_period_s)
             limit = math.floor(start * (1 - spec.scale_down_percent / 100))
             return max(desired, min(limit, num_current))
         return desired
+
+    def _at_period_start(self, now_s: float, num_current: int, period_s: float) -> int:
+        """The replica count `period_s` ago: now's less the changes made strictly after then (the HPA's
+        `getReplicasChangePerPeriod` counts events after the cutoff)."""
+        return num_current - sum(n for t, n in self._changes if t > now_s - period_s)
