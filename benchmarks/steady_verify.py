@@ -17,8 +17,8 @@ defaults, paged KV):
   while that long run fails (`kvsim.planning.plan`).
 
 `--plan-only` adds the plan to a stored setting; `--long-only N` runs its stored rate with N requests
-(backed off 3 % until it holds): the 70B and 30B-A3B searches are capped at 12,800 requests a probe, so
-their 10× run has 128,000 (stored as `long_runs_128000`; an earlier cap made their first long run 64,000).
+(backed off 3 % until it holds) and stores them as `long_runs_N` beside the search's own `long_runs`.
+The 70B and 30B-A3B searches are capped at 12,800 requests a probe, so their 10× run has 128,000.
 
 Each setting's evidence is merged into benchmarks/results/steady_verify.json (one key per setting), so
 settings can run as separate processes.
