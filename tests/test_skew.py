@@ -45,13 +45,18 @@ def test_no_correction_without_unequal_decodes_or_a_longer_lookup():
     assert skew.corrected(10.0, 9.0, 0, 3, 2000.0, 1000, 4000, 0) == 10.0  # interpolation put t_max lower
 
 
-def test_a_chunk_between_profiled_chunks_takes_the_nearer_in_log1p():
+def test_a_chunk_takes_its_own_bucket_or_the_default_as_llmservingsim_keys_it():
+    """LLMServingSim's `_skew_alpha` keys a step by its raw chunk (`pc={int(pc)}|n<=..|sr<=..|kvB<=..|kp..`),
+    so only a chunk the sweep profiled finds a bucket; any other chunk reads the pooled α_default."""
     skew = correction([(256, 4, 0.4, 4096, 512, 0.2), (1024, 4, 0.4, 4096, 512, 0.3), (0, 4, 0.4, 4096, 0, 0.1)])
-    # log(1 + 300) = 5.71 is nearer log(257) = 5.55 than log(1025) = 6.93; a prefill chunk never takes pc = 0
-    assert skew.alpha(300, 3, 1 / 3, 4000, 100) == 0.2
-    assert skew.alpha(700, 3, 1 / 3, 4000, 100) == 0.3  # log(701) = 6.55 is nearer 6.93 than 5.55
-    assert skew.alpha(1, 3, 1 / 3, 4000, 100) == 0.2
-    assert skew.alpha(0, 3, 1 / 3, 4000, 0) == 0.1
+    assert skew.alpha(256, 3, 1 / 3, 4000, 100) == 0.2  # a profiled chunk: its bucket
+    assert skew.alpha(1024, 3, 1 / 3, 4000, 100) == 0.3
+    assert skew.alpha(0, 3, 1 / 3, 4000, 0) == 0.1  # pure decode: the pc=0 bucket
+    for chunk in (1, 255, 257, 300, 700):  # between or below the profiled chunks: no bucket
+        assert skew.alpha(chunk, 3, 1 / 3, 4000, 100) == 0.05
+    # the peer's formula on a 300-token chunk beside decodes at 1000, 1000, 4000 (t_mean 10, t_max 40):
+    # alpha_default 0.05, so t = 10 + 0.05 · (40 − 10) = 11.5, where the nearest profiled chunk (256) gave 16
+    assert skew.corrected(10.0, 40.0, 300, 3, 2000.0, 1000, 4000, 100) == pytest.approx(11.5)
 
 
 SKEW_META = """skew_fit:
@@ -106,6 +111,13 @@ def test_an_imported_bundle_corrects_decodes_of_unequal_lengths_by_hand(tmp_path
     skewed_decodes(mixed)
     t_mean, t_max = (10 + 1e-3 * (256 * 256 + 3 * 4 * kd) for kd in (268, 1024))
     assert model.attention_s(mixed) == pytest.approx(32 * (t_mean + 0.25 * (t_max - t_mean)) * 1e-6, rel=1e-12)
+    # beside a 128-token chunk, which the skew sweep did not profile: no bucket (LLMServingSim's raw-pc key), so
+    # alpha_default 0.05; the grid blends pc 0 and 256 halfway: 10 + 1 ns · (256 · 256 / 2 + 3 · 4 · context)
+    off_grid = StepPlan()
+    off_grid.add(128, 0, 1, samples=True)
+    skewed_decodes(off_grid)
+    t_mean, t_max = (10 + 1e-3 * (256 * 256 / 2 + 3 * 4 * kd) for kd in (268, 1024))
+    assert model.attention_s(off_grid) == pytest.approx(32 * (t_mean + 0.05 * (t_max - t_mean)) * 1e-6, rel=1e-12)
     # written out and read back as kvsim's own CSV, the correction is the same
     again = calibrated(read_native(write_native(profile, tmp_path / "p.csv")))
     assert again.attention_s(plan) == model.attention_s(plan)

@@ -12,8 +12,13 @@ long) against uniform ones at the mean and at the longest context and fits, per 
 (`skew_fit.csv`, weighted least squares per bucket; `meta.yaml` holds the bucket edges and α_default,
 the pooled fit, for a bucket the table lacks). A step's bucket:
 
-    chunk       the prefill chunk's tokens, one of the profiled chunks (0 = pure decode); a chunk
-                between two profiled ones takes the nearer in log(1 + x), as the attention grid blends
+    chunk       the prefill chunk's tokens as they are (0 = pure decode): the fit keys its buckets by the
+                profiled chunk itself (meta.yaml: `pc: raw pc value (profiled grid point)`) and LLMServingSim
+                looks a step up by its raw chunk (`_skew_alpha`: `pc={int(pc)}|...`), so a chunk that is not
+                a profiled one has no bucket (α_default). A runtime chunk (what is left of the prompt or of
+                the token budget after the decodes) lands on a profiled one only by chance: all 208 mixed
+                steps of the Qwen3-32B replay take α_default, the 208 of 208 LLMServingSim's later
+                profiler (skew fit notes) counts for the peer on that workload
     batch       decode sequences n
     share       (mean − min) / (max − min) of the decode contexts, in [0, 1] (the long decodes' share
                 for a bimodal batch)
@@ -33,7 +38,6 @@ context_len=...`) and `attention_skew_alpha_default`.
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Mapping, Sequence
 
 from kvsim.model.errors import KvsimError
@@ -73,15 +77,6 @@ class SkewCorrection:
         except ValueError:
             raise KvsimError(f"profile {where}: attention_skew rows need numbers in query_len, "
                              f"{', '.join(AXES)} and alpha") from None
-        self.chunks = sorted({k[0] for k in self.table})
-
-    def _chunk(self, chunk: float) -> float:
-        """The profiled chunk whose bucket prices `chunk`: 0 for a pure decode step, else the nearest
-        profiled non-zero chunk in log(1 + x)."""
-        mixed = [c for c in self.chunks if c > 0]
-        if chunk <= 0 or not mixed:
-            return 0.0
-        return min(mixed, key=lambda c: abs(math.log1p(c) - math.log1p(chunk)))
 
     def _edge(self, axis: str, value: float) -> float | None:
         edges = self.edges[axis]
@@ -89,8 +84,9 @@ class SkewCorrection:
         return edges[i] if i < len(edges) else None
 
     def alpha(self, chunk: float, num_decodes: int, share: float, longest: float, cached: float) -> float:
-        """α of a step's bucket (the pooled α_default when its bucket was not measured)."""
-        key = [self._chunk(chunk)]
+        """α of a step's bucket (the pooled α_default when its bucket was not measured, a chunk that is not
+        a profiled one included)."""
+        key = [float(max(0.0, chunk))]
         for axis, value in zip(AXES, (num_decodes, min(1.0, max(0.0, share)), longest, cached), strict=True):
             edge = self._edge(axis, value)
             if edge is None:
