@@ -155,12 +155,13 @@ def test_validate_uses_the_measured_clusters_link_for_tensor_parallel_runs(tmp_p
     from kvsim.validation.measured import load_measured
 
     qwen = load_measured(MEASURED / "Qwen3-32B")  # LLMServingSim's config.json: link_bw 16 (GB/s), 20000 ns
-    assert qwen.link == {"bandwidth_bytes_per_s": 16e9, "latency_s": pytest.approx(20e-6)}
+    # ASTRA-Sim, which the peer feeds that config to, reads a GB as 2^30 bytes (bw_GBps_to_Bpns)
+    assert qwen.link == {"bandwidth_bytes_per_s": 16 * 1024**3, "latency_s": pytest.approx(20e-6)}
     trace = tmp_path / "w.jsonl"
     trace.write_text("")
     link = build_scenario(qwen, trace, model="qwen3-32b", gpu="rtx-pro-6000").gpu_link
     assert link is not None and (link.efficiency, link.collective_latency_s) == (1.0, 0.0)
-    assert allreduce_s(1.6e6, 2, link) == pytest.approx(1.6e6 / 16e9 + 2 * 20e-6)  # ASTRA-sim's ring on 2 GPUs
+    assert allreduce_s(1.6e6, 2, link) == pytest.approx(1.6e6 / (16 * 1024**3) + 2 * 20e-6)  # ASTRA-sim's 2-GPU ring
     llama = load_measured(MEASURED / "Llama-3.1-8B")
     assert build_scenario(llama, trace, model="llama-3.1-8b", gpu="rtx-pro-6000").gpu_link is None
 

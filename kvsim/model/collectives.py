@@ -20,9 +20,10 @@ choice of algorithm and protocol, hence its achieved bandwidth, changes with the
 
 A particular cluster can be slower than its GPUs' datasheet link (PCIe through host memory
 when peer-to-peer is off): a scenario's `gpu_link` then describes it. `kvsim validate` takes
-the measured cluster's link from LLMServingSim's cluster config (16 GB/s effective, 20 us per
-hop for the RTX PRO 6000 TP-2 run, 2.3x slower than the NCCL measurements above, which were
-taken later on another host), with that simulator's cost model: no separate base latency.
+the measured cluster's link from LLMServingSim's cluster config (16 GB/s effective in ASTRA-Sim's
+units, 2^30 bytes a GB, so 17.2e9 bytes/s, and 20 us per hop for the RTX PRO 6000 TP-2 run, 2.1x
+slower than the NCCL measurements above, which were taken later on another host), with that
+simulator's cost model: no separate base latency.
 """
 
 from __future__ import annotations

@@ -258,12 +258,16 @@ def _hardware(config: Path) -> str | None:
 
 
 def _link(config: Path) -> dict[str, float] | None:
-    """`link_bw` (GB/s) and `link_latency` (ns) of LLMServingSim's cluster config, in kvsim's units."""
+    """`link_bw` (GB/s) and `link_latency` (ns) of LLMServingSim's cluster config, in kvsim's units.
+
+    The config is ASTRA-Sim's input, and ASTRA-Sim's analytical network reads a GB as 2^30 bytes
+    (`bw_GBps_to_Bpns` in extern/network_backend/analytical/common/NetworkFunction.cpp: "1 GB is 2^30 B"),
+    so the link the peer simulated, and fitted to its run, carries link_bw · 2^30 bytes/s."""
     raw = _read_json(config)
     if not isinstance(raw, dict) or not isinstance(raw.get("link_bw"), (int, float)):
         return None
     latency_ns = raw.get("link_latency", 0)
-    return {"bandwidth_bytes_per_s": float(raw["link_bw"]) * 1e9,
+    return {"bandwidth_bytes_per_s": float(raw["link_bw"]) * 2**30,
             "latency_s": float(latency_ns) * 1e-9 if isinstance(latency_ns, (int, float)) else 0.0}
 
 
