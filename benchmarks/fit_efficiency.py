@@ -8,6 +8,9 @@ Profiles (all public, none of them a measured serving run that kvsim is validate
     GEMMs, token ops, and the only attention grid at hand;
   - Vidur's `mlp.csv` on H100, A100 and A40 (`profiles/vidur/compute/<gpu>/...`, MIT): GEMMs and
     token ops at TP 1, 2, 4, 8.
+Each token op's bytes are what its kernel reads and writes (`LayerShape.token_op_bytes`); a bundle's
+TP-sharded token op whose TP > 1 rows equal its TP-1 rows is a copy, not a measurement, and is left
+out (`without_tp1_copies`).
 Per GPU with profiles, the GEMM fractions (ηb, ηf by size regime) and the token-op fractions
 (t0 at the reference clock, ηt, ηl2, σ, the speed of each op kind; one op at a time, with the GPU's
 datasheet L2 size and boost clock) are fitted on that GPU's profiles. The default for a GPU
@@ -76,10 +79,29 @@ def vidur_samples(validation: Path) -> list[OpSample]:
     return out
 
 
-def _bundle_shape(model_id: str) -> tuple[LayerShape, int]:
-    model = load_model(BUNDLE_MODELS[model_id])  # an MoE bundle's dense.csv has no MLP ops: its width is unused
+def _bundle_shape(model_id: str, profiled_layers: int | None) -> LayerShape:
+    """The model's layer (an MoE bundle's dense.csv has no MLP ops: its width is unused), with the number of
+    decoder layers the profiler ran (`hf_overrides.num_hidden_layers`; the whole model when not overridden)."""
+    model = load_model(BUNDLE_MODELS[model_id])
     return LayerShape(model.hidden_size, model.num_attention_heads, model.num_kv_heads, model.head_dim,
-                      model.intermediate_size, model.gated_mlp, dtype_bytes=model.dtype_bytes), model.num_layers
+                      model.intermediate_size, model.gated_mlp, dtype_bytes=model.dtype_bytes,
+                      num_layers=profiled_layers or model.num_layers)
+
+
+SHARDED_TOKEN_OPS = ("qk_norm", "rotary_emb", "act_fn")
+"""Token ops whose tensors shrink with TP (`LayerShape.token_op_bytes`)."""
+
+
+def without_tp1_copies(profile: Any, tp1: Any) -> Any:
+    """`profile` (TP > 1) without the TP-sharded token ops whose rows are exactly `tp1`'s: the TP-1 time
+    written at every degree (LLMServingSim's catalog once declared qk_norm TP-stable; its later catalog says
+    so, and the Qwen3 bundles' TP-2 qk_norm rows equal TP-1's to the last digit), not a time of this
+    rank's smaller tensors."""
+    def rows(p: Any, op: str) -> list[tuple[str, str]]:
+        return [(r["num_tokens"], r["time_s"]) for r in p.rows if r["kind"] == "token_op" and r["op"] == op]
+
+    copied = {op for op in SHARDED_TOKEN_OPS if rows(profile, op) and rows(profile, op) == rows(tp1, op)}
+    return replace(profile, rows=[r for r in profile.rows if not (r["kind"] == "token_op" and r["op"] in copied)])
 
 
 def bundles(validation: Path) -> list[tuple[Any, LayerShape, str, int]]:
@@ -89,9 +111,14 @@ def bundles(validation: Path) -> list[tuple[Any, LayerShape, str, int]]:
         if hardware not in BUNDLE_GPUS:
             continue
         raw = yaml.safe_load((root / "meta.yaml").read_text())
-        shape, _ = _bundle_shape(raw["model"])
+        overrides = (raw.get("engine_effective") or {}).get("hf_overrides") or {}
+        shape = _bundle_shape(raw["model"], overrides.get("num_hidden_layers"))
+        tp1 = read_bundle(root, 1) if 1 in raw["tp_degrees"] else None
         for tp in raw["tp_degrees"]:
-            out.append((read_bundle(root, int(tp)), shape, BUNDLE_GPUS[hardware], int(tp)))
+            profile = read_bundle(root, int(tp))
+            if int(tp) > 1 and tp1 is not None:
+                profile = without_tp1_copies(profile, tp1)
+            out.append((profile, shape, BUNDLE_GPUS[hardware], int(tp)))
     return out
 
 

@@ -21,6 +21,18 @@ LOGO_GEMM_BOUND_PCT = {"h100-80gb": 10.0, "a100-80gb": 10.0}
 LOGO_TOKEN_OP_BOUND_PCT = {"h100-80gb": 10.5, "a100-80gb": 8.0}  # per layer; the README's published figures
 
 
+def _fit_script():
+    """benchmarks/fit_efficiency.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fit_script", Path(__file__).resolve().parents[1]
+                                                  / "benchmarks" / "fit_efficiency.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
 def _eff(entry):
     return Efficiency(**{k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()
                          if k in Efficiency.__slots__})
@@ -82,18 +94,55 @@ def test_token_op_time_by_hand():
     assert token_op_s(10, 80e3, 1, 0, gpu, eff) == pytest.approx(1e-6 + 0.8e6 / (2.0 * b), rel=1e-12)
 
 
+def test_token_op_bytes_are_what_the_kernels_move():
+    """Bytes per token of one call, by hand from the kernels (bf16): Vidur's Llama-2-70B (h 8192, I 28672,
+    64 heads, 8 KV heads, head_dim 128) at TP 8, and an LLMServingSim bundle's one-layer Llama-3.1-8B."""
+    from kvsim.latency.fitting import LayerShape
+
+    vidur = LayerShape(8192, 64, 8, 128, 28672)
+    assert vidur.token_op_bytes("input_layernorm", 8) == 2 * 8192 * 2  # rms_norm: read x, write y
+    assert vidur.token_op_bytes("add", 8) == 3 * 8192 * 2  # residual + h: read two, write one
+    assert vidur.token_op_bytes("act_fn", 8) == (2 * 3584 + 3584) * 2  # SiLU-and-mul: read gate, up; write
+    assert vidur.token_op_bytes("rotary_emb", 8) == 2 * (8 + 1) * 128 * 2  # q and k of the rank, in place
+    bundle = LayerShape(4096, 32, 8, 128, 14336, num_layers=1)
+    # the mean of the layer's two norms: rms_norm (no residual yet, 2h) and fused_add_rms_norm (4h)
+    assert bundle.token_op_bytes("layernorm", 1) == (2 + 4) / 2 * 4096 * 2
+
+
+def test_a_vllm_stack_fuses_all_norms_but_the_first_with_the_residual_add():
+    """Llama-3.1-8B (32 layers, h 4096, bf16): 64 norms, one plain rms_norm (16,384 B a token) and 63
+    fused_add_rms_norm (32,768 B), mean 2,080,768 / 64 = 32,512 B; the roofline prices both norms of a
+    layer at that, with rotary (2 x 40 heads x 128 x 2 B) and SiLU-and-mul (3 x 14,336 x 2 B)."""
+    from kvsim.latency.roofline import RooflineLatency, residual_norm_bytes_per_token
+    from kvsim.model.config import EngineConfig, load_model
+
+    assert residual_norm_bytes_per_token(4096, 2, 32) == 32512
+    assert residual_norm_bytes_per_token(4096, 2, 1) == 3 * 4096 * 2
+    roof = RooflineLatency(load_model("llama-3.1-8b"), load_gpu("h100-80gb"), EngineConfig())
+    assert roof.token_ops == ((32512, 2, 0), (20480, 1, 1), (86016, 1, 2))
+
+
+def test_tp1_copies_of_sharded_token_ops_are_left_out_of_the_fit():
+    """A TP-2 bundle's qk_norm rows equal to TP-1's are the TP-1 time copied, not a TP-2 measurement: dropped;
+    a TP-stable op's equal rows (layernorm) and a sharded op measured anew (rotary) are kept."""
+    from kvsim.latency.profiles import Profile
+
+    script = _fit_script()
+
+    def row(op, time_s):
+        return {"kind": "token_op", "op": op, "num_tokens": "16", "time_s": time_s, "calls": "1"}
+
+    tp1 = Profile("tp1", {}, [row("qk_norm", "2e-06"), row("layernorm", "3e-06"), row("rotary_emb", "4e-06")])
+    tp2 = Profile("tp2", {}, [row("qk_norm", "2e-06"), row("layernorm", "3e-06"), row("rotary_emb", "3e-06")])
+    assert [r["op"] for r in script.without_tp1_copies(tp2, tp1).rows] == ["layernorm", "rotary_emb"]
+
+
 @pytest.mark.parametrize("gpu", sorted(LOGO_GEMM_BOUND_PCT))
 def test_held_out_fractions_predict_the_vidur_profiles_as_stored(gpu, shared):
     """The stored held-out fractions, applied to the held-out GPU's Vidur samples, give the stored errors."""
-    import importlib.util
-
     from kvsim.latency.fitting import errors, predict
 
-    spec = importlib.util.spec_from_file_location("fit_script", Path(__file__).resolve().parents[1]
-                                                  / "benchmarks" / "fit_efficiency.py")
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _fit_script()
     samples = [s for s in script.vidur_samples(shared / "validation") if s.gpu == gpu]
     entry = STORED["leave_one_gpu_out"][gpu]
     got = errors(samples, predict(samples, {gpu: load_gpu(gpu)}, {gpu: _eff(entry["fitted"])}))

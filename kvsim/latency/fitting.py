@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.latency.roofline import GEMM_REGIME_TOKENS, REFERENCE_CLOCK_HZ, TOKEN_OP_CLASSES, Efficiency
+from kvsim.latency.roofline import (
+    GEMM_REGIME_TOKENS,
+    REFERENCE_CLOCK_HZ,
+    TOKEN_OP_CLASSES,
+    Efficiency,
+    residual_norm_bytes_per_token,
+)
 
 if TYPE_CHECKING:
     from kvsim.latency.profiles import Profile
@@ -42,7 +48,8 @@ OP_KINDS = {"rotary_emb": 1, "act_fn": 2, "add": 3}  # index in TOKEN_OP_CLASSES
 
 @dataclass(frozen=True, slots=True)
 class LayerShape:
-    """One decoder layer's shapes for the whole model (divided by TP per rank)."""
+    """One decoder layer's shapes for the whole model (divided by TP per rank). `num_layers`: the decoder
+    layers the profiler ran (a bundle's `layernorm` is the mean over all their norms)."""
 
     hidden_size: int
     num_heads: int
@@ -51,6 +58,7 @@ class LayerShape:
     intermediate_size: int
     gated_mlp: bool = True
     dtype_bytes: int = 2
+    num_layers: int = 1
 
     def gemm_params(self, op: str, tp: int) -> float:
         h, hd = self.hidden_size, self.head_dim
@@ -60,7 +68,20 @@ class LayerShape:
                 "gate_up": (2 if self.gated_mlp else 1) * h * mlp, "down": mlp * h}[op]
 
     def token_op_bytes(self, op: str, tp: int) -> float:
-        """Bytes one token moves through one call of a non-GEMM op: read and write its tensor."""
+        """Bytes one token moves through one call of a non-GEMM op, as its kernel reads and writes them:
+
+        rotary_emb, qk_norm   q and k of this rank's heads, read and written (rotary in place; the
+                              cos/sin row it also reads, head_dim values a token, is left out: at most
+                              a tenth of the op, Llama-3-8B at TP 8, and the same rows serve every layer)
+        act_fn                gated (SiLU-and-mul): read gate and up, 2I/tp, write I/tp; else read and
+                              write I/tp
+        add                   Vidur's residual add (PyTorch): read both summands, write the sum, 3h
+        layernorm             a bundle's (vLLM) norm: the mean over the profiled layers' norms, the
+                              first plain, the rest fused with the residual add
+                              (`residual_norm_bytes_per_token`: 3h for the bundles' one layer)
+        any other norm        Vidur's input / post-attention RMSNorm (Sarathi's `rms_norm`, the
+                              residual add timed apart): read and write the hidden state, 2h
+        """
         heads, kv = max(1, self.num_heads // tp), max(1, self.num_kv_heads // tp)
         h, d = self.hidden_size, self.dtype_bytes
         if op in ("rotary_emb", "qk_norm"):
@@ -69,7 +90,9 @@ class LayerShape:
             return (3 if self.gated_mlp else 2) * self.intermediate_size / tp * d
         if op == "add":
             return 3 * h * d
-        return 2 * h * d  # a norm (and an embedding row) reads and writes the hidden state
+        if op == "layernorm":
+            return residual_norm_bytes_per_token(h, d, self.num_layers)
+        return 2 * h * d
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,9 @@ method, so the calibrated model can fall back to any one of them):
 
     linear     L · Σ_gemm (‖(2 · P · T / (ηf(T) · F),  W / (ηb · B))‖₂ + tg)   P, W: a GEMM's params, bytes
     token ops  L · Σ_op calls · (t0 · f_ref / f_clk + T · b_op · (h / ηl2 + (1 − h) / ηt) / (s_op · B))
-               norms (with the residual adds), rotary, activation; h = min(1, σ · L2 / (T · b_op)): the
-               share of the op's tensors its L2 holds (`token_op_s`)
+               norms (fused with the residual adds: 4h each, `residual_norm_bytes_per_token`), rotary,
+               activation; h = min(1, σ · L2 / (T · b_op)): the share of the op's tensors its L2 holds
+               (`token_op_s`)
     decode     L · (t0 + n_dec · t_seq) + K_dec / (ηa · B)          K: KV bytes read by decodes (a
                sliding-window layer reads only its window: `decode_read_bytes`)
                joining a prefill chunk: L · (t0 + n_dec · t_seq) + (heads / kv_heads) · K_dec / (ηm · B)
@@ -190,6 +191,16 @@ def token_op_s(num_tokens: int, bytes_per_token: float, calls: int, op_class: in
     return calls * (token_op_floor_s(gpu, eff) + working_set * per_byte)
 
 
+def residual_norm_bytes_per_token(hidden_size: int, dtype_bytes: float, num_layers: int) -> float:
+    """Bytes per token of one RMSNorm call, averaged over the 2 · `num_layers` norms of a vLLM decoder
+    stack (input and post-attention norm of each layer): the first layer's input norm has no residual
+    yet (`rms_norm`: read the hidden state, write the normed one, 2h), every other norm is
+    `fused_add_rms_norm` (read the hidden state and the residual, write the new residual and the
+    normed state, 4h). The weight (h, read once per call, not per token) is left out."""
+    calls = 2 * num_layers
+    return dtype_bytes * hidden_size * (2 + 4 * (calls - 1)) / calls
+
+
 EFFICIENCY_FILE = "efficiency.yaml"
 """Fitted fractions per GPU preset and defaults per memory type (written by benchmarks/fit_efficiency.py)."""
 
@@ -256,12 +267,13 @@ class RooflineLatency:
         self.lm_head_params = model.vocab_size * h / tp
         self.dtype_bytes = d
         self.hidden_size = h
-        # the non-GEMM ops of a layer as (bytes per token, calls, kind): two norms fused with the
-        # residual add (read the hidden state and the residual, write one: 3h), rotary on q and k
-        # (read + write), the activation (gated: read 2I, write I)
+        # the non-GEMM ops of a layer as (bytes per token, calls, kind): two norms, all but the first
+        # fused with the residual add (`residual_norm_bytes_per_token`: 4h each), rotary on q and k in
+        # place (read + write), the activation (gated: read 2I, write I)
         act = (3 if model.gated_mlp else 2) * mlp_width(model) / tp
         self.gpu = gpu
-        self.token_ops = ((d * 3 * h, 2, 0), (d * 2 * (heads + kv_heads) * model.head_dim, 1, 1), (d * act, 1, 2))
+        norm = residual_norm_bytes_per_token(h, d, model.num_layers)
+        self.token_ops = ((norm, 2, 0), (d * 2 * (heads + kv_heads) * model.head_dim, 1, 1), (d * act, 1, 2))
         self._token_ops_s: dict[int, float] = {}
         self.attn_flops_per_pair = 4 * model.num_layers * heads * model.head_dim
         layout = layout if layout is not None else model_kv_layout(model, engine)
