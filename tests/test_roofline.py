@@ -2,6 +2,7 @@
 
 import csv
 import gzip
+import re
 
 import pytest
 from conftest import REPO, VALIDATION_SET
@@ -148,6 +149,33 @@ def test_nvlink_presets_hold_the_fit_to_vidurs_nccl_all_reduce(setup, preset, sh
     for key, e in script.link_errors(rows, link).items():
         if key.endswith("> 4 MiB"):
             assert e["mean_abs_pct"] <= 15.0, key
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"link_bw": "abc"}, "link_bw='abc' is not a number"),
+    ({"link_bw": True}, "link_bw=True is not a number"),
+    ({"link_bw": float("inf")}, "link_bw=inf is not a number"),
+    ({"link_bw": 0}, "link_bw=0 must be > 0 (GB/s)"),
+    ({"link_bw": -16}, "link_bw=-16 must be > 0 (GB/s)"),
+    ({"link_bw": 16, "link_latency": -1}, "link_latency=-1 must be >= 0 (ns)"),
+    ({"link_bw": 16, "link_latency": "20us"}, "link_latency='20us' is not a number"),
+])
+def test_a_cluster_configs_bad_link_is_named(tmp_path, fields, message):
+    """A measured run's config.json link that is not a usable number is an error naming the field, not a
+    link silently dropped (the preset's would be used) or a free all-reduce (inf)."""
+    import json
+
+    from kvsim.model.errors import KvsimError
+    from kvsim.validation.measured import _link
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(fields))
+    with pytest.raises(KvsimError, match=re.escape(message)):
+        _link(config)
+    config.write_text(json.dumps({"link_bw": 2, "link_latency": 500}))  # 2 GiB/s, 500 ns a hop
+    assert _link(config) == {"bandwidth_bytes_per_s": 2 * 1024**3, "latency_s": pytest.approx(5e-7)}
+    config.write_text(json.dumps({"nodes": []}))
+    assert _link(config) is None
 
 
 def test_validate_uses_the_measured_clusters_link_for_tensor_parallel_runs(tmp_path):

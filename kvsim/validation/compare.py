@@ -334,7 +334,8 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
     if scenario.gpu_link is not None and scenario.engine.tensor_parallel_size > 1:
         link = scenario.gpu_link
         notes.append(f"tensor-parallel all-reduces cross the cluster's link as its config.json describes it "
-                     f"({link.bandwidth_bytes_per_s / 1e9:g} GB/s, {link.latency_s * 1e6:g} us per hop), "
+                     f"({link.bandwidth_bytes_per_s / 2**30:g} GB/s of 2^30 bytes, as ASTRA-Sim reads it, "
+                     f"{link.latency_s * 1e6:g} us per hop), "
                      "not the GPU preset's datasheet link")
     phases = measured_phase_rates(measured_path) if measured_path is not None and Path(measured_path).is_dir() \
         else {}

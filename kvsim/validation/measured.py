@@ -262,13 +262,19 @@ def _link(config: Path) -> dict[str, float] | None:
 
     The config is ASTRA-Sim's input, and ASTRA-Sim's analytical network reads a GB as 2^30 bytes
     (`bw_GBps_to_Bpns` in extern/network_backend/analytical/common/NetworkFunction.cpp: "1 GB is 2^30 B"),
-    so the link the peer simulated, and fitted to its run, carries link_bw · 2^30 bytes/s."""
+    so the link the peer simulated, and fitted to its run, carries link_bw · 2^30 bytes/s. None when the
+    config gives no link_bw; a link_bw or link_latency that is not a finite number, a link_bw <= 0 or a
+    negative link_latency raises `KvsimError` naming the file and the field."""
     raw = _read_json(config)
-    if not isinstance(raw, dict) or not isinstance(raw.get("link_bw"), (int, float)):
+    if not isinstance(raw, dict) or raw.get("link_bw") is None:
         return None
-    latency_ns = raw.get("link_latency", 0)
-    return {"bandwidth_bytes_per_s": float(raw["link_bw"]) * 2**30,
-            "latency_s": float(latency_ns) * 1e-9 if isinstance(latency_ns, (int, float)) else 0.0}
+    bandwidth_gb_per_s = _number(raw, "link_bw", str(config))
+    latency_ns = _number(raw, "link_latency", str(config)) if raw.get("link_latency") is not None else 0.0
+    if bandwidth_gb_per_s <= 0:
+        raise KvsimError(f"{config}: link_bw={raw['link_bw']!r} must be > 0 (GB/s)")
+    if latency_ns < 0:
+        raise KvsimError(f"{config}: link_latency={raw['link_latency']!r} must be >= 0 (ns)")
+    return {"bandwidth_bytes_per_s": bandwidth_gb_per_s * 2**30, "latency_s": latency_ns * 1e-9}
 
 
 def read_llmservingsim(path: Path) -> pd.DataFrame | None:
