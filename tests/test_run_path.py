@@ -89,8 +89,7 @@ def test_csv_writer_writes_what_pandas_writes(tmp_path):
 def test_numeric_csv_fast_path_writes_what_pandas_writes(tmp_path, negative_zero):
     """Only float64, int and bool columns (the step rows) take `append_csv`'s join path, which formats
     each distinct value once: repeated values (so the distinct-value branch runs), repeated NaN and
-    infinities, a column of distinct floats, negative zero beside zero (np.unique merges them), ints
-    through the small-int table (up to its last entry, unsigned too) or not (negative, huge), and a
+    infinities, a column of distinct floats, negative zero beside zero (np.unique merges them), and a
     lone column (csv.writer quotes a lone empty field) all give `to_csv`'s bytes."""
     zero = -0.0 if negative_zero else 0.0
     frame = pd.DataFrame({
@@ -98,8 +97,6 @@ def test_numeric_csv_fast_path_writes_what_pandas_writes(tmp_path, negative_zero
         "usage": np.array([0.5, 0.5, np.nan, np.nan, 1 / 3, 1 / 3, 0.5, zero]),
         "frac": np.array([0.0, 0.0, zero, np.inf, np.inf, -np.inf, 0.0, 0.0]),
         "vllm:running": np.array([3, 3, 3, -1, 2**62, 3, 3, 3], dtype=np.int64),
-        "tokens": np.array([0, 5, 65535, 3, 3, 1, 0, 7], dtype=np.int64),  # the small-int table, to its end
-        "count": np.array([255, 0, 1, 1, 2, 3, 5, 8], dtype=np.uint8),
         "flag": np.array([True, True, False, True, True, True, True, True]),
     })
     write_csv(frame_columns(frame), tmp_path / "steps.csv")
