@@ -54,7 +54,8 @@ PACK_INTS = struct.Struct(f"@{len(SINGLE_INTS)}q").pack
 
 class _Packers(dict[int, tuple]):
     """`struct` packers of `n` doubles and of `n` int64s, by `n` (a burst's number of steps): a burst's
-    per-step values go into `BurstRows`' arrays with `frombytes`, for the same reason as a row's."""
+    per-step values go into `BurstRows`' arrays with `frombytes`, for the same reason as a row's. One
+    pair per burst length seen, so at most one per step count up to the longest output: bounded."""
 
     __slots__ = ()
 

@@ -94,8 +94,8 @@ TEXTS_KEPT = 1 << 12  # per float column: at most a few hundred KiB
 
 
 def _csv_text(field: Any) -> str:
-    """`csv.writer`'s text for one field of a row of several fields (QUOTE_MINIMAL: quoted, quotes
-    doubled, when it holds a comma, a quote or a line break; an empty field stays empty): the row
+    """`csv.writer`'s text for one field of a row of several fields, whatever QUOTE_MINIMAL decides for
+    it (a comma, a quote or a line break: quoted, quotes doubled; an empty field stays empty): the row
     `[field, ""]` is that text, a comma and the line end, and a field's text never depends on its row."""
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerow([field, ""])
