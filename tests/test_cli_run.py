@@ -166,6 +166,23 @@ def test_ctrl_c_while_kvsim_imports_exits_130_with_one_line(tmp_path):
     assert done.returncode == 0 and done.stdout.startswith("kvsim ")
 
 
+def test_cli_starts_openblas_with_one_thread_unless_the_user_chose():
+    """The entry sets OPENBLAS_NUM_THREADS=1 before numpy loads, and leaves any BLAS thread choice alone."""
+    import subprocess
+    import sys
+
+    from kvsim.__main__ import BLAS_THREAD_VARIABLES
+
+    code = ("import os, sys; from kvsim.__main__ import single_blas_thread; single_blas_thread(); import numpy; "
+            "print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')) if "
+            "sys.platform == 'linux' else 1)")
+    plain = {k: v for k, v in os.environ.items() if k not in BLAS_THREAD_VARIABLES}
+    for extra, expected in (({}, "1 1"), ({"OMP_NUM_THREADS": "2"}, "None"), ({"OPENBLAS_NUM_THREADS": "3"}, "3")):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**plain, **extra},
+                              timeout=120, check=True)
+        assert done.stdout.split()[:len(expected.split())] == expected.split(), (extra, done.stdout)
+
+
 def test_max_num_seqs_flag_as_in_vllm(tmp_path):
     """`--max-num-seqs` (vLLM's engine argument) caps the batch of `run` and the concurrency `capacity` prices."""
     import json

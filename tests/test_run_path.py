@@ -56,8 +56,8 @@ def test_kvsim_run_imports_no_pandas(tmp_path, args):
 
 
 def test_csv_writer_writes_what_pandas_writes(tmp_path):
-    """NaN, None, missing strings, commas, quotes and newlines in fields, tiny, huge, negative zero and
-    infinite floats, float32s (written as numpy writes them: 0.1, not 0.10000000149011612), ints and bools: `append_csv` gives `DataFrame.to_csv(index=False)`'s bytes, with
+    """NaN, None, missing strings, commas, quotes and newlines in fields, an object column of mixed types,
+    tiny, huge, negative zero and infinite floats, float32s (written as numpy writes them: 0.1, not 0.10000000149011612), ints and bools: `append_csv` gives `DataFrame.to_csv(index=False)`'s bytes, with
     and without the header, and written in chunks (every 3 rows) or whole."""
     frame = pd.DataFrame({
         "i": np.array([0, -7, 2**62, 5, 1, 3], dtype=np.int64),
@@ -67,6 +67,7 @@ def test_csv_writer_writes_what_pandas_writes(tmp_path):
         "b": np.array([True, False, True, True, False, False]),
         "s": np.array(["plain", None, 'say "hi"', "a,b", "two\nlines", ""], dtype=object),
         "vllm:metric": np.array([None] * 6, dtype=object),
+        "mixed": np.array([1, 2.5, None, "x,y", True, -0.0], dtype=object),
     })
     expected = frame.to_csv(index=False)
     write_csv(frame_columns(frame), tmp_path / "whole.csv")
@@ -74,12 +75,13 @@ def test_csv_writer_writes_what_pandas_writes(tmp_path):
     import kvsim.results.step_writer as step_writer
 
     with (tmp_path / "chunks.csv").open("w", newline="") as f:
-        step_writer.CSV_CHUNK_ROWS, saved = 3, step_writer.CSV_CHUNK_ROWS
+        saved = step_writer.CSV_CHUNK_ROWS, step_writer.CSV_MIXED_CHUNK_ROWS
+        step_writer.CSV_CHUNK_ROWS = step_writer.CSV_MIXED_CHUNK_ROWS = 3
         try:
             append_csv(frame_columns(frame.iloc[:4]), f, header=True)
             append_csv(frame_columns(frame.iloc[4:]), f, header=False)
         finally:
-            step_writer.CSV_CHUNK_ROWS = saved
+            step_writer.CSV_CHUNK_ROWS, step_writer.CSV_MIXED_CHUNK_ROWS = saved
     assert (tmp_path / "chunks.csv").read_text() == expected
 
 

@@ -51,6 +51,21 @@ SINGLE_INTS = tuple(name for name in COLUMNS if name not in FLOAT_COLUMNS)
 PACK_FLOATS = struct.Struct(f"@{len(SINGLE_FLOATS)}d").pack
 PACK_INTS = struct.Struct(f"@{len(SINGLE_INTS)}q").pack
 
+
+class _Packers(dict[int, tuple]):
+    """`struct` packers of `n` doubles and of `n` int64s, by `n` (a burst's number of steps): a burst's
+    per-step values go into `BurstRows`' arrays with `frombytes`, for the same reason as a row's. One
+    pair per burst length seen, so at most one per step count up to the longest output: bounded."""
+
+    __slots__ = ()
+
+    def __missing__(self, n: int) -> tuple:
+        packers = self[n] = (struct.Struct(f"@{n}d").pack, struct.Struct(f"@{n}q").pack)
+        return packers
+
+
+_BURST_PACKERS = _Packers()
+
 Chunk = dict[str, np.ndarray]
 
 
@@ -149,6 +164,7 @@ class BurstRows:
     """
 
     PER_BURST = 8  # num_steps, single rows before, then PendingBurst's six ints
+    _PACK_PER_BURST = struct.Struct(f"@{PER_BURST}q").pack
 
     def __init__(self) -> None:
         self._clear()
@@ -162,14 +178,16 @@ class BurstRows:
         return len(self.starts_s)
 
     def add(self, pending: PendingBurst, waiting: list[int], occupancy: Occupancy, num_single_rows_before: int) -> None:
-        self.starts_s.extend(pending.starts_s)
-        self.durations_s.extend(pending.durations_s)
-        self.waiting.extend(waiting)
+        num_steps = len(pending.starts_s)
+        pack_floats, pack_ints = _BURST_PACKERS[num_steps]
+        self.starts_s.frombytes(pack_floats(*pending.starts_s))
+        self.durations_s.frombytes(pack_floats(*pending.durations_s))
+        self.waiting.frombytes(pack_ints(*waiting))
         held, filled, reserved = occupancy
-        self.held.extend(held)
-        self.filled.extend(filled)
-        self.reserved.extend(reserved)
-        self.per_burst.extend((len(pending.starts_s), num_single_rows_before, *pending[2:]))
+        self.held.frombytes(pack_ints(*held))
+        self.filled.frombytes(pack_ints(*filled))
+        self.reserved.frombytes(pack_ints(*reserved))
+        self.per_burst.frombytes(self._PACK_PER_BURST(num_steps, num_single_rows_before, *pending[2:]))
 
     def merge_into(self, singles: Chunk) -> Chunk:
         """`singles` (the single-step rows) with the bursts' rows in their places; empties the bursts."""

@@ -39,13 +39,15 @@ class BlockPool:
     `block_size`; a pool nobody caches in, as the CPU swap pool, simply never inserts).
     """
 
-    __slots__ = ("num_blocks", "null_block", "ref_counts", "cache", "_unhashed", "_evictable")
+    __slots__ = ("num_blocks", "null_block", "num_usable_blocks", "ref_counts", "cache", "_unhashed", "_evictable")
 
     def __init__(self, num_blocks: int, null_block: bool = True, cache: PrefixCache | None = None,
                  block_size: int = 16) -> None:
         assert num_blocks > int(null_block), "a pool needs at least one usable block"
         self.num_blocks = num_blocks
         self.null_block = null_block
+        # fixed for the pool's life; a plain attribute, not a property: read at every step (usage, held slots)
+        self.num_usable_blocks = num_blocks - int(null_block)
         self.ref_counts = [0] * num_blocks
         self.cache: PrefixCache = cache if cache is not None else HashChainCache(num_blocks, block_size)
         self._evictable = self.cache.evictable  # the queue's tail part, the cache's (read for its length)
@@ -57,10 +59,6 @@ class BlockPool:
     def free_queue(self) -> list[int]:
         """The free blocks in eviction order (head first: the next handed out)."""
         return [*reversed(self._unhashed), *self._evictable]
-
-    @property
-    def num_usable_blocks(self) -> int:
-        return self.num_blocks - int(self.null_block)
 
     @property
     def num_free_blocks(self) -> int:

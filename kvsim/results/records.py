@@ -18,6 +18,7 @@ a run without priorities writes the table it always wrote.
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Iterable
 
@@ -28,19 +29,25 @@ from kvsim.workload.request import Request, RequestStatus
 _STATUSES = tuple(RequestStatus)
 _STATUS_CODE = {status: code for code, status in enumerate(_STATUSES)}
 _TIMES = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s")
-_INTS = (("request_id", "request_id"), ("prompt_tokens", "prompt_len"), ("output_tokens", "output_len"),
-         ("num_samples", "num_samples"), ("prefix_hit_tokens", "num_prefix_hit_tokens"),
-         ("num_preemptions", "num_preemptions"), ("priority", "priority"))
+# the integer columns; `add` takes them from the request's request_id, prompt_len, output_len, num_samples,
+# num_prefix_hit_tokens, num_preemptions and priority, in this order
+_INTS = ("request_id", "prompt_tokens", "output_tokens", "num_samples", "prefix_hit_tokens", "num_preemptions",
+         "priority")
+# a row's times and integers as the bytes of its typed rows (`array.frombytes`): the same doubles and
+# int64s as appending value by value stores, in one call (hot: every request that ends)
+_PACK_TIMES = struct.Struct(f"@{len(_TIMES)}d").pack
+_PACK_INTS = struct.Struct(f"@{len(_INTS)}q").pack
 
 
 class RequestRecords:
-    """Typed columns, one row per request handed to `add` (in the order they ended)."""
+    """Typed rows, one per request handed to `add` (in the order they ended): its times (`_TIMES`)
+    and integers (`_INTS`) row after row in two flat arrays, made columns by `columns()`."""
 
     __slots__ = ("_times", "_ints", "_status", "_reasons")
 
     def __init__(self) -> None:
-        self._times = {name: array("d") for name in _TIMES}
-        self._ints = {column: array("q") for column, _ in _INTS}
+        self._times = array("d")  # len(_TIMES) values a row
+        self._ints = array("q")  # len(_INTS) values a row
         self._status = array("b")
         self._reasons: dict[int, str] = {}  # row -> reject reason
 
@@ -57,11 +64,12 @@ class RequestRecords:
         """Copy `req`'s numbers into a new row (missing times are NaN)."""
         if req.reject_reason is not None:
             self._reasons[len(self._status)] = req.reject_reason
-        for name, column in self._times.items():
-            value = getattr(req, name)
-            column.append(np.nan if value is None else value)
-        for (_, attr), values in zip(_INTS, self._ints.values(), strict=True):
-            values.append(getattr(req, attr))
+        arrival, scheduled, first, finish = req.arrival_s, req.first_scheduled_s, req.first_token_s, req.finish_s
+        self._times.frombytes(_PACK_TIMES(  # in `_TIMES` order
+            np.nan if arrival is None else arrival, np.nan if scheduled is None else scheduled,
+            np.nan if first is None else first, np.nan if finish is None else finish))
+        self._ints.frombytes(_PACK_INTS(req.request_id, req.prompt_len, req.output_len, req.num_samples,
+                                        req.num_prefix_hit_tokens, req.num_preemptions, req.priority))
         self._status.append(_STATUS_CODE[req.status])
 
     def extend(self, requests: Iterable[Request]) -> None:
@@ -74,18 +82,18 @@ class RequestRecords:
 
     def columns(self) -> dict[str, np.ndarray]:
         """The requests table's columns, sorted by `request_id` (arrival order); see the module docstring."""
-        order = np.argsort(np.frombuffer(self._ints["request_id"], dtype=np.int64), kind="stable") \
-            if len(self) else np.zeros(0, dtype=np.int64)
-
-        def column(values: array, dtype: type) -> np.ndarray:
-            return np.frombuffer(values, dtype=dtype)[order] if len(values) else np.zeros(0, dtype=dtype)
-
-        arrival, scheduled, first, finish = (column(self._times[name], np.float64) for name in _TIMES)
-        ints = {name: column(values, np.int64) for name, values in self._ints.items()}
+        if len(self):
+            times = np.frombuffer(self._times, dtype=np.float64).reshape(-1, len(_TIMES))
+            int_rows = np.frombuffer(self._ints, dtype=np.int64).reshape(-1, len(_INTS))
+        else:
+            times, int_rows = np.zeros((0, len(_TIMES))), np.zeros((0, len(_INTS)), dtype=np.int64)
+        order = np.argsort(int_rows[:, 0], kind="stable")  # request_id, `_INTS`' first
+        arrival, scheduled, first, finish = (times[order, i] for i in range(len(_TIMES)))
+        ints = {name: int_rows[order, i] for i, name in enumerate(_INTS)}
         output = ints["output_tokens"]
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(output > 1, (finish - first) / (output - 1), np.nan)
-        codes = column(self._status, np.int8)
+        codes = np.frombuffer(self._status, dtype=np.int8)[order] if len(self) else np.zeros(0, dtype=np.int8)
         labels = np.array([s.value for s in _STATUSES], dtype=object)
         reasons = np.full(len(self), None, dtype=object)
         for row, reason in self._reasons.items():

@@ -15,6 +15,7 @@ the output path only when the run has completed.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import shutil
 import time
@@ -50,6 +51,9 @@ def resolve_format(fmt: StepsFormat) -> Literal["parquet", "csv"]:
 
 
 CSV_CHUNK_ROWS = 4096  # rows formatted at a time: Python objects for this many rows, however long the table
+# a table with a column that is not float64/int/bool (the requests table's status): its texts are kept
+# for fewer rows at a time, ~1.5 KB a row (its strings), so that writing it adds little to a run's peak
+CSV_MIXED_CHUNK_ROWS = 512
 
 Columns = Mapping[str, np.ndarray]
 
@@ -89,6 +93,35 @@ class _Texts(dict[float, str]):
 TEXTS_KEPT = 1 << 12  # per float column: at most a few hundred KiB
 
 
+def _csv_text(field: Any) -> str:
+    """`csv.writer`'s text for one field of a row of several fields, whatever QUOTE_MINIMAL decides for
+    it (a comma, a quote or a line break: quoted, quotes doubled; an empty field stays empty): the row
+    `[field, ""]` is that text, a comma and the line end, and a field's text never depends on its row."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow([field, ""])
+    return buffer.getvalue()[:-2]
+
+
+class _FieldTexts(dict[str, str]):
+    """`_csv_text` of string fields by value, for one call's object columns (strings repeat: a status,
+    a reject reason); at most `TEXTS_KEPT` kept (then it starts again)."""
+
+    __slots__ = ()
+
+    def __missing__(self, field: str) -> str:
+        text = _csv_text(field)
+        if len(self) >= TEXTS_KEPT:
+            self.clear()
+        self[field] = text
+        return text
+
+
+def _object_texts(values: np.ndarray, texts: _FieldTexts) -> list[str]:
+    """Any column that is not float64, int or bool (strings, None, float32, ...) as the field texts
+    `csv.writer` writes for `_csv_fields(values)` in a row of several fields; strings through `texts`."""
+    return [texts[field] if type(field) is str else _csv_text(field) for field in _csv_fields(values)]
+
+
 def _numeric_texts(values: np.ndarray, texts: _Texts | None = None) -> list[str]:
     """A float64, int or bool column's fields as text, exactly what `csv.writer` makes of
     `_csv_fields(values)` (repr of each float, str of each int or bool, NaN as "").
@@ -118,11 +151,14 @@ def _numeric_texts(values: np.ndarray, texts: _Texts | None = None) -> list[str]
 def append_csv(columns: Columns, f: IO[str], header: bool, texts: list[_Texts] | None = None) -> None:
     """Write `columns` (name → equal-length 1-d array) as CSV rows to `f`, the header first if `header`:
     byte for byte `pandas.DataFrame(columns).to_csv(f, header=header, index=False)` (QUOTE_MINIMAL,
-    "\\n" line ends), without pandas, `CSV_CHUNK_ROWS` rows at a time.
+    "\\n" line ends), without pandas, `CSV_CHUNK_ROWS` rows at a time (`CSV_MIXED_CHUNK_ROWS` for a
+    table with a column that is not float64, int or bool).
 
-    Tables of two or more float64/int/bool columns (the step rows) skip `csv.writer`: their fields
-    never need quoting, so each chunk is its fields' texts joined (`_numeric_texts`), the same bytes
-    in about half the time. (One column is left to `csv.writer`: it writes an empty lone field as `""`.)
+    Tables of two or more columns skip `csv.writer` for their rows: each chunk is its fields' texts
+    joined, the same bytes in about half the time. A float64, int or bool column's texts never need
+    quoting (`_numeric_texts`); any other column's are `csv.writer`'s per field (`_object_texts`:
+    in a row of several fields a field's text depends on that field alone). (One column is left to
+    `csv.writer`: it writes an empty lone field as `""`.)
     `texts`: one `_Texts` per column, kept by the caller from one call to the next (`StepWriter`
     appends a table a chunk at a time), so repeated floats are formatted once per table.
     """
@@ -131,14 +167,21 @@ def append_csv(columns: Columns, f: IO[str], header: bool, texts: list[_Texts] |
         writer.writerow(columns.keys())
     arrays = [np.asarray(values) for values in columns.values()]
     num_rows = len(arrays[0]) if arrays else 0
-    plain = len(arrays) >= 2 and all(a.dtype == np.float64 or a.dtype.kind in "iub" for a in arrays)
-    if plain and texts is None:
+    if texts is None:
         texts = [_Texts() for _ in arrays]
-    for start in range(0, num_rows, CSV_CHUNK_ROWS):
-        chunks = [a[start:start + CSV_CHUNK_ROWS] for a in arrays]
-        if plain:
-            assert texts is not None
-            f.write("\n".join(map(",".join, zip(*map(_numeric_texts, chunks, texts), strict=True))))
+    field_texts = _FieldTexts()
+
+    def is_numeric(values: np.ndarray) -> bool:
+        return values.dtype == np.float64 or values.dtype.kind in "iub"
+
+    def column_texts(values: np.ndarray, float_texts: _Texts) -> list[str]:
+        return _numeric_texts(values, float_texts) if is_numeric(values) else _object_texts(values, field_texts)
+
+    chunk_rows = CSV_CHUNK_ROWS if all(map(is_numeric, arrays)) else CSV_MIXED_CHUNK_ROWS
+    for start in range(0, num_rows, chunk_rows):
+        chunks = [a[start:start + chunk_rows] for a in arrays]
+        if len(arrays) >= 2:
+            f.write("\n".join(map(",".join, zip(*map(column_texts, chunks, texts), strict=True))))
             f.write("\n")
         else:
             writer.writerows(zip(*map(_csv_fields, chunks), strict=True))
