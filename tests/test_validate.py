@@ -287,7 +287,7 @@ def test_peer_gauges_fill_the_llmservingsim_column():
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"ttfts": [0.01, "soon", 0.0]}, r"ttfts\[1\]='soon' is not a number"),
-    ({"input_lens": [16, 0, 8]}, "input_lens has a non-positive entry"),
+    ({"input_lens": [16, 0, 8]}, r"input_lens\[1\]=0 is not a whole number of tokens >= 1"),
     ({"start_times": [1000.0, None, 1000.02]}, r"start_times\[1\]=None is not a number"),
     ({"latencies": None, "itls": [[0.01] * 4, "x", []]}, "itls must hold one list"),
     ({"output_lens": [5, 3]}, "output_lens has 2 entries, input_lens has 3"),

@@ -423,6 +423,9 @@ def validate(
     from kvsim.validation.measured import load_measured
 
     with user_errors():
+        if profile is not None and latency is not LatencyChoice.calibrated:
+            raise KvsimError(f"--profile={profile!r}: only --latency calibrated reads a profile; "
+                             f"--latency {latency.value} would ignore it")
         run = load_measured(measured, workload)
         out_path = output or f"validation/{safe_component(run.name, 'run')}-{latency.value}"
         check_output_dir(out_path, "validation")  # refuse before replaying, not after

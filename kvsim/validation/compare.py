@@ -24,7 +24,7 @@ import numpy as np
 
 from kvsim.model.config import load_gpu, load_model, model_presets
 from kvsim.model.errors import KvsimError
-from kvsim.validation.measured import MeasuredRun
+from kvsim.validation.measured import MeasuredRun, series_number
 from kvsim.validation.recorded import recorded_engine, recorded_settings
 from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
 from kvsim.workload.traces import write_sharegpt_tokens
@@ -228,18 +228,21 @@ def measured_phase_rates(path: str | Path) -> dict[str, float | None]:
     """Prefill and decode speed separately, from vLLM's per-second series (`vllm/timeseries.csv`:
     `prompt_throughput`, `gen_throughput`, `running`): the mean prompt tokens/s over the seconds that
     prefilled anything, and generated tokens per second per running request (Σ gen / Σ running). A
-    model that prices prefill slow and decode fast shows both here even when its latency means agree."""
+    model that prices prefill slow and decode fast shows both here even when its latency means agree.
+    No phase rates ({}) from a series without those columns; a cell that is not a finite number >= 0
+    raises `KvsimError` naming the file, line and column."""
     series = Path(path) / "vllm" / "timeseries.csv"
     if not series.is_file():
         return {}
     import csv
 
-    try:
-        with series.open(newline="") as f:
-            rows = [(float(r["prompt_throughput"]), float(r["gen_throughput"]), float(r["running"]))
-                    for r in csv.DictReader(f)]
-    except (OSError, KeyError, ValueError, TypeError):
-        return {}  # an older series without the throughput columns: no per-phase comparison
+    with series.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if not {"prompt_throughput", "gen_throughput", "running"} <= set(reader.fieldnames or []):
+            return {}  # an older series without the throughput columns: no per-phase comparison
+        rows = [tuple(series_number(r[c], c, f"{series}:{line_no}")
+                      for c in ("prompt_throughput", "gen_throughput", "running"))
+                for line_no, r in enumerate(reader, start=2)]
     prompt = [p for p, _, _ in rows if p > 0]
     running = sum(r for _, _, r in rows)
     return {PHASE_METRICS[0]: sum(prompt) / len(prompt) if prompt else None,
@@ -310,6 +313,8 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
     from kvsim.engine.simulate import simulate
 
     recorded = recorded_settings(measured_path) if measured_path is not None else {}
+    phases = measured_phase_rates(measured_path) if measured_path is not None and Path(measured_path).is_dir() \
+        else {}  # read before the replay: a malformed series fails in a second, not after it
     model_name = resolve_model(run, model)
     gpu_name = resolve_gpu(run, gpu, recorded)
     load_model(model_name), load_gpu(gpu_name)  # fail early, with the field named
@@ -337,8 +342,6 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
                      f"({link.bandwidth_bytes_per_s / 2**30:g} GB/s of 2^30 bytes, as ASTRA-Sim reads it, "
                      f"{link.latency_s * 1e6:g} us per hop), "
                      "not the GPU preset's datasheet link")
-    phases = measured_phase_rates(measured_path) if measured_path is not None and Path(measured_path).is_dir() \
-        else {}
     return Validation(run=run, scenario=scenario, result=result, rows=compare(run, result, phases), notes=notes)
 
 

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kvsim.model.errors import KvsimError
+
 RECORDED_GPU_KEYS = ("gpu", "gpu_name", "device_name")  # not "device": engine_kwargs may say "cuda"
 RECORDED_ENGINE_KEYS = ("tensor_parallel_size", "kv_cache_dtype", "block_size", "max_num_seqs",
                         "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization")
@@ -21,7 +23,9 @@ def recorded_settings(path: str | Path) -> dict[str, Any]:
     JSON, engine arguments saved as its metadata (`--metadata tensor_parallel_size=2 ...`).
 
     Read from `vllm/meta.json` of a measured folder (top level, `engine_kwargs` or `cache_config`) or from
-    the top level of a bench result. Missing keys are simply absent; values are as recorded.
+    the top level of a bench result. Missing (or null) keys are simply absent; values are as recorded, but a
+    GPU name that is not a string, a `num_gpu_blocks` that is not a whole number >= 1, or `true`/`false`
+    for an engine argument raises `KvsimError` naming the file and the key (never a default in its place).
     """
     p = Path(path)
     source = p / "vllm" / "meta.json" if p.is_dir() else p
@@ -37,13 +41,20 @@ def recorded_settings(path: str | Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for scope in scopes:
         for key in RECORDED_GPU_KEYS:
-            if scope.get(key) and "gpu" not in out:
-                out["gpu"] = str(scope[key])
+            name = scope.get(key)
+            if name is not None and (not isinstance(name, str) or not name.strip()):
+                raise KvsimError(f"{source}: {key}={name!r} is not a GPU name")
+            if name and "gpu" not in out:
+                out["gpu"] = name
         blocks = scope.get("num_gpu_blocks")
-        if isinstance(blocks, (int, float)) and not isinstance(blocks, bool) and blocks > 0:
+        if blocks is not None:
+            if isinstance(blocks, bool) or not isinstance(blocks, int | float) or blocks < 1 or blocks != int(blocks):
+                raise KvsimError(f"{source}: num_gpu_blocks={blocks!r} is not a whole number of blocks >= 1")
             out.setdefault("num_gpu_blocks", int(blocks))
         if not p.is_dir():  # a bench result's engine arguments; a measured folder's come from load_measured
-            for key in RECORDED_ENGINE_KEYS:
+            for key in RECORDED_ENGINE_KEYS:  # `--metadata key=value` saves strings; the engine config parses them
+                if isinstance(scope.get(key), bool):
+                    raise KvsimError(f"{source}: {key}={scope[key]!r} is not a number or a name")
                 if scope.get(key) not in (None, "") and key not in out:
                     out[key] = scope[key]
     return out

@@ -1,0 +1,94 @@
+"""What every reader of a real serving run produces: `MeasuredRun`, its request frame, and the JSON
+primitives the readers share (a file that is not JSON, or a field that is not a finite number, raises
+`KvsimError` naming the file and the field).
+
+Definitions (the validation README's, which are vLLM's): TTFT = first token − queued;
+E2E = last token − queued; TPOT = (last − first token) / (output tokens − 1), undefined for a
+one-token reply. Times in the `requests` frame are seconds from the first arrival.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvsim.model.errors import KvsimError
+from kvsim.workload.traces import TraceRecord
+
+REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s",
+                   "prompt_tokens", "output_tokens")
+"""The columns of `MeasuredRun.requests`, in order; `request_frame` builds exactly these."""
+NS_PER_S = 1e9
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """One real run, reduced to what kvsim can be compared on.
+
+    `requests`: one row per successful request (`REQUEST_COLUMNS`), sorted by arrival.
+    `timeseries`: `t_s` (seconds from the first arrival), `running`, `waiting`, `kv_usage`
+    (a fraction, NaN where the run did not record it), or None.
+    `records`: the workload to replay: arrivals (same clock as `requests`), lengths and token
+    ids where known. `engine`: vLLM engine arguments under kvsim's names.
+    `peer`: LLMServingSim's per-request prediction (same columns), if present.
+    `link`: the GPU-to-GPU link as LLMServingSim's cluster config describes this cluster
+    (`bandwidth_bytes_per_s`, an effective rate, and `latency_s` per hop), if present.
+    """
+
+    name: str
+    source: str  # "vllm-measured" | "vllm-bench"
+    model_id: str
+    requests: pd.DataFrame
+    records: list[TraceRecord]
+    engine: dict[str, Any]
+    timeseries: pd.DataFrame | None = None
+    hardware: str | None = None
+    data_parallel_size: int = 1
+    expert_parallel: bool = False
+    peer: pd.DataFrame | None = None
+    link: dict[str, float] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in `path`; a missing file or one that is not JSON raises `KvsimError` naming it."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise KvsimError(f"{path}: file not found") from None
+    except json.JSONDecodeError as error:
+        raise KvsimError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+
+
+def json_number(row: dict[str, Any], key: str, where: str) -> float:
+    """`row[key]` as a finite float; anything else (a string, true, NaN, Infinity, absent) names it."""
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise KvsimError(f"{where}: {key}={value!r} is not a number")
+    return float(value)
+
+
+def request_frame(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: np.ndarray,
+                  prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                  first_scheduled_s: np.ndarray | None = None) -> pd.DataFrame:
+    """The per-request frame from absolute instants, re-based so the first arrival is 0
+    (`first_scheduled_s` NaN where the source does not record it)."""
+    t0 = float(arrival_s.min())
+    out = output_tokens.astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (finish_s - first_token_s) / (out - 1), np.nan)
+    scheduled = np.full(len(arrival_s), np.nan) if first_scheduled_s is None else first_scheduled_s
+    columns = {
+        "arrival_s": arrival_s - t0, "first_scheduled_s": scheduled - t0,
+        "first_token_s": first_token_s - t0, "finish_s": finish_s - t0,
+        "ttft_s": first_token_s - arrival_s, "tpot_s": tpot, "e2e_s": finish_s - arrival_s,
+        "prompt_tokens": prompt_tokens.astype(int), "output_tokens": output_tokens.astype(int),
+    }
+    df = pd.DataFrame({name: columns[name] for name in REQUEST_COLUMNS})
+    return df.sort_values("arrival_s", kind="stable").reset_index(drop=True)
