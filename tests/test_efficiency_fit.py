@@ -122,6 +122,23 @@ def test_a_vllm_stack_fuses_all_norms_but_the_first_with_the_residual_add():
     assert roof.token_ops == ((32512, 2, 0), (20480, 1, 1), (86016, 1, 2))
 
 
+def test_qwen3_prices_its_q_and_k_norms():
+    """Qwen3-32B (64 layers, h 5120, 64 query and 8 KV heads of 128, I 25,600, bf16) normalises q and k per
+    head (vLLM's Qwen3Attention q_norm, k_norm): two more norm kernels a layer, reading and writing the
+    heads, 2 x 64 x 128 x 2 B and 2 x 8 x 128 x 2 B a token (halved at TP 2). Its norms average
+    2 x 5120 x (2 + 4 x 127) / 128 = 40,800 B, rotary 2 x 2 x 72 x 128, SiLU-and-mul 2 x 3 x 25,600.
+    Llama has none."""
+    from kvsim.latency.roofline import RooflineLatency
+    from kvsim.model.config import EngineConfig, load_model
+
+    qwen, h100 = load_model("qwen3-32b"), load_gpu("h100-80gb")
+    assert qwen.has_qk_norm and not load_model("llama-3.1-8b").has_qk_norm
+    assert RooflineLatency(qwen, h100, EngineConfig()).token_ops == (
+        (40800, 2, 0), (36864, 1, 1), (153600, 1, 2), (32768, 1, 0), (4096, 1, 0))
+    assert RooflineLatency(qwen, h100, EngineConfig(tensor_parallel_size=2)).token_ops == (
+        (40800, 2, 0), (18432, 1, 1), (76800, 1, 2), (16384, 1, 0), (2048, 1, 0))
+
+
 def test_tp1_copies_of_sharded_token_ops_are_left_out_of_the_fit():
     """A TP-2 bundle's qk_norm rows equal to TP-1's are the TP-1 time copied, not a TP-2 measurement: dropped;
     a TP-stable op's equal rows (layernorm) and a sharded op measured anew (rotary) are kept."""

@@ -3,7 +3,7 @@
 A profile (`kvsim.latency.profiles.Profile`: LLMServingSim's bundles, Vidur's `mlp.csv`) times
 each op of one decoder layer against the step's token count. `op_samples` turns it into one
 `OpSample` per (op, token count) with the op's shape on one tensor-parallel rank; the same
-roofline terms the simulator prices (`kvsim.latency.roofline.gemm_s`, `token_ops_layer_s`) then
+roofline terms the simulator prices (`kvsim.latency.roofline.gemm_s`, `token_op_s`) then
 predict each sample from the GPU's datasheet and a candidate `Efficiency`:
 
     GEMM       ‖(2 · P · T / (ηf(T) · F),  P · d / (ηb · B))‖₂ + tg   ηf(T): by size regime

@@ -269,11 +269,15 @@ class RooflineLatency:
         self.hidden_size = h
         # the non-GEMM ops of a layer as (bytes per token, calls, kind): two norms, all but the first
         # fused with the residual add (`residual_norm_bytes_per_token`: 4h each), rotary on q and k in
-        # place (read + write), the activation (gated: read 2I, write I)
+        # place (read + write), the activation (gated: read 2I, write I); with q/k norms
+        # (`ModelSpec.has_qk_norm`) one norm kernel on q and one on k (read the heads, write them normed)
         act = (3 if model.gated_mlp else 2) * mlp_width(model) / tp
         self.gpu = gpu
         norm = residual_norm_bytes_per_token(h, d, model.num_layers)
-        self.token_ops = ((norm, 2, 0), (d * 2 * (heads + kv_heads) * model.head_dim, 1, 1), (d * act, 1, 2))
+        qk_norms = ((d * 2 * heads * model.head_dim, 1, 0), (d * 2 * kv_heads * model.head_dim, 1, 0)) \
+            if model.has_qk_norm else ()
+        self.token_ops = ((norm, 2, 0), (d * 2 * (heads + kv_heads) * model.head_dim, 1, 1), (d * act, 1, 2),
+                          *qk_norms)
         self._token_ops_s: dict[int, float] = {}
         self.attn_flops_per_pair = 4 * model.num_layers * heads * model.head_dim
         layout = layout if layout is not None else model_kv_layout(model, engine)

@@ -13,7 +13,7 @@ parameter counts by component, which follow from the shapes (a `ModelSpec` witho
     embeddings              vocab · hidden (· 2 when the LM head is untied) + OPT's learned positions
     norms                   2 · hidden per layer + the final norm
 
-Biases, MLA's latent norms and quantization scales are left out (each well under 0.1 % of the
+Biases, MLA's latent norms, q/k norms and quantization scales are left out (each well under 0.1 % of the
 total). Bytes of those weights: `kvsim.model.weights`; the GPU and engine configs and the preset
 loaders: `kvsim.model.config`. A leaf of kvsim: it imports nothing of kvsim.
 """
@@ -69,6 +69,12 @@ class MoESpec(BaseModel):
         if self.num_experts_per_tok > self.num_experts:
             raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} exceeds num_experts={self.num_experts}")
         return self
+
+
+QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3"})
+"""Families whose attention normalises q and k per head (vLLM's Qwen3Attention, Qwen3MoeAttention and
+Gemma3Attention: `q_norm`, `k_norm`, RMSNorms over head_dim): two more norm kernels a layer. Their
+weights (head_dim each) are left out of the counts, as the other small tensors below are."""
 
 
 class ModelSpec(BaseModel):
@@ -128,6 +134,11 @@ class ModelSpec(BaseModel):
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def has_qk_norm(self) -> bool:
+        """Whether attention RMS-normalises each head's q and k before the rotary (`QK_NORM_MODEL_TYPES`)."""
+        return self.model_type in QK_NORM_MODEL_TYPES
 
     @property
     def resolved_layer_types(self) -> tuple[LayerType, ...]:
