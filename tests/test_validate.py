@@ -73,6 +73,20 @@ def test_measured_folder_gives_vllm_definitions_on_the_engine_clock(tmp_path):
     assert run.hardware == "GPUX" and run.peer is None
 
 
+def test_a_series_that_cannot_be_aligned_says_so(tmp_path):
+    """Without started_at (or the requests' arrival_time) the series cannot be placed on the request clock:
+    it is read from the first arrival, and a note says so; with both, no such note."""
+    run_dir = write_run(tmp_path)
+    assert not any("taken to start at the first arrival" in n for n in read_measured_dir(run_dir).notes)
+    meta_path = run_dir / "vllm" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["started_at"]
+    meta_path.write_text(json.dumps(meta))
+    run = read_measured_dir(run_dir)
+    assert run.timeseries is not None and run.timeseries.t_s.tolist() == pytest.approx([1.0])
+    assert any("taken to start at the first arrival" in n for n in run.notes)
+
+
 def test_workload_that_is_not_the_runs_is_refused(tmp_path):
     run_dir = write_run(tmp_path, output_1=4)
     with pytest.raises(KvsimError, match=r"line 2 has 32\+3 tokens .* 32\+4: not this run's workload"):

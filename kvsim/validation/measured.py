@@ -217,11 +217,15 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
                              np.array([int(r["output_toks"]) for r in rows]),
                              np.array([float(r.get("scheduled_ts", "nan")) for r in rows]))
     # the time series counts from started_at (wall clock); requests carry wall-clock arrival_time too
-    offset_s = 0.0
+    offset_s, aligned = 0.0, False
     first = min(rows, key=lambda r: float(r["queued_ts"]))
     if "started_at" in meta and isinstance(first.get("arrival_time"), (int, float)):
         offset_s = float(first["arrival_time"]) - _epoch_s(meta["started_at"], vllm / "meta.json")
+        aligned = True
     timeseries, notes = _read_timeseries(vllm / "timeseries.csv", offset_s)
+    if timeseries is not None and not aligned:
+        notes.append("timeseries.csv is taken to start at the first arrival: the run records no started_at "
+                     "or no arrival_time to align it by, so its gauges may be shifted against the requests")
     config = run_dir / "config.json"
     hardware = _hardware(config) if config.is_file() else None
     link = _link(config) if config.is_file() else None
