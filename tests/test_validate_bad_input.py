@@ -6,6 +6,7 @@ never a default silently used in place of the bad value), and the CLI must exit 
 """
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -108,7 +109,8 @@ def test_measured_folder_bad_value_is_named(tmp_path, case):
 
 
 @pytest.mark.parametrize(("value", "shown"), [(0, "0"), (-5, "-5"), ("1000", "'1000'"), (True, "True"),
-                                              (12.5, "12.5"), ([1], r"\[1\]")])
+                                              (12.5, "12.5"), ([1], r"\[1\]"), (math.inf, "inf"),
+                                              (math.nan, "nan")])
 def test_recorded_pool_that_is_not_a_block_count_is_named(tmp_path, value, shown):
     run_dir = write_run(tmp_path)
     _patch_json(run_dir / "vllm" / "meta.json", num_gpu_blocks=value)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.model.errors import KvsimError
-from kvsim.validation.frame import MeasuredRun, read_json, request_frame
+from kvsim.validation.frame import MeasuredRun, is_number, read_json, request_frame
 from kvsim.workload.traces import TraceRecord
 
 
@@ -94,7 +94,7 @@ def _values(items: list[Any], indices: Any, key: str, path: Path, allow_missing:
         value = items[i]
         if value is None and allow_missing:
             value = 0
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not is_number(value):
             raise KvsimError(f"{path}: {key}[{i}]={value!r} is not a number")
         out.append(float(value))
     return np.array(out, dtype=float)
@@ -128,7 +128,7 @@ def _bench_arrivals(raw: dict[str, Any], n: int, path: Path) -> np.ndarray:
         return np.zeros(n)
     burstiness = 1.0 if raw.get("burstiness") is None else raw["burstiness"]
     for key, value in (("request_rate", rate), ("burstiness", burstiness)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        if not is_number(value) or value <= 0:
             raise KvsimError(f"{path}: {key}={value!r} is not a positive number")
     rng = np.random.default_rng(0)
     gaps = rng.gamma(float(burstiness), 1.0 / (float(rate) * burstiness), size=n)  # vLLM's get_request

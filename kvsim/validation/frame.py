@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import pandas as pd
@@ -66,10 +66,15 @@ def read_json(path: Path) -> Any:
         raise KvsimError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
 
 
+def is_number(value: Any) -> TypeGuard[int | float]:
+    """Whether a JSON value is a finite number: an int or float, not a bool (JSON's true), NaN or Infinity."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def json_number(row: dict[str, Any], key: str, where: str) -> float:
     """`row[key]` as a finite float; anything else (a string, true, NaN, Infinity, absent) names it."""
     value = row.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value):
         raise KvsimError(f"{where}: {key}={value!r} is not a number")
     return float(value)
 

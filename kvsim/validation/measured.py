@@ -28,7 +28,15 @@ import pandas as pd
 
 from kvsim.model.errors import KvsimError
 from kvsim.validation.bench import read_vllm_bench
-from kvsim.validation.frame import NS_PER_S, REQUEST_COLUMNS, MeasuredRun, json_number, read_json, request_frame
+from kvsim.validation.frame import (
+    NS_PER_S,
+    REQUEST_COLUMNS,
+    MeasuredRun,
+    is_number,
+    json_number,
+    read_json,
+    request_frame,
+)
 from kvsim.workload.files import data_file, open_text
 from kvsim.workload.traces import TraceRecord, iter_jsonl, read_sharegpt_tokens
 
@@ -76,7 +84,7 @@ def _engine_args(kwargs: dict[str, Any], where: Path) -> dict[str, Any]:
             continue
         kind = _ENGINE_KINDS.get(key, "an integer")
         ok = {"a string": isinstance(value, str), "true or false": isinstance(value, bool),
-              "a number": isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+              "a number": is_number(value),
               "an integer": isinstance(value, int) and not isinstance(value, bool)}[kind]
         if not ok:
             raise KvsimError(f"{where}: engine_kwargs.{key}={value!r} is not {kind}")
@@ -105,7 +113,8 @@ def _read_requests_jsonl(path: Path) -> list[dict[str, Any]]:
         where = f"{path}:{line_no}"
         for key in ("queued_ts", "first_token_ts", "last_token_ts"):
             json_number(row, key, where)
-        _count(row, "input_toks", where), _count(row, "output_toks", where)
+        for key in ("input_toks", "output_toks"):
+            _count(row, key, where)
         if "arrival_time" in row:  # the wall clock that aligns the time series
             json_number(row, "arrival_time", where)
         _check_order(row, where)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError
+from kvsim.validation.frame import is_number
 
 RECORDED_GPU_KEYS = ("gpu", "gpu_name", "device_name")  # not "device": engine_kwargs may say "cuda"
 RECORDED_ENGINE_KEYS = ("tensor_parallel_size", "kv_cache_dtype", "block_size", "max_num_seqs",
@@ -48,7 +49,7 @@ def recorded_settings(path: str | Path) -> dict[str, Any]:
                 out["gpu"] = name
         blocks = scope.get("num_gpu_blocks")
         if blocks is not None:
-            if isinstance(blocks, bool) or not isinstance(blocks, int | float) or blocks < 1 or blocks != int(blocks):
+            if not is_number(blocks) or blocks < 1 or blocks != int(blocks):  # Infinity: not int()'d
                 raise KvsimError(f"{source}: num_gpu_blocks={blocks!r} is not a whole number of blocks >= 1")
             out.setdefault("num_gpu_blocks", int(blocks))
         if not p.is_dir():  # a bench result's engine arguments; a measured folder's come from load_measured
