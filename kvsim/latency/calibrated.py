@@ -304,8 +304,9 @@ class CalibratedLatency:
         mean_ctx = sum_ctx / num_dec if num_dec else 0.0
         if self.mixed or not (chunk and num_dec):
             t = self.attention(chunk, cached, num_dec, mean_ctx)
-            if self.skew is not None and t is not None:
-                t = self.skew.corrected(t, self.attention(chunk, cached, num_dec, longest) if num_dec > 1 else None,
+            if self.skew is not None and t is not None and num_dec > 1 and longest > shortest:
+                # (equal contexts, or fewer than two decodes: `corrected` would return t; skip the lookup)
+                t = self.skew.corrected(t, self.attention(chunk, cached, num_dec, longest),
                                         chunk, num_dec, mean_ctx, shortest, longest, cached)
         else:
             pre, dec = self.attention(chunk, cached, 0, 0), self.attention(0, 0, num_dec, mean_ctx)
