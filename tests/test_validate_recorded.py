@@ -1,6 +1,7 @@
 """`kvsim validate` uses what a measured run recorded (GPU, KV pool, a bench result's engine arguments)
 and reports prefill and decode speed separately. Tiny hand-made runs; expected values by hand."""
 
+import gzip
 import json
 
 import pandas as pd
@@ -56,6 +57,10 @@ def test_phase_rates_by_hand(tmp_path):
         "1.0,900.0,10.0,2,0,0.0\n2.0,0.0,30.0,3,0,0.0\n3.0,300.0,20.0,5,0,0.0\n")
     measured = measured_phase_rates(tmp_path)
     assert measured == {PHASE_METRICS[0]: pytest.approx(600.0), PHASE_METRICS[1]: pytest.approx(60 / 10)}
+    series = tmp_path / "vllm" / "timeseries.csv"  # gzipped, as the validation set ships large files
+    series.with_name("timeseries.csv.gz").write_bytes(gzip.compress(series.read_bytes()))
+    series.unlink()
+    assert measured_phase_rates(tmp_path) == measured
     # kvsim: a prefill step [0, 0.5) of 100 tokens, decode steps [0.5, 1.2) and [1.2, 1.9) of 2 sequences;
     # ticks by step end: 0 → 100 prompt tokens, 1 → 4 generated; running at t = 1 and 2: 2 and 0
     steps = pd.DataFrame({"time_s": [0.0, 0.5, 1.2], "duration_s": [0.5, 0.7, 0.7],

@@ -26,6 +26,7 @@ from kvsim.model.config import load_gpu, load_model, model_presets
 from kvsim.model.errors import KvsimError
 from kvsim.validation.measured import MeasuredRun, series_number
 from kvsim.validation.recorded import recorded_engine, recorded_settings
+from kvsim.workload.files import data_file, open_text
 from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
 from kvsim.workload.traces import write_sharegpt_tokens
 
@@ -230,13 +231,14 @@ def measured_phase_rates(path: str | Path) -> dict[str, float | None]:
     prefilled anything, and generated tokens per second per running request (Σ gen / Σ running). A
     model that prices prefill slow and decode fast shows both here even when its latency means agree.
     No phase rates ({}) from a series without those columns; a cell that is not a finite number >= 0
-    raises `KvsimError` naming the file, line and column."""
-    series = Path(path) / "vllm" / "timeseries.csv"
+    raises `KvsimError` naming the file, line and column. Read as `load_measured` reads the series:
+    `timeseries.csv`, or its gzipped copy when only that exists."""
+    series = data_file(Path(path) / "vllm" / "timeseries.csv")
     if not series.is_file():
         return {}
     import csv
 
-    with series.open(newline="") as f:
+    with open_text(series, newline="") as f:
         reader = csv.DictReader(f)
         if not {"prompt_throughput", "gen_throughput", "running"} <= set(reader.fieldnames or []):
             return {}  # an older series without the throughput columns: no per-phase comparison
