@@ -8,7 +8,7 @@ Profiles (all public, none of them a measured serving run that kvsim is validate
     GEMMs, token ops, and the only attention grid at hand;
   - Vidur's `mlp.csv` on H100, A100 and A40 (`profiles/vidur/compute/<gpu>/...`, MIT): GEMMs and
     token ops at TP 1, 2, 4, 8.
-Each token op's bytes are what its kernel reads and writes (`LayerShape.token_op_bytes`); Vidur's token-op
+Each token op's bytes are what its kernel reads and writes (`LayerShape.token_op_bytes`); Vidur's kernel
 times get back the half microsecond its profiler's whole-microsecond records cut off (`untruncated`); a bundle's
 TP-sharded token op whose TP > 1 rows equal its TP-1 rows is a copy, not a measurement, and is left
 out (`without_tp1_copies`).
@@ -70,22 +70,22 @@ ATTENTION = ("decode_bandwidth", "mixed_decode_bandwidth", "prefill_flops", "gro
 KINETO_TRUNCATION_S = 0.5e-6
 """What Vidur's records of a kernel lack on average: its profiler (`record_function` traces) sums the kernels'
 `dur` from the PyTorch profiler's Chrome trace, which Kineto of its day wrote as whole microseconds cut down,
-not rounded (`nsToUs(end - start)`, `ns / 1000`: "No rounding!"), so a record of 2 us is a kernel of 2-3 us
-(the records are whole or half microseconds, medians of 20, many with no spread at all: a steady duration
-cut to the same whole number). Added back per kernel to the token ops, one kernel each (Sarathi-Serve's
-`rms_norm`, `rotary_embedding`, `silu_and_mul` and PyTorch's add): on records of 1-3 us that is 17-50 % of the op. The
-GEMM records are cut the same way and are not corrected (see the README)."""
+not rounded (`ChromeTraceLogger`'s `us(timestamp)` is `timestamp / 1000`: "No rounding!"), so a record of
+2 us is a kernel of 2-3 us (the records are whole or half microseconds, medians of 20, many with no spread at
+all: a steady duration cut to the same whole number). Added back per kernel to every sample: a GEMM is one
+kernel, a token op `num_kernels` (Sarathi-Serve's `rms_norm`, `rotary_embedding`, `silu_and_mul` and
+PyTorch's add); on records of 1-3 us that is 17-50 % of the op."""
 
 
 def untruncated(samples: list[OpSample]) -> list[OpSample]:
-    """`samples` (Vidur's) with `KINETO_TRUNCATION_S` added back per kernel to each token-op sample; GEMMs
-    unchanged."""
-    return [replace(s, measured_s=s.measured_s + KINETO_TRUNCATION_S * s.num_kernels)
-            if s.op_class == TOKEN_OP_CLASS else s for s in samples]
+    """`samples` (Vidur's) with `KINETO_TRUNCATION_S` added back for each kernel they time."""
+    return [replace(s, measured_s=s.measured_s + KINETO_TRUNCATION_S * (s.num_kernels if s.op_class == TOKEN_OP_CLASS
+                                                                         else 1))
+            for s in samples]
 
 
 def vidur_samples(validation: Path) -> list[OpSample]:
-    """Every op sample of Vidur's `mlp.csv` files under `validation`, token ops `untruncated`."""
+    """Every op sample of Vidur's `mlp.csv` files under `validation`, `untruncated`."""
     out: list[OpSample] = []
     for path in sorted((validation / "profiles" / "vidur" / "compute").glob("*/*/*/mlp.csv")):
         gpu = VIDUR_GPUS[path.parts[-4]]

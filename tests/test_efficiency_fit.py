@@ -142,17 +142,20 @@ def test_qwen3_prices_its_q_and_k_norms():
         (40800, 2, 0), (18432 + 264, 1, 1), (76800, 1, 2), (16384, 1, 0), (2048, 1, 0))
 
 
-def test_vidur_token_op_records_get_back_the_half_microsecond_kineto_cut_off():
-    """Vidur's records are kernel durations cut down to whole microseconds: a token op (one kernel) of 2 us
-    recorded is 2.5 us expected; a GEMM sample is left as recorded."""
+def test_vidur_records_get_back_the_half_microsecond_kineto_cut_off():
+    """Vidur's records are kernel durations cut down to whole microseconds: a kernel recorded at 2 us is
+    2.5 us expected. A norm called once a layer is one kernel, a norm sample of two calls two, a GEMM one."""
     from kvsim.latency.fitting import OpSample
 
     script = _fit_script()
     norm = OpSample("h100-80gb", "vidur:x", 1, "input_layernorm", "token_op", 16, 2e-6, bytes_per_token=4, num_kernels=1)
+    twice = OpSample("h100-80gb", "vidur:x", 1, "input_layernorm", "token_op", 16, 4e-6, bytes_per_token=4,
+                     num_kernels=2)
     gemm = OpSample("h100-80gb", "vidur:x", 1, "qkv", "gemm", 16, 9e-6, params=100.0)
-    fixed_norm, fixed_gemm = script.untruncated([norm, gemm])
+    fixed_norm, fixed_twice, fixed_gemm = script.untruncated([norm, twice, gemm])
     assert fixed_norm.measured_s == pytest.approx(2.5e-6, rel=1e-12)
-    assert fixed_gemm == gemm
+    assert fixed_twice.measured_s == pytest.approx(5e-6, rel=1e-12)
+    assert fixed_gemm.measured_s == pytest.approx(9.5e-6, rel=1e-12)
 
 
 def test_tp1_copies_of_sharded_token_ops_are_left_out_of_the_fit():
