@@ -8,7 +8,8 @@ Profiles (all public, none of them a measured serving run that kvsim is validate
     GEMMs, token ops, and the only attention grid at hand;
   - Vidur's `mlp.csv` on H100, A100 and A40 (`profiles/vidur/compute/<gpu>/...`, MIT): GEMMs and
     token ops at TP 1, 2, 4, 8.
-Each token op's bytes are what its kernel reads and writes (`LayerShape.token_op_bytes`); a bundle's
+Each token op's bytes are what its kernel reads and writes (`LayerShape.token_op_bytes`); Vidur's kernel
+times get back the half microsecond its profiler's whole-microsecond records cut off (`untruncated`); a bundle's
 TP-sharded token op whose TP > 1 rows equal its TP-1 rows is a copy, not a measurement, and is left
 out (`without_tp1_copies`).
 Per GPU with profiles, the GEMM fractions (ηb, ηf by size regime) and the token-op fractions
@@ -32,6 +33,7 @@ import numpy as np
 import yaml
 
 from kvsim.latency.fitting import (
+    TOKEN_OP_CLASS,
     LayerShape,
     OpSample,
     errors,
@@ -65,7 +67,25 @@ FITTED = ("gemm_flops", "gemm_bandwidth", "gemm_flops_by_regime", "gemm_floor_s"
 ATTENTION = ("decode_bandwidth", "mixed_decode_bandwidth", "prefill_flops", "grouped_gemm_fraction")
 
 
+KINETO_TRUNCATION_S = 0.5e-6
+"""What Vidur's records of a kernel lack on average: its profiler (`record_function` traces) sums the kernels'
+`dur` from the PyTorch profiler's Chrome trace, which Kineto of its day wrote as whole microseconds cut down,
+not rounded (`ChromeTraceLogger`'s `us(timestamp)` is `timestamp / 1000`: "No rounding!"), so a record of
+2 us is a kernel of 2-3 us (the records are whole or half microseconds, medians of 20, many with no spread at
+all: a steady duration cut to the same whole number). Added back per kernel to every sample: a GEMM is one
+kernel, a token op `num_kernels` (Sarathi-Serve's `rms_norm`, `rotary_embedding`, `silu_and_mul` and
+PyTorch's add); on records of 1-3 us that is 17-50 % of the op."""
+
+
+def untruncated(samples: list[OpSample]) -> list[OpSample]:
+    """`samples` (Vidur's) with `KINETO_TRUNCATION_S` added back for each kernel they time."""
+    return [replace(s, measured_s=s.measured_s + KINETO_TRUNCATION_S * (s.num_kernels if s.op_class == TOKEN_OP_CLASS
+                                                                         else 1))
+            for s in samples]
+
+
 def vidur_samples(validation: Path) -> list[OpSample]:
+    """Every op sample of Vidur's `mlp.csv` files under `validation`, `untruncated`."""
     out: list[OpSample] = []
     for path in sorted((validation / "profiles" / "vidur" / "compute").glob("*/*/*/mlp.csv")):
         gpu = VIDUR_GPUS[path.parts[-4]]
@@ -75,7 +95,7 @@ def vidur_samples(validation: Path) -> list[OpSample]:
             heads = int(m["num_attention_heads"])
             shape = LayerShape(int(m["hidden_size"]), heads, int(m["num_kv_heads"]), int(m["head_dim"]),
                                int(m["intermediate_size"]))
-            out += op_samples(p, shape, gpu, tp)
+            out += untruncated(op_samples(p, shape, gpu, tp))
     return out
 
 

@@ -35,6 +35,7 @@ from kvsim.latency.roofline import (
     TOKEN_OP_CLASSES,
     Efficiency,
     residual_norm_bytes_per_token,
+    rotary_bytes_per_token,
 )
 
 if TYPE_CHECKING:
@@ -70,9 +71,10 @@ class LayerShape:
     def token_op_bytes(self, op: str, tp: int) -> float:
         """Bytes one token moves through one call of a non-GEMM op, as its kernel reads and writes them:
 
-        rotary_emb, qk_norm   q and k of this rank's heads, read and written (rotary in place; the
-                              cos/sin row it also reads, head_dim values a token, is left out: at most
-                              a tenth of the op, Llama-3-8B at TP 8, and the same rows serve every layer)
+        rotary_emb            q and k of this rank's heads, read and written in place, plus the
+                              token's position and cos/sin row (`rotary_bytes_per_token`: the kernel
+                              reads them for every call; at most a tenth of the op, Llama-3-8B at TP 8)
+        qk_norm               q and k of this rank's heads, read and written
         act_fn                gated (SiLU-and-mul): read gate and up, 2I/tp, write I/tp; else read and
                               write I/tp
         add                   Vidur's residual add (PyTorch): read both summands, write the sum, 3h
@@ -84,7 +86,9 @@ class LayerShape:
         """
         heads, kv = max(1, self.num_heads // tp), max(1, self.num_kv_heads // tp)
         h, d = self.hidden_size, self.dtype_bytes
-        if op in ("rotary_emb", "qk_norm"):
+        if op == "rotary_emb":
+            return rotary_bytes_per_token(heads, kv, self.head_dim, d)
+        if op == "qk_norm":
             return 2 * (heads + kv) * self.head_dim * d
         if op == "act_fn":
             return (3 if self.gated_mlp else 2) * self.intermediate_size / tp * d

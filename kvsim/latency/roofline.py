@@ -5,9 +5,9 @@ method, so the calibrated model can fall back to any one of them):
 
     linear     L · Σ_gemm (‖(2 · P · T / (ηf(T) · F),  W / (ηb · B))‖₂ + tg)   P, W: a GEMM's params, bytes
     token ops  L · Σ_op calls · (t0 · f_ref / f_clk + T · b_op · (h / ηl2 + (1 − h) / ηt) / (s_op · B))
-               norms (fused with the residual adds: 4h each, `residual_norm_bytes_per_token`), rotary,
-               activation; h = min(1, σ · L2 / (T · b_op)): the share of the op's tensors its L2 holds
-               (`token_op_s`)
+               norms (fused with the residual adds: 4h each, `residual_norm_bytes_per_token`), rotary
+               (q, k, the cos/sin row: `rotary_bytes_per_token`), activation; h = min(1, σ · L2 / (T · b_op)):
+               the share of the op's tensors its L2 holds (`token_op_s`)
     decode     L · (t0 + n_dec · t_seq) + K_dec / (ηa · B)          K: KV bytes read by decodes (a
                sliding-window layer reads only its window: `decode_read_bytes`)
                joining a prefill chunk: L · (t0 + n_dec · t_seq) + (heads / kv_heads) · K_dec / (ηm · B)
@@ -45,7 +45,7 @@ source: Vidur's mlp.csv on H100, A100 and A40 (TP 1-8) and LLMServingSim's RTX P
                kernels: a norm reduces over the row first), t0 the floor of one kernel at the
                reference clock f_ref = 1.5 GHz, scaled by the GPU's boost clock (a kernel too small to
                stream costs a fixed number of cycles). Fitted on one HBM GPU, these predict the other
-               within 8-11 % per layer (leave-one-GPU-out, README); the former single ηt and t0 missed
+               within 10 % per layer (leave-one-GPU-out, README); the former single ηt and t0 missed
                by 14-15 %, biased by the GPUs' different clocks and L2 sizes
     ηa         paged decode alone: KV read at about 0.88 of datasheet in the bundles (batch >= 32,
                context >= 1k)
@@ -191,6 +191,20 @@ def token_op_s(num_tokens: int, bytes_per_token: float, calls: int, op_class: in
     return calls * (token_op_floor_s(gpu, eff) + working_set * per_byte)
 
 
+POSITION_BYTES = 8
+"""Bytes of one token's position id as the rotary kernels read it (int64 in Sarathi-Serve and vLLM)."""
+
+
+def rotary_bytes_per_token(num_heads: int, num_kv_heads: int, head_dim: int, dtype_bytes: float) -> float:
+    """Bytes per token of one rotary-embedding call on this rank's heads, as the kernel moves them
+    (Sarathi-Serve's and vLLM's `rotary_embedding`: one thread block per token): q and k rotated in
+    place (read and write, 2 · (heads + kv_heads) · head_dim values), plus the token's position id
+    (`POSITION_BYTES`) and its row of the cos/sin cache (`rot_dim` values, cos then sin, at the
+    activations' dtype; the full head here). The row is read once per token, not once per head: the
+    heads' repeated reads of it hit the caches."""
+    return dtype_bytes * (2 * (num_heads + num_kv_heads) * head_dim + head_dim) + POSITION_BYTES
+
+
 def residual_norm_bytes_per_token(hidden_size: int, dtype_bytes: float, num_layers: int) -> float:
     """Bytes per token of one RMSNorm call, averaged over the 2 · `num_layers` norms of a vLLM decoder
     stack (input and post-attention norm of each layer): the first layer's input norm has no residual
@@ -269,15 +283,16 @@ class RooflineLatency:
         self.hidden_size = h
         # the non-GEMM ops of a layer as (bytes per token, calls, kind): two norms, all but the first
         # fused with the residual add (`residual_norm_bytes_per_token`: 4h each), rotary on q and k in
-        # place (read + write), the activation (gated: read 2I, write I); with q/k norms
+        # place (read + write, with the cos/sin row and position: `rotary_bytes_per_token`), the activation
+        # (gated: read 2I, write I); with q/k norms
         # (`ModelSpec.has_qk_norm`) one norm kernel on q and one on k (read the heads, write them normed)
         act = (3 if model.gated_mlp else 2) * mlp_width(model) / tp
         self.gpu = gpu
         norm = residual_norm_bytes_per_token(h, d, model.num_layers)
         qk_norms = ((d * 2 * heads * model.head_dim, 1, 0), (d * 2 * kv_heads * model.head_dim, 1, 0)) \
             if model.has_qk_norm else ()
-        self.token_ops = ((norm, 2, 0), (d * 2 * (heads + kv_heads) * model.head_dim, 1, 1), (d * act, 1, 2),
-                          *qk_norms)
+        self.token_ops = ((norm, 2, 0), (rotary_bytes_per_token(heads, kv_heads, model.head_dim, d), 1, 1),
+                          (d * act, 1, 2), *qk_norms)
         self._token_ops_s: dict[int, float] = {}
         self.attn_flops_per_pair = 4 * model.num_layers * heads * model.head_dim
         layout = layout if layout is not None else model_kv_layout(model, engine)
