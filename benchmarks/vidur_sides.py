@@ -90,7 +90,9 @@ def scenarios(num_requests: int | None = None) -> dict[str, Scenario]:
     mooncake = Scenario("mooncake_preempt_cache", MOONCAKE_TRACE, num_requests or 4_000, 0.4, {
         "block_size": BLOCK_SIZE, "max_num_seqs": MAX_SEQS, "max_num_batched_tokens": MAX_TOKENS,
         "max_model_len": MAX_TOKENS, "scheduler": "v1", "allocator": "paged", "enable_prefix_caching": True,
-        "preemption_mode": "recompute", "num_gpu_blocks_override": 3000}, 2999, "sarathi", 0.0, "mooncake")
+        "preemption_mode": "recompute", "num_gpu_blocks_override": 3000,
+        "async_scheduling": False},  # Vidur's Sarathi steps are planned when they start, as kvsim's without it
+        2999, "sarathi", 0.0, "mooncake")
     return {s.name: s for s in (azure, mooncake)}
 
 

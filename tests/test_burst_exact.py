@@ -21,6 +21,9 @@ from kvsim.fleet.driver import simulate_fleet
 from kvsim.workload.scenario import make_scenario
 
 ROUTERS = ["round_robin", "least_outstanding", "least_kv", "affinity"]
+# "v1-sync": vLLM v1 without its default async scheduling (each step planned when it starts)
+ENGINES = {"v1": {"scheduler": "v1"}, "v1-sync": {"scheduler": "v1", "async_scheduling": False},
+           "v0": {"scheduler": "v0"}, "static": {"scheduler": "static"}}
 
 
 def world(replicas=None, router="round_robin", num_requests=2000, rate_per_replica=14.0, seed=11, latency=None,
@@ -67,9 +70,9 @@ def assert_same(a, b, tables):
 
 
 @pytest.mark.parametrize("router", ROUTERS)
-@pytest.mark.parametrize("replicas", [8, 16])
-def test_fleet_bursts_equal_step_by_step_bit_for_bit(replicas, router, burst_counts):
-    spec = world(replicas, router, num_requests=sized(1000, 8000) * replicas // 8)
+@pytest.mark.parametrize(("replicas", "scheduler"), [(8, "v1"), (16, "v1"), (8, "v1-sync")])
+def test_fleet_bursts_equal_step_by_step_bit_for_bit(replicas, scheduler, router, burst_counts):
+    spec = world(replicas, router, num_requests=sized(1000, 8000) * replicas // 8, **ENGINES[scheduler])
     step_by_step = simulate_fleet(spec, bursts=False)
     assert burst_counts["bursts"] == 0
     bursts = simulate_fleet(spec)
@@ -79,14 +82,14 @@ def test_fleet_bursts_equal_step_by_step_bit_for_bit(replicas, router, burst_cou
     assert burst_counts["bursts"] > 100 and burst_counts["cuts"] > 10
 
 
-@pytest.mark.parametrize("scheduler", ["v1", "v0"])
+@pytest.mark.parametrize("scheduler", ["v1", "v1-sync", "v0"])
 def test_fleet_bursts_equal_step_by_step_when_steps_end_on_arrivals_and_evict_cached_blocks(scheduler, burst_counts):
     # Dyadic step times (1/16 s) and conversations whose next turn comes 0.5 s after the last one ended
     # put arrivals exactly on step ends (one timeout per step then); a 110-block pool makes decode steps
     # evict free cached blocks whose hashes a running sequence is about to register: step by step the
     # hash is registered (or not) before the eviction of a later step, so a burst must interleave its
     # block takes and hash registrations in (step, position) order (it once took all blocks first).
-    spec = world(16, "affinity", num_requests=960, rate_per_replica=3.0, seed=2, scheduler=scheduler,
+    spec = world(16, "affinity", num_requests=960, rate_per_replica=3.0, seed=2, **ENGINES[scheduler],
                  latency={"model": "constant", "step_s": 0.0625},
                  output_len={"dist": "lognormal", "mean": 40, "p99": 300})
     assert_same(simulate_fleet(spec), simulate_fleet(spec, bursts=False), ("requests", "steps", "routes"))
@@ -104,10 +107,10 @@ def test_the_reported_fleet_divergence_is_gone():
     assert_same(simulate_fleet(spec), simulate_fleet(spec, bursts=False), ("requests", "steps", "routes"))
 
 
-@pytest.mark.parametrize(("scheduler", "allocator"), [("v1", "paged"), ("v0", "paged"), ("static", "paged"),
-                                                      ("v1", "slab-pow2"), ("v0", "slab-max")])
+@pytest.mark.parametrize(("scheduler", "allocator"), [("v1", "paged"), ("v1-sync", "paged"), ("v0", "paged"),
+                                                      ("static", "paged"), ("v1", "slab-pow2"), ("v0", "slab-max")])
 def test_single_engine_bursts_equal_step_by_step_bit_for_bit(scheduler, allocator, burst_counts):
-    spec = world(num_requests=sized(500, 3000), rate_per_replica=6.0, scheduler=scheduler, allocator=allocator,
+    spec = world(num_requests=sized(500, 3000), rate_per_replica=6.0, **ENGINES[scheduler], allocator=allocator,
                  **({} if allocator == "paged" else {"enable_prefix_caching": False, "num_gpu_blocks_override": 400}))
     step_by_step = simulate(spec, bursts=False)
     bursts = simulate(spec, check=True)

@@ -33,12 +33,15 @@ def test_tp_counts_in_gpus_and_cost(tmp_path):
 
 def dd_fleet(num_requests: int):
     """D/D/c: evenly spaced arrivals at 40.2 req/s, round robin, constant 10 ms steps, 64-token prompts
-    (one step, which also yields the first token), 20-token replies, at most 4 running per replica."""
+    (one step, which also yields the first token), 20-token replies, at most 4 running per replica.
+    Each step is planned when it starts (no async scheduling, which would hold a finished request's
+    slot one step longer: `tests/test_steady_state.py` has that capacity)."""
     from kvsim.workload.scenario import make_scenario
 
     return make_scenario({
         "name": "ddc", "steps": "none", "router": {"policy": "round_robin"},
-        "engine": {"max_num_seqs": 4, "max_model_len": 1024, "num_gpu_blocks_override": 20_000},
+        "engine": {"max_num_seqs": 4, "max_model_len": 1024, "num_gpu_blocks_override": 20_000,
+                   "async_scheduling": False},
         "latency": {"model": "constant", "step_s": 0.01},
         "workload": {"num_requests": num_requests, "arrival": {"process": "constant", "rate": 40.2},
                      "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 20}}})

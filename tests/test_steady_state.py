@@ -180,13 +180,15 @@ def test_analytic_capacity_found_within_two_percent():
     """Constant step time τ, fixed lengths, batch cap B, KV never short, evenly spaced arrivals.
 
     vLLM v1 computes a 64-token prompt in one step, which also yields the first output token; each
-    of the remaining O − 1 tokens takes one decode step. So a request holds one of the B slots for
-    O steps, and B slots finish B requests every O·τ seconds: capacity = B ÷ (O · τ). With
-    B = 4, O = 20, τ = 10 ms: 4 ÷ 0.2 s = 20 req/s. Below it the queue stays empty; above it the
-    backlog grows at (rate − capacity), which the trend test sees once it exceeds 1 % of arrivals.
+    of the remaining O − 1 tokens takes one decode step. With async scheduling (vLLM's default) the
+    step after a request's last one is planned while that last one runs, with the request still in
+    its slot: a request holds one of the B slots for O + 1 steps, and B slots finish B requests every
+    (O + 1)·τ seconds: capacity = B ÷ ((O + 1) · τ). With B = 4, O = 20, τ = 10 ms: 4 ÷ 0.21 s =
+    19.05 req/s (synchronous, B ÷ (O · τ) = 20). Below it the queue stays empty; above it the backlog
+    grows at (rate − capacity), which the trend test sees once it exceeds 1 % of arrivals.
     """
     batch_cap, output_len, step_s = 4, 20, 0.01
-    capacity = batch_cap / (output_len * step_s)
+    capacity = batch_cap / ((output_len + 1) * step_s)
     slo = {"e2e_s.p99": 1e6}  # no latency limit: only stability decides
     search = SteadyRateSearch(start_rate=1.0, num_requests=400, max_requests=3200)
 

@@ -101,24 +101,39 @@ def test_missing_workload_names_the_flag(tmp_path):
 
 
 def test_replay_on_a_constant_step_matches_the_hand_timeline(tmp_path):
-    # kvsim: request 0 prefills in [0, .01) (first token .01) and decodes to .05; request 1 arrives
-    # at .015, joins the step at .02 (first token .03) and finishes at .05.
+    # kvsim, with vLLM 0.19's default async scheduling: request 0 prefills in [0, .01) (first token .01)
+    # and decodes to .05; request 1 arrives at .015, but the step at .02 was planned at .01, before it
+    # arrived: it joins the step at .03 (first token .04) and its 3 tokens end at .06.
     v = validate(load_measured(write_run(tmp_path)), gpu="h100-80gb", overrides=CONSTANT)
     sim = v.result.requests
-    assert list(sim.ttft_s) == pytest.approx([0.01, 0.015])
-    assert list(sim.e2e_s) == pytest.approx([0.05, 0.035])
+    assert list(sim.ttft_s) == pytest.approx([0.01, 0.025])
+    assert list(sim.e2e_s) == pytest.approx([0.05, 0.045])
     assert list(sim.tpot_s) == pytest.approx([0.01, 0.01])
     ttft = v.row("TTFT mean (s)")
     assert ttft["measured"] == pytest.approx((0.01 + 0.035) / 2)
-    assert ttft["kvsim"] == pytest.approx((0.01 + 0.015) / 2)
-    assert ttft["kvsim_error_pct"] == pytest.approx((0.0125 - 0.0225) / 0.0225 * 100)
+    assert ttft["kvsim"] == pytest.approx((0.01 + 0.025) / 2)
+    assert ttft["kvsim_error_pct"] == pytest.approx((0.0175 - 0.0225) / 0.0225 * 100)
     assert v.row("makespan (s)")["measured"] == pytest.approx(0.09)
-    assert v.row("makespan (s)")["kvsim"] == pytest.approx(0.05)
-    assert v.row("output tokens/s")["kvsim"] == pytest.approx(8 / 0.05)
+    assert v.row("makespan (s)")["kvsim"] == pytest.approx(0.06)
+    assert v.row("output tokens/s")["kvsim"] == pytest.approx(8 / 0.06)
     assert v.row("KV usage mean")["measured"] is None and v.row("KV usage mean")["kvsim_error_pct"] is None
     # the second request's prompt starts with the first's 16 tokens: one full block, a real prefix hit
     assert list(sim.prefix_hit_tokens) == [0, 16]
     assert v.scenario.engine.max_num_seqs == 4 and v.scenario.engine.max_num_batched_tokens == 64
+    assert v.scenario.engine.resolved_async_scheduling
+
+
+def test_replay_without_async_scheduling_plans_each_step_when_it_starts(tmp_path):
+    # the same run with `async_scheduling: false` in its engine arguments (vLLM before late 2025): request 1
+    # arrives at .015, joins the step at .02 (first token .03) and finishes at .05
+    run_dir = write_run(tmp_path)
+    meta = json.loads((run_dir / "vllm" / "meta.json").read_text())
+    meta["engine_kwargs"]["async_scheduling"] = False
+    (run_dir / "vllm" / "meta.json").write_text(json.dumps(meta))
+    v = validate(load_measured(run_dir), gpu="h100-80gb", overrides=CONSTANT)
+    assert list(v.result.requests.ttft_s) == pytest.approx([0.01, 0.015])
+    assert list(v.result.requests.e2e_s) == pytest.approx([0.05, 0.035])
+    assert v.row("makespan (s)")["kvsim"] == pytest.approx(0.05)
 
 
 def test_the_shared_moe_case_replays_within_the_targets():
@@ -152,7 +167,7 @@ def test_cli_writes_tables_figures_and_a_rerunnable_scenario(tmp_path):
     rerun = CliRunner().invoke(app, ["run", str(out / "sim" / "scenario.yaml"), "-o", str(tmp_path / "rerun"),
                                      "--format", "json"])
     assert rerun.exit_code == 0, rerun.output
-    assert json.loads(rerun.output)["ttft_s"]["mean"] == pytest.approx(0.0125)
+    assert json.loads(rerun.output)["ttft_s"]["mean"] == pytest.approx(0.0175)  # the hand timeline's
 
 
 def test_cli_bad_path_is_one_line(tmp_path):
@@ -202,7 +217,7 @@ def test_bench_json_without_detail_is_refused(tmp_path):
 def test_bench_json_validates_end_to_end(tmp_path):
     v = validate(load_measured(bench_json(tmp_path / "bench.json")), model="llama-3.1-8b", gpu="h100-80gb",
                  overrides=CONSTANT)
-    assert list(v.result.requests.ttft_s) == pytest.approx([0.01, 0.015])
+    assert list(v.result.requests.ttft_s) == pytest.approx([0.01, 0.025])  # as the folder's hand timeline
     assert v.row("TTFT mean (s)")["measured"] == pytest.approx(0.015)
     assert "llmservingsim" not in v.rows[0]
     write_validation(v, tmp_path / "out")

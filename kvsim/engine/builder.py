@@ -65,6 +65,7 @@ class EngineSpec:
     num_cpu_blocks: int
     num_cpu_slots: int
     limits: SchedulerLimits
+    async_scheduling: bool  # `EngineConfig.resolved_async_scheduling`
 
     @property
     def vllm_max_concurrency(self) -> float:
@@ -95,7 +96,7 @@ def resolve_engine(scenario: Scenario) -> EngineSpec:
     )
     return EngineSpec(scenario, model, gpu, engine, max_model_len, layout, num_blocks, layout.bytes_per_block,
                       layout.bytes_per_token, num_kv_slots, swap_bytes // layout.bytes_per_block,
-                      swap_bytes // layout.bytes_per_token, limits)
+                      swap_bytes // layout.bytes_per_token, limits, engine.resolved_async_scheduling)
 
 
 def make_allocator(spec: EngineSpec) -> KVAllocator:
@@ -175,7 +176,8 @@ def _target_latency(spec: EngineSpec) -> LatencyModel:
     cfg = scenario.latency
     if cfg.model == "constant":
         return ConstantLatency(cfg.step_s, gpu.host_link_bandwidth_bytes_per_s)
-    roofline = RooflineLatency(model, gpu, spec.engine, cfg.overhead_s, cfg.overlap_swap, layout=spec.kv_layout)
+    roofline = RooflineLatency(model, gpu, spec.engine, cfg.overhead_s, cfg.overlap_swap, layout=spec.kv_layout,
+                               overlap_cpu=spec.async_scheduling)
     if cfg.model == "roofline":
         return roofline
     from kvsim.latency.calibrated import CalibratedLatency
@@ -212,6 +214,7 @@ def build_engine(scenario: Scenario, rng: np.random.Generator, memory_limit_byte
         speculation = make_speculation(spec.engine.speculative_config)
     scheduler = make_scheduler(spec.engine.scheduler, allocator, spec.limits, rng,
                                make_request_queue(spec.engine.scheduling_policy), speculation)
+    scheduler.async_scheduling = spec.async_scheduling
     if type(allocator) is PagedAllocator:  # full attention only: the hybrid allocator keys blocks per group
         scheduler.offload = make_offload(spec)
     elif spec.engine.kv_offload is not None:

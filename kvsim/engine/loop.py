@@ -52,19 +52,24 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
         if progress is not None and steps >= next_progress:  # here, so that decode bursts count too
             next_progress = steps + PROGRESS_EVERY_STEPS
             progress(env.now)
-        if not any(engine.scheduler.has_work for engine in group):
+        for engine in group:
+            if engine.inbox:  # async scheduling: requests that arrived meanwhile
+                engine.see_arrivals(env.now)
+        if not any(engine.scheduler.has_work or engine.inbox for engine in group):
             if arrivals.all_arrived:
                 return
             yield from wakeup.wait()
             continue
-        if bursts and lone is not None:
-            burst = plan_burst(lone.scheduler, lone.latency, env.now, arrivals.horizon_s(num_engines))
+        if bursts and lone is not None and not lone.inbox:
+            burst = plan_burst(lone.scheduler, lone.latency, env.now, arrivals.horizon_s(num_engines),
+                               lone.arrival_lag_steps)
             if burst is not None:
                 yield from lone.run_burst(env, burst, arrivals)
                 if check:
                     lone.scheduler.check_invariants()
                 steps += len(burst.durations)
                 continue
+        releasing = any(engine.scheduler.finishing for engine in group)  # async: KV freed once this plan is made
         plans = []
         for engine in group:
             scheduler = engine.scheduler
@@ -72,8 +77,12 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
                 plans.append((engine, scheduler.schedule(env.now)))
         busy = [(engine, plan) for engine, plan in plans if not plan.is_empty]
         if not busy:
-            if any(plan.preempted for _, plan in plans):
-                continue  # preemptions freed memory; plan again at the same instant
+            if releasing or any(plan.preempted for _, plan in plans):
+                continue  # preemptions (or, async, finished requests' KV released) freed memory: plan again now
+            if any(engine.inbox for engine in group):  # async: an empty step takes no time, so the next
+                for engine in group:  # one, planned at once, sees every arrival so far
+                    engine.see_arrivals(env.now, everything=True)
+                continue
             if arrivals.all_arrived and not any(engine.scheduler.loading for engine in group):
                 num_waiting = sum(len(engine.scheduler.waiting) for engine in group)
                 raise RuntimeError(f"scheduler stalled at t={env.now:.3f}s with {num_waiting} waiting and "
@@ -86,7 +95,8 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
                 plan.num_dp_group_tokens = group_tokens
         duration = max(engine.latency.step_time(plan) for engine, plan in busy)
         for engine, plan in busy:
-            engine.recorder.record(env.now, duration, plan, engine.scheduler.snapshot())
+            engine.recorder.record(env.now, duration, plan, engine.snapshot())
+            engine.step_start_s, engine.step_end_s = env.now, env.now + duration
         yield env.timeout(duration)
         for engine, plan in busy:
             engine.scheduler.complete(plan, env.now)

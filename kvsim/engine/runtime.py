@@ -12,6 +12,14 @@ it from the steps it stands for, and that is this module's contract:
 * the KV usage a router reads mid-burst is the usage after the allocation of the step in
   flight (`kv_usage`), from the allocator's `burst_occupancy`;
 * the step rows: the waiting count before each step counts the requests that joined by then.
+
+With async scheduling (`engine.async_scheduling`, vLLM's default: `kvsim.sched.async_steps`) vLLM plans
+each step while the one before it runs, so a request that arrives while a step runs is first seen by the
+step after the next one. An engine keeps such requests in its `inbox` (accepted, not yet queued) and
+queues them when the step that can see them is planned (`see_arrivals`): the step starting now was
+planned when the previous one started, so it sees what had arrived by then, and everything that arrived
+by now if the engine was idle (vLLM's pipeline was empty). A burst is cut one step later than it would
+be without async scheduling, and its steps are bounded by the arrival one step later (`arrival_lag_steps`).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import simpy
 from kvsim.engine.clock import ArrivalClock, Wakeup, call_at
 from kvsim.engine.recorder import StepRecorder
 from kvsim.latency.base import LatencyModel
-from kvsim.sched import Scheduler
+from kvsim.sched import Scheduler, SchedulerSnapshot
 from kvsim.sched.burst import Burst, apply_burst
 from kvsim.workload.request import Request
 
@@ -36,9 +44,11 @@ class BurstInFlight:
     """A burst an engine runs now: its steps' end instants and how many of them will run."""
 
     env: simpy.Environment
+    starts_s: list[float]
     ends_s: list[float]
     num_steps: int
     cut_on_join: bool  # planned with an empty queue: a request joining it ends the burst after the step in flight
+    planned_ahead: bool  # async scheduling: a step is planned when the one before it starts (`Engine.deliver`)
     one_wait: bool  # waited for in one event: no delivery falls on one of its step ends
     usage_after_step: list[float] | None  # kv_cache_usage_perc after each step's allocation (if a router reads it)
     done: simpy.Event  # fires when its last step (after a cut: the step in flight) has ended
@@ -68,10 +78,12 @@ class BurstInFlight:
             self.cut(now)
 
     def cut(self, now: float) -> None:
-        """End the burst after the step in flight at `now` (if that is before its planned end)."""
-        in_flight = self.steps_ended(now) + 1
-        if in_flight < self.num_steps:
-            self.end_after(in_flight)
+        """End the burst (if before its planned end) before the first step that sees a request joining at
+        `now`: the step after the one in flight; with async scheduling the first whose previous step
+        starts at or after `now` (by the clock alone: the order of events at one instant plays no part)."""
+        last = bisect.bisect_left(self.starts_s, now) + 1 if self.planned_ahead else self.steps_ended(now) + 1
+        if last < self.num_steps:
+            self.end_after(last)
 
 
 @dataclass(slots=True, eq=False)
@@ -89,12 +101,57 @@ class Engine:
     at_step_boundary: Callable[[float], None] | None = None  # see `kvsim.engine.loop.step_loop`
     wakeup: Wakeup = field(init=False)
     burst: BurstInFlight | None = field(default=None, init=False)
+    inbox: list[tuple[float, Request]] = field(default_factory=list, init=False)  # (delivered at, request)
+    step_start_s: float = field(default=-1.0, init=False)  # the last step's start and end (the loop sets them)
+    step_end_s: float = field(default=-1.0, init=False)
+
+    @property
+    def arrival_lag_steps(self) -> int:
+        """Steps after the one in flight that a request arriving now cannot change: 1 with async scheduling."""
+        return 1 if self.scheduler.async_scheduling else 0
 
     def deliver(self, now: float, req: Request) -> None:
-        """A request arrives for this engine at `now`: queued (or rejected) at once, then the engine is woken."""
-        if self.scheduler.add(req) and self.burst is not None:
+        """A request arrives for this engine at `now`: rejected at once if it can never be served, else
+        queued (with async scheduling: kept in the inbox until a step that can see it is planned,
+        `see_arrivals`); then the engine is woken."""
+        scheduler = self.scheduler
+        if scheduler.async_scheduling:
+            accepted = scheduler.accept(req)
+            if accepted:
+                self.inbox.append((now, req))
+        else:
+            accepted = scheduler.add(req)
+        if accepted and self.burst is not None:
             self.burst.join(now)
         self.wakeup.ring()
+
+    def see_arrivals(self, now: float, everything: bool = False) -> None:
+        """Queue the inbox's requests the step planned at `now` can see: those delivered by the start of
+        the step that ends now, if one does and requests still run (vLLM planned this step when that one
+        started); else (or with `everything`: nothing else can be planned now) all delivered by now."""
+        inbox = self.inbox
+        cutoff = now
+        if not everything and self.step_end_s == now and self.scheduler.running:
+            cutoff = self.step_start_s
+        num_seen = 0
+        for delivered_s, req in inbox:
+            if delivered_s > cutoff:
+                break
+            self.scheduler.enqueue(req)
+            num_seen += 1
+        del inbox[:num_seen]
+
+    @property
+    def num_waiting(self) -> int:
+        """`vllm:num_requests_waiting` as kvsim reports it: the queue and the inbox (its requests have arrived)."""
+        return len(self.scheduler.waiting) + len(self.inbox)
+
+    def snapshot(self) -> SchedulerSnapshot:
+        """The scheduler's state for a step row, the inbox counted as waiting (`num_waiting`)."""
+        snapshot = self.scheduler.snapshot()
+        if self.inbox:
+            snapshot = snapshot._replace(num_waiting=self.num_waiting)
+        return snapshot
 
     def kv_usage(self, now: float) -> float:
         """`kv_cache_usage_perc` as a step-by-step engine shows it at `now`: a step allocates when it is
@@ -118,8 +175,9 @@ class Engine:
             total = scheduler.alloc.num_total_slots
             usage = [1.0 - (total - h) / total for h in held]
         num_waiting = len(scheduler.waiting)
-        flight = self.burst = BurstInFlight(env, ends_s, len(durations), not num_waiting,
-                                            arrivals.none_delivered_at(ends_s), usage, env.event())
+        flight = self.burst = BurstInFlight(env, instants_s[:-1], ends_s, len(durations), not num_waiting,
+                                            scheduler.async_scheduling, arrivals.none_delivered_at(ends_s), usage,
+                                            env.event())
         if flight.one_wait:
             flight.end_after(len(durations))
             yield flight.done
@@ -128,13 +186,14 @@ class Engine:
         else:  # one timeout per step: the order of a step's end and a delivery at that instant matters
             waiting = []
             for d in durations:
-                waiting.append(len(scheduler.waiting))
+                waiting.append(self.num_waiting)
                 yield env.timeout(d)
                 flight.steps_done += 1
                 if flight.steps_done == flight.num_steps:
                     break
         self.burst = None
         num_steps = flight.num_steps
+        self.step_start_s, self.step_end_s = instants_s[num_steps - 1], env.now
         if num_steps < len(durations):  # cut after the step in flight
             burst = Burst(burst.batch, durations[:num_steps], burst.seq_ids)
             pending = pending._replace(starts_s=instants_s[:num_steps], durations_s=burst.durations)

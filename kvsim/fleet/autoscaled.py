@@ -126,7 +126,7 @@ class Scaler:
         if not ready:
             return 0.0
         if self.spec.metric == "num_requests_waiting":
-            total = float(sum(len(e.scheduler.waiting) for e in ready))
+            total = float(sum(e.num_waiting for e in ready))
         else:
             total = sum(e.kv_usage(self.env.now) for e in ready)
         starting, target = self._count(Slot.STARTING), self.spec.target
@@ -188,8 +188,8 @@ class Scaler:
             slots[min(ready, key=lambda j: (self._load(j), -j))] = Slot.DRAINING
 
     def _load(self, i: int) -> int:
-        scheduler = self.engines[i].scheduler
-        return len(scheduler.waiting) + len(scheduler.running) + len(scheduler.swapped)
+        engine = self.engines[i]
+        return engine.num_waiting + len(engine.scheduler.running) + len(engine.scheduler.swapped)
 
     def _ready(self, i: int, token: object) -> None:
         if self.slots[i] is Slot.STARTING and self._starts[i] is token:  # not cancelled (and restarted) meanwhile

@@ -76,10 +76,20 @@ def check_disaggregable(scenario: Scenario, specs: list[Scenario]) -> None:
     for spec, role in zip(specs, roles, strict=True):
         if spec.engine.allocator != "paged" or spec.engine.scheduler != "v1":
             _refuse_engine(spec, role)
+        if spec.engine.async_scheduling:
+            raise KvsimError(f"replicas ({spec.name}, {role}): engine.async_scheduling=true: a disaggregated "
+                             "instance is modelled stepping synchronously (no async scheduling beside a KV "
+                             "connector); leave it unset or false")
     if scenario.workload.n != 1 or scenario.workload.beam_width is not None:
         field = "n" if scenario.workload.n != 1 else "beam_width"
         raise KvsimError(f"workload.{field}={getattr(scenario.workload, field)}: a disaggregated fleet models "
                          "single-sequence requests only")
+
+
+def _synchronous(spec: Scenario) -> Scenario:
+    """An instance's scenario with vLLM's default async scheduling off: kvsim models disaggregated
+    instances stepping synchronously (`check_disaggregable` refuses `engine.async_scheduling: true`)."""
+    return spec.model_copy(update={"engine": spec.engine.model_copy(update={"async_scheduling": False})})
 
 
 def _refuse_engine(spec: Scenario, role: str | None) -> NoReturn:
@@ -116,7 +126,6 @@ class Disaggregation:
         self.engines = engines
         self.prefill = [i for i, role in enumerate(roles) if role == "kv_producer"]
         self.decode = [i for i, role in enumerate(roles) if role == "kv_consumer"]
-        check_disaggregable(scenario, specs)
         for i, (spec, part) in enumerate(zip(specs, parts, strict=True)):
             if not isinstance(part.scheduler.alloc, PagedAllocator):  # e.g. a hybrid model's grouped pool
                 _refuse_engine(spec, roles[i])
@@ -326,6 +335,8 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
     check_engines_memory(scenario, replica_groups(scenario), memory_limit_bytes,
                          steps_in_memory=scenario.steps == "all")
     specs = replica_scenarios(scenario)
+    check_disaggregable(scenario, specs)
+    specs = [_synchronous(spec) for spec in specs]
     # `Disaggregation` sets `observe_kv` where a pool's router reads KV usage
     parts, engines, requests = replica_engines(scenario, specs, observe_kv=False)
     disagg = Disaggregation(scenario, specs, parts, engines)

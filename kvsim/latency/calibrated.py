@@ -19,10 +19,10 @@ Each cost is counted once. LLMServingSim's bundles hold vLLM's layerwise-profile
 (GPU kernel time, no host time: profiler/core/hooks/timings.py), timed in eager mode on one GPU with
 per-rank shapes (TP emulated: no all-reduce runs), so neither the CPU overhead nor the all-reduce is in
 them; the roofline's token ops, attention and LM head are not added where the profile has its own.
-Dropping the CPU overhead on the calibrated path would move the Llama-3.1-8B replay from +2.3 % to
--3.3 % TTFT and from +1.9 % to -0.7 % TPOT: the measured steps are longer than their kernels. The
-eager kernels may differ from the CUDA-graph, torch.compile kernels of the measured run (fusions);
-no public profile of the compiled kernels is at hand to say by how much.
+With async scheduling (vLLM's default) the CPU overhead overlaps the step's kernels and counts only
+where it is the longer (`RooflineLatency.total_s`). The eager kernels may differ from the CUDA-graph,
+torch.compile kernels of the measured run (fusions); no public profile of the compiled kernels is at
+hand to say by how much.
 
 Terms the profile lacks fall back to the roofline's estimate, with one warning at load naming
 them; a term whose inputs fall outside the measured range falls back for that step, with one

@@ -20,6 +20,7 @@ method, so the calibrated model can fall back to any one of them):
                T_g: tokens of all DP engines in the step; g = tp · dp; T_e = T_g · k / E_touched, the rows of
                each expert's slice of the grouped GEMM; dense MLP only on the other layers
     overhead   c0 + c_seq · sequences                               CPU: schedule, prepare, sample
+               (async scheduling: the step takes max(GPU terms, overhead), `RooflineLatency.overlap_cpu`)
 
 with F, B the GPU's dense fp16 FLOP/s and memory bandwidth. ‖(a, b)‖₂ = √(a² + b²) is a smooth
 roofline: it equals the larger term far from the ridge and adds up to 41 % near it, where real
@@ -71,6 +72,11 @@ CPU-overhead profiles (microsoft/vidur data/profiling/{a100,a40}/cpu_overheads.c
 validation set) time vLLM v0's schedule + prepare-inputs + process-outputs at about 1.1 ms (8
 sequences) to 6.2 ms (64) per step on an A100 (Llama-2-7B, medians), an upper bound only: v1
 runs the scheduler in its own process and, with async scheduling, overlaps it with the GPU step.
+With async scheduling (`engine.async_scheduling`, vLLM's default since PR #27614, late 2025, and so
+in the measured vLLM 0.19 runs) the scheduler plans step k + 1 and the worker prepares its inputs
+while the GPU runs step k, so a step lasts max(GPU time, CPU overhead): the overhead shows only
+where a step's kernels are shorter than it (small models, small batches); the validation runs' steps
+(tens of ms) hide it entirely, so on them nothing depends on the constant chosen above.
 """
 
 from __future__ import annotations
@@ -247,13 +253,15 @@ def efficiency_for(gpu: GPUSpec) -> Efficiency:
 class RooflineLatency:
     """Roofline of one step on one tensor-parallel rank (see the module docstring for every term).
 
-    `overhead_s`, when given, replaces the modelled CPU overhead by a constant per step. `layout`: the
-    model's KV layout on one GPU when the caller has resolved it (`kvsim.engine.builder.EngineSpec`).
+    `overhead_s`, when given, replaces the modelled CPU overhead by a constant per step. `overlap_cpu`
+    (async scheduling): the CPU overhead runs beside the GPU's work, a step lasts the longer of the
+    two; else it adds to it. `layout`: the model's KV layout on one GPU when the caller has resolved
+    it (`kvsim.engine.builder.EngineSpec`).
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, overhead_s: float | None = None,
                  overlap_swap: bool = False, efficiency: Efficiency | None = None,
-                 layout: KVLayout | None = None) -> None:
+                 layout: KVLayout | None = None, overlap_cpu: bool = False) -> None:
         from kvsim.model.capacity import mlp_width, model_kv_layout
 
         tp = engine.tensor_parallel_size
@@ -267,6 +275,7 @@ class RooflineLatency:
         self.gpu_link = gpu.resolved_link
         self.overhead_s = overhead_s
         self.overlap_swap = overlap_swap
+        self.overlap_cpu = overlap_cpu
         d = model.dtype_bytes
         h = model.hidden_size
         heads = max(1, model.num_attention_heads // tp)
@@ -436,12 +445,16 @@ class RooflineLatency:
         return self.eff.cpu_fixed_s + num_seqs * self.eff.cpu_per_seq_s
 
     def fixed_s(self, plan: StepPlan) -> float:
-        """Copies, communication and the CPU overhead: terms no per-op profile measures."""
-        return (plan.num_copied_blocks * self.copy_bytes_per_block / self.bandwidth
-                + self.allreduce_s(plan.num_tokens) + self.cpu_s(plan.num_seqs))
+        """Copies, communication and (unless it overlaps, `total_s`) the CPU overhead: terms no per-op
+        profile measures."""
+        gpu = plan.num_copied_blocks * self.copy_bytes_per_block / self.bandwidth + self.allreduce_s(plan.num_tokens)
+        return gpu if self.overlap_cpu else gpu + self.cpu_s(plan.num_seqs)
 
     def total_s(self, compute_s: float, plan: StepPlan) -> float:
-        """Add swap transfers to the compute time, serially or overlapped."""
+        """The step: with `overlap_cpu` the longer of the compute and the CPU overhead (a step that
+        computes something), then swap transfers added serially or overlapped."""
+        if self.overlap_cpu and plan.num_tokens:
+            compute_s = max(compute_s, self.cpu_s(plan.num_seqs))
         swap = (plan.swap_in_bytes + plan.swap_out_bytes) / self.link
         return max(compute_s, swap) if self.overlap_swap else compute_s + swap
 
@@ -459,12 +472,15 @@ class RooflineLatency:
         floor = self.num_layers * (eff.kernel_floor_s + n * eff.decode_per_seq_s)
         read, bandwidth = self.decode_read_bytes, eff.decode_bandwidth * self.bandwidth
         tail, fixed = self.sequence_s(first.num_sampled), self.fixed_s(first)
+        cpu = self.cpu_s(first.num_seqs) if self.overlap_cpu else 0.0  # `total_s`: hidden up to the compute
         swap = (first.swap_in_bytes + first.swap_out_bytes) / self.link
         growth, overlap = first.num_seqs, self.overlap_swap
 
         def times(context: int) -> Iterator[float]:
             while True:  # attention_s = decode_s + prefill_s, and prefill_s is 0.0 here (x + 0.0 == x)
                 compute = head + (floor + read(n, context) / bandwidth) + tail + fixed
+                if compute < cpu:
+                    compute = cpu
                 yield max(compute, swap) if overlap else compute + swap
                 context += growth
 

@@ -295,6 +295,8 @@ class EngineConfig(BaseModel):
     `kv_offload` adds CPU/disk tiers below the prefix cache (`KVOffloadConfig`, `kvsim.kv.offload_connector`).
     `prefix_cache` picks the prefix cache of the paged pool: vLLM's `hash_chain` or SGLang's `radix`
     tree (`kvsim.kv.radix_prefix_cache`), with `enable_prefix_caching` on.
+    `async_scheduling` is vLLM's `--async-scheduling` (`None`: vLLM's default, `resolved_async_scheduling`):
+    each step is planned while the previous one runs (`kvsim.sched.async_steps`).
     """
 
     model_config = _FROZEN
@@ -339,6 +341,7 @@ class EngineConfig(BaseModel):
     prefix_cache: Literal["hash_chain", "radix"] = "hash_chain"
     speculative_config: SpeculativeConfig | None = None
     kv_offload: KVOffloadConfig | None = Field(default=None, exclude_if=lambda config: config is None)
+    async_scheduling: bool | None = Field(default=None, exclude_if=lambda value: value is None)
 
     @model_validator(mode="after")
     def _radix_needs_paged(self) -> EngineConfig:
@@ -372,6 +375,23 @@ class EngineConfig(BaseModel):
             raise ValueError(f"speculative_config needs scheduler v1 (got {self.scheduler}): vLLM speculates in "
                              "its v1 engine only")
         return self
+
+    @model_validator(mode="after")
+    def _async_needs_v1(self) -> EngineConfig:
+        if self.async_scheduling and self.scheduler != "v1":
+            raise ValueError(f"async_scheduling=true needs scheduler v1 (got {self.scheduler}): vLLM schedules "
+                             "asynchronously in its v1 engine only")
+        return self
+
+    @property
+    def resolved_async_scheduling(self) -> bool:
+        """`async_scheduling`, or vLLM's default: on for the v1 engine (PR #27614, late 2025; vLLM turns it
+        off for options it does not support, vllm/config/vllm.py), with speculative decoding only for
+        EAGLE drafts (PR #31998: ngram and draft models stay synchronous)."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        spec = self.speculative_config
+        return self.scheduler == "v1" and (spec is None or spec.method in ("eagle", "eagle3"))
 
     @model_validator(mode="after")
     def _block_size_vllm_accepts(self) -> EngineConfig:

@@ -29,6 +29,7 @@ from kvsim.kv.offload_connector import OffloadConnector
 from kvsim.latency.step_plan import StepPlan
 from kvsim.results.metrics import EngineCounters, SpecDecodeCounters
 from kvsim.results.records import RequestRecords
+from kvsim.sched.async_steps import AsyncSteps
 from kvsim.sched.beams import select_beams
 from kvsim.sched.offload import OffloadScheduling
 from kvsim.sched.request_queue import FCFSQueue, RequestQueue
@@ -65,9 +66,9 @@ class SchedulerSnapshot(NamedTuple):
     draft_rejected: tuple[int, int] | None = None
 
 
-class Scheduler(OffloadScheduling, SpeculativeSteps):
+class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
     """Base class: subclasses implement `select` (v1, v0, static); KV offload's half is `OffloadScheduling`,
-    speculative decoding's `SpeculativeSteps`."""
+    speculative decoding's `SpeculativeSteps`, async scheduling's `AsyncSteps`."""
 
     name = "base"
 
@@ -80,6 +81,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps):
         self.waiting: RequestQueue = waiting if waiting is not None else FCFSQueue()
         self.speculation: Speculation | None = None  # speculative decoding (v1 only): set by `make_scheduler`
         self.running: list[Request] = []
+        self.finishing: list[Request] = []  # finished, KV released after the next decision (`AsyncSteps`)
         self.swapped: deque[Request] = deque()
         self.records = RequestRecords()  # every request that ended (finished or rejected), columnar
         self.num_preemptions = 0
@@ -144,17 +146,29 @@ class Scheduler(OffloadScheduling, SpeculativeSteps):
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped or self.loading)
+        return bool(self.waiting or self.running or self.swapped or self.loading or self.finishing)
 
     def add(self, req: Request) -> bool:
         """Queue a request, or reject it (recording why) if it can never be served."""
+        if not self.accept(req):
+            return False
+        self.enqueue(req)
+        return True
+
+    def enqueue(self, req: Request) -> None:
+        """Queue a request `accept` took (in the waiting order of the policy)."""
+        self.waiting.add(req)
+
+    def accept(self, req: Request) -> bool:
+        """False, with the request rejected and recorded, if it can never be served (vLLM refuses it on
+        arrival); True if it can (`add` queues it; with async scheduling the engine queues it when the
+        step that can first see it is planned, `kvsim.engine.runtime.Engine.deliver`)."""
         reason = self.reject_reason(req)
         if reason:
             req.status, req.reject_reason = RequestStatus.REJECTED, reason
             req.content = None
             self.records.add(req)
             return False
-        self.waiting.add(req)
         return True
 
     def reject_reason(self, req: Request) -> str | None:
@@ -181,9 +195,10 @@ class Scheduler(OffloadScheduling, SpeculativeSteps):
 
         vLLM v0 counts `seq_group.get_max_num_running_seqs()` (n for parallel sampling, from the
         prefill on: vllm/core/scheduler.py); v1 fans a request with n > 1 out into n requests
-        (vllm/v1/engine/parallel_sampling.py), each counted by `max_num_seqs`.
+        (vllm/v1/engine/parallel_sampling.py), each counted by `max_num_seqs`. With async scheduling a
+        request that finished still holds its slot until the next decision is made (`AsyncSteps`).
         """
-        return sum(r.num_samples for r in self.running)
+        return sum(r.num_samples for r in self.running) + self.num_finishing_seqs()
 
     def request_slots(self, req: Request) -> int:
         """KV slots a request holds at its largest, all samples together."""
@@ -269,6 +284,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps):
         """The next step: the policy's choice (`select`), then its token totals (`account`)."""
         plan = self.select(now)
         self.account(plan)
+        self.release_finished()
         return plan
 
     def select(self, now: float) -> StepPlan:  # pragma: no cover - abstract
@@ -392,15 +408,15 @@ class Scheduler(OffloadScheduling, SpeculativeSteps):
         return self.finish(done, now)
 
     def finish(self, done: list[Request], now: float) -> list[Request]:
-        """Mark requests that produced their last token finished at `now` and free their KV."""
+        """Mark requests that produced their last token finished at `now` and free their KV (with async
+        scheduling, once the next step is planned: `AsyncSteps`)."""
         hand_off, next_stored = self.hand_off, self._next_stored_block
         for req in done:
             req.status, req.finish_s = RequestStatus.FINISHED, now
             if next_stored:
                 next_stored.pop(req.request_id, None)
             if hand_off is None:
-                self.free_request(req)
-                req.content = None  # its block-hash memo is not needed again: memory stays bounded in long runs
+                self._end_kv(req)
         if done:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
             self.records.extend(done)  # the scheduler keeps no finished Request: memory stays bounded

@@ -25,6 +25,12 @@ Let B be the running batch when the burst is planned. Conditions checked (`burst
     the burst after the step in flight when a request joins its queue (`kvsim.engine.runtime`):
     a step-by-step engine would see that request when that step ends. A single engine passes
     the run's next arrival, so nothing is cut; in a fleet the next arrival may go elsewhere.
+    With async scheduling a step sees only what arrived by the start of the step before it
+    (`kvsim.sched.async_steps`), so each bound moves one step later (`arrival_lag_steps`): every
+    step's previous step starts before `next_arrival_s`, and a join cuts one step after the one in flight;
+(e) with async scheduling, no request that finished still holds its KV (`finishing`): it is released
+    once the next step is planned, and its blocks (a partial last block goes to the free queue's
+    head) would interleave with the burst's block takes; that step is planned as a single one.
 
 By induction over the steps, assume steps 1..j−1 of the step-by-step run did exactly the
 burst's work. At step j:
@@ -32,7 +38,7 @@ burst's work. At step j:
   next token, so `schedule` gives each exactly one token, in B's order, with no
   preemption; by (c) none finishes at the end of step j < k, and at step k exactly the
   requests whose output is complete finish, which `apply_burst` does at the same instant.
-* Admission: if the queue was empty, by (d) no request joined it before step j started. If
+* Admission: if the queue was empty, by (d) no request joined it before step j was planned. If
   the head was blocked, it stays blocked: free memory only shrinks during a burst (blocks
   are taken, none released), `max_num_seqs` and the token budget see the same |B|, and
   by (b) the head's prefix hit cannot grow (evicting cached free blocks only shortens
@@ -87,6 +93,8 @@ class BurstScheduler(Protocol):
     def waiting(self) -> RequestQueue: ...
     @property
     def swapped(self) -> Sequence[Request]: ...
+    @property
+    def finishing(self) -> list[Request]: ...
 
     @property
     def allows_bursts(self) -> bool:
@@ -109,12 +117,12 @@ class Burst:
 
 
 def burst_batch(scheduler: BurstScheduler) -> tuple[list[int], int, int, int, int] | None:
-    """If conditions (a) and the first half of (b) hold: the running batch's sequence ids, its
+    """If conditions (a), (e) and the first half of (b) hold: the running batch's sequence ids, its
     Σ, max and min context after one more token, and the most steps before a request's last token."""
-    running = scheduler.running
-    if (not running or scheduler.swapped or not scheduler.alloc.supports_bursts or not scheduler.allows_bursts
-            or not scheduler.schedules_whole_decode_batch(len(running))
-            or scheduler.waiting and not scheduler.waiting_blocked()):
+    running, waiting = scheduler.running, scheduler.waiting
+    if (not running or scheduler.swapped or scheduler.finishing or not scheduler.alloc.supports_bursts
+            or not scheduler.allows_bursts or not scheduler.schedules_whole_decode_batch(len(running))
+            or waiting and not scheduler.waiting_blocked()):
         return None
     seq_ids, sum_context, max_context, max_steps = [], 0, 0, running[0].output_len
     min_context = running[0].num_computed_tokens + 1
@@ -133,8 +141,10 @@ def burst_batch(scheduler: BurstScheduler) -> tuple[list[int], int, int, int, in
     return seq_ids, sum_context, max_context, min_context, max_steps
 
 
-def plan_burst(scheduler: BurstScheduler, latency: LatencyModel, now: float, next_arrival_s: float) -> Burst | None:
-    """The longest burst conditions (a)–(d) allow from `now`, or None (plan a single step)."""
+def plan_burst(scheduler: BurstScheduler, latency: LatencyModel, now: float, next_arrival_s: float,
+               arrival_lag_steps: int = 0) -> Burst | None:
+    """The longest burst conditions (a)–(e) allow from `now`, or None (plan a single step).
+    `arrival_lag_steps` (0, or 1 with async scheduling) is how many steps late a step sees an arrival."""
     checked = burst_batch(scheduler)
     if checked is None:
         return None
@@ -143,12 +153,13 @@ def plan_burst(scheduler: BurstScheduler, latency: LatencyModel, now: float, nex
     first.add_decodes(len(seq_ids), sum_context, max_context, min_context)
     arrival_bound = math.inf if scheduler.waiting else next_arrival_s
     durations: list[float] = []
-    if arrival_bound < math.inf:  # (d): as many steps as start before the arrival
-        start = now
+    if arrival_bound < math.inf:  # (d): as many steps as start (async: whose previous step starts) before it
+        previous, start = -math.inf, now
         for d in islice(burst_step_times(latency, first), max_steps):
-            if start >= arrival_bound:
+            if (previous if arrival_lag_steps else start) >= arrival_bound:
                 break
             durations.append(d)
+            previous = start
             start += d
         num_steps = len(durations)
     else:  # no arrival bounds it: its length is known before its step times (under overload, far fewer are kept)

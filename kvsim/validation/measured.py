@@ -68,9 +68,10 @@ def series_number(raw: str | None, column: str, where: str, upper: float = math.
 
 ENGINE_KEYS = ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                "kv_cache_dtype", "block_size", "gpu_memory_utilization", "enable_prefix_caching",
-               "data_parallel_size", "enable_expert_parallel")
+               "data_parallel_size", "enable_expert_parallel", "async_scheduling")
 _ENGINE_KINDS = {"kv_cache_dtype": "a string", "gpu_memory_utilization": "a number",
-                 "enable_prefix_caching": "true or false", "enable_expert_parallel": "true or false"}
+                 "enable_prefix_caching": "true or false", "enable_expert_parallel": "true or false",
+                 "async_scheduling": "true or false"}
 
 
 def _engine_args(kwargs: dict[str, Any], where: Path) -> dict[str, Any]:

@@ -1,0 +1,68 @@
+"""The scheduler's half of vLLM's async scheduling (`engine.async_scheduling`): a finished request's KV
+and its `max_num_seqs` slot are released one decision late. Pure Python.
+
+vLLM's `AsyncScheduler` (on by default since vLLM PR #27614, late 2025) plans step k + 1 while step k
+runs on the GPU, right after processing step k − 1's output (vllm/v1/engine/core.py,
+`step_with_batch_queue`; vllm/v1/core/sched/async_scheduler.py):
+
+    time ──────────────▶  t_k              t_k+1            t_k+2
+    GPU                   │ step k         │ step k+1       │
+    CPU                   ▲ output of k−1, then plan k+1
+                                           ▲ output of k, then plan k+2
+
+kvsim's step loop plans each step when it starts, so it reproduces that schedule by planning step k + 1
+at t_k+1 with what vLLM knew at t_k:
+
+* a request that finished in step k (its last token came out at t_k+1) is not scheduled again (vLLM
+  counts its in-flight token as a placeholder and skips a request that has reached `max_tokens`), but
+  still holds its KV blocks and its `max_num_seqs` slot when step k + 1 is planned: both are released
+  right after that plan (`finish` defers, `release_finished` releases);
+* a request that arrived while step k ran is seen when step k + 2 is planned, not k + 1; that part is
+  timing and lives with the engine (`kvsim.engine.runtime.Engine.deliver`).
+
+Everything else (a decode's next token, a prefill's next chunk) is planned as the synchronous scheduler
+plans it: vLLM's placeholders make the in-flight step's tokens count as computed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvsim.workload.request import Request
+
+
+class AsyncSteps:
+    """Mixed into `kvsim.sched.base.Scheduler`: finished requests whose KV waits for the next decision.
+
+    `async_scheduling` is set by the builder (`engine.async_scheduling` resolved); False is the
+    synchronous scheduler: every request's KV is freed when it finishes, arrivals are seen at once."""
+
+    async_scheduling: bool = False
+    finishing: list[Request]
+
+    if TYPE_CHECKING:
+        def free_request(self, req: Request) -> None: ...
+
+    def release_finished(self) -> None:
+        """After a decision (a step planned, or a decode burst's first step): free the KV of the requests
+        that finished before it, which that decision still saw holding it. A no-op when none wait."""
+        if self.finishing:
+            for req in self.finishing:
+                self._free_finished(req)
+            self.finishing = []
+
+    def _end_kv(self, req: Request) -> None:
+        """`req` finished now: free its KV at once (synchronous), or after the next decision (async)."""
+        if self.async_scheduling:
+            self.finishing.append(req)
+        else:
+            self._free_finished(req)
+
+    def _free_finished(self, req: Request) -> None:
+        self.free_request(req)
+        req.content = None  # its block-hash memo is not needed again: memory stays bounded in long runs
+
+    def num_finishing_seqs(self) -> int:
+        """Sequences of finished requests still holding their `max_num_seqs` slot (async only)."""
+        return sum(r.num_samples for r in self.finishing) if self.finishing else 0
