@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from kvsim.latency.efficiency import Efficiency
 from kvsim.latency.fitting import (
     TOKEN_OP_CLASS,
     LayerShape,
@@ -45,7 +46,6 @@ from kvsim.latency.fitting import (
 )
 from kvsim.latency.profiles.bundle import read_bundle
 from kvsim.latency.profiles.vidur import read_vidur_mlp
-from kvsim.latency.roofline import Efficiency
 from kvsim.model.config import PRESETS_DIR, GPUSpec, load_gpu, load_model
 from kvsim.model.weights import expert_params
 

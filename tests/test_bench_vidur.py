@@ -137,7 +137,7 @@ def test_profile_tables_are_the_roofline_in_vidurs_columns(bench, tmp_path):
     # qkv of Llama-2-7B at 1 token, by hand: 4096 x (3 x 4096) fp16 weights, read at the A100's fitted ηb of
     # 2.039 TB/s, blended with 2 FLOP per weight at its fitted ηf(1 token) of 312 TFLOP/s, plus the fixed
     # cost of a GEMM (kvsim/latency/roofline.py; fractions in kvsim/model/presets/efficiency.yaml)
-    from kvsim.latency.roofline import efficiency_for
+    from kvsim.latency.efficiency import efficiency_for
     from kvsim.model.config import load_gpu
 
     eff = efficiency_for(load_gpu("a100-80gb"))

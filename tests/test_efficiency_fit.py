@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import yaml
 
+from kvsim.latency.efficiency import GEMM_REGIME_TOKENS, Efficiency, efficiency_for
 from kvsim.latency.fitting import _regime_flops
-from kvsim.latency.roofline import GEMM_REGIME_TOKENS, Efficiency, efficiency_for
 from kvsim.model.config import PRESETS_DIR, load_gpu
 
 STORED = yaml.safe_load((PRESETS_DIR / "efficiency.yaml").read_text())
@@ -81,7 +81,7 @@ def test_stored_leave_one_gpu_out_gemm_errors_meet_the_published_bound(gpu):
 
 def test_token_op_time_by_hand():
     """One op: floor scaled by the clock, the L2-held share at ηl2 and the rest at ηt, divided by its kind's speed."""
-    from kvsim.latency.roofline import token_op_s
+    from kvsim.latency.efficiency import token_op_s
 
     gpu = load_gpu("h100-80gb").model_copy(update={"l2_cache_bytes": 40e6, "boost_clock_hz": 3e9})
     eff = Efficiency(token_op_floor_s=2e-6, token_op_bandwidth=0.5, token_op_l2_bandwidth=2.0, token_op_l2_share=0.5,
@@ -115,7 +115,8 @@ def test_a_vllm_stack_fuses_all_norms_but_the_first_with_the_residual_add():
     fused_add_rms_norm (32,768 B), mean 2,080,768 / 64 = 32,512 B; the roofline prices both norms of a
     layer at that, with rotary (2 x 40 heads x 128 x 2 B, the cos/sin row 128 x 2 B and the 8 B position)
     and SiLU-and-mul (3 x 14,336 x 2 B)."""
-    from kvsim.latency.roofline import RooflineLatency, residual_norm_bytes_per_token
+    from kvsim.latency.efficiency import residual_norm_bytes_per_token
+    from kvsim.latency.roofline import RooflineLatency
     from kvsim.model.config import EngineConfig, load_model
 
     assert residual_norm_bytes_per_token(4096, 2, 32) == 32512

@@ -7,7 +7,8 @@ import re
 import pytest
 from conftest import REPO, VALIDATION_SET
 
-from kvsim.latency.roofline import DATASHEET, RooflineLatency
+from kvsim.latency.efficiency import DATASHEET
+from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.collectives import allreduce_s
 from kvsim.model.config import EngineConfig, GPULink, load_gpu, load_model

@@ -3,7 +3,7 @@
 A profile (`kvsim.latency.profiles.Profile`: LLMServingSim's bundles, Vidur's `mlp.csv`) times
 each op of one decoder layer against the step's token count. `op_samples` turns it into one
 `OpSample` per (op, token count) with the op's shape on one tensor-parallel rank; the same
-roofline terms the simulator prices (`kvsim.latency.roofline.gemm_s`, `token_op_s`) then
+roofline terms the simulator prices (`kvsim.latency.efficiency.gemm_s`, `token_op_s`) then
 predict each sample from the GPU's datasheet and a candidate `Efficiency`:
 
     GEMM       ‖(2 · P · T / (ηf(T) · F),  P · d / (ηb · B))‖₂ + tg   ηf(T): by size regime
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.latency.roofline import (
+from kvsim.latency.efficiency import (
     GEMM_REGIME_TOKENS,
     REFERENCE_CLOCK_HZ,
     TOKEN_OP_CLASSES,
@@ -176,7 +176,7 @@ def _predict_columns(c: dict[str, np.ndarray], gpu: GPUSpec, eff: Efficiency) ->
 
 
 def _token_op_columns(c: dict[str, np.ndarray], gpu: GPUSpec, eff: Efficiency) -> np.ndarray:
-    """`kvsim.latency.roofline.token_op_s` over arrays."""
+    """`kvsim.latency.efficiency.token_op_s` over arrays."""
     working_set = np.maximum(c["tokens"] * c["bytes"], 1.0)
     hit = np.minimum(1.0, eff.token_op_l2_share * gpu.l2_cache_bytes / working_set)
     speed = np.ones(working_set.shape)

@@ -149,8 +149,8 @@ class GPUSpec(BaseModel):
     bandwidth (`host_link_bandwidth_bytes_per_s`), with NCCL's PCIe step latency. `memory_type`
     picks the roofline's default achievable fractions for a GPU without fitted ones; `l2_cache_bytes`
     (0: none known) and `boost_clock_hz` (None: the roofline's reference clock) price the token ops; and
-    `efficiency` (fields of `kvsim.latency.roofline.Efficiency`) overrides any of them
-    (`kvsim.latency.roofline.efficiency_for`).
+    `efficiency` (fields of `kvsim.latency.efficiency.Efficiency`) overrides any of them
+    (`kvsim.latency.efficiency.efficiency_for`).
     """
 
     model_config = _FROZEN
