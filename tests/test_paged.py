@@ -197,7 +197,7 @@ def test_a_burst_equals_one_token_allocations_step_by_step(caching):
         for seq_id, written in ((1, 40), (2, 16), (3, 5)):
             assert a.allocate(seq_id, written, finals[seq_id], seg((("s", seq_id), finals[seq_id])))
     planned = burst.burst_occupancy([1, 2, 3], 20)
-    assert burst.burst_slots_needed([1, 2, 3], 20) == 4 * 16
+    assert burst.burst_slots_needed([1, 2, 3], 20) == 4 * 16 and burst.burst_fits([1, 2, 3], 20)
     assert burst.append_burst([1, 2, 3], 20) == planned
     assert planned[0] == [96] * 8 + [112] * 3 + [128] * 5 + [144] * 4
     assert planned[1] == [40 + 16 + 5 + 3 * j for j in range(1, 21)]
@@ -216,3 +216,14 @@ def test_a_burst_equals_one_token_allocations_step_by_step(caching):
     assert [naive.seqs[s].block_table for s in (1, 2, 3)] == [burst.seqs[s].block_table for s in (1, 2, 3)]
     assert burst.block_fill == naive.block_fill and burst.prefix_cache.block_hashes == naive.prefix_cache.block_hashes
     assert burst.pool.free_queue == naive.pool.free_queue
+
+
+def test_burst_fits_counts_the_new_blocks_when_memory_is_short():
+    # The sequences above with 4 free blocks: 20 steps could take 2 blocks each (6 > 4) but take 4;
+    # 27 steps take 5 (2, 2 and 1).
+    alloc = PagedAllocator(num_blocks=10, block_size=16, enable_caching=False)
+    for seq_id, written in ((1, 40), (2, 16), (3, 5)):
+        assert alloc.allocate(seq_id, written, 100)
+    assert alloc.pool.num_free_blocks == 4
+    assert alloc.burst_fits([1, 2, 3], 20)
+    assert alloc.burst_slots_needed([1, 2, 3], 27) == 5 * 16 and not alloc.burst_fits([1, 2, 3], 27)

@@ -47,7 +47,17 @@ class PagedBursts:
         @property
         def num_held_slots(self) -> int: ...
 
+    def burst_fits(self, seq_ids: Sequence[int], num_steps: int) -> bool:
+        """`burst_slots_needed` ≤ the free slots. No sequence takes more than ⌈num_steps / block_size⌉
+        blocks in `num_steps` steps, so when the free blocks cover that for every sequence (nearly
+        always, unless memory is short) the blocks need not be counted."""
+        num_free = self.pool.num_free_blocks
+        if len(seq_ids) * -(-num_steps // self.block_size) <= num_free:
+            return True
+        return self.burst_slots_needed(seq_ids, num_steps) <= num_free * self.block_size
+
     def burst_slots_needed(self, seq_ids: Sequence[int], num_steps: int) -> int:
+        """New slots `num_steps` decode steps of every sequence take (new blocks, in slots)."""
         bs, seqs = self.block_size, self.seqs
         blocks = 0
         for seq_id in seq_ids:
@@ -61,9 +71,9 @@ class PagedBursts:
 
         Blocks are handed out, and blocks that fill up are registered in the prefix cache, in
         (step, position) order, as the step-by-step calls would do it (the first block
-        registered under a hash is the one lookups find). The caller has checked
-        `burst_slots_needed` against the free slots. Sequences must own their partial last
-        block (no fork sharing) and stay within their final length (asserted).
+        registered under a hash is the one lookups find). The caller has checked `burst_fits`.
+        Sequences must own their partial last block (no fork sharing) and stay within their final
+        length (asserted).
         The per-sequence update is `_mark_written`'s, inlined (hot: every sequence of every burst):
 
             step offset:      0   1   2 ... first            first + bs
