@@ -156,30 +156,26 @@ class PagedBursts:
     def _take_and_register(self, seqs: Sequence[SeqBlocks], takes: Sequence[tuple[int, int]],
                            registrations: Sequence[tuple[int, int, int, int]], num_steps: int) -> None:
         """Hand out the burst's new blocks (`takes`: step offset, position) and register its filled blocks'
-        hashes in one (step, position) order, a take before a registration in the same call.
+        hashes, with the outcome of doing both in one (step, position) order, a take before a
+        registration in the same call (as the steps do), in one call to the pool and one to the cache.
 
-        The order matters: taking a block may evict a free cached block, and a hash registered while
-        another block still holds it is not registered (`HashChainCache.insert_keys`). Runs of takes
-        and of registrations each go to the pool in one call.
+        Takes never depend on registrations (those only touch blocks in use; a take pops plain free
+        blocks, then evicts the oldest free cached ones), so all go first. A registration depends on
+        takes in one way: a hash that a take evicts was, until then, cached under that free block, so
+        a registration of it ordered before that take is skipped (`HashChainCache.insert_keys` keeps
+        the first block), and one ordered after it registers. Both are what the interleaved order does.
         """
         bs, fill, pool, cache = self.block_size, self.block_fill, self.pool, self.prefix_cache
         assert isinstance(cache, HashChainCache)  # blocks of several sequences in one order: by key
-        merged = sorted([(off, pos, 0, 0, 0) for off, pos in takes] + [(off, pos, 1, i, h) for off, pos, i, h in
-                                                                      registrations])
-        start = 0
-        while start < len(merged):
-            kind = merged[start][2]
-            end = start
-            while end < len(merged) and merged[end][2] == kind:
-                end += 1
-            run = merged[start:end]
-            if kind == 0:
-                for (off, pos, *_), block_id in zip(run, pool.get_new_blocks(len(run)), strict=True):
-                    seqs[pos].block_table.append(block_id)
-                    fill[block_id] = bs if num_steps - off >= bs else num_steps - off
-            else:
-                cache.insert_keys([seqs[pos].block_table[i] for _, pos, _, i, _ in run], [h for *_, h in run])
-            start = end
+        num_plain = pool.num_free_blocks - len(cache.evictable)  # taken before any cached block is evicted
+        evicted_by = dict(zip(cache.next_evicted_keys(len(takes) - num_plain), takes[num_plain:], strict=True)) \
+            if len(takes) > num_plain else {}
+        for (off, pos), block_id in zip(takes, pool.get_new_blocks(len(takes)), strict=True):
+            seqs[pos].block_table.append(block_id)
+            fill[block_id] = bs if num_steps - off >= bs else num_steps - off
+        if evicted_by:  # skip each registration ordered before the take that evicts its hash
+            registrations = [r for r in registrations if r[3] not in evicted_by or evicted_by[r[3]] <= r[:2]]
+        cache.insert_keys([seqs[pos].block_table[i] for _, pos, i, _ in registrations], [h for *_, h in registrations])
 
     def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
                              num_tokens: int) -> bool:
