@@ -118,13 +118,7 @@ class PagedBursts:
                 filling.append((seq, written, pos))
         occupancy = self._occupancy(held_step, reservable_step, len(seqs))  # from the totals before the burst
         events.sort()
-        registrations = self._burst_registrations(filling) if filling else []
-        if registrations:  # takes and registrations interleaved as the steps do them (see _take_and_register)
-            self._take_and_register(seqs, events, registrations, num_steps)
-        else:
-            for (off, pos), block_id in zip(events, self.pool.get_new_blocks(len(events)), strict=True):
-                seqs[pos].block_table.append(block_id)
-                fill[block_id] = bs if num_steps - off >= bs else num_steps - off
+        self._take_and_register(seqs, events, self._burst_registrations(filling) if filling else [], num_steps)
         self._num_mapped_blocks += len(events)
         num_written = len(seqs) * num_steps
         self.num_filled_slots += num_written
@@ -165,17 +159,23 @@ class PagedBursts:
         a registration of it ordered before that take is skipped (`HashChainCache.insert_keys` keeps
         the first block), and one ordered after it registers. Both are what the interleaved order does.
         """
-        bs, fill, pool, cache = self.block_size, self.block_fill, self.pool, self.prefix_cache
-        assert isinstance(cache, HashChainCache)  # blocks of several sequences in one order: by key
-        num_plain = pool.num_free_blocks - len(cache.evictable)  # taken before any cached block is evicted
-        evicted_by = dict(zip(cache.next_evicted_keys(len(takes) - num_plain), takes[num_plain:], strict=True)) \
-            if len(takes) > num_plain else {}
+        bs, fill, pool = self.block_size, self.block_fill, self.pool
+        keyed: HashChainCache | None = None  # blocks of several sequences registered in one order: by key
+        evicted_by: dict[int, tuple[int, int]] = {}  # hash -> the take that evicts it
+        if registrations:
+            assert isinstance(self.prefix_cache, HashChainCache)
+            keyed = self.prefix_cache
+            num_plain = pool.num_free_blocks - len(keyed.evictable)  # taken before any cached block is evicted
+            if len(takes) > num_plain:
+                evicted_by = dict(zip(keyed.next_evicted_keys(len(takes) - num_plain), takes[num_plain:], strict=True))
         for (off, pos), block_id in zip(takes, pool.get_new_blocks(len(takes)), strict=True):
             seqs[pos].block_table.append(block_id)
             fill[block_id] = bs if num_steps - off >= bs else num_steps - off
-        if evicted_by:  # skip each registration ordered before the take that evicts its hash
-            registrations = [r for r in registrations if r[3] not in evicted_by or evicted_by[r[3]] <= r[:2]]
-        cache.insert_keys([seqs[pos].block_table[i] for _, pos, i, _ in registrations], [h for *_, h in registrations])
+        if keyed is not None:
+            if evicted_by:  # skip each registration ordered before the take that evicts its hash
+                registrations = [r for r in registrations if r[3] not in evicted_by or evicted_by[r[3]] <= r[:2]]
+            keyed.insert_keys([seqs[pos].block_table[i] for _, pos, i, _ in registrations],
+                              [h for *_, h in registrations])
 
     def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
                              num_tokens: int) -> bool:
