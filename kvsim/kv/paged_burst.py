@@ -82,7 +82,9 @@ class PagedBursts:
 
         A sequence with `w` tokens takes a new block at each step offset `first ≡ −w (mod bs)`
         below `num_steps`; the block taken at offset `off` ends the burst holding
-        `min(bs, num_steps − off)` tokens.
+        `min(bs, num_steps − off)` tokens. Its reservation `min(held, final)` changes only then:
+        a burst's sequences hold no block ahead and share none (no speculation, one sample), so
+        `reservable` is already `min(held, final)` (`_mark_written` sets it at every write).
         """
         bs, fill, caching = self.block_size, self.block_fill, self.enable_caching
         seqs = [self.seqs[s] for s in seq_ids]
@@ -95,25 +97,28 @@ class PagedBursts:
             total = written + num_steps
             assert total <= final, "a burst never passes a sequence's final length"
             used = written % bs
-            if used:  # the partial last block takes the first tokens
-                fill[seq.block_table[-1]] = bs if used + num_steps >= bs else used + num_steps
-            first = -written % bs
-            if first < num_steps:  # it takes blocks during the burst
-                if num_steps <= bs:  # one block, at offset `first`: `_take_blocks` inlined (hot)
+            if used and used + num_steps <= bs:  # the burst stays in the partly filled last block
+                fill[seq.block_table[-1]] = used + num_steps
+            else:  # it takes blocks during the burst, the first at offset `first`
+                if used:  # the partial last block is filled first
+                    fill[seq.block_table[-1]] = bs
+                first = bs - used if used else 0
+                if num_steps <= bs:  # one block: `_take_blocks` inlined (hot)
                     held_step[first] += bs
                     held = len(seq.block_table) * bs
                     before = held if held < final else final
                     held += bs
-                    reservable_step[first] += (held if held < final else final) - before
+                    reservable = held if held < final else final
+                    reservable_step[first] += reservable - before
                     events.append((first, pos))
                 else:
                     for off in _take_blocks(seq, num_steps, bs, held_step, reservable_step):
                         events.append((off, pos))
+                    held = -(-total // bs) * bs
+                    reservable = held if held < final else final
+                reservable_delta += reservable - seq.reservable
+                seq.reservable = reservable
             seq.num_tokens = total
-            held = -(-total // bs) * bs
-            reservable = held if held < final else final
-            reservable_delta += reservable - seq.reservable
-            seq.reservable = reservable
             if caching and total // bs > seq.num_hashed_blocks and seq.content is not None:
                 filling.append((seq, written, pos))
         occupancy = self._occupancy(held_step, reservable_step, len(seqs))  # from the totals before the burst
