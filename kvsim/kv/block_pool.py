@@ -102,17 +102,14 @@ class BlockPool:
         Those join the free queue: the cache keeps those holding content (`PrefixCache.unlock`,
         at its tail), the others go to the head.
         """
-        ref_counts = self.ref_counts
-        counts = list(map(ref_counts.__getitem__, ordered_block_ids))
-        if counts.count(1) == len(counts):  # each held once (the common case): all are freed
-            for block_id in ordered_block_ids:
-                ref_counts[block_id] = 0
-            freed = list(ordered_block_ids)
-        else:
-            for block_id, count in zip(ordered_block_ids, counts, strict=True):
+        ref_counts, shared = self.ref_counts, False
+        for block_id in ordered_block_ids:
+            count = ref_counts[block_id] - 1
+            ref_counts[block_id] = count
+            if count:
                 assert count > 0, f"block {block_id} freed too often"
-                ref_counts[block_id] = count - 1
-            freed = [b for b, count in zip(ordered_block_ids, counts, strict=True) if count == 1]
+                shared = True
+        freed = [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
         self._unhashed.extend(self.cache.unlock(freed))
         return freed
 
