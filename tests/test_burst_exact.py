@@ -45,19 +45,26 @@ def world(replicas=None, router="round_robin", num_requests=2000, rate_per_repli
 
 @pytest.fixture
 def burst_counts(monkeypatch):
-    """How many bursts ran and how many were cut by a request joining the queue."""
-    counts = {"bursts": 0, "cuts": 0}
-    run_burst, end_after = kvsim.engine.runtime.Engine.run_burst, kvsim.engine.runtime.BurstInFlight.end_after
+    """How many bursts ran, how many of them were waited for (the others were booked back to back, with
+    nothing else due before they ended) and how many were cut by a request joining the queue."""
+    counts = {"bursts": 0, "waited": 0, "cuts": 0}
+    apply_burst, end_after = kvsim.engine.runtime.apply_burst, kvsim.engine.runtime.BurstInFlight.end_after
+    begin_burst = kvsim.engine.runtime.BurstInFlight.__init__
 
-    def counting_run_burst(self, env, burst, arrivals):
+    def counting_apply_burst(*args):
         counts["bursts"] += 1
-        return run_burst(self, env, burst, arrivals)
+        return apply_burst(*args)
+
+    def counting_begin_burst(self, *args):
+        counts["waited"] += 1
+        begin_burst(self, *args)
 
     def counting_end_after(self, num_steps):
         counts["cuts"] += num_steps < len(self.ends_s)
         return end_after(self, num_steps)
 
-    monkeypatch.setattr(kvsim.engine.runtime.Engine, "run_burst", counting_run_burst)
+    monkeypatch.setattr(kvsim.engine.runtime, "apply_burst", counting_apply_burst)
+    monkeypatch.setattr(kvsim.engine.runtime.BurstInFlight, "__init__", counting_begin_burst)
     monkeypatch.setattr(kvsim.engine.runtime.BurstInFlight, "end_after", counting_end_after)
     return counts
 
@@ -79,7 +86,7 @@ def test_fleet_bursts_equal_step_by_step_bit_for_bit(replicas, scheduler, router
     assert_same(bursts, step_by_step, ("requests", "steps", "routes"))
     s = step_by_step.summary
     assert s["num_rejected"] > 0 and s["num_preemptions"] > 0 and s["prefix_cache_hit_rate"] > 0
-    assert burst_counts["bursts"] > 100 and burst_counts["cuts"] > 10
+    assert burst_counts["bursts"] > 100 and burst_counts["cuts"] > 10 and burst_counts["waited"] > 100
 
 
 @pytest.mark.parametrize("scheduler", ["v1", "v1-sync", "v0"])
@@ -115,4 +122,4 @@ def test_single_engine_bursts_equal_step_by_step_bit_for_bit(scheduler, allocato
     step_by_step = simulate(spec, bursts=False)
     bursts = simulate(spec, check=True)
     assert_same(bursts, step_by_step, ("requests", "steps"))
-    assert burst_counts["bursts"] > 50
+    assert burst_counts["bursts"] > 50 and burst_counts["bursts"] - burst_counts["waited"] > 10

@@ -197,7 +197,7 @@ def test_a_burst_equals_one_token_allocations_step_by_step(caching):
         for seq_id, written in ((1, 40), (2, 16), (3, 5)):
             assert a.allocate(seq_id, written, finals[seq_id], seg((("s", seq_id), finals[seq_id])))
     planned = burst.burst_occupancy([1, 2, 3], 20)
-    assert burst.burst_slots_needed([1, 2, 3], 20) == 4 * 16
+    assert burst.burst_slots_needed([1, 2, 3], 20) == 4 * 16 and burst.burst_fits([1, 2, 3], 20)
     assert burst.append_burst([1, 2, 3], 20) == planned
     assert planned[0] == [96] * 8 + [112] * 3 + [128] * 5 + [144] * 4
     assert planned[1] == [40 + 16 + 5 + 3 * j for j in range(1, 21)]
@@ -216,3 +216,43 @@ def test_a_burst_equals_one_token_allocations_step_by_step(caching):
     assert [naive.seqs[s].block_table for s in (1, 2, 3)] == [burst.seqs[s].block_table for s in (1, 2, 3)]
     assert burst.block_fill == naive.block_fill and burst.prefix_cache.block_hashes == naive.prefix_cache.block_hashes
     assert burst.pool.free_queue == naive.pool.free_queue
+
+
+def test_burst_fits_counts_the_new_blocks_when_memory_is_short():
+    # The sequences above with 4 free blocks: 20 steps could take 2 blocks each (6 > 4) but take 4;
+    # 27 steps take 5 (2, 2 and 1).
+    alloc = PagedAllocator(num_blocks=10, block_size=16, enable_caching=False)
+    for seq_id, written in ((1, 40), (2, 16), (3, 5)):
+        assert alloc.allocate(seq_id, written, 100)
+    assert alloc.pool.num_free_blocks == 4
+    assert alloc.burst_fits([1, 2, 3], 20)
+    assert alloc.burst_slots_needed([1, 2, 3], 27) == 5 * 16 and not alloc.burst_fits([1, 2, 3], 27)
+
+
+@pytest.mark.parametrize("d_written, registers", [(4, True), (2, False)])
+def test_a_burst_registers_a_hash_only_if_it_was_evicted_before_the_step_that_fills_it(d_written, registers):
+    # Blocks of 4. A fills block 1 under the hash of its first 4 tokens and ends: block 1 is the one
+    # free block, cached. B, with A's content and no hit, holds 1 token in block 2; D holds `d_written`
+    # tokens in block 3. In 3 steps B fills block 2 at offset 2 (hash A's) and D takes a new block:
+    # the cached block 1 is evicted for it at offset 0 (4 written: before B registers, so B's block
+    # now holds the hash) or at offset 2 after B (2 written: B's registration found the hash cached
+    # under block 1 and was skipped, then block 1 was evicted, and nobody holds it).
+    content = seg(("a", 8))
+    burst, naive = (PagedAllocator(num_blocks=4, block_size=4, enable_caching=True) for _ in range(2))
+    for a in (burst, naive):
+        assert a.allocate(1, 4, 8, content)
+        a.free(1)
+        assert a.allocate(2, 1, 8, content) and a.allocate(3, d_written, 12, seg(("d", 12)))
+        assert a.pool.free_queue == [1] and a.prefix_cache.block_hashes[1] is not None
+    key = burst.prefix_cache.block_hashes[1]
+    burst.append_burst([2, 3], 3)
+    for _ in range(3):
+        for seq_id in (2, 3):
+            assert naive.allocate(seq_id, naive.seqs[seq_id].num_tokens + 1)
+    for a in (burst, naive):
+        a.check_invariants()
+        assert (a.prefix_cache.cached.get(key) == a.seqs[2].block_table[0]) is registers
+        assert registers or key not in a.prefix_cache.cached
+    assert [burst.seqs[s].block_table for s in (2, 3)] == [naive.seqs[s].block_table for s in (2, 3)]
+    assert burst.prefix_cache.block_hashes == naive.prefix_cache.block_hashes
+    assert burst.prefix_cache.cached == naive.prefix_cache.cached

@@ -197,6 +197,7 @@ def test_validate_uses_the_measured_clusters_link_for_tensor_parallel_runs(tmp_p
 
 @pytest.mark.parametrize(("model", "tp", "overhead_s", "overlap_swap"), [
     ("llama-3.1-8b", 1, None, False), ("llama-3.1-8b", 2, 0.003, True), ("mixtral-8x7b", 2, None, False),
+    ("gemma-3-27b", 1, None, False),  # sliding-window layers: reads through decode_read_bytes
 ])
 def test_burst_step_times_equal_step_time_of_each_step_bit_for_bit(model, tp, overhead_s, overlap_swap):
     """`decode_step_times` computes a burst's constant terms once: compared exactly (==) against

@@ -46,6 +46,16 @@ def call_at(env: simpy.Environment, at_s: float, callback: Callable[[], None]) -
     env.timeout(hop).callbacks.append(lambda _: call_at(env, at_s, callback))
 
 
+def at_instant(env: simpy.Environment, at_s: float) -> simpy.Event:
+    """An event that fires when the clock reads exactly `at_s` (>= now; `call_at`)."""
+    event = env.event()
+
+    def fire() -> None:
+        event.succeed()
+    call_at(env, at_s, fire)
+    return event
+
+
 class Wakeup:
     """A process sleeps on `yield from wakeup.wait()` until another one `ring()`s.
 

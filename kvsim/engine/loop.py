@@ -20,7 +20,7 @@ from kvsim.engine.recorder import StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.latency.base import LatencyModel
 from kvsim.sched import Scheduler
-from kvsim.sched.burst import plan_burst
+from kvsim.sched.burst import Burst, plan_burst
 from kvsim.workload.request import Request
 
 ProgressFn = Callable[[float, int, int], None]  # (simulated seconds, requests done, requests total)
@@ -46,6 +46,11 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
     steps, next_progress = 0, PROGRESS_EVERY_STEPS
     wakeup, lone = group[0].wakeup, group[0] if len(group) == 1 else None
     boundaries = [engine.at_step_boundary for engine in group if engine.at_step_boundary is not None]
+    next_burst = None
+    if lone is not None and not boundaries and lone.scheduler.hand_off is None:
+        def next_burst(now: float) -> Burst | None:  # booked back to back while nothing else is due
+            return plan_burst(lone.scheduler, lone.latency, now, arrivals.horizon_s(num_engines),
+                              lone.arrival_lag_steps)
     while True:
         for at_boundary in boundaries:
             at_boundary(env.now)
@@ -64,10 +69,9 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
             burst = plan_burst(lone.scheduler, lone.latency, env.now, arrivals.horizon_s(num_engines),
                                lone.arrival_lag_steps)
             if burst is not None:
-                yield from lone.run_burst(env, burst, arrivals)
+                steps += yield from lone.run_burst(env, burst, arrivals, next_burst, check)
                 if check:
                     lone.scheduler.check_invariants()
-                steps += len(burst.durations)
                 continue
         releasing = any(engine.scheduler.finishing for engine in group)  # async: KV freed once this plan is made
         plans = []

@@ -11,7 +11,9 @@ it from the steps it stands for, and that is this module's contract:
   queue is cut after the step in flight when one joins (the next step would admit it);
 * the KV usage a router reads mid-burst is the usage after the allocation of the step in
   flight (`kv_usage`), from the allocator's `burst_occupancy`;
-* the step rows: the waiting count before each step counts the requests that joined by then.
+* the step rows: the waiting count before each step counts the requests that joined by then;
+* a burst that ends before anything else is due in the simulation (SimPy's next event) is booked
+  without waiting for it, and the next one is planned from its end: nobody could have seen it run.
 
 With async scheduling (`engine.async_scheduling`, vLLM's default: `kvsim.sched.async_steps`) vLLM plans
 each step while the one before it runs, so a request that arrives while a step runs is first seen by the
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from kvsim.engine.clock import ArrivalClock, Wakeup, call_at
+from kvsim.engine.clock import ArrivalClock, Wakeup, at_instant, call_at
 from kvsim.engine.recorder import StepRecorder
 from kvsim.latency.base import LatencyModel
 from kvsim.sched import Scheduler, SchedulerSnapshot
@@ -162,9 +164,43 @@ class Engine:
         usage = burst.usage_after_step
         return usage[min(burst.steps_ended(now), len(usage) - 1)]
 
-    def run_burst(self, env: simpy.Environment, burst: Burst, arrivals: ArrivalClock) -> Generator:
-        """Run a planned burst (`kvsim.sched.burst.plan_burst`) to its end, or to a cut, and book it."""
-        scheduler, recorder, durations = self.scheduler, self.recorder, burst.durations
+    def run_burst(self, env: simpy.Environment, burst: Burst, arrivals: ArrivalClock,
+                  next_burst: Callable[[float], Burst | None] | None = None,
+                  check: bool = False) -> Generator[simpy.Event, None, int]:
+        """Run a planned burst (`kvsim.sched.burst.plan_burst`) to its end, or to a cut, and book it; returns
+        the steps planned.
+
+        `next_burst(now)`: the burst this engine would plan at `now` (None: a single step). A burst that
+        ends before SimPy's next event (`env.peek()`) can neither be cut nor observed: nothing happens in
+        the simulation until it has ended. It is booked at once, as it would be at its end, and the next
+        one is planned from there, and so on; the clock then moves once, to the last end (exactly, with
+        `call_at`), before a burst that something may interrupt runs. Only for an engine whose bookings
+        start no SimPy activity (no `hand_off`). `check`: check_invariants() after each booked burst.
+        """
+        scheduler, recorder = self.scheduler, self.recorder
+        num_steps, now = 0, env.now
+        planned: Burst | None = burst
+        if next_burst is not None:
+            while planned is not None:
+                instants_s = list(itertools.accumulate(planned.durations, initial=now))
+                if not instants_s[-1] < env.peek():
+                    break
+                num_waiting = self.num_waiting  # nobody arrives meanwhile
+                pending = recorder.begin_burst(instants_s[:-1], planned, scheduler.snapshot())
+                now = instants_s[-1]
+                num_planned = len(planned.durations)
+                recorder.end_burst(pending, [num_waiting] * num_planned, apply_burst(scheduler, planned, now))
+                self.step_start_s, self.step_end_s = instants_s[-2], now
+                if check:
+                    scheduler.check_invariants()
+                num_steps += num_planned
+                planned = next_burst(now)
+            if now != env.now:
+                yield at_instant(env, now)
+            if planned is None:
+                return num_steps
+            burst = planned
+        durations = burst.durations
         # each step's start, then the last one's end, summed as one timeout per step would (`t += d`)
         instants_s = list(itertools.accumulate(durations, initial=env.now))
         ends_s = instants_s[1:]
@@ -192,9 +228,10 @@ class Engine:
                 if flight.steps_done == flight.num_steps:
                     break
         self.burst = None
-        num_steps = flight.num_steps
-        self.step_start_s, self.step_end_s = instants_s[num_steps - 1], env.now
-        if num_steps < len(durations):  # cut after the step in flight
-            burst = Burst(burst.batch, durations[:num_steps], burst.seq_ids)
-            pending = pending._replace(starts_s=instants_s[:num_steps], durations_s=burst.durations)
+        num_run, num_planned = flight.num_steps, len(durations)
+        self.step_start_s, self.step_end_s = instants_s[num_run - 1], env.now
+        if num_run < num_planned:  # cut after the step in flight
+            burst = Burst(burst.batch, durations[:num_run], burst.seq_ids)
+            pending = pending._replace(starts_s=instants_s[:num_run], durations_s=burst.durations)
         recorder.end_burst(pending, waiting, apply_burst(scheduler, burst, env.now))
+        return num_steps + num_planned

@@ -316,7 +316,7 @@ class GroupedPagedAllocator(PoolSlots):
     def swap_in_growth_slots(self, seq_ids: Sequence[int]) -> int:
         raise AssertionError("nothing is ever swapped out")
 
-    def burst_slots_needed(self, seq_ids: Sequence[int], num_steps: int) -> int:
+    def burst_fits(self, seq_ids: Sequence[int], num_steps: int) -> bool:
         raise AssertionError("supports_bursts is False")
 
     def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:

@@ -264,7 +264,9 @@ class PagedAllocator(PoolSlots, PagedBursts):
         last = (num_tokens_total - 1) // bs  # the block the last written token is in (blocks past it: held ahead)
         written_blocks = table[written // bs:last + 1]  # the partly filled block, if any, and the newly written ones
         if written_blocks:
-            assert all(map((1).__eq__, map(ref_counts.__getitem__, written_blocks))), "writing a shared block"
+            # only the partly filled block can be shared (a fork's: `_write` copies it first); the others are
+            # new or held ahead (`get_new_blocks` gives them ref_count 1, and forks never hold ahead)
+            assert ref_counts[written_blocks[0]] == 1, "writing a shared block"
             for block_id in written_blocks:
                 fill[block_id] = bs
             fill[table[last]] = num_tokens_total - last * bs

@@ -47,7 +47,17 @@ class PagedBursts:
         @property
         def num_held_slots(self) -> int: ...
 
+    def burst_fits(self, seq_ids: Sequence[int], num_steps: int) -> bool:
+        """`burst_slots_needed` ≤ the free slots. No sequence takes more than ⌈num_steps / block_size⌉
+        blocks in `num_steps` steps, so when the free blocks cover that for every sequence (nearly
+        always, unless memory is short) the blocks need not be counted."""
+        num_free = self.pool.num_free_blocks
+        if len(seq_ids) * -(-num_steps // self.block_size) <= num_free:
+            return True
+        return self.burst_slots_needed(seq_ids, num_steps) <= num_free * self.block_size
+
     def burst_slots_needed(self, seq_ids: Sequence[int], num_steps: int) -> int:
+        """New slots `num_steps` decode steps of every sequence take (new blocks, in slots)."""
         bs, seqs = self.block_size, self.seqs
         blocks = 0
         for seq_id in seq_ids:
@@ -61,9 +71,9 @@ class PagedBursts:
 
         Blocks are handed out, and blocks that fill up are registered in the prefix cache, in
         (step, position) order, as the step-by-step calls would do it (the first block
-        registered under a hash is the one lookups find). The caller has checked
-        `burst_slots_needed` against the free slots. Sequences must own their partial last
-        block (no fork sharing) and stay within their final length (asserted).
+        registered under a hash is the one lookups find). The caller has checked `burst_fits`.
+        Sequences must own their partial last block (no fork sharing) and stay within their final
+        length (asserted).
         The per-sequence update is `_mark_written`'s, inlined (hot: every sequence of every burst):
 
             step offset:      0   1   2 ... first            first + bs
@@ -72,7 +82,9 @@ class PagedBursts:
 
         A sequence with `w` tokens takes a new block at each step offset `first ≡ −w (mod bs)`
         below `num_steps`; the block taken at offset `off` ends the burst holding
-        `min(bs, num_steps − off)` tokens.
+        `min(bs, num_steps − off)` tokens. Its reservation `min(held, final)` changes only then:
+        a burst's sequences hold no block ahead and share none (no speculation, one sample), so
+        `reservable` is already `min(held, final)` (`_mark_written` sets it at every write).
         """
         bs, fill, caching = self.block_size, self.block_fill, self.enable_caching
         seqs = [self.seqs[s] for s in seq_ids]
@@ -85,36 +97,33 @@ class PagedBursts:
             total = written + num_steps
             assert total <= final, "a burst never passes a sequence's final length"
             used = written % bs
-            if used:  # the partial last block takes the first tokens
-                fill[seq.block_table[-1]] = bs if used + num_steps >= bs else used + num_steps
-            first = -written % bs
-            if first < num_steps:  # it takes blocks during the burst
-                if num_steps <= bs:  # one block, at offset `first`: `_take_blocks` inlined (hot)
+            if used and used + num_steps <= bs:  # the burst stays in the partly filled last block
+                fill[seq.block_table[-1]] = used + num_steps
+            else:  # it takes blocks during the burst, the first at offset `first`
+                if used:  # the partial last block is filled first
+                    fill[seq.block_table[-1]] = bs
+                first = bs - used if used else 0
+                if num_steps <= bs:  # one block: `_take_blocks` inlined (hot)
                     held_step[first] += bs
                     held = len(seq.block_table) * bs
                     before = held if held < final else final
                     held += bs
-                    reservable_step[first] += (held if held < final else final) - before
+                    reservable = held if held < final else final
+                    reservable_step[first] += reservable - before
                     events.append((first, pos))
                 else:
                     for off in _take_blocks(seq, num_steps, bs, held_step, reservable_step):
                         events.append((off, pos))
+                    held = -(-total // bs) * bs
+                    reservable = held if held < final else final
+                reservable_delta += reservable - seq.reservable
+                seq.reservable = reservable
             seq.num_tokens = total
-            held = -(-total // bs) * bs
-            reservable = held if held < final else final
-            reservable_delta += reservable - seq.reservable
-            seq.reservable = reservable
             if caching and total // bs > seq.num_hashed_blocks and seq.content is not None:
                 filling.append((seq, written, pos))
         occupancy = self._occupancy(held_step, reservable_step, len(seqs))  # from the totals before the burst
         events.sort()
-        registrations = self._burst_registrations(filling) if filling else []
-        if registrations:  # takes and registrations interleaved as the steps do them (see _take_and_register)
-            self._take_and_register(seqs, events, registrations, num_steps)
-        else:
-            for (off, pos), block_id in zip(events, self.pool.get_new_blocks(len(events)), strict=True):
-                seqs[pos].block_table.append(block_id)
-                fill[block_id] = bs if num_steps - off >= bs else num_steps - off
+        self._take_and_register(seqs, events, self._burst_registrations(filling) if filling else [], num_steps)
         self._num_mapped_blocks += len(events)
         num_written = len(seqs) * num_steps
         self.num_filled_slots += num_written
@@ -146,30 +155,32 @@ class PagedBursts:
     def _take_and_register(self, seqs: Sequence[SeqBlocks], takes: Sequence[tuple[int, int]],
                            registrations: Sequence[tuple[int, int, int, int]], num_steps: int) -> None:
         """Hand out the burst's new blocks (`takes`: step offset, position) and register its filled blocks'
-        hashes in one (step, position) order, a take before a registration in the same call.
+        hashes, with the outcome of doing both in one (step, position) order, a take before a
+        registration in the same call (as the steps do), in one call to the pool and one to the cache.
 
-        The order matters: taking a block may evict a free cached block, and a hash registered while
-        another block still holds it is not registered (`HashChainCache.insert_keys`). Runs of takes
-        and of registrations each go to the pool in one call.
+        Takes never depend on registrations (those only touch blocks in use; a take pops plain free
+        blocks, then evicts the oldest free cached ones), so all go first. A registration depends on
+        takes in one way: a hash that a take evicts was, until then, cached under that free block, so
+        a registration of it ordered before that take is skipped (`HashChainCache.insert_keys` keeps
+        the first block), and one ordered after it registers. Both are what the interleaved order does.
         """
-        bs, fill, pool, cache = self.block_size, self.block_fill, self.pool, self.prefix_cache
-        assert isinstance(cache, HashChainCache)  # blocks of several sequences in one order: by key
-        merged = sorted([(off, pos, 0, 0, 0) for off, pos in takes] + [(off, pos, 1, i, h) for off, pos, i, h in
-                                                                      registrations])
-        start = 0
-        while start < len(merged):
-            kind = merged[start][2]
-            end = start
-            while end < len(merged) and merged[end][2] == kind:
-                end += 1
-            run = merged[start:end]
-            if kind == 0:
-                for (off, pos, *_), block_id in zip(run, pool.get_new_blocks(len(run)), strict=True):
-                    seqs[pos].block_table.append(block_id)
-                    fill[block_id] = bs if num_steps - off >= bs else num_steps - off
-            else:
-                cache.insert_keys([seqs[pos].block_table[i] for _, pos, _, i, _ in run], [h for *_, h in run])
-            start = end
+        bs, fill, pool = self.block_size, self.block_fill, self.pool
+        keyed: HashChainCache | None = None  # blocks of several sequences registered in one order: by key
+        evicted_by: dict[int, tuple[int, int]] = {}  # hash -> the take that evicts it
+        if registrations:
+            assert isinstance(self.prefix_cache, HashChainCache)
+            keyed = self.prefix_cache
+            num_plain = pool.num_free_blocks - len(keyed.evictable)  # taken before any cached block is evicted
+            if len(takes) > num_plain:
+                evicted_by = dict(zip(keyed.next_evicted_keys(len(takes) - num_plain), takes[num_plain:], strict=True))
+        for (off, pos), block_id in zip(takes, pool.get_new_blocks(len(takes)), strict=True):
+            seqs[pos].block_table.append(block_id)
+            fill[block_id] = bs if num_steps - off >= bs else num_steps - off
+        if keyed is not None:
+            if evicted_by:  # skip each registration ordered before the take that evicts its hash
+                registrations = [r for r in registrations if r[3] not in evicted_by or evicted_by[r[3]] <= r[:2]]
+            keyed.insert_keys([seqs[pos].block_table[i] for _, pos, i, _ in registrations],
+                              [h for *_, h in registrations])
 
     def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
                              num_tokens: int) -> bool:

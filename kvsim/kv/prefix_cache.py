@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Protocol
 
 from kvsim.kv.protocol import PrefixHit
@@ -140,6 +141,10 @@ class HashChainCache:
             else:
                 evictable[block_id] = block_hash
         return plain
+
+    def next_evicted_keys(self, num_blocks: int) -> list[int]:
+        """The hashes `evict(num_blocks)` would forget, in eviction order (nothing changes)."""
+        return list(islice(self.evictable.values(), num_blocks))
 
     def evict(self, num_blocks: int) -> list[int]:
         popitem, block_hashes, cached = self.evictable.popitem, self.block_hashes, self.cached

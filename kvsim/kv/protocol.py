@@ -138,7 +138,8 @@ class KVAllocator(Protocol):
     def swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> SwapResult | None: ...
 
     # --------------------------------------------------------------- decode bursts
-    def burst_slots_needed(self, seq_ids: Sequence[int], num_steps: int) -> int: ...
+    def burst_fits(self, seq_ids: Sequence[int], num_steps: int) -> bool:
+        """Whether the new space of `num_steps` decode steps of every sequence fits in the free slots."""
     def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
         """`num_steps` decode steps of every sequence at once; returns what `burst_occupancy` said before."""
     def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:

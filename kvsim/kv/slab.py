@@ -204,9 +204,9 @@ class SlabAllocator:
             self.num_filled_slots += num_tokens_total - slab.num_tokens
             slab.num_tokens = num_tokens_total
 
-    def burst_slots_needed(self, seq_ids: Sequence[int], num_steps: int) -> int:
+    def burst_fits(self, seq_ids: Sequence[int], num_steps: int) -> bool:
         """Regions never grow: a decode burst needs no new space."""
-        return 0
+        return True
 
     def append_burst(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
         """`num_steps` decode tokens for each sequence, as that many `allocate` calls would write."""

@@ -141,6 +141,9 @@ class RooflineLatency:
         self._gemm_bw = eff.gemm_bandwidth * self.bandwidth
         # linear_s of a dense model by token count: pure, asked again and again (every burst of n sequences)
         self._dense_linear_s: dict[int, float] = {}
+        self._sequence_s: dict[int, float] = {}  # sequence_s by sampled rows: pure, asked every step
+        # a decode burst's constant terms by its first plan's sizes (`decode_step_times`): a few batch sizes
+        self._decode_terms: dict[tuple[int, ...], tuple[float, float, float, float, float, float]] = {}
 
     # -- linear layers -------------------------------------------------------------------------
     def _gemm(self, params: float, rows: int) -> float:
@@ -195,7 +198,10 @@ class RooflineLatency:
 
     def sequence_s(self, num_sampled: int) -> float:
         """LM head over the sampled rows, then the sampler."""
-        return self.lm_head_s(num_sampled) + self.sampler_s(num_sampled)
+        seconds = self._sequence_s.get(num_sampled)
+        if seconds is None:
+            seconds = self._sequence_s[num_sampled] = self.lm_head_s(num_sampled) + self.sampler_s(num_sampled)
+        return seconds
 
     # -- attention -----------------------------------------------------------------------------
     def decode_s(self, num_decode_seqs: int, sum_decode_context: int, mixed: bool = False) -> float:
@@ -283,30 +289,43 @@ class RooflineLatency:
     def decode_step_times(self, first: StepPlan) -> Iterator[float] | None:
         """`step_time` of the successive steps of `kvsim.latency.base.burst_step_times` (pure decode, every
         context one token longer per step), bit for bit: the same float operations in the same
-        order, with the terms that stay constant over a burst computed once (only the decode
-        attention term changes). None unless `first` is pure decode (then price each plan)."""
+        order, with the terms that stay constant over a burst computed once per batch shape
+        (`_decode_step_terms`; only the decode attention term changes). None unless `first` is pure
+        decode (then price each plan)."""
         context = first.sum_decode_context_tokens
         if first.num_prefill_tokens or first.attention_work != context or first.sum_context_tokens != context:
             return None
+        key = (first.num_tokens, first.num_dp_group_tokens, first.num_decode_seqs, first.num_sampled,
+               first.num_seqs, first.num_copied_blocks, first.swap_in_bytes, first.swap_out_bytes)
+        terms = self._decode_terms.get(key)
+        if terms is None:
+            terms = self._decode_terms[key] = self._decode_step_terms(first)
+        return self._decode_times(context, first.num_decode_seqs, first.num_seqs, *terms)
+
+    def _decode_step_terms(self, first: StepPlan) -> tuple[float, float, float, float, float, float]:
+        """A pure-decode step's terms but its attention reads (they depend on its plan's sizes only): linear
+        layers and token ops, the decode kernels' floor, LM head and sampler, fixed terms, the CPU overhead
+        where it overlaps (else 0), swap transfers."""
         t, eff = first.num_tokens, self.eff
         head = self.linear_s(t, first.num_dp_group_tokens) + self.token_ops_s(t)
-        n = first.num_decode_seqs
-        floor = self.num_layers * (eff.kernel_floor_s + n * eff.decode_per_seq_s)
-        read, bandwidth = self.decode_read_bytes, eff.decode_bandwidth * self.bandwidth
-        tail, fixed = self.sequence_s(first.num_sampled), self.fixed_s(first)
+        floor = self.num_layers * (eff.kernel_floor_s + first.num_decode_seqs * eff.decode_per_seq_s)
         cpu = self.cpu_s(first.num_seqs) if self.overlap_cpu else 0.0  # `total_s`: hidden up to the compute
         swap = (first.swap_in_bytes + first.swap_out_bytes) / self.link
-        growth, overlap = first.num_seqs, self.overlap_swap
+        return head, floor, self.sequence_s(first.num_sampled), self.fixed_s(first), cpu, swap
 
-        def times(context: int) -> Iterator[float]:
-            while True:  # attention_s = decode_s + prefill_s, and prefill_s is 0.0 here (x + 0.0 == x)
-                compute = head + (floor + read(n, context) / bandwidth) + tail + fixed
-                if compute < cpu:
-                    compute = cpu
-                yield max(compute, swap) if overlap else compute + swap
-                context += growth
-
-        return times(context)
+    def _decode_times(self, context: int, n: int, growth: int, head: float, floor: float, tail: float,
+                      fixed: float, cpu: float, swap: float) -> Iterator[float]:
+        """`decode_step_times`' steps from `context` (Σ decode context), each `growth` tokens longer."""
+        bandwidth, overlap, kv_bytes_per_token = self.eff.decode_bandwidth * self.bandwidth, self.overlap_swap, \
+            self.kv_bytes_per_token
+        read = self.decode_read_bytes if self.windowed_layers else None  # else Σ context · bytes per token, inlined
+        while True:  # attention_s = decode_s + prefill_s, and prefill_s is 0.0 here (x + 0.0 == x)
+            reads = context * kv_bytes_per_token if read is None else read(n, context)
+            compute = head + (floor + reads / bandwidth) + tail + fixed
+            if compute < cpu:
+                compute = cpu
+            yield max(compute, swap) if overlap else compute + swap
+            context += growth
 
     def step_time(self, plan: StepPlan) -> float:
         compute = 0.0

@@ -20,7 +20,7 @@ Let B be the running batch when the burst is planned. Conditions checked (`burst
     (`KVAllocator.burst_extends_prefix`);
 (c) no request of B reaches its last token before the burst's last step
     (k ≤ min remaining output), and the burst's new blocks fit in the free memory
-    (`burst_slots_needed` ≤ free slots), so no step preempts;
+    (`KVAllocator.burst_fits`), so no step preempts;
 (d) if the queue was empty, every step starts before `next_arrival_s`, and the engine cuts
     the burst after the step in flight when a request joins its queue (`kvsim.engine.runtime`):
     a step-by-step engine would see that request when that step ends. A single engine passes
@@ -165,7 +165,7 @@ def plan_burst(scheduler: BurstScheduler, latency: LatencyModel, now: float, nex
     else:  # no arrival bounds it: its length is known before its step times (under overload, far fewer are kept)
         num_steps = max_steps
     alloc = scheduler.alloc
-    while num_steps and alloc.burst_slots_needed(seq_ids, num_steps) > alloc.num_free_slots:
+    while num_steps and not alloc.burst_fits(seq_ids, num_steps):
         num_steps //= 2  # (c): halve until the new blocks fit
     if not num_steps:
         return None
