@@ -228,6 +228,8 @@ def build_engine(scenario: Scenario, rng: np.random.Generator, memory_limit_byte
         "block_size": engine.block_size, "max_model_len": spec.max_model_len, "num_gpu_blocks": spec.num_gpu_blocks,
         "kv_cache_dtype": engine.kv_cache_dtype, "vllm_max_concurrency": spec.vllm_max_concurrency,
     }
+    if spec.async_scheduling:  # only when on: a synchronous run's summary is as it always was
+        facts["async_scheduling"] = True
     return EngineParts(spec, scheduler, latency, facts)
 
 

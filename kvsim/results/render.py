@@ -93,9 +93,10 @@ def summary_table(summary: dict[str, Any]):  # -> rich.table.Table
         return f"mean {d['mean']:.4g}  p50 {d['p50']:.4g}  p90 {d['p90']:.4g}  p99 {d['p99']:.4g}"
 
     waste, usage = summary["waste"], summary["kv_cache_usage_perc"]
+    scheduler = summary["scheduler"] + (" (async scheduling)" if summary.get("async_scheduling") else "")
     rows = [
         ("scenario", f"{summary['scenario']}: {summary['model']} on {summary['gpu']}, "
-                     f"{summary['allocator']} / {summary['scheduler']}, latency {summary['latency_model']}"),
+                     f"{summary['allocator']} / {scheduler}, latency {summary['latency_model']}"),
         ("requests", f"{summary['num_finished']:,} finished, {summary['num_rejected']:,} rejected "
                      f"of {summary['num_requests']:,} in {summary['duration_s']:.2f} s simulated"),
         ("throughput", f"{summary['requests_per_s']:.3g} req/s, {summary['output_tokens_per_s']:,.0f} output tok/s"),
