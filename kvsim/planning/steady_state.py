@@ -44,7 +44,7 @@ doubles, or the cap `max_requests` is reached (then `capped` says so).
 
 A rate found on runs of N requests can still be optimistic: a backlog that grows by well under 1 % of
 arrivals, or a queue whose waits creep up, passes N and fails 10 N (the report's default: 3.290 req/s
-passed 6,400 requests and missed p90 TTFT ≤ 2 s at 64,000, 2.17 s; 3.191 held, 0.39 s). With
+passed 6,400 requests and missed p90 TTFT ≤ 2 s at 64,000, 2.10 s; 3.191 held, 0.47 s). With
 `verify_factor` k > 0 the search therefore ends with **verification**: the answer is run once more
 with k × its run length (at most `max_verify_requests`); while that long run fails, the rate backs
 off, 3 % (`verify_backoff`) the first time and twice as far each next time, and once a long run holds
