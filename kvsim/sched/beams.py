@@ -34,7 +34,8 @@ step grew faster than the width (about W^1.6 for the plain Dirichlet) and the ra
 to width-2 savings stayed at 1.52 or more, while the paper's 66.3 / 44.3 is 1.497.
 
 Out of sample, Alpaca-like lengths (means 19 + 58 tokens, lognormal shaped like the ShareGPT
-scenario's) give 26.9, 31.6 and 30.8 % (2026-12-05; 27.6, 31.3, 31.8 when fitted), below the paper's Alpaca range (37.6–55.2 %): with so
+scenario's) give 26.9, 31.6 and 30.8 % (2026-12-05; 27.6, 31.3, 31.8 when fitted), below the paper's
+Alpaca range (37.6–55.2 %): with so
 few tokens per 16-token block the paper's Alpaca beams must coalesce within a block more often
 than these do.
 """
