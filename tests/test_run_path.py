@@ -106,19 +106,26 @@ def test_numeric_csv_fast_path_writes_what_pandas_writes(tmp_path, negative_zero
     assert (tmp_path / "lone.csv").read_bytes() == lone.to_csv(index=False).encode()
 
 
-def test_step_writer_csv_remembers_texts_across_chunks(tmp_path):
+@pytest.mark.parametrize("texts_kept", [2, 4096])
+def test_step_writer_csv_remembers_texts_across_chunks(tmp_path, monkeypatch, texts_kept):
     """`StepWriter` keeps each float column's texts from chunk to chunk: values repeated in later chunks,
-    NaN in several, 0.0 remembered before a chunk holding -0.0, and a strictly increasing column
-    (formatted value by value) still give `to_csv`'s bytes for the whole table."""
+    NaN in several, 0.0 remembered before a chunk holding -0.0, a strictly increasing column (formatted
+    value by value) and columns holding one value per chunk (0.0, then -0.0: formatted once) still give
+    `to_csv`'s bytes for the whole table, also when the texts kept turn over into an older generation."""
+    import kvsim.results.step_writer as step_writer
     from kvsim.results.step_writer import StepWriter
 
+    monkeypatch.setattr(step_writer, "TEXTS_KEPT", texts_kept)
     chunks = [
         {"time_s": np.array([0.0, 0.1, 0.30000000000000004]), "usage": np.array([0.5, 0.0, np.nan]),
-         "n": np.array([1, 1, 2], dtype=np.int64)},
+         "n": np.array([1, 1, 2], dtype=np.int64), "slack": np.zeros(3), "swaps": np.zeros(3, dtype=np.int64)},
         {"time_s": np.array([0.5, 0.75, 1e16]), "usage": np.array([-0.0, 0.5, 1 / 3]),
-         "n": np.array([2, 3, 3], dtype=np.int64)},
+         "n": np.array([2, 3, 3], dtype=np.int64), "slack": np.full(3, -0.0), "swaps": np.full(3, 7)},
         {"time_s": np.array([2e16, 2e16, 3e16]), "usage": np.array([np.nan, 1 / 3, 0.0]),
-         "n": np.array([3, 3, 4], dtype=np.int64)},
+         "n": np.array([3, 3, 4], dtype=np.int64), "slack": np.array([0.0, -0.0, 0.0]),
+         "swaps": np.array([7, 7, 8])},
+        {"time_s": np.array([4e16, 5e16, 6e16]), "usage": np.array([0.5, 0.0, 1 / 3]),
+         "n": np.array([4, 4, 4], dtype=np.int64), "slack": np.full(3, np.nan), "swaps": np.full(3, 8)},
     ]
     writer = StepWriter(tmp_path, "csv")
     for chunk in chunks:

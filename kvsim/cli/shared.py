@@ -4,6 +4,7 @@ the few text helpers of the capacity and plan output (`kvsim.cli` defines the co
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
@@ -20,6 +21,19 @@ class Format(StrEnum):
     csv = "csv"
     json = "json"
     markdown = "markdown"
+
+
+@contextmanager
+def collector_off() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside, as it was after: for a stretch that only makes objects
+    which live on (imports, a loaded scenario), where every collection would walk them for nothing."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextmanager

@@ -78,19 +78,29 @@ class _Texts(dict[float, str]):
     """One float64 column's field texts by value (repr; NaN → ""), kept across the chunks of a table:
     step columns (usage, waste shares, durations) repeat values from chunk to chunk, and a float's
     repr is the costliest part of a row (a 17-digit repr takes thousands of instructions). At most
-    `TEXTS_KEPT` values are kept (then it starts again), so memory stays bounded however long the run."""
+    `TEXTS_KEPT` values are kept, then they become the older generation (`older`, looked up before a
+    repr) and it starts again: so memory stays bounded however long the run, and a column whose values
+    drift (the KV usage of a long run) keeps its recent ones (measured: Azure's usage column 0.018 →
+    0.014 s, against starting again from nothing)."""
 
-    __slots__ = ()
+    __slots__ = ("older",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.older: dict[float, str] = {}
 
     def __missing__(self, value: float) -> str:
-        text = "" if value != value else float.__repr__(value)  # value != value: NaN
-        if len(self) >= TEXTS_KEPT:  # start again: the values of the run's recent steps are the likely ones
+        text = self.older.get(value)
+        if text is None:
+            text = "" if value != value else float.__repr__(value)  # value != value: NaN
+        if len(self) >= TEXTS_KEPT:  # a new generation: the values of the run's recent steps are the likely ones
+            self.older = dict(self)
             self.clear()
         self[value] = text
         return text
 
 
-TEXTS_KEPT = 1 << 12  # per float column: at most a few hundred KiB
+TEXTS_KEPT = 1 << 12  # per float column and generation: at most a few hundred KiB each
 
 
 def _csv_text(field: Any) -> str:
@@ -132,9 +142,14 @@ def _numeric_texts(values: np.ndarray, texts: _Texts | None = None) -> list[str]
     mostly distinct values (over 3/4 distinct; a strictly increasing one, times, without sorting it)
     is formatted value by value. -0.0 equals 0.0 for `np.unique` and a dict but prints differently,
     so a float column holding one takes the value-by-value path. (Measured in CPU time: looking up
-    every float of a mostly distinct column costs more than its repr saves.)
+    every float of a mostly distinct column costs more than its repr saves.) A column holding one value
+    throughout (a float's bits, so that -0.0 is not 0.0) is formatted once (7 of Azure's 20 step columns).
     """
     is_float = values.dtype.kind == "f"
+    if len(values) > 1 and values[0] == values[-1]:  # maybe one value throughout (swaps, preemptions, slack)
+        same = values.view(np.int64) if is_float else values  # floats by their bits: -0.0 is not 0.0
+        if bool(np.all(same == same[0])):
+            return [_numeric_texts(values[:1], texts)[0]] * len(values)
     if not (is_float and (bool(np.all(values[1:] > values[:-1]))  # strictly increasing (times): all distinct
                           or bool(np.any(np.signbit(values) & (values == 0))))):
         distinct, inverse = np.unique(values, return_inverse=True)
