@@ -50,7 +50,7 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
     if lone is not None and not boundaries and lone.scheduler.hand_off is None:
         def next_burst(now: float) -> Burst | None:  # booked back to back while nothing else is due
             return plan_burst(lone.scheduler, lone.latency, now, arrivals.horizon_s(num_engines),
-                              lone.arrival_lag_steps)
+                              lone.scheduler.async_scheduling)
     while True:
         for at_boundary in boundaries:
             at_boundary(env.now)
@@ -67,7 +67,7 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
             continue
         if bursts and lone is not None and not lone.inbox:
             burst = plan_burst(lone.scheduler, lone.latency, env.now, arrivals.horizon_s(num_engines),
-                               lone.arrival_lag_steps)
+                               lone.scheduler.async_scheduling)
             if burst is not None:
                 steps += yield from lone.run_burst(env, burst, arrivals, next_burst, check)
                 if check:

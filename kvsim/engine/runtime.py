@@ -21,7 +21,8 @@ step after the next one. An engine keeps such requests in its `inbox` (accepted,
 queues them when the step that can see them is planned (`see_arrivals`): the step starting now was
 planned when the previous one started, so it sees what had arrived by then, and everything that arrived
 by now if the engine was idle (vLLM's pipeline was empty). A burst is cut one step later than it would
-be without async scheduling, and its steps are bounded by the arrival one step later (`arrival_lag_steps`).
+be without async scheduling, and its steps are bounded by the arrival one step later (`plan_burst`'s
+`planned_ahead`).
 """
 
 from __future__ import annotations
@@ -106,11 +107,6 @@ class Engine:
     inbox: list[tuple[float, Request]] = field(default_factory=list, init=False)  # (delivered at, request)
     step_start_s: float = field(default=-1.0, init=False)  # the last step's start and end (the loop sets them)
     step_end_s: float = field(default=-1.0, init=False)
-
-    @property
-    def arrival_lag_steps(self) -> int:
-        """Steps after the one in flight that a request arriving now cannot change: 1 with async scheduling."""
-        return 1 if self.scheduler.async_scheduling else 0
 
     def deliver(self, now: float, req: Request) -> None:
         """A request arrives for this engine at `now`: rejected at once if it can never be served, else
@@ -210,7 +206,7 @@ class Engine:
             held, _, _ = scheduler.alloc.burst_occupancy(burst.seq_ids, len(durations))
             total = scheduler.alloc.num_total_slots
             usage = [1.0 - (total - h) / total for h in held]
-        num_waiting = len(scheduler.waiting)
+        num_waiting = self.num_waiting
         flight = self.burst = BurstInFlight(env, instants_s[:-1], ends_s, len(durations), not num_waiting,
                                             scheduler.async_scheduling, arrivals.none_delivered_at(ends_s), usage,
                                             env.event())

@@ -45,8 +45,8 @@ class AsyncSteps:
         def free_request(self, req: Request) -> None: ...
 
     def release_finished(self) -> None:
-        """After a decision (a step planned, or a decode burst's first step): free the KV of the requests
-        that finished before it, which that decision still saw holding it. A no-op when none wait."""
+        """After a step is planned: free the KV of the requests that finished before it, which that plan
+        still saw holding it (a decode burst is never planned while any does). A no-op when none wait."""
         if self.finishing:
             for req in self.finishing:
                 self._free_finished(req)

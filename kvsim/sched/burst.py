@@ -26,7 +26,7 @@ Let B be the running batch when the burst is planned. Conditions checked (`burst
     a step-by-step engine would see that request when that step ends. A single engine passes
     the run's next arrival, so nothing is cut; in a fleet the next arrival may go elsewhere.
     With async scheduling a step sees only what arrived by the start of the step before it
-    (`kvsim.sched.async_steps`), so each bound moves one step later (`arrival_lag_steps`): every
+    (`kvsim.sched.async_steps`), so each bound moves one step later (`planned_ahead`): every
     step's previous step starts before `next_arrival_s`, and a join cuts one step after the one in flight;
 (e) with async scheduling, no request that finished still holds its KV (`finishing`): it is released
     once the next step is planned, and its blocks (a partial last block goes to the free queue's
@@ -142,9 +142,10 @@ def burst_batch(scheduler: BurstScheduler) -> tuple[list[int], int, int, int, in
 
 
 def plan_burst(scheduler: BurstScheduler, latency: LatencyModel, now: float, next_arrival_s: float,
-               arrival_lag_steps: int = 0) -> Burst | None:
+               planned_ahead: bool = False) -> Burst | None:
     """The longest burst conditions (a)–(e) allow from `now`, or None (plan a single step).
-    `arrival_lag_steps` (0, or 1 with async scheduling) is how many steps late a step sees an arrival."""
+    `planned_ahead` (async scheduling): each step is planned when the one before it starts, so it sees an
+    arrival one step late."""
     checked = burst_batch(scheduler)
     if checked is None:
         return None
@@ -156,7 +157,7 @@ def plan_burst(scheduler: BurstScheduler, latency: LatencyModel, now: float, nex
     if arrival_bound < math.inf:  # (d): as many steps as start (async: whose previous step starts) before it
         previous, start = -math.inf, now
         for d in islice(burst_step_times(latency, first), max_steps):
-            if (previous if arrival_lag_steps else start) >= arrival_bound:
+            if (previous if planned_ahead else start) >= arrival_bound:
                 break
             durations.append(d)
             previous = start
