@@ -6,7 +6,7 @@ from pydantic import ValidationError
 
 from kvsim.fleet.autoscaler import Autoscaler
 from kvsim.model.errors import from_validation_error
-from kvsim.workload.scenario import AutoscalerConfig
+from kvsim.workload.fleet_layout import AutoscalerConfig
 
 
 def test_ceil_of_current_times_ratio():

@@ -8,18 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from kvsim.planning.steady_state import (
-    BACKLOGGED,
-    OVERLOADED,
-    STABLE,
-    TOO_SHORT,
-    SteadyRateSearch,
-    drive,
-    probe_passes,
-    quantile_ci,
-    window_evidence,
-)
+from kvsim.planning.steady_state import SteadyRateSearch, drive
 from kvsim.planning.sweep import run_many
+from kvsim.planning.window import BACKLOGGED, OVERLOADED, STABLE, TOO_SHORT, probe_passes, quantile_ci, window_evidence
 from kvsim.workload.scenario import make_scenario
 
 

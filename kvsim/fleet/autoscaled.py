@@ -49,8 +49,9 @@ from kvsim.fleet.router import Decision, Router
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.run_result import RunResult
+from kvsim.workload.fleet_layout import AutoscalerConfig
 from kvsim.workload.request import Request
-from kvsim.workload.scenario import AutoscalerConfig, Scenario
+from kvsim.workload.scenario import Scenario
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvsim.workload.scenario import AutoscalerConfig
+    from kvsim.workload.fleet_layout import AutoscalerConfig
 
 
 @dataclass(slots=True)

@@ -57,9 +57,10 @@ from kvsim.model.units import ceil_div
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import percentiles
 from kvsim.results.run_result import RunResult
+from kvsim.workload.fleet_layout import KVTransferConfig
+from kvsim.workload.fleet_layout import Router as RouterConfig
 from kvsim.workload.request import Request, RequestStatus
-from kvsim.workload.scenario import KVTransferConfig, Scenario
-from kvsim.workload.scenario import Router as RouterConfig
+from kvsim.workload.scenario import Scenario
 
 if TYPE_CHECKING:
     import pandas as pd

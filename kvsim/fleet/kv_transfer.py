@@ -22,7 +22,7 @@ from __future__ import annotations
 from kvsim.kv.link import LinkSpec
 from kvsim.model.capacity import kv_bytes_per_token
 from kvsim.model.config import EngineConfig, ModelSpec
-from kvsim.workload.scenario import KVTransferConfig
+from kvsim.workload.fleet_layout import KVTransferConfig
 
 LINK_PRESETS: dict[str, tuple[float, float]] = {  # kv_link -> (bandwidth per GPU in B/s, latency in s)
     "nvlink": (450e9, 5e-6),

@@ -58,8 +58,8 @@ from kvsim.planning.spec import (
     make_plan_spec,
     with_split,
 )
-from kvsim.planning.steady_state import TOO_SHORT, headroom, probe_passes, why_failed
 from kvsim.planning.verify import Verification, evidence_columns, traffic_of
+from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, why_failed
 from kvsim.planning.xpyd import XpydSearch
 from kvsim.workload.scenario import Scenario
 
@@ -116,7 +116,7 @@ def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> 
     """Simulate one fleet (colocated, or disaggregated: `kv_transfer_config`) and keep what the plan needs
     (small, JSON-safe; runs on a Dask worker)."""
     from kvsim.fleet.run import simulate_scenario
-    from kvsim.planning.steady_state import window_evidence
+    from kvsim.planning.window import window_evidence
 
     result = simulate_scenario(scenario, memory_limit_bytes=memory_limit_bytes)
     summary = result.summary

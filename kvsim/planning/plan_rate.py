@@ -29,14 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.search import Metrics
-from kvsim.planning.steady_state import (
-    SteadyRateSearch,
-    failing_evidence,
-    headroom,
-    probe_passes,
-    why_failed,
-)
+from kvsim.planning.steady_state import SteadyRateSearch, failing_evidence
 from kvsim.planning.verify import Verification, evidence_columns
+from kvsim.planning.window import headroom, probe_passes, why_failed
 from kvsim.workload.scenario import Scenario, make_scenario
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.errors import KvsimError, from_validation_error
-from kvsim.planning.steady_state import parse_slo_key
+from kvsim.planning.window import parse_slo_key
 from kvsim.workload.scenario import Scenario, make_scenario
 
 ROUTERS = ("round_robin", "least_outstanding", "least_kv", "affinity")

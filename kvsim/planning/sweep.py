@@ -62,7 +62,7 @@ def sigint_ignored() -> Iterator[None]:
 def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
     """One run of any kind (`kvsim.fleet.run.simulate_scenario`; a fleet's summary is its fleet summary)."""
     from kvsim.fleet.run import simulate_scenario
-    from kvsim.planning.steady_state import window_evidence
+    from kvsim.planning.window import window_evidence
 
     scenario, keep_steps, evidence = args
     result = simulate_scenario(scenario)

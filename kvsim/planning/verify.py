@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvsim.planning.steady_state import SLO_STATS, parse_slo_key, probe_passes, slo_stats, slo_values
+from kvsim.planning.window import SLO_STATS, parse_slo_key, probe_passes, slo_stats, slo_values
 from kvsim.workload.scenario import Scenario, make_scenario
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
-from kvsim.planning.steady_state import TOO_SHORT, headroom, probe_passes, why_failed
 from kvsim.planning.verify import Verification, evidence_columns, traffic_of
+from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, why_failed
 
 if TYPE_CHECKING:
     from kvsim.planning.search import Metrics

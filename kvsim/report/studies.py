@@ -30,8 +30,9 @@ from kvsim.model.capacity import (
 )
 from kvsim.model.units import ceil_div
 from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_hour, gpu_price
-from kvsim.planning.steady_state import failing_evidence, probe_passes, search_rates, why_failed
+from kvsim.planning.steady_state import failing_evidence, search_rates
 from kvsim.planning.sweep import SweepResult, run_many
+from kvsim.planning.window import probe_passes, why_failed
 from kvsim.workload.generate import build_requests
 from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
 

@@ -1,0 +1,241 @@
+"""Is a request rate sustainable? One run judged over its measurement window: the test every rate, fleet size
+and cost figure is built on (`kvsim.planning.steady_state` searches the rates with it).
+
+    evidence = window_evidence(result.requests)                  # JSON-safe, SLO-independent
+    ok = probe_passes(evidence, {"ttft_s.p90": 2.0})             # stable and every SLO met
+    ok = probe_passes(evidence, {"ttft_s.p90@0": 0.5})           # ... over priority-0 requests only
+
+A finite burst that meets an SLO says nothing about steady state: the queue it builds may still be
+growing when the last request arrives. A probe therefore judges one run over a *measurement window*
+
+    arrivals:   |--warm-up--|=============window=============|--tail--|   drain (no arrivals)
+                t0          a = t0 + 0.2·span                b = t_last − 0.1·span
+
+that leaves out the warm-up (the system starts empty: at least 20 % of the span and 3 service times,
+a service time being the median first scheduled → finish of the requests never preempted, so the
+running set has filled) and the drain (after the last arrival the queue only empties). A window
+shorter than 10 service times or holding fewer than 50 requests is **too short** to judge: the run
+must be longer (the search doubles it). Otherwise, with
+`offered` = servable requests arriving in [a, b) per second and `served` = requests finishing in
+[a, b) per second:
+
+- **overloaded**: served ÷ offered < 1 − `THROUGHPUT_TOL` (5 %): the system finishes fewer requests
+  than arrive, so its backlog grows without bound;
+- **backlogged**: served keeps up within the tolerance, but the backlog (requests arrived and not
+  finished: waiting + running, sampled at 64 instants) grows: the lower end of its least-squares
+  slope's 95 % interval (slope − 1.96 · standard error) is above `TREND_TOL` (1 %) of the offered
+  rate, so more than 1 % of arrivals pile up and a longer run would fail (a slope within its noise
+  is left to the longer runs of the search to settle);
+- **stable**: neither.
+
+A rate passes only when its probe is stable *and* every SLO percentile, taken over the servable
+requests that arrived inside the window, is within its limit. An SLO may name one priority class,
+`METRIC.STAT@PRIORITY` (vLLM's integer request priority, as the summary's `by_priority` keys it):
+its percentile is then taken over the window's requests of that priority only (`parse_slo_key`).
+Each percentile comes with a 95 % order-statistic confidence interval (the ranks n·p ∓
+1.96·√(n·p·(1−p)) of the sorted sample, the normal approximation of the binomial): latencies of
+neighbouring requests are correlated in a queue, so read it as a lower bound on the uncertainty.
+Requests the engine refuses (prompt over `max_model_len`, more KV than the pool ever holds) are
+counted apart: neither offered nor SLO misses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+SLO_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
+SLO_KEY_FORMAT = "METRIC.STAT or METRIC.STAT@PRIORITY"
+SLO_STATS = ("mean", "p50", "p90", "p99")
+STABLE, BACKLOGGED, OVERLOADED, EMPTY = "stable", "backlogged", "overloaded", "no servable requests"
+TOO_SHORT = "too short"
+WARMUP_FRACTION = 0.2  # of the arrival span, left out at the start (the system starts empty)
+WARMUP_SERVICES = 3.0  # ... and at least this many service times (first scheduled → finish): the fill-up
+MIN_WINDOW_SERVICES = 10.0  # a window shorter than this many service times cannot show a steady state
+MIN_WINDOW_REQUESTS = 50
+TAIL_FRACTION = 0.1  # of the arrival span, left out before the last arrival (its requests see the load thin out)
+THROUGHPUT_TOL = 0.05  # served ÷ offered must be at least 1 − this
+TREND_TOL = 0.01  # backlog slope ÷ offered rate must be at most this: 1 % of arrivals may not pile up
+NUM_TREND_SAMPLES = 64
+Z_95 = 1.959964
+
+
+def quantile_ci(sorted_values: np.ndarray, p: float, z: float = Z_95) -> tuple[float | None, float | None]:
+    """A confidence interval for the p-quantile: the order statistics at ranks n·p ∓ z·√(n·p·(1−p))
+    (0-based, clipped to the sample). Values must be sorted."""
+    n = len(sorted_values)
+    if n == 0:
+        return None, None
+    half = z * math.sqrt(n * p * (1 - p))
+    lo, hi = max(0, math.floor(n * p - half) - 1), min(n - 1, math.ceil(n * p + half))
+    return _finite(sorted_values[lo]), _finite(sorted_values[hi])
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def _stats(values: np.ndarray) -> dict[str, Any]:
+    """mean, p50/p90/p99 (numpy's linear interpolation, as `kvsim.results.metrics.percentiles`) and CIs,
+    over the requests that have the value (NaN left out: a one-token reply has no TPOT)."""
+    values = values[~np.isnan(values)]
+    ordered = np.sort(values)
+    out: dict[str, Any] = {"n": int(len(values))}
+    if not len(values):
+        return {**out, **dict.fromkeys(SLO_STATS)}
+    out["mean"] = _finite(float(np.mean(values)))
+    for stat in SLO_STATS[1:]:
+        p = int(stat[1:]) / 100
+        out[stat] = _finite(float(np.quantile(ordered, p)))
+        out[f"{stat}_ci"] = quantile_ci(ordered, p)
+    return out
+
+
+def _slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least-squares slope of y on x and its standard error (residuals taken as independent)."""
+    dx = x - x.mean()
+    sxx = float((dx**2).sum())
+    slope = float((dx * (y - y.mean())).sum()) / sxx
+    residuals = y - y.mean() - slope * dx
+    return slope, math.sqrt(float((residuals**2).sum()) / (len(x) - 2) / sxx)
+
+
+def _service_s(requests: Mapping[str, Any], servable: np.ndarray) -> float:
+    """The median time a request runs once scheduled (first scheduled → finish), over the requests never
+    preempted when there are any: a preempted request's time includes its wait to be re-admitted, which
+    grows without bound in an overloaded run and would say nothing about how long serving one takes."""
+    busy = np.asarray(requests["finish_s"], float) - np.asarray(requests["first_scheduled_s"], float)
+    calm = servable & (np.asarray(requests["num_preemptions"]) == 0) if "num_preemptions" in requests else servable
+    chosen = busy[calm if calm.any() else servable]
+    chosen = chosen[~np.isnan(chosen)]
+    return float(np.median(chosen)) if len(chosen) else 0.0
+
+
+def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP_FRACTION,
+                    tail_fraction: float = TAIL_FRACTION) -> dict[str, Any]:
+    """What one run says about steady state: window, counts, served ÷ offered, backlog trend, verdict,
+    and latency percentiles with CIs over the servable requests that arrived in the window.
+
+    `requests`: a run's requests table (`RunResult.requests` or its columns; a fleet's works too).
+    The result is JSON-safe and independent of any SLO (`probe_passes` applies one).
+    """
+    arrival = np.asarray(requests["arrival_s"], dtype=float)
+    finish = np.asarray(requests["finish_s"], dtype=float)
+    status = np.asarray(requests["status"])
+    rejected = status == "rejected"
+    servable = ~rejected
+    num_rejected = int(rejected.sum())
+    out: dict[str, Any] = {"num_requests": int(len(arrival)), "num_rejected": num_rejected,
+                           "rejected_fraction": num_rejected / len(arrival) if len(arrival) else 0.0}
+    if servable.sum() < 2:
+        return {**out, "verdict": EMPTY, "window_s": 0.0, "num_in_window": 0, "offered_per_s": 0.0,
+                "served_per_s": 0.0, "served_over_offered": None, "backlog_trend": None,
+                **{m: _stats(np.zeros(0)) for m in SLO_METRICS}}
+    t0, t_last = float(arrival[servable].min()), float(arrival[servable].max())
+    span = t_last - t0
+    service_s = _service_s(requests, servable)
+    start, end = t0 + max(warmup_fraction * span, WARMUP_SERVICES * service_s), t_last - tail_fraction * span
+    end = max(end, start)
+    window_s = end - start
+    in_window = servable & (arrival >= start) & (arrival < end)
+    num_in = int(in_window.sum())
+    done = servable & ~np.isnan(finish)
+    offered = num_in / window_s if window_s > 0 else math.inf
+    served = int((done & (finish >= start) & (finish < end)).sum()) / window_s if window_s > 0 else 0.0
+    grid = np.linspace(start, end, NUM_TREND_SAMPLES)
+    backlog = (np.searchsorted(np.sort(arrival[servable]), grid, side="right")
+               - np.searchsorted(np.sort(finish[done]), grid, side="right"))
+    slope, slope_se = _slope(grid - start, backlog) if window_s > 0 else (math.inf, 0.0)
+    ratio = served / offered if offered > 0 and math.isfinite(offered) else None
+    trend = slope / offered if offered > 0 and math.isfinite(offered) else None
+    trend_low = (slope - Z_95 * slope_se) / offered if trend is not None else None
+    if window_s < MIN_WINDOW_SERVICES * service_s or num_in < MIN_WINDOW_REQUESTS:
+        verdict = TOO_SHORT  # judged on too few requests or service times: a longer run must decide
+    elif ratio is None or ratio < 1 - THROUGHPUT_TOL:
+        verdict = OVERLOADED
+    elif trend_low is None or trend_low > TREND_TOL:
+        verdict = BACKLOGGED
+    else:
+        verdict = STABLE
+    window_rows = np.flatnonzero(in_window)
+    busy_s = finish[window_rows] - np.asarray(requests["first_scheduled_s"], dtype=float)[window_rows]
+    outputs = (np.asarray(requests["output_tokens"]) * np.asarray(requests["num_samples"]))
+    finished_in = done & (finish >= start) & (finish < end)
+    classes = {"by_priority": _class_stats(requests, window_rows)} if "priority" in requests else {}
+    return {**out, "verdict": verdict, "window_start_s": start, "window_s": window_s, "num_in_window": num_in,
+            "offered_per_s": offered, "served_per_s": served, "served_over_offered": ratio,
+            "backlog_trend": trend, "backlog_trend_low": trend_low, "backlog_end": int(backlog[-1]),
+            "mean_service_s": service_s,
+            # Little's law over the window: sequences running = throughput × time each spends scheduled
+            "mean_running": served * float(np.nanmean(busy_s)) if num_in else 0.0,
+            "output_tokens_per_s": float(outputs[finished_in].sum()) / window_s if window_s > 0 else 0.0,
+            **{m: _stats(np.asarray(requests[m], dtype=float)[window_rows]) for m in SLO_METRICS}, **classes}
+
+
+def _class_stats(requests: Mapping[str, Any], window_rows: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per priority present in the window (str keys, JSON-safe): each metric's stats over its requests.
+    A fleet's table may hold NaN where a replica had no priority column: those requests have priority 0."""
+    priority = np.nan_to_num(np.asarray(requests["priority"], dtype=float)[window_rows]).astype(np.int64)
+    out = {}
+    for value in np.unique(priority):
+        rows = window_rows[priority == value]
+        out[str(int(value))] = {m: _stats(np.asarray(requests[m], dtype=float)[rows]) for m in SLO_METRICS}
+    return out
+
+
+def parse_slo_key(key: str) -> tuple[str, str, int | None]:
+    """`ttft_s.p90` → ("ttft_s", "p90", None); `ttft_s.p90@1` → ("ttft_s", "p90", 1): the SLO over priority-1
+    requests. A malformed key raises `ValueError` naming it."""
+    name, at, cls = key.partition("@")
+    metric, _, stat = name.partition(".")
+    if metric not in SLO_METRICS or stat not in SLO_STATS:
+        raise ValueError(f"{key!r}: expected {SLO_KEY_FORMAT} with METRIC in {SLO_METRICS}, STAT in {SLO_STATS}")
+    if not at:
+        return metric, stat, None
+    try:
+        return metric, stat, int(cls)
+    except ValueError:
+        raise ValueError(f"{key!r}: the class after '@' must be an integer request priority, got {cls!r}") from None
+
+
+def slo_stats(evidence: Mapping[str, Any], metric: str, priority: int | None) -> Mapping[str, Any]:
+    """The window's stats of `metric`, over every request or over one priority's (empty when none arrived).
+    A run whose table has no `priority` column gave every request priority 0."""
+    if priority is None or ("by_priority" not in evidence and priority == 0):
+        return evidence[metric]
+    return evidence.get("by_priority", {}).get(str(priority), {}).get(metric) or _stats(np.zeros(0))
+
+
+def slo_values(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> dict[str, float]:
+    """Each SLO's measured value over the window, or over its class's requests there (inf when none
+    produced one)."""
+    out = {}
+    for key in slo:
+        metric, stat, priority = parse_slo_key(key)
+        value = slo_stats(evidence, metric, priority)[stat]
+        out[key] = math.inf if value is None else float(value)
+    return out
+
+
+def headroom(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> float:
+    """min over SLOs of (limit − value) ÷ limit: ≥ 0 means every SLO is met in the window (inf: no SLO)."""
+    values = slo_values(evidence, slo)
+    return min(((limit - values[key]) / limit for key, limit in slo.items()), default=math.inf)
+
+
+def probe_passes(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> bool:
+    """Stable over the window and every SLO within its limit there (no SLO: stability alone, the capacity)."""
+    return evidence["verdict"] == STABLE and headroom(evidence, slo) >= 0
+
+
+def why_failed(evidence: Mapping[str, Any] | None, slo: Mapping[str, float]) -> str | None:
+    """'is overloaded' / 'is backlogged' when the system was not stable, else 'misses' and the SLOs missed."""
+    if evidence is None:
+        return None
+    if evidence["verdict"] != STABLE:
+        return f"is {evidence['verdict']}"
+    missed = [k for k, v in slo_values(evidence, slo).items() if v > slo[k]]
+    return "misses " + ", ".join(missed) if missed else None

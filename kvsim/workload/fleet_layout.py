@@ -1,0 +1,122 @@
+"""A fleet's layout in a scenario file: replica groups, the router, a disaggregated fleet's KV transfer and
+an autoscaler, validated once (`kvsim.workload.scenario.Scenario` holds them; `kvsim.fleet` runs them).
+
+    replicas: [{count: 4}, {count: 2, gpu: h100-80gb, engine: {max_num_seqs: 64}}]
+    router: {policy: affinity, load_bound: 1.25}
+    kv_transfer_config: {kv_link: rdma}   # with groups of kv_role kv_producer / kv_consumer
+    autoscaler: {metric: num_requests_waiting, target: 4, max_replicas: 16}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+STRICT = ConfigDict(frozen=True, extra="forbid")  # every scenario section: immutable, unknown keys refused
+
+
+class ReplicaGroup(BaseModel):
+    """`count` identical replicas; model, GPU and engine settings default to the scenario's own.
+
+    `engine` lists only the settings that differ from the scenario's `engine` section.
+    """
+
+    model_config = STRICT
+    count: int = Field(default=1, gt=0, le=4096)
+    name: str | None = None
+    model: str | None = None
+    gpu: str | None = None
+    engine: dict[str, Any] = Field(default_factory=dict)
+    kv_role: Literal["kv_producer", "kv_consumer"] | None = Field(
+        default=None, exclude_if=lambda role: role is None,
+        description="vLLM's kv_role in a disaggregated fleet: kv_producer (prefill), kv_consumer (decode)")
+
+
+class Router(BaseModel):
+    """How a fleet's router picks a replica for each arriving request (see `kvsim.fleet.router`).
+
+    `affinity` sends a request where the longest prefix of its blocks was last routed (a
+    conversation's earlier turns, a shared system prompt), unless that replica's outstanding
+    requests exceed both `load_bound` × the fleet's mean (+1) and the least loaded replica's
+    by `load_slack` or more: then it goes to the least loaded. So does a request whose match
+    covers less than `match_threshold` of its prompt.
+    """
+
+    model_config = STRICT
+    policy: Literal["round_robin", "least_outstanding", "least_kv", "affinity"] = "round_robin"
+    load_bound: float = Field(default=1.25, ge=1.0)
+    load_slack: int = Field(default=8, ge=0, description="outstanding requests above the least loaded")
+    match_threshold: float = Field(default=0.25, ge=0, le=1, description="least prompt fraction to follow")
+
+
+class KVTransferConfig(BaseModel):
+    """vLLM's `--kv-transfer-config` for a disaggregated fleet (`kvsim.fleet.disagg`): replica groups with
+    `kv_role: kv_producer` form the prefill pool, `kv_consumer` the decode pool.
+
+    `kv_link` names a link preset (`kvsim.fleet.kv_transfer.LINK_PRESETS`: nvlink, pcie, rdma);
+    `kv_link_bandwidth_bytes_per_s` and `kv_link_latency_s` replace its figures. Each decode instance
+    receives over its own link, shared by the transfers into it. `kv_connector` is recorded only.
+    """
+
+    model_config = STRICT
+    kv_connector: str = "NixlConnector"
+    kv_link: Literal["nvlink", "pcie", "rdma"] = "rdma"
+    kv_link_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    kv_link_latency_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    prefill_router: Router = Router(policy="least_outstanding")
+    decode_router: Router = Router(policy="least_outstanding")
+
+
+class AutoscalerConfig(BaseModel):
+    """An autoscaled fleet (`kvsim.fleet.autoscaled`): Kubernetes HPA's rule and names, in snake case
+    (`kvsim.fleet.autoscaler` states the rule and takes this policy as it is). `replicas` (an int) is the
+    count at the start, clamped to [min_replicas, max_replicas]. `slo_ttft_s` / `slo_tpot_s` only score the
+    run (attainment per `slo_window_s` of arrivals), they do not steer it."""
+
+    model_config = STRICT
+    metric: Literal["num_requests_waiting", "kv_cache_usage_perc"] = "num_requests_waiting"  # vLLM's names
+    target: float = Field(default=4.0, gt=0, allow_inf_nan=False)  # the metric's per-replica target value
+    min_replicas: int = Field(default=1, ge=1)
+    max_replicas: int = 16
+    tolerance: float = Field(default=0.1, ge=0, lt=1)
+    sync_period_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
+    scale_up_window_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    scale_down_window_s: float = Field(default=300.0, ge=0, allow_inf_nan=False)
+    # the HPA's scaling policies (behavior.scaleUp / scaleDown.policies, selectPolicy Max), its defaults: per
+    # `scale_up_period_s` at most the larger of `scale_up_pods` more and `scale_up_percent` % more replicas;
+    # per `scale_down_period_s` at most `scale_down_percent` % fewer (100: all)
+    scale_up_pods: int = Field(default=4, ge=0)
+    scale_up_percent: float = Field(default=100.0, ge=0, allow_inf_nan=False)
+    scale_up_period_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
+    scale_down_percent: float = Field(default=100.0, ge=0, le=100, allow_inf_nan=False)
+    scale_down_period_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
+    startup_s: float = Field(default=120.0, ge=0, allow_inf_nan=False)
+    slo_ttft_s: float = Field(default=2.0, gt=0)
+    slo_tpot_s: float = Field(default=0.1, gt=0)
+    slo_window_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("target")
+    @classmethod
+    def _fraction_target(cls, target: float, info: Any) -> float:
+        if info.data.get("metric") == "kv_cache_usage_perc" and target > 1:
+            raise ValueError("kv_cache_usage_perc is a fraction in (0, 1]")
+        return target
+
+    @field_validator("scale_up_percent")
+    @classmethod
+    def _can_scale_up(cls, percent: float, info: Any) -> float:
+        if percent == 0 and info.data.get("scale_up_pods") == 0:
+            raise ValueError("0 with scale_up_pods=0: the policies would never let the fleet grow")
+        return percent
+
+    @field_validator("max_replicas")
+    @classmethod
+    def _can_scale(cls, max_replicas: int, info: Any) -> int:
+        min_replicas = info.data.get("min_replicas", 1)
+        if max_replicas < min_replicas:
+            raise ValueError(f"below min_replicas={min_replicas}")
+        if max_replicas == min_replicas:
+            raise ValueError(f"equals min_replicas, so the policy can never scale (a static fleet is "
+                             f"replicas: {max_replicas} without autoscaler)")
+        return max_replicas
