@@ -42,3 +42,13 @@ def test_no_test_package_shadows_an_importable_package():
     test_packages = {p.parent.relative_to(REPO / "tests").parts[0] for p in (REPO / "tests").glob("*/**/__init__.py")}
     assert project >= {"kvsim", "kernels"}
     assert not test_packages & (project | installed)
+
+
+def test_the_package_top_level_holds_at_most_12_entries():
+    """Issue 19's target: at most 12 top-level entries under `kvsim/`, the layers' subpackages plus `cli`
+    (DESIGN.md §2). A package's own plumbing, `__init__.py` and `__main__.py` (`python -m kvsim`), is the
+    package itself, not an entry; anything else at the top (a module, a data folder) counts."""
+    plumbing = {"__init__.py", "__main__.py", "__pycache__", "py.typed"}
+    entries = sorted(p.name for p in (REPO / "kvsim").iterdir() if p.name not in plumbing)
+    assert len(entries) <= 12, entries
+    assert all((REPO / "kvsim" / name / "__init__.py").is_file() for name in entries), entries  # all packages
