@@ -19,6 +19,7 @@ from collections.abc import Hashable, Sequence
 from itertools import accumulate
 
 ROOT_HASH = 0x6B7673696D  # the parent hash of block 0
+RUN_SHIFT = 32  # a run of blocks inside one segment: keys base · 2^RUN_SHIFT + k (`SegmentContent.block_hashes`)
 
 
 class _ChainedHashes:
@@ -75,12 +76,16 @@ class SegmentContent(_ChainedHashes):
     def block_hashes(self, block_size: int, num_blocks: int) -> list[int]:
         """As `_ChainedHashes.block_hashes`, with a fast path for blocks inside one segment.
 
-        Hot: every full block of every request is hashed once. The blocks that lie inside a
-        single segment are hashed in one tight loop per segment, without the search, keyed by
-        (hash(segment id), start, end): the same identity `block_key`'s one piece
-        ((segment id, start, end),) gives, flattened, since nesting tuples costs twice the time.
-        A block across segments keeps `block_key`'s pieces; the two forms never describe the same
-        tokens (a segment's tokens are its own), so only equal prefixes hash equal.
+        Hot: every full block of every request is hashed once. The whole blocks that lie inside one
+        segment form a *run*: the run is keyed once, `base = hash((parent, hash(segment id), offset))`
+        (the key of the block before it, and where the run starts in the segment), and its blocks
+        take the consecutive integers `base · 2^32 + k` for k = 0, 1, ... (`RUN_SHIFT`), so a run of
+        n blocks costs one hash instead of n. Equal keys still mean equal prefixes: a run's base fixes
+        the tokens before it and the segment and offset it starts at, block k of it then covers that
+        segment's tokens from offset + k·bs; runs of different bases occupy disjoint integer ranges
+        (a run holds fewer than 2^32 blocks). A block across segments keeps `block_key`'s pieces, so
+        a key, like the per-block chain before it, depends only on the tokens up to its block, not on
+        how many blocks earlier calls hashed: a call that starts inside a run continues its integers.
         """
         if block_size != self._block_size:
             self._hashes, self._block_size = [], block_size
@@ -90,7 +95,7 @@ class SegmentContent(_ChainedHashes):
             return hashes if num_blocks == done else hashes[:num_blocks]
         assert num_blocks * block_size <= self._num_tokens, "hashing beyond the known content"
         parent = hashes[-1] if hashes else ROOT_HASH
-        starts, segments, append = self._starts, self.segments, hashes.append
+        starts, segments = self._starts, self.segments
         i = bisect_right(starts, done * block_size) - 1
         start, stop = done * block_size, num_blocks * block_size
         while start < stop:
@@ -98,15 +103,18 @@ class SegmentContent(_ChainedHashes):
                 i += 1
             seg_start = starts[i]
             inside = min(stop, start + (starts[i + 1] - start) // block_size * block_size)
-            if inside > start:  # whole blocks inside segment i, up to `inside`
-                seg_hash = hash(segments[i][0])
-                for offset in range(start - seg_start, inside - seg_start, block_size):
-                    parent = hash((parent, seg_hash, offset, offset + block_size))
-                    append(parent)
+            if inside > start:  # whole blocks inside segment i, up to `inside`: a run
+                num = (inside - start) // block_size
+                if start - block_size >= seg_start:  # the block before is in the segment too: its run goes on
+                    first = parent + 1
+                else:
+                    first = hash((parent, hash(segments[i][0]), start - seg_start)) << RUN_SHIFT
+                hashes.extend(range(first, first + num))
+                parent = first + num - 1
                 start = inside
             else:  # the block at `start` runs past the end of segment i
                 parent = hash((parent, self.block_key(start, start + block_size)))
-                append(parent)
+                hashes.append(parent)
                 start += block_size
         return hashes
 

@@ -1,0 +1,73 @@
+"""Block identities of segment content (`kvsim.workload.content`): equal keys exactly when the prefixes are
+equal, whatever the segmentation and however the hashing was split into calls.
+
+The reference is naive: a token is (segment id, its offset in the segment), as the content's contract says
+("token i of a segment is the same token wherever that segment appears"), and block i's prefix is the
+tuple of the first (i + 1) · bs tokens. Prefix caching, the offload tier and the affinity router all rest on
+this: a key shared by two different prefixes would hit wrong KV, two keys for one prefix would miss.
+"""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsim.workload.content import SegmentContent, TokenContent
+
+SEGMENT_IDS = ("sys", "a", "b", ("conv", 1), ("conv", 2))
+
+
+def tokens_of(segments):
+    """The content's tokens, one by one, by the contract: (segment id, offset within the segment)."""
+    return [(seg_id, offset) for seg_id, length in segments for offset in range(length)]
+
+
+def prefixes(segments, block_size):
+    """Each full block's whole prefix, the identity its key must stand for."""
+    tokens = tokens_of(segments)
+    return [tuple(tokens[:(i + 1) * block_size]) for i in range(len(tokens) // block_size)]
+
+
+segment_lists = st.lists(st.tuples(st.sampled_from(SEGMENT_IDS), st.integers(1, 70)), min_size=1, max_size=6)
+block_sizes = st.sampled_from([1, 4, 16, 32])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(segment_lists, min_size=2, max_size=5), block_sizes)
+def test_keys_are_equal_exactly_when_the_prefixes_are(contents, block_size):
+    key_of = {}  # key -> the prefix it stood for first
+    prefix_of = {}  # prefix -> its key
+    for segments in contents:
+        content = SegmentContent(segments)
+        expected = prefixes(segments, block_size)
+        keys = content.block_hashes(block_size, len(expected))
+        assert len(keys) == len(expected)
+        for key, prefix in zip(keys, expected, strict=True):
+            assert key_of.setdefault(key, prefix) == prefix, "one key for two different prefixes"
+            assert prefix_of.setdefault(prefix, key) == key, "two keys for one prefix"
+
+
+@settings(max_examples=300, deadline=None)
+@given(segment_lists, block_sizes, st.lists(st.integers(0, 400), max_size=6))
+def test_keys_do_not_depend_on_how_the_calls_were_split(segments, block_size, cuts):
+    """A content hashed lazily, a few blocks per call as a sequence grows, gives the keys of one call."""
+    num_blocks = sum(n for _, n in segments) // block_size
+    whole = SegmentContent(segments).block_hashes(block_size, num_blocks)
+    piecewise = SegmentContent(segments)
+    for cut in sorted(min(c, num_blocks) for c in cuts):
+        assert piecewise.block_hashes(block_size, cut) == whole[:cut]
+    assert piecewise.block_hashes(block_size, num_blocks) == whole
+
+
+def test_a_shared_system_prompt_hits_until_the_conversations_part():
+    """By hand: two requests share a 40-token system prompt and then differ; with 16-token blocks the
+    first two blocks lie inside the prompt (equal keys), the third crosses into each request's own turn."""
+    a = SegmentContent([("sys", 40), (("conv", 1), 30)]).block_hashes(16, 4)
+    b = SegmentContent([("sys", 40), (("conv", 2), 30)]).block_hashes(16, 4)
+    assert a[:2] == b[:2] and a[2] != b[2] and a[3] != b[3]
+    c = SegmentContent([("sys", 32), (("conv", 1), 38)]).block_hashes(16, 4)  # a shorter prompt: block 2 differs
+    assert c[:2] == a[:2] and c[2] != a[2]
+
+
+def test_token_content_keys_follow_the_token_ids():
+    a = TokenContent(list(range(64))).block_hashes(16, 4)
+    b = TokenContent([*range(40), 999, *range(41, 64)]).block_hashes(16, 4)
+    assert a[:2] == b[:2] and a[2] != b[2] and a[3] != b[3]
