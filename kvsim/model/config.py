@@ -60,7 +60,9 @@ Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float16", "bfloat16"]
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # inf and NaN are never a setting
+# Rates (bytes/s, FLOP/s) are at least 1 a second: a positive rate as small as 1e-300 makes a step last
+# inf seconds, which the event clock cannot schedule.
 
 
 def model_from_hf_config(raw: dict[str, Any], name: str) -> ModelSpec:
@@ -134,7 +136,7 @@ class GPULink(BaseModel):
     model_config = _FROZEN
 
     kind: Literal["nvlink", "pcie"]
-    bandwidth_bytes_per_s: float = Field(gt=0)
+    bandwidth_bytes_per_s: float = Field(ge=1)
     latency_s: float = Field(ge=0)
     efficiency: float | None = Field(default=None, gt=0, le=1)
     collective_latency_s: float | None = Field(default=None, ge=0)
@@ -157,10 +159,10 @@ class GPUSpec(BaseModel):
 
     name: str
     memory_bytes: Bytes
-    hbm_bandwidth_bytes_per_s: float = Field(gt=0)
-    fp16_flops: float = Field(gt=0)
-    fp8_flops: float | None = Field(default=None, gt=0)
-    host_link_bandwidth_bytes_per_s: float = Field(gt=0)
+    hbm_bandwidth_bytes_per_s: float = Field(ge=1)
+    fp16_flops: float = Field(ge=1)
+    fp8_flops: float | None = Field(default=None, ge=1)
+    host_link_bandwidth_bytes_per_s: float = Field(ge=1)
     link: GPULink | None = None
     memory_type: Literal["hbm", "gddr"] = "hbm"
     l2_cache_bytes: float = Field(default=0.0, ge=0)
@@ -239,14 +241,14 @@ class KVOffloadConfig(BaseModel):
     naming the field and the value.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _FROZEN
 
     cpu_bytes: OffloadBytes | None = None
     num_cpu_blocks: int | None = Field(default=None, ge=0)
-    bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    bandwidth_bytes_per_s: float | None = Field(default=None, ge=1, allow_inf_nan=False)
     disk_bytes: OffloadBytes | None = None
     num_disk_blocks: int | None = Field(default=None, ge=0)
-    disk_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    disk_bandwidth_bytes_per_s: float | None = Field(default=None, ge=1, allow_inf_nan=False)
     host_memory_bytes: Bytes = DGX_HOST_MEMORY_BYTES
 
     @model_validator(mode="after")
@@ -323,7 +325,8 @@ class EngineConfig(BaseModel):
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
     usage_context: Literal["openai_api_server", "llm_class"] = "openai_api_server"
     enable_prefix_caching: bool = True
-    swap_space: float = Field(default=4.0, ge=0, description="GiB of CPU swap per GPU")
+    swap_space: float = Field(default=4.0, ge=0, le=2**20, description="GiB of CPU swap per GPU (at most 1 PiB: "
+                              "as bytes, 1e308 GiB would overflow)")
     preemption_mode: Literal["recompute", "swap"] | None = None
     # vLLM does not configure this: it measures it at startup. vllm/v1/worker/gpu_worker.py
     # `determine_available_memory` runs `profile_run()` inside vllm/utils/mem_utils.py

@@ -32,13 +32,22 @@ def shown(value: object, limit: int = SHOWN_CHARS) -> str:
 @contextmanager
 def reading(path: str | Path, what: str) -> Iterator[None]:
     """Read `path` inside this block: a file that cannot be opened or is not UTF-8 text (a binary
-    file, another encoding) becomes one `KvsimError` line naming `what` and the file."""
+    file, another encoding), a truncated .gz or a malformed CSV becomes one `KvsimError` line naming
+    `what` and the file."""
+    import csv
+    import zlib
+
     try:
         yield
     except UnicodeDecodeError as error:
         raise KvsimError(f"{what} {path}: not UTF-8 text (byte {error.start})") from None
     except OSError as error:
         raise KvsimError(f"{what} {path}: cannot read ({error.strerror or error})") from None
+    except (EOFError, zlib.error) as error:  # a truncated or corrupt .gz
+        raise KvsimError(f"{what} {path}: cannot read, the compressed file is truncated or corrupt "
+                         f"({error})") from None
+    except csv.Error as error:  # e.g. a field over the csv module's size limit
+        raise KvsimError(f"{what} {path}: not a CSV file kvsim reads ({error})") from None
 
 
 def close_match(word: str, choices: list[str]) -> str:

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-STRICT = ConfigDict(frozen=True, extra="forbid")  # every scenario section: immutable, unknown keys refused
+STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # every scenario section: immutable,
+# unknown keys refused, inf and NaN never a setting
 
 
 class ReplicaGroup(BaseModel):
@@ -62,7 +63,7 @@ class KVTransferConfig(BaseModel):
     model_config = STRICT
     kv_connector: str = "NixlConnector"
     kv_link: Literal["nvlink", "pcie", "rdma"] = "rdma"
-    kv_link_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    kv_link_bandwidth_bytes_per_s: float | None = Field(default=None, ge=1, allow_inf_nan=False)  # see config.py
     kv_link_latency_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     prefill_router: Router = Router(policy="least_outstanding")
     decode_router: Router = Router(policy="least_outstanding")
@@ -80,7 +81,9 @@ class AutoscalerConfig(BaseModel):
     min_replicas: int = Field(default=1, ge=1)
     max_replicas: int = 16
     tolerance: float = Field(default=0.1, ge=0, lt=1)
-    sync_period_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
+    # at least 1 ms: a period as small as 1e-300 s no longer moves the clock forward (t + period == t),
+    # so the run would sync forever at one instant; slo_window_s likewise numbers windows in int64
+    sync_period_s: float = Field(default=15.0, ge=0.001, allow_inf_nan=False)
     scale_up_window_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     scale_down_window_s: float = Field(default=300.0, ge=0, allow_inf_nan=False)
     # the HPA's scaling policies (behavior.scaleUp / scaleDown.policies, selectPolicy Max), its defaults: per
@@ -94,7 +97,7 @@ class AutoscalerConfig(BaseModel):
     startup_s: float = Field(default=120.0, ge=0, allow_inf_nan=False)
     slo_ttft_s: float = Field(default=2.0, gt=0)
     slo_tpot_s: float = Field(default=0.1, gt=0)
-    slo_window_s: float = Field(default=300.0, gt=0)
+    slo_window_s: float = Field(default=300.0, ge=0.001)
 
     @field_validator("target")
     @classmethod

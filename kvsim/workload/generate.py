@@ -39,7 +39,15 @@ from kvsim.model.errors import KvsimError, reading
 from kvsim.workload.content import Content, SegmentContent, TokenContent
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Arrival, Empirical, Fixed, LengthDist, Lognormal, Scenario, Uniform, Workload
-from kvsim.workload.traces import READERS, ROW_READERS, TraceColumns, TraceRecord, read_lengths, read_servegen
+from kvsim.workload.traces import (
+    MAX_LENGTH,
+    READERS,
+    ROW_READERS,
+    TraceColumns,
+    TraceRecord,
+    read_lengths,
+    read_servegen,
+)
 
 Z_99 = 2.3263478740408408  # standard normal 99th percentile
 
@@ -70,7 +78,9 @@ def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator, scenario:
             rows = read_lengths(table)
         column = np.array([r.prompt_len if dist.column == "prompt" else r.output_len for r in rows])
         values = rng.choice(column, size=n).astype(np.float64)
-    return np.maximum(1, np.rint(values)).astype(np.int64)
+    # capped below int64's range: a lognormal of mean 1e300 (or a huge sigma) draws values that would
+    # wrap around to negative lengths; a length that long is refused per request (over max_model_len)
+    return np.clip(np.rint(values), 1, MAX_LENGTH).astype(np.int64)
 
 
 def arrival_times(arrival: Arrival, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -147,6 +157,8 @@ def _priorities(w: Workload, records: Sequence[TraceRecord], turns: int,
         return None
     classes = w.priority.classes
     weights = np.array([c.weight for c in classes], dtype=np.float64)
+    if not math.isfinite(sum(c.weight for c in classes)):  # weights of 1e308 sum to inf: shares, so scale down
+        weights /= weights.max()
     picks = rng.choice(len(classes), size=-(-n // turns), p=weights / weights.sum())
     return np.array([c.priority for c in classes], dtype=np.int64)[picks]
 

@@ -30,8 +30,9 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from kvsim.model.config import EngineConfig, GPULink
 from kvsim.model.errors import KvsimError, from_validation_error, reading
 from kvsim.model.yaml_io import load_yaml, yaml_problem
+from kvsim.workload.files import data_file
 from kvsim.workload.fleet_layout import STRICT, AutoscalerConfig, KVTransferConfig, ReplicaGroup, Router
-from kvsim.workload.traces import ROW_READERS
+from kvsim.workload.traces import MAX_LENGTH, PRIORITY_RANGE, ROW_READERS
 
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_SCENARIO = DATA_DIR / "default_scenario.yaml"
@@ -41,14 +42,14 @@ REPORT_SCENARIO = DATA_DIR / "report_scenario.yaml"
 class Fixed(BaseModel):
     model_config = STRICT
     dist: Literal["fixed"]
-    value: int = Field(gt=0)
+    value: int = Field(gt=0, le=MAX_LENGTH)
 
 
 class Uniform(BaseModel):
     model_config = STRICT
     dist: Literal["uniform"]
-    low: int = Field(gt=0)
-    high: int = Field(gt=0)
+    low: int = Field(gt=0, le=MAX_LENGTH)
+    high: int = Field(gt=0, le=MAX_LENGTH)
 
     @model_validator(mode="after")
     def _ordered(self) -> Uniform:
@@ -124,8 +125,15 @@ class PriorityClass(BaseModel):
 
     model_config = STRICT
     name: str
-    priority: int
+    priority: int = Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
     weight: float = Field(gt=0, description="relative share of conversations in this class")
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # pydantic would read `true` as priority 1
+            raise ValueError("expected an integer priority, not a boolean")
+        return value
 
 
 class PriorityMix(BaseModel):
@@ -255,6 +263,8 @@ class Scenario(BaseModel):
     @classmethod
     def _groups_named(cls, value: Any) -> Any:
         """A bad replica group is reported by its own field (not as "not an int", the union's first branch)."""
+        if isinstance(value, bool):  # pydantic would read `replicas: true` as 1
+            raise ValueError("expected a replica count or a list of replica groups, not a boolean")
         if isinstance(value, list):
             for i, group in enumerate(value):
                 if isinstance(group, dict):
@@ -309,7 +319,7 @@ class Scenario(BaseModel):
             if not matches:
                 raise KvsimError(f"path={path!r}: no built-in data named {name!r}")
             return matches[0]
-        resolved = Path(self.base_dir) / path
+        resolved = data_file(Path(self.base_dir) / path)  # `x.csv` may be found as `x.csv.gz`
         if not resolved.exists():
             raise KvsimError(f"path={path!r}: file not found ({resolved})")
         if not (resolved.is_file() or resolved.is_dir()):  # /dev/zero, a pipe: reading never ends

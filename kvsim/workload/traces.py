@@ -41,6 +41,10 @@ MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's traces hash one id per 512-token block
 CHARS_PER_TOKEN = 4  # vLLM ShareGPT JSON carries text; without a tokenizer, ~4 characters a token
 
 
+MAX_LENGTH = 2**53  # tokens: the longest prompt or output read or drawn (a float64 holds it exactly)
+PRIORITY_RANGE = (-(2**63), 2**63 - 1)  # vLLM's request priority, held as an int64
+
+
 @dataclass(frozen=True, slots=True)
 class TraceRecord:
     arrival_s: float | None
@@ -57,13 +61,29 @@ def _bad(path: Path, line: int, what: str) -> KvsimError:
 
 
 def _positive(value: Any, path: Path, line: int, field: str) -> int:
+    """A token count: an integer (a JSON 600.0 too, not 600.7 nor true), 1 to `MAX_LENGTH`."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise _bad(path, line, f"{field}={value!r} is not an integer")
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON 1e400 reads as inf
         raise _bad(path, line, f"{field}={value!r} is not an integer") from None
     if number <= 0:
         raise _bad(path, line, f"{field}={number} must be positive")
+    if number > MAX_LENGTH:
+        raise _bad(path, line, f"{field}={number} is more tokens than kvsim counts ({MAX_LENGTH:,})")
     return number
+
+
+def _seconds(value: Any, scale: float, path: Path, line: int, field: str) -> float:
+    """An arrival time in seconds from a number of `1 / scale` seconds; NaN and inf are errors."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise _bad(path, line, f"{field}={value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise _bad(path, line, f"{field}={value!r} is not a finite number")
+    return number / scale
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +104,8 @@ class TraceColumns:
                     or not re.fullmatch(r"[+-]?\d+", str(value)):
                 raise _bad(path, line, f"priority column {self.priority}={value!r} is not an integer")
             out["priority"] = int(value)
+            if not PRIORITY_RANGE[0] <= out["priority"] <= PRIORITY_RANGE[1]:
+                raise _bad(path, line, f"priority column {self.priority}={value!r} is outside int64")
         if self.acceptance is not None:
             out["acceptance_lengths"] = _acceptance_lengths(row.get(self.acceptance), path, line, self.acceptance)
         return out
@@ -117,6 +139,8 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
                 raise _bad(path, line_no, f"not JSON ({error.msg})") from None
+            except RecursionError:
+                raise _bad(path, line_no, "not JSON kvsim reads (nested too deeply)") from None
             if not isinstance(row, dict):
                 raise _bad(path, line_no, "expected a JSON object")
             yield line_no, row
@@ -154,14 +178,13 @@ def read_mooncake(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceR
         if not isinstance(hash_ids, list) or len(hash_ids) != math.ceil(prompt / MOONCAKE_BLOCK_TOKENS):
             raise _bad(path, line_no, f"hash_ids must list ceil(input_length / 512) = "
                                       f"{math.ceil(prompt / MOONCAKE_BLOCK_TOKENS)} ids")
+        if not all(isinstance(h, (int, str)) and not isinstance(h, bool) for h in hash_ids):
+            raise _bad(path, line_no, "hash_ids must be integers or strings")
         segments = []
         for i, hash_id in enumerate(hash_ids):
             length = min(MOONCAKE_BLOCK_TOKENS, prompt - i * MOONCAKE_BLOCK_TOKENS)
             segments.append((("mooncake", hash_id), length))
-        try:
-            arrival = float(row["timestamp"]) / 1000.0
-        except (KeyError, TypeError, ValueError):
-            raise _bad(path, line_no, f"timestamp={row.get('timestamp')!r} is not a number") from None
+        arrival = _seconds(row.get("timestamp"), 1000.0, path, line_no, "timestamp")
         records.append(TraceRecord(arrival, prompt, output, tuple(segments), **columns.read(row, path, line_no)))
     return records
 
@@ -181,10 +204,9 @@ def read_sharegpt_tokens(path: Path, columns: TraceColumns = NO_COLUMNS) -> list
             ids_out = None
         elif not isinstance(ids_in, list) or len(ids_in) != prompt or not isinstance(ids_out, list):
             raise _bad(path, line_no, "input_tok_ids must list input_toks token ids")
-        try:
-            arrival = float(row["arrival_time_ns"]) / 1e9
-        except (KeyError, TypeError, ValueError):
-            raise _bad(path, line_no, "arrival_time_ns is missing or not a number") from None
+        elif not all(isinstance(t, int) and not isinstance(t, bool) for t in (*ids_in, *ids_out)):
+            raise _bad(path, line_no, "input_tok_ids and output_tok_ids must be integer token ids")
+        arrival = _seconds(row.get("arrival_time_ns"), 1e9, path, line_no, "arrival_time_ns")
         ids = None if ids_in is None or ids_out is None else tuple(ids_in) + tuple(ids_out)
         records.append(TraceRecord(arrival, prompt, output, token_ids=ids, **columns.read(row, path, line_no)))
     return records
@@ -254,7 +276,10 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
     if not path.is_dir():
         raise KvsimError(f"{path}: servegen needs the folder of chunk-*-trace.csv files")
     ids = clients if clients is not None else sorted(
-        int(p.name.split("-")[1]) for p in path.glob("chunk-*-trace.csv"))
+        int(p.name.split("-")[1]) for p in path.glob("chunk-*-trace.csv") if p.name.split("-")[1].isdigit())
+    if not ids:
+        raise KvsimError(f"{path}: servegen needs at least one client (no chunk-<client>-trace.csv here, "
+                         f"or clients={clients!r})")
     records = []
     for client in ids:
         trace_file, data_file = path / f"chunk-{client}-trace.csv", path / f"chunk-{client}-dataset.json"
@@ -280,6 +305,9 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
                         break
                     prompt, output = _servegen_lengths(pdfs, t, rng.random())
                     records.append(TraceRecord(t - start_s, prompt, output))
+    if not records:
+        raise KvsimError(f"{path}: no ServeGen request arrives in [start_s, start_s + duration_s) = "
+                         f"[{start_s:g}, {start_s + duration_s:g}) s")
     records.sort(key=lambda r: r.arrival_s or 0.0)
     return records
 
@@ -287,6 +315,8 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
 def _servegen_pdfs(path: Path) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     try:
         raw = json.loads(path.read_text())
+        if not isinstance(raw, dict):
+            raise TypeError("expected a JSON object of windows")
         out = {}
         for window, fields in raw.items():
             inputs = ast.literal_eval(fields["input_tokens"])
@@ -299,7 +329,7 @@ def _servegen_pdfs(path: Path) -> dict[float, tuple[np.ndarray, np.ndarray, np.n
             out_cdf = np.cumsum([outputs[v] for v in out_vals])
             out[float(window)] = (in_vals, in_cdf / in_cdf[-1], out_vals, out_cdf / out_cdf[-1])
         return out
-    except (ValueError, KeyError, SyntaxError, TypeError) as error:
+    except (ValueError, KeyError, SyntaxError, TypeError, AttributeError, IndexError) as error:
         raise KvsimError(f"{path}: malformed ServeGen dataset ({error})") from None
 
 
