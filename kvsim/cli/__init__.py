@@ -115,6 +115,8 @@ def capacity(
     from kvsim.results.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
 
     with user_errors():
+        if num_sequences < 0:  # read only with a shared prefix, but never a count below 0
+            raise KvsimError(f"--num-sequences={num_sequences}: must be >= 0")
         engine = make_engine(
             max_model_len=max_model_len,
             block_size=block_size,

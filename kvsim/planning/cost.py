@@ -12,6 +12,7 @@ stated beside every figure; a planner's own price (`--gpu-hourly-cost`) replaces
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -39,8 +40,9 @@ def _price_table() -> dict:
 def gpu_price(gpu_name: str, usd_per_gpu_hour: float | None = None) -> GpuPrice:
     """The user's price when given (must be > 0), else the preset's list on-demand price, else none."""
     if usd_per_gpu_hour is not None:
-        if not usd_per_gpu_hour > 0:
-            raise KvsimError(f"gpu_hourly_cost={usd_per_gpu_hour}: must be a positive price in USD per GPU-hour")
+        if not 0 < usd_per_gpu_hour < math.inf:
+            raise KvsimError(f"gpu_hourly_cost={usd_per_gpu_hour}: must be a positive, finite price in USD per "
+                             "GPU-hour")
         return GpuPrice(float(usd_per_gpu_hour), "given (--gpu-hourly-cost)")
     table = _price_table()
     price = table["usd_per_gpu_hour"].get(gpu_name)
