@@ -379,6 +379,92 @@ CASES = [
      [*RUN_S, "--memory-limit", "64MiB"], "autoscaler.max_replicas=64: this fleet needs at least"),
     ("autoscaler-without-count", scenario(f"{WORKLOAD}replicas: [{{count: 2}}]\nautoscaler: {{}}\n"), RUN_S,
      "autoscaler: needs replicas as a count"),
+    # --- inf, NaN, huge and tiny numbers, booleans for counts (found by the bad-input sweep)
+    ("rate-infinite", scenario(f"workload: {{arrival: {{rate: .inf}}, {LENGTHS}}}\n"), RUN_S,
+     "workload.arrival.rate=inf"),
+    ("lognormal-mean-infinite", scenario("workload: {prompt_len: {dist: lognormal, mean: .inf, sigma: 1}, "
+                                         "output_len: {dist: fixed, value: 1}}\n"), RUN_S,
+     "workload.prompt_len.lognormal.mean=inf"),
+    ("fixed-length-beyond-int64", scenario("workload: {prompt_len: {dist: fixed, value: 99999999999999999999}, "
+                                           "output_len: {dist: fixed, value: 1}}\n"), RUN_S,
+     "workload.prompt_len.fixed.value=99999999999999999999"),
+    ("swap-space-infinite", scenario(f"engine: {{swap_space: .inf}}\n{WORKLOAD}"), RUN_S, "engine.swap_space=inf"),
+    ("swap-space-1e308", scenario(f"engine: {{swap_space: 1.0e+308, scheduler: v0, preemption_mode: swap}}\n"
+                                  f"{WORKLOAD}"), RUN_S, "engine.swap_space=1e+308"),
+    ("latency-overhead-infinite", scenario(f"{WORKLOAD}latency: {{overhead_s: .inf}}\n"), RUN_S,
+     "latency.overhead_s=inf"),
+    ("latency-constant-step-infinite", scenario(f"{WORKLOAD}latency: {{model: constant, step_s: .inf}}\n"), RUN_S,
+     "latency.step_s=inf"),
+    ("gpu-link-bandwidth-tiny", scenario(f"engine: {{tensor_parallel_size: 2}}\n{WORKLOAD}"
+                                         "gpu_link: {kind: nvlink, bandwidth_bytes_per_s: 1.0e-300, latency_s: 0}\n"),
+     RUN_S, "gpu_link.bandwidth_bytes_per_s=1e-300"),
+    ("gpu-file-flops-infinite", {"g.yaml": "memory_bytes: 80GiB\nhbm_bandwidth_bytes_per_s: 3.35e12\n"
+                                           "fp16_flops: .inf\nhost_link_bandwidth_bytes_per_s: 64e9\n",
+                                 "s.yaml": f"gpu: {{d}}/g.yaml\n{WORKLOAD}"}, RUN_S, "fp16_flops=inf"),
+    ("kv-link-bandwidth-tiny", scenario(f"{WORKLOAD}kv_transfer_config: {{kv_link_bandwidth_bytes_per_s: 1.0e-300}}\n"
+                                        "replicas: [{kv_role: kv_producer}, {kv_role: kv_consumer}]\n"), RUN_S,
+     "kv_transfer_config.kv_link_bandwidth_bytes_per_s=1e-300"),
+    ("autoscaler-sync-period-tiny", scenario(f"{WORKLOAD}replicas: 1\nrouter: {{policy: least_outstanding}}\n"
+                                             "autoscaler: {max_replicas: 4, sync_period_s: 1.0e-300}\n"), RUN_S,
+     "autoscaler.sync_period_s=1e-300"),  # the clock stood still: the run synced forever
+    ("autoscaler-slo-window-infinite", scenario(f"{WORKLOAD}replicas: 1\nrouter: {{policy: least_outstanding}}\n"
+                                                "autoscaler: {max_replicas: 4, slo_window_s: .inf}\n"), RUN_S,
+     "autoscaler.slo_window_s=inf"),
+    ("priority-class-beyond-int64", scenario(f"workload: {{num_requests: 5, {LENGTHS}, priority: {{classes: "
+                                             "[{name: a, priority: 99999999999999999999, weight: 1}]}}\n"), RUN_S,
+     "priority=99999999999999999999"),
+    ("priority-class-a-boolean", scenario(f"workload: {{num_requests: 5, {LENGTHS}, priority: {{classes: "
+                                          "[{name: a, priority: true, weight: 1}]}}\n"), RUN_S,
+     "priority=True: expected an integer priority, not a boolean"),
+    ("priority-class-weight-infinite", scenario(f"workload: {{num_requests: 5, {LENGTHS}, priority: {{classes: "
+                                                "[{name: a, priority: 0, weight: .inf}]}}\n"), RUN_S,
+     "weight=inf"),
+    ("replicas-a-boolean", scenario(f"{WORKLOAD}replicas: true\n"), RUN_S,
+     "replicas=True: expected a replica count or a list of replica groups, not a boolean"),
+    ("trace-rate-scale-infinite", trace_scenario("azure", "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                                 "2023-11-16 18:15:46.68,374,44\n", ", rate_scale: .inf"), RUN_S,
+     "workload.trace.rate_scale=inf"),
+    # --- traces: values no reader may take (found by the bad-input sweep)
+    ("mooncake-timestamp-infinite", trace_scenario("mooncake", "t.jsonl", '{"timestamp": Infinity, "input_length": 5, '
+                                                   '"output_length": 5, "hash_ids": [1]}\n'), RUN_S,
+     "t.jsonl:1: timestamp=inf is not a finite number"),
+    ("mooncake-timestamp-nan", trace_scenario("mooncake", "t.jsonl", '{"timestamp": NaN, "input_length": 5, '
+                                              '"output_length": 5, "hash_ids": [1]}\n'), RUN_S,
+     "t.jsonl:1: timestamp=nan is not a finite number"),
+    ("mooncake-length-a-boolean", trace_scenario("mooncake", "t.jsonl", '{"timestamp": 0, "input_length": true, '
+                                                 '"output_length": 5, "hash_ids": [1]}\n'), RUN_S,
+     "t.jsonl:1: input_length=True is not an integer"),
+    ("mooncake-length-fractional", trace_scenario("mooncake", "t.jsonl", '{"timestamp": 0, "input_length": 5.5, '
+                                                  '"output_length": 5, "hash_ids": [1]}\n'), RUN_S,
+     "t.jsonl:1: input_length=5.5 is not an integer"),
+    ("mooncake-length-1e400", trace_scenario("mooncake", "t.jsonl", '{"timestamp": 0, "input_length": 1e400, '
+                                             '"output_length": 5, "hash_ids": []}\n'), RUN_S,
+     "t.jsonl:1: input_length=inf is not an integer"),
+    ("mooncake-hash-ids-objects", trace_scenario("mooncake", "t.jsonl", '{"timestamp": 0, "input_length": 5, '
+                                                 '"output_length": 5, "hash_ids": [{"a": 1}]}\n'), RUN_S,
+     "t.jsonl:1: hash_ids must be integers or strings"),
+    ("mooncake-nested-too-deeply", trace_scenario("mooncake", "t.jsonl", "[" * 100_000 + "]" * 100_000 + "\n"),
+     RUN_S, "t.jsonl:1: not JSON kvsim reads (nested too deeply)"),
+    ("sharegpt-token-ids-text", trace_scenario("sharegpt_tokens", "t.jsonl", '{"arrival_time_ns": 0, "input_toks": 2, '
+                                               '"output_toks": 1, "input_tok_ids": ["a", "b"], "output_tok_ids": [1]}\n'),
+     RUN_S, "t.jsonl:1: input_tok_ids and output_tok_ids must be integer token ids"),
+    ("azure-tokens-beyond-int64", trace_scenario("azure", "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                                 "2023-11-16 18:15:46.68,99999999999999999999999,44\n"), RUN_S,
+     "t.csv:2: ContextTokens=99999999999999999999999 is more tokens than kvsim counts"),
+    ("azure-priority-beyond-int64", trace_scenario("azure", "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,P\n"
+                                                   "2023-11-16 18:15:46.68,374,44,99999999999999999999\n",
+                                                   ", priority_column: P"), RUN_S,
+     "t.csv:2: priority column P='99999999999999999999' is outside int64"),
+    ("azure-field-over-the-csv-limit", trace_scenario("azure", "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n\""
+                                                      + "x" * 200_000 + "\",1,1\n"), RUN_S,
+     "t.csv: not a CSV file kvsim reads (field larger than field limit"),
+    ("servegen-empty-folder", {"s.yaml": "workload: {num_requests: 5, arrival: {process: trace}, "
+                                         "trace: {format: servegen, path: sg}}\n", "sg/README": "nothing\n"}, RUN_S,
+     "servegen needs at least one client"),
+    ("servegen-dataset-a-list", {"s.yaml": "workload: {num_requests: 5, arrival: {process: trace}, "
+                                           "trace: {format: servegen, path: sg, clients: [1]}}\n",
+                                 "sg/chunk-1-trace.csv": "0,1,1\n", "sg/chunk-1-dataset.json": "[1]\n"}, RUN_S,
+     "malformed ServeGen dataset"),
     # --- other commands
     ("capacity-context-lengths", {}, ["capacity", "--context-lengths", "1k,2k"], "--context-lengths='1k,2k'"),
     ("capacity-kv-bytes", {}, ["capacity", "--kv-cache-memory-bytes", "lots"], "kv_cache_memory_bytes"),
@@ -396,6 +482,8 @@ CASES = [
     ("report-set-broken", {}, ["report", "--set", "engine.block_size=[1"], "--set 'engine.block_size=[1'"),
     ("calibrate-dtype", {}, ["calibrate", "--gpu", "h200", "--kv-cache-dtype", "int4"], "--kv-cache-dtype='int4'"),
     ("calibrate-block-sizes", {}, ["calibrate", "--gpu", "h200", "--block-sizes", "x"], "--block-sizes='x'"),
+    ("capacity-gpu-hourly-cost-infinite", {}, ["capacity", "--gpu-hourly-cost", "inf"], "gpu_hourly_cost=inf"),
+    ("capacity-num-sequences-negative", {}, ["capacity", "--num-sequences", "-5"], "--num-sequences=-5"),
     ("output-is-a-file", {"taken": "user data\n"}, ["run", "--set", "workload.num_requests=5", "-o", "{d}/taken"],
      "is not a folder"),
 ]
@@ -427,6 +515,56 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
     assert "Traceback" not in result.output
     assert sorted(p.name for p in d.iterdir()) == before  # nothing written beside the inputs
     assert list(tmp_path.iterdir()) == [d]  # nor in the working directory (no runs/, report/)
+
+
+def _gzip(text: str) -> bytes:
+    import gzip
+
+    return gzip.compress(text.encode())
+
+
+AZURE_ROWS = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "2023-11-16 18:15:46.68,374,44\n" * 200
+MOONCAKE_ROWS = '{"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": [1]}\n' * 200
+
+
+@pytest.mark.parametrize(("files", "args", "needle"), [
+    ({"s.yaml": "workload: {num_requests: 5, arrival: {process: trace}, trace: {format: azure, path: t.csv.gz}}\n",
+      "t.csv.gz": _gzip(AZURE_ROWS)[:15]}, RUN_S, "t.csv.gz: cannot read, the compressed file is truncated or corrupt"),
+    ({"s.yaml": "workload: {num_requests: 5, arrival: {process: trace}, trace: {format: mooncake, path: t.jsonl.gz}}\n",
+      "t.jsonl.gz": _gzip(MOONCAKE_ROWS)[:-40]}, RUN_S,
+     "t.jsonl.gz: cannot read, the compressed file is truncated or corrupt"),
+    ({"b.json": b"\xff\xfe\x00{}"}, ["validate", "{d}/b.json", "-o", "{d}/out"], "b.json: not UTF-8 text (byte 0)"),
+], ids=["azure-gzip-truncated", "mooncake-gzip-truncated", "validate-binary-json"])
+def test_bad_binary_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, files, args, needle):
+    """As the corpus, for files that are not text: a truncated gzip trace was `Aborted!` (click's EOFError), a
+    binary bench JSON a UnicodeDecodeError traceback."""
+    monkeypatch.chdir(tmp_path)
+    d = tmp_path / "case"
+    d.mkdir()
+    for name, content in files.items():
+        (d / name).write_bytes(content) if isinstance(content, bytes) else (d / name).write_text(content)
+    argv = [a.replace("{d}", str(d)) for a in args]
+    if argv[0] == "run":
+        argv += ["-o", str(d / "out")]
+    before = sorted(p.name for p in d.iterdir())
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvsim: error: ") and needle in lines[0], result.stderr
+    assert sorted(p.name for p in d.iterdir()) == before
+    assert list(tmp_path.iterdir()) == [d]
+
+
+def test_a_trace_named_without_gz_is_read_from_its_gz(tmp_path, monkeypatch):
+    """`kvsim.workload.files`: `x.csv` may be given when only `x.csv.gz` exists; the scenario's path check
+    said "file not found" before the reader could look for the .gz."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv.gz").write_bytes(_gzip(AZURE_ROWS))
+    (tmp_path / "s.yaml").write_text("workload: {num_requests: 5, arrival: {process: trace}, "
+                                     "trace: {format: azure, path: t.csv}}\nsteps: none\n")
+    result = runner.invoke(app, ["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_finished"] == 5
 
 
 # -- faults: the machine, not the input --------------------------------------------------------
