@@ -14,7 +14,9 @@ of its own (tests/test_bare_clone.py checks).
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -58,10 +60,38 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that read ../shared (through the fixtures below) carry the `shared` mark."""
+    """Tests that read ../shared (through the fixtures below) carry the `shared` mark; `slow` tests go
+    first (see `pytest_xdist_make_scheduler`)."""
     for item in items:
         if {"shared", "traces"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.shared)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: else collection order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """The two xdist workers of `./dev test` take the next test whenever one is free, `slow` tests first
+    (`pytest_collection_modifyitems`), so that the run ends on short tests rather than with one worker
+    idle while the other finishes a long one; the tests of a module with a module-scoped fixture go to
+    one worker together, so that the fixture is computed once. (xdist's own `--dist loadgroup` does not
+    group under pytest 9, whose node ids it can no longer suffix.) Another `--dist` is xdist's own."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneTestOrOneModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            return path if _has_module_fixture(path) else nodeid
+
+    return OneTestOrOneModule(config, log)
+
+
+@functools.cache
+def _has_module_fixture(path: str) -> bool:
+    """Whether the test module at `path` (relative to the rootdir) declares a module-scoped fixture."""
+    source = REPO / path
+    return source.is_file() and re.search(r"scope=[\"']module[\"']", source.read_text()) is not None
 
 
 def shared_root() -> Path | None:
