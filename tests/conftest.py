@@ -80,6 +80,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class OneTestOrOneModule(LoadScopeScheduling):
+        # xdist's own schedulers (`--dist loadfile`, `loadgroup`) are LoadScopeScheduling with this one method
+        # overridden; were it renamed, the default (a module or class per unit) would schedule instead
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::")[0]
             return path if _has_module_fixture(path) else nodeid
