@@ -8,6 +8,7 @@ configurations vLLM refuses at startup, and the other commands' flags.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -692,3 +693,18 @@ def test_ctrl_c_before_any_output_says_so():
     assert interrupted_message(["report", "--quick"], None) == (
         "kvsim: interrupted (kvsim report) before it wrote any output; no file was changed")
     assert "points.jsonl" in interrupted_message(["plan"], None)
+
+
+def test_reading_a_peer_prediction_leaves_the_csv_field_limit_as_it_was():
+    """LLMServingSim's sim.csv needs a larger csv field limit (its ITL column); the limit is process-wide,
+    so reading one raised it for every later trace read in the process, and a trace field over the
+    default limit was then read whole, not refused (the `azure-field-over-the-csv-limit` case, run after
+    a validation test on the same worker)."""
+    import csv
+
+    from kvsim.validation.measured import read_llmservingsim
+
+    before = csv.field_size_limit()
+    case = Path(__file__).resolve().parents[1] / "benchmarks/validation_set/measured/RTXPRO6000/Llama-3.1-8B"
+    assert read_llmservingsim(case / "outputs" / "sim.csv") is not None  # found as sim.csv.gz
+    assert csv.field_size_limit() == before

@@ -300,9 +300,12 @@ def read_llmservingsim(path: Path) -> pd.DataFrame | None:
     path = data_file(path)
     if not path.is_file():
         return None
-    csv.field_size_limit(2**31 - 1)  # the ITL column lists every token's gap
-    with open_text(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    limit = csv.field_size_limit(2**31 - 1)  # the ITL column lists every token's gap
+    try:
+        with open_text(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    finally:  # the limit is the csv module's, process-wide: every other reader keeps the default
+        csv.field_size_limit(limit)
     try:
         arrival = np.array([float(r["arrival"]) for r in rows]) / NS_PER_S
         ttft = np.array([float(r["TTFT"]) for r in rows]) / NS_PER_S

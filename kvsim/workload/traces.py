@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, shown
 from kvsim.workload.files import open_text
 
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's traces hash one id per 512-token block (FAST'25 trace README)
@@ -63,11 +63,11 @@ def _bad(path: Path, line: int, what: str) -> KvsimError:
 def _positive(value: Any, path: Path, line: int, field: str) -> int:
     """A token count: an integer (a JSON 600.0 too, not 600.7 nor true), 1 to `MAX_LENGTH`."""
     if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise _bad(path, line, f"{field}={value!r} is not an integer")
+        raise _bad(path, line, f"{field}={shown(value)} is not an integer")
     try:
         number = int(value)
     except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON 1e400 reads as inf
-        raise _bad(path, line, f"{field}={value!r} is not an integer") from None
+        raise _bad(path, line, f"{field}={shown(value)} is not an integer") from None
     if number <= 0:
         raise _bad(path, line, f"{field}={number} must be positive")
     if number > MAX_LENGTH:
@@ -80,9 +80,9 @@ def _seconds(value: Any, scale: float, path: Path, line: int, field: str) -> flo
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise _bad(path, line, f"{field}={value!r} is not a number") from None
+        raise _bad(path, line, f"{field}={shown(value)} is not a number") from None
     if not math.isfinite(number):
-        raise _bad(path, line, f"{field}={value!r} is not a finite number")
+        raise _bad(path, line, f"{field}={shown(value)} is not a finite number")
     return number / scale
 
 
@@ -102,10 +102,10 @@ class TraceColumns:
                 value = value.strip()
             if isinstance(value, bool) or not isinstance(value, (int, str)) \
                     or not re.fullmatch(r"[+-]?\d+", str(value)):
-                raise _bad(path, line, f"priority column {self.priority}={value!r} is not an integer")
+                raise _bad(path, line, f"priority column {self.priority}={shown(value)} is not an integer")
             out["priority"] = int(value)
             if not PRIORITY_RANGE[0] <= out["priority"] <= PRIORITY_RANGE[1]:
-                raise _bad(path, line, f"priority column {self.priority}={value!r} is outside int64")
+                raise _bad(path, line, f"priority column {self.priority}={shown(value)} is outside int64")
         if self.acceptance is not None:
             out["acceptance_lengths"] = _acceptance_lengths(row.get(self.acceptance), path, line, self.acceptance)
         return out
@@ -119,11 +119,11 @@ def _acceptance_lengths(value: Any, path: Path, line: int, column: str) -> tuple
     if isinstance(items, list) and items == [""]:
         items = []
     if not isinstance(items, list):
-        raise _bad(path, line, f"acceptance column {column}={value!r} is not a list of integers")
+        raise _bad(path, line, f"acceptance column {column}={shown(value)} is not a list of integers")
     lengths = []
     for item in items:
         if isinstance(item, bool) or not re.fullmatch(r"\d+", str(item).strip()) or int(item) < 1:
-            raise _bad(path, line, f"acceptance column {column}: {item!r} is not an acceptance length "
+            raise _bad(path, line, f"acceptance column {column}: {shown(item)} is not an acceptance length "
                                    "(an integer ≥ 1: tokens a verify step emitted)")
         lengths.append(int(item))
     return tuple(lengths)
@@ -157,7 +157,7 @@ def read_azure(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceReco
                 date, _, frac = stamp.partition(".")
                 t = datetime.fromisoformat(date).timestamp() + float(f"0.{frac or 0}")
             except (KeyError, ValueError, TypeError):
-                raise _bad(path, line_no, f"TIMESTAMP={row.get('TIMESTAMP')!r} is not a timestamp") from None
+                raise _bad(path, line_no, f"TIMESTAMP={shown(row.get('TIMESTAMP'))} is not a timestamp") from None
             first = t if first is None else first
             records.append(TraceRecord(
                 t - first,
@@ -279,7 +279,7 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
         int(p.name.split("-")[1]) for p in path.glob("chunk-*-trace.csv") if p.name.split("-")[1].isdigit())
     if not ids:
         raise KvsimError(f"{path}: servegen needs at least one client (no chunk-<client>-trace.csv here, "
-                         f"or clients={clients!r})")
+                         f"or clients={shown(clients)})")
     records = []
     for client in ids:
         trace_file, data_file = path / f"chunk-{client}-trace.csv", path / f"chunk-{client}-dataset.json"
