@@ -468,6 +468,13 @@ CASES = [
      "malformed ServeGen dataset"),
     # --- other commands
     ("capacity-context-lengths", {}, ["capacity", "--context-lengths", "1k,2k"], "--context-lengths='1k,2k'"),
+    ("plan-workers-zero", {}, ["plan", "--workers", "0", "--gpu", "h100-80gb", "--slo", "ttft_s.p90=2"],
+     "--workers=0: expected at least 1 process"),  # a LocalCluster of no processes
+    ("report-workers-negative", {}, ["report", "--workers", "-1"], "--workers=-1: expected at least 1 process"),
+    ("run-output-empty", {}, ["run", "-o", ""], "--output='': is empty"),  # not runs/NAME, not the working folder
+    ("report-output-empty", {}, ["report", "-o", ""], "--output='': is empty"),
+    ("run-kv-transfer-config-empty", {}, ["run", "--kv-transfer-config", ""],
+     "--kv-transfer-config='': not JSON"),  # was read as no setting: a colocated run
     ("capacity-kv-bytes", {}, ["capacity", "--kv-cache-memory-bytes", "lots"], "kv_cache_memory_bytes"),
     ("capacity-tp-zero", {}, ["capacity", "--tensor-parallel-size", "0"], "tensor_parallel_size=0"),
     ("capacity-gpu-util-a-percentage", {}, ["capacity", "--gpu-memory-utilization", "95"],

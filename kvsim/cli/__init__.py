@@ -40,6 +40,7 @@ from kvsim.cli.shared import (
     ValidateFormat,
     beyond_max_model_len,
     capacity_headline,
+    check_workers,
     collector_off,
     fixed_length_scenario,
     offload_line,
@@ -226,9 +227,11 @@ def run(
             flags += [f"engine.{name}={value}" for name, value in (("scheduling_policy", scheduling_policy),
                                                                      ("speculative_config", speculative_config))
                       if value]
-            flags += [f"kv_transfer_config={kv_transfer_config}"] if kv_transfer_config is not None else []
+            if kv_transfer_config is not None:  # vLLM's flag: a JSON object (an empty one is no setting)
+                parse_json_object(kv_transfer_config, "--kv-transfer-config")
+                flags.append(f"kv_transfer_config={kv_transfer_config}")
             spec = load_scenario(scenario, [*(overrides or []), *flags])
-            out_dir = output or f"runs/{safe_component(spec.name)}"
+            out_dir = f"runs/{safe_component(spec.name)}" if output is None else output
             check_output_dir(out_dir, "run")  # refuse before simulating, not after
             resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
     gc.freeze()
@@ -303,6 +306,7 @@ def plan(
     from kvsim.workload.scenario import load_scenario
 
     with user_errors():
+        check_workers(workers)
         base = load_scenario(scenario, overrides or [])
         raw: dict = {}
         if spec_file is not None:
@@ -324,7 +328,7 @@ def plan(
                                  max_replicas, router, search, limit_bytes, xpyd, kv_transfer_config)
         check_candidates(base, spec)
         sizes = [parse_size_flag(size, "--offload-size") for size in offload_sizes or []]
-        out_path = output or f"plans/{safe_component(base.name)}"
+        out_path = f"plans/{safe_component(base.name)}" if output is None else output
         check_output_dir(out_path, "plan")
         client = None if workers == 1 and not dask_address else dask_client(dask_address, workers)
         try:
@@ -392,6 +396,7 @@ def report(
     sets = [f"engine.{k}={v}" for k, v in engine_flags.items() if v is not None]
     sets += [f"{k}={v}" for k, v in (("model", model), ("gpu", gpu)) if v is not None]
     with user_errors():
+        check_workers(workers)
         base = load_scenario(scenario, sets + (overrides or []), default=REPORT_SCENARIO)
         cfg = StudyConfig.quick() if quick else StudyConfig()
         cfg = StudyConfig(**{**cfg.__dict__, "workers": workers, "dask_address": dask_address,
@@ -434,7 +439,7 @@ def validate(
             raise KvsimError(f"--profile={profile!r}: only --latency calibrated reads a profile; "
                              f"--latency {latency.value} would ignore it")
         run = load_measured(measured, workload)
-        out_path = output or f"validation/{safe_component(run.name, 'run')}-{latency.value}"
+        out_path = f"validation/{safe_component(run.name, 'run')}-{latency.value}" if output is None else output
         check_output_dir(out_path, "validation")  # refuse before replaying, not after
         if profile is None and latency is LatencyChoice.calibrated and Path(measured).is_dir():
             found = v.default_profile(Path(measured), run)

@@ -113,7 +113,10 @@ def _listing(folder: Path) -> set[str]:
 
 
 def _absolute_unprotected(path: str | Path) -> Path:
-    """`path` made absolute (`~` expanded), unless it is protected or a symlink."""
+    """`path` made absolute (`~` expanded), unless it is empty (an unset shell variable, not the working
+    folder), protected or a symlink."""
+    if not str(path).strip():
+        raise _refuse(path, "is empty: name a folder")
     out = Path(os.path.abspath(Path(path).expanduser()))
     reason = _protected_reason(out) or ("is a symbolic link" if out.is_symlink() else None)
     if reason:
