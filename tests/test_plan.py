@@ -80,7 +80,7 @@ def test_killing_a_dask_worker_mid_search_loses_no_finished_point(tmp_path):
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb", "h200"], "max_replicas": 8})
     expected, total = plan(base, spec, tmp_path / "here")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
         pids = client.run(os.getpid)
         killed = []
 

@@ -67,7 +67,7 @@ def test_a_cluster_whose_only_worker_is_gone_is_reported_within_the_timeout(tmp_
     monkeypatch.setenv(NO_WORKERS_TIMEOUT_ENV, "1")
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8})
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
         def leave(finished, simulated, *_):
             if simulated == 1:
                 cluster.scale(0)
@@ -75,7 +75,7 @@ def test_a_cluster_whose_only_worker_is_gone_is_reported_within_the_timeout(tmp_
         with pytest.raises(KvsimError, match=r"dask cluster .*: no worker for 1 s \(they died or never joined\)"):
             plan(toy(), spec, tmp_path / "died", client=client, on_point=leave)
     assert len((tmp_path / "died" / "points.jsonl").read_text().splitlines()) == 1
-    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, \
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster, \
             distributed.Client(cluster) as client, pytest.raises(KvsimError, match="no worker for 1 s"):
         plan(toy(), spec, tmp_path / "never", client=client)
 

@@ -22,7 +22,7 @@ def test_local_processes_match_in_process():
 
 def test_dask_cluster_matches_in_process():
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
         on_dask = run_many(scenarios(), dask_address=cluster.scheduler_address)
     assert [r.summary for r in on_dask] == [r.summary for r in run_many(scenarios(), workers=1)]
 

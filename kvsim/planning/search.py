@@ -229,8 +229,10 @@ def dask_client(address: str | None, workers: int | None) -> Any:
     os.environ[WORKER_LOG_LEVEL] = "error"  # read by each worker process as it starts
     try:
         with sigint_ignored():
+            # ":0": the scheduler's HTTP server on a free port (None still takes 8787, and a second plan on the
+            # machine then warns that the port is in use)
             cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                                   dashboard_address=None)
+                                   dashboard_address=":0")
     finally:
         if saved is None:
             os.environ.pop(WORKER_LOG_LEVEL)
