@@ -21,7 +21,7 @@ counts of this kind over the flat layout before item 1. Measured here (December 
 subpackages and the one step accounting): 37 modules, 7 layers, 43 climbs, 122 re-entries, 0 up-calls;
 with async scheduling (vLLM's default, `kvsim.sched.async_steps`) and the roofline's fractions in a module
 of their own (`kvsim.latency.efficiency`, roofline.py had passed 500 lines) 39 modules, 45 climbs, 144
-re-entries.
+re-entries; with the bad-input checks (finite arrival times, `.gz` lookups) 39 modules, 46 climbs, 146 re-entries.
 The layers are within the target and the run never calls up a layer; the module count is not
 (`test_walk_enters_at_most_8_modules`, an expected failure until it is): one concept per module
 (DESIGN.md §6) puts a one-engine run's code in 6 engine, 6 sched, 6 kv, 4 latency, 4 results,
