@@ -170,3 +170,17 @@ def test_reject_reasons_most_frequent_first_ties_in_order_of_first_appearance():
     counted = frame["reject_reason"][frame["status"] == "rejected"].value_counts()
     assert list(counted.items()) == list(summary["reject_reasons"].items())
     assert summarize(frame, StepTotals(), EngineCounters(), {}) == summary
+
+
+def test_requests_refused_for_one_limit_count_under_one_reason():
+    """`reject_reasons` counts requests per reason (docs/metrics.md): 30 prompts of different lengths, all over
+    max_model_len 64, are one reason counted 30 times, not 30 reasons of one request each (the message named
+    each request's own lengths, which its row already carries)."""
+    from kvsim.engine.simulate import simulate
+
+    scenario = load_scenario(None, ["engine.max_model_len=64", "workload.num_requests=30",
+                                    "workload.prompt_len={dist: uniform, low: 100, high: 900}",
+                                    "workload.output_len={dist: fixed, value: 8}"])
+    result = simulate(scenario)
+    assert result.summary["reject_reasons"] == {"prompt_len + output_len > max_model_len 64": 30}
+    assert result.requests["prompt_tokens"].nunique() > 1  # the rows keep each request's own lengths

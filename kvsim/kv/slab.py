@@ -126,10 +126,10 @@ class SlabAllocator:
 
     def never_fits_reason(self, final_num_tokens: int, prompt_len: int | None = None) -> str | None:
         """A region larger than the empty pool could place (buddy: its largest tile) never fits."""
-        size = self.region_slots(final_num_tokens, prompt_len)
-        if size <= self.free_runs.largest_region(self.num_total_slots):
+        largest = self.free_runs.largest_region(self.num_total_slots)
+        if self.region_slots(final_num_tokens, prompt_len) <= largest:
             return None
-        return f"its {size}-slot region exceeds the largest {self.placement} region of the pool"
+        return f"its region exceeds the largest {self.placement} region of the pool ({largest} slots)"
 
     def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:
         """Slabs share nothing: no prefix hits."""

@@ -172,11 +172,14 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
         return True
 
     def reject_reason(self, req: Request) -> str | None:
+        """Why `req` can never be served, or None. A reason names the limit, not the request's own numbers
+        (its row carries prompt_tokens, output_tokens and num_samples), so that the summary's
+        `reject_reasons` counts requests per reason."""
         limits = self.limits
         if req.prompt_len + req.output_len > limits.max_model_len:
-            return f"prompt_len {req.prompt_len} + output_len {req.output_len} > max_model_len {limits.max_model_len}"
+            return f"prompt_len + output_len > max_model_len {limits.max_model_len}"
         if req.num_samples > limits.max_num_seqs:
-            return f"num_samples {req.num_samples} > max_num_seqs {limits.max_num_seqs}"
+            return f"num_samples > max_num_seqs {limits.max_num_seqs}"
         reason = self.alloc.never_fits_reason(req.kv_len, req.prompt_len)
         if reason:
             return reason
@@ -185,7 +188,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
         # v1 has no watermark in vLLM, so kvsim's optional one only delays admission, never refuses.
         watermark = limits.watermark_slots if self.watermark_refuses else 0
         if needed > self.alloc.num_total_slots - watermark:
-            return f"needs {needed} KV slots, the pool has {self.alloc.num_total_slots}"
+            return f"needs more KV slots than the pool's {self.alloc.num_total_slots}"
         return None
 
     watermark_refuses = False  # v0: a request that only fits inside the watermark is rejected
