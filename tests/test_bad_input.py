@@ -474,7 +474,7 @@ CASES = [
     ("run-output-empty", {}, ["run", "-o", ""], "--output='': is empty"),  # not runs/NAME, not the working folder
     ("report-output-empty", {}, ["report", "-o", ""], "--output='': is empty"),
     ("run-kv-transfer-config-empty", {}, ["run", "--kv-transfer-config", ""],
-     "--kv-transfer-config='': not JSON"),  # was read as no setting: a colocated run
+     "--kv-transfer-config '': expected a JSON object"),  # was read as no setting: a colocated run
     ("capacity-kv-bytes", {}, ["capacity", "--kv-cache-memory-bytes", "lots"], "kv_cache_memory_bytes"),
     ("capacity-tp-zero", {}, ["capacity", "--tensor-parallel-size", "0"], "tensor_parallel_size=0"),
     ("capacity-gpu-util-a-percentage", {}, ["capacity", "--gpu-memory-utilization", "95"],

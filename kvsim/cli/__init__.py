@@ -216,6 +216,7 @@ def run(
     # runs); unfrozen after, so an in-process caller (CliRunner) keeps its usual collection.
     with collector_off():
         from kvsim.fleet.run import simulate_scenario
+        from kvsim.model.yaml_io import flag_mapping
         from kvsim.results.output_dir import check_output_dir, safe_component
         from kvsim.results.step_writer import resolve_format
         from kvsim.workload.scenario import load_scenario
@@ -227,8 +228,8 @@ def run(
             flags += [f"engine.{name}={value}" for name, value in (("scheduling_policy", scheduling_policy),
                                                                      ("speculative_config", speculative_config))
                       if value]
-            if kv_transfer_config is not None:  # vLLM's flag: a JSON object (an empty one is no setting)
-                parse_json_object(kv_transfer_config, "--kv-transfer-config")
+            if kv_transfer_config is not None:  # vLLM's flag: a mapping, checked as plan's is
+                flag_mapping(kv_transfer_config, "--kv-transfer-config")
                 flags.append(f"kv_transfer_config={kv_transfer_config}")
             spec = load_scenario(scenario, [*(overrides or []), *flags])
             out_dir = f"runs/{safe_component(spec.name)}" if output is None else output

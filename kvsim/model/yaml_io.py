@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from yaml.constructor import ConstructorError
 
-from kvsim.model.errors import shown
+from kvsim.model.errors import KvsimError, shown
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -48,6 +48,18 @@ def load_shipped_yaml(text: str) -> Any:
     file), through libyaml's C parser when PyYAML has it: the same objects, parsed several times faster
     (they are read at every run's start)."""
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - safe loaders
+
+
+def flag_mapping(text: str, flag: str) -> dict[Any, Any]:
+    """A flag's mapping, as vLLM's JSON flags take one (`--kv-transfer-config '{"kv_link": "nvlink"}'`; YAML's
+    flow style too, JSON being YAML); anything else, the empty text included, is one `KvsimError` line."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, dict):
+        raise KvsimError(f"{flag} {shown(text)}: expected a JSON object, e.g. '{{\"kv_link\": \"nvlink\"}}'")
+    return value
 
 
 def yaml_problem(error: yaml.YAMLError) -> str:

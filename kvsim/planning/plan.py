@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError
+from kvsim.model.yaml_io import flag_mapping
 from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica_floor
 from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_price
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
@@ -377,14 +378,7 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
     if xpyd:
         raw["xpyd"] = [split.strip() for item in xpyd for split in item.split(",")]
     if kv_transfer_config is not None:
-        try:
-            config = yaml.safe_load(kv_transfer_config)
-        except yaml.YAMLError:
-            config = None
-        if not isinstance(config, dict):
-            raise KvsimError(f"--kv-transfer-config {kv_transfer_config[:60]!r}: expected a JSON object, e.g. "
-                             "'{\"kv_link\": \"nvlink\"}'")
-        raw["kv_transfer_config"] = config
+        raw["kv_transfer_config"] = flag_mapping(kv_transfer_config, "--kv-transfer-config")
     for key, value in _assignments(slo, "--slo"):
         try:
             raw.setdefault("slo", {})[key] = float(value)
