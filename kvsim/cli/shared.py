@@ -74,11 +74,11 @@ def parse_size_flag(text: str, flag: str) -> int:
     return value
 
 
-
 def check_workers(workers: int | None) -> None:
     """`--workers`: a count of local processes, at least 1 (None: the command's default)."""
     if workers is not None and workers < 1:
         raise KvsimError(f"--workers={workers}: expected at least 1 process (1 runs here)")
+
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "h100-80gb"

@@ -157,7 +157,7 @@ def _priorities(w: Workload, records: Sequence[TraceRecord], turns: int,
         return None
     classes = w.priority.classes
     weights = np.array([c.weight for c in classes], dtype=np.float64)
-    if not math.isfinite(sum(c.weight for c in classes)):  # weights of 1e308 sum to inf: shares, so scale down
+    if not np.isfinite(weights.sum()):  # weights of 1e308 sum to inf: they are shares, so scale them down
         weights /= weights.max()
     picks = rng.choice(len(classes), size=-(-n // turns), p=weights / weights.sum())
     return np.array([c.priority for c in classes], dtype=np.int64)[picks]
