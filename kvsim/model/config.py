@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.errors import KvsimError, from_validation_error, reading
-from kvsim.model.spec import DTYPE_BYTES, ModelSpec
+from kvsim.model.spec import DTYPE_BYTES, SETTINGS, ModelSpec
 from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.model.yaml_io import load_shipped_yaml, load_yaml, yaml_problem
 
@@ -60,7 +60,6 @@ Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float16", "bfloat16"]
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # inf and NaN are never a setting
 # Rates (bytes/s, FLOP/s) are at least 1 a second: a positive rate as small as 1e-300 makes a step last
 # inf seconds, which the event clock cannot schedule.
 
@@ -111,7 +110,7 @@ DEFAULT_PCIE_STEP_LATENCY_S = 1.0e-6
 class AllReduceFit(BaseModel):
     """An all-reduce fitted at one GPU count: t = 2 (p − 1) / p · n / (`efficiency` · bandwidth) + `fixed_s`."""
 
-    model_config = _FROZEN
+    model_config = SETTINGS
 
     efficiency: float = Field(gt=0, le=1)
     fixed_s: float = Field(ge=0)
@@ -133,7 +132,7 @@ class GPULink(BaseModel):
     pooled form for that count.
     """
 
-    model_config = _FROZEN
+    model_config = SETTINGS
 
     kind: Literal["nvlink", "pcie"]
     bandwidth_bytes_per_s: float = Field(ge=1)
@@ -155,7 +154,7 @@ class GPUSpec(BaseModel):
     (`kvsim.latency.efficiency.efficiency_for`).
     """
 
-    model_config = _FROZEN
+    model_config = SETTINGS
 
     name: str
     memory_bytes: Bytes
@@ -241,7 +240,7 @@ class KVOffloadConfig(BaseModel):
     naming the field and the value.
     """
 
-    model_config = _FROZEN
+    model_config = SETTINGS
 
     cpu_bytes: OffloadBytes | None = None
     num_cpu_blocks: int | None = Field(default=None, ge=0)
@@ -301,7 +300,7 @@ class EngineConfig(BaseModel):
     each step is planned while the previous one runs (`kvsim.sched.async_steps`).
     """
 
-    model_config = _FROZEN
+    model_config = SETTINGS
 
     block_size: int = Field(default=16, gt=0)
     max_model_len: int | None = Field(default=None, gt=0)

@@ -28,7 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 WeightDtype = Literal["float16", "bfloat16", "float32"]
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # inf and NaN are never a setting
+# Every user-set section (model, GPU, engine, scenario): immutable, unknown keys refused, inf and NaN
+# never a setting. Defined once here, the lowest module that needs it.
+SETTINGS = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 LayerType = Literal["full_attention", "sliding_attention", "chunked_attention"]
@@ -88,7 +90,7 @@ class ModelSpec(BaseModel):
     computed from the shapes unless given (`param_counts`).
     """
 
-    model_config = _FROZEN
+    model_config = SETTINGS
 
     name: str
     model_type: str = "llama"

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
-STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # every scenario section: immutable,
-# unknown keys refused, inf and NaN never a setting
+from kvsim.model.spec import SETTINGS
 
 
 class ReplicaGroup(BaseModel):
@@ -23,7 +22,7 @@ class ReplicaGroup(BaseModel):
     `engine` lists only the settings that differ from the scenario's `engine` section.
     """
 
-    model_config = STRICT
+    model_config = SETTINGS
     count: int = Field(default=1, gt=0, le=4096)
     name: str | None = None
     model: str | None = None
@@ -44,7 +43,7 @@ class Router(BaseModel):
     covers less than `match_threshold` of its prompt.
     """
 
-    model_config = STRICT
+    model_config = SETTINGS
     policy: Literal["round_robin", "least_outstanding", "least_kv", "affinity"] = "round_robin"
     load_bound: float = Field(default=1.25, ge=1.0)
     load_slack: int = Field(default=8, ge=0, description="outstanding requests above the least loaded")
@@ -60,7 +59,7 @@ class KVTransferConfig(BaseModel):
     receives over its own link, shared by the transfers into it. `kv_connector` is recorded only.
     """
 
-    model_config = STRICT
+    model_config = SETTINGS
     kv_connector: str = "NixlConnector"
     kv_link: Literal["nvlink", "pcie", "rdma"] = "rdma"
     kv_link_bandwidth_bytes_per_s: float | None = Field(default=None, ge=1, allow_inf_nan=False)  # see config.py
@@ -75,7 +74,7 @@ class AutoscalerConfig(BaseModel):
     count at the start, clamped to [min_replicas, max_replicas]. `slo_ttft_s` / `slo_tpot_s` only score the
     run (attainment per `slo_window_s` of arrivals), they do not steer it."""
 
-    model_config = STRICT
+    model_config = SETTINGS
     metric: Literal["num_requests_waiting", "kv_cache_usage_perc"] = "num_requests_waiting"  # vLLM's names
     target: float = Field(default=4.0, gt=0, allow_inf_nan=False)  # the metric's per-replica target value
     min_replicas: int = Field(default=1, ge=1)

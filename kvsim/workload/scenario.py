@@ -29,9 +29,10 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from kvsim.model.config import EngineConfig, GPULink
 from kvsim.model.errors import KvsimError, from_validation_error, reading
+from kvsim.model.spec import SETTINGS
 from kvsim.model.yaml_io import load_yaml, yaml_problem
 from kvsim.workload.files import data_file
-from kvsim.workload.fleet_layout import STRICT, AutoscalerConfig, KVTransferConfig, ReplicaGroup, Router
+from kvsim.workload.fleet_layout import AutoscalerConfig, KVTransferConfig, ReplicaGroup, Router
 from kvsim.workload.traces import MAX_LENGTH, PRIORITY_RANGE, ROW_READERS
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -40,13 +41,13 @@ REPORT_SCENARIO = DATA_DIR / "report_scenario.yaml"
 
 
 class Fixed(BaseModel):
-    model_config = STRICT
+    model_config = SETTINGS
     dist: Literal["fixed"]
     value: int = Field(gt=0, le=MAX_LENGTH)
 
 
 class Uniform(BaseModel):
-    model_config = STRICT
+    model_config = SETTINGS
     dist: Literal["uniform"]
     low: int = Field(gt=0, le=MAX_LENGTH)
     high: int = Field(gt=0, le=MAX_LENGTH)
@@ -61,7 +62,7 @@ class Uniform(BaseModel):
 class Lognormal(BaseModel):
     """By mean and p99 (solved for sigma), or by mean and sigma."""
 
-    model_config = STRICT
+    model_config = SETTINGS
     dist: Literal["lognormal"]
     mean: float = Field(gt=0)
     p99: float | None = Field(default=None, gt=0)
@@ -79,7 +80,7 @@ class Lognormal(BaseModel):
 class Empirical(BaseModel):
     """Resample one column of a length table (`builtin:sharegpt_lengths` or a CSV path)."""
 
-    model_config = STRICT
+    model_config = SETTINGS
     dist: Literal["empirical"]
     table: str
     column: Literal["prompt", "output"]
@@ -91,7 +92,7 @@ LengthDist = Annotated[Fixed | Uniform | Lognormal | Empirical, Field(discrimina
 class Arrival(BaseModel):
     """Inter-arrival process; `trace` uses the trace's own timestamps (scaled by `rate_scale`)."""
 
-    model_config = STRICT
+    model_config = SETTINGS
     process: Literal["poisson", "gamma", "constant", "trace"] = "poisson"
     rate: float | None = Field(default=None, gt=0, description="requests per second")
     cv: float = Field(default=1.0, gt=0, description="coefficient of variation of gaps (gamma)")
@@ -106,7 +107,7 @@ class Arrival(BaseModel):
 class SharedPrefix(BaseModel):
     """A system prompt of `tokens` tokens in front of a `fraction` of requests."""
 
-    model_config = STRICT
+    model_config = SETTINGS
     tokens: int = Field(gt=0)
     fraction: float = Field(default=1.0, ge=0, le=1)
     num_prefixes: int = Field(default=1, gt=0)
@@ -115,7 +116,7 @@ class SharedPrefix(BaseModel):
 class MultiTurn(BaseModel):
     """Conversations of `turns` turns; each turn's prompt is the conversation so far."""
 
-    model_config = STRICT
+    model_config = SETTINGS
     turns: int = Field(gt=0)
     think_time_s: float = Field(default=10.0, ge=0)
 
@@ -123,7 +124,7 @@ class MultiTurn(BaseModel):
 class PriorityClass(BaseModel):
     """One class of requests: its vLLM `priority` (smaller is served first) and its share of requests."""
 
-    model_config = STRICT
+    model_config = SETTINGS
     name: str
     priority: int = Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
     weight: float = Field(gt=0, description="relative share of conversations in this class")
@@ -140,7 +141,7 @@ class PriorityMix(BaseModel):
     """Requests carry a priority drawn from these classes by weight (a conversation keeps its class);
     `engine.scheduling_policy: priority` makes the scheduler use it."""
 
-    model_config = STRICT
+    model_config = SETTINGS
     classes: list[PriorityClass] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -162,7 +163,7 @@ class Trace(BaseModel):
     `acceptance_column` one holding its acceptance lengths, the tokens each of its verify steps
     emitted under speculative decoding (`kvsim.sched.speculative`). Row formats only."""
 
-    model_config = STRICT
+    model_config = SETTINGS
     format: Literal["azure", "mooncake", "sharegpt_tokens", "lengths", "vllm_sharegpt", "servegen"]
     path: str
     rate_scale: float = Field(default=1.0, gt=0)
@@ -183,7 +184,7 @@ class Trace(BaseModel):
 
 
 class Workload(BaseModel):
-    model_config = STRICT
+    model_config = SETTINGS
     num_requests: int = Field(default=200, gt=0)
     arrival: Arrival = Arrival(process="poisson", rate=4.0)
     prompt_len: LengthDist | None = None
@@ -218,7 +219,7 @@ class LatencyConfig(BaseModel):
     overhead per step (fixed + per sequence, `kvsim.latency.roofline`) by a constant.
     """
 
-    model_config = STRICT
+    model_config = SETTINGS
     model: Literal["roofline", "calibrated", "constant"] = "roofline"
     profile: str | None = None
     overhead_s: float | None = Field(default=None, ge=0)
@@ -235,7 +236,7 @@ class LatencyConfig(BaseModel):
 StepsMode = Literal["none", "sampled", "all"]  # which per-step rows a run keeps and writes
 
 class Scenario(BaseModel):
-    model_config = STRICT
+    model_config = SETTINGS
     name: str = "scenario"
     description: str = ""
     model: str = "llama-3.1-8b"
