@@ -244,10 +244,10 @@ class KVOffloadConfig(BaseModel):
 
     cpu_bytes: OffloadBytes | None = None
     num_cpu_blocks: int | None = Field(default=None, ge=0)
-    bandwidth_bytes_per_s: float | None = Field(default=None, ge=1, allow_inf_nan=False)
+    bandwidth_bytes_per_s: float | None = Field(default=None, ge=1)
     disk_bytes: OffloadBytes | None = None
     num_disk_blocks: int | None = Field(default=None, ge=0)
-    disk_bandwidth_bytes_per_s: float | None = Field(default=None, ge=1, allow_inf_nan=False)
+    disk_bandwidth_bytes_per_s: float | None = Field(default=None, ge=1)
     host_memory_bytes: Bytes = DGX_HOST_MEMORY_BYTES
 
     @model_validator(mode="after")

@@ -62,8 +62,8 @@ class KVTransferConfig(BaseModel):
     model_config = SETTINGS
     kv_connector: str = "NixlConnector"
     kv_link: Literal["nvlink", "pcie", "rdma"] = "rdma"
-    kv_link_bandwidth_bytes_per_s: float | None = Field(default=None, ge=1, allow_inf_nan=False)  # see config.py
-    kv_link_latency_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    kv_link_bandwidth_bytes_per_s: float | None = Field(default=None, ge=1)  # see config.py
+    kv_link_latency_s: float | None = Field(default=None, ge=0)
     prefill_router: Router = Router(policy="least_outstanding")
     decode_router: Router = Router(policy="least_outstanding")
 
@@ -76,24 +76,24 @@ class AutoscalerConfig(BaseModel):
 
     model_config = SETTINGS
     metric: Literal["num_requests_waiting", "kv_cache_usage_perc"] = "num_requests_waiting"  # vLLM's names
-    target: float = Field(default=4.0, gt=0, allow_inf_nan=False)  # the metric's per-replica target value
+    target: float = Field(default=4.0, gt=0)  # the metric's per-replica target value
     min_replicas: int = Field(default=1, ge=1)
     max_replicas: int = 16
     tolerance: float = Field(default=0.1, ge=0, lt=1)
     # at least 1 ms: a period as small as 1e-300 s no longer moves the clock forward (t + period == t),
     # so the run would sync forever at one instant; slo_window_s likewise numbers windows in int64
-    sync_period_s: float = Field(default=15.0, ge=0.001, allow_inf_nan=False)
-    scale_up_window_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    scale_down_window_s: float = Field(default=300.0, ge=0, allow_inf_nan=False)
+    sync_period_s: float = Field(default=15.0, ge=0.001)
+    scale_up_window_s: float = Field(default=0.0, ge=0)
+    scale_down_window_s: float = Field(default=300.0, ge=0)
     # the HPA's scaling policies (behavior.scaleUp / scaleDown.policies, selectPolicy Max), its defaults: per
     # `scale_up_period_s` at most the larger of `scale_up_pods` more and `scale_up_percent` % more replicas;
     # per `scale_down_period_s` at most `scale_down_percent` % fewer (100: all)
     scale_up_pods: int = Field(default=4, ge=0)
-    scale_up_percent: float = Field(default=100.0, ge=0, allow_inf_nan=False)
-    scale_up_period_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
-    scale_down_percent: float = Field(default=100.0, ge=0, le=100, allow_inf_nan=False)
-    scale_down_period_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
-    startup_s: float = Field(default=120.0, ge=0, allow_inf_nan=False)
+    scale_up_percent: float = Field(default=100.0, ge=0)
+    scale_up_period_s: float = Field(default=15.0, gt=0)
+    scale_down_percent: float = Field(default=100.0, ge=0, le=100)
+    scale_down_period_s: float = Field(default=15.0, gt=0)
+    startup_s: float = Field(default=120.0, ge=0)
     slo_ttft_s: float = Field(default=2.0, gt=0)
     slo_tpot_s: float = Field(default=0.1, gt=0)
     slo_window_s: float = Field(default=300.0, ge=0.001)
