@@ -251,6 +251,7 @@ CASES = [
     ("exabyte-swap", {}, ["run", "--set", "engine.scheduler=v0", "--set", "engine.swap_space=1000000"],
      "engine.swap_space=1000000.0: this run needs at least"),
     ("over-a-given-memory-limit", {}, ["run", "--memory-limit", "1MiB"], "more than the limit of 1.0 MiB"),
+    ("over-a-tiny-memory-limit", {}, ["run", "--memory-limit", "1KiB"], "more than the limit of 1.0 KiB"),
     # a fleet: every replica's blocks (27,816 on the GPU + 4 GiB of 2 MiB swap blocks = 2,048, 160 B each)
     # and 100 kB per engine, the requests (1,000 x 160 B) once: 4 replicas need 18.8 MiB
     ("fleet-over-a-given-memory-limit", {}, ["run", "--set", "replicas=4", "--memory-limit", "8MiB"],
@@ -492,6 +493,8 @@ CASES = [
     ("calibrate-block-sizes", {}, ["calibrate", "--gpu", "h200", "--block-sizes", "x"], "--block-sizes='x'"),
     ("capacity-gpu-hourly-cost-infinite", {}, ["capacity", "--gpu-hourly-cost", "inf"], "gpu_hourly_cost=inf"),
     ("capacity-num-sequences-negative", {}, ["capacity", "--num-sequences", "-5"], "--num-sequences=-5"),
+    ("capacity-num-sequences-without-prefix", {}, ["capacity", "--num-sequences", "10"],
+     "--num-sequences=10: counts the sequences sharing a prefix"),
     ("output-is-a-file", {"taken": "user data\n"}, ["run", "--set", "workload.num_requests=5", "-o", "{d}/taken"],
      "is not a folder"),
 ]

@@ -99,7 +99,8 @@ def capacity(
     disable_hybrid_kv_cache_manager: Annotated[bool, typer.Option("--disable-hybrid-kv-cache-manager")] = False,
     context_lengths: Annotated[str, typer.Option("--context-lengths")] = DEFAULT_CONTEXT_LENGTHS,
     shared_prefix_tokens: Annotated[int, typer.Option("--shared-prefix-tokens")] = 0,
-    num_sequences: Annotated[int, typer.Option("--num-sequences")] = 100,
+    num_sequences: Annotated[int | None, typer.Option(
+        "--num-sequences", help="Sequences sharing the --shared-prefix-tokens prefix [100]")] = None,
     output_format: Annotated[Format, typer.Option("--format")] = Format.table,
     gpu_hourly_cost: HourlyCostOpt = None,
     sustained: Annotated[bool, typer.Option("--sustained", help="Also simulate, per context length, the "
@@ -116,8 +117,11 @@ def capacity(
     from kvsim.results.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
 
     with user_errors():
-        if num_sequences < 0:  # read only with a shared prefix, but never a count below 0
+        if num_sequences is not None and num_sequences < 0:
             raise KvsimError(f"--num-sequences={num_sequences}: must be >= 0")
+        if num_sequences is not None and not shared_prefix_tokens:  # it would be ignored silently
+            raise KvsimError(f"--num-sequences={num_sequences}: counts the sequences sharing a prefix, so it "
+                             "needs --shared-prefix-tokens > 0")
         engine = make_engine(
             max_model_len=max_model_len,
             block_size=block_size,
@@ -140,7 +144,7 @@ def capacity(
             engine,
             parse_int_list(context_lengths, "--context-lengths"),
             shared_prefix_tokens=shared_prefix_tokens,
-            num_sequences=num_sequences if shared_prefix_tokens else 0,
+            num_sequences=(100 if num_sequences is None else num_sequences) if shared_prefix_tokens else 0,
         )
         price = gpu_price(plan.gpu, gpu_hourly_cost)
         latency = RooflineLatency(load_model(model), load_gpu(gpu), engine)

@@ -45,6 +45,7 @@ STEP_BYTES = 160      # one step row kept in memory: 20 columns of 8 bytes (0 wh
 ENGINE_BYTES = 100_000  # one engine of a fleet apart from its blocks (measured ≈ 108 KB)
 GIB = 2**30
 MIB = 2**20
+KIB = 2**10
 
 
 def machine_memory_bytes() -> int:
@@ -164,5 +165,8 @@ def _refuse_over_limit(parts: dict[str, int], limit_bytes: int | None, what: str
 
 
 def size_unit(limit_bytes: int) -> tuple[str, int]:
-    """The unit a memory limit and the sizes set against it are written in: GiB from 1 GiB up, else MiB."""
-    return ("GiB", GIB) if limit_bytes >= GIB else ("MiB", MIB)
+    """The unit a memory limit and the sizes set against it are written in: GiB from 1 GiB up, MiB from
+    1 MiB up, else KiB (so that a small limit does not read as 0.0)."""
+    if limit_bytes >= GIB:
+        return "GiB", GIB
+    return ("MiB", MIB) if limit_bytes >= MIB else ("KiB", KIB)
