@@ -78,7 +78,7 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
         for engine in group:
             scheduler = engine.scheduler
             if scheduler.has_work:
-                plans.append((engine, scheduler.schedule(env.now)))
+                plans.append((engine, scheduler.schedule(env.now, engine.planned_at_s(env.now))))
         busy = [(engine, plan) for engine, plan in plans if not plan.is_empty]
         if not busy:
             if releasing or any(plan.preempted for _, plan in plans):

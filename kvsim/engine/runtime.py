@@ -123,14 +123,20 @@ class Engine:
             self.burst.join(now)
         self.wakeup.ring()
 
+    def planned_at_s(self, now: float) -> float:
+        """When vLLM decided the step that starts at `now`: with async scheduling, at the start of the step
+        that ends now, if one does and requests still run (it planned this one while that one ran); else
+        now (nothing in flight: it plans and runs at once)."""
+        if self.step_end_s == now and self.scheduler.running and self.scheduler.async_scheduling:
+            return self.step_start_s
+        return now
+
     def see_arrivals(self, now: float, everything: bool = False) -> None:
-        """Queue the inbox's requests the step planned at `now` can see: those delivered by the start of
-        the step that ends now, if one does and requests still run (vLLM planned this step when that one
-        started); else (or with `everything`: nothing else can be planned now) all delivered by now."""
+        """Queue the inbox's requests the step planned at `now` can see: those delivered by the time vLLM
+        planned it (`planned_at_s`), or with `everything` (nothing else can be planned now) all delivered
+        by now. Only async scheduling keeps an inbox."""
         inbox = self.inbox
-        cutoff = now
-        if not everything and self.step_end_s == now and self.scheduler.running:
-            cutoff = self.step_start_s
+        cutoff = now if everything else self.planned_at_s(now)
         num_seen = 0
         for delivered_s, req in inbox:
             if delivered_s > cutoff:

@@ -3,6 +3,7 @@
 A scheduler is pure Python, driven by two calls per engine step:
 
     plan = scheduler.schedule(now)     # which requests compute how many tokens; may preempt
+                                       # (async scheduling: `schedule(now, planned_s)`, decided earlier)
     scheduler.complete(plan, now)      # tokens computed: sample, finish, free KV
 
 `schedule` is the policy's `select` (v1, v0, static: the (request, new tokens) pairs, in order) and
@@ -86,6 +87,9 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
         self.records = RequestRecords()  # every request that ended (finished or rejected), columnar
         self.num_preemptions = 0
         self.num_swapped_out_bytes = 0
+        # when the step being planned was decided: vLLM's SCHEDULED timestamp of the requests it admits
+        # (`schedule`'s `planned_s`; with async scheduling the previous step's start)
+        self.planned_s = 0.0
         self.prefix_stats = PrefixCacheStats()  # recorded at each admission (`admit`)
         self._forked: set[int] = set()  # request ids whose samples have been forked
         # Disaggregated prefill/decode (`kvsim.fleet.disagg`); both stay empty otherwise.
@@ -248,7 +252,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
         plan.num_copied_blocks += result.num_copied_blocks
         self.waiting.pop()
         if req.first_scheduled_s is None:
-            req.first_scheduled_s = now
+            req.first_scheduled_s = self.planned_s
             req.num_prefix_hit_tokens = hit.num_tokens
         # KV loaded from a prefill instance is no prefix-cache query: its lookup was counted when the load
         # was reserved. A re-admission re-hits its own blocks: counted apart (`preempted`), as vLLM does.
@@ -283,8 +287,11 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
         return self.alloc.lookup_prefix(req.content, req.num_tokens)
 
     # ------------------------------------------------------------ the step's plan
-    def schedule(self, now: float) -> StepPlan:
-        """The next step: the policy's choice (`select`), then its token totals (`account`)."""
+    def schedule(self, now: float, planned_s: float | None = None) -> StepPlan:
+        """The step starting at `now`: the policy's choice (`select`), then its token totals (`account`).
+        `planned_s` (default `now`): when vLLM made that choice, the time it stamps on the requests it
+        admits (`first_scheduled_s`, whence `queue_s`); with async scheduling, while the step before ran."""
+        self.planned_s = now if planned_s is None else planned_s
         plan = self.select(now)
         self.account(plan)
         self.release_finished()

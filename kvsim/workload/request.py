@@ -50,7 +50,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     num_output_tokens: int = 0
-    first_scheduled_s: float | None = None
+    first_scheduled_s: float | None = None  # when the step first scheduling it was planned (vLLM's SCHEDULED)
     first_token_s: float | None = None
     finish_s: float | None = None
     num_preemptions: int = 0
