@@ -32,10 +32,12 @@ from kvsim.results.render import rows_to_markdown
 from kvsim.validation.compare import (
     HARDWARE_GPUS,
     PHASE_METRICS,
+    SPLIT_METRICS,
     default_profile,
     measured_phase_rates,
     request_stats,
     save_figures,
+    ttft_split,
     validate,
 )
 from kvsim.validation.measured import MeasuredRun, load_measured
@@ -45,7 +47,7 @@ VALIDATION = REPO / "benchmarks" / "validation_set"  # the subset of ../shared/v
 RESULT = REPO / "benchmarks" / "results" / "accuracy.json"
 DOCS = REPO / "docs"
 METRICS = ("TTFT mean (s)", "TPOT mean (s)", "E2E mean (s)", "makespan (s)", "output tokens/s",
-           *PHASE_METRICS)
+           *SPLIT_METRICS, *PHASE_METRICS)
 START, END = "<!-- accuracy:start -->", "<!-- accuracy:end -->"
 LOGO_START, LOGO_END = "<!-- logo:start -->", "<!-- logo:end -->"
 EFFICIENCY = REPO / "kvsim" / "model" / "presets" / "efficiency.yaml"
@@ -102,10 +104,12 @@ def case_accuracy(run_dir: Path, figures: bool = False) -> dict[str, Any]:
     entry: dict[str, Any] = {"case": run.name, "hardware": run.hardware, "model_id": run.model_id,
                              "parallelism": _parallelism(run),
                              "num_requests": len(run.requests), "predictions": {}}
-    measured = {**request_stats(run.requests), **dict.fromkeys(PHASE_METRICS), **measured_phase_rates(run_dir)}
+    measured = {**request_stats(run.requests), **dict.fromkeys(SPLIT_METRICS), **ttft_split(run.requests),
+                **dict.fromkeys(PHASE_METRICS), **measured_phase_rates(run_dir)}
     entry["measured"] = {m: measured[m] for m in METRICS}
     if run.peer is not None:
-        entry["predictions"]["llmservingsim"] = _with_errors(request_stats(run.peer), measured)
+        entry["predictions"]["llmservingsim"] = _with_errors({**request_stats(run.peer), **ttft_split(run.peer)},
+                                                             measured)
     profile = default_profile(run_dir, run)
     for latency in ("roofline", "calibrated"):
         try:
@@ -153,7 +157,7 @@ def _with_errors(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[st
     return out
 
 
-TABLE_METRICS = (*METRICS[:4], *PHASE_METRICS)
+TABLE_METRICS = (*METRICS[:4], *SPLIT_METRICS, *PHASE_METRICS)
 
 
 def _cell(value: float | None, error: float | None = None) -> str:
@@ -163,8 +167,9 @@ def _cell(value: float | None, error: float | None = None) -> str:
 
 
 def markdown_table(entries: list[dict[str, Any]]) -> str:
-    """One row per case and predictor: the three latency means, makespan, and the prefill and decode
-    speeds (from the measured per-second series), value (error)."""
+    """One row per case and predictor: the three latency means, makespan, TTFT's queue and prefill parts
+    (vLLM's scheduled_ts splits them), and the prefill and decode speeds (from the measured per-second
+    series), value (error)."""
     rows = []
     for e in entries:
         rows.append({"case": f"{e['case']} ({e['parallelism']})", "predictor": "measured (vLLM 0.19)",

@@ -115,6 +115,12 @@ def test_replay_on_a_constant_step_matches_the_hand_timeline(tmp_path):
     assert ttft["kvsim_error_pct"] == pytest.approx((0.0175 - 0.0225) / 0.0225 * 100)
     assert v.row("makespan (s)")["measured"] == pytest.approx(0.09)
     assert v.row("makespan (s)")["kvsim"] == pytest.approx(0.06)
+    # TTFT's parts, vLLM's way: queue = scheduled − queued, prefill = first token − scheduled. Measured:
+    # (0, .005) and (.01, .03). kvsim: request 1's step at .03 was planned, and so scheduled, at .02
+    assert v.row("queue time mean (s)")["measured"] == pytest.approx(0.005 / 2)
+    assert v.row("prefill time mean (s)")["measured"] == pytest.approx((0.01 + 0.03) / 2)
+    assert v.row("queue time mean (s)")["kvsim"] == pytest.approx(0.005 / 2)
+    assert v.row("prefill time mean (s)")["kvsim"] == pytest.approx((0.01 + 0.02) / 2)
     assert v.row("output tokens/s")["kvsim"] == pytest.approx(8 / 0.06)
     assert v.row("KV usage mean")["measured"] is None and v.row("KV usage mean")["kvsim_error_pct"] is None
     # the second request's prompt starts with the first's 16 tokens: one full block, a real prefix hit
@@ -133,6 +139,7 @@ def test_replay_without_async_scheduling_plans_each_step_when_it_starts(tmp_path
     v = validate(load_measured(run_dir), gpu="h100-80gb", overrides=CONSTANT)
     assert list(v.result.requests.ttft_s) == pytest.approx([0.01, 0.015])
     assert list(v.result.requests.e2e_s) == pytest.approx([0.05, 0.035])
+    assert list(v.result.requests.queue_s) == pytest.approx([0.0, 0.005])  # scheduled when its step starts
     assert v.row("makespan (s)")["kvsim"] == pytest.approx(0.05)
 
 

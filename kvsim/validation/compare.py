@@ -223,6 +223,19 @@ def series_stats(run: MeasuredRun, steps: pd.DataFrame) -> dict[str, dict[str, f
 
 
 PHASE_METRICS = ("prompt tokens/s while prefilling", "generation tokens/s per running request")
+SPLIT_METRICS = ("queue time mean (s)", "prefill time mean (s)")
+
+
+def ttft_split(df: pd.DataFrame) -> dict[str, float]:
+    """TTFT in its two parts, as vLLM's `vllm:request_queue_time_seconds` (arrival → first scheduled)
+    and `vllm:request_prefill_time_seconds` (first scheduled → first token) split it, means over the
+    requests; {} for a frame that does not record when each request was first scheduled (a bench JSON).
+    A TTFT that matches with its parts off shows here: a prefill priced fast behind a longer queue."""
+    if not len(df) or not df["first_scheduled_s"].notna().all():
+        return {}
+    scheduled = df["first_scheduled_s"].to_numpy(dtype=float)
+    return {SPLIT_METRICS[0]: float(np.mean(scheduled - df["arrival_s"].to_numpy(dtype=float))),
+            SPLIT_METRICS[1]: float(np.mean(df["first_token_s"].to_numpy(dtype=float) - scheduled))}
 
 
 def measured_phase_rates(path: str | Path) -> dict[str, float | None]:
@@ -278,6 +291,7 @@ def _error_pct(value: float | None, reference: float | None) -> float | None:
 
 def compare(run: MeasuredRun, result: RunResult, phases: dict[str, float | None] | None = None) -> list[dict[str, Any]]:
     """One row per metric: measured, kvsim, error %, and LLMServingSim with its error % if present;
+    TTFT's queue and prefill parts where the run records when each request was scheduled (`ttft_split`);
     with the measured `phases` (`measured_phase_rates`), prefill and decode speed rows as well."""
     measured = request_stats(run.requests)
     simulated = request_stats(result.requests)
@@ -286,6 +300,12 @@ def compare(run: MeasuredRun, result: RunResult, phases: dict[str, float | None]
     measured.update(gauges["measured"])
     simulated.update(gauges["kvsim"])
     peer.update(gauges["llmservingsim"])
+    split = ttft_split(run.requests)
+    if split:
+        measured.update(split)
+        simulated.update(ttft_split(result.requests))
+        if run.peer is not None:
+            peer.update(ttft_split(run.peer))
     if phases:
         measured.update(phases)
         simulated.update(simulated_phase_rates(result.steps))
