@@ -96,7 +96,8 @@ def test_prefill_time_within_10_percent(case, latency):
     """TTFT's prefill part (first scheduled → first token, vLLM's `request_prefill_time_seconds`): what
     async scheduling puts in it (the step planned ahead) and the prefill steps' prices, apart from the
     queueing that dominates these runs' TTFT. The measured mean is recomputed here from the raw records."""
-    rows = [json.loads(line) for line in gzip.open(CASES / case / "vllm" / "requests.jsonl.gz", "rt")]
+    with gzip.open(CASES / case / "vllm" / "requests.jsonl.gz", "rt") as f:
+        rows = [json.loads(line) for line in f]
     measured = sum(r["first_token_ts"] - r["scheduled_ts"] for r in rows) / len(rows)
     row = replay(case, latency).row("prefill time mean (s)")
     assert row["measured"] == pytest.approx(measured)
