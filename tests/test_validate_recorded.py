@@ -61,10 +61,14 @@ def test_phase_rates_by_hand(tmp_path):
     series.with_name("timeseries.csv.gz").write_bytes(gzip.compress(series.read_bytes()))
     series.unlink()
     assert measured_phase_rates(tmp_path) == measured
-    # kvsim: a prefill step [0, 0.5) of 100 tokens, decode steps [0.5, 1.2) and [1.2, 1.9) of 2 sequences;
-    # ticks by step end: 0 → 100 prompt tokens, 1 → 4 generated; running at t = 1 and 2: 2 and 0
+    # kvsim: a prefill step [0, 0.5) of 100 tokens (a 100-token prompt, first token at .5), a second
+    # request's 200-token prompt of which 160 hit the prefix cache, its 40 computed in [0.5, 1.2) beside one
+    # decode (first token at 1.2), then a decode step [1.2, 1.9) of both. vLLM's logger counts a whole prompt
+    # in the tick of its first token, and every sampled token: tick 0 → prompt 100, 1 token; tick 1 →
+    # prompt 200 (hits included), 1 + 1 + 2 tokens. Running at t = 1 and 2: 2 and 0
     steps = pd.DataFrame({"time_s": [0.0, 0.5, 1.2], "duration_s": [0.5, 0.7, 0.7],
-                          "num_prefill_tokens": [100, 0, 0], "num_decode_seqs": [0, 2, 2],
+                          "num_prefill_tokens": [100, 40, 0], "num_decode_seqs": [0, 1, 2],
                           "vllm:num_requests_running": [1, 2, 2]})
-    assert simulated_phase_rates(steps) == {PHASE_METRICS[0]: pytest.approx(100.0),
-                                            PHASE_METRICS[1]: pytest.approx(4 / 2)}
+    requests = pd.DataFrame({"first_token_s": [0.5, 1.2], "prompt_tokens": [100, 200]})
+    assert simulated_phase_rates(steps, requests) == {PHASE_METRICS[0]: pytest.approx((100 + 200) / 2),
+                                                      PHASE_METRICS[1]: pytest.approx(5 / 2)}

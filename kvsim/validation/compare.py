@@ -264,17 +264,24 @@ def measured_phase_rates(path: str | Path) -> dict[str, float | None]:
             PHASE_METRICS[1]: sum(g for _, g, _ in rows) / running if running else None}
 
 
-def simulated_phase_rates(steps: pd.DataFrame) -> dict[str, float | None]:
-    """`measured_phase_rates` of kvsim's steps, binned into the same 1-second ticks from the first step:
-    prompt tokens are `num_prefill_tokens`, generated tokens `num_decode_seqs` (one each), running is
-    sampled at each tick (all data-parallel engines together)."""
+def simulated_phase_rates(steps: pd.DataFrame, requests: pd.DataFrame) -> dict[str, float | None]:
+    """`measured_phase_rates` of kvsim's run, binned into the same 1-second ticks from the first arrival and
+    counted as vLLM's logger counts them (`IterationStats.update_from_output`, vllm/v1/metrics/stats.py):
+    a request's whole prompt, prefix-cache hits included, in the tick of its first token (chunks produce
+    no output before it), and every token sampled, its first included, as generated (decodes:
+    `num_decode_seqs`, one each, by step end). Running is sampled at each tick (all data-parallel
+    engines together)."""
     if not len(steps):
         return dict.fromkeys(PHASE_METRICS)
-    end = (steps["time_s"] + steps["duration_s"]).to_numpy()
-    ticks = np.floor(end).astype(int)
-    num_ticks = int(ticks.max()) + 1
-    prompt = np.bincount(ticks, weights=steps["num_prefill_tokens"].to_numpy(dtype=float), minlength=num_ticks)
+    ticks = np.floor((steps["time_s"] + steps["duration_s"]).to_numpy()).astype(int)
+    first = requests["first_token_s"].to_numpy(dtype=float)
+    started = ~np.isnan(first)
+    first_ticks = np.floor(first[started]).astype(int)
+    num_ticks = int(max(ticks.max(), first_ticks.max(initial=0))) + 1
+    prompt = np.bincount(first_ticks, weights=requests["prompt_tokens"].to_numpy(dtype=float)[started],
+                         minlength=num_ticks)
     decode = np.bincount(ticks, weights=steps["num_decode_seqs"].to_numpy(dtype=float), minlength=num_ticks)
+    decode += np.bincount(first_ticks, minlength=num_ticks)
     if "dp_rank" in steps:
         steps = steps.groupby("time_s", as_index=False).agg({"duration_s": "max", "vllm:num_requests_running": "sum"})
     running = sample_steps(steps, "vllm:num_requests_running", np.arange(1, num_ticks + 1, dtype=float))
@@ -308,7 +315,7 @@ def compare(run: MeasuredRun, result: RunResult, phases: dict[str, float | None]
             peer.update(ttft_split(run.peer))
     if phases:
         measured.update(phases)
-        simulated.update(simulated_phase_rates(result.steps))
+        simulated.update(simulated_phase_rates(result.steps, result.requests))
     rows = []
     for metric, value in measured.items():
         row: dict[str, Any] = {"metric": metric, "measured": value, "kvsim": simulated.get(metric),
