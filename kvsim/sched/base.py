@@ -279,12 +279,19 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
 
     def lookup(self, req: Request) -> PrefixHit:
         """The prefix cache's hit; for KV loaded from a prefill instance, every prompt token but the last
-        (vLLM recomputes it to sample the first token; the sequence already holds its blocks)."""
+        (vLLM recomputes it to sample the first token; the sequence already holds its blocks).
+
+        With EAGLE a hit gives back its last block, which is recomputed (`Speculation.drops_last_hit_block`;
+        speculative decoding runs on the paged allocator only, whose hits are whole blocks)."""
         if self.held_kv_tokens:
             held = self.held_kv_tokens.get(req.request_id)
             if held is not None:
                 return PrefixHit(held, ())
-        return self.alloc.lookup_prefix(req.content, req.num_tokens)
+        hit = self.alloc.lookup_prefix(req.content, req.num_tokens)
+        if hit.block_ids and self.speculation is not None and self.speculation.drops_last_hit_block:
+            block_tokens = hit.num_tokens // len(hit.block_ids)
+            return PrefixHit(hit.num_tokens - block_tokens, hit.block_ids[:-1])
+        return hit
 
     # ------------------------------------------------------------ the step's plan
     def schedule(self, now: float, planned_s: float | None = None) -> StepPlan:
