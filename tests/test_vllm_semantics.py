@@ -98,3 +98,16 @@ def test_a_recomputed_duplicate_block_keeps_the_prefix_found_after_the_original_
     alloc.free(2)
     assert alloc.pool.free_queue == [4, 1]
     alloc.check_invariants()
+
+
+def test_without_prefix_caching_nothing_is_counted_as_queried():
+    """vLLM's KVCacheManager looks nothing up and records no prefix-cache query when prefix caching is off
+    (get_computed_blocks returns before its stats; newer: record_prefix_cache_stats skips a request that did
+    no lookup), so vllm:prefix_cache_queries_total stays 0. Same two requests, caching on: 40 + 40 queried."""
+    for caching, queried in ((False, 0), (True, 80)):
+        s = tiny_world(num_blocks=32, max_num_batched_tokens=128, caching=caching)
+        run(s, [make_request(i, 0.0, prompt=40, output=4) for i in range(2)])
+        assert s.prefix_stats.num_query_tokens == queried and s.prefix_stats.num_hit_tokens == 0
+    s = tiny_world(allocator="slab-max", num_blocks=32, max_num_batched_tokens=128)  # slabs: no prefix cache
+    run(s, [make_request(i, 0.0, prompt=40, output=4) for i in range(2)])
+    assert s.prefix_stats.num_query_tokens == 0

@@ -256,8 +256,9 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
             req.num_prefix_hit_tokens = hit.num_tokens
         # KV loaded from a prefill instance is no prefix-cache query: its lookup was counted when the load
         # was reserved. A re-admission re-hits its own blocks: counted apart (`preempted`), as vLLM does.
+        # Without prefix caching nothing is looked up or counted (vLLM's KVCacheManager records no query).
         loaded = self.held_kv_tokens.pop(req.request_id, None) if self.held_kv_tokens else None
-        if loaded is None:
+        if loaded is None and self.alloc.enable_caching:
             self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
         req.num_computed_tokens = hit.num_tokens
         req.status = RequestStatus.RUNNING
