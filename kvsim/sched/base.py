@@ -92,6 +92,8 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
         self.planned_s = 0.0
         self.prefix_stats = PrefixCacheStats()  # recorded at each admission (`admit`)
         self._forked: set[int] = set()  # request ids whose samples have been forked
+        self.admission_order: dict[int, int] = {}  # request id -> admissions counted when it was last admitted
+        self._num_admissions = 0
         # Disaggregated prefill/decode (`kvsim.fleet.disagg`); both stay empty otherwise.
         # A decode instance: requests that join the queue with their KV already held here (loaded from a
         # prefill instance): request id -> tokens held, admitted as computed (vLLM's remote-prefill requests).
@@ -251,6 +253,8 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
         assert result is not None, "admit after a successful can_allocate"
         plan.num_copied_blocks += result.num_copied_blocks
         self.waiting.pop()
+        self._num_admissions += 1
+        self.admission_order[req.request_id] = self._num_admissions
         if req.first_scheduled_s is None:
             req.first_scheduled_s = self.planned_s
             req.num_prefix_hit_tokens = hit.num_tokens
@@ -350,10 +354,15 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
 
         Returns False when `req` itself was preempted. FCFS never picks a request scheduled
         earlier in this step (those precede `req` in `running`); a policy that can must take
-        the victim out of `plan` itself.
+        the victim out of `plan` itself. With async scheduling the victim may be a request that
+        just finished and still holds its KV (`AsyncSteps.finishing_victim`), as in vLLM.
         """
         running = self.running
         while not self.try_allocate(req, num_tokens_total, plan, hold_slots):
+            finished = self.finishing_victim() if self.finishing else None
+            if finished is not None:
+                self.preempt_finishing(finished, plan)
+                continue
             victim = running.pop(self.waiting.victim_index(running))
             self.preempt(victim, plan)
             if victim is req:
@@ -365,6 +374,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
             if self.alloc.holds(seq_id):
                 self.alloc.free(seq_id)
         self._forked.discard(req.request_id)
+        self.admission_order.pop(req.request_id, None)
         self._beam_scores.pop(req.request_id, None)
         if self._next_stored_block:
             self._next_stored_block.pop(req.request_id, None)
