@@ -152,3 +152,37 @@ def test_a_disaggregated_instance_steps_synchronously():
     with pytest.raises(KvsimError, match="engine.async_scheduling=true: a disaggregated instance"):
         simulate_disagg(load_scenario(path, {"engine.async_scheduling": True, "workload.num_requests": 20}))
     assert simulate_disagg(load_scenario(path, {"workload.num_requests": 20})).summary["num_finished"] == 20
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_a_request_whose_last_token_is_in_flight_is_the_preemption_victim_not_a_running_one(policy):
+    """vLLM's `running` still lists a request whose last token is being computed (it leaves when that output is
+    processed), and FCFS preempts `running.pop()`: the most recently admitted, finishing or not (priority: the
+    lowest priority, here the latest arrival). Blocks of 4, 2 usable; A (prompt 4, output 4) then B (prompt 4,
+    output 1) both admitted in step 1: one block each, none free. B's only token comes out of step 1. Planning
+    step 2, A's first decode writes its 5th token into a new block: none is free, so vLLM preempts B (its KV
+    freed at once, one preemption) and A decodes; A keeps its progress. A then decodes in steps 3 and 4."""
+    from kvsim.kv import PagedAllocator
+    from kvsim.sched import SchedulerLimits, make_scheduler
+    from kvsim.sched.request_queue import make_request_queue
+
+    sched = make_scheduler("v1", PagedAllocator(3, 4, enable_caching=False), SchedulerLimits(8, 64, 64),
+                           waiting=make_request_queue(policy))
+    sched.async_scheduling = True
+    a, b = make_request(0, 0.0, prompt=4, output=4), make_request(1, 0.001, prompt=4, output=1)
+    assert sched.add(a) and sched.add(b)
+    plan = sched.schedule(0.0)
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [(0, 4), (1, 4)]
+    sched.complete(plan, 1.0)
+    assert b.finish_s == 1.0 and sched.finishing == [b]
+    steps = []
+    now = 1.0
+    while sched.running or sched.waiting:
+        plan = sched.schedule(now)
+        steps.append(([(r.request_id, n) for r, n in plan.scheduled], [r.request_id for r in plan.preempted]))
+        now += 1.0
+        sched.complete(plan, now)
+        sched.check_invariants()
+    assert steps == [([(0, 1)], [1]), ([(0, 1)], []), ([(0, 1)], [])]
+    assert sched.num_preemptions == 1 and a.num_preemptions == 0 and a.finish_s == 4.0
+    assert sched.records.count(b.status) == 2  # both finished

@@ -32,7 +32,35 @@ def test_the_first_block_to_hold_content_stays_the_one_found():
     cache.insert(a, [1, 2], 0, 2)
     cache.insert(a, [3, 4], 0, 2)  # computed again at the same time by another request
     assert cache.match(a, 9).block_ids == (1, 2)
-    assert cache.block_hashes[3] is None and cache.block_hashes[4] is None
+    # vLLM does not de-duplicate (BlockHashToBlockMap): blocks 3 and 4 are cached too, found once 1, 2 go
+    assert cache.block_hashes[3] == cache.block_hashes[1] and cache.block_hashes[4] == cache.block_hashes[2]
+    cache.check_invariants([1] * 10)
+
+
+def test_a_duplicate_keeps_content_found_after_the_first_block_holding_it_is_evicted():
+    # vLLM's BlockHashToBlockMap keeps every block cached under a hash and `get_one_block` returns the
+    # first one left. Blocks 1, 2 hold the first 8 tokens of `a`; block 3 holds a's block 1 again (a request
+    # that hit block 1 and recomputed block 2, its prompt's last). Freed in the order 2, 1, 3 (ref counts
+    # 0) and evicted in that order: after block 2 goes, block 3 is found for a's block 1 (hit 8 tokens); after
+    # block 1 goes, the chain breaks at block 0 (hit 0), whatever block 3 holds.
+    pool = BlockPool(8, cache=HashChainCache(8, BS))
+    cache = pool.cache
+    assert isinstance(cache, HashChainCache)
+    a = content(("sys", 8), ("q", 4))
+    blocks = pool.get_new_blocks(3)
+    assert blocks == [1, 2, 3]
+    cache.insert(a, [1, 2], 0, 2)
+    cache.insert(a, [1, 3], 1, 2)
+    assert cache.match(a, 12) == PrefixHit(8, (1, 2))
+    pool.free_blocks([2, 1, 3])
+    assert list(cache.evictable) == [2, 1, 3]
+    pool.get_new_blocks(4)  # the 4 plain blocks 4..7
+    assert pool.get_new_blocks(1) == [2]  # evicts block 2: its hash stays found in block 3
+    assert cache.match(a, 12) == PrefixHit(8, (1, 3))
+    pool.check_invariants()
+    assert pool.get_new_blocks(2) == [1, 3]
+    assert cache.match(a, 12) == PrefixHit(0, ()) and not cache.cached and not cache.duplicates
+    pool.check_invariants()
 
 
 def test_eviction_order_is_the_order_blocks_were_freed_and_a_hit_takes_a_block_out():

@@ -171,3 +171,43 @@ def test_spec_and_priority_summary_keys_are_documented():
                              engine__scheduling_policy="priority", engine__speculative_config=config).summary
     assert {"spec_decode", "by_priority"} <= set(summary)
     assert set(summary) - documented_keys() == set()
+
+
+@pytest.mark.parametrize(("method", "hit_tokens"), [("ngram", 12), ("draft_model", 12), ("eagle", 8), ("eagle3", 8)])
+def test_eagle_prefix_hit_gives_back_its_last_block(method, hit_tokens):
+    # vLLM's FullAttentionManager.find_longest_cache_hit drops the last hit block when use_eagle (EAGLE's
+    # drafter needs that block's hidden states again). Blocks of 4, caching on; prompts of 13 tokens, a
+    # shared 12-token prefix (3 full blocks). A (output 1) prefills 13 tokens in step 1, its 3 prefix blocks
+    # cached, and finishes. B then looks up at most (13 - 1) // 4 = 3 blocks: all 3 hit (12 tokens); with
+    # EAGLE the third is given back: 8 hit tokens, and B's first step computes 13 - 8 = 5 tokens, not 1.
+    kwargs = {"model": "llama-3.1-8b"} if method == "draft_model" else {}
+    config = SpeculativeConfig(method=method, num_speculative_tokens=3, synthetic_acceptance_length=3.0, **kwargs)
+    alloc = PagedAllocator(11, 4, enable_caching=True)
+    sched = make_scheduler("v1", alloc, SchedulerLimits(16, 256, 512), speculation=make_speculation(config))
+    sched.add(make_request(0, 0.0, 13, 1, prefix=12))
+    plan = sched.schedule(0.0)
+    assert [n for _, n in plan.scheduled] == [13]
+    sched.complete(plan, 1.0)
+    assert not sched.running
+    sched.add(make_request(1, 1.0, 13, 1, prefix=12))
+    plan = sched.schedule(1.0)
+    assert [n for _, n in plan.scheduled] == [13 - hit_tokens]
+    stats = sched.prefix_stats
+    assert (stats.num_query_tokens, stats.num_hit_tokens) == (26, hit_tokens)
+    alloc.check_invariants()
+
+
+def test_drafts_stop_one_position_short_of_max_model_len():
+    # vLLM's scheduler caps a running request's tokens at max_model_len - 1 - num_computed_tokens (the last
+    # input position stays below max_model_len - 1), so a verify step after `past` computed tokens holds at
+    # most max_model_len - 2 - past drafts. max_model_len 16; prompt 5 + output 11 = 16; n-gram K = 3, 2 accepted.
+    # Step 1 prefills 5 (output 1, past 5); steps 2-4 verify 1 + 3 and emit 3 (outputs 4, 7, 10; past 8, 11, 14);
+    # step 5: min(3, 16 - 2 - 14) = 0 drafts: it computes 1 token and emits the 11th. Drafts: 3 steps of 3.
+    config = SpeculativeConfig(method="ngram", num_speculative_tokens=3, synthetic_acceptance_length=3.0)
+    alloc = PagedAllocator(11, 4, enable_caching=False)
+    sched = make_scheduler("v1", alloc, SchedulerLimits(16, 256, 16), speculation=make_speculation(config))
+    sched.add(make_request(0, 0.0, 5, 11))
+    steps, _ = run_steps(sched)
+    assert steps == [[5], [4], [4], [4], [1]]
+    spec = sched.speculation
+    assert (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens) == (3, 9, 6)

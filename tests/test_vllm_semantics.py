@@ -66,3 +66,48 @@ def test_inter_token_latency_is_per_token():
     gaps = (done.output_tokens - 1).sum()
     expected = (done.finish_s - done.first_token_s).sum() / gaps
     assert abs(result.summary["inter_token_latency_s"]["mean"] - expected) < 1e-12
+
+
+def test_a_recomputed_duplicate_block_keeps_the_prefix_found_after_the_original_is_evicted():
+    """vLLM caches a block whose content is already cached under another block (BlockHashToBlockMap does not
+    de-duplicate) and finds it once the first is evicted. Blocks of 4, usable blocks 1..6.
+
+    A (8 tokens of P + 4 of a) holds blocks 1, 2, 3, all cached; it ends: they are freed tail-first (3, 2, 1).
+    B's prompt is P's 8 tokens: at most (8 - 1) // 4 = 1 block can hit, so B takes block 1 and recomputes P's
+    second block in the next free plain block, 4, which vLLM caches as a duplicate of block 2. C (16 unique
+    tokens) takes the plain blocks 5, 6, then evicts 3 and 2. D (P + 4 of d) looks up 2 blocks: 1 and, now
+    that block 2 is gone, 4: 8 tokens (kvsim, which cached only the first block holding content, found 4)."""
+    from kvsim.kv import PagedAllocator, PrefixHit
+    from kvsim.workload.content import SegmentContent
+
+    alloc = PagedAllocator(num_blocks=7, block_size=4, enable_caching=True)
+    a = SegmentContent([("P", 8), ("a", 4)])
+    assert alloc.allocate(1, 12, 12, a)
+    assert alloc.seqs[1].block_table == [1, 2, 3]
+    alloc.free(1)
+    b = SegmentContent([("P", 8), ("b", 4)])
+    hit = alloc.lookup_prefix(b, 8)
+    assert hit == PrefixHit(4, (1,))
+    assert alloc.allocate(2, 8, 12, b, hit)
+    assert alloc.seqs[2].block_table == [1, 4]
+    assert alloc.allocate(3, 16, 16, SegmentContent([("c", 16)]))
+    assert alloc.seqs[3].block_table == [5, 6, 3, 2]
+    alloc.check_invariants()
+    assert alloc.lookup_prefix(SegmentContent([("P", 8), ("d", 4)]), 12) == PrefixHit(8, (1, 4))
+    # B ends: its blocks are both cached (4 as P's second block), so both join the LRU tail, 4 first
+    alloc.free(2)
+    assert alloc.pool.free_queue == [4, 1]
+    alloc.check_invariants()
+
+
+def test_without_prefix_caching_nothing_is_counted_as_queried():
+    """vLLM's KVCacheManager looks nothing up and records no prefix-cache query when prefix caching is off
+    (get_computed_blocks returns before its stats; newer: record_prefix_cache_stats skips a request that did
+    no lookup), so vllm:prefix_cache_queries_total stays 0. Same two requests, caching on: 40 + 40 queried."""
+    for caching, queried in ((False, 0), (True, 80)):
+        s = tiny_world(num_blocks=32, max_num_batched_tokens=128, caching=caching)
+        run(s, [make_request(i, 0.0, prompt=40, output=4) for i in range(2)])
+        assert s.prefix_stats.num_query_tokens == queried and s.prefix_stats.num_hit_tokens == 0
+    s = tiny_world(allocator="slab-max", num_blocks=32, max_num_batched_tokens=128)  # slabs: no prefix cache
+    run(s, [make_request(i, 0.0, prompt=40, output=4) for i in range(2)])
+    assert s.prefix_stats.num_query_tokens == 0

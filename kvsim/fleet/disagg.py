@@ -247,7 +247,8 @@ class Disaggregation:
                 if not alloc.allocate(seq_id, req.prompt_len, req.kv_len, req.content, hit):
                     break  # vLLM's decode side: the request waits until its blocks can be allocated
                 pending.popleft()
-                scheduler.prefix_stats.record(req.prompt_len, hit.num_tokens, preempted=False)
+                if alloc.enable_caching:  # vLLM counts no query without prefix caching
+                    scheduler.prefix_stats.record(req.prompt_len, hit.num_tokens, preempted=False)
                 num_blocks = ceil_div(req.prompt_len, self.block_size[k]) - len(hit.block_ids)
                 num_bytes = num_blocks * self.block_bytes[k]
                 self.links[k].start(req.request_id, num_bytes, now)

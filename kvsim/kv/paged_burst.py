@@ -159,26 +159,20 @@ class PagedBursts:
         registration in the same call (as the steps do), in one call to the pool and one to the cache.
 
         Takes never depend on registrations (those only touch blocks in use; a take pops plain free
-        blocks, then evicts the oldest free cached ones), so all go first. A registration depends on
-        takes in one way: a hash that a take evicts was, until then, cached under that free block, so
-        a registration of it ordered before that take is skipped (`HashChainCache.insert_keys` keeps
-        the first block), and one ordered after it registers. Both are what the interleaved order does.
+        blocks, then evicts the oldest free cached ones), so all go first. Nor does the outcome of a
+        registration depend on where the takes fall: a hash a take evicts was cached under that free
+        block, so a registration ordered before the take caches its block as a duplicate that the
+        eviction then leaves as the one found, and one ordered after it caches its block afresh
+        (`HashChainCache.insert_keys`, `evict`): either way, after both, the registering block holds
+        the hash, listed after the blocks that held it before and are still cached, as in step order.
         """
         bs, fill, pool = self.block_size, self.block_fill, self.pool
-        keyed: HashChainCache | None = None  # blocks of several sequences registered in one order: by key
-        evicted_by: dict[int, tuple[int, int]] = {}  # hash -> the take that evicts it
-        if registrations:
-            assert isinstance(self.prefix_cache, HashChainCache)
-            keyed = self.prefix_cache
-            num_plain = pool.num_free_blocks - len(keyed.evictable)  # taken before any cached block is evicted
-            if len(takes) > num_plain:
-                evicted_by = dict(zip(keyed.next_evicted_keys(len(takes) - num_plain), takes[num_plain:], strict=True))
         for (off, pos), block_id in zip(takes, pool.get_new_blocks(len(takes)), strict=True):
             seqs[pos].block_table.append(block_id)
             fill[block_id] = bs if num_steps - off >= bs else num_steps - off
-        if keyed is not None:
-            if evicted_by:  # skip each registration ordered before the take that evicts its hash
-                registrations = [r for r in registrations if r[3] not in evicted_by or evicted_by[r[3]] <= r[:2]]
+        if registrations:
+            keyed = self.prefix_cache  # blocks of several sequences registered in one order: by key
+            assert isinstance(keyed, HashChainCache)
             keyed.insert_keys([seqs[pos].block_table[i] for _, pos, i, _ in registrations],
                               [h for *_, h in registrations])
 

@@ -18,7 +18,9 @@ Contract (every implementation):
 * `insert(content, block_table, first_block, num_full_blocks)`: blocks
   `block_table[first_block:num_full_blocks]` now hold the content's full blocks of those
   indices (in use, ref_count > 0). Content already cached under another block stays found
-  there (the first block to hold it wins) and this one is not cached.
+  there (the first block to hold it wins), and this block is cached as a duplicate: it keeps
+  the hash while it lives and is found once the blocks cached before it are evicted (vLLM's
+  `BlockHashToBlockMap` does not de-duplicate, so that block tables stay append-only).
 * Reference counting lives in the pool; the cache hears the transitions of blocks it
   holds content for: `unlock(blocks)` when blocks lose their last reference (they become
   evictable at the LRU tail, in the order given; the pool frees a request's blocks tail-first,
@@ -40,7 +42,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from typing import Protocol
 
 from kvsim.kv.protocol import PrefixHit
@@ -64,19 +65,23 @@ class PrefixCache(Protocol):
 class HashChainCache:
     """vLLM v1's prefix cache: each full block keyed by its chained content hash.
 
-    `cached` maps a hash to the block found for it; `block_hashes[b]` is block b's hash (None:
+    `cached` maps a hash to the block found for it; `duplicates` a hash to the other blocks holding it,
+    in the order they were cached (the next found when `cached`'s is evicted, as vLLM's
+    `BlockHashToBlockMap.get_one_block` takes the first left); `block_hashes[b]` is block b's hash (None:
     it holds no cached content); `evictable` is the LRU of free cached blocks, each with its hash (an
     ordered dict: O(1) pop of the oldest and removal from the middle). Besides `PrefixCache`, it speaks in keys
     (`lookup`, `insert_keys`): the hybrid allocator keys each group's blocks apart, and decode
     bursts register blocks of several sequences in one interleaved order.
     """
 
-    __slots__ = ("block_size", "block_hashes", "cached", "evictable", "_memo", "_memo_miss", "_memo_blocks")
+    __slots__ = ("block_size", "block_hashes", "cached", "duplicates", "evictable", "_memo", "_memo_miss",
+                 "_memo_blocks")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.block_size = block_size
         self.block_hashes: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # content hash -> block id
+        self.duplicates: dict[int, list[int]] = {}  # content hash -> further blocks holding it, oldest first
         self.evictable: OrderedDict[int, int] = OrderedDict()  # free cached block -> its hash, oldest first
         # The last `match`, kept while its answer stands (a blocked waiting head is looked up again every
         # step until it fits): (content, num_tokens, hit), the hash its walk stopped at (None: no miss) and
@@ -112,15 +117,17 @@ class HashChainCache:
         self.insert_keys(block_table[first_block:num_full_blocks], hashes[first_block:num_full_blocks])
 
     def insert_keys(self, block_ids: Iterable[int], keys: Iterable[int]) -> None:
-        """Cache each block under its key, in order, skipping blocks that already carry one and keys
-        already cached (the first block stays the one lookups find)."""
+        """Cache each block under its key, in order, skipping blocks that already carry one; a key already
+        cached under another block keeps that one as the block lookups find, and this one is a duplicate."""
         own, setdefault, miss = self.block_hashes, self.cached.setdefault, self._memo_miss
         for block_id, key in zip(block_ids, keys, strict=True):
-            # the block is uncached, so the key maps to it only if this call maps it
-            if own[block_id] is None and setdefault(key, block_id) == block_id:
-                own[block_id] = key
-                if key == miss:  # the last match's walk would now go further
-                    self._memo = None
+            if own[block_id] is not None:
+                continue
+            own[block_id] = key
+            if setdefault(key, block_id) != block_id:
+                self.duplicates.setdefault(key, []).append(block_id)
+            elif key == miss:  # the last match's walk would now go further
+                self._memo = None
 
     def lookup(self, key: int) -> int | None:
         return self.cached.get(key)
@@ -142,16 +149,22 @@ class HashChainCache:
                 evictable[block_id] = block_hash
         return plain
 
-    def next_evicted_keys(self, num_blocks: int) -> list[int]:
-        """The hashes `evict(num_blocks)` would forget, in eviction order (nothing changes)."""
-        return list(islice(self.evictable.values(), num_blocks))
-
     def evict(self, num_blocks: int) -> list[int]:
-        popitem, block_hashes, cached = self.evictable.popitem, self.block_hashes, self.cached
+        popitem, block_hashes, cached, duplicates = self.evictable.popitem, self.block_hashes, self.cached, \
+            self.duplicates
         evicted = []
         for _ in range(num_blocks):
             block_id, block_hash = popitem(False)
-            del cached[block_hash]  # a free hashed block is the one its hash maps to (`insert_keys`)
+            others = duplicates.get(block_hash)
+            if others is None:
+                del cached[block_hash]
+            else:  # the hash stays found while another block holds it
+                if cached[block_hash] == block_id:
+                    cached[block_hash] = others.pop(0)
+                else:
+                    others.remove(block_id)
+                if not others:
+                    del duplicates[block_hash]
             block_hashes[block_id] = None
             evicted.append(block_id)
         if self._memo is not None and not self._memo_blocks.isdisjoint(evicted):
@@ -164,7 +177,13 @@ class HashChainCache:
             assert self.block_hashes[block_id] == block_hash, f"evictable block {block_id}'s hash stale"
         for block_hash, block_id in self.cached.items():
             assert self.block_hashes[block_id] == block_hash, f"hash map stale at block {block_id}"
-        assert sum(h is not None for h in self.block_hashes) == len(self.cached)
+        for block_hash, others in self.duplicates.items():
+            assert others and block_hash in self.cached, "a duplicate without the block its hash maps to"
+            for block_id in others:
+                assert self.block_hashes[block_id] == block_hash, f"duplicate block {block_id}'s hash stale"
+            assert len(set(others)) == len(others) and self.cached[block_hash] not in others
+        num_duplicates = sum(map(len, self.duplicates.values()))
+        assert sum(h is not None for h in self.block_hashes) == len(self.cached) + num_duplicates
         free_cached = sum(1 for b, h in enumerate(self.block_hashes) if h is not None and ref_counts[b] == 0)
         assert free_cached == len(self.evictable), "a free cached block is not evictable"
 

@@ -73,6 +73,7 @@ class SlabAllocator:
     shares_blocks = False
     supports_bursts = True
     admits_by_chunk = False  # a slab is reserved whole at admission
+    enable_caching = False  # slabs share nothing
 
     def __init__(self, num_slots: int, max_model_len: int, policy: SlabPolicy,
                  num_cpu_slots: int = 0, bytes_per_token: int = 0, placement: SlabPlacement = "first-fit") -> None:

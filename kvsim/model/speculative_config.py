@@ -105,6 +105,13 @@ class SpeculativeConfig(BaseModel):
         step's drafts: K for EAGLE and draft models, 0 for n-gram (its drafts need no KV of a drafter)."""
         return 0 if self.method == "ngram" else self.num_speculative_tokens
 
+    @property
+    def drops_last_hit_block(self) -> bool:
+        """vLLM's `use_eagle`: EAGLE's drafter needs the target's hidden states of the last cached block, so a
+        prefix-cache hit gives that block back to be recomputed (`FullAttentionManager.find_longest_cache_hit`,
+        vllm/v1/core/single_type_kv_cache_manager.py: `if use_eagle and computed_blocks[0]: computed.pop()`)."""
+        return self.method in ("eagle", "eagle3")
+
     def check_max_model_len(self, max_model_len: int) -> None:
         """K drafts must fit in the context (vLLM caps drafting by the model length)."""
         if self.num_speculative_tokens >= max_model_len:

@@ -18,7 +18,12 @@ at t_k+1 with what vLLM knew at t_k:
   still holds its KV blocks and its `max_num_seqs` slot when step k + 1 is planned: both are released
   right after that plan (`finish` defers, `release_finished` releases);
 * a request that arrived while step k ran is seen when step k + 2 is planned, not k + 1; that part is
-  timing and lives with the engine (`kvsim.engine.runtime.Engine.deliver`).
+  timing and lives with the engine (`kvsim.engine.runtime.Engine.deliver`);
+* vLLM's `running` still lists a request whose last token is in flight (it leaves it when that output is
+  processed), so a preemption may pick it: FCFS takes `running.pop()`, the most recently admitted, finishing
+  or not. Such a victim's KV is freed at once and it counts as a preemption; it loses nothing, and finishes
+  when its output comes (vLLM's `stopped_preempted_reqs`). `finishing_victim` finds it, `preempt_finishing`
+  takes it.
 
 Everything else (a decode's next token, a prefill's next chunk) is planned as the synchronous scheduler
 plans it: vLLM's placeholders make the in-flight step's tokens count as computed.
@@ -28,7 +33,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvsim.workload.request import RequestStatus
+
 if TYPE_CHECKING:
+    from kvsim.latency.step_plan import StepPlan
+    from kvsim.sched.request_queue import RequestQueue
     from kvsim.workload.request import Request
 
 
@@ -40,6 +49,10 @@ class AsyncSteps:
 
     async_scheduling: bool = False
     finishing: list[Request]
+    running: list[Request]
+    waiting: RequestQueue
+    num_preemptions: int
+    admission_order: dict[int, int]  # request id -> when it was (last) admitted, counting admissions
 
     if TYPE_CHECKING:
         def free_request(self, req: Request) -> None: ...
@@ -62,6 +75,23 @@ class AsyncSteps:
     def _free_finished(self, req: Request) -> None:
         self.free_request(req)
         req.content = None  # its block-hash memo is not needed again: memory stays bounded in long runs
+
+    def finishing_victim(self) -> Request | None:
+        """The finishing request vLLM would preempt next, or None if its victim is a running one: the policy's
+        victim (`RequestQueue.victim_index`) over `running` and `finishing` merged in admission order, as
+        vLLM's `running` lists them."""
+        order = self.admission_order
+        merged = sorted([*self.running, *self.finishing], key=lambda r: order[r.request_id])
+        victim = merged[self.waiting.victim_index(merged)]
+        return victim if victim.status is RequestStatus.FINISHED else None
+
+    def preempt_finishing(self, req: Request, plan: StepPlan) -> None:
+        """Preempt a finished request whose KV waits for the next decision: freed now, counted as a
+        preemption (vLLM's `_preempt_request`); it stays finished (its last token was already computed)."""
+        self.finishing.remove(req)
+        self.num_preemptions += 1
+        plan.preempted.append(req)
+        self._free_finished(req)
 
     def num_finishing_seqs(self) -> int:
         """Sequences of finished requests still holding their `max_num_seqs` slot (async only)."""

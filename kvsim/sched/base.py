@@ -92,6 +92,8 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
         self.planned_s = 0.0
         self.prefix_stats = PrefixCacheStats()  # recorded at each admission (`admit`)
         self._forked: set[int] = set()  # request ids whose samples have been forked
+        self.admission_order: dict[int, int] = {}  # request id -> admissions counted when it was last admitted
+        self._num_admissions = 0
         # Disaggregated prefill/decode (`kvsim.fleet.disagg`); both stay empty otherwise.
         # A decode instance: requests that join the queue with their KV already held here (loaded from a
         # prefill instance): request id -> tokens held, admitted as computed (vLLM's remote-prefill requests).
@@ -251,13 +253,16 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
         assert result is not None, "admit after a successful can_allocate"
         plan.num_copied_blocks += result.num_copied_blocks
         self.waiting.pop()
+        self._num_admissions += 1
+        self.admission_order[req.request_id] = self._num_admissions
         if req.first_scheduled_s is None:
             req.first_scheduled_s = self.planned_s
             req.num_prefix_hit_tokens = hit.num_tokens
         # KV loaded from a prefill instance is no prefix-cache query: its lookup was counted when the load
         # was reserved. A re-admission re-hits its own blocks: counted apart (`preempted`), as vLLM does.
+        # Without prefix caching nothing is looked up or counted (vLLM's KVCacheManager records no query).
         loaded = self.held_kv_tokens.pop(req.request_id, None) if self.held_kv_tokens else None
-        if loaded is None:
+        if loaded is None and self.alloc.enable_caching:
             self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
         req.num_computed_tokens = hit.num_tokens
         req.status = RequestStatus.RUNNING
@@ -279,12 +284,19 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
 
     def lookup(self, req: Request) -> PrefixHit:
         """The prefix cache's hit; for KV loaded from a prefill instance, every prompt token but the last
-        (vLLM recomputes it to sample the first token; the sequence already holds its blocks)."""
+        (vLLM recomputes it to sample the first token; the sequence already holds its blocks).
+
+        With EAGLE a hit gives back its last block, which is recomputed (`Speculation.drops_last_hit_block`;
+        speculative decoding runs on the paged allocator only, whose hits are whole blocks)."""
         if self.held_kv_tokens:
             held = self.held_kv_tokens.get(req.request_id)
             if held is not None:
                 return PrefixHit(held, ())
-        return self.alloc.lookup_prefix(req.content, req.num_tokens)
+        hit = self.alloc.lookup_prefix(req.content, req.num_tokens)
+        if hit.block_ids and self.speculation is not None and self.speculation.drops_last_hit_block:
+            block_tokens = hit.num_tokens // len(hit.block_ids)
+            return PrefixHit(hit.num_tokens - block_tokens, hit.block_ids[:-1])
+        return hit
 
     # ------------------------------------------------------------ the step's plan
     def schedule(self, now: float, planned_s: float | None = None) -> StepPlan:
@@ -342,10 +354,15 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
 
         Returns False when `req` itself was preempted. FCFS never picks a request scheduled
         earlier in this step (those precede `req` in `running`); a policy that can must take
-        the victim out of `plan` itself.
+        the victim out of `plan` itself. With async scheduling the victim may be a request that
+        just finished and still holds its KV (`AsyncSteps.finishing_victim`), as in vLLM.
         """
         running = self.running
         while not self.try_allocate(req, num_tokens_total, plan, hold_slots):
+            finished = self.finishing_victim() if self.finishing else None
+            if finished is not None:
+                self.preempt_finishing(finished, plan)
+                continue
             victim = running.pop(self.waiting.victim_index(running))
             self.preempt(victim, plan)
             if victim is req:
@@ -357,6 +374,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
             if self.alloc.holds(seq_id):
                 self.alloc.free(seq_id)
         self._forked.discard(req.request_id)
+        self.admission_order.pop(req.request_id, None)
         self._beam_scores.pop(req.request_id, None)
         if self._next_stored_block:
             self._next_stored_block.pop(req.request_id, None)

@@ -52,7 +52,8 @@ class OffloadScheduling:
         held = self.alloc.hold(seq_id, req.num_tokens)
         assert allocated is not None and held, "start_load after a successful can_admit"
         self.waiting.pop()
-        self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
+        if self.alloc.enable_caching:
+            self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
         self.loading[req.request_id] = (req, (first + num_blocks) * bs)
         self._next_stored_block[req.request_id] = first + num_blocks  # the tiers hold those blocks already
         offload.start_load(req.request_id, req.content, first, num_blocks, now)

@@ -131,6 +131,7 @@ class Speculation:
     drafter writes its drafts' KV in the target's blocks), 0 for n-gram (vllm/v1/core/sched/
     scheduler.py). Counters follow vLLM's `vllm:spec_decode_*` metrics: `num_drafts` verify steps
     with at least one draft, `num_draft_tokens` drafts verified, `num_accepted_tokens` accepted.
+    `drops_last_hit_block`: EAGLE's, whose prefix hits recompute their last block (vLLM's `use_eagle`).
     `rejected_slot_s` integrates, over time, the slots holding drafts the last verify rejected
     (held until the next step overwrites them); `pending` maps each request verifying drafts in
     the step being planned to its number of drafts.
@@ -145,6 +146,7 @@ class Speculation:
     rejected_slot_s: float = 0.0
     last_complete_s: float = 0.0
     pending: dict[int, int] = field(default_factory=dict)
+    drops_last_hit_block: bool = False  # EAGLE: a prefix hit recomputes its last block (`Scheduler.lookup`)
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -165,4 +167,5 @@ class Speculation:
 
 def make_speculation(config: SpeculativeConfig) -> Speculation:
     """The runtime state of `config` (its acceptance model; vLLM's lookahead, `num_lookahead_tokens`)."""
-    return Speculation(acceptance_model(config), config.num_lookahead_tokens)
+    return Speculation(acceptance_model(config), config.num_lookahead_tokens,
+                       drops_last_hit_block=config.drops_last_hit_block)

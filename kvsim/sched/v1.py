@@ -52,7 +52,9 @@ class V1Scheduler(Scheduler):
             num_new, hold_slots = min(req.num_tokens - past, budget), 0
             if verify:
                 assert spec is not None
-                num_drafts = min(spec.num_speculative_tokens, budget - 1, self.limits.max_model_len - req.num_tokens)
+                # vLLM caps a running request's tokens at max_model_len - 1 - num_computed_tokens (scheduler.py)
+                max_drafts = self.limits.max_model_len - 1 - req.num_tokens
+                num_drafts = min(spec.num_speculative_tokens, budget - 1, max_drafts)
                 num_new = 1 + num_drafts
                 hold_slots = min(past + num_new + spec.num_lookahead_slots, self.limits.max_model_len)
             num_preempted = len(plan.preempted)
