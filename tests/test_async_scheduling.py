@@ -186,3 +186,5 @@ def test_a_request_whose_last_token_is_in_flight_is_the_preemption_victim_not_a_
     assert steps == [([(0, 1)], [1]), ([(0, 1)], []), ([(0, 1)], [])]
     assert sched.num_preemptions == 1 and a.num_preemptions == 0 and a.finish_s == 4.0
     assert sched.records.count(b.status) == 2  # both finished
+    rows = sched.records.columns()  # B's row, written when it finished, counts the preemption after it
+    assert list(rows["num_preemptions"]) == [0, 1] and list(rows["status"]) == ["finished", "finished"]

@@ -72,6 +72,16 @@ class RequestRecords:
                                         req.num_prefix_hit_tokens, req.num_preemptions, req.priority))
         self._status.append(_STATUS_CODE[req.status])
 
+    def add_preemption(self, request_id: int) -> None:
+        """One more preemption on the row of `request_id`, a request that has ended (searched from the
+        last row back: it ended lately, `kvsim.sched.async_steps.AsyncSteps.preempt_finishing`)."""
+        width, ints = len(_INTS), self._ints
+        for row in range(len(self._status) - 1, -1, -1):
+            if ints[row * width] == request_id:  # `_INTS`' first: the request id
+                ints[row * width + _INTS.index("num_preemptions")] += 1
+                return
+        raise KeyError(f"request {request_id} has no row")
+
     def extend(self, requests: Iterable[Request]) -> None:
         for req in requests:
             self.add(req)

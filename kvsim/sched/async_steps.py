@@ -37,6 +37,7 @@ from kvsim.workload.request import RequestStatus
 
 if TYPE_CHECKING:
     from kvsim.latency.step_plan import StepPlan
+    from kvsim.results.records import RequestRecords
     from kvsim.sched.request_queue import RequestQueue
     from kvsim.workload.request import Request
 
@@ -52,6 +53,7 @@ class AsyncSteps:
     running: list[Request]
     waiting: RequestQueue
     num_preemptions: int
+    records: RequestRecords
     admission_order: dict[int, int]  # request id -> when it was (last) admitted, counting admissions
 
     if TYPE_CHECKING:
@@ -87,9 +89,12 @@ class AsyncSteps:
 
     def preempt_finishing(self, req: Request, plan: StepPlan) -> None:
         """Preempt a finished request whose KV waits for the next decision: freed now, counted as a
-        preemption (vLLM's `_preempt_request`); it stays finished (its last token was already computed)."""
+        preemption (vLLM's `_preempt_request`), in the run's total and in its row, written when it finished;
+        it stays finished (its last token was already computed)."""
         self.finishing.remove(req)
         self.num_preemptions += 1
+        req.num_preemptions += 1
+        self.records.add_preemption(req.request_id)
         plan.preempted.append(req)
         self._free_finished(req)
 
