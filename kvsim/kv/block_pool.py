@@ -11,7 +11,8 @@ prefix cache's (`kvsim.kv.prefix_cache`: the hash chain by default).
 
 * A block is *in use* when `ref_count > 0`, otherwise it is in the free queue.
 * A freed block holding cached content goes to the cache's evictable tail (LRU: its content
-  may be hit again); one without goes to the head (nothing to keep).
+  may be hit again); one without goes to the head (nothing to keep): vLLM's `free_blocks` since its
+  `prepend_n` split (PR #43447, after 0.21; before it every freed block went to the tail).
 * Eviction is lazy: a cached block stays findable while free, and its content is dropped
   only when `get_new_blocks` takes it for reuse (`PrefixCache.evict`).
 * A prefix hit on a free cached block (`touch`) pulls it out of the queue in O(1).
