@@ -18,9 +18,10 @@ Contract (every implementation):
 * `insert(content, block_table, first_block, num_full_blocks)`: blocks
   `block_table[first_block:num_full_blocks]` now hold the content's full blocks of those
   indices (in use, ref_count > 0). Content already cached under another block stays found
-  there (the first block to hold it wins), and this block is cached as a duplicate: it keeps
-  the hash while it lives and is found once the blocks cached before it are evicted (vLLM's
-  `BlockHashToBlockMap` does not de-duplicate, so that block tables stay append-only).
+  there (the first block to hold it wins). Whether this block is kept as well is the
+  implementation's: the hash chain caches it as a duplicate, found once the blocks cached before
+  it are evicted (vLLM's `BlockHashToBlockMap` does not de-duplicate, so that block tables stay
+  append-only); the radix tree does not (SGLang's tree holds one copy of a prefix).
 * Reference counting lives in the pool; the cache hears the transitions of blocks it
   holds content for: `unlock(blocks)` when blocks lose their last reference (they become
   evictable at the LRU tail, in the order given; the pool frees a request's blocks tail-first,
