@@ -93,6 +93,7 @@ DISAGG = f"kv_transfer_config: {{kv_link: rdma}}\n{WORKLOAD}"
 DISAGG_GROUPS = "replicas: [{count: 1, kv_role: kv_producer}, {count: 1, kv_role: kv_consumer}]\n"
 AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 MOONCAKE_ROW = '{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]}\n'
+HUGE = "9" * 5000  # digits: over Python's limit for converting text to an int (4,300)
 TOKENS_ROW = '{"arrival_time_ns": 0, "input_toks": 2, "output_toks": 1, "input_tok_ids": [1, 2], "output_tok_ids": [3]}\n'
 
 CASES = [
@@ -494,6 +495,36 @@ CASES = [
     ("capacity-num-sequences-negative", {}, ["capacity", "--num-sequences", "-5"], "--num-sequences=-5"),
     ("output-is-a-file", {"taken": "user data\n"}, ["run", "--set", "workload.num_requests=5", "-o", "{d}/taken"],
      "is not a folder"),
+    # --- keys that are not strings: a TypeError from `Model(**raw)` ("keywords must be strings")
+    ("yaml-integer-key", scenario(f"1: 2\n{WORKLOAD}"), RUN_S, "kvsim: error: 1: a key must be a string, not int"),
+    ("yaml-null-key", scenario(f"~: 2\n{WORKLOAD}"), RUN_S, "None: a key must be a string, not NoneType"),
+    ("plan-spec-integer-key", {"spec.yaml": "1: 2\n"}, [*PLAN, "--spec", "{d}/spec.yaml"],
+     "plan.1: a key must be a string, not int"),
+    # --- integers longer than Python converts (4,300 digits): a bare ValueError out of PyYAML and json
+    ("yaml-integer-too-long", scenario(f"seed: {HUGE}\n{WORKLOAD}"), RUN_S,
+     "not valid YAML: an integer of 5,000 digits is longer than kvsim reads at line 1, column 7"),
+    ("set-integer-too-long", {}, ["run", "--set", f"seed={HUGE}"],  # the flag is cut, not echoed whole
+     f"--set 'seed={'9' * 51}...: the value is not valid YAML (an integer of 5,000 digits"),
+    ("hf-integer-too-long", {**config_json(), "config.json": config_json()["config.json"].replace(
+        '"hidden_size": 64', f'"hidden_size": {HUGE}')}, RUN_S, "config.json: cannot read: an integer of 5,000 digits"),
+    ("mooncake-integer-too-long", trace_scenario("mooncake", "t.jsonl", MOONCAKE_ROW.replace("600", HUGE)), RUN_S,
+     "t.jsonl:1: not JSON (an integer of 5,000 digits is longer than kvsim reads)"),
+    ("kv-transfer-config-integer-too-long", {}, ["run", "--kv-transfer-config", f'{{"kv_link_bandwidth_bytes_per_s": '
+                                                                                 f'{HUGE}}}'],
+     "--kv-transfer-config '{\"kv_link_bandwidth_bytes_per_s\": 99"),
+    ("capacity-speculative-config-integer-too-long", {}, ["capacity", "--speculative-config",
+                                                          f'{{"num_speculative_tokens": {HUGE}}}'],
+     "not JSON (an integer of 5,000 digits is longer than kvsim reads at character 27)"),
+    ("bench-integer-too-long", {"b.json": f'{{"input_lens": [{HUGE}]}}'}, VALIDATE_B,
+     "b.json: not JSON (an integer of 5,000 digits is longer than kvsim reads at line 1)"),
+    ("measured-integer-too-long", {**measured_run(), "m/vllm/requests.jsonl": f'{{"input_toks": {HUGE}}}\n'},
+     VALIDATE_M, "requests.jsonl:1: not JSON (an integer of 5,000 digits"),
+    ("plan-spec-integer-too-long", {"spec.yaml": f"max_replicas: {HUGE}\n"}, [*PLAN, "--spec", "{d}/spec.yaml"],
+     "not valid YAML: an integer of 5,000 digits is longer than kvsim reads at line 1, column 15"),
+    ("plan-engine-integer-too-long", {}, [*PLAN, "--engine", f"max_num_seqs={HUGE}"],
+     f"--engine max_num_seqs='{'9' * 56}...: not a comma-separated list of values"),
+    ("plan-spec-duplicate-key", {"spec.yaml": "gpus: [h100-80gb]\ngpus: [a100-80gb]\n"},  # the last one was used
+     [*PLAN, "--spec", "{d}/spec.yaml"], "not valid YAML: duplicate key 'gpus' (lines 1 and 2)"),
 ]
 
 
@@ -523,6 +554,15 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
     assert "Traceback" not in result.output
     assert sorted(p.name for p in d.iterdir()) == before  # nothing written beside the inputs
     assert list(tmp_path.iterdir()) == [d]  # nor in the working directory (no runs/, report/)
+
+
+def test_a_scenario_dict_with_a_key_that_is_not_a_string_is_named():
+    """From the Python API as from YAML: `Scenario(**raw)` raised TypeError("keywords must be strings")."""
+    import kvsim
+    from kvsim.model.errors import KvsimError
+
+    with pytest.raises(KvsimError, match="^1: a key must be a string, not int$"):
+        kvsim.simulate({1: 2, "workload": {"num_requests": 5}})  # the workload's lengths are missing too
 
 
 def _gzip(text: str) -> bytes:

@@ -101,8 +101,10 @@ def parse_json_object(text: str, flag: str) -> dict:
     """A flag's JSON object (vLLM's `--speculative-config` style); anything else is one line naming the flag."""
     import json
 
+    from kvsim.model.yaml_io import load_json
+
     try:
-        value = json.loads(text)
+        value = load_json(text)
     except json.JSONDecodeError as error:
         raise KvsimError(f"{flag}={shown(text)}: not JSON ({error.msg} at character {error.pos})") from None
     if not isinstance(value, dict):

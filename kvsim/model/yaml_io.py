@@ -1,13 +1,21 @@
-"""YAML as kvsim reads user files: safe, duplicate keys refused, errors told in one short line.
+"""YAML (and JSON) as kvsim reads user files: safe, duplicate keys refused, errors told in one short line.
 
 PyYAML keeps the last of two equal keys (`engine:` twice: the first section silently lost);
 `load_yaml` refuses it instead, naming both lines (`load_shipped_yaml` reads kvsim's own presets).
 `yaml_problem` gives an error's problem and position without echoing the offending text (a file of
 anything may have been named).
+
+An integer literal longer than Python converts (`sys.get_int_max_str_digits()`, 4,300 digits: a guard
+against quadratic-time conversion) is a bare `ValueError` out of both PyYAML and `json`, which no reader
+expects: `load_yaml` makes it a `yaml.YAMLError` and `load_json` a `json.JSONDecodeError` at its position,
+so each reader reports it as it reports any malformed file.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 from typing import Any
 
 import yaml
@@ -35,12 +43,38 @@ def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]
     return loader.construct_mapping(node, deep=True)
 
 
+def _int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
+    try:
+        return loader.construct_yaml_int(node)
+    except ValueError:  # the one an int the resolver matched can raise: too many digits (see the docstring)
+        raise ConstructorError(None, None, _too_long(node.value), node.start_mark) from None
+
+
+def _too_long(digits: str) -> str:
+    return f"an integer of {sum(c.isdigit() for c in digits):,} digits is longer than kvsim reads"
+
+
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _int)
 
 
 def load_yaml(text: str) -> Any:
-    """`yaml.safe_load(text)`, except that a repeated key is a `yaml.YAMLError`."""
+    """`yaml.safe_load(text)`, except that a repeated key or an integer too long to convert is a `yaml.YAMLError`."""
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def load_json(text: str) -> Any:
+    """`json.loads(text)`, except that an integer too long to convert is a `json.JSONDecodeError` (see the
+    module docstring)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:
+        long_digits = re.search(rf"\d{{{sys.get_int_max_str_digits() + 1},}}", text)
+        if long_digits is None:
+            raise
+        raise json.JSONDecodeError(_too_long(long_digits[0]), text, long_digits.start()) from None
 
 
 def load_shipped_yaml(text: str) -> Any:
@@ -54,7 +88,7 @@ def flag_mapping(text: str, flag: str) -> dict[Any, Any]:
     """A flag's mapping, as vLLM's JSON flags take one (`--kv-transfer-config '{"kv_link": "nvlink"}'`; YAML's
     flow style too, JSON being YAML); anything else, the empty text included, is one `KvsimError` line."""
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
     except yaml.YAMLError:
         value = None
     if not isinstance(value, dict):

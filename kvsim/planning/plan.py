@@ -42,8 +42,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kvsim.model.errors import KvsimError
-from kvsim.model.yaml_io import flag_mapping
+from kvsim.model.errors import KvsimError, shown
+from kvsim.model.yaml_io import flag_mapping, load_yaml
 from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica_floor
 from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_price
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
@@ -391,9 +391,9 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
             raise KvsimError(f"--gpu-hourly-cost {key}={value!r}: expected a price per hour") from None
     for key, value in _assignments(knobs, "--engine"):
         try:
-            raw.setdefault("engine", {})[key] = [yaml.safe_load(v) for v in value.split(",")]
+            raw.setdefault("engine", {})[key] = [load_yaml(v) for v in value.split(",")]
         except yaml.YAMLError:
-            raise KvsimError(f"--engine {key}={value!r}: not a comma-separated list of values") from None
+            raise KvsimError(f"--engine {key}={shown(value)}: not a comma-separated list of values") from None
     if gpus:
         raw["gpus"] = gpus
     if tp_sizes:

@@ -136,7 +136,7 @@ def parse_split(text: str) -> tuple[int, int]:
 
 def make_plan_spec(raw: dict[str, Any]) -> PlanSpec:
     try:
-        return PlanSpec(**raw)
+        return PlanSpec.model_validate(raw)  # not **raw: a key may not be a str
     except ValidationError as error:
         raise from_validation_error(error, prefix="plan") from None
 

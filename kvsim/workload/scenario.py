@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.config import EngineConfig, GPULink
-from kvsim.model.errors import KvsimError, from_validation_error, reading
+from kvsim.model.errors import KvsimError, from_validation_error, reading, shown
 from kvsim.model.spec import SETTINGS
 from kvsim.model.yaml_io import load_yaml, yaml_problem
 from kvsim.workload.files import data_file
@@ -330,7 +330,7 @@ class Scenario(BaseModel):
 
 def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
     try:
-        return Scenario(**{**raw, "base_dir": str(base_dir)})
+        return Scenario.model_validate({**raw, "base_dir": str(base_dir)})  # not **raw: a key may not be a str
     except ValidationError as error:
         raise from_validation_error(error, model=Scenario) from None
 
@@ -351,11 +351,11 @@ def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]
         for item in overrides:
             key, sep, value = item.partition("=")
             if not sep or not key:
-                raise KvsimError(f"--set {item!r}: expected dotted.key=value")
+                raise KvsimError(f"--set {shown(item)}: expected dotted.key=value")
             try:
-                items.append((key, load_yaml(value), f"--set {item!r}"))
+                items.append((key, load_yaml(value), f"--set {shown(item)}"))
             except yaml.YAMLError as error:
-                raise KvsimError(f"--set {item!r}: the value is not valid YAML ({yaml_problem(error)})") from None
+                raise KvsimError(f"--set {shown(item)}: the value is not valid YAML ({yaml_problem(error)})") from None
     for key, value, label in items:
         _set_field(raw, key.split("."), value, label)
     return raw
