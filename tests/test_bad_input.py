@@ -523,6 +523,18 @@ CASES = [
      "not valid YAML: an integer of 5,000 digits is longer than kvsim reads at line 1, column 15"),
     ("plan-engine-integer-too-long", {}, [*PLAN, "--engine", f"max_num_seqs={HUGE}"],
      f"--engine max_num_seqs='{'9' * 56}...: not a comma-separated list of values"),
+    # --- a plan's candidates and flags given twice (as `plan-xpyd-twice`): searched twice, or the last one kept
+    ("plan-gpu-twice", {}, [*PLAN, "--gpu", "h100-80gb"], "plan.gpus=['h100-80gb', 'h100-80gb']: 'h100-80gb' is given twice"),
+    ("plan-tp-twice", {}, [*PLAN, "-tp", "1", "-tp", "1"], "plan.tensor_parallel_sizes=[1, 1]: 1 is given twice"),
+    ("plan-engine-value-twice", {}, [*PLAN, "--engine", "max_num_seqs=128,128"],
+     "plan.engine: max_num_seqs=128 is given twice"),
+    ("plan-slo-twice", {}, [*PLAN, "--slo", "ttft_s.p90=3"], "--slo 'ttft_s.p90=3': ttft_s.p90 is given twice"),
+    ("plan-hourly-cost-twice", {}, [*PLAN, "--gpu-hourly-cost", "h100-80gb=2", "--gpu-hourly-cost", "h100-80gb=3"],
+     "--gpu-hourly-cost 'h100-80gb=3': h100-80gb is given twice"),
+    ("plan-spec-slo-not-a-mapping", {"spec.yaml": "slo: fast\n"}, [*PLAN, "--spec", "{d}/spec.yaml"],
+     "plan.slo='fast': Input should be a valid dictionary"),  # was a TypeError where --slo added to it
+    ("plan-hourly-cost-infinite", {}, [*PLAN, "--gpu-hourly-cost", "h100-80gb=inf"],  # was refused after the search
+     "plan.gpu_hourly_cost: h100-80gb=inf: an hourly cost must be a positive, finite price"),
     ("plan-spec-duplicate-key", {"spec.yaml": "gpus: [h100-80gb]\ngpus: [a100-80gb]\n"},  # the last one was used
      [*PLAN, "--spec", "{d}/spec.yaml"], "not valid YAML: duplicate key 'gpus' (lines 1 and 2)"),
 ]

@@ -13,8 +13,8 @@ BASE = ["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", "ttft_s.p90=2"]
 
 
 @pytest.mark.parametrize(("extra", "needle"), [
-    (["--slo", "ttft_s.p90=inf"], "finite"),
-    (["--slo", "ttft_s.p90=nan"], "finite"),
+    (["--slo", "tpot_s.p90=inf"], "finite"),  # another key: the same one twice is refused as such
+    (["--slo", "tpot_s.p90=nan"], "finite"),
     (["-tp", "3"], "tensor_parallel_size=3"),
     (["--engine", "tensor_parallel_size=2"], "--tensor-parallel-size"),
     (["--engine", "max_num_seqs=[1,"], "--engine max_num_seqs"),
