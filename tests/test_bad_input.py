@@ -81,9 +81,24 @@ def vidur(*rows: str) -> dict[str, str]:
     return {"compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv": "\n".join([VIDUR_COLUMNS, *rows]) + "\n"}
 
 
+def native_profile(*extra_rows: str) -> dict[str, str]:
+    """A kvsim profile CSV `p.csv` of four GEMM rows (plus `extra_rows`), imported from a bundle elsewhere."""
+    from kvsim.latency.base import PROFILE_COLUMNS
+
+    def row(op: str, tokens: int, seconds: float) -> str:
+        return ",".join({"kind": "gemm", "op": op, "num_tokens": str(tokens), "time_s": repr(seconds)}.get(c, "")
+                        for c in PROFILE_COLUMNS)
+
+    rows = [row("qkv", 1, 3e-5), row("qkv", 256, 6e-5), row("gate_up", 1, 1e-4), row("gate_up", 256, 2e-4)]
+    return {"p.csv": "\n".join(["# gpu: NVIDIA RTX PRO 6000 Blackwell Server Edition", "# model: meta-llama/Llama-3.1-8B",
+                                "# source_path: /elsewhere/bundle", ",".join(PROFILE_COLUMNS), *rows, *extra_rows])
+            + "\n"}
+
+
 VIDUR_ROW = "32,32,4096,11008,32000,True,{tokens},1,{ms},{ms}"
 RUN_S = ["run", "{d}/s.yaml"]
 IMPORT_B = ["import-profile", "{d}/b", "-o", "{d}/out.csv", "--gpu", "rtx-pro-6000"]
+IMPORT_N = ["import-profile", "{d}/p.csv", "-o", "{d}/out.csv", "--gpu", "rtx-pro-6000"]
 IMPORT_V = ["import-profile", "{d}/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv", "-o", "{d}/out.csv",
             "--model", "llama-2-7b", "--gpu", "a100-80gb"]
 VALIDATE_M = ["validate", "{d}/m", "--gpu", "h100-80gb", "-o", "{d}/out"]
@@ -495,6 +510,20 @@ CASES = [
     ("capacity-num-sequences-negative", {}, ["capacity", "--num-sequences", "-5"], "--num-sequences=-5"),
     ("output-is-a-file", {"taken": "user data\n"}, ["run", "--set", "workload.num_requests=5", "-o", "{d}/taken"],
      "is not a folder"),
+    # --- kvsim import-profile, second sweep
+    ("profile-native-names-the-file-read", native_profile("gemm,qkv,,,,2,,,,,,,,-5e-05,,,,,,,"), IMPORT_N,
+     "p.csv: row 5 (gemm qkv): time_s='-5e-05' must be positive"),  # was named by its source_path, elsewhere
+    ("profile-native-long-row", native_profile("gemm,qkv,,,,2,,,,,,,,5e-05,,,,,,,,7"), IMPORT_N,
+     "p.csv: row 5 does not have the header's 21 fields (a truncated or malformed file)"),  # the extra one ignored
+    ("profile-native-short-row", native_profile("gemm,qkv,,,,2,,,,,,,,5e-05"), IMPORT_N,
+     "p.csv: row 5 does not have the header's 21 fields"),
+    ("run-calibrated-profile-long-row", {**native_profile("gemm,qkv,,,,2,,,,,,,,5e-05,,,,,,,,7"),
+                                         "s.yaml": f"latency: {{model: calibrated, profile: p.csv}}\n{WORKLOAD}"},
+     RUN_S, "p.csv: row 5 does not have the header's 21 fields"),
+    ("profile-source-spans-lines", bundle(), [*IMPORT_B, "--source-repository", "a\nb: c"],  # was written, unreadable
+     "profile metadata source_repository='a\\nb: c': spans lines; a profile CSV keeps each metadata value on one line"),
+    ("profile-meta-duplicate-key", bundle(meta=BUNDLE_META + "gpu: NVIDIA H100\n"), IMPORT_B,  # the last one was used
+     "meta.yaml: cannot read: duplicate key 'gpu' (lines 1 and 5): give each key once"),
     # --- keys that are not strings: a TypeError from `Model(**raw)` ("keywords must be strings")
     ("yaml-integer-key", scenario(f"1: 2\n{WORKLOAD}"), RUN_S, "kvsim: error: 1: a key must be a string, not int"),
     ("yaml-null-key", scenario(f"~: 2\n{WORKLOAD}"), RUN_S, "None: a key must be a string, not NoneType"),
@@ -613,6 +642,31 @@ def test_bad_binary_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkey
     assert len(lines) == 1 and lines[0].startswith("kvsim: error: ") and needle in lines[0], result.stderr
     assert sorted(p.name for p in d.iterdir()) == before
     assert list(tmp_path.iterdir()) == [d]
+
+
+def test_a_byte_order_mark_is_skipped(tmp_path, monkeypatch):
+    """Spreadsheet programs start a CSV with a UTF-8 byte-order mark: it was read as part of the first column's
+    name ("TIMESTAMP=None is not a timestamp", "column 'kind' is missing"). Every reader goes through
+    `kvsim.workload.files.open_text`, which skips it: a trace and a profile read the same with one as without."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text("\ufeff" + AZURE_ROWS)
+    (tmp_path / "s.yaml").write_text("workload: {num_requests: 5, arrival: {process: trace}, "
+                                     "trace: {format: azure, path: t.csv}}\nsteps: none\n")
+    result = runner.invoke(app, ["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_finished"] == 5
+    written = []
+    for name, files, source in [("plain", native_profile(), "p.csv"), ("bom", native_profile(), "p.csv"),
+                                ("bundle", bundle(), "b"), ("bundle-bom", bundle(dense="\ufeff" + BUNDLE_DENSE), "b")]:
+        folder = tmp_path / name
+        for path, text in files.items():
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_text(("\ufeff" if name == "bom" else "") + text)
+        result = runner.invoke(app, ["import-profile", str(folder / source), "-o", str(folder / "out.csv"),
+                                     "--gpu", "rtx-pro-6000"])
+        assert result.exit_code == 0, result.output
+        written.append([line for line in (folder / "out.csv").read_text().splitlines() if not line.startswith("#")])
+    assert written[0] == written[1] and written[2] == written[3]
 
 
 def test_a_trace_named_without_gz_is_read_from_its_gz(tmp_path, monkeypatch):
