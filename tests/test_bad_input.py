@@ -506,6 +506,12 @@ CASES = [
     ("report-set-broken", {}, ["report", "--set", "engine.block_size=[1"], "--set 'engine.block_size=[1'"),
     ("calibrate-dtype", {}, ["calibrate", "--gpu", "h200", "--kv-cache-dtype", "int4"], "--kv-cache-dtype='int4'"),
     ("calibrate-block-sizes", {}, ["calibrate", "--gpu", "h200", "--block-sizes", "x"], "--block-sizes='x'"),
+    ("calibrate-block-size-zero", {}, ["calibrate", "--gpu", "h200", "--block-sizes", "16,0", "--dry-run"],
+     "--block-sizes='16,0': block_size=0: Input should be greater than 0"),  # a grid of block size 0 was printed
+    ("calibrate-block-size-not-vllm", {}, ["calibrate", "--gpu", "h200", "--block-sizes", "7", "--dry-run"],
+     "--block-sizes='7': block_size=7: vLLM accepts 1, 8, 16, 32, 64, 128, 256"),
+    ("calibrate-tp-not-dividing-heads", {}, ["calibrate", "--gpu", "h200", "-tp", "3", "--dry-run"],
+     "tensor_parallel_size=3: must divide llama-3.1-8b's 32 attention heads"),  # 32 // 3 = 10 heads were timed
     ("capacity-gpu-hourly-cost-infinite", {}, ["capacity", "--gpu-hourly-cost", "inf"], "gpu_hourly_cost=inf"),
     ("capacity-num-sequences-negative", {}, ["capacity", "--num-sequences", "-5"], "--num-sequences=-5"),
     ("output-is-a-file", {"taken": "user data\n"}, ["run", "--set", "workload.num_requests=5", "-o", "{d}/taken"],
