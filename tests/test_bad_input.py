@@ -650,6 +650,26 @@ def test_bad_binary_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkey
     assert list(tmp_path.iterdir()) == [d]
 
 
+@pytest.mark.parametrize("output", ["loop", "loop/out"])
+@pytest.mark.parametrize("command", [["run", "--set", "workload.num_requests=5"],
+                                     ["import-profile", "{d}/b", "--gpu", "rtx-pro-6000"]])
+def test_an_output_through_a_symlink_loop_is_one_line(tmp_path, monkeypatch, command, output):
+    """`-o loop` where loop -> loop: pathlib's resolve() raised RuntimeError("Symlink loop from ...")."""
+    monkeypatch.chdir(tmp_path)
+    for name, text in bundle().items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "loop").symlink_to("loop")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    argv = [a.replace("{d}", str(tmp_path)) for a in command] + ["-o", str(tmp_path / output)]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.strip().splitlines() == [f"kvsim: error: --output={str(tmp_path / output)!r}: leads "
+                                                  "through a loop of symbolic links; kvsim only replaces output it "
+                                                  "wrote itself (choose a new path)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_a_byte_order_mark_is_skipped(tmp_path, monkeypatch):
     """Spreadsheet programs start a CSV with a UTF-8 byte-order mark: it was read as part of the first column's
     name ("TIMESTAMP=None is not a timestamp", "column 'kind' is missing"). Every reader goes through
