@@ -487,6 +487,9 @@ CASES = [
     ("plan-workers-zero", {}, ["plan", "--workers", "0", "--gpu", "h100-80gb", "--slo", "ttft_s.p90=2"],
      "--workers=0: expected at least 1 process"),  # a LocalCluster of no processes
     ("report-workers-negative", {}, ["report", "--workers", "-1"], "--workers=-1: expected at least 1 process"),
+    ("report-workers-a-slip", {}, ["report", "--quick", "--workers", "100000"],  # forked thousands of processes
+     "--workers=100000: more than 4 processes per CPU"),
+    ("plan-workers-a-slip", {}, [*PLAN[:-2], "--workers", "100000"], "--workers=100000: more than 4 processes per CPU"),
     ("run-output-empty", {}, ["run", "-o", ""], "--output='': is empty"),  # not runs/NAME, not the working folder
     ("report-output-empty", {}, ["report", "-o", ""], "--output='': is empty"),
     ("run-kv-transfer-config-empty", {}, ["run", "--kv-transfer-config", ""],
