@@ -615,6 +615,17 @@ def test_a_scenario_dict_with_a_key_that_is_not_a_string_is_named():
         kvsim.simulate({1: 2, "workload": {"num_requests": 5}})  # the workload's lengths are missing too
 
 
+@pytest.mark.parametrize("path", [{"workload": {"num_requests": 5}}, 5, ["s.yaml"]])
+def test_load_scenario_given_no_path_says_so(path):
+    """`kvsim.load_scenario({...})` from a notebook: Path(a dict) raised TypeError("expected str, bytes or
+    os.PathLike object, not dict")."""
+    import kvsim
+    from kvsim.model.errors import KvsimError
+
+    with pytest.raises(KvsimError, match=r"^scenario=.*: expected a YAML path \(`kvsim.simulate` also takes a dict"):
+        kvsim.load_scenario(path)
+
+
 def _gzip(text: str) -> bytes:
     import gzip
 

@@ -393,6 +393,9 @@ def load_scenario(path: str | Path | None = None, overrides: Overrides | None = 
                   default: Path = DEFAULT_SCENARIO) -> Scenario:
     """Read a YAML scenario (or the built-in `default` when `path` is None) and apply `overrides`
     (a dict of dotted keys to values, or `--set`-style strings; see `Overrides`)."""
+    if path is not None and not isinstance(path, (str, Path)):  # Path() would raise a bare TypeError
+        raise KvsimError(f"scenario={shown(path)}: expected a YAML path (`kvsim.simulate` also takes a dict of "
+                         "scenario fields)")
     file = default if path is None else Path(path)
     if file.is_dir():
         raise KvsimError(f"scenario={str(path)!r}: is a directory, not a scenario YAML file")
