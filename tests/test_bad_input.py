@@ -626,6 +626,23 @@ def test_load_scenario_given_no_path_says_so(path):
         kvsim.load_scenario(path)
 
 
+def test_a_key_merged_in_may_be_overridden_but_not_repeated(tmp_path):
+    """YAML's `<<` merge: a key written beside it overrides the merged one (`yaml-duplicate-field` is a key
+    written twice). The repeated-key check saw the merged pairs as written ones, and refused the override."""
+    from kvsim.model.errors import KvsimError
+    from kvsim.workload.scenario import load_scenario
+
+    path = tmp_path / "s.yaml"
+    path.write_text("replicas: [{<<: &group {count: 1, kv_role: kv_producer}}, {<<: *group, kv_role: kv_consumer}]\n"
+                    f"engine: {{<<: {{block_size: 32, max_num_seqs: 8}}, block_size: 16}}\n{DISAGG}")
+    scenario = load_scenario(path)
+    assert (scenario.engine.block_size, scenario.engine.max_num_seqs) == (16, 8)
+    assert [(g.count, g.kv_role) for g in scenario.replicas] == [(1, "kv_producer"), (1, "kv_consumer")]
+    path.write_text(f"engine: {{<<: {{block_size: 32}}, max_num_seqs: 8, max_num_seqs: 4}}\n{WORKLOAD}")
+    with pytest.raises(KvsimError, match="duplicate key 'max_num_seqs'"):
+        load_scenario(path)
+
+
 def _gzip(text: str) -> bytes:
     import gzip
 

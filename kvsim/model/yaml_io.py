@@ -29,9 +29,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)  # `<<` merge keys first: a merged key may be overridden
+    written = sum(key_node.tag != "tag:yaml.org,2002:merge" for key_node, _ in node.value)
+    loader.flatten_mapping(node)  # `<<` merge keys: their pairs go first, where a key written here overrides them
     lines: dict[Any, int] = {}
-    for key_node, _ in node.value:
+    for key_node, _ in node.value[len(node.value) - written:]:  # the keys written here, each once
         key, line = loader.construct_object(key_node, deep=True), key_node.start_mark.line
         try:
             if key in lines:  # the position is in the message: no mark, so yaml_problem adds none
