@@ -250,6 +250,8 @@ CASES = [
      "no_rope_layers='all': must list 2 entries (num_hidden_layers), each 0 or 1"),
     ("hf-first-k-dense-text", config_json(model_type="deepseek_v3", first_k_dense_replace="3"), RUN_S,
      "first_k_dense_replace='3': must be a whole number >= 0"),
+    ("hf-quantization-config-a-string", config_json(quantization_config="fp8"), RUN_S,  # was read as unquantized
+     "quantization_config='fp8': must be a mapping"),
     ("hf-duplicate-key", {"config.json": '{"hidden_size": 64, "hidden_size": 128}',
                           "s.yaml": f"model: {{d}}/config.json\n{WORKLOAD}"}, RUN_S,
      "duplicate key 'hidden_size' (lines 1 and 1)"),
