@@ -108,6 +108,7 @@ DISAGG = f"kv_transfer_config: {{kv_link: rdma}}\n{WORKLOAD}"
 DISAGG_GROUPS = "replicas: [{count: 1, kv_role: kv_producer}, {count: 1, kv_role: kv_consumer}]\n"
 AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 MOONCAKE_ROW = '{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]}\n'
+DEEP = "[" * 50_000 + "]" * 50_000  # nested past the recursion limit
 HUGE = "9" * 5000  # digits: over Python's limit for converting text to an int (4,300)
 TOKENS_ROW = '{"arrival_time_ns": 0, "input_toks": 2, "output_toks": 1, "input_tok_ids": [1, 2], "output_tok_ids": [3]}\n'
 
@@ -463,7 +464,7 @@ CASES = [
                                                  '"output_length": 5, "hash_ids": [{"a": 1}]}\n'), RUN_S,
      "t.jsonl:1: hash_ids must be integers or strings"),
     ("mooncake-nested-too-deeply", trace_scenario("mooncake", "t.jsonl", "[" * 100_000 + "]" * 100_000 + "\n"),
-     RUN_S, "t.jsonl:1: not JSON kvsim reads (nested too deeply)"),
+     RUN_S, "t.jsonl:1: not JSON (nested too deeply for kvsim to read)"),
     ("sharegpt-token-ids-text", trace_scenario("sharegpt_tokens", "t.jsonl", '{"arrival_time_ns": 0, "input_toks": 2, '
                                                '"output_toks": 1, "input_tok_ids": ["a", "b"], "output_tok_ids": [1]}\n'),
      RUN_S, "t.jsonl:1: input_tok_ids and output_tok_ids must be integer token ids"),
@@ -575,6 +576,19 @@ CASES = [
      "plan.slo='fast': Input should be a valid dictionary"),  # was a TypeError where --slo added to it
     ("plan-hourly-cost-infinite", {}, [*PLAN, "--gpu-hourly-cost", "h100-80gb=inf"],  # was refused after the search
      "plan.gpu_hourly_cost: h100-80gb=inf: an hourly cost must be a positive, finite price"),
+    # --- nesting deeper than the recursion limit: a RecursionError out of PyYAML and json
+    ("yaml-nested-too-deeply", scenario(f"name: {DEEP}\n{WORKLOAD}"), RUN_S,
+     "not valid YAML: nested too deeply for kvsim to read"),
+    ("set-nested-too-deeply", {}, ["run", "--set", f"name={DEEP}"],
+     "the value is not valid YAML (nested too deeply for kvsim to read)"),
+    ("hf-nested-too-deeply", {**config_json(), "config.json": config_json()["config.json"][:-1] + f', "x": {DEEP}}}'},
+     RUN_S, "config.json: cannot read: nested too deeply for kvsim to read"),
+    ("capacity-speculative-config-nested-too-deeply", {}, ["capacity", "--speculative-config", f'{{"a": {DEEP}}}'],
+     "not JSON (nested too deeply for kvsim to read at character 0)"),
+    ("profile-meta-nested-too-deeply", bundle(meta=f"{BUNDLE_META}x: {DEEP}\n"), IMPORT_B,
+     "meta.yaml: cannot read: nested too deeply for kvsim to read"),
+    ("yaml-control-character", scenario(f"name: a\x00b\n{WORKLOAD}"), RUN_S,  # was "not valid YAML: ReaderError"
+     "not valid YAML: character #x0000 is not allowed (special characters are not allowed) at character 7"),
     ("plan-spec-duplicate-key", {"spec.yaml": "gpus: [h100-80gb]\ngpus: [a100-80gb]\n"},  # the last one was used
      [*PLAN, "--spec", "{d}/spec.yaml"], "not valid YAML: duplicate key 'gpus' (lines 1 and 2)"),
 ]

@@ -6,9 +6,10 @@ PyYAML keeps the last of two equal keys (`engine:` twice: the first section sile
 anything may have been named).
 
 An integer literal longer than Python converts (`sys.get_int_max_str_digits()`, 4,300 digits: a guard
-against quadratic-time conversion) is a bare `ValueError` out of both PyYAML and `json`, which no reader
-expects: `load_yaml` makes it a `yaml.YAMLError` and `load_json` a `json.JSONDecodeError` at its position,
-so each reader reports it as it reports any malformed file.
+against quadratic-time conversion) is a bare `ValueError` out of both PyYAML and `json`, and text nested
+deeper than the interpreter's recursion limit (`[[[[...`) a `RecursionError`, which no reader expects:
+`load_yaml` makes them a `yaml.YAMLError` and `load_json` a `json.JSONDecodeError`, so each reader
+reports them as it reports any malformed file.
 """
 
 from __future__ import annotations
@@ -59,18 +60,27 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _int)
 
 
+TOO_DEEP = "nested too deeply for kvsim to read"
+
+
 def load_yaml(text: str) -> Any:
-    """`yaml.safe_load(text)`, except that a repeated key or an integer too long to convert is a `yaml.YAMLError`."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    """`yaml.safe_load(text)`, except that a repeated key, an integer too long to convert or text nested too
+    deeply is a `yaml.YAMLError`."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise yaml.MarkedYAMLError(problem=TOO_DEEP) from None
 
 
 def load_json(text: str) -> Any:
-    """`json.loads(text)`, except that an integer too long to convert is a `json.JSONDecodeError` (see the
-    module docstring)."""
+    """`json.loads(text)`, except that an integer too long to convert or text nested too deeply is a
+    `json.JSONDecodeError` (see the module docstring)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
         raise
+    except RecursionError:
+        raise json.JSONDecodeError(TOO_DEEP, text, 0) from None
     except ValueError:
         long_digits = re.search(rf"\d{{{sys.get_int_max_str_digits() + 1},}}", text)
         if long_digits is None:
@@ -99,6 +109,9 @@ def flag_mapping(text: str, flag: str) -> dict[Any, Any]:
 
 def yaml_problem(error: yaml.YAMLError) -> str:
     """The error's problem and where it is (`... at line 3, column 7`), never the offending text."""
+    if isinstance(error, yaml.reader.ReaderError):  # a control character: no problem or mark, a position
+        code = error.character if isinstance(error.character, int) else ord(error.character)
+        return f"character #x{code:04x} is not allowed ({error.reason}) at character {error.position}"
     problem = getattr(error, "problem", None) or getattr(error, "context", None) or type(error).__name__
     mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(problem)

@@ -67,8 +67,6 @@ def read_json(path: Path) -> Any:
         raise KvsimError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
     except UnicodeDecodeError as error:  # a binary file
         raise KvsimError(f"{path}: not UTF-8 text (byte {error.start})") from None
-    except RecursionError:
-        raise KvsimError(f"{path}: not JSON kvsim reads (nested too deeply)") from None
 
 
 def is_number(value: Any) -> TypeGuard[int | float]:

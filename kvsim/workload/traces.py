@@ -140,8 +140,6 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 row = load_json(line)
             except json.JSONDecodeError as error:
                 raise _bad(path, line_no, f"not JSON ({error.msg})") from None
-            except RecursionError:
-                raise _bad(path, line_no, "not JSON kvsim reads (nested too deeply)") from None
             if not isinstance(row, dict):
                 raise _bad(path, line_no, "expected a JSON object")
             yield line_no, row
@@ -315,7 +313,7 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
 
 def _servegen_pdfs(path: Path) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     try:
-        raw = json.loads(path.read_text())
+        raw = load_json(path.read_text())
         if not isinstance(raw, dict):
             raise TypeError("expected a JSON object of windows")
         out = {}
