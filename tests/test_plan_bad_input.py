@@ -13,8 +13,8 @@ BASE = ["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", "ttft_s.p90=2"]
 
 
 @pytest.mark.parametrize(("extra", "needle"), [
-    (["--slo", "ttft_s.p90=inf"], "finite"),
-    (["--slo", "ttft_s.p90=nan"], "finite"),
+    (["--slo", "tpot_s.p90=inf"], "finite"),  # another key: the same one twice is refused as such
+    (["--slo", "tpot_s.p90=nan"], "finite"),
     (["-tp", "3"], "tensor_parallel_size=3"),
     (["--engine", "tensor_parallel_size=2"], "--tensor-parallel-size"),
     (["--engine", "max_num_seqs=[1,"], "--engine max_num_seqs"),
@@ -43,6 +43,7 @@ def test_point_store_skips_corrupt_rows_and_ends_a_torn_line(tmp_path):
     path.write_bytes(b"".join([
         json.dumps(good).encode() + b"\n",
         b"[1, 2]\n", b'{"hash": 3}\n', b'{"hash": "b", "metrics": 5}\n', b"\xff\xfe\n",
+        b'{"hash": "g", "metrics": ' + b"9" * 5000 + b"}\n",  # an int too long to convert: a ValueError, not JSON's
         b'{"hash": "c", "metrics": {"old": 1}}\n',  # a point from before the evidence existed
         b'{"hash": "d", "metr',  # torn by a crash
     ]))

@@ -303,6 +303,7 @@ def plan(
     CPU offload tier each replica of the cheapest colocated answer needs (`kvsim.planning.offload_sizing`)."""
     import yaml
 
+    from kvsim.model.yaml_io import load_yaml, yaml_problem
     from kvsim.planning.plan import check_candidates, spec_from_options
     from kvsim.planning.plan import plan as run_plan
     from kvsim.planning.search import close_client, dask_client
@@ -319,11 +320,9 @@ def plan(
                 raise KvsimError(f"spec={spec_file!r}: file not found")
             with reading(spec_file, "spec"):
                 try:
-                    raw = yaml.safe_load(Path(spec_file).read_text()) or {}
+                    raw = load_yaml(Path(spec_file).read_text()) or {}
                 except yaml.YAMLError as error:
-                    mark = getattr(error, "problem_mark", None)
-                    where = f" (line {mark.line + 1})" if mark is not None else ""
-                    raise KvsimError(f"spec={spec_file!r}: not valid YAML{where}") from None
+                    raise KvsimError(f"spec={spec_file!r}: not valid YAML: {yaml_problem(error)}") from None
             if not isinstance(raw, dict):
                 raise KvsimError(f"spec={spec_file!r}: expected a mapping")
         if not tp_sizes and "tensor_parallel_sizes" not in raw:

@@ -33,15 +33,22 @@ def calibrate(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid and exit")] = False,
 ) -> None:
     """Time the Triton paged-attention kernels and the model's GEMMs on a GPU into a profile CSV."""
+    from kvsim.model.capacity import check_parallel
     from kvsim.model.config import load_model, make_engine
     from kvsim.results.output_dir import check_output_file
 
     with user_errors():
         spec = load_model(model)
         engine = make_engine(tensor_parallel_size=tensor_parallel_size)
+        check_parallel(spec, engine)  # the per-GPU shapes below divide by TP: a TP vLLM cannot shard has none
         if kv_cache_dtype not in ("auto", "fp8"):
             raise KvsimError(f"--kv-cache-dtype={kv_cache_dtype!r}: calibrate measures auto or fp8")
         sizes = parse_int_list(block_size, "--block-sizes")
+        for size in sizes:  # a block size vLLM accepts, as a scenario's engine.block_size (0 divided by zero)
+            try:
+                make_engine(block_size=size)
+            except KvsimError as error:
+                raise KvsimError(f"--block-sizes={block_size!r}: {error}") from None
         if output is not None and not dry_run:
             check_output_file(output)  # refuse before loading torch and measuring, not after
         from kernels import grid as calibration_grid  # standard library only: --dry-run needs no torch

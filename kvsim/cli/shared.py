@@ -5,6 +5,7 @@ the few text helpers of the capacity and plan output (`kvsim.cli` defines the co
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
@@ -74,10 +75,20 @@ def parse_size_flag(text: str, flag: str) -> int:
     return value
 
 
+PROCESSES_PER_CPU = 4
+"""`--workers` beyond this many per CPU is refused: the processes would only share the CPUs, each holding its
+own interpreter and imports (about 100 MB), and a slip like `--workers 100000` forked thousands of them."""
+
+
 def check_workers(workers: int | None) -> None:
-    """`--workers`: a count of local processes, at least 1 (None: the command's default)."""
+    """`--workers`: a count of local processes, at least 1 and at most `PROCESSES_PER_CPU` per CPU (None: the
+    command's default, one per CPU)."""
     if workers is not None and workers < 1:
         raise KvsimError(f"--workers={workers}: expected at least 1 process (1 runs here)")
+    cpus = os.cpu_count() or 1
+    if workers is not None and workers > PROCESSES_PER_CPU * cpus:
+        raise KvsimError(f"--workers={workers}: more than {PROCESSES_PER_CPU} processes per CPU ({cpus} here); "
+                         "give at most one per CPU, or a cluster with --dask-address")
 
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -101,8 +112,10 @@ def parse_json_object(text: str, flag: str) -> dict:
     """A flag's JSON object (vLLM's `--speculative-config` style); anything else is one line naming the flag."""
     import json
 
+    from kvsim.model.yaml_io import load_json
+
     try:
-        value = json.loads(text)
+        value = load_json(text)
     except json.JSONDecodeError as error:
         raise KvsimError(f"{flag}={shown(text)}: not JSON ({error.msg} at character {error.pos})") from None
     if not isinstance(value, dict):

@@ -79,8 +79,8 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
     told the nearest field name (`engine.max_num_seq: unknown key (did you mean max_num_seqs?)`).
     """
     errors = error.errors()
-    # A misspelt key usually explains a "missing" one too: report unknown keys first.
-    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    # A misspelt key usually explains a "missing" one too: report unknown keys (and keys that are no names) first.
+    first = next((e for e in errors if e["type"] in ("extra_forbidden", "invalid_key")), errors[0])
     loc = ".".join(str(part) if len(str(part)) <= SHOWN_CHARS else shown(str(part)) for part in first["loc"])
     field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "value")
     message = first["msg"].removeprefix("Value error, ")
@@ -94,6 +94,8 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
         return KvsimError(f"{field}: unknown key{close_match(key, fields)}")
     if first["type"] == "missing":
         return KvsimError(f"{field}: required field is missing")
+    if first["type"] == "invalid_key":  # YAML's `1: x` or `~: x`, a dict's non-str key
+        return KvsimError(f"{field}: a key must be a string, not {type(first.get('input')).__name__}")
     if isinstance(first.get("input"), dict):  # a check across fields: the message names them
         return KvsimError(f"{field}: {message}" if prefix or loc else message)
     return KvsimError(f"{field}={shown(first.get('input'))}: {message}")

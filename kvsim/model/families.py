@@ -120,7 +120,9 @@ def _served_dtype(c: _Config) -> str:
 def _weight_quant(c: _Config) -> str | None:
     """`fp8` (DeepSeek-V3's block-fp8 checkpoint) or `mxfp4` (gpt-oss's experts); None otherwise."""
     quant = c.get("quantization_config") or {}
-    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if not isinstance(quant, dict):  # read as no quantization: the weights counted at the served dtype
+        raise KvsimError(f"model config {c.name}: quantization_config={shown(quant)}: must be a mapping")
+    method = quant.get("quant_method")
     if method is None:
         return None
     if method in ("fp8", "mxfp4"):

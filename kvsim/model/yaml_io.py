@@ -1,13 +1,22 @@
-"""YAML as kvsim reads user files: safe, duplicate keys refused, errors told in one short line.
+"""YAML (and JSON) as kvsim reads user files: safe, duplicate keys refused, errors told in one short line.
 
 PyYAML keeps the last of two equal keys (`engine:` twice: the first section silently lost);
 `load_yaml` refuses it instead, naming both lines (`load_shipped_yaml` reads kvsim's own presets).
 `yaml_problem` gives an error's problem and position without echoing the offending text (a file of
 anything may have been named).
+
+An integer literal longer than Python converts (`sys.get_int_max_str_digits()`, 4,300 digits: a guard
+against quadratic-time conversion) is a bare `ValueError` out of both PyYAML and `json`, and text nested
+deeper than the interpreter's recursion limit (`[[[[...`) a `RecursionError`, which no reader expects:
+`load_yaml` makes them a `yaml.YAMLError` and `load_json` a `json.JSONDecodeError`, so each reader
+reports them as it reports any malformed file.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 from typing import Any
 
 import yaml
@@ -21,9 +30,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)  # `<<` merge keys first: a merged key may be overridden
+    written = sum(key_node.tag != "tag:yaml.org,2002:merge" for key_node, _ in node.value)
+    loader.flatten_mapping(node)  # `<<` merge keys: their pairs go first, where a key written here overrides them
     lines: dict[Any, int] = {}
-    for key_node, _ in node.value:
+    for key_node, _ in node.value[len(node.value) - written:]:  # the keys written here, each once
         key, line = loader.construct_object(key_node, deep=True), key_node.start_mark.line
         try:
             if key in lines:  # the position is in the message: no mark, so yaml_problem adds none
@@ -35,12 +45,47 @@ def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]
     return loader.construct_mapping(node, deep=True)
 
 
+def _int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
+    try:
+        return loader.construct_yaml_int(node)
+    except ValueError:  # the one an int the resolver matched can raise: too many digits (see the docstring)
+        raise ConstructorError(None, None, _too_long(node.value), node.start_mark) from None
+
+
+def _too_long(digits: str) -> str:
+    return f"an integer of {sum(c.isdigit() for c in digits):,} digits is longer than kvsim reads"
+
+
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _int)
+
+
+TOO_DEEP = "nested too deeply for kvsim to read"
 
 
 def load_yaml(text: str) -> Any:
-    """`yaml.safe_load(text)`, except that a repeated key is a `yaml.YAMLError`."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    """`yaml.safe_load(text)`, except that a repeated key, an integer too long to convert or text nested too
+    deeply is a `yaml.YAMLError`."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise yaml.MarkedYAMLError(problem=TOO_DEEP) from None
+
+
+def load_json(text: str) -> Any:
+    """`json.loads(text)`, except that an integer too long to convert or text nested too deeply is a
+    `json.JSONDecodeError` (see the module docstring)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError(TOO_DEEP, text, 0) from None
+    except ValueError:
+        long_digits = re.search(rf"\d{{{sys.get_int_max_str_digits() + 1},}}", text)
+        if long_digits is None:
+            raise
+        raise json.JSONDecodeError(_too_long(long_digits[0]), text, long_digits.start()) from None
 
 
 def load_shipped_yaml(text: str) -> Any:
@@ -54,7 +99,7 @@ def flag_mapping(text: str, flag: str) -> dict[Any, Any]:
     """A flag's mapping, as vLLM's JSON flags take one (`--kv-transfer-config '{"kv_link": "nvlink"}'`; YAML's
     flow style too, JSON being YAML); anything else, the empty text included, is one `KvsimError` line."""
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
     except yaml.YAMLError:
         value = None
     if not isinstance(value, dict):
@@ -64,6 +109,9 @@ def flag_mapping(text: str, flag: str) -> dict[Any, Any]:
 
 def yaml_problem(error: yaml.YAMLError) -> str:
     """The error's problem and where it is (`... at line 3, column 7`), never the offending text."""
+    if isinstance(error, yaml.reader.ReaderError):  # a control character: no problem or mark, a position
+        code = error.character if isinstance(error.character, int) else ord(error.character)
+        return f"character #x{code:04x} is not allowed ({error.reason}) at character {error.position}"
     problem = getattr(error, "problem", None) or getattr(error, "context", None) or type(error).__name__
     mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(problem)

@@ -42,8 +42,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kvsim.model.errors import KvsimError
-from kvsim.model.yaml_io import flag_mapping
+from kvsim.model.errors import KvsimError, shown
+from kvsim.model.yaml_io import flag_mapping, load_yaml
 from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica_floor
 from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_price
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
@@ -357,13 +357,23 @@ def hourly_price(spec: PlanSpec, gpu: str) -> GpuPrice:
 
 
 def _assignments(items: list[str], flag: str) -> list[tuple[str, str]]:
-    pairs = []
+    pairs: list[tuple[str, str]] = []
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip() or not value.strip():
-            raise KvsimError(f"{flag} {item!r}: expected NAME=VALUE")
+            raise KvsimError(f"{flag} {shown(item)}: expected NAME=VALUE")
+        if any(key.strip() == given for given, _ in pairs):  # not the last one silently
+            raise KvsimError(f"{flag} {shown(item)}: {key.strip()} is given twice")
         pairs.append((key.strip(), value.strip()))
     return pairs
+
+
+def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """The spec's mapping `name` (created empty when absent), to which a flag adds."""
+    section = raw.setdefault(name, {})
+    if not isinstance(section, dict):
+        raise KvsimError(f"plan.{name}={shown(section)}: Input should be a valid dictionary")
+    return section
 
 
 def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_sizes: list[int], knobs: list[str],
@@ -380,20 +390,23 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
     if kv_transfer_config is not None:
         raw["kv_transfer_config"] = flag_mapping(kv_transfer_config, "--kv-transfer-config")
     for key, value in _assignments(slo, "--slo"):
+        section = _section(raw, "slo")
         try:
-            raw.setdefault("slo", {})[key] = float(value)
+            section[key] = float(value)
         except ValueError:
-            raise KvsimError(f"--slo {key}={value!r}: expected seconds") from None
+            raise KvsimError(f"--slo {key}={shown(value)}: expected seconds") from None
     for key, value in _assignments(costs, "--gpu-hourly-cost"):
+        section = _section(raw, "gpu_hourly_cost")
         try:
-            raw.setdefault("gpu_hourly_cost", {})[key] = float(value)
+            section[key] = float(value)
         except ValueError:
-            raise KvsimError(f"--gpu-hourly-cost {key}={value!r}: expected a price per hour") from None
+            raise KvsimError(f"--gpu-hourly-cost {key}={shown(value)}: expected a price per hour") from None
     for key, value in _assignments(knobs, "--engine"):
+        section = _section(raw, "engine")
         try:
-            raw.setdefault("engine", {})[key] = [yaml.safe_load(v) for v in value.split(",")]
+            section[key] = [load_yaml(v) for v in value.split(",")]
         except yaml.YAMLError:
-            raise KvsimError(f"--engine {key}={value!r}: not a comma-separated list of values") from None
+            raise KvsimError(f"--engine {key}={shown(value)}: not a comma-separated list of values") from None
     if gpus:
         raw["gpus"] = gpus
     if tp_sizes:

@@ -76,7 +76,7 @@ class PointStore:
     def _parse(raw: bytes) -> tuple[str, Metrics] | None:
         try:
             row = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except ValueError:  # not UTF-8, not JSON, or an integer too long to convert
             return None
         if not isinstance(row, dict) or not isinstance(row.get("hash"), str) or not isinstance(row.get("metrics"),
                                                                                               dict):

@@ -80,6 +80,24 @@ class PlanSpec(BaseModel):
             raise ValueError(f"router={router!r}: expected one of {', '.join(ROUTERS)}")
         return router
 
+    @field_validator("gpus", "tensor_parallel_sizes")
+    @classmethod
+    def _each_once(cls, values: list[Any]) -> list[Any]:
+        """A candidate given twice would be searched twice and ranked beside itself (as a split, `_splits`)."""
+        twice = next((value for i, value in enumerate(values) if value in values[:i]), None)
+        if twice is not None:
+            raise ValueError(f"{twice!r} is given twice")
+        return values
+
+    @field_validator("engine")
+    @classmethod
+    def _each_value_once(cls, engine: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for name, values in engine.items():
+            twice = next((value for i, value in enumerate(values) if value in values[:i]), None)
+            if twice is not None:
+                raise ValueError(f"{name}={twice!r} is given twice")
+        return engine
+
     @field_validator("tensor_parallel_sizes")
     @classmethod
     def _positive_tp(cls, sizes: list[int]) -> list[int]:
@@ -100,8 +118,8 @@ class PlanSpec(BaseModel):
     @classmethod
     def _positive_cost(cls, costs: dict[str, float]) -> dict[str, float]:
         for gpu, cost in costs.items():
-            if not cost > 0:
-                raise ValueError(f"{gpu}={cost}: an hourly cost must be positive")
+            if not 0 < cost < math.inf:  # as `kvsim.planning.cost.gpu_price` will check it, after the search
+                raise ValueError(f"{gpu}={cost}: an hourly cost must be a positive, finite price in USD per GPU-hour")
         return costs
 
     @model_validator(mode="after")
@@ -136,7 +154,7 @@ def parse_split(text: str) -> tuple[int, int]:
 
 def make_plan_spec(raw: dict[str, Any]) -> PlanSpec:
     try:
-        return PlanSpec(**raw)
+        return PlanSpec.model_validate(raw)  # not **raw: a key may not be a str
     except ValidationError as error:
         raise from_validation_error(error, prefix="plan") from None
 

@@ -73,7 +73,11 @@ def _umask() -> int:
 def _protected_reason(path: Path) -> str | None:
     """Why `path` (absolute, not resolved) may never be an output, or None."""
     cwd = Path.cwd()
-    places = {Path(os.path.abspath(path)), path.resolve()}
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):  # RuntimeError("Symlink loop from ..."): Python 3.11, 3.12
+        return "leads through a loop of symbolic links"
+    places = {Path(os.path.abspath(path)), resolved}
     protected = {Path("/"), Path.home(), Path.home().resolve(), cwd, cwd.resolve()}
     ancestors = set(cwd.parents) | set(cwd.resolve().parents)
     if places & {Path("/")}:

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.model.errors import KvsimError
+from kvsim.model.yaml_io import load_json
 from kvsim.workload.traces import TraceRecord
 
 REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s",
@@ -59,15 +60,13 @@ class MeasuredRun:
 def read_json(path: Path) -> Any:
     """The JSON in `path`; a missing file or one that is not JSON raises `KvsimError` naming it."""
     try:
-        return json.loads(path.read_text())
+        return load_json(path.read_text())
     except FileNotFoundError:
         raise KvsimError(f"{path}: file not found") from None
     except json.JSONDecodeError as error:
         raise KvsimError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
     except UnicodeDecodeError as error:  # a binary file
         raise KvsimError(f"{path}: not UTF-8 text (byte {error.start})") from None
-    except RecursionError:
-        raise KvsimError(f"{path}: not JSON kvsim reads (nested too deeply)") from None
 
 
 def is_number(value: Any) -> TypeGuard[int | float]:

@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import IO
 
 GZIP_SUFFIX = ".gz"
+TEXT_ENCODING = "utf-8-sig"
+"""UTF-8, a leading byte-order mark skipped: spreadsheet programs start a CSV with one, which was read as
+part of the first column's name (`\ufeffTIMESTAMP`: "TIMESTAMP=None is not a timestamp")."""
 
 
 def data_file(path: Path) -> Path:
@@ -24,7 +27,7 @@ def data_file(path: Path) -> Path:
 
 
 def open_text(path: Path, newline: str | None = None) -> IO[str]:
-    """Open `path` for reading text; a name ending in `.gz` is decompressed on the fly."""
+    """Open `path` for reading UTF-8 text (`TEXT_ENCODING`); a name ending in `.gz` is decompressed on the fly."""
     if path.name.endswith(GZIP_SUFFIX):
-        return gzip.open(path, "rt", newline=newline)
-    return path.open(newline=newline)
+        return gzip.open(path, "rt", encoding=TEXT_ENCODING, newline=newline)
+    return path.open(encoding=TEXT_ENCODING, newline=newline)

@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.config import EngineConfig, GPULink
-from kvsim.model.errors import KvsimError, from_validation_error, reading
+from kvsim.model.errors import KvsimError, from_validation_error, reading, shown
 from kvsim.model.spec import SETTINGS
 from kvsim.model.yaml_io import load_yaml, yaml_problem
 from kvsim.workload.files import data_file
@@ -330,7 +330,7 @@ class Scenario(BaseModel):
 
 def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
     try:
-        return Scenario(**{**raw, "base_dir": str(base_dir)})
+        return Scenario.model_validate({**raw, "base_dir": str(base_dir)})  # not **raw: a key may not be a str
     except ValidationError as error:
         raise from_validation_error(error, model=Scenario) from None
 
@@ -351,11 +351,11 @@ def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]
         for item in overrides:
             key, sep, value = item.partition("=")
             if not sep or not key:
-                raise KvsimError(f"--set {item!r}: expected dotted.key=value")
+                raise KvsimError(f"--set {shown(item)}: expected dotted.key=value")
             try:
-                items.append((key, load_yaml(value), f"--set {item!r}"))
+                items.append((key, load_yaml(value), f"--set {shown(item)}"))
             except yaml.YAMLError as error:
-                raise KvsimError(f"--set {item!r}: the value is not valid YAML ({yaml_problem(error)})") from None
+                raise KvsimError(f"--set {shown(item)}: the value is not valid YAML ({yaml_problem(error)})") from None
     for key, value, label in items:
         _set_field(raw, key.split("."), value, label)
     return raw
@@ -393,6 +393,9 @@ def load_scenario(path: str | Path | None = None, overrides: Overrides | None = 
                   default: Path = DEFAULT_SCENARIO) -> Scenario:
     """Read a YAML scenario (or the built-in `default` when `path` is None) and apply `overrides`
     (a dict of dotted keys to values, or `--set`-style strings; see `Overrides`)."""
+    if path is not None and not isinstance(path, (str, Path)):  # Path() would raise a bare TypeError
+        raise KvsimError(f"scenario={shown(path)}: expected a YAML path (`kvsim.simulate` also takes a dict of "
+                         "scenario fields)")
     file = default if path is None else Path(path)
     if file.is_dir():
         raise KvsimError(f"scenario={str(path)!r}: is a directory, not a scenario YAML file")

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.model.errors import KvsimError, shown
+from kvsim.model.yaml_io import load_json
 from kvsim.workload.files import open_text
 
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's traces hash one id per 512-token block (FAST'25 trace README)
@@ -136,11 +137,9 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = load_json(line)
             except json.JSONDecodeError as error:
                 raise _bad(path, line_no, f"not JSON ({error.msg})") from None
-            except RecursionError:
-                raise _bad(path, line_no, "not JSON kvsim reads (nested too deeply)") from None
             if not isinstance(row, dict):
                 raise _bad(path, line_no, "expected a JSON object")
             yield line_no, row
@@ -242,7 +241,7 @@ def read_lengths(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRe
 def read_vllm_sharegpt(path: Path) -> list[TraceRecord]:
     """vLLM benchmark JSON: the first human/gpt pair of each conversation, tokens ≈ characters / 4."""
     try:
-        data = json.loads(path.read_text())
+        data = load_json(path.read_text())
     except json.JSONDecodeError as error:
         raise KvsimError(f"{path}:{error.lineno}: not JSON ({error.msg})") from None
     if not isinstance(data, list):
@@ -314,7 +313,7 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
 
 def _servegen_pdfs(path: Path) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     try:
-        raw = json.loads(path.read_text())
+        raw = load_json(path.read_text())
         if not isinstance(raw, dict):
             raise TypeError("expected a JSON object of windows")
         out = {}

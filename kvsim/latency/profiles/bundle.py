@@ -37,6 +37,7 @@ import yaml
 from kvsim.latency.profiles import Profile, find_source
 from kvsim.latency.skew import DEFAULT_KEY, EDGES_KEY, format_edges
 from kvsim.model.errors import KvsimError
+from kvsim.model.yaml_io import load_yaml, yaml_problem
 from kvsim.workload.files import data_file, open_text
 
 GEMMS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
@@ -100,9 +101,9 @@ def read_bundle(path: Path, tp: int) -> Profile:
     if not meta_path.is_file():
         raise KvsimError(f"profile {path}: not a profile bundle (no meta.yaml)")
     try:
-        raw = yaml.safe_load(meta_path.read_text())
+        raw = load_yaml(meta_path.read_text())
     except yaml.YAMLError as error:
-        raise KvsimError(f"profile {meta_path}: cannot read: {str(error).splitlines()[0]}") from None
+        raise KvsimError(f"profile {meta_path}: cannot read: {yaml_problem(error)}") from None
     if not isinstance(raw, dict):
         raise KvsimError(f"profile {meta_path}: expected a mapping (gpu, model, variant, tp_degrees, ...), "
                          f"got {type(raw).__name__ if raw is not None else 'an empty file'}")

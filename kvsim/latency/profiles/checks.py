@@ -23,6 +23,8 @@ from kvsim.latency.profiles import Profile, name_words
 from kvsim.model.errors import KvsimError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from kvsim.model.config import ModelSpec
 
 MAX_SPREAD = 10.0
@@ -33,9 +35,10 @@ SKEW_SIZES = ("query_len", "batch", "decode_context_len", "context_len")
 """An `attention_skew` row's bucket edges besides `skew_share` (`kvsim.latency.skew`)."""
 
 
-def check_rows(profile: Profile) -> None:
-    """Raise `KvsimError` naming the first row that is not physical (see the module docstring)."""
-    where = f"profile {profile.meta.get('source_path') or profile.name}"
+def check_rows(profile: Profile, path: Path) -> None:
+    """Raise `KvsimError` naming the first row that is not physical (see the module docstring) and `path`,
+    the file or folder it was read from (a kvsim CSV's `source_path` is where it was imported from)."""
+    where = f"profile {path}"
     if not profile.rows:
         raise KvsimError(f"{where}: no usable rows (times that are zero or negative are left out)")
     points: dict[tuple[str, ...], list[float]] = {}

@@ -24,7 +24,7 @@ def load_profile(path: Path, model: ModelSpec, gpu: GPUSpec, engine: EngineConfi
         profile = vidur.read_vidur_mlp(path, engine.tensor_parallel_size)
     else:
         profile = native.read_native(path)
-    check_rows(profile)
+    check_rows(profile, path)
     check_model_name(profile, model)
     check_profile(profile, model, gpu, engine)
     return profile

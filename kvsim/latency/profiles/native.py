@@ -11,8 +11,9 @@ from pathlib import Path
 
 from kvsim.latency.base import PROFILE_COLUMNS, PROFILE_KINDS
 from kvsim.latency.profiles import Profile
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, shown
 from kvsim.results.output_dir import FILE_TAG, output_file
+from kvsim.workload.files import open_text
 
 NUM_LEGACY_COLUMNS = 16
 """Profiles written before `decode_context_len`, `calls` and `num_experts` existed have only these."""
@@ -23,7 +24,8 @@ def read_native(path: Path) -> Profile:
     meta: dict[str, str] = {}
     lines = []
     try:
-        text = path.read_text()
+        with open_text(path) as f:
+            text = f.read()
     except (OSError, UnicodeDecodeError) as error:
         raise KvsimError(f"profile {path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
     for line in text.splitlines():
@@ -38,7 +40,12 @@ def read_native(path: Path) -> Profile:
         missing = next((c for c in PROFILE_COLUMNS[:NUM_LEGACY_COLUMNS] if c not in header), None)
         what = f"column {missing!r} is missing" if missing else "columns out of order"
         raise KvsimError(f"profile {path}: {what}; expected the columns {','.join(PROFILE_COLUMNS)}")
-    rows = [{c: (r.get(c) or "") for c in PROFILE_COLUMNS} for r in reader]
+    table = list(reader)
+    short = next((i for i, r in enumerate(table) if None in r or None in r.values()), None)
+    if short is not None:  # csv.DictReader fills a short row with None and keys a long row's rest by None
+        raise KvsimError(f"profile {path}: row {short + 1} does not have the header's {len(header)} fields "
+                         "(a truncated or malformed file)")
+    rows = [{c: (r.get(c) or "") for c in PROFILE_COLUMNS} for r in table]
     if not rows:
         raise KvsimError(f"profile {path}: no rows")
     for row in rows:
@@ -49,7 +56,13 @@ def read_native(path: Path) -> Profile:
 
 def write_native(profile: Profile, path: Path) -> Path:
     """Write `profile` as a kvsim CSV (`FILE_TAG` line, metadata, rows) through
-    `kvsim.results.output_dir.output_file`: only a new file or one kvsim wrote is replaced, when complete."""
+    `kvsim.results.output_dir.output_file`: only a new file or one kvsim wrote is replaced, when complete.
+    A metadata value is one `# key: value` line: one that spans lines (a flag's, a bundle's meta.yaml's) is
+    refused, as its next line would be read back as a row."""
+    broken = next((key for key, value in profile.meta.items() if len(value.splitlines()) > 1), None)
+    if broken is not None:
+        raise KvsimError(f"profile metadata {broken}={shown(profile.meta[broken])}: spans lines; a profile CSV "
+                         "keeps each metadata value on one line")
     with output_file(path) as tmp, tmp.open("w", newline="") as f:
         f.write(f"{FILE_TAG} import-profile\n")
         for key, value in profile.meta.items():

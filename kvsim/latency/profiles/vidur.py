@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kvsim.latency.profiles import Profile, find_source
 from kvsim.model.errors import KvsimError
+from kvsim.workload.files import open_text
 
 OPS = {  # Vidur op -> (kind, kvsim op, calls per layer or step)
     "emb": ("step_op", "embedding", 1),
@@ -54,7 +55,7 @@ def _time_column(fields: list[str], op: str) -> str | None:
 def read_vidur_mlp(path: Path, tp: int) -> Profile:
     """Import the rows of `path` measured at `tp` tensor-parallel workers."""
     try:
-        with path.open(newline="") as f:
+        with open_text(path, newline="") as f:
             reader = csv.DictReader(f)
             fields = list(reader.fieldnames or ())
             table = list(reader)
