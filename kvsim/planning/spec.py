@@ -24,6 +24,14 @@ from kvsim.workload.scenario import Scenario, make_scenario
 ROUTERS = ("round_robin", "least_outstanding", "least_kv", "affinity")
 
 
+
+def _refuse_repeats(values: list[Any], name: str | None = None) -> None:
+    """Raise ValueError naming the first value that equals one before it (`name=value` if named)."""
+    twice = next((value for i, value in enumerate(values) if value in values[:i]), None)
+    if twice is not None:
+        raise ValueError(f"{twice!r} is given twice" if name is None else f"{name}={twice!r} is given twice")
+
+
 class PlanSpec(BaseModel):
     """What to search: SLOs (`metric.stat: seconds`, or `metric.stat@priority: seconds` for one priority
     class's requests), candidate GPUs, TP sizes, engine knob grid."""
@@ -84,18 +92,14 @@ class PlanSpec(BaseModel):
     @classmethod
     def _each_once(cls, values: list[Any]) -> list[Any]:
         """A candidate given twice would be searched twice and ranked beside itself (as a split, `_splits`)."""
-        twice = next((value for i, value in enumerate(values) if value in values[:i]), None)
-        if twice is not None:
-            raise ValueError(f"{twice!r} is given twice")
+        _refuse_repeats(values)
         return values
 
     @field_validator("engine")
     @classmethod
     def _each_value_once(cls, engine: dict[str, list[Any]]) -> dict[str, list[Any]]:
         for name, values in engine.items():
-            twice = next((value for i, value in enumerate(values) if value in values[:i]), None)
-            if twice is not None:
-                raise ValueError(f"{name}={twice!r} is given twice")
+            _refuse_repeats(values, name)
         return engine
 
     @field_validator("tensor_parallel_sizes")
