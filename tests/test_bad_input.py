@@ -469,6 +469,13 @@ CASES = [
     ("sharegpt-token-ids-text", trace_scenario("sharegpt_tokens", "t.jsonl", '{"arrival_time_ns": 0, "input_toks": 2, '
                                                '"output_toks": 1, "input_tok_ids": ["a", "b"], "output_tok_ids": [1]}\n'),
      RUN_S, "t.jsonl:1: input_tok_ids and output_tok_ids must be integer token ids"),
+    ("azure-column-named-twice", trace_scenario("azure", "t.csv", "TIMESTAMP,ContextTokens,ContextTokens,"
+                                                "GeneratedTokens\n2023-11-16 18:15:46.68,100,9,44\n"),
+     RUN_S, "t.csv: its header names the column 'ContextTokens' twice"),
+    ("sharegpt-token-ids-negative", trace_scenario("sharegpt_tokens", "t.jsonl", '{"arrival_time_ns": 0, '
+                                                   '"input_toks": 2, "output_toks": 1, "input_tok_ids": [5, -1], '
+                                                   '"output_tok_ids": [1]}\n'),
+     RUN_S, "t.jsonl:1: input_tok_ids and output_tok_ids must be integer token ids (>= 0)"),
     ("azure-tokens-beyond-int64", trace_scenario("azure", "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
                                                  "2023-11-16 18:15:46.68,99999999999999999999999,44\n"), RUN_S,
      "t.csv:2: ContextTokens=99999999999999999999999 is more tokens than kvsim counts"),
@@ -521,6 +528,8 @@ CASES = [
      "tensor_parallel_size=3: must divide llama-3.1-8b's 32 attention heads"),  # 32 // 3 = 10 heads were timed
     ("capacity-gpu-hourly-cost-infinite", {}, ["capacity", "--gpu-hourly-cost", "inf"], "gpu_hourly_cost=inf"),
     ("capacity-num-sequences-negative", {}, ["capacity", "--num-sequences", "-5"], "--num-sequences=-5"),
+    ("capacity-context-length-twice", {}, ["capacity", "--context-lengths", "1024,2048,1024"],
+     "--context-lengths='1024,2048,1024': 1024 is given twice"),
     ("capacity-num-sequences-without-prefix", {}, ["capacity", "--num-sequences", "10"],
      "--num-sequences=10: counts the sequences sharing a prefix"),
     ("output-is-a-file", {"taken": "user data\n"}, ["run", "--set", "workload.num_requests=5", "-o", "{d}/taken"],

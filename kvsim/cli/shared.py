@@ -52,13 +52,17 @@ def user_errors() -> Iterator[None]:
 
 
 def parse_int_list(text: str, field: str) -> list[int]:
-    """`1024,4096` → [1024, 4096]; anything else is an error naming the flag."""
+    """`1024,4096` → [1024, 4096]; anything else (a value given twice included: it would make a row, or
+    a calibration point, twice) is an error naming the flag."""
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise KvsimError(f"{field}={text!r}: expected comma-separated integers") from None
     if not values:
         raise KvsimError(f"{field}={text!r}: expected at least one integer")
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise KvsimError(f"{field}={text!r}: {twice} is given twice")
     return values
 
 

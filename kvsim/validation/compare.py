@@ -26,7 +26,7 @@ from kvsim.model.config import load_gpu, load_model, model_presets
 from kvsim.model.errors import KvsimError
 from kvsim.validation.measured import MeasuredRun, series_number
 from kvsim.validation.recorded import recorded_engine, recorded_settings
-from kvsim.workload.files import data_file, open_text
+from kvsim.workload.files import csv_rows, data_file, open_text
 from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
 from kvsim.workload.traces import write_sharegpt_tokens
 
@@ -249,10 +249,9 @@ def measured_phase_rates(path: str | Path) -> dict[str, float | None]:
     series = data_file(Path(path) / "vllm" / "timeseries.csv")
     if not series.is_file():
         return {}
-    import csv
 
     with open_text(series, newline="") as f:
-        reader = csv.DictReader(f)
+        reader = csv_rows(f, series)
         if not {"prompt_throughput", "gen_throughput", "running"} <= set(reader.fieldnames or []):
             return {}  # an older series without the throughput columns: no per-phase comparison
         rows = [tuple(series_number(r[c], c, f"{series}:{line_no}")

@@ -37,7 +37,7 @@ from kvsim.validation.frame import (
     read_json,
     request_frame,
 )
-from kvsim.workload.files import data_file, open_text
+from kvsim.workload.files import csv_rows, data_file, open_text
 from kvsim.workload.traces import TraceRecord, iter_jsonl, read_sharegpt_tokens
 
 __all__ = ["REQUEST_COLUMNS", "MeasuredRun", "find_workload", "load_measured", "read_llmservingsim",
@@ -151,7 +151,7 @@ def _read_timeseries(path: Path, offset_s: float) -> tuple[pd.DataFrame | None, 
     if not path.is_file():
         return None, [f"{path.name} absent: no running/waiting comparison"]
     with open_text(path, newline="") as f:
-        reader = csv.DictReader(f)
+        reader = csv_rows(f, path)
         rows, columns = list(reader), reader.fieldnames or []
     missing = [c for c in ("t", "running", "waiting") if c not in columns]
     if rows and missing:
@@ -303,7 +303,7 @@ def read_llmservingsim(path: Path) -> pd.DataFrame | None:
     limit = csv.field_size_limit(2**31 - 1)  # the ITL column lists every token's gap
     try:
         with open_text(path, newline="") as f:
-            rows = list(csv.DictReader(f))
+            rows = list(csv_rows(f, path))
     finally:  # the limit is the csv module's, process-wide: every other reader keeps the default
         csv.field_size_limit(limit)
     try:

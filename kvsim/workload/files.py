@@ -7,9 +7,13 @@ as `x.csv.gz`, and reads the same.
 
 from __future__ import annotations
 
+import csv
 import gzip
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
+
+from kvsim.model.errors import KvsimError
 
 GZIP_SUFFIX = ".gz"
 TEXT_ENCODING = "utf-8-sig"
@@ -31,3 +35,15 @@ def open_text(path: Path, newline: str | None = None) -> IO[str]:
     if path.name.endswith(GZIP_SUFFIX):
         return gzip.open(path, "rt", encoding=TEXT_ENCODING, newline=newline)
     return path.open(encoding=TEXT_ENCODING, newline=newline)
+
+
+def csv_rows(lines: Iterable[str], path: Path) -> csv.DictReader[str]:
+    """`csv.DictReader` over `lines` (read from `path`): a header that names a column twice is a
+    `KvsimError` naming the file and the column (the reader would keep the later column's values and
+    drop the earlier's without a word)."""
+    reader = csv.DictReader(lines)
+    names = list(reader.fieldnames or ())
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice is not None:
+        raise KvsimError(f"{path}: its header names the column {twice!r} twice")
+    return reader

@@ -36,7 +36,7 @@ import numpy as np
 
 from kvsim.model.errors import KvsimError, shown
 from kvsim.model.yaml_io import load_json
-from kvsim.workload.files import open_text
+from kvsim.workload.files import csv_rows, open_text
 
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's traces hash one id per 512-token block (FAST'25 trace README)
 CHARS_PER_TOKEN = 4  # vLLM ShareGPT JSON carries text; without a tokenizer, ~4 characters a token
@@ -149,7 +149,7 @@ def read_azure(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceReco
     """`TIMESTAMP,ContextTokens,GeneratedTokens`; timestamps have 100 ns digits."""
     records, first = [], None
     with open_text(path, newline="") as f:
-        reader = csv.DictReader(f)
+        reader = csv_rows(f, path)
         for line_no, row in enumerate(reader, start=2):
             try:
                 stamp = row["TIMESTAMP"]
@@ -203,8 +203,8 @@ def read_sharegpt_tokens(path: Path, columns: TraceColumns = NO_COLUMNS) -> list
             ids_out = None
         elif not isinstance(ids_in, list) or len(ids_in) != prompt or not isinstance(ids_out, list):
             raise _bad(path, line_no, "input_tok_ids must list input_toks token ids")
-        elif not all(isinstance(t, int) and not isinstance(t, bool) for t in (*ids_in, *ids_out)):
-            raise _bad(path, line_no, "input_tok_ids and output_tok_ids must be integer token ids")
+        elif not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in (*ids_in, *ids_out)):
+            raise _bad(path, line_no, "input_tok_ids and output_tok_ids must be integer token ids (>= 0)")
         arrival = _seconds(row.get("arrival_time_ns"), 1e9, path, line_no, "arrival_time_ns")
         ids = None if ids_in is None or ids_out is None else tuple(ids_in) + tuple(ids_out)
         records.append(TraceRecord(arrival, prompt, output, token_ids=ids, **columns.read(row, path, line_no)))
@@ -226,7 +226,7 @@ def read_lengths(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRe
     """`num_prefill_tokens,num_decode_tokens,...` (Vidur / Sarathi-Serve length tables)."""
     records = []
     with open_text(path, newline="") as f:
-        for line_no, row in enumerate(csv.DictReader(f), start=2):
+        for line_no, row in enumerate(csv_rows(f, path), start=2):
             records.append(TraceRecord(
                 None,
                 _positive(row.get("num_prefill_tokens"), path, line_no, "num_prefill_tokens"),

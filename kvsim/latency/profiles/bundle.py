@@ -28,7 +28,6 @@ and are recorded as "unrecorded" when there is none.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from kvsim.latency.profiles import Profile, find_source
 from kvsim.latency.skew import DEFAULT_KEY, EDGES_KEY, format_edges
 from kvsim.model.errors import KvsimError
 from kvsim.model.yaml_io import load_yaml, yaml_problem
-from kvsim.workload.files import data_file, open_text
+from kvsim.workload.files import csv_rows, data_file, open_text
 
 GEMMS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
 TOKEN_OPS = {"layernorm": 2, "qk_norm": 1, "rotary_emb": 1, "act_fn": 1}
@@ -51,7 +50,7 @@ PROVENANCE = ("profiler_version", "vllm_version", "cuda_version", "hardware", "p
 def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
     try:
         with open_text(path, newline="") as f:
-            reader = csv.DictReader(f)
+            reader = csv_rows(f, path)
             if not set(columns) <= set(reader.fieldnames or ()):
                 raise KvsimError(f"profile {path}: expected the columns {','.join(columns)}")
             return list(reader)

@@ -13,7 +13,7 @@ from kvsim.latency.base import PROFILE_COLUMNS, PROFILE_KINDS
 from kvsim.latency.profiles import Profile
 from kvsim.model.errors import KvsimError, shown
 from kvsim.results.output_dir import FILE_TAG, output_file
-from kvsim.workload.files import open_text
+from kvsim.workload.files import csv_rows, open_text
 
 NUM_LEGACY_COLUMNS = 16
 """Profiles written before `decode_context_len`, `calls` and `num_experts` existed have only these."""
@@ -34,7 +34,7 @@ def read_native(path: Path) -> Profile:
             meta[key.strip()] = value.strip()
         elif line.strip():
             lines.append(line)
-    reader = csv.DictReader(lines)
+    reader = csv_rows(lines, path)
     header = tuple(reader.fieldnames or ())
     if header != PROFILE_COLUMNS[:len(header)] or len(header) < NUM_LEGACY_COLUMNS:
         missing = next((c for c in PROFILE_COLUMNS[:NUM_LEGACY_COLUMNS] if c not in header), None)

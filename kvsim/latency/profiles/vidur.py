@@ -13,12 +13,11 @@ Vidur's padded size and is not recorded (no timing depends on it).
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 from kvsim.latency.profiles import Profile, find_source
 from kvsim.model.errors import KvsimError
-from kvsim.workload.files import open_text
+from kvsim.workload.files import csv_rows, open_text
 
 OPS = {  # Vidur op -> (kind, kvsim op, calls per layer or step)
     "emb": ("step_op", "embedding", 1),
@@ -56,7 +55,7 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
     """Import the rows of `path` measured at `tp` tensor-parallel workers."""
     try:
         with open_text(path, newline="") as f:
-            reader = csv.DictReader(f)
+            reader = csv_rows(f, path)
             fields = list(reader.fieldnames or ())
             table = list(reader)
     except OSError as error:
