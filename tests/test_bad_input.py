@@ -270,6 +270,14 @@ CASES = [
     ("exabyte-swap", {}, ["run", "--set", "engine.scheduler=v0", "--set", "engine.swap_space=1000000"],
      "engine.swap_space=1000000.0: this run needs at least"),
     ("over-a-given-memory-limit", {}, ["run", "--memory-limit", "1MiB"], "more than the limit of 1.0 MiB"),
+    ("num-requests-boolean", {}, ["run", "--set", "workload.num_requests=true"],
+     "workload: num_requests=true: expected a number, not a boolean"),
+    ("gpu-memory-utilization-boolean", {}, ["run", "--set", "engine.gpu_memory_utilization=true"],
+     "engine: gpu_memory_utilization=true: expected a number, not a boolean"),
+    ("max-num-seqs-boolean", {}, ["run", "--set", "engine.max_num_seqs=false"],
+     "engine: max_num_seqs=false: expected a number, not a boolean"),
+    ("config-json-boolean-layers", config_json(num_hidden_layers=True), ["run", "{d}/s.yaml"],
+     "expected a number, not a boolean"),
     ("over-a-tiny-memory-limit", {}, ["run", "--memory-limit", "1KiB"], "more than the limit of 1.0 KiB"),
     # a fleet: every replica's blocks (27,816 on the GPU + 4 GiB of 2 MiB swap blocks = 2,048, 160 B each)
     # and 100 kB per engine, the requests (1,000 x 160 B) once: 4 replicas need 18.8 MiB
@@ -436,12 +444,12 @@ CASES = [
      "priority=99999999999999999999"),
     ("priority-class-a-boolean", scenario(f"workload: {{num_requests: 5, {LENGTHS}, priority: {{classes: "
                                           "[{name: a, priority: true, weight: 1}]}}\n"), RUN_S,
-     "priority=True: expected an integer priority, not a boolean"),
+     "priority=true: expected a number, not a boolean"),
     ("priority-class-weight-infinite", scenario(f"workload: {{num_requests: 5, {LENGTHS}, priority: {{classes: "
                                                 "[{name: a, priority: 0, weight: .inf}]}}\n"), RUN_S,
      "weight=inf"),
     ("replicas-a-boolean", scenario(f"{WORKLOAD}replicas: true\n"), RUN_S,
-     "replicas=True: expected a replica count or a list of replica groups, not a boolean"),
+     "replicas=true: expected a number, not a boolean"),
     ("trace-rate-scale-infinite", trace_scenario("azure", "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
                                                  "2023-11-16 18:15:46.68,374,44\n", ", rate_scale: .inf"), RUN_S,
      "workload.trace.rate_scale=inf"),

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.errors import KvsimError, from_validation_error, reading
-from kvsim.model.spec import DTYPE_BYTES, SETTINGS, ModelSpec
+from kvsim.model.spec import DTYPE_BYTES, ModelSpec, Settings
 from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.model.yaml_io import load_shipped_yaml, load_yaml, yaml_problem
 
@@ -107,16 +107,14 @@ DEFAULT_PCIE_STEP_LATENCY_S = 1.0e-6
 """NCCL's cost model (src/graph/tuning.cc, hwLat, Ring/LL over PCI): 1.0 us per ring step."""
 
 
-class AllReduceFit(BaseModel):
+class AllReduceFit(Settings):
     """An all-reduce fitted at one GPU count: t = 2 (p − 1) / p · n / (`efficiency` · bandwidth) + `fixed_s`."""
-
-    model_config = SETTINGS
 
     efficiency: float = Field(gt=0, le=1)
     fixed_s: float = Field(ge=0)
 
 
-class GPULink(BaseModel):
+class GPULink(Settings):
     """The GPU-to-GPU interconnect that tensor-parallel all-reduces cross.
 
     `bandwidth_bytes_per_s` is the datasheet rate one GPU sends in one direction (NVLink 4:
@@ -132,8 +130,6 @@ class GPULink(BaseModel):
     pooled form for that count.
     """
 
-    model_config = SETTINGS
-
     kind: Literal["nvlink", "pcie"]
     bandwidth_bytes_per_s: float = Field(ge=1)
     latency_s: float = Field(ge=0)
@@ -143,7 +139,7 @@ class GPULink(BaseModel):
     source: str = "user-defined"
 
 
-class GPUSpec(BaseModel):
+class GPUSpec(Settings):
     """Datasheet figures of one GPU: memory, bandwidths, dense tensor-core rates and its link.
 
     A GPU file without `link` is taken to talk to its peers over PCIe at the host link's
@@ -153,8 +149,6 @@ class GPUSpec(BaseModel):
     `efficiency` (fields of `kvsim.latency.efficiency.Efficiency`) overrides any of them
     (`kvsim.latency.efficiency.efficiency_for`).
     """
-
-    model_config = SETTINGS
 
     name: str
     memory_bytes: Bytes
@@ -218,7 +212,7 @@ OffloadBytes = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 DGX_HOST_MEMORY_BYTES = 2 * 10**12  # NVIDIA DGX H100 / H200 datasheet: 2 TB system memory
 
 
-class KVOffloadConfig(BaseModel):
+class KVOffloadConfig(Settings):
     """`engine.kv_offload`: a CPU (and optionally disk) tier below the GPU prefix cache (vLLM's CPU
     offloading connector, LMCache's CPU and local disk backends); validated once, frozen.
 
@@ -239,8 +233,6 @@ class KVOffloadConfig(BaseModel):
     H100 datasheet); set `host_memory_bytes` for the machine you deploy on. Bad values raise one line
     naming the field and the value.
     """
-
-    model_config = SETTINGS
 
     cpu_bytes: OffloadBytes | None = None
     num_cpu_blocks: int | None = Field(default=None, ge=0)
@@ -275,7 +267,7 @@ class KVOffloadConfig(BaseModel):
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm/config/cache.py `BlockSize`
 
 
-class EngineConfig(BaseModel):
+class EngineConfig(Settings):
     """vLLM's engine arguments (same names and defaults) plus kvsim's choice of allocator/scheduler.
 
     `max_model_len=None` means the model's `max_position_embeddings`, as in vLLM.
@@ -299,8 +291,6 @@ class EngineConfig(BaseModel):
     `async_scheduling` is vLLM's `--async-scheduling` (`None`: vLLM's default, `resolved_async_scheduling`):
     each step is planned while the previous one runs (`kvsim.sched.async_steps`).
     """
-
-    model_config = SETTINGS
 
     block_size: int = Field(default=16, gt=0)
     max_model_len: int | None = Field(default=None, gt=0)

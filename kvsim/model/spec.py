@@ -21,7 +21,7 @@ loaders: `kvsim.model.config`. A leaf of kvsim: it imports nothing of kvsim.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -31,6 +31,32 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 
 # Every user-set section (model, GPU, engine, scenario): immutable, unknown keys refused, inf and NaN
 # never a setting. Defined once here, the lowest module that needs it.
 SETTINGS = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+def _leaf_types(annotation: Any) -> set[Any]:
+    """The types an annotation's unions and optionals are made of (`int | None` -> {int, NoneType})."""
+    args = get_args(annotation)
+    return {leaf for arg in args for leaf in _leaf_types(arg)} if args else {annotation}
+
+
+class Settings(BaseModel):
+    """The base of every user-set section with `SETTINGS`: besides those, `true` or `false` is refused
+    where a number is expected (a field taking int or float, not bool). Pydantic's lax mode reads them as
+    1 and 0, so `num_requests: true` ran one request and `gpu_memory_utilization: true` used all memory."""
+
+    model_config = SETTINGS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                value = data.get(name)
+                if isinstance(value, bool):
+                    leaves = _leaf_types(field.annotation)
+                    if bool not in leaves and leaves & {int, float}:
+                        raise ValueError(f"{name}={str(value).lower()}: expected a number, not a boolean")
+        return data
 
 
 LayerType = Literal["full_attention", "sliding_attention", "chunked_attention"]
@@ -79,7 +105,7 @@ Gemma3Attention: `q_norm`, `k_norm`, RMSNorms over head_dim): two more norm kern
 weights (head_dim each) are left out of the counts, as the other small tensors below are."""
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(Settings):
     """The shapes of a decoder-only transformer that decide its KV and weight bytes.
 
     Attention: every layer is full attention unless `layer_types` says otherwise
@@ -89,8 +115,6 @@ class ModelSpec(BaseModel):
     `dtype` (fp8: every linear layer 1 byte; mxfp4: experts 4.25 bits). `num_params` is
     computed from the shapes unless given (`param_counts`).
     """
-
-    model_config = SETTINGS
 
     name: str
     model_type: str = "llama"

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
-from kvsim.model.spec import SETTINGS
+from kvsim.model.spec import Settings
 
 
-class ReplicaGroup(BaseModel):
+class ReplicaGroup(Settings):
     """`count` identical replicas; model, GPU and engine settings default to the scenario's own.
 
     `engine` lists only the settings that differ from the scenario's `engine` section.
     """
 
-    model_config = SETTINGS
     count: int = Field(default=1, gt=0, le=4096)
     name: str | None = None
     model: str | None = None
@@ -33,7 +32,7 @@ class ReplicaGroup(BaseModel):
         description="vLLM's kv_role in a disaggregated fleet: kv_producer (prefill), kv_consumer (decode)")
 
 
-class Router(BaseModel):
+class Router(Settings):
     """How a fleet's router picks a replica for each arriving request (see `kvsim.fleet.router`).
 
     `affinity` sends a request where the longest prefix of its blocks was last routed (a
@@ -43,14 +42,13 @@ class Router(BaseModel):
     covers less than `match_threshold` of its prompt.
     """
 
-    model_config = SETTINGS
     policy: Literal["round_robin", "least_outstanding", "least_kv", "affinity"] = "round_robin"
     load_bound: float = Field(default=1.25, ge=1.0)
     load_slack: int = Field(default=8, ge=0, description="outstanding requests above the least loaded")
     match_threshold: float = Field(default=0.25, ge=0, le=1, description="least prompt fraction to follow")
 
 
-class KVTransferConfig(BaseModel):
+class KVTransferConfig(Settings):
     """vLLM's `--kv-transfer-config` for a disaggregated fleet (`kvsim.fleet.disagg`): replica groups with
     `kv_role: kv_producer` form the prefill pool, `kv_consumer` the decode pool.
 
@@ -59,7 +57,6 @@ class KVTransferConfig(BaseModel):
     receives over its own link, shared by the transfers into it. `kv_connector` is recorded only.
     """
 
-    model_config = SETTINGS
     kv_connector: str = "NixlConnector"
     kv_link: Literal["nvlink", "pcie", "rdma"] = "rdma"
     kv_link_bandwidth_bytes_per_s: float | None = Field(default=None, ge=1)  # see config.py
@@ -68,13 +65,12 @@ class KVTransferConfig(BaseModel):
     decode_router: Router = Router(policy="least_outstanding")
 
 
-class AutoscalerConfig(BaseModel):
+class AutoscalerConfig(Settings):
     """An autoscaled fleet (`kvsim.fleet.autoscaled`): Kubernetes HPA's rule and names, in snake case
     (`kvsim.fleet.autoscaler` states the rule and takes this policy as it is). `replicas` (an int) is the
     count at the start, clamped to [min_replicas, max_replicas]. `slo_ttft_s` / `slo_tpot_s` only score the
     run (attainment per `slo_window_s` of arrivals), they do not steer it."""
 
-    model_config = SETTINGS
     metric: Literal["num_requests_waiting", "kv_cache_usage_perc"] = "num_requests_waiting"  # vLLM's names
     target: float = Field(default=4.0, gt=0)  # the metric's per-replica target value
     min_replicas: int = Field(default=1, ge=1)

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.config import EngineConfig, GPULink
 from kvsim.model.errors import KvsimError, from_validation_error, reading, shown
-from kvsim.model.spec import SETTINGS
+from kvsim.model.spec import Settings
 from kvsim.model.yaml_io import load_yaml, yaml_problem
 from kvsim.workload.files import data_file
 from kvsim.workload.fleet_layout import AutoscalerConfig, KVTransferConfig, ReplicaGroup, Router
@@ -40,14 +40,12 @@ DEFAULT_SCENARIO = DATA_DIR / "default_scenario.yaml"
 REPORT_SCENARIO = DATA_DIR / "report_scenario.yaml"
 
 
-class Fixed(BaseModel):
-    model_config = SETTINGS
+class Fixed(Settings):
     dist: Literal["fixed"]
     value: int = Field(gt=0, le=MAX_LENGTH)
 
 
-class Uniform(BaseModel):
-    model_config = SETTINGS
+class Uniform(Settings):
     dist: Literal["uniform"]
     low: int = Field(gt=0, le=MAX_LENGTH)
     high: int = Field(gt=0, le=MAX_LENGTH)
@@ -59,10 +57,9 @@ class Uniform(BaseModel):
         return self
 
 
-class Lognormal(BaseModel):
+class Lognormal(Settings):
     """By mean and p99 (solved for sigma), or by mean and sigma."""
 
-    model_config = SETTINGS
     dist: Literal["lognormal"]
     mean: float = Field(gt=0)
     p99: float | None = Field(default=None, gt=0)
@@ -77,10 +74,9 @@ class Lognormal(BaseModel):
         return self
 
 
-class Empirical(BaseModel):
+class Empirical(Settings):
     """Resample one column of a length table (`builtin:sharegpt_lengths` or a CSV path)."""
 
-    model_config = SETTINGS
     dist: Literal["empirical"]
     table: str
     column: Literal["prompt", "output"]
@@ -89,10 +85,9 @@ class Empirical(BaseModel):
 LengthDist = Annotated[Fixed | Uniform | Lognormal | Empirical, Field(discriminator="dist")]
 
 
-class Arrival(BaseModel):
+class Arrival(Settings):
     """Inter-arrival process; `trace` uses the trace's own timestamps (scaled by `rate_scale`)."""
 
-    model_config = SETTINGS
     process: Literal["poisson", "gamma", "constant", "trace"] = "poisson"
     rate: float | None = Field(default=None, gt=0, description="requests per second")
     cv: float = Field(default=1.0, gt=0, description="coefficient of variation of gaps (gamma)")
@@ -104,44 +99,33 @@ class Arrival(BaseModel):
         return self
 
 
-class SharedPrefix(BaseModel):
+class SharedPrefix(Settings):
     """A system prompt of `tokens` tokens in front of a `fraction` of requests."""
 
-    model_config = SETTINGS
     tokens: int = Field(gt=0)
     fraction: float = Field(default=1.0, ge=0, le=1)
     num_prefixes: int = Field(default=1, gt=0)
 
 
-class MultiTurn(BaseModel):
+class MultiTurn(Settings):
     """Conversations of `turns` turns; each turn's prompt is the conversation so far."""
 
-    model_config = SETTINGS
     turns: int = Field(gt=0)
     think_time_s: float = Field(default=10.0, ge=0)
 
 
-class PriorityClass(BaseModel):
+class PriorityClass(Settings):
     """One class of requests: its vLLM `priority` (smaller is served first) and its share of requests."""
 
-    model_config = SETTINGS
     name: str
     priority: int = Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
     weight: float = Field(gt=0, description="relative share of conversations in this class")
 
-    @field_validator("priority", mode="before")
-    @classmethod
-    def _not_a_bool(cls, value: Any) -> Any:
-        if isinstance(value, bool):  # pydantic would read `true` as priority 1
-            raise ValueError("expected an integer priority, not a boolean")
-        return value
 
-
-class PriorityMix(BaseModel):
+class PriorityMix(Settings):
     """Requests carry a priority drawn from these classes by weight (a conversation keeps its class);
     `engine.scheduling_policy: priority` makes the scheduler use it."""
 
-    model_config = SETTINGS
     classes: list[PriorityClass] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -156,14 +140,13 @@ class PriorityMix(BaseModel):
 COLUMN_FORMATS = tuple(ROW_READERS)  # the row formats, which carry per-request columns
 
 
-class Trace(BaseModel):
+class Trace(Settings):
     """A real workload file; see `kvsim.workload.traces` for the formats.
 
     `priority_column` names a column (a JSON key) of each row holding the request's vLLM priority;
     `acceptance_column` one holding its acceptance lengths, the tokens each of its verify steps
     emitted under speculative decoding (`kvsim.sched.speculative`). Row formats only."""
 
-    model_config = SETTINGS
     format: Literal["azure", "mooncake", "sharegpt_tokens", "lengths", "vllm_sharegpt", "servegen"]
     path: str
     rate_scale: float = Field(default=1.0, gt=0)
@@ -183,8 +166,7 @@ class Trace(BaseModel):
         return self
 
 
-class Workload(BaseModel):
-    model_config = SETTINGS
+class Workload(Settings):
     num_requests: int = Field(default=200, gt=0)
     arrival: Arrival = Arrival(process="poisson", rate=4.0)
     prompt_len: LengthDist | None = None
@@ -211,7 +193,7 @@ class Workload(BaseModel):
         return self
 
 
-class LatencyConfig(BaseModel):
+class LatencyConfig(Settings):
     """`roofline` (datasheet rates at achievable fractions), `calibrated` or `constant` (tests).
 
     `profile` (calibrated) is a kvsim profile CSV, an LLMServingSim profile bundle folder or a
@@ -219,7 +201,6 @@ class LatencyConfig(BaseModel):
     overhead per step (fixed + per sequence, `kvsim.latency.roofline`) by a constant.
     """
 
-    model_config = SETTINGS
     model: Literal["roofline", "calibrated", "constant"] = "roofline"
     profile: str | None = None
     overhead_s: float | None = Field(default=None, ge=0)
@@ -235,8 +216,7 @@ class LatencyConfig(BaseModel):
 
 StepsMode = Literal["none", "sampled", "all"]  # which per-step rows a run keeps and writes
 
-class Scenario(BaseModel):
-    model_config = SETTINGS
+class Scenario(Settings):
     name: str = "scenario"
     description: str = ""
     model: str = "llama-3.1-8b"
@@ -264,8 +244,6 @@ class Scenario(BaseModel):
     @classmethod
     def _groups_named(cls, value: Any) -> Any:
         """A bad replica group is reported by its own field (not as "not an int", the union's first branch)."""
-        if isinstance(value, bool):  # pydantic would read `replicas: true` as 1
-            raise ValueError("expected a replica count or a list of replica groups, not a boolean")
         if isinstance(value, list):
             for i, group in enumerate(value):
                 if isinstance(group, dict):
