@@ -278,6 +278,9 @@ CASES = [
      "engine: max_num_seqs=false: expected a number, not a boolean"),
     ("config-json-boolean-layers", config_json(num_hidden_layers=True), ["run", "{d}/s.yaml"],
      "expected a number, not a boolean"),
+    ("speculative-tokens-boolean", {}, ["capacity", "--speculative-config",
+                                        '{"method": "ngram", "num_speculative_tokens": true}'],
+     "speculative_config: num_speculative_tokens=true: expected a number, not a boolean"),
     ("over-a-tiny-memory-limit", {}, ["run", "--memory-limit", "1KiB"], "more than the limit of 1.0 KiB"),
     # a fleet: every replica's blocks (27,816 on the GPU + 4 GiB of 2 MiB swap blocks = 2,048, 160 B each)
     # and 100 kB per engine, the requests (1,000 x 160 B) once: 4 replicas need 18.8 MiB

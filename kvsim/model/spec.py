@@ -63,11 +63,9 @@ LayerType = Literal["full_attention", "sliding_attention", "chunked_attention"]
 WeightQuant = Literal["fp8", "mxfp4"]
 
 
-class MLASpec(BaseModel):
+class MLASpec(Settings):
     """Multi-head latent attention (DeepSeek-V2/V3): K and V are rebuilt from one cached latent of
     `kv_lora_rank + qk_rope_head_dim` values per token per layer."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     kv_lora_rank: int = Field(gt=0)
     qk_rope_head_dim: int = Field(gt=0)
@@ -76,15 +74,13 @@ class MLASpec(BaseModel):
     q_lora_rank: int | None = Field(default=None, gt=0)
 
 
-class MoESpec(BaseModel):
+class MoESpec(Settings):
     """A mixture of experts in `num_moe_layers` layers (the rest are dense with `intermediate_size`).
 
     Each token is routed to `num_experts_per_tok` of `num_experts` gated experts of
     `expert_intermediate_size`; `shared_expert_intermediate_size` is the total width of the
     experts every token passes through (DeepSeek's shared experts, Llama 4's shared expert).
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     num_experts: int = Field(gt=0)
     num_experts_per_tok: int = Field(gt=0)

@@ -30,18 +30,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from kvsim.model.errors import KvsimError
+from kvsim.model.spec import Settings
 
 SpeculativeMethod = Literal["ngram", "eagle", "eagle3", "draft_model"]
 RejectionSampleMethod = Literal["strict", "probabilistic", "synthetic"]
 
 
-class SpeculativeConfig(BaseModel):
+class SpeculativeConfig(Settings):
     """One engine's speculative decoding (see the module docstring); validated once, frozen."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     method: SpeculativeMethod
     num_speculative_tokens: int
