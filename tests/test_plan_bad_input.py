@@ -37,6 +37,17 @@ def test_bad_yaml_spec_is_one_line(tmp_path):
     assert result.exit_code == 2 and "not valid YAML" in result.stderr and not out.exists()
 
 
+@pytest.mark.parametrize("text", ["slo: {ttft_s.p90: true}\n", "slo: {ttft_s.p90: 2}\ngpu_hourly_cost: {h100-80gb: true}\n"])
+def test_a_boolean_slo_or_price_in_a_spec_is_one_line(tmp_path, text):
+    """Pydantic's lax mode read `true` as 1: a 1-second SLO, or a $1 GPU-hour, nobody asked for."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    out = tmp_path / "plan"
+    result = runner.invoke(app, ["plan", "--gpu", "h100-80gb", "--workers", "1", "--spec", str(spec), "-o", str(out)])
+    assert result.exit_code == 2 and "=True: Input should be a valid number" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
 def test_point_store_skips_corrupt_rows_and_ends_a_torn_line(tmp_path):
     path = tmp_path / "points.jsonl"
     good = {"hash": "a", "name": "x", "metrics": {"evidence": {"verdict": "stable"}}}
