@@ -121,6 +121,10 @@ def test_plan_with_offload_size_writes_the_sizing(tmp_path):
     bad = runner().invoke(app, ["plan", str(scenario), "--slo", "ttft_s.p90=2", "--gpu", "h200", "--workers", "1",
                                 "--offload-size", "lots", "-o", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "--offload-size='lots'" in bad.stderr and not (tmp_path / "bad").exists()
+    twice = runner().invoke(app, ["plan", str(scenario), "--slo", "ttft_s.p90=2", "--gpu", "h200", "--workers", "1",
+                                  "--offload-size", "4GiB", "--offload-size", "4294967296", "-o", str(tmp_path / "b2")])
+    assert twice.exit_code == 2 and "--offload-size: 4,294,967,296 bytes is given twice" in twice.stderr
+    assert len(twice.stderr.strip().splitlines()) == 1 and not (tmp_path / "b2").exists()
 
 
 def runner():

@@ -51,7 +51,7 @@ from kvsim.cli.shared import (
     user_errors,
     write_plan,
 )
-from kvsim.model.errors import KvsimError, reading
+from kvsim.model.errors import KvsimError, first_repeat, reading
 
 app = typer.Typer(
     help="kvsim: capacity simulator for LLM serving with a paged KV cache.",
@@ -332,6 +332,8 @@ def plan(
                                  max_replicas, router, search, limit_bytes, xpyd, kv_transfer_config)
         check_candidates(base, spec)
         sizes = [parse_size_flag(size, "--offload-size") for size in offload_sizes or []]
+        if (twice := first_repeat(sizes)) is not None:  # each size is one tier to size: a row apiece
+            raise KvsimError(f"--offload-size: {twice:,} bytes is given twice")
         out_path = f"plans/{safe_component(base.name)}" if output is None else output
         check_output_dir(out_path, "plan")
         client = None if workers == 1 and not dask_address else dask_client(dask_address, workers)

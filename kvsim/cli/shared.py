@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kvsim.model.errors import KvsimError, shown
+from kvsim.model.errors import KvsimError, first_repeat, shown
 
 
 class Format(StrEnum):
@@ -60,7 +60,7 @@ def parse_int_list(text: str, field: str) -> list[int]:
         raise KvsimError(f"{field}={text!r}: expected comma-separated integers") from None
     if not values:
         raise KvsimError(f"{field}={text!r}: expected at least one integer")
-    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    twice = first_repeat(values)
     if twice is not None:
         raise KvsimError(f"{field}={text!r}: {twice} is given twice")
     return values

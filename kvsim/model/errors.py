@@ -7,7 +7,7 @@ prints that line and exits non-zero; it never shows a traceback.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +48,11 @@ def reading(path: str | Path, what: str) -> Iterator[None]:
                          f"({error})") from None
     except csv.Error as error:  # e.g. a field over the csv module's size limit
         raise KvsimError(f"{what} {path}: not a CSV file kvsim reads ({error})") from None
+
+
+def first_repeat(values: Sequence[Any]) -> Any:
+    """The first value equal to one before it, or None when each appears once (for "given twice")."""
+    return next((value for i, value in enumerate(values) if value in values[:i]), None)
 
 
 def close_match(word: str, choices: list[str]) -> str:

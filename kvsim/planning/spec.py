@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError, field_validator, model_validator
 
-from kvsim.model.errors import KvsimError, from_validation_error
+from kvsim.model.errors import KvsimError, first_repeat, from_validation_error
 from kvsim.planning.window import parse_slo_key
 from kvsim.workload.scenario import Scenario, make_scenario
 
@@ -27,7 +27,7 @@ ROUTERS = ("round_robin", "least_outstanding", "least_kv", "affinity")
 
 def _refuse_repeats(values: list[Any], name: str | None = None) -> None:
     """Raise ValueError naming the first value that equals one before it (`name=value` if named)."""
-    twice = next((value for i, value in enumerate(values) if value in values[:i]), None)
+    twice = first_repeat(values)
     if twice is not None:
         raise ValueError(f"{twice!r} is given twice" if name is None else f"{name}={twice!r} is given twice")
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, first_repeat
 
 GZIP_SUFFIX = ".gz"
 TEXT_ENCODING = "utf-8-sig"
@@ -43,7 +43,7 @@ def csv_rows(lines: Iterable[str], path: Path) -> csv.DictReader[str]:
     drop the earlier's without a word)."""
     reader = csv.DictReader(lines)
     names = list(reader.fieldnames or ())
-    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    twice = first_repeat(names)
     if twice is not None:
         raise KvsimError(f"{path}: its header names the column {twice!r} twice")
     return reader
