@@ -281,6 +281,8 @@ CASES = [
     ("speculative-tokens-boolean", {}, ["capacity", "--speculative-config",
                                         '{"method": "ngram", "num_speculative_tokens": true}'],
      "speculative_config: num_speculative_tokens=true: expected a number, not a boolean"),
+    ("router-without-replicas", {}, ["run", "--set", "router.policy=affinity"],
+     "router.policy='affinity': a router spreads requests over replicas; set replicas"),
     ("over-a-tiny-memory-limit", {}, ["run", "--memory-limit", "1KiB"], "more than the limit of 1.0 KiB"),
     # a fleet: every replica's blocks (27,816 on the GPU + 4 GiB of 2 MiB swap blocks = 2,048, 160 B each)
     # and 100 kB per engine, the requests (1,000 x 160 B) once: 4 replicas need 18.8 MiB

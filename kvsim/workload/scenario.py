@@ -284,6 +284,9 @@ class Scenario(Settings):
             raise ValueError(f"autoscaler: needs replicas as a count (the start), not replicas={self.replicas!r}")
         if self.autoscaler is not None and self.kv_transfer_config is not None:
             raise ValueError("autoscaler with kv_transfer_config: autoscaling a disaggregated fleet is not modelled")
+        if self.replicas is None and self.router != Router():  # one engine: nothing to route, so say so
+            raise ValueError(f"router.policy={self.router.policy!r}: a router spreads requests over replicas; "
+                             "set replicas (a fleet) or drop the router")
         return self
 
     @property
