@@ -37,14 +37,17 @@ def test_bad_yaml_spec_is_one_line(tmp_path):
     assert result.exit_code == 2 and "not valid YAML" in result.stderr and not out.exists()
 
 
-@pytest.mark.parametrize("text", ["slo: {ttft_s.p90: true}\n", "slo: {ttft_s.p90: 2}\ngpu_hourly_cost: {h100-80gb: true}\n"])
-def test_a_boolean_slo_or_price_in_a_spec_is_one_line(tmp_path, text):
-    """Pydantic's lax mode read `true` as 1: a 1-second SLO, or a $1 GPU-hour, nobody asked for."""
+@pytest.mark.parametrize(("text", "needle"), [
+    ("slo: {ttft_s.p90: true}\n", "=True: Input should be a valid number"),
+    ("slo: {ttft_s.p90: 2}\ngpu_hourly_cost: {h100-80gb: true}\n", "=True: Input should be a valid number"),
+    ("slo: {ttft_s.p90: 2}\nmax_replicas: true\n", "max_replicas=true: expected a number, not a boolean")])
+def test_a_boolean_slo_or_price_in_a_spec_is_one_line(tmp_path, text, needle):
+    """Pydantic's lax mode read `true` as 1: a 1-second SLO, a $1 GPU-hour or one replica nobody asked for."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(text)
     out = tmp_path / "plan"
     result = runner.invoke(app, ["plan", "--gpu", "h100-80gb", "--workers", "1", "--spec", str(spec), "-o", str(out)])
-    assert result.exit_code == 2 and "=True: Input should be a valid number" in result.stderr, result.stderr
+    assert result.exit_code == 2 and needle in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
 
 

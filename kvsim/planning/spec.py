@@ -15,9 +15,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError, field_validator, model_validator
+from pydantic import Field, StrictFloat, ValidationError, field_validator, model_validator
 
 from kvsim.model.errors import KvsimError, first_repeat, from_validation_error
+from kvsim.model.spec import Settings
 from kvsim.planning.window import parse_slo_key
 from kvsim.workload.scenario import Scenario, make_scenario
 
@@ -32,11 +33,10 @@ def _refuse_repeats(values: list[Any], name: str | None = None) -> None:
         raise ValueError(f"{twice!r} is given twice" if name is None else f"{name}={twice!r} is given twice")
 
 
-class PlanSpec(BaseModel):
+class PlanSpec(Settings):
     """What to search: SLOs (`metric.stat: seconds`, or `metric.stat@priority: seconds` for one priority
     class's requests), candidate GPUs, TP sizes, engine knob grid."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     slo: dict[str, StrictFloat] = Field(min_length=1)  # strict: `true` is no number of seconds
     gpus: list[str] = Field(min_length=1)
     tensor_parallel_sizes: list[int] = Field(default=[1], min_length=1)
