@@ -28,11 +28,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 WeightDtype = Literal["float16", "bfloat16", "float32"]
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
-# Every user-set section (model, GPU, engine, scenario): immutable, unknown keys refused, inf and NaN
-# never a setting. Defined once here, the lowest module that needs it.
-SETTINGS = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-
 def _leaf_types(annotation: Any) -> set[Any]:
     """The types an annotation's unions and optionals are made of (`int | None` -> {int, NoneType})."""
     args = get_args(annotation)
@@ -40,11 +35,12 @@ def _leaf_types(annotation: Any) -> set[Any]:
 
 
 class Settings(BaseModel):
-    """The base of every user-set section with `SETTINGS`: besides those, `true` or `false` is refused
-    where a number is expected (a field taking int or float, not bool). Pydantic's lax mode reads them as
-    1 and 0, so `num_requests: true` ran one request and `gpu_memory_utilization: true` used all memory."""
+    """The base of every user-set section (model, GPU, engine, scenario, plan spec): immutable, unknown keys
+    refused, inf and NaN never a setting, and `true` or `false` refused where a number is expected (a field
+    taking int or float, not bool). Pydantic's lax mode reads them as 1 and 0, so `num_requests: true` ran
+    one request and `gpu_memory_utilization: true` used all memory."""
 
-    model_config = SETTINGS
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -60,7 +59,7 @@ class PlanSpec(Settings):
     def _known_slos(cls, slo: dict[str, float]) -> dict[str, float]:
         for key, limit in slo.items():
             parse_slo_key(key)
-            if not (limit > 0 and math.isfinite(limit)):
+            if limit <= 0:  # inf and NaN are refused before (`Settings`)
                 raise ValueError(f"{key}={limit}: must be a positive, finite number of seconds")
         return slo
 
@@ -122,7 +121,7 @@ class PlanSpec(Settings):
     @classmethod
     def _positive_cost(cls, costs: dict[str, float]) -> dict[str, float]:
         for gpu, cost in costs.items():
-            if not 0 < cost < math.inf:  # as `kvsim.planning.cost.gpu_price` will check it, after the search
+            if cost <= 0:  # as `kvsim.planning.cost.gpu_price` will check it, after the search; inf refused before
                 raise ValueError(f"{gpu}={cost}: an hourly cost must be a positive, finite price in USD per GPU-hour")
         return costs
 
