@@ -24,7 +24,6 @@ from kvsim.workload.scenario import Scenario, make_scenario
 ROUTERS = ("round_robin", "least_outstanding", "least_kv", "affinity")
 
 
-
 def _refuse_repeats(values: list[Any], name: str | None = None) -> None:
     """Raise ValueError naming the first value that equals one before it (`name=value` if named)."""
     twice = first_repeat(values)

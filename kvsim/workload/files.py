@@ -47,3 +47,9 @@ def csv_rows(lines: Iterable[str], path: Path) -> csv.DictReader[str]:
     if twice is not None:
         raise KvsimError(f"{path}: its header names the column {twice!r} twice")
     return reader
+
+
+def first_ragged(rows: list[dict[str | None, str | None]]) -> int | None:
+    """The index of the first `csv_rows` row without exactly the header's fields, or None: `csv.DictReader`
+    fills a short row's missing fields with None and keys a long row's extra ones by None."""
+    return next((i for i, row in enumerate(rows) if None in row or None in row.values()), None)

@@ -13,7 +13,7 @@ from kvsim.latency.base import PROFILE_COLUMNS, PROFILE_KINDS
 from kvsim.latency.profiles import Profile
 from kvsim.model.errors import KvsimError, shown
 from kvsim.results.output_dir import FILE_TAG, output_file
-from kvsim.workload.files import csv_rows, open_text
+from kvsim.workload.files import csv_rows, first_ragged, open_text
 
 NUM_LEGACY_COLUMNS = 16
 """Profiles written before `decode_context_len`, `calls` and `num_experts` existed have only these."""
@@ -41,8 +41,8 @@ def read_native(path: Path) -> Profile:
         what = f"column {missing!r} is missing" if missing else "columns out of order"
         raise KvsimError(f"profile {path}: {what}; expected the columns {','.join(PROFILE_COLUMNS)}")
     table = list(reader)
-    short = next((i for i, r in enumerate(table) if None in r or None in r.values()), None)
-    if short is not None:  # csv.DictReader fills a short row with None and keys a long row's rest by None
+    short = first_ragged(table)
+    if short is not None:
         raise KvsimError(f"profile {path}: row {short + 1} does not have the header's {len(header)} fields "
                          "(a truncated or malformed file)")
     rows = [{c: (r.get(c) or "") for c in PROFILE_COLUMNS} for r in table]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kvsim.latency.profiles import Profile, find_source
 from kvsim.model.errors import KvsimError
-from kvsim.workload.files import csv_rows, open_text
+from kvsim.workload.files import csv_rows, first_ragged, open_text
 
 OPS = {  # Vidur op -> (kind, kvsim op, calls per layer or step)
     "emb": ("step_op", "embedding", 1),
@@ -68,8 +68,8 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
         have = sorted({r.get("num_tensor_parallel_workers", "?") for r in table})
         raise KvsimError(f"profile {path}: measured at num_tensor_parallel_workers {', '.join(have)}, "
                          f"not tensor_parallel_size={tp}")
-    short = next((i for i, r in enumerate(table) if None in r or None in r.values()), None)
-    if short is not None:  # csv.DictReader fills a short row with None and keys a long row's rest by None
+    short = first_ragged(table)
+    if short is not None:
         raise KvsimError(f"profile {path}: line {short + 2} does not have the header's {len(fields)} fields "
                          "(a truncated or malformed file)")
     rows = []
