@@ -59,6 +59,18 @@ def test_pool_from_memory_by_hand():
     assert plan.num_gpu_blocks == pool // (2 * 32 * 32 * 128 * 2 * 16) == 7328  # 512 KiB a token, 16 a block
 
 
+def test_b200_pool_by_hand():
+    """The same Llama-2-7B engine on a B200 (nvidia-smi: 183,359 MiB; NVIDIA/TensorRT-LLM issue #10278): the
+    same weights and activation peak as on the H100 above, vLLM's defaults being the same for both (70 GiB or
+    more), and 2.25x the H100's pool: 18,781 blocks of 8 MiB where the H100 holds 7,328."""
+    weights = 2 * 6_738_415_616
+    activation = 8192 * (3 * 11008 + 4 * 4096) * 2 + 1024 * 32000 * 4
+    pool = int(183359 * 2**20 * 0.9) - weights - activation - 2**30
+    plan = plan_capacity(load_model("llama-2-7b"), load_gpu("b200"), EngineConfig(max_model_len=4096), [4096])
+    assert plan.kv_pool_bytes == pool == 157_548_116_377
+    assert plan.num_gpu_blocks == pool // (512 * 1024 * 16) == 18_781
+
+
 def test_seed_exercise_39_sequences_at_4k():
     assert paged_max_seqs(10_000, 4096, 16) == 39
     assert vllm_max_concurrency(10_000, 4096, 16) == pytest.approx(39.0625)
