@@ -41,6 +41,23 @@ def test_refused_requests_are_left_out():
     assert floor.num_requests == 0 and floor.replicas == 1
 
 
+def test_the_floor_is_for_the_served_rate(tmp_path):
+    """Half of a trace's requests are refused (2,000-token prompts over max_model_len 1,024), so of 100 req/s
+    offered the engine serves 50: the floor is the all-servable world's at 50 req/s, by hand
+    50 · (64·τ/512 + 20·τ/8) = 1.3125 replicas of compute and 50 · 19 · 74 · τ / 6400 of KV (2 replicas),
+    not the 2.625 that pricing every offered request at the servable ones' mean would give."""
+    trace = tmp_path / "half.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 00:00:0{i}.000000,{64 if i % 2 else 2000},20\n" for i in range(8)))
+    raw = world().model_dump(mode="json")
+    raw["workload"] = {"num_requests": 8, "arrival": {"process": "trace"}, "trace": {"format": "azure", "path": str(trace)}}
+    floor = replica_floor(make_scenario(raw), 100.0)
+    assert floor.num_requests == 4 and floor.rate_per_s == pytest.approx(50.0)
+    assert floor.compute_replicas == pytest.approx(50 * (64 * 0.01 / 512 + 20 * 0.01 / 8))
+    assert floor.kv_replicas == pytest.approx(50 * 19 * 74 * 0.01 / 6400)
+    assert floor.replicas == 2
+
+
 def test_the_gap_breakdown_sums_to_the_replicas_and_is_right_by_hand():
     """One replica, evenly spaced arrivals at 2 req/s (0.5 s apart), the world above: each request runs alone,
     its 64-token prompt in one step (which yields the first token) and 19 decode steps: 20 steps of τ, 0.2 s

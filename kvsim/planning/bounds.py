@@ -19,7 +19,8 @@ steps, and a decode step lasts at least t_1 (one sequence: the fastest step), so
 (num_gpu_blocks − 1) · block_size. (A sliding-window model keeps less than its context in some
 layers; the pool is then counted in full-context tokens, as its blocks are.)
 
-Requests the engine refuses (prompt + output over max_model_len) are left out, as they are never served.
+Requests the engine refuses (prompt + output over max_model_len) are left out, as they are never served:
+λ is the rate of the servable ones (the offered rate times their share of the scenario's requests).
 
 **The gap, from the run's own counters** (`gap_breakdown`). A fleet of R replicas that ran n requests
 with B replica-seconds of steps in all (every replica's step times summed) spends w = B ÷ n
@@ -71,16 +72,19 @@ class ReplicaFloor:
 
 
 def replica_floor(scenario: Scenario, rate_per_s: float) -> ReplicaFloor:
-    """The floor for `rate_per_s` requests a second with `scenario`'s lengths on its model, GPU and engine."""
+    """The floor for `rate_per_s` requests a second with `scenario`'s lengths on its model, GPU and engine.
+    Refused requests are never served: the floor is for the servable share of `rate_per_s` (its `rate_per_s`,
+    which `gap_breakdown` divides the served requests' work by)."""
     from kvsim.engine.builder import make_latency, resolve_engine
     from kvsim.workload.generate import build_requests
 
     spec = resolve_engine(scenario)
     gpu, engine, max_model_len = spec.gpu, spec.engine, spec.max_model_len
-    requests = [r for r in build_requests(scenario, max_model_len, np.random.default_rng(scenario.seed))
-                if r.prompt_len + r.output_len <= max_model_len]
+    offered = build_requests(scenario, max_model_len, np.random.default_rng(scenario.seed))
+    requests = [r for r in offered if r.prompt_len + r.output_len <= max_model_len]
     if not requests:
-        return ReplicaFloor(rate_per_s, 0.0, 0.0, 0)
+        return ReplicaFloor(0.0, 0.0, 0.0, 0)
+    rate_per_s *= len(requests) / len(offered)  # the rate of the requests the engine serves
     prompts = np.array([r.prompt_len * 1.0 for r in requests])
     outputs = np.array([r.output_len * 1.0 for r in requests])
     latency = make_latency(spec)
