@@ -616,6 +616,15 @@ CASES = [
      "not valid YAML: character #x0000 is not allowed (special characters are not allowed) at character 7"),
     ("plan-spec-duplicate-key", {"spec.yaml": "gpus: [h100-80gb]\ngpus: [a100-80gb]\n"},  # the last one was used
      [*PLAN, "--spec", "{d}/spec.yaml"], "not valid YAML: duplicate key 'gpus' (lines 1 and 2)"),
+    # --- third sweep: `true`/`false` inside a list or a dict (read as 1 and 0: every draft accepted)
+    ("speculative-acceptance-rate-a-boolean", {}, ["run", "--set", "engine.speculative_config={method: ngram, "
+                                                   "num_speculative_tokens: 2, acceptance_rates: [0.5, true]}"],
+     "engine.speculative_config: acceptance_rates[1]=true: expected a number, not a boolean"),
+    ("plan-spec-tp-a-boolean", {"spec.yaml": "tensor_parallel_sizes: [true]\n"}, [*PLAN, "--spec", "{d}/spec.yaml"],
+     "plan: tensor_parallel_sizes[0]=true: expected a number, not a boolean"),
+    ("trace-clients-a-boolean", trace_scenario("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:15:46.68,374,44\n",
+                                               ", clients: [false]"), RUN_S,
+     "workload.trace: clients[0]=false: expected a number, not a boolean"),
 ]
 
 
