@@ -625,6 +625,19 @@ CASES = [
     ("trace-clients-a-boolean", trace_scenario("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:15:46.68,374,44\n",
                                                ", clients: [false]"), RUN_S,
      "workload.trace: clients[0]=false: expected a number, not a boolean"),
+    # --- `builtin:NAME` was a glob in the data folder: the README, a scenario or `../scenario.py` read as a trace
+    ("builtin-readme", scenario("workload: {num_requests: 5, arrival: {process: trace}, "
+                                "trace: {format: azure, path: 'builtin:README'}}\n"), RUN_S,
+     "path='builtin:README': no built-in data named 'README' (there are: azure_conv, "),
+    ("builtin-a-pattern", scenario("workload: {num_requests: 5, arrival: {process: trace}, "
+                                   "trace: {format: azure, path: 'builtin:*'}}\n"), RUN_S,
+     "path='builtin:*': no built-in data named '*'"),
+    ("builtin-outside-the-data", scenario("workload: {num_requests: 5, arrival: {process: trace}, "
+                                          "trace: {format: azure, path: 'builtin:../scenario'}}\n"), RUN_S,
+     "path='builtin:../scenario': no built-in data named '../scenario'"),
+    ("builtin-a-scenario", scenario("workload: {num_requests: 5, prompt_len: {dist: empirical, column: prompt, table: "
+                                    "'builtin:default_scenario'}, output_len: {dist: fixed, value: 1}}\n"), RUN_S,
+     "path='builtin:default_scenario': no built-in data named 'default_scenario'"),
 ]
 
 
