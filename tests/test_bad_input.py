@@ -638,6 +638,16 @@ CASES = [
     ("builtin-a-scenario", scenario("workload: {num_requests: 5, prompt_len: {dist: empirical, column: prompt, table: "
                                     "'builtin:default_scenario'}, output_len: {dist: fixed, value: 1}}\n"), RUN_S,
      "path='builtin:default_scenario': no built-in data named 'default_scenario'"),
+    # --- validate: a --model or --gpu other than the one the run records was replayed in silence
+    ("validate-model-not-the-runs", bench_json(), [*VALIDATE_B[:3], "opt-13b", *VALIDATE_B[4:]],
+     "--model='opt-13b': num_layers=40, but the measured run is of 'meta-llama/Llama-3.1-8B' (preset llama-3.1-8b, "
+     "num_layers=32)"),
+    ("validate-gpu-not-the-runs", bench_json(gpu_name="NVIDIA H100 80GB HBM3"), [*VALIDATE_B[:5], "a100-80gb",
+                                                                                *VALIDATE_B[6:]],
+     "--gpu='a100-80gb': memory_bytes=85,899,345,920, but the measured run ran on 'NVIDIA H100 80GB HBM3' "
+     "(preset h100-80gb, memory_bytes=85,520,809,984)"),
+    ("validate-folder-model-not-the-runs", measured_run(), [*VALIDATE_M, "--model", "qwen3-8b"],
+     "--model='qwen3-8b': num_layers=36, but the measured run is of 'meta-llama/Llama-3.1-8B'"),
 ]
 
 
