@@ -679,6 +679,30 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
     assert list(tmp_path.iterdir()) == [d]  # nor in the working directory (no runs/, report/)
 
 
+@pytest.mark.parametrize("fleet", [[], ["--set", "replicas=2", "--set", "router.policy=round_robin"]])
+def test_a_run_that_rejects_every_request_says_so(tmp_path, fleet):
+    """Every prompt past max_model_len: vLLM answers each with HTTP 400 and so does kvsim, but the run
+    exited 0 with "0 finished" in its table and nothing on stderr. Now one warning line naming how many and
+    why; the output (a faithful record: every request rejected) is still written. Some rejections among
+    served requests are a result, not a warning."""
+    out = tmp_path / "out"
+    lengths = "output_len: {dist: fixed, value: 5}}"
+    result = runner.invoke(app, ["run", "--set", f"workload={{num_requests: 4, prompt_len: {{dist: fixed, value: 9000}}, "
+                                 f"{lengths}", *fleet, "-o", str(out), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_rejected"] == 4
+    why = "prompt_len + output_len > max_model_len 8192 (4)" if not fleet else "requests.csv gives each one's reason"
+    assert result.stderr.strip().splitlines() == [
+        f"kvsim: warning: every request was rejected (4 of 4{':' if not fleet else ';'} {why}), as vLLM rejects "
+        "them (HTTP 400); nothing was served, so the latency and throughput figures are empty"]
+    assert (out / "summary.json").exists()
+    partial = runner.invoke(app, ["run", "--set", "workload={num_requests: 8, prompt_len: {dist: uniform, low: 100, "
+                                  f"high: 16000}}, {lengths}", *fleet, "-o", str(tmp_path / "partial"),
+                                  "--format", "json"])
+    assert partial.exit_code == 0 and 0 < json.loads(partial.stdout)["num_rejected"] < 8, partial.output
+    assert partial.stderr == ""
+
+
 def test_a_scenario_dict_with_a_key_that_is_not_a_string_is_named():
     """From the Python API as from YAML: `Scenario(**raw)` raised TypeError("keywords must be strings")."""
     import kvsim

@@ -247,6 +247,11 @@ def run(
             written = Path(out_dir)
     finally:
         gc.unfreeze()
+    from kvsim.results.render import all_rejected
+
+    warning = all_rejected(result.summary)
+    if warning is not None:
+        typer.echo(f"kvsim: warning: {warning}", err=True)
     if output_format is RunFormat.json:
         from kvsim.results.render import to_json
 
