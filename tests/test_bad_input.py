@@ -648,6 +648,16 @@ CASES = [
      "(preset h100-80gb, memory_bytes=85,520,809,984)"),
     ("validate-folder-model-not-the-runs", measured_run(), [*VALIDATE_M, "--model", "qwen3-8b"],
      "--model='qwen3-8b': num_layers=36, but the measured run is of 'meta-llama/Llama-3.1-8B'"),
+    # --- vLLM ShareGPT JSON: an empty prompt was a 1-token request, a value of another type its repr's length
+    ("vllm-sharegpt-empty-prompt", trace_scenario("vllm_sharegpt", "t.json", json.dumps(
+        [{"conversations": [{"from": "human", "value": ""}, {"from": "gpt", "value": "y" * 80}]}])), RUN_S,
+     "t.json: no rows: each of its 1 conversations lacks a reply or has an empty prompt or reply"),
+    ("vllm-sharegpt-value-a-number", trace_scenario("vllm_sharegpt", "t.json", json.dumps(
+        [{"conversations": [{"from": "human", "value": "x" * 40}, {"from": "gpt", "value": 5}]}])), RUN_S,
+     "t.json: conversation 0: turn 1 value=5 is not text"),
+    ("vllm-sharegpt-value-missing", trace_scenario("vllm_sharegpt", "t.json", json.dumps(
+        [{"conversations": [{"from": "human"}, {"from": "gpt", "value": "y"}]}])), RUN_S,
+     "t.json: conversation 0: turn 0 value=None is not text"),
 ]
 
 
