@@ -658,6 +658,11 @@ CASES = [
     ("vllm-sharegpt-value-missing", trace_scenario("vllm_sharegpt", "t.json", json.dumps(
         [{"conversations": [{"from": "human"}, {"from": "gpt", "value": "y"}]}])), RUN_S,
      "t.json: conversation 0: turn 0 value=None is not text"),
+    # --- run's vLLM flags: an empty one was dropped without a word (capacity refused the same flag)
+    ("run-speculative-config-empty", {}, ["run", "--speculative-config", ""],
+     "--speculative-config='': not JSON (Expecting value at character 0)"),
+    ("run-scheduling-policy-empty", {}, ["run", "--scheduling-policy", ""],
+     "engine.scheduling_policy='': Input should be 'fcfs' or 'priority'"),
 ]
 
 
