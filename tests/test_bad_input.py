@@ -663,6 +663,15 @@ CASES = [
      "--speculative-config='': not JSON (Expecting value at character 0)"),
     ("run-scheduling-policy-empty", {}, ["run", "--scheduling-policy", ""],
      "engine.scheduling_policy='': Input should be 'fcfs' or 'priority'"),
+    # --- disaggregation: a decode pool of another model or KV dtype took the prefill pool's KV (vLLM's
+    # NixlConnector refuses the peer: its compatibility hash covers the model and the cache dtype)
+    ("disagg-decode-another-model", scenario(f"{DISAGG}replicas: [{{count: 1, kv_role: kv_producer}}, "
+                                             "{count: 1, kv_role: kv_consumer, model: opt-13b}]\n"), RUN_S,
+     "replicas (s/g1-0, kv_consumer): model=opt-13b, but (s/g0-0, kv_producer) has model=llama-3.1-8b"),
+    ("disagg-decode-another-kv-dtype", scenario(f"{DISAGG}replicas: [{{count: 1, kv_role: kv_producer}}, "
+                                                "{count: 1, kv_role: kv_consumer, engine: {kv_cache_dtype: fp8}}]\n"),
+     RUN_S, "replicas (s/g1-0, kv_consumer): KV cache dtype fp8, but (s/g0-0, kv_producer) has KV cache dtype "
+            "bfloat16"),
 ]
 
 
