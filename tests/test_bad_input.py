@@ -672,6 +672,20 @@ CASES = [
                                                 "{count: 1, kv_role: kv_consumer, engine: {kv_cache_dtype: fp8}}]\n"),
      RUN_S, "replicas (s/g1-0, kv_consumer): KV cache dtype fp8, but (s/g0-0, kv_producer) has KV cache dtype "
             "bfloat16"),
+    # --- traces: rows out of arrival order ran with negative arrivals (and TTFTs from before the run began)
+    ("azure-rows-out-of-order", trace_scenario("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:15:46.68,10,5\n"
+                                               "2023-11-16 18:15:45.18,10,5\n"), RUN_S,
+     "t.csv: request 2 arrives 1.5 s before request 1: a trace lists requests in arrival order"),
+    ("mooncake-rows-out-of-order", trace_scenario("mooncake", "t.jsonl", MOONCAKE_ROW.replace('"timestamp": 0',
+                                                                                              '"timestamp": 5000')
+                                                  + MOONCAKE_ROW.replace('"timestamp": 0', '"timestamp": 1000')),
+     RUN_S, "t.jsonl: request 2 arrives 4 s before request 1"),
+    ("mooncake-timestamp-a-boolean", trace_scenario("mooncake", "t.jsonl", MOONCAKE_ROW.replace('"timestamp": 0',
+                                                                                                '"timestamp": true')),
+     RUN_S, "t.jsonl:1: timestamp=True is not a number"),  # was an arrival 1 ms in
+    ("sharegpt-output-ids-count-mismatch", trace_scenario("sharegpt_tokens", "t.jsonl", TOKENS_ROW.replace(
+        '"output_tok_ids": [3]', '"output_tok_ids": [3, 4, 5]')), RUN_S,
+     "t.jsonl:1: output_tok_ids lists 3 token ids, output_toks=1"),
 ]
 
 

@@ -79,7 +79,9 @@ def _positive(value: Any, path: Path, line: int, field: str) -> int:
 
 
 def _seconds(value: Any, scale: float, path: Path, line: int, field: str) -> float:
-    """An arrival time in seconds from a number of `1 / scale` seconds; NaN and inf are errors."""
+    """An arrival time in seconds from a number of `1 / scale` seconds; NaN, inf and true/false are errors."""
+    if isinstance(value, bool):  # float(true) is 1: a JSON true was an arrival 1 ms in
+        raise _bad(path, line, f"{field}={shown(value)} is not a number")
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -205,6 +207,8 @@ def read_sharegpt_tokens(path: Path, columns: TraceColumns = NO_COLUMNS) -> list
             ids_out = None
         elif not isinstance(ids_in, list) or len(ids_in) != prompt or not isinstance(ids_out, list):
             raise _bad(path, line_no, "input_tok_ids must list input_toks token ids")
+        elif ids_out and len(ids_out) != output:  # none given is fine: the output's ids are then unknown
+            raise _bad(path, line_no, f"output_tok_ids lists {len(ids_out)} token ids, output_toks={output}")
         elif not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in (*ids_in, *ids_out)):
             raise _bad(path, line_no, "input_tok_ids and output_tok_ids must be integer token ids (>= 0)")
         arrival = _seconds(row.get("arrival_time_ns"), 1e9, path, line_no, "arrival_time_ns")
