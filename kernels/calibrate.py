@@ -41,10 +41,6 @@ L2_BYTES = 64 * 2**20  # H100/H200 have 50-60 MB; pools are sized well past it
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def has_cuda() -> bool:
-    return torch.cuda.is_available()
-
-
 def do_bench_s(fn: Callable[[], object]) -> float:
     """Median seconds of `fn` (triton.testing.do_bench works in milliseconds)."""
     return triton.testing.do_bench(fn, return_mode="median") / 1e3

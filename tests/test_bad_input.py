@@ -616,6 +616,76 @@ CASES = [
      "not valid YAML: character #x0000 is not allowed (special characters are not allowed) at character 7"),
     ("plan-spec-duplicate-key", {"spec.yaml": "gpus: [h100-80gb]\ngpus: [a100-80gb]\n"},  # the last one was used
      [*PLAN, "--spec", "{d}/spec.yaml"], "not valid YAML: duplicate key 'gpus' (lines 1 and 2)"),
+    # --- third sweep: `true`/`false` inside a list or a dict (read as 1 and 0: every draft accepted)
+    ("speculative-acceptance-rate-a-boolean", {}, ["run", "--set", "engine.speculative_config={method: ngram, "
+                                                   "num_speculative_tokens: 2, acceptance_rates: [0.5, true]}"],
+     "engine.speculative_config: acceptance_rates[1]=true: expected a number, not a boolean"),
+    ("plan-spec-tp-a-boolean", {"spec.yaml": "tensor_parallel_sizes: [true]\n"}, [*PLAN, "--spec", "{d}/spec.yaml"],
+     "plan: tensor_parallel_sizes[0]=true: expected a number, not a boolean"),
+    ("trace-clients-a-boolean", trace_scenario("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:15:46.68,374,44\n",
+                                               ", clients: [false]"), RUN_S,
+     "workload.trace: clients[0]=false: expected a number, not a boolean"),
+    # --- `builtin:NAME` was a glob in the data folder: the README, a scenario or `../scenario.py` read as a trace
+    ("builtin-readme", scenario("workload: {num_requests: 5, arrival: {process: trace}, "
+                                "trace: {format: azure, path: 'builtin:README'}}\n"), RUN_S,
+     "path='builtin:README': no built-in data named 'README' (there are: azure_conv, "),
+    ("builtin-a-pattern", scenario("workload: {num_requests: 5, arrival: {process: trace}, "
+                                   "trace: {format: azure, path: 'builtin:*'}}\n"), RUN_S,
+     "path='builtin:*': no built-in data named '*'"),
+    ("builtin-outside-the-data", scenario("workload: {num_requests: 5, arrival: {process: trace}, "
+                                          "trace: {format: azure, path: 'builtin:../scenario'}}\n"), RUN_S,
+     "path='builtin:../scenario': no built-in data named '../scenario'"),
+    ("builtin-a-scenario", scenario("workload: {num_requests: 5, prompt_len: {dist: empirical, column: prompt, table: "
+                                    "'builtin:default_scenario'}, output_len: {dist: fixed, value: 1}}\n"), RUN_S,
+     "path='builtin:default_scenario': no built-in data named 'default_scenario'"),
+    # --- validate: a --model or --gpu other than the one the run records was replayed in silence
+    ("validate-model-not-the-runs", bench_json(), [*VALIDATE_B[:3], "opt-13b", *VALIDATE_B[4:]],
+     "--model='opt-13b': num_layers=40, but the measured run is of 'meta-llama/Llama-3.1-8B' (preset llama-3.1-8b, "
+     "num_layers=32)"),
+    ("validate-gpu-not-the-runs", bench_json(gpu_name="NVIDIA H100 80GB HBM3"), [*VALIDATE_B[:5], "a100-80gb",
+                                                                                *VALIDATE_B[6:]],
+     "--gpu='a100-80gb': memory_bytes=85,899,345,920, but the measured run ran on 'NVIDIA H100 80GB HBM3' "
+     "(preset h100-80gb, memory_bytes=85,520,809,984)"),
+    ("validate-folder-model-not-the-runs", measured_run(), [*VALIDATE_M, "--model", "qwen3-8b"],
+     "--model='qwen3-8b': num_layers=36, but the measured run is of 'meta-llama/Llama-3.1-8B'"),
+    # --- vLLM ShareGPT JSON: an empty prompt was a 1-token request, a value of another type its repr's length
+    ("vllm-sharegpt-empty-prompt", trace_scenario("vllm_sharegpt", "t.json", json.dumps(
+        [{"conversations": [{"from": "human", "value": ""}, {"from": "gpt", "value": "y" * 80}]}])), RUN_S,
+     "t.json: no rows: each of its 1 conversations lacks a reply or has an empty prompt or reply"),
+    ("vllm-sharegpt-value-a-number", trace_scenario("vllm_sharegpt", "t.json", json.dumps(
+        [{"conversations": [{"from": "human", "value": "x" * 40}, {"from": "gpt", "value": 5}]}])), RUN_S,
+     "t.json: conversation 0: turn 1 value=5 is not text"),
+    ("vllm-sharegpt-value-missing", trace_scenario("vllm_sharegpt", "t.json", json.dumps(
+        [{"conversations": [{"from": "human"}, {"from": "gpt", "value": "y"}]}])), RUN_S,
+     "t.json: conversation 0: turn 0 value=None is not text"),
+    # --- run's vLLM flags: an empty one was dropped without a word (capacity refused the same flag)
+    ("run-speculative-config-empty", {}, ["run", "--speculative-config", ""],
+     "--speculative-config='': not JSON (Expecting value at character 0)"),
+    ("run-scheduling-policy-empty", {}, ["run", "--scheduling-policy", ""],
+     "engine.scheduling_policy='': Input should be 'fcfs' or 'priority'"),
+    # --- disaggregation: a decode pool of another model or KV dtype took the prefill pool's KV (vLLM's
+    # NixlConnector refuses the peer: its compatibility hash covers the model and the cache dtype)
+    ("disagg-decode-another-model", scenario(f"{DISAGG}replicas: [{{count: 1, kv_role: kv_producer}}, "
+                                             "{count: 1, kv_role: kv_consumer, model: opt-13b}]\n"), RUN_S,
+     "replicas (s/g1-0, kv_consumer): model=opt-13b, but (s/g0-0, kv_producer) has model=llama-3.1-8b"),
+    ("disagg-decode-another-kv-dtype", scenario(f"{DISAGG}replicas: [{{count: 1, kv_role: kv_producer}}, "
+                                                "{count: 1, kv_role: kv_consumer, engine: {kv_cache_dtype: fp8}}]\n"),
+     RUN_S, "replicas (s/g1-0, kv_consumer): KV cache dtype fp8, but (s/g0-0, kv_producer) has KV cache dtype "
+            "bfloat16"),
+    # --- traces: rows out of arrival order ran with negative arrivals (and TTFTs from before the run began)
+    ("azure-rows-out-of-order", trace_scenario("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:15:46.68,10,5\n"
+                                               "2023-11-16 18:15:45.18,10,5\n"), RUN_S,
+     "t.csv: request 2 arrives 1.5 s before request 1: a trace lists requests in arrival order"),
+    ("mooncake-rows-out-of-order", trace_scenario("mooncake", "t.jsonl", MOONCAKE_ROW.replace('"timestamp": 0',
+                                                                                              '"timestamp": 5000')
+                                                  + MOONCAKE_ROW.replace('"timestamp": 0', '"timestamp": 1000')),
+     RUN_S, "t.jsonl: request 2 arrives 4 s before request 1"),
+    ("mooncake-timestamp-a-boolean", trace_scenario("mooncake", "t.jsonl", MOONCAKE_ROW.replace('"timestamp": 0',
+                                                                                                '"timestamp": true')),
+     RUN_S, "t.jsonl:1: timestamp=True is not a number"),  # was an arrival 1 ms in
+    ("sharegpt-output-ids-count-mismatch", trace_scenario("sharegpt_tokens", "t.jsonl", TOKENS_ROW.replace(
+        '"output_tok_ids": [3]', '"output_tok_ids": [3, 4, 5]')), RUN_S,
+     "t.jsonl:1: output_tok_ids lists 3 token ids, output_toks=1"),
 ]
 
 
@@ -645,6 +715,47 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, 
     assert "Traceback" not in result.output
     assert sorted(p.name for p in d.iterdir()) == before  # nothing written beside the inputs
     assert list(tmp_path.iterdir()) == [d]  # nor in the working directory (no runs/, report/)
+
+
+@pytest.mark.parametrize("fleet", [[], ["--set", "replicas=2", "--set", "router.policy=round_robin"]])
+def test_a_run_that_rejects_every_request_says_so(tmp_path, fleet):
+    """Every prompt past max_model_len: vLLM answers each with HTTP 400 and so does kvsim, but the run
+    exited 0 with "0 finished" in its table and nothing on stderr. Now one warning line naming how many and
+    why; the output (a faithful record: every request rejected) is still written. Some rejections among
+    served requests are a result, not a warning."""
+    out = tmp_path / "out"
+    lengths = "output_len: {dist: fixed, value: 5}}"
+    result = runner.invoke(app, ["run", "--set", f"workload={{num_requests: 4, prompt_len: {{dist: fixed, value: 9000}}, "
+                                 f"{lengths}", *fleet, "-o", str(out), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_rejected"] == 4
+    why = "prompt_len + output_len > max_model_len 8192 (4)" if not fleet else "requests.csv gives each one's reason"
+    assert result.stderr.strip().splitlines() == [
+        f"kvsim: warning: every request was rejected (4 of 4{':' if not fleet else ';'} {why}), as vLLM rejects "
+        "them (HTTP 400); nothing was served, so the latency and throughput figures are empty"]
+    assert (out / "summary.json").exists()
+    partial = runner.invoke(app, ["run", "--set", "workload={num_requests: 8, prompt_len: {dist: uniform, low: 100, "
+                                  f"high: 16000}}, {lengths}", *fleet, "-o", str(tmp_path / "partial"),
+                                  "--format", "json"])
+    assert partial.exit_code == 0 and 0 < json.loads(partial.stdout)["num_rejected"] < 8, partial.output
+    assert partial.stderr == ""
+
+
+def test_calibrate_without_a_gpu_is_one_line_at_exit_too(tmp_path):
+    """In a process of its own: triton, imported before the CUDA check and left unused, printed nanobind's
+    leak report (dozens of lines) after the one-line error as the interpreter exited; CliRunner never sees
+    that. Now the check comes first."""
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    done = subprocess.run([sys.executable, "-m", "kvsim", "calibrate", "--gpu", "h200", "-o", str(tmp_path / "p.csv")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "kvsim: error: no CUDA device: calibration times kernels on a GPU (--dry-run prints the grid)"], done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_scenario_dict_with_a_key_that_is_not_a_string_is_named():

@@ -6,7 +6,10 @@ import json
 
 import pandas as pd
 import pytest
+import yaml
 
+from kvsim.model.config import load_gpu
+from kvsim.model.errors import KvsimError
 from kvsim.validation.compare import (
     PHASE_METRICS,
     build_scenario,
@@ -32,7 +35,14 @@ def test_meta_json_gpu_and_pool_are_read_and_used(tmp_path):
     recorded = recorded_settings(tmp_path)
     assert recorded == {"gpu": "NVIDIA H100 80GB HBM3", "num_gpu_blocks": 27000}
     assert resolve_gpu(_run(hardware="somewhere"), None, recorded) == "h100-80gb"  # no --gpu needed
-    assert resolve_gpu(_run(), "a100-80gb", recorded) == "a100-80gb"  # --gpu still wins
+    assert resolve_gpu(_run(), "h100-80gb", recorded) == "h100-80gb"  # --gpu naming the run's GPU
+    h100_file = tmp_path / "tuned.yaml"  # the same chip with other efficiency fractions (benchmarks/accuracy.py)
+    h100_file.write_text(yaml.safe_dump({k: v for k, v in load_gpu("h100-80gb").model_dump(mode="json").items()
+                                         if k != "name"} | {"efficiency": {"gemm": 0.5}}))
+    assert resolve_gpu(_run(), str(h100_file), recorded) == str(h100_file)
+    with pytest.raises(KvsimError, match=r"^--gpu='a100-80gb': memory_bytes=85,899,345,920, but the measured run "
+                                         r"ran on 'NVIDIA H100 80GB HBM3' \(preset h100-80gb, memory_bytes="):
+        resolve_gpu(_run(), "a100-80gb", recorded)  # was taken in silence: A100 timings held against an H100's
     trace = tmp_path / "w.jsonl"
     trace.write_text("")
     scenario = build_scenario(_run(), trace, model="llama-3.1-8b", gpu="h100-80gb", recorded=recorded)

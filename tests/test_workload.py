@@ -111,6 +111,24 @@ def test_vllm_sharegpt_json(tmp_path):
     assert [(r.prompt_len, r.output_len) for r in records] == [(100, 20)]
 
 
+def test_vllm_sharegpt_skips_an_empty_prompt_or_reply_and_counts_them(tmp_path, caplog):
+    """As vLLM's benchmark skips a prompt or reply of fewer than 4 tokens; an empty one was read as a
+    1-token request without a word."""
+    import logging
+
+    pair = [{"from": "human", "value": "x" * 400}, {"from": "gpt", "value": "y" * 80}]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps([{"conversations": pair}, {"conversations": [{**pair[0], "value": ""}, pair[1]]},
+                                {"conversations": [pair[0], {**pair[1], "value": ""}]},
+                                {"conversations": pair[:1]}]))
+    with caplog.at_level(logging.WARNING):
+        records = read_vllm_sharegpt(path)
+    assert [(r.prompt_len, r.output_len) for r in records] == [(100, 20)]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: skipped 3 of 4 conversations without a reply or with an empty prompt or reply, as vLLM's "
+        "benchmark does"]
+
+
 @pytest.mark.parametrize(("reader", "text", "needle"), [
     (read_azure, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,12,3\nnot-a-time,1,1\n", ":3:"),
     (read_azure, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,-4,3\n", "ContextTokens=-4"),

@@ -7,6 +7,7 @@ evaluate each string twice (~10 ms of every command line).
 """
 
 import gc
+import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -229,9 +230,11 @@ def run(
             limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
             flags = [f"steps={steps.value}"] if steps else []
             flags += [f"engine.max_num_seqs={max_num_seqs}"] if max_num_seqs is not None else []
-            flags += [f"engine.{name}={value}" for name, value in (("scheduling_policy", scheduling_policy),
-                                                                     ("speculative_config", speculative_config))
-                      if value]
+            if speculative_config is not None:  # vLLM's flag: a JSON object, checked as capacity's is
+                parse_json_object(speculative_config, "--speculative-config")
+            flags += [f"engine.{name}={value}" for name, value in (  # a quoted name: '' stays '', not null
+                ("scheduling_policy", None if scheduling_policy is None else json.dumps(scheduling_policy)),
+                ("speculative_config", speculative_config)) if value is not None]  # an empty flag: refused
             if kv_transfer_config is not None:  # vLLM's flag: a mapping, checked as plan's is
                 flag_mapping(kv_transfer_config, "--kv-transfer-config")
                 flags.append(f"kv_transfer_config={kv_transfer_config}")
@@ -247,6 +250,11 @@ def run(
             written = Path(out_dir)
     finally:
         gc.unfreeze()
+    from kvsim.results.render import all_rejected
+
+    warning = all_rejected(result.summary)
+    if warning is not None:
+        typer.echo(f"kvsim: warning: {warning}", err=True)
     if output_format is RunFormat.json:
         from kvsim.results.render import to_json
 

@@ -71,12 +71,14 @@ def calibrate(
             typer.echo(f"{len(points)} measurements for {spec.name} ({shapes})", err=True)
             return
         try:
+            from kernels.device import has_cuda  # asked before the harness imports triton (see there)
+
+            if not has_cuda():
+                raise KvsimError("no CUDA device: calibration times kernels on a GPU (--dry-run prints the grid)")
             from kernels import calibrate as harness
         except ImportError as error:
             raise KvsimError(f"calibrate needs torch and triton ({error.name} is missing): "
                              "pip install -e '.[kernels]'") from None
-        if not harness.has_cuda():
-            raise KvsimError("no CUDA device: calibration times kernels on a GPU (--dry-run prints the grid)")
         if output is None:
             raise KvsimError("--output is required: the profile CSV to write")
         from rich.progress import Progress

@@ -71,10 +71,27 @@ TRANSFER_COLUMNS = ("request_id", "prefill_replica", "decode_replica", "num_byte
 
 def check_disaggregable(scenario: Scenario, specs: list[Scenario]) -> None:
     """Refuse, before any engine is built, what a disaggregated fleet does not model: an instance whose
-    engine is not paged and v1 (vLLM v1's connectors), n > 1 samples or beam search (`KvsimError`)."""
+    engine is not paged and v1 (vLLM v1's connectors), n > 1 samples or beam search; and what vLLM does not
+    run: instances of different models or KV cache dtypes, whose caches are not each other's (NixlConnector
+    refuses such a peer at its handshake: the compatibility hash covers the model and the cache dtype).
+    Instances on different GPUs are a real deployment and pass. Each refusal is one `KvsimError`."""
     assert isinstance(scenario.replicas, list)
     roles = [group.kv_role for group in scenario.replicas for _ in range(group.count)]
+
+    def cache(spec: Scenario) -> tuple[dict[str, Any], str]:  # the model's shapes and the KV dtype it stores
+        model = load_model(spec.model)
+        return model.model_dump(exclude={"name"}), model.dtype if spec.engine.kv_cache_dtype == "auto" \
+            else spec.engine.kv_cache_dtype
+
+    first = cache(specs[0])
     for spec, role in zip(specs, roles, strict=True):
+        model, kv_dtype = cache(spec)
+        if model != first[0] or kv_dtype != first[1]:
+            field = f"model={spec.model}" if model != first[0] else f"KV cache dtype {kv_dtype}"
+            raise KvsimError(f"replicas ({spec.name}, {role}): {field}, but ({specs[0].name}, {roles[0]}) has "
+                             f"{f'model={specs[0].model}' if model != first[0] else f'KV cache dtype {first[1]}'}: "
+                             "a disaggregated fleet's instances hand each other their KV cache, so they serve "
+                             "one model with one KV cache dtype")
         if spec.engine.allocator != "paged" or spec.engine.scheduler != "v1":
             _refuse_engine(spec, role)
         if spec.engine.async_scheduling:

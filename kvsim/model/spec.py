@@ -20,8 +20,10 @@ loaders: `kvsim.model.config`. A leaf of kvsim: it imports nothing of kvsim.
 
 from __future__ import annotations
 
+from collections import abc
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -34,11 +36,46 @@ def _leaf_types(annotation: Any) -> set[Any]:
     return {leaf for arg in args for leaf in _leaf_types(arg)} if args else {annotation}
 
 
+def _members(annotation: Any) -> list[Any]:
+    """The alternatives of a union or optional, Annotated unwrapped (`list[int] | None` -> [list[int], NoneType])."""
+    origin = get_origin(annotation)
+    if origin in (Union, UnionType, Annotated):
+        args = get_args(annotation)[:1] if origin is Annotated else get_args(annotation)
+        return [member for arg in args for member in _members(arg)]
+    return [annotation]
+
+
+def _boolean_number(annotation: Any, value: Any) -> str | None:
+    """Where in `value` a `true` or `false` stands for a number the annotation wants, and which: `=true` for
+    the value itself, `[i]=false` for a list's or tuple's item, `.key=true` for a dict's value (nested as deep
+    as the annotation goes); None when none does. A nested section's values (a dict where a model is
+    expected) are left to that section's own check."""
+    if isinstance(value, bool):
+        leaves = _leaf_types(annotation)
+        return f"={str(value).lower()}" if bool not in leaves and leaves & {int, float} else None
+    members = _members(annotation)
+    if isinstance(value, (list, tuple)):
+        items = [arg for m in members if get_origin(m) in (list, tuple, set, frozenset, abc.Sequence)
+                 for arg in get_args(m) if arg is not Ellipsis]
+        for i, item in enumerate(value):
+            where = _boolean_number(Union[tuple(items)], item) if items else None  # noqa: UP007 (built at run time)
+            if where is not None:
+                return f"[{i}]{where}"
+    if isinstance(value, dict):
+        values = [get_args(m)[1] for m in members if get_origin(m) in (dict, abc.Mapping) and len(get_args(m)) == 2]
+        for key, item in value.items():
+            where = _boolean_number(Union[tuple(values)], item) if values else None  # noqa: UP007
+            if where is not None:
+                return f".{key}{where}"
+    return None
+
+
 class Settings(BaseModel):
     """The base of every user-set section (model, GPU, engine, scenario, plan spec): immutable, unknown keys
     refused, inf and NaN never a setting, and `true` or `false` refused where a number is expected (a field
-    taking int or float, not bool). Pydantic's lax mode reads them as 1 and 0, so `num_requests: true` ran
-    one request and `gpu_memory_utilization: true` used all memory."""
+    taking int or float, not bool, or a list, tuple or dict of them: `tensor_parallel_sizes: [true]`).
+    Pydantic's lax mode reads them as 1 and 0, so `num_requests: true` ran one request,
+    `gpu_memory_utilization: true` used all memory and `acceptance_rates: [true, true]` accepted every draft."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -48,10 +85,9 @@ class Settings(BaseModel):
         if isinstance(data, dict):
             for name, field in cls.model_fields.items():
                 value = data.get(name)
-                if isinstance(value, bool):
-                    leaves = _leaf_types(field.annotation)
-                    if bool not in leaves and leaves & {int, float}:
-                        raise ValueError(f"{name}={str(value).lower()}: expected a number, not a boolean")
+                where = _boolean_number(field.annotation, value)
+                if where is not None:
+                    raise ValueError(f"{name}{where}: expected a number, not a boolean")
         return data
 
 

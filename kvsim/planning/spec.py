@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, StrictFloat, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.errors import KvsimError, first_repeat, from_validation_error
 from kvsim.model.spec import Settings
@@ -35,13 +35,13 @@ class PlanSpec(Settings):
     """What to search: SLOs (`metric.stat: seconds`, or `metric.stat@priority: seconds` for one priority
     class's requests), candidate GPUs, TP sizes, engine knob grid."""
 
-    slo: dict[str, StrictFloat] = Field(min_length=1)  # strict: `true` is no number of seconds
+    slo: dict[str, float] = Field(min_length=1)
     gpus: list[str] = Field(min_length=1)
     tensor_parallel_sizes: list[int] = Field(default=[1], min_length=1)
     engine: dict[str, list[Any]] = Field(default_factory=dict)
     max_replicas: int = Field(default=64, gt=0, le=4096)
     router: str = "least_outstanding"
-    gpu_hourly_cost: dict[str, StrictFloat] = Field(default_factory=dict)
+    gpu_hourly_cost: dict[str, float] = Field(default_factory=dict)
     search: Literal["replicas", "rate"] = "replicas"  # bisect the replica count, or the rate one replica takes
     capacity_headroom: float = Field(default=0.1, ge=0, le=10)  # rate search: spare capacity kept, a fraction
     rel_tol: float = Field(default=0.05, gt=0, le=1)  # rate search: the first run length bisects to this

@@ -83,6 +83,21 @@ def _sustained(saturated: dict[str, Any]) -> str:
             f"over {saturated['duration_s']:.2f} s queued")
 
 
+def all_rejected(summary: dict[str, Any]) -> str | None:
+    """One line for a run (one engine or a fleet) that rejected every request, else None: vLLM answers a
+    request it can never serve (a prompt past max_model_len, more blocks than the pool) with HTTP 400 and
+    goes on, and so does kvsim, but a run that served nothing is rarely the one meant. Some rejections
+    among served requests are a result, not a warning: the summary counts them."""
+    total, rejected = summary.get("num_requests", 0), summary.get("num_rejected", 0)
+    if not total or rejected != total:
+        return None
+    reasons = summary.get("reject_reasons") or {}
+    why = (f": {'; '.join(f'{reason} ({n:,})' for reason, n in reasons.items())}" if reasons
+           else "; requests.csv gives each one's reason")  # a fleet's summary does not count them
+    return (f"every request was rejected ({rejected:,} of {total:,}{why}), as vLLM rejects them (HTTP 400); "
+            "nothing was served, so the latency and throughput figures are empty")
+
+
 def summary_table(summary: dict[str, Any]):  # -> rich.table.Table
     """The run summary as a two-column rich table: configuration, throughput, latency, KV."""
     from rich.table import Table

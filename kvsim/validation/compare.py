@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kvsim.latency.base import PROFILE_META_KEYS
 from kvsim.model.config import load_gpu, load_model, model_presets
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, shown
 from kvsim.validation.measured import MeasuredRun, series_number
 from kvsim.validation.recorded import recorded_engine, recorded_settings
 from kvsim.workload.files import csv_rows, data_file, open_text
@@ -59,21 +60,50 @@ class Validation:
 
 # -- the equivalent scenario ---------------------------------------------------------------
 
+MODEL_SHAPE_KEYS = tuple(k for k, kind in PROFILE_META_KEYS.items() if kind is int and k != "tensor_parallel_size")
+GPU_HARDWARE_KEYS = ("memory_bytes", "hbm_bandwidth_bytes_per_s", "fp16_flops")
+
+
+def _differs(given: Any, recorded: Any, keys: tuple[str, ...]) -> tuple[str, str] | None:
+    """(`key=given's value`, `key=recorded's value`) for the first of `keys` in which two specs differ, else None."""
+    key = next((k for k in keys if getattr(given, k) != getattr(recorded, k)), None)
+    return None if key is None else (f"{key}={getattr(given, key):,}", f"{key}={getattr(recorded, key):,}")
+
+
 def resolve_model(run: MeasuredRun, model: str | None) -> str:
     """`--model`, else the preset named like the run's Hugging Face id (`meta-llama/Llama-3.1-8B`
     → `llama-3.1-8b`). Mixture-of-experts and data-parallel runs replay as such (`kvsim.model.moe_cost`,
-    `kvsim.engine.simulate.simulate_data_parallel`)."""
+    `kvsim.engine.simulate.simulate_data_parallel`). A `--model` of another shape than the preset the
+    run's id names is refused (a config.json of the same model is not): the replay would hold one model's
+    timings against another's."""
     guess = run.model_id.rpartition("/")[2].lower()
-    name = model if model is not None else guess if guess in model_presets() else None
+    recorded = guess if guess in model_presets() else None
+    name = model if model is not None else recorded
     if name is None:
         raise KvsimError(f"model={run.model_id!r}: no kvsim preset of that name; pass --model with a preset "
                          "or the model's config.json")
+    if model is not None and recorded is not None:
+        difference = _differs(load_model(model), load_model(recorded), MODEL_SHAPE_KEYS)
+        if difference is not None:
+            raise KvsimError(f"--model={shown(model)}: {difference[0]}, but the measured run is of {run.model_id!r} "
+                             f"(preset {recorded}, {difference[1]}); pass the run's model or leave --model out")
     return name
 
 
 def resolve_gpu(run: MeasuredRun, gpu: str | None, recorded: dict[str, Any] | None = None) -> str:
-    """`--gpu`, else the GPU the run recorded (its device name matched to a preset), else its hardware label."""
+    """`--gpu`, else the GPU the run recorded (its device name matched to a preset), else its hardware label.
+    A `--gpu` whose memory, bandwidth or FLOP rate differ from the GPU the run names is refused (a GPU file
+    of the same chip, with other efficiency fractions, is not)."""
     if gpu is not None:
+        try:
+            ran_on = resolve_gpu(run, None, recorded)
+        except KvsimError:  # the run does not say: nothing to hold --gpu against
+            return gpu
+        difference = _differs(load_gpu(gpu), load_gpu(ran_on), GPU_HARDWARE_KEYS)
+        if difference is not None:
+            said = (recorded or {}).get("gpu") or run.hardware
+            raise KvsimError(f"--gpu={shown(gpu)}: {difference[0]}, but the measured run ran on {said!r} "
+                             f"(preset {ran_on}, {difference[1]}); pass the run's GPU or leave --gpu out")
         return gpu
     name = (recorded or {}).get("gpu")
     if name:
@@ -355,8 +385,8 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
                                   cluster_link=cluster_link)
         result = simulate(scenario, progress=progress)
     notes = list(run.notes)
-    if recorded:
-        taken = ", ".join(f"{k}={v}" for k, v in recorded.items() if k != "gpu" or gpu is None)
+    taken = ", ".join(f"{k}={v}" for k, v in recorded.items() if k != "gpu" or gpu is None)
+    if taken:  # not "from what the run recorded: " and nothing, when --gpu stands for the one thing it did
         notes.append(f"from what the run recorded: {taken}" + (f" (gpu preset {gpu_name})" if gpu is None and
                                                                  "gpu" in recorded else ""))
     rejected = result.summary.get("num_rejected", 0)

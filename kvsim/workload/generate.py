@@ -132,6 +132,12 @@ def _base_records(scenario: Scenario, rng: np.random.Generator) -> Sequence[Trac
     if records[0].arrival_s is None:  # a length table: resample rows
         picks = rng.integers(0, len(records), size=w.num_requests)
         return [records[i] for i in picks]
+    arrivals = [r.arrival_s or 0.0 for r in records]
+    back = next((i for i in range(1, len(arrivals)) if arrivals[i] < arrivals[i - 1]), None)
+    if back is not None:  # arrivals count from the first row's: an earlier one further down arrived before it
+        early = arrivals[back - 1] - arrivals[back]
+        raise KvsimError(f"workload.trace.path {path}: request {back + 1} arrives {early:g} s before request {back}: "
+                         "a trace lists requests in arrival order")
     kept = [r for r in records if (r.arrival_s or 0.0) >= trace.start_s][: w.num_requests]
     if not kept:
         raise KvsimError(f"workload.trace.start_s={trace.start_s}: no request of {path} arrives after it")

@@ -38,6 +38,14 @@ from kvsim.workload.traces import MAX_LENGTH, PRIORITY_RANGE, ROW_READERS
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_SCENARIO = DATA_DIR / "default_scenario.yaml"
 REPORT_SCENARIO = DATA_DIR / "report_scenario.yaml"
+DATA_SUFFIXES = (".csv", ".jsonl", ".json")  # a trace or a length table, maybe gzipped; not the README or scenarios
+
+
+def builtin_data() -> dict[str, Path]:
+    """The data shipped in DATA_DIR that `builtin:NAME` names, by NAME (the file name less its suffixes)."""
+    files = (path for path in DATA_DIR.iterdir() if path.is_file())
+    return {path.name.split(".")[0]: path for path in sorted(files)
+            if Path(path.name.removesuffix(".gz")).suffix in DATA_SUFFIXES}
 
 
 class Fixed(Settings):
@@ -294,13 +302,16 @@ class Scenario(Settings):
         return self.replicas is not None
 
     def resolve_path(self, path: str) -> Path:
-        """`builtin:NAME` → kvsim/workload/data/NAME.*; a relative path → relative to the scenario file."""
+        """`builtin:NAME` → the data file NAME.* shipped in kvsim/workload/data/ (a name, not a pattern or a
+        path: `builtin:README`, `builtin:*` and `builtin:../x` name none); a relative path → relative to the
+        scenario file."""
         if path.startswith("builtin:"):
             name = path.removeprefix("builtin:")
-            matches = sorted(DATA_DIR.glob(f"{name}.*"))
-            if not matches:
-                raise KvsimError(f"path={path!r}: no built-in data named {name!r}")
-            return matches[0]
+            shipped = builtin_data()
+            if name not in shipped:
+                raise KvsimError(f"path={shown(path)}: no built-in data named {shown(name)} "
+                                 f"(there are: {', '.join(shipped)})")
+            return shipped[name]
         resolved = data_file(Path(self.base_dir) / path)  # `x.csv` may be found as `x.csv.gz`
         if not resolved.exists():
             raise KvsimError(f"path={path!r}: file not found ({resolved})")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import csv
 import json
+import logging
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -39,6 +40,7 @@ from kvsim.model.yaml_io import load_json
 from kvsim.workload.files import csv_rows, open_text
 
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's traces hash one id per 512-token block (FAST'25 trace README)
+log = logging.getLogger(__name__)
 CHARS_PER_TOKEN = 4  # vLLM ShareGPT JSON carries text; without a tokenizer, ~4 characters a token
 
 
@@ -77,7 +79,9 @@ def _positive(value: Any, path: Path, line: int, field: str) -> int:
 
 
 def _seconds(value: Any, scale: float, path: Path, line: int, field: str) -> float:
-    """An arrival time in seconds from a number of `1 / scale` seconds; NaN and inf are errors."""
+    """An arrival time in seconds from a number of `1 / scale` seconds; NaN, inf and true/false are errors."""
+    if isinstance(value, bool):  # float(true) is 1: a JSON true was an arrival 1 ms in
+        raise _bad(path, line, f"{field}={shown(value)} is not a number")
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -203,6 +207,8 @@ def read_sharegpt_tokens(path: Path, columns: TraceColumns = NO_COLUMNS) -> list
             ids_out = None
         elif not isinstance(ids_in, list) or len(ids_in) != prompt or not isinstance(ids_out, list):
             raise _bad(path, line_no, "input_tok_ids must list input_toks token ids")
+        elif ids_out and len(ids_out) != output:  # none given is fine: the output's ids are then unknown
+            raise _bad(path, line_no, f"output_tok_ids lists {len(ids_out)} token ids, output_toks={output}")
         elif not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in (*ids_in, *ids_out)):
             raise _bad(path, line_no, "input_tok_ids and output_tok_ids must be integer token ids (>= 0)")
         arrival = _seconds(row.get("arrival_time_ns"), 1e9, path, line_no, "arrival_time_ns")
@@ -239,26 +245,43 @@ def read_lengths(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRe
 
 
 def read_vllm_sharegpt(path: Path) -> list[TraceRecord]:
-    """vLLM benchmark JSON: the first human/gpt pair of each conversation, tokens ≈ characters / 4."""
+    """vLLM benchmark JSON: the first human/gpt pair of each conversation, tokens ≈ characters / 4.
+
+    A conversation without a reply, or whose prompt or reply is empty, is skipped as vLLM's benchmark
+    skips it (`is_valid_sequence`: fewer than 4 tokens), with one warning counting them (an empty one was
+    a 1-token request); a file of nothing else, or a turn whose value is not text, is refused."""
     try:
         data = load_json(path.read_text())
     except json.JSONDecodeError as error:
         raise KvsimError(f"{path}:{error.lineno}: not JSON ({error.msg})") from None
     if not isinstance(data, list):
         raise KvsimError(f"{path}: expected a JSON list of conversations")
-    records = []
+    records, skipped = [], 0
     for index, item in enumerate(data):
         turns = item.get("conversations") if isinstance(item, dict) else None
         if not isinstance(turns, list):
             raise KvsimError(f"{path}: conversation {index} has no 'conversations' list")
         if len(turns) < 2:
-            continue  # as vLLM's benchmark does: skip conversations without a reply
+            skipped += 1  # as vLLM's benchmark does: skip conversations without a reply
+            continue
         if not all(isinstance(turn, dict) for turn in turns[:2]):
             raise KvsimError(f"{path}: conversation {index}: turns must be objects with a 'value', "
                              f"got {str(turns[0])[:40]!r}")
-        prompt, reply = str(turns[0].get("value", "")), str(turns[1].get("value", ""))
+        prompt, reply = turns[0].get("value"), turns[1].get("value")
+        for turn, value in enumerate((prompt, reply)):
+            if not isinstance(value, str):
+                raise KvsimError(f"{path}: conversation {index}: turn {turn} value={shown(value)} is not text")
+        if not prompt or not reply:
+            skipped += 1
+            continue
         records.append(TraceRecord(None, max(1, len(prompt) // CHARS_PER_TOKEN),
                                    max(1, len(reply) // CHARS_PER_TOKEN)))
+    if skipped and not records:
+        raise KvsimError(f"{path}: no rows: each of its {skipped:,} conversations lacks a reply or has an empty "
+                         "prompt or reply (vLLM's benchmark skips those)")
+    if skipped:
+        log.warning("%s: skipped %s of %s conversations without a reply or with an empty prompt or reply, as "
+                    "vLLM's benchmark does", path, f"{skipped:,}", f"{len(data):,}")
     return records
 
 
