@@ -43,6 +43,9 @@ def test_meta_json_gpu_and_pool_are_read_and_used(tmp_path):
     with pytest.raises(KvsimError, match=r"^--gpu='a100-80gb': memory_bytes=85,899,345,920, but the measured run "
                                          r"ran on 'NVIDIA H100 80GB HBM3' \(preset h100-80gb, memory_bytes="):
         resolve_gpu(_run(), "a100-80gb", recorded)  # was taken in silence: A100 timings held against an H100's
+    # a hardware label alone names a family: a folder labelled H100 may be an H100 PCIe, so --gpu stands
+    assert resolve_gpu(_run(hardware="H100"), None, {}) == "h100-80gb"
+    assert resolve_gpu(_run(hardware="H100"), "h100-pcie", {}) == "h100-pcie"
     trace = tmp_path / "w.jsonl"
     trace.write_text("")
     scenario = build_scenario(_run(), trace, model="llama-3.1-8b", gpu="h100-80gb", recorded=recorded)

@@ -90,31 +90,36 @@ def resolve_model(run: MeasuredRun, model: str | None) -> str:
     return name
 
 
+def _recorded_gpu(recorded: dict[str, Any] | None) -> str | None:
+    """The preset the device name a run recorded matches (exactly one), else None."""
+    name = (recorded or {}).get("gpu")
+    if not name:
+        return None
+    from kvsim.latency.profiles import gpu_matches
+    from kvsim.model.config import gpu_presets
+
+    matches = [p for p in gpu_presets() if gpu_matches(str(name), load_gpu(p))]
+    return matches[0] if len(matches) == 1 else None
+
+
 def resolve_gpu(run: MeasuredRun, gpu: str | None, recorded: dict[str, Any] | None = None) -> str:
     """`--gpu`, else the GPU the run recorded (its device name matched to a preset), else its hardware label.
-    A `--gpu` whose memory, bandwidth or FLOP rate differ from the GPU the run names is refused (a GPU file
-    of the same chip, with other efficiency fractions, is not)."""
+    A `--gpu` whose memory, bandwidth or FLOP rate differ from the device the run recorded is refused (a GPU
+    file of the same chip, with other efficiency fractions, is not); a hardware label alone (`H100`) names a
+    family, SXM or PCIe, not a chip, so `--gpu` stands against it."""
+    ran_on = _recorded_gpu(recorded)
     if gpu is not None:
-        try:
-            ran_on = resolve_gpu(run, None, recorded)
-        except KvsimError:  # the run does not say: nothing to hold --gpu against
-            return gpu
-        difference = _differs(load_gpu(gpu), load_gpu(ran_on), GPU_HARDWARE_KEYS)
+        difference = None if ran_on is None else _differs(load_gpu(gpu), load_gpu(ran_on), GPU_HARDWARE_KEYS)
         if difference is not None:
-            said = (recorded or {}).get("gpu") or run.hardware
-            raise KvsimError(f"--gpu={shown(gpu)}: {difference[0]}, but the measured run ran on {said!r} "
-                             f"(preset {ran_on}, {difference[1]}); pass the run's GPU or leave --gpu out")
+            raise KvsimError(f"--gpu={shown(gpu)}: {difference[0]}, but the measured run ran on "
+                             f"{(recorded or {}).get('gpu')!r} (preset {ran_on}, {difference[1]}); pass the run's "
+                             "GPU or leave --gpu out")
         return gpu
-    name = (recorded or {}).get("gpu")
-    if name:
-        from kvsim.latency.profiles import gpu_matches
-        from kvsim.model.config import gpu_presets
-
-        matches = [p for p in gpu_presets() if gpu_matches(str(name), load_gpu(p))]
-        if len(matches) == 1:
-            return matches[0]
+    if ran_on is not None:
+        return ran_on
     if run.hardware in HARDWARE_GPUS:
         return HARDWARE_GPUS[run.hardware]
+    name = (recorded or {}).get("gpu")
     raise KvsimError(f"gpu: the run does not say which GPU it ran on (hardware={run.hardware!r}"
                      + (f", gpu={name!r} matches no single preset" if name else "")
                      + "); pass --gpu with a preset or a GPU file")
