@@ -85,3 +85,21 @@ def test_phase_rates_by_hand(tmp_path):
     requests = pd.DataFrame({"first_token_s": [0.5, 1.2], "prompt_tokens": [100, 200]})
     assert simulated_phase_rates(steps, requests) == {PHASE_METRICS[0]: pytest.approx((100 + 200) / 2),
                                                       PHASE_METRICS[1]: pytest.approx(5 / 2)}
+
+
+def test_a_fine_tunes_id_names_its_base_models_preset():
+    """Instruction and chat fine-tunes keep their base model's config.json (layers, heads, widths, vocabulary),
+    so a `vllm bench serve` of meta-llama/Llama-3.1-8B-Instruct replays as llama-3.1-8b; a preset named for the
+    fine-tune itself wins, and an id of neither still asks for --model."""
+    from kvsim.validation.compare import resolve_model, run_model_preset
+
+    assert run_model_preset("meta-llama/Llama-3.1-8B-Instruct") == "llama-3.1-8b"
+    assert run_model_preset("google/gemma-3-27b-it") == "gemma-3-27b"
+    assert run_model_preset("Qwen/Qwen2.5-7B-Instruct") == "qwen2.5-7b"
+    assert run_model_preset("Qwen/Qwen3-30B-A3B-Instruct-2507") == "qwen3-30b-a3b-instruct-2507"
+    assert run_model_preset("mistralai/Mistral-7B-Instruct-v0.3") is None  # a version after the suffix: not guessed
+    run = MeasuredRun(name="r", source="vllm-bench", model_id="meta-llama/Llama-3.1-8B-Instruct",
+                      requests=pd.DataFrame(), records=[TraceRecord(0.0, 10, 5)], engine={})
+    assert resolve_model(run, None) == "llama-3.1-8b"
+    with pytest.raises(KvsimError, match="preset llama-3.1-8b"):
+        resolve_model(run, "opt-13b")

@@ -70,14 +70,28 @@ def _differs(given: Any, recorded: Any, keys: tuple[str, ...]) -> tuple[str, str
     return None if key is None else (f"{key}={getattr(given, key):,}", f"{key}={getattr(recorded, key):,}")
 
 
+TUNED_SUFFIXES = ("-instruct", "-chat", "-it")  # a fine-tune of the base model: the same architecture and weights
+
+
+def run_model_preset(model_id: str) -> str | None:
+    """The preset named like a Hugging Face id (`meta-llama/Llama-3.1-8B` → `llama-3.1-8b`), or like its base
+    model when the id is an instruction or chat fine-tune of it (`Llama-3.1-8B-Instruct`, `gemma-3-27b-it`:
+    the same architecture, so the same step times); None when neither is a preset."""
+    name = model_id.rpartition("/")[2].lower()
+    presets = model_presets()
+    if name in presets:
+        return name
+    base = next((name.removesuffix(s) for s in TUNED_SUFFIXES if name.endswith(s)), None)
+    return base if base in presets else None
+
+
 def resolve_model(run: MeasuredRun, model: str | None) -> str:
-    """`--model`, else the preset named like the run's Hugging Face id (`meta-llama/Llama-3.1-8B`
-    → `llama-3.1-8b`). Mixture-of-experts and data-parallel runs replay as such (`kvsim.model.moe_cost`,
+    """`--model`, else the preset `run_model_preset` names for the run's Hugging Face id. Mixture-of-experts
+    and data-parallel runs replay as such (`kvsim.model.moe_cost`,
     `kvsim.engine.simulate.simulate_data_parallel`). A `--model` of another shape than the preset the
     run's id names is refused (a config.json of the same model is not): the replay would hold one model's
     timings against another's."""
-    guess = run.model_id.rpartition("/")[2].lower()
-    recorded = guess if guess in model_presets() else None
+    recorded = run_model_preset(run.model_id)
     name = model if model is not None else recorded
     if name is None:
         raise KvsimError(f"model={run.model_id!r}: no kvsim preset of that name; pass --model with a preset "
@@ -390,6 +404,8 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
                                   cluster_link=cluster_link)
         result = simulate(scenario, progress=progress)
     notes = list(run.notes)
+    if model is None and model_name != run.model_id.rpartition("/")[2].lower():
+        notes.append(f"the run's model {run.model_id} replays as preset {model_name}, its base model's architecture")
     taken = ", ".join(f"{k}={v}" for k, v in recorded.items() if k != "gpu" or gpu is None)
     if taken:  # not "from what the run recorded: " and nothing, when --gpu stands for the one thing it did
         notes.append(f"from what the run recorded: {taken}" + (f" (gpu preset {gpu_name})" if gpu is None and
