@@ -313,7 +313,7 @@ CASES = [
     ("plan-xpyd-link-unknown", {}, [*PLAN, "--xpyd", "1P1D", "--kv-transfer-config", '{"kv_link": "pigeon"}'],
      "kv_transfer_config.kv_link='pigeon'"),
     ("plan-kv-transfer-config-not-json", {}, [*PLAN, "--xpyd", "1P1D", "--kv-transfer-config", "[1,"],
-     "--kv-transfer-config '[1,': expected a JSON object"),
+     "--kv-transfer-config='[1,': not JSON"),
     ("plan-kv-transfer-config-without-splits", {}, [*PLAN, "--kv-transfer-config", '{"kv_link": "nvlink"}'],
      "give the splits with --xpyd"),
     ("plan-xpyd-slab-allocator", {}, [*PLAN, "--xpyd", "1P1D", "--set", "engine.allocator=slab-max"],
@@ -517,7 +517,7 @@ CASES = [
     ("run-output-empty", {}, ["run", "-o", ""], "--output='': is empty"),  # not runs/NAME, not the working folder
     ("report-output-empty", {}, ["report", "-o", ""], "--output='': is empty"),
     ("run-kv-transfer-config-empty", {}, ["run", "--kv-transfer-config", ""],
-     "--kv-transfer-config '': expected a JSON object"),  # was read as no setting: a colocated run
+     "--kv-transfer-config='': not JSON (Expecting value at character 0)"),  # was read as no setting: a colocated run
     ("capacity-kv-bytes", {}, ["capacity", "--kv-cache-memory-bytes", "lots"], "kv_cache_memory_bytes"),
     ("capacity-tp-zero", {}, ["capacity", "--tensor-parallel-size", "0"], "tensor_parallel_size=0"),
     ("capacity-gpu-util-a-percentage", {}, ["capacity", "--gpu-memory-utilization", "95"],
@@ -577,7 +577,7 @@ CASES = [
      "t.jsonl:1: not JSON (an integer of 5,000 digits is longer than kvsim reads)"),
     ("kv-transfer-config-integer-too-long", {}, ["run", "--kv-transfer-config", f'{{"kv_link_bandwidth_bytes_per_s": '
                                                                                  f'{HUGE}}}'],
-     "--kv-transfer-config '{\"kv_link_bandwidth_bytes_per_s\": 99"),
+     "--kv-transfer-config='{\"kv_link_bandwidth_bytes_per_s\": 99"),
     ("capacity-speculative-config-integer-too-long", {}, ["capacity", "--speculative-config",
                                                           f'{{"num_speculative_tokens": {HUGE}}}'],
      "not JSON (an integer of 5,000 digits is longer than kvsim reads at character 27)"),

@@ -46,7 +46,6 @@ from kvsim.cli.shared import (
     fixed_length_scenario,
     offload_line,
     parse_int_list,
-    parse_json_object,
     parse_size_flag,
     print_plan,
     user_errors,
@@ -114,6 +113,7 @@ def capacity(
     from kvsim.latency.roofline import RooflineLatency, cohort_output_tokens_per_s
     from kvsim.model.capacity import plan_capacity
     from kvsim.model.config import load_gpu, load_model, make_engine
+    from kvsim.model.yaml_io import flag_mapping
     from kvsim.planning.cost import add_capacity_costs, add_sustained_costs, gpu_price
     from kvsim.results.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
 
@@ -136,8 +136,8 @@ def capacity(
             data_parallel_size=data_parallel_size,
             enable_expert_parallel=enable_expert_parallel or None,
             disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager or None,
-            speculative_config=None if speculative_config is None else parse_json_object(speculative_config,
-                                                                                          "--speculative-config"),
+            speculative_config=None if speculative_config is None else flag_mapping(speculative_config,
+                                                                                     "--speculative-config"),
         )
         plan = plan_capacity(
             load_model(model),
@@ -231,7 +231,7 @@ def run(
             flags = [f"steps={steps.value}"] if steps else []
             flags += [f"engine.max_num_seqs={max_num_seqs}"] if max_num_seqs is not None else []
             if speculative_config is not None:  # vLLM's flag: a JSON object, checked as capacity's is
-                parse_json_object(speculative_config, "--speculative-config")
+                flag_mapping(speculative_config, "--speculative-config")
             flags += [f"engine.{name}={value}" for name, value in (  # a quoted name: '' stays '', not null
                 ("scheduling_policy", None if scheduling_policy is None else json.dumps(scheduling_policy)),
                 ("speculative_config", speculative_config)) if value is not None]  # an empty flag: refused

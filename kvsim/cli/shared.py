@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kvsim.model.errors import KvsimError, first_repeat, shown
+from kvsim.model.errors import KvsimError, first_repeat
 
 
 class Format(StrEnum):
@@ -110,21 +110,6 @@ TpOpt = Annotated[int | None, typer.Option("--tensor-parallel-size", "-tp")]
 SpeculativeConfigOpt = Annotated[str | None, typer.Option(
     "--speculative-config", help="vLLM's flag, a JSON object (engine.speculative_config), e.g. "
                                  "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"acceptance_rates\": 0.8}'")]
-
-
-def parse_json_object(text: str, flag: str) -> dict:
-    """A flag's JSON object (vLLM's `--speculative-config` style); anything else is one line naming the flag."""
-    import json
-
-    from kvsim.model.yaml_io import load_json
-
-    try:
-        value = load_json(text)
-    except json.JSONDecodeError as error:
-        raise KvsimError(f"{flag}={shown(text)}: not JSON ({error.msg} at character {error.pos})") from None
-    if not isinstance(value, dict):
-        raise KvsimError(f"{flag}={shown(text)}: expected a JSON object")
-    return value
 
 
 MaxNumSeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs", help="Sequences per step [vLLM's default "

@@ -96,14 +96,15 @@ def load_shipped_yaml(text: str) -> Any:
 
 
 def flag_mapping(text: str, flag: str) -> dict[Any, Any]:
-    """A flag's mapping, as vLLM's JSON flags take one (`--kv-transfer-config '{"kv_link": "nvlink"}'`; YAML's
-    flow style too, JSON being YAML); anything else, the empty text included, is one `KvsimError` line."""
+    """A flag's JSON object, as vLLM's JSON flags take one (`--speculative-config '{"method": "eagle", ...}'`,
+    `--kv-transfer-config '{"kv_connector": "NixlConnector"}'`: vLLM reads them with `json.loads`); anything
+    else, the empty text included, is one `KvsimError` line naming the flag."""
     try:
-        value = load_yaml(text)
-    except yaml.YAMLError:
-        value = None
+        value = load_json(text)
+    except json.JSONDecodeError as error:
+        raise KvsimError(f"{flag}={shown(text)}: not JSON ({error.msg} at character {error.pos})") from None
     if not isinstance(value, dict):
-        raise KvsimError(f"{flag} {shown(text)}: expected a JSON object, e.g. '{{\"kv_link\": \"nvlink\"}}'")
+        raise KvsimError(f"{flag}={shown(text)}: expected a JSON object")
     return value
 
 
