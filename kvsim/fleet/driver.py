@@ -283,6 +283,7 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "num_gpus": sum(row["tensor_parallel_size"] for row in per_replica), "seed": scenario.seed,
         "num_requests": int(len(requests_df)), "num_finished": int(len(finished)),
         "num_rejected": sum(r.summary["num_rejected"] for r in runs),
+        "reject_reasons": dict(sum((Counter(r.summary["reject_reasons"]) for r in runs), Counter()).most_common()),
         "duration_s": duration,
         "output_tokens_per_s": output_tokens / duration if duration else 0.0,
         "requests_per_s": len(finished) / duration if duration else 0.0,

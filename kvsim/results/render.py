@@ -92,8 +92,7 @@ def all_rejected(summary: dict[str, Any]) -> str | None:
     if not total or rejected != total:
         return None
     reasons = summary.get("reject_reasons") or {}
-    why = (f": {'; '.join(f'{reason} ({n:,})' for reason, n in reasons.items())}" if reasons
-           else "; requests.csv gives each one's reason")  # a fleet's summary does not count them
+    why = f": {'; '.join(f'{reason} ({n:,})' for reason, n in reasons.items())}" if reasons else ""
     return (f"every request was rejected ({rejected:,} of {total:,}{why}), as vLLM rejects them (HTTP 400); "
             "nothing was served, so the latency and throughput figures are empty")
 
