@@ -39,14 +39,16 @@ def test_short_work_prints_nothing_and_lines_come_at_most_every_interval(monkeyp
 
 
 def test_a_phase_that_ends_prints_its_last_line(monkeypatch, capsys):
-    clock = iter([0.0, 0.1, 0.2, 0.3, 0.4])
+    clock = iter([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     with progress.updater("report") as update:
         update("study 1/2 a: 0/0 runs", None, None, "a")
         update("study 1/2 a: 3/3 runs", 3, 3, "a")  # too soon for a line of its own
         update("study 2/2 b: 0/0 runs", None, None, "b")  # a ended
-        update("study 2/2 b: 0/2 runs", 0, 2, "b")
-    assert capsys.readouterr().err.splitlines() == ["kvsim report: study 1/2 a: 3/3 runs (0 s)"]
+        update("study 2/2 b: 2/2 runs", 2, 2, "b")
+    # b, the last phase, ends with the work: its last line too (the report's last study was never printed)
+    assert capsys.readouterr().err.splitlines() == ["kvsim report: study 1/2 a: 3/3 runs (0 s)",
+                                                    "kvsim report: study 2/2 b: 2/2 runs (0 s)"]
 
 
 def test_run_prints_simulated_time_and_requests(eager, tmp_path):

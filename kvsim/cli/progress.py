@@ -61,6 +61,8 @@ def updater(command: str, enabled: bool = True) -> Iterator[Update]:
             last_phase, last_text = phase, text
 
         yield plain
+        if last_phase is not None:  # the last phase ends with the work
+            say(last_text, time.monotonic())
         return
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
