@@ -191,3 +191,15 @@ def test_a_fleets_steps_setting_bounds_its_rows_and_leaves_its_summary_alone(mon
         all_rows = every[every["replica"] == replica]
         assert set(rows["time_s"]) <= set(all_rows["time_s"]) and rows["time_s"].iloc[-1] == all_rows["time_s"].iloc[-1]
     assert runs["sampled"].summary == runs["all"].summary == runs["none"].summary
+
+
+def test_router_null_drops_the_router():
+    """A single-engine scenario naming a router is refused (nothing to route); `router: null` drops it, so a
+    fleet scenario turns into one engine with `replicas=null router=null` (as `kvsim plan` bases take it)."""
+    from kvsim.workload.fleet_layout import Router
+    from kvsim.workload.scenario import load_scenario
+
+    with pytest.raises(KvsimError, match=r"drop the router \(router=null\)"):
+        load_scenario(None, ["router.policy=affinity"])
+    one = load_scenario(None, ["replicas=2", "router.policy=affinity", "replicas=null", "router=null"])
+    assert one.replicas is None and one.router == Router()

@@ -248,6 +248,12 @@ class Scenario(Settings):
         description="replica count follows an HPA-style policy; new replicas serve after startup_s")
     base_dir: str = Field(default=".", exclude=True)
 
+    @field_validator("router", mode="before")
+    @classmethod
+    def _no_router(cls, value: Any) -> Any:
+        """`router: null` is the default router (one engine has nothing to route; a fleet round-robins)."""
+        return Router() if value is None else value
+
     @field_validator("replicas", mode="before")
     @classmethod
     def _groups_named(cls, value: Any) -> Any:
@@ -294,7 +300,7 @@ class Scenario(Settings):
             raise ValueError("autoscaler with kv_transfer_config: autoscaling a disaggregated fleet is not modelled")
         if self.replicas is None and self.router != Router():  # one engine: nothing to route, so say so
             raise ValueError(f"router.policy={self.router.policy!r}: a router spreads requests over replicas; "
-                             "set replicas (a fleet) or drop the router")
+                             "set replicas (a fleet) or drop the router (router=null)")
         return self
 
     @property
