@@ -46,6 +46,7 @@ class Section:
     title: str
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None  # this engine's refusal of the section's setting: not run (`kvsim.report.applicable`)
 
 
 @dataclass(frozen=True)
