@@ -108,10 +108,10 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
                              "vllm_max_concurrency": round(head["max_concurrency"], 2),
                              "num_gpu_blocks_fp8": head["num_gpu_blocks_fp8"]}])]
     for sec in sections:
-        md += ["", f"## {sec.title}", "", report_text.section_text(sec, st, cfg), ""]
+        md += ["", f"## {sec.title}", "", report_text.section_text(sec, st, cfg)]
         if sec.skipped is not None:  # the engine refused the section's setting: no runs, no figure, no table
             continue
-        md += [f"_Latency model: {st.latency_name}._", ""]
+        md += ["", f"_Latency model: {st.latency_name}._", ""]
         figure = f"fig_{sec.key}.png"
         if sec.key in FIGURES:
             save_figure(partial(FIGURES[sec.key], sec, cfg), tmp / figure, sec.title)
