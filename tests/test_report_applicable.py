@@ -74,3 +74,17 @@ def test_the_words_of_a_skipped_section_quote_the_refusal():
     text = section_text(sec, st, TINY)
     assert OFFLOAD_NEEDS_V1 in text and NOTHING_RUN in text and "CPU KV offload tier" in text
     assert st.base.engine.scheduler == "v0"  # not switched to run it anyway
+
+
+@pytest.mark.parametrize(("name", "given"), [("azure-autoscale", "replicas=1"), ("disagg-1p1d", "replicas=[2 groups]")])
+def test_a_fleet_scenario_is_refused_up_front_in_one_line(tmp_path, name, given):
+    """The report varies one engine (its fleet section sizes its own replicas): a fleet scenario was a KeyError
+    traceback (autoscaled) or a slab variant's refusal (disaggregated) mid-report; now one line, nothing written."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    out = tmp_path / "r"
+    result = CliRunner().invoke(app, ["report", str(SCENARIOS / f"{name}.yaml"), "--quick", "-o", str(out)])
+    assert result.exit_code == 2 and not out.exists()
+    assert result.stderr.count("\n") == 1 and given in result.stderr and "--set replicas=null" in result.stderr
