@@ -4,7 +4,9 @@
 
 Sections (each a table and a figure, computed in `kvsim.report.studies` and `kvsim.report.fleet_study`):
 context ↔ concurrency, KV quantization, prefix sharing, the capacity formula, the paging
-multiplier, load, alerts, and the fleet (replicas and routing on the Mooncake trace).
+multiplier, load, alerts, the fleet (replicas and routing on the Mooncake trace), KV offload and
+speculative decoding. A section whose setting this engine refuses says why and has no figure
+(`kvsim.report.applicable`).
 The directory is written to a temporary sibling and renamed when complete; the HTML
 references the PNGs beside it, so the folder opens offline.
 """
@@ -106,8 +108,10 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
                              "vllm_max_concurrency": round(head["max_concurrency"], 2),
                              "num_gpu_blocks_fp8": head["num_gpu_blocks_fp8"]}])]
     for sec in sections:
-        md += ["", f"## {sec.title}", "", report_text.section_text(sec, st, cfg), "",
-               f"_Latency model: {st.latency_name}._", ""]
+        md += ["", f"## {sec.title}", "", report_text.section_text(sec, st, cfg)]
+        if sec.skipped is not None:  # the engine refused the section's setting: no runs, no figure, no table
+            continue
+        md += ["", f"_Latency model: {st.latency_name}._", ""]
         figure = f"fig_{sec.key}.png"
         if sec.key in FIGURES:
             save_figure(partial(FIGURES[sec.key], sec, cfg), tmp / figure, sec.title)

@@ -7,6 +7,9 @@ one replica of the report's engine. CPU tier sizes: 0, 1, 4 and 16 times the rep
 that fit in a DGX node's host memory), each at `StudyConfig.offload_loads` × the trace's rate. The hit-rate
 target is 90 % of what an unbounded cache would hit on the slice (read from the trace): a tier cannot
 serve reuse the trace does not have. The TTFT target is the report's SLO on TTFT p90.
+
+An engine that cannot take a CPU tier (kvsim, as vLLM, puts one only under the v1 scheduler's paged
+hash-chain prefix cache) gets the section skipped with its refusal (`kvsim.report.applicable`), not run.
 """
 
 from __future__ import annotations
@@ -14,12 +17,16 @@ from __future__ import annotations
 from kvsim.engine.builder import resolve_engine
 from kvsim.model.config import DGX_HOST_MEMORY_BYTES
 from kvsim.planning.offload_sizing import size_offload
+from kvsim.planning.offload_sizing import variant as with_tier
+from kvsim.report.applicable import refusal, skipped
 from kvsim.report.fleet_study import TRACE, traffic, unbounded_hit_rate
 from kvsim.report.studies import Section, Study, variant
 from kvsim.workload.traces import read_mooncake
 
 POOL_MULTIPLES = (1, 4, 16)  # CPU tier sizes tried, in GPU KV pools
 REACHABLE_SHARE = 0.9  # the hit-rate target: this share of the unbounded cache's hit rate
+TITLE = "How much KV offload (CPU tier) for this traffic (Mooncake trace)"
+SETTING = "a CPU KV offload tier (`engine.kv_offload`)"
 
 
 def offload_sizing(st: Study) -> Section:
@@ -27,6 +34,9 @@ def offload_sizing(st: Study) -> Section:
     base = variant(traffic(st), f"workload.num_requests={st.cfg.offload_requests}")
     pool_bytes = (st.num_blocks - 1) * resolve_engine(st.base).bytes_per_block
     sizes = [m * pool_bytes for m in POOL_MULTIPLES if m * pool_bytes <= DGX_HOST_MEMORY_BYTES]
+    reason = refusal(lambda: with_tier(base, sizes[0])) if sizes else None
+    if reason is not None:
+        return skipped("offload", TITLE, SETTING, reason)
     records = read_mooncake(base.resolve_path(TRACE))[: st.cfg.offload_requests]
     unbounded = unbounded_hit_rate(records, base.engine.resolved_max_model_len(st.model))
     num_runs = (len(sizes) + 1) * len(set(st.cfg.offload_loads) | {1.0})
@@ -37,7 +47,6 @@ def offload_sizing(st: Study) -> Section:
     facts = {**sizing.facts, "size_for_hit_rate_bytes": sizing.size_for_hit_rate_bytes,
              "size_for_ttft_bytes": sizing.size_for_ttft_bytes, "pays_from_load": sizing.pays_from_load,
              "unbounded_hit_rate": unbounded, "num_requests": st.cfg.offload_requests, "pool_bytes": pool_bytes}
-    return Section("offload", "How much KV offload (CPU tier) for this traffic (Mooncake trace)",
-                   {"offload_points": sizing.points, "offload_pays": sizing.pays, "offload_hurts": sizing.hurts},
-                   facts)
+    return Section("offload", TITLE, {"offload_points": sizing.points, "offload_pays": sizing.pays,
+                                      "offload_hurts": sizing.hurts}, facts)
 

@@ -15,6 +15,9 @@ table gives TPOT (mean, p50), output throughput, mean running, preemptions and t
 measured; `tpot_speedup` = TPOT without ÷ TPOT with, `throughput_ratio` = with ÷ without.
 The crossover is the smallest B of the grid at which `tpot_speedup` ≤ 1 (per-user latency no
 longer improves); `last_paying_batch_size` is the largest B below it at which it did.
+
+An engine that cannot speculate (kvsim, as vLLM, drafts only in the v1 engine on the paged allocator over
+full attention) gets the section skipped with its refusal (`kvsim.report.applicable`), not run.
 """
 
 from __future__ import annotations
@@ -24,13 +27,17 @@ from typing import Any
 
 import pandas as pd
 
+from kvsim.report.applicable import refusal, skipped
 from kvsim.report.studies import SATURATE, Section, Study, poisson, variant
+from kvsim.workload.scenario import Scenario
 
 # EAGLE-3 for Llama-3.1-8B-Instruct: mean acceptance length 2.77 at K = 7 on MT-bench, temperature 1
 # (the public yuhuili/EAGLE3-LLaMA3.1-Instruct-8B head; README, "Speculative decoding")
 DEFAULT_SPECULATION: dict[str, Any] = {"method": "eagle3", "num_speculative_tokens": 7, "acceptance_length": 2.77}
 SPEC_REQUESTS_PER_SEQ = 3  # requests per batch slot: the batch stays full for most of the run
 SPEC_MIN_REQUESTS = 12
+TITLE = "Speculative decoding: where drafts stop paying"
+SETTING = "speculative decoding (`engine.speculative_config`)"
 
 
 def speculation_config(st: Study) -> dict[str, Any]:
@@ -59,17 +66,21 @@ def crossover(speedup: pd.DataFrame) -> tuple[int | None, int | None]:
     return first_stop, int(paying.max_num_seqs.iloc[-1]) if len(paying) else None
 
 
+def _saturated(st: Study, batch_size: int, config: dict[str, Any] | None) -> Scenario:
+    """The saturated run at one batch-size limit, speculating with `config` (None: without speculation)."""
+    count = max(SPEC_REQUESTS_PER_SEQ * batch_size, SPEC_MIN_REQUESTS)
+    return variant(st.base, f"engine.max_num_seqs={batch_size}", f"workload.num_requests={count}", poisson(SATURATE),
+                   f"engine.speculative_config={json.dumps(config)}")
+
+
 def speculation(st: Study) -> Section:
     """TPOT and throughput with and without speculative decoding per batch-size limit; the crossover."""
     config = speculation_config(st)
     sizes = sorted(set(st.cfg.speculation_batch_sizes))
-    scenarios = []
-    for b in sizes:
-        count = max(SPEC_REQUESTS_PER_SEQ * b, SPEC_MIN_REQUESTS)
-        common = (f"engine.max_num_seqs={b}", f"workload.num_requests={count}", poisson(SATURATE))
-        scenarios += [variant(st.base, *common, "engine.speculative_config=null"),
-                      variant(st.base, *common, f"engine.speculative_config={json.dumps(config)}")]
-    runs = st.run(scenarios)
+    reason = refusal(lambda: _saturated(st, sizes[0], config))
+    if reason is not None:
+        return skipped("speculation", TITLE, SETTING, reason)
+    runs = st.run([_saturated(st, b, c) for b in sizes for c in (None, config)])
     rows = [_row(run.summary, sizes[i // 2], speculative=i % 2 == 1) for i, run in enumerate(runs)]
     table = pd.DataFrame(rows)
     off, on = table[~table.speculative].reset_index(drop=True), table[table.speculative].reset_index(drop=True)
@@ -82,8 +93,7 @@ def speculation(st: Study) -> Section:
              "tpot_speedup_largest": float(speedup.tpot_speedup.iloc[-1]),
              "mean_acceptance_length": float(on.mean_acceptance_length.dropna().mean()),
              "more_preemptions_with": bool((on.num_preemptions > off.num_preemptions).any())}
-    return Section("speculation", "Speculative decoding: where drafts stop paying",
-                   {"speculation": table, "speculation_speedup": speedup}, facts)
+    return Section("speculation", TITLE, {"speculation": table, "speculation_speedup": speedup}, facts)
 
 
 def speculation_text(sec: Section) -> str:

@@ -28,6 +28,7 @@ from kvsim.model.capacity import (
     paged_max_seqs,
     slab_max_seqs,
 )
+from kvsim.model.errors import KvsimError
 from kvsim.model.units import ceil_div
 from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_hour, gpu_price
 from kvsim.planning.steady_state import failing_evidence, search_rates
@@ -46,6 +47,7 @@ class Section:
     title: str
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None  # this engine's refusal of the section's setting: not run (`kvsim.report.applicable`)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,11 @@ class Study:
     """Shared facts about the base scenario and a runner that fixes the request count."""
 
     def __init__(self, base: Scenario, cfg: StudyConfig) -> None:
+        if base.is_fleet:  # each section varies one engine; the fleet section sizes its own replicas
+            given = base.replicas if isinstance(base.replicas, int) else f"[{len(base.replicas or [])} groups]"
+            raise KvsimError(f"replicas={given}: kvsim report studies one engine; report on one "
+                             "replica with --set replicas=null (dropping any router, autoscaler or "
+                             "kv_transfer_config), or size a fleet with kvsim plan")
         self.base = variant(base, f"workload.num_requests={cfg.num_requests}")
         self.cfg = cfg
         spec = resolve_engine(self.base)

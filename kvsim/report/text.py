@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kvsim.report import studies
+from kvsim.report.applicable import skipped_text
 from kvsim.report.speculation_study import speculation_text
 
 
@@ -207,6 +208,8 @@ def alerts_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
 
 def section_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
     f = sec.facts
+    if sec.skipped is not None:
+        return skipped_text(sec)
     if sec.key == "context":
         return context_text(sec, cfg)
     if sec.key == "fp8":

@@ -1,0 +1,47 @@
+"""Whether a report section's setting is one this scenario's engine can take, and the section it
+leaves when it cannot.
+
+Some sections add a setting to the user's engine: the offload section a CPU KV tier, the
+speculation section a `speculative_config`. vLLM's engine refuses some pairings (a CPU tier
+needs the v1 scheduler, the paged allocator and the hash-chain prefix cache; speculation needs
+the v1 scheduler and the paged allocator over full attention), and kvsim refuses them the same
+way, with a `KvsimError` naming the field. A section must not kill the report over that, nor
+switch the user's engine to one that takes the setting (its figures would describe an engine
+the user does not run). So before its runs a section makes its first variant and builds that
+variant's engine, exactly as `kvsim run` would before its first step (`refusal`); the rules are
+the scenario validation's and the engine builder's own, not repeated here. A refused section is
+`skipped`: its title, the setting, the refusal, no tables and no figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kvsim.engine.builder import build_engine
+from kvsim.model.errors import KvsimError
+from kvsim.report.studies import Section
+from kvsim.workload.scenario import Scenario
+
+
+def refusal(make_variant: Callable[[], Scenario]) -> str | None:
+    """The one-line `KvsimError` that making the section's variant or building its engine raises (the
+    engine's own reason for refusing the setting), or None when the engine takes it. Nothing is simulated."""
+    try:
+        build_engine(make_variant(), np.random.default_rng(0))
+    except KvsimError as error:
+        return str(error)
+    return None
+
+
+def skipped(key: str, title: str, setting: str, reason: str) -> Section:
+    """The section of a setting this engine refused: no tables, `skipped` set to the refusal."""
+    return Section(key, title, facts={"setting": setting}, skipped=reason)
+
+
+def skipped_text(sec: Section) -> str:
+    """Why the section was not run, in the engine's words, and that nothing was simulated for it."""
+    return (f"Not run: this scenario's engine cannot take {sec.facts['setting']}; kvsim refuses it with "
+            f"\"{sec.skipped}\". Nothing was simulated for this section (the report does not change the "
+            "scenario's engine to make it run).")
