@@ -45,14 +45,13 @@ from kvsim.latency.fitting import (
     predict,
 )
 from kvsim.latency.profiles.bundle import read_bundle
-from kvsim.latency.profiles.vidur import read_vidur_mlp
+from kvsim.latency.profiles.vidur import VIDUR_DEVICES, read_vidur_mlp
 from kvsim.model.config import PRESETS_DIR, GPUSpec, load_gpu, load_model
 from kvsim.model.weights import expert_params
 
 REPO = Path(__file__).resolve().parents[1]
 VALIDATION = REPO.parent / "shared" / "validation"
 OUT = PRESETS_DIR / "efficiency.yaml"
-VIDUR_GPUS = {"h100": "h100-80gb", "a100": "a100-80gb", "a40": "a40"}
 BUNDLE_GPUS = {"RTXPRO6000": "rtx-pro-6000"}
 BUNDLE_MODELS = {"meta-llama/Llama-3.1-8B": "llama-3.1-8b", "Qwen/Qwen3-32B": "qwen3-32b",
                  "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3-30b-a3b-instruct-2507"}
@@ -88,7 +87,7 @@ def vidur_samples(validation: Path) -> list[OpSample]:
     """Every op sample of Vidur's `mlp.csv` files under `validation`, `untruncated`."""
     out: list[OpSample] = []
     for path in sorted((validation / "profiles" / "vidur" / "compute").glob("*/*/*/mlp.csv")):
-        gpu = VIDUR_GPUS[path.parts[-4]]
+        gpu = VIDUR_DEVICES[path.parts[-4]]
         for tp in (1, 2, 4, 8):
             p = read_vidur_mlp(path, tp)
             m = p.meta

@@ -151,7 +151,7 @@ def test_vidur_mlp_csv_imports_its_ops_and_falls_back_for_the_rest(tmp_path, cap
     engine = EngineConfig(max_model_len=4096)
     profile = load_profile(write_vidur(tmp_path), model, gpu, engine)
     assert (profile.meta["gpu"], profile.meta["model"], profile.meta["source_repository"]) == (
-        "a100", "meta-llama/Llama-2-7b-hf", "microsoft/vidur")
+        "a100-80gb", "meta-llama/Llama-2-7b-hf", "microsoft/vidur")  # Vidur's a100 folder: an 80 GB A100
     roof = RooflineLatency(model, gpu, engine, overhead_s=0.0)
     with caplog.at_level(logging.WARNING):
         latency = CalibratedLatency(profile, model, engine, roof)
@@ -163,6 +163,14 @@ def test_vidur_mlp_csv_imports_its_ops_and_falls_back_for_the_rest(tmp_path, cap
     plan = StepPlan()
     plan.add(1, 511, 8, samples=True)
     assert latency.attention_s(plan) == roof.attention_s(plan)
+
+
+def test_a_vidur_profile_is_for_the_chip_vidur_measured(tmp_path):
+    """Vidur's `a100` folder is an 80 GB A100 (its docs/profiling.md): an A100 40GB, with 1.555 TB/s where the
+    80 GB card has 2.039, is another chip, refused as any profile of another GPU is (it matched the bare name)."""
+    with pytest.raises(KvsimError, match="measured on gpu='a100-80gb', but the scenario's gpu is 'a100-40gb'"):
+        load_profile(write_vidur(tmp_path), load_model("llama-2-7b"), load_gpu("a100-40gb"),
+                     EngineConfig(max_model_len=4096))
 
 
 def test_vidur_without_the_tp_degree_is_refused(tmp_path):

@@ -7,7 +7,10 @@ attn_pre_proj, attn_rope, attn_post_proj, post_attention_layernorm, mlp_up_proj,
 mlp_down_proj, add. The median is used (as Vidur's predictors do), the mean where it is absent.
 
 It has no attention, LM head or sampler timings, so those terms fall back to the roofline; it
-records no GPU or dtype, so the GPU is the `<device>` folder name. The vocabulary in the file is
+records no GPU or dtype, so the GPU is the `<device>` folder, read as the preset Vidur measured on
+(`VIDUR_DEVICES`: its `h100` is the H100-80GB SXM, its `a100` an 80 GB A100), so that the GPU check
+refuses the profile for a sibling chip (an H100 PCIe, an A100 40GB) instead of matching the bare family
+name; an unknown folder name is kept as it is. The vocabulary in the file is
 Vidur's padded size and is not recorded (no timing depends on it).
 """
 
@@ -31,6 +34,7 @@ OPS = {  # Vidur op -> (kind, kvsim op, calls per layer or step)
     "mlp_down_proj": ("gemm", "down", 1),
     "add": ("token_op", "add", 1),
 }
+VIDUR_DEVICES = {"h100": "h100-80gb", "a100": "a100-80gb", "a40": "a40"}  # Vidur's device folders -> presets
 SHAPES = {"n_head": "num_attention_heads", "n_kv_head": "num_kv_heads", "n_embd": "hidden_size",
           "n_expanded_embd": "intermediate_size"}
 
@@ -95,7 +99,8 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
     if first.get("n_embd") and first.get("n_head"):
         meta["head_dim"] = str(int(first["n_embd"]) // int(first["n_head"]))
     parts = path.resolve().parts
-    device = parts[-4] if len(parts) >= 4 else ""
+    folder = parts[-4] if len(parts) >= 4 else ""
+    device = VIDUR_DEVICES.get(folder, folder)
     meta.update({"gpu": device, "model": "/".join(parts[-3:-1]), "tensor_parallel_size": str(tp),
                  **find_source(path.parent, "microsoft/vidur"), "source_path": str(path),
                  "source_format": "Vidur mlp.csv"})
