@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_ho
 from kvsim.planning.steady_state import failing_evidence, search_rates
 from kvsim.planning.sweep import SweepResult, run_many
 from kvsim.planning.window import probe_passes, why_failed
+from kvsim.report.applicable import refused_settings
 from kvsim.workload.generate import build_requests
 from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
 
@@ -189,27 +191,34 @@ class Study:
 
 
 def context_concurrency(st: Study) -> Section:
-    """Max concurrent sequences vs max_model_len: closed form and simulated, paged and slab-max."""
+    """Max concurrent sequences vs max_model_len: closed form and simulated, paged and slab-max (its columns
+    left out, with the refusal in `left_out`, when this engine cannot take slab-max)."""
     lens = [n for n in (1024, 2048, 4096, 8192, 16384) if n <= st.model.max_position_embeddings]
+    slab_setting = "engine.allocator=slab-max"
+    refused = refused_settings({slab_setting: lambda: st.saturated(f"engine.max_model_len={lens[0]}", slab_setting)})
+    allocators = ("paged",) if refused else ("paged", "slab-max")
     runs, _ = st.run_saturated([(f"engine.max_model_len={n}", f"engine.allocator={a}")
-                                for n in lens for a in ("paged", "slab-max")])
+                                for n in lens for a in allocators])
     bs, rows = st.base.engine.block_size, []
     for i, n in enumerate(lens):
-        paged, slab = runs[2 * i].summary, runs[2 * i + 1].summary
+        paged = runs[len(allocators) * i].summary
         rows.append({
             "max_model_len": n,
             "closed_form_paged_at_mean_len": paged_max_seqs(st.num_blocks, round(st.mean_kv_len), bs),
             "closed_form_slab_max": slab_max_seqs(st.num_blocks * bs, n),  # slab pools have no null block
             "vllm_max_concurrency": round(model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks, n), 2),
             "simulated_paged_sustained": sustained(paged),
-            "simulated_slab_sustained": sustained(slab),
+            "simulated_slab_sustained": sustained(runs[2 * i + 1].summary) if not refused else None,
             "paged_peak_transient": paged["max_running"],
             "paged_kv_usage_max": round(paged["kv_cache_usage_perc"]["max"], 3),
             "paged_limited_by": st.limited_by(paged),
             "num_rejected": paged["num_rejected"],
         })
-    return Section("context", "Context ↔ concurrency", {"context_concurrency": pd.DataFrame(rows)},
-                   {"mean_kv_len": st.mean_kv_len, "num_gpu_blocks": st.num_blocks})
+    table = pd.DataFrame(rows)
+    if refused:  # no slab-max engine to compare with: its closed form goes with its runs
+        table = table.drop(columns=["closed_form_slab_max", "simulated_slab_sustained"])
+    return Section("context", "Context ↔ concurrency", {"context_concurrency": table},
+                   {"mean_kv_len": st.mean_kv_len, "num_gpu_blocks": st.num_blocks, "left_out": refused})
 
 
 def kv_quantization(st: Study) -> Section:
@@ -326,11 +335,15 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
     """Waste per allocator, sustainable rate under the TTFT SLO, load curves and alerts (paged).
 
     The load grid is `load_fractions` of paged KV's sustainable rate (the SLO's knee sits inside it);
-    when nothing is sustainable it falls back to 1 req/s times the fractions.
+    when nothing is sustainable it falls back to 1 req/s times the fractions. A slab allocator this engine
+    cannot take has no rows (its refusal in the paging section's `left_out`); the load runs are paged.
     """
     cfg = st.cfg
-    sat, _ = st.run_saturated([(f"engine.allocator={a}",) for a in ALLOCATORS])
-    rates_df = sustained_rates(st)
+    refused = refused_settings({f"engine.allocator={a}": partial(st.saturated, f"engine.allocator={a}")
+                                for a in ALLOCATORS if a != "paged"})
+    allocators = tuple(a for a in ALLOCATORS if f"engine.allocator={a}" not in refused)
+    sat, _ = st.run_saturated([(f"engine.allocator={a}",) for a in allocators])
+    rates_df = sustained_rates(st, allocators)
     knee = rates_df.loc[rates_df.allocator == "paged", "max_rate_meeting_slo"].item()
     grid = [round((knee or 1.0) * f, 4) for f in cfg.load_fractions]
     paged_row = rates_df[rates_df.allocator == "paged"].iloc[0]
@@ -341,7 +354,7 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
                      for r in grid], keep_steps=True, workers=cfg.workers, dask_address=cfg.dask_address,
                     evidence=True)
     waste_rows = []
-    for a, result in zip(ALLOCATORS, sat, strict=True):
+    for a, result in zip(allocators, sat, strict=True):
         shares = fig2_shares(result.summary["saturated"]["waste"])  # whole pool, while requests queue
         waste_rows.append({"allocator": a, **{k: round(v, 4) for k, v in shares.items()},
                            "sustained_running": sustained(result.summary),
@@ -359,7 +372,7 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
                           "meets_slo": probe_passes(ev, slo), "num_preemptions": r.summary["num_preemptions"],
                           "served_per_s": ev["served_per_s"], "served_over_offered": ev["served_over_offered"]})
     paging = Section("paging", "Paging multiplier", {"waste_breakdown": pd.DataFrame(waste_rows),
-                                                   "sustained_rate": rates_df})
+                                                   "sustained_rate": rates_df}, {"left_out": refused})
     paged_runs = list(zip(grid, load, strict=True))
     top_rate, top = paged_runs[-1]
     assert top.steps is not None, "load runs keep their steps"
@@ -390,8 +403,8 @@ def latency_by_priority(rates: list[float], runs: list[SweepResult]) -> pd.DataF
     return pd.DataFrame(rows)
 
 
-def sustained_rates(st: Study) -> pd.DataFrame:
-    """Per allocator, the highest Poisson rate that is sustainable under the TTFT SLO
+def sustained_rates(st: Study, allocators: tuple[str, ...] = ALLOCATORS) -> pd.DataFrame:
+    """Per allocator of `allocators`, the highest Poisson rate that is sustainable under the TTFT SLO
     (`kvsim.planning.steady_state`: stable over a measurement window, p90 TTFT over the requests that
     arrived in it), the run length grown until the rate moves < 2 % when it doubles; then that answer is
     run `rate_verify_factor` (10) × longer and backed off (3 %, doubling) until a long run holds too, so
@@ -402,12 +415,12 @@ def sustained_rates(st: Study) -> pd.DataFrame:
     """
     slo = {"ttft_s.p90": st.cfg.ttft_slo_s}
     searches = search_rates(
-        lambda i, rate, n: variant(st.base, f"engine.allocator={ALLOCATORS[i]}", poisson(rate),
+        lambda i, rate, n: variant(st.base, f"engine.allocator={allocators[i]}", poisson(rate),
                                    f"workload.num_requests={n}", "steps=none"),
-        len(ALLOCATORS), slo, st.evidence, num_requests=st.cfg.rate_requests, max_requests=st.cfg.rate_max_requests,
+        len(allocators), slo, st.evidence, num_requests=st.cfg.rate_requests, max_requests=st.cfg.rate_max_requests,
         verify_factor=st.cfg.rate_verify_factor, max_verify_requests=st.cfg.rate_max_verify_requests)
     rows = []
-    for a, s in zip(ALLOCATORS, searches, strict=True):
+    for a, s in zip(allocators, searches, strict=True):
         ev, failed = s.evidence, failing_evidence(s)
         level = s.answer_level()
         ci = ev["ttft_s"]["p90_ci"] if ev else (None, None)
