@@ -35,7 +35,7 @@ from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_ho
 from kvsim.planning.steady_state import failing_evidence, search_rates
 from kvsim.planning.sweep import SweepResult, run_many
 from kvsim.planning.window import probe_passes, why_failed
-from kvsim.report.applicable import refused_settings
+from kvsim.report.applicable import refusal, refused_settings, skipped
 from kvsim.workload.generate import build_requests
 from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
 
@@ -244,17 +244,28 @@ def kv_quantization(st: Study) -> Section:
 
 
 def prefix_sharing(st: Study) -> Section:
-    """KV usage and TTFT vs the number of requests sharing one system prompt, caching off and on."""
+    """KV usage and TTFT vs the number of requests sharing one system prompt, caching off and on (the off
+    rows left out, with the refusal in `left_out`, when this engine cannot turn caching off)."""
     prefix = min(2000, st.max_model_len // 2)
-    jobs = [(n, c) for n in st.cfg.shared_prefix_counts for c in (False, True)]
-    runs = st.run([variant(st.base, f"workload.num_requests={n}", f"workload.shared_prefix.tokens={prefix}",
-                           "workload.shared_prefix.fraction=1.0", f"engine.enable_prefix_caching={str(c).lower()}")
-                   for n, c in jobs])
+
+    def shared(n: int, caching: bool) -> Scenario:
+        return variant(st.base, f"workload.num_requests={n}", f"workload.shared_prefix.tokens={prefix}",
+                       "workload.shared_prefix.fraction=1.0", f"engine.enable_prefix_caching={str(caching).lower()}")
+
+    off = "engine.enable_prefix_caching=false"
+    refused = refused_settings({off: lambda: shared(st.cfg.shared_prefix_counts[0], False)})
+    jobs = [(n, c) for n in st.cfg.shared_prefix_counts for c in (False, True) if c or not refused]
+    runs = st.run([shared(n, c) for n, c in jobs])
     rows = [{"num_requests": n, "prefix_caching": c, "shared_prefix_tokens": prefix,
              "kv_usage_max": r.summary["kv_cache_usage_perc"]["max"], "ttft_mean_s": r.summary["ttft_s"]["mean"],
              "prefix_cache_hit_rate": r.summary["prefix_cache_hit_rate"],
              "sharing_saving": round(r.summary["sharing_saving"], 4)} for (n, c), r in zip(jobs, runs, strict=True)]
-    return Section("prefix", "Prefix sharing", {"prefix_sharing": pd.DataFrame(rows)}, {"prefix_tokens": prefix})
+    return Section("prefix", "Prefix sharing", {"prefix_sharing": pd.DataFrame(rows)},
+                   {"prefix_tokens": prefix, "left_out": refused})
+
+
+FORMULA_TITLE = "The capacity formula"
+FORMULA_SETTING = "prefix caching off (`engine.enable_prefix_caching=false`), which every run of this section uses"
 
 
 def capacity_formula(st: Study) -> Section:
@@ -266,6 +277,9 @@ def capacity_formula(st: Study) -> Section:
     running while requests queue) with its preemption rate, the largest `max_num_seqs` that
     ran with no preemption (bisection), and the peak (an admission transient, when every
     sequence holds only its prompt). k is fitted on the sustained figure of KV-bound rows.
+
+    Every run turns prefix caching off (a sequence's blocks are its own); an engine that cannot turn it
+    off (a CPU offload tier needs it) gets the section skipped with its refusal (`kvsim.report.applicable`).
     """
     bs = st.base.engine.block_size
     contexts = [c for c in (256, 512, 1024, 2048, 4096) if c <= st.max_model_len]
@@ -275,6 +289,9 @@ def capacity_formula(st: Study) -> Section:
                f"workload.output_len={{dist: fixed, value: {c - c // 2}}}")) for c in contexts]
     rows_spec = [*fixed, ("scenario length mix", round(st.mean_kv_len), ())]
     common = ("engine.allocator=paged", "engine.enable_prefix_caching=false")
+    reason = refusal(lambda: st.saturated(*common, *rows_spec[0][2]))
+    if reason is not None:
+        return skipped("formula", FORMULA_TITLE, FORMULA_SETTING, reason)
     runs, counts = st.run_saturated([(*common, *extra) for _, _, extra in rows_spec])
     no_preemption = _largest_seqs_without_preemption(st, [(*common, *extra) for _, _, extra in rows_spec], runs,
                                                      counts)
@@ -300,7 +317,7 @@ def capacity_formula(st: Study) -> Section:
         "peak_running_transient": [r.summary["max_running"] for r in runs],
         "sustained_over_closed_form": (running / closed).round(3),
         "fitted_seqs": (k * closed).round(2), "limited_by": limits})
-    return Section("formula", "The capacity formula", {"capacity_formula": table},
+    return Section("formula", FORMULA_TITLE, {"capacity_formula": table},
                    {"fitted_constant": k, "fitted_constant_fixed": k_fixed, "pool_blocks": usable,
                     "num_kv_bound": int(kv_bound.sum()), "other_limits": sorted(set(limits) - {"kv"}),
                     "vllm_max_concurrency": model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks,

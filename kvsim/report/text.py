@@ -95,8 +95,14 @@ def fp8_text(sec: studies.Section) -> str:
 def prefix_text(sec: studies.Section) -> str:
     f, df = sec.facts, sec.tables["prefix_sharing"]
     biggest = df.num_requests.max()
-    off = df[(df.num_requests == biggest) & ~df.prefix_caching].iloc[0]
     on = df[(df.num_requests == biggest) & df.prefix_caching].iloc[0]
+    offs = df[(df.num_requests == biggest) & ~df.prefix_caching]
+    if offs.empty:  # this engine cannot turn prefix caching off (`left_out`, said after)
+        return (f"Every request starts with the same {f['prefix_tokens']:,}-token system prompt. With {biggest} "
+                f"requests and prefix caching, peak KV usage is {on.kv_usage_max:.1%} and mean TTFT "
+                f"{on.ttft_mean_s:.2f} s, with a hit rate of {on.prefix_cache_hit_rate:.1%}; sharing saves "
+                f"{on.sharing_saving:.1%} of the KV the requests map.")
+    off = offs.iloc[0]
     if round(off.kv_usage_max, 3) == round(on.kv_usage_max, 3):
         usage = (f"peak KV usage is {on.kv_usage_max:.1%} with and without prefix caching (the pool fills either "
                  "way, so the peak hides what sharing saves; see the saving below)")
