@@ -21,16 +21,13 @@ prefix caching on against off). A variant this engine refuses is left out of the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvsim.engine.builder import build_engine
 from kvsim.model.errors import KvsimError
+from kvsim.report.section import Section
 from kvsim.workload.scenario import Scenario
-
-if TYPE_CHECKING:  # studies imports this module; a skipped Section is built at call time (`skipped`)
-    from kvsim.report.studies import Section
 
 
 def refusal(make_variant: Callable[[], Scenario]) -> str | None:
@@ -52,8 +49,6 @@ def refused_settings(variants: dict[str, Callable[[], Scenario]]) -> dict[str, s
 
 def skipped(key: str, title: str, setting: str, reason: str) -> Section:
     """The section of a setting this engine refused: no tables, `skipped` set to the refusal."""
-    from kvsim.report.studies import Section
-
     return Section(key, title, facts={"setting": setting}, skipped=reason)
 
 

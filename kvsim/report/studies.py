@@ -13,7 +13,7 @@ holds as many sequences as KV memory allows: their `max_running` is the simulate
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -36,20 +36,12 @@ from kvsim.planning.steady_state import failing_evidence, search_rates
 from kvsim.planning.sweep import SweepResult, run_many
 from kvsim.planning.window import probe_passes, why_failed
 from kvsim.report.applicable import refusal, refused_settings, skipped
+from kvsim.report.section import Section
 from kvsim.workload.generate import build_requests
 from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
 
 SATURATE = 100_000.0  # req/s: far above any GPU's throughput, so the queue never empties (a choice, not a fit)
 ALLOCATORS = ("slab-max", "slab-pow2", "slab-oracle", "paged")
-
-
-@dataclass
-class Section:
-    key: str
-    title: str
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    facts: dict[str, Any] = field(default_factory=dict)
-    skipped: str | None = None  # this engine's refusal of the section's setting: not run (`kvsim.report.applicable`)
 
 
 @dataclass(frozen=True)
