@@ -2,14 +2,20 @@
 section says why, in the engine's own words (the refusal `kvsim run` would print for that setting), that
 nothing was simulated for it, and has no figure, table or latency-model line. The user's engine is never
 switched to one that takes the setting. A v1 paged scenario still gets both sections with numbers
-(`test_report.py`, the built-in report scenario)."""
+(`test_report.py`, the built-in report scenario).
+
+A comparison with a variant the engine refuses (slab allocators, prefix caching off) leaves that variant's
+rows out and quotes the refusal in one sentence; the rest of its section runs on the user's engine."""
 
 import re
+from functools import partial
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from kvsim.report import offload_study, speculation_study, studies
+from kvsim.report.applicable import left_out_text, refused_settings
 from kvsim.report.build import build_report
 from kvsim.report.text import section_text
 from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
@@ -88,3 +94,80 @@ def test_a_fleet_scenario_is_refused_up_front_in_one_line(tmp_path, name, given)
     result = CliRunner().invoke(app, ["report", str(SCENARIOS / f"{name}.yaml"), "--quick", "-o", str(out)])
     assert result.exit_code == 2 and not out.exists()
     assert result.stderr.count("\n") == 1 and given in result.stderr and "--set replicas=null" in result.stderr
+
+
+# Engines `kvsim run` takes whose settings pin the paged allocator (and, for a CPU tier, prefix caching on):
+# the paging study's slab rows, the context study's slab-max columns, the prefix study's caching-off rows and the
+# capacity formula (every run caching off) cannot be varied into them. Each refusal is the engine's own.
+TIER = "engine.kv_offload={cpu_bytes: 4GiB}"
+DRAFTS = "engine.speculative_config={method: ngram, num_speculative_tokens: 3, acceptance_length: 2.0}"
+RADIX = "engine.prefix_cache=radix"
+SLAB_REFUSED = {TIER: "kv_offload needs allocator=paged (got {})",
+                DRAFTS: "engine.speculative_config: needs the paged allocator over full attention (got allocator={},",
+                RADIX: "prefix_cache=radix needs allocator paged (got {})"}
+CACHING_OFF_REFUSED = "kv_offload needs enable_prefix_caching=True (got False)"
+LEFT_OUT = "Left out: the runs with"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", [TIER, DRAFTS, RADIX], ids=["kv_offload", "speculative_config", "radix"])
+def test_a_paged_only_engine_reports_without_the_comparisons_it_refuses(tmp_path, setting):
+    """`kvsim report --set <setting>` died with the slab-max variant's refusal in the context study, writing
+    nothing. Now every section runs on the user's engine as given; where a comparison needs a variant the engine
+    refuses, its rows are left out and one sentence quotes the refusal."""
+    base = load_scenario(None, [setting], default=REPORT_SCENARIO)
+    out = build_report(base, tmp_path / "r", TINY)
+    md = (out / "report.md").read_text()
+    slab = SLAB_REFUSED[setting]
+
+    context = pd.read_csv(out / "context_concurrency.csv")
+    assert not [c for c in context.columns if "slab" in c] and context.simulated_paged_sustained.notna().all()
+    text = _section(md, "Context")
+    assert LEFT_OUT in text and slab.format("slab-max") in text and "slab concurrency falls" not in text
+
+    assert list(pd.read_csv(out / "waste_breakdown.csv").allocator) == ["paged"]
+    rates = pd.read_csv(out / "sustained_rate.csv")
+    assert list(rates.allocator) == ["paged"] and rates.max_rate_meeting_slo.notna().all()
+    text = _section(md, "Paging multiplier")
+    assert "Paging multiplier: cannot be shown for this engine" in text and "nan" not in text
+    assert all(slab.format(a) in text for a in ("slab-max", "slab-pow2", "slab-oracle"))
+
+    caching = pd.read_csv(out / "prefix_sharing.csv").prefix_caching
+    if setting == TIER:  # a CPU tier sits under the prefix cache: caching off is refused
+        assert caching.all() and CACHING_OFF_REFUSED in _section(md, "Prefix sharing")
+        formula = _section(md, "The capacity formula")
+        assert CACHING_OFF_REFUSED in formula and NOTHING_RUN in formula and "![" not in formula
+        assert not (out / "capacity_formula.csv").exists() and not (out / "fig_formula.png").exists()
+    else:
+        assert set(caching) == {False, True} and LEFT_OUT not in _section(md, "Prefix sharing")
+        assert (out / "capacity_formula.csv").is_file() and LEFT_OUT not in _section(md, "The capacity formula")
+
+    assert md.count(LEFT_OUT) == (3 if setting == TIER else 2)  # context, paging (and prefix sharing)
+    assert {"fig_context.png", "fig_paging.png", "fig_prefix.png", "fig_load.png", "fig_alerts.png", "alerts.yaml",
+            "load_curves.csv", "alert_firings.csv"} <= {p.name for p in out.iterdir()}
+    html = (out / "report.html").read_text()
+    for ref in re.findall(r"(?:src|href)='([^']+)'", html):
+        assert (out / ref).is_file(), ref
+    glance = md.split("> **At a glance**")[1].split("\n\n")[0]
+    assert "users fit on" in glance and "requests/s**" in glance
+
+
+def test_the_left_out_sentence_quotes_each_refusal():
+    one = left_out_text({"engine.allocator=slab-max": "engine: no (got slab-max)"})
+    assert one == ("Left out: the runs with `engine.allocator=slab-max`, a setting this scenario's engine cannot take "
+                   "(kvsim refuses it with \"engine: no (got slab-max)\"); the report does not change the engine to "
+                   "make them run.")
+    two = left_out_text({"a=1": "no 1", "a=2": "no 2", "a=3": "no 3"})
+    assert "`a=1`, `a=2` and `a=3`, settings" in two and "refuses them with \"no 1\", \"no 2\" and \"no 3\"" in two
+
+
+def test_a_variant_the_engine_takes_is_not_left_out():
+    """The default report engine takes every slab allocator and caching off: nothing refused (its report is
+    test_report.py's, unchanged)."""
+    st = _study()
+    assert refused_settings({f"engine.allocator={a}": partial(st.saturated, f"engine.allocator={a}")
+                             for a in studies.ALLOCATORS}) == {}
+    radix = _study(RADIX)
+    assert refused_settings({"engine.allocator=slab-pow2": partial(radix.saturated, "engine.allocator=slab-pow2"),
+                             "engine.allocator=paged": partial(radix.saturated, "engine.allocator=paged")}) \
+        == {"engine.allocator=slab-pow2": "engine: prefix_cache=radix needs allocator paged (got slab-pow2)"}

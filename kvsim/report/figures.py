@@ -105,6 +105,8 @@ def fig_prefix(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray)
     df = sec.tables["prefix_sharing"]
     for caching, style in ((False, "--"), (True, "-")):
         part = df[df.prefix_caching == caching]
+        if part.empty:  # an engine that cannot turn prefix caching off has no "off" rows
+            continue
         label = "prefix caching " + ("on" if caching else "off")
         axes[0].plot(part.num_requests, part.kv_usage_max * 100, style, marker="o", label=label)
         axes[1].plot(part.num_requests, part.ttft_mean_s, style, marker="o", label=label)

@@ -13,7 +13,8 @@ holds as many sequences as KV memory allows: their `max_running` is the simulate
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -34,20 +35,13 @@ from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_ho
 from kvsim.planning.steady_state import failing_evidence, search_rates
 from kvsim.planning.sweep import SweepResult, run_many
 from kvsim.planning.window import probe_passes, why_failed
+from kvsim.report.applicable import refusal, refused_settings, skipped
+from kvsim.report.section import Section
 from kvsim.workload.generate import build_requests
 from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
 
 SATURATE = 100_000.0  # req/s: far above any GPU's throughput, so the queue never empties (a choice, not a fit)
 ALLOCATORS = ("slab-max", "slab-pow2", "slab-oracle", "paged")
-
-
-@dataclass
-class Section:
-    key: str
-    title: str
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    facts: dict[str, Any] = field(default_factory=dict)
-    skipped: str | None = None  # this engine's refusal of the section's setting: not run (`kvsim.report.applicable`)
 
 
 @dataclass(frozen=True)
@@ -189,27 +183,34 @@ class Study:
 
 
 def context_concurrency(st: Study) -> Section:
-    """Max concurrent sequences vs max_model_len: closed form and simulated, paged and slab-max."""
+    """Max concurrent sequences vs max_model_len: closed form and simulated, paged and slab-max (its columns
+    left out, with the refusal in `left_out`, when this engine cannot take slab-max)."""
     lens = [n for n in (1024, 2048, 4096, 8192, 16384) if n <= st.model.max_position_embeddings]
+    slab_setting = "engine.allocator=slab-max"
+    refused = refused_settings({slab_setting: lambda: st.saturated(f"engine.max_model_len={lens[0]}", slab_setting)})
+    allocators = ("paged",) if refused else ("paged", "slab-max")
     runs, _ = st.run_saturated([(f"engine.max_model_len={n}", f"engine.allocator={a}")
-                                for n in lens for a in ("paged", "slab-max")])
+                                for n in lens for a in allocators])
     bs, rows = st.base.engine.block_size, []
     for i, n in enumerate(lens):
-        paged, slab = runs[2 * i].summary, runs[2 * i + 1].summary
+        paged = runs[len(allocators) * i].summary
         rows.append({
             "max_model_len": n,
             "closed_form_paged_at_mean_len": paged_max_seqs(st.num_blocks, round(st.mean_kv_len), bs),
             "closed_form_slab_max": slab_max_seqs(st.num_blocks * bs, n),  # slab pools have no null block
             "vllm_max_concurrency": round(model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks, n), 2),
             "simulated_paged_sustained": sustained(paged),
-            "simulated_slab_sustained": sustained(slab),
+            "simulated_slab_sustained": sustained(runs[2 * i + 1].summary) if not refused else None,
             "paged_peak_transient": paged["max_running"],
             "paged_kv_usage_max": round(paged["kv_cache_usage_perc"]["max"], 3),
             "paged_limited_by": st.limited_by(paged),
             "num_rejected": paged["num_rejected"],
         })
-    return Section("context", "Context ↔ concurrency", {"context_concurrency": pd.DataFrame(rows)},
-                   {"mean_kv_len": st.mean_kv_len, "num_gpu_blocks": st.num_blocks})
+    table = pd.DataFrame(rows)
+    if refused:  # no slab-max engine to compare with: its closed form goes with its runs
+        table = table.drop(columns=["closed_form_slab_max", "simulated_slab_sustained"])
+    return Section("context", "Context ↔ concurrency", {"context_concurrency": table},
+                   {"mean_kv_len": st.mean_kv_len, "num_gpu_blocks": st.num_blocks, "left_out": refused})
 
 
 def kv_quantization(st: Study) -> Section:
@@ -235,17 +236,28 @@ def kv_quantization(st: Study) -> Section:
 
 
 def prefix_sharing(st: Study) -> Section:
-    """KV usage and TTFT vs the number of requests sharing one system prompt, caching off and on."""
+    """KV usage and TTFT vs the number of requests sharing one system prompt, caching off and on (the off
+    rows left out, with the refusal in `left_out`, when this engine cannot turn caching off)."""
     prefix = min(2000, st.max_model_len // 2)
-    jobs = [(n, c) for n in st.cfg.shared_prefix_counts for c in (False, True)]
-    runs = st.run([variant(st.base, f"workload.num_requests={n}", f"workload.shared_prefix.tokens={prefix}",
-                           "workload.shared_prefix.fraction=1.0", f"engine.enable_prefix_caching={str(c).lower()}")
-                   for n, c in jobs])
+
+    def shared(n: int, caching: bool) -> Scenario:
+        return variant(st.base, f"workload.num_requests={n}", f"workload.shared_prefix.tokens={prefix}",
+                       "workload.shared_prefix.fraction=1.0", f"engine.enable_prefix_caching={str(caching).lower()}")
+
+    off = "engine.enable_prefix_caching=false"
+    refused = refused_settings({off: lambda: shared(st.cfg.shared_prefix_counts[0], False)})
+    jobs = [(n, c) for n in st.cfg.shared_prefix_counts for c in (False, True) if c or not refused]
+    runs = st.run([shared(n, c) for n, c in jobs])
     rows = [{"num_requests": n, "prefix_caching": c, "shared_prefix_tokens": prefix,
              "kv_usage_max": r.summary["kv_cache_usage_perc"]["max"], "ttft_mean_s": r.summary["ttft_s"]["mean"],
              "prefix_cache_hit_rate": r.summary["prefix_cache_hit_rate"],
              "sharing_saving": round(r.summary["sharing_saving"], 4)} for (n, c), r in zip(jobs, runs, strict=True)]
-    return Section("prefix", "Prefix sharing", {"prefix_sharing": pd.DataFrame(rows)}, {"prefix_tokens": prefix})
+    return Section("prefix", "Prefix sharing", {"prefix_sharing": pd.DataFrame(rows)},
+                   {"prefix_tokens": prefix, "left_out": refused})
+
+
+FORMULA_TITLE = "The capacity formula"
+FORMULA_SETTING = "prefix caching off (`engine.enable_prefix_caching=false`), which every run of this section uses"
 
 
 def capacity_formula(st: Study) -> Section:
@@ -257,6 +269,9 @@ def capacity_formula(st: Study) -> Section:
     running while requests queue) with its preemption rate, the largest `max_num_seqs` that
     ran with no preemption (bisection), and the peak (an admission transient, when every
     sequence holds only its prompt). k is fitted on the sustained figure of KV-bound rows.
+
+    Every run turns prefix caching off (a sequence's blocks are its own); an engine that cannot turn it
+    off (a CPU offload tier needs it) gets the section skipped with its refusal (`kvsim.report.applicable`).
     """
     bs = st.base.engine.block_size
     contexts = [c for c in (256, 512, 1024, 2048, 4096) if c <= st.max_model_len]
@@ -266,6 +281,9 @@ def capacity_formula(st: Study) -> Section:
                f"workload.output_len={{dist: fixed, value: {c - c // 2}}}")) for c in contexts]
     rows_spec = [*fixed, ("scenario length mix", round(st.mean_kv_len), ())]
     common = ("engine.allocator=paged", "engine.enable_prefix_caching=false")
+    reason = refusal(lambda: st.saturated(*common, *rows_spec[0][2]))
+    if reason is not None:
+        return skipped("formula", FORMULA_TITLE, FORMULA_SETTING, reason)
     runs, counts = st.run_saturated([(*common, *extra) for _, _, extra in rows_spec])
     no_preemption = _largest_seqs_without_preemption(st, [(*common, *extra) for _, _, extra in rows_spec], runs,
                                                      counts)
@@ -291,7 +309,7 @@ def capacity_formula(st: Study) -> Section:
         "peak_running_transient": [r.summary["max_running"] for r in runs],
         "sustained_over_closed_form": (running / closed).round(3),
         "fitted_seqs": (k * closed).round(2), "limited_by": limits})
-    return Section("formula", "The capacity formula", {"capacity_formula": table},
+    return Section("formula", FORMULA_TITLE, {"capacity_formula": table},
                    {"fitted_constant": k, "fitted_constant_fixed": k_fixed, "pool_blocks": usable,
                     "num_kv_bound": int(kv_bound.sum()), "other_limits": sorted(set(limits) - {"kv"}),
                     "vllm_max_concurrency": model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks,
@@ -326,11 +344,15 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
     """Waste per allocator, sustainable rate under the TTFT SLO, load curves and alerts (paged).
 
     The load grid is `load_fractions` of paged KV's sustainable rate (the SLO's knee sits inside it);
-    when nothing is sustainable it falls back to 1 req/s times the fractions.
+    when nothing is sustainable it falls back to 1 req/s times the fractions. A slab allocator this engine
+    cannot take has no rows (its refusal in the paging section's `left_out`); the load runs are paged.
     """
     cfg = st.cfg
-    sat, _ = st.run_saturated([(f"engine.allocator={a}",) for a in ALLOCATORS])
-    rates_df = sustained_rates(st)
+    refused = refused_settings({f"engine.allocator={a}": partial(st.saturated, f"engine.allocator={a}")
+                                for a in ALLOCATORS if a != "paged"})
+    allocators = tuple(a for a in ALLOCATORS if f"engine.allocator={a}" not in refused)
+    sat, _ = st.run_saturated([(f"engine.allocator={a}",) for a in allocators])
+    rates_df = sustained_rates(st, allocators)
     knee = rates_df.loc[rates_df.allocator == "paged", "max_rate_meeting_slo"].item()
     grid = [round((knee or 1.0) * f, 4) for f in cfg.load_fractions]
     paged_row = rates_df[rates_df.allocator == "paged"].iloc[0]
@@ -341,7 +363,7 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
                      for r in grid], keep_steps=True, workers=cfg.workers, dask_address=cfg.dask_address,
                     evidence=True)
     waste_rows = []
-    for a, result in zip(ALLOCATORS, sat, strict=True):
+    for a, result in zip(allocators, sat, strict=True):
         shares = fig2_shares(result.summary["saturated"]["waste"])  # whole pool, while requests queue
         waste_rows.append({"allocator": a, **{k: round(v, 4) for k, v in shares.items()},
                            "sustained_running": sustained(result.summary),
@@ -359,7 +381,7 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
                           "meets_slo": probe_passes(ev, slo), "num_preemptions": r.summary["num_preemptions"],
                           "served_per_s": ev["served_per_s"], "served_over_offered": ev["served_over_offered"]})
     paging = Section("paging", "Paging multiplier", {"waste_breakdown": pd.DataFrame(waste_rows),
-                                                   "sustained_rate": rates_df})
+                                                   "sustained_rate": rates_df}, {"left_out": refused})
     paged_runs = list(zip(grid, load, strict=True))
     top_rate, top = paged_runs[-1]
     assert top.steps is not None, "load runs keep their steps"
@@ -390,8 +412,8 @@ def latency_by_priority(rates: list[float], runs: list[SweepResult]) -> pd.DataF
     return pd.DataFrame(rows)
 
 
-def sustained_rates(st: Study) -> pd.DataFrame:
-    """Per allocator, the highest Poisson rate that is sustainable under the TTFT SLO
+def sustained_rates(st: Study, allocators: tuple[str, ...] = ALLOCATORS) -> pd.DataFrame:
+    """Per allocator of `allocators`, the highest Poisson rate that is sustainable under the TTFT SLO
     (`kvsim.planning.steady_state`: stable over a measurement window, p90 TTFT over the requests that
     arrived in it), the run length grown until the rate moves < 2 % when it doubles; then that answer is
     run `rate_verify_factor` (10) × longer and backed off (3 %, doubling) until a long run holds too, so
@@ -402,12 +424,12 @@ def sustained_rates(st: Study) -> pd.DataFrame:
     """
     slo = {"ttft_s.p90": st.cfg.ttft_slo_s}
     searches = search_rates(
-        lambda i, rate, n: variant(st.base, f"engine.allocator={ALLOCATORS[i]}", poisson(rate),
+        lambda i, rate, n: variant(st.base, f"engine.allocator={allocators[i]}", poisson(rate),
                                    f"workload.num_requests={n}", "steps=none"),
-        len(ALLOCATORS), slo, st.evidence, num_requests=st.cfg.rate_requests, max_requests=st.cfg.rate_max_requests,
+        len(allocators), slo, st.evidence, num_requests=st.cfg.rate_requests, max_requests=st.cfg.rate_max_requests,
         verify_factor=st.cfg.rate_verify_factor, max_verify_requests=st.cfg.rate_max_verify_requests)
     rows = []
-    for a, s in zip(ALLOCATORS, searches, strict=True):
+    for a, s in zip(allocators, searches, strict=True):
         ev, failed = s.evidence, failing_evidence(s)
         level = s.answer_level()
         ci = ev["ttft_s"]["p90_ci"] if ev else (None, None)

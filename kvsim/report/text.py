@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kvsim.report import studies
-from kvsim.report.applicable import skipped_text
+from kvsim.report.applicable import left_out_text, skipped_text
 from kvsim.report.speculation_study import speculation_text
 
 
@@ -58,13 +58,17 @@ def _change(before: float | None, after: float | None, digits: int, falling: boo
 def context_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
     f, df = sec.facts, sec.tables["context_concurrency"]
     first, last = df.iloc[0], df.iloc[-1]
-    slab = _change(first.simulated_slab_sustained, last.simulated_slab_sustained, 1, falling=True)
     paged = _change(first.simulated_paged_sustained, last.simulated_paged_sustained, 2, falling=True)
+    if "simulated_slab_sustained" in df:
+        slab = _change(first.simulated_slab_sustained, last.simulated_slab_sustained, 1, falling=True)
+        trend = (f"sustained slab concurrency falls by {slab} because each sequence reserves max_model_len, while "
+                 f"paged concurrency changes by {paged}")
+    else:  # this engine cannot take slab-max (`left_out`, said after)
+        trend = f"sustained paged concurrency changes by {paged}"
     return (f"Each row simulates {3 * cfg.num_requests} requests arriving at once (4× more, again, while that many "
             f"did not fill the engine), on {f['num_gpu_blocks']:,} KV "
             f"blocks; {_limits_phrase(list(df.paged_limited_by))} (paged). From max_model_len "
-            f"{first.max_model_len:,} to {last.max_model_len:,}, sustained slab concurrency falls by {slab} "
-            f"because each sequence reserves max_model_len, while paged concurrency changes by {paged}: it "
+            f"{first.max_model_len:,} to {last.max_model_len:,}, {trend}: it "
             f"follows the actual lengths (mean {f['mean_kv_len']:.0f} tokens).")
 
 
@@ -91,8 +95,14 @@ def fp8_text(sec: studies.Section) -> str:
 def prefix_text(sec: studies.Section) -> str:
     f, df = sec.facts, sec.tables["prefix_sharing"]
     biggest = df.num_requests.max()
-    off = df[(df.num_requests == biggest) & ~df.prefix_caching].iloc[0]
     on = df[(df.num_requests == biggest) & df.prefix_caching].iloc[0]
+    offs = df[(df.num_requests == biggest) & ~df.prefix_caching]
+    if offs.empty:  # this engine cannot turn prefix caching off (`left_out`, said after)
+        return (f"Every request starts with the same {f['prefix_tokens']:,}-token system prompt. With {biggest} "
+                f"requests and prefix caching, peak KV usage is {on.kv_usage_max:.1%} and mean TTFT "
+                f"{on.ttft_mean_s:.2f} s, with a hit rate of {on.prefix_cache_hit_rate:.1%}; sharing saves "
+                f"{on.sharing_saving:.1%} of the KV the requests map.")
+    off = offs.iloc[0]
     if round(off.kv_usage_max, 3) == round(on.kv_usage_max, 3):
         usage = (f"peak KV usage is {on.kv_usage_max:.1%} with and without prefix caching (the pool fills either "
                  "way, so the peak hides what sharing saves; see the saving below)")
@@ -144,6 +154,9 @@ def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfi
                  + " instead), so their shares describe a pool with room to spare, not the paper's KV-bound case.")
     mult = ", ".join(f"{rates.loc[a, 'paging_multiplier']:.2f}× over {a}" for a in rates.index if a != "paged"
                      and pd.notna(rates.loc[a, "paging_multiplier"]))
+    if len(rates) == 1:  # every slab allocator refused (`left_out`, said after): nothing to divide by
+        mult = ("cannot be shown for this engine: it is paged KV's sustainable rate over a slab allocator's, and "
+                "this engine takes no slab allocator")
     paged = rates.loc["paged"]
     if pd.isna(paged.max_rate_meeting_slo):
         if _is(paged.get("verified"), False):
@@ -207,9 +220,16 @@ def alerts_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
 
 
 def section_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
-    f = sec.facts
+    """The section's words; then, where it left out variants this engine refuses, a sentence quoting why."""
     if sec.skipped is not None:
         return skipped_text(sec)
+    text = _section_body(sec, st, cfg)
+    left_out = sec.facts.get("left_out")
+    return f"{text} {left_out_text(left_out)}" if left_out else text
+
+
+def _section_body(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
+    f = sec.facts
     if sec.key == "context":
         return context_text(sec, cfg)
     if sec.key == "fp8":
