@@ -1030,3 +1030,14 @@ def test_reading_a_peer_prediction_leaves_the_csv_field_limit_as_it_was():
     case = Path(__file__).resolve().parents[1] / "benchmarks/validation_set/measured/RTXPRO6000/Llama-3.1-8B"
     assert read_llmservingsim(case / "outputs" / "sim.csv") is not None  # found as sim.csv.gz
     assert csv.field_size_limit() == before
+
+
+@pytest.mark.parametrize("sustained", [[], ["--sustained"]])
+def test_a_context_of_one_token_has_no_cohort_to_price(sustained):
+    """c=1 splits into no prompt (c/2 = 0): the closed-form cohort rate was 0 tokens over 0 seconds (a
+    ZeroDivisionError traceback); the row keeps its capacity and has no rate, price or sustained probe."""
+    result = runner.invoke(app, ["capacity", "--context-lengths", "1", "--format", "json", *sustained])
+    assert result.exit_code == 0, (result.output, result.exception)
+    (row,) = json.loads(result.stdout)["rows"]
+    assert row["paged_max_seqs"] > 0 and row["output_tokens_per_s_closed_form"] == 0.0
+    assert row["usd_per_million_output_tokens"] is None and row.get("sustained_rate_per_s") is None

@@ -341,10 +341,11 @@ def cohort_output_tokens_per_s(latency: LatencyModel, num_seqs: int, context_len
     served as one cohort: all prompts prefilled (priced as one step of `num_seqs` × c/2 new tokens), then
     c/2 decode steps of `num_seqs` sequences at the mean decode context c/2 + c/4. Output: num_seqs · c/2
     tokens over that time. A planning estimate with no queueing, chunking or preemption (the sustained
-    rate of a saturated engine, as `kvsim report` simulates it, is what to trust)."""
+    rate of a saturated engine, as `kvsim report` simulates it, is what to trust). 0.0 where there is no
+    such cohort: no sequences, or a context of one token (no prompt to split off)."""
     prompt = context_len // 2
     output = context_len - prompt
-    if num_seqs <= 0 or output <= 0:
+    if num_seqs <= 0 or prompt <= 0:
         return 0.0
     prefill = StepPlan()
     prefill.add(prompt, 0, num_seqs, samples=True)

@@ -101,7 +101,7 @@ def add_sustained_costs(plan: dict, price: GpuPrice, num_gpus: int, scenario_for
     from kvsim.planning.sweep import run_many
     from kvsim.workload.scenario import make_scenario
 
-    rows = [r for r in plan["rows"] if r.get("paged_max_seqs", 0) > 0]
+    rows = [r for r in plan["rows"] if r.get("paged_max_seqs", 0) > 0 and r["context_len"] >= 2]  # prompt + output
     bases = [scenario_for(r["context_len"]) for r in rows]
 
     def make(i: int, rate: float, n: int) -> Any:
