@@ -516,6 +516,11 @@ CASES = [
     ("plan-workers-a-slip", {}, [*PLAN[:-2], "--workers", "100000"], "--workers=100000: more than 4 processes per CPU"),
     ("run-output-empty", {}, ["run", "-o", ""], "--output='': is empty"),  # not runs/NAME, not the working folder
     ("report-output-empty", {}, ["report", "-o", ""], "--output='': is empty"),
+    ("report-dask-address-empty", {}, ["report", "--quick", "--dask-address", ""],  # ran every study here
+     "--dask-address='': is empty"),
+    ("plan-dask-address-empty", {}, [*PLAN, "--dask-address", ""], "--dask-address='': is empty"),
+    ("report-dask-address-malformed", {}, ["report", "--quick", "--dask-address", "nonsense"],  # a ValueError
+     "dask_address='nonsense'"),
     ("run-kv-transfer-config-empty", {}, ["run", "--kv-transfer-config", ""],
      "--kv-transfer-config='': not JSON (Expecting value at character 0)"),  # was read as no setting: a colocated run
     ("capacity-kv-bytes", {}, ["capacity", "--kv-cache-memory-bytes", "lots"], "kv_cache_memory_bytes"),

@@ -320,7 +320,7 @@ def plan(
     from kvsim.workload.scenario import load_scenario
 
     with user_errors():
-        check_workers(workers)
+        check_workers(workers, dask_address)
         base = load_scenario(scenario, overrides or [])
         raw: dict = {}
         if spec_file is not None:
@@ -410,7 +410,7 @@ def report(
     sets = [f"engine.{k}={v}" for k, v in engine_flags.items() if v is not None]
     sets += [f"{k}={v}" for k, v in (("model", model), ("gpu", gpu)) if v is not None]
     with user_errors():
-        check_workers(workers)
+        check_workers(workers, dask_address)
         base = load_scenario(scenario, sets + (overrides or []), default=REPORT_SCENARIO)
         cfg = StudyConfig.quick() if quick else StudyConfig()
         cfg = StudyConfig(**{**cfg.__dict__, "workers": workers, "dask_address": dask_address,

@@ -84,9 +84,13 @@ PROCESSES_PER_CPU = 4
 own interpreter and imports (about 100 MB), and a slip like `--workers 100000` forked thousands of them."""
 
 
-def check_workers(workers: int | None) -> None:
+def check_workers(workers: int | None, dask_address: str | None) -> None:
     """`--workers`: a count of local processes, at least 1 and at most `PROCESSES_PER_CPU` per CPU (None: the
-    command's default, one per CPU)."""
+    command's default, one per CPU). `--dask-address`: not empty (an unset shell variable would have run
+    everything here, as if the flag were not given)."""
+    if dask_address is not None and not dask_address.strip():
+        raise KvsimError(f"--dask-address={dask_address!r}: is empty: name a scheduler (tcp://host:8786), "
+                         "or leave the flag out to run here")
     if workers is not None and workers < 1:
         raise KvsimError(f"--workers={workers}: expected at least 1 process (1 runs here)")
     cpus = os.cpu_count() or 1

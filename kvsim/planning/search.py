@@ -216,12 +216,10 @@ def dask_client(address: str | None, workers: int | None) -> Any:
         from dask.distributed import Client, LocalCluster
     except ImportError:
         raise KvsimError("the search runs on Dask: pip install -e '.[dist]' (or --workers 1 to run here)") from None
+    from kvsim.planning.sweep import connect_dask, sigint_ignored
+
     if address:
-        try:
-            return Client(address, timeout=10)
-        except (OSError, TimeoutError, ValueError, TypeError) as error:
-            raise KvsimError(f"dask_address={address!r}: cannot connect ({error})") from None
-    from kvsim.planning.sweep import sigint_ignored
+        return connect_dask(address)
 
     # A Ctrl-C is the parent's to report, in one line: the workers ignore SIGINT, and log only errors
     # (not a warning per task cancelled when the parent stops them).

@@ -70,6 +70,20 @@ def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
                        window_evidence(result.requests) if evidence else None)
 
 
+def connect_dask(address: str) -> Any:
+    """A dask.distributed Client of the scheduler at `address`; an address that is malformed or does not
+    answer within 10 s (or dask not installed) is a `KvsimError` naming it, not a traceback."""
+    try:
+        from dask.distributed import Client
+    except ImportError:
+        raise KvsimError(f"dask_address={address!r}: dask.distributed is not installed: pip install -e '.[dist]' "
+                         "(or leave --dask-address out to run here)") from None
+    try:
+        return Client(address, timeout=10)
+    except (OSError, TimeoutError, ValueError, TypeError) as error:
+        raise KvsimError(f"dask_address={address!r}: cannot connect ({error})") from None
+
+
 def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: int | None = None,
              dask_address: str | None = None, evidence: bool = False,
              on_done: Callable[[], None] | None = None) -> list[SweepResult]:
@@ -79,12 +93,9 @@ def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: i
     jobs = [(s, keep_steps, evidence) for s in scenarios]
     done = on_done or (lambda: None)
     if dask_address:
-        try:
-            from dask.distributed import Client, as_completed
-        except ImportError:
-            raise KvsimError("dask_address given but dask.distributed is not installed: "
-                             "pip install -e '.[dist]'") from None
-        with Client(dask_address) as client:
+        with connect_dask(dask_address) as client:
+            from dask.distributed import as_completed
+
             futures = client.map(_run_one, jobs, pure=False)
             for _ in as_completed(futures):
                 done()
