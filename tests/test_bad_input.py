@@ -516,6 +516,10 @@ CASES = [
     ("plan-workers-a-slip", {}, [*PLAN[:-2], "--workers", "100000"], "--workers=100000: more than 4 processes per CPU"),
     ("run-output-empty", {}, ["run", "-o", ""], "--output='': is empty"),  # not runs/NAME, not the working folder
     ("report-output-empty", {}, ["report", "-o", ""], "--output='': is empty"),
+    ("report-every-request-too-long", {}, ["report", "--quick", "--set", "engine.max_model_len=1"],  # a TypeError
+     "engine.max_model_len=1: every request of the workload is longer"),  # after the first studies' runs
+    ("report-every-request-too-long-file", scenario(f"engine: {{max_model_len: 64}}\n{WORKLOAD}"),
+     ["report", "{d}/s.yaml", "--quick"], "engine.max_model_len=64: every request"),
     ("report-dask-address-empty", {}, ["report", "--quick", "--dask-address", ""],  # ran every study here
      "--dask-address='': is empty"),
     ("plan-dask-address-empty", {}, [*PLAN, "--dask-address", ""], "--dask-address='': is empty"),

@@ -128,6 +128,10 @@ class Study:
         # as the scheduler refuses them (`kvsim.sched.base.Scheduler.reject_reason`'s first test)
         self.unservable_fraction = float(np.mean([r.prompt_len + r.output_len > self.max_model_len
                                                   for r in requests])) if requests else 0.0
+        if self.unservable_fraction == 1.0:  # every figure would be empty, and the sections' text expects some
+            raise KvsimError(f"engine.max_model_len={self.max_model_len}: every request of the workload is longer "
+                             "(prompt_len + output_len), so the engine rejects them all and the report has nothing "
+                             "to measure; raise max_model_len or shorten the requests")
         self.latency_name = make_latency(spec).name
         self.runs_submitted = self.runs_done = 0  # counted for progress only (`on_runs`)
         self.on_runs: Callable[[], None] | None = None
