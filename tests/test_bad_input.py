@@ -787,6 +787,26 @@ def test_load_scenario_given_no_path_says_so(path):
         kvsim.load_scenario(path)
 
 
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda kvsim: kvsim.load_scenario(None, 5), "overrides=5: expected a dict of dotted keys to values"),  # TypeError
+    (lambda kvsim: kvsim.load_scenario(None, [1]), "overrides item 1: expected a 'dotted.key=value' string"),
+    (lambda kvsim: kvsim.load_scenario(None, ["engine..block_size=32"]),  # was "engine.: unknown key"
+     "--set 'engine..block_size=32': an empty field name between its dots"),
+    (lambda kvsim: kvsim.simulate(None, engine____block_size=32),
+     "override 'engine..block_size': an empty field name between its dots"),
+])
+def test_overrides_of_the_wrong_shape_are_named(call, message):
+    """From a notebook: overrides that are not a mapping or strings were a TypeError or AttributeError out of
+    iterating them; a doubled `__` in a keyword was reported as the unknown key "engine."."""
+    import kvsim
+    from kvsim.model.errors import KvsimError
+
+    with pytest.raises(KvsimError) as error:
+        call(kvsim)
+    assert str(error.value).startswith(message), str(error.value)
+    assert "\n" not in str(error.value)
+
+
 def test_a_key_merged_in_may_be_overridden_but_not_repeated(tmp_path):
     """YAML's `<<` merge: a key written beside it overrides the merged one (`yaml-duplicate-field` is a key
     written twice). The repeated-key check saw the merged pairs as written ones, and refused the override."""

@@ -342,11 +342,16 @@ def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]
     """Apply dotted-key overrides (see `Overrides`) to a raw scenario dict, in place; returns it."""
     if isinstance(overrides, str):
         overrides = [overrides]
+    if not isinstance(overrides, (Mapping, Sequence)):  # iterating an int was a bare TypeError
+        raise KvsimError(f"overrides={shown(overrides)}: expected a dict of dotted keys to values, or "
+                         "'dotted.key=value' strings")
     if isinstance(overrides, Mapping):
         items = [(str(key), value, f"override {key!r}") for key, value in overrides.items()]
     else:
         items = []
         for item in overrides:
+            if not isinstance(item, str):  # `item.partition` was an AttributeError
+                raise KvsimError(f"overrides item {shown(item)}: expected a 'dotted.key=value' string")
             key, sep, value = item.partition("=")
             if not sep or not key:
                 raise KvsimError(f"--set {shown(item)}: expected dotted.key=value")
@@ -355,6 +360,8 @@ def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]
             except yaml.YAMLError as error:
                 raise KvsimError(f"--set {shown(item)}: the value is not valid YAML ({yaml_problem(error)})") from None
     for key, value, label in items:
+        if "" in key.split("."):  # `engine..block_size` (`engine____block_size=` in `kvsim.simulate`)
+            raise KvsimError(f"{label}: an empty field name between its dots")
         _set_field(raw, key.split("."), value, label)
     return raw
 
