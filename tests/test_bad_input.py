@@ -239,6 +239,15 @@ CASES = [
     ("hf-hidden-missing", config_json(hidden_size=None), RUN_S, "hidden_size"),
     ("hf-heads-not-multiple", config_json(num_key_value_heads=3), RUN_S, "not a multiple of num_kv_heads=3"),
     ("hf-layers-negative", config_json(num_hidden_layers=-1), RUN_S, "=-1"),
+    ("hf-hidden-not-a-multiple-of-heads", config_json(hidden_size=65), RUN_S,  # head_dim was 65 // 4 = 16
+     "hidden_size=65 is not a multiple of num_attention_heads=4 and no head_dim is given"),
+    ("hf-hidden-below-heads", config_json(hidden_size=2), RUN_S,  # head_dim 0, named as kvsim's field
+     "hidden_size=2 is not a multiple of num_attention_heads=4"),
+    ("hf-layers-text", config_json(num_hidden_layers="2"), RUN_S,  # read as 2, where num_attention_heads="4" is refused
+     "num_hidden_layers='2': must be a positive integer"),
+    ("hf-vocab-text", config_json(vocab_size="1000"), RUN_S, "vocab_size='1000': must be a positive integer"),
+    ("hf-max-position-text", config_json(max_position_embeddings="4096"), RUN_S,
+     "max_position_embeddings='4096': must be a positive integer"),
     ("hf-not-json", {"config.json": "{not json", "s.yaml": f"model: {{d}}/config.json\n{WORKLOAD}"}, RUN_S,
      "config.json"),
     ("hf-a-list", {"config.json": "[1, 2]", "s.yaml": f"model: {{d}}/config.json\n{WORKLOAD}"}, RUN_S,
@@ -277,7 +286,7 @@ CASES = [
     ("max-num-seqs-boolean", {}, ["run", "--set", "engine.max_num_seqs=false"],
      "engine: max_num_seqs=false: expected a number, not a boolean"),
     ("config-json-boolean-layers", config_json(num_hidden_layers=True), ["run", "{d}/s.yaml"],
-     "expected a number, not a boolean"),
+     "num_hidden_layers=True: must be a positive integer"),
     ("speculative-tokens-boolean", {}, ["capacity", "--speculative-config",
                                         '{"method": "ngram", "num_speculative_tokens": true}'],
      "speculative_config: num_speculative_tokens=true: expected a number, not a boolean"),

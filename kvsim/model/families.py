@@ -91,16 +91,19 @@ class _Config:
 def _dense(c: _Config, *, is_opt: bool = False) -> Fields:
     """The fields every decoder has (Llama/Mistral/Qwen2/Qwen3/OPT names)."""
     hidden, heads = c.count("hidden_size"), c.count("num_attention_heads")
+    if c.get("head_dim") is None and hidden % heads:  # hidden // heads would drop the rest (or be 0)
+        raise KvsimError(f"model config {c.name}: hidden_size={hidden} is not a multiple of "
+                         f"num_attention_heads={heads} and no head_dim is given")
     return {
         "model_type": c.get("model_type", "llama"),
-        "num_layers": c.need("num_hidden_layers"),
+        "num_layers": c.count("num_hidden_layers"),  # counts: "32" (text) is refused, as vLLM's range() would
         "hidden_size": hidden,
         "num_attention_heads": heads,
         "num_kv_heads": c.count("num_key_value_heads", heads),
         "head_dim": c.count("head_dim", hidden // heads),
-        "intermediate_size": c.need("ffn_dim") if is_opt else c.need("intermediate_size"),
-        "vocab_size": c.need("vocab_size"),
-        "max_position_embeddings": c.get("max_position_embeddings", 2048),
+        "intermediate_size": c.count("ffn_dim") if is_opt else c.count("intermediate_size"),
+        "vocab_size": c.count("vocab_size"),
+        "max_position_embeddings": c.count("max_position_embeddings", 2048),
         "dtype": _served_dtype(c),
         "gated_mlp": not is_opt,
         "tie_word_embeddings": c.get("tie_word_embeddings", is_opt),
