@@ -537,6 +537,10 @@ CASES = [
     ("run-kv-transfer-config-empty", {}, ["run", "--kv-transfer-config", ""],
      "--kv-transfer-config='': not JSON (Expecting value at character 0)"),  # was read as no setting: a colocated run
     ("capacity-kv-bytes", {}, ["capacity", "--kv-cache-memory-bytes", "lots"], "kv_cache_memory_bytes"),
+    ("capacity-kv-bytes-below-a-block", {}, ["capacity", "--kv-cache-memory-bytes", "1MiB"],  # named no setting
+     "engine.kv_cache_memory_bytes=1,048,576: a KV pool of 1,048,576 B holds no block of 2,097,152 B"),
+    ("run-kv-bytes-below-a-block", {}, ["run", "--set", "engine.kv_cache_memory_bytes=1MiB"],
+     "engine.kv_cache_memory_bytes=1,048,576: a KV pool"),
     ("capacity-tp-zero", {}, ["capacity", "--tensor-parallel-size", "0"], "tensor_parallel_size=0"),
     ("capacity-gpu-util-a-percentage", {}, ["capacity", "--gpu-memory-utilization", "95"],
      "gpu_memory_utilization=95.0: must be a fraction in (0, 1] (did you mean 0.95?)"),

@@ -173,8 +173,11 @@ def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, *, layo
     pool = kv_pool_bytes(model, gpu, engine, layout=layout, max_model_len=max_model_len)  # checks the weights fit
     per_block = layout.bytes_per_block
     blocks = layout.num_blocks(pool)
-    if blocks == 0:
-        raise KvsimError(f"kv pool of {pool:,} B holds no block of {per_block:,} B")
+    if blocks == 0:  # named by the setting that sized the pool
+        given = (f"engine.kv_cache_memory_bytes={engine.kv_cache_memory_bytes:,}"
+                 if engine.kv_cache_memory_bytes is not None and engine.num_gpu_blocks_override is None
+                 else f"engine.gpu_memory_utilization={engine.gpu_memory_utilization}")
+        raise KvsimError(f"{given}: a KV pool of {pool:,} B holds no block of {per_block:,} B")
     if max_model_len is None:
         max_model_len = engine.resolved_max_model_len(model)
     needed = layout.blocks_per_request(max_model_len, engine.resolved_max_num_batched_tokens(max_model_len, gpu))
