@@ -443,6 +443,13 @@ class EngineConfig(Settings):
                 f"must be greater than or equal to max_num_seqs ({seqs})")
 
     @property
+    def num_null_blocks(self) -> int:
+        """Blocks of the pool no sequence can hold: vLLM v1's null block (block 0 of its `BlockPool`) in a paged
+        pool. vLLM v0's block manager hands out every one of `num_gpu_blocks` (vllm/core/block/
+        cpu_gpu_block_allocator.py, `CpuGpuBlockAllocator.create`), and slab pools, the paper's Orca, have none."""
+        return 1 if self.allocator == "paged" and self.scheduler != "v0" else 0
+
+    @property
     def resolved_watermark(self) -> float:
         if self.watermark is not None:
             return self.watermark

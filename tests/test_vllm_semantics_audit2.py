@@ -1,0 +1,47 @@
+"""Scheduler and KV semantics checked against vLLM's code (second audit); each expected value is derived by
+hand from the vLLM function named beside it."""
+
+import numpy as np
+import pytest
+
+from kvsim.engine.builder import build_engine
+from kvsim.workload.scenario import load_scenario
+from tests.conftest import make_request
+
+
+def built(scheduler: str, num_blocks: int, *extra: str):
+    """An engine of `num_blocks` blocks of 16 tokens, built from a scenario as every run is."""
+    scenario = load_scenario(None, ["model=llama-3.1-8b", f"engine.num_gpu_blocks_override={num_blocks}",
+                                    "engine.block_size=16", "engine.max_model_len=64",
+                                    f"engine.scheduler={scheduler}", "engine.enable_prefix_caching=false",
+                                    "workload.num_requests=1", *extra])
+    return build_engine(scenario, np.random.default_rng(0)).scheduler
+
+
+@pytest.mark.parametrize(("scheduler", "block_table", "usage"), [
+    # v1: block 0 is the null block (vllm/v1/core/block_pool.py, BlockPool.__init__ pops it from the free
+    # queue); blocks 1, 2, 3 are handed out, none is left: usage 1 − 0/(4 − 1) (BlockPool.get_usage)
+    ("v1", [1, 2, 3], 1.0),
+    # v0: CpuGpuBlockAllocator.create gives the GPU allocator block ids range(num_gpu_blocks), no null
+    # block; a 40-token prompt takes blocks 0, 1, 2 (can_allocate: 4 − 3 ≥ watermark_blocks = int(0.01 · 4)
+    # = 0), one is left: gpu_cache_usage 1 − 1/4 (vllm/engine/llm_engine.py, _get_stats: num_total_gpu)
+    ("v0", [0, 1, 2], 0.75),
+])
+def test_v0_pools_have_no_null_block(scheduler, block_table, usage):
+    sched = built(scheduler, 4)
+    req = make_request(0, 0.0, 40, 4)
+    assert sched.add(req)
+    plan = sched.schedule(0.0)
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [(0, 40)]
+    assert sched.alloc.seqs[req.seq_ids[0]].block_table == block_table
+    assert sched.kv_usage == usage
+    sched.check_invariants()
+
+
+def test_v0_admits_a_prompt_the_whole_pool_holds():
+    """64 tokens = 4 blocks: v0's 4 blocks hold them (4 − 4 ≥ int(0.01 · 4) = 0: not AllocStatus.NEVER);
+    v1's 3 usable blocks never do, so v1 refuses the request on arrival."""
+    v0, v1 = built("v0", 4), built("v1", 4)
+    assert v0.add(make_request(0, 0.0, 60, 4))
+    assert [n for _, n in v0.schedule(0.0).scheduled] == [60]
+    assert not v1.add(make_request(0, 0.0, 60, 4))
