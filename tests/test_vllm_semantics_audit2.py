@@ -13,8 +13,8 @@ def built(scheduler: str, num_blocks: int, *extra: str):
     """An engine of `num_blocks` blocks of 16 tokens, built from a scenario as every run is."""
     scenario = load_scenario(None, ["model=llama-3.1-8b", f"engine.num_gpu_blocks_override={num_blocks}",
                                     "engine.block_size=16", "engine.max_model_len=64",
-                                    f"engine.scheduler={scheduler}", "engine.enable_prefix_caching=false",
-                                    "workload.num_requests=1", *extra])
+                                    f"engine.scheduler={scheduler}", "workload.num_requests=1",
+                                    *(extra or ["engine.enable_prefix_caching=false"])])
     return build_engine(scenario, np.random.default_rng(0)).scheduler
 
 
@@ -45,3 +45,27 @@ def test_v0_admits_a_prompt_the_whole_pool_holds():
     assert v0.add(make_request(0, 0.0, 60, 4))
     assert [n for _, n in v0.schedule(0.0).scheduled] == [60]
     assert not v1.add(make_request(0, 0.0, 60, 4))
+
+
+@pytest.mark.parametrize(("scheduler", "second_step"), [
+    # v0: B needs all cdiv(40, 16) = 3 blocks free beside the watermark int(0.01 · 5) = 0, only 5 − 3 = 2 are
+    # (vllm/core/block_manager.py, SelfAttnBlockSpaceManager.can_allocate: LATER): A decodes alone
+    ("v0", [(0, 1)]),
+    # v1: B's hit covers blocks A holds; it needs 3 − 2 = 1 new block of the 4 − 3 = 1 free
+    # (vllm/v1/core/single_type_kv_cache_manager.py, get_num_blocks_to_allocate): A decodes, B is admitted
+    ("v1", [(0, 1), (1, 8)]),
+])
+def test_v0_admission_counts_the_blocks_a_prefix_hit_shares(scheduler, second_step):
+    """A and B share a 32-token prefix (2 full blocks) and own 8 tokens each; A's 3 blocks are held when B
+    arrives, with B's lookup hitting A's first 2. v0's pool has 5 usable blocks, v1's 4 (5 minus the null)."""
+    sched = built(scheduler, 5, "engine.enable_prefix_caching=true")
+    a, b = make_request(0, 0.0, 40, 10, prefix=32), make_request(1, 0.5, 40, 10, prefix=32)
+    sched.add(a)
+    plan = sched.schedule(0.0)
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [(0, 40)]
+    sched.complete(plan, 1.0)
+    sched.add(b)
+    assert sched.lookup(b).num_tokens == 32
+    plan = sched.schedule(1.0)
+    assert [(r.request_id, n) for r, n in plan.scheduled] == second_step
+    sched.check_invariants()
