@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from kvsim.engine.builder import build_engine
+from kvsim.model.config import EngineConfig, load_gpu
 from kvsim.workload.scenario import load_scenario
 from tests.conftest import make_request
 
@@ -69,3 +70,15 @@ def test_v0_admission_counts_the_blocks_a_prefix_hit_shares(scheduler, second_st
     plan = sched.schedule(1.0)
     assert [(r.request_id, n) for r, n in plan.scheduled] == second_step
     sched.check_invariants()
+
+
+def test_v0_max_num_seqs_default_is_256_on_every_gpu():
+    """vllm/engine/arg_utils.py, `EngineArgs._set_default_args_v0`: "Set max_num_seqs to 256 for VLLM_V0"
+    (the usage-context table, 1024 on an H100 or H200, is v1's `_set_default_args_v1`); v0's token budget
+    without chunked prefill is max(max_model_len, 2048)."""
+    v0 = EngineConfig(scheduler="v0")
+    for name in ("h100-80gb", "h200", "a100-80gb", "l4"):
+        gpu = load_gpu(name)
+        assert (v0.resolved_max_num_seqs(gpu), v0.resolved_max_num_batched_tokens(4096, gpu)) == (256, 4096)
+    assert EngineConfig().resolved_max_num_seqs(load_gpu("h100-80gb")) == 1024
+    assert v0.model_copy(update={"max_num_seqs": 64}).resolved_max_num_seqs(load_gpu("h200")) == 64

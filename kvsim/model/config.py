@@ -410,9 +410,12 @@ class EngineConfig(Settings):
         return self.max_model_len
 
     def resolved_max_num_seqs(self, gpu: GPUSpec) -> int:
-        """`max_num_seqs`, or vLLM's default for the usage context and GPU (see `_batch_defaults`)."""
+        """`max_num_seqs`, or vLLM's default: for v1 the usage context's and GPU's (see `_batch_defaults`), for
+        v0 256 on every GPU (vllm/engine/arg_utils.py, `EngineArgs._set_default_args_v0`)."""
         if self.max_num_seqs is not None:
             return self.max_num_seqs
+        if self.scheduler == "v0":
+            return 256
         return _batch_defaults(gpu, self.usage_context)[1]
 
     def resolved_max_num_batched_tokens(self, max_model_len: int, gpu: GPUSpec) -> int:
