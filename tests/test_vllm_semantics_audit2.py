@@ -82,3 +82,13 @@ def test_v0_max_num_seqs_default_is_256_on_every_gpu():
         assert (v0.resolved_max_num_seqs(gpu), v0.resolved_max_num_batched_tokens(4096, gpu)) == (256, 4096)
     assert EngineConfig().resolved_max_num_seqs(load_gpu("h100-80gb")) == 1024
     assert v0.model_copy(update={"max_num_seqs": 64}).resolved_max_num_seqs(load_gpu("h200")) == 64
+
+
+def test_v0_caches_no_prefix_unless_asked():
+    """vllm/engine/arg_utils.py: `EngineArgs.enable_prefix_caching` is None and only `_set_default_args_v1`
+    sets it True; the V0 engine runs with it off unless the flag is given."""
+    assert EngineConfig().enable_prefix_caching
+    assert not EngineConfig(scheduler="v0").enable_prefix_caching
+    assert EngineConfig(scheduler="v0", enable_prefix_caching=True).enable_prefix_caching
+    assert not built("v0", 5, "seed=0").alloc.enable_caching  # no enable_prefix_caching given
+    assert built("v1", 5, "seed=0").alloc.enable_caching

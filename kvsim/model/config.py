@@ -286,6 +286,7 @@ class EngineConfig(Settings):
     `priority`: smallest (priority, arrival) first, the lowest-priority running request preempted);
     `speculative_config` is vLLM's `--speculative-config` (`kvsim.model.speculative_config`).
     `kv_offload` adds CPU/disk tiers below the prefix cache (`KVOffloadConfig`, `kvsim.kv.offload_connector`).
+    `enable_prefix_caching` defaults to on for v1 and off for v0, as vLLM's engines do.
     `prefix_cache` picks the prefix cache of the paged pool: vLLM's `hash_chain` or SGLang's `radix`
     tree (`kvsim.kv.radix_prefix_cache`), with `enable_prefix_caching` on.
     `async_scheduling` is vLLM's `--async-scheduling` (`None`: vLLM's default, `resolved_async_scheduling`):
@@ -334,6 +335,15 @@ class EngineConfig(Settings):
     speculative_config: SpeculativeConfig | None = None
     kv_offload: KVOffloadConfig | None = Field(default=None, exclude_if=lambda config: config is None)
     async_scheduling: bool | None = Field(default=None, exclude_if=lambda value: value is None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _v0_leaves_prefix_caching_off(cls, data: Any) -> Any:
+        """vLLM's default for `enable_prefix_caching` is None (vllm/engine/arg_utils.py, `EngineArgs`): only
+        `_set_default_args_v1` turns it on, so the V0 engine caches no prefix unless asked."""
+        if isinstance(data, dict) and data.get("scheduler") == "v0" and "enable_prefix_caching" not in data:
+            return {**data, "enable_prefix_caching": False}
+        return data
 
     @model_validator(mode="after")
     def _radix_needs_paged(self) -> EngineConfig:
