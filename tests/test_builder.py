@@ -21,10 +21,13 @@ def test_spec_by_hand_paged_v0():
     spec = resolve_engine(load_scenario(None, [*LLAMA_8B, "engine.scheduler=v0"]))
     # 2 (K, V) · 32 layers · 8 KV heads · 128 · 2 B = 128 KiB a token; 16 tokens a block
     assert (spec.bytes_per_token, spec.bytes_per_block) == (131_072, 2_097_152)
-    assert spec.num_gpu_blocks == 1000 and spec.num_kv_slots == 999 * 16  # block 0 is vLLM's null block
+    # vLLM v0's block manager hands out all num_gpu_blocks: no null block (CpuGpuBlockAllocator.create
+    # gives the GPU allocator block ids range(num_gpu_blocks))
+    assert spec.num_gpu_blocks == 1000 and spec.num_kv_slots == 1000 * 16
     assert spec.num_cpu_blocks == 4 * 2**30 // 2_097_152 == 2048  # swap_space 4 GiB
-    # v0's 1 % watermark, in whole blocks: int(0.01 · 15,984 / 16) = 9 blocks
-    assert spec.limits.watermark_slots == 9 * 16 and spec.max_model_len == 4096
+    # v0's 1 % watermark, in whole blocks: int(0.01 · num_gpu_blocks) = int(0.01 · 1,000) = 10 blocks
+    # (vllm/core/block_manager.py, SelfAttnBlockSpaceManager.__init__: watermark_blocks)
+    assert spec.limits.watermark_slots == 10 * 16 and spec.max_model_len == 4096
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.num_gpu_blocks = 2  # type: ignore[misc]
 

@@ -48,8 +48,9 @@ class EngineSpec:
     `scenario` is the validated scenario it came from (its workload source, latency choice,
     seed and `steps`); `gpu` has the scenario's `gpu_link` applied. `num_gpu_blocks` is the
     pool's block ids (vLLM's null block included), `num_kv_slots` the slots an allocator can
-    hand out (paged pools keep block 0 back: `(num_gpu_blocks − 1) · block_size`; slab pools,
-    the paper's Orca, have no null block). `num_cpu_blocks`/`num_cpu_slots`: the swap space.
+    hand out (v1 paged pools keep block 0 back: `(num_gpu_blocks − 1) · block_size`; vLLM v0's block
+    manager and slab pools, the paper's Orca, have no null block: `EngineConfig.num_null_blocks`).
+    `num_cpu_blocks`/`num_cpu_slots`: the swap space.
     """
 
     scenario: Scenario
@@ -84,7 +85,7 @@ def resolve_engine(scenario: Scenario) -> EngineSpec:
     layout = model_kv_layout(model, engine)
     num_blocks = num_gpu_blocks(model, gpu, engine, layout=layout, max_model_len=max_model_len)
     bs = engine.block_size
-    num_kv_slots = (num_blocks - 1 if engine.allocator == "paged" else num_blocks) * bs
+    num_kv_slots = (num_blocks - engine.num_null_blocks) * bs
     swap_bytes = int(engine.swap_space * 2**30)
     watermark_slots = int(engine.resolved_watermark * num_kv_slots / bs) * bs if engine.resolved_watermark else 0
     limits = SchedulerLimits(
@@ -102,11 +103,12 @@ def resolve_engine(scenario: Scenario) -> EngineSpec:
 def make_allocator(spec: EngineSpec) -> KVAllocator:
     """The KV allocator of `engine.allocator`, sized by the spec (same bytes for all kinds).
 
-    Paged pools keep vLLM's null block (`num_gpu_blocks − 1` usable blocks); slab pools, the
-    paper's Orca, have none: all `num_gpu_blocks · block_size` slots (OPT-13B in 12 GiB: 15,728).
+    Paged pools under v1 keep vLLM's null block (`num_gpu_blocks − 1` usable blocks); v0's paged pools
+    and slab pools, the paper's Orca, have none: all `num_gpu_blocks · block_size` slots (OPT-13B in
+    12 GiB: 15,728).
     """
     engine, num_blocks = spec.engine, spec.num_gpu_blocks
-    if num_blocks < 2 and engine.allocator == "paged":
+    if num_blocks < 2 and engine.num_null_blocks:
         raise KvsimError(f"num_gpu_blocks={num_blocks}: need at least 2 (one is vLLM's null block)")
     allocator: KVAllocator
     if any(g.kind in ("sliding_window", "chunked_local") for g in spec.kv_layout.groups):
@@ -123,7 +125,7 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
         cache = RadixPrefixCache(num_blocks, engine.block_size) if engine.prefix_cache == "radix" else None
         allocator = PagedAllocator(num_blocks, engine.block_size, enable_caching=engine.enable_prefix_caching,
                                    num_cpu_blocks=spec.num_cpu_blocks, bytes_per_block=spec.bytes_per_block,
-                                   prefix_cache=cache)
+                                   prefix_cache=cache, null_block=bool(engine.num_null_blocks))
     else:
         allocator = SlabAllocator(num_blocks * engine.block_size, spec.max_model_len,
                                   policy=engine.allocator.removeprefix("slab-"),  # type: ignore[arg-type]

@@ -286,6 +286,7 @@ class EngineConfig(Settings):
     `priority`: smallest (priority, arrival) first, the lowest-priority running request preempted);
     `speculative_config` is vLLM's `--speculative-config` (`kvsim.model.speculative_config`).
     `kv_offload` adds CPU/disk tiers below the prefix cache (`KVOffloadConfig`, `kvsim.kv.offload_connector`).
+    `enable_prefix_caching` defaults to on for v1 and off for v0, as vLLM's engines do.
     `prefix_cache` picks the prefix cache of the paged pool: vLLM's `hash_chain` or SGLang's `radix`
     tree (`kvsim.kv.radix_prefix_cache`), with `enable_prefix_caching` on.
     `async_scheduling` is vLLM's `--async-scheduling` (`None`: vLLM's default, `resolved_async_scheduling`):
@@ -334,6 +335,15 @@ class EngineConfig(Settings):
     speculative_config: SpeculativeConfig | None = None
     kv_offload: KVOffloadConfig | None = Field(default=None, exclude_if=lambda config: config is None)
     async_scheduling: bool | None = Field(default=None, exclude_if=lambda value: value is None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _v0_leaves_prefix_caching_off(cls, data: Any) -> Any:
+        """vLLM's default for `enable_prefix_caching` is None (vllm/engine/arg_utils.py, `EngineArgs`): only
+        `_set_default_args_v1` turns it on, so the V0 engine caches no prefix unless asked."""
+        if isinstance(data, dict) and data.get("scheduler") == "v0" and "enable_prefix_caching" not in data:
+            return {**data, "enable_prefix_caching": False}
+        return data
 
     @model_validator(mode="after")
     def _radix_needs_paged(self) -> EngineConfig:
@@ -410,9 +420,12 @@ class EngineConfig(Settings):
         return self.max_model_len
 
     def resolved_max_num_seqs(self, gpu: GPUSpec) -> int:
-        """`max_num_seqs`, or vLLM's default for the usage context and GPU (see `_batch_defaults`)."""
+        """`max_num_seqs`, or vLLM's default: for v1 the usage context's and GPU's (see `_batch_defaults`), for
+        v0 256 on every GPU (vllm/engine/arg_utils.py, `EngineArgs._set_default_args_v0`)."""
         if self.max_num_seqs is not None:
             return self.max_num_seqs
+        if self.scheduler == "v0":
+            return 256
         return _batch_defaults(gpu, self.usage_context)[1]
 
     def resolved_max_num_batched_tokens(self, max_model_len: int, gpu: GPUSpec) -> int:
@@ -441,6 +454,13 @@ class EngineConfig(Settings):
             raise KvsimError(
                 f"engine.max_num_batched_tokens={tokens}: vLLM refuses this: max_num_batched_tokens ({tokens}) "
                 f"must be greater than or equal to max_num_seqs ({seqs})")
+
+    @property
+    def num_null_blocks(self) -> int:
+        """Blocks of the pool no sequence can hold: vLLM v1's null block (block 0 of its `BlockPool`) in a paged
+        pool. vLLM v0's block manager hands out every one of `num_gpu_blocks` (vllm/core/block/
+        cpu_gpu_block_allocator.py, `CpuGpuBlockAllocator.create`), and slab pools, the paper's Orca, have none."""
+        return 1 if self.allocator == "paged" and self.scheduler != "v0" else 0
 
     @property
     def resolved_watermark(self) -> float:

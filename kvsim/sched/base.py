@@ -25,7 +25,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvsim.kv import Allocation, KVAllocator, KVOccupancy, PrefixCacheStats, PrefixHit, SegmentContent, occupancy
+from kvsim.kv import (
+    NO_HIT,
+    Allocation,
+    KVAllocator,
+    KVOccupancy,
+    PrefixCacheStats,
+    PrefixHit,
+    SegmentContent,
+    occupancy,
+)
 from kvsim.kv.offload_connector import OffloadConnector
 from kvsim.latency.step_plan import StepPlan
 from kvsim.results.metrics import EngineCounters, SpecDecodeCounters
@@ -275,12 +284,18 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
         `num_new` tokens to be scheduled after the hit (default: the whole prompt).
 
         With nothing running the watermark is not applied: it keeps room for running requests
-        to grow, and a request that `add` accepted must be able to run alone.
+        to grow, and a request that `add` accepted must be able to run alone. A policy that
+        `admits_all_prompt_blocks` asks for every block of the prompt as if nothing were cached.
         """
         reserve = self.limits.watermark_slots if self.running else 0
         tokens = hit.num_tokens + num_new if num_new is not None and self.alloc.admits_by_chunk else req.num_tokens
-        return self.alloc.can_allocate(req.seq_ids[0], tokens, req.kv_len, hit, reserve, req.num_samples,
-                                       req.prompt_len)
+        return self.alloc.can_allocate(req.seq_ids[0], tokens, req.kv_len, NO_HIT if self.admits_all_prompt_blocks
+                                       else hit, reserve, req.num_samples, req.prompt_len)
+
+    # v0: admission needs free blocks for the whole prompt, prefix-cache hits included (vLLM v0's
+    # `SelfAttnBlockSpaceManager.can_allocate` counts `get_num_required_blocks(seq.get_token_ids())`);
+    # v1 counts only the blocks the hit does not cover (`get_num_blocks_to_allocate`)
+    admits_all_prompt_blocks = False
 
     def lookup(self, req: Request) -> PrefixHit:
         """The prefix cache's hit; for KV loaded from a prefill instance, every prompt token but the last

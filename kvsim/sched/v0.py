@@ -4,7 +4,8 @@ Per step, in this order:
 
 1. If nothing is swapped out, admit WAITING requests FCFS as one prefill-only batch
    (whole prompts, no chunking) while the token budget, `max_num_seqs` and the free-block
-   watermark (1 % by default) allow. If any were admitted, the step is that batch.
+   watermark (1 % by default) allow; the free blocks must hold every block of the prompt, even those
+   a prefix-cache hit shares (vLLM v0's `can_allocate`). If any were admitted, the step is that batch.
 2. Otherwise decode every RUNNING request (1 token per sequence). When blocks run out,
    preempt from the back (most recently admitted): by recompute for single-sequence
    requests, by swap for groups with several sequences (`preemption_mode` overrides).
@@ -22,6 +23,7 @@ from kvsim.workload.request import Request, RequestStatus
 class V0Scheduler(Scheduler):
     name = "v0"
     watermark_refuses = True
+    admits_all_prompt_blocks = True
 
     def use_swap(self, req: Request) -> bool:
         mode = self.limits.preemption_mode
