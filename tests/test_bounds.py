@@ -36,6 +36,15 @@ def test_a_small_pool_makes_kv_bind():
     assert floor.binds == "kv" and floor.replicas == 3
 
 
+def test_a_pool_without_a_null_block_counts_every_block():
+    """vLLM v0's block manager keeps no null block (v1's `BlockPool` keeps block 0 back): the same traffic on
+    v0 holds its 1406 tokens against all 401 blocks of 16 = 6416 slots, not 6400."""
+    raw = world(max_model_len=512).model_dump(mode="json")  # v0 needs max_num_batched_tokens (512) >= it
+    raw["engine"]["scheduler"] = "v0"
+    floor = replica_floor(make_scenario(raw), 100.0)
+    assert floor.kv_replicas == pytest.approx(100 * 19 * 74 * 0.01 / 6416)
+
+
 def test_refused_requests_are_left_out():
     floor = replica_floor(world(prompt=2000, max_model_len=1024), 100.0)
     assert floor.num_requests == 0 and floor.replicas == 1

@@ -16,8 +16,9 @@ could share the weight reads, which this leaves out, so it is a floor per token 
 holds at least its context (P + k tokens at its k-th output token) during each of its O − 1 decode
 steps, and a decode step lasts at least t_1 (one sequence: the fastest step), so
 ∫ held dt ≥ t_1 · (O − 1) · (P + O/2) token-seconds, against the pool's usable token slots
-(num_gpu_blocks − 1) · block_size. (A sliding-window model keeps less than its context in some
-layers; the pool is then counted in full-context tokens, as its blocks are.)
+(num_gpu_blocks − 1) · block_size (all num_gpu_blocks where no null block is kept: v0, slab pools). (A
+sliding-window model keeps less than its context in some layers; the pool is then counted in full-context
+tokens, as its blocks are.)
 
 Requests the engine refuses (prompt + output over max_model_len) are left out, as they are never served:
 λ is the rate of the servable ones (the offered rate times their share of the scenario's requests).
@@ -99,7 +100,7 @@ def replica_floor(scenario: Scenario, rate_per_s: float) -> ReplicaFloor:
     per_output_token_s = latency.step_time(decode) / batch
     work_s = float(np.mean(prompts * per_prompt_token_s + outputs * per_output_token_s))
     held_token_s = float(np.mean(latency.step_time(single) * np.maximum(outputs - 1, 0) * (prompts + outputs / 2)))
-    pool_tokens = (spec.num_gpu_blocks - 1) * engine.block_size
+    pool_tokens = spec.num_kv_slots  # v1's paged pool keeps its null block back; v0's and slab pools do not
     return ReplicaFloor(rate_per_s, rate_per_s * work_s, rate_per_s * held_token_s / pool_tokens, len(requests),
                         per_prompt_token_s, per_output_token_s)
 
