@@ -91,9 +91,8 @@ def all_rejected(summary: dict[str, Any]) -> str | None:
     total, rejected = summary.get("num_requests", 0), summary.get("num_rejected", 0)
     if not total or rejected != total:
         return None
-    reasons = summary.get("reject_reasons") or {}
-    why = f": {'; '.join(f'{reason} ({n:,})' for reason, n in reasons.items())}" if reasons else ""
-    return (f"every request was rejected ({rejected:,} of {total:,}{why}), as vLLM rejects them (HTTP 400); "
+    why = "; ".join(f"{reason} ({n:,})" for reason, n in summary["reject_reasons"].items())
+    return (f"every request was rejected ({rejected:,} of {total:,}: {why}), as vLLM rejects them (HTTP 400); "
             "nothing was served, so the latency and throughput figures are empty")
 
 
