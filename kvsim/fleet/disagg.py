@@ -83,15 +83,16 @@ def check_disaggregable(scenario: Scenario, specs: list[Scenario]) -> None:
         return model.model_dump(exclude={"name"}), model.dtype if spec.engine.kv_cache_dtype == "auto" \
             else spec.engine.kv_cache_dtype
 
-    first = cache(specs[0])
+    first_model, first_dtype = cache(specs[0])
     for spec, role in zip(specs, roles, strict=True):
         model, kv_dtype = cache(spec)
-        if model != first[0] or kv_dtype != first[1]:
-            field = f"model={spec.model}" if model != first[0] else f"KV cache dtype {kv_dtype}"
-            raise KvsimError(f"replicas ({spec.name}, {role}): {field}, but ({specs[0].name}, {roles[0]}) has "
-                             f"{f'model={specs[0].model}' if model != first[0] else f'KV cache dtype {first[1]}'}: "
-                             "a disaggregated fleet's instances hand each other their KV cache, so they serve "
-                             "one model with one KV cache dtype")
+        differs = ((f"model={spec.model}", f"model={specs[0].model}") if model != first_model else
+                   (f"KV cache dtype {kv_dtype}", f"KV cache dtype {first_dtype}") if kv_dtype != first_dtype else None)
+        if differs is not None:
+            mine, theirs = differs
+            raise KvsimError(f"replicas ({spec.name}, {role}): {mine}, but ({specs[0].name}, {roles[0]}) has "
+                             f"{theirs}: a disaggregated fleet's instances hand each other their KV cache, so they "
+                             "serve one model with one KV cache dtype")
         if spec.engine.allocator != "paged" or spec.engine.scheduler != "v1":
             _refuse_engine(spec, role)
         if spec.engine.async_scheduling:
