@@ -73,11 +73,16 @@ def _differs(given: Any, recorded: Any, keys: tuple[str, ...]) -> tuple[str, str
 TUNED_SUFFIXES = ("-instruct", "-chat", "-it")  # a fine-tune of the base model: the same architecture and weights
 
 
+def _id_name(model_id: str) -> str:
+    """A Hugging Face id's model name as kvsim names presets (`meta-llama/Llama-3.1-8B` → `llama-3.1-8b`)."""
+    return model_id.rpartition("/")[2].lower()
+
+
 def run_model_preset(model_id: str) -> str | None:
     """The preset named like a Hugging Face id (`meta-llama/Llama-3.1-8B` → `llama-3.1-8b`), or like its base
     model when the id is an instruction or chat fine-tune of it (`Llama-3.1-8B-Instruct`, `gemma-3-27b-it`:
     the same architecture, so the same step times); None when neither is a preset."""
-    name = model_id.rpartition("/")[2].lower()
+    name = _id_name(model_id)
     presets = model_presets()
     if name in presets:
         return name
@@ -404,7 +409,7 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
                                   cluster_link=cluster_link)
         result = simulate(scenario, progress=progress)
     notes = list(run.notes)
-    if model is None and model_name != run.model_id.rpartition("/")[2].lower():
+    if model is None and model_name != _id_name(run.model_id):
         notes.append(f"the run's model {run.model_id} replays as preset {model_name}, its base model's architecture")
     taken = ", ".join(f"{k}={v}" for k, v in recorded.items() if k != "gpu" or gpu is None)
     if taken:  # not "from what the run recorded: " and nothing, when --gpu stands for the one thing it did
