@@ -2,6 +2,7 @@
 
 import pytest
 
+from kvsim.model.errors import KvsimError
 from kvsim.workload.request import RequestStatus
 from tests.conftest import make_request, run, tiny_world
 
@@ -91,6 +92,20 @@ def test_swap_preemption_charges_link_time():
     assert max(list(rec.frame()["duration_s"])) > 0.01
     assert sum(list(rec.frame()["swap_in_bytes"])) == sum(list(rec.frame()["swap_out_bytes"])) > 0
     assert a.status is b.status is RequestStatus.FINISHED
+
+
+def test_swap_space_too_small_aborts_the_run_as_vllm_v0_does():
+    """Blocks of 4 slots, 5 on the GPU (v0 keeps no null block): A and B take 2 each for their 6-token
+    prompts and need a third at token 9, so at the step that takes A past 8 tokens B (admitted last) is
+    preempted by swap with 2 blocks or more; one CPU block cannot hold them, and vLLM v0's
+    `_swap_out` raises ("Aborted due to the lack of CPU swap space") instead of recomputing."""
+    s = tiny_world(policy="v0", num_blocks=5, block_size=4, max_model_len=64, preemption_mode="swap",
+                   num_cpu_blocks=1, max_num_batched_tokens=64)
+    a = make_request(0, 0.0, prompt=6, output=6)
+    b = make_request(1, 0.0, prompt=6, output=6)
+    with pytest.raises(KvsimError, match=r"^engine.swap_space=0: the CPU swap space cannot hold request 1 when "
+                                         r"it is preempted by swap \(1 preemptions so far\).*lack of CPU swap space"):
+        run(s, [a, b])
 
 
 def test_parallel_sampling_forks_and_copies_on_write():

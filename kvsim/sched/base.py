@@ -37,6 +37,7 @@ from kvsim.kv import (
 )
 from kvsim.kv.offload_connector import OffloadConnector
 from kvsim.latency.step_plan import StepPlan
+from kvsim.model.errors import KvsimError
 from kvsim.results.metrics import EngineCounters, SpecDecodeCounters
 from kvsim.results.records import RequestRecords
 from kvsim.sched.async_steps import AsyncSteps
@@ -57,6 +58,7 @@ class SchedulerLimits:
     max_model_len: int
     watermark_slots: int = 0  # free slots admission must leave (v0's 1 % watermark)
     preemption_mode: str | None = None  # None: recompute, or swap for multi-sequence groups (v0)
+    swap_space_gib: float = 0.0  # engine.swap_space, the CPU swap per GPU: named when it runs out
 
 
 class SchedulerSnapshot(NamedTuple):
@@ -395,18 +397,27 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
             self._next_stored_block.pop(req.request_id, None)
 
     def preempt(self, req: Request, plan: StepPlan) -> None:
-        """Recompute (free all, back to the queue front) or swap out, as the policy says."""
+        """Recompute (free all, back to the queue front) or swap out, as the policy says.
+
+        A swap the CPU swap space cannot hold ends the run with a `KvsimError`: vLLM v0 aborts the
+        engine there (`Scheduler._swap_out`: "Aborted due to the lack of CPU swap space"), so no run of
+        this configuration completes and its latencies would describe nothing vLLM does."""
         self.num_preemptions += 1
         req.num_preemptions += 1
         plan.preempted.append(req)
         if self.use_swap(req):
             result = self.alloc.swap_out(self.active_seq_ids(req))
-            if result is not None:
-                req.status = RequestStatus.SWAPPED
-                self.swapped.append(req)
-                plan.swap_out_bytes += result.num_bytes
-                self.num_swapped_out_bytes += result.num_bytes
-                return
+            if result is None:
+                raise KvsimError(
+                    f"engine.swap_space={self.limits.swap_space_gib:g}: the CPU swap space cannot hold request "
+                    f"{req.request_id} when it is preempted by swap ({self.num_preemptions} preemptions so far), "
+                    "and vLLM v0 aborts the engine there ('Aborted due to the lack of CPU swap space'); "
+                    "raise engine.swap_space or set engine.preemption_mode=recompute")
+            req.status = RequestStatus.SWAPPED
+            self.swapped.append(req)
+            plan.swap_out_bytes += result.num_bytes
+            self.num_swapped_out_bytes += result.num_bytes
+            return
         self.free_request(req)
         req.num_computed_tokens = req.num_rejected_draft_slots = 0
         req.status = RequestStatus.PREEMPTED
