@@ -51,7 +51,7 @@ from kvsim.cli.shared import (
     user_errors,
     write_plan,
 )
-from kvsim.model.errors import KvsimError, first_repeat, reading
+from kvsim.model.errors import KvsimError, first_repeat, not_a_file, reading
 
 app = typer.Typer(
     help="kvsim: capacity simulator for LLM serving with a paged KV cache.",
@@ -324,8 +324,11 @@ def plan(
         base = load_scenario(scenario, overrides or [])
         raw: dict = {}
         if spec_file is not None:
-            if not Path(spec_file).is_file():
-                raise KvsimError(f"spec={spec_file!r}: file not found")
+            problem = not_a_file(spec_file)  # a FIFO or a folder was "file not found"
+            if problem is None and Path(spec_file).is_dir():
+                problem = "is a directory, not a spec YAML file"
+            if problem is not None:
+                raise KvsimError(f"spec={spec_file!r}: {problem}")
             with reading(spec_file, "spec"):
                 try:
                     raw = load_yaml(Path(spec_file).read_text()) or {}

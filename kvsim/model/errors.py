@@ -50,6 +50,27 @@ def reading(path: str | Path, what: str) -> Iterator[None]:
         raise KvsimError(f"{what} {path}: not a CSV file kvsim reads ({error})") from None
 
 
+def not_a_file(path: str | Path, missing: str = "file not found") -> str | None:
+    """Why `path` is neither a regular file nor a folder, for a one-line error: `missing`, "not a
+    regular file (a FIFO)" (a named pipe or /dev/zero: reading would block or never end), or the system's
+    reason (a loop of symbolic links, a folder without search permission); None when it is either."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return missing
+    except (OSError, ValueError) as error:  # ValueError: a NUL byte in the name
+        return f"cannot read ({getattr(error, 'strerror', None) or error})"
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kinds = {stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device",
+             stat.S_ISSOCK: "a socket"}
+    kind = next((name for test, name in kinds.items() if test(mode)), "not a file or folder")
+    return f"not a regular file ({kind})"
+
+
 def first_repeat(values: Sequence[Any]) -> Any:
     """The first value equal to one before it, or None when each appears once (for "given twice")."""
     return next((value for i, value in enumerate(values) if value in values[:i]), None)

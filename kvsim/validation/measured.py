@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, not_a_file
 from kvsim.validation.bench import read_vllm_bench
 from kvsim.validation.frame import (
     NS_PER_S,
@@ -342,11 +342,12 @@ def _check_peer(path: Path, rows: list[dict[str, str]], arrival: np.ndarray, ttf
 def load_measured(path: str | Path, workload: str | Path | None = None) -> MeasuredRun:
     """A measured-run folder or a `vllm bench serve` JSON file."""
     p = Path(path)
+    problem = not_a_file(p, missing="no such file or folder")
+    if problem is not None:  # a FIFO was "no such file or folder"
+        raise KvsimError(f"measured={str(path)!r}: {problem}")
     if p.is_dir():
         if not (p / "vllm" / "meta.json").is_file():
             raise KvsimError(f"measured={str(path)!r}: no vllm/meta.json in this folder (expected the layout "
                              "of benchmarks/validation_set/measured/<hardware>/<case>/)")
         return read_measured_dir(p, Path(workload) if workload else None)
-    if p.is_file():
-        return read_vllm_bench(p)
-    raise KvsimError(f"measured={str(path)!r}: no such file or folder")
+    return read_vllm_bench(p)

@@ -28,7 +28,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.config import EngineConfig, GPULink
-from kvsim.model.errors import KvsimError, from_validation_error, reading, shown
+from kvsim.model.errors import KvsimError, from_validation_error, not_a_file, reading, shown
 from kvsim.model.spec import Settings
 from kvsim.model.yaml_io import load_yaml, yaml_problem
 from kvsim.workload.files import data_file
@@ -319,10 +319,9 @@ class Scenario(Settings):
                                  f"(there are: {', '.join(shipped)})")
             return shipped[name]
         resolved = data_file(Path(self.base_dir) / path)  # `x.csv` may be found as `x.csv.gz`
-        if not resolved.exists():
-            raise KvsimError(f"path={path!r}: file not found ({resolved})")
-        if not (resolved.is_file() or resolved.is_dir()):  # /dev/zero, a pipe: reading never ends
-            raise KvsimError(f"path={path!r}: not a regular file ({resolved})")
+        problem = not_a_file(resolved)  # /dev/zero, a pipe: reading never ends
+        if problem is not None:
+            raise KvsimError(f"path={path!r}: {problem}: {resolved}")
         return resolved
 
 
@@ -402,10 +401,11 @@ def load_scenario(path: str | Path | None = None, overrides: Overrides | None = 
         raise KvsimError(f"scenario={shown(path)}: expected a YAML path (`kvsim.simulate` also takes a dict of "
                          "scenario fields)")
     file = default if path is None else Path(path)
+    problem = not_a_file(file)
+    if problem is not None:  # a FIFO or /dev/zero was "file not found"
+        raise KvsimError(f"scenario={str(path)!r}: {problem}")
     if file.is_dir():
         raise KvsimError(f"scenario={str(path)!r}: is a directory, not a scenario YAML file")
-    if not file.is_file():
-        raise KvsimError(f"scenario={str(path)!r}: file not found")
     try:
         with reading(file, "scenario"):
             raw = load_yaml(file.read_text()) or {}

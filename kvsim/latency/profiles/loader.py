@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from kvsim.latency.profiles import Profile, bundle, check_profile, native, vidur
 from kvsim.latency.profiles.checks import check_model_name, check_rows
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, not_a_file
 
 if TYPE_CHECKING:
     from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
@@ -16,10 +16,11 @@ if TYPE_CHECKING:
 def load_profile(path: Path, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> Profile:
     """Import the profile at `path` (a bundle folder, a Vidur `mlp.csv` or a kvsim CSV) and check it:
     physical rows (`checks.check_rows`), the model's name, then its shapes, dtype, GPU and TP."""
+    problem = not_a_file(path, missing="no such file or folder")
+    if problem is not None:  # a FIFO was "no such file or folder"
+        raise KvsimError(f"profile {path}: {problem}")
     if path.is_dir():
         profile = bundle.read_bundle(path, engine.tensor_parallel_size)
-    elif not path.is_file():
-        raise KvsimError(f"profile {path}: no such file or folder")
     elif vidur.is_vidur_csv(path):
         profile = vidur.read_vidur_mlp(path, engine.tensor_parallel_size)
     else:
