@@ -48,3 +48,43 @@ def test_a_scenario_through_a_symlink_loop_says_so(tmp_path):
 def test_a_spec_that_is_a_folder_says_so(tmp_path):
     assert _one_line_exit_2([*PLAN, "--spec", str(tmp_path), "-o", str(tmp_path / "out")]) == (
         f"spec={str(tmp_path)!r}: is a directory, not a spec YAML file")
+
+
+@pytest.mark.parametrize(("tier", "size", "sets"), [
+    ("cpu", 1000, []),
+    ("disk", 2 * 2**20 - 1, ["engine.kv_offload.cpu_bytes=1GiB", "engine.kv_offload.disk_bandwidth_bytes_per_s=5e9",
+                             "engine.tensor_parallel_size=2"]),
+])
+def test_an_offload_tier_smaller_than_one_block_is_refused(tmp_path, tier, size, sets):
+    """A tier of 1,000 bytes held 0 blocks: the run went on with no tier, as if none had been asked for.
+    One block of Llama-3.1-8B (32 layers, 8 KV heads of 128, bf16 K and V) is 16 tokens × 32 × 2 × 8 × 128 × 2
+    bytes = 2 MiB; at TP 2 each rank holds half of it, and the tier's block is both halves, 2 MiB again:
+    one byte less holds none, exactly 2 MiB holds one and runs."""
+    block = 16 * 32 * 2 * 8 * 128 * 2
+    assert block == 2 * 2**20
+    argv = ["run", "--set", "workload.num_requests=5"]
+    for item in [*sets, f"engine.kv_offload.{tier}_bytes={size}"]:
+        argv += ["--set", item]
+    assert _one_line_exit_2([*argv, "-o", str(tmp_path / "out")]) == (
+        f"engine.kv_offload.{tier}_bytes={size:,}: smaller than one KV block ({block:,} bytes, all "
+        "tensor-parallel ranks together), so the tier would hold none; give at least one block, or 0 for no tier")
+    assert not (tmp_path / "out").exists()
+    one_block = runner.invoke(app, [*argv, "--set", f"engine.kv_offload.{tier}_bytes={block}",
+                                    "-o", str(tmp_path / "ok"), "--format", "json"])
+    assert one_block.exit_code == 0, one_block.output
+
+
+def test_an_offload_tier_of_0_bytes_is_still_no_tier(tmp_path):
+    result = runner.invoke(app, ["run", "--set", "workload.num_requests=5", "--set", "engine.kv_offload.cpu_bytes=0",
+                                 "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+
+
+def test_plan_refuses_an_offload_size_under_one_block_before_it_plans(tmp_path):
+    """`plan --offload-size 1KiB` searched the whole plan, wrote it, and only then sized a tier of no block
+    (silently no tier before the run refused it, an error after the plan's files were written after)."""
+    out = tmp_path / "out"
+    assert _one_line_exit_2([*PLAN, "--offload-size", "4GiB", "--offload-size", "1KiB", "-o", str(out)]) == (
+        "--offload-size=1,024: smaller than one KV block (2,097,152 bytes, all tensor-parallel ranks together), so "
+        "the tier would hold none; give at least one block, or 0 for no tier")
+    assert list(tmp_path.iterdir()) == []

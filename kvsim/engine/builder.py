@@ -136,6 +136,11 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
     return allocator
 
 
+def offload_block_bytes(spec: EngineSpec) -> int:
+    """The bytes one KV block takes in an offload tier: every tensor-parallel rank's shard of it."""
+    return spec.bytes_per_block * spec.engine.tensor_parallel_size
+
+
 def make_offload(spec: EngineSpec) -> OffloadConnector | None:
     """The offload tiers of `engine.kv_offload` (`kvsim.kv.offload_connector`), or None when it has no tier
     of at least one block (so a tier of size 0 is exactly no tier). A block takes the shard bytes of every TP
@@ -145,7 +150,7 @@ def make_offload(spec: EngineSpec) -> OffloadConnector | None:
     if config is None:
         return None
     tp = engine.tensor_parallel_size
-    block_bytes = spec.bytes_per_block * tp
+    block_bytes = offload_block_bytes(spec)
     num_cpu, num_disk = config.num_blocks("cpu", block_bytes), config.num_blocks("disk", block_bytes)
     if num_cpu * block_bytes > config.host_memory_bytes:
         raise KvsimError(f"engine.kv_offload.num_cpu_blocks={num_cpu}: {num_cpu * block_bytes} bytes, larger than "

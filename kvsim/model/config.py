@@ -229,9 +229,9 @@ class KVOffloadConfig(Settings):
     block takes `bytes_per_block(shard) · tensor_parallel_size` bytes of the tier), as vLLM's
     `kv_offloading_size` sums over ranks. Each rank moves its shard over its own host link at
     `bandwidth_bytes_per_s`, so the engine moves `bandwidth · tp` bytes/s each way. A tier of 0 bytes or 0
-    blocks is no tier. The default host memory is a DGX H100/H200 node's 2 TB of system memory (NVIDIA DGX
-    H100 datasheet); set `host_memory_bytes` for the machine you deploy on. Bad values raise one line
-    naming the field and the value.
+    blocks is no tier; one of more than 0 bytes but less than a block is refused (`num_blocks`). The default
+    host memory is a DGX H100/H200 node's 2 TB of system memory (NVIDIA DGX H100 datasheet); set
+    `host_memory_bytes` for the machine you deploy on. Bad values raise one line naming the field and the value.
     """
 
     cpu_bytes: OffloadBytes | None = None
@@ -255,13 +255,21 @@ class KVOffloadConfig(Settings):
             raise ValueError("a disk tier needs disk_bandwidth_bytes_per_s (bytes/s the drive reads)")
         return self
 
-    def num_blocks(self, tier: str, bytes_per_block: int) -> int:
-        """Blocks of `bytes_per_block` (all ranks together) that the tier holds (0: no tier)."""
+    def num_blocks(self, tier: str, bytes_per_block: int, field: str | None = None) -> int:
+        """Blocks of `bytes_per_block` (all ranks together) that the tier holds (0: no tier). A size of
+        more than 0 bytes but less than one block raises `KvsimError` naming `field` (default the tier's
+        `engine.kv_offload` field): it was silently no tier."""
         num = getattr(self, f"num_{tier}_blocks")
         if num is not None:
             return int(num)
         size = getattr(self, f"{tier}_bytes")
-        return 0 if size is None else size // bytes_per_block
+        if size is None:
+            return 0
+        if 0 < size < bytes_per_block:
+            raise KvsimError(f"{field or f'engine.kv_offload.{tier}_bytes'}={size:,}: smaller than one KV block "
+                             f"({bytes_per_block:,} bytes, all tensor-parallel ranks together), so the tier "
+                             "would hold none; give at least one block, or 0 for no tier")
+        return size // bytes_per_block
 
 
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm/config/cache.py `BlockSize`

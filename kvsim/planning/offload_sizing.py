@@ -35,8 +35,9 @@ from typing import Any
 
 import pandas as pd
 
-from kvsim.engine.builder import make_latency, resolve_engine
+from kvsim.engine.builder import make_latency, offload_block_bytes, resolve_engine
 from kvsim.latency.step_plan import StepPlan
+from kvsim.model.config import KVOffloadConfig
 from kvsim.model.errors import KvsimError
 from kvsim.model.units import ceil_div
 from kvsim.planning.spec import Candidate, PlanSpec
@@ -144,6 +145,16 @@ def pays_table(points: pd.DataFrame, largest: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def check_sizes(scenarios: Sequence[Scenario], cpu_sizes_bytes: Sequence[int], field: str = "offload size") -> None:
+    """Refuse, before any run, a CPU tier size of more than 0 bytes but less than one KV block of an engine
+    in `scenarios` (those it may size): it would hold no block, a tier that is no tier (a `KvsimError`
+    naming `field` and the size)."""
+    for scenario in scenarios:
+        block = offload_block_bytes(resolve_engine(scenario))
+        for size in cpu_sizes_bytes:
+            KVOffloadConfig(cpu_bytes=size).num_blocks("cpu", block, field=field)
+
+
 def size_offload(base: Scenario, cpu_sizes_bytes: Sequence[int], loads: Sequence[float] = (1.0,),
                  target_hit_rate: float | None = None, ttft_slo_s: float | None = None, ttft_percentile: str = "p90",
                  bandwidth_bytes_per_s: float | None = None, prefix_lens: Sequence[int] = (1024, 4096, 16384, 65536),
@@ -153,6 +164,7 @@ def size_offload(base: Scenario, cpu_sizes_bytes: Sequence[int], loads: Sequence
     each engine's tier (a fleet's replicas each get one). `sized_for` labels what `base` is."""
     if not cpu_sizes_bytes or any(size < 0 for size in cpu_sizes_bytes):
         raise KvsimError(f"offload sizes={list(cpu_sizes_bytes)}: give sizes >= 0 bytes")
+    check_sizes([base], cpu_sizes_bytes)
     if ttft_percentile not in TTFT_PERCENTILES:
         raise KvsimError(f"ttft percentile={ttft_percentile!r}: one of {', '.join(TTFT_PERCENTILES)}")
     if base.engine.allocator != "paged" or not base.engine.enable_prefix_caching:
