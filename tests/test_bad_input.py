@@ -673,7 +673,8 @@ CASES = [
     # --- vLLM ShareGPT JSON: an empty prompt was a 1-token request, a value of another type its repr's length
     ("vllm-sharegpt-empty-prompt", trace_scenario("vllm_sharegpt", "t.json", json.dumps(
         [{"conversations": [{"from": "human", "value": ""}, {"from": "gpt", "value": "y" * 80}]}])), RUN_S,
-     "t.json: no rows: each of its 1 conversations lacks a reply or has an empty prompt or reply"),
+     "t.json: no rows: each of its 1 conversations lacks a reply or has a prompt or reply under 4 tokens "
+     "(16 characters)"),
     ("vllm-sharegpt-value-a-number", trace_scenario("vllm_sharegpt", "t.json", json.dumps(
         [{"conversations": [{"from": "human", "value": "x" * 40}, {"from": "gpt", "value": 5}]}])), RUN_S,
      "t.json: conversation 0: turn 1 value=5 is not text"),

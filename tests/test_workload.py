@@ -125,8 +125,31 @@ def test_vllm_sharegpt_skips_an_empty_prompt_or_reply_and_counts_them(tmp_path, 
         records = read_vllm_sharegpt(path)
     assert [(r.prompt_len, r.output_len) for r in records] == [(100, 20)]
     assert [r.getMessage() for r in caplog.records] == [
-        f"{path}: skipped 3 of 4 conversations without a reply or with an empty prompt or reply, as vLLM's "
-        "benchmark does"]
+        f"{path}: skipped 3 of 4 conversations without a reply or with a prompt or reply under 4 tokens "
+        "(16 characters), as vLLM's benchmark does"]
+
+
+def test_vllm_sharegpt_skips_a_prompt_or_reply_under_4_tokens_as_vllm_does(tmp_path, caplog):
+    """vLLM's `sample_sharegpt_requests` prunes a prompt or reply of fewer than 4 tokens ("Prune too short
+    sequences"); kvsim counts ≈ characters // 4 tokens, so 15 characters are 3 tokens (skipped) and 16 are 4
+    (kept). Those under 16 characters but not empty were kept as 1- to 3-token requests (max(1, len // 4)).
+    Six conversations: 16/16 characters → (4, 4) kept; 15/16 → 3-token prompt, skipped; 16/15 → 3-token
+    reply, skipped; 400/80 → (100, 20) kept; 1/80 → skipped (it was a 1-token request); no reply → skipped:
+    two requests, four skipped."""
+    import logging
+
+    def pair(prompt: int, reply: int) -> dict:
+        return {"conversations": [{"from": "human", "value": "x" * prompt}, {"from": "gpt", "value": "y" * reply}]}
+
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps([pair(16, 16), pair(15, 16), pair(16, 15), pair(400, 80), pair(1, 80),
+                                {"conversations": pair(16, 16)["conversations"][:1]}]))
+    with caplog.at_level(logging.WARNING):
+        records = read_vllm_sharegpt(path)
+    assert [(r.prompt_len, r.output_len) for r in records] == [(4, 4), (100, 20)]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: skipped 4 of 6 conversations without a reply or with a prompt or reply under 4 tokens "
+        "(16 characters), as vLLM's benchmark does"]
 
 
 @pytest.mark.parametrize(("reader", "text", "needle"), [

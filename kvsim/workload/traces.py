@@ -42,6 +42,7 @@ from kvsim.workload.files import csv_rows, open_text
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's traces hash one id per 512-token block (FAST'25 trace README)
 log = logging.getLogger(__name__)
 CHARS_PER_TOKEN = 4  # vLLM ShareGPT JSON carries text; without a tokenizer, ~4 characters a token
+SHAREGPT_MIN_TOKENS = 4  # vLLM's benchmark prunes ShareGPT prompts or replies shorter ("Prune too short sequences")
 
 
 MAX_LENGTH = 2**53  # tokens: the longest prompt or output read or drawn (a float64 holds it exactly)
@@ -247,9 +248,12 @@ def read_lengths(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRe
 def read_vllm_sharegpt(path: Path) -> list[TraceRecord]:
     """vLLM benchmark JSON: the first human/gpt pair of each conversation, tokens ≈ characters / 4.
 
-    A conversation without a reply, or whose prompt or reply is empty, is skipped as vLLM's benchmark
-    skips it (`is_valid_sequence`: fewer than 4 tokens), with one warning counting them (an empty one was
-    a 1-token request); a file of nothing else, or a turn whose value is not text, is refused."""
+    As vLLM's benchmark samples ShareGPT (`sample_sharegpt_requests`, "Prune too short sequences";
+    `is_valid_sequence`'s `min_len`), a conversation without a reply, or whose prompt or reply is under
+    `SHAREGPT_MIN_TOKENS` tokens (here under 16 characters, an empty one too), is skipped, with one warning
+    counting them; a file of nothing else, or a turn whose value is not text, is refused. vLLM's benchmark
+    also prunes prompts over 1,024 tokens and pairs over 2,048 by default; kvsim keeps those (long contexts
+    are what it models; `engine.max_model_len` decides what an engine serves)."""
     try:
         data = load_json(path.read_text())
     except json.JSONDecodeError as error:
@@ -271,17 +275,18 @@ def read_vllm_sharegpt(path: Path) -> list[TraceRecord]:
         for turn, value in enumerate((prompt, reply)):
             if not isinstance(value, str):
                 raise KvsimError(f"{path}: conversation {index}: turn {turn} value={shown(value)} is not text")
-        if not prompt or not reply:
-            skipped += 1
+        prompt_len, output_len = len(prompt) // CHARS_PER_TOKEN, len(reply) // CHARS_PER_TOKEN
+        if prompt_len < SHAREGPT_MIN_TOKENS or output_len < SHAREGPT_MIN_TOKENS:
+            skipped += 1  # a prompt or reply of 1 to 15 characters was kept as a 1- to 3-token request
             continue
-        records.append(TraceRecord(None, max(1, len(prompt) // CHARS_PER_TOKEN),
-                                   max(1, len(reply) // CHARS_PER_TOKEN)))
+        records.append(TraceRecord(None, prompt_len, output_len))
+    short = f"a prompt or reply under {SHAREGPT_MIN_TOKENS} tokens ({SHAREGPT_MIN_TOKENS * CHARS_PER_TOKEN} characters)"
     if skipped and not records:
-        raise KvsimError(f"{path}: no rows: each of its {skipped:,} conversations lacks a reply or has an empty "
-                         "prompt or reply (vLLM's benchmark skips those)")
+        raise KvsimError(f"{path}: no rows: each of its {skipped:,} conversations lacks a reply or has {short} "
+                         "(vLLM's benchmark skips those)")
     if skipped:
-        log.warning("%s: skipped %s of %s conversations without a reply or with an empty prompt or reply, as "
-                    "vLLM's benchmark does", path, f"{skipped:,}", f"{len(data):,}")
+        log.warning("%s: skipped %s of %s conversations without a reply or with %s, as vLLM's benchmark does",
+                    path, f"{skipped:,}", f"{len(data):,}", short)
     return records
 
 
