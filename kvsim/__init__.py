@@ -43,8 +43,13 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
     replica (`replicas`) and the fleet's tables (`tables`: routes, ...).
     """
     from kvsim.fleet.run import simulate_scenario
+    from kvsim.model.errors import KvsimError, shown
     from kvsim.workload.scenario import resolve_scenario
 
+    if not isinstance(check, bool):  # `check="no"` ran every check, `progress=5` failed mid-run (a TypeError)
+        raise KvsimError(f"check={shown(check)}: expected True or False")
+    if progress is not None and not callable(progress):
+        raise KvsimError(f"progress={shown(progress)}: expected a function (fraction, done, total) or None")
     fields = {key.replace("__", "."): value for key, value in overrides.items()}
     return simulate_scenario(resolve_scenario(scenario, fields), check=check, progress=progress)
 

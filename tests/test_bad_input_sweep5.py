@@ -88,3 +88,18 @@ def test_plan_refuses_an_offload_size_under_one_block_before_it_plans(tmp_path):
         "--offload-size=1,024: smaller than one KV block (2,097,152 bytes, all tensor-parallel ranks together), so "
         "the tier would hold none; give at least one block, or 0 for no tier")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"progress": 5}, "progress=5: expected a function (fraction, done, total) or None"),
+    ({"check": "no"}, "check='no': expected True or False"),
+])
+def test_simulate_names_a_bad_keyword_argument(kwargs, message):
+    """`progress=5` ran until the first progress call and raised a bare TypeError ('int' object is not
+    callable); `check="no"` is truthy and ran every invariant check."""
+    import kvsim
+    from kvsim.model.errors import KvsimError
+
+    with pytest.raises(KvsimError) as error:
+        kvsim.simulate(None, workload__num_requests=5, **kwargs)
+    assert str(error.value) == message
