@@ -103,3 +103,21 @@ def test_simulate_names_a_bad_keyword_argument(kwargs, message):
     with pytest.raises(KvsimError) as error:
         kvsim.simulate(None, workload__num_requests=5, **kwargs)
     assert str(error.value) == message
+
+
+@pytest.mark.parametrize(("fmt", "arrival", "text", "message"), [
+    ("azure", "{process: trace}", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,12,3\n"
+     "2023-11-16 18:17:04.1,1,2,3\n", "t.csv:3: 4 fields, more than the header's 3 (extra: '3')"),
+    ("lengths", "{process: poisson, rate: 5}", "num_prefill_tokens,num_decode_tokens\n10,5\n10,5,7,8\n",
+     "t.csv:3: 4 fields, more than the header's 2 (extra: '7,8')"),
+])
+def test_a_trace_row_longer_than_its_header_is_refused(tmp_path, fmt, arrival, text, message):
+    """`1,2,3` under a 3-column header (a stray comma, a value split in two) was read as 1 and 2, the rest
+    dropped without a word, as `csv.DictReader` keys extra fields by None; the profile readers already
+    refused such rows (`first_ragged`)."""
+    (tmp_path / "t.csv").write_text(text)
+    (tmp_path / "s.yaml").write_text(f"workload: {{num_requests: 2, arrival: {arrival}, "
+                                     f"trace: {{format: {fmt}, path: t.csv}}}}\n")
+    assert _one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        f"{tmp_path}/{message}")
+    assert not (tmp_path / "out").exists()

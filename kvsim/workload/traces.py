@@ -79,6 +79,15 @@ def _positive(value: Any, path: Path, line: int, field: str) -> int:
     return number
 
 
+def _no_extra_fields(row: Mapping[str | None, Any], path: Path, line: int) -> None:
+    """Refuse a CSV row with more fields than its header (`csv.DictReader` keys the extras by None and the
+    readers dropped them without a word: a stray comma shifts what the row meant)."""
+    if None in row:
+        extra = row[None]
+        raise _bad(path, line, f"{len(row) - 1 + len(extra)} fields, more than the header's {len(row) - 1} "
+                               f"(extra: {shown(','.join(map(str, extra)))})")
+
+
 def _seconds(value: Any, scale: float, path: Path, line: int, field: str) -> float:
     """An arrival time in seconds from a number of `1 / scale` seconds; NaN, inf and true/false are errors."""
     if isinstance(value, bool):  # float(true) is 1: a JSON true was an arrival 1 ms in
@@ -156,6 +165,7 @@ def read_azure(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceReco
     with open_text(path, newline="") as f:
         reader = csv_rows(f, path)
         for line_no, row in enumerate(reader, start=2):
+            _no_extra_fields(row, path, line_no)
             try:
                 stamp = row["TIMESTAMP"]
                 date, _, frac = stamp.partition(".")
@@ -234,6 +244,7 @@ def read_lengths(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRe
     records = []
     with open_text(path, newline="") as f:
         for line_no, row in enumerate(csv_rows(f, path), start=2):
+            _no_extra_fields(row, path, line_no)
             records.append(TraceRecord(
                 None,
                 _positive(row.get("num_prefill_tokens"), path, line_no, "num_prefill_tokens"),
