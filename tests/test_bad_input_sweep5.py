@@ -1,6 +1,9 @@
 """Bad input found by the fifth sweep: each exits 2 with one line naming the field and the value, and
 writes nothing (or, from Python, raises `KvsimError`), never a traceback or a setting silently dropped."""
 
+import csv
+import gzip
+import json
 import os
 
 import pytest
@@ -121,3 +124,22 @@ def test_a_trace_row_longer_than_its_header_is_refused(tmp_path, fmt, arrival, t
     assert _one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
         f"{tmp_path}/{message}")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("how", ["bom", "gz"])
+def test_a_vllm_sharegpt_json_reads_as_the_other_traces_do(tmp_path, how):
+    """`kvsim.workload.files`: every reader skips a byte-order mark and reads `x.json` from `x.json.gz`. The
+    vLLM ShareGPT reader used `Path.read_text`: a mark was "not JSON (Unexpected UTF-8 BOM)", and the
+    scenario's `path: t.json` found `t.json.gz` and then read its bytes as text ("not UTF-8 text")."""
+    text = json.dumps([{"conversations": [{"value": "x" * 400}, {"value": "y" * 80}]}] * 3)
+    if how == "bom":
+        (tmp_path / "t.json").write_text("\ufeff" + text, encoding="utf-8")
+    else:
+        (tmp_path / "t.json.gz").write_bytes(gzip.compress(text.encode()))
+    (tmp_path / "s.yaml").write_text("workload: {num_requests: 3, arrival: {process: poisson, rate: 5}, "
+                                     "trace: {format: vllm_sharegpt, path: t.json}}\nsteps: none\n")
+    result = runner.invoke(app, ["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_finished"] == 3
+    with (tmp_path / "out" / "requests.csv").open() as f:
+        assert [(row["prompt_tokens"], row["output_tokens"]) for row in csv.DictReader(f)] == [("100", "20")] * 3

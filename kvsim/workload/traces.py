@@ -10,7 +10,8 @@
 | `servegen`        | ServeGen per-client model (a folder)   | sampled  | sampled | none           |
 
 A malformed row raises `KvsimError` naming the file and line. Arrival times are seconds
-from the first record. The CSV and JSONL files may be gzipped (`.gz`, see `kvsim.workload.files`).
+from the first record. The CSV, JSONL and JSON files may be gzipped (`.gz`, see `kvsim.workload.files`)
+and may start with a UTF-8 byte-order mark.
 
 The row formats (`azure`, `mooncake`, `sharegpt_tokens`, `lengths`) may carry two more per-request
 columns, named by the scenario (`TraceColumns`): a **priority** (vLLM's integer request priority;
@@ -266,7 +267,8 @@ def read_vllm_sharegpt(path: Path) -> list[TraceRecord]:
     also prunes prompts over 1,024 tokens and pairs over 2,048 by default; kvsim keeps those (long contexts
     are what it models; `engine.max_model_len` decides what an engine serves)."""
     try:
-        data = load_json(path.read_text())
+        with open_text(path) as f:  # a byte-order mark skipped, a .gz decompressed, as every reader does
+            data = load_json(f.read())
     except json.JSONDecodeError as error:
         raise KvsimError(f"{path}:{error.lineno}: not JSON ({error.msg})") from None
     if not isinstance(data, list):
@@ -326,7 +328,7 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
         pdfs = _servegen_pdfs(data_file)
         if not pdfs:
             raise KvsimError(f"{data_file}: no window has length distributions")
-        with trace_file.open(newline="") as f:
+        with open_text(trace_file, newline="") as f:
             for line_no, row in enumerate(csv.reader(f), start=1):
                 try:
                     window, rate, cv = float(row[0]), float(row[1]), float(row[2] or 1.0)
@@ -352,7 +354,8 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
 
 def _servegen_pdfs(path: Path) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     try:
-        raw = load_json(path.read_text())
+        with open_text(path) as f:
+            raw = load_json(f.read())
         if not isinstance(raw, dict):
             raise TypeError("expected a JSON object of windows")
         out = {}
