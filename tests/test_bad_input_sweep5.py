@@ -143,3 +143,17 @@ def test_a_vllm_sharegpt_json_reads_as_the_other_traces_do(tmp_path, how):
     assert json.loads(result.stdout)["num_finished"] == 3
     with (tmp_path / "out" / "requests.csv").open() as f:
         assert [(row["prompt_tokens"], row["output_tokens"]) for row in csv.DictReader(f)] == [("100", "20")] * 3
+
+
+@pytest.mark.parametrize(("sets", "shown"), [
+    (["replicas=2"], "replicas=2, no groups"),
+    (["replicas=[{count: 1, kv_role: kv_producer}]"], "kv_roles ['kv_producer']"),
+])
+def test_a_disaggregated_fleet_without_pools_names_what_replicas_is(tmp_path, sets, shown):
+    """`--kv-transfer-config '{}' --set replicas=2` said "(replicas=[])": the roles of no groups, not the
+    count the user gave."""
+    argv = ["run", "--kv-transfer-config", "{}", "-o", str(tmp_path / "out")]
+    for item in sets:
+        argv += ["--set", item]
+    role = "kv_producer" if sets == ["replicas=2"] else "kv_consumer"
+    assert _one_line_exit_2(argv) == f"kv_transfer_config: no replica group with kv_role={role} ({shown})"

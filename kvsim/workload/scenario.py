@@ -288,7 +288,9 @@ class Scenario(Settings):
         if self.kv_transfer_config is not None:
             for role in ("kv_producer", "kv_consumer"):
                 if role not in roles:
-                    raise ValueError(f"kv_transfer_config: no replica group with kv_role={role} (replicas={roles})")
+                    given = f"kv_roles {roles}" if isinstance(self.replicas, list) else \
+                        f"replicas={self.replicas}, no groups"  # a count (2) was shown as its roles, []
+                    raise ValueError(f"kv_transfer_config: no replica group with kv_role={role} ({given})")
             if None in roles:
                 raise ValueError(f"replicas[{roles.index(None)}].kv_role=None: every group of a disaggregated "
                                  "fleet is kv_producer or kv_consumer")
