@@ -93,6 +93,20 @@ def test_plan_refuses_an_offload_size_under_one_block_before_it_plans(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("sets", "shown"), [
+    (["engine.enable_prefix_caching=false"], "allocator=paged, enable_prefix_caching=False"),
+    (["engine.allocator=slab-max"], "allocator=slab-max, enable_prefix_caching=True"),
+])
+def test_plan_refuses_to_size_a_tier_for_an_engine_without_one_before_it_plans(tmp_path, sets, shown):
+    """Offloaded blocks are found by their prefix hashes: an engine without prefix caching (or not paged)
+    has no tier to size, which `plan --offload-size` found only after the whole plan had run and written."""
+    out = tmp_path / "out"
+    flags = [arg for s in sets for arg in ("--set", s)]
+    assert _one_line_exit_2([*PLAN, *flags, "--offload-size", "4GiB", "-o", str(out)]) == (
+        f"--offload-size: sizing an offload tier needs engine.allocator=paged with enable_prefix_caching on ({shown})")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"progress": 5}, "progress=5: expected a function (fraction, done, total) or None"),
     ({"check": "no"}, "check='no': expected True or False"),

@@ -146,10 +146,16 @@ def pays_table(points: pd.DataFrame, largest: int) -> pd.DataFrame:
 
 
 def check_sizes(scenarios: Sequence[Scenario], cpu_sizes_bytes: Sequence[int], field: str = "offload size") -> None:
-    """Refuse, before any run, a CPU tier size of more than 0 bytes but less than one KV block of an engine
-    in `scenarios` (those it may size): it would hold no block, a tier that is no tier (a `KvsimError`
-    naming `field` and the size)."""
+    """Refuse, before any run, to size a tier for an engine in `scenarios` (those it may size) that cannot
+    have one (not the paged allocator with prefix caching: offloaded blocks are found by their hashes), or a
+    CPU tier size of more than 0 bytes but less than one KV block of such an engine: it would hold no block,
+    a tier that is no tier (a `KvsimError` naming `field` and the size)."""
     for scenario in scenarios:
+        engine = scenario.engine
+        if engine.allocator != "paged" or not engine.enable_prefix_caching:
+            raise KvsimError(f"{field}: sizing an offload tier needs engine.allocator=paged with "
+                             f"enable_prefix_caching on (allocator={engine.allocator}, "
+                             f"enable_prefix_caching={engine.enable_prefix_caching})")
         block = offload_block_bytes(resolve_engine(scenario))
         for size in cpu_sizes_bytes:
             KVOffloadConfig(cpu_bytes=size).num_blocks("cpu", block, field=field)
@@ -164,11 +170,9 @@ def size_offload(base: Scenario, cpu_sizes_bytes: Sequence[int], loads: Sequence
     each engine's tier (a fleet's replicas each get one). `sized_for` labels what `base` is."""
     if not cpu_sizes_bytes or any(size < 0 for size in cpu_sizes_bytes):
         raise KvsimError(f"offload sizes={list(cpu_sizes_bytes)}: give sizes >= 0 bytes")
-    check_sizes([base], cpu_sizes_bytes)
     if ttft_percentile not in TTFT_PERCENTILES:
         raise KvsimError(f"ttft percentile={ttft_percentile!r}: one of {', '.join(TTFT_PERCENTILES)}")
-    if base.engine.allocator != "paged" or not base.engine.enable_prefix_caching:
-        raise KvsimError("offload sizing: needs engine.allocator=paged with enable_prefix_caching on")
+    check_sizes([base], cpu_sizes_bytes)
     sizes = sorted({0, *cpu_sizes_bytes})
     loads = sorted(set(loads) | {1.0})
     grid = [(load, size) for load in loads for size in sizes]
