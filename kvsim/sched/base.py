@@ -465,14 +465,15 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
         """Mark requests that produced their last token finished at `now` and free their KV (with async
         scheduling, once the next step is planned: `AsyncSteps`)."""
         hand_off, next_stored = self.hand_off, self._next_stored_block
+        finished, running = RequestStatus.FINISHED, RequestStatus.RUNNING  # an Enum member lookup costs ~0.1 µs
         for req in done:
-            req.status, req.finish_s = RequestStatus.FINISHED, now
+            req.status, req.finish_s = finished, now
             if next_stored:
                 next_stored.pop(req.request_id, None)
             if hand_off is None:
                 self._end_kv(req)
         if done:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self.running = [r for r in self.running if r.status is running]
             self.records.extend(done)  # the scheduler keeps no finished Request: memory stays bounded
             if hand_off is not None:
                 for req in done:
