@@ -218,7 +218,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
         (vllm/v1/engine/parallel_sampling.py), each counted by `max_num_seqs`. With async scheduling a
         request that finished still holds its slot until the next decision is made (`AsyncSteps`).
         """
-        return sum(r.num_samples for r in self.running) + self.num_finishing_seqs()
+        return sum([r.num_samples for r in self.running]) + self.num_finishing_seqs()  # a list: faster than a generator
 
     def request_slots(self, req: Request) -> int:
         """KV slots a request holds at its largest, all samples together."""
