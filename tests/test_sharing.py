@@ -4,8 +4,10 @@ The paper: parallel sampling saves 16.2–30.5 %, beam search 44.3–66.3 % (wid
 parallel sampling: n samples of a prompt P share its blocks, so at output progress o the saving is
 (n − 1)·P / (n·(P + o)); averaged over time, long outputs weigh most (E[o] = E[O²] / 2E[O] ≈ 301 for
 the lognormal output of mean 338 and p99 1,500), so n = 2 gives 161 / (2 · 462) ≈ 17 % and n = 6 gives
-5 · 161 / (6 · 462) ≈ 29 %. Runs are at 0.5 req/s so that no preemption re-starts requests (a
-saturated queue keeps re-admitting fresh requests, which share a larger prompt fraction).
+5 · 161 / (6 · 462) ≈ 29 %. Runs are at 0.5 req/s, and with 12 GiB of CPU swap (as much as the KV pool, so
+any preempted group fits), so that no preemption re-starts requests (a saturated queue keeps re-admitting
+fresh requests, which share a larger prompt fraction): vLLM v0 preempts a group of samples by swapping it
+out, and with its default 4 GiB of swap the n = 6 run aborts ("lack of CPU swap space").
 """
 
 from pathlib import Path
@@ -22,7 +24,7 @@ PAPER = Path(__file__).resolve().parents[1] / "scenarios" / "paper-paged.yaml"
 
 def saving(kind: str, width: int) -> float:
     summary = simulate(load_scenario(PAPER, ["workload.num_requests=300", "workload.arrival.rate=0.5",
-                                             f"workload.{kind}={width}"])).summary
+                                             f"workload.{kind}={width}", "engine.swap_space=12"])).summary
     return 100 * summary["sharing_saving"]
 
 
