@@ -69,6 +69,21 @@ def test_prefix_evicted_to_cpu_loads_instead_of_recomputing():
     assert scheduler.prefix_stats.num_query_tokens == 64 + 128 + 80
 
 
+def test_a_block_aligned_prompt_loads_its_last_block_and_recomputes_one_token():
+    """C repeats A's 64 tokens exactly (4 full blocks). vLLM asks the tier for all num_tokens // 16 = 4 blocks
+    (`get_num_new_matched_tokens`) and, the load covering every token, recomputes the last one alone
+    (`_update_waiting_for_remote_kv`: num_computed_tokens = 64 − 1): 4 blocks over the idle link, then one
+    1-token step. (Asking only for the 3 blocks before the last token would load 3 and prefill 16.)"""
+    a, b = list(range(64)), list(range(1000, 1128))
+    scheduler, rows = run([req(0, 0.0, a), req(1, 1.0, b), req(2, 2.0, a)], connector())
+    assert rows["ttft_s"][2] == pytest.approx(4 * BLOCK_S + STEP_S, rel=1e-12)
+    assert rows["queue_s"][2] == pytest.approx(4 * BLOCK_S, rel=1e-12)
+    assert rows["prefix_hit_tokens"][2] == 63
+    summary = scheduler.offload.summary(3.0)
+    assert summary["tiers"]["cpu"]["num_hit_blocks"] == 4 and summary["bytes_loaded"] == 4 * BLOCK_BYTES
+    assert summary["bytes_stored"] == 12 * BLOCK_BYTES  # A's 4 and B's 8; C's 4 are held already
+
+
 def test_without_offload_the_prefix_is_recomputed():
     _, rows = evicted_then_reused(None)
     assert rows["ttft_s"][2] == pytest.approx(5 * STEP_S, rel=1e-12)  # 80 tokens at 16 per step

@@ -34,8 +34,12 @@ class OffloadScheduling:
         prefix past the GPU hit, take the GPU blocks of its whole prompt, start loading those blocks and
         move it from `waiting` to `loading` (True); False, changing nothing, when they hold none of it.
 
+        The tiers are asked for every full block of the request, its last one included, as vLLM's
+        `OffloadingConnectorScheduler.get_num_new_matched_tokens` does (`num_tokens // block_size` blocks);
+        a load that covers every token leaves the last one to recompute (its logits sample the next token),
+        as vLLM's `Scheduler._update_waiting_for_remote_kv` does (`num_computed_tokens == num_tokens` → − 1).
         The prefix-cache query is counted now (the GPU hit); once loaded, the request is admitted with
-        the GPU hit and the loaded blocks computed (`finish_loads`, `lookup`). Taking the whole prompt's
+        the GPU hit and the loaded tokens computed (`finish_loads`, `lookup`). Taking the whole prompt's
         blocks now (vLLM takes the loaded prefix's, then the rest when it schedules the request) makes a
         loaded request admissible at once: it can never wait for blocks while holding others.
         """
@@ -44,7 +48,7 @@ class OffloadScheduling:
         if req.content is None or req.request_id in self.held_kv_tokens:
             return False
         bs, first = offload.block_size, len(hit.block_ids)
-        num_blocks = offload.lookup(req.content, first, (req.num_tokens - 1) // bs)  # the last token is computed
+        num_blocks = offload.lookup(req.content, first, req.num_tokens // bs)
         if not num_blocks:
             return False
         seq_id = req.seq_ids[0]
@@ -54,7 +58,7 @@ class OffloadScheduling:
         self.waiting.pop()
         if self.alloc.enable_caching:
             self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
-        self.loading[req.request_id] = (req, (first + num_blocks) * bs)
+        self.loading[req.request_id] = (req, min((first + num_blocks) * bs, req.num_tokens - 1))
         self._next_stored_block[req.request_id] = first + num_blocks  # the tiers hold those blocks already
         offload.start_load(req.request_id, req.content, first, num_blocks, now)
         return True
