@@ -63,6 +63,21 @@ def test_eagle_lookahead_holds_k_more_slots():
     assert held == [(2, 5), (3, 8), (4, 11), None]
 
 
+def test_eagle_lookahead_is_held_by_a_running_prefill_chunk_not_by_an_admission():
+    # vLLM's scheduler passes num_lookahead_tokens = K = 3 to allocate_slots for every running request, a
+    # prefill chunk included, and 0 for a request it admits from the queue (scheduler.py). Prompt 10, blocks
+    # of 4, a 4-token budget: step 1 admits a 4-token chunk (4 slots -> 1 block); step 2 computes the next 4
+    # and holds 4 + 4 + 3 = 11 slots -> 3 blocks; step 3 the last 2, holding 8 + 2 + 3 = 13 -> 4 blocks, and
+    # samples token 1; step 4 verifies it + 3 drafts (holding 10 + 4 + 3 = 17) and emits 3: output 4, done.
+    config = SpeculativeConfig(method="eagle", num_speculative_tokens=3, synthetic_acceptance_length=3.0)
+    sched = make_scheduler("v1", PagedAllocator(7, 4, enable_caching=False), SchedulerLimits(16, 4, 512),
+                           speculation=make_speculation(config))
+    sched.add(make_request(0, 0.0, 10, 4))
+    steps, held = run_steps(sched)
+    assert steps == [[4], [4], [2], [4]]
+    assert held == [(1, 4), (3, 8), (4, 10), None]
+
+
 def test_an_output_not_a_multiple_finishes_one_step_earlier_and_caps_the_last_step():
     # output 9: tokens 1 -> 4 -> 7 -> 9 (the last step emits only the 2 still needed): 1 + ceil(8 / 3) = 4
     sched = world("ngram", num_blocks=11, block_size=4)

@@ -11,8 +11,10 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
    out of the plan and its tokens go back to the budget, as vLLM's scheduler does.
    With speculative decoding every decoding request verifies 1 + K tokens (the last sampled one
    and K drafts, fewer if the budget or max_model_len cuts them, as vLLM trims drafts) and holds
-   slots for them plus the lookahead (`num_lookahead_tokens`: K for EAGLE and draft models);
-   `complete` accepts a prefix of the drafts (`kvsim.sched.speculative`).
+   slots for them plus the lookahead (`num_lookahead_tokens`: K for EAGLE and draft models), as does
+   a running request's next prefill chunk (vLLM passes the lookahead for every running request; a
+   request it admits from the queue gets none); `complete` accepts a prefix of the drafts
+   (`kvsim.sched.speculative`).
 2. If nothing was preempted, admit WAITING requests in the policy's order (FCFS, or
    smallest (priority, arrival)) while budget and `max_num_seqs` allow and the whole prompt
    (after prefix-cache hits) fits (with sliding-window or other hybrid KV groups: the first chunk,
@@ -50,12 +52,13 @@ class V1Scheduler(Scheduler):
                 continue
             verify = spec is not None and past > 0 and req.num_tokens == past + 1  # decoding: verify drafts
             num_new, hold_slots = min(req.num_tokens - past, budget), 0
-            if verify:
-                assert spec is not None
-                # vLLM caps a running request's tokens at max_model_len - 1 - num_computed_tokens (scheduler.py)
-                max_drafts = self.limits.max_model_len - 1 - req.num_tokens
-                num_drafts = min(spec.num_speculative_tokens, budget - 1, max_drafts)
-                num_new = 1 + num_drafts
+            if spec is not None:
+                if verify:
+                    # vLLM caps a running request's tokens at max_model_len - 1 - num_computed_tokens (scheduler.py)
+                    max_drafts = self.limits.max_model_len - 1 - req.num_tokens
+                    num_drafts = min(spec.num_speculative_tokens, budget - 1, max_drafts)
+                    num_new = 1 + num_drafts
+                # vLLM's allocate_slots(num_lookahead_tokens) for every running request: a prefill chunk too
                 hold_slots = min(past + num_new + spec.num_lookahead_slots, self.limits.max_model_len)
             num_preempted = len(plan.preempted)
             fits = self.allocate_or_preempt(req, past + 1 if verify else past + num_new, plan, hold_slots)
