@@ -128,5 +128,5 @@ def test_a_cpu_eviction_is_demoted_to_disk_and_a_lookup_walks_down():
 
 def test_a_tier_of_zero_blocks_holds_nothing():
     stack = TieredOffload([OffloadTier("cpu", 0)])
-    assert stack.store(["a", "b"]) == ([], []) and stack.lookup(["a"]) == [0]
+    assert stack.store(["a", "b"]) is None and stack.lookup(["a"]) == [0]
     assert stack.tiers[0].num_held == 0

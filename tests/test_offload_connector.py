@@ -84,6 +84,20 @@ def test_a_block_aligned_prompt_loads_its_last_block_and_recomputes_one_token():
     assert summary["bytes_stored"] == 12 * BLOCK_BYTES  # A's 4 and B's 8; C's 4 are held already
 
 
+def test_the_cpu_tier_evicts_a_prefix_tail_first_and_a_queried_request_s_blocks_last():
+    """vLLM's LRU offload manager is touched (the first block most recently) after each store that wrote a
+    request's blocks (`_get_reqs_to_store`) and on each lookup of a request (`get_num_new_matched_tokens`).
+    CPU tier of 8 blocks. A (64 tokens) prefills 16 a step, storing one block a step and touching its prefix:
+    a3 a2 a1 a0 (LRU first); D (64 others) likewise: a3 a2 a1 a0 d3 d2 d1 d0, full. A2 = A's 64 + 16 new: its
+    query touches a0..a3 (d3 d2 d1 d0 a3 a2 a1 a0); its block a4 evicts d3, then the touch gives
+    d2 d1 d0 a4 a3 a2 a1 a0. (Without the touches a0, A's head, would have gone first.)"""
+    a, d, new = list(range(64)), list(range(1000, 1064)), list(range(5000, 5016))
+    scheduler, _ = run([req(0, 0.0, a), req(1, 0.5, d), req(2, 1.0, a + new)], connector(num_cpu_blocks=8))
+    ah, dh = TokenContent(a + new).block_hashes(16, 5), TokenContent(d).block_hashes(16, 4)
+    expected = [dh[2], dh[1], dh[0], ah[4], ah[3], ah[2], ah[1], ah[0]]
+    assert scheduler.offload.cache.tiers[0].hashes_lru_first() == expected
+
+
 def test_without_offload_the_prefix_is_recomputed():
     _, rows = evicted_then_reused(None)
     assert rows["ttft_s"][2] == pytest.approx(5 * STEP_S, rel=1e-12)  # 80 tokens at 16 per step
@@ -125,18 +139,20 @@ def test_a_load_served_by_two_tiers_waits_for_both():
 def test_a_demotion_to_disk_is_written_over_the_disk_link_before_it_can_hit():
     """CPU tier of 4 blocks, disk written at 1e8 B/s (one block: 10 ms). A's 4 blocks stored at 0 (ready at
     10 ms); B's 4 at 20 ms evict them: one 4-block write to disk, alone until 30 ms (1e6 B drained), when C's
-    2 blocks (stored at 30 ms, B ready by then) evict B's first two, a 2-block write sharing the link: both
-    drain at 5e7 B/s, C's demotion (2e6 B) ends at 70 ms, then A's last 1e6 B alone by 80 ms."""
+    2 blocks (stored at 30 ms, B ready by then) evict B's last two (vLLM touches a request's blocks after
+    storing them, its first most recently: a prefix's tail goes first), a 2-block write sharing the link: both
+    drain at 5e7 B/s, C's demotion (2e6 B) ends at 70 ms, then A's last 1e6 B alone by 80 ms. B's first two
+    stay on the CPU throughout; its last two hit on disk from 70 ms."""
     offload = connector(num_cpu_blocks=4, disk=(100, 1e8))
     a, b, c = (TokenContent(list(range(k, k + 64))) for k in (0, 1000, 2000))
-    offload.store(a.block_hashes(16, 4), 0.0)
-    offload.store(b.block_hashes(16, 4), 0.02)
-    offload.store(c.block_hashes(16, 2), 0.03)
+    offload.store([(a.block_hashes(16, 4), 0)], 0.0)
+    offload.store([(b.block_hashes(16, 4), 0)], 0.02)
+    offload.store([(c.block_hashes(16, 2), 0)], 0.03)
     offload.check_invariants()
     eps = 1e-9
-    for now, a_hits, b_hits in ((0.07 - eps, 0, 0), (0.07 + eps, 0, 2), (0.08 - eps, 0, 2), (0.08 + eps, 4, 2)):
+    for now, a_hits, b_hits in ((0.07 - eps, 0, 2), (0.07 + eps, 0, 4), (0.08 - eps, 0, 4), (0.08 + eps, 4, 4)):
         offload.advance(now)
-        assert offload.lookup(a, 0, 4) == a_hits and offload.lookup(b, 0, 2) == b_hits, now
+        assert offload.lookup(a, 0, 4) == a_hits and offload.lookup(b, 0, 4) == b_hits, now
         offload.check_invariants()
     disk = offload.summary(0.1)["tiers"]["disk"]
     assert disk["bytes_stored"] == 6 * BLOCK_BYTES and disk["num_stored_blocks"] == 6
@@ -147,7 +163,7 @@ def test_store_not_finished_is_not_hit():
     """A block is hittable only once its store transfer has ended."""
     offload = connector()
     content = TokenContent(list(range(64)))
-    offload.store(content.block_hashes(16, 4), 0.0)  # 4 blocks: ends at 4 · 2.5 ms
+    offload.store([(content.block_hashes(16, 4), 0)], 0.0)  # 4 blocks: ends at 4 · 2.5 ms
     offload.advance(4 * BLOCK_S / 2)
     assert offload.lookup(content, 0, 4) == 0
     offload.advance(4 * BLOCK_S)
@@ -165,7 +181,7 @@ def test_random_operations_keep_every_tier_balanced(ops):
     for kind, which, num_blocks in ops:
         content = contents[which]
         if kind == "store":
-            offload.store(content.block_hashes(16, num_blocks), now)
+            offload.store([(content.block_hashes(16, num_blocks), 0)], now)
         elif kind == "load" and which not in loading and (hit := offload.lookup(content, 0, num_blocks)):
             offload.start_load(which, content, 0, hit, now)
             loading.add(which)

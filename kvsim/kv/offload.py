@@ -153,15 +153,16 @@ class TieredOffload:
             hits[tier] += 1
         return hits
 
-    def store(self, hashes: Sequence[BlockHash]) -> tuple[list[BlockHash], list[tuple[int, list[BlockHash]]]]:
+    def store(self, hashes: Sequence[BlockHash]) -> tuple[list[BlockHash], list[tuple[int, list[BlockHash]]]] | None:
         """Offer `hashes` to the top tier, demoting its evictions down the stack. Returns what the top must write
         (blocks it did not hold) and the demotions, (tier index, blocks that tier must write): every slot
-        reserved is ready only on that tier's `complete_store`, when its write ends."""
+        reserved is ready only on that tier's `complete_store`, when its write ends. None (nothing changed)
+        when the top tier refuses them (too few blocks it can evict)."""
         if not self.tiers:
             return [], []
         prepared = self.tiers[0].prepare_store(hashes)
         if prepared is None:
-            return [], []
+            return None
         to_store, evicted = prepared
         demotions: list[tuple[int, list[BlockHash]]] = []
         for k, lower in enumerate(self.tiers[1:], start=1):
@@ -174,6 +175,11 @@ class TieredOffload:
                 demotions.append((k, demoted[0]))
             evicted = demoted[1]
         return to_store, demotions
+
+    def touch(self, hashes: Sequence[BlockHash]) -> None:
+        """Mark the blocks used in every tier holding them, the first most recently (`OffloadTier.touch`)."""
+        for tier in self.tiers:
+            tier.touch(hashes)
 
     def check_invariants(self) -> None:
         for tier in self.tiers:

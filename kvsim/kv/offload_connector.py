@@ -7,17 +7,19 @@ OffloadingConnector (vllm/distributed/kv_transfer/kv_connector/v1/offloading_con
 
 * Stores: after each step, the full blocks a request computed in it are offered to the CPU tier
   (vLLM's `_get_reqs_to_store`: every newly full block, from block 0 of the request on; blocks the
-  tier holds are skipped). They go as one transfer over the GPU→host link (shared by concurrent
-  stores, `SharedLink`), and a lookup can hit them only once it has ended (`complete_store`). The blocks
-  the CPU tier evicts to make room are demoted to the disk tier: their disk slots are reserved at once and
-  written, as one transfer per store, over the disk's write link (shared by the demotions in flight),
-  hittable there once it ends, as LMCache's local disk backend writes a chunk asynchronously and admits
-  it only when written. The disk's reads and writes use separate links (they do not contend).
+  tier holds are skipped; a request whose new blocks it took has all its blocks touched, its first most
+  recently; a refused offer is made again next step). They go as one transfer over the GPU→host link
+  (shared by concurrent stores, `SharedLink`), and a lookup can hit them only once it has ended
+  (`complete_store`). The blocks the CPU tier evicts to make room are demoted to the disk tier: their disk
+  slots are reserved at once and written, as one transfer per store, over the disk's write link (shared
+  by the demotions in flight), hittable there once it ends, as LMCache's local disk backend writes a chunk
+  asynchronously and admits it only when written. The disk's reads and writes use separate links (they do not contend).
 * Loads: a waiting request whose prefix misses the GPU cache at block k but whose blocks k.. are held
   by the tiers (`lookup`, each block from the fastest tier holding it) gets GPU blocks for them and
   waits while they load (vLLM's WAITING_FOR_REMOTE_KVS): one transfer per tier over that tier's
   host→GPU link, shared by the loads in flight on it; the request is ready when all of its transfers end.
-  The loaded blocks are pinned in their tiers meanwhile and touched (most recently used) when it starts.
+  The loaded blocks are pinned in their tiers meanwhile. Every request the scheduler considers admitting
+  has its full blocks touched first (vLLM's `get_num_new_matched_tokens` touches them on each query).
 * Time is explicit (`now_s` in every call, non-decreasing); the engine wakes an idle engine at the
   instant `on_next_load_end` is told (`kvsim.engine.loop`).
 
@@ -109,7 +111,6 @@ class OffloadConnector:
         for k, (tier, own) in enumerate(zip(self.cache.tiers, per_tier, strict=True)):
             if own:
                 tier.prepare_load(own)
-                tier.touch(own)
                 self._loads_on[k].start(request_id, len(own) * self.bytes_per_block, now_s)
                 self.num_hit_blocks[k] += len(own)
                 pending += 1
@@ -118,12 +119,30 @@ class OffloadConnector:
         self.num_loads += 1
         self._tell_next_end()
 
-    def store(self, hashes: Sequence[BlockHash], now_s: float) -> None:
-        """Offer newly computed full blocks to the top tier; the ones it takes are written over the store link,
-        the ones it evicts for them over the lower tier's write link."""
+    def store(self, offers: Sequence[tuple[Sequence[BlockHash], int]], now_s: float) -> list[bool]:
+        """Offer requests' newly computed full blocks to the top tier, one request after another, as vLLM's
+        `OffloadingConnectorScheduler._get_reqs_to_store` does. An offer is (the request's full blocks from
+        block 0 on, the index of its first new one); the top tier reserves slots for the new blocks it lacks,
+        evicting LRU-first (its evictions demoted down the stack), and, if it took any, the request's blocks
+        are touched, the first most recently (vLLM's `manager.touch` after `prepare_store`: a prefix's tail
+        is evicted before its head). An offer the tier refuses (too few blocks it can evict) is False: the
+        caller offers those blocks again later, as vLLM keeps `_next_stored_block_idx`. The blocks each tier
+        takes in one call are written as one transfer over its write link."""
         self.advance(now_s)
-        to_store, demotions = self.cache.store(hashes)
-        for k, blocks in [(0, to_store), *demotions]:
+        taken: list[bool] = []
+        writes: list[list[BlockHash]] = [[] for _ in self.tiers]
+        for prefix, first_new in offers:
+            prepared = self.cache.store(prefix[first_new:])
+            taken.append(prepared is not None)
+            if prepared is None:
+                continue
+            to_store, demotions = prepared
+            writes[0] += to_store
+            for k, demoted in demotions:
+                writes[k] += demoted
+            if to_store:
+                self.cache.touch(prefix)
+        for k, blocks in enumerate(writes):
             if not blocks:
                 continue
             num_bytes = len(blocks) * self.bytes_per_block
@@ -131,6 +150,13 @@ class OffloadConnector:
             self._writing[k][self._next_store_id] = blocks
             self._next_store_id += 1
             self.num_stored_bytes[k] += num_bytes
+        return taken
+
+    def touch(self, content: Content, num_blocks: int) -> None:
+        """Mark the first `num_blocks` full blocks of the content used, the first most recently, as vLLM's
+        `get_num_new_matched_tokens` touches every block of a request it is asked about."""
+        if num_blocks > 0:
+            self.cache.touch(content.block_hashes(self.block_size, num_blocks))
 
     def take_ready(self, now_s: float) -> list[int]:
         """The requests whose loads have completed by `now_s` and were not taken yet, in the order they completed."""

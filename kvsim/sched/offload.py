@@ -2,7 +2,8 @@
 scheduler drives its OffloadingConnector: a waiting request whose prefix the offload tiers hold past its
 GPU prefix-cache hit leaves the queue while those blocks load (vLLM's WAITING_FOR_REMOTE_KVS) and
 rejoins it at the front, holding them, once they have; after every step, the full blocks computed in it
-are offered to the tiers (write-through, vLLM's `_get_reqs_to_store`). Pure Python.
+are offered to the tiers (write-through, vLLM's `_get_reqs_to_store`). A request considered for admission
+has its blocks in the tiers touched (LRU), as vLLM's lookup does. Pure Python.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class OffloadScheduling:
         if req.content is None or req.request_id in self.held_kv_tokens:
             return False
         bs, first = offload.block_size, len(hit.block_ids)
-        num_blocks = offload.lookup(req.content, first, req.num_tokens // bs)
+        num_blocks = offload.lookup(req.content, first, min(req.num_tokens, req.content.num_tokens) // bs)
         if not num_blocks:
             return False
         seq_id = req.seq_ids[0]
@@ -73,12 +74,22 @@ class OffloadScheduling:
             self.held_kv_tokens[request_id] = num_tokens
             self.waiting.prepend(req)
 
+    def touch_offloaded(self, req: Request) -> None:
+        """The waiting head `req` is considered for admission: its full blocks in the tiers become the most
+        recently used, its first most of all, as vLLM's `get_num_new_matched_tokens` touches them each time
+        the scheduler asks about a request not yet computed (a loaded one is not asked again)."""
+        assert self.offload is not None
+        content = req.content
+        if content is not None and req.request_id not in self.held_kv_tokens:
+            self.offload.touch(content, min(req.num_tokens, content.num_tokens) // self.offload.block_size)
+
     def _store_computed(self, plan: StepPlan, now: float) -> None:
         """Offer the full blocks each request computed in this step to the offload tiers (write-through,
-        vLLM's `_get_reqs_to_store`): every newly full block since the last offer, from block 0 on."""
+        vLLM's `_get_reqs_to_store`): every newly full block since the last offer taken, from block 0 on."""
         assert self.offload is not None
-        bs, next_stored, hashes = self.offload.block_size, self._next_stored_block, []
+        bs, next_stored = self.offload.block_size, self._next_stored_block
         running = RequestStatus.RUNNING
+        offers, offered = [], []
         for req, _ in plan.scheduled:
             content = req.content
             if req.status is not running or content is None:
@@ -86,8 +97,10 @@ class OffloadScheduling:
             num_full = min(req.num_computed_tokens, content.num_tokens) // bs
             start = next_stored.get(req.request_id, 0)
             if num_full > start:
-                hashes.extend(content.block_hashes(bs, num_full)[start:num_full])
-                next_stored[req.request_id] = num_full
-        if hashes:
-            self.offload.store(hashes, now)
+                offers.append((content.block_hashes(bs, num_full), start))
+                offered.append((req.request_id, num_full))
+        if offers:
+            for (request_id, num_full), taken in zip(offered, self.offload.store(offers, now), strict=True):
+                if taken:
+                    next_stored[request_id] = num_full
 

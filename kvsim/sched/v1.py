@@ -99,6 +99,8 @@ class V1Scheduler(Scheduler):
             req = waiting.peek()
             if num_seqs + req.num_samples > max_num_seqs:
                 break
+            if self.offload is not None:
+                self.touch_offloaded(req)  # vLLM's connector lookup touches its blocks, fit or not
             hit = self.lookup(req)
             num_new = min(req.num_tokens - hit.num_tokens, budget)
             if not self.can_admit(req, hit, num_new):
