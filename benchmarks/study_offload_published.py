@@ -21,8 +21,9 @@ one request's TTFT with its whole prompt loaded from the CPU tier against prefil
 on one H100 80GB HBM3, GPU prefix caching off, 16-token blocks. Its text gives a 2x-22x reduction "depending
 on the prompt size" (the prompt sizes are only in its Fig. 1, not in the text), about 2x at 512 tokens, and
 up to about 50 GB/s one way for the DMA copy at large blocks (a Llama-3.1-8B block of 16 tokens is 2 MB).
-kvsim prices the same request as its connector does: the full blocks before the last token load over the
-link ((L - 1) // 16 blocks), then one step prefills the rest; against the prefill of all L tokens
+kvsim prices the same request as its connector does: every full block loads over the link (L // 16 blocks,
+as vLLM's `get_num_new_matched_tokens` asks for), then one step prefills the rest, or recomputes the last token
+when the load covered them all (vLLM's `_update_waiting_for_remote_kv`); against the prefill of all L tokens
 (`kvsim.planning.offload_sizing.prefill_s`), both with kvsim's llama-3.1-8b and h100-80gb presets and
 roofline latency, at the preset's PCIe 5.0 link (64 GB/s) and at the post's 50 GB/s.
 Writes `benchmarks/results/offload_published.json`.
@@ -65,10 +66,11 @@ def vllm_blog_comparison() -> dict[str, Any]:
     latency, bs = make_latency(spec), spec.engine.block_size
     rows = []
     for n in PROMPT_LENS:
-        loaded = (n - 1) // bs * bs  # the full blocks before the last token, as the connector loads them
+        num_blocks = n // bs  # every full block, as the connector loads them (`kvsim.sched.offload`)
+        computed = min(num_blocks * bs, n - 1)  # a load covering every token leaves the last to recompute
         rest = StepPlan()
-        rest.add(n - loaded, loaded, 1, True)
-        num_bytes = loaded // bs * spec.bytes_per_block
+        rest.add(n - computed, computed, 1, True)
+        num_bytes = num_blocks * spec.bytes_per_block
         recompute = prefill_s(scenario, n)
         row: dict[str, Any] = {"prompt_tokens": n, "bytes_loaded": num_bytes, "recompute_ttft_s": recompute}
         for name, bandwidth in (("pcie5", spec.gpu.host_link_bandwidth_bytes_per_s),
