@@ -57,6 +57,22 @@ def test_one_request_ttft_is_prefill_plus_transfer_plus_first_decode_step():
     assert result.summary["disaggregation"]["bytes_moved"] == PROMPT_BYTES
 
 
+def test_decode_reserves_no_transfer_while_its_running_batch_is_full():
+    """vLLM's decode scheduler reserves a remote request's blocks in its waiting loop, which stops once
+    `len(running) == max_num_seqs`. D runs one sequence at a time; A arrives at 0, B at 0.02 (constant 50/s).
+    A: P steps [0, 0.01], transfer [0.01, 0.01 + T], then 5 D steps: finished at 0.01 + T + 0.05.
+    B: P steps [0.02, 0.03] and hands off while D runs A, so its transfer waits for A's end, the first
+    boundary with room: [0.06 + T, 0.06 + 2T], then one D step: TTFT = 0.06 + 2T + 0.01 − 0.02 (before,
+    its transfer ran beside A's decode and B's TTFT was A's end + one step − 0.02 = 0.05 + T)."""
+    transfer_s = LINK_LATENCY_S + PROMPT_BYTES / BANDWIDTH
+    result = simulate_disagg(scenario(num_requests=2, rate=50.0, decode_engine={"max_num_seqs": 1}), check=True)
+    a, b = result.requests.sort_values("request_id").itertuples()
+    assert a.ttft_s == pytest.approx(STEP_S + transfer_s + STEP_S, rel=1e-9)
+    transfers = result.tables["transfers"].sort_values("request_id")
+    assert list(transfers["start_s"]) == pytest.approx([0.01, 0.06 + transfer_s], rel=1e-9)
+    assert b.ttft_s == pytest.approx(0.06 + 2 * transfer_s + STEP_S - 0.02, rel=1e-9)
+
+
 def test_decode_tp_sets_bytes_and_link_width():
     """TP 2 on D: 4 kv heads per rank, so the same bytes in all; two per-GPU links, so half the drain time."""
     result = simulate_disagg(scenario(decode_engine={"tensor_parallel_size": 2}))

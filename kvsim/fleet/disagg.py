@@ -246,7 +246,10 @@ class Disaggregation:
         def reserve(now: float) -> None:
             """At a step boundary of decode instance k: requests whose KV has arrived go first in the queue
             (they need no new block, so a preempted request that cannot fit never blocks them: no deadlock);
-            then blocks for pending transfers, FIFO, unless a local request waits (FCFS: it would come first)."""
+            then blocks for pending transfers, FIFO, unless a local request waits (FCFS: it would come first)
+            or the running batch is full: vLLM reserves a remote request's blocks in the scheduler's waiting
+            loop, which stops once `len(running)` reaches `max_num_seqs` (a reservation does not run yet, so
+            below that every pending transfer may start)."""
             scheduler = self.engines[self.decode[k]].scheduler
             waiting, held = scheduler.waiting, scheduler.held_kv_tokens
             if held and waiting and waiting.peek().request_id not in held:
@@ -255,7 +258,7 @@ class Disaggregation:
                     waiting.remove(req)
                     waiting.prepend(req)
             pending = self.pending[k]
-            if not pending or len(waiting) > len(held):
+            if not pending or len(waiting) > len(held) or scheduler.num_running_seqs() >= scheduler.limits.max_num_seqs:
                 return
             alloc, started = scheduler.alloc, False
             while pending:
