@@ -63,3 +63,28 @@ def test_a_fleet_the_short_probe_flatters_is_re_searched_in_long_runs(tmp_path):
     # three replicas never queue: TTFT is the wait for the next step boundary (< 10 ms) plus one 10 ms step
     assert row["verify_ttft_s.p90"] <= 0.02 + 1e-9
     assert "in the long run at 2 replicas" in row["limiting_factor"]
+
+
+def test_cost_per_million_tokens_is_priced_at_the_steady_state_output_rate(tmp_path):
+    """One replica, no queue: 400 evenly spaced arrivals at 40 req/s, 50-token replies, 10 ms a step whatever
+    the batch, up to 64 running (a request holds a slot ~0.51 s, so ~21 run at once, under 64). In steady
+    state the replica serves λ · O = 40 · 50 = 2,000 output tokens/s, so at $2 a GPU-hour a million output
+    tokens cost 2 / (2,000 · 3,600) · 10^6 = $0.2778. The whole run's rate is lower: 400 · 50 tokens over
+    first arrival → last finish, 399 / 40 + ~0.51 s = 10.49 s, is 1,907 tokens/s ($0.2913, 4.9 % more),
+    because it counts the drain after the last arrival. The window (20 % of the 9.975 s span left out at
+    the start, 10 % at the end: 6.98 s, 279 or 280 finishes) gives 2,000 within 0.4 %."""
+    from kvsim.workload.scenario import make_scenario
+
+    base = make_scenario({
+        "name": "steady-tokens", "steps": "none",
+        "engine": {"max_num_seqs": 64, "max_model_len": 1024, "num_gpu_blocks_override": 20_000,
+                   "async_scheduling": False},
+        "latency": {"model": "constant", "step_s": 0.01},
+        "workload": {"num_requests": 400, "arrival": {"process": "constant", "rate": 40.0},
+                     "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 50}}})
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 0.1}, "gpus": ["h100-80gb"], "max_replicas": 4,
+                           "verify_factor": 0, "gpu_hourly_cost": {"h100-80gb": 2.0}})
+    (row,) = plan(base, spec, tmp_path)[0]
+    assert row["replicas"] == 1 and row["cost_per_hour"] == pytest.approx(2.0)
+    assert row["output_tokens_per_s"] == pytest.approx(40.0 * 50, rel=0.005)
+    assert row["usd_per_million_output_tokens"] == pytest.approx(2.0 / (40.0 * 50 * 3600) * 1e6, rel=0.005)

@@ -65,6 +65,15 @@ def cost_per_million_output_tokens(price: GpuPrice, num_gpus: int, output_tokens
     return price.usd_per_gpu_hour * num_gpus / (output_tokens_per_s * 3600) * 1e6
 
 
+def window_output_tokens_per_s(metrics: dict[str, Any]) -> float:
+    """The output tokens a second a run serves in steady state: those of the requests finishing inside its
+    measurement window, over the window's length (`kvsim.planning.window.window_evidence`). A run's whole-run
+    `output_tokens_per_s` (summary) divides by first arrival → last finish, warm-up and drain included, so
+    it understates the rate the traffic is served at, the more the shorter the run; every USD per million
+    tokens is priced at this one."""
+    return float(metrics["evidence"]["output_tokens_per_s"])
+
+
 def add_capacity_costs(plan: dict, price: GpuPrice, num_gpus: int, max_num_seqs: int,
                        output_tokens_per_s: Callable[[int, int], float]) -> dict:
     """`kvsim capacity`'s plan with the price and, per row, the sequences that run at once (the row's

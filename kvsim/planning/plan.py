@@ -16,7 +16,9 @@ the requests, and while that long run fails, one replica more is tried long (`kv
 `replicas` is the count that held, `searched_replicas` the probes' answer, `verified`, `verify_*`).
 
 For each candidate the table gives the cost per hour (replicas × TP × the GPU's hourly
-price: the planner's, or the shipped list's, `price_source`), GPUs, replicas, the headroom
+price: the planner's, or the shipped list's, `price_source`), the cost per million output tokens (that
+over the output rate the run behind the answer serves in its steady-state window,
+`kvsim.planning.cost.window_output_tokens_per_s`), GPUs, replicas, the headroom
 (the smallest relative slack of an SLO at that count), the limiting factor (the SLO that
 failed with one replica fewer, and whether that fleet was short of KV memory, it preempted,
 or of compute, it only queued), the window's evidence, and the first-principles floor
@@ -45,7 +47,7 @@ from typing import Any
 from kvsim.model.errors import KvsimError, shown
 from kvsim.model.yaml_io import flag_mapping, load_yaml
 from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica_floor
-from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_price
+from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_price, window_output_tokens_per_s
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traffic
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
@@ -269,7 +271,7 @@ class ReplicaSearch:
         num_gpus = replicas * c.tensor_parallel_size
         return {**row, "feasible": True, "replicas": replicas, "num_gpus": num_gpus,
                 "requests_per_probe": self.num_requests,
-                "output_tokens_per_s": (self.answer_metrics() or metrics)["output_tokens_per_s"],
+                "output_tokens_per_s": window_output_tokens_per_s(self.answer_metrics() or metrics),
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
                 "headroom": headroom((self.verify.metrics or metrics)["evidence"], slo), "limiting_factor": limiting,
                 "rate_per_replica": metrics["offered_rate_per_s"] / replicas,
@@ -315,7 +317,7 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
         row = s.row(price.usd_per_gpu_hour)
         tokens_per_s = row.get("output_tokens_per_s")
         if tokens_per_s is None and row["feasible"] and s.verify.metrics is not None:  # a rate search's fleet
-            tokens_per_s = s.verify.metrics["output_tokens_per_s"]
+            tokens_per_s = window_output_tokens_per_s(s.verify.metrics)
         shape = Candidate(c.gpu, c.tensor_parallel_size, c.knobs)  # the floor counts colocated replicas
         floor = replica_floor(shape.scenario(base, 1, spec.router), target_rate_per_s)
         gap = answer_gap(floor, row["replicas"], s.answer_metrics())

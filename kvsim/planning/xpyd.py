@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kvsim.planning.cost import window_output_tokens_per_s
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.verify import Verification, evidence_columns, traffic_of
 from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, why_failed
@@ -122,8 +123,10 @@ class XpydSearch:
                     "limiting_factor": f"the long run {why_failed(long_run, slo)} at {self.split_text} (the probes "
                                        "passed)", "rate_per_replica": None, **common}
         num_gpus = instances * c.tensor_parallel_size
+        answer = self.verify.metrics if self.verify.held else self.metrics  # the long run when it held
+        assert answer is not None
         return {**row, "replicas": instances, "num_gpus": num_gpus,
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
                 "limiting_factor": f"none: {c.split[0]} prefill + {c.split[1]} decode instances meet every SLO",
                 "rate_per_replica": self.metrics["offered_rate_per_s"] / instances,
-                "output_tokens_per_s": self.metrics["output_tokens_per_s"], **common}
+                "output_tokens_per_s": window_output_tokens_per_s(answer), **common}
