@@ -72,7 +72,7 @@ def test_b200_pool_by_hand():
 
 
 def test_seed_exercise_39_sequences_at_4k():
-    assert paged_max_seqs(10_000, 4096, 16) == 39
+    assert paged_max_seqs(10_000, 4096, 16, num_null_blocks=1) == 39
     assert vllm_max_concurrency(10_000, 4096, 16) == pytest.approx(39.0625)
 
 
@@ -128,3 +128,30 @@ def test_tensor_parallel_must_split_the_heads():
 def test_fp8_column_doubles_blocks_when_memory_bound():
     plan = plan_capacity(load_model("llama-3.1-8b"), H100, EngineConfig(max_model_len=8192), [4096])
     assert plan.num_gpu_blocks_fp8 in (2 * plan.num_gpu_blocks, 2 * plan.num_gpu_blocks + 1)
+
+
+def test_sequence_counts_leave_out_vllm_v1s_null_block():
+    """vLLM v1's BlockPool takes block 0 as the null block (vllm/v1/core/block_pool.py: `null_block =
+    free_block_queue.popleft()`), so 10,240 blocks of 16 tokens hold floor(10,239 / 256) = 39 sequences of
+    4,096 tokens, not 40 (v0's block manager hands out all 10,240: 40). With a 1,024-token prefix shared
+    (64 blocks once, 192 own): floor((10,239 − 64) / 192) = 52 (v0: floor(10,176 / 192) = 53). vLLM's
+    "maximum concurrency" counts every block, as vLLM prints it: 10,240 / 256 = 40.0. The engine agrees:
+    40 such sequences at once preempt one (`kvsim run` on this engine, 2,048 + 2,048 tokens each)."""
+    m = load_model("llama-3.1-8b")
+    for scheduler, seqs, shared in (("v1", 39, 52), ("v0", 40, 53)):
+        engine = EngineConfig(max_model_len=4096, num_gpu_blocks_override=10_240, scheduler=scheduler)
+        plan = plan_capacity(m, H100, engine, [4096], shared_prefix_tokens=1024, num_sequences=10)
+        (row,) = plan.rows
+        assert (row.blocks_per_seq, row.paged_max_seqs, row.paged_max_seqs_fp8) == (256, seqs, seqs)
+        assert row.shared_prefix_max_seqs == shared
+        assert plan.num_gpu_blocks == 10_240 and plan.max_concurrency == pytest.approx(40.0)
+    from kvsim import simulate
+
+    def preemptions(num_seqs):  # all arrive at once and hold 4,096 tokens at their last step
+        return simulate({
+            "name": "null-block", "steps": "none", "latency": {"model": "constant", "step_s": 0.01},
+            "engine": {"max_model_len": 4096, "num_gpu_blocks_override": 10_240, "enable_prefix_caching": False},
+            "workload": {"num_requests": num_seqs, "arrival": {"process": "constant", "rate": 1e6},
+                         "prompt_len": {"dist": "fixed", "value": 2048},
+                         "output_len": {"dist": "fixed", "value": 2048}}}).summary["num_preemptions"]
+    assert (preemptions(39), preemptions(40)) == (0, 1)

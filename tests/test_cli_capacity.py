@@ -51,7 +51,7 @@ def test_shared_prefix_flags():
                     "--shared-prefix-tokens", "5000", "--num-sequences", "100")
     row = data["rows"][0]
     assert row["shared_prefix_blocks_with_sharing"] == 312 + 700
-    assert row["shared_prefix_max_seqs"] == (10000 - 312) // 7
+    assert row["shared_prefix_max_seqs"] == (10000 - 1 - 312) // 7  # vLLM v1 keeps block 0 back (null block)
 
 
 @pytest.mark.parametrize("fmt", ["table", "csv", "markdown"])
@@ -93,6 +93,7 @@ def test_import_is_light_and_module_entry_point_works():
 
 
 @pytest.mark.parametrize(("config", "blocks_per_seq", "seqs"), [
+    # 641 blocks, 640 usable (vLLM v1 keeps block 0 back as its null block).
     # EAGLE, K = 3: a verify step holds the 3 drafts and vLLM's num_lookahead_tokens (3): 1024 + 6 = 1030 slots,
     # ceil(1030 / 16) = 65 blocks, 640 // 65 = 9 sequences (10 without drafts: 640 // 64)
     ({"method": "eagle", "num_speculative_tokens": 3, "acceptance_length": 2.5}, 65, 9),
@@ -103,7 +104,7 @@ def test_import_is_light_and_module_entry_point_works():
 ])
 def test_drafts_cut_concurrency_as_vllm_reserves_their_slots(config, blocks_per_seq, seqs):
     """Issue 23: capacity shows how drafts cut concurrency (vLLM v1's allocate_slots with num_lookahead_tokens)."""
-    data = run_json("--num-gpu-blocks-override", "640", "--context-lengths", "1024,2048", "--max-model-len", "2048",
+    data = run_json("--num-gpu-blocks-override", "641", "--context-lengths", "1024,2048", "--max-model-len", "2048",
                     "--speculative-config", json.dumps(config))
     row, at_limit = data["rows"]
     assert row["paged_max_seqs"] == 10 and row["blocks_per_seq"] == 64

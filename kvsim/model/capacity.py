@@ -203,12 +203,14 @@ def model_max_concurrency(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, 
     return model_kv_layout(model, engine).max_concurrency(num_blocks, max_model_len, mnbt)
 
 
-def paged_max_seqs(num_blocks: int, context_len: int, block_size: int) -> int:
-    """Sequences of `context_len` tokens that fit with paging: `floor(num_blocks / cdiv(ctx, bs))`.
+def paged_max_seqs(num_blocks: int, context_len: int, block_size: int, *, num_null_blocks: int) -> int:
+    """Sequences of `context_len` tokens that fit with paging: `floor((num_blocks − null) / cdiv(ctx, bs))`,
+    `num_null_blocks` being the blocks no sequence can hold (`EngineConfig.num_null_blocks`: vLLM v1's block 0).
 
-    10,000 blocks of 16 tokens at 4,096 tokens: floor(10000 / 256) = 39.
+    10,000 blocks of 16 tokens at 4,096 tokens: floor(9999 / 256) = 39; 10,240 blocks: 39 in v1
+    (10,239 usable), 40 in v0.
     """
-    return num_blocks // ceil_div(context_len, block_size)
+    return (num_blocks - num_null_blocks) // ceil_div(context_len, block_size)
 
 
 def slab_max_seqs(num_token_slots: int, max_model_len: int) -> int:
@@ -347,8 +349,11 @@ def plan_capacity(
     capped at max_model_len, as vLLM v1's `allocate_slots` reserves them: `*_with_drafts` columns.
     Shared-prefix columns (when P > 0) assume `num_sequences` sequences of each context
     length sharing the first P tokens (`shared_prefix_blocks`), and the most such sequences
-    that fit: `floor((num_blocks − shared) / own)` with shared = P // bs per full-attention
-    group (fewer in a sliding group whose window has moved past the prefix).
+    that fit: `floor((num_blocks − null − shared) / own)` with shared = P // bs per full-attention
+    group (fewer in a sliding group whose window has moved past the prefix). Every count of sequences
+    leaves out the null block vLLM v1 keeps back from its pool (`EngineConfig.num_null_blocks`), as the
+    simulated engine does; `num_gpu_blocks`, the token slots and vLLM's "maximum concurrency" count it,
+    as vLLM's startup lines do.
     """
     if any(c <= 0 for c in context_lengths):
         raise KvsimError(f"context_lengths={context_lengths}: every length must be positive")
@@ -369,6 +374,7 @@ def plan_capacity(
     fp8 = engine.model_copy(update={"kv_cache_dtype": "fp8"})
     blocks_fp8 = num_gpu_blocks(model, gpu, fp8)
     slots = layout.token_slots(blocks)
+    usable, usable_fp8 = blocks - engine.num_null_blocks, blocks_fp8 - fp8.num_null_blocks
     rows = []
     for ctx in sorted(set(context_lengths)):
         servable = ctx <= max_model_len
@@ -376,18 +382,18 @@ def plan_capacity(
         row: dict[str, Any] = {
             "context_len": ctx,
             "blocks_per_seq": per_seq,
-            "paged_max_seqs": blocks // per_seq if servable else 0,
+            "paged_max_seqs": usable // per_seq if servable else 0,
             "slab_max_seqs": slab_max_seqs(slots, max_model_len) if servable else 0,
-            "paged_max_seqs_fp8": blocks_fp8 // per_seq if servable else 0,
+            "paged_max_seqs_fp8": usable_fp8 // per_seq if servable else 0,
         }
         if engine.speculative_config is not None:  # a verify step holds K drafts and vLLM's lookahead more
             extra = engine.speculative_config.num_speculative_tokens + engine.speculative_config.num_lookahead_tokens
             with_drafts = layout.live_blocks(min(ctx + extra, max_model_len))
             row |= {"blocks_per_seq_with_drafts": with_drafts,
-                    "paged_max_seqs_with_drafts": blocks // with_drafts if servable else 0}
+                    "paged_max_seqs_with_drafts": usable // with_drafts if servable else 0}
         if shared_prefix_tokens and ctx >= shared_prefix_tokens:
             shared, own = _shared_prefix_counts(layout, ctx, shared_prefix_tokens)
-            fits = (blocks - shared) // own if own and servable else 0
+            fits = (usable - shared) // own if own and servable else 0
             row |= {
                 "shared_prefix_max_seqs": fits,
                 "shared_prefix_blocks_without_sharing": num_sequences * per_seq,

@@ -196,11 +196,13 @@ def context_concurrency(st: Study) -> Section:
     runs, _ = st.run_saturated([(f"engine.max_model_len={n}", f"engine.allocator={a}")
                                 for n in lens for a in allocators])
     bs, rows = st.base.engine.block_size, []
+    paged_null = st.base.engine.model_copy(update={"allocator": "paged"}).num_null_blocks  # the runs' allocator
     for i, n in enumerate(lens):
         paged = runs[len(allocators) * i].summary
         rows.append({
             "max_model_len": n,
-            "closed_form_paged_at_mean_len": paged_max_seqs(st.num_blocks, round(st.mean_kv_len), bs),
+            "closed_form_paged_at_mean_len": paged_max_seqs(st.num_blocks, round(st.mean_kv_len), bs,
+                                                            num_null_blocks=paged_null),
             "closed_form_slab_max": slab_max_seqs(st.num_blocks * bs, n),  # slab pools have no null block
             "vllm_max_concurrency": round(model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks, n), 2),
             "simulated_paged_sustained": sustained(paged),
@@ -228,7 +230,8 @@ def kv_quantization(st: Study) -> Section:
         blocks = num_gpu_blocks(st.model, st.gpu, engine)
         rows.append({
             "kv_cache_dtype": d, "bytes_per_block": kv_bytes_per_block(st.model, engine), "num_gpu_blocks": blocks,
-            "closed_form_paged_at_mean_len": paged_max_seqs(blocks, round(st.mean_kv_len), engine.block_size),
+            "closed_form_paged_at_mean_len": paged_max_seqs(blocks, round(st.mean_kv_len), engine.block_size,
+                                                            num_null_blocks=engine.num_null_blocks),
             "simulated_sustained_running": sustained(s.summary),
             "peak_running_transient": s.summary["max_running"],
             "tpot_mean_s_saturated": s.summary["tpot_s"]["mean"],
