@@ -151,3 +151,16 @@ def test_a_run_that_never_saturates_has_no_sustained_figure_not_zero():
     assert (table.peak_running_transient == 6).all()
     assert "(not saturated → not saturated)" in fp8_text(sec)
     assert _rounded(table)[0]["simulated_sustained_running"] == "–"
+
+
+@pytest.mark.parametrize(("scheduler", "null_blocks"), [("v1", 1), ("v0", 0)])
+def test_the_report_counts_a_null_block_only_where_the_engine_keeps_one(scheduler, null_blocks):
+    """vLLM v1's paged pool keeps block 0 back; vLLM v0's block manager hands out every block. The capacity
+    sections' closed forms (usable blocks ÷ blocks per sequence) and the introduction follow the engine."""
+    from kvsim.report import studies
+    from kvsim.report.text import introduction
+
+    base = load_scenario(None, default=REPORT_SCENARIO, overrides=[f"engine.scheduler={scheduler}"])
+    st = studies.Study(base, StudyConfig(num_requests=2, workers=1))
+    assert st.paged_null_blocks == null_blocks
+    assert ("null block" in introduction(st)) is bool(null_blocks)

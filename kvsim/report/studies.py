@@ -125,6 +125,8 @@ class Study:
                                                                       spec.num_gpu_blocks)
         requests = build_requests(self.base, self.max_model_len, np.random.default_rng(self.base.seed))
         self.mean_kv_len = float(np.mean([r.kv_len for r in requests]))
+        # the blocks no sequence holds in the paged variants the capacity sections run (vLLM v1's null block; v0: none)
+        self.paged_null_blocks = self.base.engine.model_copy(update={"allocator": "paged"}).num_null_blocks
         # as the scheduler refuses them (`kvsim.sched.base.Scheduler.reject_reason`'s first test)
         self.unservable_fraction = float(np.mean([r.prompt_len + r.output_len > self.max_model_len
                                                   for r in requests])) if requests else 0.0
@@ -196,13 +198,12 @@ def context_concurrency(st: Study) -> Section:
     runs, _ = st.run_saturated([(f"engine.max_model_len={n}", f"engine.allocator={a}")
                                 for n in lens for a in allocators])
     bs, rows = st.base.engine.block_size, []
-    paged_null = st.base.engine.model_copy(update={"allocator": "paged"}).num_null_blocks  # the runs' allocator
     for i, n in enumerate(lens):
         paged = runs[len(allocators) * i].summary
         rows.append({
             "max_model_len": n,
             "closed_form_paged_at_mean_len": paged_max_seqs(st.num_blocks, round(st.mean_kv_len), bs,
-                                                            num_null_blocks=paged_null),
+                                                            num_null_blocks=st.paged_null_blocks),
             "closed_form_slab_max": slab_max_seqs(st.num_blocks * bs, n),  # slab pools have no null block
             "vllm_max_concurrency": round(model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks, n), 2),
             "simulated_paged_sustained": sustained(paged),
@@ -294,7 +295,7 @@ def capacity_formula(st: Study) -> Section:
     runs, counts = st.run_saturated([(*common, *extra) for _, _, extra in rows_spec])
     no_preemption = _largest_seqs_without_preemption(st, [(*common, *extra) for _, _, extra in rows_spec], runs,
                                                      counts)
-    usable = st.num_blocks - 1
+    usable = st.num_blocks - st.paged_null_blocks
     closed = np.array([usable / ceil_div(c, bs) for _, c, _ in rows_spec])
     running = np.array([sustained(r.summary, digits=None) for r in runs], dtype=float)  # None → NaN
     limits = [st.limited_by(r.summary) for r in runs]

@@ -27,7 +27,8 @@ def introduction(st: studies.Study) -> str:
         refused = (f" {st.unservable_fraction:.1%} of the requests are longer than max_model_len and are refused "
                    "(counted apart from every SLO).")
     return (f"Scenario `{st.base.name}`: {st.model.name} on {tp}{st.gpu.name}, {st.num_blocks:,} KV blocks of "
-            f"{e.block_size} tokens (vLLM keeps one as its null block), max_model_len {st.max_model_len:,}, "
+            f"{e.block_size} tokens{' (vLLM keeps one as its null block)' if e.num_null_blocks else ''}, "
+            f"max_model_len {st.max_model_len:,}, "
             f"requests of {st.mean_kv_len:.0f} tokens on average (prompt + output), scheduler {e.scheduler}."
             f"{refused}")
 
