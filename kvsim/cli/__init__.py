@@ -324,9 +324,7 @@ def plan(
         base = load_scenario(scenario, overrides or [])
         raw: dict = {}
         if spec_file is not None:
-            problem = not_a_file(spec_file)  # a FIFO or a folder was "file not found"
-            if problem is None and Path(spec_file).is_dir():
-                problem = "is a directory, not a spec YAML file"
+            problem = not_a_file(spec_file, file_kind="a spec YAML file")  # a FIFO or a folder was "file not found"
             if problem is not None:
                 raise KvsimError(f"spec={spec_file!r}: {problem}")
             with reading(spec_file, "spec"):

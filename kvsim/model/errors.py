@@ -50,10 +50,11 @@ def reading(path: str | Path, what: str) -> Iterator[None]:
         raise KvsimError(f"{what} {path}: not a CSV file kvsim reads ({error})") from None
 
 
-def not_a_file(path: str | Path, missing: str = "file not found") -> str | None:
+def not_a_file(path: str | Path, missing: str = "file not found", file_kind: str | None = None) -> str | None:
     """Why `path` is neither a regular file nor a folder, for a one-line error: `missing`, "not a
     regular file (a FIFO)" (a named pipe or /dev/zero: reading would block or never end), or the system's
-    reason (a loop of symbolic links, a folder without search permission); None when it is either."""
+    reason (a loop of symbolic links, a folder without search permission); None when it is either. With
+    `file_kind` (e.g. "a scenario YAML file") only a file will do: a folder is "is a directory, not {file_kind}"."""
     import os
     import stat
 
@@ -63,7 +64,9 @@ def not_a_file(path: str | Path, missing: str = "file not found") -> str | None:
         return missing
     except (OSError, ValueError) as error:  # ValueError: a NUL byte in the name
         return f"cannot read ({getattr(error, 'strerror', None) or error})"
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+    if stat.S_ISDIR(mode):
+        return None if file_kind is None else f"is a directory, not {file_kind}"
+    if stat.S_ISREG(mode):
         return None
     kinds = {stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device",
              stat.S_ISSOCK: "a socket"}
