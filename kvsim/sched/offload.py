@@ -46,10 +46,12 @@ class OffloadScheduling:
         """
         offload = self.offload
         assert offload is not None and self.waiting.peek() is req
-        if req.content is None or req.request_id in self.held_kv_tokens:
+        num_full = self._blocks_asked(req)
+        if not num_full:
             return False
+        assert req.content is not None
         bs, first = offload.block_size, len(hit.block_ids)
-        num_blocks = offload.lookup(req.content, first, min(req.num_tokens, req.content.num_tokens) // bs)
+        num_blocks = offload.lookup(req.content, first, num_full)
         if not num_blocks:
             return False
         seq_id = req.seq_ids[0]
@@ -79,9 +81,19 @@ class OffloadScheduling:
         recently used, its first most of all, as vLLM's `get_num_new_matched_tokens` touches them each time
         the scheduler asks about a request not yet computed (a loaded one is not asked again)."""
         assert self.offload is not None
-        content = req.content
-        if content is not None and req.request_id not in self.held_kv_tokens:
-            self.offload.touch(content, min(req.num_tokens, content.num_tokens) // self.offload.block_size)
+        num_full = self._blocks_asked(req)
+        if num_full:
+            assert req.content is not None
+            self.offload.touch(req.content, num_full)
+
+    def _blocks_asked(self, req: Request) -> int:
+        """The full blocks of `req` the tiers are asked about, its last one included (vLLM's
+        `get_num_new_matched_tokens`: `num_tokens // block_size`); 0 for a request without content or one
+        whose KV it already holds (loaded: not asked again)."""
+        assert self.offload is not None
+        if req.content is None or req.request_id in self.held_kv_tokens:
+            return 0
+        return min(req.num_tokens, req.content.num_tokens) // self.offload.block_size
 
     def _store_computed(self, plan: StepPlan, now: float) -> None:
         """Offer the full blocks each request computed in this step to the offload tiers (write-through,
