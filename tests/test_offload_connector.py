@@ -194,3 +194,19 @@ def test_random_operations_keep_every_tier_balanced(ops):
             assert tier.num_stored_blocks + storing == tier.num_held + tier.num_evicted_blocks
             assert tier.num_held <= tier.num_blocks
         assert loading == offload.loading_ids
+
+
+def test_loads_ending_in_one_step_rejoin_the_queue_in_queue_order():
+    """vLLM keeps a request waiting for its KV in the waiting queue and admits the ready ones in queue order.
+    D (2 CPU blocks + 16 new tokens) and E (1 block + 16 new) arrive together at 0.995 s, while R (no
+    content, so nothing of it is stored) decodes a token a step. At the 1.0 s step both start their loads
+    (D first, the queue's head): sharing the link, E's one block ends at 1.005, D's two at 1.0075; both
+    are ready when the step ends at 1.01. The budget (16, R takes 1) then admits one chunk: D's, queue
+    order, though E's load ended first; E is admitted a step later."""
+    d, e, new = list(range(32)), list(range(100, 116)), list(range(5000, 5016))
+    offload = connector()
+    offload.store([(TokenContent(d).block_hashes(16, 2), 0), (TokenContent(e).block_hashes(16, 1), 0)], 0.0)
+    requests = [Request(0, 0.0, 16, 300), req(1, 0.995, d + new), req(2, 0.995, e + new)]
+    _, rows = run(requests, offload, num_blocks=30)
+    assert rows["queue_s"][1] == pytest.approx(1.01 - 0.995, abs=1e-9)
+    assert rows["queue_s"][2] == pytest.approx(1.02 - 0.995, abs=1e-9)

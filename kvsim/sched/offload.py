@@ -67,11 +67,13 @@ class OffloadScheduling:
         return True
 
     def finish_loads(self, now: float) -> None:
-        """Book the offload transfers ended by `now`; loaded requests go to the front of `waiting` (in the
-        order their loads ended), holding their KV (`held_kv_tokens`)."""
+        """Book the offload transfers ended by `now`; loaded requests go to the front of `waiting`, holding
+        their KV (`held_kv_tokens`), in the order their loads started, which is their order in the queue:
+        vLLM keeps a request waiting for its KV in the queue and admits the ready ones in queue order, however
+        their transfers ended (a CPU-tier load may end before an earlier disk-tier one)."""
         assert self.offload is not None
-        ready = self.offload.take_ready(now)
-        for request_id in reversed(ready):
+        ready = set(self.offload.take_ready(now))
+        for request_id in reversed([rid for rid in self.loading if rid in ready]) if ready else ():
             req, num_tokens = self.loading.pop(request_id)
             self.held_kv_tokens[request_id] = num_tokens
             self.waiting.prepend(req)
