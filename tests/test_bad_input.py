@@ -293,6 +293,8 @@ CASES = [
     ("router-without-replicas", {}, ["run", "--set", "router.policy=affinity"],
      "router.policy='affinity': a router spreads requests over replicas; set replicas"),
     ("over-a-tiny-memory-limit", {}, ["run", "--memory-limit", "1KiB"], "more than the limit of 1.0 KiB"),
+    # under 1 KiB the sizes are whole bytes: the GPU's 27,816 blocks and 2,048 swap blocks at 160 B each
+    ("over-a-one-byte-memory-limit", {}, ["run", "--memory-limit", "1"], "kv_blocks 4,778,240, steps 0), more than the limit of 1 B;"),
     # a fleet: every replica's blocks (27,816 on the GPU + 4 GiB of 2 MiB swap blocks = 2,048, 160 B each)
     # and 100 kB per engine, the requests (1,000 x 160 B) once: 4 replicas need 18.8 MiB
     ("fleet-over-a-given-memory-limit", {}, ["run", "--set", "replicas=4", "--memory-limit", "8MiB"],

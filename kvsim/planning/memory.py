@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvsim.results.budget import estimate_engines_bytes, machine_memory_bytes, size_unit
+from kvsim.results.budget import estimate_engines_bytes, in_unit_of, machine_memory_bytes, size_unit
 
 if TYPE_CHECKING:
     from kvsim.workload.scenario import Scenario
@@ -57,8 +57,7 @@ class MemoryBound:
         return low
 
     def size(self, num_bytes: int) -> str:
-        unit, scale = size_unit(self.limit_bytes)
-        return f"{num_bytes / scale:,.1f} {unit}"
+        return f"{in_unit_of(num_bytes, self.limit_bytes)} {size_unit(self.limit_bytes)[0]}"
 
     @property
     def label(self) -> str:

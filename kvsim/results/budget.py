@@ -156,17 +156,25 @@ def _refuse_over_limit(parts: dict[str, int], limit_bytes: int | None, what: str
     limit = machine_memory_bytes() if limit_bytes is None else limit_bytes
     needed = sum(parts.values())
     if needed > limit:
-        unit, scale = size_unit(limit)
-        detail = ", ".join(f"{k} {v / scale:,.1f}" for k, v in parts.items())
+        unit, _ = size_unit(limit)
+        detail = ", ".join(f"{k} {in_unit_of(v, limit)}" for k, v in parts.items())
         raise KvsimError(
-            f"{fields[max(parts, key=parts.__getitem__)]}: this {what} needs at least {needed / scale:,.1f} {unit} "
-            f"of memory ({unit} by part: {detail}), more than the limit of {limit / scale:,.1f} {unit}; "
+            f"{fields[max(parts, key=parts.__getitem__)]}: this {what} needs at least {in_unit_of(needed, limit)} "
+            f"{unit} of memory ({unit} by part: {detail}), more than the limit of {in_unit_of(limit, limit)} {unit}; "
             "make it smaller or raise --memory-limit")
 
 
 def size_unit(limit_bytes: int) -> tuple[str, int]:
     """The unit a memory limit and the sizes set against it are written in: GiB from 1 GiB up, MiB from
-    1 MiB up, else KiB (so that a small limit does not read as 0.0)."""
+    1 MiB up, KiB from 1 KiB up, else bytes (so that a small limit does not read as 0.0)."""
     if limit_bytes >= GIB:
         return "GiB", GIB
-    return ("MiB", MIB) if limit_bytes >= MIB else ("KiB", KIB)
+    if limit_bytes >= MIB:
+        return "MiB", MIB
+    return ("KiB", KIB) if limit_bytes >= KIB else ("B", 1)
+
+
+def in_unit_of(num_bytes: int, limit_bytes: int) -> str:
+    """`num_bytes` as a number in the unit of `size_unit(limit_bytes)` (one decimal; whole bytes)."""
+    unit, scale = size_unit(limit_bytes)
+    return f"{num_bytes:,}" if scale == 1 else f"{num_bytes / scale:,.1f}"
