@@ -185,6 +185,18 @@ def test_vidur_without_the_tp_degree_is_refused(tmp_path):
     ("a100", "a100-80gb", True),
     ("NVIDIA H100 80GB HBM3", "h200", False),
     ("NVIDIA GeForce RTX 4090", "rtx-pro-6000", False),
+    ("NVIDIA A100-SXM4-80GB", "a100-80gb", True),
+    ("NVIDIA H200", "h200", True),
+    ("NVIDIA GeForce RTX 4090", "rtx-4090", True),
+    # other SKUs of a preset's chip (datasheets): the A100 80GB PCIe reads 1,935 GB/s against the SXM4's
+    # 2,039; the H200 NVL runs at up to 600 W against the SXM's 700; the RTX PRO 6000 Workstation Edition
+    # has 1,792 GB/s against the Server Edition's 1,597; the RTX 4090 D has fewer SMs
+    ("NVIDIA A100 80GB PCIe", "a100-80gb", False),
+    ("NVIDIA H200 NVL", "h200", False),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000", False),
+    ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "rtx-pro-6000", False),
+    ("NVIDIA GeForce RTX 4090 D", "rtx-4090", False),
+    ("NVIDIA GeForce RTX 4090 Laptop GPU", "rtx-4090", False),
 ])
 def test_gpu_names_match_by_words(device, preset, same):
     assert gpu_matches(device, load_gpu(preset)) is same

@@ -52,6 +52,16 @@ def test_meta_json_gpu_and_pool_are_read_and_used(tmp_path):
     assert scenario.engine.num_gpu_blocks_override == 27000
 
 
+def test_a_recorded_device_of_another_sku_is_not_taken_for_the_folder_s_family():
+    """A run recorded on an A100 80GB PCIe (1,935 GB/s, 300 W: the A100 datasheet) in a folder labelled A100
+    was priced as the SXM4 preset (2,039 GB/s) in silence: the label names a family. Now --gpu is asked for."""
+    recorded = {"gpu": "NVIDIA A100 80GB PCIe"}
+    with pytest.raises(KvsimError, match=r"gpu='NVIDIA A100 80GB PCIe' matches no single preset\); pass --gpu"):
+        resolve_gpu(_run(hardware="A100"), None, recorded)
+    assert resolve_gpu(_run(hardware="A100"), "a100-80gb", recorded) == "a100-80gb"  # the planner's choice
+    assert resolve_gpu(_run(hardware="A100"), None, {}) == "a100-80gb"  # no device recorded: the label
+
+
 def test_bench_json_metadata_fills_engine_arguments(tmp_path):
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"model_id": "x", "gpu_name": "NVIDIA A100-SXM4-80GB", "tensor_parallel_size": 2,

@@ -147,7 +147,10 @@ class GPUSpec(Settings):
     picks the roofline's default achievable fractions for a GPU without fitted ones; `l2_cache_bytes`
     (0: none known) and `boost_clock_hz` (None: the roofline's reference clock) price the token ops; and
     `efficiency` (fields of `kvsim.latency.efficiency.Efficiency`) overrides any of them
-    (`kvsim.latency.efficiency.efficiency_for`).
+    (`kvsim.latency.efficiency.efficiency_for`). `other_sku_words`: words of a driver's device name that
+    make it another SKU of the same chip, with other bandwidth, clocks or power (`PCIe` for the A100
+    80GB's), so that a device name holding one does not match this GPU
+    (`kvsim.latency.profiles.gpu_matches`).
     """
 
     name: str
@@ -161,6 +164,7 @@ class GPUSpec(Settings):
     l2_cache_bytes: float = Field(default=0.0, ge=0)
     boost_clock_hz: float | None = Field(default=None, gt=0)
     efficiency: dict[str, Any] | None = None
+    other_sku_words: list[str] = []
     source: str = "user-defined"
 
     @property

@@ -122,7 +122,9 @@ def _recorded_gpu(recorded: dict[str, Any] | None) -> str | None:
 
 
 def resolve_gpu(run: MeasuredRun, gpu: str | None, recorded: dict[str, Any] | None = None) -> str:
-    """`--gpu`, else the GPU the run recorded (its device name matched to a preset), else its hardware label.
+    """`--gpu`, else the GPU the run recorded (its device name matched to a preset), else its hardware label
+    when it recorded no device name (a recorded name that no preset is, `NVIDIA H100 NVL` in a folder labelled
+    `H100`, is another SKU than the label's preset: refused, asking for `--gpu`).
     A `--gpu` whose memory, bandwidth or FLOP rate differ from the device the run recorded is refused (a GPU
     file of the same chip, with other efficiency fractions, is not); a hardware label alone (`H100`) names a
     family, SXM or PCIe, not a chip, so `--gpu` stands against it."""
@@ -136,9 +138,9 @@ def resolve_gpu(run: MeasuredRun, gpu: str | None, recorded: dict[str, Any] | No
         return gpu
     if ran_on is not None:
         return ran_on
-    if run.hardware in HARDWARE_GPUS:
-        return HARDWARE_GPUS[run.hardware]
     name = (recorded or {}).get("gpu")
+    if run.hardware in HARDWARE_GPUS and not name:  # a device name no preset is outranks the family label
+        return HARDWARE_GPUS[run.hardware]
     raise KvsimError(f"gpu: the run does not say which GPU it ran on (hardware={run.hardware!r}"
                      + (f", gpu={name!r} matches no single preset" if name else "")
                      + "); pass --gpu with a preset or a GPU file")

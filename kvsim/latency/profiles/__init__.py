@@ -71,12 +71,16 @@ def name_words(name: str) -> set[str]:
 def gpu_matches(measured_on: str, gpu: GPUSpec) -> bool:
     """Whether a device name (`NVIDIA RTX PRO 6000 Blackwell Server Edition`) is the preset `gpu`.
 
-    True when the names are equal, or every word of one is a word of the other: the preset
-    `rtx-pro-6000` (`rtx`, `pro`, `6000`) matches the driver's name, Vidur's `a100` matches `a100-80gb`.
+    True when the names are equal, or every word of one is a word of the other and the device name has
+    none of the preset's `other_sku_words`: the preset `rtx-pro-6000` (`rtx`, `pro`, `6000`) matches the
+    driver's `... Server Edition` but not the `... Workstation Edition` (another SKU, with other clocks
+    and bandwidth); Vidur's `a100` matches `a100-80gb`.
     """
     if measured_on.lower() == gpu.name.lower():
         return True
     preset, device = name_words(gpu.name), name_words(measured_on)
+    if device & {word.lower() for word in gpu.other_sku_words}:
+        return False
     return bool(preset and device) and (preset <= device or device <= preset)
 
 
