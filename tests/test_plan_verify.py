@@ -88,3 +88,44 @@ def test_cost_per_million_tokens_is_priced_at_the_steady_state_output_rate(tmp_p
     assert row["replicas"] == 1 and row["cost_per_hour"] == pytest.approx(2.0)
     assert row["output_tokens_per_s"] == pytest.approx(40.0 * 50, rel=0.005)
     assert row["usd_per_million_output_tokens"] == pytest.approx(2.0 / (40.0 * 50 * 3600) * 1e6, rel=0.005)
+
+
+def kv_fill(rate: float):
+    """One 10 ms step whatever it carries, at most 8 running, 256-token prompts and 64-token replies, a pool of
+    150 blocks of 16 tokens (149 usable: v1 keeps block 0 back), Poisson arrivals at `rate`."""
+    from kvsim.workload.scenario import make_scenario
+
+    return make_scenario({
+        "name": "kvfill", "steps": "none", "seed": 3,
+        "engine": {"max_num_seqs": 8, "max_model_len": 2048, "num_gpu_blocks_override": 150,
+                   "async_scheduling": False},
+        "latency": {"model": "constant", "step_s": 0.01},
+        "workload": {"num_requests": 400, "arrival": {"process": "poisson", "rate": rate},
+                     "prompt_len": {"dist": "fixed", "value": 256}, "output_len": {"dist": "fixed", "value": 64}}})
+
+
+def test_an_overloaded_fleet_that_preempts_is_over_capacity_not_short_of_kv(tmp_path):
+    """At 16 req/s the floor binds on compute: a request costs 256 · 0.01 / 8192 + 64 · 0.01 / 8 = 0.0803 s
+    of a replica (a full 8,192-token chunk, a full 8-sequence decode step), 16 · 0.0803 = 1.285 replicas,
+    against the KV floor's 16 · 0.01 · 63 · (256 + 32) / (149 · 16) = 1.218. One replica serves at most 8
+    requests per 64 steps (each holds a slot from its prefill step to its 64th token): 12.5 req/s, under
+    0.95 · 16, so it is overloaded; its 8 full slots then grow to 8 · 20 = 160 blocks > 149, so it preempts.
+    Two replicas (8 req/s each) keep up. The label at one replica must not blame KV memory."""
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 0.5}, "gpus": ["h100-80gb"], "max_replicas": 4})
+    (row,) = plan(kv_fill(16.0), spec, tmp_path)[0]
+    assert row["replicas"] == 2 and row["bound_binds"] == "compute" and row["lower_bound_replicas"] == 2
+    assert row["limiting_factor"].startswith("is overloaded at 1 replicas: over capacity (preempting")
+    assert "KV memory" not in row["limiting_factor"]
+
+
+@pytest.mark.parametrize(("verdict", "num_preemptions", "label"), [
+    ("stable", 5, "KV memory (preempting while it keeps up)"),
+    ("stable", 0, "compute (queueing)"),
+    ("overloaded", 5, "over capacity (preempting: an overloaded batch fills the KV whatever binds)"),
+    ("backlogged", 5, "over capacity (preempting: an overloaded batch fills the KV whatever binds)"),
+    ("overloaded", 0, "over capacity (queueing)"),
+])
+def test_the_shortage_named_follows_whether_the_run_kept_up(verdict, num_preemptions, label):
+    from kvsim.planning.window import shortage
+
+    assert shortage({"verdict": verdict}, num_preemptions) == label

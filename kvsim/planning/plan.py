@@ -20,8 +20,9 @@ price: the planner's, or the shipped list's, `price_source`), the cost per milli
 over the output rate the run behind the answer serves in its steady-state window,
 `kvsim.planning.cost.window_output_tokens_per_s`), GPUs, replicas, the headroom
 (the smallest relative slack of an SLO at that count), the limiting factor (the SLO that
-failed with one replica fewer, and whether that fleet was short of KV memory, it preempted,
-or of compute, it only queued), the window's evidence, and the first-principles floor
+failed with one replica fewer, and what that fleet was short of: when it kept up, KV memory if it
+preempted, else compute; when it did not, only that it was over capacity, since any overloaded engine fills
+its KV and preempts: `kvsim.planning.window.shortage`), the window's evidence, and the first-principles floor
 (`kvsim.planning.bounds`: `lower_bound_replicas`, which bound binds, `replicas_over_bound`).
 
 `xpyd: [1P1D, 2P1D]` adds those disaggregated prefill/decode splits of every candidate shape, each one
@@ -62,7 +63,7 @@ from kvsim.planning.spec import (
     with_split,
 )
 from kvsim.planning.verify import Verification, evidence_columns, traffic_of
-from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, why_failed
+from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, shortage, why_failed
 from kvsim.planning.xpyd import XpydSearch
 from kvsim.workload.scenario import Scenario
 
@@ -265,7 +266,7 @@ class ReplicaSearch:
         if below[1] is None:
             limiting = "none: one replica meets every SLO"
         else:
-            cause = "KV memory (preempting)" if below[1]["num_preemptions"] else "compute (queueing)"
+            cause = shortage(below[1]["evidence"], below[1]["num_preemptions"])
             run = "in the long run " if failed_long else ""
             limiting = f"{why_failed(below[1]['evidence'], slo)} {run}at {below[0]} replicas: {cause}"
         num_gpus = replicas * c.tensor_parallel_size

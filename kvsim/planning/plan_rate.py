@@ -31,7 +31,7 @@ from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.search import Metrics
 from kvsim.planning.steady_state import SteadyRateSearch, failing_evidence
 from kvsim.planning.verify import Verification, evidence_columns
-from kvsim.planning.window import headroom, probe_passes, why_failed
+from kvsim.planning.window import headroom, probe_passes, shortage, why_failed
 from kvsim.workload.scenario import Scenario, make_scenario
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ class RateSearch:
         else:
             level = s.answer_level() or s.level
             assert level.bound.failed is not None
-            cause = "KV memory (preempting)" if failed["num_preemptions"] else "compute (queueing)"
+            cause = shortage(failed["evidence"], failed["num_preemptions"])
             limiting = (f"{why_failed(failed['evidence'], slo)} at {level.bound.failed * self.target_rate_per_s:.3g}"
                         f" req/s per replica: {cause}")
         searched = self.replicas

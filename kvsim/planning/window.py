@@ -231,6 +231,21 @@ def probe_passes(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> bool:
     return evidence["verdict"] == STABLE and headroom(evidence, slo) >= 0
 
 
+def shortage(evidence: Mapping[str, Any], num_preemptions: int) -> str:
+    """What a failed run says it was short of (the plan's limiting factor), from its verdict and preemptions.
+
+    A run that keeps up (stable) but misses an SLO says which resource made it wait: preempting means its
+    KV pool could not hold the batch its traffic needs ("KV memory (preempting while it keeps up)"), else
+    requests queued for compute or batch slots ("compute (queueing)"). A run that does not keep up
+    (overloaded, backlogged) says only that it is over capacity: its waiting queue grows, so the scheduler
+    admits until the KV pool is full and then preempts whatever resource binds; its preemptions are a symptom,
+    not the cause (the first-principles floor, `kvsim.planning.bounds`, says which binds)."""
+    if evidence["verdict"] == STABLE:
+        return "KV memory (preempting while it keeps up)" if num_preemptions else "compute (queueing)"
+    return ("over capacity (preempting: an overloaded batch fills the KV whatever binds)" if num_preemptions
+            else "over capacity (queueing)")
+
+
 def why_failed(evidence: Mapping[str, Any] | None, slo: Mapping[str, float]) -> str | None:
     """'is overloaded' / 'is backlogged' when the system was not stable, else 'misses' and the SLOs missed."""
     if evidence is None:
