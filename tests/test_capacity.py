@@ -76,6 +76,22 @@ def test_seed_exercise_39_sequences_at_4k():
     assert vllm_max_concurrency(10_000, 4096, 16) == pytest.approx(39.0625)
 
 
+@pytest.mark.parametrize(("scheduler", "expected"), [("v1", 10_000 / 257), ("v0", 1600 / 41)])
+def test_maximum_concurrency_is_logged_in_the_modelled_vllm_versions_formula(scheduler, expected):
+    """max_model_len 4,100 is not a multiple of 16: vLLM v1 counts whole blocks per request, cdiv(4100, 16) =
+    257, and logs 10,000 / 257 = 38.91x; v0 logs token slots over max_model_len, 10,000 · 16 / 4,100 =
+    1,600 / 41 = 39.02x. kvsim capacity, the run summary and the helper each print the engine's version's."""
+    import kvsim
+
+    assert vllm_max_concurrency(10_000, 4100, 16, scheduler) == pytest.approx(expected, rel=1e-12)
+    engine = EngineConfig(max_model_len=4100, num_gpu_blocks_override=10_000, scheduler=scheduler)
+    plan = plan_capacity(load_model("llama-3.1-8b"), H100, engine, [1024])
+    assert plan.max_concurrency == pytest.approx(expected, rel=1e-12)
+    summary = kvsim.simulate(None, workload__num_requests=2, steps="none", engine__scheduler=scheduler,
+                             engine__max_model_len=4100, engine__num_gpu_blocks_override=10_000).summary
+    assert summary["vllm_max_concurrency"] == pytest.approx(expected, rel=1e-12)
+
+
 def test_halving_max_model_len_doubles_slab_concurrency():
     assert slab_max_seqs(160_000, 4096) * 2 == slab_max_seqs(160_000, 2048)
     m = load_model("llama-3.1-8b")

@@ -70,9 +70,10 @@ class EngineSpec:
 
     @property
     def vllm_max_concurrency(self) -> float:
-        """vLLM's startup "maximum concurrency": every request at `max_model_len` (`KVLayout.max_concurrency`)."""
+        """vLLM's startup "maximum concurrency": every request at `max_model_len`, in the formula of the
+        scheduler version the engine models (`KVLayout.max_concurrency`: v1 rounds up to whole blocks, v0 not)."""
         return self.kv_layout.max_concurrency(self.num_gpu_blocks, self.max_model_len,
-                                              self.limits.max_num_batched_tokens)
+                                              self.limits.max_num_batched_tokens, self.engine.scheduler)
 
 
 def resolve_engine(scenario: Scenario) -> EngineSpec:

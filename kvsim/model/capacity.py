@@ -188,19 +188,23 @@ def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, *, layo
     return blocks
 
 
-def vllm_max_concurrency(num_blocks: int, max_model_len: int, block_size: int) -> float:
-    """vLLM's startup log line "Maximum concurrency for N tokens per request":
-    `num_blocks / cdiv(max_model_len, block_size)` — every request assumed to reach max_model_len.
+def vllm_max_concurrency(num_blocks: int, max_model_len: int, block_size: int, scheduler: str = "v1") -> float:
+    """vLLM's startup log line "Maximum concurrency for N tokens per request", every request assumed to
+    reach max_model_len: v1's `num_blocks / cdiv(max_model_len, block_size)`, v0's
+    `num_blocks · block_size / max_model_len` (`KVLayout.max_concurrency`).
     """
+    if scheduler == "v0":
+        return num_blocks * block_size / max_model_len
     return num_blocks / ceil_div(max_model_len, block_size)
 
 
 def model_max_concurrency(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, num_blocks: int,
                           max_model_len: int) -> float:
-    """vLLM's "maximum concurrency" for any model: `num_blocks / Σ_groups max blocks per request`
+    """vLLM's "maximum concurrency" for any model, as `engine.scheduler`'s vLLM logs it: v1's
+    `num_blocks / Σ_groups max blocks per request`, v0's `num_blocks · block_size / max_model_len`
     (`KVLayout.max_concurrency`); `vllm_max_concurrency` when the model has one full-attention group."""
     mnbt = engine.resolved_max_num_batched_tokens(max_model_len, gpu)
-    return model_kv_layout(model, engine).max_concurrency(num_blocks, max_model_len, mnbt)
+    return model_kv_layout(model, engine).max_concurrency(num_blocks, max_model_len, mnbt, engine.scheduler)
 
 
 def paged_max_seqs(num_blocks: int, context_len: int, block_size: int, *, num_null_blocks: int) -> int:
@@ -419,9 +423,10 @@ def plan_capacity(
         kv_pool_bytes=kv_pool_bytes(model, gpu, engine),
         num_gpu_blocks=blocks,
         num_token_slots=slots,
-        max_concurrency=layout.max_concurrency(blocks, max_model_len, mnbt),
+        max_concurrency=layout.max_concurrency(blocks, max_model_len, mnbt, engine.scheduler),
         num_gpu_blocks_fp8=blocks_fp8,
-        max_concurrency_fp8=model_kv_layout(model, fp8).max_concurrency(blocks_fp8, max_model_len, mnbt),
+        max_concurrency_fp8=model_kv_layout(model, fp8).max_concurrency(blocks_fp8, max_model_len, mnbt,
+                                                                        engine.scheduler),
         shared_prefix_tokens=shared_prefix_tokens,
         num_sequences=num_sequences,
         kv_types=kv_type_rows(layout, max_model_len, mnbt),

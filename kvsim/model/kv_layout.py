@@ -116,8 +116,17 @@ class KVLayout:
         return sum(g.max_blocks_per_request(max_model_len, max_num_batched_tokens, self.block_size)
                    for g in self.groups)
 
-    def max_concurrency(self, num_blocks: int, max_model_len: int, max_num_batched_tokens: int) -> float:
-        """vLLM's "Maximum concurrency for N tokens per request" (get_max_concurrency_for_kv_cache_config)."""
+    def max_concurrency(self, num_blocks: int, max_model_len: int, max_num_batched_tokens: int,
+                        scheduler: str = "v1") -> float:
+        """vLLM's "Maximum concurrency for N tokens per request" as the engine `scheduler` names logs it.
+
+        v1 (and kvsim's static baseline): whole blocks per request, `num_blocks / Σ_groups max blocks per
+        request`, cdiv(max_model_len, block_size) for full attention (v1/core/kv_cache_utils.py,
+        get_max_concurrency_for_kv_cache_config). v0: token slots over max_model_len, not rounded up to whole
+        blocks, `num_blocks · block_size / max_model_len` (executor/executor_base.py, initialize_cache); so
+        at max_model_len 4,100 and 10,000 blocks of 16, v1 logs 10,000 / 257 = 38.91x and v0 39.02x."""
+        if scheduler == "v0":
+            return num_blocks * self.block_size / max_model_len
         return num_blocks / self.blocks_per_request(max_model_len, max_num_batched_tokens)
 
     def live_blocks(self, num_tokens: int) -> int:
