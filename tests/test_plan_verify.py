@@ -16,7 +16,9 @@ def test_rows_carry_window_evidence_a_long_verification_run_and_the_floor(tmp_pa
     probe = 100  # the toy's workload has 100 requests; a rate-search probe 100 (and 200, ... as it converges)
     assert spec.verify_factor == 10 and row["verify_num_requests"] >= spec.verify_factor * probe
     assert row["verified"] in (True, False) and row["verify_verdict"] in ("stable", "backlogged", "overloaded")
-    assert "ttft_s.p90_ci" in row and "verify_ttft_s.p90" in row
+    assert "ttft_s.p90_ci" in row and "verify_ttft_s.p90" in row and "search_ttft_s.p90" in row
+    if row["verified"]:  # the window columns are the run behind the answer: its long run
+        assert row["ttft_s.p90"] == row["verify_ttft_s.p90"] and row["evidence_num_requests"] == row["verify_num_requests"]
     assert 1 <= row["lower_bound_replicas"] <= row["replicas"]
     assert row["replicas_over_bound"] == pytest.approx(row["replicas"] / row["lower_bound_replicas"], rel=1e-3)
     price = gpu_price("h100-80gb")  # no --gpu-hourly-cost: the shipped list price
@@ -63,6 +65,39 @@ def test_a_fleet_the_short_probe_flatters_is_re_searched_in_long_runs(tmp_path):
     # three replicas never queue: TTFT is the wait for the next step boundary (< 10 ms) plus one 10 ms step
     assert row["verify_ttft_s.p90"] <= 0.02 + 1e-9
     assert "in the long run at 2 replicas" in row["limiting_factor"]
+
+
+def test_a_moved_answer_shows_its_own_runs_window_in_the_files_and_the_terminal(tmp_path):
+    """The same D/D/c fleet: the answer, 3 replicas, rests on its 4,000-request run (never queues: TTFT at most
+    a step boundary plus one step, 0.02 s), not on the 400-request probe of 2 replicas that the long run
+    refuted (waits of about t / 200 s at t s into the run, p90 arrival near 8.3 s: 0.04 s plus a step or two,
+    within 0.03..0.2). The row's window columns, its headroom and the printed evidence line are the long
+    run's; the probe's are `search_*`."""
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    scenario = tmp_path / "ddc.yaml"
+    scenario.write_text(yaml.safe_dump(dd_fleet(400).model_dump(mode="json")))
+    out = tmp_path / "plan"
+    result = CliRunner().invoke(app, ["plan", str(scenario), "--slo", "ttft_s.p90=0.2", "--gpu", "h100-80gb",
+                                      "--max-replicas", "8", "--router", "round_robin", "--workers", "1",
+                                      "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads((out / "plan.json").read_text())
+    assert (row["searched_replicas"], row["replicas"]) == (2, 3)
+    assert row["evidence_num_requests"] == row["verify_num_requests"] == 4000 and row["search_num_requests"] == 400
+    assert row["ttft_s.p90"] == row["verify_ttft_s.p90"] <= 0.02 + 1e-9 and row["verdict"] == "stable"
+    assert row["num_in_window"] == row["verify_num_in_window"] and row["window_s"] == row["verify_window_s"]
+    assert 0.03 < row["search_ttft_s.p90"] <= 0.2 and row["search_verdict"] == "stable"
+    assert row["headroom"] == pytest.approx(1 - row["ttft_s.p90"] / 0.2)
+    line = next(text for text in result.output.splitlines() if text.startswith("evidence, "))
+    assert line.startswith("evidence, h100-80gb tp1: 3 replicas, 4,000-request run: stable")
+    assert f"ttft_s.p90 {row['ttft_s.p90']:.4g} (95 % CI {row['ttft_s.p90_ci']})" in line
+    assert f"probe of 2 replicas (400 requests): ttft_s.p90 {row['search_ttft_s.p90']:.4g}" in line
 
 
 def test_cost_per_million_tokens_is_priced_at_the_steady_state_output_rate(tmp_path):

@@ -183,6 +183,8 @@ def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> No
             typer.echo(f"memory: {r['candidate']}: {r['limiting_factor']}")
         elif r.get("verify_memory"):
             typer.echo(f"memory: {r['candidate']}: not verified: {r['verify_memory']}")
+        if r["feasible"] and r.get("evidence_num_requests"):
+            typer.echo(evidence_line(r))
         if r.get("gap_breakdown"):
             typer.echo(f"gap to the floor, {r['candidate']}: {r['gap_breakdown']} (replicas at the traffic's "
                        f"rate, from the run behind the answer; {r['bound_binds']} floor binds)")
@@ -190,6 +192,35 @@ def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> No
     typer.echo(f"{simulated} points simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
                f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests, "
                f"one replica more while that long run fails")
+
+
+def evidence_line(row: dict) -> str:
+    """A feasible row's evidence in one line, the window columns of plan.csv: the run behind the answer (its
+    long run when one held) and, when the search's probe was another run, what that probe showed."""
+    from kvsim.planning.window import parse_slo_key
+
+    def slos(prefix: str) -> str:
+        out = []
+        for key, value in row.items():
+            if not key.startswith(prefix) or "." not in key[len(prefix):]:
+                continue
+            try:
+                parse_slo_key(key[len(prefix):])
+            except ValueError:  # an interval column, not an SLO's value
+                continue
+            ci = row.get(f"{key}_ci")
+            out.append(f"{key[len(prefix):]} {value:.4g}" + (f" (95 % CI {ci})" if ci else ""))
+        return ", ".join(out)
+
+    ratio = row["served_over_offered"]
+    text = (f"evidence, {row['candidate']}: {row['replicas']} replicas, {row['evidence_num_requests']:,}-request run: "
+            f"{row['verdict']} over its window ({row['num_in_window']:,} requests in {row['window_s']:,.0f} s, served/"
+            f"offered {'-' if ratio is None else f'{ratio:.3f}'}); {slos('')}")
+    if row.get("search_num_requests") != row["evidence_num_requests"]:  # the answer rests on a long run
+        probe = (f"one-replica probe at {row['rate_per_replica']:.4g} req/s" if row.get("capacity_headroom") is not None
+                 else f"probe of {row['searched_replicas']} replicas")  # a rate search's, a replica search's
+        text += f"; the search's {probe} ({row['search_num_requests']:,} requests): {slos('search_')}"
+    return text
 
 
 def chosen_text(rows: list[dict]) -> str:

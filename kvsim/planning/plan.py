@@ -62,7 +62,7 @@ from kvsim.planning.spec import (
     make_plan_spec,
     with_split,
 )
-from kvsim.planning.verify import Verification, evidence_columns, traffic_of
+from kvsim.planning.verify import Verification, answer_columns, evidence_columns, traffic_of
 from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, shortage, why_failed
 from kvsim.planning.xpyd import XpydSearch
 from kvsim.workload.scenario import Scenario
@@ -261,6 +261,7 @@ class ReplicaSearch:
                     "rate_per_replica": None, **evidence_columns(self.results[count]["evidence"], slo),
                     **self.verify.columns()}
         metrics = self.results[best]
+        answer = self.answer_metrics() or metrics  # the long run that held (else the probe): the answer's evidence
         failed_long = [(n, m) for n, m in self.verify.attempts if n < replicas]
         below = failed_long[-1] if failed_long else (best - 1, self.results.get(best - 1))
         if below[1] is None:
@@ -272,11 +273,11 @@ class ReplicaSearch:
         num_gpus = replicas * c.tensor_parallel_size
         return {**row, "feasible": True, "replicas": replicas, "num_gpus": num_gpus,
                 "requests_per_probe": self.num_requests,
-                "output_tokens_per_s": window_output_tokens_per_s(self.answer_metrics() or metrics),
+                "output_tokens_per_s": window_output_tokens_per_s(answer),
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
-                "headroom": headroom((self.verify.metrics or metrics)["evidence"], slo), "limiting_factor": limiting,
+                "headroom": headroom(answer["evidence"], slo), "limiting_factor": limiting,
                 "rate_per_replica": metrics["offered_rate_per_s"] / replicas,
-                **evidence_columns(metrics["evidence"], slo), **self.verify.columns()}
+                **answer_columns(answer["evidence"], metrics["evidence"], slo), **self.verify.columns()}
 
 
 def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

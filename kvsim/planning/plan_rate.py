@@ -18,7 +18,8 @@ that spreads load evenly (every replica sees about 1/replicas of the traffic) an
 whose SLOs do not depend on the fleet as a whole. It costs single-replica bisections per
 candidate instead of a fleet simulation per tried count, so it suits big fleets; the chosen fleet is
 then simulated as a whole with 10× a probe's requests (`kvsim.planning.verify`), one replica more
-while that long run fails, and its percentiles are reported beside the search's.
+while that long run fails; the row's window columns and headroom are that fleet's long run (the one-replica
+probe that set the rate is in `search_*` columns, `kvsim.planning.verify.answer_columns`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.search import Metrics
 from kvsim.planning.steady_state import SteadyRateSearch, failing_evidence
-from kvsim.planning.verify import Verification, evidence_columns
+from kvsim.planning.verify import Verification, answer_columns, evidence_columns
 from kvsim.planning.window import headroom, probe_passes, shortage, why_failed
 from kvsim.workload.scenario import Scenario, make_scenario
 
@@ -174,14 +175,16 @@ class RateSearch:
                     "rate_per_replica": s.rate * self.target_rate_per_s, "capacity_headroom": None,
                     **evidence_columns(worst["evidence"], slo), **search_columns(s), **self.verify.columns()}
         num_gpus = replicas * c.tensor_parallel_size
+        answer = self.answer_metrics() or found  # the fleet's long run that held (else the one-replica probe)
         return {**row, "feasible": True, "replicas": replicas, "num_gpus": num_gpus,
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
-                "headroom": headroom(found["evidence"], slo),
+                "headroom": headroom(answer["evidence"], slo),
                 "limiting_factor": limiting if replicas == searched else
                 f"{limiting}; the long run failed at {searched}..{replicas - 1} replicas",
                 "rate_per_replica": s.rate * self.target_rate_per_s,
-                "capacity_headroom": replicas * s.rate - 1.0, **evidence_columns(found["evidence"], slo),
-                **search_columns(s), **self.verify.columns()}
+                "capacity_headroom": replicas * s.rate - 1.0,
+                **answer_columns(answer["evidence"], found["evidence"], slo), **search_columns(s),
+                **self.verify.columns()}
 
 
 def search_columns(search: SteadyRateSearch) -> dict[str, Any]:

@@ -6,9 +6,10 @@ same traffic with 10 × N requests (`PlanSpec.verify_factor`) (a trace gives at 
 the count run is reported). A short probe can be optimistic (a queue growing by under 1 % of arrivals,
 waits that creep up), so while the long run fails the search goes on in long runs: the next larger
 count (one replica more), up to `max_replicas`. The answer is the first count whose long run holds;
-that run's steady-state evidence (`kvsim.planning.steady_state`) stands in the table beside the
-search's (`verify_*` columns, `verified`: stable and every SLO met), with `searched_replicas` (the short
-probes' answer) and `verify_attempts` (each count tried long and whether it held).
+that run's steady-state evidence (`kvsim.planning.steady_state`) is the row's evidence (its window
+columns and headroom, `answer_columns`, and the `verify_*` columns, `verified`: stable and every SLO
+met), the search's probe is in `search_*` columns, with `searched_replicas` (the short probes' answer)
+and `verify_attempts` (each count tried long and whether it held).
 """
 
 from __future__ import annotations
@@ -43,6 +44,16 @@ def evidence_columns(evidence: Mapping[str, Any], slo: Mapping[str, float], pref
             cols[f"{prefix}{key}_ci"] = None if low is None else "–".join(
                 "inf" if v is None else f"{v:.4g}" for v in (low, high))
     return cols
+
+
+def answer_columns(answer: Mapping[str, Any], search: Mapping[str, Any], slo: Mapping[str, float]) -> dict[str, Any]:
+    """A feasible row's evidence: the window columns and `evidence_num_requests` from the run behind the printed
+    answer (`answer`: the long run of `replicas` that held, else the probe it rests on), and the search's own
+    probe (`search`: at `searched_replicas`, or a rate search's one replica at its highest passing fraction) as
+    `search_*` columns, so a row whose long run moved the answer up never shows the refuted count's window
+    beside it."""
+    return {"evidence_num_requests": answer["num_requests"], **evidence_columns(answer, slo),
+            "search_num_requests": search["num_requests"], **evidence_columns(search, slo, prefix="search_")}
 
 
 def with_requests(base: Scenario, num_requests: int) -> Scenario:

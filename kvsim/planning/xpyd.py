@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvsim.planning.cost import window_output_tokens_per_s
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
-from kvsim.planning.verify import Verification, evidence_columns, traffic_of
+from kvsim.planning.verify import Verification, answer_columns, evidence_columns, traffic_of
 from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, why_failed
 
 if TYPE_CHECKING:
@@ -129,4 +129,5 @@ class XpydSearch:
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
                 "limiting_factor": f"none: {c.split[0]} prefill + {c.split[1]} decode instances meet every SLO",
                 "rate_per_replica": self.metrics["offered_rate_per_s"] / instances,
-                "output_tokens_per_s": window_output_tokens_per_s(answer), **common}
+                "output_tokens_per_s": window_output_tokens_per_s(answer), **common,
+                "headroom": headroom(answer["evidence"], slo), **answer_columns(answer["evidence"], ev, slo)}
