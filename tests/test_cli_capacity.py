@@ -116,3 +116,30 @@ def test_drafts_cut_concurrency_as_vllm_reserves_their_slots(config, blocks_per_
 def test_without_speculation_capacity_has_no_draft_columns():
     data = run_json("--num-gpu-blocks-override", "640", "--context-lengths", "1024", "--max-model-len", "2048")
     assert data["rows"][0]["paged_max_seqs_with_drafts"] is None
+
+
+def test_sustained_rate_is_what_the_engine_served_not_the_poisson_rate_asked_for():
+    """capacity --sustained's search on an engine with an exact capacity: 10 ms steps whatever they carry, at
+    most 8 running, prompt 32 + output 32 (context 64), synchronous steps. A request holds a slot from its
+    prefill step (which yields its first token) to its 32nd token, 32 steps: 8 / (32 · 0.01) = 25 req/s, 800
+    output tokens/s, $2 / (800 · 3,600) · 10^6 = $0.694 per million at $2 an hour. The search's short probes
+    offer about 10 % less than the Poisson rate they ask for (the seed's first 400 arrivals are sparse), so
+    the rate asked for at the highest stable probe, 28.8 req/s, overstated the capacity by 15 %."""
+    from kvsim.cli.shared import fixed_length_scenario
+    from kvsim.model.capacity import plan_capacity
+    from kvsim.model.config import load_gpu, load_model, make_engine
+    from kvsim.planning.cost import add_sustained_costs, gpu_price
+    from kvsim.workload.scenario import make_scenario
+
+    engine = make_engine(max_num_seqs=8, async_scheduling=False, num_gpu_blocks_override=2000, max_model_len=1024)
+
+    def scenario_for(context_len: int):
+        raw = fixed_length_scenario("llama-3.1-8b", "h100-80gb", engine, context_len).model_dump(mode="json")
+        raw["latency"] = {"model": "constant", "step_s": 0.01}
+        return make_scenario(raw, ".")
+
+    plan = plan_capacity(load_model("llama-3.1-8b"), load_gpu("h100-80gb"), engine, [64]).to_dict()
+    (row,) = add_sustained_costs(plan, gpu_price("h100-80gb", 2.0), 1, scenario_for)["rows"]
+    assert row["sustained_rate_per_s"] == pytest.approx(25.0, rel=0.02)
+    assert row["output_tokens_per_s_sustained"] == pytest.approx(32 * row["sustained_rate_per_s"], rel=0.005)
+    assert row["usd_per_million_output_tokens_sustained"] == pytest.approx(2 / (800 * 3600) * 1e6, rel=0.02)

@@ -102,10 +102,17 @@ def _rounded(value: float | None) -> float | None:
 
 def add_sustained_costs(plan: dict, price: GpuPrice, num_gpus: int, scenario_for: Callable[[int], Any],
                         num_requests: int = 200, max_requests: int = 3200) -> dict:
-    """`kvsim capacity --sustained`: per row within max_model_len, the highest Poisson rate one replica
-    sustains (`kvsim.planning.steady_state`, stability alone: no latency SLO, so this is its capacity)
-    on `scenario_for(context_len)`'s fixed lengths, and USD per million output tokens at the output rate
-    measured over that probe's window (warm-up and drain left out), beside the closed-form figure."""
+    """`kvsim capacity --sustained`: per row within max_model_len, the rate one replica sustains
+    (`kvsim.planning.steady_state`, stability alone: no latency SLO, so this is its capacity) on
+    `scenario_for(context_len)`'s fixed lengths, and USD per million output tokens at the output rate
+    measured over that probe's window (warm-up and drain left out), beside the closed-form figure.
+
+    The rate is the requests per second the highest stable probe served over its window, not the Poisson
+    rate that probe asked for: a short run's arrivals offer that rate only up to sampling noise, and the
+    same in every probe of a run length (one seed, arrivals scaled by 1 / rate), which the doubling of the
+    run length does not wash out because each run repeats the shorter one's requests first. With 400
+    requests a probe asked for 28.8 req/s offered 25.9 over its window and served 25.0, the exact
+    capacity of that engine (`tests/test_cli_capacity.py`)."""
     from kvsim.planning.steady_state import search_rates
     from kvsim.planning.sweep import run_many
     from kvsim.workload.scenario import make_scenario
@@ -128,7 +135,7 @@ def add_sustained_costs(plan: dict, price: GpuPrice, num_gpus: int, scenario_for
         s = found.get(row["context_len"])
         ev = s.evidence if s is not None else None
         tokens = ev["output_tokens_per_s"] if ev else 0.0
-        out.append({**row, "sustained_rate_per_s": round(s.rate, 3) if s is not None and s.rate else None,
+        out.append({**row, "sustained_rate_per_s": round(ev["served_per_s"], 3) if ev else None,
                     "sustained_requests_per_probe": (lv.num_requests if s is not None and (lv := s.answer_level())
                                                      else None),
                     "sustained_converged": s.converged if s is not None else None,
