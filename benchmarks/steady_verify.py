@@ -130,7 +130,7 @@ def plan_evidence(sets: list[str], rate_per_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out:
         (row,), _ = plan(base, spec, out)
     keep = ("replicas", "searched_replicas", "verified", "verify_num_requests", "verify_verdict",
-            "verify_ttft_s.p90", "verify_ttft_s.p90_ci", "verdict", "ttft_s.p90", "lower_bound_replicas",
+            "verify_ttft_s.p90", "verify_ttft_s.p90_ci", "search_verdict", "search_ttft_s.p90", "lower_bound_replicas",
             "bound_binds", "gap_breakdown", "verify_attempts")
     return {"traffic_rate_per_s": round(PLAN_LOAD * rate_per_s, 4), "probe_requests": 400,
             **{k: row.get(k) for k in keep}, "wall_s": round(time.perf_counter() - wall, 1)}
