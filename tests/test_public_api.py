@@ -1,6 +1,8 @@
 """The library API a notebook uses: `kvsim.simulate` on a path, a dict or a Scenario with overrides;
 `load_scenario` with dict or CLI-style overrides; a RunResult that prints in one line and writes Parquet."""
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import yaml
@@ -25,6 +27,21 @@ def test_load_scenario_takes_dict_or_cli_overrides_alike():
     assert isinstance(a, Scenario) and a == b
     assert (a.engine.block_size, a.seed, a.workload.num_requests) == (32, 7, 30)
     assert a.engine.max_model_len == 8192  # fields not named keep the file's values
+
+
+def test_a_number_in_an_override_names_a_list_entry():
+    """`replicas.1.count=2` sets the second pool's count (disagg-1p1d: prefill, decode), as a hand edit of
+    the YAML would; an index past the list's end or a word is refused naming the list and its length."""
+    disagg = "scenarios/disagg-1p1d.yaml"
+    edited = kvsim.load_scenario(disagg, ["replicas.1.count=2", "replicas.0.engine={max_num_seqs: 64}"])
+    by_hand = yaml.safe_load(Path(disagg).read_text())
+    by_hand["replicas"][1]["count"] = 2
+    by_hand["replicas"][0]["engine"] = {"max_num_seqs": 64}
+    expected = kvsim.load_scenario(None, by_hand)  # None: the default scenario, every field replaced
+    assert edited.model_dump(exclude={"base_dir"}) == expected.model_dump(exclude={"base_dir"})
+    for bad in ("replicas.2.count=2", "replicas.first.count=2"):
+        with pytest.raises(KvsimError, match=r"replicas is a list of 2: index an entry by its number, 0 to 1"):
+            kvsim.load_scenario(disagg, [bad])
 
 
 def test_simulate_a_path_a_dict_and_a_scenario_with_overrides(tmp_path):

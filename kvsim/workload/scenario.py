@@ -336,7 +336,8 @@ def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
 
 Overrides = Mapping[str, Any] | Sequence[str]
 """Field overrides: `["engine.block_size=32"]` as `--set` gives them (values parsed as YAML), or
-`{"engine.block_size": 32}` (values as given). Each replaces the field it names, a section too."""
+`{"engine.block_size": 32}` (values as given). Each replaces the field it names, a section too; a number
+names a list's entry (`replicas.1.count=2`)."""
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]:
@@ -367,15 +368,32 @@ def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]
     return raw
 
 
-def _set_field(node: dict[str, Any], parts: list[str], value: Any, label: str) -> None:
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
+def _set_field(node: dict[str, Any] | list[Any], parts: list[str], value: Any, label: str) -> None:
+    """Set the field `parts` names under `node`, making missing sections; a number indexes a list
+    (`replicas.1.count=2`: the second pool's count)."""
+    for depth, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            child = node[_list_index(node, parts[:depth + 1], label)]
+        else:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+        if not isinstance(child, (dict, list)):
             raise KvsimError(f"{label}: {part} is not a section")
         node = child
-    node[parts[-1]] = value  # replaced, never merged: `workload.prompt_len={dist: fixed, value: 512}` means just that
+    if isinstance(node, list):
+        node[_list_index(node, parts, label)] = value
+    else:  # replaced, never merged: `workload.prompt_len={dist: fixed, value: 512}` means just that
+        node[parts[-1]] = value
+
+
+def _list_index(items: list[Any], parts: list[str], label: str) -> int:
+    """The list entry `parts[-1]` names (0-based), or a `KvsimError` naming the list and its length."""
+    where, part = ".".join(parts[:-1]), parts[-1]
+    if not part.isdigit() or int(part) >= len(items):
+        raise KvsimError(f"{label}: {where} is a list of {len(items)}: index an entry by its number, "
+                         f"0 to {len(items) - 1} (got {part!r})" if items else f"{label}: {where} is an empty list")
+    return int(part)
 
 
 def resolve_scenario(scenario: Scenario | str | Path | Mapping[str, Any] | None,
