@@ -97,6 +97,8 @@ class PlanSpec(Settings):
     @classmethod
     def _each_value_once(cls, engine: dict[str, list[Any]]) -> dict[str, list[Any]]:
         for name, values in engine.items():
+            if not values:  # the grid is a product over knobs: an empty list left no candidate at all
+                raise ValueError(f"{name}=[]: give at least one value for a knob (or leave it out)")
             _refuse_repeats(values, name)
         return engine
 
