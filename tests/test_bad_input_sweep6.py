@@ -25,3 +25,22 @@ def test_a_plan_spec_knob_with_no_values_is_refused(tmp_path):
     assert _one_line_exit_2([*PLAN, "--spec", str(tmp_path / "spec.yaml"), "-o", str(tmp_path / "out")]) == (
         "plan.engine: max_num_seqs=[]: give at least one value for a knob (or leave it out)")
     assert [p.name for p in tmp_path.iterdir()] == ["spec.yaml"]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--set", "engine.kv_offload.cpu_bytes=1000"],
+     "engine.kv_offload.cpu_bytes=1,000: smaller than one KV block (2,097,152 bytes, all tensor-parallel ranks "
+     "together), so the tier would hold none; give at least one block, or 0 for no tier"),
+    (["--set", "model=gemma-3-27b", "--engine", "prefix_cache=radix"],
+     "engine.prefix_cache=radix: model=gemma-3-27b has sliding-window/chunked KV groups, which kvsim caches with "
+     "the hash chain only"),
+    (["--set", "latency.model=calibrated", "--set", "latency.profile={d}/nope.csv"],
+     "path='{d}/nope.csv': file not found: {d}/nope.csv"),
+], ids=["offload-tier-under-a-block", "radix-on-sliding-window", "calibrated-profile-missing"])
+def test_plan_refuses_an_engine_it_cannot_build_before_it_makes_its_folder(tmp_path, flags, message):
+    """What only building the engine refuses was found once the plan ran its first point: the plan folder
+    had been claimed by then and was left behind with its marker alone."""
+    flags = [flag.replace("{d}", str(tmp_path)) for flag in flags]
+    assert _one_line_exit_2([*PLAN, *flags, "-o", str(tmp_path / "out")]) == message.replace("{d}", str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+

@@ -215,6 +215,19 @@ def build_engine(scenario: Scenario, rng: np.random.Generator, memory_limit_byte
     spec = resolve_engine(scenario)
     check_run_memory(scenario, spec.model, spec.gpu, spec.engine, spec.num_gpu_blocks, spec.bytes_per_block,
                      memory_limit_bytes, steps_in_memory)
+    return assemble_engine(spec, rng)
+
+
+def check_engine(scenario: Scenario) -> None:
+    """Raise the `KvsimError` that building `scenario`'s engine would (`build_engine`: a tier under one
+    block, a setting the allocator refuses, a calibrated profile that cannot be read), without its memory
+    check: for callers that check memory their own way before they write anything (`kvsim plan`)."""
+    assemble_engine(resolve_engine(scenario), np.random.default_rng(0))
+
+
+def assemble_engine(spec: EngineSpec, rng: np.random.Generator) -> EngineParts:
+    """The allocator, scheduler and latency model of a resolved engine (`build_engine` less its memory check)."""
+    scenario = spec.scenario
     allocator, speculation = make_allocator(spec), None
     if spec.engine.speculative_config is not None:
         if type(allocator) is not PagedAllocator:

@@ -71,8 +71,11 @@ from kvsim.workload.scenario import Scenario
 def check_candidates(base: Scenario, spec: PlanSpec) -> None:
     """Refuse, before any cluster starts or folder is made, a scenario that already fixes `replicas`, an
     SLO for a priority class the workload does not have, and a candidate whose GPU is unknown, whose engine
-    knobs do not make a valid scenario, or whose TP the model cannot be split over or whose weights leave
-    no KV pool (a `KvsimError` naming the field)."""
+    knobs do not make a valid scenario, or whose TP the model cannot be split over, whose weights leave
+    no KV pool or whose engine cannot be built (`check_engine`: e.g. an offload tier under one block) (a
+    `KvsimError` naming the field)."""
+    from kvsim.engine.builder import check_engine
+    from kvsim.fleet.driver import replica_groups
     from kvsim.model.capacity import check_parallel, num_gpu_blocks
     from kvsim.model.config import load_gpu, load_model
 
@@ -87,6 +90,8 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
         scenario = candidate.scenario(base, candidate.smallest_fleet, spec.router)
         check_parallel(model, scenario.engine)
         num_gpu_blocks(model, load_gpu(candidate.gpu), scenario.engine)
+        for replica, _ in replica_groups(scenario):  # what building it refuses: found after the folder was made
+            check_engine(replica)
         if candidate.split is not None:
             from kvsim.fleet.disagg import check_disaggregable
             from kvsim.fleet.driver import replica_scenarios
