@@ -1,6 +1,8 @@
 """Bad input found by the sixth sweep: each exits 2 with one line naming the field and the value, and
 writes nothing, never a traceback, a setting silently dropped or a folder left behind."""
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -43,4 +45,59 @@ def test_plan_refuses_an_engine_it_cannot_build_before_it_makes_its_folder(tmp_p
     flags = [flag.replace("{d}", str(tmp_path)) for flag in flags]
     assert _one_line_exit_2([*PLAN, *flags, "-o", str(tmp_path / "out")]) == message.replace("{d}", str(tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+def _bench(tmp_path, **changes) -> str:
+    """`vllm bench serve --save-result --save-detailed` JSON of two requests, fields changed by `changes`."""
+    raw = {"model_id": "meta-llama/Llama-3.1-8B", "input_lens": [16, 32], "output_lens": [5, 3],
+           "ttfts": [0.01, 0.02], "itls": [[0.01] * 4, [0.02, 0.02]], "latencies": [0.05, 0.06],
+           "start_times": [1000.0, 1000.015], **changes}
+    (tmp_path / "b.json").write_text(json.dumps(raw))
+    return str(tmp_path / "b.json")
+
+
+def _measured(tmp_path, second_queued_ts: float) -> str:
+    """A measured-run folder (validation layout) of two requests, the second queued at `second_queued_ts`."""
+    meta = {"model": "meta-llama/Llama-3.1-8B", "dataset_path": "w.jsonl",
+            "engine_kwargs": {"model": "meta-llama/Llama-3.1-8B", "max_num_seqs": 4}}
+    (tmp_path / "m" / "vllm").mkdir(parents=True)
+    (tmp_path / "m" / "vllm" / "meta.json").write_text(json.dumps(meta))
+    rows = [{"request_id": f"bench-{i}", "input_toks": 16, "output_toks": 5, "queued_ts": t,
+             "first_token_ts": t + 0.01, "last_token_ts": t + 0.05} for i, t in enumerate((100.0, second_queued_ts))]
+    (tmp_path / "m" / "vllm" / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "m" / "w.jsonl").write_text(json.dumps({"input_toks": 16, "output_toks": 5, "arrival_time_ns": 0})
+                                            + "\n" + json.dumps({"input_toks": 16, "output_toks": 5,
+                                                                 "arrival_time_ns": 1}) + "\n")
+    return str(tmp_path / "m")
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("input_lens", [1e300, 32], "input_lens[0]=1e+300 is more tokens than kvsim counts (9,007,199,254,740,992)"),
+    ("output_lens", [5, 2.0**60], "output_lens[1]=1.15292e+18 is more tokens than kvsim counts (9,007,199,254,740,992)"),
+])
+def test_a_bench_token_count_beyond_what_kvsim_counts_is_named(tmp_path, key, value, message):
+    """`input_lens: [1e300, ...]` was cast to int64's minimum (a RuntimeWarning on stderr), then refused as
+    `input_toks=-9223372036854775808` of a temporary workload file the user never wrote."""
+    path = _bench(tmp_path, **{key: value})
+    argv = ["validate", path, "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o", str(tmp_path / "out")]
+    assert _one_line_exit_2(argv) == f"{path}: {message}"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bench_run_spanning_more_than_int64_nanoseconds_is_refused(tmp_path):
+    """`start_times: [0, 1e300]` crashed with `OverflowError: cannot convert float infinity to integer` where the
+    replayed workload's arrival_time_ns was written."""
+    path = _bench(tmp_path, start_times=[0.0, 1e300])
+    argv = ["validate", path, "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o", str(tmp_path / "out")]
+    assert _one_line_exit_2(argv) == (f"{path}: start_times[1]=1e+300 is 1e+300 s after the first request, longer "
+                                      "than a run kvsim replays (9.22337e+09 s: int64 ns)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_measured_run_spanning_more_than_int64_nanoseconds_is_refused(tmp_path):
+    run = _measured(tmp_path, 1e300)
+    assert _one_line_exit_2(["validate", run, "--gpu", "h100-80gb", "-o", str(tmp_path / "out")]) == (
+        f"{run}/vllm/requests.jsonl: request 'bench-1' queued_ts=1e+300 is 1e+300 s after the first request, longer "
+        "than a run kvsim replays (9.22337e+09 s: int64 ns)")
+    assert not (tmp_path / "out").exists()
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from kvsim.model.errors import KvsimError
-from kvsim.validation.frame import MeasuredRun, is_number, read_json, request_frame
-from kvsim.workload.traces import TraceRecord
+from kvsim.validation.frame import MAX_SPAN_S, MeasuredRun, is_number, late_arrival, read_json, request_frame
+from kvsim.workload.traces import MAX_LENGTH, TraceRecord
 
 
 def read_vllm_bench(path: Path) -> MeasuredRun:
@@ -69,6 +69,9 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
     _check_bench_times(ttft, e2e, ok, gaps, path)
     if starts is not None:
         arrival = _values(starts, ok, "start_times", path)
+        if (late := late_arrival(arrival)) is not None:
+            raise KvsimError(f"{path}: start_times[{ok[late]}]={float(arrival[late])!r} is {arrival[late] - arrival.min():g} s "
+                             f"after the first request, longer than a run kvsim replays ({MAX_SPAN_S:g} s: int64 ns)")
     else:
         arrival = _bench_arrivals(raw, len(ok), path)
         notes.append("the file has no start_times: arrivals are resampled at its request_rate, so only "
@@ -101,10 +104,13 @@ def _values(items: list[Any], indices: Any, key: str, path: Path, allow_missing:
 
 
 def _whole(values: np.ndarray, indices: Any, key: str, path: Path, minimum: int) -> np.ndarray:
-    """`values` (entries `indices` of `key`) as token counts: whole numbers >= `minimum`."""
+    """`values` (entries `indices` of `key`) as token counts: whole numbers >= `minimum`, at most `MAX_LENGTH`
+    (a 1e300 became int64's minimum, refused as a token count of the temporary workload file)."""
     for value, i in zip(values, indices, strict=True):
         if value < minimum or value != int(value):
             raise KvsimError(f"{path}: {key}[{i}]={value:g} is not a whole number of tokens >= {minimum}")
+        if value > MAX_LENGTH:
+            raise KvsimError(f"{path}: {key}[{i}]={value:g} is more tokens than kvsim counts ({MAX_LENGTH:,})")
     return values.astype(int)
 
 

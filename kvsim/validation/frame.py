@@ -26,6 +26,9 @@ REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s"
                    "prompt_tokens", "output_tokens")
 """The columns of `MeasuredRun.requests`, in order; `request_frame` builds exactly these."""
 NS_PER_S = 1e9
+MAX_SPAN_S = 2**63 / NS_PER_S
+"""The longest run a measured one may span: int64 nanoseconds (about 292 years), the `arrival_time_ns` of the
+workload kvsim replays (a span of 1e300 s overflowed converting it)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,12 @@ def read_json(path: Path) -> Any:
 def is_number(value: Any) -> TypeGuard[int | float]:
     """Whether a JSON value is a finite number: an int or float, not a bool (JSON's true), NaN or Infinity."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def late_arrival(arrival_s: np.ndarray) -> int | None:
+    """The index of the first arrival more than `MAX_SPAN_S` after the earliest, or None."""
+    late = np.flatnonzero(arrival_s - arrival_s.min() > MAX_SPAN_S)
+    return int(late[0]) if len(late) else None
 
 
 def json_number(row: dict[str, Any], key: str, where: str) -> float:
