@@ -101,3 +101,16 @@ def test_a_measured_run_spanning_more_than_int64_nanoseconds_is_refused(tmp_path
         "than a run kvsim replays (9.22337e+09 s: int64 ns)")
     assert not (tmp_path / "out").exists()
 
+
+def test_capacity_refuses_a_token_budget_vllm_refuses_at_startup(tmp_path):
+    """`capacity --max-num-batched-tokens 1` printed a concurrency table (and prices) for an engine vLLM will
+    not start, which `kvsim run --set engine.max_num_batched_tokens=1` refuses with vLLM's reason."""
+    message = ("engine.max_num_batched_tokens=1: vLLM refuses this: max_num_batched_tokens (1) must be greater "
+               "than or equal to max_num_seqs (1024)")
+    assert _one_line_exit_2(["capacity", "--max-num-batched-tokens", "1"]) == message
+    assert _one_line_exit_2(["run", "--set", "engine.max_num_batched_tokens=1", "--set", "workload.num_requests=3",
+                             "--format", "json", "-o", str(tmp_path / "out")]) == message
+    assert not (tmp_path / "out").exists()
+    result = runner.invoke(app, ["capacity", "--max-num-batched-tokens", "1024", "--format", "json"])
+    assert result.exit_code == 0, result.output
+

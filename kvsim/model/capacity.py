@@ -369,6 +369,7 @@ def plan_capacity(
         raise KvsimError(f"num_sequences=0: must be > 0 to share a prefix of {shared_prefix_tokens} tokens")
     bs = engine.block_size
     max_model_len = engine.resolved_max_model_len(model)
+    engine.check_vllm_startup(max_model_len, gpu)  # a table for an engine vLLM refuses to start describes none
     if shared_prefix_tokens and not any(shared_prefix_tokens <= c <= max_model_len for c in context_lengths):
         raise KvsimError(f"shared_prefix_tokens={shared_prefix_tokens}: no context length in {context_lengths} "
                          f"holds it within max_model_len {max_model_len}, so no row could show the sharing")
