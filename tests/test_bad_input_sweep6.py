@@ -114,3 +114,35 @@ def test_capacity_refuses_a_token_budget_vllm_refuses_at_startup(tmp_path):
     result = runner.invoke(app, ["capacity", "--max-num-batched-tokens", "1024", "--format", "json"])
     assert result.exit_code == 0, result.output
 
+
+MOONCAKE_ROWS = "".join(f'{{"timestamp": {t}, "input_length": 60, "output_length": 3, "hash_ids": [{t}]}}\n'
+                        for t in (0, 5000))
+
+
+@pytest.mark.parametrize(("fmt", "trace", "extra", "message"), [
+    ("mooncake", MOONCAKE_ROWS, "clients: [3]", "clients=[3]: format=mooncake does not read it (only servegen)"),
+    ("mooncake", MOONCAKE_ROWS, "duration_s: 1", "duration_s=1.0: format=mooncake does not read it (only servegen)"),
+    ("lengths", "num_prefill_tokens,num_decode_tokens\n10,5\n", "start_s: 10",
+     "start_s=10.0: format=lengths does not read it (only azure, mooncake, sharegpt_tokens, servegen)"),
+])
+def test_a_trace_field_its_format_does_not_read_is_refused(tmp_path, fmt, trace, extra, message):
+    """`clients` and `duration_s` are ServeGen's (which clients, over how long), `start_s` skips rows by their
+    timestamps: given for a format that does not read them, the run went on as if they were not there (a
+    Mooncake replay with `duration_s: 1` still served the request at 5 s). A written scenario carries every
+    default, and still runs."""
+    (tmp_path / "t").write_text(trace)
+    arrival = "{process: trace}" if fmt == "mooncake" else "{process: poisson, rate: 5}"
+    (tmp_path / "s.yaml").write_text(f"workload: {{num_requests: 2, arrival: {arrival}, "
+                                     f"trace: {{format: {fmt}, path: t, {extra}}}}}\nsteps: none\n")
+    assert _one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        f"workload.trace: {message}")
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "s.yaml").write_text(f"workload: {{num_requests: 2, arrival: {arrival}, trace: {{format: {fmt}, "
+                                     "path: t}}\nsteps: none\n")
+    first = runner.invoke(app, ["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out"), "--format", "json"])
+    assert first.exit_code == 0, first.output
+    written = tmp_path / "written.yaml"  # beside the trace: the scenario names it by a relative path
+    written.write_text((tmp_path / "out" / "scenario.yaml").read_text())
+    assert "duration_s: 600.0" in written.read_text() and "start_s: 0.0" in written.read_text()
+    again = runner.invoke(app, ["run", str(written), "-o", str(tmp_path / "again"), "--format", "json"])
+    assert again.exit_code == 0, again.output

@@ -173,6 +173,20 @@ class Trace(Settings):
                                  f"columns (only {', '.join(COLUMN_FORMATS)})")
         return self
 
+    @model_validator(mode="after")
+    def _fields_the_format_reads(self) -> Trace:
+        """`clients` and `duration_s` choose what ServeGen's per-client model samples, and `start_s` skips
+        rows by their timestamps: a format that does not read one ignored it without a word. A written
+        scenario carries every default, so only another value is refused."""
+        readers = {"clients": ("servegen",), "duration_s": ("servegen",),
+                   "start_s": ("azure", "mooncake", "sharegpt_tokens", "servegen")}
+        for name, formats in readers.items():
+            value = getattr(self, name)
+            if self.format not in formats and value is not None and value != type(self).model_fields[name].default:
+                raise ValueError(f"{name}={shown(value)}: format={self.format} does not read it (only "
+                                 f"{', '.join(formats)})")
+        return self
+
 
 class Workload(Settings):
     num_requests: int = Field(default=200, gt=0)
