@@ -70,8 +70,9 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
     if starts is not None:
         arrival = _values(starts, ok, "start_times", path)
         if (late := late_arrival(arrival)) is not None:
-            raise KvsimError(f"{path}: start_times[{ok[late]}]={float(arrival[late])!r} is {arrival[late] - arrival.min():g} s "
-                             f"after the first request, longer than a run kvsim replays ({MAX_SPAN_S:g} s: int64 ns)")
+            raise KvsimError(f"{path}: start_times[{ok[late]}]={float(arrival[late])!r} is "
+                             f"{arrival[late] - arrival.min():g} s after the first request, longer than a run kvsim "
+                             f"replays ({MAX_SPAN_S:g} s: int64 ns)")
     else:
         arrival = _bench_arrivals(raw, len(ok), path)
         notes.append("the file has no start_times: arrivals are resampled at its request_rate, so only "

@@ -206,8 +206,9 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     queued = np.array([float(r["queued_ts"]) for r in rows])
     t0 = float(queued.min())
     if (late := late_arrival(queued)) is not None:
-        raise KvsimError(f"{requests_path}: request {rows[late].get('request_id')!r} queued_ts={float(queued[late])!r} is "
-                         f"{queued[late] - t0:g} s after the first request, longer than a run kvsim replays "
+        raise KvsimError(f"{requests_path}: request {rows[late].get('request_id')!r} "
+                         f"queued_ts={float(queued[late])!r} is {queued[late] - t0:g} s after the first request, "
+                         "longer than a run kvsim replays "
                          f"({MAX_SPAN_S:g} s: int64 ns)")
     records, seen = [], set()
     for i, row in enumerate(rows):
