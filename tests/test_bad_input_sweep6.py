@@ -146,3 +146,21 @@ def test_a_trace_field_its_format_does_not_read_is_refused(tmp_path, fmt, trace,
     assert "duration_s: 600.0" in written.read_text() and "start_s: 0.0" in written.read_text()
     again = runner.invoke(app, ["run", str(written), "-o", str(tmp_path / "again"), "--format", "json"])
     assert again.exit_code == 0, again.output
+
+
+def test_validate_names_a_workload_flag_it_cannot_use(tmp_path):
+    """`--workload nope.jsonl` was "PATH: No such file or directory" (a folder: "Is a directory"), naming no
+    flag; beside a `vllm bench serve` JSON, which lists its own requests, `--workload` was ignored."""
+    run = _measured(tmp_path, 100.5)
+    argv = ["validate", run, "--gpu", "h100-80gb", "-o", str(tmp_path / "out"), "--workload"]
+    assert _one_line_exit_2([*argv, str(tmp_path / "nope.jsonl")]) == (
+        f"workload={str(tmp_path / 'nope.jsonl')!r}: file not found")
+    assert _one_line_exit_2([*argv, run]) == f"workload={run!r}: is a directory, not a workload JSONL file"
+    bench = _bench(tmp_path)
+    assert _one_line_exit_2(["validate", bench, "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o",
+                             str(tmp_path / "out"), "--workload", f"{run}/w.jsonl"]) == (
+        f"workload={run + '/w.jsonl'!r}: replaces the workload a measured folder's meta.json names; {bench} is a "
+        "vllm bench serve JSON, which lists its own requests")
+    assert not (tmp_path / "out").exists()
+    result = runner.invoke(app, [*argv, f"{run}/w.jsonl", "--format", "json"])
+    assert result.exit_code == 0, result.output

@@ -352,6 +352,13 @@ def load_measured(path: str | Path, workload: str | Path | None = None) -> Measu
     problem = not_a_file(p, missing="no such file or folder")
     if problem is not None:  # a FIFO was "no such file or folder"
         raise KvsimError(f"measured={str(path)!r}: {problem}")
+    if workload is not None:  # a missing file was "PATH: No such file or directory", naming no flag
+        if not p.is_dir():  # it was ignored: a bench JSON lists its own requests
+            raise KvsimError(f"workload={str(workload)!r}: replaces the workload a measured folder's meta.json "
+                             f"names; {path} is a vllm bench serve JSON, which lists its own requests")
+        problem = not_a_file(workload, file_kind="a workload JSONL file")
+        if problem is not None:
+            raise KvsimError(f"workload={str(workload)!r}: {problem}")
     if p.is_dir():
         if not (p / "vllm" / "meta.json").is_file():
             raise KvsimError(f"measured={str(path)!r}: no vllm/meta.json in this folder (expected the layout "
