@@ -164,3 +164,21 @@ def test_validate_names_a_workload_flag_it_cannot_use(tmp_path):
     assert not (tmp_path / "out").exists()
     result = runner.invoke(app, [*argv, f"{run}/w.jsonl", "--format", "json"])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(("fmt", "row", "message"), [
+    ("mooncake", '{{"timestamp": {t}, "input_length": 60, "output_length": 3, "hash_ids": [1]}}',
+     "timestamp=-5 is negative: a trace's times count from its start"),
+    ("sharegpt_tokens", '{{"arrival_time_ns": {t}, "input_toks": 2, "output_toks": 1}}',
+     "arrival_time_ns=-5 is negative: a trace's times count from its start"),
+])
+def test_a_negative_trace_time_is_refused(tmp_path, fmt, row, message):
+    """Rows whose time was before 0 were dropped as if before `start_s` (0): of a Mooncake trace at -5 ms
+    and 0 ms, `num_requests: 2` served one request without a word (all negative: "start_s=0.0: no request
+    ... arrives after it", naming a field the user never set)."""
+    (tmp_path / "t.jsonl").write_text("\n".join(row.format(t=t) for t in (-5, 0)) + "\n")
+    (tmp_path / "s.yaml").write_text(f"workload: {{num_requests: 2, arrival: {{process: trace}}, "
+                                     f"trace: {{format: {fmt}, path: t.jsonl}}}}\n")
+    assert _one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        f"{tmp_path}/t.jsonl:1: {message}")
+    assert not (tmp_path / "out").exists()

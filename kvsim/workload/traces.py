@@ -90,7 +90,9 @@ def _no_extra_fields(row: Mapping[str | None, Any], path: Path, line: int) -> No
 
 
 def _seconds(value: Any, scale: float, path: Path, line: int, field: str) -> float:
-    """An arrival time in seconds from a number of `1 / scale` seconds; NaN, inf and true/false are errors."""
+    """An arrival time in seconds from a number of `1 / scale` seconds; NaN, inf, true/false and a negative time
+    are errors (times count from the trace's start: a row before it was dropped without a word, as if before
+    `start_s`)."""
     if isinstance(value, bool):  # float(true) is 1: a JSON true was an arrival 1 ms in
         raise _bad(path, line, f"{field}={shown(value)} is not a number")
     try:
@@ -99,6 +101,8 @@ def _seconds(value: Any, scale: float, path: Path, line: int, field: str) -> flo
         raise _bad(path, line, f"{field}={shown(value)} is not a number") from None
     if not math.isfinite(number):
         raise _bad(path, line, f"{field}={shown(value)} is not a finite number")
+    if number < 0:
+        raise _bad(path, line, f"{field}={shown(value)} is negative: a trace's times count from its start")
     return number / scale
 
 
