@@ -182,3 +182,24 @@ def test_a_negative_trace_time_is_refused(tmp_path, fmt, row, message):
     assert _one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
         f"{tmp_path}/t.jsonl:1: {message}")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    ("model=opt-13b", "a replay's model is --model (held against the run's model), not a --set"),
+    ("gpu=a100-80gb", "a replay's gpu is --gpu (held against the run's GPU), not a --set"),
+    ("workload.num_requests=1", "a replay's workload is the measured run's requests (--workload replaces a "
+                                "measured folder's), not a --set"),
+    ("replicas=2", "a replay's replicas is one engine, as the measured run's (its data-parallel ranks from its "
+                   "engine arguments), not a --set"),
+])
+def test_validate_refuses_a_set_of_what_the_run_fixes(tmp_path, item, message):
+    """`--model opt-13b` against a Llama run is refused (the third sweep), but `--set model=opt-13b` replayed
+    OPT-13B against it without a word; `--set workload.num_requests=1` compared one replayed request with the
+    run's two; `--set replicas=2` was told to "use kvsim.fleet.driver.simulate_fleet", a function of kvsim's."""
+    run = _measured(tmp_path, 100.5)
+    assert _one_line_exit_2(["validate", run, "--gpu", "h100-80gb", "--set", item, "-o", str(tmp_path / "out")]) == (
+        f"--set {item!r}: {message}")
+    assert not (tmp_path / "out").exists()
+    result = runner.invoke(app, ["validate", run, "--gpu", "h100-80gb", "--set", "engine.max_num_seqs=2",
+                                 "-o", str(tmp_path / "out"), "--format", "json"])
+    assert result.exit_code == 0, result.output

@@ -159,6 +159,21 @@ def default_profile(run_dir: Path, run: MeasuredRun) -> Path | None:
     return None
 
 
+RUN_FIELDS = {"model": "--model (held against the run's model)", "gpu": "--gpu (held against the run's GPU)",
+              "workload": "the measured run's requests (--workload replaces a measured folder's)",
+              "replicas": "one engine, as the measured run's (its data-parallel ranks from its engine arguments)"}
+"""Scenario sections a replay takes from the measured run, not from `--set`, and where each comes from."""
+
+
+def _refuse_run_overrides(overrides: list[str]) -> None:
+    """`--set model=...` replayed another model than the run's, past the check `--model` gets (`resolve_model`),
+    and `--set workload.num_requests=1` compared one replayed request with every measured one."""
+    for item in overrides:
+        section = item.partition("=")[0].split(".")[0].strip() if isinstance(item, str) else ""
+        if section in RUN_FIELDS:
+            raise KvsimError(f"--set {shown(item)}: a replay's {section} is {RUN_FIELDS[section]}, not a --set")
+
+
 def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, latency: str = "roofline",
                    profile: str | Path | None = None, overrides: list[str] | None = None,
                    recorded: dict[str, Any] | None = None, cluster_link: bool = True) -> Scenario:
@@ -168,6 +183,7 @@ def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, 
     link is used even where the run's cluster config describes another."""
     if latency not in LATENCY_MODELS:
         raise KvsimError(f"--latency={latency!r}: expected one of {', '.join(LATENCY_MODELS)}")
+    _refuse_run_overrides(overrides or [])
     if latency == "calibrated" and profile is None:
         raise KvsimError("--latency=calibrated needs --profile (a measured profile bundle or CSV)")
     latency_cfg: dict[str, Any] = {"model": latency}
