@@ -203,3 +203,20 @@ def test_validate_refuses_a_set_of_what_the_run_fixes(tmp_path, item, message):
     result = runner.invoke(app, ["validate", run, "--gpu", "h100-80gb", "--set", "engine.max_num_seqs=2",
                                  "-o", str(tmp_path / "out"), "--format", "json"])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(("groups", "message"), [
+    ("[{count: 1, name: a}, {count: 1, name: a}]", "replicas: two groups are named 'a'; a group's name labels its "
+                                                   "replicas"),
+    ("[{count: 1, model: ''}]", "replicas=[{'count': 1, 'model': ''}]: replicas.0.model='': String should have at "
+                                "least 1 character"),
+    ("[{count: 1, gpu: ''}]", "replicas=[{'count': 1, 'gpu': ''}]: replicas.0.gpu='': String should have at least 1 "
+                              "character"),
+])
+def test_replica_groups_that_cannot_be_told_apart_are_refused(tmp_path, groups, message):
+    """Two groups named `a` both named their replicas `default/a-0`: replicas.csv had two rows of that name;
+    a group's `model: ''` (or `gpu: ''`) was taken as not given, so it ran the scenario's model."""
+    argv = ["run", "--set", "workload.num_requests=4", "--set", f"replicas={groups}", "-o", str(tmp_path / "out")]
+    assert _one_line_exit_2(argv) == message
+    assert not (tmp_path / "out").exists()
+

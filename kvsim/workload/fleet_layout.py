@@ -23,9 +23,9 @@ class ReplicaGroup(Settings):
     """
 
     count: int = Field(default=1, gt=0, le=4096)
-    name: str | None = None
-    model: str | None = None
-    gpu: str | None = None
+    name: str | None = Field(default=None, min_length=1)  # '' was taken as not given: the scenario's, unnamed
+    model: str | None = Field(default=None, min_length=1)
+    gpu: str | None = Field(default=None, min_length=1)
     engine: dict[str, Any] = Field(default_factory=dict)
     kv_role: Literal["kv_producer", "kv_consumer"] | None = Field(
         default=None, exclude_if=lambda role: role is None,

@@ -28,7 +28,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.config import EngineConfig, GPULink
-from kvsim.model.errors import KvsimError, from_validation_error, not_a_file, reading, shown
+from kvsim.model.errors import KvsimError, first_repeat, from_validation_error, not_a_file, reading, shown
 from kvsim.model.spec import Settings
 from kvsim.model.yaml_io import load_yaml, yaml_problem
 from kvsim.workload.files import data_file
@@ -298,6 +298,9 @@ class Scenario(Settings):
             raise ValueError(f"replicas={self.replicas}: expected 1..4096")
         if isinstance(self.replicas, list) and not self.replicas:
             raise ValueError("replicas=[]: give a count or at least one replica group")
+        names = [g.name for g in self.replicas if g.name is not None] if isinstance(self.replicas, list) else []
+        if (twice := first_repeat(names)) is not None:  # both groups named their replicas NAME-0, NAME-1, ...
+            raise ValueError(f"replicas: two groups are named {twice!r}; a group's name labels its replicas")
         roles = [g.kv_role for g in self.replicas] if isinstance(self.replicas, list) else []
         if self.kv_transfer_config is not None:
             for role in ("kv_producer", "kv_consumer"):
