@@ -220,3 +220,20 @@ def test_replica_groups_that_cannot_be_told_apart_are_refused(tmp_path, groups, 
     assert _one_line_exit_2(argv) == message
     assert not (tmp_path / "out").exists()
 
+
+@pytest.mark.parametrize(("trace", "message"), [
+    ('{"timestamp": 0, "input_length": "x", "output_length": 3, "hash_ids": [1]}\n',
+     "{d}/t.jsonl:1: input_length='x' is not an integer"),
+    (None, "path='t.jsonl': file not found: {d}/t.jsonl"),
+], ids=["bad-row", "missing"])
+def test_plan_reads_its_traffic_before_it_makes_its_folder(tmp_path, trace, message):
+    """The base scenario's trace was first read by the first point's run: a missing file or a bad row was
+    refused after the plan folder had been claimed, which was left behind with only its marker."""
+    if trace is not None:
+        (tmp_path / "t.jsonl").write_text(trace)
+    (tmp_path / "s.yaml").write_text("workload: {num_requests: 1, arrival: {process: trace}, "
+                                     "trace: {format: mooncake, path: t.jsonl}}\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert _one_line_exit_2([*PLAN[:1], str(tmp_path / "s.yaml"), *PLAN[1:-2], "-o", str(tmp_path / "out")]) == (
+        message.replace("{d}", str(tmp_path)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

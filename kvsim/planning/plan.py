@@ -74,10 +74,13 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
     knobs do not make a valid scenario, or whose TP the model cannot be split over, whose weights leave
     no KV pool or whose engine cannot be built (`check_engine`: e.g. an offload tier under one block) (a
     `KvsimError` naming the field)."""
+    import numpy as np
+
     from kvsim.engine.builder import check_engine
     from kvsim.fleet.driver import replica_groups
     from kvsim.model.capacity import check_parallel, num_gpu_blocks
     from kvsim.model.config import load_gpu, load_model
+    from kvsim.workload.generate import iter_requests
 
     if base.replicas is not None:
         raise KvsimError(f"replicas={base.replicas!r}: plan searches the replica count; remove it from the scenario")
@@ -85,6 +88,9 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
     for gpu in dict.fromkeys(spec.gpus):
         load_gpu(gpu)
     model = load_model(base.model)
+    # the traffic as the first point reads it: a trace that is missing or has a bad row was found after the
+    # plan folder had been made (every random draw happens here, the requests themselves are built lazily)
+    iter_requests(base, base.engine.resolved_max_model_len(model), np.random.default_rng(base.seed))
     auto = [with_split(c, (1, 1), spec) for c in candidates(spec) if c.split is None] if has_auto(spec) else []
     for candidate in [*candidates(spec), *auto]:  # an automatic split's shape is checked as 1P1D
         scenario = candidate.scenario(base, candidate.smallest_fleet, spec.router)
