@@ -237,3 +237,16 @@ def test_plan_reads_its_traffic_before_it_makes_its_folder(tmp_path, trace, mess
     assert _one_line_exit_2([*PLAN[:1], str(tmp_path / "s.yaml"), *PLAN[1:-2], "-o", str(tmp_path / "out")]) == (
         message.replace("{d}", str(tmp_path)))
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_scenario_may_not_set_the_folder_its_paths_start_from(tmp_path):
+    """`base_dir` is the field kvsim fills with the scenario file's folder: `base_dir: /data` in a file (or
+    `--set base_dir=...`) was accepted and replaced without a word, so the trace was still looked up beside
+    the file."""
+    (tmp_path / "s.yaml").write_text("base_dir: /data\nworkload: {num_requests: 2, prompt_len: {dist: fixed, value: 8}, "
+                                     "output_len: {dist: fixed, value: 4}}\n")
+    message = "unknown key (kvsim resolves a scenario's relative paths from the folder of its file)"
+    assert _one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        f"base_dir='/data': {message}")
+    assert _one_line_exit_2(["run", "--set", "base_dir=/x", "-o", str(tmp_path / "out")]) == f"base_dir='/x': {message}"
+    assert not (tmp_path / "out").exists()

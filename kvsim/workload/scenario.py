@@ -345,6 +345,9 @@ class Scenario(Settings):
 
 
 def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
+    if "base_dir" in raw:  # the field kvsim sets: given in a file, it was replaced without a word
+        raise KvsimError(f"base_dir={shown(raw['base_dir'])}: unknown key (kvsim resolves a scenario's relative "
+                         "paths from the folder of its file)")
     try:
         return Scenario.model_validate({**raw, "base_dir": str(base_dir)})  # not **raw: a key may not be a str
     except ValidationError as error:
