@@ -250,3 +250,18 @@ def test_a_scenario_may_not_set_the_folder_its_paths_start_from(tmp_path):
         f"base_dir='/data': {message}")
     assert _one_line_exit_2(["run", "--set", "base_dir=/x", "-o", str(tmp_path / "out")]) == f"base_dir='/x': {message}"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_lognormal_sigma_whose_square_overflows_is_refused(tmp_path):
+    """`prompt_len: {dist: lognormal, mean: 100, sigma: 1e300}` crashed drawing the lengths (`OverflowError:
+    (34, 'Numerical result out of range')` from sigma ** 2); the widest sigma whose square is a float still runs."""
+    def argv(sigma: str, out: str) -> list[str]:
+        return ["run", "--set", "workload.num_requests=5", "--set", "steps=none", "--set",
+                f"workload.prompt_len={{dist: lognormal, mean: 100, sigma: {sigma}}}", "-o", str(tmp_path / out)]
+
+    assert _one_line_exit_2(argv("1e300", "out")) == (
+        "workload.prompt_len.lognormal: sigma=1e+300: too wide to draw from (sigma² overflows a float; a sigma of "
+        "10 already puts the p99 e^23 times above the median)")
+    assert not (tmp_path / "out").exists()
+    widest = runner.invoke(app, [*argv("1.3e154", "ok"), "--format", "json"])
+    assert widest.exit_code == 0, widest.output

@@ -20,6 +20,8 @@ refers to the data shipped in `kvsim/workload/data/`.
 from __future__ import annotations
 
 import copy
+import math
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -77,6 +79,9 @@ class Lognormal(Settings):
     def _one_shape(self) -> Lognormal:
         if (self.p99 is None) == (self.sigma is None):
             raise ValueError("give exactly one of p99 or sigma")
+        if self.sigma is not None and self.sigma > math.sqrt(sys.float_info.max):  # mu = log(mean) - sigma² / 2
+            raise ValueError(f"sigma={self.sigma:g}: too wide to draw from (sigma² overflows a float; a sigma of "
+                             "10 already puts the p99 e^23 times above the median)")
         if self.p99 is not None and self.p99 <= self.mean:
             raise ValueError(f"p99={self.p99} must exceed mean={self.mean}")
         return self
