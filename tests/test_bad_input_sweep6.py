@@ -265,3 +265,26 @@ def test_a_lognormal_sigma_whose_square_overflows_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
     widest = runner.invoke(app, [*argv("1.3e154", "ok"), "--format", "json"])
     assert widest.exit_code == 0, widest.output
+
+
+@pytest.mark.parametrize(("fmt", "table", "extra", "message"), [
+    ("azure", "timestamp,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,12,3\n", "",
+     "no column 'TIMESTAMP' (the header has 'timestamp,ContextTokens,GeneratedTokens'; expected TIMESTAMP, "
+     "ContextTokens, GeneratedTokens)"),
+    ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,12,3\n", ", priority_column: prio",
+     "no column 'prio' (the header has 'TIMESTAMP,ContextTokens,GeneratedTokens'; expected TIMESTAMP, ContextTokens, "
+     "GeneratedTokens, prio)"),
+    ("lengths", "prompt,output\n0,2\n", "",
+     "no column 'num_prefill_tokens' (the header has 'prompt,output'; expected num_prefill_tokens, num_decode_tokens)"),
+])
+def test_a_csv_trace_without_a_column_it_needs_says_so(tmp_path, fmt, table, extra, message):
+    """A header without a column kvsim reads gave each row that column as None: `num_prefill_tokens=None is not
+    an integer` for a table whose first row held 0 (and `TIMESTAMP=None is not a timestamp` for a header that
+    spelt it `timestamp`), a value the file does not have."""
+    (tmp_path / "t.csv").write_text(table)
+    arrival = "{process: trace}" if fmt == "azure" else "{process: poisson, rate: 5}"
+    (tmp_path / "s.yaml").write_text(f"workload: {{num_requests: 1, arrival: {arrival}, trace: {{format: {fmt}, "
+                                     f"path: t.csv{extra}}}}}\n")
+    assert _one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        f"{tmp_path}/t.csv: {message}")
+    assert not (tmp_path / "out").exists()

@@ -89,6 +89,16 @@ def _no_extra_fields(row: Mapping[str | None, Any], path: Path, line: int) -> No
                                f"(extra: {shown(','.join(map(str, extra)))})")
 
 
+def _require_columns(reader: csv.DictReader[str], path: Path, names: tuple[str, ...]) -> None:
+    """Refuse a CSV whose header lacks one of `names` (each row read it as None: "ContextTokens=None is not an
+    integer" named a value the file does not have); an empty file has no header, and no rows to say so."""
+    header = reader.fieldnames or []
+    missing = [name for name in names if name not in header]
+    if header and missing:
+        raise KvsimError(f"{path}: no column {missing[0]!r} (the header has {shown(','.join(header))}; expected "
+                         f"{', '.join(names)})")
+
+
 def _seconds(value: Any, scale: float, path: Path, line: int, field: str) -> float:
     """An arrival time in seconds from a number of `1 / scale` seconds; NaN, inf, true/false and a negative time
     are errors (times count from the trace's start: a row before it was dropped without a word, as if before
@@ -112,6 +122,11 @@ class TraceColumns:
 
     priority: str | None = None
     acceptance: str | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The columns read (a CSV's header must have them)."""
+        return tuple(name for name in (self.priority, self.acceptance) if name is not None)
 
     def read(self, row: Mapping[str, Any], path: Path, line: int) -> dict[str, Any]:
         """`TraceRecord` fields from `row`'s columns; a missing or malformed value raises `KvsimError`."""
@@ -169,6 +184,7 @@ def read_azure(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceReco
     records, first = [], None
     with open_text(path, newline="") as f:
         reader = csv_rows(f, path)
+        _require_columns(reader, path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens", *columns.names))
         for line_no, row in enumerate(reader, start=2):
             _no_extra_fields(row, path, line_no)
             try:
@@ -248,7 +264,9 @@ def read_lengths(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRe
     """`num_prefill_tokens,num_decode_tokens,...` (Vidur / Sarathi-Serve length tables)."""
     records = []
     with open_text(path, newline="") as f:
-        for line_no, row in enumerate(csv_rows(f, path), start=2):
+        reader = csv_rows(f, path)
+        _require_columns(reader, path, ("num_prefill_tokens", "num_decode_tokens", *columns.names))
+        for line_no, row in enumerate(reader, start=2):
             _no_extra_fields(row, path, line_no)
             records.append(TraceRecord(
                 None,
