@@ -201,3 +201,22 @@ def test_max_num_seqs_flag_as_in_vllm(tmp_path):
     assert capped.exit_code == 0, capped.output
     rows = json.loads(capped.output)["rows"]
     assert all(r["concurrent_sequences"] == min(64, r["paged_max_seqs"]) for r in rows)
+
+
+def test_the_written_scenario_runs_again_from_its_output_folder(tmp_path):
+    """`scenario.yaml` in a run's folder reruns it: a trace named relative to the scenario file (here
+    `traces/t.csv` beside `scenarios/`) is written as its absolute path, so the rerun reads the same
+    requests and writes the same rows; relative, it named `runs/x/traces/t.csv`, which does not exist."""
+    (tmp_path / "scenarios").mkdir()
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                               "2023-11-16 18:15:46.6805900,100,10\n2023-11-16 18:15:47.0,200,20\n")
+    (tmp_path / "scenarios" / "s.yaml").write_text(
+        "workload: {num_requests: 2, arrival: {process: trace}, trace: {format: azure, path: ../traces/t.csv}}\n")
+    first, again = tmp_path / "runs" / "first", tmp_path / "runs" / "again"
+    assert runner.invoke(app, ["run", str(tmp_path / "scenarios" / "s.yaml"), "-o", str(first)]).exit_code == 0
+    written = (first / "scenario.yaml").read_text()
+    assert f"path: {(tmp_path / 'traces' / 't.csv').resolve()}" in written
+    result = runner.invoke(app, ["run", str(first / "scenario.yaml"), "-o", str(again)])
+    assert result.exit_code == 0, result.output
+    assert (first / "requests.csv").read_bytes() == (again / "requests.csv").read_bytes()

@@ -115,7 +115,7 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
         else:
             result = simulate_single(scenario, check, progress, bursts, memory_limit_bytes,
                                      StepRecorder(scenario.steps, writer, draft_column=speculates), steps_path)
-        write_run_files(tmp, result, steps=False)
+        write_run_files(tmp, result, steps=False, final=final)
     return result
 
 

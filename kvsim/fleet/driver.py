@@ -166,7 +166,7 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     final = check_output_dir(out_dir, "run")  # refused before simulating, not after
     with output_directory(out_dir, "run") as tmp:
         result = _run_fleet(scenario, check, progress, bursts, (tmp, final, steps_format))
-        write_run_files(tmp, result, steps=False)
+        write_run_files(tmp, result, steps=False, final=final)
     return result
 
 

@@ -130,14 +130,15 @@ class RunResult:
         temporary sibling folder that is swapped into place only when all are complete.
         """
         with output_directory(out_dir, "run") as tmp:
-            write_run_files(tmp, self, steps=self.scenario.steps != "none")
+            write_run_files(tmp, self, steps=self.scenario.steps != "none", final=Path(out_dir))
         return Path(out_dir)
 
 
-def write_run_files(folder: Path, result: RunResult, steps: bool) -> None:
+def write_run_files(folder: Path, result: RunResult, steps: bool, final: Path) -> None:
     """`requests.csv`, `summary.json`, `scenario.yaml`, every table of `result.tables` as NAME.csv and,
-    if `steps`, `steps.csv` into `folder` (a temporary folder of `output_directory`). Every CSV is
-    `DataFrame.to_csv`'s text (`kvsim.results.step_writer.write_csv`), written in bounded memory."""
+    if `steps`, `steps.csv` into `folder` (a temporary folder of `output_directory`, which becomes `final`;
+    `scenario.yaml` reruns from there: `Scenario.dump_into`). Every CSV is `DataFrame.to_csv`'s text
+    (`kvsim.results.step_writer.write_csv`), written in bounded memory."""
     import yaml
 
     from kvsim.results.step_writer import frame_columns, write_csv
@@ -149,4 +150,4 @@ def write_run_files(folder: Path, result: RunResult, steps: bool) -> None:
     for name, table in result.tables.items():
         write_csv(frame_columns(table), folder / f"{name}.csv")
     (folder / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
-    (folder / "scenario.yaml").write_text(yaml.safe_dump(result.scenario.model_dump(mode="json"), sort_keys=False))
+    (folder / "scenario.yaml").write_text(yaml.safe_dump(result.scenario.dump_into(final), sort_keys=False))

@@ -528,6 +528,7 @@ def write_validation(v: Validation, out_dir: str | Path) -> Path:
     the replayed `scenario.yaml` and `workload.jsonl`, so `kvsim run sim/scenario.yaml` repeats it).
     Written through `kvsim.results.output_dir.output_directory`: only over kvsim's own output, swapped into place
     when complete."""
+    import dataclasses
     import json
 
     from kvsim.results.output_dir import output_directory
@@ -538,7 +539,9 @@ def write_validation(v: Validation, out_dir: str | Path) -> Path:
         (tmp / "validation.json").write_text(json.dumps(to_json(v), indent=2) + "\n")
         (tmp / "errors.csv").write_text(rows_to_csv(v.rows))
         v.run.requests.to_csv(tmp / "measured_requests.csv", index=False)
-        sim = v.result.write(tmp / "sim")
+        # the replayed workload is written beside the scenario, which names it relative to its own folder
+        replay = v.result.scenario.model_copy(update={"base_dir": str(tmp / "sim")})
+        sim = dataclasses.replace(v.result, scenario=replay).write(tmp / "sim")
         write_sharegpt_tokens(v.run.records, sim / TRACE_FILE)
         save_figures(v, tmp)
     return Path(out_dir)

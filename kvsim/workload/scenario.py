@@ -348,6 +348,33 @@ class Scenario(Settings):
             raise KvsimError(f"path={path!r}: {problem}: {resolved}")
         return resolved
 
+    def dump_into(self, folder: str | Path) -> dict[str, Any]:
+        """The scenario's fields for a `scenario.yaml` written into `folder`, which `kvsim run` runs again from
+        there: each relative data path (a trace's `path`, a length `table`, a latency `profile`: relative to
+        the scenario file) made absolute, unless it names a file inside `folder`, which stays relative (a
+        replay's `sim/` keeps its workload beside its scenario)."""
+        inside = Path(folder).resolve()
+
+        def portable(node: Any) -> Any:
+            if isinstance(node, list):
+                return [portable(item) for item in node]
+            if not isinstance(node, dict):
+                return node
+            out = {key: portable(value) for key, value in node.items()}
+            for key in DATA_PATH_FIELDS:
+                value = out.get(key)
+                if isinstance(value, str) and not value.startswith("builtin:") and not Path(value).is_absolute():
+                    resolved = (Path(self.base_dir) / value).resolve()
+                    if not resolved.is_relative_to(inside):
+                        out[key] = str(resolved)
+            return out
+
+        return portable(self.model_dump(mode="json"))
+
+
+DATA_PATH_FIELDS = ("path", "table", "profile")
+"""The scenario fields (at any depth) that name a data file relative to the scenario file (`resolve_path`)."""
+
 
 def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
     if "base_dir" in raw:  # the field kvsim sets: given in a file, it was replaced without a word
