@@ -176,6 +176,7 @@ CASES = [
     ("swap-space-negative", scenario(f"engine: {{swap_space: -1}}\n{WORKLOAD}"), RUN_S, "engine.swap_space=-1"),
     ("engine-not-mapping", scenario(f"engine: 5\n{WORKLOAD}"), RUN_S, "engine=5"),
     ("workload-missing", scenario("model: llama-3.1-8b\n"), RUN_S, "workload: required field is missing"),
+    ("scenario-file-empty", scenario("# nothing but a comment\n"), RUN_S, "s.yaml: the file is empty"),
     ("max-model-len-zero", scenario(f"engine: {{max_model_len: 0}}\n{WORKLOAD}"), RUN_S, "engine.max_model_len=0"),
     # --- --set
     ("set-unclosed-yaml", {}, ["run", "--set", "name=[unclosed"], "--set 'name=[unclosed'"),

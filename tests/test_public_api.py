@@ -80,3 +80,9 @@ def test_simulate_runs_a_fleet_scenario_through_the_fleet_path():
     # round robin deals 30 requests 15 and 15
     assert result.summary["requests_per_replica"] == {"min": 15, "max": 15, "mean": 15.0}
     assert result.summary == simulate_fleet(fleet).summary  # the same path, the same seed
+
+
+def test_writing_a_result_to_something_that_is_not_a_path_is_named():
+    result = kvsim.simulate(None, workload__num_requests=3, steps="none")
+    with pytest.raises(KvsimError, match=r"^--output='5': is not a path: name a folder"):
+        result.write(5)  # type: ignore[arg-type]  # Path(5) was a bare TypeError

@@ -119,6 +119,8 @@ def _listing(folder: Path) -> set[str]:
 def _absolute_unprotected(path: str | Path) -> Path:
     """`path` made absolute (`~` expanded), unless it is empty (an unset shell variable, not the working
     folder), protected or a symlink."""
+    if not isinstance(path, (str, os.PathLike)):  # Path(5) was a bare TypeError (`RunResult.write(5)`)
+        raise _refuse(path, "is not a path: name a folder")
     if not str(path).strip():
         raise _refuse(path, "is empty: name a folder")
     out = Path(os.path.abspath(Path(path).expanduser()))

@@ -483,5 +483,8 @@ def load_scenario(path: str | Path | None = None, overrides: Overrides | None = 
         raise KvsimError(f"scenario {file}: not valid YAML: {yaml_problem(error)}") from None
     if not isinstance(raw, dict):
         raise KvsimError(f"scenario {file}: expected a mapping at the top level")
+    if not raw and not overrides:  # it read "workload: required field is missing", naming no file
+        raise KvsimError(f"scenario {file}: the file is empty (a scenario names at least its workload; "
+                         "`kvsim run` without a file runs the built-in default)")
     raw.setdefault("name", file.stem)
     return make_scenario(apply_overrides(raw, overrides or ()), file.parent)
