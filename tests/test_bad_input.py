@@ -156,6 +156,11 @@ CASES = [
     ("yaml-long-value-is-cut", scenario(f"engine: {{block_size: {'y' * 500}}}\n{WORKLOAD}"), RUN_S,
      f"engine.block_size='{'y' * 56}...: "),
     ("yaml-names-lines", {"s.yaml": "name:hash:\n" * 3}, RUN_S, "duplicate key 'name:hash' (lines 1 and 2)"),
+    # YAML 1.1 integers PyYAML reads in another base: 016 is octal 14, 1:30 is base-60 90
+    ("yaml-leading-zero-octal", scenario(f"engine: {{block_size: 016}}\n{WORKLOAD}"), RUN_S,
+     "016 reads as 14 (a YAML 1.1 octal or base-60 integer)"),
+    ("yaml-base-60", scenario(f"seed: 1:30\n{WORKLOAD}"), RUN_S, "1:30 reads as 90 (a YAML 1.1 octal"),
+    ("set-leading-zero-octal", {}, ["run", "--set", "engine.block_size=016"], "016 reads as 14"),
     ("seed-negative", scenario(f"seed: -1\n{WORKLOAD}"), RUN_S, "seed=-1: "),
     ("trace-dev-zero", scenario("workload: {num_requests: 5, arrival: {process: trace}, "
                                 "trace: {format: azure, path: /dev/zero}}\n"), RUN_S,

@@ -1,5 +1,8 @@
 """YAML (and JSON) as kvsim reads user files: safe, duplicate keys refused, errors told in one short line.
 
+PyYAML reads YAML 1.1, where `016` is the octal 14 and `1:30` the base-60 90: `load_yaml` refuses those
+two integer forms (quoted, they stay text), so a zero-padded `block_size: 016` is never 14 in silence.
+
 PyYAML keeps the last of two equal keys (`engine:` twice: the first section silently lost);
 `load_yaml` refuses it instead, naming both lines (`load_shipped_yaml` reads kvsim's own presets).
 `yaml_problem` gives an error's problem and position without echoing the offending text (a file of
@@ -45,11 +48,19 @@ def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]
     return loader.construct_mapping(node, deep=True)
 
 
+_YAML11_INT = re.compile(r"[-+]?(0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+)")
+"""YAML 1.1's octal (`016`) and base-60 (`1:30`) integers: PyYAML reads them as 14 and 90."""
+
+
 def _int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
     try:
-        return loader.construct_yaml_int(node)
+        value = loader.construct_yaml_int(node)
     except ValueError:  # the one an int the resolver matched can raise: too many digits (see the docstring)
         raise ConstructorError(None, None, _too_long(node.value), node.start_mark) from None
+    if _YAML11_INT.fullmatch(node.value) and node.value.strip("+-_0"):  # `block_size: 016` was 14 in silence
+        raise ConstructorError(None, None, f"{node.value} reads as {value} (a YAML 1.1 octal or base-60 integer): "
+                               "write the number without a leading zero or a colon, or quote it", node.start_mark)
+    return value
 
 
 def _too_long(digits: str) -> str:
