@@ -288,3 +288,20 @@ def test_a_csv_trace_without_a_column_it_needs_says_so(tmp_path, fmt, table, ext
     assert _one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
         f"{tmp_path}/t.csv: {message}")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("override", "flags", "message"), [
+    ("gpu=h200", [], "--set 'gpu=h200': the plan's candidates set gpu (h100-80gb); give it with --gpu"),
+    ("engine.max_num_seqs=64", ["--engine", "max_num_seqs=128,256"],
+     "--set 'engine.max_num_seqs=64': the plan's candidates set engine.max_num_seqs (128, 256); give it with "
+     "--engine max_num_seqs=..."),
+    ("engine.tensor_parallel_size=2", ["--tensor-parallel-size", "1"],
+     "--set 'engine.tensor_parallel_size=2': the plan's candidates set engine.tensor_parallel_size (1); give it with "
+     "--tensor-parallel-size"),
+])
+def test_plan_refuses_a_set_its_candidates_replace(tmp_path, override, flags, message):
+    """`Candidate.scenario` sets the GPU, the TP size and the knobs the plan varies: a --set of another value
+    was replaced without a word (`plan --gpu h100-80gb --set gpu=h200` planned H100s)."""
+    out = tmp_path / "out"
+    assert _one_line_exit_2([*PLAN, "--set", override, *flags, "-o", str(out)]).startswith(message)
+    assert not out.exists()

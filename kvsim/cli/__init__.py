@@ -312,7 +312,7 @@ def plan(
     import yaml
 
     from kvsim.model.yaml_io import load_yaml, yaml_problem
-    from kvsim.planning.plan import check_candidates, spec_from_options
+    from kvsim.planning.plan import check_candidates, refuse_replaced_overrides, spec_from_options
     from kvsim.planning.plan import plan as run_plan
     from kvsim.planning.search import close_client, dask_client
     from kvsim.results.output_dir import check_output_dir, claim_directory, safe_component
@@ -339,6 +339,7 @@ def plan(
         limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
         spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
                                  max_replicas, router, search, limit_bytes, xpyd, kv_transfer_config)
+        refuse_replaced_overrides(overrides or [], spec)
         check_candidates(base, spec)
         sizes = [parse_size_flag(size, "--offload-size") for size in offload_sizes or []]
         if (twice := first_repeat(sizes)) is not None:  # each size is one tier to size: a row apiece

@@ -391,6 +391,28 @@ def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
     return section
 
 
+def refuse_replaced_overrides(overrides: list[str], spec: PlanSpec) -> None:
+    """Refuse a `--set` of a field every candidate sets its own way (`Candidate.scenario`: the GPU, the TP
+    size, an engine knob the plan varies; a router needs replicas, which plan refuses already) to another
+    value than the candidates take: it was replaced without a word, so `plan --set gpu=h200 --gpu h100-80gb`
+    planned H100s. The same value is fine."""
+    from kvsim.model.yaml_io import load_yaml
+
+    decided: dict[str, tuple[str, list[Any]]] = {
+        "gpu": ("--gpu (the spec's gpus)", spec.gpus),
+        "engine.tensor_parallel_size": ("--tensor-parallel-size (the spec's tensor_parallel_sizes)",
+                                        spec.tensor_parallel_sizes)}
+    for knob, values in spec.engine.items():
+        decided[f"engine.{knob}"] = (f"--engine {knob}=... (the spec's engine)", values)
+    for item in overrides:
+        key, _, text = item.partition("=")
+        if key.strip() in decided:
+            flag, values = decided[key.strip()]
+            if [load_yaml(text)] != list(values):
+                raise KvsimError(f"--set {shown(item)}: the plan's candidates set {key.strip()} "
+                                 f"({', '.join(map(str, values))}); give it with {flag}")
+
+
 def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_sizes: list[int], knobs: list[str],
                       costs: list[str], max_replicas: int | None, router: str | None,
                       search: str | None = None, memory_limit_bytes: int | None = None,
