@@ -305,3 +305,11 @@ def test_plan_refuses_a_set_its_candidates_replace(tmp_path, override, flags, me
     out = tmp_path / "out"
     assert _one_line_exit_2([*PLAN, "--set", override, *flags, "-o", str(out)]).startswith(message)
     assert not out.exists()
+
+
+def test_a_split_larger_than_max_replicas_is_refused(tmp_path):
+    """40P40D is 80 instances: it ran past --max-replicas 8, where the colocated search stops."""
+    out = tmp_path / "out"
+    assert _one_line_exit_2([*PLAN, "--xpyd", "40P40D", "--max-replicas", "8", "-o", str(out)]) == (
+        "plan: xpyd=40P40D: 80 instances, more than max_replicas=8")
+    assert not out.exists()

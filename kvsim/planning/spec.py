@@ -73,6 +73,16 @@ class PlanSpec(Settings):
         return splits
 
     @model_validator(mode="after")
+    def _splits_within_max_replicas(self) -> PlanSpec:
+        """A split is a fleet of x + y instances: one past `max_replicas` ran anyway (the colocated search
+        stops there)."""
+        for text in self.xpyd:
+            if not is_auto(text) and sum(parse_split(text)) > self.max_replicas:
+                raise ValueError(f"xpyd={text}: {sum(parse_split(text))} instances, more than "
+                                 f"max_replicas={self.max_replicas}")
+        return self
+
+    @model_validator(mode="after")
     def _link_needs_splits(self) -> PlanSpec:
         if self.kv_transfer_config and not self.xpyd:
             raise ValueError(f"kv_transfer_config={self.kv_transfer_config}: sets the link of xPyD candidates; "
