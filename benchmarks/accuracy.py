@@ -30,10 +30,8 @@ from kvsim.model.config import load_gpu
 from kvsim.model.errors import KvsimError
 from kvsim.results.render import rows_to_markdown
 from kvsim.validation.compare import (
-    HARDWARE_GPUS,
     PHASE_METRICS,
     SPLIT_METRICS,
-    default_profile,
     measured_phase_rates,
     request_stats,
     save_figures,
@@ -41,6 +39,7 @@ from kvsim.validation.compare import (
     validate,
 )
 from kvsim.validation.measured import MeasuredRun, load_measured
+from kvsim.validation.replay import HARDWARE_GPUS, default_profile
 
 REPO = Path(__file__).resolve().parents[1]
 VALIDATION = REPO / "benchmarks" / "validation_set"  # the subset of ../shared/validation it needs, shipped

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import VALIDATION_SET
 
-from kvsim.validation.compare import Validation, default_profile, validate
+from kvsim.validation.compare import Validation, validate
 from kvsim.validation.measured import load_measured
+from kvsim.validation.replay import default_profile
 
 CASES = VALIDATION_SET / "measured" / "RTXPRO6000"  # shipped in the repository
 DENSE = ("Llama-3.1-8B", "Qwen3-32B")

@@ -180,8 +180,8 @@ def test_a_cluster_configs_bad_link_is_named(tmp_path, fields, message):
 
 
 def test_validate_uses_the_measured_clusters_link_for_tensor_parallel_runs(tmp_path):
-    from kvsim.validation.compare import build_scenario
     from kvsim.validation.measured import load_measured
+    from kvsim.validation.replay import build_scenario
 
     qwen = load_measured(MEASURED / "Qwen3-32B")  # LLMServingSim's config.json: link_bw 16 (GB/s), 20000 ns
     # ASTRA-Sim, which the peer feeds that config to, reads a GB as 2^30 bytes (bw_GBps_to_Bpns)

@@ -10,15 +10,10 @@ import yaml
 
 from kvsim.model.config import load_gpu
 from kvsim.model.errors import KvsimError
-from kvsim.validation.compare import (
-    PHASE_METRICS,
-    build_scenario,
-    measured_phase_rates,
-    resolve_gpu,
-    simulated_phase_rates,
-)
+from kvsim.validation.compare import PHASE_METRICS, measured_phase_rates, simulated_phase_rates
 from kvsim.validation.measured import MeasuredRun
 from kvsim.validation.recorded import recorded_settings
+from kvsim.validation.replay import build_scenario, resolve_gpu
 from kvsim.workload.traces import TraceRecord
 
 
@@ -101,7 +96,7 @@ def test_a_fine_tunes_id_names_its_base_models_preset():
     """Instruction and chat fine-tunes keep their base model's config.json (layers, heads, widths, vocabulary),
     so a `vllm bench serve` of meta-llama/Llama-3.1-8B-Instruct replays as llama-3.1-8b; a preset named for the
     fine-tune itself wins, and an id of neither still asks for --model."""
-    from kvsim.validation.compare import resolve_model, run_model_preset
+    from kvsim.validation.replay import resolve_model, run_model_preset
 
     assert run_model_preset("meta-llama/Llama-3.1-8B-Instruct") == "llama-3.1-8b"
     assert run_model_preset("google/gemma-3-27b-it") == "gemma-3-27b"

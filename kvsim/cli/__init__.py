@@ -455,6 +455,7 @@ def validate(
     from kvsim.results.output_dir import check_output_dir, safe_component
     from kvsim.validation import compare as v
     from kvsim.validation.measured import load_measured
+    from kvsim.validation.replay import default_profile
 
     with user_errors():
         if profile is not None and latency is not LatencyChoice.calibrated:
@@ -464,7 +465,7 @@ def validate(
         out_path = f"validation/{safe_component(run.name, 'run')}-{latency.value}" if output is None else output
         check_output_dir(out_path, "validation")  # refuse before replaying, not after
         if profile is None and latency is LatencyChoice.calibrated and Path(measured).is_dir():
-            found = v.default_profile(Path(measured), run)
+            found = default_profile(Path(measured), run)
             profile = str(found) if found else None
         with run_progress("validate") as progress:
             result = v.validate(run, latency=latency.value, profile=profile, model=model, gpu=gpu,

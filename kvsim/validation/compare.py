@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.latency.base import PROFILE_META_KEYS
-from kvsim.model.config import load_gpu, load_model, model_presets
-from kvsim.model.errors import KvsimError, shown
+from kvsim.model.config import load_gpu, load_model
 from kvsim.validation.measured import MeasuredRun, series_number
-from kvsim.validation.recorded import recorded_engine, recorded_settings
+from kvsim.validation.recorded import recorded_settings
+from kvsim.validation.replay import build_scenario, id_name, resolve_gpu, resolve_model
 from kvsim.workload.files import csv_rows, data_file, open_text
-from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
+from kvsim.workload.scenario import Scenario
 from kvsim.workload.traces import write_sharegpt_tokens
 
 if TYPE_CHECKING:
@@ -36,10 +35,6 @@ if TYPE_CHECKING:
 
     from kvsim.results.run_result import RunResult
 
-# The validation set's hardware labels (LLMServingSim's `hardware`) → kvsim GPU presets.
-HARDWARE_GPUS = {"RTXPRO6000": "rtx-pro-6000", "H100": "h100-80gb", "A100": "a100-80gb", "H200": "h200",
-                 "L40S": "l40s", "L4": "l4"}
-LATENCY_MODELS = ("roofline", "calibrated")
 TRACE_FILE = "workload.jsonl"
 PERCENTILES = {"mean": None, "p50": 50, "p90": 90, "p99": 99}
 
@@ -56,158 +51,6 @@ class Validation:
 
     def row(self, metric: str) -> dict[str, Any]:
         return next(r for r in self.rows if r["metric"] == metric)
-
-
-# -- the equivalent scenario ---------------------------------------------------------------
-
-MODEL_SHAPE_KEYS = tuple(k for k, kind in PROFILE_META_KEYS.items() if kind is int and k != "tensor_parallel_size")
-GPU_HARDWARE_KEYS = ("memory_bytes", "hbm_bandwidth_bytes_per_s", "fp16_flops")
-
-
-def _differs(given: Any, recorded: Any, keys: tuple[str, ...]) -> tuple[str, str] | None:
-    """(`key=given's value`, `key=recorded's value`) for the first of `keys` in which two specs differ, else None."""
-    key = next((k for k in keys if getattr(given, k) != getattr(recorded, k)), None)
-    return None if key is None else (f"{key}={getattr(given, key):,}", f"{key}={getattr(recorded, key):,}")
-
-
-TUNED_SUFFIXES = ("-instruct", "-chat", "-it")  # a fine-tune of the base model: the same architecture and weights
-
-
-def _id_name(model_id: str) -> str:
-    """A Hugging Face id's model name as kvsim names presets (`meta-llama/Llama-3.1-8B` → `llama-3.1-8b`)."""
-    return model_id.rpartition("/")[2].lower()
-
-
-def run_model_preset(model_id: str) -> str | None:
-    """The preset named like a Hugging Face id (`meta-llama/Llama-3.1-8B` → `llama-3.1-8b`), or like its base
-    model when the id is an instruction or chat fine-tune of it (`Llama-3.1-8B-Instruct`, `gemma-3-27b-it`:
-    the same architecture, so the same step times); None when neither is a preset."""
-    name = _id_name(model_id)
-    presets = model_presets()
-    if name in presets:
-        return name
-    base = next((name.removesuffix(s) for s in TUNED_SUFFIXES if name.endswith(s)), None)
-    return base if base in presets else None
-
-
-def resolve_model(run: MeasuredRun, model: str | None) -> str:
-    """`--model`, else the preset `run_model_preset` names for the run's Hugging Face id. Mixture-of-experts
-    and data-parallel runs replay as such (`kvsim.model.moe_cost`,
-    `kvsim.engine.simulate.simulate_data_parallel`). A `--model` of another shape than the preset the
-    run's id names is refused (a config.json of the same model is not): the replay would hold one model's
-    timings against another's."""
-    recorded = run_model_preset(run.model_id)
-    name = model if model is not None else recorded
-    if name is None:
-        raise KvsimError(f"model={run.model_id!r}: no kvsim preset of that name; pass --model with a preset "
-                         "or the model's config.json")
-    if model is not None and recorded is not None:
-        difference = _differs(load_model(model), load_model(recorded), MODEL_SHAPE_KEYS)
-        if difference is not None:
-            raise KvsimError(f"--model={shown(model)}: {difference[0]}, but the measured run is of {run.model_id!r} "
-                             f"(preset {recorded}, {difference[1]}); pass the run's model or leave --model out")
-    return name
-
-
-def _recorded_gpu(recorded: dict[str, Any] | None) -> str | None:
-    """The preset the device name a run recorded matches (exactly one), else None."""
-    name = (recorded or {}).get("gpu")
-    if not name:
-        return None
-    from kvsim.latency.profiles import gpu_matches
-    from kvsim.model.config import gpu_presets
-
-    matches = [p for p in gpu_presets() if gpu_matches(str(name), load_gpu(p))]
-    return matches[0] if len(matches) == 1 else None
-
-
-def resolve_gpu(run: MeasuredRun, gpu: str | None, recorded: dict[str, Any] | None = None) -> str:
-    """`--gpu`, else the GPU the run recorded (its device name matched to a preset), else its hardware label
-    when it recorded no device name (a recorded name that no preset is, `NVIDIA H100 NVL` in a folder labelled
-    `H100`, is another SKU than the label's preset: refused, asking for `--gpu`).
-    A `--gpu` whose memory, bandwidth or FLOP rate differ from the device the run recorded is refused (a GPU
-    file of the same chip, with other efficiency fractions, is not); a hardware label alone (`H100`) names a
-    family, SXM or PCIe, not a chip, so `--gpu` stands against it."""
-    ran_on = _recorded_gpu(recorded)
-    if gpu is not None:
-        difference = None if ran_on is None else _differs(load_gpu(gpu), load_gpu(ran_on), GPU_HARDWARE_KEYS)
-        if difference is not None:
-            raise KvsimError(f"--gpu={shown(gpu)}: {difference[0]}, but the measured run ran on "
-                             f"{(recorded or {}).get('gpu')!r} (preset {ran_on}, {difference[1]}); pass the run's "
-                             "GPU or leave --gpu out")
-        return gpu
-    if ran_on is not None:
-        return ran_on
-    name = (recorded or {}).get("gpu")
-    if run.hardware in HARDWARE_GPUS and not name:  # a device name no preset is outranks the family label
-        return HARDWARE_GPUS[run.hardware]
-    raise KvsimError(f"gpu: the run does not say which GPU it ran on (hardware={run.hardware!r}"
-                     + (f", gpu={name!r} matches no single preset" if name else "")
-                     + "); pass --gpu with a preset or a GPU file")
-
-
-def default_profile(run_dir: Path, run: MeasuredRun) -> Path | None:
-    """The measured profile bundle for the run's GPU and model in a `profiles/` folder above it
-    (`profiles/<hardware>/<org>/<model>/bf16/`), if there is one."""
-    if run.hardware is None or not run.model_id:
-        return None
-    variant = "bf16" if run.engine.get("kv_cache_dtype", "auto") == "auto" else "bf16-kvfp8"
-    for folder in run_dir.resolve().parents:
-        candidate = folder / "profiles" / run.hardware / run.model_id / variant
-        if candidate.is_dir():
-            return candidate
-    return None
-
-
-RUN_FIELDS = {"model": "--model (held against the run's model)", "gpu": "--gpu (held against the run's GPU)",
-              "workload": "the measured run's requests (--workload replaces a measured folder's)",
-              "replicas": "one engine, as the measured run's (its data-parallel ranks from its engine arguments)"}
-"""Scenario sections a replay takes from the measured run, not from `--set`, and where each comes from."""
-
-
-def _refuse_run_overrides(overrides: list[str]) -> None:
-    """`--set model=...` replayed another model than the run's, past the check `--model` gets (`resolve_model`),
-    and `--set workload.num_requests=1` compared one replayed request with every measured one."""
-    for item in overrides:
-        section = item.partition("=")[0].split(".")[0].strip() if isinstance(item, str) else ""
-        if section in RUN_FIELDS:
-            raise KvsimError(f"--set {shown(item)}: a replay's {section} is {RUN_FIELDS[section]}, not a --set")
-
-
-def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, latency: str = "roofline",
-                   profile: str | Path | None = None, overrides: list[str] | None = None,
-                   recorded: dict[str, Any] | None = None, cluster_link: bool = True) -> Scenario:
-    """The run as a kvsim scenario whose workload is `trace_path` (written by `write_trace`); a KV pool
-    size the run `recorded` (`num_gpu_blocks`) becomes `num_gpu_blocks_override`, and a bench result's
-    recorded engine arguments fill what its file lacks. With `cluster_link` False the GPU preset's own
-    link is used even where the run's cluster config describes another."""
-    if latency not in LATENCY_MODELS:
-        raise KvsimError(f"--latency={latency!r}: expected one of {', '.join(LATENCY_MODELS)}")
-    _refuse_run_overrides(overrides or [])
-    if latency == "calibrated" and profile is None:
-        raise KvsimError("--latency=calibrated needs --profile (a measured profile bundle or CSV)")
-    latency_cfg: dict[str, Any] = {"model": latency}
-    if latency == "calibrated":
-        latency_cfg["profile"] = str(Path(profile).resolve())  # type: ignore[arg-type]
-    raw: dict[str, Any] = {
-        "name": f"validate-{run.name}-{latency}",
-        "description": f"replay of the measured run {run.name} ({run.source}, {run.model_id})",
-        "model": model, "gpu": gpu,
-        "engine": {"enable_prefix_caching": True, **recorded_engine(recorded or {}), **run.engine},
-        "workload": {"num_requests": len(run.records), "arrival": {"process": "trace"},
-                     "trace": {"format": "sharegpt_tokens", "path": trace_path.name}},
-        "latency": latency_cfg,
-        "seed": 0,
-    }
-    if cluster_link and run.link is not None and (int(run.engine.get("tensor_parallel_size", 1)) > 1
-                                 or int(run.engine.get("data_parallel_size", 1)) > 1):
-        # the cluster's own GPU link, not the GPU's datasheet: the measured TP run's all-reduces
-        # crossed it. LLMServingSim's figures are effective ones (efficiency 1) and its per-hop
-        # latency includes a collective's fixed cost (no NCCL base on top); see kvsim/model/collectives.py
-        raw["gpu_link"] = {"kind": load_gpu(gpu).resolved_link.kind, **run.link, "efficiency": 1.0,
-                           "collective_latency_s": 0.0,
-                           "source": "the measured cluster's link, from LLMServingSim's config.json"}
-    return make_scenario(apply_overrides(raw, overrides or []), trace_path.parent)
 
 
 # -- comparison ------------------------------------------------------------------------------
@@ -427,7 +270,7 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
                                   cluster_link=cluster_link)
         result = simulate(scenario, progress=progress)
     notes = list(run.notes)
-    if model is None and model_name != _id_name(run.model_id):
+    if model is None and model_name != id_name(run.model_id):
         notes.append(f"the run's model {run.model_id} replays as preset {model_name}, its base model's architecture")
     taken = ", ".join(f"{k}={v}" for k, v in recorded.items() if k != "gpu" or gpu is None)
     if taken:  # not "from what the run recorded: " and nothing, when --gpu stands for the one thing it did

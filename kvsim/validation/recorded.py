@@ -1,7 +1,7 @@
 """What a measured run recorded about its setup beyond the engine arguments `load_measured` reads.
 
 `kvsim validate` uses it so a run that names its GPU and KV pool needs no `--gpu` and replays with the
-pool vLLM really allocated (`kvsim.validation.compare.validate`).
+pool vLLM really allocated (`kvsim.validation.compare.validate`, `kvsim.validation.replay.resolve_gpu`).
 """
 
 from __future__ import annotations
