@@ -147,3 +147,17 @@ def traces(shared: Path) -> Path:
     if not (shared / "traces").is_dir():
         pytest.skip("../shared/traces not present")
     return shared / "traces"
+
+
+def one_line_exit_2(argv: list[str]) -> str:
+    """Run the CLI on `argv` and return its one error line less the `kvsim: error: ` prefix, asserting
+    exit 2 and nothing else on stderr (the project's rule for bad input)."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvsim: error: "), result.stderr
+    return lines[0].removeprefix("kvsim: error: ")

@@ -7,20 +7,13 @@ import json
 import os
 
 import pytest
+from conftest import one_line_exit_2
 from typer.testing import CliRunner
 
 from kvsim.cli import app
 
 runner = CliRunner()
 PLAN = ["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", "ttft_s.p90=2"]
-
-
-def _one_line_exit_2(argv: list[str]) -> str:
-    result = runner.invoke(app, argv)
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvsim: error: "), result.stderr
-    return lines[0].removeprefix("kvsim: error: ")
 
 
 @pytest.mark.parametrize(("command", "field"), [
@@ -36,7 +29,7 @@ def test_a_fifo_or_a_device_is_not_a_regular_file(tmp_path, monkeypatch, command
     fifo = tmp_path / "s.yaml"
     os.mkfifo(fifo)
     for path, kind in [(str(fifo), "a FIFO"), ("/dev/null", "a character device")]:
-        message = _one_line_exit_2([arg.replace("{f}", path) for arg in command] + ["-o", str(tmp_path / "out")])
+        message = one_line_exit_2([arg.replace("{f}", path) for arg in command] + ["-o", str(tmp_path / "out")])
         shown = f"{field}={path!r}" if field != "profile" else f"profile {path}"
         assert message == f"{shown}: not a regular file ({kind})"
     assert [p.name for p in tmp_path.iterdir()] == ["s.yaml"]
@@ -44,12 +37,12 @@ def test_a_fifo_or_a_device_is_not_a_regular_file(tmp_path, monkeypatch, command
 
 def test_a_scenario_through_a_symlink_loop_says_so(tmp_path):
     (tmp_path / "loop").symlink_to("loop")
-    assert _one_line_exit_2(["run", str(tmp_path / "loop"), "-o", str(tmp_path / "out")]) == (
+    assert one_line_exit_2(["run", str(tmp_path / "loop"), "-o", str(tmp_path / "out")]) == (
         f"scenario={str(tmp_path / 'loop')!r}: cannot read (Too many levels of symbolic links)")
 
 
 def test_a_spec_that_is_a_folder_says_so(tmp_path):
-    assert _one_line_exit_2([*PLAN, "--spec", str(tmp_path), "-o", str(tmp_path / "out")]) == (
+    assert one_line_exit_2([*PLAN, "--spec", str(tmp_path), "-o", str(tmp_path / "out")]) == (
         f"spec={str(tmp_path)!r}: is a directory, not a spec YAML file")
 
 
@@ -68,7 +61,7 @@ def test_an_offload_tier_smaller_than_one_block_is_refused(tmp_path, tier, size,
     argv = ["run", "--set", "workload.num_requests=5"]
     for item in [*sets, f"engine.kv_offload.{tier}_bytes={size}"]:
         argv += ["--set", item]
-    assert _one_line_exit_2([*argv, "-o", str(tmp_path / "out")]) == (
+    assert one_line_exit_2([*argv, "-o", str(tmp_path / "out")]) == (
         f"engine.kv_offload.{tier}_bytes={size:,}: smaller than one KV block ({block:,} bytes, all "
         "tensor-parallel ranks together), so the tier would hold none; give at least one block, or 0 for no tier")
     assert not (tmp_path / "out").exists()
@@ -87,7 +80,7 @@ def test_plan_refuses_an_offload_size_under_one_block_before_it_plans(tmp_path):
     """`plan --offload-size 1KiB` searched the whole plan, wrote it, and only then sized a tier of no block
     (silently no tier before the run refused it, an error after the plan's files were written after)."""
     out = tmp_path / "out"
-    assert _one_line_exit_2([*PLAN, "--offload-size", "4GiB", "--offload-size", "1KiB", "-o", str(out)]) == (
+    assert one_line_exit_2([*PLAN, "--offload-size", "4GiB", "--offload-size", "1KiB", "-o", str(out)]) == (
         "--offload-size=1,024: smaller than one KV block (2,097,152 bytes, all tensor-parallel ranks together), so "
         "the tier would hold none; give at least one block, or 0 for no tier")
     assert list(tmp_path.iterdir()) == []
@@ -102,7 +95,7 @@ def test_plan_refuses_to_size_a_tier_for_an_engine_without_one_before_it_plans(t
     has no tier to size, which `plan --offload-size` found only after the whole plan had run and written."""
     out = tmp_path / "out"
     flags = [arg for s in sets for arg in ("--set", s)]
-    assert _one_line_exit_2([*PLAN, *flags, "--offload-size", "4GiB", "-o", str(out)]) == (
+    assert one_line_exit_2([*PLAN, *flags, "--offload-size", "4GiB", "-o", str(out)]) == (
         f"--offload-size: sizing an offload tier needs engine.allocator=paged with enable_prefix_caching on ({shown})")
     assert list(tmp_path.iterdir()) == []
 
@@ -135,7 +128,7 @@ def test_a_trace_row_longer_than_its_header_is_refused(tmp_path, fmt, arrival, t
     (tmp_path / "t.csv").write_text(text)
     (tmp_path / "s.yaml").write_text(f"workload: {{num_requests: 2, arrival: {arrival}, "
                                      f"trace: {{format: {fmt}, path: t.csv}}}}\n")
-    assert _one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+    assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
         f"{tmp_path}/{message}")
     assert not (tmp_path / "out").exists()
 
@@ -170,4 +163,4 @@ def test_a_disaggregated_fleet_without_pools_names_what_replicas_is(tmp_path, se
     for item in sets:
         argv += ["--set", item]
     role = "kv_producer" if sets == ["replicas=2"] else "kv_consumer"
-    assert _one_line_exit_2(argv) == f"kv_transfer_config: no replica group with kv_role={role} ({shown})"
+    assert one_line_exit_2(argv) == f"kv_transfer_config: no replica group with kv_role={role} ({shown})"

@@ -4,6 +4,7 @@ writes nothing, never a traceback, a setting silently dropped or a folder left b
 import json
 
 import pytest
+from conftest import one_line_exit_2
 from typer.testing import CliRunner
 
 from kvsim.cli import app
@@ -12,19 +13,24 @@ runner = CliRunner()
 PLAN = ["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", "ttft_s.p90=2", "--set", "workload.num_requests=20"]
 
 
-def _one_line_exit_2(argv: list[str]) -> str:
-    result = runner.invoke(app, argv)
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvsim: error: "), result.stderr
-    return lines[0].removeprefix("kvsim: error: ")
+def _refused_trace_run(tmp_path, name: str, trace: str, fmt: str, arrival: str | None, extra: str,
+                       num_requests: int) -> str:
+    """`kvsim run` of a scenario replaying `trace` (written as `name`; arrivals from `arrival`, else Poisson at
+    5 req/s), refused: its one error line, with no output folder left."""
+    (tmp_path / name).write_text(trace)
+    (tmp_path / "s.yaml").write_text(f"workload: {{num_requests: {num_requests}, arrival: "
+                                     f"{arrival or '{process: poisson, rate: 5}'}, trace: {{format: {fmt}, "
+                                     f"path: {name}{extra}}}}}\nsteps: none\n")
+    message = one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+    return message
 
 
 def test_a_plan_spec_knob_with_no_values_is_refused(tmp_path):
     """`engine: {max_num_seqs: []}` made the candidate grid (a product over the knobs) empty: the memory
     check then raised a bare `ValueError: min() arg is an empty sequence`."""
     (tmp_path / "spec.yaml").write_text("engine: {max_num_seqs: []}\n")
-    assert _one_line_exit_2([*PLAN, "--spec", str(tmp_path / "spec.yaml"), "-o", str(tmp_path / "out")]) == (
+    assert one_line_exit_2([*PLAN, "--spec", str(tmp_path / "spec.yaml"), "-o", str(tmp_path / "out")]) == (
         "plan.engine: max_num_seqs=[]: give at least one value for a knob (or leave it out)")
     assert [p.name for p in tmp_path.iterdir()] == ["spec.yaml"]
 
@@ -43,7 +49,7 @@ def test_plan_refuses_an_engine_it_cannot_build_before_it_makes_its_folder(tmp_p
     """What only building the engine refuses was found once the plan ran its first point: the plan folder
     had been claimed by then and was left behind with its marker alone."""
     flags = [flag.replace("{d}", str(tmp_path)) for flag in flags]
-    assert _one_line_exit_2([*PLAN, *flags, "-o", str(tmp_path / "out")]) == message.replace("{d}", str(tmp_path))
+    assert one_line_exit_2([*PLAN, *flags, "-o", str(tmp_path / "out")]) == message.replace("{d}", str(tmp_path))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -80,7 +86,7 @@ def test_a_bench_token_count_beyond_what_kvsim_counts_is_named(tmp_path, key, va
     `input_toks=-9223372036854775808` of a temporary workload file the user never wrote."""
     path = _bench(tmp_path, **{key: value})
     argv = ["validate", path, "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o", str(tmp_path / "out")]
-    assert _one_line_exit_2(argv) == f"{path}: {message}"
+    assert one_line_exit_2(argv) == f"{path}: {message}"
     assert not (tmp_path / "out").exists()
 
 
@@ -89,14 +95,14 @@ def test_a_bench_run_spanning_more_than_int64_nanoseconds_is_refused(tmp_path):
     replayed workload's arrival_time_ns was written."""
     path = _bench(tmp_path, start_times=[0.0, 1e300])
     argv = ["validate", path, "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o", str(tmp_path / "out")]
-    assert _one_line_exit_2(argv) == (f"{path}: start_times[1]=1e+300 is 1e+300 s after the first request, longer "
+    assert one_line_exit_2(argv) == (f"{path}: start_times[1]=1e+300 is 1e+300 s after the first request, longer "
                                       "than a run kvsim replays (9.22337e+09 s: int64 ns)")
     assert not (tmp_path / "out").exists()
 
 
 def test_a_measured_run_spanning_more_than_int64_nanoseconds_is_refused(tmp_path):
     run = _measured(tmp_path, 1e300)
-    assert _one_line_exit_2(["validate", run, "--gpu", "h100-80gb", "-o", str(tmp_path / "out")]) == (
+    assert one_line_exit_2(["validate", run, "--gpu", "h100-80gb", "-o", str(tmp_path / "out")]) == (
         f"{run}/vllm/requests.jsonl: request 'bench-1' queued_ts=1e+300 is 1e+300 s after the first request, longer "
         "than a run kvsim replays (9.22337e+09 s: int64 ns)")
     assert not (tmp_path / "out").exists()
@@ -107,8 +113,8 @@ def test_capacity_refuses_a_token_budget_vllm_refuses_at_startup(tmp_path):
     not start, which `kvsim run --set engine.max_num_batched_tokens=1` refuses with vLLM's reason."""
     message = ("engine.max_num_batched_tokens=1: vLLM refuses this: max_num_batched_tokens (1) must be greater "
                "than or equal to max_num_seqs (1024)")
-    assert _one_line_exit_2(["capacity", "--max-num-batched-tokens", "1"]) == message
-    assert _one_line_exit_2(["run", "--set", "engine.max_num_batched_tokens=1", "--set", "workload.num_requests=3",
+    assert one_line_exit_2(["capacity", "--max-num-batched-tokens", "1"]) == message
+    assert one_line_exit_2(["run", "--set", "engine.max_num_batched_tokens=1", "--set", "workload.num_requests=3",
                              "--format", "json", "-o", str(tmp_path / "out")]) == message
     assert not (tmp_path / "out").exists()
     result = runner.invoke(app, ["capacity", "--max-num-batched-tokens", "1024", "--format", "json"])
@@ -130,13 +136,8 @@ def test_a_trace_field_its_format_does_not_read_is_refused(tmp_path, fmt, trace,
     timestamps: given for a format that does not read them, the run went on as if they were not there (a
     Mooncake replay with `duration_s: 1` still served the request at 5 s). A written scenario carries every
     default, and still runs."""
-    (tmp_path / "t").write_text(trace)
     arrival = "{process: trace}" if fmt == "mooncake" else "{process: poisson, rate: 5}"
-    (tmp_path / "s.yaml").write_text(f"workload: {{num_requests: 2, arrival: {arrival}, "
-                                     f"trace: {{format: {fmt}, path: t, {extra}}}}}\nsteps: none\n")
-    assert _one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
-        f"workload.trace: {message}")
-    assert not (tmp_path / "out").exists()
+    assert _refused_trace_run(tmp_path, "t", trace, fmt, arrival, f", {extra}", 2) == f"workload.trace: {message}"
     (tmp_path / "s.yaml").write_text(f"workload: {{num_requests: 2, arrival: {arrival}, trace: {{format: {fmt}, "
                                      "path: t}}\nsteps: none\n")
     first = runner.invoke(app, ["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out"), "--format", "json"])
@@ -153,11 +154,11 @@ def test_validate_names_a_workload_flag_it_cannot_use(tmp_path):
     flag; beside a `vllm bench serve` JSON, which lists its own requests, `--workload` was ignored."""
     run = _measured(tmp_path, 100.5)
     argv = ["validate", run, "--gpu", "h100-80gb", "-o", str(tmp_path / "out"), "--workload"]
-    assert _one_line_exit_2([*argv, str(tmp_path / "nope.jsonl")]) == (
+    assert one_line_exit_2([*argv, str(tmp_path / "nope.jsonl")]) == (
         f"workload={str(tmp_path / 'nope.jsonl')!r}: file not found")
-    assert _one_line_exit_2([*argv, run]) == f"workload={run!r}: is a directory, not a workload JSONL file"
+    assert one_line_exit_2([*argv, run]) == f"workload={run!r}: is a directory, not a workload JSONL file"
     bench = _bench(tmp_path)
-    assert _one_line_exit_2(["validate", bench, "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o",
+    assert one_line_exit_2(["validate", bench, "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o",
                              str(tmp_path / "out"), "--workload", f"{run}/w.jsonl"]) == (
         f"workload={run + '/w.jsonl'!r}: replaces the workload a measured folder's meta.json names; {bench} is a "
         "vllm bench serve JSON, which lists its own requests")
@@ -179,7 +180,7 @@ def test_a_negative_trace_time_is_refused(tmp_path, fmt, row, message):
     (tmp_path / "t.jsonl").write_text("\n".join(row.format(t=t) for t in (-5, 0)) + "\n")
     (tmp_path / "s.yaml").write_text(f"workload: {{num_requests: 2, arrival: {{process: trace}}, "
                                      f"trace: {{format: {fmt}, path: t.jsonl}}}}\n")
-    assert _one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+    assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
         f"{tmp_path}/t.jsonl:1: {message}")
     assert not (tmp_path / "out").exists()
 
@@ -197,7 +198,7 @@ def test_validate_refuses_a_set_of_what_the_run_fixes(tmp_path, item, message):
     OPT-13B against it without a word; `--set workload.num_requests=1` compared one replayed request with the
     run's two; `--set replicas=2` was told to "use kvsim.fleet.driver.simulate_fleet", a function of kvsim's."""
     run = _measured(tmp_path, 100.5)
-    assert _one_line_exit_2(["validate", run, "--gpu", "h100-80gb", "--set", item, "-o", str(tmp_path / "out")]) == (
+    assert one_line_exit_2(["validate", run, "--gpu", "h100-80gb", "--set", item, "-o", str(tmp_path / "out")]) == (
         f"--set {item!r}: {message}")
     assert not (tmp_path / "out").exists()
     result = runner.invoke(app, ["validate", run, "--gpu", "h100-80gb", "--set", "engine.max_num_seqs=2",
@@ -217,7 +218,7 @@ def test_replica_groups_that_cannot_be_told_apart_are_refused(tmp_path, groups, 
     """Two groups named `a` both named their replicas `default/a-0`: replicas.csv had two rows of that name;
     a group's `model: ''` (or `gpu: ''`) was taken as not given, so it ran the scenario's model."""
     argv = ["run", "--set", "workload.num_requests=4", "--set", f"replicas={groups}", "-o", str(tmp_path / "out")]
-    assert _one_line_exit_2(argv) == message
+    assert one_line_exit_2(argv) == message
     assert not (tmp_path / "out").exists()
 
 
@@ -234,7 +235,7 @@ def test_plan_reads_its_traffic_before_it_makes_its_folder(tmp_path, trace, mess
     (tmp_path / "s.yaml").write_text("workload: {num_requests: 1, arrival: {process: trace}, "
                                      "trace: {format: mooncake, path: t.jsonl}}\n")
     before = sorted(p.name for p in tmp_path.iterdir())
-    assert _one_line_exit_2([*PLAN[:1], str(tmp_path / "s.yaml"), *PLAN[1:-2], "-o", str(tmp_path / "out")]) == (
+    assert one_line_exit_2([*PLAN[:1], str(tmp_path / "s.yaml"), *PLAN[1:-2], "-o", str(tmp_path / "out")]) == (
         message.replace("{d}", str(tmp_path)))
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
@@ -246,9 +247,9 @@ def test_a_scenario_may_not_set_the_folder_its_paths_start_from(tmp_path):
     (tmp_path / "s.yaml").write_text("base_dir: /data\nworkload: {num_requests: 2, prompt_len: {dist: fixed, value: 8}, "
                                      "output_len: {dist: fixed, value: 4}}\n")
     message = "unknown key (kvsim resolves a scenario's relative paths from the folder of its file)"
-    assert _one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+    assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
         f"base_dir='/data': {message}")
-    assert _one_line_exit_2(["run", "--set", "base_dir=/x", "-o", str(tmp_path / "out")]) == f"base_dir='/x': {message}"
+    assert one_line_exit_2(["run", "--set", "base_dir=/x", "-o", str(tmp_path / "out")]) == f"base_dir='/x': {message}"
     assert not (tmp_path / "out").exists()
 
 
@@ -259,7 +260,7 @@ def test_a_lognormal_sigma_whose_square_overflows_is_refused(tmp_path):
         return ["run", "--set", "workload.num_requests=5", "--set", "steps=none", "--set",
                 f"workload.prompt_len={{dist: lognormal, mean: 100, sigma: {sigma}}}", "-o", str(tmp_path / out)]
 
-    assert _one_line_exit_2(argv("1e300", "out")) == (
+    assert one_line_exit_2(argv("1e300", "out")) == (
         "workload.prompt_len.lognormal: sigma=1e+300: too wide to draw from (sigma² overflows a float; a sigma of "
         "10 already puts the p99 e^23 times above the median)")
     assert not (tmp_path / "out").exists()
@@ -281,13 +282,8 @@ def test_a_csv_trace_without_a_column_it_needs_says_so(tmp_path, fmt, table, ext
     """A header without a column kvsim reads gave each row that column as None: `num_prefill_tokens=None is not
     an integer` for a table whose first row held 0 (and `TIMESTAMP=None is not a timestamp` for a header that
     spelt it `timestamp`), a value the file does not have."""
-    (tmp_path / "t.csv").write_text(table)
-    arrival = "{process: trace}" if fmt == "azure" else "{process: poisson, rate: 5}"
-    (tmp_path / "s.yaml").write_text(f"workload: {{num_requests: 1, arrival: {arrival}, trace: {{format: {fmt}, "
-                                     f"path: t.csv{extra}}}}}\n")
-    assert _one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
-        f"{tmp_path}/t.csv: {message}")
-    assert not (tmp_path / "out").exists()
+    assert _refused_trace_run(tmp_path, "t.csv", table, fmt, "{process: trace}" if fmt == "azure" else None,
+                              extra, 1) == f"{tmp_path}/t.csv: {message}"
 
 
 @pytest.mark.parametrize(("override", "flags", "message"), [
@@ -303,13 +299,13 @@ def test_plan_refuses_a_set_its_candidates_replace(tmp_path, override, flags, me
     """`Candidate.scenario` sets the GPU, the TP size and the knobs the plan varies: a --set of another value
     was replaced without a word (`plan --gpu h100-80gb --set gpu=h200` planned H100s)."""
     out = tmp_path / "out"
-    assert _one_line_exit_2([*PLAN, "--set", override, *flags, "-o", str(out)]).startswith(message)
+    assert one_line_exit_2([*PLAN, "--set", override, *flags, "-o", str(out)]).startswith(message)
     assert not out.exists()
 
 
 def test_a_split_larger_than_max_replicas_is_refused(tmp_path):
     """40P40D is 80 instances: it ran past --max-replicas 8, where the colocated search stops."""
     out = tmp_path / "out"
-    assert _one_line_exit_2([*PLAN, "--xpyd", "40P40D", "--max-replicas", "8", "-o", str(out)]) == (
+    assert one_line_exit_2([*PLAN, "--xpyd", "40P40D", "--max-replicas", "8", "-o", str(out)]) == (
         "plan: xpyd=40P40D: 80 instances, more than max_replicas=8")
     assert not out.exists()
