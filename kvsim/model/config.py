@@ -227,7 +227,7 @@ class KVOffloadConfig(Settings):
             bandwidth_bytes_per_s: 64e9      # GPU <-> CPU per GPU and direction; default the GPU's host link
             disk_bytes: 1TiB                 # optional: LMCache's local disk tier below the CPU
             disk_bandwidth_bytes_per_s: 5e9  # required with a disk tier (no default: drives differ)
-            host_memory_bytes: 2TiB          # the host the CPU tier must fit in
+            host_memory_bytes: 1TB           # the host the CPU tier must fit in (default: a DGX node's 2 TB)
 
     Sizes are the engine's, all tensor-parallel ranks together (each rank keeps its shard of a block; a
     block takes `bytes_per_block(shard) · tensor_parallel_size` bytes of the tier), as vLLM's
