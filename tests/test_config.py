@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from kvsim.model.config import EngineConfig, load_gpu, load_model, make_engine, model_presets, parse_size
+from kvsim.model.config import EngineConfig, load_gpu, load_model, make_engine, model_presets
 from kvsim.model.errors import KvsimError
+from kvsim.model.sizes import parse_size
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,7 @@ def parse_int_list(text: str, field: str) -> list[int]:
 
 def parse_size_flag(text: str, flag: str) -> int:
     """`64GiB`, `500MB` or a byte count → bytes; anything else is an error naming the flag."""
-    from kvsim.model.config import parse_size
+    from kvsim.model.sizes import parse_size
 
     try:
         value = parse_size(text)

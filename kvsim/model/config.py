@@ -11,7 +11,6 @@ name (`kvsim/model/presets/gpus.yaml`) or a YAML/JSON file with `GPUSpec`'s fiel
 
 from __future__ import annotations
 
-import re
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -20,43 +19,13 @@ import yaml
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.errors import KvsimError, from_validation_error, reading
+from kvsim.model.offload_config import KVOffloadConfig
+from kvsim.model.sizes import Bytes, parse_size
 from kvsim.model.spec import DTYPE_BYTES, ModelSpec, Settings
 from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.model.yaml_io import load_shipped_yaml, load_yaml, yaml_problem
 
 PRESETS_DIR = Path(__file__).parent / "presets"
-
-_SIZE_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_size(value: Any) -> Any:
-    """Parse `12GiB`, `1.5 GB`, `512MiB`, `4096` or a number into bytes (an int).
-
-    Binary units (KiB, MiB, GiB, TiB, and bare K/M/G/T as vLLM's docs use them) are powers of
-    1024; KB, MB, GB, TB are powers of 1000. Anything else is passed through for pydantic to
-    reject with the field name.
-    """
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return int(value) if float(value).is_integer() else value
-    if isinstance(value, str):
-        match = _SIZE_RE.match(value)
-        if match and match.group(2).lower() in _SIZE_UNITS:
-            number = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
-            return int(number) if number.is_integer() else value
-        raise ValueError(f"not a size (use e.g. 12GiB, 512MiB, 4096): {value!r}")
-    return value
-
-
-Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
-"""A positive byte count that also accepts `12GiB`-style strings."""
 
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float16", "bfloat16"]
 
@@ -210,70 +179,6 @@ def _read_mapping(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise KvsimError(f"{what} file {path}: expected a mapping of fields")
     return raw
-
-
-OffloadBytes = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
-DGX_HOST_MEMORY_BYTES = 2 * 10**12  # NVIDIA DGX H100 / H200 datasheet: 2 TB system memory
-
-
-class KVOffloadConfig(Settings):
-    """`engine.kv_offload`: a CPU (and optionally disk) tier below the GPU prefix cache (vLLM's CPU
-    offloading connector, LMCache's CPU and local disk backends); validated once, frozen.
-
-        engine:
-          kv_offload:
-            cpu_bytes: 64GiB                 # vLLM's --kv-offloading-size (GiB, all TP ranks together)
-            # num_cpu_blocks: 40000          # or a block count (vLLM's OffloadingConnector `num_cpu_blocks`)
-            bandwidth_bytes_per_s: 64e9      # GPU <-> CPU per GPU and direction; default the GPU's host link
-            disk_bytes: 1TiB                 # optional: LMCache's local disk tier below the CPU
-            disk_bandwidth_bytes_per_s: 5e9  # required with a disk tier (no default: drives differ)
-            host_memory_bytes: 1TB           # the host the CPU tier must fit in (default: a DGX node's 2 TB)
-
-    Sizes are the engine's, all tensor-parallel ranks together (each rank keeps its shard of a block; a
-    block takes `bytes_per_block(shard) · tensor_parallel_size` bytes of the tier), as vLLM's
-    `kv_offloading_size` sums over ranks. Each rank moves its shard over its own host link at
-    `bandwidth_bytes_per_s`, so the engine moves `bandwidth · tp` bytes/s each way. A tier of 0 bytes or 0
-    blocks is no tier; one of more than 0 bytes but less than a block is refused (`num_blocks`). The default
-    host memory is a DGX H100/H200 node's 2 TB of system memory (NVIDIA DGX H100 datasheet); set
-    `host_memory_bytes` for the machine you deploy on. Bad values raise one line naming the field and the value.
-    """
-
-    cpu_bytes: OffloadBytes | None = None
-    num_cpu_blocks: int | None = Field(default=None, ge=0)
-    bandwidth_bytes_per_s: float | None = Field(default=None, ge=1)
-    disk_bytes: OffloadBytes | None = None
-    num_disk_blocks: int | None = Field(default=None, ge=0)
-    disk_bandwidth_bytes_per_s: float | None = Field(default=None, ge=1)
-    host_memory_bytes: Bytes = DGX_HOST_MEMORY_BYTES
-
-    @model_validator(mode="after")
-    def _one_size_per_tier(self) -> KVOffloadConfig:
-        for tier in ("cpu", "disk"):
-            if getattr(self, f"{tier}_bytes") is not None and getattr(self, f"num_{tier}_blocks") is not None:
-                raise ValueError(f"give {tier}_bytes or num_{tier}_blocks, not both")
-        if self.cpu_bytes is not None and self.cpu_bytes > self.host_memory_bytes:
-            raise ValueError(f"cpu_bytes={self.cpu_bytes}: larger than host_memory_bytes={self.host_memory_bytes} "
-                             "(the CPU tier must fit in the host's memory)")
-        has_disk = bool(self.disk_bytes) or bool(self.num_disk_blocks)
-        if has_disk and self.disk_bandwidth_bytes_per_s is None:
-            raise ValueError("a disk tier needs disk_bandwidth_bytes_per_s (bytes/s the drive reads)")
-        return self
-
-    def num_blocks(self, tier: str, bytes_per_block: int, field: str | None = None) -> int:
-        """Blocks of `bytes_per_block` (all ranks together) that the tier holds (0: no tier). A size of
-        more than 0 bytes but less than one block raises `KvsimError` naming `field` (default the tier's
-        `engine.kv_offload` field): it was silently no tier."""
-        num = getattr(self, f"num_{tier}_blocks")
-        if num is not None:
-            return int(num)
-        size = getattr(self, f"{tier}_bytes")
-        if size is None:
-            return 0
-        if 0 < size < bytes_per_block:
-            raise KvsimError(f"{field or f'engine.kv_offload.{tier}_bytes'}={size:,}: smaller than one KV block "
-                             f"({bytes_per_block:,} bytes, all tensor-parallel ranks together), so the tier "
-                             "would hold none; give at least one block, or 0 for no tier")
-        return size // bytes_per_block
 
 
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm/config/cache.py `BlockSize`

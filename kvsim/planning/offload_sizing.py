@@ -37,8 +37,8 @@ import pandas as pd
 
 from kvsim.engine.builder import make_latency, offload_block_bytes, resolve_engine
 from kvsim.latency.step_plan import StepPlan
-from kvsim.model.config import KVOffloadConfig
 from kvsim.model.errors import KvsimError
+from kvsim.model.offload_config import KVOffloadConfig
 from kvsim.model.units import ceil_div
 from kvsim.planning.spec import Candidate, PlanSpec
 from kvsim.planning.sweep import run_many

@@ -15,7 +15,7 @@ hash-chain prefix cache) gets the section skipped with its refusal (`kvsim.repor
 from __future__ import annotations
 
 from kvsim.engine.builder import resolve_engine
-from kvsim.model.config import DGX_HOST_MEMORY_BYTES
+from kvsim.model.offload_config import DGX_HOST_MEMORY_BYTES
 from kvsim.planning.offload_sizing import size_offload
 from kvsim.planning.offload_sizing import variant as with_tier
 from kvsim.report.applicable import refusal, skipped

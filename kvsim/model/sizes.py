@@ -1,0 +1,40 @@
+"""Byte sizes as users type them (`12GiB`, `1.5 GB`, `4096`): `parse_size` and the pydantic field type `Bytes`."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any) -> Any:
+    """Parse `12GiB`, `1.5 GB`, `512MiB`, `4096` or a number into bytes (an int).
+
+    Binary units (KiB, MiB, GiB, TiB, and bare K/M/G/T as vLLM's docs use them) are powers of
+    1024; KB, MB, GB, TB are powers of 1000. Anything else is passed through for pydantic to
+    reject with the field name.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return int(value) if float(value).is_integer() else value
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match and match.group(2).lower() in _SIZE_UNITS:
+            number = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+            return int(number) if number.is_integer() else value
+        raise ValueError(f"not a size (use e.g. 12GiB, 512MiB, 4096): {value!r}")
+    return value
+
+
+Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
+"""A positive byte count that also accepts `12GiB`-style strings."""
