@@ -65,7 +65,7 @@ from kvsim.planning.spec import (
 from kvsim.planning.verify import Verification, answer_columns, evidence_columns, traffic_of
 from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, shortage, why_failed
 from kvsim.planning.xpyd import XpydSearch
-from kvsim.workload.scenario import Scenario
+from kvsim.workload.scenario import Scenario, override_items
 
 
 def check_candidates(base: Scenario, spec: PlanSpec) -> None:
@@ -396,21 +396,18 @@ def refuse_replaced_overrides(overrides: list[str], spec: PlanSpec) -> None:
     size, an engine knob the plan varies; a router needs replicas, which plan refuses already) to another
     value than the candidates take: it was replaced without a word, so `plan --set gpu=h200 --gpu h100-80gb`
     planned H100s. The same value is fine."""
-    from kvsim.model.yaml_io import load_yaml
-
     decided: dict[str, tuple[str, list[Any]]] = {
         "gpu": ("--gpu (the spec's gpus)", spec.gpus),
         "engine.tensor_parallel_size": ("--tensor-parallel-size (the spec's tensor_parallel_sizes)",
                                         spec.tensor_parallel_sizes)}
     for knob, values in spec.engine.items():
         decided[f"engine.{knob}"] = (f"--engine {knob}=... (the spec's engine)", values)
-    for item in overrides:
-        key, _, text = item.partition("=")
+    for key, value, label in override_items(overrides):
         if key.strip() in decided:
             flag, values = decided[key.strip()]
-            if [load_yaml(text)] != list(values):
-                raise KvsimError(f"--set {shown(item)}: the plan's candidates set {key.strip()} "
-                                 f"({', '.join(map(str, values))}); give it with {flag}")
+            if [value] != list(values):
+                raise KvsimError(f"{label}: the plan's candidates set {key.strip()} ({', '.join(map(str, values))}); "
+                                 f"give it with {flag}")
 
 
 def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_sizes: list[int], knobs: list[str],

@@ -12,7 +12,7 @@ from kvsim.model.config import load_gpu, load_model, model_presets
 from kvsim.model.errors import KvsimError, shown
 from kvsim.validation.measured import MeasuredRun
 from kvsim.validation.recorded import recorded_engine
-from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
+from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario, override_items
 
 # The validation set's hardware labels (LLMServingSim's `hardware`) → kvsim GPU presets.
 HARDWARE_GPUS = {"RTXPRO6000": "rtx-pro-6000", "H100": "h100-80gb", "A100": "a100-80gb", "H200": "h200",
@@ -129,10 +129,10 @@ RUN_FIELDS = {"model": "--model (held against the run's model)", "gpu": "--gpu (
 def _refuse_run_overrides(overrides: list[str]) -> None:
     """`--set model=...` replayed another model than the run's, past the check `--model` gets (`resolve_model`),
     and `--set workload.num_requests=1` compared one replayed request with every measured one."""
-    for item in overrides:
-        section = item.partition("=")[0].split(".")[0].strip() if isinstance(item, str) else ""
+    for key, _, label in override_items(overrides):
+        section = key.split(".")[0].strip()
         if section in RUN_FIELDS:
-            raise KvsimError(f"--set {shown(item)}: a replay's {section} is {RUN_FIELDS[section]}, not a --set")
+            raise KvsimError(f"{label}: a replay's {section} is {RUN_FIELDS[section]}, not a --set")
 
 
 def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, latency: str = "roofline",

@@ -394,30 +394,35 @@ names a list's entry (`replicas.1.count=2`)."""
 
 def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]:
     """Apply dotted-key overrides (see `Overrides`) to a raw scenario dict, in place; returns it."""
+    for key, value, label in override_items(overrides):
+        if "" in key.split("."):  # `engine..block_size` (`engine____block_size=` in `kvsim.simulate`)
+            raise KvsimError(f"{label}: an empty field name between its dots")
+        _set_field(raw, key.split("."), value, label)
+    return raw
+
+
+def override_items(overrides: Overrides) -> list[tuple[str, Any, str]]:
+    """Each override as (dotted key, value, the label its errors start with: `--set 'k=v'` for a string,
+    whose value is parsed as YAML; `override 'k'` for a dict's entry, whose value is as given)."""
     if isinstance(overrides, str):
         overrides = [overrides]
     if not isinstance(overrides, (Mapping, Sequence)):  # iterating an int was a bare TypeError
         raise KvsimError(f"overrides={shown(overrides)}: expected a dict of dotted keys to values, or "
                          "'dotted.key=value' strings")
     if isinstance(overrides, Mapping):
-        items = [(str(key), value, f"override {key!r}") for key, value in overrides.items()]
-    else:
-        items = []
-        for item in overrides:
-            if not isinstance(item, str):  # `item.partition` was an AttributeError
-                raise KvsimError(f"overrides item {shown(item)}: expected a 'dotted.key=value' string")
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise KvsimError(f"--set {shown(item)}: expected dotted.key=value")
-            try:
-                items.append((key, load_yaml(value), f"--set {shown(item)}"))
-            except yaml.YAMLError as error:
-                raise KvsimError(f"--set {shown(item)}: the value is not valid YAML ({yaml_problem(error)})") from None
-    for key, value, label in items:
-        if "" in key.split("."):  # `engine..block_size` (`engine____block_size=` in `kvsim.simulate`)
-            raise KvsimError(f"{label}: an empty field name between its dots")
-        _set_field(raw, key.split("."), value, label)
-    return raw
+        return [(str(key), value, f"override {key!r}") for key, value in overrides.items()]
+    items = []
+    for item in overrides:
+        if not isinstance(item, str):  # `item.partition` was an AttributeError
+            raise KvsimError(f"overrides item {shown(item)}: expected a 'dotted.key=value' string")
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise KvsimError(f"--set {shown(item)}: expected dotted.key=value")
+        try:
+            items.append((key, load_yaml(value), f"--set {shown(item)}"))
+        except yaml.YAMLError as error:
+            raise KvsimError(f"--set {shown(item)}: the value is not valid YAML ({yaml_problem(error)})") from None
+    return items
 
 
 def _set_field(node: dict[str, Any] | list[Any], parts: list[str], value: Any, label: str) -> None:
