@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.model.errors import KvsimError
-from kvsim.validation.frame import MAX_SPAN_S, MeasuredRun, is_number, late_arrival, read_json, request_frame
+from kvsim.validation.frame import MeasuredRun, is_number, read_json, refuse_late_arrival, request_frame
 from kvsim.workload.traces import MAX_LENGTH, TraceRecord
 
 
@@ -69,10 +69,7 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
     _check_bench_times(ttft, e2e, ok, gaps, path)
     if starts is not None:
         arrival = _values(starts, ok, "start_times", path)
-        if (late := late_arrival(arrival)) is not None:
-            raise KvsimError(f"{path}: start_times[{ok[late]}]={float(arrival[late])!r} is "
-                             f"{arrival[late] - arrival.min():g} s after the first request, longer than a run kvsim "
-                             f"replays ({MAX_SPAN_S:g} s: int64 ns)")
+        refuse_late_arrival(arrival, path, lambda i: f"start_times[{ok[i]}]")
     else:
         arrival = _bench_arrivals(raw, len(ok), path)
         notes.append("the file has no start_times: arrivals are resampled at its request_rate, so only "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -77,10 +78,14 @@ def is_number(value: Any) -> TypeGuard[int | float]:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def late_arrival(arrival_s: np.ndarray) -> int | None:
-    """The index of the first arrival more than `MAX_SPAN_S` after the earliest, or None."""
+def refuse_late_arrival(arrival_s: np.ndarray, path: Path, name_of: Callable[[int], str]) -> None:
+    """Refuse the first arrival more than `MAX_SPAN_S` after the earliest, naming it `name_of(its index)`
+    (e.g. `start_times[7]`) in `path`."""
     late = np.flatnonzero(arrival_s - arrival_s.min() > MAX_SPAN_S)
-    return int(late[0]) if len(late) else None
+    if len(late):
+        i = int(late[0])
+        raise KvsimError(f"{path}: {name_of(i)}={float(arrival_s[i])!r} is {arrival_s[i] - arrival_s.min():g} s "
+                         f"after the first request, longer than a run kvsim replays ({MAX_SPAN_S:g} s: int64 ns)")
 
 
 def json_number(row: dict[str, Any], key: str, where: str) -> float:

@@ -29,14 +29,13 @@ import pandas as pd
 from kvsim.model.errors import KvsimError, not_a_file
 from kvsim.validation.bench import read_vllm_bench
 from kvsim.validation.frame import (
-    MAX_SPAN_S,
     NS_PER_S,
     REQUEST_COLUMNS,
     MeasuredRun,
     is_number,
     json_number,
-    late_arrival,
     read_json,
+    refuse_late_arrival,
     request_frame,
 )
 from kvsim.workload.files import csv_rows, data_file, open_text
@@ -205,11 +204,7 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     wl = read_sharegpt_tokens(wl_path)
     queued = np.array([float(r["queued_ts"]) for r in rows])
     t0 = float(queued.min())
-    if (late := late_arrival(queued)) is not None:
-        raise KvsimError(f"{requests_path}: request {rows[late].get('request_id')!r} "
-                         f"queued_ts={float(queued[late])!r} is {queued[late] - t0:g} s after the first request, "
-                         "longer than a run kvsim replays "
-                         f"({MAX_SPAN_S:g} s: int64 ns)")
+    refuse_late_arrival(queued, requests_path, lambda i: f"request {rows[i].get('request_id')!r} queued_ts")
     records, seen = [], set()
     for i, row in enumerate(rows):
         index = _request_index(row, i)
