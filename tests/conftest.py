@@ -156,7 +156,7 @@ def one_line_exit_2(argv: list[str]) -> str:
 
     from kvsim.cli import app
 
-    result = CliRunner().invoke(app, argv)
+    result = CliRunner().invoke(app, argv, prog_name="kvsim")
     assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvsim: error: "), result.stderr

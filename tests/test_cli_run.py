@@ -3,6 +3,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import one_line_exit_2
 from typer.testing import CliRunner
 
 from kvsim.cli import app
@@ -88,6 +89,27 @@ def test_calibrate_dry_run_lists_the_grid_without_torch():
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("kind,") and sum(line.startswith("decode") for line in lines) == 6
+
+
+@pytest.mark.parametrize(("argv", "error"), [
+    (["run", "--bogus"], "No such option: --bogus (see 'kvsim run --help')"),
+    (["run", "--steps", "weird"], "'weird' is not one of 'none', 'sampled', 'all'"),
+    (["run", "a.yaml", "b.yaml"], "unexpected extra argument(s) (b.yaml) (see 'kvsim run --help')"),
+    (["nosuch"], "No such command 'nosuch'. (see 'kvsim --help')"),
+    (["--bogus"], "No such option: --bogus (see 'kvsim --help')"),
+    (["capacity", "--gpu"], "Option '--gpu' requires an argument"),
+])
+def test_a_usage_error_is_one_line_exit_2(tmp_path, monkeypatch, argv, error):
+    """An option, command or choice click refuses is one line, as kvsim's own bad-input errors are, not
+    click's usage banner, hint and error (four lines); nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    assert error in one_line_exit_2(argv)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_bare_kvsim_still_prints_its_help():
+    result = runner.invoke(app, [], prog_name="kvsim")
+    assert result.exit_code == 2 and "Usage: kvsim [OPTIONS] COMMAND" in result.output and "run" in result.output
 
 
 def test_unwritable_output_is_one_line_error(tmp_path):

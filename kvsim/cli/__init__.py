@@ -33,6 +33,7 @@ from kvsim.cli.shared import (
     MaxModelLenOpt,
     MaxNumSeqsOpt,
     ModelOpt,
+    OneLineUsageErrors,
     RunFormat,
     SpeculativeConfigOpt,
     StepsFormatOption,
@@ -54,6 +55,7 @@ from kvsim.cli.shared import (
 from kvsim.model.errors import KvsimError, first_repeat, not_a_file, reading
 
 app = typer.Typer(
+    cls=OneLineUsageErrors,
     help="kvsim: capacity simulator for LLM serving with a paged KV cache.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

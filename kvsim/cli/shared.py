@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from kvsim.model.errors import KvsimError, first_repeat
 
@@ -49,6 +50,37 @@ def user_errors() -> Iterator[None]:
         where = f"{error.filename}: " if error.filename else ""
         typer.echo(f"kvsim: error: {where}{error.strerror or error}", err=True)
         raise typer.Exit(2) from None
+
+
+@contextmanager
+def one_line_usage_errors() -> Iterator[None]:
+    """Print a usage error (an unknown option or command, a value outside an option's choices, a missing
+    argument) as one line, as `user_errors` does, instead of click's usage banner, hint and error, and
+    exit 2 as click does. A usage error is a `typer.TyperException` that click would show as a
+    `typer.BadParameter` is shown; one that shows otherwise (a bare `kvsim` printing its help) is left
+    to click."""
+    try:
+        yield
+    except typer.TyperException as error:
+        if getattr(type(error), "show", None) is not typer.BadParameter.show:
+            raise
+        ctx = getattr(error, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        typer.echo(f"kvsim: error: {error.format_message()}{hint}", err=True)
+        raise typer.Exit(2) from None
+
+
+class OneLineUsageErrors(TyperGroup):
+    """kvsim's command group: its usage errors, and its commands', print as one line
+    (`one_line_usage_errors`); a command's own bad input already does (`user_errors`)."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:  # click's Context, which typer vendors
+        with one_line_usage_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with one_line_usage_errors():
+            return super().invoke(ctx)
 
 
 def parse_int_list(text: str, field: str) -> list[int]:
