@@ -28,6 +28,7 @@ import pandas as pd  # noqa: E402
 from kvsim.model.capacity import plan_capacity  # noqa: E402
 from kvsim.report import fleet_study, offload_study, speculation_study, studies  # noqa: E402
 from kvsim.report import text as report_text
+from kvsim.report.alerts import prometheus_rules  # noqa: E402
 from kvsim.report.figures import FIGURES, fig_series, save_figure  # noqa: E402
 from kvsim.report.summary import summary_markdown  # noqa: E402
 from kvsim.results.output_dir import check_output_dir, output_directory  # noqa: E402
@@ -96,7 +97,7 @@ def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig |
 def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: list[studies.Section], capacity) -> None:
     head = {k: v for k, v in capacity.to_dict().items() if k != "rows"}
     pd.DataFrame([head]).to_csv(tmp / "capacity.csv", index=False)
-    (tmp / "alerts.yaml").write_text(studies.prometheus_rules(cfg))
+    (tmp / "alerts.yaml").write_text(prometheus_rules(cfg))
     md = [f"# KV capacity report: {st.model.name} on {st.gpu.name}", "",
           *summary_markdown(sections, st, cfg), report_text.introduction(st), "",
           f"Latency model for every section: **{st.latency_name}**. Each simulated point is an ordinary "
@@ -132,7 +133,7 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
                 continue
             md += ["", f"Table `{name}` ([CSV]({name}.csv)):", "", rows_to_markdown(_rounded(df))]
         if sec.key == "alerts":
-            md += ["", "```yaml", studies.prometheus_rules(cfg).rstrip(), "```"]
+            md += ["", "```yaml", prometheus_rules(cfg).rstrip(), "```"]
     (tmp / "report.md").write_text("\n".join(md) + "\n")
     body = _markdown_to_html(md)  # the same text, as HTML
     (tmp / "report.html").write_text(

@@ -32,7 +32,6 @@ from kvsim.kv import (
     KVOccupancy,
     PrefixCacheStats,
     PrefixHit,
-    SegmentContent,
     occupancy,
 )
 from kvsim.kv.offload_connector import OffloadConnector
@@ -41,7 +40,7 @@ from kvsim.model.errors import KvsimError
 from kvsim.results.metrics import EngineCounters, SpecDecodeCounters
 from kvsim.results.records import RequestRecords
 from kvsim.sched.async_steps import AsyncSteps
-from kvsim.sched.beams import select_beams
+from kvsim.sched.forks import SampleForks
 from kvsim.sched.offload import OffloadScheduling
 from kvsim.sched.request_queue import FCFSQueue, RequestQueue
 from kvsim.sched.speculative import Speculation
@@ -78,9 +77,10 @@ class SchedulerSnapshot(NamedTuple):
     draft_rejected: tuple[int, int] | None = None
 
 
-class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
+class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
     """Base class: subclasses implement `select` (v1, v0, static); KV offload's half is `OffloadScheduling`,
-    speculative decoding's `SpeculativeSteps`, async scheduling's `AsyncSteps`."""
+    speculative decoding's `SpeculativeSteps`, async scheduling's `AsyncSteps`, parallel sampling's and
+    beam search's `SampleForks`."""
 
     name = "base"
 
@@ -480,16 +480,6 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
                     hand_off(req, now)
         return done
 
-    def _fork_samples(self, req: Request) -> None:
-        parent = req.seq_ids[0]
-        for index, child in enumerate(req.child_seq_ids(), start=1):
-            content = None
-            if isinstance(req.content, SegmentContent):
-                *prompt, (out_id, out_len) = req.content.segments
-                content = SegmentContent([*prompt, ((out_id, index), out_len)])
-            self.alloc.fork(parent, child, content, req.kv_len)  # token-level content: child not cached
-        self._forked.add(req.request_id)
-
     # ------------------------------------------- decode bursts (`kvsim.sched.burst`)
     @property
     def allows_bursts(self) -> bool:
@@ -505,34 +495,3 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps):
     def waiting_blocked(self) -> bool:  # pragma: no cover - abstract
         """Whether the policy's next step would admit nothing from `waiting` (the batch stays)."""
         raise NotImplementedError
-
-    def _reselect_beams(self, req: Request) -> None:
-        """Beam search step: the W best continuations survive (`beams.select_beams` states the model).
-
-        A beam that is the parent of at least one survivor keeps its slot for its first one;
-        slots of beams with no survivor are freed and re-forked from the parents of the extra
-        survivors, sharing their blocks (a partial last block is copied on the next write).
-        Slabs keep a region per beam, so nothing moves there.
-        """
-        if not self.alloc.shares_blocks:
-            return
-        seq_ids = self.active_seq_ids(req)
-        scores = self._beam_scores.get(req.request_id)
-        if scores is None:
-            scores = np.zeros(len(seq_ids))
-        parents, new_scores = select_beams(scores, self.rng)
-        slot_scores = np.empty(len(seq_ids))
-        kept: set[int] = set()
-        extra = []
-        for parent, score in zip(parents, new_scores, strict=True):
-            if parent in kept:
-                extra.append((parent, score))
-            else:
-                kept.add(parent)
-                slot_scores[parent] = score
-        dead = [i for i in range(len(seq_ids)) if i not in kept]
-        for slot, (parent, score) in zip(dead, extra, strict=True):
-            self.alloc.free(seq_ids[slot])
-            self.alloc.fork(seq_ids[parent], seq_ids[slot], None, req.kv_len)
-            slot_scores[slot] = score
-        self._beam_scores[req.request_id] = slot_scores

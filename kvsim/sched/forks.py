@@ -1,0 +1,75 @@
+"""The scheduler's half of parallel sampling and beam search (a request's `n` > 1 sequences): forking a
+request's samples off its prompt once it is prefilled, and re-forking beams as beam search drops and
+duplicates them (`kvsim.sched.beams` models which survive). Pure Python.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvsim.kv import SegmentContent
+from kvsim.sched.beams import select_beams
+
+if TYPE_CHECKING:
+    from kvsim.kv import KVAllocator
+    from kvsim.workload.request import Request
+
+
+class SampleForks:
+    """Mixed into `kvsim.sched.base.Scheduler`, whose state it uses (`alloc`, `rng`, the two tables below,
+    which `Scheduler.free_request` clears for a request that leaves)."""
+
+    alloc: KVAllocator
+    rng: np.random.Generator
+    _forked: set[int]  # request ids whose samples have been forked
+    _beam_scores: dict[int, np.ndarray]  # request id -> cumulative log-prob of each beam slot
+
+    if TYPE_CHECKING:
+        def active_seq_ids(self, req: Request) -> list[int]: ...
+
+    def _fork_samples(self, req: Request) -> None:
+        """Once `req` is prefilled (its first token sampled on its first sequence), fork its n − 1 other
+        samples off that sequence: each shares the prompt's blocks (a partial last block is copied on its
+        first write). A child of segment content gets an output segment of its own, so the blocks it fills
+        hash apart from its siblings'; a child of token-level content is not cached."""
+        parent = req.seq_ids[0]
+        for index, child in enumerate(req.child_seq_ids(), start=1):
+            content = None
+            if isinstance(req.content, SegmentContent):
+                *prompt, (out_id, out_len) = req.content.segments
+                content = SegmentContent([*prompt, ((out_id, index), out_len)])
+            self.alloc.fork(parent, child, content, req.kv_len)  # token-level content: child not cached
+        self._forked.add(req.request_id)
+
+    def _reselect_beams(self, req: Request) -> None:
+        """Beam search step: the W best continuations survive (`beams.select_beams` states the model).
+
+        A beam that is the parent of at least one survivor keeps its slot for its first one;
+        slots of beams with no survivor are freed and re-forked from the parents of the extra
+        survivors, sharing their blocks (a partial last block is copied on the next write).
+        Slabs keep a region per beam, so nothing moves there.
+        """
+        if not self.alloc.shares_blocks:
+            return
+        seq_ids = self.active_seq_ids(req)
+        scores = self._beam_scores.get(req.request_id)
+        if scores is None:
+            scores = np.zeros(len(seq_ids))
+        parents, new_scores = select_beams(scores, self.rng)
+        slot_scores = np.empty(len(seq_ids))
+        kept: set[int] = set()
+        extra = []
+        for parent, score in zip(parents, new_scores, strict=True):
+            if parent in kept:
+                extra.append((parent, score))
+            else:
+                kept.add(parent)
+                slot_scores[parent] = score
+        dead = [i for i in range(len(seq_ids)) if i not in kept]
+        for slot, (parent, score) in zip(dead, extra, strict=True):
+            self.alloc.free(seq_ids[slot])
+            self.alloc.fork(seq_ids[parent], seq_ids[slot], None, req.kv_len)
+            slot_scores[slot] = score
+        self._beam_scores[req.request_id] = slot_scores
