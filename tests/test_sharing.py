@@ -10,6 +10,7 @@ fresh requests, which share a larger prompt fraction): vLLM v0 preempts a group 
 out, and with its default 4 GiB of swap the n = 6 run aborts ("lack of CPU swap space").
 """
 
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from kvsim.workload.scenario import load_scenario
 PAPER = Path(__file__).resolve().parents[1] / "scenarios" / "paper-paged.yaml"
 
 
+@cache  # the beam test compares with two of the parallel-sampling runs
 def saving(kind: str, width: int) -> float:
     summary = simulate(load_scenario(PAPER, ["workload.num_requests=300", "workload.arrival.rate=0.5",
                                              f"workload.{kind}={width}", "engine.swap_space=12"])).summary
