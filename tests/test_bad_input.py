@@ -122,6 +122,15 @@ CASES = [
      "workload.num_requests=-3"),
     ("rate-negative", scenario(f"workload: {{arrival: {{rate: -2}}, {LENGTHS}}}\n"), RUN_S, "workload.arrival.rate=-2"),
     ("rate-missing", scenario(f"workload: {{arrival: {{process: gamma}}, {LENGTHS}}}\n"), RUN_S, "needs a rate"),
+    # a rate beside the trace's own arrival times was ignored: the run replayed the trace at its own rate
+    ("rate-with-trace-times", {"s.yaml": "workload: {num_requests: 5, arrival: {process: trace, rate: 9}, "
+                                         "trace: {format: azure, path: t.csv}}\n",
+                               "t.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,44\n"},
+     RUN_S, "workload.arrival: rate=9: process=trace replays the trace's own arrival times; scale them with "
+            "workload.trace.rate_scale"),
+    ("rate-with-servegen", {"s.yaml": "workload: {num_requests: 5, arrival: {process: poisson, rate: 9}, "
+                                      "trace: {format: servegen, path: sg}}\n", "sg/README": "nothing\n"}, RUN_S,
+     "arrival.process=poisson: a servegen trace makes its own arrival times"),
     ("dist-unknown", scenario("workload: {prompt_len: {dist: zipf, value: 3}, output_len: {dist: fixed, value: 1}}\n"),
      RUN_S, "workload.prompt_len"),
     ("uniform-reversed", scenario("workload: {prompt_len: {dist: uniform, low: 9, high: 3}, "

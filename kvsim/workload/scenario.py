@@ -109,6 +109,9 @@ class Arrival(Settings):
     def _rate_given(self) -> Arrival:
         if self.process != "trace" and self.rate is None:
             raise ValueError(f"process={self.process} needs a rate")
+        if self.process == "trace" and self.rate is not None:  # it would be ignored: the trace's times are used
+            raise ValueError(f"rate={self.rate:g}: process=trace replays the trace's own arrival times; scale them "
+                             "with workload.trace.rate_scale, or give process=poisson for Poisson arrivals at a rate")
         return self
 
 
@@ -217,6 +220,10 @@ class Workload(Settings):
         if self.arrival.process == "trace" and (self.trace is None or self.trace.format in ("lengths",
                                                                                           "vllm_sharegpt")):
             raise ValueError("arrival.process=trace needs a trace with timestamps")
+        if self.trace is not None and self.trace.format == "servegen" and self.arrival.process != "trace":
+            raise ValueError(f"arrival.process={self.arrival.process}: a servegen trace makes its own arrival times "
+                             "(from its clients' rates); give arrival.process=trace and scale them with "
+                             "trace.rate_scale")
         return self
 
 
