@@ -126,8 +126,9 @@ CASES = [
     ("rate-with-trace-times", {"s.yaml": "workload: {num_requests: 5, arrival: {process: trace, rate: 9}, "
                                          "trace: {format: azure, path: t.csv}}\n",
                                "t.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,44\n"},
-     RUN_S, "workload.arrival: rate=9: process=trace replays the trace's own arrival times; scale them with "
-            "workload.trace.rate_scale"),
+     RUN_S, "workload.arrival: rate=9: process=trace replays the trace's own arrival times, so no rate applies; "
+            "scale them with workload.trace.rate_scale (to switch a scenario that sets a rate to its trace: --set "
+            "'workload.arrival={process: trace}')"),
     ("rate-with-servegen", {"s.yaml": "workload: {num_requests: 5, arrival: {process: poisson, rate: 9}, "
                                       "trace: {format: servegen, path: sg}}\n", "sg/README": "nothing\n"}, RUN_S,
      "arrival.process=poisson: a servegen trace makes its own arrival times"),

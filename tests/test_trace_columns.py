@@ -121,7 +121,7 @@ def test_column_settings_are_checked(raw, needle):
 def test_cli_refuses_a_text_priority_in_one_line_and_writes_nothing(tmp_path):
     path = mooncake(tmp_path / "m.jsonl", [(0, 16, 4, {"prio": "urgent"})])
     out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["run", "--set", "workload.arrival.process=trace",
+    result = CliRunner().invoke(app, ["run", "--set", "workload.arrival={process: trace}",
                                       "--set", f"workload.trace={{format: mooncake, path: {path}, priority_column: prio}}",
                                       "-o", str(out)])
     assert result.exit_code == 2, result.output

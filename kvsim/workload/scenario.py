@@ -110,8 +110,10 @@ class Arrival(Settings):
         if self.process != "trace" and self.rate is None:
             raise ValueError(f"process={self.process} needs a rate")
         if self.process == "trace" and self.rate is not None:  # it would be ignored: the trace's times are used
-            raise ValueError(f"rate={self.rate:g}: process=trace replays the trace's own arrival times; scale them "
-                             "with workload.trace.rate_scale, or give process=poisson for Poisson arrivals at a rate")
+            raise ValueError(f"rate={self.rate:g}: process=trace replays the trace's own arrival times, so no rate "
+                             "applies; scale them with workload.trace.rate_scale (to switch a scenario that sets a "
+                             "rate to its trace: --set 'workload.arrival={process: trace}'), or give process=poisson "
+                             "for Poisson arrivals at a rate")
         return self
 
 
