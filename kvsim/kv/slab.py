@@ -153,6 +153,8 @@ class SlabAllocator:
                  content: Content | None = None, hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> Allocation | None:
         """Reserve the region on first call; later calls only write tokens into it (nothing is ever copied)."""
         slab = self.seqs.get(seq_id)
+        if slab is not None and num_tokens_total == slab.num_tokens + 1 and self.append_token(seq_id):
+            return ALLOCATED
         if slab is None:
             if not self.can_allocate(seq_id, num_tokens_total, final_num_tokens, reserve_slots=reserve_slots):
                 return None
@@ -162,8 +164,15 @@ class SlabAllocator:
         return ALLOCATED
 
     def append_token(self, seq_id: int) -> bool:
-        """No separate fast path: every token goes through `allocate`."""
-        return False
+        """`allocate(seq_id, written + 1)` for a sequence whose region has room for that token (a region
+        never grows: every decode but one past the region, an error `allocate` raises); otherwise False,
+        changing nothing. The hot path of every decode step (`_write` inlined); `allocate` takes it too."""
+        slab = self.seqs.get(seq_id)
+        if slab is None or slab.num_tokens >= slab.size:
+            return False
+        slab.num_tokens += 1
+        self.num_filled_slots += 1
+        return True
 
     def hold(self, seq_id: int, num_slots: int) -> bool:
         """Speculative decoding runs on the paged allocator only (the builder refuses it here)."""
