@@ -249,6 +249,22 @@ class LatencyConfig(Settings):
             raise ValueError("model=calibrated needs a profile path")
         return self
 
+    @model_validator(mode="after")
+    def _fields_the_model_reads(self) -> LatencyConfig:
+        """`profile` is read by the calibrated model only, `step_s` by the constant one only, and `overhead_s`
+        and `overlap_swap` by the roofline (the calibrated model's fallback too): given to a model that does
+        not read it, a field was dropped without a word (`profile: nope.csv` beside `model: roofline` ran the
+        roofline, the file never opened). A written scenario carries every default, so only another value is
+        refused."""
+        readers = {"profile": ("calibrated",), "step_s": ("constant",), "overhead_s": ("roofline", "calibrated"),
+                   "overlap_swap": ("roofline", "calibrated")}
+        for name, models in readers.items():
+            value = getattr(self, name)
+            if self.model not in models and value != type(self).model_fields[name].default:
+                raise ValueError(f"{name}={shown(value)}: model={self.model} does not read it (only "
+                                 f"{', '.join(models)})")
+        return self
+
 
 StepsMode = Literal["none", "sampled", "all"]  # which per-step rows a run keeps and writes
 

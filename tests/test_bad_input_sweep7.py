@@ -1,0 +1,38 @@
+"""Bad input found by the seventh sweep: each exits 2 with one line naming the field and the value, and
+writes nothing, never a setting dropped without a word, an error naming another field or a value the user
+never wrote."""
+
+import json
+
+import pytest
+from conftest import one_line_exit_2
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+
+runner = CliRunner()
+RUN = ["run", "--set", "workload.num_requests=4", "--set", "steps=none"]
+DISAGG = ["--kv-transfer-config", "{}", "--set",
+          "replicas=[{count: 1, kv_role: kv_producer}, {count: 1, kv_role: kv_consumer}]"]
+
+
+def _runs(tmp_path, *flags: str) -> None:
+    result = runner.invoke(app, [*RUN, *flags, "-o", str(tmp_path / "ok"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(("latency", "message"), [
+    ("{model: roofline, profile: nope.csv}", "profile='nope.csv': model=roofline does not read it (only calibrated)"),
+    ("{model: roofline, step_s: 5}", "step_s=5.0: model=roofline does not read it (only constant)"),
+    ("{model: constant, overhead_s: 3}", "overhead_s=3.0: model=constant does not read it (only roofline, calibrated)"),
+    ("{model: constant, overlap_swap: true}",
+     "overlap_swap=True: model=constant does not read it (only roofline, calibrated)"),
+])
+def test_a_latency_field_its_model_does_not_read_is_refused(tmp_path, latency, message):
+    """`latency: {profile: nope.csv}` beside the default roofline ran the roofline, the file never opened (and
+    never found missing); `step_s` is the constant model's, `overhead_s` and `overlap_swap` the roofline's: each
+    given to another model was dropped without a word. The defaults, which a written scenario carries, run."""
+    assert one_line_exit_2([*RUN, "--set", f"latency={latency}", "-o", str(tmp_path / "out")]) == (
+        f"latency: {message}")
+    assert not (tmp_path / "out").exists()
+    _runs(tmp_path, "--set", "latency={model: constant, step_s: 0.01, overhead_s: null, overlap_swap: false}")
