@@ -36,3 +36,12 @@ def test_a_latency_field_its_model_does_not_read_is_refused(tmp_path, latency, m
         f"latency: {message}")
     assert not (tmp_path / "out").exists()
     _runs(tmp_path, "--set", "latency={model: constant, step_s: 0.01, overhead_s: null, overlap_swap: false}")
+
+
+def test_a_coefficient_of_variation_beside_poisson_arrivals_is_refused(tmp_path):
+    """`cv` shapes gamma gaps only: `{process: poisson, rate: 4, cv: 3}` drew Poisson arrivals (cv 1)."""
+    assert one_line_exit_2([*RUN, "--set", "workload.arrival={process: poisson, rate: 4, cv: 3}", "-o",
+                            str(tmp_path / "out")]) == (
+        "workload.arrival: cv=3: process=poisson does not read it (only gamma, whose gaps it shapes)")
+    assert not (tmp_path / "out").exists()
+    _runs(tmp_path, "--set", "workload.arrival={process: gamma, rate: 4, cv: 3}")

@@ -116,6 +116,15 @@ class Arrival(Settings):
                              "for Poisson arrivals at a rate")
         return self
 
+    @model_validator(mode="after")
+    def _cv_read_by_gamma(self) -> Arrival:
+        """Only gamma gaps have a coefficient of variation to set (Poisson's is 1, constant's 0): `cv: 3` beside
+        `process: poisson` drew Poisson arrivals without a word. The default (written in every scenario) passes."""
+        if self.process != "gamma" and self.cv != type(self).model_fields["cv"].default:
+            raise ValueError(f"cv={self.cv:g}: process={self.process} does not read it (only gamma, whose gaps "
+                             "it shapes)")
+        return self
+
 
 class SharedPrefix(Settings):
     """A system prompt of `tokens` tokens in front of a `fraction` of requests."""
