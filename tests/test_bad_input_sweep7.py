@@ -45,3 +45,20 @@ def test_a_coefficient_of_variation_beside_poisson_arrivals_is_refused(tmp_path)
         "workload.arrival: cv=3: process=poisson does not read it (only gamma, whose gaps it shapes)")
     assert not (tmp_path / "out").exists()
     _runs(tmp_path, "--set", "workload.arrival={process: gamma, rate: 4, cv: 3}")
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--set", "replicas=2", "--set", "router={policy: round_robin, load_bound: 3}"],
+     "router: load_bound=3: policy=round_robin does not read it (only affinity)"),
+    (["--set", "replicas=2", "--set", "router={policy: least_kv, load_slack: 2}"],
+     "router: load_slack=2: policy=least_kv does not read it (only affinity)"),
+    ([*DISAGG[:1], '{"decode_router": {"policy": "least_outstanding", "match_threshold": 0.5}}', *DISAGG[2:]],
+     "kv_transfer_config.decode_router: match_threshold=0.5: policy=least_outstanding does not read it "
+     "(only affinity)"),
+], ids=["round-robin", "least-kv", "disagg-pool"])
+def test_an_affinity_knob_beside_another_policy_is_refused(tmp_path, flags, message):
+    """`load_bound`, `load_slack` and `match_threshold` steer the affinity router only: beside round robin
+    (or least outstanding, least KV) each was dropped without a word."""
+    assert one_line_exit_2([*RUN, *flags, "-o", str(tmp_path / "out")]) == message
+    assert not (tmp_path / "out").exists()
+    _runs(tmp_path, "--set", "replicas=2", "--set", "router={policy: affinity, load_bound: 3, load_slack: 2}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from kvsim.model.spec import Settings
 
@@ -46,6 +46,18 @@ class Router(Settings):
     load_bound: float = Field(default=1.25, ge=1.0)
     load_slack: int = Field(default=8, ge=0, description="outstanding requests above the least loaded")
     match_threshold: float = Field(default=0.25, ge=0, le=1, description="least prompt fraction to follow")
+
+    @model_validator(mode="after")
+    def _knobs_read_by_affinity(self) -> Router:
+        """`load_bound`, `load_slack` and `match_threshold` steer the affinity policy only: beside another
+        policy (`{policy: round_robin, load_bound: 3}`) one was dropped without a word. The defaults (written in
+        every scenario) pass."""
+        if self.policy != "affinity":
+            for name in ("load_bound", "load_slack", "match_threshold"):
+                value = getattr(self, name)
+                if value != type(self).model_fields[name].default:
+                    raise ValueError(f"{name}={value:g}: policy={self.policy} does not read it (only affinity)")
+        return self
 
 
 class KVTransferConfig(Settings):
