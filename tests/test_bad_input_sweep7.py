@@ -62,3 +62,25 @@ def test_an_affinity_knob_beside_another_policy_is_refused(tmp_path, flags, mess
     assert one_line_exit_2([*RUN, *flags, "-o", str(tmp_path / "out")]) == message
     assert not (tmp_path / "out").exists()
     _runs(tmp_path, "--set", "replicas=2", "--set", "router={policy: affinity, load_bound: 3, load_slack: 2}")
+
+
+def test_a_disaggregated_fleet_refuses_a_fleet_router(tmp_path):
+    """A disaggregated fleet routes each pool with `kv_transfer_config.prefill_router` and `decode_router`:
+    `router: {policy: affinity}` beside it was never read (both pools still routed by least outstanding)."""
+    assert one_line_exit_2([*RUN, *DISAGG, "--set", "router={policy: affinity}", "-o", str(tmp_path / "out")]) == (
+        "router.policy='affinity': a disaggregated fleet routes each pool with kv_transfer_config.prefill_router "
+        "and decode_router; set those and drop the router (router=null)")
+    assert not (tmp_path / "out").exists()
+    _runs(tmp_path, *DISAGG[:1], '{"prefill_router": {"policy": "affinity"}}', *DISAGG[2:])
+
+
+def test_plan_still_ranks_a_split_behind_its_router(tmp_path):
+    """A plan's xPyD candidate gives its router to both pools; the fleet's own router is left as it was."""
+    from kvsim.planning.spec import Candidate
+    from kvsim.workload.scenario import load_scenario
+
+    base = load_scenario(None, ["workload.num_requests=4"])
+    split = Candidate("h100-80gb", 1, split=(1, 1)).scenario(base, 2, "least_kv")
+    assert split.router == base.router
+    assert split.kv_transfer_config is not None
+    assert split.kv_transfer_config.prefill_router.policy == split.kv_transfer_config.decode_router.policy == "least_kv"

@@ -228,7 +228,8 @@ class Candidate:
         raw["engine"] = {**raw["engine"], "tensor_parallel_size": self.tensor_parallel_size, **dict(self.knobs)}
         raw.update(gpu=self.gpu, replicas=replicas, router={**raw["router"], "policy": router},
                    name=f"{base.name}/{self.label.replace(' ', '_')}/x{replicas}")
-        if self.split is not None:
+        if self.split is not None:  # each pool's router routes a split; the fleet's router is left as it was
+            raw["router"] = base.router.model_dump(mode="json")
             num_prefill, num_decode = self.split
             assert replicas == num_prefill + num_decode, "a split's fleet is its x + y instances"
             raw["replicas"] = [{"count": num_prefill, "name": "prefill", "kv_role": "kv_producer"},

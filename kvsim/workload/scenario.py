@@ -352,6 +352,10 @@ class Scenario(Settings):
                                  "fleet is kv_producer or kv_consumer")
         elif any(roles):
             raise ValueError("kv_role is set on a replica group but kv_transfer_config is missing")
+        if self.kv_transfer_config is not None and self.router != Router():  # the pools' routers route, not this
+            raise ValueError(f"router.policy={self.router.policy!r}: a disaggregated fleet routes each pool with "
+                             "kv_transfer_config.prefill_router and decode_router; set those and drop the router "
+                             "(router=null)")
         if self.autoscaler is not None and not isinstance(self.replicas, int):
             raise ValueError(f"autoscaler: needs replicas as a count (the start), not replicas={self.replicas!r}")
         if self.autoscaler is not None and self.kv_transfer_config is not None:
