@@ -104,3 +104,24 @@ def test_a_draft_model_kvsim_cannot_load_is_named_by_its_field(tmp_path):
     assert not (tmp_path / "out").exists()
     _runs(tmp_path, "--speculative-config", json.dumps({**spec, "model": "llama-2-7b"}))
     _runs(tmp_path, "--speculative-config", json.dumps({**spec, "method": "eagle"}))
+
+
+@pytest.mark.parametrize(("command", "message"), [
+    (["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", "ttft_s.p90=2", "--set", "workload.num_requests=20",
+      "--set", "replicas=[{count: 2}]"],
+     "replicas=[{'count': 2}]: plan searches the replica count; remove it from the scenario"),
+    (["run", "--set", "replicas=[{count: 1, engine: {max_num_seqs: 2}}]", "--set", "autoscaler={max_replicas: 4}"],
+     "autoscaler: needs replicas as a count (the start), not replicas=[{'count': 1, 'engine': {'max_num_seqs': 2}}]"),
+], ids=["plan", "autoscaler"])
+def test_replica_groups_are_shown_as_written(tmp_path, command, message):
+    """Both said `replicas=[ReplicaGroup(count=2, name=None, model=None, gpu=None, engine={}, kv_role=None)]`:
+    kvsim's object, every unset field with it, not what the scenario gave."""
+    assert one_line_exit_2([*command, "-o", str(tmp_path / "out")]) == message
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_counts_one_group_as_one(tmp_path):
+    assert one_line_exit_2(["report", "--set", "replicas=[{count: 2}]", "--quick", "-o", str(tmp_path / "r")]) == (
+        "replicas=[1 group]: kvsim report studies one engine; report on one replica with --set replicas=null "
+        "(dropping any router, autoscaler or kv_transfer_config), or size a fleet with kvsim plan")
+    assert not (tmp_path / "r").exists()

@@ -99,7 +99,7 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
     if steps is not None:
         scenario = scenario.model_copy(update={"steps": steps})
     if scenario.replicas is not None:
-        raise KvsimError(f"replicas={scenario.replicas!r}: a fleet scenario; use kvsim.fleet.driver.simulate_fleet")
+        raise KvsimError(f"replicas={scenario.replicas_shown}: a fleet scenario; use kvsim.fleet.driver.simulate_fleet")
     speculates = scenario.engine.speculative_config is not None  # step rows get `draft_rejected`
     if out_dir is None:
         if scenario.engine.data_parallel_size > 1:

@@ -357,7 +357,7 @@ class Scenario(Settings):
                              "kv_transfer_config.prefill_router and decode_router; set those and drop the router "
                              "(router=null)")
         if self.autoscaler is not None and not isinstance(self.replicas, int):
-            raise ValueError(f"autoscaler: needs replicas as a count (the start), not replicas={self.replicas!r}")
+            raise ValueError(f"autoscaler: needs replicas as a count (the start), not replicas={self.replicas_shown}")
         if self.autoscaler is not None and self.kv_transfer_config is not None:
             raise ValueError("autoscaler with kv_transfer_config: autoscaling a disaggregated fleet is not modelled")
         if self.replicas is None and self.router != Router():  # one engine: nothing to route, so say so
@@ -368,6 +368,15 @@ class Scenario(Settings):
     @property
     def is_fleet(self) -> bool:
         return self.replicas is not None
+
+    @property
+    def replicas_shown(self) -> str:
+        """`replicas` for an error line, as a scenario gives it: a count, or its groups' fields (not the repr
+        of kvsim's `ReplicaGroup` objects, every unset field included)."""
+        if not isinstance(self.replicas, list):
+            return repr(self.replicas)
+        return shown([{key: value for key, value in group.model_dump(exclude_none=True).items() if value != {}}
+                      for group in self.replicas])
 
     def resolve_path(self, path: str) -> Path:
         """`builtin:NAME` → the data file NAME.* shipped in kvsim/workload/data/ (a name, not a pattern or a
