@@ -125,3 +125,19 @@ def test_report_counts_one_group_as_one(tmp_path):
         "replicas=[1 group]: kvsim report studies one engine; report on one replica with --set replicas=null "
         "(dropping any router, autoscaler or kv_transfer_config), or size a fleet with kvsim plan")
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(("offload", "message"), [
+    ("{}", "give the CPU tier's size, cpu_bytes (vLLM's --kv-offloading-size) or num_cpu_blocks (0: no tier)"),
+    ("{bandwidth_bytes_per_s: 1e10}",
+     "give the CPU tier's size, cpu_bytes (vLLM's --kv-offloading-size) or num_cpu_blocks (0: no tier)"),
+    ("{cpu_bytes: 1GiB, disk_bandwidth_bytes_per_s: 1e9}",
+     "disk_bandwidth_bytes_per_s=1e+09: no disk tier reads it (give disk_bytes or num_disk_blocks)"),
+], ids=["empty", "bandwidth-alone", "disk-bandwidth-without-disk"])
+def test_an_offload_tier_without_a_size_is_refused(tmp_path, offload, message):
+    """`engine.kv_offload: {}` ran with no tier at all, as if it were not there (the size has no default: 0,
+    said so, is no tier), and a drive's bandwidth without a disk tier was dropped without a word."""
+    assert one_line_exit_2([*RUN, "--set", f"engine.kv_offload={offload}", "-o", str(tmp_path / "out")]) == (
+        f"engine.kv_offload: {message}")
+    assert not (tmp_path / "out").exists()
+    _runs(tmp_path, "--set", "engine.kv_offload={cpu_bytes: 0}")

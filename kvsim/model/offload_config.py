@@ -57,6 +57,20 @@ class KVOffloadConfig(Settings):
             raise ValueError("a disk tier needs disk_bandwidth_bytes_per_s (bytes/s the drive reads)")
         return self
 
+    @model_validator(mode="after")
+    def _sizes_given(self) -> KVOffloadConfig:
+        """`kv_offload: {}` (or a bandwidth alone) ran with no tier, as if `kv_offload` were not there: the CPU
+        tier's size has no default (0 is no tier, said so), and a disk drive's bandwidth without a disk tier was
+        dropped without a word."""
+        sizes = (self.cpu_bytes, self.num_cpu_blocks, self.disk_bytes, self.num_disk_blocks)
+        if all(size is None for size in sizes):  # a disk tier without a CPU one: `make_offload` says so
+            raise ValueError("give the CPU tier's size, cpu_bytes (vLLM's --kv-offloading-size) or num_cpu_blocks "
+                             "(0: no tier)")
+        if self.disk_bandwidth_bytes_per_s is not None and self.disk_bytes is None and self.num_disk_blocks is None:
+            raise ValueError(f"disk_bandwidth_bytes_per_s={self.disk_bandwidth_bytes_per_s:g}: no disk tier reads it "
+                             "(give disk_bytes or num_disk_blocks)")
+        return self
+
     def num_blocks(self, tier: str, bytes_per_block: int, field: str | None = None) -> int:
         """Blocks of `bytes_per_block` (all ranks together) that the tier holds (0: no tier). A size of
         more than 0 bytes but less than one block raises `KvsimError` naming `field` (default the tier's
