@@ -141,3 +141,35 @@ def test_an_offload_tier_without_a_size_is_refused(tmp_path, offload, message):
         f"engine.kv_offload: {message}")
     assert not (tmp_path / "out").exists()
     _runs(tmp_path, "--set", "engine.kv_offload={cpu_bytes: 0}")
+
+
+def _measured(tmp_path) -> str:
+    """A measured-run folder (validation layout) of two requests."""
+    meta = {"model": "meta-llama/Llama-3.1-8B", "dataset_path": "w.jsonl",
+            "engine_kwargs": {"model": "meta-llama/Llama-3.1-8B", "max_num_seqs": 4}}
+    (tmp_path / "m" / "vllm").mkdir(parents=True)
+    (tmp_path / "m" / "vllm" / "meta.json").write_text(json.dumps(meta))
+    rows = [{"request_id": f"bench-{i}", "input_toks": 16, "output_toks": 5, "queued_ts": t,
+             "first_token_ts": t + 0.01, "last_token_ts": t + 0.05} for i, t in enumerate((100.0, 100.5))]
+    (tmp_path / "m" / "vllm" / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "m" / "w.jsonl").write_text("".join(json.dumps({"input_toks": 16, "output_toks": 5,
+                                                                "arrival_time_ns": i}) + "\n" for i in range(2)))
+    return str(tmp_path / "m")
+
+
+@pytest.mark.parametrize("item", ["latency.profile=p.csv", "latency.model=calibrated",
+                                  "latency={model: calibrated, profile: p.csv}"])
+def test_validate_takes_a_calibrated_latency_from_its_flags_not_a_set(tmp_path, monkeypatch, item):
+    """`--set latency.profile=p.csv` looked the file up beside the replay's temporary workload
+    (`file not found: /tmp/kvsim-validate-.../p.csv`), never where it was given; `--latency` and `--profile`
+    resolve it. A constant latency (no flag gives it) is still a --set."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.csv").write_text("")
+    run = _measured(tmp_path)
+    argv = ["validate", run, "--gpu", "h100-80gb", "-o", str(tmp_path / "out")]
+    assert one_line_exit_2([*argv, "--set", item]) == (
+        f"--set {item!r}: a replay's calibrated latency is --latency calibrated --profile PATH, not a --set")
+    assert not (tmp_path / "out").exists()
+    result = runner.invoke(app, [*argv, "--set", "latency.model=constant", "--set", "latency.step_s=0.01",
+                                 "--format", "json"])
+    assert result.exit_code == 0, result.output

@@ -129,10 +129,17 @@ RUN_FIELDS = {"model": "--model (held against the run's model)", "gpu": "--gpu (
 def _refuse_run_overrides(overrides: list[str]) -> None:
     """`--set model=...` replayed another model than the run's, past the check `--model` gets (`resolve_model`),
     and `--set workload.num_requests=1` compared one replayed request with every measured one."""
-    for key, _, label in override_items(overrides):
+    for key, value, label in override_items(overrides):
         section = key.split(".")[0].strip()
         if section in RUN_FIELDS:
             raise KvsimError(f"{label}: a replay's {section} is {RUN_FIELDS[section]}, not a --set")
+        fields = key.strip().split(".")
+        latency = (value if isinstance(value, dict) else {}) if fields == ["latency"] else \
+            {fields[1]: value} if fields[0] == "latency" else {}
+        if "profile" in latency or latency.get("model") == "calibrated":
+            # a relative profile was looked up beside the replay's temporary workload, never where it was given
+            raise KvsimError(f"{label}: a replay's calibrated latency is --latency calibrated --profile PATH, "
+                             "not a --set")
 
 
 def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, latency: str = "roofline",
