@@ -173,3 +173,17 @@ def test_validate_takes_a_calibrated_latency_from_its_flags_not_a_set(tmp_path, 
     result = runner.invoke(app, [*argv, "--set", "latency.model=constant", "--set", "latency.step_s=0.01",
                                  "--format", "json"])
     assert result.exit_code == 0, result.output
+
+
+def test_a_yaml_date_is_read_as_the_text_it_was(tmp_path):
+    """YAML 1.1 reads `2024-01-01` as a date: `name: 2024-01-01` was refused as `name=datetime.date(2024, 1,
+    1)`, a value no file holds, and `seed: 2024-01-01` named it so too. No kvsim field is a date: it stays text."""
+    workload = "workload: {num_requests: 2, prompt_len: {dist: fixed, value: 8}, output_len: {dist: fixed, value: 2}}"
+    (tmp_path / "s.yaml").write_text(f"{workload}\nsteps: none\nseed: 2024-01-01\n")
+    assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        "seed='2024-01-01': Input should be a valid integer, unable to parse string as an integer")
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "s.yaml").write_text(f"{workload}\nsteps: none\nname: 2024-01-01\n")
+    result = runner.invoke(app, ["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert "name: '2024-01-01'" in (tmp_path / "out" / "scenario.yaml").read_text()

@@ -3,6 +3,8 @@
 PyYAML reads YAML 1.1, where `016` is the octal 14 and `1:30` the base-60 90: `load_yaml` refuses those
 two integer forms (quoted, they stay text), so a zero-padded `block_size: 016` is never 14 in silence.
 
+A YAML 1.1 timestamp (`2024-01-01`) stays the text it was: no field kvsim reads is a date.
+
 PyYAML keeps the last of two equal keys (`engine:` twice: the first section silently lost);
 `load_yaml` refuses it instead, naming both lines (`load_shipped_yaml` reads kvsim's own presets).
 `yaml_problem` gives an error's problem and position without echoing the offending text (a file of
@@ -67,8 +69,16 @@ def _too_long(digits: str) -> str:
     return f"an integer of {sum(c.isdigit() for c in digits):,} digits is longer than kvsim reads"
 
 
+def _timestamp(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> str:
+    """A YAML 1.1 timestamp (`2024-01-01`) as the text it was: no kvsim field takes a date, and a name
+    written as one (`name: 2024-01-01`) was refused as `name=datetime.date(2024, 1, 1)`, a value the file
+    does not hold."""
+    return str(loader.construct_scalar(node))
+
+
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp)
 
 
 TOO_DEEP = "nested too deeply for kvsim to read"
