@@ -187,3 +187,18 @@ def test_a_yaml_date_is_read_as_the_text_it_was(tmp_path):
     result = runner.invoke(app, ["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out"), "--format", "json"])
     assert result.exit_code == 0, result.output
     assert "name: '2024-01-01'" in (tmp_path / "out" / "scenario.yaml").read_text()
+
+
+@pytest.mark.parametrize(("spec", "flags", "message"), [
+    ("capacity_headroom: 0.5\n", [], "capacity_headroom=0.5: search=replicas does not read it (only search=rate)"),
+    ("search: rate\nrel_tol: 0.2\n", ["--search", "replicas"],
+     "rel_tol=0.2: search=replicas does not read it (only search=rate)"),
+], ids=["headroom", "tolerance-search-overridden"])
+def test_a_rate_search_knob_beside_a_replica_search_is_refused(tmp_path, spec, flags, message):
+    """`capacity_headroom` and `rel_tol` size a rate search only: a spec giving one to the replica search (the
+    default, or `--search replicas` over the spec's `search: rate`) planned without it, without a word."""
+    (tmp_path / "spec.yaml").write_text(spec)
+    argv = ["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", "ttft_s.p90=2", "--set",
+            "workload.num_requests=20", "--spec", str(tmp_path / "spec.yaml"), *flags, "-o", str(tmp_path / "out")]
+    assert one_line_exit_2(argv) == f"plan: {message}"
+    assert [p.name for p in tmp_path.iterdir()] == ["spec.yaml"]

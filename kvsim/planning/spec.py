@@ -83,6 +83,17 @@ class PlanSpec(Settings):
         return self
 
     @model_validator(mode="after")
+    def _rate_knobs_need_a_rate_search(self) -> PlanSpec:
+        """`capacity_headroom` and `rel_tol` size a rate search only: beside `search: replicas` (the default) one
+        was dropped without a word. Their defaults pass."""
+        if self.search != "rate":
+            for name in ("capacity_headroom", "rel_tol"):
+                value = getattr(self, name)
+                if value != type(self).model_fields[name].default:
+                    raise ValueError(f"{name}={value:g}: search={self.search} does not read it (only search=rate)")
+        return self
+
+    @model_validator(mode="after")
     def _link_needs_splits(self) -> PlanSpec:
         if self.kv_transfer_config and not self.xpyd:
             raise ValueError(f"kv_transfer_config={self.kv_transfer_config}: sets the link of xPyD candidates; "
