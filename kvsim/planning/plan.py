@@ -83,7 +83,8 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
     from kvsim.workload.generate import iter_requests
 
     if base.replicas is not None:
-        raise KvsimError(f"replicas={base.replicas_shown}: plan searches the replica count; remove it from the scenario")
+        raise KvsimError(f"replicas={base.replicas_shown}: plan searches the replica count; remove it from the "
+                         "scenario")
     check_slo_classes(base, spec)
     for gpu in dict.fromkeys(spec.gpus):
         load_gpu(gpu)

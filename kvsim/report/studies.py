@@ -115,7 +115,8 @@ class Study:
 
     def __init__(self, base: Scenario, cfg: StudyConfig) -> None:
         if base.is_fleet:  # each section varies one engine; the fleet section sizes its own replicas
-            given = base.replicas if isinstance(base.replicas, int) else f"[{len(base.replicas or [])} group{'s' * (len(base.replicas or []) != 1)}]"
+            groups = len(base.replicas) if isinstance(base.replicas, list) else 0
+            given = base.replicas if isinstance(base.replicas, int) else f"[{groups} group{'s' * (groups != 1)}]"
             raise KvsimError(f"replicas={given}: kvsim report studies one engine; report on one "
                              "replica with --set replicas=null (dropping any router, autoscaler or "
                              "kv_transfer_config), or size a fleet with kvsim plan")
