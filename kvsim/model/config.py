@@ -288,6 +288,22 @@ class EngineConfig(Settings):
                              "priority policy also preempts running requests for waiting ones, not modelled")
         return self
 
+    @field_validator("speculative_config")
+    @classmethod
+    def _draft_model_loads(cls, spec: SpeculativeConfig | None) -> SpeculativeConfig | None:
+        """A draft model kvsim cannot load was found only once the run priced its first draft (`model='nope'`,
+        naming the scenario's own field), and `kvsim capacity` never looked: it is loaded here. Only
+        `draft_model` reads it (an EAGLE head's cost follows the target's shape)."""
+        if spec is None or spec.method != "draft_model" or spec.model is None:
+            return spec
+        if not (PRESETS_DIR / "models" / f"{spec.model}.json").is_file() and not Path(spec.model).is_file():
+            raise ValueError(f"model={spec.model!r}: not a preset ({', '.join(model_presets())}) nor a file")
+        try:
+            load_model(spec.model)
+        except KvsimError as error:  # a file that is no model config: its own reason
+            raise ValueError(f"model={spec.model!r}: {error}") from None
+        return spec
+
     @model_validator(mode="after")
     def _speculation_needs_v1(self) -> EngineConfig:
         if self.speculative_config is not None and self.scheduler != "v1":

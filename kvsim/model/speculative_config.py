@@ -28,10 +28,9 @@ n-gram drafting costs no GPU time. Bad values raise one line naming the field an
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
-from pydantic import ValidationInfo, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from kvsim.model.errors import KvsimError
 from kvsim.model.spec import Settings
@@ -58,21 +57,6 @@ class SpeculativeConfig(Settings):
         if value <= 0:  # vLLM: "Expected num_speculative_tokens to be greater than zero"
             raise ValueError("must be greater than zero")
         return value
-
-    @field_validator("model")
-    @classmethod
-    def _draft_model_loads(cls, model: str | None, info: ValidationInfo) -> str | None:
-        """A draft model kvsim cannot load was found only once the run priced its first draft (`model='nope'`,
-        naming the scenario's field, not this one), and `kvsim capacity` never looked: load it here. Only
-        `draft_model` reads it (an EAGLE head's cost follows the target's shape)."""
-        if model is None or info.data.get("method") != "draft_model":
-            return model
-        from kvsim.model.config import PRESETS_DIR, load_model, model_presets
-
-        if not (PRESETS_DIR / "models" / f"{model}.json").is_file() and not Path(model).is_file():
-            raise ValueError(f"not a preset ({', '.join(model_presets())}) nor a file")
-        load_model(model)  # a file that is no model config: its own one-line error, naming the file
-        return model
 
     @field_validator("acceptance_rates", "synthetic_acceptance_rates")
     @classmethod
