@@ -1,0 +1,76 @@
+"""Bad input found by the eighth sweep, in the files kvsim reads (traces, measured runs, profiles): each
+exits 2 with one line naming the file, the row or field and the value, and writes nothing, never a hang, a
+misleading error or a value read as another."""
+
+import json
+
+import pytest
+from conftest import one_line_exit_2
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+
+runner = CliRunner()
+SERVEGEN_PMF = "{100: 0.5, 200: 0.5}"
+
+
+def _servegen(tmp_path, trace: str, inputs: str = SERVEGEN_PMF, window: str = "0") -> list[str]:
+    """A one-client ServeGen folder `sg/` (its trace rows `trace`, one length window) and the argv running it."""
+    (tmp_path / "sg").mkdir()
+    (tmp_path / "sg" / "chunk-0-trace.csv").write_text(trace)
+    (tmp_path / "sg" / "chunk-0-dataset.json").write_text(json.dumps(
+        {window: {"input_tokens": inputs, "output_tokens": "{10: 1.0}"}}))
+    (tmp_path / "s.yaml").write_text("workload: {num_requests: 5, arrival: {process: trace}, "
+                                     "trace: {format: servegen, path: sg}}\nsteps: none\n")
+    return ["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ("0,nan,1", "rate='nan' is not a finite number >= 0"),
+    ("0,inf,1", "rate='inf' is not a finite number >= 0"),
+    ("0,1,nan", "cv='nan' is not a finite number >= 0"),
+    ("nan,1,1", "window='nan' is not a finite number"),
+    ("0,-1,1", "rate='-1' is not a finite number >= 0"),
+    ("0,1,-2", "cv='-2' is not a finite number >= 0"),
+    ("0,x,1", "rate='x' is not a number"),
+    ("0,1", "expected window,rate,cv,... (got '0,1')"),
+    ("0,1e9,1", "rate='1e9': the clients' rates would draw about 600,000,000,000 requests over [start_s, "
+                "start_s + duration_s), more than kvsim samples (10,000,000); is it requests per second?"),
+], ids=["rate-nan", "rate-inf", "cv-nan", "window-nan", "rate-negative", "cv-negative", "rate-text", "short",
+        "rate-huge"])
+def test_a_servegen_window_that_cannot_be_sampled_is_refused(tmp_path, row, message):
+    """A NaN or infinite rate, CV or window start drew arrival gaps that never moved the clock past the
+    window's end: `kvsim run` never ended (a hang, not an error). A rate of 1e9 req/s drew 6e11 requests one
+    Python step at a time; a negative rate or CV was read as no traffic, or as a CV of 0.001."""
+    assert one_line_exit_2(_servegen(tmp_path, f"{row}\n")) == f"{tmp_path}/sg/chunk-0-trace.csv:1: {message}"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("inputs", "message"), [
+    ("{100: -0.5, 200: 1.5}", "window 0 input_tokens: 100 tokens has probability -0.5, not a finite number >= 0"),
+    ("{100: 0, 200: 0}", "window 0 input_tokens: every probability is 0"),
+    ("{-100: 1}", "window 0 input_tokens: -100 tokens is not a whole number of tokens >= 1"),
+    ("{10.7: 1}", "window 0 input_tokens: 10.7 tokens is not a whole number of tokens >= 1"),
+    ("[1, 2]", "window 0 input_tokens='[1, 2]' is not a dict of tokens to probabilities"),
+    ("[" * 100_000 + "]" * 100_000, "window 0 input_tokens='" + "[" * 56),
+], ids=["negative-probability", "all-zero", "negative-length", "fractional-length", "a-list", "nested"])
+def test_a_servegen_length_distribution_that_is_not_one_is_refused(tmp_path, inputs, message):
+    """Each ran without a word: a negative probability made the CDF run backwards and all-zero ones a NaN CDF
+    (every draw the largest length), a length of -100 tokens was drawn as 1 and 10.7 as 10."""
+    error = one_line_exit_2(_servegen(tmp_path, "0,1,1\n", inputs))
+    assert error.startswith(f"{tmp_path}/sg/chunk-0-dataset.json: {message}"), error
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_servegen_window_key_that_is_not_a_time_is_refused(tmp_path):
+    assert one_line_exit_2(_servegen(tmp_path, "0,1,1\n", window="nan")) == (
+        f"{tmp_path}/sg/chunk-0-dataset.json: window 'nan' is not a finite start time (s)")
+
+
+def test_a_servegen_model_that_is_well_formed_still_runs(tmp_path):
+    argv = _servegen(tmp_path, "0,0,0,,0,0\n600,1.5,,Gamma,1,1\n")
+    (tmp_path / "s.yaml").write_text("workload: {num_requests: 5, arrival: {process: trace}, "
+                                     "trace: {format: servegen, path: sg, duration_s: 1200}}\nsteps: none\n")
+    result = runner.invoke(app, [*argv, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_finished"] == 5
