@@ -74,3 +74,55 @@ def test_a_servegen_model_that_is_well_formed_still_runs(tmp_path):
     result = runner.invoke(app, [*argv, "--format", "json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["num_finished"] == 5
+
+
+AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+def _azure(tmp_path, *stamps: str) -> list[str]:
+    (tmp_path / "t.csv").write_text(AZURE_HEAD + "".join(f"{stamp},100,5\n" for stamp in stamps))
+    (tmp_path / "s.yaml").write_text(f"workload: {{num_requests: {len(stamps)}, arrival: {{process: trace}}, "
+                                     "trace: {format: azure, path: t.csv}}\nsteps: none\n")
+    return ["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]
+
+
+def _arrivals(tmp_path, argv: list[str]) -> list[float]:
+    result = runner.invoke(app, [*argv, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    lines = (tmp_path / "out" / "requests.csv").read_text().splitlines()
+    return [float(line.split(",")[1]) for line in lines[1:]]
+
+
+@pytest.mark.parametrize(("second", "message"), [
+    ("2023-11-16 18:15:46.5e3", "TIMESTAMP='2023-11-16 18:15:46.5e3' is not a timestamp"),
+    ("2023-11-16 18:15:46.6_7", "TIMESTAMP='2023-11-16 18:15:46.6_7' is not a timestamp"),
+    ("2023-11-16 18:15:47.", "TIMESTAMP='2023-11-16 18:15:47.' is not a timestamp"),
+    ("2023-11-16 18:15:47.5+02:00", "TIMESTAMP='2023-11-16 18:15:47.5+02:00' has a time zone, but line 2's has "
+                                    "none: give every row's in one form"),
+], ids=["exponent", "underscore", "dot-alone", "zone-beside-none"])
+def test_an_azure_timestamp_is_read_as_written_or_refused(tmp_path, second, message):
+    """The fraction after the seconds' dot went through float(): `46.5e3` arrived 500 s in, `46.6_7` at
+    .67 s; a row with a time zone beside rows without one was read hours away from them."""
+    assert one_line_exit_2(_azure(tmp_path, "2023-11-16 18:15:46.5", second)) == f"{tmp_path}/t.csv:3: {message}"
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_azure_2024_timestamp_with_its_zone_is_read(tmp_path):
+    """The 2024 Azure trace writes `2024-05-10 00:00:00.009930+00:00`: refused as "not a timestamp"."""
+    assert _arrivals(tmp_path, _azure(tmp_path, "2024-05-10 00:00:00.009930+00:00",
+                                      "2024-05-10 00:00:01.509930+00:00")) == pytest.approx([0.0, 1.5])
+
+
+def test_an_azure_timestamp_without_a_zone_is_not_read_in_this_machines(tmp_path, monkeypatch):
+    """A zone-less TIMESTAMP was read in the machine's time zone: on one that keeps daylight saving time, two
+    requests two minutes apart across the clocks going back arrived 62 minutes apart. Azure's are UTC."""
+    import time
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        arrivals = _arrivals(tmp_path, _azure(tmp_path, "2023-11-05 01:59:00.0", "2023-11-05 02:01:00.0"))
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert arrivals == [0.0, 120.0]

@@ -30,7 +30,7 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -181,18 +181,19 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def read_azure(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
     """`TIMESTAMP,ContextTokens,GeneratedTokens`; timestamps have 100 ns digits."""
-    records, first = [], None
+    records, first, zoned = [], None, None
     with open_text(path, newline="") as f:
         reader = csv_rows(f, path)
         _require_columns(reader, path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens", *columns.names))
         for line_no, row in enumerate(reader, start=2):
             _no_extra_fields(row, path, line_no)
-            try:
-                stamp = row["TIMESTAMP"]
-                date, _, frac = stamp.partition(".")
-                t = datetime.fromisoformat(date).timestamp() + float(f"0.{frac or 0}")
-            except (KeyError, ValueError, TypeError):
-                raise _bad(path, line_no, f"TIMESTAMP={shown(row.get('TIMESTAMP'))} is not a timestamp") from None
+            t, has_zone = _azure_time(row.get("TIMESTAMP"), path, line_no)
+            if zoned is None:
+                zoned = (line_no, has_zone)
+            elif has_zone != zoned[1]:  # a row without a zone read as UTC beside one with: hours apart
+                which = "has a time zone" if has_zone else "has no time zone"
+                raise _bad(path, line_no, f"TIMESTAMP={shown(row['TIMESTAMP'])} {which}, but line {zoned[0]}'s "
+                                          f"{'has one' if zoned[1] else 'has none'}: give every row's in one form")
             first = t if first is None else first
             records.append(TraceRecord(
                 t - first,
@@ -201,6 +202,30 @@ def read_azure(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceReco
                 **columns.read(row, path, line_no),
             ))
     return records
+
+
+_AZURE_FRACTION = re.compile(r"(\d*)(Z|[+-]\d\d(?::?\d\d)?)?")
+
+
+def _azure_time(stamp: Any, path: Path, line: int) -> tuple[float, bool]:
+    """An Azure `TIMESTAMP` in seconds since the epoch, and whether it gave a time zone: `2023-11-16
+    18:17:03.9799600` (2023, 100 ns digits; no zone: read as UTC, not as this machine's zone) or `2024-05-10
+    00:00:00.009930+00:00` (2024, with its zone). The fraction is digits only: `03.5e3` was read as 500 s in."""
+    bad = _bad(path, line, f"TIMESTAMP={shown(stamp)} is not a timestamp")
+    if not isinstance(stamp, str):
+        raise bad
+    date, dot, rest = stamp.partition(".")
+    match = _AZURE_FRACTION.fullmatch(rest)
+    if match is None or (dot and not match.group(1)):
+        raise bad
+    try:
+        instant = datetime.fromisoformat(date + (match.group(2) or ""))
+    except ValueError:
+        raise bad from None
+    has_zone = instant.tzinfo is not None
+    if not has_zone:
+        instant = instant.replace(tzinfo=UTC)
+    return instant.timestamp() + float(f"0.{match.group(1) or 0}"), has_zone
 
 
 def read_mooncake(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
