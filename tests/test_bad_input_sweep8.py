@@ -126,3 +126,50 @@ def test_an_azure_timestamp_without_a_zone_is_not_read_in_this_machines(tmp_path
         monkeypatch.undo()
         time.tzset()
     assert arrivals == [0.0, 120.0]
+
+
+BENCH = {"model_id": "meta-llama/Llama-3.1-8B", "input_lens": [16, 32], "output_lens": [5, 3], "ttfts": [0.01, 0.02],
+         "itls": [[0.01] * 4, [0.02, 0.02]], "latencies": [0.05, 0.06], "start_times": [1000.0, 1000.015]}
+
+
+@pytest.mark.parametrize("how", ["gz", "bom"])
+def test_a_bench_json_reads_as_the_other_files_do(tmp_path, how):
+    """`validate b.json.gz` said "b.json.gz: not UTF-8 text (byte 1)" (the gzip read as text) and a bench JSON
+    starting with a byte-order mark "not JSON (Unexpected UTF-8 BOM ...)"; every other reader takes both."""
+    import gzip
+
+    text = json.dumps(BENCH)
+    path = tmp_path / ("b.json.gz" if how == "gz" else "b.json")
+    path.write_bytes(gzip.compress(text.encode()) if how == "gz" else ("\ufeff" + text).encode())
+    result = runner.invoke(app, ["validate", str(path), "--model", "llama-3.1-8b", "--gpu", "h100-80gb",
+                                 "-o", str(tmp_path / "out"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "validation.json").exists()
+
+
+def test_a_truncated_bench_json_gz_says_so(tmp_path):
+    import gzip
+
+    (tmp_path / "b.json.gz").write_bytes(gzip.compress(json.dumps(BENCH).encode())[:-12])
+    assert one_line_exit_2(["validate", str(tmp_path / "b.json.gz"), "--model", "llama-3.1-8b", "--gpu",
+                            "h100-80gb", "-o", str(tmp_path / "out")]).startswith(
+        f"{tmp_path}/b.json.gz: cannot read, the compressed file is truncated or corrupt (")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_gzipped_vidur_csv_is_read_as_vidur(tmp_path):
+    """A Vidur `mlp.csv.gz` was taken for a kvsim profile CSV (its header was read as gzip bytes) and refused
+    with "column 'kind' is missing; expected the columns kind,op,batch,...", the wrong format's columns."""
+    import gzip
+
+    columns = ("n_head,n_kv_head,n_embd,n_expanded_embd,vocab_size,use_gated_mlp,num_tokens,"
+               "num_tensor_parallel_workers,time_stats.attn_pre_proj.median,time_stats.mlp_up_proj.median")
+    rows = [f"32,32,4096,11008,32000,True,{tokens},1,{ms},{ms}" for tokens, ms in ((1, 0.05), (256, 0.08))]
+    folder = tmp_path / "compute" / "a100" / "meta-llama" / "Llama-2-7b-hf"
+    folder.mkdir(parents=True)
+    (folder / "mlp.csv.gz").write_bytes(gzip.compress("\n".join([columns, *rows, ""]).encode()))
+    out = tmp_path / "p.csv"
+    result = runner.invoke(app, ["import-profile", str(folder / "mlp.csv.gz"), "--model", "llama-2-7b", "--gpu",
+                                 "a100-80gb", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "# source_format: Vidur mlp.csv" in out.read_text()

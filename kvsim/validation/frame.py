@@ -9,8 +9,10 @@ one-token reply. Times in the `requests` frame are seconds from the first arriva
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +23,7 @@ import pandas as pd
 
 from kvsim.model.errors import KvsimError
 from kvsim.model.yaml_io import load_json
+from kvsim.workload.files import open_text
 from kvsim.workload.traces import TraceRecord
 
 REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s",
@@ -62,11 +65,17 @@ class MeasuredRun:
 
 
 def read_json(path: Path) -> Any:
-    """The JSON in `path`; a missing file or one that is not JSON raises `KvsimError` naming it."""
+    """The JSON in `path` (as every reader opens a file: `x.json.gz` decompressed, a byte-order mark skipped,
+    `kvsim.workload.files.open_text`); a missing file or one that is not JSON raises `KvsimError` naming it.
+    A bench JSON saved as `b.json.gz` was "not UTF-8 text (byte 1)", one with a mark "not JSON"."""
     try:
-        return load_json(path.read_text())
+        with open_text(path) as f:
+            text = f.read()
+        return load_json(text)
     except FileNotFoundError:
         raise KvsimError(f"{path}: file not found") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        raise KvsimError(f"{path}: cannot read, the compressed file is truncated or corrupt ({error})") from None
     except json.JSONDecodeError as error:
         raise KvsimError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
     except UnicodeDecodeError as error:  # a binary file

@@ -16,6 +16,7 @@ Vidur's padded size and is not recorded (no timing depends on it).
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 from kvsim.latency.profiles import Profile, find_source
@@ -40,10 +41,12 @@ SHAPES = {"n_head": "num_attention_heads", "n_kv_head": "num_kv_heads", "n_embd"
 
 
 def is_vidur_csv(path: Path) -> bool:
+    """Whether `path`'s header is a Vidur mlp.csv's, read as every reader reads (`open_text`): an `mlp.csv.gz`
+    was taken for a kvsim CSV and refused as one ("column 'kind' is missing")."""
     try:
-        with path.open() as f:
+        with open_text(path) as f:
             header = f.readline()
-    except (OSError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError, EOFError, zlib.error):
         return False
     return "num_tensor_parallel_workers" in header and "n_embd" in header
 
