@@ -173,3 +173,21 @@ def test_a_gzipped_vidur_csv_is_read_as_vidur(tmp_path):
                                  "a100-80gb", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "# source_format: Vidur mlp.csv" in out.read_text()
+
+
+def test_a_profile_csv_giving_a_metadata_key_twice_is_refused(tmp_path):
+    """`# gpu: ...H100...` then `# gpu: ...RTX PRO 6000...` (two headers pasted together) was read as the last
+    one: the H100's profile was imported for the RTX PRO 6000 without a word."""
+    from test_bad_input import native_profile
+
+    (tmp_path / "p.csv").write_text("# gpu: NVIDIA H100 80GB HBM3\n" + native_profile()["p.csv"])
+    assert one_line_exit_2(["import-profile", str(tmp_path / "p.csv"), "-o", str(tmp_path / "out.csv"),
+                            "--gpu", "rtx-pro-6000"]) == (
+        f"profile {tmp_path}/p.csv: line 2: metadata gpu='NVIDIA RTX PRO 6000 Blackwell Server Edition', but an "
+        "earlier line gives gpu='NVIDIA H100 80GB HBM3': give each key once")
+    assert not (tmp_path / "out.csv").exists()
+    (tmp_path / "p.csv").write_text(native_profile()["p.csv"].replace("# model:", "# gpu: NVIDIA RTX PRO 6000 "
+                                                                      "Blackwell Server Edition\n# model:", 1))
+    result = runner.invoke(app, ["import-profile", str(tmp_path / "p.csv"), "-o", str(tmp_path / "out.csv"),
+                                 "--gpu", "rtx-pro-6000"])
+    assert result.exit_code == 0, result.output  # the same value twice says nothing new

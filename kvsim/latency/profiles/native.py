@@ -28,10 +28,14 @@ def read_native(path: Path) -> Profile:
             text = f.read()
     except (OSError, UnicodeDecodeError) as error:
         raise KvsimError(f"profile {path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
-    for line in text.splitlines():
+    for line_no, line in enumerate(text.splitlines(), start=1):
         if line.startswith("#"):
             key, _, value = line[1:].partition(":")
-            meta[key.strip()] = value.strip()
+            key, value = key.strip(), value.strip()
+            if meta.get(key, value) != value:  # the last one was used: a profile of two GPUs, read as one
+                raise KvsimError(f"profile {path}: line {line_no}: metadata {key}={shown(value)}, but an earlier "
+                                 f"line gives {key}={shown(meta[key])}: give each key once")
+            meta[key] = value
         elif line.strip():
             lines.append(line)
     reader = csv_rows(lines, path)
