@@ -30,7 +30,7 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -210,22 +210,27 @@ _AZURE_FRACTION = re.compile(r"(\d*)(Z|[+-]\d\d(?::?\d\d)?)?")
 def _azure_time(stamp: Any, path: Path, line: int) -> tuple[float, bool]:
     """An Azure `TIMESTAMP` in seconds since the epoch, and whether it gave a time zone: `2023-11-16
     18:17:03.9799600` (2023, 100 ns digits; no zone: read as UTC, not as this machine's zone) or `2024-05-10
-    00:00:00.009930+00:00` (2024, with its zone). The fraction is digits only: `03.5e3` was read as 500 s in."""
-    bad = _bad(path, line, f"TIMESTAMP={shown(stamp)} is not a timestamp")
-    if not isinstance(stamp, str):
-        raise bad
-    date, dot, rest = stamp.partition(".")
-    match = _AZURE_FRACTION.fullmatch(rest)
-    if match is None or (dot and not match.group(1)):
-        raise bad
+    00:00:00.009930+00:00` (2024, with its zone). The fraction is digits only: `03.5e3` was read as 500 s in.
+    (Hot: every row of a trace. A zone-less stamp's seconds are counted from a naive epoch, which is UTC's
+    reading and ~4x faster than attaching the UTC zone.)"""
+    date, dot, rest = stamp.partition(".") if isinstance(stamp, str) else ("", "", "")
+    if rest.isdigit():  # the 2023 form
+        fraction, zone = rest, ""
+    else:
+        match = _AZURE_FRACTION.fullmatch(rest) if isinstance(stamp, str) else None
+        if match is None or (dot and not match.group(1)):
+            raise _bad(path, line, f"TIMESTAMP={shown(stamp)} is not a timestamp")
+        fraction, zone = match.group(1), match.group(2) or ""
     try:
-        instant = datetime.fromisoformat(date + (match.group(2) or ""))
+        instant = datetime.fromisoformat(date + zone)
     except ValueError:
-        raise bad from None
+        raise _bad(path, line, f"TIMESTAMP={shown(stamp)} is not a timestamp") from None
     has_zone = instant.tzinfo is not None
-    if not has_zone:
-        instant = instant.replace(tzinfo=UTC)
-    return instant.timestamp() + float(f"0.{match.group(1) or 0}"), has_zone
+    seconds = instant.timestamp() if has_zone else (instant - _NAIVE_EPOCH).total_seconds()
+    return seconds + float(f"0.{fraction or 0}"), has_zone
+
+
+_NAIVE_EPOCH = datetime(1970, 1, 1)  # a zone-less stamp is UTC: its seconds since this
 
 
 def read_mooncake(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
