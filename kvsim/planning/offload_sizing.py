@@ -42,7 +42,8 @@ from kvsim.model.offload_config import KVOffloadConfig
 from kvsim.model.units import ceil_div
 from kvsim.planning.spec import Candidate, PlanSpec
 from kvsim.planning.sweep import run_many
-from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
+from kvsim.workload.overrides import apply_overrides
+from kvsim.workload.scenario import Scenario, make_scenario
 
 PAYS_MARGIN = 0.05  # the tier "pays" at a load when TTFT p90 is at least 5 % lower than without it
 TTFT_PERCENTILES = ("mean", "p50", "p90", "p99")

@@ -65,7 +65,8 @@ from kvsim.planning.spec import (
 from kvsim.planning.verify import Verification, answer_columns, evidence_columns, traffic_of
 from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, shortage, why_failed
 from kvsim.planning.xpyd import XpydSearch
-from kvsim.workload.scenario import Scenario, override_items
+from kvsim.workload.overrides import override_items
+from kvsim.workload.scenario import Scenario
 
 
 def check_candidates(base: Scenario, spec: PlanSpec) -> None:

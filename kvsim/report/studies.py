@@ -39,7 +39,8 @@ from kvsim.report.alerts import alert_firings
 from kvsim.report.applicable import refusal, refused_settings, skipped
 from kvsim.report.section import Section
 from kvsim.workload.generate import build_requests
-from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario
+from kvsim.workload.overrides import apply_overrides
+from kvsim.workload.scenario import Scenario, make_scenario
 
 SATURATE = 100_000.0  # req/s: far above any GPU's throughput, so the queue never empties (a choice, not a fit)
 ALLOCATORS = ("slab-max", "slab-pow2", "slab-oracle", "paged")

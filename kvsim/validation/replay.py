@@ -12,7 +12,8 @@ from kvsim.model.config import load_gpu, load_model, model_presets
 from kvsim.model.errors import KvsimError, shown
 from kvsim.validation.measured import MeasuredRun
 from kvsim.validation.recorded import recorded_engine
-from kvsim.workload.scenario import Scenario, apply_overrides, make_scenario, override_items
+from kvsim.workload.overrides import apply_overrides, override_items
+from kvsim.workload.scenario import Scenario, make_scenario
 
 # The validation set's hardware labels (LLMServingSim's `hardware`) → kvsim GPU presets.
 HARDWARE_GPUS = {"RTXPRO6000": "rtx-pro-6000", "H100": "h100-80gb", "A100": "a100-80gb", "H200": "h200",

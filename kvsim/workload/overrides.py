@@ -1,0 +1,78 @@
+"""Field overrides of a scenario (`--set k=v`, or a dict of dotted keys): how they are read and applied
+to a raw scenario dict before it is validated (`kvsim.workload.scenario.load_scenario`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from kvsim.model.errors import KvsimError, shown
+from kvsim.model.yaml_io import load_yaml, yaml_problem
+
+Overrides = Mapping[str, Any] | Sequence[str]
+"""Field overrides: `["engine.block_size=32"]` as `--set` gives them (values parsed as YAML), or
+`{"engine.block_size": 32}` (values as given). Each replaces the field it names, a section too; a number
+names a list's entry (`replicas.1.count=2`)."""
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]:
+    """Apply dotted-key overrides (see `Overrides`) to a raw scenario dict, in place; returns it."""
+    for key, value, label in override_items(overrides):
+        if "" in key.split("."):  # `engine..block_size` (`engine____block_size=` in `kvsim.simulate`)
+            raise KvsimError(f"{label}: an empty field name between its dots")
+        _set_field(raw, key.split("."), value, label)
+    return raw
+
+
+def override_items(overrides: Overrides) -> list[tuple[str, Any, str]]:
+    """Each override as (dotted key, value, the label its errors start with: `--set 'k=v'` for a string,
+    whose value is parsed as YAML; `override 'k'` for a dict's entry, whose value is as given)."""
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    if not isinstance(overrides, (Mapping, Sequence)):  # iterating an int was a bare TypeError
+        raise KvsimError(f"overrides={shown(overrides)}: expected a dict of dotted keys to values, or "
+                         "'dotted.key=value' strings")
+    if isinstance(overrides, Mapping):
+        return [(str(key), value, f"override {key!r}") for key, value in overrides.items()]
+    items = []
+    for item in overrides:
+        if not isinstance(item, str):  # `item.partition` was an AttributeError
+            raise KvsimError(f"overrides item {shown(item)}: expected a 'dotted.key=value' string")
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise KvsimError(f"--set {shown(item)}: expected dotted.key=value")
+        try:
+            items.append((key, load_yaml(value), f"--set {shown(item)}"))
+        except yaml.YAMLError as error:
+            raise KvsimError(f"--set {shown(item)}: the value is not valid YAML ({yaml_problem(error)})") from None
+    return items
+
+
+def _set_field(node: dict[str, Any] | list[Any], parts: list[str], value: Any, label: str) -> None:
+    """Set the field `parts` names under `node`, making missing sections; a number indexes a list
+    (`replicas.1.count=2`: the second pool's count)."""
+    for depth, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            child = node[_list_index(node, parts[:depth + 1], label)]
+        else:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+        if not isinstance(child, (dict, list)):
+            raise KvsimError(f"{label}: {part} is not a section")
+        node = child
+    if isinstance(node, list):
+        node[_list_index(node, parts, label)] = value
+    else:  # replaced, never merged: `workload.prompt_len={dist: fixed, value: 512}` means just that
+        node[parts[-1]] = value
+
+
+def _list_index(items: list[Any], parts: list[str], label: str) -> int:
+    """The list entry `parts[-1]` names (0-based), or a `KvsimError` naming the list and its length."""
+    where, part = ".".join(parts[:-1]), parts[-1]
+    if not part.isdigit() or int(part) >= len(items):
+        raise KvsimError(f"{label}: {where} is a list of {len(items)}: index an entry by its number, "
+                         f"0 to {len(items) - 1} (got {part!r})" if items else f"{label}: {where} is an empty list")
+    return int(part)
