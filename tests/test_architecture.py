@@ -52,3 +52,14 @@ def test_the_package_top_level_holds_at_most_12_entries():
     entries = sorted(p.name for p in (REPO / "kvsim").iterdir() if p.name not in plumbing)
     assert len(entries) <= 12, entries
     assert all((REPO / "kvsim" / name / "__init__.py").is_file() for name in entries), entries  # all packages
+
+
+MAX_MODULE_LINES = 500  # DESIGN.md §6: "about 300 lines is normal, 500 is a reason to split"
+
+
+def test_no_module_is_past_500_lines():
+    """Two modules grew past 500 lines in one afternoon's fixes and were split by concept (the overrides out
+    of `workload/scenario.py`, ServeGen out of `workload/traces.py`): the rule is checked, not remembered."""
+    long = {str(path.relative_to(REPO)): n for path in sorted((REPO / "kvsim").rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, long

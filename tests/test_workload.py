@@ -6,11 +6,11 @@ import pytest
 from kvsim.model.errors import KvsimError
 from kvsim.workload.generate import arrival_times, build_requests, lognormal_sigma, sample_lengths
 from kvsim.workload.scenario import Arrival, make_scenario
+from kvsim.workload.servegen import read_servegen
 from kvsim.workload.traces import (
     read_azure,
     read_lengths,
     read_mooncake,
-    read_servegen,
     read_sharegpt_tokens,
     read_vllm_sharegpt,
 )

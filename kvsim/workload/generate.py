@@ -39,6 +39,7 @@ from kvsim.model.errors import KvsimError, reading
 from kvsim.workload.content import Content, SegmentContent, TokenContent
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Arrival, Empirical, Fixed, LengthDist, Lognormal, Scenario, Uniform, Workload
+from kvsim.workload.servegen import read_servegen
 from kvsim.workload.traces import (
     MAX_LENGTH,
     READERS,
@@ -46,7 +47,6 @@ from kvsim.workload.traces import (
     TraceColumns,
     TraceRecord,
     read_lengths,
-    read_servegen,
 )
 
 Z_99 = 2.3263478740408408  # standard normal 99th percentile

@@ -7,7 +7,7 @@
 | `sharegpt_tokens` | LLMServingSim token-level ShareGPT JSONL | yes (ns) | yes   | real token ids |
 | `lengths`         | Vidur/Sarathi length table CSV         | no       | yes     | none           |
 | `vllm_sharegpt`   | vLLM benchmark ShareGPT JSON           | no       | ≈ chars / 4 | none       |
-| `servegen`        | ServeGen per-client model (a folder)   | sampled  | sampled | none           |
+| `servegen`        | ServeGen per-client model (a folder; `kvsim.workload.servegen`) | sampled | sampled | none |
 
 A malformed row raises `KvsimError` naming the file and line. Arrival times are seconds
 from the first record. The CSV, JSONL and JSON files may be gzipped (`.gz`, see `kvsim.workload.files`)
@@ -22,7 +22,6 @@ separated by spaces, commas or semicolons, brackets allowed).
 
 from __future__ import annotations
 
-import ast
 import csv
 import json
 import logging
@@ -33,8 +32,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from kvsim.model.errors import KvsimError, shown
 from kvsim.model.yaml_io import load_json
@@ -61,22 +58,23 @@ class TraceRecord:
     acceptance_lengths: tuple[int, ...] | None = None  # tokens per verify step, from the acceptance column
 
 
-def _bad(path: Path, line: int, what: str) -> KvsimError:
+def bad_row(path: Path, line: int, what: str) -> KvsimError:
+    """The error for line `line` of the trace file `path`: `path:line: what` (`what` names the field and value)."""
     return KvsimError(f"{path}:{line}: {what}")
 
 
 def _positive(value: Any, path: Path, line: int, field: str) -> int:
     """A token count: an integer (a JSON 600.0 too, not 600.7 nor true), 1 to `MAX_LENGTH`."""
     if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise _bad(path, line, f"{field}={shown(value)} is not an integer")
+        raise bad_row(path, line, f"{field}={shown(value)} is not an integer")
     try:
         number = int(value)
     except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON 1e400 reads as inf
-        raise _bad(path, line, f"{field}={shown(value)} is not an integer") from None
+        raise bad_row(path, line, f"{field}={shown(value)} is not an integer") from None
     if number <= 0:
-        raise _bad(path, line, f"{field}={number} must be positive")
+        raise bad_row(path, line, f"{field}={number} must be positive")
     if number > MAX_LENGTH:
-        raise _bad(path, line, f"{field}={number} is more tokens than kvsim counts ({MAX_LENGTH:,})")
+        raise bad_row(path, line, f"{field}={number} is more tokens than kvsim counts ({MAX_LENGTH:,})")
     return number
 
 
@@ -85,7 +83,7 @@ def _no_extra_fields(row: Mapping[str | None, Any], path: Path, line: int) -> No
     readers dropped them without a word: a stray comma shifts what the row meant)."""
     if None in row:
         extra = row[None]
-        raise _bad(path, line, f"{len(row) - 1 + len(extra)} fields, more than the header's {len(row) - 1} "
+        raise bad_row(path, line, f"{len(row) - 1 + len(extra)} fields, more than the header's {len(row) - 1} "
                                f"(extra: {shown(','.join(map(str, extra)))})")
 
 
@@ -104,15 +102,15 @@ def _seconds(value: Any, scale: float, path: Path, line: int, field: str) -> flo
     are errors (times count from the trace's start: a row before it was dropped without a word, as if before
     `start_s`)."""
     if isinstance(value, bool):  # float(true) is 1: a JSON true was an arrival 1 ms in
-        raise _bad(path, line, f"{field}={shown(value)} is not a number")
+        raise bad_row(path, line, f"{field}={shown(value)} is not a number")
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise _bad(path, line, f"{field}={shown(value)} is not a number") from None
+        raise bad_row(path, line, f"{field}={shown(value)} is not a number") from None
     if not math.isfinite(number):
-        raise _bad(path, line, f"{field}={shown(value)} is not a finite number")
+        raise bad_row(path, line, f"{field}={shown(value)} is not a finite number")
     if number < 0:
-        raise _bad(path, line, f"{field}={shown(value)} is negative: a trace's times count from its start")
+        raise bad_row(path, line, f"{field}={shown(value)} is negative: a trace's times count from its start")
     return number / scale
 
 
@@ -137,10 +135,10 @@ class TraceColumns:
                 value = value.strip()
             if isinstance(value, bool) or not isinstance(value, (int, str)) \
                     or not re.fullmatch(r"[+-]?\d+", str(value)):
-                raise _bad(path, line, f"priority column {self.priority}={shown(value)} is not an integer")
+                raise bad_row(path, line, f"priority column {self.priority}={shown(value)} is not an integer")
             out["priority"] = int(value)
             if not PRIORITY_RANGE[0] <= out["priority"] <= PRIORITY_RANGE[1]:
-                raise _bad(path, line, f"priority column {self.priority}={shown(value)} is outside int64")
+                raise bad_row(path, line, f"priority column {self.priority}={shown(value)} is outside int64")
         if self.acceptance is not None:
             out["acceptance_lengths"] = _acceptance_lengths(row.get(self.acceptance), path, line, self.acceptance)
         return out
@@ -154,11 +152,11 @@ def _acceptance_lengths(value: Any, path: Path, line: int, column: str) -> tuple
     if isinstance(items, list) and items == [""]:
         items = []
     if not isinstance(items, list):
-        raise _bad(path, line, f"acceptance column {column}={shown(value)} is not a list of integers")
+        raise bad_row(path, line, f"acceptance column {column}={shown(value)} is not a list of integers")
     lengths = []
     for item in items:
         if isinstance(item, bool) or not re.fullmatch(r"\d+", str(item).strip()) or int(item) < 1:
-            raise _bad(path, line, f"acceptance column {column}: {shown(item)} is not an acceptance length "
+            raise bad_row(path, line, f"acceptance column {column}: {shown(item)} is not an acceptance length "
                                    "(an integer ≥ 1: tokens a verify step emitted)")
         lengths.append(int(item))
     return tuple(lengths)
@@ -173,9 +171,9 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 row = load_json(line)
             except json.JSONDecodeError as error:
-                raise _bad(path, line_no, f"not JSON ({error.msg})") from None
+                raise bad_row(path, line_no, f"not JSON ({error.msg})") from None
             if not isinstance(row, dict):
-                raise _bad(path, line_no, "expected a JSON object")
+                raise bad_row(path, line_no, "expected a JSON object")
             yield line_no, row
 
 
@@ -192,7 +190,7 @@ def read_azure(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceReco
                 zoned = (line_no, has_zone)
             elif has_zone != zoned[1]:  # a row without a zone read as UTC beside one with: hours apart
                 which = "has a time zone" if has_zone else "has no time zone"
-                raise _bad(path, line_no, f"TIMESTAMP={shown(row['TIMESTAMP'])} {which}, but line {zoned[0]}'s "
+                raise bad_row(path, line_no, f"TIMESTAMP={shown(row['TIMESTAMP'])} {which}, but line {zoned[0]}'s "
                                           f"{'has one' if zoned[1] else 'has none'}: give every row's in one form")
             first = t if first is None else first
             records.append(TraceRecord(
@@ -219,12 +217,12 @@ def _azure_time(stamp: Any, path: Path, line: int) -> tuple[float, bool]:
     else:
         match = _AZURE_FRACTION.fullmatch(rest) if isinstance(stamp, str) else None
         if match is None or (dot and not match.group(1)):
-            raise _bad(path, line, f"TIMESTAMP={shown(stamp)} is not a timestamp")
+            raise bad_row(path, line, f"TIMESTAMP={shown(stamp)} is not a timestamp")
         fraction, zone = match.group(1), match.group(2) or ""
     try:
         instant = datetime.fromisoformat(date + zone)
     except ValueError:
-        raise _bad(path, line, f"TIMESTAMP={shown(stamp)} is not a timestamp") from None
+        raise bad_row(path, line, f"TIMESTAMP={shown(stamp)} is not a timestamp") from None
     has_zone = instant.tzinfo is not None
     seconds = instant.timestamp() if has_zone else (instant - _NAIVE_EPOCH).total_seconds()
     return seconds + float(f"0.{fraction or 0}"), has_zone
@@ -241,10 +239,10 @@ def read_mooncake(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceR
         output = _positive(row.get("output_length"), path, line_no, "output_length")
         hash_ids = row.get("hash_ids")
         if not isinstance(hash_ids, list) or len(hash_ids) != math.ceil(prompt / MOONCAKE_BLOCK_TOKENS):
-            raise _bad(path, line_no, f"hash_ids must list ceil(input_length / 512) = "
+            raise bad_row(path, line_no, f"hash_ids must list ceil(input_length / 512) = "
                                       f"{math.ceil(prompt / MOONCAKE_BLOCK_TOKENS)} ids")
         if not all(isinstance(h, (int, str)) and not isinstance(h, bool) for h in hash_ids):
-            raise _bad(path, line_no, "hash_ids must be integers or strings")
+            raise bad_row(path, line_no, "hash_ids must be integers or strings")
         segments = []
         for i, hash_id in enumerate(hash_ids):
             length = min(MOONCAKE_BLOCK_TOKENS, prompt - i * MOONCAKE_BLOCK_TOKENS)
@@ -268,11 +266,11 @@ def read_sharegpt_tokens(path: Path, columns: TraceColumns = NO_COLUMNS) -> list
         if ids_in is None:
             ids_out = None
         elif not isinstance(ids_in, list) or len(ids_in) != prompt or not isinstance(ids_out, list):
-            raise _bad(path, line_no, "input_tok_ids must list input_toks token ids")
+            raise bad_row(path, line_no, "input_tok_ids must list input_toks token ids")
         elif ids_out and len(ids_out) != output:  # none given is fine: the output's ids are then unknown
-            raise _bad(path, line_no, f"output_tok_ids lists {len(ids_out)} token ids, output_toks={output}")
+            raise bad_row(path, line_no, f"output_tok_ids lists {len(ids_out)} token ids, output_toks={output}")
         elif not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in (*ids_in, *ids_out)):
-            raise _bad(path, line_no, "input_tok_ids and output_tok_ids must be integer token ids (>= 0)")
+            raise bad_row(path, line_no, "input_tok_ids and output_tok_ids must be integer token ids (>= 0)")
         arrival = _seconds(row.get("arrival_time_ns"), 1e9, path, line_no, "arrival_time_ns")
         ids = None if ids_in is None or ids_out is None else tuple(ids_in) + tuple(ids_out)
         records.append(TraceRecord(arrival, prompt, output, token_ids=ids, **columns.read(row, path, line_no)))
@@ -353,142 +351,6 @@ def read_vllm_sharegpt(path: Path) -> list[TraceRecord]:
         log.warning("%s: skipped %s of %s conversations without a reply or with %s, as vLLM's benchmark does",
                     path, f"{skipped:,}", f"{len(data):,}", short)
     return records
-
-
-def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration_s: float,
-                  clients: list[int] | None) -> list[TraceRecord]:
-    """Sample requests from ServeGen's per-client model over [start_s, start_s + duration_s).
-
-    Each client's `chunk-i-trace.csv` gives, per 600 s window, a rate and the coefficient of
-    variation of gaps; arrivals are drawn from a gamma process with that rate and CV (the
-    fitted Gamma/Weibull parameters are not used). Lengths come from `chunk-i-dataset.json`'s
-    distributions for the latest window at or before the request, input and output drawn
-    with the same uniform number as ServeGen's own sampler does.
-    """
-    if not path.is_dir():
-        raise KvsimError(f"{path}: servegen needs the folder of chunk-*-trace.csv files")
-    ids = clients if clients is not None else sorted(
-        int(p.name.split("-")[1]) for p in path.glob("chunk-*-trace.csv") if p.name.split("-")[1].isdigit())
-    if not ids:
-        raise KvsimError(f"{path}: servegen needs at least one client (no chunk-<client>-trace.csv here, "
-                         f"or clients={shown(clients)})")
-    records, drawn = [], 0.0
-    for client in ids:
-        trace_file, data_file = path / f"chunk-{client}-trace.csv", path / f"chunk-{client}-dataset.json"
-        if not trace_file.is_file() or not data_file.is_file():
-            raise KvsimError(f"{path}: client {client} has no chunk-{client}-trace.csv / -dataset.json")
-        pdfs = _servegen_pdfs(data_file)
-        if not pdfs:
-            raise KvsimError(f"{data_file}: no window has length distributions")
-        with open_text(trace_file, newline="") as f:
-            for line_no, row in enumerate(csv.reader(f), start=1):
-                window, rate, cv = _servegen_window(row, trace_file, line_no)
-                lo, hi = max(window, start_s), min(window + 600.0, start_s + duration_s)
-                drawn += rate * max(hi - lo, 0.0)
-                if drawn > SERVEGEN_MAX_DRAWS:  # each draw is a Python step: a slip of units never ends
-                    raise _bad(trace_file, line_no, f"rate={shown(row[1])}: the clients' rates would draw about "
-                                                    f"{drawn:,.0f} requests over [start_s, start_s + duration_s), "
-                                                    f"more than kvsim samples ({SERVEGEN_MAX_DRAWS:,}); is it "
-                                                    "requests per second?")
-                if rate <= 0 or hi <= lo:
-                    continue
-                shape = 1.0 / max(cv, 1e-3) ** 2
-                t = lo
-                while True:
-                    t += rng.gamma(shape, 1.0 / (rate * shape))
-                    if t >= hi:
-                        break
-                    prompt, output = _servegen_lengths(pdfs, t, rng.random())
-                    records.append(TraceRecord(t - start_s, prompt, output))
-    if not records:
-        raise KvsimError(f"{path}: no ServeGen request arrives in [start_s, start_s + duration_s) = "
-                         f"[{start_s:g}, {start_s + duration_s:g}) s")
-    records.sort(key=lambda r: r.arrival_s or 0.0)
-    return records
-
-
-SERVEGEN_MAX_DRAWS = 10_000_000
-"""The most requests a ServeGen model may draw (the whole published DeepSeek-R1 day, every client, is
-about 1.4 million): a rate past it is a slip of units, and drawing it would not end."""
-
-
-def _servegen_window(row: list[str], path: Path, line: int) -> tuple[float, float, float]:
-    """(window start s, rate req/s, CV) of a `chunk-<client>-trace.csv` row (an empty CV is 1, Poisson). Each
-    must be a finite number, the rate and CV >= 0: a NaN or infinite one drew arrival gaps that never
-    advanced the clock (a run that never ended), a negative rate skipped its window without a word."""
-    if len(row) < 3:
-        raise _bad(path, line, f"expected window,rate,cv,... (got {shown(','.join(row))})")
-    values = []
-    for name, raw, minimum in (("window", row[0], -math.inf), ("rate", row[1], 0.0), ("cv", row[2] or "1", 0.0)):
-        try:
-            value = float(raw)
-        except ValueError:
-            raise _bad(path, line, f"{name}={shown(raw)} is not a number") from None
-        if not math.isfinite(value) or value < minimum:
-            bound = "a finite number" if minimum == -math.inf else "a finite number >= 0"
-            raise _bad(path, line, f"{name}={shown(raw)} is not {bound}")
-        values.append(value)
-    return values[0], values[1], values[2]
-
-
-def _servegen_pmf(raw: Any, path: Path, window: str, field: str) -> dict[int, float]:
-    """One window's `{tokens: probability}` (a Python-dict string, as ServeGen writes it): token counts whole
-    numbers >= 1, probabilities finite and >= 0 with a positive sum. A negative weight made the CDF run
-    backwards, all-zero weights a NaN one, and a length of -100 or 10.7 tokens was drawn as 1 or 10, each
-    without a word."""
-    where = f"window {window} {field}"
-    try:
-        pmf = ast.literal_eval(raw)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
-        raise KvsimError(f"{path}: {where}={shown(raw)} is not a Python dict of tokens to probabilities "
-                         f"({type(error).__name__})") from None
-    if not isinstance(pmf, dict):
-        raise KvsimError(f"{path}: {where}={shown(raw)} is not a dict of tokens to probabilities")
-    for tokens, weight in pmf.items():
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_LENGTH:
-            raise KvsimError(f"{path}: {where}: {shown(tokens)} tokens is not a whole number of tokens >= 1")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
-                or weight < 0:
-            raise KvsimError(f"{path}: {where}: {tokens} tokens has probability {shown(weight)}, not a finite "
-                             "number >= 0")
-    if pmf and not sum(pmf.values()) > 0:
-        raise KvsimError(f"{path}: {where}: every probability is 0")
-    return pmf
-
-
-def _servegen_pdfs(path: Path) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    try:
-        with open_text(path) as f:
-            raw = load_json(f.read())
-        if not isinstance(raw, dict):
-            raise TypeError("expected a JSON object of windows")
-        out = {}
-        for window, fields in raw.items():
-            inputs = _servegen_pmf(fields["input_tokens"], path, window, "input_tokens")
-            outputs = _servegen_pmf(fields["output_tokens"], path, window, "output_tokens")
-            if not inputs or not outputs:
-                continue  # a window with no recorded requests
-            in_vals = np.array(sorted(inputs))
-            out_vals = np.array(sorted(outputs))
-            in_cdf = np.cumsum([inputs[v] for v in in_vals])
-            out_cdf = np.cumsum([outputs[v] for v in out_vals])
-            start = float(window)
-            if not math.isfinite(start):
-                raise KvsimError(f"{path}: window {window!r} is not a finite start time (s)")
-            out[start] = (in_vals, in_cdf / in_cdf[-1], out_vals, out_cdf / out_cdf[-1])
-        return out
-    except KvsimError:
-        raise
-    except (ValueError, KeyError, SyntaxError, TypeError, AttributeError, IndexError) as error:
-        raise KvsimError(f"{path}: malformed ServeGen dataset ({error})") from None
-
-
-def _servegen_lengths(pdfs, t: float, u: float) -> tuple[int, int]:
-    window = max((w for w in pdfs if w <= t), default=min(pdfs))
-    in_vals, in_cdf, out_vals, out_cdf = pdfs[window]
-    prompt = int(in_vals[min(np.searchsorted(in_cdf, u), len(in_vals) - 1)])
-    output = int(out_vals[min(np.searchsorted(out_cdf, u), len(out_vals) - 1)])
-    return max(1, prompt), max(1, output)
 
 
 # the row formats: each reads the optional per-request columns too

@@ -1,0 +1,154 @@
+"""ServeGen's per-client workload model (a folder of `chunk-<client>-trace.csv` rates per 10-minute window
+and `chunk-<client>-dataset.json` length distributions per window): requests sampled from it, seeded.
+The row-per-request trace formats are `kvsim.workload.traces`'."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvsim.model.errors import KvsimError, shown
+from kvsim.model.yaml_io import load_json
+from kvsim.workload.files import open_text
+from kvsim.workload.traces import MAX_LENGTH, TraceRecord, bad_row
+
+
+def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration_s: float,
+                  clients: list[int] | None) -> list[TraceRecord]:
+    """Sample requests from ServeGen's per-client model over [start_s, start_s + duration_s).
+
+    Each client's `chunk-i-trace.csv` gives, per 600 s window, a rate and the coefficient of
+    variation of gaps; arrivals are drawn from a gamma process with that rate and CV (the
+    fitted Gamma/Weibull parameters are not used). Lengths come from `chunk-i-dataset.json`'s
+    distributions for the latest window at or before the request, input and output drawn
+    with the same uniform number as ServeGen's own sampler does.
+    """
+    if not path.is_dir():
+        raise KvsimError(f"{path}: servegen needs the folder of chunk-*-trace.csv files")
+    ids = clients if clients is not None else sorted(
+        int(p.name.split("-")[1]) for p in path.glob("chunk-*-trace.csv") if p.name.split("-")[1].isdigit())
+    if not ids:
+        raise KvsimError(f"{path}: servegen needs at least one client (no chunk-<client>-trace.csv here, "
+                         f"or clients={shown(clients)})")
+    records, drawn = [], 0.0
+    for client in ids:
+        trace_file, data_file = path / f"chunk-{client}-trace.csv", path / f"chunk-{client}-dataset.json"
+        if not trace_file.is_file() or not data_file.is_file():
+            raise KvsimError(f"{path}: client {client} has no chunk-{client}-trace.csv / -dataset.json")
+        pdfs = _servegen_pdfs(data_file)
+        if not pdfs:
+            raise KvsimError(f"{data_file}: no window has length distributions")
+        with open_text(trace_file, newline="") as f:
+            for line_no, row in enumerate(csv.reader(f), start=1):
+                window, rate, cv = _servegen_window(row, trace_file, line_no)
+                lo, hi = max(window, start_s), min(window + 600.0, start_s + duration_s)
+                drawn += rate * max(hi - lo, 0.0)
+                if drawn > SERVEGEN_MAX_DRAWS:  # each draw is a Python step: a slip of units never ends
+                    raise bad_row(trace_file, line_no, f"rate={shown(row[1])}: the clients' rates would draw about "
+                                                    f"{drawn:,.0f} requests over [start_s, start_s + duration_s), "
+                                                    f"more than kvsim samples ({SERVEGEN_MAX_DRAWS:,}); is it "
+                                                    "requests per second?")
+                if rate <= 0 or hi <= lo:
+                    continue
+                shape = 1.0 / max(cv, 1e-3) ** 2
+                t = lo
+                while True:
+                    t += rng.gamma(shape, 1.0 / (rate * shape))
+                    if t >= hi:
+                        break
+                    prompt, output = _servegen_lengths(pdfs, t, rng.random())
+                    records.append(TraceRecord(t - start_s, prompt, output))
+    if not records:
+        raise KvsimError(f"{path}: no ServeGen request arrives in [start_s, start_s + duration_s) = "
+                         f"[{start_s:g}, {start_s + duration_s:g}) s")
+    records.sort(key=lambda r: r.arrival_s or 0.0)
+    return records
+
+
+SERVEGEN_MAX_DRAWS = 10_000_000
+"""The most requests a ServeGen model may draw (the whole published DeepSeek-R1 day, every client, is
+about 1.4 million): a rate past it is a slip of units, and drawing it would not end."""
+
+
+def _servegen_window(row: list[str], path: Path, line: int) -> tuple[float, float, float]:
+    """(window start s, rate req/s, CV) of a `chunk-<client>-trace.csv` row (an empty CV is 1, Poisson). Each
+    must be a finite number, the rate and CV >= 0: a NaN or infinite one drew arrival gaps that never
+    advanced the clock (a run that never ended), a negative rate skipped its window without a word."""
+    if len(row) < 3:
+        raise bad_row(path, line, f"expected window,rate,cv,... (got {shown(','.join(row))})")
+    values = []
+    for name, raw, minimum in (("window", row[0], -math.inf), ("rate", row[1], 0.0), ("cv", row[2] or "1", 0.0)):
+        try:
+            value = float(raw)
+        except ValueError:
+            raise bad_row(path, line, f"{name}={shown(raw)} is not a number") from None
+        if not math.isfinite(value) or value < minimum:
+            bound = "a finite number" if minimum == -math.inf else "a finite number >= 0"
+            raise bad_row(path, line, f"{name}={shown(raw)} is not {bound}")
+        values.append(value)
+    return values[0], values[1], values[2]
+
+
+def _servegen_pmf(raw: Any, path: Path, window: str, field: str) -> dict[int, float]:
+    """One window's `{tokens: probability}` (a Python-dict string, as ServeGen writes it): token counts whole
+    numbers >= 1, probabilities finite and >= 0 with a positive sum. A negative weight made the CDF run
+    backwards, all-zero weights a NaN one, and a length of -100 or 10.7 tokens was drawn as 1 or 10, each
+    without a word."""
+    where = f"window {window} {field}"
+    try:
+        pmf = ast.literal_eval(raw)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
+        raise KvsimError(f"{path}: {where}={shown(raw)} is not a Python dict of tokens to probabilities "
+                         f"({type(error).__name__})") from None
+    if not isinstance(pmf, dict):
+        raise KvsimError(f"{path}: {where}={shown(raw)} is not a dict of tokens to probabilities")
+    for tokens, weight in pmf.items():
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_LENGTH:
+            raise KvsimError(f"{path}: {where}: {shown(tokens)} tokens is not a whole number of tokens >= 1")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
+                or weight < 0:
+            raise KvsimError(f"{path}: {where}: {tokens} tokens has probability {shown(weight)}, not a finite "
+                             "number >= 0")
+    if pmf and not sum(pmf.values()) > 0:
+        raise KvsimError(f"{path}: {where}: every probability is 0")
+    return pmf
+
+
+def _servegen_pdfs(path: Path) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    try:
+        with open_text(path) as f:
+            raw = load_json(f.read())
+        if not isinstance(raw, dict):
+            raise TypeError("expected a JSON object of windows")
+        out = {}
+        for window, fields in raw.items():
+            inputs = _servegen_pmf(fields["input_tokens"], path, window, "input_tokens")
+            outputs = _servegen_pmf(fields["output_tokens"], path, window, "output_tokens")
+            if not inputs or not outputs:
+                continue  # a window with no recorded requests
+            in_vals = np.array(sorted(inputs))
+            out_vals = np.array(sorted(outputs))
+            in_cdf = np.cumsum([inputs[v] for v in in_vals])
+            out_cdf = np.cumsum([outputs[v] for v in out_vals])
+            start = float(window)
+            if not math.isfinite(start):
+                raise KvsimError(f"{path}: window {window!r} is not a finite start time (s)")
+            out[start] = (in_vals, in_cdf / in_cdf[-1], out_vals, out_cdf / out_cdf[-1])
+        return out
+    except KvsimError:
+        raise
+    except (ValueError, KeyError, SyntaxError, TypeError, AttributeError, IndexError) as error:
+        raise KvsimError(f"{path}: malformed ServeGen dataset ({error})") from None
+
+
+def _servegen_lengths(pdfs, t: float, u: float) -> tuple[int, int]:
+    window = max((w for w in pdfs if w <= t), default=min(pdfs))
+    in_vals, in_cdf, out_vals, out_cdf = pdfs[window]
+    prompt = int(in_vals[min(np.searchsorted(in_cdf, u), len(in_vals) - 1)])
+    output = int(out_vals[min(np.searchsorted(out_cdf, u), len(out_vals) - 1)])
+    return max(1, prompt), max(1, output)
