@@ -373,6 +373,12 @@ CASES = [
     ("profile-meta-a-list", bundle(meta="- gpu\n- model\n"), IMPORT_B, "meta.yaml: expected a mapping"),
     ("profile-meta-bad-tp-degrees", bundle(meta=BUNDLE_META.replace("[1]", "[one]")), IMPORT_B,
      "tp_degrees must list integers"),
+    # int() truncated these: a TP degree of 1.5 read as 1, 12.5 heads (times the TP) as 12, without a word
+    ("profile-meta-fractional-tp-degree", bundle(meta=BUNDLE_META.replace("[1]", "[1.5]")), IMPORT_B,
+     "tp_degrees must list integers"),
+    ("profile-meta-fractional-override", bundle(meta=BUNDLE_META + "engine_effective: {hf_overrides: "
+                                                "{num_attention_heads: 12.5}}\n"), IMPORT_B,
+     "engine_effective.hf_overrides map shape names to integers"),
     ("profile-truncated-csv", bundle(dense=BUNDLE_DENSE + "down_proj,256"), IMPORT_B,
      "dense.csv: time_us=None is not a number"),
     ("profile-text-in-a-size", bundle(dense=BUNDLE_DENSE.replace("qkv_proj,256", "qkv_proj,lots")), IMPORT_B,

@@ -75,6 +75,17 @@ def _whole(row: dict[str, str], column: str, path: Path) -> int:
         raise KvsimError(f"profile {path}: {column}={row[column]!r} is not a whole number") from None
 
 
+def _count(value: Any) -> int:
+    """A count of at least 1 (an int, or a float or text holding one); anything else raises ValueError or
+    TypeError: `int()` read `tp_degrees: [1.5]` as 1 and an override of 12.5 heads as 12, without a word."""
+    if isinstance(value, bool):
+        raise TypeError(value)
+    number = float(value)
+    if not number.is_integer() or number < 1:
+        raise ValueError(value)
+    return int(number)
+
+
 def _meta(root: Path, raw: dict[str, Any], tp: int) -> dict[str, str]:
     variant = str(raw.get("variant", ""))
     weight, _, kv = variant.partition("-kv")
@@ -84,11 +95,11 @@ def _meta(root: Path, raw: dict[str, Any], tp: int) -> dict[str, str]:
             "source_path": str(root), "source_format": "LLMServingSim profile bundle"}
     overrides = (raw.get("engine_effective") or {}).get("hf_overrides") or {}
     degrees = raw.get("tp_degrees") or [tp]
-    rank_tp = max(int(d) for d in degrees)  # the overrides are the per-rank shapes of the last (largest) degree
+    rank_tp = max(_count(d) for d in degrees)  # the overrides are the per-rank shapes of the last (largest) degree
     for ours, theirs in (("num_attention_heads", "num_attention_heads"), ("num_kv_heads", "num_key_value_heads"),
                          ("intermediate_size", "intermediate_size"), ("vocab_size", "vocab_size")):
         if theirs in overrides:
-            meta[ours] = str(int(overrides[theirs]) * rank_tp)
+            meta[ours] = str(_count(overrides[theirs]) * rank_tp)
     meta.update({k: str(raw[k]) for k in PROVENANCE if k in raw})
     return meta
 
