@@ -21,6 +21,7 @@ loaders: `kvsim.model.config`. A leaf of kvsim: it imports nothing of kvsim.
 from __future__ import annotations
 
 from collections import abc
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -89,6 +90,19 @@ class Settings(BaseModel):
                 if where is not None:
                     raise ValueError(f"{name}{where}: expected a number, not a boolean")
         return data
+
+    def refuse_unread(self, mode: str, readers: Mapping[str, Sequence[str]], show: Callable[[Any], str],
+                      only: str | None = None) -> None:
+        """Raise `ValueError` for the first field of `readers` (field -> the values of the field `mode` that
+        read it) set to another value than its default while `mode` holds none of those: given where it has
+        no effect, it was dropped without a word. Defaults pass (a written scenario carries every one). The
+        message is `name=<show(value)>: mode=<its value> does not read it (only <only, or the readers>)`."""
+        current = getattr(self, mode)
+        for name, modes in readers.items():
+            value = getattr(self, name)
+            if current not in modes and value != type(self).model_fields[name].default:
+                raise ValueError(f"{name}={show(value)}: {mode}={current} does not read it "
+                                 f"(only {only or ', '.join(modes)})")
 
 
 LayerType = Literal["full_attention", "sliding_attention", "chunked_attention"]

@@ -86,11 +86,8 @@ class PlanSpec(Settings):
     def _rate_knobs_need_a_rate_search(self) -> PlanSpec:
         """`capacity_headroom` and `rel_tol` size a rate search only: beside `search: replicas` (the default) one
         was dropped without a word. Their defaults pass."""
-        if self.search != "rate":
-            for name in ("capacity_headroom", "rel_tol"):
-                value = getattr(self, name)
-                if value != type(self).model_fields[name].default:
-                    raise ValueError(f"{name}={value:g}: search={self.search} does not read it (only search=rate)")
+        self.refuse_unread("search", dict.fromkeys(("capacity_headroom", "rel_tol"), ("rate",)), "{:g}".format,
+                           only="search=rate")
         return self
 
     @model_validator(mode="after")

@@ -52,11 +52,8 @@ class Router(Settings):
         """`load_bound`, `load_slack` and `match_threshold` steer the affinity policy only: beside another
         policy (`{policy: round_robin, load_bound: 3}`) one was dropped without a word. The defaults (written in
         every scenario) pass."""
-        if self.policy != "affinity":
-            for name in ("load_bound", "load_slack", "match_threshold"):
-                value = getattr(self, name)
-                if value != type(self).model_fields[name].default:
-                    raise ValueError(f"{name}={value:g}: policy={self.policy} does not read it (only affinity)")
+        self.refuse_unread("policy", dict.fromkeys(("load_bound", "load_slack", "match_threshold"), ("affinity",)),
+                           "{:g}".format)
         return self
 
 

@@ -121,9 +121,7 @@ class Arrival(Settings):
     def _cv_read_by_gamma(self) -> Arrival:
         """Only gamma gaps have a coefficient of variation to set (Poisson's is 1, constant's 0): `cv: 3` beside
         `process: poisson` drew Poisson arrivals without a word. The default (written in every scenario) passes."""
-        if self.process != "gamma" and self.cv != type(self).model_fields["cv"].default:
-            raise ValueError(f"cv={self.cv:g}: process={self.process} does not read it (only gamma, whose gaps "
-                             "it shapes)")
+        self.refuse_unread("process", {"cv": ("gamma",)}, "{:g}".format, only="gamma, whose gaps it shapes")
         return self
 
 
@@ -198,13 +196,8 @@ class Trace(Settings):
         """`clients` and `duration_s` choose what ServeGen's per-client model samples, and `start_s` skips
         rows by their timestamps: a format that does not read one ignored it without a word. A written
         scenario carries every default, so only another value is refused."""
-        readers = {"clients": ("servegen",), "duration_s": ("servegen",),
-                   "start_s": ("azure", "mooncake", "sharegpt_tokens", "servegen")}
-        for name, formats in readers.items():
-            value = getattr(self, name)
-            if self.format not in formats and value is not None and value != type(self).model_fields[name].default:
-                raise ValueError(f"{name}={shown(value)}: format={self.format} does not read it (only "
-                                 f"{', '.join(formats)})")
+        self.refuse_unread("format", {"clients": ("servegen",), "duration_s": ("servegen",),
+                                      "start_s": ("azure", "mooncake", "sharegpt_tokens", "servegen")}, shown)
         return self
 
 
@@ -266,13 +259,9 @@ class LatencyConfig(Settings):
         not read it, a field was dropped without a word (`profile: nope.csv` beside `model: roofline` ran the
         roofline, the file never opened). A written scenario carries every default, so only another value is
         refused."""
-        readers = {"profile": ("calibrated",), "step_s": ("constant",), "overhead_s": ("roofline", "calibrated"),
-                   "overlap_swap": ("roofline", "calibrated")}
-        for name, models in readers.items():
-            value = getattr(self, name)
-            if self.model not in models and value != type(self).model_fields[name].default:
-                raise ValueError(f"{name}={shown(value)}: model={self.model} does not read it (only "
-                                 f"{', '.join(models)})")
+        self.refuse_unread("model", {"profile": ("calibrated",), "step_s": ("constant",),
+                                     "overhead_s": ("roofline", "calibrated"),
+                                     "overlap_swap": ("roofline", "calibrated")}, shown)
         return self
 
 
