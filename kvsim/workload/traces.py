@@ -215,7 +215,7 @@ def _azure_time(stamp: Any, path: Path, line: int) -> tuple[float, bool]:
     if rest.isdigit():  # the 2023 form
         fraction, zone = rest, ""
     else:
-        match = _AZURE_FRACTION.fullmatch(rest) if isinstance(stamp, str) else None
+        match = _AZURE_FRACTION.fullmatch(rest)  # not text: '' matches, and `fromisoformat('')` refuses it
         if match is None or (dot and not match.group(1)):
             raise bad_row(path, line, f"TIMESTAMP={shown(stamp)} is not a timestamp")
         fraction, zone = match.group(1), match.group(2) or ""
