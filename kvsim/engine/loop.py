@@ -189,6 +189,7 @@ def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: Iterable[R
 
 def least_loaded(schedulers: Sequence[Scheduler]) -> int:
     """vLLM's DP load balancing: the engine with the lowest `4 · waiting + running`, the first on a
-    tie (vllm/v1/engine/core_client.py, DPLBAsyncMPClient.get_core_engine_for_request)."""
-    scores = [4 * len(s.waiting) + len(s.running) for s in schedulers]
+    tie (vllm/v1/engine/core_client.py, DPLBAsyncMPClient.get_core_engine_for_request), from the counts each
+    engine reports (`Scheduler.get_request_counts`: a request loading its KV is waiting)."""
+    scores = [4 * s.num_waiting + len(s.running) for s in schedulers]
     return scores.index(min(scores))

@@ -147,8 +147,9 @@ class Engine:
 
     @property
     def num_waiting(self) -> int:
-        """`vllm:num_requests_waiting` as kvsim reports it: the queue and the inbox (its requests have arrived)."""
-        return len(self.scheduler.waiting) + len(self.inbox)
+        """`vllm:num_requests_waiting` as kvsim reports it: the scheduler's (`num_waiting`) and the inbox (its
+        requests have arrived)."""
+        return self.scheduler.num_waiting + len(self.inbox)
 
     def snapshot(self) -> SchedulerSnapshot:
         """The scheduler's state for a step row, the inbox counted as waiting (`num_waiting`)."""

@@ -133,7 +133,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
 
     def snapshot(self) -> SchedulerSnapshot:
         """The queues and the KV pool now (a step row's state)."""
-        return SchedulerSnapshot(len(self.running), len(self.waiting), len(self.swapped), self.num_preemptions,
+        return SchedulerSnapshot(len(self.running), self.num_waiting, len(self.swapped), self.num_preemptions,
                                  occupancy(self.alloc, self.next_request_slots()),
                                  None if self.speculation is None else self.draft_rejected_slots())
 

@@ -30,6 +30,13 @@ class OffloadScheduling:
     loading: dict[int, tuple[Request, int]]
     _next_stored_block: dict[int, int]
 
+    @property
+    def num_waiting(self) -> int:
+        """`vllm:num_requests_waiting`: the queue and the requests loading their prefix from the tiers. vLLM
+        keeps a WAITING_FOR_REMOTE_KVS request in its waiting queue (`Scheduler.schedule` puts it back with the
+        skipped ones) and reports `len(self.waiting)` (`make_stats`, `get_request_counts`)."""
+        return len(self.waiting) + len(self.loading)
+
     def start_load(self, req: Request, hit: PrefixHit, now: float) -> bool:
         """For the waiting head `req` (whose whole prompt fits after `hit`): if the offload tiers hold its
         prefix past the GPU hit, take the GPU blocks of its whole prompt, start loading those blocks and
