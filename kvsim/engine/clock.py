@@ -145,6 +145,11 @@ class Arrivals:
         at_s = self._times[self.num_arrived]
         return env.timeout(delay_until(env.now, at_s)) if at_s > env.now else None
 
+    @property
+    def next_delivery_s(self) -> float:
+        """When the arrival process delivers the next request, unless something holds it back (`delivery_instants`)."""
+        return self._delivered[self.num_arrived]
+
     def horizon_s(self, num_ahead: int) -> float:
         """When the `num_ahead`-th next request arrives (inf past the last one)."""
         index = self.num_arrived + num_ahead - 1

@@ -112,7 +112,8 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
 def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request], dispatch: Dispatch,
                 check: bool = False, progress: ProgressFn | None = None, bursts: bool = True,
                 num_requests: int | None = None,
-                clocks: Callable[[simpy.Environment, Arrivals], Sequence[ArrivalClock]] | None = None) -> None:
+                clocks: Callable[[simpy.Environment, Arrivals], Sequence[ArrivalClock]] | None = None,
+                max_in_flight: int | None = None) -> None:
     """Run engine groups (one engine each, or a lockstep data-parallel group) in one simulated clock;
     each arriving request goes to engine `dispatch(req, now)` (an index into the groups' engines, in order).
 
@@ -126,6 +127,12 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request],
     ends. `num_requests`: the total for `progress` (default: the number of requests).
     `clocks(env, arrivals)`, if given, is called once the clock exists and returns the arrival clock
     each group's loop reads (default: the run's arrivals): engines fed by other engines, not by arrivals.
+    `max_in_flight` (a closed-loop client, `workload.max_concurrency`): a request that arrives while that many
+    are in flight (sent and not yet finished or rejected, over every engine) waits in the client, first come
+    first sent, until one ends; it is then sent at that instant, which becomes its `arrival_s` (the wait is its
+    `client_queue_s`), as `vllm bench serve --max-concurrency` sends. Every engine wakes the client at each of
+    its step boundaries (`Engine.at_step_boundary`, which must be unset), and decode bursts are off: their
+    look-ahead knows the arrival instants, not when a slot frees.
     """
     env = simpy.Environment()
     arrivals = Arrivals(requests)
@@ -138,12 +145,27 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request],
             if engine.scheduler.offload is not None:
                 engine.scheduler.offload.on_next_load_end = _ring_at(env, wakeup)
 
+    slot_freed = Wakeup(env)  # rung only for a closed-loop client
+    if max_in_flight is not None:
+        bursts = False
+        for engine in engines:
+            assert engine.at_step_boundary is None, "a closed-loop client's engines mark no other step boundary"
+            engine.at_step_boundary = lambda now: slot_freed.ring()
+
     def arrival_process() -> Generator:
+        num_sent = 0
         while not arrivals.all_arrived:
             if (delivery := arrivals.wait_for_next(env)) is not None:
                 yield delivery
+            while max_in_flight is not None and num_sent - sum(len(e.scheduler.records) for e in engines) >= \
+                    max_in_flight:
+                yield from slot_freed.wait()
+            held_back = env.now > arrivals.next_delivery_s
             req = arrivals.pop()
+            if held_back:  # sent now: vllm bench serve's TTFT and E2E count from the send, its queue_times the wait
+                req.client_queue_s, req.arrival_s = env.now - req.arrival_s, env.now
             engines[dispatch(req, env.now)].deliver(env.now, req)
+            num_sent += 1
         for group in groups:  # idle engines learn that nothing more will come, and end
             group[0].wakeup.ring()
 
@@ -180,10 +202,11 @@ def _ring_at(env: simpy.Environment, wakeup: Wakeup) -> Callable[[float], None]:
 
 def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: Iterable[Request], check: bool = False,
                progress: ProgressFn | None = None, bursts: bool = True, recorder: StepRecorder | None = None,
-               num_requests: int | None = None) -> StepRecorder:
+               num_requests: int | None = None, max_in_flight: int | None = None) -> StepRecorder:
     """Run arrivals and one engine's step loop to completion (`run_engines` with one engine)."""
     engine = Engine(scheduler, latency, recorder if recorder is not None else StepRecorder())
-    run_engines([[engine]], requests, lambda req, now: 0, check, progress, bursts, num_requests)
+    run_engines([[engine]], requests, lambda req, now: 0, check, progress, bursts, num_requests,
+                max_in_flight=max_in_flight)
     return engine.recorder
 
 

@@ -48,7 +48,7 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     group = [Engine(p.scheduler, p.latency, steps.rank(i)) for i, p in enumerate(parts)]
     requests = iter_requests(scenario, parts[0].spec.max_model_len, rng)
     run_engines([group], requests, lambda req, now: least_loaded(schedulers), check,
-                num_requests=scenario.workload.num_requests)
+                num_requests=scenario.workload.num_requests, max_in_flight=scenario.workload.max_concurrency)
     tables: list[dict[str, np.ndarray]] = []  # each rank's requests by request_id, with its dp_rank
     for i, (p, engine) in enumerate(zip(parts, group, strict=True)):
         table = dict(engine_result(scenario, p, engine.recorder).request_columns)
@@ -129,5 +129,5 @@ def simulate_single(scenario: Scenario, check: bool, progress: ProgressFn | None
     requests = iter_requests(scenario, parts.spec.max_model_len, rng)
     num_requests = scenario.workload.num_requests  # an upper bound for progress (a trace may hold fewer)
     run_engine(parts.scheduler, parts.latency, requests, check=check, progress=progress, bursts=bursts,
-               recorder=recorder, num_requests=num_requests)
+               recorder=recorder, num_requests=num_requests, max_in_flight=scenario.workload.max_concurrency)
     return engine_result(scenario, parts, recorder, steps_path=steps_path)

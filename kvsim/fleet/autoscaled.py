@@ -253,7 +253,8 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
         return replica
 
     run_engines([[engine] for engine in engines], requests, dispatch, check, progress, bursts,
-                num_requests=scenario.workload.num_requests, clocks=scaler.start)
+                num_requests=scenario.workload.num_requests, clocks=scaler.start,
+                max_in_flight=scenario.workload.max_concurrency)
     billed_span_s = scaler.env.now
     scaler.finish()
     runs = [engine_result(s, p, e.recorder) for s, p, e in zip(specs, parts, engines, strict=True)]

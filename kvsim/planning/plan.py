@@ -86,6 +86,9 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
     if base.replicas is not None:
         raise KvsimError(f"replicas={base.replicas_shown}: plan searches the replica count; remove it from the "
                          "scenario")
+    if base.workload.max_concurrency is not None:  # a closed loop's queue waits in the client, never grows
+        raise KvsimError(f"workload.max_concurrency={base.workload.max_concurrency}: plan sizes a fleet for open-loop "
+                         "traffic (requests arrive whether or not earlier ones ended); remove it from the scenario")
     check_slo_classes(base, spec)
     for gpu in dict.fromkeys(spec.gpus):
         load_gpu(gpu)

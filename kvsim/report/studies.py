@@ -121,6 +121,9 @@ class Study:
             raise KvsimError(f"replicas={given}: kvsim report studies one engine; report on one "
                              "replica with --set replicas=null (dropping any router, autoscaler or "
                              "kv_transfer_config), or size a fleet with kvsim plan")
+        if base.workload.max_concurrency is not None:  # its load curves and sustained rates vary the arrival rate
+            raise KvsimError(f"workload.max_concurrency={base.workload.max_concurrency}: kvsim report studies "
+                             "open-loop traffic at several rates; run it with --set workload.max_concurrency=null")
         self.base = variant(base, f"workload.num_requests={cfg.num_requests}")
         self.cfg = cfg
         spec = resolve_engine(self.base)

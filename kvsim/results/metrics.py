@@ -333,6 +333,7 @@ def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, sch
         "waste_of_allocated": of_allocated,
         "saturated": saturated_summary(totals, duration),
         **({"by_priority": by_priority(requests)} if "priority" in requests else {}),
+        **({"client_queue_s": percentiles(col("client_queue_s"))} if "client_queue_s" in requests else {}),
         **({"spec_decode": scheduler.spec_decode.summary(duration)} if scheduler.spec_decode is not None else {}),
     }
 

@@ -12,8 +12,10 @@ rejected requests (a dict by row).
 Columns, with vLLM's metric names where one exists (see `kvsim.results.metrics`):
 `request_id, arrival_s, first_scheduled_s, first_token_s, finish_s, ttft_s, tpot_s, e2e_s,
 queue_s, prompt_tokens, output_tokens, num_samples, prefix_hit_tokens, num_preemptions,
-status, reject_reason`, and `priority` (vLLM's request priority) when some request's is not 0:
-a run without priorities writes the table it always wrote.
+status, reject_reason`, `priority` (vLLM's request priority) when some request's is not 0, and
+`client_queue_s` (a closed-loop client's wait for a free slot before `arrival_s`, the instant it sent the
+request; `workload.max_concurrency`) when some request's is not 0: a run without either writes the table it
+always wrote.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from kvsim.workload.request import Request, RequestStatus
 
 _STATUSES = tuple(RequestStatus)
 _STATUS_CODE = {status: code for code, status in enumerate(_STATUSES)}
-_TIMES = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s")
+_TIMES = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "client_queue_s")
 # the integer columns; `add` takes them from the request's request_id, prompt_len, output_len, num_samples,
 # num_prefix_hit_tokens, num_preemptions and priority, in this order
 _INTS = ("request_id", "prompt_tokens", "output_tokens", "num_samples", "prefix_hit_tokens", "num_preemptions",
@@ -67,7 +69,7 @@ class RequestRecords:
         arrival, scheduled, first, finish = req.arrival_s, req.first_scheduled_s, req.first_token_s, req.finish_s
         self._times.frombytes(_PACK_TIMES(  # in `_TIMES` order
             np.nan if arrival is None else arrival, np.nan if scheduled is None else scheduled,
-            np.nan if first is None else first, np.nan if finish is None else finish))
+            np.nan if first is None else first, np.nan if finish is None else finish, req.client_queue_s))
         self._ints.frombytes(_PACK_INTS(req.request_id, req.prompt_len, req.output_len, req.num_samples,
                                         req.num_prefix_hit_tokens, req.num_preemptions, req.priority))
         self._status.append(_STATUS_CODE[req.status])
@@ -98,7 +100,7 @@ class RequestRecords:
         else:
             times, int_rows = np.zeros((0, len(_TIMES))), np.zeros((0, len(_INTS)), dtype=np.int64)
         order = np.argsort(int_rows[:, 0], kind="stable")  # request_id, `_INTS`' first
-        arrival, scheduled, first, finish = (times[order, i] for i in range(len(_TIMES)))
+        arrival, scheduled, first, finish, client_queue = (times[order, i] for i in range(len(_TIMES)))
         ints = {name: int_rows[order, i] for i, name in enumerate(_INTS)}
         output = ints["output_tokens"]
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -119,4 +121,6 @@ class RequestRecords:
         }
         if ints["priority"].any():
             table["priority"] = ints["priority"]
+        if client_queue.any():
+            table["client_queue_s"] = client_queue
         return table

@@ -117,6 +117,7 @@ def summary_table(summary: dict[str, Any]):  # -> rich.table.Table
         ("TPOT (s)", pct(summary["tpot_s"])),
         ("E2E (s)", pct(summary["e2e_s"])),
         ("queue (s)", pct(summary["queue_s"])),
+        *([("client queue (s)", pct(summary["client_queue_s"]))] if "client_queue_s" in summary else []),
         ("running", f"max {summary['max_running']}, mean {summary['mean_running']:.1f}"),
         ("sustained (while queued)", _sustained(summary["saturated"])),
         ("KV usage", f"mean {usage['mean']:.1%}, max {usage['max']:.1%} of {summary['num_gpu_blocks']:,} blocks"),

@@ -26,6 +26,10 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
     Arrivals are the requests' `start_times` (client send instants); a file without them gets
     arrivals at the recorded `request_rate` (Poisson, or gamma with the file's `burstiness`),
     seeded, and says so in the notes. Failed requests (non-empty `errors`) are left out.
+    With `max_concurrency` (`--max-concurrency`: a closed-loop client) the replay keeps that cap
+    (`workload.max_concurrency`) and its requests arrive when the client had them: each send less its
+    wait for a slot (`queue_times`), or, where those are not recorded, all at once at an infinite
+    `request_rate` (vLLM hands the client every request at the start), else at the sends.
     """
     raw = read_json(path)
     if not isinstance(raw, dict):
@@ -39,8 +43,9 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
     n = len(lists["input_lens"]) if isinstance(lists["input_lens"], list) else 0
     latencies = raw.get("latencies") if raw.get("latencies") is not None else raw.get("e2els")
     errors = raw.get("errors") or [""] * n
-    starts = raw.get("start_times")
-    optional = [(key, value) for key, value in (("latencies", latencies), ("start_times", starts)) if value is not None]
+    starts, waits = raw.get("start_times"), raw.get("queue_times")
+    optional = [(key, value) for key, value in (("latencies", latencies), ("start_times", starts),
+                                                ("queue_times", waits)) if value is not None]
     for key, value in (*lists.items(), ("errors", errors), *optional):  # an optional list is whole or absent
         if not isinstance(value, list):
             raise KvsimError(f"{path}: {key}={value!r:.60} is not a list (one entry per request)")
@@ -74,17 +79,27 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
         arrival = _bench_arrivals(raw, len(ok), path)
         notes.append("the file has no start_times: arrivals are resampled at its request_rate, so only "
                      "aggregate statistics are comparable")
-    records = [TraceRecord(float(a - arrival.min()), int(p), int(o))
-               for a, p, o in sorted(zip(arrival, prompt, output, strict=True), key=lambda t: t[0])]
+    max_concurrency = _max_concurrency(raw.get("max_concurrency"), path)
+    client = arrival
+    if max_concurrency is not None:
+        if waits is not None and starts is not None:
+            wait = _values(waits, ok, "queue_times", path)
+            if (wait < 0).any():
+                i = ok[int(np.flatnonzero(wait < 0)[0])]
+                raise KvsimError(f"{path}: queue_times[{i}]={waits[i]!r} is negative; not a physical measurement")
+            client = arrival - wait
+        elif _infinite_rate(raw):
+            client = np.full(len(ok), arrival.min())
+        notes.append(f"the client kept at most {max_concurrency} requests in flight; the replay does too "
+                     "(workload.max_concurrency), its TTFT and E2E counted from each send")
+    records = [TraceRecord(float(a - client.min()), int(p), int(o))
+               for a, p, o in sorted(zip(client, prompt, output, strict=True), key=lambda t: t[0])]
     engine: dict[str, Any] = {}
-    if raw.get("max_concurrency"):
-        notes.append(f"the client capped concurrency at {raw['max_concurrency']}; kvsim replays the "
-                     "recorded send times as open-loop arrivals")
     notes.append("client-side timings: TTFT includes HTTP and detokenization overheads the engine does not see")
     return MeasuredRun(
         name=path.stem, source="vllm-bench", model_id=str(raw.get("model_id") or raw.get("tokenizer_id") or ""),
         requests=request_frame(arrival, arrival + ttft, arrival + e2e, prompt, output),
-        records=records, engine=engine, notes=notes,
+        records=records, engine=engine, notes=notes, max_concurrency=max_concurrency,
     )
 
 
@@ -126,15 +141,33 @@ def _check_bench_times(ttft: np.ndarray, e2e: np.ndarray, ok: list[int], itls: l
                              "(latencies, or ttfts plus itls); not a physical measurement")
 
 
-def _bench_arrivals(raw: dict[str, Any], n: int, path: Path) -> np.ndarray:
+def _infinite_rate(raw: dict[str, Any]) -> bool:
+    """`vllm bench serve`'s default `request_rate` (inf, saved as "inf"): every request is handed over at once."""
     rate = raw.get("request_rate")
-    if rate in (None, "inf") or (isinstance(rate, float) and math.isinf(rate) and rate > 0):
+    return rate in (None, "inf") or (isinstance(rate, float) and math.isinf(rate) and rate > 0)
+
+
+def _max_concurrency(value: Any, path: Path) -> int | None:
+    """The file's `max_concurrency` (None: the client had no cap), a positive whole number or refused."""
+    if value is None:
+        return None
+    if not is_number(value) or value < 1 or value != int(value):
+        raise KvsimError(f"{path}: max_concurrency={value!r} is not a positive whole number")
+    return int(value)
+
+
+def _positive(value: Any, key: str, path: Path) -> float:
+    if not is_number(value) or value <= 0:
+        raise KvsimError(f"{path}: {key}={value!r} is not a positive number")
+    return float(value)
+
+
+def _bench_arrivals(raw: dict[str, Any], n: int, path: Path) -> np.ndarray:
+    if _infinite_rate(raw):
         return np.zeros(n)
-    burstiness = 1.0 if raw.get("burstiness") is None else raw["burstiness"]
-    for key, value in (("request_rate", rate), ("burstiness", burstiness)):
-        if not is_number(value) or value <= 0:
-            raise KvsimError(f"{path}: {key}={value!r} is not a positive number")
+    rate = _positive(raw.get("request_rate"), "request_rate", path)
+    burstiness = _positive(1.0 if raw.get("burstiness") is None else raw["burstiness"], "burstiness", path)
     rng = np.random.default_rng(0)
-    gaps = rng.gamma(float(burstiness), 1.0 / (float(rate) * burstiness), size=n)  # vLLM's get_request
+    gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), size=n)  # vLLM's get_request
     gaps[0] = 0.0
     return np.cumsum(gaps)

@@ -47,6 +47,8 @@ class MeasuredRun:
     `peer`: LLMServingSim's per-request prediction (same columns), if present.
     `link`: the GPU-to-GPU link as LLMServingSim's cluster config describes this cluster
     (`bandwidth_bytes_per_s`, an effective rate, and `latency_s` per hop), if present.
+    `max_concurrency`: the client kept at most this many requests in flight (`records` then arrive when the
+    client had them, before any wait for a free slot; the replay's `workload.max_concurrency`).
     """
 
     name: str
@@ -62,6 +64,7 @@ class MeasuredRun:
     peer: pd.DataFrame | None = None
     link: dict[str, float] | None = None
     notes: list[str] = field(default_factory=list)
+    max_concurrency: int | None = None  # a closed-loop client's cap on requests in flight (`vllm bench serve`)
 
 
 def read_json(path: Path) -> Any:

@@ -61,6 +61,7 @@ class Request:
     acceptance_lengths: tuple[int, ...] | None = None
     num_verify_steps: int = 0
     num_rejected_draft_slots: int = 0  # slots after its computed tokens holding drafts its last verify rejected
+    client_queue_s: float = 0.0  # closed loop: how long it waited in the client for a free slot before `arrival_s`
 
     def __post_init__(self) -> None:
         assert self.prompt_len > 0 and self.output_len > 0 and 0 < self.num_samples <= MAX_SAMPLES

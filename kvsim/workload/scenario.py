@@ -212,6 +212,9 @@ class Workload(Settings):
     beam_width: int | None = Field(default=None, gt=1, le=64, description="beam search instead of sampling")
     trace: Trace | None = None
     priority: PriorityMix | None = None
+    max_concurrency: int | None = Field(
+        default=None, ge=1, description="closed loop: at most this many requests in flight, as `vllm bench serve "
+        "--max-concurrency`; a request that arrives while they are waits in the client until one ends")
 
     @model_validator(mode="after")
     def _lengths_known(self) -> Workload:
@@ -350,6 +353,9 @@ class Scenario(Settings):
             raise ValueError(f"autoscaler: needs replicas as a count (the start), not replicas={self.replicas_shown}")
         if self.autoscaler is not None and self.kv_transfer_config is not None:
             raise ValueError("autoscaler with kv_transfer_config: autoscaling a disaggregated fleet is not modelled")
+        if self.workload.max_concurrency is not None and self.kv_transfer_config is not None:
+            raise ValueError(f"workload.max_concurrency={self.workload.max_concurrency} with kv_transfer_config: a "
+                             "closed-loop client in front of a disaggregated fleet is not modelled")
         if self.replicas is None and self.router != Router():  # one engine: nothing to route, so say so
             raise ValueError(f"router.policy={self.router.policy!r}: a router spreads requests over replicas; "
                              "set replicas (a fleet) or drop the router (router=null)")
