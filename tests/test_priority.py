@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import kvsim
+from kvsim.fleet.driver import simulate_fleet
 from kvsim.kv import PagedAllocator
 from kvsim.model.errors import KvsimError
 from kvsim.sched import SchedulerLimits, make_request_queue, make_scheduler
@@ -130,3 +131,21 @@ def test_bad_priority_input_is_one_line():
         resolve_scenario({"engine": {"scheduler": "v0", "scheduling_policy": "priority"},
                           "workload": {"prompt_len": {"dist": "fixed", "value": 8},
                                        "output_len": {"dist": "fixed", "value": 8}}})
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_fleet_whose_replicas_saw_different_priorities_merges_them(seed):
+    """Two replicas, two requests of random classes: one replica's requests may all be priority 0 (its table
+    then has no `priority` column) while the other's are not. The fleet's table has every request's
+    priority, the one the workload drew for it (the same draw as one engine's run of the same scenario),
+    and its summary the per-class figures; it used to stop on a KeyError."""
+    mix = ("workload.priority={classes: [{name: hi, priority: 0, weight: 1}, {name: lo, priority: 1, weight: 1}]}",
+           "workload.num_requests=2", "engine.scheduling_policy=priority", f"seed={seed}", "steps=none")
+    fleet = simulate_fleet(resolve_scenario(None, [*mix, "replicas=2"]))
+    drawn = [r.priority for r in build_requests(resolve_scenario(None, list(mix)), 131072, np.random.default_rng(seed))]
+    requests = fleet.requests.sort_values("request_id")
+    if any(drawn):
+        assert requests["priority"].tolist() == drawn
+        assert set(fleet.summary["by_priority"]) == {str(p) for p in drawn}
+    else:  # every request priority 0: the table and summary a run without priorities writes
+        assert "priority" not in requests and "by_priority" not in fleet.summary

@@ -23,6 +23,7 @@ from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import summarize
 from kvsim.results.output_dir import check_output_dir, output_directory
+from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
 from kvsim.results.step_writer import StepsFormat, StepWriter
 from kvsim.workload.generate import iter_requests
@@ -55,7 +56,7 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
         table["dp_rank"] = np.full(len(table["request_id"]), i, dtype=np.int64)
         tables.append(table)
     del table
-    request_columns = {name: np.concatenate([table.pop(name) for table in tables]) for name in list(tables[0])}
+    request_columns = concat_request_columns(tables, consume=True)
     order = np.argsort(request_columns["request_id"], kind="stable")
     for name, values in request_columns.items():  # one column at a time: one extra copy at most
         request_columns[name] = values[order]

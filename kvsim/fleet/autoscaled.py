@@ -39,6 +39,7 @@ from kvsim.fleet.autoscaler import Autoscaler
 from kvsim.fleet.driver import (
     FleetView,
     Routes,
+    fleet_requests,
     fleet_summary,
     fleet_tables,
     replica_engines,
@@ -259,8 +260,7 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     scaler.finish()
     runs = [engine_result(s, p, e.recorder) for s, p, e in zip(specs, parts, engines, strict=True)]
     served = [i for i, run in enumerate(runs) if len(run.requests)] or [0]  # slots never used add no rows
-    requests_df = pd.concat([runs[i].requests.assign(replica=i) for i in served], ignore_index=True)
-    requests_df = requests_df.sort_values("request_id", kind="stable").reset_index(drop=True)
+    requests_df = fleet_requests([runs[i].request_columns for i in served], served)
     steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
     routes_df = routes.frame()
     summary = fleet_summary(scenario, requests_df, runs, routes_df)

@@ -41,6 +41,7 @@ from kvsim.engine.runtime import Engine
 from kvsim.fleet.driver import (
     FleetView,
     Routes,
+    fleet_requests,
     fleet_summary,
     fleet_tables,
     replica_engines,
@@ -372,10 +373,11 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
             engine.scheduler.alloc.check_invariants()
     runs = [engine_result(spec, p, e.recorder) for spec, p, e in zip(specs, parts, engines, strict=True)]
     prefill = set(disagg.prefill)
-    client_rows = [(run.requests[run.requests["status"] == "rejected"] if i in prefill else run.requests)
-                   .assign(replica=i) for i, run in enumerate(runs)]
-    requests_df = pd.concat(client_rows, ignore_index=True).sort_values("request_id", kind="stable")
-    requests_df = requests_df.reset_index(drop=True)
+    client_rows = []  # a prefill instance's rows the client saw: those it rejected (the rest went on to decode)
+    for i, run in enumerate(runs):
+        keep = run.request_columns["status"] == "rejected" if i in prefill else slice(None)
+        client_rows.append({name: values[keep] for name, values in run.request_columns.items()})
+    requests_df = fleet_requests(client_rows)
     steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
     routes_df = pd.concat([disagg.p_routes.frame().assign(pool="prefill"),
                            disagg.d_routes.frame().assign(pool="decode")], ignore_index=True)

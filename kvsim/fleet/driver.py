@@ -32,8 +32,9 @@ from kvsim.kv.offload_connector import combine_summaries
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
-from kvsim.results.metrics import percentiles
+from kvsim.results.metrics import by_priority, percentiles
 from kvsim.results.output_dir import check_output_dir, output_directory
+from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
 from kvsim.results.step_writer import StepsFormat, StepWriter, concat_step_files
 from kvsim.workload.generate import iter_requests
@@ -41,7 +42,7 @@ from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario, make_scenario
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     import pandas as pd
 
@@ -225,7 +226,7 @@ def _run_fleet(scenario: Scenario, check: bool, progress: ProgressFn | None, bur
     streams = writers[0] is not None  # then the replicas keep no steps of their own
     replica_specs = [spec.model_copy(update={"steps": "none"}) for spec in specs] if streams else specs
     runs = [engine_result(spec, p, e.recorder) for spec, p, e in zip(replica_specs, parts, engines, strict=True)]
-    requests_df = fleet_requests(runs)
+    requests_df = fleet_requests([run.request_columns for run in runs])
     routes_df = routes.frame()
     summary = fleet_summary(scenario, requests_df, runs, routes_df)
     tables = fleet_tables(routes_df, summary)
@@ -239,15 +240,17 @@ def _run_fleet(scenario: Scenario, check: bool, progress: ProgressFn | None, bur
     return RunResult.of_frames(scenario, requests_df, None, summary, runs, tables, steps_path=final / dest.name)
 
 
-def fleet_requests(runs: list[RunResult]) -> pd.DataFrame:
-    """Every replica's requests with its `replica`, in request id order (ties: replica order), built from
-    their columns at once (no per-replica DataFrame)."""
+def fleet_requests(tables: Sequence[Mapping[str, np.ndarray]], replicas: Sequence[int] | None = None,
+                   ) -> pd.DataFrame:
+    """Every replica's requests (`tables[i]`, its `request_columns`) with its `replica` (`replicas[i]`; default
+    i), in request id order (ties: replica order), built from their columns at once (no per-replica DataFrame;
+    an optional column one replica's requests lack is 0 there, `concat_request_columns`)."""
     import pandas as pd
 
-    names = list(runs[0].request_columns)
-    columns = {name: np.concatenate([run.request_columns[name] for run in runs]) for name in names}
-    counts = [len(run.request_columns["request_id"]) for run in runs]
-    columns["replica"] = np.repeat(np.arange(len(runs), dtype=np.int64), counts)
+    columns = concat_request_columns([dict(table) for table in tables])
+    counts = [len(table["request_id"]) for table in tables]
+    ids = np.arange(len(tables), dtype=np.int64) if replicas is None else np.asarray(replicas, dtype=np.int64)
+    columns["replica"] = np.repeat(ids, counts)
     order = np.argsort(columns["request_id"], kind="stable")
     return pd.DataFrame({name: values[order] for name, values in columns.items()})
 
@@ -298,4 +301,7 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "requests_per_replica": {"min": min(counts), "max": max(counts), "mean": float(np.mean(counts))},
         "route_reasons": {str(k): int(v) for k, v in sorted(Counter(routes_df["reason"]).items())},
         "per_replica": per_replica, **extra,
+        **({"by_priority": by_priority(requests_df)} if "priority" in requests_df else {}),
+        **({"client_queue_s": percentiles(requests_df["client_queue_s"].to_numpy(dtype=float))}
+           if "client_queue_s" in requests_df else {}),
     }

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -39,6 +39,32 @@ _INTS = ("request_id", "prompt_tokens", "output_tokens", "num_samples", "prefix_
 # int64s as appending value by value stores, in one call (hot: every request that ends)
 _PACK_TIMES = struct.Struct(f"@{len(_TIMES)}d").pack
 _PACK_INTS = struct.Struct(f"@{len(_INTS)}q").pack
+
+
+OPTIONAL_COLUMNS = {"priority": np.int64, "client_queue_s": np.float64}  # written when some value is not 0
+_COLUMN_ORDER = ("request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
+                 "e2e_s", "queue_s", "prompt_tokens", "output_tokens", "num_samples", "prefix_hit_tokens",
+                 "num_preemptions", "status", "reject_reason", *OPTIONAL_COLUMNS)  # the table's, see the docstring
+
+
+def concat_request_columns(tables: Sequence[dict[str, np.ndarray]], consume: bool = False) -> dict[str, np.ndarray]:
+    """Several engines' request tables (`RequestRecords.columns`, maybe with columns of the caller's after
+    them) as one, rows in the given order. An optional column (`OPTIONAL_COLUMNS`) that one engine's table
+    has and another's lacks (its requests were all 0) is 0 on the other's rows; the columns keep the order
+    one engine writes them in, the caller's after them. `consume`: each column is taken out of its table as
+    it is joined (memory: one column more than the tables, not twice as much)."""
+    names = list(dict.fromkeys(name for table in tables for name in table))
+    record = [n for n in names if n in _COLUMN_ORDER]
+    ordered = sorted(record, key=_COLUMN_ORDER.index) + [n for n in names if n not in _COLUMN_ORDER]
+    num_rows = [len(table["request_id"]) for table in tables]
+
+    def column(table: dict[str, np.ndarray], name: str, n: int) -> np.ndarray:
+        if name in table:
+            return table.pop(name) if consume else table[name]
+        assert name in OPTIONAL_COLUMNS, f"a request table without its {name!r} column"
+        return np.zeros(n, dtype=OPTIONAL_COLUMNS[name])
+    return {name: np.concatenate([column(t, name, n) for t, n in zip(tables, num_rows, strict=True)])
+            for name in ordered}
 
 
 class RequestRecords:
@@ -119,8 +145,6 @@ class RequestRecords:
             "status": labels[codes] if len(codes) else np.zeros(0, dtype=object),
             "reject_reason": reasons[order] if len(order) else np.zeros(0, dtype=object),
         }
-        if ints["priority"].any():
-            table["priority"] = ints["priority"]
-        if client_queue.any():
-            table["client_queue_s"] = client_queue
-        return table
+        optional = {"priority": ints["priority"], "client_queue_s": client_queue}
+        table.update((name, values) for name, values in optional.items() if values.any())
+        return {name: table[name] for name in _COLUMN_ORDER if name in table}
