@@ -85,13 +85,17 @@ class OneLineUsageErrors(TyperGroup):
 
 def parse_int_list(text: str, field: str) -> list[int]:
     """`1024,4096` → [1024, 4096]; anything else (a value given twice included: it would make a row, or
-    a calibration point, twice) is an error naming the flag."""
+    a calibration point, twice; an empty item, `1024,,4096` or `1024,`: a value left out) is an error naming
+    the flag."""
+    parts = text.split(",")
+    if not text.strip():
+        raise KvsimError(f"{field}={text!r}: expected at least one integer")
+    if any(not part.strip() for part in parts):  # skipped, it ran without the value the gap stood for
+        raise KvsimError(f"{field}={text!r}: item {[p.strip() for p in parts].index('') + 1} is empty")
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values = [int(part) for part in parts]
     except ValueError:
         raise KvsimError(f"{field}={text!r}: expected comma-separated integers") from None
-    if not values:
-        raise KvsimError(f"{field}={text!r}: expected at least one integer")
     twice = first_repeat(values)
     if twice is not None:
         raise KvsimError(f"{field}={text!r}: {twice} is given twice")

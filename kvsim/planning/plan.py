@@ -442,6 +442,9 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
             raise KvsimError(f"--gpu-hourly-cost {key}={shown(value)}: expected a price per hour") from None
     for key, value in _assignments(knobs, "--engine"):
         section = _section(raw, "engine")
+        items = [v.strip() for v in value.split(",")]
+        if "" in items:  # `1,,2` or `1,2,`: the gap read as null, a candidate at the scenario's value
+            raise KvsimError(f"--engine {key}={shown(value)}: item {items.index('') + 1} is empty")
         try:
             section[key] = [load_yaml(v) for v in value.split(",")]
         except yaml.YAMLError:
