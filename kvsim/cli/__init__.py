@@ -417,8 +417,9 @@ def report(
                     "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_dtype": kv_cache_dtype,
                     "kv_cache_memory_bytes": kv_cache_memory_bytes, "num_gpu_blocks_override": num_gpu_blocks_override,
                     "tensor_parallel_size": tensor_parallel_size, "max_num_seqs": max_num_seqs}
-    sets = [f"engine.{k}={v}" for k, v in engine_flags.items() if v is not None]
-    sets += [f"{k}={v}" for k, v in (("model", model), ("gpu", gpu)) if v is not None]
+    flags = {**{f"engine.{k}": v for k, v in engine_flags.items()}, "model": model, "gpu": gpu}
+    sets = [f"{k}={json.dumps(v) if isinstance(v, str) else v}"  # a quoted text: '' stays '', not null (as run's)
+            for k, v in flags.items() if v is not None]
     with user_errors():
         check_workers(workers, dask_address)
         base = load_scenario(scenario, sets + (overrides or []), default=REPORT_SCENARIO)
