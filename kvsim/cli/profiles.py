@@ -38,6 +38,8 @@ def calibrate(
     from kvsim.results.output_dir import check_output_file
 
     with user_errors():
+        if not gpu.strip():  # recorded as the profile's gpu: an empty one is checked against no GPU when read
+            raise KvsimError(f"--gpu={gpu!r}: is empty: name the GPU the profile is measured on (e.g. h200)")
         spec = load_model(model)
         engine = make_engine(tensor_parallel_size=tensor_parallel_size)
         check_parallel(spec, engine)  # the per-GPU shapes below divide by TP: a TP vLLM cannot shard has none
