@@ -112,7 +112,7 @@ def import_profile(
 
     with user_errors():
         engine = make_engine(tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype)
-        profile = load_profile(Path(source), load_model(model), load_gpu(gpu), engine)
+        profile = load_profile(source, load_model(model), load_gpu(gpu), engine)
         path = write_native(with_source(profile, repository, commit, licence), Path(output))
     typer.echo(f"profile {profile.name} ({len(profile.rows)} rows, kinds {', '.join(sorted(profile.kinds()))}) "
                f"written to {path}")

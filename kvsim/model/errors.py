@@ -58,6 +58,8 @@ def not_a_file(path: str | Path, missing: str = "file not found", file_kind: str
     import os
     import stat
 
+    if path == "":  # Path('') is the working folder: an unset shell variable read it in silence
+        return "is empty"
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:

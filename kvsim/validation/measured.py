@@ -344,7 +344,7 @@ def _check_peer(path: Path, rows: list[dict[str, str]], arrival: np.ndarray, ttf
 def load_measured(path: str | Path, workload: str | Path | None = None) -> MeasuredRun:
     """A measured-run folder or a `vllm bench serve` JSON file."""
     p = Path(path)
-    problem = not_a_file(p, missing="no such file or folder")
+    problem = not_a_file(path, missing="no such file or folder")
     if problem is not None:  # a FIFO was "no such file or folder"
         raise KvsimError(f"measured={str(path)!r}: {problem}")
     if workload is not None:  # a missing file was "PATH: No such file or directory", naming no flag

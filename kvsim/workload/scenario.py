@@ -454,7 +454,7 @@ def load_scenario(path: str | Path | None = None, overrides: Overrides | None = 
         raise KvsimError(f"scenario={shown(path)}: expected a YAML path (`kvsim.simulate` also takes a dict of "
                          "scenario fields)")
     file = default if path is None else Path(path)
-    problem = not_a_file(file, file_kind="a scenario YAML file")
+    problem = not_a_file(file if path is None else path, file_kind="a scenario YAML file")
     if problem is not None:  # a FIFO or /dev/zero was "file not found"
         raise KvsimError(f"scenario={str(path)!r}: {problem}")
     try:

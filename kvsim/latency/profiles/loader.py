@@ -13,12 +13,13 @@ if TYPE_CHECKING:
     from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
 
 
-def load_profile(path: Path, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> Profile:
+def load_profile(path: str | Path, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> Profile:
     """Import the profile at `path` (a bundle folder, a Vidur `mlp.csv` or a kvsim CSV) and check it:
     physical rows (`checks.check_rows`), the model's name, then its shapes, dtype, GPU and TP."""
     problem = not_a_file(path, missing="no such file or folder")
     if problem is not None:  # a FIFO was "no such file or folder"
-        raise KvsimError(f"profile {path}: {problem}")
+        raise KvsimError(f"profile {str(path) or repr(path)}: {problem}")
+    path = Path(path)
     if path.is_dir():
         profile = bundle.read_bundle(path, engine.tensor_parallel_size)
     elif vidur.is_vidur_csv(path):
