@@ -79,6 +79,9 @@ class SpeculativeConfig(Settings):
         if synthetic and self.rejection_sample_method not in (None, "synthetic"):
             raise ValueError(f"{given[0]} is only valid with rejection_sample_method='synthetic' "
                              f"(got {self.rejection_sample_method!r}), as in vLLM")
+        if not synthetic and self.rejection_sample_method == "synthetic":  # the named sampler was never modelled
+            raise ValueError(f"rejection_sample_method='synthetic' takes synthetic_acceptance_rates or "
+                             f"synthetic_acceptance_length (got {given[0]}, a model of another sampler)")
         rates = self.acceptance_rates
         if isinstance(rates, tuple) and len(rates) not in (1, k):
             raise ValueError(f"acceptance_rates has {len(rates)} entries, num_speculative_tokens={k}")
@@ -96,6 +99,13 @@ class SpeculativeConfig(Settings):
                 raise ValueError(f"{name}={length} must be in [1, num_speculative_tokens + 1 = {k + 1}]")
         if self.method == "draft_model" and self.model is None:
             raise ValueError("method=draft_model needs model (the draft model's preset or config.json)")
+        return self
+
+    @model_validator(mode="after")
+    def _model_read_by_a_drafter(self) -> SpeculativeConfig:
+        """n-gram drafting has no draft model: `{method: ngram, model: ...}` ran n-gram drafts (no GPU time)
+        and dropped the model without a word."""
+        self.refuse_unread("method", {"model": ("draft_model", "eagle", "eagle3")}, repr)
         return self
 
     @property
