@@ -124,6 +124,19 @@ class Arrival(Settings):
         self.refuse_unread("process", {"cv": ("gamma",)}, "{:g}".format, only="gamma, whose gaps it shapes")
         return self
 
+    @field_validator("cv")
+    @classmethod
+    def _gamma_shape_finite(cls, cv: float) -> float:
+        """Gamma gaps have shape 1/cv²: past about 1.3e154 cv² overflowed (an OverflowError), under about 1e-154
+        the shape did (a ZeroDivisionError, or NaN arrivals and a RuntimeError), each a traceback mid-run."""
+        try:
+            shape = 1.0 / cv**2
+        except (OverflowError, ZeroDivisionError):
+            shape = math.inf
+        if not math.isfinite(shape) or shape == 0:
+            raise ValueError("the gamma gaps' shape 1/cv² is not a finite number")
+        return cv
+
 
 class SharedPrefix(Settings):
     """A system prompt of `tokens` tokens in front of a `fraction` of requests."""
