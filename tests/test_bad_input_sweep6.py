@@ -192,6 +192,9 @@ def test_a_negative_trace_time_is_refused(tmp_path, fmt, row, message):
                                 "measured folder's), not a --set"),
     ("replicas=2", "a replay's replicas is one engine, as the measured run's (its data-parallel ranks from its "
                    "engine arguments), not a --set"),
+    # kept no steps: the table compared running 0 and waiting 0 with the measured series (-100 %) as results
+    ("steps=none", "a replay's steps is all (its running, waiting and KV usage are compared from every step), "
+                   "not a --set"),
 ])
 def test_validate_refuses_a_set_of_what_the_run_fixes(tmp_path, item, message):
     """`--model opt-13b` against a Llama run is refused (the third sweep), but `--set model=opt-13b` replayed

@@ -123,7 +123,8 @@ def default_profile(run_dir: Path, run: MeasuredRun) -> Path | None:
 
 RUN_FIELDS = {"model": "--model (held against the run's model)", "gpu": "--gpu (held against the run's GPU)",
               "workload": "the measured run's requests (--workload replaces a measured folder's)",
-              "replicas": "one engine, as the measured run's (its data-parallel ranks from its engine arguments)"}
+              "replicas": "one engine, as the measured run's (its data-parallel ranks from its engine arguments)",
+              "steps": "all (its running, waiting and KV usage are compared from every step)"}
 """Scenario sections a replay takes from the measured run, not from `--set`, and where each comes from."""
 
 
