@@ -3,6 +3,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import one_line_exit_2
 from typer.testing import CliRunner
 
@@ -242,3 +243,28 @@ def test_the_written_scenario_runs_again_from_its_output_folder(tmp_path):
     result = runner.invoke(app, ["run", str(first / "scenario.yaml"), "-o", str(again)])
     assert result.exit_code == 0, result.output
     assert (first / "requests.csv").read_bytes() == (again / "requests.csv").read_bytes()
+
+
+def test_a_written_scenario_runs_again_from_another_folder(tmp_path, monkeypatch):
+    """A model and a GPU given as relative files are read from the working folder; the `scenario.yaml` a run
+    writes names them absolutely (the draft model of speculative decoding too), so it runs again from
+    anywhere with the same results. Presets stay names."""
+    work = tmp_path / "work"
+    (work / "hf").mkdir(parents=True)
+    presets = Path(__file__).resolve().parents[1] / "kvsim" / "model" / "presets"
+    (work / "hf" / "config.json").write_text((presets / "models" / "llama-3.1-8b.json").read_text())
+    h100 = yaml.safe_load((presets / "gpus.yaml").read_text())["h100-80gb"]
+    (work / "gpu.yaml").write_text(yaml.safe_dump(h100))
+    monkeypatch.chdir(work)
+    first = CliRunner().invoke(app, ["run", "--set", "model=hf/config.json", "--set", "gpu=gpu.yaml", "--set",
+                                     "workload.num_requests=30", "--set", "steps=none", "--set",
+                                     "engine.speculative_config={method: draft_model, model: hf/config.json, "
+                                     "num_speculative_tokens: 2, acceptance_length: 2}", "-o", str(tmp_path / "a")])
+    assert first.exit_code == 0, first.output
+    written = (tmp_path / "a" / "scenario.yaml").read_text()
+    assert f"model: {work / 'hf' / 'config.json'}\n" in written and f"gpu: {work / 'gpu.yaml'}\n" in written
+    assert f"    model: {work / 'hf' / 'config.json'}\n" in written  # the draft model
+    monkeypatch.chdir(tmp_path)
+    again = CliRunner().invoke(app, ["run", str(tmp_path / "a" / "scenario.yaml"), "-o", str(tmp_path / "b")])
+    assert again.exit_code == 0, again.output
+    assert (tmp_path / "b" / "requests.csv").read_bytes() == (tmp_path / "a" / "requests.csv").read_bytes()

@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from kvsim.model.config import EngineConfig, GPULink
+from kvsim.model.config import EngineConfig, GPULink, gpu_presets, model_presets
 from kvsim.model.errors import KvsimError, first_repeat, from_validation_error, not_a_file, reading, shown
 from kvsim.model.spec import Settings
 from kvsim.model.yaml_io import load_yaml, yaml_problem
@@ -425,7 +425,21 @@ class Scenario(Settings):
                         out[key] = str(resolved)
             return out
 
-        return portable(self.model_dump(mode="json"))
+        out = portable(self.model_dump(mode="json"))
+        groups = out["replicas"] if isinstance(out.get("replicas"), list) else []
+        for node in (out, *groups, out["engine"].get("speculative_config") or {}):  # a draft model too
+            for key, presets in (("model", model_presets()), ("gpu", gpu_presets())):
+                if isinstance(node.get(key), str):
+                    node[key] = _absolute_config(node[key], presets)
+        return out
+
+
+def _absolute_config(name_or_path: str, presets: list[str]) -> str:
+    """A model or GPU given as a relative file path, not a preset, made absolute: `load_model` and `load_gpu`
+    read it from the working folder, and a written `scenario.yaml` must run again from any folder."""
+    path = Path(name_or_path)
+    return str(path.resolve()) if name_or_path not in presets and not path.is_absolute() and path.is_file() \
+        else name_or_path
 
 
 DATA_PATH_FIELDS = ("path", "table", "profile")
