@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from kvsim.model.errors import KvsimError
+from kvsim.workload.draws import Arrival
 from kvsim.workload.generate import arrival_times, build_requests, lognormal_sigma, sample_lengths
-from kvsim.workload.scenario import Arrival, make_scenario
+from kvsim.workload.scenario import make_scenario
 from kvsim.workload.servegen import read_servegen
 from kvsim.workload.traces import (
     read_azure,

@@ -36,7 +36,8 @@ from kvsim.model.errors import KvsimError
 
 if TYPE_CHECKING:
     from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
-    from kvsim.workload.scenario import LengthDist, Scenario
+    from kvsim.workload.draws import LengthDist
+    from kvsim.workload.scenario import Scenario
 
 # Measured fits (tracemalloc, CPython 3.11; see the module docstring), floors not exact costs.
 REQUEST_BYTES = 160   # a request's columnar record, drawn lengths and requests-table row (measured ≈ 190)

@@ -37,8 +37,9 @@ import numpy as np
 
 from kvsim.model.errors import KvsimError, reading
 from kvsim.workload.content import Content, SegmentContent, TokenContent
+from kvsim.workload.draws import Arrival, Empirical, Fixed, LengthDist, Lognormal, Uniform
 from kvsim.workload.request import Request
-from kvsim.workload.scenario import Arrival, Empirical, Fixed, LengthDist, Lognormal, Scenario, Uniform, Workload
+from kvsim.workload.scenario import Scenario, Workload
 from kvsim.workload.servegen import read_servegen
 from kvsim.workload.traces import (
     MAX_LENGTH,
