@@ -86,17 +86,3 @@ def test_writing_a_result_to_something_that_is_not_a_path_is_named():
     result = kvsim.simulate(None, workload__num_requests=3, steps="none")
     with pytest.raises(KvsimError, match=r"^--output='5': is not a path: name a folder"):
         result.write(5)  # type: ignore[arg-type]  # Path(5) was a bare TypeError
-
-
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"workload": {"num_requests": 0, "prompt_len": {"dist": "fixed", "value": 5},
-                   "output_len": {"dist": "fixed", "value": 5}}}, "workload.num_requests=0: "),
-    ({"engine": {"max_num_seq": 3}}, "engine.max_num_seq: unknown key (did you mean max_num_seqs?)"),
-    ({}, "workload: "),
-], ids=["range", "misspelt", "missing"])
-def test_a_scenario_built_in_python_refuses_bad_fields_in_one_line(fields, message):
-    """`kvsim.Scenario(...)` is public: its bad fields raise `KvsimError` with one line naming the field, as
-    `load_scenario` does for a file, not pydantic's multi-line `ValidationError`."""
-    with pytest.raises(KvsimError) as error:
-        Scenario(**fields)
-    assert message in str(error.value) and "\n" not in str(error.value)

@@ -219,14 +219,6 @@ class Scenario(Settings):
         description="replica count follows an HPA-style policy; new replicas serve after startup_s")
     base_dir: str = Field(default=".", exclude=True)
 
-    def __init__(self, **data: Any) -> None:
-        """`kvsim.Scenario(...)` from Python: a bad field raises `KvsimError`, one line naming it, as a file does
-        (`make_scenario` validates through `model_validate`, which does not come here)."""
-        try:
-            super().__init__(**data)
-        except ValidationError as error:
-            raise from_validation_error(error, model=Scenario) from None
-
     @field_validator("router", mode="before")
     @classmethod
     def _no_router(cls, value: Any) -> Any:
