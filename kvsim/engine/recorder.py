@@ -277,7 +277,7 @@ class StepRecorder:
                                        plan.swap_in_bytes, plan.swap_out_bytes, kv.held_slots, kv.shared_slots))
         self._num_rows += 1
         if self._num_rows + len(self._bursts) >= self.chunk_rows:
-            self.flush()
+            self.flush(whole_chunks_only=True)
 
     def begin_burst(self, starts_s: list[float], burst: Burst, state: SchedulerSnapshot) -> PendingBurst:
         """What a decode burst's rows need from before it is applied (`starts_s`: when each of its steps
@@ -296,25 +296,44 @@ class StepRecorder:
         (`BurstRows`) until the chunk is flushed."""
         self._bursts.add(pending, waiting, occupancy, self._num_rows)
         if self._num_rows + len(self._bursts) >= self.chunk_rows:
-            self.flush()
+            self.flush(whole_chunks_only=True)
 
-    def flush(self) -> None:
-        """Hand the buffered rows on as one chunk (see the module docstring) and empty the buffer."""
+    def flush(self, whole_chunks_only: bool = False) -> None:
+        """Hand the buffered rows on in chunks of `chunk_rows` rows, the last one shorter (see the module
+        docstring); with `whole_chunks_only`, a shorter rest stays buffered for the next chunk.
+
+        The chunks start at the same step indices however the rows came (step by step or in decode bursts,
+        which can carry a chunk past `chunk_rows`): the totals sum each chunk in one numpy call, and a float
+        sum depends on how its terms are grouped, so the summary is the step-by-step run's bit for bit."""
         if not self._num_rows and not self._bursts:
             return
-        first_index = self.totals.num_steps
         floats = np.frombuffer(self._floats).reshape(-1, len(SINGLE_FLOATS))
         ints = np.frombuffer(self._ints, dtype=np.int64).reshape(-1, len(SINGLE_INTS))
-        chunk = {name: (floats[:, SINGLE_FLOATS.index(name)] if name in FLOAT_COLUMNS
-                        else ints[:, SINGLE_INTS.index(name)]).copy() for name in COLUMNS}
+        rows = {name: (floats[:, SINGLE_FLOATS.index(name)] if name in FLOAT_COLUMNS
+                       else ints[:, SINGLE_INTS.index(name)]).copy() for name in COLUMNS}
         del floats, ints  # views: the buffers can be emptied
         del self._floats[:], self._ints[:]
         if self.draft_column:
-            chunk[DRAFT_KEY] = np.array(self._draft, dtype=np.float64)
+            rows[DRAFT_KEY] = np.array(self._draft, dtype=np.float64)
             del self._draft[:]
         self._num_rows = 0
         if self._bursts:
-            chunk = self._bursts.merge_into(chunk)
+            rows = self._bursts.merge_into(rows)
+        num_rows = len(rows["time_s"])
+        end = num_rows - num_rows % self.chunk_rows if whole_chunks_only else num_rows
+        for start in range(0, end, self.chunk_rows):
+            self._hand_on({name: values[start:start + self.chunk_rows] for name, values in rows.items()})
+        if end < num_rows:  # back into the buffer, as `record` packs a row
+            rest = {name: values[end:] for name, values in rows.items()}
+            self._floats.frombytes(np.column_stack([rest[name] for name in SINGLE_FLOATS]).tobytes())
+            self._ints.frombytes(np.column_stack([rest[name] for name in SINGLE_INTS]).astype(np.int64).tobytes())
+            if self.draft_column:
+                self._draft.frombytes(rest[DRAFT_KEY].tobytes())
+            self._num_rows = num_rows - end
+
+    def _hand_on(self, chunk: Chunk) -> None:
+        """One chunk to the totals and, by the mode, to the writer, the kept rows or the sampler."""
+        first_index = self.totals.num_steps
         self.totals.add(chunk)
         if self.mode == "all":
             if self.writer is not None:
