@@ -32,7 +32,7 @@ from kvsim.kv.offload_connector import combine_summaries
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
-from kvsim.results.metrics import by_priority, percentiles
+from kvsim.results.metrics import optional_column_summaries, percentiles
 from kvsim.results.output_dir import check_output_dir, output_directory
 from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
@@ -301,7 +301,5 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "requests_per_replica": {"min": min(counts), "max": max(counts), "mean": float(np.mean(counts))},
         "route_reasons": {str(k): int(v) for k, v in sorted(Counter(routes_df["reason"]).items())},
         "per_replica": per_replica, **extra,
-        **({"by_priority": by_priority(requests_df)} if "priority" in requests_df else {}),
-        **({"client_queue_s": percentiles(requests_df["client_queue_s"].to_numpy(dtype=float))}
-           if "client_queue_s" in requests_df else {}),
+        **optional_column_summaries(requests_df),
     }

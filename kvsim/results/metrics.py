@@ -332,10 +332,23 @@ def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, sch
         "waste": fractions,
         "waste_of_allocated": of_allocated,
         "saturated": saturated_summary(totals, duration),
-        **({"by_priority": by_priority(requests)} if "priority" in requests else {}),
-        **({"client_queue_s": percentiles(col("client_queue_s"))} if "client_queue_s" in requests else {}),
+        **optional_column_summaries(requests),
         **({"spec_decode": scheduler.spec_decode.summary(duration)} if scheduler.spec_decode is not None else {}),
     }
+
+
+def optional_column_summaries(requests: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary keys of the requests table's optional columns (`kvsim.results.records`), one engine's or a
+    fleet's table alike: `by_priority` with `priority`; with `client_queue_s` (a closed-loop client's waits), its
+    percentiles over the finished requests, as `vllm bench serve` takes its "Client Queue Time" over the
+    successful ones (TTFT and E2E are over the finished requests too)."""
+    out: dict[str, Any] = {}
+    if "priority" in requests:
+        out["by_priority"] = by_priority(requests)
+    if "client_queue_s" in requests:
+        finished = np.asarray(requests["status"]) == RequestStatus.FINISHED.value
+        out["client_queue_s"] = percentiles(np.asarray(requests["client_queue_s"], dtype=float)[finished])
+    return out
 
 
 def by_priority(requests: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
