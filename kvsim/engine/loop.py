@@ -154,11 +154,14 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request],
 
     def arrival_process() -> Generator:
         num_sent = 0
+
+        def num_in_flight() -> int:  # sent and not yet ended (an engine records each request that ends)
+            return num_sent - sum(len(engine.scheduler.records) for engine in engines)
+
         while not arrivals.all_arrived:
             if (delivery := arrivals.wait_for_next(env)) is not None:
                 yield delivery
-            while max_in_flight is not None and num_sent - sum(len(e.scheduler.records) for e in engines) >= \
-                    max_in_flight:
+            while max_in_flight is not None and num_in_flight() >= max_in_flight:
                 yield from slot_freed.wait()
             held_back = env.now > arrivals.next_delivery_s
             req = arrivals.pop()

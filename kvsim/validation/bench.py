@@ -157,6 +157,7 @@ def _max_concurrency(value: Any, path: Path) -> int | None:
 
 
 def _positive(value: Any, key: str, path: Path) -> float:
+    """The file's `key` as a positive float, or refused naming the file, the field and the value."""
     if not is_number(value) or value <= 0:
         raise KvsimError(f"{path}: {key}={value!r} is not a positive number")
     return float(value)
