@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from conftest import sized
 
+import kvsim.engine.recorder
 import kvsim.engine.runtime
 from kvsim.engine.simulate import simulate
 from kvsim.fleet.driver import simulate_fleet
@@ -123,3 +124,29 @@ def test_single_engine_bursts_equal_step_by_step_bit_for_bit(scheduler, allocato
     bursts = simulate(spec, check=True)
     assert_same(bursts, step_by_step, ("requests", "steps"))
     assert burst_counts["bursts"] > 50 and burst_counts["bursts"] - burst_counts["waited"] > 10
+
+
+SPECULATING = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "synthetic_acceptance_length": 2}}
+
+
+@pytest.mark.parametrize("fleet", ["least_kv", "half-speculating"])
+def test_fleet_bursts_equal_step_by_step_across_chunks_of_rows(fleet, monkeypatch, tmp_path, burst_counts):
+    # Each replica's rows go on in chunks of `CHUNK_ROWS` (32,768: a replica of a fleet this size never
+    # reaches it); at 7, bursts straddle every replica's chunk boundaries, and the summaries' per-chunk
+    # sums must group the same steps. Half the replicas speculating gives every replica the draft_rejected
+    # column, which a burst's rows fill with 0 and a chunk's rest carries over. Streamed to steps.csv, the
+    # rows are the in-memory table's `to_csv` text.
+    monkeypatch.setattr(kvsim.engine.recorder, "CHUNK_ROWS", 7)
+    if fleet == "least_kv":
+        spec = world(8, "least_kv", num_requests=800)
+    else:
+        raw = world(2, num_requests=300, rate_per_replica=8.0).model_dump(mode="json")
+        raw["replicas"] = [{"count": 2, "engine": {}}, {"count": 2, "engine": SPECULATING}]
+        spec = make_scenario(raw)
+    step_by_step = simulate_fleet(spec, bursts=False)
+    bursts = simulate_fleet(spec)
+    assert_same(bursts, step_by_step, ("requests", "steps", "routes"))
+    assert burst_counts["bursts"] > 100 and len(bursts.steps) > 7 * 100
+    streamed = simulate_fleet(spec, out_dir=tmp_path / "run", steps_format="csv")
+    assert (tmp_path / "run" / "steps.csv").read_text() == step_by_step.steps.to_csv(index=False)
+    assert json.dumps(streamed.summary, sort_keys=True) == json.dumps(step_by_step.summary, sort_keys=True)
