@@ -79,26 +79,6 @@ def concat(chunks: list[Chunk]) -> Chunk:
     return {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}  # COLUMNS (+ draft_rejected)
 
 
-def sampled_stride(num_steps: int, cap: int) -> int:
-    """The stride `StepSampler` ends with after `num_steps` steps: the smallest power of two whose
-    multiples below `num_steps` number at most `cap − 1`."""
-    stride = 1
-    while len(range(0, num_steps, stride)) > cap - 1:
-        stride *= 2
-    return stride
-
-
-def kept_step_index(num_steps: int, mode: StepsMode) -> np.ndarray | None:
-    """Which of a whole table's `num_steps` rows `mode` keeps, exactly as `StepRecorder` keeps them
-    while recording (`StepSampler` for `sampled`); None: all of them."""
-    if mode == "none":
-        return np.arange(0)
-    if mode == "sampled":
-        stride = sampled_stride(num_steps, MAX_SAMPLED_STEPS)
-        return np.unique(np.append(np.arange(0, num_steps, stride), num_steps - 1)) if num_steps else np.arange(0)
-    return None
-
-
 class StepSampler:
     """Every `stride`-th step (by index from 0) and the last one, at most `cap` rows, total unknown.
 
