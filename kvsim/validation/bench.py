@@ -77,8 +77,9 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
         refuse_late_arrival(arrival, path, lambda i: f"start_times[{ok[i]}]")
     else:
         arrival = _bench_arrivals(raw, len(ok), path)
-        notes.append("the file has no start_times: arrivals are resampled at its request_rate, so only "
-                     "aggregate statistics are comparable")
+        drawn = "all at the start (request_rate inf)" if _infinite_rate(raw) else "resampled at its request_rate"
+        notes.append(f"the file has no start_times: arrivals are {drawn}, so only aggregate statistics are "
+                     "comparable")
     max_concurrency = _max_concurrency(raw.get("max_concurrency"), path)
     client = arrival
     if max_concurrency is not None:
