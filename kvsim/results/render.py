@@ -158,7 +158,9 @@ def fleet_table(summary: dict[str, Any]):  # -> rich.table.Table
     table = Table(title=f"kvsim fleet: {summary['num_replicas']} replicas ({summary['num_gpus']} GPUs{on}), "
                         f"router {summary['router']}; {summary['num_finished']:,} of {summary['num_requests']:,} "
                         f"finished in {summary['duration_s']:.2f} s; TTFT p90 {p90(summary['ttft_s'])} s, "
-                        f"TPOT p90 {p90(summary['tpot_s'])} s, prefix hits {summary['prefix_cache_hit_rate']:.1%}",
+                        f"TPOT p90 {p90(summary['tpot_s'])} s, prefix hits {summary['prefix_cache_hit_rate']:.1%}"
+                        + (f", client queue p90 {p90(summary['client_queue_s'])} s" if "client_queue_s" in summary
+                           else ""),
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     shares = {"kv_cache_usage_mean": "KV\nuse", "prefix_cache_hit_rate": "prefix\nhits"}
     times = {"ttft_p90_s": "TTFT\np90", "tpot_p90_s": "TPOT\np90", "e2e_p90_s": "E2E\np90"}
