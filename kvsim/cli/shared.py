@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from kvsim.model.errors import KvsimError, first_repeat
+from kvsim.model.errors import KvsimError, empty_item, first_repeat
 
 
 class Format(StrEnum):
@@ -87,13 +87,12 @@ def parse_int_list(text: str, field: str) -> list[int]:
     """`1024,4096` → [1024, 4096]; anything else (a value given twice included: it would make a row, or
     a calibration point, twice; an empty item, `1024,,4096` or `1024,`: a value left out) is an error naming
     the flag."""
-    parts = text.split(",")
     if not text.strip():
         raise KvsimError(f"{field}={text!r}: expected at least one integer")
-    if any(not part.strip() for part in parts):  # skipped, it ran without the value the gap stood for
-        raise KvsimError(f"{field}={text!r}: item {[p.strip() for p in parts].index('') + 1} is empty")
+    if (gap := empty_item(text)) is not None:  # skipped, it ran without the value the gap stood for
+        raise KvsimError(f"{field}={text!r}: item {gap} is empty")
     try:
-        values = [int(part) for part in parts]
+        values = [int(part) for part in text.split(",")]
     except ValueError:
         raise KvsimError(f"{field}={text!r}: expected comma-separated integers") from None
     twice = first_repeat(values)

@@ -81,6 +81,13 @@ def first_repeat(values: Sequence[Any]) -> Any:
     return next((value for i, value in enumerate(values) if value in values[:i]), None)
 
 
+def empty_item(text: str) -> int | None:
+    """The 1-based position of the first empty item of a comma-separated list (`1,,2` → 2, `1,` → 2), or None
+    when every item holds something (for "item N is empty": a gap is a value left out, never skipped)."""
+    items = [item.strip() for item in text.split(",")]
+    return items.index("") + 1 if "" in items else None
+
+
 def close_match(word: str, choices: list[str]) -> str:
     """` (did you mean X?)` for the choice nearest a misspelt `word` (difflib), or "" when none is near."""
     import difflib

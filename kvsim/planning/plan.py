@@ -45,7 +45,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kvsim.model.errors import KvsimError, shown
+from kvsim.model.errors import KvsimError, empty_item, shown
 from kvsim.model.yaml_io import flag_mapping, load_yaml
 from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica_floor
 from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_price, window_output_tokens_per_s
@@ -442,9 +442,8 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
             raise KvsimError(f"--gpu-hourly-cost {key}={shown(value)}: expected a price per hour") from None
     for key, value in _assignments(knobs, "--engine"):
         section = _section(raw, "engine")
-        items = [v.strip() for v in value.split(",")]
-        if "" in items:  # `1,,2` or `1,2,`: the gap read as null, a candidate at the scenario's value
-            raise KvsimError(f"--engine {key}={shown(value)}: item {items.index('') + 1} is empty")
+        if (gap := empty_item(value)) is not None:  # `1,,2` or `1,2,`: the gap read as null, a candidate at the default
+            raise KvsimError(f"--engine {key}={shown(value)}: item {gap} is empty")
         try:
             section[key] = [load_yaml(v) for v in value.split(",")]
         except yaml.YAMLError:
