@@ -339,8 +339,9 @@ class Scenario(Settings):
 
         out = portable(self.model_dump(mode="json"))
         groups = out["replicas"] if isinstance(out.get("replicas"), list) else []
+        presets_of = (("model", model_presets()), ("gpu", gpu_presets()))  # listed once, not per section
         for node in (out, *groups, out["engine"].get("speculative_config") or {}):  # a draft model too
-            for key, presets in (("model", model_presets()), ("gpu", gpu_presets())):
+            for key, presets in presets_of:
                 if isinstance(node.get(key), str):
                     node[key] = _absolute_config(node[key], presets)
         return out
