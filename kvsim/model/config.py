@@ -48,17 +48,23 @@ def model_presets() -> list[str]:
     return sorted(p.stem for p in (PRESETS_DIR / "models").glob("*.json"))
 
 
+def model_file(name_or_path: str) -> tuple[Path, bool]:
+    """The file a model name reads and whether it is a preset: a preset's config (`llama-3.1-8b`), else
+    the path given; KvsimError naming the value when it is neither."""
+    preset = PRESETS_DIR / "models" / f"{name_or_path}.json"
+    if preset.is_file():
+        return preset, True
+    if not Path(name_or_path).is_file():
+        raise KvsimError(f"model={name_or_path!r}: not a preset ({', '.join(model_presets())}) nor a file")
+    return Path(name_or_path), False
+
+
 @cache
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset name (`llama-3.1-8b`) or a path to a `config.json`, YAML or JSON file."""
-    preset = PRESETS_DIR / "models" / f"{name_or_path}.json"
-    path = preset if preset.is_file() else Path(name_or_path)
-    if not path.is_file():
-        raise KvsimError(
-            f"model={name_or_path!r}: not a preset ({', '.join(model_presets())}) nor a file"
-        )
+    path, is_preset = model_file(name_or_path)
     raw = _read_mapping(path, "model")
-    return model_from_hf_config(raw, name_or_path if preset.is_file() else config_name(raw, path))
+    return model_from_hf_config(raw, name_or_path if is_preset else config_name(raw, path))
 
 
 def config_name(raw: dict[str, Any], path: Path) -> str:
@@ -296,8 +302,10 @@ class EngineConfig(Settings):
         `draft_model` reads it (an EAGLE head's cost follows the target's shape)."""
         if spec is None or spec.method != "draft_model" or spec.model is None:
             return spec
-        if not (PRESETS_DIR / "models" / f"{spec.model}.json").is_file() and not Path(spec.model).is_file():
-            raise ValueError(f"model={spec.model!r}: not a preset ({', '.join(model_presets())}) nor a file")
+        try:
+            model_file(spec.model)
+        except KvsimError as error:  # neither a preset nor a file: the message names the value
+            raise ValueError(str(error)) from None
         try:
             load_model(spec.model)
         except KvsimError as error:  # a file that is no model config: its own reason
