@@ -153,7 +153,7 @@ def test_a_truncated_bench_json_gz_says_so(tmp_path):
     (tmp_path / "b.json.gz").write_bytes(gzip.compress(json.dumps(BENCH).encode())[:-12])
     assert one_line_exit_2(["validate", str(tmp_path / "b.json.gz"), "--model", "llama-3.1-8b", "--gpu",
                             "h100-80gb", "-o", str(tmp_path / "out")]).startswith(
-        f"{tmp_path}/b.json.gz: cannot read, the compressed file is truncated or corrupt (")
+        f"JSON file {tmp_path}/b.json.gz: cannot read, the compressed file is truncated or corrupt (")
     assert not (tmp_path / "out").exists()
 
 

@@ -9,10 +9,8 @@ one-token reply. Times in the `requests` frame are seconds from the first arriva
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +19,7 @@ from typing import Any, TypeGuard
 import numpy as np
 import pandas as pd
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, reading
 from kvsim.model.yaml_io import load_json
 from kvsim.workload.files import open_text
 from kvsim.workload.traces import TraceRecord
@@ -69,20 +67,17 @@ class MeasuredRun:
 
 def read_json(path: Path) -> Any:
     """The JSON in `path` (as every reader opens a file: `x.json.gz` decompressed, a byte-order mark skipped,
-    `kvsim.workload.files.open_text`); a missing file or one that is not JSON raises `KvsimError` naming it.
-    A bench JSON saved as `b.json.gz` was "not UTF-8 text (byte 1)", one with a mark "not JSON"."""
+    `kvsim.workload.files.open_text`); a missing file or one that is not JSON raises `KvsimError` naming it
+    (`kvsim.model.errors.reading`'s reasons). A bench JSON saved as `b.json.gz` was "not UTF-8 text (byte 1)",
+    one with a mark "not JSON"."""
+    if not path.exists():
+        raise KvsimError(f"JSON file {path}: file not found")
     try:
-        with open_text(path) as f:
+        with reading(path, "JSON file"), open_text(path) as f:
             text = f.read()
         return load_json(text)
-    except FileNotFoundError:
-        raise KvsimError(f"{path}: file not found") from None
-    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
-        raise KvsimError(f"{path}: cannot read, the compressed file is truncated or corrupt ({error})") from None
     except json.JSONDecodeError as error:
-        raise KvsimError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
-    except UnicodeDecodeError as error:  # a binary file
-        raise KvsimError(f"{path}: not UTF-8 text (byte {error.start})") from None
+        raise KvsimError(f"JSON file {path}: not JSON ({error.msg} at line {error.lineno})") from None
 
 
 def is_number(value: Any) -> TypeGuard[int | float]:
