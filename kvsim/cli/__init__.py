@@ -254,9 +254,9 @@ def run(
         gc.unfreeze()
     from kvsim.results.render import all_rejected
 
-    warning = all_rejected(result.summary)
-    if warning is not None:
-        typer.echo(f"kvsim: warning: {warning}", err=True)
+    for warning in [all_rejected(result.summary), *spec.engine.unread_settings()]:
+        if warning is not None:
+            typer.echo(f"kvsim: warning: {warning}", err=True)
     if output_format is RunFormat.json:
         from kvsim.results.render import to_json
 

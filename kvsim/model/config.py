@@ -336,6 +336,19 @@ class EngineConfig(Settings):
         spec = self.speculative_config
         return self.scheduler == "v1" and (spec is None or spec.method in ("eagle", "eagle3"))
 
+    def unread_settings(self) -> list[str]:
+        """Settings given that this engine never reads, one line each: `slab_placement` beside the paged
+        allocator, `prefix_cache: radix` with prefix caching off. A run warns of them rather than refusing
+        them, as the report's studies vary the allocator and caching from this engine and do read them."""
+        unread = []
+        if "slab_placement" in self.model_fields_set and self.allocator == "paged":
+            unread.append(f"engine.slab_placement={self.slab_placement} is unread: the paged allocator places no "
+                          "slabs")
+        if self.prefix_cache == "radix" and not self.enable_prefix_caching:
+            unread.append("engine.prefix_cache=radix is unread: enable_prefix_caching is false, so no prefix is "
+                          "cached")
+        return unread
+
     @model_validator(mode="after")
     def _block_size_vllm_accepts(self) -> EngineConfig:
         if self.block_size not in VLLM_BLOCK_SIZES:  # vllm/config/cache.py: BlockSize = Literal[...]

@@ -1,0 +1,38 @@
+"""Settings a run never reads are said, not silently dropped: `engine.slab_placement` beside the paged
+allocator and `engine.prefix_cache: radix` with prefix caching off (`EngineConfig.unread_settings`)."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.model.config import make_engine
+
+SMALL = ["--set", "workload.num_requests=5", "--format", "json"]
+
+
+@pytest.mark.parametrize(("fields", "unread"), [
+    ({}, []),
+    ({"allocator": "slab-max", "slab_placement": "first-fit"}, []),  # read: slabs are placed
+    ({"slab_placement": "buddy"}, ["slab_placement"]),  # given, even as the default: paged places no slabs
+    ({"prefix_cache": "radix"}, []),  # v1 caches prefixes by default: the radix tree is read
+    ({"prefix_cache": "radix", "enable_prefix_caching": False}, ["prefix_cache"]),
+    ({"allocator": "slab-pow2", "enable_prefix_caching": False}, []),
+])
+def test_unread_settings_name_exactly_the_fields_a_run_ignores(fields, unread):
+    said = make_engine(**fields).unread_settings()
+    assert [line.split("=")[0].removeprefix("engine.") for line in said] == unread
+
+
+def test_a_run_warns_of_unread_settings_on_stderr_and_still_runs(tmp_path):
+    result = CliRunner().invoke(app, ["run", *SMALL, "--set", "engine.slab_placement=first-fit",
+                                      "--set", "engine.prefix_cache=radix", "--set", "engine.enable_prefix_caching=false",
+                                      "-o", str(tmp_path / "out")], prog_name="kvsim")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_requests"] == 5
+    assert result.stderr.splitlines() == [
+        "kvsim: warning: engine.slab_placement=first-fit is unread: the paged allocator places no slabs",
+        "kvsim: warning: engine.prefix_cache=radix is unread: enable_prefix_caching is false, so no prefix is cached"]
+    clean = CliRunner().invoke(app, ["run", *SMALL, "-o", str(tmp_path / "clean")], prog_name="kvsim")
+    assert clean.exit_code == 0 and clean.stderr == ""
