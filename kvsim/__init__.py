@@ -18,13 +18,15 @@ So the `kvsim` command (`kvsim.__main__`) is inside its Ctrl-C handling before a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvsim.model.version import __version__
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # names for annotations only: the package's namespace is its API (`__dir__`)
+    from collections.abc import Callable, Mapping
+    from pathlib import Path
+    from typing import Any
+
     from kvsim.results.run_result import RunResult
     from kvsim.workload.scenario import Scenario, load_scenario
 
@@ -69,3 +71,9 @@ def __getattr__(name: str) -> Any:
 
         return load_scenario
     raise AttributeError(f"module 'kvsim' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The API, `__all__` (PEP 562): what a notebook's tab completion offers, the lazy names included and
+    no import helpers or subpackages."""
+    return sorted(__all__)

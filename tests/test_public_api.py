@@ -17,6 +17,8 @@ SMALL = {"workload.num_requests": 30}
 def test_the_api_is_exported_and_typed():
     assert set(kvsim.__all__) == {"RunResult", "Scenario", "__version__", "load_scenario", "simulate"}
     assert kvsim.simulate.__annotations__["return"]  # annotated (checked by mypy with the package)
+    assert dir(kvsim) == sorted(kvsim.__all__)  # tab completion offers the API, lazy names included
+    assert all(getattr(kvsim, name) is not None for name in kvsim.__all__)
 
 
 def test_load_scenario_takes_dict_or_cli_overrides_alike():
