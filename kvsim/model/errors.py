@@ -136,4 +136,6 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
         return KvsimError(f"{field}: a key must be a string, not {type(first.get('input')).__name__}")
     if isinstance(first.get("input"), dict):  # a check across fields: the message names them
         return KvsimError(f"{field}: {message}" if prefix or loc else message)
+    if isinstance(first.get("input"), bool) and first["type"] in ("string_type", "literal_error", "enum"):
+        message += " (YAML reads an unquoted yes, no, on or off as true or false: quote the text, 'no')"
     return KvsimError(f"{field}={shown(first.get('input'))}: {message}")
