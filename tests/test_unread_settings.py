@@ -15,7 +15,8 @@ SMALL = ["--set", "workload.num_requests=5", "--format", "json"]
 @pytest.mark.parametrize(("fields", "unread"), [
     ({}, []),
     ({"allocator": "slab-max", "slab_placement": "first-fit"}, []),  # read: slabs are placed
-    ({"slab_placement": "buddy"}, ["slab_placement"]),  # given, even as the default: paged places no slabs
+    ({"slab_placement": "first-fit"}, ["slab_placement"]),  # paged places no slabs
+    ({"slab_placement": "buddy"}, []),  # the default, which every written scenario.yaml spells out
     ({"prefix_cache": "radix"}, []),  # v1 caches prefixes by default: the radix tree is read
     ({"prefix_cache": "radix", "enable_prefix_caching": False}, ["prefix_cache"]),
     ({"allocator": "slab-pow2", "enable_prefix_caching": False}, []),
@@ -36,3 +37,6 @@ def test_a_run_warns_of_unread_settings_on_stderr_and_still_runs(tmp_path):
         "kvsim: warning: engine.prefix_cache=radix is unread: enable_prefix_caching is false, so no prefix is cached"]
     clean = CliRunner().invoke(app, ["run", *SMALL, "-o", str(tmp_path / "clean")], prog_name="kvsim")
     assert clean.exit_code == 0 and clean.stderr == ""
+    rerun = CliRunner().invoke(app, ["run", str(tmp_path / "clean" / "scenario.yaml"), "--format", "json",
+                                     "-o", str(tmp_path / "rerun")], prog_name="kvsim")  # every field written out
+    assert rerun.exit_code == 0 and rerun.stderr == ""

@@ -337,11 +337,12 @@ class EngineConfig(Settings):
         return self.scheduler == "v1" and (spec is None or spec.method in ("eagle", "eagle3"))
 
     def unread_settings(self) -> list[str]:
-        """Settings given that this engine never reads, one line each: `slab_placement` beside the paged
-        allocator, `prefix_cache: radix` with prefix caching off. A run warns of them rather than refusing
+        """Settings this engine never reads, one line each: a `slab_placement` other than the default beside the
+        paged allocator, `prefix_cache: radix` with prefix caching off. A run warns of them rather than refusing
         them, as the report's studies vary the allocator and caching from this engine and do read them."""
         unread = []
-        if "slab_placement" in self.model_fields_set and self.allocator == "paged":
+        # the default placement is never "given": a written scenario.yaml spells out every field (model_fields_set)
+        if self.slab_placement != "buddy" and self.allocator == "paged":
             unread.append(f"engine.slab_placement={self.slab_placement} is unread: the paged allocator places no "
                           "slabs")
         if self.prefix_cache == "radix" and not self.enable_prefix_caching:
