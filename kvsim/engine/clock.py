@@ -69,9 +69,11 @@ class Wakeup:
         self._env = env
         self._event = env.event()
 
-    def wait(self) -> Generator[simpy.Event, None, None]:
-        yield self._event
-        self._event = self._env.event()
+    def wait(self, timer: simpy.Event | None = None) -> Generator[simpy.Event, None, None]:
+        """Sleep until a ring, or until `timer` fires if given (a ring not taken then stays kept)."""
+        yield self._event if timer is None else self._env.any_of([self._event, timer])
+        if self._event.triggered:
+            self._event = self._env.event()
 
     def ring(self) -> None:
         if not self._event.triggered:

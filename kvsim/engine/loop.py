@@ -12,15 +12,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import cast
 
 import simpy
 
 from kvsim.engine.clock import ArrivalClock, Arrivals, Wakeup, call_at
 from kvsim.engine.recorder import StepRecorder
 from kvsim.engine.runtime import Engine
+from kvsim.engine.turns import TurnArrivals
 from kvsim.latency.base import LatencyModel
 from kvsim.sched import Scheduler
 from kvsim.sched.burst import Burst, plan_burst
+from kvsim.workload.conversations import Conversations
 from kvsim.workload.request import Request
 
 ProgressFn = Callable[[float, int, int], None]  # (simulated seconds, requests done, requests total)
@@ -109,10 +112,10 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
         steps += 1
 
 
-def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request], dispatch: Dispatch,
+def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] | Conversations, dispatch: Dispatch,
                 check: bool = False, progress: ProgressFn | None = None, bursts: bool = True,
                 num_requests: int | None = None,
-                clocks: Callable[[simpy.Environment, Arrivals], Sequence[ArrivalClock]] | None = None,
+                clocks: Callable[[simpy.Environment, ArrivalClock], Sequence[ArrivalClock]] | None = None,
                 max_in_flight: int | None = None) -> None:
     """Run engine groups (one engine each, or a lockstep data-parallel group) in one simulated clock;
     each arriving request goes to engine `dispatch(req, now)` (an index into the groups' engines, in order).
@@ -133,11 +136,16 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request],
     `client_queue_s`), as `vllm bench serve --max-concurrency` sends. Every engine wakes the client at each of
     its step boundaries (`Engine.at_step_boundary`, which must be unset), and decode bursts are off: their
     look-ahead knows the arrival instants, not when a slot frees.
+    `requests` as `Conversations` (`workload.multi_turn.timing: after_reply`): a chat client sends each
+    conversation's next turn after the previous one ended (`kvsim.engine.turns.TurnArrivals`: request ids in
+    send order; every engine's `at_step_boundary` is its, and decode bursts are off), behind `max_in_flight`
+    too if given.
     """
     env = simpy.Environment()
-    arrivals = Arrivals(requests)
-    total = num_requests if num_requests is not None else len(arrivals)
     engines = [engine for group in groups for engine in group]
+    turns = TurnArrivals(env, requests, engines) if isinstance(requests, Conversations) else None
+    arrivals = turns if turns is not None else Arrivals(cast(Iterable[Request], requests))
+    total = num_requests if num_requests is not None else len(arrivals)
     for group in groups:
         wakeup = Wakeup(env)
         for engine in group:
@@ -146,11 +154,16 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request],
                 engine.scheduler.offload.on_next_load_end = _ring_at(env, wakeup)
 
     slot_freed = Wakeup(env)  # rung only for a closed-loop client
-    if max_in_flight is not None:
+    if turns is not None:
+        bursts = False
+    elif max_in_flight is not None:
         bursts = False
         for engine in engines:
             assert engine.at_step_boundary is None, "a closed-loop client's engines mark no other step boundary"
             engine.at_step_boundary = lambda now: slot_freed.ring()
+
+    def send(req: Request) -> None:
+        engines[dispatch(req, env.now)].deliver(env.now, req)
 
     def arrival_process() -> Generator:
         num_sent = 0
@@ -158,17 +171,21 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request],
         def num_in_flight() -> int:  # sent and not yet ended (an engine records each request that ends)
             return num_sent - sum(len(engine.scheduler.records) for engine in engines)
 
-        while not arrivals.all_arrived:
-            if (delivery := arrivals.wait_for_next(env)) is not None:
-                yield delivery
-            while max_in_flight is not None and num_in_flight() >= max_in_flight:
-                yield from slot_freed.wait()
-            held_back = env.now > arrivals.next_delivery_s
-            req = arrivals.pop()
-            if held_back:  # sent now: vllm bench serve's TTFT and E2E count from the send, its queue_times the wait
-                req.client_queue_s, req.arrival_s = env.now - req.arrival_s, env.now
-            engines[dispatch(req, env.now)].deliver(env.now, req)
-            num_sent += 1
+        if turns is not None:
+            yield from turns.client(send, max_in_flight)
+        else:
+            assert isinstance(arrivals, Arrivals)
+            while not arrivals.all_arrived:
+                if (delivery := arrivals.wait_for_next(env)) is not None:
+                    yield delivery
+                while max_in_flight is not None and num_in_flight() >= max_in_flight:
+                    yield from slot_freed.wait()
+                held_back = env.now > arrivals.next_delivery_s
+                req = arrivals.pop()
+                if held_back:  # sent now: vllm bench serve's TTFT and E2E count from the send, its queue_times the wait
+                    req.client_queue_s, req.arrival_s = env.now - req.arrival_s, env.now
+                send(req)
+                num_sent += 1
         for group in groups:  # idle engines learn that nothing more will come, and end
             group[0].wakeup.ring()
 
@@ -203,9 +220,10 @@ def _ring_at(env: simpy.Environment, wakeup: Wakeup) -> Callable[[float], None]:
     return arm
 
 
-def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: Iterable[Request], check: bool = False,
-               progress: ProgressFn | None = None, bursts: bool = True, recorder: StepRecorder | None = None,
-               num_requests: int | None = None, max_in_flight: int | None = None) -> StepRecorder:
+def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: Iterable[Request] | Conversations,
+               check: bool = False, progress: ProgressFn | None = None, bursts: bool = True,
+               recorder: StepRecorder | None = None, num_requests: int | None = None,
+               max_in_flight: int | None = None) -> StepRecorder:
     """Run arrivals and one engine's step loop to completion (`run_engines` with one engine)."""
     engine = Engine(scheduler, latency, recorder if recorder is not None else StepRecorder())
     run_engines([[engine]], requests, lambda req, now: 0, check, progress, bursts, num_requests,

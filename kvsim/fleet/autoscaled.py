@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvsim.engine.builder import engine_result
-from kvsim.engine.clock import Arrivals, call_at
+from kvsim.engine.clock import ArrivalClock, call_at
 from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.runtime import Engine
 from kvsim.fleet.autoscaler import Autoscaler
@@ -95,7 +95,7 @@ class Scaler:
     slots: list[Slot]
     gpus_per_slot: list[int]
     env: Any = None  # the run's simpy.Environment (only kvsim.engine imports simpy)
-    arrivals: Arrivals | None = None
+    arrivals: ArrivalClock | None = None
     gpu_seconds: float = 0.0
     autoscaler: Autoscaler = field(init=False)
     history: dict[str, list[Any]] = field(init=False)
@@ -109,7 +109,7 @@ class Scaler:
         self._since_s = [0.0] * len(self.slots)
         self._starts = [None] * len(self.slots)
 
-    def start(self, env: Any, arrivals: Arrivals) -> list[Arrivals]:
+    def start(self, env: Any, arrivals: ArrivalClock) -> list[ArrivalClock]:
         """`run_engines`' `clocks` hook: every slot reads the run's arrivals; the first sync is at t = 0."""
         self.env, self.arrivals = env, arrivals
         self._sync()

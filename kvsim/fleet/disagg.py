@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from kvsim.engine.builder import EngineParts, engine_result
-from kvsim.engine.clock import ArrivalClock, Arrivals, call_at
+from kvsim.engine.clock import ArrivalClock, call_at
 from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.runtime import Engine
 from kvsim.fleet.driver import (
@@ -170,14 +170,14 @@ class Disaggregation:
         self.num_handed_off = self.num_in_decode_queues = 0
         self.num_held = dict.fromkeys(self.prefill, 0)  # prefill replica -> requests whose KV it keeps for D
         self.env: Any = None  # the run's simpy.Environment (only kvsim.engine imports simpy)
-        self.arrivals: Arrivals | None = None
+        self.arrivals: ArrivalClock | None = None
         for i in self.prefill:
             engines[i].scheduler.hand_off = self._hand_off_from(i)
         for k, i in enumerate(self.decode):
             engines[i].at_step_boundary = self._reserve_on(k)
 
     # ---------------------------------------------------------------- the clocks
-    def clocks(self, env: Any, arrivals: Arrivals) -> list[ArrivalClock]:
+    def clocks(self, env: Any, arrivals: ArrivalClock) -> list[ArrivalClock]:
         """The run's arrivals feed the prefill instances; hand-offs feed the decode instances."""
         self.env, self.arrivals = env, arrivals
         decode = set(self.decode)
@@ -315,7 +315,7 @@ class _PrefillClock:
 
     disagg: Disaggregation
     replica: int
-    arrivals: Arrivals
+    arrivals: ArrivalClock
 
     @property
     def all_arrived(self) -> bool:

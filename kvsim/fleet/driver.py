@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
+    from kvsim.workload.conversations import Conversations
     from kvsim.workload.generate import RequestStream
 
 
@@ -173,7 +174,7 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
 
 def replica_engines(scenario: Scenario, specs: list[Scenario], observe_kv: bool,
                     writers: Sequence[StepWriter | None] | None = None
-                    ) -> tuple[list[EngineParts], list[Engine], RequestStream]:
+                    ) -> tuple[list[EngineParts], list[Engine], RequestStream | Conversations]:
     """One engine per replica scenario in `specs`, and the traffic: one generator seeded by `scenario.seed`
     (the run's only source of randomness) builds the engines in order, then draws the requests (built at
     arrival, let go when they end; capped at the scenario's max_model_len). `scenario.steps` holds for the

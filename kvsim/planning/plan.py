@@ -89,6 +89,10 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
     if base.workload.max_concurrency is not None:  # a closed loop's queue waits in the client, never grows
         raise KvsimError(f"workload.max_concurrency={base.workload.max_concurrency}: plan sizes a fleet for open-loop "
                          "traffic (requests arrive whether or not earlier ones ended); remove it from the scenario")
+    multi_turn = base.workload.multi_turn
+    if multi_turn is not None and multi_turn.timing == "after_reply":  # each user waits for the reply: a closed loop
+        raise KvsimError("workload.multi_turn.timing=after_reply: plan sizes a fleet for open-loop traffic "
+                         "(turns arrive whether or not earlier replies came); use timing=open")
     check_slo_classes(base, spec)
     for gpu in dict.fromkeys(spec.gpus):
         load_gpu(gpu)

@@ -124,6 +124,10 @@ class Study:
         if base.workload.max_concurrency is not None:  # its load curves and sustained rates vary the arrival rate
             raise KvsimError(f"workload.max_concurrency={base.workload.max_concurrency}: kvsim report studies "
                              "open-loop traffic at several rates; run it with --set workload.max_concurrency=null")
+        multi_turn = base.workload.multi_turn
+        if multi_turn is not None and multi_turn.timing == "after_reply":  # follow-ups wait for replies: a closed loop
+            raise KvsimError("workload.multi_turn.timing=after_reply: kvsim report studies open-loop traffic at "
+                             "several rates; run it with --set workload.multi_turn.timing=open")
         self.base = variant(base, f"workload.num_requests={cfg.num_requests}")
         self.cfg = cfg
         spec = resolve_engine(self.base)

@@ -100,6 +100,14 @@ class RequestRecords:
                                         req.num_prefix_hit_tokens, req.num_preemptions, req.priority))
         self._status.append(_STATUS_CODE[req.status])
 
+    def ends(self, start: int) -> list[tuple[int, bool, float]]:
+        """(request_id, finished, finish_s) of each row from `start` on, in the order the requests ended
+        (finish_s is NaN for a rejected request): how a client learns which replies have come."""
+        width, ints, times = len(_INTS), self._ints, self._times
+        finished, finish = _STATUS_CODE[RequestStatus.FINISHED], _TIMES.index("finish_s")
+        return [(ints[row * width], self._status[row] == finished, times[row * len(_TIMES) + finish])
+                for row in range(start, len(self._status))]
+
     def add_preemption(self, request_id: int) -> None:
         """One more preemption on the row of `request_id`, a request that has ended (searched from the
         last row back: it ended lately, `kvsim.sched.async_steps.AsyncSteps.preempt_finishing`)."""

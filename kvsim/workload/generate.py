@@ -36,7 +36,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from kvsim.model.errors import KvsimError, reading
-from kvsim.workload.content import Content, SegmentContent, TokenContent
+from kvsim.workload.content import Content
+from kvsim.workload.conversations import Conversations, Segments, TurnBuilder
 from kvsim.workload.draws import Arrival, Empirical, Fixed, LengthDist, Lognormal, Uniform
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario, Workload
@@ -184,15 +185,23 @@ class RequestStream(Iterator[Request]):
 
 
 def build_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generator) -> list[Request]:
-    """The scenario's requests, sorted by arrival, ids 0..n−1 in arrival order (all at once)."""
-    return list(iter_requests(scenario, max_model_len, rng))
+    """The scenario's requests, sorted by arrival, ids 0..n−1 in arrival order (all at once). Open-loop
+    timing only: with `multi_turn.timing: after_reply` a follow-up's send instant is known only in a run."""
+    requests = iter_requests(scenario, max_model_len, rng)
+    if isinstance(requests, Conversations):
+        raise KvsimError("workload.multi_turn.timing=after_reply: a follow-up turn's send instant is known only "
+                         "when its previous turn ends in a run; this needs open-loop timing (timing=open)")
+    return list(requests)
 
 
-def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generator) -> RequestStream:
-    """The scenario's requests one at a time, sorted by arrival, ids 0..n−1 in arrival order.
+def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generator) -> RequestStream | Conversations:
+    """The scenario's requests one at a time, sorted by arrival, ids 0..n−1 in arrival order; with
+    `multi_turn.timing: after_reply`, its conversations, each turn built when the run sends it
+    (`kvsim.workload.conversations.Conversations`; the run numbers the requests in send order).
 
     Every random draw happens in this call, before the first request is taken (the run's one
-    generator is then free for the scheduler); the `Request` objects are built lazily.
+    generator is then free for the scheduler); the `Request` objects are built lazily. Both timings
+    draw the same numbers in the same order, so they differ only in when turns after the first are sent.
     """
     w = scenario.workload
     records = _base_records(scenario, rng)
@@ -203,6 +212,13 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
     prefix_ids = rng.integers(0, prefix.num_prefixes, size=n) if prefix else None
     turns = w.multi_turn.turns if w.multi_turn else 1
     think_s = w.multi_turn.think_time_s if w.multi_turn else 0.0
+    num_samples, beam = w.beam_width or w.n, w.beam_width is not None
+    priorities = _priorities(w, records, turns, rng)
+    with_acceptance = w.trace is not None and w.trace.acceptance_column is not None
+    builder = TurnBuilder(records, turns, max_model_len, prefix, with_prefix, prefix_ids, num_samples, beam,
+                          priorities, with_acceptance)
+    if w.multi_turn is not None and w.multi_turn.timing == "after_reply":  # a conversation's first row's instant
+        return Conversations(builder, np.asarray(arrivals, dtype=np.float64)[::turns], think_s)
     if turns > 1:  # turn k of a conversation arrives k think times after its first turn
         index = np.arange(n)
         arrival = arrivals[index - index % turns].astype(np.float64) + (index % turns).astype(np.float64) * think_s
@@ -210,41 +226,17 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
         arrival = np.asarray(arrivals, dtype=np.float64)
     # the earliest arrival among requests not yet constructed (inf past the last one)
     later_min = np.append(np.minimum.accumulate(arrival[::-1])[::-1], np.inf) if n else np.array([np.inf])
-    num_samples, beam = w.beam_width or w.n, w.beam_width is not None
-    priorities = _priorities(w, records, turns, rng)
-    with_acceptance = w.trace is not None and w.trace.acceptance_column is not None
 
     def generate() -> Iterator[Request]:
         heap: list[tuple[float, int, int, int, Content]] = []
-        history: list[tuple[object, int]] = []
+        history: Segments = []
         next_id = 0
         for index in range(n):
-            record = records[index]
-            conv, turn = divmod(index, turns)
-            if turn == 0:
-                history = []
-                if prefix is not None and prefix_ids is not None and with_prefix[index]:
-                    history.append((("system", int(prefix_ids[index])), prefix.tokens))
-            if record.segments is not None:
-                prompt_segments = [*history, *record.segments]
-            else:
-                prompt_segments = [*history, (("user", conv, turn), record.prompt_len)]
-            prompt_len = sum(length for _, length in prompt_segments)
-            output_len = max(1, min(record.output_len, max_model_len - prompt_len))
-            out_segment = (("reply", conv, turn), output_len)
-            content: Content
-            if record.token_ids is not None and not history:
-                content = TokenContent(record.token_ids[: prompt_len + output_len])
-            else:
-                content = SegmentContent([*prompt_segments, out_segment])
+            prompt_len, output_len, content, history = builder.content(index, history)
             heapq.heappush(heap, (float(arrival[index]), index, prompt_len, output_len, content))
-            history = [*prompt_segments, out_segment]
             while heap and heap[0][0] <= later_min[index + 1]:
                 arrival_s, built, prompt_len, output_len, content = heapq.heappop(heap)
-                yield Request(request_id=next_id, arrival_s=arrival_s, prompt_len=prompt_len,
-                              output_len=output_len, content=content, num_samples=num_samples, beam=beam,
-                              priority=int(priorities[built // turns]) if priorities is not None else 0,
-                              acceptance_lengths=records[built].acceptance_lengths if with_acceptance else None)
+                yield builder.request(built, next_id, arrival_s, prompt_len, output_len, content)
                 next_id += 1
 
     return RequestStream(np.sort(arrival, kind="stable"), generate())

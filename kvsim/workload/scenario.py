@@ -59,10 +59,17 @@ class SharedPrefix(Settings):
 
 
 class MultiTurn(Settings):
-    """Conversations of `turns` turns; each turn's prompt is the conversation so far."""
+    """Conversations of `turns` turns; each turn's prompt is the conversation so far (`timing`: when turns after
+    the first are sent)."""
 
     turns: int = Field(gt=0)
     think_time_s: float = Field(default=10.0, ge=0)
+    # left out of a written scenario when open, so a scenario that does not set it writes what it always wrote
+    timing: Literal["open", "after_reply"] = Field(
+        default="open", exclude_if=lambda timing: timing == "open",
+        description="open: turn k arrives k think times after its conversation's first turn, whether or not the "
+        "previous reply has come; after_reply: turn k + 1 is sent think_time_s after turn k ended (its last "
+        "token), as vLLM's multi-turn benchmark client sends, and a rejected turn ends its conversation")
 
 
 class PriorityClass(Settings):
@@ -278,6 +285,10 @@ class Scenario(Settings):
             raise ValueError(f"autoscaler: needs replicas as a count (the start), not replicas={self.replicas_shown}")
         if self.autoscaler is not None and self.kv_transfer_config is not None:
             raise ValueError("autoscaler with kv_transfer_config: autoscaling a disaggregated fleet is not modelled")
+        multi_turn = self.workload.multi_turn
+        if multi_turn is not None and multi_turn.timing == "after_reply" and self.kv_transfer_config is not None:
+            raise ValueError("workload.multi_turn.timing=after_reply with kv_transfer_config: a client that waits "
+                             "for each reply in front of a disaggregated fleet is not modelled")
         if self.workload.max_concurrency is not None and self.kv_transfer_config is not None:
             raise ValueError(f"workload.max_concurrency={self.workload.max_concurrency} with kv_transfer_config: a "
                              "closed-loop client in front of a disaggregated fleet is not modelled")

@@ -1,0 +1,130 @@
+"""A run's turns as requests: what each turn's prompt holds, and conversations whose next turn waits for
+the previous reply (`workload.multi_turn.timing: after_reply`).
+
+`TurnBuilder` holds the columns `kvsim.workload.generate.iter_requests` drew and builds one turn from
+them: its prompt is the conversation so far (a shared system prompt, every earlier prompt and reply)
+plus the turn's new message, as segments, so that prefix caching hits exactly where a chat client resends
+the history. Both timings build every turn through it, so a turn's content does not depend on when it is
+sent.
+
+`Conversations` serves `after_reply`: only the first turns' instants are known up front (the arrival
+process's draws); turn k + 1 of a conversation is sent `think_time_s` after turn k ended, which only the
+run knows (`kvsim.engine.turns`). It builds a conversation's next turn when the run sends it and keeps the
+history of the conversations in progress only (a turn in flight or waiting for its think time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from kvsim.workload.content import Content, SegmentContent, TokenContent
+from kvsim.workload.request import Request
+from kvsim.workload.scenario import SharedPrefix
+from kvsim.workload.traces import TraceRecord
+
+Segments = list[tuple[Hashable, int]]  # (segment id, tokens), in prompt order
+
+
+class TurnBuilder:
+    """Turn `index` of the run's records (record `index` is turn `index % turns` of conversation
+    `index // turns`) as a request, from the columns drawn for the run."""
+
+    __slots__ = ("records", "turns", "max_model_len", "prefix", "with_prefix", "prefix_ids", "num_samples", "beam",
+                 "priorities", "with_acceptance")
+
+    def __init__(self, records: Sequence[TraceRecord], turns: int, max_model_len: int, prefix: SharedPrefix | None,
+                 with_prefix: np.ndarray, prefix_ids: np.ndarray | None, num_samples: int, beam: bool,
+                 priorities: np.ndarray | None, with_acceptance: bool) -> None:
+        self.records, self.turns, self.max_model_len = records, turns, max_model_len
+        self.prefix, self.with_prefix, self.prefix_ids = prefix, with_prefix, prefix_ids
+        self.num_samples, self.beam, self.priorities = num_samples, beam, priorities
+        self.with_acceptance = with_acceptance
+
+    def content(self, index: int, history: Segments) -> tuple[int, int, Content, Segments]:
+        """Turn `index`'s prompt and output lengths, its content, and the history the conversation's next turn
+        starts from (this turn's prompt and reply). `history`: what the previous turn returned (ignored on a
+        conversation's first turn, which starts from the system prompt, if the request has one). The output
+        is capped so that prompt + output ≤ max_model_len (at least 1 token)."""
+        record = self.records[index]
+        conv, turn = divmod(index, self.turns)
+        if turn == 0:
+            history = []
+            prefix = self.prefix
+            if prefix is not None and self.prefix_ids is not None and self.with_prefix[index]:
+                history.append((("system", int(self.prefix_ids[index])), prefix.tokens))
+        if record.segments is not None:
+            prompt_segments = [*history, *record.segments]
+        else:
+            prompt_segments = [*history, (("user", conv, turn), record.prompt_len)]
+        prompt_len = sum(length for _, length in prompt_segments)
+        output_len = max(1, min(record.output_len, self.max_model_len - prompt_len))
+        out_segment = (("reply", conv, turn), output_len)
+        content: Content
+        if record.token_ids is not None and not history:
+            content = TokenContent(record.token_ids[: prompt_len + output_len])
+        else:
+            content = SegmentContent([*prompt_segments, out_segment])
+        return prompt_len, output_len, content, [*prompt_segments, out_segment]
+
+    def request(self, index: int, request_id: int, arrival_s: float, prompt_len: int, output_len: int,
+                content: Content) -> Request:
+        """Turn `index` as the request `request_id` arriving at `arrival_s` (its conversation's priority, its
+        record's acceptance lengths)."""
+        priorities = self.priorities
+        return Request(request_id=request_id, arrival_s=arrival_s, prompt_len=prompt_len, output_len=output_len,
+                       content=content, num_samples=self.num_samples, beam=self.beam,
+                       priority=int(priorities[index // self.turns]) if priorities is not None else 0,
+                       acceptance_lengths=self.records[index].acceptance_lengths if self.with_acceptance else None)
+
+
+class Conversations:
+    """`after_reply` conversations, each turn built when the run sends it (`send`).
+
+    Conversation c holds records c·turns … (the last one may hold fewer turns: `num_requests` need not be
+    a multiple of `turns`). `first_arrival_s[c]` is when its first turn arrives (ascending). The run calls
+    `send(c, request_id, now)` for the first turn and, each time the previous turn ended, `ended(c, finished)`,
+    then `send` again after the think time if `ended` says a turn follows. A rejected turn ends its
+    conversation: vLLM's multi-turn benchmark client (benchmarks/multi_turn/benchmark_serving_multi_turn.py,
+    `client_main`) drops a conversation whose request failed ("Remove the conversation (should not be used
+    again)"), so its later turns are never sent.
+    """
+
+    __slots__ = ("builder", "first_arrival_s", "think_time_s", "num_requests", "_history")
+
+    def __init__(self, builder: TurnBuilder, first_arrival_s: np.ndarray, think_time_s: float) -> None:
+        self.builder, self.first_arrival_s, self.think_time_s = builder, first_arrival_s, think_time_s
+        self.num_requests = len(builder.records)  # every turn of every conversation: the most a run can send
+        self._history: dict[int, tuple[int, Segments]] = {}  # conversation -> (its next turn, history so far)
+
+    def __len__(self) -> int:
+        return self.num_requests
+
+    @property
+    def num_conversations(self) -> int:
+        return len(self.first_arrival_s)
+
+    @property
+    def num_in_progress(self) -> int:
+        """Conversations started and not ended: the ones whose history is kept."""
+        return len(self._history)
+
+    def send(self, conv: int, request_id: int, arrival_s: float) -> Request:
+        """Conversation `conv`'s next turn (its first if it has not started), as request `request_id` sent at
+        `arrival_s`."""
+        turn, history = self._history.get(conv, (0, []))
+        index = conv * self.builder.turns + turn
+        assert index < self.num_requests and (turn == 0) == (conv not in self._history)
+        prompt_len, output_len, content, next_history = self.builder.content(index, history)
+        self._history[conv] = (turn + 1, next_history)
+        return self.builder.request(index, request_id, arrival_s, prompt_len, output_len, content)
+
+    def ended(self, conv: int, finished: bool) -> bool:
+        """The turn of `conv` in flight ended (finished, or rejected); True if another turn follows (the
+        history is kept for it), False if the conversation is over (its history let go)."""
+        next_turn, _ = self._history[conv]
+        if finished and next_turn < self.builder.turns and conv * self.builder.turns + next_turn < self.num_requests:
+            return True
+        del self._history[conv]
+        return False
