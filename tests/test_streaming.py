@@ -22,6 +22,7 @@ from kvsim.model.config import load_gpu, load_model
 from kvsim.results.budget import estimate_run_bytes
 from kvsim.results.metrics import EngineCounters, StepTotals, dp_group_steps, summarize
 from kvsim.results.step_writer import has_pyarrow
+from kvsim.workload import conversations
 from kvsim.workload import generate as workload
 from kvsim.workload.request import Request, RequestStatus
 from kvsim.workload.scenario import load_scenario
@@ -142,7 +143,7 @@ def test_requests_are_built_only_when_the_arrival_process_asks(monkeypatch):
         built.append(1)
         return Request(*args, **kwargs)
 
-    monkeypatch.setattr(workload, "Request", counting)
+    monkeypatch.setattr(conversations, "Request", counting)  # every turn is built there (`TurnBuilder.request`)
     spec = load_scenario(None, ["workload.num_requests=1000"])
     stream = workload.iter_requests(spec, 8192, np.random.default_rng(0))
     assert not built  # every draw made, no request built yet

@@ -291,6 +291,7 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "duration_s": duration,
         "output_tokens_per_s": output_tokens / duration if duration else 0.0,
         "requests_per_s": len(finished) / duration if duration else 0.0,
+        # from the sends: behind a closed-loop client or with after_reply turns, the rate the client sent at
         "offered_rate_per_s": (len(arrivals) - 1) / span_s if span_s else 0.0,
         **{key: percentiles(requests_df[key].to_numpy(dtype=float)) for key in ("ttft_s", "tpot_s", "e2e_s",
                                                                                 "queue_s")},

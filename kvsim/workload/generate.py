@@ -8,7 +8,9 @@ Order of construction (each step documented where it happens):
 2. arrivals: the trace's own timestamps divided by `rate_scale`, or a Poisson, gamma
    (coefficient of variation `cv`) or constant-rate process;
 3. structure: a shared system prompt in front of a fraction of prompts; multi-turn
-   conversations whose turn k prompt is every earlier prompt and reply plus a new message;
+   conversations whose turn k prompt is every earlier prompt and reply plus a new message
+   (`kvsim.workload.conversations.TurnBuilder`), turn k arriving k think times after the first
+   (`timing: open`) or sent by the run after turn k − 1 ended (`after_reply`: `Conversations`);
 4. output lengths capped so that prompt + output ≤ max_model_len (a prompt that alone
    reaches max_model_len is kept and the scheduler rejects it, with the reason);
 5. priorities: with a class mix, one class per conversation (every turn keeps it), drawn by
