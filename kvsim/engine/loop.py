@@ -166,15 +166,15 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] 
         engines[dispatch(req, env.now)].deliver(env.now, req)
 
     def arrival_process() -> Generator:
-        num_sent = 0
-
-        def num_in_flight() -> int:  # sent and not yet ended (an engine records each request that ends)
-            return num_sent - sum(len(engine.scheduler.records) for engine in engines)
-
         if turns is not None:
             yield from turns.client(send, max_in_flight)
         else:
             assert isinstance(arrivals, Arrivals)
+            num_sent = 0
+
+            def num_in_flight() -> int:  # sent and not yet ended (an engine records each request that ends)
+                return num_sent - sum(len(engine.scheduler.records) for engine in engines)
+
             while not arrivals.all_arrived:
                 if (delivery := arrivals.wait_for_next(env)) is not None:
                     yield delivery
