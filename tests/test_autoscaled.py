@@ -24,13 +24,16 @@ def raw(num_requests=300, rate=20.0, replicas=2, autoscaler=None, policy="least_
 @pytest.mark.parametrize("policy", ["least_outstanding", "least_kv"])
 def test_zero_startup_instant_thresholds_pinned_at_n_is_the_static_fleet(policy):
     """min_replicas = 2 and a target never reached: the recommendation is always 2 (clamped), so the
-    fleet is the static 2-replica fleet: identical requests, and 2 GPUs billed over the whole run."""
+    fleet is the static 2-replica fleet: identical requests, routes, per-replica rows and summary (less
+    `autoscaling`: the third slot, never started, is no replica of it), and 2 GPUs billed over the whole run."""
     pinned = {"min_replicas": 2, "max_replicas": 3, "target": 1e9, "startup_s": 0, "scale_down_window_s": 0,
               "sync_period_s": 1.0}
     static = simulate_fleet(make_scenario(raw(policy=policy)))
     scaled = simulate_autoscaled(make_scenario(raw(autoscaler=pinned, policy=policy)))
     assert scaled.requests.equals(static.requests)
     assert scaled.tables["routes"].equals(static.tables["routes"])
+    assert scaled.tables["replicas"].equals(static.tables["replicas"])
+    assert {key: value for key, value in scaled.summary.items() if key != "autoscaling"} == static.summary
     auto = scaled.summary["autoscaling"]
     last_finish_s = float((static.requests["arrival_s"] + static.requests["e2e_s"]).max())
     assert auto["billed_span_s"] == pytest.approx(last_finish_s, rel=1e-12)

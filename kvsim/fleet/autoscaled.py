@@ -19,7 +19,9 @@ for again is kept READY: its requests are still there, and it is the cheaper cho
 cancels STARTING slots first (newest first), then drains READY ones, fewest outstanding first. The
 router sees only READY replicas. A DRAINING slot is switched off at the first sync after its last
 request ends. GPU-hours bill every slot that is not OFF (`tensor_parallel_size` GPUs each), as a cloud
-bill does from the moment a replica is requested.
+bill does from the moment a replica is requested. The summary's replicas (`num_replicas`, `num_gpus`,
+`per_replica` and its means and spreads over replicas) are the slots that were ever READY: a policy pinned at
+N replicas summarises as the static N-replica fleet, plus `autoscaling`. The result's `replicas` hold every slot.
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ class Scaler:
     history: dict[str, list[Any]] = field(init=False)
     _since_s: list[float] = field(init=False)  # when each slot last left OFF
     _starts: list[object] = field(init=False)  # the pending start of each slot (a cancel voids it)
+    ever_ready: list[bool] = field(init=False)  # each slot: READY at some point (a replica of the run's fleet)
 
     def __post_init__(self) -> None:
         self.autoscaler = Autoscaler(self.spec)
@@ -108,6 +111,7 @@ class Scaler:
                                             "num_draining")}
         self._since_s = [0.0] * len(self.slots)
         self._starts = [None] * len(self.slots)
+        self.ever_ready = [s is Slot.READY for s in self.slots]
 
     def start(self, env: Any, arrivals: ArrivalClock) -> list[ArrivalClock]:
         """`run_engines`' `clocks` hook: every slot reads the run's arrivals; the first sync is at t = 0."""
@@ -196,6 +200,7 @@ class Scaler:
     def _ready(self, i: int, token: object) -> None:
         if self.slots[i] is Slot.STARTING and self._starts[i] is token:  # not cancelled (and restarted) meanwhile
             self.slots[i] = Slot.READY
+            self.ever_ready[i] = True
 
 
 def slo_attainment(requests_df: pd.DataFrame, slo_ttft_s: float, slo_tpot_s: float, window_s: float) -> pd.DataFrame:
@@ -259,11 +264,13 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     billed_span_s = scaler.env.now
     scaler.finish()
     runs = [engine_result(s, p, e.recorder) for s, p, e in zip(specs, parts, engines, strict=True)]
-    served = [i for i, run in enumerate(runs) if len(run.requests)] or [0]  # slots never used add no rows
-    requests_df = fleet_requests([runs[i].request_columns for i in served], served)
+    # the fleet is the slots that were ever READY: one never started (or cancelled while starting) served nothing
+    # and is no replica of the summary's counts, means and rows, so a policy pinned at N is the static N fleet
+    used = [i for i, ready in enumerate(scaler.ever_ready) if ready]
+    requests_df = fleet_requests([runs[i].request_columns for i in used], used)
     steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
     routes_df = routes.frame()
-    summary = fleet_summary(scenario, requests_df, runs, routes_df)
+    summary = fleet_summary(scenario, requests_df, [runs[i] for i in used], routes_df, used)
     scaling = pd.DataFrame(scaler.history)
     slo = slo_attainment(requests_df, spec.slo_ttft_s, spec.slo_tpot_s, spec.slo_window_s)
     met = slo["slo_attainment"] * slo["num_requests"]

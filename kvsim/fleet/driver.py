@@ -257,10 +257,11 @@ def fleet_requests(tables: Sequence[Mapping[str, np.ndarray]], replicas: Sequenc
 
 
 def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunResult],
-                  routes_df: pd.DataFrame) -> dict[str, Any]:
+                  routes_df: pd.DataFrame, replica_ids: Sequence[int] | None = None) -> dict[str, Any]:
     """Fleet-wide headline numbers: latency percentiles over every request, totals over replicas (with KV
     offload, `kv_offload`: the books of the replicas that have a tier, per tier and in total,
-    `kvsim.kv.offload_connector.combine_summaries`; each replica's is in its summary)."""
+    `kvsim.kv.offload_connector.combine_summaries`; each replica's is in its summary). `replica_ids` number
+    the `per_replica` rows (default 0, 1, ...; an autoscaled fleet's: the slots it used)."""
     finished = requests_df[requests_df["status"] == "finished"]
     end_s = max((r.summary["duration_s"] + float(r.request_columns["arrival_s"].min()) for r in runs
                  if len(r.request_columns["arrival_s"])), default=0.0)
@@ -276,7 +277,7 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "num_preemptions": r.summary["num_preemptions"],
         "prefix_cache_hit_rate": r.summary["prefix_cache_hit_rate"], "ttft_p90_s": r.summary["ttft_s"]["p90"],
         "tpot_p90_s": r.summary["tpot_s"]["p90"], "e2e_p90_s": r.summary["e2e_s"]["p90"],
-    } for i, r in enumerate(runs)]
+    } for i, r in zip(range(len(runs)) if replica_ids is None else replica_ids, runs, strict=True)]
     counts = [row["num_requests"] for row in per_replica]
     arrivals = requests_df["arrival_s"]
     span_s = float(arrivals.max() - arrivals.min()) if len(arrivals) > 1 else 0.0
