@@ -39,7 +39,7 @@ def simulate_scenario(scenario: Scenario, check: bool = False, progress: Progres
             result = simulate_autoscaled(scenario, check=check, progress=progress,
                                          memory_limit_bytes=memory_limit_bytes)
         if out_dir is not None:
-            result.write(out_dir)
+            result.write(out_dir, steps_format)
         return result
     if scenario.is_fleet:
         from kvsim.fleet.driver import simulate_fleet

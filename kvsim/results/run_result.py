@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
+    from kvsim.results.step_writer import StepsFormat
+
     from kvsim.workload.scenario import Scenario
 
 
@@ -122,31 +124,37 @@ class RunResult:
             (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
         return Path(out_dir)
 
-    def write(self, out_dir: str | Path) -> Path:
-        """Write `write_run_files`' files, `steps.csv` included unless the scenario keeps no steps, into
-        `out_dir`.
+    def write(self, out_dir: str | Path, steps_format: StepsFormat = "csv") -> Path:
+        """Write `write_run_files`' files, the steps included (`steps.csv`, or `steps.parquet` as
+        `steps_format` chooses: `kvsim.results.step_writer.resolve_format`) unless the scenario keeps no
+        steps, into `out_dir`.
 
         `out_dir` must be new or an earlier kvsim run (else `KvsimError`); the files go to a
         temporary sibling folder that is swapped into place only when all are complete.
         """
         with output_directory(out_dir, "run") as tmp:
-            write_run_files(tmp, self, steps=self.scenario.steps != "none", final=Path(out_dir))
+            write_run_files(tmp, self, steps=self.scenario.steps != "none", final=Path(out_dir),
+                            steps_format=steps_format)
         return Path(out_dir)
 
 
-def write_run_files(folder: Path, result: RunResult, steps: bool, final: Path) -> None:
+def write_run_files(folder: Path, result: RunResult, steps: bool, final: Path,
+                    steps_format: StepsFormat = "csv") -> None:
     """`requests.csv`, `summary.json`, `scenario.yaml`, every table of `result.tables` as NAME.csv and,
-    if `steps`, `steps.csv` into `folder` (a temporary folder of `output_directory`, which becomes `final`;
-    `scenario.yaml` reruns from there: `Scenario.dump_into`). Every CSV is `DataFrame.to_csv`'s text
-    (`kvsim.results.step_writer.write_csv`), written in bounded memory."""
+    if `steps`, the steps as `steps.csv` or `steps.parquet` (`steps_format`) into `folder` (a temporary
+    folder of `output_directory`, which becomes `final`; `scenario.yaml` reruns from there:
+    `Scenario.dump_into`). Every CSV is `DataFrame.to_csv`'s text (`kvsim.results.step_writer.write_csv`),
+    written in bounded memory."""
     import yaml
 
-    from kvsim.results.step_writer import frame_columns, write_csv
+    from kvsim.results.step_writer import StepWriter, frame_columns, write_csv
 
     write_csv(result.request_columns, folder / "requests.csv")
     if steps:
         columns = result.step_columns if result.step_columns is not None else frame_columns(result.steps)
-        write_csv(columns, folder / "steps.csv")
+        writer = StepWriter(folder, steps_format)
+        writer.write(columns)
+        writer.close()
     for name, table in result.tables.items():
         write_csv(frame_columns(table), folder / f"{name}.csv")
     (folder / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
