@@ -8,6 +8,7 @@ prefix cache hits and requests are preempted (both asserted).
 """
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from typer.testing import CliRunner
 import kvsim
 from kvsim.cli import app
 from kvsim.model.config import PRESETS_DIR
+from kvsim.model.errors import KvsimError
 from kvsim.results.step_writer import has_pyarrow
 
 SMALL = {
@@ -175,3 +177,15 @@ def test_every_kind_of_run_writes_the_steps_format_asked_for(tmp_path, kind):
     assert len(steps) > 0 and steps.equals(pd.read_parquet(as_parquet / "steps.parquet"))
     for name in {p.name for p in as_csv.iterdir()} - {"steps.csv", ".kvsim-output"}:
         assert (as_csv / name).read_bytes() == (as_parquet / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("fleet", [{"replicas": 1, "engine": {"data_parallel_size": 2}},
+                                   {"replicas": [{"count": 1}, {"count": 1, "engine": {"data_parallel_size": 2}}]}])
+def test_a_replica_given_a_data_parallel_size_is_refused(fleet):
+    """A fleet of one DP-2 engine ran as one engine (every request on one pool, the summary's GPUs 1): the
+    relation "a fleet of one is the engine" failed because the fleet dropped the other rank without a word."""
+    raw = {**scenario(), "replicas": fleet["replicas"]}
+    raw["engine"] = {**raw["engine"], **fleet.get("engine", {})}
+    group = "" if isinstance(fleet["replicas"], int) else "replicas[1]: "
+    with pytest.raises(KvsimError, match=rf"^{re.escape(group)}engine.data_parallel_size=2: a fleet's replicas are single engines"):
+        kvsim.simulate(raw)

@@ -81,8 +81,15 @@ def _groups(scenario: Scenario) -> list[tuple[int, dict[str, Any], str, int]]:
 
 
 def _replica(scenario: Scenario, raw: dict[str, Any], name: str, group: int) -> Scenario:
+    """One replica's single-engine scenario. A replica is one engine: a data-parallel size given to it is
+    refused (it ran one engine per replica, its other ranks and their GPUs dropped without a word)."""
     try:
-        return make_scenario({**raw, "name": name}, scenario.base_dir)
+        replica = make_scenario({**raw, "name": name}, scenario.base_dir)
+        if replica.engine.data_parallel_size > 1:
+            raise KvsimError(f"engine.data_parallel_size={replica.engine.data_parallel_size}: a fleet's replicas are "
+                             "single engines (a data-parallel group per replica is not modelled); give more "
+                             "replicas, or drop replicas to run one data-parallel group")
+        return replica
     except KvsimError as error:
         if isinstance(scenario.replicas, int):
             raise
