@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from kvsim.results.step_writer import StepsFormat
-
     from kvsim.workload.scenario import Scenario
 
 
