@@ -98,7 +98,8 @@ def test_every_request_matches_a_naive_reference(tmp_path, seed, think_s):
         rows += [(start_s, message, output) for message, output in lengths[-1]]
     raw = {"model": "llama-3.1-8b", "gpu": "h100-80gb", "steps": "none",
            "engine": {"scheduler": "v1", "async_scheduling": False, "enable_prefix_caching": True, "block_size": BLOCK,
-                      "max_num_batched_tokens": 65536, "max_model_len": 8192},
+                      "max_num_batched_tokens": 65536, "max_model_len": 8192,
+                      "num_gpu_blocks_override": 4000},  # all 60 turns' blocks (< 1,200): nothing is evicted
            "latency": {"model": "constant", "step_s": STEP_S},
            "workload": {"num_requests": 60, "arrival": {"process": "trace"},
                         "trace": {"format": "azure", "path": _azure(tmp_path, rows)},
