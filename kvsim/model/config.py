@@ -50,13 +50,18 @@ def model_presets() -> list[str]:
 
 def model_file(name_or_path: str) -> tuple[Path, bool]:
     """The file a model name reads and whether it is a preset: a preset's config (`llama-3.1-8b`), else
-    the path given; KvsimError naming the value when it is neither."""
+    the path given, or the `config.json` in a folder given (a downloaded model's folder, as vLLM's `--model`
+    takes it); KvsimError naming the value when it is none of these."""
     preset = PRESETS_DIR / "models" / f"{name_or_path}.json"
     if preset.is_file():
         return preset, True
-    if not Path(name_or_path).is_file():
-        raise KvsimError(f"model={name_or_path!r}: not a preset ({', '.join(model_presets())}) nor a file")
-    return Path(name_or_path), False
+    path = Path(name_or_path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return path / "config.json", False
+    if not path.is_file():
+        folder = " (a folder without a config.json)" if path.is_dir() else ""
+        raise KvsimError(f"model={name_or_path!r}: not a preset ({', '.join(model_presets())}) nor a file{folder}")
+    return path, False
 
 
 @cache

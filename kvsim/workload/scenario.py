@@ -359,10 +359,11 @@ class Scenario(Settings):
 
 
 def _absolute_config(name_or_path: str, presets: list[str]) -> str:
-    """A model or GPU given as a relative file path, not a preset, made absolute: `load_model` and `load_gpu`
-    read it from the working folder, and a written `scenario.yaml` must run again from any folder."""
+    """A model or GPU given as a relative path (a file, or a model's folder), not a preset, made absolute:
+    `load_model` and `load_gpu` read it from the working folder, and a written `scenario.yaml` must run again
+    from any folder."""
     path = Path(name_or_path)
-    return str(path.resolve()) if name_or_path not in presets and not path.is_absolute() and path.is_file() \
+    return str(path.resolve()) if name_or_path not in presets and not path.is_absolute() and path.exists() \
         else name_or_path
 
 
