@@ -226,3 +226,22 @@ def test_drafts_stop_one_position_short_of_max_model_len():
     assert steps == [[5], [4], [4], [4], [1]]
     spec = sched.speculation
     assert (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens) == (3, 9, 6)
+
+
+def test_a_prefill_chunk_ending_one_token_short_verifies_no_drafts_and_the_next_step_samples_the_first_token():
+    # vLLM drops the drafts proposed after a prefill chunk (scheduler.py, update_draft_token_ids: "Ignore draft
+    # tokens for prefill chunks"), so a request has drafts to verify only after a step that sampled. Prompt 9,
+    # a 4-token budget, n-gram K = 3 accepting 2: steps 1-2 compute chunks of 4 (past 8, one prompt token left,
+    # nothing sampled); step 3 computes that token alone and samples token 1 at t = 3 (the first token); steps
+    # 4-6 verify 1 + 3 tokens and emit 3 each: outputs 4, 7, 10. Before, step 3 took the chunk's end for a
+    # decode and verified 3 drafts no drafter had proposed: the request finished with no first token (NaN TTFT).
+    config = SpeculativeConfig(method="ngram", num_speculative_tokens=3, synthetic_acceptance_length=3.0)
+    sched = make_scheduler("v1", PagedAllocator(11, 4, enable_caching=False), SchedulerLimits(16, 4, 512),
+                           speculation=make_speculation(config))
+    sched.add(make_request(0, 0.0, 9, 10))
+    steps, _ = run_steps(sched)
+    assert steps == [[4], [4], [1], [4], [4], [4]]
+    record = sched.records.columns()
+    assert record["first_token_s"][0] == 3.0 and record["finish_s"][0] == 6.0 and record["output_tokens"][0] == 10
+    spec = sched.speculation
+    assert (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens) == (3, 9, 6)

@@ -215,6 +215,7 @@ class Disaggregation:
             req.output_len = self.output_len.pop(req.request_id)
             req.status, req.num_computed_tokens, req.num_output_tokens = RequestStatus.WAITING, 0, 0
             req.first_token_s = req.finish_s = None
+            req.has_drafts = False  # a new request to the decode instance: no drafts of its own yet
             req.num_preemptions = 0
             self.num_handed_off += 1
             self.num_held[prefill] += 1

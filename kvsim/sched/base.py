@@ -420,6 +420,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
             return
         self.free_request(req)
         req.num_computed_tokens = req.num_rejected_draft_slots = 0
+        req.has_drafts = False
         req.status = RequestStatus.PREEMPTED
         self.waiting.prepend(req)
 
@@ -449,6 +450,8 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
             req.num_output_tokens = num_output = num_output + 1
             if req.first_token_s is None:
                 req.first_token_s = now
+            if spec is not None:
+                req.has_drafts = True  # the drafter proposes after every step that samples
             if req.num_samples > 1 and req.request_id not in self._forked:
                 self._fork_samples(req)
             elif req.beam and num_output < req.output_len:

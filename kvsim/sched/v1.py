@@ -9,7 +9,8 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
    recompute (free everything, back to the queue) until they are, or until the request
    itself was the one preempted. A priority victim this step already scheduled is taken
    out of the plan and its tokens go back to the budget, as vLLM's scheduler does.
-   With speculative decoding every decoding request verifies 1 + K tokens (the last sampled one
+   With speculative decoding every decoding request (one whose last step sampled a token: vLLM drops
+   a prefill chunk's drafts) verifies 1 + K tokens (the last sampled one
    and K drafts, fewer if the budget or max_model_len cuts them, as vLLM trims drafts) and holds
    slots for them plus the lookahead (`num_lookahead_tokens`: K for EAGLE and draft models), as does
    a running request's next prefill chunk (vLLM passes the lookahead for every running request; a
@@ -50,7 +51,9 @@ class V1Scheduler(Scheduler):
                 budget -= 1
                 i += 1
                 continue
-            verify = spec is not None and past > 0 and req.num_tokens == past + 1  # decoding: verify drafts
+            # decoding: verify the drafts proposed after its last step, which sampled (a prefill chunk that
+            # ends one token short of its tokens sampled nothing: its next step computes that token alone)
+            verify = spec is not None and req.has_drafts
             num_new, hold_slots = min(req.num_tokens - past, budget), 0
             if spec is not None:
                 if verify:

@@ -61,6 +61,9 @@ class Request:
     acceptance_lengths: tuple[int, ...] | None = None
     num_verify_steps: int = 0
     num_rejected_draft_slots: int = 0  # slots after its computed tokens holding drafts its last verify rejected
+    # its last step sampled a token, so the drafter proposed drafts for the next step to verify (vLLM's non-empty
+    # `spec_token_ids`): a prefill chunk's drafts are dropped, a preemption clears them
+    has_drafts: bool = False
     client_queue_s: float = 0.0  # closed loop: how long it waited in the client for a free slot before `arrival_s`
 
     def __post_init__(self) -> None:
