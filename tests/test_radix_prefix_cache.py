@@ -116,3 +116,27 @@ def test_one_token_blocks_match_partial_blocks_as_sglang_page_size_one(kind):
         alloc.allocate(1, 10, 10, a)
         assert alloc.lookup_prefix(b, 10).num_tokens == expected
         alloc.check_invariants()
+
+
+@pytest.mark.parametrize("kind", ["hash_chain", "radix"])
+def test_a_fork_sharing_blocks_cached_under_its_parents_content_caches_none_of_them_again(kind):
+    """A sample forked after its parent wrote output blocks (n > 1 recomputed after a preemption: the parent
+    recomputes prompt + output, then forks) shares blocks 1, 2 (prompt) and 3 (the parent's first output
+    block), which its own content names by its own output segment. Writing on to 16 tokens fills block 4.
+    Block 3 is the parent's page: the radix tree cached it twice (a broken tree) before; now, as the hash
+    chain, which skips a block that already has a hash, the child's block 3 is not cached again, so its
+    content hits the 2 prompt blocks (8 tokens) and the parent's all 3 (12)."""
+    alloc = allocator(kind)
+    parent = SegmentContent([("prompt", 8), ("out", 9)])
+    child = SegmentContent([("prompt", 8), (("out", 1), 9)])
+    alloc.allocate(1, 12, 16, parent)
+    assert alloc.seqs[1].block_table == [1, 2, 3]
+    alloc.fork(1, 2, child, 16)
+    alloc.allocate(2, 16, 16, child)
+    assert alloc.seqs[2].block_table == [1, 2, 3, 4]
+    alloc.check_invariants()
+    assert alloc.lookup_prefix(parent, 13).block_ids == (1, 2, 3)
+    assert alloc.lookup_prefix(child, 17).block_ids == (1, 2)
+    alloc.free(1)
+    alloc.free(2)
+    alloc.check_invariants()

@@ -117,13 +117,15 @@ class RadixCache:
         return start
 
     def insert_if_cached_as(self, key: Sequence[Hashable], values: Sequence[int]) -> int | None:
-        """`match_prefix(key)`, then, when the cached prefix holds `values`' leading values, `insert(key,
-        values)`: the same effects as those two calls (two clock ticks, the path's access times, the
-        split, the new leaf), in one walk. Returns `insert`'s count, or None (nothing inserted) when
-        the tree holds the prefix in other values."""
+        """`match_prefix(key)`, then, when the cached prefix holds `values`' leading values and the tree holds
+        none of the others, `insert(key, values)`: the same effects as those two calls (two clock ticks, the
+        path's access times, the split, the new leaf), in one walk. Returns `insert`'s count, or None (nothing
+        inserted) when the tree holds the prefix in other values, or one of the values past it under another
+        key (a value is one page of one node: a forked sequence shares pages its parent cached under the
+        parent's keys, and may name them by keys of its own)."""
         assert len(key) == len(values), "one value per page"
         node, start, cached, path = self._walk(key, self._tick())
-        if list(values[:len(cached)]) != cached:
+        if list(values[:len(cached)]) != cached or any(value in self._where for value in values[start:]):
             return None
         now = self._tick()  # `insert`'s walk: the same nodes (the lower part of a split is not on it)
         for visited in path:

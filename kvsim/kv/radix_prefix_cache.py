@@ -15,7 +15,9 @@ while nothing is evicted:
   blocks than asked; those are kept here as plain free blocks (`_spare`) and reused first;
 * a sequence whose prefix the tree holds in other blocks (two requests computed the same content
   at once) caches none of its own blocks past it: a node's blocks must be held by whoever holds
-  its descendants, as in SGLang where a request's KV is the tree's.
+  its descendants, as in SGLang where a request's KV is the tree's; nor one that shares blocks the tree
+  holds under other content (a sample forked from its parent after a preemption's recompute shares the
+  parent's output blocks, which its own content names apart): a block is one page of one node.
 
 Pages are blocks here: a match covers whole blocks, as SGLang's does with page_size = block size.
 SGLang's default page_size 1 (token-granular matches over a per-token pool) is `block_size = 1`:
