@@ -10,6 +10,7 @@ import math
 import pytest
 
 from kvsim.fleet.disagg import simulate_disagg
+from kvsim.model.errors import KvsimError
 from kvsim.workload.scenario import make_scenario
 
 STEP_S = 0.01
@@ -149,3 +150,21 @@ def test_cli_kv_transfer_config_flag_writes_the_pool_files(tmp_path):
     assert {"transfers.csv", "pools.csv", "requests.csv", "summary.json"} <= {p.name for p in out.iterdir()}
     summary = yaml.safe_load((out / "summary.json").read_text())
     assert summary["disaggregation"]["kv_link"] == "pcie" and summary["num_finished"] == 5
+
+
+def test_a_hybrid_model_is_refused_in_one_line_naming_the_flag_that_runs_it():
+    # gpt-oss-20b alternates sliding-window and full layers: the refusal said "engine.allocator=paged,
+    # engine.scheduler=v1: disaggregation needs paged and v1", which they were. With the hybrid manager off
+    # (vLLM's flag, as vLLM runs a connector without hybrid support) every layer is full attention: 2 · 24
+    # layers · 8 kv heads · 64 · 2 B = 49,152 B a token, 7 blocks of 16 for 100 tokens, and the one request's
+    # TTFT is P's step + the transfer + D's step, as for Llama above.
+    model = {"model": "gpt-oss-20b", "engine": {"max_model_len": 2048}}
+    with pytest.raises(KvsimError) as refused:
+        simulate_disagg(scenario(extra=model))
+    message = str(refused.value)
+    assert "\n" not in message and "model=gpt-oss-20b has sliding-window" in message
+    assert "engine.disable_hybrid_kv_cache_manager=true" in message
+    hybrid_off = {"model": "gpt-oss-20b", "engine": {"max_model_len": 2048, "disable_hybrid_kv_cache_manager": True}}
+    req = simulate_disagg(scenario(extra=hybrid_off), check=True).requests.iloc[0]
+    transfer_s = LINK_LATENCY_S + 7 * 16 * 2 * 24 * 8 * 64 * 2 / BANDWIDTH
+    assert req["status"] == "finished" and req["ttft_s"] == pytest.approx(STEP_S + transfer_s + STEP_S, rel=1e-12)

@@ -147,8 +147,11 @@ class Disaggregation:
         self.prefill = [i for i, role in enumerate(roles) if role == "kv_producer"]
         self.decode = [i for i, role in enumerate(roles) if role == "kv_consumer"]
         for i, (spec, part) in enumerate(zip(specs, parts, strict=True)):
-            if not isinstance(part.scheduler.alloc, PagedAllocator):  # e.g. a hybrid model's grouped pool
-                _refuse_engine(spec, roles[i])
+            if not isinstance(part.scheduler.alloc, PagedAllocator):  # a hybrid model's grouped pool (paged, v1)
+                raise KvsimError(f"replicas ({spec.name}, {roles[i]}): model={spec.model} has sliding-window/chunked "
+                                 "KV groups, and a disaggregated fleet is modelled moving one full-attention pool; "
+                                 "set engine.disable_hybrid_kv_cache_manager=true (those layers allocated as full "
+                                 "attention, as vLLM does beside a KV connector without hybrid support)")
         self.links = [SharedLink(decode_link(config, specs[d].engine)) for d in self.decode]
         self.block_bytes = [kv_bytes_per_block_received(load_model(specs[d].model), specs[d].engine)
                             for d in self.decode]
