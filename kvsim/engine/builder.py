@@ -121,6 +121,12 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
             raise KvsimError(f"model={spec.model.name}: sliding-window/chunked KV groups need allocator=paged and "
                              "scheduler=v1 (vLLM's hybrid KV cache manager); or set "
                              "engine.disable_hybrid_kv_cache_manager=true")
+        workload = spec.scenario.workload
+        if workload.n > 1 or workload.beam_width is not None:  # refused here, not when the first sample forks
+            field, value = ("n", workload.n) if workload.n > 1 else ("beam_width", workload.beam_width)
+            raise KvsimError(f"workload.{field}={value}: model={spec.model.name} has sliding-window/chunked KV "
+                             "groups, whose pool kvsim does not fork into samples or beams; set "
+                             "engine.disable_hybrid_kv_cache_manager=true")
         allocator = GroupedPagedAllocator(num_blocks, spec.kv_layout, spec.limits.max_num_batched_tokens,
                                           engine.enable_prefix_caching, spec.bytes_per_block)
     elif engine.allocator == "paged":

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from kvsim.kv.block_pool import NULL_BLOCK_ID, BlockPool, PoolSlots
 from kvsim.kv.prefix_cache import HashChainCache
 from kvsim.kv.protocol import ALLOCATED, NO_HIT, Allocation, Occupancy, PrefixHit
-from kvsim.model.errors import KvsimError
 from kvsim.model.kv_layout import KVGroup, KVLayout
 from kvsim.model.units import ceil_div
 from kvsim.workload.content import Content
@@ -199,7 +198,7 @@ class GroupedPagedAllocator(PoolSlots):
         return take == 0 or take + ceil_div(reserve_slots, self.block_size) <= self.pool.num_free_blocks + freed
 
     def slots_needed(self, seq_ids: Sequence[int], num_tokens_total: int) -> int:
-        raise KvsimError("parallel sampling (n > 1) is not supported with sliding-window or chunked KV groups")
+        raise AssertionError("no sequence forks: the builder refuses samples and beams with these groups")
 
     def allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
                  content: Content | None = None, hit: PrefixHit = NO_HIT, reserve_slots: int = 0) -> Allocation | None:
