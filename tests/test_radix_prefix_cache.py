@@ -6,6 +6,7 @@ import pytest
 import kvsim
 from kvsim.kv import PagedAllocator, SegmentContent
 from kvsim.kv.prefix_cache import HashChainCache
+from kvsim.kv.protocol import PrefixHit
 from kvsim.kv.radix_prefix_cache import RadixPrefixCache
 from kvsim.model.errors import KvsimError
 
@@ -140,3 +141,48 @@ def test_a_fork_sharing_blocks_cached_under_its_parents_content_caches_none_of_t
     alloc.free(1)
     alloc.free(2)
     alloc.check_invariants()
+
+
+@pytest.mark.parametrize("free_first", [True, False])
+def test_a_hit_trimmed_inside_a_node_leaves_the_pages_past_it_evictable(free_first):
+    """EAGLE gives a hit's last block back (`Scheduler.lookup`): B's match covers A's node [1, 2] (the shared
+    8 tokens), and B holds block 1 only. SGLang locks whole nodes, so a free block 2 left in the locked node
+    [1, 2] could never be evicted: the pool counted it free and its free queue did not ("blocks not
+    conserved" with --check). The node is cut where the trimmed hit ends, [1] -> [2], whether block 2 was
+    already free when B took its hit (`free_first`) or is freed by A after. Then block 2 is evictable: with
+    6 usable blocks, B holding 1, 3, 4, 5 and 6 plain, C's 2 blocks take 6 and, evicted, 2."""
+    alloc = allocator("radix")
+    a, b = SegmentContent([("sys", 9), ("a", 4)]), SegmentContent([("sys", 9), ("b", 4)])
+    alloc.allocate(1, 8, 13, a)
+    assert alloc.seqs[1].block_table == [1, 2]
+    if free_first:
+        alloc.free(1)
+    hit = alloc.lookup_prefix(b, 13)
+    assert hit.block_ids == (1, 2)
+    alloc.allocate(2, 13, 13, b, PrefixHit(4, hit.block_ids[:-1]))
+    assert alloc.seqs[2].block_table == [1, 3, 4, 5]
+    if not free_first:
+        alloc.free(1)
+    alloc.check_invariants()
+    assert alloc.pool.num_free_blocks == 2 and 2 in alloc.prefix_cache.evictable
+    alloc.allocate(3, 8, 8, SegmentContent([("c", 8)]))
+    assert sorted(alloc.seqs[3].block_table) == [2, 6]
+    assert alloc.lookup_prefix(a, 13).block_ids == (1,)
+    alloc.check_invariants()
+
+
+def test_eagle_over_the_radix_cache_runs_as_over_the_hash_chain_when_nothing_is_evicted():
+    """A shared system prompt under EAGLE (every hit trimmed by a block) kept the radix cache's books broken
+    (`--check` failed); with a pool nothing is evicted from, the two caches must give the same run."""
+    raw = {"engine": {"max_model_len": 1024, "num_gpu_blocks_override": 2000,
+                      "speculative_config": {"method": "eagle", "num_speculative_tokens": 3,
+                                             "acceptance_rates": 0.7}},
+           "workload": {"num_requests": 12, "arrival": {"process": "poisson", "rate": 2},
+                        "prompt_len": {"dist": "uniform", "low": 20, "high": 200},
+                        "output_len": {"dist": "uniform", "low": 20, "high": 60},
+                        "shared_prefix": {"tokens": 70, "num_prefixes": 2}},
+           "latency": {"model": "constant"}}
+    hash_chain = kvsim.simulate(raw, check=True)
+    radix = kvsim.simulate(raw, check=True, engine__prefix_cache="radix")
+    assert hash_chain.summary["num_prefix_cache_hit_tokens"] > 0
+    assert radix.requests.equals(hash_chain.requests)

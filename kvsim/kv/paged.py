@@ -223,7 +223,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
         for block_id in hit.block_ids:
             if pool.ref_counts[block_id] == 0:
                 self.num_filled_slots += self.block_fill[block_id]
-        pool.touch(hit.block_ids)
+        pool.touch(hit.block_ids[::-1])  # deepest first: see `RadixPrefixCache.lock`
         seq = SeqBlocks(list(hit.block_ids), hit.num_tokens, final_num_tokens, content, len(hit.block_ids))
         self.seqs[seq_id] = seq
         self._sum_written += seq.num_tokens

@@ -147,7 +147,7 @@ class RadixCache:
             matched = _common_length(child.key, key, start) if len(child.key) > 1 else 1
             split = matched < len(child.key)
             if split:
-                child = self._split(child, matched)
+                child = self.split(child, matched)
             values.extend(child.value)
             node = child
             path.append(node)
@@ -236,8 +236,9 @@ class RadixCache:
             self._where[v] = node
         return node
 
-    def _split(self, child: TreeNode, split_len: int) -> TreeNode:
-        """Cut `child`'s run after `split_len` pages. The new upper node (returned) holds every lock
+    def split(self, child: TreeNode, split_len: int) -> TreeNode:
+        """Cut `child`'s run after `split_len` pages (as a match ending there does). The new upper node
+        (returned) holds every lock
         `child` counted; the lower part keeps those not attached to the pages that moved up (SGLang's
         locks sit on a node's last page, so with them the lower part keeps all: its `lock_ref`)."""
         parent = child.parent

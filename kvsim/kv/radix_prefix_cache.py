@@ -102,15 +102,19 @@ class RadixPrefixCache:
             self.tree.inc_lock_ref(*where)
 
     def lock(self, block_id: int) -> bool:
+        """A hit takes a free cached block: a lock on its page. The pool locks a hit deepest block first
+        (`PagedAllocator._start`), so unlocked pages after this one in its node mean the hit ends inside
+        the node (`_cut_after_locks`)."""
         where = self.tree.where(block_id)
         if where is None:
             return False
         self.tree.inc_lock_ref(*where)
+        self._cut_after_locks(where[0])
         self._num_free_cached -= 1
         return True
 
     def unlock(self, block_ids: list[int]) -> list[int]:
-        plain = []
+        plain, nodes = [], {}
         for block_id in block_ids:
             where = self.tree.where(block_id)
             if where is None:
@@ -118,7 +122,24 @@ class RadixPrefixCache:
             else:
                 self.tree.dec_lock_ref(*where)
                 self._num_free_cached += 1
+                nodes[where[0].node_id] = where[0]
+        for node in nodes.values():
+            self._cut_after_locks(node)
         return plain
+
+    def _cut_after_locks(self, node: TreeNode) -> None:
+        """Cut `node` after its last locked page when free pages follow it.
+
+        The blocks in use along a path are a prefix of it, so a node's locked pages are a prefix of its run;
+        they end inside the run only where a hit was trimmed after its match cut the path there (EAGLE gives a
+        hit's last block back, `kvsim.sched.base.Scheduler.lookup`): when that hit is locked, or when the
+        sequence that held the pages past it frees them. SGLang locks whole nodes, and a free page in a
+        locked node could never be evicted: the node is cut where the trimmed hit ends, as a match ending
+        there would have cut it."""
+        locks = node.page_locks
+        last = next((i for i in range(len(locks) - 1, -1, -1) if locks[i]), -1)
+        if 0 <= last < len(locks) - 1:
+            self.tree.split(node, last + 1)
 
     def evict(self, num_blocks: int) -> list[int]:
         """Spare blocks first, then SGLang's eviction of whole LRU leaves; what it frees beyond
