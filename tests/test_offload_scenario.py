@@ -6,8 +6,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+import kvsim
 from kvsim.cli import app
 from kvsim.engine.simulate import simulate
+from kvsim.model.errors import KvsimError
 from kvsim.workload.scenario import make_scenario
 
 runner = CliRunner()
@@ -64,3 +66,29 @@ def test_kv_offload_summary_through_the_cli(tmp_path):
     cpu = summary["kv_offload"]["tiers"]["cpu"]
     assert cpu["num_blocks"] == 2**30 // (16 * 131072)  # Llama-3.1-8B, TP 1: 2 MiB per block
     assert cpu["load_bandwidth_bytes_per_s"] == 32e9
+
+
+def test_a_loaded_request_stuck_behind_a_higher_priority_head_is_vllms_deadlock_said_in_one_line():
+    """A pool that holds one 64-token request (9 usable blocks of 8), a 16-token budget, priority classes. A
+    low-priority request loads its evicted prefix back from the CPU tier, taking its prompt's blocks, while a
+    high-priority one that was preempted heads the queue: the head cannot fit while the loaded request holds
+    its blocks, nothing runs to free any, and admission stops at the head. vLLM's scheduler waits forever
+    there (its priority queue takes the higher-priority head first); kvsim ended with a RuntimeError traceback
+    ("scheduler stalled"). Under FCFS, loaded requests are admitted first and all 5 finish; so they do under
+    the priority policy with room for both requests."""
+    raw = {"model": "llama-3.1-8b", "seed": 1, "latency": {"model": "constant"},
+           "engine": {"block_size": 8, "max_model_len": 64, "num_gpu_blocks_override": 10,
+                      "max_num_seqs": 16, "max_num_batched_tokens": 16, "scheduling_policy": "priority",
+                      "kv_offload": {"num_cpu_blocks": 39}},
+           "workload": {"num_requests": 5, "arrival": {"process": "poisson", "rate": 1e4},
+                        "prompt_len": {"dist": "uniform", "low": 26, "high": 31},
+                        "output_len": {"dist": "fixed", "value": 14},
+                        "priority": {"classes": [{"name": "hi", "priority": 0, "weight": 1},
+                                                 {"name": "lo", "priority": 1, "weight": 2}]}}}
+    with pytest.raises(KvsimError) as stalled:
+        kvsim.simulate(raw, check=True)
+    message = str(stalled.value)
+    assert "\n" not in message and message.startswith("engine.scheduling_policy=priority: request ")
+    assert "engine.kv_offload's tiers" in message and "vLLM's scheduler waits forever there" in message
+    assert kvsim.simulate(raw, check=True, engine__scheduling_policy="fcfs").summary["num_finished"] == 5
+    assert kvsim.simulate(raw, check=True, engine__num_gpu_blocks_override=20).summary["num_finished"] == 5

@@ -21,6 +21,7 @@ from kvsim.engine.recorder import StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.engine.turns import TurnArrivals
 from kvsim.latency.base import LatencyModel
+from kvsim.model.errors import KvsimError
 from kvsim.sched import Scheduler
 from kvsim.sched.burst import Burst, plan_burst
 from kvsim.workload.conversations import Conversations
@@ -91,6 +92,9 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
                     engine.see_arrivals(env.now, everything=True)
                 continue
             if arrivals.all_arrived and not any(engine.scheduler.loading for engine in group):
+                for engine in group:  # a deadlock vLLM's scheduler has too: said in one line
+                    if (reason := engine.scheduler.held_kv_stall()) is not None:
+                        raise KvsimError(reason)
                 num_waiting = sum(len(engine.scheduler.waiting) for engine in group)
                 raise RuntimeError(f"scheduler stalled at t={env.now:.3f}s with {num_waiting} waiting and "
                                    "nothing runnable")

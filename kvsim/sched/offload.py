@@ -85,6 +85,26 @@ class OffloadScheduling:
             self.held_kv_tokens[request_id] = num_tokens
             self.waiting.prepend(req)
 
+    def held_kv_stall(self) -> str | None:
+        """Why the engine can never step again although requests wait, when its queue's head cannot fit while
+        requests behind it hold the KV they loaded from the offload tiers (`start_load` takes their blocks,
+        freed once they run): with nothing running or loading, no block is ever freed, so the head never fits
+        and admission, which stops at it, takes nobody. vLLM's scheduler waits forever there too: under the
+        priority policy its higher-priority head comes before the loaded requests (`_select_waiting_queue_for_
+        scheduling` compares the two queues' heads) and admission stops at a request that does not fit. None
+        when the engine is not in that state."""
+        if self.running or self.loading or not self.waiting or not self.held_kv_tokens:
+            return None
+        head = self.waiting.peek()
+        holders = [req.request_id for req in self.waiting if req.request_id in self.held_kv_tokens]
+        if not holders or head.request_id in self.held_kv_tokens:
+            return None
+        return (f"engine.scheduling_policy={self.waiting.policy}: request {head.request_id} (priority "
+                f"{head.priority}) heads the queue and cannot fit in the KV cache while requests {holders} behind "
+                "it hold the KV they loaded from engine.kv_offload's tiers, and nothing runs to free any: vLLM's "
+                "scheduler waits forever there; give the KV cache more blocks (engine.num_gpu_blocks_override, "
+                "engine.gpu_memory_utilization)")
+
     def touch_offloaded(self, req: Request) -> None:
         """The waiting head `req` is considered for admission: its full blocks in the tiers become the most
         recently used, its first most of all, as vLLM's `get_num_new_matched_tokens` touches them each time
