@@ -24,6 +24,7 @@ class OffloadScheduling:
 
     alloc: KVAllocator
     waiting: RequestQueue
+    running: list[Request]
     prefix_stats: PrefixCacheStats
     held_kv_tokens: dict[int, int]
     offload: OffloadConnector | None
