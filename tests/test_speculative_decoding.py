@@ -16,11 +16,12 @@ from kvsim.sched.speculative import make_speculation
 from tests.conftest import make_request
 
 
-def world(method, num_blocks, block_size, k=3, length=3.0, max_num_seqs=16):
+def world(method, num_blocks, block_size, k=3, length=3.0, max_num_seqs=16, budget=256):
     """K = 3 drafts, vLLM's synthetic sampler with length 3: exactly 2 drafts accepted every step."""
     config = SpeculativeConfig(method=method, num_speculative_tokens=k, synthetic_acceptance_length=length)
     alloc = PagedAllocator(num_blocks, block_size, enable_caching=False)
-    return make_scheduler("v1", alloc, SchedulerLimits(max_num_seqs, 256, 512), speculation=make_speculation(config))
+    return make_scheduler("v1", alloc, SchedulerLimits(max_num_seqs, budget, 512),
+                          speculation=make_speculation(config))
 
 
 def run_steps(sched, now=0.0):
@@ -235,9 +236,7 @@ def test_a_prefill_chunk_ending_one_token_short_verifies_no_drafts_and_the_next_
     # nothing sampled); step 3 computes that token alone and samples token 1 at t = 3 (the first token); steps
     # 4-6 verify 1 + 3 tokens and emit 3 each: outputs 4, 7, 10. Before, step 3 took the chunk's end for a
     # decode and verified 3 drafts no drafter had proposed: the request finished with no first token (NaN TTFT).
-    config = SpeculativeConfig(method="ngram", num_speculative_tokens=3, synthetic_acceptance_length=3.0)
-    sched = make_scheduler("v1", PagedAllocator(11, 4, enable_caching=False), SchedulerLimits(16, 4, 512),
-                           speculation=make_speculation(config))
+    sched = world("ngram", num_blocks=11, block_size=4, budget=4)
     sched.add(make_request(0, 0.0, 9, 10))
     steps, _ = run_steps(sched)
     assert steps == [[4], [4], [1], [4], [4], [4]]
