@@ -93,14 +93,16 @@ class OffloadScheduling:
         and admission, which stops at it, takes nobody. vLLM's scheduler waits forever there too: under the
         priority policy its higher-priority head comes before the loaded requests (`_select_waiting_queue_for_
         scheduling` compares the two queues' heads) and admission stops at a request that does not fit. None
-        when the engine is not in that state."""
-        if self.running or self.loading or not self.waiting or not self.held_kv_tokens:
+        when the engine is not in that state, or under FCFS, where vLLM takes the loaded requests first (its
+        skipped queue) and would not stop there."""
+        if self.waiting.policy != "priority" or self.running or self.loading or not self.waiting \
+                or not self.held_kv_tokens:
             return None
         head = self.waiting.peek()
         holders = [req.request_id for req in self.waiting if req.request_id in self.held_kv_tokens]
         if not holders or head.request_id in self.held_kv_tokens:
             return None
-        return (f"engine.scheduling_policy={self.waiting.policy}: request {head.request_id} (priority "
+        return (f"engine.scheduling_policy=priority: request {head.request_id} (priority "
                 f"{head.priority}) heads the queue and cannot fit in the KV cache while requests {holders} behind "
                 "it hold the KV they loaded from engine.kv_offload's tiers, and nothing runs to free any: vLLM's "
                 "scheduler waits forever there; give the KV cache more blocks (engine.num_gpu_blocks_override, "
