@@ -92,3 +92,19 @@ def test_a_loaded_request_stuck_behind_a_higher_priority_head_is_vllms_deadlock_
     assert "engine.kv_offload's tiers" in message and "vLLM's scheduler waits forever there" in message
     assert kvsim.simulate(raw, check=True, engine__scheduling_policy="fcfs").summary["num_finished"] == 5
     assert kvsim.simulate(raw, check=True, engine__num_gpu_blocks_override=20).summary["num_finished"] == 5
+
+
+def test_under_fcfs_requests_holding_loaded_kv_are_admitted_before_a_preempted_one():
+    """vLLM keeps a request loading its KV in its skipped queue, which FCFS admission takes before the waiting
+    queue. kvsim put a preempted request back at the front, ahead of a loaded one: here the preempted one could
+    not fit while the loaded one held its blocks, nothing was left running, and the run stalled (RuntimeError
+    "scheduler stalled", 17 waiting). The loaded request now goes first and every request finishes."""
+    raw = {"model": "opt-13b", "seed": 5, "latency": {"model": "constant"},
+           "engine": {"block_size": 8, "max_model_len": 128, "num_gpu_blocks_override": 17, "max_num_seqs": 2,
+                      "kv_offload": {"num_cpu_blocks": 6}},
+           "workload": {"num_requests": 24, "arrival": {"process": "poisson", "rate": 1000},
+                        "prompt_len": {"dist": "fixed", "value": 30},
+                        "output_len": {"dist": "uniform", "low": 28, "high": 48},
+                        "shared_prefix": {"tokens": 12, "fraction": 0.5, "num_prefixes": 2}}}
+    result = kvsim.simulate(raw, check=True)
+    assert result.summary["num_finished"] == 24 and result.summary["kv_offload"]["num_loads"] > 0

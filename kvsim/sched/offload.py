@@ -86,6 +86,20 @@ class OffloadScheduling:
             self.held_kv_tokens[request_id] = num_tokens
             self.waiting.prepend(req)
 
+    def loaded_first(self) -> None:
+        """Under FCFS, put the requests holding loaded KV at the front of `waiting`, in their order, before
+        admission: vLLM keeps them in its skipped queue, which FCFS admission takes before the waiting queue
+        (`_select_waiting_queue_for_scheduling`), whatever was preempted since their loads ended (a preempted
+        request goes to the front of the waiting queue). Ahead of them, a victim that cannot fit while they
+        hold their blocks stopped admission with nothing left running: the engine stalled for good."""
+        if not self.held_kv_tokens or self.waiting.policy != "fcfs" or self.waiting.peek().request_id \
+                in self.held_kv_tokens:
+            return
+        loaded = [req for req in self.waiting if req.request_id in self.held_kv_tokens]
+        for req in reversed(loaded):
+            self.waiting.remove(req)
+            self.waiting.prepend(req)
+
     def held_kv_stall(self) -> str | None:
         """Why the engine can never step again although requests wait, when its queue's head cannot fit while
         requests behind it hold the KV they loaded from the offload tiers (`start_load` takes their blocks,

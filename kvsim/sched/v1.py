@@ -21,7 +21,8 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
    (after prefix-cache hits) fits (with sliding-window or other hybrid KV groups: the first chunk,
    as vLLM v1 allocates it); the first that does not fit ends admission for the step.
    With KV offload, a request whose prefix the offload tiers hold past the GPU hit leaves the queue
-   to load it (`Scheduler.start_load`) and admission goes on; loaded ones rejoin at the front.
+   to load it (`Scheduler.start_load`) and admission goes on; loaded ones rejoin at the front (under FCFS
+   ahead of any request preempted since: `loaded_first`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class V1Scheduler(Scheduler):
         return refunded, unscheduled
 
     def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
+        if self.held_kv_tokens and self.waiting:
+            self.loaded_first()
         max_num_seqs, waiting = self.limits.max_num_seqs, self.waiting
         num_seqs = self.num_running_seqs()
         while waiting and budget > 0:
