@@ -98,7 +98,8 @@ def arrival_times(arrival: Arrival, n: int, rng: np.random.Generator) -> np.ndar
     else:
         gaps = np.full(n, 1.0 / arrival.rate)
     gaps[0] = 0.0
-    return np.cumsum(gaps)
+    with np.errstate(over="ignore"):  # instants past the largest float are inf, refused with the rate that gave them
+        return np.cumsum(gaps)
 
 
 class _SampledRecords(Sequence[TraceRecord]):
@@ -154,6 +155,27 @@ def _arrivals(w: Workload, records: Sequence[TraceRecord], rng: np.random.Genera
         scale = w.trace.rate_scale if w.trace is not None else 1.0
         return np.array([((r.arrival_s or 0.0) - first) / scale for r in records])
     return arrival_times(w.arrival, len(records), rng)
+
+
+def _refuse_endless_instants(w: Workload, arrivals: np.ndarray, turns: int, think_s: float) -> None:
+    """KvsimError naming the field when a request would be sent past the largest float (at inf s): a rate of
+    1e-308 spaces arrivals 1e308 s apart, a think time of 1e308 s sends turn 3 at 2e308 s; no run's clock
+    reaches such an instant (it ended in an AssertionError, or SimPy's 'no scheduled events left')."""
+    firsts = arrivals[::turns]  # a conversation's first row's instant (the only one read, with turns > 1)
+    finite = np.isfinite(firsts)
+    if not finite.all():
+        if w.arrival.process == "trace" or (w.trace is not None and w.trace.format == "servegen"):
+            assert w.trace is not None  # a trace's timestamps are read finite: its scale sent them past
+            field = f"workload.trace.rate_scale={w.trace.rate_scale:g}"
+        else:
+            field = f"workload.arrival.rate={w.arrival.rate:g}"
+        what = "request" if turns == 1 else "conversation"
+        raise KvsimError(f"{field}: {what} {int(np.argmin(finite))} of {len(firsts)} would arrive at inf s (past "
+                         "the largest float); give a larger rate or fewer requests")
+    if not math.isfinite(float(np.max(firsts, initial=0.0)) + (turns - 1) * think_s):  # turns: at most n here
+        raise KvsimError(f"workload.multi_turn.think_time_s={think_s:g}: turn {turns} of a conversation would be "
+                         f"sent at inf s, {turns - 1} think times after its first (past the largest float); give "
+                         "a shorter think time")
 
 
 def _priorities(w: Workload, records: Sequence[TraceRecord], turns: int,
@@ -212,13 +234,15 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
     prefix = w.shared_prefix
     with_prefix = rng.random(n) < prefix.fraction if prefix else np.zeros(n, bool)
     prefix_ids = rng.integers(0, prefix.num_prefixes, size=n) if prefix else None
-    turns = w.multi_turn.turns if w.multi_turn else 1
+    # a conversation holds at most the run's n requests: turns=10**23 is one conversation (and fits an int64)
+    turns = min(w.multi_turn.turns, max(n, 1)) if w.multi_turn else 1
     think_s = w.multi_turn.think_time_s if w.multi_turn else 0.0
     num_samples, beam = w.beam_width or w.n, w.beam_width is not None
     priorities = _priorities(w, records, turns, rng)
     with_acceptance = w.trace is not None and w.trace.acceptance_column is not None
     builder = TurnBuilder(records, turns, max_model_len, prefix, with_prefix, prefix_ids, num_samples, beam,
                           priorities, with_acceptance)
+    _refuse_endless_instants(w, np.asarray(arrivals, dtype=np.float64), turns, think_s)
     if w.multi_turn is not None and w.multi_turn.timing == "after_reply":  # a conversation's first row's instant
         return Conversations(builder, np.asarray(arrivals, dtype=np.float64)[::turns], think_s)
     if turns > 1:  # turn k of a conversation arrives k think times after its first turn

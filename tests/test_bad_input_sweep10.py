@@ -1,0 +1,64 @@
+"""Bad input found by the tenth sweep, around the recent surfaces (conversations sent after each reply, the
+closed-loop client, models given as folders, per-step files, the library API): each exits 2 with one line
+naming the field and the value, and writes nothing, never a traceback, a hang or a run whose clock cannot
+reach its requests."""
+
+import pytest
+from conftest import one_line_exit_2
+
+RUN = ["run", "--set", "workload.num_requests=6", "--set", "steps=none"]
+MT = "workload.multi_turn"
+
+
+def _set(*items: str) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    # Poisson gaps have a mean of 1/rate = 1e308 s: which request passes 1.8e308 s first is drawn
+    (["workload.arrival.rate=1e-308"], "workload.arrival.rate=1e-308: request "),
+    # constant gaps of 1e308 s: request 2 (0-based) would arrive at 2e308 s, past the largest float (1.8e308)
+    (["workload.arrival={process: constant, rate: 1e-308}"],
+     "workload.arrival.rate=1e-308: request 2 of 6 would arrive at inf s"),
+    # turn k of a conversation is sent k think times after its first (open) or after turn k-1 ended (after_reply):
+    # turn 3 is 2 think times of 1e308 s out either way
+    ([f"{MT}.turns=3", f"{MT}.think_time_s=1e308"], f"{MT}.think_time_s=1e+308: turn 3 of a conversation would be "
+     "sent at inf s"),
+    ([f"{MT}.turns=3", f"{MT}.think_time_s=1e308", f"{MT}.timing=after_reply"],
+     f"{MT}.think_time_s=1e+308: turn 3 of a conversation would be sent at inf s"),
+    ([f"{MT}.turns=3", f"{MT}.think_time_s=1e308", f"{MT}.timing=after_reply", "replicas=2",
+      "workload.max_concurrency=2"], f"{MT}.think_time_s=1e+308: turn 3 of a conversation would be sent at inf s"),
+], ids=["poisson-rate", "constant-rate", "think-open", "think-after-reply", "think-after-reply-fleet-closed"])
+def test_an_instant_past_the_largest_float_is_refused(tmp_path, settings, message):
+    """A rate of 1e-308 ended in an AssertionError in the clock, a think time of 1e308 s in an AssertionError
+    (open) or SimPy's 'no scheduled events left' (after_reply): the clock cannot reach an instant of inf s."""
+    out = tmp_path / "out"
+    assert one_line_exit_2([*RUN, *_set(*settings), "-o", str(out)]).startswith(message)
+    assert not out.exists()
+
+
+def test_a_trace_scaled_past_the_largest_float_is_refused(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:4{s}.000000,10,10\n" for s in (6, 7, 8)))
+    out = tmp_path / "out"
+    # the second row is 1 s after the first: 1 / 1e-308 = 1e308 s, the third 2e308 s
+    assert one_line_exit_2([*RUN, *_set("workload.num_requests=3", "workload.arrival={process: trace}",
+                                        f"workload.trace={{format: azure, path: {trace}, rate_scale: 1e-308}}"),
+                            "-o", str(out)]).startswith("workload.trace.rate_scale=1e-308: request 2 of 3 would "
+                                                        "arrive at inf s")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("timing", ["open", "after_reply"])
+def test_more_turns_than_an_int64_is_one_conversation(timing):
+    """turns=10**23 (open timing) ended in an OverflowError traceback; a conversation holds at most the run's
+    requests, so it is the same run as turns equal to num_requests."""
+    import kvsim
+
+    def run(turns):
+        settings = {"workload.num_requests": 6, "steps": "none", "workload.multi_turn.turns": turns,
+                    "workload.multi_turn.timing": timing, "workload.multi_turn.think_time_s": 0.5}
+        return kvsim.simulate(kvsim.load_scenario(None, settings)).summary
+
+    assert run(10**23) == run(6)
