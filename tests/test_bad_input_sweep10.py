@@ -62,3 +62,30 @@ def test_more_turns_than_an_int64_is_one_conversation(timing):
         return kvsim.simulate(kvsim.load_scenario(None, settings)).summary
 
     assert run(10**23) == run(6)
+
+
+@pytest.mark.parametrize(("settings", "warnings"), [
+    # the scenario's engine turns caching off, the only group turns it on: the group's radix tree caches
+    (["engine.prefix_cache=radix", "engine.enable_prefix_caching=false",
+      "replicas=[{engine: {enable_prefix_caching: true}}]"], []),
+    # the scenario's slab placement, read by the group that allocates slabs
+    (["engine.slab_placement=first-fit", "replicas=[{engine: {allocator: slab-max}}]"], []),
+    # a group's own setting its paged allocator never reads, said with the group
+    (["replicas=[{count: 2}, {engine: {slab_placement: first-fit}}]"],
+     ["replicas[1]: engine.slab_placement=first-fit is unread: the paged allocator places no slabs"]),
+    (["replicas=[{engine: {prefix_cache: radix, enable_prefix_caching: false}}]"],
+     ["replicas[0]: engine.prefix_cache=radix is unread: enable_prefix_caching is false, so no prefix is cached"]),
+    # the scenario's own setting no group reads: said once, as the single engine says it
+    (["engine.slab_placement=first-fit", "replicas=[{count: 1}, {engine: {max_num_seqs: 8}}]"],
+     ["engine.slab_placement=first-fit is unread: the paged allocator places no slabs"]),
+], ids=["group-caches", "group-allocates-slabs", "group-slab-placement", "group-radix-off", "scenario-slab-placement"])
+def test_a_fleet_warns_of_the_settings_its_replicas_do_not_read(tmp_path, settings, warnings):
+    """Only the scenario's `engine` section was asked: a replica group's own unread setting ran without a word,
+    and a scenario setting a group reads was warned of as unread."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    result = CliRunner().invoke(app, [*RUN, *_set(*settings), "-o", str(tmp_path / "out"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [f"kvsim: warning: {line}" for line in warnings]

@@ -222,7 +222,7 @@ def run(
     # need not walk them while the run allocates (a full collection fewer: ~0.04 s of the bench's 2 s
     # runs); unfrozen after, so an in-process caller (CliRunner) keeps its usual collection.
     with collector_off():
-        from kvsim.fleet.run import simulate_scenario
+        from kvsim.fleet.run import simulate_scenario, unread_settings
         from kvsim.model.yaml_io import flag_mapping
         from kvsim.results.output_dir import check_output_dir, safe_component
         from kvsim.results.step_writer import resolve_format
@@ -254,7 +254,7 @@ def run(
         gc.unfreeze()
     from kvsim.results.render import all_rejected
 
-    for warning in [all_rejected(result.summary), *spec.engine.unread_settings()]:
+    for warning in [all_rejected(result.summary), *unread_settings(spec)]:
         if warning is not None:
             typer.echo(f"kvsim: warning: {warning}", err=True)
     if output_format is RunFormat.json:

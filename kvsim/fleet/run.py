@@ -50,3 +50,29 @@ def simulate_scenario(scenario: Scenario, check: bool = False, progress: Progres
 
     return simulate(scenario, check=check, progress=progress, memory_limit_bytes=memory_limit_bytes, out_dir=out_dir,
                     steps_format=steps_format)
+
+
+def unread_settings(scenario: Scenario) -> list[str]:
+    """Engine settings no engine of the run reads, one line each (`EngineConfig.unread_settings`), for a run to
+    warn of. In a fleet each replica group's engine is asked: a setting a group gives itself is said with the
+    group (`replicas[1]: engine.slab_placement=...`) when that group does not read it; one the scenario's
+    `engine` section gives is said once, when no group reads it (a group whose allocator or prefix caching
+    reads it makes it a setting that runs, not a dropped one)."""
+    if not scenario.is_fleet:
+        return scenario.engine.unread_settings()
+    from kvsim.fleet.driver import replica_groups
+
+    groups = scenario.replicas if isinstance(scenario.replicas, list) else None
+    own_lines: list[str] = []
+    inherited: list[list[str]] = []  # per group, the lines of settings it takes from the scenario's engine
+    for g, (replica, _count) in enumerate(replica_groups(scenario)):
+        own = groups[g].engine if groups is not None else {}
+        said = replica.engine.unread_settings()
+        own_lines += [f"replicas[{g}]: {line}" for line in said if _field(line) in own]
+        inherited.append([line for line in said if _field(line) not in own])
+    return [line for line in inherited[0] if all(line in other for other in inherited)] + own_lines
+
+
+def _field(line: str) -> str:
+    """The engine field an unread-setting line names: `slab_placement` of `engine.slab_placement=... is unread`."""
+    return line.split("=", 1)[0].removeprefix("engine.")
