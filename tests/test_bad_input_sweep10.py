@@ -89,3 +89,43 @@ def test_a_fleet_warns_of_the_settings_its_replicas_do_not_read(tmp_path, settin
     result = CliRunner().invoke(app, [*RUN, *_set(*settings), "-o", str(tmp_path / "out"), "--format", "json"])
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == [f"kvsim: warning: {line}" for line in warnings]
+
+
+@pytest.fixture(scope="module")
+def result():
+    import kvsim
+
+    return kvsim.simulate(workload__num_requests=4)  # keeps its steps: a format is read
+
+
+@pytest.mark.parametrize("steps_format", ["xlsx", "CSV", 3])
+def test_run_result_write_refuses_a_steps_format_it_does_not_write(tmp_path, result, steps_format):
+    """`RunResult.write(path, "xlsx")` wrote CSV text into steps.xlsx, and said nothing."""
+    from kvsim.model.errors import KvsimError
+
+    with pytest.raises(KvsimError, match=rf"^steps_format={steps_format!r}: expected auto, parquet or csv$"):
+        result.write(tmp_path / "out", steps_format)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("a\0b", "holds a NUL character, which no file name can"),  # was a bare ValueError from os.path.realpath
+    ("a" * 300, "cannot write there (File name too long)"),  # was a bare OSError from is_symlink
+], ids=["nul", "name-too-long"])
+def test_run_result_write_refuses_a_path_no_file_can_have(tmp_path, result, name, why):
+    from kvsim.model.errors import KvsimError
+
+    out = str(tmp_path / name)
+    with pytest.raises(KvsimError) as error:
+        result.write(out)
+    assert str(error.value).startswith(f"--output={out!r}: {why}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_name_too_long_for_a_file_is_refused_as_the_model():
+    """`--model` with a 300-character name was refused in a line naming kvsim's presets folder
+    (`.../kvsim/model/presets/models/aaa...json: File name too long`), not the model given."""
+    name = "a" * 300
+    message = one_line_exit_2(["capacity", "--model", name])
+    assert message.startswith(f"model={name!r}: not a preset (")
+    assert message.endswith(") nor a file (File name too long)")

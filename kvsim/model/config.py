@@ -53,13 +53,16 @@ def model_file(name_or_path: str) -> tuple[Path, bool]:
     the path given, or the `config.json` in a folder given (a downloaded model's folder, as vLLM's `--model`
     takes it); KvsimError naming the value when it is none of these."""
     preset = PRESETS_DIR / "models" / f"{name_or_path}.json"
-    if preset.is_file():
-        return preset, True
     path = Path(name_or_path)
-    if path.is_dir() and (path / "config.json").is_file():
-        return path / "config.json", False
-    if not path.is_file():
-        folder = " (a folder without a config.json)" if path.is_dir() else ""
+    try:
+        if preset.is_file():
+            return preset, True
+        if path.is_dir() and (path / "config.json").is_file():
+            return path / "config.json", False
+        is_file, folder = path.is_file(), " (a folder without a config.json)" if path.is_dir() else ""
+    except OSError as error:  # a name over the system's limit: 'File name too long', naming the presets' folder
+        is_file, folder = False, f" ({error.strerror})"
+    if not is_file:
         raise KvsimError(f"model={name_or_path!r}: not a preset ({', '.join(model_presets())}) nor a file{folder}")
     return path, False
 

@@ -123,8 +123,11 @@ def _absolute_unprotected(path: str | Path) -> Path:
         raise _refuse(path, "is not a path: name a folder")
     if not str(path).strip():
         raise _refuse(path, "is empty: name a folder")
+    if "\0" in str(path):  # no file name holds one: the OS calls below raised a bare ValueError
+        raise _refuse(path, "holds a NUL character, which no file name can")
     out = Path(os.path.abspath(Path(path).expanduser()))
-    reason = _protected_reason(out) or ("is a symbolic link" if out.is_symlink() else None)
+    with _errors_name_output(path):  # a name over the system's limit: OSError 'File name too long'
+        reason = _protected_reason(out) or ("is a symbolic link" if out.is_symlink() else None)
     if reason:
         raise _refuse(path, reason)
     return out

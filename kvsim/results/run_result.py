@@ -131,6 +131,9 @@ class RunResult:
         `out_dir` must be new or an earlier kvsim run (else `KvsimError`); the files go to a
         temporary sibling folder that is swapped into place only when all are complete.
         """
+        from kvsim.results.step_writer import resolve_format
+
+        resolve_format(steps_format)  # refused before any file is written, steps kept or not
         with output_directory(out_dir, "run") as tmp:
             write_run_files(tmp, self, steps=self.scenario.steps != "none", final=Path(out_dir),
                             steps_format=steps_format)

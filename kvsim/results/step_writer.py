@@ -42,7 +42,10 @@ def has_pyarrow() -> bool:
 
 
 def resolve_format(fmt: StepsFormat) -> Literal["parquet", "csv"]:
-    """`auto` → parquet when pyarrow is importable, else csv; `parquet` without pyarrow is an error."""
+    """`auto` → parquet when pyarrow is importable, else csv; `parquet` without pyarrow, or another value, is an
+    error (`RunResult.write(path, "xlsx")` wrote CSV text into steps.xlsx)."""
+    if fmt not in ("auto", "parquet", "csv"):
+        raise KvsimError(f"steps_format={fmt!r}: expected auto, parquet or csv")
     if fmt == "auto":
         return "parquet" if has_pyarrow() else "csv"
     if fmt == "parquet" and not has_pyarrow():
