@@ -129,3 +129,16 @@ def test_a_model_name_too_long_for_a_file_is_refused_as_the_model():
     message = one_line_exit_2(["capacity", "--model", name])
     assert message.startswith(f"model={name!r}: not a preset (")
     assert message.endswith(") nor a file (File name too long)")
+
+
+@pytest.mark.parametrize(("engine", "message"), [
+    ("{tensor_parallel_size: 3}", "replicas[1]: tensor_parallel_size=3: must divide llama-3.1-8b's 32 attention heads"),
+    ("{kv_cache_memory_bytes: 1}", "replicas[1]: engine.kv_cache_memory_bytes=1: a KV pool of 1 B holds no block of "),
+], ids=["tp", "kv-bytes"])
+def test_a_replica_group_the_gpu_cannot_hold_is_refused_naming_the_group(tmp_path, engine, message):
+    """Its other settings named the group (`replicas[1]: engine.max_num_seqs=0: ...`); these named a setting the
+    scenario's own engine section does not hold."""
+    out = tmp_path / "out"
+    assert one_line_exit_2([*RUN, *_set(f"replicas=[{{count: 1}}, {{engine: {engine}}}]"), "-o", str(out)]
+                           ).startswith(message)
+    assert not out.exists()

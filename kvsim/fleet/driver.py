@@ -29,7 +29,8 @@ from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.fleet.router import Decision, Router
 from kvsim.kv.offload_connector import combine_summaries
-from kvsim.model.config import load_model
+from kvsim.model.capacity import num_gpu_blocks
+from kvsim.model.config import load_gpu, load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import optional_column_summaries, percentiles
@@ -63,7 +64,7 @@ def replica_groups(scenario: Scenario) -> list[tuple[Scenario, int]]:
     replicas, without building every one (the memory check reads it before the fleet exists)."""
     if scenario.replicas is None:
         return [(scenario, 1)]
-    return [(_replica(scenario, raw, f"{scenario.name}/{label}0", g), count)
+    return [(_replica(scenario, raw, f"{scenario.name}/{label}0", g, sized=True), count)
             for g, raw, label, count in _groups(scenario) if count]
 
 
@@ -80,15 +81,19 @@ def _groups(scenario: Scenario) -> list[tuple[int, dict[str, Any], str, int]]:
     return out
 
 
-def _replica(scenario: Scenario, raw: dict[str, Any], name: str, group: int) -> Scenario:
+def _replica(scenario: Scenario, raw: dict[str, Any], name: str, group: int, sized: bool = False) -> Scenario:
     """One replica's single-engine scenario. A replica is one engine: a data-parallel size given to it is
-    refused (it ran one engine per replica, its other ranks and their GPUs dropped without a word)."""
+    refused (it ran one engine per replica, its other ranks and their GPUs dropped without a word).
+    `sized`: also size its KV pool, so that a group's engine the GPU cannot hold (a tensor-parallel size
+    the heads do not divide, a pool under one block) is refused naming the group, as its other settings are."""
     try:
         replica = make_scenario({**raw, "name": name}, scenario.base_dir)
         if replica.engine.data_parallel_size > 1:
             raise KvsimError(f"engine.data_parallel_size={replica.engine.data_parallel_size}: a fleet's replicas are "
                              "single engines (a data-parallel group per replica is not modelled); give more "
                              "replicas, or drop replicas to run one data-parallel group")
+        if sized:
+            num_gpu_blocks(load_model(replica.model), load_gpu(replica.gpu), replica.engine)
         return replica
     except KvsimError as error:
         if isinstance(scenario.replicas, int):
