@@ -142,3 +142,21 @@ def test_a_replica_group_the_gpu_cannot_hold_is_refused_naming_the_group(tmp_pat
     assert one_line_exit_2([*RUN, *_set(f"replicas=[{{count: 1}}, {{engine: {engine}}}]"), "-o", str(out)]
                            ).startswith(message)
     assert not out.exists()
+
+
+def test_a_rate_past_the_largest_float_is_one_line_in_a_process_of_its_own(tmp_path):
+    """Run as a user runs it: numpy's 'RuntimeWarning: overflow encountered in accumulate' (two lines) came
+    before the error, which CliRunner does not show."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "kvsim", "run", *_set("workload.num_requests=6",
+                                                                       "workload.arrival={process: constant, rate: 1e-308}"),
+                           "-o", str(out)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONWARNINGS": "default"})
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "kvsim: error: workload.arrival.rate=1e-308: request 2 of 6 would arrive at inf s (past the largest float); "
+        "give a larger rate or fewer requests"], done.stderr
+    assert not out.exists()
