@@ -160,3 +160,31 @@ def test_a_rate_past_the_largest_float_is_one_line_in_a_process_of_its_own(tmp_p
         "kvsim: error: workload.arrival.rate=1e-308: request 2 of 6 would arrive at inf s (past the largest float); "
         "give a larger rate or fewer requests"], done.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("config", ["folder", "loop"])
+def test_a_model_folder_whose_config_json_is_not_a_file_says_so(tmp_path, config):
+    """A folder holding a config.json folder (or a config.json link to itself) was refused as 'a folder without
+    a config.json', which it is not."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    if config == "folder":
+        (folder / "config.json").mkdir()
+    else:
+        (folder / "config.json").symlink_to(folder / "config.json")
+    message = one_line_exit_2(["capacity", "--model", str(folder)])
+    assert message.startswith(f"model={str(folder)!r}: not a preset (")
+    assert message.endswith(") nor a file (a folder whose config.json is not a file)")
+
+
+def test_a_draft_model_folder_without_config_json_is_refused(tmp_path):
+    import json
+
+    (tmp_path / "draft").mkdir()
+    out = tmp_path / "out"
+    spec = {"method": "draft_model", "model": str(tmp_path / "draft"), "num_speculative_tokens": 2,
+            "acceptance_rates": 0.8}
+    message = one_line_exit_2([*RUN, "--speculative-config", json.dumps(spec), "-o", str(out)])
+    assert message.startswith(f"engine.speculative_config: model={str(tmp_path / 'draft')!r}: not a preset (")
+    assert message.endswith(") nor a file (a folder without a config.json)")
+    assert not out.exists()

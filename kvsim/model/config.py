@@ -59,12 +59,20 @@ def model_file(name_or_path: str) -> tuple[Path, bool]:
             return preset, True
         if path.is_dir() and (path / "config.json").is_file():
             return path / "config.json", False
-        is_file, folder = path.is_file(), " (a folder without a config.json)" if path.is_dir() else ""
+        is_file, folder = path.is_file(), _folder_without_config(path) if path.is_dir() else ""
     except OSError as error:  # a name over the system's limit: 'File name too long', naming the presets' folder
         is_file, folder = False, f" ({error.strerror})"
     if not is_file:
         raise KvsimError(f"model={name_or_path!r}: not a preset ({', '.join(model_presets())}) nor a file{folder}")
     return path, False
+
+
+def _folder_without_config(folder: Path) -> str:
+    """Why a model folder has no config.json to read: none there, or one that is a folder or a broken link."""
+    config = folder / "config.json"
+    if config.is_symlink() or config.exists():  # a link to nothing (or a loop), a folder
+        return " (a folder whose config.json is not a file)"
+    return " (a folder without a config.json)"
 
 
 @cache
