@@ -108,3 +108,26 @@ def test_under_fcfs_requests_holding_loaded_kv_are_admitted_before_a_preempted_o
                         "shared_prefix": {"tokens": 12, "fraction": 0.5, "num_prefixes": 2}}}
     result = kvsim.simulate(raw, check=True)
     assert result.summary["num_finished"] == 24 and result.summary["kv_offload"]["num_loads"] > 0
+
+
+def test_loaded_first_moves_every_loaded_request_ahead_of_a_victim_between_them():
+    """Queue by hand: C (its load ended last, so prepended last), B (preempted after A's load ended), A (loaded).
+    vLLM's FCFS admission takes its skipped queue (A, C) before the waiting queue (B): both loaded requests go
+    ahead of B, keeping their order, though the head C is already a loaded one."""
+    from types import SimpleNamespace
+
+    from kvsim.sched.offload import OffloadScheduling
+    from kvsim.sched.request_queue import make_request_queue
+    from tests.conftest import make_request
+
+    a, b, c, d = (make_request(rid, 0.0, 10, 5) for rid in range(4))
+    waiting = make_request_queue("fcfs")
+    for req in (d, a):
+        waiting.add(req)
+    waiting.prepend(b)
+    waiting.prepend(c)  # C, B, A, D
+    engine = SimpleNamespace(waiting=waiting, held_kv_tokens={a.request_id: 10, c.request_id: 10})
+    OffloadScheduling.loaded_first(engine)  # type: ignore[arg-type]
+    assert [req.request_id for req in waiting] == [c.request_id, a.request_id, b.request_id, d.request_id]
+    OffloadScheduling.loaded_first(engine)  # type: ignore[arg-type]  # already in front: nothing moves
+    assert [req.request_id for req in waiting] == [c.request_id, a.request_id, b.request_id, d.request_id]

@@ -92,10 +92,12 @@ class OffloadScheduling:
         (`_select_waiting_queue_for_scheduling`), whatever was preempted since their loads ended (a preempted
         request goes to the front of the waiting queue). Ahead of them, a victim that cannot fit while they
         hold their blocks stopped admission with nothing left running: the engine stalled for good."""
-        if not self.held_kv_tokens or self.waiting.policy != "fcfs" or self.waiting.peek().request_id \
-                in self.held_kv_tokens:
+        if not self.held_kv_tokens or self.waiting.policy != "fcfs":
             return
         loaded = [req for req in self.waiting if req.request_id in self.held_kv_tokens]
+        # already the front? (a loaded head alone does not say so: a victim can sit between two loaded requests)
+        if all(req is head for req, head in zip(loaded, self.waiting, strict=False)):
+            return
         for req in reversed(loaded):
             self.waiting.remove(req)
             self.waiting.prepend(req)
