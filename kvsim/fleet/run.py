@@ -59,7 +59,7 @@ def unread_settings(scenario: Scenario) -> list[str]:
     `engine` section gives is said once, when no group reads it (a group whose allocator or prefix caching
     reads it makes it a setting that runs, not a dropped one)."""
     if not scenario.is_fleet:
-        return scenario.engine.unread_settings()
+        return list(scenario.engine.unread_settings().values())
     from kvsim.fleet.driver import replica_groups
 
     groups = scenario.replicas if isinstance(scenario.replicas, list) else None
@@ -68,11 +68,6 @@ def unread_settings(scenario: Scenario) -> list[str]:
     for g, (replica, _count) in enumerate(replica_groups(scenario)):
         own = groups[g].engine if groups is not None else {}
         said = replica.engine.unread_settings()
-        own_lines += [f"replicas[{g}]: {line}" for line in said if _field(line) in own]
-        inherited.append([line for line in said if _field(line) not in own])
+        own_lines += [f"replicas[{g}]: {line}" for field, line in said.items() if field in own]
+        inherited.append([line for field, line in said.items() if field not in own])
     return [line for line in inherited[0] if all(line in other for other in inherited)] + own_lines
-
-
-def _field(line: str) -> str:
-    """The engine field an unread-setting line names: `slab_placement` of `engine.slab_placement=... is unread`."""
-    return line.split("=", 1)[0].removeprefix("engine.")

@@ -352,18 +352,19 @@ class EngineConfig(Settings):
         spec = self.speculative_config
         return self.scheduler == "v1" and (spec is None or spec.method in ("eagle", "eagle3"))
 
-    def unread_settings(self) -> list[str]:
-        """Settings this engine never reads, one line each: a `slab_placement` other than the default beside the
-        paged allocator, `prefix_cache: radix` with prefix caching off. A run warns of them rather than refusing
-        them, as the report's studies vary the allocator and caching from this engine and do read them."""
-        unread = []
+    def unread_settings(self) -> dict[str, str]:
+        """Settings this engine never reads, by field, each with its warning line: a `slab_placement` other than
+        the default beside the paged allocator, `prefix_cache: radix` with prefix caching off. A run warns of
+        them rather than refusing them, as the report's studies vary the allocator and caching from this engine
+        and do read them."""
+        unread = {}
         # the default placement is never "given": a written scenario.yaml spells out every field (model_fields_set)
         if self.slab_placement != "buddy" and self.allocator == "paged":
-            unread.append(f"engine.slab_placement={self.slab_placement} is unread: the paged allocator places no "
-                          "slabs")
+            unread["slab_placement"] = (f"engine.slab_placement={self.slab_placement} is unread: the paged "
+                                        "allocator places no slabs")
         if self.prefix_cache == "radix" and not self.enable_prefix_caching:
-            unread.append("engine.prefix_cache=radix is unread: enable_prefix_caching is false, so no prefix is "
-                          "cached")
+            unread["prefix_cache"] = ("engine.prefix_cache=radix is unread: enable_prefix_caching is false, so no "
+                                      "prefix is cached")
         return unread
 
     @model_validator(mode="after")
