@@ -230,7 +230,8 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
     w = scenario.workload
     records = _base_records(scenario, rng)
     n = len(records)
-    arrivals = _arrivals(w, records, rng)
+    arrivals = np.asarray(_arrivals(w, records, rng), dtype=np.float64)  # each row's instant; with turns > 1, the
+    # first row of a conversation gives its first turn's (the later rows' are not read)
     prefix = w.shared_prefix
     with_prefix = rng.random(n) < prefix.fraction if prefix else np.zeros(n, bool)
     prefix_ids = rng.integers(0, prefix.num_prefixes, size=n) if prefix else None
@@ -242,14 +243,14 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
     with_acceptance = w.trace is not None and w.trace.acceptance_column is not None
     builder = TurnBuilder(records, turns, max_model_len, prefix, with_prefix, prefix_ids, num_samples, beam,
                           priorities, with_acceptance)
-    _refuse_endless_instants(w, np.asarray(arrivals, dtype=np.float64), turns, think_s)
+    _refuse_endless_instants(w, arrivals, turns, think_s)
     if w.multi_turn is not None and w.multi_turn.timing == "after_reply":  # a conversation's first row's instant
-        return Conversations(builder, np.asarray(arrivals, dtype=np.float64)[::turns], think_s)
+        return Conversations(builder, arrivals[::turns], think_s)
     if turns > 1:  # turn k of a conversation arrives k think times after its first turn
         index = np.arange(n)
-        arrival = arrivals[index - index % turns].astype(np.float64) + (index % turns).astype(np.float64) * think_s
+        arrival = arrivals[index - index % turns] + (index % turns).astype(np.float64) * think_s
     else:
-        arrival = np.asarray(arrivals, dtype=np.float64)
+        arrival = arrivals
     # the earliest arrival among requests not yet constructed (inf past the last one)
     later_min = np.append(np.minimum.accumulate(arrival[::-1])[::-1], np.inf) if n else np.array([np.inf])
 
