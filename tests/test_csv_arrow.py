@@ -1,0 +1,124 @@
+"""pyarrow's CSV assembly (`kvsim.results.csv_arrow`) writes `append_csv`'s own bytes, which are pandas' (test_run_path).
+
+The fast path is taken for long numeric tables only; each test runs a table through both paths (the
+plain one by declaring pyarrow's float format unusable) and compares the bytes. The doubles are drawn
+fresh: random bit patterns (every exponent, subnormals, NaN payloads, infinities), values of every
+layout boundary (1e-4, 1e10, 1e16), integral values, ±0.0, and exact ties between two shortest
+decimals (x = N·2^-j, which `float.__repr__` rounds half to even).
+"""
+
+import io
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kvsim.results import csv_arrow
+from kvsim.results.step_writer import append_csv, has_pyarrow
+
+pytestmark = pytest.mark.skipif(not has_pyarrow(), reason="pyarrow is not installed (the fast path needs it)")
+
+
+def both_paths(monkeypatch, columns, chunk_sizes=(None,)):
+    """The CSV text of `columns` through pyarrow and through the plain path, appended in chunks of each size."""
+    texts = {}
+    for fast in (True, False):
+        monkeypatch.setattr(csv_arrow, "_checked", [fast])  # the fast path even if the probe failed
+        monkeypatch.setattr(csv_arrow, "ARROW_MIN_ROWS", 0)
+        f = io.StringIO()
+        num_rows = len(next(iter(columns.values())))
+        for size in chunk_sizes:
+            step = size or num_rows
+            for start in range(0, num_rows, step):
+                append_csv({k: v[start:start + step] for k, v in columns.items()}, f, header=start == 0)
+        texts[fast] = f.getvalue()
+    return texts[True], texts[False]
+
+
+def random_doubles(rng, num):
+    """Doubles of every kind, mixed: see the module docstring."""
+    bits = rng.integers(0, 2**63, num, dtype=np.int64) * rng.choice([1, -1], num)
+    anything = bits.view(np.float64)
+    plain = rng.uniform(-4, 10, num)
+    plain = np.sign(rng.standard_normal(num)) * 10.0**plain
+    j = rng.integers(1, 60, num)
+    ties = np.ldexp(np.floor(np.ldexp(10.0 ** rng.uniform(-4, 10, num), j)), -j)  # N·2^-j: exact ties among them
+    edges = np.array([1e-4, np.nextafter(1e-4, 0), np.nextafter(1e-4, 1), 1e10, np.nextafter(1e10, 0), 1e16,
+                      np.nextafter(1e16, 0), 1e15, 0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324, 1.7976931348623157e308,
+                      2.0**33 + 1 / 128, 960.0, -3.0, 2.0**53, 0.1 + 0.2])
+    integral = np.trunc(10.0 ** rng.uniform(0, 17, num))
+    pool = np.concatenate([anything, plain, ties, integral, np.resize(edges, num)])
+    return rng.permutation(pool)
+
+
+def test_random_doubles_of_every_layout_write_the_same_bytes(monkeypatch):
+    """Half a million fresh doubles of every kind (module docstring), in columns that repeat values, hold
+    one value throughout, are strictly increasing, and mix in ints and bools: both paths, the same bytes."""
+    rng = np.random.default_rng()
+    num = 100_000
+    doubles = random_doubles(rng, num // 5 + 1)[:num]
+    columns = {
+        "x": doubles,
+        "repeats": rng.choice(doubles[:50], num),
+        "zeros": np.full(num, -0.0),
+        "time_s": np.cumsum(rng.exponential(0.03, num)),
+        "n": rng.integers(-2**62, 2**62, num),
+        "small": rng.integers(0, 300, num),
+        "u": rng.integers(0, 2**63, num, dtype=np.uint64) * np.uint64(2),
+        "flag": rng.random(num) < 0.5,
+        "nan": np.full(num, np.nan),
+    }
+    fast, plain = both_paths(monkeypatch, columns, chunk_sizes=(None, 7_000))
+    assert fast == plain
+    assert fast.count("\n") == 2 * (num + 1)  # two headers, every row twice
+    few = {name: values[:300] for name, values in columns.items()}
+    one_row_chunks = both_paths(monkeypatch, few, chunk_sizes=(1,))
+    assert one_row_chunks[0] == one_row_chunks[1] == both_paths(monkeypatch, few)[1]
+
+
+def test_a_fleets_steps_csv_is_the_same_through_both_paths(tmp_path, monkeypatch):
+    """A simulated 8-replica fleet (3,000 requests, every step kept, its replicas' step tables assembled by
+    pyarrow whatever their length) writes steps.csv, requests.csv and summary.json byte for byte alike."""
+    from kvsim.fleet.run import simulate_scenario
+    from kvsim.workload.scenario import load_scenario
+
+    scenario = load_scenario(None, ["workload.num_requests=3000", "workload.arrival.rate=200", "replicas=8",
+                                    "router={policy: least_outstanding}"])
+    monkeypatch.setattr(csv_arrow, "ARROW_MIN_ROWS", 0)
+    assembled = []
+    monkeypatch.setattr(csv_arrow, "write_rows", lambda arrays, f, real=csv_arrow.write_rows: (
+        assembled.append(len(arrays[0])), real(arrays, f)))
+    outputs = {}
+    for fast in (True, False):
+        monkeypatch.setattr(csv_arrow, "_checked", [fast])  # the fast path even if the probe failed
+        out = tmp_path / str(fast)
+        simulate_scenario(scenario, out_dir=out, steps_format="csv")
+        outputs[fast] = [(out / name).read_bytes() for name in ("steps.csv", "requests.csv", "summary.json")]
+    assert sum(assembled) == outputs[True][0].count(b"\n") - 1  # every step row through pyarrow, once
+    assert outputs[True] == outputs[False]
+
+
+def test_pyarrow_float_text_is_pythons_on_the_probe():
+    """The installed pyarrow passes the once-per-process check the fast path relies on (if a later pyarrow
+    formats otherwise, the fast path is off and this fails, asking for a look)."""
+    assert csv_arrow.formats_floats_as_python()
+
+
+IMPORTS = """
+import io, sys
+import numpy as np
+from kvsim.results.step_writer import append_csv
+rows = int(sys.argv[1])
+append_csv({"t": np.arange(rows) * 0.1, "n": np.arange(rows)}, io.StringIO(), header=True)
+print("pyarrow" in sys.modules, "pandas" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("rows, pyarrow_loaded", [(100, False), (csv_arrow.ARROW_MIN_ROWS, True)])
+def test_only_a_long_table_imports_pyarrow_and_never_pandas(rows, pyarrow_loaded):
+    """A short table is not worth pyarrow's import (~0.07 s); a long one is, and building its arrays never
+    imports pandas (`pa.array` of a list would, ~0.2 s)."""
+    result = subprocess.run([sys.executable, "-c", IMPORTS, str(rows)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [str(pyarrow_loaded), "False"]
