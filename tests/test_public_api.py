@@ -61,6 +61,22 @@ def test_simulate_a_path_a_dict_and_a_scenario_with_overrides(tmp_path):
         kvsim.simulate(42)  # type: ignore[arg-type]
 
 
+def test_a_path_object_is_as_good_as_its_text_in_any_field(tmp_path):
+    """A notebook passes `pathlib.Path`s: `model=Path(...)` (it was "Input should be a valid string") and a
+    trace path inside a dict scenario read the same files as their strings do."""
+    model = Path(kvsim.__file__).parent / "model" / "presets" / "models" / "llama-2-7b.json"
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,100,10\n"
+                     "2023-11-16 18:15:46.5,300,20\n2023-11-16 18:15:47.25,50,5\n")
+    raw = kvsim.load_scenario(None, SMALL).model_dump(mode="json")
+    raw["workload"] = {"arrival": {"process": "trace"}, "trace": {"format": "azure", "path": trace}}
+    with_paths = kvsim.simulate(raw, model=model, engine__max_model_len=4096)
+    raw["workload"]["trace"]["path"] = str(trace)
+    with_texts = kvsim.simulate(raw, model=str(model), engine__max_model_len=4096)
+    assert with_paths.summary == with_texts.summary and with_paths.summary["num_requests"] == 3
+    assert with_paths.scenario.model == str(model)
+
+
 def test_run_result_repr_is_one_short_line_and_parquet_round_trips(tmp_path):
     result = kvsim.simulate(None, **{"workload__num_requests": 30})
     assert isinstance(result, RunResult)

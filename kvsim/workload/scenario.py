@@ -20,6 +20,7 @@ refers to the data shipped in `kvsim/workload/data/`.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -375,10 +376,21 @@ def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
     if "base_dir" in raw:  # the field kvsim sets: given in a file, it was replaced without a word
         raise KvsimError(f"base_dir={shown(raw['base_dir'])}: unknown key (kvsim resolves a scenario's relative "
                          "paths from the folder of its file)")
-    try:
-        return Scenario.model_validate({**raw, "base_dir": str(base_dir)})  # not **raw: a key may not be a str
+    try:  # not **raw: a key may not be a str
+        return Scenario.model_validate({**_path_texts(raw), "base_dir": str(base_dir)})
     except ValidationError as error:
         raise from_validation_error(error, model=Scenario) from None
+
+
+def _path_texts(value: Any) -> Any:
+    """`value` with every `os.PathLike` inside it (a notebook's `model=Path(...)`, a trace's path) as its text."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, dict):
+        return {key: _path_texts(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_path_texts(item) for item in value]
+    return value
 
 
 def resolve_scenario(scenario: Scenario | str | Path | Mapping[str, Any] | None,
