@@ -125,7 +125,11 @@ def _absolute_unprotected(path: str | Path) -> Path:
         raise _refuse(path, "is empty: name a folder")
     if "\0" in str(path):  # no file name holds one: the OS calls below raised a bare ValueError
         raise _refuse(path, "holds a NUL character, which no file name can")
-    out = Path(os.path.abspath(Path(path).expanduser()))
+    try:
+        out = Path(os.path.abspath(Path(path).expanduser()))
+    except RuntimeError:  # `~name/x` for a user this machine has not: pathlib's "Could not determine home directory"
+        raise _refuse(path, f"starts with {str(path).split('/')[0]!r}, the home folder of a user this machine "
+                            "does not know") from None
     with _errors_name_output(path):  # a name over the system's limit: OSError 'File name too long'
         reason = _protected_reason(out) or ("is a symbolic link" if out.is_symlink() else None)
     if reason:
