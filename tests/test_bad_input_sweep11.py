@@ -2,10 +2,13 @@
 takes one of several types): each exits 2 with one line naming the field and the value, and writes nothing,
 never a traceback, a field the user never wrote, or one plan's answers beside another's."""
 
+import json
 
 import pytest
 from conftest import one_line_exit_2
 from typer.testing import CliRunner
+
+from kvsim.cli import app
 
 runner = CliRunner()
 
@@ -19,4 +22,22 @@ def test_an_output_in_an_unknown_users_home_is_one_line(tmp_path, monkeypatch, o
     assert line == (f"--output={output!r}: starts with '~kvsim-no-such-user', the home folder of a user this "
                     "machine does not know; kvsim only replaces output it wrote itself (choose a new path)")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plan_written_again_drops_the_earlier_plans_offload_sizing(tmp_path):
+    """A plan folder that an earlier `kvsim plan --offload-size` wrote, planned again without the flag: the
+    earlier tier sizing (its SLO, its chosen fleet) stayed beside the new plan.csv, read as this plan's."""
+    from kvsim.cli.shared import PLAN_FILES
+    from kvsim.results.output_dir import claim_directory
+
+    out = claim_directory(tmp_path / "plan", "plan", PLAN_FILES)  # as the earlier plan left it
+    earlier = {"offload_points.csv": "cpu_bytes\n1\n", "offload_pays.csv": "load\n1\n",
+               "offload_hurts.csv": "load\n1\n", "offload_sizing.json": json.dumps({"ttft_slo_s": 2.0})}
+    for name, text in earlier.items():
+        (out / name).write_text(text)
+    result = runner.invoke(app, ["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", "ttft_s.p90=100",
+                                 "--set", "workload.num_requests=5", "--max-replicas", "1", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == [".kvsim-output", "pareto.png", "plan.csv", "plan.json",
+                                                     "plan.md", "points.jsonl"]
 

@@ -185,7 +185,8 @@ class RunFormat(StrEnum):
 
 PLAN_FILES = ["points.jsonl", "plan.csv", "plan.json", "plan.md", "pareto.png",
               ".plan.csv.tmp", ".plan.json.tmp", ".plan.md.tmp", ".pareto.tmp.png",  # all `plan` writes
-              "offload_points.csv", "offload_pays.csv", "offload_hurts.csv", "offload_sizing.json"]  # --offload-size
+              "offload_points.csv", "offload_pays.csv", "offload_hurts.csv", "offload_sizing.json",  # --offload-size
+              ".offload_points.csv.tmp", ".offload_pays.csv.tmp", ".offload_hurts.csv.tmp", ".offload_sizing.json.tmp"]
 
 
 def offload_line(sizing: Any) -> str:
@@ -271,11 +272,17 @@ def chosen_text(rows: list[dict]) -> str:
 
 
 def write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
-    """plan.csv / .json / .md and the Pareto figure, each written whole then renamed into place."""
+    """plan.csv / .json / .md and the Pareto figure, each written whole then renamed into place; an earlier
+    plan's offload sizing in the folder is removed (it sized that plan's answer: `--offload-size` sizes this
+    one's afresh), so the folder never shows one plan beside another's tier."""
     import os
 
+    from kvsim.planning.offload_sizing import OFFLOAD_FILES
     from kvsim.report.build import pareto_figure
     from kvsim.results.render import rows_to_csv, rows_to_markdown, to_json
+
+    for stale in OFFLOAD_FILES:
+        (out_dir / stale).unlink(missing_ok=True)
 
     for file, write in (("plan.csv", rows_to_csv), ("plan.json", to_json), ("plan.md", rows_to_markdown)):
         tmp = out_dir / f".{file}.tmp"

@@ -229,13 +229,19 @@ def answer(sizing: OffloadSizing) -> dict[str, Any]:
 
 
 def write_sizing(sizing: OffloadSizing, out_dir: Any) -> list[str]:
-    """The tables as CSV and the answers as JSON in `out_dir`; returns the file names."""
+    """The tables as CSV and the answers as JSON in `out_dir`, each written whole then renamed into place (an
+    interrupt leaves no file cut short); returns the file names."""
     import json
+    import os
     from pathlib import Path
 
     out = Path(out_dir)
-    for name, df in (("offload_points.csv", sizing.points), ("offload_pays.csv", sizing.pays),
-                     ("offload_hurts.csv", sizing.hurts)):
-        df.to_csv(out / name, index=False)
-    (out / "offload_sizing.json").write_text(json.dumps(answer(sizing), indent=2) + "\n")
+    texts = {name: df.to_csv(index=False) for name, df in (("offload_points.csv", sizing.points),
+                                                          ("offload_pays.csv", sizing.pays),
+                                                          ("offload_hurts.csv", sizing.hurts))}
+    texts["offload_sizing.json"] = json.dumps(answer(sizing), indent=2) + "\n"
+    for name, text in texts.items():
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
     return OFFLOAD_FILES
