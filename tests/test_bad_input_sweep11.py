@@ -41,3 +41,30 @@ def test_a_plan_written_again_drops_the_earlier_plans_offload_sizing(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [".kvsim-output", "pareto.png", "plan.csv", "plan.json",
                                                      "plan.md", "points.jsonl"]
 
+
+@pytest.mark.parametrize(("item", "message"), [
+    # pydantic names each member of a union in the location: `replicas.int`, a field the user never wrote,
+    # and the member that fails first (an integer) where the list got as far as its bad item
+    ("replicas=[{count: 1}, 5]", "replicas.1=5: Input should be a valid dictionary or instance of ReplicaGroup"),
+    ("replicas=abc", "replicas='abc': Input should be a valid integer, unable to parse string as an integer"),
+    ("replicas={a: 1}", "replicas={'a': 1}: Input should be a valid integer"),  # the value was left out
+    ("engine.speculative_config={method: ngram, num_speculative_tokens: 2, acceptance_rates: [0.5, abc]}",
+     "engine.speculative_config.acceptance_rates.1='abc': Input should be a valid number, unable to parse "
+     "string as a number"),
+    ("engine.speculative_config={method: ngram, num_speculative_tokens: 2, acceptance_rates: abc}",
+     "engine.speculative_config.acceptance_rates='abc': Input should be a valid number, unable to parse string "
+     "as a number"),
+    ("name={a: 1}", "name={'a': 1}: Input should be a valid string"),  # a mapping for text: no value was shown
+])
+def test_a_field_of_several_types_is_named_as_written(tmp_path, item, message):
+    assert one_line_exit_2(["run", "--set", item, "-o", str(tmp_path / "out")]) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_simulate_names_a_union_field_as_written():
+    """The library API reports the same line (`kvsim.simulate` raises the error the CLI prints)."""
+    import kvsim
+    from kvsim.model.errors import KvsimError
+
+    with pytest.raises(KvsimError, match=r"^replicas\.1=5: Input should be a valid dictionary"):
+        kvsim.simulate(None, replicas=[{"count": 1}, 5])

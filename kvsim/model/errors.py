@@ -96,6 +96,66 @@ def close_match(word: str, choices: list[str]) -> str:
     return f" (did you mean {near[0]}?)" if near else ""
 
 
+def _union_tags(model: type | None, loc: tuple[Any, ...]) -> set[int]:
+    """The positions in `loc` (from the pydantic `model`) that are pydantic's names for a union's member
+    ('int', 'list[ReplicaGroup]', 'float'), not a field, an index or a key: after a field whose type is a
+    union of two or more types, pydantic reports each member's failure under that member's name. A union
+    with a discriminator (`prompt_len`'s `dist`) is named by the value the user wrote: that part stays."""
+    from typing import get_args, get_origin
+
+    from kvsim.model.spec import union_members
+
+    tags: set[int] = set()
+    annotation: Any = model
+    discriminated = False
+    for i, part in enumerate(loc):
+        members = [m for m in union_members(annotation) if m is not type(None)]
+        if len(members) > 1:  # `part` names the member; the next part is inside it: an index, a field or nothing
+            if not discriminated:
+                tags.add(i)
+            following = loc[i + 1] if i + 1 < len(loc) else None
+            annotation = next((m for m in members if (isinstance(following, int) and get_origin(m) in (list, tuple))
+                               or following in getattr(m, "model_fields", {})), None)
+            continue
+        annotation = members[0] if members else None
+        fields = getattr(annotation, "model_fields", None)
+        discriminated = False
+        if fields is not None and part in fields:
+            annotation = fields[part].annotation
+            discriminated = fields[part].discriminator is not None or _discriminated(annotation)
+        elif isinstance(part, int) and get_origin(annotation) in (list, tuple):
+            annotation = get_args(annotation)[0]
+        else:
+            break
+    return tags
+
+
+def _discriminated(annotation: Any) -> bool:
+    """Whether `annotation` holds a union tagged by a discriminator (`Annotated[A | B, Field(discriminator=...)]`,
+    alone or in an optional)."""
+    from types import UnionType
+    from typing import Annotated, Union, get_args, get_origin
+
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return any(getattr(meta, "discriminator", None) is not None for meta in args[1:]) or _discriminated(args[0])
+    return origin in (Union, UnionType) and any(_discriminated(arg) for arg in args)
+
+
+def _past_union_members(errors: list[Any], first: Any, model: type | None) -> tuple[Any, tuple[Any, ...]]:
+    """The error to report in place of `first`, and its location without union member names (`_union_tags`):
+    `replicas: [{count: 1}, 5]` failed as an `int` (`replicas.int=[...]`: a valid integer is expected) and as a
+    list (`replicas.list[ReplicaGroup].1=5`); the member that got furthest (the list, at item 1) says what is
+    wrong, and the user wrote no field `int`."""
+    tags = _union_tags(model, tuple(first["loc"]))
+    if tags:
+        at = min(tags)
+        members = [e for e in errors if tuple(e["loc"][:at]) == tuple(first["loc"][:at]) and len(e["loc"]) > at]
+        first = max(members, key=lambda e: len(e["loc"]))  # the earliest of the deepest
+        tags = _union_tags(model, tuple(first["loc"]))
+    return first, tuple(part for i, part in enumerate(first["loc"]) if i not in tags)
+
+
 def _fields_at(model: type | None, loc: tuple[Any, ...]) -> list[str]:
     """The field names of the pydantic model that `loc` (less its last part) leads to from `model`."""
     from typing import get_args
@@ -119,7 +179,8 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
     errors = error.errors()
     # A misspelt key usually explains a "missing" one too: report unknown keys (and keys that are no names) first.
     first = next((e for e in errors if e["type"] in ("extra_forbidden", "invalid_key")), errors[0])
-    loc = ".".join(str(part) if len(str(part)) <= SHOWN_CHARS else shown(str(part)) for part in first["loc"])
+    first, where = _past_union_members(errors, first, model)
+    loc = ".".join(str(part) if len(str(part)) <= SHOWN_CHARS else shown(str(part)) for part in where)
     field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "value")
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
@@ -134,7 +195,8 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
         return KvsimError(f"{field}: required field is missing")
     if first["type"] == "invalid_key":  # YAML's `1: x` or `~: x`, a dict's non-str key
         return KvsimError(f"{field}: a key must be a string, not {type(first.get('input')).__name__}")
-    if isinstance(first.get("input"), dict):  # a check across fields: the message names them
+    if isinstance(first.get("input"), dict) and first["type"] == "value_error":  # a check across fields: the
+        # message names them
         return KvsimError(f"{field}: {message}" if prefix or loc else message)
     if isinstance(first.get("input"), bool) and first["type"] in ("string_type", "literal_error", "enum"):
         message += " (YAML reads an unquoted yes, no, on or off as true or false: quote the text, 'no')"

@@ -37,12 +37,12 @@ def _leaf_types(annotation: Any) -> set[Any]:
     return {leaf for arg in args for leaf in _leaf_types(arg)} if args else {annotation}
 
 
-def _members(annotation: Any) -> list[Any]:
+def union_members(annotation: Any) -> list[Any]:
     """The alternatives of a union or optional, Annotated unwrapped (`list[int] | None` -> [list[int], NoneType])."""
     origin = get_origin(annotation)
     if origin in (Union, UnionType, Annotated):
         args = get_args(annotation)[:1] if origin is Annotated else get_args(annotation)
-        return [member for arg in args for member in _members(arg)]
+        return [member for arg in args for member in union_members(arg)]
     return [annotation]
 
 
@@ -54,7 +54,7 @@ def _boolean_number(annotation: Any, value: Any) -> str | None:
     if isinstance(value, bool):
         leaves = _leaf_types(annotation)
         return f"={str(value).lower()}" if bool not in leaves and leaves & {int, float} else None
-    members = _members(annotation)
+    members = union_members(annotation)
     if isinstance(value, (list, tuple)):
         items = [arg for m in members if get_origin(m) in (list, tuple, set, frozenset, abc.Sequence)
                  for arg in get_args(m) if arg is not Ellipsis]
