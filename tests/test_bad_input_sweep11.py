@@ -68,3 +68,19 @@ def test_simulate_names_a_union_field_as_written():
 
     with pytest.raises(KvsimError, match=r"^replicas\.1=5: Input should be a valid dictionary"):
         kvsim.simulate(None, replicas=[{"count": 1}, 5])
+
+
+@pytest.mark.parametrize("command", [["run", "-o", "{d}/out"], ["capacity"]])
+def test_a_model_of_more_layers_than_kvsim_holds_is_refused(tmp_path, command):
+    """`num_hidden_layers: 10**12` in a config.json: a MemoryError (a traceback) making the per-layer attention
+    kinds, before any check of the weights could say they do not fit."""
+    config = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 10**12, "intermediate_size": 128, "vocab_size": 1000,
+              "max_position_embeddings": 4096}
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    argv = [part.replace("{d}", str(tmp_path)) for part in command]
+    assert one_line_exit_2([*argv, "--set" if argv[0] == "run" else "--model",
+                            f"model={tmp_path / 'm'}" if argv[0] == "run" else str(tmp_path / "m")]) == (
+        "model m.num_layers=1000000000000: Input should be less than or equal to 65536")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
