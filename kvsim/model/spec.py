@@ -142,12 +142,12 @@ class MoESpec(Settings):
 
 
 QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3"})
-MAX_LAYERS = 2**16
-"""The most layers a model may have: kvsim holds a value per layer (its attention kind), and a config giving
-10**12 layers was a MemoryError making them; published decoders have a few hundred at most (Llama 3.1 405B: 126)."""
 """Families whose attention normalises q and k per head (vLLM's Qwen3Attention, Qwen3MoeAttention and
 Gemma3Attention: `q_norm`, `k_norm`, RMSNorms over head_dim): two more norm kernels a layer. Their
 weights (head_dim each) are left out of the counts, as the other small tensors below are."""
+MAX_LAYERS = 2**16
+"""The most layers a model may have: kvsim holds a value per layer (its attention kind), and a config giving
+10**12 layers was a MemoryError making them; published decoders have a few hundred at most (Llama 3.1 405B: 126)."""
 
 
 class ModelSpec(Settings):
