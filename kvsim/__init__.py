@@ -50,10 +50,26 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
 
     if not isinstance(check, bool):  # `check="no"` ran every check, `progress=5` failed mid-run (a TypeError)
         raise KvsimError(f"check={shown(check)}: expected True or False")
-    if progress is not None and not callable(progress):
+    if progress is not None and not _takes_three_arguments(progress):  # a TypeError mid-run, a traceback
         raise KvsimError(f"progress={shown(progress)}: expected a function (fraction, done, total) or None")
     fields = {key.replace("__", "."): value for key, value in overrides.items()}
     return simulate_scenario(resolve_scenario(scenario, fields), check=check, progress=progress)
+
+
+def _takes_three_arguments(function: Any) -> bool:
+    """Whether `function` can be called with three positional arguments (a callable whose signature Python
+    cannot read, a builtin, is given the benefit of the doubt)."""
+    import inspect
+
+    if not callable(function):
+        return False
+    try:
+        inspect.signature(function).bind(0.0, 0, 0)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read
+        return True
+    return True
 
 
 def __getattr__(name: str) -> Any:

@@ -9,6 +9,7 @@ from conftest import one_line_exit_2
 from typer.testing import CliRunner
 
 from kvsim.cli import app
+from kvsim.model.errors import KvsimError
 
 runner = CliRunner()
 
@@ -84,3 +85,30 @@ def test_a_model_of_more_layers_than_kvsim_holds_is_refused(tmp_path, command):
                             f"model={tmp_path / 'm'}" if argv[0] == "run" else str(tmp_path / "m")]) == (
         "model m.num_layers=1000000000000: Input should be less than or equal to 65536")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+@pytest.mark.parametrize("progress", [lambda fraction: None, lambda: None, lambda a, b, c, d: None, len])
+def test_a_progress_function_that_cannot_take_three_arguments_is_refused_before_the_run(progress):
+    """`progress` is called with (fraction, done, total): one that cannot take them was a TypeError traceback
+    from inside the run; now refused up front, naming it."""
+    import kvsim
+
+    with pytest.raises(KvsimError, match=r"^progress=.*: expected a function \(fraction, done, total\) or None$"):
+        kvsim.simulate(workload__num_requests=2, progress=progress)
+
+
+def test_progress_functions_that_take_three_arguments_still_run():
+    import kvsim
+
+    calls = []
+    kvsim.simulate(workload__num_requests=2, progress=lambda *args: calls.append(args))
+    kvsim.simulate(workload__num_requests=2, progress=lambda f, d, t, extra=None: calls.append((f, d, t)))
+    assert calls and all(len(call) == 3 for call in calls)
+
+
+def test_load_scenario_refuses_a_default_that_is_not_a_path():
+    """`load_scenario(None, default=5)` read open file descriptor 5 as the scenario."""
+    import kvsim
+
+    with pytest.raises(KvsimError, match=r"^default=5: expected a YAML path$"):
+        kvsim.load_scenario(None, default=5)

@@ -411,13 +411,15 @@ def resolve_scenario(scenario: Scenario | str | Path | Mapping[str, Any] | None,
 
 
 def load_scenario(path: str | Path | None = None, overrides: Overrides | None = None,
-                  default: Path = DEFAULT_SCENARIO) -> Scenario:
+                  default: str | Path = DEFAULT_SCENARIO) -> Scenario:
     """Read a YAML scenario (or the built-in `default` when `path` is None) and apply `overrides`
     (a dict of dotted keys to values, or `--set`-style strings; see `Overrides`)."""
     if path is not None and not isinstance(path, (str, Path)):  # Path() would raise a bare TypeError
         raise KvsimError(f"scenario={shown(path)}: expected a YAML path (`kvsim.simulate` also takes a dict of "
                          "scenario fields)")
-    file = default if path is None else Path(path)
+    if not isinstance(default, (str, Path)):  # an int was read as an open file descriptor
+        raise KvsimError(f"default={shown(default)}: expected a YAML path")
+    file = Path(default) if path is None else Path(path)
     problem = not_a_file(file if path is None else path, file_kind="a scenario YAML file")
     if problem is not None:  # a FIFO or /dev/zero was "file not found"
         raise KvsimError(f"scenario={str(path)!r}: {problem}")
