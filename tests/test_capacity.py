@@ -171,3 +171,21 @@ def test_sequence_counts_leave_out_vllm_v1s_null_block():
                          "prompt_len": {"dist": "fixed", "value": 2048},
                          "output_len": {"dist": "fixed", "value": 2048}}}).summary["num_preemptions"]
     assert (preemptions(39), preemptions(40)) == (0, 1)
+
+
+def test_expert_parallelism_places_whole_experts_the_busiest_gpu_holding_the_remainder():
+    """vLLM's `determine_expert_map` gives each of g = tp · dp GPUs E // g whole experts and one more to the
+    first E % g: Qwen3-30B-A3B's 128 experts over 3 GPUs are 43 / 43 / 42, so the busiest GPU holds 43 experts
+    of 48 layers · 3 · 2048 · 768 · 2 B = 452,984,832 B each, beside the rest copied on every GPU (attention
+    1,811,939,328 + router 25,165,824 + embeddings 1,244,659,712 + norms 397,312 B, from the preset's config);
+    over 256 GPUs the busiest holds one expert, not half of one. Without expert parallelism the experts are
+    tensor-parallel shards, a third of each."""
+    from kvsim.model.capacity import weights_bytes
+    from kvsim.model.config import load_model
+
+    model = load_model("qwen3-30b-a3b")
+    per_expert, rest = 48 * 3 * 2048 * 768 * 2, 1_811_939_328 + 25_165_824 + 1_244_659_712 + 397_312
+    assert weights_bytes(model, 1, 3, whole_experts=True) == rest + 43 * per_expert
+    assert weights_bytes(model, 1, 256, whole_experts=True) == rest + per_expert
+    assert weights_bytes(model, 1, 3) == rest + -(-128 * per_expert // 3)
+    assert weights_bytes(model, 2, 4, whole_experts=True) == -(-rest // 2) + 16 * per_expert  # 128 / 8 exactly

@@ -51,24 +51,35 @@ def kv_bytes_per_block(model: ModelSpec, engine: EngineConfig) -> int:
     return model_kv_layout(model, engine).bytes_per_block
 
 
-def weights_bytes(model: ModelSpec, tensor_parallel_size: int = 1, expert_parallel_size: int = 1) -> int:
-    """Weight bytes on one GPU: experts split over `tp · ep` GPUs, everything else over `tp`.
+def weights_bytes(model: ModelSpec, tensor_parallel_size: int = 1, expert_parallel_size: int = 1,
+                  whole_experts: bool = False) -> int:
+    """Weight bytes on one GPU: experts split over `g = tp · ep` GPUs, everything else over `tp`.
 
-    `expert_parallel_size` is the data-parallel size (see `engine_weights_bytes`).
+    `expert_parallel_size` is the data-parallel size (see `engine_weights_bytes`). With `whole_experts`
+    (expert parallelism) the GPU is the busiest one: vLLM places whole experts, E // g on each GPU and one
+    more on the first E % g (`determine_expert_map`), so ⌈E / g⌉ experts' weights; otherwise 1/g of every
+    expert (tensor-parallel shards).
     """
     by_component = weights_bytes_by_component(model)
     total = total_weights_bytes(model)
     experts = by_component["experts"] if total == sum(by_component.values()) else 0
-    return ceil_div(total - experts, tensor_parallel_size) + ceil_div(
-        experts, tensor_parallel_size * expert_parallel_size)
+    num_gpus = tensor_parallel_size * expert_parallel_size
+    if whole_experts and model.moe is not None:
+        num_experts = model.moe.num_experts
+        expert_share = ceil_div(experts * ceil_div(num_experts, num_gpus), num_experts)
+    else:
+        expert_share = ceil_div(experts, num_gpus)
+    return ceil_div(total - experts, tensor_parallel_size) + expert_share
 
 
 def engine_weights_bytes(model: ModelSpec, engine: EngineConfig) -> int:
     """`weights_bytes` on one GPU of the engine: with data parallelism an MoE model's experts are
-    spread over tp · dp GPUs, as whole experts with `enable_expert_parallel`, as tensor-parallel
-    shards without it (vLLM's MoE layers then form one TP group of dp · tp GPUs: docs,
-    data_parallel_deployment); the other weights are copied in every DP engine."""
-    return weights_bytes(model, engine.tensor_parallel_size, engine.data_parallel_size)
+    spread over tp · dp GPUs, as whole experts with `enable_expert_parallel` (every engine's pool is
+    sized by the GPU holding the most, ⌈E / (tp · dp)⌉: the others hold at most one expert less per
+    MoE layer), as tensor-parallel shards without it (vLLM's MoE layers then form one TP group of
+    dp · tp GPUs: docs, data_parallel_deployment); the other weights are copied in every DP engine."""
+    return weights_bytes(model, engine.tensor_parallel_size, engine.data_parallel_size,
+                         whole_experts=engine.enable_expert_parallel)
 
 
 def mlp_width(model: ModelSpec) -> int:
