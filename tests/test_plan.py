@@ -164,3 +164,20 @@ def test_rate_search_refuses_a_fleet_no_replica_count_can_serve(tmp_path):
     rows, _ = plan(toy(), spec, tmp_path)
     assert rows[0]["feasible"] is False and rows[0]["replicas"] is None
     assert "over 4 replicas" in rows[0]["limiting_factor"]
+
+
+def test_rate_search_lengthens_a_probe_too_short_to_judge_instead_of_failing_it():
+    """A probe whose window is too short says nothing about its fraction (`kvsim.planning.window`): the
+    same fraction must be run again with twice the requests. The rate search kept each probe's whole
+    metrics, whose verdict sits under `evidence`, so it counted every too-short probe as a failure and
+    halved the fraction (lab-2 at 20 req/s on L4s: 1, 0.5, 0.25, 0.125 'failed' at 400 requests)."""
+    from kvsim.planning.plan_rate import RateSearch
+
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate",
+                           "probe_requests": 100})
+    search = RateSearch(Candidate("h100-80gb", 1), toy(), spec, 14.0)
+    first = search.next_scenario()
+    assert first.workload.num_requests == 100 and first.workload.arrival.rate == pytest.approx(14.0)
+    search.observe({"evidence": {"verdict": "too short"}})
+    again = search.next_scenario()
+    assert again.workload.num_requests == 200 and again.workload.arrival.rate == pytest.approx(14.0)

@@ -32,7 +32,7 @@ from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.search import Metrics
 from kvsim.planning.steady_state import SteadyRateSearch, failing_evidence
 from kvsim.planning.verify import Verification, answer_columns, evidence_columns
-from kvsim.planning.window import headroom, probe_passes, shortage, why_failed
+from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, shortage, why_failed
 from kvsim.workload.scenario import Scenario, make_scenario
 
 if TYPE_CHECKING:
@@ -110,7 +110,9 @@ class RateSearch:
     def observe(self, metrics: Metrics) -> None:
         assert self._pending is not None
         if self._pending[1] > 0:
-            self.search.observe(probe_passes(metrics["evidence"], self.spec.slo), metrics)
+            evidence = metrics["evidence"]  # the search keeps the whole metrics: it cannot read the verdict itself
+            self.search.observe(probe_passes(evidence, self.spec.slo), metrics,
+                                too_short=evidence["verdict"] == TOO_SHORT)
         else:
             self.verify.observe(metrics)
 

@@ -201,7 +201,10 @@ class SteadyRateSearch:
         self._pending, self._verifying = rate, True
         return rate, min(self.verify_factor * level.num_requests, self.max_verify_requests)
 
-    def observe(self, passed: bool, evidence: Any) -> None:
+    def observe(self, passed: bool, evidence: Any, too_short: bool | None = None) -> None:
+        """The pending probe's outcome. `too_short`: its run was too short to judge the rate (None: read
+        from `evidence`'s verdict, which a caller keeping more than the window evidence must pass itself);
+        such a probe is not a failure: its level starts again with twice the requests."""
         assert self._pending is not None, "observe follows next_probe"
         if self._verifying:
             self.long_runs.append(LongRun(self._pending, passed, evidence))
@@ -209,7 +212,9 @@ class SteadyRateSearch:
             return
         rate, b = self._pending, self.level.bound
         self.results[(self.level.num_requests, rate)] = evidence
-        if _too_short(evidence) and 2 * self.level.num_requests <= self.max_requests:
+        if too_short is None:
+            too_short = _too_short(evidence)
+        if too_short and 2 * self.level.num_requests <= self.max_requests:
             # the run cannot judge this rate: this level starts again, twice as long, from this rate
             lv = self.level
             self.levels[-1] = Level(2 * lv.num_requests, RateBound(num_probes=lv.bound.num_probes + 1), rate, lv.step)
