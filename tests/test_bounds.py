@@ -97,3 +97,20 @@ def test_the_gap_breakdown_sums_to_the_replicas_and_is_right_by_hand():
     assert parts["gap"] == pytest.approx(1 - 0.0525)
     assert gap_text(parts, 1) == "1 replicas = compute floor 0.05 + batching 0.35 + preemption 0.00 + idle 0.60; " \
                                  "KV floor 0.00"
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_prefix_every_request_shares_is_computed_and_held_once_with_prefix_caching(caching):
+    """50 requests of a shared 64-token system prompt (4 blocks of 16) and 64 tokens of their own. With prefix
+    caching the first computes all 128 prompt tokens, the 49 others only their own 64 (the cache serves the 4
+    shared blocks; their own fifth block is theirs): (128 + 49 · 64) / 50 = 65.28 tokens a request. Compute:
+    100 · (65.28 · τ/512 + 20 · τ/8); KV: 100 · 19 · (65.28 + 10) · τ / 6400. Without caching, 128 tokens. The
+    floor counted all 128 with caching on, so lab-5 (a 2,000-token shared prompt) at 12 req/s had a floor of 3
+    A100s that one A100 met in a 3,000-request run."""
+    raw = world().model_dump(mode="json")
+    raw["engine"]["enable_prefix_caching"] = caching
+    raw["workload"]["shared_prefix"] = {"tokens": 64, "fraction": 1.0}
+    floor = replica_floor(make_scenario(raw), 100.0)
+    prompt = (128 + 49 * 64) / 50 if caching else 128
+    assert floor.compute_replicas == pytest.approx(100 * (prompt * 0.01 / 512 + 20 * 0.01 / 8))
+    assert floor.kv_replicas == pytest.approx(100 * 19 * (prompt + 10) * 0.01 / 6400)

@@ -4,7 +4,11 @@
 
 Two floors; the larger binds (`binds`), and `replicas = ceil(max(compute, kv))`:
 
-**compute.** Every prompt token and every output token must be computed. One replica computes prompt
+**compute.** Every output token and every prompt token no cache can serve must be computed. With prefix
+caching on, a prompt's leading full blocks that an earlier request's sequence also has (at most all but the
+block holding its last token, which vLLM computes whatever is cached) are taken as served by a cache that
+never evicts and that every replica shares (`cacheable_prompt_tokens`): no engine computes fewer. One
+replica computes prompt
 tokens at best at C ÷ t_prefill tokens/s (one step of a full chunk, C = max_num_batched_tokens new
 tokens) and output tokens at best at B ÷ t_decode tokens/s (one decode step of B = max_num_seqs
 sequences at the traffic's mean context), t the latency model's step time (`kvsim.latency`). So a
@@ -13,9 +17,10 @@ need λ · E[that] replicas. (Each token type is priced at its own best batch; a
 could share the weight reads, which this leaves out, so it is a floor per token type.)
 
 **kv.** By Little's law the KV one replica's requests hold on average is λ · E[∫ held dt]. A request
-holds at least its context (P + k tokens at its k-th output token) during each of its O − 1 decode
-steps, and a decode step lasts at least t_1 (one sequence: the fastest step), so
-∫ held dt ≥ t_1 · (O − 1) · (P + O/2) token-seconds, against the pool's usable token slots
+holds at least its context (P + k tokens at its k-th output token; of the prompt, only the tokens no cache
+serves, as a cached prefix may be shared with other requests) during each of its O − 1 decode steps, and a
+decode step lasts at least t_1 (one sequence: the fastest step), so
+∫ held dt ≥ t_1 · (O − 1) · (P − cached + O/2) token-seconds, against the pool's usable token slots
 (num_gpu_blocks − 1) · block_size (all num_gpu_blocks where no null block is kept: v0, slab pools). (A
 sliding-window model keeps less than its context in some layers; the pool is then counted in full-context
 tokens, as its blocks are.)
@@ -49,6 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.latency.step_plan import StepPlan
+from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario
 
 
@@ -87,11 +93,13 @@ def replica_floor(scenario: Scenario, rate_per_s: float) -> ReplicaFloor:
         return ReplicaFloor(0.0, 0.0, 0.0, 0)
     rate_per_s *= len(requests) / len(offered)  # the rate of the requests the engine serves
     prompts = np.array([r.prompt_len * 1.0 for r in requests])
+    cached = cacheable_prompt_tokens(requests, engine.block_size) if engine.enable_prefix_caching else 0.0
     outputs = np.array([r.output_len * 1.0 for r in requests])
     latency = make_latency(spec)
     chunk = engine.resolved_max_num_batched_tokens(max_model_len, gpu)
     batch = engine.resolved_max_num_seqs(gpu)
-    context = max(1, round(float(np.mean(prompts + outputs / 2))))
+    context = max(1, round(float(np.mean(prompts + outputs / 2))))  # a decode step attends the cached prefix too
+    prompts = prompts - cached  # the prompt tokens every engine computes and holds on its own
     prefill, decode, single = StepPlan(), StepPlan(), StepPlan()
     prefill.add(int(chunk), 0, 1, samples=True)
     decode.add(1, context - 1, batch, samples=True)
@@ -103,6 +111,28 @@ def replica_floor(scenario: Scenario, rate_per_s: float) -> ReplicaFloor:
     pool_tokens = spec.num_kv_slots  # v1's paged pool keeps its null block back; v0's and slab pools do not
     return ReplicaFloor(rate_per_s, rate_per_s * work_s, rate_per_s * held_token_s / pool_tokens, len(requests),
                         per_prompt_token_s, per_output_token_s)
+
+
+def cacheable_prompt_tokens(requests: list[Request], block_size: int) -> np.ndarray:
+    """Per request, the most prompt tokens a prefix cache could serve it: its leading full blocks (at most
+    (P − 1) // block_size of them: vLLM computes a prompt's last token whatever is cached) whose chained
+    hashes an earlier-arriving request's sequence (prompt and output) also has, as a cache that never
+    evicts and that every replica shares would hold them. Requests without content share nothing."""
+    seen: set[int] = set()
+    cached = np.zeros(len(requests))
+    for i in sorted(range(len(requests)), key=lambda i: requests[i].arrival_s):
+        r = requests[i]
+        if r.content is None:
+            continue
+        hits = 0
+        for block_hash in r.content.block_hashes(block_size, (r.prompt_len - 1) // block_size):
+            if block_hash not in seen:
+                break
+            hits += 1
+        cached[i] = hits * block_size
+        num_tokens = min(r.content.num_tokens, r.prompt_len + r.output_len)
+        seen.update(r.content.block_hashes(block_size, num_tokens // block_size))
+    return cached
 
 
 GAP_PARTS = ("compute_floor", "batching", "preemption", "idle")
