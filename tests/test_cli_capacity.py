@@ -143,3 +143,18 @@ def test_sustained_rate_is_what_the_engine_served_not_the_poisson_rate_asked_for
     assert row["sustained_rate_per_s"] == pytest.approx(25.0, rel=0.02)
     assert row["output_tokens_per_s_sustained"] == pytest.approx(32 * row["sustained_rate_per_s"], rel=0.005)
     assert row["usd_per_million_output_tokens_sustained"] == pytest.approx(2 / (800 * 3600) * 1e6, rel=0.02)
+
+
+@pytest.mark.slow
+def test_a_data_parallel_group_is_priced_by_all_its_gpus():
+    """With -dp 2 the sustained probes run two engines of one GPU each (vLLM's DP group), so the output rate
+    they serve costs two GPU-hours an hour: $/M = 2 · $1 / (tokens/s · 3,600) · 10^6. It was priced at the
+    TP size alone (1 GPU): half the cost, $0.156 against $0.311 per million at the L4's list price."""
+    result = runner.invoke(app, ["capacity", "--model", "llama-3.1-8b", "--gpu", "l4", "-dp", "2",
+                                 "--context-lengths", "512", "--max-model-len", "1024", "--sustained",
+                                 "--gpu-hourly-cost", "1", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)["rows"]
+    tokens_per_s = row["output_tokens_per_s_sustained"]
+    assert tokens_per_s > 0
+    assert row["usd_per_million_output_tokens_sustained"] == pytest.approx(2 / (tokens_per_s * 3600) * 1e6, abs=1e-4)

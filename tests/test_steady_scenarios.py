@@ -60,3 +60,22 @@ def test_the_rate_does_not_depend_on_the_first_run_length():
 
     short, long = rate(n), rate(4 * n)
     assert abs(short - long) / long < 0.05
+
+
+def test_the_report_prices_a_data_parallel_group_by_all_its_gpus():
+    """Two engines of one GPU each (data_parallel_size 2) serve the sustained rate, so its output tokens cost
+    two GPU-hours an hour: $/M = 2 · $1 / (tokens/s · 3,600) · 10^6 (it counted the TP size, 1 GPU)."""
+    from kvsim.workload.scenario import make_scenario
+
+    base = make_scenario({
+        "name": "dp2", "model": "llama-3.1-8b", "gpu": "h100-80gb", "steps": "none",
+        "engine": {"data_parallel_size": 2, "max_num_seqs": 8, "num_gpu_blocks_override": 400, "max_model_len": 1024},
+        "latency": {"model": "constant", "step_s": 0.01},
+        "workload": {"num_requests": 100, "arrival": {"process": "poisson", "rate": 1.0},
+                     "prompt_len": {"dist": "fixed", "value": 32}, "output_len": {"dist": "fixed", "value": 32}}})
+    cfg = studies.StudyConfig(workers=1, rate_requests=200, rate_max_requests=800, rate_verify_factor=0,
+                              gpu_hourly_cost=1.0)
+    (row,) = studies.sustained_rates(studies.Study(base, cfg), ("paged",)).to_dict("records")
+    assert row["output_tokens_per_s"] > 0
+    assert row["usd_per_million_output_tokens"] == pytest.approx(2 / (row["output_tokens_per_s"] * 3600) * 1e6,
+                                                                 abs=1e-4)

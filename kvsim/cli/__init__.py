@@ -116,7 +116,7 @@ def capacity(
     from kvsim.model.capacity import plan_capacity
     from kvsim.model.config import load_gpu, load_model, make_engine
     from kvsim.model.yaml_io import flag_mapping
-    from kvsim.planning.cost import add_capacity_costs, add_sustained_costs, gpu_price
+    from kvsim.planning.cost import add_capacity_costs, add_sustained_costs, engine_gpus, gpu_price
     from kvsim.results.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
 
     with user_errors():
@@ -155,7 +155,7 @@ def capacity(
                                   engine.resolved_max_num_seqs(load_gpu(gpu)),
                                   partial(cohort_output_tokens_per_s, latency))
         if sustained:
-            data = add_sustained_costs(data, price, engine.tensor_parallel_size,
+            data = add_sustained_costs(data, price, engine_gpus(engine),  # a DP group serves the probes
                                        partial(fixed_length_scenario, model, gpu, engine))
     used = {k for r in data["rows"] for k, v in r.items() if v is not None}  # drop columns that are empty in every row
     rows = [{k: v for k, v in r.items() if k in used} for r in data["rows"]]

@@ -3,7 +3,9 @@
     cost per concurrent user-hour   = usd_per_gpu_hour · num_gpus / concurrent sequences
     cost per million output tokens  = usd_per_gpu_hour · num_gpus / (output tokens/s · 3600) · 10^6
 
-`num_gpus` is the tensor-parallel size (one replica). `kvsim capacity` prices the closed-form
+`num_gpus` is what the figure's throughput ran on: the tensor-parallel size for one engine's closed form,
+`engine_gpus` (TP × DP) for a simulated replica, whose `data_parallel_size` engines all serve its traffic.
+`kvsim capacity` prices the closed-form
 concurrency and the roofline's closed-form cohort rate (`add_capacity_costs`); `kvsim report`
 prices the concurrency and output rate simulated at the sustained request rate. Defaults come from
 `kvsim/model/presets/gpu_prices.yaml`: list on-demand cloud prices of one provider as of a date,
@@ -49,6 +51,12 @@ def gpu_price(gpu_name: str, usd_per_gpu_hour: float | None = None) -> GpuPrice:
     if price is None:
         return GpuPrice(None, f"no default price for {gpu_name}: pass --gpu-hourly-cost")
     return GpuPrice(float(price), f"list on-demand price as of {table['as_of']}: {table['source']}")
+
+
+def engine_gpus(engine: Any) -> int:
+    """The GPUs one simulated replica runs on (`engine`: an `EngineConfig`): `data_parallel_size` engines
+    of `tensor_parallel_size` GPUs each, all serving the traffic its output rate is measured on."""
+    return int(engine.tensor_parallel_size * engine.data_parallel_size)
 
 
 def cost_per_user_hour(price: GpuPrice, num_gpus: int, concurrency: float) -> float | None:
