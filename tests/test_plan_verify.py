@@ -164,3 +164,17 @@ def test_the_shortage_named_follows_whether_the_run_kept_up(verdict, num_preempt
     from kvsim.planning.window import shortage
 
     assert shortage({"verdict": verdict}, num_preemptions) == label
+
+
+def test_the_terminal_says_what_share_of_the_traffic_a_feasible_fleet_never_serves(capsys, tmp_path):
+    """Requests over max_model_len are counted apart from the SLOs: lab-2 with prompts of mean 1,000 tokens
+    refused 37 % of its requests while the table and 'chosen:' read as the whole traffic served."""
+    from kvsim.cli.shared import print_plan
+
+    row = {"rank": 1, "candidate": "l4 tp1", "topology": "colocated", "feasible": True, "memory_limited": False,
+           "replicas": 6, "num_gpus": 6, "cost_per_hour": 4.68, "price_source": "given", "rejected_fraction": 0.375}
+    print_plan([row], "lab", tmp_path, 0)
+    out = capsys.readouterr().out
+    assert "refused, l4 tp1: 37.5% of the requests can never be served" in out
+    print_plan([{**row, "rejected_fraction": 0.0}], "lab", tmp_path, 0)
+    assert "refused" not in capsys.readouterr().out

@@ -221,6 +221,10 @@ def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> No
             typer.echo(f"memory: {r['candidate']}: not verified: {r['verify_memory']}")
         if r["feasible"] and r.get("evidence_num_requests"):
             typer.echo(evidence_line(r))
+        if r["feasible"] and r.get("rejected_fraction"):  # else it read as serving all the traffic
+            typer.echo(f"refused, {r['candidate']}: {r['rejected_fraction']:.1%} of the requests can never be "
+                       "served (over max_model_len or the KV pool: the run's reject_reasons); the replicas, SLOs "
+                       "and cost are for the rest")
         if r.get("gap_breakdown"):
             typer.echo(f"gap to the floor, {r['candidate']}: {r['gap_breakdown']} (replicas at the traffic's "
                        f"rate, from the run behind the answer; {r['bound_binds']} floor binds)")
