@@ -175,9 +175,36 @@ def test_rate_search_lengthens_a_probe_too_short_to_judge_instead_of_failing_it(
 
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate",
                            "probe_requests": 100})
-    search = RateSearch(Candidate("h100-80gb", 1), toy(), spec, 14.0)
+    search = RateSearch(Candidate("h100-80gb", 1), toy(), spec)
     first = search.next_scenario()
     assert first.workload.num_requests == 100 and first.workload.arrival.rate == pytest.approx(14.0)
     search.observe({"evidence": {"verdict": "too short"}})
     again = search.next_scenario()
     assert again.workload.num_requests == 200 and again.workload.arrival.rate == pytest.approx(14.0)
+
+
+def test_rate_search_reports_the_rate_its_probe_offered_one_replica(tmp_path):
+    """Seed 0's first 100 arrivals offer 11.8 req/s of the 14 asked for; the probes run longer and offer
+    about 14 · f. `rate_per_replica` was f times the base's 11.8, 10-20 % under what the replica sustained.
+    Expected here: the passing probe's own arrivals, (n − 1) / span of the first n requests at 14 req/s
+    (numpy over the generated instants), times f (arrivals 1/f further apart); f = (1 + spare) / replicas."""
+    from kvsim.workload.generate import build_requests
+
+    raw = toy().model_dump(mode="json")
+    raw["seed"] = 0
+    base = make_scenario(raw)
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate",
+                           "verify_factor": 0})
+    (row,) = plan(base, spec, tmp_path)[0]
+    assert row["feasible"]
+    fraction = (1 + row["capacity_headroom"]) / row["replicas"]
+
+    def own_rate(num_requests):
+        probe = make_scenario({**raw, "workload": {**raw["workload"], "num_requests": num_requests}})
+        arrivals = np.array([r.arrival_s for r in build_requests(probe, 2048, np.random.default_rng(0))])
+        return (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+
+    assert own_rate(100) < 12.0  # the base's own sample is sparse: f times it is not what a probe offers
+    expected = fraction * own_rate(row["requests_per_probe"])
+    assert row["rate_per_replica"] == pytest.approx(expected, rel=1e-9)
+    assert abs(row["rate_per_replica"] / (fraction * own_rate(100)) - 1) > 0.05

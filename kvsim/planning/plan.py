@@ -321,7 +321,7 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     check_candidates(base, spec)  # bad knob values fail here, before any simulation
     searches: list[ReplicaSearch | RateSearch | XpydSearch] = [
         XpydSearch(c, base, spec) if c.split is not None else
-        RateSearch(c, base, spec, offered_rate_per_s(base)) if spec.search == "rate" else ReplicaSearch(c, base, spec)
+        RateSearch(c, base, spec) if spec.search == "rate" else ReplicaSearch(c, base, spec)
         for c in candidates(spec)]
     store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence", "work"))
     evaluate = partial(point_metrics, memory_limit_bytes=spec.memory_limit_bytes)

@@ -20,6 +20,11 @@ candidate instead of a fleet simulation per tried count, so it suits big fleets;
 then simulated as a whole with 10× a probe's requests (`kvsim.planning.verify`), one replica more
 while that long run fails; the row's window columns and headroom are that fleet's long run (the one-replica
 probe that set the rate is in `search_*` columns, `kvsim.planning.verify.answer_columns`).
+
+`rate_per_replica` (and a failed probe's rate in `limiting_factor`) is the rate the probe's own arrivals
+offered one replica, (requests − 1) / (last arrival − first): not `f` times the base traffic's rate, whose
+first few hundred arrivals estimate a Poisson rate only to ±1/√n (shared-prompt-5000x100: 16.9 req/s of
+its 20), while the probes run thousands.
 """
 
 from __future__ import annotations
@@ -61,7 +66,6 @@ class RateSearch:
     candidate: Candidate
     base: Scenario
     spec: PlanSpec
-    target_rate_per_s: float  # the base traffic's offered request rate
     search: SteadyRateSearch = field(init=False)
     verify: Verification = field(init=False)
     memory: MemoryBound = field(init=False)
@@ -147,11 +151,9 @@ class RateSearch:
         elif failed is None:
             limiting = "nothing sustainable"
         else:
-            level = s.answer_level() or s.level
-            assert level.bound.failed is not None
             cause = shortage(failed["evidence"], failed["num_preemptions"])
-            limiting = (f"{why_failed(failed['evidence'], slo)} at {level.bound.failed * self.target_rate_per_s:.3g}"
-                        f" req/s per replica: {cause}")
+            limiting = (f"{why_failed(failed['evidence'], slo)} at {failed['offered_rate_per_s']:.3g} req/s per "
+                        f"replica: {cause}")
         searched = self.replicas
         replicas = self.verify.replicas(searched)
         row["searched_replicas"] = searched
@@ -174,7 +176,7 @@ class RateSearch:
             return {**row, "feasible": False, "replicas": None, "num_gpus": None, "cost_per_hour": None,
                     "headroom": headroom(worst["evidence"], slo),
                     "limiting_factor": why,
-                    "rate_per_replica": s.rate * self.target_rate_per_s, "capacity_headroom": None,
+                    "rate_per_replica": found["offered_rate_per_s"] if found else 0.0, "capacity_headroom": None,
                     **evidence_columns(worst["evidence"], slo), **search_columns(s), **self.verify.columns()}
         num_gpus = replicas * c.tensor_parallel_size
         answer = self.answer_metrics() or found  # the fleet's long run that held (else the one-replica probe)
@@ -183,7 +185,7 @@ class RateSearch:
                 "headroom": headroom(answer["evidence"], slo),
                 "limiting_factor": limiting if replicas == searched else
                 f"{limiting}; the long run failed at {searched}..{replicas - 1} replicas",
-                "rate_per_replica": s.rate * self.target_rate_per_s,
+                "rate_per_replica": found["offered_rate_per_s"],
                 "capacity_headroom": replicas * s.rate - 1.0,
                 **answer_columns(answer["evidence"], found["evidence"], slo), **search_columns(s),
                 **self.verify.columns()}
