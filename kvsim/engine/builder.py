@@ -119,14 +119,14 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
                              "groups, which kvsim caches with the hash chain only")
         if engine.allocator != "paged" or engine.scheduler != "v1":
             raise KvsimError(f"model={spec.model.name}: sliding-window/chunked KV groups need allocator=paged and "
-                             "scheduler=v1 (vLLM's hybrid KV cache manager); or set "
-                             "engine.disable_hybrid_kv_cache_manager=true")
+                             f"scheduler=v1 (vLLM's hybrid KV cache manager); or "
+                             f"{spec.kv_layout.full_attention_advice}")
         workload = spec.scenario.workload
         if workload.n > 1 or workload.beam_width is not None:  # refused here, not when the first sample forks
             field, value = ("n", workload.n) if workload.n > 1 else ("beam_width", workload.beam_width)
             raise KvsimError(f"workload.{field}={value}: model={spec.model.name} has sliding-window/chunked KV "
-                             "groups, whose pool kvsim does not fork into samples or beams; set "
-                             "engine.disable_hybrid_kv_cache_manager=true")
+                             "groups, whose pool kvsim does not fork into samples or beams; "
+                             f"{spec.kv_layout.full_attention_advice}")
         allocator = GroupedPagedAllocator(num_blocks, spec.kv_layout, spec.limits.max_num_batched_tokens,
                                           engine.enable_prefix_caching, spec.bytes_per_block)
     elif engine.allocator == "paged":
@@ -247,7 +247,7 @@ def assemble_engine(spec: EngineSpec, rng: np.random.Generator) -> EngineParts:
         scheduler.offload = make_offload(spec)
     elif spec.engine.kv_offload is not None:
         raise KvsimError(f"engine.kv_offload: needs the paged allocator over full attention (model {spec.model.name} "
-                         "has sliding-window/chunked groups; set engine.disable_hybrid_kv_cache_manager=true)")
+                         f"has sliding-window/chunked groups; {spec.kv_layout.full_attention_advice})")
     latency = make_latency(spec)
     engine = spec.engine
     facts = {

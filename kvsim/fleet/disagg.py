@@ -149,9 +149,9 @@ class Disaggregation:
         for i, (spec, part) in enumerate(zip(specs, parts, strict=True)):
             if not isinstance(part.scheduler.alloc, PagedAllocator):  # a hybrid model's grouped pool (paged, v1)
                 raise KvsimError(f"replicas ({spec.name}, {roles[i]}): model={spec.model} has sliding-window/chunked "
-                                 "KV groups, and a disaggregated fleet is modelled moving one full-attention pool; "
-                                 "set engine.disable_hybrid_kv_cache_manager=true (those layers allocated as full "
-                                 "attention, as vLLM does beside a KV connector without hybrid support)")
+                                 "KV groups, and a disaggregated fleet is modelled moving one full-attention pool "
+                                 "(vLLM disables the hybrid manager beside a KV connector without hybrid support); "
+                                 f"{part.spec.kv_layout.full_attention_advice}")
         self.links = [SharedLink(decode_link(config, specs[d].engine)) for d in self.decode]
         self.block_bytes = [kv_bytes_per_block_received(load_model(specs[d].model), specs[d].engine)
                             for d in self.decode]

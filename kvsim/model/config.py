@@ -220,7 +220,8 @@ class EngineConfig(Settings):
     `data_parallel_size` engines each hold a full copy of the non-expert weights and their own
     KV pool; with `enable_expert_parallel` the experts are split over tp · dp GPUs instead of
     tp (vLLM's EP). `disable_hybrid_kv_cache_manager` allocates sliding-window and chunked
-    layers like full attention, as vLLM's flag does.
+    layers like full attention in a model that mixes them with others, as vLLM's flag does (a model
+    whose every layer slides keeps its window).
     `scheduling_policy` orders the waiting queue (vLLM's `--scheduling-policy`: `fcfs`, or
     `priority`: smallest (priority, arrival) first, the lowest-priority running request preempted);
     `speculative_config` is vLLM's `--speculative-config` (`kvsim.model.speculative_config`).

@@ -25,7 +25,8 @@ layer tensors, so
 
 For a uniform full-attention model this is today's formula (one group of all layers).
 `disable_hybrid_kv_cache_manager` turns sliding and chunked layers into full attention for
-allocation (unify_hybrid_kv_cache_specs), as vLLM does.
+allocation (unify_hybrid_kv_cache_specs), as vLLM does, when the model mixes kinds; a model whose
+every layer has one spec (Mistral-7B-v0.1: all sliding 4096) keeps it, as unify returns early then.
 """
 
 from __future__ import annotations
@@ -134,23 +135,43 @@ class KVLayout:
         return sum(end - first for first, end in (g.live_block_range(num_tokens, self.block_size)
                                                    for g in self.groups))
 
+    @property
+    def full_attention_advice(self) -> str:
+        """How a refused windowed layout gets allocated as full attention, for the refusal to end with.
+
+        A model mixing kinds: vLLM's flag. One whose layers all share a window, which the flag leaves
+        sliding (`layer_kinds`): a config.json without the window, what vLLM's --disable-sliding-window
+        serves (it also caps max_model_len at the window).
+        """
+        if len(self.groups) > 1:
+            return "set engine.disable_hybrid_kv_cache_manager=true (every layer then allocated as full attention)"
+        return ("give the model a config.json with sliding_window null (every layer slides, which "
+                "engine.disable_hybrid_kv_cache_manager leaves as it is, as vLLM does)")
+
     def token_slots(self, num_blocks: int) -> int:
         """vLLM's "GPU KV cache size: N tokens": num_blocks // num_groups · block_size."""
         return num_blocks // len(self.groups) * self.block_size
 
 
 def layer_kinds(model: ModelSpec, engine: EngineConfig) -> list[tuple[AttentionKind, int | None]]:
-    """Each layer's (kind, window) as allocation sees it (hybrid manager disabled: all full)."""
+    """Each layer's (kind, window) as allocation sees it.
+
+    With the hybrid manager disabled, a model of more than one (kind, window) is all full attention; one
+    of a single kind keeps it (vllm/v1/core/kv_cache_utils.py, unify_hybrid_kv_cache_specs: it returns
+    when `is_kv_cache_spec_uniform`), so an all-sliding model still frees blocks outside its window.
+    """
     if model.mla is not None:
         return [("mla", None)] * model.num_layers
     kinds: list[tuple[AttentionKind, int | None]] = []
     for layer_type in model.resolved_layer_types:
-        if engine.disable_hybrid_kv_cache_manager or layer_type == "full_attention":
+        if layer_type == "full_attention":
             kinds.append(("full", None))
         elif layer_type == "sliding_attention":
             kinds.append(("sliding_window", model.sliding_window))
         else:
             kinds.append(("chunked_local", model.attention_chunk_size))
+    if engine.disable_hybrid_kv_cache_manager and len(set(kinds)) > 1:
+        return [("full", None)] * model.num_layers
     return kinds
 
 
