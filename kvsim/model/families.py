@@ -135,7 +135,10 @@ def _weight_quant(c: _Config) -> str | None:
 
 
 def _llama(c: _Config) -> Fields:
-    return _dense(c)
+    """Llama, Mistral, Phi-3, Qwen2 and Qwen3: dense, with vLLM's model-wide sliding window (`_model_window`)."""
+    fields = _dense(c)
+    _model_window(c, fields)
+    return fields
 
 
 def _opt(c: _Config) -> Fields:
@@ -155,6 +158,7 @@ def _qwen3_moe(c: _Config) -> Fields:
         "expert_intermediate_size": c.need("moe_intermediate_size"),
         "num_moe_layers": len(moe_layers),
     }
+    _model_window(c, fields)
     return fields
 
 
@@ -167,6 +171,7 @@ def _mixtral(c: _Config) -> Fields:
         "expert_intermediate_size": fields["intermediate_size"],
         "num_moe_layers": fields["num_layers"],
     }
+    _model_window(c, fields)
     return fields
 
 
@@ -275,6 +280,61 @@ def _llama4(c: _Config) -> Fields:
         "num_moe_layers": len([i for i in range(n) if (i + 1) % step == 0]),
     }
     return fields
+
+
+USE_SLIDING_WINDOW_TYPES = frozenset({"qwen2", "qwen3", "qwen3_moe"})
+"""Families whose Hugging Face config keeps `sliding_window` only when `use_sliding_window` is true
+(transformers' Qwen2Config, Qwen3Config, Qwen3MoeConfig: `sliding_window if use_sliding_window else None`)."""
+MAX_WINDOW_LAYERS_TYPES = frozenset({"qwen2", "qwen3"})
+"""Families whose config derives `layer_types` from `max_window_layers` (transformers' Qwen2Config and
+Qwen3Config: layer i slides when a window is set and i >= max_window_layers) and whose vLLM model refuses
+a mix (vllm/model_executor/models/qwen2.py, Qwen2Model, also Qwen3Model's base: when
+is_interleaved(hf_text_config), assert max_window_layers == num_hidden_layers)."""
+PER_LAYER_WINDOW_TYPES = frozenset({"llama", "mistral", "phi3"})
+"""Families served by vllm/model_executor/models/llama.py, whose LlamaAttention gives a layer that
+`layer_types` calls sliding the config's `sliding_window` as its own (`per_layer_sliding_window`)."""
+
+
+def _model_window(c: _Config, fields: Fields) -> None:
+    """Which layers slide, and by how much, in a family with no attention pattern of its own, as vLLM decides.
+
+    vLLM gives every attention layer that names no window of its own the model-wide one,
+    `CacheConfig.sliding_window` (vllm/attention/layer.py, Attention.__init__: per_layer_sliding_window,
+    else cache_config.sliding_window), which vllm/engine/arg_utils.py (create_engine_config) sets to
+    `ModelConfig.get_sliding_window()`, the config's `sliding_window`, unless `is_interleaved` (its
+    `layer_types` hold more than one kind). A layer with a window gets a `SlidingWindowSpec`, whose blocks
+    `SlidingWindowManager` frees once they leave the window. So Mistral-7B-v0.1 (`sliding_window` 4096, no
+    `layer_types`) slides in all 32 layers; Qwen2.5 (`use_sliding_window` false) in none; a Qwen2 config with
+    `use_sliding_window` true in all, even when `max_window_layers` = num_hidden_layers makes Hugging Face's
+    `layer_types` all full (uniform, so not interleaved: the model-wide window reaches every layer).
+
+    Sets `layer_types` and `sliding_window` when any layer slides; a config where none does is left full.
+    `sliding_window` must be a positive integer or null, except where `use_sliding_window` is false: there
+    Hugging Face drops it before vLLM reads it, so Qwen2.5's 131072 (or any value) is not checked.
+    """
+    model_type = c.get("model_type", "llama")
+    n = fields["num_layers"]
+    use = c.get("use_sliding_window", False) if model_type in USE_SLIDING_WINDOW_TYPES else True
+    if not isinstance(use, bool):
+        raise KvsimError(f"model config {c.name}: use_sliding_window={shown(use)}: must be true or false")
+    window = c.count("sliding_window") if use and c.get("sliding_window") is not None else None
+    hf_types = c.layer_list("layer_types", n, (FULL, SLIDING))
+    max_window = c.whole("max_window_layers", 28) if model_type in MAX_WINDOW_LAYERS_TYPES else n
+    if hf_types is None and model_type in MAX_WINDOW_LAYERS_TYPES:
+        hf_types = [SLIDING if window is not None and i >= max_window else FULL for i in range(n)]
+    interleaved = hf_types is not None and len(set(hf_types)) > 1
+    if interleaved and max_window != n:
+        raise KvsimError(f"model config {c.name}: max_window_layers={max_window}: vLLM serves a sliding window in "
+                         f"every layer of a {model_type} model or in none (num_hidden_layers={n}); "
+                         "set use_sliding_window=false or max_window_layers to num_hidden_layers")
+    model_wide = None if interleaved else window
+    if model_type in PER_LAYER_WINDOW_TYPES and hf_types is not None:
+        windows = [window if kind == SLIDING else model_wide for kind in hf_types]
+    else:
+        windows = [model_wide] * n
+    if any(w is not None for w in windows):
+        fields["layer_types"] = [FULL if w is None else SLIDING for w in windows]
+        fields["sliding_window"] = window
 
 
 def _layer_types(c: _Config, num_layers: int) -> list[str]:
