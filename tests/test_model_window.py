@@ -156,3 +156,10 @@ def test_a_refused_all_sliding_model_is_not_told_to_disable_the_hybrid_manager()
     with pytest.raises(KvsimError) as refused:
         kvsim.simulate({**raw, "model": "gpt-oss-20b"}, engine__disable_hybrid_kv_cache_manager=False)
     assert "set engine.disable_hybrid_kv_cache_manager=true" in str(refused.value)
+
+
+def test_a_windowed_config_of_too_many_layers_is_refused_as_num_layers() -> None:
+    """Mistral's config with num_hidden_layers 10**12: the window's per-layer kinds (10**12 entries) were a
+    MemoryError before ModelSpec could refuse num_layers above 2**16."""
+    with pytest.raises(KvsimError, match=r"^model m\.num_layers=1000000000000: Input should be less than or equal to 65536$"):
+        model_from_hf_config({**MISTRAL, "num_hidden_layers": 10**12}, "m")
