@@ -107,6 +107,21 @@ def test_shared_prefix_stores_full_blocks_once():
     assert with_ == 312 + 100 * (319 - 312)
 
 
+def test_a_context_that_is_all_prefix_keeps_its_last_block():
+    """A 64-token context that is the whole 64-token prefix (blocks of 16): a prefix hit stops one token short
+    of the sequence (vLLM v1's `max_cache_hit_length = num_tokens - 1`), so it hits 3 blocks and recomputes
+    the 4th into a block of its own. The table said every block was shared and none own: 0 sequences fit,
+    and 10 held 4 blocks in all. By hand: 10 hold 3 + 10 · 1 = 13 blocks; 500 blocks (499 usable, vLLM v1's
+    null block) fit (499 − 3) // 1 = 496."""
+    assert shared_prefix_blocks(10, 64, 64, 16) == (40, 13)
+    assert shared_prefix_blocks(10, 65, 64, 16) == (50, 4 + 10)  # a 65th token: the prefix's 4 blocks all hit
+    engine = EngineConfig(max_model_len=1024, num_gpu_blocks_override=500)
+    plan = plan_capacity(load_model("llama-3.1-8b"), H100, engine, [64, 100], shared_prefix_tokens=64,
+                         num_sequences=10)
+    assert [(r.shared_prefix_blocks_with_sharing, r.shared_prefix_max_seqs) for r in plan.rows] == \
+        [(13, 496), (4 + 10 * 3, (499 - 4) // 3)]
+
+
 def test_plan_rows_above_max_model_len_are_zero():
     # 983 blocks (above) / cdiv(1024, 16) = 15; 4096 tokens exceed OPT-13B's max_position_embeddings 2048
     m = load_model("opt-13b")

@@ -238,17 +238,26 @@ def shared_prefix_blocks(
 ) -> tuple[int, int]:
     """Blocks for N sequences of `context_len` tokens whose first P tokens are identical.
 
-    Returns (without sharing, with sharing). Only the prefix's full blocks are shared
-    (`P // bs`, stored once); each sequence keeps its own copy of the rest, including the
-    partial block where the prefix ends:
+    Returns (without sharing, with sharing). Only the prefix's full blocks a prefix hit can cover are
+    shared (`shared_full_blocks`, stored once); each sequence keeps its own copy of the rest, including
+    the partial block where the prefix ends:
 
         without = N · cdiv(ctx, bs)
-        with    = P // bs + N · (cdiv(ctx, bs) − P // bs)
+        with    = S + N · (cdiv(ctx, bs) − S),   S = shared_full_blocks(ctx, P, bs)
     """
     assert shared_prefix_tokens <= context_len
     per_seq = ceil_div(context_len, block_size)
-    shared = shared_prefix_tokens // block_size
+    shared = shared_full_blocks(context_len, shared_prefix_tokens, block_size)
     return num_sequences * per_seq, shared + num_sequences * (per_seq - shared)
+
+
+def shared_full_blocks(context_len: int, prefix_tokens: int, block_size: int) -> int:
+    """Blocks of a `context_len`-token sequence a prefix hit on its first `prefix_tokens` tokens covers:
+    `min(P, ctx − 1) // bs`. Only full blocks hit, and a hit stops one token short of the sequence (vLLM v1's
+    `max_cache_hit_length = num_tokens − 1`: the last token's logits are computed), so a sequence that is
+    all prefix, ending on a block boundary, recomputes and holds its own last block (64 tokens of a 64-token
+    prefix, blocks of 16: 3 shared blocks, 1 its own)."""
+    return min(prefix_tokens, context_len - 1) // block_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,11 +346,11 @@ def kv_type_rows(layout: KVLayout, max_model_len: int, max_num_batched_tokens: i
 
 def _shared_prefix_counts(layout: KVLayout, ctx: int, prefix_tokens: int) -> tuple[int, int]:
     """(shared, own) blocks of a sequence of `ctx` tokens whose first P tokens it shares with others:
-    per group, the live blocks that lie wholly inside the prefix are shared."""
+    per group, the live blocks that lie wholly inside the prefix and that a prefix hit covers are shared."""
     shared = own = 0
     for g in layout.groups:
         first, end = g.live_block_range(ctx, layout.block_size)
-        in_prefix = max(0, min(prefix_tokens // layout.block_size, end) - first)
+        in_prefix = max(0, min(shared_full_blocks(ctx, prefix_tokens, layout.block_size), end) - first)
         shared += in_prefix
         own += end - first - in_prefix
     return shared, own
@@ -364,7 +373,7 @@ def plan_capacity(
     capped at max_model_len, as vLLM v1's `allocate_slots` reserves them: `*_with_drafts` columns.
     Shared-prefix columns (when P > 0) assume `num_sequences` sequences of each context
     length sharing the first P tokens (`shared_prefix_blocks`), and the most such sequences
-    that fit: `floor((num_blocks − null − shared) / own)` with shared = P // bs per full-attention
+    that fit: `floor((num_blocks − null − shared) / own)` with shared = `shared_full_blocks` per full-attention
     group (fewer in a sliding group whose window has moved past the prefix). Every count of sequences
     leaves out the null block vLLM v1 keeps back from its pool (`EngineConfig.num_null_blocks`), as the
     simulated engine does; `num_gpu_blocks`, the token slots and vLLM's "maximum concurrency" count it,
