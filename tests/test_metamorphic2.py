@@ -5,8 +5,9 @@ workloads transformed in ways that, by vLLM's semantics, leave known parts of th
 conversations, time rescaled, presets as files). Here:
 
 * a pool so large that nothing waits for KV: its size, the block size, prefix caching (no prompt shares
-  a prefix), an offload tier, v0's watermark and preemption mode, token budgets that never bind and
-  settings a dense model does not read change no request (the roofline prices no block size);
+  a prefix), an offload tier, v0's watermark and preemption mode, token budgets that never bind,
+  settings a dense model does not read and a hybrid model's KV manager change no request (the roofline
+  prices no block size);
 * `max_num_seqs=1` is a FIFO single server: request i starts at max(arrival, previous finish) and takes
   the time it takes alone; with a constant step, the steps are counted by hand (chunks, drafts);
 * a prefix hit is the whole blocks of the common prefix, one token short of the prompt (EAGLE: one block
@@ -101,6 +102,21 @@ def test_a_setting_that_never_binds_changes_no_request(roomy_run, engine):
     result = kvsim.simulate(roomy(engine))
     assert result.summary["num_preemptions"] == 0
     assert result.requests.equals(roomy_run.requests)
+
+
+@pytest.mark.parametrize("engine", [{"block_size": 32, "num_gpu_blocks_override": 4000},
+                                    {"enable_prefix_caching": False}, {"disable_hybrid_kv_cache_manager": True}],
+                         ids=["block-32", "no-prefix-caching", "hybrid-manager-off"])
+def test_a_hybrid_models_allocation_settings_change_no_request_without_pressure(engine):
+    """gpt-oss-20b (12 of 24 layers attend a 128-token window): the block size, prefix caching and vLLM's
+    hybrid KV cache manager decide what is held, not what is computed; the manager off, sliding layers hold
+    every token but still attend only the window (the roofline priced them over the whole context)."""
+    gpt_oss = {"model": "gpt-oss-20b"}
+    base = kvsim.simulate(roomy({"num_gpu_blocks_override": 8000}, **gpt_oss))
+    assert base.summary["num_preemptions"] == 0 and base.summary["max_running"] >= 8
+    result = kvsim.simulate(roomy({"num_gpu_blocks_override": 8000, **engine}, **gpt_oss))
+    assert result.summary["num_preemptions"] == 0
+    assert result.requests.equals(base.requests)
 
 
 @pytest.mark.parametrize("engine", [{"watermark": 0.0}, {"watermark": 0.3}, {"preemption_mode": "swap"},

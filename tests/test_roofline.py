@@ -241,3 +241,23 @@ def test_sliding_window_layers_prefill_only_their_window():
     # without the window (an unknown chunk), every layer would span the whole prompt
     assert roof.prefill_s(plan.attention_work, n) == pytest.approx(
         4 * 32 * 128 * 62 * full_pairs / 989e12 + kv_read / 3.35e12, rel=1e-12)
+
+
+@pytest.mark.parametrize("disable_hybrid", [False, True])
+def test_sliding_window_layers_read_their_window_whatever_the_kv_manager(disable_hybrid):
+    """`disable_hybrid_kv_cache_manager` allocates every layer for the whole context, but vLLM still attends
+    only the window ("The compute of layers like sliding window is still saved", unify_hybrid_kv_cache_specs).
+    The roofline took its windows from the allocation's groups, so with the flag gpt-oss-20b's sliding layers
+    read the whole context: 10 % more TTFT at a 6,000-token prompt. gpt-oss-20b: 12 of 24 layers attend 128
+    tokens, 2 · 8 KV heads · 64 · 2 B = 2,048 B per token per layer; one decode at 4,096 tokens reads
+    12 · 4,096 + 12 · 128 tokens of KV, and a 4,096-token prefill 12 · 4,096 · 4,097 / 2 + 12 · 4,096 · 128 pairs."""
+    gpt_oss = load_model("gpt-oss-20b")
+    engine = EngineConfig(max_model_len=8192, disable_hybrid_kv_cache_manager=disable_hybrid)
+    roof = RooflineLatency(gpt_oss, load_gpu("h100-80gb"), engine, efficiency=DATASHEET)
+    assert roof.decode_read_bytes(1, 4096) == (12 * 4096 + 12 * 128) * 2048
+    n = 4096
+    plan = StepPlan()
+    plan.add(n, 0, 1, samples=True)
+    flops = 4 * 64 * 64 * (12 * n * (n + 1) / 2 + 12 * n * 128)  # 64 query heads of 64 per pair and layer
+    kv_read = 24 * n * 2048  # every layer reads the chunk's K and V
+    assert roof.attention_s(plan) == pytest.approx(flops / 989e12 + kv_read / 3.35e12, rel=1e-12)

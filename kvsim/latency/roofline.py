@@ -9,7 +9,7 @@ method, so the calibrated model can fall back to any one of them):
                (q, k, the cos/sin row: `rotary_bytes_per_token`), activation; h = min(1, σ · L2 / (T · b_op)):
                the share of the op's tensors its L2 holds (`token_op_s`)
     decode     L · (t0 + n_dec · t_seq) + K_dec / (ηa · B)          K: KV bytes read by decodes (a
-               sliding-window layer reads only its window: `decode_read_bytes`)
+               sliding-window layer reads only its window, the hybrid KV manager on or off: `decode_read_bytes`)
                joining a prefill chunk: L · (t0 + n_dec · t_seq) + (heads / kv_heads) · K_dec / (ηm · B)
     prefill    L · t0 + 4 · L · heads · hd · A_pre / (ηp · F) + K_pre / (ηa · B)
                (a sliding-window layer: at most window pairs per query and window + chunk KV tokens)
@@ -131,12 +131,17 @@ class RooflineLatency:
         # MLA's one latent head serves every query head in one read: no ungrouped re-reads
         self.mixed_read_factor = heads / kv_heads if model.mla is None else 1.0
         per_layer = layout.bytes_per_token_per_layer
-        self.windowed_layers = [(g.window_tokens, g.num_layers * per_layer) for g in layout.groups
+        # the windows the kernels attend over: vLLM's disable_hybrid_kv_cache_manager changes allocation only, a
+        # sliding layer holding every token still attends to its window (unify_hybrid_kv_cache_specs: "The compute
+        # of layers like sliding window is still saved"), so the groups the hybrid manager would make are read here
+        attended = model_kv_layout(model, engine.model_copy(update={"disable_hybrid_kv_cache_manager": False})) \
+            if engine.disable_hybrid_kv_cache_manager else layout
+        self.windowed_layers = [(g.window_tokens, g.num_layers * per_layer) for g in attended.groups
                                 if g.window_tokens is not None]
-        self.windowed_layer_counts = [(g.window_tokens, g.num_layers) for g in layout.groups
+        self.windowed_layer_counts = [(g.window_tokens, g.num_layers) for g in attended.groups
                                       if g.window_tokens is not None]
         self.num_full_attention_layers = self.num_layers - sum(n for _, n in self.windowed_layer_counts)
-        self.full_bytes_per_token = per_layer * sum(g.num_layers for g in layout.groups if g.window_tokens is None)
+        self.full_bytes_per_token = per_layer * sum(g.num_layers for g in attended.groups if g.window_tokens is None)
         self.copy_bytes_per_block = 2 * layout.bytes_per_block
         self._gemm_bw = eff.gemm_bandwidth * self.bandwidth
         # linear_s of a dense model by token count: pure, asked again and again (every burst of n sequences)
