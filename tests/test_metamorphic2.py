@@ -11,7 +11,8 @@ conversations, time rescaled, presets as files). Here:
 * `max_num_seqs=1` is a FIFO single server: request i starts at max(arrival, previous finish) and takes
   the time it takes alone; with a constant step, the steps are counted by hand (chunks, drafts);
 * a prefix hit is the whole blocks of the common prefix, one token short of the prompt (EAGLE: one block
-  fewer), whatever the prefix cache; `kvsim capacity`'s concurrency is the simulated admission;
+  fewer), whatever the prefix cache, and an offload tier gives back what the GPU evicted, at the link's
+  speed; `kvsim capacity`'s concurrency is the simulated admission;
 * transformed workloads: requests arriving later change no request that ended before, rejected requests
   take nothing, a round-robin replica is the engine on its share, priority ties between classes do not
   depend on file order, the seed matters only where something is drawn, and every prompt token not hit and
@@ -234,6 +235,40 @@ def test_a_prefix_hit_is_the_whole_blocks_of_the_common_prefix(tmp_path, case):
     steps = result.steps
     before_first_token = (steps.time_s >= 100) & (steps.time_s < b.first_token_s)
     assert steps.num_batched_tokens[before_first_token].sum() == prompt_b - blocks * block
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_an_offload_tier_gives_back_the_hit_the_gpu_evicted(tmp_path, case):
+    """A's blocks are evicted from a 200-block GPU pool by later prompts before B, sharing A's first m tokens,
+    arrives: without a tier B recomputes its whole prompt; with a CPU tier (or a disk tier below a CPU tier
+    too small to keep them) it computes what it computes with a pool that never evicts, and first waits for
+    the hit's blocks to load: hit blocks · 2 MiB (Llama-3.1-8B's 16-token block) / the tier's bandwidth."""
+    rng = np.random.default_rng(case)
+    prompt_a, output_a = int(rng.integers(100, 1000)), int(rng.integers(1, 50))
+    tokens_a = rng.integers(0, 30_000, prompt_a + output_a).tolist()
+    common = int(rng.integers(1, prompt_a + output_a))
+    prompt_b = int(rng.integers(common, common + 300))
+    tokens_b = (tokens_a[:common] + rng.integers(40_000, 70_000, 400).tolist())[:prompt_b]
+    rows = [{"arrival_time_ns": 0, "input_toks": prompt_a, "output_toks": output_a,
+             "input_tok_ids": tokens_a[:prompt_a], "output_tok_ids": tokens_a[prompt_a:]},
+            *[(10**10 * (1 + i), 1500, 2) for i in range(6)],  # 6 · 94 blocks through a 200-block pool
+            {"arrival_time_ns": 200 * 10**9, "input_toks": prompt_b, "output_toks": 3, "input_tok_ids": tokens_b,
+             "output_tok_ids": [1, 2, 3]}]
+    path = write_trace(tmp_path / "t.jsonl", rows)
+    hit = min(common, prompt_a + output_a - 1, prompt_b - 1) // 16 * 16
+    step = {"latency": {"model": "constant", "step_s": 0.01}}
+    for engine, hit_b, load_bandwidth in (
+            ({"num_gpu_blocks_override": 8000}, hit, None), ({}, 0, None),
+            ({"kv_offload": {"num_cpu_blocks": 2000}}, hit, 64e9),  # the H100's host link
+            ({"kv_offload": {"num_cpu_blocks": 100, "num_disk_blocks": 2000, "disk_bandwidth_bytes_per_s": 1e9}},
+             hit, 1e9)):
+        result = kvsim.simulate(traced(path, engine, **step))
+        b, steps = result.requests.iloc[-1], result.steps
+        assert b.prefix_hit_tokens == hit_b
+        computed = steps.num_batched_tokens[(steps.time_s >= 200) & (steps.time_s < b.first_token_s)].sum()
+        assert computed == prompt_b - hit_b
+        load_s = hit_b // 16 * 2**21 / load_bandwidth if load_bandwidth else 0.0
+        assert b.ttft_s == pytest.approx(load_s + 0.01, rel=1e-9)
 
 
 @pytest.mark.parametrize(("block", "engine"), [(16, {}), (32, {"prefix_cache": "radix"}), (1, {})])
