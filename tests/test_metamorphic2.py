@@ -440,6 +440,22 @@ def test_every_token_is_computed_once_without_preemption(engine):
     assert steps.num_batched_tokens.sum() == prompts + ((requests.output_tokens - 1) * requests.num_samples).sum()
 
 
+@pytest.mark.parametrize("acceptance", [1.0, 0.0])
+def test_a_data_parallel_groups_speculation_counts_every_rank(acceptance):
+    """Two DP ranks serve the requests one engine serves; with fixed acceptance each request's verify steps do
+    not depend on its batch: all K = 3 drafts accepted, ceil((O - 1) / 4) verifies, none accepted, O - 1.
+    The group's summary held rank 0's counters only (its spec_decode, and `max_running_without_preemption`
+    judged by rank 0's preemptions); now every rank's, summed."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "acceptance_rates": acceptance}
+    result = kvsim.simulate(roomy({"data_parallel_size": 2, "speculative_config": spec}))
+    requests = result.requests
+    assert set(requests.dp_rank) == {0, 1}
+    verifies = np.ceil((requests.output_tokens - 1) / (4 if acceptance else 1)).sum()
+    counts = result.summary["spec_decode"]
+    assert (counts["num_drafts"], counts["num_draft_tokens"]) == (verifies, 3 * verifies)
+    assert counts["num_accepted_tokens"] == (3 * verifies if acceptance else 0)
+
+
 @pytest.mark.parametrize("fleet", [
     {"replicas": [{"count": 1}, {"count": 1}]},
     {"replicas": [{"count": 2}]},

@@ -21,7 +21,7 @@ from kvsim.engine.runtime import Engine
 from kvsim.kv.offload_connector import combine_summaries
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
-from kvsim.results.metrics import summarize
+from kvsim.results.metrics import combined_counters, summarize
 from kvsim.results.output_dir import check_output_dir, output_directory
 from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
@@ -60,17 +60,9 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     order = np.argsort(request_columns["request_id"], kind="stable")
     for name, values in request_columns.items():  # one column at a time: one extra copy at most
         request_columns[name] = values[order]
-    summary = summarize(request_columns, steps.totals, schedulers[0].counters(),
-                        {**parts[0].facts, "data_parallel_size": len(parts)})
     counters = [s.counters() for s in schedulers]
-    for key, attr in (("num_preemptions", "num_preemptions"), ("num_prefix_cache_query_tokens",
-                      "num_prefix_query_tokens"), ("num_prefix_cache_hit_tokens", "num_prefix_hit_tokens"),
-                      ("num_prefix_cache_preempted_query_tokens", "num_preempted_query_tokens"),
-                      ("num_prefix_cache_preempted_hit_tokens", "num_preempted_hit_tokens"),
-                      ("swapped_out_bytes", "num_swapped_out_bytes"), ("num_copy_on_writes", "num_copy_on_writes")):
-        summary[key] = sum(getattr(c, attr) for c in counters)
-    queries = summary["num_prefix_cache_query_tokens"]
-    summary["prefix_cache_hit_rate"] = summary["num_prefix_cache_hit_tokens"] / queries if queries else 0.0
+    summary = summarize(request_columns, steps.totals, combined_counters(counters),
+                        {**parts[0].facts, "data_parallel_size": len(parts)})
     offloads = [s.offload.summary(summary["duration_s"]) for s in schedulers if s.offload is not None]
     if offloads:  # every rank has the same tiers; their books over the group's run
         summary["kv_offload"] = combine_summaries(offloads, [summary["duration_s"]] * len(offloads))

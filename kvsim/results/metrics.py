@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -271,6 +271,17 @@ class SpecDecodeCounters:
             "draft_acceptance_rate": accepted / tokens if tokens else None,
             "draft_rejected_share": self.rejected_slot_s / (self.num_total_slots * duration_s) if duration_s else 0.0,
         }
+
+
+def combined_counters(engines: Sequence[EngineCounters]) -> EngineCounters:
+    """The counters of engines serving as one (a data-parallel group's ranks) as one engine's: every count
+    summed, speculative decoding's too (its rejected drafts' share then over the ranks' pools together)."""
+    def summed(kind: type, items: Sequence[Any]) -> dict[str, Any]:
+        return {f.name: sum(getattr(item, f.name) for item in items) for f in fields(kind) if f.name != "spec_decode"}
+
+    spec = [engine.spec_decode for engine in engines if engine.spec_decode is not None]
+    return EngineCounters(**summed(EngineCounters, engines),
+                          spec_decode=SpecDecodeCounters(**summed(SpecDecodeCounters, spec)) if spec else None)
 
 
 def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, scheduler: EngineCounters,
