@@ -114,3 +114,27 @@ def test_a_prefix_every_request_shares_is_computed_and_held_once_with_prefix_cac
     prompt = (128 + 49 * 64) / 50 if caching else 128
     assert floor.compute_replicas == pytest.approx(100 * (prompt * 0.01 / 512 + 20 * 0.01 / 8))
     assert floor.kv_replicas == pytest.approx(100 * 19 * (prompt + 10) * 0.01 / 6400)
+
+
+def test_speculative_verify_steps_are_not_recompute():
+    """The same world with n-gram drafts (K = 3, always accepted): each request runs alone, its prompt in
+    one step and its 19 other tokens in ceil(19 / 4) = 5 verify steps of 1 + 3 tokens, 6 steps of τ. Nothing
+    is preempted, so nothing is recomputed; the plan counted the verify chunks (4 tokens each, counted with
+    the prefill chunks of their steps) as recompute: 50 · 5 · 4 = 1,000 tokens, a preemption part of
+    2 req/s · 1,000 / 50 · τ/512 replicas where there was none."""
+    from kvsim.planning.bounds import gap_breakdown
+    from kvsim.planning.plan import point_metrics
+
+    raw = world().model_dump(mode="json")
+    raw["workload"]["arrival"] = {"process": "constant", "rate": 2.0}
+    raw["engine"]["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3, "acceptance_rates": 1.0}
+    raw.update(replicas=1, steps="none")
+    scenario = make_scenario(raw)
+    metrics = point_metrics(scenario)
+    work = metrics["work"]
+    assert metrics["num_preemptions"] == 0
+    assert work["busy_replica_s"] == pytest.approx(50 * 6 * 0.01)
+    assert work["recomputed_tokens"] == 0
+    parts = gap_breakdown(replica_floor(scenario, 2.0), 1, work["busy_replica_s"], metrics["num_finished"],
+                          work["recomputed_tokens"])
+    assert parts["preemption"] == 0.0

@@ -423,12 +423,22 @@ def test_priority_ties_are_decided_by_class_not_file_order(tmp_path):
     assert back.reset_index(drop=True).equals(as_written)
 
 
+SPECULATION = [{"method": "ngram", "num_speculative_tokens": 3, "acceptance_rates": 0.6},
+               {"method": "eagle", "num_speculative_tokens": 2, "acceptance_rates": [0.8, 0.5]}]
+
+
 @pytest.mark.parametrize("engine", [{}, {"async_scheduling": False}, {"prefix_cache": "radix"},
                                     {"scheduler": "v0", "enable_prefix_caching": True},
-                                    {"scheduler": "static"}, {"data_parallel_size": 2}])
+                                    {"scheduler": "static"}, {"data_parallel_size": 2},
+                                    *({"speculative_config": spec} for spec in SPECULATION)],
+                         ids=["v1-n2", "v1-sync", "radix", "v0", "static", "dp2", "ngram", "eagle"])
 def test_every_token_is_computed_once_without_preemption(engine):
     """Summed over the steps, the tokens computed are each prompt's tokens past its prefix hit plus every
-    sample's output tokens but the last (its KV is never needed); the prefill tokens are the first part."""
+    sample's output tokens but the last (its KV is never needed); the prefill tokens are the first part.
+    Speculating, every decode step is a verify of the last token and K drafts (none near max_model_len), a
+    chunk the step column counts with the prefill chunks; the run's prompt tokens computed (what `kvsim
+    plan` subtracts the prompts from to find the recomputed ones) leave them out: the plan took every verify
+    token for a preemption's recompute."""
     raw = roomy({**engine, "max_num_batched_tokens": 512 if engine.get("scheduler") not in ("v0", "static") else 2048},
                 workload={**ROOMY["workload"], "n": 2 if engine == {} else 1,
                           "shared_prefix": {"tokens": 100, "fraction": 0.5}})
@@ -436,8 +446,15 @@ def test_every_token_is_computed_once_without_preemption(engine):
     requests, steps = result.requests, result.steps
     assert result.summary["num_preemptions"] == 0 and requests.prefix_hit_tokens.sum() > 0
     prompts = (requests.prompt_tokens - requests.prefix_hit_tokens).sum()
-    assert steps.num_prefill_tokens.sum() == prompts
-    assert steps.num_batched_tokens.sum() == prompts + ((requests.output_tokens - 1) * requests.num_samples).sum()
+    assert result.num_prefill_tokens == prompts
+    if "speculative_config" in engine:
+        counts = result.summary["spec_decode"]
+        assert counts["num_draft_tokens"] == engine["speculative_config"]["num_speculative_tokens"] * counts["num_drafts"]
+        verifies = counts["num_drafts"] + counts["num_draft_tokens"]
+        assert steps.num_prefill_tokens.sum() == steps.num_batched_tokens.sum() == prompts + verifies
+    else:
+        assert steps.num_prefill_tokens.sum() == prompts
+        assert steps.num_batched_tokens.sum() == prompts + ((requests.output_tokens - 1) * requests.num_samples).sum()
 
 
 @pytest.mark.parametrize("acceptance", [1.0, 0.0])

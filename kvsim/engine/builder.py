@@ -30,7 +30,7 @@ from kvsim.model.capacity import model_kv_layout, num_gpu_blocks
 from kvsim.model.config import EngineConfig, load_gpu, load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_run_memory
-from kvsim.results.metrics import summarize
+from kvsim.results.metrics import prompt_tokens_computed, summarize
 from kvsim.results.run_result import RunResult
 from kvsim.sched import Scheduler, SchedulerLimits, make_request_queue, make_scheduler
 from kvsim.sched.speculative import make_speculation
@@ -271,12 +271,13 @@ def engine_result(scenario: Scenario, parts: EngineParts, recorder: StepRecorder
     assert scheduler.num_held_slots == 0, "KV still held after the run"
     recorder.finish()
     request_columns = scheduler.records.columns()
-    summary = summarize(request_columns, recorder.totals, scheduler.counters(), parts.facts)
+    counters = scheduler.counters()
+    summary = summarize(request_columns, recorder.totals, counters, parts.facts)
     if scheduler.offload is not None:
         summary["kv_offload"] = scheduler.offload.summary(summary["duration_s"])
     rows = None if steps_path is not None and scenario.steps == "all" else recorder.kept_columns()
     return RunResult(scenario=scenario, request_columns=request_columns, step_columns=rows, summary=summary,
                      steps_path=steps_path, busy_s=recorder.totals.dt,
-                     num_prefill_tokens=recorder.totals.prefill_tokens)
+                     num_prefill_tokens=prompt_tokens_computed(recorder.totals, [counters]))
 
 

@@ -141,7 +141,7 @@ class StepTotals:
     running_queued: float = 0.0
     waste_queued: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WASTE_KEYS, 0.0))
     last_preemptions_total: int = 0  # the cumulative count of the last step added
-    prefill_tokens: int = 0  # prompt (and recomputed) tokens the steps computed
+    prefill_tokens: int = 0  # tokens the steps computed in chunks: prompts, recomputes, speculative verifies
 
     @classmethod
     def of(cls, steps: Mapping[str, Any]) -> StepTotals:
@@ -263,6 +263,13 @@ class SpecDecodeCounters:
     rejected_slot_s: float
     num_total_slots: int
 
+    @property
+    def num_verify_chunk_tokens(self) -> int:
+        """Tokens of the verify steps that checked at least one draft: each is one chunk of the last sampled
+        token and its drafts, which its step counts with the prefill chunks (`StepPlan.add`; a verify of no
+        draft is a plain decode)."""
+        return self.num_drafts + self.num_draft_tokens
+
     def summary(self, duration_s: float) -> dict[str, Any]:
         drafts, tokens, accepted = self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens
         return {
@@ -282,6 +289,13 @@ def combined_counters(engines: Sequence[EngineCounters]) -> EngineCounters:
     spec = [engine.spec_decode for engine in engines if engine.spec_decode is not None]
     return EngineCounters(**summed(EngineCounters, engines),
                           spec_decode=SpecDecodeCounters(**summed(SpecDecodeCounters, spec)) if spec else None)
+
+
+def prompt_tokens_computed(steps: StepTotals, engines: Sequence[EngineCounters]) -> int:
+    """Prompt and recomputed tokens the steps of `engines` computed: their prefill tokens less the speculative
+    verify chunks among them (`SpecDecodeCounters.num_verify_chunk_tokens`), which decode, not prefill."""
+    return steps.prefill_tokens - sum(engine.spec_decode.num_verify_chunk_tokens for engine in engines
+                                      if engine.spec_decode is not None)
 
 
 def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, scheduler: EngineCounters,
