@@ -9,7 +9,8 @@ conversations, time rescaled, presets as files). Here:
   settings a dense model does not read and a hybrid model's KV manager change no request (the roofline
   prices no block size);
 * `max_num_seqs=1` is a FIFO single server: request i starts at max(arrival, previous finish) and takes
-  the time it takes alone; with a constant step, the steps are counted by hand (chunks, drafts);
+  the time it takes alone; with a constant step, the steps are counted by hand (chunks, drafts); a
+  closed-loop client of one request in flight serves the same;
 * a prefix hit is the whole blocks of the common prefix, one token short of the prompt (EAGLE: one block
   fewer), whatever the prefix cache, and an offload tier gives back what the GPU evicted, at the link's
   speed; `kvsim capacity`'s concurrency is the simulated admission;
@@ -173,6 +174,18 @@ def test_one_sequence_at_a_time_is_a_fifo_single_server(tmp_path, engine):
     assert (start > fifo.arrival_s.to_numpy()).sum() >= 10  # most requests queued behind another
     np.testing.assert_allclose(fifo.finish_s - start, service, rtol=1e-9)
     np.testing.assert_allclose(fifo.first_token_s - start, to_first, rtol=1e-9)
+
+
+@pytest.mark.parametrize("engine", [{}, {"async_scheduling": False}, {"scheduler": "v0"}])
+def test_a_client_of_one_request_in_flight_is_one_sequence_at_a_time(engine):
+    """`max_concurrency: 1` (the client sends the next request when the last one ends) and `max_num_seqs: 1`
+    (the engine takes the next when the last one ends) serve the same requests at the same instants: every
+    first token and finish is the same (the client's `arrival_s` is its send)."""
+    one_at_a_time = kvsim.simulate(roomy({**engine, "max_num_seqs": 1})).requests
+    closed = kvsim.simulate(roomy(engine, workload={**ROOMY["workload"], "max_concurrency": 1})).requests
+    assert (closed.client_queue_s > 0).sum() >= 10
+    for column in ("first_token_s", "finish_s", "prompt_tokens", "output_tokens"):
+        assert closed[column].equals(one_at_a_time[column])
 
 
 @pytest.mark.parametrize(("budget", "drafts"), [(2048, 0), (64, 0), (128, 1), (2048, 3)])
