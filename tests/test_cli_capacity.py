@@ -149,9 +149,10 @@ def test_sustained_rate_is_what_the_engine_served_not_the_poisson_rate_asked_for
 def test_a_data_parallel_group_is_priced_by_all_its_gpus():
     """With -dp 2 the sustained probes run two engines of one GPU each (vLLM's DP group), so the output rate
     they serve costs two GPU-hours an hour: $/M = 2 · $1 / (tokens/s · 3,600) · 10^6. It was priced at the
-    TP size alone (1 GPU): half the cost, $0.156 against $0.311 per million at the L4's list price."""
+    TP size alone (1 GPU): half the cost ($0.156 against $0.311 per million at the L4's list price and 512-token
+    contexts; 128-token ones here keep the test short)."""
     result = runner.invoke(app, ["capacity", "--model", "llama-3.1-8b", "--gpu", "l4", "-dp", "2",
-                                 "--context-lengths", "512", "--max-model-len", "1024", "--sustained",
+                                 "--context-lengths", "128", "--max-model-len", "256", "--sustained",
                                  "--gpu-hourly-cost", "1", "--format", "json"])
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.output)["rows"]
