@@ -41,3 +41,28 @@ def test_a_run_warns_of_unread_settings_on_stderr_and_still_runs(tmp_path):
     rerun = CliRunner().invoke(app, ["run", str(tmp_path / "clean" / "scenario.yaml"), "--format", "json",
                                      "-o", str(tmp_path / "rerun")], prog_name="kvsim")  # every field written out
     assert rerun.exit_code == 0 and rerun.stderr == ""
+
+
+@pytest.mark.parametrize(("model", "unread"), [("llama-3.1-8b", ["enable_expert_parallel"]), ("qwen3-30b-a3b", [])])
+def test_expert_parallelism_on_a_dense_model_is_said_unread(model, unread):
+    """vLLM's --enable-expert-parallel places a model's experts; a dense model has none, so the flag does nothing
+    there (it was accepted without a word)."""
+    from kvsim.model.config import load_model
+
+    said = make_engine(enable_expert_parallel=True).unread_settings(load_model(model))
+    assert list(said) == unread
+    assert make_engine().unread_settings(load_model("llama-3.1-8b")) == {}
+
+
+def test_a_fleet_says_expert_parallelism_unread_for_its_dense_group_only(tmp_path):
+    """Replica groups serving a dense and an MoE model under one `engine` section that turns expert parallelism
+    on: only the dense group ignores it, so no line is said for the whole scenario (the MoE group reads it)."""
+    from kvsim.fleet.run import unread_settings
+    from kvsim.workload.scenario import load_scenario
+
+    scenario = load_scenario(None, ["engine.enable_expert_parallel=true", "engine.max_model_len=4096",
+                                    "replicas=[{count: 1}, {count: 1, model: qwen3-30b-a3b}]"])
+    assert unread_settings(scenario) == []
+    dense = load_scenario(None, ["engine.enable_expert_parallel=true", "replicas=2"])
+    assert unread_settings(dense) == ["engine.enable_expert_parallel=true is unread: llama-3.1-8b is dense, with no "
+                                      "experts to place"]

@@ -53,13 +53,15 @@ def simulate_scenario(scenario: Scenario, check: bool = False, progress: Progres
 
 
 def unread_settings(scenario: Scenario) -> list[str]:
-    """Engine settings no engine of the run reads, one line each (`EngineConfig.unread_settings`), for a run to
-    warn of. In a fleet each replica group's engine is asked: a setting a group gives itself is said with the
-    group (`replicas[1]: engine.slab_placement=...`) when that group does not read it; one the scenario's
-    `engine` section gives is said once, when no group reads it (a group whose allocator or prefix caching
-    reads it makes it a setting that runs, not a dropped one)."""
+    """Engine settings no engine of the run reads, one line each (`EngineConfig.unread_settings`, given the model
+    each engine serves), for a run to warn of. In a fleet each replica group's engine is asked: a setting a group
+    gives itself is said with the group (`replicas[1]: engine.slab_placement=...`) when that group does not read
+    it; one the scenario's `engine` section gives is said once, when no group reads it (a group whose allocator,
+    prefix caching or model reads it makes it a setting that runs, not a dropped one)."""
+    from kvsim.model.config import load_model
+
     if not scenario.is_fleet:
-        return list(scenario.engine.unread_settings().values())
+        return list(scenario.engine.unread_settings(load_model(scenario.model)).values())
     from kvsim.fleet.driver import replica_groups
 
     groups = scenario.replicas if isinstance(scenario.replicas, list) else None
@@ -67,7 +69,7 @@ def unread_settings(scenario: Scenario) -> list[str]:
     inherited: list[list[str]] = []  # per group, the lines of settings it takes from the scenario's engine
     for g, (replica, _count) in enumerate(replica_groups(scenario)):
         own = groups[g].engine if groups is not None else {}
-        said = replica.engine.unread_settings()
+        said = replica.engine.unread_settings(load_model(replica.model))
         own_lines += [f"replicas[{g}]: {line}" for field, line in said.items() if field in own]
         inherited.append([line for field, line in said.items() if field not in own])
     return [line for line in inherited[0] if all(line in other for other in inherited)] + own_lines

@@ -353,12 +353,16 @@ class EngineConfig(Settings):
         spec = self.speculative_config
         return self.scheduler == "v1" and (spec is None or spec.method in ("eagle", "eagle3"))
 
-    def unread_settings(self) -> dict[str, str]:
+    def unread_settings(self, model: ModelSpec | None = None) -> dict[str, str]:
         """Settings this engine never reads, by field, each with its warning line: a `slab_placement` other than
-        the default beside the paged allocator, `prefix_cache: radix` with prefix caching off. A run warns of
-        them rather than refusing them, as the report's studies vary the allocator and caching from this engine
-        and do read them."""
+        the default beside the paged allocator, `prefix_cache: radix` with prefix caching off, and (given the
+        `model` it serves) `enable_expert_parallel` on a model without experts (vLLM's flag then places nothing).
+        A run warns of them rather than refusing them, as the report's studies vary the allocator and caching
+        from this engine and do read them."""
         unread = {}
+        if model is not None and self.enable_expert_parallel and model.moe is None:
+            unread["enable_expert_parallel"] = (f"engine.enable_expert_parallel=true is unread: {model.name} is "
+                                                "dense, with no experts to place")
         # the default placement is never "given": a written scenario.yaml spells out every field (model_fields_set)
         if self.slab_placement != "buddy" and self.allocator == "paged":
             unread["slab_placement"] = (f"engine.slab_placement={self.slab_placement} is unread: the paged "
