@@ -241,6 +241,7 @@ class StepWriter:
     def write(self, chunk: Mapping[str, np.ndarray]) -> None:
         """Append one chunk; every chunk must have the same columns in the same order."""
         start_s = time.perf_counter()
+        num_rows = len(next(iter(chunk.values()), ()))
         if self.format == "parquet":
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -256,9 +257,8 @@ class StepWriter:
             if self._csv is None:
                 self._csv = self.path.open("w", newline="")
                 self._texts = [_Texts() for _ in chunk]
-            append_csv(chunk, self._csv, header=first, texts=self._texts,
-                       table_rows=self.num_rows + len(next(iter(chunk.values()), ())))
-        self.num_rows += len(next(iter(chunk.values()), ()))
+            append_csv(chunk, self._csv, header=first, texts=self._texts, table_rows=self.num_rows + num_rows)
+        self.num_rows += num_rows
         self.write_s += time.perf_counter() - start_s
 
     def close(self, columns: Mapping[str, np.dtype] | None = None) -> None:
