@@ -320,3 +320,27 @@ def test_a_streamed_fleet_writes_the_rows_an_in_memory_fleet_keeps(tmp_path, mon
     memory.write(tmp_path / "written")
     for name in ("requests.csv", "routes.csv", "replicas.csv", "summary.json", "steps.csv"):
         assert (tmp_path / "written" / name).read_bytes() == (tmp_path / "csv" / name).read_bytes(), name
+
+
+def test_a_run_under_a_profiler_that_reads_frame_locals_completes(monkeypatch):
+    """Profilers and debuggers (pyinstrument, pdb) read `frame.f_locals`, which keeps a snapshot of a
+    function's locals alive after the function `del`s them. The step buffers must not depend on their numpy
+    views being gone when a chunk is flushed (an `array` exporting its buffer cannot be resized: a
+    `kvsim report` under pyinstrument failed with BufferError). The hook snapshots the caller's locals at
+    every comprehension call, as a sampling profiler may at any instant; the rows equal a plain run's."""
+    import sys
+
+    monkeypatch.setattr(recorder_module, "CHUNK_ROWS", 7)
+    spec = load_scenario(None, ["workload.num_requests=20"])
+    plain = simulate(spec)
+
+    def snapshot(frame, event, arg):
+        if event == "call" and frame.f_code.co_name.startswith("<") and frame.f_back is not None:
+            frame.f_back.f_locals  # noqa: B018 -- the read is the point: it pins the caller's locals
+    sys.setprofile(snapshot)
+    try:
+        profiled = simulate(spec)
+    finally:
+        sys.setprofile(None)
+    pd.testing.assert_frame_equal(profiled.steps, plain.steps, check_exact=True)
+    assert profiled.summary == plain.summary

@@ -77,7 +77,7 @@ class LockstepRecorder:
             return
         self._rows.flush()
         chunk = {**self._rows.kept.pop(), "dp_rank": np.frombuffer(self._ranks, dtype=np.int64).copy()}
-        del self._ranks[:]
+        self._ranks = array("q")  # fresh, not emptied in place: see `StepRecorder.flush`
         import pandas as pd  # only on the data-parallel run path: dp_group_steps regroups the lockstep steps
 
         self.totals.add(dp_group_steps(pd.DataFrame(chunk), self.num_engines, self._preemptions))

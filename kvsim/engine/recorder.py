@@ -291,11 +291,12 @@ class StepRecorder:
         ints = np.frombuffer(self._ints, dtype=np.int64).reshape(-1, len(SINGLE_INTS))
         rows = {name: (floats[:, SINGLE_FLOATS.index(name)] if name in FLOAT_COLUMNS
                        else ints[:, SINGLE_INTS.index(name)]).copy() for name in COLUMNS}
-        del floats, ints  # views: the buffers can be emptied
-        del self._floats[:], self._ints[:]
+        # fresh buffers, not `del self._floats[:]`: an array whose buffer is still exported cannot be resized,
+        # and a profiler or debugger reading `frame.f_locals` keeps these views alive past any `del`
+        self._floats, self._ints = array("d"), array("q")
         if self.draft_column:
             rows[DRAFT_KEY] = np.array(self._draft, dtype=np.float64)
-            del self._draft[:]
+            self._draft = array("d")
         self._num_rows = 0
         if self._bursts:
             rows = self._bursts.merge_into(rows)
