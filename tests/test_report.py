@@ -95,7 +95,7 @@ def test_report_words_follow_the_data(report_dir):
 
 def test_the_headline_rate_held_in_a_ten_times_longer_run(report_dir):
     """The sustainable rate the report prints is one whose long run (10x the converged probe length, at most
-    --quick's 3,200 requests) held: verified, and the sentence says so with that run's length."""
+    --quick's 1,600 requests) held: verified, and the sentence says so with that run's length."""
     rates = pd.read_csv(report_dir / "sustained_rate.csv").set_index("allocator")
     paged = rates.loc["paged"]
     quick = StudyConfig.quick()

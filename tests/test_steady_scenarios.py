@@ -19,7 +19,8 @@ def test_paper_scenario_sustains_a_positive_rate_paged_over_oracle_over_max():
     slabs (Oracle), which pack more than max_model_len slabs (Max): at a TTFT SLO the sustainable
     rates order the same way (the paper's Fig. 12 ordering: vLLM > Orca Oracle > Orca Max)."""
     base = load_scenario(REPO / "scenarios" / "paper-paged.yaml")
-    cfg = studies.StudyConfig(workers=1, rate_requests=sized(100, 400), rate_max_requests=sized(400, 6400))
+    cfg = studies.StudyConfig(workers=1, rate_requests=sized(100, 400), rate_max_requests=sized(400, 6400),
+                              rate_max_verify_requests=sized(1200, 128_000))
     allocators = ("slab-max", "slab-oracle", "paged")  # the three the ordering names
     rates = studies.sustained_rates(studies.Study(base, cfg), allocators).set_index("allocator").max_rate_meeting_slo
     assert rates["slab-max"] > 0

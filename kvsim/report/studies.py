@@ -78,8 +78,8 @@ class StudyConfig:
     def quick(cls) -> StudyConfig:
         return cls(num_requests=60, load_fractions=(0.25, 0.75, 1.0, 1.5), shared_prefix_counts=(4, 16),
                    fleet_requests=60,
-                   fleet_max_replicas=8, rate_requests=200, rate_max_requests=1600,
-                   rate_max_verify_requests=3200, saturate_max_requests=3000, offload_requests=60,
+                   fleet_max_replicas=8, rate_requests=200, rate_max_requests=800,
+                   rate_max_verify_requests=1600, saturate_max_requests=3000, offload_requests=60,
                    offload_loads=(1.0,), speculation_batch_sizes=(1, 16, 128))
 
 
