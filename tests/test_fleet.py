@@ -203,3 +203,28 @@ def test_router_null_drops_the_router():
         load_scenario(None, ["router.policy=affinity"])
     one = load_scenario(None, ["replicas=2", "router.policy=affinity", "replicas=null", "router=null"])
     assert one.replicas is None and one.router == Router()
+
+
+def test_a_fleet_of_speculating_replicas_sums_their_counters_and_derives_its_rates_from_the_sums():
+    # Output 61: after the prefill's first token, 60 more. Synthetic length 3 of K = 3 accepts exactly 2 drafts
+    # a verify (3 tokens a step): 20 verifies, 60 drafts, 40 accepted a request; length 4 accepts all 3 (4 a
+    # step): 15 verifies, 45 drafts, 45 accepted. Round robin hands each of the 3 replicas 10 of 30 requests.
+    def spec(length):
+        return {"method": "ngram", "num_speculative_tokens": 3, "synthetic_acceptance_length": length}
+
+    groups = [{"count": 1, "engine": {"speculative_config": spec(3)}},
+              {"count": 1, "engine": {"speculative_config": spec(4)}}, {"count": 1}]
+    fleet = simulate_fleet(scenario(replicas=groups, router={"policy": "round_robin"},
+                                    workload={"num_requests": 30, "output_len": {"dist": "fixed", "value": 61}}))
+    got = fleet.summary["spec_decode"]
+    assert (got["num_drafts"], got["num_draft_tokens"], got["num_accepted_tokens"]) == (
+        10 * 20 + 10 * 15, 10 * 60 + 10 * 45, 10 * 40 + 10 * 45)
+    assert got["mean_acceptance_length"] == pytest.approx(1 + 850 / 350)  # not (3 + 4) / 2
+    assert got["draft_acceptance_rate"] == pytest.approx(850 / 1050)  # not (2/3 + 1) / 2
+    # Rejected drafts: only the length-3 replica's; its slot-seconds over the two speculating pools (equal
+    # ones) for the fleet's run. The third replica does not speculate: its pool is not counted.
+    first = fleet.replicas[0].summary
+    assert "spec_decode" not in fleet.replicas[2].summary
+    assert got["draft_rejected_share"] == pytest.approx(
+        first["spec_decode"]["draft_rejected_share"] * first["duration_s"] / (2 * fleet.summary["duration_s"]))
+    assert got["draft_rejected_share"] > 0

@@ -278,6 +278,6 @@ def engine_result(scenario: Scenario, parts: EngineParts, recorder: StepRecorder
     rows = None if steps_path is not None and scenario.steps == "all" else recorder.kept_columns()
     return RunResult(scenario=scenario, request_columns=request_columns, step_columns=rows, summary=summary,
                      steps_path=steps_path, busy_s=recorder.totals.dt,
-                     num_prefill_tokens=prompt_tokens_computed(recorder.totals, [counters]))
+                     num_prefill_tokens=prompt_tokens_computed(recorder.totals, [counters]), counters=counters)
 
 

@@ -61,7 +61,8 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     for name, values in request_columns.items():  # one column at a time: one extra copy at most
         request_columns[name] = values[order]
     counters = [s.counters() for s in schedulers]
-    summary = summarize(request_columns, steps.totals, combined_counters(counters),
+    group_counters = combined_counters(counters)
+    summary = summarize(request_columns, steps.totals, group_counters,
                         {**parts[0].facts, "data_parallel_size": len(parts)})
     offloads = [s.offload.summary(summary["duration_s"]) for s in schedulers if s.offload is not None]
     if offloads:  # every rank has the same tiers; their books over the group's run
@@ -70,7 +71,7 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     return RunResult(scenario=scenario, request_columns=request_columns,
                      step_columns=None if streamed else steps.kept_columns(), summary=summary,
                      steps_path=steps_path if streamed else None, busy_s=steps.totals.dt,
-                     num_prefill_tokens=prompt_tokens_computed(steps.totals, counters))
+                     num_prefill_tokens=prompt_tokens_computed(steps.totals, counters), counters=group_counters)
 
 
 def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,

@@ -33,7 +33,7 @@ from kvsim.model.capacity import num_gpu_blocks
 from kvsim.model.config import load_gpu, load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
-from kvsim.results.metrics import optional_column_summaries, percentiles
+from kvsim.results.metrics import combined_counters, optional_column_summaries, percentiles
 from kvsim.results.output_dir import check_output_dir, output_directory
 from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
@@ -272,8 +272,11 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
                   routes_df: pd.DataFrame, replica_ids: Sequence[int] | None = None) -> dict[str, Any]:
     """Fleet-wide headline numbers: latency percentiles over every request, totals over replicas (with KV
     offload, `kv_offload`: the books of the replicas that have a tier, per tier and in total,
-    `kvsim.kv.offload_connector.combine_summaries`; each replica's is in its summary). `replica_ids` number
-    the `per_replica` rows (default 0, 1, ...; an autoscaled fleet's: the slots it used)."""
+    `kvsim.kv.offload_connector.combine_summaries`; each replica's is in its summary; with speculative decoding,
+    `spec_decode`: the replicas' counters summed and its rates derived from the sums, as one engine's are,
+    `kvsim.results.metrics.combined_counters`, its `draft_rejected_share` over the speculating replicas' pools
+    for the fleet's duration). `replica_ids` number the `per_replica` rows (default 0, 1, ...; an autoscaled
+    fleet's: the slots it used)."""
     finished = requests_df[requests_df["status"] == "finished"]
     end_s = max((r.summary["duration_s"] + float(r.request_columns["arrival_s"].min()) for r in runs
                  if len(r.request_columns["arrival_s"])), default=0.0)
@@ -295,6 +298,9 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
     span_s = float(arrivals.max() - arrivals.min()) if len(arrivals) > 1 else 0.0
     offload = [(r.summary["kv_offload"], r.summary["duration_s"]) for r in runs if "kv_offload" in r.summary]
     extra = {"kv_offload": combine_summaries(*zip(*offload, strict=True))} if offload else {}
+    spec = combined_counters([r.counters for r in runs if r.counters is not None]).spec_decode
+    if spec is not None:
+        extra["spec_decode"] = spec.summary(duration)
     return {
         "scenario": scenario.name, "num_replicas": len(runs), "router": scenario.router.policy,
         "num_gpus": sum(row["tensor_parallel_size"] for row in per_replica), "seed": scenario.seed,
