@@ -57,7 +57,7 @@ def test_prefix_evicted_to_cpu_loads_instead_of_recomputing():
     assert rows["ttft_s"][2] == pytest.approx(4 * BLOCK_S + STEP_S, rel=1e-12)
     assert rows["prefix_hit_tokens"][2] == 64  # counted as cached, not prefilled
     assert rows["queue_s"][2] == pytest.approx(4 * BLOCK_S, rel=1e-12)  # scheduled once loaded
-    summary = scheduler.offload.summary(3.0)
+    summary = scheduler.offload.summary(3.0, end_s=3.0)
     assert summary["recompute_avoided_tokens"] == 64
     assert summary["bytes_loaded"] == 4 * BLOCK_BYTES
     assert summary["tiers"]["cpu"]["num_hit_blocks"] == 4
@@ -79,7 +79,7 @@ def test_a_block_aligned_prompt_loads_its_last_block_and_recomputes_one_token():
     assert rows["ttft_s"][2] == pytest.approx(4 * BLOCK_S + STEP_S, rel=1e-12)
     assert rows["queue_s"][2] == pytest.approx(4 * BLOCK_S, rel=1e-12)
     assert rows["prefix_hit_tokens"][2] == 63
-    summary = scheduler.offload.summary(3.0)
+    summary = scheduler.offload.summary(3.0, end_s=3.0)
     assert summary["tiers"]["cpu"]["num_hit_blocks"] == 4 and summary["bytes_loaded"] == 4 * BLOCK_BYTES
     assert summary["bytes_stored"] == 12 * BLOCK_BYTES  # A's 4 and B's 8; C's 4 are held already
 
@@ -123,7 +123,7 @@ def test_two_concurrent_loads_share_the_bandwidth():
     for i in (3, 4):
         assert rows["ttft_s"][i] == pytest.approx(2 * 4 * BLOCK_S + STEP_S, rel=1e-12)
         assert rows["prefix_hit_tokens"][i] == 64
-    assert scheduler.offload.summary(3.0)["num_loads"] == 2
+    assert scheduler.offload.summary(3.0, end_s=3.0)["num_loads"] == 2
 
 
 def test_a_load_served_by_two_tiers_waits_for_both():
@@ -131,7 +131,7 @@ def test_a_load_served_by_two_tiers_waits_for_both():
     on disk (A's, demoted when B's 8 were stored), so it waits for 4 blocks over the disk's link."""
     disk_bw = 1e8
     scheduler, rows = evicted_then_reused(connector(num_cpu_blocks=4, disk=(100, disk_bw)))
-    hits = scheduler.offload.summary(3.0)["tiers"]
+    hits = scheduler.offload.summary(3.0, end_s=3.0)["tiers"]
     assert hits["disk"]["num_hit_blocks"] == 4 and hits["cpu"]["num_hit_blocks"] == 0
     assert rows["ttft_s"][2] == pytest.approx(4 * BLOCK_BYTES / disk_bw + STEP_S, rel=1e-12)
 
@@ -154,9 +154,28 @@ def test_a_demotion_to_disk_is_written_over_the_disk_link_before_it_can_hit():
         offload.advance(now)
         assert offload.lookup(a, 0, 4) == a_hits and offload.lookup(b, 0, 4) == b_hits, now
         offload.check_invariants()
-    disk = offload.summary(0.1)["tiers"]["disk"]
+    disk = offload.summary(0.1, end_s=0.1)["tiers"]["disk"]
     assert disk["bytes_stored"] == 6 * BLOCK_BYTES and disk["num_stored_blocks"] == 6
     assert disk["store_link_busy_fraction"] == pytest.approx(6 * BLOCK_BYTES / 1e8 / 0.1, rel=1e-12)
+
+
+def test_the_store_link_busy_fraction_is_the_union_of_its_draining_intervals_within_the_run():
+    """One block takes 2.5 ms alone. A's 2 blocks stored at 0 drain until 5 ms; idle; B's 4 at 20 ms drain alone
+    until C's 4 join at 25 ms (B has 2 left), then both at half speed: B ends at 35 ms, C (2 left) alone by 40 ms.
+    Busy: [0, 5] and [20, 40] ms. A run ending at 30 ms saw 5 + 10 ms of it: 0.5 of 30 ms (the bytes written,
+    10 blocks = 25 ms of link time, ÷ 30 ms would say 0.83; a 10-block write at 0 in a 10 ms run, 2.5)."""
+    offload = connector()
+    a, b, c = (TokenContent(list(range(k, k + 64))) for k in (0, 1000, 2000))
+    offload.store([(a.block_hashes(16, 2), 0)], 0.0)
+    offload.store([(b.block_hashes(16, 4), 0)], 0.02)
+    offload.store([(c.block_hashes(16, 4), 0)], 0.025)
+    summary = offload.summary(0.03, end_s=0.03)
+    assert summary["store_link_busy_fraction"] == pytest.approx(0.015 / 0.03, rel=1e-12)
+    assert summary["tiers"]["cpu"]["store_link_busy_fraction"] == summary["store_link_busy_fraction"]
+    assert summary["bytes_stored"] == 10 * BLOCK_BYTES  # the writes started, ended or not
+    late = connector()
+    late.store([(TokenContent(list(range(160))).block_hashes(16, 10), 0)], 0.0)
+    assert late.summary(0.01, end_s=0.01)["store_link_busy_fraction"] == pytest.approx(1.0, rel=1e-12)
 
 
 def test_store_not_finished_is_not_hit():

@@ -131,3 +131,18 @@ def test_loaded_first_moves_every_loaded_request_ahead_of_a_victim_between_them(
     assert [req.request_id for req in waiting] == [c.request_id, a.request_id, b.request_id, d.request_id]
     OffloadScheduling.loaded_first(engine)  # type: ignore[arg-type]  # already in front: nothing moves
     assert [req.request_id for req in waiting] == [c.request_id, a.request_id, b.request_id, d.request_id]
+
+
+def test_a_store_link_too_slow_for_its_writes_is_busy_from_the_first_store_to_the_end_and_no_more():
+    """A 1 MB/s write link: the first step's blocks (MBs each) are still draining when later steps add more, so
+    once the first step ends and stores, the link never idles until the run ends: busy (end − first step's end)
+    ÷ the run. The bytes written ÷ the bandwidth are hundreds of times the run (the old figure, far over 1)."""
+    result = kvsim.simulate(None, workload__num_requests=20,
+                            engine__kv_offload={"num_cpu_blocks": 5000, "bandwidth_bytes_per_s": 1e6})
+    summary, steps = result.summary, result.steps
+    offload = summary["kv_offload"]
+    start_s = float(result.requests["arrival_s"].min())
+    first_store_s = float(steps["time_s"].iloc[0] + steps["duration_s"].iloc[0])
+    assert offload["bytes_stored"] / 1e6 > 100 * summary["duration_s"]
+    assert offload["store_link_busy_fraction"] == pytest.approx(
+        (start_s + summary["duration_s"] - first_store_s) / summary["duration_s"], rel=1e-9)

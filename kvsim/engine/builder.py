@@ -261,20 +261,27 @@ def assemble_engine(spec: EngineSpec, rng: np.random.Generator) -> EngineParts:
     return EngineParts(spec, scheduler, latency, facts)
 
 
-def engine_result(scenario: Scenario, parts: EngineParts, recorder: StepRecorder, num_requests: int | None = None,
-                  steps_path: Path | None = None) -> RunResult:
-    """The finished engine's tables and summary, from its scheduler's `records` (every request it was
-    given, `num_requests` if known) and its recorder's totals over every step. `steps_path`: where
-    the recorder's writer put the rows (they are read from there on access)."""
+def finished_requests(parts: EngineParts, recorder: StepRecorder, num_requests: int | None = None,
+                      ) -> dict[str, np.ndarray]:
+    """The finished engine's requests table (its scheduler's `records`: every request it was given, `num_requests`
+    if known, and no KV still held), its `recorder` finished (a data-parallel rank's: its group's)."""
     scheduler = parts.scheduler
     assert num_requests is None or len(scheduler.records) == num_requests, "a request went missing"
     assert scheduler.num_held_slots == 0, "KV still held after the run"
     recorder.finish()
-    request_columns = scheduler.records.columns()
+    return scheduler.records.columns()
+
+
+def engine_result(scenario: Scenario, parts: EngineParts, recorder: StepRecorder, num_requests: int | None = None,
+                  steps_path: Path | None = None) -> RunResult:
+    """The finished engine's tables and summary, from its `finished_requests` and its recorder's totals over
+    every step. `steps_path`: where the recorder's writer put the rows (they are read from there on access)."""
+    scheduler = parts.scheduler
+    request_columns = finished_requests(parts, recorder, num_requests)
     counters = scheduler.counters()
     summary = summarize(request_columns, recorder.totals, counters, parts.facts)
     if scheduler.offload is not None:
-        summary["kv_offload"] = scheduler.offload.summary(summary["duration_s"])
+        summary["kv_offload"] = scheduler.offload.summary(summary["duration_s"], recorder.totals.end_s)
     rows = None if steps_path is not None and scenario.steps == "all" else recorder.kept_columns()
     return RunResult(scenario=scenario, request_columns=request_columns, step_columns=rows, summary=summary,
                      steps_path=steps_path, busy_s=recorder.totals.dt,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.engine.builder import build_engine, engine_result
+from kvsim.engine.builder import build_engine, engine_result, finished_requests
 from kvsim.engine.lockstep_recorder import LockstepRecorder
 from kvsim.engine.loop import ProgressFn, least_loaded, run_engine, run_engines
 from kvsim.engine.recorder import StepRecorder
@@ -52,7 +52,7 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
                 num_requests=scenario.workload.num_requests, max_in_flight=scenario.workload.max_concurrency)
     tables: list[dict[str, np.ndarray]] = []  # each rank's requests by request_id, with its dp_rank
     for i, (p, engine) in enumerate(zip(parts, group, strict=True)):
-        table = dict(engine_result(scenario, p, engine.recorder).request_columns)
+        table = finished_requests(p, engine.recorder)
         table["dp_rank"] = np.full(len(table["request_id"]), i, dtype=np.int64)
         tables.append(table)
     del table
@@ -64,7 +64,8 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     group_counters = combined_counters(counters)
     summary = summarize(request_columns, steps.totals, group_counters,
                         {**parts[0].facts, "data_parallel_size": len(parts)})
-    offloads = [s.offload.summary(summary["duration_s"]) for s in schedulers if s.offload is not None]
+    offloads = [s.offload.summary(summary["duration_s"], steps.totals.end_s) for s in schedulers
+                if s.offload is not None]
     if offloads:  # every rank has the same tiers; their books over the group's run
         summary["kv_offload"] = combine_summaries(offloads, [summary["duration_s"]] * len(offloads))
     streamed = writer is not None and scenario.steps == "all"

@@ -76,6 +76,14 @@ class SharedLink:
         self._active[transfer_id] = _Transfer(now_s + self.spec.latency_s, float(num_bytes))
         self._sizes[transfer_id] = num_bytes
 
+    @property
+    def bytes_drained(self) -> float:
+        """Bytes moved up to the link's clock (its last `start`/`advance`): every byte of the ended transfers and
+        the bytes drained so far of those in flight. ÷ the bandwidth: the seconds the link was busy, the union of
+        the intervals in which some transfer was draining (it then moves its full bandwidth however many share
+        it; a transfer still in its latency moves nothing)."""
+        return self.bytes_moved + sum(self._sizes[i] - t.remaining_bytes for i, t in self._active.items())
+
     def _draining(self, at_s: float) -> list[int]:
         return [i for i, t in self._active.items() if t.drain_from_s <= at_s]
 

@@ -211,8 +211,12 @@ class OffloadConnector:
                 assert tier.holds(h) and tier.pins_of(h) == num, f"{tier.name}: block {h!r} pins != loads reading it"
             assert tier.num_pins == sum(pinned.values()), f"{tier.name}: a block is pinned by no load"
 
-    def summary(self, duration_s: float) -> dict[str, Any]:
-        """`summary.json`'s `kv_offload`: per tier, then totals; tokens loaded are prefill not recomputed."""
+    def summary(self, duration_s: float, end_s: float) -> dict[str, Any]:
+        """`summary.json`'s `kv_offload` of a run of `duration_s` that ended at `end_s` (the transfers are booked
+        up to it first): per tier, then totals; tokens loaded are prefill not recomputed. A write link's busy
+        fraction is the share of the run in which it was moving bytes (in [0, 1]: a write still in flight at the
+        end counts only what it drained by then)."""
+        self.advance(end_s)
         tiers = {}
         for k, (spec, tier) in enumerate(zip(self.tiers, self.cache.tiers, strict=True)):
             tiers[spec.name] = {
@@ -238,9 +242,10 @@ class OffloadConnector:
         }
 
     def _busy_fraction(self, tier: int, duration_s: float) -> float:
-        """The share of `duration_s` the tier's write link needs for the bytes written into it."""
-        link = self._writes_on[tier].spec
-        return self.num_stored_bytes[tier] / link.bandwidth_bytes_per_s / duration_s if duration_s else 0.0
+        """The share of `duration_s` the tier's write link was busy: the bytes it drained ÷ its bandwidth (not the
+        bytes written into the tier, whose writes may end after the run: those overran 1 on a slow link)."""
+        link = self._writes_on[tier]
+        return link.bytes_drained / link.spec.bandwidth_bytes_per_s / duration_s if duration_s else 0.0
 
 
 _SUMMED = ("num_blocks", "bytes", "num_hit_blocks", "num_hit_tokens", "bytes_loaded", "num_stored_blocks",
