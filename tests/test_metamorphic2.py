@@ -449,9 +449,9 @@ def test_every_token_is_computed_once_without_preemption(engine):
     """Summed over the steps, the tokens computed are each prompt's tokens past its prefix hit plus every
     sample's output tokens but the last (its KV is never needed); the prefill tokens are the first part.
     Speculating, every decode step is a verify of the last token and K drafts (none near max_model_len), a
-    chunk the step column counts with the prefill chunks; the run's prompt tokens computed (what `kvsim
-    plan` subtracts the prompts from to find the recomputed ones) leave them out: the plan took every verify
-    token for a preemption's recompute."""
+    chunk the step column counts with the prefill chunks. Nothing is recomputed (the plan, which once took the
+    prefill tokens less the prompts for the recompute, took every verify token for a preemption's recompute;
+    it now reads the engines' own count, `tests/test_recomputed_tokens.py`)."""
     raw = roomy({**engine, "max_num_batched_tokens": 512 if engine.get("scheduler") not in ("v0", "static") else 2048},
                 workload={**ROOMY["workload"], "n": 2 if engine == {} else 1,
                           "shared_prefix": {"tokens": 100, "fraction": 0.5}})
@@ -459,7 +459,7 @@ def test_every_token_is_computed_once_without_preemption(engine):
     requests, steps = result.requests, result.steps
     assert result.summary["num_preemptions"] == 0 and requests.prefix_hit_tokens.sum() > 0
     prompts = (requests.prompt_tokens - requests.prefix_hit_tokens).sum()
-    assert result.num_prefill_tokens == prompts
+    assert result.counters is not None and result.counters.num_recomputed_tokens == 0
     if "speculative_config" in engine:
         counts = result.summary["spec_decode"]
         assert counts["num_draft_tokens"] == engine["speculative_config"]["num_speculative_tokens"] * counts["num_drafts"]

@@ -30,7 +30,7 @@ from kvsim.model.capacity import model_kv_layout, num_gpu_blocks
 from kvsim.model.config import EngineConfig, load_gpu, load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_run_memory
-from kvsim.results.metrics import prompt_tokens_computed, summarize
+from kvsim.results.metrics import summarize
 from kvsim.results.run_result import RunResult
 from kvsim.sched import Scheduler, SchedulerLimits, make_request_queue, make_scheduler
 from kvsim.sched.speculative import make_speculation
@@ -285,6 +285,6 @@ def engine_result(scenario: Scenario, parts: EngineParts, recorder: StepRecorder
     rows = None if steps_path is not None and scenario.steps == "all" else recorder.kept_columns()
     return RunResult(scenario=scenario, request_columns=request_columns, step_columns=rows, summary=summary,
                      steps_path=steps_path, busy_s=recorder.totals.dt,
-                     num_prefill_tokens=prompt_tokens_computed(recorder.totals, [counters]), counters=counters)
+                     counters=counters)
 
 

@@ -21,7 +21,7 @@ from kvsim.engine.runtime import Engine
 from kvsim.kv.offload_connector import combine_summaries
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
-from kvsim.results.metrics import combined_counters, prompt_tokens_computed, summarize
+from kvsim.results.metrics import combined_counters, summarize
 from kvsim.results.output_dir import check_output_dir, output_directory
 from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
@@ -72,7 +72,7 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     return RunResult(scenario=scenario, request_columns=request_columns,
                      step_columns=None if streamed else steps.kept_columns(), summary=summary,
                      steps_path=steps_path if streamed else None, busy_s=steps.totals.dt,
-                     num_prefill_tokens=prompt_tokens_computed(steps.totals, counters), counters=group_counters)
+                     counters=group_counters)
 
 
 def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,

@@ -141,9 +141,10 @@ GAP_PARTS = ("compute_floor", "batching", "preemption", "idle")
 def gap_breakdown(floor: ReplicaFloor, replicas: int, busy_replica_s: float, num_served: int,
                   recomputed_tokens: int) -> dict[str, float]:
     """`replicas` split into `GAP_PARTS` (they sum to it), from a run of the fleet: `busy_replica_s` (its
-    step times summed over replicas), `num_served` requests it finished, `recomputed_tokens` (prefill tokens
-    computed beyond each prompt's uncached part: preemption's recompute). Also `kv_floor` and `gap` (replicas
-    − the binding floor), all in replicas at the floor's rate. Empty when the run served nothing."""
+    step times summed over replicas), `num_served` requests it finished, `recomputed_tokens` (tokens computed
+    again after a preemption by recompute dropped their KV: `EngineCounters.num_recomputed_tokens`). Also
+    `kv_floor` and `gap` (replicas − the binding floor), all in replicas at the floor's rate. Empty when the run
+    served nothing."""
     if num_served <= 0:
         return {}
     rate = floor.rate_per_s

@@ -147,15 +147,12 @@ def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> 
     keep = ("num_replicas", "num_gpus", "num_requests", "num_finished", "num_rejected", "duration_s",
             "requests_per_s", "output_tokens_per_s", "num_preemptions", "kv_cache_usage_mean",
             "prefix_cache_hit_rate", "offered_rate_per_s")
-    requests = result.requests
-    servable = requests["status"] != "rejected"
-    uncached = int((requests["prompt_tokens"] - requests["prefix_hit_tokens"])[servable].sum())
-    prefill = sum(run.num_prefill_tokens for run in result.replicas)
     # the SLOs are judged on `evidence` (the steady-state window), never on the whole run's percentiles;
     # busy time and recomputed tokens are what the gap to the floor is made of (`kvsim.planning.bounds`)
-    return {**{key: summary[key] for key in keep}, "evidence": window_evidence(requests),
+    return {**{key: summary[key] for key in keep}, "evidence": window_evidence(result.requests),
             "work": {"busy_replica_s": sum(run.busy_s for run in result.replicas),
-                     "recomputed_tokens": max(0, prefill - uncached)}}
+                     "recomputed_tokens": sum(run.counters.num_recomputed_tokens for run in result.replicas
+                                              if run.counters is not None)}}
 
 
 @dataclass(slots=True)

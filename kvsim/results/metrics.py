@@ -141,7 +141,6 @@ class StepTotals:
     running_queued: float = 0.0
     waste_queued: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WASTE_KEYS, 0.0))
     last_preemptions_total: int = 0  # the cumulative count of the last step added
-    prefill_tokens: int = 0  # tokens the steps computed in chunks: prompts, recomputes, speculative verifies
 
     @classmethod
     def of(cls, steps: Mapping[str, Any]) -> StepTotals:
@@ -161,8 +160,6 @@ class StepTotals:
         self.num_steps += int(dt.size)
         self.end_s = max(self.end_s, float((col("time_s") + dt).max()))
         self.dt += float(dt.sum())
-        if "num_prefill_tokens" in steps:  # a hand-made table may leave the token counts out
-            self.prefill_tokens += int(col("num_prefill_tokens").sum())
         running = col("vllm:num_requests_running").astype(np.float64)
         self.max_running = max(self.max_running, int(running.max()))
         self.running_dt += float((running * dt).sum())
@@ -249,6 +246,7 @@ class EngineCounters:
     num_preempted_hit_tokens: int = 0
     num_swapped_out_bytes: int = 0
     num_copy_on_writes: int = 0
+    num_recomputed_tokens: int = 0  # tokens computed again after a preemption by recompute dropped their KV
     spec_decode: SpecDecodeCounters | None = None  # with speculative decoding only
 
 
@@ -262,13 +260,6 @@ class SpecDecodeCounters:
     num_accepted_tokens: int
     rejected_slot_s: float
     num_total_slots: int
-
-    @property
-    def num_verify_chunk_tokens(self) -> int:
-        """Tokens of the verify steps that checked at least one draft: each is one chunk of the last sampled
-        token and its drafts, which its step counts with the prefill chunks (`StepPlan.add`; a verify of no
-        draft is a plain decode)."""
-        return self.num_drafts + self.num_draft_tokens
 
     def summary(self, duration_s: float) -> dict[str, Any]:
         drafts, tokens, accepted = self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens
@@ -289,13 +280,6 @@ def combined_counters(engines: Sequence[EngineCounters]) -> EngineCounters:
     spec = [engine.spec_decode for engine in engines if engine.spec_decode is not None]
     return EngineCounters(**summed(EngineCounters, engines),
                           spec_decode=SpecDecodeCounters(**summed(SpecDecodeCounters, spec)) if spec else None)
-
-
-def prompt_tokens_computed(steps: StepTotals, engines: Sequence[EngineCounters]) -> int:
-    """Prompt and recomputed tokens the steps of `engines` computed: their prefill tokens less the speculative
-    verify chunks among them (`SpecDecodeCounters.num_verify_chunk_tokens`), which decode, not prefill."""
-    return steps.prefill_tokens - sum(engine.spec_decode.num_verify_chunk_tokens for engine in engines
-                                      if engine.spec_decode is not None)
 
 
 def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, scheduler: EngineCounters,

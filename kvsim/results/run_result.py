@@ -52,7 +52,6 @@ class RunResult:
     replicas: tuple[RunResult, ...] = ()  # a fleet's replicas in replica order; () for one engine or DP group
     tables: Mapping[str, pd.DataFrame] = field(default_factory=dict)  # name → table, written as NAME.csv
     busy_s: float = 0.0  # the sum of the run's step times (the engine computing), not written to any file
-    num_prefill_tokens: int = 0  # prompt and recomputed tokens its steps computed, not written either
     counters: EngineCounters | None = None  # an engine's (a DP group's: combined) run-long counters; a fleet's: None
     _frames: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, compare=False)
 

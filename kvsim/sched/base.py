@@ -96,8 +96,8 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         self.finishing: list[Request] = []  # finished, KV released after the next decision (`AsyncSteps`)
         self.swapped: deque[Request] = deque()
         self.records = RequestRecords()  # every request that ended (finished or rejected), columnar
-        self.num_preemptions = 0
-        self.num_swapped_out_bytes = 0
+        self.num_preemptions = self.num_swapped_out_bytes = 0
+        self.num_recomputed_tokens = 0  # tokens computed again after a preemption dropped their KV (`Request.drop_kv`)
         # when the step being planned was decided: vLLM's SCHEDULED timestamp of the requests it admits
         # (`schedule`'s `planned_s`; with async scheduling the previous step's start)
         self.planned_s = 0.0
@@ -129,7 +129,8 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
             self.alloc.num_total_slots)
         return EngineCounters(self.num_preemptions, stats.num_query_tokens, stats.num_hit_tokens,
                               stats.num_preempted_query_tokens, stats.num_preempted_hit_tokens,
-                              self.num_swapped_out_bytes, self.alloc.num_copy_on_writes, spec_counters)
+                              self.num_swapped_out_bytes, self.alloc.num_copy_on_writes, self.num_recomputed_tokens,
+                              spec_counters)
 
     def snapshot(self) -> SchedulerSnapshot:
         """The queues and the KV pool now (a step row's state)."""
@@ -361,6 +362,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
             else:
                 num_seqs = req.num_samples if req.num_samples > 1 and req.request_id in forked else 1
                 add(num_new, past, num_seqs, past + num_new == req.num_tokens)
+                self.num_recomputed_tokens += req.num_recomputed(past, num_new) * num_seqs
         if num_decodes:
             plan.add_decodes(num_decodes, sum_context, max_context, min_context)
 
@@ -419,9 +421,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
             self.num_swapped_out_bytes += result.num_bytes
             return
         self.free_request(req)
-        req.num_computed_tokens = req.num_rejected_draft_slots = 0
-        req.has_drafts = False
-        req.status = RequestStatus.PREEMPTED
+        req.drop_kv()
         self.waiting.prepend(req)
 
     def use_swap(self, req: Request) -> bool:

@@ -65,6 +65,8 @@ class Request:
     # `spec_token_ids`): a prefill chunk's drafts are dropped, a preemption clears them
     has_drafts: bool = False
     client_queue_s: float = 0.0  # closed loop: how long it waited in the client for a free slot before `arrival_s`
+    # the most tokens a preemption by recompute dropped the KV of (`drop_kv`): computing them again is recompute
+    num_dropped_kv_tokens: int = 0
 
     def __post_init__(self) -> None:
         assert self.prompt_len > 0 and self.output_len > 0 and 0 < self.num_samples <= MAX_SAMPLES
@@ -78,6 +80,21 @@ class Request:
     def kv_len(self) -> int:
         """Slots each sequence of this request holds at most: every token but the last sampled."""
         return self.prompt_len + self.output_len - 1
+
+    def drop_kv(self) -> None:
+        """Preempted by recompute (vLLM's `_preempt_request`), its KV freed by the caller: PREEMPTED, it computes
+        from its next prefix hit on as if new (no token computed, no drafts); the tokens it had computed are kept
+        in `num_dropped_kv_tokens`."""
+        self.num_dropped_kv_tokens = max(self.num_dropped_kv_tokens, self.num_computed_tokens)
+        self.num_computed_tokens = self.num_rejected_draft_slots = 0
+        self.has_drafts = False
+        self.status = RequestStatus.PREEMPTED
+
+    def num_recomputed(self, past: int, num_new: int) -> int:
+        """Of `num_new` tokens computed after `past`, those whose KV it had computed before a preemption dropped it
+        (`drop_kv`): the work the preemption costs. The newest sampled token, which vLLM's re-admission computes
+        with them, is not among them: its KV was never computed, a decode step would have computed it anyway."""
+        return max(0, min(past + num_new, self.num_dropped_kv_tokens) - past)
 
     def child_seq_ids(self) -> list[int]:
         base = self.request_id * MAX_SAMPLES
