@@ -113,6 +113,25 @@ def test_drafts_cut_concurrency_as_vllm_reserves_their_slots(config, blocks_per_
     assert at_limit["blocks_per_seq_with_drafts"] == at_limit["blocks_per_seq"] == 128
 
 
+@pytest.mark.parametrize(("config", "expected"), [
+    (None, (11, 160, 8 + 10 * 8)),
+    # n-gram K = 3: 256 + 3 slots, 17 blocks, 8 of them the shared prefix's: 9 own; (100 − 8) // 9 = 10
+    ({"method": "ngram", "num_speculative_tokens": 3, "acceptance_length": 2.5}, (10, 170, 8 + 10 * 9)),
+    # EAGLE K = 3: 256 + 3 + 3 slots, 17 blocks; its hit gives the 8th prefix block back (vLLM's use_eagle), which
+    # each sequence recomputes into a block of its own: 7 shared, 10 own; (100 − 7) // 10 = 9
+    ({"method": "eagle", "num_speculative_tokens": 3, "acceptance_length": 2.5}, (9, 170, 7 + 10 * 10)),
+])
+def test_shared_prefix_columns_count_the_drafts_and_eagles_own_last_prefix_block(config, expected):
+    """101 blocks (100 usable) of 16; 10 sequences of 256 tokens sharing 128: the prefix's 8 full blocks hit
+    (min(128, 255) // 16). The shared-prefix columns ignored speculation: EAGLE showed n-gram's and no drafts'
+    11 sequences and 88 blocks."""
+    flags = [] if config is None else ["--speculative-config", json.dumps(config)]
+    row = run_json("--num-gpu-blocks-override", "101", "--context-lengths", "256", "--max-model-len", "1024",
+                   "--shared-prefix-tokens", "128", "--num-sequences", "10", *flags)["rows"][0]
+    assert (row["shared_prefix_max_seqs"], row["shared_prefix_blocks_without_sharing"],
+            row["shared_prefix_blocks_with_sharing"]) == expected
+
+
 def test_without_speculation_capacity_has_no_draft_columns():
     data = run_json("--num-gpu-blocks-override", "640", "--context-lengths", "1024", "--max-model-len", "2048")
     assert data["rows"][0]["paged_max_seqs_with_drafts"] is None

@@ -344,13 +344,19 @@ def kv_type_rows(layout: KVLayout, max_model_len: int, max_num_batched_tokens: i
     return list(rows.values())
 
 
-def _shared_prefix_counts(layout: KVLayout, ctx: int, prefix_tokens: int) -> tuple[int, int]:
-    """(shared, own) blocks of a sequence of `ctx` tokens whose first P tokens it shares with others:
-    per group, the live blocks that lie wholly inside the prefix and that a prefix hit covers are shared."""
+def _shared_prefix_counts(layout: KVLayout, ctx: int, prefix_tokens: int, held_tokens: int,
+                          drops_last_hit_block: bool) -> tuple[int, int]:
+    """(shared, own) blocks of a sequence of `ctx` tokens, holding `held_tokens` slots (its drafts' too), whose
+    first P tokens it shares with others: per group, the live blocks that lie wholly inside the prefix and that
+    a prefix hit covers are shared; with EAGLE (`drops_last_hit_block`) the hit gives its last block back, which
+    each sequence recomputes into a block of its own."""
+    hit_blocks = shared_full_blocks(ctx, prefix_tokens, layout.block_size)
+    if drops_last_hit_block and hit_blocks:
+        hit_blocks -= 1
     shared = own = 0
     for g in layout.groups:
-        first, end = g.live_block_range(ctx, layout.block_size)
-        in_prefix = max(0, min(shared_full_blocks(ctx, prefix_tokens, layout.block_size), end) - first)
+        first, end = g.live_block_range(held_tokens, layout.block_size)
+        in_prefix = max(0, min(hit_blocks, end) - first)
         shared += in_prefix
         own += end - first - in_prefix
     return shared, own
@@ -374,7 +380,10 @@ def plan_capacity(
     Shared-prefix columns (when P > 0) assume `num_sequences` sequences of each context
     length sharing the first P tokens (`shared_prefix_blocks`), and the most such sequences
     that fit: `floor((num_blocks − null − shared) / own)` with shared = `shared_full_blocks` per full-attention
-    group (fewer in a sliding group whose window has moved past the prefix). Every count of sequences
+    group (fewer in a sliding group whose window has moved past the prefix). With `engine.speculative_config`
+    they are speculating sequences, as the simulated engine runs them: each holds its drafts and lookahead
+    (as `*_with_drafts`), and EAGLE's prefix hit gives its last block back (vLLM's `use_eagle`), one shared
+    block fewer and one more of each sequence's own. Every count of sequences
     leaves out the null block vLLM v1 keeps back from its pool (`EngineConfig.num_null_blocks`), as the
     simulated engine does; `num_gpu_blocks`, the token slots and vLLM's "maximum concurrency" count it,
     as vLLM's startup lines do.
@@ -400,10 +409,13 @@ def plan_capacity(
     blocks_fp8 = num_gpu_blocks(model, gpu, fp8)
     slots = layout.token_slots(blocks)
     usable, usable_fp8 = blocks - engine.num_null_blocks, blocks_fp8 - fp8.num_null_blocks
+    spec = engine.speculative_config
+    extra = 0 if spec is None else spec.num_speculative_tokens + spec.num_lookahead_tokens
     rows = []
     for ctx in sorted(set(context_lengths)):
         servable = ctx <= max_model_len
         per_seq = layout.live_blocks(ctx)
+        held = min(ctx + extra, max_model_len) if servable else ctx + extra  # with drafts: vLLM caps them there
         row: dict[str, Any] = {
             "context_len": ctx,
             "blocks_per_seq": per_seq,
@@ -411,17 +423,17 @@ def plan_capacity(
             "slab_max_seqs": slab_max_seqs(slots, max_model_len) if servable else 0,
             "paged_max_seqs_fp8": usable_fp8 // per_seq if servable else 0,
         }
-        if engine.speculative_config is not None:  # a verify step holds K drafts and vLLM's lookahead more
-            extra = engine.speculative_config.num_speculative_tokens + engine.speculative_config.num_lookahead_tokens
+        if spec is not None:  # a verify step holds K drafts and vLLM's lookahead more
             with_drafts = layout.live_blocks(min(ctx + extra, max_model_len))
             row |= {"blocks_per_seq_with_drafts": with_drafts,
                     "paged_max_seqs_with_drafts": usable // with_drafts if servable else 0}
         if shared_prefix_tokens and ctx >= shared_prefix_tokens:
-            shared, own = _shared_prefix_counts(layout, ctx, shared_prefix_tokens)
+            shared, own = _shared_prefix_counts(layout, ctx, shared_prefix_tokens, held,
+                                                spec is not None and spec.drops_last_hit_block)
             fits = (usable - shared) // own if own and servable else 0
             row |= {
                 "shared_prefix_max_seqs": fits,
-                "shared_prefix_blocks_without_sharing": num_sequences * per_seq,
+                "shared_prefix_blocks_without_sharing": num_sequences * layout.live_blocks(held),
                 "shared_prefix_blocks_with_sharing": shared + num_sequences * own,
             }
         rows.append(CapacityRow(**row))
