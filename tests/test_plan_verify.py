@@ -100,14 +100,17 @@ def test_a_moved_answer_shows_its_own_runs_window_in_the_files_and_the_terminal(
     assert f"probe of 2 replicas (400 requests): ttft_s.p90 {row['search_ttft_s.p90']:.4g}" in line
 
 
-def test_cost_per_million_tokens_is_priced_at_the_steady_state_output_rate(tmp_path):
+@pytest.mark.parametrize("search", ["replicas", "rate"])
+def test_cost_per_million_tokens_is_priced_at_the_steady_state_output_rate(tmp_path, search):
     """One replica, no queue: 400 evenly spaced arrivals at 40 req/s, 50-token replies, 10 ms a step whatever
     the batch, up to 64 running (a request holds a slot ~0.51 s, so ~21 run at once, under 64). In steady
     state the replica serves λ · O = 40 · 50 = 2,000 output tokens/s, so at $2 a GPU-hour a million output
     tokens cost 2 / (2,000 · 3,600) · 10^6 = $0.2778. The whole run's rate is lower: 400 · 50 tokens over
     first arrival → last finish, 399 / 40 + ~0.51 s = 10.49 s, is 1,907 tokens/s ($0.2913, 4.9 % more),
     because it counts the drain after the last arrival. The window (20 % of the 9.975 s span left out at
-    the start, 10 % at the end: 6.98 s, 279 or 280 finishes) gives 2,000 within 0.4 %."""
+    the start, 10 % at the end: 6.98 s, 279 or 280 finishes) gives 2,000 within 0.4 %. The rate search with
+    no long run (verify_factor 0) has only its one-replica probe at 1.1× the traffic (44 req/s, 2,200 tokens/s);
+    the fleet serves all of the traffic: 2,000 tokens/s and the same price. It gave no price at all."""
     from kvsim.workload.scenario import make_scenario
 
     base = make_scenario({
@@ -117,7 +120,7 @@ def test_cost_per_million_tokens_is_priced_at_the_steady_state_output_rate(tmp_p
         "latency": {"model": "constant", "step_s": 0.01},
         "workload": {"num_requests": 400, "arrival": {"process": "constant", "rate": 40.0},
                      "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 50}}})
-    spec = make_plan_spec({"slo": {"ttft_s.p90": 0.1}, "gpus": ["h100-80gb"], "max_replicas": 4,
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 0.1}, "gpus": ["h100-80gb"], "max_replicas": 4, "search": search,
                            "verify_factor": 0, "gpu_hourly_cost": {"h100-80gb": 2.0}})
     (row,) = plan(base, spec, tmp_path)[0]
     assert row["replicas"] == 1 and row["cost_per_hour"] == pytest.approx(2.0)

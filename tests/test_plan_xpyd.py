@@ -68,6 +68,26 @@ def test_rank_orders_by_cost_then_gpus_then_cost_per_token():
     assert [r["rank"] for r in ranked] == [1, 2, 3, 4, 5]
 
 
+def test_rank_takes_costs_within_a_hundredth_of_a_cent_as_ties_then_fewer_gpus_then_the_name():
+    """3 GPUs at $2.30 and 2 at $3.45 both cost $6.90 an hour (in floats 6.8999999999999995 and 6.9: the three
+    ranked first); equal cost and GPUs with $/Mtok equal but for its last bits (0.27780000000000005 against
+    0.2778) fall to headroom, then to the name (the noise decided: "b" first)."""
+    def row(name, cost, gpus, per_token=0.5, room=0.1):
+        return {"candidate": name, "feasible": True, "cost_per_hour": cost, "num_gpus": gpus,
+                "usd_per_million_output_tokens": per_token, "headroom": room}
+    assert 3 * 2.30 < 2 * 3.45  # the noise this is about
+    ranked = rank([row("three", 3 * 2.30, 3), row("two", 2 * 3.45, 2)])
+    assert [r["candidate"] for r in ranked] == ["two", "three"]
+    noisy = 0.2778 + 5e-17
+    assert noisy > 0.2778
+    ranked = rank([row("a", 4.0, 2, noisy), row("b", 4.0, 2, 0.2778)])
+    assert [r["candidate"] for r in ranked] == ["a", "b"]
+    ranked = rank([row("a", 4.0, 2, noisy), row("b", 4.0, 2, 0.2778, room=0.2)])
+    assert [r["candidate"] for r in ranked] == ["b", "a"]  # more headroom before the name
+    ranked = rank([row("a", 4.0, 2, 0.2779), row("b", 4.0, 2, 0.2778)])
+    assert [r["candidate"] for r in ranked] == ["b", "a"]  # $0.0001 a million tokens apart: an order
+
+
 def test_plan_command_counts_tp_in_a_split_and_prints_the_choice(tmp_path):
     raw = toy().model_dump(mode="json")
     raw["workload"].update(num_requests=60, arrival={"process": "poisson", "rate": 1.0})

@@ -18,7 +18,8 @@ the requests, and while that long run fails, one replica more is tried long (`kv
 For each candidate the table gives the cost per hour (replicas × TP × the GPU's hourly
 price: the planner's, or the shipped list's, `price_source`), the cost per million output tokens (that
 over the output rate the run behind the answer serves in its steady-state window,
-`kvsim.planning.cost.window_output_tokens_per_s`), GPUs, replicas, the headroom
+`kvsim.planning.cost.window_output_tokens_per_s`; a rate search with no long run: its answer probe's, scaled
+to the whole traffic, `RateSearch.output_tokens_per_s`), GPUs, replicas, the headroom
 (the smallest relative slack of an SLO at that count), the limiting factor (the SLO that
 failed with one replica fewer, and what that fleet was short of: when it kept up, KV memory if it
 preempted, else compute; when it did not, only that it was over capacity, since any overloaded engine fills
@@ -297,13 +298,25 @@ class ReplicaSearch:
                 **answer_columns(answer["evidence"], metrics["evidence"], slo), **self.verify.columns()}
 
 
+RANK_USD_DECIMALS = 4
+"""`rank` compares costs (per hour, per million output tokens) rounded to $0.0001: closer is a tie, not an order.
+Unrounded, 3 GPUs at $2.30 (6.8999999999999995) ranked before 2 at $3.45 (6.9) at the same $6.90 an hour, and
+two fleets of one price were ordered by their $/Mtok's last bits."""
+
+
 def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Feasible first, then by cost per hour (GPUs when a price is missing), then more headroom; every row
-    with every column (None where a row has no value), in the order they first appear."""
+    """Feasible first, then by cost per hour (priced rows first; `RANK_USD_DECIMALS`), then fewer GPUs, then
+    cost per million output tokens (rounded alike), then more headroom, then candidate name, so that equal rows
+    come in one order whatever order the candidates ran in; every row with every column (None where a row has
+    no value), in the order they first appear."""
+    def usd(value: float | None) -> float:
+        return round(value, RANK_USD_DECIMALS) if value is not None else math.inf
+
     def key(row: dict[str, Any]) -> tuple:
-        cost, room, per_token = row["cost_per_hour"], row["headroom"], row.get("usd_per_million_output_tokens")
-        return (not row["feasible"], cost is None, cost if cost is not None else 0.0, row["num_gpus"] or 0,
-                per_token if per_token is not None else math.inf, -room if room is not None else math.inf)
+        cost, room = row["cost_per_hour"], row["headroom"]
+        return (not row["feasible"], cost is None, usd(cost), row["num_gpus"] or 0,
+                usd(row.get("usd_per_million_output_tokens")), -room if room is not None else math.inf,
+                row["candidate"])
     columns = list(dict.fromkeys(["rank", *(k for row in rows for k in row)]))
     ranked = [{"rank": i + 1, **row} for i, row in enumerate(sorted(rows, key=key))]
     return [{k: row.get(k) for k in columns} for row in ranked]
@@ -335,8 +348,8 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
         c, price = s.candidate, hourly_price(spec, s.candidate.gpu)
         row = s.row(price.usd_per_gpu_hour)
         tokens_per_s = row.get("output_tokens_per_s")
-        if tokens_per_s is None and row["feasible"] and s.verify.metrics is not None:  # a rate search's fleet
-            tokens_per_s = window_output_tokens_per_s(s.verify.metrics)
+        if tokens_per_s is None and row["feasible"] and isinstance(s, RateSearch):  # from its long run or probe
+            tokens_per_s = s.output_tokens_per_s()
         shape = Candidate(c.gpu, c.tensor_parallel_size, c.knobs)  # the floor counts colocated replicas
         floor = replica_floor(shape.scenario(base, 1, spec.router), target_rate_per_s)
         gap = answer_gap(floor, row["replicas"], s.answer_metrics())

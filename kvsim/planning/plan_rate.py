@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kvsim.planning.cost import window_output_tokens_per_s
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.search import Metrics
 from kvsim.planning.steady_state import SteadyRateSearch, failing_evidence
@@ -134,6 +135,16 @@ class RateSearch:
     def answer_metrics(self) -> Metrics | None:
         """The run behind the answer: the long run that held (a single-replica probe is not the fleet)."""
         return self.verify.metrics if self.verify.held else None
+
+    def output_tokens_per_s(self) -> float | None:
+        """The chosen fleet's output tokens a second in steady state (None: no answer): its long run's
+        (`window_output_tokens_per_s`); without one (`verify_factor` 0, no fleet is simulated) the answer probe's,
+        which served the fraction f of the traffic on one replica, ÷ f: the fleet serves all of it."""
+        answer = self.answer_metrics()
+        if answer is not None:
+            return window_output_tokens_per_s(answer)
+        probe, fraction = self.search.evidence, self.search.rate
+        return window_output_tokens_per_s(probe) / fraction if probe is not None and fraction > 0 else None
 
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """This candidate's line of the plan table (the same columns as the replica-count search)."""
