@@ -6,9 +6,10 @@ import pytest
 
 import kvsim
 from kvsim.kv import PagedAllocator
-from kvsim.latency.speculative import SpeculativeLatency, eagle_head
+from kvsim.latency.speculative import SpeculativeLatency
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.config import load_model
+from kvsim.model.drafter import eagle_head
 from kvsim.model.errors import KvsimError
 from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.sched import SchedulerLimits, make_scheduler

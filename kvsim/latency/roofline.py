@@ -78,7 +78,8 @@ class RooflineLatency:
     `overhead_s`, when given, replaces the modelled CPU overhead by a constant per step. `overlap_cpu`
     (async scheduling): the CPU overhead runs beside the GPU's work, a step lasts the longer of the
     two; else it adds to it. `layout`: the model's KV layout on one GPU when the caller has resolved
-    it (`kvsim.engine.builder.EngineSpec`).
+    it (`kvsim.engine.builder.EngineSpec`); under speculative decoding the model's own layers are read
+    (the pool's layout counts the drafter's too), so a given layout is not used then.
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, overhead_s: float | None = None,
@@ -126,6 +127,10 @@ class RooflineLatency:
                           (d * act, 1, 2), *qk_norms)
         self._token_ops_s: dict[int, float] = {}
         self.attn_flops_per_pair = 4 * model.num_layers * heads * model.head_dim
+        # the target's layers only: a drafter's KV layers share the pool (`model_kv_layout`), but its reads are
+        # priced by its own roofline (`kvsim.latency.speculative`)
+        if engine.speculative_config is not None:
+            engine, layout = engine.model_copy(update={"speculative_config": None}), None
         layout = layout if layout is not None else model_kv_layout(model, engine)
         self.kv_bytes_per_token = layout.bytes_per_token
         # MLA's one latent head serves every query head in one read: no ungrouped re-reads

@@ -20,6 +20,7 @@ from kvsim.latency.base import LatencyModel
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec, load_model
+from kvsim.model.drafter import eagle_head
 
 
 class SpeculativeLatency:
@@ -39,13 +40,6 @@ class SpeculativeLatency:
         draft.add_decodes(plan.num_spec_decode_seqs, plan.sum_spec_context_tokens, plan.max_context_tokens,
                           plan.min_decode_context_tokens)
         return step_s + self.num_speculative_tokens * self.drafter.step_time(draft)
-
-
-def eagle_head(model: ModelSpec) -> ModelSpec:
-    """EAGLE's draft head: one dense decoder layer of the target's width, with its vocabulary."""
-    fields = {**model.model_dump(), "name": f"{model.name}-eagle-head", "num_layers": 1, "layer_types": None,
-              "moe": None, "num_params": None}
-    return ModelSpec(**fields)
 
 
 def speculative_latency(target: LatencyModel, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> LatencyModel:

@@ -7,6 +7,9 @@ All functions are pure. Sizes are per tensor-parallel shard (one GPU), as vLLM s
     kv_pool_bytes   = memory · gpu_memory_utilization − weights − activation peak − non-torch
     num_gpu_blocks  = floor(kv_pool_bytes / bytes_per_block)
 
+With an EAGLE or EAGLE-3 drafter (`engine.speculative_config`) `num_layers` counts the head's decoder layer
+too and `weights` the head's (`kvsim.model.drafter`), as vLLM v1 sizes the pool it shares with the target.
+
 The simulation (`kvsim run`) shows how far real lengths sit from these worst cases.
 """
 
@@ -16,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvsim.model.config import DTYPE_BYTES, EngineConfig, GPUSpec, ModelSpec
+from kvsim.model.drafter import drafter_weights_bytes
 from kvsim.model.errors import KvsimError
 from kvsim.model.kv_layout import KVLayout, kv_layout
 from kvsim.model.units import ceil_div
@@ -73,13 +77,15 @@ def weights_bytes(model: ModelSpec, tensor_parallel_size: int = 1, expert_parall
 
 
 def engine_weights_bytes(model: ModelSpec, engine: EngineConfig) -> int:
-    """`weights_bytes` on one GPU of the engine: with data parallelism an MoE model's experts are
+    """`weights_bytes` on one GPU of the engine, plus its drafter's (`drafter_weights_bytes`: an EAGLE head,
+    loaded before the KV pool is sized). With data parallelism an MoE model's experts are
     spread over tp · dp GPUs, as whole experts with `enable_expert_parallel` (every engine's pool is
     sized by the GPU holding the most, ⌈E / (tp · dp)⌉: the others hold at most one expert less per
     MoE layer), as tensor-parallel shards without it (vLLM's MoE layers then form one TP group of
     dp · tp GPUs: docs, data_parallel_deployment); the other weights are copied in every DP engine."""
     return weights_bytes(model, engine.tensor_parallel_size, engine.data_parallel_size,
-                         whole_experts=engine.enable_expert_parallel)
+                         whole_experts=engine.enable_expert_parallel) \
+        + drafter_weights_bytes(model, engine.speculative_config, engine.tensor_parallel_size)
 
 
 def mlp_width(model: ModelSpec) -> int:

@@ -154,24 +154,30 @@ class KVLayout:
 
 
 def layer_kinds(model: ModelSpec, engine: EngineConfig) -> list[tuple[AttentionKind, int | None]]:
-    """Each layer's (kind, window) as allocation sees it.
+    """Each KV layer's (kind, window) as allocation sees it: the model's, then its drafter's.
 
-    With the hybrid manager disabled, a model of more than one (kind, window) is all full attention; one
-    of a single kind keeps it (vllm/v1/core/kv_cache_utils.py, unify_hybrid_kv_cache_specs: it returns
-    when `is_kv_cache_spec_uniform`), so an all-sliding model still frees blocks outside its window.
+    A speculating engine's EAGLE head adds its decoder layer, of the target's full-attention shape (MLA for
+    an MLA model), to the same pool (`SpeculativeConfig.num_draft_kv_layers`, `kvsim.model.drafter`: vLLM's
+    `get_kv_cache_spec` covers every attention layer, the drafter's included). With the hybrid manager
+    disabled, a pool of more than one (kind, window) is all full attention; one of a single kind keeps it
+    (vllm/v1/core/kv_cache_utils.py, unify_hybrid_kv_cache_specs: it returns when `is_kv_cache_spec_uniform`),
+    so an all-sliding model still frees blocks outside its window.
     """
-    if model.mla is not None:
-        return [("mla", None)] * model.num_layers
     kinds: list[tuple[AttentionKind, int | None]] = []
     for layer_type in model.resolved_layer_types:
-        if layer_type == "full_attention":
+        if model.mla is not None:
+            kinds.append(("mla", None))
+        elif layer_type == "full_attention":
             kinds.append(("full", None))
         elif layer_type == "sliding_attention":
             kinds.append(("sliding_window", model.sliding_window))
         else:
             kinds.append(("chunked_local", model.attention_chunk_size))
+    head_kind: AttentionKind = "mla" if model.mla is not None else "full"
+    spec = engine.speculative_config
+    kinds += [(head_kind, None)] * (spec.num_draft_kv_layers if spec is not None else 0)
     if engine.disable_hybrid_kv_cache_manager and len(set(kinds)) > 1:
-        return [("full", None)] * model.num_layers
+        return [("full", None)] * len(kinds)
     return kinds
 
 

@@ -115,6 +115,13 @@ class SpeculativeConfig(Settings):
         return 0 if self.method == "ngram" else self.num_speculative_tokens
 
     @property
+    def num_draft_kv_layers(self) -> int:
+        """Attention layers the drafter adds to the engine's KV pool (`kvsim.model.drafter`): the EAGLE head's
+        one decoder layer (EAGLE and EAGLE-3 heads have `num_hidden_layers` 1); none for n-gram, which has no
+        drafter on the GPU, and none counted for `draft_model` (its own layers are not modelled)."""
+        return 1 if self.method in ("eagle", "eagle3") else 0
+
+    @property
     def drops_last_hit_block(self) -> bool:
         """vLLM's `use_eagle`: EAGLE's drafter needs the target's hidden states of the last cached block, so a
         prefix-cache hit gives that block back to be recomputed (`FullAttentionManager.find_longest_cache_hit`,
