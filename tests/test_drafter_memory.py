@@ -8,9 +8,12 @@ Llama-3.1-8B's published config.json (32 layers, hidden 4096, 32 heads, 8 KV hea
 128256, bf16) and the H100 preset's 81,559 MiB.
 """
 
+import json
 
 import pytest
+from typer.testing import CliRunner
 
+from kvsim.cli import app
 from kvsim.engine.builder import resolve_engine
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.step_plan import StepPlan
@@ -101,3 +104,22 @@ def test_the_simulated_engine_sizes_its_pool_with_the_head():
                                         "engine.speculative_config": eagle("eagle")})
     spec = resolve_engine(scenario)
     assert spec.num_gpu_blocks == 26_741 and spec.bytes_per_block == 33 * PAGE
+
+
+def test_capacity_prices_the_sequences_that_fit_with_their_drafts():
+    """`concurrent_sequences` (and the USD per user-hour on it) took `paged_max_seqs` while speculating. EAGLE K = 3
+    on Llama-3.1-8B / H100: 26,741 blocks, 26,740 usable beside vLLM's null block; 1,024 tokens + 3 drafts +
+    3 lookahead = 1,030 slots, ceil(1030 / 16) = 65 blocks: 26,740 // 65 = 411 sequences (417 without drafts:
+    26,740 // 64); $1 a GPU-hour over 411 of them."""
+    result = CliRunner().invoke(app, ["capacity", "--model", "llama-3.1-8b", "--gpu", "h100-80gb",
+                                      "--max-model-len", "8192", "--context-lengths", "1024",
+                                      "--speculative-config", json.dumps(eagle("eagle")),
+                                      "--gpu-hourly-cost", "1", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    row = data["rows"][0]
+    assert data["num_gpu_blocks"] == 26_741 and data["weights_bytes"] == TARGET_PARAMS * 2 + EAGLE_PARAMS * 2
+    assert (row["paged_max_seqs"], row["blocks_per_seq_with_drafts"], row["paged_max_seqs_with_drafts"]) == \
+        (417, 65, 411)
+    assert row["concurrent_sequences"] == 411
+    assert row["usd_per_concurrent_user_hour"] == round(1 / 411, 4)

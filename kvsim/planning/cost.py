@@ -85,7 +85,8 @@ def window_output_tokens_per_s(metrics: dict[str, Any]) -> float:
 def add_capacity_costs(plan: dict, price: GpuPrice, num_gpus: int, max_num_seqs: int,
                        output_tokens_per_s: Callable[[int, int], float]) -> dict:
     """`kvsim capacity`'s plan with the price and, per row, the sequences that run at once (the row's
-    closed-form paged concurrency, every sequence at that context length, capped by `max_num_seqs`),
+    closed-form paged concurrency, every sequence at that context length, capped by `max_num_seqs`; under
+    speculative decoding each holds its drafts and lookahead too: `paged_max_seqs_with_drafts`),
     USD per concurrent user-hour at that concurrency, and USD per million output tokens at
     `output_tokens_per_s(sequences, context_len)` (the CLI passes the roofline's closed-form cohort
     rate, `kvsim.latency.roofline.cohort_output_tokens_per_s`: prompt c/2 + output c/2, no queueing).
@@ -94,7 +95,8 @@ def add_capacity_costs(plan: dict, price: GpuPrice, num_gpus: int, max_num_seqs:
     """
     rows = []
     for row in plan["rows"]:
-        seqs = min(row["paged_max_seqs"], max_num_seqs)
+        with_drafts = row.get("paged_max_seqs_with_drafts")  # set when the engine speculates
+        seqs = min(row["paged_max_seqs"] if with_drafts is None else with_drafts, max_num_seqs)
         rate = output_tokens_per_s(seqs, row["context_len"]) if seqs > 0 else 0.0
         rows.append({**row, "concurrent_sequences": seqs,
                      "usd_per_concurrent_user_hour": _rounded(cost_per_user_hour(price, num_gpus, seqs)),
