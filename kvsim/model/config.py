@@ -204,6 +204,10 @@ def _read_mapping(path: Path, what: str) -> dict[str, Any]:
 
 
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm/config/cache.py `BlockSize`
+MAX_ENGINES = 4096
+"""The most engines kvsim runs side by side: a data-parallel group's ranks (`data_parallel_size`), as a fleet's
+replicas (`replicas`, a group's `count`). Each is built (its scheduler, its KV pool); a DP size of 10**11 was
+priced by `kvsim capacity` as that many GPUs serving (the largest GPU clusters hold about 10**5)."""
 
 
 class EngineConfig(Settings):
@@ -248,7 +252,7 @@ class EngineConfig(Settings):
     kv_cache_memory_bytes: Bytes | None = None
     num_gpu_blocks_override: int | None = Field(default=None, gt=0)
     tensor_parallel_size: int = Field(default=1, gt=0)
-    data_parallel_size: int = Field(default=1, gt=0)
+    data_parallel_size: int = Field(default=1, gt=0, le=MAX_ENGINES)
     enable_expert_parallel: bool = False
     disable_hybrid_kv_cache_manager: bool = False
     max_num_seqs: int | None = Field(default=None, gt=0, description="sequences, not requests (n=4 counts 4)")

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from kvsim.model.config import MAX_ENGINES
 from kvsim.model.errors import KvsimError, first_repeat, from_validation_error
 from kvsim.model.spec import Settings
 from kvsim.planning.window import parse_slo_key
@@ -39,7 +40,7 @@ class PlanSpec(Settings):
     gpus: list[str] = Field(min_length=1)
     tensor_parallel_sizes: list[int] = Field(default=[1], min_length=1)
     engine: dict[str, list[Any]] = Field(default_factory=dict)
-    max_replicas: int = Field(default=64, gt=0, le=4096)
+    max_replicas: int = Field(default=64, gt=0, le=MAX_ENGINES)
     router: str = "least_outstanding"
     gpu_hourly_cost: dict[str, float] = Field(default_factory=dict)
     search: Literal["replicas", "rate"] = "replicas"  # bisect the replica count, or the rate one replica takes

@@ -70,6 +70,16 @@ def _umask() -> int:
     return mask
 
 
+def _home_folders() -> set[Path]:
+    """The home directory, as given and resolved; none when it cannot be known (HOME unset and no passwd entry
+    for this user, as in a container run under an arbitrary user id: `Path.home()` raises RuntimeError there)."""
+    try:
+        home = Path.home()
+    except RuntimeError:
+        return set()
+    return {home, home.resolve()}
+
+
 def _protected_reason(path: Path) -> str | None:
     """Why `path` (absolute, not resolved) may never be an output, or None."""
     cwd = Path.cwd()
@@ -78,11 +88,12 @@ def _protected_reason(path: Path) -> str | None:
     except (OSError, RuntimeError):  # RuntimeError("Symlink loop from ..."): Python 3.11, 3.12
         return "leads through a loop of symbolic links"
     places = {Path(os.path.abspath(path)), resolved}
-    protected = {Path("/"), Path.home(), Path.home().resolve(), cwd, cwd.resolve()}
+    home = _home_folders()
+    protected = {Path("/"), *home, cwd, cwd.resolve()}
     ancestors = set(cwd.parents) | set(cwd.resolve().parents)
     if places & {Path("/")}:
         return "is the filesystem root"
-    if places & {Path.home(), Path.home().resolve()}:
+    if places & home:
         return "is the home directory"
     if places & protected:
         return "is the working directory"
@@ -127,9 +138,12 @@ def _absolute_unprotected(path: str | Path) -> Path:
         raise _refuse(path, "holds a NUL character, which no file name can")
     try:
         out = Path(os.path.abspath(Path(path).expanduser()))
-    except RuntimeError:  # `~name/x` for a user this machine has not: pathlib's "Could not determine home directory"
-        raise _refuse(path, f"starts with {str(path).split('/')[0]!r}, the home folder of a user this machine "
-                            "does not know") from None
+    except RuntimeError:  # pathlib's "Could not determine home directory": `~name/x` for a user this machine
+        # has not, or `~/x` where HOME is unset and this user has no passwd entry (a container's arbitrary uid)
+        first = str(path).split("/")[0]
+        raise _refuse(path, f"starts with {first!r}, the home folder of a user this machine does not know"
+                      if first != "~" else "starts with '~', but this user has no home folder (HOME is not set "
+                      "and the user has no passwd entry)") from None
     with _errors_name_output(path):  # a name over the system's limit: OSError 'File name too long'
         reason = _protected_reason(out) or ("is a symbolic link" if out.is_symlink() else None)
     if reason:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from kvsim.model.config import MAX_ENGINES
 from kvsim.model.spec import Settings
 
 
@@ -22,7 +23,7 @@ class ReplicaGroup(Settings):
     `engine` lists only the settings that differ from the scenario's `engine` section.
     """
 
-    count: int = Field(default=1, gt=0, le=4096)
+    count: int = Field(default=1, gt=0, le=MAX_ENGINES)
     name: str | None = Field(default=None, min_length=1)  # '' was taken as not given: the scenario's, unnamed
     model: str | None = Field(default=None, min_length=1)
     gpu: str | None = Field(default=None, min_length=1)

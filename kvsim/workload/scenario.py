@@ -23,12 +23,12 @@ import copy
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from kvsim.model.config import EngineConfig, GPULink, gpu_presets, model_presets
+from kvsim.model.config import MAX_ENGINES, EngineConfig, GPULink, gpu_presets, model_presets
 from kvsim.model.errors import KvsimError, first_repeat, from_validation_error, not_a_file, reading, shown
 from kvsim.model.spec import Settings
 from kvsim.model.yaml_io import load_yaml, yaml_problem
@@ -227,6 +227,22 @@ class Scenario(Settings):
         description="replica count follows an HPA-style policy; new replicas serve after startup_s")
     base_dir: str = Field(default=".", exclude=True)
 
+    def __init__(self, **data: Any) -> None:
+        """`kvsim.Scenario(...)` from Python refuses a bad field as `load_scenario` does: one `KvsimError` line
+        naming the field and the value (pydantic's `ValidationError` is several lines, and no `KvsimError`)."""
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            raise from_validation_error(error, model=Scenario) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
+        """`Scenario.model_validate(fields)`, refusing a bad field as `Scenario(...)` does."""
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as error:
+            raise from_validation_error(error, model=Scenario) from None
+
     @field_validator("router", mode="before")
     @classmethod
     def _no_router(cls, value: Any) -> Any:
@@ -259,8 +275,8 @@ class Scenario(Settings):
 
     @model_validator(mode="after")
     def _replicas_positive(self) -> Scenario:
-        if isinstance(self.replicas, int) and not 0 < self.replicas <= 4096:
-            raise ValueError(f"replicas={self.replicas}: expected 1..4096")
+        if isinstance(self.replicas, int) and not 0 < self.replicas <= MAX_ENGINES:
+            raise ValueError(f"replicas={self.replicas}: expected 1..{MAX_ENGINES}")
         if isinstance(self.replicas, list) and not self.replicas:
             raise ValueError("replicas=[]: give a count or at least one replica group")
         names = [g.name for g in self.replicas if g.name is not None] if isinstance(self.replicas, list) else []
@@ -376,10 +392,7 @@ def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
     if "base_dir" in raw:  # the field kvsim sets: given in a file, it was replaced without a word
         raise KvsimError(f"base_dir={shown(raw['base_dir'])}: unknown key (kvsim resolves a scenario's relative "
                          "paths from the folder of its file)")
-    try:  # not **raw: a key may not be a str
-        return Scenario.model_validate({**_path_texts(raw), "base_dir": str(base_dir)})
-    except ValidationError as error:
-        raise from_validation_error(error, model=Scenario) from None
+    return Scenario.model_validate({**_path_texts(raw), "base_dir": str(base_dir)})  # not **raw: a key may not be a str
 
 
 def _path_texts(value: Any) -> Any:
