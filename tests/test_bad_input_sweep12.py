@@ -81,3 +81,44 @@ def test_a_data_parallel_size_past_the_engines_kvsim_runs_is_refused(tmp_path, a
     assert one_line_exit_2([*argv, "-o", str(tmp_path / "out")] if argv[0] == "run" else argv) == (
         f"{field}={value}: Input should be less than or equal to 4096")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("item", "bound"), [
+    # a system prompt is a prompt: at most the 2**53 tokens a drawn or read prompt may have (struct.error was
+    # raised packing 10**20 into the request's int64 at its arrival, mid-run)
+    ("workload.shared_prefix={tokens: 100000000000000000000}", "workload.shared_prefix.tokens=100000000000000000000: "
+                                                               f"Input should be less than or equal to {2**53}"),
+    # each request's prefix is drawn by numpy from [0, num_prefixes), an int64 range: 10**20 was a ValueError
+    ("workload.shared_prefix={tokens: 16, num_prefixes: 100000000000000000000}",
+     f"workload.shared_prefix.num_prefixes=100000000000000000000: Input should be less than or equal to {2**63 - 1}"),
+], ids=["tokens", "num-prefixes"])
+def test_a_shared_prefix_past_what_kvsim_counts_is_refused(tmp_path, item, bound):
+    assert one_line_exit_2([*RUN, *_set(item), "-o", str(tmp_path / "out")]) == bound
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("items", "field"), [
+    (["latency.overhead_s=1.7e308"], "latency.overhead_s"),
+    (["latency={model: constant, step_s: 1.7e308}"], "latency.step_s"),
+    (["gpu_link={kind: nvlink, bandwidth_bytes_per_s: 1e11, latency_s: 1.7e308}", "engine.tensor_parallel_size=2"],
+     "gpu_link.latency_s"),
+    (["gpu_link={kind: nvlink, bandwidth_bytes_per_s: 1e11, latency_s: 0, collective_latency_s: 1.7e308}",
+      "engine.tensor_parallel_size=2"], "gpu_link.collective_latency_s"),
+    (["kv_transfer_config={kv_link_latency_s: 1.7e308}", "replicas=[{kv_role: kv_producer}, {kv_role: kv_consumer}]"],
+     "kv_transfer_config.kv_link_latency_s"),
+], ids=["overhead", "constant-step", "link-latency", "collective-latency", "kv-link-latency"])
+def test_a_fixed_cost_of_more_than_an_hour_is_refused(tmp_path, items, field):
+    """A step costing 1.7e308 s ends the first step at 1.7e308 s and the second past the largest float: an
+    AssertionError in the clock, mid-run (a link's latency the same, at tensor parallel 2; a KV link's made
+    every TTFT 1.7e308 s and numpy's mean of them overflow). No link hop or GPU step takes an hour."""
+    message = one_line_exit_2([*RUN, *_set(*items), "-o", str(tmp_path / "out")])
+    # YAML 1.1 reads 1.7e308 (no sign after the e) as text, which pydantic then reads as a number: shown as written
+    assert message == f"{field}='1.7e308': Input should be less than or equal to 3600"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fixed_cost_of_an_hour_still_runs():
+    import kvsim
+
+    result = kvsim.simulate(None, workload__num_requests=2, steps="none", latency__overhead_s=3600)
+    assert result.summary["num_finished"] == 2

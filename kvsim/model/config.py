@@ -96,13 +96,17 @@ def config_name(raw: dict[str, Any], path: Path) -> str:
 
 DEFAULT_PCIE_STEP_LATENCY_S = 1.0e-6
 """NCCL's cost model (src/graph/tuning.cc, hwLat, Ring/LL over PCI): 1.0 us per ring step."""
+MAX_FIXED_COST_S = 3600.0
+"""The largest fixed time cost kvsim takes (a link's latency, a collective's launch, a step's overhead, a constant
+step): no link hop or GPU step takes an hour (they take micro- to milliseconds), and a cost of 1.7e308 s pushed the
+simulated clock past the largest float at the second step (an AssertionError mid-run)."""
 
 
 class AllReduceFit(Settings):
     """An all-reduce fitted at one GPU count: t = 2 (p − 1) / p · n / (`efficiency` · bandwidth) + `fixed_s`."""
 
     efficiency: float = Field(gt=0, le=1)
-    fixed_s: float = Field(ge=0)
+    fixed_s: float = Field(ge=0, le=MAX_FIXED_COST_S)
 
 
 class GPULink(Settings):
@@ -123,9 +127,9 @@ class GPULink(Settings):
 
     kind: Literal["nvlink", "pcie"]
     bandwidth_bytes_per_s: float = Field(ge=1)
-    latency_s: float = Field(ge=0)
+    latency_s: float = Field(ge=0, le=MAX_FIXED_COST_S)
     efficiency: float | None = Field(default=None, gt=0, le=1)
-    collective_latency_s: float | None = Field(default=None, ge=0)
+    collective_latency_s: float | None = Field(default=None, ge=0, le=MAX_FIXED_COST_S)
     by_num_gpus: dict[int, AllReduceFit] | None = None
     source: str = "user-defined"
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from kvsim.model.config import MAX_ENGINES
+from kvsim.model.config import MAX_ENGINES, MAX_FIXED_COST_S
 from kvsim.model.spec import Settings
 
 
@@ -70,7 +70,7 @@ class KVTransferConfig(Settings):
     kv_connector: str = "NixlConnector"
     kv_link: Literal["nvlink", "pcie", "rdma"] = "rdma"
     kv_link_bandwidth_bytes_per_s: float | None = Field(default=None, ge=1)  # see config.py
-    kv_link_latency_s: float | None = Field(default=None, ge=0)
+    kv_link_latency_s: float | None = Field(default=None, ge=0, le=MAX_FIXED_COST_S)
     prefill_router: Router = Router(policy="least_outstanding")
     decode_router: Router = Router(policy="least_outstanding")
 

@@ -28,7 +28,7 @@ from typing import Any, Literal, Self
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from kvsim.model.config import MAX_ENGINES, EngineConfig, GPULink, gpu_presets, model_presets
+from kvsim.model.config import MAX_ENGINES, MAX_FIXED_COST_S, EngineConfig, GPULink, gpu_presets, model_presets
 from kvsim.model.errors import KvsimError, first_repeat, from_validation_error, not_a_file, reading, shown
 from kvsim.model.spec import Settings
 from kvsim.model.yaml_io import load_yaml, yaml_problem
@@ -36,7 +36,7 @@ from kvsim.workload.draws import Arrival, LengthDist
 from kvsim.workload.files import data_file
 from kvsim.workload.fleet_layout import AutoscalerConfig, KVTransferConfig, ReplicaGroup, Router
 from kvsim.workload.overrides import Overrides, apply_overrides
-from kvsim.workload.traces import PRIORITY_RANGE, ROW_READERS
+from kvsim.workload.traces import INT64_MAX, MAX_LENGTH, PRIORITY_RANGE, ROW_READERS
 
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_SCENARIO = DATA_DIR / "default_scenario.yaml"
@@ -54,9 +54,9 @@ def builtin_data() -> dict[str, Path]:
 class SharedPrefix(Settings):
     """A system prompt of `tokens` tokens in front of a `fraction` of requests."""
 
-    tokens: int = Field(gt=0)
+    tokens: int = Field(gt=0, le=MAX_LENGTH)  # a prompt's length, as a drawn or read one is bounded
     fraction: float = Field(default=1.0, ge=0, le=1)
-    num_prefixes: int = Field(default=1, gt=0)
+    num_prefixes: int = Field(default=1, gt=0, le=INT64_MAX)  # drawn by numpy in an int64 range
 
 
 class MultiTurn(Settings):
@@ -178,9 +178,9 @@ class LatencyConfig(Settings):
 
     model: Literal["roofline", "calibrated", "constant"] = "roofline"
     profile: str | None = None
-    overhead_s: float | None = Field(default=None, ge=0)
+    overhead_s: float | None = Field(default=None, ge=0, le=MAX_FIXED_COST_S)
     overlap_swap: bool = False
-    step_s: float = Field(default=0.01, gt=0)
+    step_s: float = Field(default=0.01, gt=0, le=MAX_FIXED_COST_S)
 
     @model_validator(mode="after")
     def _profile_given(self) -> LatencyConfig:

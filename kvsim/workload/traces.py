@@ -44,7 +44,8 @@ SHAREGPT_MIN_TOKENS = 4  # vLLM's benchmark prunes ShareGPT prompts or replies s
 
 
 MAX_LENGTH = 2**53  # tokens: the longest prompt or output read or drawn (a float64 holds it exactly)
-PRIORITY_RANGE = (-(2**63), 2**63 - 1)  # vLLM's request priority, held as an int64
+INT64_MAX = 2**63 - 1
+PRIORITY_RANGE = (-INT64_MAX - 1, INT64_MAX)  # vLLM's request priority, held as an int64
 
 
 @dataclass(frozen=True, slots=True)
