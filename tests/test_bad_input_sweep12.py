@@ -122,3 +122,111 @@ def test_a_fixed_cost_of_an_hour_still_runs():
 
     result = kvsim.simulate(None, workload__num_requests=2, steps="none", latency__overhead_s=3600)
     assert result.summary["num_finished"] == 2
+
+
+UNDERSCORE = "a number written with an underscore (Python would read {}); write the digits without it"
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    # YAML 1.1 (PyYAML) reads 1_6 as 16 and 0.9_5 as 0.95, pydantic reads the text '1_6' as 16 too: a slip for
+    # 1.6 or 16 ran as 16 without a word. JSON, vLLM's config files, and YAML 1.2 read neither as a number.
+    ("engine.block_size=1_6", "engine: block_size='1_6': " + UNDERSCORE.format(16)),
+    ("engine.block_size='1_6'", "engine: block_size='1_6': " + UNDERSCORE.format(16)),  # quoted: the same text
+    ("engine.gpu_memory_utilization=0.9_5", "engine: gpu_memory_utilization='0.9_5': " + UNDERSCORE.format(0.95)),
+    ("seed=1_000_000", "seed='1_000_000': " + UNDERSCORE.format(1000000)),  # a grouping is refused too
+    ("workload.arrival={process: poisson, rate: 1_0}", "workload.arrival: rate='1_0': " + UNDERSCORE.format(10)),
+    ("engine.speculative_config={method: ngram, num_speculative_tokens: 2, acceptance_rates: [0.5, 0.5_0]}",
+     "engine.speculative_config: acceptance_rates[1]='0.5_0': " + UNDERSCORE.format(0.5)),
+    ("replicas=[{engine: {max_num_seqs: 1_0}}]", "replicas[0]: engine: max_num_seqs='1_0': " + UNDERSCORE.format(10)),
+], ids=["int", "quoted", "float", "grouped", "nested", "list-item", "replica-group"])
+def test_a_number_written_with_an_underscore_is_refused(tmp_path, item, message):
+    assert one_line_exit_2([*RUN, *_set(item), "-o", str(tmp_path / "out")]) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_number_written_with_an_underscore_in_a_scenario_file_is_refused(tmp_path):
+    (tmp_path / "s.yaml").write_text("engine: {max_num_seqs: 6_4}\nworkload: {num_requests: 3, prompt_len: "
+                                     "{dist: fixed, value: 8}, output_len: {dist: fixed, value: 8}}\n")
+    assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        "engine: max_num_seqs='6_4': " + UNDERSCORE.format(64))
+    assert not (tmp_path / "out").exists()
+
+
+def test_simulate_refuses_a_number_written_with_an_underscore():
+    import kvsim
+
+    with pytest.raises(KvsimError, match=r"^engine: block_size='1_6': a number written with an underscore"):
+        kvsim.simulate(None, workload__num_requests=2, engine__block_size="1_6")
+
+
+def test_text_written_with_an_underscore_stays_text():
+    """YAML 1.1 read `name: 1_0` as the number 10 (then refused as no string); it is the text written."""
+    from kvsim.workload.scenario import load_scenario
+
+    assert load_scenario(None, ["name=1_0"]).name == "1_0"
+
+
+@pytest.mark.parametrize(("argv", "flag", "value", "number"), [
+    (["capacity"], "--block-size", "1_6", 16),
+    (["capacity"], "--gpu-memory-utilization", "0.9_5", 0.95),
+    (["capacity"], "-dp", "1_0", 10),
+    (["run"], "--max-num-seqs", "1_0", 10),
+], ids=["capacity-int", "capacity-float", "short-flag", "run-int"])
+def test_a_flag_written_with_an_underscore_is_refused(tmp_path, argv, flag, value, number):
+    """typer reads a flag's number as pydantic does: `--block-size 1_6` was 16."""
+    names = {"-dp": "'--data-parallel-size' / '-dp'"}
+    out = ["-o", str(tmp_path / "out")] if argv == ["run"] else []
+    assert one_line_exit_2([*argv, flag, value, *out]) == (
+        f"Invalid value for {names.get(flag, repr(flag))}: {value!r}: {UNDERSCORE.format(number)} "
+        f"(see 'kvsim {argv[0]} --help')")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_flags_number_is_still_read():
+    result = runner.invoke(app, ["capacity", "--block-size", "32", "--gpu-memory-utilization", "0.95",
+                                 "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert '"block_size": 32' in result.stdout
+    assert one_line_exit_2(["capacity", "--block-size", "x"]) == (  # pydantic's message, as before
+        "Invalid value for '--block-size': Input should be a valid integer, unable to parse string as an integer "
+        "(see 'kvsim capacity --help')")
+
+
+def test_a_list_flag_item_written_with_an_underscore_is_refused():
+    assert one_line_exit_2(["capacity", "--context-lengths", "1024,2_048"]) == (
+        "--context-lengths='1024,2_048': '2_048' is " + UNDERSCORE.format(2048))
+
+
+@pytest.mark.parametrize(("fmt", "text", "message"), [
+    ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,1_0,44\n",
+     "t.csv:2: ContextTokens='1_0' is not an integer"),
+    ("lengths", "num_prefill_tokens,num_decode_tokens\n10,3_0\n", "t.csv:2: num_decode_tokens='3_0' is not an integer"),
+], ids=["azure", "lengths"])
+def test_a_trace_number_written_with_an_underscore_is_refused(tmp_path, fmt, text, message):
+    """int() read a trace's `1_0` tokens as 10."""
+    (tmp_path / "t.csv").write_text(text)
+    arrival = "arrival: {process: trace}, " if fmt == "azure" else ""
+    (tmp_path / "s.yaml").write_text(f"workload: {{num_requests: 1, {arrival}trace: {{format: {fmt}, path: t.csv}}}}\n")
+    assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == \
+        f"{tmp_path}/{message}"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--slo", "ttft_s.p90=1_0", "--slo ttft_s.p90='1_0': expected seconds"),
+    ("--gpu-hourly-cost", "h100-80gb=2_5", "--gpu-hourly-cost h100-80gb='2_5': expected a price per hour"),
+])
+def test_a_plan_flag_written_with_an_underscore_is_refused(tmp_path, flag, value, message):
+    argv = ["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", "tpot_s.p90=1", flag, value]
+    assert one_line_exit_2([*argv, "-o", str(tmp_path / "out")]) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_yaml_base_60_float_is_refused(tmp_path):
+    """`1:30` (YAML 1.1's base-60 integer, 90) was refused; `1:30.5`, its float form, was read as 90.5."""
+    value = "{turns: 2, think_time_s: 1:30.5}"
+    column = value.index("1:30.5") + 1  # of the value, as YAML reads it; 1:30.5 is 1 × 60 + 30.5 = 90.5
+    assert one_line_exit_2([*RUN, *_set(f"workload.multi_turn={value}"), "-o", str(tmp_path / "out")]) == (
+        f"--set 'workload.multi_turn={value}': the value is not valid YAML (1:30.5 reads as 90.5 (a YAML 1.1 "
+        f"base-60 number): write the number without a colon, or quote it at line 1, column {column})")
+    assert list(tmp_path.iterdir()) == []

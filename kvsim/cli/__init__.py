@@ -20,6 +20,7 @@ from kvsim.cli.progress import points_text, run_progress, study_text, updater
 from kvsim.cli.shared import (
     DEFAULT_GPU,
     DEFAULT_MODEL,
+    INT_FLAG,
     PLAN_FILES,
     BlockSizeOpt,
     BlocksOverrideOpt,
@@ -94,15 +95,15 @@ def capacity(
     num_gpu_blocks_override: BlocksOverrideOpt = None,
     tensor_parallel_size: TpOpt = None,
     max_num_seqs: MaxNumSeqsOpt = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option("--max-num-batched-tokens")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option("--max-num-batched-tokens", parser=INT_FLAG)] = None,
     speculative_config: SpeculativeConfigOpt = None,
-    data_parallel_size: Annotated[int | None, typer.Option("--data-parallel-size", "-dp")] = None,
+    data_parallel_size: Annotated[int | None, typer.Option("--data-parallel-size", "-dp", parser=INT_FLAG)] = None,
     enable_expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel")] = False,
     disable_hybrid_kv_cache_manager: Annotated[bool, typer.Option("--disable-hybrid-kv-cache-manager")] = False,
     context_lengths: Annotated[str, typer.Option("--context-lengths")] = DEFAULT_CONTEXT_LENGTHS,
-    shared_prefix_tokens: Annotated[int, typer.Option("--shared-prefix-tokens")] = 0,
+    shared_prefix_tokens: Annotated[int, typer.Option("--shared-prefix-tokens", parser=INT_FLAG)] = 0,
     num_sequences: Annotated[int | None, typer.Option(
-        "--num-sequences", help="Sequences sharing the --shared-prefix-tokens prefix [100]")] = None,
+        "--num-sequences", parser=INT_FLAG, help="Sequences sharing the --shared-prefix-tokens prefix [100]")] = None,
     output_format: Annotated[Format, typer.Option("--format")] = Format.table,
     gpu_hourly_cost: HourlyCostOpt = None,
     sustained: Annotated[bool, typer.Option("--sustained", help="Also simulate, per context length, the "
@@ -280,12 +281,12 @@ def plan(
     slo: Annotated[list[str] | None, typer.Option("--slo", help="METRIC.STAT=SECONDS, e.g. ttft_s.p90=2; "
                                                                 "METRIC.STAT@PRIORITY=SECONDS for one class")] = None,
     gpus: Annotated[list[str] | None, typer.Option("--gpu", help="Candidate GPU (repeat)")] = None,
-    tp_sizes: Annotated[list[int] | None, typer.Option("-tp", "--tensor-parallel-size", "--tp",
+    tp_sizes: Annotated[list[int] | None, typer.Option("-tp", "--tensor-parallel-size", "--tp", parser=INT_FLAG,
                                                        help="Candidate tensor-parallel size (repeat) "
                                                             "[the scenario's]")] = None,
     knobs: Annotated[list[str] | None, typer.Option("--engine", help="Knob values: max_num_seqs=128,256")] = None,
     costs: Annotated[list[str] | None, typer.Option("--gpu-hourly-cost", help="GPU=PRICE per GPU-hour")] = None,
-    max_replicas: Annotated[int | None, typer.Option("--max-replicas")] = None,
+    max_replicas: Annotated[int | None, typer.Option("--max-replicas", parser=INT_FLAG)] = None,
     router: Annotated[str | None, typer.Option("--router", help="round_robin, least_outstanding, least_kv, "
                                                                 "affinity")] = None,
     search: Annotated[str | None, typer.Option("--search", help="replicas: bisect each candidate's replica "
@@ -294,7 +295,8 @@ def plan(
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a scenario field")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Directory [plans/NAME]")] = None,
     dask_address: Annotated[str | None, typer.Option("--dask-address", help="Existing Dask scheduler")] = None,
-    workers: Annotated[int | None, typer.Option("--workers", help="LocalCluster processes; 1: run here")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", parser=INT_FLAG,
+                                                help="LocalCluster processes; 1: run here")] = None,
     memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Bound every simulated point by this "
                                                      "memory estimate, e.g. 64GiB [this machine's]")] = None,
     xpyd: Annotated[list[str] | None, typer.Option(
@@ -404,7 +406,8 @@ def report(
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a scenario field")] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="Report directory")] = "report",
     quick: Annotated[bool, typer.Option("--quick", help="Fewer, smaller runs (a smoke test)")] = False,
-    workers: Annotated[int | None, typer.Option("--workers", help="Local processes [all cores]")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", parser=INT_FLAG,
+                                                help="Local processes [all cores]")] = None,
     dask_address: Annotated[str | None, typer.Option("--dask-address", help="Run on a Dask cluster")] = None,
     gpu_hourly_cost: HourlyCostOpt = None,
 ) -> None:

@@ -16,6 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from kvsim.model.errors import KvsimError, empty_item, first_repeat
+from kvsim.model.units import underscore_problem
 
 
 class Format(StrEnum):
@@ -91,6 +92,9 @@ def parse_int_list(text: str, field: str) -> list[int]:
         raise KvsimError(f"{field}={text!r}: expected at least one integer")
     if (gap := empty_item(text)) is not None:  # skipped, it ran without the value the gap stood for
         raise KvsimError(f"{field}={text!r}: item {gap} is empty")
+    for part in text.split(","):
+        if (problem := underscore_problem(part)) is not None:  # int() read `1_024` as 1024
+            raise KvsimError(f"{field}={text!r}: {part.strip()!r} is {problem}")
     try:
         values = [int(part) for part in text.split(",")]
     except ValueError:
@@ -134,27 +138,50 @@ def check_workers(workers: int | None, dask_address: str | None) -> None:
                          "give at most one per CPU, or a cluster with --dask-address")
 
 
+def _number_flag(kind: type[int] | type[float]) -> Any:
+    """A flag's parser: `kind` as typer reads it (pydantic's lax mode, which takes `1_0` as 10), except that
+    text with an underscore is refused (`kvsim.model.units.underscore_problem`), as the same value in a scenario
+    or a `--set` is."""
+    from pydantic import TypeAdapter, ValidationError
+
+    adapter = TypeAdapter(kind)
+
+    def parse(value: Any) -> Any:
+        problem = underscore_problem(value)
+        if problem is not None:
+            raise typer.BadParameter(f"{value!r}: {problem}")
+        try:
+            return adapter.validate_python(value)
+        except ValidationError as error:  # its message, as typer shows it without this parser
+            raise typer.BadParameter(error.errors()[0]["msg"]) from None
+    return parse
+
+
+INT_FLAG, FLOAT_FLAG = _number_flag(int), _number_flag(float)
+"""`parser=` of every integer and every number flag."""
+
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "h100-80gb"
 ModelOpt = Annotated[str, typer.Option("--model", help="Preset name or path to a HF config.json.")]
 GpuOpt = Annotated[str, typer.Option("--gpu", help="Preset name or path to a GPU YAML/JSON file.")]
-MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len")]
-BlockSizeOpt = Annotated[int | None, typer.Option("--block-size")]
-GpuUtilOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
+MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len", parser=INT_FLAG)]
+BlockSizeOpt = Annotated[int | None, typer.Option("--block-size", parser=INT_FLAG)]
+GpuUtilOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization", parser=FLOAT_FLAG)]
 KvDtypeOpt = Annotated[str | None, typer.Option(  # every value of kvsim.model.config.KVCacheDtype
     "--kv-cache-dtype", help="auto, fp8, fp8_e4m3, fp8_e5m2, float16, bfloat16")]
 KvBytesOpt = Annotated[str | None, typer.Option("--kv-cache-memory-bytes", help="e.g. 12GiB")]
-BlocksOverrideOpt = Annotated[int | None, typer.Option("--num-gpu-blocks-override")]
-TpOpt = Annotated[int | None, typer.Option("--tensor-parallel-size", "-tp")]
+BlocksOverrideOpt = Annotated[int | None, typer.Option("--num-gpu-blocks-override", parser=INT_FLAG)]
+TpOpt = Annotated[int | None, typer.Option("--tensor-parallel-size", "-tp", parser=INT_FLAG)]
 SpeculativeConfigOpt = Annotated[str | None, typer.Option(
     "--speculative-config", help="vLLM's flag, a JSON object (engine.speculative_config), e.g. "
                                  "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"acceptance_rates\": 0.8}'")]
 
 
-MaxNumSeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs", help="Sequences per step [vLLM's default "
-                                                                         "for the GPU]")]
+MaxNumSeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs", parser=INT_FLAG,
+                                                   help="Sequences per step [vLLM's default for the GPU]")]
 HourlyCostOpt = Annotated[float | None, typer.Option(
-    "--gpu-hourly-cost", help="USD per GPU-hour [the GPU's list on-demand price as of a date, see the output]")]
+    "--gpu-hourly-cost", parser=FLOAT_FLAG,
+    help="USD per GPU-hour [the GPU's list on-demand price as of a date, see the output]")]
 
 
 def beyond_max_model_len(row: dict, max_model_len: int) -> dict:

@@ -15,7 +15,7 @@ parameter counts by component, which follow from the shapes (a `ModelSpec` witho
 
 Biases, MLA's latent norms, q/k norms and quantization scales are left out (each well under 0.1 % of the
 total). Bytes of those weights: `kvsim.model.weights`; the GPU and engine configs and the preset
-loaders: `kvsim.model.config`. A leaf of kvsim: it imports nothing of kvsim.
+loaders: `kvsim.model.config`. Nearly a leaf of kvsim: it imports only `kvsim.model.units`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kvsim.model.units import underscore_problem
 
 WeightDtype = Literal["float16", "bfloat16", "float32"]
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -46,26 +48,32 @@ def union_members(annotation: Any) -> list[Any]:
     return [annotation]
 
 
-def _boolean_number(annotation: Any, value: Any) -> str | None:
-    """Where in `value` a `true` or `false` stands for a number the annotation wants, and which: `=true` for
-    the value itself, `[i]=false` for a list's or tuple's item, `.key=true` for a dict's value (nested as deep
-    as the annotation goes); None when none does. A nested section's values (a dict where a model is
-    expected) are left to that section's own check."""
-    if isinstance(value, bool):
+def _misread_number(annotation: Any, value: Any) -> str | None:
+    """Where in `value` a number the annotation wants is written in a form pydantic's lax mode misreads, and why:
+    `=true: expected a number, not a boolean` (a field taking int or float, not bool), `='1_0': a number written
+    with an underscore ...` (not str: `kvsim.model.units.underscore_problem`); `[i]...` for a list's or tuple's
+    item, `.key...` for a dict's value (nested as deep as the annotation goes); None when none is. A nested
+    section's values (a dict where a model is expected) are left to that section's own check."""
+    if isinstance(value, (bool, str)):
         leaves = _leaf_types(annotation)
-        return f"={str(value).lower()}" if bool not in leaves and leaves & {int, float} else None
+        if not leaves & {int, float}:
+            return None
+        if isinstance(value, bool):
+            return f"={str(value).lower()}: expected a number, not a boolean" if bool not in leaves else None
+        problem = underscore_problem(value)
+        return f"={value!r}: {problem}" if problem is not None and str not in leaves else None
     members = union_members(annotation)
     if isinstance(value, (list, tuple)):
         items = [arg for m in members if get_origin(m) in (list, tuple, set, frozenset, abc.Sequence)
                  for arg in get_args(m) if arg is not Ellipsis]
         for i, item in enumerate(value):
-            where = _boolean_number(Union[tuple(items)], item) if items else None  # noqa: UP007 (built at run time)
+            where = _misread_number(Union[tuple(items)], item) if items else None  # noqa: UP007 (built at run time)
             if where is not None:
                 return f"[{i}]{where}"
     if isinstance(value, dict):
         values = [get_args(m)[1] for m in members if get_origin(m) in (dict, abc.Mapping) and len(get_args(m)) == 2]
         for key, item in value.items():
-            where = _boolean_number(Union[tuple(values)], item) if values else None  # noqa: UP007
+            where = _misread_number(Union[tuple(values)], item) if values else None  # noqa: UP007
             if where is not None:
                 return f".{key}{where}"
     return None
@@ -73,22 +81,22 @@ def _boolean_number(annotation: Any, value: Any) -> str | None:
 
 class Settings(BaseModel):
     """The base of every user-set section (model, GPU, engine, scenario, plan spec): immutable, unknown keys
-    refused, inf and NaN never a setting, and `true` or `false` refused where a number is expected (a field
-    taking int or float, not bool, or a list, tuple or dict of them: `tensor_parallel_sizes: [true]`).
-    Pydantic's lax mode reads them as 1 and 0, so `num_requests: true` ran one request,
-    `gpu_memory_utilization: true` used all memory and `acceptance_rates: [true, true]` accepted every draft."""
+    refused, inf and NaN never a setting, and `true`, `false` or text with an underscore refused where a number
+    is expected (a field taking int or float, not bool or str, or a list, tuple or dict of them:
+    `tensor_parallel_sizes: [true]`). Pydantic's lax mode reads `true` and `false` as 1 and 0, so
+    `num_requests: true` ran one request, `gpu_memory_utilization: true` used all memory and
+    `acceptance_rates: [true, true]` accepted every draft; and '1_6' as 16 (`block_size: '1_6'`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
-    def _no_boolean_numbers(cls, data: Any) -> Any:
+    def _no_misread_numbers(cls, data: Any) -> Any:
         if isinstance(data, dict):
             for name, field in cls.model_fields.items():
-                value = data.get(name)
-                where = _boolean_number(field.annotation, value)
+                where = _misread_number(field.annotation, data.get(name))
                 if where is not None:
-                    raise ValueError(f"{name}{where}: expected a number, not a boolean")
+                    raise ValueError(f"{name}{where}")
         return data
 
     def refuse_unread(self, mode: str, readers: Mapping[str, Sequence[str]], show: Callable[[Any], str],

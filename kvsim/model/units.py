@@ -1,6 +1,35 @@
-"""Integer helpers every layer shares; a leaf module (no kvsim imports, no third-party ones)."""
+"""Integer and number helpers every layer shares; a leaf module (no kvsim imports, no third-party ones)."""
+
+from typing import Any, TypeVar
+
+Number = TypeVar("Number", int, float)
 
 
 def ceil_div(a: int, b: int) -> int:
     """`cdiv` as vLLM spells it (vllm/utils: cdiv): the number of size-`b` pieces that hold `a`."""
     return -(-a // b)
+
+
+def underscore_problem(value: object) -> str | None:
+    """Why kvsim does not read `value` as a number when it is text Python would read as one although it holds an
+    underscore; None for anything else. Python's int() and float() (pydantic's lax mode, YAML 1.1's numbers too)
+    skip an underscore between digits: `1_0` is 10, where a slip for 1.0 or 10 is as likely as a digit grouping,
+    and JSON (vLLM's config files) and YAML 1.2 read no such number. kvsim reads the digits alone."""
+    if not isinstance(value, str) or "_" not in value:
+        return None
+    for kind in (int, float):
+        try:
+            number = kind(value)
+        except ValueError:
+            continue
+        return f"a number written with an underscore (Python would read {number!r}); write the digits without it"
+    return None
+
+
+def read_number(text: Any, kind: type[Number]) -> Number:
+    """`kind(text)` for a number read from a file or a flag, except that text with an underscore is a `ValueError`
+    (`underscore_problem`)."""
+    problem = underscore_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
+    return kind(text)

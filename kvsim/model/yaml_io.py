@@ -1,7 +1,9 @@
 """YAML (and JSON) as kvsim reads user files: safe, duplicate keys refused, errors told in one short line.
 
-PyYAML reads YAML 1.1, where `016` is the octal 14 and `1:30` the base-60 90: `load_yaml` refuses those
-two integer forms (quoted, they stay text), so a zero-padded `block_size: 016` is never 14 in silence.
+PyYAML reads YAML 1.1, where `016` is the octal 14 and `1:30` the base-60 90 (`1:30.5` 90.5): `load_yaml`
+refuses those forms (quoted, they stay text), so a zero-padded `block_size: 016` is never 14 in silence. A
+number with an underscore (`1_0`, which YAML 1.1 reads as 10) stays the text it was, as YAML 1.2 reads it: a
+numeric field refuses it, naming itself (`kvsim.model.spec.Settings`).
 
 A YAML 1.1 timestamp (`2024-01-01`) stays the text it was: no field kvsim reads is a date.
 
@@ -54,14 +56,30 @@ _YAML11_INT = re.compile(r"[-+]?(0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+)")
 """YAML 1.1's octal (`016`) and base-60 (`1:30`) integers: PyYAML reads them as 14 and 90."""
 
 
-def _int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
+def _int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int | str:
+    if "_" in node.value:  # `1_0`: the text, as YAML 1.2 reads it (see `_float`)
+        return str(node.value)
     try:
         value = loader.construct_yaml_int(node)
     except ValueError:  # the one an int the resolver matched can raise: too many digits (see the docstring)
         raise ConstructorError(None, None, _too_long(node.value), node.start_mark) from None
-    if _YAML11_INT.fullmatch(node.value) and node.value.strip("+-_0"):  # `block_size: 016` was 14 in silence
+    if _YAML11_INT.fullmatch(node.value) and node.value.strip("+-0"):  # `block_size: 016` was 14 in silence
         raise ConstructorError(None, None, f"{node.value} reads as {value} (a YAML 1.1 octal or base-60 integer): "
                                "write the number without a leading zero or a colon, or quote it", node.start_mark)
+    return value
+
+
+def _float(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> float | str:
+    """A YAML 1.1 float, except two forms YAML 1.2 reads as no number: one with an underscore (`0.9_5`, which
+    PyYAML reads as 0.95) stays the text it was, which a numeric field refuses naming itself (as `1_0`, where a
+    slip is as likely as a digit grouping: `kvsim.model.units.underscore_problem`); a base-60 one (`1:30.5`, read
+    as 90.5) is refused, as its integer form is."""
+    if "_" in node.value:
+        return str(node.value)
+    value = loader.construct_yaml_float(node)
+    if ":" in node.value:
+        raise ConstructorError(None, None, f"{node.value} reads as {value:g} (a YAML 1.1 base-60 number): write the "
+                               "number without a colon, or quote it", node.start_mark)
     return value
 
 
@@ -78,6 +96,7 @@ def _timestamp(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> str:
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _float)
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp)
 
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError, empty_item, shown
+from kvsim.model.units import read_number
 from kvsim.model.yaml_io import flag_mapping, load_yaml
 from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica_floor
 from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_price, window_output_tokens_per_s
@@ -445,13 +446,13 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
     for key, value in _assignments(slo, "--slo"):
         section = _section(raw, "slo")
         try:
-            section[key] = float(value)
+            section[key] = read_number(value, float)
         except ValueError:
             raise KvsimError(f"--slo {key}={shown(value)}: expected seconds") from None
     for key, value in _assignments(costs, "--gpu-hourly-cost"):
         section = _section(raw, "gpu_hourly_cost")
         try:
-            section[key] = float(value)
+            section[key] = read_number(value, float)
         except ValueError:
             raise KvsimError(f"--gpu-hourly-cost {key}={shown(value)}: expected a price per hour") from None
     for key, value in _assignments(knobs, "--engine"):

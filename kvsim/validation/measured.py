@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.model.errors import KvsimError, not_a_file
+from kvsim.model.units import read_number
 from kvsim.validation.bench import read_vllm_bench
 from kvsim.validation.frame import (
     NS_PER_S,
@@ -56,7 +57,7 @@ def _count(row: dict[str, Any], key: str, where: str) -> int:
 def series_number(raw: str | None, column: str, where: str, upper: float = math.inf) -> float:
     """A cell of vLLM's per-second series: a finite number in [0, `upper`] (a gauge or a rate)."""
     try:
-        value = float(raw)  # type: ignore[arg-type]
+        value = read_number(raw, float)
     except (TypeError, ValueError):
         raise KvsimError(f"{where}: {column}={raw!r} is not a number") from None
     if not (math.isfinite(value) and 0 <= value <= upper):

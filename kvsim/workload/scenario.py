@@ -237,7 +237,12 @@ class Scenario(Settings):
 
     @classmethod
     def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
-        """`Scenario.model_validate(fields)`, refusing a bad field as `Scenario(...)` does."""
+        """`Scenario.model_validate(fields)`, refusing a bad field as `Scenario(...)` does. Pydantic validates
+        through the `__init__` above, as `__init__(**fields)`: a key that is no string is refused first (a
+        TypeError, "keywords must be strings", there)."""
+        keys = [key for key in obj if not isinstance(key, str)] if isinstance(obj, dict) else []
+        if keys:  # YAML's `1: x` or `~: x`
+            raise KvsimError(f"{shown(keys[0])}: a key must be a string, not {type(keys[0]).__name__}")
         try:
             return super().model_validate(obj, **kwargs)
         except ValidationError as error:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.model.errors import KvsimError, shown
+from kvsim.model.units import read_number
 from kvsim.model.yaml_io import load_json
 from kvsim.workload.files import open_text
 from kvsim.workload.traces import MAX_LENGTH, TraceRecord, bad_row
@@ -84,7 +85,7 @@ def _servegen_window(row: list[str], path: Path, line: int) -> tuple[float, floa
     values = []
     for name, raw, minimum in (("window", row[0], -math.inf), ("rate", row[1], 0.0), ("cv", row[2] or "1", 0.0)):
         try:
-            value = float(raw)
+            value = read_number(raw, float)
         except ValueError:
             raise bad_row(path, line, f"{name}={shown(raw)} is not a number") from None
         if not math.isfinite(value) or value < minimum:

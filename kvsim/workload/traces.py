@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError, shown
+from kvsim.model.units import read_number
 from kvsim.model.yaml_io import load_json
 from kvsim.workload.files import csv_rows, open_text
 
@@ -69,7 +70,7 @@ def _positive(value: Any, path: Path, line: int, field: str) -> int:
     if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
         raise bad_row(path, line, f"{field}={shown(value)} is not an integer")
     try:
-        number = int(value)
+        number = read_number(value, int)  # not `1_0`, which int() reads as 10
     except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON 1e400 reads as inf
         raise bad_row(path, line, f"{field}={shown(value)} is not an integer") from None
     if number <= 0:
@@ -105,7 +106,7 @@ def _seconds(value: Any, scale: float, path: Path, line: int, field: str) -> flo
     if isinstance(value, bool):  # float(true) is 1: a JSON true was an arrival 1 ms in
         raise bad_row(path, line, f"{field}={shown(value)} is not a number")
     try:
-        number = float(value)
+        number = read_number(value, float)
     except (TypeError, ValueError):
         raise bad_row(path, line, f"{field}={shown(value)} is not a number") from None
     if not math.isfinite(number):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvsim.model.errors import KvsimError
+from kvsim.model.units import read_number
 
 if TYPE_CHECKING:
     from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
@@ -103,7 +104,7 @@ def check_profile(profile: Profile, model: ModelSpec, gpu: GPUSpec, engine: Engi
         if kind is not int or have in (None, ""):
             continue
         try:
-            value = float(have)
+            value = read_number(have, float)
         except ValueError:
             value = math.nan
         if not value.is_integer():

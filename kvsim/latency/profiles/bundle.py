@@ -36,6 +36,7 @@ import yaml
 from kvsim.latency.profiles import Profile, find_source
 from kvsim.latency.skew import DEFAULT_KEY, EDGES_KEY, format_edges
 from kvsim.model.errors import KvsimError
+from kvsim.model.units import read_number
 from kvsim.model.yaml_io import load_yaml, yaml_problem
 from kvsim.workload.files import csv_rows, data_file, open_text
 
@@ -60,7 +61,7 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
 
 def _seconds(value: str | None, path: Path) -> str:
     try:
-        us = float(value)  # type: ignore[arg-type]
+        us = read_number(value, float)
     except (TypeError, ValueError):  # TypeError: a short (truncated) row
         raise KvsimError(f"profile {path}: time_us={value!r} is not a number") from None
     if not us > 0:
@@ -70,7 +71,7 @@ def _seconds(value: str | None, path: Path) -> str:
 
 def _whole(row: dict[str, str], column: str, path: Path) -> int:
     try:
-        return int(row[column])
+        return read_number(row[column], int)
     except (TypeError, ValueError):
         raise KvsimError(f"profile {path}: {column}={row[column]!r} is not a whole number") from None
 

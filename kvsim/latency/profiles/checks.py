@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from kvsim.latency.profiles import Profile, name_words
 from kvsim.model.errors import KvsimError
+from kvsim.model.units import read_number
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -92,7 +93,7 @@ def _sizes(key: tuple[str, ...]) -> str:
 
 def _finite(value: object, column: str, what: str) -> float:
     try:
-        number = float(value)  # type: ignore[arg-type]
+        number = read_number(value, float)
     except (TypeError, ValueError):
         raise KvsimError(f"{what}: {column}={value!r} is not a number") from None
     if not math.isfinite(number):

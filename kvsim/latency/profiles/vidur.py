@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kvsim.latency.profiles import Profile, find_source
 from kvsim.model.errors import KvsimError
+from kvsim.model.units import read_number
 from kvsim.workload.files import csv_rows, first_ragged, open_text
 
 OPS = {  # Vidur op -> (kind, kvsim op, calls per layer or step)
@@ -85,7 +86,7 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
             if column is None or r.get(column) in (None, ""):
                 continue
             try:
-                seconds = float(r[column]) * 1e-3
+                seconds = read_number(r[column], float) * 1e-3
             except (TypeError, ValueError):  # TypeError: a short (truncated) row
                 raise KvsimError(f"profile {path}: {column}={r[column]!r} is not a number") from None
             if not seconds > 0:  # Vidur writes 0.0 for an op whose timer did not fire; skip it
