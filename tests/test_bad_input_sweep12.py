@@ -230,3 +230,46 @@ def test_a_yaml_base_60_float_is_refused(tmp_path):
         f"--set 'workload.multi_turn={value}': the value is not valid YAML (1:30.5 reads as 90.5 (a YAML 1.1 "
         f"base-60 number): write the number without a colon, or quote it at line 1, column {column})")
     assert list(tmp_path.iterdir()) == []
+
+
+def _alias_bomb(levels: int) -> str:
+    """`a0` a list of 10 scalars, each `a<i>` a list of 10 aliases of `a<i-1>` (a "billion laughs" of `levels`)."""
+    lines = ["a0: &a0 [" + ", ".join(["x"] * 10) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+def test_yaml_aliases_that_repeat_too_many_values_are_refused(tmp_path):
+    """Nine levels of ten aliases (10**9 values) never ended: the scenario's checks walk every value an alias
+    repeats before its keys are even looked at. a0 holds 11 values (the list, 10 scalars), a<i> 1 + 10 times
+    a<i-1>'s; read once, the text has a0's 11 nodes and one list node per later level."""
+    levels = 4
+    sizes = [11]
+    for _ in range(levels):
+        sizes.append(1 + 10 * sizes[-1])
+    repeated = sum(sizes) - (11 + levels)  # 11 + 111 + 1,111 + 11,111 + 111,111 - 15 = 124,440
+    (tmp_path / "s.yaml").write_text(_alias_bomb(levels))
+    assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        f"scenario {tmp_path}/s.yaml: not valid YAML: its aliases repeat {repeated:,} values, more than kvsim reads "
+        "(100,000)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_yaml_aliases_that_repeat_a_few_values_still_load(tmp_path):
+    from kvsim.workload.scenario import load_scenario
+
+    (tmp_path / "s.yaml").write_text("engine: &e {max_num_seqs: 8}\nreplicas: [{engine: *e}, {engine: *e}]\n"
+                                     "workload: {num_requests: 3, prompt_len: &len {dist: fixed, value: 8}, "
+                                     "output_len: *len}\n")
+    scenario = load_scenario(tmp_path / "s.yaml")
+    assert [group.engine for group in scenario.replicas] == [{"max_num_seqs": 8}] * 2
+
+
+@pytest.mark.parametrize("value", ["&a [*a]", "&a [1, [2, *a]]"])
+def test_a_yaml_list_holding_itself_is_refused(tmp_path, value):
+    """PyYAML builds a list that holds itself (a mapping it refuses): the scenario's checks then recursed without
+    end, a RecursionError traceback."""
+    assert one_line_exit_2([*RUN, *_set(f"name={value}"), "-o", str(tmp_path / "out")]) == (
+        f"--set 'name={value}': the value is not valid YAML (an alias refers to a node that holds it (a loop) at "
+        "line 1, column 1)")
+    assert list(tmp_path.iterdir()) == []

@@ -32,8 +32,57 @@ from yaml.constructor import ConstructorError
 from kvsim.model.errors import KvsimError, shown
 
 
+MAX_ALIASED_VALUES = 100_000
+"""The most values aliases (`*name`) may repeat in one YAML text. An alias is one node where it is read, but
+every value it repeats is walked by what reads the result (the scenario's checks, pydantic, `scenario.yaml`):
+nine lines of ten aliases each (a "billion laughs") made 10**9 values, a run that never ended."""
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that raises on a mapping with a repeated key."""
+    """`yaml.SafeLoader` that raises on a mapping with a repeated key, on aliases that repeat more than
+    `MAX_ALIASED_VALUES` values and on an alias inside the node it names (a list holding itself: what reads it
+    recursed without end, a RecursionError)."""
+
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()
+        if node is None:
+            return None
+        values, distinct = _count_values(node, {}, set()), _count_distinct(node)
+        if values - distinct > MAX_ALIASED_VALUES:
+            raise yaml.MarkedYAMLError(problem=f"its aliases repeat {values - distinct:,} values, more than kvsim "
+                                       f"reads ({MAX_ALIASED_VALUES:,})")
+        return self.construct_document(node)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _count_values(node: yaml.Node, counts: dict[int, int], inside: set[int]) -> int:
+    """The values `node` holds once every alias in it is read as a copy of what it names (each node counted
+    once: `counts`, by id); an alias inside the node it names (`inside`: the nodes around this one) raises."""
+    if id(node) in counts:
+        return counts[id(node)]
+    if id(node) in inside:
+        raise yaml.MarkedYAMLError(problem="an alias refers to a node that holds it (a loop)",
+                                   problem_mark=node.start_mark)
+    inside.add(id(node))
+    counts[id(node)] = 1 + sum(_count_values(child, counts, inside) for child in _children(node))
+    inside.discard(id(node))
+    return counts[id(node)]
+
+
+def _count_distinct(node: yaml.Node) -> int:
+    """The nodes of the graph under `node`, each once."""
+    seen, todo = {id(node)}, [node]
+    while todo:
+        for child in _children(todo.pop()):
+            if id(child) not in seen:
+                seen.add(id(child))
+                todo.append(child)
+    return len(seen)
 
 
 def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
