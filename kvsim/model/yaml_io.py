@@ -31,7 +31,6 @@ from yaml.constructor import ConstructorError
 
 from kvsim.model.errors import KvsimError, shown
 
-
 MAX_ALIASED_VALUES = 100_000
 """The most values aliases (`*name`) may repeat in one YAML text. An alias is one node where it is read, but
 every value it repeats is walked by what reads the result (the scenario's checks, pydantic, `scenario.yaml`):
