@@ -273,3 +273,47 @@ def test_a_yaml_list_holding_itself_is_refused(tmp_path, value):
         f"--set 'name={value}': the value is not valid YAML (an alias refers to a node that holds it (a loop) at "
         "line 1, column 1)")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    # the flag won wherever it stood: after the --set (run applies flags last) as before it
+    (["run", "--set", "engine.max_num_seqs=10", "--max-num-seqs", "5"],
+     "--max-num-seqs=5: sets engine.max_num_seqs, which --set 'engine.max_num_seqs=10' sets too; give each field once"),
+    (["run", "--steps", "none", "--set", "steps=all"],
+     "--steps='none': sets steps, which --set 'steps=all' sets too; give each field once"),
+    # the flag's JSON replaces the whole section, dropping the field the --set gave
+    (["run", "--set", "kv_transfer_config.kv_link=nvlink", "--kv-transfer-config", "{}"],
+     "--kv-transfer-config='{}': sets kv_transfer_config, replacing kv_transfer_config.kv_link, which --set "
+     "'kv_transfer_config.kv_link=nvlink' sets too; give each field once"),
+    # report applied its flags first, so there the --set won
+    (["report", "--quick", "--max-num-seqs", "4", "--set", "engine.max_num_seqs=5"],
+     "--max-num-seqs=4: sets engine.max_num_seqs, which --set 'engine.max_num_seqs=5' sets too; give each field once"),
+], ids=["run-flag-last", "run-flag-first", "run-flag-section", "report"])
+def test_a_flag_and_a_set_of_the_same_field_are_refused(tmp_path, argv, message):
+    assert one_line_exit_2([*argv, "-o", str(tmp_path / "out")]) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_flag_inside_a_section_a_set_gives_is_kept(tmp_path, monkeypatch):
+    """`report --max-num-seqs 4 --set 'engine={block_size: 32}'`: the --set replaced the engine section after the
+    flag, and the report ran at the default max_num_seqs. Its flags now come after the --set, as run's do."""
+    from kvsim.report import build
+
+    seen = {}
+
+    def build_report(base, output, cfg, progress=None):
+        seen["engine"] = base.engine
+        return output
+
+    monkeypatch.setattr(build, "build_report", build_report)
+    result = runner.invoke(app, ["report", "--quick", "--workers", "1", "--max-num-seqs", "4", "--set",
+                                 "engine={block_size: 32}", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert (seen["engine"].max_num_seqs, seen["engine"].block_size) == (4, 32)
+
+
+def test_a_set_given_twice_keeps_the_last_value():
+    """Repeated `--set`s are applied in order (as Helm's): the last value stands."""
+    from kvsim.workload.scenario import load_scenario
+
+    assert load_scenario(None, ["seed=1", "seed=2"]).seed == 2

@@ -50,10 +50,11 @@ from kvsim.cli.shared import (
     parse_int_list,
     parse_size_flag,
     print_plan,
+    refuse_flag_beside_set,
     user_errors,
     write_plan,
 )
-from kvsim.model.errors import KvsimError, first_repeat, not_a_file, reading
+from kvsim.model.errors import KvsimError, first_repeat, not_a_file, reading, shown
 
 app = typer.Typer(
     cls=OneLineUsageErrors,
@@ -231,17 +232,19 @@ def run(
 
         with user_errors():
             limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
-            flags = [f"steps={steps.value}"] if steps else []
-            flags += [f"engine.max_num_seqs={max_num_seqs}"] if max_num_seqs is not None else []
             if speculative_config is not None:  # vLLM's flag: a JSON object, checked as capacity's is
                 flag_mapping(speculative_config, "--speculative-config")
-            flags += [f"engine.{name}={value}" for name, value in (  # a quoted name: '' stays '', not null
-                ("scheduling_policy", None if scheduling_policy is None else json.dumps(scheduling_policy)),
-                ("speculative_config", speculative_config)) if value is not None]  # an empty flag: refused
             if kv_transfer_config is not None:  # vLLM's flag: a mapping, checked as plan's is
                 flag_mapping(kv_transfer_config, "--kv-transfer-config")
-                flags.append(f"kv_transfer_config={kv_transfer_config}")
-            spec = load_scenario(scenario, [*(overrides or []), *flags])
+            flags = {f"{flag}={shown(value)}": f"{field}={value}" for flag, field, value in (  # an empty flag: refused
+                ("--steps", "steps", steps.value if steps else None),
+                ("--max-num-seqs", "engine.max_num_seqs", max_num_seqs),
+                ("--scheduling-policy", "engine.scheduling_policy",  # a quoted name: '' stays '', not null
+                 None if scheduling_policy is None else json.dumps(scheduling_policy)),
+                ("--speculative-config", "engine.speculative_config", speculative_config),
+                ("--kv-transfer-config", "kv_transfer_config", kv_transfer_config)) if value is not None}
+            refuse_flag_beside_set(flags, overrides or [])
+            spec = load_scenario(scenario, [*(overrides or []), *flags.values()])
             out_dir = f"runs/{safe_component(spec.name)}" if output is None else output
             check_output_dir(out_dir, "run")  # refuse before simulating, not after
             resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
@@ -421,11 +424,13 @@ def report(
                     "kv_cache_memory_bytes": kv_cache_memory_bytes, "num_gpu_blocks_override": num_gpu_blocks_override,
                     "tensor_parallel_size": tensor_parallel_size, "max_num_seqs": max_num_seqs}
     flags = {**{f"engine.{k}": v for k, v in engine_flags.items()}, "model": model, "gpu": gpu}
-    sets = [f"{k}={json.dumps(v) if isinstance(v, str) else v}"  # a quoted text: '' stays '', not null (as run's)
-            for k, v in flags.items() if v is not None]
+    sets = {f"--{k.removeprefix('engine.').replace('_', '-')}={shown(v)}":
+            f"{k}={json.dumps(v) if isinstance(v, str) else v}"  # a quoted text: '' stays '', not null (as run's)
+            for k, v in flags.items() if v is not None}
     with user_errors():
         check_workers(workers, dask_address)
-        base = load_scenario(scenario, sets + (overrides or []), default=REPORT_SCENARIO)
+        refuse_flag_beside_set(sets, overrides or [])  # the flags after the --set ones, as run's
+        base = load_scenario(scenario, [*(overrides or []), *sets.values()], default=REPORT_SCENARIO)
         cfg = StudyConfig.quick() if quick else StudyConfig()
         cfg = StudyConfig(**{**cfg.__dict__, "workers": workers, "dask_address": dask_address,
                              "gpu_hourly_cost": gpu_hourly_cost})

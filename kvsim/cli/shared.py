@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from kvsim.model.errors import KvsimError, empty_item, first_repeat
+from kvsim.model.errors import KvsimError, empty_item, first_repeat, shown
 from kvsim.model.units import underscore_problem
 
 
@@ -103,6 +103,23 @@ def parse_int_list(text: str, field: str) -> list[int]:
     if twice is not None:
         raise KvsimError(f"{field}={text!r}: {twice} is given twice")
     return values
+
+
+def refuse_flag_beside_set(flags: dict[str, str], overrides: list[str]) -> None:
+    """`flags`: each vLLM-style flag as given (`--max-num-seqs=5`) -> the override it makes (`engine.max_num_seqs=5`),
+    applied after the `--set` ones (`overrides`): a `--set` of the same field, or of one inside the section a flag
+    replaces, is refused naming the flag. The flag won wherever it stood on the command line (`run`; in `report`
+    the `--set` did): one of the two values was dropped without a word, where repeated `--set`s keep the last."""
+    from kvsim.workload.overrides import undone_by
+
+    keys = [item.partition("=")[0] for item in overrides]
+    for flag, item in flags.items():
+        key = item.partition("=")[0]
+        done = undone_by(key, keys)
+        if done is not None:
+            replacing = "" if done == key else f", replacing {done}"
+            raise KvsimError(f"{flag}: sets {key}{replacing}, which --set {shown(overrides[keys.index(done)])} "
+                             "sets too; give each field once")
 
 
 def parse_size_flag(text: str, flag: str) -> int:

@@ -14,7 +14,9 @@ from kvsim.model.yaml_io import load_yaml, yaml_problem
 Overrides = Mapping[str, Any] | Sequence[str]
 """Field overrides: `["engine.block_size=32"]` as `--set` gives them (values parsed as YAML), or
 `{"engine.block_size": 32}` (values as given). Each replaces the field it names, a section too; a number
-names a list's entry (`replicas.1.count=2`)."""
+names a list's entry (`replicas.1.count=2`). Applied in order: a field given twice keeps the last value, as
+Helm's repeated `--set` does (a command's own flags, applied after, may not set a field a `--set` sets:
+`kvsim.cli.shared.refuse_flag_beside_set`)."""
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]:
@@ -24,6 +26,14 @@ def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]
             raise KvsimError(f"{label}: an empty field name between its dots")
         _set_field(raw, key.split("."), value, label)
     return raw
+
+
+def undone_by(key: str, earlier: list[str]) -> str | None:
+    """The first of the `earlier` dotted keys that an override of `key` after them undoes: the same field again, or
+    one inside the section `key` replaces (`engine` after `engine.max_num_seqs`); None when none is. A field
+    inside a section set before it (`engine.max_num_seqs` after `engine`) is set there, and undoes nothing."""
+    parts = key.split(".")
+    return next((done for done in earlier if done.split(".")[:len(parts)] == parts), None)
 
 
 def override_items(overrides: Overrides) -> list[tuple[str, Any, str]]:
