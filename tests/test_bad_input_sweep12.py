@@ -317,3 +317,26 @@ def test_a_set_given_twice_keeps_the_last_value():
     from kvsim.workload.scenario import load_scenario
 
     assert load_scenario(None, ["seed=1", "seed=2"]).seed == 2
+
+
+CONTROL = "holds the control character {}; a name labels output rows, tables and one-line errors, so it is one line " \
+          "of printable text"
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    ('name="a\\nb"', "name='a\\nb': " + CONTROL.format("'\\n'")),
+    ('replicas=[{name: "x\\ty"}]', "replicas=[{'name': 'x\\ty'}]: replicas.0.name='x\\ty': " + CONTROL.format("'\\t'")),
+    ('workload.priority={classes: [{name: "\\e[31mred", priority: 0, weight: 1}]}',
+     "workload.priority.classes.0.name='\\x1b[31mred': " + CONTROL.format("'\\x1b'")),
+], ids=["scenario-newline", "group-tab", "class-escape"])
+def test_a_name_with_a_control_character_is_refused(tmp_path, item, message):
+    """A scenario named `a<newline>b` split an error naming its replicas over two lines (`replicas (a` / `b/g1-0,
+    kv_consumer): ...`), against the one-line rule; an escape in a class name reached the terminal's tables."""
+    assert one_line_exit_2([*RUN, *_set(item), "-o", str(tmp_path / "out")]) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_name_of_any_printable_text_still_runs():
+    import kvsim
+
+    assert kvsim.simulate(None, name="名前 ok", workload__num_requests=2, steps="none").summary["scenario"] == "名前 ok"

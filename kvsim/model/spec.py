@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from kvsim.model.units import underscore_problem
 
@@ -77,6 +77,22 @@ def _misread_number(annotation: Any, value: Any) -> str | None:
             if where is not None:
                 return f".{key}{where}"
     return None
+
+
+def _one_line(text: str) -> str:
+    """`text`, unless it holds a control character (a newline, a tab, an escape: Unicode category Cc)."""
+    import unicodedata
+
+    bad = next((char for char in text if unicodedata.category(char) == "Cc"), None)
+    if bad is not None:
+        raise ValueError(f"holds the control character {bad!r}; a name labels output rows, tables and one-line "
+                         "errors, so it is one line of printable text")
+    return text
+
+
+Label = Annotated[str, AfterValidator(_one_line)]
+"""A name kvsim shows (a scenario's, a replica group's, a priority class's): a newline in one split kvsim's
+one-line errors in two (`replicas (a<newline>b/g1-0, kv_consumer): ...`), an escape sequence reached the terminal."""
 
 
 class Settings(BaseModel):

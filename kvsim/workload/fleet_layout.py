@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from kvsim.model.config import MAX_ENGINES, MAX_FIXED_COST_S
-from kvsim.model.spec import Settings
+from kvsim.model.spec import Label, Settings
 
 
 class ReplicaGroup(Settings):
@@ -24,7 +24,7 @@ class ReplicaGroup(Settings):
     """
 
     count: int = Field(default=1, gt=0, le=MAX_ENGINES)
-    name: str | None = Field(default=None, min_length=1)  # '' was taken as not given: the scenario's, unnamed
+    name: Label | None = Field(default=None, min_length=1)  # '' was taken as not given: the scenario's, unnamed
     model: str | None = Field(default=None, min_length=1)
     gpu: str | None = Field(default=None, min_length=1)
     engine: dict[str, Any] = Field(default_factory=dict)

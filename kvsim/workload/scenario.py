@@ -30,7 +30,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.config import MAX_ENGINES, MAX_FIXED_COST_S, EngineConfig, GPULink, gpu_presets, model_presets
 from kvsim.model.errors import KvsimError, first_repeat, from_validation_error, not_a_file, reading, shown
-from kvsim.model.spec import Settings
+from kvsim.model.spec import Label, Settings
 from kvsim.model.yaml_io import load_yaml, yaml_problem
 from kvsim.workload.draws import Arrival, LengthDist
 from kvsim.workload.files import data_file
@@ -76,7 +76,7 @@ class MultiTurn(Settings):
 class PriorityClass(Settings):
     """One class of requests: its vLLM `priority` (smaller is served first) and its share of requests."""
 
-    name: str
+    name: Label
     priority: int = Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
     weight: float = Field(gt=0, description="relative share of conversations in this class")
 
@@ -204,7 +204,7 @@ class LatencyConfig(Settings):
 StepsMode = Literal["none", "sampled", "all"]  # which per-step rows a run keeps and writes
 
 class Scenario(Settings):
-    name: str = "scenario"
+    name: Label = "scenario"
     description: str = ""
     model: str = "llama-3.1-8b"
     gpu: str = "h100-80gb"
