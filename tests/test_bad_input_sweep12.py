@@ -340,3 +340,24 @@ def test_a_name_of_any_printable_text_still_runs():
     import kvsim
 
     assert kvsim.simulate(None, name="名前 ok", workload__num_requests=2, steps="none").summary["scenario"] == "名前 ok"
+
+
+def test_a_json_trace_row_giving_a_key_twice_is_refused(tmp_path):
+    """`json` keeps the last of two equal keys: a Mooncake row giving `input_length` twice (two rows pasted into
+    one) was read as its last, where a YAML scenario or a config.json giving a key twice is refused."""
+    (tmp_path / "t.jsonl").write_text('{"timestamp": 0, "input_length": 5, "input_length": 600, "output_length": 10, '
+                                      '"hash_ids": [1]}\n')
+    (tmp_path / "s.yaml").write_text("workload: {num_requests: 1, arrival: {process: trace}, "
+                                     "trace: {format: mooncake, path: t.jsonl}}\n")
+    assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        f"{tmp_path}/t.jsonl:1: not JSON (duplicate key 'input_length': give each key once)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_json_flag_giving_a_key_twice_is_refused():
+    flag = '{"method": "ngram", "num_speculative_tokens": 2, "num_speculative_tokens": 5}'
+    position = flag.index('"num_speculative_tokens": 5')  # where the key is given again
+    shown = repr(flag)[:57] + "..."  # a value is shown in at most 60 characters
+    assert one_line_exit_2(["capacity", "--speculative-config", flag]) == (
+        f"--speculative-config={shown}: not JSON (duplicate key 'num_speculative_tokens': give each key once at "
+        f"character {position})")

@@ -160,13 +160,36 @@ def load_yaml(text: str) -> Any:
         raise yaml.MarkedYAMLError(problem=TOO_DEEP) from None
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, unless a key repeats (`json` keeps the last one without a word)."""
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return out
+
+
 def load_json(text: str) -> Any:
-    """`json.loads(text)`, except that an integer too long to convert or text nested too deeply is a
+    """`json.loads(text)`, except that a repeated key in an object (as `load_yaml` refuses one: a trace row giving
+    `input_length` twice was read as its last), an integer too long to convert or text nested too deeply is a
     `json.JSONDecodeError` (see the module docstring)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError:
         raise
+    except _DuplicateKey as error:
+        again = list(re.finditer(re.escape(json.dumps(error.key)) + r"\s*:", text))[1:2]  # where it is written again
+        raise json.JSONDecodeError(f"duplicate key {shown(error.key)}: give each key once", text,
+                                   again[0].start() if again else 0) from None
     except RecursionError:
         raise json.JSONDecodeError(TOO_DEEP, text, 0) from None
     except ValueError:
