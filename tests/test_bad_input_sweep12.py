@@ -361,3 +361,12 @@ def test_a_json_flag_giving_a_key_twice_is_refused():
     assert one_line_exit_2(["capacity", "--speculative-config", flag]) == (
         f"--speculative-config={shown}: not JSON (duplicate key 'num_speculative_tokens': give each key once at "
         f"character {position})")
+
+
+def test_an_empty_length_table_is_not_said_to_have_a_header(tmp_path):
+    """A 0-byte length table was refused as "the table has a header but no rows": it has neither."""
+    (tmp_path / "t.csv").write_text("")
+    (tmp_path / "s.yaml").write_text("workload: {num_requests: 1, trace: {format: lengths, path: t.csv}}\n")
+    assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        f"{tmp_path}/t.csv: no requests (the file is empty)")
+    assert not (tmp_path / "out").exists()

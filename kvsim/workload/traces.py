@@ -296,6 +296,7 @@ def read_lengths(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRe
     with open_text(path, newline="") as f:
         reader = csv_rows(f, path)
         _require_columns(reader, path, ("num_prefill_tokens", "num_decode_tokens", *columns.names))
+        header = reader.fieldnames
         for line_no, row in enumerate(reader, start=2):
             _no_extra_fields(row, path, line_no)
             records.append(TraceRecord(
@@ -304,8 +305,9 @@ def read_lengths(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRe
                 _positive(row.get("num_decode_tokens"), path, line_no, "num_decode_tokens"),
                 **columns.read(row, path, line_no),
             ))
-    if not records:
-        raise KvsimError(f"{path}: no requests (the table has a header but no rows)")
+    if not records:  # an empty file has no header either (it was said to have one)
+        why = "the table has a header but no rows" if header else "the file is empty"
+        raise KvsimError(f"{path}: no requests ({why})")
     return records
 
 
