@@ -370,3 +370,20 @@ def test_an_empty_length_table_is_not_said_to_have_a_header(tmp_path):
     assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
         f"{tmp_path}/t.csv: no requests (the file is empty)")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("workload__num_requests", "np.True_", "workload: num_requests=true: expected a number, not a boolean"),
+    ("engine__gpu_memory_utilization", "np.False_", "engine: gpu_memory_utilization=false: expected a number, not a "
+                                                    "boolean"),
+])
+def test_simulate_refuses_a_numpy_boolean_for_a_number(field, value, message):
+    """`true` for a number is refused (pydantic reads it as 1); numpy's booleans are no bool subclass and passed:
+    `workload__num_requests=mask.any()` ran one request."""
+    import numpy as np
+
+    import kvsim
+
+    with pytest.raises(KvsimError) as error:
+        kvsim.simulate(None, steps="none", **{field: {"np.True_": np.True_, "np.False_": np.False_}[value]})
+    assert str(error.value) == message

@@ -54,11 +54,14 @@ def _misread_number(annotation: Any, value: Any) -> str | None:
     with an underscore ...` (not str: `kvsim.model.units.underscore_problem`); `[i]...` for a list's or tuple's
     item, `.key...` for a dict's value (nested as deep as the annotation goes); None when none is. A nested
     section's values (a dict where a model is expected) are left to that section's own check."""
-    if isinstance(value, (bool, str)):
+    # numpy's booleans too (a notebook's `mask.any()`): no subclass of bool, pydantic reads them as 1 and 0 as well
+    boolean = isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool",
+                                                                                                      "bool_"))
+    if boolean or isinstance(value, str):
         leaves = _leaf_types(annotation)
         if not leaves & {int, float}:
             return None
-        if isinstance(value, bool):
+        if boolean:
             return f"={str(value).lower()}: expected a number, not a boolean" if bool not in leaves else None
         problem = underscore_problem(value)
         return f"={value!r}: {problem}" if problem is not None and str not in leaves else None
