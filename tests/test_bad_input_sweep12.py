@@ -387,3 +387,18 @@ def test_simulate_refuses_a_numpy_boolean_for_a_number(field, value, message):
     with pytest.raises(KvsimError) as error:
         kvsim.simulate(None, steps="none", **{field: {"np.True_": np.True_, "np.False_": np.False_}[value]})
     assert str(error.value) == message
+
+
+def test_a_servegen_client_listed_twice_is_refused(tmp_path):
+    """`clients: [0, 0]` drew client 0's arrivals twice over: the run's traffic at twice its trace's rate."""
+    import json
+
+    (tmp_path / "sg").mkdir()
+    (tmp_path / "sg" / "chunk-0-trace.csv").write_text("0,1,1\n")
+    (tmp_path / "sg" / "chunk-0-dataset.json").write_text(json.dumps(
+        {"0": {"input_tokens": "{100: 1.0}", "output_tokens": "{10: 1.0}"}}))
+    (tmp_path / "s.yaml").write_text("workload: {num_requests: 5, arrival: {process: trace}, "
+                                     "trace: {format: servegen, path: sg, clients: [0, 0]}}\n")
+    assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        "workload.trace.clients=[0, 0]: 0 is given twice")
+    assert not (tmp_path / "out").exists()

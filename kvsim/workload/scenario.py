@@ -116,6 +116,14 @@ class Trace(Settings):
     priority_column: str | None = Field(default=None, min_length=1, exclude_if=lambda column: column is None)
     acceptance_column: str | None = Field(default=None, min_length=1, exclude_if=lambda column: column is None)
 
+    @field_validator("clients")
+    @classmethod
+    def _clients_once(cls, clients: list[int] | None) -> list[int] | None:
+        """A ServeGen client listed twice had its traffic drawn twice: twice its rate, without a word."""
+        if clients is not None and (twice := first_repeat(clients)) is not None:
+            raise ValueError(f"{twice} is given twice")
+        return clients
+
     @model_validator(mode="after")
     def _columns_in_rows(self) -> Trace:
         for name in ("priority_column", "acceptance_column"):
