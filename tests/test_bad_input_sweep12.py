@@ -402,3 +402,14 @@ def test_a_servegen_client_listed_twice_is_refused(tmp_path):
     assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
         "workload.trace.clients=[0, 0]: 0 is given twice")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_scenario_file_of_two_yaml_documents_says_so_in_a_sentence(tmp_path):
+    """PyYAML's problem alone read "not valid YAML: but found another document": the half of a sentence its
+    context begins ("expected a single document in the stream")."""
+    workload = "workload: {num_requests: 2, prompt_len: {dist: fixed, value: 8}, output_len: {dist: fixed, value: 8}}"
+    (tmp_path / "s.yaml").write_text(f"---\n{workload}\n---\n{workload}\n")
+    assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        f"scenario {tmp_path}/s.yaml: not valid YAML: expected a single document in the stream, but found another "
+        "document at line 3, column 1")  # the second `---`
+    assert not (tmp_path / "out").exists()

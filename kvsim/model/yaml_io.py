@@ -225,5 +225,7 @@ def yaml_problem(error: yaml.YAMLError) -> str:
         code = error.character if isinstance(error.character, int) else ord(error.character)
         return f"character #x{code:04x} is not allowed ({error.reason}) at character {error.position}"
     problem = getattr(error, "problem", None) or getattr(error, "context", None) or type(error).__name__
+    if problem.startswith("but ") and getattr(error, "context", None):  # the half of a sentence the context begins:
+        problem = f"{error.context}, {problem}"  # `expected a single document in the stream, but found another ...`
     mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(problem)
