@@ -413,3 +413,23 @@ def test_a_scenario_file_of_two_yaml_documents_says_so_in_a_sentence(tmp_path):
         f"scenario {tmp_path}/s.yaml: not valid YAML: expected a single document in the stream, but found another "
         "document at line 3, column 1")  # the second `---`
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ("0,1,1\n0,1,1\n", "window='0' overlaps line 1's window from 0 s"),  # given twice: drawn twice
+    ("0,1,1\n300,1,1\n", "window='300' overlaps line 1's window from 0 s"),  # [300, 900) over [0, 600)
+], ids=["twice", "overlapping"])
+def test_servegen_windows_that_overlap_are_refused(tmp_path, rows, message):
+    """Each row of a ServeGen `chunk-<client>-trace.csv` is a 600-s window of arrivals at its rate: a window
+    given twice drew its arrivals twice (twice the rate), without a word."""
+    import json
+
+    (tmp_path / "sg").mkdir()
+    (tmp_path / "sg" / "chunk-0-trace.csv").write_text(rows)
+    (tmp_path / "sg" / "chunk-0-dataset.json").write_text(json.dumps(
+        {"0": {"input_tokens": "{100: 1.0}", "output_tokens": "{10: 1.0}"}}))
+    (tmp_path / "s.yaml").write_text("workload: {num_requests: 5, arrival: {process: trace}, "
+                                     "trace: {format: servegen, path: sg}}\n")
+    assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        f"{tmp_path}/sg/chunk-0-trace.csv:2: {message} (each row is a 600-s window of its own)")
+    assert not (tmp_path / "out").exists()

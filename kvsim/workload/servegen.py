@@ -5,6 +5,7 @@ The row-per-request trace formats are `kvsim.workload.traces`'."""
 from __future__ import annotations
 
 import ast
+import bisect
 import csv
 import math
 from pathlib import Path
@@ -44,10 +45,12 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
         pdfs = _servegen_pdfs(data_file)
         if not pdfs:
             raise KvsimError(f"{data_file}: no window has length distributions")
+        windows: list[tuple[float, int]] = []  # (start, line) of the rows read, ascending
         with open_text(trace_file, newline="") as f:
             for line_no, row in enumerate(csv.reader(f), start=1):
                 window, rate, cv = _servegen_window(row, trace_file, line_no)
-                lo, hi = max(window, start_s), min(window + 600.0, start_s + duration_s)
+                _refuse_overlap(windows, window, row[0], trace_file, line_no)
+                lo, hi = max(window, start_s), min(window + SERVEGEN_WINDOW_S, start_s + duration_s)
                 drawn += rate * max(hi - lo, 0.0)
                 if drawn > SERVEGEN_MAX_DRAWS:  # each draw is a Python step: a slip of units never ends
                     raise bad_row(trace_file, line_no, f"rate={shown(row[1])}: the clients' rates would draw about "
@@ -69,6 +72,20 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
                          f"[{start_s:g}, {start_s + duration_s:g}) s")
     records.sort(key=lambda r: r.arrival_s or 0.0)
     return records
+
+
+SERVEGEN_WINDOW_S = 600.0  # each row of a `chunk-<client>-trace.csv`: a 10-minute window
+
+
+def _refuse_overlap(windows: list[tuple[float, int]], start: float, raw: str, path: Path, line: int) -> None:
+    """Add the window starting at `start` (line `line`) to `windows`, unless it overlaps one read before: a
+    window given twice (two files pasted together) drew its arrivals twice, twice its rate, without a word."""
+    i = bisect.bisect_left(windows, (start, line))
+    near = [w for w in windows[max(i - 1, 0):i + 1] if abs(w[0] - start) < SERVEGEN_WINDOW_S]
+    if near:
+        raise bad_row(path, line, f"window={shown(raw)} overlaps line {near[0][1]}'s window from {near[0][0]:g} s "
+                                  f"(each row is a {SERVEGEN_WINDOW_S:g}-s window of its own)")
+    windows.insert(i, (start, line))
 
 
 SERVEGEN_MAX_DRAWS = 10_000_000
