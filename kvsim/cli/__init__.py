@@ -51,6 +51,7 @@ from kvsim.cli.shared import (
     parse_size_flag,
     print_plan,
     refuse_flag_beside_set,
+    run_flags,
     user_errors,
     write_plan,
 )
@@ -225,24 +226,14 @@ def run(
     # runs); unfrozen after, so an in-process caller (CliRunner) keeps its usual collection.
     with collector_off():
         from kvsim.fleet.run import simulate_scenario, unread_settings
-        from kvsim.model.yaml_io import flag_mapping
         from kvsim.results.output_dir import check_output_dir, safe_component
         from kvsim.results.step_writer import resolve_format
         from kvsim.workload.scenario import load_scenario
 
         with user_errors():
             limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
-            if speculative_config is not None:  # vLLM's flag: a JSON object, checked as capacity's is
-                flag_mapping(speculative_config, "--speculative-config")
-            if kv_transfer_config is not None:  # vLLM's flag: a mapping, checked as plan's is
-                flag_mapping(kv_transfer_config, "--kv-transfer-config")
-            flags = {f"{flag}={shown(value)}": f"{field}={value}" for flag, field, value in (  # an empty flag: refused
-                ("--steps", "steps", steps.value if steps else None),
-                ("--max-num-seqs", "engine.max_num_seqs", max_num_seqs),
-                ("--scheduling-policy", "engine.scheduling_policy",  # a quoted name: '' stays '', not null
-                 None if scheduling_policy is None else json.dumps(scheduling_policy)),
-                ("--speculative-config", "engine.speculative_config", speculative_config),
-                ("--kv-transfer-config", "kv_transfer_config", kv_transfer_config)) if value is not None}
+            flags = run_flags(steps.value if steps else None, max_num_seqs, scheduling_policy, speculative_config,
+                              kv_transfer_config)
             refuse_flag_beside_set(flags, overrides or [])
             spec = load_scenario(scenario, [*(overrides or []), *flags.values()])
             out_dir = f"runs/{safe_component(spec.name)}" if output is None else output

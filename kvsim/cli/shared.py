@@ -105,6 +105,27 @@ def parse_int_list(text: str, field: str) -> list[int]:
     return values
 
 
+def run_flags(steps: str | None, max_num_seqs: int | None, scheduling_policy: str | None,
+              speculative_config: str | None, kv_transfer_config: str | None) -> dict[str, str]:
+    """`kvsim run`'s vLLM-style flags that are given, each as given (`--max-num-seqs=5`) -> the override it makes
+    (`engine.max_num_seqs=5`). An empty flag is refused, never no setting: a JSON flag must be a JSON object, and
+    a quoted name stays '' (not null)."""
+    import json
+
+    from kvsim.model.yaml_io import flag_mapping
+
+    if speculative_config is not None:  # vLLM's flag: a JSON object, checked as capacity's is
+        flag_mapping(speculative_config, "--speculative-config")
+    if kv_transfer_config is not None:  # vLLM's flag: a mapping, checked as plan's is
+        flag_mapping(kv_transfer_config, "--kv-transfer-config")
+    return {f"{flag}={shown(value)}": f"{field}={text}" for flag, field, value, text in (
+        ("--steps", "steps", steps, steps),
+        ("--max-num-seqs", "engine.max_num_seqs", max_num_seqs, max_num_seqs),
+        ("--scheduling-policy", "engine.scheduling_policy", scheduling_policy, json.dumps(scheduling_policy)),
+        ("--speculative-config", "engine.speculative_config", speculative_config, speculative_config),
+        ("--kv-transfer-config", "kv_transfer_config", kv_transfer_config, kv_transfer_config)) if value is not None}
+
+
 def refuse_flag_beside_set(flags: dict[str, str], overrides: list[str]) -> None:
     """`flags`: each vLLM-style flag as given (`--max-num-seqs=5`) -> the override it makes (`engine.max_num_seqs=5`),
     applied after the `--set` ones (`overrides`): a `--set` of the same field, or of one inside the section a flag
