@@ -1,7 +1,8 @@
-"""Bad input found by the twelfth sweep (a machine without a home folder, the Python API's `Scenario`, sizes
-without a bound, numbers written with underscores, YAML aliases, a field set twice, labels on two lines): each
-exits 2 with one line naming the field and the value, and writes nothing, never a traceback, a hang, or a
-value read as another without a word."""
+"""Bad input found by the twelfth sweep (a machine without a home folder, the Python API's `Scenario`, sizes and
+time costs without a bound, numbers written with underscores or as numpy booleans, YAML aliases and documents,
+JSON keys and ServeGen windows given twice, a flag beside a `--set` of its field, names on two lines): each exits
+2 with one line naming the field and the value, and writes nothing, never a traceback, a hang, or a value read
+as another without a word."""
 
 import pytest
 from conftest import one_line_exit_2
