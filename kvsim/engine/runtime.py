@@ -74,9 +74,9 @@ class BurstInFlight:
         if token is self._timer:
             self.done.succeed()
 
-    def join(self, now: float) -> None:
-        """A request joined the engine's queue at `now`."""
-        self.joined_s.append(now)
+    def join(self, now: float, num_requests: int = 1) -> None:
+        """`num_requests` requests joined the engine's queue at `now` (a v1 request with n > 1 samples is n)."""
+        self.joined_s.extend([now] * num_requests)
         if self.cut_on_join:
             self.cut(now)
 
@@ -120,7 +120,7 @@ class Engine:
         else:
             accepted = scheduler.add(req)
         if accepted and self.burst is not None:
-            self.burst.join(now)
+            self.burst.join(now, scheduler.num_queued(req))
         self.wakeup.ring()
 
     def planned_at_s(self, now: float) -> float:
@@ -148,8 +148,11 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         """`vllm:num_requests_waiting` as kvsim reports it: the scheduler's (`num_waiting`) and the inbox (its
-        requests have arrived)."""
-        return self.scheduler.num_waiting + len(self.inbox)
+        requests have arrived; each counted as the requests it will queue as, `Scheduler.num_queued`)."""
+        scheduler, inbox = self.scheduler, self.inbox
+        if not inbox:
+            return scheduler.num_waiting
+        return scheduler.num_waiting + sum(scheduler.num_queued(req) for _, req in inbox)
 
     def snapshot(self) -> SchedulerSnapshot:
         """The scheduler's state for a step row, the inbox counted as waiting (`num_waiting`)."""

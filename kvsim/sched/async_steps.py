@@ -89,14 +89,21 @@ class AsyncSteps:
 
     def preempt_finishing(self, req: Request, plan: StepPlan) -> None:
         """Preempt a finished request whose KV waits for the next decision: freed now, counted as a
-        preemption (vLLM's `_preempt_request`), in the run's total and in its row, written when it finished;
-        it stays finished (its last token was already computed)."""
+        preemption (vLLM's `_preempt_request`), in the run's total and in its row, written when it finished
+        (a v1 child's parent row: `row_id`); it stays finished (its last token was already computed)."""
         self.finishing.remove(req)
         self.num_preemptions += 1
         req.num_preemptions += 1
-        self.records.add_preemption(req.request_id)
+        row = self.row_id(req)
+        if row is not None:
+            self.records.add_preemption(row)
         plan.preempted.append(req)
         self._free_finished(req)
+
+    def row_id(self, req: Request) -> int | None:
+        """The request id of the row that counts `req`'s preemptions now (the v1 policy overrides it for
+        the children it fans a request out into: `kvsim.sched.fanout.SampleGroups.row_id`)."""
+        return req.request_id
 
     def num_finishing_seqs(self) -> int:
         """Sequences of finished requests still holding their `max_num_seqs` slot (async only)."""

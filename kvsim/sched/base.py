@@ -10,8 +10,8 @@ A scheduler is pure Python, driven by two calls per engine step:
 then `account`, the one place a step's token totals are written.
 
 Requests that can never be served are rejected on `add` with a recorded reason; nothing
-is dropped silently. A request with n > 1 samples prefills once on its first sequence, then
-forks n − 1 children that share the prompt's KV (copy-on-write for a shared partial block).
+is dropped silently. n > 1 samples fork off the first sequence once it is prefilled (`SampleForks`), as
+in vLLM v0; the v1 policy fans them out into n requests, as vLLM v1 does (`kvsim.sched.fanout`).
 Every request that ends (finished or rejected) is copied into `records`
 (`kvsim.results.records.RequestRecords`, columnar) and the scheduler keeps no reference to it.
 """
@@ -215,9 +215,8 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         """Sequences running, as `max_num_seqs` counts them: every sample of a request.
 
         vLLM v0 counts `seq_group.get_max_num_running_seqs()` (n for parallel sampling, from the
-        prefill on: vllm/core/scheduler.py); v1 fans a request with n > 1 out into n requests
-        (vllm/v1/engine/parallel_sampling.py), each counted by `max_num_seqs`. With async scheduling a
-        request that finished still holds its slot until the next decision is made (`AsyncSteps`).
+        prefill on: vllm/core/scheduler.py); v1's children have one sample each (`kvsim.sched.fanout`).
+        With async scheduling a request that finished still holds its slot until the next decision.
         """
         return sum([r.num_samples for r in self.running]) + self.num_finishing_seqs()  # a list: faster than a generator
 
@@ -430,9 +429,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
     # ------------------------------------------------------------ completion
     def complete(self, plan: StepPlan, now: float) -> list[Request]:
         """Apply a finished step: advance progress, sample tokens, fork samples, finish and free."""
-        done = []
-        running = RequestStatus.RUNNING
-        spec = self.speculation
+        done, running, spec = [], RequestStatus.RUNNING, self.speculation
         if spec is not None:
             accepted = iter(spec.verify_outcomes(self.rng, now).tolist())
         for req, num_new in plan.scheduled:
@@ -442,8 +439,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
                 if self._complete_verify(spec, req, spec.pending[req.request_id], next(accepted)):
                     done.append(req)
                 continue
-            computed = req.num_computed_tokens + num_new
-            req.num_computed_tokens = computed
+            req.num_computed_tokens = computed = req.num_computed_tokens + num_new
             num_output = req.num_output_tokens
             if computed < req.prompt_len + num_output:
                 continue  # a prefill chunk: nothing sampled yet
@@ -477,11 +473,15 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
                 self._end_kv(req)
         if done:
             self.running = [r for r in self.running if r.status is running]
-            self.records.extend(done)  # the scheduler keeps no finished Request: memory stays bounded
+            self.record_rows(done)  # the scheduler keeps no finished Request: memory stays bounded
             if hand_off is not None:
                 for req in done:
                     hand_off(req, now)
         return done
+
+    def record_rows(self, done: list[Request]) -> None:
+        """Write the rows of requests that just finished (v1: a parent's once its last child has)."""
+        self.records.extend(done)
 
     # ------------------------------------------- decode bursts (`kvsim.sched.burst`)
     @property

@@ -1,6 +1,7 @@
 """The scheduler's half of parallel sampling and beam search (a request's `n` > 1 sequences): forking a
-request's samples off its prompt once it is prefilled, and re-forking beams as beam search drops and
-duplicates them (`kvsim.sched.beams` models which survive). Pure Python.
+request's samples off its prompt once it is prefilled (vLLM v0's parallel sampling: the v0 and static
+policies; v1 fans samples out instead, `kvsim.sched.fanout`), and re-forking beams as beam search drops
+and duplicates them (`kvsim.sched.beams` models which survive). Pure Python.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import numpy as np
 
 from kvsim.kv import SegmentContent
 from kvsim.sched.beams import select_beams
+from kvsim.sched.fanout import sample_content
 
 if TYPE_CHECKING:
     from kvsim.kv import KVAllocator
@@ -29,18 +31,22 @@ class SampleForks:
     if TYPE_CHECKING:
         def active_seq_ids(self, req: Request) -> list[int]: ...
 
+    def num_queued(self, req: Request) -> int:
+        """How many requests `req` joins the waiting queue as: one, whose samples fork once it is prefilled
+        (the v1 policy fans n > 1 samples out into n requests instead: `kvsim.sched.fanout`)."""
+        return 1
+
     def _fork_samples(self, req: Request) -> None:
         """Once `req` is prefilled (its first token sampled on its first sequence), fork its n − 1 other
-        samples off that sequence: each shares the prompt's blocks (a partial last block is copied on its
-        first write). A child of segment content gets an output segment of its own, so the blocks it fills
-        hash apart from its siblings'; a child of token-level content is not cached."""
+        samples off that sequence, as vLLM v0 does: each shares the prompt's blocks (a partial last block
+        is copied on its first write). A child of segment content gets an output segment of its own
+        (`sample_content`), so the blocks it fills hash apart from its siblings'; a child of token-level
+        content is given none, and `fork` gives it its parent's."""
         parent = req.seq_ids[0]
+        segments = isinstance(req.content, SegmentContent)
         for index, child in enumerate(req.child_seq_ids(), start=1):
-            content = None
-            if isinstance(req.content, SegmentContent):
-                *prompt, (out_id, out_len) = req.content.segments
-                content = SegmentContent([*prompt, ((out_id, index), out_len)])
-            self.alloc.fork(parent, child, content, req.kv_len)  # token-level content: child not cached
+            content = sample_content(req.content, index, req.prompt_len) if segments else None
+            self.alloc.fork(parent, child, content, req.kv_len)
         self._forked.add(req.request_id)
 
     def _reselect_beams(self, req: Request) -> None:

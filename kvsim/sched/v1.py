@@ -23,17 +23,58 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
    With KV offload, a request whose prefix the offload tiers hold past the GPU hit leaves the queue
    to load it (`Scheduler.start_load`) and admission goes on; loaded ones rejoin at the front (under FCFS
    ahead of any request preempted since: `loaded_first`).
+
+A request with n > 1 samples (not beam search) joins the queue as n child requests, each scheduled,
+counted by `max_num_seqs`, preempted and finished on its own, sharing prompt blocks only through the
+prefix cache; its row is written when the last child finishes (`kvsim.sched.fanout`). It is refused only
+for what one child could never get: n > max_num_seqs runs its children in turns.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from kvsim.kv import KVAllocator
 from kvsim.latency.step_plan import StepPlan
-from kvsim.sched.base import Scheduler
+from kvsim.sched.base import Scheduler, SchedulerLimits
+from kvsim.sched.fanout import SampleGroups, fans_out, make_child
+from kvsim.sched.request_queue import RequestQueue
 from kvsim.workload.request import Request
 
 
 class V1Scheduler(Scheduler):
     name = "v1"
+
+    def __init__(self, allocator: KVAllocator, limits: SchedulerLimits, rng: np.random.Generator | None = None,
+                 waiting: RequestQueue | None = None) -> None:
+        super().__init__(allocator, limits, rng, waiting)
+        self.samples = SampleGroups()  # requests fanned out into child requests, until their last child ends
+
+    # ---------------------------------------------- parallel sampling (`kvsim.sched.fanout`)
+    def reject_reason(self, req: Request) -> str | None:
+        """A request that fans out is refused only for what each of its children (all alike) is."""
+        return super().reject_reason(make_child(req, 0) if fans_out(req) else req)
+
+    def enqueue(self, req: Request) -> None:
+        """Queue `req`, or the n children it fans out into, in index order."""
+        if fans_out(req):
+            for child in self.samples.fan_out(req):
+                self.waiting.add(child)
+        else:
+            self.waiting.add(req)
+
+    def num_queued(self, req: Request) -> int:
+        return req.num_samples if fans_out(req) else 1
+
+    def record_rows(self, done: list[Request]) -> None:
+        self.records.extend(self.samples.ended(done))
+
+    def row_id(self, req: Request) -> int | None:
+        return self.samples.row_id(req)
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        self.samples.check_invariants()
 
     def select(self, now: float) -> StepPlan:
         if self.offload is not None:

@@ -11,9 +11,11 @@ Token bookkeeping follows vLLM v1: `num_tokens` = prompt + generated so far;
 `num_computed_tokens` catches up to it (a prefill chunk, or 1 token when decoding); when
 it does, one token is sampled. The KV of the last sampled token is never computed, so a
 request holds at most `kv_len = prompt_len + output_len − 1` slots per sequence.
-A request with `num_samples = n > 1` runs n sequences that share the prompt (v0 style
-parallel sampling: one prefill, then `fork`); with `beam`, they are beams that re-fork from
-the surviving beams after every step, so they share more than the prompt.
+A request with `num_samples = n > 1` runs n sequences that share the prompt: under the v0 and
+static policies one request of n sequences (vLLM v0's parallel sampling: one prefill, then `fork`);
+under v1, n child requests of one sequence each, whose row is the request's (vLLM v1's fan-out,
+`kvsim.sched.fanout`). With `beam` (every policy) they are beams that re-fork from the surviving
+beams after every step, so they share more than the prompt.
 """
 
 from __future__ import annotations
