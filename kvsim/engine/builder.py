@@ -121,11 +121,10 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
             raise KvsimError(f"model={spec.model.name}: sliding-window/chunked KV groups need allocator=paged and "
                              f"scheduler=v1 (vLLM's hybrid KV cache manager); or "
                              f"{spec.kv_layout.full_attention_advice}")
-        workload = spec.scenario.workload
-        if workload.n > 1 or workload.beam_width is not None:  # refused here, not when the first sample forks
-            field, value = ("n", workload.n) if workload.n > 1 else ("beam_width", workload.beam_width)
-            raise KvsimError(f"workload.{field}={value}: model={spec.model.name} has sliding-window/chunked KV "
-                             "groups, whose pool kvsim does not fork into samples or beams; "
+        beam_width = spec.scenario.workload.beam_width  # v1 runs n > 1 samples as requests of their own, unforked
+        if beam_width is not None:  # refused here, not when the first beam forks
+            raise KvsimError(f"workload.beam_width={beam_width}: model={spec.model.name} has sliding-window/"
+                             "chunked KV groups, whose pool kvsim does not fork into beams; "
                              f"{spec.kv_layout.full_attention_advice}")
         allocator = GroupedPagedAllocator(num_blocks, spec.kv_layout, spec.limits.max_num_batched_tokens,
                                           engine.enable_prefix_caching, spec.bytes_per_block)

@@ -105,7 +105,7 @@ class GroupedPagedAllocator(PoolSlots):
         return self.layout.blocks_per_request(final_num_tokens, self.max_num_batched_tokens) * self.block_size
 
     def request_slots(self, prompt_len: int, final_num_tokens: int, num_samples: int) -> int:
-        """One sequence per request (parallel sampling is refused)."""
+        """One sequence per request (v1 runs each parallel sample as a request of its own; beams are refused)."""
         return num_samples * self.region_slots(final_num_tokens)
 
     def never_fits_reason(self, final_num_tokens: int, prompt_len: int | None = None) -> str | None:
