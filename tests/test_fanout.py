@@ -187,21 +187,37 @@ def test_beams_and_v0_still_fork():
 
 
 def test_children_ids_and_contents():
-    """Child ids are negative, increase with the index and give back their parent; a later sample's segment
-    output is renamed, its token content cut to the prompt; sample 0 keeps the request's content."""
+    """Child ids are negative, increase with the index and give back their parent; a later child's segment
+    output is renamed, its token output replaced by its id; child 0 keeps the request's content."""
     assert [child_request_id(7, i) for i in range(3)] == [-2048, -2047, -2046]
     assert {parent_request_id(child_request_id(p, i)) for p in (0, 7) for i in (0, 255)} == {0, 7}
-    segments = SegmentContent([("sys", 16), (("reply", 1), 8)])
-    assert sample_content(segments, 0, 16) is segments
-    assert sample_content(segments, 2, 16).segments == (("sys", 16), ((("reply", 1), 2), 8))
-    tokens = TokenContent(range(24))
-    assert sample_content(tokens, 1, 16).token_ids == tuple(range(16))
-    groups = SampleGroups()
+    segments = SegmentContent([("sys", 16), (("reply", 3), 8)])
     parent = Request(3, 0.5, 16, 8, content=segments, num_samples=2, priority=2)
+    groups = SampleGroups()
     children = groups.fan_out(parent)
     assert [(c.request_id, c.arrival_s, c.priority, c.num_samples) for c in children] == [
         (-1024, 0.5, 2, 1), (-1023, 0.5, 2, 1)]
+    assert children[0].content is segments
+    assert children[1].content.segments == (("sys", 16), ((("reply", 3), 1), 8))
     assert groups.row_id(children[0]) is None
+    tokens = Request(3, 0.5, 16, 8, content=TokenContent(range(24)), num_samples=2)
+    assert sample_content(tokens, 1).token_ids == (*range(16), *[-1023] * 8)
+
+
+@pytest.mark.parametrize("content", ["segments", "tokens"])
+def test_a_preempted_child_of_token_content_finds_its_own_output_again(content):
+    """The preemption of `test_one_child_is_preempted_alone`, with the request's content given as token ids:
+    child 1's output is placeholder tokens of its own, so its re-admission (33 tokens) hits the prompt's first
+    block and its own full output block (32 tokens), as with segments. Its token content once stopped at the
+    prompt, and that lookup beyond it failed an assertion ("hashing beyond the known content")."""
+    s = tiny_world(num_blocks=5, max_num_batched_tokens=256)
+    req = make_request(0, 0.0, prompt=20, output=20, n=2)
+    if content == "tokens":
+        req = Request(0, 0.0, 20, 20, content=TokenContent(range(40)), num_samples=2)
+    run(s, [req])
+    c = s.counters()
+    assert (c.num_preempted_query_tokens, c.num_preempted_hit_tokens) == (33, 32)
+    assert (req.num_preemptions, req.first_token_s, req.finish_s) == (1, 0.01, pytest.approx(0.27))
 
 
 REQUEST = st.tuples(
@@ -217,11 +233,12 @@ REQUEST = st.tuples(
 @settings(max_examples=80, deadline=None)
 @given(specs=st.lists(REQUEST, min_size=1, max_size=8), num_blocks=st.integers(6, 30),
        block_size=st.sampled_from([4, 16]), budget=st.sampled_from([16, 64, 256]), caching=st.booleans(),
-       max_num_seqs=st.integers(1, 6), policy=st.sampled_from(["fcfs", "priority"]), async_=st.booleans())
+       max_num_seqs=st.integers(1, 6), policy=st.sampled_from(["fcfs", "priority"]), async_=st.booleans(),
+       tokens=st.booleans())
 def test_random_fan_outs_keep_one_row_per_request(specs, num_blocks, block_size, budget, caching, max_num_seqs,
-                                                  policy, async_):
+                                                  policy, async_, tokens):
     """Random v1 workloads with n ≤ 4 (beside tests/test_engine_properties.py's, with async scheduling, the
-    priority policy and max_num_seqs below n): the books balance after every step (`check_invariants`, the
+    priority policy, max_num_seqs below n and content as segments or token ids): the books balance after every step (`check_invariants`, the
     sample groups' included), decode bursts change nothing, and every request ends in exactly one row; a
     finished request's row has all its tokens and ordered times; the rows' preemptions sum to the engine's;
     with caching on, each child queries its prompt once at its first admission, so the queries not counted
@@ -235,6 +252,9 @@ def test_random_fan_outs_keep_one_row_per_request(specs, num_blocks, block_size,
         reqs = []
         for rid, (arrival, prompt, output, n, prefix, priority) in enumerate(sorted(specs)):
             req = make_request(rid, arrival, max(prompt, prefix + 1), output, n=n, prefix=prefix)
+            if tokens:  # the shared prefix's tokens, then the request's own
+                own = range(10_000 * (rid + 1), 10_000 * (rid + 1) + req.prompt_len - prefix + output)
+                req.content = TokenContent([*range(prefix), *own])
             req.priority = priority
             reqs.append(req)
         run(s, reqs, bursts=bursts)

@@ -72,25 +72,33 @@ def parent_request_id(child_id: int) -> int:
     return (-child_id - 1) // MAX_SAMPLES
 
 
-def sample_content(content: Content | None, index: int, prompt_len: int) -> Content | None:
-    """Sample `index`'s content: the prompt's, so its full blocks hash as its siblings' do, and an output
-    of its own. Sample 0 keeps the request's; a later one's segment output is renamed `(output id, index)`;
-    token ids cover only the prompt (kvsim has no tokens for another sample's output, whose blocks are then
-    not cached)."""
+def sample_segments(content: SegmentContent, index: int) -> SegmentContent:
+    """Sample `index`'s segment content: the request's prompt segments, then its output segment renamed
+    `(output id, index)`, so that the blocks a sample fills hash apart from its siblings'."""
+    *prompt, (out_id, out_len) = content.segments
+    return SegmentContent([*prompt, ((out_id, index), out_len)])
+
+
+def sample_content(parent: Request, index: int) -> Content | None:
+    """Child `index`'s content: the prompt's, so its full blocks hash as its siblings' do, and an output of
+    its own. Child 0 keeps the request's; a later one's segment output is renamed (`sample_segments`); its
+    token ids are the prompt's, then its child request id for every output token (a placeholder no real
+    token id equals: kvsim has no tokens for another sample's output), so that a preempted child finds the
+    blocks of its own output again, as vLLM's hashes of its generated tokens let it."""
+    content = parent.content
     if index == 0 or content is None:
         return content
     if isinstance(content, SegmentContent):
-        *prompt, (out_id, out_len) = content.segments
-        return SegmentContent([*prompt, ((out_id, index), out_len)])
-    assert isinstance(content, TokenContent)
-    return TokenContent(content.token_ids[:prompt_len])
+        return sample_segments(content, index)
+    prompt = content.token_ids[:parent.prompt_len]
+    placeholder = child_request_id(parent.request_id, index)
+    return TokenContent(prompt + (placeholder,) * (len(content.token_ids) - len(prompt)))
 
 
 def make_child(parent: Request, index: int) -> Request:
     """Child `index` of `parent`: one sample, with the parent's lengths, arrival and priority."""
     return Request(child_request_id(parent.request_id, index), parent.arrival_s, parent.prompt_len,
-                   parent.output_len, sample_content(parent.content, index, parent.prompt_len),
-                   priority=parent.priority)
+                   parent.output_len, sample_content(parent, index), priority=parent.priority)
 
 
 @dataclass(slots=True, eq=False)

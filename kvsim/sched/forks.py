@@ -12,7 +12,7 @@ import numpy as np
 
 from kvsim.kv import SegmentContent
 from kvsim.sched.beams import select_beams
-from kvsim.sched.fanout import sample_content
+from kvsim.sched.fanout import sample_segments
 
 if TYPE_CHECKING:
     from kvsim.kv import KVAllocator
@@ -40,13 +40,12 @@ class SampleForks:
         """Once `req` is prefilled (its first token sampled on its first sequence), fork its n − 1 other
         samples off that sequence, as vLLM v0 does: each shares the prompt's blocks (a partial last block
         is copied on its first write). A child of segment content gets an output segment of its own
-        (`sample_content`), so the blocks it fills hash apart from its siblings'; a child of token-level
+        (`sample_segments`), so the blocks it fills hash apart from its siblings'; a child of token-level
         content is given none, and `fork` gives it its parent's."""
-        parent = req.seq_ids[0]
-        segments = isinstance(req.content, SegmentContent)
+        parent, content = req.seq_ids[0], req.content
         for index, child in enumerate(req.child_seq_ids(), start=1):
-            content = sample_content(req.content, index, req.prompt_len) if segments else None
-            self.alloc.fork(parent, child, content, req.kv_len)
+            child_content = sample_segments(content, index) if isinstance(content, SegmentContent) else None
+            self.alloc.fork(parent, child, child_content, req.kv_len)
         self._forked.add(req.request_id)
 
     def _reselect_beams(self, req: Request) -> None:
