@@ -11,9 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kvsim
 from kvsim.kv import PagedAllocator, SegmentContent, TokenContent
-from kvsim.model.errors import KvsimError
 from kvsim.sched import SchedulerLimits, make_scheduler
 from kvsim.sched.fanout import (
     SampleGroups,
@@ -272,16 +270,3 @@ def test_random_fan_outs_keep_one_row_per_request(specs, num_blocks, block_size,
         results.append(pd.DataFrame(rows))
     assert results[0].equals(results[1])
 
-
-def test_a_sliding_window_model_serves_parallel_samples_but_not_beams():
-    """vLLM v1's hybrid KV cache manager serves children like any request: n > 1 runs on a model with
-    sliding-window layers (kvsim refused it while samples forked); beams still fork and are refused."""
-    raw = {"model": "gemma-3-27b", "gpu": "h100-80gb", "seed": 1,
-           "engine": {"max_model_len": 4096, "num_gpu_blocks_override": 2000},
-           "workload": {"num_requests": 6, "n": 3, "arrival": {"process": "poisson", "rate": 20.0},
-                        "prompt_len": {"dist": "fixed", "value": 1200}, "output_len": {"dist": "fixed", "value": 20}}}
-    result = kvsim.simulate(raw, check=True)
-    assert result.summary["num_finished"] == 6 and result.requests.num_samples.tolist() == [3] * 6
-    assert result.summary["num_prefix_cache_hit_tokens"] > 0  # each request's children 1 and 2 hit child 0's prompt
-    with pytest.raises(KvsimError, match="workload.beam_width=2: model=gemma-3-27b has sliding-window"):
-        kvsim.simulate({**raw, "workload": {**raw["workload"], "n": 1, "beam_width": 2}})

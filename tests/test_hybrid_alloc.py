@@ -133,24 +133,30 @@ def test_hybrid_model_serves_more_than_full_attention_allocation_in_the_same_mem
     assert hybrid["num_preemptions"] < unified["num_preemptions"]
 
 
-def test_samples_and_beams_are_refused_before_the_run_naming_the_field_and_the_flag() -> None:
+def test_beams_are_refused_before_the_run_naming_the_field_and_the_flag_and_samples_run() -> None:
     """The grouped pool does not fork: n > 1 failed only once a first sample forked, mid-run, with a message
-    naming no field; now the engine is refused when it is built, before any step, and the flag that allocates
-    every layer as full attention runs the same scenario (both samples of each request finish)."""
+    naming no field; then the engine was refused when it was built, before any step, and the flag that
+    allocates every layer as full attention runs the same scenario. Beams still fork and are refused so; n > 1
+    samples run since v1 serves them as requests of their own, unforked (`kvsim.sched.fanout`, as vLLM v1's
+    hybrid KV cache manager serves them): the second sample of each request hits the first one's prompt."""
     import pytest
 
     import kvsim
     from kvsim.model.errors import KvsimError
 
-    for field, value in (("n", 2), ("beam_width", 2)):
-        raw = {"model": "gpt-oss-20b", "engine": {"max_model_len": 512, "num_gpu_blocks_override": 400},
-               "workload": {"num_requests": 3, "arrival": {"process": "poisson", "rate": 5}, field: value,
-                            "prompt_len": {"dist": "fixed", "value": 40}, "output_len": {"dist": "fixed", "value": 8}},
-               "latency": {"model": "constant"}}
-        with pytest.raises(KvsimError) as refused:
-            kvsim.simulate(raw)
-        message = str(refused.value)
-        assert message.startswith(f"workload.{field}={value}: model=gpt-oss-20b has sliding-window") and "\n" not in message
-        assert "engine.disable_hybrid_kv_cache_manager=true" in message
-        result = kvsim.simulate(raw, check=True, engine__disable_hybrid_kv_cache_manager=True)
-        assert result.summary["num_finished"] == 3 and list(result.requests["num_samples"]) == [2, 2, 2]
+    def raw(field: str) -> dict:
+        return {"model": "gpt-oss-20b", "engine": {"max_model_len": 512, "num_gpu_blocks_override": 400},
+                "workload": {"num_requests": 3, "arrival": {"process": "poisson", "rate": 5}, field: 2,
+                             "prompt_len": {"dist": "fixed", "value": 40}, "output_len": {"dist": "fixed", "value": 8}},
+                "latency": {"model": "constant"}}
+
+    with pytest.raises(KvsimError) as refused:
+        kvsim.simulate(raw("beam_width"))
+    message = str(refused.value)
+    assert message.startswith("workload.beam_width=2: model=gpt-oss-20b has sliding-window") and "\n" not in message
+    assert "engine.disable_hybrid_kv_cache_manager=true" in message
+    result = kvsim.simulate(raw("beam_width"), check=True, engine__disable_hybrid_kv_cache_manager=True)
+    assert result.summary["num_finished"] == 3 and list(result.requests["num_samples"]) == [2, 2, 2]
+    result = kvsim.simulate(raw("n"), check=True)
+    assert result.summary["num_finished"] == 3 and list(result.requests["num_samples"]) == [2, 2, 2]
+    assert result.summary["num_prefix_cache_hit_tokens"] > 0

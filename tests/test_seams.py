@@ -21,8 +21,9 @@ def test_allocate_says_what_it_copied_or_none_when_it_cannot():
 
 def test_the_plan_counts_the_copies_its_allocations_made():
     """n = 2 after the prefill of 20 tokens: both samples write token 21 into their shared partial block;
-    the first writer copies it (one copy), the second then owns the original."""
-    s = tiny_world(caching=False, num_blocks=11)
+    the first writer copies it (one copy), the second then owns the original. (v0 forks samples; v1 runs
+    them as requests of their own, which share no partial block.)"""
+    s = tiny_world(policy="v0", caching=False, num_blocks=11)
     req = make_request(0, 0.0, prompt=20, output=5, n=2)
     s.add(req)
     s.complete(s.schedule(0.0), 0.01)  # prefill, first token sampled, the child forked

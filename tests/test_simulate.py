@@ -135,9 +135,9 @@ def test_bursts_waited_at_once_equal_step_by_step_with_arrivals_behind_a_blocked
     seen = {"joined": 0, "ties": 0}
     join, none_at = kvsim.engine.runtime.BurstInFlight.join, kvsim.engine.clock.Arrivals.none_delivered_at
 
-    def counting_join(flight, now):
-        seen["joined"] += 1
-        return join(flight, now)
+    def counting_join(flight, now, num_requests=1):
+        seen["joined"] += num_requests
+        return join(flight, now, num_requests)
 
     def counting_none_at(arrivals, instants_s):
         result = none_at(arrivals, instants_s)
