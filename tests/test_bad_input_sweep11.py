@@ -37,7 +37,8 @@ def test_a_plan_written_again_drops_the_earlier_plans_offload_sizing(tmp_path):
     for name, text in earlier.items():
         (out / name).write_text(text)
     result = runner.invoke(app, ["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", "ttft_s.p90=100",
-                                 "--set", "workload.num_requests=5", "--max-replicas", "1", "-o", str(out)])
+                                 "--set", "workload.num_requests=5", "--set", "workload.arrival.rate=1",  # light: settles fast
+                                 "--max-replicas", "1", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == [".kvsim-output", "pareto.png", "plan.csv", "plan.json",
                                                      "plan.md", "points.jsonl"]
