@@ -20,7 +20,7 @@ from kvsim.kv import SegmentContent
 from kvsim.model.capacity import kv_bytes_per_block
 from kvsim.model.config import load_gpu, load_model
 from kvsim.results.budget import estimate_run_bytes
-from kvsim.results.metrics import EngineCounters, StepTotals, dp_group_steps, summarize
+from kvsim.results.metrics import EngineCounters, StepTotals, dp_group_steps, dp_interval_steps, summarize
 from kvsim.results.step_writer import has_pyarrow
 from kvsim.workload import conversations
 from kvsim.workload import generate as workload
@@ -217,19 +217,33 @@ def test_a_data_parallel_run_writes_the_same_steps_file(tmp_path):
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "dp" / "steps.csv"), result.steps, check_exact=True)
 
 
-def test_chunked_data_parallel_steps_are_the_whole_tables_and_its_lockstep_totals(tmp_path, monkeypatch):
-    """Rows handed on 64 at a time (whole lockstep steps each), a preempting DP group: the streamed file and
-    the in-memory rows are one table in (time_s, dp_rank) order, and the summary's step figures are those of
-    the lockstep steps regrouped from that whole table at once (preemption counts carried across chunks)."""
+def regrouped(steps, model):
+    """A DP group's steps as the deployment's: lockstep steps (MoE) or the intervals between independent
+    engines' step starts and ends (dense), from the whole table at once; and the engine steps counted."""
+    if model == "qwen3-30b-a3b":
+        return dp_group_steps(steps, 2), steps["time_s"].nunique()
+    cut, rest = dp_interval_steps(steps)
+    assert rest.empty
+    return dp_group_steps(cut, 2), len(steps)
+
+
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "llama-3.1-8b"], ids=["moe-lockstep", "dense-independent"])
+def test_chunked_data_parallel_steps_are_the_whole_tables_and_its_totals(tmp_path, monkeypatch, model):
+    """Rows handed on 64 at a time (whole lockstep steps each; independent engines' steps cut across
+    chunks), a preempting DP group: the streamed file and the in-memory rows are one table in (time_s,
+    dp_rank) order, and the summary's step figures are those of the deployment's steps regrouped from that
+    whole table at once (preemption counts carried across chunks)."""
     monkeypatch.setattr(recorder_module, "CHUNK_ROWS", 64)
-    spec = load_scenario(None, ["workload.num_requests=120", "engine.data_parallel_size=2", "workload.arrival.rate=200",
-                                "engine.max_model_len=1024", "engine.num_gpu_blocks_override=160"])
+    spec = load_scenario(None, [f"model={model}", "workload.num_requests=120", "engine.data_parallel_size=2",
+                                "workload.arrival.rate=200", "engine.max_model_len=1024",
+                                "engine.num_gpu_blocks_override=160"])
     memory = simulate(spec)
     steps = memory.steps
     assert len(steps) > 10 * 64 and memory.summary["num_preemptions"] > 0
     assert steps.equals(steps.sort_values(["time_s", "dp_rank"]))
-    expected = StepTotals.of(dp_group_steps(steps, 2))
-    assert memory.summary["num_steps"] == expected.num_steps == steps["time_s"].nunique()
+    group, num_steps = regrouped(steps, model)
+    expected = StepTotals.of(group)
+    assert memory.summary["num_steps"] == num_steps
     assert memory.summary["max_running"] == expected.max_running
     whole = summarize(memory.request_columns, expected, EngineCounters(num_preemptions=1), {})
     for key in ("duration_s", "mean_running", "sharing_saving"):

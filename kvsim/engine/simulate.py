@@ -33,7 +33,9 @@ from kvsim.workload.scenario import Scenario, StepsMode
 def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit_bytes: int | None = None,
                            writer: StepWriter | None = None, steps_path: Path | None = None) -> RunResult:
     """`data_parallel_size` engines, each with its own scheduler and KV pool, behind vLLM's DP
-    load balancer, stepping in lockstep (`kvsim.engine.loop.step_loop`). The result holds every request
+    load balancer: stepping in lockstep for an MoE model (`kvsim.engine.loop.step_loop`), each on its own
+    for a dense one (vLLM runs those ranks as independent engines, `DPEngineCoreProc` being for MoE only:
+    vllm/v1/engine/core.py, `run_engine_core`), without decode bursts either way. The result holds every request
     (column `dp_rank`) and the engines' steps (those `scenario.steps` keeps, in (`time_s`, `dp_rank`)
     order); the summary describes the deployment: running and waiting counts and scheduler counters
     summed over the engines, pool shares averaged over them (`kvsim.results.metrics.dp_group_steps`),
@@ -45,10 +47,12 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     rng = np.random.default_rng(scenario.seed)
     parts = [build_engine(scenario, rng) for _ in range(scenario.engine.data_parallel_size)]
     schedulers = [p.scheduler for p in parts]
-    steps = LockstepRecorder(scenario.steps, len(parts), writer)
+    lockstep = parts[0].spec.model.moe is not None
+    steps = LockstepRecorder(scenario.steps, len(parts), writer, lockstep=lockstep)
     group = [Engine(p.scheduler, p.latency, steps.rank(i)) for i, p in enumerate(parts)]
     requests = iter_requests(scenario, parts[0].spec.max_model_len, rng)
-    run_engines([group], requests, lambda req, now: least_loaded(schedulers), check,
+    run_engines([group] if lockstep else [[engine] for engine in group], requests,
+                lambda req, now: least_loaded(schedulers), check, bursts=False,
                 num_requests=scenario.workload.num_requests, max_in_flight=scenario.workload.max_concurrency)
     tables: list[dict[str, np.ndarray]] = []  # each rank's requests by request_id, with its dp_rank
     for i, (p, engine) in enumerate(zip(parts, group, strict=True)):

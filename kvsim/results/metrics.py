@@ -89,6 +89,27 @@ def dp_group_steps(steps_df: pd.DataFrame, num_engines: int, preemptions_before:
     return pd.DataFrame(data)
 
 
+def dp_interval_steps(steps_df: pd.DataFrame, until_s: float = np.inf) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Independent data-parallel engines' step rows (`dp_rank`; each engine's own steps never overlap, but
+    different engines' do) cut at every instant a step starts or ends, as lockstep rows `dp_group_steps`
+    regroups: for each interval between consecutive instants up to `until_s`, one row per engine stepping
+    through it, its `time_s` and `duration_s` the interval's (the interval during which an engine runs no
+    step is not there: that engine is idle then). Returns those rows and the steps still running at
+    `until_s`, from `until_s` on (the rows to cut with the next ones, when the steps come a chunk at a time:
+    no step of a later chunk starts before `until_s`)."""
+    start = steps_df["time_s"].to_numpy()
+    end = start + steps_df["duration_s"].to_numpy()
+    instants = np.unique(np.concatenate([start, np.minimum(end, until_s)]))
+    first = np.searchsorted(instants, start)
+    counts = np.searchsorted(instants, np.minimum(end, until_s)) - first  # intervals each step runs through
+    rows = np.repeat(np.arange(len(start)), counts)
+    interval = np.repeat(first, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    cut = steps_df.iloc[rows].assign(time_s=instants[interval], duration_s=instants[interval + 1] - instants[interval])
+    running_on = end > until_s
+    rest = steps_df[running_on].assign(time_s=until_s, duration_s=end[running_on] - until_s)
+    return cut.reset_index(drop=True), rest.reset_index(drop=True)
+
+
 def requests_frame(requests: RequestRecords | Iterable[Request]) -> pd.DataFrame:
     """One row per request, in arrival order: a scheduler's `records` or the given requests as they are now."""
     import pandas as pd
