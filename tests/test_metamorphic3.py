@@ -94,5 +94,34 @@ def test_an_independent_groups_step_figures_are_its_engines_merged_in_time(tmp_p
         reach = max(reach, end)
     work = (steps["vllm:num_requests_running"] * steps.duration_s).sum()
     assert result.summary["mean_running"] == pytest.approx(work / busy_s, rel=1e-9)
-    assert result.busy_s == pytest.approx(busy_s, rel=1e-12)
+    assert result.totals is not None and result.totals.dt == pytest.approx(busy_s, rel=1e-12)
     assert result.summary["num_steps"] == len(steps)
+
+
+def test_a_fleets_mean_running_is_its_replicas_running_together(tmp_path):
+    """Requests 1 s apart, each served alone in well under a second, alternate between two replicas: the
+    fleet never runs more than one request, so its mean running (over the time some replica steps, as one
+    engine's is over the time it steps) is 1. It was the sum of each replica's own mean, 2. Under load the
+    same figure is the replicas' running·time summed over the union of their step intervals, counted by
+    hand from the fleet's step rows; a disaggregated pool's likewise."""
+    isolated = write_trace(tmp_path / "iso.jsonl", [(i * 10**9, 300 + 10 * i, 20) for i in range(12)])
+    fleet = kvsim.simulate(traced(isolated, replicas=2, router={"policy": "least_outstanding"}))
+    assert set(fleet.requests.replica) == {0, 1}
+    assert fleet.summary["mean_running"] == 1.0
+
+    def by_hand(steps):
+        intervals = sorted(zip(steps.time_s, steps.time_s + steps.duration_s, strict=True))
+        busy_s, reach = 0.0, -1.0
+        for start, end in intervals:
+            busy_s += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+        return (steps["vllm:num_requests_running"] * steps.duration_s).sum() / busy_s
+
+    loaded = write_trace(tmp_path / "load.jsonl", random_rows(np.random.default_rng(6), 80, 6.0))
+    fleet = kvsim.simulate(traced(loaded, replicas=3, router={"policy": "least_kv"}))
+    assert fleet.summary["mean_running"] == pytest.approx(by_hand(fleet.steps), rel=1e-9)
+    disagg = kvsim.simulate(traced(loaded, replicas=[{"count": 2, "kv_role": "kv_producer"},
+                                                     {"count": 1, "kv_role": "kv_consumer"}],
+                                   kv_transfer_config={"kv_connector": "NixlConnector"}))
+    prefill = disagg.steps[disagg.steps.replica < 2]
+    assert disagg.summary["disaggregation"]["pools"]["prefill"]["mean_running"] == pytest.approx(by_hand(prefill), rel=1e-9)

@@ -283,7 +283,7 @@ def engine_result(scenario: Scenario, parts: EngineParts, recorder: StepRecorder
         summary["kv_offload"] = scheduler.offload.summary(summary["duration_s"], recorder.totals.end_s)
     rows = None if steps_path is not None and scenario.steps == "all" else recorder.kept_columns()
     return RunResult(scenario=scenario, request_columns=request_columns, step_columns=rows, summary=summary,
-                     steps_path=steps_path, busy_s=recorder.totals.dt,
+                     steps_path=steps_path, totals=recorder.totals,
                      counters=counters)
 
 

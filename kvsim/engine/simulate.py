@@ -75,7 +75,7 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     streamed = writer is not None and scenario.steps == "all"
     return RunResult(scenario=scenario, request_columns=request_columns,
                      step_columns=None if streamed else steps.kept_columns(), summary=summary,
-                     steps_path=steps_path if streamed else None, busy_s=steps.totals.dt,
+                     steps_path=steps_path if streamed else None, totals=steps.totals,
                      counters=group_counters)
 
 

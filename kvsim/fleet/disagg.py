@@ -56,7 +56,7 @@ from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.model.units import ceil_div
 from kvsim.results.budget import check_engines_memory
-from kvsim.results.metrics import percentiles
+from kvsim.results.metrics import mean_running_together, percentiles
 from kvsim.results.run_result import RunResult
 from kvsim.workload.fleet_layout import KVTransferConfig
 from kvsim.workload.fleet_layout import Router as RouterConfig
@@ -411,7 +411,7 @@ def disagg_summary(disagg: Disaggregation, runs: list[RunResult], engines: list[
             "num_instances": len(indices),
             "num_gpus": sum(runs[i].scenario.engine.tensor_parallel_size for i in indices),
             "utilization": busy_s / (duration_s * len(indices)) if duration_s else 0.0,
-            "mean_running": sum(runs[i].summary["mean_running"] for i in indices),
+            "mean_running": mean_running_together([engines[i].recorder.totals for i in indices]),
             "mean_waiting_per_step": sum(float(runs[i].steps["vllm:num_requests_waiting"].mean())
                                          if len(runs[i].steps) else 0.0 for i in indices),
             "kv_cache_usage_mean": float(np.mean([runs[i].summary["kv_cache_usage_perc"]["mean"] for i in indices])),

@@ -33,7 +33,7 @@ from kvsim.model.capacity import num_gpu_blocks
 from kvsim.model.config import load_gpu, load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
-from kvsim.results.metrics import combined_counters, optional_column_summaries, percentiles
+from kvsim.results.metrics import combined_counters, mean_running_together, optional_column_summaries, percentiles
 from kvsim.results.output_dir import check_output_dir, output_directory
 from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
@@ -314,7 +314,7 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "offered_rate_per_s": (len(arrivals) - 1) / span_s if span_s else 0.0,
         **{key: percentiles(requests_df[key].to_numpy(dtype=float)) for key in ("ttft_s", "tpot_s", "e2e_s",
                                                                                 "queue_s")},
-        "mean_running": sum(r.summary["mean_running"] for r in runs),
+        "mean_running": mean_running_together([r.totals for r in runs if r.totals is not None]),
         "num_preemptions": sum(r.summary["num_preemptions"] for r in runs),
         "kv_cache_usage_mean": float(np.mean([row["kv_cache_usage_mean"] for row in per_replica])),
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,

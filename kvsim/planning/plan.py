@@ -152,7 +152,7 @@ def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> 
     # the SLOs are judged on `evidence` (the steady-state window), never on the whole run's percentiles;
     # busy time and recomputed tokens are what the gap to the floor is made of (`kvsim.planning.bounds`)
     return {**{key: summary[key] for key in keep}, "evidence": window_evidence(result.requests),
-            "work": {"busy_replica_s": sum(run.busy_s for run in result.replicas),
+            "work": {"busy_replica_s": sum(run.totals.dt for run in result.replicas if run.totals is not None),
                      "recomputed_tokens": sum(run.counters.num_recomputed_tokens for run in result.replicas
                                               if run.counters is not None)}}
 

@@ -21,6 +21,7 @@ every token is the summary's `inter_token_latency_s`.
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -135,14 +136,31 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return float(numerator / denominator) if denominator > 0 else None
 
 
+def mean_running_together(totals: Sequence[StepTotals]) -> float:
+    """The running requests of engines side by side (a fleet's replicas), summed, time-averaged over the
+    time at least one of them steps, as one engine's `mean_running` is over the time it steps: Σ running·dt
+    over Σ dt less the time two or more step at once (their busy periods' overlap), so that one engine's is
+    its own `mean_running` exactly. (Summing each engine's mean counts an engine stepping for a tenth of the
+    run as if it ran all along.)"""
+    periods = [np.asarray(t.busy_periods).reshape(-1, 2) for t in totals]
+    every = np.concatenate(periods) if periods else np.zeros((0, 2))
+    start, end = every[np.argsort(every[:, 0], kind="stable")].T
+    reach = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])  # the latest end before each period
+    uncovered = np.maximum(0.0, end - np.maximum(start, reach))  # each period's time no earlier one covered
+    overlap_s = float((end - start).sum() - uncovered.sum())  # 0.0 exactly when no two periods overlap
+    return _ratio(sum(t.running_dt for t in totals), sum(t.dt for t in totals) - overlap_s) or 0.0
+
+
 @dataclass(slots=True)
 class StepTotals:
     """Streaming sums over every step, from which the summary's step figures follow exactly.
 
     `add` takes the steps a chunk at a time (a dict of columns or a steps DataFrame, in step
     order); each time-weighted mean is kept as Σ value·weight and Σ weight, so memory does not
-    grow with the run. Weights: `dt` (each step's duration), `holding` (dt of steps that hold
-    KV: the waste shares and sharing), `queued` (dt of steps with requests waiting: `saturated`).
+    grow with the run but for `busy_periods` (start and end of each stretch of back-to-back steps,
+    flat: two floats per idle gap), from which engines running side by side get the time any of them
+    steps (`mean_running_together`). Weights: `dt` (each step's duration), `holding` (dt of steps that
+    hold KV: the waste shares and sharing), `queued` (dt of steps with requests waiting: `saturated`).
     """
 
     num_steps: int = 0
@@ -162,6 +180,7 @@ class StepTotals:
     running_queued: float = 0.0
     waste_queued: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WASTE_KEYS, 0.0))
     last_preemptions_total: int = 0  # the cumulative count of the last step added
+    busy_periods: array = field(default_factory=lambda: array("d"))
 
     @classmethod
     def of(cls, steps: Mapping[str, Any]) -> StepTotals:
@@ -179,7 +198,20 @@ class StepTotals:
         if dt.size == 0:
             return
         self.num_steps += int(dt.size)
-        self.end_s = max(self.end_s, float((col("time_s") + dt).max()))
+        start = col("time_s").astype(np.float64)
+        end = start + dt
+        self.end_s = max(self.end_s, float(end.max()))
+        reach = np.maximum.accumulate(end)  # the latest end so far
+        new = np.empty(dt.size, dtype=bool)  # a step that starts after every earlier one ended begins a period
+        new[0] = not self.busy_periods or start[0] > self.busy_periods[-1]
+        new[1:] = start[1:] > reach[:-1]
+        firsts = np.flatnonzero(new)
+        if not new[0]:  # the steps before the first new period extend the last one
+            last = (firsts[0] if firsts.size else dt.size) - 1
+            self.busy_periods[-1] = max(self.busy_periods[-1], float(reach[last]))
+        if firsts.size:
+            ends = np.maximum.reduceat(end, firsts)
+            self.busy_periods.extend(np.column_stack([start[firsts], ends]).ravel().tolist())
         self.dt += float(dt.sum())
         running = col("vllm:num_requests_running").astype(np.float64)
         self.max_running = max(self.max_running, int(running.max()))

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-    from kvsim.results.metrics import EngineCounters
+    from kvsim.results.metrics import EngineCounters, StepTotals
     from kvsim.results.step_writer import StepsFormat
     from kvsim.workload.scenario import Scenario
 
@@ -51,7 +51,7 @@ class RunResult:
     steps_path: Path | None = None
     replicas: tuple[RunResult, ...] = ()  # a fleet's replicas in replica order; () for one engine or DP group
     tables: Mapping[str, pd.DataFrame] = field(default_factory=dict)  # name → table, written as NAME.csv
-    busy_s: float = 0.0  # the sum of the run's step times (the engine computing), not written to any file
+    totals: StepTotals | None = None  # an engine's (a DP group's) sums over its steps, not written; a fleet's: None
     counters: EngineCounters | None = None  # an engine's (a DP group's: combined) run-long counters; a fleet's: None
     _frames: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, compare=False)
 
