@@ -7,7 +7,20 @@ replica's share) hold the earlier rounds. Here:
 
 * a dense model's data-parallel ranks are independent engines (vLLM's `run_engine_core`: "Non-MoE DP
   ranks are completely independent"): each rank serves its requests exactly as one engine given them,
-  and the group's step figures are the engines' own, merged in time;
+  and the group's step figures are the engines' own, merged in time; a fleet's mean running is its
+  replicas' running together, over the time some replica steps;
+* a round-robin fleet of three on a trace is three engines on every third row, whatever the engine;
+* a disaggregated prefill instance is the engine serving each prompt with one output token, and an
+  isolated request's disaggregated timeline is counted by hand (chunks, transfer, the decode side's
+  recompute of the last prompt token, then one step per token);
+* a request served before everything else, then the rest of the trace moved later: every later request
+  takes the same times from its arrival (nothing the engine kept from the first request matters).
+
+Relations tried and kept out (the relation was wrong, not kvsim): random draft acceptance shifts with a
+request added first (the run's one generator draws for it too); a hybrid or all-sliding model admits
+fewer prompts at once than `kvsim capacity`'s sequences (a prefill chunk holds every block of the chunk
+until the next step frees what slid out of the window, while the capacity table counts a sequence's
+blocks as it decodes).
 """
 
 from __future__ import annotations
@@ -125,3 +138,91 @@ def test_a_fleets_mean_running_is_its_replicas_running_together(tmp_path):
                                    kv_transfer_config={"kv_connector": "NixlConnector"}))
     prefill = disagg.steps[disagg.steps.replica < 2]
     assert disagg.summary["disaggregation"]["pools"]["prefill"]["mean_running"] == pytest.approx(by_hand(prefill), rel=1e-9)
+
+
+ENGINES = {"v1": {}, "v1-sync": {"async_scheduling": False}, "v0": {"scheduler": "v0"},
+           "v0-swap": {"scheduler": "v0", "preemption_mode": "swap"}, "static": {"scheduler": "static"},
+           "ngram-all-accepted": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                                         "acceptance_rates": 1.0}},
+           "offload": {"kv_offload": {"num_cpu_blocks": 200}}, "priority": {"scheduling_policy": "priority"}}
+
+
+@pytest.mark.parametrize("engine", ENGINES.values(), ids=ENGINES.keys())
+def test_a_round_robin_fleet_of_three_is_three_engines_on_every_third_row(tmp_path, engine):
+    """Replica k of three identical replicas behind round-robin serves rows k, k + 3, ... of the trace as one
+    engine serves those rows alone (its times from its own first row, which arrives row k's time later)."""
+    rows = random_rows(np.random.default_rng(21), 90, 4.0)
+    fleet = kvsim.simulate(traced(write_trace(tmp_path / "all.jsonl", rows), engine, replicas=3,
+                                  router={"policy": "round_robin"})).requests
+    if not {"scheduler", "speculative_config"} & set(engine):  # v1 without drafts preempts on this trace
+        assert fleet.num_preemptions.sum() > 0
+    for k in range(3):
+        alone = kvsim.simulate(traced(write_trace(tmp_path / f"{k}.jsonl", rows[k::3]), engine)).requests
+        mine = fleet[fleet.replica == k].drop(columns="replica").reset_index(drop=True)
+        start_s = (rows[k][0] - rows[0][0]) / 1e9
+        for column in ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s"):
+            np.testing.assert_allclose(alone[column] + start_s, mine[column], rtol=1e-12, atol=1e-9)
+        counts = ["prompt_tokens", "output_tokens", "prefix_hit_tokens", "num_preemptions"]
+        assert alone[counts].equals(mine[counts])
+
+
+def disaggregated(path, engine=None, decode=None, link=None, **top):
+    raw = traced(path, engine, **top)
+    raw.update(replicas=[{"count": 1, "kv_role": "kv_producer"},
+                         {"count": 1, "kv_role": "kv_consumer", "engine": decode or {}}],
+               kv_transfer_config={"kv_connector": "NixlConnector", **(link or {})})
+    return raw
+
+
+def test_a_prefill_instance_is_the_engine_serving_one_token_per_prompt(tmp_path):
+    """vLLM's proxy asks the prefill instance for one token (max_tokens=1); kvsim steps a disaggregated
+    instance synchronously. With a decode pool that never waits for blocks and a link that takes no time
+    (P frees a prompt's blocks when its transfer ends), the prefill instance's requests are those of a
+    synchronous engine given the same rows with one output token each."""
+    rows = random_rows(np.random.default_rng(12), 60, 3.0)
+    sync = {"async_scheduling": False}
+    raw = disaggregated(write_trace(tmp_path / "t.jsonl", rows), decode={"num_gpu_blocks_override": 20000},
+                        link={"kv_link_bandwidth_bytes_per_s": 1e18, "kv_link_latency_s": 0.0})
+    prefill = kvsim.simulate(raw).replicas[0].requests
+    alone = kvsim.simulate(traced(write_trace(tmp_path / "one.jsonl", [(a, p, 1) for a, p, _ in rows]), sync)).requests
+    assert alone.first_scheduled_s.gt(alone.arrival_s).sum() >= 10  # prompts queued behind others
+    assert prefill[alone.columns].equals(alone)
+
+
+@pytest.mark.parametrize(("bandwidth", "latency_s"), [(1e9, 0.003), (50e9, 2e-5)])
+def test_an_isolated_disaggregated_request_counted_by_hand(tmp_path, bandwidth, latency_s):
+    """A 10 ms step, prompts of P tokens in chunks of 256: the prefill instance takes ceil(P / 256) steps;
+    the prompt's ceil(P / 16) blocks of 16 tokens · 128 KiB (Llama-3.1-8B) cross the link in latency +
+    bytes / bandwidth; the decode instance recomputes the last prompt token to sample the first token the
+    client sees (one step), then one step per further token."""
+    step_s = 0.01
+    rng = np.random.default_rng(0)
+    rows = [(i * 100 * 10**9, int(rng.integers(1, 1500)), int(rng.integers(1, 50))) for i in range(8)]
+    raw = disaggregated(write_trace(tmp_path / "t.jsonl", rows), {"max_num_batched_tokens": 256, "max_num_seqs": 64},
+                        link={"kv_link_bandwidth_bytes_per_s": bandwidth, "kv_link_latency_s": latency_s},
+                        latency={"model": "constant", "step_s": step_s})
+    requests = kvsim.simulate(raw).requests
+    for (arrival_ns, prompt, output), request in zip(rows, requests.itertuples(), strict=True):
+        transfer_s = latency_s + -(-prompt // 16) * 16 * 2**17 / bandwidth
+        ttft_s = -(-prompt // 256) * step_s + transfer_s + step_s
+        assert request.ttft_s == pytest.approx(ttft_s, rel=1e-9)
+        assert request.finish_s - arrival_ns / 1e9 == pytest.approx(ttft_s + (output - 1) * step_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("engine", [{}, {"scheduler": "v0"}, {"kv_offload": {"num_cpu_blocks": 200}},
+                                    {"data_parallel_size": 2}], ids=["v1", "v0", "offload", "dp2"])
+def test_a_request_served_first_changes_nothing_for_the_rest_moved_later(tmp_path, engine):
+    """One short request, then the trace 40 s later: every request of the trace takes the same time from its
+    arrival to its first schedule, first token and end, with the same hits and preemptions (40 s is far
+    longer than the first request; its cached blocks hold tokens no other prompt has)."""
+    rows = random_rows(np.random.default_rng(11), 60, 5.0)
+    first = (rows[0][0], 50, 3)
+    alone = kvsim.simulate(traced(write_trace(tmp_path / "a.jsonl", rows), engine)).requests
+    later = kvsim.simulate(traced(write_trace(tmp_path / "b.jsonl", [first] + [(a + 40 * 10**9, p, o) for a, p, o in rows]),
+                                  engine)).requests.iloc[1:].reset_index(drop=True)
+    assert alone.num_preemptions.sum() > 0
+    np.testing.assert_allclose(later.arrival_s, alone.arrival_s + 40, rtol=1e-12)
+    for column in ("queue_s", "ttft_s", "e2e_s"):
+        np.testing.assert_allclose(later[column], alone[column], rtol=1e-9, atol=1e-9)
+    counts = ["prompt_tokens", "output_tokens", "prefix_hit_tokens", "num_preemptions"]
+    assert later[counts].equals(alone[counts])
