@@ -226,3 +226,17 @@ def test_a_request_served_first_changes_nothing_for_the_rest_moved_later(tmp_pat
         np.testing.assert_allclose(later[column], alone[column], rtol=1e-9, atol=1e-9)
     counts = ["prompt_tokens", "output_tokens", "prefix_hit_tokens", "num_preemptions"]
     assert later[counts].equals(alone[counts])
+
+
+def test_a_disaggregated_summary_does_not_depend_on_the_steps_kept(tmp_path):
+    """`steps: none | sampled | all` changes what a run keeps, never its summary: a disaggregated pool's
+    mean_waiting_per_step (each instance's waiting count averaged over its steps, summed over the pool, by
+    hand from every step row) read the rows the run kept, so it was 0 with `steps: none`."""
+    raw = disaggregated(write_trace(tmp_path / "t.jsonl", random_rows(np.random.default_rng(6), 80, 6.0)))
+    every = kvsim.simulate({**raw, "steps": "all"})
+    steps = every.steps
+    prefill = steps[steps.replica == 0]["vllm:num_requests_waiting"].mean()
+    assert prefill > 1
+    assert every.summary["disaggregation"]["pools"]["prefill"]["mean_waiting_per_step"] == pytest.approx(prefill, rel=1e-12)
+    for mode in ("none", "sampled"):
+        assert json.dumps(kvsim.simulate({**raw, "steps": mode}).summary) == json.dumps(every.summary)

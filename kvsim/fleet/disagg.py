@@ -412,8 +412,8 @@ def disagg_summary(disagg: Disaggregation, runs: list[RunResult], engines: list[
             "num_gpus": sum(runs[i].scenario.engine.tensor_parallel_size for i in indices),
             "utilization": busy_s / (duration_s * len(indices)) if duration_s else 0.0,
             "mean_running": mean_running_together([engines[i].recorder.totals for i in indices]),
-            "mean_waiting_per_step": sum(float(runs[i].steps["vllm:num_requests_waiting"].mean())
-                                         if len(runs[i].steps) else 0.0 for i in indices),
+            "mean_waiting_per_step": sum(totals.waiting_steps / totals.num_steps if totals.num_steps else 0.0
+                                         for totals in (engines[i].recorder.totals for i in indices)),
             "kv_cache_usage_mean": float(np.mean([runs[i].summary["kv_cache_usage_perc"]["mean"] for i in indices])),
             "num_preemptions": sum(runs[i].summary["num_preemptions"] for i in indices),
         }

@@ -180,6 +180,7 @@ class StepTotals:
     running_queued: float = 0.0
     waste_queued: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WASTE_KEYS, 0.0))
     last_preemptions_total: int = 0  # the cumulative count of the last step added
+    waiting_steps: int = 0  # Σ over steps of the requests waiting (per step, not weighted by time)
     busy_periods: array = field(default_factory=lambda: array("d"))
 
     @classmethod
@@ -237,7 +238,9 @@ class StepTotals:
         shared = col("shared_slots").astype(np.float64)
         self.shared_holding += float((shared * holding).sum())
         self.logical_holding += float(((held + shared) * holding).sum())
-        queued = col("vllm:num_requests_waiting") > 0
+        waiting = col("vllm:num_requests_waiting")
+        self.waiting_steps += int(waiting.sum())
+        queued = waiting > 0
         dt_queued = dt * queued
         self.queued += float(dt_queued.sum())
         preemptions = col("vllm:num_preemptions_total")
