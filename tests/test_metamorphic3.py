@@ -14,7 +14,9 @@ replica's share) hold the earlier rounds. Here:
   isolated request's disaggregated timeline is counted by hand (chunks, transfer, the decode side's
   recompute of the last prompt token, then one step per token);
 * a request served before everything else, then the rest of the trace moved later: every later request
-  takes the same times from its arrival (nothing the engine kept from the first request matters).
+  takes the same times from its arrival (nothing the engine kept from the first request matters);
+* time rescaled with links (a disaggregated fleet's KV link, an offload tier's): every time exactly half;
+* a disaggregated summary does not depend on the steps the run keeps.
 
 Relations tried and kept out (the relation was wrong, not kvsim): random draft acceptance shifts with a
 request added first (the run's one generator draws for it too); a hybrid or all-sliding model admits
@@ -240,3 +242,35 @@ def test_a_disaggregated_summary_does_not_depend_on_the_steps_kept(tmp_path):
     assert every.summary["disaggregation"]["pools"]["prefill"]["mean_waiting_per_step"] == pytest.approx(prefill, rel=1e-12)
     for mode in ("none", "sampled"):
         assert json.dumps(kvsim.simulate({**raw, "steps": mode}).summary) == json.dumps(every.summary)
+
+
+SMALL = {"model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 2,
+         "engine": {"max_model_len": 4096, "num_gpu_blocks_override": 300},
+         "workload": {"num_requests": 120, "prompt_len": {"dist": "lognormal", "mean": 300, "p99": 1500},
+                      "output_len": {"dist": "lognormal", "mean": 200, "p99": 800},
+                      "shared_prefix": {"tokens": 512, "fraction": 0.6, "num_prefixes": 3}}}
+
+
+@pytest.mark.parametrize("what", ["disaggregated", "offload"])
+def test_doubling_every_rate_and_link_halves_every_time_exactly(what):
+    """Round one's time rescaling (`test_metamorphic.py`) with links: arrival rate and link bandwidth doubled,
+    step time and link latency halved. A transfer's latency + bytes / bandwidth halves exactly (powers of
+    two), so every decision is the same and every time is exactly half."""
+    def run(scale):
+        raw = {**SMALL, "latency": {"model": "constant", "step_s": 0.01 / scale},
+               "workload": {**SMALL["workload"], "arrival": {"process": "poisson", "rate": 12.0 * scale}}}
+        if what == "disaggregated":
+            raw.update(replicas=[{"count": 2, "kv_role": "kv_producer"}, {"count": 1, "kv_role": "kv_consumer"}],
+                       kv_transfer_config={"kv_connector": "NixlConnector", "kv_link_bandwidth_bytes_per_s": 1e9 * scale,
+                                           "kv_link_latency_s": 0.002 / scale})
+        else:
+            raw["engine"] = {**SMALL["engine"], "kv_offload": {"num_cpu_blocks": 300, "bandwidth_bytes_per_s": 4e9 * scale}}
+        return kvsim.simulate(raw)
+
+    slow, fast = run(1), run(2)
+    assert slow.summary["num_preemptions"] > 0
+    times = ["arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s"]
+    np.testing.assert_array_equal(fast.requests[times].to_numpy(), slow.requests[times].to_numpy() / 2)
+    others = [c for c in slow.requests.columns if c not in times]
+    assert fast.requests[others].equals(slow.requests[others])
+    assert fast.summary["duration_s"] == slow.summary["duration_s"] / 2
