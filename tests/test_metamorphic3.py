@@ -27,6 +27,7 @@ blocks as it decodes).
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import numpy as np
@@ -294,3 +295,45 @@ def test_running_time_is_the_requests_time_in_service(tmp_path, engine):
     assert result.summary["num_preemptions"] == 0 and result.summary["max_running"] >= 8
     running_s = (steps["vllm:num_requests_running"] * steps.duration_s).sum()
     assert running_s == pytest.approx((requests.finish_s - requests.first_scheduled_s).sum(), rel=1e-12)
+
+
+def test_one_trace_in_three_formats_is_one_run(tmp_path):
+    """The same rows as token-level ShareGPT (ns), Mooncake (ms, a hash id of its own per 512-token block) and
+    Azure (timestamps with 100 ns digits) give the same requests: arrivals within float rounding of the exact
+    (t − t0), everything else equal. Azure's timestamps were seconds since the epoch as floats (about 0.24 µs
+    apart near 1.7e9 s) before the first row's was taken off: arrivals were up to 0.2 µs off, and rows
+    100 ns apart came 0 or 238 ns apart."""
+    rng = np.random.default_rng(9)
+    n = 60
+    rows = [(int(t) * 10**6, int(p), int(o)) for t, p, o in
+            zip(np.sort(rng.integers(0, 5000, n)) + 1_234_567, rng.integers(1, 1200, n), rng.integers(1, 300, n),
+                strict=True)]
+    base = datetime.datetime(2023, 11, 16, 18, 0, 0)
+    azure = tmp_path / "t.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"{(base + datetime.timedelta(microseconds=t // 1000)).isoformat(' ', 'microseconds')}0,{p},{o}\n"
+        for t, p, o in rows))
+    mooncake, first_id = tmp_path / "t.jsonl", 0
+    with mooncake.open("w") as f:
+        for t, p, o in rows:
+            blocks = -(-p // 512)
+            f.write(json.dumps({"timestamp": t // 10**6, "input_length": p, "output_length": o,
+                                "hash_ids": list(range(first_id, first_id + blocks))}) + "\n")
+            first_id += blocks
+    share = kvsim.simulate(traced(write_trace(tmp_path / "s.jsonl", rows))).requests
+    assert share.num_preemptions.sum() > 0
+    exact_s = np.array([(t - rows[0][0]) / 1e9 for t, _, _ in rows])
+    for fmt, path in (("azure", azure), ("mooncake", mooncake)):
+        raw = traced(str(path))
+        raw["workload"]["trace"] = {"format": fmt, "path": str(path)}
+        requests = kvsim.simulate(raw).requests
+        np.testing.assert_allclose(requests.arrival_s, exact_s, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(requests.finish_s, share.finish_s, rtol=0, atol=1e-9)
+        counts = ["prompt_tokens", "output_tokens", "prefix_hit_tokens", "num_preemptions"]
+        assert requests[counts].equals(share[counts])
+    ticks = tmp_path / "ticks.csv"
+    ticks.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,10,2\n"
+                     "2023-11-16 18:15:46.6805901,10,2\n2023-11-16 18:15:46.6805903,10,2\n")
+    raw = traced(str(ticks))
+    raw["workload"]["trace"] = {"format": "azure", "path": str(ticks)}
+    np.testing.assert_allclose(kvsim.simulate(raw).requests.arrival_s, [0.0, 1e-7, 3e-7], rtol=1e-12, atol=0)
