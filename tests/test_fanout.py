@@ -43,8 +43,9 @@ def test_three_samples_of_a_40_token_prompt_in_blocks_of_16(caching):
     req = make_request(0, 0.0, prompt=40, output=5, n=3)
     assert s.add(req)
     plan = s.schedule(0.0)
-    assert [(r.request_id, n) for r, n in plan.scheduled] == [(-256, 40), (-255, 40 - 32 * caching),
-                                                             (-254, 40 - 32 * caching)]
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [(child_request_id(0, 0), 40),
+                                                             (child_request_id(0, 1), 40 - 32 * caching),
+                                                             (child_request_id(0, 2), 40 - 32 * caching)]
     tables = block_tables(s, 0, 3)
     assert tables == ([[1, 2, 3], [1, 2, 4], [1, 2, 5]] if caching else [[1, 2, 3], [4, 5, 6], [7, 8, 9]])
     assert plan.num_prefill_tokens == (56 if caching else 120)
@@ -187,19 +188,20 @@ def test_beams_and_v0_still_fork():
 def test_children_ids_and_contents():
     """Child ids are negative, increase with the index and give back their parent; a later child's segment
     output is renamed, its token output replaced by its id; child 0 keeps the request's content."""
-    assert [child_request_id(7, i) for i in range(3)] == [-2048, -2047, -2046]
+    ids = [child_request_id(7, i) for i in range(3)]
+    assert all(i < 0 for i in ids) and ids == sorted(ids) and len(set(ids)) == 3
     assert {parent_request_id(child_request_id(p, i)) for p in (0, 7) for i in (0, 255)} == {0, 7}
     segments = SegmentContent([("sys", 16), (("reply", 3), 8)])
     parent = Request(3, 0.5, 16, 8, content=segments, num_samples=2, priority=2)
     groups = SampleGroups()
     children = groups.fan_out(parent)
     assert [(c.request_id, c.arrival_s, c.priority, c.num_samples) for c in children] == [
-        (-1024, 0.5, 2, 1), (-1023, 0.5, 2, 1)]
+        (child_request_id(3, 0), 0.5, 2, 1), (child_request_id(3, 1), 0.5, 2, 1)]
     assert children[0].content is segments
     assert children[1].content.segments == (("sys", 16), ((("reply", 3), 1), 8))
     assert groups.row_id(children[0]) is None
     tokens = Request(3, 0.5, 16, 8, content=TokenContent(range(24)), num_samples=2)
-    assert sample_content(tokens, 1).token_ids == (*range(16), *[-1023] * 8)
+    assert sample_content(tokens, 1).token_ids == (*range(16), *[child_request_id(3, 1)] * 8)
 
 
 @pytest.mark.parametrize("content", ["segments", "tokens"])
@@ -270,3 +272,21 @@ def test_random_fan_outs_keep_one_row_per_request(specs, num_blocks, block_size,
         results.append(pd.DataFrame(rows))
     assert results[0].equals(results[1])
 
+
+
+def test_priority_ties_between_parents_follow_vllms_child_ids():
+    """Three requests of equal priority and arrival, n = 2, priority policy, max_num_seqs = 2 (review13).
+    vLLM's priority heap breaks such ties by request id (`Request.__lt__`), and v1's child ids are the strings
+    f"{index}_{parent}": sorted, "0_0" < "0_1" < "0_2" < "1_0" < ..., so the first step admits child 0 of
+    requests 0 and 1. kvsim admitted both children of request 2 (the last to arrive), where three plain
+    requests so tied admit requests 0 and 1."""
+    parents = range(3)
+    vllm_ids = sorted(f"{i}_{p}" for p in parents for i in range(2))
+    expected = [tuple(int(x) for x in s.split("_")) for s in vllm_ids[:2]]  # (index, parent)
+    alloc = PagedAllocator(41, 16, enable_caching=True, bytes_per_block=1000)
+    s = make_scheduler("v1", alloc, SchedulerLimits(2, 256, 128, 0, None), waiting=make_request_queue("priority"))
+    for rid in parents:
+        assert s.add(make_request(rid, 0.0, prompt=20, output=3, n=2))
+    admitted = [r.request_id for r, _ in s.schedule(0.0).scheduled]
+    assert admitted == [child_request_id(parent, index) for index, parent in expected]
+    assert [parent_request_id(rid) for rid in admitted] == [0, 1]

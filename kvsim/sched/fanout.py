@@ -62,18 +62,23 @@ def fans_out(req: Request) -> bool:
     return req.num_samples > 1 and not req.beam
 
 
+CHILD_ID_STRIDE = 2**40  # more than any run's request ids: a child id keeps its parent's whole
+
+
 def child_request_id(parent_id: int, index: int) -> int:
     """Child `index`'s request id: negative, so it never meets a user request's (ids ≥ 0) or its sequence
-    ids, and increasing with the index (vLLM's `f"{index}_{parent}"` ids sort so, for n ≤ 10: a priority
-    queue's ties go to the lower index)."""
-    assert parent_id >= 0 and 0 <= index < MAX_SAMPLES
-    return index - (parent_id + 1) * MAX_SAMPLES
+    ids (the lowest, −2**48 · 256, still an int64), ordered by index first, then by parent: vLLM's
+    `f"{index}_{parent}"` ids sort so (for n ≤ 10), so a priority queue's ties (equal priority and arrival)
+    go to every parent's child 0 before any child 1, and among parents to the earlier request, as a plain
+    request's tie goes to the lower request id."""
+    assert 0 <= parent_id < CHILD_ID_STRIDE and 0 <= index < MAX_SAMPLES
+    return (index - MAX_SAMPLES) * CHILD_ID_STRIDE + parent_id
 
 
 def parent_request_id(child_id: int) -> int:
     """The parent of a child request id (`child_request_id`'s inverse, without the index)."""
     assert child_id < 0
-    return (-child_id - 1) // MAX_SAMPLES
+    return child_id % CHILD_ID_STRIDE
 
 
 def sample_segments(content: SegmentContent, index: int) -> SegmentContent:
