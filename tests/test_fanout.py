@@ -290,3 +290,18 @@ def test_priority_ties_between_parents_follow_vllms_child_ids():
     admitted = [r.request_id for r, _ in s.schedule(0.0).scheduled]
     assert admitted == [child_request_id(parent, index) for index, parent in expected]
     assert [parent_request_id(rid) for rid in admitted] == [0, 1]
+
+
+def test_a_childs_prompt_tail_is_no_recomputed_token():
+    """Prompt 40, n = 3, blocks of 16, caching on, nothing preempted: 40 + 8 + 8 = 56 prompt tokens computed,
+    but no KV was ever dropped, so no token is computed again (review13: the module docstring said plan's
+    recomputed tokens counted the siblings' 16 tail tokens; `num_recomputed_tokens` counts preemptions only)."""
+    s = tiny_world(max_num_batched_tokens=256)
+    assert s.add(make_request(0, 0.0, prompt=40, output=3, n=3))
+    plan, now = s.schedule(0.0), 0.0
+    assert plan.num_prefill_tokens == 56
+    while s.has_work:
+        now = round(now + 0.01, 9)
+        s.complete(plan, now)
+        plan = s.schedule(now)
+    assert s.num_preemptions == 0 and s.counters().num_recomputed_tokens == 0
