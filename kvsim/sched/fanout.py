@@ -33,7 +33,8 @@ blocks hash alike for all of them, each child's own output apart.
 A child's prompt tail is prefill work beyond the request's one prompt, in the steps' time; it is not
 among `kvsim plan`'s recomputed tokens, which count only what a preemption's dropped KV costs
 (`Request.num_recomputed`: a child never preempted recomputes nothing). A tail of one token (a prompt of
-k·block_size + 1 tokens) is a one-token query after cached ones, which a step counts as a decode, as vLLM's attention backends split batches by query length.
+k·block_size + 1 tokens) is a one-token query after cached ones, which a step counts as a decode, as
+vLLM's attention backends split batches by query length.
 
 The parent's row (`SampleGroups.ended`) is the client's view: vLLM's `OutputProcessor` hands a parent's
 outputs to its one collector (`ParentRequest.get_outputs`), streamed child by child (`output_kind`
