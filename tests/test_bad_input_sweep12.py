@@ -295,6 +295,18 @@ def test_a_flag_and_a_set_of_the_same_field_are_refused(tmp_path, argv, message)
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", [["run"], ["report", "--quick"]])
+def test_a_flag_beside_a_set_section_giving_its_field_is_refused(tmp_path, command):
+    """review13: `--set 'engine={max_num_seqs: 8}' --max-num-seqs 5` ran at 5: the flag, applied after the --set,
+    replaced the one field the section gave, its 8 dropped without a word, as a `--set engine.max_num_seqs=8`
+    beside the flag was before it was refused. A section that does not give the field is no conflict (the test
+    after this one)."""
+    argv = [*command, "--set", "engine={max_num_seqs: 8}", "--max-num-seqs", "5", "-o", str(tmp_path / "out")]
+    assert one_line_exit_2(argv) == ("--max-num-seqs=5: sets engine.max_num_seqs, which --set "
+                                     "'engine={max_num_seqs: 8}' gives too; give each field once")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_flag_inside_a_section_a_set_gives_is_kept(tmp_path, monkeypatch):
     """`report --max-num-seqs 4 --set 'engine={block_size: 32}'`: the --set replaced the engine section after the
     flag, and the report ran at the default max_num_seqs. Its flags now come after the --set, as run's do."""

@@ -128,19 +128,25 @@ def run_flags(steps: str | None, max_num_seqs: int | None, scheduling_policy: st
 
 def refuse_flag_beside_set(flags: dict[str, str], overrides: list[str]) -> None:
     """`flags`: each vLLM-style flag as given (`--max-num-seqs=5`) -> the override it makes (`engine.max_num_seqs=5`),
-    applied after the `--set` ones (`overrides`): a `--set` of the same field, or of one inside the section a flag
-    replaces, is refused naming the flag. The flag won wherever it stood on the command line (`run`; in `report`
-    the `--set` did): one of the two values was dropped without a word, where repeated `--set`s keep the last."""
-    from kvsim.workload.overrides import undone_by
+    applied after the `--set` ones (`overrides`): a `--set` of the same field, of one inside the section a flag
+    replaces, or of a section whose value gives the flag's field (`engine={max_num_seqs: 8}`), is refused naming the
+    flag. The flag won wherever it stood on the command line (`run`; in `report` the `--set` did): one of the two
+    values was dropped without a word, where repeated `--set`s keep the last."""
+    from kvsim.workload.overrides import held_by_section, override_items, undone_by
 
-    keys = [item.partition("=")[0] for item in overrides]
+    items = override_items(overrides)
+    keys = [key for key, _, _ in items]
     for flag, item in flags.items():
         key = item.partition("=")[0]
         done = undone_by(key, keys)
         if done is not None:
             replacing = "" if done == key else f", replacing {done}"
-            raise KvsimError(f"{flag}: sets {key}{replacing}, which --set {shown(overrides[keys.index(done)])} "
-                             "sets too; give each field once")
+            raise KvsimError(f"{flag}: sets {key}{replacing}, which {items[keys.index(done)][2]} sets too; "
+                             "give each field once")
+        section = held_by_section(key, items)
+        if section is not None:
+            raise KvsimError(f"{flag}: sets {key}, which {section[2]} gives too; "
+                             "give each field once")
 
 
 def parse_size_flag(text: str, flag: str) -> int:

@@ -36,6 +36,25 @@ def undone_by(key: str, earlier: list[str]) -> str | None:
     return next((done for done in earlier if done.split(".")[:len(parts)] == parts), None)
 
 
+def held_by_section(key: str, items: list[tuple[str, Any, str]]) -> tuple[str, Any, str] | None:
+    """The first of `items` (`override_items`) that sets a section above the dotted `key` with a value that gives
+    `key`'s field (`engine={max_num_seqs: 8}` holds `engine.max_num_seqs`); None when none does. An override of
+    `key` after it drops that value (`_set_field` replaces the one field)."""
+    parts = key.split(".")
+    for item in items:
+        above = item[0].split(".")
+        if len(above) >= len(parts) or parts[:len(above)] != above:
+            continue
+        node = item[1]
+        for part in parts[len(above):]:
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            return item
+    return None
+
+
 def override_items(overrides: Overrides) -> list[tuple[str, Any, str]]:
     """Each override as (dotted key, value, the label its errors start with: `--set 'k=v'` for a string,
     whose value is parsed as YAML; `override 'k'` for a dict's entry, whose value is as given)."""
