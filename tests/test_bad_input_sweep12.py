@@ -446,3 +446,21 @@ def test_servegen_windows_that_overlap_are_refused(tmp_path, rows, message):
     assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
         f"{tmp_path}/sg/chunk-0-trace.csv:2: {message} (each row is a 600-s window of its own)")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("key", "message"), [
+    ("1_6", "by_num_gpus key='1_6': a number written with an underscore (Python would read 16); write the digits "
+            "without it"),
+    ("true", "by_num_gpus key=true: expected a number, not a boolean"),
+])
+def test_a_number_key_written_with_an_underscore_or_as_a_boolean_is_refused(tmp_path, key, message):
+    """review13: a GPU file's `link.by_num_gpus` is keyed by GPU count (dict[int, ...]); the check of misread
+    numbers read a dict's values only, so a key `1_6` (text since YAML reads no underscore) was the fit at 16 GPUs
+    and a key `true` the fit at 1 GPU (pydantic's lax int), without a word."""
+    gpu = tmp_path / "gpu.yaml"
+    gpu.write_text("memory_bytes: 80GiB\nmemory_type: hbm\nhbm_bandwidth_bytes_per_s: 3.35e12\nfp16_flops: 989e12\n"
+                   "fp8_flops: null\nhost_link_bandwidth_bytes_per_s: 64e9\n"
+                   "link: {kind: nvlink, bandwidth_bytes_per_s: 450e9, latency_s: 0.789e-6,\n"
+                   f"       by_num_gpus: {{2: {{efficiency: 0.6, fixed_s: 16.0e-6}}, {key}: {{efficiency: 0.9, "
+                   "fixed_s: 1.0e-6}}}\n")
+    assert one_line_exit_2(["capacity", "--gpu", str(gpu)]) == f"gpu gpu.link: {message}"

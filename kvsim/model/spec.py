@@ -52,8 +52,9 @@ def _misread_number(annotation: Any, value: Any) -> str | None:
     """Where in `value` a number the annotation wants is written in a form pydantic's lax mode misreads, and why:
     `=true: expected a number, not a boolean` (a field taking int or float, not bool), `='1_0': a number written
     with an underscore ...` (not str: `kvsim.model.units.underscore_problem`); `[i]...` for a list's or tuple's
-    item, `.key...` for a dict's value (nested as deep as the annotation goes); None when none is. A nested
-    section's values (a dict where a model is expected) are left to that section's own check."""
+    item, `.key...` for a dict's value, ` key=...` for a dict's key (nested as deep as the annotation goes); None
+    when none is. A nested section's values (a dict where a model is expected) are left to that section's own
+    check."""
     # numpy's booleans too (a notebook's `mask.any()`): no subclass of bool, pydantic reads them as 1 and 0 as well
     boolean = isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool",
                                                                                                       "bool_"))
@@ -74,8 +75,13 @@ def _misread_number(annotation: Any, value: Any) -> str | None:
             if where is not None:
                 return f"[{i}]{where}"
     if isinstance(value, dict):
-        values = [get_args(m)[1] for m in members if get_origin(m) in (dict, abc.Mapping) and len(get_args(m)) == 2]
+        pairs = [get_args(m) for m in members if get_origin(m) in (dict, abc.Mapping) and len(get_args(m)) == 2]
+        keys, values = [k for k, _ in pairs], [v for _, v in pairs]
         for key, item in value.items():
+            # a key is read as a number too (`by_num_gpus: {1_6: ...}` was 16, `{true: ...}` 1)
+            where = _misread_number(Union[tuple(keys)], key) if keys else None  # noqa: UP007 (built at run time)
+            if where is not None:
+                return f" key{where}"
             where = _misread_number(Union[tuple(values)], item) if values else None  # noqa: UP007
             if where is not None:
                 return f".{key}{where}"
