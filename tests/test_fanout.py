@@ -17,6 +17,7 @@ from kvsim.sched.fanout import (
     SampleGroups,
     child_request_id,
     parent_request_id,
+    request_label,
     sample_content,
 )
 from kvsim.sched.request_queue import make_request_queue
@@ -305,3 +306,11 @@ def test_a_childs_prompt_tail_is_no_recomputed_token():
         s.complete(plan, now)
         plan = s.schedule(now)
     assert s.num_preemptions == 0 and s.counters().num_recomputed_tokens == 0
+
+
+def test_a_message_names_a_child_by_its_parent_and_index():
+    """review13: a child's id is a large negative number only kvsim uses (the priority stall's message printed it);
+    a message names it as vLLM's `f"{index}_{parent}"` does, parent 3 and index 1, a user request as its id."""
+    assert request_label(child_request_id(3, 1)) == "3 (sample 1)"
+    assert request_label(child_request_id(0, 255)) == "0 (sample 255)"
+    assert request_label(7) == "7"

@@ -83,6 +83,14 @@ def parent_request_id(child_id: int) -> int:
     return child_id % CHILD_ID_STRIDE
 
 
+def request_label(request_id: int) -> str:
+    """A request id as a message shows it: a user request's as is, a child's as its parent's and its index
+    (`3 (sample 1)`, vLLM's `1_3`), not the negative number only kvsim uses."""
+    if request_id >= 0:
+        return str(request_id)
+    return f"{parent_request_id(request_id)} (sample {request_id // CHILD_ID_STRIDE + MAX_SAMPLES})"
+
+
 def sample_segments(content: SegmentContent, index: int) -> SegmentContent:
     """Sample `index`'s segment content: the request's prompt segments, then its output segment renamed
     `(output id, index)`, so that the blocks a sample fills hash apart from its siblings'."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvsim.sched.fanout import request_label
 from kvsim.workload.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -115,11 +116,12 @@ class OffloadScheduling:
                 or not self.held_kv_tokens:
             return None
         head = self.waiting.peek()
-        holders = [req.request_id for req in self.waiting if req.request_id in self.held_kv_tokens]
+        holders = [request_label(req.request_id) for req in self.waiting if req.request_id in self.held_kv_tokens]
         if not holders or head.request_id in self.held_kv_tokens:
             return None
-        return (f"engine.scheduling_policy=priority: request {head.request_id} (priority "
-                f"{head.priority}) heads the queue and cannot fit in the KV cache while requests {holders} behind "
+        return (f"engine.scheduling_policy=priority: request {request_label(head.request_id)} (priority "
+                f"{head.priority}) heads the queue and cannot fit in the KV cache while requests "
+                f"[{', '.join(holders)}] behind "
                 "it hold the KV they loaded from engine.kv_offload's tiers, and nothing runs to free any: vLLM's "
                 "scheduler waits forever there; give the KV cache more blocks (engine.num_gpu_blocks_override, "
                 "engine.gpu_memory_utilization)")
