@@ -143,6 +143,48 @@ def test_a_fleets_mean_running_is_its_replicas_running_together(tmp_path):
     assert disagg.summary["disaggregation"]["pools"]["prefill"]["mean_running"] == pytest.approx(by_hand(prefill), rel=1e-9)
 
 
+def _usage_by_hand(steps, num_blocks):
+    """Blocks in use in all the replicas (each row's usage times its replica's pool) over all their blocks,
+    time-averaged over the union of the rows' step intervals."""
+    intervals = sorted(zip(steps.time_s, steps.time_s + steps.duration_s, strict=True))
+    busy_s, reach = 0.0, -1.0
+    for start, end in intervals:
+        busy_s += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    used = sum(num_blocks[r] * u * dt for r, u, dt in zip(steps.replica, steps["vllm:kv_cache_usage_perc"],
+                                                            steps.duration_s, strict=True))
+    return used / (sum(num_blocks[r] for r in set(steps.replica)) * busy_s)
+
+
+def test_a_fleets_kv_usage_is_its_replicas_blocks_in_use_together(tmp_path):
+    """Requests 1 s apart, each served alone, alternate between two replicas of 300 blocks: while one steps,
+    the other holds nothing (a finished request's cached blocks count as free), so the fleet's 600 blocks
+    are used half as much as the stepping replica's own 300: its mean usage is half the rows' time-weighted
+    usage. It was the plain mean of each replica's own mean (each over its own steps), twice that. Under
+    load, and with pools of 300 and 900 blocks, the blocks in use summed over the fleet's blocks and the
+    union of the step intervals, counted by hand from the step rows; a disaggregated pool's likewise."""
+    isolated = write_trace(tmp_path / "iso.jsonl", [(i * 10**9, 300 + 10 * i, 20) for i in range(12)])
+    fleet = kvsim.simulate(traced(isolated, replicas=2, router={"policy": "least_outstanding"}))
+    steps = fleet.steps
+    assert set(fleet.requests.replica) == {0, 1}
+    rows_mean = (steps["vllm:kv_cache_usage_perc"] * steps.duration_s).sum() / steps.duration_s.sum()
+    assert fleet.summary["kv_cache_usage_mean"] == pytest.approx(rows_mean / 2, rel=1e-9)
+    old = np.mean([row["kv_cache_usage_mean"] for row in fleet.summary["per_replica"]])
+    assert old == pytest.approx(rows_mean, rel=0.05)
+
+    loaded = write_trace(tmp_path / "load.jsonl", random_rows(np.random.default_rng(6), 80, 6.0))
+    mixed = kvsim.simulate(traced(loaded, replicas=[{"count": 1}, {"count": 1, "engine": {"num_gpu_blocks_override": 900}}],
+                                  router={"policy": "least_kv"}))
+    assert [r.summary["num_gpu_blocks"] for r in mixed.replicas] == [300, 900]
+    assert mixed.summary["kv_cache_usage_mean"] == pytest.approx(_usage_by_hand(mixed.steps, [300, 900]), rel=1e-9)
+    disagg = kvsim.simulate(traced(loaded, replicas=[{"count": 2, "kv_role": "kv_producer"},
+                                                     {"count": 1, "kv_role": "kv_consumer"}],
+                                   kv_transfer_config={"kv_connector": "NixlConnector"}))
+    prefill = disagg.steps[disagg.steps.replica < 2]
+    assert disagg.summary["disaggregation"]["pools"]["prefill"]["kv_cache_usage_mean"] == pytest.approx(
+        _usage_by_hand(prefill, [300, 300]), rel=1e-9)
+
+
 ENGINES = {"v1": {}, "v1-sync": {"async_scheduling": False}, "v0": {"scheduler": "v0"},
            "v0-swap": {"scheduler": "v0", "preemption_mode": "swap"}, "static": {"scheduler": "static"},
            "ngram-all-accepted": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,

@@ -33,7 +33,13 @@ from kvsim.model.capacity import num_gpu_blocks
 from kvsim.model.config import load_gpu, load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
-from kvsim.results.metrics import combined_counters, mean_running_together, optional_column_summaries, percentiles
+from kvsim.results.metrics import (
+    combined_counters,
+    kv_usage_together,
+    mean_running_together,
+    optional_column_summaries,
+    percentiles,
+)
 from kvsim.results.output_dir import check_output_dir, output_directory
 from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
@@ -316,7 +322,8 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
                                                                                 "queue_s")},
         "mean_running": mean_running_together([r.totals for r in runs if r.totals is not None]),
         "num_preemptions": sum(r.summary["num_preemptions"] for r in runs),
-        "kv_cache_usage_mean": float(np.mean([row["kv_cache_usage_mean"] for row in per_replica])),
+        "kv_cache_usage_mean": kv_usage_together([r.totals for r in runs if r.totals is not None],
+                                                 [r.summary["num_gpu_blocks"] for r in runs if r.totals is not None]),
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "num_prefix_cache_query_tokens": queries, "num_prefix_cache_hit_tokens": hits,
         "requests_per_replica": {"min": min(counts), "max": max(counts), "mean": float(np.mean(counts))},

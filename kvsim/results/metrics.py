@@ -136,19 +136,39 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return float(numerator / denominator) if denominator > 0 else None
 
 
-def mean_running_together(totals: Sequence[StepTotals]) -> float:
-    """The running requests of engines side by side (a fleet's replicas), summed, time-averaged over the
-    time at least one of them steps, as one engine's `mean_running` is over the time it steps: Σ running·dt
-    over Σ dt less the time two or more step at once (their busy periods' overlap), so that one engine's is
-    its own `mean_running` exactly. (Summing each engine's mean counts an engine stepping for a tenth of the
-    run as if it ran all along.)"""
+def busy_together_s(totals: Sequence[StepTotals]) -> float:
+    """The time at least one of engines side by side (a fleet's replicas) steps: Σ dt less the time two or
+    more step at once (their busy periods' overlap), so that one engine's is its own Σ dt exactly."""
     periods = [np.asarray(t.busy_periods).reshape(-1, 2) for t in totals]
     every = np.concatenate(periods) if periods else np.zeros((0, 2))
     start, end = every[np.argsort(every[:, 0], kind="stable")].T
     reach = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])  # the latest end before each period
     uncovered = np.maximum(0.0, end - np.maximum(start, reach))  # each period's time no earlier one covered
     overlap_s = float((end - start).sum() - uncovered.sum())  # 0.0 exactly when no two periods overlap
-    return _ratio(sum(t.running_dt for t in totals), sum(t.dt for t in totals) - overlap_s) or 0.0
+    return sum(t.dt for t in totals) - overlap_s
+
+
+def mean_running_together(totals: Sequence[StepTotals]) -> float:
+    """The running requests of engines side by side (a fleet's replicas), summed, time-averaged over the
+    time at least one of them steps (`busy_together_s`), as one engine's `mean_running` is over the time it
+    steps, so that one engine's is its own exactly. (Summing each engine's mean counts an engine stepping
+    for a tenth of the run as if it ran all along.)"""
+    return _ratio(sum(t.running_dt for t in totals), busy_together_s(totals)) or 0.0
+
+
+def kv_usage_together(totals: Sequence[StepTotals], num_blocks: Sequence[int]) -> float:
+    """The KV usage of engines side by side (a fleet's replicas, engine i with a pool of `num_blocks[i]`
+    blocks): each one's usage weighted by its pool's size (the share of all their blocks in use),
+    time-averaged over the time at least one of them steps (`busy_together_s`), as one engine's
+    `kv_cache_usage_perc` mean is over the time it steps, so that one engine's is its own exactly. An
+    engine counts as using none while it does not step, time its own mean leaves out too: a colocated
+    replica then runs nothing, and blocks a finished request left in the prefix cache count as free, as in
+    vLLM's gauge (a disaggregated instance may then hold blocks for a transfer, which no step records).
+    (The plain mean of each engine's own mean counts an engine stepping for a tenth of the run as if it
+    ran all along, and a small pool as much as a large one.)"""
+    all_blocks = sum(num_blocks)
+    used_dt = sum(blocks / all_blocks * t.usage_dt for t, blocks in zip(totals, num_blocks, strict=True))
+    return _ratio(used_dt, busy_together_s(totals)) or 0.0
 
 
 @dataclass(slots=True)
