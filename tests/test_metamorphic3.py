@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 
 import kvsim
+from kvsim.results.metrics import STEP_COLUMNS, StepTotals, mean_waiting_together
 
 
 def write_trace(path, rows):
@@ -143,14 +144,19 @@ def test_a_fleets_mean_running_is_its_replicas_running_together(tmp_path):
     assert disagg.summary["disaggregation"]["pools"]["prefill"]["mean_running"] == pytest.approx(by_hand(prefill), rel=1e-9)
 
 
+def _union_s(steps):
+    """The time some row's step is under way: the union of the rows' step intervals."""
+    busy_s, reach = 0.0, -1.0
+    for start, end in sorted(zip(steps.time_s, steps.time_s + steps.duration_s, strict=True)):
+        busy_s += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return busy_s
+
+
 def _usage_by_hand(steps, num_blocks):
     """Blocks in use in all the replicas (each row's usage times its replica's pool) over all their blocks,
     time-averaged over the union of the rows' step intervals."""
-    intervals = sorted(zip(steps.time_s, steps.time_s + steps.duration_s, strict=True))
-    busy_s, reach = 0.0, -1.0
-    for start, end in intervals:
-        busy_s += max(0.0, end - max(start, reach))
-        reach = max(reach, end)
+    busy_s = _union_s(steps)
     used = sum(num_blocks[r] * u * dt for r, u, dt in zip(steps.replica, steps["vllm:kv_cache_usage_perc"],
                                                             steps.duration_s, strict=True))
     return used / (sum(num_blocks[r] for r in set(steps.replica)) * busy_s)
@@ -162,7 +168,8 @@ def test_a_fleets_kv_usage_is_its_replicas_blocks_in_use_together(tmp_path):
     are used half as much as the stepping replica's own 300: its mean usage is half the rows' time-weighted
     usage. It was the plain mean of each replica's own mean (each over its own steps), twice that. Under
     load, and with pools of 300 and 900 blocks, the blocks in use summed over the fleet's blocks and the
-    union of the step intervals, counted by hand from the step rows; a disaggregated pool's likewise."""
+    union of the step intervals, counted by hand from the step rows; a disaggregated pool's likewise (and
+    its requests waiting, summed over its instances, over the same time)."""
     isolated = write_trace(tmp_path / "iso.jsonl", [(i * 10**9, 300 + 10 * i, 20) for i in range(12)])
     fleet = kvsim.simulate(traced(isolated, replicas=2, router={"policy": "least_outstanding"}))
     steps = fleet.steps
@@ -183,6 +190,8 @@ def test_a_fleets_kv_usage_is_its_replicas_blocks_in_use_together(tmp_path):
     prefill = disagg.steps[disagg.steps.replica < 2]
     assert disagg.summary["disaggregation"]["pools"]["prefill"]["kv_cache_usage_mean"] == pytest.approx(
         _usage_by_hand(prefill, [300, 300]), rel=1e-9)
+    waiting = (prefill["vllm:num_requests_waiting"] * prefill.duration_s).sum() / _union_s(prefill)
+    assert disagg.summary["disaggregation"]["pools"]["prefill"]["mean_waiting"] == pytest.approx(waiting, rel=1e-9)
 
 
 ENGINES = {"v1": {}, "v1-sync": {"async_scheduling": False}, "v0": {"scheduler": "v0"},
@@ -275,16 +284,33 @@ def test_a_request_served_first_changes_nothing_for_the_rest_moved_later(tmp_pat
 
 def test_a_disaggregated_summary_does_not_depend_on_the_steps_kept(tmp_path):
     """`steps: none | sampled | all` changes what a run keeps, never its summary: a disaggregated pool's
-    mean_waiting_per_step (each instance's waiting count averaged over its steps, summed over the pool, by
-    hand from every step row) read the rows the run kept, so it was 0 with `steps: none`."""
+    mean_waiting (its instances' waiting summed, time-averaged over the time some instance steps; here one
+    instance, by hand from every step row) read the rows the run kept, so it was 0 with `steps: none`."""
     raw = disaggregated(write_trace(tmp_path / "t.jsonl", random_rows(np.random.default_rng(6), 80, 6.0)))
     every = kvsim.simulate({**raw, "steps": "all"})
-    steps = every.steps
-    prefill = steps[steps.replica == 0]["vllm:num_requests_waiting"].mean()
+    steps = every.steps[every.steps.replica == 0]
+    prefill = (steps["vllm:num_requests_waiting"] * steps.duration_s).sum() / steps.duration_s.sum()
     assert prefill > 1
-    assert every.summary["disaggregation"]["pools"]["prefill"]["mean_waiting_per_step"] == pytest.approx(prefill, rel=1e-12)
+    assert every.summary["disaggregation"]["pools"]["prefill"]["mean_waiting"] == pytest.approx(prefill, rel=1e-12)
     for mode in ("none", "sampled"):
         assert json.dumps(kvsim.simulate({**raw, "steps": mode}).summary) == json.dumps(every.summary)
+
+
+def test_a_pools_mean_waiting_is_its_instances_waiting_together():
+    """Instance A steps once, [0, 0.1) s, with 10 requests waiting; instance B steps nine times over
+    [0, 0.9) s with none waiting. The pool had 10 waiting for 0.1 s of the 0.9 s some instance stepped:
+    10 · 0.1 / 0.9. The sum of each instance's waiting averaged over its own steps said 10, as if A's
+    queue had stood all along."""
+    def steps(starts, duration_s, waiting):
+        n = len(starts)
+        columns = dict.fromkeys(STEP_COLUMNS, np.zeros(n))
+        return {**columns, "time_s": np.asarray(starts, dtype=float), "duration_s": np.full(n, duration_s),
+                "vllm:num_requests_waiting": np.full(n, waiting), "free": np.ones(n)}
+
+    a = StepTotals.of(steps([0.0], 0.1, 10))
+    b = StepTotals.of(steps([0.1 * i for i in range(9)], 0.1, 0))
+    assert mean_waiting_together([a, b]) == pytest.approx(10 * 0.1 / 0.9, rel=1e-12)
+    assert mean_waiting_together([a]) == pytest.approx(10.0, rel=1e-12)
 
 
 SMALL = {"model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 2,

@@ -156,6 +156,12 @@ def mean_running_together(totals: Sequence[StepTotals]) -> float:
     return _ratio(sum(t.running_dt for t in totals), busy_together_s(totals)) or 0.0
 
 
+def mean_waiting_together(totals: Sequence[StepTotals]) -> float:
+    """The waiting requests of engines side by side (a disaggregated pool's instances), summed,
+    time-averaged over the time at least one of them steps, as `mean_running_together`'s running ones."""
+    return _ratio(sum(t.waiting_dt for t in totals), busy_together_s(totals)) or 0.0
+
+
 def kv_usage_together(totals: Sequence[StepTotals], num_blocks: Sequence[int]) -> float:
     """The KV usage of engines side by side (a fleet's replicas, engine i with a pool of `num_blocks[i]`
     blocks): each one's usage weighted by its pool's size (the share of all their blocks in use),
@@ -200,7 +206,7 @@ class StepTotals:
     running_queued: float = 0.0
     waste_queued: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WASTE_KEYS, 0.0))
     last_preemptions_total: int = 0  # the cumulative count of the last step added
-    waiting_steps: int = 0  # Σ over steps of the requests waiting (per step, not weighted by time)
+    waiting_dt: float = 0.0  # Σ waiting·dt
     busy_periods: array = field(default_factory=lambda: array("d"))
 
     @classmethod
@@ -259,7 +265,7 @@ class StepTotals:
         self.shared_holding += float((shared * holding).sum())
         self.logical_holding += float(((held + shared) * holding).sum())
         waiting = col("vllm:num_requests_waiting")
-        self.waiting_steps += int(waiting.sum())
+        self.waiting_dt += float((waiting * dt).sum())
         queued = waiting > 0
         dt_queued = dt * queued
         self.queued += float(dt_queued.sum())
