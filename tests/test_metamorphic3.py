@@ -35,27 +35,7 @@ import pytest
 
 import kvsim
 from kvsim.results.metrics import STEP_COLUMNS, StepTotals, mean_waiting_together
-
-
-def write_trace(path, rows):
-    """A `sharegpt_tokens` trace of (arrival_ns, prompt, output) rows (arrivals count from the first row)."""
-    with path.open("w") as f:
-        for arrival_ns, prompt, output in rows:
-            f.write(json.dumps({"arrival_time_ns": int(arrival_ns), "input_toks": int(prompt),
-                                "output_toks": int(output)}) + "\n")
-    return str(path)
-
-
-def traced(path, engine=None, **top):
-    return {"model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 0, **top,
-            "engine": {"max_model_len": 2048, "num_gpu_blocks_override": 300, **(engine or {})},
-            "workload": {"num_requests": 10**6, "arrival": {"process": "trace"},
-                         "trace": {"format": "sharegpt_tokens", "path": path}}}
-
-
-def random_rows(rng, n, span_s, max_prompt=1200, max_output=300):
-    arrivals = np.sort(rng.integers(0, int(span_s * 1e9), n))
-    return list(zip(arrivals, rng.integers(1, max_prompt, n), rng.integers(1, max_output, n), strict=True))
+from tests.test_metamorphic2 import random_rows, traced, write_trace  # the same trace helpers
 
 
 @pytest.mark.parametrize("engine", [{}, {"async_scheduling": False}])
