@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import kvsim
-from kvsim.results.metrics import STEP_COLUMNS, StepTotals, mean_waiting_together
+from kvsim.results.metrics import STEP_COLUMNS, StepTotals, means_together
 from tests.test_metamorphic2 import random_rows, traced, write_trace  # the same trace helpers
 
 
@@ -289,8 +289,8 @@ def test_a_pools_mean_waiting_is_its_instances_waiting_together():
 
     a = StepTotals.of(steps([0.0], 0.1, 10))
     b = StepTotals.of(steps([0.1 * i for i in range(9)], 0.1, 0))
-    assert mean_waiting_together([a, b]) == pytest.approx(10 * 0.1 / 0.9, rel=1e-12)
-    assert mean_waiting_together([a]) == pytest.approx(10.0, rel=1e-12)
+    assert means_together([a, b], [1, 1])["mean_waiting"] == pytest.approx(10 * 0.1 / 0.9, rel=1e-12)
+    assert means_together([a], [1])["mean_waiting"] == pytest.approx(10.0, rel=1e-12)
 
 
 SMALL = {"model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 2,

@@ -56,7 +56,7 @@ from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.model.units import ceil_div
 from kvsim.results.budget import check_engines_memory
-from kvsim.results.metrics import kv_usage_together, mean_running_together, mean_waiting_together, percentiles
+from kvsim.results.metrics import means_together, percentiles
 from kvsim.results.run_result import RunResult
 from kvsim.workload.fleet_layout import KVTransferConfig
 from kvsim.workload.fleet_layout import Router as RouterConfig
@@ -411,10 +411,8 @@ def disagg_summary(disagg: Disaggregation, runs: list[RunResult], engines: list[
             "num_instances": len(indices),
             "num_gpus": sum(runs[i].scenario.engine.tensor_parallel_size for i in indices),
             "utilization": busy_s / (duration_s * len(indices)) if duration_s else 0.0,
-            "mean_running": mean_running_together([engines[i].recorder.totals for i in indices]),
-            "mean_waiting": mean_waiting_together([engines[i].recorder.totals for i in indices]),
-            "kv_cache_usage_mean": kv_usage_together([engines[i].recorder.totals for i in indices],
-                                                     [runs[i].summary["num_gpu_blocks"] for i in indices]),
+            **means_together([engines[i].recorder.totals for i in indices],  # mean_running, _waiting, kv usage
+                             [runs[i].summary["num_gpu_blocks"] for i in indices]),
             "num_preemptions": sum(runs[i].summary["num_preemptions"] for i in indices),
         }
 

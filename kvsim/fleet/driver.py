@@ -35,8 +35,7 @@ from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import (
     combined_counters,
-    kv_usage_together,
-    mean_running_together,
+    means_together,
     optional_column_summaries,
     percentiles,
 )
@@ -304,6 +303,8 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
     span_s = float(arrivals.max() - arrivals.min()) if len(arrivals) > 1 else 0.0
     offload = [(r.summary["kv_offload"], r.summary["duration_s"]) for r in runs if "kv_offload" in r.summary]
     extra = {"kv_offload": combine_summaries(*zip(*offload, strict=True))} if offload else {}
+    pools = [(r.totals, r.summary["num_gpu_blocks"]) for r in runs if r.totals is not None]  # each replica's
+    together = means_together([totals for totals, _ in pools], [blocks for _, blocks in pools])
     spec = combined_counters([r.counters for r in runs if r.counters is not None]).spec_decode
     if spec is not None:
         extra["spec_decode"] = spec.summary(duration)
@@ -320,10 +321,9 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "offered_rate_per_s": (len(arrivals) - 1) / span_s if span_s else 0.0,
         **{key: percentiles(requests_df[key].to_numpy(dtype=float)) for key in ("ttft_s", "tpot_s", "e2e_s",
                                                                                 "queue_s")},
-        "mean_running": mean_running_together([r.totals for r in runs if r.totals is not None]),
+        "mean_running": together["mean_running"],
         "num_preemptions": sum(r.summary["num_preemptions"] for r in runs),
-        "kv_cache_usage_mean": kv_usage_together([r.totals for r in runs if r.totals is not None],
-                                                 [r.summary["num_gpu_blocks"] for r in runs if r.totals is not None]),
+        "kv_cache_usage_mean": together["kv_cache_usage_mean"],
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "num_prefix_cache_query_tokens": queries, "num_prefix_cache_hit_tokens": hits,
         "requests_per_replica": {"min": min(counts), "max": max(counts), "mean": float(np.mean(counts))},

@@ -148,33 +148,24 @@ def busy_together_s(totals: Sequence[StepTotals]) -> float:
     return sum(t.dt for t in totals) - overlap_s
 
 
-def mean_running_together(totals: Sequence[StepTotals]) -> float:
-    """The running requests of engines side by side (a fleet's replicas), summed, time-averaged over the
-    time at least one of them steps (`busy_together_s`), as one engine's `mean_running` is over the time it
-    steps, so that one engine's is its own exactly. (Summing each engine's mean counts an engine stepping
-    for a tenth of the run as if it ran all along.)"""
-    return _ratio(sum(t.running_dt for t in totals), busy_together_s(totals)) or 0.0
+def means_together(totals: Sequence[StepTotals], num_blocks: Sequence[int]) -> dict[str, float]:
+    """Engines side by side (a fleet's replicas, a disaggregated pool's instances; engine i with a pool of
+    `num_blocks[i]` blocks) as one: their running and waiting requests summed and their KV usage weighted by
+    pool size (the share of all their blocks in use), each time-averaged over the time at least one of them
+    steps (`busy_together_s`, computed once), as one engine's `mean_running` is over the time it steps, so
+    that one engine's are its own exactly: `mean_running`, `mean_waiting`, `kv_cache_usage_mean`.
 
-
-def mean_waiting_together(totals: Sequence[StepTotals]) -> float:
-    """The waiting requests of engines side by side (a disaggregated pool's instances), summed,
-    time-averaged over the time at least one of them steps, as `mean_running_together`'s running ones."""
-    return _ratio(sum(t.waiting_dt for t in totals), busy_together_s(totals)) or 0.0
-
-
-def kv_usage_together(totals: Sequence[StepTotals], num_blocks: Sequence[int]) -> float:
-    """The KV usage of engines side by side (a fleet's replicas, engine i with a pool of `num_blocks[i]`
-    blocks): each one's usage weighted by its pool's size (the share of all their blocks in use),
-    time-averaged over the time at least one of them steps (`busy_together_s`), as one engine's
-    `kv_cache_usage_perc` mean is over the time it steps, so that one engine's is its own exactly. An
-    engine counts as using none while it does not step, time its own mean leaves out too: a colocated
-    replica then runs nothing, and blocks a finished request left in the prefix cache count as free, as in
-    vLLM's gauge (a disaggregated instance may then hold blocks for a transfer, which no step records).
-    (The plain mean of each engine's own mean counts an engine stepping for a tenth of the run as if it
-    ran all along, and a small pool as much as a large one.)"""
+    An engine counts as running, waiting and using none while it does not step, time its own means leave out
+    too: a colocated replica then runs nothing, and blocks a finished request left in the prefix cache count
+    as free, as in vLLM's gauge (a disaggregated instance may then hold blocks for a transfer, which no step
+    records). (Summing each engine's mean, or averaging it, counts an engine stepping for a tenth of the run
+    as if it ran all along, and a small pool as much as a large one.)"""
+    busy_s = busy_together_s(totals)
     all_blocks = sum(num_blocks)
     used_dt = sum(blocks / all_blocks * t.usage_dt for t, blocks in zip(totals, num_blocks, strict=True))
-    return _ratio(used_dt, busy_together_s(totals)) or 0.0
+    return {"mean_running": _ratio(sum(t.running_dt for t in totals), busy_s) or 0.0,
+            "mean_waiting": _ratio(sum(t.waiting_dt for t in totals), busy_s) or 0.0,
+            "kv_cache_usage_mean": _ratio(used_dt, busy_s) or 0.0}
 
 
 @dataclass(slots=True)
@@ -185,7 +176,7 @@ class StepTotals:
     order); each time-weighted mean is kept as Σ value·weight and Σ weight, so memory does not
     grow with the run but for `busy_periods` (start and end of each stretch of back-to-back steps,
     flat: two floats per idle gap), from which engines running side by side get the time any of them
-    steps (`mean_running_together`). Weights: `dt` (each step's duration), `holding` (dt of steps that
+    steps (`means_together`). Weights: `dt` (each step's duration), `holding` (dt of steps that
     hold KV: the waste shares and sharing), `queued` (dt of steps with requests waiting: `saturated`).
     """
 
