@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 from yaml.constructor import ConstructorError
 
-from kvsim.model.errors import KvsimError, shown
+from kvsim.model.errors import KvsimError, first_repeat, shown
 
 MAX_ALIASED_VALUES = 100_000
 """The most values aliases (`*name`) may repeat in one YAML text. An alias is one node where it is read, but
@@ -46,7 +46,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         node = self.get_single_node()
         if node is None:
             return None
-        values, distinct = _count_values(node, {}, set()), _count_distinct(node)
+        counts: dict[int, int] = {}
+        values = _count_values(node, counts, set())
+        distinct = len(counts)  # every node of the graph, each once
         if values - distinct > MAX_ALIASED_VALUES:
             raise yaml.MarkedYAMLError(problem=f"its aliases repeat {values - distinct:,} values, more than kvsim "
                                        f"reads ({MAX_ALIASED_VALUES:,})")
@@ -71,17 +73,6 @@ def _count_values(node: yaml.Node, counts: dict[int, int], inside: set[int]) -> 
     counts[id(node)] = 1 + sum(_count_values(child, counts, inside) for child in _children(node))
     inside.discard(id(node))
     return counts[id(node)]
-
-
-def _count_distinct(node: yaml.Node) -> int:
-    """The nodes of the graph under `node`, each once."""
-    seen, todo = {id(node)}, [node]
-    while todo:
-        for child in _children(todo.pop()):
-            if id(child) not in seen:
-                seen.add(id(child))
-                todo.append(child)
-    return len(seen)
 
 
 def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -170,11 +161,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object's pairs as a dict, unless a key repeats (`json` keeps the last one without a word)."""
     out = dict(pairs)
     if len(out) < len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKey(key)
-            seen.add(key)
+        raise _DuplicateKey(first_repeat([key for key, _ in pairs]))
     return out
 
 
