@@ -148,6 +148,10 @@ class GroupedPagedAllocator(PoolSlots):
                 tables[g].append(block_id)
         return tables
 
+    def mark_blocks_as_computed(self) -> None:
+        """Nothing to mark: hybrid groups run under v1 only, whose hits count blocks as computed once
+        they are allocated (vLLM v1's `allocate_slots` caches them before the step runs)."""
+
     def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:
         """The longest hit every attention type accepts, never covering the last token.
 

@@ -11,6 +11,11 @@ Contract:
   cache (`kvsim.kv.prefix_cache`; the hash chain by default) as soon as it fills;
   `lookup_prefix` asks it for the longest cached prefix, which never covers the block
   holding a prompt's last token (its logits must be recomputed).
+* Computed vs cached (`computed_after_step`, vLLM v0): a block a new sequence fills is cached at
+  once (a sequence admitted later in the same step shares its memory) but computed only once the
+  step's batch is built (`mark_blocks_as_computed`); until then a hit on it counts its tokens as
+  uncomputed (`PrefixHit.num_uncomputed_tokens`). Without it (v1) a hit block counts as computed
+  as soon as it is allocated.
 * Copy-on-write: writing into a block with `ref_count > 1` (only a partial last block
   shared by `fork` can be) first copies it to a new block; each copy is counted.
 * Swap moves whole sequences' blocks to a CPU `BlockPool` and back, all-or-nothing.
@@ -67,6 +72,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
         num_cpu_blocks: int = 0,
         bytes_per_block: int = 0,
         prefix_cache: PrefixCache | None = None,
+        computed_after_step: bool = False,
     ) -> None:
         self.prefix_cache = prefix_cache if prefix_cache is not None else HashChainCache(num_blocks, block_size)
         self.supports_bursts = isinstance(self.prefix_cache, HashChainCache)
@@ -83,6 +89,8 @@ class PagedAllocator(PoolSlots, PagedBursts):
         self._sum_reservable = 0  # Σ seq.reservable over GPU sequences
         self._num_mapped_blocks = 0  # Σ len(block_table) over GPU sequences
         self.num_copy_on_writes = 0
+        self.computed_after_step = computed_after_step
+        self.uncomputed_blocks: set[int] = set()  # new blocks of sequences started since `mark_blocks_as_computed`
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -116,7 +124,16 @@ class PagedAllocator(PoolSlots, PagedBursts):
         """
         if not self.enable_caching or content is None:
             return NO_HIT
-        return self.prefix_cache.match(content, num_tokens)
+        hit = self.prefix_cache.match(content, num_tokens)
+        uncomputed = self.uncomputed_blocks
+        if uncomputed and not uncomputed.isdisjoint(hit.block_ids):
+            # vLLM v0's `find_cached_blocks_prefix`: the computed blocks are a prefix of the cached ones
+            first = next(i for i, b in enumerate(hit.block_ids) if b in uncomputed)
+            return PrefixHit(hit.num_tokens, hit.block_ids, hit.num_tokens - first * self.block_size)
+        return hit
+
+    def mark_blocks_as_computed(self) -> None:
+        self.uncomputed_blocks.clear()
 
     # ------------------------------------------------------------- allocation
     def _blocks_needed(self, seq: SeqBlocks | None, num_tokens_total: int, hit: PrefixHit) -> int:
@@ -187,11 +204,13 @@ class PagedAllocator(PoolSlots, PagedBursts):
         needed = self._blocks_needed(seq, num_tokens_total, hit)
         if needed and needed + ceil_div(reserve_slots, self.block_size) > self.pool.num_free_blocks:
             return None
+        new = seq is None
         if seq is None:
             seq = self._start(seq_id, final_num_tokens or num_tokens_total, content, hit)
-        if num_tokens_total > seq.num_tokens and self._write(seq, num_tokens_total):
-            return Allocation(num_copied_blocks=1)
-        return ALLOCATED
+        copied = num_tokens_total > seq.num_tokens and self._write(seq, num_tokens_total)
+        if new and self.computed_after_step:
+            self.uncomputed_blocks.update(seq.block_table[len(hit.block_ids):])
+        return Allocation(num_copied_blocks=1) if copied else ALLOCATED
 
     def append_token(self, seq_id: int) -> bool:
         """`allocate(seq_id, written + 1)` when that token goes into the sequence's own partly

@@ -37,10 +37,21 @@ from kvsim.workload.content import Content
 
 @dataclass(frozen=True, slots=True)
 class PrefixHit:
-    """Cached blocks a new sequence can start from: `num_tokens` tokens in `block_ids`."""
+    """Cached blocks a new sequence can start from: `num_tokens` tokens in `block_ids`.
+
+    `num_uncomputed_tokens`: the hit's trailing tokens whose blocks are shared but whose KV is not
+    computed yet (vLLM v0 fills a block's content in the step that admits its first holder, so a second
+    sequence admitted in that step shares the block's memory but computes its tokens itself);
+    `num_computed_tokens` are the tokens a sequence starting from this hit skips.
+    """
 
     num_tokens: int
     block_ids: tuple[int, ...]
+    num_uncomputed_tokens: int = 0
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return self.num_tokens - self.num_uncomputed_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +117,9 @@ class KVAllocator(Protocol):
 
     # ------------------------------------------------------------------ allocation
     def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit: ...
+    def mark_blocks_as_computed(self) -> None:
+        """The step's admissions are computed: hits on their blocks count as computed from now on
+        (vLLM v0's `mark_blocks_as_computed`, called once the scheduler has built the step's batch)."""
     def can_allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
                      hit: PrefixHit = NO_HIT, reserve_slots: int = 0, num_samples: int = 1,
                      prompt_len: int | None = None) -> bool:

@@ -136,6 +136,9 @@ class SlabAllocator:
         """Slabs share nothing: no prefix hits."""
         return NO_HIT
 
+    def mark_blocks_as_computed(self) -> None:
+        """Nothing to mark: slabs cache nothing."""
+
     def slots_needed(self, seq_ids: Sequence[int], num_tokens_total: int) -> int:
         """0: sequences that hold a region never grow; new ones are admitted via `allocate`."""
         assert all(s in self.seqs for s in seq_ids), "slots_needed is for sequences that hold a region"

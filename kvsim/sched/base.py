@@ -27,7 +27,6 @@ import numpy as np
 
 from kvsim.kv import (
     NO_HIT,
-    Allocation,
     KVAllocator,
     KVOccupancy,
     PrefixCacheStats,
@@ -251,7 +250,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         return True
 
     def admit(self, req: Request, num_new: int, hit: PrefixHit, plan: StepPlan, now: float) -> None:
-        """Move the head of `waiting` to `running` with `num_new` tokens scheduled after `hit`.
+        """Move the head of `waiting` to `running`, sharing `hit`'s blocks, `num_new` tokens after its computed ones.
 
         The caller has checked `can_allocate`; slab allocators also reserve each sample's region.
         """
@@ -259,8 +258,8 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         for seq_id in req.seq_ids + req.child_seq_ids():  # slabs: each sample's region, sized from prompt and output
             reserved = self.alloc.reserve(seq_id, req.kv_len, req.prompt_len)
             assert reserved, "admit after a successful can_allocate"
-        result: Allocation | None = self.alloc.allocate(req.seq_ids[0], hit.num_tokens + num_new, req.kv_len,
-                                                        req.content, hit)
+        num_computed = hit.num_computed_tokens  # a hit's uncomputed tokens (v0, `PrefixHit`) are among the `num_new`
+        result = self.alloc.allocate(req.seq_ids[0], num_computed + num_new, req.kv_len, req.content, hit)
         assert result is not None, "admit after a successful can_allocate"
         plan.num_copied_blocks += result.num_copied_blocks
         self.waiting.pop()
@@ -268,14 +267,14 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         self.admission_order[req.request_id] = self._num_admissions
         if req.first_scheduled_s is None:
             req.first_scheduled_s = self.planned_s
-            req.num_prefix_hit_tokens = hit.num_tokens
+            req.num_prefix_hit_tokens = num_computed
         # KV loaded from a prefill instance is no prefix-cache query: its lookup was counted when the load
         # was reserved. A re-admission re-hits its own blocks: counted apart (`preempted`), as vLLM does.
         # Without prefix caching nothing is looked up or counted (vLLM's KVCacheManager records no query).
         loaded = self.held_kv_tokens.pop(req.request_id, None) if self.held_kv_tokens else None
         if loaded is None and self.alloc.enable_caching:
-            self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
-        req.num_computed_tokens = hit.num_tokens
+            self.prefix_stats.record(req.num_tokens, num_computed, preempted=bool(req.num_preemptions))
+        req.num_computed_tokens = num_computed
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         plan.scheduled.append((req, num_new))

@@ -6,6 +6,9 @@ Per step, in this order:
    (whole prompts, no chunking) while the token budget, `max_num_seqs` and the free-block
    watermark (1 % by default) allow; the free blocks must hold every block of the prompt, even those
    a prefix-cache hit shares (vLLM v0's `can_allocate`). If any were admitted, the step is that batch.
+   A hit skips only the blocks computed in earlier steps: a prompt admitted after an identical one in
+   the same step shares its blocks but computes every token itself (vLLM v0's
+   `PrefixCachingBlockAllocator` marks blocks computed only once the batch is built).
 2. Otherwise decode every RUNNING request (1 token per sequence). When blocks run out,
    preempt from the back (most recently admitted): by recompute for single-sequence
    requests, by swap for groups with several sequences (`preemption_mode` overrides).
@@ -35,6 +38,7 @@ class V0Scheduler(Scheduler):
         plan = StepPlan()
         if not self.swapped and self.waiting:
             self._admit_prefills(plan, now)
+            self.alloc.mark_blocks_as_computed()  # as vLLM v0's `schedule` once the batch is built
             if plan.scheduled:
                 return plan
         self._decode_running(plan)
@@ -50,7 +54,7 @@ class V0Scheduler(Scheduler):
             if num_seqs + req.num_samples > self.limits.max_num_seqs:
                 break
             hit = self.lookup(req)
-            num_new = req.num_tokens - hit.num_tokens
+            num_new = req.num_tokens - hit.num_computed_tokens  # v0's budget counts the uncached tokens
             if num_new > budget or not self.can_admit(req, hit):
                 break
             self.admit(req, num_new, hit, plan, now)
@@ -90,5 +94,5 @@ class V0Scheduler(Scheduler):
         req = self.waiting.peek()
         hit = self.lookup(req)
         return (self.num_running_seqs() + req.num_samples > self.limits.max_num_seqs
-                or req.num_tokens - hit.num_tokens > self.limits.max_num_batched_tokens
+                or req.num_tokens - hit.num_computed_tokens > self.limits.max_num_batched_tokens
                 or not self.can_admit(req, hit))

@@ -1,0 +1,114 @@
+"""Which prefix-cache hits skip computation: blocks are shared as soon as they are cached, but vLLM v0 counts
+them computed only once the step that fills them is scheduled, while v1 counts them at allocation.
+
+Expected values are derived by hand from vLLM's code:
+* v0 (vllm/core/block/prefix_caching_block.py, PrefixCachingBlockAllocator): `allocate_immutable_block` shares
+  any block whose content hash is in `_cached_blocks` (memory); `promote_to_immutable_block` puts a newly filled
+  block there at once but only in `_touched_blocks`, marked computed by `mark_blocks_as_computed` after the
+  scheduler has built the whole batch (vllm/core/scheduler.py, `schedule`; PR #7822). The cached-token count the
+  scheduler's budget uses (`ComputedBlocksTracker.get_num_cached_tokens` → `find_cached_blocks_prefix`) takes
+  only blocks that `block_is_computed`.
+* v1 (vllm/v1/core/kv_cache_manager.py, `allocate_slots`): `cache_blocks` registers the full blocks of the
+  scheduled tokens before the step runs, and `get_computed_blocks` of a request admitted later in the same step
+  finds them.
+"""
+
+import numpy as np
+import pytest
+
+from kvsim.engine.builder import build_engine
+from kvsim.kv.paged import PagedAllocator
+from kvsim.workload.content import SegmentContent
+from kvsim.workload.request import Request
+from kvsim.workload.scenario import load_scenario
+from tests.conftest import make_request
+
+
+def built(scheduler: str, num_blocks: int = 10):
+    """An engine of `num_blocks` blocks of 16 tokens with prefix caching on, built as every run is."""
+    scenario = load_scenario(None, ["model=llama-3.1-8b", f"engine.num_gpu_blocks_override={num_blocks}",
+                                    "engine.block_size=16", "engine.max_model_len=64",
+                                    f"engine.scheduler={scheduler}", "workload.num_requests=1",
+                                    "engine.enable_prefix_caching=true"])
+    return build_engine(scenario, np.random.default_rng(0)).scheduler
+
+
+def test_v0_second_identical_prefix_in_one_step_shares_blocks_but_computes_them():
+    """A and B (40 tokens, the first 32 shared: 2 full blocks) arrive together. v0 hands out block ids in order
+    from 0 (no null block): A takes 0, 1, 2; B's first two full blocks hash as A's, found in `_cached_blocks`,
+    so B shares 0 and 1 (ref count 2) and takes 3 for its own 8 tokens; but 0 and 1 are not computed yet, so
+    B's cached tokens are 0 and it computes all 40. 4 of 10 blocks are held: usage 0.4. Prefix-cache counters:
+    80 tokens queried, 0 hit."""
+    sched = built("v0")
+    a, b = make_request(0, 0.0, 40, 10, prefix=32), make_request(1, 0.0, 40, 10, prefix=32)
+    assert sched.add(a) and sched.add(b)
+    plan = sched.schedule(0.0)
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [(0, 40), (1, 40)]
+    assert sched.alloc.seqs[a.seq_ids[0]].block_table == [0, 1, 2]
+    assert sched.alloc.seqs[b.seq_ids[0]].block_table == [0, 1, 3]
+    assert sched.alloc.pool.ref_counts[:4] == [2, 2, 1, 1]
+    assert sched.kv_usage == 0.4
+    assert (a.num_prefix_hit_tokens, b.num_prefix_hit_tokens) == (0, 0)
+    assert (sched.prefix_stats.num_query_tokens, sched.prefix_stats.num_hit_tokens) == (80, 0)
+    sched.check_invariants()
+    # the next step: the batch has been built, blocks 0 and 1 are computed; C (same 32-token prefix) skips
+    # them and computes its last 8 tokens in block 4
+    sched.complete(plan, 1.0)
+    c = make_request(2, 0.5, 40, 10, prefix=32)
+    assert sched.add(c)
+    plan = sched.schedule(1.0)
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [(2, 8)]
+    assert sched.alloc.seqs[c.seq_ids[0]].block_table == [0, 1, 4]
+    assert c.num_prefix_hit_tokens == 32
+    assert (sched.prefix_stats.num_query_tokens, sched.prefix_stats.num_hit_tokens) == (120, 32)
+    sched.check_invariants()
+
+
+def test_v1_second_identical_prefix_in_one_step_hits():
+    """The same two requests under v1: block 0 is the null block, A takes 1, 2, 3 and caches 1 and 2 at
+    allocation; B's `get_computed_blocks` finds them (32 tokens), so B computes 8 tokens into block 4."""
+    sched = built("v1")
+    a, b = make_request(0, 0.0, 40, 10, prefix=32), make_request(1, 0.0, 40, 10, prefix=32)
+    assert sched.add(a) and sched.add(b)
+    plan = sched.schedule(0.0)
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [(0, 40), (1, 8)]
+    assert sched.alloc.seqs[b.seq_ids[0]].block_table == [1, 2, 4]
+    assert b.num_prefix_hit_tokens == 32
+    sched.check_invariants()
+
+
+@pytest.mark.parametrize("computed_after_step", [True, False])
+def test_paged_lookup_splits_cached_from_computed_blocks(computed_after_step):
+    """Allocator level: a 48-token prompt fills blocks 1, 2, 3 (block 0 is null); a lookup of the same 48
+    tokens covers blocks 1 and 2 (never the last token's block). With `computed_after_step` (v0) both are
+    uncomputed (32 tokens) until `mark_blocks_as_computed`; without it (v1) they are computed at once."""
+    alloc = PagedAllocator(6, 16, computed_after_step=computed_after_step)
+    content = SegmentContent([("p", 48)])
+    assert alloc.allocate(1, 48, 50, content) is not None
+    hit = alloc.lookup_prefix(content, 48)
+    assert (hit.num_tokens, hit.block_ids) == (32, (1, 2))
+    assert hit.num_computed_tokens == (0 if computed_after_step else 32)
+    alloc.mark_blocks_as_computed()
+    assert alloc.lookup_prefix(content, 48).num_computed_tokens == 32
+    alloc.check_invariants()
+
+
+def test_v0_hit_is_computed_up_to_the_first_block_filled_this_step():
+    """A (33 tokens: a 32-token prefix S, then 1 of its own) runs first: blocks 0, 1 (S) and 2, computed once
+    that step is built. Next step B and C arrive, each 56 tokens: S, a shared 16-token part P, then 8 tokens of
+    their own. B hits S (32 computed tokens) and takes 3 (P) and 4; C's lookup covers S and P (blocks 0, 1, 3:
+    `find_cached_blocks_prefix` would stop at 3, cached in this step but not computed), so C skips 32 tokens,
+    computes 24 and shares block 3 with B, taking 5 for its own 8 tokens."""
+    sched = built("v0")
+    a = make_request(0, 0.0, 33, 10, prefix=32)
+    assert sched.add(a)
+    sched.complete(sched.schedule(0.0), 1.0)
+    b, c = (Request(rid, 0.5, 56, 8, content=SegmentContent([("sys", 32), ("P", 16), (("own", rid), 8)]))
+            for rid in (1, 2))
+    assert sched.add(b) and sched.add(c)
+    plan = sched.schedule(1.0)
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [(1, 24), (2, 24)]
+    assert sched.alloc.seqs[b.seq_ids[0]].block_table == [0, 1, 3, 4]
+    assert sched.alloc.seqs[c.seq_ids[0]].block_table == [0, 1, 3, 5]
+    assert (b.num_prefix_hit_tokens, c.num_prefix_hit_tokens) == (32, 32)
+    sched.check_invariants()
