@@ -8,7 +8,8 @@ All functions are pure. Sizes are per tensor-parallel shard (one GPU), as vLLM s
     num_gpu_blocks  = floor(kv_pool_bytes / bytes_per_block)
 
 With an EAGLE or EAGLE-3 drafter (`engine.speculative_config`) `num_layers` counts the head's decoder layer
-too and `weights` the head's (`kvsim.model.drafter`), as vLLM v1 sizes the pool it shares with the target.
+too and `weights` the head's (`kvsim.model.drafter`), as vLLM v1 sizes the pool it shares with the target; a
+draft model's layers add a page of their own shape to every block and its weights to `weights`.
 
 The simulation (`kvsim run`) shows how far real lengths sit from these worst cases.
 """
@@ -23,7 +24,7 @@ from kvsim.model.drafter import drafter_weights_bytes
 from kvsim.model.errors import KvsimError
 from kvsim.model.kv_layout import KVLayout, kv_layout
 from kvsim.model.units import ceil_div
-from kvsim.model.weights import active_params_per_token, total_weights_bytes, weights_bytes_by_component
+from kvsim.model.weights import active_params_per_token, weights_bytes
 
 GIB = 2**30
 
@@ -55,30 +56,9 @@ def kv_bytes_per_block(model: ModelSpec, engine: EngineConfig) -> int:
     return model_kv_layout(model, engine).bytes_per_block
 
 
-def weights_bytes(model: ModelSpec, tensor_parallel_size: int = 1, expert_parallel_size: int = 1,
-                  whole_experts: bool = False) -> int:
-    """Weight bytes on one GPU: experts split over `g = tp · ep` GPUs, everything else over `tp`.
-
-    `expert_parallel_size` is the data-parallel size (see `engine_weights_bytes`). With `whole_experts`
-    (expert parallelism) the GPU is the busiest one: vLLM places whole experts, E // g on each GPU and one
-    more on the first E % g (`determine_expert_map`), so ⌈E / g⌉ experts' weights; otherwise 1/g of every
-    expert (tensor-parallel shards).
-    """
-    by_component = weights_bytes_by_component(model)
-    total = total_weights_bytes(model)
-    experts = by_component["experts"] if total == sum(by_component.values()) else 0
-    num_gpus = tensor_parallel_size * expert_parallel_size
-    if whole_experts and model.moe is not None:
-        num_experts = model.moe.num_experts
-        expert_share = ceil_div(experts * ceil_div(num_experts, num_gpus), num_experts)
-    else:
-        expert_share = ceil_div(experts, num_gpus)
-    return ceil_div(total - experts, tensor_parallel_size) + expert_share
-
-
 def engine_weights_bytes(model: ModelSpec, engine: EngineConfig) -> int:
-    """`weights_bytes` on one GPU of the engine, plus its drafter's (`drafter_weights_bytes`: an EAGLE head,
-    loaded before the KV pool is sized). With data parallelism an MoE model's experts are
+    """`weights_bytes` on one GPU of the engine, plus its drafter's (`drafter_weights_bytes`: an EAGLE head or a
+    draft model, loaded before the KV pool is sized). With data parallelism an MoE model's experts are
     spread over tp · dp GPUs, as whole experts with `enable_expert_parallel` (every engine's pool is
     sized by the GPU holding the most, ⌈E / (tp · dp)⌉: the others hold at most one expert less per
     MoE layer), as tensor-parallel shards without it (vLLM's MoE layers then form one TP group of

@@ -19,7 +19,19 @@ weights leave the budget before the pool is sized.
                  q/k/v read 2H (embedding and hidden state side by side), a hidden norm and a final norm, its
                  own LM head over `EAGLE3_DRAFT_VOCAB_SIZE` tokens and the int64 `draft_id_to_target_id`
                  map; the embedding shared
-    draft_model  a separate model's layers and weights: not counted (the pool is sized for the target alone)
+    draft_model  a separate model (`draft_model`), loaded in the target's dtype (vLLM's `SpeculativeConfig` builds
+                 its `draft_model_config` with `dtype=target_model_config.dtype`) at the engine's tensor
+                 parallelism: all its weights, and its own attention layers, of its own KV shape
+
+`DraftModelProposer.load_model` (vllm/v1/spec_decode/draft_model.py) loads a draft model into the same
+`VllmConfig` too, so its attention layers join the static forward context and get KV specs beside the target's.
+Their shape is the draft's (Llama-3.2-1B beside Llama-3.1-8B: 16 layers of 8 KV heads of 64), so the specs
+differ from the target's; all full attention of one block size, they still make one group
+(`UniformTypeKVCacheSpecs.from_specs`, vllm/v1/core/kv_cache_utils.py `get_kv_cache_groups`) whose page is the
+sum of every layer's page, and `get_kv_cache_config_from_groups` gives `pool // that sum` blocks
+(`KVLayout.draft_bytes_per_block`). A target with sliding-window or chunked layers, or a draft with them, makes
+groups of different page sizes, which vLLM unifies by growing block sizes (`unify_kv_cache_spec_page_size`):
+not modelled, refused (`kvsim.model.kv_layout.kv_layout`).
 
 The head's layer has the target's shape (`eagle_head`, as `kvsim.latency.speculative` prices it: MLA for an
 MLA target), its weights the model's `dtype`; vLLM's pipeline parallelism (which loads the embedding
@@ -29,9 +41,11 @@ the ranks, the fc and the norms replicated.
 
 from __future__ import annotations
 
+from kvsim.model.config import load_model
 from kvsim.model.spec import ModelSpec, attention_params_per_layer
 from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.model.units import ceil_div
+from kvsim.model.weights import weights_bytes
 
 EAGLE3_DRAFT_VOCAB_SIZE = 32_000
 """`draft_vocab_size` of the published EAGLE-3 heads (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's config.json): the
@@ -45,12 +59,24 @@ def eagle_head(model: ModelSpec) -> ModelSpec:
     return ModelSpec(**fields)
 
 
+def draft_model(model: ModelSpec, spec: SpeculativeConfig | None) -> ModelSpec | None:
+    """The separate draft model of `method: draft_model`, in the target's dtype; None for any other drafter."""
+    if spec is None or spec.method != "draft_model":
+        return None
+    assert spec.model is not None  # `SpeculativeConfig` requires it for draft_model
+    return load_model(spec.model).model_copy(update={"dtype": model.dtype})
+
+
 def drafter_weights_bytes(model: ModelSpec, spec: SpeculativeConfig | None, tensor_parallel_size: int = 1) -> int:
     """The drafter's weight bytes on one GPU of `tensor_parallel_size` (see the module docstring); 0 without one.
 
     EAGLE, Llama-3.1-8B, one GPU: fc 2 · 4096² + attention 4096 · (32 + 2 · 8) · 128 + 32 · 128 · 4096
-    + MLP 3 · 4096 · 14336 + a norm of 4096 = 251,662,336 parameters, 503,324,672 B in bf16.
+    + MLP 3 · 4096 · 14336 + a norm of 4096 = 251,662,336 parameters, 503,324,672 B in bf16. A draft model:
+    its own weights, split as a target's (`weights_bytes`).
     """
+    draft = draft_model(model, spec)
+    if draft is not None:
+        return weights_bytes(draft, tensor_parallel_size)
     if spec is None or not spec.num_draft_kv_layers:
         return 0
     head = eagle_head(model)

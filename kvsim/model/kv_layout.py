@@ -35,6 +35,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from kvsim.model.drafter import draft_model
+from kvsim.model.errors import KvsimError
 from kvsim.model.units import ceil_div
 
 if TYPE_CHECKING:
@@ -90,6 +92,9 @@ class KVLayout:
     group_size: int  # layer tensors one block id spans (padding included)
     page_bytes: int  # one block of one layer
     block_size: int
+    # a separate draft model's layers (`speculative_config.method: draft_model`), one page of its own shape each
+    # behind every block id: in vLLM's one group (`UniformTypeKVCacheSpecs`) with the target's, not in `groups`
+    draft_bytes_per_block: int = 0
 
     @property
     def bytes_per_token_per_layer(self) -> int:
@@ -101,16 +106,16 @@ class KVLayout:
 
     @property
     def bytes_per_block(self) -> int:
-        """Memory behind one block id: a page in each of `group_size` layer tensors."""
-        return self.page_bytes * self.group_size
+        """Memory behind one block id: a page in each of `group_size` layer tensors, and the draft model's."""
+        return self.page_bytes * self.group_size + self.draft_bytes_per_block
 
     @property
     def bytes_per_token(self) -> int:
         """KV bytes of one token held by every layer (what a token costs while inside all windows)."""
-        return self.bytes_per_token_per_layer * self.num_layers
+        return self.bytes_per_token_per_layer * self.num_layers + self.draft_bytes_per_block // self.block_size
 
     def num_blocks(self, pool_bytes: int) -> int:
-        return pool_bytes // self.page_bytes // self.group_size
+        return pool_bytes // self.bytes_per_block
 
     def blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
         """vLLM's worst-case blocks per request: every group's maximum, summed."""
@@ -176,6 +181,10 @@ def layer_kinds(model: ModelSpec, engine: EngineConfig) -> list[tuple[AttentionK
     head_kind: AttentionKind = "mla" if model.mla is not None else "full"
     spec = engine.speculative_config
     kinds += [(head_kind, None)] * (spec.num_draft_kv_layers if spec is not None else 0)
+    draft = draft_model(model, spec)
+    if draft is not None:  # a draft model's own layers, last (vLLM loads it after the target)
+        kinds += layer_kinds(draft, engine.model_copy(update={"speculative_config": None,
+                                                              "disable_hybrid_kv_cache_manager": False}))
     if engine.disable_hybrid_kv_cache_manager and len(set(kinds)) > 1:
         return [("full", None)] * len(kinds)
     return kinds
@@ -190,8 +199,23 @@ def page_bytes(model: ModelSpec, engine: EngineConfig, dtype_bytes: int) -> int:
 
 
 def kv_layout(model: ModelSpec, engine: EngineConfig, dtype_bytes: int) -> KVLayout:
-    """Group the model's layers as vLLM's `get_kv_cache_groups` does."""
+    """Group the model's layers as vLLM's `get_kv_cache_groups` does.
+
+    A draft model's layers (`kvsim.model.drafter`) join a target of one full-attention (or MLA) kind in its one
+    group, each with a page of the draft's shape (`KVLayout.draft_bytes_per_block`); beside windowed layers
+    vLLM would unify page sizes by growing block sizes, which is refused.
+    """
     kinds = layer_kinds(model, engine)
+    draft = draft_model(model, engine.speculative_config)
+    draft_bytes = 0
+    if draft is not None:
+        kinds, draft_kinds = kinds[:-draft.num_layers], kinds[-draft.num_layers:]
+        if not set(kinds + draft_kinds) <= {("full", None), ("mla", None)}:
+            assert engine.speculative_config is not None
+            raise KvsimError(f"engine.speculative_config.model={engine.speculative_config.model}: a draft model "
+                             f"beside {model.name} with sliding-window/chunked KV layers on either side makes KV "
+                             "groups of different page sizes (vLLM grows block sizes to unify them): not modelled")
+        draft_bytes = draft.num_layers * page_bytes(draft, engine, dtype_bytes)
     counts = Counter(kinds)  # insertion order = first appearance, as vLLM's defaultdict
     if len(counts) == 1:
         (kind, window), n = next(iter(counts.items()))
@@ -207,4 +231,4 @@ def kv_layout(model: ModelSpec, engine: EngineConfig, dtype_bytes: int) -> KVLay
             # layers[i::num_groups] go to the i-th group of this kind
             found += [KVGroup(kind, len(range(i, n, num_groups)), window) for i in range(num_groups)]
         groups = tuple(found)
-    return KVLayout(groups, group_size, page_bytes(model, engine, dtype_bytes), engine.block_size)
+    return KVLayout(groups, group_size, page_bytes(model, engine, dtype_bytes), engine.block_size, draft_bytes)

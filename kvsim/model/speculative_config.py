@@ -116,9 +116,10 @@ class SpeculativeConfig(Settings):
 
     @property
     def num_draft_kv_layers(self) -> int:
-        """Attention layers the drafter adds to the engine's KV pool (`kvsim.model.drafter`): the EAGLE head's
-        one decoder layer (EAGLE and EAGLE-3 heads have `num_hidden_layers` 1); none for n-gram, which has no
-        drafter on the GPU, and none counted for `draft_model` (its own layers are not modelled)."""
+        """Layers of the target's KV shape the drafter adds to the engine's KV pool (`kvsim.model.drafter`): the
+        EAGLE head's one decoder layer (EAGLE and EAGLE-3 heads have `num_hidden_layers` 1); none for n-gram, which
+        has no drafter on the GPU, and none for `draft_model`, whose layers have the draft's own shape
+        (`KVLayout.draft_bytes_per_block`)."""
         return 1 if self.method in ("eagle", "eagle3") else 0
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from kvsim.model.spec import ModelSpec, expert_params, param_counts
+from kvsim.model.units import ceil_div
 
 MXFP4_BYTES_PER_PARAM = Fraction(17, 32)  # 4-bit value + an 8-bit shared exponent per 32 values
 
@@ -52,3 +53,24 @@ def total_weights_bytes(m: ModelSpec) -> int:
     if m.num_params != param_counts(m).total:
         return m.num_params * m.dtype_bytes
     return sum(by_component.values())
+
+
+def weights_bytes(model: ModelSpec, tensor_parallel_size: int = 1, expert_parallel_size: int = 1,
+                  whole_experts: bool = False) -> int:
+    """Weight bytes on one GPU: experts split over `g = tp · ep` GPUs, everything else over `tp`.
+
+    `expert_parallel_size` is the data-parallel size (`kvsim.model.capacity.engine_weights_bytes`). With
+    `whole_experts` (expert parallelism) the GPU is the busiest one: vLLM places whole experts, E // g on each
+    GPU and one more on the first E % g (`determine_expert_map`), so ⌈E / g⌉ experts' weights; otherwise 1/g
+    of every expert (tensor-parallel shards).
+    """
+    by_component = weights_bytes_by_component(model)
+    total = total_weights_bytes(model)
+    experts = by_component["experts"] if total == sum(by_component.values()) else 0
+    num_gpus = tensor_parallel_size * expert_parallel_size
+    if whole_experts and model.moe is not None:
+        num_experts = model.moe.num_experts
+        expert_share = ceil_div(experts * ceil_div(num_experts, num_gpus), num_experts)
+    else:
+        expert_share = ceil_div(experts, num_gpus)
+    return ceil_div(total - experts, tensor_parallel_size) + expert_share
