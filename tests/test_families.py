@@ -222,7 +222,9 @@ def test_gemma2_alternates_sliding_and_global_layers_from_layer_0(tmp_path) -> N
     assert m.dtype == "bfloat16" and kv_bytes_per_token(m, engine) == 42 * 2 * 8 * 256 * BF16
     kinds = {row.attention: row for row in plan_capacity(m, load_gpu("h100-80gb"), engine, [8192]).kv_types}
     assert kinds["sliding_window"].num_layers == 21 and kinds["full"].num_layers == 21
-    given = {**GEMMA2_9B, "layer_types": ["full_attention"] * 42}  # a config that says so directly wins
+    # a config that says so directly wins, once no sliding_window is left: with one, vLLM gives it to every layer
+    # as the model-level window (tests/test_gemma_uniform_layer_types.py)
+    given = {**GEMMA2_9B, "layer_types": ["full_attention"] * 42, "sliding_window": None}
     assert set(model_from_hf_config(given, "g").resolved_layer_types) == {"full_attention"}
 
 

@@ -222,35 +222,34 @@ def _gpt_oss(c: _Config) -> Fields:
 def _gemma3(c: _Config) -> Fields:
     """Gemma 3 (text part; multimodal checkpoints nest it in `text_config`): local layers use a
     `sliding_window` window, every `sliding_window_pattern`-th layer is global, or `layer_types`
-    says so directly (vllm/model_executor/models/gemma3.py, Gemma3Attention.is_sliding).
+    says so directly (vllm/model_executor/models/gemma3.py, Gemma3Attention.is_sliding). `layer_types`
+    of one kind are not interleaved, so the window also reaches the full layers (`_slide`): all
+    `full_attention` with a `sliding_window` slides everywhere, as vLLM serves it.
     Embeddings are tied; the vision tower (~0.4B) is not counted."""
     text = c.text_part()
     fields = _dense(text)
     fields["model_type"] = "gemma3"
     fields["tie_word_embeddings"] = text.get("tie_word_embeddings", True)
     n = fields["num_layers"]
-    if text.get("layer_types") is None:
+    types = text.layer_list("layer_types", n, (FULL, SLIDING))
+    if types is None:
         pattern = text.count("sliding_window_pattern", 6)
-        fields["layer_types"] = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n)]
-    else:
-        fields["layer_types"] = _layer_types(text, n)
-    fields["sliding_window"] = text.need("sliding_window")
+        types = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n)]
+    _slide(fields, types, _window(text, types), per_layer=True)
     return fields
 
 
 def _gemma2(c: _Config) -> Fields:
     """Gemma 2: layers 0, 2, 4, ... use a `sliding_window` window, the odd layers attend globally,
     unless `layer_types` says so directly (HF's Gemma2Config: `sliding_attention` where (i + 1) % 2,
-    as vllm/model_executor/models/gemma2.py reads it). Embeddings are tied."""
+    as vllm/model_executor/models/gemma2.py reads it); one kind throughout slides everywhere when a
+    `sliding_window` is set, as for Gemma 3 (`_slide`). Embeddings are tied."""
     fields = _dense(c)
     fields["model_type"] = "gemma2"
     fields["tie_word_embeddings"] = c.get("tie_word_embeddings", True)
     n = fields["num_layers"]
-    if c.get("layer_types") is None:
-        fields["layer_types"] = [SLIDING if i % 2 == 0 else FULL for i in range(n)]
-    else:
-        fields["layer_types"] = _layer_types(c, n)
-    fields["sliding_window"] = c.need("sliding_window")
+    types = c.layer_list("layer_types", n, (FULL, SLIDING)) or [SLIDING if i % 2 == 0 else FULL for i in range(n)]
+    _slide(fields, types, _window(c, types), per_layer=True)
     return fields
 
 
@@ -330,14 +329,32 @@ def _model_window(c: _Config, fields: Fields) -> None:
         raise KvsimError(f"model config {c.name}: max_window_layers={max_window}: vLLM serves a sliding window in "
                          f"every layer of a {model_type} model or in none (num_hidden_layers={n}); "
                          "set use_sliding_window=false or max_window_layers to num_hidden_layers")
+    _slide(fields, hf_types, window, per_layer=model_type in PER_LAYER_WINDOW_TYPES)
+
+
+def _slide(fields: Fields, hf_types: list[str] | None, window: int | None, per_layer: bool) -> None:
+    """Each layer's window as vLLM gives it: a layer whose model code passes a window of its own
+    (`per_layer`: `config.sliding_window` where `hf_types` says sliding) keeps it; every other layer takes
+    the model-wide one, `CacheConfig.sliding_window`: the config's `sliding_window` unless `hf_types` mix
+    kinds (`is_interleaved`, vllm/engine/arg_utils.py `create_engine_config`; vllm/attention/layer.py,
+    Attention.__init__). Sets `layer_types` and `sliding_window` when any layer slides; else leaves the
+    model full."""
+    interleaved = hf_types is not None and len(set(hf_types)) > 1
     model_wide = None if interleaved else window
-    if model_type in PER_LAYER_WINDOW_TYPES and hf_types is not None:
+    if per_layer and hf_types is not None:
         windows = [window if kind == SLIDING else model_wide for kind in hf_types]
     else:
-        windows = [model_wide] * n
+        windows = [model_wide] * fields["num_layers"]
     if any(w is not None for w in windows):
         fields["layer_types"] = [FULL if w is None else SLIDING for w in windows]
         fields["sliding_window"] = window
+
+
+def _window(c: _Config, hf_types: list[str]) -> int | None:
+    """The config's `sliding_window`: required where a layer slides, else null or a positive integer."""
+    if SLIDING in hf_types or c.get("sliding_window") is not None:
+        return c.count("sliding_window")
+    return None
 
 
 def _layer_types(c: _Config, num_layers: int) -> list[str]:
