@@ -77,20 +77,47 @@ def test_v1_second_identical_prefix_in_one_step_hits():
     sched.check_invariants()
 
 
-@pytest.mark.parametrize("computed_after_step", [True, False])
-def test_paged_lookup_splits_cached_from_computed_blocks(computed_after_step):
-    """Allocator level: a 48-token prompt fills blocks 1, 2, 3 (block 0 is null); a lookup of the same 48
-    tokens covers blocks 1 and 2 (never the last token's block). With `computed_after_step` (v0) both are
-    uncomputed (32 tokens) until `mark_blocks_as_computed`; without it (v1) they are computed at once."""
-    alloc = PagedAllocator(6, 16, computed_after_step=computed_after_step)
+@pytest.mark.parametrize(("v0_prefix_caching", "blocks", "computed_before", "computed_after"), [
+    # v0: `allocate_immutable_blocks` shares all 3 full blocks; none computed until `mark_blocks_as_computed`,
+    # then 48 cached tokens less the one `_get_num_new_uncached_and_cached_tokens` keeps uncached: 47
+    (True, (1, 2, 3), 0, 47),
+    # v1: `find_longest_cache_hit` stops before the last token's block (max_cache_hit_length = 48 − 1): 2 blocks,
+    # computed as soon as allocated
+    (False, (1, 2), 32, 32),
+])
+def test_paged_lookup_splits_cached_from_computed_blocks(v0_prefix_caching, blocks, computed_before, computed_after):
+    """Allocator level: a 48-token prompt fills blocks 1, 2, 3 (block 0 is null); the same 48 tokens are looked
+    up before and after the step's batch is built."""
+    alloc = PagedAllocator(6, 16, v0_prefix_caching=v0_prefix_caching)
     content = SegmentContent([("p", 48)])
     assert alloc.allocate(1, 48, 50, content) is not None
     hit = alloc.lookup_prefix(content, 48)
-    assert (hit.num_tokens, hit.block_ids) == (32, (1, 2))
-    assert hit.num_computed_tokens == (0 if computed_after_step else 32)
+    assert (hit.num_tokens, hit.block_ids) == (16 * len(blocks), blocks)
+    assert hit.num_computed_tokens == computed_before
     alloc.mark_blocks_as_computed()
-    assert alloc.lookup_prefix(content, 48).num_computed_tokens == 32
+    assert alloc.lookup_prefix(content, 48).num_computed_tokens == computed_after
     alloc.check_invariants()
+
+
+def test_v0_full_hit_shares_every_block_and_recomputes_the_last_token():
+    """A (32 tokens: 2 full blocks) is computed in step 1 (blocks 0, 1). B, the same 32 tokens, arrives after:
+    v0 shares both full blocks (ref count 2) and, every token cached, computes only the last one
+    (`_get_num_new_uncached_and_cached_tokens`: uncached 0 -> 1; ModelRunner._compute_for_prefix_cache_hit),
+    so B schedules 1 token and 31 count as hit (v0 admits prefills alone: A does not decode in that step). v1
+    recomputes the last block instead: A, running, decodes first into block 3 (blocks 1, 2 are its prompt), then
+    B hits block 1 and computes 16 tokens into block 4."""
+    for scheduler, scheduled, table, hit_tokens in (("v0", 1, [0, 1], 31), ("v1", 16, [1, 4], 16)):
+        sched = built(scheduler)
+        a, b = (Request(rid, rid / 2, 32, 8, content=SegmentContent([("sys", 32), (("reply", rid), 8)]))
+                for rid in (0, 1))
+        assert sched.add(a)
+        sched.complete(sched.schedule(0.0), 1.0)
+        assert sched.add(b)
+        plan = sched.schedule(1.0)
+        assert (b, scheduled) in plan.scheduled
+        assert sched.alloc.seqs[b.seq_ids[0]].block_table == table
+        assert b.num_prefix_hit_tokens == hit_tokens
+        sched.check_invariants()
 
 
 def test_v0_hit_is_computed_up_to_the_first_block_filled_this_step():

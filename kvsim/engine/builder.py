@@ -133,7 +133,7 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
         allocator = PagedAllocator(num_blocks, engine.block_size, enable_caching=engine.enable_prefix_caching,
                                    num_cpu_blocks=spec.num_cpu_blocks, bytes_per_block=spec.bytes_per_block,
                                    prefix_cache=cache, null_block=bool(engine.num_null_blocks),
-                                   computed_after_step=engine.scheduler == "v0")
+                                   v0_prefix_caching=engine.scheduler == "v0")
     else:
         allocator = SlabAllocator(num_blocks * engine.block_size, spec.max_model_len,
                                   policy=engine.allocator.removeprefix("slab-"),  # type: ignore[arg-type]

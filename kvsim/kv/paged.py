@@ -11,11 +11,13 @@ Contract:
   cache (`kvsim.kv.prefix_cache`; the hash chain by default) as soon as it fills;
   `lookup_prefix` asks it for the longest cached prefix, which never covers the block
   holding a prompt's last token (its logits must be recomputed).
-* Computed vs cached (`computed_after_step`, vLLM v0): a block a new sequence fills is cached at
-  once (a sequence admitted later in the same step shares its memory) but computed only once the
-  step's batch is built (`mark_blocks_as_computed`); until then a hit on it counts its tokens as
-  uncomputed (`PrefixHit.num_uncomputed_tokens`). Without it (v1) a hit block counts as computed
-  as soon as it is allocated.
+* vLLM v0's prefix caching (`v0_prefix_caching`; vllm/core/block/prefix_caching_block.py): a hit covers every
+  full block of the prompt, the last token's included (`allocate_immutable_blocks`), and skips the computed
+  ones, at most all tokens but the last (the scheduler keeps one uncached token). A block a new sequence
+  fills is cached at once (a sequence admitted later in the same step shares its memory) but computed only
+  once the step's batch is built (`mark_blocks_as_computed`); until then a hit counts its tokens as
+  uncomputed (`PrefixHit.num_uncomputed_tokens`). Without it (v1) a hit block counts as computed as soon as
+  it is allocated, and a hit never covers the last token's block.
 * Copy-on-write: writing into a block with `ref_count > 1` (only a partial last block
   shared by `fork` can be) first copies it to a new block; each copy is counted.
 * Swap moves whole sequences' blocks to a CPU `BlockPool` and back, all-or-nothing.
@@ -72,7 +74,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
         num_cpu_blocks: int = 0,
         bytes_per_block: int = 0,
         prefix_cache: PrefixCache | None = None,
-        computed_after_step: bool = False,
+        v0_prefix_caching: bool = False,
     ) -> None:
         self.prefix_cache = prefix_cache if prefix_cache is not None else HashChainCache(num_blocks, block_size)
         self.supports_bursts = isinstance(self.prefix_cache, HashChainCache)
@@ -89,7 +91,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
         self._sum_reservable = 0  # Σ seq.reservable over GPU sequences
         self._num_mapped_blocks = 0  # Σ len(block_table) over GPU sequences
         self.num_copy_on_writes = 0
-        self.computed_after_step = computed_after_step
+        self.v0_prefix_caching = v0_prefix_caching
         self.uncomputed_blocks: set[int] = set()  # new blocks of sequences started since `mark_blocks_as_computed`
 
     # ------------------------------------------------------------------ sizes
@@ -124,13 +126,20 @@ class PagedAllocator(PoolSlots, PagedBursts):
         """
         if not self.enable_caching or content is None:
             return NO_HIT
-        hit = self.prefix_cache.match(content, num_tokens)
+        if not self.v0_prefix_caching:
+            return self.prefix_cache.match(content, num_tokens)
+        hit = self.prefix_cache.match(content, self._v0_lookup_tokens(content, num_tokens))
+        # `find_cached_blocks_prefix`: the computed blocks are a prefix of the cached ones
         uncomputed = self.uncomputed_blocks
-        if uncomputed and not uncomputed.isdisjoint(hit.block_ids):
-            # vLLM v0's `find_cached_blocks_prefix`: the computed blocks are a prefix of the cached ones
-            first = next(i for i, b in enumerate(hit.block_ids) if b in uncomputed)
-            return PrefixHit(hit.num_tokens, hit.block_ids, hit.num_tokens - first * self.block_size)
-        return hit
+        num_computed = next((i for i, b in enumerate(hit.block_ids) if b in uncomputed), len(hit.block_ids))
+        num_computed_tokens = min(num_computed * self.block_size, num_tokens - 1)
+        return PrefixHit(hit.num_tokens, hit.block_ids, hit.num_tokens - num_computed_tokens) \
+            if num_computed_tokens < hit.num_tokens else hit
+
+    @staticmethod
+    def _v0_lookup_tokens(content: Content, num_tokens: int) -> int:
+        """What v0 asks `PrefixCache.match` for so that the last token's full block is covered too."""
+        return min(num_tokens, content.num_tokens) + 1
 
     def mark_blocks_as_computed(self) -> None:
         self.uncomputed_blocks.clear()
@@ -208,7 +217,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
         if seq is None:
             seq = self._start(seq_id, final_num_tokens or num_tokens_total, content, hit)
         copied = num_tokens_total > seq.num_tokens and self._write(seq, num_tokens_total)
-        if new and self.computed_after_step:
+        if new and self.v0_prefix_caching:
             self.uncomputed_blocks.update(seq.block_table[len(hit.block_ids):])
         return Allocation(num_copied_blocks=1) if copied else ALLOCATED
 

@@ -42,10 +42,13 @@ class PagedBursts:
     _sum_written: int
     _sum_reservable: int
     _num_mapped_blocks: int
+    v0_prefix_caching: bool
 
     if TYPE_CHECKING:
         @property
         def num_held_slots(self) -> int: ...
+        @staticmethod
+        def _v0_lookup_tokens(content: Content, num_tokens: int) -> int: ...
 
     def burst_fits(self, seq_ids: Sequence[int], num_steps: int) -> bool:
         """`burst_slots_needed` ≤ the free slots. No sequence takes more than ⌈num_steps / block_size⌉
@@ -197,8 +200,8 @@ class PagedBursts:
                 new_hashes.update(seq.content.block_hashes(bs, num_full)[seq.num_hashed_blocks:])
         if not new_hashes:
             return False
-        max_blocks = (num_tokens - 1) // bs
-        return not new_hashes.isdisjoint(content.block_hashes(bs, max_blocks))
+        max_blocks = (self._v0_lookup_tokens(content, num_tokens) if self.v0_prefix_caching else num_tokens) - 1
+        return not new_hashes.isdisjoint(content.block_hashes(bs, max_blocks // bs))
 
     def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
         """Held, filled and reserved slots after each of the next `num_steps` decode allocations.
