@@ -120,10 +120,9 @@ class PagedAllocator(PoolSlots, PagedBursts):
 
     # ------------------------------------------------------------ prefix cache
     def lookup_prefix(self, content: Content | None, num_tokens: int) -> PrefixHit:
-        """Longest run of cached full blocks from block 0, never covering the last token (`PrefixCache.match`).
-
-        The scheduler counts queries and hits (vLLM's prefix-cache metrics) when it admits.
-        """
+        """Longest run of cached full blocks from block 0, never covering the last token (`PrefixCache.match`);
+        with `v0_prefix_caching`, v0's hit and its computed part (module docstring). The scheduler counts
+        queries and hits (vLLM's prefix-cache metrics) when it admits."""
         if not self.enable_caching or content is None:
             return NO_HIT
         if not self.v0_prefix_caching:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvsim.model.config import DTYPE_BYTES, EngineConfig, GPUSpec, ModelSpec
-from kvsim.model.drafter import drafter_weights_bytes
+from kvsim.model.drafter import draft_model, drafter_weights_bytes
 from kvsim.model.errors import KvsimError
 from kvsim.model.kv_layout import KVLayout, kv_layout
 from kvsim.model.units import ceil_div
@@ -36,7 +36,7 @@ def kv_dtype_bytes(model: ModelSpec, engine: EngineConfig) -> int:
 
 def model_kv_layout(model: ModelSpec, engine: EngineConfig) -> KVLayout:
     """The model's KV groups and page bytes on one GPU (`kvsim.model.kv_layout`)."""
-    return kv_layout(model, engine, kv_dtype_bytes(model, engine))
+    return kv_layout(model, engine, kv_dtype_bytes(model, engine), draft_model(model, engine.speculative_config))
 
 
 def kv_bytes_per_token(model: ModelSpec, engine: EngineConfig) -> int:

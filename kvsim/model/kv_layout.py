@@ -35,7 +35,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from kvsim.model.drafter import draft_model
 from kvsim.model.errors import KvsimError
 from kvsim.model.units import ceil_div
 
@@ -158,8 +157,10 @@ class KVLayout:
         return num_blocks // len(self.groups) * self.block_size
 
 
-def layer_kinds(model: ModelSpec, engine: EngineConfig) -> list[tuple[AttentionKind, int | None]]:
-    """Each KV layer's (kind, window) as allocation sees it: the model's, then its drafter's.
+def layer_kinds(model: ModelSpec, engine: EngineConfig,
+                draft: ModelSpec | None = None) -> list[tuple[AttentionKind, int | None]]:
+    """Each KV layer's (kind, window) as allocation sees it: the model's, then its drafter's (an EAGLE head's, or
+    the `draft` model's own layers).
 
     A speculating engine's EAGLE head adds its decoder layer, of the target's full-attention shape (MLA for
     an MLA model), to the same pool (`SpeculativeConfig.num_draft_kv_layers`, `kvsim.model.drafter`: vLLM's
@@ -181,7 +182,6 @@ def layer_kinds(model: ModelSpec, engine: EngineConfig) -> list[tuple[AttentionK
     head_kind: AttentionKind = "mla" if model.mla is not None else "full"
     spec = engine.speculative_config
     kinds += [(head_kind, None)] * (spec.num_draft_kv_layers if spec is not None else 0)
-    draft = draft_model(model, spec)
     if draft is not None:  # a draft model's own layers, last (vLLM loads it after the target)
         kinds += layer_kinds(draft, engine.model_copy(update={"speculative_config": None,
                                                               "disable_hybrid_kv_cache_manager": False}))
@@ -198,15 +198,15 @@ def page_bytes(model: ModelSpec, engine: EngineConfig, dtype_bytes: int) -> int:
     return 2 * engine.block_size * kv_heads_per_shard * model.head_dim * dtype_bytes
 
 
-def kv_layout(model: ModelSpec, engine: EngineConfig, dtype_bytes: int) -> KVLayout:
+def kv_layout(model: ModelSpec, engine: EngineConfig, dtype_bytes: int, draft: ModelSpec | None = None) -> KVLayout:
     """Group the model's layers as vLLM's `get_kv_cache_groups` does.
 
-    A draft model's layers (`kvsim.model.drafter`) join a target of one full-attention (or MLA) kind in its one
-    group, each with a page of the draft's shape (`KVLayout.draft_bytes_per_block`); beside windowed layers
-    vLLM would unify page sizes by growing block sizes, which is refused.
+    `draft`: the engine's draft model (`kvsim.model.drafter.draft_model`, loaded by the caller: the allocators
+    import this module, and the pure core loads no configs). Its layers join a target of one full-attention (or
+    MLA) kind in its one group, each with a page of the draft's shape (`KVLayout.draft_bytes_per_block`);
+    beside windowed layers vLLM would unify page sizes by growing block sizes, which is refused.
     """
-    kinds = layer_kinds(model, engine)
-    draft = draft_model(model, engine.speculative_config)
+    kinds = layer_kinds(model, engine, draft)
     draft_bytes = 0
     if draft is not None:
         kinds, draft_kinds = kinds[:-draft.num_layers], kinds[-draft.num_layers:]

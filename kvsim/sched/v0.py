@@ -6,9 +6,10 @@ Per step, in this order:
    (whole prompts, no chunking) while the token budget, `max_num_seqs` and the free-block
    watermark (1 % by default) allow; the free blocks must hold every block of the prompt, even those
    a prefix-cache hit shares (vLLM v0's `can_allocate`). If any were admitted, the step is that batch.
-   A hit skips only the blocks computed in earlier steps: a prompt admitted after an identical one in
-   the same step shares its blocks but computes every token itself (vLLM v0's
-   `PrefixCachingBlockAllocator` marks blocks computed only once the batch is built).
+   A hit shares every cached full block of the prompt but skips only those computed in earlier steps,
+   and never the last token: a prompt admitted after an identical one in the same step shares its
+   blocks but computes every token itself (vLLM v0's `PrefixCachingBlockAllocator` marks blocks computed
+   only once the batch is built); a prompt wholly cached earlier computes its last token alone.
 2. Otherwise decode every RUNNING request (1 token per sequence). When blocks run out,
    preempt from the back (most recently admitted): by recompute for single-sequence
    requests, by swap for groups with several sequences (`preemption_mode` overrides).
