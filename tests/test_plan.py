@@ -56,10 +56,20 @@ def test_plan_finds_the_replica_count_brute_force_finds(tmp_path):
     assert simulated_again == 0 and again == rows
 
 
-def test_an_interrupted_search_resumes_without_redoing_finished_points(tmp_path):
+TWO_GPUS = {"slo": SLO, "gpus": ["h100-80gb", "h200"], "max_replicas": 8}
+
+
+@pytest.fixture(scope="module")
+def two_gpu_plan(tmp_path_factory):
+    """The uninterrupted plan of `toy()` over two GPU kinds: (its rows, the number of points it simulated), which
+    the crash tests below compare with; computed once for the module (a plan is a function of its inputs)."""
+    return plan(toy(), make_plan_spec(TWO_GPUS), tmp_path_factory.mktemp("two_gpu_plan"))
+
+
+def test_an_interrupted_search_resumes_without_redoing_finished_points(tmp_path, two_gpu_plan):
     base = toy()
-    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb", "h200"], "max_replicas": 8})
-    full, total = plan(base, spec, tmp_path / "full")
+    spec = make_plan_spec(TWO_GPUS)
+    full, total = two_gpu_plan
 
     def crash_after_two(finished, simulated, *_):
         if simulated == 2:
@@ -74,11 +84,11 @@ def test_an_interrupted_search_resumes_without_redoing_finished_points(tmp_path)
     assert simulated == total - 2 and rows == full
 
 
-def test_killing_a_dask_worker_mid_search_loses_no_finished_point(tmp_path):
+def test_killing_a_dask_worker_mid_search_loses_no_finished_point(tmp_path, two_gpu_plan):
     distributed = pytest.importorskip("dask.distributed")
     base = toy()
-    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb", "h200"], "max_replicas": 8})
-    expected, total = plan(base, spec, tmp_path / "here")
+    spec = make_plan_spec(TWO_GPUS)
+    expected, total = two_gpu_plan
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
         pids = client.run(os.getpid)
