@@ -74,7 +74,7 @@ def test_the_report_prices_a_data_parallel_group_by_all_its_gpus():
         "latency": {"model": "constant", "step_s": 0.01},
         "workload": {"num_requests": 100, "arrival": {"process": "poisson", "rate": 1.0},
                      "prompt_len": {"dist": "fixed", "value": 32}, "output_len": {"dist": "fixed", "value": 32}}})
-    cfg = studies.StudyConfig(workers=1, rate_requests=200, rate_max_requests=800, rate_verify_factor=0,
+    cfg = studies.StudyConfig(workers=1, rate_requests=100, rate_max_requests=400, rate_verify_factor=0,
                               gpu_hourly_cost=1.0)
     (row,) = studies.sustained_rates(studies.Study(base, cfg), ("paged",)).to_dict("records")
     assert row["output_tokens_per_s"] > 0
