@@ -95,7 +95,7 @@ def test_the_gap_breakdown_sums_to_the_replicas_and_is_right_by_hand():
     assert sum(parts[k] for k in GAP_PARTS) == pytest.approx(1.0)
     assert parts["kv_floor"] == pytest.approx(2 * 19 * 74 * 0.01 / 6400)
     assert parts["gap"] == pytest.approx(1 - 0.0525)
-    assert gap_text(parts, 1) == "1 replicas = compute floor 0.05 + batching 0.35 + preemption 0.00 + idle 0.60; " \
+    assert gap_text(parts, 1) == "1 replica = compute floor 0.05 + batching 0.35 + preemption 0.00 + idle 0.60; " \
                                  "KV floor 0.00"
 
 

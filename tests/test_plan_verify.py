@@ -152,7 +152,7 @@ def test_an_overloaded_fleet_that_preempts_is_over_capacity_not_short_of_kv(tmp_
     spec = make_plan_spec({"slo": {"ttft_s.p90": 0.5}, "gpus": ["h100-80gb"], "max_replicas": 4})
     (row,) = plan(kv_fill(16.0), spec, tmp_path)[0]
     assert row["replicas"] == 2 and row["bound_binds"] == "compute" and row["lower_bound_replicas"] == 2
-    assert row["limiting_factor"].startswith("is overloaded at 1 replicas: over capacity (preempting")
+    assert row["limiting_factor"].startswith("is overloaded at 1 replica: over capacity (preempting")
     assert "KV memory" not in row["limiting_factor"]
 
 

@@ -67,7 +67,7 @@ def test_plan_counts_points_reused_from_points_jsonl(eager, tmp_path):
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
     lines = plain_lines(first.stderr, "plan")
-    pattern = r"kvsim plan: (\d+) points done \((\d+) simulated now, (\d+) reused from points.jsonl\); (\d)/2 " \
+    pattern = r"kvsim plan: (\d+) points? done \((\d+) simulated now, (\d+) reused from points.jsonl\); (\d)/2 " \
               r"candidates still searching \(\d+ s\)"
     counts = [tuple(int(g) for g in re.fullmatch(pattern, line).groups()) for line in lines]
     total = counts[-1][0]
@@ -106,3 +106,12 @@ def test_a_runs_progress_moves_during_the_run_and_changes_no_result():
     during = [c for c in calls if c[1] < c[2]]
     assert len(during) >= 5 and during == sorted(during)  # many calls before the end, never going back
     assert calls[-1][1:] == (200, 200)
+
+
+def test_one_point_and_one_replica_are_singular():
+    """The user-facing counts agree with their number: '1 point done', '1 replica', '2 replicas'."""
+    from kvsim.model.units import counted
+
+    assert progress.points_text(1, 1, 1, 1).startswith("1 point done (1 simulated now, 0 reused")
+    assert progress.points_text(2, 0, 0, 1).startswith("2 points done")
+    assert (counted(1, "replica"), counted(0, "replica"), counted(3, "GPU")) == ("1 replica", "0 replicas", "3 GPUs")

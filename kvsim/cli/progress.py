@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from kvsim.cli.interrupts import raise_if_interrupted
+from kvsim.model.units import counted
 
 BAR_AFTER_S = 1.0
 PLAIN_FIRST_S = 3.0
@@ -107,7 +108,7 @@ def run_progress(command: str, enabled: bool = True) -> Iterator[Callable[[float
 
 def points_text(finished: int, simulated: int, open_searches: int, num_searches: int) -> str:
     """A plan's line: points finished, how many came from points.jsonl, candidates still searching."""
-    return (f"{finished} points done ({simulated} simulated now, {finished - simulated} reused from "
+    return (f"{counted(finished, 'point')} done ({simulated} simulated now, {finished - simulated} reused from "
             f"points.jsonl); {open_searches}/{num_searches} candidates still searching")
 
 

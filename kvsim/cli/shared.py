@@ -16,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from kvsim.model.errors import KvsimError, empty_item, first_repeat, shown
-from kvsim.model.units import underscore_problem
+from kvsim.model.units import counted, underscore_problem
 
 
 class Format(StrEnum):
@@ -300,7 +300,7 @@ def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> No
             typer.echo(f"gap to the floor, {r['candidate']}: {r['gap_breakdown']} (replicas at the traffic's "
                        f"rate, from the run behind the answer; {r['bound_binds']} floor binds)")
     typer.echo(chosen_text(rows))
-    typer.echo(f"{simulated} points simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
+    typer.echo(f"{counted(simulated, 'point')} simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
                f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests, "
                f"one replica more while that long run fails")
 

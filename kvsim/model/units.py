@@ -33,3 +33,9 @@ def read_number(text: Any, kind: type[Number]) -> Number:
     if problem is not None:
         raise ValueError(problem)
     return kind(text)
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` and `noun`, the noun plural unless the count is 1: `counted(1, "replica")` is '1 replica',
+    `counted(4, "replica")` '4 replicas' (`plural` for a noun whose plural is not noun + 's')."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.latency.step_plan import StepPlan
+from kvsim.model.units import counted
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario
 
@@ -163,4 +164,4 @@ def gap_text(parts: dict[str, float], replicas: int | None) -> str:
     first, *rest = GAP_PARTS
     terms = f"{first.replace('_', ' ')} {parts[first]:.2f}" + "".join(
         f" {'-' if parts[name] < 0 else '+'} {name} {abs(parts[name]):.2f}" for name in rest)
-    return f"{replicas} replicas = {terms}; KV floor {parts['kv_floor']:.2f}"
+    return f"{counted(replicas, 'replica')} = {terms}; KV floor {parts['kv_floor']:.2f}"

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError, empty_item, shown
-from kvsim.model.units import read_number
+from kvsim.model.units import counted, read_number
 from kvsim.model.yaml_io import flag_mapping, load_yaml
 from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica_floor
 from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_price, window_output_tokens_per_s
@@ -228,7 +228,7 @@ class ReplicaSearch:
                 self.cap = longer
                 self.results.clear()
                 return
-            self._longer = (f"a {2 * self.num_requests}-request run of {self._pending} replicas",
+            self._longer = (f"a {2 * self.num_requests}-request run of {counted(self._pending, 'replica')}",
                             self._fleet(self._pending, 2 * self.num_requests))
         self.results[self._pending] = metrics
 
@@ -241,7 +241,7 @@ class ReplicaSearch:
             return "1 replica", self._fleet(1, self.num_requests)
         most = max(self.results)
         if most == self.cap < self.spec.max_replicas:
-            return f"{most + 1} replicas", self._fleet(most + 1, self.num_requests)
+            return counted(most + 1, "replica"), self._fleet(most + 1, self.num_requests)
         return self._longer
 
     def answer_metrics(self) -> Metrics | None:
@@ -267,9 +267,9 @@ class ReplicaSearch:
         if best is None or replicas is None:
             count = max(self.results) if best is None else best
             worst = self.results[count] if best is None else self.verify.attempts[-1][1]
-            why = (f"{why_failed(worst['evidence'], slo)} even at {count} replicas" if best is None else
-                   f"the long run {why_failed(worst['evidence'], slo)} even at {self.verify.attempts[-1][0]} "
-                   f"replicas ({best} passed the probes)")
+            why = (f"{why_failed(worst['evidence'], slo)} even at {counted(count, 'replica')}" if best is None else
+                   f"the long run {why_failed(worst['evidence'], slo)} even at "
+                   f"{counted(self.verify.attempts[-1][0], 'replica')} ({best} passed the probes)")
             over = (self.memory.over(*block) if block is not None else self.verify.memory_note)
             if over is not None:  # memory kept the search (or the next long run) from a larger count
                 row["memory_limited"] = True
@@ -288,7 +288,7 @@ class ReplicaSearch:
         else:
             cause = shortage(below[1]["evidence"], below[1]["num_preemptions"])
             run = "in the long run " if failed_long else ""
-            limiting = f"{why_failed(below[1]['evidence'], slo)} {run}at {below[0]} replicas: {cause}"
+            limiting = f"{why_failed(below[1]['evidence'], slo)} {run}at {counted(below[0], 'replica')}: {cause}"
         num_gpus = replicas * c.tensor_parallel_size
         return {**row, "feasible": True, "replicas": replicas, "num_gpus": num_gpus,
                 "requests_per_probe": self.num_requests,

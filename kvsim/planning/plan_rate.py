@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kvsim.model.units import counted
 from kvsim.planning.cost import window_output_tokens_per_s
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.search import Metrics
@@ -129,7 +130,7 @@ class RateSearch:
             return f"a {first}-request probe of 1 replica", self._probe(first)
         if self.replicas is None and self.cap < self.spec.max_replicas:
             count = self.cap + 1
-            return f"{count} replica{'s' * (count > 1)}", self.candidate.scenario(self.base, count, self.spec.router)
+            return counted(count, "replica"), self.candidate.scenario(self.base, count, self.spec.router)
         return None
 
     def answer_metrics(self) -> Metrics | None:
@@ -174,16 +175,17 @@ class RateSearch:
             if searched is not None:  # the search found a count; its long runs failed
                 count, long_run = self.verify.attempts[-1]
                 worst = long_run
-                why = (f"the long run {why_failed(long_run['evidence'], slo)} even at {count} replicas "
+                why = (f"the long run {why_failed(long_run['evidence'], slo)} even at {counted(count, 'replica')} "
                        f"({searched} from the rate search)")
                 if self.verify.memory_note is not None:  # and the next count's long run would not fit
                     row["memory_limited"] = True
                     why += "; " + bounded_by_memory(self.verify.memory_note)
             elif block is not None:  # the bound is memory's, not max_replicas'
                 row["memory_limited"] = True
-                why = f"over {self.cap} replicas ({bounded_by_memory(self.memory.over(*block))}); " + limiting
+                memory = bounded_by_memory(self.memory.over(*block))
+                why = f"over {counted(self.cap, 'replica')} ({memory}); " + limiting
             else:
-                why = f"over {self.spec.max_replicas} replicas; " + limiting
+                why = f"over {counted(self.spec.max_replicas, 'replica')}; " + limiting
             return {**row, "feasible": False, "replicas": None, "num_gpus": None, "cost_per_hour": None,
                     "headroom": headroom(worst["evidence"], slo),
                     "limiting_factor": why,
@@ -191,11 +193,13 @@ class RateSearch:
                     **evidence_columns(worst["evidence"], slo), **search_columns(s), **self.verify.columns()}
         num_gpus = replicas * c.tensor_parallel_size
         answer = self.answer_metrics() or found  # the fleet's long run that held (else the one-replica probe)
+        failed_long = (counted(searched, "replica") if searched == replicas - 1
+                       else f"{searched}..{replicas - 1} replicas")
         return {**row, "feasible": True, "replicas": replicas, "num_gpus": num_gpus,
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
                 "headroom": headroom(answer["evidence"], slo),
                 "limiting_factor": limiting if replicas == searched else
-                f"{limiting}; the long run failed at {searched}..{replicas - 1} replicas",
+                f"{limiting}; the long run failed at {failed_long}",
                 "rate_per_replica": found["offered_rate_per_s"],
                 "capacity_headroom": replicas * s.rate - 1.0,
                 **answer_columns(answer["evidence"], found["evidence"], slo), **search_columns(s),

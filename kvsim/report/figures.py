@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
+from kvsim.model.units import counted  # noqa: E402
 from kvsim.report import studies  # noqa: E402
 
 WASTE = {"token_state": ("token state (stored tokens)", "#2b8a3e"),
@@ -197,7 +198,7 @@ def fig_fleet(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) 
     axes[0].bar(names, df.prefix_cache_hit_rate * 100, color=PAGED)
     axes[0].axhline(f["unbounded_hit_rate"] * 100, color="#2b8a3e", linestyle="--", linewidth=1,
                     label="unbounded fleet-wide cache")
-    axes[0].set_ylabel(f"prefix-cache hit rate (%), {int(df.replicas.iloc[0])} replicas")
+    axes[0].set_ylabel(f"prefix-cache hit rate (%), {counted(int(df.replicas.iloc[0]), 'replica')}")
     axes[0].legend(fontsize=8)
     x = np.arange(len(df))
     axes[1].bar(x - 0.2, df.ttft_p50_s, 0.4, label="TTFT p50", color=VLLM)

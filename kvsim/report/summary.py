@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvsim.model.units import counted
 from kvsim.report import studies
 
 SIZING_ROUTER = "least_outstanding"
@@ -71,10 +72,10 @@ def summary_lines(sections: list[studies.Section], st: studies.Study, cfg: studi
         if gpus is not None and replicas is not None:
             cost = _cell(sections, "fleet_routing", "router", SIZING_ROUTER, "cost_per_hour_for_slo")
             price = f", ${cost:,.2f} per hour" if cost is not None else ""
-            lines.append(f"**{gpus:.0f} GPUs ({replicas:.0f} replicas) for {traffic}** at {target} "
-                         f"(least-outstanding routing{price}).")
+            lines.append(f"**{counted(round(gpus), 'GPU')} ({counted(round(replicas), 'replica')}) for {traffic}** "
+                         f"at {target} (least-outstanding routing{price}).")
         elif "max_replicas" in fleet:
-            lines.append(f"**More than {fleet['max_replicas']} replicas for {traffic}** at {target}: the "
+            lines.append(f"**More than {counted(fleet['max_replicas'], 'replica')} for {traffic}** at {target}: the "
                          "search stopped at its limit without meeting it (see the fleet section).")
     return lines
 

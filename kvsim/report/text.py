@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kvsim.model.units import counted
 from kvsim.report import studies
 from kvsim.report.applicable import left_out_text, skipped_text
 from kvsim.report.speculation_study import speculation_text
@@ -284,10 +285,6 @@ def formula_text(sec: studies.Section, st: studies.Study) -> str:
 ROUTER_NAMES = {"round_robin": "round robin", "least_outstanding": "least outstanding", "affinity": "affinity"}
 
 
-def _replicas(n: int) -> str:
-    return "1 replica" if n == 1 else f"{n} replicas"
-
-
 def _relative(new: float, old: float) -> str:
     """'lower', 'higher' or 'about the same' (within 5 %)."""
     ratio = new / old if old else float("inf")
@@ -324,17 +321,18 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
     needs = []
     for router, row in df.iterrows():
         if pd.isna(row.replicas_for_slo):
-            needs.append(f"more than {f['max_replicas']} replicas (the search's limit) with {ROUTER_NAMES[router]}")
+            needs.append(f"more than {counted(f['max_replicas'], 'replica')} (the search's limit) with "
+                         f"{ROUTER_NAMES[router]}")
             continue
         cost = f" (${row.cost_per_hour_for_slo:,.2f}/h)" if pd.notna(row.cost_per_hour_for_slo) else ""
-        needs.append(f"{_replicas(int(row.replicas_for_slo))} with {ROUTER_NAMES[router]}{cost}")
+        needs.append(f"{counted(int(row.replicas_for_slo))} with {ROUTER_NAMES[router]}{cost}")
     if df.replicas_for_slo.isna().all():
-        needs = [f"more than {f['max_replicas']} replicas (the search's limit) with every router"]
+        needs = [f"more than {counted(f['max_replicas'], 'replica')} (the search's limit) with every router"]
     prices = f" Prices: {f['price_source']}." if df.cost_per_hour_for_slo.notna().any() else ""
     lo_row = df.loc["least_outstanding"]
     if "floor_replicas" in df.columns and pd.notna(lo_row.floor_replicas):
         prices += (f" From first principles no engine could serve this traffic on fewer than "
-                   f"{_replicas(int(lo_row.floor_replicas))} ({lo_row.floor_binds} binds: "
+                   f"{counted(int(lo_row.floor_replicas))} ({lo_row.floor_binds} binds: "
                    + ("the prompt and output tokens at one replica's best-batch step cost" if lo_row.floor_binds
                       == "compute" else "the KV the requests hold, by Little's law, against one pool") + ")"
                    + (f"; least outstanding needs {lo_row.replicas_over_floor:g}× that"
