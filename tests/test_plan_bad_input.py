@@ -73,6 +73,23 @@ def test_point_store_skips_corrupt_rows_and_ends_a_torn_line(tmp_path):
     assert path.read_bytes().endswith(b"\n") and path.read_bytes().count(b'"hash": "e"') == 1
 
 
+def test_points_of_another_format_are_simulated_again_not_reused(tmp_path):
+    """A line without a format stamp (written before points carried one) or of another format is stale: not a
+    point to reuse, named in one line until a current point of that hash replaces it."""
+    path = tmp_path / "points.jsonl"
+    old = {"hash": "a", "name": "x", "metrics": {"evidence": {}, "work": {"recomputed_tokens": 7}}}
+    path.write_text(json.dumps(old) + "\n" + json.dumps({**old, "hash": "b", "format": 3}) + "\n")
+    store = PointStore(path, required=("evidence",), point_format=1)
+    assert not store.points and store.stale == {"a": 0, "b": 3}
+    assert store.stale_text() == (f"{path}: 2 points of point format 0, 3, written by another kvsim (this one "
+                                  "writes format 1), will be simulated again, not reused")
+    store.add("a", "x", {"evidence": {}, "work": {"recomputed_tokens": 5}})
+    again = PointStore(path, required=("evidence",), point_format=1)
+    assert again.points == {"a": {"evidence": {}, "work": {"recomputed_tokens": 5}}} and again.stale == {"b": 3}
+    assert "1 point of point format 3" in again.stale_text()
+    assert json.loads(path.read_text().splitlines()[-1])["format"] == 1
+
+
 def test_a_cluster_whose_only_worker_is_gone_is_reported_within_the_timeout(tmp_path, monkeypatch):
     """The cluster's one worker leaves after the first point (and a cluster that never had one): the
     search stops with one line naming the cluster and the timeout, and keeps the finished point."""

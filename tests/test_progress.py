@@ -115,3 +115,27 @@ def test_one_point_and_one_replica_are_singular():
     assert progress.points_text(1, 1, 1, 1).startswith("1 point done (1 simulated now, 0 reused")
     assert progress.points_text(2, 0, 0, 1).startswith("2 points done")
     assert (counted(1, "replica"), counted(0, "replica"), counted(3, "GPU")) == ("1 replica", "0 replicas", "3 GPUs")
+
+
+def test_a_plan_resumed_from_unstamped_points_simulates_them_again(tmp_path):
+    """points.jsonl from before the format stamp (the same lines without "format", one with a made-up
+    recomputed-token count): the rerun says so in one warning line, reuses none of them, and its answer is the
+    first run's (the made-up count is never read)."""
+    scenario = tmp_path / "toy.yaml"
+    scenario.write_text(json.dumps(toy().model_dump(mode="json")))
+    args = ["plan", str(scenario), *sum((["--slo", f"{k}={v}"] for k, v in SLO.items()), []),
+            "--gpu", "h100-80gb", "--max-replicas", "8", "--workers", "1", "-o", str(tmp_path / "p"), "--format", "json"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    points = tmp_path / "p" / "points.jsonl"
+    rows = [json.loads(line) for line in points.read_text().splitlines()]
+    for row in rows:
+        del row["format"]
+        row["metrics"]["work"]["recomputed_tokens"] = 10**9
+    points.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    warnings = [line for line in again.stderr.splitlines() if line.startswith("kvsim: warning: ")]
+    assert warnings == [f"kvsim: warning: {points}: {len(rows)} points of point format 0, written by another kvsim "
+                        "(this one writes format 1), will be simulated again, not reused"]
+    assert json.loads(again.stdout) == json.loads(first.stdout)

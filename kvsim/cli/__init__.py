@@ -358,7 +358,10 @@ def plan(
                     assert update is not None
                     update(points_text(finished, simulated, open_searches, num_searches), None, None, None)
 
-                rows, simulated = run_plan(base, spec, out_dir, client, on_point)
+                def on_note(text: str) -> None:
+                    typer.echo(f"kvsim: warning: {text}", err=True)
+
+                rows, simulated = run_plan(base, spec, out_dir, client, on_point, on_note)
         finally:
             if client is not None:
                 close_client(client)

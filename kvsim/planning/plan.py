@@ -40,7 +40,7 @@ marks its row `memory_limited`; a plan nothing of which fits is refused before i
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -136,6 +136,13 @@ def check_plan_memory(base: Scenario, spec: PlanSpec) -> None:
                          f"{'instances' if smallest.split else 'replica'}, "
                          f"{first_point(base, spec, smallest).workload.num_requests} requests) needs at least "
                          f"{memory.size(least)} of memory; nothing in this plan fits")
+
+
+POINT_FORMAT = 1
+"""The format of the points `point_metrics` makes, stamped on each line of points.jsonl (`PointStore`): raise it
+whenever what a point's metrics mean changes, so a plan resumed from an older points.jsonl simulates those points
+again instead of mixing two kvsims' numbers. 0: points written before the stamp (e.g. `work.recomputed_tokens`
+from before 53fa429 counted prefill tokens less each prompt's uncached part, one off per one-token chunk)."""
 
 
 def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> Metrics:
@@ -324,17 +331,20 @@ def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None,
-         on_point: Any = None) -> tuple[list[dict[str, Any]], int]:
+         on_point: Any = None, on_note: Callable[[str], None] | None = None) -> tuple[list[dict[str, Any]], int]:
     """Search every candidate; returns the ranked rows and how many points were simulated now.
 
-    Finished points are kept in `out_dir/points.jsonl`, so a rerun resumes where it stopped.
+    Finished points are kept in `out_dir/points.jsonl`, so a rerun resumes where it stopped; points there of
+    another `POINT_FORMAT` are simulated again, and `on_note` gets one line saying so before any point runs.
     """
     check_candidates(base, spec)  # bad knob values fail here, before any simulation
     searches: list[ReplicaSearch | RateSearch | XpydSearch] = [
         XpydSearch(c, base, spec) if c.split is not None else
         RateSearch(c, base, spec) if spec.search == "rate" else ReplicaSearch(c, base, spec)
         for c in candidates(spec)]
-    store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence", "work"))
+    store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence", "work"), point_format=POINT_FORMAT)
+    if (stale := store.stale_text()) is not None and on_note is not None:
+        on_note(stale)
     evaluate = partial(point_metrics, memory_limit_bytes=spec.memory_limit_bytes)
     simulated = run_searches(searches, evaluate, store, client, on_point)
     # xpyd: [auto]: then the splits no larger than each shape's colocated answer

@@ -14,7 +14,8 @@ reported (`KvsimError`), not waited on forever.
 
 Every finished point is appended to the store at once (one JSON line, flushed and fsynced),
 keyed by the hash of its scenario, so a crash or a killed worker loses no finished point and
-a rerun takes stored points instead of simulating them again.
+a rerun takes stored points instead of simulating them again. Each line carries the store's `point_format`
+(what the metrics mean): a point of another format (an older kvsim's) is simulated again, never reused.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from kvsim.model.units import counted
 
 if TYPE_CHECKING:
     from kvsim.workload.scenario import Scenario
@@ -48,32 +51,51 @@ def scenario_hash(scenario: Scenario) -> str:
 
 
 class PointStore:
-    """Finished points as JSON lines `{"hash", "name", "metrics"}`, read and written line-atomically.
+    """Finished points as JSON lines `{"hash", "name", "format", "metrics"}`, read and written line-atomically.
 
     A line that is not a whole point (cut short by a crash, not UTF-8, not JSON, or without the metric
     keys `required` names, as points from an older kvsim) is skipped, so that point is simulated again;
     the hashes of whole lines without those keys (a plan's memory-limited notes) are in `other_keys`.
+    A point whose `format` is not `point_format` (a line without one is format 0: written before points
+    carried it) is stale: its metrics were computed by another kvsim, so it is simulated again too, and
+    `stale` holds the hashes of those with no current line (`stale_text` says so in one line).
     Each point is appended with one `write` of a whole line; a file whose last line was torn gets a
     newline first, so the new point never joins the torn one.
     """
 
-    def __init__(self, path: str | Path, required: tuple[str, ...] = ()) -> None:
+    def __init__(self, path: str | Path, required: tuple[str, ...] = (), point_format: int = 0) -> None:
         self.path = Path(path)
         self.points: dict[str, Metrics] = {}
         self.other_keys: set[str] = set()
         self.required = required
+        self.point_format = point_format
+        self.stale: dict[str, int] = {}  # hash → the format of a stale point with no current line
         if self.path.exists():
             for raw in self.path.read_bytes().split(b"\n"):
                 row = self._parse(raw)
                 if row is None:
                     continue
-                if any(not isinstance(row[1].get(k), dict) for k in self.required):
-                    self.other_keys.add(row[0])
+                key, metrics, fmt = row
+                if any(not isinstance(metrics.get(k), dict) for k in self.required):
+                    self.other_keys.add(key)
+                elif fmt != point_format:
+                    self.stale[key] = fmt
                 else:
-                    self.points[row[0]] = row[1]
+                    self.points[key] = metrics
+        for key in self.points:
+            self.stale.pop(key, None)
+
+    def stale_text(self) -> str | None:
+        """One line on the stale points a run simulates again (None: there are none)."""
+        if not self.stale:
+            return None
+        formats = ", ".join(str(fmt) for fmt in sorted(set(self.stale.values())))
+        return (f"{self.path}: {counted(len(self.stale), 'point')} of point format {formats}, "
+                f"written by another kvsim (this one writes format {self.point_format}), "
+                "will be simulated again, not reused")
 
     @staticmethod
-    def _parse(raw: bytes) -> tuple[str, Metrics] | None:
+    def _parse(raw: bytes) -> tuple[str, Metrics, int] | None:
         try:
             row = json.loads(raw.decode("utf-8"))
         except ValueError:  # not UTF-8, not JSON, or an integer too long to convert
@@ -81,13 +103,15 @@ class PointStore:
         if not isinstance(row, dict) or not isinstance(row.get("hash"), str) or not isinstance(row.get("metrics"),
                                                                                               dict):
             return None
-        return row["hash"], row["metrics"]
+        fmt = row.get("format", 0)
+        return row["hash"], row["metrics"], fmt if isinstance(fmt, int) and not isinstance(fmt, bool) else -1
 
     def __contains__(self, key: str) -> bool:
         return key in self.points
 
     def add(self, key: str, name: str, metrics: Metrics) -> None:
         self.points[key] = metrics
+        self.stale.pop(key, None)
         self._append(key, name, metrics)
 
     def note(self, key: str, name: str, metrics: Metrics) -> None:
@@ -98,7 +122,8 @@ class PointStore:
 
     def _append(self, key: str, name: str, metrics: Metrics) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = (json.dumps({"hash": key, "name": name, "metrics": metrics}) + "\n").encode()
+        line = (json.dumps({"hash": key, "name": name, "format": self.point_format, "metrics": metrics})
+                + "\n").encode()
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             size = os.fstat(fd).st_size
