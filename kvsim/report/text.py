@@ -325,14 +325,14 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
                          f"{ROUTER_NAMES[router]}")
             continue
         cost = f" (${row.cost_per_hour_for_slo:,.2f}/h)" if pd.notna(row.cost_per_hour_for_slo) else ""
-        needs.append(f"{counted(int(row.replicas_for_slo))} with {ROUTER_NAMES[router]}{cost}")
+        needs.append(f"{counted(int(row.replicas_for_slo), 'replica')} with {ROUTER_NAMES[router]}{cost}")
     if df.replicas_for_slo.isna().all():
         needs = [f"more than {counted(f['max_replicas'], 'replica')} (the search's limit) with every router"]
     prices = f" Prices: {f['price_source']}." if df.cost_per_hour_for_slo.notna().any() else ""
     lo_row = df.loc["least_outstanding"]
     if "floor_replicas" in df.columns and pd.notna(lo_row.floor_replicas):
         prices += (f" From first principles no engine could serve this traffic on fewer than "
-                   f"{counted(int(lo_row.floor_replicas))} ({lo_row.floor_binds} binds: "
+                   f"{counted(int(lo_row.floor_replicas), 'replica')} ({lo_row.floor_binds} binds: "
                    + ("the prompt and output tokens at one replica's best-batch step cost" if lo_row.floor_binds
                       == "compute" else "the KV the requests hold, by Little's law, against one pool") + ")"
                    + (f"; least outstanding needs {lo_row.replicas_over_floor:g}× that"
