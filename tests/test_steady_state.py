@@ -192,3 +192,42 @@ def test_analytic_capacity_found_within_two_percent():
     assert search.converged
     assert search.rate == pytest.approx(capacity, rel=0.02)
     assert math.isclose(search.evidence["served_over_offered"], 1.0, abs_tol=0.02)
+
+
+def mdc_table(rho, num_requests, seed, servers=64, service_s=30.0):
+    """An M/D/c queue simulated naively: Poisson arrivals at rho · c / S, FIFO onto the first of c servers to
+    free up, each request served for exactly S (a batch engine's slots with a fixed service time)."""
+    import heapq
+
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(service_s / (rho * servers), num_requests))
+    free = [0.0] * servers
+    start = np.empty(num_requests)
+    for i, t in enumerate(arrival):
+        start[i] = max(t, heapq.heappop(free))
+        heapq.heappush(free, start[i] + service_s)
+    tab = table(arrival, start + service_s)
+    tab["first_scheduled_s"] = start
+    return tab
+
+
+@pytest.mark.parametrize("rho, num_requests", [(0.5, 400), (0.9, 600), (0.95, 600), (0.99, 600)])
+def test_a_stable_batch_queue_on_a_short_run_is_never_called_overloaded(rho, num_requests):
+    """M/D/64 with S = 30 s below and near saturation (ρ < 1: a stable queue, whose waiting line is a
+    stationary process), on runs whose window is under 10 service times: each is too short to judge, never
+    overloaded, over 40 seeds (the early verdict's margin leaves a chance of 0.1 % a run)."""
+    verdicts = [window_evidence(mdc_table(rho, num_requests, seed))["verdict"] for seed in range(40)]
+    assert set(verdicts) == {TOO_SHORT}
+
+
+@pytest.mark.parametrize("rho", [1.3, 2.0])
+def test_an_overloaded_batch_queue_is_called_overloaded_before_ten_service_times(rho):
+    """M/D/64 with S = 30 s at ρ > 1, 1,000 requests: a window under 10 service times (too short by that
+    test), but once the 64 slots are full (after 64 / λ < 30 s, before the 90 s warm-up) the waiting line
+    grows at λ − μ a second, μ = c / S: over the window it grows by (λ − μ) · window, beyond the margin."""
+    mu = 64 / 30.0
+    for seed in range(10):
+        ev = window_evidence(mdc_table(rho, 1000, seed))
+        assert ev["window_s"] < 10 * 30.0 and ev["verdict"] == OVERLOADED
+        growth, expected = ev["early_overload"]["waiting_growth"], (rho - 1) * mu * ev["window_s"]
+        assert abs(growth - expected) < 4 * math.sqrt(rho * mu * ev["window_s"])

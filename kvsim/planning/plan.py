@@ -65,7 +65,7 @@ from kvsim.planning.spec import (
     with_split,
 )
 from kvsim.planning.verify import Verification, answer_columns, evidence_columns, traffic_of
-from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, shortage, why_failed
+from kvsim.planning.window import TOO_SHORT, early_overloaded, headroom, probe_passes, shortage, why_failed
 from kvsim.planning.xpyd import XpydSearch
 from kvsim.workload.overrides import override_items
 from kvsim.workload.scenario import Scenario
@@ -233,7 +233,8 @@ class ReplicaSearch:
             if longer >= self._pending:
                 self.num_requests *= 2  # this traffic is too short to judge a fleet: every count again, longer
                 self.cap = longer
-                self.results.clear()
+                # but a count whose queue already outgrew what a stable one shows fails at any length
+                self.results = {n: m for n, m in self.results.items() if early_overloaded(m["evidence"])}
                 return
             self._longer = (f"a {2 * self.num_requests}-request run of {counted(self._pending, 'replica')}",
                             self._fleet(self._pending, 2 * self.num_requests))

@@ -28,6 +28,25 @@ must be longer (the search doubles it). Otherwise, with
   is left to the longer runs of the search to settle);
 - **stable**: neither.
 
+A run too short by the service-time test (but with at least 50 requests in the window) is still judged
+**overloaded** when its waiting queue (requests arrived and never scheduled) grows over the window by more
+than a stable queue could show (`early_overload`): by more than
+
+    margin = z · √(c_a² · arrivals + c_s² · departures + running)      (z = 3.29: one-sided 0.05 %)
+
+counting the arrivals and departures from the first arrival to the window's end, c_a² and c_s² the squared
+coefficients of variation of the run's interarrival and service times, `running` the most requests in service
+in the window. Why it never calls a sustainable rate overloaded (but for the odds the margin leaves): the
+waiting queue at the window's end is at most the net input's largest rise ending there (arrivals less the
+work the servers can do, reflected at an empty queue: the queue started empty), and a queue that keeps up has
+a net input that drifts down, with the variance of a heavy-traffic GI/G/c queue, λ·(c_a² + c_s²) a second
+(Poisson arrivals: c_a² = 1; deterministic service: c_s² = 0), so by the reflection principle its rise passes
+z standard deviations with probability at most 2·Φ(−z) = 0.1 %; `running` covers the phases of the servers
+(each in-service request may finish just after the window: with deterministic service, the departures of c
+slots differ from c·T/S by up to c). The queue's growth is compared, not the backlog's: a batch engine's
+running set grows while its batch fills, which is no overload. A single server (M/D/1) never reaches this
+test: 50 arrivals inside 10 service times is an offered load of 5 and more.
+
 A rate passes only when its probe is stable *and* every SLO percentile, taken over the servable
 requests that arrived inside the window, is within its limit. An SLO may name one priority class,
 `METRIC.STAT@PRIORITY` (vLLM's integer request priority, as the summary's `by_priority` keys it):
@@ -61,6 +80,7 @@ THROUGHPUT_TOL = 0.05  # served ÷ offered must be at least 1 − this
 TREND_TOL = 0.01  # backlog slope ÷ offered rate must be at most this: 1 % of arrivals may not pile up
 NUM_TREND_SAMPLES = 64
 Z_95 = 1.959964
+Z_EARLY = 3.290527  # one-sided 0.05 %: a too-short run is called overloaded only beyond this many deviations
 
 
 def quantile_ci(sorted_values: np.ndarray, p: float, z: float = Z_95) -> tuple[float | None, float | None]:
@@ -114,6 +134,41 @@ def _service_s(requests: Mapping[str, Any], servable: np.ndarray) -> float:
     return float(np.median(chosen)) if len(chosen) else 0.0
 
 
+def _cv2(values: np.ndarray) -> float:
+    """The squared coefficient of variation (variance ÷ mean²) of the finite values; 1 (Poisson's) for < 2."""
+    values = values[np.isfinite(values)]
+    mean = float(values.mean()) if len(values) > 1 else 0.0
+    return float(values.var()) / mean**2 if mean > 0 else 1.0
+
+
+def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: float, end: float) -> dict[str, Any]:
+    """The waiting queue's growth over the window [start, end) against the margin a stable queue stays under
+    (the module's docstring derives it): {"waiting_growth", "margin", "z"}; growth > margin is an overload."""
+    arrival = np.sort(np.asarray(requests["arrival_s"], float)[servable])
+    first = np.asarray(requests["first_scheduled_s"], float)[servable]
+    finish = np.asarray(requests["finish_s"], float)[servable]
+    admitted, done = np.sort(first[~np.isnan(first)]), np.sort(finish[~np.isnan(finish)])
+
+    def count(times: np.ndarray, t: float) -> int:
+        return int(np.searchsorted(times, t, side="right"))
+
+    waiting_growth = ((count(arrival, end) - count(admitted, end)) - (count(arrival, start) - count(admitted, start)))
+    grid = np.linspace(start, end, NUM_TREND_SAMPLES)
+    running = int((np.searchsorted(admitted, grid, side="right") - np.searchsorted(done, grid, side="right")).max())
+    calm = (np.asarray(requests["num_preemptions"])[servable] == 0 if "num_preemptions" in requests
+            else np.ones(len(first), bool))
+    variance = (_cv2(np.diff(arrival[: count(arrival, end)])) * count(arrival, end)
+                + _cv2((finish - first)[calm]) * count(done, end) + running)
+    return {"waiting_growth": waiting_growth, "margin": Z_EARLY * math.sqrt(variance), "z": Z_EARLY}
+
+
+def early_overloaded(evidence: Mapping[str, Any]) -> bool:
+    """Whether a run was judged overloaded by its waiting queue's growth alone (`early_overload`): a verdict
+    on the rate, not on the run's length, which a longer run of the same traffic would not reverse."""
+    early = evidence.get("early_overload")
+    return evidence["verdict"] == OVERLOADED and early is not None and early["waiting_growth"] > early["margin"]
+
+
 def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP_FRACTION,
                     tail_fraction: float = TAIL_FRACTION) -> dict[str, Any]:
     """What one run says about steady state: window, counts, served ÷ offered, backlog trend, verdict,
@@ -152,8 +207,11 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     ratio = served / offered if offered > 0 and math.isfinite(offered) else None
     trend = slope / offered if offered > 0 and math.isfinite(offered) else None
     trend_low = (slope - Z_95 * slope_se) / offered if trend is not None else None
+    early = early_overload(requests, servable, start, end) if num_in >= MIN_WINDOW_REQUESTS else None
     if window_s < MIN_WINDOW_SERVICES * service_s or num_in < MIN_WINDOW_REQUESTS:
-        verdict = TOO_SHORT  # judged on too few requests or service times: a longer run must decide
+        # judged on too few requests or service times: a longer run must decide, unless the queue already
+        # grows beyond what a stable one could show
+        verdict = TOO_SHORT if early is None or early["waiting_growth"] <= early["margin"] else OVERLOADED
     elif ratio is None or ratio < 1 - THROUGHPUT_TOL:
         verdict = OVERLOADED
     elif trend_low is None or trend_low > TREND_TOL:
@@ -168,6 +226,7 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     return {**out, "verdict": verdict, "window_start_s": start, "window_s": window_s, "num_in_window": num_in,
             "offered_per_s": offered, "served_per_s": served, "served_over_offered": ratio,
             "backlog_trend": trend, "backlog_trend_low": trend_low, "backlog_end": int(backlog[-1]),
+            "early_overload": early,
             "mean_service_s": service_s,
             # Little's law over the window: sequences running = throughput × time each spends scheduled
             "mean_running": served * float(np.nanmean(busy_s)) if num_in else 0.0,
