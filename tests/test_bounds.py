@@ -138,3 +138,24 @@ def test_speculative_verify_steps_are_not_recompute():
     parts = gap_breakdown(replica_floor(scenario, 2.0), 1, work["busy_replica_s"], metrics["num_finished"],
                           work["recomputed_tokens"])
     assert parts["preemption"] == 0.0
+
+
+@pytest.mark.parametrize("scheduler, prefix_caching, prompt, prompt_tokens", [
+    ("v1", True, 40, 40 + 2 * 8),  # children 2 and 3 hit blocks [0, 32) of child 1's and compute the 8-token tail
+    ("v1", True, 32, 32 + 2 * 16),  # a prompt ending on a block boundary: the hit stops one block short
+    ("v1", False, 40, 3 * 40),  # no prefix cache: every child computes the whole prompt
+    ("v0", True, 40, 40),  # v0 forks the samples from one prefill
+])
+def test_parallel_sampling_computes_n_outputs_and_the_prompt_as_vllm_fans_it_out(scheduler, prefix_caching, prompt,
+                                                                                   prompt_tokens):
+    """n = 3 samples of 20 tokens: 60 output tokens a request at τ/8 each, and the prompt tokens vLLM computes
+    for it (v1: one child request per sample, sharing only the prefix cache's full blocks, never the block
+    holding the prompt's last token: vllm/v1/engine/parallel_sampling.py, KVCacheManager.get_computed_blocks;
+    v0: one prefill, then fork) at τ/512 each. KV: 19 decode steps of ≥ τ holding ≥ the prompt once and the
+    3 samples' outputs, 10 tokens each on average."""
+    raw = world(max_model_len=512, prompt=prompt).model_dump(mode="json")
+    raw["engine"].update(scheduler=scheduler, enable_prefix_caching=prefix_caching)
+    raw["workload"]["n"] = 3
+    floor = replica_floor(make_scenario(raw), 100.0)
+    assert floor.compute_replicas == pytest.approx(100 * (prompt_tokens * 0.01 / 512 + 3 * 20 * 0.01 / 8))
+    assert floor.kv_replicas == pytest.approx(100 * 19 * (prompt + 3 * 10) * 0.01 / (6416 if scheduler == "v0" else 6400))

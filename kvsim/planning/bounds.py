@@ -16,11 +16,20 @@ request costs at least P · t_prefill/C + O · t_decode/B replica-seconds, and �
 need λ · E[that] replicas. (Each token type is priced at its own best batch; a step mixing both
 could share the weight reads, which this leaves out, so it is a floor per token type.)
 
+A request of n > 1 samples (parallel sampling, or n beams) computes n · O output tokens. Its prompt is
+computed once where the samples fork from one prefill (vLLM v0, the static policies, beam search); vLLM v1
+fans it out into n child requests (`kvsim.sched.fanout`), each of which computes the prompt on its own but
+for the cache: with prefix caching on, children 2..n hit the first child's full blocks except the one
+holding the last token, so each computes P − block_size · ⌊(P − 1) / block_size⌋ tokens (the tail: 8 of a
+40-token prompt in 16-token blocks, 16 of a 32-token one); with it off, all P. So a request computes
+(P − cached) + (n − 1) · that prompt tokens.
+
 **kv.** By Little's law the KV one replica's requests hold on average is λ · E[∫ held dt]. A request
 holds at least its context (P + k tokens at its k-th output token; of the prompt, only the tokens no cache
 serves, as a cached prefix may be shared with other requests) during each of its O − 1 decode steps, and a
 decode step lasts at least t_1 (one sequence: the fastest step), so
-∫ held dt ≥ t_1 · (O − 1) · (P − cached + O/2) token-seconds, against the pool's usable token slots
+∫ held dt ≥ t_1 · (O − 1) · (P − cached + n · O/2) token-seconds (n samples share at most the prompt),
+against the pool's usable token slots
 (num_gpu_blocks − 1) · block_size (all num_gpu_blocks where no null block is kept: v0, slab pools). (A
 sliding-window model keeps less than its context in some layers; the pool is then counted in full-context
 tokens, as its blocks are.)
@@ -55,6 +64,7 @@ import numpy as np
 
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.units import counted
+from kvsim.sched.fanout import fans_out
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario
 
@@ -95,11 +105,15 @@ def replica_floor(scenario: Scenario, rate_per_s: float) -> ReplicaFloor:
     rate_per_s *= len(requests) / len(offered)  # the rate of the requests the engine serves
     prompts = np.array([r.prompt_len * 1.0 for r in requests])
     cached = cacheable_prompt_tokens(requests, engine.block_size) if engine.enable_prefix_caching else 0.0
+    samples = np.array([r.num_samples * 1.0 for r in requests])
     outputs = np.array([r.output_len * 1.0 for r in requests])
     latency = make_latency(spec)
     chunk = engine.resolved_max_num_batched_tokens(max_model_len, gpu)
     batch = engine.resolved_max_num_seqs(gpu)
     context = max(1, round(float(np.mean(prompts + outputs / 2))))  # a decode step attends the cached prefix too
+    fanned = np.array([engine.scheduler == "v1" and fans_out(r) for r in requests])
+    child_prompts = np.where(fanned, prompts - engine.block_size * ((prompts - 1) // engine.block_size)
+                             if engine.enable_prefix_caching else prompts, 0.0)  # what each further v1 child computes
     prompts = prompts - cached  # the prompt tokens every engine computes and holds on its own
     prefill, decode, single = StepPlan(), StepPlan(), StepPlan()
     prefill.add(int(chunk), 0, 1, samples=True)
@@ -107,8 +121,10 @@ def replica_floor(scenario: Scenario, rate_per_s: float) -> ReplicaFloor:
     single.add(1, context - 1, 1, samples=True)
     per_prompt_token_s = latency.step_time(prefill) / chunk
     per_output_token_s = latency.step_time(decode) / batch
-    work_s = float(np.mean(prompts * per_prompt_token_s + outputs * per_output_token_s))
-    held_token_s = float(np.mean(latency.step_time(single) * np.maximum(outputs - 1, 0) * (prompts + outputs / 2)))
+    computed_prompts = prompts + (samples - 1) * child_prompts
+    work_s = float(np.mean(computed_prompts * per_prompt_token_s + samples * outputs * per_output_token_s))
+    held_token_s = float(np.mean(latency.step_time(single) * np.maximum(outputs - 1, 0)
+                                 * (prompts + samples * outputs / 2)))
     pool_tokens = spec.num_kv_slots  # v1's paged pool keeps its null block back; v0's and slab pools do not
     return ReplicaFloor(rate_per_s, rate_per_s * work_s, rate_per_s * held_token_s / pool_tokens, len(requests),
                         per_prompt_token_s, per_output_token_s)
