@@ -178,3 +178,56 @@ def test_a_data_parallel_group_is_priced_by_all_its_gpus():
     tokens_per_s = row["output_tokens_per_s_sustained"]
     assert tokens_per_s > 0
     assert row["usd_per_million_output_tokens_sustained"] == pytest.approx(2 / (tokens_per_s * 3600) * 1e6, abs=1e-4)
+
+
+class StepCounter:
+    """A latency model of 10 ms a step plus 1 µs a token, keeping every plan it priced."""
+
+    name = "counter"
+
+    def __init__(self):
+        self.plans = []
+
+    def step_time(self, plan):
+        self.plans.append(plan)
+        return 0.01 + 1e-6 * plan.num_tokens
+
+
+def test_the_closed_form_rate_under_speculation_divides_the_decode_steps_by_the_acceptance_length():
+    """4 sequences of context 1,024 (prompt 512, output 512), K = 3 drafts, mean acceptance length L = 2.5: the
+    prefill step computes 4 · 512 tokens and yields the first output token; the other 511 tokens take 511 / L
+    verify steps of 4 · (1 + 3) tokens, each sequence checking 3 drafts. By hand:
+    4 · 512 / (0.01 + 2048 µs + 511 / 2.5 · (0.01 + 16 µs)); without speculation 511 steps of 4 tokens."""
+    from kvsim.latency.roofline import cohort_output_tokens_per_s
+
+    latency = StepCounter()
+    rate = cohort_output_tokens_per_s(latency, 4, 1024, num_speculative_tokens=3, acceptance_length=2.5)
+    assert rate == pytest.approx(4 * 512 / (0.01 + 2048e-6 + 511 / 2.5 * (0.01 + 16e-6)))
+    verify = latency.plans[-1]
+    assert (verify.num_spec_decode_seqs, verify.num_draft_tokens, verify.num_sampled) == (4, 12, 16)
+    assert cohort_output_tokens_per_s(StepCounter(), 4, 1024) == pytest.approx(
+        4 * 512 / (0.01 + 2048e-6 + 511 * (0.01 + 4e-6)))
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_capacity_prices_speculation_at_the_mean_acceptance_length_with_the_drafters_cost(method):
+    """vLLM's mean acceptance length is 1 + accepted drafts per verify step: with conditional acceptance rates
+    0.8, 0.5, 0.5 (K = 3), 1 + 0.8 + 0.4 + 0.2 = 2.4. capacity's closed form takes it, and prices the
+    verify step with the drafter's passes (EAGLE's head; none for n-gram) through kvsim.latency.speculative;
+    it had priced plain decode steps, one token each, whatever the config."""
+    from kvsim.latency.speculative import SpeculativeLatency
+    from kvsim.model.config import load_gpu, load_model, make_engine
+    from kvsim.planning.cost import closed_form_output_rate
+
+    engine = make_engine(speculative_config={"method": method, "num_speculative_tokens": 3,
+                                             "acceptance_rates": [0.8, 0.5, 0.5]})
+    rate = closed_form_output_rate(load_model("llama-3.1-8b"), load_gpu("h100-80gb"), engine)
+    assert rate.keywords == {"num_speculative_tokens": 3, "acceptance_length": pytest.approx(2.4)}
+    latency = rate.args[0]
+    assert isinstance(latency, SpeculativeLatency) and (latency.drafter is None) == (method == "ngram")
+    plain = run_json("--context-lengths", "4096")["rows"][0]
+    spec = run_json("--context-lengths", "4096", "--speculative-config",
+                    json.dumps({"method": method, "num_speculative_tokens": 3, "acceptance_rates": [0.8, 0.5, 0.5]}))
+    row = spec["rows"][0]
+    assert row["output_tokens_per_s_closed_form"] == pytest.approx(rate(row["concurrent_sequences"], 4096), abs=0.05)
+    assert row["output_tokens_per_s_closed_form"] > plain["output_tokens_per_s_closed_form"]

@@ -115,11 +115,16 @@ def capacity(
     """Closed-form KV capacity: pool, blocks, and max concurrent sequences per context length."""
     from functools import partial
 
-    from kvsim.latency.roofline import RooflineLatency, cohort_output_tokens_per_s
     from kvsim.model.capacity import plan_capacity
     from kvsim.model.config import load_gpu, load_model, make_engine
     from kvsim.model.yaml_io import flag_mapping
-    from kvsim.planning.cost import add_capacity_costs, add_sustained_costs, engine_gpus, gpu_price
+    from kvsim.planning.cost import (
+        add_capacity_costs,
+        add_sustained_costs,
+        closed_form_output_rate,
+        engine_gpus,
+        gpu_price,
+    )
     from kvsim.results.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
 
     with user_errors():
@@ -153,10 +158,9 @@ def capacity(
             num_sequences=(100 if num_sequences is None else num_sequences) if shared_prefix_tokens else 0,
         )
         price = gpu_price(plan.gpu, gpu_hourly_cost)
-        latency = RooflineLatency(load_model(model), load_gpu(gpu), engine)
         data = add_capacity_costs(plan.to_dict(), price, engine.tensor_parallel_size,
                                   engine.resolved_max_num_seqs(load_gpu(gpu)),
-                                  partial(cohort_output_tokens_per_s, latency))
+                                  closed_form_output_rate(load_model(model), load_gpu(gpu), engine))
         if sustained:
             data = add_sustained_costs(data, price, engine_gpus(engine),  # a DP group serves the probes
                                        partial(fixed_length_scenario, model, gpu, engine))

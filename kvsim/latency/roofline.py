@@ -346,13 +346,23 @@ class RooflineLatency:
         return self.total_s(compute, plan)
 
 
-def cohort_output_tokens_per_s(latency: LatencyModel, num_seqs: int, context_len: int) -> float:
+def cohort_output_tokens_per_s(latency: LatencyModel, num_seqs: int, context_len: int,
+                               num_speculative_tokens: int = 0, acceptance_length: float = 1.0) -> float:
     """Closed-form output tokens/s of `num_seqs` sequences of prompt c/2 + output c/2 (c = `context_len`)
-    served as one cohort: all prompts prefilled (priced as one step of `num_seqs` × c/2 new tokens), then
-    c/2 decode steps of `num_seqs` sequences at the mean decode context c/2 + c/4. Output: num_seqs · c/2
-    tokens over that time. A planning estimate with no queueing, chunking or preemption (the sustained
-    rate of a saturated engine, as `kvsim report` simulates it, is what to trust). 0.0 where there is no
-    such cohort: no sequences, or a context of one token (no prompt to split off)."""
+    served as one cohort: all prompts prefilled (priced as one step of `num_seqs` × c/2 new tokens, which
+    yields the first output token), then the other c/2 − 1 tokens in decode steps of `num_seqs` sequences at
+    the mean decode context c/2 + c/4. Output: num_seqs · c/2 tokens over that time.
+
+    Under speculative decoding (`num_speculative_tokens` K > 0) each decode step is a verify step: every
+    sequence computes its last token and K drafts as one chunk (`StepPlan.add_verify`), priced by `latency`
+    (pass `kvsim.latency.speculative`'s, which adds the drafter's K passes), and emits `acceptance_length`
+    L tokens on average (vLLM's mean acceptance length: 1 + accepted drafts per verify step;
+    `AcceptanceModel.mean_acceptance_length`), so the c/2 − 1 tokens take (c/2 − 1) / L steps (the
+    expectation, the last step's cap at the output length left out).
+
+    A planning estimate with no queueing, chunking or preemption (the sustained rate of a saturated engine, as
+    `kvsim report` simulates it, is what to trust). 0.0 where there is no such cohort: no sequences, or a
+    context of one token (no prompt to split off)."""
     prompt = context_len // 2
     output = context_len - prompt
     if num_seqs <= 0 or prompt <= 0:
@@ -360,6 +370,9 @@ def cohort_output_tokens_per_s(latency: LatencyModel, num_seqs: int, context_len
     prefill = StepPlan()
     prefill.add(prompt, 0, num_seqs, samples=True)
     decode = StepPlan()
-    decode.add(1, prompt + output // 2 - 1, num_seqs, samples=True)
-    seconds = latency.step_time(prefill) + (output - 1) * latency.step_time(decode)
+    if num_speculative_tokens:
+        decode.add_verify(1 + num_speculative_tokens, prompt + output // 2 - 1, num_seqs)
+    else:
+        decode.add(1, prompt + output // 2 - 1, num_seqs, samples=True)
+    seconds = latency.step_time(prefill) + (output - 1) / acceptance_length * latency.step_time(decode)
     return num_seqs * output / seconds

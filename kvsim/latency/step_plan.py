@@ -54,6 +54,16 @@ class StepPlan:
         self.max_context_tokens = max(self.max_context_tokens, context)
         self.attention_work += num_new * (past + (num_new + 1) / 2) * num_seqs
 
+    def add_verify(self, num_new: int, past: int, num_seqs: int = 1) -> None:
+        """Account `num_seqs` speculative verify steps: each sequence's last sampled token and `num_new` − 1
+        drafts, computed as one chunk after `past` tokens, each with a row of logits (the target checks every
+        draft), the drafter to run for it next (`kvsim.latency.speculative`)."""
+        self.add(num_new, past, num_seqs, samples=True)
+        self.num_sampled += num_seqs * (num_new - 1)
+        self.num_spec_decode_seqs += num_seqs
+        self.num_draft_tokens += num_seqs * (num_new - 1)
+        self.sum_spec_context_tokens += num_seqs * (past + num_new)
+
     def add_decodes(self, num_seqs: int, sum_context_tokens: int, max_context_tokens: int,
                     min_context_tokens: int) -> None:
         """Account `num_seqs` one-token decodes (each after ≥ 1 cached token, each sampling) at once, of

@@ -82,14 +82,35 @@ def window_output_tokens_per_s(metrics: dict[str, Any]) -> float:
     return float(metrics["evidence"]["output_tokens_per_s"])
 
 
+def closed_form_output_rate(model: Any, gpu: Any, engine: Any) -> Callable[[int, int], float]:
+    """`kvsim capacity`'s closed-form output rate, (sequences, context length) → output tokens/s: the roofline's
+    cohort rate (`kvsim.latency.roofline.cohort_output_tokens_per_s`) on `engine`, and under speculative decoding
+    its verify steps with the drafter's passes priced on top (`kvsim.latency.speculative`) emitting the
+    acceptance model's mean acceptance length a step (`kvsim.sched.speculative.acceptance_model`)."""
+    from functools import partial
+
+    from kvsim.latency.roofline import RooflineLatency, cohort_output_tokens_per_s
+    from kvsim.latency.speculative import speculative_latency
+    from kvsim.sched.speculative import acceptance_model
+
+    target = RooflineLatency(model, gpu, engine)
+    spec = engine.speculative_config
+    if spec is None:
+        return partial(cohort_output_tokens_per_s, target)
+    return partial(cohort_output_tokens_per_s, speculative_latency(target, model, gpu, engine),
+                   num_speculative_tokens=spec.num_speculative_tokens,
+                   acceptance_length=acceptance_model(spec).mean_acceptance_length)
+
+
 def add_capacity_costs(plan: dict, price: GpuPrice, num_gpus: int, max_num_seqs: int,
                        output_tokens_per_s: Callable[[int, int], float]) -> dict:
     """`kvsim capacity`'s plan with the price and, per row, the sequences that run at once (the row's
     closed-form paged concurrency, every sequence at that context length, capped by `max_num_seqs`; under
     speculative decoding each holds its drafts and lookahead too: `paged_max_seqs_with_drafts`),
     USD per concurrent user-hour at that concurrency, and USD per million output tokens at
-    `output_tokens_per_s(sequences, context_len)` (the CLI passes the roofline's closed-form cohort
-    rate, `kvsim.latency.roofline.cohort_output_tokens_per_s`: prompt c/2 + output c/2, no queueing).
+    `output_tokens_per_s(sequences, context_len)` (the CLI passes `closed_form_output_rate`: the roofline's
+    closed-form cohort rate, prompt c/2 + output c/2, no queueing, with speculative decoding's acceptance
+    length and drafter cost when the engine speculates).
 
     Both are planning estimates; `kvsim report` gives both at a simulated sustained rate.
     """

@@ -336,7 +336,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
 
         A plain decode (one token after ≥ 1 computed, sampling, one sequence: most entries of most
         steps) is summed here and added with the others at once (`StepPlan.add_decodes`, the same totals);
-        a speculative verify step has its own totals (`_account_verify`). Exact because planning never
+        a speculative verify step has its own totals (`StepPlan.add_verify`). Exact because planning never
         changes a scheduled request's `num_computed_tokens` afterwards: a request preempted after it was
         scheduled is taken out of `plan.scheduled` (v1's priority victims; FCFS victims are never
         scheduled yet, they come after it in `running`). Hot: every scheduled request of every step.
@@ -348,7 +348,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         for req, num_new in plan.scheduled:
             past = req.num_computed_tokens
             if verifying is not None and req.request_id in verifying:
-                self._account_verify(plan, past, num_new)
+                plan.add_verify(num_new, past)
             elif (num_new == 1 and past and past + 1 == req.prompt_len + req.num_output_tokens
                   and (req.num_samples == 1 or req.request_id not in forked)):
                 num_decodes += 1

@@ -11,7 +11,6 @@ from kvsim.workload.request import RequestStatus
 
 if TYPE_CHECKING:
     from kvsim.kv import KVAllocator
-    from kvsim.latency.step_plan import StepPlan
     from kvsim.sched.speculative import Speculation
     from kvsim.workload.request import Request
 
@@ -44,16 +43,6 @@ class SpeculativeSteps:
                     below += inside
                     past += end - start - inside
         return below, past
-
-    @staticmethod
-    def _account_verify(plan: StepPlan, past: int, num_new: int) -> None:
-        """A speculative verify step: the last sampled token and `num_new` − 1 drafts, computed as one
-        chunk after the request's `past` tokens, each with a row of logits (the target checks every draft)."""
-        plan.add(num_new, past, 1, samples=True)
-        plan.num_sampled += num_new - 1
-        plan.num_spec_decode_seqs += 1
-        plan.num_draft_tokens += num_new - 1
-        plan.sum_spec_context_tokens += past + num_new
 
     def _complete_verify(self, spec: Speculation, req: Request, num_drafts: int, num_accepted: int) -> bool:
         """A verify step's outcome: the accepted drafts and one more token (the correction or the bonus),
