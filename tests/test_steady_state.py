@@ -231,3 +231,27 @@ def test_an_overloaded_batch_queue_is_called_overloaded_before_ten_service_times
         assert ev["window_s"] < 10 * 30.0 and ev["verdict"] == OVERLOADED
         growth, expected = ev["early_overload"]["waiting_growth"], (rho - 1) * mu * ev["window_s"]
         assert abs(growth - expected) < 4 * math.sqrt(rho * mu * ev["window_s"])
+
+
+def test_a_pessimistic_short_search_is_corrected_upwards_by_long_runs():
+    """Short runs (< 1,000 requests) fail above 7 (a percentile SLO missed by noise), long runs only above 8
+    (the true limit): the search answers about 7, 12.5 % low. Its long run holds there, so verification
+    goes up: to the short search's lowest failure (≤ 7.07, holds), then 3 %, 3 %, 6 % above the highest held
+    until one fails above 8, then bisects: the answer is a held rate ≤ 8 with a failed one at most 3 % above."""
+    search = SteadyRateSearch(start_rate=1.0, num_requests=100, verify_factor=10)
+
+    def run(batch):
+        return [(rate <= (8.0 if n >= 1000 else 7.0), None) for _, rate, n in batch]
+
+    drive([search], run)
+    assert search.search_rate == pytest.approx(7.0, rel=0.011) and search.long_runs[0].passed
+    assert search.verified and search.rate <= 8.0 < search.failed_rate
+    assert search.failed_rate * 0.97 <= search.rate * (1 + 1e-9)
+    assert all(run.passed == (run.rate <= 8.0) for run in search.long_runs)
+
+
+def test_verification_never_goes_above_the_max_rate():
+    """A search capped at max_rate 5 whose long run holds there has nothing above to try."""
+    search = SteadyRateSearch(start_rate=1.0, num_requests=100, verify_factor=10, max_rate=5.0)
+    drive([search], lambda batch: [(True, None) for _ in batch])
+    assert search.rate == 5.0 and len(search.long_runs) == 1
