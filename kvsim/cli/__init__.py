@@ -118,13 +118,7 @@ def capacity(
     from kvsim.model.capacity import plan_capacity
     from kvsim.model.config import load_gpu, load_model, make_engine
     from kvsim.model.yaml_io import flag_mapping
-    from kvsim.planning.cost import (
-        add_capacity_costs,
-        add_sustained_costs,
-        closed_form_output_rate,
-        engine_gpus,
-        gpu_price,
-    )
+    from kvsim.planning.cost import add_capacity_costs, closed_form_output_rate, engine_gpus, gpu_price
     from kvsim.results.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json
 
     with user_errors():
@@ -162,6 +156,8 @@ def capacity(
                                   engine.resolved_max_num_seqs(load_gpu(gpu)),
                                   closed_form_output_rate(load_model(model), load_gpu(gpu), engine))
         if sustained:
+            from kvsim.planning.cost import add_sustained_costs
+
             data = add_sustained_costs(data, price, engine_gpus(engine),  # a DP group serves the probes
                                        partial(fixed_length_scenario, model, gpu, engine))
     used = {k for r in data["rows"] for k, v in r.items() if v is not None}  # drop columns that are empty in every row
@@ -362,10 +358,8 @@ def plan(
                     assert update is not None
                     update(points_text(finished, simulated, open_searches, num_searches), None, None, None)
 
-                def on_note(text: str) -> None:
-                    typer.echo(f"kvsim: warning: {text}", err=True)
-
-                rows, simulated = run_plan(base, spec, out_dir, client, on_point, on_note)
+                rows, simulated = run_plan(base, spec, out_dir, client, on_point,
+                                           lambda text: typer.echo(f"kvsim: warning: {text}", err=True))
         finally:
             if client is not None:
                 close_client(client)
