@@ -101,7 +101,8 @@ def test_the_headline_rate_held_in_a_ten_times_longer_run(report_dir):
     quick = StudyConfig.quick()
     assert bool(paged.verified) and paged.num_long_runs >= 1
     assert paged.verify_num_requests == min(10 * paged.requests_per_probe, quick.rate_max_verify_requests)
-    assert paged.max_rate_meeting_slo <= paged.search_rate
+    if paged.max_rate_meeting_slo > paged.search_rate:  # the search's rate held long: long runs went higher
+        assert paged.num_long_runs > 1
     if paged.num_long_runs > 1:  # a long run failed: the printed rate is within one 3 % step of it
         assert paged.first_failing_rate * 0.97 <= paged.max_rate_meeting_slo + 1e-4
     md = (report_dir / "report.md").read_text()

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from kvsim.planning.steady_state import SteadyRateSearch, drive
+from kvsim.planning.steady_state import SteadyRateSearch, drive, failing_evidence
 from kvsim.planning.sweep import run_many
 from kvsim.planning.window import BACKLOGGED, OVERLOADED, STABLE, TOO_SHORT, probe_passes, quantile_ci, window_evidence
 from kvsim.workload.scenario import make_scenario
@@ -255,3 +255,13 @@ def test_verification_never_goes_above_the_max_rate():
     search = SteadyRateSearch(start_rate=1.0, num_requests=100, verify_factor=10, max_rate=5.0)
     drive([search], lambda batch: [(True, None) for _ in batch])
     assert search.rate == 5.0 and len(search.long_runs) == 1
+
+
+def test_a_short_failure_refuted_by_a_long_run_is_not_the_failing_rate():
+    """Short runs fail above 7, long ones never (up to max_rate 7.5): the long runs hold at 7, at the short
+    search's failure (≤ 7.07) and at 7.5, so no failure stands at the answer's length: failed_rate is None,
+    not the refuted short failure below the answer."""
+    search = SteadyRateSearch(start_rate=1.0, num_requests=100, verify_factor=10, max_rate=7.5)
+    drive([search], lambda batch: [(n >= 1000 or rate <= 7.0, None) for _, rate, n in batch])
+    assert search.rate == 7.5 and all(run.passed for run in search.long_runs)
+    assert search.failed_rate is None and failing_evidence(search) is None

@@ -147,11 +147,13 @@ class SteadyRateSearch:
 
     @property
     def failed_rate(self) -> float | None:
-        """The lowest rate that failed at the answer's run length (a failed long run's, when there is one)."""
+        """The lowest rate that failed at the answer's run length (a failed long run's, when there is one; a
+        short probe's failure only above the answer: a long run that held above it refuted it)."""
         failed = [run.rate for run in self.long_runs if not run.passed]
         if failed:
             return min(failed)
-        return (self.answer_level() or self.level).bound.failed
+        short = (self.answer_level() or self.level).bound.failed
+        return short if short is None or short > self.rate else None
 
     def _level_done(self, lv: Level) -> bool:
         b, tol = lv.bound, self.first_tol if lv is self.levels[0] else self.rel_tol
@@ -314,5 +316,5 @@ def failing_evidence(search: SteadyRateSearch) -> Mapping[str, Any] | None:
     if failed_long:
         return min(failed_long, key=lambda run: run.rate).evidence
     level = search.answer_level() or search.level
-    failed = level.bound.failed
+    failed = search.failed_rate
     return None if failed is None else search.results.get((level.num_requests, failed))

@@ -66,7 +66,7 @@ class StudyConfig:
     fleet_max_replicas: int = 64  # the fleet section's replica search stops here
     rate_requests: int = 400  # the steady-state rate search's first run length (it doubles until converged)
     rate_max_requests: int = 12_800  # ... up to this many requests per probe (the cap is reported when hit)
-    rate_verify_factor: int = 10  # the answer re-run this many times longer, backed off until it holds
+    rate_verify_factor: int = 10  # the answer re-run this many times longer, bracketed by long runs
     rate_max_verify_requests: int = 128_000  # ... with at most this many (10 x rate_max_requests)
     saturate_max_requests: int = 20_000  # a request-bound saturated run is re-run with more, up to this
     offload_requests: int = 600  # leading requests of the Mooncake slice the offload section replays
@@ -434,8 +434,9 @@ def sustained_rates(st: Study, allocators: tuple[str, ...] = ALLOCATORS) -> pd.D
     """Per allocator of `allocators`, the highest Poisson rate that is sustainable under the TTFT SLO
     (`kvsim.planning.steady_state`: stable over a measurement window, p90 TTFT over the requests that
     arrived in it), the run length grown until the rate moves < 2 % when it doubles; then that answer is
-    run `rate_verify_factor` (10) × longer and backed off (3 %, doubling) until a long run holds too, so
-    the rate printed is one that held in the long run (`search_rate` is the answer before verification).
+    run `rate_verify_factor` (10) × longer, backed off (3 %, doubling) while those long runs fail and raised
+    while they hold, then bisected between them to within 3 %, so the rate printed is one that held in the
+    long run with a failed long run at most 3 % above (`search_rate` is the answer before verification).
 
     Throughput, concurrency and cost are the window's at that rate (the drain left out), so the $/M
     tokens and $/user-hour price a steady state, not a burst.

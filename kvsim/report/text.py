@@ -127,8 +127,12 @@ def _rate_evidence(row: pd.Series, cfg: studies.StudyConfig) -> str:
               if row.capped else f"stable to within 2 % from {int(row.requests_per_probe) // 2:,} to "
               f"{int(row.requests_per_probe):,} requests a probe")
     if _is(row.get("verified"), True):
-        backed = (f", after the search's {row.search_rate:g} req/s failed there and was backed off (3 %, then "
-                  "doubling steps, then bisected to within 3 %)" if row.num_long_runs > 1 else "")
+        backed = ("" if row.num_long_runs <= 1 else
+                  f", after the search's {row.search_rate:g} req/s held there and long runs went higher (to the "
+                  "search's lowest failing rate, then steps of 3 % and more, then bisected to within 3 %)"
+                  if row.max_rate_meeting_slo > row.search_rate else
+                  f", after the search's {row.search_rate:g} req/s failed there and was backed off (3 %, then "
+                  "doubling steps, then bisected to within 3 %)")
         length += (f"; then held in one run {int(row.verify_num_requests):,} requests long{backed}, the run "
                    "the figures below come from")
     ci = ""
