@@ -265,3 +265,13 @@ def test_a_short_failure_refuted_by_a_long_run_is_not_the_failing_rate():
     drive([search], lambda batch: [(n >= 1000 or rate <= 7.0, None) for _, rate, n in batch])
     assert search.rate == 7.5 and all(run.passed for run in search.long_runs)
     assert search.failed_rate is None and failing_evidence(search) is None
+
+
+def test_long_runs_cut_short_by_their_cap_never_raise_the_answer():
+    """The same pessimistic short runs (fail above 7; runs of ≥ 1,000 requests only above 8), but long runs
+    capped at 2 × a probe's requests (max_verify_requests, as --quick's 1,600 against 800): such runs are not
+    the 10 × the search asked for, too short to overrule it upwards, so the answer stays the search's."""
+    search = SteadyRateSearch(start_rate=1.0, num_requests=100, max_requests=800, verify_factor=10,
+                              max_verify_requests=1600)
+    drive([search], lambda batch: [(rate <= (8.0 if n >= 1000 else 7.0), None) for _, rate, n in batch])
+    assert search.rate == search.search_rate == pytest.approx(7.0, rel=0.011) and len(search.long_runs) == 1

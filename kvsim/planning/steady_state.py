@@ -14,10 +14,11 @@ passed 6,400 requests and missed p90 TTFT ≤ 2 s at 64,000, 2.10 s; 3.191 held,
 `verify_factor` k > 0 the search therefore ends with **verification**: the answer is run once more
 with k × its run length (at most `max_verify_requests`); while that long run fails, the rate backs
 off, 3 % (`verify_backoff`) the first time and twice as far each next time; while it holds (and no long
-run failed yet), the rate goes up, first to the short search's lowest failing rate, then 3 %, 6 %, … above
-the highest that held; once long runs have both held and failed, the rate is bisected between the highest
-held and the lowest failed to within 3 % (at most `max_verify_tries` long runs). `rate` is then the
-highest rate a long run held (0, with `verified` False, when none did), and `evidence` that long run's.
+run failed yet, and the long runs are the whole k × a probe, not cut short by `max_verify_requests`), the
+rate goes up, first to the short search's lowest failing rate, then 3 %, 3 %, 6 %, … above the highest
+held; once long runs have both held and failed, the rate is bisected between the highest held and the
+lowest failed to within 3 % (at most `max_verify_tries` long runs). `rate` is then the highest rate a
+long run held (0, with `verified` False, when none did), and `evidence` that long run's.
 
 The long runs bracket the answer from both sides because short runs err both ways: a short run can pass an
 optimistic rate (above), and miss a percentile SLO by noise below the true limit, which no longer run
@@ -199,14 +200,18 @@ class SteadyRateSearch:
             return None
         held = [run.rate for run in self.long_runs if run.passed]
         failed = [run.rate for run in self.long_runs if not run.passed]
+        level = self.answer_level()
+        assert level is not None
+        num_requests = min(self.verify_factor * level.num_requests, self.max_verify_requests)
         if not self.long_runs:
             rate = self.search_rate
         elif len(self.long_runs) >= self.max_verify_tries:
             return None
         elif held and not failed:
             highest = max(held)
-            if highest >= self.max_rate:
-                return None
+            if highest >= self.max_rate or num_requests < self.verify_factor * level.num_requests:
+                return None  # nothing above to try, or "long" runs cut short by max_verify_requests: too short to
+                #              overrule the search upwards (a run a few times a probe's still passes optimistic rates)
             short_failed = (self.answer_level() or self.level).bound.failed
             if len(held) == 1 and short_failed is not None and short_failed > highest:
                 rate = short_failed
@@ -219,10 +224,8 @@ class SteadyRateSearch:
             rate = math.sqrt(max(held) * min(failed))
         else:
             rate = min(failed) * (1 - min(0.5, self.verify_backoff * 2 ** (len(failed) - 1)))
-        level = self.answer_level()
-        assert level is not None
         self._pending, self._verifying = rate, True
-        return rate, min(self.verify_factor * level.num_requests, self.max_verify_requests)
+        return rate, num_requests
 
     def observe(self, passed: bool, evidence: Any, too_short: bool | None = None) -> None:
         """The pending probe's outcome. `too_short`: its run was too short to judge the rate (None: read
