@@ -131,11 +131,12 @@ class SegmentContent(_ChainedHashes):
 
 
 class TokenContent(_ChainedHashes):
-    """Content given as real token ids."""
+    """Content given as token ids: real ones (ints), or, for a token no trace gives (a reply's), a hashable
+    that names its owner (`kvsim.workload.conversations.TurnBuilder.content`), never equal to an int."""
 
     __slots__ = ("token_ids",)
 
-    def __init__(self, token_ids: Sequence[int]) -> None:
+    def __init__(self, token_ids: Sequence[Hashable]) -> None:
         super().__init__()
         self.token_ids = tuple(token_ids)
 

@@ -25,6 +25,7 @@ from kvsim.workload.scenario import SharedPrefix
 from kvsim.workload.traces import TraceRecord
 
 Segments = list[tuple[Hashable, int]]  # (segment id, tokens), in prompt order
+History = Segments | tuple[Hashable, ...]  # what a turn starts from: segments, or a token-id conversation's tokens
 
 
 class TurnBuilder:
@@ -42,11 +43,20 @@ class TurnBuilder:
         self.num_samples, self.beam, self.priorities = num_samples, beam, priorities
         self.with_acceptance = with_acceptance
 
-    def content(self, index: int, history: Segments) -> tuple[int, int, Content, Segments]:
+    def content(self, index: int, history: History) -> tuple[int, int, Content, History]:
         """Turn `index`'s prompt and output lengths, its content, and the history the conversation's next turn
         starts from (this turn's prompt and reply). `history`: what the previous turn returned (ignored on a
         conversation's first turn, which starts from the system prompt, if the request has one). The output
-        is capped so that prompt + output ≤ max_model_len (at least 1 token)."""
+        is capped so that prompt + output ≤ max_model_len (at least 1 token).
+
+        A first turn given as token ids (and no system prompt) is a `TokenContent`, and so is every later turn
+        of its conversation: the history is then the conversation's tokens so far, so a turn's blocks hash as
+        its previous turn's did and it hits them, as the segments of other conversations do (they were
+        segments that named the token turn's blocks apart: no turn after it hit anything). A token the record
+        does not give (a reply's without `output_tok_ids`, a later turn's without ids) is its segment's id, so
+        the request still owns the blocks it fills: a preempted request finds its own reply's blocks again,
+        as vLLM hashes the tokens it generated (its content stopped at the prompt, and the lookup of a
+        preempted request asserted)."""
         record = self.records[index]
         conv, turn = divmod(index, self.turns)
         if turn == 0:
@@ -54,19 +64,33 @@ class TurnBuilder:
             prefix = self.prefix
             if prefix is not None and self.prefix_ids is not None and self.with_prefix[index]:
                 history.append((("system", int(self.prefix_ids[index])), prefix.tokens))
+        if isinstance(history, tuple) or (record.token_ids is not None and not history):
+            return self._token_content(record, conv, turn, tuple(history))
         if record.segments is not None:
             prompt_segments = [*history, *record.segments]
         else:
             prompt_segments = [*history, (("user", conv, turn), record.prompt_len)]
         prompt_len = sum(length for _, length in prompt_segments)
-        output_len = max(1, min(record.output_len, self.max_model_len - prompt_len))
+        output_len = self._output_len(record, prompt_len)
         out_segment = (("reply", conv, turn), output_len)
-        content: Content
-        if record.token_ids is not None and not history:
-            content = TokenContent(record.token_ids[: prompt_len + output_len])
-        else:
-            content = SegmentContent([*prompt_segments, out_segment])
-        return prompt_len, output_len, content, [*prompt_segments, out_segment]
+        return prompt_len, output_len, SegmentContent([*prompt_segments, out_segment]), [*prompt_segments, out_segment]
+
+    def _token_content(self, record: TraceRecord, conv: int, turn: int,
+                       history: tuple[Hashable, ...]) -> tuple[int, int, Content, History]:
+        """`content` for a conversation of token ids: its tokens so far, this turn's prompt and its reply (the
+        record's ids where it gives them, else the segment's id for each token)."""
+        ids = record.token_ids or ()
+        prompt = ids[:record.prompt_len] if ids else (("user", conv, turn),) * record.prompt_len
+        prompt_len = len(history) + record.prompt_len
+        output_len = self._output_len(record, prompt_len)
+        known = ids[record.prompt_len:record.prompt_len + output_len]
+        reply = known if len(known) == output_len else (("reply", conv, turn),) * output_len
+        tokens = (*history, *prompt, *reply)
+        return prompt_len, output_len, TokenContent(tokens), tokens
+
+    def _output_len(self, record: TraceRecord, prompt_len: int) -> int:
+        """The record's output length, capped so that prompt + output ≤ max_model_len (at least 1 token)."""
+        return max(1, min(record.output_len, self.max_model_len - prompt_len))
 
     def request(self, index: int, request_id: int, arrival_s: float, prompt_len: int, output_len: int,
                 content: Content) -> Request:
@@ -96,7 +120,7 @@ class Conversations:
     def __init__(self, builder: TurnBuilder, first_arrival_s: np.ndarray, think_time_s: float) -> None:
         self.builder, self.first_arrival_s, self.think_time_s = builder, first_arrival_s, think_time_s
         self.num_requests = len(builder.records)  # every turn of every conversation: the most a run can send
-        self._history: dict[int, tuple[int, Segments]] = {}  # conversation -> (its next turn, history so far)
+        self._history: dict[int, tuple[int, History]] = {}  # conversation -> (its next turn, history so far)
 
     def __len__(self) -> int:
         return self.num_requests

@@ -39,7 +39,7 @@ import numpy as np
 
 from kvsim.model.errors import KvsimError, reading
 from kvsim.workload.content import Content
-from kvsim.workload.conversations import Conversations, Segments, TurnBuilder
+from kvsim.workload.conversations import Conversations, History, TurnBuilder
 from kvsim.workload.draws import Arrival, Empirical, Fixed, LengthDist, Lognormal, Uniform
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario, Workload
@@ -256,7 +256,7 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
 
     def generate() -> Iterator[Request]:
         heap: list[tuple[float, int, int, int, Content]] = []
-        history: Segments = []
+        history: History = []
         next_id = 0
         for index in range(n):
             prompt_len, output_len, content, history = builder.content(index, history)

@@ -1,0 +1,85 @@
+"""Metamorphic relations, fourth round: representations that must not matter, and fan-out, tiers, speculation
+and disaggregation against the engines they reduce to.
+
+`test_metamorphic.py`, `test_metamorphic2.py` and `test_metamorphic3.py` hold the earlier rounds. Here:
+
+* token ids that no other row shares are no token ids: a `sharegpt_tokens` trace whose rows carry
+  `input_tok_ids` of their own (and no `output_tok_ids`) runs as the same trace without ids, under
+  preemption, parallel sampling and multi-turn conversations (the ids decide which blocks hash alike, and
+  none do across rows);
+* vLLM v1's parallel sampling is its children: `n = 2` is each row sent twice with the same prompt ids, the
+  parent's row the first child's first token and the last child's end.
+
+Relations tried and kept out (the relation was wrong, not kvsim): the radix cache and the hash chain give
+the same run only while nothing is evicted (SGLang evicts whole LRU leaves, vLLM's free queue a request's
+last block first, so a preempted request finds less of its own KV again in the radix tree).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import kvsim
+from tests.test_metamorphic2 import random_rows, traced, write_trace  # the same trace helpers
+
+TIGHT = {"num_gpu_blocks_override": 150, "max_model_len": 1024}  # 40 prompts of up to 600 tokens preempt
+
+
+def own_ids(rows):
+    """`rows` (arrival_ns, prompt, output) with prompt token ids no other row has, and no output ids."""
+    return [{"arrival_time_ns": int(a), "input_toks": int(p), "output_toks": int(o),
+             "input_tok_ids": list(range(10**6 * (i + 1), 10**6 * (i + 1) + int(p)))}
+            for i, (a, p, o) in enumerate(rows)]
+
+
+@pytest.mark.parametrize(("workload", "engine"), [
+    ({}, {}), ({"n": 2}, {}), ({}, {"prefix_cache": "radix"}), ({}, {"kv_offload": {"num_cpu_blocks": 100}}),
+    ({"multi_turn": {"turns": 3, "think_time_s": 0.5, "timing": "after_reply"}}, {}),
+    ({"multi_turn": {"turns": 2, "think_time_s": 0.5}}, {}),
+], ids=["v1", "n2", "radix", "offload", "turns-after-reply", "turns-open"])
+def test_token_ids_no_other_row_shares_are_no_token_ids(tmp_path, workload, engine):
+    """A row's prompt ids without its reply's ids stopped the request's content at the prompt: a preempted
+    request's lookup (prompt and reply so far) asserted "hashing beyond the known content". And a
+    conversation whose first turn was given as ids named its history by segments, so no later turn hit
+    the blocks the first turn's ids had filled (a segment trace's later turns hit the whole history)."""
+    rows = random_rows(np.random.default_rng(7), 40, 4.0, max_prompt=600, max_output=200)
+    runs = []
+    for name, trace_rows in (("plain.jsonl", rows), ("ids.jsonl", own_ids(rows))):
+        raw = traced(write_trace(tmp_path / name, trace_rows), {**TIGHT, **engine})
+        raw["workload"].update(workload)
+        runs.append(kvsim.simulate(raw))
+    plain, ids = runs
+    assert plain.summary["num_preemptions"] > 0
+    if workload:  # the history (or the first sample's prompt) is hit
+        assert plain.summary["num_prefix_cache_hit_tokens"] > 0
+    assert ids.requests.equals(plain.requests)
+    assert json.dumps(ids.summary) == json.dumps(plain.summary)
+
+
+@pytest.mark.parametrize("engine", [{}, {"async_scheduling": False}, {"prefix_cache": "radix"},
+                                    {"scheduling_policy": "priority"}, {"max_num_batched_tokens": 128, "max_num_seqs": 64}],
+                         ids=["v1", "v1-sync", "radix", "priority", "chunked"])
+def test_parallel_sampling_is_each_row_sent_twice(tmp_path, engine):
+    """vLLM v1 fans `n = 2` out into two child requests with the parent's prompt, arrival and priority, added
+    in index order (`kvsim.sched.fanout`): the steps are those of a trace giving every row twice, with the
+    same prompt ids and replies of their own; the parent's row starts with its first child's first token
+    and ends with its last child's end."""
+    rows = own_ids(random_rows(np.random.default_rng(3), 30, 3.0, max_prompt=600, max_output=100))
+    raw = traced(write_trace(tmp_path / "n2.jsonl", rows), {**TIGHT, "num_gpu_blocks_override": 120, **engine})
+    raw["workload"]["n"] = 2
+    fanned = kvsim.simulate(raw)
+    twice = [{**row, "output_tok_ids": [10**9 + 10**6 * i + 10**5 * sample + j for j in range(row["output_toks"])]}
+             for i, row in enumerate(rows) for sample in (0, 1)]
+    alone = kvsim.simulate(traced(write_trace(tmp_path / "twice.jsonl", twice), {**TIGHT, "num_gpu_blocks_override": 120,
+                                                                                 **engine}))
+    assert alone.summary["num_preemptions"] > 0
+    assert fanned.steps.equals(alone.steps)
+    children = alone.requests.groupby(alone.requests.request_id // 2)
+    for column, of_children in (("first_scheduled_s", "min"), ("first_token_s", "min"), ("finish_s", "max"),
+                                ("num_preemptions", "sum")):
+        np.testing.assert_array_equal(fanned.requests[column], children[column].agg(of_children))
+    for key in ("num_preemptions", "num_prefix_cache_query_tokens", "num_prefix_cache_hit_tokens", "duration_s"):
+        assert fanned.summary[key] == alone.summary[key]
