@@ -6,7 +6,7 @@ and disaggregation against the engines they reduce to.
 * token ids that no other row shares are no token ids: a `sharegpt_tokens` trace whose rows carry
   `input_tok_ids` of their own (and no `output_tok_ids`) runs as the same trace without ids, under
   preemption, parallel sampling and multi-turn conversations (the ids decide which blocks hash alike, and
-  none do across rows);
+  none do across rows); Mooncake's 512-token hash ids are the token ids they stand for, later turns too;
 * vLLM v1's parallel sampling is its children: `n = 2` is each row sent twice with the same prompt ids, the
   parent's row the first child's first token and the last child's end.
 
@@ -83,3 +83,35 @@ def test_parallel_sampling_is_each_row_sent_twice(tmp_path, engine):
         np.testing.assert_array_equal(fanned.requests[column], children[column].agg(of_children))
     for key in ("num_preemptions", "num_prefix_cache_query_tokens", "num_prefix_cache_hit_tokens", "duration_s"):
         assert fanned.summary[key] == alone.summary[key]
+
+
+@pytest.mark.parametrize(("engine", "turns"), [({}, 1), ({"prefix_cache": "radix"}, 1), ({"block_size": 32}, 1),
+                                               ({}, 2), ({"prefix_cache": "radix"}, 3)])
+def test_mooncake_hash_ids_are_the_token_ids_they_stand_for(tmp_path, engine, turns):
+    """A Mooncake row's hash id h stands for 512 tokens that every row with h at that place shares: the same
+    rows given as token ids (h · 512 + j for token j of block h, cut at the prompt's length) hit the same
+    blocks, whatever the cache and block size, and so do their conversations' later turns (each resends the
+    earlier turns, hash ids or token ids, and their replies)."""
+    rng = np.random.default_rng(0)
+    mooncake, tokens, now_ms = [], [], 0
+    for i in range(50):
+        now_ms += int(rng.integers(0, 300))
+        shared = int(rng.integers(0, 4))  # whole blocks of one of five common prefixes, then a block of its own
+        hash_ids = [int(rng.integers(0, 5)) * 100 + k for k in range(shared)] + [10**4 + i]
+        prompt, output = shared * 512 + int(rng.integers(1, 513)), int(rng.integers(1, 200))
+        mooncake.append({"timestamp": now_ms, "input_length": prompt, "output_length": output, "hash_ids": hash_ids})
+        tokens.append({"arrival_time_ns": now_ms * 10**6, "input_toks": prompt, "output_toks": output,
+                       "input_tok_ids": [h * 512 + j for h in hash_ids for j in range(512)][:prompt]})
+    path = tmp_path / "mooncake.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in mooncake))
+    runs = []
+    for raw in (traced(str(path), {**engine, "num_gpu_blocks_override": 400}),
+                traced(write_trace(tmp_path / "tokens.jsonl", tokens), {**engine, "num_gpu_blocks_override": 400})):
+        if raw["workload"]["trace"]["path"] == str(path):
+            raw["workload"]["trace"]["format"] = "mooncake"
+        if turns > 1:
+            raw["workload"]["multi_turn"] = {"turns": turns, "think_time_s": 1.0, "timing": "after_reply"}
+        runs.append(kvsim.simulate(raw))
+    by_ids, by_tokens = runs
+    assert by_ids.summary["num_prefix_cache_hit_tokens"] > 5000
+    assert by_tokens.requests.equals(by_ids.requests)
