@@ -8,7 +8,9 @@ and disaggregation against the engines they reduce to.
   preemption, parallel sampling and multi-turn conversations (the ids decide which blocks hash alike, and
   none do across rows); Mooncake's 512-token hash ids are the token ids they stand for, later turns too;
 * vLLM v1's parallel sampling is its children: `n = 2` is each row sent twice with the same prompt ids, the
-  parent's row the first child's first token and the last child's end.
+  parent's row the first child's first token and the last child's end;
+* prompts arriving together pack into steps by hand: v1 cuts one stream of prompt tokens every token budget,
+  v0 takes whole prompts while they fit.
 
 Relations tried and kept out (the relation was wrong, not kvsim): the radix cache and the hash chain give
 the same run only while nothing is evicted (SGLang evicts whole LRU leaves, vLLM's free queue a request's
@@ -115,3 +117,32 @@ def test_mooncake_hash_ids_are_the_token_ids_they_stand_for(tmp_path, engine, tu
     by_ids, by_tokens = runs
     assert by_ids.summary["num_prefix_cache_hit_tokens"] > 5000
     assert by_tokens.requests.equals(by_ids.requests)
+
+
+@pytest.mark.parametrize("scheduler", ["v1", "v1-sync", "v0"])
+@pytest.mark.parametrize("seed", range(3))
+def test_prompts_arriving_together_pack_into_steps_by_hand(tmp_path, scheduler, seed):
+    """30 prompts arrive at once, one output token each (the prompt's last chunk samples it), a 10 ms step,
+    blocks and sequences never short. vLLM v1 fills each step's token budget B with chunks in FCFS order, a
+    prompt cut where the budget ends going on first in the next step: the prompts are one stream of tokens
+    cut every B, and prompt i's first token comes at step ceil((P_0 + ... + P_i) / B). v0 never chunks: a step
+    takes whole prompts in order while they fit in B."""
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(1, 900, 30)
+    budget = int(rng.choice([40, 100, 256])) if scheduler != "v0" else 1000
+    engine = {"max_num_batched_tokens": budget, "max_num_seqs": 32, "num_gpu_blocks_override": 5000,
+              **{"v1": {}, "v1-sync": {"async_scheduling": False}, "v0": {"scheduler": "v0", "max_model_len": 1000}}[scheduler]}
+    raw = traced(write_trace(tmp_path / "t.jsonl", [(0, int(p), 1) for p in prompts]), engine,
+                 latency={"model": "constant", "step_s": 0.01})
+    if scheduler == "v0":
+        steps, used = [], budget
+        for prompt in prompts:
+            if used + prompt > budget:
+                steps.append((steps[-1] if steps else 0) + 1)
+                used = 0
+            else:
+                steps.append(steps[-1])
+            used += prompt
+    else:
+        steps = np.ceil(np.cumsum(prompts) / budget)
+    np.testing.assert_allclose(kvsim.simulate(raw).requests.first_token_s, np.asarray(steps) * 0.01, rtol=1e-12)
