@@ -6,7 +6,8 @@ and disaggregation against the engines they reduce to.
 * token ids that no other row shares are no token ids: a `sharegpt_tokens` trace whose rows carry
   `input_tok_ids` of their own (and no `output_tok_ids`) runs as the same trace without ids, under
   preemption, parallel sampling and multi-turn conversations (the ids decide which blocks hash alike, and
-  none do across rows); Mooncake's 512-token hash ids are the token ids they stand for, later turns too;
+  none do across rows), and samples forked off a sequence (v0's sampling, beam search) own their outputs
+  whether the row's reply ids are given or not; Mooncake's 512-token hash ids are the token ids they stand for, later turns too;
 * vLLM v1's parallel sampling is its children: `n = 2` is each row sent twice with the same prompt ids, the
   parent's row the first child's first token and the last child's end;
 * prompts arriving together pack into steps by hand: v1 cuts one stream of prompt tokens every token budget,
@@ -30,11 +31,18 @@ from tests.test_metamorphic2 import random_rows, traced, write_trace  # the same
 TIGHT = {"num_gpu_blocks_override": 150, "max_model_len": 1024}  # 40 prompts of up to 600 tokens preempt
 
 
-def own_ids(rows):
-    """`rows` (arrival_ns, prompt, output) with prompt token ids no other row has, and no output ids."""
-    return [{"arrival_time_ns": int(a), "input_toks": int(p), "output_toks": int(o),
-             "input_tok_ids": list(range(10**6 * (i + 1), 10**6 * (i + 1) + int(p)))}
-            for i, (a, p, o) in enumerate(rows)]
+def own_ids(rows, outputs=False):
+    """`rows` (arrival_ns, prompt, output) with prompt token ids no other row has, and output ids (its own
+    too) only if `outputs`."""
+    table = []
+    for i, (a, p, o) in enumerate(rows):
+        first = 10**6 * (i + 1)
+        row = {"arrival_time_ns": int(a), "input_toks": int(p), "output_toks": int(o),
+               "input_tok_ids": list(range(first, first + int(p)))}
+        if outputs:
+            row["output_tok_ids"] = list(range(first + 5 * 10**5, first + 5 * 10**5 + int(o)))
+        table.append(row)
+    return table
 
 
 @pytest.mark.parametrize(("workload", "engine"), [
@@ -57,6 +65,31 @@ def test_token_ids_no_other_row_shares_are_no_token_ids(tmp_path, workload, engi
     assert plain.summary["num_preemptions"] > 0
     if workload:  # the history (or the first sample's prompt) is hit
         assert plain.summary["num_prefix_cache_hit_tokens"] > 0
+    assert ids.requests.equals(plain.requests)
+    assert json.dumps(ids.summary) == json.dumps(plain.summary)
+
+
+@pytest.mark.parametrize(("workload", "engine"), [
+    ({"beam_width": 3}, {}), ({"beam_width": 2}, {"prefix_cache": "radix"}),
+    ({"beam_width": 3}, {"scheduler": "v0", "preemption_mode": "recompute", "enable_prefix_caching": True}),
+    ({"n": 3, "multi_turn": {"turns": 2, "think_time_s": 0.3, "timing": "after_reply"}},
+     {"scheduler": "v0", "enable_prefix_caching": True}),
+], ids=["v1-beams", "radix-beams", "v0-beams-recompute", "v0-samples-turns"])
+def test_forked_samples_own_their_outputs_whatever_the_content(tmp_path, workload, engine):
+    """Samples forked off a prefilled sequence (v0's parallel sampling, beam search) each fill blocks of their
+    own output: segment content renamed each child's output segment, token content gave every child its
+    parent's tokens, so with a row's prompt and reply ids every sample's output blocks hashed as the first
+    sample's (duplicates in the cache, and a changed eviction order: other times than the same rows without
+    ids). Now each child's reply is its own placeholder tokens, as v1's fanned-out children's are."""
+    rng = np.random.default_rng(5)
+    rows = random_rows(rng, 40, 4.0, max_prompt=700, max_output=150)
+    runs = []
+    for name, trace_rows in (("plain.jsonl", rows), ("ids.jsonl", own_ids(rows, outputs=True))):
+        raw = traced(write_trace(tmp_path / name, trace_rows), {**TIGHT, **engine})
+        raw["workload"].update(workload)
+        runs.append(kvsim.simulate(raw))
+    plain, ids = runs
+    assert plain.summary["num_preemptions"] > 0
     assert ids.requests.equals(plain.requests)
     assert json.dumps(ids.summary) == json.dumps(plain.summary)
 

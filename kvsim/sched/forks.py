@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvsim.kv import SegmentContent
 from kvsim.sched.beams import select_beams
-from kvsim.sched.fanout import sample_segments
+from kvsim.sched.fanout import sample_content
 
 if TYPE_CHECKING:
     from kvsim.kv import KVAllocator
@@ -39,13 +38,12 @@ class SampleForks:
     def _fork_samples(self, req: Request) -> None:
         """Once `req` is prefilled (its first token sampled on its first sequence), fork its n − 1 other
         samples off that sequence, as vLLM v0 does: each shares the prompt's blocks (a partial last block
-        is copied on its first write). A child of segment content gets an output segment of its own
-        (`sample_segments`), so the blocks it fills hash apart from its siblings'; a child of token-level
-        content is given none, and `fork` gives it its parent's."""
-        parent, content = req.seq_ids[0], req.content
+        is copied on its first write). Each child gets an output of its own (`sample_content`, as v1's fanned-out
+        children do), so the blocks it fills hash apart from its siblings'. A child of token-level content was
+        given its parent's tokens: every sample's output blocks hashed as the first sample's."""
+        parent = req.seq_ids[0]
         for index, child in enumerate(req.child_seq_ids(), start=1):
-            child_content = sample_segments(content, index) if isinstance(content, SegmentContent) else None
-            self.alloc.fork(parent, child, child_content, req.kv_len)
+            self.alloc.fork(parent, child, sample_content(req, index), req.kv_len)
         self._forked.add(req.request_id)
 
     def _reselect_beams(self, req: Request) -> None:
