@@ -45,24 +45,32 @@ def own_ids(rows, outputs=False):
     return table
 
 
-@pytest.mark.parametrize(("workload", "engine"), [
-    ({}, {}), ({"n": 2}, {}), ({}, {"prefix_cache": "radix"}), ({}, {"kv_offload": {"num_cpu_blocks": 100}}),
-    ({"multi_turn": {"turns": 3, "think_time_s": 0.5, "timing": "after_reply"}}, {}),
-    ({"multi_turn": {"turns": 2, "think_time_s": 0.5}}, {}),
-], ids=["v1", "n2", "radix", "offload", "turns-after-reply", "turns-open"])
-def test_token_ids_no_other_row_shares_are_no_token_ids(tmp_path, workload, engine):
+AFFINITY = {"replicas": 3, "router": {"policy": "affinity"}}
+
+
+@pytest.mark.parametrize(("workload", "engine", "fleet"), [
+    ({}, {}, {}), ({"n": 2}, {}, {}), ({}, {"prefix_cache": "radix"}, {}), ({}, {"kv_offload": {"num_cpu_blocks": 100}}, {}),
+    ({"multi_turn": {"turns": 3, "think_time_s": 0.5, "timing": "after_reply"}}, {}, {}),
+    ({"multi_turn": {"turns": 2, "think_time_s": 0.5}}, {}, {}),
+    ({"multi_turn": {"turns": 4, "think_time_s": 0.5, "timing": "after_reply"}}, {}, AFFINITY),
+], ids=["v1", "n2", "radix", "offload", "turns-after-reply", "turns-open", "turns-affinity"])
+def test_token_ids_no_other_row_shares_are_no_token_ids(tmp_path, workload, engine, fleet):
     """A row's prompt ids without its reply's ids stopped the request's content at the prompt: a preempted
     request's lookup (prompt and reply so far) asserted "hashing beyond the known content". And a
     conversation whose first turn was given as ids named its history by segments, so no later turn hit
-    the blocks the first turn's ids had filled (a segment trace's later turns hit the whole history)."""
+    the blocks the first turn's ids had filled (a segment trace's later turns hit the whole history), and an
+    affinity router, keyed by the same block hashes, sent them elsewhere."""
     rows = random_rows(np.random.default_rng(7), 40, 4.0, max_prompt=600, max_output=200)
     runs = []
     for name, trace_rows in (("plain.jsonl", rows), ("ids.jsonl", own_ids(rows))):
-        raw = traced(write_trace(tmp_path / name, trace_rows), {**TIGHT, **engine})
+        raw = traced(write_trace(tmp_path / name, trace_rows), {**TIGHT, **engine}, **fleet)
         raw["workload"].update(workload)
         runs.append(kvsim.simulate(raw))
     plain, ids = runs
-    assert plain.summary["num_preemptions"] > 0
+    if fleet:  # ten conversations over three replicas: no pressure, but later turns routed by their history
+        assert (plain.tables["routes"].reason == "affinity").sum() >= 10
+    else:
+        assert plain.summary["num_preemptions"] > 0
     if workload:  # the history (or the first sample's prompt) is hit
         assert plain.summary["num_prefix_cache_hit_tokens"] > 0
     assert ids.requests.equals(plain.requests)
