@@ -10,6 +10,8 @@ and disaggregation against the engines they reduce to.
   whether the row's reply ids are given or not; Mooncake's 512-token hash ids are the token ids they stand for, later turns too;
 * vLLM v1's parallel sampling is its children: `n = 2` is each row sent twice with the same prompt ids, the
   parent's row the first child's first token and the last child's end;
+* an autoscaled fleet at double speed (arrivals, steps, the HPA's periods, startup, the SLO) takes half the
+  time exactly;
 * prompts arriving together pack into steps by hand: v1 cuts one stream of prompt tokens every token budget,
   v0 takes whole prompts while they fit.
 
@@ -28,7 +30,12 @@ import pytest
 import kvsim
 from tests.test_metamorphic2 import random_rows, traced, write_trace  # the same trace helpers
 
-TIGHT = {"num_gpu_blocks_override": 150, "max_model_len": 1024}  # 40 prompts of up to 600 tokens preempt
+TIGHT = {"num_gpu_blocks_override": 150, "max_model_len": 1024}
+SMALL_FLEET = {"model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 2, "replicas": 1,
+               "router": {"policy": "least_outstanding"}, "engine": {"max_model_len": 4096, "num_gpu_blocks_override": 300},
+               "workload": {"num_requests": 150, "prompt_len": {"dist": "lognormal", "mean": 300, "p99": 1500},
+                            "output_len": {"dist": "lognormal", "mean": 200, "p99": 800},
+                            "shared_prefix": {"tokens": 512, "fraction": 0.6, "num_prefixes": 3}}}  # 40 prompts of up to 600 tokens preempt
 
 
 def own_ids(rows, outputs=False):
@@ -187,3 +194,30 @@ def test_prompts_arriving_together_pack_into_steps_by_hand(tmp_path, scheduler, 
     else:
         steps = np.ceil(np.cumsum(prompts) / budget)
     np.testing.assert_allclose(kvsim.simulate(raw).requests.first_token_s, np.asarray(steps) * 0.01, rtol=1e-12)
+
+
+def test_an_autoscaled_fleet_at_double_speed_takes_half_the_time_exactly():
+    """Round one's time rescaling (`test_metamorphic.py`) for an autoscaled fleet: arrival rate doubled; step
+    time, the HPA's sync period, windows and policy periods, replica startup and the SLO's thresholds and
+    window halved. Every instant the fleet decides at halves exactly (powers of two), so the same replicas come
+    up for the same requests: every time is half, every count the same, GPU-hours half and the SLO
+    attainment the same."""
+    def run(scale):
+        raw = {**SMALL_FLEET, "latency": {"model": "constant", "step_s": 0.01 / scale},
+               "workload": {**SMALL_FLEET["workload"], "arrival": {"process": "poisson", "rate": 30.0 * scale}}}
+        raw["autoscaler"] = {"min_replicas": 1, "max_replicas": 4, "target": 2, **{
+            key: seconds / scale for key, seconds in (
+                ("startup_s", 2.0), ("sync_period_s", 1.0), ("scale_up_period_s", 4.0), ("scale_down_period_s", 4.0),
+                ("scale_down_window_s", 8.0), ("slo_window_s", 16.0), ("slo_ttft_s", 2.0), ("slo_tpot_s", 0.1))}}
+        return kvsim.simulate(raw)
+
+    slow, fast = run(1), run(2)
+    scaling = slow.summary["autoscaling"]
+    assert scaling["max_ready"] == 4 and 0 < scaling["slo_attainment"] < 1
+    times = ["arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s"]
+    np.testing.assert_array_equal(fast.requests[times].to_numpy(), slow.requests[times].to_numpy() / 2)
+    others = [c for c in slow.requests.columns if c not in times]
+    assert fast.requests[others].equals(slow.requests[others])
+    halved = ("gpu_hours", "billed_span_s")
+    for key in ("mean_gpus", "max_ready", "num_syncs", "slo_attainment", "worst_window_slo_attainment", *halved):
+        assert fast.summary["autoscaling"][key] == scaling[key] / (2 if key in halved else 1), key
