@@ -15,6 +15,8 @@ and disaggregation against the engines they reduce to.
 * prompts arriving together pack into steps by hand: v1 cuts one stream of prompt tokens every token budget,
   v0 takes whole prompts while they fit.
 
+* the radix tree hits as the hash chain while nothing is evicted, with EAGLE's trimmed hits too.
+
 Relations tried and kept out (the relation was wrong, not kvsim): the radix cache and the hash chain give
 the same run only while nothing is evicted (SGLang evicts whole LRU leaves, vLLM's free queue a request's
 last block first, so a preempted request finds less of its own KV again in the radix tree).
@@ -221,3 +223,37 @@ def test_an_autoscaled_fleet_at_double_speed_takes_half_the_time_exactly():
     halved = ("gpu_hours", "billed_span_s")
     for key in ("mean_gpus", "max_ready", "num_syncs", "slo_attainment", "worst_window_slo_attainment", *halved):
         assert fast.summary["autoscaling"][key] == scaling[key] / (2 if key in halved else 1), key
+
+
+@pytest.mark.parametrize("speculation", [None, {"method": "eagle", "num_speculative_tokens": 2, "acceptance_rates": 0.5}],
+                         ids=["plain", "eagle"])
+def test_the_radix_cache_hits_as_the_hash_chain_while_nothing_is_evicted(tmp_path, speculation):
+    """Prompts that start with 0, 48, 96 or 144 tokens of one common text, a pool nothing is evicted from: the
+    radix tree and the hash chain hit the same blocks. Each request hits the longest common text any earlier
+    one computed, in whole blocks (with EAGLE one block fewer, `Scheduler.lookup`). By hand, A (48 tokens of
+    it, running), then B (144) hits A's 3 blocks, then C (96) hits 6: A's 3 and B's next 3; with EAGLE 2 and 5
+    blocks. The radix cache gave C 2 blocks under EAGLE: B recomputed its trimmed block into a block of its
+    own, which the tree held as A's, and a sequence whose leading blocks the tree holds in others cached
+    nothing past them (SGLang's insert points it at the tree's and caches the rest below)."""
+    def row(arrival_ms, shared, own, output, i):
+        ids = list(range(shared)) + list(range(10**6 * (i + 1), 10**6 * (i + 1) + own))
+        return {"arrival_time_ns": arrival_ms * 10**6, "input_toks": len(ids), "output_toks": output,
+                "input_tok_ids": ids}
+
+    engine = {"num_gpu_blocks_override": 20_000, **({"speculative_config": speculation} if speculation else {})}
+    path = write_trace(tmp_path / "abc.jsonl", [row(0, 48, 535, 95, 0), row(105, 144, 161, 57, 1),
+                                                         row(283, 96, 153, 8, 2)])
+    drop = 1 if speculation else 0
+    for cache in ("hash_chain", "radix"):
+        hits = kvsim.simulate(traced(path, {**engine, "prefix_cache": cache})).requests.prefix_hit_tokens
+        assert hits.tolist() == [0, (3 - drop) * 16, (6 - drop) * 16], cache
+    rng = np.random.default_rng(9)
+    rows = [{"arrival_time_ns": int(a), "input_toks": int(p) + int(s), "output_toks": int(o),
+             "input_tok_ids": list(range(int(s))) + list(range(10**6 * (i + 1), 10**6 * (i + 1) + int(p)))}
+            for i, ((a, p, o), s) in enumerate(zip(random_rows(rng, 50, 5.0, max_prompt=600, max_output=100),
+                                                   rng.integers(0, 4, 50) * 48, strict=True))]
+    path = write_trace(tmp_path / "mixed.jsonl", rows)
+    chain, radix = (kvsim.simulate(traced(path, {**engine, "max_model_len": 4096, "prefix_cache": cache}))
+                    for cache in ("hash_chain", "radix"))
+    assert chain.summary["num_prefix_cache_hit_tokens"] > 3000
+    assert radix.requests.equals(chain.requests)

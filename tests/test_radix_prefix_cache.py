@@ -144,13 +144,17 @@ def test_a_fork_sharing_blocks_cached_under_its_parents_content_caches_none_of_t
 
 
 @pytest.mark.parametrize("free_first", [True, False])
-def test_a_hit_trimmed_inside_a_node_leaves_the_pages_past_it_evictable(free_first):
+def test_a_hit_trimmed_inside_a_node_is_recomputed_into_the_trees_block(free_first):
     """EAGLE gives a hit's last block back (`Scheduler.lookup`): B's match covers A's node [1, 2] (the shared
-    8 tokens), and B holds block 1 only. SGLang locks whole nodes, so a free block 2 left in the locked node
+    8 tokens), and B takes block 1 only. SGLang locks whole nodes, so a free block 2 left in the locked node
     [1, 2] could never be evicted: the pool counted it free and its free queue did not ("blocks not
     conserved" with --check). The node is cut where the trimmed hit ends, [1] -> [2], whether block 2 was
-    already free when B took its hit (`free_first`) or is freed by A after. Then block 2 is evictable: with
-    6 usable blocks, B holding 1, 3, 4, 5 and 6 plain, C's 2 blocks take 6 and, evicted, 2."""
+    already free when B took its hit (`free_first`) or is freed by A after. B then recomputes block 2's
+    tokens into block 3, which the tree holds as block 2: as SGLang's insert frees a request's duplicate KV
+    and points it at the tree's, B's table takes block 2 and block 3 is freed, and B's block past it (4) is
+    cached below block 2. B kept block 3 and cached nothing past it, so no later request could hit block 4
+    (with EAGLE, no request hit anything past a shared prefix its predecessor had hit). With 6 usable
+    blocks, B holding 1, 2, 4, 5, and 3 and 6 plain, C's 2 blocks take those; A's prompt still hits 1, 2."""
     alloc = allocator("radix")
     a, b = SegmentContent([("sys", 9), ("a", 4)]), SegmentContent([("sys", 9), ("b", 4)])
     alloc.allocate(1, 8, 13, a)
@@ -160,14 +164,15 @@ def test_a_hit_trimmed_inside_a_node_leaves_the_pages_past_it_evictable(free_fir
     hit = alloc.lookup_prefix(b, 13)
     assert hit.block_ids == (1, 2)
     alloc.allocate(2, 13, 13, b, PrefixHit(4, hit.block_ids[:-1]))
-    assert alloc.seqs[2].block_table == [1, 3, 4, 5]
+    assert alloc.seqs[2].block_table == [1, 2, 4, 5]
     if not free_first:
         alloc.free(1)
     alloc.check_invariants()
-    assert alloc.pool.num_free_blocks == 2 and 2 in alloc.prefix_cache.evictable
+    assert alloc.pool.num_free_blocks == 2 and not alloc.prefix_cache.evictable
+    assert alloc.lookup_prefix(SegmentContent([("sys", 9), ("b", 4), ("c", 4)]), 17).block_ids == (1, 2, 4)
     alloc.allocate(3, 8, 8, SegmentContent([("c", 8)]))
-    assert sorted(alloc.seqs[3].block_table) == [2, 6]
-    assert alloc.lookup_prefix(a, 13).block_ids == (1,)
+    assert sorted(alloc.seqs[3].block_table) == [3, 6]
+    assert alloc.lookup_prefix(a, 13).block_ids == (1, 2)
     alloc.check_invariants()
 
 

@@ -345,8 +345,22 @@ class PagedAllocator(PoolSlots, PagedBursts):
         num_full = min(seq.num_tokens, content.num_tokens) // self.block_size
         if num_full <= seq.num_hashed_blocks:
             return
-        self.prefix_cache.insert(content, seq.block_table, seq.num_hashed_blocks, num_full)
+        swaps = self.prefix_cache.insert(content, seq.block_table, seq.num_hashed_blocks, num_full)
+        if swaps:  # the cache holds the table's leading blocks in others: take those, then insert again
+            self._take_cached(seq, swaps)
+            self.prefix_cache.insert(content, seq.block_table, seq.num_hashed_blocks, num_full)
         seq.num_hashed_blocks = num_full
+
+    def _take_cached(self, seq: SeqBlocks, swaps: list[tuple[int, int]]) -> None:
+        """Point `seq`'s table at the cache's copies of its full blocks, (index, cached block) pairs, freeing its
+        own (`PrefixCache.insert`): a reference taken as a hit takes one, one dropped as `free` drops it."""
+        pool, table, fill = self.pool, seq.block_table, self.block_fill
+        for index, cached in swaps:
+            if pool.ref_counts[cached] == 0:
+                self.num_filled_slots += fill[cached]
+            pool.touch([cached])
+            own, table[index] = table[index], cached
+            self.num_filled_slots -= sum(fill[block_id] for block_id in pool.free_blocks([own]))
 
     # ---------------------------------------------------------- fork and free
     def holds(self, seq_id: int) -> bool:

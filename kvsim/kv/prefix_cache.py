@@ -21,7 +21,10 @@ Contract (every implementation):
   there (the first block to hold it wins). Whether this block is kept as well is the
   implementation's: the hash chain caches it as a duplicate, found once the blocks cached before
   it are evicted (vLLM's `BlockHashToBlockMap` does not de-duplicate, so that block tables stay
-  append-only); the radix tree does not (SGLang's tree holds one copy of a prefix).
+  append-only), and returns nothing; the radix tree (SGLang's holds one copy of a prefix) caches
+  nothing of a table whose leading blocks it holds under other ids, and returns those (index in the
+  table, its cached block) pairs: the allocator points the table at the cached blocks, frees its
+  own (SGLang's insert frees a request's duplicate KV for the tree's) and inserts again.
 * Reference counting lives in the pool; the cache hears the transitions of blocks it
   holds content for: `unlock(blocks)` when blocks lose their last reference (they become
   evictable at the LRU tail, in the order given; the pool frees a request's blocks tail-first,
@@ -53,7 +56,8 @@ class PrefixCache(Protocol):
     """What the block pool and the paged allocators use of a prefix cache (see the module docstring)."""
 
     def match(self, content: Content, num_tokens: int) -> PrefixHit: ...
-    def insert(self, content: Content, block_table: Sequence[int], first_block: int, num_full_blocks: int) -> None: ...
+    def insert(self, content: Content, block_table: Sequence[int], first_block: int,
+               num_full_blocks: int) -> list[tuple[int, int]]: ...
     def lock(self, block_id: int) -> bool: ...
     def unlock(self, block_ids: list[int]) -> list[int]: ...
     def evict(self, num_blocks: int) -> list[int]: ...
@@ -113,9 +117,12 @@ class HashChainCache:
         self._memo, self._memo_miss, self._memo_blocks = (content, num_tokens, hit), miss, frozenset(hits)
         return hit
 
-    def insert(self, content: Content, block_table: Sequence[int], first_block: int, num_full_blocks: int) -> None:
+    def insert(self, content: Content, block_table: Sequence[int], first_block: int,
+               num_full_blocks: int) -> list[tuple[int, int]]:
+        """Cache the blocks (`insert_keys`); a duplicate is kept, so no table needs another block."""
         hashes = content.block_hashes(self.block_size, num_full_blocks)
         self.insert_keys(block_table[first_block:num_full_blocks], hashes[first_block:num_full_blocks])
+        return []
 
     def insert_keys(self, block_ids: Iterable[int], keys: Iterable[int]) -> None:
         """Cache each block under its key, in order, skipping blocks that already carry one; a key already

@@ -134,6 +134,19 @@ class RadixCache:
             self._add_leaf(node, key[start:], values[start:], now)
         return start
 
+    def cached_values(self, key: Sequence[Hashable]) -> list[int]:
+        """The values of the longest cached prefix of `key`, as `match_prefix` finds them, changing nothing
+        (no access time, no split, no clock tick)."""
+        node, start, values = self.root, 0, []
+        while start < len(key) and key[start] in node.children:
+            node = node.children[key[start]]
+            matched = _common_length(node.key, key, start) if len(node.key) > 1 else 1
+            values.extend(node.value[:matched])
+            start += matched
+            if matched < len(node.key):
+                break
+        return values
+
     def _walk(self, key: Sequence[Hashable], now: int) -> tuple[TreeNode, int, list[int], list[TreeNode]]:
         """Follow `key` from the root, marking each node on the way accessed at `now` and splitting the node
         a match ends inside (its upper part is the last on the path): (the last node, the pages matched,

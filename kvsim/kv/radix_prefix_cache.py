@@ -13,11 +13,16 @@ while nothing is evicted:
   first, whatever was looked up since;
 * granularity: SGLang evicts whole leaf nodes (a run of pages), so an eviction can free more
   blocks than asked; those are kept here as plain free blocks (`_spare`) and reused first;
-* a sequence whose prefix the tree holds in other blocks (two requests computed the same content
-  at once) caches none of its own blocks past it: a node's blocks must be held by whoever holds
-  its descendants, as in SGLang where a request's KV is the tree's; nor one that shares blocks the tree
-  holds under other content (a sample forked from its parent after a preemption's recompute shares the
-  parent's output blocks, which its own content names apart): a block is one page of one node.
+* a sequence whose leading blocks the tree holds in other blocks (two requests computed the same
+  content at once; EAGLE recomputes a hit's last block, `kvsim.sched.base.Scheduler.lookup`) is
+  pointed at the tree's blocks and its own are freed (`insert` returns the pairs; the allocator
+  swaps them), as SGLang's insert frees a request's duplicate KV and points the request at the
+  tree's; its blocks past them are then cached below, as SGLang's are: a node's blocks must be held
+  by whoever holds its descendants. It kept its own, and cached none of its blocks past them, so
+  no later request hit them (an EAGLE request's later blocks never: hits far below the hash
+  chain's with nothing evicted). A sequence that shares blocks the tree holds under other content
+  (a sample forked from its parent after a preemption's recompute shares the parent's output
+  blocks, which its own content names apart) caches nothing: a block is one page of one node.
 
 Pages are blocks here: a match covers whole blocks, as SGLang's does with page_size = block size.
 SGLang's default page_size 1 (token-granular matches over a per-token pool) is `block_size = 1`:
@@ -91,15 +96,22 @@ class RadixPrefixCache:
         values = self.tree.match_prefix(keys).values
         return PrefixHit(len(values) * self.block_size, tuple(values))
 
-    def insert(self, content: Content, block_table: Sequence[int], first_block: int, num_full_blocks: int) -> None:
+    def insert(self, content: Content, block_table: Sequence[int], first_block: int,
+               num_full_blocks: int) -> list[tuple[int, int]]:
+        """SGLang's insert of the table's full blocks, each new one locked (it is in use). When the tree
+        holds the table's leading blocks in other blocks, nothing is inserted and those are returned as
+        (index, cached block) pairs for the allocator to swap in (see the module docstring)."""
         keys = content.block_hashes(self.block_size, num_full_blocks)
-        start = self.tree.insert_if_cached_as(keys, block_table[:num_full_blocks])
+        table = block_table[:num_full_blocks]
+        start = self.tree.insert_if_cached_as(keys, table)
         if start is None:
-            return  # the tree holds this prefix in other blocks: this sequence's stay plain
+            cached = self.tree.cached_values(keys)
+            return [(i, block) for i, (own, block) in enumerate(zip(table, cached, strict=False)) if own != block]
         for block_id in block_table[start:num_full_blocks]:  # in use: each holds a lock on its page
             where = self.tree.where(block_id)
             assert where is not None
             self.tree.inc_lock_ref(*where)
+        return []
 
     def lock(self, block_id: int) -> bool:
         """A hit takes a free cached block: a lock on its page. The pool locks a hit deepest block first
