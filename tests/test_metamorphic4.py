@@ -7,7 +7,8 @@ and disaggregation against the engines they reduce to.
   `input_tok_ids` of their own (and no `output_tok_ids`) runs as the same trace without ids, under
   preemption, parallel sampling and multi-turn conversations (the ids decide which blocks hash alike, and
   none do across rows), and samples forked off a sequence (v0's sampling, beam search) own their outputs
-  whether the row's reply ids are given or not; Mooncake's 512-token hash ids are the token ids they stand for, later turns too;
+  whether the row's reply ids are given or not, and rows of the same ids behind a system prompt share it
+  all; Mooncake's 512-token hash ids are the token ids they stand for, later turns too;
 * vLLM v1's parallel sampling is its children: `n = 2` is each row sent twice with the same prompt ids, the
   parent's row the first child's first token and the last child's end;
 * an autoscaled fleet at double speed (arrivals, steps, the HPA's periods, startup, the SLO) takes half the
@@ -257,3 +258,18 @@ def test_the_radix_cache_hits_as_the_hash_chain_while_nothing_is_evicted(tmp_pat
                     for cache in ("hash_chain", "radix"))
     assert chain.summary["num_prefix_cache_hit_tokens"] > 3000
     assert radix.requests.equals(chain.requests)
+
+
+def test_rows_of_the_same_ids_behind_a_system_prompt_share_it_all(tmp_path):
+    """Rows 0, 1 and 3 give the same 300 token ids, row 2 none; a 64-token system prompt is in front of all.
+    By hand (blocks of 16, a hit stops one token short of the prompt): row 1 and row 3 hit their whole
+    364-token prompt but its last partial block, (364 - 1) // 16 · 16 = 352 tokens; row 2 the system
+    prompt's 64. A row's ids were dropped behind a system prompt (its prompt became the system prompt and
+    a segment of its own): rows 1 and 3 hit 64 only. Without the system prompt, 288 = (300 - 1) // 16 · 16."""
+    same = {"input_toks": 300, "output_toks": 5, "input_tok_ids": list(range(300))}
+    rows = [{"arrival_time_ns": i * 10**10, **(same if i != 2 else {"input_toks": 300, "output_toks": 5})}
+            for i in range(4)]
+    raw = traced(write_trace(tmp_path / "t.jsonl", rows))
+    assert kvsim.simulate(raw).requests.prefix_hit_tokens.tolist() == [0, 288, 0, 288]
+    raw["workload"]["shared_prefix"] = {"tokens": 64, "fraction": 1.0}
+    assert kvsim.simulate(raw).requests.prefix_hit_tokens.tolist() == [0, 352, 64, 352]

@@ -33,7 +33,7 @@ class TurnBuilder:
     `index // turns`) as a request, from the columns drawn for the run."""
 
     __slots__ = ("records", "turns", "max_model_len", "prefix", "with_prefix", "prefix_ids", "num_samples", "beam",
-                 "priorities", "with_acceptance")
+                 "priorities", "with_acceptance", "token_level")
 
     def __init__(self, records: Sequence[TraceRecord], turns: int, max_model_len: int, prefix: SharedPrefix | None,
                  with_prefix: np.ndarray, prefix_ids: np.ndarray | None, num_samples: int, beam: bool,
@@ -42,6 +42,7 @@ class TurnBuilder:
         self.prefix, self.with_prefix, self.prefix_ids = prefix, with_prefix, prefix_ids
         self.num_samples, self.beam, self.priorities = num_samples, beam, priorities
         self.with_acceptance = with_acceptance
+        self.token_level = any(record.token_ids is not None for record in records)  # a trace of token ids
 
     def content(self, index: int, history: History) -> tuple[int, int, Content, History]:
         """Turn `index`'s prompt and output lengths, its content, and the history the conversation's next turn
@@ -49,23 +50,27 @@ class TurnBuilder:
         conversation's first turn, which starts from the system prompt, if the request has one). The output
         is capped so that prompt + output ≤ max_model_len (at least 1 token).
 
-        A first turn given as token ids (and no system prompt) is a `TokenContent`, and so is every later turn
-        of its conversation: the history is then the conversation's tokens so far, so a turn's blocks hash as
-        its previous turn's did and it hits them, as the segments of other conversations do (they were
-        segments that named the token turn's blocks apart: no turn after it hit anything). A token the record
-        does not give (a reply's without `output_tok_ids`, a later turn's without ids) is its segment's id, so
-        the request still owns the blocks it fills: a preempted request finds its own reply's blocks again,
-        as vLLM hashes the tokens it generated (its content stopped at the prompt, and the lookup of a
-        preempted request asserted)."""
+        In a trace of token ids every turn is a `TokenContent` (`_token_content`): the history is the
+        conversation's tokens so far (the system prompt's too, each of its tokens named by its segment's id),
+        so a turn's blocks hash as its previous turn's did and it hits them, as the segments of other
+        conversations do, and two rows of the same ids behind the same system prompt share it all. A first
+        turn's ids were taken only without a system prompt (the system prompt was all two such rows shared),
+        and its later turns were segments that named its blocks apart (no turn after it hit anything). A
+        token the record does not give (a reply's without `output_tok_ids`, a row's without ids) is its
+        segment's id, so the request still owns the blocks it fills: a preempted request finds its own
+        reply's blocks again, as vLLM hashes the tokens it generated (its content stopped at the prompt, and
+        the lookup of a preempted request asserted)."""
         record = self.records[index]
         conv, turn = divmod(index, self.turns)
         if turn == 0:
-            history = []
+            system: Segments = []
             prefix = self.prefix
             if prefix is not None and self.prefix_ids is not None and self.with_prefix[index]:
-                history.append((("system", int(self.prefix_ids[index])), prefix.tokens))
-        if isinstance(history, tuple) or (record.token_ids is not None and not history):
-            return self._token_content(record, conv, turn, tuple(history))
+                system.append((("system", int(self.prefix_ids[index])), prefix.tokens))
+            history = tuple(seg for seg, length in system for _ in range(length)) if self.token_level else system
+        if self.token_level:
+            assert isinstance(history, tuple), "a turn of a token-id conversation follows tokens"
+            return self._token_content(record, conv, turn, history)
         if record.segments is not None:
             prompt_segments = [*history, *record.segments]
         else:
