@@ -29,10 +29,11 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvsim.kv.block_pool import BlockPool, PoolSlots
+from kvsim.kv.block_tables import distinct_blocks, growth_blocks, repeated_blocks
 from kvsim.kv.paged_burst import PagedBursts
 from kvsim.kv.prefix_cache import HashChainCache, PrefixCache
 from kvsim.kv.protocol import ALLOCATED, NO_HIT, Allocation, PrefixHit, SwapResult
@@ -150,35 +151,15 @@ class PagedAllocator(PoolSlots, PagedBursts):
                 seq.num_tokens % self.block_size == 0 or self.pool.ref_counts[seq.block_table[-1]] == 1):
             return 0  # the common decode case: room left in an unshared last block
         if seq is not None:
-            return self._growth_blocks([seq], [num_tokens_total], self.block_size, self.pool.ref_counts.__getitem__)
+            return growth_blocks([seq], [num_tokens_total], self.block_size, self.pool.ref_counts.__getitem__)
         free_hits = sum(1 for b in hit.block_ids if self.pool.ref_counts[b] == 0)  # leave the free queue
         return free_hits + max(0, ceil_div(num_tokens_total, self.block_size) - len(hit.block_ids))
-
-    @staticmethod
-    def _growth_blocks(seqs: Sequence[SeqBlocks], targets: Sequence[int], block_size: int,
-                       ref_count: Callable[[int], int]) -> int:
-        """Blocks a group of sequences takes to grow each to its target token count.
-
-        New blocks where a sequence crosses a boundary, plus copies of shared partial last
-        blocks: k group members sharing one copy k − 1 times (the last writer keeps it), or k
-        times if someone outside the group shares it too.
-        """
-        blocks, sharers = 0, dict[int, int]()
-        for seq, target in zip(seqs, targets, strict=True):
-            if target <= seq.num_tokens:
-                continue
-            blocks += max(0, ceil_div(target, block_size) - len(seq.block_table))
-            if seq.num_tokens % block_size:
-                sharers[seq.block_table[-1]] = sharers.get(seq.block_table[-1], 0) + 1
-        for block_id, k in sharers.items():
-            blocks += k - 1 if ref_count(block_id) == k else k
-        return blocks
 
     def slots_needed(self, seq_ids: Sequence[int], num_tokens_total: int) -> int:
         """Free slots that growing every sequence of a group to `num_tokens_total` takes."""
         seqs = [self.seqs[s] for s in seq_ids]
         refs = self.pool.ref_counts
-        return self._growth_blocks(seqs, [num_tokens_total] * len(seqs), self.block_size,
+        return growth_blocks(seqs, [num_tokens_total] * len(seqs), self.block_size,
                                    refs.__getitem__) * self.block_size
 
     def can_allocate(self, seq_id: int, num_tokens_total: int, final_num_tokens: int | None = None,
@@ -403,16 +384,12 @@ class PagedAllocator(PoolSlots, PagedBursts):
         self._set_reservable(seq, 0)
 
     # ------------------------------------------------------------------- swap
-    def _swap_plan(self, tables: Sequence[list[int]]) -> list[int]:
-        """The distinct blocks of a group of sequences, in first-seen order."""
-        return list(dict.fromkeys(b for table in tables for b in table))
-
     def swap_out(self, seq_ids: Sequence[int]) -> SwapResult | None:
         """Move a group's blocks to the CPU pool; None (nothing changed) if it lacks room."""
         if self.cpu_pool is None:
             return None
         seqs = [self.seqs[s] for s in seq_ids]
-        unique = self._swap_plan([s.block_table for s in seqs])
+        unique = distinct_blocks([s.block_table for s in seqs])
         if len(unique) > self.cpu_pool.num_free_blocks:
             return None
         mapping = dict(zip(unique, self.cpu_pool.get_new_blocks(len(unique)), strict=True))
@@ -422,7 +399,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
             seq.block_table = [mapping[b] for b in seq.block_table]
             seq.num_hashed_blocks = 0
             self.swapped[seq_id] = seq
-        self._touch_extra_refs(self.cpu_pool, [s.block_table for s in seqs])
+        self.cpu_pool.touch(repeated_blocks([s.block_table for s in seqs]))
         return SwapResult(len(unique), len(unique) * self.bytes_per_block)
 
     def swap_in_growth_slots(self, seq_ids: Sequence[int]) -> int:
@@ -433,11 +410,11 @@ class PagedAllocator(PoolSlots, PagedBursts):
         """
         assert self.cpu_pool is not None
         seqs = [self.swapped[s] for s in seq_ids]
-        return self._growth_blocks(seqs, [s.num_tokens + 1 for s in seqs], self.block_size,
+        return growth_blocks(seqs, [s.num_tokens + 1 for s in seqs], self.block_size,
                                    self.cpu_pool.ref_counts.__getitem__) * self.block_size
 
     def can_swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> bool:
-        unique = self._swap_plan([self.swapped[s].block_table for s in seq_ids])
+        unique = distinct_blocks([self.swapped[s].block_table for s in seq_ids])
         return len(unique) + ceil_div(reserve_slots, self.block_size) <= self.pool.num_free_blocks
 
     def swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> SwapResult | None:
@@ -446,7 +423,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
             return None
         assert self.cpu_pool is not None
         seqs = [self.swapped[s] for s in seq_ids]
-        unique = self._swap_plan([s.block_table for s in seqs])
+        unique = distinct_blocks([s.block_table for s in seqs])
         fresh = self.pool.get_new_blocks(len(unique))
         mapping = dict(zip(unique, fresh, strict=True))
         last_blocks: set[int] = set()
@@ -462,22 +439,12 @@ class PagedAllocator(PoolSlots, PagedBursts):
             shares_last = bool(seq.block_table) and seq.block_table[-1] in last_blocks
             self._set_reservable(seq, seq.num_tokens if shares_last else self._own_reservable(seq))
             last_blocks.update(seq.block_table[-1:])
-        self._touch_extra_refs(self.pool, [s.block_table for s in seqs])
+        self.pool.touch(repeated_blocks([s.block_table for s in seqs]))
         self.num_filled_slots += sum(self.block_fill[b] for b in fresh)
         for seq in seqs:
             if self.enable_caching and seq.content is not None:
                 self._hash_full_blocks(seq)
         return SwapResult(len(unique), len(unique) * self.bytes_per_block)
-
-    @staticmethod
-    def _touch_extra_refs(pool: BlockPool, tables: Sequence[list[int]]) -> None:
-        """New blocks start at ref_count 1; a block in k tables of the group needs k."""
-        seen: set[int] = set()
-        for table in tables:
-            for block_id in table:
-                if block_id in seen:
-                    pool.touch([block_id])
-                seen.add(block_id)
 
     # ------------------------------------------------------------- invariants
     def check_invariants(self) -> None:
