@@ -318,6 +318,23 @@ def _write_marker(folder: Path, kind: str, files: list[str]) -> None:
 
 
 @contextmanager
+def _parents_made(out: Path, path: str | Path) -> Iterator[None]:
+    """Create the missing folders above `out` (`path`, as given, for an error) for the block; when it fails (a
+    refused run, a bad trace row, a Ctrl-C) remove those of them left empty, deepest first: a failed write
+    writes nothing, yet `-o a/b/run` stopped by a bad trace row left `a/b/` behind (the default `runs/`)."""
+    missing = [folder for folder in out.parents if not folder.exists()]  # deepest first
+    try:
+        with _errors_name_output(path):
+            out.parent.mkdir(parents=True, exist_ok=True)
+        yield
+    except BaseException:
+        for folder in missing:
+            with contextlib.suppress(OSError):  # no longer empty: something else was put there meanwhile
+                folder.rmdir()
+        raise
+
+
+@contextmanager
 def output_directory(path: str | Path, kind: str) -> Iterator[Path]:
     """Yield an empty folder to fill; when the block succeeds it replaces `path` (see the module doc).
 
@@ -325,20 +342,20 @@ def output_directory(path: str | Path, kind: str) -> Iterator[Path]:
     the new folder is removed and `path` is left as it was.
     """
     out = check_output_dir(path, kind)
-    with _errors_name_output(path):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temporaries(out)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent))
-    try:
-        with _errors_name_output(path, tmp), _interrupt_names(path):
-            os.chmod(tmp, 0o777 & ~_umask())
-            _write_marker(tmp, kind, [])  # a stale copy of this folder is recognisably kvsim's
-            yield tmp
-            _write_marker(tmp, kind, sorted(_listing(tmp) - {MARKER_NAME}))
-            check_output_dir(out, kind)  # nothing foreign appeared while we worked
-            _swap_into_place(tmp, out)
-    finally:
-        _remove_folder(tmp)  # the new folder if the block failed, else the old output
+    with _parents_made(out, path):
+        with _errors_name_output(path):
+            _remove_stale_temporaries(out)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent))
+        try:
+            with _errors_name_output(path, tmp), _interrupt_names(path):
+                os.chmod(tmp, 0o777 & ~_umask())
+                _write_marker(tmp, kind, [])  # a stale copy of this folder is recognisably kvsim's
+                yield tmp
+                _write_marker(tmp, kind, sorted(_listing(tmp) - {MARKER_NAME}))
+                check_output_dir(out, kind)  # nothing foreign appeared while we worked
+                _swap_into_place(tmp, out)
+        finally:
+            _remove_folder(tmp)  # the new folder if the block failed, else the old output
 
 
 def claim_directory(path: str | Path, kind: str, files: list[str]) -> Path:
@@ -363,19 +380,19 @@ def output_file(path: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling of `path` to write (starting with `FILE_TAG`); it replaces `path`
     in one rename when the block succeeds, and is removed otherwise."""
     out = check_output_file(path)
-    with _errors_name_output(path):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        with _errors_name_output(path, tmp), _interrupt_names(path):
-            os.chmod(tmp, 0o666 & ~_umask())
-            yield tmp
-            with tmp.open("rb") as f:
-                assert f.readline().startswith(FILE_TAG.encode()), f"{out} must start with {FILE_TAG!r}"
-            check_output_file(out)
-            os.replace(tmp, out)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    with _parents_made(out, path):
+        with _errors_name_output(path):
+            fd, name = tempfile.mkstemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent)
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            with _errors_name_output(path, tmp), _interrupt_names(path):
+                os.chmod(tmp, 0o666 & ~_umask())
+                yield tmp
+                with tmp.open("rb") as f:
+                    assert f.readline().startswith(FILE_TAG.encode()), f"{out} must start with {FILE_TAG!r}"
+                check_output_file(out)
+                os.replace(tmp, out)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
