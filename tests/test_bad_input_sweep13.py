@@ -40,3 +40,36 @@ def test_a_failed_write_keeps_the_folders_that_were_there(tmp_path, monkeypatch)
     (tmp_path / "runs").mkdir()
     one_line_exit_2([*RUN, "--memory-limit", "1B", "-o", "runs/deep/er"])
     assert _files(tmp_path) == ["runs"]
+
+
+@pytest.mark.parametrize(("update", "message"), [
+    ({"seed": -5}, "seed=-5: Input should be greater than or equal to 0"),
+    ({"replicas": 0}, "replicas=0: expected 1..4096"),
+    ({"bogus": 1}, "bogus: unknown key"),
+    ({"engine": {"block_size": 7}}, "engine: block_size=7: vLLM accepts 1, 8, 16, 32, 64, 128, 256"),
+])
+def test_a_scenario_copied_with_a_bad_update_is_refused_in_one_line(update, message):
+    """`model_copy(update=...)`, a notebook's way to a variant of a frozen scenario, set the update unchecked
+    (pydantic's): seed=-5 ran into numpy's ValueError mid-run, replicas=0 into a ZeroDivisionError, an engine
+    given as a dict into an AttributeError, and an unknown key ran without a word."""
+    import kvsim
+    from kvsim.model.errors import KvsimError
+
+    base = kvsim.load_scenario(None, {"workload.num_requests": 3})
+    with pytest.raises(KvsimError) as caught:
+        base.model_copy(update=update)
+    assert str(caught.value) == message
+
+
+def test_a_scenario_copied_with_a_good_update_is_the_scenario_given_those_fields():
+    """The update is validated as the fields of a new scenario are: an engine given as a dict becomes the
+    EngineConfig it describes, and the fields given stay the ones given (`model_fields_set`)."""
+    import kvsim
+    from kvsim.model.config import EngineConfig
+
+    base = kvsim.load_scenario(None, {"workload.num_requests": 3})
+    copied = base.model_copy(update={"engine": {"block_size": 32}, "seed": 4})
+    assert copied.engine == EngineConfig(block_size=32) and copied.seed == 4
+    assert copied.workload == base.workload and copied.base_dir == base.base_dir
+    assert copied.model_fields_set == base.model_fields_set | {"engine", "seed"}
+    assert copied.engine.model_copy(update={"block_size": 64}).block_size == 64
