@@ -73,3 +73,23 @@ def test_a_scenario_copied_with_a_good_update_is_the_scenario_given_those_fields
     assert copied.workload == base.workload and copied.base_dir == base.base_dir
     assert copied.model_fields_set == base.model_fields_set | {"engine", "seed"}
     assert copied.engine.model_copy(update={"block_size": 64}).block_size == 64
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"workload": 1}', "workload=1: Input should be a valid dictionary or instance of Workload"),
+    ("{", "scenario JSON: not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 "
+          "(char 1))"),
+    ('{"seed": 1, "seed": 2}', "scenario JSON: not valid JSON (duplicate key 'seed': give each key once: line 1 "
+                               "column 13 (char 12))"),
+])
+def test_a_scenario_read_from_json_in_python_refuses_a_field_in_one_line(text, message):
+    """`Scenario.model_validate_json` raised pydantic's multi-line ValidationError where `model_validate` raises
+    one KvsimError line, and kept the last of a key given twice, which every JSON kvsim reads refuses."""
+    import kvsim
+    from kvsim.model.errors import KvsimError
+
+    with pytest.raises(KvsimError) as caught:
+        kvsim.Scenario.model_validate_json(text)
+    assert str(caught.value) == message
+    fields = '{"workload": {"prompt_len": {"dist": "fixed", "value": 5}, "output_len": {"dist": "fixed", "value": 5}}}'
+    assert kvsim.Scenario.model_validate_json(fields).workload.prompt_len.value == 5

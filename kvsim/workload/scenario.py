@@ -31,7 +31,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from kvsim.model.config import MAX_ENGINES, MAX_FIXED_COST_S, EngineConfig, GPULink, gpu_presets, model_presets
 from kvsim.model.errors import KvsimError, first_repeat, from_validation_error, not_a_file, reading, shown
 from kvsim.model.spec import Label, Settings
-from kvsim.model.yaml_io import load_yaml, yaml_problem
+from kvsim.model.yaml_io import load_json, load_yaml, yaml_problem
 from kvsim.workload.draws import Arrival, LengthDist
 from kvsim.workload.files import data_file
 from kvsim.workload.fleet_layout import AutoscalerConfig, KVTransferConfig, ReplicaGroup, Router
@@ -255,6 +255,19 @@ class Scenario(Settings):
             return super().model_validate(obj, **kwargs)
         except ValidationError as error:
             raise from_validation_error(error, model=Scenario) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: str | bytes | bytearray, **kwargs: Any) -> Self:
+        """`Scenario.model_validate_json(text)`: the JSON read as kvsim reads JSON (`load_json`: a key given twice
+        refused, not its last kept), then validated as `model_validate` does; pydantic's raised its multi-line
+        ValidationError, no `KvsimError`."""
+        import json
+
+        try:
+            fields = load_json(json_data if isinstance(json_data, str) else bytes(json_data).decode())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise KvsimError(f"scenario JSON: not valid JSON ({error})") from None
+        return cls.model_validate(fields, **kwargs)
 
     @field_validator("router", mode="before")
     @classmethod
