@@ -93,3 +93,28 @@ def test_a_scenario_read_from_json_in_python_refuses_a_field_in_one_line(text, m
     assert str(caught.value) == message
     fields = '{"workload": {"prompt_len": {"dist": "fixed", "value": 5}, "output_len": {"dist": "fixed", "value": 5}}}'
     assert kvsim.Scenario.model_validate_json(fields).workload.prompt_len.value == 5
+
+
+AZURE_TWO_ROWS = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,10,10\n2023-11-16 18:17:04.1,10,5\n"
+
+
+def test_a_path_set_on_the_built_in_scenario_is_read_from_the_working_folder(tmp_path, monkeypatch):
+    """Without a scenario file, `--set workload.trace.path=t.csv` was looked for beside the built-in default
+    scenario, in kvsim's installed package (`file not found: .../kvsim/workload/data/t.csv`), where a dict
+    scenario's relative paths are the working folder's; the run now reads the file here (its two rows)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text(AZURE_TWO_ROWS)
+    argv = ["run", "--set", "steps=none", "--set", "workload.trace={format: azure, path: t.csv}",
+            "--set", "workload.arrival={process: trace}", "-o", "out", "--format", "json"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_requests"] == 2
+    assert "path: " + str(tmp_path / "t.csv") in (tmp_path / "out" / "scenario.yaml").read_text()
+    assert one_line_exit_2(["run", "--set", "latency={model: calibrated, profile: nope.csv}"]) == (
+        "path='nope.csv': file not found: nope.csv")

@@ -452,7 +452,8 @@ def resolve_scenario(scenario: Scenario | str | Path | Mapping[str, Any] | None,
 def load_scenario(path: str | Path | None = None, overrides: Overrides | None = None,
                   default: str | Path = DEFAULT_SCENARIO) -> Scenario:
     """Read a YAML scenario (or the built-in `default` when `path` is None) and apply `overrides`
-    (a dict of dotted keys to values, or `--set`-style strings; see `Overrides`)."""
+    (a dict of dotted keys to values, or `--set`-style strings; see `Overrides`). Relative data paths are
+    relative to the scenario file's folder, or with the built-in default to the working folder."""
     if path is not None and not isinstance(path, (str, Path)):  # Path() would raise a bare TypeError
         raise KvsimError(f"scenario={shown(path)}: expected a YAML path (`kvsim.simulate` also takes a dict of "
                          "scenario fields)")
@@ -473,4 +474,6 @@ def load_scenario(path: str | Path | None = None, overrides: Overrides | None = 
         raise KvsimError(f"scenario {file}: the file is empty (a scenario names at least its workload; "
                          "`kvsim run` without a file runs the built-in default)")
     raw.setdefault("name", file.stem)
-    return make_scenario(apply_overrides(raw, overrides or ()), file.parent)
+    # a built-in default names no data file of its own: a path an override gives is the caller's, relative to the
+    # working folder as a dict scenario's are (`--set workload.trace.path=t.csv` was looked for in kvsim's package)
+    return make_scenario(apply_overrides(raw, overrides or ()), file.parent if path is not None else ".")
