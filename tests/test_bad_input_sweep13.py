@@ -118,3 +118,12 @@ def test_a_path_set_on_the_built_in_scenario_is_read_from_the_working_folder(tmp
     assert "path: " + str(tmp_path / "t.csv") in (tmp_path / "out" / "scenario.yaml").read_text()
     assert one_line_exit_2(["run", "--set", "latency={model: calibrated, profile: nope.csv}"]) == (
         "path='nope.csv': file not found: nope.csv")
+
+
+def test_an_autoscaler_of_more_engines_than_kvsim_builds_is_refused_naming_max_replicas(tmp_path):
+    """`autoscaler.max_replicas` had no bound where `replicas` has 4,096 (MAX_ENGINES): the fleet is built at
+    its largest, so 10**9 was refused only by the memory estimate, and not at all under a large --memory-limit."""
+    argv = [*RUN, "--set", "replicas=1", "--set", "router.policy=least_outstanding",
+            "--set", "autoscaler.max_replicas=4097", "-o", str(tmp_path / "out")]
+    assert one_line_exit_2(argv) == "autoscaler.max_replicas=4097: Input should be less than or equal to 4096"
+    assert list(tmp_path.iterdir()) == []
