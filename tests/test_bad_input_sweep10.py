@@ -17,9 +17,10 @@ def _set(*items: str) -> list[str]:
 @pytest.mark.parametrize(("settings", "message"), [
     # Poisson gaps have a mean of 1/rate = 1e308 s: which request passes 1.8e308 s first is drawn
     (["workload.arrival.rate=1e-308"], "workload.arrival.rate=1e-308: request "),
-    # constant gaps of 1e308 s: request 2 (0-based) would arrive at 2e308 s, past the largest float (1.8e308)
-    (["workload.arrival={process: constant, rate: 1e-308}"],
-     "workload.arrival.rate=1e-308: request 2 of 6 would arrive at inf s"),
+    # constant gaps of 1e310 s (1 / a subnormal rate): request 1 (0-based) would arrive past the largest float
+    # (1.8e308); a finite instant past 2**32 s is refused too (test_bad_input_sweep13)
+    (["workload.arrival={process: constant, rate: 1e-310}"],
+     "workload.arrival.rate=1e-310: request 1 of 6 would arrive at inf s"),
     # turn k of a conversation is sent k think times after its first (open) or after turn k-1 ended (after_reply):
     # turn 3 is 2 think times of 1e308 s out either way
     ([f"{MT}.turns=3", f"{MT}.think_time_s=1e308"], f"{MT}.think_time_s=1e+308: turn 3 of a conversation would be "
@@ -42,10 +43,10 @@ def test_a_trace_scaled_past_the_largest_float_is_refused(tmp_path):
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
         f"2023-11-16 18:15:4{s}.000000,10,10\n" for s in (6, 7, 8)))
     out = tmp_path / "out"
-    # the second row is 1 s after the first: 1 / 1e-308 = 1e308 s, the third 2e308 s
+    # the second row is 1 s after the first: 1 / 1e-310 s, past the largest float
     assert one_line_exit_2([*RUN, *_set("workload.num_requests=3", "workload.arrival={process: trace}",
-                                        f"workload.trace={{format: azure, path: {trace}, rate_scale: 1e-308}}"),
-                            "-o", str(out)]).startswith("workload.trace.rate_scale=1e-308: request 2 of 3 would "
+                                        f"workload.trace={{format: azure, path: {trace}, rate_scale: 1e-310}}"),
+                            "-o", str(out)]).startswith("workload.trace.rate_scale=1e-310: request 1 of 3 would "
                                                         "arrive at inf s")
     assert not out.exists()
 
@@ -153,11 +154,11 @@ def test_a_rate_past_the_largest_float_is_one_line_in_a_process_of_its_own(tmp_p
 
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "kvsim", "run", *_set("workload.num_requests=6",
-                                                                       "workload.arrival={process: constant, rate: 1e-308}"),
+                                                                       "workload.arrival={process: constant, rate: 1e-310}"),
                            "-o", str(out)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONWARNINGS": "default"})
     assert done.returncode == 2 and done.stderr.splitlines() == [
-        "kvsim: error: workload.arrival.rate=1e-308: request 2 of 6 would arrive at inf s (past the largest float); "
+        "kvsim: error: workload.arrival.rate=1e-310: request 1 of 6 would arrive at inf s (past the largest float); "
         "give a larger rate or fewer requests"], done.stderr
     assert not out.exists()
 

@@ -127,3 +127,57 @@ def test_an_autoscaler_of_more_engines_than_kvsim_builds_is_refused_naming_max_r
             "--set", "autoscaler.max_replicas=4097", "-o", str(tmp_path / "out")]
     assert one_line_exit_2(argv) == "autoscaler.max_replicas=4097: Input should be less than or equal to 4096"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    # constant gaps of 1 / 1e-10 = 1e10 s: request 1 (0-based) at 1e10 s, past 2**32 = 4.29e9 s
+    (["workload.arrival={process: constant, rate: 1e-10}"], "workload.arrival.rate=1e-10: request 1 of 3 would arrive "
+     "at 1e+10 s (past 4.29497e+09 s, about 136 years, where the clock keeps no microsecond); give a larger rate or "
+     "fewer requests"),
+    # turn 2 of the first conversation, one think time of 5e9 s after its first at 0 s
+    (["workload.multi_turn={turns: 2, think_time_s: 5e9}"], "workload.multi_turn.think_time_s=5e+09: turn 2 of a "
+     "conversation would be sent at 5e+09 s (past 4.29497e+09 s, about 136 years, where the clock keeps no "
+     "microsecond), 1 think times after its first; give a shorter think time"),
+])
+def test_an_instant_where_the_clock_keeps_no_microsecond_is_refused(tmp_path, settings, message):
+    """Only an instant past the largest float (inf) was refused: a request at 1e10 s ran on a clock whose float
+    keeps 2 us there, and at 1e297 s (a Mooncake timestamp of 1e300 ms) every step took no time (TTFT 0)."""
+    out = tmp_path / "out"
+    argv = [*RUN, "--set", "workload.num_requests=3", *[a for s in settings for a in ("--set", s)], "-o", str(out)]
+    assert one_line_exit_2(argv) == message
+    assert not out.exists()
+
+
+def test_a_trace_timestamp_where_the_clock_keeps_no_microsecond_is_refused(tmp_path):
+    """The second row's 1e13 ms is 1e10 s after the first's 0 ms."""
+    (tmp_path / "t.jsonl").write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
+        '{"timestamp": 1e13, "input_length": 10, "output_length": 5, "hash_ids": [2]}\n')
+    out = tmp_path / "out"
+    argv = [*RUN, "--set", f"workload.trace={{format: mooncake, path: {tmp_path / 't.jsonl'}}}",
+            "--set", "workload.arrival={process: trace}", "-o", str(out)]
+    assert one_line_exit_2(argv) == (
+        "workload.trace.rate_scale=1: request 1 of 2 would arrive at 1e+10 s (past 4.29497e+09 s, about 136 years, "
+        "where the clock keeps no microsecond); give a larger rate or fewer requests")
+    assert not out.exists()
+
+
+def test_a_request_sent_just_before_the_bound_runs(tmp_path):
+    """1 / 2.5e-10 = 4e9 s, under 2**32 s: request 1 arrives there, and its TTFT is request 0's (one 10-token
+    prompt on an idle engine each, the second 126 years later: the same step)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    argv = ["run", "--set", "workload.num_requests=2", "--set", "workload.arrival={process: constant, rate: 2.5e-10}",
+            "--set", "workload.prompt_len={dist: fixed, value: 10}", "--set", "workload.output_len={dist: fixed, value: 2}",
+            "--set", "engine.enable_prefix_caching=false", "--set", "steps=none", "-o", str(tmp_path / "out"),
+            "--format", "json"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["num_finished"] == 2 and summary["duration_s"] >= 4e9
+    ttft = summary["ttft_s"]
+    assert ttft["p99"] == pytest.approx(ttft["p50"], rel=1e-3)

@@ -157,25 +157,41 @@ def _arrivals(w: Workload, records: Sequence[TraceRecord], rng: np.random.Genera
     return arrival_times(w.arrival, len(records), rng)
 
 
+MAX_INSTANT_S = 2.0**32
+"""The latest instant (s, about 136 years) a request may be sent at: below it the clock's floats keep better than a
+microsecond (ulp 2**-20 s), past it a step's milliseconds lose their digits (at 1e12 s a 6.04 ms TTFT read 5.98 ms,
+at 1e297 s, a Mooncake timestamp of 1e300 ms, every step took no time at all), without a word."""
+
+
+def _instant_shown(instant_s: float) -> str:
+    """`instant_s` for an error line, with why no run's clock reaches it."""
+    if math.isinf(instant_s):
+        return "inf s (past the largest float)"
+    return f"{instant_s:g} s (past {MAX_INSTANT_S:g} s, about 136 years, where the clock keeps no microsecond)"
+
+
 def _refuse_endless_instants(w: Workload, arrivals: np.ndarray, turns: int, think_s: float) -> None:
-    """KvsimError naming the field when a request would be sent past the largest float (at inf s): a rate of
-    1e-308 spaces arrivals 1e308 s apart, a think time of 1e308 s sends turn 3 at 2e308 s; no run's clock
-    reaches such an instant (it ended in an AssertionError, or SimPy's 'no scheduled events left')."""
+    """KvsimError naming the field when a request would be sent past `MAX_INSTANT_S` (or at inf s): a rate of
+    1e-308 spaces arrivals 1e308 s apart, a think time of 1e308 s sends turn 3 at 2e308 s (inf: the run ended in
+    an AssertionError, or SimPy's 'no scheduled events left'); a trace's timestamp of 1e300 ms ran with steps that
+    took no time."""
     firsts = arrivals[::turns]  # a conversation's first row's instant (the only one read, with turns > 1)
-    finite = np.isfinite(firsts)
-    if not finite.all():
+    late = firsts > MAX_INSTANT_S
+    if late.any():
+        first_late = int(np.argmax(late))
         if w.arrival.process == "trace" or (w.trace is not None and w.trace.format == "servegen"):
-            assert w.trace is not None  # a trace's timestamps are read finite: its scale sent them past
+            assert w.trace is not None
             field = f"workload.trace.rate_scale={w.trace.rate_scale:g}"
         else:
             field = f"workload.arrival.rate={w.arrival.rate:g}"
         what = "request" if turns == 1 else "conversation"
-        raise KvsimError(f"{field}: {what} {int(np.argmin(finite))} of {len(firsts)} would arrive at inf s (past "
-                         "the largest float); give a larger rate or fewer requests")
-    if not math.isfinite(float(np.max(firsts, initial=0.0)) + (turns - 1) * think_s):  # turns: at most n here
+        raise KvsimError(f"{field}: {what} {first_late} of {len(firsts)} would arrive at "
+                         f"{_instant_shown(float(firsts[first_late]))}; give a larger rate or fewer requests")
+    last = float(np.max(firsts, initial=0.0)) + (turns - 1) * think_s  # turns: at most n here
+    if last > MAX_INSTANT_S:
         raise KvsimError(f"workload.multi_turn.think_time_s={think_s:g}: turn {turns} of a conversation would be "
-                         f"sent at inf s, {turns - 1} think times after its first (past the largest float); give "
-                         "a shorter think time")
+                         f"sent at {_instant_shown(last)}, {turns - 1} think times after its first; give a shorter "
+                         "think time")
 
 
 def _priorities(w: Workload, records: Sequence[TraceRecord], turns: int,
