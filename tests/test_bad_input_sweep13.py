@@ -181,3 +181,42 @@ def test_a_request_sent_just_before_the_bound_runs(tmp_path):
     assert summary["num_finished"] == 2 and summary["duration_s"] >= 4e9
     ttft = summary["ttft_s"]
     assert ttft["p99"] == pytest.approx(ttft["p50"], rel=1e-3)
+
+
+GPU_FILE = ("memory_bytes: 80GiB\nhbm_bandwidth_bytes_per_s: 3.35e12\nfp16_flops: 989e12\n"
+            "host_link_bandwidth_bytes_per_s: 64e9\nefficiency: {efficiency}\n")
+
+
+@pytest.mark.parametrize(("efficiency", "problem"), [
+    ("{prefill_flops: 0}", "prefill_flops=0: expected a positive fraction of the datasheet rate"),  # ZeroDivisionError
+    ("{gemm_flops: -1}", "gemm_flops=-1: expected a positive fraction of the datasheet rate"),  # ran, negative times
+    ("{decode_bandwidth: x}", "decode_bandwidth='x': expected a positive fraction of the datasheet rate"),  # TypeError
+    ("{gemm_flops: true}", "gemm_flops=True: expected a positive fraction of the datasheet rate"),
+    ("{cpu_fixed_s: -1}", "cpu_fixed_s=-1: expected seconds, 0 to 3600"),
+    ("{token_op_speed_by_class: [1]}", "token_op_speed_by_class=[1]: expected a list of 3 positive numbers (or none)"),
+    ("{gemm_flops_by_regime: [0.5]}", "gemm_flops_by_regime=[0.5]: expected a list of 5 positive numbers (or none)"),
+    ("{token_op_l2_share: 2}", "token_op_l2_share=2: expected a share, 0 to 1"),
+    ("{source: 5}", "source=5: expected text"),
+])
+def test_a_gpu_files_roofline_fractions_are_checked(tmp_path, efficiency, problem):
+    """A GPU file's `efficiency` mapping reached the roofline unchecked: a zero divided (ZeroDivisionError), text
+    or a short list failed mid-run (TypeError, IndexError), a negative fraction or cost ran on negative times."""
+    gpu = tmp_path / "mygpu.yaml"
+    gpu.write_text(GPU_FILE.format(efficiency=efficiency))
+    out = tmp_path / "out"
+    assert one_line_exit_2([*RUN, "--set", f"gpu={gpu}", "-o", str(out)]) == f"gpu mygpu: efficiency.{problem}"
+    assert not out.exists()
+
+
+def test_a_gpu_files_good_roofline_fractions_run(tmp_path):
+    """Lists of the right length, a fraction over 1 (the mixed decode's is 1.48 in the fits) and a source pass."""
+    gpu = tmp_path / "mygpu.yaml"
+    gpu.write_text(GPU_FILE.format(efficiency="{gemm_flops_by_regime: [0.5, 0.5, 0.5, 0.6, 0.7], "
+                                              "token_op_speed_by_class: [1.2, 1.4, 2.9], mixed_decode_bandwidth: 1.5, "
+                                              "cpu_fixed_s: 0, source: mine}"))
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    result = CliRunner().invoke(app, [*RUN, "--set", f"gpu={gpu}", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, shown
 from kvsim.model.yaml_io import load_shipped_yaml
 
 if TYPE_CHECKING:
@@ -193,9 +193,41 @@ def efficiency_for(gpu: GPUSpec) -> Efficiency:
     if unknown:
         raise KvsimError(f"gpu {gpu.name}: efficiency.{unknown[0]} is not a roofline fraction "
                          f"(expected one of {', '.join(Efficiency.__slots__)})")
+    for name, value in (gpu.efficiency or {}).items():
+        problem = _efficiency_problem(name, value)
+        if problem is not None:
+            raise KvsimError(f"gpu {gpu.name}: efficiency.{name}={shown(value)}: {problem}")
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()
                               if k in Efficiency.__slots__}
     try:
         return Efficiency(**fields)
     except TypeError as error:
         raise KvsimError(f"gpu {gpu.name}: efficiency: {error}") from None
+
+
+_LISTS = {"gemm_flops_by_regime": len(GEMM_REGIME_TOKENS), "token_op_speed_by_class": len(TOKEN_OP_CLASSES) - 1}
+"""The `Efficiency` fields that are lists, by the number of values one holds (or none)."""
+
+
+def _efficiency_problem(name: str, value: Any) -> str | None:
+    """Why `value` cannot be the `Efficiency` field `name` a GPU file gives, or None. A GPU file's mapping was
+    taken unchecked: `prefill_flops: 0` was a ZeroDivisionError mid-run, a one-value `token_op_speed_by_class` an
+    IndexError, text a TypeError, and `gemm_flops: -1` or `cpu_fixed_s: -1` ran on negative times."""
+    from kvsim.model.config import MAX_FIXED_COST_S
+
+    def number(item: Any) -> bool:
+        return isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item)
+
+    if name == "source":
+        return None if isinstance(value, str) else "expected text"
+    if name in _LISTS:
+        size = _LISTS[name]
+        if not isinstance(value, list) or len(value) not in (0, size) or not all(number(v) and v > 0 for v in value):
+            return f"expected a list of {size} positive numbers (or none)"
+        return None
+    if name.endswith("_s"):
+        return None if number(value) and 0 <= value <= MAX_FIXED_COST_S else \
+            f"expected seconds, 0 to {MAX_FIXED_COST_S:g}"
+    if name == "token_op_l2_share":
+        return None if number(value) and 0 <= value <= 1 else "expected a share, 0 to 1"
+    return None if number(value) and value > 0 else "expected a positive fraction of the datasheet rate"
