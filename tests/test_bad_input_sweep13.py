@@ -220,3 +220,17 @@ def test_a_gpu_files_good_roofline_fractions_run(tmp_path):
 
     result = CliRunner().invoke(app, [*RUN, "--set", f"gpu={gpu}", "-o", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
+
+
+def test_the_no_worker_timeout_refuses_an_underscore(monkeypatch):
+    """KVSIM_DASK_NO_WORKERS_TIMEOUT_S read `1_0` as 10 s (float()), where sweep 12 refuses a number written with
+    an underscore everywhere else kvsim reads one."""
+    from kvsim.model.errors import KvsimError
+    from kvsim.planning.search import NO_WORKERS_TIMEOUT_ENV, no_workers_timeout_s
+
+    monkeypatch.setenv(NO_WORKERS_TIMEOUT_ENV, "1_0")
+    with pytest.raises(KvsimError) as caught:
+        no_workers_timeout_s()
+    assert str(caught.value) == f"{NO_WORKERS_TIMEOUT_ENV}='1_0': expected a positive number of seconds"
+    monkeypatch.setenv(NO_WORKERS_TIMEOUT_ENV, "10")
+    assert no_workers_timeout_s() == 10.0

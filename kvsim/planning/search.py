@@ -189,12 +189,13 @@ NO_WORKERS_TIMEOUT_ENV = "KVSIM_DASK_NO_WORKERS_TIMEOUT_S"  # replaces it (secon
 def no_workers_timeout_s() -> float:
     """NO_WORKERS_TIMEOUT_S, or the positive number of seconds the environment's NO_WORKERS_TIMEOUT_ENV gives."""
     from kvsim.model.errors import KvsimError
+    from kvsim.model.units import read_number
 
     text = os.environ.get(NO_WORKERS_TIMEOUT_ENV)
     if text is None:
         return NO_WORKERS_TIMEOUT_S
     try:
-        value = float(text)
+        value = read_number(text, float)  # not `1_0`, which float() reads as 10
     except ValueError:
         value = math.nan
     if not (value > 0 and math.isfinite(value)):
