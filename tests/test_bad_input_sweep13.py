@@ -234,3 +234,45 @@ def test_the_no_worker_timeout_refuses_an_underscore(monkeypatch):
     assert str(caught.value) == f"{NO_WORKERS_TIMEOUT_ENV}='1_0': expected a positive number of seconds"
     monkeypatch.setenv(NO_WORKERS_TIMEOUT_ENV, "10")
     assert no_workers_timeout_s() == 10.0
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("alpha_default: 0.05", "alpha_default: .nan", "skew_fit.per_tp.1.alpha_default=nan is not a finite number"),
+    ("alpha_default: 0.05", "alpha_default: .inf", "skew_fit.per_tp.1.alpha_default=inf is not a finite number"),
+    ("alpha_default: 0.05", "alpha_default: 1_0", "skew_fit.per_tp.1.alpha_default='1_0' is not a finite number"),
+    ("kv_big_bins: [0, 1024, 1000000000]", "kv_big_bins: [0, 1000000000, 1024]",
+     "skew_fit.bucket_axes.kv_big_bins=[0.0, 1000000000.0, 1024.0]: expected finite numbers, increasing (label i's "
+     "bucket is (bins[i], bins[i + 1]])"),
+])
+def test_a_bundles_skew_fit_is_checked(tmp_path, old, new, message):
+    """A NaN (or inf) alpha_default priced every step outside the measured buckets at NaN (inf) seconds, `1_0` was
+    read as 10, and bins out of order gave a label another's upper edge (pandas' cut, which made the fit, refuses
+    them), all without a word."""
+    from test_skew import LLAMA, RTX, TP1, load_profile, skew_bundle
+
+    from kvsim.model.errors import KvsimError
+
+    root = skew_bundle(tmp_path / "bf16")
+    meta = root / "meta.yaml"
+    assert old in meta.read_text()
+    meta.write_text(meta.read_text().replace(old, new))
+    with pytest.raises(KvsimError) as caught:
+        load_profile(root, LLAMA, RTX, TP1)
+    assert str(caught.value) == f"profile {meta}: {message}"
+
+
+@pytest.mark.parametrize(("meta", "message"), [
+    ({"attention_skew_alpha_default": "nan"}, "attention_skew_alpha_default='nan' is not a finite number"),
+    ({"attention_skew_edges": "batch=2,nan;skew_share=1;decode_context_len=1;context_len=1"},
+     "attention_skew_edges='batch=2,nan;skew_share=1;decode_context_len=1;context_len=1' is not axis=number,...;..."),
+])
+def test_a_kvsim_profiles_skew_metadata_is_checked(meta, message):
+    """The same in kvsim's own CSV's metadata, read by `SkewCorrection`."""
+    from kvsim.latency.skew import DEFAULT_KEY, EDGES_KEY, SkewCorrection
+    from kvsim.model.errors import KvsimError
+
+    fields = {EDGES_KEY: "batch=2,4;skew_share=0.5,1;decode_context_len=1024;context_len=0", DEFAULT_KEY: "0.05",
+              **meta}
+    with pytest.raises(KvsimError) as caught:
+        SkewCorrection([], fields, "p.csv")
+    assert str(caught.value) == f"profile p.csv: {message}"

@@ -38,9 +38,12 @@ context_len=...`) and `attention_skew_alpha_default`.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from kvsim.model.errors import KvsimError
+from kvsim.model.units import read_number
 
 AXES = ("batch", "skew_share", "decode_context_len", "context_len")
 """The bucketed axes, in key order after the chunk: decodes, share of long ones, longest decode, cached."""
@@ -58,7 +61,9 @@ def _parse_edges(text: str, where: str) -> dict[str, list[float]]:
     try:
         for part in text.split(";"):
             axis, _, values = part.partition("=")
-            edges[axis.strip()] = sorted(float(v) for v in values.split(","))
+            edges[axis.strip()] = sorted(read_number(v, float) for v in values.split(","))
+            if not all(math.isfinite(edge) for edge in edges[axis.strip()]):  # NaN sorts nowhere: no bucket holds
+                raise ValueError(values)
     except ValueError:
         raise KvsimError(f"profile {where}: {EDGES_KEY}={text!r} is not axis=number,...;...") from None
     if set(edges) != set(AXES):
@@ -66,13 +71,26 @@ def _parse_edges(text: str, where: str) -> dict[str, list[float]]:
     return edges
 
 
+def alpha_default(value: Any, where: str, field: str) -> float:
+    """The pooled α of the buckets a fit lacks, `value` (a number, or text holding one) as a finite float; a
+    `KvsimError` naming `field` otherwise: NaN or inf made every step outside the measured buckets NaN or inf
+    seconds, and text such as `1_0` was read as 10."""
+    try:
+        number = read_number(value, float) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise KvsimError(f"profile {where}: {field}={value!r} is not a finite number")
+    return number
+
+
 class SkewCorrection:
     """α per bucket from a profile's `attention_skew` rows and metadata; `alpha(...)` for one step."""
 
     def __init__(self, rows: Sequence[Mapping[str, str]], meta: Mapping[str, str], where: str) -> None:
         self.edges = _parse_edges(meta.get(EDGES_KEY, ""), where)
+        self.alpha_default = alpha_default(meta.get(DEFAULT_KEY) or 0.0, where, DEFAULT_KEY)
         try:
-            self.alpha_default = float(meta.get(DEFAULT_KEY) or 0.0)
             self.table = {(float(r["query_len"]), *(float(r[a]) for a in AXES)): float(r["alpha"]) for r in rows}
         except ValueError:
             raise KvsimError(f"profile {where}: attention_skew rows need numbers in query_len, "

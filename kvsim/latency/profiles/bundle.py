@@ -28,13 +28,15 @@ and are recorded as "unrecorded" when there is none.
 
 from __future__ import annotations
 
+import itertools
+import math
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from kvsim.latency.profiles import Profile, find_source
-from kvsim.latency.skew import DEFAULT_KEY, EDGES_KEY, format_edges
+from kvsim.latency.skew import DEFAULT_KEY, EDGES_KEY, alpha_default, format_edges
 from kvsim.model.errors import KvsimError
 from kvsim.model.units import read_number
 from kvsim.model.yaml_io import load_yaml, yaml_problem
@@ -180,18 +182,19 @@ def _skew_rows(folder: Path, raw: dict[str, Any], tp: int,
         return None
     try:
         axes = fit["bucket_axes"]
-        edge_of = {prefix: dict(zip(axes[f"{prefix}_labels"], (float(b) for b in axes[f"{prefix}_bins"][1:]),
-                                    strict=True)) for prefix, _, _ in SKEW_AXES}
+        bins = {prefix: [read_number(b, float) for b in axes[f"{prefix}_bins"]] for prefix, _, _ in SKEW_AXES}
+        edge_of = {prefix: dict(zip(axes[f"{prefix}_labels"], bins[prefix][1:], strict=True))
+                   for prefix, _, _ in SKEW_AXES}
     except (KeyError, TypeError, ValueError):
         raise KvsimError(f"profile {meta_path}: skew_fit.bucket_axes needs <axis>_bins (one more than its labels) "
                          "and <axis>_labels for n, skew_rate, kv_big and kp") from None
+    for prefix, given in bins.items():  # unsorted, a label took another's upper edge (pandas' cut refuses them)
+        if not all(math.isfinite(edge) for edge in given) or any(a >= b for a, b in itertools.pairwise(given)):
+            raise KvsimError(f"profile {meta_path}: skew_fit.bucket_axes.{prefix}_bins={given}: expected finite "
+                             "numbers, increasing (label i's bucket is (bins[i], bins[i + 1]])")
     entry = (fit.get("per_tp") or {}).get(tp) or {}
     raw_default = entry.get("alpha_default", fit.get("alpha_default", 0.0)) if isinstance(entry, dict) else None
-    try:
-        default = float(raw_default)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise KvsimError(f"profile {meta_path}: skew_fit.per_tp.{tp}.alpha_default={raw_default!r} is not a "
-                         "number") from None
+    default = alpha_default(raw_default, str(meta_path), f"skew_fit.per_tp.{tp}.alpha_default")
     columns = ("pc", "alpha", *(label for _, label, _ in SKEW_AXES))
     rows = []
     for r in _read_csv(table, columns):
