@@ -276,3 +276,24 @@ def test_a_kvsim_profiles_skew_metadata_is_checked(meta, message):
     with pytest.raises(KvsimError) as caught:
         SkewCorrection([], fields, "p.csv")
     assert str(caught.value) == f"profile p.csv: {message}"
+
+
+@pytest.mark.parametrize(("old", "new"), [("tp_degrees: [1]", "tp_degrees: [1_0]"),
+                                          ("num_attention_heads: 32", "num_attention_heads: 3_2")])
+def test_a_bundles_counts_refuse_an_underscore(tmp_path, old, new):
+    """YAML keeps `1_0` as text (sweep 12) and the bundle's counts read it with float(): a TP degree of 10, and
+    the metadata's heads (the override times that degree) 32 · 10, without a word."""
+    from test_profiles import write_bundle
+    from test_skew import LLAMA, RTX, TP1, load_profile
+
+    from kvsim.model.errors import KvsimError
+
+    root = tmp_path / "bf16"
+    write_bundle(root)
+    meta = root / "meta.yaml"
+    assert old in meta.read_text()
+    meta.write_text(meta.read_text().replace(old, new))
+    with pytest.raises(KvsimError) as caught:
+        load_profile(root, LLAMA, RTX, TP1)
+    assert str(caught.value) == (f"profile {meta}: tp_degrees must list integers and engine_effective.hf_overrides "
+                                 "map shape names to integers")

@@ -80,10 +80,11 @@ def _whole(row: dict[str, str], column: str, path: Path) -> int:
 
 def _count(value: Any) -> int:
     """A count of at least 1 (an int, or a float or text holding one); anything else raises ValueError or
-    TypeError: `int()` read `tp_degrees: [1.5]` as 1 and an override of 12.5 heads as 12, without a word."""
+    TypeError: `int()` read `tp_degrees: [1.5]` as 1 and an override of 12.5 heads as 12, and `float()` read
+    `1_0` (YAML keeps it as text) as 10, without a word."""
     if isinstance(value, bool):
         raise TypeError(value)
-    number = float(value)
+    number = read_number(value, float)
     if not number.is_integer() or number < 1:
         raise ValueError(value)
     return int(number)
