@@ -297,3 +297,15 @@ def test_a_bundles_counts_refuse_an_underscore(tmp_path, old, new):
         load_profile(root, LLAMA, RTX, TP1)
     assert str(caught.value) == (f"profile {meta}: tp_degrees must list integers and engine_effective.hf_overrides "
                                  "map shape names to integers")
+
+
+def test_an_autoscaler_target_as_small_as_a_float_scales_to_max_replicas():
+    """desired = ceil(current · metric / target), clamped to max_replicas: with target 5e-324 (the smallest
+    float) any waiting request makes the ratio inf, and ceil(inf) was an OverflowError mid-run; the HPA's
+    clamp gives max_replicas (and no metric, min_replicas)."""
+    from kvsim.fleet.autoscaler import Autoscaler
+    from kvsim.workload.fleet_layout import AutoscalerConfig
+
+    scaler = Autoscaler(AutoscalerConfig(target=5e-324, max_replicas=4))
+    assert scaler.raw(num_current=1, metric_per_replica=2.0) == 4
+    assert scaler.raw(num_current=3, metric_per_replica=0.0) == 1

@@ -40,7 +40,9 @@ class Autoscaler:
     def raw(self, num_current: int, metric_per_replica: float) -> int:
         """The unstabilised recommendation for `num_current` replicas reading `metric_per_replica`."""
         ratio = metric_per_replica / self.spec.target
-        desired = num_current if abs(ratio - 1) <= self.spec.tolerance else math.ceil(num_current * ratio)
+        # capped before the ceiling: a target as small as 5e-324 made the ratio inf (an OverflowError mid-run)
+        desired = num_current if abs(ratio - 1) <= self.spec.tolerance else \
+            math.ceil(min(num_current * ratio, self.spec.max_replicas))
         return min(max(desired, self.spec.min_replicas), self.spec.max_replicas)
 
     def recommend(self, now_s: float, num_current: int, metric_per_replica: float) -> int:
