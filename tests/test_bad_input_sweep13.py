@@ -309,3 +309,13 @@ def test_an_autoscaler_target_as_small_as_a_float_scales_to_max_replicas():
     scaler = Autoscaler(AutoscalerConfig(target=5e-324, max_replicas=4))
     assert scaler.raw(num_current=1, metric_per_replica=2.0) == 4
     assert scaler.raw(num_current=3, metric_per_replica=0.0) == 1
+
+
+def test_a_scale_up_percent_as_large_as_a_float_lets_the_fleet_grow_at_once():
+    """The percent policy allows ceil(start · (1 + percent / 100)) replicas: with 1.7e308 % over 200 replicas that
+    was inf, an OverflowError; the limit is past any desired count, so the fleet grows to what it wants."""
+    from kvsim.fleet.autoscaler import Autoscaler
+    from kvsim.workload.fleet_layout import AutoscalerConfig
+
+    scaler = Autoscaler(AutoscalerConfig(scale_up_percent=1.7e308, max_replicas=4096))
+    assert scaler.recommend(0.0, num_current=200, metric_per_replica=1e6) == 4096

@@ -72,7 +72,9 @@ class Autoscaler:
             self._changes.popleft()
         if desired > num_current:
             start = self._at_period_start(now_s, num_current, spec.scale_up_period_s)
-            limit = max(start + spec.scale_up_pods, math.ceil(start * (1 + spec.scale_up_percent / 100)))
+            # capped before the ceiling, as `raw` is (a scale_up_percent of 1.7e308 made it inf): desired is below
+            limit = max(start + spec.scale_up_pods, math.ceil(min(start * (1 + spec.scale_up_percent / 100),
+                                                                  spec.max_replicas)))
             return min(desired, max(limit, num_current))
         if desired < num_current:
             start = self._at_period_start(now_s, num_current, spec.scale_down_period_s)
