@@ -319,3 +319,23 @@ def test_a_scale_up_percent_as_large_as_a_float_lets_the_fleet_grow_at_once():
 
     scaler = Autoscaler(AutoscalerConfig(scale_up_percent=1.7e308, max_replicas=4096))
     assert scaler.recommend(0.0, num_current=200, metric_per_replica=1e6) == 4096
+
+
+@pytest.mark.parametrize(("windows", "message"), [
+    ({"1_0": 1}, "window '1_0' is not a finite start time (s)"),
+    ({"0": 1, "0.0": 2}, "window '0.0' starts at 0 s, as an earlier window does"),
+])
+def test_a_servegen_datasets_windows_are_read_as_numbers_once(tmp_path, windows, message):
+    """The dataset's window keys were read with float(): `1_0` as the window from 10 s, and `0` beside `0.0` as
+    one window whose lengths the second replaced, each without a word."""
+    import json
+
+    (tmp_path / "sg").mkdir()
+    (tmp_path / "sg" / "chunk-0-trace.csv").write_text("0,1,1\n")
+    (tmp_path / "sg" / "chunk-0-dataset.json").write_text(json.dumps(
+        {key: {"input_tokens": f"{{{100 * n}: 1.0}}", "output_tokens": "{10: 1.0}"} for key, n in windows.items()}))
+    (tmp_path / "s.yaml").write_text("workload: {num_requests: 5, arrival: {process: trace}, "
+                                     "trace: {format: servegen, path: sg}}\n")
+    assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
+        f"{tmp_path}/sg/chunk-0-dataset.json: {message}")
+    assert not (tmp_path / "out").exists()

@@ -153,9 +153,14 @@ def _servegen_pdfs(path: Path) -> dict[float, tuple[np.ndarray, np.ndarray, np.n
             out_vals = np.array(sorted(outputs))
             in_cdf = np.cumsum([inputs[v] for v in in_vals])
             out_cdf = np.cumsum([outputs[v] for v in out_vals])
-            start = float(window)
+            try:
+                start = read_number(window, float)  # not `1_0`, which float() read as 10
+            except ValueError:
+                start = math.nan
             if not math.isfinite(start):
                 raise KvsimError(f"{path}: window {window!r} is not a finite start time (s)")
+            if start in out:  # `0` and `0.0`: the later one's lengths replaced the earlier's without a word
+                raise KvsimError(f"{path}: window {window!r} starts at {start:g} s, as an earlier window does")
             out[start] = (in_vals, in_cdf / in_cdf[-1], out_vals, out_cdf / out_cdf[-1])
         return out
     except KvsimError:
