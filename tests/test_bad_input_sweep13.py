@@ -339,3 +339,22 @@ def test_a_servegen_datasets_windows_are_read_as_numbers_once(tmp_path, windows,
     assert one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")]) == (
         f"{tmp_path}/sg/chunk-0-dataset.json: {message}")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_rate_search_tolerance_finer_than_a_float_is_refused(tmp_path):
+    """`rel_tol: 1e-300` bisected until failed <= passed · (1 + 1e-300) = passed: two distinct floats never are,
+    so the plan probed forever; a tolerance of 1e-9 still ends (the search itself, by a rule that passes up to
+    3.7 req/s)."""
+    from kvsim.planning.steady_state import SteadyRateSearch
+
+    (tmp_path / "spec.yaml").write_text("slo: {ttft_s.p90: 2}\ngpus: [h100-80gb]\nsearch: rate\nrel_tol: 1.0e-300\n")
+    assert one_line_exit_2(["plan", "--spec", str(tmp_path / "spec.yaml"), "--workers", "1", "-o",
+                            str(tmp_path / "out")]) == "plan.rel_tol=1e-300: Input should be greater than or equal to 0.000000001"
+    assert not (tmp_path / "out").exists()
+    search = SteadyRateSearch(1.0, 100, max_requests=400, rel_tol=1e-9, first_tol=1e-9)
+    for _ in range(1000):
+        probe = search.next_probe()
+        if probe is None:
+            break
+        search.observe(probe[0] <= 3.7, None)
+    assert search.next_probe() is None and search.rate == pytest.approx(3.7, rel=1e-9)

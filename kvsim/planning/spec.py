@@ -45,7 +45,9 @@ class PlanSpec(Settings):
     gpu_hourly_cost: dict[str, float] = Field(default_factory=dict)
     search: Literal["replicas", "rate"] = "replicas"  # bisect the replica count, or the rate one replica takes
     capacity_headroom: float = Field(default=0.1, ge=0, le=10)  # rate search: spare capacity kept, a fraction
-    rel_tol: float = Field(default=0.05, gt=0, le=1)  # rate search: the first run length bisects to this
+    # rate search: the first run length bisects to this; at least 1e-9 (nine digits, far past a probe's noise):
+    # under float64's resolution (about 1e-16) the bisection's bounds never came that close and the plan never ended
+    rel_tol: float = Field(default=0.05, ge=1e-9, le=1)
     probe_requests: int = Field(default=2000, gt=0)  # rate search: the workload's first requests per probe
     max_probe_requests: int = Field(default=32_000, gt=0)  # a probe's run length doubles up to this
     verify_factor: int = Field(default=10, ge=0)  # the chosen fleet re-run with this × a probe's requests (0: not)
