@@ -358,3 +358,27 @@ def test_a_rate_search_tolerance_finer_than_a_float_is_refused(tmp_path):
             break
         search.observe(probe[0] <= 3.7, None)
     assert search.next_probe() is None and search.rate == pytest.approx(3.7, rel=1e-9)
+
+
+BIG = 10**400  # past the largest float (1.8e308)
+
+
+@pytest.mark.parametrize("field", ["engine.kv_cache_memory_bytes", "engine.non_torch_memory_bytes",
+                                   "engine.kv_offload.cpu_bytes"])
+def test_a_size_past_int64_is_refused_in_one_short_line(tmp_path, field):
+    """A size of 10**400 B was an OverflowError traceback (float() of the int in parse_size, or the GiB it was
+    shown in), or a refusal whose line carried all 400 digits."""
+    out = tmp_path / "out"
+    message = one_line_exit_2([*RUN, "--set", f"{field}={BIG}", "-o", str(out)])
+    assert message == f"{field}=1{'0' * 56}...: Input should be less than or equal to 9223372036854775807"
+    assert not out.exists()
+
+
+def test_a_size_flag_past_int64_is_refused_naming_the_flag(tmp_path):
+    out = tmp_path / "out"
+    assert one_line_exit_2([*RUN, "--memory-limit", "9223372036854775808", "-o", str(out)]) == (
+        "--memory-limit='9223372036854775808': expected a size such as 64GiB, 500MB or 4096 (at most "
+        "9,223,372,036,854,775,807 B)")
+    assert one_line_exit_2([*RUN, "--memory-limit", str(BIG), "-o", str(out)]).startswith(
+        f"--memory-limit='1{'0' * 55}...: expected a size")  # the text's repr, cut to 60 characters
+    assert not out.exists()

@@ -151,14 +151,15 @@ def refuse_flag_beside_set(flags: dict[str, str], overrides: list[str]) -> None:
 
 def parse_size_flag(text: str, flag: str) -> int:
     """`64GiB`, `500MB` or a byte count → bytes; anything else is an error naming the flag."""
-    from kvsim.model.sizes import parse_size
+    from kvsim.model.sizes import MAX_BYTES, parse_size
 
     try:
         value = parse_size(text)
     except ValueError:
         value = None
-    if not isinstance(value, int) or value <= 0:
-        raise KvsimError(f"{flag}={text!r}: expected a size such as 64GiB, 500MB or 4096")
+    if not isinstance(value, int) or not 0 < value <= MAX_BYTES:
+        raise KvsimError(f"{flag}={shown(text)}: expected a size such as 64GiB, 500MB or 4096 (at most "
+                         f"{MAX_BYTES:,} B)")
     return value
 
 

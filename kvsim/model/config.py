@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.errors import KvsimError, from_validation_error, reading
 from kvsim.model.offload_config import KVOffloadConfig
-from kvsim.model.sizes import Bytes, parse_size
+from kvsim.model.sizes import Bytes, BytesOrZero
 from kvsim.model.spec import DTYPE_BYTES, ModelSpec, Settings
 from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.model.yaml_io import load_shipped_yaml, load_yaml, yaml_problem
@@ -273,7 +273,7 @@ class EngineConfig(Settings):
     # the torch activation peak from the utilization budget. No measured value is shipped with
     # kvsim; 1 GiB is an estimate for one GPU (an assumption, not a fit). Override it with the
     # non-torch figure of vLLM's memory-profiling log line when you have one.
-    non_torch_memory_bytes: Annotated[int, BeforeValidator(parse_size), Field(ge=0)] = 2**30
+    non_torch_memory_bytes: BytesOrZero = 2**30
     allocator: Literal["paged", "slab-max", "slab-pow2", "slab-oracle"] = "paged"
     slab_placement: Literal["buddy", "first-fit"] = "buddy"
     scheduler: Literal["v1", "v0", "static"] = "v1"

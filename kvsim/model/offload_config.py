@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import Field, model_validator
 
 from kvsim.model.errors import KvsimError
-from kvsim.model.sizes import Bytes, parse_size
+from kvsim.model.sizes import Bytes, BytesOrZero
 from kvsim.model.spec import Settings
 
-OffloadBytes = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 DGX_HOST_MEMORY_BYTES = 2 * 10**12  # NVIDIA DGX H100 / H200 datasheet: 2 TB system memory
 
 
@@ -36,10 +33,10 @@ class KVOffloadConfig(Settings):
     `host_memory_bytes` for the machine you deploy on. Bad values raise one line naming the field and the value.
     """
 
-    cpu_bytes: OffloadBytes | None = None
+    cpu_bytes: BytesOrZero | None = None
     num_cpu_blocks: int | None = Field(default=None, ge=0)
     bandwidth_bytes_per_s: float | None = Field(default=None, ge=1)
-    disk_bytes: OffloadBytes | None = None
+    disk_bytes: BytesOrZero | None = None
     num_disk_blocks: int | None = Field(default=None, ge=0)
     disk_bandwidth_bytes_per_s: float | None = Field(default=None, ge=1)
     host_memory_bytes: Bytes = DGX_HOST_MEMORY_BYTES

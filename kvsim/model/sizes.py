@@ -25,8 +25,10 @@ def parse_size(value: Any) -> Any:
     """
     if isinstance(value, bool):
         return value
-    if isinstance(value, (int, float)):
-        return int(value) if float(value).is_integer() else value
+    if isinstance(value, int):  # float() of an int past 1.8e308 was an OverflowError traceback
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
     if isinstance(value, str):
         match = _SIZE_RE.match(value)
         if match and match.group(2).lower() in _SIZE_UNITS:
@@ -36,5 +38,12 @@ def parse_size(value: Any) -> Any:
     return value
 
 
-Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
+MAX_BYTES = 2**63 - 1
+"""The largest size kvsim takes (int64's largest, 8 EiB, past any memory or disk): a size of 10**400 B was an
+OverflowError traceback where it was shown in GiB, and its 400 digits filled the error line."""
+
+Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0, le=MAX_BYTES)]
 """A positive byte count that also accepts `12GiB`-style strings."""
+
+BytesOrZero = Annotated[int, BeforeValidator(parse_size), Field(ge=0, le=MAX_BYTES)]
+"""A byte count that may be 0 (nothing: no tier, no memory outside PyTorch), with `Bytes`' forms and bound."""
