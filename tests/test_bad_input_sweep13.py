@@ -382,3 +382,13 @@ def test_a_size_flag_past_int64_is_refused_naming_the_flag(tmp_path):
     assert one_line_exit_2([*RUN, "--memory-limit", str(BIG), "-o", str(out)]).startswith(
         f"--memory-limit='1{'0' * 55}...: expected a size")  # the text's repr, cut to 60 characters
     assert not out.exists()
+
+
+@pytest.mark.parametrize("field", ["engine.num_gpu_blocks_override", "workload.num_requests"])
+def test_a_count_past_int64_is_refused_in_one_line(tmp_path, field):
+    """10**400 blocks was an OverflowError where the pool was shown in GiB, 10**400 requests one in the run's
+    memory estimate (an int past the largest float times a float)."""
+    out = tmp_path / "out"
+    assert one_line_exit_2([*RUN[:1], "--set", "steps=none", "--set", f"{field}={BIG}", "-o", str(out)]) == (
+        f"{field}=1{'0' * 56}...: Input should be less than or equal to 9223372036854775807")
+    assert not out.exists()

@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.errors import KvsimError, from_validation_error, reading
 from kvsim.model.offload_config import KVOffloadConfig
-from kvsim.model.sizes import Bytes, BytesOrZero
+from kvsim.model.sizes import MAX_BYTES, Bytes, BytesOrZero
 from kvsim.model.spec import DTYPE_BYTES, ModelSpec, Settings
 from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.model.yaml_io import load_shipped_yaml, load_yaml, yaml_problem
@@ -254,7 +254,9 @@ class EngineConfig(Settings):
         return value
     kv_cache_dtype: KVCacheDtype = "auto"
     kv_cache_memory_bytes: Bytes | None = None
-    num_gpu_blocks_override: int | None = Field(default=None, gt=0)
+    # a block holds at least a byte: no pool has more blocks than MAX_BYTES (10**400 was an OverflowError where the
+    # pool was shown in GiB)
+    num_gpu_blocks_override: int | None = Field(default=None, gt=0, le=MAX_BYTES)
     tensor_parallel_size: int = Field(default=1, gt=0)
     data_parallel_size: int = Field(default=1, gt=0, le=MAX_ENGINES)
     enable_expert_parallel: bool = False

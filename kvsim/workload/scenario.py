@@ -143,7 +143,8 @@ class Trace(Settings):
 
 
 class Workload(Settings):
-    num_requests: int = Field(default=200, gt=0)
+    # at most int64's largest: the run's memory estimate multiplies it by floats (10**400 was an OverflowError)
+    num_requests: int = Field(default=200, gt=0, le=INT64_MAX)
     arrival: Arrival = Arrival(process="poisson", rate=4.0)
     prompt_len: LengthDist | None = None
     output_len: LengthDist | None = None
