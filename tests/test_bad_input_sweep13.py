@@ -1,5 +1,9 @@
-"""Bad input found by the thirteenth sweep: each exits 2 with one line naming the field and the value, and
-writes nothing, never a traceback, a hang, or a value read as another without a word."""
+"""Bad input found by the thirteenth sweep (folders left by a failed write, a scenario copied or read from JSON in
+Python, a path set on the built-in scenario, instants past the clock's microseconds, a GPU file's roofline fractions,
+a profile's skew fit, numbers with underscores in an environment variable, a bundle and a ServeGen dataset, an
+autoscaler's ratios past a float, a rate search finer than a float, integers and sizes past int64): each exits 2
+with one line naming the field and the value, and writes nothing, never a traceback, a hang, or a value read as
+another without a word."""
 
 import pytest
 from conftest import one_line_exit_2
