@@ -125,21 +125,15 @@ class Settings(BaseModel):
         return data
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """A copy whose `update` is validated as a new instance's fields are, a bad one refused as one `KvsimError`
-        line naming it: pydantic's copy sets `update` unchecked, so `scenario.model_copy(update={"seed": -5})`
-        ran into numpy's ValueError mid-run, `update={"replicas": 0}` into a ZeroDivisionError and
-        `update={"engine": {...}}` into an AttributeError, and an unknown key was kept without a word."""
+        """A copy whose `update` is validated as a new instance's fields are (`model_validate`: a `Scenario`'s
+        refuses a bad one as one `KvsimError` line naming it): pydantic's copy sets `update` unchecked, so
+        `scenario.model_copy(update={"seed": -5})` ran into numpy's ValueError mid-run, `update={"replicas": 0}`
+        into a ZeroDivisionError and `update={"engine": {...}}` into an AttributeError, and an unknown key was
+        kept without a word."""
         if not update:
             return super().model_copy(deep=deep)
-        from pydantic import ValidationError
-
-        from kvsim.model.errors import from_validation_error
-
-        try:  # the fields given (not the defaults), so `model_fields_set` stays what the copy's would be
-            copied = type(self).model_validate({**{name: getattr(self, name) for name in self.model_fields_set},
-                                                **update})
-        except ValidationError as error:
-            raise from_validation_error(error, model=type(self)) from None
+        # the fields given (not the defaults), so that `model_fields_set` stays what the copy's would be
+        copied = type(self).model_validate({**{name: getattr(self, name) for name in self.model_fields_set}, **update})
         return copied.model_copy(deep=True) if deep else copied
 
     def refuse_unread(self, mode: str, readers: Mapping[str, Sequence[str]], show: Callable[[Any], str],
