@@ -165,12 +165,19 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+_UNIQUE_KEYS = json.JSONDecoder(object_pairs_hook=_unique_keys)
+"""The one decoder `load_json` uses: `json.loads` given a hook builds a decoder and its scanner at every call,
+a third of the time a Mooncake trace row takes to read (every line of a JSONL trace is a call)."""
+
+
 def load_json(text: str) -> Any:
     """`json.loads(text)`, except that a repeated key in an object (as `load_yaml` refuses one: a trace row giving
     `input_length` twice was read as its last), an integer too long to convert or text nested too deeply is a
     `json.JSONDecodeError` (see the module docstring)."""
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        if text.startswith("\ufeff"):  # as `json.loads` refuses it (a decoder's `decode` reads it as no value)
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        return _UNIQUE_KEYS.decode(text)
     except json.JSONDecodeError:
         raise
     except _DuplicateKey as error:
