@@ -152,7 +152,8 @@ class PagedAllocator(PoolSlots, PagedBursts):
             return 0  # the common decode case: room left in an unshared last block
         if seq is not None:
             return growth_blocks([seq], [num_tokens_total], self.block_size, self.pool.ref_counts.__getitem__)
-        free_hits = sum(1 for b in hit.block_ids if self.pool.ref_counts[b] == 0)  # leave the free queue
+        ref_counts = self.pool.ref_counts  # a list's count: a blocked queue head asks again at every step
+        free_hits = [ref_counts[b] for b in hit.block_ids].count(0)  # leave the free queue
         return free_hits + max(0, ceil_div(num_tokens_total, self.block_size) - len(hit.block_ids))
 
     def slots_needed(self, seq_ids: Sequence[int], num_tokens_total: int) -> int:
