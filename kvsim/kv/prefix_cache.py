@@ -46,6 +46,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Protocol
 
 from kvsim.kv.protocol import PrefixHit
@@ -158,11 +159,10 @@ class HashChainCache:
         return plain
 
     def evict(self, num_blocks: int) -> list[int]:
-        popitem, block_hashes, cached, duplicates = self.evictable.popitem, self.block_hashes, self.cached, \
-            self.duplicates
-        evicted = []
-        for _ in range(num_blocks):
-            block_id, block_hash = popitem(False)
+        evictable, block_hashes, cached, duplicates = self.evictable, self.block_hashes, self.cached, self.duplicates
+        evicted = list(islice(evictable, num_blocks))  # the oldest first (hot: taken in one call, popped in C)
+        assert len(evicted) == num_blocks, f"evicting {num_blocks} blocks of {len(evicted)} evictable"
+        for block_id, block_hash in zip(evicted, map(evictable.pop, evicted)):
             others = duplicates.get(block_hash)
             if others is None:
                 del cached[block_hash]
@@ -174,7 +174,6 @@ class HashChainCache:
                 if not others:
                     del duplicates[block_hash]
             block_hashes[block_id] = None
-            evicted.append(block_id)
         if self._memo is not None and not self._memo_blocks.isdisjoint(evicted):
             self._memo = None  # the last match hit a block that is gone
         return evicted
