@@ -128,15 +128,16 @@ class HashChainCache:
     def insert_keys(self, block_ids: Iterable[int], keys: Iterable[int]) -> None:
         """Cache each block under its key, in order, skipping blocks that already carry one; a key already
         cached under another block keeps that one as the block lookups find, and this one is a duplicate."""
-        own, setdefault, miss = self.block_hashes, self.cached.setdefault, self._memo_miss
+        own, setdefault = self.block_hashes, self.cached.setdefault
         for block_id, key in zip(block_ids, keys, strict=True):
             if own[block_id] is not None:
                 continue
             own[block_id] = key
             if setdefault(key, block_id) != block_id:
                 self.duplicates.setdefault(key, []).append(block_id)
-            elif key == miss:  # the last match's walk would now go further
-                self._memo = None
+        # the last match's walk would now go further (its missing hash was not cached while its memo stood)
+        if self._memo_miss is not None and self._memo_miss in self.cached:
+            self._memo = None
 
     def lookup(self, key: int) -> int | None:
         return self.cached.get(key)
