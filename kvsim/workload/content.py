@@ -109,7 +109,10 @@ class SegmentContent(_ChainedHashes):
                     first = parent + 1
                 else:
                     first = hash((parent, hash(segments[i][0]), start - seg_start)) << RUN_SHIFT
-                hashes.extend(range(first, first + num))
+                if num == 1:  # a decoding sequence's next block (hot): a range of 96-bit ints costs ~7 appends
+                    hashes.append(first)
+                else:
+                    hashes.extend(range(first, first + num))
                 parent = first + num - 1
                 start = inside
             else:  # the block at `start` runs past the end of segment i
