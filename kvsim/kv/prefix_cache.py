@@ -163,7 +163,7 @@ class HashChainCache:
         evictable, block_hashes, cached, duplicates = self.evictable, self.block_hashes, self.cached, self.duplicates
         evicted = list(islice(evictable, num_blocks))  # the oldest first (hot: taken in one call, popped in C)
         assert len(evicted) == num_blocks, f"evicting {num_blocks} blocks of {len(evicted)} evictable"
-        for block_id, block_hash in zip(evicted, map(evictable.pop, evicted)):
+        for block_id, block_hash in zip(evicted, map(evictable.pop, evicted), strict=True):
             others = duplicates.get(block_hash)
             if others is None:
                 del cached[block_hash]
