@@ -43,7 +43,6 @@ Pure Python; no kvsim imports but the content and hit types.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -74,10 +73,12 @@ class HashChainCache:
     `cached` maps a hash to the block found for it; `duplicates` a hash to the other blocks holding it,
     in the order they were cached (the next found when `cached`'s is evicted, as vLLM's
     `BlockHashToBlockMap.get_one_block` takes the first left); `block_hashes[b]` is block b's hash (None:
-    it holds no cached content); `evictable` is the LRU of free cached blocks, each with its hash (an
-    ordered dict: O(1) pop of the oldest and removal from the middle). Besides `PrefixCache`, it speaks in keys
-    (`lookup`, `insert_keys`): the hybrid allocator keys each group's blocks apart, and decode
-    bursts register blocks of several sequences in one interleaved order.
+    it holds no cached content); `evictable` is the LRU of free cached blocks, each with its hash (a plain
+    dict, whose insertion order is the LRU order: a freed block joins at the tail, a hit leaves from anywhere
+    and `evict` takes from the head, each O(1); an `OrderedDict` also keeps a linked list of nodes, found again
+    by key at each step of an iteration, and a long cached run puts hundreds of thousands of blocks through
+    both). Besides `PrefixCache`, it speaks in keys (`lookup`, `insert_keys`): the hybrid allocator keys each
+    group's blocks apart, and decode bursts register blocks of several sequences in one interleaved order.
     """
 
     __slots__ = ("block_size", "block_hashes", "cached", "duplicates", "evictable", "_memo", "_memo_miss",
@@ -88,7 +89,7 @@ class HashChainCache:
         self.block_hashes: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # content hash -> block id
         self.duplicates: dict[int, list[int]] = {}  # content hash -> further blocks holding it, oldest first
-        self.evictable: OrderedDict[int, int] = OrderedDict()  # free cached block -> its hash, oldest first
+        self.evictable: dict[int, int] = {}  # free cached block -> its hash, oldest first (insertion order)
         # The last `match`, kept while its answer stands (a blocked waiting head is looked up again every
         # step until it fits): (content, num_tokens, hit), the hash its walk stopped at (None: no miss) and
         # the hit's blocks. `insert_keys` of that missing hash or `evict` of a hit block drops it.
