@@ -127,11 +127,20 @@ def test_burst_step_times_hide_the_overhead_bit_for_bit(overhead_s):
     ({}, True), ({"scheduler": "v0"}, False), ({"scheduler": "static"}, False), ({"async_scheduling": False}, False),
     ({"speculative_config": {"method": "eagle", "num_speculative_tokens": 2, "acceptance_length": 2.0}}, True),
     ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "acceptance_length": 2.0}}, False),
-    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "acceptance_length": 2.0}, "async_scheduling": True}, True),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "acceptance_length": 2.0}, "async_scheduling": False}, False),
 ])
 def test_vllms_default(engine, expected):
     """On for the v1 engine (vLLM PR #27614), with speculative decoding for EAGLE drafts only (PR #31998)."""
     assert EngineConfig(**engine).resolved_async_scheduling is expected
+
+
+def test_async_ngram_drafting_is_refused_as_vllm_refuses_it():
+    """vllm/config/vllm.py `VllmConfig.__post_init__`: an explicit `async_scheduling=True` with a `method` that is
+    not an EAGLE/MTP type (nor `ngram_gpu`) raises ValueError; only the default (None) falls back to synchronous."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "acceptance_length": 2.0}
+    with pytest.raises(ValidationError, match="async_scheduling=true with speculative_config.method=ngram"):
+        EngineConfig(speculative_config=ngram, async_scheduling=True)
+    assert EngineConfig(speculative_config=ngram).resolved_async_scheduling is False
 
 
 def test_async_scheduling_is_v1s():

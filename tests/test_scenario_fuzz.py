@@ -89,6 +89,8 @@ def engines(draw, model: str) -> dict:
                                         "acceptance_rates": draw(st.sampled_from([0.0, 0.6, 1.0]))}
         if engine["speculative_config"]["method"] == "draft_model":
             engine["speculative_config"]["model"] = "llama-3.1-8b"
+        if engine["speculative_config"]["method"] == "ngram":  # vLLM refuses async n-gram drafting
+            engine.pop("async_scheduling", None)
     elif feature == "offload":
         engine.update(prefix_cache="hash_chain", enable_prefix_caching=True,
                       kv_offload={"num_cpu_blocks": draw(st.integers(1, 40))})

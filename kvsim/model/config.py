@@ -353,6 +353,17 @@ class EngineConfig(Settings):
                              "asynchronously in its v1 engine only")
         return self
 
+    @model_validator(mode="after")
+    def _async_refuses_ngram(self) -> EngineConfig:
+        """vLLM refuses an explicit `async_scheduling=true` beside CPU n-gram drafting (vllm/config/vllm.py,
+        `VllmConfig.__post_init__`: `method` is neither an EAGLE/MTP type nor `ngram_gpu`, a ValueError), where
+        its default (`None`) falls back to synchronous steps with a warning (`resolved_async_scheduling`)."""
+        spec = self.speculative_config
+        if self.async_scheduling and spec is not None and spec.method == "ngram":
+            raise ValueError("async_scheduling=true with speculative_config.method=ngram: vLLM drafts n-grams on "
+                             "the CPU from the sampled tokens and refuses to schedule them asynchronously")
+        return self
+
     @property
     def resolved_async_scheduling(self) -> bool:
         """`async_scheduling`, or vLLM's default: on for the v1 engine (PR #27614, late 2025; vLLM turns it
