@@ -132,6 +132,25 @@ def test_shared_prefix_columns_count_the_drafts_and_eagles_own_last_prefix_block
             row["shared_prefix_blocks_with_sharing"]) == expected
 
 
+@pytest.mark.parametrize(("model", "config", "layers", "bytes_per_token"), [
+    # Llama-3.1-70B at TP 4 (80 layers, 8 KV heads: 2 per GPU, head_dim 128, bf16): 2 · 2 · 128 · 2 = 1,024 B per
+    # token and layer. A Llama-3.1-8B draft model (32 layers of the same page) joins vLLM's one KV group:
+    # 80 + 32 = 112 layers, 112 · 1,024 = 114,688 B per token
+    ("llama-3.1-70b", {"method": "draft_model", "model": "llama-3.1-8b", "num_speculative_tokens": 3,
+                       "acceptance_length": 2.5}, 112, 114_688),
+    # an EAGLE head's one decoder layer: 80 + 1 = 81 layers, 82,944 B per token
+    ("llama-3.1-70b", {"method": "eagle", "num_speculative_tokens": 3, "acceptance_length": 2.5}, 81, 82_944),
+])
+def test_a_drafters_layers_are_counted_in_the_kv_group(model, config, layers, bytes_per_token):
+    """vLLM's KV group lists every attention layer, a draft model's too (get_kv_cache_groups); capacity reported
+    the target's 80 for a draft model beside the bytes of all 112."""
+    data = run_json("--model", model, "-tp", "4", "--context-lengths", "1024", "--speculative-config",
+                    json.dumps(config))
+    assert (data["num_kv_groups"], data["layers_per_kv_group"]) == (1, layers)
+    assert data["bytes_per_token"] == bytes_per_token and data["bytes_per_block"] == 16 * bytes_per_token
+    assert [row["num_layers"] for row in data["kv_types"]] == [layers]
+
+
 def test_without_speculation_capacity_has_no_draft_columns():
     data = run_json("--num-gpu-blocks-override", "640", "--context-lengths", "1024", "--max-model-len", "2048")
     assert data["rows"][0]["paged_max_seqs_with_drafts"] is None

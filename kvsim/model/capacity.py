@@ -313,14 +313,17 @@ class CapacityPlan:
 
 
 def kv_type_rows(layout: KVLayout, max_model_len: int, max_num_batched_tokens: int) -> list[KVTypeRow]:
-    """Per attention type: its groups summed (padding layers are counted in `group_size`, not here)."""
+    """Per attention type: its groups summed (padding layers are counted in `group_size`, not here). A draft
+    model's layers count in the one group they share with the target (`kv_layout` allows no other), whose
+    `bytes_per_token_per_layer` stays the target's page (`max_bytes_per_request` holds the draft's pages too)."""
     rows: dict[str, KVTypeRow] = {}
+    assert not layout.draft_num_layers or len(layout.groups) == 1
     for g in layout.groups:
         blocks = g.max_blocks_per_request(max_model_len, max_num_batched_tokens, layout.block_size)
         old = rows.get(g.kind)
         rows[g.kind] = KVTypeRow(
             attention=g.kind,
-            num_layers=g.num_layers + (old.num_layers if old else 0),
+            num_layers=g.num_layers + layout.draft_num_layers + (old.num_layers if old else 0),
             num_groups=1 + (old.num_groups if old else 0),
             window_tokens=g.window_tokens,
             bytes_per_token_per_layer=layout.bytes_per_token_per_layer,
@@ -434,7 +437,7 @@ def plan_capacity(
         bytes_per_token=layout.bytes_per_token,
         bytes_per_block=layout.bytes_per_block,
         num_kv_groups=len(layout.groups),
-        layers_per_kv_group=layout.group_size,
+        layers_per_kv_group=layout.layers_per_group,
         num_params=model.num_params,
         active_params_per_token=active_params_per_token(model),
         weights_bytes=engine_weights_bytes(model, engine),

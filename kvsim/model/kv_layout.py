@@ -94,6 +94,7 @@ class KVLayout:
     # a separate draft model's layers (`speculative_config.method: draft_model`), one page of its own shape each
     # behind every block id: in vLLM's one group (`UniformTypeKVCacheSpecs`) with the target's, not in `groups`
     draft_bytes_per_block: int = 0
+    draft_num_layers: int = 0  # those layers: vLLM's group lists them after the target's (`layers_per_group`)
 
     @property
     def bytes_per_token_per_layer(self) -> int:
@@ -102,6 +103,12 @@ class KVLayout:
     @property
     def num_layers(self) -> int:
         return sum(g.num_layers for g in self.groups)
+
+    @property
+    def layers_per_group(self) -> int:
+        """Layers one block id spans: `group_size` (padding included) and a draft model's layers, which vLLM's
+        one group (`KVCacheGroupSpec.layer_names`) lists with the target's."""
+        return self.group_size + self.draft_num_layers
 
     @property
     def bytes_per_block(self) -> int:
@@ -207,7 +214,7 @@ def kv_layout(model: ModelSpec, engine: EngineConfig, dtype_bytes: int, draft: M
     beside windowed layers vLLM would unify page sizes by growing block sizes, which is refused.
     """
     kinds = layer_kinds(model, engine, draft)
-    draft_bytes = 0
+    draft_bytes = draft_layers = 0
     if draft is not None:
         kinds, draft_kinds = kinds[:-draft.num_layers], kinds[-draft.num_layers:]
         if not set(kinds + draft_kinds) <= {("full", None), ("mla", None)}:
@@ -215,7 +222,8 @@ def kv_layout(model: ModelSpec, engine: EngineConfig, dtype_bytes: int, draft: M
             raise KvsimError(f"engine.speculative_config.model={engine.speculative_config.model}: a draft model "
                              f"beside {model.name} with sliding-window/chunked KV layers on either side makes KV "
                              "groups of different page sizes (vLLM grows block sizes to unify them): not modelled")
-        draft_bytes = draft.num_layers * page_bytes(draft, engine, dtype_bytes)
+        draft_layers = draft.num_layers
+        draft_bytes = draft_layers * page_bytes(draft, engine, dtype_bytes)
     counts = Counter(kinds)  # insertion order = first appearance, as vLLM's defaultdict
     if len(counts) == 1:
         (kind, window), n = next(iter(counts.items()))
@@ -231,4 +239,5 @@ def kv_layout(model: ModelSpec, engine: EngineConfig, dtype_bytes: int, draft: M
             # layers[i::num_groups] go to the i-th group of this kind
             found += [KVGroup(kind, len(range(i, n, num_groups)), window) for i in range(num_groups)]
         groups = tuple(found)
-    return KVLayout(groups, group_size, page_bytes(model, engine, dtype_bytes), engine.block_size, draft_bytes)
+    return KVLayout(groups, group_size, page_bytes(model, engine, dtype_bytes), engine.block_size, draft_bytes,
+                    draft_layers)
