@@ -17,7 +17,13 @@ Contract:
   fills is cached at once (a sequence admitted later in the same step shares its memory) but computed only
   once the step's batch is built (`mark_blocks_as_computed`); until then a hit counts its tokens as
   uncomputed (`PrefixHit.num_uncomputed_tokens`). Without it (v1) a hit block counts as computed as soon as
-  it is allocated, and a hit never covers the last token's block.
+  it is allocated, and a hit never covers the last token's block. v0 looks each full block up on its own
+  (`allocate_immutable_block`) where `match` stops at the first miss: the same blocks, as the cache stays
+  prefix-closed (`kvsim.kv.prefix_cache`), which v0's `find_cached_blocks_prefix` assumes too (its bisect).
+  Not modelled: v0's evictor orders by a sequence's last scheduled time, stamped on all its blocks when it is
+  freed (`LastAccessBlocksTracker`), so a shared block stamped older by a holder left unscheduled before it
+  was freed can go before the chain's next block; v0 would then share that next block alone (one block less
+  in use than here; its computed prefix stops at the gap either way).
 * Copy-on-write: writing into a block with `ref_count > 1` (only a partial last block
   shared by `fork` can be) first copies it to a new block; each copy is counted.
 * Swap moves whole sequences' blocks to a CPU `BlockPool` and back, all-or-nothing.

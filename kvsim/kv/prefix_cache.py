@@ -31,6 +31,9 @@ Contract (every implementation):
   so its prefix's first blocks are evicted last, as vLLM's free queue) and returns the
   blocks it holds no content for (the pool's plain free list gets those); `lock(block)` when a
   free block gains a reference (a hit), True if it was one of its evictable blocks.
+* The cached content is prefix-closed: a chain's block k + 1 is cached only while its block k is (every
+  holder of block k + 1 holds a block of hash k, and frees it after; a hash leaves only with its last
+  block), so the walk from block 0 finds every cached block of a content (`tests/test_prefix_closed.py`).
 * `evict(n)`: the `n` next evictable blocks, content forgotten (lazy eviction: a free cached
   block stays hittable until it is evicted for reuse). The pool evicts only when its plain
   free list is empty, so `num_free_blocks` counts evictable blocks as free, as vLLM's
