@@ -134,8 +134,9 @@ class SegmentContent(_ChainedHashes):
 
 
 class TokenContent(_ChainedHashes):
-    """Content given as token ids: real ones (ints), or, for a token no trace gives (a reply's), a hashable
-    that names its owner (`kvsim.workload.conversations.TurnBuilder.content`), never equal to an int."""
+    """Content given as token ids: real ones (ints ≥ 0), or, for a token no trace gives (a reply's), a
+    hashable that names its owner, never equal to a real id: a tuple (`kvsim.workload.conversations.TurnBuilder
+    .content`) or a sample's negative child request id (`kvsim.sched.fanout.sample_content`)."""
 
     __slots__ = ("token_ids",)
 
