@@ -77,10 +77,12 @@ class HashChainCache:
     in the order they were cached (the next found when `cached`'s is evicted, as vLLM's
     `BlockHashToBlockMap.get_one_block` takes the first left); `block_hashes[b]` is block b's hash (None:
     it holds no cached content); `evictable` is the LRU of free cached blocks, each with its hash (a plain
-    dict, whose insertion order is the LRU order: a freed block joins at the tail, a hit leaves from anywhere
-    and `evict` takes from the head, each O(1); an `OrderedDict` also keeps a linked list of nodes, found again
-    by key at each step of an iteration, and a long cached run puts hundreds of thousands of blocks through
-    both). Besides `PrefixCache`, it speaks in keys (`lookup`, `insert_keys`): the hybrid allocator keys each
+    dict, whose insertion order is the LRU order: a freed block joins at the tail and a hit leaves from
+    anywhere, each O(1); `evict` takes from the head, which first skips the entries deleted since the dict
+    last resized, so it is not O(1): one block at a time against 30,000 evictable blocks, a free and an evict
+    cost ~30 us against an `OrderedDict`'s ~3 us. An `OrderedDict` keeps a linked list of nodes, found again by
+    key at each step of an iteration; kvsim's runs evict in runs of blocks, where the plain dict came out
+    faster, as a long cached run puts hundreds of thousands of blocks through both). Besides `PrefixCache`, it speaks in keys (`lookup`, `insert_keys`): the hybrid allocator keys each
     group's blocks apart, and decode bursts register blocks of several sequences in one interleaved order.
     """
 
