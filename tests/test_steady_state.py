@@ -236,7 +236,7 @@ def test_an_overloaded_batch_queue_is_called_overloaded_before_ten_service_times
 def test_a_pessimistic_short_search_is_corrected_upwards_by_long_runs():
     """Short runs (< 1,000 requests) fail above 7 (a percentile SLO missed by noise), long runs only above 8
     (the true limit): the search answers about 7, 12.5 % low. Its long run holds there, so verification
-    goes up: to the short search's lowest failure (≤ 7.07, holds), then 3 %, 3 %, 6 % above the highest held
+    goes up: to the short search's lowest failure (≤ 7.07, holds), then 3 %, 6 %, 12 % above the highest held
     until one fails above 8, then bisects: the answer is a held rate ≤ 8 with a failed one at most 3 % above."""
     search = SteadyRateSearch(start_rate=1.0, num_requests=100, verify_factor=10)
 
@@ -275,3 +275,15 @@ def test_long_runs_cut_short_by_their_cap_never_raise_the_answer():
                               max_verify_requests=1600)
     drive([search], lambda batch: [(rate <= (8.0 if n >= 1000 else 7.0), None) for _, rate, n in batch])
     assert search.rate == search.search_rate == pytest.approx(7.0, rel=0.011) and len(search.long_runs) == 1
+
+
+def test_verification_steps_up_by_doubling_steps_after_the_short_failure():
+    """The upward steps of verification, rate to rate, against the rule its docstring states: after the jump to
+    the short search's lowest failing rate each step is twice the last, the first 3 % (`verify_backoff`). Short
+    runs fail above 7, long ones above 8: 7.07 (the jump) · 1.03 · 1.06 = 7.72 holds, · 1.12 = 8.64 fails."""
+    search = SteadyRateSearch(start_rate=1.0, num_requests=100, verify_factor=10)
+    drive([search], lambda batch: [(rate <= (8.0 if n >= 1000 else 7.0), None) for _, rate, n in batch])
+    rates = [run.rate for run in search.long_runs]
+    assert rates[1] == search.level.bound.failed  # the jump: the short search's lowest failure
+    assert [round(b / a - 1, 9) for a, b in zip(rates[1:4], rates[2:5], strict=True)] == [0.03, 0.06, 0.12]
+    assert [run.passed for run in search.long_runs[:5]] == [True, True, True, True, False]

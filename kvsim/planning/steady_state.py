@@ -15,8 +15,8 @@ passed 6,400 requests and missed p90 TTFT ≤ 2 s at 64,000, 2.10 s; 3.191 held,
 with k × its run length (at most `max_verify_requests`); while that long run fails, the rate backs
 off, 3 % (`verify_backoff`) the first time and twice as far each next time; while it holds (and no long
 run failed yet, and the long runs are the whole k × a probe, not cut short by `max_verify_requests`), the
-rate goes up, first to the short search's lowest failing rate, then 3 %, 3 %, 6 %, … above the highest
-held; once long runs have both held and failed, the rate is bisected between the highest held and the
+rate goes up, first to the short search's lowest failing rate, then 3 %, 6 %, 12 %, … above the highest
+held (3 %, 3 %, 6 %, … where the short search failed at no rate above its answer); once long runs have both held and failed, the rate is bisected between the highest held and the
 lowest failed to within 3 % (at most `max_verify_tries` long runs). `rate` is then the highest rate a
 long run held (0, with `verified` False, when none did), and `evidence` that long run's.
 
@@ -191,8 +191,8 @@ class SteadyRateSearch:
 
         Back-off: while every long run failed, each step down is twice the last (3 %, 6 %, 12 %, … of the
         lowest failed rate, at most half); while every long run held, each step up goes to the short
-        search's lowest failing rate first, then 3 %, 3 %, 6 %, 12 %, … above the highest held (at most
-        double, never above `max_rate`); once long runs have held and failed, bisect between the
+        search's lowest failing rate first, then 3 %, 6 %, 12 %, … above the highest held (3 %, 3 %, 6 %, …
+        without a short failure above the answer; at most double, never above `max_rate`); once long runs have held and failed, bisect between the
         highest held and the lowest failed until they are within one first step (`verify_backoff`). So a
         short search that was 3 % off either way costs one or two more long runs, and one 30 % off a
         handful, not a rate of 0."""
