@@ -82,8 +82,9 @@ class HashChainCache:
     last resized, so it is not O(1): one block at a time against 30,000 evictable blocks, a free and an evict
     cost ~30 us against an `OrderedDict`'s ~3 us. An `OrderedDict` keeps a linked list of nodes, found again by
     key at each step of an iteration; kvsim's runs evict in runs of blocks, where the plain dict came out
-    faster, as a long cached run puts hundreds of thousands of blocks through both). Besides `PrefixCache`, it speaks in keys (`lookup`, `insert_keys`): the hybrid allocator keys each
-    group's blocks apart, and decode bursts register blocks of several sequences in one interleaved order.
+    faster, as a long cached run puts hundreds of thousands of blocks through both). Besides `PrefixCache`,
+    it speaks in keys (`lookup`, `insert_keys`): the hybrid allocator keys each group's blocks apart, and
+    decode bursts register blocks of several sequences in one interleaved order.
     """
 
     __slots__ = ("block_size", "block_hashes", "cached", "duplicates", "evictable", "_memo", "_memo_miss",

@@ -16,8 +16,9 @@ with k × its run length (at most `max_verify_requests`); while that long run fa
 off, 3 % (`verify_backoff`) the first time and twice as far each next time; while it holds (and no long
 run failed yet, and the long runs are the whole k × a probe, not cut short by `max_verify_requests`), the
 rate goes up, first to the short search's lowest failing rate, then 3 %, 6 %, 12 %, … above the highest
-held (3 %, 3 %, 6 %, … where the short search failed at no rate above its answer); once long runs have both held and failed, the rate is bisected between the highest held and the
-lowest failed to within 3 % (at most `max_verify_tries` long runs). `rate` is then the highest rate a
+held (3 %, 3 %, 6 %, … where the short search failed at no rate above its answer); once long runs have
+both held and failed, the rate is bisected between the highest held and the lowest failed to within 3 %
+(at most `max_verify_tries` long runs). `rate` is then the highest rate a
 long run held (0, with `verified` False, when none did), and `evidence` that long run's.
 
 The long runs bracket the answer from both sides because short runs err both ways: a short run can pass an
