@@ -193,10 +193,10 @@ class SteadyRateSearch:
         Back-off: while every long run failed, each step down is twice the last (3 %, 6 %, 12 %, … of the
         lowest failed rate, at most half); while every long run held, each step up goes to the short
         search's lowest failing rate first, then 3 %, 6 %, 12 %, … above the highest held (3 %, 3 %, 6 %, …
-        without a short failure above the answer; at most double, never above `max_rate`); once long runs have held and failed, bisect between the
-        highest held and the lowest failed until they are within one first step (`verify_backoff`). So a
-        short search that was 3 % off either way costs one or two more long runs, and one 30 % off a
-        handful, not a rate of 0."""
+        without a short failure above the answer; at most double, never above `max_rate`); once long runs
+        have held and failed, bisect between the highest held and the lowest failed until they are within
+        one first step (`verify_backoff`). So a short search that was 3 % off either way costs one or two
+        more long runs, and one 30 % off a handful, not a rate of 0."""
         if not self.verify_factor or self.search_rate <= 0 or self.search_rate < self.min_rate:
             return None
         held = [run.rate for run in self.long_runs if run.passed]
