@@ -192,7 +192,9 @@ class PagedAllocator(PoolSlots, PagedBursts):
 
         A new sequence starts from `hit` (its cached prefix blocks); `final_num_tokens` (its
         prompt + output length) is needed only to classify free slots as reserved vs internal
-        fragmentation. Returns None, changing nothing, when the blocks are not there.
+        fragmentation; with `v0_prefix_caching` its blocks past the hit are uncomputed (another sequence's
+        hit on them skips none of their tokens) until `mark_blocks_as_computed`. Returns None, changing
+        nothing, when the blocks are not there.
         """
         seq = self.seqs.get(seq_id)
         if seq is not None and num_tokens_total == seq.num_tokens + 1 and self.append_token(seq_id):
