@@ -33,16 +33,22 @@ def built(scheduler: str, num_blocks: int = 10):
     return build_engine(scenario, np.random.default_rng(0)).scheduler
 
 
+def two_together(scheduler: str):
+    """A and B, 40 tokens each whose first 32 (2 full blocks) are one shared prefix, arrive together and are
+    scheduled in one step: the scheduler, A, B and that step's plan."""
+    sched = built(scheduler)
+    a, b = make_request(0, 0.0, 40, 10, prefix=32), make_request(1, 0.0, 40, 10, prefix=32)
+    assert sched.add(a) and sched.add(b)
+    return sched, a, b, sched.schedule(0.0)
+
+
 def test_v0_second_identical_prefix_in_one_step_shares_blocks_but_computes_them():
     """A and B (40 tokens, the first 32 shared: 2 full blocks) arrive together. v0 hands out block ids in order
     from 0 (no null block): A takes 0, 1, 2; B's first two full blocks hash as A's, found in `_cached_blocks`,
     so B shares 0 and 1 (ref count 2) and takes 3 for its own 8 tokens; but 0 and 1 are not computed yet, so
     B's cached tokens are 0 and it computes all 40. 4 of 10 blocks are held: usage 0.4. Prefix-cache counters:
     80 tokens queried, 0 hit."""
-    sched = built("v0")
-    a, b = make_request(0, 0.0, 40, 10, prefix=32), make_request(1, 0.0, 40, 10, prefix=32)
-    assert sched.add(a) and sched.add(b)
-    plan = sched.schedule(0.0)
+    sched, a, b, plan = two_together("v0")
     assert [(r.request_id, n) for r, n in plan.scheduled] == [(0, 40), (1, 40)]
     assert sched.alloc.seqs[a.seq_ids[0]].block_table == [0, 1, 2]
     assert sched.alloc.seqs[b.seq_ids[0]].block_table == [0, 1, 3]
@@ -67,10 +73,7 @@ def test_v0_second_identical_prefix_in_one_step_shares_blocks_but_computes_them(
 def test_v1_second_identical_prefix_in_one_step_hits():
     """The same two requests under v1: block 0 is the null block, A takes 1, 2, 3 and caches 1 and 2 at
     allocation; B's `get_computed_blocks` finds them (32 tokens), so B computes 8 tokens into block 4."""
-    sched = built("v1")
-    a, b = make_request(0, 0.0, 40, 10, prefix=32), make_request(1, 0.0, 40, 10, prefix=32)
-    assert sched.add(a) and sched.add(b)
-    plan = sched.schedule(0.0)
+    sched, a, b, plan = two_together("v1")
     assert [(r.request_id, n) for r, n in plan.scheduled] == [(0, 40), (1, 8)]
     assert sched.alloc.seqs[b.seq_ids[0]].block_table == [1, 2, 4]
     assert b.num_prefix_hit_tokens == 32
