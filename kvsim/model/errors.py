@@ -7,6 +7,7 @@ prints that line and exits non-zero; it never shows a traceback.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,17 +17,31 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
 
-class KvsimError(ValueError):
-    """Bad user input or an impossible request; the message is a complete one-line explanation."""
-
-
 SHOWN_CHARS = 60
+
+
+def cut(text: str, limit: int = SHOWN_CHARS) -> str:
+    """`text` when at most `limit` characters, else its first `limit - 3` and `...`."""
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
 def shown(value: object, limit: int = SHOWN_CHARS) -> str:
     """`repr(value)`, cut to `limit` characters: an error names the value, it does not echo a file."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+    return cut(repr(value), limit)
+
+
+_LONG_DIGITS = re.compile(rf"\d{{{SHOWN_CHARS + 1},}}")
+
+
+class KvsimError(ValueError):
+    """Bad user input or an impossible request; the message is a complete one-line explanation.
+
+    A run of more than `SHOWN_CHARS` digits in the message is cut as `shown` cuts a value: an integer field
+    takes any size (`--set engine.max_model_len=` and 400 digits), and the many messages that name such a
+    value as `field={value}` would echo it whole."""
+
+    def __init__(self, message: str, *args: object) -> None:
+        super().__init__(_LONG_DIGITS.sub(lambda digits: cut(digits.group()), message), *args)
 
 
 @contextmanager

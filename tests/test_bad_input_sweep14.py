@@ -1,0 +1,33 @@
+"""Bad input found by the fourteenth sweep (integers of hundreds of digits echoed whole, ...): each exits 2 with
+one line naming the field and the value, and writes nothing, never a traceback or a value echoed back whole."""
+
+import pytest
+from conftest import one_line_exit_2
+
+RUN = ["run", "--set", "workload.num_requests=3", "--set", "steps=none"]
+BIG = "9" * 400
+CUT = "9" * 57 + "..."  # README: a value shown in an error is cut to 60 characters
+
+
+def _files(folder):
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*"))
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["run", "--set", f"engine.max_model_len={BIG}"],
+     f"max_model_len={CUT}: exceeds llama-3.1-8b's max_position_embeddings=131072"),
+    (["run", "--set", f"engine.tensor_parallel_size={BIG}"],
+     f"tensor_parallel_size={CUT}: must divide llama-3.1-8b's 32 attention heads"),
+    (["run", "--set", f"engine.max_num_seqs={BIG}"],
+     "engine.max_num_batched_tokens=8192: vLLM refuses this: max_num_batched_tokens (8192) must be greater than "
+     f"or equal to max_num_seqs ({CUT})"),
+    (["capacity", "-tp", BIG], f"tensor_parallel_size={CUT}: must divide llama-3.1-8b's 32 attention heads"),
+    (["capacity", "--block-size", BIG], f"block_size={CUT}: vLLM accepts 1, 8, 16, 32, 64, 128, 256"),
+    (["plan", "--slo", "ttft_s.p90=2", "--gpu", "h100-80gb", "-tp", BIG],
+     f"tensor_parallel_size={CUT}: must divide llama-3.1-8b's 32 attention heads"),
+])
+def test_a_huge_integer_is_cut_in_the_error_line(tmp_path, monkeypatch, argv, expected):
+    """An integer field takes any size, and the messages naming it as `field={value}` printed all 400 digits."""
+    monkeypatch.chdir(tmp_path)
+    assert one_line_exit_2(argv) == expected
+    assert _files(tmp_path) == []
