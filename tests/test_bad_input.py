@@ -174,7 +174,7 @@ CASES = [
     ("seed-negative", scenario(f"seed: -1\n{WORKLOAD}"), RUN_S, "seed=-1: "),
     ("trace-dev-zero", scenario("workload: {num_requests: 5, arrival: {process: trace}, "
                                 "trace: {format: azure, path: /dev/zero}}\n"), RUN_S,
-     "path='/dev/zero': not a regular file"),
+     "workload.trace.path='/dev/zero': not a regular file"),
     ("yaml-top-level-list", scenario("- 1\n- 2\n"), RUN_S, "expected a mapping"),
     ("scenario-missing", {}, ["run", "{d}/nope.yaml"], "nope.yaml"),
     ("beam-and-n", scenario(f"workload: {{n: 2, beam_width: 4, {LENGTHS}}}\n"), RUN_S, "not both"),
@@ -674,16 +674,16 @@ CASES = [
     # --- `builtin:NAME` was a glob in the data folder: the README, a scenario or `../scenario.py` read as a trace
     ("builtin-readme", scenario("workload: {num_requests: 5, arrival: {process: trace}, "
                                 "trace: {format: azure, path: 'builtin:README'}}\n"), RUN_S,
-     "path='builtin:README': no built-in data named 'README' (there are: azure_conv, "),
+     "workload.trace.path='builtin:README': no built-in data named 'README' (there are: azure_conv, "),
     ("builtin-a-pattern", scenario("workload: {num_requests: 5, arrival: {process: trace}, "
                                    "trace: {format: azure, path: 'builtin:*'}}\n"), RUN_S,
-     "path='builtin:*': no built-in data named '*'"),
+     "workload.trace.path='builtin:*': no built-in data named '*'"),
     ("builtin-outside-the-data", scenario("workload: {num_requests: 5, arrival: {process: trace}, "
                                           "trace: {format: azure, path: 'builtin:../scenario'}}\n"), RUN_S,
-     "path='builtin:../scenario': no built-in data named '../scenario'"),
+     "workload.trace.path='builtin:../scenario': no built-in data named '../scenario'"),
     ("builtin-a-scenario", scenario("workload: {num_requests: 5, prompt_len: {dist: empirical, column: prompt, table: "
                                     "'builtin:default_scenario'}, output_len: {dist: fixed, value: 1}}\n"), RUN_S,
-     "path='builtin:default_scenario': no built-in data named 'default_scenario'"),
+     "workload.prompt_len.table='builtin:default_scenario': no built-in data named 'default_scenario'"),
     # --- validate: a --model or --gpu other than the one the run records was replayed in silence
     ("validate-model-not-the-runs", bench_json(), [*VALIDATE_B[:3], "opt-13b", *VALIDATE_B[4:]],
      "--model='opt-13b': num_layers=40, but the measured run is of 'meta-llama/Llama-3.1-8B' (preset llama-3.1-8b, "

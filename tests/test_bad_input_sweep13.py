@@ -121,7 +121,7 @@ def test_a_path_set_on_the_built_in_scenario_is_read_from_the_working_folder(tmp
     assert json.loads(result.stdout)["num_requests"] == 2
     assert "path: " + str(tmp_path / "t.csv") in (tmp_path / "out" / "scenario.yaml").read_text()
     assert one_line_exit_2(["run", "--set", "latency={model: calibrated, profile: nope.csv}"]) == (
-        "path='nope.csv': file not found: nope.csv")
+        "latency.profile='nope.csv': file not found: nope.csv")
 
 
 def test_an_autoscaler_of_more_engines_than_kvsim_builds_is_refused_naming_max_replicas(tmp_path):

@@ -31,3 +31,17 @@ def test_a_huge_integer_is_cut_in_the_error_line(tmp_path, monkeypatch, argv, ex
     monkeypatch.chdir(tmp_path)
     assert one_line_exit_2(argv) == expected
     assert _files(tmp_path) == []
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (["--set", "latency={model: calibrated, profile: nope.csv}"], "latency.profile='nope.csv': file not found: "),
+    (["--set", "workload.prompt_len={dist: empirical, table: nope.csv, column: prompt}"],
+     "workload.prompt_len.table='nope.csv': file not found: "),
+    (["--set", "workload.output_len={dist: empirical, table: 'builtin:nope', column: output}"],
+     "workload.output_len.table='builtin:nope': no built-in data named 'nope' (there are: "),
+])
+def test_a_missing_data_file_names_the_field_that_gave_it(tmp_path, monkeypatch, flags, expected):
+    """A missing latency profile or length table was reported as `path='...'`, a field the user had not set."""
+    monkeypatch.chdir(tmp_path)
+    assert one_line_exit_2([*RUN, *flags]).startswith(expected)
+    assert _files(tmp_path) == []

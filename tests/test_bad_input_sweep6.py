@@ -43,7 +43,7 @@ def test_a_plan_spec_knob_with_no_values_is_refused(tmp_path):
      "engine.prefix_cache=radix: model=gemma-3-27b has sliding-window/chunked KV groups, which kvsim caches with "
      "the hash chain only"),
     (["--set", "latency.model=calibrated", "--set", "latency.profile={d}/nope.csv"],
-     "path='{d}/nope.csv': file not found: {d}/nope.csv"),
+     "latency.profile='{d}/nope.csv': file not found: {d}/nope.csv"),
 ], ids=["offload-tier-under-a-block", "radix-on-sliding-window", "calibrated-profile-missing"])
 def test_plan_refuses_an_engine_it_cannot_build_before_it_makes_its_folder(tmp_path, flags, message):
     """What only building the engine refuses was found once the plan ran its first point: the plan folder
@@ -228,7 +228,7 @@ def test_replica_groups_that_cannot_be_told_apart_are_refused(tmp_path, groups, 
 @pytest.mark.parametrize(("trace", "message"), [
     ('{"timestamp": 0, "input_length": "x", "output_length": 3, "hash_ids": [1]}\n',
      "{d}/t.jsonl:1: input_length='x' is not an integer"),
-    (None, "path='t.jsonl': file not found: {d}/t.jsonl"),
+    (None, "workload.trace.path='t.jsonl': file not found: {d}/t.jsonl"),
 ], ids=["bad-row", "missing"])
 def test_plan_reads_its_traffic_before_it_makes_its_folder(tmp_path, trace, message):
     """The base scenario's trace was first read by the first point's run: a missing file or a bad row was

@@ -36,7 +36,7 @@ def test_poisson_gamma_constant_rates():
 def test_lognormal_by_mean_and_p99():
     rng = np.random.default_rng(1)
     dist = scenario(prompt_len={"dist": "lognormal", "mean": 1000, "p99": 6000}).workload.prompt_len
-    values = sample_lengths(dist, 200_000, rng, scenario())
+    values = sample_lengths(dist, 200_000, rng, scenario(), "workload.prompt_len")
     assert values.mean() == pytest.approx(1000, rel=0.03)
     assert np.percentile(values, 99) == pytest.approx(6000, rel=0.05)
     with pytest.raises(KvsimError, match="no lognormal"):

@@ -199,7 +199,7 @@ def _target_latency(spec: EngineSpec) -> LatencyModel:
     from kvsim.latency.profiles.loader import load_profile
 
     assert cfg.profile is not None
-    profile = load_profile(scenario.resolve_path(cfg.profile), model, gpu, spec.engine)
+    profile = load_profile(scenario.resolve_path(cfg.profile, "latency.profile"), model, gpu, spec.engine)
     return CalibratedLatency(profile, model, spec.engine, roofline)
 
 

@@ -89,7 +89,7 @@ def fleet_routing(st: Study) -> Section:
     """Replicas needed per router for the TTFT SLO, and the routers compared at one fleet size."""
     base = traffic(st)
     max_model_len = base.engine.resolved_max_model_len(st.model)
-    records = read_mooncake(base.resolve_path(TRACE))[: st.cfg.fleet_requests]
+    records = read_mooncake(base.resolve_path(TRACE, "workload.trace.path"))[: st.cfg.fleet_requests]
     prompts = np.array([r.prompt_len for r in records])
     num_too_long = int((prompts >= max_model_len).sum())
     if num_too_long > UNSERVABLE_SHARE * len(records):  # sizing the rest would answer another question

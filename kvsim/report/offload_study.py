@@ -37,7 +37,7 @@ def offload_sizing(st: Study) -> Section:
     reason = refusal(lambda: with_tier(base, sizes[0])) if sizes else None
     if reason is not None:
         return skipped("offload", TITLE, SETTING, reason)
-    records = read_mooncake(base.resolve_path(TRACE))[: st.cfg.offload_requests]
+    records = read_mooncake(base.resolve_path(TRACE, "workload.trace.path"))[: st.cfg.offload_requests]
     unbounded = unbounded_hit_rate(records, base.engine.resolved_max_model_len(st.model))
     num_runs = (len(sizes) + 1) * len(set(st.cfg.offload_loads) | {1.0})
     st.count_runs(num_runs, 0)

@@ -65,8 +65,10 @@ def lognormal_sigma(mean: float, p99: float) -> float:
     return Z_99 - math.sqrt(disc)
 
 
-def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator, scenario: Scenario) -> np.ndarray:
-    """`n` positive integer lengths from a distribution."""
+def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator, scenario: Scenario,
+                   field: str) -> np.ndarray:
+    """`n` positive integer lengths from a distribution, the scenario field `field` (an empirical table's
+    path is named as `{field}.table` in an error)."""
     if isinstance(dist, Fixed):
         values = np.full(n, dist.value, dtype=np.float64)
     elif isinstance(dist, Uniform):
@@ -77,7 +79,7 @@ def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator, scenario:
         values = rng.lognormal(mu, sigma, size=n)
     else:
         assert isinstance(dist, Empirical)
-        table = scenario.resolve_path(dist.table)
+        table = scenario.resolve_path(dist.table, f"{field}.table")
         with reading(table, "workload length table"):
             rows = read_lengths(table)
         column = np.array([r.prompt_len if dist.column == "prompt" else r.output_len for r in rows])
@@ -121,10 +123,10 @@ def _base_records(scenario: Scenario, rng: np.random.Generator) -> Sequence[Trac
     trace = w.trace
     if trace is None:
         assert w.prompt_len is not None and w.output_len is not None
-        prompts = sample_lengths(w.prompt_len, w.num_requests, rng, scenario)
-        outputs = sample_lengths(w.output_len, w.num_requests, rng, scenario)
+        prompts = sample_lengths(w.prompt_len, w.num_requests, rng, scenario, "workload.prompt_len")
+        outputs = sample_lengths(w.output_len, w.num_requests, rng, scenario, "workload.output_len")
         return _SampledRecords(prompts, outputs)
-    path = scenario.resolve_path(trace.path)
+    path = scenario.resolve_path(trace.path, "workload.trace.path")
     with reading(path, "workload.trace.path"):
         if trace.format == "servegen":
             return read_servegen(path, rng, trace.start_s, trace.duration_s, trace.clients)[: w.num_requests]

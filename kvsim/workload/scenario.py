@@ -354,21 +354,21 @@ class Scenario(Settings):
         return shown([{key: value for key, value in group.model_dump(exclude_none=True).items() if value != {}}
                       for group in self.replicas])
 
-    def resolve_path(self, path: str) -> Path:
+    def resolve_path(self, path: str, field: str) -> Path:
         """`builtin:NAME` → the data file NAME.* shipped in kvsim/workload/data/ (a name, not a pattern or a
         path: `builtin:README`, `builtin:*` and `builtin:../x` name none); a relative path → relative to the
-        scenario file."""
+        scenario file. `field` (e.g. `latency.profile`) names the scenario field that gave `path` in an error."""
         if path.startswith("builtin:"):
             name = path.removeprefix("builtin:")
             shipped = builtin_data()
             if name not in shipped:
-                raise KvsimError(f"path={shown(path)}: no built-in data named {shown(name)} "
+                raise KvsimError(f"{field}={shown(path)}: no built-in data named {shown(name)} "
                                  f"(there are: {', '.join(shipped)})")
             return shipped[name]
         resolved = data_file(Path(self.base_dir) / path)  # `x.csv` may be found as `x.csv.gz`
         problem = not_a_file(resolved)  # /dev/zero, a pipe: reading never ends
         if problem is not None:
-            raise KvsimError(f"path={path!r}: {problem}: {resolved}")
+            raise KvsimError(f"{field}={path!r}: {problem}: {resolved}")
         return resolved
 
     def dump_into(self, folder: str | Path) -> dict[str, Any]:
