@@ -45,3 +45,15 @@ def test_a_missing_data_file_names_the_field_that_gave_it(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     assert one_line_exit_2([*RUN, *flags]).startswith(expected)
     assert _files(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", [RUN, ["plan", "--slo", "ttft_s.p90=2", "--gpu", "h100-80gb"]])
+@pytest.mark.parametrize("output", ["a\nb", "a\tb", "a\x1b[31mb"])
+def test_an_output_folder_with_a_control_character_is_refused(tmp_path, monkeypatch, command, output):
+    """`-o $'a\\nb'` made a folder whose name split the "results written to" line in two, as a scenario name
+    with a newline split error lines before `Label` refused it."""
+    monkeypatch.chdir(tmp_path)
+    assert one_line_exit_2([*command, "-o", output]) == (
+        f"--output={output!r}: holds the control character {output[1]!r}; name a folder with one line of printable "
+        "text; kvsim only replaces output it wrote itself (choose a new path)")
+    assert _files(tmp_path) == []

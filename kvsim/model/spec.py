@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from kvsim.model.errors import control_character
 from kvsim.model.units import underscore_problem
 
 WeightDtype = Literal["float16", "bfloat16", "float32"]
@@ -89,10 +90,8 @@ def _misread_number(annotation: Any, value: Any) -> str | None:
 
 
 def _one_line(text: str) -> str:
-    """`text`, unless it holds a control character (a newline, a tab, an escape: Unicode category Cc)."""
-    import unicodedata
-
-    bad = next((char for char in text if unicodedata.category(char) == "Cc"), None)
+    """`text`, unless it holds a control character (`control_character`)."""
+    bad = control_character(text)
     if bad is not None:
         raise ValueError(f"holds the control character {bad!r}; a name labels output rows, tables and one-line "
                          "errors, so it is one line of printable text")

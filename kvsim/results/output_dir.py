@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, control_character
 
 MARKER_NAME = ".kvsim-output"
 FILE_TAG = "# generator: kvsim"
@@ -136,6 +136,9 @@ def _absolute_unprotected(path: str | Path) -> Path:
         raise _refuse(path, "is empty: name a folder")
     if "\0" in str(path):  # no file name holds one: the OS calls below raised a bare ValueError
         raise _refuse(path, "holds a NUL character, which no file name can")
+    bad = control_character(str(path))
+    if bad is not None:  # `-o $'a\nb'` split the "results written to" line and every error naming the folder
+        raise _refuse(path, f"holds the control character {bad!r}; name a folder with one line of printable text")
     try:
         out = Path(os.path.abspath(Path(path).expanduser()))
     except RuntimeError:  # pathlib's "Could not determine home directory": `~name/x` for a user this machine
