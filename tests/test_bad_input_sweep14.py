@@ -57,3 +57,29 @@ def test_an_output_folder_with_a_control_character_is_refused(tmp_path, monkeypa
         f"--output={output!r}: holds the control character {output[1]!r}; name a folder with one line of printable "
         "text; kvsim only replaces output it wrote itself (choose a new path)")
     assert _files(tmp_path) == []
+
+
+@pytest.mark.parametrize("flags", [["--steps", "none"], ["--set", "steps=none"]])
+@pytest.mark.parametrize("steps_format", ["csv", "parquet", "auto"])
+def test_a_steps_format_for_a_run_keeping_no_steps_is_refused(tmp_path, monkeypatch, flags, steps_format):
+    """`--steps-format` chooses the steps file, and steps=none writes none: the flag was dropped without a word,
+    where kvsim refuses a flag another makes it ignore (`capacity --num-sequences` without a shared prefix,
+    `validate --profile` without `--latency calibrated`)."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "--set", "workload.num_requests=3", *flags, "--steps-format", steps_format]
+    assert one_line_exit_2(argv) == (f"--steps-format={steps_format}: chooses the file the steps are written to, "
+                                     "but this run keeps none (steps=none)")
+    assert _files(tmp_path) == []
+
+
+def test_a_steps_format_for_sampled_steps_still_writes_that_file(tmp_path):
+    """`sampled` keeps a steps file, so the flag is read there."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    argv = ["run", "--set", "workload.num_requests=3", "--steps", "sampled", "--steps-format", "csv",
+            "-o", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "steps.csv").is_file()
