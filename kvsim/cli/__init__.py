@@ -200,9 +200,8 @@ def run(
         "--steps", help="Per-step rows to keep and write: all, sampled (at most 100,000) or none; "
                         "the summary uses every step. Default: the scenario's `steps` (all).")] = None,
     steps_format: Annotated[StepsFormatOption | None, typer.Option(
-        "--steps-format", help="File the per-step rows stream to as the run goes: steps.parquet (needs "
-                               "pyarrow), steps.csv, or auto: parquet when pyarrow is installed. Default: auto; "
-                               "refused where the run keeps no steps (steps none)",
+        "--steps-format", help="File the per-step rows stream to as the run goes: steps.parquet (needs pyarrow), "
+                               "steps.csv, or auto (default): parquet when pyarrow is installed; not with steps none",
     )] = None,
     memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Refuse a run estimated to need "
                                                      "more memory than this, e.g. 64GiB [this machine's]")] = None,
@@ -241,14 +240,14 @@ def run(
             if steps_format is not None and spec.steps == "none":  # it would be ignored silently
                 raise KvsimError(f"--steps-format={steps_format.value}: chooses the file the steps are written to, "
                                  "but this run keeps none (steps=none)")
+            steps_format = steps_format or StepsFormatOption.auto
             check_output_dir(out_dir, "run")  # refuse before simulating, not after
-            steps_file = (steps_format or StepsFormatOption.auto).value
-            resolve_format(steps_file)  # parquet without pyarrow: refused before simulating too
+            resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
     gc.freeze()
     try:
         with user_errors(), run_progress("run", enabled=output_format is RunFormat.table) as progress:
             result = simulate_scenario(spec, check=check, progress=progress, out_dir=out_dir,
-                                       steps_format=steps_file, memory_limit_bytes=limit_bytes)
+                                       steps_format=steps_format.value, memory_limit_bytes=limit_bytes)
             written = Path(out_dir)
     finally:
         gc.unfreeze()
