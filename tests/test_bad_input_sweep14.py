@@ -83,3 +83,50 @@ def test_a_steps_format_for_sampled_steps_still_writes_that_file(tmp_path):
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out" / "steps.csv").is_file()
+
+
+WORKLOAD = {"num_requests": 3, "prompt_len": {"dist": "fixed", "value": 5}, "output_len": {"dist": "fixed", "value": 2}}
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"seed": "-5", "workload": WORKLOAD}, "seed='-5': Input should be greater than or equal to 0"),
+    ({"workload": {"num_requests": "1_0"}}, "workload: num_requests='1_0': a number written with an underscore"),
+    ({"nope": "1", "workload": WORKLOAD}, "nope: unknown key"),
+])
+def test_model_validate_strings_refuses_as_model_validate_does(fields, message):
+    """Pydantic's `model_validate_strings` raised its multi-line ValidationError, no `KvsimError`."""
+    import kvsim
+    from kvsim.model.errors import KvsimError
+
+    with pytest.raises(KvsimError) as raised:
+        kvsim.Scenario.model_validate_strings(fields)
+    assert str(raised.value).startswith(message)
+    with pytest.raises(KvsimError) as direct:
+        kvsim.Scenario.model_validate(fields)
+    assert str(direct.value) == str(raised.value)
+    assert kvsim.Scenario.model_validate_strings({"seed": "7", "workload": WORKLOAD}).seed == 7
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"seed": -5, "workload": WORKLOAD}, "seed=-5: Input should be greater than or equal to 0"),
+    ({"nope": 3, "workload": WORKLOAD}, "nope: unknown key"),
+    ({}, "workload: required field is missing"),
+])
+def test_model_construct_validates_as_model_validate_does(fields, message):
+    """Pydantic's `model_construct` skips validation: a seed of -5 reached numpy mid-run, an unknown key was kept
+    and a scenario without a workload was made."""
+    import kvsim
+    from kvsim.model.errors import KvsimError
+
+    with pytest.raises(KvsimError) as raised:
+        kvsim.Scenario.model_construct(**fields)
+    assert str(raised.value).startswith(message)
+
+
+def test_model_construct_keeps_pydantics_fields_set():
+    import kvsim
+
+    made = kvsim.Scenario.model_construct(workload=WORKLOAD, seed=3)
+    assert (made.seed, made.model_fields_set) == (3, {"workload", "seed"})
+    assert kvsim.Scenario.model_construct({"workload"}, workload=WORKLOAD, seed=3).model_fields_set == {"workload"}
+    assert made == kvsim.Scenario.model_validate({"workload": WORKLOAD, "seed": 3})

@@ -123,6 +123,17 @@ class Settings(BaseModel):
                     raise ValueError(f"{name}{where}")
         return data
 
+    @classmethod
+    def model_construct(cls, _fields_set: set[str] | None = None, **values: Any) -> Self:
+        """An instance of `values` validated as `model_validate` validates them (a `Scenario`'s refuses a bad one
+        as one `KvsimError` line naming it): pydantic's construct skips validation, so
+        `Scenario.model_construct(seed=-5)` ran into numpy's ValueError mid-run and an unknown key was kept
+        without a word. `_fields_set`, where given, replaces the fields counted as given (pydantic's meaning)."""
+        built = cls.model_validate(values)
+        if _fields_set is not None:
+            object.__setattr__(built, "__pydantic_fields_set__", set(_fields_set))
+        return built
+
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy whose `update` is validated as a new instance's fields are (`model_validate`: a `Scenario`'s
         refuses a bad one as one `KvsimError` line naming it): pydantic's copy sets `update` unchecked, so

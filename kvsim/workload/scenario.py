@@ -270,6 +270,15 @@ class Scenario(Settings):
             raise KvsimError(f"scenario JSON: not valid JSON ({error})") from None
         return cls.model_validate(fields, **kwargs)
 
+    @classmethod
+    def model_validate_strings(cls, obj: Any, **kwargs: Any) -> Self:
+        """`Scenario.model_validate_strings(fields)`, refusing a bad field as `model_validate` does (pydantic's
+        raised its multi-line ValidationError, no `KvsimError`)."""
+        try:
+            return super().model_validate_strings(obj, **kwargs)
+        except ValidationError as error:
+            raise from_validation_error(error, model=Scenario) from None
+
     @field_validator("router", mode="before")
     @classmethod
     def _no_router(cls, value: Any) -> Any:
