@@ -1,6 +1,8 @@
 """Bad input found by the fourteenth sweep (integers of hundreds of digits echoed whole, ...): each exits 2 with
 one line naming the field and the value, and writes nothing, never a traceback or a value echoed back whole."""
 
+from pathlib import Path
+
 import pytest
 from conftest import one_line_exit_2
 
@@ -130,3 +132,67 @@ def test_model_construct_keeps_pydantics_fields_set():
     assert (made.seed, made.model_fields_set) == (3, {"workload", "seed"})
     assert kvsim.Scenario.model_construct({"workload"}, workload=WORKLOAD, seed=3).model_fields_set == {"workload"}
     assert made == kvsim.Scenario.model_validate({"workload": WORKLOAD, "seed": 3})
+
+
+SLOW_GPU = ("memory_bytes: 81559MiB\nhbm_bandwidth_bytes_per_s: 3.35e12\nfp16_flops: {flops}\n"
+            "host_link_bandwidth_bytes_per_s: 64e9\n")
+FIXED_LENGTHS = ["--set", "workload.prompt_len={dist: fixed, value: 100}",
+                 "--set", "workload.output_len={dist: fixed, value: 2}"]
+
+
+@pytest.mark.parametrize("steps", ["none", "all"])
+def test_a_step_past_the_clock_is_refused(tmp_path, monkeypatch, steps):
+    """`fp16_flops: 1` made a prefill step of 1.5e13 s (about 500,000 years): the run went on past 2**32 s, where
+    the clock keeps no microsecond, without a word (sweep 13 bounded only the arrivals). A 100-token prefill of
+    Llama-3.1-8B (8.0e9 parameters, 2 FLOPs each per token) needs at least 1.6e12 FLOPs, so at 1 FLOP/s its step
+    takes at least 1.6e12 s, past 2**32 = 4.29e9 s."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "slow.yaml").write_text(SLOW_GPU.format(flops=1))
+    message = one_line_exit_2(["run", "--set", "gpu=slow.yaml", "--set", f"steps={steps}", *FIXED_LENGTHS,
+                               "--set", "workload.num_requests=3", "-o", "out"])
+    head, _, tail = message.partition(" s would end at ")
+    assert head.startswith("latency=roofline: a step of ")
+    assert float(head.removeprefix("latency=roofline: a step of ")) >= 2 * 8.0e9 * 100
+    assert tail.endswith("(past 4.29497e+09 s, about 136 years, where the clock keeps no microsecond); no GPU step "
+                         "or KV transfer takes that long: check the GPU's figures (flops, bandwidths, link, "
+                         "efficiency)")
+    assert _files(tmp_path) == ["slow.yaml"]
+
+
+def test_a_slow_gpu_within_the_clock_still_runs(tmp_path):
+    """The bound is the clock's, not a bound on the figures: 1e9 FLOP/s (1e6 times below an H100) takes
+    ~1.6e3 s per 100-token prefill and runs."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    (tmp_path / "slow.yaml").write_text(SLOW_GPU.format(flops=1e9))
+    argv = ["run", "--set", f"gpu={tmp_path / 'slow.yaml'}", "--set", "steps=none", *FIXED_LENGTHS,
+            "--set", "workload.num_requests=3", "-o", str(tmp_path / "out"), "--format", "json"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    import json
+
+    assert json.loads(result.stdout)["ttft_s"]["mean"] >= 2 * 8.0e9 * 100 / 1e9
+
+
+def test_a_kv_transfer_past_the_clock_is_refused(tmp_path, monkeypatch):
+    """A 1 B/s KV link moves one 8,000-token prompt of Llama-3.1-8B (32 layers x 8 KV heads x 128 dims x K and V x
+    2 bytes = 131,072 B a token: 1.05e9 B) in 1.05e9 s; five sharing the link end together at 5.2e9 s, past
+    2**32 = 4.29e9 s, where the run went on without a word."""
+    monkeypatch.chdir(tmp_path)
+    scenario = Path(__file__).parents[1] / "scenarios" / "disagg-1p1d.yaml"
+    argv = ["run", str(scenario), "--set", "workload.num_requests=5",
+            "--set", "workload.prompt_len={dist: fixed, value: 8000}", "--set", "workload.output_len={dist: fixed, "
+            "value: 2}", "--set", "workload.arrival={process: poisson, rate: 1000}",
+            "--set", "kv_transfer_config={kv_connector: NixlConnector, kv_link: rdma, kv_link_bandwidth_bytes_per_s: 1}",
+            "--set", "steps=none", "-o", "out"]
+    message = one_line_exit_2(argv)
+    head, _, tail = message.partition(" s (past ")
+    assert head.startswith("kv_transfer_config: a KV transfer at 1 B/s would end at ")
+    assert float(head.removeprefix("kv_transfer_config: a KV transfer at 1 B/s would end at ")) == pytest.approx(
+        5 * 8000 * 131_072, rel=1e-3)
+    assert message.endswith("(past 4.29497e+09 s, about 136 years, where the clock keeps no microsecond); no GPU "
+                            "step or KV transfer takes that long: check kv_link_bandwidth_bytes_per_s and "
+                            "kv_link_latency_s")
+    assert _files(tmp_path) == []

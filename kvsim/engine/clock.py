@@ -14,7 +14,22 @@ from typing import Protocol
 
 import simpy
 
+from kvsim.model.errors import KvsimError
+from kvsim.workload.generate import instant_shown
 from kvsim.workload.request import Request
+
+STEP_FIGURES = "the GPU's figures (flops, bandwidths, link, efficiency)"
+"""What sets a step's time, for `past_the_clock`."""
+
+
+def past_the_clock(what: str, end_s: float, figures: str = STEP_FIGURES) -> KvsimError:
+    """The error for `what` (a step, a KV transfer: the field and value that set its time, and the time) that
+    would end at `end_s`, past `MAX_INSTANT_S`: the callers check `end_s > MAX_INSTANT_S` before its timer.
+    Hardware figures far below any GPU's (`fp16_flops: 1`, a 1 B/s link, an efficiency of 1e-300) made steps
+    and transfers of years to 1e300 s, which ran on past the clock's microseconds or the largest float without
+    a word."""
+    return KvsimError(f"{what} would end at {instant_shown(end_s)}; no GPU step or KV transfer takes that long: "
+                      f"check {figures}")
 
 
 def delay_until(now: float, t: float) -> float:

@@ -16,7 +16,7 @@ from typing import cast
 
 import simpy
 
-from kvsim.engine.clock import ArrivalClock, Arrivals, Wakeup, call_at
+from kvsim.engine.clock import ArrivalClock, Arrivals, Wakeup, call_at, past_the_clock
 from kvsim.engine.recorder import StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.engine.turns import TurnArrivals
@@ -25,6 +25,7 @@ from kvsim.model.errors import KvsimError
 from kvsim.sched import Scheduler
 from kvsim.sched.burst import Burst, plan_burst
 from kvsim.workload.conversations import Conversations
+from kvsim.workload.generate import MAX_INSTANT_S
 from kvsim.workload.request import Request
 
 ProgressFn = Callable[[float, int, int], None]  # (simulated seconds, requests done, requests total)
@@ -105,6 +106,8 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
             for _, plan in busy:
                 plan.num_dp_group_tokens = group_tokens
         duration = max(engine.latency.step_time(plan) for engine, plan in busy)
+        if env.now + duration > MAX_INSTANT_S:
+            raise past_the_clock(f"latency={busy[0][0].latency.name}: a step of {duration:g} s", env.now + duration)
         for engine, plan in busy:
             engine.recorder.record(env.now, duration, plan, engine.snapshot())
             engine.step_start_s, engine.step_end_s = env.now, env.now + duration

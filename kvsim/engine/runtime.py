@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from kvsim.engine.clock import ArrivalClock, Wakeup, at_instant, call_at
+from kvsim.engine.clock import ArrivalClock, Wakeup, at_instant, call_at, past_the_clock
 from kvsim.engine.recorder import StepRecorder
 from kvsim.latency.base import LatencyModel
 from kvsim.sched import Scheduler, SchedulerSnapshot
 from kvsim.sched.burst import Burst, apply_burst
+from kvsim.workload.generate import MAX_INSTANT_S
 from kvsim.workload.request import Request
 
 
@@ -209,6 +210,8 @@ class Engine:
         durations = burst.durations
         # each step's start, then the last one's end, summed as one timeout per step would (`t += d`)
         instants_s = list(itertools.accumulate(durations, initial=env.now))
+        if instants_s[-1] > MAX_INSTANT_S:
+            raise past_the_clock(f"latency={self.latency.name}: a step of {max(durations):g} s", instants_s[-1])
         ends_s = instants_s[1:]
         pending = recorder.begin_burst(instants_s[:-1], burst, scheduler.snapshot())
         usage = None

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from kvsim.engine.builder import EngineParts, engine_result
-from kvsim.engine.clock import ArrivalClock, call_at
+from kvsim.engine.clock import ArrivalClock, call_at, past_the_clock
 from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.runtime import Engine
 from kvsim.fleet.driver import (
@@ -60,6 +60,7 @@ from kvsim.results.metrics import means_together, percentiles
 from kvsim.results.run_result import RunResult
 from kvsim.workload.fleet_layout import KVTransferConfig
 from kvsim.workload.fleet_layout import Router as RouterConfig
+from kvsim.workload.generate import MAX_INSTANT_S
 from kvsim.workload.request import Request, RequestStatus
 from kvsim.workload.scenario import Scenario
 
@@ -290,6 +291,10 @@ class Disaggregation:
         nxt = self.links[k].next_end()
         token = self._timer[k] = object()
         if nxt is not None:
+            if nxt[0] > MAX_INSTANT_S:
+                bandwidth = self.links[k].spec.bandwidth_bytes_per_s
+                raise past_the_clock(f"kv_transfer_config: a KV transfer at {bandwidth:g} B/s", nxt[0],
+                                     "kv_link_bandwidth_bytes_per_s and kv_link_latency_s")
             call_at(self.env, max(nxt[0], self.env.now), lambda: self._transfers_end(k, token))
 
     def _transfers_end(self, k: int, token: object) -> None:

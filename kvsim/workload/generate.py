@@ -165,7 +165,7 @@ microsecond (ulp 2**-20 s), past it a step's milliseconds lose their digits (at 
 at 1e297 s, a Mooncake timestamp of 1e300 ms, every step took no time at all), without a word."""
 
 
-def _instant_shown(instant_s: float) -> str:
+def instant_shown(instant_s: float) -> str:
     """`instant_s` for an error line, with why no run's clock reaches it."""
     if math.isinf(instant_s):
         return "inf s (past the largest float)"
@@ -188,11 +188,11 @@ def _refuse_endless_instants(w: Workload, arrivals: np.ndarray, turns: int, thin
             field = f"workload.arrival.rate={w.arrival.rate:g}"
         what = "request" if turns == 1 else "conversation"
         raise KvsimError(f"{field}: {what} {first_late} of {len(firsts)} would arrive at "
-                         f"{_instant_shown(float(firsts[first_late]))}; give a larger rate or fewer requests")
+                         f"{instant_shown(float(firsts[first_late]))}; give a larger rate or fewer requests")
     last = float(np.max(firsts, initial=0.0)) + (turns - 1) * think_s  # turns: at most n here
     if last > MAX_INSTANT_S:
         raise KvsimError(f"workload.multi_turn.think_time_s={think_s:g}: turn {turns} of a conversation would be "
-                         f"sent at {_instant_shown(last)}, {turns - 1} think times after its first; give a shorter "
+                         f"sent at {instant_shown(last)}, {turns - 1} think times after its first; give a shorter "
                          "think time")
 
 
