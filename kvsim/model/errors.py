@@ -44,14 +44,6 @@ class KvsimError(ValueError):
         super().__init__(_LONG_DIGITS.sub(lambda digits: cut(digits.group()), message), *args)
 
 
-def control_character(text: str) -> str | None:
-    """The first control character in `text` (a newline, a tab, an escape: Unicode category Cc), or None: a
-    name or path kvsim prints is one line of printable text."""
-    import unicodedata
-
-    return next((char for char in text if unicodedata.category(char) == "Cc"), None)
-
-
 @contextmanager
 def reading(path: str | Path, what: str) -> Iterator[None]:
     """Read `path` inside this block: a file that cannot be opened or is not UTF-8 text (a binary

@@ -28,8 +28,7 @@ from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from kvsim.model.errors import control_character
-from kvsim.model.units import underscore_problem
+from kvsim.model.units import control_character, underscore_problem
 
 WeightDtype = Literal["float16", "bfloat16", "float32"]
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}

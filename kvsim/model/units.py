@@ -1,4 +1,4 @@
-"""Integer and number helpers every layer shares; a leaf module (no kvsim imports, no third-party ones)."""
+"""Integer, number and text helpers every layer shares; a leaf module (no kvsim imports, no third-party ones)."""
 
 from typing import Any, TypeVar
 
@@ -39,3 +39,11 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
     """`count` and `noun`, the noun plural unless the count is 1: `counted(1, "replica")` is '1 replica',
     `counted(4, "replica")` '4 replicas' (`plural` for a noun whose plural is not noun + 's')."""
     return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
+def control_character(text: str) -> str | None:
+    """The first control character in `text` (a newline, a tab, an escape: Unicode category Cc), or None: a
+    name or path kvsim prints is one line of printable text."""
+    import unicodedata
+
+    return next((char for char in text if unicodedata.category(char) == "Cc"), None)

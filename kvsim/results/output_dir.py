@@ -40,7 +40,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kvsim.model.errors import KvsimError, control_character
+from kvsim.model.errors import KvsimError
+from kvsim.model.units import control_character
 
 MARKER_NAME = ".kvsim-output"
 FILE_TAG = "# generator: kvsim"
