@@ -196,3 +196,43 @@ def test_a_kv_transfer_past_the_clock_is_refused(tmp_path, monkeypatch):
                             "step or KV transfer takes that long: check kv_link_bandwidth_bytes_per_s and "
                             "kv_link_latency_s")
     assert _files(tmp_path) == []
+
+
+def test_a_negative_alpha_is_applied_until_it_makes_attention_negative():
+    """Measured bundles hold negative alphas (a skewed batch timed a little faster than the uniform one, in 11 to
+    18 % of the buckets of each RTX PRO 6000 bundle, down to -735 on Llama-3.1-8B at TP 2), so they are read; one
+    below -t_mean / (t_max - t_mean) made the step's attention negative, and a step of negative time stopped SimPy
+    with a traceback ('Negative delay')."""
+    from test_skew import correction
+
+    from kvsim.model.errors import KvsimError
+
+    # decodes at 1000, 1000, 4000: bucket (pc 0, n <= 4, share 1/3 <= 0.4, longest <= 4096, no prefill)
+    assert correction([(0, 4, 0.4, 4096, 0, -0.2)]).corrected(10.0, 40.0, 0, 3, 2000.0, 1000, 4000, 0) == (
+        pytest.approx(10 - 0.2 * 30))
+    with pytest.raises(KvsimError) as raised:  # 10 - 2 * (40 - 10) = -50
+        correction([(0, 4, 0.4, 4096, 0, -2)]).corrected(10.0, 40.0, 0, 3, 2000.0, 1000, 4000, 0)
+    assert str(raised.value) == (
+        "profile test: attention_skew row (query_len=0, batch=4, skew_share=0.4, decode_context_len=4096, "
+        "context_len=0): alpha=-2 makes a step's attention -50 s, below zero (t_mean + alpha * (t_max - t_mean), "
+        "t_mean=10 s, t_max=40 s); no batch attends in negative time: refit or drop that alpha")
+    with pytest.raises(KvsimError, match=r"^profile test: attention_skew_alpha_default: alpha=-2 makes"):
+        correction([], default=-2).corrected(10.0, 40.0, 0, 5, 2000.0, 1000, 4000, 0)  # n = 5: unmeasured bucket
+
+
+def test_a_run_reaching_an_alpha_that_makes_attention_negative_stops_in_one_line(tmp_path, monkeypatch):
+    from test_skew import skew_bundle
+
+    monkeypatch.chdir(tmp_path)
+    table = skew_bundle(tmp_path / "bf16") / "tp1" / "skew_fit.csv"
+    table.write_text(table.read_text().replace(",0.5,", ",-1000,"))
+    argv = ["run", "--set", "gpu=rtx-pro-6000", "--set", "latency={model: calibrated, profile: bf16}",
+            "--set", "engine={max_model_len: 1024, max_num_seqs: 16, max_num_batched_tokens: 256}",
+            "--set", "workload={num_requests: 200, arrival: {process: poisson, rate: 20}, prompt_len: {dist: "
+            "lognormal, mean: 100, p99: 400}, output_len: {dist: lognormal, mean: 40, p99: 300}}",
+            "--set", "seed=3", "-o", "out"]
+    message = one_line_exit_2(argv)
+    assert message.startswith("profile meta-llama/Llama-3.1-8B/bf16/tp1: attention_skew row (query_len=0, batch=4, "
+                              "skew_share=0.4, decode_context_len=1024, context_len=0): alpha=-1000 makes a step's "
+                              "attention -"), message
+    assert _files(tmp_path / "bf16") and not (tmp_path / "out").exists()
