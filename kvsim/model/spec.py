@@ -108,9 +108,12 @@ class Settings(BaseModel):
     is expected (a field taking int or float, not bool or str, or a list, tuple or dict of them:
     `tensor_parallel_sizes: [true]`). Pydantic's lax mode reads `true` and `false` as 1 and 0, so
     `num_requests: true` ran one request, `gpu_memory_utilization: true` used all memory and
-    `acceptance_rates: [true, true]` accepted every draft; and '1_6' as 16 (`block_size: '1_6'`)."""
+    `acceptance_rates: [true, true]` accepted every draft; and '1_6' as 16 (`block_size: '1_6'`).
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    A model's validator is built at its first use (`defer_build`), not at import: a section nested in another
+    is validated through its parent's validator, and many sections are never validated on their own in a run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
     @model_validator(mode="before")
     @classmethod
