@@ -206,6 +206,21 @@ def test_cli_starts_openblas_with_one_thread_unless_the_user_chose():
         assert done.stdout.split()[:len(expected.split())] == expected.split(), (extra, done.stdout)
 
 
+def test_cli_loads_no_pydantic_plugins_unless_the_user_chose():
+    """The entry sets PYDANTIC_DISABLE_PLUGINS=__all__ before pydantic loads, and leaves a user's value alone."""
+    import subprocess
+    import sys
+
+    code = ("import os; from kvsim.__main__ import no_pydantic_plugins; no_pydantic_plugins(); "
+            "from pydantic.plugin._loader import get_plugins; "
+            "print(repr(os.environ.get('PYDANTIC_DISABLE_PLUGINS')), get_plugins() == ())")
+    plain = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    for extra, expected in (({}, "'__all__' True"), ({"PYDANTIC_DISABLE_PLUGINS": ""}, "'' False")):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**plain, **extra},
+                              timeout=120, check=True)
+        assert done.stdout.strip() == expected, (extra, done.stdout, done.stderr)
+
+
 def test_max_num_seqs_flag_as_in_vllm(tmp_path):
     """`--max-num-seqs` (vLLM's engine argument) caps the batch of `run` and the concurrency `capacity` prices."""
     import json
