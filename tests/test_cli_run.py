@@ -221,6 +221,20 @@ def test_cli_loads_no_pydantic_plugins_unless_the_user_chose():
         assert done.stdout.strip() == expected, (extra, done.stdout, done.stderr)
 
 
+def test_run_table_shows_names_as_given(tmp_path):
+    """A scenario name is printed verbatim: rich read `:fire:` in it as an emoji code (printing a flame) and
+    `[bold]` as markup (dropping it), so the table showed another name than the scenario's."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    name = "a:fire:b[bold]c"
+    result = CliRunner().invoke(app, ["run", "--set", "workload.num_requests=2", "--set", f"name={name}",
+                                      "-o", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert f"{name}: " in result.output, result.output
+
+
 def test_max_num_seqs_flag_as_in_vllm(tmp_path):
     """`--max-num-seqs` (vLLM's engine argument) caps the batch of `run` and the concurrency `capacity` prices."""
     import json
