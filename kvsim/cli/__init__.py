@@ -265,8 +265,7 @@ def run(
 
     from kvsim.results.render import fleet_table, summary_table
 
-    # names and paths are shown as given: rich read `a:fire:b` as an emoji code and `[red]` as markup
-    console = Console(emoji=False, markup=False)
+    console = Console(emoji=False, markup=False)  # names, paths as given: not `:fire:` as an emoji, `[red]` as markup
     console.print(fleet_table(result.summary) if spec.is_fleet else summary_table(result.summary))
     files = ", ".join(sorted(p.name for p in written.expanduser().iterdir() if not p.name.startswith(".")))
     console.print(f"results written to {written}/ ({files})")
