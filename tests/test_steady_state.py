@@ -287,3 +287,31 @@ def test_verification_steps_up_by_doubling_steps_after_the_short_failure():
     assert rates[1] == search.level.bound.failed  # the jump: the short search's lowest failure
     assert [round(b / a - 1, 9) for a, b in zip(rates[1:4], rates[2:5], strict=True)] == [0.03, 0.06, 0.12]
     assert [run.passed for run in search.long_runs[:5]] == [True, True, True, True, False]
+
+
+@pytest.mark.parametrize("servers, service_s", [(64, 30.0), (1, 0.1)])
+@pytest.mark.parametrize("rho", [0.8, 0.9, 0.95])
+@pytest.mark.parametrize("num_requests", [1280, 3000])
+def test_a_sustainable_queue_judged_on_a_full_window_is_stable(servers, service_s, rho, num_requests):
+    """M/D/64 (S = 30 s) and M/D/1 (S = 0.1 s) at ρ < 1 are stable queues (their waiting line is a stationary
+    process): every run long enough to judge is stable, over 30 seeds. Served ÷ offered alone does not show
+    it: over the window it is 1 − (the backlog's change) ÷ arrivals, which at ρ = 0.95 and 1,280 requests
+    dips to 0.95, and the backlog's slope, its 64 samples taken as independent, reads "backlogged" in about
+    one run in five; only a waiting line grown beyond what a stable queue shows (3.29 deviations of the net
+    input over the window) may fail a run."""
+    for seed in range(30):
+        ev = window_evidence(mdc_table(rho, num_requests, seed, servers=servers, service_s=service_s))
+        assert ev["verdict"] == STABLE, (seed, ev["served_over_offered"], ev["backlog_trend"], ev["early_overload"])
+
+
+@pytest.mark.parametrize("servers, service_s", [(64, 30.0), (1, 0.1)])
+@pytest.mark.parametrize("rho", [1.1, 1.3])
+def test_an_overloaded_queue_judged_on_a_full_window_is_overloaded(servers, service_s, rho):
+    """The same queues at ρ > 1, 6,000 requests: once the servers are busy the waiting line grows at λ − μ =
+    (1 − 1/ρ) · λ a second, over a window of 0.7 of the arrival span (~4,200 arrivals) by (1 − 1/ρ) · 4,200
+    ≥ 380 (ρ = 1.1), against a margin of 3.29 · √(4,200 + c) ≤ 215: every run is overloaded (served ÷ offered
+    ≈ μ ÷ λ = 1/ρ < 0.95)."""
+    for seed in range(20):
+        ev = window_evidence(mdc_table(rho, 6000, seed, servers=servers, service_s=service_s))
+        assert ev["verdict"] == OVERLOADED, (seed, ev["served_over_offered"], ev["early_overload"])
+        assert ev["served_over_offered"] == pytest.approx(1 / rho, abs=0.05)
