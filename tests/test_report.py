@@ -89,6 +89,7 @@ def test_report_words_follow_the_data(report_dir):
         assert "every run was capped by KV memory (paged)" in md
     rates = pd.read_csv(report_dir / "sustained_rate.csv").set_index("allocator")
     assert f"is {rates.loc['paged', 'max_rate_meeting_slo']:g} req/s with paging" in md
+    assert f"an offered {rates.loc['paged', 'offered_rate_in_window']:.4g} req/s" in md  # not only the asked rate
     assert f"${rates.loc['paged', 'usd_per_concurrent_user_hour']:.4f} per concurrent user-hour" in md
     assert "as of 2026-03-10" in md
 

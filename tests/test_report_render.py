@@ -79,7 +79,7 @@ def test_summary_quotes_the_tables():
         "**73 users fit on one replica (2× h100-80gb, tensor parallel)** at a time (sustained concurrency while "
         "saturated, 1,500 tokens per sequence on average, max_model_len 8,192); 110 with fp8 KV.",
         "**One replica (2× h100-80gb, tensor parallel) serves 4.76 requests/s** of this scenario's traffic with "
-        "TTFT p90 ≤ 2 s (Poisson arrivals; 4.9 requests/s misses it).",
+        "TTFT p90 ≤ 2 s (Poisson arrivals asked at that rate; 4.9 requests/s misses it).",
         "**6 GPUs (3 replicas) for the Mooncake trace's first 300 requests** at TTFT p90 ≤ 2 s "
         "(least-outstanding routing, $7.50 per hour)."]
 

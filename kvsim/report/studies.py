@@ -437,6 +437,10 @@ def sustained_rates(st: Study, allocators: tuple[str, ...] = ALLOCATORS) -> pd.D
     run `rate_verify_factor` (10) × longer, backed off (3 %, doubling) while those long runs fail and raised
     while they hold, then bisected between them to within 3 %, so the rate printed is one that held in the
     long run with a failed long run at most 3 % above (`search_rate` is the answer before verification).
+    The rates (`max_rate_meeting_slo`, `first_failing_rate`, `search_rate`) are the Poisson rates asked of the
+    arrival generator, the search's variable; `offered_rate_in_window` is the rate the answer's measurement
+    window actually got (one seed's Poisson draw: a few % off either way). `capacity --sustained` shows the
+    window's served rate, which a stable window keeps within noise of its offered one.
 
     Throughput, concurrency and cost are the window's at that rate (the drain left out), so the $/M
     tokens and $/user-hour price a steady state, not a burst.
@@ -453,6 +457,7 @@ def sustained_rates(st: Study, allocators: tuple[str, ...] = ALLOCATORS) -> pd.D
         level = s.answer_level()
         ci = ev["ttft_s"]["p90_ci"] if ev else (None, None)
         rows.append({"allocator": a, "max_rate_meeting_slo": round(s.rate, 4) if s.rate else None,
+                     "offered_rate_in_window": round(ev["offered_per_s"], 4) if ev else None,
                      "first_failing_rate": round(s.failed_rate, 4) if s.failed_rate else None,
                      "fails_by": why_failed(failed, slo), "requests_per_probe": level.num_requests if level else None,
                      "converged": s.converged, "capped": s.capped, "num_probes": s.summary()["num_probes"],

@@ -61,7 +61,7 @@ def summary_lines(sections: list[studies.Section], st: studies.Study, cfg: studi
         failed = _cell(sections, "sustained_rate", "allocator", "paged", "first_failing_rate")
         bound = "" if failed is not None else "at least "
         lines.append(f"**{replica[0].upper()}{replica[1:]} serves {bound}{rate:.3g} requests/s** of this scenario's "
-                     f"traffic with TTFT p90 ≤ {_seconds(cfg.ttft_slo_s)} (Poisson arrivals"
+                     f"traffic with TTFT p90 ≤ {_seconds(cfg.ttft_slo_s)} (Poisson arrivals asked at that rate"
                      + (f"; {failed:.3g} requests/s misses it)." if failed is not None else ")."))
     fleet = _facts(sections, "fleet")
     if "ttft_target_s" in fleet:

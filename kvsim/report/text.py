@@ -139,7 +139,8 @@ def _rate_evidence(row: pd.Series, cfg: studies.StudyConfig) -> str:
     if pd.notna(row.ttft_p90_ci_low_s) and pd.notna(row.ttft_p90_ci_high_s):
         ci = f", 95 % interval {row.ttft_p90_ci_low_s:.2f}–{row.ttft_p90_ci_high_s:.2f} s"
     return (f"{length}; over its measurement window ({row.num_in_window:,} requests in {row.window_s:,.0f} s, "
-            f"warm-up and drain left out) it served {row.served_over_offered:.3f}× the offered rate with a backlog "
+            f"an offered {row.offered_rate_in_window:.4g} req/s, warm-up and drain left out) it served"
+            f" {row.served_over_offered:.3f}× the offered rate with a backlog "
             f"trend of {row.backlog_trend:+.3f} and p90 TTFT {row.ttft_p90_s:.2f} s{ci}")
 
 
@@ -184,7 +185,8 @@ def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfi
     failer = "long run" if paged.num_long_runs > 1 else "probe"
     above = (f" Above it, at {paged.first_failing_rate:g} req/s, the {failer} {paged.fails_by}."
              if pd.notna(paged.fails_by) else "")
-    return (f"{intro} The highest sustainable Poisson rate with p90 TTFT ≤ {cfg.ttft_slo_s} s is "
+    return (f"{intro} The highest sustainable Poisson rate (as asked of the arrival generator) with p90 "
+            f"TTFT ≤ {cfg.ttft_slo_s} s is "
             f"{paged.max_rate_meeting_slo:g} req/s with paging ({_rate_evidence(paged, cfg)}).{above} "
             f"Paging multiplier: {mult or 'no other allocator sustains any rate'}.{rejected}{cost}")
 
