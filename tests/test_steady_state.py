@@ -297,8 +297,8 @@ def test_a_sustainable_queue_judged_on_a_full_window_is_stable(servers, service_
     process): every run long enough to judge is stable, over 30 seeds. Served ÷ offered alone does not show
     it: over the window it is 1 − (the backlog's change) ÷ arrivals, which at ρ = 0.95 and 1,280 requests
     dips to 0.95, and the backlog's slope, its 64 samples taken as independent, reads "backlogged" in about
-    one run in five; only a waiting line grown beyond what a stable queue shows (3.29 deviations of the net
-    input over the window) may fail a run."""
+    one run in five; only a waiting line grown beyond what a stable queue shows (1.96 deviations of the net
+    input over the window: at most 5 % of runs at ρ = 1, fewer the further below) may fail a run."""
     for seed in range(30):
         ev = window_evidence(mdc_table(rho, num_requests, seed, servers=servers, service_s=service_s))
         assert ev["verdict"] == STABLE, (seed, ev["served_over_offered"], ev["backlog_trend"], ev["early_overload"])
@@ -309,7 +309,7 @@ def test_a_sustainable_queue_judged_on_a_full_window_is_stable(servers, service_
 def test_an_overloaded_queue_judged_on_a_full_window_is_overloaded(servers, service_s, rho):
     """The same queues at ρ > 1, 6,000 requests: once the servers are busy the waiting line grows at λ − μ =
     (1 − 1/ρ) · λ a second, over a window of 0.7 of the arrival span (~4,200 arrivals) by (1 − 1/ρ) · 4,200
-    ≥ 380 (ρ = 1.1), against a margin of 3.29 · √(4,200 + c) ≤ 215: every run is overloaded (served ÷ offered
+    ≥ 380 (ρ = 1.1), against a margin of 1.96 · √(4,200 + c) ≤ 128: every run is overloaded (served ÷ offered
     ≈ μ ÷ λ = 1/ρ < 0.95)."""
     for seed in range(20):
         ev = window_evidence(mdc_table(rho, 6000, seed, servers=servers, service_s=service_s))

@@ -27,21 +27,23 @@ must be longer (the search doubles it). Otherwise, with
   rate, so more than 1 % of arrivals pile up and a longer run would fail (a slope within its noise
   is left to the longer runs of the search to settle);
 - **stable**: neither, *or* the waiting queue did not grow over the window beyond the margin a stable
-  queue stays under (`early_overload`, below). Both tests above read a shortfall the noise of a
-  sustainable rate can make: served − offered over the window is the backlog's change, which at
-  ρ = 0.8–0.9 of a batch engine's capacity moves by as much as 5–10 % of the window's arrivals (its
+  queue stays under (`early_overload`, below, with z = 1.96: at most 5 % of runs at ρ = 1 exactly, and
+  none of 100 seeds of M/D/64 or M/D/1 at ρ = 0.95 came within 1.3 deviations). Both tests above read
+  a shortfall the noise of a sustainable rate can make: served − offered over the window is the
+  backlog's change, which at ρ = 0.8–0.85 of a batch engine's capacity moves by 5 % and more of the
+  window's arrivals (the default scenario, 1,280 requests: served ÷ offered down to 0.954; its
   running set alone holds λ·S requests, Poisson-like in number), and the slope's interval takes its
   64 samples as independent where a queue's are not. So neither is a verdict unless the waiting
   queue's growth also says no stable queue could show it (a false "overloaded" makes a rate search
-  answer too low). The price is power: at ρ = 1.1 a 1,280-request run still passes about 3 times in
-  4 (the queue's growth, 9 % of ~900 arrivals, is within z·√900), which the search's longer runs and
-  its 10 × verification settle (a run of 6,000 requests at ρ = 1.1 fails every time).
+  answer too low). The price is power: at ρ = 1.1 a 1,280-request run still passes about 1 time in
+  5 (the queue's growth, 9 % of ~900 arrivals, is within 1.96·√900), which the search's longer runs and
+  its 10 × verification settle (at 3,000 requests 1 in 20 passes, at 6,000 none).
 
 A run too short by the service-time test (but with at least 50 requests in the window) is still judged
 **overloaded** when its waiting queue (requests arrived and never scheduled) grows over the window by more
 than a stable queue could show (`early_overload`): by more than
 
-    margin = z · √(c_a² · arrivals + c_s² · departures + running)      (z = 3.29: one-sided 0.05 %)
+    margin = z · √(c_a² · arrivals + c_s² · departures + running)      (z = 3.29 here: one-sided 0.05 %)
 
 counting the arrivals and departures inside the window, c_a² and c_s² the squared coefficients of variation
 of the run's interarrival and service times, `running` the most requests in service in the window. Why it
@@ -151,9 +153,11 @@ def _cv2(values: np.ndarray) -> float:
     return float(values.var()) / mean**2 if mean > 0 else 1.0
 
 
-def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: float, end: float) -> dict[str, Any]:
+def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: float, end: float,
+                   z: float = Z_EARLY) -> dict[str, Any]:
     """The waiting queue's growth over the window [start, end) against the margin a stable queue stays under
-    (the module's docstring derives it): {"waiting_growth", "margin", "z"}; growth > margin is an overload."""
+    (the module's docstring derives it), `z` deviations of the net input: {"waiting_growth", "margin", "z"};
+    growth > margin is an overload."""
     arrival = np.sort(np.asarray(requests["arrival_s"], float)[servable])
     first = np.asarray(requests["first_scheduled_s"], float)[servable]
     finish = np.asarray(requests["finish_s"], float)[servable]
@@ -169,7 +173,7 @@ def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: flo
             else np.ones(len(first), bool))
     variance = (_cv2(np.diff(arrival[: count(arrival, end)])) * (count(arrival, end) - count(arrival, start))
                 + _cv2((finish - first)[calm]) * (count(done, end) - count(done, start)) + running)
-    return {"waiting_growth": waiting_growth, "margin": Z_EARLY * math.sqrt(variance), "z": Z_EARLY}
+    return {"waiting_growth": waiting_growth, "margin": z * math.sqrt(variance), "z": z}
 
 
 def early_overloaded(evidence: Mapping[str, Any]) -> bool:
@@ -217,9 +221,11 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     ratio = served / offered if offered > 0 and math.isfinite(offered) else None
     trend = slope / offered if offered > 0 and math.isfinite(offered) else None
     trend_low = (slope - Z_95 * slope_se) / offered if trend is not None else None
-    early = early_overload(requests, servable, start, end) if num_in >= MIN_WINDOW_REQUESTS else None
+    too_short = window_s < MIN_WINDOW_SERVICES * service_s or num_in < MIN_WINDOW_REQUESTS
+    early = (early_overload(requests, servable, start, end, Z_EARLY if too_short else Z_95)
+             if num_in >= MIN_WINDOW_REQUESTS else None)
     queue_outgrew = early is not None and early["waiting_growth"] > early["margin"]
-    if window_s < MIN_WINDOW_SERVICES * service_s or num_in < MIN_WINDOW_REQUESTS:
+    if too_short:
         # judged on too few requests or service times: a longer run must decide, unless the queue already
         # grows beyond what a stable one could show
         verdict = OVERLOADED if queue_outgrew else TOO_SHORT
