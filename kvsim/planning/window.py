@@ -177,10 +177,10 @@ def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: flo
 
 
 def early_overloaded(evidence: Mapping[str, Any]) -> bool:
-    """Whether a run was judged overloaded by its waiting queue's growth alone (`early_overload`): a verdict
-    on the rate, not on the run's length, which a longer run of the same traffic would not reverse."""
-    early = evidence.get("early_overload")
-    return evidence["verdict"] == OVERLOADED and early is not None and early["waiting_growth"] > early["margin"]
+    """Whether a run was judged overloaded: every such verdict rests on its waiting queue's growth beyond a
+    stable queue's margin (`early_overload`), a verdict on the rate, not on the run's length, which a longer
+    run of the same traffic would not reverse (a too-short run is judged so only on that growth)."""
+    return evidence["verdict"] == OVERLOADED
 
 
 def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP_FRACTION,
