@@ -213,7 +213,7 @@ class SteadyRateSearch:
             if highest >= self.max_rate or num_requests < self.verify_factor * level.num_requests:
                 return None  # nothing above to try, or "long" runs cut short by max_verify_requests: too short to
                 #              overrule the search upwards (a run a few times a probe's still passes optimistic rates)
-            short_failed = (self.answer_level() or self.level).bound.failed
+            short_failed = level.bound.failed  # the answer's level, found above
             if len(held) == 1 and short_failed is not None and short_failed > highest:
                 rate = short_failed
             else:
