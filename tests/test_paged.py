@@ -256,3 +256,37 @@ def test_a_burst_registers_a_hash_whether_or_not_it_is_evicted_before_the_step_t
     assert [burst.seqs[s].block_table for s in (2, 3)] == [naive.seqs[s].block_table for s in (2, 3)]
     assert burst.prefix_cache.block_hashes == naive.prefix_cache.block_hashes
     assert burst.prefix_cache.cached == naive.prefix_cache.cached
+
+
+@pytest.mark.parametrize("v0", [False, True], ids=["v1-cache", "v0-cache"])
+def test_a_fork_without_content_shares_the_parents_tokens_so_far_and_not_its_next(v0):
+    """A beam re-forked from a survivor (`fork` without content) is the survivor's tokens so far, then a token
+    of its own (vLLM v0's beam search: `parent.fork(id)`, then `child.append_token_id(its own candidate)`).
+    It took the parent's whole content: the block both fill next hashed alike (a duplicate in the v1 cache;
+    under v0's caching the child's block was swapped for the parent's, one block held by both). By hand:
+    ids 100..139 (prompt 20 + output 20), the parent writes 20 and forks; the child's content is ids 100..119
+    then its placeholder, so block 0 (ids 100..115) is one block, and block 1 (16..31) is two of different
+    hashes, each found again only by its owner's tokens."""
+    a = world(v0_prefix_caching=v0)
+    ids = tuple(range(100, 140))
+    assert a.allocate(1, 20, content=TokenContent(ids))  # [1, 2]: block 2 partial (4 tokens)
+    a.fork(1, 2, None, 39)
+    own = ("fork", 2, 20)
+    assert a.seqs[2].content.token_ids == ids[:20] + (own,) * 20
+    assert a.allocate(1, 32) and a.allocate(2, 32)  # both fill block 1: the first writer copies it
+    parent_table, child_table = a.seqs[1].block_table, a.seqs[2].block_table
+    assert parent_table[0] == child_table[0] and parent_table[1] != child_table[1]
+    assert a.prefix_cache.duplicates == {}
+    assert a.lookup_prefix(TokenContent(ids), 33).block_ids == tuple(parent_table[:2])
+    assert a.lookup_prefix(TokenContent(ids[:20] + (own,) * 13), 33).block_ids == tuple(child_table[:2])
+    a.check_invariants()
+
+
+def test_a_branch_keeps_the_segments_before_it_and_names_the_rest():
+    """`SegmentContent.branch` cut by hand: system prompt 5, output 7 (12 tokens)."""
+    content = seg(("sys", 5), ("out", 7))
+    assert content.branch(8, "x").segments == (("sys", 5), ("out", 3), ("x", 4))
+    assert content.branch(5, "x").segments == (("sys", 5), ("x", 7))
+    assert content.branch(3, "x").segments == (("sys", 3), ("x", 9))
+    assert content.branch(2, "x").block_hashes(2, 1) == content.block_hashes(2, 1)
+    assert content.branch(2, "x").block_hashes(2, 2)[1] != content.block_hashes(2, 2)[1]

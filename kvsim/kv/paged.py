@@ -362,13 +362,18 @@ class PagedAllocator(PoolSlots, PagedBursts):
 
     def fork(self, parent_id: int, child_id: int, child_content: Content | None = None,
              child_final_num_tokens: int | None = None) -> None:
-        """The child shares all of the parent's blocks (parallel sampling, beam search)."""
+        """The child shares all of the parent's blocks (parallel sampling, beam search); its content is
+        `child_content`, else the parent's tokens written so far and its own after them (`Content.branch`,
+        named `("fork", child_id, tokens written)`: a beam re-forked from a survivor shares the survivor's
+        tokens, not the next one it samples)."""
         parent = self.seqs[parent_id]
         assert child_id not in self.seqs and child_id not in self.swapped
         self.pool.touch(parent.block_table)
         final = child_final_num_tokens or parent.final_num_tokens
-        child = SeqBlocks(list(parent.block_table), parent.num_tokens, final,
-                          child_content or parent.content, parent.num_hashed_blocks)
+        if child_content is None and parent.content is not None:
+            child_content = parent.content.branch(parent.num_tokens, ("fork", child_id, parent.num_tokens))
+        child = SeqBlocks(list(parent.block_table), parent.num_tokens, final, child_content,
+                          parent.num_hashed_blocks)
         self.seqs[child_id] = child
         self._sum_written += child.num_tokens
         self._num_mapped_blocks += len(child.block_table)

@@ -142,7 +142,9 @@ class KVAllocator(Protocol):
     def holds(self, seq_id: int) -> bool:
         """Whether the sequence holds anything (on the GPU or swapped out)."""
     def fork(self, parent_id: int, child_id: int, child_content: Content | None = None,
-             child_final_num_tokens: int | None = None) -> None: ...
+             child_final_num_tokens: int | None = None) -> None:
+        """Start `child_id` off `parent_id`'s written tokens; its tokens are `child_content`, else the parent's
+        so far and then its own (`Content.branch`), never the parent's next ones."""
     def free(self, seq_id: int) -> None: ...
 
     # ------------------------------------------------------------------------ swap

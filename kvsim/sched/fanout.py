@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvsim.workload.content import Content, SegmentContent, TokenContent
+from kvsim.workload.content import Content, SegmentContent
 from kvsim.workload.request import MAX_SAMPLES, Request, RequestStatus
 
 
@@ -91,27 +91,19 @@ def request_label(request_id: int) -> str:
     return f"{parent_request_id(request_id)} (sample {request_id // CHILD_ID_STRIDE + MAX_SAMPLES})"
 
 
-def sample_segments(content: SegmentContent, index: int) -> SegmentContent:
-    """Sample `index`'s segment content: the request's prompt segments, then its output segment renamed
-    `(output id, index)`, so that the blocks a sample fills hash apart from its siblings'."""
-    *prompt, (out_id, out_len) = content.segments
-    return SegmentContent([*prompt, ((out_id, index), out_len)])
-
-
 def sample_content(parent: Request, index: int) -> Content | None:
     """Child `index`'s content: the prompt's, so its full blocks hash as its siblings' do, and an output of
-    its own. Child 0 keeps the request's; a later one's segment output is renamed (`sample_segments`); its
-    token ids are the prompt's, then its child request id for every output token (a placeholder no real
-    token id equals: kvsim has no tokens for another sample's output), so that a preempted child finds the
-    blocks of its own output again, as vLLM's hashes of its generated tokens let it."""
+    its own (`Content.branch` at the prompt's end). Child 0 keeps the request's; a later one's segment output
+    is renamed `(output id, index)`; its token ids are the prompt's, then its child request id for every
+    output token (a placeholder no real token id equals: kvsim has no tokens for another sample's output), so
+    that a preempted child finds the blocks of its own output again, as vLLM's hashes of its generated tokens
+    let it."""
     content = parent.content
     if index == 0 or content is None:
         return content
     if isinstance(content, SegmentContent):
-        return sample_segments(content, index)
-    prompt = content.token_ids[:parent.prompt_len]
-    placeholder = child_request_id(parent.request_id, index)
-    return TokenContent(prompt + (placeholder,) * (len(content.token_ids) - len(prompt)))
+        return content.branch(parent.prompt_len, (content.segments[-1][0], index))
+    return content.branch(parent.prompt_len, child_request_id(parent.request_id, index))
 
 
 def make_child(parent: Request, index: int) -> Request:

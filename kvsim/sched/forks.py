@@ -51,8 +51,12 @@ class SampleForks:
 
         A beam that is the parent of at least one survivor keeps its slot for its first one;
         slots of beams with no survivor are freed and re-forked from the parents of the extra
-        survivors, sharing their blocks (a partial last block is copied on the next write).
-        Slabs keep a region per beam, so nothing moves there.
+        survivors, sharing their blocks (a partial last block is copied on the next write) and their
+        tokens so far, not their next one (vLLM v0's `_process_sequence_group_outputs` forks the parent and
+        appends the child's own candidate token): the allocator's `fork` without content branches it there.
+        It took its parent's whole content: its later blocks hashed as its parent's (duplicates in the cache,
+        and under v0's prefix caching swapped for the parent's blocks). Slabs keep a region per beam, so
+        nothing moves there.
         """
         if not self.alloc.shares_blocks:
             return

@@ -121,6 +121,15 @@ class SegmentContent(_ChainedHashes):
                 start += block_size
         return hashes
 
+    def branch(self, num_shared_tokens: int, name: Hashable) -> SegmentContent:
+        """This content's first `num_shared_tokens` tokens, then a segment `name` of its own for the rest (as many
+        tokens): a sequence forked off this one at that length, whose later tokens are not this one's."""
+        assert 0 < num_shared_tokens < self._num_tokens
+        end = bisect_right(self._starts, num_shared_tokens) - 1  # the segment holding the first own token
+        shared = [*self.segments[:end], (self.segments[end][0], num_shared_tokens - self._starts[end])]
+        return SegmentContent([piece for piece in shared if piece[1] > 0]
+                              + [(name, self._num_tokens - num_shared_tokens)])
+
     def block_key(self, start: int, end: int) -> Hashable:
         pieces = []
         i = bisect_right(self._starts, start) - 1
@@ -147,6 +156,13 @@ class TokenContent(_ChainedHashes):
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    def branch(self, num_shared_tokens: int, name: Hashable) -> TokenContent:
+        """As `SegmentContent.branch`: this content's first `num_shared_tokens` ids, then `name` for each later
+        token (a placeholder: `name` must equal no real id, nor any other placeholder)."""
+        assert 0 < num_shared_tokens < len(self.token_ids)
+        return TokenContent(self.token_ids[:num_shared_tokens]
+                            + (name,) * (len(self.token_ids) - num_shared_tokens))
 
     def block_key(self, start: int, end: int) -> Hashable:
         return self.token_ids[start:end]
