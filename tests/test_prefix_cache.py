@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import kvsim
 from kvsim.kv import PagedAllocator, SegmentContent
 from kvsim.kv.block_pool import BlockPool
 from kvsim.kv.prefix_cache import HashChainCache
 from kvsim.kv.protocol import PrefixHit
+from tests.test_metamorphic2 import traced, write_trace
 
 BS = 4
 
@@ -153,3 +155,23 @@ def test_a_cache_passed_to_the_allocator_is_the_one_used_and_bursts_need_the_has
     assert default.lookup_prefix(a, 12) == PrefixHit(8, (1, 2))  # blocks 1..3 held it; the last is recomputed
     alloc.check_invariants()
     default.check_invariants()
+
+
+def test_v0s_hit_rate_counts_blocks_as_vllm_v0_and_v1s_tokens(tmp_path):
+    """vLLM v0's hit rate (`PrefixCachingBlockAllocator.get_prefix_cache_hit_rate`) is cached full blocks over
+    full blocks allocated; v1's is hit tokens over prompt tokens. Three prompts, far apart, of 40 token ids
+    (16-token blocks: 2 full blocks each): A; A again; A's first 20 ids then 20 of its own. v0: blocks queried
+    2 + 2 + 2, hit 0 + 2 + 1: 3/6. Tokens (both schedulers: v0 computes from its hit, v1 never hits the last
+    token's block, which here is partial): queried 120, hit 0 + 32 + 16: 48/120. kvsim's v0 reported the
+    token rate, 0.4 for vLLM v0's 0.5."""
+    prompt = list(range(1, 41))
+    rows = [{"arrival_time_ns": int(i * 5e9), "input_toks": 40, "output_toks": 5, "input_tok_ids": ids}
+            for i, ids in enumerate([prompt, prompt, prompt[:20] + list(range(1000, 1020))])]
+    path = write_trace(tmp_path / "three.jsonl", rows)
+    v0 = kvsim.simulate(traced(path, {"scheduler": "v0", "enable_prefix_caching": True})).summary
+    v1 = kvsim.simulate(traced(path)).summary
+    for summary in (v0, v1):
+        assert (summary["num_prefix_cache_query_tokens"], summary["num_prefix_cache_hit_tokens"]) == (120, 48)
+    assert (v0["num_prefix_cache_query_blocks"], v0["num_prefix_cache_hit_blocks"]) == (6, 3)
+    assert v0["prefix_cache_hit_rate"] == 0.5
+    assert v1["prefix_cache_hit_rate"] == 0.4 and "num_prefix_cache_query_blocks" not in v1

@@ -38,6 +38,7 @@ from kvsim.results.metrics import (
     means_together,
     optional_column_summaries,
     percentiles,
+    prefix_cache_hit_rate,
 )
 from kvsim.results.output_dir import check_output_dir, output_directory
 from kvsim.results.records import concat_request_columns
@@ -287,8 +288,9 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
                  if len(r.request_columns["arrival_s"])), default=0.0)
     duration = max(end_s - float(requests_df["arrival_s"].min()), 0.0) if len(requests_df) else 0.0
     output_tokens = int((finished["output_tokens"] * finished["num_samples"]).sum())
-    queries = sum(r.summary["num_prefix_cache_query_tokens"] for r in runs)
-    hits = sum(r.summary["num_prefix_cache_hit_tokens"] for r in runs)
+    queries, hits, query_blocks, hit_blocks = (  # block counts: v0 replicas' only (`prefix_cache_hit_rate`)
+        sum(r.summary.get(f"num_prefix_cache_{kind}", 0) for r in runs)
+        for kind in ("query_tokens", "hit_tokens", "query_blocks", "hit_blocks"))
     per_replica = [{
         "replica": i, "name": r.summary["scenario"], "gpu": r.summary["gpu"], "model": r.summary["model"],
         "tensor_parallel_size": r.scenario.engine.tensor_parallel_size, "num_requests": r.summary["num_requests"],
@@ -324,7 +326,7 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "mean_running": together["mean_running"],
         "num_preemptions": sum(r.summary["num_preemptions"] for r in runs),
         "kv_cache_usage_mean": together["kv_cache_usage_mean"],
-        "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+        **prefix_cache_hit_rate(queries, hits, query_blocks, hit_blocks),
         "num_prefix_cache_query_tokens": queries, "num_prefix_cache_hit_tokens": hits,
         "requests_per_replica": {"min": min(counts), "max": max(counts), "mean": float(np.mean(counts))},
         "route_reasons": {str(k): int(v) for k, v in sorted(Counter(routes_df["reason"]).items())},

@@ -207,12 +207,17 @@ class HashChainCache:
 class PrefixCacheStats:
     """vLLM's prefix-cache counters, in tokens (`PrefixCacheStats.record`, vllm/v1/metrics/stats.py):
     queries and hits of first admissions; re-admissions after a recompute preemption, which re-hit
-    their own blocks, are counted apart. kvsim records a request once, when it is admitted."""
+    their own blocks, are counted apart. kvsim records a request once, when it is admitted.
+
+    vLLM v0 counts blocks instead (`record_blocks`), the hit rate it logs: `num_query_blocks`,
+    `num_hit_blocks`, every admission's, re-admissions included."""
 
     num_query_tokens: int = 0
     num_hit_tokens: int = 0
     num_preempted_query_tokens: int = 0
     num_preempted_hit_tokens: int = 0
+    num_query_blocks: int = 0
+    num_hit_blocks: int = 0
 
     def record(self, num_tokens: int, num_hit_tokens: int, preempted: bool) -> None:
         if preempted:
@@ -221,3 +226,10 @@ class PrefixCacheStats:
         else:
             self.num_query_tokens += num_tokens
             self.num_hit_tokens += num_hit_tokens
+
+    def record_blocks(self, num_full_blocks: int, num_hit_blocks: int) -> None:
+        """vLLM v0's `CacheMetricData` (vllm/core/block/prefix_caching_block.py): an allocation queries each
+        full block of the tokens it allocates (`allocate_immutable_block`, one `query` each) and hits those the
+        cache holds, computed yet or not; `get_prefix_cache_hit_rate` is hits / queries over the run."""
+        self.num_query_blocks += num_full_blocks
+        self.num_hit_blocks += num_hit_blocks

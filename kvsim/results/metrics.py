@@ -308,8 +308,9 @@ def saturated_summary(steps: StepTotals | pd.DataFrame, run_duration_s: float) -
 class EngineCounters:
     """An engine's run-long counters, as its scheduler (`Scheduler.counters()`) reports them at the end.
 
-    Prefix-cache tokens as vLLM counts them: queries and hits of first admissions, and apart from them
-    those of re-admissions after a preemption.
+    Prefix-cache tokens as vLLM v1 counts them: queries and hits of first admissions, and apart from them
+    those of re-admissions after a preemption; under the v0 scheduler also full blocks queried and hit at
+    every admission, as vLLM v0 counts them (`PrefixCacheStats.record_blocks`; 0 under v1).
     """
 
     num_preemptions: int = 0
@@ -320,6 +321,8 @@ class EngineCounters:
     num_swapped_out_bytes: int = 0
     num_copy_on_writes: int = 0
     num_recomputed_tokens: int = 0  # tokens computed again after a preemption by recompute dropped their KV
+    num_prefix_query_blocks: int = 0
+    num_prefix_hit_blocks: int = 0
     spec_decode: SpecDecodeCounters | None = None  # with speculative decoding only
 
 
@@ -353,6 +356,16 @@ def combined_counters(engines: Sequence[EngineCounters]) -> EngineCounters:
     spec = [engine.spec_decode for engine in engines if engine.spec_decode is not None]
     return EngineCounters(**summed(EngineCounters, engines),
                           spec_decode=SpecDecodeCounters(**summed(SpecDecodeCounters, spec)) if spec else None)
+
+
+def prefix_cache_hit_rate(query_tokens: int, hit_tokens: int, query_blocks: int, hit_blocks: int) -> dict[str, Any]:
+    """`prefix_cache_hit_rate` as vLLM reports it: v1's hit tokens / queried tokens of first admissions, or,
+    where blocks were queried (the v0 scheduler), v0's hit blocks / queried blocks of every admission, with
+    those block counts (`num_prefix_cache_query_blocks`, `num_prefix_cache_hit_blocks`)."""
+    if query_blocks:
+        return {"prefix_cache_hit_rate": hit_blocks / query_blocks, "num_prefix_cache_query_blocks": query_blocks,
+                "num_prefix_cache_hit_blocks": hit_blocks}
+    return {"prefix_cache_hit_rate": hit_tokens / query_tokens if query_tokens else 0.0}
 
 
 def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, scheduler: EngineCounters,
@@ -402,8 +415,8 @@ def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, sch
         "mean_running": _ratio(totals.running_dt, totals.dt) or 0.0,
         "num_preemptions": scheduler.num_preemptions,
         "kv_cache_usage_perc": {"mean": _ratio(totals.usage_dt, totals.dt) or 0.0, "max": totals.max_usage},
-        "prefix_cache_hit_rate": (scheduler.num_prefix_hit_tokens / scheduler.num_prefix_query_tokens
-                                  if scheduler.num_prefix_query_tokens else 0.0),
+        **prefix_cache_hit_rate(scheduler.num_prefix_query_tokens, scheduler.num_prefix_hit_tokens,
+                                scheduler.num_prefix_query_blocks, scheduler.num_prefix_hit_blocks),
         "num_prefix_cache_query_tokens": scheduler.num_prefix_query_tokens,
         "num_prefix_cache_hit_tokens": scheduler.num_prefix_hit_tokens,
         "num_prefix_cache_preempted_query_tokens": scheduler.num_preempted_query_tokens,

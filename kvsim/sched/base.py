@@ -129,7 +129,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         return EngineCounters(self.num_preemptions, stats.num_query_tokens, stats.num_hit_tokens,
                               stats.num_preempted_query_tokens, stats.num_preempted_hit_tokens,
                               self.num_swapped_out_bytes, self.alloc.num_copy_on_writes, self.num_recomputed_tokens,
-                              spec_counters)
+                              stats.num_query_blocks, stats.num_hit_blocks, spec_counters)
 
     def snapshot(self) -> SchedulerSnapshot:
         """The queues and the KV pool now (a step row's state)."""

@@ -19,6 +19,7 @@ Per step, in this order:
 
 from __future__ import annotations
 
+from kvsim.kv import PagedAllocator, PrefixHit
 from kvsim.latency.step_plan import StepPlan
 from kvsim.sched.base import Scheduler
 from kvsim.workload.request import Request, RequestStatus
@@ -28,6 +29,17 @@ class V0Scheduler(Scheduler):
     name = "v0"
     watermark_refuses = True
     admits_all_prompt_blocks = True
+
+    def admit(self, req: Request, num_new: int, hit: PrefixHit, plan: StepPlan, now: float) -> None:
+        """`Scheduler.admit`, and with prefix caching vLLM v0's block counts too (`PrefixCacheStats.record_blocks`):
+        v0 allocates every token an admission computes or hits (the prompt, after a recompute the output so
+        far too: `req.num_tokens`), each full block a query, each cached one (`hit`'s, computed yet or not) a
+        hit. v0 loads no KV from elsewhere (kv_offload and disaggregation need v1), and caches only in paged
+        pools."""
+        super().admit(req, num_new, hit, plan, now)
+        if self.alloc.enable_caching:
+            assert isinstance(self.alloc, PagedAllocator)
+            self.prefix_stats.record_blocks(req.num_tokens // self.alloc.block_size, len(hit.block_ids))
 
     def use_swap(self, req: Request) -> bool:
         mode = self.limits.preemption_mode
