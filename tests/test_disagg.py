@@ -168,3 +168,15 @@ def test_a_hybrid_model_is_refused_in_one_line_naming_the_flag_that_runs_it():
     req = simulate_disagg(scenario(extra=hybrid_off), check=True).requests.iloc[0]
     transfer_s = LINK_LATENCY_S + 7 * 16 * 2 * 24 * 8 * 64 * 2 / BANDWIDTH
     assert req["status"] == "finished" and req["ttft_s"] == pytest.approx(STEP_S + transfer_s + STEP_S, rel=1e-12)
+
+
+def test_parallel_sampling_is_refused_in_one_line_saying_why():
+    """vLLM's P/D hands the decode instance one request's kv_transfer_params, while the prefill instance fans
+    n > 1 out into n requests: kvsim refuses n > 1 and says so, as it said only "single-sequence requests"."""
+    workload = {"num_requests": 1, "n": 2, "arrival": {"process": "constant", "rate": 1.0},
+                "prompt_len": {"dist": "fixed", "value": 100}, "output_len": {"dist": "fixed", "value": 5}}
+    with pytest.raises(KvsimError) as refused:
+        simulate_disagg(scenario(extra={"workload": workload}))
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("workload.n=2: vLLM's prefill/decode disaggregation")
+    assert "kv_transfer_params" in message

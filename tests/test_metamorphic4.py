@@ -112,14 +112,20 @@ def test_forked_samples_own_their_outputs_whatever_the_content(tmp_path, workloa
     assert json.dumps(ids.summary) == json.dumps(plain.summary)
 
 
+SPECULATING = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": 0.6},
+               "num_gpu_blocks_override": 80}  # drafts' slots held: fewer blocks to preempt
+
+
 @pytest.mark.parametrize("engine", [{}, {"async_scheduling": False}, {"prefix_cache": "radix"},
-                                    {"scheduling_policy": "priority"}, {"max_num_batched_tokens": 128, "max_num_seqs": 64}],
-                         ids=["v1", "v1-sync", "radix", "priority", "chunked"])
+                                    {"scheduling_policy": "priority"}, {"max_num_batched_tokens": 128, "max_num_seqs": 64},
+                                    SPECULATING],
+                         ids=["v1", "v1-sync", "radix", "priority", "chunked", "speculative"])
 def test_parallel_sampling_is_each_row_sent_twice(tmp_path, engine):
     """vLLM v1 fans `n = 2` out into two child requests with the parent's prompt, arrival and priority, added
     in index order (`kvsim.sched.fanout`): the steps are those of a trace giving every row twice, with the
     same prompt ids and replies of their own; the parent's row starts with its first child's first token
-    and ends with its last child's end."""
+    and ends with its last child's end. Each child speculates as any request does (vLLM v1's drafts are per
+    request, `is_spec_decode_unsupported` names no `n`): kvsim refused n > 1 with speculative decoding."""
     rows = own_ids(random_rows(np.random.default_rng(3), 30, 3.0, max_prompt=600, max_output=100))
     raw = traced(write_trace(tmp_path / "n2.jsonl", rows), {**TIGHT, "num_gpu_blocks_override": 120, **engine})
     raw["workload"]["n"] = 2
@@ -136,6 +142,7 @@ def test_parallel_sampling_is_each_row_sent_twice(tmp_path, engine):
         np.testing.assert_array_equal(fanned.requests[column], children[column].agg(of_children))
     for key in ("num_preemptions", "num_prefix_cache_query_tokens", "num_prefix_cache_hit_tokens", "duration_s"):
         assert fanned.summary[key] == alone.summary[key]
+    assert fanned.summary.get("spec_decode") == alone.summary.get("spec_decode")
 
 
 @pytest.mark.parametrize(("engine", "turns"), [({}, 1), ({"prefix_cache": "radix"}, 1), ({"block_size": 32}, 1),

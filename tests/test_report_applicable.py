@@ -63,9 +63,9 @@ def _study(*overrides: str) -> studies.Study:
 
 def test_the_sections_check_the_variant_they_would_run_not_a_rule_of_their_own():
     """The refusal is whatever the scenario validation or the engine builder says for the section's first
-    variant: sampling n > 1 (scenario level), a sliding-window model (the builder), a tier beside drafts."""
-    n2 = speculation_study.speculation(_study("workload.n=2"))
-    assert n2.skipped is not None and "speculates for single sequences" in n2.skipped and not n2.tables
+    variant: beam search (scenario level), a sliding-window model (the builder), a tier beside drafts."""
+    beams = speculation_study.speculation(_study("workload.beam_width=2"))
+    assert beams.skipped is not None and "speculates for single sequences" in beams.skipped and not beams.tables
     hybrid = speculation_study.speculation(_study("model=gemma-3-27b", "gpu=h100-80gb", "engine.max_model_len=4096"))
     assert hybrid.skipped is not None and "needs the paged allocator over full attention" in hybrid.skipped
     drafts = "engine.speculative_config={method: eagle3, num_speculative_tokens: 3, acceptance_length: 2.0}"

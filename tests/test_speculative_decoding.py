@@ -145,7 +145,7 @@ def test_speculation_end_to_end_is_deterministic_and_reports_vllm_spec_metrics()
 def test_bad_speculation_setups_are_one_line():
     config = {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": 0.5}
     with pytest.raises(KvsimError, match="speculates for single sequences"):
-        kvsim.simulate(None, workload__n=2, engine__speculative_config=config)
+        kvsim.simulate(None, workload__beam_width=2, engine__speculative_config=config)
     with pytest.raises(KvsimError, match="needs the paged allocator"):
         kvsim.simulate(None, engine__allocator="slab-max", engine__speculative_config=config)
 

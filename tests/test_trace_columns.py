@@ -127,3 +127,14 @@ def test_cli_refuses_a_text_priority_in_one_line_and_writes_nothing(tmp_path):
     assert result.exit_code == 2, result.output
     assert "priority column prio='urgent' is not an integer" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_sampling_with_a_traced_acceptance_column_is_refused_in_one_line(tmp_path):
+    """The column gives one reply's verify steps; n = 2 samples two replies, whose drafts are accepted apart."""
+    path = mooncake(tmp_path / "m.jsonl", [(0, 16, 10, {"accepted": [4, 1, 3]})])
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "synthetic_acceptance_length": 1}
+    with pytest.raises(KvsimError, match=r"^workload.n=2 with workload.trace.acceptance_column='accepted': ") as err:
+        make_scenario({"engine": {"speculative_config": spec},
+                       "workload": {"n": 2, "arrival": {"process": "trace"},
+                                    "trace": {"format": "mooncake", "path": path, "acceptance_column": "accepted"}}})
+    assert "\n" not in str(err.value)

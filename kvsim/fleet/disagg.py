@@ -21,8 +21,9 @@ blocks + transfer + D queue + D's first step. That is the `ttft_s` of the reques
 prefill instance's own TTFT is in its replica's summary. `queue_s` is the wait before the prefill.
 
 Simplifications, stated: a request D can never hold is rejected when its prefill ends (its prefill
-was spent); a transfer into D is limited by D's ingress link only (not P's egress); n > 1 samples and
-beam search are refused; D's preempted requests recompute locally, as vLLM's do.
+was spent); a transfer into D is limited by D's ingress link only (not P's egress); n > 1 samples are
+refused, as vLLM's connectors hand one request's blocks over (`check_disaggregable`), and so is beam
+search; D's preempted requests recompute locally, as vLLM's do.
 """
 
 from __future__ import annotations
@@ -101,10 +102,15 @@ def check_disaggregable(scenario: Scenario, specs: list[Scenario]) -> None:
             raise KvsimError(f"replicas ({spec.name}, {role}): engine.async_scheduling=true: a disaggregated "
                              "instance is modelled stepping synchronously (no async scheduling beside a KV "
                              "connector); leave it unset or false")
-    if scenario.workload.n != 1 or scenario.workload.beam_width is not None:
-        field = "n" if scenario.workload.n != 1 else "beam_width"
-        raise KvsimError(f"workload.{field}={getattr(scenario.workload, field)}: a disaggregated fleet models "
-                         "single-sequence requests only")
+    if scenario.workload.n != 1:
+        raise KvsimError(f"workload.n={scenario.workload.n}: vLLM's prefill/decode disaggregation serves one sample "
+                         "a request (the prefill instance fans n > 1 out into n requests, but the kv_transfer_params "
+                         "it returns name one request's blocks, so the decode instance can pull only those: "
+                         "vllm-project/vllm pull request 38900); send n requests of n=1 instead")
+    if scenario.workload.beam_width is not None:
+        raise KvsimError(f"workload.beam_width={scenario.workload.beam_width}: a disaggregated fleet models "
+                         "single-sequence requests only (vLLM v1 runs beam search as requests of its own, "
+                         "outside the engine)")
 
 
 def _synchronous(spec: Scenario) -> Scenario:

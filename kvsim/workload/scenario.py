@@ -300,13 +300,17 @@ class Scenario(Settings):
 
     @model_validator(mode="after")
     def _speculation_single_sequence(self) -> Scenario:
-        if self.engine.speculative_config is not None and (self.workload.n > 1 or self.workload.beam_width):
-            raise ValueError("engine.speculative_config speculates for single sequences: give workload.n=1 "
-                             f"and no beam_width (got n={self.workload.n}, beam_width={self.workload.beam_width})")
+        if self.engine.speculative_config is not None and self.workload.beam_width:
+            raise ValueError("engine.speculative_config speculates for single sequences: give no beam_width "
+                             f"(got beam_width={self.workload.beam_width})")
         trace = self.workload.trace
         if trace is not None and trace.acceptance_column is not None and self.engine.speculative_config is None:
             raise ValueError(f"workload.trace.acceptance_column={trace.acceptance_column!r} needs "
                              "engine.speculative_config (the drafts whose acceptance it gives)")
+        if trace is not None and trace.acceptance_column is not None and self.workload.n > 1:
+            raise ValueError(f"workload.n={self.workload.n} with workload.trace.acceptance_column="
+                             f"{trace.acceptance_column!r}: the column gives the verify steps of one reply, not of "
+                             "each sample's; give n=1, or drop the column to draw acceptance per sample")
         return self
 
     @model_validator(mode="after")
