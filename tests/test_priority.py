@@ -149,3 +149,20 @@ def test_a_fleet_whose_replicas_saw_different_priorities_merges_them(seed):
         assert set(fleet.summary["by_priority"]) == {str(p) for p in drawn}
     else:  # every request priority 0: the table and summary a run without priorities writes
         assert "priority" not in requests and "by_priority" not in fleet.summary
+
+
+def test_ties_go_by_arrival_not_by_id_when_the_two_disagree():
+    """vLLM's `Request.__lt__`: priority, then arrival_time, and the id only between equal arrivals. Ids
+    5, 3, 4, 1 arrive at 2.0, 1.0, 1.0 and 0.5 with priorities 0, 0, 0, 1: the queue pops 3 and 4 (arrival
+    1.0; ids decide only between these two), then 5 (arrival 2.0, a larger id than both), then 1 (priority 1,
+    though the earliest arrival and the smallest id). Among running 5, 3, 4 of priority 0 the victim is the
+    latest arrival, 5, not the largest id."""
+    queue = make_request_queue("priority")
+    requests = {rid: _with(make_request(rid, arrival, 8, 4), priority)
+                for rid, arrival, priority in [(5, 2.0, 0), (3, 1.0, 0), (4, 1.0, 0), (1, 0.5, 1)]}
+    for req in requests.values():
+        queue.add(req)
+    assert [req.request_id for req in queue] == [3, 4, 5, 1]
+    assert [queue.pop().request_id for _ in range(4)] == [3, 4, 5, 1]
+    running = [requests[5], requests[3], requests[4]]
+    assert running[queue.victim_index(running)].request_id == 5

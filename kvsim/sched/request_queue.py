@@ -4,7 +4,17 @@ As vLLM v1's `vllm/v1/core/sched/request_queue.py` (`--scheduling-policy fcfs | 
 
     fcfs      arrival order; a preempted request goes back to the front (`prepend`)
     priority  smallest (priority, arrival_s, request_id) first, a heap as vLLM's (its
-              `Request.__lt__`); `prepend` is `add`: a heap has no front
+              `Request.__lt__`: priority, arrival_time, then the request id string); `prepend` is
+              `add`: a heap has no front
+
+The third key only decides requests that arrive at the same instant. vLLM stamps `arrival_time` with
+`time.time()` as its frontend takes each request in (vllm/v1/engine/processor.py, `process_inputs`),
+so distinct client requests tie only if stamped alike, and then the order is that of its ids, random
+strings behind the OpenAI server (`cmpl-<uuid>`); the ties it reaches by design are n > 1 children, who
+share their parent's arrival and are ordered by their `f"{index}_{parent}"` ids, which kvsim's child ids
+keep (`kvsim.sched.fanout.child_request_id`). kvsim's other ties (trace rows of one timestamp, a closed
+loop's first sends) are sends of one instant, and the lower id is the earlier send, the order the frontend
+would take them in and stamp them; a random order, as uuid ids give, is not drawn.
 
 The policy that orders the queue also picks whom to preempt when a running request cannot
 get its KV (`victim_index`, vLLM's `Scheduler.schedule`):
