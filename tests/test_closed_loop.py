@@ -146,3 +146,18 @@ def test_scenario_cap_refusals(tmp_path):
                             "h100-80gb", "--workers", "1", "-o", out])
     assert line.startswith("workload.max_concurrency=8: plan sizes a fleet for open-loop traffic")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_fleets_offered_rate_is_its_arrival_processes_not_its_send_rate():
+    """N = 1, five requests due every 25 ms (constant 40 req/s), each 50 ms (prefill and 4 decode steps of
+    10 ms): sent at 0, 50, 100, 150, 200 ms, each once the last ends. The client offered 4 / 0.1 s = 40 req/s
+    (vllm bench serve's request rate); it sent at 4 / 0.2 s = 20 req/s, which the engine's completions set.
+    `offered_rate_per_s` reported the send rate."""
+    workload = {"num_requests": 5, "arrival": {"process": "constant", "rate": 40.0}, "max_concurrency": 1,
+                "prompt_len": {"dist": "fixed", "value": 100}, "output_len": {"dist": "fixed", "value": 5}}
+    raw = _scenario(workload, replicas=2, engine={"scheduler": "v1", "async_scheduling": False},
+                    latency={"model": "constant", "step_s": STEP_S})
+    result = simulate_fleet(make_scenario(raw))
+    sends = result.requests.sort_values("request_id").arrival_s.to_numpy()
+    assert sends - sends[0] == pytest.approx([0.0, 0.05, 0.10, 0.15, 0.20], abs=1e-12)
+    assert result.summary["offered_rate_per_s"] == pytest.approx(40.0, rel=1e-9)

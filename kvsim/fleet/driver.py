@@ -301,8 +301,12 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "tpot_p90_s": r.summary["tpot_s"]["p90"], "e2e_p90_s": r.summary["e2e_s"]["p90"],
     } for i, r in zip(range(len(runs)) if replica_ids is None else replica_ids, runs, strict=True)]
     counts = [row["num_requests"] for row in per_replica]
-    arrivals = requests_df["arrival_s"]
-    span_s = float(arrivals.max() - arrivals.min()) if len(arrivals) > 1 else 0.0
+    # The rate the client offered: of the instants its arrival process made requests due. A closed-loop client
+    # sends each `client_queue_s` after that, once a slot frees (vllm bench serve's request-rate timer runs apart
+    # from its concurrency semaphore); the send rate is then the engine's completion rate (~ requests_per_s).
+    due = requests_df["arrival_s"] - requests_df["client_queue_s"] if "client_queue_s" in requests_df \
+        else requests_df["arrival_s"]
+    span_s = float(due.max() - due.min()) if len(due) > 1 else 0.0
     offload = [(r.summary["kv_offload"], r.summary["duration_s"]) for r in runs if "kv_offload" in r.summary]
     extra = {"kv_offload": combine_summaries(*zip(*offload, strict=True))} if offload else {}
     pools = [(r.totals, r.summary["num_gpu_blocks"]) for r in runs if r.totals is not None]  # each replica's
@@ -319,8 +323,7 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
         "duration_s": duration,
         "output_tokens_per_s": output_tokens / duration if duration else 0.0,
         "requests_per_s": len(finished) / duration if duration else 0.0,
-        # from the sends: behind a closed-loop client or with after_reply turns, the rate the client sent at
-        "offered_rate_per_s": (len(arrivals) - 1) / span_s if span_s else 0.0,
+        "offered_rate_per_s": (len(due) - 1) / span_s if span_s else 0.0,
         **{key: percentiles(requests_df[key].to_numpy(dtype=float)) for key in ("ttft_s", "tpot_s", "e2e_s",
                                                                                 "queue_s")},
         "mean_running": together["mean_running"],
