@@ -359,3 +359,27 @@ def test_engine_arguments_are_checked_by_name(tmp_path):
 
 def _patch_json(path: Path, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_bench_json_counts_failures_and_empty_replies_apart(tmp_path):
+    """A failed request (an error) and a success with no output token are both left out of both sides, and
+    said apart: the notes said "2 failed requests left out" of a file where one had failed."""
+    run = load_measured(bench_json(tmp_path / "bench.json", output_lens=[5, 0, 0], itls=[[0.01] * 4, [], []]))
+    assert len(run.requests) == 1 and len(run.records) == 1
+    assert any(n.startswith("1 failed requests (errors) left out of both sides") for n in run.notes)
+    assert any(n.startswith("1 successful requests with no output tokens left out") for n in run.notes)
+
+
+def test_measured_statistics_leave_out_the_requests_kvsim_rejected(tmp_path):
+    """Three successes; the third's 3,000-token prompt exceeds the replay's max_model_len of 1,024, so kvsim
+    rejects it. Its measured TTFT (0.5 s) was in the measured mean, (0.01 + 0.02 + 0.5) / 3 = 0.1767 s, against
+    kvsim's mean over the other two: the measured mean is now theirs, (0.01 + 0.02) / 2 = 0.015 s."""
+    path = bench_json(tmp_path / "bench.json", input_lens=[16, 32, 3000], output_lens=[5, 3, 4],
+                      ttfts=[0.01, 0.02, 0.5], itls=[[0.01] * 4, [0.02, 0.02], [0.01] * 3],
+                      latencies=[0.05, 0.06, 0.53], errors=["", "", ""])
+    v = validate(load_measured(path), model="llama-3.1-8b", gpu="h100-80gb",
+                 overrides=[*CONSTANT, "engine.max_model_len=1024"])
+    assert v.result.summary["num_rejected"] == 1
+    assert v.row("TTFT mean (s)")["measured"] == pytest.approx(0.015)
+    assert v.row("E2E mean (s)")["measured"] == pytest.approx(0.055)
+    assert any("the measured statistics leave the same requests out" in n for n in v.notes)

@@ -25,7 +25,10 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
 
     Arrivals are the requests' `start_times` (client send instants); a file without them gets
     arrivals at the recorded `request_rate` (Poisson, or gamma with the file's `burstiness`),
-    seeded, and says so in the notes. Failed requests (non-empty `errors`) are left out.
+    seeded, and says so in the notes. Failed requests (non-empty `errors`) are left out of the measured
+    requests and of the replay, as vLLM's own means leave them out (`calculate_metrics` counts successes);
+    their load on the server, if they reached it, is not replayed. So are successes with no output token
+    (kvsim simulates at least one), which vLLM's means count. The notes give both counts.
     With `max_concurrency` (`--max-concurrency`: a closed-loop client) the replay keeps that cap
     (`workload.max_concurrency`) and its requests arrive when the client had them: each send less its
     wait for a slot (`queue_times`), or, where those are not recorded, all at once at an infinite
@@ -59,8 +62,13 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
     if not ok:
         raise KvsimError(f"{path}: no successful request to compare")
     notes = []
-    if n - len(ok):
-        notes.append(f"{n - len(ok)} failed requests left out")
+    num_failed = sum(1 for e in errors if e)
+    if num_failed:
+        notes.append(f"{num_failed} failed requests (errors) left out of both sides: not replayed, not measured "
+                     "(vLLM's means leave them out too); any load they put on the server is missing from the replay")
+    if n - num_failed - len(ok):
+        notes.append(f"{n - num_failed - len(ok)} successful requests with no output tokens left out of both sides "
+                     "(kvsim simulates at least one token; vLLM's printed means count them)")
     prompt = _whole(_values(lists["input_lens"], ok, "input_lens", path), ok, "input_lens", path, minimum=1)
     output = output_all[ok].astype(int)
     ttft = _values(lists["ttfts"], ok, "ttfts", path)

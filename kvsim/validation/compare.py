@@ -210,18 +210,30 @@ def _error_pct(value: float | None, reference: float | None) -> float | None:
     return (value - reference) / reference * 100.0
 
 
+def served_requests(run: MeasuredRun, result: RunResult) -> pd.DataFrame:
+    """The measured requests whose replay kvsim did not reject (a request the real engine served that kvsim's
+    pool or `max_model_len` can never hold): kvsim's statistics leave its rejected requests out, and so must
+    the measured ones. The replay's request i is `run.records[i]`, the measured row i: both are the run's
+    requests in arrival order (`MeasuredRun`)."""
+    status = result.requests.sort_values("request_id")["status"].to_numpy()
+    assert len(status) == len(run.requests), "one replayed request per measured one"
+    return run.requests[status != "rejected"].reset_index(drop=True)
+
+
 def compare(run: MeasuredRun, result: RunResult, phases: dict[str, float | None] | None = None) -> list[dict[str, Any]]:
     """One row per metric: measured, kvsim, error %, and LLMServingSim with its error % if present;
     TTFT's queue and prefill parts where the run records when each request was scheduled (`ttft_split`);
-    with the measured `phases` (`measured_phase_rates`), prefill and decode speed rows as well."""
-    measured = request_stats(run.requests)
+    with the measured `phases` (`measured_phase_rates`), prefill and decode speed rows as well. The measured
+    requests are those kvsim served (`served`), so both columns describe the same requests."""
+    served = served_requests(run, result)
+    measured = request_stats(served)
     simulated = request_stats(result.requests)
     peer = request_stats(run.peer) if run.peer is not None else {}
     gauges = series_stats(run, result.steps)
     measured.update(gauges["measured"])
     simulated.update(gauges["kvsim"])
     peer.update(gauges["llmservingsim"])
-    split = ttft_split(run.requests)
+    split = ttft_split(served)
     if split:
         measured.update(split)
         simulated.update(ttft_split(result.requests))
@@ -278,7 +290,8 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
                                                                  "gpu" in recorded else ""))
     rejected = result.summary.get("num_rejected", 0)
     if rejected:
-        notes.append(f"kvsim rejected {rejected} of the replayed requests ({result.summary['reject_reasons']})")
+        notes.append(f"kvsim rejected {rejected} of the replayed requests ({result.summary['reject_reasons']}); "
+                     "the measured statistics leave the same requests out")
     if run.peer is None:
         notes.append("no LLMServingSim prediction (outputs/sim.csv) beside this run")
     if scenario.gpu_link is not None and scenario.engine.tensor_parallel_size > 1:
