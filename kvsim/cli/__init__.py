@@ -492,7 +492,7 @@ def validate(
         console = Console()
         console.print(rows_to_rich(v.table_rows(result), title=v.headline(result)))
         for note in result.notes:
-            console.print(f"note: {note}")
+            console.print(f"note: {note}", markup=False, emoji=False)  # it may quote a name or a path
     typer.echo(f"validation written to {out_dir}/ (validation.md, validation.json, figures, sim/)", err=True)
 
 def main() -> None:

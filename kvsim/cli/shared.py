@@ -381,9 +381,13 @@ class ValidateFormat(StrEnum):
 
 
 def capacity_headline(plan) -> str:  # plan: kvsim.model.capacity.CapacityPlan
+    """`capacity`'s first lines, rich markup: the model and GPU in bold, each escaped (a name, or a file's, holding
+    `[red]` is shown as it is written)."""
+    from rich.markup import escape
+
     gib = 2**30
     return (
-        f"[bold]{plan.model}[/] on [bold]{plan.gpu}[/]  kv_cache_dtype={plan.kv_cache_dtype}  "
+        f"[bold]{escape(plan.model)}[/] on [bold]{escape(plan.gpu)}[/]  kv_cache_dtype={plan.kv_cache_dtype}  "
         f"block_size={plan.block_size}  max_model_len={plan.max_model_len:,}\n"
         f"KV: {plan.bytes_per_token:,} B/token, {plan.bytes_per_block:,} B/block, "
         f"{plan.num_kv_groups} KV group(s) of {plan.layers_per_kv_group} layers\n"

@@ -44,29 +44,34 @@ def rows_to_markdown(rows: Sequence[dict[str, Any]]) -> str:
 def rows_to_rich(rows: Sequence[dict[str, Any]], title: str = "", width: int | None = None):
     """A rich renderable of `rows` for a terminal `width` columns wide [the terminal's]: one table when every
     column fits its longest word, else one small field/value table per row, so that no header or value is
-    ever broken mid-word (a planner reads `lower_bound_replicas`, not `lower_` / `bound_`). rich is imported
+    ever broken mid-word (a planner reads `lower_bound_replicas`, not `lower_` / `bound_`). Every header, value
+    and the title print as the text they are, whatever console prints them: a scenario, GPU or file name holding
+    `[bold]` was rich markup there, and one holding `[/]` stopped the command with a MarkupError. rich is imported
     here so that `import kvsim` stays light."""
     from rich.console import Console, Group
     from rich.table import Table
+    from rich.text import Text
 
     cols = list(rows[0]) if rows else []
     width = width or Console().width
     cells = {c: [c, *(_cell(r[c]) for r in rows)] for c in cols}
     longest_words = [max(len(word) for text in cells[c] for word in (text.split() or [""])) for c in cols]
     if not cols or sum(longest_words) + 3 * len(cols) + 1 <= width:
-        table = Table(title=title or None)
+        table = Table(title=Text(title) if title else None)
         for c in cols:  # "fold": a narrow terminal wraps headers and values instead of cutting them short
-            table.add_column(c, justify="right" if isinstance(rows[0][c], (int, float)) else "left", overflow="fold")
+            table.add_column(Text(c), justify="right" if isinstance(rows[0][c], (int, float)) else "left",
+                             overflow="fold")
         for r in rows:
-            table.add_row(*(_cell(r[c]) for c in cols))
+            table.add_row(*(Text(_cell(r[c])) for c in cols))
         return table
     records = []
     for i, r in enumerate(rows, start=1):
-        record = Table(title=f"{title} ({i} of {len(rows)})" if title else f"{i} of {len(rows)}", show_header=False)
+        record = Table(title=Text(f"{title} ({i} of {len(rows)})" if title else f"{i} of {len(rows)}"),
+                       show_header=False)
         record.add_column("field", no_wrap=True)
         record.add_column("value", overflow="fold")
         for c in cols:
-            record.add_row(c, _cell(r[c]))
+            record.add_row(Text(c), Text(_cell(r[c])))
         records.append(record)
     return Group(*records)
 

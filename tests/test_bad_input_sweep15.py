@@ -1,0 +1,51 @@
+"""Bad input found by the fifteenth sweep: inputs kvsim took without a word although it ignored them or they
+contradicted another. Each is refused (exit 2, one line naming the field and the value, nothing written) or, where
+vLLM itself accepts it, warned of in one line while the run goes on unchanged."""
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+
+RUN = ["run", "--set", "workload.num_requests=3", "--set", "steps=none"]
+MARKUP = "x[/]y [bold]z[/bold]"  # as markup: a MarkupError ([/] closes nothing), and z in bold without its tags
+
+
+def _files(folder):
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*"))
+
+
+def _plain(renderable, width=200):
+    from rich.console import Console
+
+    console = Console(width=width, record=True, color_system=None)  # markup on: as capacity's, plan's consoles
+    console.print(renderable)
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [200, 40])  # one table, or one small table per row
+def test_a_table_prints_names_and_its_title_as_written(width):
+    """`plan`'s title (the scenario's name), `validate`'s (the run's, model's and GPU's names) and the rows of
+    both and of `capacity` were rich markup: `[/]` in a name stopped the command with a MarkupError after its
+    simulations, `[bold]` vanished."""
+    from kvsim.results.render import rows_to_rich
+
+    text = _plain(rows_to_rich([{"candidate": MARKUP, "replicas": 2}], title=f"kvsim plan: {MARKUP}", width=width),
+                  width)
+    assert text.count("x[/]y") == 2 and text.count("[bold]z[/bold]") == 2, text
+
+
+def test_capacity_shows_a_gpu_name_as_written_and_keeps_its_bold_headline(tmp_path, monkeypatch):
+    """capacity's headline is markup on purpose (the model and GPU in bold): a GPU file's `name` is escaped in it."""
+    from pathlib import Path
+
+    import yaml
+
+    import kvsim
+
+    monkeypatch.chdir(tmp_path)
+    gpu = yaml.safe_load((Path(kvsim.__file__).parent / "model/presets/gpus.yaml").read_text())["h100-80gb"]
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump({**gpu, "name": MARKUP}))
+    result = CliRunner().invoke(app, ["capacity", "--gpu", "g.yaml"], prog_name="kvsim")
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.stdout.startswith(f"llama-3.1-8b on {MARKUP}  kv_cache_dtype=auto"), result.stdout
