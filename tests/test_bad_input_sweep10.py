@@ -45,7 +45,8 @@ def test_a_trace_scaled_past_the_largest_float_is_refused(tmp_path):
     out = tmp_path / "out"
     # the second row is 1 s after the first: 1 / 1e-310 s, past the largest float
     assert one_line_exit_2([*RUN, *_set("workload.num_requests=3", "workload.arrival={process: trace}",
-                                        f"workload.trace={{format: azure, path: {trace}, rate_scale: 1e-310}}"),
+                                        f"workload.trace={{format: azure, path: {trace}, rate_scale: 1e-310}}",
+                                        "workload.prompt_len=null", "workload.output_len=null"),
                             "-o", str(out)]).startswith("workload.trace.rate_scale=1e-310: request 1 of 3 would "
                                                         "arrive at inf s")
     assert not out.exists()

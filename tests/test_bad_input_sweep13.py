@@ -115,7 +115,8 @@ def test_a_path_set_on_the_built_in_scenario_is_read_from_the_working_folder(tmp
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.csv").write_text(AZURE_TWO_ROWS)
     argv = ["run", "--set", "steps=none", "--set", "workload.trace={format: azure, path: t.csv}",
-            "--set", "workload.arrival={process: trace}", "-o", "out", "--format", "json"]
+            "--set", "workload.arrival={process: trace}", "--set", "workload.prompt_len=null",
+            "--set", "workload.output_len=null", "-o", "out", "--format", "json"]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["num_requests"] == 2
@@ -159,7 +160,8 @@ def test_a_trace_timestamp_where_the_clock_keeps_no_microsecond_is_refused(tmp_p
         '{"timestamp": 1e13, "input_length": 10, "output_length": 5, "hash_ids": [2]}\n')
     out = tmp_path / "out"
     argv = [*RUN, "--set", f"workload.trace={{format: mooncake, path: {tmp_path / 't.jsonl'}}}",
-            "--set", "workload.arrival={process: trace}", "-o", str(out)]
+            "--set", "workload.arrival={process: trace}", "--set", "workload.prompt_len=null",
+            "--set", "workload.output_len=null", "-o", str(out)]
     assert one_line_exit_2(argv) == (
         "workload.trace.rate_scale=1: request 1 of 2 would arrive at 1e+10 s (past 4.29497e+09 s, about 136 years, "
         "where the clock keeps no microsecond); give a larger rate or fewer requests")

@@ -3,6 +3,7 @@ contradicted another. Each is refused (exit 2, one line naming the field and the
 vLLM itself accepts it, warned of in one line while the run goes on unchanged."""
 
 import pytest
+from conftest import one_line_exit_2
 from typer.testing import CliRunner
 
 from kvsim.cli import app
@@ -49,3 +50,30 @@ def test_capacity_shows_a_gpu_name_as_written_and_keeps_its_bold_headline(tmp_pa
     result = CliRunner().invoke(app, ["capacity", "--gpu", "g.yaml"], prog_name="kvsim")
     assert result.exit_code == 0, (result.output, result.exception)
     assert result.stdout.startswith(f"llama-3.1-8b on {MARKUP}  kv_cache_dtype=auto"), result.stdout
+
+
+TRACE = "workload.trace={format: lengths, path: 'builtin:bwb_lengths'}"
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ([],  # the built-in default draws both lengths
+     "workload: prompt_len={'dist': 'lognormal', 'mean': 1024.0, 'p99': 6000.0}: the trace (format=lengths) gives "
+     "each request's lengths, so prompt_len and output_len would be ignored; give prompt_len and output_len, or a "
+     "trace, not both (set prompt_len and output_len to null to keep the trace's)"),
+    (["--set", "workload.prompt_len=null"],
+     "workload: output_len={'dist': 'lognormal', 'mean': 256.0, 'p99': 1024.0}: the trace (format=lengths) gives "
+     "each request's lengths, so output_len would be ignored; give prompt_len and output_len, or a trace, not both "
+     "(set output_len to null to keep the trace's)"),
+])
+def test_a_length_distribution_beside_a_trace_is_refused(tmp_path, monkeypatch, flags, expected):
+    """Every trace format gives each request's prompt and output lengths: a `prompt_len` or `output_len` beside
+    one was never read (the run replayed the trace's lengths without a word)."""
+    monkeypatch.chdir(tmp_path)
+    assert one_line_exit_2([*RUN, "--set", TRACE, *flags, "-o", "out"]) == expected
+    assert _files(tmp_path) == []
+
+
+def test_a_trace_without_length_distributions_runs(tmp_path):
+    result = CliRunner().invoke(app, [*RUN, "--set", TRACE, "--set", "workload.prompt_len=null",
+                                      "--set", "workload.output_len=null", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, (result.output, result.exception)

@@ -123,6 +123,7 @@ def test_cli_refuses_a_text_priority_in_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", "--set", "workload.arrival={process: trace}",
                                       "--set", f"workload.trace={{format: mooncake, path: {path}, priority_column: prio}}",
+                                      "--set", "workload.prompt_len=null", "--set", "workload.output_len=null",
                                       "-o", str(out)])
     assert result.exit_code == 2, result.output
     assert "priority column prio='urgent' is not an integer" in result.stderr

@@ -164,6 +164,13 @@ class Workload(Settings):
             raise ValueError(f"give n={self.n} (parallel sampling) or beam_width={self.beam_width}, not both")
         if self.trace is None and (self.prompt_len is None or self.output_len is None):
             raise ValueError("give prompt_len and output_len, or a trace")
+        given = [name for name in ("prompt_len", "output_len") if getattr(self, name) is not None]
+        if self.trace is not None and given:  # every format gives each request's lengths: these were never read
+            dist = getattr(self, given[0]).model_dump(exclude_none=True)
+            raise ValueError(f"{given[0]}={shown(dist)}: the trace (format={self.trace.format}) gives each "
+                             f"request's lengths, so {' and '.join(given)} would be ignored; give prompt_len and "
+                             f"output_len, or a trace, not both (set {' and '.join(given)} to null to keep the "
+                             "trace's)")
         if self.priority is not None and self.trace is not None and self.trace.priority_column is not None:
             raise ValueError(f"give priority (a class mix) or trace.priority_column={self.trace.priority_column!r}, "
                              "not both")
