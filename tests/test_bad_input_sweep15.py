@@ -77,3 +77,25 @@ def test_a_trace_without_length_distributions_runs(tmp_path):
     result = CliRunner().invoke(app, [*RUN, "--set", TRACE, "--set", "workload.prompt_len=null",
                                       "--set", "workload.output_len=null", "-o", str(tmp_path / "out")])
     assert result.exit_code == 0, (result.output, result.exception)
+
+AZURE_TWO_ROWS = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,10,10\n2023-11-16 18:17:04.1,10,5\n"
+
+
+@pytest.mark.parametrize(("num_requests", "warned"), [(5, True), (2, False), (1, False)])
+def test_a_trace_with_fewer_rows_than_asked_runs_them_with_one_warning(tmp_path, monkeypatch, caplog, num_requests,
+                                                                        warned):
+    """`workload.num_requests: 5` over a trace of 2 rows ran 2 requests without a word (the summary had 2). vLLM's
+    benchmark takes a `--num-prompts` larger than its dataset too, so the run goes on, saying so once."""
+    import json
+    import logging
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text(AZURE_TWO_ROWS)
+    (tmp_path / "s.yaml").write_text(f"workload:\n  num_requests: {num_requests}\n  arrival: {{process: trace}}\n"
+                                     "  trace: {format: azure, path: t.csv}\nsteps: none\n")
+    with caplog.at_level(logging.WARNING):
+        result = CliRunner().invoke(app, ["run", "s.yaml", "-o", "out", "--format", "json"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert json.loads(result.stdout)["num_requests"] == min(num_requests, 2)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == (
+        ["workload.num_requests=5: t.csv holds 2 requests from start_s=0; the run has those 2"] if warned else [])

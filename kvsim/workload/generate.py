@@ -32,6 +32,7 @@ building the whole list and sorting it (`build_requests`).
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 from collections.abc import Iterator, Sequence
 
@@ -54,6 +55,7 @@ from kvsim.workload.traces import (
 )
 
 Z_99 = 2.3263478740408408  # standard normal 99th percentile
+log = logging.getLogger(__name__)
 
 
 def lognormal_sigma(mean: float, p99: float) -> float:
@@ -129,7 +131,9 @@ def _base_records(scenario: Scenario, rng: np.random.Generator) -> Sequence[Trac
     path = scenario.resolve_path(trace.path, "workload.trace.path")
     with reading(path, "workload.trace.path"):
         if trace.format == "servegen":
-            return read_servegen(path, rng, trace.start_s, trace.duration_s, trace.clients)[: w.num_requests]
+            drawn = read_servegen(path, rng, trace.start_s, trace.duration_s, trace.clients)[: w.num_requests]
+            return _fewer_than_asked(w.num_requests, drawn, f"the clients of {path} send",
+                                     f"in duration_s={trace.duration_s:g}")
         if trace.format in ROW_READERS:
             records = ROW_READERS[trace.format](path, TraceColumns(trace.priority_column, trace.acceptance_column))
         else:
@@ -148,7 +152,19 @@ def _base_records(scenario: Scenario, rng: np.random.Generator) -> Sequence[Trac
     kept = [r for r in records if (r.arrival_s or 0.0) >= trace.start_s][: w.num_requests]
     if not kept:
         raise KvsimError(f"workload.trace.start_s={trace.start_s}: no request of {path} arrives after it")
-    return kept
+    return _fewer_than_asked(w.num_requests, kept, f"{path} holds", f"from start_s={trace.start_s:g}")
+
+
+def _fewer_than_asked(num_requests: int, records: list[TraceRecord], source: str, window: str) -> list[TraceRecord]:
+    """`records`, the first `num_requests` of a trace's, after one warning when the trace had fewer ("`source`
+    N requests `window`"): the run (and its summary) has only those. A warning, not an error, as vLLM's benchmark
+    takes a `--num-prompts` larger than its dataset (it repeats random rows to reach it,
+    `maybe_oversample_requests`); kvsim repeats none, since a replay's rows come with their own arrival times."""
+    if len(records) < num_requests:
+        count = f"{len(records):,}"
+        log.warning("workload.num_requests=%s: %s %s requests %s; the run has those %s", f"{num_requests:,}", source,
+                    count, window, count)
+    return records
 
 
 def _arrivals(w: Workload, records: Sequence[TraceRecord], rng: np.random.Generator) -> np.ndarray:
