@@ -99,3 +99,35 @@ def test_a_trace_with_fewer_rows_than_asked_runs_them_with_one_warning(tmp_path,
     assert json.loads(result.stdout)["num_requests"] == min(num_requests, 2)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == (
         ["workload.num_requests=5: t.csv holds 2 requests from start_s=0; the run has those 2"] if warned else [])
+
+FLEET = ("workload: {num_requests: 3, prompt_len: {dist: fixed, value: 8}, output_len: {dist: fixed, value: 4}}\n"
+         "steps: none\nreplicas:\n  - {count: 1}\n  - {count: 1, engine: {max_num_seqs: 64}, gpu: a100-80gb}\n")
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["run", "f.yaml", "--max-num-seqs", "8"],
+     "--max-num-seqs=8: sets engine.max_num_seqs, which replicas.1.engine.max_num_seqs=64 sets for that group's "
+     "replicas; give each field once (per group: --set replicas.1.engine.max_num_seqs=...)"),
+    (["report", "f.yaml", "--max-num-seqs", "8"],
+     "--max-num-seqs=8: sets engine.max_num_seqs, which replicas.1.engine.max_num_seqs=64 sets for that group's "
+     "replicas; give each field once (per group: --set replicas.1.engine.max_num_seqs=...)"),
+    (["report", "f.yaml", "--gpu", "h100-80gb"],
+     "--gpu='h100-80gb': sets gpu, which replicas.1.gpu='a100-80gb' sets for that group's replicas; give each field "
+     "once (per group: --set replicas.1.gpu=...)"),
+])
+def test_a_flag_a_replica_group_overrides_is_refused(tmp_path, monkeypatch, argv, expected):
+    """A replica group's own engine settings (and model, GPU) replace the scenario's: `--max-num-seqs 8` beside
+    a group giving `max_num_seqs: 64` left that group at 64 without a word, as a `--set` of the flag's field is
+    refused (`--max-num-seqs 5 --set engine.max_num_seqs=10`)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f.yaml").write_text(FLEET)
+    assert one_line_exit_2([*argv, "-o", "out"]) == expected
+    assert _files(tmp_path) == ["f.yaml"]
+
+
+def test_a_flag_no_replica_group_gives_reaches_every_group(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f.yaml").write_text(FLEET)
+    result = CliRunner().invoke(app, ["run", "f.yaml", "--scheduling-policy", "priority", "-o", "out"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "scheduling_policy: priority" in (tmp_path / "out" / "scenario.yaml").read_text()

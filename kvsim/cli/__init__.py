@@ -46,11 +46,11 @@ from kvsim.cli.shared import (
     check_workers,
     collector_off,
     fixed_length_scenario,
+    load_with_flags,
     offload_line,
     parse_int_list,
     parse_size_flag,
     print_plan,
-    refuse_flag_beside_set,
     run_flags,
     user_errors,
     write_plan,
@@ -228,14 +228,12 @@ def run(
         from kvsim.fleet.run import simulate_scenario, unread_settings
         from kvsim.results.output_dir import check_output_dir, safe_component
         from kvsim.results.step_writer import resolve_format
-        from kvsim.workload.scenario import load_scenario
 
         with user_errors():
             limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
             flags = run_flags(steps.value if steps else None, max_num_seqs, scheduling_policy, speculative_config,
                               kv_transfer_config)
-            refuse_flag_beside_set(flags, overrides or [])
-            spec = load_scenario(scenario, [*(overrides or []), *flags.values()])
+            spec = load_with_flags(scenario, overrides or [], flags)
             out_dir = f"runs/{safe_component(spec.name)}" if output is None else output
             if steps_format is not None and spec.steps == "none":  # it would be ignored silently
                 raise KvsimError(f"--steps-format={steps_format.value}: chooses the file the steps are written to, "
@@ -413,7 +411,7 @@ def report(
     """Capacity-planning report: Markdown + HTML with figures and the CSV behind each."""
     from kvsim.report.build import build_report
     from kvsim.report.studies import StudyConfig
-    from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
+    from kvsim.workload.scenario import REPORT_SCENARIO
 
     engine_flags = {"max_model_len": max_model_len, "block_size": block_size,
                     "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_dtype": kv_cache_dtype,
@@ -425,8 +423,7 @@ def report(
             for k, v in flags.items() if v is not None}
     with user_errors():
         check_workers(workers, dask_address)
-        refuse_flag_beside_set(sets, overrides or [])  # the flags after the --set ones, as run's
-        base = load_scenario(scenario, [*(overrides or []), *sets.values()], default=REPORT_SCENARIO)
+        base = load_with_flags(scenario, overrides or [], sets, default=REPORT_SCENARIO)  # flags after --sets
         cfg = StudyConfig.quick() if quick else StudyConfig()
         cfg = StudyConfig(**{**cfg.__dict__, "workers": workers, "dask_address": dask_address,
                              "gpu_hourly_cost": gpu_hourly_cost})
