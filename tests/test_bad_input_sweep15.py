@@ -131,3 +131,34 @@ def test_a_flag_no_replica_group_gives_reaches_every_group(tmp_path, monkeypatch
     result = CliRunner().invoke(app, ["run", "f.yaml", "--scheduling-policy", "priority", "-o", "out"])
     assert result.exit_code == 0, (result.output, result.exception)
     assert "scheduling_policy: priority" in (tmp_path / "out" / "scenario.yaml").read_text()
+
+
+@pytest.mark.parametrize(("fields", "unread"), [
+    ({"swap_space": 12}, "engine.swap_space=12 is unread: scheduler v1 never swaps"),
+    ({"swap_space": 0, "scheduler": "static", "allocator": "slab-max"},
+     "engine.swap_space=0 is unread: scheduler static never swaps"),
+    ({"swap_space": 12, "scheduler": "v0", "preemption_mode": "recompute"},
+     "engine.swap_space=12 is unread: preemption_mode=recompute never swaps"),
+    ({"swap_space": 12, "scheduler": "v0", "preemption_mode": "swap"}, None),  # swap preemption moves KV there
+    ({"swap_space": 12, "scheduler": "v0"}, None),  # v0 swaps a group of several sequences by default
+    ({"scheduler": "v0", "preemption_mode": "recompute"}, None),  # the default, which scenario.yaml spells out
+])
+def test_a_swap_space_no_preemption_swaps_into_is_said_unread(fields, unread):
+    """vLLM v1 preempts by recompute only and takes `--swap-space` without reading it (kvsim's v1 and static
+    schedulers never swap either, nor v0 under preemption_mode=recompute): the setting ran without a word."""
+    from kvsim.model.config import make_engine
+
+    assert make_engine(**fields).unread_settings().get("swap_space") == unread
+
+
+def test_a_run_with_an_unread_swap_space_warns_once_and_runs_as_without_it(tmp_path):
+    runs = {}
+    for name, extra in (("swap", ["--set", "engine.swap_space=12"]), ("plain", [])):
+        result = CliRunner().invoke(app, [*RUN, "--set", "workload.num_requests=20", *extra, "--format", "json",
+                                          "-o", str(tmp_path / name)], prog_name="kvsim")
+        assert result.exit_code == 0, (result.output, result.exception)
+        runs[name] = result
+    assert runs["swap"].stderr.splitlines() == [
+        "kvsim: warning: engine.swap_space=12 is unread: scheduler v1 never swaps"]
+    assert runs["plain"].stderr == ""
+    assert (tmp_path / "swap" / "requests.csv").read_text() == (tmp_path / "plain" / "requests.csv").read_text()

@@ -212,24 +212,24 @@ MAX_ENGINES = 4096
 """The most engines kvsim runs side by side: a data-parallel group's ranks (`data_parallel_size`), as a fleet's
 replicas (`replicas`, a group's `count`). Each is built (its scheduler, its KV pool); a DP size of 10**11 was
 priced by `kvsim capacity` as that many GPUs serving (the largest GPU clusters hold about 10**5)."""
+SWAP_SPACE_GIB = 4.0  # vLLM's default --swap-space (vllm/config/cache.py)
 
 
 class EngineConfig(Settings):
     """vLLM's engine arguments (same names and defaults) plus kvsim's choice of allocator/scheduler.
 
     `max_model_len=None` means the model's `max_position_embeddings`, as in vLLM.
-    `max_num_seqs=None` and `max_num_batched_tokens=None` take vLLM's usage-context defaults
-    for the GPU (`resolved_max_num_seqs`, `resolved_max_num_batched_tokens`).
-    `non_torch_memory_bytes` is kvsim's estimate of what vLLM's profiler measures outside
-    PyTorch's allocator (CUDA context, NCCL, CUDA graphs); 1 GiB is typical for one GPU.
+    `max_num_seqs=None` and `max_num_batched_tokens=None` take vLLM's usage-context defaults for the GPU
+    (`resolved_max_num_seqs`, `resolved_max_num_batched_tokens`).
+    `non_torch_memory_bytes` is kvsim's estimate of what vLLM's profiler measures outside PyTorch's allocator
+    (CUDA context, NCCL, CUDA graphs); 1 GiB is typical for one GPU.
     `watermark` is v0's fraction of blocks kept free at admission (v1 uses none).
-    `slab_placement` places slab regions with a buddy allocator (the paper's Orca: regions
-    rounded up to a power of two) or first-fit (exact sizes).
-    `data_parallel_size` engines each hold a full copy of the non-expert weights and their own
-    KV pool; with `enable_expert_parallel` the experts are split over tp · dp GPUs instead of
-    tp (vLLM's EP). `disable_hybrid_kv_cache_manager` allocates sliding-window and chunked
-    layers like full attention in a model that mixes them with others, as vLLM's flag does (a model
-    whose every layer slides keeps its window).
+    `slab_placement` places slab regions with a buddy allocator (the paper's Orca: regions rounded up to a power
+    of two) or first-fit (exact sizes).
+    `data_parallel_size` engines each hold a full copy of the non-expert weights and their own KV pool; with
+    `enable_expert_parallel` the experts are split over tp · dp GPUs instead of tp (vLLM's EP).
+    `disable_hybrid_kv_cache_manager` allocates sliding-window and chunked layers like full attention in a
+    model that mixes them with others, as vLLM's flag does (a model whose every layer slides keeps its window).
     `scheduling_policy` orders the waiting queue (vLLM's `--scheduling-policy`: `fcfs`, or
     `priority`: smallest (priority, arrival) first, the lowest-priority running request preempted);
     `speculative_config` is vLLM's `--speculative-config` (`kvsim.model.speculative_config`).
@@ -265,8 +265,8 @@ class EngineConfig(Settings):
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
     usage_context: Literal["openai_api_server", "llm_class"] = "openai_api_server"
     enable_prefix_caching: bool = True
-    swap_space: float = Field(default=4.0, ge=0, le=2**20, description="GiB of CPU swap per GPU (at most 1 PiB: "
-                              "as bytes, 1e308 GiB would overflow)")
+    swap_space: float = Field(default=SWAP_SPACE_GIB, ge=0, le=2**20, description="GiB of CPU swap per GPU (at "
+                              "most 1 PiB: as bytes, 1e308 GiB would overflow)")
     preemption_mode: Literal["recompute", "swap"] | None = None
     # vLLM does not configure this: it measures it at startup. vllm/v1/worker/gpu_worker.py
     # `determine_available_memory` runs `profile_run()` inside vllm/utils/mem_utils.py
@@ -376,10 +376,11 @@ class EngineConfig(Settings):
 
     def unread_settings(self, model: ModelSpec | None = None) -> dict[str, str]:
         """Settings this engine never reads, by field, each with its warning line: a `slab_placement` other than
-        the default beside the paged allocator, `prefix_cache: radix` with prefix caching off, and (given the
-        `model` it serves) `enable_expert_parallel` on a model without experts (vLLM's flag then places nothing).
-        A run warns of them rather than refusing them, as the report's studies vary the allocator and caching
-        from this engine and do read them."""
+        the default beside the paged allocator, `prefix_cache: radix` with prefix caching off, a `swap_space` other
+        than the default where no preemption swaps (vLLM v1 takes `--swap-space` and ignores it), and (given the
+        `model` it serves) `enable_expert_parallel` on a model without experts (vLLM's flag then places nothing). A
+        run warns of them rather than refusing them, as the report's studies vary the allocator and caching from
+        this engine and do read them."""
         unread = {}
         if model is not None and self.enable_expert_parallel and model.moe is None:
             unread["enable_expert_parallel"] = (f"engine.enable_expert_parallel=true is unread: {model.name} is "
@@ -391,6 +392,9 @@ class EngineConfig(Settings):
         if self.prefix_cache == "radix" and not self.enable_prefix_caching:
             unread["prefix_cache"] = ("engine.prefix_cache=radix is unread: enable_prefix_caching is false, so no "
                                       "prefix is cached")
+        if self.swap_space != SWAP_SPACE_GIB and (self.scheduler != "v0" or self.preemption_mode == "recompute"):
+            never = "preemption_mode=recompute" if self.scheduler == "v0" else f"scheduler {self.scheduler}"
+            unread["swap_space"] = f"engine.swap_space={self.swap_space:g} is unread: {never} never swaps"
         return unread
 
     @model_validator(mode="after")
@@ -411,10 +415,8 @@ class EngineConfig(Settings):
         if self.max_model_len is None:
             return model.max_position_embeddings
         if self.max_model_len > model.max_position_embeddings:
-            raise KvsimError(
-                f"max_model_len={self.max_model_len}: exceeds {model.name}'s "
-                f"max_position_embeddings={model.max_position_embeddings}"
-            )
+            raise KvsimError(f"max_model_len={self.max_model_len}: exceeds {model.name}'s "
+                             f"max_position_embeddings={model.max_position_embeddings}")
         return self.max_model_len
 
     def resolved_max_num_seqs(self, gpu: GPUSpec) -> int:
