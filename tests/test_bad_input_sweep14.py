@@ -232,7 +232,7 @@ def test_a_run_reaching_an_alpha_that_makes_attention_negative_stops_in_one_line
             "lognormal, mean: 100, p99: 400}, output_len: {dist: lognormal, mean: 40, p99: 300}}",
             "--set", "seed=3", "-o", "out"]
     message = one_line_exit_2(argv)
-    assert message.startswith("profile meta-llama/Llama-3.1-8B/bf16/tp1: attention_skew row (query_len=0, batch=4, "
-                              "skew_share=0.4, decode_context_len=1024, context_len=0): alpha=-1000 makes a step's "
-                              "attention -"), message
+    assert message.startswith("profile meta-llama/Llama-3.1-8B/bf16/tp1: skew_fit.csv row (pc=0, n_label=n<=4, "
+                              "skew_rate_label=sr<=40%, kv_big_label=kvB<=1k, kp_label=kp=0): alpha=-1000 makes a "
+                              "step's attention -"), message  # the bundle's row, by its own columns (sweep 15)
     assert _files(tmp_path / "bf16") and not (tmp_path / "out").exists()

@@ -162,3 +162,28 @@ def test_a_run_with_an_unread_swap_space_warns_once_and_runs_as_without_it(tmp_p
         "kvsim: warning: engine.swap_space=12 is unread: scheduler v1 never swaps"]
     assert runs["plain"].stderr == ""
     assert (tmp_path / "swap" / "requests.csv").read_text() == (tmp_path / "plain" / "requests.csv").read_text()
+
+
+@pytest.mark.parametrize(("meta_edit", "field"), [
+    (("alpha_default: 0.05", "alpha_default: -1000"), "meta.yaml skew_fit.per_tp.1.alpha_default"),
+    (("  per_tp:\n    1:\n      alpha_default: 0.05\n", "  alpha_default: -1000\n  per_tp:\n    1:\n"),
+     "meta.yaml skew_fit.alpha_default"),  # no per-TP default: the fit's pooled one
+])
+def test_a_bundles_negative_alpha_default_is_named_by_its_meta_yaml_field(tmp_path, monkeypatch, meta_edit, field):
+    """The error named `attention_skew_alpha_default`, the key of kvsim's own profile CSV, for a value the user
+    wrote in a bundle's meta.yaml (where no such key exists)."""
+    from test_skew import skew_bundle
+
+    monkeypatch.chdir(tmp_path)
+    meta = skew_bundle(tmp_path / "bf16") / "meta.yaml"
+    assert meta_edit[0] in meta.read_text()
+    meta.write_text(meta.read_text().replace(*meta_edit))
+    argv = ["run", "--set", "gpu=rtx-pro-6000", "--set", "latency={model: calibrated, profile: bf16}",
+            "--set", "engine={max_model_len: 1024, max_num_seqs: 16, max_num_batched_tokens: 256}",
+            "--set", "workload={num_requests: 200, arrival: {process: poisson, rate: 20}, prompt_len: {dist: "
+            "lognormal, mean: 100, p99: 400}, output_len: {dist: lognormal, mean: 40, p99: 300}}",
+            "--set", "seed=3", "-o", "out"]
+    message = one_line_exit_2(argv)
+    assert message.startswith(f"profile meta-llama/Llama-3.1-8B/bf16/tp1: {field}: alpha=-1000 makes a step's "
+                              "attention -"), message
+    assert not (tmp_path / "out").exists()

@@ -182,7 +182,8 @@ class CalibratedLatency:
         self.attention = NestedInterp(points)
         self.mixed = any(k[0] > 0 and k[2] > 0 for k, _ in points)
         skew_rows = [r for r in rows if r["kind"] == "attention_skew"]
-        self.skew = SkewCorrection(skew_rows, profile.meta, profile.name) if skew_rows and points else None
+        self.skew = (SkewCorrection(skew_rows, profile.meta, profile.name, profile.names)
+                     if skew_rows and points else None)
         moe_points = [((float(r["num_tokens"]), float(r["num_experts"])), float(r["time_s"]))
                       for r in rows if r["kind"] == "moe"]
         self.moe = NestedInterp(moe_points) if moe_points and roofline.moe is not None else None

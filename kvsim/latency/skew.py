@@ -84,11 +84,20 @@ def alpha_default(value: Any, where: str, field: str) -> float:
     return number
 
 
-class SkewCorrection:
-    """α per bucket from a profile's `attention_skew` rows and metadata; `alpha(...)` for one step."""
+def bucket_name(key: Sequence[float]) -> str:
+    """How an error names the `attention_skew` row of bucket `key` (query_len, then the edges of `AXES`)."""
+    edges = ", ".join(f"{axis}={edge:g}" for axis, edge in zip(("query_len", *AXES), key, strict=True))
+    return f"attention_skew row ({edges})"
 
-    def __init__(self, rows: Sequence[Mapping[str, str]], meta: Mapping[str, str], where: str) -> None:
-        self.where = where
+
+class SkewCorrection:
+    """α per bucket from a profile's `attention_skew` rows and metadata; `alpha(...)` for one step. `names`
+    (`kvsim.latency.profiles.Profile.names`) gives an imported profile's own name of a row (by `bucket_name`) or
+    of `DEFAULT_KEY`, for its errors."""
+
+    def __init__(self, rows: Sequence[Mapping[str, str]], meta: Mapping[str, str], where: str,
+                 names: Mapping[str, str] | None = None) -> None:
+        self.where, self.names = where, names or {}
         self.edges = _parse_edges(meta.get(EDGES_KEY, ""), where)
         self.alpha_default = alpha_default(meta.get(DEFAULT_KEY) or 0.0, where, DEFAULT_KEY)
         try:
@@ -138,10 +147,8 @@ class SkewCorrection:
         (a step of negative time stopped SimPy with a traceback). A negative α is not refused as it is read: the
         measured bundles hold one in 11 to 18 % of their buckets (skewed batches timed a little faster than the
         uniform one, 1 or 2 samples each), harmless until one this far below zero is reached."""
-        field = DEFAULT_KEY
-        if key is not None and key in self.table:
-            edges = ", ".join(f"{axis}={edge:g}" for axis, edge in zip(("query_len", *AXES), key, strict=True))
-            field = f"attention_skew row ({edges})"
+        field = bucket_name(key) if key is not None and key in self.table else DEFAULT_KEY
+        field = self.names.get(field, field)  # a bundle's own name of it
         return KvsimError(f"profile {self.where}: {field}: alpha={alpha:g} makes a step's attention {t:.3g} s, below "
                           f"zero (t_mean + alpha * (t_max - t_mean), t_mean={t_mean:.3g} s, t_max={t_max:.3g} s); "
                           "no batch attends in negative time: refit or drop that alpha")

@@ -28,11 +28,16 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Profile:
-    """A profile in kvsim's schema: `meta` (`kvsim.latency.base.PROFILE_META_KEYS` and more) and `rows`."""
+    """A profile in kvsim's schema: `meta` (`kvsim.latency.base.PROFILE_META_KEYS` and more) and `rows`.
+
+    `names`: for a value imported from another format, what its own file calls it, by the name kvsim's schema
+    gives it (`attention_skew_alpha_default` -> `meta.yaml skew_fit.per_tp.1.alpha_default`), so that an error
+    names the field the user wrote; empty for kvsim's own CSV, whose names are the schema's."""
 
     name: str
     meta: dict[str, str] = field(default_factory=dict)
     rows: list[dict[str, str]] = field(default_factory=list)
+    names: dict[str, str] = field(default_factory=dict)
 
     def kinds(self) -> set[str]:
         return {r["kind"] for r in self.rows}
@@ -42,7 +47,7 @@ def with_source(profile: Profile, repository: str | None, commit: str | None, li
     """`profile` with the source fields that are given replaced (the rest kept as imported)."""
     given = {"source_repository": repository, "source_commit": commit, "source_licence": licence}
     meta = {**profile.meta, **{k: v for k, v in given.items() if v}}
-    return Profile(profile.name, meta, profile.rows)
+    return Profile(profile.name, meta, profile.rows, profile.names)
 
 
 def find_source(folder: Path, default_repository: str) -> dict[str, str]:

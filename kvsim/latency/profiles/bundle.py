@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from kvsim.latency.profiles import Profile, find_source
-from kvsim.latency.skew import DEFAULT_KEY, EDGES_KEY, alpha_default, format_edges
+from kvsim.latency.skew import AXES, DEFAULT_KEY, EDGES_KEY, alpha_default, bucket_name, format_edges
 from kvsim.model.errors import KvsimError
 from kvsim.model.units import read_number
 from kvsim.model.yaml_io import load_yaml, yaml_problem
@@ -161,10 +161,11 @@ def read_bundle(path: Path, tp: int) -> Profile:
         raise KvsimError(f"profile {meta_path}: tp_degrees must list integers and engine_effective.hf_overrides "
                          "map shape names to integers") from None
     skew = _skew_rows(folder, raw, tp, meta_path)
-    if skew is not None:
-        rows += skew[0]
-        meta.update(skew[1])
-    return Profile(name, meta, rows)
+    if skew is None:
+        return Profile(name, meta, rows)
+    rows += skew[0]
+    meta.update(skew[1])
+    return Profile(name, meta, rows, skew[2])
 
 
 SKEW_AXES = (("n", "n_label", "batch"), ("skew_rate", "skew_rate_label", "skew_share"),
@@ -174,9 +175,10 @@ kvsim's column)."""
 
 
 def _skew_rows(folder: Path, raw: dict[str, Any], tp: int,
-               meta_path: Path) -> tuple[list[dict[str, str]], dict[str, str]] | None:
-    """`attention_skew` rows and their metadata from tp<N>/skew_fit.csv, or None when the bundle has no
-    enabled skew fit. A label's bucket is (bins[i], bins[i + 1]]: its upper edge is bins[i + 1]."""
+               meta_path: Path) -> tuple[list[dict[str, str]], dict[str, str], dict[str, str]] | None:
+    """`attention_skew` rows, their metadata and the bundle's own names of them (`Profile.names`: a skew_fit.csv
+    row by its labels, the meta.yaml field the default came from) from tp<N>/skew_fit.csv, or None when the
+    bundle has no enabled skew fit. A label's bucket is (bins[i], bins[i + 1]]: its upper edge is bins[i + 1]."""
     fit = raw.get("skew_fit")
     table = data_file(folder / "skew_fit.csv")
     if not isinstance(fit, dict) or not fit.get("enabled") or not table.is_file():
@@ -195,9 +197,11 @@ def _skew_rows(folder: Path, raw: dict[str, Any], tp: int,
                              "numbers, increasing (label i's bucket is (bins[i], bins[i + 1]])")
     entry = (fit.get("per_tp") or {}).get(tp) or {}
     raw_default = entry.get("alpha_default", fit.get("alpha_default", 0.0)) if isinstance(entry, dict) else None
-    default = alpha_default(raw_default, str(meta_path), f"skew_fit.per_tp.{tp}.alpha_default")
+    pooled = isinstance(entry, dict) and "alpha_default" not in entry and "alpha_default" in fit  # the fit's own
+    default_field = "skew_fit.alpha_default" if pooled else f"skew_fit.per_tp.{tp}.alpha_default"
+    default = alpha_default(raw_default, str(meta_path), default_field)
     columns = ("pc", "alpha", *(label for _, label, _ in SKEW_AXES))
-    rows = []
+    rows, names = [], {DEFAULT_KEY: f"meta.yaml {default_field}"}
     for r in _read_csv(table, columns):
         row = {"kind": "attention_skew", "query_len": str(_whole(r, "pc", table)), "alpha": r["alpha"]}
         for prefix, label, ours in SKEW_AXES:
@@ -205,5 +209,8 @@ def _skew_rows(folder: Path, raw: dict[str, Any], tp: int,
                 raise KvsimError(f"profile {table}: {label}={r[label]!r} is not one of meta.yaml's {prefix}_labels")
             row[ours] = repr(edge_of[prefix][r[label]])
         rows.append(row)
+        labels = ", ".join(f"{column}={r[column]}" for column in ("pc", *(label for _, label, _ in SKEW_AXES)))
+        names[bucket_name([float(row["query_len"]), *(float(row[axis]) for axis in AXES)])] = \
+            f"{table.name} row ({labels})"
     edges = {ours: sorted(edge_of[prefix].values()) for prefix, _, ours in SKEW_AXES}
-    return rows, {EDGES_KEY: format_edges(edges), DEFAULT_KEY: repr(default)}
+    return rows, {EDGES_KEY: format_edges(edges), DEFAULT_KEY: repr(default)}, names
