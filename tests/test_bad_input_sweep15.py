@@ -187,3 +187,36 @@ def test_a_bundles_negative_alpha_default_is_named_by_its_meta_yaml_field(tmp_pa
     assert message.startswith(f"profile meta-llama/Llama-3.1-8B/bf16/tp1: {field}: alpha=-1000 makes a step's "
                               "attention -"), message
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["--set", "file"])
+def test_a_yaml_11_binary_integer_is_refused_as_its_octal_is(tmp_path, monkeypatch, where):
+    """PyYAML reads `0b10000` as 16 (YAML 1.1), where YAML 1.2 reads the text `0b10000`: kvsim refuses the YAML 1.1
+    forms YAML 1.2 reads otherwise (`016`, `1:30`), and took this one in silence."""
+    monkeypatch.chdir(tmp_path)
+    if where == "file":
+        (tmp_path / "s.yaml").write_text("engine: {block_size: 0b10000}\nworkload: {num_requests: 3, prompt_len: "
+                                         "{dist: fixed, value: 8}, output_len: {dist: fixed, value: 4}}\n")
+        argv, start = ["run", "s.yaml"], "scenario s.yaml: not valid YAML: "
+    else:
+        argv, start = [*RUN, "--set", "engine.block_size=0b10000"], "--set 'engine.block_size=0b10000': the value is " \
+            "not valid YAML ("
+    assert one_line_exit_2([*argv, "-o", "out"]).startswith(
+        f"{start}0b10000 reads as 16 (a YAML 1.1 binary integer): write the number in decimal, without a leading "
+        "zero, 0b or a colon, or quote it")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_hex_integer_and_a_negative_zero_read_as_every_yaml_reads_them(tmp_path):
+    """`0x10` is 16 in YAML 1.1 and 1.2 alike, so it is kept; `-0.0` passes a non-negative field and is 0, as the
+    integer `-0` is (it was written back as `-0.0` and shown as `-0`)."""
+    import yaml
+
+    result = CliRunner().invoke(app, [*RUN, "--set", "engine.block_size=0x10", "--set", "engine.swap_space=-0.0",
+                                      "--set", "latency.overhead_s=-0.0", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, (result.output, result.exception)
+    written = yaml.safe_load((tmp_path / "out" / "scenario.yaml").read_text())
+    assert written["engine"]["block_size"] == 16
+    for value in (written["engine"]["swap_space"], written["latency"]["overhead_s"]):
+        assert value == 0 and str(value) == "0.0"
+    assert result.stderr.splitlines() == ["kvsim: warning: engine.swap_space=0 is unread: scheduler v1 never swaps"]

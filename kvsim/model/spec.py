@@ -20,6 +20,7 @@ loaders: `kvsim.model.config`. Nearly a leaf of kvsim: it imports only `kvsim.mo
 
 from __future__ import annotations
 
+import math
 from collections import abc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -108,7 +109,9 @@ class Settings(BaseModel):
     is expected (a field taking int or float, not bool or str, or a list, tuple or dict of them:
     `tensor_parallel_sizes: [true]`). Pydantic's lax mode reads `true` and `false` as 1 and 0, so
     `num_requests: true` ran one request, `gpu_memory_utilization: true` used all memory and
-    `acceptance_rates: [true, true]` accepted every draft; and '1_6' as 16 (`block_size: '1_6'`).
+    `acceptance_rates: [true, true]` accepted every draft; and '1_6' as 16 (`block_size: '1_6'`). A negative
+    zero (`-0.0`, which passes `ge=0`) is read as 0.0, as `-0` is the integer 0: it was written back to
+    `scenario.yaml` as `-0.0` and shown as `-0`.
 
     A model's validator is built at its first use (`defer_build`), not at import: a section nested in another
     is validated through its parent's validator, and many sections are never validated on their own in a run."""
@@ -123,6 +126,9 @@ class Settings(BaseModel):
                 where = _misread_number(field.annotation, data.get(name))
                 if where is not None:
                     raise ValueError(f"{name}{where}")
+            zeros = [key for key, value in data.items() if isinstance(value, float) and math.copysign(1, value) < 0
+                     and value == 0]
+            return {**data, **dict.fromkeys(zeros, 0.0)} if zeros else data
         return data
 
     @classmethod

@@ -1,7 +1,8 @@
 """YAML (and JSON) as kvsim reads user files: safe, duplicate keys refused, errors told in one short line.
 
-PyYAML reads YAML 1.1, where `016` is the octal 14 and `1:30` the base-60 90 (`1:30.5` 90.5): `load_yaml`
-refuses those forms (quoted, they stay text), so a zero-padded `block_size: 016` is never 14 in silence. A
+PyYAML reads YAML 1.1, where `016` is the octal 14, `0b1010` the binary 10 and `1:30` the base-60 90 (`1:30.5`
+90.5), forms YAML 1.2 reads otherwise: `load_yaml` refuses them (quoted, they stay text), so a zero-padded
+`block_size: 016` is never 14 in silence. A hexadecimal integer (`0x10`) reads as 16 in both YAMLs, and is kept. A
 number with an underscore (`1_0`, which YAML 1.1 reads as 10) stays the text it was, as YAML 1.2 reads it: a
 numeric field refuses it, naming itself (`kvsim.model.spec.Settings`).
 
@@ -91,8 +92,9 @@ def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]
     return loader.construct_mapping(node, deep=True)
 
 
-_YAML11_INT = re.compile(r"[-+]?(0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+)")
-"""YAML 1.1's octal (`016`) and base-60 (`1:30`) integers: PyYAML reads them as 14 and 90."""
+_YAML11_INT = re.compile(r"[-+]?(0b[01_]+|0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+)")
+"""YAML 1.1's binary (`0b1010`), octal (`016`) and base-60 (`1:30`) integers: PyYAML reads them as 10, 14 and 90,
+YAML 1.2 as text (`0b1010`, `1:30`) or as 16 (`016`)."""
 
 
 def _int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int | str:
@@ -103,8 +105,10 @@ def _int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int | str:
     except ValueError:  # the one an int the resolver matched can raise: too many digits (see the docstring)
         raise ConstructorError(None, None, _too_long(node.value), node.start_mark) from None
     if _YAML11_INT.fullmatch(node.value) and node.value.strip("+-0"):  # `block_size: 016` was 14 in silence
-        raise ConstructorError(None, None, f"{node.value} reads as {value} (a YAML 1.1 octal or base-60 integer): "
-                               "write the number without a leading zero or a colon, or quote it", node.start_mark)
+        kind = "binary" if "b" in node.value else "octal or base-60"
+        raise ConstructorError(None, None, f"{node.value} reads as {value} (a YAML 1.1 {kind} integer): write the "
+                               "number in decimal, without a leading zero, 0b or a colon, or quote it",
+                               node.start_mark)
     return value
 
 
