@@ -175,7 +175,7 @@ def capacity(
     else:
         from rich.console import Console
 
-        console = Console()
+        console = Console(emoji=False)  # names as written: `:fire:` is no emoji (the headline is markup)
         console.print(capacity_headline(plan))
         console.print(rows_to_rich(data["kv_types"], title="KV by attention type (one request at max_model_len)"))
         cost_keys = ("concurrent_sequences", "usd_per_concurrent_user_hour", "output_tokens_per_s_closed_form",
