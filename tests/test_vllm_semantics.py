@@ -26,13 +26,24 @@ def test_preempted_readmissions_are_not_prefix_cache_hits():
     assert s.prefix_stats.num_preempted_hit_tokens > 0  # the victim re-hit its own full blocks
 
 
-def test_no_shared_prefix_workload_reports_zero_hits_under_preemption():
+@pytest.mark.parametrize("scheduler", ["v1", "v0"])
+def test_no_shared_prefix_workload_reports_zero_hits_under_preemption(scheduler):
+    """No two requests share a prefix: vLLM v1's hit rate (tokens of first admissions) is 0. vLLM v0's
+    (`CacheMetricData`: full blocks of every allocation, re-admissions included) counts a recomputed
+    request's re-hit of its own cached blocks, so there it is the re-admissions' hit blocks over all queried."""
     scenario = load_scenario(SCENARIOS / "preemption-recompute.yaml",
-                             ["workload.num_requests=60", "engine.enable_prefix_caching=true"])
+                             ["workload.num_requests=60", "engine.enable_prefix_caching=true",
+                              f"engine.scheduler={scheduler}"])
     summary = simulate(scenario).summary
     assert summary["num_preemptions"] > 0
-    assert summary["num_prefix_cache_hit_tokens"] == 0 and summary["prefix_cache_hit_rate"] == 0.0
+    assert summary["num_prefix_cache_hit_tokens"] == 0
     assert summary["num_prefix_cache_preempted_query_tokens"] > 0
+    if scheduler == "v1":
+        assert summary["prefix_cache_hit_rate"] == 0.0 and "num_prefix_cache_hit_blocks" not in summary
+    else:
+        assert 0 < summary["num_prefix_cache_hit_blocks"] < summary["num_prefix_cache_query_blocks"]
+        assert summary["prefix_cache_hit_rate"] == (summary["num_prefix_cache_hit_blocks"]
+                                                    / summary["num_prefix_cache_query_blocks"])
 
 
 @pytest.mark.parametrize("policy, running", [("v0", 1), ("v1", 4)])
