@@ -290,3 +290,28 @@ def test_a_branch_keeps_the_segments_before_it_and_names_the_rest():
     assert content.branch(3, "x").segments == (("sys", 3), ("x", 9))
     assert content.branch(2, "x").block_hashes(2, 1) == content.block_hashes(2, 1)
     assert content.branch(2, "x").block_hashes(2, 2)[1] != content.block_hashes(2, 2)[1]
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_a_fork_where_the_parents_content_ends_shares_all_of_it(caching):
+    """A parent forked once it has written every token its content names (hypothesis found: a 1-token
+    prompt forked right after admission): the child has no token of its own, so its content is the parent's,
+    and the books balance once both are freed."""
+    alloc = PagedAllocator(num_blocks=3, block_size=16, enable_caching=caching)
+    assert alloc.allocate(0, 1, 1, SegmentContent([("p", 1)]))
+    alloc.fork(0, 1)
+    assert alloc.seqs[1].content is alloc.seqs[0].content
+    assert alloc.seqs[1].block_table == alloc.seqs[0].block_table
+    alloc.free(0)
+    alloc.free(1)
+    alloc.check_invariants()
+    assert alloc.pool.num_free_blocks == 2  # the null block held back
+
+
+def test_a_branch_at_either_end():
+    """`branch` at 0 owns every token; at its length it is the content itself (token-level alike)."""
+    segments = SegmentContent([("sys", 5), ("out", 7)])
+    assert segments.branch(0, "x").segments == (("x", 12),)
+    assert segments.branch(12, "x").segments == segments.segments
+    ids = TokenContent([1, 2, 3])
+    assert ids.branch(0, "x").token_ids == ("x", "x", "x") and ids.branch(3, "x").token_ids == (1, 2, 3)

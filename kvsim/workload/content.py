@@ -123,8 +123,12 @@ class SegmentContent(_ChainedHashes):
 
     def branch(self, num_shared_tokens: int, name: Hashable) -> SegmentContent:
         """This content's first `num_shared_tokens` tokens, then a segment `name` of its own for the rest (as many
-        tokens): a sequence forked off this one at that length, whose later tokens are not this one's."""
-        assert 0 < num_shared_tokens < self._num_tokens
+        tokens): a sequence forked off this one at that length, whose later tokens are not this one's. Forked
+        where this content ends or past it (tokens written beyond what a content names are never hashed), the
+        branch is this content: it names no token of its own; at 0, all its own."""
+        assert num_shared_tokens >= 0
+        if num_shared_tokens >= self._num_tokens:
+            return self
         end = bisect_right(self._starts, num_shared_tokens) - 1  # the segment holding the first own token
         shared = [*self.segments[:end], (self.segments[end][0], num_shared_tokens - self._starts[end])]
         return SegmentContent([piece for piece in shared if piece[1] > 0]
@@ -160,7 +164,7 @@ class TokenContent(_ChainedHashes):
     def branch(self, num_shared_tokens: int, name: Hashable) -> TokenContent:
         """As `SegmentContent.branch`: this content's first `num_shared_tokens` ids, then `name` for each later
         token (a placeholder: `name` must equal no real id, nor any other placeholder)."""
-        assert 0 < num_shared_tokens < len(self.token_ids)
+        assert num_shared_tokens >= 0
         return TokenContent(self.token_ids[:num_shared_tokens]
                             + (name,) * (len(self.token_ids) - num_shared_tokens))
 
