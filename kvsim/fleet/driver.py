@@ -195,14 +195,14 @@ def replica_engines(scenario: Scenario, specs: list[Scenario], observe_kv: bool,
                     ) -> tuple[list[EngineParts], list[Engine], RequestStream | Conversations]:
     """One engine per replica scenario in `specs`, and the traffic: one generator seeded by `scenario.seed`
     (the run's only source of randomness) builds the engines in order, then draws the requests (built at
-    arrival, let go when they end; capped at the scenario's max_model_len). `scenario.steps` holds for the
+    arrival, let go when they end; capped at the largest replica's max_model_len, then by the replica that
+    serves each, `Scheduler.cap_output`). `scenario.steps` holds for the
     whole fleet: `sampled` keeps at most MAX_SAMPLED_STEPS rows in all; a replica with a writer in
     `writers` streams its rows there, labelled with its `replica`; if any replica speculates, every one
     has the `draft_rejected` column (one table). `observe_kv`: a dispatcher reads every engine's KV usage."""
     rng = np.random.default_rng(scenario.seed)
     parts = [build_engine(spec, rng) for spec in specs]
-    max_model_len = scenario.engine.resolved_max_model_len(load_model(scenario.model))
-    requests = iter_requests(scenario, max_model_len, rng)
+    requests = iter_requests(scenario, max(p.spec.max_model_len for p in parts), rng)
     per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
     speculates = any(p.scheduler.speculation is not None for p in parts)
     engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, writer, {"replica": i} if writer else None,
