@@ -194,7 +194,8 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         """Cap `req`'s output so that prompt + output ≤ this engine's max_model_len, as vLLM ends a request
         whose tokens reach it (`FINISHED_LENGTH_CAPPED`). A single engine's requests come capped already
         (`kvsim.workload.generate`); a fleet's are capped where they are served, since its replicas' limits
-        may differ. A prompt that alone reaches max_model_len is left for `reject_reason` to refuse."""
+        may differ (a conversation's next turn still carries the reply as the fleet's largest limit caps it).
+        A prompt that alone reaches max_model_len is left for `reject_reason` to refuse."""
         room = self.limits.max_model_len - req.prompt_len
         if 0 < room < req.output_len:
             req.output_len = room
