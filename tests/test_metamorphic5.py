@@ -4,15 +4,36 @@
 
 * a replica's own `max_model_len` is the engine's: vLLM ends a request when its tokens reach the engine's
   limit (`FINISHED_LENGTH_CAPPED`), so a fleet whose group sets the limit serves every request as one engine
-  with that limit does, and each group of a fleet of two limits as its own engine.
+  with that limit does, and each group of a fleet of two limits as its own engine;
+* a trace split in two where the first part drains long before the second arrives: the second part runs as
+  alone, though the first filled the pool with cached blocks the second must evict (prefix caching or
+  not, the radix tree, a hybrid model's windows, parallel sampling, v0's swap);
+* token ids cannot matter without prefix caching: a trace whose rows share long prefixes of ids runs as the
+  same trace without ids, under preemption, chunking, parallel sampling and beam search;
+* an offload tier that never fills: ten times the CPU blocks, or a disk tier below it, changes no request;
+* decode bursts are exact in the deployments the burst tests leave out: a disaggregated fleet, an
+  autoscaled one, and v1's parallel sampling;
+* a hybrid or sliding-window model hits the whole blocks of the common prefix, as a full-attention one.
+
+Relations tried and kept out (the relation was wrong, not kvsim): halving every time with EAGLE drafts (the
+drafter's passes are priced by the roofline beside a constant step) or beam search (v0 swaps a group's
+blocks over the host link, whose bandwidth is not doubled); a step row's waste shares sum to 1 only with its
+`draft_rejected` share when speculating.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 
 import kvsim
+import kvsim.engine.runtime
+from kvsim.engine.simulate import simulate
+from kvsim.fleet.autoscaled import simulate_autoscaled
+from kvsim.fleet.disagg import simulate_disagg
+from kvsim.workload.scenario import make_scenario
 from tests.test_metamorphic2 import write_trace
 
 STEP = {"model": "constant", "step_s": 0.01}
@@ -78,3 +99,137 @@ def test_each_group_of_a_fleet_of_two_limits_serves_as_its_engine(tmp_path):
                              "kv_transfer_config": {"kv_connector": "NixlConnector"}})
     assert disagg.requests.output_tokens.tolist() == [124, 300, 24, 300]
     assert disagg.requests.status.eq("finished").all()
+
+
+# ------------------------------------------------------------------ combinations that must not matter
+
+
+SPLIT_ENGINES = {
+    "v1": {}, "v1-sync-no-caching": {"async_scheduling": False, "enable_prefix_caching": False},
+    "radix-chunked": {"prefix_cache": "radix", "max_num_batched_tokens": 64, "max_num_seqs": 16},
+    "v0-swap": {"scheduler": "v0", "preemption_mode": "swap", "enable_prefix_caching": True},
+    "offload": {"kv_offload": {"num_cpu_blocks": 100}},
+}
+
+
+@pytest.mark.parametrize(("engine", "model", "n"), [
+    *[(engine, "llama-3.1-8b", 1) for engine in SPLIT_ENGINES.values()],
+    ({}, "llama-3.1-8b", 2), ({"num_gpu_blocks_override": 200}, "gpt-oss-20b", 1),
+], ids=[*SPLIT_ENGINES, "v1-n2", "gpt-oss"])
+def test_a_trace_split_where_it_drains_runs_its_second_part_as_alone(tmp_path, engine, model, n):
+    """Part A, then part B 1,000 s after A's last arrival (long after A drained), ids of B's own: each of
+    B's requests takes the same times from its arrival, with the same hits and preemptions, as B alone,
+    though A's cached blocks fill the 120-block pool (its free queue) and B's allocations evict them."""
+    a, b = shared_rows(1), shared_rows(2, first_token_id=100_000)
+    shift_ns = a[-1]["arrival_time_ns"] + 10**12
+    later = [{**row, "arrival_time_ns": row["arrival_time_ns"] + shift_ns} for row in b]
+    engine = {"num_gpu_blocks_override": 120, **engine}  # gpt-oss: 200, its startup check's least
+    both = kvsim.simulate(traced(write_trace(tmp_path / "ab.jsonl", a + later), engine, model, n=n)).requests
+    alone = kvsim.simulate(traced(write_trace(tmp_path / "b.jsonl", b), engine, model, n=n)).requests
+    second = both.iloc[len(a):].reset_index(drop=True)
+    assert alone.num_preemptions.sum() > 0 or model != "llama-3.1-8b"
+    counts = ["prompt_tokens", "output_tokens", "prefix_hit_tokens", "num_preemptions"]
+    assert second[counts].equals(alone[counts])
+    for column in ("queue_s", "ttft_s", "e2e_s"):
+        np.testing.assert_allclose(second[column], alone[column], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize(("engine", "workload"), [
+    ({"enable_prefix_caching": False}, {}),
+    ({"enable_prefix_caching": False, "max_num_batched_tokens": 64, "max_num_seqs": 16}, {"n": 2}),
+    ({"scheduler": "v0", "max_num_seqs": 16}, {"beam_width": 2}),
+    ({"scheduler": "v0", "preemption_mode": "swap"}, {"n": 2}),
+], ids=["v1", "v1-chunked-n2", "v0-beam", "v0-swap-n2"])
+def test_shared_token_ids_without_prefix_caching_are_no_token_ids(tmp_path, engine, workload):
+    """Without prefix caching (v0's default) the ids decide nothing: rows whose prompts share up to 600
+    ids run as the same rows without ids, in a 120-block pool that preempts."""
+    rows = shared_rows(5)
+    with_ids = kvsim.simulate(traced(write_trace(tmp_path / "ids.jsonl", rows),
+                                     {"num_gpu_blocks_override": 120, **engine}, **workload))
+    bare = [{k: v for k, v in row.items() if k != "input_tok_ids"} for row in rows]
+    without = kvsim.simulate(traced(write_trace(tmp_path / "bare.jsonl", bare),
+                                    {"num_gpu_blocks_override": 120, **engine}, **workload))
+    assert with_ids.summary["num_preemptions"] > 0
+    assert with_ids.requests.equals(without.requests)
+    assert with_ids.steps.equals(without.steps)
+
+
+@pytest.mark.parametrize("engine", [{}, {"async_scheduling": False, "max_num_batched_tokens": 64, "max_num_seqs": 16}],
+                         ids=["v1", "v1-sync-chunked"])
+def test_an_offload_tier_that_never_fills_is_any_larger_one(tmp_path, engine):
+    """A CPU tier of 5,000 blocks holds every block the 150-block GPU pool ever evicts (it stores fewer than
+    5,000, evicts none): 50,000 blocks, or a disk tier below it, change no request."""
+    path = write_trace(tmp_path / "t.jsonl", shared_rows(7, n=40))
+    runs = [kvsim.simulate(traced(path, {"num_gpu_blocks_override": 150, "kv_offload": tier, **engine}))
+            for tier in ({"num_cpu_blocks": 5000}, {"num_cpu_blocks": 50_000},
+                         {"num_cpu_blocks": 5000, "num_disk_blocks": 9000, "disk_bandwidth_bytes_per_s": 1e9})]
+    cpu = runs[0].summary["kv_offload"]["tiers"]["cpu"]
+    assert 0 < cpu["num_stored_blocks"] < 5000 and cpu["num_evicted_blocks"] == 0 and cpu["num_hit_blocks"] > 0
+    for other in runs[1:]:
+        assert other.requests.equals(runs[0].requests)
+
+
+# ------------------------------------------------------------------ bursts in the deployments left out
+
+
+def _bursts_world(tmp_path, kind):
+    raw = traced(write_trace(tmp_path / "t.jsonl", shared_rows(9, n=60)), {"num_gpu_blocks_override": 200})
+    raw["latency"] = {"model": "roofline"}
+    if kind == "n2":
+        raw["workload"]["n"] = 2
+    elif kind == "disagg":
+        raw.update(replicas=[{"count": 1, "kv_role": "kv_producer"}, {"count": 2, "kv_role": "kv_consumer"}],
+                   kv_transfer_config={"kv_connector": "NixlConnector"})
+    else:
+        raw.update(replicas=1, router={"policy": "least_outstanding"},
+                   autoscaler={"min_replicas": 1, "max_replicas": 3, "target": 1, "sync_period_s": 0.5,
+                               "startup_s": 0.5, "scale_down_window_s": 1})
+    return make_scenario(raw)
+
+
+@pytest.mark.parametrize("kind", ["n2", "disagg", "autoscaled"])
+def test_bursts_equal_step_by_step_where_the_burst_tests_do_not_look(tmp_path, kind, monkeypatch):
+    """`tests/test_burst_exact.py` compares single engines and static fleets; parallel sampling's children,
+    a disaggregated fleet's decode instances and an autoscaled fleet burst too: the same requests, steps and
+    summary step by step (bursts=False), and bursts did run. (Data-parallel ranks never burst.)"""
+    run = {"n2": simulate, "disagg": simulate_disagg, "autoscaled": simulate_autoscaled}[kind]
+    scenario = _bursts_world(tmp_path, kind)
+    step_by_step = run(scenario, bursts=False)
+    applied = []
+    apply_burst = kvsim.engine.runtime.apply_burst
+    monkeypatch.setattr(kvsim.engine.runtime, "apply_burst", lambda *args: applied.append(1) or apply_burst(*args))
+    bursts = run(scenario, check=True)
+    assert applied
+    assert bursts.requests.equals(step_by_step.requests)
+    assert bursts.steps.equals(step_by_step.steps)
+    assert json.dumps(bursts.summary) == json.dumps(step_by_step.summary)
+
+
+# ------------------------------------------------------------------ windows and prefix hits
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-20b", "gemma-3-27b", "mistral-7b"])
+@pytest.mark.parametrize("case", range(3))
+def test_a_windowed_model_hits_the_whole_blocks_of_the_common_prefix(tmp_path, model, case):
+    """Round two's prefix hit (`test_metamorphic2.py`) for models whose layers slide (all of Mistral-7B's
+    over 4,096 tokens; half of gpt-oss-20b's over 128, five in six of Gemma 3's over 1,024): in a pool that
+    evicts nothing every block A filled stays cached, the blocks that slid out of its window too, so B hits
+    min(common, P_A + O_A − 1, P_B − 1) // 16 whole blocks and its prefill computes the rest."""
+    rng = np.random.default_rng(case)
+    prompt_a, output_a = int(rng.integers(1, 600)), int(rng.integers(1, 50))
+    tokens_a = rng.integers(0, 30_000, prompt_a + output_a).tolist()
+    common = int(rng.integers(0, prompt_a + output_a + 20))
+    prompt_b = int(rng.integers(max(1, min(common, prompt_a + output_a)), 800))
+    tokens_b = (tokens_a[:common] + rng.integers(40_000, 70_000, 800).tolist())[:prompt_b]
+    rows = [{"arrival_time_ns": 0, "input_toks": prompt_a, "output_toks": output_a,
+             "input_tok_ids": tokens_a[:prompt_a], "output_tok_ids": tokens_a[prompt_a:]},
+            {"arrival_time_ns": 100 * 10**9, "input_toks": prompt_b, "output_toks": 3,
+             "input_tok_ids": tokens_b, "output_tok_ids": [1, 2, 3]}]
+    raw = traced(write_trace(tmp_path / "t.jsonl", rows), {"max_model_len": 2048, "num_gpu_blocks_override": 2000},
+                 model)
+    raw["gpu"] = "h200"
+    result = kvsim.simulate(raw, check=True)
+    b, steps = result.requests.iloc[1], result.steps
+    hit = min(common, prompt_a + output_a - 1, prompt_b - 1) // 16 * 16
+    assert b.prefix_hit_tokens == hit
+    assert steps.num_batched_tokens[(steps.time_s >= 100) & (steps.time_s < b.first_token_s)].sum() == prompt_b - hit
