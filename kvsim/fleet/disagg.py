@@ -234,7 +234,7 @@ class Disaggregation:
             self.d_routes.add(req, decision)
             self.d_view.dispatched[decision.replica] += 1
             engine = self.engines[self.decode[decision.replica]]
-            engine.scheduler.cap_output(req)  # the client's max_tokens, capped to D's max_model_len
+            req.cap_output(engine.scheduler.limits.max_model_len)  # the client's max_tokens, capped to D's limit
             if engine.scheduler.reject_reason(req) is not None:  # D can never hold it: rejected there
                 self._release(prefill, req)
                 self.num_in_decode_queues += 1

@@ -177,11 +177,10 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         self.waiting.add(req)
 
     def accept(self, req: Request) -> bool:
-        """False, with the request rejected and recorded, if it can never be served (vLLM refuses it on
-        arrival); True if it can (`add` queues it; with async scheduling the engine queues it when the
-        step that can first see it is planned, `kvsim.engine.runtime.Engine.deliver`). Its output is
-        first capped to this engine's `max_model_len` (`cap_output`)."""
-        self.cap_output(req)
+        """False, with the request rejected and recorded, if it can never be served (vLLM refuses it on arrival);
+        True if it can (`add` queues it; with async scheduling the engine queues it when the step that can first
+        see it is planned, `kvsim.engine.runtime.Engine.deliver`), its output capped (`Request.cap_output`)."""
+        req.cap_output(self.limits.max_model_len)
         reason = self.reject_reason(req)
         if reason:
             req.status, req.reject_reason = RequestStatus.REJECTED, reason
@@ -189,16 +188,6 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
             self.records.add(req)
             return False
         return True
-
-    def cap_output(self, req: Request) -> None:
-        """Cap `req`'s output so that prompt + output ≤ this engine's max_model_len, as vLLM ends a request
-        whose tokens reach it (`FINISHED_LENGTH_CAPPED`). A single engine's requests come capped already
-        (`kvsim.workload.generate`); a fleet's are capped where they are served, since its replicas' limits
-        may differ (a conversation's next turn still carries the reply as the fleet's largest limit caps it).
-        A prompt that alone reaches max_model_len is left for `reject_reason` to refuse."""
-        room = self.limits.max_model_len - req.prompt_len
-        if 0 < room < req.output_len:
-            req.output_len = room
 
     def reject_reason(self, req: Request) -> str | None:
         """Why `req` can never be served, or None. A reason names the limit, not the request's own numbers

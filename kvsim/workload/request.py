@@ -98,6 +98,16 @@ class Request:
         with them, is not among them: its KV was never computed, a decode step would have computed it anyway."""
         return max(0, min(past + num_new, self.num_dropped_kv_tokens) - past)
 
+    def cap_output(self, max_model_len: int) -> None:
+        """Cap the output so that prompt + output ≤ `max_model_len`, the limit of the engine that serves it, as
+        vLLM ends a request whose tokens reach it (`FINISHED_LENGTH_CAPPED`). A single engine's requests come
+        capped already (`kvsim.workload.generate`); a fleet's are capped where they are served, since its
+        replicas' limits may differ (a conversation's next turn still carries the reply as the fleet's largest
+        limit caps it). A prompt that alone reaches the limit is left as it is, for the scheduler to refuse."""
+        room = max_model_len - self.prompt_len
+        if 0 < room < self.output_len:
+            self.output_len = room
+
     def child_seq_ids(self) -> list[int]:
         base = self.request_id * MAX_SAMPLES
         return [base + i for i in range(1, self.num_samples)]
