@@ -4,7 +4,8 @@
 
 * a replica's own `max_model_len` is the engine's: vLLM ends a request when its tokens reach the engine's
   limit (`FINISHED_LENGTH_CAPPED`), so a fleet whose group sets the limit serves every request as one engine
-  with that limit does, and each group of a fleet of two limits as its own engine;
+  with that limit does, and each group of a fleet of two limits as its own engine; a group that names the
+  other scheduler is an engine of that scheduler (v0 caches no prefix unless asked);
 * a trace split in two where the first part drains long before the second arrives: the second part runs as
   alone, though the first filled the pool with cached blocks the second must evict (prefix caching or
   not, the radix tree, a hybrid model's windows, parallel sampling, v0's swap);
@@ -99,6 +100,29 @@ def test_each_group_of_a_fleet_of_two_limits_serves_as_its_engine(tmp_path):
                              "kv_transfer_config": {"kv_connector": "NixlConnector"}})
     assert disagg.requests.output_tokens.tolist() == [124, 300, 24, 300]
     assert disagg.requests.status.eq("finished").all()
+
+
+@pytest.mark.parametrize(("top", "group"), [("v1", "v0"), ("v0", "v1")])
+def test_a_group_that_names_a_scheduler_is_an_engine_of_that_scheduler(tmp_path, top, group):
+    """Round robin over a replica of the scenario's scheduler and one whose group names the other: each
+    serves its rows (every other one) as one engine given those settings does. vLLM's v0 engine caches no
+    prefix unless asked (`enable_prefix_caching` None in `EngineArgs`, turned on for v1 only), so the v0
+    replica hits nothing and the v1 one hits the common texts. The group took the scenario's resolved
+    value instead: a v0 group under a v1 scenario cached prefixes, a v1 group under a v0 scenario did not."""
+    rows = shared_rows(4, n=24)
+    raw = traced(write_trace(tmp_path / "all.jsonl", rows), {"scheduler": top, "num_gpu_blocks_override": 2000})
+    fleet = kvsim.simulate({**raw, "replicas": [{"count": 1}, {"count": 1, "engine": {"scheduler": group}}],
+                            "router": {"policy": "round_robin"}}).requests
+    for replica, scheduler in enumerate((top, group)):
+        mine = fleet[fleet.replica == replica].drop(columns="replica").reset_index(drop=True)
+        share = [rows[i] for i in range(replica, len(rows), 2)]
+        alone = kvsim.simulate(traced(write_trace(tmp_path / f"r{replica}.jsonl", share),
+                                      {"scheduler": scheduler, "num_gpu_blocks_override": 2000})).requests
+        assert (mine.prefix_hit_tokens.sum() > 0) == (scheduler == "v1")
+        counts = ["prompt_tokens", "output_tokens", "prefix_hit_tokens", "num_preemptions"]
+        assert mine[counts].equals(alone[counts])
+        start_s = (share[0]["arrival_time_ns"] - rows[0]["arrival_time_ns"]) / 1e9
+        np.testing.assert_allclose(mine.finish_s, alone.finish_s + start_s, rtol=1e-12, atol=1e-9)
 
 
 # ------------------------------------------------------------------ combinations that must not matter

@@ -75,13 +75,18 @@ def replica_groups(scenario: Scenario) -> list[tuple[Scenario, int]]:
 
 
 def _groups(scenario: Scenario) -> list[tuple[int, dict[str, Any], str, int]]:
-    """(group index, raw replica scenario less its name, name prefix, count) per group."""
+    """(group index, raw replica scenario less its name, name prefix, count) per group: the scenario's
+    settings with the group's on top, but a group that names another scheduler and not
+    `enable_prefix_caching` takes that scheduler's default, as an engine given only the scheduler does
+    (the scenario's resolved value, on for v1, turned a v0 group's prefix caching on, and the reverse)."""
     base = scenario.model_dump(mode="json", exclude={"replicas", "router", "kv_transfer_config", "autoscaler"})
     if isinstance(scenario.replicas, int):
         return [(0, base, "r", scenario.replicas)]
     out = []
     for g, group in enumerate(scenario.replicas or ()):
         raw = {**base, "engine": {**base["engine"], **group.engine}}
+        if raw["engine"]["scheduler"] != base["engine"]["scheduler"] and "enable_prefix_caching" not in group.engine:
+            del raw["engine"]["enable_prefix_caching"]  # the group's scheduler's default, as its engine's (v0: off)
         raw.update({key: value for key, value in (("model", group.model), ("gpu", group.gpu)) if value})
         out.append((g, raw, f"{group.name or f'g{g}'}-", group.count))
     return out
@@ -196,7 +201,7 @@ def replica_engines(scenario: Scenario, specs: list[Scenario], observe_kv: bool,
     """One engine per replica scenario in `specs`, and the traffic: one generator seeded by `scenario.seed`
     (the run's only source of randomness) builds the engines in order, then draws the requests (built at
     arrival, let go when they end; capped at the largest replica's max_model_len, then by the replica that
-    serves each, `Scheduler.cap_output`). `scenario.steps` holds for the
+    serves each, `Request.cap_output`). `scenario.steps` holds for the
     whole fleet: `sampled` keeps at most MAX_SAMPLED_STEPS rows in all; a replica with a writer in
     `writers` streams its rows there, labelled with its `replica`; if any replica speculates, every one
     has the `draft_rejected` column (one table). `observe_kv`: a dispatcher reads every engine's KV usage."""
