@@ -162,15 +162,19 @@ def test_a_late_preemption_after_the_parents_row_is_written_goes_to_that_row():
 
 
 def test_rejected_only_for_what_one_child_cannot_get():
-    """v1 refuses a fanned-out request only if one child could never run: 40 + 30 tokens > max_model_len 64
-    is refused (one row, n kept); n = 16 > max_num_seqs 8 is served in turns, where v0 refuses it."""
+    """v1 refuses a fanned-out request only if one child could never run: a 64-token prompt reaches
+    max_model_len 64 and is refused (one row, n kept); n = 16 > max_num_seqs 8 is served in turns, where v0
+    refuses it. 40 + 30 tokens, past max_model_len, are served capped to 64 − 40 = 24 output tokens (vLLM ends
+    a request whose tokens reach max_model_len), as the workload caps them for one engine; it was refused."""
     s = tiny_world(max_model_len=64)
-    too_long = make_request(0, 0.0, prompt=40, output=30, n=4)
+    too_long = make_request(0, 0.0, prompt=64, output=2, n=4)
     many = make_request(1, 0.0, prompt=8, output=2, n=16)
-    run(s, [too_long, many])
+    capped = make_request(2, 0.0, prompt=40, output=30, n=4)
+    run(s, [too_long, many, capped])
     assert too_long.status is RequestStatus.REJECTED and "max_model_len" in too_long.reject_reason
     assert many.status is RequestStatus.FINISHED
-    assert s.records.columns()["num_samples"].tolist() == [4, 16]
+    assert capped.status is RequestStatus.FINISHED and capped.output_len == 24
+    assert s.records.columns()["num_samples"].tolist() == [4, 16, 4]
     v0 = tiny_world(policy="v0", max_model_len=64)
     assert not v0.add(make_request(1, 0.0, prompt=8, output=2, n=16))
 
