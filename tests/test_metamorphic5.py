@@ -12,6 +12,8 @@
 * token ids cannot matter without prefix caching: a trace whose rows share long prefixes of ids runs as the
   same trace without ids, under preemption, chunking, parallel sampling and beam search;
 * an offload tier that never fills: ten times the CPU blocks, or a disk tier below it, changes no request;
+* v0 and synchronous v1 agree on prompts that end at their first token (no caching, nothing binding), and
+  one priority from a trace column is FCFS beside speculation, an offload tier and the radix tree;
 * decode bursts are exact in the deployments the burst tests leave out: a disaggregated fleet, an
   autoscaled one, and v1's parallel sampling;
 * a hybrid or sliding-window model hits the whole blocks of the common prefix, as a full-attention one.
@@ -191,6 +193,45 @@ def test_an_offload_tier_that_never_fills_is_any_larger_one(tmp_path, engine):
     assert 0 < cpu["num_stored_blocks"] < 5000 and cpu["num_evicted_blocks"] == 0 and cpu["num_hit_blocks"] > 0
     for other in runs[1:]:
         assert other.requests.equals(runs[0].requests)
+
+
+@pytest.mark.parametrize("latency", [STEP, {"model": "roofline"}], ids=["constant", "roofline"])
+def test_v0_and_v1_agree_on_prompts_that_end_at_their_first_token(tmp_path, latency):
+    """Where the engines must agree: every request wants one token (its prefill samples it and it ends), no
+    prefix caching, a token budget and a pool nothing fills. Both then take every waiting prompt each step
+    (v1's chunks are whole prompts, v0's prefill-first batch has no decode to wait for), so synchronous v1
+    and v0 give the same requests and steps, priced alike."""
+    rows = [{**row, "output_toks": 1} for row in shared_rows(300, n=50)]
+    path = write_trace(tmp_path / "t.jsonl", rows)
+    roomy = {"num_gpu_blocks_override": 8000, "max_num_batched_tokens": 40_000, "max_num_seqs": 256}
+    runs = []
+    for engine in ({"async_scheduling": False, "enable_prefix_caching": False}, {"scheduler": "v0"}):
+        raw = traced(path, {**roomy, **engine})
+        runs.append(kvsim.simulate({**raw, "latency": latency}))
+    assert runs[0].steps["num_batched_tokens"].max() > 700  # prompts batched together
+    assert runs[0].requests.equals(runs[1].requests)
+    columns = ["time_s", "duration_s", "num_batched_tokens", "vllm:num_requests_running"]
+    assert runs[0].steps[columns].equals(runs[1].steps[columns])
+
+
+@pytest.mark.parametrize("engine", [
+    {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "acceptance_rates": 0.6}},
+    {"kv_offload": {"num_cpu_blocks": 100}, "max_num_batched_tokens": 64, "max_num_seqs": 16},
+    {"prefix_cache": "radix", "async_scheduling": False},
+], ids=["ngram", "offload-chunked", "radix-sync"])
+def test_one_priority_from_a_trace_column_is_fcfs_with_speculation_tiers_and_the_radix_tree(tmp_path, engine):
+    """Round one's relation (one priority for every request is FCFS) through a trace's priority column and
+    beside the features it did not combine: with (priority, arrival) = arrival the waiting orders agree,
+    and so do the victims (FCFS preempts the last admitted, which arrived last: a preempted request goes
+    back to the front, behind no earlier arrival)."""
+    path = write_trace(tmp_path / "t.jsonl", [{**row, "prio": 3} for row in shared_rows(200, n=40)])
+    fcfs = kvsim.simulate(traced(path, {"num_gpu_blocks_override": 100, **engine}))
+    raw = traced(path, {"num_gpu_blocks_override": 100, **engine, "scheduling_policy": "priority"})
+    raw["workload"]["trace"]["priority_column"] = "prio"
+    priority = kvsim.simulate(raw)
+    assert fcfs.summary["num_preemptions"] > 0
+    assert set(priority.requests.priority) == {3}
+    assert priority.requests.drop(columns="priority").equals(fcfs.requests)
 
 
 # ------------------------------------------------------------------ bursts in the deployments left out
