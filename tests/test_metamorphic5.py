@@ -5,7 +5,8 @@
 * a replica's own `max_model_len` is the engine's: vLLM ends a request when its tokens reach the engine's
   limit (`FINISHED_LENGTH_CAPPED`), so a fleet whose group sets the limit serves every request as one engine
   with that limit does, and each group of a fleet of two limits as its own engine; a group that names the
-  other scheduler is an engine of that scheduler (v0 caches no prefix unless asked);
+  other scheduler is an engine of that scheduler (v0 caches no prefix unless asked); requests arriving
+  together go to different data-parallel ranks under async scheduling too;
 * a trace split in two where the first part drains long before the second arrives: the second part runs as
   alone, though the first filled the pool with cached blocks the second must evict (prefix caching or
   not, the radix tree, a hybrid model's windows, parallel sampling, v0's swap);
@@ -125,6 +126,22 @@ def test_a_group_that_names_a_scheduler_is_an_engine_of_that_scheduler(tmp_path,
         assert mine[counts].equals(alone[counts])
         start_s = (share[0]["arrival_time_ns"] - rows[0]["arrival_time_ns"]) / 1e9
         np.testing.assert_allclose(mine.finish_s, alone.finish_s + start_s, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("engine", [{}, {"async_scheduling": False}], ids=["async", "sync"])
+def test_requests_arriving_together_go_to_different_data_parallel_ranks(tmp_path, engine):
+    """vLLM's DP client picks the engine of least 4 · waiting + running (the first on a tie) and adds the
+    request to that engine's waiting count at once: of two requests arriving together on an idle group, the
+    first goes to rank 0 (a tie), the second to rank 1 (scores 4 and 0), and each runs as alone. Under async
+    scheduling, vLLM's default, a request sent to a rank waits in its inbox for the next step to see it,
+    and the balancer did not count it: every pair went to rank 0, and its requests shared the steps."""
+    rows = [(pair * 2 * 10**9, 200, 50) for pair in range(4) for _ in (0, 1)]
+    group = kvsim.simulate(traced(write_trace(tmp_path / "t.jsonl", rows),
+                                  {"num_gpu_blocks_override": 2000, "data_parallel_size": 2, **engine})).requests
+    assert group.dp_rank.tolist() == [0, 1] * 4
+    alone = kvsim.simulate(traced(write_trace(tmp_path / "one.jsonl", rows[:1]), {"num_gpu_blocks_override": 2000,
+                                                                                   **engine})).requests
+    np.testing.assert_allclose(group.e2e_s, alone.e2e_s[0], rtol=1e-12)
 
 
 # ------------------------------------------------------------------ combinations that must not matter

@@ -2,6 +2,8 @@
 vLLM function named beside it, on a world small enough to follow on paper."""
 
 from kvsim.engine.loop import least_loaded, run_engine
+from kvsim.engine.recorder import StepRecorder
+from kvsim.engine.runtime import Engine
 from kvsim.kv import PagedAllocator, TokenContent
 from kvsim.kv.link import LinkSpec
 from kvsim.kv.offload_connector import OffloadConnector, TierSpec
@@ -56,4 +58,4 @@ def test_data_parallel_balancing_counts_a_loading_request_as_waiting():
     loading, running = offloading_scheduler(), offloading_scheduler()
     loading.loading[7] = (req(7, 0.0, list(range(32))), 31)
     running.running.append(req(8, 0.0, list(range(32))))
-    assert least_loaded([loading, running]) == 1
+    assert least_loaded([Engine(s, ConstantLatency(STEP_S), StepRecorder("all")) for s in (loading, running)]) == 1

@@ -238,9 +238,12 @@ def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: Iterable[R
     return engine.recorder
 
 
-def least_loaded(schedulers: Sequence[Scheduler]) -> int:
+def least_loaded(engines: Sequence[Engine]) -> int:
     """vLLM's DP load balancing: the engine with the lowest `4 · waiting + running`, the first on a
     tie (vllm/v1/engine/core_client.py, DPLBAsyncMPClient.get_core_engine_for_request), from the counts each
-    engine reports (`Scheduler.get_request_counts`: a request loading its KV is waiting)."""
-    scores = [4 * s.num_waiting + len(s.running) for s in schedulers]
+    engine reports (`Scheduler.get_request_counts`: a request loading its KV is waiting) and the requests
+    sent to it that its scheduler has not seen yet (`Engine.num_waiting`: an async engine's inbox), as the
+    client adds each request it sends to its engine's waiting count at once. Without them, requests that
+    arrived together under async scheduling, vLLM's default, all went to engine 0."""
+    scores = [4 * e.num_waiting + len(e.scheduler.running) for e in engines]
     return scores.index(min(scores))

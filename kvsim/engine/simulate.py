@@ -52,7 +52,7 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     group = [Engine(p.scheduler, p.latency, steps.rank(i)) for i, p in enumerate(parts)]
     requests = iter_requests(scenario, parts[0].spec.max_model_len, rng)
     run_engines([group] if lockstep else [[engine] for engine in group], requests,
-                lambda req, now: least_loaded(schedulers), check, bursts=False,
+                lambda req, now: least_loaded(group), check, bursts=False,
                 num_requests=scenario.workload.num_requests, max_in_flight=scenario.workload.max_concurrency)
     tables: list[dict[str, np.ndarray]] = []  # each rank's requests by request_id, with its dp_rank
     for i, (p, engine) in enumerate(zip(parts, group, strict=True)):
