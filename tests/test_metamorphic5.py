@@ -13,6 +13,7 @@
 * token ids cannot matter without prefix caching: a trace whose rows share long prefixes of ids runs as the
   same trace without ids, under preemption, chunking, parallel sampling and beam search;
 * an offload tier that never fills: ten times the CPU blocks, or a disk tier below it, changes no request;
+* v0's prefix caching changes no swapped group (beam search, parallel sampling) whose prompt no row shares;
 * v0 and synchronous v1 agree on prompts that end at their first token (no caching, nothing binding), and
   one priority from a trace column is FCFS beside speculation, an offload tier and the radix tree;
 * decode bursts are exact in the deployments the burst tests leave out: a disaggregated fleet, an
@@ -249,6 +250,24 @@ def test_one_priority_from_a_trace_column_is_fcfs_with_speculation_tiers_and_the
     assert fcfs.summary["num_preemptions"] > 0
     assert set(priority.requests.priority) == {3}
     assert priority.requests.drop(columns="priority").equals(fcfs.requests)
+
+
+@pytest.mark.parametrize("workload", [{"beam_width": 2}, {"beam_width": 3}, {"n": 2}], ids=["beam2", "beam3", "n2"])
+def test_v0_prefix_caching_without_shared_prompts_changes_no_swapped_group(tmp_path, workload):
+    """v0 forks a group's sequences (beam search, parallel sampling) and swaps a preempted group out whole:
+    with prompt ids no other row has, the blocks prefix caching registers are never hit (a swapped group
+    comes back with its own blocks, not through a lookup), so caching on or off gives the same requests,
+    under a 120-block pool that swaps."""
+    rows = [{"arrival_time_ns": row["arrival_time_ns"], "input_toks": row["input_toks"], "output_toks": row["output_toks"],
+             "input_tok_ids": [10**6 * (i + 1) + j for j in range(row["input_toks"])]}
+            for i, row in enumerate(shared_rows(3, n=30))]
+    path = write_trace(tmp_path / "t.jsonl", rows)
+    engine = {"scheduler": "v0", "preemption_mode": "swap", "num_gpu_blocks_override": 120, "max_num_seqs": 32}
+    off = kvsim.simulate(traced(path, {**engine, "enable_prefix_caching": False}, **workload))
+    on = kvsim.simulate(traced(path, {**engine, "enable_prefix_caching": True}, **workload))
+    assert off.summary["swapped_out_bytes"] > 0
+    assert on.summary["num_prefix_cache_hit_tokens"] == 0
+    assert on.requests.equals(off.requests)
 
 
 # ------------------------------------------------------------------ bursts in the deployments left out
