@@ -6,7 +6,8 @@
   limit (`FINISHED_LENGTH_CAPPED`), so a fleet whose group sets the limit serves every request as one engine
   with that limit does, and each group of a fleet of two limits as its own engine; a group that names the
   other scheduler is an engine of that scheduler (v0 caches no prefix unless asked); requests arriving
-  together go to different data-parallel ranks under async scheduling too;
+  together go to different data-parallel ranks under async scheduling too, and so do a request's parallel
+  samples (vLLM fans them out before its DP client routes them);
 * a trace split in two where the first part drains long before the second arrives: the second part runs as
   alone, though the first filled the pool with cached blocks the second must evict (prefix caching or
   not, the radix tree, a hybrid model's windows, parallel sampling, v0's swap);
@@ -39,7 +40,8 @@ from kvsim.engine.simulate import simulate
 from kvsim.fleet.autoscaled import simulate_autoscaled
 from kvsim.fleet.disagg import simulate_disagg
 from kvsim.workload.scenario import make_scenario
-from tests.test_metamorphic2 import write_trace
+from tests.test_metamorphic2 import random_rows, write_trace
+from tests.test_metamorphic4 import own_ids
 
 STEP = {"model": "constant", "step_s": 0.01}
 
@@ -143,6 +145,32 @@ def test_requests_arriving_together_go_to_different_data_parallel_ranks(tmp_path
     alone = kvsim.simulate(traced(write_trace(tmp_path / "one.jsonl", rows[:1]), {"num_gpu_blocks_override": 2000,
                                                                                    **engine})).requests
     np.testing.assert_allclose(group.e2e_s, alone.e2e_s[0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("engine", [{}, {"async_scheduling": False}], ids=["async", "sync"])
+def test_parallel_sampling_on_data_parallel_ranks_is_each_row_sent_twice(tmp_path, engine):
+    """Round four's relation (`n = 2` is each row sent twice with the same prompt ids) on two DP ranks: vLLM's
+    front end fans the request out before its DP client routes each child (`AsyncLLM.add_request`, then
+    `add_request_async` per child), so the children are balanced like two rows arriving together, on ranks
+    of their own when the group is idle, sharing no prefix cache. The steps are those of the rows sent twice,
+    the parent's row starts with its first child's first token and ends with its last child's end. kvsim
+    fanned out inside the rank the parent was sent to: both children ran there, the second hitting the
+    first's prompt blocks."""
+    rows = own_ids(random_rows(np.random.default_rng(3), 30, 3.0, max_prompt=600, max_output=100))
+    group = {"num_gpu_blocks_override": 120, "data_parallel_size": 2, **engine}
+    fanned = kvsim.simulate(traced(write_trace(tmp_path / "n2.jsonl", rows), group, n=2))
+    twice = [{**row, "output_tok_ids": [10**9 + 10**6 * i + 10**5 * sample + j for j in range(row["output_toks"])]}
+             for i, row in enumerate(rows) for sample in (0, 1)]
+    alone = kvsim.simulate(traced(write_trace(tmp_path / "twice.jsonl", twice), group))
+    assert alone.summary["num_preemptions"] > 0
+    assert set(alone.requests.dp_rank) == {0, 1}
+    assert fanned.steps.equals(alone.steps)
+    children = alone.requests.groupby(alone.requests.request_id // 2)
+    for column, of_children in (("first_scheduled_s", "min"), ("first_token_s", "min"), ("finish_s", "max"),
+                                ("num_preemptions", "sum")):
+        np.testing.assert_array_equal(fanned.requests[column], children[column].agg(of_children))
+    for key in ("num_preemptions", "num_prefix_cache_query_tokens", "num_prefix_cache_hit_tokens", "duration_s"):
+        assert fanned.summary[key] == alone.summary[key]
 
 
 # ------------------------------------------------------------------ combinations that must not matter

@@ -123,9 +123,11 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] 
                 check: bool = False, progress: ProgressFn | None = None, bursts: bool = True,
                 num_requests: int | None = None,
                 clocks: Callable[[simpy.Environment, ArrivalClock], Sequence[ArrivalClock]] | None = None,
-                max_in_flight: int | None = None) -> None:
+                max_in_flight: int | None = None, fan_out: Callable[[Request], list[Request]] | None = None) -> None:
     """Run engine groups (one engine each, or a lockstep data-parallel group) in one simulated clock;
-    each arriving request goes to engine `dispatch(req, now)` (an index into the groups' engines, in order).
+    each arriving request goes to engine `dispatch(req, now)` (an index into the groups' engines, in order),
+    or, with `fan_out`, each of the requests `fan_out(req)` sends in its place, in order (a data-parallel
+    front end fans a parallel-sampling request out into children before its balancer routes each one).
 
     `requests` in arrival order, a list or a lazy iterator (`kvsim.workload.generate.iter_requests`):
     it is read only as far as the arrivals go, and no request is kept after it ends (its numbers
@@ -170,7 +172,8 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] 
             engine.at_step_boundary = lambda now: slot_freed.ring()
 
     def send(req: Request) -> None:
-        engines[dispatch(req, env.now)].deliver(env.now, req)
+        for each in fan_out(req) if fan_out is not None else (req,):
+            engines[dispatch(each, env.now)].deliver(env.now, each)
 
     def arrival_process() -> Generator:
         if turns is not None:

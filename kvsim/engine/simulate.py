@@ -26,6 +26,7 @@ from kvsim.results.output_dir import check_output_dir, output_directory
 from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
 from kvsim.results.step_writer import StepsFormat, StepWriter
+from kvsim.sched.v1 import data_parallel_fan_out
 from kvsim.workload.generate import iter_requests
 from kvsim.workload.scenario import Scenario, StepsMode
 
@@ -35,11 +36,13 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     """`data_parallel_size` engines, each with its own scheduler and KV pool, behind vLLM's DP
     load balancer: stepping in lockstep for an MoE model (`kvsim.engine.loop.step_loop`), each on its own
     for a dense one (vLLM runs those ranks as independent engines, `DPEngineCoreProc` being for MoE only:
-    vllm/v1/engine/core.py, `run_engine_core`), without decode bursts either way. The result holds every request
-    (column `dp_rank`) and the engines' steps (those `scenario.steps` keeps, in (`time_s`, `dp_rank`)
-    order); the summary describes the deployment: running and waiting counts and scheduler counters
-    summed over the engines, pool shares averaged over them (`kvsim.results.metrics.dp_group_steps`),
-    with KV offload its tiers' books over the ranks (`kvsim.kv.offload_connector.combine_summaries`).
+    vllm/v1/engine/core.py, `run_engine_core`), without decode bursts either way. A request with n > 1 samples is
+    fanned out before the balancer routes each child (`kvsim.sched.v1.data_parallel_fan_out`). The result holds
+    every request (column `dp_rank`: for a fanned-out request, the rank whose child ended last) and the engines'
+    steps (those `scenario.steps` keeps, in (`time_s`, `dp_rank`) order); the summary describes the deployment:
+    running and waiting counts and scheduler counters summed over the engines, pool shares averaged over them
+    (`kvsim.results.metrics.dp_group_steps`), with KV offload its tiers' books over the ranks
+    (`kvsim.kv.offload_connector.combine_summaries`).
     The steps stream through a `LockstepRecorder`: to `writer`, if given (they are read back from
     `steps_path`, where the writer's file lands), else kept in memory (`all`) or sampled."""
     check_engines_memory(scenario, [(scenario, scenario.engine.data_parallel_size)], memory_limit_bytes,
@@ -53,7 +56,8 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     requests = iter_requests(scenario, parts[0].spec.max_model_len, rng)
     run_engines([group] if lockstep else [[engine] for engine in group], requests,
                 lambda req, now: least_loaded(group), check, bursts=False,
-                num_requests=scenario.workload.num_requests, max_in_flight=scenario.workload.max_concurrency)
+                num_requests=scenario.workload.num_requests, max_in_flight=scenario.workload.max_concurrency,
+                fan_out=data_parallel_fan_out(schedulers))
     tables: list[dict[str, np.ndarray]] = []  # each rank's requests by request_id, with its dp_rank
     for i, (p, engine) in enumerate(zip(parts, group, strict=True)):
         table = finished_requests(p, engine.recorder)

@@ -32,6 +32,8 @@ for what one child could never get: n > max_num_seqs runs its children in turns.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 
 from kvsim.kv import KVAllocator
@@ -173,3 +175,25 @@ class V1Scheduler(Scheduler):
         return (self.num_running_seqs() + req.num_samples > self.limits.max_num_seqs
                 or len(self.running) >= self.limits.max_num_batched_tokens
                 or not self.can_admit(req, hit, first_chunk))
+
+
+def data_parallel_fan_out(schedulers: Sequence[Scheduler]) -> Callable[[Request], list[Request]] | None:
+    """What a data-parallel group of v1 engines is sent in place of each arriving request: vLLM's front end
+    fans a request with n > 1 out into its children before its DP client routes each child to an engine of
+    its own choosing (vllm/v1/engine/async_llm.py `add_request`, then `DPLBAsyncMPClient.add_request_async` per
+    child), so siblings may run on different ranks and share no prefix cache. The ranks share one
+    `SampleGroups`: the rank whose child ends last writes the parent's row. A request one child could never
+    run is sent whole, for its rank to refuse. None for one engine, or engines that are not v1."""
+    ranks = [s for s in schedulers if isinstance(s, V1Scheduler)]
+    if len(schedulers) < 2 or len(ranks) < len(schedulers):
+        return None
+    first, shared = ranks[0], ranks[0].samples
+    for rank in ranks[1:]:
+        rank.samples = shared
+
+    def fan_out(req: Request) -> list[Request]:
+        req.cap_output(first.limits.max_model_len)
+        if not fans_out(req) or first.reject_reason(req) is not None:
+            return [req]
+        return shared.fan_out(req)
+    return fan_out
