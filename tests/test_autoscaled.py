@@ -65,3 +65,51 @@ def test_a_policy_that_can_never_scale_is_refused():
 def test_affinity_is_refused_with_an_autoscaler():
     with pytest.raises(KvsimError, match="router.policy=affinity"):
         simulate_autoscaled(make_scenario(raw(autoscaler={"max_replicas": 3}, policy="affinity")))
+
+
+def test_kv_usage_counts_a_pool_only_while_its_replica_is_up():
+    """By hand: engine A (100 blocks) steps over [0, 10) at 50 % usage, up throughout; engine B (300 blocks) is
+    up from t = 4 and steps over [6, 10) at 25 %. Blocks in use: 50 · 10 + 75 · 4 = 800 block-seconds; blocks up
+    while either steps ([0, 10)): 100 · 10 + 300 · 6 = 2,800, so KV usage is 800 / 2,800 = 2/7 (counting B's pool
+    for the whole 10 s, as before, gave 800 / 4,000 = 0.2). Without up periods the static figure stands."""
+    from kvsim.results.metrics import StepTotals, means_together
+
+    a = StepTotals(dt=10.0, usage_dt=0.5 * 10.0)
+    a.busy_periods.extend([0.0, 10.0])
+    b = StepTotals(dt=4.0, usage_dt=0.25 * 4.0)
+    b.busy_periods.extend([6.0, 10.0])
+    up = [[0.0, float("inf")], [4.0, float("inf")]]
+    assert means_together([a, b], [100, 300], up)["kv_cache_usage_mean"] == pytest.approx(2 / 7, rel=1e-12)
+    assert means_together([a, b], [100, 300])["kv_cache_usage_mean"] == pytest.approx(0.2, rel=1e-12)
+    # B switched off at t = 8 and its steps end there: 50 · 10 + 75 · 2 = 650 over 100 · 10 + 300 · 4 = 2,200
+    b = StepTotals(dt=2.0, usage_dt=0.25 * 2.0)
+    b.busy_periods.extend([6.0, 8.0])
+    down_at_8 = [[0.0, float("inf")], [4.0, 8.0]]
+    assert means_together([a, b], [100, 300], down_at_8)["kv_cache_usage_mean"] == pytest.approx(650 / 2200, rel=1e-12)
+
+
+def test_an_autoscaled_fleet_s_kv_usage_is_over_the_pools_up_at_the_time():
+    """One replica overloaded, a second ready at a sync + startup_s (never scaled down in a 300 s window): the
+    fleet's KV usage is Σ blocks in use · dt over Σ blocks of the replicas up · dt, over the time any replica
+    steps, computed here naively on a grid of every step boundary from the step rows and the ready time."""
+    import numpy as np
+
+    policy = {"min_replicas": 1, "max_replicas": 2, "target": 1, "startup_s": 5.0, "sync_period_s": 1.0}
+    result = simulate_autoscaled(make_scenario(raw(num_requests=600, rate=60.0, replicas=1, autoscaler=policy)))
+    scaling = result.tables["scaling"]
+    ready_s = float(scaling.loc[scaling["num_starting"] > 0, "time_s"].min()) + 5.0
+    assert set(scaling["num_ready"]) == {1, 2} and (scaling["num_draining"] == 0).all()
+    blocks = [run.summary["num_gpu_blocks"] for run in result.replicas[:2]]
+    steps = result.steps
+    start = steps["time_s"].to_numpy()
+    end = start + steps["duration_s"].to_numpy()
+    grid = np.unique(np.concatenate([start, end, [ready_s]]))
+    mid = (grid[:-1] + grid[1:]) / 2
+    busy = ((start[None, :] <= mid[:, None]) & (mid[:, None] < end[None, :])).any(axis=1)
+    up_blocks = blocks[0] + blocks[1] * (mid >= ready_s)
+    used = (steps["vllm:kv_cache_usage_perc"].to_numpy() * np.asarray(blocks)[steps["replica"].to_numpy()]
+            * steps["duration_s"].to_numpy()).sum()
+    expected = used / (up_blocks * np.diff(grid) * busy).sum()
+    assert result.summary["kv_cache_usage_mean"] == pytest.approx(expected, rel=1e-9)
+    every_slot_all_along = used / (sum(blocks) * (np.diff(grid) * busy).sum())
+    assert expected > every_slot_all_along * 1.05  # what it said before: the second pool counted from t = 0

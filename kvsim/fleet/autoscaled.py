@@ -22,6 +22,9 @@ request ends. GPU-hours bill every slot that is not OFF (`tensor_parallel_size` 
 bill does from the moment a replica is requested. The summary's replicas (`num_replicas`, `num_gpus`,
 `per_replica` and its means and spreads over replicas) are the slots that were ever READY: a policy pinned at
 N replicas summarises as the static N-replica fleet, plus `autoscaling`. The result's `replicas` hold every slot.
+A slot's KV pool counts in the fleet's `kv_cache_usage_mean` only while it serves (READY or DRAINING,
+`Scaler.up_periods`): the blocks in use over the blocks of the replicas up at the time (before, over every
+pool the run ever used, for the whole run, which understated it by up to the ratio of peak to mean replicas).
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ class Scaler:
     _since_s: list[float] = field(init=False)  # when each slot last left OFF
     _starts: list[object] = field(init=False)  # the pending start of each slot (a cancel voids it)
     ever_ready: list[bool] = field(init=False)  # each slot: READY at some point (a replica of the run's fleet)
+    up_periods: list[list[float]] = field(init=False)  # each slot's [start, end) serving (READY or DRAINING), flat
 
     def __post_init__(self) -> None:
         self.autoscaler = Autoscaler(self.spec)
@@ -112,6 +116,7 @@ class Scaler:
         self._since_s = [0.0] * len(self.slots)
         self._starts = [None] * len(self.slots)
         self.ever_ready = [s is Slot.READY for s in self.slots]
+        self.up_periods = [[0.0] if s is Slot.READY else [] for s in self.slots]  # an odd length: up since then
 
     def start(self, env: Any, arrivals: ArrivalClock) -> list[ArrivalClock]:
         """`run_engines`' `clocks` hook: every slot reads the run's arrivals; the first sync is at t = 0."""
@@ -147,6 +152,8 @@ class Scaler:
         now = self.env.now
         if state is Slot.OFF and self.slots[i] is not Slot.OFF:
             self.gpu_seconds += (now - self._since_s[i]) * self.gpus_per_slot[i]
+            if len(self.up_periods[i]) % 2:  # a READY or DRAINING slot switched off
+                self.up_periods[i].append(now)
         elif self.slots[i] is Slot.OFF and state is not Slot.OFF:
             self._since_s[i] = now
         self.slots[i] = state
@@ -168,8 +175,11 @@ class Scaler:
             call_at(self.env, now + self.spec.sync_period_s, self._sync)
 
     def finish(self) -> None:
-        """The run ended (its last request finished): bill every slot still on until now."""
+        """The run ended (its last request finished): bill every slot still on until now; one still serving
+        stays up for good (`up_periods` ends it at infinity: no step of the run is after it)."""
         for i, s in enumerate(self.slots):
+            if len(self.up_periods[i]) % 2:
+                self.up_periods[i].append(float("inf"))
             if s is not Slot.OFF:
                 self._set(i, Slot.OFF)
 
@@ -201,6 +211,7 @@ class Scaler:
         if self.slots[i] is Slot.STARTING and self._starts[i] is token:  # not cancelled (and restarted) meanwhile
             self.slots[i] = Slot.READY
             self.ever_ready[i] = True
+            self.up_periods[i].append(self.env.now)
 
 
 def slo_attainment(requests_df: pd.DataFrame, slo_ttft_s: float, slo_tpot_s: float, window_s: float) -> pd.DataFrame:
@@ -270,7 +281,8 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     requests_df = fleet_requests([runs[i].request_columns for i in used], used)
     steps_df = pd.concat([run.steps.assign(replica=i) for i, run in enumerate(runs)], ignore_index=True)
     routes_df = routes.frame()
-    summary = fleet_summary(scenario, requests_df, [runs[i] for i in used], routes_df, used)
+    summary = fleet_summary(scenario, requests_df, [runs[i] for i in used], routes_df, used,
+                            [scaler.up_periods[i] for i in used])
     scaling = pd.DataFrame(scaler.history)
     slo = slo_attainment(requests_df, spec.slo_ttft_s, spec.slo_tpot_s, spec.slo_window_s)
     met = slo["slo_attainment"] * slo["num_requests"]

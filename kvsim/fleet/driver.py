@@ -280,14 +280,16 @@ def fleet_requests(tables: Sequence[Mapping[str, np.ndarray]], replicas: Sequenc
 
 
 def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunResult],
-                  routes_df: pd.DataFrame, replica_ids: Sequence[int] | None = None) -> dict[str, Any]:
+                  routes_df: pd.DataFrame, replica_ids: Sequence[int] | None = None,
+                  up_periods: Sequence[Sequence[float]] | None = None) -> dict[str, Any]:
     """Fleet-wide headline numbers: latency percentiles over every request, totals over replicas (with KV
     offload, `kv_offload`: the books of the replicas that have a tier, per tier and in total,
     `kvsim.kv.offload_connector.combine_summaries`; each replica's is in its summary; with speculative decoding,
     `spec_decode`: the replicas' counters summed and its rates derived from the sums, as one engine's are,
     `kvsim.results.metrics.combined_counters`, its `draft_rejected_share` over the speculating replicas' pools
     for the fleet's duration). `replica_ids` number the `per_replica` rows (default 0, 1, ...; an autoscaled
-    fleet's: the slots it used)."""
+    fleet's: the slots it used; `up_periods`, each one's flat [start, end) pairs serving: its KV pool counts in
+    `kv_cache_usage_mean` only then, `kvsim.results.metrics.means_together`)."""
     finished = requests_df[requests_df["status"] == "finished"]
     end_s = max((r.summary["duration_s"] + float(r.request_columns["arrival_s"].min()) for r in runs
                  if len(r.request_columns["arrival_s"])), default=0.0)
@@ -314,8 +316,9 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
     span_s = float(due.max() - due.min()) if len(due) > 1 else 0.0
     offload = [(r.summary["kv_offload"], r.summary["duration_s"]) for r in runs if "kv_offload" in r.summary]
     extra = {"kv_offload": combine_summaries(*zip(*offload, strict=True))} if offload else {}
-    pools = [(r.totals, r.summary["num_gpu_blocks"]) for r in runs if r.totals is not None]  # each replica's
-    together = means_together([totals for totals, _ in pools], [blocks for _, blocks in pools])
+    pools = [(r.totals, r.summary["num_gpu_blocks"], i) for i, r in enumerate(runs) if r.totals is not None]
+    together = means_together([totals for totals, _, _ in pools], [blocks for _, blocks, _ in pools],
+                              None if up_periods is None else [up_periods[i] for _, _, i in pools])
     spec = combined_counters([r.counters for r in runs if r.counters is not None]).spec_decode
     if spec is not None:
         extra["spec_decode"] = spec.summary(duration)

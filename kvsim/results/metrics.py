@@ -148,12 +148,40 @@ def busy_together_s(totals: Sequence[StepTotals]) -> float:
     return sum(t.dt for t in totals) - overlap_s
 
 
-def means_together(totals: Sequence[StepTotals], num_blocks: Sequence[int]) -> dict[str, float]:
+def _periods_together(totals: Sequence[StepTotals]) -> np.ndarray:
+    """The time at least one of the engines steps, as disjoint (start, end) rows in time order."""
+    every = np.concatenate([np.asarray(t.busy_periods).reshape(-1, 2) for t in totals] or [np.zeros((0, 2))])
+    if not every.size:
+        return every
+    start, end = every[np.argsort(every[:, 0], kind="stable")].T
+    reach = np.maximum.accumulate(end)
+    new = np.concatenate([[True], start[1:] > reach[:-1]])
+    firsts = np.flatnonzero(new)
+    return np.column_stack([start[firsts], np.maximum.reduceat(reach, firsts)])
+
+
+def _down_together_s(together: np.ndarray, up_periods: Sequence[float]) -> float:
+    """The time in `together`'s periods outside the flat [start, end) pairs of `up_periods` (0.0 exactly when
+    every period is inside one)."""
+    down = np.concatenate([[-np.inf], np.asarray(up_periods, dtype=np.float64), [np.inf]]).reshape(-1, 2)
+    overlap = (np.minimum(together[:, 1, None], down[None, :, 1])
+               - np.maximum(together[:, 0, None], down[None, :, 0]))
+    return float(np.maximum(overlap, 0.0).sum())
+
+
+def means_together(totals: Sequence[StepTotals], num_blocks: Sequence[int],
+                   up_periods: Sequence[Sequence[float]] | None = None) -> dict[str, float]:
     """Engines side by side (a fleet's replicas, a disaggregated pool's instances; engine i with a pool of
     `num_blocks[i]` blocks) as one: their running and waiting requests summed and their KV usage weighted by
     pool size (the share of all their blocks in use), each time-averaged over the time at least one of them
     steps (`busy_together_s`, computed once), as one engine's `mean_running` is over the time it steps, so
     that one engine's are its own exactly: `mean_running`, `mean_waiting`, `kv_cache_usage_mean`.
+
+    `up_periods` (an autoscaled fleet's slots: engine i serves only in its flat [start, end) pairs): KV usage
+    is then the blocks in use over the blocks of the engines up at the time, `Σ_i blocks_i · usage_dt_i ÷
+    Σ_i blocks_i · (busy − time engine i was down within it)`, so a replica counts only while it is up (a slot
+    switched off for most of the run no longer dilutes the share); a slot up throughout gives the static figure
+    exactly.
 
     An engine counts as running, waiting and using none while it does not step, time its own means leave out
     too: a colocated replica then runs nothing, and blocks a finished request left in the prefix cache count
@@ -163,9 +191,14 @@ def means_together(totals: Sequence[StepTotals], num_blocks: Sequence[int]) -> d
     busy_s = busy_together_s(totals)
     all_blocks = sum(num_blocks)
     used_dt = sum(blocks / all_blocks * t.usage_dt for t, blocks in zip(totals, num_blocks, strict=True))
+    up_s = busy_s
+    if up_periods is not None:
+        together = _periods_together(totals)
+        up_s -= sum(blocks / all_blocks * _down_together_s(together, up)
+                    for blocks, up in zip(num_blocks, up_periods, strict=True))
     return {"mean_running": _ratio(sum(t.running_dt for t in totals), busy_s) or 0.0,
             "mean_waiting": _ratio(sum(t.waiting_dt for t in totals), busy_s) or 0.0,
-            "kv_cache_usage_mean": _ratio(used_dt, busy_s) or 0.0}
+            "kv_cache_usage_mean": _ratio(used_dt, up_s) or 0.0}
 
 
 @dataclass(slots=True)
