@@ -204,3 +204,37 @@ def test_expert_parallelism_places_whole_experts_the_busiest_gpu_holding_the_rem
     assert weights_bytes(model, 1, 256, whole_experts=True) == rest + per_expert
     assert weights_bytes(model, 1, 3) == rest + -(-128 * per_expert // 3)
     assert weights_bytes(model, 2, 4, whole_experts=True) == -(-rest // 2) + 16 * per_expert  # 128 / 8 exactly
+
+
+def gemma_rows(blocks=3101, context=2048):
+    engine = EngineConfig(num_gpu_blocks_override=blocks, max_num_batched_tokens=2048, max_model_len=4096,
+                          max_num_seqs=256)
+    (row,) = plan_capacity(load_model("gemma-3-27b"), H100, engine, [context]).rows
+    return row, engine
+
+
+def test_a_sliding_window_sequence_counts_its_misaligned_window_and_its_prompt_chunk():
+    """Gemma-3-27B: 6 groups of sliding layers (window 1,024) and 1 full group, blocks of 16, 3,101 blocks (3,100
+    usable), 2,048-token sequences, chunks of 2,048. Decoding (any length in 2,033..2,048): the full group holds
+    cdiv(n, 16) = 128 blocks; a sliding group the blocks of tokens n − 1,023..n, which start mid-block at all but
+    the aligned length: cdiv(1,023, 16) + 1 = 65 (vLLM's SlidingWindowSpec adds the same block): 128 + 6 · 65 =
+    518. Prefilling, every group holds the whole prompt until the step ends: 7 · 128 = 896. The last sequence
+    admitted prefills beside the others decoding: 1 + (3,100 − 896) // 518 = 5 sequences, not the 3,100 // 512 = 6
+    of the live blocks at exactly 2,048 tokens (128 + 6 · 64)."""
+    row, _ = gemma_rows()
+    assert (row.blocks_per_seq, row.prefill_blocks_per_seq, row.paged_max_seqs) == (518, 896, 5)
+
+
+def test_capacity_of_a_sliding_window_model_is_the_simulated_concurrency():
+    """The same engine simulated: 40 prompts of 2,032 tokens (16 output tokens: 2,048 in all) arriving together.
+    The most sequences decoding at once is capacity's count (the running count can show one more for a step: a
+    prompt's first chunk admitted beside them, preempted when the decoders grow)."""
+    import kvsim
+
+    row, engine = gemma_rows()
+    result = kvsim.simulate({
+        "name": "swa", "model": "gemma-3-27b", "gpu": "h100-80gb", "steps": "all",
+        "engine": engine.model_dump(exclude_defaults=True), "latency": {"model": "constant", "step_s": 0.01},
+        "workload": {"num_requests": 40, "arrival": {"process": "poisson", "rate": 1e6},
+                     "prompt_len": {"dist": "fixed", "value": 2032}, "output_len": {"dist": "fixed", "value": 16}}})
+    assert int(result.steps["num_decode_seqs"].max()) == row.paged_max_seqs == 5

@@ -93,9 +93,10 @@ def test_gemma3_hybrid_groups_and_block_bytes() -> None:
     per_request = 6 * (cdiv(1024 - 1 + 2048, 16) + 1) + cdiv(131072, 16)
     plan = plan_capacity(m, load_gpu("h100-80gb"), engine, [4096])
     assert plan.max_concurrency == pytest.approx(10_000 / per_request)
-    # A 4096-token sequence: full group 256 blocks; each sliding group keeps the blocks from
-    # (4096 − 1024 + 1) // 16 = 192 up to 256.
-    assert plan.rows[0].blocks_per_seq == 256 + 6 * (256 - (4096 - 1024 + 1) // 16)
+    # A sequence decoding up to 4096 tokens: full group 256 blocks; each sliding group keeps the blocks of its
+    # last 1024 tokens, which start mid-block at every length but the aligned one: at 4090, from
+    # (4090 − 1024 + 1) // 16 = 191 up to 256, one more than the (4096 − 1024 + 1) // 16 = 192 of 4096 itself.
+    assert plan.rows[0].blocks_per_seq == 256 + 6 * (256 - (4090 - 1024 + 1) // 16)
     kinds = {row.attention: row for row in plan.kv_types}
     assert kinds["sliding_window"].num_layers == 52 and kinds["sliding_window"].num_groups == 6
     assert kinds["full"].max_blocks_per_request == 8192

@@ -214,6 +214,17 @@ def paged_max_seqs(num_blocks: int, context_len: int, block_size: int, *, num_nu
     return (num_blocks - num_null_blocks) // ceil_div(context_len, block_size)
 
 
+def resident_seqs(usable_blocks: int, decode_blocks: int, prefill_blocks: int) -> int:
+    """Sequences of one length that fit at once when each is admitted as the others decode: the last one
+    admitted holds `prefill_blocks` while its prompt is computed, each other one `decode_blocks`, so
+    `1 + (usable − prefill) // decode` (0 when one prefill does not fit). With full attention only the two are
+    the same, cdiv(ctx, bs), and this is `usable // blocks` (`paged_max_seqs`); a sliding window's prompt holds
+    every block of its last chunk until the step ends (gemma-3-27b at 8,192 tokens, 15,410 usable blocks:
+    7 groups × 512 while prefilling, 512 + 6 × 65 = 902 decoding: 1 + 11,826 // 902 = 14 sequences, where
+    15,410 // 896, its live blocks at exactly 8,192 tokens, said 17)."""
+    return 1 + (usable_blocks - prefill_blocks) // decode_blocks if usable_blocks >= prefill_blocks else 0
+
+
 def slab_max_seqs(num_token_slots: int, max_model_len: int) -> int:
     """Sequences that fit when each reserves a contiguous `max_model_len` slab, whatever its length."""
     return num_token_slots // max_model_len
@@ -250,8 +261,11 @@ def shared_full_blocks(context_len: int, prefix_tokens: int, block_size: int) ->
 class CapacityRow:
     """One context length: how many sequences of that length fit (0 if above max_model_len).
 
-    `blocks_per_seq` is what a sequence of that many tokens holds in every KV group together;
-    sliding-window and chunked groups hold only the blocks their window still covers.
+    `blocks_per_seq` is what a sequence of about that many tokens holds in every KV group together while it
+    decodes (`KVLayout.decode_blocks`); sliding-window and chunked groups hold only the blocks their window still
+    covers. `prefill_blocks_per_seq` (models with such groups only) is what it holds while its prompt's last
+    chunk is computed (`KVLayout.prefill_blocks`); `paged_max_seqs` counts the sequences resident when each is
+    admitted beside the others (`resident_seqs`).
     """
 
     context_len: int
@@ -264,6 +278,7 @@ class CapacityRow:
     paged_max_seqs_with_drafts: int | None = None
     shared_prefix_blocks_without_sharing: int | None = None
     shared_prefix_blocks_with_sharing: int | None = None
+    prefill_blocks_per_seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,22 +415,27 @@ def plan_capacity(
     usable, usable_fp8 = blocks - engine.num_null_blocks, blocks_fp8 - fp8.num_null_blocks
     spec = engine.speculative_config
     extra = 0 if spec is None else spec.num_speculative_tokens + spec.num_lookahead_tokens
+    windowed = any(g.window_tokens is not None for g in layout.groups)
     rows = []
     for ctx in sorted(set(context_lengths)):
         servable = ctx <= max_model_len
-        per_seq = layout.live_blocks(ctx)
+        per_seq, prefill = layout.decode_blocks(ctx), layout.prefill_blocks(ctx, mnbt)
         held = min(ctx + extra, max_model_len) if servable else ctx + extra  # with drafts: vLLM caps them there
         row: dict[str, Any] = {
             "context_len": ctx,
             "blocks_per_seq": per_seq,
-            "paged_max_seqs": usable // per_seq if servable else 0,
+            "paged_max_seqs": resident_seqs(usable, per_seq, prefill) if servable else 0,
             "slab_max_seqs": slab_max_seqs(slots, max_model_len) if servable else 0,
-            "paged_max_seqs_fp8": usable_fp8 // per_seq if servable else 0,
+            "paged_max_seqs_fp8": resident_seqs(usable_fp8, per_seq, prefill) if servable else 0,
         }
+        if windowed:
+            row["prefill_blocks_per_seq"] = prefill
         if spec is not None:  # a verify step holds K drafts and vLLM's lookahead more
-            with_drafts = layout.live_blocks(min(ctx + extra, max_model_len))
+            capped = min(ctx + extra, max_model_len)
+            with_drafts = layout.decode_blocks(capped)
             row |= {"blocks_per_seq_with_drafts": with_drafts,
-                    "paged_max_seqs_with_drafts": usable // with_drafts if servable else 0}
+                    "paged_max_seqs_with_drafts": resident_seqs(usable, with_drafts, layout.prefill_blocks(
+                        capped, mnbt)) if servable else 0}
         if shared_prefix_tokens and ctx >= shared_prefix_tokens:
             shared, own = _shared_prefix_counts(layout, ctx, shared_prefix_tokens, held,
                                                 spec is not None and spec.drops_last_hit_block)

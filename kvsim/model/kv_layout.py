@@ -146,6 +146,24 @@ class KVLayout:
         return sum(end - first for first, end in (g.live_block_range(num_tokens, self.block_size)
                                                    for g in self.groups))
 
+    def decode_blocks(self, num_tokens: int) -> int:
+        """The most blocks a sequence holds while it decodes its last block's worth of tokens, up to `num_tokens`
+        (every length in (num_tokens − block_size, num_tokens]): a sliding window that does not start on a block
+        boundary spans one block more than one that does (the `+ 1` of vLLM's SlidingWindowSpec
+        .max_memory_usage_bytes), so a window of 1,024 tokens in blocks of 16 holds 65 blocks at every length but
+        the aligned one (64); full attention holds its live blocks, cdiv(num_tokens, block_size)."""
+        return max(self.live_blocks(n) for n in range(max(1, num_tokens - self.block_size + 1), num_tokens + 1))
+
+    def prefill_blocks(self, num_tokens: int, max_num_batched_tokens: int) -> int:
+        """The most blocks a sequence of `num_tokens` holds while its prompt's last chunk is computed: per group,
+        vLLM's worst case (`KVGroup.max_blocks_per_request`) with `num_tokens` for max_model_len, at most the
+        sequence's own cdiv(num_tokens, block_size): a window group keeps window − 1 tokens before the chunk
+        and the whole chunk (up to `max_num_batched_tokens`), dropping what slid out only after the step. With
+        full attention only, the live blocks again."""
+        own = ceil_div(num_tokens, self.block_size)
+        return sum(min(own, g.max_blocks_per_request(num_tokens, max_num_batched_tokens, self.block_size))
+                   for g in self.groups)
+
     @property
     def full_attention_advice(self) -> str:
         """How a refused windowed layout gets allocated as full attention, for the refusal to end with.
