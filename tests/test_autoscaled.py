@@ -39,6 +39,10 @@ def test_zero_startup_instant_thresholds_pinned_at_n_is_the_static_fleet(policy)
     assert auto["billed_span_s"] == pytest.approx(last_finish_s, rel=1e-12)
     assert auto["gpu_hours"] == pytest.approx(2 * last_finish_s / 3600, rel=1e-12)
     assert set(scaled.tables["scaling"]["num_ready"]) == {2}
+    finished = static.requests[static.requests["status"] == "finished"]
+    tokens = float((finished["output_tokens"] * finished["num_samples"]).sum())
+    assert auto["gpu_hours_per_million_output_tokens"] == pytest.approx(2 * last_finish_s / 3600 / (tokens / 1e6),
+                                                                        rel=1e-12)
 
 
 def test_a_new_replica_serves_only_after_startup():
@@ -111,5 +115,10 @@ def test_an_autoscaled_fleet_s_kv_usage_is_over_the_pools_up_at_the_time():
             * steps["duration_s"].to_numpy()).sum()
     expected = used / (up_blocks * np.diff(grid) * busy).sum()
     assert result.summary["kv_cache_usage_mean"] == pytest.approx(expected, rel=1e-9)
+    # billed: slot 0 over the whole run, slot 1 from its request (startup_s before it was ready) to the end
+    auto, tokens = result.summary["autoscaling"], float(result.requests["output_tokens"].sum())
+    gpu_hours = (auto["billed_span_s"] + auto["billed_span_s"] - (ready_s - 5.0)) / 3600
+    assert auto["gpu_hours"] == pytest.approx(gpu_hours, rel=1e-12)
+    assert auto["gpu_hours_per_million_output_tokens"] == pytest.approx(gpu_hours / (tokens / 1e6), rel=1e-12)
     every_slot_all_along = used / (sum(blocks) * (np.diff(grid) * busy).sum())
     assert expected > every_slot_all_along * 1.05  # what it said before: the second pool counted from t = 0

@@ -228,7 +228,7 @@ def test_an_autoscaled_fleet_at_double_speed_takes_half_the_time_exactly():
     np.testing.assert_array_equal(fast.requests[times].to_numpy(), slow.requests[times].to_numpy() / 2)
     others = [c for c in slow.requests.columns if c not in times]
     assert fast.requests[others].equals(slow.requests[others])
-    halved = ("gpu_hours", "billed_span_s")
+    halved = ("gpu_hours", "billed_span_s", "gpu_hours_per_million_output_tokens")  # the same tokens in half the hours
     for key in ("mean_gpus", "max_ready", "num_syncs", "slo_attainment", "worst_window_slo_attainment", *halved):
         assert fast.summary["autoscaling"][key] == scaling[key] / (2 if key in halved else 1), key
 

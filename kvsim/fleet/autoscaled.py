@@ -19,9 +19,11 @@ for again is kept READY: its requests are still there, and it is the cheaper cho
 cancels STARTING slots first (newest first), then drains READY ones, fewest outstanding first. The
 router sees only READY replicas. A DRAINING slot is switched off at the first sync after its last
 request ends. GPU-hours bill every slot that is not OFF (`tensor_parallel_size` GPUs each), as a cloud
-bill does from the moment a replica is requested. The summary's replicas (`num_replicas`, `num_gpus`,
-`per_replica` and its means and spreads over replicas) are the slots that were ever READY: a policy pinned at
-N replicas summarises as the static N-replica fleet, plus `autoscaling`. The result's `replicas` hold every slot.
+bill does from the moment a replica is requested; `gpu_hours_per_million_output_tokens` prices the run's output
+by them (times a GPU-hour's price: USD per million tokens), never by `num_gpus` over the whole run. The
+summary's replicas (`num_replicas`, `num_gpus`, `per_replica` and its means and spreads over replicas) are the
+slots that were ever READY: a policy pinned at N replicas summarises as the static N-replica fleet, plus
+`autoscaling`. The result's `replicas` hold every slot.
 A slot's KV pool counts in the fleet's `kv_cache_usage_mean` only while it serves (READY or DRAINING,
 `Scaler.up_periods`): the blocks in use over the blocks of the replicas up at the time (before, over every
 pool the run ever used, for the whole run, which understated it by up to the ratio of peak to mean replicas).
@@ -286,9 +288,14 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     scaling = pd.DataFrame(scaler.history)
     slo = slo_attainment(requests_df, spec.slo_ttft_s, spec.slo_tpot_s, spec.slo_window_s)
     met = slo["slo_attainment"] * slo["num_requests"]
+    finished = requests_df[requests_df["status"] == "finished"]
+    output_tokens = float((finished["output_tokens"] * finished["num_samples"]).sum())
     summary["autoscaling"] = {
         **spec.model_dump(mode="json"),
         "gpu_hours": scaler.gpu_seconds / 3600.0,
+        # what a million output tokens cost in billed GPU-hours (× a GPU-hour's price: USD per million tokens)
+        "gpu_hours_per_million_output_tokens": scaler.gpu_seconds / 3600.0 / (output_tokens / 1e6)
+        if output_tokens else None,
         "mean_gpus": scaler.gpu_seconds / billed_span_s if billed_span_s else 0.0,
         "billed_span_s": billed_span_s,
         "max_ready": int(scaling["num_ready"].max()) if len(scaling) else initial,
