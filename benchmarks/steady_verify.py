@@ -9,8 +9,8 @@ Poisson arrivals and TTFT p90 ≤ 2 s, as `kvsim report` searches them (`kvsim.r
 defaults, paged KV):
 
 - the search as the report runs it: first run length N = 400 requests a probe, doubled until the rate
-  moves < 2 %, then the answer re-run with 10× its run length (at most 128,000 requests) and backed off
-  3 % at a time until that long run holds (`kvsim.planning.steady_state.SteadyRateSearch`);
+  moves < 2 %, then the answer re-run with 10× its run length (at most 128,000 requests), backed off while
+  that long run fails and stepped up while it holds (`kvsim.planning.steady_state.SteadyRateSearch`);
 - the same search started from 4N = 1,600 requests a probe (no verification): its rate against N's;
 - with `--plan`, `kvsim plan` (replica-count search) for traffic at 2.5× the verified rate (400 requests a
   probe, p90 TTFT ≤ 2 s), whose chosen fleet is re-run with 10× the requests and re-searched upwards
