@@ -169,3 +169,15 @@ def test_a_large_fleet_prints_its_spread_across_replicas():
     assert "1 ms" in " ".join(lines["min"]) and "8.5 ms" in " ".join(lines["p50"])
     assert "16 ms" in " ".join(lines["max"])
     assert "…" not in text and "replicas.csv" in text and len(text.splitlines()) < 16
+
+
+def test_an_autoscaled_fleet_says_what_was_billed_beside_the_replicas_it_ever_used():
+    """16 slots ever ready but 3.57 GPU-hours billed over an hour (3.67 GPUs on average): the title's 16 GPUs is
+    not the bill, so the caption gives the billed figures, under the spread and under the rows alike."""
+    from kvsim.results.render import fleet_table
+
+    for size in (4, 16):
+        summary = {**_fleet_summary(size), "autoscaling": {"gpu_hours": 3.574, "mean_gpus": 3.669}}
+        text = " ".join(_rendered(fleet_table(summary), 80).split())
+        assert "billed 3.57 GPU-hours, 3.67 GPUs on average" in text
+    assert "billed" not in _rendered(fleet_table(_fleet_summary(16)), 80)

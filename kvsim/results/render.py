@@ -181,14 +181,19 @@ def fleet_table(summary: dict[str, Any]):  # -> rich.table.Table
         return ([_cell(row[c]) for c in counts] + [_share(row[c]) for c in shares]
                 + [_duration(row[c]) for c in times])
 
+    scaled = summary.get("autoscaling")
+    billed = (f"autoscaled: the replicas ever ready; billed {scaled['gpu_hours']:.3g} GPU-hours, "
+              f"{scaled['mean_gpus']:.3g} GPUs on average" if scaled else None)
     if not spread:
         for row in rows:
             table.add_row(str(row["replica"]), *([] if on else [row["gpu"]]), *cells(row))
+        table.caption = billed
         return table
     for name, pick in (("min", min), ("p50", statistics.median), ("max", max)):
         picked = {c: _finite_pick(pick, [row[c] for row in rows]) for c in [*counts, *shares, *times]}
         table.add_row(name, *([] if on else [", ".join(gpus)]), *cells(picked))
-    table.caption = f"across the {len(rows)} replicas; one row per replica: replicas.csv"
+    table.caption = "; ".join(filter(None, [f"across the {len(rows)} replicas; one row per replica: replicas.csv",
+                                            billed]))
     return table
 
 
