@@ -180,3 +180,16 @@ def test_parallel_sampling_is_refused_in_one_line_saying_why():
     message = str(refused.value)
     assert "\n" not in message and message.startswith("workload.n=2: vLLM's prefill/decode disaggregation")
     assert "kv_transfer_params" in message
+
+
+def test_the_summary_names_the_pools_routers_that_routed():
+    """A disaggregated fleet routes with each pool's router; the fleet's own `router` must be left at its
+    default (the scenario refuses another), so the summary (and the printed headline) named round_robin,
+    which routed nothing. Which routers routed is read off the routes independently: round robin's reason
+    is "turn" and least-KV's "least_kv" (`kvsim.fleet.router.Route.reason`)."""
+    spec = scenario(num_prefill=2, num_decode=2, num_requests=8, rate=50.0,
+                    extra={"kv_transfer_config": {"kv_link": "rdma", "prefill_router": {"policy": "round_robin"},
+                                                  "decode_router": {"policy": "least_kv"}}})
+    result = simulate_disagg(spec)
+    assert result.summary["router"] == "round_robin (prefill), least_kv (decode)"
+    assert result.summary["route_reasons"] == {"least_kv": 8, "turn": 8}

@@ -403,6 +403,8 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
                                  for key, values in disagg.transfers.items()})
     transfers_df = transfers_df.sort_values("request_id", kind="stable").reset_index(drop=True)
     summary = fleet_summary(scenario, requests_df, runs, routes_df)
+    routers = disagg.config.prefill_router, disagg.config.decode_router  # these routed; not the fleet's `router`
+    summary["router"] = f"{routers[0].policy} (prefill), {routers[1].policy} (decode)"
     for row, role in zip(summary["per_replica"], [g.kv_role for g in scenario.replicas  # type: ignore[union-attr]
                                                   for _ in range(g.count)], strict=True):
         row["kv_role"] = role
