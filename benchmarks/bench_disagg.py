@@ -5,7 +5,7 @@
 
 Issue 22's bar: a 64-replica disaggregated fleet on 100k requests stays within 1.5x the colocated
 fleet's time. The workload: request lengths resampled from the shipped Azure 2023 conversation sample
-(`builtin:azure_conv`, 19,365 rows: too few to replay 100k requests, so its prompt and output lengths
+(`builtin:azure_conv`, 19,366 rows: too few to replay 100k requests, so its prompt and output lengths
 become a length table), Poisson arrivals at 2 requests/s per GPU; llama-3.1-8b on h100-80gb, roofline
 latency, no step rows kept (`steps: none`). It runs on `replicas` GPUs colocated (least_outstanding)
 and split half prefill, half decode (kv_transfer_config, rdma link; both pools least_outstanding).
