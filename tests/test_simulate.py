@@ -1,5 +1,6 @@
 """Whole runs: determinism, conservation, the seed's lab and the paper check."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,18 @@ def test_lab_slab_concurrency_follows_max_model_len():
     long = run("lab-1-max-len-8192", "engine.allocator=slab-max")
     short = run("lab-2-max-len-1024", "engine.allocator=slab-max")
     assert 6 <= short["max_running"] / long["max_running"] <= 11  # about 8×
+
+
+@pytest.mark.parametrize("name", ["lab-1-max-len-8192", "lab-2-max-len-1024", "lab-3-fp8-kv"])
+def test_lab_description_states_the_slabs_that_fit(name):
+    """Each lab scenario's description says how many max_model_len slabs its pool holds (lab-2 and lab-3 said
+    "~4", lab-1's figure, where 31 and 63 fit). By hand: a slab of max_model_len takes max_model_len / 16
+    blocks of the whole pool (Orca's contiguous regions keep no null block back, vLLM v1's paged pool does), so
+    floor(num_gpu_blocks / (max_model_len / 16)); the saturated slab-max run reaches exactly that many at once."""
+    scenario = load_scenario(SCENARIOS / f"{name}.yaml")
+    stated = int(re.search(r"hold (?:only|at most) (\d+) sequences", scenario.description).group(1))
+    s = run(name, "engine.allocator=slab-max")
+    assert stated == s["num_gpu_blocks"] // (s["max_model_len"] // 16) == s["max_running"]
 
 
 def test_lab_paged_concurrency_follows_actual_lengths():
