@@ -56,11 +56,12 @@ def child_default(num_requests: int, steps: str, steps_format: str) -> dict:
     spec = load_scenario(None, [f"workload.num_requests={num_requests}", f"steps={steps}"])
     imported = time.perf_counter()
     import_rss = rss_mib()
-    with tempfile.TemporaryDirectory() as tmp, output_directory(Path(tmp) / "run", "run") as folder:
+    with tempfile.TemporaryDirectory() as tmp, output_directory(final := Path(tmp) / "run", "run") as folder:
         writer = StepWriter(folder, steps_format) if steps != "none" else None  # as simulate(out_dir=...) does
-        result = simulate_single(spec, False, None, True, None, StepRecorder(steps, writer))
+        steps_path = None if writer is None else final / writer.path.name
+        result = simulate_single(spec, False, None, True, None, StepRecorder(steps, writer), steps_path)
         simulated = time.perf_counter()
-        write_run_files(folder, result, steps=False)
+        write_run_files(folder, result, steps=False, final=final)
     written = time.perf_counter()
     steps_write_s = writer.write_s if writer is not None else 0.0
     return {"num_requests": num_requests, "steps": steps, "steps_format": writer.format if writer else None,
