@@ -6,6 +6,13 @@ from pathlib import Path
 import pytest
 from conftest import one_line_exit_2
 
+# A calibrated run on the profile bundle `test_skew.skew_bundle` writes (in the working folder's `bf16`).
+SKEW_RUN_ARGV = ["run", "--set", "gpu=rtx-pro-6000", "--set", "latency={model: calibrated, profile: bf16}",
+                 "--set", "engine={max_model_len: 1024, max_num_seqs: 16, max_num_batched_tokens: 256}",
+                 "--set", "workload={num_requests: 200, arrival: {process: poisson, rate: 20}, prompt_len: {dist: "
+                 "lognormal, mean: 100, p99: 400}, output_len: {dist: lognormal, mean: 40, p99: 300}}",
+                 "--set", "seed=3", "-o", "out"]
+
 RUN = ["run", "--set", "workload.num_requests=3", "--set", "steps=none"]
 BIG = "9" * 400
 CUT = "9" * 57 + "..."  # README: a value shown in an error is cut to 60 characters
@@ -226,12 +233,7 @@ def test_a_run_reaching_an_alpha_that_makes_attention_negative_stops_in_one_line
     monkeypatch.chdir(tmp_path)
     table = skew_bundle(tmp_path / "bf16") / "tp1" / "skew_fit.csv"
     table.write_text(table.read_text().replace(",0.5,", ",-1000,"))
-    argv = ["run", "--set", "gpu=rtx-pro-6000", "--set", "latency={model: calibrated, profile: bf16}",
-            "--set", "engine={max_model_len: 1024, max_num_seqs: 16, max_num_batched_tokens: 256}",
-            "--set", "workload={num_requests: 200, arrival: {process: poisson, rate: 20}, prompt_len: {dist: "
-            "lognormal, mean: 100, p99: 400}, output_len: {dist: lognormal, mean: 40, p99: 300}}",
-            "--set", "seed=3", "-o", "out"]
-    message = one_line_exit_2(argv)
+    message = one_line_exit_2(SKEW_RUN_ARGV)
     assert message.startswith("profile meta-llama/Llama-3.1-8B/bf16/tp1: skew_fit.csv row (pc=0, n_label=n<=4, "
                               "skew_rate_label=sr<=40%, kv_big_label=kvB<=1k, kp_label=kp=0): alpha=-1000 makes a "
                               "step's attention -"), message  # the bundle's row, by its own columns (sweep 15)

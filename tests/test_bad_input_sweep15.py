@@ -4,6 +4,7 @@ vLLM itself accepts it, warned of in one line while the run goes on unchanged.""
 
 import pytest
 from conftest import one_line_exit_2
+from test_bad_input_sweep14 import SKEW_RUN_ARGV
 from typer.testing import CliRunner
 
 from kvsim.cli import app
@@ -178,12 +179,7 @@ def test_a_bundles_negative_alpha_default_is_named_by_its_meta_yaml_field(tmp_pa
     meta = skew_bundle(tmp_path / "bf16") / "meta.yaml"
     assert meta_edit[0] in meta.read_text()
     meta.write_text(meta.read_text().replace(*meta_edit))
-    argv = ["run", "--set", "gpu=rtx-pro-6000", "--set", "latency={model: calibrated, profile: bf16}",
-            "--set", "engine={max_model_len: 1024, max_num_seqs: 16, max_num_batched_tokens: 256}",
-            "--set", "workload={num_requests: 200, arrival: {process: poisson, rate: 20}, prompt_len: {dist: "
-            "lognormal, mean: 100, p99: 400}, output_len: {dist: lognormal, mean: 40, p99: 300}}",
-            "--set", "seed=3", "-o", "out"]
-    message = one_line_exit_2(argv)
+    message = one_line_exit_2(SKEW_RUN_ARGV)
     assert message.startswith(f"profile meta-llama/Llama-3.1-8B/bf16/tp1: {field}: alpha=-1000 makes a step's "
                               "attention -"), message
     assert not (tmp_path / "out").exists()

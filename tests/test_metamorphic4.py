@@ -130,11 +130,21 @@ def test_parallel_sampling_is_each_row_sent_twice(tmp_path, engine):
     raw = traced(write_trace(tmp_path / "n2.jsonl", rows), {**TIGHT, "num_gpu_blocks_override": 120, **engine})
     raw["workload"]["n"] = 2
     fanned = kvsim.simulate(raw)
-    twice = [{**row, "output_tok_ids": [10**9 + 10**6 * i + 10**5 * sample + j for j in range(row["output_toks"])]}
-             for i, row in enumerate(rows) for sample in (0, 1)]
-    alone = kvsim.simulate(traced(write_trace(tmp_path / "twice.jsonl", twice), {**TIGHT, "num_gpu_blocks_override": 120,
-                                                                                 **engine}))
+    alone = kvsim.simulate(traced(write_trace(tmp_path / "twice.jsonl", sent_twice(rows)),
+                                  {**TIGHT, "num_gpu_blocks_override": 120, **engine}))
     assert alone.summary["num_preemptions"] > 0
+    assert_fanned_is_sent_twice(fanned, alone)
+    assert fanned.summary.get("spec_decode") == alone.summary.get("spec_decode")
+
+
+def sent_twice(rows: list[dict]) -> list[dict]:
+    """Each traced row twice in a row, the same prompt ids, each copy with reply ids of its own."""
+    return [{**row, "output_tok_ids": [10**9 + 10**6 * i + 10**5 * sample + j for j in range(row["output_toks"])]}
+            for i, row in enumerate(rows) for sample in (0, 1)]
+
+
+def assert_fanned_is_sent_twice(fanned, alone) -> None:
+    """`fanned` (n = 2) ran the steps of `alone` (each row `sent_twice`); each parent row spans its children's."""
     assert fanned.steps.equals(alone.steps)
     children = alone.requests.groupby(alone.requests.request_id // 2)
     for column, of_children in (("first_scheduled_s", "min"), ("first_token_s", "min"), ("finish_s", "max"),
@@ -142,7 +152,6 @@ def test_parallel_sampling_is_each_row_sent_twice(tmp_path, engine):
         np.testing.assert_array_equal(fanned.requests[column], children[column].agg(of_children))
     for key in ("num_preemptions", "num_prefix_cache_query_tokens", "num_prefix_cache_hit_tokens", "duration_s"):
         assert fanned.summary[key] == alone.summary[key]
-    assert fanned.summary.get("spec_decode") == alone.summary.get("spec_decode")
 
 
 @pytest.mark.parametrize(("engine", "turns"), [({}, 1), ({"prefix_cache": "radix"}, 1), ({"block_size": 32}, 1),

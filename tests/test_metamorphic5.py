@@ -41,7 +41,7 @@ from kvsim.fleet.autoscaled import simulate_autoscaled
 from kvsim.fleet.disagg import simulate_disagg
 from kvsim.workload.scenario import make_scenario
 from tests.test_metamorphic2 import random_rows, write_trace
-from tests.test_metamorphic4 import own_ids
+from tests.test_metamorphic4 import assert_fanned_is_sent_twice, own_ids, sent_twice
 
 STEP = {"model": "constant", "step_s": 0.01}
 
@@ -159,18 +159,10 @@ def test_parallel_sampling_on_data_parallel_ranks_is_each_row_sent_twice(tmp_pat
     rows = own_ids(random_rows(np.random.default_rng(3), 30, 3.0, max_prompt=600, max_output=100))
     group = {"num_gpu_blocks_override": 120, "data_parallel_size": 2, **engine}
     fanned = kvsim.simulate(traced(write_trace(tmp_path / "n2.jsonl", rows), group, n=2))
-    twice = [{**row, "output_tok_ids": [10**9 + 10**6 * i + 10**5 * sample + j for j in range(row["output_toks"])]}
-             for i, row in enumerate(rows) for sample in (0, 1)]
-    alone = kvsim.simulate(traced(write_trace(tmp_path / "twice.jsonl", twice), group))
+    alone = kvsim.simulate(traced(write_trace(tmp_path / "twice.jsonl", sent_twice(rows)), group))
     assert alone.summary["num_preemptions"] > 0
     assert set(alone.requests.dp_rank) == {0, 1}
-    assert fanned.steps.equals(alone.steps)
-    children = alone.requests.groupby(alone.requests.request_id // 2)
-    for column, of_children in (("first_scheduled_s", "min"), ("first_token_s", "min"), ("finish_s", "max"),
-                                ("num_preemptions", "sum")):
-        np.testing.assert_array_equal(fanned.requests[column], children[column].agg(of_children))
-    for key in ("num_preemptions", "num_prefix_cache_query_tokens", "num_prefix_cache_hit_tokens", "duration_s"):
-        assert fanned.summary[key] == alone.summary[key]
+    assert_fanned_is_sent_twice(fanned, alone)
 
 
 # ------------------------------------------------------------------ combinations that must not matter
