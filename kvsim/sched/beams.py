@@ -59,11 +59,13 @@ def select_beams(scores: np.ndarray, rng: np.random.Generator) -> tuple[list[int
     width = len(scores)
     vocab = max(VOCAB, 2 * width)
     rank = np.empty(width)
-    rank[np.argsort(-scores, kind="stable")] = np.arange(1, width + 1)
-    shape = np.repeat((ALPHA / rank**RANK_EXPONENT)[:, None], vocab, axis=1)
-    log_gamma = np.log(rng.standard_gamma(shape + 1.0)) + np.log(1.0 - rng.random(shape.shape)) / shape
-    log_probs = log_gamma - np.logaddexp.reduce(log_gamma, axis=1, keepdims=True)
-    candidates = scores[:, None] + log_probs  # width × vocabulary candidate scores
-    best = np.argsort(candidates, axis=None, kind="stable")[::-1][:width]
-    parents, _ = np.unravel_index(best, candidates.shape)
-    return [int(p) for p in parents], candidates.ravel()[best]
+    rank[(-scores).argsort(kind="stable")] = np.arange(1, width + 1)
+    concentration = (ALPHA / rank**RANK_EXPONENT)[:, None]  # a beam's, broadcast over its vocabulary
+    size = (width, vocab)  # draws in C order: beam by beam, token by token
+    candidates = np.log(rng.standard_gamma(concentration + 1.0, size))
+    candidates += np.log(1.0 - rng.random(size)) / concentration  # log Gamma(concentration)
+    candidates -= np.logaddexp.reduce(candidates, axis=1, keepdims=True)  # log p(token)
+    candidates += scores[:, None]  # width × vocabulary candidate scores
+    flat = candidates.ravel()  # beam-major: flat index // vocab is the parent
+    best = flat.argsort(kind="stable")[:-width - 1:-1]  # the best first; a tie, the later candidate first
+    return (best // vocab).tolist(), flat[best]
