@@ -27,6 +27,7 @@ sequence's blocks is one `extend`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import islice
 
 from kvsim.kv.prefix_cache import HashChainCache, PrefixCache
 
@@ -116,15 +117,17 @@ class BlockPool:
 
     def check_invariants(self) -> None:
         """Blocks are conserved and the queue, counts and the cache agree."""
-        first = 1 if self.null_block else 0
-        in_use = sum(1 for b in range(first, self.num_blocks) if self.ref_counts[b] > 0)
+        # A recount, in C-level loops (map, sum, any: it runs at every step of a checked run); a failed
+        # check finds the block to name only then.
+        first, ref_counts = (1 if self.null_block else 0), self.ref_counts
+        in_use = sum(map((0).__lt__, islice(ref_counts, first, None)))  # blocks whose ref_count > 0
         free_queue = self.free_queue
         assert in_use + len(free_queue) == self.num_usable_blocks, "blocks not conserved"
         assert len(set(free_queue)) == len(free_queue), "a block is in the free queue twice"
-        for block_id in free_queue:
-            assert self.ref_counts[block_id] == 0, f"free block {block_id} has references"
+        assert not any(map(ref_counts.__getitem__, free_queue)), \
+            f"free block {next(b for b in free_queue if ref_counts[b])} has references"
         assert NULL_BLOCK_ID not in free_queue or not self.null_block
-        self.cache.check_invariants(self.ref_counts)
+        self.cache.check_invariants(ref_counts)
 
 
 class PoolSlots:

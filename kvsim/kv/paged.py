@@ -35,8 +35,10 @@ Contract:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain, compress, repeat
 
 from kvsim.kv.block_pool import BlockPool, PoolSlots
 from kvsim.kv.block_tables import distinct_blocks, growth_blocks, repeated_blocks
@@ -463,19 +465,25 @@ class PagedAllocator(PoolSlots, PagedBursts):
     # ------------------------------------------------------------- invariants
     def check_invariants(self) -> None:
         """Blocks conserved; ref counts equal table references; counters match a recount."""
-        bs = self.block_size
+        bs, fill = self.block_size, self.block_fill
         self.pool.check_invariants()
-        refs = [0] * self.pool.num_blocks
         for seq in self.seqs.values():
-            assert len(seq.block_table) >= ceil_div(seq.num_tokens, bs), "table shorter than cdiv(tokens, bs)"
-            assert len(set(seq.block_table)) == len(seq.block_table)
-            for index, block_id in enumerate(seq.block_table):
-                refs[block_id] += 1
-                expected_fill = min(bs, max(0, seq.num_tokens - index * bs))  # 0: held ahead (`hold`)
-                assert self.block_fill[block_id] == expected_fill, f"block {block_id} fill mismatch"
-        for block_id in range(int(self.pool.null_block), self.pool.num_blocks):
-            assert refs[block_id] == self.pool.ref_counts[block_id], f"block {block_id} ref_count mismatch"
-        assert self.num_filled_slots == sum(self.block_fill[b] for b, r in enumerate(refs) if r)
+            table = seq.block_table
+            assert len(table) >= ceil_div(seq.num_tokens, bs), "table shorter than cdiv(tokens, bs)"
+            assert len(set(table)) == len(table)
+            # block i holds min(bs, max(0, num_tokens - i·bs)) tokens: full blocks, the partial one, 0 held ahead
+            full, partial = divmod(seq.num_tokens, bs)
+            last = [partial] if partial else []
+            expected = [bs] * full + last + [0] * (len(table) - full - len(last))
+            fills = list(map(fill.__getitem__, table))
+            assert fills == expected, \
+                f"block {next(b for b, f, e in zip(table, fills, expected, strict=True) if f != e)} fill mismatch"
+        counts = Counter(chain.from_iterable(seq.block_table for seq in self.seqs.values()))  # table references
+        refs = list(map(counts.get, range(self.pool.num_blocks), repeat(0)))
+        first, ref_counts = int(self.pool.null_block), self.pool.ref_counts
+        assert refs[first:] == ref_counts[first:], \
+            f"block {next(b for b in range(first, len(refs)) if refs[b] != ref_counts[b])} ref_count mismatch"
+        assert self.num_filled_slots == sum(compress(fill, refs))
         assert self._sum_written == sum(s.num_tokens for s in self.seqs.values())
         assert self._num_mapped_blocks == sum(len(s.block_table) for s in self.seqs.values())
         assert self._sum_reservable == sum(s.reservable for s in self.seqs.values())

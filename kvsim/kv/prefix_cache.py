@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import islice
+from itertools import compress, islice
 from typing import Protocol
 
 from kvsim.kv.protocol import PrefixHit
@@ -187,19 +187,25 @@ class HashChainCache:
         return evicted
 
     def check_invariants(self, ref_counts: Sequence[int]) -> None:
-        for block_id, block_hash in self.evictable.items():
-            assert ref_counts[block_id] == 0, f"evictable block {block_id} has references"
-            assert self.block_hashes[block_id] == block_hash, f"evictable block {block_id}'s hash stale"
-        for block_hash, block_id in self.cached.items():
-            assert self.block_hashes[block_id] == block_hash, f"hash map stale at block {block_id}"
+        # the per-block checks in C-level loops (map, any, list ==; a checked run calls this at every step),
+        # the block to name found only when one fails
+        hash_of, evictable, cached = self.block_hashes.__getitem__, self.evictable, self.cached
+        assert not any(map(ref_counts.__getitem__, evictable)), \
+            f"evictable block {next(b for b in evictable if ref_counts[b])} has references"
+        assert list(map(hash_of, evictable)) == list(evictable.values()), \
+            f"evictable block {next(b for b, h in evictable.items() if hash_of(b) != h)}'s hash stale"
+        assert list(map(hash_of, cached.values())) == list(cached), \
+            f"hash map stale at block {next(b for h, b in cached.items() if hash_of(b) != h)}"
         for block_hash, others in self.duplicates.items():
             assert others and block_hash in self.cached, "a duplicate without the block its hash maps to"
             for block_id in others:
                 assert self.block_hashes[block_id] == block_hash, f"duplicate block {block_id}'s hash stale"
             assert len(set(others)) == len(others) and self.cached[block_hash] not in others
         num_duplicates = sum(map(len, self.duplicates.values()))
-        assert sum(h is not None for h in self.block_hashes) == len(self.cached) + num_duplicates
-        free_cached = sum(1 for b, h in enumerate(self.block_hashes) if h is not None and ref_counts[b] == 0)
+        hashes = self.block_hashes
+        assert len(hashes) - hashes.count(None) == len(self.cached) + num_duplicates
+        free_hashes = list(compress(hashes, map((0).__eq__, ref_counts)))  # the blocks with ref_count 0
+        free_cached = len(free_hashes) - free_hashes.count(None)
         assert free_cached == len(self.evictable), "a free cached block is not evictable"
 
 
