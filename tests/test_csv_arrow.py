@@ -54,7 +54,8 @@ def random_doubles(rng, num):
 
 def test_random_doubles_of_every_layout_write_the_same_bytes(monkeypatch):
     """Half a million fresh doubles of every kind (module docstring), in columns that repeat values, hold
-    one value throughout, are strictly increasing, and mix in ints and bools: both paths, the same bytes."""
+    one value throughout, are strictly increasing, and mix in ints (one column of one value) and bools: both
+    paths, the same bytes."""
     rng = np.random.default_rng()
     num = 100_000
     doubles = random_doubles(rng, num // 5 + 1)[:num]
@@ -65,6 +66,7 @@ def test_random_doubles_of_every_layout_write_the_same_bytes(monkeypatch):
         "time_s": np.cumsum(rng.exponential(0.03, num)),
         "n": rng.integers(-2**62, 2**62, num),
         "small": rng.integers(0, 300, num),
+        "one_int": np.full(num, 7),
         "u": rng.integers(0, 2**63, num, dtype=np.uint64) * np.uint64(2),
         "flag": rng.random(num) < 0.5,
         "nan": np.full(num, np.nan),

@@ -14,7 +14,9 @@ import pyarrow, so only long tables come here: `worth_using`):
   1e-4 ≤ |x| < 1e10, not integral (`float.__repr__` switches to an exponent at 1e16 and below 1e-4,
   pyarrow 26 at 1e10 and below 1e-6, and pyarrow writes an integral 960.0 as "960"). Every other value
   (integral, zero, -0.0, tiny, huge, infinite, NaN) gets `float.__repr__`'s text ("" for NaN), each
-  distinct bit pattern formatted once, put in place by mask; a column of one bit pattern is one text.
+  distinct bit pattern formatted once, put in place by mask. A column of few distinct values (a float
+  column at most half distinct, an int column of one value) is formatted a distinct value at a time
+  and its texts put in place (`_fields`).
 
 `formats_floats_as_python()` checks the cast against `float.__repr__` once per process on values at the
 layout's edges, ties and ordinary fractions; a pyarrow that formats otherwise is not used (the rows are
@@ -35,6 +37,7 @@ import numpy as np
 
 ARROW_MIN_ROWS = 32_768  # a table this long repays importing pyarrow (~0.07 s) within its first rows
 ARROW_CHUNK_ROWS = 16_384  # rows assembled at a time (measured: 4k and 32k are slower)
+DISTINCT_SAMPLE = 1_024  # `_few_distinct` looks at this many values before it sorts a whole column
 PLAIN_LOW, PLAIN_HIGH = 1e-4, 1e10  # |x| where both write a plain decimal (see the module docstring)
 
 _checked: list[bool] = []  # formats_floats_as_python's answer, once per process
@@ -83,17 +86,42 @@ def write_rows(arrays: Sequence[np.ndarray], f: IO[str]) -> None:
 
 
 def _fields(values: np.ndarray) -> Any:
-    """One column's CSV fields as a pyarrow string array."""
+    """One column's CSV fields as a pyarrow string array. A field's text depends on its value alone, so a
+    column of few distinct values (a float's bit pattern: -0.0 is not 0.0) formats each once and puts the
+    texts in place: an int column holding one value throughout, a float column at most half distinct."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if values.dtype.kind in "iu":
+        if values[0] == values[-1] and bool(np.all(values == values[0])):
+            return arrow_array(values[:1]).cast(pa.string()).take(arrow_array(np.zeros(len(values), dtype=np.int64)))
         return arrow_array(values).cast(pa.string())
     if values.dtype.kind == "b":
         return string_array(["False", "True"]).take(arrow_array(values.view(np.uint8)))
-    bits = values.view(np.int64)  # -0.0 is not 0.0
-    if bool(np.all(bits == bits[0])):
-        return _python_texts(values[:1]).take(arrow_array(np.zeros(len(values), dtype=np.int64)))
+    bits = values.view(np.int64)
+    distinct = _few_distinct(bits)
+    if distinct is None:
+        return _float_fields(values)
+    return _float_fields(distinct.view(np.float64)).take(arrow_array(np.searchsorted(distinct, bits)))
+
+
+def _few_distinct(values: np.ndarray) -> np.ndarray | None:
+    """`values`' distinct values, sorted, if at most half of them are distinct, else None; decided first on
+    the first `DISTINCT_SAMPLE` values (a column whose head is mostly distinct is left unsorted: times, durations).
+    Sorted, not `np.unique`, which hashes and costs about as much as the casts it saves."""
+    head = np.sort(values[:DISTINCT_SAMPLE])
+    if 2 * (1 + np.count_nonzero(head[1:] != head[:-1])) > len(head):
+        return None
+    ordered = np.sort(values)
+    distinct = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+    return distinct if 2 * len(distinct) <= len(values) else None
+
+
+def _float_fields(values: np.ndarray) -> Any:
+    """A float64 column's CSV fields, formatted value by value, as a pyarrow string array."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bits = values.view(np.int64)
     fields = arrow_array(values).cast(pa.string())
     with np.errstate(invalid="ignore"):  # a signalling NaN's payload: it is odd, whatever numpy says of it
         magnitude = np.abs(values)
