@@ -91,11 +91,11 @@ class BlockPool:
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Take one more reference to each block (a prefix hit or a fork)."""
-        lock = self.cache.lock
+        lock, ref_counts = self.cache.lock, self.ref_counts
         for block_id in block_ids:
-            if self.ref_counts[block_id] == 0 and not lock(block_id):
+            if ref_counts[block_id] == 0 and not lock(block_id):
                 self._unhashed.remove(block_id)
-            self.ref_counts[block_id] += 1
+            ref_counts[block_id] += 1
 
     def free_blocks(self, ordered_block_ids: Sequence[int]) -> list[int]:
         """Drop one reference from each block (each listed once), in the given order (callers pass
@@ -104,14 +104,14 @@ class BlockPool:
         Those join the free queue: the cache keeps those holding content (`PrefixCache.unlock`,
         at its tail), the others go to the head.
         """
-        ref_counts, shared = self.ref_counts, False
-        for block_id in ordered_block_ids:
+        ref_counts, freed = self.ref_counts, []
+        for block_id in ordered_block_ids:  # one pass: nearly every sequence shares a block (a prefix hit)
             count = ref_counts[block_id] - 1
             ref_counts[block_id] = count
-            if count:
+            if not count:
+                freed.append(block_id)
+            else:
                 assert count > 0, f"block {block_id} freed too often"
-                shared = True
-        freed = [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
         self._unhashed.extend(self.cache.unlock(freed))
         return freed
 

@@ -170,18 +170,24 @@ class HashChainCache:
         evictable, block_hashes, cached, duplicates = self.evictable, self.block_hashes, self.cached, self.duplicates
         evicted = list(islice(evictable, num_blocks))  # the oldest first (hot: taken in one call, popped in C)
         assert len(evicted) == num_blocks, f"evicting {num_blocks} blocks of {len(evicted)} evictable"
-        for block_id, block_hash in zip(evicted, map(evictable.pop, evicted), strict=True):
-            others = duplicates.get(block_hash)
-            if others is None:
+        popped = zip(evicted, map(evictable.pop, evicted), strict=True)
+        if not duplicates:  # each hash is held by one block (nearly always): it leaves with its block
+            for block_id, block_hash in popped:
                 del cached[block_hash]
-            else:  # the hash stays found while another block holds it
-                if cached[block_hash] == block_id:
-                    cached[block_hash] = others.pop(0)
-                else:
-                    others.remove(block_id)
-                if not others:
-                    del duplicates[block_hash]
-            block_hashes[block_id] = None
+                block_hashes[block_id] = None
+        else:
+            for block_id, block_hash in popped:
+                others = duplicates.get(block_hash)
+                if others is None:
+                    del cached[block_hash]
+                else:  # the hash stays found while another block holds it
+                    if cached[block_hash] == block_id:
+                        cached[block_hash] = others.pop(0)
+                    else:
+                        others.remove(block_id)
+                    if not others:
+                        del duplicates[block_hash]
+                block_hashes[block_id] = None
         if self._memo is not None and not self._memo_blocks.isdisjoint(evicted):
             self._memo = None  # the last match hit a block that is gone
         return evicted
