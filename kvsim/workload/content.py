@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Hashable, Sequence
-from itertools import accumulate
+from itertools import accumulate, count, islice
 
 ROOT_HASH = 0x6B7673696D  # the parent hash of block 0
 RUN_SHIFT = 32  # a run of blocks inside one segment: keys base · 2^RUN_SHIFT + k (`SegmentContent.block_hashes`)
@@ -111,8 +111,8 @@ class SegmentContent(_ChainedHashes):
                     first = hash((parent, hash(segments[i][0]), start - seg_start)) << RUN_SHIFT
                 if num == 1:  # a decoding sequence's next block (hot): a range of 96-bit ints costs ~7 appends
                     hashes.append(first)
-                else:
-                    hashes.extend(range(first, first + num))
+                else:  # counted rather than a range's, whose big ints cost half as much again each
+                    hashes.extend(islice(count(first), num))
                 parent = first + num - 1
                 start = inside
             else:  # the block at `start` runs past the end of segment i
