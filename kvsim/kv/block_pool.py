@@ -104,14 +104,14 @@ class BlockPool:
         Those join the free queue: the cache keeps those holding content (`PrefixCache.unlock`,
         at its tail), the others go to the head.
         """
-        ref_counts, freed = self.ref_counts, []
-        for block_id in ordered_block_ids:  # one pass: nearly every sequence shares a block (a prefix hit)
+        ref_counts, shared = self.ref_counts, False
+        for block_id in ordered_block_ids:
             count = ref_counts[block_id] - 1
             ref_counts[block_id] = count
-            if not count:
-                freed.append(block_id)
-            else:
+            if count:
                 assert count > 0, f"block {block_id} freed too often"
+                shared = True
+        freed = [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
         self._unhashed.extend(self.cache.unlock(freed))
         return freed
 
