@@ -239,7 +239,9 @@ class PagedAllocator(PoolSlots, PagedBursts):
 
     def _start(self, seq_id: int, final_num_tokens: int, content: Content | None, hit: PrefixHit) -> SeqBlocks:
         pool, ref_counts, fill = self.pool, self.pool.ref_counts, self.block_fill
-        self.num_filled_slots += sum([fill[block_id] for block_id in hit.block_ids if ref_counts[block_id] == 0])
+        for block_id in hit.block_ids:
+            if ref_counts[block_id] == 0:
+                self.num_filled_slots += fill[block_id]
         pool.touch(hit.block_ids[::-1])  # deepest first: see `RadixPrefixCache.lock`
         seq = SeqBlocks(list(hit.block_ids), hit.num_tokens, final_num_tokens, content, len(hit.block_ids))
         self.seqs[seq_id] = seq
@@ -391,8 +393,8 @@ class PagedAllocator(PoolSlots, PagedBursts):
         self._release_gpu(seq)
 
     def _release_gpu(self, seq: SeqBlocks) -> None:
-        freed, fill = self.pool.free_blocks(seq.block_table[::-1]), self.block_fill  # a table holds each block once
-        self.num_filled_slots -= sum([fill[block_id] for block_id in freed])  # (fewer instructions than a map)
+        freed = self.pool.free_blocks(seq.block_table[::-1])  # a table holds each block once
+        self.num_filled_slots -= sum(map(self.block_fill.__getitem__, freed))
         self._sum_written -= seq.num_tokens
         self._num_mapped_blocks -= len(seq.block_table)
         self._set_reservable(seq, 0)
