@@ -383,3 +383,28 @@ def test_measured_statistics_leave_out_the_requests_kvsim_rejected(tmp_path):
     assert v.row("TTFT mean (s)")["measured"] == pytest.approx(0.015)
     assert v.row("E2E mean (s)")["measured"] == pytest.approx(0.055)
     assert any("the measured statistics leave the same requests out" in n for n in v.notes)
+
+
+def test_kvsims_column_leaves_out_the_requests_it_rejected(tmp_path):
+    """max_model_len=24 rejects request 1 (a 32-token prompt). kvsim's TTFT parts are request 0's alone, as the
+    measured ones are: scheduled on arrival at 0 and first token at 0.01 (one constant 0.01 s step), so queue
+    0 and prefill 0.01 on both sides. The rejected row, never scheduled, emptied kvsim's parts (None)."""
+    v = validate(load_measured(write_run(tmp_path)), gpu="h100-80gb", overrides=[*CONSTANT, "engine.max_model_len=24"])
+    assert v.result.summary["num_rejected"] == 1
+    assert v.row("queue time mean (s)")["kvsim"] == pytest.approx(0.0)
+    assert v.row("prefill time mean (s)")["kvsim"] == pytest.approx(0.01)
+
+
+def test_kvsims_makespan_starts_at_its_first_served_arrival(tmp_path):
+    """The first request's 3,000-token prompt exceeds max_model_len=1,024: both makespans start at the second
+    request's send, 0.015 s after the first's (the measured one ends with the third at 1000.02 + 0.06 = 1000.08 s,
+    after the second's 1000.015 + 0.06)."""
+    path = bench_json(tmp_path / "bench.json", input_lens=[3000, 16, 32], output_lens=[4, 5, 3],
+                      ttfts=[0.5, 0.01, 0.02], itls=[[0.01] * 3, [0.01] * 4, [0.02, 0.02]],
+                      latencies=[0.53, 0.06, 0.06], errors=["", "", ""])
+    v = validate(load_measured(path), model="llama-3.1-8b", gpu="h100-80gb",
+                 overrides=[*CONSTANT, "engine.max_model_len=1024"])
+    sim = v.result.requests
+    assert list(sim.status) == ["rejected", "finished", "finished"]
+    assert v.row("makespan (s)")["measured"] == pytest.approx(0.08 - 0.015)
+    assert v.row("makespan (s)")["kvsim"] == pytest.approx(sim.finish_s.max() - 0.015)

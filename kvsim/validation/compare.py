@@ -224,10 +224,12 @@ def compare(run: MeasuredRun, result: RunResult, phases: dict[str, float | None]
     """One row per metric: measured, kvsim, error %, and LLMServingSim with its error % if present;
     TTFT's queue and prefill parts where the run records when each request was scheduled (`ttft_split`);
     with the measured `phases` (`measured_phase_rates`), prefill and decode speed rows as well. The measured
-    requests are those kvsim served (`served`), so both columns describe the same requests."""
+    requests are those kvsim served (`served_requests`), and so are kvsim's, so both columns describe the same
+    requests (a rejected row, never scheduled, left kvsim's TTFT parts empty and its arrival began the makespan)."""
     served = served_requests(run, result)
+    kvsim_served = result.requests[result.requests["status"] != "rejected"]
     measured = request_stats(served)
-    simulated = request_stats(result.requests)
+    simulated = request_stats(kvsim_served)
     peer = request_stats(run.peer) if run.peer is not None else {}
     gauges = series_stats(run, result.steps)
     measured.update(gauges["measured"])
@@ -236,7 +238,7 @@ def compare(run: MeasuredRun, result: RunResult, phases: dict[str, float | None]
     split = ttft_split(served)
     if split:
         measured.update(split)
-        simulated.update(ttft_split(result.requests))
+        simulated.update(ttft_split(kvsim_served))
         if run.peer is not None:
             peer.update(ttft_split(run.peer))
     if phases:
