@@ -7,6 +7,7 @@ from kvsim.kv import PagedAllocator, SegmentContent
 from kvsim.kv.block_pool import BlockPool
 from kvsim.kv.prefix_cache import HashChainCache
 from kvsim.kv.protocol import PrefixHit
+from kvsim.workload.scenario import load_scenario
 from tests.test_metamorphic2 import traced, write_trace
 
 BS = 4
@@ -175,3 +176,28 @@ def test_v0s_hit_rate_counts_blocks_as_vllm_v0_and_v1s_tokens(tmp_path):
     assert (v0["num_prefix_cache_query_blocks"], v0["num_prefix_cache_hit_blocks"]) == (6, 3)
     assert v0["prefix_cache_hit_rate"] == 0.5
     assert v1["prefix_cache_hit_rate"] == 0.4 and "num_prefix_cache_query_blocks" not in v1
+
+
+def test_a_fleet_mixing_v0_and_v1_replicas_gives_the_token_rate_of_all():
+    """Round robin over a v0 replica (prefix caching on) and a v1 one; four prompts, 1 s apart, of a shared
+    32-token prefix and 8 tokens of their own (16-token blocks). Each replica serves two: the second hits the
+    prefix's 2 blocks. Tokens, on either replica: queried 40 + 40, hit 0 + 32; the fleet's 64 / 160 = 0.4. v0's
+    blocks: queried 2 + 2 (40 // 16), hit 0 + 2: 0.5, which is the v0 replica's rate, not the fleet's (a v1
+    replica counts no block): the fleet reported 0.5."""
+    sets = ["model=llama-3.1-8b", "gpu=h100-80gb", "engine={max_model_len: 1024, block_size: 16}",
+            "workload={num_requests: 4, arrival: {process: constant, rate: 1}, prompt_len: {dist: fixed, value: 8}, "
+            "output_len: {dist: fixed, value: 4}, shared_prefix: {tokens: 32}}",
+            "replicas=[{count: 1, engine: {scheduler: v0, enable_prefix_caching: true}}, "
+            "{count: 1, engine: {scheduler: v1}}]", "router={policy: round_robin}",
+            "latency={model: constant, step_s: 0.01}"]
+    result = kvsim.simulate(load_scenario(None, sets))
+    v0, v1 = (run.summary for run in result.replicas)
+    assert (v0["prefix_cache_hit_rate"], v1["prefix_cache_hit_rate"]) == (0.5, 0.4)
+    summary = result.summary
+    assert (summary["num_prefix_cache_query_tokens"], summary["num_prefix_cache_hit_tokens"]) == (160, 64)
+    assert summary["prefix_cache_hit_rate"] == 0.4 and "num_prefix_cache_query_blocks" not in summary
+    # both replicas v0: the fleet's rate is v0's, blocks 2 + 2 on each, hit 0 + 2 on each: 4 / 8
+    sets[4] = "replicas=[{count: 2, engine: {scheduler: v0, enable_prefix_caching: true}}]"
+    summary = kvsim.simulate(load_scenario(None, sets)).summary
+    assert (summary["num_prefix_cache_query_blocks"], summary["num_prefix_cache_hit_blocks"]) == (8, 4)
+    assert summary["prefix_cache_hit_rate"] == 0.5

@@ -295,8 +295,11 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
                  if len(r.request_columns["arrival_s"])), default=0.0)
     duration = max(end_s - float(requests_df["arrival_s"].min()), 0.0) if len(requests_df) else 0.0
     output_tokens = int((finished["output_tokens"] * finished["num_samples"]).sum())
-    queries, hits, query_blocks, hit_blocks = (  # block counts: v0 replicas' only (`prefix_cache_hit_rate`)
-        sum(r.summary.get(f"num_prefix_cache_{kind}", 0) for r in runs)
+    # block counts (v0's rate) only where every replica runs v0: a v1 replica counts none, so a fleet mixing the
+    # two gave the v0 replicas' block rate alone; it then gives the token rate, which every replica counts
+    every_v0 = all(r.scenario.engine.scheduler == "v0" for r in runs)
+    queries, hits, query_blocks, hit_blocks = (
+        sum(r.summary.get(f"num_prefix_cache_{kind}", 0) for r in runs) if every_v0 or "tokens" in kind else 0
         for kind in ("query_tokens", "hit_tokens", "query_blocks", "hit_blocks"))
     per_replica = [{
         "replica": i, "name": r.summary["scenario"], "gpu": r.summary["gpu"], "model": r.summary["model"],
