@@ -46,6 +46,7 @@ from kvsim.fleet.autoscaler import Autoscaler
 from kvsim.fleet.driver import (
     FleetView,
     Routes,
+    fleet_output_tokens,
     fleet_requests,
     fleet_summary,
     fleet_tables,
@@ -288,8 +289,7 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     scaling = pd.DataFrame(scaler.history)
     slo = slo_attainment(requests_df, spec.slo_ttft_s, spec.slo_tpot_s, spec.slo_window_s)
     met = slo["slo_attainment"] * slo["num_requests"]
-    finished = requests_df[requests_df["status"] == "finished"]
-    output_tokens = float((finished["output_tokens"] * finished["num_samples"]).sum())
+    output_tokens = fleet_output_tokens(requests_df)
     summary["autoscaling"] = {
         **spec.model_dump(mode="json"),
         "gpu_hours": scaler.gpu_seconds / 3600.0,

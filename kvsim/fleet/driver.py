@@ -279,6 +279,12 @@ def fleet_requests(tables: Sequence[Mapping[str, np.ndarray]], replicas: Sequenc
     return pd.DataFrame({name: values[order] for name, values in columns.items()})
 
 
+def fleet_output_tokens(requests_df: pd.DataFrame) -> int:
+    """The output tokens of a fleet's finished requests, every sample's (`output_tokens` × `num_samples`)."""
+    finished = requests_df[requests_df["status"] == "finished"]
+    return int((finished["output_tokens"] * finished["num_samples"]).sum())
+
+
 def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunResult],
                   routes_df: pd.DataFrame, replica_ids: Sequence[int] | None = None,
                   up_periods: Sequence[Sequence[float]] | None = None) -> dict[str, Any]:
@@ -294,7 +300,7 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
     end_s = max((r.summary["duration_s"] + float(r.request_columns["arrival_s"].min()) for r in runs
                  if len(r.request_columns["arrival_s"])), default=0.0)
     duration = max(end_s - float(requests_df["arrival_s"].min()), 0.0) if len(requests_df) else 0.0
-    output_tokens = int((finished["output_tokens"] * finished["num_samples"]).sum())
+    output_tokens = fleet_output_tokens(requests_df)
     # block counts (v0's rate) only where every replica runs v0: a v1 replica counts none, so a fleet mixing the
     # two gave the v0 replicas' block rate alone; it then gives the token rate, which every replica counts
     every_v0 = all(r.scenario.engine.scheduler == "v0" for r in runs)
