@@ -2,6 +2,8 @@
 contradicted another. Each is refused (exit 2, one line naming the field and the value, nothing written) or, where
 vLLM itself accepts it, warned of in one line while the run goes on unchanged."""
 
+import json
+
 import pytest
 from conftest import one_line_exit_2
 from test_bad_input_sweep14 import SKEW_RUN_ARGV
@@ -216,3 +218,25 @@ def test_a_hex_integer_and_a_negative_zero_read_as_every_yaml_reads_them(tmp_pat
     for value in (written["engine"]["swap_space"], written["latency"]["overhead_s"]):
         assert value == 0 and str(value) == "0.0"
     assert result.stderr.splitlines() == ["kvsim: warning: engine.swap_space=0 is unread: scheduler v1 never swaps"]
+
+
+def test_a_v0_swap_space_is_unread_when_every_request_is_one_sequence(tmp_path):
+    """vLLM v0 with preemption_mode unset preempts a group of one running sequence by recompute and swaps only
+    a group of several (`Scheduler._preempt`: RECOMPUTE when `get_max_num_running_seqs() == 1`): with n = 1 and no
+    beam search, swap_space is never read. The run warns so and runs as without it, preemptions included; with
+    n = 2 the same swap space is read (no warning)."""
+    tight = ["--set", "engine={scheduler: v0, num_gpu_blocks_override: 200, max_model_len: 2048}",
+             "--set", "workload.num_requests=20", "--format", "json"]
+    runs = {}
+    for name, extra in (("swap", ["--set", "engine.swap_space=12"]), ("plain", []),
+                        ("n2", ["--set", "engine.swap_space=12", "--set", "workload.n=2"])):
+        result = CliRunner().invoke(app, ["run", *tight, *extra, "-o", str(tmp_path / name)], prog_name="kvsim")
+        assert result.exit_code == 0, (result.output, result.exception)
+        runs[name] = result
+    assert runs["swap"].stderr.splitlines() == [
+        "kvsim: warning: engine.swap_space=12 is unread: v0 preempts a single sequence by recompute (preemption_mode "
+        "unset), and workload.n=1 sends no other"]
+    assert runs["plain"].stderr == "" and runs["n2"].stderr == ""
+    summary = json.loads((tmp_path / "swap" / "summary.json").read_text())
+    assert summary["num_preemptions"] > 0
+    assert (tmp_path / "swap" / "requests.csv").read_text() == (tmp_path / "plain" / "requests.csv").read_text()

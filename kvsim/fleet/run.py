@@ -53,15 +53,13 @@ def simulate_scenario(scenario: Scenario, check: bool = False, progress: Progres
 
 
 def unread_settings(scenario: Scenario) -> list[str]:
-    """Engine settings no engine of the run reads, one line each (`EngineConfig.unread_settings`, given the model
-    each engine serves), for a run to warn of. In a fleet each replica group's engine is asked: a setting a group
-    gives itself is said with the group (`replicas[1]: engine.slab_placement=...`) when that group does not read
-    it; one the scenario's `engine` section gives is said once, when no group reads it (a group whose allocator,
-    prefix caching or model reads it makes it a setting that runs, not a dropped one)."""
-    from kvsim.model.config import load_model
-
+    """Engine settings no engine of the run reads, one line each (`_engine_unread`: `EngineConfig.unread_settings`,
+    given the model each engine serves and the workload), for a run to warn of. In a fleet each replica group's
+    engine is asked: a setting a group gives itself is said with the group (`replicas[1]: engine.slab_placement=...`)
+    when that group does not read it; one the scenario's `engine` section gives is said once, when no group reads it
+    (a group whose allocator, prefix caching or model reads it makes it a setting that runs, not a dropped one)."""
     if not scenario.is_fleet:
-        return list(scenario.engine.unread_settings(load_model(scenario.model)).values())
+        return list(_engine_unread(scenario).values())
     from kvsim.fleet.driver import replica_groups
 
     groups = scenario.replicas if isinstance(scenario.replicas, list) else None
@@ -69,7 +67,23 @@ def unread_settings(scenario: Scenario) -> list[str]:
     inherited: list[list[str]] = []  # per group, the lines of settings it takes from the scenario's engine
     for g, (replica, _count) in enumerate(replica_groups(scenario)):
         own = groups[g].engine if groups is not None else {}
-        said = replica.engine.unread_settings(load_model(replica.model))
+        said = _engine_unread(replica)
         own_lines += [f"replicas[{g}]: {line}" for field, line in said.items() if field in own]
         inherited.append([line for field, line in said.items() if field not in own])
     return [line for line in inherited[0] if all(line in other for other in inherited)] + own_lines
+
+
+def _engine_unread(scenario: Scenario) -> dict[str, str]:
+    """`EngineConfig.unread_settings` of the scenario's engine, given its model, and given its workload a v0
+    `swap_space` that no preemption swaps into: with `preemption_mode` unset vLLM v0 swaps only a request of several
+    sequences (`_preempt`: recompute when `get_max_num_running_seqs() == 1`), and with `workload.n` 1 and no beam
+    search every request is one (the engine alone cannot tell: its default swaps n > 1)."""
+    from kvsim.model.config import SWAP_SPACE_GIB, load_model
+
+    engine, workload = scenario.engine, scenario.workload
+    unread = engine.unread_settings(load_model(scenario.model))
+    if (engine.scheduler == "v0" and engine.preemption_mode is None and engine.swap_space != SWAP_SPACE_GIB
+            and workload.n == 1 and workload.beam_width is None):
+        unread["swap_space"] = (f"engine.swap_space={engine.swap_space:g} is unread: v0 preempts a single sequence "
+                                "by recompute (preemption_mode unset), and workload.n=1 sends no other")
+    return unread
