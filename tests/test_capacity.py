@@ -1,11 +1,15 @@
+from fractions import Fraction
+
 import pytest
 
 from kvsim.model.capacity import (
     check_parallel,
     kv_bytes_per_block,
     kv_bytes_per_token,
+    model_kv_layout,
     num_gpu_blocks,
     paged_max_seqs,
+    paged_seqs,
     plan_capacity,
     shared_prefix_blocks,
     slab_max_seqs,
@@ -72,7 +76,10 @@ def test_b200_pool_by_hand():
 
 
 def test_seed_exercise_39_sequences_at_4k():
-    assert paged_max_seqs(10_000, 4096, 16, num_null_blocks=1) == 39
+    layout = model_kv_layout(load_model("llama-3.1-8b"), EngineConfig())  # one full-attention group, blocks of 16
+    assert paged_max_seqs(layout, 10_000, 4096, 2048, num_null_blocks=1) == 9_999 // 256 == 39
+    assert paged_max_seqs(layout, 10_240, 4096, 2048, num_null_blocks=0) == 40
+    assert paged_seqs(layout, 10_000, 4096, 2048, num_null_blocks=1) == Fraction(9_999, 256)
     assert vllm_max_concurrency(10_000, 4096, 16) == pytest.approx(39.0625)
 
 

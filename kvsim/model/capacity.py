@@ -16,7 +16,10 @@ The simulation (`kvsim run`) shows how far real lengths sit from these worst cas
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from functools import partial
 from typing import Any
 
 from kvsim.model.config import DTYPE_BYTES, EngineConfig, GPUSpec, ModelSpec
@@ -204,25 +207,34 @@ def model_max_concurrency(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, 
     return model_kv_layout(model, engine).max_concurrency(num_blocks, max_model_len, mnbt, engine.scheduler)
 
 
-def paged_max_seqs(num_blocks: int, context_len: int, block_size: int, *, num_null_blocks: int) -> int:
-    """Sequences of `context_len` tokens that fit with paging: `floor((num_blocks − null) / cdiv(ctx, bs))`,
-    `num_null_blocks` being the blocks no sequence can hold (`EngineConfig.num_null_blocks`: vLLM v1's block 0).
+def paged_seqs(layout: KVLayout, num_blocks: int, context_len: int, max_num_batched_tokens: int, *,
+               num_null_blocks: int) -> Fraction:
+    """Sequences of `context_len` tokens resident at once with paging, every KV group counted, before rounding
+    down (`paged_max_seqs` rounds; the report's formula fits a constant to it as it is). Each is admitted as the
+    others decode: the last one admitted holds `prefill = layout.prefill_blocks(ctx, mnbt)` while its prompt is
+    computed, each other one `decode = layout.decode_blocks(ctx)`, so over `usable = num_blocks − null` blocks
+    (`num_null_blocks`: those no sequence can hold, `EngineConfig.num_null_blocks`, vLLM v1's block 0)
 
-    10,000 blocks of 16 tokens at 4,096 tokens: floor(9999 / 256) = 39; 10,240 blocks: 39 in v1
-    (10,239 usable), 40 in v0.
-    """
-    return (num_blocks - num_null_blocks) // ceil_div(context_len, block_size)
+        1 + (usable − prefill) / decode        (0 when one prefill does not fit)
+
+    With full attention only the two are the same, cdiv(ctx, bs), and this is `usable / cdiv(ctx, bs)`:
+    10,000 blocks of 16 tokens at 4,096 tokens, v1: 9,999 / 256 = 39.06. A sliding window's prompt holds every
+    block of its last chunk until the step ends (gemma-3-27b at 8,192 tokens, 15,410 usable blocks: 7 groups ×
+    512 while prefilling, 512 + 6 × 65 = 902 decoding: 1 + 11,826 / 902 = 14.11 sequences, where 15,410 / 896,
+    its live blocks at exactly 8,192 tokens, said 17.2, and 15,410 / cdiv(8,192, 16) = 30.1, as if every layer
+    were full attention)."""
+    usable = num_blocks - num_null_blocks
+    decode, prefill = layout.decode_blocks(context_len), layout.prefill_blocks(context_len, max_num_batched_tokens)
+    return 1 + Fraction(usable - prefill, decode) if usable >= prefill else Fraction(0)
 
 
-def resident_seqs(usable_blocks: int, decode_blocks: int, prefill_blocks: int) -> int:
-    """Sequences of one length that fit at once when each is admitted as the others decode: the last one
-    admitted holds `prefill_blocks` while its prompt is computed, each other one `decode_blocks`, so
-    `1 + (usable − prefill) // decode` (0 when one prefill does not fit). With full attention only the two are
-    the same, cdiv(ctx, bs), and this is `usable // blocks` (`paged_max_seqs`); a sliding window's prompt holds
-    every block of its last chunk until the step ends (gemma-3-27b at 8,192 tokens, 15,410 usable blocks:
-    7 groups × 512 while prefilling, 512 + 6 × 65 = 902 decoding: 1 + 11,826 // 902 = 14 sequences, where
-    15,410 // 896, its live blocks at exactly 8,192 tokens, said 17)."""
-    return 1 + (usable_blocks - prefill_blocks) // decode_blocks if usable_blocks >= prefill_blocks else 0
+def paged_max_seqs(layout: KVLayout, num_blocks: int, context_len: int, max_num_batched_tokens: int, *,
+                   num_null_blocks: int) -> int:
+    """Whole sequences of `context_len` tokens that fit with paging: `paged_seqs` rounded down, so
+    `floor((num_blocks − null) / cdiv(ctx, bs))` with full attention only (10,000 blocks of 16 tokens at 4,096
+    tokens: 9,999 // 256 = 39; 10,240 blocks: 39 in v1, 10,239 usable, 40 in v0)."""
+    return math.floor(paged_seqs(layout, num_blocks, context_len, max_num_batched_tokens,
+                                 num_null_blocks=num_null_blocks))
 
 
 def slab_max_seqs(num_token_slots: int, max_model_len: int) -> int:
@@ -265,7 +277,7 @@ class CapacityRow:
     decodes (`KVLayout.decode_blocks`); sliding-window and chunked groups hold only the blocks their window still
     covers. `prefill_blocks_per_seq` (models with such groups only) is what it holds while its prompt's last
     chunk is computed (`KVLayout.prefill_blocks`); `paged_max_seqs` counts the sequences resident when each is
-    admitted beside the others (`resident_seqs`).
+    admitted beside the others (`paged_max_seqs`).
     """
 
     context_len: int
@@ -412,7 +424,8 @@ def plan_capacity(
     fp8 = engine.model_copy(update={"kv_cache_dtype": "fp8"})
     blocks_fp8 = num_gpu_blocks(model, gpu, fp8)
     slots = layout.token_slots(blocks)
-    usable, usable_fp8 = blocks - engine.num_null_blocks, blocks_fp8 - fp8.num_null_blocks
+    usable = blocks - engine.num_null_blocks
+    fit = partial(paged_max_seqs, layout, max_num_batched_tokens=mnbt, num_null_blocks=engine.num_null_blocks)
     spec = engine.speculative_config
     extra = 0 if spec is None else spec.num_speculative_tokens + spec.num_lookahead_tokens
     windowed = any(g.window_tokens is not None for g in layout.groups)
@@ -424,18 +437,16 @@ def plan_capacity(
         row: dict[str, Any] = {
             "context_len": ctx,
             "blocks_per_seq": per_seq,
-            "paged_max_seqs": resident_seqs(usable, per_seq, prefill) if servable else 0,
+            "paged_max_seqs": fit(blocks, ctx) if servable else 0,
             "slab_max_seqs": slab_max_seqs(slots, max_model_len) if servable else 0,
-            "paged_max_seqs_fp8": resident_seqs(usable_fp8, per_seq, prefill) if servable else 0,
+            "paged_max_seqs_fp8": fit(blocks_fp8, ctx) if servable else 0,  # fp8 changes pages, not groups
         }
         if windowed:
             row["prefill_blocks_per_seq"] = prefill
         if spec is not None:  # a verify step holds K drafts and vLLM's lookahead more
             capped = min(ctx + extra, max_model_len)
-            with_drafts = layout.decode_blocks(capped)
-            row |= {"blocks_per_seq_with_drafts": with_drafts,
-                    "paged_max_seqs_with_drafts": resident_seqs(usable, with_drafts, layout.prefill_blocks(
-                        capped, mnbt)) if servable else 0}
+            row |= {"blocks_per_seq_with_drafts": layout.decode_blocks(capped),
+                    "paged_max_seqs_with_drafts": fit(blocks, capped) if servable else 0}
         if shared_prefix_tokens and ctx >= shared_prefix_tokens:
             shared, own = _shared_prefix_counts(layout, ctx, shared_prefix_tokens, held,
                                                 spec is not None and spec.drops_last_hit_block)

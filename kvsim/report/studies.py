@@ -23,14 +23,14 @@ import pandas as pd
 from kvsim.engine.builder import make_latency, resolve_engine
 from kvsim.kv import fig2_shares
 from kvsim.model.capacity import (
-    kv_bytes_per_block,
+    model_kv_layout,
     model_max_concurrency,
     num_gpu_blocks,
     paged_max_seqs,
+    paged_seqs,
     slab_max_seqs,
 )
 from kvsim.model.errors import KvsimError
-from kvsim.model.units import ceil_div
 from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_hour, engine_gpus, gpu_price
 from kvsim.planning.steady_state import failing_evidence, search_rates
 from kvsim.planning.sweep import SweepResult, run_many
@@ -133,10 +133,15 @@ class Study:
         spec = resolve_engine(self.base)
         self.model, self.gpu, self.max_model_len, self.num_blocks = (spec.model, spec.gpu, spec.max_model_len,
                                                                       spec.num_gpu_blocks)
+        self.kv_layout, self.max_num_batched_tokens = spec.kv_layout, spec.limits.max_num_batched_tokens
         requests = build_requests(self.base, self.max_model_len, np.random.default_rng(self.base.seed))
         self.mean_kv_len = float(np.mean([r.kv_len for r in requests]))
         # the blocks no sequence holds in the paged variants the capacity sections run (vLLM v1's null block; v0: none)
         self.paged_null_blocks = self.base.engine.model_copy(update={"allocator": "paged"}).num_null_blocks
+        # sequences of `context_len` tokens a paged pool of `num_blocks` holds, every KV group counted, as
+        # `kvsim capacity` counts them (`paged_max_seqs`; `paged_seqs` before rounding down)
+        self.paged_fit = partial(paged_max_seqs, self.kv_layout, max_num_batched_tokens=self.max_num_batched_tokens,
+                                 num_null_blocks=self.paged_null_blocks)
         # as the scheduler refuses them (`kvsim.sched.base.Scheduler.reject_reason`'s first test)
         self.unservable_fraction = float(np.mean([r.prompt_len + r.output_len > self.max_model_len
                                                   for r in requests])) if requests else 0.0
@@ -212,8 +217,7 @@ def context_concurrency(st: Study) -> Section:
         paged = runs[len(allocators) * i].summary
         rows.append({
             "max_model_len": n,
-            "closed_form_paged_at_mean_len": paged_max_seqs(st.num_blocks, round(st.mean_kv_len), bs,
-                                                            num_null_blocks=st.paged_null_blocks),
+            "closed_form_paged_at_mean_len": st.paged_fit(st.num_blocks, round(st.mean_kv_len)),
             "closed_form_slab_max": slab_max_seqs(st.num_blocks * bs, n),  # slab pools have no null block
             "vllm_max_concurrency": round(model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks, n), 2),
             "simulated_paged_sustained": sustained(paged),
@@ -240,9 +244,9 @@ def kv_quantization(st: Study) -> Section:
         engine = st.base.engine.model_copy(update={"kv_cache_dtype": d})
         blocks = num_gpu_blocks(st.model, st.gpu, engine)
         rows.append({
-            "kv_cache_dtype": d, "bytes_per_block": kv_bytes_per_block(st.model, engine), "num_gpu_blocks": blocks,
-            "closed_form_paged_at_mean_len": paged_max_seqs(blocks, round(st.mean_kv_len), engine.block_size,
-                                                            num_null_blocks=engine.num_null_blocks),
+            "kv_cache_dtype": d, "bytes_per_block": model_kv_layout(st.model, engine).bytes_per_block,
+            "num_gpu_blocks": blocks, "closed_form_paged_at_mean_len": st.paged_fit(
+                blocks, round(st.mean_kv_len), num_null_blocks=engine.num_null_blocks),
             "simulated_sustained_running": sustained(s.summary),
             "peak_running_transient": s.summary["max_running"],
             "tpot_mean_s_saturated": s.summary["tpot_s"]["mean"],
@@ -279,7 +283,10 @@ FORMULA_SETTING = "prefix caching off (`engine.enable_prefix_caching=false`), wh
 
 
 def capacity_formula(st: Study) -> Section:
-    """Fit sustained seqs ≈ k · pool_blocks / blocks_per_seq to saturated paged runs.
+    """Fit sustained seqs ≈ k · closed form to saturated paged runs, the closed form being `paged_seqs` (what
+    `kvsim capacity` counts, before rounding down): pool_blocks / blocks_per_seq with full attention only; a
+    sliding-window or chunked group counts the blocks its window holds, and the last sequence admitted its
+    prompt's chunk (`blocks_per_seq` is what one holds decoding, `KVLayout.decode_blocks`).
 
     Rows: fixed lengths (prompt c/2 + output c/2) at several context lengths c, and the
     scenario's own length mix (c = its mean prompt + output). Each row reports the three
@@ -291,7 +298,6 @@ def capacity_formula(st: Study) -> Section:
     Every run turns prefix caching off (a sequence's blocks are its own); an engine that cannot turn it
     off (a CPU offload tier needs it) gets the section skipped with its refusal (`kvsim.report.applicable`).
     """
-    bs = st.base.engine.block_size
     contexts = [c for c in (256, 512, 1024, 2048, 4096) if c <= st.max_model_len]
     fixed = [(f"prompt {c // 2} + output {c - c // 2}", c,
               ("workload.trace=null", "workload.shared_prefix=null",
@@ -306,7 +312,9 @@ def capacity_formula(st: Study) -> Section:
     no_preemption = _largest_seqs_without_preemption(st, [(*common, *extra) for _, _, extra in rows_spec], runs,
                                                      counts)
     usable = st.num_blocks - st.paged_null_blocks
-    closed = np.array([usable / ceil_div(c, bs) for _, c, _ in rows_spec])
+    lens = [c for _, c, _ in rows_spec]
+    closed = np.array([float(paged_seqs(st.kv_layout, st.num_blocks, c, st.max_num_batched_tokens,
+                                        num_null_blocks=st.paged_null_blocks)) for c in lens])
     running = np.array([sustained(r.summary, digits=None) for r in runs], dtype=float)  # None → NaN
     limits = [st.limited_by(r.summary) for r in runs]
     kv_bound = np.array([lim == "kv" for lim in limits]) & ~np.isnan(running)  # a run never saturated says nothing
@@ -319,8 +327,8 @@ def capacity_formula(st: Study) -> Section:
         c_f, s_f = closed[: len(fixed)][fixed_bound], running[: len(fixed)][fixed_bound]
         k_fixed = float((s_f * c_f).sum() / (c_f**2).sum())
     table = pd.DataFrame({
-        "lengths": [name for name, _, _ in rows_spec], "context_len": [c for _, c, _ in rows_spec],
-        "blocks_per_seq": [ceil_div(c, bs) for _, c, _ in rows_spec], "closed_form_seqs": closed.round(2),
+        "lengths": [name for name, _, _ in rows_spec], "context_len": lens,
+        "blocks_per_seq": [st.kv_layout.decode_blocks(c) for c in lens], "closed_form_seqs": closed.round(2),
         "sustained_running": running.round(2),
         "preemptions_per_s": [sustained(r.summary, "preemptions_per_s", 3) for r in runs],
         "max_seqs_without_preemption": no_preemption,
