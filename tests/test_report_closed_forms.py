@@ -18,6 +18,7 @@ import kvsim
 from kvsim.model.capacity import plan_capacity
 from kvsim.report import studies
 from kvsim.report.studies import StudyConfig, saturated
+from kvsim.report.text import closed_form, formula_text
 from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario, make_scenario
 
 SEQS = 5  # 1 + (3,100 − 896) // 518
@@ -56,11 +57,13 @@ def test_the_formulas_closed_form_counts_every_group_and_its_prompt_chunk(gemma)
     that never preempts at 2,048 tokens is that, rounded down. 4,096 tokens: decoding, 256 + 6 · 65 = 646;
     prefilling, the full group's 256 and each sliding group's window − 1 + the chunk, cdiv(1,023 + 2,048, 16)
     + 1 = 193 (SlidingWindowSpec's worst case): 256 + 6 · 193 = 1,414, so 1 + 1,686 / 646 = 3.61."""
-    table = studies.capacity_formula(gemma).tables["capacity_formula"].set_index("context_len")
+    sec = studies.capacity_formula(gemma)
+    table = sec.tables["capacity_formula"].set_index("context_len")
     assert list(table.loc[[2048, 2047, 4096], "blocks_per_seq"]) == [518, 518, 646]
     assert list(table.loc[[2048, 2047, 4096], "closed_form_seqs"]) == [round(1 + 2204 / 518, 2)] * 2 + [
         round(1 + 1686 / 646, 2)]
     assert table.loc[2048, "max_seqs_without_preemption"] == SEQS
+    assert "k · (1 + (pool_blocks − prefill_blocks) ÷ blocks_per_seq)" in formula_text(sec, gemma)
 
 
 def test_a_full_attention_engines_closed_form_is_unchanged():
@@ -73,3 +76,4 @@ def test_a_full_attention_engines_closed_form_is_unchanged():
     assert list(table.closed_form_paged_at_mean_len) == [(n - st.paged_null_blocks) // blocks_per_seq
                                                         for n in table.num_gpu_blocks]
     assert st.paged_fit(st.num_blocks, round(st.mean_kv_len)) == (st.num_blocks - 1) // blocks_per_seq
+    assert closed_form(st) == "pool_blocks ÷ blocks_per_seq"

@@ -246,7 +246,7 @@ def _section_body(sec: studies.Section, st: studies.Study, cfg: studies.StudyCon
         return prefix_text(sec)
     if sec.key == "formula" and not f["num_kv_bound"]:
         return (f"No saturated run was KV-bound here (concurrency was capped by {', '.join(f['other_limits'])}), so "
-                f"the formula seqs ≈ pool_blocks ÷ blocks_per_seq cannot be fitted: this pool ({f['pool_blocks']:,} "
+                f"the formula seqs ≈ {closed_form(st)} cannot be fitted: this pool ({f['pool_blocks']:,} "
                 f"blocks) holds more than the workload or max_num_seqs ever asks for. vLLM's startup line would "
                 f"report \"maximum concurrency\" {f['vllm_max_concurrency']:.2f}x for max_model_len "
                 f"{st.max_model_len:,}.")
@@ -265,6 +265,16 @@ def _section_body(sec: studies.Section, st: studies.Study, cfg: studies.StudyCon
     return alerts_text(sec, cfg)
 
 
+def closed_form(st: studies.Study) -> str:
+    """The formula section's closed form in words (`kvsim.model.capacity.paged_seqs`): with full attention only,
+    pool_blocks ÷ blocks_per_seq; with sliding-window or chunked groups, the last sequence admitted holding its
+    prompt's chunk (prefill blocks) beside the others decoding, every group's blocks counted."""
+    if any(g.window_tokens is not None for g in st.kv_layout.groups):
+        return ("(1 + (pool_blocks − prefill_blocks) ÷ blocks_per_seq), every KV group counted and the last "
+                "sequence admitted holding its prompt's chunk, as kvsim capacity counts")
+    return "pool_blocks ÷ blocks_per_seq"
+
+
 def formula_text(sec: studies.Section, st: studies.Study) -> str:
     """Three concurrency figures beside vLLM's, with the fitted constant, all from the table."""
     f, df = sec.facts, sec.tables["capacity_formula"]
@@ -276,7 +286,7 @@ def formula_text(sec: studies.Section, st: studies.Study) -> str:
             "blocks): the *sustained* concurrency (running requests averaged over the time requests queued; "
             "ramp-up and drain excluded), the largest max_num_seqs that ran with no preemption, and the peak, an "
             "admission transient when every sequence holds only its prompt. Fitting sustained seqs ≈ k · "
-            f"pool_blocks ÷ blocks_per_seq gives k = {f['fitted_constant']:.2f} over the {f['num_kv_bound']} "
+            f"{closed_form(st)} gives k = {f['fitted_constant']:.2f} over the {f['num_kv_bound']} "
             f"KV-bound rows (k = {f['fitted_constant_fixed']:.2f} on the prompt c/2 + output c/2 rows alone). "
             f"On those rows the peak averages {peak_k:.2f}× the closed form and the preemption-free concurrency "
             f"{calm_k:.2f}×; the sustained level is held with up to {thrash:.2f} preemptions per second, so plan on "
