@@ -270,8 +270,8 @@ def closed_form(st: studies.Study) -> str:
     pool_blocks ÷ blocks_per_seq; with sliding-window or chunked groups, the last sequence admitted holding its
     prompt's chunk (prefill blocks) beside the others decoding, every group's blocks counted."""
     if any(g.window_tokens is not None for g in st.kv_layout.groups):
-        return ("(1 + (pool_blocks − prefill_blocks) ÷ blocks_per_seq), every KV group counted and the last "
-                "sequence admitted holding its prompt's chunk, as kvsim capacity counts")
+        return ("(1 + (pool_blocks − prefill_blocks) ÷ blocks_per_seq) (every KV group counted, the last "
+                "sequence admitted holding its prompt's chunk: kvsim capacity's count)")
     return "pool_blocks ÷ blocks_per_seq"
 
 
