@@ -32,6 +32,15 @@ def test_spec_by_hand_paged_v0():
         spec.num_gpu_blocks = 2  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("overrides", [["engine.scheduler=v1"], ["engine.scheduler=static"],
+                                       ["engine.scheduler=v0", "engine.preemption_mode=recompute"]])
+def test_no_swap_space_where_preemption_never_swaps(overrides):
+    """vLLM v1 takes --swap-space and never swaps (nor does the static scheduler, nor v0 told to recompute):
+    no CPU pool (a checked run recounted an unused one of 2,048 blocks at every step)."""
+    spec = resolve_engine(load_scenario(None, [*LLAMA_8B, *overrides]))
+    assert (spec.num_cpu_blocks, spec.num_cpu_slots) == (0, 0)
+
+
 def test_slab_spec_has_no_null_block():
     spec = resolve_engine(load_scenario(None, [*LLAMA_8B, "engine.allocator=slab-max", "engine.scheduler=v0"]))
     assert spec.num_kv_slots == 1000 * 16 and spec.num_cpu_slots == 4 * 2**30 // 131_072

@@ -26,7 +26,7 @@ from kvsim.kv.radix_prefix_cache import RadixPrefixCache
 from kvsim.latency.base import ConstantLatency, LatencyModel
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.speculative import speculative_latency
-from kvsim.model.capacity import model_kv_layout, num_gpu_blocks
+from kvsim.model.capacity import model_kv_layout, num_gpu_blocks, swap_bytes
 from kvsim.model.config import EngineConfig, load_gpu, load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_run_memory
@@ -87,7 +87,7 @@ def resolve_engine(scenario: Scenario) -> EngineSpec:
     num_blocks = num_gpu_blocks(model, gpu, engine, layout=layout, max_model_len=max_model_len)
     bs = engine.block_size
     num_kv_slots = (num_blocks - engine.num_null_blocks) * bs
-    swap_bytes = int(engine.swap_space * 2**30)
+    cpu_swap_bytes = swap_bytes(engine)
     watermark_slots = int(engine.resolved_watermark * num_kv_slots / bs) * bs if engine.resolved_watermark else 0
     limits = SchedulerLimits(
         max_num_seqs=engine.resolved_max_num_seqs(gpu),
@@ -98,8 +98,8 @@ def resolve_engine(scenario: Scenario) -> EngineSpec:
         swap_space_gib=engine.swap_space,
     )
     return EngineSpec(scenario, model, gpu, engine, max_model_len, layout, num_blocks, layout.bytes_per_block,
-                      layout.bytes_per_token, num_kv_slots, swap_bytes // layout.bytes_per_block,
-                      swap_bytes // layout.bytes_per_token, limits, engine.resolved_async_scheduling)
+                      layout.bytes_per_token, num_kv_slots, cpu_swap_bytes // layout.bytes_per_block,
+                      cpu_swap_bytes // layout.bytes_per_token, limits, engine.resolved_async_scheduling)
 
 
 def make_allocator(spec: EngineSpec) -> KVAllocator:

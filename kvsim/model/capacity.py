@@ -269,6 +269,13 @@ def shared_full_blocks(context_len: int, prefix_tokens: int, block_size: int) ->
     return min(prefix_tokens, context_len - 1) // block_size
 
 
+
+def swap_bytes(engine: EngineConfig) -> int:
+    """The CPU swap space a preemption can use, in bytes: `swap_space` GiB where preemption can swap (vLLM v0
+    outside preemption_mode=recompute), else 0 (v1 and static never swap: no pool is built that nothing uses)."""
+    swaps = engine.scheduler == "v0" and engine.preemption_mode != "recompute"
+    return int(engine.swap_space * 2**30) if swaps else 0
+
 @dataclass(frozen=True, slots=True)
 class CapacityRow:
     """One context length: how many sequences of that length fit (0 if above max_model_len).
