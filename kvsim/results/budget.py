@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvsim.model.capacity import kv_bytes_per_block, num_gpu_blocks, swap_bytes
+from kvsim.model.capacity import kv_bytes_per_block, num_gpu_blocks
 from kvsim.model.config import load_gpu, load_model
 from kvsim.model.errors import KvsimError
 
@@ -96,7 +96,7 @@ def estimate_run_bytes(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engin
     w = scenario.workload
     num_requests = _num_requests(scenario)
     num_seqs = num_requests * (w.beam_width or w.n)
-    num_cpu_blocks = swap_bytes(engine) // max(1, bytes_per_block) if engine.allocator == "paged" else 0
+    num_cpu_blocks = int(engine.swap_space * GIB) // max(1, bytes_per_block) if engine.allocator == "paged" else 0
     min_steps = num_seqs * _mean_length(w.output_len) / engine.resolved_max_num_seqs(gpu)
     return {
         "requests": num_requests * REQUEST_BYTES,
