@@ -253,7 +253,7 @@ class StepRecorder:
                                            internal_frag / total, w.slack / total, w.external_frag / total,
                                            w.free / total))
         self._ints.frombytes(PACK_INTS(state.num_running, state.num_waiting, state.num_swapped, plan.num_tokens,
-                                       plan.num_prefill_tokens, plan.num_decode_seqs, state.num_preemptions,
+                                       plan.num_row_prefill_tokens, plan.num_row_decode_seqs, state.num_preemptions,
                                        plan.swap_in_bytes, plan.swap_out_bytes, kv.held_slots, kv.shared_slots))
         self._num_rows += 1
         if self._num_rows + len(self._bursts) >= self.chunk_rows:

@@ -33,10 +33,25 @@ class StepPlan:
     num_spec_decode_seqs: int = 0  # sequences verifying speculative drafts (their drafter ran for them)
     num_draft_tokens: int = 0  # Σ drafts they verify
     sum_spec_context_tokens: int = 0  # Σ their contexts after the step (what the drafter reads)
+    num_verify_chunk_tokens: int = 0  # tokens of verify chunks of ≥ 2 tokens: in num_prefill_tokens, priced as
+    num_verify_chunk_seqs: int = 0  # chunks; their sequences, not in num_decode_seqs (see `num_row_decode_seqs`)
 
     @property
     def is_empty(self) -> bool:
         return not self.scheduled and not self.swap_in_bytes and not self.swap_out_bytes
+
+    @property
+    def num_row_prefill_tokens(self) -> int:
+        """Prefill tokens as a step row reports them: prompt (and recomputed) tokens only. A sequence verifying
+        k drafts is a decode processing k + 1 tokens, as vLLM counts it (`IterationStats.update_from_output`,
+        vllm/v1/metrics/stats.py: generation tokens once the prompt is done), though the latency models
+        price its k + 1 tokens as a chunk (`num_prefill_tokens`)."""
+        return self.num_prefill_tokens - self.num_verify_chunk_tokens
+
+    @property
+    def num_row_decode_seqs(self) -> int:
+        """Decode sequences as a step row reports them: one-token decodes and verifying sequences."""
+        return self.num_decode_seqs + self.num_verify_chunk_seqs
 
     def add(self, num_new: int, past: int, num_seqs: int, samples: bool) -> None:
         """Account `num_seqs` sequences each computing `num_new` tokens after `past` cached ones."""
@@ -59,6 +74,9 @@ class StepPlan:
         drafts, computed as one chunk after `past` tokens, each with a row of logits (the target checks every
         draft), the drafter to run for it next (`kvsim.latency.speculative`)."""
         self.add(num_new, past, num_seqs, samples=True)
+        if num_new > 1:  # `add` counted its tokens as prefill (one token after `past`: a decode)
+            self.num_verify_chunk_tokens += num_new * num_seqs
+            self.num_verify_chunk_seqs += num_seqs
         self.num_sampled += num_seqs * (num_new - 1)
         self.num_spec_decode_seqs += num_seqs
         self.num_draft_tokens += num_seqs * (num_new - 1)

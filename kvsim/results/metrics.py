@@ -3,7 +3,8 @@
 Per step (one row per engine step, recorded when the step is planned, so it describes the
 memory held while the step runs): `time_s`, `duration_s`, `vllm:num_requests_running`,
 `vllm:num_requests_waiting`, `vllm:num_requests_swapped`, `num_batched_tokens`,
-`num_prefill_tokens`, `num_decode_seqs`, `vllm:kv_cache_usage_perc`,
+`num_prefill_tokens` (prompt and recomputed tokens), `num_decode_seqs` (sequences past their prompt:
+a sequence verifying k speculative drafts is one, processing k + 1 tokens), `vllm:kv_cache_usage_perc`,
 `vllm:num_preemptions_total` (cumulative), swap bytes, and the waste breakdown as fractions
 of the pool (`token_state`, `reserved`, `internal_frag`, `slack`, `external_frag`, `free`),
 and `shared_slots`: slots that sharing saves (forked samples and beams, prefix-cache hits)
