@@ -470,8 +470,14 @@ def optional_column_summaries(requests: Mapping[str, Any]) -> dict[str, Any]:
     """The summary keys of the requests table's optional columns (`kvsim.results.records`), one engine's or a
     fleet's table alike: `by_priority` with `priority`; with `client_queue_s` (a closed-loop client's waits), its
     percentiles over the finished requests, as `vllm bench serve` takes its "Client Queue Time" over the
-    successful ones (TTFT and E2E are over the finished requests too)."""
+    successful ones (TTFT and E2E are over the finished requests too); with `length_capped_tokens`,
+    `length_capped`: the requests whose output max_model_len cut (vLLM's finish_reason "length") and the output
+    tokens cut, every sample's counted (as `output_tokens_per_s` counts them)."""
     out: dict[str, Any] = {}
+    if "length_capped_tokens" in requests:
+        capped = np.asarray(requests["length_capped_tokens"])
+        out["length_capped"] = {"num_requests": int((capped > 0).sum()),
+                                "num_dropped_output_tokens": int((capped * np.asarray(requests["num_samples"])).sum())}
     if "priority" in requests:
         out["by_priority"] = by_priority(requests)
     if "client_queue_s" in requests:

@@ -14,8 +14,9 @@ Columns, with vLLM's metric names where one exists (see `kvsim.results.metrics`)
 queue_s, prompt_tokens, output_tokens, num_samples, prefix_hit_tokens, num_preemptions,
 status, reject_reason`, `priority` (vLLM's request priority) when some request's is not 0, and
 `client_queue_s` (a closed-loop client's wait for a free slot before `arrival_s`, the instant it sent the
-request; `workload.max_concurrency`) when some request's is not 0: a run without either writes the table it
-always wrote.
+request; `workload.max_concurrency`) when some request's is not 0, and `length_capped_tokens` (output tokens
+asked for beyond max_model_len, which vLLM does not generate: it finishes the request with finish_reason "length")
+when some request's is not 0: a run without any of them writes the table it always wrote.
 """
 
 from __future__ import annotations
@@ -32,16 +33,17 @@ _STATUSES = tuple(RequestStatus)
 _STATUS_CODE = {status: code for code, status in enumerate(_STATUSES)}
 _TIMES = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "client_queue_s")
 # the integer columns; `add` takes them from the request's request_id, prompt_len, output_len, num_samples,
-# num_prefix_hit_tokens, num_preemptions and priority, in this order
+# num_prefix_hit_tokens, num_preemptions, priority and num_length_capped_tokens, in this order
 _INTS = ("request_id", "prompt_tokens", "output_tokens", "num_samples", "prefix_hit_tokens", "num_preemptions",
-         "priority")
+         "priority", "length_capped_tokens")
 # a row's times and integers as the bytes of its typed rows (`array.frombytes`): the same doubles and
 # int64s as appending value by value stores, in one call (hot: every request that ends)
 _PACK_TIMES = struct.Struct(f"@{len(_TIMES)}d").pack
 _PACK_INTS = struct.Struct(f"@{len(_INTS)}q").pack
 
 
-OPTIONAL_COLUMNS = {"priority": np.int64, "client_queue_s": np.float64}  # written when some value is not 0
+# written when some value is not 0
+OPTIONAL_COLUMNS = {"priority": np.int64, "client_queue_s": np.float64, "length_capped_tokens": np.int64}
 _COLUMN_ORDER = ("request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
                  "e2e_s", "queue_s", "prompt_tokens", "output_tokens", "num_samples", "prefix_hit_tokens",
                  "num_preemptions", "status", "reject_reason", *OPTIONAL_COLUMNS)  # the table's, see the docstring
@@ -97,7 +99,8 @@ class RequestRecords:
             np.nan if arrival is None else arrival, np.nan if scheduled is None else scheduled,
             np.nan if first is None else first, np.nan if finish is None else finish, req.client_queue_s))
         self._ints.frombytes(_PACK_INTS(req.request_id, req.prompt_len, req.output_len, req.num_samples,
-                                        req.num_prefix_hit_tokens, req.num_preemptions, req.priority))
+                                        req.num_prefix_hit_tokens, req.num_preemptions, req.priority,
+                                        req.num_length_capped_tokens))
         self._status.append(_STATUS_CODE[req.status])
 
     def ends(self, start: int) -> list[tuple[int, bool, float]]:
@@ -153,6 +156,7 @@ class RequestRecords:
             "status": labels[codes] if len(codes) else np.zeros(0, dtype=object),
             "reject_reason": reasons[order] if len(order) else np.zeros(0, dtype=object),
         }
-        optional = {"priority": ints["priority"], "client_queue_s": client_queue}
+        optional = {"priority": ints["priority"], "client_queue_s": client_queue,
+                    "length_capped_tokens": ints["length_capped_tokens"]}
         table.update((name, values) for name, values in optional.items() if values.any())
         return {name: table[name] for name in _COLUMN_ORDER if name in table}

@@ -100,12 +100,16 @@ class TurnBuilder:
     def request(self, index: int, request_id: int, arrival_s: float, prompt_len: int, output_len: int,
                 content: Content) -> Request:
         """Turn `index` as the request `request_id` arriving at `arrival_s` (its conversation's priority, its
-        record's acceptance lengths)."""
+        record's acceptance lengths). The output tokens `content` cut from the record's (`_output_len`) are its
+        `num_length_capped_tokens`; none when the prompt alone reaches max_model_len (the scheduler refuses it)."""
         priorities = self.priorities
+        record = self.records[index]
+        capped = record.output_len - output_len if prompt_len < self.max_model_len else 0
         return Request(request_id=request_id, arrival_s=arrival_s, prompt_len=prompt_len, output_len=output_len,
                        content=content, num_samples=self.num_samples, beam=self.beam,
                        priority=int(priorities[index // self.turns]) if priorities is not None else 0,
-                       acceptance_lengths=self.records[index].acceptance_lengths if self.with_acceptance else None)
+                       acceptance_lengths=record.acceptance_lengths if self.with_acceptance else None,
+                       num_length_capped_tokens=capped)
 
 
 class Conversations:

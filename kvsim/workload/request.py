@@ -69,6 +69,8 @@ class Request:
     client_queue_s: float = 0.0  # closed loop: how long it waited in the client for a free slot before `arrival_s`
     # the most tokens a preemption by recompute dropped the KV of (`drop_kv`): computing them again is recompute
     num_dropped_kv_tokens: int = 0
+    # output tokens it asked for beyond max_model_len: vLLM ends it there, finish_reason "length" (`cap_output`)
+    num_length_capped_tokens: int = 0
 
     def __post_init__(self) -> None:
         assert self.prompt_len > 0 and self.output_len > 0 and 0 < self.num_samples <= MAX_SAMPLES
@@ -103,9 +105,11 @@ class Request:
         vLLM ends a request whose tokens reach it (`FINISHED_LENGTH_CAPPED`). A single engine's requests come
         capped already (`kvsim.workload.generate`); a fleet's are capped where they are served, since its
         replicas' limits may differ (a conversation's next turn still carries the reply as the fleet's largest
-        limit caps it). A prompt that alone reaches the limit is left as it is, for the scheduler to refuse."""
+        limit caps it). A prompt that alone reaches the limit is left as it is, for the scheduler to refuse.
+        The tokens cut are added to `num_length_capped_tokens`."""
         room = max_model_len - self.prompt_len
         if 0 < room < self.output_len:
+            self.num_length_capped_tokens += self.output_len - room
             self.output_len = room
 
     def child_seq_ids(self) -> list[int]:
