@@ -76,17 +76,14 @@ def replica_groups(scenario: Scenario) -> list[tuple[Scenario, int]]:
 
 def _groups(scenario: Scenario) -> list[tuple[int, dict[str, Any], str, int]]:
     """(group index, raw replica scenario less its name, name prefix, count) per group: the scenario's
-    settings with the group's on top, but a group that names another scheduler and not
-    `enable_prefix_caching` takes that scheduler's default, as an engine given only the scheduler does
-    (the scenario's resolved value, on for v1, turned a v0 group's prefix caching on, and the reverse)."""
+    settings with the group's on top (a group naming another scheduler carries its `enable_prefix_caching`:
+    `kvsim.workload.fleet_layout.settled_groups`)."""
     base = scenario.model_dump(mode="json", exclude={"replicas", "router", "kv_transfer_config", "autoscaler"})
     if isinstance(scenario.replicas, int):
         return [(0, base, "r", scenario.replicas)]
     out = []
     for g, group in enumerate(scenario.replicas or ()):
         raw = {**base, "engine": {**base["engine"], **group.engine}}
-        if raw["engine"]["scheduler"] != base["engine"]["scheduler"] and "enable_prefix_caching" not in group.engine:
-            del raw["engine"]["enable_prefix_caching"]  # the group's scheduler's default, as its engine's (v0: off)
         raw.update({key: value for key, value in (("model", group.model), ("gpu", group.gpu)) if value})
         out.append((g, raw, f"{group.name or f'g{g}'}-", group.count))
     return out

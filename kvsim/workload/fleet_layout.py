@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from kvsim.model.config import MAX_ENGINES, MAX_FIXED_COST_S
+from kvsim.model.config import MAX_ENGINES, MAX_FIXED_COST_S, EngineConfig
+from kvsim.model.errors import from_validation_error
 from kvsim.model.spec import Label, Settings
+
+PREFIX_CACHING = "enable_prefix_caching"
 
 
 class ReplicaGroup(Settings):
@@ -31,6 +34,54 @@ class ReplicaGroup(Settings):
     kv_role: Literal["kv_producer", "kv_consumer"] | None = Field(
         default=None, exclude_if=lambda role: role is None,
         description="vLLM's kv_role in a disaggregated fleet: kv_producer (prefill), kv_consumer (decode)")
+
+
+def settled_groups(data: Any) -> Any:
+    """A raw scenario (`Scenario`'s fields) with its replica groups checked and their prefix caching settled.
+
+    A bad group is reported by its own field (`replicas.1.count`, not "not an int", the union's first branch).
+    A group whose engine names another scheduler than the scenario's engine, without `enable_prefix_caching`,
+    is given it: the scenario engine's where that engine gives it (the user's value wins, as an engine given
+    both keeps it), else the group's scheduler's default (vLLM's: on for v1, off for v0; an engine given
+    only the scheduler takes it). Written into the group, the value survives a dump (`scenario.yaml`, whose
+    engine gives every field): run again, the fleet is the same. Before, the group always took its
+    scheduler's default, so a v0 group dropped the scenario's `enable_prefix_caching: true` and a v1 group
+    turned on the caching a v0 scenario's `enable_prefix_caching: false` had turned off.
+
+    A scenario engine given as an `EngineConfig` (Python) gives the fields it was built with, except a v0
+    engine's `enable_prefix_caching: false`, which its own default sets and so counts as not given."""
+    if not isinstance(data, dict) or not isinstance(data.get("replicas"), list):
+        return data
+    groups = data["replicas"]
+    for i, group in enumerate(groups):
+        if isinstance(group, dict):
+            try:
+                ReplicaGroup(**group)
+            except ValidationError as error:
+                raise from_validation_error(error, f"replicas.{i}") from None
+    engine = data.get("engine", {})
+    if isinstance(engine, EngineConfig):
+        given = engine.model_dump(include=engine.model_fields_set)
+        if engine.scheduler == "v0" and not engine.enable_prefix_caching:
+            given.pop(PREFIX_CACHING, None)
+        engine = given
+    if not isinstance(engine, dict):
+        return data  # refused as the engine's own field
+    scheduler = engine.get("scheduler", EngineConfig.model_fields["scheduler"].default)
+    settled = []
+    for group in groups:
+        fields = group.model_dump(exclude_unset=True) if isinstance(group, ReplicaGroup) else group
+        own = fields.get("engine") if isinstance(fields, dict) else None
+        if isinstance(own, dict) and own.get("scheduler", scheduler) != scheduler and PREFIX_CACHING not in own:
+            try:
+                value = engine[PREFIX_CACHING] if PREFIX_CACHING in engine else \
+                    EngineConfig.model_validate({"scheduler": own["scheduler"]}).enable_prefix_caching
+            except ValidationError:  # no such scheduler: refused naming the group (`kvsim.fleet.driver`)
+                value = None
+            if value is not None:
+                group = {**fields, "engine": {**own, PREFIX_CACHING: value}}
+        settled.append(group)
+    return {**data, "replicas": settled}
 
 
 class Router(Settings):

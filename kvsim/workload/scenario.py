@@ -34,7 +34,7 @@ from kvsim.model.spec import Label, Settings
 from kvsim.model.yaml_io import load_json, load_yaml, yaml_problem
 from kvsim.workload.draws import Arrival, LengthDist
 from kvsim.workload.files import data_file
-from kvsim.workload.fleet_layout import AutoscalerConfig, KVTransferConfig, ReplicaGroup, Router
+from kvsim.workload.fleet_layout import AutoscalerConfig, KVTransferConfig, ReplicaGroup, Router, settled_groups
 from kvsim.workload.overrides import Overrides, apply_overrides
 from kvsim.workload.traces import INT64_MAX, MAX_LENGTH, PRIORITY_RANGE, ROW_READERS
 
@@ -292,18 +292,11 @@ class Scenario(Settings):
         """`router: null` is the default router (one engine has nothing to route; a fleet round-robins)."""
         return Router() if value is None else value
 
-    @field_validator("replicas", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _groups_named(cls, value: Any) -> Any:
-        """A bad replica group is reported by its own field (not as "not an int", the union's first branch)."""
-        if isinstance(value, list):
-            for i, group in enumerate(value):
-                if isinstance(group, dict):
-                    try:
-                        ReplicaGroup(**group)
-                    except ValidationError as error:
-                        raise from_validation_error(error, f"replicas.{i}") from None
-        return value
+    def _groups_settled(cls, data: Any) -> Any:
+        """Bad groups named, a group's prefix caching settled (`kvsim.workload.fleet_layout.settled_groups`)."""
+        return settled_groups(data)
 
     @model_validator(mode="after")
     def _speculation_single_sequence(self) -> Scenario:

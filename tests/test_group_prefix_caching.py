@@ -1,0 +1,49 @@
+"""A replica group naming another scheduler keeps the scenario's explicit `enable_prefix_caching`.
+
+vLLM's engine takes `--enable-prefix-caching` / `--no-enable-prefix-caching` as given and only fills in a
+default when it is not given (`EngineArgs.enable_prefix_caching = None`, set by `_set_default_args_v1`:
+on for the v1 engine; V0 left it off). A group that names only another scheduler is an engine given that
+scheduler and the scenario's other flags, so the scenario's explicit value is among them.
+"""
+
+import pytest
+
+import kvsim
+from kvsim.fleet.driver import replica_scenarios
+from kvsim.workload.scenario import Scenario, resolve_scenario
+
+
+def caching(engine, group_engine):
+    """(first replica's, second replica's) enable_prefix_caching for a fleet of a plain group and a group with
+    `group_engine`, and the same after the scenario is dumped and read back (as its scenario.yaml is run again)."""
+    scenario = resolve_scenario(None, {"engine": engine, "replicas": [{"count": 1}, {"count": 1, "engine": group_engine}]})
+    again = resolve_scenario(scenario.model_dump(mode="json"))
+    return tuple(tuple(r.engine.enable_prefix_caching for r in replica_scenarios(s)) for s in (scenario, again))
+
+
+@pytest.mark.parametrize("engine, group_engine, expected", [
+    ({"enable_prefix_caching": True}, {"scheduler": "v0"}, (True, True)),  # was (True, False): dropped
+    ({"scheduler": "v0", "enable_prefix_caching": False}, {"scheduler": "v1"}, (False, False)),  # was (False, True)
+    ({}, {"scheduler": "v0"}, (True, False)),  # nothing given: each scheduler's default
+    ({"scheduler": "v0"}, {"scheduler": "v1"}, (False, True)),
+    ({"enable_prefix_caching": True}, {"scheduler": "v0", "enable_prefix_caching": False}, (True, False)),  # group's
+])
+def test_an_explicit_value_wins_over_the_group_scheduler_default_and_survives_a_dump(engine, group_engine, expected):
+    assert caching(engine, group_engine) == (expected, expected)
+
+
+def test_a_python_engine_config_gives_what_it_was_built_with():
+    from kvsim.model.config import EngineConfig
+    for engine, expected in [(EngineConfig(enable_prefix_caching=True), (True, True)), (EngineConfig(), (True, False))]:
+        scenario = Scenario(engine=engine, workload=resolve_scenario(None).workload,
+                            replicas=[{"count": 1}, {"count": 1, "engine": {"scheduler": "v0"}}])
+        assert tuple(r.engine.enable_prefix_caching for r in replica_scenarios(scenario)) == expected
+
+
+def test_the_v0_group_caches_the_shared_prefix_the_user_asked_it_to():
+    # Every prompt starts with one 512-token system prompt: the v0 replica, told to cache, hits it from its second
+    # request on (round robin gives it requests 1, 3, 5, ...).
+    replicas = [{"count": 1}, {"count": 1, "engine": {"scheduler": "v0"}}]
+    summary = kvsim.simulate(None, workload__num_requests=12, engine__enable_prefix_caching=True, replicas=replicas,
+                             workload__shared_prefix={"tokens": 512, "fraction": 1.0}).summary
+    assert [row["prefix_cache_hit_rate"] > 0 for row in summary["per_replica"]] == [True, True]
