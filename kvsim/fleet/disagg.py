@@ -50,7 +50,7 @@ from kvsim.fleet.driver import (
     replica_scenarios,
 )
 from kvsim.fleet.kv_transfer import decode_link, kv_bytes_per_block_received, per_gpu_link
-from kvsim.fleet.router import Router
+from kvsim.fleet.router import Router, prefix_table_blocks
 from kvsim.kv import PagedAllocator
 from kvsim.kv.link import SharedLink
 from kvsim.model.config import load_model
@@ -135,7 +135,8 @@ class _InFlight:
 
 def _make_router(config: RouterConfig, parts: Sequence[EngineParts], block_size: int) -> Router:
     return Router(config.policy, len(parts), block_size, config.load_bound, config.load_slack,
-                  config.match_threshold, max_prefix_blocks=sum(p.facts["num_gpu_blocks"] for p in parts))
+                  config.match_threshold, max_prefix_blocks=prefix_table_blocks(
+                      ((p.facts["num_gpu_blocks"], p.facts["block_size"]) for p in parts), block_size))
 
 
 class Disaggregation:

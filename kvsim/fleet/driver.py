@@ -27,7 +27,7 @@ from kvsim.engine.builder import EngineParts, build_engine, engine_result
 from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.recorder import MAX_SAMPLED_STEPS, StepRecorder
 from kvsim.engine.runtime import Engine
-from kvsim.fleet.router import Decision, Router
+from kvsim.fleet.router import Decision, Router, prefix_table_blocks
 from kvsim.kv.offload_connector import combine_summaries
 from kvsim.model.capacity import num_gpu_blocks
 from kvsim.model.config import load_gpu, load_model
@@ -231,8 +231,10 @@ def _run_fleet(scenario: Scenario, check: bool, progress: ProgressFn | None, bur
     parts, engines, requests = replica_engines(scenario, specs, reads_kv, writers)
     view = FleetView(engines)
     config = scenario.router
-    router = Router(config.policy, len(parts), scenario.engine.block_size, config.load_bound, config.load_slack,
-                    config.match_threshold, max_prefix_blocks=sum(p.spec.num_gpu_blocks for p in parts))
+    block_size = scenario.engine.block_size
+    router = Router(config.policy, len(parts), block_size, config.load_bound, config.load_slack, config.match_threshold,
+                    max_prefix_blocks=prefix_table_blocks(((p.spec.num_gpu_blocks, p.spec.engine.block_size)
+                                                           for p in parts), block_size))
     routes = Routes()
 
     def dispatch(req: Request, now: float) -> int:

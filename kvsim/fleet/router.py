@@ -15,7 +15,13 @@ Ties go to the first replica at or after a rotating start, so idle fleets spread
 instead of piling them on replica 0. Affinity keys are the prompt's chained block hashes
 (the same hashes prefix caching uses, so a conversation's earlier turns and a shared system
 prompt match), kept for at most as many blocks as the whole fleet's KV pool holds (older
-entries are forgotten first, as the caches themselves evict). The load bound follows
+entries are forgotten first, as the caches themselves evict; `prefix_table_blocks`). The router hashes at
+one block size, the scenario engine's, whatever its replicas' own: a router-side index approximates the
+replicas' caches at a granularity of its own, as llm-d's prefix-cache scorer hashes every prompt at one
+`blockSizeTokens` (a router parameter, 16 by default, auto-tuned from the endpoints' metrics) and its
+precise scorer at the one block size it is configured to match; neither hashes per candidate. A match of
+m blocks is m · block_size prompt tokens, which a replica of larger blocks caches down to its last full
+block. The load bound follows
 consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, SODA 2018): the
 preferred replica is taken if its outstanding requests, counting this one, stay within
 `load_bound · (all outstanding + 1) / num_replicas`, or (so that a lightly loaded fleet
@@ -29,10 +35,17 @@ absolute balance thresholds (`balance_rel_threshold`, `balance_abs_threshold`).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvsim.workload.request import Request
+
+
+def prefix_table_blocks(pools: Iterable[tuple[int, int]], block_size: int) -> int:
+    """Entries of `block_size` tokens an affinity table keeps: as many tokens as the replicas' KV pools hold
+    (`pools`: each one's (num_gpu_blocks, block_size)), counted in the router's blocks, not theirs."""
+    return sum(num_blocks * size for num_blocks, size in pools) // block_size
 
 
 class FleetState(Protocol):
