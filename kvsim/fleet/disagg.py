@@ -24,6 +24,15 @@ Simplifications, stated: a request D can never hold is rejected when its prefill
 was spent); a transfer into D is limited by D's ingress link only (not P's egress); n > 1 samples are
 refused, as vLLM's connectors hand one request's blocks over (`check_disaggregable`), and so is beam
 search; D's preempted requests recompute locally, as vLLM's do.
+
+KV in flight in the step rows: P's blocks kept for a transfer and D's blocks reserved for it are held in
+their pools (`vllm:kv_cache_usage_perc` counts them, as vLLM's `BlockPool.get_usage` counts a finished
+request's blocks whose free the connector delays and a WAITING_FOR_REMOTE_KVS request's allocated blocks),
+so every row either instance records while they are held includes them. An instance that only holds them
+(P with nothing else to run, D with nothing but transfers to wait for) records no row until it steps
+again: a lone request's transfer is in no row, and the time-weighted usage means leave those seconds out
+(a fleet's counts such an instance as using none). vLLM's D engine keeps stepping (empty steps that poll
+the connector) while a request waits for its KV, so its logged usage covers them; kvsim writes no idle rows.
 """
 
 from __future__ import annotations
