@@ -284,6 +284,19 @@ def fleet_output_tokens(requests_df: pd.DataFrame) -> int:
     return int((finished["output_tokens"] * finished["num_samples"]).sum())
 
 
+def _served_s(pools: Sequence[tuple[int, Sequence[float]]], start_s: float, end_s: float) -> float:
+    """The time [start_s, end_s] less the time each pool (its slots, its flat [start, end) pairs up) was down in
+    it, weighted by its share of the slots: the duration over which an autoscaled fleet's `draft_rejected_share`
+    spreads its speculating pools, each counted only while it serves (a replica up for a tenth of the run
+    diluted the share as if it had held its pool all along). Pools up throughout give end_s − start_s exactly."""
+    span_s, total = end_s - start_s, sum(slots for slots, _ in pools)
+
+    def up_s(up: Sequence[float]) -> float:
+        pairs = zip(up[::2], up[1::2], strict=True)
+        return sum(max(0.0, min(end, end_s) - max(start, start_s)) for start, end in pairs)
+    return span_s - sum(slots / total * (span_s - up_s(up)) for slots, up in pools)
+
+
 def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunResult],
                   routes_df: pd.DataFrame, replica_ids: Sequence[int] | None = None,
                   up_periods: Sequence[Sequence[float]] | None = None) -> dict[str, Any]:
@@ -294,7 +307,8 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
     `kvsim.results.metrics.combined_counters`, its `draft_rejected_share` over the speculating replicas' pools
     for the fleet's duration). `replica_ids` number the `per_replica` rows (default 0, 1, ...; an autoscaled
     fleet's: the slots it used; `up_periods`, each one's flat [start, end) pairs serving: its KV pool counts in
-    `kv_cache_usage_mean` only then, `kvsim.results.metrics.means_together`)."""
+    `kv_cache_usage_mean` only then, `kvsim.results.metrics.means_together`, and in `draft_rejected_share` only
+    then, `_served_s`)."""
     finished = requests_df[requests_df["status"] == "finished"]
     end_s = max((r.summary["duration_s"] + float(r.request_columns["arrival_s"].min()) for r in runs
                  if len(r.request_columns["arrival_s"])), default=0.0)
@@ -329,7 +343,10 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
                               None if up_periods is None else [up_periods[i] for _, _, i in pools])
     spec = combined_counters([r.counters for r in runs if r.counters is not None]).spec_decode
     if spec is not None:
-        extra["spec_decode"] = spec.summary(duration)
+        extra["spec_decode"] = spec.summary(duration if up_periods is None or not duration else _served_s(
+            [(r.counters.spec_decode.num_total_slots, up) for r, up in zip(runs, up_periods, strict=True)
+             if r.counters is not None and r.counters.spec_decode is not None],
+            float(requests_df["arrival_s"].min()), end_s))
     return {
         "scenario": scenario.name, "num_replicas": len(runs), "router": scenario.router.policy,
         "num_gpus": sum(row["tensor_parallel_size"] for row in per_replica), "seed": scenario.seed,
