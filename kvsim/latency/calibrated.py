@@ -293,7 +293,15 @@ class CalibratedLatency:
         each context capped there, as the roofline reads it (`RooflineLatency.decode_read_bytes`): cached
         tokens at most `window` per prefilling sequence, decode contexts at min(Σ, n · window) / n on
         average and the shortest and longest at most `window`. An upper bound for a prefill chunk (its
-        own queries may see fewer than window + chunk keys), exact while every context fits the window."""
+        own queries may see fewer than window + chunk keys), exact while every context fits the window.
+
+        Speculative verify chunks (k + 1 tokens of each verifying sequence, `StepPlan.add_verify`) are in the
+        prefill chunk: the step's chunks are looked up as one sequence of Σ chunk tokens after Σ cached tokens.
+        That reads each sequence's KV once, as vLLM's varlen kernel does, but takes every query to see every
+        cached token: n verifying sequences cost up to n times their query-key pairs, which matters where the
+        kernel is compute-bound (large n · (k + 1) over long contexts; outside the grid the roofline, exact
+        in pairs, prices it). vLLM's spec-as-decode backends (FlashInfer, MLA: `reorder_batch_threshold` =
+        1 + k) run them as decodes of k + 1 queries, which a profile has no rows for. Left as it is."""
         chunk = plan.num_prefill_tokens
         num_dec = plan.num_decode_seqs
         cached = max(0, plan.sum_context_tokens - plan.sum_decode_context_tokens - chunk)
