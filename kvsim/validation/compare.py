@@ -183,8 +183,9 @@ def simulated_phase_rates(steps: pd.DataFrame, requests: pd.DataFrame) -> dict[s
     counted as vLLM's logger counts them (`IterationStats.update_from_output`, vllm/v1/metrics/stats.py):
     a request's whole prompt, prefix-cache hits included, in the tick of its first token (chunks produce
     no output before it), and every token sampled, its first included, as generated (decodes:
-    `num_decode_seqs`, one each, by step end). Running is sampled at each tick (all data-parallel
-    engines together)."""
+    `num_decode_seqs`, one each, by step end; a sequence verifying speculative drafts counts one too, though
+    it emits its accepted drafts and one more: the rows do not say how many). Running is sampled at each tick
+    (all data-parallel engines together)."""
     if not len(steps):
         return dict.fromkeys(PHASE_METRICS)
     ticks = np.floor((steps["time_s"] + steps["duration_s"]).to_numpy()).astype(int)
