@@ -449,7 +449,8 @@ def test_every_token_is_computed_once_without_preemption(engine):
     """Summed over the steps, the tokens computed are each prompt's tokens past its prefix hit plus every
     sample's output tokens but the last (its KV is never needed); the prefill tokens are the first part.
     Speculating, every decode step is a verify of the last token and K drafts (none near max_model_len), a
-    chunk the step column counts with the prefill chunks. Nothing is recomputed (the plan, which once took the
+    decode sequence of K + 1 tokens in the step rows (vLLM counts every token after the prompt as generation,
+    `IterationStats.update_from_output`): batched, not prefill, tokens. Nothing is recomputed (the plan, which once took the
     prefill tokens less the prompts for the recompute, took every verify token for a preemption's recompute;
     it now reads the engines' own count, `tests/test_recomputed_tokens.py`)."""
     raw = roomy({**engine, "max_num_batched_tokens": 512 if engine.get("scheduler") not in ("v0", "static") else 2048},
@@ -474,7 +475,8 @@ def test_every_token_is_computed_once_without_preemption(engine):
         counts = result.summary["spec_decode"]
         assert counts["num_draft_tokens"] == engine["speculative_config"]["num_speculative_tokens"] * counts["num_drafts"]
         verifies = counts["num_drafts"] + counts["num_draft_tokens"]
-        assert steps.num_prefill_tokens.sum() == steps.num_batched_tokens.sum() == prompts + verifies
+        assert steps.num_prefill_tokens.sum() == prompts
+        assert steps.num_batched_tokens.sum() == prompts + verifies
     else:
         assert steps.num_prefill_tokens.sum() == prompts
         outputs = ((requests.output_tokens - 1) * requests.num_samples).sum()
