@@ -9,7 +9,8 @@ A request's life (each instance is one engine exactly as a colocated fleet build
 
     arrives ─▶ prefill router ─▶ P: queue, prefill, first token (max_tokens=1, as the proxy asks)
            ─▶ decode router ─▶ D: waits until D can reserve the prompt's blocks (FIFO, at D's step
-              boundaries or at once if D is idle; D's own prefix-cache hit is not moved)
+              boundaries or at once if D is idle; D's own prefix-cache hit, as D's scheduler looks it up,
+              is not moved)
            ─▶ transfer over D's ingress link (latency + bytes ÷ bandwidth, shared: `SharedLink`);
               P keeps its blocks until the transfer ends, then frees them
            ─▶ D's queue with the KV held: admitted as computed but for the last prompt token, which
@@ -286,7 +287,7 @@ class Disaggregation:
             alloc, started = scheduler.alloc, False
             while pending:
                 req, prefill, handoff_s = pending[0]
-                hit = alloc.lookup_prefix(req.content, req.prompt_len)
+                hit = scheduler.lookup(req)  # D's own hit, as its scheduler looks up (EAGLE drops its last block)
                 seq_id = req.seq_ids[0]
                 if not alloc.allocate(seq_id, req.prompt_len, req.kv_len, req.content, hit):
                     break  # vLLM's decode side: the request waits until its blocks can be allocated

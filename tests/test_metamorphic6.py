@@ -1,0 +1,64 @@
+"""Metamorphic and differential relations, sixth round: fleets and the newer features.
+
+`test_metamorphic.py` to `test_metamorphic5.py` hold the earlier rounds. Here:
+
+* a disaggregated decode instance looks its own prefix cache up as its scheduler does: with EAGLE the hit
+  gives back its last block (vLLM's `use_eagle`), which the instance then pulls from the prefill instance
+  with the rest (NixlConnector reads every block the decode side allocated for external tokens);
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvsim
+from tests.test_metamorphic2 import write_trace
+
+STEP = {"model": "constant", "step_s": 0.01}
+DISAGG = {"kv_transfer_config": {"kv_connector": "NixlConnector", "kv_link": "rdma"},
+          "replicas": [{"count": 1, "kv_role": "kv_producer"}, {"count": 1, "kv_role": "kv_consumer"}]}
+LAYER_BLOCK_BYTES = 16 * 2 * 8 * 128 * 2  # Llama-3.1-8B: 16 tokens · K and V · 8 KV heads · 128 dims · bf16
+
+
+def traced(path, engine=None, **top):
+    """A run of the `sharegpt_tokens` trace at `path`, at its own arrivals, a constant 10 ms step."""
+    return {"model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 0, **top,
+            "engine": {"max_model_len": 2048, **(engine or {})},
+            "workload": {"num_requests": 10**6, "trace": {"format": "sharegpt_tokens", "path": str(path)},
+                         "arrival": {"process": "trace"}},
+            "latency": STEP}
+
+
+# ------------------------------------------------------------------ disaggregation
+
+
+@pytest.mark.parametrize(("speculation", "dropped"), [
+    (None, 0), ({"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": 0.5}, 0),
+    ({"method": "eagle", "num_speculative_tokens": 2, "acceptance_rates": 0.5}, 1)], ids=["none", "ngram", "eagle"])
+def test_a_decode_instances_own_hit_is_its_schedulers(tmp_path, speculation, dropped):
+    """Six prompts 1 s apart start with one 200-token text (12 whole blocks of 16), then 50 + 7 i ids of their
+    own. The decode instance D holds request 0's blocks when request i > 0 reaches it, so it pulls only the
+    blocks past its own hit: ceil(P_i / 16) − 12, and with EAGLE one more, since vLLM's EAGLE lookup gives back
+    the hit's last block (`FullAttentionManager.find_longest_cache_hit`), which the connector then counts as
+    external and reads from P. D's hit counter (vLLM's prefix-cache hits, counted in that lookup) is the hit
+    after the drop. A block holds 32 layers' KV, 33 with EAGLE's draft layer (its KV is in the target's blocks,
+    moved with them). D looked its cache up bypassing the scheduler's EAGLE rule: one block short a transfer, and
+    192 hit tokens a request where vLLM counts 176."""
+    rng = np.random.default_rng(0)
+    common = rng.integers(0, 30_000, 200).tolist()
+    rows, prompts = [], []
+    for i in range(6):
+        ids = common + rng.integers(40_000, 90_000, 50 + 7 * i).tolist()
+        prompts.append(len(ids))
+        rows.append({"arrival_time_ns": i * 10**9, "input_toks": len(ids), "output_toks": 20, "input_tok_ids": ids})
+    write_trace(tmp_path / "t.jsonl", rows)
+    engine = {"enable_prefix_caching": True, **({"speculative_config": speculation} if speculation else {})}
+    result = kvsim.simulate(traced(tmp_path / "t.jsonl", engine, **DISAGG))
+    hit_blocks = 12 - dropped
+    expected = [-(-prompts[0] // 16)] + [-(-p // 16) - hit_blocks for p in prompts[1:]]
+    block_bytes = (32 + dropped) * LAYER_BLOCK_BYTES
+    assert result.tables["transfers"].num_bytes.tolist() == [n * block_bytes for n in expected]
+    decode = result.replicas[1].summary
+    assert decode["num_prefix_cache_hit_tokens"] == 5 * hit_blocks * 16
+    assert decode["num_prefix_cache_query_tokens"] == sum(prompts)
