@@ -5,6 +5,8 @@
 * a disaggregated decode instance looks its own prefix cache up as its scheduler does: with EAGLE the hit
   gives back its last block (vLLM's `use_eagle`), which the instance then pulls from the prefill instance
   with the rest (NixlConnector reads every block the decode side allocated for external tokens);
+* an autoscaler never turns a scale-up into a scale-down by counting the replicas still starting at 0
+  (Kubernetes' HPA keeps the count when that would change the direction of scaling);
 """
 
 from __future__ import annotations
@@ -62,3 +64,24 @@ def test_a_decode_instances_own_hit_is_its_schedulers(tmp_path, speculation, dro
     decode = result.replicas[1].summary
     assert decode["num_prefix_cache_hit_tokens"] == 5 * hit_blocks * 16
     assert decode["num_prefix_cache_query_tokens"] == sum(prompts)
+
+
+# ------------------------------------------------------------------ autoscaling
+
+
+def test_starting_replicas_never_turn_a_scale_up_into_a_scale_down(tmp_path):
+    """One replica running one sequence at a time; four requests at t = 0: 1 s, then three of 10 s each
+    (a constant 10 ms step). The sync at t = 1 reads 3 waiting on the one ready replica, target 1: the HPA
+    asks for ceil(1 · 3) = 3, two replicas start (100 s cold starts). At t = 2 the first request has ended:
+    2 waiting on the ready replica, a ratio of 2; counting the two starting replicas at 0 (the HPA's missing
+    metrics on a scale-up) gives 2 / 3, below target: the HPA keeps the count, the new ratio "would cause a
+    change in scale direction" (`calcPlainMetricReplicas`), and so at every sync while they start. kvsim read
+    the 2 / 3 as a scale-down to ceil(3 · 2 / 3) = 2 and, with no scale-down window, cancelled a start."""
+    write_trace(tmp_path / "t.jsonl", [(0, 20, 100)] + [(0, 20, 1000)] * 3)
+    raw = traced(tmp_path / "t.jsonl", {"max_num_seqs": 1}, replicas=1, router={"policy": "least_outstanding"},
+                 autoscaler={"metric": "num_requests_waiting", "target": 1, "min_replicas": 1, "max_replicas": 4,
+                             "sync_period_s": 1, "startup_s": 100, "scale_down_window_s": 0})
+    scaling = kvsim.simulate(raw).tables["scaling"]
+    assert scaling.time_s.tolist()[:4] == [0, 1, 2, 3]
+    assert scaling.desired.tolist()[:4] == [1, 3, 3, 3]
+    assert scaling.num_starting.tolist()[:4] == [0, 2, 2, 2]

@@ -135,7 +135,9 @@ class Scaler:
         that are not ready yet (their metric is missing): averaged over READY replicas, then, where that
         would scale up, STARTING ones count as 0 (which damps a scale-up: desired = ceil(Σ ready / target)),
         and where it would scale down, as exactly at target (kubernetes.io, "Horizontal Pod Autoscaling",
-        algorithm details)."""
+        algorithm details). Where counting them at 0 turns a scale-up into a scale-down, the HPA keeps the count
+        (`calcPlainMetricReplicas`: "the new usage ratio would cause a change in scale direction"): exactly at
+        target then, which the rule leaves where it is."""
         ready = [e for e, s in zip(self.engines, self.slots, strict=True) if s is Slot.READY]
         if not ready:
             return 0.0
@@ -148,7 +150,7 @@ class Scaler:
         if not starting or abs(ratio - 1) <= self.spec.tolerance:
             return total / len(ready)
         if ratio > 1:
-            return total / (len(ready) + starting)
+            return max(total / (len(ready) + starting), target)
         return (total + target * starting) / (len(ready) + starting)
 
     def _set(self, i: int, state: Slot) -> None:
