@@ -7,15 +7,23 @@
   with the rest (NixlConnector reads every block the decode side allocated for external tokens);
 * an autoscaler never turns a scale-up into a scale-down by counting the replicas still starting at 0
   (Kubernetes' HPA keeps the count when that would change the direction of scaling);
+* every shipped scenario's three outputs agree: each request's first token and end come at the end of a step
+  of the replica that served it, its TTFT, TPOT and end-to-end times are those instants' differences, the
+  summary's output rate is its tokens over its duration and its preemptions the requests', KV usage stays
+  within [0, 1], and the summary does not depend on the steps kept.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import kvsim
 from tests.test_metamorphic2 import write_trace
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 STEP = {"model": "constant", "step_s": 0.01}
 DISAGG = {"kv_transfer_config": {"kv_connector": "NixlConnector", "kv_link": "rdma"},
@@ -85,3 +93,42 @@ def test_starting_replicas_never_turn_a_scale_up_into_a_scale_down(tmp_path):
     assert scaling.time_s.tolist()[:4] == [0, 1, 2, 3]
     assert scaling.desired.tolist()[:4] == [1, 3, 3, 3]
     assert scaling.num_starting.tolist()[:4] == [0, 2, 2, 2]
+
+
+# ------------------------------------------------------------------ every shipped scenario's outputs
+
+
+def on_step_ends(instants, steps):
+    """Whether every instant is (to 1 ns) the end of one of `steps`' rows."""
+    ends = np.sort((steps.time_s + steps.duration_s).to_numpy())
+    at = np.clip(np.searchsorted(ends, instants), 1, len(ends) - 1)
+    nearest = np.minimum(np.abs(ends[at] - instants), np.abs(ends[at - 1] - instants))
+    return bool((nearest < 1e-9).all())
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_shipped_scenarios_requests_steps_and_summary_agree(path):
+    """A client sees a token when the step that sampled it ends, so each finished request's first token and
+    end are step ends of its replica (a disaggregated request's, of its decode instance); the requests' own
+    columns are those instants' differences (TPOT over the O − 1 tokens after the first); the summary's
+    output rate times its duration is every finished sample's tokens, its preemptions the requests'; the
+    pool's usage is a fraction; and `steps: none` gives the same summary (it keeps no rows, not other numbers)."""
+    num_requests = 40 if path.stem == "azure-autoscale" else 100
+    result = kvsim.simulate(path, workload__num_requests=num_requests, steps="all")
+    requests, steps, summary = result.requests, result.steps, result.summary
+    finished = requests[requests.status == "finished"]
+    assert len(finished) == summary["num_finished"] > 0
+    for replica, served in (finished.groupby("replica") if "replica" in finished else [(None, finished)]):
+        mine = steps if replica is None else steps[steps.replica == replica]
+        assert on_step_ends(served.first_token_s.to_numpy(), mine) and on_step_ends(served.finish_s.to_numpy(), mine)
+    assert np.allclose(finished.ttft_s, finished.first_token_s - finished.arrival_s, rtol=0, atol=1e-9)
+    assert np.allclose(finished.e2e_s, finished.finish_s - finished.arrival_s, rtol=0, atol=1e-9)
+    many = finished[finished.output_tokens > 1]
+    tpot = (many.finish_s - many.first_token_s) / (many.output_tokens - 1)
+    assert np.allclose(many.tpot_s, tpot, rtol=1e-12, atol=1e-12)
+    tokens = (finished.output_tokens * finished.num_samples).sum()
+    assert summary["output_tokens_per_s"] * summary["duration_s"] == pytest.approx(tokens, rel=1e-12)
+    assert summary["num_preemptions"] == requests.num_preemptions.sum()
+    usage = steps["vllm:kv_cache_usage_perc"]
+    assert usage.min() >= 0 and usage.max() <= 1
+    assert kvsim.simulate(path, workload__num_requests=num_requests, steps="none").summary == summary
