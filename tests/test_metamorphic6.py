@@ -5,6 +5,7 @@
 * a disaggregated decode instance looks its own prefix cache up as its scheduler does: with EAGLE the hit
   gives back its last block (vLLM's `use_eagle`), which the instance then pulls from the prefill instance
   with the rest (NixlConnector reads every block the decode side allocated for external tokens);
+* the affinity router on prompts that share nothing is the least-outstanding router;
 * an autoscaler never turns a scale-up into a scale-down by counting the replicas still starting at 0
   (Kubernetes' HPA keeps the count when that would change the direction of scaling);
 * every shipped scenario's three outputs agree: each request's first token and end come at the end of a step
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 
 import kvsim
-from tests.test_metamorphic2 import write_trace
+from tests.test_metamorphic2 import roomy, write_trace
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
@@ -72,6 +73,24 @@ def test_a_decode_instances_own_hit_is_its_schedulers(tmp_path, speculation, dro
     decode = result.replicas[1].summary
     assert decode["num_prefix_cache_hit_tokens"] == 5 * hit_blocks * 16
     assert decode["num_prefix_cache_query_tokens"] == sum(prompts)
+
+
+# ------------------------------------------------------------------ routers
+
+
+def test_the_affinity_router_on_prompts_that_share_nothing_is_least_outstanding():
+    """The affinity router prefers the replica its longest routed prefix went to; prompts that share no whole
+    block (their own token ids) have none, so every request takes the least loaded replica, the first at or
+    after the rotating start on a tie: the same routes and the same service as `least_outstanding`, request
+    for request, under a load that keeps all three replicas busy."""
+    raw = {**roomy(), "replicas": 3}
+    raw["workload"] = {**raw["workload"], "num_requests": 60, "arrival": {"process": "poisson", "rate": 60.0}}
+    affinity = kvsim.simulate({**raw, "router": {"policy": "affinity"}})
+    least = kvsim.simulate({**raw, "router": {"policy": "least_outstanding"}})
+    assert set(affinity.tables["routes"].reason) == {"new_prefix"}
+    assert affinity.tables["routes"].replica.tolist() == least.tables["routes"].replica.tolist()
+    assert len(set(least.tables["routes"].replica)) == 3 and least.summary["mean_running"] > 3
+    assert affinity.requests.equals(least.requests)
 
 
 # ------------------------------------------------------------------ autoscaling
