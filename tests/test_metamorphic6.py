@@ -5,6 +5,7 @@
 * a disaggregated decode instance looks its own prefix cache up as its scheduler does: with EAGLE the hit
   gives back its last block (vLLM's `use_eagle`), which the instance then pulls from the prefill instance
   with the rest (NixlConnector reads every block the decode side allocated for external tokens);
+* a decode instance counts a request waiting from its hand-off, its KV still in transfer, as vLLM does;
 * the affinity router on prompts that share nothing is the least-outstanding router;
 * an autoscaler never turns a scale-up into a scale-down by counting the replicas still starting at 0
   (Kubernetes' HPA keeps the count when that would change the direction of scaling);
@@ -73,6 +74,32 @@ def test_a_decode_instances_own_hit_is_its_schedulers(tmp_path, speculation, dro
     decode = result.replicas[1].summary
     assert decode["num_prefix_cache_hit_tokens"] == 5 * hit_blocks * 16
     assert decode["num_prefix_cache_query_tokens"] == sum(prompts)
+
+
+
+def test_a_request_waiting_for_its_kv_is_in_the_decode_instances_queue(tmp_path):
+    """vLLM's decode instance holds a request in its waiting queue from the moment the proxy hands it over,
+    through WAITING_FOR_REMOTE_KVS (its blocks allocated, the KV in transfer), until it is admitted, and reports
+    `len(self.waiting)` as `vllm:num_requests_waiting` (kvsim counted a request loading from the offload tiers
+    so, but not one loading from a prefill instance). Request A (32 + 200 tokens) decodes alone on D; B, a
+    1,600-token prompt at t = 0.5 s, moves 100 blocks of 2 MiB over a 2 GiB/s link (0.1 s): every D step that
+    starts after B's hand-off and before its transfer ends sees one request waiting, none before, none once B
+    runs."""
+    write_trace(tmp_path / "t.jsonl", [(0, 32, 200), (500_000_000, 1600, 20)])
+    raw = traced(tmp_path / "t.jsonl", **DISAGG)
+    raw["kv_transfer_config"] = {**DISAGG["kv_transfer_config"], "kv_link_bandwidth_bytes_per_s": 2 * 2**30,
+                                 "kv_link_latency_s": 0}
+    result = kvsim.simulate(raw)
+    transfer = result.tables["transfers"].set_index("request_id").loc[1]
+    assert transfer.end_s - transfer.start_s == pytest.approx(100 * 32 * LAYER_BLOCK_BYTES / 2**31)
+    decode = result.steps[result.steps.replica == 1]
+    waiting = decode["vllm:num_requests_waiting"]
+    during = (decode.time_s > transfer.handoff_s) & (decode.time_s < transfer.end_s)
+    assert during.sum() >= 9 and (waiting[during] == 1).all()
+    b_first_token_s = result.requests.set_index("request_id").first_token_s[1]
+    assert (waiting[decode.time_s < transfer.handoff_s] == 0).all()
+    assert (waiting[decode.time_s >= b_first_token_s] == 0).all()
+    assert result.summary["disaggregation"]["pools"]["decode"]["mean_waiting"] > 0
 
 
 # ------------------------------------------------------------------ routers

@@ -219,8 +219,9 @@ class Engine:
             held, _, _ = scheduler.alloc.burst_occupancy(burst.seq_ids, len(durations))
             total = scheduler.alloc.num_total_slots
             usage = [1.0 - (total - h) / total for h in held]
-        num_waiting = self.num_waiting
-        flight = self.burst = BurstInFlight(env, instants_s[:-1], ends_s, len(durations), not num_waiting,
+        num_waiting = self.num_waiting  # a request a prefill instance still holds is none in the queue:
+        queue_empty = num_waiting == scheduler.num_remote_waiting  # its delivery cuts the burst
+        flight = self.burst = BurstInFlight(env, instants_s[:-1], ends_s, len(durations), queue_empty,
                                             scheduler.async_scheduling, arrivals.none_delivered_at(ends_s), usage,
                                             env.event())
         if flight.one_wait:

@@ -15,6 +15,8 @@ A request's life (each instance is one engine exactly as a colocated fleet build
               P keeps its blocks until the transfer ends, then frees them
            ─▶ D's queue with the KV held: admitted as computed but for the last prompt token, which
               D recomputes to sample the first token, then decodes the rest (vLLM's remote prefill)
+    From its hand-off to its admission the request counts in D's `vllm:num_requests_waiting`: vLLM's
+    queue holds it while its blocks wait and its KV moves (WAITING_FOR_REMOTE_KVS).
 
 What a client measures: vLLM's proxy discards the prefill instance's token and streams the decode
 instance's response, so the first token a client sees is D's: TTFT = P queue + prefill + wait for D's
@@ -253,6 +255,7 @@ class Disaggregation:
                 self._ring_decode_if_done()
                 return
             self.pending[decision.replica].append((req, prefill, now))
+            engine.scheduler.num_remote_waiting += 1  # in D's waiting queue from now, as vLLM's
             if engine.burst is not None:
                 engine.burst.cut(now)  # D reserves at its next step boundary
             engine.wakeup.ring()
@@ -329,6 +332,7 @@ class Disaggregation:
                                                      flight.handoff_s, flight.start_s, now), strict=True):
                 self.transfers[key].append(value)
             engine.scheduler.held_kv_tokens[request_id] = req.prompt_len - 1
+            engine.scheduler.num_remote_waiting -= 1
             self.num_in_decode_queues += 1
             engine.deliver(now, req)
         self._arm(k)
@@ -396,6 +400,7 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
     assert all(not pending for pending in disagg.pending) and all(not f for f in disagg.in_flight)
     for engine in engines:  # conservation: nothing left queued, no block held on either side
         assert not engine.scheduler.has_work and engine.scheduler.alloc.num_held_slots == 0
+        assert not engine.scheduler.num_remote_waiting
         if check:
             engine.scheduler.alloc.check_invariants()
     runs = [engine_result(spec, p, e.recorder) for spec, p, e in zip(specs, parts, engines, strict=True)]

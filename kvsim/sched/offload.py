@@ -30,14 +30,18 @@ class OffloadScheduling:
     held_kv_tokens: dict[int, int]
     offload: OffloadConnector | None
     loading: dict[int, tuple[Request, int]]
+    # a disaggregated decode instance's requests whose KV is still on a prefill instance: handed to it and
+    # waiting for their blocks, or in transfer (`kvsim.fleet.disagg` counts them)
+    num_remote_waiting: int = 0
     _next_stored_block: dict[int, int]
 
     @property
     def num_waiting(self) -> int:
-        """`vllm:num_requests_waiting`: the queue and the requests loading their prefix from the tiers. vLLM
-        keeps a WAITING_FOR_REMOTE_KVS request in its waiting queue (`Scheduler.schedule` puts it back with the
-        skipped ones) and reports `len(self.waiting)` (`make_stats`, `get_request_counts`)."""
-        return len(self.waiting) + len(self.loading)
+        """`vllm:num_requests_waiting`: the queue, the requests loading their prefix from the tiers and (a decode
+        instance's) those whose KV a prefill instance still holds. vLLM keeps a request in its waiting queue from
+        the moment it is added, through WAITING_FOR_REMOTE_KVS (`Scheduler.schedule` puts it back with the
+        skipped ones), until it is admitted, and reports `len(self.waiting)` (`make_stats`, `get_request_counts`)."""
+        return len(self.waiting) + len(self.loading) + self.num_remote_waiting
 
     def start_load(self, req: Request, hit: PrefixHit, now: float) -> bool:
         """For the waiting head `req` (whose whole prompt fits after `hit`): if the offload tiers hold its
