@@ -6,6 +6,7 @@
   gives back its last block (vLLM's `use_eagle`), which the instance then pulls from the prefill instance
   with the rest (NixlConnector reads every block the decode side allocated for external tokens);
 * a decode instance counts a request waiting from its hand-off, its KV still in transfer, as vLLM does;
+* under the priority policy no request is preempted for, or while keeping running, a lower-priority one;
 * the affinity router on prompts that share nothing is the least-outstanding router;
 * an autoscaler never turns a scale-up into a scale-down by counting the replicas still starting at 0
   (Kubernetes' HPA keeps the count when that would change the direction of scaling);
@@ -21,8 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvsim
+from kvsim.kv import PagedAllocator
+from kvsim.sched import SchedulerLimits, make_request_queue, make_scheduler
+from tests.conftest import make_request, run
 from tests.test_metamorphic2 import roomy, write_trace
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
@@ -100,6 +106,41 @@ def test_a_request_waiting_for_its_kv_is_in_the_decode_instances_queue(tmp_path)
     assert (waiting[decode.time_s < transfer.handoff_s] == 0).all()
     assert (waiting[decode.time_s >= b_first_token_s] == 0).all()
     assert result.summary["disaggregation"]["pools"]["decode"]["mean_waiting"] > 0
+
+
+# ------------------------------------------------------------------ priority preemption
+
+
+@settings(max_examples=40, deadline=None)
+@given(specs=st.lists(st.tuples(st.floats(0, 0.1, allow_nan=False), st.integers(1, 60), st.integers(1, 40),
+                                st.integers(0, 2), st.sampled_from([1, 1, 2])), min_size=2, max_size=10),
+       num_blocks=st.integers(6, 16), budget=st.sampled_from([16, 64]), caching=st.booleans())
+def test_a_request_is_never_preempted_for_a_lower_priority_one(specs, num_blocks, budget, caching):
+    """vLLM's priority policy preempts, when a running request cannot grow, the running request of the largest
+    (priority, arrival), the one growing included (`max(self.running, ...)`): so no victim outranks the
+    request it makes room for, and none outranks a request left running. Random small workloads on a pool of
+    6 to 16 blocks of 16 (preemptions, parallel samples' children, prefix caching on or off), every step checked."""
+    scheduler = make_scheduler("v1", PagedAllocator(num_blocks, 16, enable_caching=caching),
+                               SchedulerLimits(8, budget, 128), waiting=make_request_queue("priority"))
+    grow, violations = scheduler.allocate_or_preempt, []
+
+    def checked(req, num_tokens_total, plan, hold_slots=0):
+        before = len(plan.preempted)
+        fits = grow(req, num_tokens_total, plan, hold_slots)
+        for victim in plan.preempted[before:]:
+            key = (victim.priority, victim.arrival_s)
+            if key < (req.priority, req.arrival_s) or any(key < (r.priority, r.arrival_s) for r in scheduler.running):
+                violations.append((victim.request_id, req.request_id))
+        return fits
+
+    scheduler.allocate_or_preempt = checked
+    requests = []
+    for rid, (arrival, prompt, output, priority, n) in enumerate(sorted(specs)):
+        req = make_request(rid, arrival, prompt, output, n=n)
+        req.priority = priority
+        requests.append(req)
+    run(scheduler, requests)
+    assert not violations
 
 
 # ------------------------------------------------------------------ routers
