@@ -5,6 +5,8 @@
 * a disaggregated decode instance looks its own prefix cache up as its scheduler does: with EAGLE the hit
   gives back its last block (vLLM's `use_eagle`), which the instance then pulls from the prefill instance
   with the rest (NixlConnector reads every block the decode side allocated for external tokens);
+* a decode instance admits a request whose KV arrived with EAGLE's lookahead slots, as vLLM does for any
+  waiting request with computed tokens;
 * a decode instance counts a request waiting from its hand-off, its KV still in transfer, as vLLM does;
 * under the priority policy no request is preempted for, or while keeping running, a lower-priority one;
 * the affinity router on prompts that share nothing is the least-outstanding router;
@@ -106,6 +108,23 @@ def test_a_request_waiting_for_its_kv_is_in_the_decode_instances_queue(tmp_path)
     assert (waiting[decode.time_s < transfer.handoff_s] == 0).all()
     assert (waiting[decode.time_s >= b_first_token_s] == 0).all()
     assert result.summary["disaggregation"]["pools"]["decode"]["mean_waiting"] > 0
+
+
+
+@pytest.mark.parametrize(("method", "slots"), [("eagle", 48), ("ngram", 32)])
+def test_a_request_admitted_with_its_kv_loaded_holds_the_lookahead(tmp_path, method, slots):
+    """vLLM allocates EAGLE's lookahead (`num_lookahead_tokens` = K) for a waiting request whose computed
+    tokens are not 0, which only KV loaded from elsewhere gives (`effective_lookahead_tokens`; a new or a
+    resumed request starts from 0 and gets none): the decode instance admits a 31-token prompt with 30 tokens
+    computed, one to compute and K = 2 lookahead slots, min(30 + 1 + 2, max_model_len) = 33 slots, 3 blocks of
+    16 (48 slots) in its first step; n-gram drafting has no lookahead: 31 slots, 2 blocks. The prefill instance
+    admits the prompt new: 2 blocks either way. kvsim admitted a loaded request without the lookahead."""
+    write_trace(tmp_path / "t.jsonl", [(0, 31, 5)])
+    speculation = {"method": method, "num_speculative_tokens": 2, "acceptance_rates": 1.0}
+    raw = traced(tmp_path / "t.jsonl", {"max_model_len": 1024, "speculative_config": speculation}, **DISAGG)
+    steps = kvsim.simulate(raw, check=True).steps
+    assert steps.held_slots[steps.replica == 0].tolist() == [32]
+    assert steps.held_slots[steps.replica == 1].iloc[0] == slots
 
 
 # ------------------------------------------------------------------ priority preemption

@@ -14,7 +14,7 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
    and K drafts, fewer if the budget or max_model_len cuts them, as vLLM trims drafts) and holds
    slots for them plus the lookahead (`num_lookahead_tokens`: K for EAGLE and draft models), as does
    a running request's next prefill chunk (vLLM passes the lookahead for every running request; a
-   request it admits from the queue gets none); `complete` accepts a prefix of the drafts
+   request it admits from the queue gets none unless it holds loaded KV); `complete` accepts a prefix of the drafts
    (`kvsim.sched.speculative`).
 2. If nothing was preempted, admit WAITING requests in the policy's order (FCFS, or
    smallest (priority, arrival)) while budget and `max_num_seqs` allow and the whole prompt
@@ -156,9 +156,23 @@ class V1Scheduler(Scheduler):
                 break
             if self.offload is not None and self.start_load(req, hit, now):
                 continue  # it waits for its load (vLLM's WAITING_FOR_REMOTE_KVS); the next may be admitted
+            lookahead_slots = self._loaded_lookahead_slots(req, num_new)
+            if lookahead_slots and not self.alloc.hold(req.seq_ids[0], lookahead_slots):
+                break  # vLLM's allocate_slots fails with the lookahead: admission stops there
             self.admit(req, num_new, hit, plan, now)
             budget -= num_new
             num_seqs += req.num_samples
+
+    def _loaded_lookahead_slots(self, req: Request, num_new: int) -> int:
+        """The slots a request that holds loaded KV (from a prefill instance or the offload tiers) holds when
+        admitted, with EAGLE's or a draft model's lookahead: vLLM allocates `num_lookahead_tokens` past its
+        new tokens for a request whose computed tokens are not 0, which only loaded KV gives a waiting one
+        (`effective_lookahead_tokens` in `Scheduler.schedule`); 0 for any other admission (no hold)."""
+        spec = self.speculation
+        held = self.held_kv_tokens.get(req.request_id) if self.held_kv_tokens else None
+        if held is None or spec is None or not spec.num_lookahead_slots:
+            return 0
+        return min(held + num_new + spec.num_lookahead_slots, self.limits.max_model_len)
 
     def use_swap(self, req: Request) -> bool:
         """vLLM v1 preempts by recompute only."""
