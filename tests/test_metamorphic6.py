@@ -16,6 +16,14 @@
   of the replica that served it, its TTFT, TPOT and end-to-end times are those instants' differences, the
   summary's output rate is its tokens over its duration and its preemptions the requests', KV usage stays
   within [0, 1], and the summary does not depend on the steps kept.
+
+Relations tried that held and are not kept (covered elsewhere or slower than they are worth): steps.csv and
+steps.parquet give one summary for fleets (round one checks the files); bursts are exact under the least_kv
+router and a KV-usage autoscaler; a zero-latency link is work-conserving (`tests/test_link.py`); a
+disaggregated fleet's prefill steps compute every prompt past its hit and its decode steps every output
+token; outputs do not depend on PYTHONHASHSEED. Kept out, the relation being unsettled: an HPA stabilisation
+window's edge (kvsim keeps a recommendation exactly `scale_down_window_s` old, the HPA's `After` drops it; with
+real clocks either may happen).
 """
 
 from __future__ import annotations
