@@ -227,7 +227,7 @@ def test_a_shipped_scenarios_requests_steps_and_summary_agree(path):
     columns are those instants' differences (TPOT over the O − 1 tokens after the first); the summary's
     output rate times its duration is every finished sample's tokens, its preemptions the requests'; the
     pool's usage is a fraction; and `steps: none` gives the same summary (it keeps no rows, not other numbers)."""
-    num_requests = 40 if path.stem == "azure-autoscale" else 100
+    num_requests = 40 if path.stem == "azure-autoscale" else 60
     result = kvsim.simulate(path, workload__num_requests=num_requests, steps="all")
     requests, steps, summary = result.requests, result.steps, result.summary
     finished = requests[requests.status == "finished"]
