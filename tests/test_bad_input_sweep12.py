@@ -338,7 +338,7 @@ CONTROL = "holds the control character {}; a name labels output rows, tables and
 
 @pytest.mark.parametrize(("item", "message"), [
     ('name="a\\nb"', "name='a\\nb': " + CONTROL.format("'\\n'")),
-    ('replicas=[{name: "x\\ty"}]', "replicas=[{'name': 'x\\ty'}]: replicas.0.name='x\\ty': " + CONTROL.format("'\\t'")),
+    ('replicas=[{name: "x\\ty"}]', "replicas.0.name='x\\ty': " + CONTROL.format("'\\t'")),
     ('workload.priority={classes: [{name: "\\e[31mred", priority: 0, weight: 1}]}',
      "workload.priority.classes.0.name='\\x1b[31mred': " + CONTROL.format("'\\x1b'")),
 ], ids=["scenario-newline", "group-tab", "class-escape"])

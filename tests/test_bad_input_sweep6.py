@@ -212,9 +212,9 @@ def test_validate_refuses_a_set_of_what_the_run_fixes(tmp_path, item, message):
 @pytest.mark.parametrize(("groups", "message"), [
     ("[{count: 1, name: a}, {count: 1, name: a}]", "replicas: two groups are named 'a'; a group's name labels its "
                                                    "replicas"),
-    ("[{count: 1, model: ''}]", "replicas=[{'count': 1, 'model': ''}]: replicas.0.model='': String should have at "
+    ("[{count: 1, model: ''}]", "replicas.0.model='': String should have at "
                                 "least 1 character"),
-    ("[{count: 1, gpu: ''}]", "replicas=[{'count': 1, 'gpu': ''}]: replicas.0.gpu='': String should have at least 1 "
+    ("[{count: 1, gpu: ''}]", "replicas.0.gpu='': String should have at least 1 "
                               "character"),
 ])
 def test_replica_groups_that_cannot_be_told_apart_are_refused(tmp_path, groups, message):
