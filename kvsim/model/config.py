@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from kvsim.model.batch_defaults import batch_defaults
 from kvsim.model.errors import KvsimError, from_validation_error, reading
 from kvsim.model.offload_config import KVOffloadConfig
 from kvsim.model.sizes import MAX_BYTES, Bytes, BytesOrZero
@@ -420,13 +421,13 @@ class EngineConfig(Settings):
         return self.max_model_len
 
     def resolved_max_num_seqs(self, gpu: GPUSpec) -> int:
-        """`max_num_seqs`, or vLLM's default: for v1 the usage context's and GPU's (see `_batch_defaults`), for
+        """`max_num_seqs`, or vLLM's default: for v1 the usage context's and GPU's (see `batch_defaults`), for
         v0 256 on every GPU (vllm/engine/arg_utils.py, `EngineArgs._set_default_args_v0`)."""
         if self.max_num_seqs is not None:
             return self.max_num_seqs
         if self.scheduler == "v0":
             return 256
-        return _batch_defaults(gpu, self.usage_context)[1]
+        return batch_defaults(gpu.memory_bytes, gpu.name, self.usage_context)[1]
 
     def resolved_max_num_batched_tokens(self, max_model_len: int, gpu: GPUSpec) -> int:
         """`max_num_batched_tokens`, or vLLM's default: the usage-context default for the GPU with
@@ -434,7 +435,7 @@ class EngineConfig(Settings):
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         if self.scheduler == "v1":
-            return _batch_defaults(gpu, self.usage_context)[0]
+            return batch_defaults(gpu.memory_bytes, gpu.name, self.usage_context)[0]
         return max(max_model_len, 2048)
 
     def check_vllm_startup(self, max_model_len: int, gpu: GPUSpec) -> None:
@@ -472,23 +473,6 @@ class EngineConfig(Settings):
     def kv_dtype_bytes_override(self) -> int | None:
         """Bytes per KV element when the dtype is explicit; None for `auto` (the model's dtype)."""
         return None if self.kv_cache_dtype == "auto" else DTYPE_BYTES[self.kv_cache_dtype]
-
-
-LARGE_GPU_BYTES = 70 * 2**30
-
-
-def _batch_defaults(gpu: GPUSpec, usage_context: str) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) that vLLM picks when neither is given.
-
-    Follows `EngineArgs.get_batch_defaults` in vllm/engine/arg_utils.py: GPUs with at least
-    70 GiB whose name does not contain "a100" (H100, H200, MI300x) get 8192 tokens for the
-    API server (`vllm serve`) and 16384 for the offline `LLM` class, and 1024 sequences;
-    every other GPU gets 2048 / 8192 tokens and 256 sequences (A100 is excluded because the
-    larger budget lowered its throughput, vLLM PR #17885).
-    """
-    if gpu.memory_bytes >= LARGE_GPU_BYTES and "a100" not in gpu.name.lower():
-        return (8192 if usage_context == "openai_api_server" else 16384), 1024
-    return (2048 if usage_context == "openai_api_server" else 8192), 256
 
 
 def make_engine(**fields: Any) -> EngineConfig:
