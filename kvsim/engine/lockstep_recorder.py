@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from kvsim.latency.step_plan import StepPlan
     from kvsim.results.step_writer import StepWriter
-    from kvsim.sched.base import SchedulerSnapshot
+    from kvsim.sched.limits import SchedulerSnapshot
     from kvsim.workload.scenario import StepsMode
 
 GROUP_DTYPES = {**DTYPES, "dp_rank": np.dtype(np.int64)}  # the group's step table: an engine's columns, then dp_rank

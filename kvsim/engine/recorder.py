@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from kvsim.kv.protocol import Occupancy
     from kvsim.latency.step_plan import StepPlan
     from kvsim.results.step_writer import StepWriter
-    from kvsim.sched.base import SchedulerSnapshot
     from kvsim.sched.burst import Burst
+    from kvsim.sched.limits import SchedulerSnapshot
     from kvsim.workload.scenario import StepsMode
 
 MAX_SAMPLED_STEPS = 100_000  # `steps: sampled` keeps at most this many rows

@@ -7,7 +7,8 @@ the preemption victim it implies), given to any of them.
 from __future__ import annotations
 
 from kvsim.kv import KVAllocator
-from kvsim.sched.base import Scheduler, SchedulerLimits, SchedulerSnapshot
+from kvsim.sched.base import Scheduler
+from kvsim.sched.limits import SchedulerLimits, SchedulerSnapshot
 from kvsim.sched.request_queue import FCFSQueue, PriorityQueue, RequestQueue, make_request_queue
 from kvsim.sched.speculative import Speculation
 from kvsim.sched.static import StaticScheduler

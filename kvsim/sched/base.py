@@ -20,15 +20,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from kvsim.kv import (
     NO_HIT,
     KVAllocator,
-    KVOccupancy,
     PrefixCacheStats,
     PrefixHit,
     occupancy,
@@ -40,40 +37,12 @@ from kvsim.results.metrics import EngineCounters, SpecDecodeCounters
 from kvsim.results.records import RequestRecords
 from kvsim.sched.async_steps import AsyncSteps
 from kvsim.sched.forks import SampleForks
+from kvsim.sched.limits import SchedulerLimits, SchedulerSnapshot
 from kvsim.sched.offload import OffloadScheduling
 from kvsim.sched.request_queue import FCFSQueue, RequestQueue
 from kvsim.sched.speculative import Speculation
 from kvsim.sched.speculative_steps import SpeculativeSteps
 from kvsim.workload.request import Request, RequestStatus
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerLimits:
-    """The engine arguments that bound a step, resolved for one model."""
-
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    watermark_slots: int = 0  # free slots admission must leave (v0's 1 % watermark)
-    preemption_mode: str | None = None  # None: recompute, or swap for multi-sequence groups (v0)
-    swap_space_gib: float = 0.0  # engine.swap_space, the CPU swap per GPU: named when it runs out
-
-
-class SchedulerSnapshot(NamedTuple):
-    """An engine's state at one instant, as a step row records it (`Scheduler.snapshot`): the queues'
-    lengths, the preemptions so far and where the KV pool's slots are. The recorder reads this, never
-    the scheduler's queues or its allocator. Immutable (a NamedTuple: one is built per step).
-
-    `draft_rejected`, with speculative decoding only: the held slots still holding drafts a verify
-    rejected (`Scheduler.draft_rejected_slots`), as (those below their sequence's final length, which
-    the pool counts reserved; those past it, which it counts internal fragmentation)."""
-
-    num_running: int
-    num_waiting: int
-    num_swapped: int
-    num_preemptions: int
-    kv: KVOccupancy
-    draft_rejected: tuple[int, int] | None = None
 
 
 class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
