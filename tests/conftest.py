@@ -25,6 +25,7 @@ import pytest
 from kvsim.engine.loop import run_engine
 from kvsim.kv import PagedAllocator, SegmentContent, SlabAllocator
 from kvsim.latency.base import ConstantLatency
+from kvsim.model.config import make_engine
 from kvsim.sched import SchedulerLimits, make_scheduler
 from kvsim.workload.request import Request
 
@@ -125,7 +126,9 @@ def tiny_world(policy="v1", allocator="paged", num_blocks=11, block_size=16, max
     else:
         alloc = SlabAllocator((num_blocks - 1) * block_size, max_model_len, allocator.removeprefix("slab-"),
                               num_cpu_slots=num_cpu_blocks * block_size, bytes_per_token=1000 // block_size)
-    limits = SchedulerLimits(max_num_seqs, max_num_batched_tokens, max_model_len, watermark_slots, preemption_mode)
+    can_swap = make_engine(scheduler=policy, preemption_mode=preemption_mode).can_swap
+    limits = SchedulerLimits(max_num_seqs, max_num_batched_tokens, max_model_len, watermark_slots, preemption_mode,
+                             can_swap)
     return make_scheduler(policy, alloc, limits)
 
 

@@ -131,6 +131,30 @@ def test_swap_preemption_needs_v0():
         make_engine(scheduler="v1", preemption_mode="swap")
 
 
+# (scheduler, preemption_mode) -> can a preemption swap: vLLM v0 swaps unless told to recompute (unset, it swaps
+# requests of several sequences, `_preempt`); v1 and static preempt by recompute only (swap is refused there)
+CAN_SWAP = {("v0", None): True, ("v0", "swap"): True, ("v0", "recompute"): False, ("v1", None): False,
+            ("v1", "recompute"): False, ("static", None): False, ("static", "recompute"): False}
+
+
+@pytest.mark.parametrize(("scheduler", "mode"), list(CAN_SWAP))
+def test_one_can_swap_sizes_the_pool_warns_and_bounds_the_scheduler(scheduler, mode):
+    """The one predicate: the CPU pool (`swap_bytes`: 2 GiB or nothing), the unread-setting warning (the
+    swap_space of 2 GiB, off vLLM's 4, is unread exactly where nothing swaps) and the scheduler's limits."""
+    from kvsim.engine.builder import resolve_engine
+    from kvsim.model.capacity import swap_bytes
+    from kvsim.workload.scenario import load_scenario
+
+    expected = CAN_SWAP[scheduler, mode]
+    engine = make_engine(scheduler=scheduler, preemption_mode=mode, swap_space=2)
+    assert engine.can_swap is expected
+    assert swap_bytes(engine) == (2 * 2**30 if expected else 0)
+    assert ("swap_space" in engine.unread_settings()) is (not expected)
+    overrides = [f"engine.scheduler={scheduler}", "engine.swap_space=2", "engine.num_gpu_blocks_override=1000",
+                 "engine.max_model_len=1024"] + ([f"engine.preemption_mode={mode}"] if mode else [])
+    assert resolve_engine(load_scenario(None, overrides)).limits.can_swap is expected
+
+
 def test_rtx_pro_6000_preset_matches_its_datasheet():
     gpu = load_gpu("rtx-pro-6000")
     assert gpu.memory_bytes == 97887 * 2**20  # 96 GB GDDR7 as nvidia-smi reports it

@@ -95,6 +95,7 @@ def resolve_engine(scenario: Scenario) -> EngineSpec:
         max_model_len=max_model_len,
         watermark_slots=watermark_slots,
         preemption_mode=engine.preemption_mode,
+        can_swap=engine.can_swap,
         swap_space_gib=engine.swap_space,
     )
     return EngineSpec(scenario, model, gpu, engine, max_model_len, layout, num_blocks, layout.bytes_per_block,

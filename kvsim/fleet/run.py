@@ -82,7 +82,7 @@ def _engine_unread(scenario: Scenario) -> dict[str, str]:
 
     engine, workload = scenario.engine, scenario.workload
     unread = engine.unread_settings(load_model(scenario.model))
-    if (engine.scheduler == "v0" and engine.preemption_mode is None and engine.swap_space != SWAP_SPACE_GIB
+    if (engine.can_swap and engine.preemption_mode is None and engine.swap_space != SWAP_SPACE_GIB
             and workload.n == 1 and workload.beam_width is None):
         unread["swap_space"] = (f"engine.swap_space={engine.swap_space:g} is unread: v0 preempts a single sequence "
                                 "by recompute (preemption_mode unset), and workload.n=1 sends no other")

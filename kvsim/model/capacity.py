@@ -271,10 +271,11 @@ def shared_full_blocks(context_len: int, prefix_tokens: int, block_size: int) ->
 
 
 def swap_bytes(engine: EngineConfig) -> int:
-    """The CPU swap space a preemption can use, in bytes: `swap_space` GiB where preemption can swap (vLLM v0
-    outside preemption_mode=recompute), else 0 (v1 and static never swap: no pool is built that nothing uses)."""
-    swaps = engine.scheduler == "v0" and engine.preemption_mode != "recompute"
-    return int(engine.swap_space * 2**30) if swaps else 0
+    """The CPU swap space a preemption can use, in bytes: `swap_space` GiB where preemption can swap
+    (`EngineConfig.can_swap`: vLLM v0 outside preemption_mode=recompute), else 0 (v1 and static never swap: no
+    pool is built that nothing uses)."""
+    return int(engine.swap_space * 2**30) if engine.can_swap else 0
+
 
 @dataclass(frozen=True, slots=True)
 class CapacityRow:

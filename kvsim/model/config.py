@@ -393,7 +393,7 @@ class EngineConfig(Settings):
         if self.prefix_cache == "radix" and not self.enable_prefix_caching:
             unread["prefix_cache"] = ("engine.prefix_cache=radix is unread: enable_prefix_caching is false, so no "
                                       "prefix is cached")
-        if self.swap_space != SWAP_SPACE_GIB and (self.scheduler != "v0" or self.preemption_mode == "recompute"):
+        if self.swap_space != SWAP_SPACE_GIB and not self.can_swap:
             never = "preemption_mode=recompute" if self.scheduler == "v0" else f"scheduler {self.scheduler}"
             unread["swap_space"] = f"engine.swap_space={self.swap_space:g} is unread: {never} never swaps"
         return unread
@@ -462,6 +462,13 @@ class EngineConfig(Settings):
         pool. vLLM v0's block manager hands out every one of `num_gpu_blocks` (vllm/core/block/
         cpu_gpu_block_allocator.py, `CpuGpuBlockAllocator.create`), and slab pools, the paper's Orca, have none."""
         return 1 if self.allocator == "paged" and self.scheduler != "v0" else 0
+
+    @property
+    def can_swap(self) -> bool:
+        """Whether a preemption can swap KV out to the CPU (into `swap_space`): in vLLM v0 only, not under
+        preemption_mode=recompute (v1 and static preempt by recompute). Unset, v0 swaps only a request of several
+        sequences (`V0Scheduler.use_swap`); the pool (`capacity.swap_bytes`) exists wherever this holds."""
+        return self.scheduler == "v0" and self.preemption_mode != "recompute"
 
     @property
     def resolved_watermark(self) -> float:

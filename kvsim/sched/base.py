@@ -393,7 +393,8 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         self.waiting.prepend(req)
 
     def use_swap(self, req: Request) -> bool:
-        return self.limits.preemption_mode == "swap"
+        """Whether preempting `req` swaps its KV out rather than dropping it: never, but in v0 (`V0Scheduler`)."""
+        return False
 
     # ------------------------------------------------------------ completion
     def complete(self, plan: StepPlan, now: float) -> list[Request]:

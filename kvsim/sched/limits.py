@@ -18,6 +18,7 @@ class SchedulerLimits:
     max_model_len: int
     watermark_slots: int = 0  # free slots admission must leave (v0's 1 % watermark)
     preemption_mode: str | None = None  # None: recompute, or swap for multi-sequence groups (v0)
+    can_swap: bool = False  # `EngineConfig.can_swap`: a preemption may swap at all (`Scheduler.use_swap`)
     swap_space_gib: float = 0.0  # engine.swap_space, the CPU swap per GPU: named when it runs out
 
 

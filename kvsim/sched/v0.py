@@ -42,10 +42,10 @@ class V0Scheduler(Scheduler):
             self.prefix_stats.record_blocks(req.num_tokens // self.alloc.block_size, len(hit.block_ids))
 
     def use_swap(self, req: Request) -> bool:
-        mode = self.limits.preemption_mode
-        if mode is not None:
-            return mode == "swap"
-        return len(self.active_seq_ids(req)) > 1
+        """Swap where the engine can (`SchedulerLimits.can_swap`, from `EngineConfig.can_swap`): every preemption
+        under preemption_mode=swap; unset, a request of several sequences only (vLLM v0's `_preempt`: recompute
+        when `get_max_num_running_seqs() == 1`)."""
+        return self.limits.can_swap and (self.limits.preemption_mode == "swap" or len(self.active_seq_ids(req)) > 1)
 
     def select(self, now: float) -> StepPlan:
         plan = StepPlan()

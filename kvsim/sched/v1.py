@@ -174,10 +174,6 @@ class V1Scheduler(Scheduler):
             return 0
         return min(held + num_new + spec.num_lookahead_slots, self.limits.max_model_len)
 
-    def use_swap(self, req: Request) -> bool:
-        """vLLM v1 preempts by recompute only."""
-        return False
-
     def schedules_whole_decode_batch(self, num_running: int) -> bool:
         """A batch larger than the token budget is decoded in turns."""
         return num_running <= self.limits.max_num_batched_tokens
