@@ -20,11 +20,18 @@ def test_floor_counts_requests_blocks_and_steps():
         check_run_memory(s, model, gpu, s.engine, 100, 2**21, limit_bytes=sum(parts.values()) - 1)
 
 
-def test_swap_space_counts_cpu_blocks():
-    s = load_scenario(None, ["engine.swap_space=4"])
+@pytest.mark.parametrize(("overrides", "cpu_blocks"), [
+    (["engine.scheduler=v0"], 4 * 2**30 // 2**21),  # v0 swaps: 4 GiB of 2 MiB blocks, 2,048
+    (["engine.scheduler=v0", "engine.preemption_mode=swap"], 4 * 2**30 // 2**21),
+    (["engine.scheduler=v0", "engine.preemption_mode=recompute"], 0),  # never swaps: no CPU pool is built
+    (["engine.scheduler=v1"], 0),  # vLLM v1 has no swap preemption (it takes --swap-space and ignores it)
+    (["engine.scheduler=static"], 0),
+])
+def test_swap_space_counts_cpu_blocks_where_preemption_swaps(overrides, cpu_blocks):
+    s = load_scenario(None, [*overrides, "engine.swap_space=4"])
     model, gpu = load_model(s.model), load_gpu(s.gpu)
     parts = estimate_run_bytes(s, model, gpu, s.engine, 10, 2**21)
-    assert parts["kv_blocks"] == (10 + 4 * 2**30 // 2**21) * BLOCK_BYTES  # 4 GiB of 2 MiB blocks: 2,048
+    assert parts["kv_blocks"] == (10 + cpu_blocks) * BLOCK_BYTES
 
 
 def test_steps_streamed_to_disk_cost_no_memory_per_step():

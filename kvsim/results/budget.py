@@ -1,12 +1,12 @@
 """How much memory a run will need, checked before anything is allocated.
 
-A run holds its per-request records, the KV allocator's per-block bookkeeping (GPU pool and
-CPU swap pool) and, when it keeps every step in memory, its per-step rows. The estimate is a
-floor, built from costs measured with tracemalloc on CPython 3.11 and a lower bound on the
-steps (every step decodes at most `max_num_seqs` sequences, so a run takes at least total
-output tokens / `max_num_seqs` steps). A run whose floor exceeds the limit cannot succeed,
-so it is refused with both numbers instead of ending in MemoryError (or the kernel's OOM
-killer) after allocating.
+A run holds its per-request records, the KV allocator's per-block bookkeeping (GPU pool and CPU
+swap pool, the latter built only where a preemption can swap: `capacity.swap_bytes`) and, when it
+keeps every step in memory, its per-step rows. The estimate is a floor, built from costs measured
+with tracemalloc on CPython 3.11 and a lower bound on the steps (every step decodes at most
+`max_num_seqs` sequences, so a run takes at least total output tokens / `max_num_seqs` steps). A
+run whose floor exceeds the limit cannot succeed, so it is refused with both numbers instead of
+ending in MemoryError (or the kernel's OOM killer) after allocating.
 
 Memory per request is small and columnar: `Request` objects exist only while in flight
 (`kvsim.workload.generate.iter_requests` builds them at arrival, `kvsim.results.records` keeps a row of
@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvsim.model.capacity import kv_bytes_per_block, num_gpu_blocks
+from kvsim.model.capacity import kv_bytes_per_block, num_gpu_blocks, swap_bytes
 from kvsim.model.config import load_gpu, load_model
 from kvsim.model.errors import KvsimError
 
@@ -96,7 +96,7 @@ def estimate_run_bytes(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engin
     w = scenario.workload
     num_requests = _num_requests(scenario)
     num_seqs = num_requests * (w.beam_width or w.n)
-    num_cpu_blocks = int(engine.swap_space * GIB) // max(1, bytes_per_block) if engine.allocator == "paged" else 0
+    num_cpu_blocks = swap_bytes(engine) // max(1, bytes_per_block) if engine.allocator == "paged" else 0
     min_steps = num_seqs * _mean_length(w.output_len) / engine.resolved_max_num_seqs(gpu)
     return {
         "requests": num_requests * REQUEST_BYTES,
@@ -113,7 +113,8 @@ def check_run_memory(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engine:
     _refuse_over_limit(parts, limit_bytes, "run", {
         "requests": f"workload.num_requests={scenario.workload.num_requests}",
         "steps": f"workload.num_requests={scenario.workload.num_requests}",
-        "kv_blocks": f"num_gpu_blocks={num_gpu_blocks}, engine.swap_space={engine.swap_space}"})
+        "kv_blocks": f"num_gpu_blocks={num_gpu_blocks}" + (f", engine.swap_space={engine.swap_space}"
+                                                           if engine.can_swap else "")})
 
 
 def check_engines_memory(scenario: Scenario, engines: list[tuple[Scenario, int]], limit_bytes: int | None = None,
