@@ -292,8 +292,9 @@ CASES = [
      "workload.num_requests=1000000000: this run needs at least"),
     ("billion-blocks", {}, ["run", "--set", "engine.num_gpu_blocks_override=1000000000"],
      "num_gpu_blocks_override=1000000000"),
-    ("exabyte-swap", {}, ["run", "--set", "engine.scheduler=v0", "--set", "engine.swap_space=1000000"],
-     "engine.swap_space=1000000.0: this run needs at least"),
+    # 10**6 GiB of 2 MiB swap blocks: 512,000,000 of them at 40 B, 19.1 GiB (a given limit: not every machine has less)
+    ("exabyte-swap", {}, ["run", "--set", "engine.scheduler=v0", "--set", "engine.swap_space=1000000",
+                          "--memory-limit", "16GiB"], "engine.swap_space=1000000.0: this run needs at least 19.1 GiB"),
     ("over-a-given-memory-limit", {}, ["run", "--memory-limit", "1MiB"], "more than the limit of 1.0 MiB"),
     ("num-requests-boolean", {}, ["run", "--set", "workload.num_requests=true"],
      "workload: num_requests=true: expected a number, not a boolean"),
@@ -309,24 +310,25 @@ CASES = [
     ("router-without-replicas", {}, ["run", "--set", "router.policy=affinity"],
      "router.policy='affinity': a router spreads requests over replicas; set replicas"),
     ("over-a-tiny-memory-limit", {}, ["run", "--memory-limit", "1KiB"], "more than the limit of 1.0 KiB"),
-    # under 1 KiB the sizes are whole bytes: the GPU's 27,816 blocks at 160 B each (scheduler v1 builds no CPU
-    # swap pool: vLLM v1 never swaps, whatever swap_space says)
-    ("over-a-one-byte-memory-limit", {}, ["run", "--memory-limit", "1"], "kv_blocks 4,450,560, steps 0), more than the limit of 1 B;"),
-    # a fleet: every replica's blocks (27,816 on the GPU, 160 B each) and 100 kB per engine, the requests
-    # (1,000 x 160 B) once: 4 x 4,550,560 + 160,000 = 18,362,240 B, 17.5 MiB
-    ("fleet-over-a-given-memory-limit", {}, ["run", "--set", "replicas=4", "--memory-limit", "8MiB"],
-     "replicas=4: this fleet needs at least 17.5 MiB"),
+    # under 1 KiB the sizes are whole bytes: the GPU's 27,816 blocks at 40 B each (scheduler v1 builds no CPU
+    # swap pool: vLLM v1 never swaps, whatever swap_space says), 1,000 requests at 160 B
+    ("over-a-one-byte-memory-limit", {}, ["run", "--memory-limit", "1"],
+     "(B by part: requests 160,000, kv_blocks 1,112,640, steps 0), more than the limit of 1 B;"),
+    # a fleet: every replica's blocks (27,816 on the GPU, 40 B each) and 100 kB per engine, the requests
+    # (1,000 x 160 B) once: 4 x 1,212,640 + 160,000 = 5,010,560 B, 4.8 MiB
+    ("fleet-over-a-given-memory-limit", {}, ["run", "--set", "replicas=4", "--memory-limit", "4MiB"],
+     "replicas=4: this fleet needs at least 4.8 MiB"),
     ("data-parallel-over-a-given-memory-limit", {}, ["run", "--set", "engine.data_parallel_size=4",
-                                                     "--memory-limit", "8MiB"],
-     "engine.data_parallel_size=4: this data-parallel group needs at least 17.5 MiB"),
-    # 4,096 x (27,816 x 160 B + 100 kB) + 40 x 160 B = 18,638,100,160 B, 17.36 GiB
+                                                     "--memory-limit", "4MiB"],
+     "engine.data_parallel_size=4: this data-parallel group needs at least 4.8 MiB"),
+    # 4,096 x (27,816 x 40 B + 100 kB) + 40 x 160 B = 4,966,979,840 B, 4.63 GiB
     ("fleet-many-replicas-few-requests", {}, ["run", "--set", "replicas=4096", "--set", "workload.num_requests=40",
-                                              "--memory-limit", "16GiB"],
-     "replicas=4096: this fleet needs at least 17.4 GiB"),
+                                              "--memory-limit", "4GiB"],
+     "replicas=4096: this fleet needs at least 4.6 GiB"),
     ("memory-limit-unparsable", {}, ["run", "--memory-limit", "plenty"], "--memory-limit='plenty'"),
     ("disagg-over-a-given-memory-limit", scenario(f"{DISAGG}{DISAGG_GROUPS}"), [*RUN_S, "--memory-limit", "1MiB"],
-     # 2 x (27,816 x 160 B + 100 kB) + 5 x 160 B = 9,101,920 B, 8.68 MiB
-     "replicas=[1 x kv_producer, 1 x kv_consumer]: this fleet needs at least 8.7 MiB"),
+     # 2 x (27,816 x 40 B + 100 kB) + 5 x 160 B = 2,426,080 B, 2.31 MiB
+     "replicas=[1 x kv_producer, 1 x kv_consumer]: this fleet needs at least 2.3 MiB"),
     # a plan: every point is estimated first; refused up front only when even the smallest one cannot fit
     ("plan-smallest-point-over-the-limit", {}, [*PLAN, "--memory-limit", "1MiB"],
      "--memory-limit 1.0 MiB: even the smallest point (h100-80gb tp1, 1 replica, 1000 requests) needs at least"),

@@ -42,3 +42,56 @@ def test_steps_streamed_to_disk_cost_no_memory_per_step():
     kept = estimate_run_bytes(s, model, gpu, s.engine, 100, 2**21)
     streamed = estimate_run_bytes(s, model, gpu, s.engine, 100, 2**21, steps_in_memory=False)
     assert kept["steps"] == 2000 * STEP_BYTES and streamed == {**kept, "steps": 0}
+
+
+def test_a_slab_pool_costs_nothing_per_block():
+    """A slab allocator keeps extents per sequence, not per block: its pool adds nothing to the floor."""
+    s = load_scenario(None, ["engine.allocator=slab-max", "engine.scheduler=v0", "engine.swap_space=4"])
+    model, gpu = load_model(s.model), load_gpu(s.gpu)
+    assert estimate_run_bytes(s, model, gpu, s.engine, 10_000, 2**21)["kv_blocks"] == 0
+
+
+@pytest.mark.parametrize("overrides", [
+    [],  # v1: 27,816 GPU blocks, no CPU pool
+    ["engine.scheduler=v0"],  # v0: the GPU blocks and 4 GiB / 2 MiB = 2,048 CPU blocks
+    ["engine.scheduler=v0", "engine.swap_space=16", "engine.num_gpu_blocks_override=600"],  # mostly CPU: 8,192
+    ["engine.allocator=slab-max", "engine.scheduler=v0"],
+])
+def test_the_blocks_part_is_a_floor_of_what_the_allocator_holds(overrides):
+    """tracemalloc around building the allocator the run builds: its bytes are at least the estimate's blocks."""
+    import tracemalloc
+
+    from kvsim.engine.builder import make_allocator, resolve_engine
+
+    s = load_scenario(None, overrides)
+    spec = resolve_engine(s)
+    tracemalloc.start()
+    try:
+        allocator = make_allocator(spec)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert allocator is not None
+    estimate = estimate_run_bytes(s, spec.model, spec.gpu, s.engine, spec.num_gpu_blocks, spec.bytes_per_block)
+    assert estimate["kv_blocks"] <= held, (estimate["kv_blocks"], held)
+
+
+def test_a_swapping_run_holds_at_least_its_floor(tmp_path):
+    """A whole v0 run with a CPU swap pool (16 GiB of 2 MiB blocks: 8,192 beside the GPU's), measured: its
+    traced peak is at least the estimate (it was not when every block, CPU ones included, counted 160 B)."""
+    import tracemalloc
+
+    from kvsim.engine.simulate import simulate
+
+    s = load_scenario(None, ["engine.scheduler=v0", "engine.swap_space=16", "workload.num_requests=20"])
+    simulate(load_scenario(None, ["workload.num_requests=2"]), out_dir=tmp_path / "warm")  # imports, caches
+    tracemalloc.start()
+    try:
+        result = simulate(s, out_dir=tmp_path / "run", steps_format="csv")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    model, gpu = load_model(s.model), load_gpu(s.gpu)
+    num_gpu_blocks = result.summary["num_gpu_blocks"]
+    floor = estimate_run_bytes(s, model, gpu, s.engine, num_gpu_blocks, 2**21, steps_in_memory=False)
+    assert floor["kv_blocks"] == (num_gpu_blocks + 8_192) * BLOCK_BYTES and sum(floor.values()) <= peak

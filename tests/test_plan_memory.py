@@ -5,9 +5,9 @@ The bound below is derived by hand from `kvsim.results.budget`'s floor for the t
 swap pool, as vLLM v1 never swaps and ignores --swap-space), with R requests a probe:
 
     requests  160 B · R                    steps (kept in memory)  160 B · R · 64 / 8
-    per replica  400 · 160 B + 100,000 B = 164,000 B
+    per replica  400 · 40 B + 100,000 B = 116,000 B
 
-so n replicas fit under L bytes when 160·R·(1 + 8) + 164,000·n ≤ L. The limits below are under 1 MiB, so
+so n replicas fit under L bytes when 160·R·(1 + 8) + 116,000·n ≤ L. The limits below are under 1 MiB, so
 the rows state sizes in KiB (one decimal, thousands separated).
 """
 
@@ -21,7 +21,7 @@ from kvsim.cli import app
 from kvsim.planning.plan import make_plan_spec, plan
 
 runner = CliRunner()
-PER_REPLICA_BYTES = 400 * 160 + 100_000
+PER_REPLICA_BYTES = 400 * 40 + 100_000
 
 
 def kib(num_bytes):
@@ -41,14 +41,14 @@ def spec(limit_bytes=None):
 def test_the_limit_bounds_the_replica_search_and_is_said(tmp_path):
     free, _ = plan(toy(), spec(), tmp_path / "free")
     needed, run_length = free[0]["replicas"], free[0]["requests_per_probe"]
-    limit = 1_000_000  # R = 400: 576,000 B of requests and steps, then room for 2 replicas (904,000 B), not 3
+    limit = 900_000  # R = 400: 576,000 B of requests and steps, then room for 2 replicas (808,000 B), not 3
     cap = fits(limit, run_length)
-    assert PER_REPLICA_BYTES == 164_000 and cap == 2 < needed  # the limit stops the search below the answer
+    assert PER_REPLICA_BYTES == 116_000 and cap == 2 < needed  # the limit stops the search below the answer
     rows, simulated = plan(toy(), spec(limit), tmp_path / "bounded")
     row = rows[0]
     assert not row["feasible"] and row["memory_limited"] and row["replicas"] is None
     assert row["memory_bound_replicas"] == cap and row["requests_per_probe"] == run_length
-    over = 160 * run_length * 9 + PER_REPLICA_BYTES * (cap + 1)  # 3 replicas: 1,068,000 B = 1,043.0 KiB
+    over = 160 * run_length * 9 + PER_REPLICA_BYTES * (cap + 1)  # 3 replicas: 924,000 B = 902.3 KiB
     assert row["limiting_factor"].endswith(f"even at {cap} replicas; {cap + 1} replicas would need "
                                            f"{kib(over)} > limit {kib(limit)}; answer bounded by memory")
     lines = [json.loads(line) for line in (tmp_path / "bounded" / "points.jsonl").read_text().splitlines()]
@@ -81,14 +81,14 @@ def test_plan_command_prints_the_memory_bound(tmp_path):
     scenario.write_text(json.dumps(toy().model_dump(mode="json")))
     result = runner.invoke(app, ["plan", str(scenario), "--slo", "ttft_s.p90=0.3", "--slo", "e2e_s.p99=2",
                                  "--gpu", "h100-80gb", "--max-replicas", "8", "--workers", "1",
-                                 "--memory-limit", "1000000", "-o", str(tmp_path / "plan")])
+                                 "--memory-limit", "900000", "-o", str(tmp_path / "plan")])
     assert result.exit_code == 0, result.output
     assert "memory: h100-80gb tp1: " in result.stdout and "answer bounded by memory" in result.stdout
 
 
 def test_the_limit_bounds_the_rate_search_fleet(tmp_path):
     """`--search rate`: the fleet the rate gives must fit on the whole traffic (R = 100 requests), and a
-    probe's run (one replica: 9 · 160 B · n + 164,000 B) doubles from 100 requests only while it fits."""
+    probe's run (one replica: 9 · 160 B · n + 116,000 B) doubles from 100 requests only while it fits."""
     base = toy()
     raw = {"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate", "rel_tol": 0.02,
            "verify_factor": 0}

@@ -41,7 +41,12 @@ if TYPE_CHECKING:
 
 # Measured fits (tracemalloc, CPython 3.11; see the module docstring), floors not exact costs.
 REQUEST_BYTES = 160   # a request's columnar record, drawn lengths and requests-table row (measured ≈ 190)
-BLOCK_BYTES = 160     # a paged block's ref count, hash slot, fill count and free-queue entry
+# A paged block as its pool builds it (`BlockPool`, `HashChainCache`, `PagedAllocator`): ref count, hash slot and
+# free-queue entry, 3 list slots of 8 B, plus the free entry's int of 28 B (ids past 255; smaller ones are
+# CPython's shared ints): 52 B; a GPU block's fill count another 8 B. Measured 52-56 B (CPU) and 60-64 B (GPU)
+# from 2,048 to 100,000 blocks; 40 B stays under both from 600 blocks up (a smaller pool is dwarfed by a run's
+# fixed cost). Slab pools keep extents per sequence and nothing per block.
+BLOCK_BYTES = 40
 STEP_BYTES = 160      # one step row kept in memory: 20 columns of 8 bytes (0 when steps stream to disk)
 ENGINE_BYTES = 100_000  # one engine of a fleet apart from its blocks (measured ≈ 108 KB)
 GIB = 2**30
@@ -88,7 +93,8 @@ def _num_requests(scenario: Scenario) -> int:
 
 def estimate_run_bytes(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
                        num_gpu_blocks: int, bytes_per_block: int, steps_in_memory: bool = True) -> dict[str, int]:
-    """The floor of a run's memory, by part: `requests`, `kv_blocks`, `steps` (bytes).
+    """The floor of a run's memory, by part: `requests`, `kv_blocks`, `steps` (bytes). `kv_blocks` counts a paged
+    pool's GPU blocks and its CPU swap blocks (`capacity.swap_bytes`) at `BLOCK_BYTES`; a slab pool's is 0.
 
     `steps_in_memory`: the run keeps every step row in memory (`steps: all` without streaming
     to disk); otherwise the steps part is 0 (bounded: one chunk, or the sample).
@@ -96,11 +102,12 @@ def estimate_run_bytes(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engin
     w = scenario.workload
     num_requests = _num_requests(scenario)
     num_seqs = num_requests * (w.beam_width or w.n)
-    num_cpu_blocks = swap_bytes(engine) // max(1, bytes_per_block) if engine.allocator == "paged" else 0
+    paged = engine.allocator == "paged"
+    num_cpu_blocks = swap_bytes(engine) // max(1, bytes_per_block) if paged else 0
     min_steps = num_seqs * _mean_length(w.output_len) / engine.resolved_max_num_seqs(gpu)
     return {
         "requests": num_requests * REQUEST_BYTES,
-        "kv_blocks": (num_gpu_blocks + num_cpu_blocks) * BLOCK_BYTES,
+        "kv_blocks": (num_gpu_blocks + num_cpu_blocks) * BLOCK_BYTES if paged else 0,
         "steps": int(min_steps * STEP_BYTES) if steps_in_memory else 0,
     }
 
