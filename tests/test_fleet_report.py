@@ -82,8 +82,7 @@ def test_verdict_names_a_small_gain_as_a_gain():
 
 
 def test_one_replica_fleet_says_there_is_nothing_to_route():
-    """A fleet of one (OPT-13B, max_model_len 2,048 from the engine, not the pool): the words name the engine's
-    limit, say "1 replica" and compare no routers."""
+    """A fleet of one (OPT-13B, max_model_len 2,048): the words give it, say "1 replica" and compare no routers."""
     from kvsim.report.studies import Section
     from kvsim.report.text import fleet_text
     from kvsim.workload.scenario import load_scenario
@@ -98,11 +97,11 @@ def test_one_replica_fleet_says_there_is_nothing_to_route():
              "replicas_for_slo": 1, "cost_per_hour_for_slo": None} for r in ("round_robin", "least_outstanding",
                                                                               "affinity")]
     facts = {"num_requests": 60, "span_s": 15.0, "mean_prompt_tokens": 12386.0, "max_model_len": 2048,
-             "max_model_len_by_pool": False, "num_too_long": 50, "floor_ttft_p90_s": 0.18, "floor_queue_p99_s": 0.0,
+             "num_too_long": 50, "floor_ttft_p90_s": 0.18, "floor_queue_p99_s": 0.0,
              "unbounded_hit_rate": 0.344, "ttft_target_s": 2.0, "slo_s": 2.0, "max_replicas": 8,
              "price_source": "none"}
     text = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame(rows)}, facts), St)
-    assert "max_model_len 2,048 (the engine's max_model_len); the 50 prompts" in text
+    assert "max_model_len 2,048; the 50 prompts" in text
     assert "needs 1 replica with round robin; 1 replica with least outstanding; 1 replica with affinity." in text
     assert "at this traffic there is no routing to compare" in text and "Affinity" not in text
 
@@ -135,8 +134,51 @@ def test_the_fleet_section_quotes_the_gap_breakdown_of_the_floor():
              "replicas_over_floor": 1.5, "gap_breakdown": gap} for r in ("round_robin", "least_outstanding",
                                                                          "affinity")]
     facts = {"num_requests": 60, "span_s": 15.0, "mean_prompt_tokens": 1200.0, "max_model_len": 2048,
-             "max_model_len_by_pool": False, "num_too_long": 0, "floor_ttft_p90_s": 0.18, "floor_queue_p99_s": 0.0,
+             "num_too_long": 0, "floor_ttft_p90_s": 0.18, "floor_queue_p99_s": 0.0,
              "unbounded_hit_rate": 0.3, "ttft_target_s": 2.0, "slo_s": 2.0, "max_replicas": 8,
              "price_source": "none"}
     text = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame(rows)}, facts), St)
     assert "least outstanding needs 1.5× that, made of (from that fleet's own run" in text and gap in text
+
+
+# Gemma 3 27B: 62 layers, every 6th full attention (10 full, 52 with a 1,024-token window). vLLM groups them in 10s
+# (the smaller kind's count; 52 >= 1.5 x 10): 6 sliding-window groups and 1 full group, 7 block tables per request
+# on one pool. At max_num_batched_tokens 8,192 (v1 on an H100) a request of L > 9,215 tokens holds at most
+# cdiv(L, 16) full blocks and, per window group, cdiv(min(1,023 + 8,192, L), 16) + 1 = 577: 3,462 window blocks.
+GEMMA = ["model=gemma-3-27b", "engine.num_gpu_blocks_override=5000"]
+
+
+def test_a_hybrid_pool_s_tokens_are_its_blocks_shared_among_its_groups():
+    """vLLM's "GPU KV cache size": blocks // groups x block_size. v1: 4,999 usable // 7 = 714 blocks, 11,424
+    tokens (counted as one group's, the 4,999 x 16 = 79,984 said the pool held 7 times what it holds); v0
+    keeps no null block: 5,000 // 7 = 714 as well, and at 5,005 blocks 715 (v1: 5,004 // 7 = 714)."""
+    from kvsim.report.fleet_study import pool_tokens
+    from kvsim.report.studies import Study, StudyConfig
+    from kvsim.workload.scenario import load_scenario
+
+    def tokens(*overrides):  # v0's step budget is max_model_len (no chunked prefill): 2,048 keeps its windows short
+        return pool_tokens(Study(load_scenario(None, [*GEMMA, "engine.max_model_len=2048", *overrides]),
+                                 StudyConfig.quick()))
+
+    assert tokens() == 714 * 16 == 11_424
+    assert tokens("engine.num_gpu_blocks_override=5005") == 714 * 16
+    assert tokens("engine.num_gpu_blocks_override=5005", "engine.scheduler=v0") == 715 * 16
+
+
+def test_the_fleet_traffic_keeps_the_max_model_len_its_pool_holds():
+    """The longest max_model_len 5,000 Gemma 3 blocks start with: cdiv(L, 16) + 3,462 <= 5,000, so L <= 1,538 x 16
+    = 24,608 (the old clamp, min(max_model_len, blocks x 16) = 80,000, counted the pool as one group's). vLLM
+    refuses an engine whose pool cannot hold one such request, so the report's own engine already fits and the
+    fleet's traffic keeps its max_model_len."""
+    import pytest
+
+    from kvsim.engine.builder import resolve_engine
+    from kvsim.model.errors import KvsimError
+    from kvsim.report.fleet_study import traffic
+    from kvsim.report.studies import Study, StudyConfig
+    from kvsim.workload.scenario import load_scenario
+
+    st = Study(load_scenario(None, [*GEMMA, "engine.max_model_len=24608"]), StudyConfig.quick())
+    assert resolve_engine(traffic(st)).max_model_len == 24_608
+    with pytest.raises(KvsimError, match="max_model_len=24609: one request needs"):
+        Study(load_scenario(None, [*GEMMA, "engine.max_model_len=24609"]), StudyConfig.quick())

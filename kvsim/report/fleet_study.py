@@ -3,9 +3,10 @@
 Traffic: the first `StudyConfig.fleet_requests` requests of the Mooncake FAST'25 conversation
 trace shipped in `kvsim/workload/data` (Kimi's real arrival times, lengths and 512-token prefix
 `hash_ids`; Apache-2.0, Qin et al., FAST 2025), served by replicas of the report's model, GPU,
-TP and engine settings with prefix caching on and `max_model_len` the user's, or what one
-replica's KV pool holds if that is less (a longer prompt is refused, as vLLM refuses it, and
-counted). When more than half the slice is refused, the section says so and sizes nothing.
+TP and engine settings with prefix caching on and the user's `max_model_len` (which one replica's
+pool holds: vLLM, and `Study`, refuse an engine whose pool cannot hold one request of it; a longer
+prompt is refused, as vLLM refuses it, and counted). When more than half the slice is refused, the
+section says so and sizes nothing.
 
 Three measurements, all ordinary simulations:
 
@@ -41,13 +42,19 @@ FLOOR_GAP_S = 1000.0  # s between the floor run's arrivals; its queue p99 is rep
 
 
 def traffic(st: Study) -> Scenario:
-    """The report's engine on the Mooncake slice, prefix caching on, max_model_len = one replica's pool."""
-    bs = st.base.engine.block_size
-    max_model_len = min(st.max_model_len, st.num_blocks * bs)  # the user's limit, or the pool's if smaller
+    """The report's engine on the Mooncake slice, prefix caching on."""
     workload = {"num_requests": st.cfg.fleet_requests, "arrival": {"process": "trace"},
                 "trace": {"format": "mooncake", "path": TRACE}}
     return variant(st.base, f"workload={json.dumps(workload)}", "engine.allocator=paged",
-                   "engine.enable_prefix_caching=true", f"engine.max_model_len={max_model_len}", "replicas=null")
+                   "engine.enable_prefix_caching=true", "replicas=null")
+
+
+def pool_tokens(st: Study) -> int:
+    """One replica's KV pool in tokens, as vLLM logs it ("GPU KV cache size: N tokens", `_report_kv_cache_config`
+    in vllm/v1/core/kv_cache_utils.py): the blocks divided among the KV cache groups, whose block tables all draw
+    on the one pool (a Gemma 3 pool's among 7: 6 sliding-window groups and 1 full), times block_size. The
+    blocks are those a sequence can hold: v1 keeps its null block back, v0 none (`EngineConfig.num_null_blocks`)."""
+    return st.kv_layout.token_slots(st.num_blocks - st.paged_null_blocks)
 
 
 def unbounded_hit_rate(records: Sequence[TraceRecord], max_model_len: int) -> float:
@@ -122,8 +129,7 @@ def fleet_routing(st: Study) -> Section:
     arrivals = np.array([r.arrival_s or 0.0 for r in records])
     facts = {"num_requests": st.cfg.fleet_requests, "span_s": float(arrivals.max() - arrivals.min()),
              "mean_prompt_tokens": float(prompts.mean()), "max_model_len": max_model_len,
-             "max_model_len_by_pool": max_model_len < st.max_model_len,
-             "pool_tokens": (st.num_blocks - 1) * base.engine.block_size,
+             "pool_tokens": pool_tokens(st),
              "num_too_long": num_too_long,
              "floor_ttft_p90_s": floor_p90, "floor_hit_rate": floor["prefix_cache_hit_rate"],
              "floor_queue_p99_s": floor["queue_s"]["p99"],

@@ -317,14 +317,13 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
     df = sec.tables["fleet_routing"].set_index("router")
     e = st.base.engine
     tp = f"{e.tensor_parallel_size}× " if e.tensor_parallel_size > 1 else ""
-    limit = "what one replica's pool holds" if f["max_model_len_by_pool"] else "the engine's max_model_len"
     refused = (f"; the {f['num_too_long']} prompts of {f['max_model_len']:,} tokens or more are refused, as vLLM "
                "refuses them" if f["num_too_long"] else "")
     traffic = (f"The first {f['num_requests']} requests of the Mooncake conversation trace (Kimi's production "
                f"traffic: real arrivals over {f['span_s']:.0f} s, prompts of {f['mean_prompt_tokens']:,.0f} tokens "
                "on average, 512-token prefix hashes; Apache-2.0, Qin et al., FAST 2025) on replicas of "
-               f"{st.model.name} on {tp}{st.gpu.name} with prefix caching, max_model_len {f['max_model_len']:,} ("
-               f"{limit}){refused}.")
+               f"{st.model.name} on {tp}{st.gpu.name} with prefix caching, max_model_len {f['max_model_len']:,}"
+               f"{refused}.")
     floor = (f"Served one at a time on one replica, the p90 TTFT is {f['floor_ttft_p90_s']:.2f} s (prefill alone, "
              f"queue p99 {f['floor_queue_p99_s']:.2f} s): more replicas only remove queueing, so no fleet goes far "
              f"below it (other cache hits aside: at most {f['unbounded_hit_rate']:.1%} of the prompt tokens here).")
