@@ -182,3 +182,21 @@ def test_the_fleet_traffic_keeps_the_max_model_len_its_pool_holds():
     assert resolve_engine(traffic(st)).max_model_len == 24_608
     with pytest.raises(KvsimError, match="max_model_len=24609: one request needs"):
         Study(load_scenario(None, [*GEMMA, "engine.max_model_len=24609"]), StudyConfig.quick())
+
+
+def test_the_offload_section_sizes_tiers_in_the_blocks_a_sequence_can_hold():
+    """Llama-3.1-8B's blocks are 16 tokens x 128 KiB = 2 MiB. v1 keeps block 0 back as its null block: 1,999 of
+    2,000 usable, 4,192,206,848 B; v0's block manager hands out all 2,000 (4,194,304,000 B), and a v0 engine is
+    refused the tier anyway, in the engine's words (kv_offload needs the v1 scheduler)."""
+    from kvsim.report.offload_study import gpu_pool_bytes, offload_sizing
+    from kvsim.report.studies import Study, StudyConfig
+    from kvsim.workload.scenario import load_scenario
+
+    def study(*overrides):
+        return Study(load_scenario(None, ["engine.num_gpu_blocks_override=2000", "engine.max_model_len=8192",
+                                          *overrides]), StudyConfig.quick())
+
+    assert gpu_pool_bytes(study()) == 1999 * 2 * 2**20 == 4_192_206_848
+    v0 = study("engine.scheduler=v0")
+    assert gpu_pool_bytes(v0) == 2000 * 2 * 2**20
+    assert offload_sizing(v0).skipped == "engine: kv_offload needs scheduler=v1 (got v0)"

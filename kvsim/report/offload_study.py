@@ -14,7 +14,6 @@ hash-chain prefix cache) gets the section skipped with its refusal (`kvsim.repor
 
 from __future__ import annotations
 
-from kvsim.engine.builder import resolve_engine
 from kvsim.model.offload_config import DGX_HOST_MEMORY_BYTES
 from kvsim.planning.offload_sizing import size_offload
 from kvsim.planning.offload_sizing import variant as with_tier
@@ -29,10 +28,17 @@ TITLE = "How much KV offload (CPU tier) for this traffic (Mooncake trace)"
 SETTING = "a CPU KV offload tier (`engine.kv_offload`)"
 
 
+def gpu_pool_bytes(st: Study) -> int:
+    """The replica's GPU KV pool that sequences can hold, in bytes (the unit of the CPU tier sizes): its blocks
+    less the null block a paged pool keeps back (vLLM v1's block 0; v0's block manager keeps none, though a v0
+    engine is refused a tier and never sized here: `EngineConfig.num_null_blocks`)."""
+    return (st.num_blocks - st.paged_null_blocks) * st.kv_layout.bytes_per_block
+
+
 def offload_sizing(st: Study) -> Section:
     """The sizing grid on the Mooncake slice and its answers (module docstring)."""
     base = variant(traffic(st), f"workload.num_requests={st.cfg.offload_requests}")
-    pool_bytes = (st.num_blocks - 1) * resolve_engine(st.base).bytes_per_block
+    pool_bytes = gpu_pool_bytes(st)
     sizes = [m * pool_bytes for m in POOL_MULTIPLES if m * pool_bytes <= DGX_HOST_MEMORY_BYTES]
     reason = refusal(lambda: with_tier(base, sizes[0])) if sizes else None
     if reason is not None:
