@@ -181,3 +181,28 @@ def test_an_autoscaled_fleet_says_what_was_billed_beside_the_replicas_it_ever_us
         text = " ".join(_rendered(fleet_table(summary), 80).split())
         assert "billed 3.57 GPU-hours, 3.67 GPUs on average" in text
     assert "billed" not in _rendered(fleet_table(_fleet_summary(16)), 80)
+
+
+def _fp8_section(blocks_auto, blocks_fp8, limited_by):
+    rows = [{"kv_cache_dtype": d, "bytes_per_block": per_block, "num_gpu_blocks": blocks,
+             "closed_form_paged_at_mean_len": blocks / 10, "simulated_sustained_running": running,
+             "tpot_mean_s_at_base_rate": None, "limited_by": limited_by}
+            for d, per_block, blocks, running in (("auto", 2 * 2**20, blocks_auto, 40.0),
+                                                  ("fp8", 2**20, blocks_fp8, 40.0))]
+    return Section("fp8", "t", {"kv_quantization": pd.DataFrame(rows)})
+
+
+def test_fp8_with_a_fixed_block_count_says_the_pool_keeps_its_blocks():
+    """engine.num_gpu_blocks_override fixes the count: fp8 halves the bytes per block (2 MiB -> 1 MiB) and the
+    pool keeps 6,000 blocks. The words said "6,000 blocks instead of 6,000", and that the saturated runs, capped
+    by max_num_seqs, understated what fp8 buys, which at as many blocks is nothing."""
+    from kvsim.report.text import fp8_text
+
+    text = fp8_text(_fp8_section(6000, 6000, "max_num_seqs"))
+    assert text.startswith("fp8 KV stores 2.0× fewer bytes per block, but the pool has 6,000 blocks either way (a "
+                           "fixed block count, `engine.num_gpu_blocks_override`: fp8 leaves memory unused rather "
+                           "than adding blocks), and sustained concurrency changes by 1.00× (40 → 40)")
+    assert "instead of" not in text and "understates" not in text
+    sized = fp8_text(_fp8_section(6000, 12000, "max_num_seqs"))  # sized from memory: twice the blocks
+    assert sized.startswith("fp8 KV stores 2.0× fewer bytes per block: 12,000 blocks instead of 6,000, and")
+    assert "understates what fp8 buys a KV-bound engine (the closed form: 2.00× the sequences)" in sized

@@ -82,16 +82,21 @@ def fp8_text(sec: studies.Section) -> str:
         tpot = f" Mean TPOT at the base rate is {fp8.tpot_mean_s_at_base_rate / auto.tpot_mean_s_at_base_rate:.2f}×" \
                " the 16-bit one."
     capped = sorted({lim for lim in df.limited_by if lim != "kv"})
+    fixed = int(fp8.num_gpu_blocks) == int(auto.num_gpu_blocks)  # a fixed block count: fp8 frees memory, no block
     caveat = ""
-    if capped:
+    if capped and not fixed:  # with as many blocks, fp8 buys a KV-bound engine no sequence either
         words = {"requests": "the number of requests sent", "max_num_seqs": "max_num_seqs"}
         caveat = (f" These saturated runs were capped by {' and '.join(words[c] for c in capped)}, not by KV memory, "
                   "so the simulated change understates what fp8 buys a KV-bound engine (the closed form: "
                   f"{fp8.closed_form_paged_at_mean_len / auto.closed_form_paged_at_mean_len:.2f}× the sequences).")
-    return (f"fp8 KV stores {auto.bytes_per_block / fp8.bytes_per_block:.1f}× fewer bytes per block: "
-            f"{int(fp8.num_gpu_blocks):,} blocks instead of {int(auto.num_gpu_blocks):,}, and sustained concurrency "
-            f"changes by {_change(auto.simulated_sustained_running, fp8.simulated_sustained_running, 2)} from 16-bit "
-            f"to fp8.{caveat}{tpot}")
+    fewer = f"fp8 KV stores {auto.bytes_per_block / fp8.bytes_per_block:.1f}× fewer bytes per block"
+    if fixed:
+        blocks = (f"{fewer}, but the pool has {int(fp8.num_gpu_blocks):,} blocks either way (a fixed block count, "
+                  "`engine.num_gpu_blocks_override`: fp8 leaves memory unused rather than adding blocks)")
+    else:
+        blocks = f"{fewer}: {int(fp8.num_gpu_blocks):,} blocks instead of {int(auto.num_gpu_blocks):,}"
+    change = _change(auto.simulated_sustained_running, fp8.simulated_sustained_running, 2)
+    return f"{blocks}, and sustained concurrency changes by {change} from 16-bit to fp8.{caveat}{tpot}"
 
 
 def prefix_text(sec: studies.Section) -> str:
