@@ -16,7 +16,8 @@ rate to the goodput: colocated with the v1 scheduler (chunked prefill, which Dis
 not have) and the v0 one (prefill-first batches, no chunking: the vLLM DistServe compared with); the
 single-phase goodputs the paper composes (prefill only: every output 1 token, TTFT SLO only; decode only:
 the decode instance of a 4P1D fleet, so prefill never binds, TPOT SLO only), their composition as the
-paper does it, and a measured 2P1D fleet. Writes `benchmarks/results/distserve.json`.
+paper does it, and a measured 2P1D fleet. Writes `benchmarks/results/distserve.json` (the tracked result), or
+`--output FILE`, as the other benchmarks do.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def goodput(num_requests: int, topology: str, high: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     colocated = goodput(args.requests, "colocated", 20.0)
     colocated_v0 = goodput(args.requests, "colocated-v0", 20.0)
@@ -99,8 +101,8 @@ def main() -> None:
             "ratio_per_gpu_vs_v0": disagg / 3 / colocated_v0 if colocated_v0 else None}
     result = {"slo": {"ttft_p90_s": SLO_TTFT_S, "tpot_p90_s": SLO_TPOT_S, "attainment": ATTAINMENT},
               "requests_per_rate": args.requests, "published": PUBLISHED, "sources": SOURCES, "kvsim": rows}
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 
