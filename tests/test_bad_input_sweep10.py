@@ -67,9 +67,6 @@ def test_more_turns_than_an_int64_is_one_conversation(timing):
 
 
 @pytest.mark.parametrize(("settings", "warnings"), [
-    # the scenario's engine turns caching off, the only group turns it on: the group's radix tree caches
-    (["engine.prefix_cache=radix", "engine.enable_prefix_caching=false",
-      "replicas=[{engine: {enable_prefix_caching: true}}]"], []),
     # the scenario's slab placement, read by the group that allocates slabs
     (["engine.slab_placement=first-fit", "replicas=[{engine: {allocator: slab-max}}]"], []),
     # a group's own setting its paged allocator never reads, said with the group
@@ -80,7 +77,7 @@ def test_more_turns_than_an_int64_is_one_conversation(timing):
     # the scenario's own setting no group reads: said once, as the single engine says it
     (["engine.slab_placement=first-fit", "replicas=[{count: 1}, {engine: {max_num_seqs: 8}}]"],
      ["engine.slab_placement=first-fit is unread: the paged allocator places no slabs"]),
-], ids=["group-caches", "group-allocates-slabs", "group-slab-placement", "group-radix-off", "scenario-slab-placement"])
+], ids=["group-allocates-slabs", "group-slab-placement", "group-radix-off", "scenario-slab-placement"])
 def test_a_fleet_warns_of_the_settings_its_replicas_do_not_read(tmp_path, settings, warnings):
     """Only the scenario's `engine` section was asked: a replica group's own unread setting ran without a word,
     and a scenario setting a group reads was warned of as unread."""
@@ -91,6 +88,23 @@ def test_a_fleet_warns_of_the_settings_its_replicas_do_not_read(tmp_path, settin
     result = CliRunner().invoke(app, [*RUN, *_set(*settings), "-o", str(tmp_path / "out"), "--format", "json"])
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == [f"kvsim: warning: {line}" for line in warnings]
+
+
+def test_a_fleet_does_not_warn_of_a_setting_its_group_reads(tmp_path):
+    """The scenario's engine turns caching off, the only group turns it on: the group's radix tree caches, so
+    `prefix_cache: radix` is read (a file: a `--set` of the scenario's enable_prefix_caching beside the group's own is
+    refused, sweep 16)."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    (tmp_path / "s.yaml").write_text(
+        "engine: {prefix_cache: radix, enable_prefix_caching: false}\nreplicas: [{engine: {enable_prefix_caching: "
+        "true}}]\nworkload: {num_requests: 6, prompt_len: {dist: fixed, value: 64}, output_len: {dist: fixed, "
+        "value: 8}}\nsteps: none\n")
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
 
 
 @pytest.fixture(scope="module")

@@ -154,21 +154,13 @@ def load_with_flags(scenario: str | None, overrides: list[str], flags: dict[str,
     `overrides` and then a command's vLLM-style `flags` (`run_flags`) applied; a flag that one of them would drop is
     refused naming it: a `--set` of its field (`refuse_flag_beside_set`), or a replica group giving the field for
     its own replicas (`replicas: [{engine: {max_num_seqs: 64}}]` beside `--max-num-seqs 8`: the group's value won,
-    and the flag reached no engine without a word)."""
+    and the flag reached no engine of that group without a word), as such a `--set` is
+    (`kvsim.workload.overrides.refuse_replaced_by_group`)."""
+    from kvsim.workload.overrides import FlagOverride
     from kvsim.workload.scenario import load_scenario
 
     refuse_flag_beside_set(flags, overrides)
-    loaded = load_scenario(scenario, [*overrides, *flags.values()], **load)
-    groups = loaded.replicas if isinstance(loaded.replicas, list) else []
-    for flag, item in flags.items():
-        key = item.partition("=")[0]
-        for g, group in enumerate(groups):
-            own = group.engine if key.startswith("engine.") else {"model": group.model, "gpu": group.gpu}
-            value = own.get(key.removeprefix("engine."))
-            if value is not None:
-                raise KvsimError(f"{flag}: sets {key}, which replicas.{g}.{key}={shown(value)} sets for that group's "
-                                 f"replicas; give each field once (per group: --set replicas.{g}.{key}=...)")
-    return loaded
+    return load_scenario(scenario, [*overrides, *(FlagOverride(item, flag) for flag, item in flags.items())], **load)
 
 
 def parse_size_flag(text: str, flag: str) -> int:

@@ -19,13 +19,53 @@ Helm's repeated `--set` does (a command's own flags, applied after, may not set 
 `kvsim.cli.shared.refuse_flag_beside_set`)."""
 
 
+class FlagOverride(str):
+    """A `--set`-style override (`engine.max_num_seqs=5`) that a command's own flag makes (`--max-num-seqs=5`, its
+    `label`): an error about it names the flag the user gave, not a `--set` they did not."""
+
+    label: str
+
+    def __new__(cls, text: str, label: str) -> FlagOverride:
+        override = super().__new__(cls, text)
+        override.label = label
+        return override
+
+
 def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]:
-    """Apply dotted-key overrides (see `Overrides`) to a raw scenario dict, in place; returns it."""
-    for key, value, label in override_items(overrides):
+    """Apply dotted-key overrides (see `Overrides`) to a raw scenario dict, in place; returns it. One that a replica
+    group's own setting replaces is refused (`refuse_replaced_by_group`)."""
+    items = override_items(overrides)
+    for key, value, label in items:
         if "" in key.split("."):  # `engine..block_size` (`engine____block_size=` in `kvsim.simulate`)
             raise KvsimError(f"{label}: an empty field name between its dots")
         _set_field(raw, key.split("."), value, label)
+    refuse_replaced_by_group(raw.get("replicas"), items)
     return raw
+
+
+def refuse_replaced_by_group(groups: Any, items: list[tuple[str, Any, str]]) -> None:
+    """Refuse an override (`items`, as `override_items` gives them) of a scenario-wide field that one of the replica
+    `groups` (a scenario's raw `replicas`; a count has none) gives for its own replicas: `engine.max_num_seqs=8` beside
+    `replicas: [{engine: {max_num_seqs: 64}}]` (or `max_num_seqs: null`, the engine's default), `gpu` or `model`
+    beside a group's own. The group's value replaces the scenario's there (`kvsim.fleet.driver`), so the override
+    reached none of that group's replicas without a word; `replicas.G.engine.FIELD` sets one group's."""
+    groups = [group if isinstance(group, dict) else {} for group in groups] if isinstance(groups, list) else []
+    for key, value, label in items:
+        parts = key.split(".")
+        if parts[0] == "engine" and len(parts) > 1:
+            fields = [".".join(parts[:2])]
+        elif key == "engine" and isinstance(value, dict):  # a section: each field it gives
+            fields = [f"engine.{name}" for name in value]
+        else:
+            fields = [key] if key in ("model", "gpu") else []
+        for field in fields:
+            for g, group in enumerate(groups):
+                own = group.get("engine") if field.startswith("engine.") else group
+                name = field.removeprefix("engine.")
+                if isinstance(own, dict) and name in own and (own is not group or own[name] is not None):
+                    raise KvsimError(f"{label}: sets {field}, which replicas.{g}.{field}={shown(own[name])} sets for "
+                                     f"that group's replicas; give each field once (per group: --set "
+                                     f"replicas.{g}.{field}=...)")
 
 
 def undone_by(key: str, earlier: list[str]) -> str | None:
@@ -57,7 +97,8 @@ def held_by_section(key: str, items: list[tuple[str, Any, str]]) -> tuple[str, A
 
 def override_items(overrides: Overrides) -> list[tuple[str, Any, str]]:
     """Each override as (dotted key, value, the label its errors start with: `--set 'k=v'` for a string,
-    whose value is parsed as YAML; `override 'k'` for a dict's entry, whose value is as given)."""
+    whose value is parsed as YAML, its flag for a `FlagOverride`; `override 'k'` for a dict's entry, whose value is
+    as given)."""
     if isinstance(overrides, str):
         overrides = [overrides]
     if not isinstance(overrides, (Mapping, Sequence)):  # iterating an int was a bare TypeError
@@ -73,9 +114,10 @@ def override_items(overrides: Overrides) -> list[tuple[str, Any, str]]:
         if not sep or not key:
             raise KvsimError(f"--set {shown(item)}: expected dotted.key=value")
         try:
-            items.append((key, load_yaml(value), f"--set {shown(item)}"))
+            label = item.label if isinstance(item, FlagOverride) else f"--set {shown(item)}"
+            items.append((key, load_yaml(value), label))
         except yaml.YAMLError as error:
-            raise KvsimError(f"--set {shown(item)}: the value is not valid YAML ({yaml_problem(error)})") from None
+            raise KvsimError(f"{label}: the value is not valid YAML ({yaml_problem(error)})") from None
     return items
 
 
