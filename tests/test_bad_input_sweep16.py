@@ -68,3 +68,23 @@ def test_a_setting_every_group_takes_runs(tmp_path, monkeypatch, argv):
     result = CliRunner().invoke(app, ["run", "f.yaml", *argv, "-o", "out"])
     assert result.exit_code == 0, (result.output, result.exception)
 
+
+def test_a_negative_zero_in_a_list_or_a_group_is_read_as_zero(tmp_path, monkeypatch):
+    """Sweep 14 read a scalar `-0.0` as 0.0 (it passes `ge=0`, and `-0` is the integer 0), but one inside a list
+    (`acceptance_rates`) or a replica group's engine mapping was kept, and written back to `scenario.yaml` as
+    `-0.0`."""
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(
+        "workload: {num_requests: 3, prompt_len: {dist: fixed, value: 8}, output_len: {dist: fixed, value: 4}}\n"
+        "steps: none\nengine:\n  speculative_config: {method: ngram, num_speculative_tokens: 2, "
+        "acceptance_rates: [0.8, -0.0]}\nreplicas:\n  - {count: 1, engine: {watermark: -0.0}}\n")
+    result = CliRunner().invoke(app, ["run", "s.yaml", "-o", "out"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    text = (tmp_path / "out" / "scenario.yaml").read_text()
+    assert "-0.0" not in text, text
+    written = yaml.safe_load(text)
+    assert written["engine"]["speculative_config"]["acceptance_rates"] == [0.8, 0.0]
+    assert str(written["replicas"][0]["engine"]["watermark"]) == "0.0"
+    assert result.stderr == ""

@@ -103,6 +103,22 @@ Label = Annotated[str, AfterValidator(_one_line)]
 one-line errors in two (`replicas (a<newline>b/g1-0, kv_consumer): ...`), an escape sequence reached the terminal."""
 
 
+def _unsigned_zeros(value: Any) -> Any:
+    """`value` with every negative zero in it (`-0.0`, itself or inside a list's, tuple's or dict's values, as deep as
+    they go) read as 0.0; None when it holds none (the caller keeps `value` as it is)."""
+    if isinstance(value, float):
+        return 0.0 if value == 0 and math.copysign(1, value) < 0 else None
+    if isinstance(value, (list, tuple)):
+        items = [_unsigned_zeros(item) for item in value]
+        if all(item is None for item in items):
+            return None
+        return type(value)(old if new is None else new for old, new in zip(value, items, strict=True))
+    if isinstance(value, dict):
+        changed = {key: new for key, item in value.items() if (new := _unsigned_zeros(item)) is not None}
+        return {**value, **changed} if changed else None
+    return None
+
+
 class Settings(BaseModel):
     """The base of every user-set section (model, GPU, engine, scenario, plan spec): immutable, unknown keys
     refused, inf and NaN never a setting, and `true`, `false` or text with an underscore refused where a number
@@ -110,8 +126,8 @@ class Settings(BaseModel):
     `tensor_parallel_sizes: [true]`). Pydantic's lax mode reads `true` and `false` as 1 and 0, so
     `num_requests: true` ran one request, `gpu_memory_utilization: true` used all memory and
     `acceptance_rates: [true, true]` accepted every draft; and '1_6' as 16 (`block_size: '1_6'`). A negative
-    zero (`-0.0`, which passes `ge=0`) is read as 0.0, as `-0` is the integer 0: it was written back to
-    `scenario.yaml` as `-0.0` and shown as `-0`.
+    zero (`-0.0`, which passes `ge=0`) is read as 0.0, as `-0` is the integer 0, in a list or a mapping too
+    (`acceptance_rates: [0.8, -0.0]`): it was written back to `scenario.yaml` as `-0.0` and shown as `-0`.
 
     A model's validator is built at its first use (`defer_build`), not at import: a section nested in another
     is validated through its parent's validator, and many sections are never validated on their own in a run."""
@@ -126,9 +142,8 @@ class Settings(BaseModel):
                 where = _misread_number(field.annotation, data.get(name))
                 if where is not None:
                     raise ValueError(f"{name}{where}")
-            zeros = [key for key, value in data.items() if isinstance(value, float) and math.copysign(1, value) < 0
-                     and value == 0]
-            return {**data, **dict.fromkeys(zeros, 0.0)} if zeros else data
+            unsigned = _unsigned_zeros(data)
+            return data if unsigned is None else unsigned
         return data
 
     @classmethod
