@@ -88,3 +88,57 @@ def test_a_negative_zero_in_a_list_or_a_group_is_read_as_zero(tmp_path, monkeypa
     assert written["engine"]["speculative_config"]["acceptance_rates"] == [0.8, 0.0]
     assert str(written["replicas"][0]["engine"]["watermark"]) == "0.0"
     assert result.stderr == ""
+
+AZURE_TWO_ROWS = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,10,10\n2023-11-16 18:17:04.1,10,5\n"
+SHORT_TRACE_LINE = "workload.num_requests=5: t.csv holds 2 requests from start_s=0; the run has those 2"
+
+
+def _short_trace_scenario(folder):
+    (folder / "t.csv").write_text(AZURE_TWO_ROWS)
+    (folder / "s.yaml").write_text("workload:\n  num_requests: 5\n  arrival: {process: trace}\n"
+                                   "  trace: {format: azure, path: t.csv}\nsteps: none\n")
+
+
+def _warnings(caplog):
+    import logging
+
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_plan_says_a_short_trace_once(tmp_path, monkeypatch, caplog):
+    """Sweep 15's warning for a trace shorter than `workload.num_requests` came once per probed point (and once per
+    read of the traffic in the parent: 5 lines for a plan of 2 replicas at most), from whichever process ran it."""
+    import logging
+
+    monkeypatch.chdir(tmp_path)
+    _short_trace_scenario(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        result = CliRunner().invoke(app, ["plan", "s.yaml", "--slo", "ttft_s.p90=2", "--gpu", "h100-80gb",
+                                          "--workers", "1", "--max-replicas", "2", "-o", "plan", "--format", "csv"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert _warnings(caplog) == [SHORT_TRACE_LINE]
+
+
+def test_many_runs_say_a_short_trace_once_and_one_run_says_it(tmp_path, monkeypatch, caplog):
+    """`kvsim report`'s runs go through `run_many` (`report --quick` said it 160 times): quiet there, the command
+    says it where it first reads the trace, once; a run on its own says it each time."""
+    import logging
+
+    import kvsim
+    from kvsim.planning.sweep import run_many
+    from kvsim.workload.generate import short_trace_said_once
+    from kvsim.workload.scenario import load_scenario
+
+    monkeypatch.chdir(tmp_path)
+    _short_trace_scenario(tmp_path)
+    scenarios = [load_scenario("s.yaml", [f"seed={seed}"]) for seed in range(3)]
+    with caplog.at_level(logging.WARNING):
+        with short_trace_said_once():
+            run_many(scenarios, workers=1)
+            assert _warnings(caplog) == []
+            with short_trace_said_once():  # inside another: the outer one decides
+                kvsim.simulate(scenarios[0])
+            kvsim.simulate(scenarios[1])
+        assert _warnings(caplog) == [SHORT_TRACE_LINE]
+        kvsim.simulate(scenarios[0])
+    assert _warnings(caplog) == [SHORT_TRACE_LINE] * 2

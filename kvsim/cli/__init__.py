@@ -317,9 +317,10 @@ def plan(
     from kvsim.planning.search import close_client, dask_client
     from kvsim.results.output_dir import check_output_dir, claim_directory, safe_component
     from kvsim.results.render import rows_to_csv, rows_to_markdown, to_json
+    from kvsim.workload.generate import short_trace_said_once
     from kvsim.workload.scenario import load_scenario
 
-    with user_errors():
+    with user_errors(), short_trace_said_once():  # check_candidates says it, not plan's every point
         check_workers(workers, dask_address)
         base = load_scenario(scenario, overrides or [])
         raw: dict = {}

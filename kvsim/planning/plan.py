@@ -150,8 +150,10 @@ def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> 
     (small, JSON-safe; runs on a Dask worker)."""
     from kvsim.fleet.run import simulate_scenario
     from kvsim.planning.window import window_evidence
+    from kvsim.workload.generate import short_trace_unsaid
 
-    result = simulate_scenario(scenario, memory_limit_bytes=memory_limit_bytes)
+    with short_trace_unsaid():  # `plan` says it once (`short_trace_said_once`)
+        result = simulate_scenario(scenario, memory_limit_bytes=memory_limit_bytes)
     summary = result.summary
     keep = ("num_replicas", "num_gpus", "num_requests", "num_finished", "num_rejected", "duration_s",
             "requests_per_s", "output_tokens_per_s", "num_preemptions", "kv_cache_usage_mean",
@@ -338,6 +340,14 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     Finished points are kept in `out_dir/points.jsonl`, so a rerun resumes where it stopped; points there of
     another `POINT_FORMAT` are simulated again, and `on_note` gets one line saying so before any point runs.
     """
+    from kvsim.workload.generate import short_trace_said_once
+
+    with short_trace_said_once():  # a short trace: said by the first read, not by every point's
+        return _plan(base, spec, out_dir, client, on_point, on_note)
+
+
+def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_point: Any,
+          on_note: Callable[[str], None] | None) -> tuple[list[dict[str, Any]], int]:
     check_candidates(base, spec)  # bad knob values fail here, before any simulation
     searches: list[ReplicaSearch | RateSearch | XpydSearch] = [
         XpydSearch(c, base, spec) if c.split is not None else

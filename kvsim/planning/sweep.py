@@ -63,9 +63,11 @@ def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
     """One run of any kind (`kvsim.fleet.run.simulate_scenario`; a fleet's summary is its fleet summary)."""
     from kvsim.fleet.run import simulate_scenario
     from kvsim.planning.window import window_evidence
+    from kvsim.workload.generate import short_trace_unsaid
 
     scenario, keep_steps, evidence = args
-    result = simulate_scenario(scenario)
+    with short_trace_unsaid():  # the command says it once (`short_trace_said_once`)
+        result = simulate_scenario(scenario)
     return SweepResult(result.summary, result.steps if keep_steps else None,
                        window_evidence(result.requests) if evidence else None)
 

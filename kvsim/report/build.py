@@ -69,6 +69,14 @@ def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig |
                  progress: StudyProgress | None = None) -> Path:
     """Run every study and write the report directory atomically. `progress` hears, as each study
     starts and each of its runs is submitted or done, the study's number and its run counts."""
+    from kvsim.workload.generate import short_trace_said_once
+
+    with short_trace_said_once():  # a short trace: said by the first read, not by every run's
+        return _build_report(base, out_dir, cfg, progress)
+
+
+def _build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig | None,
+                  progress: StudyProgress | None) -> Path:
     check_output_dir(out_dir, "report")  # refuse before the long part, not after it
     cfg = cfg or studies.StudyConfig()
     st = studies.Study(base, cfg)

@@ -31,6 +31,7 @@ building the whole list and sorting it (`build_requests`).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import math
@@ -155,6 +156,10 @@ def _base_records(scenario: Scenario, rng: np.random.Generator) -> Sequence[Trac
     return _fewer_than_asked(w.num_requests, kept, f"{path} holds", f"from start_s={trace.start_s:g}")
 
 
+SHORT_TRACE = "workload.num_requests=%s: %s %s requests %s; the run has those %s"
+"""The warning `_fewer_than_asked` logs (its format, the record's `msg`)."""
+
+
 def _fewer_than_asked(num_requests: int, records: list[TraceRecord], source: str, window: str) -> list[TraceRecord]:
     """`records`, the first `num_requests` of a trace's, after one warning when the trace had fewer ("`source`
     N requests `window`"): the run (and its summary) has only those. A warning, not an error, as vLLM's benchmark
@@ -162,9 +167,47 @@ def _fewer_than_asked(num_requests: int, records: list[TraceRecord], source: str
     `maybe_oversample_requests`); kvsim repeats none, since a replay's rows come with their own arrival times."""
     if len(records) < num_requests:
         count = f"{len(records):,}"
-        log.warning("workload.num_requests=%s: %s %s requests %s; the run has those %s", f"{num_requests:,}", source,
-                    count, window, count)
+        log.warning(SHORT_TRACE, f"{num_requests:,}", source, count, window, count)
     return records
+
+
+class _ShortTraceFilter(logging.Filter):
+    """Drops `_fewer_than_asked`'s warning (`said_first`: all but the first)."""
+
+    def __init__(self, said_first: bool) -> None:
+        super().__init__()
+        self.say = said_first
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != SHORT_TRACE:
+            return True
+        say, self.say = self.say, False
+        return say
+
+
+@contextlib.contextmanager
+def _short_trace_filtered(said_first: bool, first: bool) -> Iterator[None]:
+    if said_first and any(isinstance(f, _ShortTraceFilter) for f in log.filters):
+        yield  # inside another: it decides
+        return
+    gate = _ShortTraceFilter(said_first)
+    log.filters.insert(0 if first else len(log.filters), gate)
+    try:
+        yield
+    finally:
+        log.removeFilter(gate)
+
+
+def short_trace_said_once() -> contextlib.AbstractContextManager[None]:
+    """Inside, a trace shorter than a run asks is warned of the first time only: a command of many runs (`kvsim plan`,
+    `kvsim report`) said it once per run, in whichever process ran it. Inside another, that one decides."""
+    return _short_trace_filtered(said_first=True, first=False)
+
+
+def short_trace_unsaid() -> contextlib.AbstractContextManager[None]:
+    """Inside, a trace shorter than a run asks is not warned of: each point of a command that has said it
+    (`short_trace_said_once`) runs so, here or in a worker process."""
+    return _short_trace_filtered(said_first=False, first=True)
 
 
 def _arrivals(w: Workload, records: Sequence[TraceRecord], rng: np.random.Generator) -> np.ndarray:
