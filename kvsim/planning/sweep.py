@@ -91,7 +91,8 @@ def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: i
              on_done: Callable[[], None] | None = None) -> list[SweepResult]:
     """Simulate every scenario; `workers=1` runs in this process (no pickling); `evidence` adds each
     run's steady-state window evidence. `on_done()` is called in this process as each run finishes
-    (for progress; it never changes a result)."""
+    (for progress; it never changes a result). A trace shorter than a run asks is not warned of here: the
+    command says it once where it reads the trace (`kvsim.workload.generate.short_trace_said_once`)."""
     jobs = [(s, keep_steps, evidence) for s in scenarios]
     done = on_done or (lambda: None)
     if dask_address:
