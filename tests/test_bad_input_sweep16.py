@@ -142,3 +142,45 @@ def test_many_runs_say_a_short_trace_once_and_one_run_says_it(tmp_path, monkeypa
         assert _warnings(caplog) == [SHORT_TRACE_LINE]
         kvsim.simulate(scenarios[0])
     assert _warnings(caplog) == [SHORT_TRACE_LINE] * 2
+
+DISAGG = ("model: llama-3.1-8b\nengine: {max_model_len: 8192}\nsteps: none\n"
+          "workload: {num_requests: 3, prompt_len: {dist: fixed, value: 100}, output_len: {dist: fixed, value: 4}}\n"
+          "kv_transfer_config: {kv_link: rdma}\nreplicas:\n"
+          "  - {count: 1, name: p, kv_role: kv_producer, engine: {block_size: P_SIZE, tensor_parallel_size: P_TP}}\n"
+          "  - {count: 1, name: d, kv_role: kv_consumer, engine: {block_size: D_SIZE, tensor_parallel_size: D_TP}}\n")
+
+
+def _disagg(folder, p_size, d_size, p_tp=1, d_tp=1):
+    text = DISAGG
+    for key, value in (("P_SIZE", p_size), ("D_SIZE", d_size), ("P_TP", p_tp), ("D_TP", d_tp)):
+        text = text.replace(key, str(value))
+    (folder / "s.yaml").write_text(text)
+
+
+@pytest.mark.parametrize(("sizes", "expected"), [
+    ((32, 16), "replicas (s/d-0, kv_consumer): engine.block_size=16, but (s/p-0, kv_producer) has "
+               "engine.block_size=32: vLLM's NixlConnector reads a prefill instance's blocks into a decode instance's "
+               "only when the decode block size is a multiple of the prefill's; give the decode instances a "
+               "block_size of 32 or more"),
+    ((16, 32, 2, 1), "replicas (s/d-0, kv_consumer): engine.block_size=32, but (s/p-0, kv_producer) has "
+                     "engine.block_size=16: vLLM's NixlConnector reads a prefill instance's blocks into a decode "
+                     "instance's from several prefill ranks (tensor_parallel_size 2 there, 1 here) only between equal "
+                     "block sizes; give both the same block_size"),
+])
+def test_block_sizes_nixl_cannot_pair_are_refused(tmp_path, monkeypatch, sizes, expected):
+    """vLLM's NixlConnector: the decode worker reads the prefill worker's blocks, and its handshake asserts
+    `local block_size % remote block_size == 0` (`TransferTopology.block_size_ratio`) and, reading from more prefill
+    ranks than it has without MLA, `block_size_ratio == 1`. A prefill pool of 32-token blocks beside a decode pool of
+    16 ran as if vLLM paired them."""
+    monkeypatch.chdir(tmp_path)
+    _disagg(tmp_path, *sizes)
+    assert one_line_exit_2(["run", "s.yaml", "-o", "out"]) == expected
+    assert _files(tmp_path) == ["s.yaml"]
+
+
+@pytest.mark.parametrize("sizes", [(16, 16), (16, 32), (8, 256), (16, 32, 1, 2), (16, 16, 2, 1)])
+def test_block_sizes_nixl_pairs_run(tmp_path, monkeypatch, sizes):
+    monkeypatch.chdir(tmp_path)
+    _disagg(tmp_path, *sizes)
+    result = CliRunner().invoke(app, ["run", "s.yaml", "-o", "out"])
+    assert result.exit_code == 0, (result.output, result.exception)

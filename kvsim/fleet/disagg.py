@@ -88,8 +88,9 @@ def check_disaggregable(scenario: Scenario, specs: list[Scenario]) -> None:
     """Refuse, before any engine is built, what a disaggregated fleet does not model: an instance whose
     engine is not paged and v1 (vLLM v1's connectors), n > 1 samples or beam search; and what vLLM does not
     run: instances of different models or KV cache dtypes, whose caches are not each other's (NixlConnector
-    refuses such a peer at its handshake: the compatibility hash covers the model and the cache dtype).
-    Instances on different GPUs are a real deployment and pass. Each refusal is one `KvsimError`."""
+    refuses such a peer at its handshake: the compatibility hash covers the model and the cache dtype), or of block
+    sizes its handshake cannot pair (`_check_block_sizes`). Instances on different GPUs are a real deployment and
+    pass. Each refusal is one `KvsimError`."""
     assert isinstance(scenario.replicas, list)
     roles = [group.kv_role for group in scenario.replicas for _ in range(group.count)]
 
@@ -114,6 +115,7 @@ def check_disaggregable(scenario: Scenario, specs: list[Scenario]) -> None:
             raise KvsimError(f"replicas ({spec.name}, {role}): engine.async_scheduling=true: a disaggregated "
                              "instance is modelled stepping synchronously (no async scheduling beside a KV "
                              "connector); leave it unset or false")
+    _check_block_sizes(specs, roles, mla=load_model(specs[0].model).mla is not None)
     if scenario.workload.n != 1:
         raise KvsimError(f"workload.n={scenario.workload.n}: vLLM's prefill/decode disaggregation serves one sample "
                          "a request (the prefill instance fans n > 1 out into n requests, but the kv_transfer_params "
@@ -123,6 +125,34 @@ def check_disaggregable(scenario: Scenario, specs: list[Scenario]) -> None:
         raise KvsimError(f"workload.beam_width={scenario.workload.beam_width}: a disaggregated fleet models "
                          "single-sequence requests only (vLLM v1 runs beam search as requests of its own, "
                          "outside the engine)")
+
+
+def _check_block_sizes(specs: list[Scenario], roles: list[str | None], mla: bool) -> None:
+    """Refuse a prefill and a decode instance whose block sizes vLLM's NixlConnector cannot pair: the decode
+    instance reads the prefill instance's blocks into its own, and its handshake asserts that its block size is a
+    multiple of the prefill's (`TransferTopology.block_size_ratio`), and equal when it reads from more prefill
+    ranks than it has (prefill TP above decode TP, without MLA; `_validate_remote_agent_handshake`). Each
+    distinct (block size, TP) of a pool is checked once, by its first instance."""
+    def shapes(role: str) -> dict[tuple[int, int], Scenario]:
+        found: dict[tuple[int, int], Scenario] = {}
+        for spec, its_role in zip(specs, roles, strict=True):
+            if its_role == role:
+                found.setdefault((spec.engine.block_size, spec.engine.tensor_parallel_size), spec)
+        return found
+
+    for (p_size, p_tp), producer in shapes("kv_producer").items():
+        for (d_size, d_tp), consumer in shapes("kv_consumer").items():
+            if d_size % p_size:
+                why = (f"decode instance's only when the decode block size is a multiple of the prefill's; give the "
+                       f"decode instances a block_size of {p_size} or more")
+            elif d_size != p_size and p_tp > d_tp and not mla:
+                why = (f"decode instance's from several prefill ranks (tensor_parallel_size {p_tp} there, {d_tp} "
+                       "here) only between equal block sizes; give both the same block_size")
+            else:
+                continue
+            raise KvsimError(f"replicas ({consumer.name}, kv_consumer): engine.block_size={d_size}, but "
+                             f"({producer.name}, kv_producer) has engine.block_size={p_size}: vLLM's NixlConnector "
+                             f"reads a prefill instance's blocks into a {why}")
 
 
 def _synchronous(spec: Scenario) -> Scenario:
