@@ -127,7 +127,7 @@ def check_disaggregable(scenario: Scenario, specs: list[Scenario]) -> None:
                          "outside the engine)")
 
 
-def _check_block_sizes(specs: list[Scenario], roles: list[str | None], mla: bool) -> None:
+def _check_block_sizes(specs: list[Scenario], roles: Sequence[str | None], mla: bool) -> None:
     """Refuse a prefill and a decode instance whose block sizes vLLM's NixlConnector cannot pair: the decode
     instance reads the prefill instance's blocks into its own, and its handshake asserts that its block size is a
     multiple of the prefill's (`TransferTopology.block_size_ratio`), and equal when it reads from more prefill
