@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 
+RUN = ["run", "--set", "workload.num_requests=3", "--set", "steps=none"]
 FLEET = ("workload: {num_requests: 3, prompt_len: {dist: fixed, value: 8}, output_len: {dist: fixed, value: 4}}\n"
          "steps: none\nreplicas:\n  - {count: 1}\n  - {count: 1, engine: {max_num_seqs: GROUP}, gpu: a100-80gb}\n")
 
@@ -184,3 +185,38 @@ def test_block_sizes_nixl_pairs_run(tmp_path, monkeypatch, sizes):
     _disagg(tmp_path, *sizes)
     result = CliRunner().invoke(app, ["run", "s.yaml", "-o", "out"])
     assert result.exit_code == 0, (result.output, result.exception)
+
+
+@pytest.mark.parametrize(("flag", "name", "hint"), [
+    ("--gpu", "h100", " (did you mean h100-80gb or h100-pcie?)"),  # the presets it begins
+    ("--gpu", "H200", " (did you mean h200?)"),  # case aside
+    ("--model", "llama-3.1-8", " (did you mean llama-3.1-8b?)"),  # the nearest
+    ("--model", "llama3.1-8b", " (did you mean llama-3.1-8b?)"),
+    ("--model", "llama", ""),  # begins six: the list says it
+    ("--model", "nope", ""),
+])
+def test_an_unknown_preset_is_answered_with_the_nearest(tmp_path, monkeypatch, flag, name, hint):
+    """A misspelt field is answered with the nearest one (`did you mean max_num_seqs?`); a misspelt model or GPU
+    preset listed every preset and left the reader to find it."""
+    monkeypatch.chdir(tmp_path)
+    message = one_line_exit_2(["capacity", flag, name])
+    assert message.startswith(f"{flag.removeprefix('--')}={name!r}: not a preset (")
+    assert message.endswith(f") nor a file{hint}"), message
+
+
+@pytest.mark.parametrize("argv", [["capacity", "--model", ""], ["run", "--set", "model=''", "-o", "out"],
+                                  ["capacity", "--model", "  "]])
+def test_a_blank_model_is_refused_not_read_from_the_working_folder(tmp_path, monkeypatch, argv):
+    """`Path('')` is the working folder: `--model ''` (an unset `$MODEL`) read the config.json there as the model,
+    without a word."""
+    import shutil
+    from pathlib import Path
+
+    import kvsim
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(Path(kvsim.__file__).parent / "model/presets/models/llama-3.1-8b.json", tmp_path / "config.json")
+    blank = argv[-3].partition("=")[2].strip("'") if argv[0] == "run" else argv[-1]
+    assert one_line_exit_2(argv) == f"model={blank!r}: is empty: name a preset, a config.json or a model's folder"
+    assert _files(tmp_path) == ["config.json"]
+

@@ -19,7 +19,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.batch_defaults import batch_defaults
-from kvsim.model.errors import KvsimError, from_validation_error, reading
+from kvsim.model.errors import KvsimError, from_validation_error, not_a_preset, reading
 from kvsim.model.offload_config import KVOffloadConfig
 from kvsim.model.sizes import MAX_BYTES, Bytes, BytesOrZero
 from kvsim.model.spec import DTYPE_BYTES, ModelSpec, Settings
@@ -52,7 +52,10 @@ def model_presets() -> list[str]:
 def model_file(name_or_path: str) -> tuple[Path, bool]:
     """The file a model name reads and whether it is a preset: a preset's config (`llama-3.1-8b`), else
     the path given, or the `config.json` in a folder given (a downloaded model's folder, as vLLM's `--model`
-    takes it); KvsimError naming the value when it is none of these."""
+    takes it); KvsimError naming the value when it is none of these, or blank (`Path('')` is the working folder,
+    so an unset shell variable, `--model "$MODEL"`, read the config.json there)."""
+    if not name_or_path.strip():
+        raise KvsimError(f"model={name_or_path!r}: is empty: name a preset, a config.json or a model's folder")
     preset = PRESETS_DIR / "models" / f"{name_or_path}.json"
     path = Path(name_or_path)
     try:
@@ -64,7 +67,7 @@ def model_file(name_or_path: str) -> tuple[Path, bool]:
     except OSError as error:  # a name over the system's limit: 'File name too long', naming the presets' folder
         is_file, folder = False, f" ({error.strerror})"
     if not is_file:
-        raise KvsimError(f"model={name_or_path!r}: not a preset ({', '.join(model_presets())}) nor a file{folder}")
+        raise KvsimError(not_a_preset("model", name_or_path, model_presets(), folder))
     return path, False
 
 
@@ -79,20 +82,11 @@ def _folder_without_config(folder: Path) -> str:
 @cache
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset name (`llama-3.1-8b`) or a path to a `config.json`, YAML or JSON file."""
+    from kvsim.model.families import config_name
+
     path, is_preset = model_file(name_or_path)
     raw = _read_mapping(path, "model")
     return model_from_hf_config(raw, name_or_path if is_preset else config_name(raw, path))
-
-
-def config_name(raw: dict[str, Any], path: Path) -> str:
-    """A config file's model name: its `_name_or_path` (`meta-llama/Llama-3.1-8B`; a local path's last
-    folder), else the folder of a `config.json`, else the file's stem."""
-    given = raw.get("_name_or_path")
-    if isinstance(given, str) and given.strip():
-        given = given.strip().rstrip("/")
-        return Path(given).name if given.startswith(("/", ".", "~")) or given.count("/") > 1 else given
-    folder = path.resolve().parent.name
-    return folder if path.name == "config.json" and folder else path.stem
 
 
 DEFAULT_PCIE_STEP_LATENCY_S = 1.0e-6
@@ -190,7 +184,7 @@ def load_gpu(name_or_path: str) -> GPUSpec:
     elif Path(name_or_path).is_file():
         raw, name = _read_mapping(Path(name_or_path), "gpu"), Path(name_or_path).stem
     else:
-        raise KvsimError(f"gpu={name_or_path!r}: not a preset ({', '.join(gpu_presets())}) nor a file")
+        raise KvsimError(not_a_preset("gpu", name_or_path, gpu_presets()))
     try:
         return GPUSpec(**{"name": name, **raw})
     except ValidationError as error:

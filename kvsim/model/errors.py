@@ -111,6 +111,17 @@ def close_match(word: str, choices: list[str]) -> str:
     return f" (did you mean {near[0]}?)" if near else ""
 
 
+def not_a_preset(field: str, name: str, presets: list[str], why: str = "") -> str:
+    """`field='name': not a preset (the presets) nor a file` with `why` (what the path is instead), then
+    ` (did you mean X?)` where a preset is near: the presets `name` begins, up to three (`h100`: h100-80gb or
+    h100-pcie), else the nearest (`close_match`, case aside: `LLAMA-3.1-8B`)."""
+    key = name.strip().lower()
+    starting = [preset for preset in presets if key and preset.startswith(key)]
+    hint = f" (did you mean {' or '.join(starting)}?)" if 0 < len(starting) <= 3 else \
+        "" if starting else close_match(key, presets)
+    return f"{field}={name!r}: not a preset ({', '.join(presets)}) nor a file{why}{hint}"
+
+
 def _union_tags(model: type | None, loc: tuple[Any, ...]) -> set[int]:
     """The positions in `loc` (from the pydantic `model`) that are pydantic's names for a union's member
     ('int', 'list[ReplicaGroup]', 'float'), not a field, an index or a key: after a field whose type is a

@@ -13,6 +13,7 @@ nothing from kvsim but the error type and the layer bound `ModelSpec` enforces.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError, shown
@@ -390,3 +391,14 @@ def fields_from_hf_config(raw: dict[str, Any], name: str) -> Fields:
     if "num_params" in raw:
         fields["num_params"] = raw["num_params"]
     return fields
+
+
+def config_name(raw: dict[str, Any], path: Path) -> str:
+    """A config file's model name: its `_name_or_path` (`meta-llama/Llama-3.1-8B`; a local path's last
+    folder), else the folder of a `config.json`, else the file's stem."""
+    given = raw.get("_name_or_path")
+    if isinstance(given, str) and given.strip():
+        given = given.strip().rstrip("/")
+        return Path(given).name if given.startswith(("/", ".", "~")) or given.count("/") > 1 else given
+    folder = path.resolve().parent.name
+    return folder if path.name == "config.json" and folder else path.stem
