@@ -220,3 +220,26 @@ def test_a_blank_model_is_refused_not_read_from_the_working_folder(tmp_path, mon
     assert one_line_exit_2(argv) == f"model={blank!r}: is empty: name a preset, a config.json or a model's folder"
     assert _files(tmp_path) == ["config.json"]
 
+
+BLANK = "is blank; a name labels output rows, tables and one-line errors, so it holds a character other than a space"
+
+
+@pytest.mark.parametrize(("setting", "field"), [
+    ("name=''", "name"),
+    ("name='   '", "name"),
+    ("workload.priority={classes: [{name: ' ', priority: 0, weight: 1}]}", "workload.priority.classes.0.name"),
+])
+def test_a_blank_name_is_refused(tmp_path, monkeypatch, setting, field):
+    """A scenario named '' or '   ' ran, wrote to `runs/scenario` and titled its tables with nothing (a replica
+    group's '' was refused, its '   ' not)."""
+    monkeypatch.chdir(tmp_path)
+    value = setting.partition("=")[2].strip("'") if field == "name" else " "
+    assert one_line_exit_2([*RUN, "--set", setting]) == f"{field}={value!r}: {BLANK}"
+    assert _files(tmp_path) == []
+
+
+def test_a_blank_replica_group_name_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f.yaml").write_text(FLEET.replace("GROUP", "64"))
+    assert one_line_exit_2(["run", "f.yaml", "--set", "replicas.0.name='  '", "-o", "out"]).endswith(
+        f": replicas.0.name='  ': {BLANK}")

@@ -90,7 +90,11 @@ def _misread_number(annotation: Any, value: Any) -> str | None:
 
 
 def _one_line(text: str) -> str:
-    """`text`, unless it holds a control character (`control_character`)."""
+    """`text`, unless it holds a control character (`control_character`) or nothing but spaces (a scenario named
+    '' or '   ' wrote to `runs/scenario` and titled its tables with nothing)."""
+    if not text.strip():
+        raise ValueError("is blank; a name labels output rows, tables and one-line errors, so it holds a character "
+                         "other than a space")
     bad = control_character(text)
     if bad is not None:
         raise ValueError(f"holds the control character {bad!r}; a name labels output rows, tables and one-line "

@@ -27,7 +27,7 @@ class ReplicaGroup(Settings):
     """
 
     count: int = Field(default=1, gt=0, le=MAX_ENGINES)
-    name: Label | None = Field(default=None, min_length=1)  # '' was taken as not given: the scenario's, unnamed
+    name: Label | None = None  # a blank one is refused (Label): '' was taken as not given, the scenario's, unnamed
     model: str | None = Field(default=None, min_length=1)
     gpu: str | None = Field(default=None, min_length=1)
     engine: dict[str, Any] = Field(default_factory=dict)
