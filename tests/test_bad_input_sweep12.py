@@ -188,8 +188,8 @@ def test_a_flags_number_is_still_read():
                                  "--format", "json"])
     assert result.exit_code == 0, result.output
     assert '"block_size": 32' in result.stdout
-    assert one_line_exit_2(["capacity", "--block-size", "x"]) == (  # pydantic's message, as before
-        "Invalid value for '--block-size': Input should be a valid integer, unable to parse string as an integer "
+    assert one_line_exit_2(["capacity", "--block-size", "x"]) == (  # pydantic's message, after the value (sweep 16)
+        "Invalid value for '--block-size': 'x': Input should be a valid integer, unable to parse string as an integer "
         "(see 'kvsim capacity --help')")
 
 

@@ -243,3 +243,22 @@ def test_a_blank_replica_group_name_is_refused(tmp_path, monkeypatch):
     (tmp_path / "f.yaml").write_text(FLEET.replace("GROUP", "64"))
     assert one_line_exit_2(["run", "f.yaml", "--set", "replicas.0.name='  '", "-o", "out"]).endswith(
         f": replicas.0.name='  ': {BLANK}")
+
+
+@pytest.mark.parametrize(("argv", "flag", "value"), [
+    (["capacity"], "'--num-sequences'", "nan"),
+    (["capacity"], "'--max-model-len'", "1e400"),
+    (["capacity"], "'--gpu-memory-utilization'", " "),
+    (["plan", "--slo", "ttft_s.p90=1", "--gpu", "h100-80gb"], "'--max-replicas'", "inf"),
+])
+def test_a_number_flag_typer_cannot_read_is_named_with_its_value(tmp_path, monkeypatch, argv, flag, value):
+    """`--num-sequences nan` said `Invalid value for '--num-sequences': Input should be a valid integer, ...`,
+    naming the flag but not what was given (a `--set` names both)."""
+    monkeypatch.chdir(tmp_path)
+    option = flag.strip("'")
+    kind = "a valid number, unable to parse string as a number" if option == "--gpu-memory-utilization" else \
+        "a valid integer, unable to parse string as an integer"
+    assert one_line_exit_2([*argv, option, value]) == (
+        f"Invalid value for {flag}: {value!r}: Input should be {kind} (see 'kvsim {argv[0]} --help')")
+    assert _files(tmp_path) == []
+

@@ -200,7 +200,7 @@ def check_workers(workers: int | None, dask_address: str | None) -> None:
 def _number_flag(kind: type[int] | type[float]) -> Any:
     """A flag's parser: `kind` as typer reads it (pydantic's lax mode, which takes `1_0` as 10), except that
     text with an underscore is refused (`kvsim.model.units.underscore_problem`), as the same value in a scenario
-    or a `--set` is."""
+    or a `--set` is; a refusal names the value, as a `--set`'s does."""
     from pydantic import TypeAdapter, ValidationError
 
     adapter = TypeAdapter(kind)
@@ -211,8 +211,8 @@ def _number_flag(kind: type[int] | type[float]) -> Any:
             raise typer.BadParameter(f"{value!r}: {problem}")
         try:
             return adapter.validate_python(value)
-        except ValidationError as error:  # its message, as typer shows it without this parser
-            raise typer.BadParameter(error.errors()[0]["msg"]) from None
+        except ValidationError as error:  # its message, after the value (typer's own left `nan`, `1e400` unsaid)
+            raise typer.BadParameter(f"{value!r}: {error.errors()[0]['msg']}") from None
     return parse
 
 
