@@ -262,3 +262,12 @@ def test_a_number_flag_typer_cannot_read_is_named_with_its_value(tmp_path, monke
         f"Invalid value for {flag}: {value!r}: Input should be {kind} (see 'kvsim {argv[0]} --help')")
     assert _files(tmp_path) == []
 
+
+@pytest.mark.parametrize("output", ["", "  "])
+def test_import_profile_refuses_an_empty_output_before_reading_the_profile(tmp_path, monkeypatch, output):
+    """`-o ''` was `Path('')`, the working folder: refused as `--output='.': is the working directory`, a value
+    not given, and only once the whole profile had been read and converted."""
+    monkeypatch.chdir(tmp_path)
+    assert one_line_exit_2(["import-profile", "no-such-profile", "-o", output]) == (
+        f"--output={output!r}: is empty: name a file; kvsim only replaces output it wrote itself (choose a new path)")
+    assert _files(tmp_path) == []

@@ -109,8 +109,10 @@ def import_profile(
     from kvsim.latency.profiles.loader import load_profile
     from kvsim.latency.profiles.native import write_native
     from kvsim.model.config import load_gpu, load_model, make_engine
+    from kvsim.results.output_dir import check_output_file
 
     with user_errors():
+        check_output_file(output)  # as given: Path('') is the working folder; and before the profile is read
         engine = make_engine(tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype)
         profile = load_profile(source, load_model(model), load_gpu(gpu), engine)
         path = write_native(with_source(profile, repository, commit, licence), Path(output))

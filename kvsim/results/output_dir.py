@@ -128,13 +128,13 @@ def _listing(folder: Path) -> set[str]:
     return names
 
 
-def _absolute_unprotected(path: str | Path) -> Path:
+def _absolute_unprotected(path: str | Path, kind: str = "folder") -> Path:
     """`path` made absolute (`~` expanded), unless it is empty (an unset shell variable, not the working
-    folder), protected or a symlink."""
+    folder), protected or a symlink; an error asks for a `kind` (folder or file)."""
     if not isinstance(path, (str, os.PathLike)):  # Path(5) was a bare TypeError (`RunResult.write(5)`)
-        raise _refuse(path, "is not a path: name a folder")
+        raise _refuse(path, f"is not a path: name a {kind}")
     if not str(path).strip():
-        raise _refuse(path, "is empty: name a folder")
+        raise _refuse(path, f"is empty: name a {kind}")
     if "\0" in str(path):  # no file name holds one: the OS calls below raised a bare ValueError
         raise _refuse(path, "holds a NUL character, which no file name can")
     bad = control_character(str(path))
@@ -196,7 +196,7 @@ def check_output_dir(path: str | Path, kind: str | None = None) -> Path:
 
 def check_output_file(path: str | Path) -> Path:
     """The absolute file to write, or a `KvsimError` unless it is new or a file kvsim wrote, and writable."""
-    out = _absolute_unprotected(path)
+    out = _absolute_unprotected(path, "file")
     _check_writable(path, out)
     if not out.exists():
         return out
