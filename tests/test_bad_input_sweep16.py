@@ -271,3 +271,17 @@ def test_import_profile_refuses_an_empty_output_before_reading_the_profile(tmp_p
     assert one_line_exit_2(["import-profile", "no-such-profile", "-o", output]) == (
         f"--output={output!r}: is empty: name a file; kvsim only replaces output it wrote itself (choose a new path)")
     assert _files(tmp_path) == []
+
+
+@pytest.mark.parametrize(("setting", "field", "path"), [
+    ("workload.trace={format: azure, path: ''}", "workload.trace.path", ""),
+    ("workload.trace={format: lengths, path: '  '}", "workload.trace.path", "  "),
+    ("latency={model: calibrated, profile: '  '}", "latency.profile", "  "),
+])
+def test_a_blank_data_path_is_refused_as_empty(tmp_path, monkeypatch, setting, field, path):
+    """A trace's `path: ''` was the scenario's folder (`base_dir / ''`): `workload.trace.path .: cannot read (Is a
+    directory)`, naming a value not given; '  ' was `file not found` with the spaces after it."""
+    monkeypatch.chdir(tmp_path)
+    lengths = ["--set", "workload.prompt_len=null", "--set", "workload.output_len=null"] if "trace" in field else []
+    assert one_line_exit_2([*RUN, *lengths, "--set", setting, "-o", "out"]) == f"{field}={path!r}: is empty: name a file"
+    assert _files(tmp_path) == []

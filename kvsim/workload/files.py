@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import csv
 import gzip
+import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from kvsim.model.errors import KvsimError, first_repeat
 
@@ -53,3 +54,14 @@ def first_ragged(rows: list[dict[str | None, str | None]]) -> int | None:
     """The index of the first `csv_rows` row without exactly the header's fields, or None: `csv.DictReader`
     fills a short row's missing fields with None and keys a long row's extra ones by None."""
     return next((i for i, row in enumerate(rows) if None in row or None in row.values()), None)
+
+
+def path_texts(value: Any) -> Any:
+    """`value` with every `os.PathLike` inside it (a notebook's `model=Path(...)`, a trace's path) as its text."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, dict):
+        return {key: path_texts(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [path_texts(item) for item in value]
+    return value

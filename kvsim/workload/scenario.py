@@ -20,7 +20,6 @@ refers to the data shipped in `kvsim/workload/data/`.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -33,7 +32,7 @@ from kvsim.model.errors import KvsimError, first_repeat, from_validation_error, 
 from kvsim.model.spec import Label, Settings
 from kvsim.model.yaml_io import load_json, load_yaml, yaml_problem
 from kvsim.workload.draws import Arrival, LengthDist
-from kvsim.workload.files import data_file
+from kvsim.workload.files import data_file, path_texts
 from kvsim.workload.fleet_layout import AutoscalerConfig, KVTransferConfig, ReplicaGroup, Router, settled_groups
 from kvsim.workload.overrides import Overrides, apply_overrides
 from kvsim.workload.traces import INT64_MAX, MAX_LENGTH, PRIORITY_RANGE, ROW_READERS
@@ -378,6 +377,8 @@ class Scenario(Settings):
                 raise KvsimError(f"{field}={shown(path)}: no built-in data named {shown(name)} "
                                  f"(there are: {', '.join(shipped)})")
             return shipped[name]
+        if not path.strip():  # `base_dir / ''` is the scenario's folder, read as a file that cannot be read
+            raise KvsimError(f"{field}={path!r}: is empty: name a file")
         resolved = data_file(Path(self.base_dir) / path)  # `x.csv` may be found as `x.csv.gz`
         problem = not_a_file(resolved)  # /dev/zero, a pipe: reading never ends
         if problem is not None:
@@ -432,18 +433,7 @@ def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
     if "base_dir" in raw:  # the field kvsim sets: given in a file, it was replaced without a word
         raise KvsimError(f"base_dir={shown(raw['base_dir'])}: unknown key (kvsim resolves a scenario's relative "
                          "paths from the folder of its file)")
-    return Scenario.model_validate({**_path_texts(raw), "base_dir": str(base_dir)})  # not **raw: a key may not be a str
-
-
-def _path_texts(value: Any) -> Any:
-    """`value` with every `os.PathLike` inside it (a notebook's `model=Path(...)`, a trace's path) as its text."""
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, dict):
-        return {key: _path_texts(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_path_texts(item) for item in value]
-    return value
+    return Scenario.model_validate({**path_texts(raw), "base_dir": str(base_dir)})  # not **raw: a key may not be a str
 
 
 def resolve_scenario(scenario: Scenario | str | Path | Mapping[str, Any] | None,
