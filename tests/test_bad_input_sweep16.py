@@ -285,3 +285,14 @@ def test_a_blank_data_path_is_refused_as_empty(tmp_path, monkeypatch, setting, f
     lengths = ["--set", "workload.prompt_len=null", "--set", "workload.output_len=null"] if "trace" in field else []
     assert one_line_exit_2([*RUN, *lengths, "--set", setting, "-o", "out"]) == f"{field}={path!r}: is empty: name a file"
     assert _files(tmp_path) == []
+
+
+@pytest.mark.parametrize("argv", [["capacity", "--gpu", "g" * 300], ["run", *RUN[1:], "--set", "gpu=" + "g" * 300]])
+def test_a_gpu_name_too_long_for_a_file_is_refused_as_the_gpu(tmp_path, monkeypatch, argv):
+    """As a model's (sweep 9): `--gpu` and 300 characters said `kvsim: error: ggg...: File name too long`, naming
+    no field (the OSError of `Path.is_file`)."""
+    monkeypatch.chdir(tmp_path)
+    message = one_line_exit_2(argv)
+    assert message.startswith(f"gpu='{'g' * 300}': not a preset (a100-40gb, "), message
+    assert message.endswith(") nor a file (File name too long)"), message
+    assert _files(tmp_path) == []

@@ -179,12 +179,16 @@ def gpu_presets() -> list[str]:
 def load_gpu(name_or_path: str) -> GPUSpec:
     """A preset name (`h100-80gb`) or a YAML/JSON file with `GPUSpec` fields."""
     presets = _gpu_presets()
+    try:
+        is_file, why = name_or_path not in presets and Path(name_or_path).is_file(), ""
+    except OSError as error:  # a name over the system's limit: 'File name too long', naming no field
+        is_file, why = False, f" ({error.strerror})"
     if name_or_path in presets:
         raw, name = presets[name_or_path], name_or_path
-    elif Path(name_or_path).is_file():
+    elif is_file:
         raw, name = _read_mapping(Path(name_or_path), "gpu"), Path(name_or_path).stem
     else:
-        raise KvsimError(not_a_preset("gpu", name_or_path, gpu_presets()))
+        raise KvsimError(not_a_preset("gpu", name_or_path, gpu_presets(), why))
     try:
         return GPUSpec(**{"name": name, **raw})
     except ValidationError as error:
