@@ -289,7 +289,7 @@ def test_a_blank_data_path_is_refused_as_empty(tmp_path, monkeypatch, setting, f
 
 @pytest.mark.parametrize("argv", [["capacity", "--gpu", "g" * 300], ["run", *RUN[1:], "--set", "gpu=" + "g" * 300]])
 def test_a_gpu_name_too_long_for_a_file_is_refused_as_the_gpu(tmp_path, monkeypatch, argv):
-    """As a model's (sweep 9): `--gpu` and 300 characters said `kvsim: error: ggg...: File name too long`, naming
+    """As a model's (sweep 10): `--gpu` and 300 characters said `kvsim: error: ggg...: File name too long`, naming
     no field (the OSError of `Path.is_file`)."""
     monkeypatch.chdir(tmp_path)
     message = one_line_exit_2(argv)
