@@ -296,3 +296,25 @@ def test_a_gpu_name_too_long_for_a_file_is_refused_as_the_gpu(tmp_path, monkeypa
     assert message.startswith(f"gpu='{'g' * 300}': not a preset (a100-40gb, "), message
     assert message.endswith(") nor a file (File name too long)"), message
     assert _files(tmp_path) == []
+
+
+MEASURED = "benchmarks/validation_set/measured/RTXPRO6000/Llama-3.1-8B"
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["run", "  "], "scenario='  ': is empty"),
+    (["plan", "--spec", " ", "--slo", "ttft_s.p90=2", "--gpu", "h100-80gb"], "spec=' ': is empty"),
+    (["validate", "   "], "measured='   ': is empty"),
+    (["validate", MEASURED, "--workload", "  "], "workload='  ': is empty"),
+    (["validate", MEASURED, "--latency", "calibrated", "--profile", "  "],
+     "--profile='  ': is empty: name a measured profile bundle or CSV"),
+])
+def test_a_blank_file_argument_is_refused_as_empty(tmp_path, monkeypatch, argv, expected):
+    """'' was refused as empty (`Path('')` is the working folder); '  ' was 'file not found', and a validate
+    `--profile '  '` was made absolute first: `latency.profile='/work/...  ': file not found`."""
+    from pathlib import Path
+
+    argv = [str(Path(__file__).parent.parent / arg) if arg == MEASURED else arg for arg in argv]
+    monkeypatch.chdir(tmp_path)
+    assert one_line_exit_2([*argv, "-o", "out"]) == expected
+    assert _files(tmp_path) == []

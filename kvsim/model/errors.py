@@ -73,8 +73,8 @@ def not_a_file(path: str | Path, missing: str = "file not found", file_kind: str
     import os
     import stat
 
-    if path == "":  # Path('') is the working folder: an unset shell variable read it in silence
-        return "is empty"
+    if isinstance(path, str) and not path.strip():  # Path('') is the working folder: an unset shell variable read
+        return "is empty"  # it in silence; '  ' was 'file not found' (blank names nothing kvsim reads)
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:

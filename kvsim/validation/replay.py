@@ -154,8 +154,8 @@ def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, 
     if latency not in LATENCY_MODELS:
         raise KvsimError(f"--latency={latency!r}: expected one of {', '.join(LATENCY_MODELS)}")
     _refuse_run_overrides(overrides or [])
-    if profile == "":  # Path('') is the working folder, which was read as the profile bundle
-        raise KvsimError("--profile='': is empty: name a measured profile bundle or CSV")
+    if profile is not None and not str(profile).strip():  # Path('') is the working folder, read as the bundle
+        raise KvsimError(f"--profile={str(profile)!r}: is empty: name a measured profile bundle or CSV")
     if latency == "calibrated" and profile is None:
         raise KvsimError("--latency=calibrated needs --profile (a measured profile bundle or CSV)")
     latency_cfg: dict[str, Any] = {"model": latency}
