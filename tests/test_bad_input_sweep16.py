@@ -1,5 +1,13 @@
 """Bad input found by the sixteenth sweep. Each is refused (exit 2, one line naming the field and the value,
-nothing written) or, where vLLM itself accepts it, warned of in one line while the run goes on unchanged."""
+nothing written) or, where vLLM itself accepts it, warned of in one line while the run goes on unchanged.
+
+Found: a `--set` (or `kvsim.simulate`'s `engine__...`) of a field a replica group gives for its own replicas, and a
+group's `null` beside a flag, reached none of that group's replicas; `-0.0` inside a list or a group's engine was
+written back as `-0.0`; `kvsim plan` and `kvsim report` said a short trace once per run; a disaggregated fleet of
+block sizes vLLM's NixlConnector cannot pair ran; a misspelt preset listed every preset without the nearest; a blank
+model name, data path or file argument was read as the working folder (or said 'file not found'); a blank name ran;
+a number flag typer could not read was refused without its value; import-profile read `-o ''` as the working
+folder, after converting the whole profile; a GPU name too long for a file named no field."""
 
 import pytest
 from conftest import one_line_exit_2
