@@ -59,10 +59,14 @@ def refuse_replaced_by_group(groups: Any, items: list[tuple[str, Any, str]]) -> 
         else:
             fields = [key] if key in ("model", "gpu") else []
         for field in fields:
+            name = field.removeprefix("engine.")
             for g, group in enumerate(groups):
-                own = group.get("engine") if field.startswith("engine.") else group
-                name = field.removeprefix("engine.")
-                if isinstance(own, dict) and name in own and (own is not group or own[name] is not None):
+                if field.startswith("engine."):  # null too: the engine's default, which replaces the scenario's
+                    own = group.get("engine")
+                    gives = isinstance(own, dict) and name in own
+                else:  # null: the scenario's model or GPU
+                    own, gives = group, group.get(name) is not None
+                if gives:
                     raise KvsimError(f"{label}: sets {field}, which replicas.{g}.{field}={shown(own[name])} sets for "
                                      f"that group's replicas; give each field once (per group: --set "
                                      f"replicas.{g}.{field}=...)")
