@@ -186,12 +186,12 @@ class _ShortTraceFilter(logging.Filter):
 
 
 @contextlib.contextmanager
-def _short_trace_filtered(said_first: bool, first: bool) -> Iterator[None]:
+def _short_trace_filtered(said_first: bool) -> Iterator[None]:
     if said_first and any(isinstance(f, _ShortTraceFilter) for f in log.filters):
         yield  # inside another: it decides
         return
-    gate = _ShortTraceFilter(said_first)
-    log.filters.insert(0 if first else len(log.filters), gate)
+    gate = _ShortTraceFilter(said_first)  # one that drops them all goes first: a record it drops says nothing
+    log.filters.insert(len(log.filters) if said_first else 0, gate)
     try:
         yield
     finally:
@@ -201,13 +201,13 @@ def _short_trace_filtered(said_first: bool, first: bool) -> Iterator[None]:
 def short_trace_said_once() -> contextlib.AbstractContextManager[None]:
     """Inside, a trace shorter than a run asks is warned of the first time only: a command of many runs (`kvsim plan`,
     `kvsim report`) said it once per run, in whichever process ran it. Inside another, that one decides."""
-    return _short_trace_filtered(said_first=True, first=False)
+    return _short_trace_filtered(said_first=True)
 
 
 def short_trace_unsaid() -> contextlib.AbstractContextManager[None]:
     """Inside, a trace shorter than a run asks is not warned of: each point of a command that has said it
     (`short_trace_said_once`) runs so, here or in a worker process."""
-    return _short_trace_filtered(said_first=False, first=True)
+    return _short_trace_filtered(said_first=False)
 
 
 def _arrivals(w: Workload, records: Sequence[TraceRecord], rng: np.random.Generator) -> np.ndarray:
