@@ -590,7 +590,8 @@ CASES = [
      "--block-sizes='7': block_size=7: vLLM accepts 1, 8, 16, 32, 64, 128, 256"),
     ("calibrate-tp-not-dividing-heads", {}, ["calibrate", "--gpu", "h200", "-tp", "3", "--dry-run"],
      "tensor_parallel_size=3: must divide llama-3.1-8b's 32 attention heads"),  # 32 // 3 = 10 heads were timed
-    ("capacity-gpu-hourly-cost-infinite", {}, ["capacity", "--gpu-hourly-cost", "inf"], "gpu_hourly_cost=inf"),
+    ("capacity-gpu-hourly-cost-infinite", {}, ["capacity", "--gpu-hourly-cost", "inf"],
+     "'--gpu-hourly-cost': 'inf': Input should be a finite number"),  # sweep 16: refused as the flag's value
     ("capacity-num-sequences-negative", {}, ["capacity", "--num-sequences", "-5"], "--num-sequences=-5"),
     ("capacity-context-length-twice", {}, ["capacity", "--context-lengths", "1024,2048,1024"],
      "--context-lengths='1024,2048,1024': 1024 is given twice"),

@@ -257,6 +257,8 @@ def test_a_blank_replica_group_name_is_refused(tmp_path, monkeypatch):
     (["capacity"], "'--num-sequences'", "nan"),
     (["capacity"], "'--max-model-len'", "1e400"),
     (["capacity"], "'--gpu-memory-utilization'", " "),
+    (["capacity"], "'--gpu-memory-utilization'", "1e400"),  # was shown as inf (gpu_memory_utilization=inf)
+    (["capacity"], "'--gpu-hourly-cost'", "nan"),
     (["plan", "--slo", "ttft_s.p90=1", "--gpu", "h100-80gb"], "'--max-replicas'", "inf"),
 ])
 def test_a_number_flag_typer_cannot_read_is_named_with_its_value(tmp_path, monkeypatch, argv, flag, value):
@@ -264,7 +266,9 @@ def test_a_number_flag_typer_cannot_read_is_named_with_its_value(tmp_path, monke
     naming the flag but not what was given (a `--set` names both)."""
     monkeypatch.chdir(tmp_path)
     option = flag.strip("'")
-    kind = "a valid number, unable to parse string as a number" if option == "--gpu-memory-utilization" else \
+    kind = "a finite number" if value in ("1e400", "nan") and option in ("--gpu-memory-utilization",
+                                                                         "--gpu-hourly-cost") else \
+        "a valid number, unable to parse string as a number" if option == "--gpu-memory-utilization" else \
         "a valid integer, unable to parse string as an integer"
     assert one_line_exit_2([*argv, option, value]) == (
         f"Invalid value for {flag}: {value!r}: Input should be {kind} (see 'kvsim {argv[0]} --help')")

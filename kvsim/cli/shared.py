@@ -200,10 +200,13 @@ def check_workers(workers: int | None, dask_address: str | None) -> None:
 def _number_flag(kind: type[int] | type[float]) -> Any:
     """A flag's parser: `kind` as typer reads it (pydantic's lax mode, which takes `1_0` as 10), except that
     text with an underscore is refused (`kvsim.model.units.underscore_problem`), as the same value in a scenario
-    or a `--set` is; a refusal names the value, as a `--set`'s does."""
-    from pydantic import TypeAdapter, ValidationError
+    or a `--set` is, and a number that is not finite (`inf`, `nan`, `1e400`), as a `Settings` field refuses it; a
+    refusal names the value as given, as a `--set`'s does (`--gpu-memory-utilization 1e400` was shown as inf)."""
+    from pydantic import Field, TypeAdapter, ValidationError
 
-    adapter = TypeAdapter(kind)
+    # an int is finite already, and the check would make a float of it (10**400: OverflowError)
+    finite: Any = Annotated[float, Field(allow_inf_nan=False)] if kind is float else kind
+    adapter = TypeAdapter(finite)
 
     def parse(value: Any) -> Any:
         problem = underscore_problem(value)
