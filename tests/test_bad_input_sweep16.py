@@ -6,7 +6,7 @@ group's `null` beside a flag, reached none of that group's replicas; `-0.0` insi
 written back as `-0.0`; `kvsim plan` and `kvsim report` said a short trace once per run; a disaggregated fleet of
 block sizes vLLM's NixlConnector cannot pair ran; a misspelt preset listed every preset without the nearest; a blank
 model name, data path or file argument was read as the working folder (or said 'file not found'); a blank name ran;
-a number flag typer could not read was refused without its value; import-profile read `-o ''` as the working
+a number flag typer could not read was refused without its value, one of 1e400 as inf; import-profile read `-o ''` as the working
 folder, after converting the whole profile; a GPU name too long for a file named no field."""
 
 import pytest
