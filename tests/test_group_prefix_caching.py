@@ -16,7 +16,9 @@ from kvsim.workload.scenario import Scenario, resolve_scenario
 def caching(engine, group_engine):
     """(first replica's, second replica's) enable_prefix_caching for a fleet of a plain group and a group with
     `group_engine`, and the same after the scenario is dumped and read back (as its scenario.yaml is run again)."""
-    scenario = resolve_scenario(None, {"engine": engine, "replicas": [{"count": 1}, {"count": 1, "engine": group_engine}]})
+    workload = resolve_scenario(None).model_dump(mode="json")["workload"]  # a scenario file, not --set overrides
+    scenario = resolve_scenario({"engine": engine, "workload": workload,
+                                 "replicas": [{"count": 1}, {"count": 1, "engine": group_engine}]})
     again = resolve_scenario(scenario.model_dump(mode="json"))
     return tuple(tuple(r.engine.enable_prefix_caching for r in replica_scenarios(s)) for s in (scenario, again))
 
