@@ -356,3 +356,44 @@ def test_a_round_robin_fleet_is_the_m_d_c_queue_and_is_judged_against_its_limit(
     below, above = run_many([rr_fleet(0.95 * limit, 12_000, 4), rr_fleet(1.04 * limit, 12_000, 4)], workers=1,
                             evidence=True)
     assert probe_passes(below.evidence, slo) and not probe_passes(above.evidence, slo)
+
+
+def uneven_fleet(rate, num_requests, seed):
+    """Round robin over 4 replicas, 3 with 4 slots and one with 1 (the `rr_fleet` request: S = 0.1 s a slot). Each
+    replica gets every 4th arrival, λ/4: the 1-slot replica is an M/D/1 queue with μ = 10 req/s (Erlang-4
+    arrivals), the others hold 4 slots each (≥ 36 req/s), so the fleet sustains λ < 4 × 10 = 40 req/s."""
+    return make_scenario({
+        "name": "uneven", "model": "llama-3.1-8b", "gpu": "h100-80gb", "steps": "none", "seed": seed,
+        "engine": {"max_num_seqs": 1, "max_model_len": 1024, "num_gpu_blocks_override": 20_000},
+        "latency": {"model": "constant", "step_s": 0.01}, "router": {"policy": "round_robin"},
+        "replicas": [{"count": 3, "engine": {"max_num_seqs": 4}}, {"count": 1}],
+        "workload": {"num_requests": num_requests, "arrival": {"process": "poisson", "rate": rate},
+                     "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 10}}})
+
+
+@pytest.mark.parametrize("rho", [1.05, 1.1])
+def test_a_fleet_with_one_replica_falling_behind_is_not_stable(rho):
+    """The uneven fleet at ρ = 1.05 and 1.1 of its 40 req/s, 6,000 requests: the 1-slot replica's queue grows at
+    λ/4 − 10 a second, (ρ − 1) · 10 (0.5, 1 req/s) over a window of ~0.7 · 6,000 / λ s (100, 95 s): 50 or 95
+    requests, against its own margin z · √(arrivals ÷ 4) ≈ 2.5 · √(1,000 ÷ 4) ≈ 40 (Erlang-4 arrivals: c_a² =
+    1/4; z for 4 replicas at the fleet test's odds). The fleet's total queue grows by as much against a margin of
+    1.96 · √4,000 ≈ 125: it read every such run stable. Now every run at 1.1 fails, and most at 1.05."""
+    verdicts = []
+    for seed in range(10):
+        ev = run_many([uneven_fleet(rho * 40, 6000, seed)], workers=1, evidence=True)[0].evidence
+        worst = ev["early_overload"]["worst_replica"]
+        expected = (rho - 1) * 10 * ev["window_s"]
+        # the net input's deviation over the window: √(c_a² · the replica's arrivals) = √(arrivals in window / 16)
+        assert worst["replica"] == 3 and abs(worst["waiting_growth"] - expected) < 4 * math.sqrt(ev["num_in_window"] / 16)
+        verdicts.append(ev["verdict"])
+    assert verdicts.count(STABLE) <= (0 if rho == 1.1 else 3) and TOO_SHORT not in verdicts
+
+
+@pytest.mark.parametrize("rho", [0.8, 0.9])
+def test_a_fleet_below_its_limit_is_stable_replica_by_replica(rho):
+    """The uneven fleet at 0.8 and 0.9 of 40 req/s: every replica below its capacity, a stable queue each, so no
+    replica's test may fire (15 seeds; the Bonferroni z keeps the fleet's odds of a false alarm those of one
+    queue's, small at ρ ≤ 0.9)."""
+    verdicts = [run.evidence["verdict"]
+                for run in run_many([uneven_fleet(rho * 40, 6000, seed) for seed in range(15)], workers=1, evidence=True)]
+    assert set(verdicts) == {STABLE}

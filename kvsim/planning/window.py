@@ -25,7 +25,8 @@ must be longer (the search doubles it). Otherwise, with
   finished: waiting + running, sampled at 64 instants) grows: the lower end of its least-squares
   slope's 95 % interval (slope − 1.96 · standard error) is above `TREND_TOL` (1 %) of the offered
   rate, so more than 1 % of arrivals pile up and a longer run would fail (a slope within its noise
-  is left to the longer runs of the search to settle);
+  is left to the longer runs of the search to settle); or, on a fleet, one replica's waiting queue
+  outgrew its own margin (`early_overload`'s "worst_replica") while the fleet as a whole keeps up;
 - **stable**: neither, *or* the waiting queue did not grow over the window beyond the margin a stable
   queue stays under (`early_overload`, below, with z = 1.96: at most 5 % of runs at ρ = 1 exactly, and
   none of 100 seeds of M/D/64 or M/D/1 at ρ = 0.95 came within 1.3 deviations). Both tests above read
@@ -74,6 +75,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -153,11 +155,9 @@ def _cv2(values: np.ndarray) -> float:
     return float(values.var()) / mean**2 if mean > 0 else 1.0
 
 
-def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: float, end: float,
-                   z: float = Z_EARLY) -> dict[str, Any]:
-    """The waiting queue's growth over the window [start, end) against the margin a stable queue stays under
-    (the module's docstring derives it), `z` deviations of the net input: {"waiting_growth", "margin", "z"};
-    growth > margin is an overload."""
+def _queue_growth(requests: Mapping[str, Any], servable: np.ndarray, start: float, end: float,
+                  z: float) -> dict[str, Any]:
+    """The waiting queue of the `servable` rows over [start, end): its growth and a stable queue's margin."""
     arrival = np.sort(np.asarray(requests["arrival_s"], float)[servable])
     first = np.asarray(requests["first_scheduled_s"], float)[servable]
     finish = np.asarray(requests["finish_s"], float)[servable]
@@ -174,6 +174,35 @@ def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: flo
     variance = (_cv2(np.diff(arrival[: count(arrival, end)])) * (count(arrival, end) - count(arrival, start))
                 + _cv2((finish - first)[calm]) * (count(done, end) - count(done, start)) + running)
     return {"waiting_growth": waiting_growth, "margin": z * math.sqrt(variance), "z": z}
+
+
+def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: float, end: float,
+                   z: float = Z_EARLY) -> dict[str, Any]:
+    """The waiting queue's growth over the window [start, end) against the margin a stable queue stays under
+    (the module's docstring derives it), `z` deviations of the net input: {"waiting_growth", "margin", "z"};
+    growth > margin is an overload.
+
+    A fleet's table (a `replica` column naming two or more replicas) also gets "worst_replica": the replica
+    whose own waiting queue outgrew its own margin by the most ({"replica", "waiting_growth", "margin", "z"}),
+    each judged at the z that gives the c replicas together the fleet test's odds (Bonferroni: one-sided tail
+    Φ(−z) ÷ c). The fleet's total queue hides one replica falling behind: its growth is that replica's, its
+    margin counts every replica's arrivals (4 round-robin replicas, one of them 10 % over its capacity: the
+    total grows by ~2.3 % of arrivals, under 1.96·√arrivals on 6,000 requests)."""
+    out = _queue_growth(requests, servable, start, end, z)
+    replica = np.asarray(requests["replica"]) if "replica" in requests else None
+    ids = np.unique(replica[servable]) if replica is not None else ()
+    if len(ids) < 2:
+        return out
+    z_replica = -NormalDist().inv_cdf(NormalDist().cdf(-z) / len(ids))
+    each = [{"replica": int(r), **_queue_growth(requests, servable & (replica == r), start, end, z_replica)}
+            for r in ids]
+    return {**out, "worst_replica": max(each, key=lambda g: g["waiting_growth"] - g["margin"])}
+
+
+def replica_outgrew(early: Mapping[str, Any] | None) -> bool:
+    """Whether one replica's waiting queue outgrew its own stable margin (`early_overload`'s "worst_replica")."""
+    worst = (early or {}).get("worst_replica")
+    return worst is not None and worst["waiting_growth"] > worst["margin"]
 
 
 def early_overloaded(evidence: Mapping[str, Any]) -> bool:
@@ -224,7 +253,8 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     too_short = window_s < MIN_WINDOW_SERVICES * service_s or num_in < MIN_WINDOW_REQUESTS
     early = (early_overload(requests, servable, start, end, Z_EARLY if too_short else Z_95)
              if num_in >= MIN_WINDOW_REQUESTS else None)
-    queue_outgrew = early is not None and early["waiting_growth"] > early["margin"]
+    by_replica = replica_outgrew(early)
+    queue_outgrew = early is not None and early["waiting_growth"] > early["margin"] or by_replica
     if too_short:
         # judged on too few requests or service times: a longer run must decide, unless the queue already
         # grows beyond what a stable one could show
@@ -233,8 +263,8 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
         verdict = STABLE  # a shortfall or a backlog trend within what a sustainable rate shows by chance
     elif ratio is None or ratio < 1 - THROUGHPUT_TOL:
         verdict = OVERLOADED
-    elif trend_low is None or trend_low > TREND_TOL:
-        verdict = BACKLOGGED
+    elif trend_low is None or trend_low > TREND_TOL or by_replica:
+        verdict = BACKLOGGED  # the fleet's backlog grows, or one replica's does while the others keep up
     else:
         verdict = STABLE
     window_rows = np.flatnonzero(in_window)
