@@ -245,3 +245,29 @@ def test_capacity_of_a_sliding_window_model_is_the_simulated_concurrency():
         "workload": {"num_requests": 40, "arrival": {"process": "poisson", "rate": 1e6},
                      "prompt_len": {"dist": "fixed", "value": 2032}, "output_len": {"dist": "fixed", "value": 16}}})
     assert int(result.steps["num_decode_seqs"].max()) == row.paged_max_seqs == 5
+
+
+def test_a_sliding_window_models_shared_prefix_column_counts_as_the_others_do():
+    """The same gemma-3-27b engine (3,100 usable blocks, 2,048-token sequences, chunks of 2,048), the first 1,024
+    tokens shared: a hit covers min(1,024, 2,047) // 16 = 64 blocks. The last sequence admitted computes its whole
+    prompt in one chunk and holds blocks 0..127 in all 7 groups: 7 · 64 shared (held once) and 7 · 64 its own;
+    each decoding one holds in the full group blocks 0..127 (64 its own) and in a sliding group those from
+    (n − 1,023) // 16 ∈ {63, 64} on (64 its own: the misaligned block 63 is the prefix's): 7 · 64 = 448. So
+    1 + (3,100 − 448 − 448) / 448 = 5.9: 5 sequences, where the column said (3,100 − 64) // 448 = 6 (the
+    prefilling sequence left out). A prefix of one token shares no block: the column is then paged_max_seqs (it
+    said 6 against 5). The engine agrees: 40 such requests together decode 5 at most."""
+    import kvsim
+
+    engine = EngineConfig(num_gpu_blocks_override=3101, max_num_batched_tokens=2048, max_model_len=4096,
+                          max_num_seqs=256)
+    for prefix in (1, 1024):
+        (row,) = plan_capacity(load_model("gemma-3-27b"), H100, engine, [2048], shared_prefix_tokens=prefix,
+                               num_sequences=10).rows
+        assert row.shared_prefix_max_seqs == row.paged_max_seqs == 5
+    result = kvsim.simulate({
+        "name": "swa", "model": "gemma-3-27b", "gpu": "h100-80gb", "steps": "all",
+        "engine": engine.model_dump(exclude_defaults=True), "latency": {"model": "constant", "step_s": 0.01},
+        "workload": {"num_requests": 40, "arrival": {"process": "poisson", "rate": 1e6},
+                     "shared_prefix": {"tokens": 1024},  # in front of each 1,008-token prompt: 2,032 tokens
+                     "prompt_len": {"dist": "fixed", "value": 1008}, "output_len": {"dist": "fixed", "value": 16}}})
+    assert int(result.steps["num_decode_seqs"].max()) == 5

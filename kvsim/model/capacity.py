@@ -208,33 +208,38 @@ def model_max_concurrency(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, 
 
 
 def paged_seqs(layout: KVLayout, num_blocks: int, context_len: int, max_num_batched_tokens: int, *,
-               num_null_blocks: int) -> Fraction:
+               num_null_blocks: int, hit_blocks: int = 0) -> Fraction:
     """Sequences of `context_len` tokens resident at once with paging, every KV group counted, before rounding
     down (`paged_max_seqs` rounds; the report's formula fits a constant to it as it is). Each is admitted as the
     others decode: the last one admitted holds `prefill = layout.prefill_blocks(ctx, mnbt)` while its prompt is
     computed, each other one `decode = layout.decode_blocks(ctx)`, so over `usable = num_blocks − null` blocks
     (`num_null_blocks`: those no sequence can hold, `EngineConfig.num_null_blocks`, vLLM v1's block 0)
 
-        1 + (usable − prefill) / decode        (0 when one prefill does not fit)
+        1 + (usable − shared − prefill) / decode        (0 when one prefill does not fit)
 
-    With full attention only the two are the same, cdiv(ctx, bs), and this is `usable / cdiv(ctx, bs)`:
+    `hit_blocks`: the first blocks of every sequence, a prefix they all share (`shared_full_blocks`): `shared =
+    layout.shared_blocks(...)` of them are held once, and `prefill` and `decode` count each sequence's own
+    blocks beyond them (with none shared, shared = 0). With full attention only, prefill = decode =
+    cdiv(ctx, bs) − hit and this is `(usable − hit) / (cdiv(ctx, bs) − hit)`:
     10,000 blocks of 16 tokens at 4,096 tokens, v1: 9,999 / 256 = 39.06. A sliding window's prompt holds every
     block of its last chunk until the step ends (gemma-3-27b at 8,192 tokens, 15,410 usable blocks: 7 groups ×
     512 while prefilling, 512 + 6 × 65 = 902 decoding: 1 + 11,826 / 902 = 14.11 sequences, where 15,410 / 896,
     its live blocks at exactly 8,192 tokens, said 17.2, and 15,410 / cdiv(8,192, 16) = 30.1, as if every layer
     were full attention)."""
     usable = num_blocks - num_null_blocks
-    decode, prefill = layout.decode_blocks(context_len), layout.prefill_blocks(context_len, max_num_batched_tokens)
-    return 1 + Fraction(usable - prefill, decode) if usable >= prefill else Fraction(0)
+    shared = layout.shared_blocks(context_len, max_num_batched_tokens, hit_blocks) if hit_blocks else 0
+    decode = layout.decode_blocks(context_len, hit_blocks)
+    prefill = layout.prefill_blocks(context_len, max_num_batched_tokens, hit_blocks)
+    return 1 + Fraction(usable - shared - prefill, decode) if usable >= shared + prefill else Fraction(0)
 
 
 def paged_max_seqs(layout: KVLayout, num_blocks: int, context_len: int, max_num_batched_tokens: int, *,
-                   num_null_blocks: int) -> int:
+                   num_null_blocks: int, hit_blocks: int = 0) -> int:
     """Whole sequences of `context_len` tokens that fit with paging: `paged_seqs` rounded down, so
-    `floor((num_blocks − null) / cdiv(ctx, bs))` with full attention only (10,000 blocks of 16 tokens at 4,096
-    tokens: 9,999 // 256 = 39; 10,240 blocks: 39 in v1, 10,239 usable, 40 in v0)."""
+    `floor((num_blocks − null) / cdiv(ctx, bs))` with full attention only and nothing shared (10,000 blocks of 16
+    tokens at 4,096 tokens: 9,999 // 256 = 39; 10,240 blocks: 39 in v1, 10,239 usable, 40 in v0)."""
     return math.floor(paged_seqs(layout, num_blocks, context_len, max_num_batched_tokens,
-                                 num_null_blocks=num_null_blocks))
+                                 num_null_blocks=num_null_blocks, hit_blocks=hit_blocks))
 
 
 def slab_max_seqs(num_token_slots: int, max_model_len: int) -> int:
@@ -368,22 +373,12 @@ def kv_type_rows(layout: KVLayout, max_model_len: int, max_num_batched_tokens: i
     return list(rows.values())
 
 
-def _shared_prefix_counts(layout: KVLayout, ctx: int, prefix_tokens: int, held_tokens: int,
-                          drops_last_hit_block: bool) -> tuple[int, int]:
-    """(shared, own) blocks of a sequence of `ctx` tokens, holding `held_tokens` slots (its drafts' too), whose
-    first P tokens it shares with others: per group, the live blocks that lie wholly inside the prefix and that
-    a prefix hit covers are shared; with EAGLE (`drops_last_hit_block`) the hit gives its last block back, which
-    each sequence recomputes into a block of its own."""
+def _hit_blocks(layout: KVLayout, ctx: int, prefix_tokens: int, drops_last_hit_block: bool) -> int:
+    """The first blocks of a sequence of `ctx` tokens a prefix hit on its first P tokens covers
+    (`shared_full_blocks`); with EAGLE (`drops_last_hit_block`) the hit gives its last block back, which each
+    sequence recomputes into a block of its own."""
     hit_blocks = shared_full_blocks(ctx, prefix_tokens, layout.block_size)
-    if drops_last_hit_block and hit_blocks:
-        hit_blocks -= 1
-    shared = own = 0
-    for g in layout.groups:
-        first, end = g.live_block_range(held_tokens, layout.block_size)
-        in_prefix = max(0, min(hit_blocks, end) - first)
-        shared += in_prefix
-        own += end - first - in_prefix
-    return shared, own
+    return hit_blocks - 1 if drops_last_hit_block and hit_blocks else hit_blocks
 
 
 def plan_capacity(
@@ -403,8 +398,9 @@ def plan_capacity(
     capped at max_model_len, as vLLM v1's `allocate_slots` reserves them: `*_with_drafts` columns.
     Shared-prefix columns (when P > 0) assume `num_sequences` sequences of each context
     length sharing the first P tokens (`shared_prefix_blocks`), and the most such sequences
-    that fit: `floor((num_blocks − null − shared) / own)` with shared = `shared_full_blocks` per full-attention
-    group (fewer in a sliding group whose window has moved past the prefix). With `engine.speculative_config`
+    that fit: `paged_max_seqs` with the prefix's hit blocks (`shared_full_blocks`) held once, counted as every
+    other column is (each group's blocks, the last sequence prefilling beside the others decoding), so
+    `floor((num_blocks − null − shared) / own)` with full attention only. With `engine.speculative_config`
     they are speculating sequences, as the simulated engine runs them: each holds its drafts and lookahead
     (as `*_with_drafts`), and EAGLE's prefix hit gives its last block back (vLLM's `use_eagle`), one shared
     block fewer and one more of each sequence's own. Every count of sequences
@@ -432,7 +428,6 @@ def plan_capacity(
     fp8 = engine.model_copy(update={"kv_cache_dtype": "fp8"})
     blocks_fp8 = num_gpu_blocks(model, gpu, fp8)
     slots = layout.token_slots(blocks)
-    usable = blocks - engine.num_null_blocks
     fit = partial(paged_max_seqs, layout, max_num_batched_tokens=mnbt, num_null_blocks=engine.num_null_blocks)
     spec = engine.speculative_config
     extra = 0 if spec is None else spec.num_speculative_tokens + spec.num_lookahead_tokens
@@ -456,13 +451,12 @@ def plan_capacity(
             row |= {"blocks_per_seq_with_drafts": layout.decode_blocks(capped),
                     "paged_max_seqs_with_drafts": fit(blocks, capped) if servable else 0}
         if shared_prefix_tokens and ctx >= shared_prefix_tokens:
-            shared, own = _shared_prefix_counts(layout, ctx, shared_prefix_tokens, held,
-                                                spec is not None and spec.drops_last_hit_block)
-            fits = (usable - shared) // own if own and servable else 0
+            hit = _hit_blocks(layout, ctx, shared_prefix_tokens, spec is not None and spec.drops_last_hit_block)
+            live, own = layout.live_blocks(held), layout.live_blocks(held, hit)
             row |= {
-                "shared_prefix_max_seqs": fits,
-                "shared_prefix_blocks_without_sharing": num_sequences * layout.live_blocks(held),
-                "shared_prefix_blocks_with_sharing": shared + num_sequences * own,
+                "shared_prefix_max_seqs": fit(blocks, held, hit_blocks=hit) if servable else 0,
+                "shared_prefix_blocks_without_sharing": num_sequences * live,
+                "shared_prefix_blocks_with_sharing": live - own + num_sequences * own,
             }
         rows.append(CapacityRow(**row))
     assert model.num_params is not None

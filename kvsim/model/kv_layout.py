@@ -82,6 +82,12 @@ class KVGroup:
         """Block indices [first, end) a sequence of `num_tokens` computed tokens still holds."""
         return self.num_skipped_tokens(num_tokens) // block_size, ceil_div(num_tokens, block_size)
 
+    def prefill_block_range(self, num_tokens: int, max_num_batched_tokens: int, block_size: int) -> tuple[int, int]:
+        """Block indices [first, end) a sequence of `num_tokens` holds while its prompt's last chunk is computed:
+        the last `max_blocks_per_request` (with `num_tokens` for max_model_len) of its cdiv(num_tokens, bs)."""
+        end = ceil_div(num_tokens, block_size)
+        return end - min(end, self.max_blocks_per_request(num_tokens, max_num_batched_tokens, block_size)), end
+
 
 @dataclass(frozen=True, slots=True)
 class KVLayout:
@@ -141,28 +147,44 @@ class KVLayout:
             return num_blocks * self.block_size / max_model_len
         return num_blocks / self.blocks_per_request(max_model_len, max_num_batched_tokens)
 
-    def live_blocks(self, num_tokens: int) -> int:
-        """Blocks a sequence of `num_tokens` computed tokens holds, all groups together."""
-        return sum(end - first for first, end in (g.live_block_range(num_tokens, self.block_size)
-                                                   for g in self.groups))
+    def live_blocks(self, num_tokens: int, hit_blocks: int = 0) -> int:
+        """Blocks a sequence of `num_tokens` computed tokens holds, all groups together; those of its first
+        `hit_blocks`, a prefix it shares with others (`kvsim.model.capacity.shared_full_blocks`), left out."""
+        return sum(max(0, end - max(first, hit_blocks)) for first, end in (
+            g.live_block_range(num_tokens, self.block_size) for g in self.groups))
 
-    def decode_blocks(self, num_tokens: int) -> int:
+    def _decode_lengths(self, num_tokens: int) -> range:
+        return range(max(1, num_tokens - self.block_size + 1), num_tokens + 1)
+
+    def decode_blocks(self, num_tokens: int, hit_blocks: int = 0) -> int:
         """The most blocks a sequence holds while it decodes its last block's worth of tokens, up to `num_tokens`
         (every length in (num_tokens − block_size, num_tokens]): a sliding window that does not start on a block
         boundary spans one block more than one that does (the `+ 1` of vLLM's SlidingWindowSpec
         .max_memory_usage_bytes), so a window of 1,024 tokens in blocks of 16 holds 65 blocks at every length but
-        the aligned one (64); full attention holds its live blocks, cdiv(num_tokens, block_size)."""
-        return max(self.live_blocks(n) for n in range(max(1, num_tokens - self.block_size + 1), num_tokens + 1))
+        the aligned one (64); full attention holds its live blocks, cdiv(num_tokens, block_size). Those of a
+        shared prefix's first `hit_blocks` are left out (`live_blocks`)."""
+        return max(self.live_blocks(n, hit_blocks) for n in self._decode_lengths(num_tokens))
 
-    def prefill_blocks(self, num_tokens: int, max_num_batched_tokens: int) -> int:
+    def prefill_blocks(self, num_tokens: int, max_num_batched_tokens: int, hit_blocks: int = 0) -> int:
         """The most blocks a sequence of `num_tokens` holds while its prompt's last chunk is computed: per group,
         vLLM's worst case (`KVGroup.max_blocks_per_request`) with `num_tokens` for max_model_len, at most the
         sequence's own cdiv(num_tokens, block_size): a window group keeps window − 1 tokens before the chunk
         and the whole chunk (up to `max_num_batched_tokens`), dropping what slid out only after the step. With
-        full attention only, the live blocks again."""
-        own = ceil_div(num_tokens, self.block_size)
-        return sum(min(own, g.max_blocks_per_request(num_tokens, max_num_batched_tokens, self.block_size))
-                   for g in self.groups)
+        full attention only, the live blocks again. Those of a shared prefix's first `hit_blocks` left out."""
+        return sum(max(0, end - max(first, hit_blocks)) for first, end in (
+            g.prefill_block_range(num_tokens, max_num_batched_tokens, self.block_size) for g in self.groups))
+
+    def shared_blocks(self, num_tokens: int, max_num_batched_tokens: int, hit_blocks: int) -> int:
+        """The blocks of a prefix's first `hit_blocks` that sequences of `num_tokens` sharing it hold, each held
+        once: per group, those from the first a sequence holds, prefilling or decoding (every such range ends
+        past the prefix), up to `hit_blocks`. A sliding group whose window has moved past the prefix holds them
+        only while a sequence prefills."""
+        total = 0
+        for g in self.groups:
+            first = min([g.prefill_block_range(num_tokens, max_num_batched_tokens, self.block_size)[0]]
+                        + [g.live_block_range(n, self.block_size)[0] for n in self._decode_lengths(num_tokens)])
+            total += max(0, hit_blocks - first)
+        return total
 
     @property
     def full_attention_advice(self) -> str:
