@@ -362,12 +362,27 @@ def _patch_json(path: Path, **changes) -> None:
 
 
 def test_bench_json_counts_failures_and_empty_replies_apart(tmp_path):
-    """A failed request (an error) and a success with no output token are both left out of both sides, and
-    said apart: the notes said "2 failed requests left out" of a file where one had failed."""
-    run = load_measured(bench_json(tmp_path / "bench.json", output_lens=[5, 0, 0], itls=[[0.01] * 4, [], []]))
-    assert len(run.requests) == 1 and len(run.records) == 1
-    assert any(n.startswith("1 failed requests (errors) left out of both sides") for n in run.notes)
-    assert any(n.startswith("1 successful requests with no output tokens left out") for n in run.notes)
+    """vLLM's client (vllm/benchmarks/lib/endpoint_request_func.py) sets a TTFT at the first streamed chunk with a
+    token and one gap a chunk after it; `calculate_metrics` saves 0 output tokens for a failure, and for a success
+    without usage the tokenizer's count of its text (0 for an empty one), while its means count that success.
+    Request 1 succeeded with 0 tokens counted but streamed 1 + 2 chunks: 3 tokens, measured and replayed. Request
+    2 failed before any token (TTFT 0): neither. Request 3's stream broke after 1 + 1 chunks: it was in the engine,
+    so it is replayed with its 8-token prompt and 2 tokens, and measured on neither side. Request 4, a success
+    with no chunk (a 200 with no data), has no first token: left out of both sides."""
+    run = load_measured(bench_json(
+        tmp_path / "bench.json", input_lens=[16, 32, 8, 8, 8], output_lens=[5, 0, 0, 0, 0],
+        ttfts=[0.01, 0.02, 0.0, 0.03, 0.0], itls=[[0.01] * 4, [0.02, 0.02], [], [0.01], []],
+        latencies=[0.05, 0.06, 0.0, 0.04, 0.0], start_times=[1000.0, 1000.015, 1000.02, 1000.025, 1000.03],
+        errors=["", "", "timeout", "broken stream", ""]))
+    assert list(run.requests.request_index) == [0, 1] and list(run.requests.output_tokens) == [5, 3]
+    assert run.record_index == (0, 1, 3)
+    assert [(r.prompt_len, r.output_len) for r in run.records] == [(16, 5), (32, 3), (8, 2)]
+    assert [r.arrival_s for r in run.records] == pytest.approx([0.0, 0.015, 0.025])
+    for start in ("1 failed requests (errors) that had streamed tokens are replayed",
+                  "1 failed requests (errors) with no token received left out",
+                  "1 successful requests counted as 0 output tokens streamed some",
+                  "1 successful requests with no token received left out"):
+        assert sum(n.startswith(start) for n in run.notes) == 1, start
 
 
 def test_measured_statistics_leave_out_the_requests_kvsim_rejected(tmp_path):

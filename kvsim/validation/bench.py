@@ -25,10 +25,22 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
 
     Arrivals are the requests' `start_times` (client send instants); a file without them gets
     arrivals at the recorded `request_rate` (Poisson, or gamma with the file's `burstiness`),
-    seeded, and says so in the notes. Failed requests (non-empty `errors`) are left out of the measured
-    requests and of the replay, as vLLM's own means leave them out (`calculate_metrics` counts successes);
-    their load on the server, if they reached it, is not replayed. So are successes with no output token
-    (kvsim simulates at least one), which vLLM's means count. The notes give both counts.
+    seeded, and says so in the notes. What each request put on the server is read as vLLM's client records
+    it (vllm/benchmarks/lib/endpoint_request_func.py): a TTFT once the first streamed chunk with a token came
+    (0 until then), one inter-token gap a chunk after it, `errors` non-empty for a refusal (a non-200 reply)
+    or a stream that broke, and `output_lens` 0 for a failure (`calculate_metrics`) and, for a success, the
+    server's usage count, or the tokenizer's count of its text where the server reported none (0 for an empty
+    text). So:
+
+    - failed requests (non-empty `errors`) are left out of the measured requests, as vLLM's means leave them
+      out; one that streamed tokens (TTFT > 0) was in the engine until it broke: it is replayed, with its
+      prompt and the tokens received (a lower bound), for its load alone, and left out of kvsim's column too
+      (`MeasuredRun.record_index` names it); one that streamed none is not replayed (nothing shows it reached
+      the engine);
+    - a success counted as 0 tokens that streamed some is counted as those it streamed, on both sides (vLLM's
+      means count it); one that streamed none (a 200 with no chunk) is left out of both (no first token).
+
+    The notes give each count.
     With `max_concurrency` (`--max-concurrency`: a closed-loop client) the replay keeps that cap
     (`workload.max_concurrency`) and its requests arrive when the client had them: each send less its
     wait for a slot (`queue_times`), or, where those are not recorded, all at once at an infinite
@@ -58,22 +70,23 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
         raise KvsimError(f"{path}: errors must hold one string per request (empty for a success)")
     output_all = _whole(_values(lists["output_lens"], range(n), "output_lens", path, allow_missing=True),
                         range(n), "output_lens", path, minimum=0)
-    ok = [i for i in range(n) if not errors[i] and output_all[i] > 0]
+    ttft_all = _values(lists["ttfts"], range(n), "ttfts", path, allow_missing=True)
+    if not all(isinstance(lists["itls"][i], list | None) for i in range(n)):
+        raise KvsimError(f"{path}: itls must hold one list of gaps per request")
+    # the streamed chunks with a token that reached the client: the first (its TTFT > 0) and one a gap after it
+    chunks = np.array([1 + len(lists["itls"][i] or []) if ttft_all[i] > 0 else 0 for i in range(n)])
+    counted = np.where(output_all > 0, output_all, chunks)  # a reply counted as 0 tokens that streamed some
+    ok = [i for i in range(n) if not errors[i] and counted[i] > 0]
+    load = [i for i in range(n) if errors[i] and chunks[i] > 0]
     if not ok:
         raise KvsimError(f"{path}: no successful request to compare")
-    notes = []
-    num_failed = sum(1 for e in errors if e)
-    if num_failed:
-        notes.append(f"{num_failed} failed requests (errors) left out of both sides: not replayed, not measured "
-                     "(vLLM's means leave them out too); any load they put on the server is missing from the replay")
-    if n - num_failed - len(ok):
-        notes.append(f"{n - num_failed - len(ok)} successful requests with no output tokens left out of both sides "
-                     "(kvsim simulates at least one token; vLLM's printed means count them)")
-    prompt = _whole(_values(lists["input_lens"], ok, "input_lens", path), ok, "input_lens", path, minimum=1)
-    output = output_all[ok].astype(int)
-    ttft = _values(lists["ttfts"], ok, "ttfts", path)
-    if not all(isinstance(lists["itls"][i], list | None) for i in ok):
-        raise KvsimError(f"{path}: itls must hold one list of gaps per request")
+    notes = _bench_notes(errors, output_all, counted, len(ok), len(load))
+    replayed = sorted(ok + load)  # the requests whose load the replay carries, in the file's order
+    prompt_all = _whole(_values(lists["input_lens"], replayed, "input_lens", path), replayed, "input_lens", path,
+                        minimum=1)
+    measured = np.isin(replayed, ok)  # of the replayed, those measured (the rest: failures, load only)
+    prompt, output = prompt_all[measured], counted[ok].astype(int)
+    ttft = ttft_all[ok]
     gaps = [_values(lists["itls"][i] or [], range(len(lists["itls"][i] or [])), f"itls[{i}]", path) for i in ok]
     if latencies is not None:
         e2e = _values(latencies, ok, "latencies", path)
@@ -81,35 +94,61 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
         e2e = ttft + np.array([g.sum() for g in gaps])
     _check_bench_times(ttft, e2e, ok, gaps, path)
     if starts is not None:
-        arrival = _values(starts, ok, "start_times", path)
-        refuse_late_arrival(arrival, path, lambda i: f"start_times[{ok[i]}]")
+        sent = _values(starts, replayed, "start_times", path)
+        refuse_late_arrival(sent, path, lambda i: f"start_times[{replayed[i]}]")
     else:
-        arrival = _bench_arrivals(raw, len(ok), path)
+        sent = _bench_arrivals(raw, len(replayed), path)
         drawn = "all at the start (request_rate inf)" if _infinite_rate(raw) else "resampled at its request_rate"
         notes.append(f"the file has no start_times: arrivals are {drawn}, so only aggregate statistics are "
                      "comparable")
     max_concurrency = _max_concurrency(raw.get("max_concurrency"), path)
-    client = arrival
+    client = sent
     if max_concurrency is not None:
         if waits is not None and starts is not None:
-            wait = _values(waits, ok, "queue_times", path)
+            wait = _values(waits, replayed, "queue_times", path)
             if (wait < 0).any():
-                i = ok[int(np.flatnonzero(wait < 0)[0])]
+                i = replayed[int(np.flatnonzero(wait < 0)[0])]
                 raise KvsimError(f"{path}: queue_times[{i}]={waits[i]!r} is negative; not a physical measurement")
-            client = arrival - wait
+            client = sent - wait
         elif _infinite_rate(raw):
-            client = np.full(len(ok), arrival.min())
+            client = np.full(len(replayed), sent.min())
         notes.append(f"the client kept at most {max_concurrency} requests in flight; the replay does too "
                      "(workload.max_concurrency), its TTFT and E2E counted from each send")
-    records = [TraceRecord(float(a - client.min()), int(p), int(o))
-               for a, p, o in sorted(zip(client, prompt, output, strict=True), key=lambda t: t[0])]
+    # in the order the client had them (ties: the file's order), each record with its request's index
+    order = np.lexsort((np.asarray(replayed), client))
+    records = [TraceRecord(float(client[j] - client.min()), int(prompt_all[j]), int(counted[replayed[j]]))
+               for j in order]
+    arrival = sent[measured]
     engine: dict[str, Any] = {}
     notes.append("client-side timings: TTFT includes HTTP and detokenization overheads the engine does not see")
     return MeasuredRun(
         name=path.stem, source="vllm-bench", model_id=str(raw.get("model_id") or raw.get("tokenizer_id") or ""),
-        requests=request_frame(arrival, arrival + ttft, arrival + e2e, prompt, output),
-        records=records, engine=engine, notes=notes, max_concurrency=max_concurrency,
+        requests=request_frame(arrival, arrival + ttft, arrival + e2e, prompt, output,
+                               request_index=np.asarray(ok)),
+        records=records, record_index=tuple(replayed[j] for j in order), engine=engine, notes=notes,
+        max_concurrency=max_concurrency,
     )
+
+
+def _bench_notes(errors: list[str], output: np.ndarray, counted: np.ndarray, num_ok: int, num_load: int) -> list[str]:
+    """What the reader left out or counted otherwise (`read_vllm_bench`), one note each."""
+    notes = []
+    num_failed = sum(1 for e in errors if e)
+    if num_load:
+        notes.append(f"{num_load} failed requests (errors) that had streamed tokens are replayed for their load (their "
+                     "prompt and the tokens received, a lower bound) and left out of both columns, as vLLM's means "
+                     "leave them out")
+    if num_failed - num_load:
+        notes.append(f"{num_failed - num_load} failed requests (errors) with no token received left out of both "
+                     "sides: not replayed (refused, or never answered: no load the file can show), not measured")
+    relabelled = int(((output == 0) & (counted > 0) & np.array([not e for e in errors])).sum())
+    if relabelled:
+        notes.append(f"{relabelled} successful requests counted as 0 output tokens streamed some (usage not "
+                     "reported): counted as the tokens received, on both sides, as vLLM's means count them")
+    if len(errors) - num_failed - num_ok:
+        notes.append(f"{len(errors) - num_failed - num_ok} successful requests with no token received left out of "
+                     "both sides (no first token to time; kvsim simulates at least one)")
+    return notes
 
 
 def _values(items: list[Any], indices: Any, key: str, path: Path, allow_missing: bool = False) -> np.ndarray:

@@ -211,27 +211,37 @@ def _error_pct(value: float | None, reference: float | None) -> float | None:
     return (value - reference) / reference * 100.0
 
 
-def served_requests(run: MeasuredRun, result: RunResult) -> pd.DataFrame:
-    """The measured requests whose replay kvsim did not reject (a request the real engine served that kvsim's
-    pool or `max_model_len` can never hold): kvsim's statistics leave its rejected requests out, and so must
-    the measured ones. The replay's request i is `run.records[i]`, the measured row i: both are the run's
-    requests in arrival order (`MeasuredRun`)."""
+def paired_requests(run: MeasuredRun, result: RunResult) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+    """The same requests on every side: (measured, kvsim's, LLMServingSim's or None), each the rows of the
+    requests kvsim served (not rejected: a request the real engine served that kvsim's pool or `max_model_len`
+    can never hold) and the run measured (not a failed request replayed for its load alone). Rows are paired by
+    request index, not by position: the replay's request i is `run.records[i]`, whose `run.record_index[i]` is a
+    measured row's `request_index` and the peer's row of that request (a replay ordered by send time pairs
+    ties, and a closed-loop client's sends less its waits, in another order than the measured arrivals)."""
     status = result.requests.sort_values("request_id")["status"].to_numpy()
-    assert len(status) == len(run.requests), "one replayed request per measured one"
-    return run.requests[status != "rejected"].reset_index(drop=True)
+    assert len(status) == len(run.records), "one replayed request per record"
+    replayed = (np.asarray(run.record_index) if run.record_index is not None
+                else run.requests["request_index"].to_numpy())
+    measured_index = run.requests["request_index"].to_numpy()
+    served = run.requests[~np.isin(measured_index, replayed[status == "rejected"])].reset_index(drop=True)
+    kept = served["request_index"].to_numpy()
+    sim = result.requests.sort_values("request_id")
+    sim = sim[np.isin(replayed, kept) & (status != "rejected")]
+    peer = run.peer[np.isin(run.peer["request_index"].to_numpy(), kept)] if run.peer is not None else None
+    return served, sim, peer
 
 
 def compare(run: MeasuredRun, result: RunResult, phases: dict[str, float | None] | None = None) -> list[dict[str, Any]]:
     """One row per metric: measured, kvsim, error %, and LLMServingSim with its error % if present;
     TTFT's queue and prefill parts where the run records when each request was scheduled (`ttft_split`);
-    with the measured `phases` (`measured_phase_rates`), prefill and decode speed rows as well. The measured
-    requests are those kvsim served (`served_requests`), and so are kvsim's, so both columns describe the same
-    requests (a rejected row, never scheduled, left kvsim's TTFT parts empty and its arrival began the makespan)."""
-    served = served_requests(run, result)
-    kvsim_served = result.requests[result.requests["status"] != "rejected"]
+    with the measured `phases` (`measured_phase_rates`), prefill and decode speed rows as well. Every column's
+    requests are the same (`paired_requests`): those kvsim served and the run measured (a rejected row, never
+    scheduled, left kvsim's TTFT parts empty and its arrival began the makespan; LLMServingSim's column kept
+    the requests kvsim rejected, which its own column and the measured one left out)."""
+    served, kvsim_served, peer_served = paired_requests(run, result)
     measured = request_stats(served)
     simulated = request_stats(kvsim_served)
-    peer = request_stats(run.peer) if run.peer is not None else {}
+    peer = request_stats(peer_served) if peer_served is not None else {}
     gauges = series_stats(run, result.steps)
     measured.update(gauges["measured"])
     simulated.update(gauges["kvsim"])
@@ -240,8 +250,8 @@ def compare(run: MeasuredRun, result: RunResult, phases: dict[str, float | None]
     if split:
         measured.update(split)
         simulated.update(ttft_split(kvsim_served))
-        if run.peer is not None:
-            peer.update(ttft_split(run.peer))
+        if peer_served is not None:
+            peer.update(ttft_split(peer_served))
     if phases:
         measured.update(phases)
         simulated.update(simulated_phase_rates(result.steps, result.requests))

@@ -25,8 +25,10 @@ from kvsim.workload.files import open_text
 from kvsim.workload.traces import TraceRecord
 
 REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s",
-                   "prompt_tokens", "output_tokens")
-"""The columns of `MeasuredRun.requests`, in order; `request_frame` builds exactly these."""
+                   "prompt_tokens", "output_tokens", "request_index")
+"""The columns of `MeasuredRun.requests`, in order; `request_frame` builds exactly these. `request_index`: the
+request in its source (vLLM's benchmark number `bench-N`, a bench JSON's list position, LLMServingSim's `request
+id`), which pairs a row with its replay and with the peer's prediction of it (`MeasuredRun.record_index`)."""
 NS_PER_S = 1e9
 MAX_SPAN_S = 2**63 / NS_PER_S
 """The longest run a measured one may span: int64 nanoseconds (about 292 years), the `arrival_time_ns` of the
@@ -47,6 +49,8 @@ class MeasuredRun:
     (`bandwidth_bytes_per_s`, an effective rate, and `latency_s` per hop), if present.
     `max_concurrency`: the client kept at most this many requests in flight (`records` then arrive when the
     client had them, before any wait for a free slot; the replay's `workload.max_concurrency`).
+    `record_index`: each record's `request_index` (None: record i is row i of `requests`); a record whose index
+    no row has is replayed for its load alone (a failed request that was in the engine), in neither column.
     """
 
     name: str
@@ -63,6 +67,7 @@ class MeasuredRun:
     link: dict[str, float] | None = None
     notes: list[str] = field(default_factory=list)
     max_concurrency: int | None = None  # a closed-loop client's cap on requests in flight (`vllm bench serve`)
+    record_index: tuple[int, ...] | None = None
 
 
 def read_json(path: Path) -> Any:
@@ -105,9 +110,11 @@ def json_number(row: dict[str, Any], key: str, where: str) -> float:
 
 def request_frame(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: np.ndarray,
                   prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                  first_scheduled_s: np.ndarray | None = None) -> pd.DataFrame:
+                  first_scheduled_s: np.ndarray | None = None, request_index: np.ndarray | None = None,
+                  ) -> pd.DataFrame:
     """The per-request frame from absolute instants, re-based so the first arrival is 0
-    (`first_scheduled_s` NaN where the source does not record it)."""
+    (`first_scheduled_s` NaN where the source does not record it; `request_index` 0, 1, ... in the order
+    given where the source numbers no request), sorted by arrival (ties: by request index)."""
     t0 = float(arrival_s.min())
     out = output_tokens.astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -118,6 +125,7 @@ def request_frame(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: np
         "first_token_s": first_token_s - t0, "finish_s": finish_s - t0,
         "ttft_s": first_token_s - arrival_s, "tpot_s": tpot, "e2e_s": finish_s - arrival_s,
         "prompt_tokens": prompt_tokens.astype(int), "output_tokens": output_tokens.astype(int),
+        "request_index": np.arange(len(arrival_s)) if request_index is None else np.asarray(request_index, int),
     }
     df = pd.DataFrame({name: columns[name] for name in REQUEST_COLUMNS})
-    return df.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    return df.sort_values(["arrival_s", "request_index"], kind="stable").reset_index(drop=True)

@@ -206,9 +206,10 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     queued = np.array([float(r["queued_ts"]) for r in rows])
     t0 = float(queued.min())
     refuse_late_arrival(queued, requests_path, lambda i: f"request {rows[i].get('request_id')!r} queued_ts")
-    records, seen = [], set()
+    records, seen, indices = [], set(), []
     for i, row in enumerate(rows):
         index = _request_index(row, i)
+        indices.append(index)
         if index in seen:
             raise KvsimError(f"{requests_path}: request {row.get('request_id')!r} is workload line "
                              f"{index + 1} again: each request is recorded once")
@@ -223,12 +224,12 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
                              f"{row['input_toks']}+{row['output_toks']}: not this run's workload")
         records.append(TraceRecord(float(row["queued_ts"]) - t0, w.prompt_len, w.output_len,
                                    token_ids=w.token_ids))
-    records.sort(key=lambda r: r.arrival_s or 0.0)
+    order = sorted(range(len(records)), key=lambda j: (records[j].arrival_s or 0.0, indices[j]))  # as the frame
     requests = request_frame(queued, np.array([float(r["first_token_ts"]) for r in rows]),
                              np.array([float(r["last_token_ts"]) for r in rows]),
                              np.array([int(r["input_toks"]) for r in rows]),
                              np.array([int(r["output_toks"]) for r in rows]),
-                             np.array([float(r.get("scheduled_ts", "nan")) for r in rows]))
+                             np.array([float(r.get("scheduled_ts", "nan")) for r in rows]), np.array(indices))
     # the time series counts from started_at (wall clock); requests carry wall-clock arrival_time too
     offset_s, aligned = 0.0, False
     first = min(rows, key=lambda r: float(r["queued_ts"]))
@@ -245,7 +246,8 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     return MeasuredRun(
         name=run_dir.name, source="vllm-measured",
         model_id=str(meta.get("model") or meta["engine_kwargs"].get("model")),
-        requests=requests, records=records, engine=engine, timeseries=timeseries,
+        requests=requests, records=[records[j] for j in order], record_index=tuple(indices[j] for j in order),
+        engine=engine, timeseries=timeseries,
         hardware=hardware or run_dir.resolve().parent.name,
         data_parallel_size=int(engine.get("data_parallel_size", 1)),
         expert_parallel=bool(engine.get("enable_expert_parallel")),
@@ -298,8 +300,9 @@ def _link(config: Path) -> dict[str, float] | None:
 
 
 def read_llmservingsim(path: Path) -> pd.DataFrame | None:
-    """LLMServingSim's `outputs/sim.csv` (nanoseconds) as a request frame, or None if absent. A file
-    without rows, or a row that is not a physical prediction (`_check_peer`), raises `KvsimError`."""
+    """LLMServingSim's `outputs/sim.csv` (nanoseconds) as a request frame, or None if absent; its `request id`
+    (the workload's request number, as vLLM's benchmark numbers it) is the `request_index`. A file without rows,
+    or a row that is not a physical prediction (`_check_peer`), raises `KvsimError`."""
     path = data_file(path)
     if not path.is_file():
         return None
@@ -316,13 +319,15 @@ def read_llmservingsim(path: Path) -> pd.DataFrame | None:
         finish = np.array([float(r["end_time"]) for r in rows]) / NS_PER_S
         prompt = np.array([int(r["input"]) for r in rows])
         output = np.array([int(r["output"]) for r in rows])
+        # the request's number in the workload, as vLLM's benchmark numbers it (`bench-N`); else the row's
+        index = np.array([int(r["request id"]) for r in rows]) if rows and "request id" in rows[0] else None
     except (KeyError, ValueError, TypeError) as error:
         raise KvsimError(f"{path}: expected LLMServingSim columns input, output, arrival, end_time, "
                          f"TTFT ({error})") from None
     if not rows:
         raise KvsimError(f"{path}: no requests (LLMServingSim's prediction has no rows)")
     _check_peer(path, rows, arrival, ttft, queuing, finish, (prompt < 1) | (output < 1))
-    return request_frame(arrival, arrival + ttft, finish, prompt, output, arrival + queuing)
+    return request_frame(arrival, arrival + ttft, finish, prompt, output, arrival + queuing, index)
 
 
 def _check_peer(path: Path, rows: list[dict[str, str]], arrival: np.ndarray, ttft: np.ndarray,
