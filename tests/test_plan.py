@@ -161,9 +161,10 @@ def test_rate_search_sizes_the_fleet_that_a_brute_force_rate_sweep_sizes(tmp_pat
     assert row["replicas"] == expected and row["cost_per_hour"] == pytest.approx(3.0 * expected)
     assert row["headroom"] >= 0 and row["capacity_headroom"] >= 0.1
     assert "per replica" in row["limiting_factor"]
-    # every point is a probe of the converging search (the run doubled until f moved < 2 %) or the one
-    # 10x verification run of the chosen fleet
-    assert simulated == row["num_probes"] + 1 and (row["converged"] or row["capped"])
+    # every point is a probe of the converging search (the run doubled until f moved < 2 %) or a 10x long run:
+    # the chosen fleet's, then one replica fewer on 1.1x the traffic, which fails (the count is the fewest)
+    assert row["verify_attempts"] == f"{expected} held, {expected - 1} failed*"
+    assert simulated == row["num_probes"] + 2 and (row["converged"] or row["capped"])
     again, simulated_again = plan(base, spec, tmp_path)
     assert simulated_again == 0 and again == rows
 

@@ -181,3 +181,31 @@ def test_the_terminal_says_what_share_of_the_traffic_a_feasible_fleet_never_serv
     assert "refused, l4 tp1: 37.5% of the requests can never be served" in out
     print_plan([{**row, "rejected_fraction": 0.0}], "lab", tmp_path, 0)
     assert "refused" not in capsys.readouterr().out
+
+
+def test_a_rate_search_answer_is_the_fleet_that_held_not_the_linear_bound(tmp_path):
+    """Single-slot replicas behind round robin (each request 10 steps of 10 ms: S = 0.1 s), Poisson arrivals at
+    30 req/s, p90 TTFT <= 0.25 s, capacity_headroom 0.1. Round robin with equal service times is M/D/c's
+    first-come order (`tests/test_steady_state.py`), and the naive M/D/c queue (bisected offline on 200,000
+    arrivals) meets the SLO up to 6.35 req/s on one replica, 25.7 on three, 35.7 on four: the one-replica search
+    implies ceil(1.1 · 30 / 6.35) = ceil(5.2) = 6 replicas, but four hold 1.1 · 30 = 33 req/s (M/D/4 at rho
+    0.825: p90 TTFT 0.147 s) and three cannot (capacity 30 < 33: overloaded). The answer was 6 (4 GPUs more);
+    the fleet's long runs now step down while they hold: 4, with 3 failed. Without long runs (verify_factor 0)
+    the row says its count is the linear bound."""
+    from kvsim.workload.scenario import make_scenario
+
+    base = make_scenario({
+        "name": "pool", "steps": "none", "router": {"policy": "round_robin"},
+        "engine": {"max_num_seqs": 1, "max_model_len": 1024, "num_gpu_blocks_override": 20_000},
+        "latency": {"model": "constant", "step_s": 0.01},
+        "workload": {"num_requests": 1000, "arrival": {"process": "poisson", "rate": 30.0},
+                     "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 10}}})
+    settings = {"slo": {"ttft_s.p90": 0.25}, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate",
+                "router": "round_robin", "probe_requests": 1000, "max_probe_requests": 4000}
+    (row,) = plan(base, make_plan_spec({**settings, "verify_factor": 5}), tmp_path / "long")[0]
+    assert row["searched_replicas"] >= 5 and row["replicas"] == 4 and row["verified"] is True
+    assert row["verify_attempts"].endswith("4 held*, 3 failed*") and row["capacity_headroom"] == 0.1
+    assert row["verify_ttft_s.p90"] == pytest.approx(0.147, abs=0.03) and row["ttft_s.p90"] == row["verify_ttft_s.p90"]
+    assert "4 replicas held 1.1× the traffic" in row["limiting_factor"]
+    (row,) = plan(base, make_plan_spec({**settings, "verify_factor": 0}), tmp_path / "short")[0]
+    assert row["replicas"] == row["searched_replicas"] >= 5 and "a linear bound" in row["limiting_factor"]

@@ -15,11 +15,16 @@ The fleet is then
 
 which assumes what the replica-count search verifies by simulating whole fleets: a router
 that spreads load evenly (every replica sees about 1/replicas of the traffic) and a workload
-whose SLOs do not depend on the fleet as a whole. It costs single-replica bisections per
-candidate instead of a fleet simulation per tried count, so it suits big fleets; the chosen fleet is
-then simulated as a whole with 10× a probe's requests (`kvsim.planning.verify`), one replica more
-while that long run fails; the row's window columns and headroom are that fleet's long run (the one-replica
-probe that set the rate is in `search_*` columns, `kvsim.planning.verify.answer_columns`).
+whose SLOs do not depend on the fleet as a whole. It is a linear bound: c replicas pool their queues
+(Erlang: M/D/4 with single-slot replicas of 0.1 s meets p90 TTFT ≤ 0.25 s up to 35.7 req/s, 5.6× M/D/1's
+6.35), so it over-sizes where pooling helps. It costs single-replica bisections per candidate instead of a
+fleet simulation per tried count, so it suits big fleets; the chosen fleet is then simulated as a whole with
+10× a probe's requests (`kvsim.planning.verify`): one replica more while that long run fails, and, when it
+holds, one replica fewer on the traffic sped up by 1 + `capacity_headroom` while those hold, so the answer is
+the fewest replicas the fleet itself was seen to hold with that spare capacity (the count below failing).
+The row's window columns and headroom are that fleet's long run (the one-replica probe that set the rate is
+in `search_*` columns, `kvsim.planning.verify.answer_columns`); with `verify_factor` 0 no fleet is
+simulated and the row says its count is the linear bound.
 
 `rate_per_replica` (and a failed probe's rate in `limiting_factor`) is the rate the probe's own arrivals
 offered one replica, (requests − 1) / (last arrival − first): not `f` times the base traffic's rate, whose
@@ -87,7 +92,9 @@ class RateSearch:
         self.first_probe_fits = self.memory.fits(self._probe(first))
         self.search = SteadyRateSearch(1.0, first, max_requests=longest, first_tol=self.spec.rel_tol,
                                        max_rate=enough, min_rate=enough / max(1, self.cap))
-        self.verify = Verification(self.candidate, self.spec, self.memory)
+        spare = 1.0 + self.spec.capacity_headroom
+        self.verify = Verification(self.candidate, self.spec, self.memory,
+                                   shrink=lambda traffic, n: scaled_traffic(traffic, spare, n))
 
     def _probe(self, num_requests: int) -> Scenario:
         """A one-replica probe of `num_requests` (its memory does not depend on the traffic's fraction)."""
@@ -191,17 +198,28 @@ class RateSearch:
                     "limiting_factor": why,
                     "rate_per_replica": found["offered_rate_per_s"] if found else 0.0, "capacity_headroom": None,
                     **evidence_columns(worst["evidence"], slo), **search_columns(s), **self.verify.columns()}
+        assert searched is not None  # long runs start from the searched count: none ran without one
         num_gpus = replicas * c.tensor_parallel_size
         answer = self.answer_metrics() or found  # the fleet's long run that held (else the one-replica probe)
-        failed_long = (counted(searched, "replica") if searched == replicas - 1
-                       else f"{searched}..{replicas - 1} replicas")
+        if replicas > searched:
+            failed_long = (counted(searched, "replica") if searched == replicas - 1
+                           else f"{searched}..{replicas - 1} replicas")
+            limiting += f"; the long run failed at {failed_long}"
+        elif replicas < searched:  # the fleet pools: fewer replicas than one replica's rate implies
+            limiting += (f"; {counted(replicas, 'replica')} held {1 + self.spec.capacity_headroom:g}× the traffic "
+                         f"in a long run (the fleet pools its queues), {replicas - 1} did not; one replica's "
+                         f"rate implied {searched}")
+        elif self.verify.held is None and searched > 1:
+            limiting += (f"; a linear bound, ceil({1 + self.spec.capacity_headroom:g} / f) from one replica's rate: "
+                         "the fleet was not simulated, and pooling can need fewer")
         return {**row, "feasible": True, "replicas": replicas, "num_gpus": num_gpus,
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,
                 "headroom": headroom(answer["evidence"], slo),
-                "limiting_factor": limiting if replicas == searched else
-                f"{limiting}; the long run failed at {failed_long}",
+                "limiting_factor": limiting,
                 "rate_per_replica": found["offered_rate_per_s"],
-                "capacity_headroom": replicas * s.rate - 1.0,
+                # the spare capacity: linear from one replica's rate, or what fewer replicas' long runs showed
+                "capacity_headroom": (replicas * s.rate - 1.0 if replicas >= searched
+                                      else self.spec.capacity_headroom),
                 **answer_columns(answer["evidence"], found["evidence"], slo), **search_columns(s),
                 **self.verify.columns()}
 

@@ -10,10 +10,18 @@ that run's steady-state evidence (`kvsim.planning.steady_state`) is the row's ev
 columns and headroom, `answer_columns`, and the `verify_*` columns, `verified`: stable and every SLO
 met), the search's probe is in `search_*` columns, with `searched_replicas` (the short probes' answer)
 and `verify_attempts` (each count tried long and whether it held).
+
+A count found without simulating the fleet (`--search rate`: one replica's rate, scaled linearly) can be
+too large as well: c replicas pool their queues (M/D/c waits less than c × M/D/1 at the same load), so
+with `shrink` a long run that holds at the searched count is followed by one replica fewer, on the traffic
+`shrink` gives (the rate search's: sped up by its capacity headroom), while those hold; the answer is then
+the fewest replicas whose long run held, the count below it having failed (`verify_attempts` e.g.
+`6 held, 5 held*, 4 held*, 3 failed*`, * marking the runs on `shrink`'s traffic).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +86,8 @@ class Verification:
     spec: PlanSpec
     memory: MemoryBound
     grows: bool = True  # a failed long run is retried one replica larger (False: a fixed fleet, an xPyD split)
+    # a held long run is followed by one replica fewer on shrink(traffic, requests) while they hold (None: never)
+    shrink: Callable[[Scenario, int], Scenario] | None = None
     attempts: list[tuple[int, Metrics]] = field(default_factory=list)  # (replicas, long run's metrics)
     memory_note: str | None = None  # why a long run was not made: its memory floor exceeds the plan's limit
     _count: int | None = None
@@ -88,15 +98,21 @@ class Verification:
         if (replicas is None or probe_requests <= 0 or self.spec.verify_factor == 0
                 or self.memory_note is not None):
             return None
-        count = replicas
+        count, fewer = replicas, False
         if self.attempts:
             last, metrics = self.attempts[-1]
-            if (probe_passes(metrics["evidence"], self.spec.slo) or last >= self.spec.max_replicas
-                    or not self.grows):
+            if probe_passes(metrics["evidence"], self.spec.slo):
+                if self.shrink is None or last <= 1 or len(self._held()) < len(self.attempts):
+                    return None  # no shrinking asked for, nothing below, or the count below already failed
+                count, fewer = last - 1, True
+            elif self._held() or last >= self.spec.max_replicas or not self.grows:
                 return None
-            count = last + 1
+            else:
+                count = last + 1
         num_requests = self.spec.verify_factor * probe_requests
-        scenario = self.candidate.scenario(with_requests(traffic, num_requests), count, self.spec.router)
+        long_traffic = (self.shrink(traffic, num_requests) if fewer and self.shrink is not None
+                        else with_requests(traffic, num_requests))
+        scenario = self.candidate.scenario(long_traffic, count, self.spec.router)
         if not self.memory.fits(scenario):
             self.memory_note = self.memory.over(f"the {num_requests}-request verification run", scenario)
             return None
@@ -108,21 +124,34 @@ class Verification:
         self.attempts.append((self._count, metrics))
         self._count = None
 
+    def _held(self) -> list[tuple[int, Metrics]]:
+        return [(n, m) for n, m in self.attempts if probe_passes(m["evidence"], self.spec.slo)]
+
+    def _answer(self) -> tuple[int, Metrics] | None:
+        """The long run behind the answer: the fewest replicas that held, else the last run (None: none ran)."""
+        held = self._held()
+        if held:
+            return min(held, key=lambda attempt: attempt[0])
+        return self.attempts[-1] if self.attempts else None
+
     @property
     def metrics(self) -> Metrics | None:
-        """The last long run's metrics (None: none ran)."""
-        return self.attempts[-1][1] if self.attempts else None
+        """The answer's long run's metrics (the fewest replicas that held), else the last long run's (None: none
+        ran)."""
+        answer = self._answer()
+        return None if answer is None else answer[1]
 
     @property
     def held(self) -> bool | None:
-        """Whether the last long run held (None: none ran)."""
-        return None if self.metrics is None else probe_passes(self.metrics["evidence"], self.spec.slo)
+        """Whether a long run held (None: none ran)."""
+        return None if not self.attempts else bool(self._held())
 
     def replicas(self, searched: int | None) -> int | None:
-        """The answer: the count whose long run held; `searched` when none ran; None when none held."""
+        """The answer: the fewest replicas whose long run held; `searched` when none ran; None when none held."""
         if not self.attempts:
             return searched
-        return self.attempts[-1][0] if self.held else None
+        answer = self._answer()
+        return answer[0] if answer is not None and self.held else None
 
     def columns(self) -> dict[str, Any]:
         """`verified` and the long run's evidence as `verify_*` columns (empty values when not run)."""
@@ -130,7 +159,8 @@ class Verification:
             return {"verified": None, "verify_num_requests": None, "verify_attempts": None,
                     "verify_memory": self.memory_note}
         ev = self.metrics["evidence"]
+        first = self.attempts[0][0]  # runs below the first count are on `shrink`'s traffic: marked *
         tried = ", ".join(f"{n} {'held' if probe_passes(m['evidence'], self.spec.slo) else 'failed'}"
-                          for n, m in self.attempts)
+                          f"{'*' if n < first else ''}" for n, m in self.attempts)
         return {"verified": self.held, "verify_num_requests": ev["num_requests"], "verify_attempts": tried,
                 "verify_memory": self.memory_note, **evidence_columns(ev, self.spec.slo, prefix="verify_")}
