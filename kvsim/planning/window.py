@@ -254,7 +254,7 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     early = (early_overload(requests, servable, start, end, Z_EARLY if too_short else Z_95)
              if num_in >= MIN_WINDOW_REQUESTS else None)
     by_replica = replica_outgrew(early)
-    queue_outgrew = early is not None and early["waiting_growth"] > early["margin"] or by_replica
+    queue_outgrew = (early is not None and early["waiting_growth"] > early["margin"]) or by_replica
     if too_short:
         # judged on too few requests or service times: a longer run must decide, unless the queue already
         # grows beyond what a stable one could show
