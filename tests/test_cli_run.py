@@ -297,3 +297,32 @@ def test_a_written_scenario_runs_again_from_another_folder(tmp_path, monkeypatch
     again = CliRunner().invoke(app, ["run", str(tmp_path / "a" / "scenario.yaml"), "-o", str(tmp_path / "b")])
     assert again.exit_code == 0, again.output
     assert (tmp_path / "b" / "requests.csv").read_bytes() == (tmp_path / "a" / "requests.csv").read_bytes()
+
+
+def test_a_run_leaves_the_garbage_collector_as_it_found_it(tmp_path, monkeypatch):
+    """`kvsim run` freezes what exists and collects young objects less often while it simulates
+    (`kvsim.cli.shared.run_collector`); an in-process caller gets its thresholds, freeze count and enabled
+    state back, after a run and after a run refused mid-way (a memory limit checked when simulating starts)."""
+    import gc
+    from contextlib import contextmanager
+
+    import kvsim.cli.shared as shared
+
+    seen = []  # (young threshold, anything frozen) inside each run
+
+    @contextmanager
+    def spying():
+        with shared.run_collector():
+            seen.append((gc.get_threshold()[0], gc.get_freeze_count() > 0))
+            yield
+
+    monkeypatch.setattr("kvsim.cli.run_collector", spying)
+    before = (gc.get_threshold(), gc.get_freeze_count(), gc.isenabled())
+    ok = runner.invoke(app, ["run", "--set", "workload.num_requests=5", "-o", str(tmp_path / "a"), "--format", "json"])
+    assert ok.exit_code == 0, ok.output
+    assert (gc.get_threshold(), gc.get_freeze_count(), gc.isenabled()) == before
+    refused = runner.invoke(app, ["run", "--set", "workload.num_requests=5", "-o", str(tmp_path / "b"),
+                                  "--memory-limit", "1KiB"])
+    assert refused.exit_code == 2, refused.output
+    assert (gc.get_threshold(), gc.get_freeze_count(), gc.isenabled()) == before
+    assert seen == [(shared.RUN_YOUNG_COLLECTION, True)] * 2

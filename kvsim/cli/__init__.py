@@ -6,7 +6,6 @@ The commands' annotations are objects, not strings (no `from __future__ import a
 evaluate each string twice (~10 ms of every command line).
 """
 
-import gc
 import json
 import sys
 from pathlib import Path
@@ -51,6 +50,7 @@ from kvsim.cli.shared import (
     parse_int_list,
     parse_size_flag,
     print_plan,
+    run_collector,
     run_flags,
     user_errors,
     write_plan,
@@ -221,9 +221,7 @@ def run(
     `autoscaler`, an autoscaled fleet (`kvsim.fleet.autoscaled`): all through `kvsim.fleet.run`.
     """
     # The imports and the scenario allocate objects that all outlive the run: the collector is off while
-    # they are made (collecting them finds nothing: ~0.015 CPU s), then what exists is frozen, so that it
-    # need not walk them while the run allocates (a full collection fewer: ~0.04 s of the bench's 2 s
-    # runs); unfrozen after, so an in-process caller (CliRunner) keeps its usual collection.
+    # they are made (collecting them finds nothing: ~0.015 CPU s), then frozen for the run (`run_collector`).
     with collector_off():
         from kvsim.fleet.run import simulate_scenario, unread_settings
         from kvsim.results.output_dir import check_output_dir, safe_component
@@ -241,14 +239,10 @@ def run(
             steps_format = steps_format or StepsFormatOption.auto
             check_output_dir(out_dir, "run")  # refuse before simulating, not after
             resolve_format(steps_format.value)  # parquet without pyarrow: refused before simulating too
-    gc.freeze()
-    try:
-        with user_errors(), run_progress("run", enabled=output_format is RunFormat.table) as progress:
-            result = simulate_scenario(spec, check=check, progress=progress, out_dir=out_dir,
-                                       steps_format=steps_format.value, memory_limit_bytes=limit_bytes)
-            written = Path(out_dir)
-    finally:
-        gc.unfreeze()
+    with run_collector(), user_errors(), run_progress("run", enabled=output_format is RunFormat.table) as progress:
+        result = simulate_scenario(spec, check=check, progress=progress, out_dir=out_dir,
+                                   steps_format=steps_format.value, memory_limit_bytes=limit_bytes)
+        written = Path(out_dir)
     from kvsim.results.render import all_rejected
 
     for warning in [all_rejected(result.summary), *unread_settings(spec)]:
