@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,6 +51,7 @@ from kvsim.engine.builder import EngineParts, engine_result
 from kvsim.engine.clock import ArrivalClock, call_at, past_the_clock
 from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.runtime import Engine
+from kvsim.fleet.disagg_checks import check_disaggregable, synchronous
 from kvsim.fleet.driver import (
     FleetView,
     Routes,
@@ -82,88 +83,6 @@ if TYPE_CHECKING:
 
 TRANSFER_COLUMNS = ("request_id", "prefill_replica", "decode_replica", "num_bytes", "handoff_s", "start_s",
                     "end_s")
-
-
-def check_disaggregable(scenario: Scenario, specs: list[Scenario]) -> None:
-    """Refuse, before any engine is built, what a disaggregated fleet does not model: an instance whose
-    engine is not paged and v1 (vLLM v1's connectors), n > 1 samples or beam search; and what vLLM does not
-    run: instances of different models or KV cache dtypes, whose caches are not each other's (NixlConnector
-    refuses such a peer at its handshake: the compatibility hash covers the model and the cache dtype), or of block
-    sizes its handshake cannot pair (`_check_block_sizes`). Instances on different GPUs are a real deployment and
-    pass. Each refusal is one `KvsimError`."""
-    assert isinstance(scenario.replicas, list)
-    roles = [group.kv_role for group in scenario.replicas for _ in range(group.count)]
-
-    def cache(spec: Scenario) -> tuple[dict[str, Any], str]:  # the model's shapes and the KV dtype it stores
-        model = load_model(spec.model)
-        return model.model_dump(exclude={"name"}), model.dtype if spec.engine.kv_cache_dtype == "auto" \
-            else spec.engine.kv_cache_dtype
-
-    first_model, first_dtype = cache(specs[0])
-    for spec, role in zip(specs, roles, strict=True):
-        model, kv_dtype = cache(spec)
-        differs = ((f"model={spec.model}", f"model={specs[0].model}") if model != first_model else
-                   (f"KV cache dtype {kv_dtype}", f"KV cache dtype {first_dtype}") if kv_dtype != first_dtype else None)
-        if differs is not None:
-            mine, theirs = differs
-            raise KvsimError(f"replicas ({spec.name}, {role}): {mine}, but ({specs[0].name}, {roles[0]}) has "
-                             f"{theirs}: a disaggregated fleet's instances hand each other their KV cache, so they "
-                             "serve one model with one KV cache dtype")
-        if spec.engine.allocator != "paged" or spec.engine.scheduler != "v1":
-            _refuse_engine(spec, role)
-        if spec.engine.async_scheduling:
-            raise KvsimError(f"replicas ({spec.name}, {role}): engine.async_scheduling=true: a disaggregated "
-                             "instance is modelled stepping synchronously (no async scheduling beside a KV "
-                             "connector); leave it unset or false")
-    _check_block_sizes(specs, roles, mla=load_model(specs[0].model).mla is not None)
-    if scenario.workload.n != 1:
-        raise KvsimError(f"workload.n={scenario.workload.n}: vLLM's prefill/decode disaggregation serves one sample "
-                         "a request (the prefill instance fans n > 1 out into n requests, but the kv_transfer_params "
-                         "it returns name one request's blocks, so the decode instance can pull only those: "
-                         "vllm-project/vllm pull request 38900); send n requests of n=1 instead")
-    if scenario.workload.beam_width is not None:
-        raise KvsimError(f"workload.beam_width={scenario.workload.beam_width}: a disaggregated fleet models "
-                         "single-sequence requests only (vLLM v1 runs beam search as requests of its own, "
-                         "outside the engine)")
-
-
-def _check_block_sizes(specs: list[Scenario], roles: Sequence[str | None], mla: bool) -> None:
-    """Refuse a prefill and a decode instance whose block sizes vLLM's NixlConnector cannot pair: the decode
-    instance reads the prefill instance's blocks into its own, and its handshake asserts that its block size is a
-    multiple of the prefill's (`TransferTopology.block_size_ratio`), and equal when it reads from more prefill
-    ranks than it has (prefill TP above decode TP, without MLA; `_validate_remote_agent_handshake`). Each
-    distinct (block size, TP) of a pool is checked once, by its first instance."""
-    def shapes(role: str) -> dict[tuple[int, int], Scenario]:
-        found: dict[tuple[int, int], Scenario] = {}
-        for spec, its_role in zip(specs, roles, strict=True):
-            if its_role == role:
-                found.setdefault((spec.engine.block_size, spec.engine.tensor_parallel_size), spec)
-        return found
-
-    for (p_size, p_tp), producer in shapes("kv_producer").items():
-        for (d_size, d_tp), consumer in shapes("kv_consumer").items():
-            if d_size % p_size:
-                why = (f"decode instance's only when the decode block size is a multiple of the prefill's; give the "
-                       f"decode instances a block_size of {p_size} or more")
-            elif d_size != p_size and p_tp > d_tp and not mla:
-                why = (f"decode instance's from several prefill ranks (tensor_parallel_size {p_tp} there, {d_tp} "
-                       "here) only between equal block sizes; give both the same block_size")
-            else:
-                continue
-            raise KvsimError(f"replicas ({consumer.name}, kv_consumer): engine.block_size={d_size}, but "
-                             f"({producer.name}, kv_producer) has engine.block_size={p_size}: vLLM's NixlConnector "
-                             f"reads a prefill instance's blocks into a {why}")
-
-
-def _synchronous(spec: Scenario) -> Scenario:
-    """An instance's scenario with vLLM's default async scheduling off: kvsim models disaggregated
-    instances stepping synchronously (`check_disaggregable` refuses `engine.async_scheduling: true`)."""
-    return spec.model_copy(update={"engine": spec.engine.model_copy(update={"async_scheduling": False})})
-
-
-def _refuse_engine(spec: Scenario, role: str | None) -> NoReturn:
-    raise KvsimError(f"replicas ({spec.name}, {role}): engine.allocator={spec.engine.allocator}, engine.scheduler="
-                     f"{spec.engine.scheduler}: disaggregation needs paged and v1 (vLLM v1's connectors)")
 
 
 @dataclass(slots=True)
@@ -421,7 +340,7 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
                          steps_in_memory=scenario.steps == "all")
     specs = replica_scenarios(scenario)
     check_disaggregable(scenario, specs)
-    specs = [_synchronous(spec) for spec in specs]
+    specs = [synchronous(spec) for spec in specs]
     # `Disaggregation` sets `observe_kv` where a pool's router reads KV usage
     parts, engines, requests = replica_engines(scenario, specs, observe_kv=False)
     disagg = Disaggregation(scenario, specs, parts, engines)

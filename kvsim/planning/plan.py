@@ -110,7 +110,7 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
         for replica, _ in replica_groups(scenario):  # what building it refuses: found after the folder was made
             check_engine(replica)
         if candidate.split is not None:
-            from kvsim.fleet.disagg import check_disaggregable
+            from kvsim.fleet.disagg_checks import check_disaggregable
             from kvsim.fleet.driver import replica_scenarios
 
             check_disaggregable(scenario, replica_scenarios(scenario))
