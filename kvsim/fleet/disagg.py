@@ -62,13 +62,12 @@ from kvsim.fleet.driver import (
     replica_groups,
     replica_scenarios,
 )
-from kvsim.fleet.kv_transfer import decode_link, kv_bytes_per_block_received, per_gpu_link
+from kvsim.fleet.kv_transfer import decode_link, kv_bytes_per_token_received, per_gpu_link, prefill_blocks_read
 from kvsim.fleet.router import Router, prefix_table_blocks
 from kvsim.kv import PagedAllocator
 from kvsim.kv.link import SharedLink
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
-from kvsim.model.units import ceil_div
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import means_together, percentiles
 from kvsim.results.run_result import RunResult
@@ -122,17 +121,19 @@ class Disaggregation:
                                  "(vLLM disables the hybrid manager beside a KV connector without hybrid support); "
                                  f"{part.spec.kv_layout.full_attention_advice}")
         self.links = [SharedLink(decode_link(config, specs[d].engine)) for d in self.decode]
-        self.block_bytes = [kv_bytes_per_block_received(load_model(specs[d].model), specs[d].engine)
+        self.token_bytes = [kv_bytes_per_token_received(load_model(specs[d].model), specs[d].engine)
                             for d in self.decode]
-        self.block_size = [specs[d].engine.block_size for d in self.decode]
+        self.block_size = [spec.engine.block_size for spec in specs]  # per replica
         self.p_view = FleetView([engines[i] for i in self.prefill])
         self.d_view = FleetView([engines[i] for i in self.decode])
         for pool, router in ((self.prefill, config.prefill_router), (self.decode, config.decode_router)):
             for i in pool:  # only a pool whose router reads KV usage needs it mid-burst (`Engine.kv_usage`)
                 engines[i].observe_kv = router.policy == "least_kv"
-        block_size = specs[0].engine.block_size
-        self.p_router = _make_router(config.prefill_router, [parts[i] for i in self.prefill], block_size)
-        self.d_router = _make_router(config.decode_router, [parts[i] for i in self.decode], block_size)
+        # each pool's router hashes at its first instance's block size (`kvsim.fleet.router`: one size a router)
+        self.p_router = _make_router(config.prefill_router, [parts[i] for i in self.prefill],
+                                     self.block_size[self.prefill[0]])
+        self.d_router = _make_router(config.decode_router, [parts[i] for i in self.decode],
+                                     self.block_size[self.decode[0]])
         self.p_routes, self.d_routes = Routes(), Routes()
         self.pending: list[deque[tuple[Request, int, float]]] = [deque() for _ in self.decode]
         self.in_flight: list[dict[int, _InFlight]] = [{} for _ in self.decode]
@@ -246,8 +247,10 @@ class Disaggregation:
                 pending.popleft()
                 if alloc.enable_caching:  # vLLM counts no query without prefix caching
                     scheduler.prefix_stats.record(req.prompt_len, hit.num_tokens, preempted=False)
-                num_blocks = ceil_div(req.prompt_len, self.block_size[k]) - len(hit.block_ids)
-                num_bytes = num_blocks * self.block_bytes[k]
+                p_size = self.block_size[prefill]  # D reads P's blocks (`prefill_blocks_read`)
+                num_blocks = prefill_blocks_read(req.prompt_len, p_size, self.block_size[self.decode[k]],
+                                                 len(hit.block_ids))
+                num_bytes = num_blocks * p_size * self.token_bytes[k]
                 self.links[k].start(req.request_id, num_bytes, now)
                 self.in_flight[k][req.request_id] = _InFlight(req, prefill, handoff_s, now, num_bytes)
                 started = True

@@ -11,10 +11,13 @@ completion), not measurements; `kv_link_latency_s` replaces them. A decode insta
 one such link per GPU (one NIC per GPU, as rail-optimised clusters wire them), so its ingress is
 t × the per-GPU bandwidth, shared by every transfer into it (`kvsim.kv.link.SharedLink`).
 
-Bytes: a decode instance receives the whole prompt's KV in its own layout, whole blocks as vLLM's
-connectors move them (block-granular descriptors): `num_blocks · block_size · bytes_per_token(D) · tp(D)`,
-where `bytes_per_token(D)` is the per-GPU figure at the decode side's TP (`kvsim.model.capacity`: kv
-heads divided by TP, at least 1, so heads replicated across ranks are received by each of them).
+Bytes: a decode instance reads the prompt's KV in the prefill instance's blocks (block-granular NIXL
+descriptors): `num_blocks · block_size(P) · bytes_per_token(D) · tp(D)`, where `bytes_per_token(D)` is the
+per-GPU figure at the decode side's TP (`kvsim.model.capacity`: kv heads divided by TP, at least 1, so heads
+replicated across ranks are received by each of them). `num_blocks` is `prefill_blocks_read`: vLLM's
+`NixlConnectorWorker._read_blocks` splits each of D's blocks it must fill (those its prefix cache does not
+hold) into `block_size_ratio` blocks of P's size (`get_mapped_blocks`) and clips them to the blocks P holds,
+so a 100-token prompt moves ceil(100 / 16) = 7 blocks of 16 into blocks of 32, 112 tokens' KV, not 128.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 from kvsim.kv.link import LinkSpec
 from kvsim.model.capacity import kv_bytes_per_token
 from kvsim.model.config import EngineConfig, ModelSpec
+from kvsim.model.units import ceil_div
 from kvsim.workload.fleet_layout import KVTransferConfig
 
 LINK_PRESETS: dict[str, tuple[float, float]] = {  # kv_link -> (bandwidth per GPU in B/s, latency in s)
@@ -47,6 +51,17 @@ def decode_link(config: KVTransferConfig, decode_engine: EngineConfig) -> LinkSp
     return LinkSpec(bandwidth * decode_engine.tensor_parallel_size, latency)
 
 
-def kv_bytes_per_block_received(model: ModelSpec, decode_engine: EngineConfig) -> int:
-    """Bytes one block of KV takes on the decode instance, all its TP ranks together."""
-    return kv_bytes_per_token(model, decode_engine) * decode_engine.tensor_parallel_size * decode_engine.block_size
+def kv_bytes_per_token_received(model: ModelSpec, decode_engine: EngineConfig) -> int:
+    """Bytes one token of KV takes on the decode instance, all its TP ranks together."""
+    return kv_bytes_per_token(model, decode_engine) * decode_engine.tensor_parallel_size
+
+
+def prefill_blocks_read(prompt_len: int, prefill_block_size: int, decode_block_size: int,
+                        num_decode_blocks_hit: int) -> int:
+    """Blocks of the prefill instance's size a decode instance reads for a `prompt_len`-token prompt of which
+    its own prefix cache holds `num_decode_blocks_hit` blocks (of its size, a multiple of the prefill's:
+    `kvsim.fleet.disagg_checks`): its blocks to fill, each `decode // prefill` of P's, at most P's
+    `ceil(prompt_len / prefill_block_size)` (vLLM's `NixlConnectorWorker._read_blocks`)."""
+    ratio = decode_block_size // prefill_block_size
+    to_fill = ceil_div(prompt_len, decode_block_size) - num_decode_blocks_hit
+    return min(to_fill * ratio, ceil_div(prompt_len, prefill_block_size))

@@ -16,7 +16,8 @@ instead of piling them on replica 0. Affinity keys are the prompt's chained bloc
 (the same hashes prefix caching uses, so a conversation's earlier turns and a shared system
 prompt match), kept for at most as many blocks as the whole fleet's KV pool holds (older
 entries are forgotten first, as the caches themselves evict; `prefix_table_blocks`). The router hashes at
-one block size, the scenario engine's, whatever its replicas' own: a router-side index approximates the
+one block size, the scenario engine's (in a disaggregated fleet, each pool's router its pool's first
+instance's), whatever its replicas' own: a router-side index approximates the
 replicas' caches at a granularity of its own, as llm-d's prefix-cache scorer hashes every prompt at one
 `blockSizeTokens` (a router parameter, 16 by default, auto-tuned from the endpoints' metrics) and its
 precise scorer at the one block size it is configured to match; neither hashes per candidate. A match of
