@@ -71,6 +71,7 @@ from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import means_together, percentiles
 from kvsim.results.run_result import RunResult
+from kvsim.sched.request_queue import priority_key
 from kvsim.workload.fleet_layout import KVTransferConfig
 from kvsim.workload.fleet_layout import Router as RouterConfig
 from kvsim.workload.generate import MAX_INSTANT_S
@@ -223,10 +224,14 @@ class Disaggregation:
         def reserve(now: float) -> None:
             """At a step boundary of decode instance k: requests whose KV has arrived go first in the queue
             (they need no new block, so a preempted request that cannot fit never blocks them: no deadlock);
-            then blocks for pending transfers, FIFO, unless a local request waits (FCFS: it would come first)
-            or the running batch is full: vLLM reserves a remote request's blocks in the scheduler's waiting
-            loop, which stops once `len(running)` reaches `max_num_seqs` (a reservation does not run yet, so
-            below that every pending transfer may start)."""
+            then blocks for pending transfers in D's queue order, unless a local request comes first in it or
+            the running batch is full: vLLM reserves a remote request's blocks in the scheduler's waiting loop
+            (WAITING_FOR_REMOTE_KVS), which takes D's queue in its policy's order and stops once `len(running)`
+            reaches `max_num_seqs` (a reservation does not run yet, so below that every pending transfer may
+            start). FCFS: hand-off order, and any local waiting request (a preempted one, back at the front)
+            comes first; priority: smallest `priority_key` first, a local request only ahead of those it
+            precedes. Not modelled: vLLM's loop also ends when the step's token budget is spent (reservations
+            here come before the step is planned)."""
             scheduler = self.engines[self.decode[k]].scheduler
             waiting, held = scheduler.waiting, scheduler.held_kv_tokens
             if held and waiting and waiting.peek().request_id not in held:
@@ -235,16 +240,24 @@ class Disaggregation:
                     waiting.remove(req)
                     waiting.prepend(req)
             pending = self.pending[k]
-            if not pending or len(waiting) > len(held) or scheduler.num_running_seqs() >= scheduler.limits.max_num_seqs:
+            if not pending or scheduler.num_running_seqs() >= scheduler.limits.max_num_seqs:
                 return
+            by_priority = waiting.policy == "priority"
+            if not by_priority and len(waiting) > len(held):
+                return
+            local_first = min((priority_key(r) for r in waiting if r.request_id not in held), default=None) \
+                if by_priority else None
             alloc, started = scheduler.alloc, False
             while pending:
-                req, prefill, handoff_s = pending[0]
+                index = min(range(len(pending)), key=lambda i: priority_key(pending[i][0])) if by_priority else 0
+                req, prefill, handoff_s = pending[index]
+                if local_first is not None and local_first < priority_key(req):
+                    break  # a local request comes first in D's queue
                 hit = scheduler.lookup(req)  # D's own hit, as its scheduler looks up (EAGLE drops its last block)
                 seq_id = req.seq_ids[0]
                 if not alloc.allocate(seq_id, req.prompt_len, req.kv_len, req.content, hit):
                     break  # vLLM's decode side: the request waits until its blocks can be allocated
-                pending.popleft()
+                del pending[index]
                 if alloc.enable_caching:  # vLLM counts no query without prefix caching
                     scheduler.prefix_stats.record(req.prompt_len, hit.num_tokens, preempted=False)
                 p_size = self.block_size[prefill]  # D reads P's blocks (`prefill_blocks_read`)

@@ -128,8 +128,13 @@ class FCFSQueue(RequestQueue):
         return reversed(self._queue)
 
 
+def priority_key(req: Request) -> tuple[int, float, int]:
+    """The priority policy's order: smallest (priority, arrival_s, request_id) first (vLLM's `Request.__lt__`)."""
+    return req.priority, req.arrival_s, req.request_id
+
+
 class PriorityQueue(RequestQueue):
-    """Smallest (priority, arrival_s, request_id) first: a heap of those keys with the request."""
+    """Smallest `priority_key` first: a heap of those keys with the request."""
 
     __slots__ = ("_heap",)
     policy: SchedulingPolicy = "priority"
@@ -138,7 +143,7 @@ class PriorityQueue(RequestQueue):
         self._heap: list[tuple[int, float, int, Request]] = []  # request ids are unique: no tie reaches the Request
 
     def add(self, req: Request) -> None:
-        heapq.heappush(self._heap, (req.priority, req.arrival_s, req.request_id, req))
+        heapq.heappush(self._heap, (*priority_key(req), req))
 
     def pop(self) -> Request:
         if not self._heap:

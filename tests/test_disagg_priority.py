@@ -1,0 +1,37 @@
+"""A priority decode instance reserves pending transfers in its queue's order (vLLM's waiting loop takes
+WAITING_FOR_REMOTE_KVS requests from its priority heap), not in hand-off order."""
+
+import json
+
+import pytest
+
+from kvsim.fleet.disagg import simulate_disagg
+from kvsim.workload.scenario import make_scenario
+from tests.test_disagg import BANDWIDTH, LINK_LATENCY_S, PROMPT_BYTES, scenario
+
+
+def run(tmp_path, policy):
+    # X (priority 0) at 0 ms, A (priority 1) at 20 ms, B (priority 0) at 30 ms; 100-token prompts, 5 tokens out.
+    # D's pool of 10 blocks holds one request's 7 (max_model_len 144 makes that pool legal) at a time.
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": 100, "output_length": 5, "hash_ids": [i],
+                                        "prio": p}) + "\n" for i, (t, p) in enumerate([(0, 0), (20, 1), (30, 0)])))
+    raw = scenario(num_requests=3, decode_engine={"num_gpu_blocks_override": 10, "max_model_len": 144,
+                                                  "scheduling_policy": policy}).model_dump(mode="json")
+    raw["workload"] = {"num_requests": 3, "arrival": {"process": "trace"}, "prompt_len": None, "output_len": None,
+                       "trace": {"format": "mooncake", "path": str(path), "priority_column": "prio"}}
+    transfers = simulate_disagg(make_scenario(raw), check=True).tables["transfers"]
+    return dict(zip(transfers["request_id"], transfers["start_s"], strict=True))
+
+
+@pytest.mark.parametrize(("policy", "first", "second"), [("priority", 2, 1), ("fcfs", 1, 2)])
+def test_pending_transfers_start_in_the_decode_queues_order(tmp_path, policy, first, second):
+    """T = 1 ms + 14,680,064 B / 1 GB/s = 15.680064 ms a transfer. X: P [0, 10 ms], transfer [10, 10 + T],
+    5 D steps of 10 ms: done at 60 ms + T, its blocks freed. A hands off at 30 ms, B at 40 ms; both wait for
+    X's blocks. Then the priority queue takes B (priority 0) before A (1): B's transfer starts at 60 + T,
+    its 5 steps end at 110 + 2T, A's transfer starts then. FCFS takes them in hand-off order: A, then B."""
+    t = LINK_LATENCY_S + PROMPT_BYTES / BANDWIDTH
+    start = run(tmp_path, policy)
+    assert start[0] == pytest.approx(0.01, rel=1e-12)
+    assert start[first] == pytest.approx(0.06 + t, rel=1e-9)
+    assert start[second] == pytest.approx(0.11 + 2 * t, rel=1e-9)
