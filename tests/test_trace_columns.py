@@ -11,6 +11,7 @@ import kvsim
 from kvsim.cli import app
 from kvsim.model.errors import KvsimError
 from kvsim.planning.spec import check_slo_classes, make_plan_spec
+from kvsim.validation.compare import PHASE_METRICS, simulated_phase_rates
 from kvsim.workload.generate import build_requests
 from kvsim.workload.scenario import make_scenario
 from kvsim.workload.traces import TraceColumns, read_azure, read_lengths, read_mooncake
@@ -92,6 +93,18 @@ def test_acceptance_lengths_drive_each_verify_step_then_the_model(tmp_path):
     assert sd["mean_acceptance_length"] == pytest.approx(2.25)
     model_only = kvsim.simulate(trace_scenario(path, {"speculative_config": spec}), check=True)
     assert model_only.requests["finish_s"].iloc[0] == pytest.approx(0.10)
+
+
+def test_the_generation_rate_counts_every_token_a_verify_step_emits(tmp_path):
+    """The same reply at 0.3 s a step: token 1 at 0.3, verify steps emitting 4, 1, 3 and 1 tokens end at 0.6,
+    0.9, 1.2 and 1.5. vLLM's logger counts every sampled token, 10; running is sampled at t = 1 (1) and t = 2
+    (0): 10 / 1 generated tokens/s per running request (the step rows' one per verifying sequence gave 5)."""
+    path = mooncake(tmp_path / "m.jsonl", [(0, 16, 10, {"accepted": [4, 1, 3]})])
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "synthetic_acceptance_length": 1}
+    raw = trace_scenario(path, {"speculative_config": spec}, acceptance_column="accepted").model_dump(mode="json")
+    raw["latency"] = {"model": "constant", "step_s": 0.3}
+    result = kvsim.simulate(make_scenario(raw), check=True)
+    assert simulated_phase_rates(result.steps, result.requests)[PHASE_METRICS[1]] == pytest.approx(10.0)
 
 
 def test_an_acceptance_length_past_the_drafts_is_capped_at_them(tmp_path):

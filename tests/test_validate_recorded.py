@@ -87,7 +87,8 @@ def test_phase_rates_by_hand(tmp_path):
     steps = pd.DataFrame({"time_s": [0.0, 0.5, 1.2], "duration_s": [0.5, 0.7, 0.7],
                           "num_prefill_tokens": [100, 40, 0], "num_decode_seqs": [0, 1, 2],
                           "vllm:num_requests_running": [1, 2, 2]})
-    requests = pd.DataFrame({"first_token_s": [0.5, 1.2], "prompt_tokens": [100, 200]})
+    requests = pd.DataFrame({"first_token_s": [0.5, 1.2], "prompt_tokens": [100, 200], "output_tokens": [3, 2],
+                             "num_samples": [1, 1], "status": ["finished", "finished"]})
     assert simulated_phase_rates(steps, requests) == {PHASE_METRICS[0]: pytest.approx((100 + 200) / 2),
                                                       PHASE_METRICS[1]: pytest.approx(5 / 2)}
 

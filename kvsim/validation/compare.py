@@ -182,10 +182,12 @@ def simulated_phase_rates(steps: pd.DataFrame, requests: pd.DataFrame) -> dict[s
     """`measured_phase_rates` of kvsim's run, binned into the same 1-second ticks from the first arrival and
     counted as vLLM's logger counts them (`IterationStats.update_from_output`, vllm/v1/metrics/stats.py):
     a request's whole prompt, prefix-cache hits included, in the tick of its first token (chunks produce
-    no output before it), and every token sampled, its first included, as generated (decodes:
-    `num_decode_seqs`, one each, by step end; a sequence verifying speculative drafts counts one too, though
-    it emits its accepted drafts and one more: the rows do not say how many). Running is sampled at each tick
-    (all data-parallel engines together)."""
+    no output before it), and every token sampled as generated (`len(new_token_ids)` of each output, after
+    truncation at max_tokens). The generation rate is a ratio of sums (Σ gen / Σ running), so its numerator
+    is every finished request's `output_tokens` × `num_samples`: each token sampled once, its first, the
+    one a recomputed request samples after a preemption, and a verify step's accepted drafts and its
+    correction or bonus token included (step rows count a decoding or verifying sequence once and
+    miss a recompute's token). Running is sampled at each tick (all data-parallel engines together)."""
     if not len(steps):
         return dict.fromkeys(PHASE_METRICS)
     ticks = np.floor((steps["time_s"] + steps["duration_s"]).to_numpy()).astype(int)
@@ -195,14 +197,15 @@ def simulated_phase_rates(steps: pd.DataFrame, requests: pd.DataFrame) -> dict[s
     num_ticks = int(max(ticks.max(), first_ticks.max(initial=0))) + 1
     prompt = np.bincount(first_ticks, weights=requests["prompt_tokens"].to_numpy(dtype=float)[started],
                          minlength=num_ticks)
-    decode = np.bincount(ticks, weights=steps["num_decode_seqs"].to_numpy(dtype=float), minlength=num_ticks)
-    decode += np.bincount(first_ticks, minlength=num_ticks)
+    finished = (requests["status"] == "finished").to_numpy()
+    generated = float((requests["output_tokens"].to_numpy(dtype=float) * requests["num_samples"].to_numpy())[finished]
+                      .sum())
     if "dp_rank" in steps:
         steps = steps.groupby("time_s", as_index=False).agg({"duration_s": "max", "vllm:num_requests_running": "sum"})
     running = sample_steps(steps, "vllm:num_requests_running", np.arange(1, num_ticks + 1, dtype=float))
     busy = prompt[prompt > 0]
     return {PHASE_METRICS[0]: float(busy.mean()) if busy.size else None,
-            PHASE_METRICS[1]: float(decode.sum() / running.sum()) if running.sum() else None}
+            PHASE_METRICS[1]: generated / float(running.sum()) if running.sum() else None}
 
 
 def _error_pct(value: float | None, reference: float | None) -> float | None:
