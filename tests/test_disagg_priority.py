@@ -4,8 +4,12 @@ WAITING_FOR_REMOTE_KVS requests from its priority heap), not in hand-off order."
 import json
 
 import pytest
+import simpy
+from conftest import make_request
 
-from kvsim.fleet.disagg import simulate_disagg
+from kvsim.fleet.disagg import Disaggregation, simulate_disagg
+from kvsim.fleet.disagg_checks import synchronous
+from kvsim.fleet.driver import replica_engines, replica_scenarios
 from kvsim.workload.scenario import make_scenario
 from tests.test_disagg import BANDWIDTH, LINK_LATENCY_S, PROMPT_BYTES, scenario
 
@@ -35,3 +39,27 @@ def test_pending_transfers_start_in_the_decode_queues_order(tmp_path, policy, fi
     assert start[0] == pytest.approx(0.01, rel=1e-12)
     assert start[first] == pytest.approx(0.06 + t, rel=1e-9)
     assert start[second] == pytest.approx(0.11 + 2 * t, rel=1e-9)
+
+
+def decode_side():
+    """A 1P1D fleet's `Disaggregation`, built but not run, and its decode instance's scheduler."""
+    spec = scenario(decode_engine={"scheduling_policy": "priority"})
+    specs = [synchronous(s) for s in replica_scenarios(spec)]
+    parts, engines, _ = replica_engines(spec, specs, observe_kv=False)
+    disagg = Disaggregation(spec, specs, parts, engines)
+    disagg.env = simpy.Environment()
+    return disagg, engines[1].scheduler
+
+
+@pytest.mark.parametrize(("local_priority", "reserved"), [(1, True), (0, False)])
+def test_a_local_request_blocks_only_the_transfers_it_precedes(local_priority, reserved):
+    """D's queue holds a local request L (arrived at 0); R (priority 0, arrived at 1) waits for its blocks.
+    L of priority 1 comes after R in vLLM's heap, so R's blocks are reserved now; L of priority 0 (same
+    priority, earlier arrival) comes first, and R waits for L, as a FCFS queue makes it wait for any local."""
+    disagg, sched = decode_side()
+    local, remote = make_request(0, 0.0, 100, 5), make_request(1, 1.0, 100, 5)
+    local.priority, remote.priority = local_priority, 0
+    sched.waiting.add(local)
+    disagg.pending[0].append((remote, 0, 1.0))
+    disagg._reserve_on(0)(1.0)
+    assert (1 in disagg.in_flight[0]) is reserved and (not disagg.pending[0]) is reserved
