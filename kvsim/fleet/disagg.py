@@ -8,7 +8,7 @@
 A request's life (each instance is one engine exactly as a colocated fleet builds it):
 
     arrives ─▶ prefill router ─▶ P: queue, prefill, first token (max_tokens=1, as the proxy asks)
-           ─▶ decode router ─▶ D: waits until D can reserve the prompt's blocks (FIFO, at D's step
+           ─▶ decode router ─▶ D: waits until D can reserve the prompt's blocks (in D's queue order, at D's step
               boundaries or at once if D is idle; D's own prefix-cache hit, as D's scheduler looks it up,
               is not moved)
            ─▶ transfer over D's ingress link (latency + bytes ÷ bandwidth, shared: `SharedLink`);
@@ -230,8 +230,9 @@ class Disaggregation:
             reaches `max_num_seqs` (a reservation does not run yet, so below that every pending transfer may
             start). FCFS: hand-off order, and any local waiting request (a preempted one, back at the front)
             comes first; priority: smallest `priority_key` first, a local request only ahead of those it
-            precedes. Not modelled: vLLM's loop also ends when the step's token budget is spent (reservations
-            here come before the step is planned)."""
+            precedes (the key's arrival is the client's; vLLM's decode frontend stamps the hand-off). Not
+            modelled: vLLM's loop also ends when the step's token budget is spent (reservations here come
+            before the step is planned)."""
             scheduler = self.engines[self.decode[k]].scheduler
             waiting, held = scheduler.waiting, scheduler.held_kv_tokens
             if held and waiting and waiting.peek().request_id not in held:
