@@ -153,7 +153,7 @@ def _ops(rows: list[dict[str, str]], kind: str, axis: str) -> dict[str, tuple[In
         if r["kind"] == kind:
             by_op.setdefault(r["op"], []).append(r)
     return {op: (Interp1D([float(r[axis]) for r in rs], [float(r["time_s"]) for r in rs]),
-                 int(rs[0].get("calls") or 1)) for op, rs in by_op.items()}
+                 int(float(rs[0].get("calls") or 1))) for op, rs in by_op.items()}
 
 
 class CalibratedLatency:

@@ -3,7 +3,8 @@
 `check_rows` refuses, naming the row:
 * no rows at all (a file whose every time was zero or negative leaves none);
 * a time that is not a finite positive number of seconds, a size (tokens, batch, context...)
-  that is not a whole number >= 0; an `attention_skew` row (a fitted α, no time) whose α or
+  that is not a whole number >= 0, a `calls` that is not a whole number >= 1 (the op's runs per layer or
+  step, a multiplier of its time); an `attention_skew` row (a fitted α, no time) whose α or
   bucket edges are not finite numbers;
 * one point measured twice with times more than `MAX_SPREAD` apart (a unit slip, not noise);
 * a time more than `MAX_SPREAD` below the time of a smaller size of the same op, others fixed
@@ -58,6 +59,11 @@ def check_rows(profile: Profile, path: Path) -> None:
                 size = _finite(value, column, what)
                 if size < 0 or not size.is_integer():
                     raise KvsimError(f"{what}: {column}={value!r} is not a whole number >= 0")
+        calls = row.get("calls")
+        if calls not in (None, ""):
+            runs = _finite(calls, "calls", what)
+            if runs < 1 or not runs.is_integer():
+                raise KvsimError(f"{what}: calls={calls!r} is not a whole number >= 1")
         key = (str(row.get("kind")), str(row.get("op") or ""), *(str(row.get(c) or "") for c in SIZES))
         points.setdefault(key, []).append(seconds)
     for key, times in points.items():
