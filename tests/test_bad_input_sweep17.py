@@ -3,15 +3,20 @@ the field and the value (the CLI: exit 2, one line, nothing written).
 
 Found: a profile CSV's `calls` cell that is not a number stopped the run with a bare ValueError, one below 1
 (a negative count of an op's runs) was read as a negative time, and one written as `2.0` passed the checks and
-then stopped the run with a ValueError."""
+then stopped the run with a ValueError. A measured run's `meta.json` with a `model` or `dataset_path` that is
+not text was read as its `str()` (`model: 5` as a model called '5', a null `dataset_path` as a file called
+'None'), and a bench JSON's `model_id` the same way."""
 
 import pytest
+from conftest import one_line_exit_2
 from test_profiles import LLAMA, RTX, TP1, calibrated, write_bundle  # tests/ is on sys.path
+from test_validate import _patch_json, bench_json, write_run
 
 from kvsim.latency.profiles.loader import load_profile
 from kvsim.latency.profiles.native import write_native
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.errors import KvsimError
+from kvsim.validation.measured import load_measured
 
 
 def _native_with_calls(tmp_path, calls):
@@ -37,3 +42,24 @@ def test_a_profile_calls_cell_written_as_a_float_counts_as_the_whole_number(tmp_
         path, _ = _native_with_calls(tmp_path / calls, calls)
         times.append(calibrated(load_profile(path, LLAMA, RTX, TP1)).step_time(plan))
     assert times[0] == times[1]
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({"model": 5}, "model=5 is not text"),
+    ({"model": None, "engine_kwargs": {"model": ["a"]}}, "engine_kwargs: model=['a'] is not text"),
+    ({"dataset_path": 5}, "dataset_path=5 is not text"),
+    ({"dataset_path": None}, "dataset_path is missing; pass --workload PATH"),
+])
+def test_a_measured_runs_meta_json_text_field_that_is_not_text_is_named(tmp_path, changes, expected):
+    run = write_run(tmp_path)
+    _patch_json(run / "vllm" / "meta.json", **changes)
+    message = one_line_exit_2(["validate", str(run), "--gpu", "h100-80gb", "-o", str(tmp_path / "o")])
+    assert message == f"{run / 'vllm' / 'meta.json'}: {expected}"
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_bench_json_model_id_that_is_not_text_is_named(tmp_path):
+    path = bench_json(tmp_path / "b.json", model_id=5)
+    with pytest.raises(KvsimError, match=r"b\.json: model_id=5 is not text$"):
+        load_measured(path)
+    assert load_measured(bench_json(tmp_path / "c.json", model_id="", tokenizer_id="org/M")).model_id == "org/M"

@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 
 from kvsim.model.errors import KvsimError
-from kvsim.validation.frame import MeasuredRun, is_number, read_json, refuse_late_arrival, request_frame
+from kvsim.validation.frame import (
+    MeasuredRun,
+    is_number,
+    json_text,
+    read_json,
+    refuse_late_arrival,
+    request_frame,
+)
 from kvsim.workload.traces import MAX_LENGTH, TraceRecord
 
 
@@ -122,7 +129,7 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
     engine: dict[str, Any] = {}
     notes.append("client-side timings: TTFT includes HTTP and detokenization overheads the engine does not see")
     return MeasuredRun(
-        name=path.stem, source="vllm-bench", model_id=str(raw.get("model_id") or raw.get("tokenizer_id") or ""),
+        name=path.stem, source="vllm-bench", model_id=json_text(raw, ("model_id", "tokenizer_id"), str(path)),
         requests=request_frame(arrival, arrival + ttft, arrival + e2e, prompt, output,
                                request_index=np.asarray(ok)),
         records=records, record_index=tuple(replayed[j] for j in order), engine=engine, notes=notes,

@@ -19,7 +19,7 @@ from typing import Any, TypeGuard
 import numpy as np
 import pandas as pd
 
-from kvsim.model.errors import KvsimError, reading
+from kvsim.model.errors import KvsimError, reading, shown
 from kvsim.model.yaml_io import load_json
 from kvsim.workload.files import open_text
 from kvsim.workload.traces import TraceRecord
@@ -106,6 +106,19 @@ def json_number(row: dict[str, Any], key: str, where: str) -> float:
     if not is_number(value):
         raise KvsimError(f"{where}: {key}={value!r} is not a number")
     return float(value)
+
+
+def json_text(row: dict[str, Any], keys: tuple[str, ...], where: str) -> str:
+    """The first of `keys` that `row` gives (not null or ""), as text; "" where none does. A value that is not a
+    string (a number, a list) names its key: `str()` of it read `model: 5` as a model called '5' and a null
+    `dataset_path` as a file called 'None'."""
+    for key in keys:
+        value = row.get(key)
+        if value is not None and value != "":
+            if not isinstance(value, str):
+                raise KvsimError(f"{where}: {key}={shown(value)} is not text")
+            return value
+    return ""
 
 
 def request_frame(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: np.ndarray,

@@ -35,6 +35,7 @@ from kvsim.validation.frame import (
     MeasuredRun,
     is_number,
     json_number,
+    json_text,
     read_json,
     refuse_late_arrival,
     request_frame,
@@ -97,7 +98,10 @@ def _engine_args(kwargs: dict[str, Any], where: Path) -> dict[str, Any]:
 
 def find_workload(run_dir: Path, dataset_path: str) -> Path:
     """The workload file `meta.json` names, looked up beside each folder above the run and in
-    `traces/*/` there (the validation set keeps the Llama workload under `../traces/`)."""
+    `traces/*/` there (the validation set keeps the Llama workload under `../traces/`); "" (meta.json names
+    none) is refused."""
+    if not dataset_path:
+        raise KvsimError(f"{run_dir / 'vllm' / 'meta.json'}: dataset_path is missing; pass --workload PATH")
     name = Path(dataset_path).name
     for folder in [run_dir, *run_dir.resolve().parents]:
         for candidate in (folder / dataset_path, *sorted(folder.glob(f"traces/*/{name}"))):
@@ -201,7 +205,9 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     engine = _engine_args(meta["engine_kwargs"], vllm / "meta.json")
     requests_path = data_file(vllm / "requests.jsonl")
     rows = _read_requests_jsonl(requests_path)
-    wl_path = workload or find_workload(run_dir, str(meta.get("dataset_path", "")))
+    model_id = json_text(meta, ("model",), str(vllm / "meta.json")) or json_text(
+        meta["engine_kwargs"], ("model",), f"{vllm / 'meta.json'}: engine_kwargs")
+    wl_path = workload or find_workload(run_dir, json_text(meta, ("dataset_path",), str(vllm / "meta.json")))
     wl = read_sharegpt_tokens(wl_path)
     queued = np.array([float(r["queued_ts"]) for r in rows])
     t0 = float(queued.min())
@@ -245,7 +251,7 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     link = _link(config) if config.is_file() else None
     return MeasuredRun(
         name=run_dir.name, source="vllm-measured",
-        model_id=str(meta.get("model") or meta["engine_kwargs"].get("model")),
+        model_id=model_id,
         requests=requests, records=[records[j] for j in order], record_index=tuple(indices[j] for j in order),
         engine=engine, timeseries=timeseries,
         hardware=hardware or run_dir.resolve().parent.name,
