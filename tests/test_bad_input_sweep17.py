@@ -5,13 +5,17 @@ Found: a profile CSV's `calls` cell that is not a number stopped the run with a 
 (a negative count of an op's runs) was read as a negative time, and one written as `2.0` passed the checks and
 then stopped the run with a ValueError. A measured run's `meta.json` with a `model` or `dataset_path` that is
 not text was read as its `str()` (`model: 5` as a model called '5', a null `dataset_path` as a file called
-'None'), and a bench JSON's `model_id` the same way."""
+'None'), and a bench JSON's `model_id` the same way. A gzip file under a plain name (`t.jsonl`) was
+"not UTF-8 text (byte 1)", which named no way out."""
+
+import gzip
 
 import pytest
 from conftest import one_line_exit_2
 from test_profiles import LLAMA, RTX, TP1, calibrated, write_bundle  # tests/ is on sys.path
 from test_validate import _patch_json, bench_json, write_run
 
+import kvsim
 from kvsim.latency.profiles.loader import load_profile
 from kvsim.latency.profiles.native import write_native
 from kvsim.latency.step_plan import StepPlan
@@ -63,3 +67,17 @@ def test_a_bench_json_model_id_that_is_not_text_is_named(tmp_path):
     with pytest.raises(KvsimError, match=r"b\.json: model_id=5 is not text$"):
         load_measured(path)
     assert load_measured(bench_json(tmp_path / "c.json", model_id="", tokenizer_id="org/M")).model_id == "org/M"
+
+
+def test_a_gzip_trace_under_a_plain_name_says_it_is_gzip(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(gzip.compress(b'{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]}\n'))
+    with pytest.raises(KvsimError, match=r"t\.jsonl: gzip-compressed, but its name does not end in \.gz \(name it "
+                                         r"t\.jsonl\.gz, or decompress it\)$"):
+        kvsim.simulate(None, workload__arrival={"process": "trace"}, workload__prompt_len=None,
+                       workload__output_len=None, workload__trace={"format": "mooncake", "path": str(path)})
+    path.rename(tmp_path / "t.jsonl.gz")  # the name it asks for reads
+    result = kvsim.simulate(None, workload__num_requests=1, workload__arrival={"process": "trace"},
+                            workload__prompt_len=None, workload__output_len=None, steps="none",
+                            workload__trace={"format": "mooncake", "path": str(tmp_path / "t.jsonl.gz")})
+    assert len(result.requests) == 1

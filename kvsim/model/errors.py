@@ -55,6 +55,9 @@ def reading(path: str | Path, what: str) -> Iterator[None]:
     try:
         yield
     except UnicodeDecodeError as error:
+        if _gzip_bytes(path):  # a gzip file under a plain name: "not UTF-8 text (byte 1)" named no way out
+            raise KvsimError(f"{what} {path}: gzip-compressed, but its name does not end in .gz (name it "
+                             f"{Path(path).name}.gz, or decompress it)") from None
         raise KvsimError(f"{what} {path}: not UTF-8 text (byte {error.start})") from None
     except OSError as error:
         raise KvsimError(f"{what} {path}: cannot read ({error.strerror or error})") from None
@@ -63,6 +66,20 @@ def reading(path: str | Path, what: str) -> Iterator[None]:
                          f"({error})") from None
     except csv.Error as error:  # e.g. a field over the csv module's size limit
         raise KvsimError(f"{what} {path}: not a CSV file kvsim reads ({error})") from None
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _gzip_bytes(path: str | Path) -> bool:
+    """Whether `path` is a gzip file read as text: its name does not end in .gz, its first bytes are gzip's."""
+    if str(path).endswith(".gz") or not Path(path).is_file():  # a FIFO would block a second open
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+    except OSError:
+        return False
 
 
 def not_a_file(path: str | Path, missing: str = "file not found", file_kind: str | None = None) -> str | None:
