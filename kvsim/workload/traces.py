@@ -9,7 +9,9 @@
 | `vllm_sharegpt`   | vLLM benchmark ShareGPT JSON           | no       | ≈ chars / 4 | none       |
 | `servegen`        | ServeGen per-client model (a folder; `kvsim.workload.servegen`) | sampled | sampled | none |
 
-A malformed row raises `KvsimError` naming the file and line. Arrival times are seconds
+A malformed row raises `KvsimError` naming the file and line; a column (a JSON key) a format needs and a row
+lacks is an error naming it, one it does not read is ignored without a word (real traces carry columns kvsim has
+no use for). Arrival times are seconds
 from the first record. The CSV, JSONL and JSON files may be gzipped (`.gz`, see `kvsim.workload.files`)
 and may start with a UTF-8 byte-order mark.
 
