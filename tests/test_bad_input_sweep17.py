@@ -6,19 +6,21 @@ Found: a profile CSV's `calls` cell that is not a number stopped the run with a 
 then stopped the run with a ValueError. A measured run's `meta.json` with a `model` or `dataset_path` that is
 not text was read as its `str()` (`model: 5` as a model called '5', a null `dataset_path` as a file called
 'None'), and a bench JSON's `model_id` the same way. A gzip file under a plain name (`t.jsonl`) was
-"not UTF-8 text (byte 1)", which named no way out."""
+"not UTF-8 text (byte 1)", which named no way out. A Vidur mlp.csv time of `nan` was dropped as a timer that
+did not fire (the op fell back to the roofline), while one of `inf` was refused."""
 
 import gzip
 
 import pytest
 from conftest import one_line_exit_2
-from test_profiles import LLAMA, RTX, TP1, calibrated, write_bundle  # tests/ is on sys.path
+from test_profiles import LLAMA, RTX, TP1, calibrated, write_bundle, write_vidur  # tests/ is on sys.path
 from test_validate import _patch_json, bench_json, write_run
 
 import kvsim
 from kvsim.latency.profiles.loader import load_profile
 from kvsim.latency.profiles.native import write_native
 from kvsim.latency.step_plan import StepPlan
+from kvsim.model.config import EngineConfig, load_gpu, load_model
 from kvsim.model.errors import KvsimError
 from kvsim.validation.measured import load_measured
 
@@ -81,3 +83,14 @@ def test_a_gzip_trace_under_a_plain_name_says_it_is_gzip(tmp_path):
                             workload__prompt_len=None, workload__output_len=None, steps="none",
                             workload__trace={"format": "mooncake", "path": str(tmp_path / "t.jsonl.gz")})
     assert len(result.requests) == 1
+
+
+@pytest.mark.parametrize("cell", ["nan", "NaN"])
+def test_a_vidur_time_that_is_nan_is_named_as_an_inf_is(tmp_path, cell):
+    path = write_vidur(tmp_path)
+    lines = path.read_text().splitlines()
+    fields = lines[1].split(",")
+    fields[8] = cell  # time_stats.attn_pre_proj.median of the first row
+    path.write_text("\n".join([lines[0], ",".join(fields), *lines[2:]]) + "\n")
+    with pytest.raises(KvsimError, match=rf"mlp\.csv: time_stats\.attn_pre_proj\.median='{cell}' is not a number$"):
+        load_profile(path, load_model("llama-2-7b"), load_gpu("a100-80gb"), EngineConfig(max_model_len=4096))

@@ -16,6 +16,7 @@ Vidur's padded size and is not recorded (no timing depends on it).
 
 from __future__ import annotations
 
+import math
 import zlib
 from pathlib import Path
 
@@ -89,6 +90,8 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
                 seconds = read_number(r[column], float) * 1e-3
             except (TypeError, ValueError):  # TypeError: a short (truncated) row
                 raise KvsimError(f"profile {path}: {column}={r[column]!r} is not a number") from None
+            if math.isnan(seconds):  # dropped as a timer that did not fire, while an inf was refused
+                raise KvsimError(f"profile {path}: {column}={r[column]!r} is not a number")
             if not seconds > 0:  # Vidur writes 0.0 for an op whose timer did not fire; skip it
                 continue
             kind, name, calls = OPS[op]
