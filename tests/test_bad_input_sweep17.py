@@ -7,7 +7,8 @@ then stopped the run with a ValueError. A measured run's `meta.json` with a `mod
 not text was read as its `str()` (`model: 5` as a model called '5', a null `dataset_path` as a file called
 'None'), and a bench JSON's `model_id` the same way. A gzip file under a plain name (`t.jsonl`) was
 "not UTF-8 text (byte 1)", which named no way out. A Vidur mlp.csv time of `nan` was dropped as a timer that
-did not fire (the op fell back to the roofline), while one of `inf` was refused."""
+did not fire (the op fell back to the roofline), while one of `inf` was refused. A profile bundle's meta.yaml that
+is not UTF-8 was a bare UnicodeDecodeError (a traceback from `kvsim import-profile`)."""
 
 import gzip
 
@@ -94,3 +95,12 @@ def test_a_vidur_time_that_is_nan_is_named_as_an_inf_is(tmp_path, cell):
     path.write_text("\n".join([lines[0], ",".join(fields), *lines[2:]]) + "\n")
     with pytest.raises(KvsimError, match=rf"mlp\.csv: time_stats\.attn_pre_proj\.median='{cell}' is not a number$"):
         load_profile(path, load_model("llama-2-7b"), load_gpu("a100-80gb"), EngineConfig(max_model_len=4096))
+
+
+def test_a_bundle_meta_yaml_that_is_not_utf8_is_one_line(tmp_path):
+    root = write_bundle(tmp_path / "bf16")
+    (root / "meta.yaml").write_bytes(b"gpu: \xff\xfe\n")
+    message = one_line_exit_2(["import-profile", str(root), "--model", "llama-3.1-8b", "--gpu", "rtx-pro-6000",
+                               "-o", str(tmp_path / "out.csv")])
+    assert message == f"profile {root / 'meta.yaml'}: not UTF-8 text (byte 5)"
+    assert not (tmp_path / "out.csv").exists()

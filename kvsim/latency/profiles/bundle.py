@@ -37,7 +37,7 @@ import yaml
 
 from kvsim.latency.profiles import Profile, find_source
 from kvsim.latency.skew import AXES, DEFAULT_KEY, EDGES_KEY, alpha_default, bucket_name, format_edges
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, reading
 from kvsim.model.units import read_number
 from kvsim.model.yaml_io import load_yaml, yaml_problem
 from kvsim.workload.files import csv_rows, data_file, open_text
@@ -115,7 +115,8 @@ def read_bundle(path: Path, tp: int) -> Profile:
     if not meta_path.is_file():
         raise KvsimError(f"profile {path}: not a profile bundle (no meta.yaml)")
     try:
-        raw = load_yaml(meta_path.read_text())
+        with reading(meta_path, "profile"), open_text(meta_path) as f:  # not UTF-8: a bare UnicodeDecodeError
+            raw = load_yaml(f.read())
     except yaml.YAMLError as error:
         raise KvsimError(f"profile {meta_path}: cannot read: {yaml_problem(error)}") from None
     if not isinstance(raw, dict):
