@@ -8,9 +8,12 @@ not text was read as its `str()` (`model: 5` as a model called '5', a null `data
 'None'), and a bench JSON's `model_id` the same way. A gzip file under a plain name (`t.jsonl`) was
 "not UTF-8 text (byte 1)", which named no way out. A Vidur mlp.csv time of `nan` was dropped as a timer that
 did not fire (the op fell back to the roofline), while one of `inf` was refused. A profile bundle's meta.yaml that
-is not UTF-8 was a bare UnicodeDecodeError (a traceback from `kvsim import-profile`)."""
+is not UTF-8 was a bare UnicodeDecodeError (a traceback from `kvsim import-profile`); so was a profile's
+`source.yaml` that is not UTF-8 beside a Vidur mlp.csv, one holding a list an AttributeError, and beside a bundle
+both were refused as "tp_degrees must list integers"."""
 
 import gzip
+import re
 
 import pytest
 from conftest import one_line_exit_2
@@ -104,3 +107,18 @@ def test_a_bundle_meta_yaml_that_is_not_utf8_is_one_line(tmp_path):
                                "-o", str(tmp_path / "out.csv")])
     assert message == f"profile {root / 'meta.yaml'}: not UTF-8 text (byte 5)"
     assert not (tmp_path / "out.csv").exists()
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (b"- a\n", "expected a mapping (repository, commit, licence)"),
+    (b"repository: \xff\n", "not UTF-8 text (byte 12)"),
+])
+def test_a_profile_source_yaml_kvsim_cannot_read_is_named(tmp_path, content, expected):
+    root = write_bundle(tmp_path / "bf16")
+    (root / "source.yaml").write_bytes(content)
+    with pytest.raises(KvsimError, match=rf"^profile source {root / 'source.yaml'}: {re.escape(expected)}$"):
+        load_profile(root, LLAMA, RTX, TP1)
+    vidur = write_vidur(tmp_path / "v")
+    (vidur.parent / "source.yaml").write_bytes(content)
+    with pytest.raises(KvsimError, match=rf"^profile source {vidur.parent / 'source.yaml'}: {re.escape(expected)}$"):
+        load_profile(vidur, load_model("llama-2-7b"), load_gpu("a100-80gb"), EngineConfig(max_model_len=4096))

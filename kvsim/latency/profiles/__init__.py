@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, reading
 from kvsim.model.units import read_number
 
 if TYPE_CHECKING:
@@ -58,13 +58,19 @@ def find_source(folder: Path, default_repository: str) -> dict[str, str]:
     """
     import yaml
 
+    from kvsim.model.yaml_io import load_yaml, yaml_problem
+    from kvsim.workload.files import open_text
+
     for parent in (folder, *folder.parents):
         candidate = parent / "source.yaml"
         if candidate.is_file():
-            try:
-                raw = yaml.safe_load(candidate.read_text()) or {}
-            except (OSError, yaml.YAMLError):
-                raise KvsimError(f"profile source {candidate}: cannot read") from None
+            try:  # not UTF-8 was a bare UnicodeDecodeError, a list an AttributeError (a bundle's: "tp_degrees must...")
+                with reading(candidate, "profile source"), open_text(candidate) as f:
+                    raw = load_yaml(f.read()) or {}
+            except yaml.YAMLError as error:
+                raise KvsimError(f"profile source {candidate}: cannot read: {yaml_problem(error)}") from None
+            if not isinstance(raw, dict):
+                raise KvsimError(f"profile source {candidate}: expected a mapping (repository, commit, licence)")
             return {f"source_{k}": str(raw.get(k, "unrecorded")) for k in ("repository", "commit", "licence")}
     return {"source_repository": default_repository, "source_commit": "unrecorded", "source_licence": "unrecorded"}
 

@@ -158,6 +158,8 @@ def read_bundle(path: Path, tp: int) -> Profile:
     name = f"{raw.get('model', root.name)}/{raw.get('variant', '')}/tp{tp}"
     try:
         meta = _meta(root, raw, tp)
+    except KvsimError:  # source.yaml's, named as it is (a KvsimError is a ValueError)
+        raise
     except (AttributeError, TypeError, ValueError):
         raise KvsimError(f"profile {meta_path}: tp_degrees must list integers and engine_effective.hf_overrides "
                          "map shape names to integers") from None
