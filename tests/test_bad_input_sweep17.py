@@ -10,7 +10,8 @@ not text was read as its `str()` (`model: 5` as a model called '5', a null `data
 did not fire (the op fell back to the roofline), while one of `inf` was refused. A profile bundle's meta.yaml that
 is not UTF-8 was a bare UnicodeDecodeError (a traceback from `kvsim import-profile`); so was a profile's
 `source.yaml` that is not UTF-8 beside a Vidur mlp.csv, one holding a list an AttributeError, and beside a bundle
-both were refused as "tp_degrees must list integers"."""
+both were refused as "tp_degrees must list integers". A measured run's requests.jsonl, timeseries.csv, workload
+or LLMServingSim prediction that is not UTF-8 stopped `kvsim validate` with a UnicodeDecodeError traceback."""
 
 import gzip
 import re
@@ -122,3 +123,19 @@ def test_a_profile_source_yaml_kvsim_cannot_read_is_named(tmp_path, content, exp
     (vidur.parent / "source.yaml").write_bytes(content)
     with pytest.raises(KvsimError, match=rf"^profile source {vidur.parent / 'source.yaml'}: {re.escape(expected)}$"):
         load_profile(vidur, load_model("llama-2-7b"), load_gpu("a100-80gb"), EngineConfig(max_model_len=4096))
+
+
+@pytest.mark.parametrize(("relative", "what"), [
+    ("vllm/requests.jsonl", "requests file"),
+    ("vllm/timeseries.csv", "time series file"),
+    ("../../../workloads/w.jsonl", "workload file"),
+    ("outputs/sim.csv", "LLMServingSim prediction"),
+])
+def test_a_measured_runs_file_that_is_not_utf8_is_one_line(tmp_path, relative, what):
+    run = write_run(tmp_path)
+    path = run / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\xff\xfe not text\n")
+    message = one_line_exit_2(["validate", str(run), "--gpu", "h100-80gb", "-o", str(tmp_path / "o")])
+    assert message == f"{what} {path.resolve()}: not UTF-8 text (byte 0)"
+    assert not (tmp_path / "o").exists()

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.model.errors import KvsimError, not_a_file
+from kvsim.model.errors import KvsimError, not_a_file, reading
 from kvsim.model.units import read_number
 from kvsim.validation.bench import read_vllm_bench
 from kvsim.validation.frame import (
@@ -116,7 +116,9 @@ def _read_requests_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise KvsimError(f"{path}: file not found")
     rows = []
-    for line_no, row in iter_jsonl(path):
+    with reading(path, "requests file"):  # not UTF-8, or a corrupt .gz: a bare UnicodeDecodeError or EOFError
+        numbered = list(iter_jsonl(path))
+    for line_no, row in numbered:
         where = f"{path}:{line_no}"
         for key in ("queued_ts", "first_token_ts", "last_token_ts"):
             json_number(row, key, where)
@@ -156,7 +158,7 @@ def _read_timeseries(path: Path, offset_s: float) -> tuple[pd.DataFrame | None, 
     path = data_file(path)
     if not path.is_file():
         return None, [f"{path.name} absent: no running/waiting comparison"]
-    with open_text(path, newline="") as f:
+    with reading(path, "time series file"), open_text(path, newline="") as f:
         reader = csv_rows(f, path)
         rows, columns = list(reader), reader.fieldnames or []
     missing = [c for c in ("t", "running", "waiting") if c not in columns]
@@ -208,7 +210,8 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     model_id = json_text(meta, ("model",), str(vllm / "meta.json")) or json_text(
         meta["engine_kwargs"], ("model",), f"{vllm / 'meta.json'}: engine_kwargs")
     wl_path = workload or find_workload(run_dir, json_text(meta, ("dataset_path",), str(vllm / "meta.json")))
-    wl = read_sharegpt_tokens(wl_path)
+    with reading(wl_path, "workload file"):
+        wl = read_sharegpt_tokens(wl_path)
     queued = np.array([float(r["queued_ts"]) for r in rows])
     t0 = float(queued.min())
     refuse_late_arrival(queued, requests_path, lambda i: f"request {rows[i].get('request_id')!r} queued_ts")
@@ -314,7 +317,7 @@ def read_llmservingsim(path: Path) -> pd.DataFrame | None:
         return None
     limit = csv.field_size_limit(2**31 - 1)  # the ITL column lists every token's gap
     try:
-        with open_text(path, newline="") as f:
+        with reading(path, "LLMServingSim prediction"), open_text(path, newline="") as f:
             rows = list(csv_rows(f, path))
     finally:  # the limit is the csv module's, process-wide: every other reader keeps the default
         csv.field_size_limit(limit)
