@@ -11,7 +11,9 @@ did not fire (the op fell back to the roofline), while one of `inf` was refused.
 is not UTF-8 was a bare UnicodeDecodeError (a traceback from `kvsim import-profile`); so was a profile's
 `source.yaml` that is not UTF-8 beside a Vidur mlp.csv, one holding a list an AttributeError, and beside a bundle
 both were refused as "tp_degrees must list integers". A measured run's requests.jsonl, timeseries.csv, workload
-or LLMServingSim prediction that is not UTF-8 stopped `kvsim validate` with a UnicodeDecodeError traceback."""
+or LLMServingSim prediction that is not UTF-8 stopped `kvsim validate` with a UnicodeDecodeError traceback; a
+bundle CSV that is not UTF-8, and a truncated `.gz` of a bundle CSV, a Vidur mlp.csv or a kvsim profile CSV, were a
+bare UnicodeDecodeError or EOFError."""
 
 import gzip
 import re
@@ -139,3 +141,36 @@ def test_a_measured_runs_file_that_is_not_utf8_is_one_line(tmp_path, relative, w
     message = one_line_exit_2(["validate", str(run), "--gpu", "h100-80gb", "-o", str(tmp_path / "o")])
     assert message == f"{what} {path.resolve()}: not UTF-8 text (byte 0)"
     assert not (tmp_path / "o").exists()
+
+
+def _truncated_gz(path):
+    """`path` replaced by the first half of its gzip copy, `path.gz` (a download cut short)."""
+    data = gzip.compress(path.read_bytes())
+    path.unlink()
+    gz = path.with_name(path.name + ".gz")
+    gz.write_bytes(data[:len(data) // 2])
+    return gz
+
+
+TRUNCATED = "cannot read, the compressed file is truncated or corrupt"
+
+
+def test_a_bundle_csv_that_is_not_utf8_or_a_truncated_gz_is_named(tmp_path):
+    root = write_bundle(tmp_path / "a")
+    (root / "tp1" / "attention.csv").write_bytes(b"\xff\xfe")
+    with pytest.raises(KvsimError, match=rf"^profile {root / 'tp1' / 'attention.csv'}: not UTF-8 text \(byte 0\)$"):
+        load_profile(root, LLAMA, RTX, TP1)
+    root = write_bundle(tmp_path / "b")
+    gz = _truncated_gz(root / "tp1" / "dense.csv")
+    with pytest.raises(KvsimError, match=rf"^profile {gz}: {TRUNCATED}"):
+        load_profile(root, LLAMA, RTX, TP1)
+
+
+def test_a_truncated_gz_of_a_vidur_or_kvsim_profile_is_named(tmp_path):
+    gz = _truncated_gz(write_vidur(tmp_path / "v"))
+    with pytest.raises(KvsimError, match=rf"^profile {gz}: {TRUNCATED}"):
+        load_profile(gz, load_model("llama-2-7b"), load_gpu("a100-80gb"), EngineConfig(max_model_len=4096))
+    profile = load_profile(write_bundle(tmp_path / "bf16"), LLAMA, RTX, TP1)
+    gz = _truncated_gz(write_native(profile, tmp_path / "native.csv"))
+    with pytest.raises(KvsimError, match=rf"^profile {gz}: {TRUNCATED}"):
+        load_profile(gz, LLAMA, RTX, TP1)

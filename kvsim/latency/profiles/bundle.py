@@ -51,14 +51,11 @@ PROVENANCE = ("profiler_version", "vllm_version", "cuda_version", "hardware", "p
 
 
 def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
-    try:
-        with open_text(path, newline="") as f:
-            reader = csv_rows(f, path)
-            if not set(columns) <= set(reader.fieldnames or ()):
-                raise KvsimError(f"profile {path}: expected the columns {','.join(columns)}")
-            return list(reader)
-    except OSError as error:
-        raise KvsimError(f"profile {path}: cannot read ({error.strerror})") from None
+    with reading(path, "profile"), open_text(path, newline="") as f:  # not UTF-8, a truncated .gz: bare errors
+        reader = csv_rows(f, path)
+        if not set(columns) <= set(reader.fieldnames or ()):
+            raise KvsimError(f"profile {path}: expected the columns {','.join(columns)}")
+        return list(reader)
 
 
 def _seconds(value: str | None, path: Path) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvsim.latency.base import PROFILE_COLUMNS, PROFILE_KINDS
 from kvsim.latency.profiles import Profile
-from kvsim.model.errors import KvsimError, shown
+from kvsim.model.errors import KvsimError, reading, shown
 from kvsim.results.output_dir import FILE_TAG, output_file
 from kvsim.workload.files import csv_rows, first_ragged, open_text
 
@@ -23,11 +23,8 @@ def read_native(path: Path) -> Profile:
     """Metadata and rows of a kvsim profile CSV; a bad file is a `KvsimError`."""
     meta: dict[str, str] = {}
     lines = []
-    try:
-        with open_text(path) as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as error:
-        raise KvsimError(f"profile {path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
+    with reading(path, "profile"), open_text(path) as f:  # a truncated .gz was a bare EOFError
+        text = f.read()
     for line_no, line in enumerate(text.splitlines(), start=1):
         if line.startswith("#"):
             key, _, value = line[1:].partition(":")

@@ -21,7 +21,7 @@ import zlib
 from pathlib import Path
 
 from kvsim.latency.profiles import Profile, find_source
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, reading
 from kvsim.model.units import read_number
 from kvsim.workload.files import csv_rows, first_ragged, open_text
 
@@ -62,13 +62,10 @@ def _time_column(fields: list[str], op: str) -> str | None:
 
 def read_vidur_mlp(path: Path, tp: int) -> Profile:
     """Import the rows of `path` measured at `tp` tensor-parallel workers."""
-    try:
-        with open_text(path, newline="") as f:
-            reader = csv_rows(f, path)
-            fields = list(reader.fieldnames or ())
-            table = list(reader)
-    except OSError as error:
-        raise KvsimError(f"profile {path}: cannot read ({error.strerror})") from None
+    with reading(path, "profile"), open_text(path, newline="") as f:  # a truncated .gz was a bare EOFError
+        reader = csv_rows(f, path)
+        fields = list(reader.fieldnames or ())
+        table = list(reader)
     columns = {op: _time_column(fields, op) for op in OPS}
     if not any(columns.values()):
         raise KvsimError(f"profile {path}: a Vidur mlp.csv without time_stats.<op>.median columns")
