@@ -13,11 +13,13 @@ is not UTF-8 was a bare UnicodeDecodeError (a traceback from `kvsim import-profi
 both were refused as "tp_degrees must list integers". A measured run's requests.jsonl, timeseries.csv, workload
 or LLMServingSim prediction that is not UTF-8 stopped `kvsim validate` with a UnicodeDecodeError traceback; a
 bundle CSV that is not UTF-8, and a truncated `.gz` of a bundle CSV, a Vidur mlp.csv or a kvsim profile CSV, were a
-bare UnicodeDecodeError or EOFError."""
+bare UnicodeDecodeError or EOFError. `kvsim.simulate(seed=1e30)` (or a NumPy uint64 past int64) was "Unable to parse
+input string as an integer", of a value that is no string."""
 
 import gzip
 import re
 
+import numpy as np
 import pytest
 from conftest import one_line_exit_2
 from test_profiles import LLAMA, RTX, TP1, calibrated, write_bundle, write_vidur  # tests/ is on sys.path
@@ -174,3 +176,11 @@ def test_a_truncated_gz_of_a_vidur_or_kvsim_profile_is_named(tmp_path):
     gz = _truncated_gz(write_native(profile, tmp_path / "native.csv"))
     with pytest.raises(KvsimError, match=rf"^profile {gz}: {TRUNCATED}"):
         load_profile(gz, LLAMA, RTX, TP1)
+
+
+@pytest.mark.parametrize(("value", "shown_as"), [(1e30, "1e+30"), (np.uint64(2**63), "np.uint64(9223372036854775808)")])
+def test_a_float_or_numpy_integer_past_int64_is_not_called_an_input_string(value, shown_as):
+    with pytest.raises(KvsimError, match=rf"^seed={re.escape(shown_as)}: a float or a NumPy number is read as an "
+                                         r"integer only up to int64 \(2\*\*63 - 1\); give an int$"):
+        kvsim.simulate(None, seed=value)
+    assert kvsim.load_scenario(None, {"seed": 2**70}).seed == 2**70  # an int of that size is a seed

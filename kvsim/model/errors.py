@@ -241,6 +241,8 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
     if isinstance(first.get("input"), dict) and first["type"] == "value_error":  # a check across fields: the
         # message names them
         return KvsimError(f"{field}: {message}" if prefix or loc else message)
+    if first["type"] == "int_parsing_size" and not isinstance(first.get("input"), str):  # "input string": a float
+        message = "a float or a NumPy number is read as an integer only up to int64 (2**63 - 1); give an int"
     if isinstance(first.get("input"), bool) and first["type"] in ("string_type", "literal_error", "enum"):
         message += " (YAML reads an unquoted yes, no, on or off as true or false: quote the text, 'no')"
     return KvsimError(f"{field}={shown(first.get('input'))}: {message}")
