@@ -14,9 +14,11 @@ both were refused as "tp_degrees must list integers". A measured run's requests.
 or LLMServingSim prediction that is not UTF-8 stopped `kvsim validate` with a UnicodeDecodeError traceback; a
 bundle CSV that is not UTF-8, and a truncated `.gz` of a bundle CSV, a Vidur mlp.csv or a kvsim profile CSV, were a
 bare UnicodeDecodeError or EOFError. `kvsim.simulate(seed=1e30)` (or a NumPy uint64 past int64) was "Unable to parse
-input string as an integer", of a value that is no string."""
+input string as an integer", of a value that is no string. A config.json whose `model_type` is a list or a mapping
+was a bare TypeError (unhashable type)."""
 
 import gzip
+import json
 import re
 
 import numpy as np
@@ -29,7 +31,7 @@ import kvsim
 from kvsim.latency.profiles.loader import load_profile
 from kvsim.latency.profiles.native import write_native
 from kvsim.latency.step_plan import StepPlan
-from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.config import PRESETS_DIR, EngineConfig, load_gpu, load_model
 from kvsim.model.errors import KvsimError
 from kvsim.validation.measured import load_measured
 
@@ -184,3 +186,15 @@ def test_a_float_or_numpy_integer_past_int64_is_not_called_an_input_string(value
                                          r"integer only up to int64 \(2\*\*63 - 1\); give an int$"):
         kvsim.simulate(None, seed=value)
     assert kvsim.load_scenario(None, {"seed": 2**70}).seed == 2**70  # an int of that size is a seed
+
+
+@pytest.mark.parametrize("model_type", [["llama"], {"llama": 1}])
+def test_a_model_type_that_is_not_text_is_named(tmp_path, model_type):
+    folder = tmp_path / "M"
+    folder.mkdir()
+    config = json.loads((PRESETS_DIR / "models" / "llama-3.1-8b.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    message = one_line_exit_2(["capacity", "--model", str(folder)])
+    assert message.startswith(f"model config M: model_type={model_type!r} is not supported (supported: ")
+    with pytest.raises(KvsimError, match=r"^model config M: model_type="):
+        kvsim.simulate(None, model=str(folder))

@@ -382,9 +382,9 @@ def fields_from_hf_config(raw: dict[str, Any], name: str) -> Fields:
     A config without `model_type` is read as Llama-style (the layout most older configs share).
     """
     model_type = raw.get("model_type", "llama")
-    reader = READERS.get(model_type)
+    reader = READERS.get(model_type) if isinstance(model_type, str) else None  # a list was a bare TypeError
     if reader is None:
-        raise KvsimError(f"model config {name}: model_type={model_type!r} is not supported "
+        raise KvsimError(f"model config {name}: model_type={shown(model_type)} is not supported "
                          f"(supported: {', '.join(sorted(READERS))})")
     fields = reader(_Config(raw, name))
     fields["name"] = name
