@@ -15,7 +15,8 @@ or LLMServingSim prediction that is not UTF-8 stopped `kvsim validate` with a Un
 bundle CSV that is not UTF-8, and a truncated `.gz` of a bundle CSV, a Vidur mlp.csv or a kvsim profile CSV, were a
 bare UnicodeDecodeError or EOFError. `kvsim.simulate(seed=1e30)` (or a NumPy uint64 past int64) was "Unable to parse
 input string as an integer", of a value that is no string. A config.json whose `model_type` is a list or a mapping
-was a bare TypeError (unhashable type)."""
+was a bare TypeError (unhashable type); a Gemma, Llama 4 or DeepSeek config.json of 10**12 layers built per-layer lists
+until memory ran out, and a DeepSeek `moe_intermediate_size` that is not a number was a bare TypeError."""
 
 import gzip
 import json
@@ -198,3 +199,27 @@ def test_a_model_type_that_is_not_text_is_named(tmp_path, model_type):
     assert message.startswith(f"model config M: model_type={model_type!r} is not supported (supported: ")
     with pytest.raises(KvsimError, match=r"^model config M: model_type="):
         kvsim.simulate(None, model=str(folder))
+
+
+def _config_folder(tmp_path, preset, **changes):
+    """A folder `M` holding `preset`'s config.json with `changes` made to its text part."""
+    config = json.loads((PRESETS_DIR / "models" / f"{preset}.json").read_text())
+    text = config["text_config"] if isinstance(config.get("text_config"), dict) else config
+    text.update(changes)
+    (tmp_path / "M").mkdir()
+    (tmp_path / "M" / "config.json").write_text(json.dumps(config))
+    return tmp_path / "M"
+
+
+@pytest.mark.parametrize("preset", ["gemma-3-27b", "llama-4-scout", "deepseek-v2-lite"])
+def test_a_model_of_more_layers_than_kvsim_holds_is_refused_in_every_family(tmp_path, preset):
+    """Sweep 11 refused 10**12 layers for Llama; these families built their per-layer lists first."""
+    folder = _config_folder(tmp_path, preset, num_hidden_layers=10**12)
+    assert one_line_exit_2(["capacity", "--model", str(folder)]) == (
+        "model M.num_layers=1000000000000: Input should be less than or equal to 65536")
+
+
+def test_a_deepseek_expert_size_that_is_not_a_count_is_named(tmp_path):
+    folder = _config_folder(tmp_path, "deepseek-v2-lite", moe_intermediate_size={"a": 1})
+    assert one_line_exit_2(["capacity", "--model", str(folder)]) == (
+        "model config M: moe_intermediate_size={'a': 1}: must be a positive integer")

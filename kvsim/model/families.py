@@ -98,7 +98,7 @@ def _dense(c: _Config, *, is_opt: bool = False) -> Fields:
                          f"num_attention_heads={heads} and no head_dim is given")
     return {
         "model_type": c.get("model_type", "llama"),
-        "num_layers": c.count("num_hidden_layers"),  # counts: "32" (text) is refused, as vLLM's range() would
+        "num_layers": _num_layers(c),
         "hidden_size": hidden,
         "num_attention_heads": heads,
         "num_kv_heads": c.count("num_key_value_heads", heads),
@@ -111,6 +111,16 @@ def _dense(c: _Config, *, is_opt: bool = False) -> Fields:
         "tie_word_embeddings": c.get("tie_word_embeddings", is_opt),
         "weight_quant": _weight_quant(c),
     }
+
+
+def _num_layers(c: _Config) -> int:
+    """`num_hidden_layers`, a count ("32", text, is refused, as vLLM's range() would) of at most `MAX_LAYERS`,
+    refused here as `ModelSpec` refuses it, before a family's per-layer lists: Gemma's, Llama 4's and DeepSeek's
+    lists of 10**30 entries ran out of memory (a MemoryError, or the process killed)."""
+    n = c.count("num_hidden_layers")
+    if n > MAX_LAYERS:
+        raise KvsimError(f"model {c.name}.num_layers={n}: Input should be less than or equal to {MAX_LAYERS}")
+    return n
 
 
 def _served_dtype(c: _Config) -> str:
@@ -186,7 +196,7 @@ def _deepseek(c: _Config) -> Fields:
     n = fields["num_layers"]
     first_dense, freq = c.whole("first_k_dense_replace"), c.count("moe_layer_freq", 1)
     moe_layers = [i for i in range(n) if i >= first_dense and i % freq == 0]
-    expert = c.need("moe_intermediate_size")
+    expert = c.count("moe_intermediate_size")  # a count: `n_shared_experts * {...}` was a bare TypeError
     fields["moe"] = {
         "num_experts": c.need("n_routed_experts"),
         "num_experts_per_tok": c.need("num_experts_per_tok"),
@@ -315,8 +325,6 @@ def _model_window(c: _Config, fields: Fields) -> None:
     """
     model_type = c.get("model_type", "llama")
     n = fields["num_layers"]
-    if n > MAX_LAYERS:  # ModelSpec refuses it as num_layers; no per-layer list of 10**12 entries first
-        return
     use = c.get("use_sliding_window", False) if model_type in USE_SLIDING_WINDOW_TYPES else True
     if not isinstance(use, bool):
         raise KvsimError(f"model config {c.name}: use_sliding_window={shown(use)}: must be true or false")
