@@ -325,7 +325,8 @@ def test_doubling_every_rate_and_link_halves_every_time_exactly(what):
     assert fast.summary["duration_s"] == slow.summary["duration_s"] / 2
 
 
-@pytest.mark.parametrize("engine", [{"async_scheduling": False}, {"scheduler": "v0"}, {"scheduler": "static"},
+@pytest.mark.parametrize("engine", [{"async_scheduling": False}, {"scheduler": "v0"},
+                                    {"scheduler": "static", "max_num_batched_tokens": 16384},  # batches of 8+
                                     {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
                                                             "acceptance_rates": 0.6}}],
                          ids=["v1-sync", "v0", "static", "ngram"])

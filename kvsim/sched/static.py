@@ -1,8 +1,10 @@
 """Request-level (static) batching, as before continuous batching (FasterTransformer era).
 
-When nothing is running, admit a batch FCFS up to `max_num_seqs` whose KV for the whole
-request (prompt + output, every sample) is set aside at admission, then prefill the batch
-in one step and decode until its last request finishes. Requests that finish early leave
+When nothing is running, admit a batch FCFS up to `max_num_seqs` sequences and
+`max_num_batched_tokens` prompt tokens computed (the one step the engine's memory was
+profiled for; `EngineConfig` keeps it at least `max_model_len`, so any prompt fits alone),
+whose KV for the whole request (prompt + output, every sample) is set aside at admission,
+then prefill the batch in one step and decode until its last request finishes. Requests that finish early leave
 the batch, but nobody joins it until it is empty. Memory is reserved up front, so nothing
 is ever preempted.
 """
@@ -29,17 +31,19 @@ class StaticScheduler(Scheduler):
 
     def _admit_batch(self, plan: StepPlan, now: float) -> None:
         available = self.alloc.num_free_slots  # minus what admitted requests will grow into
+        budget = self.limits.max_num_batched_tokens
         num_seqs, waiting = 0, self.waiting
         while waiting:
             req = waiting.peek()
             if num_seqs + req.num_samples > self.limits.max_num_seqs:
                 break
             hit = self.lookup(req)
-            need = self.request_slots(req)
-            if need > available or not self.can_admit(req, hit):
+            need, num_new = self.request_slots(req), req.num_tokens - hit.num_tokens
+            if need > available or num_new > budget or not self.can_admit(req, hit):
                 break
             available -= need
-            self.admit(req, req.num_tokens - hit.num_tokens, hit, plan, now)
+            budget -= num_new
+            self.admit(req, num_new, hit, plan, now)
             num_seqs += req.num_samples
 
     def waiting_blocked(self) -> bool:
