@@ -11,6 +11,8 @@
   gives it, with a pool small enough that most of what was cached is evicted;
 * under pressure the radix tree evicts whole least recently used leaves (SGLang) where the hash chain evicts
   single blocks from its free queue's head (vLLM), counted by hand;
+* v0 swaps the most recently admitted request out whole when a decode step runs out of blocks, and back in
+  once it fits with room to grow, at the host link's speed, counted by hand;
 * a slab of `max_model_len` slots per request is a paged block of `max_model_len` tokens: slab-max is the
   paged pool with blocks that size (v0 has no null block, v1 and the static baseline one), placed by the
   buddy allocator or first-fit;
@@ -295,3 +297,22 @@ def test_the_radix_tree_evicts_whole_lru_leaves_where_the_hash_chain_evicts_bloc
     for cache, hits in expected.items():
         engine = {"max_model_len": 160, "num_gpu_blocks_override": 11, "max_num_seqs": 1, "prefix_cache": cache}
         assert kvsim.simulate(traced(path, engine), check=True).requests.prefix_hit_tokens.tolist() == hits, cache
+
+
+def test_v0_swaps_the_last_admitted_out_and_back_counted_by_hand(tmp_path):
+    """v0, 20 blocks of 16 (no null block), 10 ms steps: A (160 tokens, 40 out) and B (144, 20 out) are prefilled
+    together in 19 blocks. The first decode step needs a block for each: A, first in the running queue, takes the
+    last one, B (the most recently admitted) is swapped out whole, 9 blocks of 2 MiB over the H100's 64 GB/s host
+    link, which that step waits for. A ends after its 39 decode steps; B then needs its 9 blocks and one to grow
+    and comes back in the next step (the same transfer), then decodes its 19 tokens."""
+    path = write_rows(tmp_path / "t.jsonl", [{"arrival_time_ns": 0, "input_toks": p, "output_toks": o}
+                                             for p, o in ((160, 40), (144, 20))])
+    engine = {"max_model_len": 320, "num_gpu_blocks_override": 20, "scheduler": "v0", "preemption_mode": "swap"}
+    result = kvsim.simulate({**traced(path, engine), "latency": {"model": "constant", "step_s": 0.01}}, check=True)
+    steps, swap_s = result.steps, 9 * 2**21 / 64e9
+    assert (steps.swap_out_bytes[steps.swap_out_bytes > 0].tolist(), steps.index[steps.swap_out_bytes > 0].tolist()) \
+        == ([9 * 2**21], [1])
+    assert (steps.swap_in_bytes[steps.swap_in_bytes > 0].tolist(), steps.index[steps.swap_in_bytes > 0].tolist()) \
+        == ([9 * 2**21], [40])
+    assert result.requests.num_preemptions.tolist() == [0, 1]
+    assert result.requests.finish_s.tolist() == pytest.approx([0.40 + swap_s, 0.59 + 2 * swap_s], rel=1e-9)
