@@ -24,6 +24,7 @@
   step runs is counted from the next), closed-loop client or not;
 * fp8 KV holds exactly twice the blocks of fp16 in the same memory (one more where the halved page fits
   once more), and tensor parallelism splits a block's bytes over the KV heads (MLA's latent is replicated);
+  either halves every swap of the same schedule, and the swaps' share of the run's time;
 * a turn after a reply whose last step accepted drafts hits only the blocks vLLM cached at that step's
   scheduling (`cache_blocks(request, min(computed + new, request.num_tokens))`: the drafts are not yet
   the request's tokens).
@@ -316,3 +317,26 @@ def test_v0_swaps_the_last_admitted_out_and_back_counted_by_hand(tmp_path):
         == ([9 * 2**21], [40])
     assert result.requests.num_preemptions.tolist() == [0, 1]
     assert result.requests.finish_s.tolist() == pytest.approx([0.40 + swap_s, 0.59 + 2 * swap_s], rel=1e-9)
+
+
+def test_fp8_and_tensor_parallelism_halve_every_swap(tmp_path):
+    """v0 swapping 40 requests that arrive together (so no decision depends on time), 10 ms steps: fp8 KV halves
+    every step's swapped bytes, as TP 2 does each GPU's (each swaps over its own host link), and the schedule is
+    the same; the run's end is the steps' time plus the swaps', so each halving halves the swaps' share."""
+    rng = np.random.default_rng(5)
+    path = write_rows(tmp_path / "t.jsonl", [{"arrival_time_ns": 0, "input_toks": int(rng.integers(50, 400)),
+                                              "output_toks": int(rng.integers(50, 500))} for _ in range(40)])
+    runs = {}
+    for dtype, tp in (("auto", 1), ("fp8", 1), ("auto", 2), ("fp8", 2)):
+        engine = {"max_model_len": 1024, "num_gpu_blocks_override": 300, "scheduler": "v0",
+                  "preemption_mode": "swap", "kv_cache_dtype": dtype, "tensor_parallel_size": tp}
+        runs[dtype, tp] = kvsim.simulate({**traced(path, engine), "latency": {"model": "constant", "step_s": 0.01}})
+    full = runs["auto", 1]
+    assert full.summary["num_preemptions"] > 10
+    for half in (runs["fp8", 1], runs["auto", 2]):
+        for column in ("swap_out_bytes", "swap_in_bytes"):
+            assert (full.steps[column] == 2 * half.steps[column]).all()
+        assert len(half.steps) == len(full.steps)
+    end = {key: run.requests.finish_s.max() for key, run in runs.items()}
+    assert end["auto", 1] - end["fp8", 1] == pytest.approx(2 * (end["fp8", 1] - end["fp8", 2]), rel=1e-6)
+    assert end["fp8", 1] == pytest.approx(end["auto", 2], rel=1e-12)
