@@ -207,5 +207,11 @@ def test_a_rate_search_answer_is_the_fleet_that_held_not_the_linear_bound(tmp_pa
     assert row["verify_attempts"].endswith("4 held*, 3 failed*") and row["capacity_headroom"] == 0.1
     assert row["verify_ttft_s.p90"] == pytest.approx(0.147, abs=0.03) and row["ttft_s.p90"] == row["verify_ttft_s.p90"]
     assert "4 replicas held 1.1× the traffic" in row["limiting_factor"]
+    # the fleet serves the traffic, 30 req/s × 10 output tokens = 300 tokens/s (the long run behind the answer
+    # served 1.1× that: 330, which priced each token 1/1.1 of its cost); 3,500 window arrivals: ~2 % noise
+    assert row["output_tokens_per_s"] == pytest.approx(300, rel=0.05)
+    if row["usd_per_million_output_tokens"] is not None:
+        assert row["usd_per_million_output_tokens"] == pytest.approx(
+            row["cost_per_hour"] / (row["output_tokens_per_s"] * 3600) * 1e6)
     (row,) = plan(base, make_plan_spec({**settings, "verify_factor": 0}), tmp_path / "short")[0]
     assert row["replicas"] == row["searched_replicas"] >= 5 and "a linear bound" in row["limiting_factor"]

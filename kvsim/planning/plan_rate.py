@@ -84,7 +84,7 @@ class RateSearch:
         self.memory = MemoryBound.of(self.spec.memory_limit_bytes)
         self.cap = self.memory.most_replicas(lambda n: self.candidate.scenario(self.base, n, self.spec.router),
                                              self.spec.max_replicas)
-        enough = 1.0 + self.spec.capacity_headroom  # a passing fraction at which one replica is the answer
+        enough = self.spare  # a passing fraction at which one replica is the answer
         first = min(self.spec.probe_requests, self.base.workload.num_requests)  # then doubled as it converges
         longest = first  # a probe's run length doubles only while the probe fits in memory
         while 2 * longest <= self.spec.max_probe_requests and self.memory.fits(self._probe(2 * longest)):
@@ -92,9 +92,16 @@ class RateSearch:
         self.first_probe_fits = self.memory.fits(self._probe(first))
         self.search = SteadyRateSearch(1.0, first, max_requests=longest, first_tol=self.spec.rel_tol,
                                        max_rate=enough, min_rate=enough / max(1, self.cap))
-        spare = 1.0 + self.spec.capacity_headroom
+        spare = self.spare
         self.verify = Verification(self.candidate, self.spec, self.memory,
                                    shrink=lambda traffic, n: scaled_traffic(traffic, spare, n))
+
+    @property
+    def spare(self) -> float:
+        """1 + `capacity_headroom`: the traffic a fleet of the answer's size must hold, as a multiple of the
+        base traffic (the fraction one replica must pass to be the answer alone; the speed-up of the long runs
+        below the searched count)."""
+        return 1.0 + self.spec.capacity_headroom
 
     def _probe(self, num_requests: int) -> Scenario:
         """A one-replica probe of `num_requests` (its memory does not depend on the traffic's fraction)."""
@@ -147,10 +154,12 @@ class RateSearch:
     def output_tokens_per_s(self) -> float | None:
         """The chosen fleet's output tokens a second in steady state (None: no answer): its long run's
         (`window_output_tokens_per_s`); without one (`verify_factor` 0, no fleet is simulated) the answer probe's,
-        which served the fraction f of the traffic on one replica, ÷ f: the fleet serves all of it."""
+        which served the fraction f of the traffic on one replica, ÷ f: the fleet serves all of it. A long run
+        below the searched count served the traffic sped up by `spare`, so its rate is ÷ `spare`: the fleet
+        serves the traffic, and `usd_per_million_output_tokens` prices those tokens."""
         answer = self.answer_metrics()
         if answer is not None:
-            return window_output_tokens_per_s(answer)
+            return window_output_tokens_per_s(answer) / (self.spare if self.verify.shrunk else 1.0)
         probe, fraction = self.search.evidence, self.search.rate
         return window_output_tokens_per_s(probe) / fraction if probe is not None and fraction > 0 else None
 
@@ -206,11 +215,11 @@ class RateSearch:
                            else f"{searched}..{replicas - 1} replicas")
             limiting += f"; the long run failed at {failed_long}"
         elif replicas < searched:  # the fleet pools: fewer replicas than one replica's rate implies
-            limiting += (f"; {counted(replicas, 'replica')} held {1 + self.spec.capacity_headroom:g}× the traffic "
+            limiting += (f"; {counted(replicas, 'replica')} held {self.spare:g}× the traffic "
                          f"in a long run (the fleet pools its queues), {replicas - 1} did not; one replica's "
                          f"rate implied {searched}")
         elif self.verify.held is None and searched > 1:
-            limiting += (f"; a linear bound, ceil({1 + self.spec.capacity_headroom:g} / f) from one replica's rate: "
+            limiting += (f"; a linear bound, ceil({self.spare:g} / f) from one replica's rate: "
                          "the fleet was not simulated, and pooling can need fewer")
         return {**row, "feasible": True, "replicas": replicas, "num_gpus": num_gpus,
                 "cost_per_hour": num_gpus * hourly_cost if hourly_cost is not None else None,

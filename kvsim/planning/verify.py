@@ -142,6 +142,13 @@ class Verification:
         return None if answer is None else answer[1]
 
     @property
+    def shrunk(self) -> bool:
+        """Whether the answer's long run is one of `shrink`'s: fewer replicas than the first long run, on the
+        traffic `shrink` gave (not the base traffic)."""
+        answer = self._answer()
+        return answer is not None and answer[0] < self.attempts[0][0]
+
+    @property
     def held(self) -> bool | None:
         """Whether a long run held (None: none ran)."""
         return None if not self.attempts else bool(self._held())
