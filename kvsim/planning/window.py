@@ -187,7 +187,11 @@ def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: flo
     each judged at the z that gives the c replicas together the fleet test's odds (Bonferroni: one-sided tail
     Φ(−z) ÷ c). The fleet's total queue hides one replica falling behind: its growth is that replica's, its
     margin counts every replica's arrivals (4 round-robin replicas, one of them 10 % over its capacity: the
-    total grows by ~2.3 % of arrivals, under 1.96·√arrivals on 6,000 requests)."""
+    total grows by ~2.3 % of arrivals, under 1.96·√arrivals on 6,000 requests). The verdict reads both the
+    fleet's test and the replicas', so a fleet's odds of a false alarm are at most twice one test's (the union
+    bound), not the fleet test's alone; where the replicas are alike they mostly coincide (200 naive runs each of
+    2 and 4 round-robin M/D/1 replicas at ρ = 1, 4,000 requests: a replica's test fired in 3.5 % and 2 %, always
+    beside the fleet's, in 8 %)."""
     out = _queue_growth(requests, servable, start, end, z)
     replica = np.asarray(requests["replica"]) if "replica" in requests else None
     ids = np.unique(replica[servable]) if replica is not None else ()
