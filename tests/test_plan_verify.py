@@ -215,3 +215,15 @@ def test_a_rate_search_answer_is_the_fleet_that_held_not_the_linear_bound(tmp_pa
             row["cost_per_hour"] / (row["output_tokens_per_s"] * 3600) * 1e6)
     (row,) = plan(base, make_plan_spec({**settings, "verify_factor": 0}), tmp_path / "short")[0]
     assert row["replicas"] == row["searched_replicas"] >= 5 and "a linear bound" in row["limiting_factor"]
+
+
+def test_the_pooled_note_says_the_count_below_failed_only_where_it_ran():
+    """A rate search stepped down from 2 to 1 replica (its long run held 1.1× the traffic) has no count below to
+    run: the note said '0 did not'; from 6 to 4 with 3 failed it says so."""
+    from kvsim.planning.plan_rate import pooled_note
+
+    assert pooled_note(1, 2, 1.1, below_failed=False) == (
+        "; 1 replica held 1.1× the traffic in a long run (the fleet pools its queues); one replica's rate implied 2")
+    assert pooled_note(4, 6, 1.1, below_failed=True) == (
+        "; 4 replicas held 1.1× the traffic in a long run (the fleet pools its queues), 3 did not; one replica's "
+        "rate implied 6")

@@ -215,9 +215,8 @@ class RateSearch:
                            else f"{searched}..{replicas - 1} replicas")
             limiting += f"; the long run failed at {failed_long}"
         elif replicas < searched:  # the fleet pools: fewer replicas than one replica's rate implies
-            limiting += (f"; {counted(replicas, 'replica')} held {self.spare:g}× the traffic "
-                         f"in a long run (the fleet pools its queues), {replicas - 1} did not; one replica's "
-                         f"rate implied {searched}")
+            limiting += pooled_note(replicas, searched, self.spare,
+                                    any(n == replicas - 1 for n, _ in self.verify.attempts))
         elif self.verify.held is None and searched > 1:
             limiting += (f"; a linear bound, ceil({self.spare:g} / f) from one replica's rate: "
                          "the fleet was not simulated, and pooling can need fewer")
@@ -231,6 +230,15 @@ class RateSearch:
                                       else self.spec.capacity_headroom),
                 **answer_columns(answer["evidence"], found["evidence"], slo), **search_columns(s),
                 **self.verify.columns()}
+
+
+def pooled_note(replicas: int, searched: int, spare: float, below_failed: bool) -> str:
+    """The limiting factor's note on a fleet whose long runs held `spare` × the traffic on fewer `replicas` than
+    the `searched` count one replica's rate implied; `below_failed`: one replica fewer was run long and failed
+    (it was not run when `replicas` is 1, or when its long run would not fit the memory limit)."""
+    fewer = f", {replicas - 1} did not" if below_failed else ""
+    return (f"; {counted(replicas, 'replica')} held {spare:g}× the traffic in a long run (the fleet pools its "
+            f"queues){fewer}; one replica's rate implied {searched}")
 
 
 def search_columns(search: SteadyRateSearch) -> dict[str, Any]:
