@@ -218,12 +218,34 @@ def test_a_rate_search_answer_is_the_fleet_that_held_not_the_linear_bound(tmp_pa
 
 
 def test_the_pooled_note_says_the_count_below_failed_only_where_it_ran():
-    """A rate search stepped down from 2 to 1 replica (its long run held 1.1× the traffic) has no count below to
-    run: the note said '0 did not'; from 6 to 4 with 3 failed it says so."""
+    """A rate search stepped down from 6 to 3 replicas whose next long run (2) would not fit the memory limit has
+    no failed count below: the note said '2 did not'; from 6 to 4 with 3 failed it says so."""
     from kvsim.planning.plan_rate import pooled_note
 
-    assert pooled_note(1, 2, 1.1, below_failed=False) == (
-        "; 1 replica held 1.1× the traffic in a long run (the fleet pools its queues); one replica's rate implied 2")
+    assert pooled_note(3, 6, 1.1, below_failed=False) == (
+        "; 3 replicas held 1.1× the traffic in a long run (the fleet pools its queues); one replica's rate implied 6")
     assert pooled_note(4, 6, 1.1, below_failed=True) == (
         "; 4 replicas held 1.1× the traffic in a long run (the fleet pools its queues), 3 did not; one replica's "
         "rate implied 6")
+
+
+def test_a_rate_search_never_steps_down_to_the_one_replica_its_search_refuted(tmp_path):
+    """Single-slot replicas (S = 0.1 s) at 8 req/s, p90 TTFT <= 0.25 s, capacity_headroom 0.1: one replica meets
+    the SLO up to 6.35 req/s (M/D/1, `test_a_rate_search_answer_is_the_fleet_that_held_not_the_linear_bound`), so
+    the search implies ceil(1.1 · 8 / 6.35) = 2, and 2 hold 8 req/s (M/D/2 at rho 0.4). One replica on 8.8 req/s is
+    the fleet the search itself probed and refuted (some fraction <= 1.1 failed, else it would answer 1): its long
+    run, as long as the 2-replica one, could only fail, and was made (the default scenario's `plan --search rate`:
+    227 s, then 365 s with it). The answer is 2, from one long run."""
+    from kvsim.workload.scenario import make_scenario
+
+    base = make_scenario({
+        "name": "pair", "steps": "none", "router": {"policy": "round_robin"},
+        "engine": {"max_num_seqs": 1, "max_model_len": 1024, "num_gpu_blocks_override": 20_000},
+        "latency": {"model": "constant", "step_s": 0.01},
+        "workload": {"num_requests": 500, "arrival": {"process": "poisson", "rate": 8.0},
+                     "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 10}}})
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 0.25}, "gpus": ["h100-80gb"], "max_replicas": 4, "search": "rate",
+                           "router": "round_robin", "probe_requests": 500, "max_probe_requests": 1000,
+                           "verify_factor": 2})
+    (row,) = plan(base, spec, tmp_path)[0]
+    assert row["searched_replicas"] == row["replicas"] == 2 and row["verify_attempts"] == "2 held"

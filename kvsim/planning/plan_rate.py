@@ -20,8 +20,10 @@ whose SLOs do not depend on the fleet as a whole. It is a linear bound: c replic
 6.35), so it over-sizes where pooling helps. It costs single-replica bisections per candidate instead of a
 fleet simulation per tried count, so it suits big fleets; the chosen fleet is then simulated as a whole with
 10× a probe's requests (`kvsim.planning.verify`): one replica more while that long run fails, and, when it
-holds, one replica fewer on the traffic sped up by 1 + `capacity_headroom` while those hold, so the answer is
-the fewest replicas the fleet itself was seen to hold with that spare capacity (the count below failing).
+holds, one replica fewer on the traffic sped up by 1 + `capacity_headroom` while those hold, down to 2 (one
+replica is the search's own probe, which a fraction of at most 1 + `capacity_headroom` failed wherever the answer
+is 2 or more), so the answer is the fewest replicas the fleet itself was seen to hold with that spare capacity
+(the count below failing, or 2).
 The row's window columns and headroom are that fleet's long run (the one-replica probe that set the rate is
 in `search_*` columns, `kvsim.planning.verify.answer_columns`); with `verify_factor` 0 no fleet is
 simulated and the row says its count is the linear bound.
@@ -93,8 +95,10 @@ class RateSearch:
         self.search = SteadyRateSearch(1.0, first, max_requests=longest, first_tol=self.spec.rel_tol,
                                        max_rate=enough, min_rate=enough / max(1, self.cap))
         spare = self.spare
+        # never down to one replica: that fleet is the search's own probe, which failed a fraction of at most
+        # `spare` wherever the answer is 2 or more (else ceil(spare / f) = 1), so its long run could only fail
         self.verify = Verification(self.candidate, self.spec, self.memory,
-                                   shrink=lambda traffic, n: scaled_traffic(traffic, spare, n))
+                                   shrink=lambda traffic, n: scaled_traffic(traffic, spare, n), fewest=2)
 
     @property
     def spare(self) -> float:
@@ -235,7 +239,7 @@ class RateSearch:
 def pooled_note(replicas: int, searched: int, spare: float, below_failed: bool) -> str:
     """The limiting factor's note on a fleet whose long runs held `spare` × the traffic on fewer `replicas` than
     the `searched` count one replica's rate implied; `below_failed`: one replica fewer was run long and failed
-    (it was not run when `replicas` is 1, or when its long run would not fit the memory limit)."""
+    (it was not run where its long run would not fit the memory limit)."""
     fewer = f", {replicas - 1} did not" if below_failed else ""
     return (f"; {counted(replicas, 'replica')} held {spare:g}× the traffic in a long run (the fleet pools its "
             f"queues){fewer}; one replica's rate implied {searched}")

@@ -14,8 +14,9 @@ and `verify_attempts` (each count tried long and whether it held).
 A count found without simulating the fleet (`--search rate`: one replica's rate, scaled linearly) can be
 too large as well: c replicas pool their queues (M/D/c waits less than c × M/D/1 at the same load), so
 with `shrink` a long run that holds at the searched count is followed by one replica fewer, on the traffic
-`shrink` gives (the rate search's: sped up by its capacity headroom), while those hold; the answer is then
-the fewest replicas whose long run held, the count below it having failed (`verify_attempts` e.g.
+`shrink` gives (the rate search's: sped up by its capacity headroom), while those hold, down to `fewest` (the
+rate search's 2: one replica is its own probe, already refuted there); the answer is then the fewest replicas
+whose long run held, the count below it having failed or being `fewest` (`verify_attempts` e.g.
 `6 held, 5 held*, 4 held*, 3 failed*`, * marking the runs on `shrink`'s traffic).
 """
 
@@ -88,6 +89,7 @@ class Verification:
     grows: bool = True  # a failed long run is retried one replica larger (False: a fixed fleet, an xPyD split)
     # a held long run is followed by one replica fewer on shrink(traffic, requests) while they hold (None: never)
     shrink: Callable[[Scenario, int], Scenario] | None = None
+    fewest: int = 1  # the fewest replicas a run on `shrink`'s traffic may have (fewer are known to fail)
     attempts: list[tuple[int, Metrics]] = field(default_factory=list)  # (replicas, long run's metrics)
     memory_note: str | None = None  # why a long run was not made: its memory floor exceeds the plan's limit
     _count: int | None = None
@@ -102,8 +104,8 @@ class Verification:
         if self.attempts:
             last, metrics = self.attempts[-1]
             if probe_passes(metrics["evidence"], self.spec.slo):
-                if self.shrink is None or last <= 1 or len(self._held()) < len(self.attempts):
-                    return None  # no shrinking asked for, nothing below, or the count below already failed
+                if self.shrink is None or last <= self.fewest or len(self._held()) < len(self.attempts):
+                    return None  # no shrinking asked for, nothing worth running below, or the count below failed
                 count, fewer = last - 1, True
             elif self._held() or last >= self.spec.max_replicas or not self.grows:
                 return None
