@@ -70,7 +70,8 @@ def scaled_traffic(base: Scenario, fraction: float, num_requests: int) -> Scenar
 class RateSearch:
     """The largest fraction of the traffic one replica of `candidate` sustains within the SLOs
     (`kvsim.planning.steady_state.SteadyRateSearch` over the fraction, from `probe_requests` a probe,
-    doubling until the fraction moves < 2 %), then one verification run of the chosen fleet."""
+    doubling until the fraction moves < 2 %), then the chosen fleet's long runs (`Verification`): one replica more
+    while they fail; where the first holds, one fewer on the traffic sped up by `spare` while they hold, down to 2."""
 
     candidate: Candidate
     base: Scenario
