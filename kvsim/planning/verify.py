@@ -95,8 +95,9 @@ class Verification:
     _count: int | None = None
 
     def next_scenario(self, traffic: Scenario, replicas: int | None, probe_requests: int) -> Scenario | None:
-        """The next long run, or None: nothing to verify, not asked for, held, failed at `max_replicas`, or
-        the run would not fit in the plan's memory limit (`memory_note` says so; no larger count is tried)."""
+        """The next long run, or None: nothing to verify, not asked for, held (with `shrink`: held down to `fewest`
+        replicas, or one fewer failed), failed at `max_replicas` (or once one held), or the run would not fit in
+        the plan's memory limit (`memory_note` says so; no other count is tried)."""
         if (replicas is None or probe_requests <= 0 or self.spec.verify_factor == 0
                 or self.memory_note is not None):
             return None
