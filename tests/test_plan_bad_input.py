@@ -124,3 +124,16 @@ def test_a_bad_no_worker_timeout_is_one_line(monkeypatch):
         monkeypatch.setenv(NO_WORKERS_TIMEOUT_ENV, text)
         with pytest.raises(KvsimError, match=f"{NO_WORKERS_TIMEOUT_ENV}={text!r}: expected a positive number"):
             no_workers_timeout_s()
+
+
+def test_points_judged_before_the_per_replica_queue_test_are_simulated_again(tmp_path):
+    """A fleet's verdict holds each replica's waiting queue to its own margin since 7db66e8 (round robin over
+    three 4-slot replicas and a 1-slot one at 1.1× its limit read stable, now backlogged), so a point stored
+    before (format 1) may carry a verdict the fleet no longer gets: a resumed plan must not reuse it."""
+    from kvsim.planning.plan import POINT_FORMAT
+
+    path = tmp_path / "points.jsonl"
+    old = {"hash": "a", "name": "uneven", "format": 1, "metrics": {"evidence": {"verdict": "stable"}, "work": {}}}
+    path.write_text(json.dumps(old) + "\n")
+    store = PointStore(path, required=("evidence", "work"), point_format=POINT_FORMAT)
+    assert not store.points and store.stale == {"a": 1}

@@ -13,6 +13,7 @@ from test_validate import CONSTANT, run_dir_of, write_run
 from typer.testing import CliRunner
 
 from kvsim.cli import app, progress
+from kvsim.planning.plan import POINT_FORMAT
 from kvsim.report.studies import Study, StudyConfig
 
 CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")  # anything but a newline: no ANSI escapes, no \r
@@ -137,5 +138,5 @@ def test_a_plan_resumed_from_unstamped_points_simulates_them_again(tmp_path):
     assert again.exit_code == 0, again.output
     warnings = [line for line in again.stderr.splitlines() if line.startswith("kvsim: warning: ")]
     assert warnings == [f"kvsim: warning: {points}: {len(rows)} points of point format 0, written by another kvsim "
-                        "(this one writes format 1), will be simulated again, not reused"]
+                        f"(this one writes format {POINT_FORMAT}), will be simulated again, not reused"]
     assert json.loads(again.stdout) == json.loads(first.stdout)
