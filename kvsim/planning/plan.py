@@ -141,10 +141,8 @@ def check_plan_memory(base: Scenario, spec: PlanSpec) -> None:
 POINT_FORMAT = 2
 """The format of the points `point_metrics` makes, stamped on each line of points.jsonl (`PointStore`): raise it
 whenever what a point's metrics mean changes, so a plan resumed from an older points.jsonl simulates those points
-again instead of mixing two kvsims' numbers. 0: points written before the stamp (e.g. `work.recomputed_tokens`
-from before 53fa429 counted prefill tokens less each prompt's uncached part, one off per one-token chunk). 1: a
-fleet's `evidence.verdict` judged its total waiting queue only, before each replica's was held to its own margin
-(7db66e8: an uneven fleet with one replica falling behind read stable)."""
+again instead of mixing two kvsims' numbers. 0: before the stamp (53fa429 fixed `work.recomputed_tokens`, one off
+per one-token chunk). 1: a fleet's verdict read its total waiting queue only, not each replica's (7db66e8)."""
 
 
 def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> Metrics:
