@@ -14,6 +14,7 @@ the rows state sizes in KiB (one decimal, thousands separated).
 import json
 import math
 
+import pytest
 from test_plan import SLO, toy  # tests/ is on sys.path
 from typer.testing import CliRunner
 
@@ -38,9 +39,16 @@ def spec(limit_bytes=None):
     return make_plan_spec({**raw, "memory_limit_bytes": limit_bytes} if limit_bytes else raw)
 
 
-def test_the_limit_bounds_the_replica_search_and_is_said(tmp_path):
-    free, _ = plan(toy(), spec(), tmp_path / "free")
-    needed, run_length = free[0]["replicas"], free[0]["requests_per_probe"]
+@pytest.fixture(scope="module")
+def free_answer(tmp_path_factory):
+    """(replicas, requests a probe) of the toy's plan without a limit, which both replica-search tests bound;
+    planned once for the module (a plan is a function of its inputs)."""
+    (row,), _ = plan(toy(), spec(), tmp_path_factory.mktemp("free"))
+    return row["replicas"], row["requests_per_probe"]
+
+
+def test_the_limit_bounds_the_replica_search_and_is_said(tmp_path, free_answer):
+    needed, run_length = free_answer
     limit = 900_000  # R = 400: 576,000 B of requests and steps, then room for 2 replicas (808,000 B), not 3
     cap = fits(limit, run_length)
     assert PER_REPLICA_BYTES == 116_000 and cap == 2 < needed  # the limit stops the search below the answer
@@ -63,9 +71,8 @@ def test_the_limit_bounds_the_replica_search_and_is_said(tmp_path):
     assert len((tmp_path / "bounded" / "points.jsonl").read_text().splitlines()) == len(lines)
 
 
-def test_a_limit_above_the_answer_changes_nothing_but_can_skip_the_long_verification(tmp_path):
-    free, _ = plan(toy(), spec(), tmp_path / "free")
-    needed, run_length = free[0]["replicas"], free[0]["requests_per_probe"]
+def test_a_limit_above_the_answer_changes_nothing_but_can_skip_the_long_verification(tmp_path, free_answer):
+    needed, run_length = free_answer
     limit = 160 * run_length * 9 + PER_REPLICA_BYTES * needed  # exactly the answer's floor
     assert fits(limit, run_length) == needed
     rows, _ = plan(toy(), spec(limit), tmp_path / "bounded")
