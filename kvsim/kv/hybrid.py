@@ -98,7 +98,9 @@ class GroupedPagedAllocator(PoolSlots):
 
     @property
     def num_mapped_slots(self) -> int:
-        return sum(len(s.block_table) for s in self.seqs.values()) * self.block_size
+        # Σ len(block_table), counted without building each table (read at every recorded step)
+        return sum(len(table) - table.count(NULL_BLOCK_ID) for s in self.seqs.values()
+                   for table in s.tables) * self.block_size
 
     def region_slots(self, final_num_tokens: int, prompt_len: int | None = None) -> int:
         """The most slots one sequence of `final_num_tokens` tokens holds at once (vLLM's per-request maximum)."""
