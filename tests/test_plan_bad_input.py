@@ -29,6 +29,13 @@ def test_refused_in_one_line_before_any_folder(tmp_path, extra, needle):
     assert not out.exists()
 
 
+def test_an_unknown_router_is_named_once(tmp_path):
+    """The field and its value lead a refusal line once (`plan.router='foo': router='foo': ...` said it twice)."""
+    result = runner.invoke(app, [*BASE, "--router", "foo", "-o", str(tmp_path / "plan")])
+    assert result.exit_code == 2 and result.stderr.strip() == (
+        "kvsim: error: plan.router='foo': expected one of round_robin, least_outstanding, least_kv, affinity")
+
+
 def test_bad_yaml_spec_is_one_line(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text("slo: {ttft_s.p90: [\n")

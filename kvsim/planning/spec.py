@@ -104,7 +104,7 @@ class PlanSpec(Settings):
     @classmethod
     def _known_router(cls, router: str) -> str:
         if router not in ROUTERS:
-            raise ValueError(f"router={router!r}: expected one of {', '.join(ROUTERS)}")
+            raise ValueError(f"expected one of {', '.join(ROUTERS)}")  # the field and value lead the line
         return router
 
     @field_validator("gpus", "tensor_parallel_sizes")
