@@ -274,7 +274,6 @@ def shared_full_blocks(context_len: int, prefix_tokens: int, block_size: int) ->
     return min(prefix_tokens, context_len - 1) // block_size
 
 
-
 def swap_bytes(engine: EngineConfig) -> int:
     """The CPU swap space a preemption can use, in bytes: `swap_space` GiB where preemption can swap
     (`EngineConfig.can_swap`: vLLM v0 outside preemption_mode=recompute), else 0 (v1 and static never swap: no
