@@ -53,8 +53,9 @@ def pool_tokens(st: Study) -> int:
     """One replica's KV pool in tokens, as vLLM logs it ("GPU KV cache size: N tokens", `_report_kv_cache_config`
     in vllm/v1/core/kv_cache_utils.py): the blocks divided among the KV cache groups, whose block tables all draw
     on the one pool (a Gemma 3 pool's among 7: 6 sliding-window groups and 1 full), times block_size. The
-    blocks are those a sequence can hold: v1 keeps its null block back, v0 none (`EngineConfig.num_null_blocks`)."""
-    return st.kv_layout.token_slots(st.num_blocks - st.paged_null_blocks)
+    blocks are `kv_cache_config.num_blocks`, v1's null block included (its `BlockPool` takes block 0 of them as
+    the null block after sizing, so the log counts one block no sequence holds); v0 keeps none."""
+    return st.kv_layout.token_slots(st.num_blocks)
 
 
 def unbounded_hit_rate(records: Sequence[TraceRecord], max_model_len: int) -> float:
