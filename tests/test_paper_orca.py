@@ -39,9 +39,17 @@ def test_buddy_splits_best_fit_and_coalesces():
 
 
 def test_paper_pow2_over_reserves_the_output_only():
-    # "reserving 32 slots for 25 output tokens": prompt 100 + 25 output → 100 + 32 = 132 slots asked for
-    assert region_slots("pow2", 125, 2048, prompt_len=100) == 132
+    # "reserving 32 slots for 25 output tokens": prompt 100 + 25 output → 100 + 32 = 132 slots asked for; the
+    # request's KV holds 100 + 25 − 1 = 124 slots (its last sampled token writes none: Request.kv_len)
+    assert region_slots("pow2", 124, 2048, prompt_len=100) == 132
     assert region_slots("pow2", 2040, 2048, prompt_len=1000) == 2048  # 1000 + 2048, capped at max_model_len
+
+
+@pytest.mark.parametrize(("output_tokens", "reserved"), [(1, 1), (2, 2), (3, 4), (32, 32), (33, 64), (65, 128)])
+def test_paper_pow2_rounds_the_output_length_not_its_slots(output_tokens, reserved):
+    """The paper rounds the output length O, by hand the least power of two >= O. Rounding the O − 1 slots the
+    output writes gave 32 for O = 33 (and a lone output token rounded the whole prompt: 100 → 128)."""
+    assert region_slots("pow2", 100 + output_tokens - 1, 4096, prompt_len=100) == 100 + reserved
 
 
 def test_buddy_rounds_regions_and_counts_the_rounding_as_slack():

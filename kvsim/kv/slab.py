@@ -52,15 +52,19 @@ class Slab:
 def region_slots(policy: SlabPolicy, final_num_tokens: int, max_model_len: int, prompt_len: int | None = None) -> int:
     """Slots a sequence of `final_num_tokens` KV slots (prompt + output) asks for under `policy`.
 
-    `pow2` rounds the output (`final_num_tokens − prompt_len`, at least 1) up to a power of
-    two; without `prompt_len` the whole length is rounded.
+    `pow2` reserves the prompt and its output length rounded up to a power of two, the paper's "32 slots for
+    25 output tokens": the output is `final_num_tokens + 1 − prompt_len` tokens, the last sampled one holding
+    no slot (`Request.kv_len`), so 33 output tokens reserve 64, not the 32 their 32 slots would round to.
+    Without `prompt_len` the whole length is rounded.
     """
     if policy == "max":
         return max_model_len
     if policy == "pow2":
-        prompt = prompt_len if prompt_len is not None and prompt_len < final_num_tokens else 0
-        output = final_num_tokens - prompt
-        return max(final_num_tokens, min(prompt + (1 << (output - 1).bit_length()), max_model_len))
+        if prompt_len is not None and prompt_len <= final_num_tokens:
+            prompt, output_tokens = prompt_len, final_num_tokens + 1 - prompt_len
+        else:
+            prompt, output_tokens = 0, final_num_tokens
+        return max(final_num_tokens, min(prompt + (1 << (output_tokens - 1).bit_length()), max_model_len))
     return final_num_tokens
 
 
