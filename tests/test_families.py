@@ -248,3 +248,36 @@ def test_phi3_loads_as_llama_shaped_and_is_named_by_name_or_path(tmp_path) -> No
     path.write_text(json.dumps(local))
     load_model.cache_clear()
     assert load_model(str(path)).name == "phi3-ft"  # a local path: its last folder
+
+
+MIXTRAL_NO_TYPE = {"architectures": ["MixtralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+                   "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                   "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+                   "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
+
+
+def test_a_config_without_model_type_is_read_as_its_architectures_model():
+    """Mixtral-8x7B's config.json less its model_type: vLLM builds MixtralForCausalLM from `architectures`, so
+    its 8 experts (2 per token) of 14,336 stay in every one of the 32 layers (read as Llama, they were dropped)."""
+    model = model_from_hf_config(MIXTRAL_NO_TYPE, "M")
+    assert model.model_type == "mixtral"
+    assert model.moe is not None
+    assert (model.moe.num_experts, model.moe.num_experts_per_tok, model.moe.expert_intermediate_size,
+            model.moe.num_moe_layers) == (8, 2, 14336, 32)
+
+
+@pytest.mark.parametrize("architectures", [None, [], ["BertModel"], "MixtralForCausalLM"])
+def test_a_config_without_model_type_or_a_known_architecture_is_refused(tmp_path, architectures):
+    """transformers' AutoConfig refuses a config without model_type ("Should have a `model_type` key"); kvsim
+    infers nothing from a missing, empty, unknown or non-list `architectures` and names both fields."""
+    from tests.conftest import one_line_exit_2
+
+    config = {k: v for k, v in MIXTRAL_NO_TYPE.items() if k != "architectures"}
+    if architectures is not None:
+        config["architectures"] = architectures
+    folder = tmp_path / "M"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    message = one_line_exit_2(["capacity", "--model", str(folder)])
+    assert message.startswith(f"model config M: model_type is missing and architectures={architectures!r} names no "
+                              "model kvsim reads (supported: ")

@@ -384,12 +384,38 @@ READERS: dict[str, Callable[[_Config], Fields]] = {
 }
 
 
-def fields_from_hf_config(raw: dict[str, Any], name: str) -> Fields:
-    """The `ModelSpec` fields of a `config.json` mapping, read by its `model_type`'s reader.
+# The model class vLLM builds for a config's `architectures` entry (its model registry), as the reader's model_type.
+ARCHITECTURE_TYPES = {
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3", "OPTForCausalLM": "opt", "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2",
+    "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral", "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss", "Gemma3ForCausalLM": "gemma3_text",
+    "Gemma3ForConditionalGeneration": "gemma3", "Llama4ForCausalLM": "llama4_text",
+    "Llama4ForConditionalGeneration": "llama4",
+}
 
-    A config without `model_type` is read as Llama-style (the layout most older configs share).
-    """
-    model_type = raw.get("model_type", "llama")
+
+def _inferred_model_type(raw: dict[str, Any], name: str) -> Any:
+    """The config's `model_type`; where it has none, the one its `architectures` names (vLLM picks the model
+    class by `architectures`; transformers' AutoConfig refuses a config without `model_type` unless the path
+    names one). Neither: `KvsimError` naming the field, as no default layout is safe (Mixtral read as Llama
+    dropped its experts)."""
+    if "model_type" in raw:
+        return raw["model_type"]
+    architectures = raw.get("architectures")
+    known = [ARCHITECTURE_TYPES[a] for a in architectures if isinstance(a, str) and a in ARCHITECTURE_TYPES] \
+        if isinstance(architectures, list) else []
+    if not known:
+        raise KvsimError(f"model config {name}: model_type is missing and architectures={shown(architectures)} "
+                         f"names no model kvsim reads (supported: {', '.join(sorted(ARCHITECTURE_TYPES))})")
+    return known[0]
+
+
+def fields_from_hf_config(raw: dict[str, Any], name: str) -> Fields:
+    """The `ModelSpec` fields of a `config.json` mapping, read by its `model_type`'s reader (a config without
+    one: its `architectures`' model, `_inferred_model_type`)."""
+    model_type = _inferred_model_type(raw, name)
+    raw = {**raw, "model_type": model_type}
     reader = READERS.get(model_type) if isinstance(model_type, str) else None  # a list was a bare TypeError
     if reader is None:
         raise KvsimError(f"model config {name}: model_type={shown(model_type)} is not supported "
