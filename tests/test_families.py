@@ -281,3 +281,40 @@ def test_a_config_without_model_type_or_a_known_architecture_is_refused(tmp_path
     message = one_line_exit_2(["capacity", "--model", str(folder)])
     assert message.startswith(f"model config M: model_type is missing and architectures={architectures!r} names no "
                               "model kvsim reads (supported: ")
+
+
+QWEN = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
+        "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize(("rope_scaling", "model_type", "max_len"), [
+    (None, "qwen2", 32768),
+    # Qwen2.5's model card: YaRN {factor 4, original 32,768} serves 4 x 32,768 = 131,072 tokens
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, "qwen2", 131072),
+    ({"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16384}, "qwen2", 32768),  # older key
+    ({"rope_type": "linear", "factor": 2.0}, "qwen2", 65536),  # 2 x 32,768
+    ({"rope_type": "dynamic", "factor": 1.5}, "qwen2", 49152),  # 1.5 x 32,768
+    # Llama 3.1's llama3 rope: its max_position_embeddings is the scaled length already
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}, "llama", 32768),
+    ({"rope_type": "linear", "factor": 8.0}, "gemma3_text", 32768),  # Gemma 3's 128K is scaled already
+])
+def test_the_default_max_model_len_is_vllm_s_derived_length(rope_scaling, model_type, max_len):
+    """vLLM's `_get_and_verify_max_len`: max_position_embeddings x factor, a yarn one's from its original
+    length; llama3/longrope/su and Gemma 3 unscaled. A max_model_len up to it is accepted, one past it refused."""
+    extra = {} if model_type != "gemma3_text" else {"sliding_window": 1024, "sliding_window_pattern": 6}
+    model = model_from_hf_config({**QWEN, "model_type": model_type, "rope_scaling": rope_scaling, **extra}, "M")
+    assert make_engine().resolved_max_model_len(model) == max_len
+    assert make_engine(max_model_len=max_len).resolved_max_model_len(model) == max_len
+    with pytest.raises(KvsimError, match=f"max_model_len={max_len + 1}: exceeds M's max_position_embeddings"):
+        make_engine(max_model_len=max_len + 1).resolved_max_model_len(model)
+
+
+@pytest.mark.parametrize(("rope_scaling", "message"), [
+    ("yarn", "rope_scaling='yarn': must be a mapping"),
+    ({"rope_type": "linear", "factor": 0}, "rope_scaling.factor=0: must be a positive number"),
+    ({"rope_type": "yarn", "factor": 4.0}, "rope_scaling.original_max_position_embeddings=None: a yarn"),
+])
+def test_a_bad_rope_scaling_is_named(rope_scaling, message):
+    with pytest.raises(KvsimError, match=f"^model config M: {message}"):
+        model_from_hf_config({**QWEN, "rope_scaling": rope_scaling}, "M")

@@ -105,12 +105,41 @@ def _dense(c: _Config, *, is_opt: bool = False) -> Fields:
         "head_dim": c.count("head_dim", hidden // heads),
         "intermediate_size": c.count("ffn_dim") if is_opt else c.count("intermediate_size"),
         "vocab_size": c.count("vocab_size"),
-        "max_position_embeddings": c.count("max_position_embeddings", 2048),
+        "max_position_embeddings": _derived_max_len(c),
         "dtype": _served_dtype(c),
         "gated_mlp": not is_opt,
         "tie_word_embeddings": c.get("tie_word_embeddings", is_opt),
         "weight_quant": _weight_quant(c),
     }
+
+
+def _derived_max_len(c: _Config) -> int:
+    """The longest context vLLM serves the model at (`_get_and_verify_max_len` in vllm/config): the config's
+    `max_position_embeddings` (2,048 where missing), times `rope_scaling`'s `factor` unless its type (`rope_type`,
+    or the older `type`) is llama3, longrope or su, a yarn one's from its `original_max_position_embeddings`;
+    a Gemma 3's is left unscaled (its 128K is scaled already). Llama 3.1's llama3 rope keeps 131,072; a Qwen
+    config given YaRN {factor 4, original 32,768} serves 131,072. Not modelled: longrope's shorter default
+    (vLLM defaults to `original_max_position_embeddings` there yet accepts up to this), and the other length
+    keys vLLM takes the least of (`n_positions`, `max_seq_len`, ...)."""
+    length = c.count("max_position_embeddings", 2048)
+    scaling = c.get("rope_scaling")
+    if scaling is None or "gemma3" in str(c.get("model_type", "")):
+        return length
+    if not isinstance(scaling, dict):
+        raise KvsimError(f"model config {c.name}: rope_scaling={shown(scaling)}: must be a mapping")
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    if rope_type in ("llama3", "longrope", "su"):
+        return length
+    factor = scaling.get("factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor < float("inf"):
+        raise KvsimError(f"model config {c.name}: rope_scaling.factor={shown(factor)}: must be a positive number")
+    if rope_type == "yarn":
+        original = scaling.get("original_max_position_embeddings")
+        if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
+            raise KvsimError(f"model config {c.name}: rope_scaling.original_max_position_embeddings="
+                             f"{shown(original)}: a yarn rope_scaling needs it, a positive integer")
+        length = original
+    return int(length * factor)
 
 
 def _num_layers(c: _Config) -> int:
