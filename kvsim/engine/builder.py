@@ -69,6 +69,12 @@ class EngineSpec:
     async_scheduling: bool  # `EngineConfig.resolved_async_scheduling`
 
     @property
+    def kv_cache_size_tokens(self) -> int:
+        """vLLM's startup "GPU KV cache size: N tokens": the pool's blocks (null block included) divided among its
+        KV cache groups, times block_size (`KVLayout.token_slots`; a Gemma 3 pool's among 7 groups)."""
+        return self.kv_layout.token_slots(self.num_gpu_blocks)
+
+    @property
     def vllm_max_concurrency(self) -> float:
         """vLLM's startup "maximum concurrency": every request at `max_model_len`, in the formula of the
         scheduler version the engine models (`KVLayout.max_concurrency`: v1 rounds up to whole blocks, v0 not)."""

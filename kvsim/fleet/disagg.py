@@ -97,7 +97,7 @@ class _InFlight:
 def _make_router(config: RouterConfig, parts: Sequence[EngineParts], block_size: int) -> Router:
     return Router(config.policy, len(parts), block_size, config.load_bound, config.load_slack,
                   config.match_threshold, max_prefix_blocks=prefix_table_blocks(
-                      ((p.facts["num_gpu_blocks"], p.facts["block_size"]) for p in parts), block_size))
+                      (p.spec.kv_cache_size_tokens for p in parts), block_size))
 
 
 class Disaggregation:

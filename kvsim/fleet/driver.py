@@ -233,8 +233,7 @@ def _run_fleet(scenario: Scenario, check: bool, progress: ProgressFn | None, bur
     config = scenario.router
     block_size = scenario.engine.block_size
     router = Router(config.policy, len(parts), block_size, config.load_bound, config.load_slack, config.match_threshold,
-                    max_prefix_blocks=prefix_table_blocks(((p.spec.num_gpu_blocks, p.spec.engine.block_size)
-                                                           for p in parts), block_size))
+                    max_prefix_blocks=prefix_table_blocks((p.spec.kv_cache_size_tokens for p in parts), block_size))
     routes = Routes()
 
     def dispatch(req: Request, now: float) -> int:

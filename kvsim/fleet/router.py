@@ -14,7 +14,7 @@ sees what a production router sees from its replicas' metrics at that moment:
 Ties go to the first replica at or after a rotating start, so idle fleets spread requests
 instead of piling them on replica 0. Affinity keys are the prompt's chained block hashes
 (the same hashes prefix caching uses, so a conversation's earlier turns and a shared system
-prompt match), kept for at most as many blocks as the whole fleet's KV pool holds (older
+prompt match), kept for at most as many tokens as the whole fleet's KV pools hold (older
 entries are forgotten first, as the caches themselves evict; `prefix_table_blocks`). The router hashes at
 one block size, the scenario engine's (in a disaggregated fleet, each pool's router its pool's first
 instance's), whatever its replicas' own: a router-side index approximates the
@@ -43,10 +43,11 @@ from typing import Protocol
 from kvsim.workload.request import Request
 
 
-def prefix_table_blocks(pools: Iterable[tuple[int, int]], block_size: int) -> int:
+def prefix_table_blocks(pool_tokens: Iterable[int], block_size: int) -> int:
     """Entries of `block_size` tokens an affinity table keeps: as many tokens as the replicas' KV pools hold
-    (`pools`: each one's (num_gpu_blocks, block_size)), counted in the router's blocks, not theirs."""
-    return sum(num_blocks * size for num_blocks, size in pools) // block_size
+    (`pool_tokens`: each one's `EngineSpec.kv_cache_size_tokens`, its blocks divided among its KV cache groups,
+    each of which holds a block per prefix block), counted in the router's blocks, not theirs."""
+    return sum(pool_tokens) // block_size
 
 
 class FleetState(Protocol):
