@@ -7,6 +7,7 @@ import pytest
 import simpy
 from conftest import make_request
 
+from kvsim.engine.clock import Wakeup
 from kvsim.fleet.disagg import Disaggregation, simulate_disagg
 from kvsim.fleet.disagg_checks import synchronous
 from kvsim.fleet.driver import replica_engines, replica_scenarios
@@ -63,3 +64,25 @@ def test_a_local_request_blocks_only_the_transfers_it_precedes(local_priority, r
     disagg.pending[0].append((remote, 0, 1.0))
     disagg._reserve_on(0)(1.0)
     assert (1 in disagg.in_flight[0]) is reserved and (not disagg.pending[0]) is reserved
+
+
+def test_equal_priorities_in_the_decode_queue_go_in_hand_off_order():
+    """A (client arrival 0 s) and B (0.5 s), both priority 0, reach D in the other order: B's prefill ends at
+    1 s, A's at 2 s. D's frontend stamps vLLM's `Request.arrival_time` when the proxy hands the request over,
+    so D's heap holds B (1 s) before A (2 s). D's 10 blocks hold one 100-token request's 7 (cdiv(104, 16)):
+    B's transfer starts, A waits. By the client's arrival A went first."""
+    spec = scenario(decode_engine={"scheduling_policy": "priority", "num_gpu_blocks_override": 10,
+                                   "max_model_len": 144})
+    specs = [synchronous(s) for s in replica_scenarios(spec)]
+    parts, engines, _ = replica_engines(spec, specs, observe_kv=False)
+    disagg = Disaggregation(spec, specs, parts, engines)
+    disagg.env = simpy.Environment()
+    engines[1].wakeup = Wakeup(disagg.env)  # as the run loop gives it
+    a, b = make_request(0, 0.0, 100, 5), make_request(1, 0.5, 100, 5)
+    for req, handoff_s in ((b, 1.0), (a, 2.0)):
+        disagg.output_len[req.request_id] = 5
+        req.output_len = 1
+        disagg._hand_off_from(0)(req, handoff_s)
+    disagg._reserve_on(0)(2.0)
+    assert list(disagg.in_flight[0]) == [1]
+    assert [req.request_id for req, _, _ in disagg.pending[0]] == [0]

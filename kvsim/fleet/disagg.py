@@ -191,6 +191,7 @@ class Disaggregation:
             req.first_token_s = req.finish_s = None
             req.has_drafts = False  # a new request to the decode instance: no drafts of its own yet
             req.num_preemptions = 0
+            req.engine_arrival_s = now  # D's frontend stamps its arrival on receipt: D's queue orders by it
             self.num_handed_off += 1
             self.num_held[prefill] += 1
             self.d_view.now_s = now
@@ -229,10 +230,10 @@ class Disaggregation:
             (WAITING_FOR_REMOTE_KVS), which takes D's queue in its policy's order and stops once `len(running)`
             reaches `max_num_seqs` (a reservation does not run yet, so below that every pending transfer may
             start). FCFS: hand-off order, and any local waiting request (a preempted one, back at the front)
-            comes first; priority: smallest `priority_key` first, a local request only ahead of those it
-            precedes (the key's arrival is the client's; vLLM's decode frontend stamps the hand-off). Not
-            modelled: vLLM's loop also ends when the step's token budget is spent (reservations here come
-            before the step is planned)."""
+            comes first; priority: smallest `priority_key` first (its arrival the hand-off, as D's frontend
+            stamps it), a local request only ahead of those it precedes. Not modelled: vLLM's loop also ends
+            once the step's token budget is spent (`while self.waiting and token_budget > 0`; a reservation
+            itself takes none, num_new_tokens = 0): reservations here come before the step is planned."""
             scheduler = self.engines[self.decode[k]].scheduler
             waiting, held = scheduler.waiting, scheduler.held_kv_tokens
             if held and waiting and waiting.peek().request_id not in held:

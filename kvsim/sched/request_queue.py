@@ -3,7 +3,7 @@
 As vLLM v1's `vllm/v1/core/sched/request_queue.py` (`--scheduling-policy fcfs | priority`):
 
     fcfs      arrival order; a preempted request goes back to the front (`prepend`)
-    priority  smallest (priority, arrival_s, request_id) first, a heap as vLLM's (its
+    priority  smallest (priority, arrival, request_id) first, a heap as vLLM's (its
               `Request.__lt__`: priority, arrival_time, then the request id string); `prepend` is
               `add`: a heap has no front
 
@@ -14,13 +14,15 @@ strings behind the OpenAI server (`cmpl-<uuid>`); the ties it reaches by design 
 share their parent's arrival and are ordered by their `f"{index}_{parent}"` ids, which kvsim's child ids
 keep (`kvsim.sched.fanout.child_request_id`). kvsim's other ties (trace rows of one timestamp, a closed
 loop's first sends) are sends of one instant, and the lower id is the earlier send, the order the frontend
-would take them in and stamp them; a random order, as uuid ids give, is not drawn.
+would take them in and stamp them; a random order, as uuid ids give, is not drawn. The arrival is the one
+the engine stamped (`Request.queue_arrival_s`): a disaggregated decode instance's frontend takes the request
+when the proxy hands it over after prefill, so its queue orders by the hand-off, not the client's send.
 
 The policy that orders the queue also picks whom to preempt when a running request cannot
 get its KV (`victim_index`, vLLM's `Scheduler.schedule`):
 
     fcfs      the most recently admitted running request (the end of `running`)
-    priority  the lowest-priority one: max (priority, arrival_s), the first such in `running`
+    priority  the lowest-priority one: max (priority, arrival), the first such in `running`
               (Python's `max`, as vLLM calls it)
 
 Contract (both queues): `peek` and `pop` raise IndexError on an empty queue; `remove` raises
@@ -129,8 +131,9 @@ class FCFSQueue(RequestQueue):
 
 
 def priority_key(req: Request) -> tuple[int, float, int]:
-    """The priority policy's order: smallest (priority, arrival_s, request_id) first (vLLM's `Request.__lt__`)."""
-    return req.priority, req.arrival_s, req.request_id
+    """The priority policy's order: smallest (priority, arrival, request_id) first (vLLM's `Request.__lt__`), the
+    arrival its engine stamped (`Request.queue_arrival_s`: a disaggregated decode instance's is the hand-off)."""
+    return req.priority, req.queue_arrival_s, req.request_id
 
 
 class PriorityQueue(RequestQueue):
@@ -169,9 +172,9 @@ class PriorityQueue(RequestQueue):
         raise ValueError(f"request {req.request_id} is not queued")
 
     def victim_index(self, running: Sequence[Request]) -> int:
-        """The lowest priority: the first request with the largest (priority, arrival_s)."""
+        """The lowest priority: the first request with the largest (priority, arrival) (`Request.queue_arrival_s`)."""
         assert running, "no running request to preempt"
-        return max(range(len(running)), key=lambda i: (running[i].priority, running[i].arrival_s))
+        return max(range(len(running)), key=lambda i: (running[i].priority, running[i].queue_arrival_s))
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -67,10 +67,19 @@ class Request:
     # `spec_token_ids`): a prefill chunk's drafts are dropped, a preemption clears them
     has_drafts: bool = False
     client_queue_s: float = 0.0  # closed loop: how long it waited in the client for a free slot before `arrival_s`
+    # when the engine serving it now took it, where that is not `arrival_s`: a disaggregated decode instance's
+    # hand-off (vLLM's frontend stamps `Request.arrival_time` on receipt; the proxy sends D the request after P)
+    engine_arrival_s: float | None = None
     # the most tokens a preemption by recompute dropped the KV of (`drop_kv`): computing them again is recompute
     num_dropped_kv_tokens: int = 0
     # output tokens it asked for beyond max_model_len: vLLM ends it there, finish_reason "length" (`cap_output`)
     num_length_capped_tokens: int = 0
+
+    @property
+    def queue_arrival_s(self) -> float:
+        """Its arrival as its engine's queue orders it (vLLM's `Request.arrival_time`): `engine_arrival_s`, else
+        the client's `arrival_s`."""
+        return self.arrival_s if self.engine_arrival_s is None else self.engine_arrival_s
 
     def __post_init__(self) -> None:
         assert self.prompt_len > 0 and self.output_len > 0 and 0 < self.num_samples <= MAX_SAMPLES
