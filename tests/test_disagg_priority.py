@@ -11,21 +11,29 @@ from kvsim.engine.clock import Wakeup
 from kvsim.fleet.disagg import Disaggregation, simulate_disagg
 from kvsim.fleet.disagg_checks import synchronous
 from kvsim.fleet.driver import replica_engines, replica_scenarios
+from kvsim.model.errors import KvsimError
 from kvsim.workload.scenario import make_scenario
 from tests.test_disagg import BANDWIDTH, LINK_LATENCY_S, PROMPT_BYTES, scenario
+
+
+def traced_fleet(tmp_path, rows, decode_engine):
+    """A 1P1D fleet (`tests.test_disagg.scenario`) replaying `rows` of (arrival ms, priority, output tokens),
+    100-token prompts each, its decode instance's engine given `decode_engine`."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": 100, "output_length": o, "hash_ids": [i],
+                                        "prio": p}) + "\n" for i, (t, p, o) in enumerate(rows)))
+    raw = scenario(num_requests=len(rows), decode_engine=decode_engine).model_dump(mode="json")
+    raw["workload"] = {"num_requests": len(rows), "arrival": {"process": "trace"}, "prompt_len": None,
+                       "output_len": None, "trace": {"format": "mooncake", "path": str(path), "priority_column": "prio"}}
+    return make_scenario(raw)
 
 
 def run(tmp_path, policy):
     # X (priority 0) at 0 ms, A (priority 1) at 20 ms, B (priority 0) at 30 ms; 100-token prompts, 5 tokens out.
     # D's pool of 10 blocks holds one request's 7 (max_model_len 144 makes that pool legal) at a time.
-    path = tmp_path / "t.jsonl"
-    path.write_text("".join(json.dumps({"timestamp": t, "input_length": 100, "output_length": 5, "hash_ids": [i],
-                                        "prio": p}) + "\n" for i, (t, p) in enumerate([(0, 0), (20, 1), (30, 0)])))
-    raw = scenario(num_requests=3, decode_engine={"num_gpu_blocks_override": 10, "max_model_len": 144,
-                                                  "scheduling_policy": policy}).model_dump(mode="json")
-    raw["workload"] = {"num_requests": 3, "arrival": {"process": "trace"}, "prompt_len": None, "output_len": None,
-                       "trace": {"format": "mooncake", "path": str(path), "priority_column": "prio"}}
-    transfers = simulate_disagg(make_scenario(raw), check=True).tables["transfers"]
+    spec = traced_fleet(tmp_path, [(0, 0, 5), (20, 1, 5), (30, 0, 5)],
+                        {"num_gpu_blocks_override": 10, "max_model_len": 144, "scheduling_policy": policy})
+    transfers = simulate_disagg(spec, check=True).tables["transfers"]
     return dict(zip(transfers["request_id"], transfers["start_s"], strict=True))
 
 
@@ -86,3 +94,25 @@ def test_equal_priorities_in_the_decode_queue_go_in_hand_off_order():
     disagg._reserve_on(0)(2.0)
     assert list(disagg.in_flight[0]) == [1]
     assert [req.request_id for req, _, _ in disagg.pending[0]] == [0]
+
+
+def test_a_stalled_priority_decode_instance_names_the_prefill_instance_its_held_kv_came_from(tmp_path):
+    """Regression: the stall message said the requests behind the head held KV 'loaded from engine.kv_offload's
+    tiers' on a decode instance without any tier. By hand (10 ms steps, transfers of T = 15.680064 ms): L (priority 0,
+    60 tokens out) prefills in [0, 10] ms, moves in [10, 25.68], and D computes its prompt's last token in its
+    first step, [25.68, 35.68], then position 100 + j in step j + 2. H (priority 1, arrives at 120 ms) prefills in
+    [120, 130]; D, running L, reserves H's 7 blocks at its boundary of 10 + T + 110 ms, which fills D's 14
+    usable blocks (7 each), and H's KV lands T later, inside step 13. Step 14 (25.68 + 130 ms) computes L's position
+    112, its 8th block: none is free, so L, the only one running, is preempted and frees its 7; it heads the
+    priority queue ((0, 0 ms) before (1, 120 ms)) and needs 8 blocks (113 tokens) where 7 are free, while H
+    keeps its 7: nothing runs and nothing can, vLLM's stall. FCFS takes H, which holds its KV, first."""
+    rows, decode = [(0, 0, 60), (120, 1, 5)], {"num_gpu_blocks_override": 15, "max_model_len": 200}
+    fcfs = simulate_disagg(traced_fleet(tmp_path, rows, {**decode, "scheduling_policy": "fcfs"}), check=True)
+    t = LINK_LATENCY_S + PROMPT_BYTES / BANDWIDTH
+    assert fcfs.tables["transfers"]["start_s"].tolist() == pytest.approx([0.01, 0.01 + t + 0.11], rel=1e-12)
+    assert fcfs.requests.sort_values("request_id").num_preemptions.tolist() == [1, 0]
+    with pytest.raises(KvsimError) as stall:
+        simulate_disagg(traced_fleet(tmp_path, rows, {**decode, "scheduling_policy": "priority"}), check=True)
+    message = str(stall.value)
+    assert "request 0 (priority 0) heads the queue" in message and "requests [1] behind it" in message
+    assert "loaded from a prefill instance (kv_transfer_config)" in message and "kv_offload" not in message

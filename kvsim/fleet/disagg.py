@@ -149,6 +149,9 @@ class Disaggregation:
             engines[i].scheduler.hand_off = self._hand_off_from(i)
         for k, i in enumerate(self.decode):
             engines[i].at_step_boundary = self._reserve_on(k)
+            scheduler = engines[i].scheduler  # its held KV (`held_kv_tokens`) came from a prefill instance
+            scheduler.held_kv_source = "a prefill instance (kv_transfer_config)" + (
+                " or engine.kv_offload's tiers" if scheduler.offload is not None else "")
 
     # ---------------------------------------------------------------- the clocks
     def clocks(self, env: Any, arrivals: ArrivalClock) -> list[ArrivalClock]:

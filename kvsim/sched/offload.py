@@ -33,6 +33,9 @@ class OffloadScheduling:
     # a disaggregated decode instance's requests whose KV is still on a prefill instance: handed to it and
     # waiting for their blocks, or in transfer (`kvsim.fleet.disagg` counts them)
     num_remote_waiting: int = 0
+    # where the KV of `held_kv_tokens`' requests came from, as `held_kv_stall` names it (a disaggregated decode
+    # instance's: `kvsim.fleet.disagg` sets it)
+    held_kv_source: str = "engine.kv_offload's tiers"
     _next_stored_block: dict[int, int]
 
     @property
@@ -109,9 +112,10 @@ class OffloadScheduling:
 
     def held_kv_stall(self) -> str | None:
         """Why the engine can never step again although requests wait, when its queue's head cannot fit while
-        requests behind it hold the KV they loaded from the offload tiers (`start_load` takes their blocks,
-        freed once they run): with nothing running or loading, no block is ever freed, so the head never fits
-        and admission, which stops at it, takes nobody. vLLM's scheduler waits forever there too: under the
+        requests behind it hold the KV they loaded (from `held_kv_source`: the offload tiers, `start_load` taking
+        their blocks, or a disaggregated decode instance's prefill instances; freed once they run): with nothing
+        running or loading, no block is ever freed, so the head never fits and admission, which stops at it,
+        takes nobody. vLLM's scheduler waits forever there too: under the
         priority policy its higher-priority head comes before the loaded requests (`_select_waiting_queue_for_
         scheduling` compares the two queues' heads) and admission stops at a request that does not fit. None
         when the engine is not in that state, or under FCFS, where vLLM takes the loaded requests first (its
@@ -126,7 +130,7 @@ class OffloadScheduling:
         return (f"engine.scheduling_policy=priority: request {request_label(head.request_id)} (priority "
                 f"{head.priority}) heads the queue and cannot fit in the KV cache while requests "
                 f"[{', '.join(holders)}] behind "
-                "it hold the KV they loaded from engine.kv_offload's tiers, and nothing runs to free any: vLLM's "
+                f"it hold the KV they loaded from {self.held_kv_source}, and nothing runs to free any: vLLM's "
                 "scheduler waits forever there; give the KV cache more blocks (engine.num_gpu_blocks_override, "
                 "engine.gpu_memory_utilization)")
 
