@@ -226,9 +226,11 @@ class Disaggregation:
     # ---------------------------------------------------------------- decode side
     def _reserve_on(self, k: int):  # type: ignore[no-untyped-def]
         def reserve(now: float) -> None:
-            """At a step boundary of decode instance k: requests whose KV has arrived go first in the queue
-            (they need no new block, so a preempted request that cannot fit never blocks them: no deadlock);
-            then blocks for pending transfers in D's queue order, unless a local request comes first in it or
+            """At a step boundary of decode instance k: under FCFS, requests whose KV has arrived go first in the
+            queue, as admission's `loaded_first` puts them, so that burst planning (`waiting_blocked`) sees the
+            head admission will (they need no new block: a preempted request that cannot fit never blocks them);
+            a priority queue keeps its keys' order (`held_kv_stall` names its deadlock); then blocks for pending
+            transfers in D's queue order, unless a local request comes first in it or
             the running batch is full: vLLM reserves a remote request's blocks in the scheduler's waiting loop
             (WAITING_FOR_REMOTE_KVS), which takes D's queue in its policy's order and stops once `len(running)`
             reaches `max_num_seqs` (a reservation does not run yet, so below that every pending transfer may
@@ -239,11 +241,8 @@ class Disaggregation:
             itself takes none, num_new_tokens = 0): reservations here come before the step is planned."""
             scheduler = self.engines[self.decode[k]].scheduler
             waiting, held = scheduler.waiting, scheduler.held_kv_tokens
-            if held and waiting and waiting.peek().request_id not in held:
-                loaded = [r for r in waiting if r.request_id in held]
-                for req in reversed(loaded):  # to the front, in their order; the rest keep theirs
-                    waiting.remove(req)
-                    waiting.prepend(req)
+            if held and waiting:
+                scheduler.loaded_first()
             pending = self.pending[k]
             if not pending or scheduler.num_running_seqs() >= scheduler.limits.max_num_seqs:
                 return
