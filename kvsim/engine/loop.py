@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import cast
 
@@ -208,7 +209,15 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] 
     loops = [env.process(step_loop(env, group, clock, check, report if progress is not None else None, bursts,
                                    len(engines)))
              for group, clock in zip(groups, group_clocks, strict=True)]
-    env.run(until=loops[0] if len(loops) == 1 else env.all_of(loops))
+    try:
+        env.run(until=loops[0] if len(loops) == 1 else env.all_of(loops))
+    except RuntimeError:
+        if env.peek() < math.inf:  # not simpy's "no scheduled events left": every loop waits for good
+            raise
+        for engine in engines:  # held-KV deadlock on an engine still fed (a decode instance, its transfers
+            if (reason := engine.scheduler.held_kv_stall()) is not None:  # pending): said as `step_loop` says it
+                raise KvsimError(reason) from None
+        raise
     for engine in engines:
         engine.recorder.finish()
     if progress is not None:
