@@ -134,7 +134,9 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] 
     it is read only as far as the arrivals go, and no request is kept after it ends (its numbers
     go to its scheduler's `records`). The dispatcher runs inside the arrival process, at the
     request's arrival instant, so it sees every engine's state at that moment (a router; KV usage
-    through `Engine.kv_usage`). Every request ends finished or rejected. `bursts=True` runs
+    through `Engine.kv_usage`). Every request ends finished or rejected, or the run raises `KvsimError` for
+    vLLM's held-KV deadlock (`Scheduler.held_kv_stall`: an engine whose clock has every arrival says it;
+    one still fed, a decode instance with transfers pending, once no event is left). `bursts=True` runs
     stretches of pure decode several steps at a time (`kvsim.sched.burst`); results are identical
     to `bursts=False`, which plans every step. Every engine's recorder is finished when the run
     ends. `num_requests`: the total for `progress` (default: the number of requests).
