@@ -120,15 +120,22 @@ def add_capacity_costs(plan: dict, price: GpuPrice, num_gpus: int, max_num_seqs:
         seqs = min(row["paged_max_seqs"] if with_drafts is None else with_drafts, max_num_seqs)
         rate = output_tokens_per_s(seqs, row["context_len"]) if seqs > 0 else 0.0
         rows.append({**row, "concurrent_sequences": seqs,
-                     "usd_per_concurrent_user_hour": _rounded(cost_per_user_hour(price, num_gpus, seqs)),
+                     "usd_per_concurrent_user_hour": usd_rounded(cost_per_user_hour(price, num_gpus, seqs)),
                      "output_tokens_per_s_closed_form": round(rate, 1),
-                     "usd_per_million_output_tokens": _rounded(cost_per_million_output_tokens(price, num_gpus, rate))})
+                     "usd_per_million_output_tokens": usd_rounded(
+                         cost_per_million_output_tokens(price, num_gpus, rate))})
     return {**plan, "gpu_price_usd_per_gpu_hour": price.usd_per_gpu_hour, "gpu_price_source": price.source,
             "rows": rows}
 
 
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
+USD_SIGNIFICANT_DIGITS = 4
+
+
+def usd_rounded(value: float | None) -> float | None:
+    """A price as printed, to `USD_SIGNIFICANT_DIGITS` significant digits (None stays None), so it scales with the
+    hourly price whatever its size. To 4 decimals, a cheap GPU-hour's prices lost their digits: $2 an hour over 434
+    sequences, $0.004608 per user-hour, printed 0.0046; at $0.10 an hour 0.0002, not 0.0002304."""
+    return None if value is None else float(f"{value:.{USD_SIGNIFICANT_DIGITS}g}")
 
 
 def add_sustained_costs(plan: dict, price: GpuPrice, num_gpus: int, scenario_for: Callable[[int], Any],
@@ -172,5 +179,5 @@ def add_sustained_costs(plan: dict, price: GpuPrice, num_gpus: int, scenario_for
                     "sustained_converged": s.converged if s is not None else None,
                     "output_tokens_per_s_sustained": round(tokens, 1) if ev else None,
                     "usd_per_million_output_tokens_sustained":
-                        _rounded(cost_per_million_output_tokens(price, num_gpus, tokens)) if ev else None})
+                        usd_rounded(cost_per_million_output_tokens(price, num_gpus, tokens)) if ev else None})
     return {**plan, "rows": out}

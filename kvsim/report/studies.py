@@ -31,7 +31,7 @@ from kvsim.model.capacity import (
     slab_max_seqs,
 )
 from kvsim.model.errors import KvsimError
-from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_hour, engine_gpus, gpu_price
+from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_hour, engine_gpus, gpu_price, usd_rounded
 from kvsim.planning.steady_state import failing_evidence, search_rates
 from kvsim.planning.sweep import SweepResult, run_many
 from kvsim.planning.window import probe_passes, why_failed
@@ -485,9 +485,9 @@ def sustained_rates(st: Study, allocators: tuple[str, ...] = ALLOCATORS) -> pd.D
     df = pd.DataFrame(rows)
     price = gpu_price(st.gpu.name, st.cfg.gpu_hourly_cost)
     num_gpus = engine_gpus(st.base.engine)  # every DP engine serves the rate whose tokens are priced
-    df["usd_per_concurrent_user_hour"] = [_round(cost_per_user_hour(price, num_gpus, c)) if c else None
+    df["usd_per_concurrent_user_hour"] = [usd_rounded(cost_per_user_hour(price, num_gpus, c)) if c else None
                                           for c in df.mean_running]
-    df["usd_per_million_output_tokens"] = [_round(cost_per_million_output_tokens(price, num_gpus, t)) if t else None
+    df["usd_per_million_output_tokens"] = [usd_rounded(cost_per_million_output_tokens(price, num_gpus, t or 0.0))
                                            for t in df.output_tokens_per_s]
     df["price_source"] = price.source
     paged = df.loc[df.allocator == "paged", "max_rate_meeting_slo"].item()
