@@ -6,6 +6,9 @@
 * every price `kvsim capacity` prints scales with the GPU's hourly price, to its printed 4 significant digits:
   they were rounded to 4 decimals, so a cheap GPU-hour's prices kept one or two digits (2 GPUs at $0.10 an hour
   over 156 sequences, $0.001282 per user-hour, printed 0.0013: 1.4 % off, and not a tenth of $1.00's 0.0128);
+* a plan's printed evidence is what a plain run of the fleet it names gives: the `evidence, ...` line of a rate
+  search whose answer rests on a long run below its searched count did not say that run served 1 + headroom times
+  the traffic (it now says `on 1.1× the traffic`, and `evidence_traffic_scale` holds it);
 """
 
 from __future__ import annotations
@@ -39,3 +42,41 @@ def test_capacity_prices_scale_with_the_hourly_price_to_four_digits(usd_per_gpu_
         per_million = 2 * usd_per_gpu_hour / (row["output_tokens_per_s_closed_form"] * 3600) * 1e6
         assert row["usd_per_concurrent_user_hour"] == pytest.approx(user_hour, rel=5e-4)
         assert row["usd_per_million_output_tokens"] == pytest.approx(per_million, rel=5e-4)
+
+
+def toy_traffic(rate: float, num_requests: int, replicas: int | None = None) -> dict:
+    """`tests/test_plan.py`'s toy (20 ms a step whatever the batch, at most 8 running, 256-token prompts, 64-token
+    replies, Poisson arrivals, seed 5) as a scenario's fields; with `replicas`, that fleet behind least_outstanding."""
+    fleet = {} if replicas is None else {"replicas": replicas, "router": {"policy": "least_outstanding"}}
+    return {**fleet, "name": "toy", "engine": {"max_model_len": 2048, "num_gpu_blocks_override": 400, "max_num_seqs": 8},
+            "workload": {"num_requests": num_requests, "arrival": {"process": "poisson", "rate": rate},
+                         "prompt_len": {"dist": "fixed", "value": 256}, "output_len": {"dist": "fixed", "value": 64}},
+            "latency": {"model": "constant", "step_s": 0.02}, "seed": 5, "steps": "none", "gpu": "h100-80gb"}
+
+
+def test_the_printed_evidence_is_what_a_run_of_the_fleet_it_names_shows(tmp_path):
+    """A rate search on the toy at 14 req/s (p90 TTFT <= 0.3 s, capacity_headroom 0.1) answers with a long run below
+    its searched count, which served 1.1x the traffic (`verify_attempts` marks it *). The `evidence, ...` line names
+    that run: a plain run of that many replicas, requests and traffic, built here from its fields, gives the window
+    the line prints, digit for digit (3 replicas, 600 requests at 15.4 req/s: p90 TTFT 0.2019 s). The line said
+    `3 replicas, 600-request run` without the 1.1x, and a run of that on the traffic itself shows 0.085 s."""
+    import re
+
+    from kvsim.cli.shared import evidence_line
+    from kvsim.fleet.run import simulate_scenario
+    from kvsim.planning.plan import make_plan_spec, plan
+    from kvsim.planning.window import window_evidence
+    from kvsim.workload.scenario import make_scenario
+
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 0.3}, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate",
+                           "probe_requests": 100, "max_probe_requests": 200, "verify_factor": 3})
+    (row,), _ = plan(make_scenario(toy_traffic(14.0, 100)), spec, tmp_path)
+    line = evidence_line(row)
+    named = re.match(r"evidence, h100-80gb tp1: (\d+) replicas, ([\d,]+)-request run(?: on ([\d.]+)× the traffic)?: ",
+                     line)
+    assert named is not None, line
+    replicas, num_requests, scale = int(named[1]), int(named[2].replace(",", "")), float(named[3] or 1.0)
+    assert "*" in row["verify_attempts"] and scale == 1.1  # the case this checks: an answer on the sped-up traffic
+    ev = window_evidence(simulate_scenario(make_scenario(toy_traffic(14.0 * scale, num_requests, replicas))).requests)
+    assert f"{ev['verdict']} over its window ({ev['num_in_window']:,} requests in {ev['window_s']:,.0f} s" in line
+    assert f"ttft_s.p90 {ev['ttft_s']['p90']:.4g} " in line

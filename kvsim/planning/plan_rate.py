@@ -233,8 +233,11 @@ class RateSearch:
                 # the spare capacity: linear from one replica's rate, or what fewer replicas' long runs showed
                 "capacity_headroom": (replicas * s.rate - 1.0 if replicas >= searched
                                       else self.spec.capacity_headroom),
-                **answer_columns(answer["evidence"], found["evidence"], slo), **search_columns(s),
-                **self.verify.columns()}
+                **answer_columns(answer["evidence"], found["evidence"], slo),
+                # the window columns' run served the traffic sped up by `spare` when it was a long run below the
+                # searched count: a rerun of that fleet on the traffic itself shows other numbers
+                "evidence_traffic_scale": self.spare if self.verify.shrunk else 1.0,
+                **search_columns(s), **self.verify.columns()}
 
 
 def pooled_note(replicas: int, searched: int, spare: float, below_failed: bool) -> str:
