@@ -9,6 +9,9 @@
 * a plan's printed evidence is what a plain run of the fleet it names gives: the `evidence, ...` line of a rate
   search whose answer rests on a long run below its searched count did not say that run served 1 + headroom times
   the traffic (it now says `on 1.1× the traffic`, and `evidence_traffic_scale` holds it);
+* an MoE's and a hybrid model's KV pool, blocks and concurrent sequences, by hand from their config.json and vLLM's
+  memory profiling rule (gpu_memory_utilization x memory − weights − activation peak − non-torch memory, over the
+  bytes behind a block id): gemma-3's 4 norms a layer were counted as 2, one block too many;
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from typer.testing import CliRunner
 from kvsim.cli import app
 
 runner = CliRunner()
+H100_BUDGET_BYTES = int(81559 * 2**20 * 0.9)  # nvidia-smi's 81,559 MiB at vLLM's default gpu_memory_utilization
+NON_TORCH_BYTES = 2**30  # kvsim's estimate of vLLM's non-torch increase (`EngineConfig.non_torch_memory_bytes`)
 
 
 def capacity_rows(*args: str) -> list[dict]:
@@ -80,3 +85,48 @@ def test_the_printed_evidence_is_what_a_run_of_the_fleet_it_names_shows(tmp_path
     ev = window_evidence(simulate_scenario(make_scenario(toy_traffic(14.0 * scale, num_requests, replicas))).requests)
     assert f"{ev['verdict']} over its window ({ev['num_in_window']:,} requests in {ev['window_s']:,.0f} s" in line
     assert f"ttft_s.p90 {ev['ttft_s']['p90']:.4g} " in line
+
+
+def pool_by_hand(params: int, activation_bytes: int, bytes_per_block: int, qk_norm_params: int) -> tuple[int, int]:
+    """(pool bytes, blocks) of a bf16 model on an H100 by vLLM's rule; the blocks are the same with the q/k norms'
+    weights loaded too (kvsim leaves them out: `kvsim.model.spec`)."""
+    pool = H100_BUDGET_BYTES - 2 * params - activation_bytes - NON_TORCH_BYTES
+    assert (pool - 2 * qk_norm_params) // bytes_per_block == pool // bytes_per_block
+    return pool, pool // bytes_per_block
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gemma-3-27b"])
+def test_an_moe_and_a_hybrid_models_pool_and_sequences_by_hand(name):
+    """vLLM's defaults on a GPU of 70 GiB or more: max_num_batched_tokens 8,192, max_num_seqs 1,024; max_model_len
+    8,192; the activation peak is kvsim's stated estimate (`activation_peak_bytes`: 8,192 tokens through one layer's
+    MLP, 3 · width + 4 · hidden values a token, and fp32 logits for 1,024 sequences).
+
+    Qwen3-30B-A3B (config.json: hidden 2,048, 48 layers, 32 heads and 4 KV heads of 128, 128 experts of 768, top 8,
+    vocab 151,936, untied): 30.5 B parameters; one KV group, a block 48 layers x K and V x 4 heads x 128 x 2 B x 16
+    tokens; at 4,096 tokens each sequence holds 256 blocks of the usable (v1 keeps block 0 back).
+    Gemma-3-27B (text_config: hidden 5,376, 62 layers, 32 heads and 16 KV heads of 128, MLP 21,504, vocab 262,208,
+    tied, every 6th layer global, the others sliding over 1,024 tokens): 10 global layers and 52 sliding, so vLLM's
+    hybrid manager groups 10 layers (the fewer kind's count): 1 full group and ceil(52 / 10) = 6 sliding ones, and a
+    block id is a page of 16 tokens in 10 layers. At 4,096 tokens a sequence decoding holds 256 full blocks and 65 a
+    sliding group (a 1,024-token window starting mid-block), 646; the one computing its prompt (one chunk of 4,096)
+    holds 7 x 256: 1 + (usable − 1,792) // 646 sequences."""
+    from kvsim.model.capacity import plan_capacity
+    from kvsim.model.config import EngineConfig, load_gpu, load_model
+
+    if name == "qwen3-30b-a3b":
+        layer = 2 * 2048 * 32 * 128 + 2 * 2048 * 4 * 128 + 128 * 3 * 2048 * 768 + 2048 * 128 + 2 * 2048
+        params = 48 * layer + 2 * 151936 * 2048 + 2048
+        assert params == 30_532_110_336  # "30.5B" on the model card
+        activation = 8192 * (3 * 8 * 768 + 4 * 2048) * 2 + 1024 * 151936 * 4
+        pool, blocks = pool_by_hand(params, activation, 48 * 2 * 4 * 128 * 2 * 16, 48 * 2 * 128)
+        sequences = (blocks - 1) // 256
+    else:
+        layer = 2 * 5376 * 32 * 128 + 2 * 5376 * 16 * 128 + 3 * 5376 * 21504 + 4 * 5376  # 4 norms a layer
+        params = 62 * layer + 262208 * 5376 + 5376
+        activation = 8192 * (3 * 21504 + 4 * 5376) * 2 + 1024 * 262208 * 4
+        pool, blocks = pool_by_hand(params, activation, 10 * 2 * 16 * 128 * 2 * 16, 62 * 2 * 128)
+        sequences = 1 + (blocks - 1 - 7 * 256) // (256 + 6 * 65)
+    plan = plan_capacity(load_model(name), load_gpu("h100-80gb"), EngineConfig(max_model_len=8192), [4096])
+    assert (plan.weights_bytes, plan.activation_peak_bytes, plan.kv_pool_bytes) == (2 * params, activation, pool)
+    assert plan.num_gpu_blocks == blocks and plan.rows[0].paged_max_seqs == sequences
+    assert (blocks, sequences) == ((8756, 34) if name == "qwen3-30b-a3b" else (14795, 21))

@@ -222,9 +222,9 @@ def paged_seqs(layout: KVLayout, num_blocks: int, context_len: int, max_num_batc
     blocks beyond them (with none shared, shared = 0). With full attention only, prefill = decode =
     cdiv(ctx, bs) − hit and this is `(usable − hit) / (cdiv(ctx, bs) − hit)`:
     10,000 blocks of 16 tokens at 4,096 tokens, v1: 9,999 / 256 = 39.06. A sliding window's prompt holds every
-    block of its last chunk until the step ends (gemma-3-27b at 8,192 tokens, 15,410 usable blocks: 7 groups ×
-    512 while prefilling, 512 + 6 × 65 = 902 decoding: 1 + 11,826 / 902 = 14.11 sequences, where 15,410 / 896,
-    its live blocks at exactly 8,192 tokens, said 17.2, and 15,410 / cdiv(8,192, 16) = 30.1, as if every layer
+    block of its last chunk until the step ends (gemma-3-27b at 8,192 tokens, 15,409 usable blocks: 7 groups ×
+    512 while prefilling, 512 + 6 × 65 = 902 decoding: 1 + 11,825 / 902 = 14.11 sequences, where 15,409 / 896,
+    its live blocks at exactly 8,192 tokens, said 17.2, and 15,409 / cdiv(8,192, 16) = 30.1, as if every layer
     were full attention)."""
     usable = num_blocks - num_null_blocks
     shared = layout.shared_blocks(context_len, max_num_batched_tokens, hit_blocks) if hit_blocks else 0

@@ -11,7 +11,7 @@ parameter counts by component, which follow from the shapes (a `ModelSpec` witho
     shared (per MoE layer)  3 · hidden · shared_expert_intermediate
     router (per MoE layer)  hidden · num_experts
     embeddings              vocab · hidden (· 2 when the LM head is untied) + OPT's learned positions
-    norms                   2 · hidden per layer + the final norm
+    norms                   2 · hidden per layer (gemma-2 and -3: 4, `SANDWICH_NORM_MODEL_TYPES`) + the final norm
 
 Biases, MLA's latent norms, q/k norms and quantization scales are left out (each well under 0.1 % of the
 total). Bytes of those weights: `kvsim.model.weights`; the GPU and engine configs and the preset
@@ -227,6 +227,11 @@ QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3"})
 """Families whose attention normalises q and k per head (vLLM's Qwen3Attention, Qwen3MoeAttention and
 Gemma3Attention: `q_norm`, `k_norm`, RMSNorms over head_dim): two more norm kernels a layer. Their
 weights (head_dim each) are left out of the counts, as the other small tensors below are."""
+SANDWICH_NORM_MODEL_TYPES = frozenset({"gemma2", "gemma3"})
+"""Families whose layers norm before and after both attention and MLP (vLLM's Gemma2DecoderLayer and
+Gemma3DecoderLayer: input_layernorm, post_attention_layernorm, pre_feedforward_layernorm and
+post_feedforward_layernorm): 4 hidden-sized norm weights a layer, not 2. Counted as 2, gemma-3-27b's weights
+were 1,333,248 B short and its pool one block too large on an H100 (14,796 where vLLM's rule gives 14,795)."""
 MAX_LAYERS = 2**16
 """The most layers a model may have: kvsim holds a value per layer (its attention kind), and a config giving
 10**12 layers was a MemoryError making them; published decoders have a few hundred at most (Llama 3.1 405B: 126)."""
@@ -352,5 +357,5 @@ def param_counts(m: ModelSpec) -> ParamCounts:
         shared_experts=moe_layers * 3 * h * moe.shared_expert_intermediate_size if moe else 0,
         router=moe_layers * h * moe.num_experts if moe else 0,
         embeddings=embed,
-        norms=(2 * m.num_layers + 1) * h,
+        norms=((4 if m.model_type in SANDWICH_NORM_MODEL_TYPES else 2) * m.num_layers + 1) * h,
     )
