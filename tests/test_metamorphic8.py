@@ -8,7 +8,9 @@
   over 156 sequences, $0.001282 per user-hour, printed 0.0013: 1.4 % off, and not a tenth of $1.00's 0.0128);
 * a plan's printed evidence is what a plain run of the fleet it names gives: the `evidence, ...` line of a rate
   search whose answer rests on a long run below its searched count did not say that run served 1 + headroom times
-  the traffic (it now says `on 1.1× the traffic`, and `evidence_traffic_scale` holds it);
+  the traffic (it now says `on 1.1× the traffic`, and `evidence_traffic_scale` holds it), and without long runs
+  it named the fleet (`4 replicas`) where the run was the one-replica probe (now `1 replica, ... on 0.2973× the
+  traffic`; `evidence_replicas`);
 * an MoE's and a hybrid model's KV pool, blocks and concurrent sequences, by hand from their config.json and vLLM's
   memory profiling rule (gpu_memory_utilization x memory − weights − activation peak − non-torch memory, over the
   bytes behind a block id): gemma-2's and -3's 4 norms a layer were counted as 2, one block too many for
@@ -76,10 +78,12 @@ def toy_traffic(rate: float, num_requests: int, replicas: int | None = None) -> 
 
 def test_the_printed_evidence_is_what_a_run_of_the_fleet_it_names_shows(tmp_path):
     """A rate search on the toy at 14 req/s (p90 TTFT <= 0.3 s, capacity_headroom 0.1) answers with a long run below
-    its searched count, which served 1.1x the traffic (`verify_attempts` marks it *). The `evidence, ...` line names
-    that run: a plain run of that many replicas, requests and traffic, built here from its fields, gives the window
-    the line prints, digit for digit (3 replicas, 600 requests at 15.4 req/s: p90 TTFT 0.2019 s). The line said
-    `3 replicas, 600-request run` without the 1.1x, and a run of that on the traffic itself shows 0.085 s."""
+    its searched count, which served 1.1x the traffic (`verify_attempts` marks it *); without long runs
+    (`verify_factor` 0) its window columns are the one-replica probe's, on the fraction f of the traffic. Each time
+    the `evidence, ...` line names that run, and a plain run of that many replicas, requests and traffic, built here
+    from its fields, gives the window the line prints, digit for digit (3 replicas, 600 requests at 15.4 req/s: p90
+    TTFT 0.2019 s). The line said `3 replicas, 600-request run` without the 1.1x (a run of that on the traffic itself
+    shows 0.085 s), and `4 replicas, 200-request run` for the probe: no fleet of 4 had been simulated."""
     import re
 
     from kvsim.cli.shared import evidence_line
@@ -88,18 +92,25 @@ def test_the_printed_evidence_is_what_a_run_of_the_fleet_it_names_shows(tmp_path
     from kvsim.planning.window import window_evidence
     from kvsim.workload.scenario import make_scenario
 
-    spec = make_plan_spec({"slo": {"ttft_s.p90": 0.3}, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate",
-                           "probe_requests": 100, "max_probe_requests": 200, "verify_factor": 3})
-    (row,), _ = plan(make_scenario(toy_traffic(14.0, 100)), spec, tmp_path)
-    line = evidence_line(row)
-    named = re.match(r"evidence, h100-80gb tp1: (\d+) replicas, ([\d,]+)-request run(?: on ([\d.]+)× the traffic)?: ",
-                     line)
-    assert named is not None, line
-    replicas, num_requests, scale = int(named[1]), int(named[2].replace(",", "")), float(named[3] or 1.0)
-    assert "*" in row["verify_attempts"] and scale == 1.1  # the case this checks: an answer on the sped-up traffic
-    ev = window_evidence(simulate_scenario(make_scenario(toy_traffic(14.0 * scale, num_requests, replicas))).requests)
-    assert f"{ev['verdict']} over its window ({ev['num_in_window']:,} requests in {ev['window_s']:,.0f} s" in line
-    assert f"ttft_s.p90 {ev['ttft_s']['p90']:.4g} " in line
+    settings = {"slo": {"ttft_s.p90": 0.3}, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate",
+                "probe_requests": 100, "max_probe_requests": 200}
+    for verify_factor in (3, 0):  # the second plan reads its probes from the first one's points
+        (row,), _ = plan(make_scenario(toy_traffic(14.0, 100)), make_plan_spec({**settings, "verify_factor":
+                                                                                 verify_factor}), tmp_path)
+        line = evidence_line(row)
+        named = re.match(r"evidence, h100-80gb tp1: (\d+) replicas?, ([\d,]+)-request run(?: on ([\d.]+)× the "
+                         r"traffic)?: ", line)
+        assert named is not None, line
+        replicas, num_requests, scale = int(named[1]), int(named[2].replace(",", "")), float(named[3] or 1.0)
+        if verify_factor:  # the case this checks: an answer on the sped-up traffic
+            assert "*" in row["verify_attempts"] and (replicas, scale) == (row["replicas"], 1.1)
+        else:  # the probe: one replica, on the fraction of the traffic the line prints to 4 digits
+            assert replicas == 1 < row["replicas"] and scale == pytest.approx(row["evidence_traffic_scale"], rel=1e-3)
+            scale = row["evidence_traffic_scale"]
+        fleet = make_scenario(toy_traffic(14.0 * scale, num_requests, replicas))
+        ev = window_evidence(simulate_scenario(fleet).requests)
+        assert f"{ev['verdict']} over its window ({ev['num_in_window']:,} requests in {ev['window_s']:,.0f} s" in line
+        assert f"ttft_s.p90 {ev['ttft_s']['p90']:.4g} " in line
 
 
 def pool_by_hand(params: int, activation_bytes: int, bytes_per_block: int, qk_norm_params: int) -> tuple[int, int]:

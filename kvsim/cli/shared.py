@@ -364,9 +364,10 @@ def evidence_line(row: dict) -> str:
         return ", ".join(out)
 
     ratio, scale = row["served_over_offered"], row.get("evidence_traffic_scale", 1.0)
-    traffic = f" on {scale:g}× the traffic" if scale != 1.0 else ""  # a rate search's long run below its count
-    text = (f"evidence, {row['candidate']}: {row['replicas']} replicas, {row['evidence_num_requests']:,}-request run"
-            f"{traffic}: "
+    traffic = f" on {scale:.4g}× the traffic" if scale != 1.0 else ""  # a rate search's long run below its count,
+    #                                                                      or its one-replica probe
+    text = (f"evidence, {row['candidate']}: {counted(row.get('evidence_replicas', row['replicas']), 'replica')}, "
+            f"{row['evidence_num_requests']:,}-request run{traffic}: "
             f"{row['verdict']} over its window ({row['num_in_window']:,} requests in {row['window_s']:,.0f} s, served/"
             f"offered {'-' if ratio is None else f'{ratio:.3f}'}); {slos('')}")
     if row.get("search_num_requests") != row["evidence_num_requests"]:  # the answer rests on a long run

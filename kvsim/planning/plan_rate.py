@@ -215,6 +215,7 @@ class RateSearch:
         assert searched is not None  # long runs start from the searched count: none ran without one
         num_gpus = replicas * c.tensor_parallel_size
         answer = self.answer_metrics() or found  # the fleet's long run that held (else the one-replica probe)
+        on_probe = s.rate if self.answer_metrics() is None else None  # the probe's fraction: no long run held
         if replicas > searched:
             failed_long = (counted(searched, "replica") if searched == replicas - 1
                            else f"{searched}..{replicas - 1} replicas")
@@ -234,9 +235,11 @@ class RateSearch:
                 "capacity_headroom": (replicas * s.rate - 1.0 if replicas >= searched
                                       else self.spec.capacity_headroom),
                 **answer_columns(answer["evidence"], found["evidence"], slo),
-                # the window columns' run served the traffic sped up by `spare` when it was a long run below the
-                # searched count: a rerun of that fleet on the traffic itself shows other numbers
-                "evidence_traffic_scale": self.spare if self.verify.shrunk else 1.0,
+                # the run behind the window columns, as a rerun needs it: a long run below the searched count
+                # served the traffic sped up by `spare`; without a long run (`verify_factor` 0) they are the
+                # one-replica probe's, on the fraction f of the traffic
+                "evidence_replicas": replicas if on_probe is None else 1,
+                "evidence_traffic_scale": on_probe or (self.spare if self.verify.shrunk else 1.0),
                 **search_columns(s), **self.verify.columns()}
 
 
