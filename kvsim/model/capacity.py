@@ -130,8 +130,13 @@ def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, *, layou
     budget = int(gpu.memory_bytes * engine.gpu_memory_utilization)
     weights = engine_weights_bytes(model, engine)
     if weights > budget:
+        spec, drafter = engine.speculative_config, weights - engine_weights_bytes(model, engine.model_copy(
+            update={"speculative_config": None}))  # a drafter too large was blamed on the target alone
+        whose = f"model={model.name}" if not drafter or spec is None else (
+            f"model={model.name} with engine.speculative_config (method={spec.method}"
+            f"{'' if spec.model is None else f', model={spec.model}'}: {drafter:,} B of the weights)")
         raise KvsimError(
-            f"model={model.name}: weights need {weights:,} B per GPU (tensor_parallel_size="
+            f"{whose}: weights need {weights:,} B per GPU (tensor_parallel_size="
             f"{engine.tensor_parallel_size}) but {gpu.name} at gpu_memory_utilization="
             f"{engine.gpu_memory_utilization} gives {budget:,} B; {weights - budget:,} B missing"
         )

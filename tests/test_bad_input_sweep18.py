@@ -1,0 +1,35 @@
+"""Bad input found by the eighteenth sweep (output safety, the newer scenario sections at their edges, items left
+from earlier notes). Each is refused with one line naming the field and the value (the CLI: exit 2, nothing
+written; the Python API: a `KvsimError`).
+
+Found: a draft model too large for the GPU was refused as `model=TARGET: weights need ...`, the target's name
+beside a sum that was mostly the draft's, so the message blamed a model that fits."""
+
+import pytest
+from conftest import one_line_exit_2  # tests/ is on sys.path
+
+import kvsim
+from kvsim.model.errors import KvsimError
+
+# Parameters (bf16: 2 B each) from the models' Hugging Face safetensors metadata, not from kvsim.
+LLAMA_8B_PARAMS, LLAMA_70B_PARAMS = 8_030_261_248, 70_553_706_496
+SMALL = {"steps": "none", "workload": {"num_requests": 2, "prompt_len": {"dist": "fixed", "value": 16},
+                                       "output_len": {"dist": "fixed", "value": 4}}}
+
+
+def test_a_draft_model_too_large_for_the_gpu_is_named_with_its_share_of_the_weights(tmp_path):
+    draft = {"method": "draft_model", "model": "llama-3.1-70b", "num_speculative_tokens": 3, "acceptance_rates": 0.8}
+    needed, draft_bytes = 2 * (LLAMA_8B_PARAMS + LLAMA_70B_PARAMS), 2 * LLAMA_70B_PARAMS
+    expected = (f"model=llama-3.1-8b with engine.speculative_config (method=draft_model, model=llama-3.1-70b: "
+                f"{draft_bytes:,} B of the weights): weights need {needed:,} B per GPU (tensor_parallel_size=1)")
+    with pytest.raises(KvsimError, match="^" + expected.replace("(", r"\(").replace(")", r"\)")):
+        kvsim.simulate(SMALL, model="llama-3.1-8b", gpu="h100-80gb", engine__speculative_config=draft)
+    line = one_line_exit_2(["run", "--set", "workload.num_requests=2", "--speculative-config",
+                            '{"method": "draft_model", "model": "llama-3.1-70b", "num_speculative_tokens": 3, '
+                            '"acceptance_rates": 0.8}', "-o", str(tmp_path / "out")])
+    assert line.startswith(expected) and not (tmp_path / "out").exists()
+
+
+def test_a_target_alone_too_large_is_still_named_alone():
+    with pytest.raises(KvsimError, match=r"^model=llama-3.1-70b: weights need 141,107,412,992 B per GPU"):
+        kvsim.simulate(SMALL, model="llama-3.1-70b", gpu="h100-80gb")
