@@ -2,8 +2,11 @@
 from earlier notes). Each is refused with one line naming the field and the value (the CLI: exit 2, nothing
 written; the Python API: a `KvsimError`).
 
-Found: a draft model too large for the GPU was refused as `model=TARGET: weights need ...`, the target's name
+Found: `RunResult.write(None)` was refused as `--output='None'`, the text 'None', a name never
+given. A draft model too large for the GPU was refused as `model=TARGET: weights need ...`, the target's name
 beside a sum that was mostly the draft's, so the message blamed a model that fits."""
+
+import re
 
 import pytest
 from conftest import one_line_exit_2  # tests/ is on sys.path
@@ -33,3 +36,13 @@ def test_a_draft_model_too_large_for_the_gpu_is_named_with_its_share_of_the_weig
 def test_a_target_alone_too_large_is_still_named_alone():
     with pytest.raises(KvsimError, match=r"^model=llama-3.1-70b: weights need 141,107,412,992 B per GPU"):
         kvsim.simulate(SMALL, model="llama-3.1-70b", gpu="h100-80gb")
+
+
+@pytest.mark.parametrize(("out_dir", "named"), [(None, "None"), (5, "5"), (["runs"], "['runs']")])
+def test_a_result_written_to_something_that_is_not_a_path_is_named_as_given(tmp_path, monkeypatch, out_dir, named):
+    """`RunResult.write(None)` was `--output='None'`: the text 'None', as if a folder of that name were refused."""
+    monkeypatch.chdir(tmp_path)
+    result = kvsim.simulate(SMALL)
+    with pytest.raises(KvsimError, match=rf"^--output={re.escape(named)}: is not a path: name a folder;"):
+        result.write(out_dir)
+    assert list(tmp_path.iterdir()) == []

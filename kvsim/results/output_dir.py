@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, shown
 from kvsim.model.units import control_character
 
 MARKER_NAME = ".kvsim-output"
@@ -104,8 +104,9 @@ def _protected_reason(path: Path) -> str | None:
 
 
 def _refuse(path: Path | str, why: str) -> KvsimError:
-    return KvsimError(f"--output={str(path)!r}: {why}; kvsim only replaces output it wrote itself "
-                      "(choose a new path)")
+    """The refusal of `path`, named as given: `RunResult.write(None)` was `--output='None'`, a name never given."""
+    given = repr(str(path)) if isinstance(path, (str, os.PathLike)) else shown(path)
+    return KvsimError(f"--output={given}: {why}; kvsim only replaces output it wrote itself (choose a new path)")
 
 
 def _read_marker(folder: Path) -> dict | None:
