@@ -7,31 +7,45 @@ trace's real hour, CC-BY 4.0, Patel et al., ISCA 2024) runs autoscaled, then as 
 each size in `--static` (the same scenario without `autoscaler`). Every fleet is billed from t = 0
 to its last request's end; SLO attainment is the share of requests (by 5-minute window of
 arrivals, and overall) that finished with TTFT and TPOT within the scenario's `slo_ttft_s` and
-`slo_tpot_s`. Writes `benchmarks/results/autoscale.json`.
+`slo_tpot_s`. Writes `benchmarks/results/autoscale.json` (or `--output`: a new file or an earlier result of
+this study, checked before the study runs; bad input is one line, exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from kvsim.fleet.autoscaled import simulate_autoscaled, slo_attainment
 from kvsim.fleet.driver import simulate_fleet
+from kvsim.model.errors import KvsimError
+from kvsim.results.output_dir import check_output_file, output_file
 from kvsim.workload.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "azure-autoscale.yaml"
 RESULTS = ROOT / "benchmarks" / "results" / "autoscale.json"
+RESULT_KEYS = frozenset({"scenario", "overrides", "autoscaler", "windows_s", "fleets"})
 
 
 def main() -> None:
+    try:
+        study()
+    except KvsimError as error:  # a bad --set or --output: one line, before the study runs
+        print(f"study_autoscale.py: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def study() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--static", default="2,3,4,6")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="a scenario override, as kvsim run --set (e.g. workload.trace.rate_scale=4)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
+    check_output_file(args.output, RESULT_KEYS)  # a folder or a user's file was found (or replaced) after the study
     overrides = args.overrides
     scaled_spec = load_scenario(SCENARIO, overrides)
     config = scaled_spec.autoscaler
@@ -56,8 +70,8 @@ def main() -> None:
     result = {"scenario": str(SCENARIO.relative_to(ROOT)), "overrides": overrides,
               "autoscaler": config.model_dump(mode="json"),
               "windows_s": scaled.tables["slo"]["window_start_s"].tolist(), "fleets": rows}
-    args.output.parent.mkdir(exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    with output_file(args.output, RESULT_KEYS) as tmp:
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
     for row in rows:
         print(f"{row['fleet']:>12}  {row['gpu_hours']:6.2f} GPU-h  SLO {row['slo_attainment']:.3f} "
               f"(worst 5-min window {row['worst_window']:.3f})  TTFT p90 {row['ttft_p90_s']:.2f} s")

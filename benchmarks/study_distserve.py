@@ -17,13 +17,15 @@ not have) and the v0 one (prefill-first batches, no chunking: the vLLM DistServe
 single-phase goodputs the paper composes (prefill only: every output 1 token, TTFT SLO only; decode only:
 the decode instance of a 4P1D fleet, so prefill never binds, TPOT SLO only), their composition as the
 paper does it, and a measured 2P1D fleet. Writes `benchmarks/results/distserve.json` (the tracked result), or
-`--output FILE`, as the other benchmarks do.
+`--output FILE`, as the other benchmarks do: a new file or an earlier result of this study, checked before the
+study runs (a folder or a user's file there is refused in one line, exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +33,12 @@ import numpy as np
 
 from kvsim.fleet.disagg import simulate_disagg
 from kvsim.fleet.driver import simulate_fleet
+from kvsim.model.errors import KvsimError
+from kvsim.results.output_dir import check_output_file, output_file
 from kvsim.workload.scenario import make_scenario
 
 RESULTS = Path(__file__).resolve().parent / "results" / "distserve.json"
+RESULT_KEYS = frozenset({"slo", "requests_per_rate", "published", "sources", "kvsim"})
 SLO_TTFT_S, SLO_TPOT_S, ATTAINMENT = 0.4, 0.04, 0.9
 PUBLISHED = {"colocated_per_gpu": 1.6, "prefill_only_per_gpu": 5.6, "decode_only_per_gpu": 10.0,
              "ideal_2p1d_total": 10.0, "ideal_2p1d_per_gpu": 3.3, "ratio_per_gpu": 2.1}
@@ -86,6 +91,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
+    try:
+        check_output_file(args.output, RESULT_KEYS)  # a folder or a user's file was found (or replaced) after the study
+    except KvsimError as error:
+        print(f"study_distserve.py: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     colocated = goodput(args.requests, "colocated", 20.0)
     colocated_v0 = goodput(args.requests, "colocated-v0", 20.0)
     prefill_only = goodput(args.requests, "prefill-only", 40.0)
@@ -101,8 +111,8 @@ def main() -> None:
             "ratio_per_gpu_vs_v0": disagg / 3 / colocated_v0 if colocated_v0 else None}
     result = {"slo": {"ttft_p90_s": SLO_TTFT_S, "tpot_p90_s": SLO_TPOT_S, "attainment": ATTAINMENT},
               "requests_per_rate": args.requests, "published": PUBLISHED, "sources": SOURCES, "kvsim": rows}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    with output_file(args.output, RESULT_KEYS) as tmp:
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

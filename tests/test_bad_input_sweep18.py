@@ -4,9 +4,16 @@ written; the Python API: a `KvsimError`).
 
 Found: `RunResult.write(None)` was refused as `--output='None'`, the text 'None', a name never
 given. A draft model too large for the GPU was refused as `model=TARGET: weights need ...`, the target's name
-beside a sum that was mostly the draft's, so the message blamed a model that fits."""
+beside a sum that was mostly the draft's, so the message blamed a model that fits. The study scripts
+(`benchmarks/study_autoscale.py`, `study_distserve.py`) wrote `--output` over any file (a user's notes), and an
+`--output` that is a folder was an IsADirectoryError traceback after the whole study; a bad `--set` of
+study_autoscale.py was a traceback."""
 
+import importlib.util
+import json
 import re
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import one_line_exit_2  # tests/ is on sys.path
@@ -45,4 +52,54 @@ def test_a_result_written_to_something_that_is_not_a_path_is_named_as_given(tmp_
     result = kvsim.simulate(SMALL)
     with pytest.raises(KvsimError, match=rf"^--output={re.escape(named)}: is not a path: name a folder;"):
         result.write(out_dir)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _study(name):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    return study
+
+
+@pytest.mark.parametrize("name", ["study_distserve", "study_autoscale"])
+@pytest.mark.parametrize("theirs", [b"my notes\n", b'{"slo": 1}\n', b"[]\n", None])
+def test_a_study_refuses_an_output_it_did_not_write_before_it_runs(tmp_path, monkeypatch, capsys, name, theirs):
+    """`--output notes.json` replaced the user's file, and `--output FOLDER` was an IsADirectoryError traceback, both
+    after the whole study (minutes of runs): each is now refused in one line, exit 2, before any run."""
+    study = _study(name)
+    out = tmp_path / "out.json"
+    if theirs is None:
+        out.mkdir()
+    else:
+        out.write_bytes(theirs)
+    ran = []
+    monkeypatch.setattr(study, "goodput" if name == "study_distserve" else "load_scenario",
+                        lambda *args: ran.append(args))
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--output", str(out)])
+    with pytest.raises(SystemExit) as stop:
+        study.main()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(lines) == 1 and not ran
+    assert lines[0].startswith(f"{name}.py: error: --output={str(out)!r}: exists and is not a ")
+    assert out.is_dir() if theirs is None else out.read_bytes() == theirs
+
+
+def test_a_study_replaces_its_own_earlier_result(tmp_path, monkeypatch):
+    study = _study("study_distserve")
+    out = tmp_path / "distserve.json"
+    out.write_bytes(study.RESULTS.read_bytes())  # the tracked result: this study's keys
+    monkeypatch.setattr(study, "goodput", lambda requests, setup, high: 2.0)
+    monkeypatch.setattr(sys, "argv", ["study_distserve.py", "--requests", "7", "--output", str(out)])
+    study.main()
+    assert json.loads(out.read_text())["requests_per_rate"] == 7 and [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+def test_a_bad_override_of_the_autoscaling_study_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["study_autoscale.py", "--set", "engine.bogus=1", "--output",
+                                      str(tmp_path / "a.json")])
+    with pytest.raises(SystemExit) as stop:
+        _study("study_autoscale").main()
+    assert stop.value.code == 2 and capsys.readouterr().err == "study_autoscale.py: error: engine.bogus: unknown key\n"
     assert list(tmp_path.iterdir()) == []

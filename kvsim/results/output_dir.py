@@ -10,7 +10,8 @@ A folder without the marker, a folder holding anything its marker does not list 
 notes beside a run), a file, a symlink, `/`, the home directory and the working directory or
 any of its ancestors are refused with a one-line `KvsimError`; no flag overrides this. A
 single output file (a calibration profile) is replaced only if its first line is
-`FILE_TAG`, which every such file kvsim writes begins with.
+`FILE_TAG`, which every such file kvsim writes begins with; a study's JSON result only if it
+is a JSON object of exactly that result's keys.
 
 Replacing is a swap, so an interrupt at any instant leaves the complete old output or the
 complete new one at the path:
@@ -195,8 +196,11 @@ def check_output_dir(path: str | Path, kind: str | None = None) -> Path:
     return out
 
 
-def check_output_file(path: str | Path) -> Path:
-    """The absolute file to write, or a `KvsimError` unless it is new or a file kvsim wrote, and writable."""
+def check_output_file(path: str | Path, json_keys: frozenset[str] | None = None) -> Path:
+    """The absolute file to write, or a `KvsimError` unless it is new or a file kvsim wrote, and writable.
+
+    With `json_keys` (a study's JSON result, which has no comment line to carry `FILE_TAG`), a file kvsim wrote
+    is a JSON object with exactly those keys: `--output notes.json` of a study replaced a user's file."""
     out = _absolute_unprotected(path, "file")
     _check_writable(path, out)
     if not out.exists():
@@ -205,12 +209,22 @@ def check_output_file(path: str | Path) -> Path:
         raise _refuse(path, "exists and is not a file")
     try:
         with out.open("rb") as f:
-            first = f.readline(len(FILE_TAG) + 1)
+            first = f.readline(len(FILE_TAG) + 1) if json_keys is None else f.read()
     except OSError as error:
         raise _refuse(path, f"cannot be read ({error.strerror})") from None
-    if not first.startswith(FILE_TAG.encode()):
+    if json_keys is None and not first.startswith(FILE_TAG.encode()):
         raise _refuse(path, f"exists and does not start with {FILE_TAG!r}")
+    if json_keys is not None and _json_keys(first) != json_keys:
+        raise _refuse(path, f"exists and is not a JSON object of this result's keys ({', '.join(sorted(json_keys))})")
     return out
+
+
+def _json_keys(data: bytes) -> frozenset[str] | None:
+    try:
+        parsed = json.loads(data)
+    except ValueError:  # UnicodeDecodeError included
+        return None
+    return frozenset(parsed) if isinstance(parsed, dict) else None
 
 
 def _renameat2(src: Path, dst: Path, flags: int) -> bool:
@@ -381,10 +395,11 @@ def claim_directory(path: str | Path, kind: str, files: list[str]) -> Path:
 
 
 @contextmanager
-def output_file(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary sibling of `path` to write (starting with `FILE_TAG`); it replaces `path`
-    in one rename when the block succeeds, and is removed otherwise."""
-    out = check_output_file(path)
+def output_file(path: str | Path, json_keys: frozenset[str] | None = None) -> Iterator[Path]:
+    """Yield a temporary sibling of `path` to write (starting with `FILE_TAG`, or with `json_keys` a JSON object
+    of exactly those keys: `check_output_file`); it replaces `path` in one rename when the block succeeds, and is
+    removed otherwise."""
+    out = check_output_file(path, json_keys)
     with _parents_made(out, path):
         with _errors_name_output(path):
             fd, name = tempfile.mkstemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent)
@@ -395,8 +410,9 @@ def output_file(path: str | Path) -> Iterator[Path]:
                 os.chmod(tmp, 0o666 & ~_umask())
                 yield tmp
                 with tmp.open("rb") as f:
-                    assert f.readline().startswith(FILE_TAG.encode()), f"{out} must start with {FILE_TAG!r}"
-                check_output_file(out)
+                    assert f.readline().startswith(FILE_TAG.encode()) if json_keys is None else \
+                        _json_keys(f.read()) == json_keys, f"{out} must be recognisably kvsim's"
+                check_output_file(out, json_keys)
                 os.replace(tmp, out)
         finally:
             with contextlib.suppress(FileNotFoundError):
