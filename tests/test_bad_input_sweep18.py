@@ -7,19 +7,26 @@ given. A draft model too large for the GPU was refused as `model=TARGET: weights
 beside a sum that was mostly the draft's, so the message blamed a model that fits. The study scripts
 (`benchmarks/study_autoscale.py`, `study_distserve.py`) wrote `--output` over any file (a user's notes), and an
 `--output` that is a folder was an IsADirectoryError traceback after the whole study; a bad `--set` of
-study_autoscale.py was a traceback."""
+study_autoscale.py was a traceback. A full disk while `kvsim plan` stored a point was 'kvsim: error: No space left on
+device', naming no output; one while it wrote its tables left this plan's plan.csv and plan.json beside the earlier
+plan's plan.md; one while `kvsim validate` wrote its `sim/` run named kvsim's temporary folder as the output."""
 
+import errno
 import importlib.util
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import one_line_exit_2  # tests/ is on sys.path
+from typer.testing import CliRunner
 
 import kvsim
+from kvsim.cli import app
 from kvsim.model.errors import KvsimError
+from kvsim.results.output_dir import output_directory
 
 # Parameters (bf16: 2 B each) from the models' Hugging Face safetensors metadata, not from kvsim.
 LLAMA_8B_PARAMS, LLAMA_70B_PARAMS = 8_030_261_248, 70_553_706_496
@@ -102,4 +109,53 @@ def test_a_bad_override_of_the_autoscaling_study_is_one_line(tmp_path, monkeypat
     with pytest.raises(SystemExit) as stop:
         _study("study_autoscale").main()
     assert stop.value.code == 2 and capsys.readouterr().err == "study_autoscale.py: error: engine.bogus: unknown key\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+PLAN = ["plan", "--slo", "ttft_s.p90=2", "--gpu", "h100-80gb", "--max-replicas", "2", "--workers", "1", "-o"]
+
+
+def small_plan(tmp_path, out):
+    scenario = tmp_path / "small.json"
+    scenario.write_text(json.dumps({**SMALL, "workload": {**SMALL["workload"], "num_requests": 20}}))
+    return [PLAN[0], str(scenario), *PLAN[1:], str(out)]
+
+
+def test_a_full_disk_while_a_plan_stores_its_points_names_the_output(tmp_path, monkeypatch):
+    """`os.write` on a full disk names no file: the plan said only 'kvsim: error: No space left on device'."""
+    def full(fd):
+        raise ENOSPC
+
+    monkeypatch.setattr(os, "fsync", full)  # only the point store syncs; the same errno as its write
+    out = tmp_path / "p"
+    assert one_line_exit_2(small_plan(tmp_path, out)) == (
+        f"--output={str(out)!r}: cannot write there (No space left on device)")
+
+
+def test_a_full_disk_while_a_plan_writes_its_tables_leaves_the_earlier_plan_whole(tmp_path, monkeypatch):
+    """plan.csv, plan.json and plan.md were each written and renamed in turn: a disk that filled at plan.md left this
+    plan's plan.csv and plan.json beside the earlier plan's plan.md, named by no error but 'No space left'."""
+    out = tmp_path / "p"
+    assert CliRunner().invoke(app, small_plan(tmp_path, out)).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full(*args, **kwargs):
+        raise ENOSPC
+
+    monkeypatch.setattr("kvsim.report.build.pareto_figure", full)
+    assert one_line_exit_2([*small_plan(tmp_path, out), "--max-replicas", "3"]) == (
+        f"--output={str(out)!r}: cannot write there (No space left on device)")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != "points.jsonl"} == {
+        name: data for name, data in before.items() if name != "points.jsonl"}
+
+
+def test_a_write_inside_an_output_that_fails_names_the_output_not_its_temporary_folder(tmp_path):
+    """`kvsim validate` writes its `sim/` run inside its own temporary folder: a full disk there was
+    `--output='.../.v.kvsim-PID-XXXX/sim': cannot write there`, a name the user never gave nor will find."""
+    out = tmp_path / "v"
+    with pytest.raises(KvsimError) as refused, output_directory(out, "validation") as tmp, \
+            output_directory(tmp / "sim", "run"):
+        raise ENOSPC
+    assert str(refused.value) == f"--output={str(out)!r}: cannot write there (No space left on device)"
     assert list(tmp_path.iterdir()) == []

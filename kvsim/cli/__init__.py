@@ -309,7 +309,7 @@ def plan(
     from kvsim.planning.plan import check_candidates, refuse_replaced_overrides, spec_from_options
     from kvsim.planning.plan import plan as run_plan
     from kvsim.planning.search import close_client, dask_client
-    from kvsim.results.output_dir import check_output_dir, claim_directory, safe_component
+    from kvsim.results.output_dir import check_output_dir, claim_directory, errors_name_output, safe_component
     from kvsim.results.render import rows_to_csv, rows_to_markdown, to_json
     from kvsim.workload.generate import short_trace_said_once
     from kvsim.workload.scenario import load_scenario
@@ -348,9 +348,9 @@ def plan(
         out_path = f"plans/{safe_component(base.name)}" if output is None else output
         check_output_dir(out_path, "plan")
         client = None if workers == 1 and not dask_address else dask_client(dask_address, workers)
-        try:
+        try:  # a full disk was 'No space left on device', naming no --output: the writes below name it
             out_dir = claim_directory(out_path, "plan", PLAN_FILES)  # made only once every input is good
-            with updater("plan") as update:
+            with updater("plan") as update, errors_name_output(out_path, out_dir, named_only=True):
                 def on_point(finished: int, simulated: int, open_searches: int, num_searches: int) -> None:
                     assert update is not None
                     update(points_text(finished, simulated, open_searches, num_searches), None, None, None)
@@ -360,7 +360,8 @@ def plan(
         finally:
             if client is not None:
                 close_client(client)
-        write_plan(rows, out_dir, base.name)
+        with errors_name_output(out_path, out_dir):
+            write_plan(rows, out_dir, base.name)
         if sizes:
             from kvsim.planning.offload_sizing import size_offload, sizing_base, ttft_slo, write_sizing
 
@@ -368,7 +369,8 @@ def plan(
             sized, sized_for = sizing_base(base, spec, rows)
             sizing = size_offload(sized, sizes, (0.5, 1.0, 2.0), ttft_slo_s=limit, ttft_percentile=stat,
                                   workers=workers or 1, dask_address=dask_address, sized_for=sized_for)
-            write_sizing(sizing, out_dir)
+            with errors_name_output(out_path, out_dir):
+                write_sizing(sizing, out_dir)
     if output_format is Format.table:
         print_plan(rows, base.name, out_dir, simulated)
         if sizes:

@@ -390,9 +390,10 @@ def chosen_text(rows: list[dict]) -> str:
 
 
 def write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
-    """plan.csv / .json / .md and the Pareto figure, each written whole then renamed into place; an earlier
-    plan's offload sizing in the folder is removed (it sized that plan's answer: `--offload-size` sizes this
-    one's afresh), so the folder never shows one plan beside another's tier."""
+    """plan.csv / .json / .md and the Pareto figure, all written whole, then each renamed into place (a full disk
+    stops the writes before any rename: writing and renaming each in turn left this plan's plan.csv beside the
+    last one's plan.md); an earlier plan's offload sizing in the folder is removed (it sized that plan's answer:
+    `--offload-size` sizes this one's afresh), so the folder never shows one plan beside another's tier."""
     import os
 
     from kvsim.planning.offload_sizing import OFFLOAD_FILES
@@ -402,13 +403,18 @@ def write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
     for stale in OFFLOAD_FILES:
         (out_dir / stale).unlink(missing_ok=True)
 
-    for file, write in (("plan.csv", rows_to_csv), ("plan.json", to_json), ("plan.md", rows_to_markdown)):
-        tmp = out_dir / f".{file}.tmp"
-        tmp.write_text(write(rows))
+    written = {file: out_dir / f".{file}.tmp" for file in ("plan.csv", "plan.json", "plan.md")}
+    written["pareto.png"] = out_dir / ".pareto.tmp.png"
+    try:
+        for file, write in (("plan.csv", rows_to_csv), ("plan.json", to_json), ("plan.md", rows_to_markdown)):
+            written[file].write_text(write(rows))
+        pareto_figure(rows, written["pareto.png"], f"{name}: candidates meeting the SLOs")
+    except BaseException:
+        for tmp in written.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    for file, tmp in written.items():
         os.replace(tmp, out_dir / file)
-    tmp = out_dir / ".pareto.tmp.png"
-    pareto_figure(rows, tmp, f"{name}: candidates meeting the SLOs")
-    os.replace(tmp, out_dir / "pareto.png")
 
 
 class LatencyChoice(StrEnum):

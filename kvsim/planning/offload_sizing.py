@@ -229,8 +229,9 @@ def answer(sizing: OffloadSizing) -> dict[str, Any]:
 
 
 def write_sizing(sizing: OffloadSizing, out_dir: Any) -> list[str]:
-    """The tables as CSV and the answers as JSON in `out_dir`, each written whole then renamed into place (an
-    interrupt leaves no file cut short); returns the file names."""
+    """The tables as CSV and the answers as JSON in `out_dir`, all written whole, then each renamed into place (an
+    interrupt leaves no file cut short, a full disk none of this sizing's beside an earlier one's); returns the
+    file names."""
     import json
     import os
     from pathlib import Path
@@ -241,7 +242,7 @@ def write_sizing(sizing: OffloadSizing, out_dir: Any) -> list[str]:
                                                           ("offload_hurts.csv", sizing.hurts))}
     texts["offload_sizing.json"] = json.dumps(answer(sizing), indent=2) + "\n"
     for name, text in texts.items():
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
+        (out / f".{name}.tmp").write_text(text)
+    for name in texts:
+        os.replace(out / f".{name}.tmp", out / name)
     return OFFLOAD_FILES

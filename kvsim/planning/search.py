@@ -131,6 +131,8 @@ class PointStore:
                 line = b"\n" + line  # the last line was torn: end it before this point
             os.write(fd, line)
             os.fsync(fd)
+        except OSError as error:  # a full disk: `write` names no file, so the error could not say whose it was
+            raise OSError(error.errno, error.strerror, str(self.path)) from None
         finally:
             os.close(fd)
 

@@ -150,7 +150,7 @@ def _absolute_unprotected(path: str | Path, kind: str = "folder") -> Path:
         raise _refuse(path, f"starts with {first!r}, the home folder of a user this machine does not know"
                       if first != "~" else "starts with '~', but this user has no home folder (HOME is not set "
                       "and the user has no passwd entry)") from None
-    with _errors_name_output(path):  # a name over the system's limit: OSError 'File name too long'
+    with errors_name_output(path):  # a name over the system's limit: OSError 'File name too long'
         reason = _protected_reason(out) or ("is a symbolic link" if out.is_symlink() else None)
     if reason:
         raise _refuse(path, reason)
@@ -167,7 +167,7 @@ def _check_writable(path: str | Path, out: Path) -> None:
         base = base.parent
     if not base.is_dir():
         raise KvsimError(f"--output={str(path)!r}: cannot write there ({base} is not a folder)")
-    with _errors_name_output(path):
+    with errors_name_output(path):
         os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=base))
 
 
@@ -304,17 +304,32 @@ def _remove_folder(folder: Path) -> None:
         folder.rmdir()
 
 
+class _OutputError(KvsimError):
+    """The output `path` (as given) could not be written, for the OS's `reason`."""
+
+    def __init__(self, path: str | Path, reason: object) -> None:
+        super().__init__(f"--output={str(path)!r}: cannot write there ({reason})")
+        self.path, self.reason = path, reason
+
+
 @contextmanager
-def _errors_name_output(path: str | Path, tmp: Path | None = None) -> Iterator[None]:
+def errors_name_output(path: str | Path, tmp: Path | None = None, named_only: bool = False) -> Iterator[None]:
     """An `OSError` on the output's folder (or on the temporary `tmp`) as a `KvsimError` naming `--output`,
     so that no message shows kvsim's temporary names; other errors pass through unchanged. An error
-    without a file name (a full disk: `write` on an open file) is the output's too: only it is written."""
+    without a file name (a full disk: `write` on an open file) is the output's too: only it is written
+    (unless `named_only`: a block that also talks to a Dask cluster, whose lost connection is an OSError).
+    An output written inside `tmp` (validate's `sim/` run) that fails is this output's failure: it named
+    kvsim's temporary folder (`--output='.../.v.kvsim-PID-XXXX/sim'`)."""
     try:
         yield
-    except OSError as error:
-        if tmp is not None and error.filename and not str(error.filename).startswith(str(tmp)):
+    except _OutputError as error:
+        if tmp is None or not os.path.abspath(error.path).startswith(str(tmp)):
             raise
-        raise KvsimError(f"--output={str(path)!r}: cannot write there ({error.strerror or error})") from None
+        raise _OutputError(path, error.reason) from None
+    except OSError as error:
+        if tmp is not None and (error.filename or named_only) and not str(error.filename).startswith(str(tmp)):
+            raise
+        raise _OutputError(path, error.strerror or error) from None
 
 
 @contextmanager
@@ -343,7 +358,7 @@ def _parents_made(out: Path, path: str | Path) -> Iterator[None]:
     writes nothing, yet `-o a/b/run` stopped by a bad trace row left `a/b/` behind (the default `runs/`)."""
     missing = [folder for folder in out.parents if not folder.exists()]  # deepest first
     try:
-        with _errors_name_output(path):
+        with errors_name_output(path):
             out.parent.mkdir(parents=True, exist_ok=True)
         yield
     except BaseException:
@@ -362,11 +377,11 @@ def output_directory(path: str | Path, kind: str) -> Iterator[Path]:
     """
     out = check_output_dir(path, kind)
     with _parents_made(out, path):
-        with _errors_name_output(path):
+        with errors_name_output(path):
             _remove_stale_temporaries(out)
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent))
         try:
-            with _errors_name_output(path, tmp), _interrupt_names(path):
+            with errors_name_output(path, tmp), _interrupt_names(path):
                 os.chmod(tmp, 0o777 & ~_umask())
                 _write_marker(tmp, kind, [])  # a stale copy of this folder is recognisably kvsim's
                 yield tmp
@@ -385,7 +400,7 @@ def claim_directory(path: str | Path, kind: str, files: list[str]) -> Path:
     """
     out = check_output_dir(path, kind)
     listed = set(files)
-    with _errors_name_output(path):
+    with errors_name_output(path):
         if out.exists():
             listed |= set((_read_marker(out) or {}).get("files", []))
         else:
@@ -401,12 +416,12 @@ def output_file(path: str | Path, json_keys: frozenset[str] | None = None) -> It
     removed otherwise."""
     out = check_output_file(path, json_keys)
     with _parents_made(out, path):
-        with _errors_name_output(path):
+        with errors_name_output(path):
             fd, name = tempfile.mkstemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent)
         os.close(fd)
         tmp = Path(name)
         try:
-            with _errors_name_output(path, tmp), _interrupt_names(path):
+            with errors_name_output(path, tmp), _interrupt_names(path):
                 os.chmod(tmp, 0o666 & ~_umask())
                 yield tmp
                 with tmp.open("rb") as f:
