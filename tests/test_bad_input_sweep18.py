@@ -9,7 +9,9 @@ beside a sum that was mostly the draft's, so the message blamed a model that fit
 `--output` that is a folder was an IsADirectoryError traceback after the whole study; a bad `--set` of
 study_autoscale.py was a traceback. A full disk while `kvsim plan` stored a point was 'kvsim: error: No space left on
 device', naming no output; one while it wrote its tables left this plan's plan.csv and plan.json beside the earlier
-plan's plan.md; one while `kvsim validate` wrote its `sim/` run named kvsim's temporary folder as the output."""
+plan's plan.md; one while `kvsim validate` wrote its `sim/` run named kvsim's temporary folder as the output. A replica
+group's engine refused while it was built (an offload tier under one block, speculation beside a slab allocator) was
+named as a field of the scenario's own `engine`, without the group."""
 
 import errno
 import importlib.util
@@ -63,7 +65,8 @@ def test_a_result_written_to_something_that_is_not_a_path_is_named_as_given(tmp_
 
 
 def _study(name):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     study = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(study)
@@ -159,3 +162,21 @@ def test_a_write_inside_an_output_that_fails_names_the_output_not_its_temporary_
         raise ENOSPC
     assert str(refused.value) == f"--output={str(out)!r}: cannot write there (No space left on device)"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("groups", "named"), [
+    ([{"count": 1}, {"count": 2, "engine": {"kv_offload": {"cpu_bytes": 1000}}}],
+     "replicas[1]: engine.kv_offload.cpu_bytes=1,000: smaller than one KV block"),
+    ([{"count": 1}, {"count": 1, "engine": {"allocator": "slab-max", "speculative_config": {
+        "method": "ngram", "num_speculative_tokens": 3, "acceptance_rates": 0.8}}}],
+     "replicas[1]: engine.speculative_config: needs the paged allocator"),
+])
+def test_a_replica_groups_engine_that_cannot_be_built_is_named_by_its_group(tmp_path, groups, named):
+    """Refusals raised while building an engine (its offload tier, its allocator) named a field of the scenario's
+    own `engine`, which did not hold it; the other settings of a group were already named `replicas[G]`."""
+    with pytest.raises(KvsimError, match="^" + re.escape(named)):
+        kvsim.simulate(SMALL, replicas=groups)
+    scenario = tmp_path / "fleet.json"
+    scenario.write_text(json.dumps({**SMALL, "replicas": groups}))
+    assert one_line_exit_2(["run", str(scenario), "-o", str(tmp_path / "out")]).startswith(named)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet.json"]

@@ -109,6 +109,17 @@ def _replica(scenario: Scenario, raw: dict[str, Any], name: str, group: int, siz
         raise KvsimError(f"replicas[{group}]: {error}") from None
 
 
+def _group_engine(spec: Scenario, rng: np.random.Generator, group: int | None) -> EngineParts:
+    """`build_engine`, its refusal naming the replica group (`_replica`'s form): a group's offload tier under one
+    block was `engine.kv_offload.cpu_bytes=...`, a field of the scenario's engine, which had no `kv_offload`."""
+    try:
+        return build_engine(spec, rng)
+    except KvsimError as error:
+        if group is None:
+            raise
+        raise KvsimError(f"replicas[{group}]: {error}") from None
+
+
 class FleetView:
     """What the router reads of the replicas (`kvsim.fleet.router.FleetState`), cheaply at every arrival.
 
@@ -203,7 +214,10 @@ def replica_engines(scenario: Scenario, specs: list[Scenario], observe_kv: bool,
     `writers` streams its rows there, labelled with its `replica`; if any replica speculates, every one
     has the `draft_rejected` column (one table). `observe_kv`: a dispatcher reads every engine's KV usage."""
     rng = np.random.default_rng(scenario.seed)
-    parts = [build_engine(spec, rng) for spec in specs]
+    groups = ([g for g, group in enumerate(scenario.replicas) for _ in range(group.count)]
+              if isinstance(scenario.replicas, list) and len(specs) == sum(g.count for g in scenario.replicas)
+              else [None] * len(specs))
+    parts = [_group_engine(spec, rng, group) for spec, group in zip(specs, groups, strict=True)]
     requests = iter_requests(scenario, max(p.spec.max_model_len for p in parts), rng)
     per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
     speculates = any(p.scheduler.speculation is not None for p in parts)
