@@ -11,7 +11,8 @@ study_autoscale.py was a traceback. A full disk while `kvsim plan` stored a poin
 device', naming no output; one while it wrote its tables left this plan's plan.csv and plan.json beside the earlier
 plan's plan.md; one while `kvsim validate` wrote its `sim/` run named kvsim's temporary folder as the output. A replica
 group's engine refused while it was built (an offload tier under one block, speculation beside a slab allocator) was
-named as a field of the scenario's own `engine`, without the group."""
+named as a field of the scenario's own `engine`, without the group. `kvsim plan --offload-size 3TB` (past the host's
+memory) was a pydantic ValidationError traceback."""
 
 import errno
 import importlib.util
@@ -180,3 +181,12 @@ def test_a_replica_groups_engine_that_cannot_be_built_is_named_by_its_group(tmp_
     scenario.write_text(json.dumps({**SMALL, "replicas": groups}))
     assert one_line_exit_2(["run", str(scenario), "-o", str(tmp_path / "out")]).startswith(named)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet.json"]
+
+
+def test_an_offload_size_past_the_hosts_memory_is_one_line_naming_the_flag(tmp_path):
+    """`kvsim plan --offload-size 3TB` was a pydantic ValidationError traceback: the tier it sizes must fit in the
+    host's memory, by default a DGX H100 node's 2 TB (2 · 10^12 bytes, NVIDIA's datasheet)."""
+    out = tmp_path / "p"
+    line = one_line_exit_2([*small_plan(tmp_path, out), "--offload-size", "3TB"])
+    assert line.startswith("--offload-size: cpu_bytes=3000000000000: larger than host_memory_bytes=2000000000000")
+    assert not out.exists()

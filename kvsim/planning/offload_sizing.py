@@ -34,10 +34,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+from pydantic import ValidationError
 
 from kvsim.engine.builder import make_latency, offload_block_bytes, resolve_engine
 from kvsim.latency.step_plan import StepPlan
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, from_validation_error
 from kvsim.model.offload_config import KVOffloadConfig
 from kvsim.model.units import ceil_div
 from kvsim.planning.spec import Candidate, PlanSpec
@@ -159,7 +160,11 @@ def check_sizes(scenarios: Sequence[Scenario], cpu_sizes_bytes: Sequence[int], f
                              f"enable_prefix_caching={engine.enable_prefix_caching})")
         block = offload_block_bytes(resolve_engine(scenario))
         for size in cpu_sizes_bytes:
-            KVOffloadConfig(cpu_bytes=size).num_blocks("cpu", block, field=field)
+            try:
+                tier = KVOffloadConfig(cpu_bytes=size)
+            except ValidationError as error:  # past the host's memory: a ValidationError traceback from kvsim plan
+                raise from_validation_error(error, field) from None
+            tier.num_blocks("cpu", block, field=field)
 
 
 def size_offload(base: Scenario, cpu_sizes_bytes: Sequence[int], loads: Sequence[float] = (1.0,),
