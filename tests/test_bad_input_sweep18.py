@@ -12,7 +12,8 @@ device', naming no output; one while it wrote its tables left this plan's plan.c
 plan's plan.md; one while `kvsim validate` wrote its `sim/` run named kvsim's temporary folder as the output. A replica
 group's engine refused while it was built (an offload tier under one block, speculation beside a slab allocator) was
 named as a field of the scenario's own `engine`, without the group. `kvsim plan --offload-size 3TB` (past the host's
-memory) was a pydantic ValidationError traceback."""
+memory) was a pydantic ValidationError traceback. `kvsim.planning.sweep.run_many` on its own (a notebook's sweep) said
+nothing of a trace shorter than `num_requests`."""
 
 import errno
 import importlib.util
@@ -190,3 +191,25 @@ def test_an_offload_size_past_the_hosts_memory_is_one_line_naming_the_flag(tmp_p
     line = one_line_exit_2([*small_plan(tmp_path, out), "--offload-size", "3TB"])
     assert line.startswith("--offload-size: cpu_bytes=3000000000000: larger than host_memory_bytes=2000000000000")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_many_runs_on_their_own_say_a_short_trace_once(tmp_path, monkeypatch, caplog, workers):
+    """`kvsim.planning.sweep.run_many` (the notebooks' sweep) said nothing of a trace shorter than `num_requests`:
+    each of its runs had 2 of the 5 requests asked, without a word. It says it once, as `kvsim.simulate` does."""
+    import logging
+
+    from kvsim.planning.sweep import run_many
+    from kvsim.workload.scenario import load_scenario
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                    "2023-11-16 18:00:00.000000,100,10\n2023-11-16 18:00:00.500000,100,10\n")
+    (tmp_path / "s.yaml").write_text("steps: none\nworkload: {num_requests: 5, arrival: {process: trace}, "
+                                     "trace: {format: azure, path: t.csv}}\n")
+    scenarios = [load_scenario("s.yaml", [f"seed={seed}"]) for seed in range(3)]
+    with caplog.at_level(logging.WARNING):
+        results = run_many(scenarios, workers=workers)
+    assert [r.summary["num_requests"] for r in results] == [2, 2, 2]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "workload.num_requests=5: t.csv holds 2 requests from start_s=0; the run has those 2"]

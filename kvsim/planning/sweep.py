@@ -34,6 +34,7 @@ class SweepResult:
     summary: dict[str, Any]
     steps: pd.DataFrame | None
     evidence: dict[str, Any] | None = None
+    short_trace: tuple | None = None  # the short-trace warning's arguments, said by `run_many`'s process
 
 
 def ignore_sigint() -> None:
@@ -63,13 +64,13 @@ def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
     """One run of any kind (`kvsim.fleet.run.simulate_scenario`; a fleet's summary is its fleet summary)."""
     from kvsim.fleet.run import simulate_scenario
     from kvsim.planning.window import window_evidence
-    from kvsim.workload.generate import short_trace_unsaid
+    from kvsim.workload.generate import short_trace_kept
 
     scenario, keep_steps, evidence = args
-    with short_trace_unsaid():  # the command says it once (`short_trace_said_once`)
+    with short_trace_kept() as kept:  # `run_many` says it once, in its own process
         result = simulate_scenario(scenario)
     return SweepResult(result.summary, result.steps if keep_steps else None,
-                       window_evidence(result.requests) if evidence else None)
+                       window_evidence(result.requests) if evidence else None, kept[0] if kept else None)
 
 
 def connect_dask(address: str) -> Any:
@@ -91,10 +92,17 @@ def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: i
              on_done: Callable[[], None] | None = None) -> list[SweepResult]:
     """Simulate every scenario; `workers=1` runs in this process (no pickling); `evidence` adds each
     run's steady-state window evidence. `on_done()` is called in this process as each run finishes
-    (for progress; it never changes a result). A trace shorter than a run asks is not warned of here: the
-    command says it once where it reads the trace (`kvsim.workload.generate.short_trace_said_once`)."""
-    jobs = [(s, keep_steps, evidence) for s in scenarios]
-    done = on_done or (lambda: None)
+    (for progress; it never changes a result). A trace shorter than a run asks is warned of once, here, when
+    the runs are done, unless the command around said it already (`kvsim.workload.generate.say_short_traces`)."""
+    from kvsim.workload.generate import say_short_traces
+
+    results = _run_all([(s, keep_steps, evidence) for s in scenarios], workers, dask_address, on_done or (lambda: None))
+    say_short_traces([r.short_trace for r in results if r.short_trace is not None])
+    return results
+
+
+def _run_all(jobs: list[tuple[Scenario, bool, bool]], workers: int | None, dask_address: str | None,
+             done: Callable[[], None]) -> list[SweepResult]:
     if dask_address:
         with connect_dask(dask_address) as client:
             from dask.distributed import as_completed

@@ -172,16 +172,19 @@ def _fewer_than_asked(num_requests: int, records: list[TraceRecord], source: str
 
 
 class _ShortTraceFilter(logging.Filter):
-    """Drops `_fewer_than_asked`'s warning (`said_first`: all but the first)."""
+    """Drops `_fewer_than_asked`'s warning (`said_first`: all but the first), appending the arguments of those it
+    drops to `kept` when given."""
 
-    def __init__(self, said_first: bool) -> None:
+    def __init__(self, said_first: bool, kept: list[tuple] | None = None) -> None:
         super().__init__()
-        self.say = said_first
+        self.say, self.kept = said_first, kept
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg != SHORT_TRACE:
             return True
         say, self.say = self.say, False
+        if not say and self.kept is not None:
+            self.kept.append(tuple(record.args or ()))
         return say
 
 
@@ -208,6 +211,28 @@ def short_trace_unsaid() -> contextlib.AbstractContextManager[None]:
     """Inside, a trace shorter than a run asks is not warned of: each point of a command that has said it
     (`short_trace_said_once`) runs so, here or in a worker process."""
     return _short_trace_filtered(said_first=False)
+
+
+@contextlib.contextmanager
+def short_trace_kept() -> Iterator[list[tuple]]:
+    """Inside, a trace shorter than a run asks is not warned of but kept: the list yielded gets each warning's
+    arguments, for the process that reports to say once (`say_short_traces`). `kvsim.planning.sweep.run_many`'s
+    runs, often in worker processes, said nothing: a notebook's sweep over a short trace ran fewer requests
+    without a word."""
+    kept: list[tuple] = []
+    gate = _ShortTraceFilter(said_first=False, kept=kept)
+    log.filters.insert(0, gate)
+    try:
+        yield kept
+    finally:
+        log.removeFilter(gate)
+
+
+def say_short_traces(kept: Sequence[tuple]) -> None:
+    """Warn here of the first of `kept` (`short_trace_kept`'s), unless a command around said one already."""
+    with short_trace_said_once():
+        for args in kept:
+            log.warning(SHORT_TRACE, *args)
 
 
 def _arrivals(w: Workload, records: Sequence[TraceRecord], rng: np.random.Generator) -> np.ndarray:
