@@ -13,7 +13,8 @@ plan's plan.md; one while `kvsim validate` wrote its `sim/` run named kvsim's te
 group's engine refused while it was built (an offload tier under one block, speculation beside a slab allocator) was
 named as a field of the scenario's own `engine`, without the group. `kvsim plan --offload-size 3TB` (past the host's
 memory) was a pydantic ValidationError traceback. `kvsim.planning.sweep.run_many` on its own (a notebook's sweep) said
-nothing of a trace shorter than `num_requests`."""
+nothing of a trace shorter than `num_requests`. `kvsim import-profile ... -o profiles/` (or calibrate's) wrote a file
+called `profiles`."""
 
 import errno
 import importlib.util
@@ -213,3 +214,17 @@ def test_many_runs_on_their_own_say_a_short_trace_once(tmp_path, monkeypatch, ca
     assert [r.summary["num_requests"] for r in results] == [2, 2, 2]
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         "workload.num_requests=5: t.csv holds 2 requests from start_s=0; the run has those 2"]
+
+
+@pytest.mark.parametrize("output", ["profiles/", "profiles/."])
+def test_a_profile_output_that_names_a_folder_is_refused(tmp_path, monkeypatch, output):
+    """`kvsim import-profile ... -o profiles/` wrote a file called `profiles`: the slash says a folder was meant."""
+    from test_profiles import write_bundle
+
+    monkeypatch.chdir(tmp_path)
+    bundle = write_bundle(tmp_path / "bundle")
+    assert one_line_exit_2(["import-profile", str(bundle), "--model", "llama-3.1-8b", "--gpu", "rtx-pro-6000",
+                            "-o", output]) == (f"--output={output!r}: names a folder (it ends in '/'), not a file: "
+                                               "give the file's name; kvsim only replaces output it wrote itself "
+                                               "(choose a new path)")
+    assert not (tmp_path / "profiles").exists()

@@ -200,8 +200,11 @@ def check_output_file(path: str | Path, json_keys: frozenset[str] | None = None)
     """The absolute file to write, or a `KvsimError` unless it is new or a file kvsim wrote, and writable.
 
     With `json_keys` (a study's JSON result, which has no comment line to carry `FILE_TAG`), a file kvsim wrote
-    is a JSON object with exactly those keys: `--output notes.json` of a study replaced a user's file."""
+    is a JSON object with exactly those keys: `--output notes.json` of a study replaced a user's file.
+    A path ending in `/` (or `/.`, `/..`) names a folder: `-o profiles/` wrote a file called `profiles`."""
     out = _absolute_unprotected(path, "file")
+    if os.path.basename(str(path)) in ("", ".", ".."):
+        raise _refuse(path, "names a folder (it ends in '/'), not a file: give the file's name")
     _check_writable(path, out)
     if not out.exists():
         return out
