@@ -14,7 +14,7 @@ group's engine refused while it was built (an offload tier under one block, spec
 named as a field of the scenario's own `engine`, without the group. `kvsim plan --offload-size 3TB` (past the host's
 memory) was a pydantic ValidationError traceback. `kvsim.planning.sweep.run_many` on its own (a notebook's sweep) said
 nothing of a trace shorter than `num_requests`. `kvsim import-profile ... -o profiles/` (or calibrate's) wrote a file
-called `profiles`."""
+called `profiles`. A blank `kv_transfer_config.kv_connector` ran and was recorded as the connector."""
 
 import errno
 import importlib.util
@@ -228,3 +228,15 @@ def test_a_profile_output_that_names_a_folder_is_refused(tmp_path, monkeypatch, 
                                                "give the file's name; kvsim only replaces output it wrote itself "
                                                "(choose a new path)")
     assert not (tmp_path / "profiles").exists()
+
+
+@pytest.mark.parametrize("connector", ["", "   ", "Nixl\nConnector"])
+def test_a_blank_kv_connector_is_refused(tmp_path, connector):
+    """`kv_connector` is recorded only (the summary's `kv_connector`), and vLLM finds no connector of a blank name;
+    `--kv-transfer-config '{"kv_connector": ""}'` ran and recorded ''."""
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "disagg-1p1d.yaml"
+    line = one_line_exit_2(["run", str(scenario), "--set", "workload.num_requests=2",
+                            "--kv-transfer-config", json.dumps({"kv_connector": connector}),
+                            "-o", str(tmp_path / "out")])
+    assert line.startswith(f"kv_transfer_config.kv_connector={connector!r}: ")
+    assert not (tmp_path / "out").exists()

@@ -118,7 +118,7 @@ class KVTransferConfig(Settings):
     receives over its own link, shared by the transfers into it. `kv_connector` is recorded only.
     """
 
-    kv_connector: str = "NixlConnector"
+    kv_connector: Label = "NixlConnector"  # recorded only; a blank one was recorded as the connector's name
     kv_link: Literal["nvlink", "pcie", "rdma"] = "rdma"
     kv_link_bandwidth_bytes_per_s: float | None = Field(default=None, ge=1)  # see config.py
     kv_link_latency_s: float | None = Field(default=None, ge=0, le=MAX_FIXED_COST_S)
