@@ -105,9 +105,9 @@ def test_a_stalled_priority_decode_instance_names_the_prefill_instance_its_held_
     prefills in [120, 130]; D, running L, reserves H's 7 blocks at its boundary 120 + T (D full: 7 each), and
     H's KV lands T later, inside step 13. Z (priority 1, at 130 ms) prefills in [130, 140] and finds no free
     block at D's next boundaries: pending. Step 14 (140 + T) computes L's position 112, its 8th block: none is
-    free, so L, the only one running, is preempted and frees its 7; it heads the priority queue ((0, 0 ms)
-    before H's (1, 120 ms)) and needs 8 blocks (113 tokens) where 7 are free, while H keeps its 7: nothing runs
-    and nothing can, vLLM's stall. FCFS admits H, which holds its KV, first; L comes back once H ends and Z
+    free, so L, the only one running, is preempted and frees its 7; it heads the priority queue ((0, 10 ms), its
+    hand-off, before H's (1, 130 ms)) and needs 8 blocks (113 tokens) where 7 are free, while H keeps its 7:
+    nothing runs and nothing can, vLLM's stall. FCFS admits H, which holds its KV, first; L comes back once H ends and Z
     once L ends (L's 10 blocks and Z's 7 do not fit together): L is preempted once."""
     rows, decode = [(0, 0, 60), (120, 1, 5), (130, 1, 5)], {"num_gpu_blocks_override": 15, "max_model_len": 200}
     fcfs = simulate_disagg(traced_fleet(tmp_path, rows, {**decode, "scheduling_policy": "fcfs"}), check=True)
@@ -120,3 +120,26 @@ def test_a_stalled_priority_decode_instance_names_the_prefill_instance_its_held_
     message = str(stall.value)
     assert "request 0 (priority 0) heads the queue" in message and "requests [1] behind it" in message
     assert "loaded from a prefill instance (kv_transfer_config)" in message and "kv_offload" not in message
+
+
+def test_a_preempted_decode_request_keeps_its_hand_off_stamp():
+    """vLLM's decode instance keeps one `Request` through a preemption, so its `arrival_time` stays the hand-off
+    its frontend stamped: the priority victim is max (priority, arrival_time) and the preempted request goes back
+    into the heap by that stamp. A (client 0 s, handed off at 2 s) and B (0.5 s, at 1 s) run, C (0.2 s, at 1.5 s)
+    waits, all priority 0: the victim is A (2 s > 1 s; by the client's arrival it was B), and back in the queue A
+    comes after C (2 s > 1.5 s; by the client's arrival A, 0 s, went first)."""
+    disagg, sched = decode_side()
+    engines = disagg.engines
+    engines[1].wakeup = Wakeup(disagg.env)  # as the run loop gives it
+    a, b, c = make_request(0, 0.0, 100, 5), make_request(1, 0.5, 100, 5), make_request(2, 0.2, 100, 5)
+    for req, handoff_s in ((b, 1.0), (c, 1.5), (a, 2.0)):
+        disagg.output_len[req.request_id] = 5
+        req.output_len = 1
+        disagg._hand_off_from(0)(req, handoff_s)
+    running = [b, a]  # B admitted first
+    victim = running.pop(sched.waiting.victim_index(running))
+    assert victim is a
+    victim.drop_kv()  # `Scheduler.preempt` by recompute: its KV dropped, back to the queue
+    sched.waiting.add(c)
+    sched.waiting.prepend(victim)
+    assert [sched.waiting.pop().request_id for _ in range(2)] == [2, 0]
