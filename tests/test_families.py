@@ -266,6 +266,20 @@ def test_a_config_without_model_type_is_read_as_its_architectures_model():
             model.moe.num_moe_layers) == (8, 2, 14336, 32)
 
 
+@pytest.mark.parametrize(("architectures", "model_type"), [
+    (["MyOwnForCausalLM", "MixtralForCausalLM"], "mixtral"),  # an unknown class first: the next one
+    (["MixtralForCausalLM", "LlamaForCausalLM"], "mixtral"),  # two known: the first
+])
+def test_several_architectures_are_read_as_the_first_known(architectures, model_type):
+    """vLLM's `ModelRegistry.inspect_model_cls` tries a config's `architectures` in order and builds the first it
+    supports; every class kvsim knows is the model_type one of its readers reads."""
+    from kvsim.model.families import ARCHITECTURE_TYPES, READERS
+
+    config = {**MIXTRAL_NO_TYPE, "architectures": architectures}
+    assert model_from_hf_config(config, "M").model_type == model_type
+    assert set(ARCHITECTURE_TYPES.values()) <= set(READERS)
+
+
 @pytest.mark.parametrize("architectures", [None, [], ["BertModel"], "MixtralForCausalLM"])
 def test_a_config_without_model_type_or_a_known_architecture_is_refused(tmp_path, architectures):
     """transformers' AutoConfig refuses a config without model_type ("Should have a `model_type` key"); kvsim
