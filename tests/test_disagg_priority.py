@@ -143,3 +143,27 @@ def test_a_preempted_decode_request_keeps_its_hand_off_stamp():
     sched.waiting.add(c)
     sched.waiting.prepend(victim)
     assert [sched.waiting.pop().request_id for _ in range(2)] == [2, 0]
+
+
+def test_a_plan_point_that_stalls_is_a_failed_point_not_the_plan_s_end(tmp_path):
+    """A `kvsim plan` point whose run hits the held-KV stall (the fleet of the test above, by hand) stopped the
+    whole plan with its line; vLLM's scheduler waits forever there, so that deployment holds no SLO at that load
+    and the point fails: verdict stalled, no probe passes, and a longer run of the same traffic stalls too. Its
+    rate is what its 3 arrivals offered, by hand (3 − 1) / 0.13 s; its line is kept."""
+    from kvsim.model.errors import HeldKvStall
+    from kvsim.planning.point import point_metrics
+    from kvsim.planning.window import early_overloaded, probe_passes, shortage, why_failed
+
+    rows, decode = [(0, 0, 60), (120, 1, 5), (130, 1, 5)], {"num_gpu_blocks_override": 15, "max_model_len": 200}
+    stalling = traced_fleet(tmp_path, rows, {**decode, "scheduling_policy": "priority"})
+    with pytest.raises(HeldKvStall):  # `kvsim run` still stops with the line (a KvsimError: exit 2)
+        simulate_disagg(stalling)
+    metrics = point_metrics(stalling)
+    evidence = metrics["evidence"]
+    assert evidence["verdict"] == "stalled" and metrics["num_requests"] == evidence["num_requests"] == 3
+    assert "request 0 (priority 0) heads the queue" in evidence["stall"]
+    assert metrics["offered_rate_per_s"] == pytest.approx(2 / 0.13, rel=1e-12)
+    assert not probe_passes(evidence, {"ttft_s.p90": 1e9}) and not probe_passes(evidence, {})
+    assert early_overloaded(evidence) and why_failed(evidence, {}) == "is stalled"
+    assert shortage(evidence, metrics["num_preemptions"]).startswith("KV memory (stalled")
+    assert json.loads(json.dumps(metrics)) == metrics  # JSON-safe, as points.jsonl stores it

@@ -22,7 +22,7 @@ from kvsim.engine.recorder import StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.engine.turns import TurnArrivals
 from kvsim.latency.base import LatencyModel
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import HeldKvStall
 from kvsim.sched import Scheduler
 from kvsim.sched.burst import Burst, plan_burst
 from kvsim.workload.conversations import Conversations
@@ -96,7 +96,7 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
             if arrivals.all_arrived and not any(engine.scheduler.loading for engine in group):
                 for engine in group:  # a deadlock vLLM's scheduler has too: said in one line
                     if (reason := engine.scheduler.held_kv_stall()) is not None:
-                        raise KvsimError(reason)
+                        raise HeldKvStall(reason)
                 num_waiting = sum(len(engine.scheduler.waiting) for engine in group)
                 raise RuntimeError(f"scheduler stalled at t={env.now:.3f}s with {num_waiting} waiting and "
                                    "nothing runnable")
@@ -134,7 +134,7 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] 
     it is read only as far as the arrivals go, and no request is kept after it ends (its numbers
     go to its scheduler's `records`). The dispatcher runs inside the arrival process, at the
     request's arrival instant, so it sees every engine's state at that moment (a router; KV usage
-    through `Engine.kv_usage`). Every request ends finished or rejected, or the run raises `KvsimError` for
+    through `Engine.kv_usage`). Every request ends finished or rejected, or the run raises `HeldKvStall` for
     vLLM's held-KV deadlock (`Scheduler.held_kv_stall`: an engine whose clock has every arrival says it;
     one still fed, a decode instance with transfers pending, once no event is left). `bursts=True` runs
     stretches of pure decode several steps at a time (`kvsim.sched.burst`); results are identical
@@ -218,7 +218,7 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] 
             raise
         for engine in engines:  # held-KV deadlock on an engine still fed (a decode instance, its transfers
             if (reason := engine.scheduler.held_kv_stall()) is not None:  # pending): said as `step_loop` says it
-                raise KvsimError(reason) from None
+                raise HeldKvStall(reason) from None
         raise
     for engine in engines:
         engine.recorder.finish()

@@ -44,6 +44,13 @@ class KvsimError(ValueError):
         super().__init__(_LONG_DIGITS.sub(lambda digits: cut(digits.group()), message), *args)
 
 
+class HeldKvStall(KvsimError):
+    """vLLM's held-KV deadlock (`Scheduler.held_kv_stall` says why in the message): the run can never end, as
+    vLLM's scheduler waits forever there. `kvsim run` stops with the line; a `kvsim plan` point reads it as a
+    run that failed (`kvsim.planning.point.point_metrics`, verdict *stalled*): a deployment that stalls holds
+    no SLO, and the search goes on to other rates and counts."""
+
+
 @contextmanager
 def reading(path: str | Path, what: str) -> Iterator[None]:
     """Read `path` inside this block: a file that cannot be opened or is not UTF-8 text (a binary

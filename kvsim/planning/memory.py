@@ -38,7 +38,7 @@ class MemoryBound:
         return cls(limit_bytes, given=True)
 
     def needed_bytes(self, scenario: Scenario) -> int:
-        """The floor of the memory `kvsim.planning.plan.point_metrics` needs to simulate `scenario`."""
+        """The floor of the memory `kvsim.planning.point.point_metrics` needs to simulate `scenario`."""
         from kvsim.fleet.driver import replica_groups
 
         return sum(estimate_engines_bytes(replica_groups(scenario), steps_in_memory=scenario.steps == "all").values())

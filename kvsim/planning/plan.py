@@ -53,6 +53,7 @@ from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica
 from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_price, window_output_tokens_per_s
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traffic
+from kvsim.planning.point import POINT_FORMAT, point_metrics
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
 from kvsim.planning.spec import (
     Candidate,
@@ -136,34 +137,6 @@ def check_plan_memory(base: Scenario, spec: PlanSpec) -> None:
                          f"{'instances' if smallest.split else 'replica'}, "
                          f"{first_point(base, spec, smallest).workload.num_requests} requests) needs at least "
                          f"{memory.size(least)} of memory; nothing in this plan fits")
-
-
-POINT_FORMAT = 2
-"""The format of the points `point_metrics` makes, stamped on each line of points.jsonl (`PointStore`): raise it
-whenever what a point's metrics mean changes, so a plan resumed from an older points.jsonl simulates those points
-again instead of mixing two kvsims' numbers. 0: before the stamp (53fa429 fixed `work.recomputed_tokens`, one off
-per one-token chunk). 1: a fleet's verdict read its total waiting queue only, not each replica's (7db66e8)."""
-
-
-def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> Metrics:
-    """Simulate one fleet (colocated, or disaggregated: `kv_transfer_config`) and keep what the plan needs
-    (small, JSON-safe; runs on a Dask worker)."""
-    from kvsim.fleet.run import simulate_scenario
-    from kvsim.planning.window import window_evidence
-    from kvsim.workload.generate import short_trace_unsaid
-
-    with short_trace_unsaid():  # `plan` says it once (`short_trace_said_once`)
-        result = simulate_scenario(scenario, memory_limit_bytes=memory_limit_bytes)
-    summary = result.summary
-    keep = ("num_replicas", "num_gpus", "num_requests", "num_finished", "num_rejected", "duration_s",
-            "requests_per_s", "output_tokens_per_s", "num_preemptions", "kv_cache_usage_mean",
-            "prefix_cache_hit_rate", "offered_rate_per_s")
-    # the SLOs are judged on `evidence` (the steady-state window), never on the whole run's percentiles;
-    # busy time and recomputed tokens are what the gap to the floor is made of (`kvsim.planning.bounds`)
-    return {**{key: summary[key] for key in keep}, "evidence": window_evidence(result.requests),
-            "work": {"busy_replica_s": sum(run.totals.dt for run in result.replicas if run.totals is not None),
-                     "recomputed_tokens": sum(run.counters.num_recomputed_tokens for run in result.replicas
-                                              if run.counters is not None)}}
 
 
 @dataclass(slots=True)

@@ -60,6 +60,10 @@ slots differ from c·T/S by up to c). The queue's growth is compared, not the ba
 running set grows while its batch fills, which is no overload. A single server (M/D/1) never reaches it on a
 too-short run (50 arrivals inside 10 service times is an offered load of 5 and more), only on a judged one.
 
+A run that never ends is **stalled**: vLLM's held-KV deadlock (`kvsim.model.errors.HeldKvStall`: a priority
+queue's head cannot fit while requests behind it hold their KV and nothing runs), where vLLM's scheduler waits
+forever and no later request is served. It has no window and fails every SLO (`stalled_evidence`).
+
 A rate passes only when its probe is stable *and* every SLO percentile, taken over the servable
 requests that arrived inside the window, is within its limit. An SLO may name one priority class,
 `METRIC.STAT@PRIORITY` (vLLM's integer request priority, as the summary's `by_priority` keys it):
@@ -84,6 +88,7 @@ SLO_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
 SLO_KEY_FORMAT = "METRIC.STAT or METRIC.STAT@PRIORITY"
 SLO_STATS = ("mean", "p50", "p90", "p99")
 STABLE, BACKLOGGED, OVERLOADED, EMPTY = "stable", "backlogged", "overloaded", "no servable requests"
+STALLED = "stalled"  # the run never ended: vLLM's held-KV deadlock (`stalled_evidence`)
 TOO_SHORT = "too short"
 WARMUP_FRACTION = 0.2  # of the arrival span, left out at the start (the system starts empty)
 WARMUP_SERVICES = 3.0  # ... and at least this many service times (first scheduled → finish): the fill-up
@@ -212,8 +217,23 @@ def replica_outgrew(early: Mapping[str, Any] | None) -> bool:
 def early_overloaded(evidence: Mapping[str, Any]) -> bool:
     """Whether a run was judged overloaded: every such verdict rests on its waiting queue's growth beyond a
     stable queue's margin (`early_overload`), a verdict on the rate, not on the run's length, which a longer
-    run of the same traffic would not reverse (a too-short run is judged so only on that growth)."""
-    return evidence["verdict"] == OVERLOADED
+    run of the same traffic would not reverse (a too-short run is judged so only on that growth). A stalled
+    run counts too: a longer run of the same traffic sends the same requests first and stalls where it did."""
+    return evidence["verdict"] in (OVERLOADED, STALLED)
+
+
+def _no_window(out: dict[str, Any], verdict: str) -> dict[str, Any]:
+    """The evidence of a run with no measurement window (`verdict` says why): nothing offered or served in it."""
+    return {**out, "verdict": verdict, "window_s": 0.0, "num_in_window": 0, "offered_per_s": 0.0,
+            "served_per_s": 0.0, "served_over_offered": None, "backlog_trend": None,
+            **{m: _stats(np.zeros(0)) for m in SLO_METRICS}}
+
+
+def stalled_evidence(num_requests: int, reason: str) -> dict[str, Any]:
+    """The evidence of a run of `num_requests` that never ended (`kvsim.model.errors.HeldKvStall`, its line
+    `reason`): verdict *stalled*, no window; every SLO unmet (no request measured), so no probe passes on it."""
+    return _no_window({"num_requests": num_requests, "num_rejected": 0, "rejected_fraction": 0.0,
+                       "stall": reason}, STALLED)
 
 
 def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP_FRACTION,
@@ -233,9 +253,7 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     out: dict[str, Any] = {"num_requests": int(len(arrival)), "num_rejected": num_rejected,
                            "rejected_fraction": num_rejected / len(arrival) if len(arrival) else 0.0}
     if servable.sum() < 2:
-        return {**out, "verdict": EMPTY, "window_s": 0.0, "num_in_window": 0, "offered_per_s": 0.0,
-                "served_per_s": 0.0, "served_over_offered": None, "backlog_trend": None,
-                **{m: _stats(np.zeros(0)) for m in SLO_METRICS}}
+        return _no_window(out, EMPTY)
     t0, t_last = float(arrival[servable].min()), float(arrival[servable].max())
     span = t_last - t0
     service_s = _service_s(requests, servable)
@@ -351,7 +369,10 @@ def shortage(evidence: Mapping[str, Any], num_preemptions: int) -> str:
     requests queued for compute or batch slots ("compute (queueing)"). A run that does not keep up
     (overloaded, backlogged) says only that it is over capacity: its waiting queue grows, so the scheduler
     admits until the KV pool is full and then preempts whatever resource binds; its preemptions are a symptom,
-    not the cause (the first-principles floor, `kvsim.planning.bounds`, says which binds)."""
+    not the cause (the first-principles floor, `kvsim.planning.bounds`, says which binds). A stalled run was
+    short of KV memory: its queue's head could not fit beside requests holding their KV (`HeldKvStall`)."""
+    if evidence["verdict"] == STALLED:
+        return "KV memory (stalled: the queue's head cannot fit beside requests holding their KV, vLLM's deadlock)"
     if evidence["verdict"] == STABLE:
         return "KV memory (preempting while it keeps up)" if num_preemptions else "compute (queueing)"
     return ("over capacity (preempting: an overloaded batch fills the KV whatever binds)" if num_preemptions
@@ -359,7 +380,8 @@ def shortage(evidence: Mapping[str, Any], num_preemptions: int) -> str:
 
 
 def why_failed(evidence: Mapping[str, Any] | None, slo: Mapping[str, float]) -> str | None:
-    """'is overloaded' / 'is backlogged' when the system was not stable, else 'misses' and the SLOs missed."""
+    """'is overloaded' / 'is backlogged' / 'is stalled' when the system was not stable, else 'misses' and the SLOs
+    missed."""
     if evidence is None:
         return None
     if evidence["verdict"] != STABLE:

@@ -1,0 +1,59 @@
+"""One point of `kvsim plan`: a fleet simulated once, kept as the small, JSON-safe metrics the searches read.
+
+A run that stalls for good (`kvsim.model.errors.HeldKvStall`, vLLM's held-KV deadlock) is a point too, one
+that failed: vLLM's scheduler waits forever there and no later request is served, so the deployment holds
+no SLO at that load, and a search that probes overloaded rates and counts (the rate search starts with the
+whole traffic on one replica) goes on to lighter ones instead of stopping the plan. Its evidence is verdict
+*stalled* (`kvsim.planning.window.stalled_evidence`), its line kept in the evidence's `stall`.
+"""
+
+from __future__ import annotations
+
+from kvsim.model.errors import HeldKvStall
+from kvsim.planning.search import Metrics
+from kvsim.workload.scenario import Scenario
+
+POINT_FORMAT = 2
+"""The format of the points `point_metrics` makes, stamped on each line of points.jsonl (`PointStore`): raise it
+whenever what a point's metrics mean changes, so a plan resumed from an older points.jsonl simulates those points
+again instead of mixing two kvsims' numbers. 0: before the stamp (53fa429 fixed `work.recomputed_tokens`, one off
+per one-token chunk). 1: a fleet's verdict read its total waiting queue only, not each replica's (7db66e8).
+(A stalled point needs no new format: before it, such a point stopped the plan and was never stored.)"""
+
+SUMMARY_KEYS = ("num_replicas", "num_gpus", "num_requests", "num_finished", "num_rejected", "duration_s",
+                "requests_per_s", "output_tokens_per_s", "num_preemptions", "kv_cache_usage_mean",
+                "prefix_cache_hit_rate", "offered_rate_per_s")
+
+
+def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> Metrics:
+    """Simulate one fleet (colocated, or disaggregated: `kv_transfer_config`) and keep what the plan needs
+    (small, JSON-safe; runs on a Dask worker). A run that stalls is `stalled_metrics`."""
+    from kvsim.fleet.run import simulate_scenario
+    from kvsim.planning.window import window_evidence
+    from kvsim.workload.generate import short_trace_unsaid
+
+    with short_trace_unsaid():  # `plan` says it once (`short_trace_said_once`)
+        try:
+            result = simulate_scenario(scenario, memory_limit_bytes=memory_limit_bytes)
+        except HeldKvStall as stall:
+            return stalled_metrics(scenario, str(stall))
+    summary = result.summary
+    # the SLOs are judged on `evidence` (the steady-state window), never on the whole run's percentiles;
+    # busy time and recomputed tokens are what the gap to the floor is made of (`kvsim.planning.bounds`)
+    return {**{key: summary[key] for key in SUMMARY_KEYS}, "evidence": window_evidence(result.requests),
+            "work": {"busy_replica_s": sum(run.totals.dt for run in result.replicas if run.totals is not None),
+                     "recomputed_tokens": sum(run.counters.num_recomputed_tokens for run in result.replicas
+                                              if run.counters is not None)}}
+
+
+def stalled_metrics(scenario: Scenario, reason: str) -> Metrics:
+    """The metrics of `scenario`'s run that stalled (`reason`: its line): the requests it was sent and the rate
+    they were offered at (a failed probe's rate is in the plan's `limiting_factor`), the evidence *stalled*;
+    what the run never finished has no value (None)."""
+    from kvsim.planning.plan_rate import offered_rate_per_s
+    from kvsim.planning.window import stalled_evidence
+
+    num_requests = scenario.workload.num_requests
+    return {**dict.fromkeys(SUMMARY_KEYS), "num_requests": num_requests,
+            "offered_rate_per_s": offered_rate_per_s(scenario), "evidence": stalled_evidence(num_requests, reason),
+            "work": {"busy_replica_s": None, "recomputed_tokens": None}}
