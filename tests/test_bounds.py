@@ -159,3 +159,27 @@ def test_parallel_sampling_computes_n_outputs_and_the_prompt_as_vllm_fans_it_out
     floor = replica_floor(make_scenario(raw), 100.0)
     assert floor.compute_replicas == pytest.approx(100 * (prompt_tokens * 0.01 / 512 + 3 * 20 * 0.01 / 8))
     assert floor.kv_replicas == pytest.approx(100 * 19 * (prompt + 3 * 10) * 0.01 / (6416 if scheduler == "v0" else 6400))
+
+
+def gemma(prompt, blocks=1001, output=20):
+    raw = world(blocks=blocks, prompt=prompt, output=output, max_model_len=4096).model_dump(mode="json")
+    raw["model"] = "gemma-3-27b"
+    return make_scenario(raw)
+
+
+@pytest.mark.parametrize(("prompt", "held_per_request"), [
+    # contexts 65..83, all inside the 1,024-token window: every one of the 7 groups holds them, 7 · 19 · 74
+    (64, 7 * 19 * 74),
+    # contexts 2,001..2,019: the full group holds 19 · 2,010; each of the 6 sliding groups its window less one, 1,023
+    (2000, 19 * 2010 + 6 * 19 * 1023),
+    # contexts 1,016..1,034: the sliding groups hold 1,016..1,023 (k = 1..8), then 1,023 for the 11 steps after
+    (1015, 19 * (1015 + 10) + 6 * (8 * 1015 + 36 + 11 * 1023)),
+])
+def test_a_hybrid_pools_kv_floor_counts_every_groups_slots(prompt, held_per_request):
+    """Gemma 3 27B: 62 layers, 10 full-attention and 52 sliding (window 1,024), grouped 10 to a group: 1 full
+    group and 6 sliding (vLLM's get_kv_cache_groups), every group's block table drawing on one pool of
+    (1,001 − 1) blocks of 16 = 16,000 slots. A request holds its context in the full group and at most 1,023
+    tokens (the window less one, SlidingWindowManager) in each sliding one, in each of its 19 decode steps of
+    ≥ 10 ms; 100 req/s hold 100 · 0.01 · that token-seconds. It was priced as one group's: the first case 7x low."""
+    floor = replica_floor(gemma(prompt), 100.0)
+    assert floor.kv_replicas == pytest.approx(100 * 0.01 * held_per_request / 16000)

@@ -27,12 +27,19 @@ holding the last token, so each computes P − block_size · ⌊(P − 1) / bloc
 **kv.** By Little's law the KV one replica's requests hold on average is λ · E[∫ held dt]. A request
 holds at least its context (P + k tokens at its k-th output token; of the prompt, only the tokens no cache
 serves, as a cached prefix may be shared with other requests) during each of its O − 1 decode steps, and a
-decode step lasts at least t_1 (one sequence: the fastest step), so
+decode step lasts at least t_1 (one sequence: the fastest step), so in a pool of one KV cache group
 ∫ held dt ≥ t_1 · (O − 1) · (P − cached + n · O/2) token-seconds (n samples share at most the prompt),
 against the pool's usable token slots
-(num_gpu_blocks − 1) · block_size (all num_gpu_blocks where no null block is kept: v0, slab pools). (A
-sliding-window model keeps less than its context in some layers; the pool is then counted in full-context
-tokens, as its blocks are.)
+(num_gpu_blocks − 1) · block_size (all num_gpu_blocks where no null block is kept: v0, slab pools).
+A hybrid model's pool (Gemma 3: one full-attention group and six sliding ones; gpt-oss) gives every KV
+cache group a block table of its own, all drawing from those slots (vllm/v1/core/kv_cache_coordinator.py,
+KVCacheCoordinator.__init__: one BlockPool of kv_cache_config.num_blocks for every group's manager), so a
+request holds slots in each group: a full-attention group its context c, a sliding-window one of window w
+at least min(c, w − 1) (SlidingWindowManager frees what slid out, `KVGroup.num_skipped_tokens`), a
+chunked-local one at least none. While every context is inside the window that is the group count times
+the one-group floor (the pool's slots divided among the groups, as vLLM's "GPU KV cache size",
+num_blocks // groups · block_size, counts them); past the window, the sliding groups add at most w − 1
+each (`held_token_steps`).
 
 Requests the engine refuses (prompt + output over max_model_len) are left out, as they are never served:
 λ is the rate of the servable ones (the offered rate times their share of the scenario's requests).
@@ -63,6 +70,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.latency.step_plan import StepPlan
+from kvsim.model.kv_layout import KVGroup
 from kvsim.model.units import counted
 from kvsim.sched.fanout import fans_out
 from kvsim.workload.request import Request
@@ -123,11 +131,32 @@ def replica_floor(scenario: Scenario, rate_per_s: float) -> ReplicaFloor:
     per_output_token_s = latency.step_time(decode) / batch
     computed_prompts = prompts + (samples - 1) * child_prompts
     work_s = float(np.mean(computed_prompts * per_prompt_token_s + samples * outputs * per_output_token_s))
-    held_token_s = float(np.mean(latency.step_time(single) * np.maximum(outputs - 1, 0)
-                                 * (prompts + samples * outputs / 2)))
+    held_token_s = latency.step_time(single) * float(np.mean(held_token_steps(spec.kv_layout.groups, prompts,
+                                                                               samples, outputs)))
     pool_tokens = spec.num_kv_slots  # v1's paged pool keeps its null block back; v0's and slab pools do not
     return ReplicaFloor(rate_per_s, rate_per_s * work_s, rate_per_s * held_token_s / pool_tokens, len(requests),
                         per_prompt_token_s, per_output_token_s)
+
+
+def held_token_steps(groups: tuple[KVGroup, ...], prompts: np.ndarray, samples: np.ndarray,
+                     outputs: np.ndarray) -> np.ndarray:
+    """Per request, the fewest KV slots it holds summed over its O − 1 decode steps and over the KV cache
+    `groups`: at its k-th step it holds c_k = P + n · k tokens of context (`prompts` P its own uncached ones,
+    n `samples`, O `outputs`), of which a full-attention (or MLA) group holds all, a sliding-window group of
+    window w at least min(c_k, w − 1) (n samples' windows hold at least that together) and a chunked-local
+    group at least none: Σ_k c_k = (O − 1) · (P + n · O/2), and Σ_k min(c_k, W) = m · P + n · m(m + 1)/2
+    + (O − 1 − m) · W, m = the steps with c_k ≤ W."""
+    steps = np.maximum(outputs - 1, 0)
+    held = np.zeros(len(prompts))
+    for group in groups:
+        if group.kind in ("full", "mla"):
+            held += steps * (prompts + samples * outputs / 2)
+        elif group.kind == "sliding_window":
+            assert group.window_tokens is not None
+            most = group.window_tokens - 1
+            m = np.clip(np.floor((most - prompts) / samples), 0, steps)
+            held += m * prompts + samples * m * (m + 1) / 2 + (steps - m) * most
+    return held
 
 
 def cacheable_prompt_tokens(requests: list[Request], block_size: int) -> np.ndarray:
