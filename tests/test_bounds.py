@@ -183,3 +183,21 @@ def test_a_hybrid_pools_kv_floor_counts_every_groups_slots(prompt, held_per_requ
     ≥ 10 ms; 100 req/s hold 100 · 0.01 · that token-seconds. It was priced as one group's: the first case 7x low."""
     floor = replica_floor(gemma(prompt), 100.0)
     assert floor.kv_replicas == pytest.approx(100 * 0.01 * held_per_request / 16000)
+
+
+@pytest.mark.parametrize(("group", "prompt", "samples", "output", "held"), [
+    (("full", None), 10, 2, 6, 12 + 14 + 16 + 18 + 20),  # contexts 10 + 2k, k = 1..5
+    (("sliding_window", 16), 10, 2, 6, 12 + 14 + 15 + 15 + 15),  # at most the window less one, 15
+    (("chunked_local", 10), 5, 1, 10, 6 + 7 + 8 + 9 + 0 + 1 + 2 + 3 + 4),  # contexts 6..14, their current chunk's
+    (("chunked_local", 10), 5, 1, 25, 6 + 7 + 8 + 9 + 45 + 45),  # contexts 6..29: two chunks crossed
+    (("chunked_local", 10), 5, 3, 10, 6 + 7 + 8 + 9 + 0 + 1 + 2 + 3 + 4),  # one sample's chunk, the fewest held
+])
+def test_held_token_steps_per_group_kind_by_hand(group, prompt, samples, output, held):
+    import numpy as np
+
+    from kvsim.model.kv_layout import KVGroup
+    from kvsim.planning.bounds import held_token_steps
+    kind, window = group
+    steps = held_token_steps((KVGroup(kind, 1, window),), np.array([prompt * 1.0]), np.array([samples * 1.0]),
+                             np.array([output * 1.0]))
+    assert steps.tolist() == [held]

@@ -36,10 +36,10 @@ cache group a block table of its own, all drawing from those slots (vllm/v1/core
 KVCacheCoordinator.__init__: one BlockPool of kv_cache_config.num_blocks for every group's manager), so a
 request holds slots in each group: a full-attention group its context c, a sliding-window one of window w
 at least min(c, w − 1) (SlidingWindowManager frees what slid out, `KVGroup.num_skipped_tokens`), a
-chunked-local one at least none. While every context is inside the window that is the group count times
-the one-group floor (the pool's slots divided among the groups, as vLLM's "GPU KV cache size",
-num_blocks // groups · block_size, counts them); past the window, the sliding groups add at most w − 1
-each (`held_token_steps`).
+chunked-local one of chunk C at least one sample's c mod C (the tokens of its current chunk). While every
+context is inside the window and the chunk, that is the group count times the one-group floor (the pool's
+slots divided among the groups, as vLLM's "GPU KV cache size", num_blocks // groups · block_size, counts
+them); past them, the sliding groups add at most w − 1 each (`held_token_steps`).
 
 Requests the engine refuses (prompt + output over max_model_len) are left out, as they are never served:
 λ is the rate of the servable ones (the offered rate times their share of the scenario's requests).
@@ -144,8 +144,9 @@ def held_token_steps(groups: tuple[KVGroup, ...], prompts: np.ndarray, samples: 
     `groups`: at its k-th step it holds c_k = P + n · k tokens of context (`prompts` P its own uncached ones,
     n `samples`, O `outputs`), of which a full-attention (or MLA) group holds all, a sliding-window group of
     window w at least min(c_k, w − 1) (n samples' windows hold at least that together) and a chunked-local
-    group at least none: Σ_k c_k = (O − 1) · (P + n · O/2), and Σ_k min(c_k, W) = m · P + n · m(m + 1)/2
-    + (O − 1 − m) · W, m = the steps with c_k ≤ W."""
+    group of chunk C at least one sample's current chunk, (P + k) mod C: Σ_k c_k = (O − 1) · (P + n · O/2),
+    Σ_k min(c_k, W) = m · P + n · m(m + 1)/2 + (O − 1 − m) · W, m = the steps with c_k ≤ W, and
+    Σ_k (P + k) mod C = Σ_k (P + k) − C · Σ_k ⌊(P + k) / C⌋."""
     steps = np.maximum(outputs - 1, 0)
     held = np.zeros(len(prompts))
     for group in groups:
@@ -156,7 +157,18 @@ def held_token_steps(groups: tuple[KVGroup, ...], prompts: np.ndarray, samples: 
             most = group.window_tokens - 1
             m = np.clip(np.floor((most - prompts) / samples), 0, steps)
             held += m * prompts + samples * m * (m + 1) / 2 + (steps - m) * most
+        elif group.kind == "chunked_local":
+            assert group.window_tokens is not None
+            chunk = group.window_tokens
+            first, last = prompts + 1, prompts + steps  # one sample's contexts, the fewest any holds
+            held += steps * (first + last) / 2 - chunk * (_floor_sum(last, chunk) - _floor_sum(first - 1, chunk))
     return held
+
+
+def _floor_sum(x: np.ndarray, chunk: int) -> np.ndarray:
+    """Σ_{j=0..x} ⌊j / chunk⌋ (x ≥ −1): q = ⌊x / chunk⌋ full runs of 0..q − 1, then x mod chunk + 1 of q."""
+    q = np.floor(x / chunk)
+    return chunk * q * (q - 1) / 2 + q * (x - q * chunk + 1)
 
 
 def cacheable_prompt_tokens(requests: list[Request], block_size: int) -> np.ndarray:
