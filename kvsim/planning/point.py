@@ -13,11 +13,12 @@ from kvsim.model.errors import HeldKvStall
 from kvsim.planning.search import Metrics
 from kvsim.workload.scenario import Scenario
 
-POINT_FORMAT = 2
+POINT_FORMAT = 3
 """The format of the points `point_metrics` makes, stamped on each line of points.jsonl (`PointStore`): raise it
 whenever what a point's metrics mean changes, so a plan resumed from an older points.jsonl simulates those points
 again instead of mixing two kvsims' numbers. 0: before the stamp (53fa429 fixed `work.recomputed_tokens`, one off
-per one-token chunk). 1: a fleet's verdict read its total waiting queue only, not each replica's (7db66e8).
+per one-token chunk). 1: a fleet's verdict read its total waiting queue only, not each replica's (7db66e8). 2: an
+xPyD split's read its prefill pool's queue only, not each decode instance's (`early_overload`).
 (A stalled point needs no new format: before it, such a point stopped the plan and was never stored.)"""
 
 SUMMARY_KEYS = ("num_replicas", "num_gpus", "num_requests", "num_finished", "num_rejected", "duration_s",
@@ -40,7 +41,8 @@ def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> 
     summary = result.summary
     # the SLOs are judged on `evidence` (the steady-state window), never on the whole run's percentiles;
     # busy time and recomputed tokens are what the gap to the floor is made of (`kvsim.planning.bounds`)
-    return {**{key: summary[key] for key in SUMMARY_KEYS}, "evidence": window_evidence(result.requests),
+    evidence = window_evidence(result.requests, transfers=result.tables.get("transfers"))  # a split's decode queues
+    return {**{key: summary[key] for key in SUMMARY_KEYS}, "evidence": evidence,
             "work": {"busy_replica_s": sum(run.totals.dt for run in result.replicas if run.totals is not None),
                      "recomputed_tokens": sum(run.counters.num_recomputed_tokens for run in result.replicas
                                               if run.counters is not None)}}

@@ -70,7 +70,8 @@ def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
     with short_trace_kept() as kept:  # `run_many` says it once, in its own process
         result = simulate_scenario(scenario)
     return SweepResult(result.summary, result.steps if keep_steps else None,
-                       window_evidence(result.requests) if evidence else None, kept[0] if kept else None)
+                       window_evidence(result.requests, transfers=result.tables.get("transfers")) if evidence else None,
+                       kept[0] if kept else None)
 
 
 def connect_dask(address: str) -> Any:

@@ -142,11 +142,15 @@ def _slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return slope, math.sqrt(float((residuals**2).sum()) / (len(x) - 2) / sxx)
 
 
-def _service_s(requests: Mapping[str, Any], servable: np.ndarray) -> float:
+def _service_s(requests: Mapping[str, Any], servable: np.ndarray, handoff_s: np.ndarray | None = None) -> float:
     """The median time a request runs once scheduled (first scheduled → finish), over the requests never
     preempted when there are any: a preempted request's time includes its wait to be re-admitted, which
-    grows without bound in an overloaded run and would say nothing about how long serving one takes."""
+    grows without bound in an overloaded run and would say nothing about how long serving one takes. A
+    disaggregated run's (`handoff_s`, per row) leaves out its hand-off → first token: the decode instance's
+    queue, which grows so, with the transfer and D's first step."""
     busy = np.asarray(requests["finish_s"], float) - np.asarray(requests["first_scheduled_s"], float)
+    if handoff_s is not None:
+        busy -= np.where(np.isnan(handoff_s), 0.0, np.asarray(requests["first_token_s"], float) - handoff_s)
     calm = servable & (np.asarray(requests["num_preemptions"]) == 0) if "num_preemptions" in requests else servable
     chosen = busy[calm if calm.any() else servable]
     chosen = chosen[~np.isnan(chosen)]
@@ -181,8 +185,32 @@ def _queue_growth(requests: Mapping[str, Any], servable: np.ndarray, start: floa
     return {"waiting_growth": waiting_growth, "margin": z * math.sqrt(variance), "z": z}
 
 
+def _handoff_s(requests: Mapping[str, Any], transfers: Mapping[str, Any]) -> np.ndarray:
+    """Per row of a disaggregated run's `requests`, its hand-off to a decode instance (`transfers`' handoff_s, by
+    request_id); NaN for a request never handed off (rejected on its prefill instance)."""
+    row = {int(rid): i for i, rid in enumerate(np.asarray(requests["request_id"]))}
+    handoff = np.full(len(row), np.nan)
+    handoff[[row[int(rid)] for rid in np.asarray(transfers["request_id"])]] = np.asarray(transfers["handoff_s"])
+    return handoff
+
+
+def _decode_queues(requests: Mapping[str, Any], handoff_s: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
+    """Per decode instance of a disaggregated run (a handed-off request's `replica`), its queue as `_queue_growth`
+    reads one: a request arrives at its hand-off (`_handoff_s`), counts as admitted at its first token (D's first
+    step, which recomputes the last prompt token) and leaves when it finishes. So it waits while D reserves its
+    blocks, while its KV moves and while it is queued on D with its KV there, as vLLM's decode instance counts it
+    waiting (WAITING_FOR_REMOTE_KVS, then WAITING), and one step more."""
+    rows = ~np.isnan(handoff_s)
+    preempted = np.asarray(requests["num_preemptions"]) if "num_preemptions" in requests else np.zeros(len(rows))
+    columns = {"arrival_s": handoff_s, "first_scheduled_s": np.asarray(requests["first_token_s"], float),
+               "finish_s": np.asarray(requests["finish_s"], float), "num_preemptions": preempted}
+    replica = np.asarray(requests["replica"])
+    return {int(r): {name: values[rows & (replica == r)] for name, values in columns.items()}
+            for r in np.unique(replica[rows])}
+
+
 def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: float, end: float,
-                   z: float = Z_EARLY) -> dict[str, Any]:
+                   z: float = Z_EARLY, handoff_s: np.ndarray | None = None) -> dict[str, Any]:
     """The waiting queue's growth over the window [start, end) against the margin a stable queue stays under
     (the module's docstring derives it), `z` deviations of the net input: {"waiting_growth", "margin", "z"};
     growth > margin is an overload.
@@ -196,7 +224,26 @@ def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: flo
     fleet's test and the replicas', so a fleet's odds of a false alarm are at most twice one test's (the union
     bound), not the fleet test's alone; where the replicas are alike they mostly coincide (200 naive runs each of
     2 and 4 round-robin M/D/1 replicas at ρ = 1, 4,000 requests: a replica's test fired in 3.5 % and 2 %, always
-    beside the fleet's, in 8 %)."""
+    beside the fleet's, in 8 %).
+
+    A disaggregated run's hand-offs (`handoff_s`, per row: `_handoff_s`) make the fleet's queue the whole way to
+    the decode instance, arrival to first token (the prefill queue, the prefill, the wait for D's blocks, the
+    transfer, D's queue and its first step), and the replicas its decode instances, each judged on its own queue
+    (`_decode_queues`: hand-off to first token), one instance too. A client row's `first_scheduled_s` is the
+    prefill's: read alone, the prefill pool's queue missed a decode pool falling behind while P kept up
+    (served ÷ offered 0.89 with P's queue flat: stable)."""
+    if handoff_s is not None and not np.isnan(handoff_s).all():
+        queues = _decode_queues(requests, handoff_s)
+        first_token = np.asarray(requests["first_token_s"], float)
+        pipeline = {name: np.asarray(requests[name]) for name in ("arrival_s", "finish_s", "num_preemptions")
+                    if name in requests}
+        pipeline["first_scheduled_s"] = np.where(np.isnan(handoff_s), np.asarray(requests["first_scheduled_s"], float),
+                                                 first_token)
+        out = _queue_growth(pipeline, servable, start, end, z)
+        z_decode = -NormalDist().inv_cdf(NormalDist().cdf(-z) / len(queues))
+        each = [{"replica": r, **_queue_growth(queue, np.ones(len(queue["arrival_s"]), bool), start, end, z_decode)}
+                for r, queue in queues.items()]
+        return {**out, "worst_replica": max(each, key=lambda g: g["waiting_growth"] - g["margin"])}
     out = _queue_growth(requests, servable, start, end, z)
     replica = np.asarray(requests["replica"]) if "replica" in requests else None
     ids = np.unique(replica[servable]) if replica is not None else ()
@@ -237,11 +284,12 @@ def stalled_evidence(num_requests: int, reason: str) -> dict[str, Any]:
 
 
 def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP_FRACTION,
-                    tail_fraction: float = TAIL_FRACTION) -> dict[str, Any]:
+                    tail_fraction: float = TAIL_FRACTION, transfers: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What one run says about steady state: window, counts, served ÷ offered, backlog trend, verdict,
     and latency percentiles with CIs over the servable requests that arrived in the window.
 
-    `requests`: a run's requests table (`RunResult.requests` or its columns; a fleet's works too).
+    `requests`: a run's requests table (`RunResult.requests` or its columns; a fleet's works too), and a
+    disaggregated run's `transfers` table (`RunResult.tables`), whose decode queues `early_overload` judges.
     The result is JSON-safe and independent of any SLO (`probe_passes` applies one).
     """
     arrival = np.asarray(requests["arrival_s"], dtype=float)
@@ -256,7 +304,8 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
         return _no_window(out, EMPTY)
     t0, t_last = float(arrival[servable].min()), float(arrival[servable].max())
     span = t_last - t0
-    service_s = _service_s(requests, servable)
+    handoff_s = _handoff_s(requests, transfers) if transfers is not None else None
+    service_s = _service_s(requests, servable, handoff_s)
     start, end = t0 + max(warmup_fraction * span, WARMUP_SERVICES * service_s), t_last - tail_fraction * span
     end = max(end, start)
     window_s = end - start
@@ -273,7 +322,7 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     trend = slope / offered if offered > 0 and math.isfinite(offered) else None
     trend_low = (slope - Z_95 * slope_se) / offered if trend is not None else None
     too_short = window_s < MIN_WINDOW_SERVICES * service_s or num_in < MIN_WINDOW_REQUESTS
-    early = (early_overload(requests, servable, start, end, Z_EARLY if too_short else Z_95)
+    early = (early_overload(requests, servable, start, end, Z_EARLY if too_short else Z_95, handoff_s)
              if num_in >= MIN_WINDOW_REQUESTS else None)
     by_replica = replica_outgrew(early)
     queue_outgrew = (early is not None and early["waiting_growth"] > early["margin"]) or by_replica
