@@ -25,7 +25,9 @@ at t_k+1 with what vLLM knew at t_k:
   in that step's batch and time) though it has finished; (2) a request that ends before `max_tokens` (EOS,
   a stop string), which vLLM cannot foresee, gets one more decode token; kvsim ends every request at its
   `output_len` as if it were `max_tokens` (as `vllm bench serve` replays set `max_tokens` to it). Each
-  costs one sequence's tokens in the step after its end, and the KV those need;
+  costs one sequence's tokens in the step after its end, and the KV those need. (1) does not fit here: the
+  policy's `select` would plan a finished request (docs/architecture.md says what it takes); no shipped
+  scenario speculates, and (2) never arises;
 * a request that arrived while step k ran is seen when step k + 2 is planned, not k + 1; that part is
   timing and lives with the engine (`kvsim.engine.runtime.Engine.deliver`);
 * vLLM's `running` still lists a request whose last token is in flight (it leaves it when that output is
