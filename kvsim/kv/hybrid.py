@@ -87,6 +87,7 @@ class GroupedPagedAllocator(PoolSlots):
         self.swapped: dict[int, GroupedSeq] = {}
         self.block_fill = [0] * num_blocks
         self.num_filled_slots = 0
+        self._num_mapped_blocks = 0  # Σ real (non-null) entries over every sequence's tables
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -98,9 +99,8 @@ class GroupedPagedAllocator(PoolSlots):
 
     @property
     def num_mapped_slots(self) -> int:
-        # Σ len(block_table), counted without building each table (read at every recorded step)
-        return sum(len(table) - table.count(NULL_BLOCK_ID) for s in self.seqs.values()
-                   for table in s.tables) * self.block_size
+        # Σ len(block_table), kept as blocks enter and leave the tables (read at every recorded step)
+        return self._num_mapped_blocks * self.block_size
 
     def region_slots(self, final_num_tokens: int, prompt_len: int | None = None) -> int:
         """The most slots one sequence of `final_num_tokens` tokens holds at once (vLLM's per-request maximum)."""
@@ -192,8 +192,11 @@ class GroupedPagedAllocator(PoolSlots):
             return revived + len(self.groups) * max(0, new_len - k), 0
         take = freed = 0
         for g, table in enumerate(seq.tables):
-            skip = self._skipped_blocks(self.groups[g], seq.num_tokens)
-            freed += sum(1 for b in table[:skip] if b != NULL_BLOCK_ID and refs[b] == 1)
+            # the skipped blocks still held: those after the table's leading nulls (`remove_skipped_blocks`)
+            i = min(self._skipped_blocks(self.groups[g], seq.num_tokens), len(table)) - 1
+            while i >= 0 and (b := table[i]) != NULL_BLOCK_ID:
+                freed += refs[b] == 1
+                i -= 1
             take += max(0, new_len - len(table))
         return take, freed
 
@@ -234,13 +237,15 @@ class GroupedPagedAllocator(PoolSlots):
         real = [b for b in hit.block_ids if b != NULL_BLOCK_ID]
         self.num_filled_slots += sum(self.block_fill[b] for b in set(real) if self.pool.ref_counts[b] == 0)
         self.pool.touch(real)
+        self._num_mapped_blocks += len(real)
         seq = GroupedSeq(tables, hit.num_tokens, final_num_tokens, content, k)
         self.seqs[seq_id] = seq
         return seq
 
     def remove_skipped_blocks(self, seq: GroupedSeq) -> None:
         """Replace the blocks no layer of a group reads again by the null block, and free them
-        (each group's tail-first, as SlidingWindowManager.remove_skipped_blocks)."""
+        (each group's tail-first, as SlidingWindowManager.remove_skipped_blocks). A table's nulls are
+        always its leading entries (a hit's tables start with theirs, `_type_hit`), which `_plan` counts on."""
         refs = self.pool.ref_counts
         for g, table in enumerate(seq.tables):
             skip = self._skipped_blocks(self.groups[g], seq.num_tokens)
@@ -251,6 +256,7 @@ class GroupedPagedAllocator(PoolSlots):
                 dropped.append(table[i])
                 table[i] = NULL_BLOCK_ID
             self.num_filled_slots -= sum(self.block_fill[b] for b in dropped if refs[b] == 1)
+            self._num_mapped_blocks -= len(dropped)
             self.pool.free_blocks(dropped)
 
     def _write(self, seq: GroupedSeq, num_tokens_total: int) -> None:
@@ -262,6 +268,7 @@ class GroupedPagedAllocator(PoolSlots):
                 for block_id in fresh:
                     self.block_fill[block_id] = 0  # its last owner's fill was subtracted when freed
                 table.extend(fresh)
+                self._num_mapped_blocks += len(fresh)
             for index in range(seq.num_tokens // bs, new_len):
                 block_id = table[index]
                 if block_id == NULL_BLOCK_ID:
@@ -305,6 +312,7 @@ class GroupedPagedAllocator(PoolSlots):
         for table in seq.tables:
             real = [b for b in reversed(table) if b != NULL_BLOCK_ID]
             self.num_filled_slots -= sum(self.block_fill[b] for b in real if refs[b] == 1)
+            self._num_mapped_blocks -= len(real)
             self.pool.free_blocks(real)
 
     # Unreachable by construction (scheduler v1 only, bursts off); kept so that every allocator
@@ -347,9 +355,11 @@ class GroupedPagedAllocator(PoolSlots):
                 for index, block_id in enumerate(table):
                     if block_id == NULL_BLOCK_ID:
                         assert index < first, f"null block inside group {g}'s window"
+                        assert index == 0 or table[index - 1] == NULL_BLOCK_ID, f"group {g}: a null after a block"
                         continue
                     refs[block_id] += 1
                     assert self.block_fill[block_id] == min(bs, seq.num_tokens - index * bs)
         for block_id in range(1, self.pool.num_blocks):
             assert refs[block_id] == self.pool.ref_counts[block_id], f"block {block_id} ref_count mismatch"
         assert self.num_filled_slots == sum(self.block_fill[b] for b, r in enumerate(refs) if r)
+        assert self._num_mapped_blocks == sum(len(s.block_table) for s in self.seqs.values()), "mapped blocks"
