@@ -7,7 +7,9 @@ and possibly a partial last block) and with sequences outside it (prefix-cache h
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Protocol
 
 from kvsim.model.units import ceil_div
@@ -58,3 +60,12 @@ def repeated_blocks(tables: Sequence[list[int]]) -> list[int]:
                 repeats.append(block_id)
             seen.add(block_id)
     return repeats
+
+
+def table_references(tables: Sequence[list[int]], num_blocks: int) -> list[int]:
+    """How many references `tables` hold to each block id 0 .. num_blocks − 1 (ids a pool of that many handed
+    out): a checked run's recount of the ref counts, at every step (the distinct blocks set one by one)."""
+    refs = [0] * num_blocks
+    for block_id, count in Counter(chain.from_iterable(tables)).items():
+        refs[block_id] = count
+    return refs

@@ -35,13 +35,12 @@ Contract:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, repeat
+from itertools import compress
 
 from kvsim.kv.block_pool import BlockPool, PoolSlots
-from kvsim.kv.block_tables import distinct_blocks, growth_blocks, repeated_blocks
+from kvsim.kv.block_tables import distinct_blocks, growth_blocks, repeated_blocks, table_references
 from kvsim.kv.paged_burst import PagedBursts
 from kvsim.kv.prefix_cache import HashChainCache, PrefixCache
 from kvsim.kv.protocol import ALLOCATED, NO_HIT, Allocation, PrefixHit, SwapResult
@@ -478,8 +477,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
             fills = list(map(fill.__getitem__, table))
             assert fills == expected, \
                 f"block {next(b for b, f, e in zip(table, fills, expected, strict=True) if f != e)} fill mismatch"
-        counts = Counter(chain.from_iterable(seq.block_table for seq in self.seqs.values()))  # table references
-        refs = list(map(counts.get, range(self.pool.num_blocks), repeat(0)))
+        refs = table_references([seq.block_table for seq in self.seqs.values()], self.pool.num_blocks)
         first, ref_counts = int(self.pool.null_block), self.pool.ref_counts
         assert refs[first:] == ref_counts[first:], \
             f"block {next(b for b in range(first, len(refs)) if refs[b] != ref_counts[b])} ref_count mismatch"

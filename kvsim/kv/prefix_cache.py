@@ -48,7 +48,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress, islice
+from itertools import compress, islice, repeat
+from operator import is_not
 from typing import Protocol
 
 from kvsim.kv.protocol import PrefixHit
@@ -210,8 +211,8 @@ class HashChainCache:
         num_duplicates = sum(map(len, self.duplicates.values()))
         hashes = self.block_hashes
         assert len(hashes) - hashes.count(None) == len(self.cached) + num_duplicates
-        free_hashes = list(compress(hashes, map((0).__eq__, ref_counts)))  # the blocks with ref_count 0
-        free_cached = len(free_hashes) - free_hashes.count(None)
+        # the cached blocks (a hash) with ref_count 0
+        free_cached = list(compress(ref_counts, map(is_not, hashes, repeat(None)))).count(0)
         assert free_cached == len(self.evictable), "a free cached block is not evictable"
 
 
