@@ -7,8 +7,9 @@
   window before the step (vLLM's `remove_skipped_blocks` with the computed tokens, then `allocate_slots`),
   for full attention, gemma-3's and gpt-oss's hybrid layouts and mistral's all-sliding one;
 * a naive vLLM free queue (a freed request's blocks tail-first: those without content at the head, the
-  cached ones at the LRU tail; eviction from the head) gives every request the prefix hit the hash chain
-  gives it, with a pool small enough that most of what was cached is evicted;
+  cached ones at the LRU tail, a recomputed copy of cached content among them; eviction from the head) gives
+  every request the prefix hit the hash chain gives it, with a pool small enough that most of what was
+  cached is evicted. The model once sent the copy to the head (fixed: seed=3789, num_blocks=61);
 * under pressure the radix tree evicts whole least recently used leaves (SGLang) where the hash chain evicts
   single blocks from its free queue's head (vLLM), counted by hand;
 * v0 swaps the most recently admitted request out whole when a decode step runs out of blocks, and back in
