@@ -46,8 +46,11 @@ def test_sliding_window_blocks_are_freed_as_the_window_moves() -> None:
     assert alloc.num_held_slots == 8 * 4
     alloc.free(1)
     assert alloc.pool.num_free_blocks == 19
-    # Freed group by group, each tail-first: uncached blocks go to the head, so the last freed is next.
-    assert alloc.pool.get_new_blocks(8) == [4, 5, 6, 7, 8, 3, 1, 2]
+    # By hand, from vLLM: `KVCacheCoordinator.free` frees group by group, each manager's `free` passing
+    # `reversed(req_blocks)` (the null block skipped); caching off, `BlockPool.free_blocks` prepends them all,
+    # `prepend_n` keeping the list's order at the head. The sliding group's [2, 1, 3] goes first, to the head;
+    # then the full group's [8, 7, 6, 5, 4] goes in front of it: 8, 7, 6, 5, 4, 2, 1, 3 are handed out next.
+    assert alloc.pool.get_new_blocks(8) == [8, 7, 6, 5, 4, 2, 1, 3]
 
 
 def test_can_allocate_counts_the_blocks_the_window_frees() -> None:

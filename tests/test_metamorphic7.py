@@ -132,11 +132,13 @@ def naive_free_queue_hits(rows, num_blocks: int, bs: int) -> list[int]:
         for b in range(hit, len(keys)):
             holders.setdefault(keys[b], []).append(table[b])
         content = dict(zip(table[:len(keys)], keys, strict=True))  # the full blocks (the partial last one holds none)
+        fresh = []  # `free_blocks` on reversed(table): cached ones to the LRU tail (`append_n`), ...
         for block in reversed(table):
             if block in content:
                 lru[block] = content[block]
             else:
-                plain.append(block)
+                fresh.append(block)
+        plain.extend(reversed(fresh))  # ... the others to the head in that order (`prepend_n`; plain's end is the head)
     return hits
 
 

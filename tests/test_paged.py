@@ -95,11 +95,16 @@ def test_token_content_hits_on_real_ids():
 
 
 def test_caching_off_means_no_hits():
+    """No hits, and the freed blocks go back to the head in vLLM's order, derived by hand: 40 tokens take 3
+    blocks from the queue's head [1, 2, ..., 10] (block 0 is the null block), table [1, 2, 3]; `free` passes
+    them tail-first, [3, 2, 1] (`SingleTypeKVCacheManager.free`: `reversed(req_blocks)`); none has a hash, so
+    `BlockPool.free_blocks` gives all three to `FreeKVCacheBlockQueue.prepend_n`, which keeps the list's
+    order at the head: [3, 2, 1, 4, ..., 10]."""
     a = world(enable_caching=False)
     a.allocate(1, 40, content=seg(("a", 40)))
     assert a.lookup_prefix(seg(("a", 40)), 40) is NO_HIT
     a.free(1)
-    assert list(a.pool.free_queue)[:3] == [1, 2, 3]  # nothing hashed: all at the head
+    assert list(a.pool.free_queue) == [3, 2, 1, 4, 5, 6, 7, 8, 9, 10]
 
 
 def test_copy_on_write_on_first_write_to_a_forked_block_only():

@@ -11,8 +11,18 @@ prefix cache's (`kvsim.kv.prefix_cache`: the hash chain by default).
 
 * A block is *in use* when `ref_count > 0`, otherwise it is in the free queue.
 * A freed block holding cached content goes to the cache's evictable tail (LRU: its content
-  may be hit again); one without goes to the head (nothing to keep): vLLM's `free_blocks` since its
-  `prepend_n` split (PR #43447, after 0.21; before it every freed block went to the tail).
+  may be hit again); one without goes to the head (nothing to keep), the first of one free's
+  list at the head: vLLM v1's `BlockPool.free_blocks` (vllm/v1/core/block_pool.py, at c59cb79)
+  puts a free's blocks without hash at the head by `FreeKVCacheBlockQueue.prepend_n`, which keeps
+  their order (its first block becomes the head; vllm/v1/core/kv_cache_utils.py), and the others
+  at the tail by `append_n`. Callers free a table tail-first (`SingleTypeKVCacheManager.free`
+  passes `reversed(req_blocks)`), so a table's last plain block is reused first. The split is
+  vLLM PR #42656 (May 2026; SWA's skipped blocks were prepended since #43447); with caching off
+  every freed block is prepended (#51482, undoing #48017's appends). vLLM v0 gives the same
+  order: `BlockTable.free` frees front to back and `NaiveBlockAllocator._free_block_id` does
+  `appendleft` (vllm/core/block/naive_block.py), so the table's last block ends at the head; its
+  prefix-caching allocator hands out those hashless blocks before any evictable cached one. The
+  CPU swap pool (no cache: every block is plain) follows the same rule.
 * Eviction is lazy: a cached block stays findable while free, and its content is dropped
   only when `get_new_blocks` takes it for reuse (`PrefixCache.evict`).
 * A prefix hit on a free cached block (`touch`) pulls it out of the queue in O(1).
@@ -21,7 +31,7 @@ prefix cache's (`kvsim.kv.prefix_cache`: the hash chain by default).
 Blocks enter the queue only at the head (no content) or at the cache's tail, and a block's
 content changes only while it is in use, so the queue is always its plain blocks followed by
 the evictable ones. The head part is a stack (a list whose end is the head, so freeing a
-sequence's blocks is one `extend`).
+sequence's blocks is one `extend`, of the list reversed).
 """
 
 from __future__ import annotations
@@ -102,7 +112,8 @@ class BlockPool:
         tail-first); returns the blocks whose count reached zero, in that order.
 
         Those join the free queue: the cache keeps those holding content (`PrefixCache.unlock`,
-        at its tail), the others go to the head.
+        at its tail), the others go to the head in the given order, the first of them the new head
+        (vLLM's `prepend_n`).
         """
         ref_counts, shared = self.ref_counts, False
         for block_id in ordered_block_ids:
@@ -112,7 +123,7 @@ class BlockPool:
                 assert count > 0, f"block {block_id} freed too often"
                 shared = True
         freed = [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
-        self._unhashed.extend(self.cache.unlock(freed))
+        self._unhashed.extend(reversed(self.cache.unlock(freed)))  # the stack's end is the head
         return freed
 
     def check_invariants(self) -> None:
