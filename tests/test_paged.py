@@ -320,3 +320,19 @@ def test_a_branch_at_either_end():
     assert segments.branch(12, "x").segments == segments.segments
     ids = TokenContent([1, 2, 3])
     assert ids.branch(0, "x").token_ids == ("x", "x", "x") and ids.branch(3, "x").token_ids == (1, 2, 3)
+
+
+def test_free_puts_plain_blocks_at_the_head_last_block_first_and_cached_ones_at_the_tail():
+    """vLLM's free order, derived by hand. 40 tokens of content take blocks [1, 2, 3] from the head of
+    [1, ..., 10]: 1 and 2 are full and cached, 3 holds 8 tokens (no hash); holding 80 slots adds [4, 5]
+    (no content). `free` passes the table tail-first, [5, 4, 3, 2, 1] (`reversed(req_blocks)`);
+    `BlockPool.free_blocks` gives the unhashed ones, [5, 4, 3] in that order, to `prepend_n` (the list's
+    first block becomes the head) and the hashed ones, [2, 1], to `append_n` (the LRU tail): the queue is
+    [5, 4, 3, 6, 7, 8, 9, 10, 2, 1]."""
+    a = world()
+    assert a.allocate(1, 40, content=seg(("a", 40)))
+    assert a.hold(1, 80)
+    assert a.seqs[1].block_table == [1, 2, 3, 4, 5]
+    a.free(1)
+    assert list(a.pool.free_queue) == [5, 4, 3, 6, 7, 8, 9, 10, 2, 1]
+    a.check_invariants()
