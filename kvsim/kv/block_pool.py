@@ -17,8 +17,9 @@ prefix cache's (`kvsim.kv.prefix_cache`: the hash chain by default).
   their order (its first block becomes the head; vllm/v1/core/kv_cache_utils.py), and the others
   at the tail by `append_n`. Callers free a table tail-first (`SingleTypeKVCacheManager.free`
   passes `reversed(req_blocks)`), so a table's last plain block is reused first. The split is
-  vLLM PR #42656 (May 2026; SWA's skipped blocks were prepended since #43447); with caching off
-  every freed block is prepended (#51482, undoing #48017's appends). vLLM v0 gives the same
+  vLLM PR #42656 (merged May 2026; before it every freed block went to the tail, bar the sliding
+  window's skipped blocks, prepended since #43447); with caching off every freed block is
+  prepended (#51482, undoing #48017's appends). vLLM v0 gives the same
   order: `BlockTable.free` frees front to back and `NaiveBlockAllocator._free_block_id` does
   `appendleft` (vllm/core/block/naive_block.py), so the table's last block ends at the head; its
   prefix-caching allocator hands out those hashless blocks before any evictable cached one. The
