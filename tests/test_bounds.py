@@ -201,3 +201,25 @@ def test_held_token_steps_per_group_kind_by_hand(group, prompt, samples, output,
     steps = held_token_steps((KVGroup(kind, 1, window),), np.array([prompt * 1.0]), np.array([samples * 1.0]),
                              np.array([output * 1.0]))
     assert steps.tolist() == [held]
+
+
+@pytest.mark.parametrize(("prompt", "cached", "output", "held"), [
+    # chunk 10, a 21-token prompt of which 8 cached: contexts 22..24, chunk [20, ..): 2 + 3 + 4 own tokens
+    # ((13 + k) mod 10 read 4 + 5 + 6, more than the request holds: no floor)
+    (13, 8, 4, 2 + 3 + 4),
+    # chunk 20, 17 tokens of which 8 cached: contexts 18, 19 lie in chunk [0, 20), holding 10, 11 tokens after the
+    # cached 8; contexts 20..22 in chunk [20, ..) hold 0, 1, 2
+    (9, 8, 6, 10 + 11 + 0 + 1 + 2),
+    (9, 0, 6, 10 + 11 + 12 + 13 + 14),  # nothing cached: contexts 10..14, all in chunk [0, 20)
+])
+def test_a_chunked_local_floor_counts_the_current_chunk_of_the_whole_context(prompt, cached, output, held):
+    """`prompts` is a request's own tokens, the prompt less its cached prefix: a chunked-local group holds the
+    current chunk of the whole context, of which the cached prefix's part is left out (it may be shared)."""
+    import numpy as np
+
+    from kvsim.model.kv_layout import KVGroup
+    from kvsim.planning.bounds import held_token_steps
+    chunk = 20 if prompt == 9 else 10
+    steps = held_token_steps((KVGroup("chunked_local", 1, chunk),), np.array([prompt * 1.0]), np.array([1.0]),
+                             np.array([output * 1.0]), np.array([cached * 1.0]))
+    assert steps.tolist() == [held]

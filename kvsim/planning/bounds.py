@@ -36,10 +36,11 @@ cache group a block table of its own, all drawing from those slots (vllm/v1/core
 KVCacheCoordinator.__init__: one BlockPool of kv_cache_config.num_blocks for every group's manager), so a
 request holds slots in each group: a full-attention group its context c, a sliding-window one of window w
 at least min(c, w − 1) (SlidingWindowManager frees what slid out, `KVGroup.num_skipped_tokens`), a
-chunked-local one of chunk C at least one sample's c mod C (the tokens of its current chunk). While every
-context is inside the window and the chunk, that is the group count times the one-group floor (the pool's
-slots divided among the groups, as vLLM's "GPU KV cache size", num_blocks // groups · block_size, counts
-them); past them, the sliding groups add at most w − 1 each (`held_token_steps`).
+chunked-local one of chunk C at least one sample's c mod C (the tokens of its current chunk, less a cached
+prefix in it). While every context is inside the window and the chunk, that is the group count times the
+one-group floor (the pool's slots divided among the groups, as vLLM's "GPU KV cache size",
+num_blocks // groups · block_size, counts them); past them, the sliding groups add at most w − 1 each
+(`held_token_steps`).
 
 Requests the engine refuses (prompt + output over max_model_len) are left out, as they are never served:
 λ is the rate of the servable ones (the offered rate times their share of the scenario's requests).
@@ -132,21 +133,24 @@ def replica_floor(scenario: Scenario, rate_per_s: float) -> ReplicaFloor:
     computed_prompts = prompts + (samples - 1) * child_prompts
     work_s = float(np.mean(computed_prompts * per_prompt_token_s + samples * outputs * per_output_token_s))
     held_token_s = latency.step_time(single) * float(np.mean(held_token_steps(spec.kv_layout.groups, prompts,
-                                                                               samples, outputs)))
+                                                                               samples, outputs, cached)))
     pool_tokens = spec.num_kv_slots  # v1's paged pool keeps its null block back; v0's and slab pools do not
     return ReplicaFloor(rate_per_s, rate_per_s * work_s, rate_per_s * held_token_s / pool_tokens, len(requests),
                         per_prompt_token_s, per_output_token_s)
 
 
 def held_token_steps(groups: tuple[KVGroup, ...], prompts: np.ndarray, samples: np.ndarray,
-                     outputs: np.ndarray) -> np.ndarray:
-    """Per request, the fewest KV slots it holds summed over its O − 1 decode steps and over the KV cache
-    `groups`: at its k-th step it holds c_k = P + n · k tokens of context (`prompts` P its own uncached ones,
-    n `samples`, O `outputs`), of which a full-attention (or MLA) group holds all, a sliding-window group of
-    window w at least min(c_k, w − 1) (n samples' windows hold at least that together) and a chunked-local
-    group of chunk C at least one sample's current chunk, (P + k) mod C: Σ_k c_k = (O − 1) · (P + n · O/2),
-    Σ_k min(c_k, W) = m · P + n · m(m + 1)/2 + (O − 1 − m) · W, m = the steps with c_k ≤ W, and
-    Σ_k (P + k) mod C = Σ_k (P + k) − C · Σ_k ⌊(P + k) / C⌋."""
+                     outputs: np.ndarray, cached: np.ndarray | float = 0.0) -> np.ndarray:
+    """Per request, the fewest KV slots it holds on its own summed over its O − 1 decode steps and over the KV
+    cache `groups`: at its k-th step it holds c_k = P + n · k tokens of context (`prompts` P its own, the prompt
+    less the `cached` prefix H that other requests may share; n `samples`, O `outputs`), of which a full-attention
+    (or MLA) group holds all, a sliding-window group of window w at least min(c_k, w − 1) (n samples' windows hold
+    at least that together) and a chunked-local group of chunk C at least one sample's current chunk less the
+    cached prefix, min((H + P + k) mod C, P + k): Σ_k c_k = (O − 1) · (P + n · O/2),
+    Σ_k min(c_k, W) = m · P + n · m(m + 1)/2 + (O − 1 − m) · W, m = the steps with c_k ≤ W; for the chunk, P + k
+    while H + P + k is below B = C · ⌈H / C⌉ (the current chunk still starts inside the cached prefix), then
+    Σ_k (H + P + k) mod C = Σ_k (H + P + k) − C · Σ_k ⌊(H + P + k) / C⌋. (The chunk is the whole context's:
+    (P + k) mod C is no bound on it.)"""
     steps = np.maximum(outputs - 1, 0)
     held = np.zeros(len(prompts))
     for group in groups:
@@ -159,9 +163,11 @@ def held_token_steps(groups: tuple[KVGroup, ...], prompts: np.ndarray, samples: 
             held += m * prompts + samples * m * (m + 1) / 2 + (steps - m) * most
         elif group.kind == "chunked_local":
             assert group.window_tokens is not None
-            chunk = group.window_tokens
-            first, last = prompts + 1, prompts + steps  # one sample's contexts, the fewest any holds
-            held += steps * (first + last) / 2 - chunk * (_floor_sum(last, chunk) - _floor_sum(first - 1, chunk))
+            chunk, whole = group.window_tokens, prompts + cached
+            m = np.clip(chunk * np.ceil(cached / chunk) - whole - 1, 0, steps)  # steps whose chunk starts in H
+            first, last = whole + m + 1, whole + steps  # one sample's contexts after those, the fewest any holds
+            held += (m * prompts + m * (m + 1) / 2 + (steps - m) * (first + last) / 2
+                     - chunk * (_floor_sum(last, chunk) - _floor_sum(first - 1, chunk)))
     return held
 
 
