@@ -163,3 +163,27 @@ def test_beams_are_refused_before_the_run_naming_the_field_and_the_flag_and_samp
     result = kvsim.simulate(raw("n"), check=True)
     assert result.summary["num_finished"] == 3 and list(result.requests["num_samples"]) == [2, 2, 2]
     assert result.summary["num_prefix_cache_hit_tokens"] > 0
+
+
+def test_mapped_slots_follow_hits_skips_and_frees_by_hand() -> None:
+    """`num_mapped_slots` (a count kept as blocks enter and leave the tables) against the tables, by hand:
+    Σ over sequences and groups of the non-null entries, times block_size 4."""
+    prompt = list(range(50, 66))  # 16 tokens: 4 blocks per group
+    alloc = tiny(enable_caching=True)
+    assert alloc.allocate(1, 16, content=TokenContent(prompt))
+    assert alloc.num_mapped_slots == (4 + 4) * 4
+    # A 17-token request hits the 4 cached blocks: the sliding group keeps the 2 its window needs, behind 2 nulls
+    # (test_prefix_hit_needs_only_the_sliding_blocks_inside_the_window), and each group takes a fifth block.
+    assert alloc.allocate(2, 17, content=TokenContent(prompt + [1]),
+                          hit=alloc.lookup_prefix(TokenContent(prompt + [1]), 17))
+    assert [t[:2] for t in alloc.seqs[2].tables] == [[0, 0], [5, 6]]
+    assert alloc.num_mapped_slots == (8 + (2 + 1) + (4 + 1)) * 4
+    # Sequence 1 grows to 17: 16 − 8 + 1 = 9 skipped tokens drop its sliding blocks 0 and 1, and each group takes one.
+    assert grow(alloc, 1, 17)[0][:2] == [0, 0]
+    assert alloc.num_mapped_slots == ((3 + 5) + (3 + 5)) * 4
+    alloc.free(2)  # as a preemption does
+    assert alloc.num_mapped_slots == (3 + 5) * 4
+    alloc.check_invariants()
+    alloc.free(1)
+    assert alloc.num_mapped_slots == 0
+    alloc.check_invariants()
