@@ -29,7 +29,8 @@ Contract (every implementation):
   holds content for: `unlock(blocks)` when blocks lose their last reference (they become
   evictable at the LRU tail, in the order given; the pool frees a request's blocks tail-first,
   so its prefix's first blocks are evicted last, as vLLM's free queue) and returns the
-  blocks it holds no content for (the pool's plain free list gets those); `lock(block)` when a
+  blocks it holds no content for, in the order given (the pool's plain free list gets those, the
+  first the new head: vLLM's `prepend_n`); `lock(block)` when a
   free block gains a reference (a hit), True if it was one of its evictable blocks.
 * The cached content is prefix-closed: a chain's block k + 1 is cached only while its block k is (every
   holder of block k + 1 holds a block of hash k, and frees it after; a hash leaves only with its last
