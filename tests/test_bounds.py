@@ -223,3 +223,19 @@ def test_a_chunked_local_floor_counts_the_current_chunk_of_the_whole_context(pro
     steps = held_token_steps((KVGroup("chunked_local", 1, chunk),), np.array([prompt * 1.0]), np.array([1.0]),
                              np.array([output * 1.0]), np.array([cached * 1.0]))
     assert steps.tolist() == [held]
+
+
+def test_a_cached_prefix_in_an_earlier_chunk_leaves_the_chunked_groups_the_current_chunk():
+    """Llama 4 Scout (TP 4): 3 chunked-local groups (chunk 8,192) and 1 full one over (5,001 − 1) · 16 = 80,000
+    slots; 50 requests of a shared 1,024-token prefix and 7,232 tokens of their own (8,256 in all), 20 outputs,
+    prefix caching on: the first holds its 8,256 tokens, the 49 others 7,232 of their own (the cache serves the
+    prefix's 64 blocks). Each decode step k = 1..19 is at context 8,256 + k, inside chunk [8,192, 16,384): every
+    chunked group holds 64 + k of it (the cached prefix lies in chunk 0, already dropped), 19 · 74 = 1,406 per
+    group. The full group holds 19 · (own + 10). The floor read (7,232 + k) mod 8,192 for the 49: 19 · 7,242 in
+    each chunked group, 3.8x the whole floor."""
+    raw = world(blocks=5001, prompt=7232, max_model_len=16384).model_dump(mode="json")
+    raw["model"] = "llama-4-scout"
+    raw["engine"].update(tensor_parallel_size=4, enable_prefix_caching=True)
+    raw["workload"]["shared_prefix"] = {"tokens": 1024, "fraction": 1.0}
+    held = 19 * (8266 + 49 * 7242) / 50 + 3 * 19 * 74
+    assert replica_floor(make_scenario(raw), 100.0).kv_replicas == pytest.approx(100 * 0.01 * held / 80000)
