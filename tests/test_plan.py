@@ -219,3 +219,16 @@ def test_rate_search_reports_the_rate_its_probe_offered_one_replica(tmp_path):
     expected = fraction * own_rate(row["requests_per_probe"])
     assert row["rate_per_replica"] == pytest.approx(expected, rel=1e-9)
     assert abs(row["rate_per_replica"] / (fraction * own_rate(100)) - 1) > 0.05
+
+
+def test_probes_too_short_at_max_probe_requests_say_the_run_was_not_judged(tmp_path):
+    """20 requests a probe is under the window's 50-request minimum (`kvsim.planning.window`) at any replica count,
+    and max_probe_requests=20 forbids the doubling: no count is judged (1, 2, 4 replicas are tried, max_replicas=4),
+    and the row says so, not that the GPU cannot serve the traffic."""
+    base = toy().model_dump(mode="json")
+    base["workload"]["num_requests"] = 20
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 4, "max_probe_requests": 20})
+    rows, simulated = plan(make_scenario(base), spec, tmp_path)
+    assert simulated == 3 and not rows[0]["feasible"]
+    assert rows[0]["limiting_factor"] == ("could not be judged: its 20-request probes were too short up to 4 replicas; "
+                                          "raise max_probe_requests (now 20)")
