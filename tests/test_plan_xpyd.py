@@ -68,7 +68,7 @@ def test_rank_orders_by_cost_then_gpus_then_cost_per_token():
     assert [r["rank"] for r in ranked] == [1, 2, 3, 4, 5]
 
 
-def test_rank_takes_costs_within_a_hundredth_of_a_cent_as_ties_then_fewer_gpus_then_the_name():
+def test_rank_takes_costs_equal_to_four_significant_digits_as_ties_then_fewer_gpus_then_the_name():
     """3 GPUs at $2.30 and 2 at $3.45 both cost $6.90 an hour (in floats 6.8999999999999995 and 6.9: the three
     ranked first); equal cost and GPUs with $/Mtok equal but for its last bits (0.27780000000000005 against
     0.2778) fall to headroom, then to the name (the noise decided: "b" first)."""
@@ -86,6 +86,20 @@ def test_rank_takes_costs_within_a_hundredth_of_a_cent_as_ties_then_fewer_gpus_t
     assert [r["candidate"] for r in ranked] == ["b", "a"]  # more headroom before the name
     ranked = rank([row("a", 4.0, 2, 0.2779), row("b", 4.0, 2, 0.2778)])
     assert [r["candidate"] for r in ranked] == ["b", "a"]  # $0.0001 a million tokens apart: an order
+
+
+def test_rank_orders_tiny_costs_by_their_relative_difference():
+    """At a tiny hourly price ($0.0001 a GPU-hour, one GPU each) $/Mtok of 0.00006 and 0.00014 are under $0.0001
+    apart, yet one is more than twice the other: the cheaper per token ranks first, though headroom and name
+    both favour the dearer "a". Costs equal to 4 significant digits (0.00012341 and 0.00012344, both 0.0001234)
+    still tie and fall to headroom."""
+    def row(name, per_token, room):
+        return {"candidate": name, "feasible": True, "cost_per_hour": 0.0001, "num_gpus": 1,
+                "usd_per_million_output_tokens": per_token, "headroom": room}
+    ranked = rank([row("a", 0.00014, 0.5), row("b", 0.00006, 0.1)])
+    assert [r["candidate"] for r in ranked] == ["b", "a"]
+    ranked = rank([row("a", 0.00012344, 0.5), row("b", 0.00012341, 0.1)])
+    assert [r["candidate"] for r in ranked] == ["a", "b"]  # a tie on cost: more headroom first
 
 
 def test_plan_command_counts_tp_in_a_split_and_prints_the_choice(tmp_path):

@@ -50,7 +50,13 @@ from kvsim.model.errors import KvsimError, empty_item, shown
 from kvsim.model.units import counted, read_number
 from kvsim.model.yaml_io import flag_mapping, load_yaml
 from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica_floor
-from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, gpu_price, window_output_tokens_per_s
+from kvsim.planning.cost import (
+    GpuPrice,
+    cost_per_million_output_tokens,
+    gpu_price,
+    usd_rounded,
+    window_output_tokens_per_s,
+)
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traffic
 from kvsim.planning.point import POINT_FORMAT, point_metrics
@@ -291,19 +297,17 @@ class ReplicaSearch:
                 **answer_columns(answer["evidence"], metrics["evidence"], slo), **self.verify.columns()}
 
 
-RANK_USD_DECIMALS = 4
-"""`rank` compares costs (per hour, per million output tokens) rounded to $0.0001: closer is a tie, not an order.
-Unrounded, 3 GPUs at $2.30 (6.8999999999999995) ranked before 2 at $3.45 (6.9) at the same $6.90 an hour, and
-two fleets of one price were ordered by their $/Mtok's last bits."""
-
-
 def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Feasible first, then by cost per hour (priced rows first; `RANK_USD_DECIMALS`), then fewer GPUs, then
-    cost per million output tokens (rounded alike), then more headroom, then candidate name, so that equal rows
-    come in one order whatever order the candidates ran in; every row with every column (None where a row has
-    no value), in the order they first appear."""
+    """Feasible first, then by cost per hour (priced rows first), then fewer GPUs, then cost per million output
+    tokens, then more headroom, then candidate name, so that equal rows come in one order whatever order the
+    candidates ran in; every row with every column (None where a row has no value), in the order they first appear.
+
+    Costs are compared as `usd_rounded` prints them, to 4 significant digits: a relative tolerance (about 0.01 %),
+    so the float noise of one price summed two ways (3 GPUs at $2.30, 6.8999999999999995, and 2 at $3.45, 6.9)
+    is a tie, and a difference in the digits the table shows is an order, at $100 an hour or $0.001 alike. (An
+    absolute $0.0001 tied any two costs under it, however far apart: $0.00004 and $0.00009 per Mtok.)"""
     def usd(value: float | None) -> float:
-        return round(value, RANK_USD_DECIMALS) if value is not None else math.inf
+        return math.inf if (rounded := usd_rounded(value)) is None else rounded
 
     def key(row: dict[str, Any]) -> tuple:
         cost, room = row["cost_per_hour"], row["headroom"]
