@@ -68,3 +68,16 @@ def test_worker_processes_leave_a_ctrl_c_to_the_parent():
     finally:
         close_client(client)
     assert signal.getsignal(signal.SIGINT) is before  # the parent's own handler is back
+
+
+def test_run_evidence_gives_one_per_scenario_and_never_drops_a_run(monkeypatch):
+    """A rate search zips its probes with their evidence (`kvsim.planning.steady_state.search_rates`): each of the
+    two runs of 40 requests has its window evidence, counting those 40, and a run without evidence (which
+    `_run_one` never returns when asked for it) is raised, not left out."""
+    import kvsim.planning.sweep as sweep
+
+    evidence = sweep.run_evidence(scenarios(), workers=1)
+    assert [ev["num_requests"] for ev in evidence] == [40, 40]
+    monkeypatch.setattr(sweep, "_run_one", lambda job: sweep.SweepResult({}, None, None))
+    with pytest.raises(RuntimeError, match="without its evidence"):
+        sweep.run_evidence(scenarios(), workers=1)

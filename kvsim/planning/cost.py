@@ -151,8 +151,10 @@ def add_sustained_costs(plan: dict, price: GpuPrice, num_gpus: int, scenario_for
     run length does not wash out because each run repeats the shorter one's requests first. With 400
     requests a probe asked for 28.8 req/s offered 25.9 over its window and served 25.0, the exact
     capacity of that engine (`tests/test_cli_capacity.py`)."""
+    from functools import partial
+
     from kvsim.planning.steady_state import search_rates
-    from kvsim.planning.sweep import run_many
+    from kvsim.planning.sweep import run_evidence
     from kvsim.workload.scenario import make_scenario
 
     rows = [r for r in plan["rows"] if r.get("paged_max_seqs", 0) > 0 and r["context_len"] >= 2]  # prompt + output
@@ -163,10 +165,8 @@ def add_sustained_costs(plan: dict, price: GpuPrice, num_gpus: int, scenario_for
         raw["workload"].update(arrival={"process": "poisson", "rate": rate}, num_requests=n)
         return make_scenario(raw, bases[i].base_dir)
 
-    def run(scenarios: list[Any]) -> list[dict]:
-        return [r.evidence for r in run_many(scenarios, workers=1, evidence=True) if r.evidence is not None]
-
-    searches = search_rates(make, len(rows), {}, run, num_requests=num_requests, max_requests=max_requests)
+    searches = search_rates(make, len(rows), {}, partial(run_evidence, workers=1), num_requests=num_requests,
+                            max_requests=max_requests)
     found = {r["context_len"]: s for r, s in zip(rows, searches, strict=True)}
     out = []
     for row in plan["rows"]:

@@ -102,6 +102,19 @@ def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: i
     return results
 
 
+def run_evidence(scenarios: Sequence[Scenario], workers: int | None = None,
+                 dask_address: str | None = None) -> list[dict[str, Any]]:
+    """Each scenario's steady-state window evidence, one per scenario in their order (`run_many` with
+    `evidence`), so a caller may zip them with its scenarios: a run without evidence is a bug, raised, never
+    dropped (a rate search would then pair probes with other probes' evidence, or fail its length check)."""
+    evidence = []
+    for result in run_many(scenarios, workers=workers, dask_address=dask_address, evidence=True):
+        if result.evidence is None:  # `_run_one` computes it whenever asked
+            raise RuntimeError("run_many(evidence=True) returned a run without its evidence")
+        evidence.append(result.evidence)
+    return evidence
+
+
 def _run_all(jobs: list[tuple[Scenario, bool, bool]], workers: int | None, dask_address: str | None,
              done: Callable[[], None]) -> list[SweepResult]:
     if dask_address:

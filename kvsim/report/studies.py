@@ -33,7 +33,7 @@ from kvsim.model.capacity import (
 from kvsim.model.errors import KvsimError
 from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_hour, engine_gpus, gpu_price, usd_rounded
 from kvsim.planning.steady_state import failing_evidence, search_rates
-from kvsim.planning.sweep import SweepResult, run_many
+from kvsim.planning.sweep import SweepResult, run_evidence, run_many
 from kvsim.planning.window import probe_passes, why_failed
 from kvsim.report.alerts import alert_firings
 from kvsim.report.applicable import refusal, refused_settings, skipped
@@ -199,8 +199,7 @@ class Study:
 
     def evidence(self, scenarios: list[Any]) -> list[dict[str, Any]]:
         """Each run's steady-state window evidence (`kvsim.planning.steady_state.window_evidence`)."""
-        runs = run_many(scenarios, workers=self.cfg.workers, dask_address=self.cfg.dask_address, evidence=True)
-        return [r.evidence for r in runs if r.evidence is not None]
+        return run_evidence(scenarios, workers=self.cfg.workers, dask_address=self.cfg.dask_address)
 
 
 def context_concurrency(st: Study) -> Section:
