@@ -167,3 +167,23 @@ def test_a_plan_point_that_stalls_is_a_failed_point_not_the_plan_s_end(tmp_path)
     assert early_overloaded(evidence) and why_failed(evidence, {}) == "is stalled"
     assert shortage(evidence, metrics["num_preemptions"]).startswith("KV memory (stalled")
     assert json.loads(json.dumps(metrics)) == metrics  # JSON-safe, as points.jsonl stores it
+
+
+def test_a_sweep_probe_that_stalls_is_a_failed_probe_and_the_rest_are_kept(tmp_path):
+    """The rate searches over `run_evidence` (`capacity --sustained`, the report's) read a stalled run as `kvsim
+    plan` does: the priority fleet above stalls (by hand, above), so its evidence is verdict stalled with its line
+    and no probe passes on it; the same rows under FCFS all finish, 3 requests, under the 50 a window needs: too
+    short. Asked for summaries alone, a sweep still stops with the line, as `kvsim run` does."""
+    from kvsim.model.errors import HeldKvStall
+    from kvsim.planning.sweep import run_evidence, run_many
+    from kvsim.planning.window import probe_passes
+
+    rows, decode = [(0, 0, 60), (120, 1, 5), (130, 1, 5)], {"num_gpu_blocks_override": 15, "max_model_len": 200}
+    stalling = traced_fleet(tmp_path, rows, {**decode, "scheduling_policy": "priority"})
+    fcfs = traced_fleet(tmp_path, rows, {**decode, "scheduling_policy": "fcfs"})
+    stalled, finished = run_evidence([stalling, fcfs], workers=1)
+    assert (stalled["verdict"], finished["verdict"]) == ("stalled", "too short")
+    assert stalled["num_requests"] == finished["num_requests"] == 3 and not probe_passes(stalled, {})
+    assert "request 0 (priority 0) heads the queue" in stalled["stall"]
+    with pytest.raises(HeldKvStall):
+        run_many([stalling], workers=1)

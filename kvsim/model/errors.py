@@ -48,7 +48,8 @@ class HeldKvStall(KvsimError):
     """vLLM's held-KV deadlock (`Scheduler.held_kv_stall` says why in the message): the run can never end, as
     vLLM's scheduler waits forever there. `kvsim run` stops with the line; a `kvsim plan` point reads it as a
     run that failed (`kvsim.planning.point.point_metrics`, verdict *stalled*): a deployment that stalls holds
-    no SLO, and the search goes on to other rates and counts."""
+    no SLO, and the search goes on to other rates and counts; so does a rate search's probe on the sweep
+    machinery (`kvsim.planning.sweep.run_evidence`). A sweep read for summaries alone stops with the line."""
 
 
 @contextmanager

@@ -7,7 +7,9 @@ SLO needs, the load past which the tier pays, and where it hurts.
 1. *Points*: the base scenario (a trace replay or a synthetic workload) at each load (× its arrival rate: a
    trace's timestamps compressed by `rate_scale`, a process's rate multiplied) and each CPU tier size, each
    an ordinary `kvsim run` with `engine.kv_offload.cpu_bytes` set (0: no tier), on the sweep machinery
-   (`kvsim.planning.sweep.run_many`: local processes or Dask).
+   (`kvsim.planning.sweep.run_many`: local processes or Dask). A point that stalls (`HeldKvStall`: priority
+   scheduling, requests holding KV loaded from the tier) stops the sizing with its line: it has no summary to
+   tabulate, and a grid with a hole would size from the other points as if it had none.
 2. *Size*: at load 1, the smallest size whose prefix hit rate over all tiers reaches the target, and the
    smallest whose TTFT percentile meets the SLO (None when no size in the grid does).
 3. *Pays*: at each load, TTFT p90 with the largest tier against no tier, beside the mean concurrency

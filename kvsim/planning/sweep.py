@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class SweepResult:
     """A run's summary, its per-step table when asked for (`keep_steps`), and its steady-state evidence
-    (`kvsim.planning.steady_state.window_evidence`, computed where the run ran) when asked for."""
+    (`kvsim.planning.steady_state.window_evidence`, computed where the run ran) when asked for (a run that
+    stalled: verdict *stalled*, and an empty summary; `_run_one`)."""
 
     summary: dict[str, Any]
     steps: pd.DataFrame | None
@@ -61,14 +62,24 @@ def sigint_ignored() -> Iterator[None]:
 
 
 def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
-    """One run of any kind (`kvsim.fleet.run.simulate_scenario`; a fleet's summary is its fleet summary)."""
+    """One run of any kind (`kvsim.fleet.run.simulate_scenario`; a fleet's summary is its fleet summary). A run
+    that stalls for good (`HeldKvStall`) is, when its evidence is asked for, a failed probe as a `kvsim plan` point
+    reads it (`kvsim.planning.point`): the evidence *stalled* and an empty summary (the run never ended); asked
+    for summaries alone, the stall stops the sweep with its line, as `kvsim run` does."""
     from kvsim.fleet.run import simulate_scenario
-    from kvsim.planning.window import window_evidence
+    from kvsim.model.errors import HeldKvStall
+    from kvsim.planning.window import stalled_evidence, window_evidence
     from kvsim.workload.generate import short_trace_kept
 
     scenario, keep_steps, evidence = args
     with short_trace_kept() as kept:  # `run_many` says it once, in its own process
-        result = simulate_scenario(scenario)
+        try:
+            result = simulate_scenario(scenario)
+        except HeldKvStall as stall:
+            if not evidence:
+                raise
+            return SweepResult({}, None, stalled_evidence(scenario.workload.num_requests, str(stall)),
+                               kept[0] if kept else None)
     return SweepResult(result.summary, result.steps if keep_steps else None,
                        window_evidence(result.requests, transfers=result.tables.get("transfers")) if evidence else None,
                        kept[0] if kept else None)
