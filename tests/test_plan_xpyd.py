@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.planning.plan import make_plan_spec, plan, rank
+from kvsim.workload.scenario import make_scenario
 
 runner = CliRunner()
 
@@ -100,6 +101,21 @@ def test_rank_orders_tiny_costs_by_their_relative_difference():
     assert [r["candidate"] for r in ranked] == ["b", "a"]
     ranked = rank([row("a", 0.00012344, 0.5), row("b", 0.00012341, 0.1)])
     assert [r["candidate"] for r in ranked] == ["a", "b"]  # a tie on cost: more headroom first
+
+
+def test_a_split_whose_probes_stay_too_short_says_it_was_not_judged(tmp_path):
+    """1P3D's decode pool serves up to 18.75 req/s > 14 offered, so nothing outgrows; 20 requests a probe are under
+    the window's 50 and max_probe_requests=20 forbids the doubling: neither the split nor the colocated fleet
+    (1, 2, 4 replicas) is judged, and both rows say so."""
+    raw = toy().model_dump(mode="json")
+    raw["workload"]["num_requests"] = 20
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 4, "max_probe_requests": 20,
+                           "xpyd": ["1P3D"]})
+    rows, _ = plan(make_scenario(raw), spec, tmp_path)
+    why = {row["topology"]: row["limiting_factor"] for row in rows}
+    advice = "; raise max_probe_requests (now 20)"
+    assert why == {"1P3D": "could not be judged: its 20-request probes were too short at 1P3D" + advice,
+                   "colocated": "could not be judged: its 20-request probes were too short up to 4 replicas" + advice}
 
 
 def test_plan_command_counts_tp_in_a_split_and_prints_the_choice(tmp_path):

@@ -72,7 +72,7 @@ from kvsim.planning.spec import (
     with_split,
 )
 from kvsim.planning.verify import Verification, answer_columns, evidence_columns, traffic_of
-from kvsim.planning.window import TOO_SHORT, early_overloaded, headroom, probe_passes, shortage, why_failed
+from kvsim.planning.window import TOO_SHORT, early_overloaded, headroom, probe_passes, shortage, unjudged, why_failed
 from kvsim.planning.xpyd import XpydSearch
 from kvsim.workload.overrides import override_items
 from kvsim.workload.scenario import Scenario
@@ -240,14 +240,6 @@ class ReplicaSearch:
             return self.verify.metrics
         return self.results.get(best) if best is not None and not self.verify.attempts else None
 
-    def _unjudged(self, count: int) -> str:
-        """Why no count was judged when the last probe (at `count` replicas) was still too short: not that the GPU
-        cannot serve the traffic; the advice only when `max_probe_requests` is what stopped the lengthening."""
-        capped = 2 * self.num_requests > self.spec.max_probe_requests
-        return (f"could not be judged: its {self.num_requests}-request probes were too short up to "
-                f"{counted(count, 'replica')}" + (f"; raise max_probe_requests (now {self.spec.max_probe_requests})"
-                                                  if capped else ""))
-
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """This candidate's line of the plan table: `replicas` is the count whose long run held."""
         best, slo = self._fewest_ok(), self.spec.slo
@@ -264,7 +256,8 @@ class ReplicaSearch:
         if best is None or replicas is None:
             count = max(self.results) if best is None else best
             worst = self.results[count] if best is None else self.verify.attempts[-1][1]
-            why = (self._unjudged(count) if best is None and worst["evidence"]["verdict"] == TOO_SHORT else
+            why = (unjudged(self.num_requests, f"up to {counted(count, 'replica')}", self.spec.max_probe_requests)
+                   if best is None and worst["evidence"]["verdict"] == TOO_SHORT else
                    f"{why_failed(worst['evidence'], slo)} even at {counted(count, 'replica')}" if best is None else
                    f"the long run {why_failed(worst['evidence'], slo)} even at "
                    f"{counted(self.verify.attempts[-1][0], 'replica')} ({best} passed the probes)")

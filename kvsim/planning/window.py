@@ -428,6 +428,14 @@ def shortage(evidence: Mapping[str, Any], num_preemptions: int) -> str:
             else "over capacity (queueing)")
 
 
+def unjudged(num_requests: int, where: str, max_probe_requests: int) -> str:
+    """Why a search answered nothing when its last probe (`where`: at what) was still too short to judge: the run
+    could not be judged, not the hardware unable to serve the traffic; the advice to raise `max_probe_requests`
+    only when that cap stopped the doubling (not the memory limit or a shorter trace)."""
+    advice = f"; raise max_probe_requests (now {max_probe_requests})" if 2 * num_requests > max_probe_requests else ""
+    return f"could not be judged: its {num_requests}-request probes were too short {where}{advice}"
+
+
 def why_failed(evidence: Mapping[str, Any] | None, slo: Mapping[str, float]) -> str | None:
     """'is overloaded' / 'is backlogged' / 'is stalled' when the system was not stable, else 'misses' and the SLOs
     missed."""

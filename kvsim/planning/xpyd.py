@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from kvsim.planning.cost import window_output_tokens_per_s
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.verify import Verification, answer_columns, evidence_columns, traffic_of
-from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, why_failed
+from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, unjudged, why_failed
 
 if TYPE_CHECKING:
     from kvsim.planning.search import Metrics
@@ -111,7 +111,8 @@ class XpydSearch:
         common = {"requests_per_probe": self.num_requests, "headroom": headroom(ev, slo),
                   **evidence_columns(ev, slo), **self.verify.columns()}
         if not self._passes():
-            limiting = f"{why_failed(ev, slo)} at {self.split_text}"
+            limiting = (unjudged(self.num_requests, f"at {self.split_text}", self.spec.max_probe_requests)
+                        if ev["verdict"] == TOO_SHORT else f"{why_failed(ev, slo)} at {self.split_text}")
             if block is not None:
                 limiting += "; " + bounded_by_memory(self.memory.over(*block))
             return {**row, "replicas": None, "num_gpus": None, "cost_per_hour": None, "limiting_factor": limiting,
