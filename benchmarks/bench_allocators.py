@@ -10,12 +10,13 @@ results from different machines can be compared by ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from result_file import check_result_file, write_result_file
 
 from kvsim.kv import PagedAllocator, SegmentContent, SlabAllocator
 
@@ -75,11 +76,16 @@ CASES: dict[str, tuple[Callable[[], None], int]] = {
 }
 
 
+# the result's keys: --output replaces only such a JSON object (result_file.py)
+RESULT_KEYS = frozenset({"benchmark", "machine", "python", "repeats", "results"})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "allocators.json")
     args = parser.parse_args()
+    check_result_file("bench_allocators.py", args.output, RESULT_KEYS)  # before it runs, not after
     results = {}
     for name, (fn, ops) in CASES.items():
         times = []
@@ -94,8 +100,7 @@ def main() -> None:
         r["ratio_to_baseline"] = r["ops_per_s"] / base
     out = {"benchmark": "allocators", "python": platform.python_version(), "machine": platform.machine(),
            "repeats": args.repeats, "results": results}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(out, indent=2) + "\n")
+    write_result_file("bench_allocators.py", args.output, RESULT_KEYS, out)
     for name, r in results.items():
         print(f"{name:32s} {r['ops_per_s']:>14,.0f} ops/s  ({r['ratio_to_baseline']:.3f}x baseline)")
 

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from result_file import check_result_file, write_result_file
+
 from kvsim.fleet.disagg import simulate_disagg
 from kvsim.fleet.driver import simulate_fleet
 from kvsim.workload.scenario import make_scenario
@@ -107,6 +109,12 @@ def measure(num_replicas: int, num_requests: int, repeats: int, lengths: Path) -
     }
 
 
+# the result's keys: --output replaces only such a JSON object (result_file.py)
+RESULT_KEYS = frozenset({"benchmark", "cpus", "duration_s", "kvsim_commit", "loadavg_end", "loadavg_start",
+                          "machine", "metric", "python", "ratio_disagg_over_colocated", "replicas", "requests",
+                          "sizes", "started_utc", "target_ratio", "within_target", "workload"})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, default=64)
@@ -114,6 +122,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
+    check_result_file("bench_disagg.py", args.output, RESULT_KEYS)  # before it runs, not after
     started, load_start = time.time(), _loadavg()
     with tempfile.TemporaryDirectory(prefix="bench-disagg-") as tmp:
         lengths = Path(tmp) / "azure_conv_lengths.csv"
@@ -141,8 +150,7 @@ def main() -> None:
         "python": platform.python_version(), "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "duration_s": time.time() - started, "loadavg_start": load_start, "loadavg_end": _loadavg(),
     }
-    args.output.parent.mkdir(exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_result_file("bench_disagg.py", args.output, RESULT_KEYS, result)
     for size in sizes:
         ratio = size["median_cpu_ratio_disagg_over_colocated"]
         print(f"{size['replicas']} x {size['requests']}: CPU ratio {ratio:.3f} "

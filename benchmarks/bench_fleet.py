@@ -36,6 +36,8 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from result_file import check_result_file, write_result_file
+
 TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "azure_llm_2023" / \
     "AzureLLMInferenceTrace_conv.csv"
 TRACE_MEAN_RATE = 5.53  # requests/s over the trace's span (../shared/traces/README.md)
@@ -129,6 +131,11 @@ def extrapolate_1m(rows: list[dict]) -> dict | None:
     }
 
 
+# the result's keys: --output replaces only such a JSON object (result_file.py)
+RESULT_KEYS = frozenset({"baseline", "benchmark", "extrapolation_1m", "machine", "measured_at", "points", "python",
+                          "trace"})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -139,6 +146,7 @@ def main() -> None:
     parser.add_argument("--steps", choices=("all", "sampled", "none"), default="all",
                         help="the scenario's per-step rows kept (a 1M-request fleet keeps ~50M steps: use sampled)")
     args = parser.parse_args()
+    check_result_file("bench_fleet.py", args.output, RESULT_KEYS)  # before it runs, not after
     baseline: dict | None = None
     rows = []
     for replicas, num_requests in [(1, args.baseline_requests), *parse_points(args.points)]:
@@ -166,8 +174,7 @@ def main() -> None:
               "machine": platform.platform(), "python": platform.python_version(),
               "measured_at": datetime.now().isoformat(timespec="seconds"),
               "points": curve, "extrapolation_1m": extrapolate_1m(curve)}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_result_file("bench_fleet.py", args.output, RESULT_KEYS, result)
     print(json.dumps(result["extrapolation_1m"]))
 
 

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from result_file import check_result_file, write_result_file
+
 OVERLOAD = {
     "name": "overload", "model": "llama-2-7b", "gpu": "a100-80gb",
     "engine": {"block_size": 16, "max_num_seqs": 128, "scheduler": "v1", "allocator": "paged", "max_model_len": 4096},
@@ -86,6 +88,11 @@ def in_child(*args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# the result's keys: --output replaces only such a JSON object (result_file.py)
+RESULT_KEYS = frozenset({"baseline_loop_s", "benchmark", "curve", "machine", "note", "overload", "python",
+                          "scenario", "steps", "steps_format", "vidur"})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000, 1_000_000])
@@ -102,6 +109,7 @@ def main() -> None:
         result = child_default(int(value), *rest) if kind == "default" else child_overload(value == "on")
         print(json.dumps(result))
         return
+    check_result_file("bench_scale.py", args.output, RESULT_KEYS)  # before it runs, not after
     from bench_simulator import baseline  # the same interpreter-speed loop (imports kvsim: not in the children)
 
     base = statistics.median(baseline(200_000, 64) for _ in range(3))  # 200k steps of a 64-request batch
@@ -126,8 +134,7 @@ def main() -> None:
                      "ratio_to_baseline": {m: s / base for m, s in over_s.items()}},
         "vidur": VIDUR, "note": args.note,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(out, indent=2) + "\n")
+    write_result_file("bench_scale.py", args.output, RESULT_KEYS, out)
     print(f"overload, prefix caching on / off: {out['overload']['caching_on_over_off']:.2f}x "
           f"({over_s['on']:.1f} s / {over_s['off']:.1f} s); baseline loop {base:.2f} s")
 

@@ -13,11 +13,12 @@ so that the ratio is comparable across machines.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
 from pathlib import Path
+
+from result_file import check_result_file, write_result_file
 
 from kvsim.engine.simulate import simulate
 from kvsim.workload.scenario import make_scenario
@@ -44,12 +45,19 @@ def baseline(num_steps: int, mean_running: float) -> float:
     return time.perf_counter() - start
 
 
+# the result's keys: --output replaces only such a JSON object (result_file.py)
+RESULT_KEYS = frozenset({"baseline_loop_s", "benchmark", "machine", "mean_running", "median_s", "num_steps",
+                          "python", "ratio_to_baseline", "repeats", "requests_per_wall_s", "runs_s", "scenario",
+                          "simulated_duration_s", "steps_per_wall_s", "tokens_per_wall_s"})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--num-requests", type=int, default=10_000)
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "simulator.json")
     args = parser.parse_args()
+    check_result_file("bench_simulator.py", args.output, RESULT_KEYS)  # before it runs, not after
     raw = {**SCENARIO, "workload": {**SCENARIO["workload"], "num_requests": args.num_requests}}
     scenario = make_scenario(raw)
     times, summary = [], {}
@@ -68,8 +76,7 @@ def main() -> None:
         "steps_per_wall_s": steps / wall, "baseline_loop_s": base, "ratio_to_baseline": wall / base,
         "simulated_duration_s": summary["duration_s"], "mean_running": summary["mean_running"],
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_result_file("bench_simulator.py", args.output, RESULT_KEYS, result)
     print(f"median {wall:.2f} s for {args.num_requests:,} requests, {steps:,} steps: "
           f"{result['requests_per_wall_s']:,.0f} req/s, {result['tokens_per_wall_s']:,.0f} tok/s, "
           f"{result['steps_per_wall_s']:,.0f} steps/s (baseline loop {base:.2f} s)")

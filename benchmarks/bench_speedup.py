@@ -27,6 +27,7 @@ from pathlib import Path
 
 from bench_scale import OVERLOAD
 from bench_simulator import baseline
+from result_file import check_result_file, write_result_file
 
 ROOT = Path(__file__).resolve().parent.parent
 PINNED_REFERENCE = "4cfa5bb"  # main before the hot-path work of issue 9 item 4 (append_token, burst trims)
@@ -67,6 +68,13 @@ def export(rev: str, into: Path) -> Path:
     return tree
 
 
+# the result's keys: --output replaces only such a JSON object (result_file.py)
+RESULT_KEYS = frozenset({"baseline_loop_s", "benchmark", "machine", "median_s", "num_requests",
+                          "overload_caching_on_over_off", "overload_median_s", "python", "ratio_to_baseline",
+                          "reference_commit", "repeats", "runs_s", "same_summary", "scenario", "speedup", "summary",
+                          "this_commit"})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reference", default=PINNED_REFERENCE,
@@ -75,6 +83,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "speedup.json")
     args = parser.parse_args()
+    check_result_file("bench_speedup.py", args.output, RESULT_KEYS)  # before it runs, not after
     rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", args.reference], check=True, capture_output=True,
                          text=True).stdout.strip()
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True, capture_output=True,
@@ -107,8 +116,7 @@ def main() -> None:
         "ratio_to_baseline": {name: s / base for name, s in median.items()},
         "overload_median_s": overload, "overload_caching_on_over_off": overload["on"] / overload["off"],
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_result_file("bench_speedup.py", args.output, RESULT_KEYS, result)
     print(f"{args.num_requests:,} requests: {median['this']:.2f} s here, {median['reference']:.2f} s at "
           f"{rev[:10]}: {result['speedup']:.2f}x faster, same summary: {result['same_summary']}; overload "
           f"caching on/off {result['overload_caching_on_over_off']:.2f}x")

@@ -15,7 +15,6 @@ Writes benchmarks/results/startup.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -26,6 +25,8 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+from result_file import check_result_file, write_result_file
 
 RESULTS = Path(__file__).resolve().parent / "results" / "startup.json"
 KVSIM_RUN = ["-m", "kvsim", "run", "--set", "workload.num_requests=1", "-o"]
@@ -60,11 +61,18 @@ def import_times(out: Path) -> tuple[dict[str, float], list[str]]:
     return ranked, sorted(set(by_package) & set(HEAVY))
 
 
+# the result's keys: --output replaces only such a JSON object (result_file.py)
+RESULT_KEYS = frozenset({"cpus", "heavy_libraries_imported", "import_ms_by_package", "import_ms_total",
+                          "interpreter_cpu_s", "interpreter_s", "kvsim_run_cpu_s", "kvsim_run_over_interpreter",
+                          "kvsim_run_s", "machine", "python", "repeats", "runs", "what", "when"})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
+    check_result_file("bench_startup.py", args.output, RESULT_KEYS)  # before it runs, not after
     runs: dict[str, dict[str, list[float]]] = {"interpreter": {"wall": [], "cpu": []},
                                                "kvsim_run": {"wall": [], "cpu": []}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,8 +97,7 @@ def main() -> None:
         "import_ms_total": round(sum(imports_ms.values()), 1),
         "heavy_libraries_imported": heavy,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_result_file("bench_startup.py", args.output, RESULT_KEYS, result)
     print(f"kvsim run (1 request): {result['kvsim_run_s']:.3f} s wall, {result['kvsim_run_cpu_s']:.3f} s CPU; "
           f"interpreter {result['interpreter_s']:.3f} s; ratio {result['kvsim_run_over_interpreter']:.1f}; "
           f"heavy imports: {heavy or 'none'}")

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_simulator import baseline  # the same interpreter-speed loop, in this run
+from result_file import check_result_file, write_result_file
 from vidur_profile import write_csv_profile, write_profile
 from vidur_sides import (
     AZURE_TRACE,
@@ -250,6 +251,15 @@ def _probe(python: Path, cwd: Path, env: dict[str, str]) -> str | None:
     return probe.stdout.strip() if probe.returncode == 0 else None
 
 
+# the result's keys: --output replaces only such a JSON object (result_file.py)
+RESULT_KEYS = frozenset({"baseline_loop_s", "benchmark", "cpus", "duration_s", "headline", "kvsim_commit",
+                          "kvsim_over_vidur", "kvsim_tree_dirty", "kvsim_version", "loadavg_end", "loadavg_start",
+                          "machine", "matched", "median_cpu_s", "median_s", "not_matched", "outputs",
+                          "paired_vidur_over_kvsim", "python", "ratio_to_baseline", "repeats", "runs_cpu_s",
+                          "runs_s", "scenarios", "started_utc", "trace", "vidur_over_kvsim", "vidur_over_kvsim_cpu",
+                          "vidur_paper_commit", "vidur_version", "vidur_warmup_requests", "vidur_warmup_s"})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -271,6 +281,7 @@ def main() -> None:
             path.write_text(json.dumps(kvsim_scenario(scenario, files.kvsim.resolve())))
             print(path)
         return
+    check_result_file("bench_vidur.py", args.output, RESULT_KEYS)  # before it runs, not after
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     # the warm-up writes every side's bytecode caches (a user's installed package has them): an inherited
     # PYTHONDONTWRITEBYTECODE would make each timed run recompile its own modules from source instead
@@ -315,8 +326,8 @@ def main() -> None:
     if "azure_conv" in results and {"kvsim_parquet", "vidur_package"} <= results["azure_conv"]["runs"].keys():
         result["trace"] = results["azure_conv"]["trace"]
         result.update(_legacy(results["azure_conv"], base))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    result.update(dict.fromkeys(RESULT_KEYS - result.keys()))  # null where not measured: always RESULT_KEYS
+    write_result_file("bench_vidur.py", args.output, RESULT_KEYS, result)
     for name in results:
         print(f"{name}: {json.dumps(headline[name])}; median CPU s {json.dumps(results[name]['median_cpu_s'])}")
 

@@ -1,0 +1,37 @@
+"""A benchmark's `--output FILE`: new, or an earlier result of the same benchmark (a JSON object of exactly its
+result's keys), else refused before the benchmark runs; written in one rename after it (kvsim's
+`check_output_file` and `output_file`, as the study scripts use them). Refusals are one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kvsim.model.errors import KvsimError
+from kvsim.results.output_dir import check_output_file, output_file
+
+
+@contextmanager
+def _one_line(program: str) -> Iterator[None]:
+    try:
+        yield
+    except KvsimError as error:
+        print(f"{program}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def check_result_file(program: str, path: Path, keys: frozenset[str]) -> None:
+    """Exit 2 with one line unless `path` is new or an earlier result of `program` (a JSON object of `keys`)."""
+    with _one_line(program):
+        check_output_file(path, keys)
+
+
+def write_result_file(program: str, path: Path, keys: frozenset[str], result: dict[str, Any]) -> None:
+    """Write `result` (whose keys must be `keys`) as indented JSON to `path`, checked again as `check_result_file`
+    (the file may have changed while the benchmark ran)."""
+    with _one_line(program), output_file(path, keys) as tmp:
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
