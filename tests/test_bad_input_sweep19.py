@@ -46,4 +46,4 @@ def test_a_bench_may_replace_its_committed_result(name):
     finally:
         sys.path.remove(str(BENCHMARKS))
     committed = json.loads((BENCHMARKS / "results" / f"{name}.json").read_text())
-    assert module.RESULT_KEYS == frozenset(committed)
+    assert frozenset(committed) == module.RESULT_KEYS
