@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import one_line_exit_2  # tests/ is on sys.path
+
+from kvsim.results.output_dir import output_directory
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
@@ -47,3 +50,33 @@ def test_a_bench_may_replace_its_committed_result(name):
         sys.path.remove(str(BENCHMARKS))
     committed = json.loads((BENCHMARKS / "results" / f"{name}.json").read_text())
     assert frozenset(committed) == module.RESULT_KEYS
+
+
+def test_a_run_over_validates_sim_folder_names_the_workload_as_validates(tmp_path):
+    """`kvsim run V/sim/scenario.yaml -o V/sim` (repeating a validation in place) is refused, since the run would
+    replace sim/ and delete the replayed workload.jsonl its scenario reads; the refusal said that file was one
+    "kvsim did not write", when validate wrote it (its marker lists sim/workload.jsonl)."""
+    out = tmp_path / "V"
+    with output_directory(out, "validation") as tmp:  # as write_validation lays out V
+        with output_directory(tmp / "sim", "run") as sim:
+            (sim / "summary.json").write_text("{}\n")
+        (tmp / "sim" / "workload.jsonl").write_text("{}\n")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    line = one_line_exit_2(["run", "--set", "workload.num_requests=2", "-o", str(out / "sim")])
+    assert line == (f"--output={str(out / 'sim')!r}: holds 'workload.jsonl', which belongs to the kvsim validation "
+                    f"output around it ({str(out)!r}), not to 'run' output: replacing the folder would delete it "
+                    "(choose a new path)")
+    assert "did not write" not in line
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_a_strangers_file_in_a_run_inside_a_kvsim_output_is_still_one_kvsim_did_not_write(tmp_path):
+    """Only a file the enclosing output's marker lists is named as that output's: a user's notes are not."""
+    out = tmp_path / "V"
+    with output_directory(out, "validation") as tmp, output_directory(tmp / "sim", "run") as sim:
+        (sim / "summary.json").write_text("{}\n")
+    (out / "sim" / "notes.md").write_text("mine\n")
+    line = one_line_exit_2(["run", "--set", "workload.num_requests=2", "-o", str(out / "sim")])
+    assert line.endswith("holds 'notes.md', which kvsim did not write; kvsim only replaces output it wrote itself "
+                         "(choose a new path)")
+    assert (out / "sim" / "notes.md").read_text() == "mine\n"

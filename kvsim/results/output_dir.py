@@ -104,10 +104,11 @@ def _protected_reason(path: Path) -> str | None:
     return None
 
 
-def _refuse(path: Path | str, why: str) -> KvsimError:
+def _refuse(path: Path | str, why: str,
+            rule: str = "; kvsim only replaces output it wrote itself (choose a new path)") -> KvsimError:
     """The refusal of `path`, named as given: `RunResult.write(None)` was `--output='None'`, a name never given."""
     given = repr(str(path)) if isinstance(path, (str, os.PathLike)) else shown(path)
-    return KvsimError(f"--output={given}: {why}; kvsim only replaces output it wrote itself (choose a new path)")
+    return KvsimError(f"--output={given}: {why}{rule}")
 
 
 def _read_marker(folder: Path) -> dict | None:
@@ -191,6 +192,12 @@ def check_output_dir(path: str | Path, kind: str | None = None) -> Path:
     allowed = set(marker["files"]) | {MARKER_NAME}
     allowed |= {parent.as_posix() for name in marker["files"] for parent in Path(name).parents if str(parent) != "."}
     strangers = sorted(_listing(out) - allowed)
+    outer = _read_marker(out.parent)
+    if strangers and outer is not None and f"{out.name}/{strangers[0]}" in outer["files"]:
+        # validate's sim/ (a run's output) holds the replayed workload.jsonl, which validation's marker lists
+        raise _refuse(path, f"holds {strangers[0]!r}, which belongs to the kvsim {outer.get('kind')} output around "
+                            f"it ({str(out.parent)!r}), not to {marker.get('kind')!r} output",
+                      ": replacing the folder would delete it (choose a new path)")
     if strangers:
         raise _refuse(path, f"holds {strangers[0]!r}, which kvsim did not write")
     return out
