@@ -5,14 +5,19 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import one_line_exit_2  # tests/ is on sys.path
+from pydantic import ValidationError
 
+from kvsim.model.errors import KvsimError
 from kvsim.results.output_dir import output_directory
+from kvsim.workload.scenario import PriorityClass
+from kvsim.workload.traces import TraceColumns, read_lengths, read_mooncake
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
@@ -80,3 +85,29 @@ def test_a_strangers_file_in_a_run_inside_a_kvsim_output_is_still_one_kvsim_did_
     assert line.endswith("holds 'notes.md', which kvsim did not write; kvsim only replaces output it wrote itself "
                          "(choose a new path)")
     assert (out / "sim" / "notes.md").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(("cell", "priority"), [("1.0", 1), ("-2.00", -2), (" +3.0 ", 3), ("4", 4)])
+def test_a_trace_priority_of_an_integral_float_is_read_as_the_yaml_class_reads_it(tmp_path, cell, priority):
+    """`workload.priority.classes[].priority: 1.0` is 1 (pydantic's lax int, as every integer of the scenario),
+    while a trace's priority column refused 1.0 as "not an integer": one scenario, two rules. The column now
+    reads an integral float (a CSV cell, a JSON number) as the integer it is, as pydantic does."""
+    table = tmp_path / "l.csv"
+    table.write_text(f"num_prefill_tokens,num_decode_tokens,prio\n10,5,{cell}\n")
+    assert [r.priority for r in read_lengths(table, TraceColumns(priority="prio"))] == [priority]
+    jsonl = tmp_path / "m.jsonl"
+    jsonl.write_text(json.dumps({"timestamp": 0, "input_length": 16, "output_length": 4, "hash_ids": [0],
+                                 "prio": float(priority)}) + "\n")
+    assert read_mooncake(jsonl, TraceColumns(priority="prio"))[0].priority == priority
+    assert PriorityClass(name="c", priority=float(priority), weight=1).priority == priority  # the YAML side
+    assert PriorityClass(name="c", priority=cell, weight=1).priority == priority
+
+
+@pytest.mark.parametrize("cell", ["1.5", "1.", "1e0", "1_0", "true", ".0"])
+def test_a_trace_priority_that_is_no_integer_is_still_refused_as_the_yaml_class_refuses_it(tmp_path, cell):
+    table = tmp_path / "l.csv"
+    table.write_text(f"num_prefill_tokens,num_decode_tokens,prio\n10,5,{cell}\n")
+    with pytest.raises(KvsimError, match=re.escape(f"l.csv:2: priority column prio={cell!r} is not an integer")):
+        read_lengths(table, TraceColumns(priority="prio"))
+    with pytest.raises(ValidationError):
+        PriorityClass(name="c", priority=cell, weight=1)

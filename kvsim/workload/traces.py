@@ -16,8 +16,8 @@ from the first record. The CSV, JSONL and JSON files may be gzipped (`.gz`, see 
 and may start with a UTF-8 byte-order mark.
 
 The row formats (`azure`, `mooncake`, `sharegpt_tokens`, `lengths`) may carry two more per-request
-columns, named by the scenario (`TraceColumns`): a **priority** (vLLM's integer request priority;
-text is an error) and **acceptance lengths** (speculative decoding: tokens each verify step of that
+columns, named by the scenario (`TraceColumns`): a **priority** (vLLM's integer request priority; 1.0
+is 1, as in the scenario's own integers; other text is an error) and **acceptance lengths** (speculative decoding: tokens each verify step of that
 request emitted, the bonus token included, each ≥ 1; a JSON list, or in a CSV cell integers
 separated by spaces, commas or semicolons, brackets allowed).
 """
@@ -137,10 +137,10 @@ class TraceColumns:
             value = row.get(self.priority)
             if isinstance(value, str):
                 value = value.strip()
-            if isinstance(value, bool) or not isinstance(value, (int, str)) \
-                    or not re.fullmatch(r"[+-]?\d+", str(value)):
+            number = _integral(value)
+            if number is None:
                 raise bad_row(path, line, f"priority column {self.priority}={shown(value)} is not an integer")
-            out["priority"] = int(value)
+            out["priority"] = number
             if not PRIORITY_RANGE[0] <= out["priority"] <= PRIORITY_RANGE[1]:
                 raise bad_row(path, line, f"priority column {self.priority}={shown(value)} is outside int64")
         if self.acceptance is not None:
@@ -149,6 +149,22 @@ class TraceColumns:
 
 
 NO_COLUMNS = TraceColumns()
+
+
+def _integral(value: Any) -> int | None:
+    """`value` as an integer in the forms the scenario's own integers take (pydantic's lax mode, as
+    `workload.priority`'s `priority: 1.0` is 1): an int, an integral float (a JSON 1.0), or text of one
+    (`-2`, `1.00`); None for anything else (1.5, `1.`, `1e0`, true, `1_0`: `kvsim.model.spec.Settings`
+    refuses the last two there too)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+(?:\.0+)?", value):
+        return int(value.partition(".")[0])
+    return None
 
 
 def _acceptance_lengths(value: Any, path: Path, line: int, column: str) -> tuple[int, ...]:
