@@ -111,3 +111,25 @@ def test_a_trace_priority_that_is_no_integer_is_still_refused_as_the_yaml_class_
         read_lengths(table, TraceColumns(priority="prio"))
     with pytest.raises(ValidationError):
         PriorityClass(name="c", priority=cell, weight=1)
+
+
+AUTOSCALED = ["run", "--set", "workload.num_requests=2", "--set", "replicas=1",
+              "--set", "autoscaler={min_replicas: 1, max_replicas: 2, target: 1}"]
+
+
+@pytest.mark.parametrize(("router", "named"), [
+    ([], "router.policy=round_robin (the default): an autoscaled fleet routes by load (set router.policy to "
+         "least_outstanding or least_kv); round_robin takes the replicas in turn, blind to their load"),
+    (["--set", "router.policy=round_robin"], "router.policy=round_robin: an autoscaled fleet routes by load"),
+    (["--set", "router.policy=affinity"], "router.policy=affinity: an autoscaled fleet routes by load (set "
+     "router.policy to least_outstanding or least_kv); affinity's memory of which replica holds a prefix is not "
+     "kept across scaling"),
+])
+def test_an_autoscaler_behind_a_router_that_is_not_by_load_names_that_router(tmp_path, router, named):
+    """An autoscaled fleet with the default round_robin router was refused with "affinity's memory of replicas is
+    not kept across scaling": true of affinity only, and it did not say the policy was the default one."""
+    out = tmp_path / "out"
+    line = one_line_exit_2([*AUTOSCALED, *router, "-o", str(out)])
+    assert line.startswith(named)
+    assert ("affinity" in line) == ("affinity" in " ".join(router))
+    assert not out.exists()

@@ -247,9 +247,15 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
 
     spec = scenario.autoscaler
     assert spec is not None and isinstance(scenario.replicas, int)
-    if scenario.router.policy not in ("least_outstanding", "least_kv"):
-        raise KvsimError(f"router.policy={scenario.router.policy}: an autoscaled fleet routes by load "
-                         "(least_outstanding or least_kv); affinity's memory of replicas is not kept across scaling")
+    policy = scenario.router.policy
+    if policy not in ("least_outstanding", "least_kv"):
+        why = {"round_robin": "round_robin takes the replicas in turn, blind to their load: a replica just started would "
+                              "get only its turn's share of arrivals, the rest still joining the queues it was started "
+                              "to relieve",
+               "affinity": "affinity's memory of which replica holds a prefix is not kept across scaling"}[policy]
+        given = "" if "policy" in scenario.router.model_fields_set else " (the default)"
+        raise KvsimError(f"router.policy={policy}{given}: an autoscaled fleet routes by load (set router.policy to "
+                         f"least_outstanding or least_kv); {why}")
     largest = scenario.model_copy(update={"replicas": spec.max_replicas})
     check_engines_memory(largest, replica_groups(largest), memory_limit_bytes, steps_in_memory=scenario.steps == "all",
                          size_field=f"autoscaler.max_replicas={spec.max_replicas}")
