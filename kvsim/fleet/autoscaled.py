@@ -249,9 +249,9 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     assert spec is not None and isinstance(scenario.replicas, int)
     policy = scenario.router.policy
     if policy not in ("least_outstanding", "least_kv"):
-        why = {"round_robin": "round_robin takes the replicas in turn, blind to their load: a replica just started would "
-                              "get only its turn's share of arrivals, the rest still joining the queues it was started "
-                              "to relieve",
+        why = {"round_robin": "round_robin takes the replicas in turn, blind to their load: a replica just started "
+                              "would get only its turn's share of arrivals, the rest still joining the queues it was "
+                              "started to relieve",
                "affinity": "affinity's memory of which replica holds a prefix is not kept across scaling"}[policy]
         given = "" if "policy" in scenario.router.model_fields_set else " (the default)"
         raise KvsimError(f"router.policy={policy}{given}: an autoscaled fleet routes by load (set router.policy to "

@@ -17,9 +17,9 @@ and may start with a UTF-8 byte-order mark.
 
 The row formats (`azure`, `mooncake`, `sharegpt_tokens`, `lengths`) may carry two more per-request
 columns, named by the scenario (`TraceColumns`): a **priority** (vLLM's integer request priority; 1.0
-is 1, as in the scenario's own integers; other text is an error) and **acceptance lengths** (speculative decoding: tokens each verify step of that
-request emitted, the bonus token included, each ≥ 1; a JSON list, or in a CSV cell integers
-separated by spaces, commas or semicolons, brackets allowed).
+is 1, as in the scenario's own integers; other text is an error) and **acceptance lengths** (speculative
+decoding: tokens each verify step of that request emitted, the bonus token included, each ≥ 1; a JSON list,
+or in a CSV cell integers separated by spaces, commas or semicolons, brackets allowed).
 """
 
 from __future__ import annotations
