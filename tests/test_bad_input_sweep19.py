@@ -133,3 +133,25 @@ def test_an_autoscaler_behind_a_router_that_is_not_by_load_names_that_router(tmp
     assert line.startswith(named)
     assert ("affinity" in line) == ("affinity" in " ".join(router))
     assert not out.exists()
+
+
+def test_priority_classes_under_fcfs_are_accepted_and_order_nothing_as_vllm_v1():
+    """vLLM v1 does not refuse a non-zero priority under FCFS (its processor passes `priority` to the
+    EngineCoreRequest unchecked; `create_request_queue(FCFS)` is a deque that never reads it): the refusal
+    "Got priority N but Priority scheduling is not enabled" is v0's engine. So kvsim runs such a scenario, and
+    every request's timings are those of the same scenario without classes (the class draw comes after every
+    other draw, so lengths and arrivals are the same)."""
+    import kvsim
+
+    workload = {"num_requests": 40, "arrival": {"process": "poisson", "rate": 50.0},
+                "prompt_len": {"dist": "fixed", "value": 256}, "output_len": {"dist": "fixed", "value": 64}}
+    base = {"steps": "none", "engine": {"max_num_seqs": 4}, "workload": workload}
+    classes = {"classes": [{"name": "a", "priority": 0, "weight": 1}, {"name": "b", "priority": 3, "weight": 1}]}
+    plain = kvsim.simulate(base).requests
+    marked = kvsim.simulate({**base, "workload": {**base["workload"], "priority": classes}}).requests
+    assert set(marked["priority"]) == {0, 3}
+    shared = [c for c in plain.columns if c != "priority"]
+    assert marked[shared].equals(plain[shared])
+    served = kvsim.simulate({**base, "engine": {"max_num_seqs": 4, "scheduling_policy": "priority"},
+                             "workload": {**base["workload"], "priority": classes}}).requests
+    assert not served["ttft_s"].equals(plain["ttft_s"])  # a queue forms: under `priority` the classes reorder it

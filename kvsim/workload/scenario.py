@@ -82,7 +82,8 @@ class PriorityClass(Settings):
 
 class PriorityMix(Settings):
     """Requests carry a priority drawn from these classes by weight (a conversation keeps its class);
-    `engine.scheduling_policy: priority` makes the scheduler use it."""
+    `engine.scheduling_policy: priority` makes the scheduler use it. Under `fcfs` it is carried and reported
+    (`by_priority`) but orders nothing, as vLLM v1 accepts a priority under FCFS and ignores it."""
 
     classes: list[PriorityClass] = Field(min_length=1)
 
