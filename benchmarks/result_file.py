@@ -16,7 +16,8 @@ from kvsim.results.output_dir import check_output_file, output_file
 
 
 @contextmanager
-def _one_line(program: str) -> Iterator[None]:
+def one_line(program: str) -> Iterator[None]:
+    """A `KvsimError` raised inside is `program: error: ...` on stderr and exit 2 (no traceback)."""
     try:
         yield
     except KvsimError as error:
@@ -26,12 +27,12 @@ def _one_line(program: str) -> Iterator[None]:
 
 def check_result_file(program: str, path: Path, keys: frozenset[str]) -> None:
     """Exit 2 with one line unless `path` is new or an earlier result of `program` (a JSON object of `keys`)."""
-    with _one_line(program):
+    with one_line(program):
         check_output_file(path, keys)
 
 
 def write_result_file(program: str, path: Path, keys: frozenset[str], result: dict[str, Any]) -> None:
     """Write `result` (whose keys must be `keys`) as indented JSON to `path`, checked again as `check_result_file`
     (the file may have changed while the benchmark ran)."""
-    with _one_line(program), output_file(path, keys) as tmp:
+    with one_line(program), output_file(path, keys) as tmp:
         tmp.write_text(json.dumps(result, indent=2) + "\n")

@@ -14,14 +14,12 @@ this study, checked before the study runs; bad input is one line, exit 2).
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
+
+from result_file import check_result_file, one_line, write_result_file
 
 from kvsim.fleet.autoscaled import simulate_autoscaled, slo_attainment
 from kvsim.fleet.driver import simulate_fleet
-from kvsim.model.errors import KvsimError
-from kvsim.results.output_dir import check_output_file, output_file
 from kvsim.workload.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,11 +29,8 @@ RESULT_KEYS = frozenset({"scenario", "overrides", "autoscaler", "windows_s", "fl
 
 
 def main() -> None:
-    try:
+    with one_line("study_autoscale.py"):  # a bad --set or --output: one line, before the study runs
         study()
-    except KvsimError as error:  # a bad --set or --output: one line, before the study runs
-        print(f"study_autoscale.py: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def study() -> None:
@@ -45,7 +40,7 @@ def study() -> None:
                         help="a scenario override, as kvsim run --set (e.g. workload.trace.rate_scale=4)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
-    check_output_file(args.output, RESULT_KEYS)  # a folder or a user's file was found (or replaced) after the study
+    check_result_file("study_autoscale.py", args.output, RESULT_KEYS)  # before the study, not after
     overrides = args.overrides
     scaled_spec = load_scenario(SCENARIO, overrides)
     config = scaled_spec.autoscaler
@@ -70,8 +65,7 @@ def study() -> None:
     result = {"scenario": str(SCENARIO.relative_to(ROOT)), "overrides": overrides,
               "autoscaler": config.model_dump(mode="json"),
               "windows_s": scaled.tables["slo"]["window_start_s"].tolist(), "fleets": rows}
-    with output_file(args.output, RESULT_KEYS) as tmp:
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
+    write_result_file("study_autoscale.py", args.output, RESULT_KEYS, result)
     for row in rows:
         print(f"{row['fleet']:>12}  {row['gpu_hours']:6.2f} GPU-h  SLO {row['slo_attainment']:.3f} "
               f"(worst 5-min window {row['worst_window']:.3f})  TTFT p90 {row['ttft_p90_s']:.2f} s")

@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from result_file import check_result_file, write_result_file
 
 from kvsim.fleet.disagg import simulate_disagg
 from kvsim.fleet.driver import simulate_fleet
-from kvsim.model.errors import KvsimError
-from kvsim.results.output_dir import check_output_file, output_file
 from kvsim.workload.scenario import make_scenario
 
 RESULTS = Path(__file__).resolve().parent / "results" / "distserve.json"
@@ -91,11 +89,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
-    try:
-        check_output_file(args.output, RESULT_KEYS)  # a folder or a user's file was found (or replaced) after the study
-    except KvsimError as error:
-        print(f"study_distserve.py: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    check_result_file("study_distserve.py", args.output, RESULT_KEYS)  # before the study, not after
     colocated = goodput(args.requests, "colocated", 20.0)
     colocated_v0 = goodput(args.requests, "colocated-v0", 20.0)
     prefill_only = goodput(args.requests, "prefill-only", 40.0)
@@ -111,8 +105,7 @@ def main() -> None:
             "ratio_per_gpu_vs_v0": disagg / 3 / colocated_v0 if colocated_v0 else None}
     result = {"slo": {"ttft_p90_s": SLO_TTFT_S, "tpot_p90_s": SLO_TPOT_S, "attainment": ATTAINMENT},
               "requests_per_rate": args.requests, "published": PUBLISHED, "sources": SOURCES, "kvsim": rows}
-    with output_file(args.output, RESULT_KEYS) as tmp:
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
+    write_result_file("study_distserve.py", args.output, RESULT_KEYS, result)
     print(json.dumps(result, indent=2))
 
 

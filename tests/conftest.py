@@ -15,10 +15,13 @@ of its own (tests/test_bare_clone.py checks).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import secrets
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -164,3 +167,19 @@ def one_line_exit_2(argv: list[str]) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvsim: error: "), result.stderr
     return lines[0].removeprefix("kvsim: error: ")
+
+
+def benchmark_script(name: str) -> ModuleType:
+    """Import `benchmarks/NAME.py` as a module, fresh, as `python benchmarks/NAME.py` would load it: its folder on
+    `sys.path` while it loads, so its imports of sibling scripts (`result_file`, `bench_simulator`) resolve, and the
+    module in `sys.modules` under NAME (dataclasses look their module up there)."""
+    folder = str(REPO / "benchmarks")
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    script = sys.modules[name] = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(script)
+    finally:
+        sys.path.remove(folder)
+    return script

@@ -122,14 +122,12 @@ def test_replay_is_deterministic():
 def test_published_table_is_current():
     """README's table and benchmarks/results/accuracy.json are what `python benchmarks/accuracy.py`
     gives today: the JSON's kvsim means equal these replays, and the README shows the JSON."""
-    import importlib.util
     import json
 
+    from conftest import benchmark_script
+
     repo = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("accuracy_script", repo / "benchmarks" / "accuracy.py")
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = benchmark_script("accuracy")
     entries = json.loads((repo / "benchmarks" / "results" / "accuracy.json").read_text())["cases"]
     by_case = {e["case"]: e for e in entries}
     for case in DENSE:

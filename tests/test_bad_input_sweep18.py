@@ -17,7 +17,6 @@ nothing of a trace shorter than `num_requests`. `kvsim import-profile ... -o pro
 called `profiles`. A blank `kv_transfer_config.kv_connector` ran and was recorded as the connector."""
 
 import errno
-import importlib.util
 import json
 import os
 import re
@@ -25,7 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import one_line_exit_2  # tests/ is on sys.path
+from conftest import benchmark_script, one_line_exit_2  # tests/ is on sys.path
 from typer.testing import CliRunner
 
 import kvsim
@@ -67,21 +66,12 @@ def test_a_result_written_to_something_that_is_not_a_path_is_named_as_given(tmp_
     assert list(tmp_path.iterdir()) == []
 
 
-def _study(name):
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
-    return study
-
-
 @pytest.mark.parametrize("name", ["study_distserve", "study_autoscale"])
 @pytest.mark.parametrize("theirs", [b"my notes\n", b'{"slo": 1}\n', b"[]\n", None])
 def test_a_study_refuses_an_output_it_did_not_write_before_it_runs(tmp_path, monkeypatch, capsys, name, theirs):
     """`--output notes.json` replaced the user's file, and `--output FOLDER` was an IsADirectoryError traceback, both
     after the whole study (minutes of runs): each is now refused in one line, exit 2, before any run."""
-    study = _study(name)
+    study = benchmark_script(name)
     out = tmp_path / "out.json"
     if theirs is None:
         out.mkdir()
@@ -100,7 +90,7 @@ def test_a_study_refuses_an_output_it_did_not_write_before_it_runs(tmp_path, mon
 
 
 def test_a_study_replaces_its_own_earlier_result(tmp_path, monkeypatch):
-    study = _study("study_distserve")
+    study = benchmark_script("study_distserve")
     out = tmp_path / "distserve.json"
     out.write_bytes(study.RESULTS.read_bytes())  # the tracked result: this study's keys
     monkeypatch.setattr(study, "goodput", lambda requests, setup, high: 2.0)
@@ -113,7 +103,7 @@ def test_a_bad_override_of_the_autoscaling_study_is_one_line(tmp_path, monkeypat
     monkeypatch.setattr(sys, "argv", ["study_autoscale.py", "--set", "engine.bogus=1", "--output",
                                       str(tmp_path / "a.json")])
     with pytest.raises(SystemExit) as stop:
-        _study("study_autoscale").main()
+        benchmark_script("study_autoscale").main()
     assert stop.value.code == 2 and capsys.readouterr().err == "study_autoscale.py: error: engine.bogus: unknown key\n"
     assert list(tmp_path.iterdir()) == []
 

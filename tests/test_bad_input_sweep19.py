@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -11,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import one_line_exit_2  # tests/ is on sys.path
+from conftest import benchmark_script, one_line_exit_2  # tests/ is on sys.path
 from pydantic import ValidationError
 
 from kvsim.model.errors import KvsimError
@@ -48,11 +47,7 @@ def test_a_bench_refuses_to_overwrite_a_file_it_did_not_write(tmp_path, name):
 def test_a_bench_may_replace_its_committed_result(name):
     """The committed benchmarks/results/NAME.json is a JSON object of exactly the keys the bench writes, so
     re-running the bench with its default --output replaces it (the keys are read from the committed file)."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        module = importlib.import_module(f"bench_{name}")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    module = benchmark_script(f"bench_{name}")
     committed = json.loads((BENCHMARKS / "results" / f"{name}.json").read_text())
     assert frozenset(committed) == module.RESULT_KEYS
 

@@ -6,7 +6,6 @@ public profiles in ../shared/validation (skipped without them); refitting takes 
 `benchmarks/fit_efficiency.py`.
 """
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,14 +22,9 @@ LOGO_TOKEN_OP_BOUND_PCT = {"h100-80gb": 10.0, "a100-80gb": 8.0}  # per layer; th
 
 def _fit_script():
     """benchmarks/fit_efficiency.py as a module (it is a script, not part of the package)."""
-    import importlib.util
+    from conftest import benchmark_script
 
-    spec = importlib.util.spec_from_file_location("fit_script", Path(__file__).resolve().parents[1]
-                                                  / "benchmarks" / "fit_efficiency.py")
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return benchmark_script("fit_efficiency")
 
 
 def _eff(entry):

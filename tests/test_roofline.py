@@ -5,7 +5,7 @@ import gzip
 import re
 
 import pytest
-from conftest import REPO, VALIDATION_SET
+from conftest import VALIDATION_SET
 
 from kvsim.latency.efficiency import DATASHEET
 from kvsim.latency.roofline import RooflineLatency
@@ -122,13 +122,9 @@ MEASURED = PROFILE.parents[1] / "measured" / "RTXPRO6000"
 
 
 def _fit_collectives_script():
-    import importlib.util
+    from conftest import benchmark_script
 
-    spec = importlib.util.spec_from_file_location("fit_collectives", REPO / "benchmarks" / "fit_collectives.py")
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return benchmark_script("fit_collectives")
 
 
 @pytest.mark.parametrize(("setup", "preset"), [("h100_dgx", "h100-80gb"), ("a100_dgx", "a100-80gb")])

@@ -1,19 +1,14 @@
 """benchmarks/study_distserve.py writes where `--output` says, as the other benchmarks do, not over the tracked
 benchmarks/results/distserve.json (the goodput searches themselves are a benchmark: stubbed here)."""
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
-STUDY = Path(__file__).resolve().parents[1] / "benchmarks" / "study_distserve.py"
+from conftest import benchmark_script  # tests/ is on sys.path
 
 
 def test_output_names_the_file_and_the_tracked_result_is_left_alone(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("study_distserve", STUDY)
-    assert spec is not None and spec.loader is not None
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
+    study = benchmark_script("study_distserve")
     tracked = study.RESULTS.read_bytes()
     # goodput per setup, req/s: colocated 2, v0 1.5, prefill only 6, decode only 10, 2P1D fleet 9
     rates = {"colocated": 2.0, "colocated-v0": 1.5, "prefill-only": 6.0, "decode-only": 10.0, "disagg": 9.0}
