@@ -240,19 +240,25 @@ def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: flo
         pipeline["first_scheduled_s"] = np.where(np.isnan(handoff_s), np.asarray(requests["first_scheduled_s"], float),
                                                  first_token)
         out = _queue_growth(pipeline, servable, start, end, z)
-        z_decode = -NormalDist().inv_cdf(NormalDist().cdf(-z) / len(queues))
-        each = [{"replica": r, **_queue_growth(queue, np.ones(len(queue["arrival_s"]), bool), start, end, z_decode)}
-                for r, queue in queues.items()]
-        return {**out, "worst_replica": max(each, key=lambda g: g["waiting_growth"] - g["margin"])}
+        return {**out, "worst_replica": _worst_replica(
+            {r: (queue, np.ones(len(queue["arrival_s"]), bool)) for r, queue in queues.items()}, start, end, z)}
     out = _queue_growth(requests, servable, start, end, z)
     replica = np.asarray(requests["replica"]) if "replica" in requests else None
     ids = np.unique(replica[servable]) if replica is not None else ()
     if len(ids) < 2:
         return out
-    z_replica = -NormalDist().inv_cdf(NormalDist().cdf(-z) / len(ids))
-    each = [{"replica": int(r), **_queue_growth(requests, servable & (replica == r), start, end, z_replica)}
-            for r in ids]
-    return {**out, "worst_replica": max(each, key=lambda g: g["waiting_growth"] - g["margin"])}
+    return {**out, "worst_replica": _worst_replica({int(r): (requests, servable & (replica == r)) for r in ids},
+                                                   start, end, z)}
+
+
+def _worst_replica(queues: Mapping[int, tuple[Mapping[str, Any], np.ndarray]], start: float, end: float,
+                   z: float) -> dict[str, Any]:
+    """Of the replicas' queues (replica → its table and the rows of it that queue there), each judged by
+    `_queue_growth` at the z that gives them together one queue's odds `z` (Bonferroni), the one furthest over
+    its margin: {"replica", "waiting_growth", "margin", "z"}."""
+    z_each = -NormalDist().inv_cdf(NormalDist().cdf(-z) / len(queues))
+    each = [{"replica": r, **_queue_growth(table, rows, start, end, z_each)} for r, (table, rows) in queues.items()]
+    return max(each, key=lambda g: g["waiting_growth"] - g["margin"])
 
 
 def replica_outgrew(early: Mapping[str, Any] | None) -> bool:
