@@ -69,10 +69,10 @@ def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
     from kvsim.fleet.run import simulate_scenario
     from kvsim.model.errors import HeldKvStall
     from kvsim.planning.window import stalled_evidence, window_evidence
-    from kvsim.workload.generate import short_trace_kept
+    from kvsim.workload.generate import short_trace_unsaid
 
     scenario, keep_steps, evidence = args
-    with short_trace_kept() as kept:  # `run_many` says it once, in its own process
+    with short_trace_unsaid() as kept:  # `run_many` says it once, in its own process
         try:
             result = simulate_scenario(scenario)
         except HeldKvStall as stall:

@@ -173,63 +173,52 @@ def _fewer_than_asked(num_requests: int, records: list[TraceRecord], source: str
 
 class _ShortTraceFilter(logging.Filter):
     """Drops `_fewer_than_asked`'s warning (`said_first`: all but the first), appending the arguments of those it
-    drops to `kept` when given."""
+    drops to `kept`."""
 
-    def __init__(self, said_first: bool, kept: list[tuple] | None = None) -> None:
+    def __init__(self, said_first: bool) -> None:
         super().__init__()
-        self.say, self.kept = said_first, kept
+        self.say, self.kept = said_first, list[tuple]()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg != SHORT_TRACE:
             return True
         say, self.say = self.say, False
-        if not say and self.kept is not None:
+        if not say:
             self.kept.append(tuple(record.args or ()))
         return say
 
 
 @contextlib.contextmanager
-def _short_trace_filtered(said_first: bool) -> Iterator[None]:
+def _short_trace_filtered(said_first: bool) -> Iterator[list[tuple]]:
+    """Yields the arguments of the warnings the filter drops (none where another filter decides)."""
     if said_first and any(isinstance(f, _ShortTraceFilter) for f in log.filters):
-        yield  # inside another: it decides
+        yield []  # inside another: it decides
         return
     gate = _ShortTraceFilter(said_first)  # one that drops them all goes first: a record it drops says nothing
     log.filters.insert(len(log.filters) if said_first else 0, gate)
     try:
-        yield
+        yield gate.kept
     finally:
         log.removeFilter(gate)
 
 
-def short_trace_said_once() -> contextlib.AbstractContextManager[None]:
+def short_trace_said_once() -> contextlib.AbstractContextManager[list[tuple]]:
     """Inside, a trace shorter than a run asks is warned of the first time only: a command of many runs (`kvsim plan`,
     `kvsim report`) said it once per run, in whichever process ran it. Inside another, that one decides."""
     return _short_trace_filtered(said_first=True)
 
 
-def short_trace_unsaid() -> contextlib.AbstractContextManager[None]:
+def short_trace_unsaid() -> contextlib.AbstractContextManager[list[tuple]]:
     """Inside, a trace shorter than a run asks is not warned of: each point of a command that has said it
-    (`short_trace_said_once`) runs so, here or in a worker process."""
+    (`short_trace_said_once`) runs so, here or in a worker process. The list yielded gets each warning's
+    arguments, for the process that reports to say once (`say_short_traces`): `kvsim.planning.sweep.run_many`'s
+    runs, often in worker processes, said nothing, so a notebook's sweep over a short trace ran fewer requests
+    without a word."""
     return _short_trace_filtered(said_first=False)
 
 
-@contextlib.contextmanager
-def short_trace_kept() -> Iterator[list[tuple]]:
-    """Inside, a trace shorter than a run asks is not warned of but kept: the list yielded gets each warning's
-    arguments, for the process that reports to say once (`say_short_traces`). `kvsim.planning.sweep.run_many`'s
-    runs, often in worker processes, said nothing: a notebook's sweep over a short trace ran fewer requests
-    without a word."""
-    kept: list[tuple] = []
-    gate = _ShortTraceFilter(said_first=False, kept=kept)
-    log.filters.insert(0, gate)
-    try:
-        yield kept
-    finally:
-        log.removeFilter(gate)
-
-
 def say_short_traces(kept: Sequence[tuple]) -> None:
-    """Warn here of the first of `kept` (`short_trace_kept`'s), unless a command around said one already."""
+    """Warn here of the first of `kept` (`short_trace_unsaid`'s), unless a command around said one already."""
     with short_trace_said_once():
         for args in kept:
             log.warning(SHORT_TRACE, *args)
