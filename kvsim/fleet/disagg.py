@@ -241,8 +241,7 @@ class Disaggregation:
             itself takes none, num_new_tokens = 0): reservations here come before the step is planned."""
             scheduler = self.engines[self.decode[k]].scheduler
             waiting, held = scheduler.waiting, scheduler.held_kv_tokens
-            if held and waiting:
-                scheduler.loaded_first()
+            scheduler.loaded_first()  # FCFS only; nothing to move where nothing is held
             pending = self.pending[k]
             if not pending or scheduler.num_running_seqs() >= scheduler.limits.max_num_seqs:
                 return
