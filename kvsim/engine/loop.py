@@ -94,9 +94,7 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
                     engine.see_arrivals(env.now, everything=True)
                 continue
             if arrivals.all_arrived and not any(engine.scheduler.loading for engine in group):
-                for engine in group:  # a deadlock vLLM's scheduler has too: said in one line
-                    if (reason := engine.scheduler.held_kv_stall()) is not None:
-                        raise HeldKvStall(reason)
+                raise_held_kv_stall(group)  # a deadlock vLLM's scheduler has too: said in one line
                 num_waiting = sum(len(engine.scheduler.waiting) for engine in group)
                 raise RuntimeError(f"scheduler stalled at t={env.now:.3f}s with {num_waiting} waiting and "
                                    "nothing runnable")
@@ -118,6 +116,14 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
             if check:
                 engine.scheduler.check_invariants()
         steps += 1
+
+
+def raise_held_kv_stall(engines: Iterable[Engine]) -> None:
+    """Raise `HeldKvStall` with the first engine's line where one is in vLLM's held-KV deadlock
+    (`Scheduler.held_kv_stall`); return otherwise."""
+    for engine in engines:
+        if (reason := engine.scheduler.held_kv_stall()) is not None:
+            raise HeldKvStall(reason) from None  # raised while simpy's RuntimeError is handled, too
 
 
 def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] | Conversations, dispatch: Dispatch,
@@ -216,9 +222,7 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] 
     except RuntimeError:
         if env.peek() < math.inf:  # not simpy's "no scheduled events left": every loop waits for good
             raise
-        for engine in engines:  # held-KV deadlock on an engine still fed (a decode instance, its transfers
-            if (reason := engine.scheduler.held_kv_stall()) is not None:  # pending): said as `step_loop` says it
-                raise HeldKvStall(reason) from None
+        raise_held_kv_stall(engines)  # on an engine still fed (a decode instance, its transfers pending)
         raise
     for engine in engines:
         engine.recorder.finish()
