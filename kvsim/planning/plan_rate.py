@@ -214,8 +214,9 @@ class RateSearch:
                     **evidence_columns(worst["evidence"], slo), **search_columns(s), **self.verify.columns()}
         assert searched is not None  # long runs start from the searched count: none ran without one
         num_gpus = replicas * c.tensor_parallel_size
-        answer = self.answer_metrics() or found  # the fleet's long run that held (else the one-replica probe)
-        on_probe = s.rate if self.answer_metrics() is None else None  # the probe's fraction: no long run held
+        held = self.answer_metrics()  # the fleet's long run that held, if one did
+        answer = held or found  # (else the one-replica probe)
+        on_probe = s.rate if held is None else None  # the probe's fraction: no long run held
         if replicas > searched:
             failed_long = (counted(searched, "replica") if searched == replicas - 1
                            else f"{searched}..{replicas - 1} replicas")
