@@ -154,15 +154,15 @@ NO_COLUMNS = TraceColumns()
 def _integral(value: Any) -> int | None:
     """`value` as an integer in the forms the scenario's own integers take (pydantic's lax mode, as
     `workload.priority`'s `priority: 1.0` is 1): an int, an integral float (a JSON 1.0), or text of one
-    (`-2`, `1.00`); None for anything else (1.5, `1.`, `1e0`, true, `1_0`: `kvsim.model.spec.Settings`
-    refuses the last two there too)."""
+    (`-2`, `1.00`, in ASCII digits); None for anything else (1.5, `1.`, `1e0`, true, `1_0`, an Arabic-Indic or
+    fullwidth 1: `kvsim.model.spec.Settings` refuses the last four there too)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
     if isinstance(value, float):
         return int(value) if value.is_integer() else None
-    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+(?:\.0+)?", value):
+    if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+(?:\.0+)?", value):  # ASCII: int() reads other digits
         return int(value.partition(".")[0])
     return None
 
