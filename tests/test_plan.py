@@ -232,3 +232,19 @@ def test_probes_too_short_at_max_probe_requests_say_the_run_was_not_judged(tmp_p
     assert simulated == 3 and not rows[0]["feasible"]
     assert rows[0]["limiting_factor"] == ("could not be judged: its 20-request probes were too short up to 4 replicas; "
                                           "raise max_probe_requests (now 20)")
+
+
+def test_probes_too_short_on_a_trace_shorter_than_asked_blame_the_trace_not_the_cap(tmp_path):
+    """A 20-row trace, 40 requests asked a probe: every probe runs the trace's 20 (under the window's 50-request
+    minimum), and no longer probe can run more, so raising max_probe_requests (50: the doubling to 80 is over it)
+    would change nothing. The row said "its 40-request probes ... raise max_probe_requests (now 50)"."""
+    rows = "".join(f"2023-11-16 18:17:{i // 10:02d}.{i % 10}00,256,64\n" for i in range(20))  # 10 req/s
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    base = toy().model_dump(mode="json")
+    base["workload"] = {"num_requests": 40, "arrival": {"process": "trace"},
+                        "trace": {"format": "azure", "path": "t.csv"}}
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 2, "max_probe_requests": 50})
+    rows, simulated = plan(make_scenario(base, tmp_path), spec, tmp_path / "out")
+    assert simulated == 2 and not rows[0]["feasible"]  # 1 and 2 replicas, neither judged
+    assert rows[0]["limiting_factor"] == ("could not be judged: its probes ran only 20 requests (40 asked: the trace "
+                                          "holds no more) and were too short up to 2 replicas")

@@ -256,7 +256,8 @@ class ReplicaSearch:
         if best is None or replicas is None:
             count = max(self.results) if best is None else best
             worst = self.results[count] if best is None else self.verify.attempts[-1][1]
-            why = (unjudged(self.num_requests, f"up to {counted(count, 'replica')}", self.spec.max_probe_requests)
+            why = (unjudged(self.num_requests, worst["evidence"]["num_requests"],
+                            f"up to {counted(count, 'replica')}", self.spec.max_probe_requests)
                    if best is None and worst["evidence"]["verdict"] == TOO_SHORT else
                    f"{why_failed(worst['evidence'], slo)} even at {counted(count, 'replica')}" if best is None else
                    f"the long run {why_failed(worst['evidence'], slo)} even at "

@@ -111,7 +111,8 @@ class XpydSearch:
         common = {"requests_per_probe": self.num_requests, "headroom": headroom(ev, slo),
                   **evidence_columns(ev, slo), **self.verify.columns()}
         if not self._passes():
-            limiting = (unjudged(self.num_requests, f"at {self.split_text}", self.spec.max_probe_requests)
+            limiting = (unjudged(self.num_requests, ev["num_requests"], f"at {self.split_text}",
+                                 self.spec.max_probe_requests)
                         if ev["verdict"] == TOO_SHORT else f"{why_failed(ev, slo)} at {self.split_text}")
             if block is not None:
                 limiting += "; " + bounded_by_memory(self.memory.over(*block))
