@@ -18,10 +18,11 @@ import json
 import platform
 import time
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from kvsim.planning.steady_state import search_rates
-from kvsim.planning.sweep import run_many
+from kvsim.planning.sweep import run_evidence
 from kvsim.report.studies import poisson, variant
 from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
 
@@ -42,12 +43,10 @@ def main() -> None:
         simulated[0] += n
         return variant(base, poisson(rate), f"workload.num_requests={n}")
 
-    def run(scenarios):
-        return [r.evidence for r in run_many(scenarios, workers=1, evidence=True)]
-
     wall, cpu = time.perf_counter(), time.process_time()
-    (search,) = search_rates(make, 1, SLO, run, num_requests=args.first, max_requests=args.max_requests,
-                             verify_factor=args.verify_factor, max_verify_requests=10 * args.max_requests)
+    (search,) = search_rates(make, 1, SLO, partial(run_evidence, workers=1), num_requests=args.first,
+                             max_requests=args.max_requests, verify_factor=args.verify_factor,
+                             max_verify_requests=10 * args.max_requests)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     summary = search.summary()
     out = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.machine(),

@@ -32,11 +32,12 @@ import platform
 import tempfile
 import time
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from kvsim.planning.steady_state import search_rates
-from kvsim.planning.sweep import run_many
+from kvsim.planning.sweep import run_evidence
 from kvsim.report.studies import StudyConfig, poisson, variant
 from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
 
@@ -65,13 +66,10 @@ def rate_evidence(sets: list[str], cfg: StudyConfig) -> dict[str, Any]:
     base = variant(load_scenario(None, sets, default=REPORT_SCENARIO), "steps=none", "engine.allocator=paged")
     slo = {"ttft_s.p90": SLO_S}
 
-    def run(scenarios: list[Any]) -> list[dict[str, Any]]:
-        return [r.evidence for r in run_many(scenarios, workers=1, evidence=True)]
-
     def search(first: int, verify_factor: int) -> tuple[Any, float]:
         wall = time.perf_counter()
         (s,) = search_rates(lambda _, rate, n: variant(base, poisson(rate), f"workload.num_requests={n}"), 1, slo,
-                            run, num_requests=first, max_requests=cfg.rate_max_requests,
+                            partial(run_evidence, workers=1), num_requests=first, max_requests=cfg.rate_max_requests,
                             verify_factor=verify_factor, max_verify_requests=cfg.rate_max_verify_requests)
         return s, time.perf_counter() - wall
 
@@ -106,10 +104,10 @@ def long_evidence(sets: list[str], rate_per_s: float, num_requests: int, max_tri
     runs: list[dict[str, Any]] = []
     rate = rate_per_s
     for _ in range(max_tries):
-        (r,) = run_many([variant(base, poisson(rate), f"workload.num_requests={num_requests}")], workers=1,
-                        evidence=True)
-        passed = probe_passes(r.evidence, {"ttft_s.p90": SLO_S})
-        runs.append(_long_run(LongRun(rate, passed, r.evidence)))
+        (evidence,) = run_evidence([variant(base, poisson(rate), f"workload.num_requests={num_requests}")],
+                                   workers=1)
+        passed = probe_passes(evidence, {"ttft_s.p90": SLO_S})
+        runs.append(_long_run(LongRun(rate, passed, evidence)))
         if passed:
             break
         rate *= 0.97
