@@ -248,3 +248,20 @@ def test_probes_too_short_on_a_trace_shorter_than_asked_blame_the_trace_not_the_
     assert simulated == 2 and not rows[0]["feasible"]  # 1 and 2 replicas, neither judged
     assert rows[0]["limiting_factor"] == ("could not be judged: its probes ran only 20 requests (40 asked: the trace "
                                           "holds no more) and were too short up to 2 replicas")
+
+
+def test_a_rate_search_whose_probes_stay_too_short_says_the_run_was_not_judged(tmp_path):
+    """The rate search counts a probe still too short at its longest (20 requests, under the window's 50, and
+    max_probe_requests=20 forbids the doubling) as failed: the row said "over 4 replicas; is too short at R req/s
+    per replica: over capacity (queueing)", claims no run made. It says it could not be judged, as the replica
+    search does."""
+    import re
+
+    base = toy().model_dump(mode="json")
+    base["workload"]["num_requests"] = 20
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 4, "max_probe_requests": 20,
+                           "search": "rate", "probe_requests": 20})
+    rows, _ = plan(make_scenario(base), spec, tmp_path)
+    assert not rows[0]["feasible"] and rows[0]["verdict"] == "too short"
+    assert re.fullmatch(r"could not be judged: its 20-request probes were too short at [0-9.]+ req/s per replica; "
+                        r"raise max_probe_requests \(now 20\)", rows[0]["limiting_factor"]), rows[0]["limiting_factor"]

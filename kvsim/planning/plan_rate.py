@@ -46,7 +46,7 @@ from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.search import Metrics
 from kvsim.planning.steady_state import SteadyRateSearch, failing_evidence
 from kvsim.planning.verify import Verification, answer_columns, evidence_columns
-from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, shortage, why_failed
+from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, shortage, unjudged, why_failed
 from kvsim.workload.scenario import Scenario, make_scenario
 
 if TYPE_CHECKING:
@@ -179,10 +179,17 @@ class RateSearch:
                     "cost_per_hour": None, "headroom": None,
                     "limiting_factor": bounded_by_memory(self.memory.over(*block)), **self.verify.columns()}
         failed = failing_evidence(s)
+        unjudged_rate = failed is not None and failed["evidence"]["verdict"] == TOO_SHORT  # at the longest probe
         if s.rate >= s.max_rate:
             limiting = "none: one replica sustains all the traffic within every SLO"
         elif failed is None:
             limiting = "nothing sustainable"
+        elif unjudged_rate:  # a failure only as the search counts it: not over capacity, nor over any count
+            ran = failed["evidence"]["num_requests"]
+            short = all(run.passed for run in s.long_runs)  # failing_evidence's: the short search's probe
+            asked = (s.answer_level() or s.level).num_requests if short else ran
+            limiting = unjudged(asked, ran, f"at {failed['offered_rate_per_s']:.3g} req/s per replica",
+                                self.spec.max_probe_requests)
         else:
             cause = shortage(failed["evidence"], failed["num_preemptions"])
             limiting = (f"{why_failed(failed['evidence'], slo)} at {failed['offered_rate_per_s']:.3g} req/s per "
@@ -206,7 +213,7 @@ class RateSearch:
                 memory = bounded_by_memory(self.memory.over(*block))
                 why = f"over {counted(self.cap, 'replica')} ({memory}); " + limiting
             else:
-                why = f"over {counted(self.spec.max_replicas, 'replica')}; " + limiting
+                why = limiting if unjudged_rate else f"over {counted(self.spec.max_replicas, 'replica')}; " + limiting
             return {**row, "feasible": False, "replicas": None, "num_gpus": None, "cost_per_hour": None,
                     "headroom": headroom(worst["evidence"], slo),
                     "limiting_factor": why,
