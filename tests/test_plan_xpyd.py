@@ -103,6 +103,19 @@ def test_rank_orders_tiny_costs_by_their_relative_difference():
     assert [r["candidate"] for r in ranked] == ["a", "b"]  # a tie on cost: more headroom first
 
 
+def test_rank_ties_one_hourly_cost_summed_two_ways_above_100_dollars():
+    """3 GPUs at $33.35 and 15 at $6.67 both cost $100.05 an hour (in floats 100.05000000000001 and 100.05): a tie,
+    so fewer GPUs rank first. Rounded straight to 4 significant digits the noise straddled the half-way point,
+    100.1 against 100.0, and the 15-GPU fleet ranked first as the cheaper; the printed costs differed too."""
+    from kvsim.planning.cost import usd_rounded
+
+    def row(name, gpus, price):
+        return {"candidate": name, "feasible": True, "cost_per_hour": gpus * price, "num_gpus": gpus,
+                "usd_per_million_output_tokens": 1.0, "headroom": 0.1}
+    assert [r["candidate"] for r in rank([row("many", 15, 6.67), row("few", 3, 33.35)])] == ["few", "many"]
+    assert usd_rounded(3 * 33.35) == usd_rounded(15 * 6.67) == usd_rounded(100.05)
+
+
 def test_a_split_whose_probes_stay_too_short_says_it_was_not_judged(tmp_path):
     """1P3D's decode pool serves up to 18.75 req/s > 14 offered, so nothing outgrows; 20 requests a probe are under
     the window's 50 and max_probe_requests=20 forbids the doubling: neither the split nor the colocated fleet

@@ -134,8 +134,14 @@ USD_SIGNIFICANT_DIGITS = 4
 def usd_rounded(value: float | None) -> float | None:
     """A price as printed, to `USD_SIGNIFICANT_DIGITS` significant digits (None stays None), so it scales with the
     hourly price whatever its size. To 4 decimals, a cheap GPU-hour's prices lost their digits: $2 an hour over 434
-    sequences, $0.004608 per user-hour, printed 0.0046; at $0.10 an hour 0.0002, not 0.0002304."""
-    return None if value is None else float(f"{value:.{USD_SIGNIFICANT_DIGITS}g}")
+    sequences, $0.004608 per user-hour, printed 0.0046; at $0.10 an hour 0.0002, not 0.0002304.
+
+    One amount summed two ways prints (and `kvsim.planning.plan.rank` compares) alike: its float noise is dropped
+    at 12 digits first. Rounded at once, 3 GPUs at $33.35 (100.05000000000001) read 100.1 and 15 at $6.67
+    (100.05) 100.0, where the noise straddles the 4th digit's half-way point."""
+    if value is None:
+        return None
+    return float(f"{float(f'{value:.12g}'):.{USD_SIGNIFICANT_DIGITS}g}")
 
 
 def add_sustained_costs(plan: dict, price: GpuPrice, num_gpus: int, scenario_for: Callable[[int], Any],

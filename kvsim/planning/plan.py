@@ -299,7 +299,7 @@ def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Costs are compared as `usd_rounded` prints them, to 4 significant digits: a relative tolerance (about 0.01 %),
     so the float noise of one price summed two ways (3 GPUs at $2.30, 6.8999999999999995, and 2 at $3.45, 6.9)
     is a tie, and a difference in the digits the table shows is an order, at $100 an hour or $0.001 alike. (An
-    absolute $0.0001 tied any two costs under it, however far apart: $0.00004 and $0.00009 per Mtok.)"""
+    absolute $0.0001 tied costs that round alike, however far apart: $0.00006 and $0.00014 per Mtok.)"""
     def usd(value: float | None) -> float:
         return math.inf if (rounded := usd_rounded(value)) is None else rounded
 
