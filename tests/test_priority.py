@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import kvsim
+from kvsim.engine.builder import check_engine
 from kvsim.fleet.driver import simulate_fleet
 from kvsim.kv import PagedAllocator
 from kvsim.model.errors import KvsimError
@@ -166,3 +167,26 @@ def test_ties_go_by_arrival_not_by_id_when_the_two_disagree():
     assert [queue.pop().request_id for _ in range(4)] == [3, 4, 5, 1]
     running = [requests[5], requests[3], requests[4]]
     assert running[queue.victim_index(running)].request_id == 5
+
+
+V0_MIX = ("--set", "engine.scheduler=v0", "--set", "workload.num_requests=20", "--set",
+          "workload.priority={classes: [{name: chat, priority: 0, weight: 1}, {name: batch, priority: 5, weight: 1}]}")
+
+
+def test_v0_refuses_a_nonzero_priority_before_writing_anything(tmp_path):
+    """vLLM v0's `LLMEngine.add_request` raises "Got priority 5 but Priority scheduling is not enabled." for a request
+    of a nonzero priority under fcfs (vllm/engine/llm_engine.py), and v0's priority policy is refused here: so a v0
+    engine can serve priority 0 only. kvsim ran such a run and served the priority-5 requests as FCFS."""
+    from conftest import one_line_exit_2  # tests/ is on sys.path
+
+    line = one_line_exit_2(["run", *V0_MIX, "-o", str(tmp_path / "out")])
+    assert line.startswith("workload.priority.classes.1.priority=5: scheduler v0 rejects every request of a nonzero "
+                           "priority under fcfs")
+    assert not (tmp_path / "out").exists()
+    # v1 under fcfs accepts the priority and ignores it; v0 serves a mix of priority 0 alone
+    lengths = {"prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 8}}
+    assert kvsim.simulate({"workload": {"num_requests": 20, **lengths, "priority": {"classes": [
+        {"name": "chat", "priority": 0, "weight": 1}]}}}, engine__scheduler="v0").summary["num_requests"] == 20
+    with pytest.raises(KvsimError, match=r"workload.trace.priority_column='p': scheduler v0 rejects"):
+        check_engine(resolve_scenario({"engine": {"scheduler": "v0"}, "workload": {
+            "trace": {"path": str(tmp_path / "t.jsonl"), "format": "lengths", "priority_column": "p"}}}))

@@ -85,6 +85,7 @@ class EngineSpec:
 def resolve_engine(scenario: Scenario) -> EngineSpec:
     """Load the model and GPU, check what vLLM checks at startup and size the KV pool, once."""
     model, gpu, engine = load_model(scenario.model), load_gpu(scenario.gpu), scenario.engine
+    _check_v0_priorities(scenario)
     if scenario.gpu_link is not None:
         gpu = gpu.model_copy(update={"link": scenario.gpu_link})
     max_model_len = engine.resolved_max_model_len(model)
@@ -107,6 +108,26 @@ def resolve_engine(scenario: Scenario) -> EngineSpec:
     return EngineSpec(scenario, model, gpu, engine, max_model_len, layout, num_blocks, layout.bytes_per_block,
                       layout.bytes_per_token, num_kv_slots, cpu_swap_bytes // layout.bytes_per_block,
                       cpu_swap_bytes // layout.bytes_per_token, limits, engine.resolved_async_scheduling)
+
+
+def _check_v0_priorities(scenario: Scenario) -> None:
+    """Refuse request priorities vLLM v0 would reject: its `LLMEngine.add_request` raises "Got priority N but
+    Priority scheduling is not enabled." for every request of a nonzero priority unless the policy is `priority`
+    (vllm/engine/llm_engine.py), which kvsim does not model for v0 (`EngineConfig`); so a v0 engine serves only
+    priority 0. vLLM v1 accepts any priority under FCFS and ignores it (`kvsim.workload.scenario.PriorityMix`).
+    A trace's priority column is refused whatever it holds: its values are read with the workload, after this."""
+    if scenario.engine.scheduler != "v0":
+        return
+    trace, mix = scenario.workload.trace, scenario.workload.priority
+    if trace is not None and trace.priority_column is not None:
+        raise KvsimError(f"workload.trace.priority_column={trace.priority_column!r}: scheduler v0 rejects every "
+                         "request of a nonzero priority under fcfs (vLLM's LLMEngine.add_request) and its priority "
+                         "policy is not modelled; drop the column, or set engine.scheduler=v1")
+    for i, cls in enumerate(mix.classes if mix is not None else ()):
+        if cls.priority != 0:
+            raise KvsimError(f"workload.priority.classes.{i}.priority={cls.priority}: scheduler v0 rejects every "
+                             "request of a nonzero priority under fcfs (vLLM's LLMEngine.add_request) and its "
+                             "priority policy is not modelled; give priority 0, or set engine.scheduler=v1")
 
 
 def make_allocator(spec: EngineSpec) -> KVAllocator:
