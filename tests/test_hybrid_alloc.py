@@ -10,6 +10,8 @@ recently freed uncached block first).
 from __future__ import annotations
 
 from kvsim.kv import GroupedPagedAllocator, TokenContent
+from kvsim.model.capacity import model_kv_layout
+from kvsim.model.config import load_model, make_engine
 from kvsim.model.kv_layout import KVGroup, KVLayout
 
 
@@ -187,3 +189,26 @@ def test_mapped_slots_follow_hits_skips_and_frees_by_hand() -> None:
     alloc.free(1)
     assert alloc.num_mapped_slots == 0
     alloc.check_invariants()
+
+
+def test_groups_in_vllm_order_free_group_by_group_hashed_to_the_tail() -> None:
+    """vLLM's group order: `_get_kv_cache_groups_uniform_page_size` (vllm/v1/core/kv_cache_utils.py) fills its
+    `same_type_layers` defaultdict in layer order, so the kind of layer 0 comes first: gemma-3-27b (layers 0-4
+    sliding, 5 full) has its 6 sliding groups, then the full one; gpt-oss-20b (layer 0 sliding) sliding, then
+    full. The coordinator holds one manager per group in that order, and `KVCacheCoordinator.free` calls each
+    manager's `free` in turn (vllm/v1/core/kv_cache_coordinator.py), which passes its blocks tail-first.
+
+    By hand, caching on, a 10-token prompt in the tiny world: group 0 takes blocks 1, 2, 3 and group 1 takes
+    4, 5, 6 (the free queue starts 1..19); blocks 1, 2 and 4, 5 are full and hashed, 3 and 6 are not. Freeing:
+    group 0's [3, 2, 1]: 3 to the head, 2, 1 to the tail; then group 1's [6, 5, 4]: 6 to the head (before 3),
+    5, 4 to the tail. The queue hands out 6, 3, 7..19, then evicts 2, 1, 5, 4 in that order."""
+    engine = make_engine(max_model_len=8192)
+    gemma = model_kv_layout(load_model("gemma-3-27b"), engine)
+    assert [g.kind for g in gemma.groups] == ["sliding_window"] * 6 + ["full"]
+    assert [g.kind for g in model_kv_layout(load_model("gpt-oss-20b"), engine).groups] == ["sliding_window", "full"]
+    alloc = tiny(enable_caching=True)
+    assert alloc.allocate(1, 10, content=TokenContent(list(range(200, 210))))
+    assert alloc.seqs[1].tables == [[1, 2, 3], [4, 5, 6]]
+    alloc.free(1)
+    alloc.check_invariants()
+    assert alloc.pool.get_new_blocks(19) == [6, 3, *range(7, 20), 2, 1, 5, 4]
