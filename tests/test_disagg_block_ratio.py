@@ -38,3 +38,18 @@ def test_the_decode_router_hashes_at_the_decode_pools_block_size():
     routes = simulate_disagg(make_scenario(spec)).tables["routes"]
     decode = routes[routes["pool"] == "decode"].sort_values("request_id")
     assert list(decode["matched_tokens"]) == [0, 32]
+
+
+def test_a_decode_prefix_hit_reads_p_blocks_for_d_blocks_to_fill_not_the_uncached_tokens():
+    """Two 100-token prompts (a 64-token shared prefix before 36 tokens of their own), 1 s apart (the first long finished). D (blocks of 32,
+    prefix caching on) holds the shared tokens 0..63, 2 of its blocks, so vLLM's scheduler gives the connector its
+    ceil(100 / 32) − 2 = 2 blocks to fill (`get_unhashed_block_ids`); `_read_blocks` maps them to 2 · 32 / 16 = 4
+    of P's blocks of 16 (`get_mapped_blocks`, clipped to P's 7: no clip) and reads P's last 4
+    (`remote_block_ids[-4:]`): 4 · 16 = 64 tokens' KV, where the un-cached tokens 64..99 are 36 (P's blocks 4..6
+    hold them, 48). The first request, no hit, reads P's 7 blocks (D's 4 blocks map to 8, clipped to 7)."""
+    spec = scenario(num_requests=2, rate=1.0, prompt=36, decode_engine={"block_size": 32}).model_dump(mode="json")
+    spec["workload"]["shared_prefix"] = {"tokens": 64}
+    result = simulate_disagg(make_scenario(spec), check=True)
+    transfers = result.tables["transfers"].sort_values("request_id")
+    assert list(result.requests.sort_values("request_id")["prefix_hit_tokens"]) == [0, 64]
+    assert list(transfers["num_bytes"]) == [7 * 16 * BYTES_PER_TOKEN, 4 * 16 * BYTES_PER_TOKEN]

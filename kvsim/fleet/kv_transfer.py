@@ -18,6 +18,12 @@ replicated across ranks are received by each of them). `num_blocks` is `prefill_
 `NixlConnectorWorker._read_blocks` splits each of D's blocks it must fill (those its prefix cache does not
 hold) into `block_size_ratio` blocks of P's size (`get_mapped_blocks`) and clips them to the blocks P holds,
 so a 100-token prompt moves ceil(100 / 16) = 7 blocks of 16 into blocks of 32, 112 tokens' KV, not 128.
+With a prefix hit on D the bytes are not the un-cached tokens' KV either: D holding tokens 0..63 of that
+prompt (2 blocks of 32) fills 2 blocks, 4 of P's, and vLLM reads P's *last* 4 (`remote_block_ids[-4:]`,
+tokens 48..111 of P's 7 blocks: 64 tokens' KV for 36 un-cached tokens), the bytes counted here. That read is
+shifted one P block before D's blocks 2 and 3 (P's block 3, tokens 48..63, lands where D wants 64..79) whenever
+the mapped blocks outnumber P's blocks after the hit, a misalignment of vLLM's code, not modelled as more than
+its bytes (`tests/test_disagg_block_ratio.py`).
 """
 
 from __future__ import annotations
