@@ -4,7 +4,7 @@ The client's row of a request carries the prefill instance's admission (`first_s
 the wait before the prefill) and the decode instance as its `replica`: read alone, the waiting queue is the
 prefill pool's. With the transfers table's hand-offs, the fleet's queue runs from arrival to first token (the
 prefill and the transfer count as waiting, a bounded few), and each decode instance's own queue, hand-off to
-first token, is judged apart (`early_overload`).
+first token, and each prefill instance's, arrival to prefill, are judged apart (`early_overload`).
 
 A world priced by hand: a constant 10 ms step, 256-token prompts (one prefill step on P: P serves up to
 100 req/s) and 20-token outputs (20 steps on D: its first step recomputes the last prompt token and yields
@@ -14,7 +14,7 @@ the first token, then 19 decodes: 0.2 s a request, so D serves max_num_seqs / 0.
 import pytest
 
 import kvsim
-from kvsim.planning.window import OVERLOADED, STABLE, window_evidence
+from kvsim.planning.window import BACKLOGGED, OVERLOADED, STABLE, window_evidence
 
 FIXED = {"dist": "fixed"}
 
@@ -35,12 +35,12 @@ def split_fleet(rate_per_s, decode_max_num_seqs, num_requests, num_decode=1):
 @pytest.mark.parametrize("num_decode", [1, 2])
 def test_a_split_fleet_well_inside_its_capacity_reads_stable(num_decode):
     """20 req/s: P at 20 % of its 100 req/s, each D at 20/num_decode of its 8 / 0.2 = 40 req/s (50 %, 25 %).
-    Stable, served ÷ offered ≈ 1, and no decode instance's queue outgrows its margin."""
+    Stable, served ÷ offered ≈ 1, and no instance's queue outgrows its margin."""
     evidence = judged(split_fleet(20.0, 8, 2000, num_decode))
     assert evidence["verdict"] == STABLE
     assert evidence["served_over_offered"] == pytest.approx(1.0, abs=0.03)
-    worst = evidence["early_overload"]["worst_replica"]  # a decode instance, one of them too
-    assert worst["replica"] >= 1 and worst["waiting_growth"] <= worst["margin"]
+    worst = evidence["early_overload"]["worst_replica"]  # P or a decode instance, one of them too
+    assert worst["waiting_growth"] <= worst["margin"]
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +69,27 @@ def test_a_split_fleet_far_past_its_decode_capacity_is_overloaded_not_too_short(
     every run is too short by the service-time test; its decode queue's growth still says overloaded."""
     evidence = judged(split_fleet(20.0, 1, 2000))
     assert evidence["verdict"] == OVERLOADED
+
+
+def test_one_prefill_instance_behind_while_the_pipeline_queue_keeps_within_its_margin():
+    """2P1D, round robin: P0 takes prefill chunks of 50 tokens one request at a time (max_num_seqs 1), so a
+    100-token prompt takes 2 of its 10 ms steps: 50 req/s; P1 (defaults) serves far more, and D (5 outputs,
+    256 seqs) too. At 107 req/s P0 gets 53.5, 7 % over: its queue grows ~3.5 a second, ~68 over the ~19.5 s
+    window of 3,000 arrivals. The pipeline queue (arrival to first token) grows as much, but its margin counts
+    every arrival, ~2,100, and D's running requests: 1.96 · √2,100 ≈ 90 > 68, so alone it read stable. P0's
+    own queue, its ~1,050 arrivals of c_a² 1/2 (every other one of a Poisson stream), has a margin of
+    z · √(525 + ~1) ≈ 2.39 · 23 = 55 (z for 3 instances: Φ(−z) = 0.025 / 3) and outgrows it."""
+    raw = {"model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 2, "engine": {"max_model_len": 2048},
+           "workload": {"num_requests": 3000, "arrival": {"process": "poisson", "rate": 107.0},
+                        "prompt_len": {**FIXED, "value": 100}, "output_len": {**FIXED, "value": 5}},
+           "latency": {"model": "constant", "step_s": 0.01},
+           "kv_transfer_config": {"kv_link": "rdma", "prefill_router": {"policy": "round_robin"}},
+           "replicas": [{"count": 1, "kv_role": "kv_producer",
+                         "engine": {"max_num_batched_tokens": 50, "max_num_seqs": 1}},
+                        {"count": 1, "kv_role": "kv_producer"}, {"count": 1, "kv_role": "kv_consumer"}]}
+    evidence = judged(kvsim.simulate(raw))
+    fleet, worst = evidence["early_overload"], evidence["early_overload"]["worst_replica"]
+    assert 50 < fleet["waiting_growth"] <= fleet["margin"] == pytest.approx(90, abs=5)
+    assert worst["replica"] == 0 and worst["margin"] == pytest.approx(55, abs=4)
+    assert worst["waiting_growth"] > worst["margin"]
+    assert evidence["served_over_offered"] > 0.95 and evidence["verdict"] == BACKLOGGED

@@ -13,12 +13,13 @@ from kvsim.model.errors import HeldKvStall
 from kvsim.planning.search import Metrics
 from kvsim.workload.scenario import Scenario
 
-POINT_FORMAT = 3
+POINT_FORMAT = 4
 """The format of the points `point_metrics` makes, stamped on each line of points.jsonl (`PointStore`): raise it
 whenever what a point's metrics mean changes, so a plan resumed from an older points.jsonl simulates those points
 again instead of mixing two kvsims' numbers. 0: before the stamp (53fa429 fixed `work.recomputed_tokens`, one off
 per one-token chunk). 1: a fleet's verdict read its total waiting queue only, not each replica's (7db66e8). 2: an
-xPyD split's read its prefill pool's queue only, not each decode instance's (`early_overload`).
+xPyD split's read its prefill pool's queue only, not each decode instance's (`early_overload`). 3: nor each
+prefill instance's (model21).
 (A stalled point needs no new format: before it, such a point stopped the plan and was never stored.)"""
 
 SUMMARY_KEYS = ("num_replicas", "num_gpus", "num_requests", "num_finished", "num_rejected", "duration_s",

@@ -185,18 +185,33 @@ def _queue_growth(requests: Mapping[str, Any], servable: np.ndarray, start: floa
     return {"waiting_growth": waiting_growth, "margin": z * math.sqrt(variance), "z": z}
 
 
-def _handoff_s(requests: Mapping[str, Any], transfers: Mapping[str, Any]) -> np.ndarray:
-    """Per row of a disaggregated run's `requests`, its hand-off to a decode instance (`transfers`' handoff_s, by
-    request_id); NaN for a request never handed off (rejected on its prefill instance)."""
+def _handoffs(requests: Mapping[str, Any], transfers: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of a disaggregated run's `requests`, its hand-off to a decode instance and the prefill instance it
+    came from (`transfers`' handoff_s and prefill_replica, by request_id); NaN and −1 for a request never handed
+    off (rejected on its prefill instance)."""
     row = {int(rid): i for i, rid in enumerate(np.asarray(requests["request_id"]))}
-    handoff = np.full(len(row), np.nan)
-    handoff[[row[int(rid)] for rid in np.asarray(transfers["request_id"])]] = np.asarray(transfers["handoff_s"])
-    return handoff
+    at = [row[int(rid)] for rid in np.asarray(transfers["request_id"])]
+    handoff, prefill = np.full(len(row), np.nan), np.full(len(row), -1)
+    handoff[at], prefill[at] = np.asarray(transfers["handoff_s"]), np.asarray(transfers["prefill_replica"])
+    return handoff, prefill
+
+
+def _prefill_queues(requests: Mapping[str, Any], handoff_s: np.ndarray,
+                    prefill: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
+    """Per prefill instance of a disaggregated run (`_handoffs`), its queue as `_queue_growth` reads one: a request
+    arrives with the client's arrival, is admitted when its prefill is first scheduled (the client row's
+    `first_scheduled_s` is the prefill's) and leaves at its hand-off."""
+    columns = {"arrival_s": np.asarray(requests["arrival_s"], float),
+               "first_scheduled_s": np.asarray(requests["first_scheduled_s"], float), "finish_s": handoff_s,
+               "num_preemptions": np.asarray(requests["num_preemptions"]) if "num_preemptions" in requests
+               else np.zeros(len(prefill))}
+    return {int(r): {name: values[prefill == r] for name, values in columns.items()} for r in np.unique(prefill)
+            if r >= 0}
 
 
 def _decode_queues(requests: Mapping[str, Any], handoff_s: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
     """Per decode instance of a disaggregated run (a handed-off request's `replica`), its queue as `_queue_growth`
-    reads one: a request arrives at its hand-off (`_handoff_s`), counts as admitted at its first token (D's first
+    reads one: a request arrives at its hand-off (`_handoffs`), counts as admitted at its first token (D's first
     step, which recomputes the last prompt token) and leaves when it finishes. So it waits while D reserves its
     blocks, while its KV moves and while it is queued on D with its KV there, as vLLM's decode instance counts it
     waiting (WAITING_FOR_REMOTE_KVS, then WAITING), and one step more."""
@@ -210,7 +225,7 @@ def _decode_queues(requests: Mapping[str, Any], handoff_s: np.ndarray) -> dict[i
 
 
 def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: float, end: float,
-                   z: float = Z_EARLY, handoff_s: np.ndarray | None = None) -> dict[str, Any]:
+                   z: float = Z_EARLY, handoffs: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
     """The waiting queue's growth over the window [start, end) against the margin a stable queue stays under
     (the module's docstring derives it), `z` deviations of the net input: {"waiting_growth", "margin", "z"};
     growth > margin is an overload.
@@ -226,14 +241,18 @@ def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: flo
     2 and 4 round-robin M/D/1 replicas at ρ = 1, 4,000 requests: a replica's test fired in 3.5 % and 2 %, always
     beside the fleet's, in 8 %).
 
-    A disaggregated run's hand-offs (`handoff_s`, per row: `_handoff_s`) make the fleet's queue the whole way to
+    A disaggregated run's hand-offs (`handoffs`, per row: `_handoffs`) make the fleet's queue the whole way to
     the decode instance, arrival to first token (the prefill queue, the prefill, the wait for D's blocks, the
-    transfer, D's queue and its first step), and the replicas its decode instances, each judged on its own queue
-    (`_decode_queues`: hand-off to first token), one instance too. A client row's `first_scheduled_s` is the
-    prefill's: read alone, the prefill pool's queue missed a decode pool falling behind while P kept up
-    (served ÷ offered 0.89 with P's queue flat: stable)."""
-    if handoff_s is not None and not np.isnan(handoff_s).all():
-        queues = _decode_queues(requests, handoff_s)
+    transfer, D's queue and its first step), and the replicas its instances, each judged on its own queue: a
+    decode instance's hand-off to first token (`_decode_queues`), a prefill instance's arrival to prefill
+    (`_prefill_queues`), one instance too, the Bonferroni count all of them. A client row's `first_scheduled_s`
+    is the prefill's: read alone, the prefill pool's queue missed a decode pool falling behind while P kept up
+    (served ÷ offered 0.89 with P's queue flat: stable). The pipeline queue alone missed one prefill instance
+    falling behind (2P1D round-robin, one P at 50 req/s offered 54: its queue grew 87 against its own margin
+    of 55, the fleet's 88 against 90, whose variance counts D's running requests: stable)."""
+    if handoffs is not None and not np.isnan(handoffs[0]).all():
+        handoff_s, prefill = handoffs
+        queues = {**_prefill_queues(requests, handoff_s, prefill), **_decode_queues(requests, handoff_s)}
         first_token = np.asarray(requests["first_token_s"], float)
         pipeline = {name: np.asarray(requests[name]) for name in ("arrival_s", "finish_s", "num_preemptions")
                     if name in requests}
@@ -295,7 +314,7 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     and latency percentiles with CIs over the servable requests that arrived in the window.
 
     `requests`: a run's requests table (`RunResult.requests` or its columns; a fleet's works too), and a
-    disaggregated run's `transfers` table (`RunResult.tables`), whose decode queues `early_overload` judges.
+    disaggregated run's `transfers` table (`RunResult.tables`), whose instances' queues `early_overload` judges.
     The result is JSON-safe and independent of any SLO (`probe_passes` applies one).
     """
     arrival = np.asarray(requests["arrival_s"], dtype=float)
@@ -310,8 +329,8 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
         return _no_window(out, EMPTY)
     t0, t_last = float(arrival[servable].min()), float(arrival[servable].max())
     span = t_last - t0
-    handoff_s = _handoff_s(requests, transfers) if transfers is not None else None
-    service_s = _service_s(requests, servable, handoff_s)
+    handoffs = _handoffs(requests, transfers) if transfers is not None else None
+    service_s = _service_s(requests, servable, handoffs[0] if handoffs is not None else None)
     start, end = t0 + max(warmup_fraction * span, WARMUP_SERVICES * service_s), t_last - tail_fraction * span
     end = max(end, start)
     window_s = end - start
@@ -328,7 +347,7 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     trend = slope / offered if offered > 0 and math.isfinite(offered) else None
     trend_low = (slope - Z_95 * slope_se) / offered if trend is not None else None
     too_short = window_s < MIN_WINDOW_SERVICES * service_s or num_in < MIN_WINDOW_REQUESTS
-    early = (early_overload(requests, servable, start, end, Z_EARLY if too_short else Z_95, handoff_s)
+    early = (early_overload(requests, servable, start, end, Z_EARLY if too_short else Z_95, handoffs)
              if num_in >= MIN_WINDOW_REQUESTS else None)
     by_replica = replica_outgrew(early)
     queue_outgrew = (early is not None and early["waiting_growth"] > early["margin"]) or by_replica
