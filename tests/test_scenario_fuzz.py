@@ -115,7 +115,7 @@ def scenarios(draw) -> dict:
                                      "num_prefixes": draw(st.integers(1, 2))}
     if draw(st.booleans()):
         workload["multi_turn"] = {"turns": draw(st.integers(1, 3)), "think_time_s": 0.05}
-    if draw(st.booleans()):
+    if engine["scheduler"] != "v0" and draw(st.booleans()):  # v0 refuses a nonzero priority
         workload["priority"] = {"classes": [{"name": "hi", "priority": 0, "weight": 1},
                                             {"name": "lo", "priority": 1, "weight": 2}]}
     if "speculative_config" not in engine and model not in HYBRID:
