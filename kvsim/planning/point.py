@@ -42,7 +42,7 @@ def point_metrics(scenario: Scenario, memory_limit_bytes: int | None = None) -> 
     summary = result.summary
     # the SLOs are judged on `evidence` (the steady-state window), never on the whole run's percentiles;
     # busy time and recomputed tokens are what the gap to the floor is made of (`kvsim.planning.bounds`)
-    evidence = window_evidence(result.requests, transfers=result.tables.get("transfers"))  # a split's decode queues
+    evidence = window_evidence(result.requests, transfers=result.tables.get("transfers"))  # a split's instances' queues
     return {**{key: summary[key] for key in SUMMARY_KEYS}, "evidence": evidence,
             "work": {"busy_replica_s": sum(run.totals.dt for run in result.replicas if run.totals is not None),
                      "recomputed_tokens": sum(run.counters.num_recomputed_tokens for run in result.replicas

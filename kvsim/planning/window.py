@@ -248,8 +248,8 @@ def early_overload(requests: Mapping[str, Any], servable: np.ndarray, start: flo
     (`_prefill_queues`), one instance too, the Bonferroni count all of them. A client row's `first_scheduled_s`
     is the prefill's: read alone, the prefill pool's queue missed a decode pool falling behind while P kept up
     (served ÷ offered 0.89 with P's queue flat: stable). The pipeline queue alone missed one prefill instance
-    falling behind (2P1D round-robin, one P at 50 req/s offered 54: its queue grew 87 against its own margin
-    of 55, the fleet's 88 against 90, whose variance counts D's running requests: stable)."""
+    falling behind (2P1D round-robin, one P at 50 req/s offered 53.5: its queue grew 70 against its own margin
+    of 53, the pipeline's 69 against 88, whose variance counts every arrival and D's running requests: stable)."""
     if handoffs is not None and not np.isnan(handoffs[0]).all():
         handoff_s, prefill = handoffs
         queues = {**_prefill_queues(requests, handoff_s, prefill), **_decode_queues(requests, handoff_s)}
