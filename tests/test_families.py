@@ -280,10 +280,11 @@ def test_several_architectures_are_read_as_the_first_known(architectures, model_
     assert set(ARCHITECTURE_TYPES.values()) <= set(READERS)
 
 
-@pytest.mark.parametrize("architectures", [None, [], ["BertModel"], "MixtralForCausalLM"])
+@pytest.mark.parametrize("architectures", [None, [], ["BertModel"], "BertModel", {"MixtralForCausalLM": 1}])
 def test_a_config_without_model_type_or_a_known_architecture_is_refused(tmp_path, architectures):
     """transformers' AutoConfig refuses a config without model_type ("Should have a `model_type` key"); kvsim
-    infers nothing from a missing, empty, unknown or non-list `architectures` and names both fields."""
+    infers nothing from a missing, empty or unknown `architectures`, or one neither a list nor a name (one name is
+    read as a list of it, as vLLM's registry reads it), and names both fields."""
     from tests.conftest import one_line_exit_2
 
     config = {k: v for k, v in MIXTRAL_NO_TYPE.items() if k != "architectures"}

@@ -128,18 +128,29 @@ def _derived_max_len(c: _Config) -> int:
     if not isinstance(scaling, dict):
         raise KvsimError(f"model config {c.name}: rope_scaling={shown(scaling)}: must be a mapping")
     rope_type = scaling.get("rope_type", scaling.get("type"))
+    legacy = scaling.get("type", rope_type)
+    if legacy != rope_type and (legacy, rope_type) not in _LEGACY_ROPE_TYPES:
+        raise KvsimError(f"model config {c.name}: rope_scaling.rope_type={shown(rope_type)} and its legacy "
+                         f"type={shown(legacy)} disagree (vLLM refuses both); give one of them")
     if rope_type in ("llama3", "longrope", "su"):
         return length
-    factor = scaling.get("factor", 1.0)
-    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor < float("inf"):
-        raise KvsimError(f"model config {c.name}: rope_scaling.factor={shown(factor)}: must be a positive number")
-    if rope_type == "yarn":
+    factor = _positive_number(c, "factor", scaling.get("factor", 1.0))
+    if rope_type == "yarn":  # vLLM multiplies it as it is, an integral float (32768.0) included
         original = scaling.get("original_max_position_embeddings")
-        if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
-            raise KvsimError(f"model config {c.name}: rope_scaling.original_max_position_embeddings="
-                             f"{shown(original)}: a yarn rope_scaling needs it, a positive integer")
-        length = original
+        return int(_positive_number(c, "original_max_position_embeddings", original, "a yarn one needs it, ") * factor)
     return int(length * factor)
+
+
+# The (legacy `type`, `rope_type`) pairs of different names that vLLM's `patch_rope_parameters_dict` lets stand.
+_LEGACY_ROPE_TYPES = {("su", "longrope"), ("mrope", "default")}
+
+
+def _positive_number(c: _Config, key: str, value: Any, need: str = "") -> float:
+    """`rope_scaling[key]`, a positive finite number (int or float, as vLLM multiplies it), else `KvsimError`
+    (`need` says why it must be there)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise KvsimError(f"model config {c.name}: rope_scaling.{key}={shown(value)}: {need}must be a positive number")
+    return value
 
 
 def _num_layers(c: _Config) -> int:
@@ -432,8 +443,9 @@ def _inferred_model_type(raw: dict[str, Any], name: str) -> Any:
     if "model_type" in raw:
         return raw["model_type"]
     architectures = raw.get("architectures")
-    known = [ARCHITECTURE_TYPES[a] for a in architectures if isinstance(a, str) and a in ARCHITECTURE_TYPES] \
-        if isinstance(architectures, list) else []
+    names = [architectures] if isinstance(architectures, str) else architectures  # as vLLM's _normalize_archs
+    known = [ARCHITECTURE_TYPES[a] for a in names if isinstance(a, str) and a in ARCHITECTURE_TYPES] \
+        if isinstance(names, list) else []
     if not known:
         raise KvsimError(f"model config {name}: model_type is missing and architectures={shown(architectures)} "
                          f"names no model kvsim reads (supported: {', '.join(sorted(ARCHITECTURE_TYPES))})")

@@ -1,0 +1,76 @@
+"""Bad input found by the twentieth sweep. Each is refused (the CLI: exit 2, one line naming the field and the value,
+nothing written; the Python API: a `KvsimError`), or, where vLLM accepts it, read as vLLM reads it.
+
+Found: a config.json whose `rope_scaling` gave a `rope_type` and a legacy `type` that disagree ran on `rope_type`
+(vLLM's `patch_rope_parameters_dict` refuses them); a yarn `original_max_position_embeddings` of `32768.0` was refused
+as "a positive integer" (vLLM multiplies it by the factor as it is); `architectures` given as one name, not a list,
+was "names no model kvsim reads" (vLLM's registry reads a name as a list of one).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import one_line_exit_2  # tests/ is on sys.path
+
+import kvsim
+from kvsim.model.errors import KvsimError
+from kvsim.model.families import fields_from_hf_config
+
+PRESETS = Path(kvsim.__file__).parent / "model" / "presets" / "models"
+# Qwen2.5-7B's text part, with the 32,768 positions its model card gives before YaRN
+QWEN = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
+        "torch_dtype": "bfloat16"}
+
+
+def _folder(tmp_path: Path, config: dict) -> Path:
+    (tmp_path / "M").mkdir()
+    (tmp_path / "M" / "config.json").write_text(json.dumps(config))
+    return tmp_path / "M"
+
+
+def test_a_rope_type_and_a_legacy_type_that_disagree_are_refused_as_vllm_refuses_them(tmp_path):
+    folder = _folder(tmp_path, {**QWEN, "rope_scaling": {"type": "linear", "rope_type": "yarn", "factor": 4.0,
+                                                           "original_max_position_embeddings": 32768}})
+    assert one_line_exit_2(["capacity", "--model", str(folder)]) == (
+        "model config M: rope_scaling.rope_type='yarn' and its legacy type='linear' disagree (vLLM refuses both); "
+        "give one of them")
+    with pytest.raises(KvsimError, match=r"^model config M: rope_scaling.rope_type='yarn' and its legacy"):
+        kvsim.simulate(None, model=str(folder))
+
+
+@pytest.mark.parametrize(("rope_scaling", "max_len"), [
+    ({"type": "su", "rope_type": "longrope", "factor": 4.0}, 32768),  # the pairs vLLM lets stand: unscaled
+    ({"type": "mrope", "rope_type": "default"}, 32768),  # default: factor 1
+    ({"type": "yarn", "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16384}, 32768),
+])
+def test_a_legacy_type_that_vllm_lets_stand_is_read(rope_scaling, max_len):
+    assert fields_from_hf_config({**QWEN, "rope_scaling": rope_scaling}, "M")["max_position_embeddings"] == max_len
+
+
+@pytest.mark.parametrize(("original", "max_len"), [(32768.0, 131072), (8192.5, 32770)])
+def test_a_float_original_length_of_yarn_is_multiplied_as_vllm_multiplies_it(original, max_len):
+    """vLLM: `derived_max_model_len = original; derived_max_model_len *= factor; int(...)`: 4 x 32,768.0 is
+    131,072 and 4 x 8,192.5 is 32,770."""
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": original}
+    assert fields_from_hf_config({**QWEN, "rope_scaling": rope}, "M")["max_position_embeddings"] == max_len
+
+
+@pytest.mark.parametrize("original", ["32768", True, 0, -1.0, float("inf")])
+def test_an_original_length_of_yarn_that_is_no_positive_number_is_still_refused(original):
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": original}
+    with pytest.raises(KvsimError, match=r"^model config M: rope_scaling.original_max_position_embeddings=.*: a yarn "
+                                         r"one needs it, must be a positive number$"):
+        fields_from_hf_config({**QWEN, "rope_scaling": rope}, "M")
+
+
+def test_architectures_given_as_one_name_is_read_as_a_list_of_it(tmp_path):
+    """vLLM's registry (`_normalize_archs`) reads `"architectures": "Qwen2ForCausalLM"` as `["Qwen2ForCausalLM"]`."""
+    config = {key: value for key, value in QWEN.items() if key != "model_type"}
+    as_text = fields_from_hf_config({**config, "architectures": "Qwen2ForCausalLM"}, "M")
+    assert as_text == fields_from_hf_config({**config, "architectures": ["Qwen2ForCausalLM"]}, "M")
+    with pytest.raises(KvsimError, match=r"^model config M: model_type is missing and architectures='Qwen2' "):
+        fields_from_hf_config({**config, "architectures": "Qwen2"}, "M")
