@@ -10,6 +10,8 @@ was "names no model kvsim reads" (vLLM's registry reads a name as a list of one)
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from conftest import one_line_exit_2  # tests/ is on sys.path
 import kvsim
 from kvsim.model.errors import KvsimError
 from kvsim.model.families import fields_from_hf_config
+from kvsim.results.output_dir import check_output_file
 
 PRESETS = Path(kvsim.__file__).parent / "model" / "presets" / "models"
 # Qwen2.5-7B's text part, with the 32,768 positions its model card gives before YaRN
@@ -74,3 +77,24 @@ def test_architectures_given_as_one_name_is_read_as_a_list_of_it(tmp_path):
     assert as_text == fields_from_hf_config({**config, "architectures": ["Qwen2ForCausalLM"]}, "M")
     with pytest.raises(KvsimError, match=r"^model config M: model_type is missing and architectures='Qwen2' "):
         fields_from_hf_config({**config, "architectures": "Qwen2"}, "M")
+
+
+def test_a_large_file_given_as_a_json_result_is_refused_after_a_bounded_read(tmp_path):
+    """`check_output_file` read a bench's `--output` whole to see whether it was an earlier result: a 2 GiB file took
+    2.6 GB of memory and 14 s. It reads at most `MAX_JSON_RESULT_BYTES` + 1 now (a result is kilobytes)."""
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:
+        f.truncate(2**31)  # sparse: no disk used
+    with pytest.raises(KvsimError, match=rf"^--output='{re.escape(str(big))}': exists and is over 67,108,864 B, no "
+                                         r"JSON result kvsim writes; kvsim only replaces"):
+        check_output_file(big, frozenset({"a"}))
+    assert big.stat().st_size == 2**31
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
+def test_a_fifo_or_a_device_given_as_a_json_result_is_refused_unread(tmp_path, special):
+    path = Path(special) if special.startswith("/") else tmp_path / special
+    if special == "fifo":
+        os.mkfifo(path)  # opened for reading, it would wait for a writer
+    with pytest.raises(KvsimError, match=r"': exists and is not a file; kvsim only replaces"):
+        check_output_file(path, frozenset({"a"}))

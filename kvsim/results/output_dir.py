@@ -45,6 +45,8 @@ from kvsim.model.errors import KvsimError, shown
 from kvsim.model.units import control_character
 
 MARKER_NAME = ".kvsim-output"
+# The most of a file `check_output_file` reads to tell a JSON result kvsim wrote (a bench's or a study's, kilobytes).
+MAX_JSON_RESULT_BYTES = 64 * 2**20
 FILE_TAG = "# generator: kvsim"
 _TEMP_INFIX = ".kvsim-"
 _AT_FDCWD = -100
@@ -219,9 +221,11 @@ def check_output_file(path: str | Path, json_keys: frozenset[str] | None = None)
         raise _refuse(path, "exists and is not a file")
     try:
         with out.open("rb") as f:
-            first = f.readline(len(FILE_TAG) + 1) if json_keys is None else f.read()
+            first = f.readline(len(FILE_TAG) + 1) if json_keys is None else f.read(MAX_JSON_RESULT_BYTES + 1)
     except OSError as error:
         raise _refuse(path, f"cannot be read ({error.strerror})") from None
+    if len(first) > MAX_JSON_RESULT_BYTES:  # read no further: a 2 GB file was read whole (2.6 GB of memory)
+        raise _refuse(path, f"exists and is over {MAX_JSON_RESULT_BYTES:,} B, no JSON result kvsim writes")
     if json_keys is None and not first.startswith(FILE_TAG.encode()):
         raise _refuse(path, f"exists and does not start with {FILE_TAG!r}")
     if json_keys is not None and _json_keys(first) != json_keys:
@@ -436,7 +440,8 @@ def output_file(path: str | Path, json_keys: frozenset[str] | None = None) -> It
                 yield tmp
                 with tmp.open("rb") as f:
                     assert f.readline().startswith(FILE_TAG.encode()) if json_keys is None else \
-                        _json_keys(f.read()) == json_keys, f"{out} must be recognisably kvsim's"
+                        _json_keys(f.read(MAX_JSON_RESULT_BYTES + 1)) == json_keys, \
+                        f"{out} must be recognisably kvsim's (and small enough to be read as so)"
                 check_output_file(out, json_keys)
                 os.replace(tmp, out)
         finally:
