@@ -13,15 +13,19 @@ prefix). Medians of `triton.testing.do_bench`.
     prefill   query length x cached length (batch 1) x block size: attention FLOP/s as a
               fraction of the bf16 dense peak (BF16_PEAK_FLOPS)
 
-Writes `kernels.json` and `kernels.md` (the two tables). Needs a CUDA device; exits 2 otherwise.
+Writes `kernels.json` and `kernels.md` (the two tables) into `--output-dir`, each new or this bench's earlier result
+(the JSON object of its keys; that JSON's tables), else refused before it runs. Needs a CUDA device; exits 2 otherwise.
 `benchmarks/kernels_dry_run.py` reads the grids below to estimate the run's time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import tempfile
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,8 @@ BF16_PEAK_FLOPS = 790e12  # H200 bf16 dense, the figure issue 24 compares prefil
 POOL_BYTES = 4 * 2**30  # K + V pool at least this big, so random blocks miss the 50-60 MB L2
 DECODE_GRID = {"block_sizes": (16, 32, 128), "batches": (1, 8, 32, 64, 128, 256), "contexts": (1024, 4096, 16384)}
 PREFILL_GRID = {"block_sizes": (16, 32), "query_lens": (512, 2048), "cached_lens": (0, 4096)}
+RESULT_KEYS = frozenset({"benchmark", "device", "torch", "triton", "copy_bytes_per_s", "bf16_peak_flops", "heads",
+                         "kv_heads", "head_dim", "dtype", "results"})
 QUICK = {"decode": {"block_sizes": (16,), "batches": (1, 32, 128), "contexts": (4096,)},
          "prefill": {"block_sizes": (16,), "query_lens": (1024,), "cached_lens": (0,)}}
 
@@ -136,11 +142,64 @@ def run(grid: list[dict[str, Any]], timer, device: str, pool_bytes: int, copy_by
             "head_dim": HEAD_DIM, "dtype": "bfloat16", "results": results}
 
 
+def check_outputs(folder: Path) -> None:
+    """Exit 2 with one line unless `kernels.json` in `folder` is new or an earlier result of this bench, and
+    `kernels.md` new or the tables of that earlier result (`--output-dir ~/notes` replaced a user's two files)."""
+    from result_file import check_result_file, one_line
+
+    from kvsim.model.errors import KvsimError
+
+    check_result_file("bench_kernels.py", folder / "kernels.json", RESULT_KEYS)
+    table, earlier = folder / "kernels.md", folder / "kernels.json"
+    if not (table.exists() or table.is_symlink()):
+        return
+    with one_line("bench_kernels.py"):
+        if not _tables_of(table, earlier):
+            raise KvsimError(f"--output-dir={str(folder)!r}: kernels.md exists and is not the tables of the "
+                             "kernels.json beside it; this bench only replaces its own results (choose a new folder)")
+
+
+def _tables_of(table: Path, earlier: Path) -> bool:
+    """Whether `table` is a plain file holding `markdown` of the result in `earlier` (read only up to the size
+    `check_output_file` reads of a JSON result: a stranger's large file is not read whole)."""
+    from kvsim.results.output_dir import MAX_JSON_RESULT_BYTES
+
+    if table.is_symlink() or not table.is_file() or not earlier.is_file():
+        return False
+    if table.stat().st_size > MAX_JSON_RESULT_BYTES:
+        return False
+    try:
+        return table.read_text(errors="replace") == markdown(json.loads(earlier.read_text()))
+    except (ValueError, KeyError, TypeError, ZeroDivisionError):  # an earlier result of our keys, not our values
+        return False
+
+
+def write_outputs(folder: Path, result: dict[str, Any]) -> str:
+    """Check both files again (they may have changed while the bench ran), write `kernels.json` and then
+    `kernels.md`, each replaced in one rename; returns the tables."""
+    from result_file import write_result_file
+
+    check_outputs(folder)
+    write_result_file("bench_kernels.py", folder / "kernels.json", RESULT_KEYS, result)
+    table = markdown(result)
+    fd, name = tempfile.mkstemp(prefix=".kernels.md.", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(table)
+        os.replace(name, folder / "kernels.md")
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--output-dir", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    check_outputs(args.output_dir)  # before it runs, not after
     try:
         import torch
         import triton
@@ -149,17 +208,13 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA device", file=sys.stderr)
         sys.exit(2)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
     def timer(fn):
         return triton.testing.do_bench(fn, return_mode="median") / 1e3
 
     result = run(points(args.quick), timer, "cuda", POOL_BYTES, 2**30)
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "kernels.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (args.output_dir / "kernels.md").write_text(table)
-    print(table)
+    print(write_outputs(args.output_dir, result))
 
 
 if __name__ == "__main__":

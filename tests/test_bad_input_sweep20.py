@@ -12,16 +12,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import one_line_exit_2  # tests/ is on sys.path
+from conftest import benchmark_script, one_line_exit_2  # tests/ is on sys.path
 
 import kvsim
 from kvsim.model.errors import KvsimError
 from kvsim.model.families import fields_from_hf_config
 from kvsim.results.output_dir import check_output_file
 
+ROOT = Path(__file__).resolve().parent.parent
 PRESETS = Path(kvsim.__file__).parent / "model" / "presets" / "models"
 # Qwen2.5-7B's text part, with the 32,768 positions its model card gives before YaRN
 QWEN = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
@@ -98,3 +101,44 @@ def test_a_fifo_or_a_device_given_as_a_json_result_is_refused_unread(tmp_path, s
         os.mkfifo(path)  # opened for reading, it would wait for a writer
     with pytest.raises(KvsimError, match=r"': exists and is not a file; kvsim only replaces"):
         check_output_file(path, frozenset({"a"}))
+
+
+def _bench_kernels(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+# a result of bench_kernels.py's keys with one decode and one prefill point (the tables' two kinds of row)
+KERNELS = {"benchmark": "paged_attention", "device": "cpu", "torch": "2", "triton": "3", "copy_bytes_per_s": 3e12,
+           "bf16_peak_flops": 790e12, "heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bfloat16",
+           "results": [{"kind": "decode", "block_size": 16, "batch": 1, "context_len": 4096, "bytes": 2**24,
+                        "paged_s": 1e-5, "sdpa_s": 2e-5},
+                       {"kind": "prefill", "block_size": 16, "batch": 1, "query_len": 1024, "context_len": 1024,
+                        "flops": 1e12, "paged_s": 1e-2, "sdpa_s": 2e-2}]}
+
+
+@pytest.mark.parametrize("files", [{"kernels.md": "my notes\n"}, {"kernels.json": '{"a": 1}\n'},
+                                   {"kernels.md": "my notes\n", "kernels.json": json.dumps(KERNELS)}])
+def test_bench_kernels_refuses_an_output_dir_holding_files_it_did_not_write(tmp_path, files):
+    """`bench_kernels.py --output-dir D` wrote D/kernels.json and D/kernels.md over whatever was there (after the
+    whole GPU run); each must now be new or this bench's earlier result, checked before torch is imported."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    done = _bench_kernels("--output-dir", str(tmp_path))
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("bench_kernels.py: error: --output")
+    assert "kernels.md" in done.stderr if "kernels.md" in files and len(files) == 2 else "kernels.json" in done.stderr
+    assert {path.name: path.read_text() for path in tmp_path.iterdir()} == files
+
+
+def test_bench_kernels_replaces_its_own_earlier_results(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    bench = benchmark_script("bench_kernels")
+    first = bench.write_outputs(tmp_path, KERNELS)
+    assert first.startswith("Paged attention on cpu (torch 2, Triton 3)")
+    bench.check_outputs(tmp_path)  # an earlier result: no exit
+    again = {**KERNELS, "device": "gpu"}
+    assert bench.write_outputs(tmp_path, again) == (tmp_path / "kernels.md").read_text() != first
+    assert json.loads((tmp_path / "kernels.json").read_text()) == again
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["kernels.json", "kernels.md"]  # no temporary left
