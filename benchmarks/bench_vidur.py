@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_simulator import baseline  # the same interpreter-speed loop, in this run
-from result_file import check_result_file, write_result_file
+from result_file import check_result_file, one_line, write_result_file
 from vidur_profile import write_csv_profile, write_profile
 from vidur_sides import (
     AZURE_TRACE,
@@ -260,6 +260,22 @@ RESULT_KEYS = frozenset({"baseline_loop_s", "benchmark", "cpus", "duration_s", "
                           "vidur_paper_commit", "vidur_version", "vidur_warmup_requests", "vidur_warmup_s"})
 
 
+def write_scenarios(folder: Path, names: list[str], num_requests: int | None) -> None:
+    """`--write-scenarios DIR`: each scenario's traces and kvsim scenario.yaml under DIR/NAME, DIR new or this
+    option's earlier output, replaced whole when all are written (it wrote over any files there), else exit 2."""
+    from kvsim.results.output_dir import output_directory
+
+    final = folder.expanduser().absolute()
+    with one_line("bench_vidur.py"), output_directory(folder, "vidur-scenarios") as tmp:
+        for name in names:
+            scenario = scenarios(num_requests)[name]
+            files = convert_trace(scenario, tmp / name)
+            trace = final / name / files.kvsim.name  # where it will be once the folder is in place
+            (tmp / name / "scenario.yaml").write_text(json.dumps(kvsim_scenario(scenario, trace)))
+    for name in names:
+        print(final / name / "scenario.yaml")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -274,12 +290,7 @@ def main() -> None:
                              "kvsim on exactly these runs) and exit")
     args = parser.parse_args()
     if args.write_scenarios:
-        for name in args.scenarios:
-            scenario = scenarios(args.num_requests)[name]
-            files = convert_trace(scenario, args.write_scenarios / name)
-            path = args.write_scenarios / name / "scenario.yaml"
-            path.write_text(json.dumps(kvsim_scenario(scenario, files.kvsim.resolve())))
-            print(path)
+        write_scenarios(args.write_scenarios, args.scenarios, args.num_requests)
         return
     check_result_file("bench_vidur.py", args.output, RESULT_KEYS)  # before it runs, not after
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -142,3 +142,24 @@ def test_bench_kernels_replaces_its_own_earlier_results(tmp_path, monkeypatch):
     assert bench.write_outputs(tmp_path, again) == (tmp_path / "kernels.md").read_text() != first
     assert json.loads((tmp_path / "kernels.json").read_text()) == again
     assert sorted(path.name for path in tmp_path.iterdir()) == ["kernels.json", "kernels.md"]  # no temporary left
+
+
+def test_bench_vidur_write_scenarios_refuses_a_folder_it_did_not_write_and_replaces_its_own(tmp_path):
+    """`bench_vidur.py --write-scenarios DIR` wrote DIR/NAME/scenario.yaml and three traces over a user's files;
+    DIR is now new or this option's earlier output, written whole (its scenario names the trace where it ends up)."""
+    args = ["--scenarios", "azure_conv", "--num-requests", "5"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    bench = [sys.executable, str(ROOT / "benchmarks" / "bench_vidur.py"), *args, "--write-scenarios"]
+    (tmp_path / "mine" / "azure_conv").mkdir(parents=True)
+    (tmp_path / "mine" / "azure_conv" / "scenario.yaml").write_text("my notes\n")
+    done = subprocess.run([*bench, str(tmp_path / "mine")], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and done.stdout == "" and done.stderr == (
+        f"bench_vidur.py: error: --output='{tmp_path / 'mine'}': exists and has no .kvsim-output marker; kvsim only "
+        "replaces output it wrote itself (choose a new path)\n")
+    assert (tmp_path / "mine" / "azure_conv" / "scenario.yaml").read_text() == "my notes\n"
+    for _ in range(2):  # new, then its own earlier output
+        done = subprocess.run([*bench, str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+    scenario = json.loads((tmp_path / "out" / "azure_conv" / "scenario.yaml").read_text())
+    trace = Path(scenario["workload"]["trace"]["path"])
+    assert trace == tmp_path / "out" / "azure_conv" / "kvsim_trace.csv" and len(trace.read_text().splitlines()) == 6
