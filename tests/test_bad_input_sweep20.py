@@ -23,6 +23,7 @@ import kvsim
 from kvsim.model.errors import KvsimError
 from kvsim.model.families import fields_from_hf_config
 from kvsim.results.output_dir import check_output_file
+from kvsim.workload.traces import read_azure, read_lengths, read_mooncake, read_sharegpt_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = Path(kvsim.__file__).parent / "model" / "presets" / "models"
@@ -163,3 +164,44 @@ def test_bench_vidur_write_scenarios_refuses_a_folder_it_did_not_write_and_repla
     scenario = json.loads((tmp_path / "out" / "azure_conv" / "scenario.yaml").read_text())
     trace = Path(scenario["workload"]["trace"]["path"])
     assert trace == tmp_path / "out" / "azure_conv" / "kvsim_trace.csv" and len(trace.read_text().splitlines()) == 6
+
+
+def _trace(tmp_path: Path, reader: str, cell) -> Path:
+    """A one-request trace of `reader`'s format whose prompt length is `cell` (text in a CSV, a JSON value)."""
+    if reader == "lengths":
+        (path := tmp_path / "t.csv").write_text(f"num_prefill_tokens,num_decode_tokens\n{cell},10\n")
+    elif reader == "azure":
+        (path := tmp_path / "t.csv").write_text(
+            f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,{cell},10\n")
+    elif reader == "mooncake":
+        row = {"timestamp": 0, "input_length": cell, "output_length": 10, "hash_ids": [1, 2]}
+        (path := tmp_path / "t.jsonl").write_text(json.dumps(row) + "\n")
+    else:
+        (path := tmp_path / "t.jsonl").write_text(json.dumps({"arrival_time_ns": 0, "input_toks": cell,
+                                                             "output_toks": 10}) + "\n")
+    return path
+
+
+READERS = {"lengths": read_lengths, "azure": read_azure, "mooncake": read_mooncake,
+           "sharegpt_tokens": read_sharegpt_tokens}
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("cell", [600, 600.0, "600", "600.0", "600.00", " 600 ", "+600"])
+def test_a_token_count_of_an_integral_float_is_600_in_every_trace_format(tmp_path, reader, cell):
+    """A JSON 600.0 was 600, a CSV's "600.0" refused as "not an integer": the same number, read two ways. Each
+    is now the integer it is in every format, as the scenario's own integers are read (pydantic's lax int)."""
+    if reader in ("lengths", "azure") and not isinstance(cell, str):
+        cell = str(cell)  # a CSV cell is text
+    assert READERS[reader](_trace(tmp_path, reader, cell))[0].prompt_len == 600
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("cell", ["600.5", "6e2", "6_00", "600.", "", 600.5, True, 1e400])
+def test_a_token_count_that_is_no_integer_is_refused_in_every_trace_format(tmp_path, reader, cell):
+    if reader in ("lengths", "azure") and not isinstance(cell, str):
+        cell = json.dumps(cell)  # true, 600.5, Infinity: text in a CSV
+    with pytest.raises(KvsimError, match=r":2: (num_prefill_tokens|ContextTokens)=.* is not an integer$"
+                                         if reader in ("lengths", "azure") else
+                                         r":1: (input_length|input_toks)=.* is not an integer$"):
+        READERS[reader](_trace(tmp_path, reader, cell))

@@ -68,13 +68,12 @@ def bad_row(path: Path, line: int, what: str) -> KvsimError:
 
 
 def _positive(value: Any, path: Path, line: int, field: str) -> int:
-    """A token count: an integer (a JSON 600.0 too, not 600.7 nor true), 1 to `MAX_LENGTH`."""
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+    """A token count: an integer, read alike from a JSON number and from text (a CSV cell): 600, 600.0, "600" and
+    "600.0" are 600 (a JSON 600.0 was, a CSV's "600.0" was refused), 600.7, "6e2", `1_0` and true are refused, as
+    `_integral` reads the scenario's integers; 1 to `MAX_LENGTH`."""
+    number = _integral(value.strip() if isinstance(value, str) else value)
+    if number is None:
         raise bad_row(path, line, f"{field}={shown(value)} is not an integer")
-    try:
-        number = read_number(value, int)  # not `1_0`, which int() reads as 10
-    except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON 1e400 reads as inf
-        raise bad_row(path, line, f"{field}={shown(value)} is not an integer") from None
     if number <= 0:
         raise bad_row(path, line, f"{field}={number} must be positive")
     if number > MAX_LENGTH:
