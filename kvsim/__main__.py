@@ -3,9 +3,10 @@
 The console script imports this module, which imports nothing heavy (nor does `import kvsim`),
 so a Ctrl-C while the CLI's dependencies load (typer, pandas, pydantic: about a second) is
 handled too. A Ctrl-C prints one line saying what was interrupted and what is intact, and exits
-with status 130 (128 + SIGINT), as shells expect; never a traceback. kvsim's outputs are swapped
-into place only when complete (`kvsim.results.output_dir`), so an interrupted one was not written
-and whatever was at its path before is intact; the writer records that path on the interrupt
+with status 130 (128 + SIGINT), as shells expect (a SIGTERM once the CLI has loaded likewise, with 143);
+never a traceback. kvsim's outputs are swapped into place only when complete
+(`kvsim.results.output_dir`), so an interrupted one was not written and whatever was at its path
+before is intact; the writer records that path on the interrupt
 (`KeyboardInterrupt.kvsim_output`).
 
 It also starts numpy's OpenBLAS with one thread (`single_blas_thread`): kvsim does no linear
@@ -81,7 +82,7 @@ def main() -> None:
         if interrupt is None:
             raise
         print(interrupted_message(sys.argv[1:], getattr(interrupt, "kvsim_output", None)), file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT)
+        sys.exit(getattr(interrupt, "kvsim_exit_status", INTERRUPTED_EXIT))  # 143 for a SIGTERM
     finally:
         gc.freeze()  # the process ends now: no last collection over everything (see the module docstring)
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -205,3 +207,57 @@ def test_a_token_count_that_is_no_integer_is_refused_in_every_trace_format(tmp_p
                                          if reader in ("lengths", "azure") else
                                          r":1: (input_length|input_toks)=.* is not an integer$"):
         READERS[reader](_trace(tmp_path, reader, cell))
+
+
+def _as_a_scheduler_starts_it() -> None:
+    """A child with SIGTERM handled by default and not blocked (the test process may have it otherwise)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def test_sigterm_is_handled_as_a_ctrl_c(tmp_path):
+    """SIGTERM (`kill PID`) killed `kvsim run` on the spot: exit 143 by the signal, no line, and the hidden
+    temporary folder `.out.kvsim-PID-...` left beside the output. Now it is a Ctrl-C of status 143: one line,
+    the earlier output intact, no temporary left."""
+    out = tmp_path / "out"
+    assert subprocess.run([sys.executable, "-m", "kvsim", "run", "--set", "workload.num_requests=5", "-o", str(out)],
+                          capture_output=True, timeout=120).returncode == 0
+    before = sorted((p.name, p.read_bytes()) for p in out.iterdir())
+    child = subprocess.Popen([sys.executable, "-m", "kvsim", "run", "--set", "workload.num_requests=1000000",
+                              "--steps", "none", "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, preexec_fn=_as_a_scheduler_starts_it)
+    try:
+        while not any((p / ".kvsim-output").exists() for p in tmp_path.glob(".out.kvsim-*")) and child.poll() is None:
+            time.sleep(0.05)  # polling for the temporary folder's marker (the run is writing), not timing
+        child.send_signal(signal.SIGTERM)
+        _, stderr = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    # 143; or, under `python -m` only, death by SIGINT (CPython re-raises SIGINT at exit after a KeyboardInterrupt
+    # ended code a string `exec` ran: see test_bad_input's Ctrl-C test)
+    assert child.returncode in (143, -signal.SIGINT), (child.returncode, stderr)
+    *progress, last = stderr.splitlines()
+    assert last == f"kvsim: interrupted (kvsim run): {out} was not written; what was there before is intact"
+    assert all(line.startswith("kvsim run: simulated ") for line in progress), stderr
+    assert sorted((p.name, p.read_bytes()) for p in out.iterdir()) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_a_sigterm_handled_or_ignored_by_someone_else_is_left_as_it_is(monkeypatch):
+    from kvsim.cli import interrupts
+
+    monkeypatch.setattr(interrupts, "_signals", [])
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as `nohup` or a parent that ignores it leaves it
+        interrupts.install()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        interrupts.install()
+        assert signal.getsignal(signal.SIGTERM) is interrupts._on_signal
+        interrupts._signals.append(signal.SIGTERM)
+        assert interrupts._interrupt().kvsim_exit_status == 143  # 128 + 15
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

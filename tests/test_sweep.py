@@ -48,6 +48,12 @@ def _sigint_handler_name() -> str:
     return str(signal.getsignal(signal.SIGINT))
 
 
+def _sigterm_handler_name() -> str:
+    import signal
+
+    return str(signal.getsignal(signal.SIGTERM))
+
+
 def test_worker_processes_leave_a_ctrl_c_to_the_parent():
     """A terminal's Ctrl-C reaches every process of its group; workers ignore it, so only the parent
     prints its one line (no traceback per worker). Pool workers through their initializer; a
@@ -55,11 +61,17 @@ def test_worker_processes_leave_a_ctrl_c_to_the_parent():
     import signal
     from concurrent.futures import ProcessPoolExecutor
 
+    from kvsim.cli.interrupts import _on_signal
     from kvsim.planning.search import close_client, dask_client
-    from kvsim.planning.sweep import ignore_sigint
+    from kvsim.planning.sweep import worker_signals
 
-    with ProcessPoolExecutor(max_workers=1, initializer=ignore_sigint) as pool:
-        assert pool.submit(_sigint_handler_name).result() == str(signal.SIG_IGN)
+    previous = signal.signal(signal.SIGTERM, _on_signal)  # the CLI's: a forked worker's is the system's again
+    try:
+        with ProcessPoolExecutor(max_workers=1, initializer=worker_signals) as pool:
+            assert pool.submit(_sigint_handler_name).result() == str(signal.SIG_IGN)
+            assert pool.submit(_sigterm_handler_name).result() == str(signal.SIG_DFL)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     pytest.importorskip("dask.distributed")
     before = signal.getsignal(signal.SIGINT)
     client = dask_client(None, 1)

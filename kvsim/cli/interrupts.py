@@ -8,6 +8,10 @@ they report progress (`kvsim.cli.progress`: every 64 engine steps of a run), so 
 it landed is raised again there, at the latest a few steps later. Where Python itself cannot raise it (a
 finalizer, a weakref callback such as an import lock's), it would print "Exception ignored in ..." and a
 traceback above the one-line message: such a lost interrupt is not printed (`sys.unraisablehook`).
+
+A SIGTERM (`kill PID`, a job scheduler's stop) is handled as a Ctrl-C: without a handler Python died on the spot,
+leaving the hidden temporary folder of the output it was writing; now the output's temporary is removed, the
+same one line is printed and the exit status is 143 (128 + SIGTERM; the KeyboardInterrupt's `kvsim_exit_status`).
 """
 
 from __future__ import annotations
@@ -20,11 +24,20 @@ from types import FrameType
 from typing import Any
 
 _interrupted = threading.Event()
+_signals: list[int] = []  # the signals taken, in the order they came
 
 
-def _on_sigint(signum: int, frame: FrameType | None) -> None:
+def _interrupt() -> KeyboardInterrupt:
+    """The KeyboardInterrupt of the first signal taken, carrying the exit status (128 + its number)."""
+    interrupt = KeyboardInterrupt()
+    interrupt.kvsim_exit_status = 128 + (_signals[0] if _signals else signal.SIGINT)  # type: ignore[attr-defined]
+    return interrupt
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    _signals.append(signum)
     _interrupted.set()
-    raise KeyboardInterrupt
+    raise _interrupt()
 
 
 def _quiet_when_lost(previous: Callable[[Any], object]) -> Callable[[Any], None]:
@@ -37,16 +50,21 @@ def _quiet_when_lost(previous: Callable[[Any], object]) -> Callable[[Any], None]
 
 
 def install() -> None:
-    """Take over SIGINT from Python's default handler (in the main thread only; a SIGINT ignored, as
-    in a background job started with `nohup`, or handled by someone else, stays as it is), and keep an
-    interrupt lost in a finalizer or callback from printing a traceback."""
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _on_sigint)
+    """Take over SIGINT from Python's default handler and SIGTERM from the system's (in the main thread only; a
+    signal ignored, as SIGINT in a background job started with `nohup`, or handled by someone else, stays as it
+    is), and keep an interrupt lost in a finalizer or callback from printing a traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    taken = False
+    for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(signum) is default:
+            signal.signal(signum, _on_signal)
+            taken = True
+    if taken:
         sys.unraisablehook = _quiet_when_lost(sys.unraisablehook)
 
 
 def raise_if_interrupted() -> None:
-    """Raise KeyboardInterrupt if a SIGINT came (and was lost where it landed)."""
+    """Raise KeyboardInterrupt if a SIGINT or SIGTERM came (and was lost where it landed)."""
     if _interrupted.is_set():
-        raise KeyboardInterrupt
+        raise _interrupt()

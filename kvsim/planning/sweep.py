@@ -38,17 +38,20 @@ class SweepResult:
     short_trace: tuple | None = None  # the short-trace warning's arguments, said by `run_many`'s process
 
 
-def ignore_sigint() -> None:
+def worker_signals() -> None:
     """Worker-process initializer: a Ctrl-C at the terminal reaches every process of its group, and
     the parent alone reports it (one line, exit 130); a worker that took it too would print its own
-    traceback. The parent's shutdown stops the workers."""
+    traceback. The parent's shutdown stops the workers. A forked worker's SIGTERM is the system's again (the
+    CLI's, `kvsim.cli.interrupts`, is the parent's: a pool stopping its workers by SIGTERM would have a traceback
+    from each)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextmanager
 def sigint_ignored() -> Iterator[None]:
     """Ignore SIGINT while worker processes are started (a Dask LocalCluster's): a process started
-    with SIGINT ignored keeps ignoring it, as `ignore_sigint` makes a pool's workers. A Ctrl-C in
+    with SIGINT ignored keeps ignoring it, as `worker_signals` makes a pool's workers. A Ctrl-C in
     those few seconds is lost (press it again); off the main thread, where no handler can be set,
     nothing changes."""
     if threading.current_thread() is not threading.main_thread():
@@ -143,7 +146,7 @@ def _run_all(jobs: list[tuple[Scenario, bool, bool]], workers: int | None, dask_
             results.append(_run_one(job))
             done()
         return results
-    with ProcessPoolExecutor(max_workers=workers, initializer=ignore_sigint) as pool:
+    with ProcessPoolExecutor(max_workers=workers, initializer=worker_signals) as pool:
         for result in pool.map(_run_one, jobs, chunksize=1):
             results.append(result)
             done()
