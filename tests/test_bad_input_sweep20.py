@@ -261,3 +261,45 @@ def test_a_sigterm_handled_or_ignored_by_someone_else_is_left_as_it_is(monkeypat
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+RUN = ["run", "--set", "workload.num_requests=20", "--set", "steps=none", "--format", "json"]
+PCIE = '{"kind": "pcie", "bandwidth_bytes_per_s": 64.0e9, "latency_s": 1.0e-5}'
+EAGLE = {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rates": 0.5}
+
+
+def _run(tmp_path: Path, name: str, *sets: str):
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    args = [item for value in sets for item in ("--set", value)]
+    result = CliRunner().invoke(app, [*RUN, *args, "-o", str(tmp_path / name)], prog_name="kvsim")
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result.stderr.splitlines(), (tmp_path / name / "requests.csv").read_text()
+
+
+def test_a_gpu_link_no_collective_crosses_is_warned_of_and_changes_nothing(tmp_path):
+    """`gpu_link` prices tensor-parallel all-reduces (and an MoE's exchange across a data-parallel group): with
+    tensor_parallel_size 1 a dense model crosses no link, and the setting ran without a word."""
+    warned, requests = _run(tmp_path, "link", f"gpu_link={PCIE}")
+    assert warned == ["kvsim: warning: gpu_link (kind pcie) is unread: tensor_parallel_size=1 runs no collective "
+                      "over it"]
+    assert requests == _run(tmp_path, "plain")[1]
+    assert _run(tmp_path, "tp2", f"gpu_link={PCIE}", "engine.tensor_parallel_size=2")[0] == []
+
+
+def test_a_gpu_link_an_moe_crosses_across_its_data_parallel_group_is_not_warned_of(tmp_path):
+    moe = ["model=qwen3-30b-a3b", f"gpu_link={PCIE}"]
+    assert _run(tmp_path, "dp1", *moe)[0] == [
+        "kvsim: warning: gpu_link (kind pcie) is unread: tensor_ and data_parallel_size=1 run no collective over it"]
+    assert _run(tmp_path, "dp2", *moe, "engine.data_parallel_size=2")[0] == []
+
+
+def test_an_eagle_head_named_by_model_is_warned_of_as_unread_and_changes_nothing(tmp_path):
+    """vLLM loads the EAGLE head `model` names; kvsim prices one decoder layer of the target's shape whatever it
+    names, so the name is read by nothing (documented, but said by no run)."""
+    warned, requests = _run(tmp_path, "named", f"engine.speculative_config={json.dumps({**EAGLE, 'model': 'a/head'})}")
+    assert warned == ["kvsim: warning: engine.speculative_config.model='a/head' is unread: the eagle head is priced "
+                      "as one decoder layer of the target's shape"]
+    assert requests == _run(tmp_path, "unnamed", f"engine.speculative_config={json.dumps(EAGLE)}")[1]

@@ -77,11 +77,17 @@ def _engine_unread(scenario: Scenario) -> dict[str, str]:
     """`EngineConfig.unread_settings` of the scenario's engine, given its model, and given its workload a v0
     `swap_space` that no preemption swaps into: with `preemption_mode` unset vLLM v0 swaps only a request of several
     sequences (`_preempt`: recompute when `get_max_num_running_seqs() == 1`), and with `workload.n` 1 and no beam
-    search every request is one (the engine alone cannot tell: its default swaps n > 1)."""
+    search every request is one (the engine alone cannot tell: its default swaps n > 1); and a `gpu_link` that no
+    collective crosses: with tensor_parallel_size 1 there is no all-reduce, and an MoE exchanges its experts' tokens
+    over the link only across a data-parallel group (`kvsim.model.moe_cost`)."""
     from kvsim.model.config import SWAP_SPACE_GIB, load_model
 
-    engine, workload = scenario.engine, scenario.workload
-    unread = engine.unread_settings(load_model(scenario.model))
+    engine, workload, model = scenario.engine, scenario.workload, load_model(scenario.model)
+    unread = engine.unread_settings(model)
+    if scenario.gpu_link is not None and engine.tensor_parallel_size == 1 and not (
+            model.moe is not None and engine.data_parallel_size > 1):
+        sizes = "tensor_parallel_size=1 runs" if model.moe is None else "tensor_ and data_parallel_size=1 run"
+        unread["gpu_link"] = f"gpu_link (kind {scenario.gpu_link.kind}) is unread: {sizes} no collective over it"
     if (engine.can_swap and engine.preemption_mode is None and engine.swap_space != SWAP_SPACE_GIB
             and workload.n == 1 and workload.beam_width is None):
         unread["swap_space"] = (f"engine.swap_space={engine.swap_space:g} is unread: v0 preempts a single sequence "

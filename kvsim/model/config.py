@@ -377,13 +377,18 @@ class EngineConfig(Settings):
         """Settings this engine never reads, by field, each with its warning line: a `slab_placement` other than
         the default beside the paged allocator, `prefix_cache: radix` with prefix caching off, a `swap_space` other
         than the default where no preemption swaps (vLLM v1 takes `--swap-space` and ignores it), and (given the
-        `model` it serves) `enable_expert_parallel` on a model without experts (vLLM's flag then places nothing). A
+        `model` it serves) `enable_expert_parallel` on a model without experts (vLLM's flag then places nothing), and
+        an EAGLE drafter's `model` (vLLM loads that head; kvsim prices one layer of the target's shape instead). A
         run warns of them rather than refusing them, as the report's studies vary the allocator and caching from
         this engine and do read them."""
         unread = {}
         if model is not None and self.enable_expert_parallel and model.moe is None:
             unread["enable_expert_parallel"] = (f"engine.enable_expert_parallel=true is unread: {model.name} is "
                                                 "dense, with no experts to place")
+        spec = self.speculative_config
+        if spec is not None and spec.model is not None and spec.method in ("eagle", "eagle3"):
+            unread["speculative_config"] = (f"engine.speculative_config.model={spec.model!r} is unread: the "
+                                            f"{spec.method} head is priced as one decoder layer of the target's shape")
         # the default placement is never "given": a written scenario.yaml spells out every field (model_fields_set)
         if self.slab_placement != "buddy" and self.allocator == "paged":
             unread["slab_placement"] = (f"engine.slab_placement={self.slab_placement} is unread: the paged "

@@ -22,7 +22,8 @@ by exactly one of:
   acceptance: L = 3 with K = 3 accepts exactly 2 drafts every step.
 
 `model` names the draft model (a preset or config.json) for `draft_model`, whose forward passes
-kvsim prices; for EAGLE it is accepted and ignored (the head's cost follows the target's shape);
+kvsim prices; for EAGLE it is accepted, as vLLM loads the head from it, and a run warns that it is unread (the
+head's cost follows the target's shape);
 n-gram drafting costs no GPU time. Bad values raise one line naming the field and the value.
 """
 
