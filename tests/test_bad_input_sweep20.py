@@ -303,3 +303,43 @@ def test_an_eagle_head_named_by_model_is_warned_of_as_unread_and_changes_nothing
     assert warned == ["kvsim: warning: engine.speculative_config.model='a/head' is unread: the eagle head is priced "
                       "as one decoder layer of the target's shape"]
     assert requests == _run(tmp_path, "unnamed", f"engine.speculative_config={json.dumps(EAGLE)}")[1]
+
+
+def _measured_run(tmp_path: Path, **engine_kwargs) -> Path:
+    from test_validate import _patch_json, write_run  # tests/ is on sys.path
+
+    run = write_run(tmp_path)
+    meta = json.loads((run / "vllm" / "meta.json").read_text())
+    _patch_json(run / "vllm" / "meta.json", engine_kwargs={**meta["engine_kwargs"], **engine_kwargs})
+    return run
+
+
+def test_a_measured_runs_engine_arguments_kvsim_models_are_replayed_not_dropped(tmp_path):
+    """A meta.json's `num_gpu_blocks_override`, `kv_cache_memory_bytes`, `scheduling_policy` and
+    `disable_hybrid_kv_cache_manager` (vLLM's engine arguments, kvsim's engine fields of the same names) were
+    dropped without a word: the replay ran on the GPU's whole pool, first come first served."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    run = _measured_run(tmp_path, num_gpu_blocks_override=9000, scheduling_policy="priority",
+                        disable_hybrid_kv_cache_manager=True, enable_chunked_prefill=True)
+    result = CliRunner().invoke(app, ["validate", str(run), "--gpu", "h100-80gb", "-o", str(tmp_path / "o")])
+    assert result.exit_code == 0, (result.output, result.exception)
+    engine = yaml.safe_load((tmp_path / "o" / "sim" / "scenario.yaml").read_text())["engine"]
+    assert (engine["num_gpu_blocks_override"], engine["scheduling_policy"]) == (9000, "priority")
+    assert engine["disable_hybrid_kv_cache_manager"] is True
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"scheduling_policy": 5}, "engine_kwargs.scheduling_policy=5 is not a string"),
+    ({"num_gpu_blocks_override": "9000"}, "engine_kwargs.num_gpu_blocks_override='9000' is not an integer"),
+    ({"disable_hybrid_kv_cache_manager": "true"}, "engine_kwargs.disable_hybrid_kv_cache_manager='true' is not true "
+                                                  "or false"),
+])
+def test_a_measured_runs_engine_argument_of_the_wrong_json_type_is_named(tmp_path, kwargs, message):
+    run = _measured_run(tmp_path, **kwargs)
+    assert one_line_exit_2(["validate", str(run), "--gpu", "h100-80gb", "-o", str(tmp_path / "o")]) == (
+        f"{run / 'vllm' / 'meta.json'}: {message}")
+    assert not (tmp_path / "o").exists()

@@ -69,12 +69,16 @@ def series_number(raw: str | None, column: str, where: str, upper: float = math.
 
 # -- the measured-run folder ---------------------------------------------------------------
 
+# vLLM's engine arguments kvsim's engine has under the same name and the replay reads (the last four were dropped
+# without a word: a run of `num_gpu_blocks_override: 50` replayed on the GPU's whole pool, a priority one as FCFS)
 ENGINE_KEYS = ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                "kv_cache_dtype", "block_size", "gpu_memory_utilization", "enable_prefix_caching",
-               "data_parallel_size", "enable_expert_parallel", "async_scheduling")
+               "data_parallel_size", "enable_expert_parallel", "async_scheduling", "num_gpu_blocks_override",
+               "kv_cache_memory_bytes", "scheduling_policy", "disable_hybrid_kv_cache_manager")
 _ENGINE_KINDS = {"kv_cache_dtype": "a string", "gpu_memory_utilization": "a number",
                  "enable_prefix_caching": "true or false", "enable_expert_parallel": "true or false",
-                 "async_scheduling": "true or false"}
+                 "async_scheduling": "true or false", "scheduling_policy": "a string",
+                 "disable_hybrid_kv_cache_manager": "true or false"}
 
 
 def _engine_args(kwargs: dict[str, Any], where: Path) -> dict[str, Any]:
