@@ -343,3 +343,15 @@ def test_a_measured_runs_engine_argument_of_the_wrong_json_type_is_named(tmp_pat
     assert one_line_exit_2(["validate", str(run), "--gpu", "h100-80gb", "-o", str(tmp_path / "o")]) == (
         f"{run / 'vllm' / 'meta.json'}: {message}")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_large_file_named_as_the_output_marker_is_read_only_in_part(tmp_path):
+    """`-o FOLDER` reads FOLDER/.kvsim-output to tell kvsim's own output: a stranger's 1 GiB file of that name was
+    read whole (2 GB of memory, 10 s) before the folder was refused."""
+    from kvsim.results.output_dir import MARKER_NAME, check_output_dir
+
+    (tmp_path / "mine").mkdir()
+    with (tmp_path / "mine" / MARKER_NAME).open("wb") as f:
+        f.truncate(2**30)
+    with pytest.raises(KvsimError, match=r"': exists and has no .kvsim-output marker; kvsim only replaces"):
+        check_output_dir(tmp_path / "mine", "run")

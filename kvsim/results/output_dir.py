@@ -45,7 +45,7 @@ from kvsim.model.errors import KvsimError, shown
 from kvsim.model.units import control_character
 
 MARKER_NAME = ".kvsim-output"
-# The most of a file `check_output_file` reads to tell a JSON result kvsim wrote (a bench's or a study's, kilobytes).
+# The most of a file kvsim reads to tell a JSON result or an output folder's marker it wrote (kilobytes, a few MB).
 MAX_JSON_RESULT_BYTES = 64 * 2**20
 FILE_TAG = "# generator: kvsim"
 _TEMP_INFIX = ".kvsim-"
@@ -117,9 +117,10 @@ def _read_marker(folder: Path) -> dict | None:
     marker = folder / MARKER_NAME
     if marker.is_symlink() or not marker.is_file():
         return None
-    try:
-        data = json.loads(marker.read_text())
-    except (OSError, ValueError):
+    try:  # a bounded read: a stranger's 1 GiB file of that name was read whole (2 GB of memory, 10 s)
+        with marker.open("rb") as f:
+            data = json.loads(f.read(MAX_JSON_RESULT_BYTES + 1))
+    except (OSError, ValueError):  # a file cut at the bound is no JSON either
         return None
     return data if isinstance(data, dict) and isinstance(data.get("files"), list) else None
 
