@@ -355,3 +355,15 @@ def test_a_large_file_named_as_the_output_marker_is_read_only_in_part(tmp_path):
         f.truncate(2**30)
     with pytest.raises(KvsimError, match=r"': exists and has no .kvsim-output marker; kvsim only replaces"):
         check_output_dir(tmp_path / "mine", "run")
+
+
+@pytest.mark.parametrize(("make", "problem"), [(Path.mkdir, "is a directory, not a JSON file"),
+                                               (os.mkfifo, "not a regular file (a FIFO)")])
+def test_a_measured_runs_meta_json_that_is_no_file_is_named_as_such(tmp_path, make, problem):
+    """A folder or a FIFO at vllm/meta.json was "no vllm/meta.json in this folder", of a folder that has one."""
+    run = _measured_run(tmp_path)
+    (run / "vllm" / "meta.json").unlink()
+    make(run / "vllm" / "meta.json")
+    assert one_line_exit_2(["validate", str(run), "--gpu", "h100-80gb", "-o", str(tmp_path / "o")]) == (
+        f"measured={str(run)!r}: vllm/meta.json: {problem}")
+    assert not (tmp_path / "o").exists()

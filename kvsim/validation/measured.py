@@ -374,8 +374,12 @@ def load_measured(path: str | Path, workload: str | Path | None = None) -> Measu
         if problem is not None:
             raise KvsimError(f"workload={str(workload)!r}: {problem}")
     if p.is_dir():
-        if not (p / "vllm" / "meta.json").is_file():
+        # a folder or a FIFO of that name was "no vllm/meta.json in this folder"
+        problem = not_a_file(p / "vllm" / "meta.json", missing="", file_kind="a JSON file")
+        if problem == "":
             raise KvsimError(f"measured={str(path)!r}: no vllm/meta.json in this folder (expected the layout "
                              "of benchmarks/validation_set/measured/<hardware>/<case>/)")
+        if problem is not None:
+            raise KvsimError(f"measured={str(path)!r}: vllm/meta.json: {problem}")
         return read_measured_dir(p, Path(workload) if workload else None)
     return read_vllm_bench(p)
