@@ -367,3 +367,27 @@ def test_a_measured_runs_meta_json_that_is_no_file_is_named_as_such(tmp_path, ma
     assert one_line_exit_2(["validate", str(run), "--gpu", "h100-80gb", "-o", str(tmp_path / "o")]) == (
         f"measured={str(run)!r}: vllm/meta.json: {problem}")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("cell", "lengths"), [([2.0, 3], (2, 3)), ("2.0 3", (2, 3)), ("[2, 3.00]", (2, 3))])
+def test_acceptance_lengths_of_integral_floats_are_read_as_the_token_counts_are(tmp_path, cell, lengths):
+    """An acceptance column's `[2.0, 3]` (JSON) and `"2.0 3"` (a cell) were refused where a token count or a
+    priority of 2.0 is 2: the same number, read two ways in one row."""
+    from kvsim.workload.traces import TraceColumns
+
+    row = {"timestamp": 0, "input_length": 16, "output_length": 4, "hash_ids": [1], "accepted": cell}
+    (path := tmp_path / "t.jsonl").write_text(json.dumps(row) + "\n")
+    assert read_mooncake(path, TraceColumns(acceptance="accepted"))[0].acceptance_lengths == lengths
+    (path := tmp_path / "t.csv").write_text(f'num_prefill_tokens,num_decode_tokens,accepted\n16,4,"{cell}"\n')
+    if isinstance(cell, str):
+        assert read_lengths(path, TraceColumns(acceptance="accepted"))[0].acceptance_lengths == lengths
+
+
+@pytest.mark.parametrize("cell", [[2.5], "2.5", [True], "0", "2e0"])
+def test_acceptance_lengths_that_are_no_integers_of_at_least_1_are_still_refused(tmp_path, cell):
+    from kvsim.workload.traces import TraceColumns
+
+    row = {"timestamp": 0, "input_length": 16, "output_length": 4, "hash_ids": [1], "accepted": cell}
+    (path := tmp_path / "t.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(KvsimError, match=r"t.jsonl:1: acceptance column accepted: .* is not an acceptance length"):
+        read_mooncake(path, TraceColumns(acceptance="accepted"))

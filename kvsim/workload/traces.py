@@ -173,11 +173,12 @@ def _acceptance_lengths(value: Any, path: Path, line: int, column: str) -> tuple
     if not isinstance(items, list):
         raise bad_row(path, line, f"acceptance column {column}={shown(value)} is not a list of integers")
     lengths = []
-    for item in items:
-        if isinstance(item, bool) or not re.fullmatch(r"\d+", str(item).strip()) or int(item) < 1:
+    for item in items:  # read as the token counts are (`_integral`): a JSON 2.0 and a CSV's "2.0" alike are 2
+        number = _integral(item.strip() if isinstance(item, str) else item)
+        if number is None or number < 1:
             raise bad_row(path, line, f"acceptance column {column}: {shown(item)} is not an acceptance length "
                                    "(an integer ≥ 1: tokens a verify step emitted)")
-        lengths.append(int(item))
+        lengths.append(number)
     return tuple(lengths)
 
 
