@@ -1,12 +1,20 @@
 """Bad input found by the twentieth sweep. Each is refused (the CLI: exit 2, one line naming the field and the value,
-nothing written; the Python API: a `KvsimError`), or, where vLLM accepts it, read as vLLM reads it.
+nothing written; the Python API: a `KvsimError`), read as vLLM reads it, or warned of in one line where kvsim does
+not read it.
 
 Found: a config.json whose `rope_scaling` gave a `rope_type` and a legacy `type` that disagree ran on `rope_type`
 (vLLM's `patch_rope_parameters_dict` refuses them); a yarn `original_max_position_embeddings` of `32768.0` was refused
 as "a positive integer" (vLLM multiplies it by the factor as it is); `architectures` given as one name, not a list,
-was "names no model kvsim reads" (vLLM's registry reads a name as a list of one).
+was "names no model kvsim reads" (vLLM's registry reads a name as a list of one). A 2 GiB file given as a bench's
+`--output`, or named `.kvsim-output` in a folder given as `-o`, was read whole (2 GB of memory) to tell whether kvsim
+wrote it. `bench_kernels.py --output-dir D` wrote kernels.json and kernels.md, and `bench_vidur.py --write-scenarios D`
+a scenario and three traces, over whatever files were there. A trace's token count of `600.0` was 600 in JSON and
+refused in a CSV cell, and acceptance lengths of `2.0` refused in both. A SIGTERM killed `kvsim run` on the spot,
+leaving its hidden temporary folder and saying nothing. A `gpu_link` with tensor_parallel_size 1 and an EAGLE
+drafter's `model` were read by nothing, without a word. `kvsim validate` dropped a meta.json's
+`num_gpu_blocks_override`, `kv_cache_memory_bytes`, `scheduling_policy` and `disable_hybrid_kv_cache_manager`
+without a word, and called a vllm/meta.json that is a folder or a FIFO missing.
 """
-
 from __future__ import annotations
 
 import json
