@@ -15,6 +15,7 @@ drafter's `model` were read by nothing, without a word. `kvsim validate` dropped
 `num_gpu_blocks_override`, `kv_cache_memory_bytes`, `scheduling_policy` and `disable_hybrid_kv_cache_manager`
 without a word, and called a vllm/meta.json that is a folder or a FIFO missing.
 """
+
 from __future__ import annotations
 
 import json
