@@ -12,8 +12,8 @@ a scenario and three traces, over whatever files were there. A trace's token cou
 refused in a CSV cell, and acceptance lengths of `2.0` refused in both. A SIGTERM killed `kvsim run` on the spot,
 leaving its hidden temporary folder and saying nothing. A `gpu_link` with tensor_parallel_size 1 and an EAGLE
 drafter's `model` were read by nothing, without a word. `kvsim validate` dropped a meta.json's
-`num_gpu_blocks_override`, `kv_cache_memory_bytes`, `scheduling_policy` and `disable_hybrid_kv_cache_manager`
-without a word, and called a vllm/meta.json that is a folder or a FIFO missing.
+`num_gpu_blocks_override`, `kv_cache_memory_bytes`, `scheduling_policy`, `disable_hybrid_kv_cache_manager` and
+`speculative_config` without a word, and called a vllm/meta.json that is a folder or a FIFO missing.
 """
 
 from __future__ import annotations
@@ -400,3 +400,26 @@ def test_acceptance_lengths_that_are_no_integers_of_at_least_1_are_still_refused
     (path := tmp_path / "t.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(KvsimError, match=r"t.jsonl:1: acceptance column accepted: .* is not an acceptance length"):
         read_mooncake(path, TraceColumns(acceptance="accepted"))
+
+
+def test_a_measured_run_that_drafted_speculatively_is_not_replayed_without_its_drafts(tmp_path):
+    """A meta.json's `engine_kwargs.speculative_config` was dropped: the run was replayed as one without speculative
+    decoding and its errors tabulated against it. vLLM records no acceptance model, so the replay needs one given."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    run = _measured_run(tmp_path, speculative_config=spec)
+    assert one_line_exit_2(["validate", str(run), "--gpu", "h100-80gb", "-o", str(tmp_path / "o")]) == (
+        "measured run case: engine_kwargs.speculative_config={'method': 'ngram', 'num_speculative_tokens': 3, "
+        "'prompt_...: the run drafted speculatively, and vLLM records no acceptance model to replay it with; give one "
+        "with --set engine.speculative_config=...")
+    assert not (tmp_path / "o").exists()
+    given = '{"method": "ngram", "num_speculative_tokens": 3, "acceptance_rates": 0.5}'
+    result = CliRunner().invoke(app, ["validate", str(run), "--gpu", "h100-80gb", "--set",
+                                      f"engine.speculative_config={given}", "-o", str(tmp_path / "o")])
+    assert result.exit_code == 0, (result.output, result.exception)
+    run = _measured_run(tmp_path / "2", speculative_config="ngram")
+    assert one_line_exit_2(["validate", str(run), "--gpu", "h100-80gb", "-o", str(tmp_path / "o2")]) == (
+        f"{run / 'vllm' / 'meta.json'}: engine_kwargs.speculative_config='ngram' is not an object")

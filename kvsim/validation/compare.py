@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvsim.model.config import load_gpu, load_model
+from kvsim.model.errors import KvsimError, shown
 from kvsim.validation.measured import MeasuredRun, series_number
 from kvsim.validation.recorded import recorded_settings
 from kvsim.validation.replay import build_scenario, id_name, resolve_gpu, resolve_model
@@ -296,6 +297,10 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
         scenario = build_scenario(run, trace_path, model=model_name, gpu=gpu_name, latency=latency,
                                   profile=profile, overrides=overrides, recorded=recorded,
                                   cluster_link=cluster_link)
+        if run.speculative_config is not None and scenario.engine.speculative_config is None:  # it was dropped
+            raise KvsimError(f"measured run {run.name}: engine_kwargs.speculative_config="
+                             f"{shown(run.speculative_config)}: the run drafted speculatively, and vLLM records no "
+                             "acceptance model to replay it with; give one with --set engine.speculative_config=...")
         result = simulate(scenario, progress=progress)
     notes = list(run.notes)
     if model is None and model_name != id_name(run.model_id):

@@ -51,6 +51,7 @@ class MeasuredRun:
     client had them, before any wait for a free slot; the replay's `workload.max_concurrency`).
     `record_index`: each record's `request_index` (None: record i is row i of `requests`); a record whose index
     no row has is replayed for its load alone (a failed request that was in the engine), in neither column.
+    `speculative_config`: the run's `engine_kwargs.speculative_config` (it drafted speculatively), if any.
     """
 
     name: str
@@ -68,6 +69,7 @@ class MeasuredRun:
     notes: list[str] = field(default_factory=list)
     max_concurrency: int | None = None  # a closed-loop client's cap on requests in flight (`vllm bench serve`)
     record_index: tuple[int, ...] | None = None
+    speculative_config: dict[str, Any] | None = None  # vLLM's, as recorded: no acceptance model kvsim can replay
 
 
 def read_json(path: Path) -> Any:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.model.errors import KvsimError, not_a_file, reading
+from kvsim.model.errors import KvsimError, not_a_file, reading, shown
 from kvsim.model.units import read_number
 from kvsim.validation.bench import read_vllm_bench
 from kvsim.validation.frame import (
@@ -209,6 +209,10 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     if not isinstance(meta, dict) or not isinstance(meta.get("engine_kwargs"), dict):
         raise KvsimError(f"{vllm / 'meta.json'}: expected an object with engine_kwargs")
     engine = _engine_args(meta["engine_kwargs"], vllm / "meta.json")
+    speculative = meta["engine_kwargs"].get("speculative_config")
+    if speculative is not None and not isinstance(speculative, dict):
+        raise KvsimError(f"{vllm / 'meta.json'}: engine_kwargs.speculative_config={shown(speculative)} is not an "
+                         "object")
     requests_path = data_file(vllm / "requests.jsonl")
     rows = _read_requests_jsonl(requests_path)
     model_id = json_text(meta, ("model",), str(vllm / "meta.json")) or json_text(
@@ -265,6 +269,7 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
         data_parallel_size=int(engine.get("data_parallel_size", 1)),
         expert_parallel=bool(engine.get("enable_expert_parallel")),
         peer=read_llmservingsim(run_dir / "outputs" / "sim.csv"), link=link, notes=notes,
+        speculative_config=speculative,
     )
 
 
