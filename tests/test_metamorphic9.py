@@ -1,0 +1,203 @@
+"""Metamorphic and differential relations, ninth round: the latency and memory-sizing models.
+
+`test_metamorphic.py` to `test_metamorphic8.py` hold the earlier rounds (fp8 blocks and TP's split of a block's
+bytes over the presets' KV heads: round seven; pools by hand from config.json: round eight). Here:
+
+* a GPU file with every FLOP/s and bandwidth figure doubled (`fp16_flops`, `fp8_flops`, `hbm_bandwidth_bytes_per_s`;
+  named as the preset, so it keeps the preset's fitted fractions) halves every compute- or memory-bound term of a
+  step, and nothing else: 2 · step(2x) − step(1x) is the step's fixed costs counted by hand (a GEMM kernel's floor
+  per GEMM, a token op's clock-scaled floor per call, the attention kernels' floors, the sampler per row, the CPU),
+  for llama-3.1-8b and qwen3-30b-a3b (MoE, q/k norms), decodes alone, a prefill chunk alone and the two mixed;
+* a model with twice the layers (its config.json with `num_hidden_layers` doubled) at the bare datasheet roofline
+  takes 2 · step − LM head and sampler + 2 · T · h · dtype / B: every per-layer term doubles, the LM head does not,
+  and the first layer's input norm, the one norm not fused with a residual add (2h bytes a token, not 4h), is
+  counted once in either stack;
+* `gpu_memory_utilization` raised by d adds floor(d · memory / block bytes) blocks or one more (the two floors),
+  block bytes by hand (llama-3.1-8b: 2 · 32 · 8 · 128 · 2 · 16 = 2 MiB; qwen3-30b-a3b 1.5 MiB), on h100-80gb's
+  81,559 MiB at 0.9 + 0.05: 2,038 or 2,039 blocks more;
+* in a fixed pool per GPU (`kv_cache_memory_bytes`) TP t holds floor(pool / (block bytes at TP 1 / min(t, kv heads)))
+  blocks: llama-3.1-8b's config with 1, 2 and 8 KV heads at TP 1, 2, 4 and 8 (vLLM's QKVParallelLinear
+  replicates a KV head on t / kv_heads GPUs when t > kv_heads, so blocks stop doubling there);
+* a sliding window longer than every request's context is full attention: mistral-7b (4,096-token window in every
+  layer) at max_model_len 2,048 serves every request and step as its config without `sliding_window`, with
+  prefix caching and chunked prefill, in a pool that never binds (below);
+* an MoE layer is its grouped GEMM at ηg of the dense roofline plus the router: with k = E (every token to every
+  expert) the step's experts cost the dense MLP of E experts' width over the same tokens, over ηg, and one
+  expert with k = 1 costs the dense MLP of the expert's width (a dense model whose `intermediate_size` is the
+  expert's) over ηg, plus the router's GEMM, at every batch size.
+
+Modelling choices met (documented where they live): kvsim's v1 admits a full-attention request only when its whole
+prompt fits (DESIGN §3, `PagedAllocator.admits_by_chunk = False`) but a sliding-window or hybrid one when its first
+chunk does (`HybridAllocator.admits_by_chunk`, as vLLM v1's `allocate_slots(request, num_new_tokens)` does for every
+model), so the window relation above fails under KV pressure: mistral-7b, seed 4, 260 blocks, budget 1,024, the
+same workload: at step 288 the sliding model admits a 1,442-token prompt's 1,020-token first chunk into about 80 free
+blocks (64 for the chunk, 91 for the prompt) and preempts it the next step, the full-attention copy waits (45
+requests differ); with decodes on both sides of a sliding window in one step a
+sliding layer's read is min(Σ context, n · window), an upper bound on Σ min(context, window)
+(`RooflineLatency.decode_read_bytes`); a GPU file named as a preset takes that preset's fitted fractions
+(`efficiency_for`), which is what makes the doubled file comparable.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvsim
+from kvsim.latency.efficiency import DATASHEET, REFERENCE_CLOCK_HZ, efficiency_for, gemm_s
+from kvsim.latency.roofline import RooflineLatency
+from kvsim.latency.step_plan import StepPlan
+from kvsim.model.capacity import num_gpu_blocks
+from kvsim.model.config import PRESETS_DIR, load_gpu, load_model, make_engine
+
+H100 = load_gpu("h100-80gb")
+MIB = 2**20
+
+
+def variant_file(tmp_path, preset: str, **changes) -> str:
+    """The preset's config.json with `changes` (None drops a key), written to a file of its own."""
+    raw = json.loads((PRESETS_DIR / "models" / f"{preset}.json").read_text())
+    raw.update(changes)
+    path = tmp_path / f"{preset}-{len(list(tmp_path.iterdir()))}.json"
+    path.write_text(json.dumps({k: v for k, v in raw.items() if v is not None}))
+    return str(path)
+
+
+def config_variant(tmp_path, preset: str, **changes):
+    """`variant_file`'s model."""
+    return load_model(variant_file(tmp_path, preset, **changes))
+
+
+def plans() -> dict[str, StepPlan]:
+    decodes, chunk, mixed = StepPlan(), StepPlan(), StepPlan()
+    decodes.add(1, 700, 24, samples=True)
+    chunk.add(512, 0, 1, samples=False)
+    mixed.add(1, 1500, 6, samples=True)
+    mixed.add(300, 200, 1, samples=True)
+    return {"decodes": decodes, "chunk": chunk, "mixed": mixed}
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("plan_name", ["decodes", "chunk", "mixed"])
+def test_doubled_gpu_rates_halve_every_bound_term_and_keep_the_fixed_costs(tmp_path, model, plan_name):
+    raw = yaml.safe_load((PRESETS_DIR / "gpus.yaml").read_text())["h100-80gb"]
+    for field in ("fp16_flops", "fp8_flops", "hbm_bandwidth_bytes_per_s"):
+        raw[field] = 2 * float(raw[field])
+    path = tmp_path / "h100-80gb.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    fast = load_gpu(str(path))
+    assert efficiency_for(fast) == efficiency_for(H100)  # named as the preset: its fitted fractions
+    spec, engine, plan = load_model(model), make_engine(max_model_len=4096), plans()[plan_name]
+    one, two = RooflineLatency(spec, H100, engine), RooflineLatency(spec, fast, engine)
+    eff = efficiency_for(H100)
+    layers = spec.num_layers
+    gemms_per_layer = 2  # qkv+o, then the MLP (dense) or the router (MoE: its experts are one grouped term)
+    token_op_calls = 2 + 1 + 1 + (2 if spec.has_qk_norm else 0)  # two norms, rotary, activation, q/k norms
+    fixed = (layers * gemms_per_layer * eff.gemm_floor_s
+             + layers * token_op_calls * eff.token_op_floor_s * REFERENCE_CLOCK_HZ / H100.boost_clock_hz
+             + (eff.gemm_floor_s + plan.num_sampled * eff.sample_per_seq_s if plan.num_sampled else 0.0)
+             + (layers * (eff.kernel_floor_s + plan.num_decode_seqs * eff.decode_per_seq_s)
+                if plan.num_decode_seqs else 0.0)
+             + (layers * eff.kernel_floor_s if plan.num_prefill_tokens else 0.0)
+             + eff.cpu_fixed_s + plan.num_seqs * eff.cpu_per_seq_s)
+    assert 2 * two.step_time(plan) - one.step_time(plan) == pytest.approx(fixed, rel=1e-9)
+    assert two.step_time(plan) < one.step_time(plan)
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("plan_name", ["decodes", "chunk", "mixed"])
+def test_twice_the_layers_doubles_every_per_layer_term(tmp_path, model, plan_name):
+    spec = load_model(model)
+    double = config_variant(tmp_path, model, num_hidden_layers=2 * spec.num_layers)
+    assert double.num_layers == 2 * spec.num_layers
+    engine, plan = make_engine(max_model_len=4096), plans()[plan_name]
+    one = RooflineLatency(spec, H100, engine, overhead_s=0.0, efficiency=DATASHEET)
+    two = RooflineLatency(double, H100, engine, overhead_s=0.0, efficiency=DATASHEET)
+    head = one.sequence_s(plan.num_sampled)
+    first_norm = 2 * plan.num_tokens * spec.hidden_size * spec.dtype_bytes / H100.hbm_bandwidth_bytes_per_s
+    assert two.step_time(plan) == pytest.approx(2 * one.step_time(plan) - head + first_norm, rel=1e-12)
+
+
+BLOCK_BYTES = {"llama-3.1-8b": 2 * 32 * 8 * 128 * 2 * 16, "qwen3-30b-a3b": 2 * 48 * 4 * 128 * 2 * 16}
+
+
+@settings(max_examples=15, deadline=None)
+@given(model=st.sampled_from(sorted(BLOCK_BYTES)), utilization=st.floats(0.85, 0.95),
+       raise_by=st.floats(0.001, 0.05))
+def test_more_memory_utilization_adds_its_memory_in_blocks(model, utilization, raise_by):
+    spec = load_model(model)
+    low = num_gpu_blocks(spec, H100, make_engine(max_model_len=4096, gpu_memory_utilization=utilization))
+    high = num_gpu_blocks(spec, H100, make_engine(max_model_len=4096,
+                                                  gpu_memory_utilization=utilization + raise_by))
+    added_bytes = int(H100.memory_bytes * (utilization + raise_by)) - int(H100.memory_bytes * utilization)
+    assert high - low in (added_bytes // BLOCK_BYTES[model], added_bytes // BLOCK_BYTES[model] + 1)
+
+
+def test_more_memory_utilization_by_hand():
+    spec = load_model("llama-3.1-8b")
+    blocks = [num_gpu_blocks(spec, H100, make_engine(max_model_len=4096, gpu_memory_utilization=u))
+              for u in (0.9, 0.95)]
+    assert H100.memory_bytes == 81559 * MIB
+    # 0.05 · 81,559 MiB = 4,077.95 MiB = 2,038.975 blocks of 2 MiB
+    assert blocks[1] - blocks[0] in (2038, 2039)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 8])
+def test_a_fixed_pool_holds_blocks_by_the_kv_heads_each_gpu_keeps(tmp_path, kv_heads):
+    spec = config_variant(tmp_path, "llama-3.1-8b", num_key_value_heads=kv_heads)
+    pool = 3 * 1000 * MIB + 12345  # not a whole number of blocks at any TP
+    block_bytes = 2 * 32 * kv_heads * 128 * 2 * 16
+    for tp in (1, 2, 4, 8):
+        engine = make_engine(max_model_len=2048, tensor_parallel_size=tp, kv_cache_memory_bytes=pool)
+        heads_per_gpu = kv_heads // min(tp, kv_heads)  # a head replicated on tp / kv_heads GPUs past kv_heads
+        assert num_gpu_blocks(spec, H100, engine) == pool // (2 * 32 * heads_per_gpu * 128 * 2 * 16)
+        assert num_gpu_blocks(spec, H100, engine) == pool // (block_bytes // min(tp, kv_heads))
+
+
+def test_a_window_longer_than_every_context_is_full_attention(tmp_path):
+    path = variant_file(tmp_path, "mistral-7b", sliding_window=None)
+    assert load_model("mistral-7b").sliding_window == 4096 and load_model(path).sliding_window is None
+
+    def run(model: str):
+        return kvsim.simulate({
+            "model": model, "gpu": "h100-80gb", "seed": 4,
+            "engine": {"max_model_len": 2048, "max_num_seqs": 32,
+                       "max_num_batched_tokens": 1024, "enable_prefix_caching": True},
+            "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate": 40.0},
+                         "prompt_len": {"dist": "lognormal", "mean": 500, "p99": 1500},
+                         "output_len": {"dist": "lognormal", "mean": 120, "p99": 400},
+                         "shared_prefix": {"tokens": 384, "fraction": 0.7, "num_prefixes": 2}}})
+
+    sliding, plain = run("mistral-7b"), run(path)
+    assert sliding.requests.prefix_hit_tokens.sum() > 0 and sliding.steps.num_batched_tokens.max() == 1024
+    assert (sliding.requests.prompt_tokens + sliding.requests.output_tokens).max() < 4096
+    assert sliding.requests.equals(plain.requests)
+    assert sliding.steps.equals(plain.steps)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 16, 100, 700, 4096])
+def test_an_moe_layer_is_the_dense_roofline_of_its_routed_width_over_eta_g(tmp_path, tokens):
+    every = config_variant(tmp_path, "qwen3-30b-a3b", num_experts=8, num_experts_per_tok=8)
+    single = config_variant(tmp_path, "qwen3-30b-a3b", num_experts=1, num_experts_per_tok=1)
+    dense = config_variant(tmp_path, "qwen3-8b", hidden_size=2048, intermediate_size=768, num_hidden_layers=48)
+    engine = make_engine(max_model_len=4096)
+    eff = efficiency_for(H100)
+    h, expert = 2048, 3 * 2048 * 768
+
+    def routed(params: float) -> float:  # a dense GEMM of the routed width, less its kernel floor, over ηg
+        return (gemm_s(params, tokens, 2, H100.fp16_flops, H100.hbm_bandwidth_bytes_per_s, eff)
+                - eff.gemm_floor_s) / eff.grouped_gemm_fraction
+
+    def router(experts: int) -> float:
+        return gemm_s(h * experts, tokens, 2, H100.fp16_flops, H100.hbm_bandwidth_bytes_per_s, eff)
+
+    all_experts = RooflineLatency(every, H100, engine).moe_s(tokens)
+    assert all_experts == pytest.approx(48 * (routed(8 * expert) + router(8)), rel=1e-12)
+    one_expert = RooflineLatency(single, H100, engine).moe_s(tokens)
+    dense_mlp = RooflineLatency(dense, H100, engine).mlp_s(tokens)
+    assert one_expert == pytest.approx(
+        48 * ((dense_mlp / 48 - eff.gemm_floor_s) / eff.grouped_gemm_fraction + router(1)), rel=1e-12)
