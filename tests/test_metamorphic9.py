@@ -24,7 +24,15 @@ bytes over the presets' KV heads: round seven; pools by hand from config.json: r
 * an MoE layer is its grouped GEMM at ηg of the dense roofline plus the router: with k = E (every token to every
   expert) the step's experts cost the dense MLP of E experts' width over the same tokens, over ηg, and one
   expert with k = 1 costs the dense MLP of the expert's width (a dense model whose `intermediate_size` is the
-  expert's) over ηg, plus the router's GEMM, at every batch size.
+  expert's) over ηg, plus the router's GEMM, at every batch size;
+* one speculating request (n-gram drafts, K = 1 and 3, 200-token prompt, 23 output tokens) takes the prefill,
+  then verify steps of 1 + K tokens priced as such: 22 of them at acceptance 0 (one token each), ceil(22 / (K + 1))
+  at acceptance 1, each after the tokens accepted so far, step for step;
+* the roofline's token ops are the kernels vLLM's decoder layer runs, by hand at the bare datasheet roofline:
+  gemma-2 and -3 norm the attention's and the MLP's outputs too (`post_attention_layernorm`,
+  `post_feedforward_layernorm`: four norms a layer, two of them plain, 2h bytes a token), which the roofline left
+  out (fixed: gemma-3-27b's token ops were 14 % short, 0.79 us a token and step on an H100 at the datasheet rate,
+  and two norm kernels' floors a layer, 0.43 ms a step with the fitted floors; llama's two norms stay as they were).
 
 Modelling choices met (documented where they live): kvsim's v1 admits a full-attention request only when its whole
 prompt fits (DESIGN §3, `PagedAllocator.admits_by_chunk = False`) but a sliding-window or hybrid one when its first
@@ -41,6 +49,7 @@ sliding layer's read is min(Σ context, n · window), an upper bound on Σ min(c
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import yaml
@@ -201,3 +210,48 @@ def test_an_moe_layer_is_the_dense_roofline_of_its_routed_width_over_eta_g(tmp_p
     dense_mlp = RooflineLatency(dense, H100, engine).mlp_s(tokens)
     assert one_expert == pytest.approx(
         48 * ((dense_mlp / 48 - eff.gemm_floor_s) / eff.grouped_gemm_fraction + router(1)), rel=1e-12)
+
+
+@pytest.mark.parametrize("acceptance", [0.0, 1.0])
+@pytest.mark.parametrize("drafts", [1, 3])
+def test_a_speculating_requests_steps_are_its_verifies_counted_by_hand(acceptance, drafts):
+    prompt, output = 200, 23
+    spec = {"method": "ngram", "num_speculative_tokens": drafts, "acceptance_rates": acceptance}
+    engine = {"max_model_len": 2048, "speculative_config": spec}
+    result = kvsim.simulate({"model": "llama-3.1-8b", "gpu": "h100-80gb", "engine": engine,
+                             "workload": {"num_requests": 1, "prompt_len": {"dist": "fixed", "value": prompt},
+                                          "output_len": {"dist": "fixed", "value": output}}})
+    roof = RooflineLatency(load_model("llama-3.1-8b"), H100, make_engine(**engine),
+                           overlap_cpu=make_engine(**engine).resolved_async_scheduling)
+    first = StepPlan()
+    first.add(prompt, 0, 1, samples=True)
+    expected = [roof.step_time(first)]
+    emitted = 1 + drafts if acceptance else 1  # tokens each verify step emits: the accepted drafts and one more
+    for i in range(math.ceil((output - 1) / emitted)):  # a verify of the last token and every draft, priced whole
+        verify = StepPlan()
+        verify.add_verify(1 + drafts, prompt + i * emitted)
+        expected.append(roof.step_time(verify))
+    steps = result.steps
+    assert list(steps.num_batched_tokens) == [prompt] + [1 + drafts] * (len(expected) - 1)
+    assert list(steps.duration_s) == pytest.approx(expected, rel=1e-12)
+    assert result.requests.e2e_s[0] == pytest.approx(sum(expected), rel=1e-12)
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 2048])
+def test_gemmas_token_ops_count_its_sandwich_norms(tokens):
+    """vLLM's Gemma3DecoderLayer (and Gemma2's) runs four RMSNorms a layer: `input_layernorm` and
+    `pre_feedforward_layernorm` fused with the residual add (4h bytes a token; the first layer's input norm 2h),
+    and `post_attention_layernorm` and `post_feedforward_layernorm` on the sublayers' outputs alone (read h, write
+    h: 2h). The roofline priced two a layer, as for llama. gemma-3-27b at the bare datasheet roofline (every op at
+    the datasheet bandwidth, no floors), per layer and token: the fused norms d · h · (8L − 2) / L, the sandwich
+    norms 2 · 2 · d · h, rotary d · (2 · (32 + 16) · 128 + 128) + 8 (the position id), the gated activation
+    3 · d · I, the q/k norms 2 · d · (32 + 16) · 128."""
+    gemma = load_model("gemma-3-27b")
+    roof = RooflineLatency(gemma, H100, make_engine(max_model_len=4096), efficiency=DATASHEET)
+    layers, d, h = 62, 2, 5376
+    per_layer = (d * h * (8 * layers - 2) / layers + 2 * 2 * d * h + d * (2 * (32 + 16) * 128 + 128) + 8
+                 + 3 * d * 21504 + 2 * d * (32 + 16) * 128)
+    assert roof.token_ops_s(tokens) == pytest.approx(layers * tokens * per_layer / 3.35e12, rel=1e-12)
+    llama = RooflineLatency(load_model("llama-3.1-8b"), H100, make_engine(max_model_len=4096), efficiency=DATASHEET)
+    llama_per_layer = (2 * 4096 * (8 * 32 - 2) / 32 + 2 * (2 * (32 + 8) * 128 + 128) + 8 + 3 * 2 * 14336)
+    assert llama.token_ops_s(tokens) == pytest.approx(32 * tokens * llama_per_layer / 3.35e12, rel=1e-12)

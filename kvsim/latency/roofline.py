@@ -5,7 +5,8 @@ method, so the calibrated model can fall back to any one of them):
 
     linear     L · Σ_gemm (‖(2 · P · T / (ηf(T) · F),  W / (ηb · B))‖₂ + tg)   P, W: a GEMM's params, bytes
     token ops  L · Σ_op calls · (t0 · f_ref / f_clk + T · b_op · (h / ηl2 + (1 − h) / ηt) / (s_op · B))
-               norms (fused with the residual adds: 4h each, `residual_norm_bytes_per_token`), rotary
+               norms (fused with the residual adds: 4h each, `residual_norm_bytes_per_token`; gemma-2 and -3
+               two more a layer on the sublayers' outputs alone, 2h each), rotary
                (q, k, the cos/sin row: `rotary_bytes_per_token`), activation; h = min(1, σ · L2 / (T · b_op)):
                the share of the op's tensors its L2 holds (`token_op_s`)
     decode     L · (t0 + n_dec · t_seq) + K_dec / (ηa · B)          K: KV bytes read by decodes (a
@@ -123,8 +124,11 @@ class RooflineLatency:
         norm = residual_norm_bytes_per_token(h, d, model.num_layers)
         qk_norms = ((d * 2 * heads * model.head_dim, 1, 0), (d * 2 * kv_heads * model.head_dim, 1, 0)) \
             if model.has_qk_norm else ()
+        # gemma-2 and -3 (`ModelSpec.has_sandwich_norms`) also norm the attention's and the MLP's outputs, alone
+        # (vLLM's Gemma3DecoderLayer: post_attention_layernorm, post_feedforward_layernorm): read h, write h
+        sandwich_norms = ((d * 2 * h, 2, 0),) if model.has_sandwich_norms else ()
         self.token_ops = ((norm, 2, 0), (rotary_bytes_per_token(heads, kv_heads, model.head_dim, d), 1, 1),
-                          (d * act, 1, 2), *qk_norms)
+                          (d * act, 1, 2), *qk_norms, *sandwich_norms)
         self._token_ops_s: dict[int, float] = {}
         self.attn_flops_per_pair = 4 * model.num_layers * heads * model.head_dim
         # the target's layers only: a drafter's KV layers share the pool (`model_kv_layout`), but its reads are

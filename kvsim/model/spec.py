@@ -299,6 +299,12 @@ class ModelSpec(Settings):
         return self.model_type in QK_NORM_MODEL_TYPES
 
     @property
+    def has_sandwich_norms(self) -> bool:
+        """Whether each layer also norms its attention's and its MLP's outputs, four norms a layer in all
+        (`SANDWICH_NORM_MODEL_TYPES`)."""
+        return self.model_type in SANDWICH_NORM_MODEL_TYPES
+
+    @property
     def resolved_layer_types(self) -> tuple[LayerType, ...]:
         """One attention type per layer (all `full_attention` when `layer_types` is not set)."""
         full: LayerType = "full_attention"
@@ -357,5 +363,5 @@ def param_counts(m: ModelSpec) -> ParamCounts:
         shared_experts=moe_layers * 3 * h * moe.shared_expert_intermediate_size if moe else 0,
         router=moe_layers * h * moe.num_experts if moe else 0,
         embeddings=embed,
-        norms=((4 if m.model_type in SANDWICH_NORM_MODEL_TYPES else 2) * m.num_layers + 1) * h,
+        norms=((4 if m.has_sandwich_norms else 2) * m.num_layers + 1) * h,
     )
