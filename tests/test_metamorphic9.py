@@ -11,7 +11,7 @@ bytes over the presets' KV heads: round seven; pools by hand from config.json: r
 * a model with twice the layers (its config.json with `num_hidden_layers` doubled) at the bare datasheet roofline
   takes 2 · step − LM head and sampler + 2 · T · h · dtype / B: every per-layer term doubles, the LM head does not,
   and the first layer's input norm, the one norm not fused with a residual add (2h bytes a token, not 4h), is
-  counted once in either stack;
+  counted once in either stack (llama-3.1-8b, qwen3-30b-a3b, gemma-3-27b with its sliding layers);
 * `gpu_memory_utilization` raised by d adds floor(d · memory / block bytes) blocks or one more (the two floors),
   block bytes by hand (llama-3.1-8b: 2 · 32 · 8 · 128 · 2 · 16 = 2 MiB; qwen3-30b-a3b 1.5 MiB), on h100-80gb's
   81,559 MiB at 0.9 + 0.05: 2,038 or 2,039 blocks more;
@@ -19,8 +19,10 @@ bytes over the presets' KV heads: round seven; pools by hand from config.json: r
   blocks: llama-3.1-8b's config with 1, 2 and 8 KV heads at TP 1, 2, 4 and 8 (vLLM's QKVParallelLinear
   replicates a KV head on t / kv_heads GPUs when t > kv_heads, so blocks stop doubling there);
 * a sliding window longer than every request's context is full attention: mistral-7b (4,096-token window in every
-  layer) at max_model_len 2,048 serves every request and step as its config without `sliding_window`, with
-  prefix caching and chunked prefill, in a pool that never binds (below);
+  layer) at max_model_len 2,048 serves every request and step as its config without `sliding_window`, and
+  gemma-3-27b with an 8,192-token window (a hybrid pool of two KV groups) every request and step time as its
+  config with every layer full (a uniform pool), with prefix caching and chunked prefill, in a pool that never
+  binds (below);
 * an MoE layer is its grouped GEMM at ηg of the dense roofline plus the router: with k = E (every token to every
   expert) the step's experts cost the dense MLP of E experts' width over the same tokens, over ηg, and one
   expert with k = 1 costs the dense MLP of the expert's width (a dense model whose `intermediate_size` is the
@@ -81,6 +83,15 @@ def config_variant(tmp_path, preset: str, **changes):
     return load_model(variant_file(tmp_path, preset, **changes))
 
 
+def gemma_variant(tmp_path, name: str, **text_changes) -> str:
+    """gemma-3-27b's config.json with `text_changes` in its `text_config`, written to a file of its own."""
+    raw = json.loads((PRESETS_DIR / "models" / "gemma-3-27b.json").read_text())
+    raw["text_config"].update(text_changes)
+    path = tmp_path / f"gemma-3-{name}.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
 def plans() -> dict[str, StepPlan]:
     decodes, chunk, mixed = StepPlan(), StepPlan(), StepPlan()
     decodes.add(1, 700, 24, samples=True)
@@ -117,12 +128,15 @@ def test_doubled_gpu_rates_halve_every_bound_term_and_keep_the_fixed_costs(tmp_p
     assert two.step_time(plan) < one.step_time(plan)
 
 
-@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-30b-a3b", "gemma-3-27b"])
 @pytest.mark.parametrize("plan_name", ["decodes", "chunk", "mixed"])
 def test_twice_the_layers_doubles_every_per_layer_term(tmp_path, model, plan_name):
+    """gemma-3-27b's 124 layers keep its pattern: every sixth full, 20 full and 104 sliding, twice 10 and 52."""
     spec = load_model(model)
-    double = config_variant(tmp_path, model, num_hidden_layers=2 * spec.num_layers)
+    double = load_model(gemma_variant(tmp_path, "124", num_hidden_layers=124)) if model == "gemma-3-27b" else \
+        config_variant(tmp_path, model, num_hidden_layers=2 * spec.num_layers)
     assert double.num_layers == 2 * spec.num_layers
+    assert double.resolved_layer_types.count("full_attention") == 2 * spec.resolved_layer_types.count("full_attention")
     engine, plan = make_engine(max_model_len=4096), plans()[plan_name]
     one = RooflineLatency(spec, H100, engine, overhead_s=0.0, efficiency=DATASHEET)
     two = RooflineLatency(double, H100, engine, overhead_s=0.0, efficiency=DATASHEET)
@@ -167,25 +181,38 @@ def test_a_fixed_pool_holds_blocks_by_the_kv_heads_each_gpu_keeps(tmp_path, kv_h
         assert num_gpu_blocks(spec, H100, engine) == pool // (block_bytes // min(tp, kv_heads))
 
 
-def test_a_window_longer_than_every_context_is_full_attention(tmp_path):
-    path = variant_file(tmp_path, "mistral-7b", sliding_window=None)
-    assert load_model("mistral-7b").sliding_window == 4096 and load_model(path).sliding_window is None
+def window_run(model: str):
+    return kvsim.simulate({
+        "model": model, "gpu": "h100-80gb", "seed": 4,
+        "engine": {"max_model_len": 2048, "max_num_seqs": 32, "max_num_batched_tokens": 1024,
+                   "enable_prefix_caching": True},
+        "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate": 30.0},
+                     "prompt_len": {"dist": "lognormal", "mean": 500, "p99": 1500},
+                     "output_len": {"dist": "lognormal", "mean": 120, "p99": 400},
+                     "shared_prefix": {"tokens": 384, "fraction": 0.7, "num_prefixes": 2}}})
 
-    def run(model: str):
-        return kvsim.simulate({
-            "model": model, "gpu": "h100-80gb", "seed": 4,
-            "engine": {"max_model_len": 2048, "max_num_seqs": 32,
-                       "max_num_batched_tokens": 1024, "enable_prefix_caching": True},
-            "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate": 40.0},
-                         "prompt_len": {"dist": "lognormal", "mean": 500, "p99": 1500},
-                         "output_len": {"dist": "lognormal", "mean": 120, "p99": 400},
-                         "shared_prefix": {"tokens": 384, "fraction": 0.7, "num_prefixes": 2}}})
 
-    sliding, plain = run("mistral-7b"), run(path)
+KV_COLUMNS = ["vllm:kv_cache_usage_perc", "held_slots", "shared_slots", "token_state", "reserved", "internal_frag",
+              "free"]
+
+
+@pytest.mark.parametrize("model", ["mistral-7b", "gemma-3-27b"])
+def test_a_window_longer_than_every_context_is_full_attention(tmp_path, model):
+    """mistral-7b slides 4,096 tokens in every layer (one KV group: the same pool); gemma-3-27b's 52 sliding
+    layers, given an 8,192-token window, beside the config with every layer full (a hybrid pool of another block
+    count, so the steps' KV shares differ: every other column is the same)."""
+    if model == "mistral-7b":
+        sliding_model, full_model = model, variant_file(tmp_path, model, sliding_window=None)
+    else:
+        sliding_model = gemma_variant(tmp_path, "long-window", sliding_window=8192)
+        full_model = gemma_variant(tmp_path, "full", sliding_window=None, layer_types=["full_attention"] * 62)
+    assert load_model(sliding_model).sliding_window >= 4096 and load_model(full_model).sliding_window is None
+    sliding, plain = window_run(sliding_model), window_run(full_model)
     assert sliding.requests.prefix_hit_tokens.sum() > 0 and sliding.steps.num_batched_tokens.max() == 1024
-    assert (sliding.requests.prompt_tokens + sliding.requests.output_tokens).max() < 4096
+    assert (sliding.requests.prompt_tokens + sliding.requests.output_tokens).max() < 2048
     assert sliding.requests.equals(plain.requests)
-    assert sliding.steps.equals(plain.steps)
+    kv = KV_COLUMNS if model != "mistral-7b" else []
+    assert sliding.steps.drop(columns=kv).equals(plain.steps.drop(columns=kv))
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 16, 100, 700, 4096])
