@@ -12,6 +12,9 @@ bytes over the presets' KV heads: round seven; pools by hand from config.json: r
   takes 2 · step − LM head and sampler + 2 · T · h · dtype / B: every per-layer term doubles, the LM head does not,
   and the first layer's input norm, the one norm not fused with a residual add (2h bytes a token, not 4h), is
   counted once in either stack (llama-3.1-8b, qwen3-30b-a3b, gemma-3-27b with its sliding layers);
+* TP 2 at the bare datasheet roofline is half of TP 1's step plus half of what every rank does whole (the norms on
+  the hidden state, the rotary's cos/sin row and position id) plus two all-reduces a layer by hand (H100's NVLink
+  fit at 2 GPUs), for llama-3.1-8b and qwen3-8b (q/k norms split with the heads);
 * `gpu_memory_utilization` raised by d adds floor(d · memory / block bytes) blocks or one more (the two floors),
   block bytes by hand (llama-3.1-8b: 2 · 32 · 8 · 128 · 2 · 16 = 2 MiB; qwen3-30b-a3b 1.5 MiB), on h100-80gb's
   81,559 MiB at 0.9 + 0.05: 2,038 or 2,039 blocks more;
@@ -282,3 +285,20 @@ def test_gemmas_token_ops_count_its_sandwich_norms(tokens):
     llama = RooflineLatency(load_model("llama-3.1-8b"), H100, make_engine(max_model_len=4096), efficiency=DATASHEET)
     llama_per_layer = (2 * 4096 * (8 * 32 - 2) / 32 + 2 * (2 * (32 + 8) * 128 + 128) + 8 + 3 * 2 * 14336)
     assert llama.token_ops_s(tokens) == pytest.approx(32 * tokens * llama_per_layer / 3.35e12, rel=1e-12)
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-8b"])
+@pytest.mark.parametrize("plan_name", ["decodes", "chunk", "mixed"])
+def test_tensor_parallelism_halves_every_sharded_term_and_nothing_else(model, plan_name):
+    """At the bare datasheet roofline TP 2 is half of TP 1's step, except what every rank does whole: the norms on
+    the hidden state (d · h · (8L − 2) per token in all), the rotary's cos/sin row and position id (d · head_dim + 8
+    a layer), plus two all-reduces a layer of T · h · d bytes over NVLink (H100's fit at 2 GPUs: 62.69 % of
+    450 GB/s, 16.62 us each). GEMMs, attention (half the heads, half the KV heads), q/k norms and the activation
+    split in two."""
+    spec, plan = load_model(model), plans()[plan_name]
+    one, two = (RooflineLatency(spec, H100, make_engine(max_model_len=4096, tensor_parallel_size=tp), overhead_s=0.0,
+                                efficiency=DATASHEET) for tp in (1, 2))
+    layers, d, h, tokens = spec.num_layers, spec.dtype_bytes, spec.hidden_size, plan.num_tokens
+    whole = tokens * (d * h * (8 * layers - 2) + layers * (d * spec.head_dim + 8)) / H100.hbm_bandwidth_bytes_per_s
+    allreduce = 2 * layers * (tokens * h * d / (0.6269 * 450e9) + 16.62e-6)
+    assert two.step_time(plan) == pytest.approx(one.step_time(plan) / 2 + whole / 2 + allreduce, rel=1e-12)
