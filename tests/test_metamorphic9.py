@@ -16,8 +16,9 @@ bytes over the presets' KV heads: round seven; pools by hand from config.json: r
   the hidden state, the rotary's cos/sin row and position id) plus two all-reduces a layer by hand (H100's NVLink
   fit at 2 GPUs), for llama-3.1-8b and qwen3-8b (q/k norms split with the heads);
 * `gpu_memory_utilization` raised by d adds floor(d · memory / block bytes) blocks or one more (the two floors),
-  block bytes by hand (llama-3.1-8b: 2 · 32 · 8 · 128 · 2 · 16 = 2 MiB; qwen3-30b-a3b 1.5 MiB), on h100-80gb's
-  81,559 MiB at 0.9 + 0.05: 2,038 or 2,039 blocks more;
+  block bytes by hand (llama-3.1-8b: 2 · 32 · 8 · 128 · 2 · 16 = 2 MiB; qwen3-30b-a3b 1.5 MiB; the hybrid
+  gemma-3-27b a page in each of 10 layers, 1.25 MiB, and gpt-oss-20b in each of 12, 384 KiB), on h100-80gb's
+  81,559 MiB at 0.9 + 0.05: 2,038 or 2,039 blocks more for llama;
 * in a fixed pool per GPU (`kv_cache_memory_bytes`) TP t holds floor(pool / (block bytes at TP 1 / min(t, kv heads)))
   blocks: llama-3.1-8b's config with 1, 2 and 8 KV heads at TP 1, 2, 4 and 8 (vLLM's QKVParallelLinear
   replicates a KV head on t / kv_heads GPUs when t > kv_heads, so blocks stop doubling there);
@@ -148,10 +149,13 @@ def test_twice_the_layers_doubles_every_per_layer_term(tmp_path, model, plan_nam
     assert two.step_time(plan) == pytest.approx(2 * one.step_time(plan) - head + first_norm, rel=1e-12)
 
 
-BLOCK_BYTES = {"llama-3.1-8b": 2 * 32 * 8 * 128 * 2 * 16, "qwen3-30b-a3b": 2 * 48 * 4 * 128 * 2 * 16}
+BLOCK_BYTES = {"llama-3.1-8b": 2 * 32 * 8 * 128 * 2 * 16, "qwen3-30b-a3b": 2 * 48 * 4 * 128 * 2 * 16,
+               # hybrid: a block id is a page in each of group-size layers (vLLM's KVCacheTensor per group slot):
+               # gemma-3-27b's 10 full layers make groups of 10, gpt-oss-20b's 12 full layers groups of 12
+               "gemma-3-27b": 10 * 2 * 16 * 128 * 2 * 16, "gpt-oss-20b": 12 * 2 * 8 * 64 * 2 * 16}
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(model=st.sampled_from(sorted(BLOCK_BYTES)), utilization=st.floats(0.85, 0.95),
        raise_by=st.floats(0.001, 0.05))
 def test_more_memory_utilization_adds_its_memory_in_blocks(model, utilization, raise_by):
