@@ -40,6 +40,9 @@ bytes over the presets' KV heads: round seven; pools by hand from config.json: r
   out (fixed: gemma-3-27b's token ops were 14 % short, 0.79 us a token and step on an H100 at the datasheet rate,
   and two norm kernels' floors a layer, 0.43 ms a step with the fitted floors; llama's two norms stay as they were).
 
+* gemma-3-27b's decodes read only the last min(context, 1,024) tokens in its 52 sliding layers, every token in
+  its 10 full ones: exactly, for batches inside or beyond the window (below for batches across it).
+
 Modelling choices met (documented where they live): kvsim's v1 admits a full-attention request only when its whole
 prompt fits (DESIGN §3, `PagedAllocator.admits_by_chunk = False`) but a sliding-window or hybrid one when its first
 chunk does (`HybridAllocator.admits_by_chunk`, as vLLM v1's `allocate_slots(request, num_new_tokens)` does for every
@@ -48,7 +51,7 @@ same workload: at step 288 the sliding model admits a 1,442-token prompt's 1,020
 blocks (64 for the chunk, 91 for the prompt) and preempts it the next step, the full-attention copy waits (45
 requests differ); with decodes on both sides of a sliding window in one step a
 sliding layer's read is min(Σ context, n · window), an upper bound on Σ min(context, window)
-(`RooflineLatency.decode_read_bytes`); a GPU file named as a preset takes that preset's fitted fractions
+(`RooflineLatency.decode_read_bytes`: contexts 100 and 3,000 read 2,048 tokens a sliding layer, not 1,124); a GPU file named as a preset takes that preset's fitted fractions
 (`efficiency_for`), which is what makes the doubled file comparable.
 """
 
@@ -306,3 +309,20 @@ def test_tensor_parallelism_halves_every_sharded_term_and_nothing_else(model, pl
     whole = tokens * (d * h * (8 * layers - 2) + layers * (d * spec.head_dim + 8)) / H100.hbm_bandwidth_bytes_per_s
     allreduce = 2 * layers * (tokens * h * d / (0.6269 * 450e9) + 16.62e-6)
     assert two.step_time(plan) == pytest.approx(one.step_time(plan) / 2 + whole / 2 + allreduce, rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(contexts=st.lists(st.integers(1, 4000), min_size=1, max_size=12))
+def test_gemmas_sliding_layers_read_at_most_their_window_per_decode(contexts):
+    """gemma-3-27b's decodes read, per token of context, 2 · 16 · 128 · 2 = 8,192 B in each of its 10 full layers
+    and, in each of its 52 sliding layers, only the last min(context, 1,024) tokens: exactly so when every context
+    is inside the window or every one beyond it; a batch on both sides is priced min(Σ context, n · 1,024) a
+    sliding layer (`decode_read_bytes`: the step plan carries Σ context, not each), at least the exact read."""
+    roof = RooflineLatency(load_model("gemma-3-27b"), H100, make_engine(max_model_len=4096), efficiency=DATASHEET)
+    per_layer = 2 * 16 * 128 * 2
+    exact = sum(10 * c * per_layer + 52 * min(c, 1024) * per_layer for c in contexts)
+    read = roof.decode_read_bytes(len(contexts), sum(contexts))
+    if all(c <= 1024 for c in contexts) or all(c >= 1024 for c in contexts):
+        assert read == exact
+    else:
+        assert exact <= read <= sum(62 * c * per_layer for c in contexts)
