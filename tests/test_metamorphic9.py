@@ -24,7 +24,7 @@ bytes over the presets' KV heads: round seven; pools by hand from config.json: r
   replicates a KV head on t / kv_heads GPUs when t > kv_heads, so blocks stop doubling there);
 * a sliding window longer than every request's context is full attention: mistral-7b (4,096-token window in every
   layer) at max_model_len 2,048 serves every request and step as its config without `sliding_window`, and
-  gemma-3-27b with an 8,192-token window (a hybrid pool of two KV groups) every request and step time as its
+  gemma-3-27b with an 8,192-token window (a hybrid pool of seven KV groups) every request and step time as its
   config with every layer full (a uniform pool), with prefix caching and chunked prefill, in a pool that never
   binds (below);
 * an MoE layer is its grouped GEMM at ηg of the dense roofline plus the router: with k = E (every token to every
@@ -38,21 +38,24 @@ bytes over the presets' KV heads: round seven; pools by hand from config.json: r
   gemma-2 and -3 norm the attention's and the MLP's outputs too (`post_attention_layernorm`,
   `post_feedforward_layernorm`: four norms a layer, two of them plain, 2h bytes a token), which the roofline left
   out (fixed: gemma-3-27b's token ops were 14 % short, 0.79 us a token and step on an H100 at the datasheet rate,
-  and two norm kernels' floors a layer, 0.43 ms a step with the fitted floors; llama's two norms stay as they were).
-
+  and two norm kernels' floors a layer, 0.43 ms a step with the fitted floors; llama's two norms stay as they were);
 * gemma-3-27b's decodes read only the last min(context, 1,024) tokens in its 52 sliding layers, every token in
   its 10 full ones: exactly, for batches inside or beyond the window (below for batches across it).
 
-Modelling choices met (documented where they live): kvsim's v1 admits a full-attention request only when its whole
-prompt fits (DESIGN §3, `PagedAllocator.admits_by_chunk = False`) but a sliding-window or hybrid one when its first
-chunk does (`HybridAllocator.admits_by_chunk`, as vLLM v1's `allocate_slots(request, num_new_tokens)` does for every
-model), so the window relation above fails under KV pressure: mistral-7b, seed 4, 260 blocks, budget 1,024, the
-same workload: at step 288 the sliding model admits a 1,442-token prompt's 1,020-token first chunk into about 80 free
-blocks (64 for the chunk, 91 for the prompt) and preempts it the next step, the full-attention copy waits (45
-requests differ); with decodes on both sides of a sliding window in one step a
-sliding layer's read is min(Σ context, n · window), an upper bound on Σ min(context, window)
-(`RooflineLatency.decode_read_bytes`: contexts 100 and 3,000 read 2,048 tokens a sliding layer, not 1,124); a GPU file named as a preset takes that preset's fitted fractions
-(`efficiency_for`), which is what makes the doubled file comparable.
+Modelling choices met (documented where they live):
+
+* kvsim's v1 admits a full-attention request only when its whole prompt fits (DESIGN §3,
+  `PagedAllocator.admits_by_chunk = False`) but a sliding-window or hybrid one when its first chunk does
+  (`GroupedPagedAllocator.admits_by_chunk`, as vLLM v1's `allocate_slots(request, num_new_tokens)` does for every model),
+  so the window relation above fails under KV pressure: mistral-7b, seed 4, 260 blocks, budget 1,024, the workload
+  of `window_run` at 40 req/s: at step 288 the sliding model admits a 1,442-token prompt's 1,020-token first chunk
+  into about 80 free blocks (64 for the chunk, 91 for the prompt) and preempts it the next step, the
+  full-attention copy waits (45 requests differ);
+* with decodes on both sides of a sliding window in one step a sliding layer's read is min(Σ context, n · window),
+  an upper bound on Σ min(context, window) (`RooflineLatency.decode_read_bytes`: contexts 100 and 3,000 read 2,048
+  tokens a sliding layer, not 1,124);
+* a GPU file named as a preset takes that preset's fitted fractions (`efficiency_for`), which is what makes the
+  doubled file comparable.
 """
 
 from __future__ import annotations
