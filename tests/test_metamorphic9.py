@@ -8,6 +8,9 @@ bytes over the presets' KV heads: round seven; pools by hand from config.json: r
   step, and nothing else: 2 · step(2x) − step(1x) is the step's fixed costs counted by hand (a GEMM kernel's floor
   per GEMM, a token op's clock-scaled floor per call, the attention kernels' floors, the sampler per row, the CPU),
   for llama-3.1-8b and qwen3-30b-a3b (MoE, q/k norms), decodes alone, a prefill chunk alone and the two mixed;
+  end to end, with those fixed costs zeroed in the file (`efficiency`), the same requests arriving twice as fast
+  are served in the same steps in exactly half the time (llama, qwen3-30b-a3b and gemma-3-27b, under preemption
+  and prefix caching, through the decode bursts);
 * a model with twice the layers (its config.json with `num_hidden_layers` doubled) at the bare datasheet roofline
   takes 2 · step − LM head and sampler + 2 · T · h · dtype / B: every per-layer term doubles, the LM head does not,
   and the first layer's input norm, the one norm not fused with a residual add (2h bytes a token, not 4h), is
@@ -329,3 +332,43 @@ def test_gemmas_sliding_layers_read_at_most_their_window_per_decode(contexts):
         assert read == exact
     else:
         assert exact <= read <= sum(62 * c * per_layer for c in contexts)
+
+
+NO_FIXED_COSTS = {name: 0.0 for name in ("gemm_floor_s", "token_op_floor_s", "kernel_floor_s", "decode_per_seq_s",
+                                         "sample_per_seq_s", "cpu_fixed_s", "cpu_per_seq_s")}
+
+
+@pytest.mark.parametrize(("model", "num_blocks"), [("llama-3.1-8b", 300), ("qwen3-30b-a3b", 300),
+                                                  ("gemma-3-27b", 950)])  # a hybrid block id: 7 groups' pages
+def test_a_gpu_twice_as_fast_with_no_fixed_costs_serves_twice_the_rate_in_half_the_time(tmp_path, model, num_blocks):
+    """The doubled GPU file end to end: with the fixed costs zeroed in the file (`efficiency`), every step is
+    bound by the GPU's rates alone, so the same requests arriving twice as fast are served in the same steps in
+    exactly half the time (under preemption and prefix caching, through the decode bursts)."""
+    raw = yaml.safe_load((PRESETS_DIR / "gpus.yaml").read_text())["h100-80gb"]
+    paths = []
+    for scale in (1, 2):
+        gpu = {**raw, "efficiency": NO_FIXED_COSTS}
+        for field in ("fp16_flops", "fp8_flops", "hbm_bandwidth_bytes_per_s"):
+            gpu[field] = scale * float(raw[field])
+        (tmp_path / str(scale)).mkdir()
+        path = tmp_path / str(scale) / "h100-80gb.yaml"
+        path.write_text(yaml.safe_dump(gpu))
+        paths.append(str(path))
+
+    def run(gpu: str, rate: float):
+        return kvsim.simulate({
+            "model": model, "gpu": gpu, "seed": 2,
+            "engine": {"max_model_len": 2048, "num_gpu_blocks_override": num_blocks,
+                       "max_num_batched_tokens": 1024, "enable_prefix_caching": True},
+            "workload": {"num_requests": 50, "arrival": {"process": "poisson", "rate": rate},
+                         "prompt_len": {"dist": "lognormal", "mean": 500, "p99": 1500},
+                         "output_len": {"dist": "lognormal", "mean": 100, "p99": 300},
+                         "shared_prefix": {"tokens": 256, "fraction": 0.5, "num_prefixes": 2}}})
+
+    slow, fast = run(paths[0], 10.0), run(paths[1], 20.0)
+    assert slow.summary["num_preemptions"] > 0 and slow.requests.prefix_hit_tokens.sum() > 0
+    for column in ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "e2e_s"):
+        assert list(fast.requests[column]) == pytest.approx(list(slow.requests[column] / 2), rel=1e-9, abs=1e-12)
+    assert list(fast.requests.num_preemptions) == list(slow.requests.num_preemptions)
+    assert list(fast.steps.num_batched_tokens) == list(slow.steps.num_batched_tokens)
+    assert list(fast.steps.duration_s) == pytest.approx(list(slow.steps.duration_s / 2), rel=1e-9)
