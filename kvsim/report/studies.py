@@ -37,6 +37,7 @@ from kvsim.planning.sweep import SweepResult, run_evidence, run_many
 from kvsim.planning.window import probe_passes, why_failed
 from kvsim.report.alerts import alert_firings
 from kvsim.report.applicable import refusal, refused_settings, skipped
+from kvsim.report.no_preemption import largest_seqs_without_preemption
 from kvsim.report.section import Section
 from kvsim.workload.generate import build_requests
 from kvsim.workload.overrides import apply_overrides
@@ -308,8 +309,8 @@ def capacity_formula(st: Study) -> Section:
     if reason is not None:
         return skipped("formula", FORMULA_TITLE, FORMULA_SETTING, reason)
     runs, counts = st.run_saturated([(*common, *extra) for _, _, extra in rows_spec])
-    no_preemption = _largest_seqs_without_preemption(st, [(*common, *extra) for _, _, extra in rows_spec], runs,
-                                                     counts)
+    no_preemption = largest_seqs_without_preemption(st, [(*common, *extra) for _, _, extra in rows_spec], runs,
+                                                    counts, [*contexts, None])  # the mix's lengths vary
     usable = st.num_blocks - st.paged_null_blocks
     lens = [c for _, c, _ in rows_spec]
     closed = np.array([float(paged_seqs(st.kv_layout, st.num_blocks, c, st.max_num_batched_tokens,
@@ -339,30 +340,6 @@ def capacity_formula(st: Study) -> Section:
                     "num_kv_bound": int(kv_bound.sum()), "other_limits": sorted(set(limits) - {"kv"}),
                     "vllm_max_concurrency": model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks,
                                                                    st.max_model_len)})
-
-
-def _largest_seqs_without_preemption(st: Study, overrides: list[tuple[str, ...]], runs: list[SweepResult],
-                                     counts: list[int]) -> list[int]:
-    """Per row, the largest `max_num_seqs` whose saturated run never preempts (bisection, all rows at once).
-
-    Bounds: 0 (nothing runs, nothing is preempted) and the row's peak running (a run that
-    preempted at its own peak); a row whose run never preempted is its peak. Stops within 5 %.
-    """
-    calm = [r.summary["num_preemptions"] == 0 for r in runs]
-    lo = [r.summary["max_running"] if ok else 0 for r, ok in zip(runs, calm, strict=True)]
-    hi = [r.summary["max_running"] + ok for r, ok in zip(runs, calm, strict=True)]
-    while True:
-        todo = [i for i in range(len(runs)) if hi[i] - lo[i] > max(1, lo[i] // 20)]
-        if not todo:
-            return lo
-        mids = {i: (lo[i] + hi[i]) // 2 for i in todo}
-        probes = st.run([st.saturated(*overrides[i], f"engine.max_num_seqs={mids[i]}", num_requests=counts[i])
-                         for i in todo])
-        for i, probe in zip(todo, probes, strict=True):
-            if probe.summary["num_preemptions"] == 0:
-                lo[i] = mids[i]
-            else:
-                hi[i] = mids[i]
 
 
 def paging_and_load(st: Study) -> tuple[Section, Section, Section]:

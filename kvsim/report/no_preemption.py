@@ -1,0 +1,71 @@
+"""The capacity formula's largest `max_num_seqs` whose saturated run never preempts: a bisection over
+saturated runs (`largest_seqs_without_preemption`) that does not simulate a probe whose answer the pool
+already gives (`never_preempts`), so its answer is the plain bisection's, found with fewer runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kvsim.engine.builder import resolve_engine
+from kvsim.workload.scenario import Scenario
+
+if TYPE_CHECKING:
+    from kvsim.planning.sweep import SweepResult
+    from kvsim.report.studies import Study
+
+
+def never_preempts(scenario: Scenario, context_len: int | None) -> bool:
+    """Whether a run of `scenario`, every request of which is exactly `context_len` tokens (prompt + output;
+    None: not known, False), can never preempt: at most `max_num_seqs` sequences hold KV blocks at once
+    (`num_running_seqs`, which counts async scheduling's finishing ones), each at most its live blocks at
+    `context_len` tokens (`KVLayout.decode_blocks`: a sequence allocates slots for its computed and scheduled
+    tokens, fewer than its prompt + output), so when `max_num_seqs` × those fit the pool's usable blocks
+    every allocation finds room, and a preemption, which only a failed allocation makes
+    (`allocate_or_preempt`), never happens.
+
+    True only where that per-sequence maximum holds: one sequence per request (n = 1, no beams), no
+    multi-turn history, prefix caching off (nothing cached beyond the sequences' own blocks), full attention
+    only (a sliding window's prompt chunk holds more: `KVLayout.prefill_blocks`), no drafts (they hold
+    lookahead slots). The pool is the scenario's own: `max_num_seqs` changes the activation memory and so
+    the block count (`kvsim.model.capacity.num_gpu_blocks`)."""
+    workload, engine = scenario.workload, scenario.engine
+    if (context_len is None or workload.n > 1 or workload.beam_width is not None or workload.multi_turn is not None
+            or engine.enable_prefix_caching or engine.speculative_config is not None):
+        return False
+    spec = resolve_engine(scenario)
+    layout = spec.kv_layout
+    if any(g.window_tokens is not None for g in layout.groups) or layout.draft_num_layers:
+        return False
+    usable = spec.num_gpu_blocks - engine.num_null_blocks
+    return spec.limits.max_num_seqs * layout.decode_blocks(context_len) <= usable
+
+
+def largest_seqs_without_preemption(st: Study, overrides: Sequence[tuple[str, ...]], runs: Sequence[SweepResult],
+                                    counts: Sequence[int], context_lens: Sequence[int | None]) -> list[int]:
+    """Per row, the largest `max_num_seqs` whose saturated run never preempts (bisection, all rows at once).
+
+    Bounds: 0 (nothing runs, nothing is preempted) and the row's peak running (a run that
+    preempted at its own peak); a row whose run never preempted is its peak. Stops within 5 %.
+    Row i's probes are saturated runs of `overrides[i]` with `counts[i]` requests (÷ 3), each request
+    `context_lens[i]` tokens (None: lengths vary). A probe `never_preempts` says is calm is not run: its
+    outcome is known, so every row takes the same steps as a bisection that ran it."""
+    calm = [r.summary["num_preemptions"] == 0 for r in runs]
+    lo = [r.summary["max_running"] if ok else 0 for r, ok in zip(runs, calm, strict=True)]
+    hi = [r.summary["max_running"] + ok for r, ok in zip(runs, calm, strict=True)]
+    while True:
+        todo = [i for i in range(len(runs)) if hi[i] - lo[i] > max(1, lo[i] // 20)]
+        if not todo:
+            return lo
+        mids = {i: (lo[i] + hi[i]) // 2 for i in todo}
+        probes = {i: st.saturated(*overrides[i], f"engine.max_num_seqs={mids[i]}", num_requests=counts[i])
+                  for i in todo}
+        known = {i for i in todo if never_preempts(probes[i], context_lens[i])}
+        to_run = [i for i in todo if i not in known]
+        ran = st.run([probes[i] for i in to_run]) if to_run else []
+        preempted = {i: probe.summary["num_preemptions"] > 0 for i, probe in zip(to_run, ran, strict=True)}
+        for i in todo:
+            if preempted.get(i, False):
+                hi[i] = mids[i]
+            else:
+                lo[i] = mids[i]

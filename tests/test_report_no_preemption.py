@@ -1,0 +1,86 @@
+"""The capacity formula's bisection for the largest `max_num_seqs` without preemption skips the probes whose
+outcome the pool gives (`never_preempts`) and answers exactly as the plain bisection that runs every probe."""
+
+import pytest
+
+from kvsim.engine.builder import resolve_engine
+from kvsim.engine.simulate import simulate
+from kvsim.report import no_preemption
+from kvsim.report.studies import Study, StudyConfig, saturated
+from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
+
+
+def fixed(c: int) -> tuple[str, ...]:
+    """A formula row's lengths: prompt c/2 + output c/2, caching off, paged."""
+    return ("engine.allocator=paged", "engine.enable_prefix_caching=false", "workload.trace=null",
+            "workload.shared_prefix=null", f"workload.prompt_len={{dist: fixed, value: {c // 2}}}",
+            f"workload.output_len={{dist: fixed, value: {c - c // 2}}}")
+
+
+class Counted(Study):
+    """A study that counts the runs it simulates."""
+
+    num_runs = 0
+
+    def run(self, scenarios, keep_steps=False):
+        self.num_runs += len(scenarios)
+        return super().run(scenarios, keep_steps)
+
+
+@pytest.mark.parametrize("engine", [(), ("engine.scheduler=v0", "engine.preemption_mode=swap"),
+                                    ("engine.async_scheduling=false", "engine.block_size=32")],
+                         ids=["v1-async", "v0-swap", "v1-sync-block-32"])
+def test_the_bisection_answers_as_the_plain_one_with_fewer_runs(monkeypatch, engine):
+    """Three engines, three fixed lengths and a row whose lengths vary (never skipped): the same answers as the
+    bisection that simulates every probe (`never_preempts` patched to know nothing), in fewer runs."""
+    st = Counted(load_scenario(None, list(engine), default=REPORT_SCENARIO),
+                 StudyConfig(num_requests=12, workers=1, saturate_max_requests=36))
+    rows = [fixed(256), fixed(1024), fixed(2048), ("engine.allocator=paged", "engine.enable_prefix_caching=false")]
+    lens = [256, 1024, 2048, None]
+    runs, counts = st.run_saturated(rows)
+    st.num_runs = 0
+    skipping = no_preemption.largest_seqs_without_preemption(st, rows, runs, counts, lens)
+    runs_skipping = st.num_runs
+    st.num_runs = 0
+    monkeypatch.setattr(no_preemption, "never_preempts", lambda scenario, context_len: False)
+    plain = no_preemption.largest_seqs_without_preemption(st, rows, runs, counts, lens)
+    assert skipping == plain
+    assert runs_skipping < st.num_runs
+
+
+def with_seqs(base, max_num_seqs: int):
+    """`base` saturated with `max_num_seqs` for a limit: 3 × that many requests at once, enough to fill it."""
+    return saturated(base, max_num_seqs, f"engine.max_num_seqs={max_num_seqs}")
+
+
+@pytest.mark.parametrize(("engine", "c"), [((), 1024), (("engine.scheduler=v0",), 2048),
+                                           (("engine.async_scheduling=false", "engine.prefix_cache=radix"), 512)])
+def test_the_largest_count_it_calls_calm_runs_without_preempting(engine, c):
+    """At the largest max_num_seqs `never_preempts` vouches for, a saturated run fills every slot and never
+    preempts; one more sequence is past the bound: c/bs blocks each would not all fit at full length."""
+    base = load_scenario(None, [*engine, *fixed(c)], default=REPORT_SCENARIO)
+    m = max(n for n in range(1, 200) if no_preemption.never_preempts(with_seqs(base, n), c))
+    scenario = with_seqs(base, m)
+    spec = resolve_engine(scenario)
+    blocks_per_seq = -(-c // scenario.engine.block_size)  # full attention: every token's slot, whole blocks
+    assert m * blocks_per_seq <= spec.num_gpu_blocks - scenario.engine.num_null_blocks
+    over = resolve_engine(with_seqs(base, m + 1))
+    assert (m + 1) * blocks_per_seq > over.num_gpu_blocks - scenario.engine.num_null_blocks
+    summary = simulate(scenario).summary
+    assert summary["num_preemptions"] == 0 and summary["max_running"] == m
+
+
+@pytest.mark.parametrize("setting", [
+    ("engine.speculative_config={method: ngram, num_speculative_tokens: 3, acceptance_length: 2.0}",),
+    ("workload.n=2",), ("engine.enable_prefix_caching=true",), ("workload.multi_turn={turns: 2}",),
+    ("model=gemma-3-27b", "gpu=h100-80gb")], ids=["drafts", "samples", "caching", "multi-turn", "sliding-window"])
+def test_it_vouches_only_where_a_sequences_blocks_are_known(setting):
+    """Drafts hold lookahead slots, samples and caching share blocks, multi-turn prompts carry history, a
+    sliding window's chunk holds more than its live blocks: no bound, even for one sequence of 16 tokens."""
+    tiny = load_scenario(None, [*fixed(16), "engine.max_num_seqs=1", "engine.max_model_len=4096", *setting],
+                         default=REPORT_SCENARIO)
+    assert not no_preemption.never_preempts(tiny, 16)
+    assert not no_preemption.never_preempts(load_scenario(None, [*fixed(16), "engine.max_num_seqs=1"],
+                                                          default=REPORT_SCENARIO), None)
+    assert no_preemption.never_preempts(load_scenario(None, [*fixed(16), "engine.max_num_seqs=1"],
+                                                      default=REPORT_SCENARIO), 16)
