@@ -27,16 +27,20 @@ class Counted(Study):
         return super().run(scenarios, keep_steps)
 
 
+SMALL_POOL = ("engine.num_gpu_blocks_override=257", "latency={model: constant, step_s: 0.01}")  # quick runs
+
+
 @pytest.mark.parametrize("engine", [(), ("engine.scheduler=v0", "engine.preemption_mode=swap"),
                                     ("engine.async_scheduling=false", "engine.block_size=32")],
                          ids=["v1-async", "v0-swap", "v1-sync-block-32"])
 def test_the_bisection_answers_as_the_plain_one_with_fewer_runs(monkeypatch, engine):
-    """Three engines, three fixed lengths and a row whose lengths vary (never skipped): the same answers as the
-    bisection that simulates every probe (`never_preempts` patched to know nothing), in fewer runs."""
-    st = Counted(load_scenario(None, list(engine), default=REPORT_SCENARIO),
-                 StudyConfig(num_requests=12, workers=1, saturate_max_requests=36))
-    rows = [fixed(256), fixed(1024), fixed(2048), ("engine.allocator=paged", "engine.enable_prefix_caching=false")]
-    lens = [256, 1024, 2048, None]
+    """Three engines, three fixed lengths and a row whose lengths vary (never skipped), on a pool of 256 blocks:
+    the same answers as the bisection that simulates every probe (`never_preempts` patched to know nothing),
+    in fewer runs."""
+    st = Counted(load_scenario(None, [*SMALL_POOL, *engine], default=REPORT_SCENARIO),
+                 StudyConfig(num_requests=16, workers=1, saturate_max_requests=48))
+    rows = [fixed(128), fixed(256), fixed(512), ("engine.allocator=paged", "engine.enable_prefix_caching=false")]
+    lens = [128, 256, 512, None]
     runs, counts = st.run_saturated(rows)
     st.num_runs = 0
     skipping = no_preemption.largest_seqs_without_preemption(st, rows, runs, counts, lens)
@@ -53,7 +57,7 @@ def with_seqs(base, max_num_seqs: int):
     return saturated(base, max_num_seqs, f"engine.max_num_seqs={max_num_seqs}")
 
 
-@pytest.mark.parametrize(("engine", "c"), [((), 1024), (("engine.scheduler=v0",), 2048),
+@pytest.mark.parametrize(("engine", "c"), [((), 1024), (("engine.scheduler=v0", *SMALL_POOL), 512),
                                            (("engine.async_scheduling=false", "engine.prefix_cache=radix"), 512)])
 def test_the_largest_count_it_calls_calm_runs_without_preempting(engine, c):
     """At the largest max_num_seqs `never_preempts` vouches for, a saturated run fills every slot and never
