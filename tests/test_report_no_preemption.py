@@ -17,16 +17,6 @@ def fixed(c: int) -> tuple[str, ...]:
             f"workload.output_len={{dist: fixed, value: {c - c // 2}}}")
 
 
-class Counted(Study):
-    """A study that counts the runs it simulates."""
-
-    num_runs = 0
-
-    def run(self, scenarios, keep_steps=False):
-        self.num_runs += len(scenarios)
-        return super().run(scenarios, keep_steps)
-
-
 SMALL_POOL = ("engine.num_gpu_blocks_override=257", "latency={model: constant, step_s: 0.01}")  # quick runs
 
 
@@ -37,19 +27,27 @@ def test_the_bisection_answers_as_the_plain_one_with_fewer_runs(monkeypatch, eng
     """Three engines, three fixed lengths and a row whose lengths vary (never skipped), on a pool of 256 blocks:
     the same answers as the bisection that simulates every probe (`never_preempts` patched to know nothing),
     in fewer runs."""
-    st = Counted(load_scenario(None, [*SMALL_POOL, *engine], default=REPORT_SCENARIO),
-                 StudyConfig(num_requests=16, workers=1, saturate_max_requests=48))
+    st = Study(load_scenario(None, [*SMALL_POOL, *engine], default=REPORT_SCENARIO),
+               StudyConfig(num_requests=16, workers=1, saturate_max_requests=48))
     rows = [fixed(128), fixed(256), fixed(512), ("engine.allocator=paged", "engine.enable_prefix_caching=false")]
     lens = [128, 256, 512, None]
     runs, counts = st.run_saturated(rows)
-    st.num_runs = 0
-    skipping = no_preemption.largest_seqs_without_preemption(st, rows, runs, counts, lens)
-    runs_skipping = st.num_runs
-    st.num_runs = 0
+    simulated: list[int] = []
+
+    def run(scenarios):
+        simulated.append(len(scenarios))
+        return st.run(scenarios)
+
+    def bisect() -> list[int]:
+        return no_preemption.largest_seqs_without_preemption(
+            lambda i, seqs: st.saturated(*rows[i], f"engine.max_num_seqs={seqs}", num_requests=counts[i]), run,
+            runs, lens)
+
+    skipping = bisect()
+    runs_skipping, simulated[:] = sum(simulated), []
     monkeypatch.setattr(no_preemption, "never_preempts", lambda scenario, context_len: False)
-    plain = no_preemption.largest_seqs_without_preemption(st, rows, runs, counts, lens)
-    assert skipping == plain
-    assert runs_skipping < st.num_runs
+    assert bisect() == skipping
+    assert runs_skipping < sum(simulated)
 
 
 def with_seqs(base, max_num_seqs: int):

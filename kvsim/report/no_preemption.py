@@ -4,15 +4,11 @@ already gives (`never_preempts`), so its answer is the plain bisection's, found 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from kvsim.engine.builder import resolve_engine
+from kvsim.planning.sweep import SweepResult
 from kvsim.workload.scenario import Scenario
-
-if TYPE_CHECKING:
-    from kvsim.planning.sweep import SweepResult
-    from kvsim.report.studies import Study
 
 
 def never_preempts(scenario: Scenario, context_len: int | None) -> bool:
@@ -41,15 +37,17 @@ def never_preempts(scenario: Scenario, context_len: int | None) -> bool:
     return spec.limits.max_num_seqs * layout.decode_blocks(context_len) <= usable
 
 
-def largest_seqs_without_preemption(st: Study, overrides: Sequence[tuple[str, ...]], runs: Sequence[SweepResult],
-                                    counts: Sequence[int], context_lens: Sequence[int | None]) -> list[int]:
+def largest_seqs_without_preemption(probe: Callable[[int, int], Scenario],
+                                    run: Callable[[list[Scenario]], list[SweepResult]], runs: Sequence[SweepResult],
+                                    context_lens: Sequence[int | None]) -> list[int]:
     """Per row, the largest `max_num_seqs` whose saturated run never preempts (bisection, all rows at once).
 
-    Bounds: 0 (nothing runs, nothing is preempted) and the row's peak running (a run that
-    preempted at its own peak); a row whose run never preempted is its peak. Stops within 5 %.
-    Row i's probes are saturated runs of `overrides[i]` with `counts[i]` requests (÷ 3), each request
-    `context_lens[i]` tokens (None: lengths vary). A probe `never_preempts` says is calm is not run: its
-    outcome is known, so every row takes the same steps as a bisection that ran it."""
+    Bounds: 0 (nothing runs, nothing is preempted) and the row's peak running in its saturated run
+    `runs[i]` (a run that preempted at its own peak); a row whose run never preempted is its peak. Stops
+    within 5 %. `probe(i, max_num_seqs)` is row i's saturated scenario with that limit, each request
+    `context_lens[i]` tokens (None: lengths vary); `run` simulates a list of them. A probe `never_preempts`
+    says is calm is not run: its outcome is known, so every row takes the same steps as a bisection that
+    ran it."""
     calm = [r.summary["num_preemptions"] == 0 for r in runs]
     lo = [r.summary["max_running"] if ok else 0 for r, ok in zip(runs, calm, strict=True)]
     hi = [r.summary["max_running"] + ok for r, ok in zip(runs, calm, strict=True)]
@@ -58,12 +56,10 @@ def largest_seqs_without_preemption(st: Study, overrides: Sequence[tuple[str, ..
         if not todo:
             return lo
         mids = {i: (lo[i] + hi[i]) // 2 for i in todo}
-        probes = {i: st.saturated(*overrides[i], f"engine.max_num_seqs={mids[i]}", num_requests=counts[i])
-                  for i in todo}
-        known = {i for i in todo if never_preempts(probes[i], context_lens[i])}
-        to_run = [i for i in todo if i not in known]
-        ran = st.run([probes[i] for i in to_run]) if to_run else []
-        preempted = {i: probe.summary["num_preemptions"] > 0 for i, probe in zip(to_run, ran, strict=True)}
+        probes = {i: probe(i, mids[i]) for i in todo}
+        to_run = [i for i in todo if not never_preempts(probes[i], context_lens[i])]
+        ran = run([probes[i] for i in to_run]) if to_run else []
+        preempted = {i: result.summary["num_preemptions"] > 0 for i, result in zip(to_run, ran, strict=True)}
         for i in todo:
             if preempted.get(i, False):
                 hi[i] = mids[i]
