@@ -30,7 +30,6 @@ def test_the_bisection_answers_as_the_plain_one_with_fewer_runs(monkeypatch, eng
     st = Study(load_scenario(None, [*SMALL_POOL, *engine], default=REPORT_SCENARIO),
                StudyConfig(num_requests=16, workers=1, saturate_max_requests=48))
     rows = [fixed(128), fixed(256), fixed(512), ("engine.allocator=paged", "engine.enable_prefix_caching=false")]
-    lens = [128, 256, 512, None]
     runs, counts = st.run_saturated(rows)
     simulated: list[int] = []
 
@@ -41,11 +40,11 @@ def test_the_bisection_answers_as_the_plain_one_with_fewer_runs(monkeypatch, eng
     def bisect() -> list[int]:
         return no_preemption.largest_seqs_without_preemption(
             lambda i, seqs: st.saturated(*rows[i], f"engine.max_num_seqs={seqs}", num_requests=counts[i]), run,
-            runs, lens)
+            runs)
 
     skipping = bisect()
     runs_skipping, simulated[:] = sum(simulated), []
-    monkeypatch.setattr(no_preemption, "never_preempts", lambda scenario, context_len: False)
+    monkeypatch.setattr(no_preemption, "never_preempts", lambda scenario: False)
     assert bisect() == skipping
     assert runs_skipping < sum(simulated)
 
@@ -61,7 +60,7 @@ def test_the_largest_count_it_calls_calm_runs_without_preempting(engine, c):
     """At the largest max_num_seqs `never_preempts` vouches for, a saturated run fills every slot and never
     preempts; one more sequence is past the bound: c/bs blocks each would not all fit at full length."""
     base = load_scenario(None, [*engine, *fixed(c)], default=REPORT_SCENARIO)
-    m = max(n for n in range(1, 200) if no_preemption.never_preempts(with_seqs(base, n), c))
+    m = max(n for n in range(1, 200) if no_preemption.never_preempts(with_seqs(base, n)))
     scenario = with_seqs(base, m)
     spec = resolve_engine(scenario)
     blocks_per_seq = -(-c // scenario.engine.block_size)  # full attention: every token's slot, whole blocks
@@ -75,14 +74,14 @@ def test_the_largest_count_it_calls_calm_runs_without_preempting(engine, c):
 @pytest.mark.parametrize("setting", [
     ("engine.speculative_config={method: ngram, num_speculative_tokens: 3, acceptance_length: 2.0}",),
     ("workload.n=2",), ("engine.enable_prefix_caching=true",), ("workload.multi_turn={turns: 2}",),
-    ("model=gemma-3-27b", "gpu=h100-80gb")], ids=["drafts", "samples", "caching", "multi-turn", "sliding-window"])
+    ("model=gemma-3-27b", "gpu=h100-80gb"), ("workload.prompt_len={dist: uniform, low: 4, high: 12}",),
+    ("workload.shared_prefix={tokens: 8}",)],
+    ids=["drafts", "samples", "caching", "multi-turn", "sliding-window", "varying-lengths", "shared-prefix"])
 def test_it_vouches_only_where_a_sequences_blocks_are_known(setting):
     """Drafts hold lookahead slots, samples and caching share blocks, multi-turn prompts carry history, a
-    sliding window's chunk holds more than its live blocks: no bound, even for one sequence of 16 tokens."""
-    tiny = load_scenario(None, [*fixed(16), "engine.max_num_seqs=1", "engine.max_model_len=4096", *setting],
-                         default=REPORT_SCENARIO)
-    assert not no_preemption.never_preempts(tiny, 16)
-    assert not no_preemption.never_preempts(load_scenario(None, [*fixed(16), "engine.max_num_seqs=1"],
-                                                          default=REPORT_SCENARIO), None)
-    assert no_preemption.never_preempts(load_scenario(None, [*fixed(16), "engine.max_num_seqs=1"],
-                                                      default=REPORT_SCENARIO), 16)
+    sliding window's chunk holds more than its live blocks, a drawn length may be longer, a shared prefix
+    adds to the prompt: no bound,
+    even for one sequence of 16 tokens (which it gives without them)."""
+    one = [*fixed(16), "engine.max_num_seqs=1", "engine.max_model_len=4096"]
+    assert no_preemption.never_preempts(load_scenario(None, one, default=REPORT_SCENARIO))
+    assert not no_preemption.never_preempts(load_scenario(None, [*one, *setting], default=REPORT_SCENARIO))

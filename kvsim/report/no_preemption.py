@@ -8,46 +8,49 @@ from collections.abc import Callable, Sequence
 
 from kvsim.engine.builder import resolve_engine
 from kvsim.planning.sweep import SweepResult
+from kvsim.workload.draws import Fixed
 from kvsim.workload.scenario import Scenario
 
 
-def never_preempts(scenario: Scenario, context_len: int | None) -> bool:
-    """Whether a run of `scenario`, every request of which is exactly `context_len` tokens (prompt + output;
-    None: not known, False), can never preempt: at most `max_num_seqs` sequences hold KV blocks at once
-    (`num_running_seqs`, which counts async scheduling's finishing ones), each at most its live blocks at
-    `context_len` tokens (`KVLayout.decode_blocks`: a sequence allocates slots for its computed and scheduled
-    tokens, fewer than its prompt + output), so when `max_num_seqs` × those fit the pool's usable blocks
-    every allocation finds room, and a preemption, which only a failed allocation makes
-    (`allocate_or_preempt`), never happens.
+def never_preempts(scenario: Scenario) -> bool:
+    """Whether a run of `scenario` can never preempt, known without running it: at most `max_num_seqs`
+    sequences hold KV blocks at once (`num_running_seqs`, which counts async scheduling's finishing ones),
+    each at most its live blocks at prompt + output tokens (`KVLayout.decode_blocks`: a sequence allocates
+    slots for its computed and scheduled tokens, fewer than those), so when `max_num_seqs` × those fit the
+    pool's usable blocks every allocation finds room, and a preemption, which only a failed allocation
+    makes (`allocate_or_preempt`), never happens.
 
-    True only where that per-sequence maximum holds: one sequence per request (n = 1, no beams), no
-    multi-turn history, prefix caching off (nothing cached beyond the sequences' own blocks), full attention
-    only (a sliding window's prompt chunk holds more: `KVLayout.prefill_blocks`), no drafts (they hold
-    lookahead slots). The pool is the scenario's own: `max_num_seqs` changes the activation memory and so
-    the block count (`kvsim.model.capacity.num_gpu_blocks`)."""
+    True only where that per-sequence maximum is known and holds: fixed prompt and output lengths (no trace,
+    no shared prefix, no multi-turn history), one sequence per request (n = 1, no beams), prefix caching off
+    (nothing cached beyond the sequences' own blocks), full attention only (a sliding window's prompt chunk
+    holds more: `KVLayout.prefill_blocks`), no drafts (they hold lookahead slots). The pool is the
+    scenario's own: `max_num_seqs` changes the activation memory and so the block count
+    (`kvsim.model.capacity.num_gpu_blocks`)."""
     workload, engine = scenario.workload, scenario.engine
-    if (context_len is None or workload.n > 1 or workload.beam_width is not None or workload.multi_turn is not None
-            or engine.enable_prefix_caching or engine.speculative_config is not None):
+    prompt, output = workload.prompt_len, workload.output_len
+    if (not isinstance(prompt, Fixed) or not isinstance(output, Fixed) or workload.trace is not None
+            or workload.shared_prefix is not None or workload.multi_turn is not None or workload.n > 1
+            or workload.beam_width is not None or engine.enable_prefix_caching
+            or engine.speculative_config is not None):
         return False
     spec = resolve_engine(scenario)
     layout = spec.kv_layout
     if any(g.window_tokens is not None for g in layout.groups) or layout.draft_num_layers:
         return False
     usable = spec.num_gpu_blocks - engine.num_null_blocks
-    return spec.limits.max_num_seqs * layout.decode_blocks(context_len) <= usable
+    return spec.limits.max_num_seqs * layout.decode_blocks(prompt.value + output.value) <= usable
 
 
 def largest_seqs_without_preemption(probe: Callable[[int, int], Scenario],
-                                    run: Callable[[list[Scenario]], list[SweepResult]], runs: Sequence[SweepResult],
-                                    context_lens: Sequence[int | None]) -> list[int]:
+                                    run: Callable[[list[Scenario]], list[SweepResult]],
+                                    runs: Sequence[SweepResult]) -> list[int]:
     """Per row, the largest `max_num_seqs` whose saturated run never preempts (bisection, all rows at once).
 
     Bounds: 0 (nothing runs, nothing is preempted) and the row's peak running in its saturated run
     `runs[i]` (a run that preempted at its own peak); a row whose run never preempted is its peak. Stops
-    within 5 %. `probe(i, max_num_seqs)` is row i's saturated scenario with that limit, each request
-    `context_lens[i]` tokens (None: lengths vary); `run` simulates a list of them. A probe `never_preempts`
-    says is calm is not run: its outcome is known, so every row takes the same steps as a bisection that
-    ran it."""
+    within 5 %. `probe(i, max_num_seqs)` is row i's saturated scenario with that limit; `run` simulates a
+    list of them. A probe `never_preempts` says is calm is not run: its outcome is known, so every row takes
+    the same steps as a bisection that ran it."""
     calm = [r.summary["num_preemptions"] == 0 for r in runs]
     lo = [r.summary["max_running"] if ok else 0 for r, ok in zip(runs, calm, strict=True)]
     hi = [r.summary["max_running"] + ok for r, ok in zip(runs, calm, strict=True)]
@@ -57,7 +60,7 @@ def largest_seqs_without_preemption(probe: Callable[[int, int], Scenario],
             return lo
         mids = {i: (lo[i] + hi[i]) // 2 for i in todo}
         probes = {i: probe(i, mids[i]) for i in todo}
-        to_run = [i for i in todo if not never_preempts(probes[i], context_lens[i])]
+        to_run = [i for i in todo if not never_preempts(probes[i])]
         ran = run([probes[i] for i in to_run]) if to_run else []
         preempted = {i: result.summary["num_preemptions"] > 0 for i, result in zip(to_run, ran, strict=True)}
         for i in todo:

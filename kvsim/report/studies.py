@@ -311,8 +311,7 @@ def capacity_formula(st: Study) -> Section:
     rows = [(*common, *extra) for _, _, extra in rows_spec]
     runs, counts = st.run_saturated(rows)
     no_preemption = largest_seqs_without_preemption(
-        lambda i, seqs: st.saturated(*rows[i], f"engine.max_num_seqs={seqs}", num_requests=counts[i]), st.run, runs,
-        [*contexts, None])  # the mix's lengths vary
+        lambda i, seqs: st.saturated(*rows[i], f"engine.max_num_seqs={seqs}", num_requests=counts[i]), st.run, runs)
     usable = st.num_blocks - st.paged_null_blocks
     lens = [c for _, c, _ in rows_spec]
     closed = np.array([float(paged_seqs(st.kv_layout, st.num_blocks, c, st.max_num_batched_tokens,
