@@ -20,16 +20,19 @@ def fixed(c: int) -> tuple[str, ...]:
 SMALL_POOL = ("engine.num_gpu_blocks_override=257", "latency={model: constant, step_s: 0.01}")  # quick runs
 
 
+NGRAM = "engine.speculative_config={method: ngram, num_speculative_tokens: 3, acceptance_length: 2.0}"
+EAGLE = "engine.speculative_config={method: eagle3, num_speculative_tokens: 3, acceptance_length: 2.0}"
+
+
 @pytest.mark.parametrize("engine", [(), ("engine.scheduler=v0", "engine.preemption_mode=swap"),
-                                    ("engine.async_scheduling=false", "engine.block_size=32")],
-                         ids=["v1-async", "v0-swap", "v1-sync-block-32"])
+                                    ("engine.async_scheduling=false", "engine.block_size=32"), (NGRAM,)],
+                         ids=["v1-async", "v0-swap", "v1-sync-block-32", "ngram-drafts"])
 def test_the_bisection_answers_as_the_plain_one_with_fewer_runs(monkeypatch, engine):
-    """Three engines, three fixed lengths and a row whose lengths vary (never skipped), on a pool of 256 blocks:
-    the same answers as the bisection that simulates every probe (`never_preempts` patched to know nothing),
-    in fewer runs."""
+    """Four engines (one with n-gram drafts), three fixed lengths, on a pool of 256 blocks: the same answers as
+    the bisection that simulates every probe (`never_preempts` patched to know nothing), in fewer runs."""
     st = Study(load_scenario(None, [*SMALL_POOL, *engine], default=REPORT_SCENARIO),
                StudyConfig(num_requests=16, workers=1, saturate_max_requests=48))
-    rows = [fixed(128), fixed(256), fixed(512), ("engine.allocator=paged", "engine.enable_prefix_caching=false")]
+    rows = [fixed(128), fixed(256), fixed(512)]
     runs, counts = st.run_saturated(rows)
     simulated: list[int] = []
 
@@ -54,16 +57,19 @@ def with_seqs(base, max_num_seqs: int):
     return saturated(base, max_num_seqs, f"engine.max_num_seqs={max_num_seqs}")
 
 
-@pytest.mark.parametrize(("engine", "c"), [((), 1024), (("engine.scheduler=v0", *SMALL_POOL), 512),
-                                           (("engine.async_scheduling=false", "engine.prefix_cache=radix"), 512)])
-def test_the_largest_count_it_calls_calm_runs_without_preempting(engine, c):
+@pytest.mark.parametrize(("engine", "c", "extra"), [
+    ((), 1024, 0), (("engine.scheduler=v0", *SMALL_POOL), 512, 0),
+    (("engine.async_scheduling=false", "engine.prefix_cache=radix"), 512, 0),
+    ((NGRAM, *SMALL_POOL), 256, 3), ((EAGLE, *SMALL_POOL), 256, 6)])
+def test_the_largest_count_it_calls_calm_runs_without_preempting(engine, c, extra):
     """At the largest max_num_seqs `never_preempts` vouches for, a saturated run fills every slot and never
-    preempts; one more sequence is past the bound: c/bs blocks each would not all fit at full length."""
+    preempts; one more sequence is past the bound: cdiv(c + extra, bs) blocks each would not all fit. With
+    K = 3 drafts a verify step holds K slots more, and EAGLE vLLM's lookahead of K more again (n-gram: none)."""
     base = load_scenario(None, [*engine, *fixed(c)], default=REPORT_SCENARIO)
     m = max(n for n in range(1, 200) if no_preemption.never_preempts(with_seqs(base, n)))
     scenario = with_seqs(base, m)
     spec = resolve_engine(scenario)
-    blocks_per_seq = -(-c // scenario.engine.block_size)  # full attention: every token's slot, whole blocks
+    blocks_per_seq = -(-(c + extra) // scenario.engine.block_size)  # full attention: every slot, whole blocks
     assert m * blocks_per_seq <= spec.num_gpu_blocks - scenario.engine.num_null_blocks
     over = resolve_engine(with_seqs(base, m + 1))
     assert (m + 1) * blocks_per_seq > over.num_gpu_blocks - scenario.engine.num_null_blocks
@@ -72,13 +78,12 @@ def test_the_largest_count_it_calls_calm_runs_without_preempting(engine, c):
 
 
 @pytest.mark.parametrize("setting", [
-    ("engine.speculative_config={method: ngram, num_speculative_tokens: 3, acceptance_length: 2.0}",),
     ("workload.n=2",), ("engine.enable_prefix_caching=true",), ("workload.multi_turn={turns: 2}",),
     ("model=gemma-3-27b", "gpu=h100-80gb"), ("workload.prompt_len={dist: uniform, low: 4, high: 12}",),
     ("workload.shared_prefix={tokens: 8}",)],
-    ids=["drafts", "samples", "caching", "multi-turn", "sliding-window", "varying-lengths", "shared-prefix"])
+    ids=["samples", "caching", "multi-turn", "sliding-window", "varying-lengths", "shared-prefix"])
 def test_it_vouches_only_where_a_sequences_blocks_are_known(setting):
-    """Drafts hold lookahead slots, samples and caching share blocks, multi-turn prompts carry history, a
+    """Samples and caching share blocks, multi-turn prompts carry history, a
     sliding window's chunk holds more than its live blocks, a drawn length may be longer, a shared prefix
     adds to the prompt: no bound,
     even for one sequence of 16 tokens (which it gives without them)."""

@@ -16,29 +16,31 @@ def never_preempts(scenario: Scenario) -> bool:
     """Whether a run of `scenario` can never preempt, known without running it: at most `max_num_seqs`
     sequences hold KV blocks at once (`num_running_seqs`, which counts async scheduling's finishing ones),
     each at most its live blocks at prompt + output tokens (`KVLayout.decode_blocks`: a sequence allocates
-    slots for its computed and scheduled tokens, fewer than those), so when `max_num_seqs` × those fit the
-    pool's usable blocks every allocation finds room, and a preemption, which only a failed allocation
-    makes (`allocate_or_preempt`), never happens.
+    slots for its computed and scheduled tokens, fewer than those) and, with drafts, K more for a verify
+    step's drafts and vLLM's lookahead (`num_lookahead_tokens`) more again (`kvsim.sched.v1`'s
+    `hold_slots`), so when `max_num_seqs` × those fit the pool's usable blocks every allocation finds room,
+    and a preemption, which only a failed allocation makes (`allocate_or_preempt`), never happens.
 
     True only where that per-sequence maximum is known and holds: fixed prompt and output lengths (no trace,
     no shared prefix, no multi-turn history), one sequence per request (n = 1, no beams), prefix caching off
     (nothing cached beyond the sequences' own blocks), full attention only (a sliding window's prompt chunk
-    holds more: `KVLayout.prefill_blocks`), no drafts (they hold lookahead slots). The pool is the
-    scenario's own: `max_num_seqs` changes the activation memory and so the block count
-    (`kvsim.model.capacity.num_gpu_blocks`)."""
+    holds more: `KVLayout.prefill_blocks`), no separate draft model (`method: draft_model`, not checked
+    against runs here; n-gram and EAGLE drafts are). The pool is the scenario's own: `max_num_seqs` changes the
+    activation memory and so the block count (`kvsim.model.capacity.num_gpu_blocks`)."""
     workload, engine = scenario.workload, scenario.engine
     prompt, output = workload.prompt_len, workload.output_len
     if (not isinstance(prompt, Fixed) or not isinstance(output, Fixed) or workload.trace is not None
             or workload.shared_prefix is not None or workload.multi_turn is not None or workload.n > 1
-            or workload.beam_width is not None or engine.enable_prefix_caching
-            or engine.speculative_config is not None):
+            or workload.beam_width is not None or engine.enable_prefix_caching):
         return False
     spec = resolve_engine(scenario)
     layout = spec.kv_layout
     if any(g.window_tokens is not None for g in layout.groups) or layout.draft_num_layers:
         return False
+    drafts = engine.speculative_config
+    extra = 0 if drafts is None else drafts.num_speculative_tokens + drafts.num_lookahead_tokens
     usable = spec.num_gpu_blocks - engine.num_null_blocks
-    return spec.limits.max_num_seqs * layout.decode_blocks(prompt.value + output.value) <= usable
+    return spec.limits.max_num_seqs * layout.decode_blocks(prompt.value + output.value + extra) <= usable
 
 
 def largest_seqs_without_preemption(probe: Callable[[int, int], Scenario],
