@@ -1,24 +1,30 @@
-"""CSV rows of a float64/int/bool table assembled by pyarrow: `step_writer.append_csv`'s bytes, faster.
+"""CSV rows of a float64/int/bool table written by pyarrow's CSV writer: `step_writer.append_csv`'s bytes, faster.
 
 `append_csv` spends most of a long step table's time on Python objects: a `float.__repr__` per mostly
-distinct float (times, durations: ~0.5 µs each) and a join per row. Here each column becomes a pyarrow
-string array and the rows are joined in C (a 100k-step table: ~0.3 → ~0.12 CPU s, after ~0.07 s to
-import pyarrow, so only long tables come here: `worth_using`):
+distinct float (times, durations: ~0.5 µs each) and a join per row. Here pyarrow's CSV writer
+(`pyarrow.csv.write_csv`, quoting none) formats the numbers and joins the rows in C++ (a 120k-step table:
+~0.45 → ~0.15 CPU s, after ~0.05 s to import pyarrow, so only long tables come here: `worth_using`).
+It needs no `pyarrow.compute`, whose import (~200 M instructions: it wraps every compute function in
+Python) the casts and joins of an earlier version paid for; the writer formats as fast (the Mooncake
+bench run writing steps.csv: 14.56 → 14.31 G instructions, the same bytes). Each column goes
+to the writer as
 
-* ints: pyarrow's cast (decimal digits, as `str`); bools: "True"/"False" (a column of bools gathers them);
-* floats: pyarrow's cast, whose digits are Python's: both print the shortest decimal that reads back to
-  the same double, and of two such the nearer (pyarrow through double-conversion, Python's repr through
-  Gay's `dtoa` mode 0), an exact tie to the even digit (2^33 + 1/128 = 8589934592.0078125 is
-  "8589934592.007812" in both; double-conversion's bignum fallback rounds half to even "since this is
-  what Gay seems to do"). The layout agrees where both write a plain decimal with a fraction:
-  1e-4 ≤ |x| < 1e10, not integral (`float.__repr__` switches to an exponent at 1e16 and below 1e-4,
-  pyarrow 26 at 1e10 and below 1e-6, and pyarrow writes an integral 960.0 as "960"). Every other value
-  (integral, zero, -0.0, tiny, huge, infinite, NaN) gets `float.__repr__`'s text ("" for NaN), each
-  distinct bit pattern formatted once, put in place by mask. A column of few distinct values (a float
-  column at most half distinct, an int column of one value) is formatted a distinct value at a time
-  and its texts put in place (`_fields`).
+* ints: the int array (decimal digits, as `str`); bools: "False"/"True" (a dictionary of the two texts);
+* floats of few distinct values (at most half distinct: usage shares, mostly-zero fragmentation
+  columns): a dictionary of each distinct value's text, each formatted once (`_texts_of`);
+* other floats: the float array, whose text is Python's where the layouts agree. Both print the
+  shortest decimal that reads back to the same double, and of two such the nearer (pyarrow through
+  double-conversion, Python's repr through Gay's `dtoa` mode 0), an exact tie to the even digit
+  (2^33 + 1/128 = 8589934592.0078125 is "8589934592.007812" in both; double-conversion's bignum
+  fallback rounds half to even "since this is what Gay seems to do"). The layout agrees where both write
+  a plain decimal with a fraction: 1e-4 ≤ |x| < 1e10, not integral (`float.__repr__` switches to an
+  exponent at 1e16 and below 1e-4, pyarrow 26 at 1e10 and below 1e-6, and pyarrow writes an integral
+  960.0 as "960"). A row holding any other value (integral, zero, -0.0, tiny, huge, infinite, NaN) in
+  such a column is written apart, those columns as `float.__repr__`'s text ("" for NaN); where more than
+  `ODD_ROWS_MAX` rows of a chunk do, those columns are each a dictionary of their distinct values' texts.
+  A value's text in a dictionary is the writer's where it is plain, else `float.__repr__`'s ("" for NaN).
 
-`formats_floats_as_python()` checks the cast against `float.__repr__` once per process on values at the
+`formats_floats_as_python()` checks the writer against `float.__repr__` once per process on values at the
 layout's edges, ties and ordinary fractions; a pyarrow that formats otherwise is not used (the rows are
 then `append_csv`'s own). tests/test_csv_arrow.py compares both paths on fresh random doubles of every
 layout and on a simulated fleet's steps.
@@ -30,14 +36,15 @@ from their buffers (`arrow_array`, `string_array`).
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 import numpy as np
 
-ARROW_MIN_ROWS = 32_768  # a table this long repays importing pyarrow (~0.07 s) within its first rows
-ARROW_CHUNK_ROWS = 16_384  # rows assembled at a time (measured: 4k and 32k are slower)
+ARROW_MIN_ROWS = 32_768  # a table this long repays importing pyarrow (~0.05 s) within its first rows
+ARROW_CHUNK_ROWS = 16_384  # rows assembled at a time
 DISTINCT_SAMPLE = 1_024  # `_few_distinct` looks at this many values before it sorts a whole column
+ODD_ROWS_MAX = 64  # rows of a chunk written apart for their odd floats before those columns become texts
 PLAIN_LOW, PLAIN_HIGH = 1e-4, 1e10  # |x| where both write a plain decimal (see the module docstring)
 
 _checked: list[bool] = []  # formats_floats_as_python's answer, once per process
@@ -46,19 +53,18 @@ _checked: list[bool] = []  # formats_floats_as_python's answer, once per process
 def worth_using(table_rows: int) -> bool:
     """Whether to assemble a numeric table of `table_rows` rows here: pyarrow is installed, formats floats
     as Python does, and is already imported or the table is long enough to repay importing it."""
-    if table_rows < ARROW_MIN_ROWS and "pyarrow.compute" not in sys.modules:
+    if table_rows < ARROW_MIN_ROWS and "pyarrow.csv" not in sys.modules:
         return False
     return formats_floats_as_python()
 
 
 def formats_floats_as_python() -> bool:
-    """pyarrow is importable and its float → string cast gives `float.__repr__`'s text for plain values
-    (checked once: the edges of the plain range, ties between two shortest decimals, 17-digit and short
-    fractions)."""
+    """pyarrow is importable and its CSV writer gives `float.__repr__`'s text for plain values (checked
+    once: the edges of the plain range, ties between two shortest decimals, 17-digit and short fractions)."""
     if not _checked:
         try:
             import pyarrow as pa
-            import pyarrow.compute  # noqa: F401  (casts need it)
+            import pyarrow.csv  # noqa: F401  (the writer)
         except ImportError:
             _checked.append(False)
         else:
@@ -67,82 +73,129 @@ def formats_floats_as_python() -> bool:
                 2.0**33 + 1 / 128, 2.0**33 + 3 / 128, 2.0**33 + 2.0**-19, 1073741824.25, 0.1 + 0.2, 1 / 3, 2 / 3,
                 123.456, -0.5, 5e-4, 1.5e-4, -987654.321, 0.2945185379169278,
             ])
-            cast = arrow_array(probe).cast(pa.string()).to_pylist()
-            _checked.append(cast == list(map(float.__repr__, probe.tolist())))
+            table = pa.Table.from_arrays([arrow_array(probe)], names=["probe"])
+            _checked.append(_csv_text([table]).splitlines() == list(map(float.__repr__, probe.tolist())))
     return _checked[0]
 
 
 def write_rows(arrays: Sequence[np.ndarray], f: IO[str]) -> None:
     """The rows of `arrays` (float64, int or bool columns of equal length, two or more) as
     `step_writer.append_csv` writes them: fields joined by ",", each row ending in "\\n"."""
-    import pyarrow.compute as pc
-
-    comma, newline = string_array([",", "\n"])  # scalars made from a str would import pandas
+    names = [str(k) for k in range(len(arrays))]
     for start in range(0, len(arrays[0]), ARROW_CHUNK_ROWS):
-        rows = pc.binary_join_element_wise(*(_fields(a[start:start + ARROW_CHUNK_ROWS]) for a in arrays), comma)
-        lines = pc.binary_join_element_wise(rows, _empty_strings(len(rows)), newline)
-        offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32)[lines.offset:lines.offset + len(lines) + 1]
-        f.write(memoryview(lines.buffers()[2])[offsets[0]:offsets[-1]].tobytes().decode("ascii"))
+        f.write(_csv_text(_tables([a[start:start + ARROW_CHUNK_ROWS] for a in arrays], names)))
 
 
-def _fields(values: np.ndarray) -> Any:
-    """One column's CSV fields as a pyarrow string array. A field's text depends on its value alone, so a
-    column of few distinct values (a float's bit pattern: -0.0 is not 0.0) formats each once and puts the
-    texts in place: an int column holding one value throughout, a float column at most half distinct."""
+def _csv_text(tables: Iterator[Any] | list[Any]) -> str:
+    """The CSV rows of `tables`, one after the other, as pyarrow's writer gives them: no header, no quotes
+    (fields are numbers' texts, which hold no comma, quote or line break), "\\n" line ends."""
+    return _csv_bytes(tables).decode("ascii")
+
+
+def _csv_bytes(tables: Iterator[Any] | list[Any]) -> bytes:
+    """`_csv_text`'s bytes."""
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+
+    # a batch per table (the writer's default, 1,024 rows, casts each column per batch: ~0.1 M instructions each)
+    options = pa_csv.WriteOptions(include_header=False, batch_size=ARROW_CHUNK_ROWS, quoting_style="none")
+    sink = pa.BufferOutputStream()
+    for table in tables:
+        pa_csv.write_csv(table, sink, options)
+    return sink.getvalue().to_pybytes()
+
+
+def _tables(chunk: list[np.ndarray], names: list[str]) -> Iterator[Any]:
+    """`chunk`'s rows as pyarrow tables whose CSV texts, in order, are the rows' (module docstring): one
+    table, or where float columns of mostly distinct values hold odd values (`_odd`), a table per run of
+    rows without one and per row with one (those columns then their `float.__repr__` texts), or past
+    `ODD_ROWS_MAX` such rows, one table with those columns as texts."""
+    import pyarrow as pa
+
+    columns = [_column(values) for values in chunk]
+    mixed = [k for k, column in enumerate(columns) if column is None]
+    odd_rows = np.flatnonzero(np.logical_or.reduce([_odd(chunk[k]) for k in mixed])) if mixed else np.zeros(0)
+    if len(odd_rows) > ODD_ROWS_MAX:
+        for k in mixed:
+            distinct, inverse = np.unique(chunk[k].view(np.int64), return_inverse=True)
+            columns[k] = _texts_of(distinct, inverse.reshape(-1))
+    if len(odd_rows) == 0 or len(odd_rows) > ODD_ROWS_MAX:
+        yield pa.Table.from_arrays(columns, names=names)
+        return
+    start = 0
+    for row in [*odd_rows.tolist(), len(chunk[0])]:
+        for first, last, odd in ((start, row, False), (row, row + 1, True)):
+            if first == last or first == len(chunk[0]):
+                continue
+            parts = [column.slice(first, last - first) if column is not None
+                     else string_array([_python_text(float(chunk[k][first]))]) if odd
+                     else arrow_array(chunk[k][first:last]) for k, column in enumerate(columns)]
+            yield pa.Table.from_arrays(parts, names=names)
+        start = row + 1
+
+
+def _column(values: np.ndarray) -> Any:
+    """One column as the pyarrow array the writer formats as `append_csv` does, or None for a float column
+    of mostly distinct values holding an odd value (`_tables` writes its rows apart)."""
     import pyarrow as pa
 
     if values.dtype.kind in "iu":
-        if values[0] == values[-1] and bool(np.all(values == values[0])):
-            return arrow_array(values[:1]).cast(pa.string()).take(arrow_array(np.zeros(len(values), dtype=np.int64)))
-        return arrow_array(values).cast(pa.string())
+        return arrow_array(values)
     if values.dtype.kind == "b":
-        return string_array(["False", "True"]).take(arrow_array(values.view(np.uint8)))
-    bits = values.view(np.int64)
+        return pa.DictionaryArray.from_arrays(arrow_array(values.view(np.int8)), string_array(["False", "True"]))
+    bits = values.view(np.int64)  # a float's bit pattern: -0.0 is not 0.0
     distinct = _few_distinct(bits)
-    if distinct is None:
-        return _float_fields(values)
-    return _float_fields(distinct.view(np.float64)).take(arrow_array(np.searchsorted(distinct, bits)))
+    if distinct is not None:
+        return _texts_of(distinct, np.searchsorted(distinct, bits))
+    return None if _odd(values).any() else arrow_array(values)
+
+
+def _odd(values: np.ndarray) -> np.ndarray:
+    """Where a float column's values are outside the layout both write alike (module docstring)."""
+    with np.errstate(invalid="ignore"):  # a signalling NaN's payload: it is odd, whatever numpy says of it
+        magnitude = np.abs(values)
+        return ~((magnitude >= PLAIN_LOW) & (magnitude < PLAIN_HIGH) & (values != np.trunc(values)))
+
+
+def _texts_of(distinct_bits: np.ndarray, index: np.ndarray) -> Any:
+    """A dictionary array: row i is `append_csv`'s text of the float whose bits are `distinct_bits[index[i]]`
+    (distinct): the plain values' texts by the writer (module docstring), then the odd values' `_python_text`."""
+    import pyarrow as pa
+
+    distinct = distinct_bits.view(np.float64)
+    odd = _odd(distinct)
+    plain = distinct[~odd]
+    lines = np.frombuffer(_csv_bytes([pa.Table.from_arrays([arrow_array(plain)], names=["v"])]) if len(plain)
+                          else b"", dtype=np.uint8)  # each plain value's text and "\n"
+    newline = lines == ord("\n")
+    odd_texts = [_python_text(value).encode("ascii") for value in distinct[odd].tolist()]
+    data = lines[~newline].tobytes() + b"".join(odd_texts)
+    ends = np.flatnonzero(newline) - np.arange(len(plain))  # where each text ends once the newlines are gone
+    odd_ends = len(lines) - len(plain) + np.cumsum(list(map(len, odd_texts)), dtype=np.int64)
+    offsets = np.concatenate(([0], ends, odd_ends))
+    buffers = [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
+    dictionary = pa.Array.from_buffers(pa.string(), len(distinct), buffers)
+    position = np.empty(len(distinct), dtype=np.int64)  # distinct value j's entry: the plain ones first
+    position[~odd] = np.arange(len(plain))
+    position[odd] = len(plain) + np.arange(len(odd_texts))
+    return pa.DictionaryArray.from_arrays(arrow_array(position[index]), dictionary)
+
+
+def _python_text(value: float) -> str:
+    """`append_csv`'s text of one float: its `float.__repr__`, "" for NaN."""
+    return "" if value != value else float.__repr__(value)
 
 
 def _few_distinct(values: np.ndarray) -> np.ndarray | None:
     """`values`' distinct values, sorted, if at most half of them are distinct, else None; decided first on
     the first `DISTINCT_SAMPLE` values (a column whose head is mostly distinct is left unsorted: times, durations).
-    Sorted, not `np.unique`, which hashes and costs about as much as the casts it saves."""
+    Sorted, not `np.unique`, which hashes and costs about as much as the texts it saves."""
     head = np.sort(values[:DISTINCT_SAMPLE])
     if 2 * (1 + np.count_nonzero(head[1:] != head[:-1])) > len(head):
         return None
     ordered = np.sort(values)
     distinct = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
     return distinct if 2 * len(distinct) <= len(values) else None
-
-
-def _float_fields(values: np.ndarray) -> Any:
-    """A float64 column's CSV fields, formatted value by value, as a pyarrow string array."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    bits = values.view(np.int64)
-    fields = arrow_array(values).cast(pa.string())
-    with np.errstate(invalid="ignore"):  # a signalling NaN's payload: it is odd, whatever numpy says of it
-        magnitude = np.abs(values)
-        odd = ~((magnitude >= PLAIN_LOW) & (magnitude < PLAIN_HIGH) & (values != np.trunc(values)))
-    if odd.any():
-        distinct, inverse = np.unique(bits[odd], return_inverse=True)
-        python = _python_texts(distinct.view(np.float64)).take(arrow_array(inverse.reshape(-1)))
-        fields = pc.replace_with_mask(fields, arrow_array(odd.view(np.uint8)).cast(pa.bool_()), python)
-    return fields
-
-
-def _python_texts(values: np.ndarray) -> Any:
-    """`float.__repr__` of each float ("" for NaN) as a pyarrow string array."""
-    return string_array(["" if v != v else float.__repr__(v) for v in values.tolist()])
-
-
-def _empty_strings(num: int) -> Any:
-    import pyarrow as pa
-
-    return pa.Array.from_buffers(pa.string(), num, [None, pa.py_buffer(np.zeros(num + 1, dtype=np.int32)),
-                                                    pa.py_buffer(b"")])
 
 
 def string_array(texts: list[str]) -> Any:
