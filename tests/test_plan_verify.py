@@ -257,3 +257,17 @@ def test_a_rate_search_never_steps_down_to_the_one_replica_its_search_refuted(tm
                            "verify_factor": 2})
     (row,) = plan(base, spec, tmp_path)[0]
     assert row["searched_replicas"] == row["replicas"] == 2 and row["verify_attempts"] == "2 held"
+
+
+def test_evidence_line_names_a_one_replica_probe_in_the_singular():
+    """`kvsim plan` on the default traffic at 5 req/s answers 1 H100 from a 1,000-request probe and holds it on a
+    10,000-request run; its line said `the search's probe of 1 replicas`. A hand-built row of that shape (the line
+    reads only these fields) must say `probe of 1 replica`, as the run's own `1 replica, ...` does."""
+    from kvsim.cli.shared import evidence_line
+
+    row = {"candidate": "h100-80gb tp1", "replicas": 1, "searched_replicas": 1, "evidence_num_requests": 10_000,
+           "search_num_requests": 1_000, "verdict": "stable", "num_in_window": 6_924, "window_s": 1_383.0,
+           "served_over_offered": 1.0}
+    line = evidence_line(row)
+    assert line.startswith("evidence, h100-80gb tp1: 1 replica, 10,000-request run: stable"), line
+    assert "the search's probe of 1 replica (1,000 requests)" in line, line

@@ -372,7 +372,7 @@ def evidence_line(row: dict) -> str:
             f"offered {'-' if ratio is None else f'{ratio:.3f}'}); {slos('')}")
     if row.get("search_num_requests") != row["evidence_num_requests"]:  # the answer rests on a long run
         probe = (f"one-replica probe at {row['rate_per_replica']:.4g} req/s" if row.get("capacity_headroom") is not None
-                 else f"probe of {row['searched_replicas']} replicas")  # a rate search's, a replica search's
+                 else f"probe of {counted(row['searched_replicas'], 'replica')}")  # a rate search's, a replica search's
         text += f"; the search's {probe} ({row['search_num_requests']:,} requests): {slos('search_')}"
     return text
 
