@@ -371,8 +371,12 @@ def evidence_line(row: dict) -> str:
             f"{row['verdict']} over its window ({row['num_in_window']:,} requests in {row['window_s']:,.0f} s, served/"
             f"offered {'-' if ratio is None else f'{ratio:.3f}'}); {slos('')}")
     if row.get("search_num_requests") != row["evidence_num_requests"]:  # the answer rests on a long run
-        probe = (f"one-replica probe at {row['rate_per_replica']:.4g} req/s" if row.get("capacity_headroom") is not None
-                 else f"probe of {counted(row['searched_replicas'], 'replica')}")  # a rate search's, a replica search's
+        if row.get("capacity_headroom") is not None:  # a rate search's
+            probe = f"one-replica probe at {row['rate_per_replica']:.4g} req/s"
+        elif row.get("searched_replicas") is None:  # an xPyD split's: one fixed fleet, no count searched
+            probe = f"probe of {row['topology']}"
+        else:  # a replica search's
+            probe = f"probe of {counted(row['searched_replicas'], 'replica')}"
         text += f"; the search's {probe} ({row['search_num_requests']:,} requests): {slos('search_')}"
     return text
 
