@@ -271,3 +271,21 @@ def test_a_sliding_window_models_shared_prefix_column_counts_as_the_others_do():
                      "shared_prefix": {"tokens": 1024},  # in front of each 1,008-token prompt: 2,032 tokens
                      "prompt_len": {"dist": "fixed", "value": 1008}, "output_len": {"dist": "fixed", "value": 16}}})
     assert int(result.steps["num_decode_seqs"].max()) == 5
+
+
+def test_a_given_kv_cache_memory_bytes_is_sized_without_gpu_memory_utilization():
+    """vLLM's `Worker.determine_available_memory` returns `kv_cache_memory_bytes` before it reads any budget ("This
+    does not respect the gpu_memory_utilization config"), so weights above memory · utilization still start.
+    kvsim refused them: llama-2-7b's 13,476,831,232 B of fp16 weights (2 · 6,738,415,616 params) over an H100's
+    0.1 · 81,559 MiB = 8,552,080,998 B. By hand: 2 (K, V) · 32 layers · 32 heads · 128 · 2 B = 524,288 B a token,
+    8 MiB a 16-token block, so 12 GiB holds 12 GiB / 8 MiB = 1,536 blocks."""
+    model, weights = load_model("llama-2-7b"), 2 * 6_738_415_616
+    assert weights > int(0.1 * H100.memory_bytes)
+    with pytest.raises(KvsimError, match="gpu_memory_utilization=0.1 gives"):  # no pool given: the budget sizes it
+        num_gpu_blocks(model, H100, EngineConfig(gpu_memory_utilization=0.1, max_model_len=4096))
+    given = EngineConfig(gpu_memory_utilization=0.1, kv_cache_memory_bytes="12GiB", max_model_len=4096)
+    assert num_gpu_blocks(model, H100, given) == 12 * 2**30 // (8 * 2**20) == 1536
+    # the GPU's memory still bounds weights and pool together
+    too_big = EngineConfig(gpu_memory_utilization=0.1, kv_cache_memory_bytes=H100.memory_bytes - weights + 1)
+    with pytest.raises(KvsimError, match="kv_cache_memory_bytes=.*exceeds"):
+        num_gpu_blocks(model, H100, too_big)

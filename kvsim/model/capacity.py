@@ -124,12 +124,15 @@ def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, *, layou
 
     Raises `KvsimError` saying how many bytes are missing when the weights (per shard) do
     not fit in `memory · gpu_memory_utilization`, nothing is left for KV after them, or a
-    given pool does not fit in the GPU's memory beside the weights.
+    given pool does not fit in the GPU's memory beside the weights. A `kv_cache_memory_bytes` pool is sized
+    without `gpu_memory_utilization`, as vLLM's `Worker.determine_available_memory` returns it before any
+    budget ("This does not respect the gpu_memory_utilization config"): weights over that budget are then
+    refused only where they and the pool exceed the GPU's memory.
     """
     check_parallel(model, engine)
     budget = int(gpu.memory_bytes * engine.gpu_memory_utilization)
     weights = engine_weights_bytes(model, engine)
-    if weights > budget:
+    if weights > budget and engine.kv_cache_memory_bytes is None:
         spec, drafter = engine.speculative_config, weights - engine_weights_bytes(model, engine.model_copy(
             update={"speculative_config": None}))  # a drafter too large was blamed on the target alone
         whose = f"model={model.name}" if not drafter or spec is None else (
