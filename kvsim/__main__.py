@@ -7,7 +7,7 @@ with status 130 (128 + SIGINT), as shells expect (a SIGTERM once the CLI has loa
 never a traceback. kvsim's outputs are swapped into place only when complete
 (`kvsim.results.output_dir`), so an interrupted one was not written and whatever was at its path
 before is intact; the writer records that path on the interrupt
-(`KeyboardInterrupt.kvsim_output`).
+(`KeyboardInterrupt.kvsim_output`), and whether the output was in place when it came (`kvsim_output_written`).
 
 It also starts numpy's OpenBLAS with one thread (`single_blas_thread`): kvsim does no linear
 algebra worth a thread pool, and starting the pool costs ~0.03 CPU s in every command. And when the
@@ -51,9 +51,12 @@ def no_pydantic_plugins() -> None:
         os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
 
 
-def interrupted_message(argv: list[str], output: str | None) -> str:
-    """The line a Ctrl-C prints: the command, the output it was writing (if any), what is intact."""
+def interrupted_message(argv: list[str], output: str | None, written: bool = False) -> str:
+    """The line a Ctrl-C prints: the command, the output it was writing (if any), what is intact; or that the
+    output was `written`, where the Ctrl-C came once it was in place."""
     command = " ".join(["kvsim", *argv[:1]])
+    if output is not None and written:
+        return f"kvsim: interrupted ({command}) once it had written {output}, which is complete"
     if output is not None:
         return f"kvsim: interrupted ({command}): {output} was not written; what was there before is intact"
     if argv[:1] == ["plan"]:
@@ -81,7 +84,8 @@ def main() -> None:
         interrupt = _interrupt_behind(stop)
         if interrupt is None:
             raise
-        print(interrupted_message(sys.argv[1:], getattr(interrupt, "kvsim_output", None)), file=sys.stderr)
+        print(interrupted_message(sys.argv[1:], getattr(interrupt, "kvsim_output", None),
+                                  getattr(interrupt, "kvsim_output_written", False)), file=sys.stderr)
         sys.exit(getattr(interrupt, "kvsim_exit_status", INTERRUPTED_EXIT))  # 143 for a SIGTERM
     finally:
         gc.freeze()  # the process ends now: no last collection over everything (see the module docstring)

@@ -347,15 +347,30 @@ def errors_name_output(path: str | Path, tmp: Path | None = None, named_only: bo
         raise _OutputError(path, error.strerror or error) from None
 
 
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """The (device, inode) of `path` itself (not a link's target); None where there is nothing."""
+    try:
+        stat = os.lstat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
 @contextmanager
-def _interrupt_names(path: str | Path) -> Iterator[None]:
+def _interrupt_names(path: str | Path, out: Path, new: Path) -> Iterator[None]:
     """A Ctrl-C inside the block carries the output's path (`kvsim_output`) to the command's one
-    line (kvsim/__main__.py): that output was not written, the old one is intact."""
+    line (kvsim/__main__.py): that output was not written, the old one is intact; or, where it came once `new`
+    was put at `out` (a signal held over the swap's renames is delivered after them), that it was written
+    (`kvsim_output_written`): it said "was not written; what was there before is intact" of a new output in place
+    and an old one removed."""
+    new_id = _file_id(new)
     try:
         yield
     except KeyboardInterrupt as interrupt:
-        if not hasattr(interrupt, "kvsim_output"):  # the innermost output is the one being written
-            interrupt.kvsim_output = str(path)  # type: ignore[attr-defined]
+        # the innermost output is the one being written, unless it was written and this one (around it) was not
+        if not hasattr(interrupt, "kvsim_output") or getattr(interrupt, "kvsim_output_written", False):
+            written = new_id is not None and _file_id(out) == new_id
+            interrupt.kvsim_output, interrupt.kvsim_output_written = str(path), written  # type: ignore[attr-defined]
         raise
 
 
@@ -396,7 +411,7 @@ def output_directory(path: str | Path, kind: str) -> Iterator[Path]:
             _remove_stale_temporaries(out)
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent))
         try:
-            with errors_name_output(path, tmp), _interrupt_names(path):
+            with errors_name_output(path, tmp), _interrupt_names(path, out, tmp):
                 os.chmod(tmp, 0o777 & ~_umask())
                 _write_marker(tmp, kind, [])  # a stale copy of this folder is recognisably kvsim's
                 yield tmp
@@ -436,7 +451,7 @@ def output_file(path: str | Path, json_keys: frozenset[str] | None = None) -> It
         os.close(fd)
         tmp = Path(name)
         try:
-            with errors_name_output(path, tmp), _interrupt_names(path):
+            with errors_name_output(path, tmp), _interrupt_names(path, out, tmp):
                 os.chmod(tmp, 0o666 & ~_umask())
                 yield tmp
                 with tmp.open("rb") as f:

@@ -1,0 +1,98 @@
+"""An interrupt that lands once kvsim's output is in place says the output was written (review21).
+
+`output_directory` holds SIGINT and SIGTERM over its three renames where the atomic exchange is missing, so a
+signal sent during them is delivered just after the new output is in place; a signal can equally land just after
+`renameat2` or `os.replace` returns. The one line then said "OUT was not written; what was there before is intact"
+while OUT held the new output and the old one was being removed."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from kvsim.__main__ import interrupted_message
+from kvsim.results import output_dir
+from kvsim.results.output_dir import FILE_TAG, output_directory, output_file
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _write_run(folder, text: str) -> None:
+    with output_directory(folder, "run") as tmp:
+        (tmp / "summary.txt").write_text(text)
+
+
+def test_a_signal_held_over_the_renames_reports_the_new_output_written(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    _write_run(out, "old")
+    monkeypatch.setattr(output_dir, "_renameat2", lambda src, dst, flags: False)  # the three renames
+    rename, sent = os.rename, []
+
+    def rename_and_signal(src, dst):
+        if not sent:  # a SIGINT while the renames run: held (blocked) until they are done
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename_and_signal)
+    previous = signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            _write_run(out, "new")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert sent and (out / "summary.txt").read_text() == "new"  # the swap ran whole before the interrupt
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # the old output was removed, no temporary left
+    interrupt = caught.value
+    assert (interrupt.kvsim_output, interrupt.kvsim_output_written) == (str(out), True)
+    assert interrupted_message(["run"], interrupt.kvsim_output, interrupt.kvsim_output_written) == (
+        f"kvsim: interrupted (kvsim run) once it had written {out}, which is complete")
+
+
+def test_an_interrupt_before_the_swap_still_says_not_written(tmp_path):
+    out = tmp_path / "out"
+    _write_run(out, "old")
+    with pytest.raises(KeyboardInterrupt) as caught, output_directory(out, "run") as tmp:
+        (tmp / "summary.txt").write_text("new")
+        raise KeyboardInterrupt
+    assert (out / "summary.txt").read_text() == "old"
+    assert (caught.value.kvsim_output, caught.value.kvsim_output_written) == (str(out), False)
+    assert interrupted_message(["run"], str(out), False) == (
+        f"kvsim: interrupted (kvsim run): {out} was not written; what was there before is intact")
+
+
+def test_an_interrupt_just_after_a_files_replace_reports_it_written(tmp_path, monkeypatch):
+    out = tmp_path / "profile.csv"
+    replace = os.replace
+
+    def replace_then_interrupt(src, dst):  # as a signal that lands when the rename returns
+        replace(src, dst)
+        if dst == out:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt) as caught, output_file(out) as tmp:
+        tmp.write_text(FILE_TAG + "\nnew\n")
+    assert out.read_text() == FILE_TAG + "\nnew\n"
+    assert caught.value.kvsim_output_written is True
+
+
+def test_an_inner_output_written_inside_an_outer_one_names_the_outer_one_not_written(tmp_path, monkeypatch):
+    """validate writes its sim/ run inside its own temporary folder: an interrupt once sim/ is in place, but
+    before the outer folder is, is the outer output's, not written (sim/ is removed with its temporary)."""
+    out, swap = tmp_path / "validation", output_dir._swap_into_place
+
+    def swap_then_interrupt(new, dest):  # as a signal that lands when the inner swap returns
+        swap(new, dest)
+        if dest.name == "sim":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(output_dir, "_swap_into_place", swap_then_interrupt)
+    with pytest.raises(KeyboardInterrupt) as caught, output_directory(out, "validate") as tmp:
+        _write_run(tmp / "sim", "new")
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == []
+    assert (caught.value.kvsim_output, caught.value.kvsim_output_written) == (str(out), False)
