@@ -176,7 +176,8 @@ def _tables_of(table: Path, earlier: Path) -> bool:
 
 def write_outputs(folder: Path, result: dict[str, Any]) -> str:
     """Check both files again (they may have changed while the bench ran), write `kernels.json` and then
-    `kernels.md`, each replaced in one rename; returns the tables."""
+    `kernels.md`, each replaced in one rename and with the permissions the umask gives a new file (mkstemp's
+    are 0600: kernels.md was the owner's alone, beside a kernels.json anyone could read); returns the tables."""
     from result_file import write_result_file
 
     check_outputs(folder)
@@ -184,6 +185,9 @@ def write_outputs(folder: Path, result: dict[str, Any]) -> str:
     table = markdown(result)
     fd, name = tempfile.mkstemp(prefix=".kernels.md.", dir=folder)
     try:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(name, 0o666 & ~umask)
         with os.fdopen(fd, "w") as f:
             f.write(table)
         os.replace(name, folder / "kernels.md")

@@ -154,6 +154,10 @@ def test_bench_kernels_replaces_its_own_earlier_results(tmp_path, monkeypatch):
     assert bench.write_outputs(tmp_path, again) == (tmp_path / "kernels.md").read_text() != first
     assert json.loads((tmp_path / "kernels.json").read_text()) == again
     assert sorted(path.name for path in tmp_path.iterdir()) == ["kernels.json", "kernels.md"]  # no temporary left
+    umask = os.umask(0o022)
+    os.umask(umask)  # both as open(..., "w") makes a new file: 0666 less the umask (kernels.md was 0600)
+    assert {path.name: path.stat().st_mode & 0o777 for path in tmp_path.iterdir()} == dict.fromkeys(
+        ("kernels.json", "kernels.md"), 0o666 & ~umask)
 
 
 def test_bench_vidur_write_scenarios_refuses_a_folder_it_did_not_write_and_replaces_its_own(tmp_path):
