@@ -187,8 +187,8 @@ def _queue_growth(requests: Mapping[str, Any], servable: np.ndarray, start: floa
 
 def _handoffs(requests: Mapping[str, Any], transfers: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """Per row of a disaggregated run's `requests`, its hand-off to a decode instance and the prefill instance it
-    came from (`transfers`' handoff_s and prefill_replica, by request_id); NaN and −1 for a request never handed
-    off (rejected on its prefill instance)."""
+    came from (`transfers`' handoff_s and prefill_replica, by request_id); NaN and −1 for a request with no transfer
+    (rejected on its prefill instance, or by the decode instance it was handed to: not servable, so in no queue)."""
     row = {int(rid): i for i, rid in enumerate(np.asarray(requests["request_id"]))}
     at = [row[int(rid)] for rid in np.asarray(transfers["request_id"])]
     handoff, prefill = np.full(len(row), np.nan), np.full(len(row), -1)
