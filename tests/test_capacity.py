@@ -289,3 +289,8 @@ def test_a_given_kv_cache_memory_bytes_is_sized_without_gpu_memory_utilization()
     too_big = EngineConfig(gpu_memory_utilization=0.1, kv_cache_memory_bytes=H100.memory_bytes - weights + 1)
     with pytest.raises(KvsimError, match="kv_cache_memory_bytes=.*exceeds"):
         num_gpu_blocks(model, H100, too_big)
+    # so a utilization beside it sizes nothing: a run says so, as vLLM's log does; the default is not "given"
+    assert given.unread_settings() == {"gpu_memory_utilization": "engine.gpu_memory_utilization=0.1 is unread: "
+                                                                 "kv_cache_memory_bytes sizes the KV pool, as in vLLM"}
+    assert EngineConfig(kv_cache_memory_bytes="12GiB").unread_settings() == {}
+    assert EngineConfig(gpu_memory_utilization=0.1).unread_settings() == {}

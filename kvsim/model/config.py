@@ -378,7 +378,8 @@ class EngineConfig(Settings):
         the default beside the paged allocator, `prefix_cache: radix` with prefix caching off, a `swap_space` other
         than the default where no preemption swaps (vLLM v1 takes `--swap-space` and ignores it), and (given the
         `model` it serves) `enable_expert_parallel` on a model without experts (vLLM's flag then places nothing), and
-        an EAGLE drafter's `model` (vLLM loads that head; kvsim prices one layer of the target's shape instead). A
+        an EAGLE drafter's `model` (vLLM loads that head; kvsim prices one layer of the target's shape instead), and a
+        `gpu_memory_utilization` other than the default beside `kv_cache_memory_bytes` (`kv_pool_bytes`). A
         run warns of them rather than refusing them, as the report's studies vary the allocator and caching from
         this engine and do read them."""
         unread = {}
@@ -396,6 +397,10 @@ class EngineConfig(Settings):
         if self.prefix_cache == "radix" and not self.enable_prefix_caching:
             unread["prefix_cache"] = ("engine.prefix_cache=radix is unread: enable_prefix_caching is false, so no "
                                       "prefix is cached")
+        if self.kv_cache_memory_bytes is not None and \
+                self.gpu_memory_utilization != type(self).model_fields["gpu_memory_utilization"].default:
+            unread["gpu_memory_utilization"] = (f"engine.gpu_memory_utilization={self.gpu_memory_utilization:g} is "
+                                                "unread: kv_cache_memory_bytes sizes the KV pool, as in vLLM")
         if self.swap_space != SWAP_SPACE_GIB and not self.can_swap:
             never = "preemption_mode=recompute" if self.scheduler == "v0" else f"scheduler {self.scheduler}"
             unread["swap_space"] = f"engine.swap_space={self.swap_space:g} is unread: {never} never swaps"
