@@ -66,11 +66,19 @@ def interrupted_message(argv: list[str], output: str | None, written: bool = Fal
 
 
 def _interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
-    """The KeyboardInterrupt an exit was raised for (typer turns one into `Exit(130)`), if any."""
+    """The KeyboardInterrupt an exit was raised for (typer turns one into `Exit(130)`), if any: of a chain of them,
+    the one that names the output it stopped (`kvsim_output`). A second Ctrl-C or SIGTERM that lands while the
+    first one's output is cleaned up raises in that cleanup, on top of the first: it said "before it wrote any
+    output" of a run stopped writing its output."""
     seen: BaseException | None = error
-    while seen is not None and not isinstance(seen, KeyboardInterrupt):
+    first = None
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            if hasattr(seen, "kvsim_output"):
+                return seen
+            first = first or seen
         seen = seen.__cause__ or seen.__context__
-    return seen
+    return first
 
 
 def main() -> None:

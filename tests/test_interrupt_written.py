@@ -3,7 +3,8 @@
 `output_directory` holds SIGINT and SIGTERM over its three renames where the atomic exchange is missing, so a
 signal sent during them is delivered just after the new output is in place; a signal can equally land just after
 `renameat2` or `os.replace` returns. The one line then said "OUT was not written; what was there before is intact"
-while OUT held the new output and the old one was being removed."""
+while OUT held the new output and the old one was being removed. And a second interrupt during the first one's
+cleanup hid the output the first one named."""
 
 from __future__ import annotations
 
@@ -96,3 +97,23 @@ def test_an_inner_output_written_inside_an_outer_one_names_the_outer_one_not_wri
         _write_run(tmp / "sim", "new")
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == []
     assert (caught.value.kvsim_output, caught.value.kvsim_output_written) == (str(out), False)
+
+
+def test_a_second_interrupt_during_the_cleanup_keeps_the_first_ones_output(tmp_path):
+    """A second SIGTERM (or Ctrl-C) that lands while the first one's temporary is removed raises in that `finally`,
+    on top of the first: the line said "before it wrote any output; no file was changed" of a run stopped while
+    writing OUT (seen with two SIGTERMs 1 ms apart to `kvsim run`)."""
+    from kvsim.__main__ import _interrupt_behind
+
+    out = tmp_path / "out"
+    try:
+        try:
+            with output_directory(out, "run"):
+                raise KeyboardInterrupt  # the first: it names OUT on its way out
+        finally:
+            raise KeyboardInterrupt  # the second, in the cleanup around
+    except KeyboardInterrupt as second:
+        interrupt = _interrupt_behind(second)
+    assert interrupt is not None and interrupt.kvsim_output == str(out)
+    assert _interrupt_behind(KeyboardInterrupt()) is not None  # a lone one, naming nothing, is still found
+    assert _interrupt_behind(ValueError()) is None
