@@ -265,7 +265,7 @@ def write_scenarios(folder: Path, names: list[str], num_requests: int | None) ->
     option's earlier output, replaced whole when all are written (it wrote over any files there), else exit 2."""
     from kvsim.results.output_dir import output_directory
 
-    final = folder.expanduser().absolute()
+    final = Path(os.path.abspath(folder.expanduser()))  # as output_directory places it: `gone/../out` is `out`
     with one_line("bench_vidur.py"), output_directory(folder, "vidur-scenarios") as tmp:
         for name in names:
             scenario = scenarios(num_requests)[name]

@@ -179,6 +179,12 @@ def test_bench_vidur_write_scenarios_refuses_a_folder_it_did_not_write_and_repla
     scenario = json.loads((tmp_path / "out" / "azure_conv" / "scenario.yaml").read_text())
     trace = Path(scenario["workload"]["trace"]["path"])
     assert trace == tmp_path / "out" / "azure_conv" / "kvsim_trace.csv" and len(trace.read_text().splitlines()) == 6
+    # a folder given through one that does not exist is written where the OS puts it, and named so: the scenario
+    # named `.../gone/../again/...`, a path no open() resolves while `gone` is missing
+    done = subprocess.run([*bench, "gone/../again"], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    scenario = json.loads((tmp_path / "again" / "azure_conv" / "scenario.yaml").read_text())
+    assert scenario["workload"]["trace"]["path"] == str(tmp_path / "again" / "azure_conv" / "kvsim_trace.csv")
 
 
 def _trace(tmp_path: Path, reader: str, cell) -> Path:
