@@ -4,12 +4,14 @@
 signal sent during them is delivered just after the new output is in place; a signal can equally land just after
 `renameat2` or `os.replace` returns. The one line then said "OUT was not written; what was there before is intact"
 while OUT held the new output and the old one was being removed. And a second interrupt during the first one's
-cleanup hid the output the first one named."""
+cleanup hid the output the first one named. And the three renames were held by the signal mask alone, which
+another thread's delivery gets around."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import pytest
 
@@ -27,25 +29,35 @@ def _write_run(folder, text: str) -> None:
         (tmp / "summary.txt").write_text(text)
 
 
-def test_a_signal_held_over_the_renames_reports_the_new_output_written(tmp_path, monkeypatch):
+@pytest.mark.parametrize("other_thread", [False, True])
+def test_a_signal_held_over_the_renames_reports_the_new_output_written(tmp_path, monkeypatch, other_thread):
+    """With another thread alive (a Dask client's, a process pool's; pytest-xdist's own), the signal the main
+    thread blocks goes to that thread, and Python ran its handler in the main thread between the renames: the old
+    output moved aside, the new one removed, `out` gone. Held by the mask alone, this failed under `-n 1`."""
     out = tmp_path / "out"
     _write_run(out, "old")
     monkeypatch.setattr(output_dir, "_renameat2", lambda src, dst, flags: False)  # the three renames
     rename, sent = os.rename, []
 
     def rename_and_signal(src, dst):
-        if not sent:  # a SIGINT while the renames run: held (blocked) until they are done
+        if not sent:  # a SIGINT while the renames run: held until they are done
             sent.append(True)
             os.kill(os.getpid(), signal.SIGINT)
         rename(src, dst)
 
     monkeypatch.setattr(os, "rename", rename_and_signal)
     previous = signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    if other_thread:  # it does not block SIGINT: the kernel hands the signal to it
+        other.start()
     try:
         with pytest.raises(KeyboardInterrupt) as caught:
             _write_run(out, "new")
+        assert signal.getsignal(signal.SIGINT) is _raise_keyboard_interrupt  # the handler is back
     finally:
         signal.signal(signal.SIGINT, previous)
+        stop.set()
     assert sent and (out / "summary.txt").read_text() == "new"  # the swap ran whole before the interrupt
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # the old output was removed, no temporary left
     interrupt = caught.value

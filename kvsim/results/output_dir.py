@@ -37,9 +37,11 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from kvsim.model.errors import KvsimError, shown
 from kvsim.model.units import control_character
@@ -257,13 +259,26 @@ def _renameat2(src: Path, dst: Path, flags: int) -> bool:
 
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """Delay SIGINT and SIGTERM (delivered on exit) so that two renames cannot be split."""
+    """Delay SIGINT and SIGTERM (delivered on exit) so that two renames cannot be split. The mask holds them in
+    this thread only: another thread (a Dask client's, a process pool's) takes the signal, and Python runs its
+    handler in the main thread at once, between the renames (the output moved aside, the new one then removed). So
+    in the main thread a Python handler is also put off, and run on exit for the first signal that came."""
     held = {signal.SIGINT, signal.SIGTERM}
+    came: list[tuple[int, Any]] = []
+    deferred: dict[int, Any] = {signum: handler for signum in held if callable(handler := signal.getsignal(signum))} \
+        if threading.current_thread() is threading.main_thread() else {}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
+        for signum in deferred:  # in the try: a signal between the two calls leaves no handler swapped for good
+            signal.signal(signum, lambda number, frame: came.append((number, frame)))
         yield
     finally:
+        for signum, handler in deferred.items():
+            signal.signal(signum, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if came:
+            first, frame = came[0]
+            deferred[first](first, frame)
 
 
 def _swap_into_place(new: Path, out: Path) -> None:
