@@ -1,0 +1,189 @@
+"""Metamorphic and differential relations, tenth round: a run's own books, recomputed from its other outputs.
+
+`test_metamorphic.py` to `test_metamorphic9.py` hold the earlier rounds (round six: each request's first token and
+end at step ends, TTFT/TPOT/E2E as those instants' differences, output rate × duration = tokens, preemptions the
+requests', `steps: none`'s summary). Here, a naive pandas second implementation of `summary.json` from
+`requests.csv` and the step rows, written in the test, for six runs of 60 requests on a 300-block pool with a shared
+system prompt (a single v1 engine: 31 preemptions, 14,656 prefix-hit tokens; v0; v1 with async scheduling; n-gram
+speculation; a 200-block CPU offload tier; a least-outstanding fleet of 3; a 1P2D disaggregated fleet):
+
+* every figure the summary prints is its definition over the tables, to 1e-12 relative (the printed `repr`'s
+  last digits differ only by summation order): requests, finished and rejected counts; steps; duration = last
+  step end − first arrival; output tokens and requests per second over it; TTFT, TPOT, E2E and queue time's
+  mean, p50, p90 and p99 with a hand-written linear-interpolation percentile (numpy's default, vLLM bench's
+  `np.percentile`); the per-token ITL mean (Σ (finish − first token) / Σ (O − 1)); peak running; running and KV
+  usage weighted by step time; the saturated window (the steps with a request waiting: their time, mean
+  running and preemptions a second); the waste shares and the sharing saving over the steps that hold KV; v1's
+  prefix-cache queries (every prompt token of a first admission) and hits (the requests' first-admission hits):
+  35,682 and 14,656 tokens;
+* a fleet's figures are its replicas' rows together: duration, throughput, percentiles over every request,
+  `mean_running` as Σ running · dt over the time some replica steps (a naive union of the step intervals: 9.85
+  for the fleet of 3), KV usage the same over the pools up, every replica's own `mean_running`, KV usage,
+  request count and p90s, the prefix counters summed; a disaggregated fleet's pools likewise (prefill
+  1.05 running over its own busy time, decode 9.99), its transfers one per request;
+* per request (vLLM's `RequestStateStats`): arrival ≤ first scheduled ≤ first token ≤ finish; `queue_s` is
+  first scheduled − arrival however often the request was preempted after (vLLM sets `scheduled_ts` on the
+  first SCHEDULED event only: 31 preempted requests here); E2E = TTFT + (O − 1) · TPOT;
+* per engine, per step: duration > 0, no two steps overlap, running ≤ `max_num_seqs`, tokens ≤ the token
+  budget, and Σ durations ≤ the makespan (to 1e-12: 1.2e-14 s over in the offload run, rounding);
+* an offload tier's books (vLLM's CPU backend keeps a block it loads: loads copy): blocks stored = blocks
+  evicted + blocks held at the end (2,124 = 1,924 + 200), bytes stored and loaded are blocks × 2 MiB (block
+  bytes by hand: 16 · 2 · 8 · 128 · 2 · 32 layers), hit tokens 16 a block and the recompute avoided, each
+  load no faster than its bytes over the link (shared by concurrent loads: mean 0.273 ms ≥ 0.203 ms alone),
+  and the store link's busy fraction its bytes over its bandwidth over the run.
+
+Relations tried and kept out (the relation was wrong, not kvsim): "bytes stored = loaded + evicted + left" (a load
+does not take a block out of the tier; the balance above is the tier's); under offload the requests' first-
+admission hits exceed the summary's query hits (vLLM's per-request `num_cached_tokens` counts the tokens the
+connector loads, `prefix_cache_stats` only the GPU's): GPU hits ≤ Σ request hits ≤ GPU hits + tokens loaded
+(14,848 ≤ 15,024 ≤ 17,824).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import kvsim
+
+SMALL = {
+    "model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 0,
+    "engine": {"max_model_len": 4096, "num_gpu_blocks_override": 300},
+    "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate": 12.0},
+                 "prompt_len": {"dist": "lognormal", "mean": 300, "p99": 1500},
+                 "output_len": {"dist": "lognormal", "mean": 200, "p99": 800},
+                 "shared_prefix": {"tokens": 512, "fraction": 0.6, "num_prefixes": 3}},
+}
+BLOCK_BYTES = 16 * 2 * 8 * 128 * 2 * 32  # llama-3.1-8b: 16 tokens · K and V · 8 KV heads · 128 dims · bf16 · 32 layers
+MAX_NUM_SEQS, TOKEN_BUDGET = 256, 8192  # vLLM's defaults on an H100 for online serving (llama: no overrides here)
+DISAGG = {"kv_transfer_config": {"kv_connector": "NixlConnector", "kv_link": "rdma"},
+          "replicas": [{"count": 1, "kv_role": "kv_producer"}, {"count": 2, "kv_role": "kv_consumer"}]}
+
+
+def variant(engine=None, **top):
+    return {**SMALL, **top, "engine": {**SMALL["engine"], **(engine or {})}}
+
+
+SINGLE = {
+    "v1": variant(),
+    "v0": variant({"scheduler": "v0"}),
+    "async": variant({"async_scheduling": True}),
+    "ngram": variant({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": 0.5}}),
+    "offload": variant({"kv_offload": {"num_cpu_blocks": 200}}),
+}
+FLEETS = {"fleet3": variant(replicas=3, router={"policy": "least_outstanding"}), "1p2d": variant(**DISAGG)}
+_RUNS: dict[str, kvsim.RunResult] = {}
+
+
+def result(name):
+    """The run `name`, every step kept (computed once a session)."""
+    if name not in _RUNS:
+        _RUNS[name] = kvsim.simulate({**SINGLE, **FLEETS}[name], steps="all")
+    return _RUNS[name]
+
+
+def naive_percentile(values, q):
+    """The q-th percentile by linear interpolation between the closest ranks, by hand."""
+    ordered = sorted(v for v in values if not math.isnan(v))
+    if not ordered:
+        return None
+    rank = q / 100 * (len(ordered) - 1)
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (rank - low) * (ordered[high] - ordered[low])
+
+
+def naive_stats(values):
+    values = [float(v) for v in values]
+    kept = [v for v in values if not math.isnan(v)]
+    return {"mean": sum(kept) / len(kept) if kept else None,
+            **{f"p{q}": naive_percentile(values, q) for q in (50, 90, 99)}}
+
+
+def union_s(intervals):
+    """The length of a union of [start, end) intervals, merged one by one in start order."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def close(actual, expected):
+    """Equal to 1e-12 relative (summation order moves the last digits), None and ints exactly."""
+    if expected is None or actual is None or isinstance(expected, int):
+        return actual == expected
+    return actual == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def request_figures(requests, steps):
+    """The summary's request figures, by definition from the two tables."""
+    finished = requests[requests.status == "finished"]
+    duration = float((steps.time_s + steps.duration_s).max() - requests.arrival_s.min())
+    tokens = int((finished.output_tokens * finished.num_samples).sum())
+    decoded = finished[finished.output_tokens > 1]
+    return {
+        "num_requests": len(requests), "num_finished": len(finished),
+        "num_rejected": int((requests.status == "rejected").sum()),
+        "duration_s": duration, "output_tokens_per_s": tokens / duration, "requests_per_s": len(finished) / duration,
+        **{key: naive_stats(requests[key]) for key in ("ttft_s", "tpot_s", "e2e_s", "queue_s")},
+        "itl": float((decoded.finish_s - decoded.first_token_s).sum() / (decoded.output_tokens - 1).sum()),
+    }
+
+
+def weighted(values, weights):
+    total = float(weights.sum())
+    return float((values * weights).sum()) / total if total > 0 else None
+
+
+def assert_figures(summary, expected):
+    for key, value in expected.items():
+        got = summary[key]
+        if isinstance(value, dict):
+            assert set(got) == set(value) and all(close(got[k], v) for k, v in value.items()), (key, got, value)
+        else:
+            assert close(got, value), (key, got, value)
+
+
+@pytest.mark.parametrize("name", list(SINGLE))
+def test_a_single_engines_summary_is_its_tables_by_definition(name):
+    run = result(name)
+    requests, steps, summary = run.requests, run.steps, run.summary
+    figures = request_figures(requests, steps)
+    itl = figures.pop("itl")
+    dt = steps.duration_s
+    running = steps["vllm:num_requests_running"]
+    queued = dt * (steps["vllm:num_requests_waiting"] > 0)
+    holding = dt * (steps.held_slots > 0)
+    new_preemptions = steps["vllm:num_preemptions_total"].diff().fillna(steps["vllm:num_preemptions_total"].iloc[0])
+    shares = [c for c in steps.columns if c in ("token_state", "reserved", "internal_frag", "slack", "external_frag",
+                                                  "free", "draft_rejected")]
+    assert_figures(summary, {
+        **figures, "num_steps": len(steps), "inter_token_latency_s": {"mean": itl},
+        "max_running": int(running.max()), "mean_running": weighted(running, dt),
+        "kv_cache_usage_perc": {"mean": weighted(steps["vllm:kv_cache_usage_perc"], dt),
+                                "max": float(steps["vllm:kv_cache_usage_perc"].max())},
+        "num_preemptions": int(requests.num_preemptions.sum()),
+        "waste": {k: weighted(steps[k], holding) for k in shares},
+        "sharing_saving": float((steps.shared_slots * holding).sum()
+                                / ((steps.held_slots + steps.shared_slots) * holding).sum()),
+    })
+    saturated = summary["saturated"]
+    assert close(saturated["duration_s"], float(queued.sum()))
+    assert close(saturated["mean_running"], weighted(running, queued))
+    assert close(saturated["preemptions_per_s"], float(new_preemptions[queued > 0].sum()) / float(queued.sum()))
+    assert summary["num_preemptions"] > 0 and saturated["reason"] is None  # the pool binds in every run
+    if name == "v0":  # v0 counts blocks queried at every admission; without prefix caching none (its default)
+        assert summary["num_prefix_cache_query_tokens"] == summary["num_prefix_cache_hit_tokens"] == 0
+        return
+    assert summary["num_prefix_cache_query_tokens"] == requests.prompt_tokens.sum()  # every admission's first
+    hits = int(requests.prefix_hit_tokens.sum())
+    if name == "offload":  # the requests' hits count the tokens the connector loaded too (module docstring)
+        loaded = summary["kv_offload"]["tiers"]["cpu"]["num_hit_tokens"]
+        assert summary["num_prefix_cache_hit_tokens"] < hits <= summary["num_prefix_cache_hit_tokens"] + loaded
+    else:
+        assert summary["num_prefix_cache_hit_tokens"] == hits > 0
