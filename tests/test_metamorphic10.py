@@ -187,3 +187,55 @@ def test_a_single_engines_summary_is_its_tables_by_definition(name):
         assert summary["num_prefix_cache_hit_tokens"] < hits <= summary["num_prefix_cache_hit_tokens"] + loaded
     else:
         assert summary["num_prefix_cache_hit_tokens"] == hits > 0
+
+
+def busy_s(steps):
+    return union_s(list(zip(steps.time_s, steps.time_s + steps.duration_s, strict=True)))
+
+
+def together(steps, column, pools=1):
+    """A column summed over engines side by side, weighted by step time, over the time some engine steps (over
+    `pools` equal pools: KV usage is the share of all their blocks)."""
+    return float((steps[column] * steps.duration_s).sum()) / busy_s(steps) / pools
+
+
+@pytest.mark.parametrize("name", list(FLEETS))
+def test_a_fleets_summary_is_its_replicas_rows_together(name):
+    run = result(name)
+    requests, steps, summary = run.requests, run.steps, run.summary
+    figures = request_figures(requests, steps)
+    figures.pop("itl")  # a fleet's summary has no ITL
+    assert_figures(summary, {
+        **figures, "num_replicas": 3, "mean_running": together(steps, "vllm:num_requests_running"),
+        "kv_cache_usage_mean": together(steps, "vllm:kv_cache_usage_perc", pools=3),
+        "num_preemptions": int(steps.groupby("replica")["vllm:num_preemptions_total"].max().sum()),
+    })
+    assert summary["num_preemptions"] == requests.num_preemptions.sum()
+    for i, (row, replica) in enumerate(zip(summary["per_replica"], run.replicas, strict=True)):
+        own = steps[steps.replica == i]
+        assert row["replica"] == i and len(own) == len(replica.steps)
+        assert close(row["mean_running"], weighted(own["vllm:num_requests_running"], own.duration_s))
+        assert close(row["kv_cache_usage_mean"], weighted(own["vllm:kv_cache_usage_perc"], own.duration_s))
+        queries, hits = replica.summary["num_prefix_cache_query_tokens"], replica.summary["num_prefix_cache_hit_tokens"]
+        assert close(row["prefix_cache_hit_rate"], hits / queries)
+        if name == "fleet3":  # a colocated replica serves its rows of requests.csv whole
+            served = requests[requests.replica == i]
+            assert row["num_requests"] == len(served) == len(replica.requests) > 0
+            assert queries == served.prompt_tokens.sum() and hits == served.prefix_hit_tokens.sum()
+            for key in ("ttft", "tpot", "e2e"):
+                assert close(row[f"{key}_p90_s"], naive_percentile(served[f"{key}_s"], 90))
+    for key in ("query", "hit"):
+        assert summary[f"num_prefix_cache_{key}_tokens"] == sum(
+            r.summary[f"num_prefix_cache_{key}_tokens"] for r in run.replicas)
+    if name == "1p2d":  # one transfer a request, the prefill pool the engine 0's steps, the decode pool 1's and 2's
+        disagg = summary["disaggregation"]
+        assert disagg["num_transfers"] == summary["num_finished"] == 60
+        assert disagg["prefill_queue_s"] == summary["queue_s"]  # a request is queued only before its prefill
+        for pool, rows, count in (("prefill", steps[steps.replica == 0], 1), ("decode", steps[steps.replica > 0], 2)):
+            books = disagg["pools"][pool]
+            assert books["num_instances"] == count  # utilization: each instance's share of the run stepping, averaged
+            assert close(books["utilization"], float(rows.duration_s.sum()) / (summary["duration_s"] * count))
+            assert close(books["kv_cache_usage_mean"], together(rows, "vllm:kv_cache_usage_perc", pools=count))
+            assert close(books["mean_running"], together(rows, "vllm:num_requests_running"))
+            assert close(books["mean_waiting"], together(rows, "vllm:num_requests_waiting"))
+            assert close(books["num_preemptions"], int(rows.groupby("replica")["vllm:num_preemptions_total"].max().sum()))
