@@ -51,14 +51,13 @@ import kvsim
 
 SMALL = {
     "model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 0,
-    "engine": {"max_model_len": 4096, "num_gpu_blocks_override": 300},
+    "engine": {"max_model_len": 4096, "num_gpu_blocks_override": 300, "max_num_seqs": 12, "max_num_batched_tokens": 1024},
     "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate": 12.0},
                  "prompt_len": {"dist": "lognormal", "mean": 300, "p99": 1500},
                  "output_len": {"dist": "lognormal", "mean": 200, "p99": 800},
                  "shared_prefix": {"tokens": 512, "fraction": 0.6, "num_prefixes": 3}},
 }
 BLOCK_BYTES = 16 * 2 * 8 * 128 * 2 * 32  # llama-3.1-8b: 16 tokens · K and V · 8 KV heads · 128 dims · bf16 · 32 layers
-MAX_NUM_SEQS, TOKEN_BUDGET = 256, 8192  # vLLM's defaults on an H100 for online serving (llama: no overrides here)
 DISAGG = {"kv_transfer_config": {"kv_connector": "NixlConnector", "kv_link": "rdma"},
           "replicas": [{"count": 1, "kv_role": "kv_producer"}, {"count": 2, "kv_role": "kv_consumer"}]}
 
@@ -69,7 +68,7 @@ def variant(engine=None, **top):
 
 SINGLE = {
     "v1": variant(),
-    "v0": variant({"scheduler": "v0"}),
+    "v0": variant({"scheduler": "v0", "max_num_batched_tokens": 4096}),  # v0 takes whole prompts (no chunking)
     "async": variant({"async_scheduling": True}),
     "ngram": variant({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": 0.5}}),
     "offload": variant({"kv_offload": {"num_cpu_blocks": 200}}),
@@ -239,3 +238,53 @@ def test_a_fleets_summary_is_its_replicas_rows_together(name):
             assert close(books["mean_running"], together(rows, "vllm:num_requests_running"))
             assert close(books["mean_waiting"], together(rows, "vllm:num_requests_waiting"))
             assert close(books["num_preemptions"], int(rows.groupby("replica")["vllm:num_preemptions_total"].max().sum()))
+
+
+@pytest.mark.parametrize("name", [*SINGLE, *FLEETS])
+def test_a_requests_instants_are_ordered_and_its_times_their_differences(name):
+    """vLLM's `RequestStateStats`: queued, first scheduled, first token, last token, in that order; `queue_s`
+    is the first SCHEDULED event's time less the arrival (`scheduled_ts` is set once), preempted or not;
+    E2E = TTFT + (O − 1) · TPOT (TPOT over the tokens after the first)."""
+    requests = result(name).requests
+    done = requests[requests.status == "finished"]
+    assert len(done) == 60
+    assert (done.arrival_s <= done.first_scheduled_s).all() and (done.first_scheduled_s <= done.first_token_s).all()
+    assert (done.first_token_s <= done.finish_s).all()
+    assert np.allclose(done.queue_s, done.first_scheduled_s - done.arrival_s, rtol=0, atol=1e-12)
+    preempted = done[done.num_preemptions > 0]
+    assert len(preempted) > 0 or name == "fleet3"  # the first wait alone, however long the later ones
+    assert (preempted.queue_s < preempted.ttft_s).all()
+    many = done[done.output_tokens > 1]
+    assert np.allclose(many.e2e_s, many.ttft_s + (many.output_tokens - 1) * many.tpot_s, rtol=1e-12, atol=1e-12)
+    assert np.allclose(done.finish_s, done.arrival_s + done.e2e_s, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", [*SINGLE, *FLEETS])
+def test_an_engines_steps_keep_their_limits_and_never_overlap(name):
+    run = result(name)
+    steps, engine = run.steps, run.scenario.engine
+    groups = steps.groupby("replica") if "replica" in steps else [(0, steps)]
+    for _, own in groups:
+        start, end = own.time_s.to_numpy(), (own.time_s + own.duration_s).to_numpy()
+        assert (own.duration_s > 0).all() and (start[1:] >= end[:-1]).all()
+        assert own.duration_s.sum() <= run.summary["duration_s"] * (1 + 1e-12)
+        assert (own["vllm:num_requests_running"] <= engine.max_num_seqs).all()
+        assert (own.num_batched_tokens <= engine.max_num_batched_tokens).all()
+    if name in ("v1", "async", "ngram", "offload"):  # the limits bind (a precondition: the relation is exercised)
+        assert steps["vllm:num_requests_running"].max() == engine.max_num_seqs
+        assert steps.num_batched_tokens.max() == engine.max_num_batched_tokens
+
+
+def test_an_offload_tiers_books_balance():
+    summary = result("offload").summary
+    books, cpu = summary["kv_offload"], summary["kv_offload"]["tiers"]["cpu"]
+    assert cpu["num_stored_blocks"] == cpu["num_evicted_blocks"] + cpu["num_held_blocks_at_end"]
+    assert cpu["num_held_blocks_at_end"] <= cpu["num_blocks"] == 200 and cpu["num_evicted_blocks"] > 0
+    assert cpu["bytes"] == 200 * BLOCK_BYTES
+    assert books["bytes_stored"] == cpu["bytes_stored"] == cpu["num_stored_blocks"] * BLOCK_BYTES
+    assert books["bytes_loaded"] == cpu["bytes_loaded"] == cpu["num_hit_blocks"] * BLOCK_BYTES > 0
+    assert books["recompute_avoided_tokens"] == cpu["num_hit_tokens"] == 16 * cpu["num_hit_blocks"]
+    bandwidth = cpu["load_bandwidth_bytes_per_s"]
+    assert books["load_s_mean"] >= books["bytes_loaded"] / books["num_loads"] / bandwidth  # a shared link only slows
+    busy = books["bytes_stored"] / books["store_bandwidth_bytes_per_s"] / summary["duration_s"]
+    assert close(books["store_link_busy_fraction"], busy)  # every store drained before the run ended
