@@ -287,3 +287,58 @@ def test_an_offload_tiers_books_balance():
     assert books["load_s_mean"] >= books["bytes_loaded"] / books["num_loads"] / bandwidth  # a shared link only slows
     busy = books["bytes_stored"] / books["store_bandwidth_bytes_per_s"] / summary["duration_s"]
     assert close(books["store_link_busy_fraction"], busy)  # every store drained before the run ended
+
+
+AUTO = {"metric": "num_requests_waiting", "target": 2, "min_replicas": 1, "max_replicas": 6, "tolerance": 0.1,
+        "sync_period_s": 0.7, "scale_up_window_s": 1.3, "scale_down_window_s": 2.9, "scale_up_pods": 1,
+        "scale_up_percent": 50, "scale_up_period_s": 2.2, "scale_down_percent": 50, "scale_down_period_s": 1.9,
+        "startup_s": 1.5}
+"""Windows and periods no multiple of the sync period (round six leaves a window's exact edge unsettled), and
+policies that bind: one pod or 50 % more per 2.2 s, half as many per 1.9 s."""
+
+
+def hpa_replay(times, metrics, initial, spec):
+    """Kubernetes HPA's rule (`kvsim.fleet.autoscaler`'s docstring, kubernetes.io's algorithm details), naively:
+    per sync, the raw recommendation ceil(current · metric / target) (kept within the tolerance), clamped; the
+    lowest raw of the last scale-up window for a scale-up, the highest of the last scale-down window for a
+    scale-down; then the policies on the count one period ago (now's less the changes made strictly after)."""
+    raws, changes, counts, current = [], [], [], initial
+    for now, metric in zip(times, metrics, strict=True):
+        ratio = metric / spec["target"]
+        raw = current if abs(ratio - 1) <= spec["tolerance"] else math.ceil(current * ratio)
+        raws.append((now, min(max(raw, spec["min_replicas"]), spec["max_replicas"])))
+        raw = raws[-1][1]
+        desired = current
+        if raw > current:
+            desired = max(current, min(r for t, r in raws if t >= now - spec["scale_up_window_s"]))
+            start = current - sum(n for t, n in changes if t > now - spec["scale_up_period_s"])
+            limit = max(start + spec["scale_up_pods"], math.ceil(start * (1 + spec["scale_up_percent"] / 100)))
+            desired = min(desired, max(limit, current))
+        elif raw < current:
+            desired = min(current, max(r for t, r in raws if t >= now - spec["scale_down_window_s"]))
+            start = current - sum(n for t, n in changes if t > now - spec["scale_down_period_s"])
+            limit = math.floor(start * (1 - spec["scale_down_percent"] / 100))
+            desired = max(desired, min(limit, current))
+        if desired != current:
+            changes.append((now, desired - current))
+        counts.append(desired)
+        current = desired
+    return counts
+
+
+def test_an_autoscaled_fleets_decisions_replay_from_its_recorded_load():
+    """Each sync's count is the HPA rule on the metric the run recorded for it (after the HPA's treatment of
+    replicas not ready yet), from the count the previous sync left; READY + STARTING is that count, and the
+    replicas starting are those asked for less than `startup_s` before (no start is cancelled here)."""
+    raw = variant(replicas=1, router={"policy": "least_outstanding"}, autoscaler=AUTO)
+    raw["workload"] = {**raw["workload"], "num_requests": 200, "arrival": {"process": "poisson", "rate": 25.0}}
+    scaling = kvsim.simulate(raw).tables["scaling"]
+    counts = hpa_replay(scaling.time_s.tolist(), scaling.metric.tolist(), 1, AUTO)
+    assert scaling.desired.tolist() == counts
+    assert (scaling.num_ready + scaling.num_starting == scaling.desired).all()
+    ups = np.diff(counts, prepend=1)
+    assert max(counts) == 6 and (ups > 0).sum() >= 3 and (ups < 0).sum() >= 2  # it scales up, limited, and down
+    assert all(scaling.num_starting[k - 1] == 0 for k in np.flatnonzero(ups < 0))  # no start is ever cancelled
+    for k, now in enumerate(scaling.time_s):
+        recent = ((scaling.time_s <= now) & (scaling.time_s > now - AUTO["startup_s"])).to_numpy()
+        assert scaling.num_starting[k] == ups[recent].clip(min=0).sum()
