@@ -329,10 +329,13 @@ def hpa_replay(times, metrics, initial, spec):
 def test_an_autoscaled_fleets_decisions_replay_from_its_recorded_load():
     """Each sync's count is the HPA rule on the metric the run recorded for it (after the HPA's treatment of
     replicas not ready yet), from the count the previous sync left; READY + STARTING is that count, and the
-    replicas starting are those asked for less than `startup_s` before (no start is cancelled here)."""
+    replicas starting are those asked for less than `startup_s` before (no start is cancelled here). The bill is
+    the slots on (READY, STARTING, DRAINING: switched only at syncs) over each sync's interval, the last one to
+    the last request's end; the summary's request and running figures are the fleet's, as a static one's."""
     raw = variant(replicas=1, router={"policy": "least_outstanding"}, autoscaler=AUTO)
     raw["workload"] = {**raw["workload"], "num_requests": 200, "arrival": {"process": "poisson", "rate": 25.0}}
-    scaling = kvsim.simulate(raw).tables["scaling"]
+    run = kvsim.simulate(raw, steps="all")
+    scaling, requests, steps, summary = run.tables["scaling"], run.requests, run.steps, run.summary
     counts = hpa_replay(scaling.time_s.tolist(), scaling.metric.tolist(), 1, AUTO)
     assert scaling.desired.tolist() == counts
     assert (scaling.num_ready + scaling.num_starting == scaling.desired).all()
@@ -342,3 +345,12 @@ def test_an_autoscaled_fleets_decisions_replay_from_its_recorded_load():
     for k, now in enumerate(scaling.time_s):
         recent = ((scaling.time_s <= now) & (scaling.time_s > now - AUTO["startup_s"])).to_numpy()
         assert scaling.num_starting[k] == ups[recent].clip(min=0).sum()
+    figures = request_figures(requests, steps)
+    figures.pop("itl")
+    assert_figures(summary, {**figures, "mean_running": together(steps, "vllm:num_requests_running")})
+    on = (scaling.num_ready + scaling.num_starting + scaling.num_draining).to_numpy()
+    gpu_s = float((on * np.diff(scaling.time_s.to_numpy(), append=requests.finish_s.max())).sum())
+    books, tokens = summary["autoscaling"], int(requests.output_tokens.sum())
+    assert close(books["gpu_hours"], gpu_s / 3600) and close(books["billed_span_s"], summary["duration_s"])
+    assert close(books["mean_gpus"], gpu_s / summary["duration_s"])
+    assert close(books["gpu_hours_per_million_output_tokens"], gpu_s / 3600 / tokens * 1e6)
