@@ -41,9 +41,11 @@ connector loads, `prefix_cache_stats` only the GPU's): GPU hits ≤ Σ request h
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import kvsim
@@ -150,7 +152,30 @@ def assert_figures(summary, expected):
 @pytest.mark.parametrize("name", list(SINGLE))
 def test_a_single_engines_summary_is_its_tables_by_definition(name):
     run = result(name)
-    requests, steps, summary = run.requests, run.steps, run.summary
+    check_single_summary(name, run.requests, run.steps, run.summary)
+
+
+@pytest.mark.parametrize("steps_format", ["csv", "parquet"])
+@pytest.mark.parametrize("name", ["v1", "offload", "fleet3"])
+def test_the_written_files_give_the_same_books(tmp_path, name, steps_format):
+    """The relations hold on what `kvsim run` writes (requests.csv, steps.csv or steps.parquet, summary.json):
+    the files print every float whole (`repr`'s shortest round trip), so nothing is lost on the way."""
+    pytest.importorskip("pyarrow")
+    result(name).write(tmp_path / "out", steps_format=steps_format)
+    requests = pd.read_csv(tmp_path / "out" / "requests.csv")
+    steps = getattr(pd, f"read_{steps_format}")(tmp_path / "out" / f"steps.{steps_format}")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    if name in SINGLE:
+        check_single_summary(name, requests, steps, summary)
+    else:
+        figures = request_figures(requests, steps)
+        figures.pop("itl")
+        assert_figures(summary, {**figures, "mean_running": together(steps, "vllm:num_requests_running"),
+                                 "kv_cache_usage_mean": together(steps, "vllm:kv_cache_usage_perc", pools=3)})
+
+
+def check_single_summary(name, requests, steps, summary):
+    """The single engine's summary figures by their definitions over its requests and step rows."""
     figures = request_figures(requests, steps)
     itl = figures.pop("itl")
     dt = steps.duration_s
