@@ -2,41 +2,51 @@
 
 `test_metamorphic.py` to `test_metamorphic9.py` hold the earlier rounds (round six: each request's first token and
 end at step ends, TTFT/TPOT/E2E as those instants' differences, output rate × duration = tokens, preemptions the
-requests', `steps: none`'s summary). Here, a naive pandas second implementation of `summary.json` from
-`requests.csv` and the step rows, written in the test, for six runs of 60 requests on a 300-block pool with a shared
-system prompt (a single v1 engine: 31 preemptions, 14,656 prefix-hit tokens; v0; v1 with async scheduling; n-gram
-speculation; a 200-block CPU offload tier; a least-outstanding fleet of 3; a 1P2D disaggregated fleet):
+requests', `steps: none`'s summary; round seven: step limits per scheduler and Little's law). Here, a naive pandas
+second implementation of `summary.json` from the requests and step tables, written in the test, for runs of 60
+requests on a 300-block pool with a shared system prompt, `max_num_seqs` 12 and a 1,024-token budget (both bind):
+a v1 engine (30 preemptions of 23 requests, 14,672 prefix-hit tokens), v0, synchronous v1 (v1 plans
+asynchronously by default), n-gram speculation, a 200-block CPU offload tier, a least-outstanding fleet of 3, a
+1P2D disaggregated fleet and an autoscaled fleet:
 
-* every figure the summary prints is its definition over the tables, to 1e-12 relative (the printed `repr`'s
-  last digits differ only by summation order): requests, finished and rejected counts; steps; duration = last
-  step end − first arrival; output tokens and requests per second over it; TTFT, TPOT, E2E and queue time's
-  mean, p50, p90 and p99 with a hand-written linear-interpolation percentile (numpy's default, vLLM bench's
-  `np.percentile`); the per-token ITL mean (Σ (finish − first token) / Σ (O − 1)); peak running; running and KV
-  usage weighted by step time; the saturated window (the steps with a request waiting: their time, mean
-  running and preemptions a second); the waste shares and the sharing saving over the steps that hold KV; v1's
-  prefix-cache queries (every prompt token of a first admission) and hits (the requests' first-admission hits):
-  35,682 and 14,656 tokens;
-* a fleet's figures are its replicas' rows together: duration, throughput, percentiles over every request,
-  `mean_running` as Σ running · dt over the time some replica steps (a naive union of the step intervals: 9.85
-  for the fleet of 3), KV usage the same over the pools up, every replica's own `mean_running`, KV usage,
-  request count and p90s, the prefix counters summed; a disaggregated fleet's pools likewise (prefill
-  1.05 running over its own busy time, decode 9.99), its transfers one per request;
-* per request (vLLM's `RequestStateStats`): arrival ≤ first scheduled ≤ first token ≤ finish; `queue_s` is
-  first scheduled − arrival however often the request was preempted after (vLLM sets `scheduled_ts` on the
-  first SCHEDULED event only: 31 preempted requests here); E2E = TTFT + (O − 1) · TPOT;
-* per engine, per step: duration > 0, no two steps overlap, running ≤ `max_num_seqs`, tokens ≤ the token
-  budget, and Σ durations ≤ the makespan (to 1e-12: 1.2e-14 s over in the offload run, rounding);
-* an offload tier's books (vLLM's CPU backend keeps a block it loads: loads copy): blocks stored = blocks
-  evicted + blocks held at the end (2,124 = 1,924 + 200), bytes stored and loaded are blocks × 2 MiB (block
-  bytes by hand: 16 · 2 · 8 · 128 · 2 · 32 layers), hit tokens 16 a block and the recompute avoided, each
-  load no faster than its bytes over the link (shared by concurrent loads: mean 0.273 ms ≥ 0.203 ms alone),
-  and the store link's busy fraction its bytes over its bandwidth over the run.
+* every figure the summary prints is its definition over the tables, to 1e-12 relative (summation order moves
+  the last digits of the printed `repr`), in memory and read back from requests.csv, steps.csv or steps.parquet
+  and summary.json: requests, finished and rejected counts; steps; duration = last step end − first arrival;
+  output tokens and requests a second over it; TTFT, TPOT, E2E and queue time's mean, p50, p90 and p99 by a
+  hand-written linear-interpolation percentile (numpy's default, as `vllm bench` takes them); the per-token ITL
+  mean (Σ (finish − first token) / Σ (O − 1)); peak running; running and KV usage weighted by step time; the
+  saturated window (the steps with a request waiting: their time, mean running, preemptions a second); the waste
+  shares and the sharing saving over the steps that hold KV; v1's prefix-cache queries (every prompt token, at
+  first admissions: 35,682) and hits (the requests' first-admission hits);
+* a fleet's figures are its replicas' rows together: duration, throughput and percentiles over every request;
+  `mean_running` Σ running · dt over the time some replica steps (a naive union of the step intervals: 9.855 for
+  the fleet of 3), KV usage likewise over the three pools; each replica's `mean_running`, KV usage, hit rate,
+  request count and p90s from its own rows; the prefix counters summed; a 1P2D fleet's pools likewise (prefill
+  1.051 running, utilization 0.088 = its step time over the run; decode 9.989 and 0.976, averaged over its two
+  instances), one transfer a request, each no faster than its bytes over the link plus its latency (mean 1.091 ms
+  against 0.993 ms alone: the prefill instance's link is shared);
+* per request (vLLM's `RequestStateStats`): arrival ≤ first scheduled ≤ first token ≤ finish; `queue_s` is the
+  first scheduled instant − arrival however often the request was preempted after (vLLM sets `scheduled_ts` on
+  the first SCHEDULED event only); E2E = TTFT + (O − 1) · TPOT; finish = arrival + E2E;
+* per engine, per step: duration > 0, no two steps overlap, running ≤ `max_num_seqs`, tokens ≤ the budget, and Σ
+  durations ≤ the makespan (to 1e-12: the offload run's engine, stepping back to back, is 1.2e-14 s over, rounding);
+* an offload tier's books (vLLM's CPU backend keeps a block it loads: a load copies): blocks stored = blocks
+  evicted + blocks held at the end (2,126 = 1,926 + 200); bytes stored and loaded are blocks × 2 MiB (by hand:
+  16 · 2 · 8 · 128 · 2 · 32 layers); hit tokens 16 a block, the recompute avoided; loads no faster than their bytes
+  over the link (mean 0.345 ms against 0.270 ms alone); the store link's busy fraction its bytes over its
+  bandwidth over the run;
+* an autoscaled fleet's decisions replay from its recorded load: a naive HPA rule (raw ceil(current · metric /
+  target) outside the tolerance, stabilisation windows, the scaling policies on the count a period ago) on
+  scaling.csv's metric gives its `desired` at every sync (1 to 6 replicas, limited up and down), READY + STARTING
+  is that count, the replicas starting those asked for under `startup_s` before, and the GPU-hours the slots on
+  over each sync's interval to the last request's end.
 
 Relations tried and kept out (the relation was wrong, not kvsim): "bytes stored = loaded + evicted + left" (a load
-does not take a block out of the tier; the balance above is the tier's); under offload the requests' first-
-admission hits exceed the summary's query hits (vLLM's per-request `num_cached_tokens` counts the tokens the
-connector loads, `prefix_cache_stats` only the GPU's): GPU hits ≤ Σ request hits ≤ GPU hits + tokens loaded
-(14,848 ≤ 15,024 ≤ 17,824).
+does not take a block out of the tier; the balance above is the tier's); under offload, the requests' hits exceed
+the summary's (vLLM's per-request `num_cached_tokens` counts the tokens its connector loads, `prefix_cache_stats`
+only the GPU's): GPU hits ≤ Σ request hits ≤ GPU hits + tokens loaded (14,848 < 15,024 ≤ 18,272); a disaggregated
+transfer at exactly bytes / bandwidth + latency (transfers share the link); an async-scheduling run as a new run
+(v1's default already is one).
 """
 
 from __future__ import annotations
@@ -254,6 +264,9 @@ def test_a_fleets_summary_is_its_replicas_rows_together(name):
         disagg = summary["disaggregation"]
         assert disagg["num_transfers"] == summary["num_finished"] == 60
         assert disagg["prefill_queue_s"] == summary["queue_s"]  # a request is queued only before its prefill
+        alone_s = disagg["bytes_moved"] / 60 / disagg["kv_link_bandwidth_bytes_per_s_per_gpu"] + disagg["kv_link_latency_s"]
+        assert disagg["transfer_s"]["mean"] >= alone_s  # each transfer its bytes over the link and its latency, or
+        # slower where transfers share the prefill instance's link
         for pool, rows, count in (("prefill", steps[steps.replica == 0], 1), ("decode", steps[steps.replica > 0], 2)):
             books = disagg["pools"][pool]
             assert books["num_instances"] == count  # utilization: each instance's share of the run stepping, averaged
