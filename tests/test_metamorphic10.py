@@ -37,7 +37,8 @@ asynchronously by default), n-gram speculation, a 200-block CPU offload tier, a 
   bandwidth over the run;
 * an autoscaled fleet's decisions replay from its recorded load: a naive HPA rule (raw ceil(current · metric /
   target) outside the tolerance, stabilisation windows, the scaling policies on the count a period ago) on
-  scaling.csv's metric gives its `desired` at every sync (1 to 6 replicas, limited up and down), READY + STARTING
+  scaling.csv's metric gives its `desired` at every sync (1 to 6 replicas, limited up and down; on waiting
+  requests, target 2 a replica, and on KV usage, target 0.3), READY + STARTING
   is that count, the replicas starting those asked for under `startup_s` before, and the GPU-hours the slots on
   over each sync's interval to the last request's end.
 
@@ -364,17 +365,19 @@ def hpa_replay(times, metrics, initial, spec):
     return counts
 
 
-def test_an_autoscaled_fleets_decisions_replay_from_its_recorded_load():
+@pytest.mark.parametrize("metric", [{}, {"metric": "kv_cache_usage_perc", "target": 0.3}], ids=["waiting", "kv"])
+def test_an_autoscaled_fleets_decisions_replay_from_its_recorded_load(metric):
     """Each sync's count is the HPA rule on the metric the run recorded for it (after the HPA's treatment of
     replicas not ready yet), from the count the previous sync left; READY + STARTING is that count, and the
     replicas starting are those asked for less than `startup_s` before (no start is cancelled here). The bill is
     the slots on (READY, STARTING, DRAINING: switched only at syncs) over each sync's interval, the last one to
     the last request's end; the summary's request and running figures are the fleet's, as a static one's."""
-    raw = variant(replicas=1, router={"policy": "least_outstanding"}, autoscaler=AUTO)
+    spec = {**AUTO, **metric}
+    raw = variant(replicas=1, router={"policy": "least_outstanding"}, autoscaler=spec)
     raw["workload"] = {**raw["workload"], "num_requests": 200, "arrival": {"process": "poisson", "rate": 25.0}}
     run = kvsim.simulate(raw, steps="all")
     scaling, requests, steps, summary = run.tables["scaling"], run.requests, run.steps, run.summary
-    counts = hpa_replay(scaling.time_s.tolist(), scaling.metric.tolist(), 1, AUTO)
+    counts = hpa_replay(scaling.time_s.tolist(), scaling.metric.tolist(), 1, spec)
     assert scaling.desired.tolist() == counts
     assert (scaling.num_ready + scaling.num_starting == scaling.desired).all()
     ups = np.diff(counts, prepend=1)
