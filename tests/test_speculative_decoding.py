@@ -245,3 +245,48 @@ def test_a_prefill_chunk_ending_one_token_short_verifies_no_drafts_and_the_next_
     assert record["first_token_s"][0] == 3.0 and record["finish_s"][0] == 6.0 and record["output_tokens"][0] == 10
     spec = sched.speculation
     assert (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens) == (3, 9, 6)
+
+
+def test_eagle_drafts_over_every_scheduled_token_then_k_minus_1_passes_over_every_sequence():
+    """vLLM's `EagleProposer.propose` (vllm/v1/spec_decode/eagle.py): a first pass over all the step's tokens
+    (`input_ids[:num_scheduled_tokens]`) with a logits row per request, then K − 1 one-token passes over
+    every request (`batch_size`), `seq_lens` one longer each pass. One step, K = 3: a prefill chunk of 100
+    tokens after 50 cached, and two sequences verifying 1 + 3 tokens after 196 and 296."""
+    seen = []
+
+    class Recording:
+        name = "recording"
+
+        def step_time(self, plan):
+            seen.append((plan.num_tokens, plan.num_seqs, plan.num_decode_seqs, plan.num_sampled,
+                         plan.sum_context_tokens, plan.attention_work))
+            return 1.0
+
+    plan = StepPlan()
+    plan.add(100, 50, 1, samples=False)
+    plan.add_verify(4, 196)
+    plan.add_verify(4, 296)
+    spec = SpeculativeLatency(Recording(), Recording(), 3, "eagle", drafts_over_batch=True)
+    assert spec.step_time(plan) == 1.0 + 3 * 1.0
+    work = 100 * (50 + 101 / 2) + 4 * (196 + 5 / 2) + 4 * (296 + 5 / 2)  # causal pairs: 10,050 + 794 + 1,194
+    assert seen[1:] == [(108, 3, 0, 3, 150 + 200 + 300, work),  # contexts 150, 200 and 300 after the step
+                        (3, 3, 3, 3, 653, 653.0), (3, 3, 3, 3, 656, 656.0)]
+    seen.clear()
+    prefill_only = StepPlan()
+    prefill_only.add(64, 0, 2, samples=True)  # no verifying sequence: the head still writes the chunks' KV
+    assert spec.step_time(prefill_only) == 4.0 and seen[1][:4] == (128, 2, 0, 2)
+    swap_only = StepPlan(swap_out_bytes=1)
+    assert spec.step_time(swap_only) == 1.0  # nothing scheduled: no pass
+
+
+def test_eagle_is_priced_over_the_batch_and_a_draft_model_over_the_verifying_sequences():
+    from kvsim.model.config import load_gpu, make_engine
+    from kvsim.planning.cost import closed_form_output_rate
+
+    for method, over_batch in (("eagle", True), ("eagle3", True), ("draft_model", False)):
+        config = {"method": method, "num_speculative_tokens": 2, "acceptance_rates": [0.5, 0.5]}
+        if method == "draft_model":
+            config["model"] = "llama-2-7b"
+        rate = closed_form_output_rate(load_model("llama-3.1-8b"), load_gpu("h100-80gb"),
+                                       make_engine(speculative_config=config))
+        assert rate.args[0].drafts_over_batch is over_batch
