@@ -212,3 +212,23 @@ def test_groups_in_vllm_order_free_group_by_group_hashed_to_the_tail() -> None:
     alloc.free(1)
     alloc.check_invariants()
     assert alloc.pool.get_new_blocks(19) == [6, 3, *range(7, 20), 2, 1, 5, 4]
+
+
+def test_v1_admits_a_prompt_inside_the_window_whole_and_a_longer_one_by_its_first_chunk() -> None:
+    """DESIGN §3's whole-prompt admission holds for a hybrid pool wherever the prompt fits in the shortest
+    window (no block of it is freed before it is all computed); beyond, the first chunk, as vLLM v1. The tiny
+    world with 8 usable blocks, 6 held by another sequence (12 tokens: 3 blocks in each group), a budget of 4
+    tokens: a first chunk needs 1 + 1 blocks (2 free), an 8-token prompt 2 + 2."""
+    from kvsim.kv.protocol import NO_HIT
+    from kvsim.sched import SchedulerLimits, make_scheduler
+    from tests.conftest import make_request
+
+    alloc = tiny(num_blocks=9)
+    sched = make_scheduler("v1", alloc, SchedulerLimits(8, 4, 64))
+    assert alloc.allocate(99, 12) and alloc.pool.num_free_blocks == 2
+    assert alloc.admits_by_chunk_above_tokens == 8
+    inside, beyond = make_request(1, 0.0, 8, 4), make_request(2, 0.0, 12, 4)
+    assert not sched.can_admit(inside, NO_HIT, 4)  # the whole prompt: 4 blocks
+    assert sched.can_admit(beyond, NO_HIT, 4)  # its first chunk: 2 blocks
+    alloc.free(99)
+    assert sched.can_admit(inside, NO_HIT, 4)

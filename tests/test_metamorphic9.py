@@ -47,13 +47,12 @@ bytes over the presets' KV heads: round seven; pools by hand from config.json: r
 
 Modelling choices met (documented where they live):
 
-* kvsim's v1 admits a full-attention request only when its whole prompt fits (DESIGN §3,
-  `PagedAllocator.admits_by_chunk = False`) but a sliding-window or hybrid one when its first chunk does
-  (`GroupedPagedAllocator.admits_by_chunk`, as vLLM v1's `allocate_slots(request, num_new_tokens)` does for every model),
-  so the window relation above fails under KV pressure: mistral-7b, seed 4, 260 blocks, budget 1,024, the workload
-  of `window_run` at 40 req/s: at step 288 the sliding model admits a 1,442-token prompt's 1,020-token first chunk
-  into about 80 free blocks (64 for the chunk, 91 for the prompt) and preempts it the next step, the
-  full-attention copy waits (45 requests differ);
+* kvsim's v1 admits a full-attention request only when its whole prompt fits (DESIGN §3) and a sliding-window or
+  hybrid one likewise when the prompt fits in the shortest window, but by its first chunk beyond it (as vLLM v1's
+  `allocate_slots(request, num_new_tokens)` does for every model; `kvsim.kv.hybrid`: such a prompt never holds
+  all its blocks at once). Fixed: the hybrid pool had admitted every prompt by its first chunk, so the window
+  relation above failed under KV pressure (mistral-7b, seed 4, 260 blocks, 40 req/s: a 1,442-token prompt's
+  1,020-token first chunk admitted at step 288 into about 80 free blocks, 91 needed, and preempted the next step);
 * with decodes on both sides of a sliding window in one step a sliding layer's read is min(Σ context, n · window),
   an upper bound on Σ min(context, window) (`RooflineLatency.decode_read_bytes`: contexts 100 and 3,000 read 2,048
   tokens a sliding layer, not 1,124);
@@ -197,12 +196,13 @@ def test_a_fixed_pool_holds_blocks_by_the_kv_heads_each_gpu_keeps(tmp_path, kv_h
         assert num_gpu_blocks(spec, H100, engine) == pool // (block_bytes // min(tp, kv_heads))
 
 
-def window_run(model: str):
+def window_run(model: str, num_blocks: int | None = None, rate: float = 30.0):
+    pool = {} if num_blocks is None else {"num_gpu_blocks_override": num_blocks}
     return kvsim.simulate({
         "model": model, "gpu": "h100-80gb", "seed": 4,
         "engine": {"max_model_len": 2048, "max_num_seqs": 32, "max_num_batched_tokens": 1024,
-                   "enable_prefix_caching": True},
-        "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate": 30.0},
+                   "enable_prefix_caching": True, **pool},
+        "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate": rate},
                      "prompt_len": {"dist": "lognormal", "mean": 500, "p99": 1500},
                      "output_len": {"dist": "lognormal", "mean": 120, "p99": 400},
                      "shared_prefix": {"tokens": 384, "fraction": 0.7, "num_prefixes": 2}}})
@@ -229,6 +229,16 @@ def test_a_window_longer_than_every_context_is_full_attention(tmp_path, model):
     assert sliding.requests.equals(plain.requests)
     kv = KV_COLUMNS if model != "mistral-7b" else []
     assert sliding.steps.drop(columns=kv).equals(plain.steps.drop(columns=kv))
+
+
+def test_a_window_longer_than_every_context_is_full_attention_under_kv_pressure(tmp_path):
+    """mistral-7b in 260 blocks at 40 req/s preempts; its prompts, all inside the 4,096-token window, are
+    admitted whole as the full-attention copy's are (DESIGN §3). It had admitted a 1,442-token prompt's
+    1,020-token first chunk at step 288 into about 80 free blocks and preempted it the next step."""
+    sliding = window_run("mistral-7b", num_blocks=260, rate=40.0)
+    plain = window_run(variant_file(tmp_path, "mistral-7b", sliding_window=None), num_blocks=260, rate=40.0)
+    assert sliding.summary["num_preemptions"] > 0
+    assert sliding.requests.equals(plain.requests) and sliding.steps.equals(plain.steps)
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 16, 100, 700, 4096])

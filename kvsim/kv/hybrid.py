@@ -18,11 +18,18 @@ keeps its own block table per sequence, and all groups draw block ids from one `
   current chunk's start. The hit is the longest length every type accepts (iterated to a fixed
   point). A block hits for a type only if every group of that type has it cached.
 * Blocks of one request are freed group by group, each tail-first.
-* Admission (scheduler v1) asks for the first chunk only, as vLLM v1's scheduler calls
-  `allocate_slots(request, num_new_tokens)` with the chunk the token budget allows
-  (`admits_by_chunk`): a prompt longer than the pool could hold in every group at once is
-  served a chunk at a time while its windows free blocks behind it. What can never be served
-  is what vLLM's startup check counts: more than `blocks_per_request` blocks (`region_slots`).
+* Admission (scheduler v1) asks for the whole prompt's blocks, kvsim's default for every allocator
+  (DESIGN §3), when the prompt is no longer than the shortest window or attention chunk: no group
+  frees a block before such a prompt is all computed (a sliding layer skips max(0, computed −
+  window + 1) tokens, a chunked one the chunks before the current one), so every group holds all its
+  blocks at once, as a full-attention layer does, and admission is exactly the paged allocator's.
+  A longer prompt never holds all its blocks in the windowed groups at once, and what it holds at its
+  peak depends on the chunks later budgets give it, so there it asks for its first chunk only, as
+  vLLM v1's scheduler calls `allocate_slots(request, num_new_tokens)` with the chunk the token budget
+  allows for every model (`admits_by_chunk_above_tokens`): a prompt longer than the pool could hold
+  in every group at once is served a chunk at a time while its windows free blocks behind it, and
+  may be preempted when the next chunk does not fit. What can never be served is what vLLM's
+  startup check counts: more than `blocks_per_request` blocks (`region_slots`).
 * `allocate` is all-or-nothing. Parallel sampling (fork) and swap are not supported (vLLM v1
   has neither for hybrid models); decode bursts are off (`supports_bursts`).
 
@@ -69,7 +76,6 @@ class GroupedPagedAllocator(PoolSlots):
     num_copy_on_writes = 0
     shares_blocks = True  # not used: fork is refused
     supports_bursts = False
-    admits_by_chunk = True  # as vLLM v1's allocate_slots: the first chunk's blocks, the window freeing behind
     cpu_pool = None
 
     def __init__(self, num_blocks: int, layout: KVLayout, max_num_batched_tokens: int,
@@ -81,6 +87,9 @@ class GroupedPagedAllocator(PoolSlots):
         self.groups = layout.groups
         self.block_size = layout.block_size
         self.max_num_batched_tokens = max_num_batched_tokens
+        windows = [g.window_tokens for g in self.groups if g.window_tokens is not None]
+        # the module docstring's admission: whole prompts up to the shortest window, first chunks beyond
+        self.admits_by_chunk_above_tokens: int | None = min(windows) if windows else None
         self.enable_caching = enable_caching
         self.bytes_per_block = bytes_per_block
         self.seqs: dict[int, GroupedSeq] = {}

@@ -71,7 +71,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
     shares_blocks = True  # fork shares; slabs instead reserve each child's region at admission
 
     num_slack_slots = 0  # blocks are never rounded beyond what a sequence asks for
-    admits_by_chunk = False  # kvsim's v1 admission checks the whole prompt (DESIGN §3)
+    admits_by_chunk_above_tokens: int | None = None  # kvsim's v1 admission checks the whole prompt (DESIGN §3)
 
     def __init__(
         self,

@@ -79,7 +79,8 @@ class KVAllocator(Protocol):
 
     shares_blocks: bool  # True: `fork` shares the parent's KV; False: each sample reserves its own region
     supports_bursts: bool  # False: the `burst_*` methods are never called (plan every step)
-    admits_by_chunk: bool  # True: a v1 admission asks for its first chunk's blocks, not the whole prompt's
+    admits_by_chunk_above_tokens: int | None  # a v1 admission of more tokens asks for its first chunk's blocks,
+    # not the whole prompt's (None: always the whole prompt's)
     enable_caching: bool  # False: no prefix cache (lookups never hit, and nothing is counted as queried)
     num_copy_on_writes: int
 

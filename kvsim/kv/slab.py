@@ -76,7 +76,7 @@ class SlabAllocator:
 
     shares_blocks = False
     supports_bursts = True
-    admits_by_chunk = False  # a slab is reserved whole at admission
+    admits_by_chunk_above_tokens: int | None = None  # a slab is reserved whole at admission
     enable_caching = False  # slabs share nothing
 
     def __init__(self, num_slots: int, max_model_len: int, policy: SlabPolicy,

@@ -250,16 +250,19 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         plan.scheduled.append((req, num_new))
 
     def can_admit(self, req: Request, hit: PrefixHit, num_new: int | None = None) -> bool:
-        """The whole prompt (all samples' regions, for slabs) fits, leaving the watermark free; for an
-        allocator that `admits_by_chunk` (sliding-window and other hybrid KV groups, as vLLM v1), the
-        `num_new` tokens to be scheduled after the hit (default: the whole prompt).
+        """The whole prompt (all samples' regions, for slabs) fits, leaving the watermark free; for a prompt
+        longer than the allocator's `admits_by_chunk_above_tokens` (the shortest sliding window or attention
+        chunk of hybrid KV groups, `kvsim.kv.hybrid`), the `num_new` tokens to be scheduled after the hit, as
+        vLLM v1 (default: the whole prompt).
 
         With nothing running the watermark is not applied: it keeps room for running requests
         to grow, and a request that `add` accepted must be able to run alone. A policy that
         `admits_all_prompt_blocks` asks for every block of the prompt as if nothing were cached.
         """
         reserve = self.limits.watermark_slots if self.running else 0
-        tokens = hit.num_tokens + num_new if num_new is not None and self.alloc.admits_by_chunk else req.num_tokens
+        above = self.alloc.admits_by_chunk_above_tokens
+        by_chunk = above is not None and req.num_tokens > above
+        tokens = hit.num_tokens + num_new if num_new is not None and by_chunk else req.num_tokens
         return self.alloc.can_allocate(req.seq_ids[0], tokens, req.kv_len, NO_HIT if self.admits_all_prompt_blocks
                                        else hit, reserve, req.num_samples, req.prompt_len)
 

@@ -18,8 +18,9 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
    (`kvsim.sched.speculative`).
 2. If nothing was preempted, admit WAITING requests in the policy's order (FCFS, or
    smallest (priority, arrival)) while budget and `max_num_seqs` allow and the whole prompt
-   (after prefix-cache hits) fits (with sliding-window or other hybrid KV groups: the first chunk,
-   as vLLM v1 allocates it); the first that does not fit ends admission for the step.
+   (after prefix-cache hits) fits (with sliding-window or other hybrid KV groups, for a prompt longer
+   than the shortest window: the first chunk, as vLLM v1 allocates it, `kvsim.kv.hybrid`); the first
+   that does not fit ends admission for the step.
    With KV offload, a request whose prefix the offload tiers hold past the GPU hit leaves the queue
    to load it (`Scheduler.start_load`) and admission goes on; loaded ones rejoin at the front (under FCFS
    ahead of any request preempted since: `loaded_first`).
