@@ -235,7 +235,18 @@ class RooflineLatency:
         Full-attention layers read every token; a sliding-window layer only its last `window` tokens
         (a chunked-local layer at most its chunk), so those layers read min(context, window) per
         sequence, taken here as min(Σ context, n · window): exact when every context is inside the
-        window or every one is beyond it, an upper bound between."""
+        window or every one is beyond it, an upper bound between (contexts 100 and 3,000 with a 1,024-token
+        window read 2,048 tokens a sliding layer here, 1,124 exactly; the excess is at most n · window −
+        Σ min(context, window) tokens a layer and step, and no validated case has a sliding layer).
+
+        Left so because the plan carries only aggregates: `Scheduler.account` could sum min(context, window)
+        per distinct window in its loop over the step's decodes, but a decode burst (`kvsim.sched.burst`,
+        run for a windowed model whose `disable_hybrid_kv_cache_manager` puts it on the paged allocator)
+        prices k steps from the first plan's Σ context growing by n a step (`burst_step_times`,
+        `decode_step_times`) without visiting the sequences, and Σ min(context + t, window) is linear in t
+        only until a context reaches its window: exactness needs each burst cut there (condition (c) with
+        min(window − context) over the contexts below it), the per-window sums and their growth carried
+        through both burst pricers, and the calibrated model's `_layer_attention_s` reading them too."""
         if not self.windowed_layers:
             return sum_decode_context * self.kv_bytes_per_token
         read = sum_decode_context * self.full_bytes_per_token
