@@ -53,9 +53,10 @@ Modelling choices met (documented where they live):
   all its blocks at once). Fixed: the hybrid pool had admitted every prompt by its first chunk, so the window
   relation above failed under KV pressure (mistral-7b, seed 4, 260 blocks, 40 req/s: a 1,442-token prompt's
   1,020-token first chunk admitted at step 288 into about 80 free blocks, 91 needed, and preempted the next step);
-* with decodes on both sides of a sliding window in one step a sliding layer's read is min(Σ context, n · window),
-  an upper bound on Σ min(context, window) (`RooflineLatency.decode_read_bytes`: contexts 100 and 3,000 read 2,048
-  tokens a sliding layer, not 1,124);
+* with decodes on both sides of a sliding window in one step a sliding layer's read was min(Σ context, n · window),
+  an upper bound on Σ min(context, window) (contexts 100 and 3,000 read 2,048 tokens a sliding layer, not 1,124).
+  Fixed: the scheduler counts Σ min(context, window) per window (`StepPlan.decode_context_in_window`) and decode
+  bursts keep every context on one side of each window (`tests/test_window_reads.py`);
 * a GPU file named as a preset takes that preset's fitted fractions (`efficiency_for`), which is what makes the
   doubled file comparable.
 """

@@ -24,7 +24,7 @@ from kvsim.kv.link import LinkSpec
 from kvsim.kv.offload_connector import OffloadConnector, TierSpec
 from kvsim.kv.radix_prefix_cache import RadixPrefixCache
 from kvsim.latency.base import ConstantLatency, LatencyModel
-from kvsim.latency.roofline import RooflineLatency
+from kvsim.latency.roofline import RooflineLatency, attended_windows
 from kvsim.latency.speculative import speculative_latency
 from kvsim.model.capacity import model_kv_layout, num_gpu_blocks, swap_bytes
 from kvsim.model.config import EngineConfig, load_gpu, load_model
@@ -271,6 +271,7 @@ def assemble_engine(spec: EngineSpec, rng: np.random.Generator) -> EngineParts:
     scheduler = make_scheduler(spec.engine.scheduler, allocator, spec.limits, rng,
                                make_request_queue(spec.engine.scheduling_policy), speculation)
     scheduler.async_scheduling = spec.async_scheduling
+    scheduler.decode_windows = attended_windows(spec.model, spec.engine)
     if type(allocator) is PagedAllocator:  # full attention only: the hybrid allocator keys blocks per group
         scheduler.offload = make_offload(spec)
     elif spec.engine.kv_offload is not None:

@@ -291,9 +291,10 @@ class CalibratedLatency:
 
         A layer with a `window` sees at most that many past tokens per sequence, so it is looked up with
         each context capped there, as the roofline reads it (`RooflineLatency.decode_read_bytes`): cached
-        tokens at most `window` per prefilling sequence, decode contexts at min(Σ, n · window) / n on
-        average and the shortest and longest at most `window`. An upper bound for a prefill chunk (its
-        own queries may see fewer than window + chunk keys), exact while every context fits the window.
+        tokens at most `window` per prefilling sequence, decode contexts at Σ min(context, window) / n on
+        average (`StepPlan.decode_context_in_window`) and the shortest and longest at most `window`. An upper
+        bound for a prefill chunk (its own queries may see fewer than window + chunk keys), exact while every
+        context fits the window.
 
         Speculative verify chunks (k + 1 tokens of each verifying sequence, `StepPlan.add_verify`) are in the
         prefill chunk: the step's chunks are looked up as one sequence of Σ chunk tokens after Σ cached tokens.
@@ -309,7 +310,8 @@ class CalibratedLatency:
                                       plan.max_decode_context_tokens)
         if window is not None:
             cached = min(cached, (plan.num_seqs - num_dec) * window)
-            sum_ctx, shortest, longest = min(sum_ctx, num_dec * window), min(shortest, window), min(longest, window)
+            sum_ctx = plan.decode_context_in_window(window)
+            shortest, longest = min(shortest, window), min(longest, window)
         mean_ctx = sum_ctx / num_dec if num_dec else 0.0
         if self.mixed or not (chunk and num_dec):
             t = self.attention(chunk, cached, num_dec, mean_ctx)

@@ -143,8 +143,7 @@ class RooflineLatency:
         # the windows the kernels attend over: vLLM's disable_hybrid_kv_cache_manager changes allocation only, a
         # sliding layer holding every token still attends to its window (unify_hybrid_kv_cache_specs: "The compute
         # of layers like sliding window is still saved"), so the groups the hybrid manager would make are read here
-        attended = model_kv_layout(model, engine.model_copy(update={"disable_hybrid_kv_cache_manager": False})) \
-            if engine.disable_hybrid_kv_cache_manager else layout
+        attended = attended_layout(model, engine) if engine.disable_hybrid_kv_cache_manager else layout
         self.windowed_layers = [(g.window_tokens, g.num_layers * per_layer) for g in attended.groups
                                 if g.window_tokens is not None]
         self.windowed_layer_counts = [(g.window_tokens, g.num_layers) for g in attended.groups
@@ -218,40 +217,34 @@ class RooflineLatency:
         return seconds
 
     # -- attention -----------------------------------------------------------------------------
-    def decode_s(self, num_decode_seqs: int, sum_decode_context: int, mixed: bool = False) -> float:
-        """Decode attention; `mixed` when the step also has a prefill chunk (a slower kernel path)."""
+    def decode_s(self, num_decode_seqs: int, sum_decode_context: int, mixed: bool = False,
+                 windowed: dict[int, int] | None = None) -> float:
+        """Decode attention; `mixed` when the step also has a prefill chunk (a slower kernel path); `windowed`:
+        the plan's `windowed_decode_context_tokens`."""
         if not num_decode_seqs:
             return 0.0
         floor = self.num_layers * (self.eff.kernel_floor_s + num_decode_seqs * self.eff.decode_per_seq_s)
+        read = self.decode_read_bytes(num_decode_seqs, sum_decode_context, windowed)
         if mixed:  # the varlen kernel reads each KV head once per query head it serves
-            return floor + self.decode_read_bytes(num_decode_seqs, sum_decode_context) * self.mixed_read_factor / (
-                self.eff.mixed_decode_bandwidth * self.bandwidth)
-        return floor + self.decode_read_bytes(num_decode_seqs, sum_decode_context) / (
-            self.eff.decode_bandwidth * self.bandwidth)
+            return floor + read * self.mixed_read_factor / (self.eff.mixed_decode_bandwidth * self.bandwidth)
+        return floor + read / (self.eff.decode_bandwidth * self.bandwidth)
 
-    def decode_read_bytes(self, num_decode_seqs: int, sum_decode_context: int) -> float:
+    def decode_read_bytes(self, num_decode_seqs: int, sum_decode_context: int,
+                          windowed: dict[int, int] | None = None) -> float:
         """KV bytes `num_decode_seqs` decodes read over `sum_decode_context` tokens of context in all layers.
 
         Full-attention layers read every token; a sliding-window layer only its last `window` tokens
-        (a chunked-local layer at most its chunk), so those layers read min(context, window) per
-        sequence, taken here as min(Σ context, n · window): exact when every context is inside the
-        window or every one is beyond it, an upper bound between (contexts 100 and 3,000 with a 1,024-token
-        window read 2,048 tokens a sliding layer here, 1,124 exactly; the excess is at most n · window −
-        Σ min(context, window) tokens a layer and step, and no validated case has a sliding layer).
-
-        Left so because the plan carries only aggregates: `Scheduler.account` could sum min(context, window)
-        per distinct window in its loop over the step's decodes, but a decode burst (`kvsim.sched.burst`,
-        run for a windowed model whose `disable_hybrid_kv_cache_manager` puts it on the paged allocator)
-        prices k steps from the first plan's Σ context growing by n a step (`burst_step_times`,
-        `decode_step_times`) without visiting the sequences, and Σ min(context + t, window) is linear in t
-        only until a context reaches its window: exactness needs each burst cut there (condition (c) with
-        min(window − context) over the contexts below it), the per-window sums and their growth carried
-        through both burst pricers, and the calibrated model's `_layer_attention_s` reading them too."""
+        (a chunked-local layer at most its chunk), so those layers read Σ min(context, window): `windowed`
+        (window → that sum, as `Scheduler.account` counts it for every planned step), else min(Σ context,
+        n · window), exact when every context is on one side of the window, which a decode burst's steps
+        are (`kvsim.sched.burst` condition (f)): contexts 100 and 3,000 with a 1,024-token window read
+        1,124 tokens a sliding layer."""
         if not self.windowed_layers:
             return sum_decode_context * self.kv_bytes_per_token
         read = sum_decode_context * self.full_bytes_per_token
         for window, bytes_per_token in self.windowed_layers:
-            read += min(sum_decode_context, num_decode_seqs * window) * bytes_per_token
+            in_window = min(sum_decode_context, num_decode_seqs * window) if windowed is None else windowed[window]
+            read += in_window * bytes_per_token
         return read
 
     def prefill_s(self, prefill_work: float, prefill_context: int, num_prefill_tokens: int | None = None,
@@ -280,7 +273,7 @@ class RooflineLatency:
     def attention_s(self, plan: StepPlan) -> float:
         decode_ctx = plan.sum_decode_context_tokens
         mixed = plan.num_prefill_tokens > 0
-        return (self.decode_s(plan.num_decode_seqs, decode_ctx, mixed)
+        return (self.decode_s(plan.num_decode_seqs, decode_ctx, mixed, plan.windowed_decode_context_tokens)
                 + self.prefill_s(plan.attention_work - decode_ctx, plan.sum_context_tokens - decode_ctx,
                                  plan.num_prefill_tokens, plan.num_seqs - plan.num_decode_seqs))
 
@@ -359,6 +352,21 @@ class RooflineLatency:
             compute = (self.linear_s(t, plan.num_dp_group_tokens) + self.token_ops_s(t) + self.attention_s(plan)
                        + self.sequence_s(plan.num_sampled) + self.fixed_s(plan))
         return self.total_s(compute, plan)
+
+
+def attended_layout(model: ModelSpec, engine: EngineConfig) -> KVLayout:
+    """The KV groups `model`'s attention kernels read, the hybrid KV manager on or off: vLLM's
+    disable_hybrid_kv_cache_manager changes allocation only (`RooflineLatency`), speculation aside."""
+    from kvsim.model.capacity import model_kv_layout
+
+    return model_kv_layout(model, engine.model_copy(update={"disable_hybrid_kv_cache_manager": False,
+                                                            "speculative_config": None}))
+
+
+def attended_windows(model: ModelSpec, engine: EngineConfig) -> tuple[int, ...]:
+    """The distinct sliding windows and attention chunks `model`'s layers attend over, ascending (none: ())."""
+    return tuple(sorted({g.window_tokens for g in attended_layout(model, engine).groups
+                         if g.window_tokens is not None}))
 
 
 def cohort_output_tokens_per_s(latency: LatencyModel, num_seqs: int, context_len: int,

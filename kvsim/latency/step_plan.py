@@ -35,6 +35,8 @@ class StepPlan:
     sum_spec_context_tokens: int = 0  # Σ their contexts after the step (what the drafter reads)
     num_verify_chunk_tokens: int = 0  # tokens of verify chunks of ≥ 2 tokens: in num_prefill_tokens, priced as
     num_verify_chunk_seqs: int = 0  # chunks; their sequences, not in num_decode_seqs (see `num_row_decode_seqs`)
+    windowed_decode_context_tokens: dict[int, int] | None = None  # window → Σ min(context, window) over the
+    # decodes (`decode_context_in_window`); None where not counted (the scheduler counts it for windowed models)
 
     @property
     def is_empty(self) -> bool:
@@ -52,6 +54,16 @@ class StepPlan:
     def num_row_decode_seqs(self) -> int:
         """Decode sequences as a step row reports them: one-token decodes and verifying sequences."""
         return self.num_decode_seqs + self.num_verify_chunk_seqs
+
+    def decode_context_in_window(self, window: int) -> int:
+        """Σ min(context, window) over the decode sequences: what a sliding-window layer (or a chunked one, at
+        most) reads. Exact where the scheduler counted it (`windowed_decode_context_tokens`); else min(Σ
+        context, n · window), exact when every decode context is on one side of the window (a decode burst's
+        plans: `kvsim.sched.burst` condition (f)), an upper bound otherwise."""
+        exact = self.windowed_decode_context_tokens
+        if exact is not None:
+            return exact[window]
+        return min(self.sum_decode_context_tokens, self.num_decode_seqs * window)
 
     def add(self, num_new: int, past: int, num_seqs: int, samples: bool) -> None:
         """Account `num_seqs` sequences each computing `num_new` tokens after `past` cached ones."""

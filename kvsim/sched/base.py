@@ -51,6 +51,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
     beam search's `SampleForks`."""
 
     name = "base"
+    decode_windows: tuple[int, ...] = ()  # the model's sliding windows and attention chunks (the builder's)
 
     def __init__(self, allocator: KVAllocator, limits: SchedulerLimits, rng: np.random.Generator | None = None,
                  waiting: RequestQueue | None = None) -> None:
@@ -331,11 +332,26 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
                 if past < min_context or min_context < 0:  # past < min ⟺ past + 1 ≤ min
                     min_context = past + 1
             else:
-                num_seqs = req.num_samples if req.num_samples > 1 and req.request_id in forked else 1
+                num_seqs = _sequences(req, forked)
                 add(num_new, past, num_seqs, past + num_new == req.num_tokens)
                 self.num_recomputed_tokens += req.num_recomputed(past, num_new) * num_seqs
         if num_decodes:
             plan.add_decodes(num_decodes, sum_context, max_context, min_context)
+        if self.decode_windows and plan.num_decode_seqs:
+            plan.windowed_decode_context_tokens = self._decode_context_in_windows(plan)
+
+    def _decode_context_in_windows(self, plan: StepPlan) -> dict[int, int]:
+        """Σ min(context, window) for each of `decode_windows` over what `account` counted as decodes (one
+        token after ≥ 1 computed, each sequence of a forked request): a second pass, for windowed models only."""
+        sums = dict.fromkeys(self.decode_windows, 0)
+        forked = self._forked
+        for req, num_new in plan.scheduled:
+            past = req.num_computed_tokens
+            if num_new == 1 and past:
+                num_seqs = _sequences(req, forked)
+                for window in sums:
+                    sums[window] += min(past + 1, window) * num_seqs
+        return sums
 
     # ------------------------------------------------------------ preemption
     def allocate_or_preempt(self, req: Request, num_tokens_total: int, plan: StepPlan, hold_slots: int = 0) -> bool:
@@ -471,3 +487,8 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
     def waiting_blocked(self) -> bool:  # pragma: no cover - abstract
         """Whether the policy's next step would admit nothing from `waiting` (the batch stays)."""
         raise NotImplementedError
+
+
+def _sequences(req: Request, forked: set[int]) -> int:
+    """The sequences a scheduled request computes: its samples once forked, else one."""
+    return req.num_samples if req.num_samples > 1 and req.request_id in forked else 1

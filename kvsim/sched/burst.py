@@ -31,6 +31,11 @@ Let B be the running batch when the burst is planned. Conditions checked (`burst
 (e) with async scheduling, no request that finished still holds its KV (`finishing`): it is released
     once the next step is planned, and its blocks (a partial last block goes to the free queue's
     head) would interleave with the burst's block takes; that step is planned as a single one.
+(f) for each of the model's sliding windows or attention chunks w (`decode_windows`: a windowed model on
+    the paged allocator, `disable_hybrid_kv_cache_manager`), every context stays on one side of w for
+    the whole burst: all ≥ w, or all ≤ w through the last step (k ≤ w − max context + 1). A step's
+    plan carries only Σ context, and min(Σ context, n · w) is Σ min(context, w), what `Scheduler.account`
+    counts step by step (`StepPlan.decode_context_in_window`), exactly then.
 
 By induction over the steps, assume steps 1..j−1 of the step-by-step run did exactly the
 burst's work. At step j:
@@ -88,6 +93,8 @@ class BurstScheduler(Protocol):
     @property
     def alloc(self) -> KVAllocator: ...
     @property
+    def decode_windows(self) -> tuple[int, ...]: ...
+    @property
     def running(self) -> list[Request]: ...
     @property
     def waiting(self) -> RequestQueue: ...
@@ -117,8 +124,8 @@ class Burst:
 
 
 def burst_batch(scheduler: BurstScheduler) -> tuple[list[int], int, int, int, int] | None:
-    """If conditions (a), (e) and the first half of (b) hold: the running batch's sequence ids, its
-    Σ, max and min context after one more token, and the most steps before a request's last token."""
+    """If conditions (a), (e), (f) and the first half of (b) hold: the running batch's sequence ids, its
+    Σ, max and min context after one more token, and the most steps (c) and (f) allow."""
     running, waiting = scheduler.running, scheduler.waiting
     if (not running or scheduler.swapped or scheduler.finishing or not scheduler.alloc.supports_bursts
             or not scheduler.allows_bursts or not scheduler.schedules_whole_decode_batch(len(running))
@@ -138,6 +145,11 @@ def burst_batch(scheduler: BurstScheduler) -> tuple[list[int], int, int, int, in
             min_context = context
         if req.output_len - num_output < max_steps:
             max_steps = req.output_len - num_output
+    for window in scheduler.decode_windows:  # (f)
+        if min_context < window:
+            if max_context > window:
+                return None
+            max_steps = min(max_steps, window - max_context + 1)
     return seq_ids, sum_context, max_context, min_context, max_steps
 
 
