@@ -12,6 +12,7 @@ from kvsim.engine.simulate import simulate
 from kvsim.latency.efficiency import DATASHEET
 from kvsim.latency.roofline import RooflineLatency, attended_windows
 from kvsim.latency.step_plan import StepPlan
+from kvsim.model.capacity import model_kv_layout
 from kvsim.model.config import load_gpu, load_model, make_engine
 from kvsim.sched.burst import burst_batch
 from kvsim.workload.scenario import resolve_scenario
@@ -27,8 +28,9 @@ def test_the_read_of_decodes_across_the_window_by_hand() -> None:
     assert roof.decode_read_bytes(2, 3100) == (3100 * 10 + 2048 * 52) * PER_LAYER  # the bound, unplanned
     for hybrid_off in (False, True):  # the kernels attend over the window either way
         engine = make_engine(max_model_len=4096, disable_hybrid_kv_cache_manager=hybrid_off)
-        assert attended_windows(GEMMA, engine) == (1024,)
-    assert attended_windows(load_model("llama-3.1-8b"), make_engine(max_model_len=4096)) == ()
+        assert attended_windows(GEMMA, engine, model_kv_layout(GEMMA, engine)) == (1024,)
+    llama, engine = load_model("llama-3.1-8b"), make_engine(max_model_len=4096)
+    assert attended_windows(llama, engine, model_kv_layout(llama, engine)) == ()
 
 
 def test_the_scheduler_counts_each_decode_inside_its_window() -> None:

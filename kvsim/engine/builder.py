@@ -271,7 +271,7 @@ def assemble_engine(spec: EngineSpec, rng: np.random.Generator) -> EngineParts:
     scheduler = make_scheduler(spec.engine.scheduler, allocator, spec.limits, rng,
                                make_request_queue(spec.engine.scheduling_policy), speculation)
     scheduler.async_scheduling = spec.async_scheduling
-    scheduler.decode_windows = attended_windows(spec.model, spec.engine)
+    scheduler.decode_windows = attended_windows(spec.model, spec.engine, spec.kv_layout)
     if type(allocator) is PagedAllocator:  # full attention only: the hybrid allocator keys blocks per group
         scheduler.offload = make_offload(spec)
     elif spec.engine.kv_offload is not None:

@@ -363,10 +363,11 @@ def attended_layout(model: ModelSpec, engine: EngineConfig) -> KVLayout:
                                                             "speculative_config": None}))
 
 
-def attended_windows(model: ModelSpec, engine: EngineConfig) -> tuple[int, ...]:
-    """The distinct sliding windows and attention chunks `model`'s layers attend over, ascending (none: ())."""
-    return tuple(sorted({g.window_tokens for g in attended_layout(model, engine).groups
-                         if g.window_tokens is not None}))
+def attended_windows(model: ModelSpec, engine: EngineConfig, layout: KVLayout) -> tuple[int, ...]:
+    """The distinct sliding windows and attention chunks `model`'s layers attend over, ascending (none: ()),
+    given the `layout` its pool is allocated in (`model_kv_layout(model, engine)`)."""
+    attended = attended_layout(model, engine) if engine.disable_hybrid_kv_cache_manager else layout
+    return tuple(sorted({g.window_tokens for g in attended.groups if g.window_tokens is not None}))
 
 
 def cohort_output_tokens_per_s(latency: LatencyModel, num_seqs: int, context_len: int,
