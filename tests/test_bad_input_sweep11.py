@@ -47,7 +47,8 @@ def test_a_plan_written_again_drops_the_earlier_plans_offload_sizing(tmp_path):
 @pytest.mark.parametrize(("item", "message"), [
     # pydantic names each member of a union in the location: `replicas.int`, a field the user never wrote,
     # and the member that fails first (an integer) where the list got as far as its bad item
-    ("replicas=[{count: 1}, 5]", "replicas.1=5: Input should be a valid dictionary or instance of ReplicaGroup"),
+    ("replicas=[{count: 1}, 5]", "replicas.1=5: a section, not one value: set its fields (count, name, model, gpu, "
+                                 "engine, kv_role), e.g. replicas.1.count=..."),
     ("replicas=abc", "replicas='abc': Input should be a valid integer, unable to parse string as an integer"),
     ("replicas={a: 1}", "replicas={'a': 1}: Input should be a valid integer"),  # the value was left out
     ("engine.speculative_config={method: ngram, num_speculative_tokens: 2, acceptance_rates: [0.5, abc]}",
@@ -68,7 +69,7 @@ def test_simulate_names_a_union_field_as_written():
     import kvsim
     from kvsim.model.errors import KvsimError
 
-    with pytest.raises(KvsimError, match=r"^replicas\.1=5: Input should be a valid dictionary"):
+    with pytest.raises(KvsimError, match=r"^replicas\.1=5: a section, not one value: set its fields \(count, "):
         kvsim.simulate(None, replicas=[{"count": 1}, 5])
 
 

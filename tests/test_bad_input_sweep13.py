@@ -80,7 +80,8 @@ def test_a_scenario_copied_with_a_good_update_is_the_scenario_given_those_fields
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ('{"workload": 1}', "workload=1: Input should be a valid dictionary or instance of Workload"),
+    ('{"workload": 1}', "workload=1: a section, not one value: set its fields (num_requests, arrival, prompt_len, "
+                        "output_len, shared_prefix, multi_turn, ...), e.g. workload.num_requests=..."),
     ("{", "scenario JSON: not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 "
           "(char 1))"),
     ('{"seed": 1, "seed": 2}', "scenario JSON: not valid JSON (duplicate key 'seed': give each key once: line 1 "

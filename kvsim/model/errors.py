@@ -207,17 +207,46 @@ def _past_union_members(errors: list[Any], first: Any, model: type | None) -> tu
     return first, tuple(part for i, part in enumerate(first["loc"]) if i not in tags)
 
 
-def _fields_at(model: type | None, loc: tuple[Any, ...]) -> list[str]:
-    """The field names of the pydantic model that `loc` (less its last part) leads to from `model`."""
+def _section_at(model: type | None, loc: tuple[Any, ...]) -> type | None:
+    """The pydantic model class that `loc` leads to from `model` (a list's entry, `replicas.1`, is its item's
+    class), or None where it leads to no model."""
     from typing import get_args
 
     for part in loc:
+        if isinstance(part, int) and model is not None:  # an entry of the list the previous part gave
+            continue
         fields = getattr(model, "model_fields", None)
         if fields is None or part not in fields:
-            return []
-        candidates = [fields[part].annotation, *get_args(fields[part].annotation)]
+            return None
+        candidates = [fields[part].annotation]
+        for candidate in list(candidates):  # `X | None`, `int | list[Group]`: two levels of arguments
+            candidates += [arg for inner in get_args(candidate) for arg in (inner, *get_args(inner))]
         model = next((c for c in candidates if isinstance(c, type) and hasattr(c, "model_fields")), None)
-    return list(getattr(model, "model_fields", {}))
+    return model
+
+
+def _fields_at(model: type | None, loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the pydantic model that `loc` leads to from `model`."""
+    return list(getattr(_section_at(model, loc), "model_fields", {}))
+
+
+def _section_hint(model: type | None, loc: tuple[Any, ...], field: str, value: Any) -> str:
+    """What to write for a section given one value (`router=least_kv`, `router: least_kv`): pydantic's "a valid
+    dictionary or instance of Router" named a class, not the form. The field of the section whose choices hold
+    `value` (`router.policy=least_kv`), else the section's fields."""
+    from typing import Literal, get_args, get_origin
+
+    section_fields = getattr(_section_at(model, loc), "model_fields", {})
+    fields = list(section_fields)
+    if not fields:
+        return ""
+    for name in fields:
+        annotation = section_fields[name].annotation
+        choices = get_args(annotation) if get_origin(annotation) is Literal else ()
+        if isinstance(value, str) and value in choices:
+            return f": set its field, {field}.{name}={value}"
+    listed = ", ".join(fields) if len(fields) <= 6 else f"{', '.join(fields[:6])}, ..."
+    return f": set its fields ({listed}), e.g. {field}.{fields[0]}=..."
 
 
 def from_validation_error(error: ValidationError, prefix: str = "", model: type | None = None) -> KvsimError:
@@ -236,7 +265,7 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         key = str(first["loc"][-1]) if first["loc"] else ""
-        fields = _fields_at(model, first["loc"][:-1]) if first["loc"] else []
+        fields = _fields_at(model, where[:-1]) if where else []
         name, colon, _ = key.partition(":")
         if colon and name.strip() in fields:  # YAML reads `{cpu_bytes:1GiB}` as one key: it needs `: `
             return KvsimError(f"{field}: unknown key; YAML needs a space after the colon: "
@@ -251,6 +280,8 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
         return KvsimError(f"{field}: {message}" if prefix or loc else message)
     if first["type"] == "int_parsing_size" and not isinstance(first.get("input"), str):  # "input string": a float
         message = "a float or a NumPy number is read as an integer only up to int64 (2**63 - 1); give an int"
+    if first["type"] == "model_type" and not isinstance(first.get("input"), dict):  # a value for a section
+        message = "a section, not one value" + _section_hint(model, where, field, first["input"])
     if isinstance(first.get("input"), bool) and first["type"] in ("string_type", "literal_error", "enum"):
         message += " (YAML reads an unquoted yes, no, on or off as true or false: quote the text, 'no')"
     return KvsimError(f"{field}={shown(first.get('input'))}: {message}")
