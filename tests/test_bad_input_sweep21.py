@@ -2,7 +2,8 @@
 value, nothing written; the Python API: a `KvsimError`), or said as it is.
 
 Found: `--set router=least_kv` (one value for a section) was refused in pydantic's words, "Input should be a valid
-dictionary or instance of Router", a class name, not the form to write (`router.policy=least_kv`).
+dictionary or instance of Router", a class name, not the form to write (`router.policy=least_kv`). An xPyD plan
+row's evidence line called the split's two instances "2 replicas" (`tests/test_plan_verify.py`).
 """
 
 from __future__ import annotations

@@ -259,18 +259,19 @@ def test_a_rate_search_never_steps_down_to_the_one_replica_its_search_refuted(tm
     assert row["searched_replicas"] == row["replicas"] == 2 and row["verify_attempts"] == "2 held"
 
 
-@pytest.mark.parametrize(("searched", "topology", "probe"), [(1, "colocated", "probe of 1 replica"),
-                                                            (None, "1P1D", "probe of 1P1D")])
-def test_evidence_line_names_the_searchs_probe(searched, topology, probe):
+@pytest.mark.parametrize(("searched", "topology", "size", "fleet", "probe"), [
+    (1, "colocated", 1, "1 replica", "probe of 1 replica"), (None, "1P1D", 2, "1P1D (2 instances)", "probe of 1P1D")])
+def test_evidence_line_names_the_searchs_probe(searched, topology, size, fleet, probe):
     """`kvsim plan --xpyd 1P1D` on the default traffic at 5 req/s answers 1 H100 colocated and a 1P1D split, each from
     a 1,000-request probe held on a 10,000-request run; their lines said `the search's probe of 1 replicas` and, for
     the split, whose size is fixed and never searched (`searched_replicas` null), `probe of None replicas`.
-    Hand-built rows of those shapes (the line reads only these fields) must name the probe as it was run."""
+    Hand-built rows of those shapes (the line reads only these fields) must name the probe as it was run, and the
+    split's fleet as its two instances (its `replicas` column), not "2 replicas"."""
     from kvsim.cli.shared import evidence_line
 
-    row = {"candidate": "h100-80gb tp1", "topology": topology, "replicas": 1, "searched_replicas": searched,
+    row = {"candidate": "h100-80gb tp1", "topology": topology, "replicas": size, "searched_replicas": searched,
            "evidence_num_requests": 10_000, "search_num_requests": 1_000, "verdict": "stable",
            "num_in_window": 6_924, "window_s": 1_383.0, "served_over_offered": 1.0}
     line = evidence_line(row)
-    assert line.startswith("evidence, h100-80gb tp1: 1 replica, 10,000-request run: stable"), line
+    assert line.startswith(f"evidence, h100-80gb tp1: {fleet}, 10,000-request run: stable"), line
     assert f"the search's {probe} (1,000 requests)" in line, line

@@ -364,9 +364,12 @@ def evidence_line(row: dict) -> str:
         return ", ".join(out)
 
     ratio, scale = row["served_over_offered"], row.get("evidence_traffic_scale", 1.0)
+    size = row.get("evidence_replicas", row["replicas"])
+    split = row.get("topology", "colocated") != "colocated"  # an xPyD split's `replicas` counts its instances
+    fleet = f"{row['topology']} ({counted(size, 'instance')})" if split else counted(size, "replica")
     traffic = f" on {scale:.4g}× the traffic" if scale != 1.0 else ""  # a rate search's long run below its count,
     #                                                                      or its one-replica probe
-    text = (f"evidence, {row['candidate']}: {counted(row.get('evidence_replicas', row['replicas']), 'replica')}, "
+    text = (f"evidence, {row['candidate']}: {fleet}, "
             f"{row['evidence_num_requests']:,}-request run{traffic}: "
             f"{row['verdict']} over its window ({row['num_in_window']:,} requests in {row['window_s']:,.0f} s, served/"
             f"offered {'-' if ratio is None else f'{ratio:.3f}'}); {slos('')}")
