@@ -15,7 +15,7 @@ parameter counts by component, which follow from the shapes (a `ModelSpec` witho
 
 Biases, MLA's latent norms, q/k norms and quantization scales are left out (each well under 0.1 % of the
 total). Bytes of those weights: `kvsim.model.weights`; the GPU and engine configs and the preset
-loaders: `kvsim.model.config`. Nearly a leaf of kvsim: it imports only `kvsim.model.units`.
+loaders: `kvsim.model.config`. Nearly a leaf of kvsim: it imports only `kvsim.model.units` and `kvsim.model.errors`.
 """
 
 from __future__ import annotations
@@ -166,11 +166,20 @@ class Settings(BaseModel):
         refuses a bad one as one `KvsimError` line naming it): pydantic's copy sets `update` unchecked, so
         `scenario.model_copy(update={"seed": -5})` ran into numpy's ValueError mid-run, `update={"replicas": 0}`
         into a ZeroDivisionError and `update={"engine": {...}}` into an AttributeError, and an unknown key was
-        kept without a word."""
+        kept without a word. A section's copy (`scenario.engine.model_copy(update={"max_num_seqs": -1})`) refuses
+        its field so too: it raised pydantic's multi-line ValidationError, no `KvsimError`."""
+        from pydantic import ValidationError
+
+        from kvsim.model.errors import from_validation_error
+
         if not update:
             return super().model_copy(deep=deep)
         # the fields given (not the defaults), so that `model_fields_set` stays what the copy's would be
-        copied = type(self).model_validate({**{name: getattr(self, name) for name in self.model_fields_set}, **update})
+        try:
+            copied = type(self).model_validate({**{name: getattr(self, name) for name in self.model_fields_set},
+                                                **update})
+        except ValidationError as error:
+            raise from_validation_error(error, model=type(self)) from None
         return copied.model_copy(deep=True) if deep else copied
 
     def refuse_unread(self, mode: str, readers: Mapping[str, Sequence[str]], show: Callable[[Any], str],
