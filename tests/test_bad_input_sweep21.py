@@ -3,7 +3,10 @@ value, nothing written; the Python API: a `KvsimError`), or said as it is.
 
 Found: `--set router=least_kv` (one value for a section) was refused in pydantic's words, "Input should be a valid
 dictionary or instance of Router", a class name, not the form to write (`router.policy=least_kv`). An xPyD plan
-row's evidence line called the split's two instances "2 replicas" (`tests/test_plan_verify.py`).
+row's evidence line called the split's two instances "2 replicas" (`tests/test_plan_verify.py`). A section's
+`model_copy(update=...)` (`scenario.engine.model_copy(update={"max_num_seqs": -1})`) raised pydantic's multi-line
+ValidationError. `run_many` given dicts of fields stopped with an AttributeError deep in the run, `workers=2.5` with
+a TypeError, and `workers=0` ran without a word.
 """
 
 from __future__ import annotations
@@ -32,3 +35,45 @@ def test_one_value_for_a_section_says_the_field_it_names(tmp_path):
     with pytest.raises(KvsimError, match=r"^workload\.arrival='poisson': a section, not one value: set its field, "
                                          r"workload\.arrival\.process=poisson$"):
         kvsim.simulate(None, workload__arrival="poisson")
+
+
+def test_a_sections_copy_refuses_a_bad_field_as_one_line():
+    """`model_copy(update=...)` validates (sweep 13) a `Scenario`'s copy; a section's copy
+    (`scenario.engine.model_copy(...)`) raised pydantic's multi-line ValidationError, no `KvsimError`. vLLM's
+    `max_num_seqs` is a count of sequences, at least 1."""
+    base = kvsim.load_scenario(None)
+    with pytest.raises(KvsimError, match=r"^max_num_seqs=-1: Input should be greater than 0$"):
+        base.engine.model_copy(update={"max_num_seqs": -1})
+    with pytest.raises(KvsimError, match=r"^num_requests=0: Input should be greater than 0$"):
+        base.workload.model_copy(update={"num_requests": 0})
+    assert base.engine.model_copy(update={"max_num_seqs": 7}).max_num_seqs == 7
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (([{"seed": 1}],), "scenarios[0]={'seed': 1}: expected a Scenario (kvsim.load_scenario(path, overrides) or "
+                       "kvsim.Scenario(**fields) makes one)"),
+    ((5,), "scenarios=5: expected a list of Scenarios"),
+    (("a.yaml",), "scenarios='a.yaml': expected a list of Scenarios"),
+    (([], 2.5), "workers=2.5: expected a count of processes, 1 or more (None: one per CPU)"),
+    (([], 0), "workers=0: expected a count of processes, 1 or more (None: one per CPU)"),
+    (([], "2"), "workers='2': expected a count of processes, 1 or more (None: one per CPU)"),
+])
+def test_run_many_refuses_what_is_no_list_of_scenarios_before_any_run(args, message):
+    """A notebook's sweep (`kvsim.planning.sweep.run_many`) given a dict of fields stopped with an AttributeError
+    ('dict' object has no attribute 'kv_transfer_config') deep in the run, 5 with a TypeError, `workers=2.5`
+    with a TypeError from the process pool, and `workers=0` ran in this process without a word."""
+    from kvsim.planning.sweep import run_many
+
+    scenarios, *workers = args
+    with pytest.raises(KvsimError) as caught:
+        run_many(scenarios, workers=workers[0] if workers else 1)
+    assert str(caught.value) == message
+
+
+def test_run_many_takes_any_iterable_of_scenarios_and_a_numpy_worker_count():
+    import numpy as np
+
+    from kvsim.planning.sweep import run_many
+
+    scenario = kvsim.load_scenario(None, {"workload.num_requests": 3})
+    assert len(run_many(iter([scenario]), workers=np.int64(1))) == 1

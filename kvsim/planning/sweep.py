@@ -9,10 +9,11 @@ Results come back in the order of `scenarios`. Each run is independent and deter
 
 from __future__ import annotations
 
+import numbers
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -108,9 +109,25 @@ def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: i
     """Simulate every scenario; `workers=1` runs in this process (no pickling); `evidence` adds each
     run's steady-state window evidence. `on_done()` is called in this process as each run finishes
     (for progress; it never changes a result). A trace shorter than a run asks is warned of once, here, when
-    the runs are done, unless the command around said it already (`kvsim.workload.generate.say_short_traces`)."""
+    the runs are done, unless the command around said it already (`kvsim.workload.generate.say_short_traces`).
+    Anything but a list of Scenarios, or a `workers` that is no count of at least 1, is a `KvsimError` before any
+    run (a dict of fields was an AttributeError deep in the run, `workers=2.5` a TypeError)."""
+    from kvsim.model.errors import shown
     from kvsim.workload.generate import say_short_traces
+    from kvsim.workload.scenario import Scenario
 
+    if isinstance(scenarios, (str, bytes, dict)) or not isinstance(scenarios, Iterable):
+        raise KvsimError(f"scenarios={shown(scenarios)}: expected a list of Scenarios")
+    scenarios = list(scenarios)
+    for i, scenario in enumerate(scenarios):
+        if not isinstance(scenario, Scenario):
+            raise KvsimError(f"scenarios[{i}]={shown(scenario)}: expected a Scenario (kvsim.load_scenario(path, "
+                             "overrides) or kvsim.Scenario(**fields) makes one)")
+    if workers is not None:  # a NumPy integer is a count too
+        if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
+            raise KvsimError(f"workers={shown(workers)}: expected a count of processes, 1 or more (None: one per "
+                             "CPU)")
+        workers = int(workers)
     results = _run_all([(s, keep_steps, evidence) for s in scenarios], workers, dask_address, on_done or (lambda: None))
     say_short_traces([r.short_trace for r in results if r.short_trace is not None])
     return results
