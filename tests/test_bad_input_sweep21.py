@@ -6,7 +6,8 @@ dictionary or instance of Router", a class name, not the form to write (`router.
 row's evidence line called the split's two instances "2 replicas" (`tests/test_plan_verify.py`). A section's
 `model_copy(update=...)` (`scenario.engine.model_copy(update={"max_num_seqs": -1})`) raised pydantic's multi-line
 ValidationError. `run_many` given dicts of fields stopped with an AttributeError deep in the run, `workers=2.5` with
-a TypeError, and `workers=0` ran without a word.
+a TypeError, and `workers=0` ran without a word. `kvsim capacity --sustained` at context lengths no probe can run at (1
+token, past max_model_len) left the sustained columns out of the CSV and the table without a word.
 """
 
 from __future__ import annotations
@@ -77,3 +78,20 @@ def test_run_many_takes_any_iterable_of_scenarios_and_a_numpy_worker_count():
 
     scenario = kvsim.load_scenario(None, {"workload.num_requests": 3})
     assert len(run_many(iter([scenario]), workers=np.int64(1))) == 1
+
+
+@pytest.mark.parametrize(("lengths", "said"), [("1", "context length 1"), ("1,200000", "context lengths 1, 200000")])
+def test_capacity_sustained_says_the_context_lengths_it_cannot_probe(lengths, said):
+    """A context of 1 token has no prompt and output to split (c/2 = 0), and 200,000 tokens exceed Llama-3.1-8B's
+    max_model_len (its max_position_embeddings, 131,072): `--sustained` simulated neither, and with no other length
+    the CSV (and the table) left its columns out without a word, as if it had never been asked for."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    result = CliRunner().invoke(app, ["capacity", "--context-lengths", lengths, "--sustained", "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        f"kvsim: warning: --sustained: no probe at {said}: a probe needs 2 tokens or more (a prompt and an output), "
+        "at most max_model_len=131072, and a KV cache that holds one"]
+    assert [line.split(",")[0] for line in result.stdout.splitlines()[1:]] == lengths.split(",")

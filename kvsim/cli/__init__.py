@@ -159,7 +159,8 @@ def capacity(
             from kvsim.planning.cost import add_sustained_costs
 
             data = add_sustained_costs(data, price, engine_gpus(engine),  # a DP group serves the probes
-                                       partial(fixed_length_scenario, model, gpu, engine))
+                                       partial(fixed_length_scenario, model, gpu, engine),
+                                       warn=lambda text: typer.echo(f"kvsim: warning: {text}", err=True))
     used = {k for r in data["rows"] for k, v in r.items() if v is not None}  # drop columns that are empty in every row
     rows = [{k: v for k, v in r.items() if k in used} for r in data["rows"]]
     if output_format in (Format.table, Format.markdown):  # CSV and JSON keep the documented 0

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, cut
 
 PRICES = Path(__file__).parents[1] / "model" / "presets" / "gpu_prices.yaml"
 
@@ -145,7 +145,8 @@ def usd_rounded(value: float | None) -> float | None:
 
 
 def add_sustained_costs(plan: dict, price: GpuPrice, num_gpus: int, scenario_for: Callable[[int], Any],
-                        num_requests: int = 200, max_requests: int = 3200) -> dict:
+                        num_requests: int = 200, max_requests: int = 3200,
+                        warn: Callable[[str], None] = lambda text: None) -> dict:
     """`kvsim capacity --sustained`: per row within max_model_len, the rate one replica sustains
     (`kvsim.planning.steady_state`, stability alone: no latency SLO, so this is its capacity) on
     `scenario_for(context_len)`'s fixed lengths, and USD per million output tokens at the output rate
@@ -156,7 +157,9 @@ def add_sustained_costs(plan: dict, price: GpuPrice, num_gpus: int, scenario_for
     same in every probe of a run length (one seed, arrivals scaled by 1 / rate), which the doubling of the
     run length does not wash out because each run repeats the shorter one's requests first. With 400
     requests a probe asked for 28.8 req/s offered 25.9 over its window and served 25.0, the exact
-    capacity of that engine (`tests/test_cli_capacity.py`)."""
+    capacity of that engine (`tests/test_cli_capacity.py`). The context lengths no probe can run at are said
+    in one line to `warn` (their sustained cells are empty: with none left, `--sustained` added nothing, and the
+    CSV and the table left its columns out without a word)."""
     from functools import partial
 
     from kvsim.planning.steady_state import search_rates
@@ -164,6 +167,11 @@ def add_sustained_costs(plan: dict, price: GpuPrice, num_gpus: int, scenario_for
     from kvsim.workload.scenario import make_scenario
 
     rows = [r for r in plan["rows"] if r.get("paged_max_seqs", 0) > 0 and r["context_len"] >= 2]  # prompt + output
+    skipped = [str(r["context_len"]) for r in plan["rows"] if r not in rows]
+    if skipped:
+        lengths = "context length" if len(skipped) == 1 else "context lengths"
+        warn(f"--sustained: no probe at {lengths} {cut(', '.join(skipped))}: a probe needs 2 tokens or more (a "
+             f"prompt and an output), at most max_model_len={plan['max_model_len']}, and a KV cache that holds one")
     bases = [scenario_for(r["context_len"]) for r in rows]
 
     def make(i: int, rate: float, n: int) -> Any:
