@@ -7,7 +7,10 @@ row's evidence line called the split's two instances "2 replicas" (`tests/test_p
 `model_copy(update=...)` (`scenario.engine.model_copy(update={"max_num_seqs": -1})`) raised pydantic's multi-line
 ValidationError. `run_many` given dicts of fields stopped with an AttributeError deep in the run, `workers=2.5` with
 a TypeError, and `workers=0` ran without a word. `kvsim capacity --sustained` at context lengths no probe can run at (1
-token, past max_model_len) left the sustained columns out of the CSV and the table without a word.
+token, past max_model_len) left the sustained columns out of the CSV and the table without a word. A Vidur mlp.csv's negative time was
+skipped as a timer that did not fire (0.0); one without `num_tokens` was a KeyError traceback; a row with a blank
+`num_tensor_parallel_workers` was left out without a word and `1.0` was "not tensor_parallel_size=1"; rows of two
+models' shapes were imported as the first row's model.
 """
 
 from __future__ import annotations
@@ -95,3 +98,74 @@ def test_capacity_sustained_says_the_context_lengths_it_cannot_probe(lengths, sa
         f"kvsim: warning: --sustained: no probe at {said}: a probe needs 2 tokens or more (a prompt and an output), "
         "at most max_model_len=131072, and a KV cache that holds one"]
     assert [line.split(",")[0] for line in result.stdout.splitlines()[1:]] == lengths.split(",")
+
+
+VIDUR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj", "mlp_act", "input_layernorm",
+             "post_attention_layernorm", "attn_rope", "add", "emb")
+VIDUR_SHAPES = "32,32,4096,11008,32768,True"  # Llama-2-7B's heads, KV heads, hidden and MLP sizes, vocab, gated
+
+
+def _vidur(tmp_path: Path, rows: list[str], header: str | None = None) -> Path:
+    """A Vidur mlp.csv of Llama-2-7B on Vidur's `a100` (an A100 80GB) with `rows` after the shapes: num_tokens,
+    num_tensor_parallel_workers and one time (ms) per op of `VIDUR_OPS`."""
+    folder = tmp_path / "data" / "profiling" / "compute" / "a100" / "meta-llama" / "Llama-2-7b-hf"
+    folder.mkdir(parents=True)
+    header = header or ("n_head,n_kv_head,n_embd,n_expanded_embd,vocab_size,use_gated_mlp,num_tokens,"
+                        "num_tensor_parallel_workers," + ",".join(f"time_stats.{op}.median" for op in VIDUR_OPS))
+    (folder / "mlp.csv").write_text("\n".join([header, *rows]) + "\n")
+    return folder / "mlp.csv"
+
+
+def _import(path: Path, tmp_path: Path, *flags: str) -> str:
+    line = one_line_exit_2(["import-profile", str(path), "-o", str(tmp_path / "out.csv"), "--model", "llama-2-7b",
+                            "--gpu", "a100-80gb", *flags])
+    assert not (tmp_path / "out.csv").exists()
+    return line.replace(str(path), "F")
+
+
+TIMES = ",".join(["0.1"] * len(VIDUR_OPS))
+
+
+def test_a_vidur_time_below_zero_is_refused_not_dropped_as_a_timer_that_did_not_fire(tmp_path):
+    """Vidur writes 0.0 for an op whose CUDA timer did not fire (kvsim skips it, its op falls back to the
+    roofline); no timer measures a negative time, and one was skipped as that 0.0 was, without a word."""
+    path = _vidur(tmp_path, [f"{VIDUR_SHAPES},1,1,-0.5," + ",".join(["0.1"] * 9),
+                             f"{VIDUR_SHAPES},512,1,{TIMES}"])
+    assert _import(path, tmp_path) == ("profile F: time_stats.attn_pre_proj.median='-0.5' is negative (a time is 0, "
+                                       "a timer that did not fire, or positive)")
+
+
+def test_a_vidur_csv_without_num_tokens_is_refused_not_a_key_error(tmp_path):
+    header = ("n_head,n_kv_head,n_embd,n_expanded_embd,vocab_size,use_gated_mlp,num_tensor_parallel_workers,"
+              + ",".join(f"time_stats.{op}.median" for op in VIDUR_OPS))
+    path = _vidur(tmp_path, [f"{VIDUR_SHAPES},1,{TIMES}"], header)
+    assert _import(path, tmp_path) == ("profile F: column 'num_tokens' is missing (Vidur's mlp.csv gives it on "
+                                       "each row)")
+
+
+def test_a_vidur_row_without_its_tp_degree_is_refused_not_left_out(tmp_path):
+    """The second row's blank num_tensor_parallel_workers left it out of a TP-1 import without a word."""
+    path = _vidur(tmp_path, [f"{VIDUR_SHAPES},1,1,{TIMES}", f"{VIDUR_SHAPES},512,,{TIMES}"])
+    assert _import(path, tmp_path) == "profile F: line 3: num_tensor_parallel_workers='' is not a whole number >= 1"
+
+
+def test_a_vidur_tp_degree_written_as_a_float_is_that_degree(tmp_path):
+    """pandas writes an integer column holding a blank as floats (`1.0`): it was 'measured at
+    num_tensor_parallel_workers 1.0, not tensor_parallel_size=1'."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    path = _vidur(tmp_path, [f"{VIDUR_SHAPES},1,1.0,{TIMES}", f"{VIDUR_SHAPES},512,1.0,{TIMES}"])
+    result = CliRunner().invoke(app, ["import-profile", str(path), "-o", str(tmp_path / "out.csv"), "--model",
+                                      "llama-2-7b", "--gpu", "a100-80gb"])
+    assert result.exit_code == 0, result.output
+    assert "(20 rows," in result.stdout  # 10 ops at each of the 2 token counts
+
+
+def test_vidur_rows_of_two_models_are_refused(tmp_path):
+    """Only the first row's shapes were read (and checked against the model): a row of a 5120-wide model (a
+    13B's hidden size) was imported into Llama-2-7B's profile."""
+    path = _vidur(tmp_path, [f"{VIDUR_SHAPES},1,1,{TIMES}", f"32,32,5120,11008,32768,True,512,1,{TIMES}"])
+    assert _import(path, tmp_path) == ("profile F: the rows disagree on n_embd (4096, 5120): one model's profile per "
+                                       "file")

@@ -21,7 +21,7 @@ import zlib
 from pathlib import Path
 
 from kvsim.latency.profiles import Profile, find_source
-from kvsim.model.errors import KvsimError, reading
+from kvsim.model.errors import KvsimError, cut, reading
 from kvsim.model.units import read_number
 from kvsim.workload.files import csv_rows, first_ragged, open_text
 
@@ -60,6 +60,19 @@ def _time_column(fields: list[str], op: str) -> str | None:
     return None
 
 
+def _workers(cell: str | None, index: int, path: Path) -> int:
+    """A row's num_tensor_parallel_workers, a whole number >= 1 (`2.0` too, as pandas may write it); a blank or
+    other cell is refused (a blank one left its row out without a word, `2.0` was 'not tensor_parallel_size=2')."""
+    try:
+        workers = read_number(cell, float)
+    except (TypeError, ValueError):
+        workers = math.nan
+    if not (workers >= 1 and workers.is_integer()):
+        raise KvsimError(f"profile {path}: line {index + 2}: num_tensor_parallel_workers={cell!r} is not a whole "
+                         "number >= 1")
+    return int(workers)
+
+
 def read_vidur_mlp(path: Path, tp: int) -> Profile:
     """Import the rows of `path` measured at `tp` tensor-parallel workers."""
     with reading(path, "profile"), open_text(path, newline="") as f:  # a truncated .gz was a bare EOFError
@@ -69,15 +82,23 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
     columns = {op: _time_column(fields, op) for op in OPS}
     if not any(columns.values()):
         raise KvsimError(f"profile {path}: a Vidur mlp.csv without time_stats.<op>.median columns")
-    mine = [r for r in table if r.get("num_tensor_parallel_workers") == str(tp)]
-    if not mine:
-        have = sorted({r.get("num_tensor_parallel_workers", "?") for r in table})
-        raise KvsimError(f"profile {path}: measured at num_tensor_parallel_workers {', '.join(have)}, "
-                         f"not tensor_parallel_size={tp}")
+    for column in ("num_tokens", "num_tensor_parallel_workers"):  # a missing num_tokens was a KeyError traceback
+        if column not in fields:
+            raise KvsimError(f"profile {path}: column {column!r} is missing (Vidur's mlp.csv gives it on each row)")
     short = first_ragged(table)
     if short is not None:
         raise KvsimError(f"profile {path}: line {short + 2} does not have the header's {len(fields)} fields "
                          "(a truncated or malformed file)")
+    workers = [_workers(r["num_tensor_parallel_workers"], i, path) for i, r in enumerate(table)]
+    mine = [r for r, n in zip(table, workers, strict=True) if n == tp]
+    if not mine:
+        raise KvsimError(f"profile {path}: measured at num_tensor_parallel_workers "
+                         f"{', '.join(map(str, sorted(set(workers))))}, not tensor_parallel_size={tp}")
+    for column in SHAPES:  # one model's rows: only the first row's shapes were checked against the model
+        values = list(dict.fromkeys(r.get(column) for r in table))
+        if len(values) > 1:
+            raise KvsimError(f"profile {path}: the rows disagree on {column} ({cut(', '.join(map(str, values)))}): "
+                             "one model's profile per file")
     rows = []
     for r in mine:
         for op, column in columns.items():
@@ -89,7 +110,10 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
                 raise KvsimError(f"profile {path}: {column}={r[column]!r} is not a number") from None
             if math.isnan(seconds):  # dropped as a timer that did not fire, while an inf was refused
                 raise KvsimError(f"profile {path}: {column}={r[column]!r} is not a number")
-            if not seconds > 0:  # Vidur writes 0.0 for an op whose timer did not fire; skip it
+            if seconds < 0:  # dropped as a timer that did not fire, without a word
+                raise KvsimError(f"profile {path}: {column}={r[column]!r} is negative (a time is 0, a timer that did "
+                                 "not fire, or positive)")
+            if seconds == 0:  # Vidur writes 0.0 for an op whose timer did not fire; skip it
                 continue
             kind, name, calls = OPS[op]
             rows.append({"kind": kind, "op": name, "num_tokens": r["num_tokens"], "time_s": repr(seconds),
