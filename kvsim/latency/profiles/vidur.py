@@ -94,10 +94,10 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
     if not mine:
         raise KvsimError(f"profile {path}: measured at num_tensor_parallel_workers "
                          f"{', '.join(map(str, sorted(set(workers))))}, not tensor_parallel_size={tp}")
-    for column in SHAPES:  # one model's rows: only the first row's shapes were checked against the model
-        values = list(dict.fromkeys(r.get(column) for r in table))
+    for shape in SHAPES:  # one model's rows: only the first row's shapes were checked against the model
+        values = list(dict.fromkeys(r.get(shape) for r in table))
         if len(values) > 1:
-            raise KvsimError(f"profile {path}: the rows disagree on {column} ({cut(', '.join(map(str, values)))}): "
+            raise KvsimError(f"profile {path}: the rows disagree on {shape} ({cut(', '.join(map(str, values)))}): "
                              "one model's profile per file")
     rows = []
     for r in mine:
