@@ -82,9 +82,9 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
     columns = {op: _time_column(fields, op) for op in OPS}
     if not any(columns.values()):
         raise KvsimError(f"profile {path}: a Vidur mlp.csv without time_stats.<op>.median columns")
-    for column in ("num_tokens", "num_tensor_parallel_workers"):  # a missing num_tokens was a KeyError traceback
-        if column not in fields:
-            raise KvsimError(f"profile {path}: column {column!r} is missing (Vidur's mlp.csv gives it on each row)")
+    for needed in ("num_tokens", "num_tensor_parallel_workers"):  # a missing num_tokens was a KeyError traceback
+        if needed not in fields:
+            raise KvsimError(f"profile {path}: column {needed!r} is missing (Vidur's mlp.csv gives it on each row)")
     short = first_ragged(table)
     if short is not None:
         raise KvsimError(f"profile {path}: line {short + 2} does not have the header's {len(fields)} fields "
