@@ -10,7 +10,7 @@ a TypeError, and `workers=0` ran without a word. `kvsim capacity --sustained` at
 token, past max_model_len) left the sustained columns out of the CSV and the table without a word. A Vidur mlp.csv's negative time was
 skipped as a timer that did not fire (0.0); one without `num_tokens` was a KeyError traceback; a row with a blank
 `num_tensor_parallel_workers` was left out without a word and `1.0` was "not tensor_parallel_size=1"; rows of two
-models' shapes were imported as the first row's model.
+models' shapes were imported as the first row's model. A run at 1e-9 req/s printed `0 output tok/s`.
 """
 
 from __future__ import annotations
@@ -169,3 +169,22 @@ def test_vidur_rows_of_two_models_are_refused(tmp_path):
     path = _vidur(tmp_path, [f"{VIDUR_SHAPES},1,1,{TIMES}", f"32,32,5120,11008,32768,True,512,1,{TIMES}"])
     assert _import(path, tmp_path) == ("profile F: the rows disagree on n_embd (4096, 5120): one model's profile per "
                                        "file")
+
+
+def test_a_run_at_a_rate_of_one_request_a_billion_seconds_ends_and_says_its_throughput(tmp_path):
+    """Three requests at 1e-9 req/s arrive over about 3e9 simulated seconds: the run ends (the clock jumps from
+    event to event), every request is served, and its throughput table said `0 output tok/s` for the
+    (positive) tokens it served over that time."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    result = CliRunner().invoke(app, ["run", "--set", "workload.num_requests=3", "--set",
+                                      "workload.arrival.rate=1e-9", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["num_finished"] == 3 and summary["duration_s"] > 1e8
+    assert f"{summary['output_tokens_per_s']:.3g} output tok/s" in result.stdout
+    assert 0 < summary["output_tokens_per_s"] < 1e-4  # at most some thousand tokens over more than 1e8 s

@@ -117,7 +117,7 @@ def summary_table(summary: dict[str, Any]):  # -> rich.table.Table
                      f"{summary['allocator']} / {scheduler}, latency {summary['latency_model']}"),
         ("requests", f"{summary['num_finished']:,} finished, {summary['num_rejected']:,} rejected "
                      f"of {summary['num_requests']:,} in {summary['duration_s']:.2f} s simulated"),
-        ("throughput", f"{summary['requests_per_s']:.3g} req/s, {summary['output_tokens_per_s']:,.0f} output tok/s"),
+        ("throughput", f"{summary['requests_per_s']:.3g} req/s, {_rate(summary['output_tokens_per_s'])} output tok/s"),
         ("TTFT (s)", pct(summary["ttft_s"])),
         ("TPOT (s)", pct(summary["tpot_s"])),
         ("E2E (s)", pct(summary["e2e_s"])),
@@ -212,3 +212,9 @@ def _duration(value: Any) -> str:
     if value is None or value != value:
         return ""
     return f"{value * 1e3:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
+
+
+def _rate(per_s: float) -> str:
+    """A rate as a whole number with thousands separators from 1 a second up (`2,697`), to 3 significant digits
+    below it: a run at 1e-9 req/s served 1.7e-07 output tokens a second, printed as `0 output tok/s`."""
+    return f"{per_s:,.0f}" if per_s >= 1 or per_s == 0 else f"{per_s:.3g}"
