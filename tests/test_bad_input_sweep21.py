@@ -11,6 +11,7 @@ token, past max_model_len) left the sustained columns out of the CSV and the tab
 skipped as a timer that did not fire (0.0); one without `num_tokens` was a KeyError traceback; a row with a blank
 `num_tensor_parallel_workers` was left out without a word and `1.0` was "not tensor_parallel_size=1"; rows of two
 models' shapes were imported as the first row's model. A run at 1e-9 req/s printed `0 output tok/s`.
+`kvsim.Scenario(model=Path(...))` (and its copy, `model_validate`) refused the Path that `kvsim.simulate` reads.
 """
 
 from __future__ import annotations
@@ -188,3 +189,14 @@ def test_a_run_at_a_rate_of_one_request_a_billion_seconds_ends_and_says_its_thro
     assert summary["num_finished"] == 3 and summary["duration_s"] > 1e8
     assert f"{summary['output_tokens_per_s']:.3g} output tok/s" in result.stdout
     assert 0 < summary["output_tokens_per_s"] < 1e-4  # at most some thousand tokens over more than 1e8 s
+
+
+def test_a_scenario_built_in_python_takes_a_path_as_kvsim_simulate_does():
+    """`kvsim.simulate({"gpu": Path(...)})` reads the Path as its text; `kvsim.Scenario(gpu=Path(...))`, its copy and
+    `Scenario.model_validate` refused it: "Input should be a valid string"."""
+    gpu = ROOT / "kvsim" / "model" / "presets" / "models" / "llama-2-7b.json"  # any file: only the text is read
+    fields = {"model": gpu, "workload": {"num_requests": 1, "prompt_len": {"dist": "fixed", "value": 8},
+                                         "output_len": {"dist": "fixed", "value": 8}}}
+    assert kvsim.Scenario(**fields).model == str(gpu)
+    assert kvsim.Scenario.model_validate(fields).model == str(gpu)
+    assert kvsim.load_scenario(None).model_copy(update={"model": gpu}).model == str(gpu)

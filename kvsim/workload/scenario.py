@@ -295,8 +295,10 @@ class Scenario(Settings):
     @model_validator(mode="before")
     @classmethod
     def _groups_settled(cls, data: Any) -> Any:
-        """Bad groups named, a group's prefix caching settled (`kvsim.workload.fleet_layout.settled_groups`)."""
-        return settled_groups(data)
+        """Bad groups named, a group's prefix caching settled (`kvsim.workload.fleet_layout.settled_groups`); a
+        `pathlib.Path` read as its text, as `kvsim.simulate` reads it (`Scenario(model=Path(...))` was "Input
+        should be a valid string")."""
+        return settled_groups(path_texts(data))
 
     @model_validator(mode="after")
     def _speculation_single_sequence(self) -> Scenario:
@@ -434,7 +436,7 @@ def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
     if "base_dir" in raw:  # the field kvsim sets: given in a file, it was replaced without a word
         raise KvsimError(f"base_dir={shown(raw['base_dir'])}: unknown key (kvsim resolves a scenario's relative "
                          "paths from the folder of its file)")
-    return Scenario.model_validate({**path_texts(raw), "base_dir": str(base_dir)})  # not **raw: a key may not be a str
+    return Scenario.model_validate({**raw, "base_dir": str(base_dir)})  # not **raw: a key may not be a str
 
 
 def resolve_scenario(scenario: Scenario | str | Path | Mapping[str, Any] | None,
