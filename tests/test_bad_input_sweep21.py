@@ -36,6 +36,9 @@ def test_one_value_for_a_section_says_the_field_it_names(tmp_path):
     assert one_line_exit_2([*argv[:2], "--set", "router=3", *argv[2:]]) == (
         "router=3: a section, not one value: set its fields (policy, load_bound, load_slack, match_threshold), "
         "e.g. router.policy=...")
+    assert one_line_exit_2([*argv[:2], "--set", "workload.prompt_len=512", *argv[2:]]) == (
+        "workload.prompt_len=512: a section, not one value: give workload.prompt_len={dist: fixed, ...} (dist: fixed, "
+        "uniform, lognormal, empirical)")  # it was pydantic's "a valid dictionary or object to extract fields from"
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(KvsimError, match=r"^workload\.arrival='poisson': a section, not one value: set its field, "
                                          r"workload\.arrival\.process=poisson$"):

@@ -239,7 +239,7 @@ def _section_hint(model: type | None, loc: tuple[Any, ...], field: str, value: A
     section_fields = getattr(_section_at(model, loc), "model_fields", {})
     fields = list(section_fields)
     if not fields:
-        return ""
+        return _tagged_hint(model, loc, field)
     for name in fields:
         annotation = section_fields[name].annotation
         choices = get_args(annotation) if get_origin(annotation) is Literal else ()
@@ -247,6 +247,28 @@ def _section_hint(model: type | None, loc: tuple[Any, ...], field: str, value: A
             return f": set its field, {field}.{name}={value}"
     listed = ", ".join(fields) if len(fields) <= 6 else f"{', '.join(fields[:6])}, ..."
     return f": set its fields ({listed}), e.g. {field}.{fields[0]}=..."
+
+
+def _tagged_hint(model: type | None, loc: tuple[Any, ...], field: str) -> str:
+    """For a field that is one of several sections told apart by a tag (`prompt_len`: `{dist: fixed, value: 512}`,
+    `{dist: uniform, ...}`): the tag and its values; "" for any other field."""
+    from typing import get_args
+
+    parent = _section_at(model, loc[:-1]) if loc else None
+    info = getattr(parent, "model_fields", {}).get(loc[-1]) if loc else None
+    if info is None:
+        return ""
+    pending, tag, members = [info.annotation, *info.metadata], None, []
+    while pending:  # `X | None`, `Annotated[A | B, Field(discriminator=...)]`: their arguments and metadata
+        item = pending.pop(0)
+        tag = tag or (getattr(item, "discriminator", None) if isinstance(getattr(item, "discriminator", None), str)
+                      else None)
+        if hasattr(item, "model_fields"):
+            members.append(item)
+        else:
+            pending += [*get_args(item), *getattr(item, "__metadata__", ())]
+    values = [str(v) for m in members for v in get_args(m.model_fields[tag].annotation)] if tag else []
+    return f": give {field}={{{tag}: {values[0]}, ...}} ({tag}: {', '.join(values)})" if values else ""
 
 
 def from_validation_error(error: ValidationError, prefix: str = "", model: type | None = None) -> KvsimError:
@@ -280,7 +302,8 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
         return KvsimError(f"{field}: {message}" if prefix or loc else message)
     if first["type"] == "int_parsing_size" and not isinstance(first.get("input"), str):  # "input string": a float
         message = "a float or a NumPy number is read as an integer only up to int64 (2**63 - 1); give an int"
-    if first["type"] == "model_type" and not isinstance(first.get("input"), dict):  # a value for a section
+    if first["type"] in ("model_type", "model_attributes_type") and not isinstance(first.get("input"), dict):
+        # a value for a section (model_attributes_type: for one of several told apart by a tag)
         message = "a section, not one value" + _section_hint(model, where, field, first["input"])
     if isinstance(first.get("input"), bool) and first["type"] in ("string_type", "literal_error", "enum"):
         message += " (YAML reads an unquoted yes, no, on or off as true or false: quote the text, 'no')"
