@@ -402,7 +402,8 @@ CASES = [
     ("vidur-no-heads", vidur("0,32,4096,11008,32000,True,1,1,0.05,0.2"), IMPORT_V,
      "mlp.csv: n_head='0' must be a positive whole number"),
     ("vidur-all-negative", vidur(VIDUR_ROW.format(tokens=1, ms=-0.05), VIDUR_ROW.format(tokens=2, ms=-0.06)), IMPORT_V,
-     "mlp.csv: no usable rows"),
+     "mlp.csv: time_stats.attn_pre_proj.median='-0.05' is negative (a time is 0, a timer that did not fire, or "
+     "positive)"),  # was "no usable rows": the negative times left out as timers that did not fire (sweep 21)
     ("vidur-truncated", vidur(VIDUR_ROW.format(tokens=1, ms=0.05), "32,32,4096,11008,32000,True,2,1,0.06"), IMPORT_V,
      "mlp.csv: line 3 does not have the header's 10 fields (a truncated or malformed file)"),
     # --- disaggregated prefill/decode (kvsim.fleet.disagg)
