@@ -5,7 +5,8 @@ Found: `--set router=least_kv` (one value for a section) was refused in pydantic
 dictionary or instance of Router", a class name, not the form to write (`router.policy=least_kv`). An xPyD plan
 row's evidence line called the split's two instances "2 replicas" (`tests/test_plan_verify.py`). A section's
 `model_copy(update=...)` (`scenario.engine.model_copy(update={"max_num_seqs": -1})`) raised pydantic's multi-line
-ValidationError. `run_many` given dicts of fields stopped with an AttributeError deep in the run, `workers=2.5` with
+ValidationError. `run_many` and the fleet APIs (`simulate_fleet`, `simulate_disagg`) given dicts of fields stopped with an
+AttributeError deep in the run, `workers=2.5` with
 a TypeError, and `workers=0` ran without a word. `kvsim capacity --sustained` at context lengths no probe can run at (1
 token, past max_model_len) left the sustained columns out of the CSV and the table without a word. A Vidur mlp.csv's negative time was
 skipped as a timer that did not fire (0.0); one without `num_tokens` was a KeyError traceback; a row with a blank
@@ -203,3 +204,17 @@ def test_a_scenario_built_in_python_takes_a_path_as_kvsim_simulate_does():
     assert kvsim.Scenario(**fields).model == str(gpu)
     assert kvsim.Scenario.model_validate(fields).model == str(gpu)
     assert kvsim.load_scenario(None).model_copy(update={"model": gpu}).model == str(gpu)
+
+
+@pytest.mark.parametrize("where", ["kvsim.fleet.driver:simulate_fleet", "kvsim.fleet.disagg:simulate_disagg",
+                                   "kvsim.fleet.run:simulate_scenario"])
+def test_the_fleet_apis_refuse_a_dict_of_fields_in_one_line(where):
+    """The notebooks' fleet APIs take a `Scenario` (`kvsim.simulate` takes a dict too): a dict stopped with
+    "AttributeError: 'dict' object has no attribute 'replicas'" inside the run."""
+    import importlib
+
+    module, name = where.split(":")
+    with pytest.raises(KvsimError) as caught:
+        getattr(importlib.import_module(module), name)({"replicas": 2})
+    assert str(caught.value) == ("scenario={'replicas': 2}: expected a Scenario (kvsim.load_scenario(path, overrides) "
+                                 "or kvsim.Scenario(**fields) makes one)")

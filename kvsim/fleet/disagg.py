@@ -76,7 +76,7 @@ from kvsim.workload.fleet_layout import KVTransferConfig
 from kvsim.workload.fleet_layout import Router as RouterConfig
 from kvsim.workload.generate import MAX_INSTANT_S
 from kvsim.workload.request import Request, RequestStatus
-from kvsim.workload.scenario import Scenario
+from kvsim.workload.scenario import Scenario, expect_scenario
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -355,6 +355,7 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
     as a colocated fleet's)."""
     import pandas as pd
 
+    expect_scenario(scenario)
     check_engines_memory(scenario, replica_groups(scenario), memory_limit_bytes,
                          steps_in_memory=scenario.steps == "all")
     specs = replica_scenarios(scenario)

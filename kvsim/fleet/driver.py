@@ -46,7 +46,7 @@ from kvsim.results.run_result import RunResult, write_run_files
 from kvsim.results.step_writer import StepsFormat, StepWriter, concat_step_files
 from kvsim.workload.generate import iter_requests
 from kvsim.workload.request import Request
-from kvsim.workload.scenario import Scenario, make_scenario
+from kvsim.workload.scenario import Scenario, expect_scenario, make_scenario
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -192,6 +192,7 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     `memory_limit_bytes` [the machine's memory] is refused before any replica is built or any folder
     made (`kvsim.results.budget.check_engines_memory`).
     """
+    expect_scenario(scenario)
     check_engines_memory(scenario, replica_groups(scenario), memory_limit_bytes,
                          steps_in_memory=scenario.steps == "all" and out_dir is None)
     if out_dir is None:

@@ -28,6 +28,9 @@ def simulate_scenario(scenario: Scenario, check: bool = False, progress: Progres
     """Simulate `scenario`, whatever its kind (module docstring); `out_dir`: write the run there
     (`RunResult.write`'s files and rules; a single engine and a static fleet stream their steps into it as
     they run). `memory_limit_bytes` refuses up front what cannot fit (every kind of run)."""
+    from kvsim.workload.scenario import expect_scenario
+
+    expect_scenario(scenario)
     if scenario.kv_transfer_config is not None or scenario.autoscaler is not None:
         if scenario.kv_transfer_config is not None:
             from kvsim.fleet.disagg import simulate_disagg

@@ -114,15 +114,11 @@ def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: i
     run (a dict of fields was an AttributeError deep in the run, `workers=2.5` a TypeError)."""
     from kvsim.model.errors import shown
     from kvsim.workload.generate import say_short_traces
-    from kvsim.workload.scenario import Scenario
+    from kvsim.workload.scenario import expect_scenario
 
     if isinstance(scenarios, (str, bytes, dict)) or not isinstance(scenarios, Iterable):
         raise KvsimError(f"scenarios={shown(scenarios)}: expected a list of Scenarios")
-    scenarios = list(scenarios)
-    for i, scenario in enumerate(scenarios):
-        if not isinstance(scenario, Scenario):
-            raise KvsimError(f"scenarios[{i}]={shown(scenario)}: expected a Scenario (kvsim.load_scenario(path, "
-                             "overrides) or kvsim.Scenario(**fields) makes one)")
+    scenarios = [expect_scenario(scenario, f"scenarios[{i}]") for i, scenario in enumerate(scenarios)]
     if workers is not None:  # a NumPy integer is a count too
         if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
             raise KvsimError(f"workers={shown(workers)}: expected a count of processes, 1 or more (None: one per "

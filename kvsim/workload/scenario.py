@@ -439,6 +439,15 @@ def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
     return Scenario.model_validate({**raw, "base_dir": str(base_dir)})  # not **raw: a key may not be a str
 
 
+def expect_scenario(value: Any, name: str = "scenario") -> Scenario:
+    """`value` when it is a `Scenario`, else a `KvsimError` naming it: the fleet APIs and `run_many` given a dict of
+    fields stopped with an AttributeError deep in the run (`kvsim.simulate` takes a dict; they take a Scenario)."""
+    if not isinstance(value, Scenario):
+        raise KvsimError(f"{name}={shown(value)}: expected a Scenario (kvsim.load_scenario(path, overrides) or "
+                         "kvsim.Scenario(**fields) makes one)")
+    return value
+
+
 def resolve_scenario(scenario: Scenario | str | Path | Mapping[str, Any] | None,
                      overrides: Overrides = ()) -> Scenario:
     """A `Scenario` from a Scenario, a YAML path, a dict of scenario fields or None (the built-in
