@@ -2,17 +2,18 @@
 value, nothing written; the Python API: a `KvsimError`), or said as it is.
 
 Found: `--set router=least_kv` (one value for a section) was refused in pydantic's words, "Input should be a valid
-dictionary or instance of Router", a class name, not the form to write (`router.policy=least_kv`). An xPyD plan
+dictionary or instance of Router", a class name, not the form to write (`router.policy=least_kv`), and
+`workload.prompt_len=512` as "a valid dictionary or object to extract fields from" (it takes `{dist: ...}`). An xPyD plan
 row's evidence line called the split's two instances "2 replicas" (`tests/test_plan_verify.py`). A section's
 `model_copy(update=...)` (`scenario.engine.model_copy(update={"max_num_seqs": -1})`) raised pydantic's multi-line
-ValidationError. `run_many` and the fleet APIs (`simulate_fleet`, `simulate_disagg`) given dicts of fields stopped with an
-AttributeError deep in the run, `workers=2.5` with
-a TypeError, and `workers=0` ran without a word. `kvsim capacity --sustained` at context lengths no probe can run at (1
-token, past max_model_len) left the sustained columns out of the CSV and the table without a word. A Vidur mlp.csv's negative time was
-skipped as a timer that did not fire (0.0); one without `num_tokens` was a KeyError traceback; a row with a blank
-`num_tensor_parallel_workers` was left out without a word and `1.0` was "not tensor_parallel_size=1"; rows of two
-models' shapes were imported as the first row's model. A run at 1e-9 req/s printed `0 output tok/s`.
-`kvsim.Scenario(model=Path(...))` (and its copy, `model_validate`) refused the Path that `kvsim.simulate` reads.
+ValidationError. `run_many` and the fleet APIs (`simulate_fleet`, `simulate_disagg`) given dicts of fields stopped
+with an AttributeError deep in the run, `workers=2.5` with a TypeError, and `workers=0` ran without a word. `kvsim
+capacity --sustained` at context lengths no probe can run at (1 token, past max_model_len) left the sustained
+columns out of the CSV and the table without a word. A Vidur mlp.csv's negative time was skipped as a timer that did
+not fire (0.0); one without `num_tokens` was a KeyError traceback; a row with a blank `num_tensor_parallel_workers`
+was left out without a word and `1.0` was "not tensor_parallel_size=1"; rows of two models' shapes were imported as
+the first row's model. A run at 1e-9 req/s printed `0 output tok/s`. `kvsim.Scenario(model=Path(...))` (and its
+copy, `model_validate`) refused the Path that `kvsim.simulate` reads.
 """
 
 from __future__ import annotations
