@@ -59,24 +59,27 @@ def test_a_sections_copy_refuses_a_bad_field_as_one_line():
     assert base.engine.model_copy(update={"max_num_seqs": 7}).max_num_seqs == 7
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (([{"seed": 1}],), "scenarios[0]={'seed': 1}: expected a Scenario (kvsim.load_scenario(path, overrides) or "
-                       "kvsim.Scenario(**fields) makes one)"),
-    ((5,), "scenarios=5: expected a list of Scenarios"),
-    (("a.yaml",), "scenarios='a.yaml': expected a list of Scenarios"),
-    (([], 2.5), "workers=2.5: expected a count of processes, 1 or more (None: one per CPU)"),
-    (([], 0), "workers=0: expected a count of processes, 1 or more (None: one per CPU)"),
-    (([], "2"), "workers='2': expected a count of processes, 1 or more (None: one per CPU)"),
+@pytest.mark.parametrize(("scenarios", "workers", "options", "message"), [
+    ([{"seed": 1}], 1, {}, "scenarios[0]={'seed': 1}: expected a Scenario (kvsim.load_scenario(path, overrides) or "
+                           "kvsim.Scenario(**fields) makes one)"),
+    (5, 1, {}, "scenarios=5: expected a list of Scenarios"),
+    ("a.yaml", 1, {}, "scenarios='a.yaml': expected a list of Scenarios"),
+    ([], 2.5, {}, "workers=2.5: expected a count of processes, 1 or more (None: one per CPU)"),
+    ([], 0, {}, "workers=0: expected a count of processes, 1 or more (None: one per CPU)"),
+    ([], "2", {}, "workers='2': expected a count of processes, 1 or more (None: one per CPU)"),
+    ([], 1, {"on_done": 5}, "on_done=5: expected a function of no arguments, or None"),
+    ([], 1, {"keep_steps": "no"}, "keep_steps='no': expected True or False"),
+    ([], 1, {"evidence": 1}, "evidence=1: expected True or False"),
 ])
-def test_run_many_refuses_what_is_no_list_of_scenarios_before_any_run(args, message):
+def test_run_many_refuses_what_is_no_list_of_scenarios_before_any_run(scenarios, workers, options, message):
     """A notebook's sweep (`kvsim.planning.sweep.run_many`) given a dict of fields stopped with an AttributeError
     ('dict' object has no attribute 'kv_transfer_config') deep in the run, 5 with a TypeError, `workers=2.5`
-    with a TypeError from the process pool, and `workers=0` ran in this process without a word."""
+    with a TypeError from the process pool, `on_done=5` with a TypeError after the first run (its work lost),
+    `keep_steps="no"` kept every step, and `workers=0` ran in this process without a word."""
     from kvsim.planning.sweep import run_many
 
-    scenarios, *workers = args
     with pytest.raises(KvsimError) as caught:
-        run_many(scenarios, workers=workers[0] if workers else 1)
+        run_many(scenarios, workers=workers, **options)
     assert str(caught.value) == message
 
 

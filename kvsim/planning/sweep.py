@@ -110,8 +110,9 @@ def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: i
     run's steady-state window evidence. `on_done()` is called in this process as each run finishes
     (for progress; it never changes a result). A trace shorter than a run asks is warned of once, here, when
     the runs are done, unless the command around said it already (`kvsim.workload.generate.say_short_traces`).
-    Anything but a list of Scenarios, or a `workers` that is no count of at least 1, is a `KvsimError` before any
-    run (a dict of fields was an AttributeError deep in the run, `workers=2.5` a TypeError)."""
+    Anything but a list of Scenarios, a `workers` that is no count of at least 1, a `keep_steps` or `evidence` that
+    is no bool or an `on_done` that is no function is a `KvsimError` before any run (a dict of fields was an
+    AttributeError deep in the run, `workers=2.5` and `on_done=5` a TypeError)."""
     from kvsim.model.errors import shown
     from kvsim.workload.generate import say_short_traces
     from kvsim.workload.scenario import expect_scenario
@@ -124,6 +125,11 @@ def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: i
             raise KvsimError(f"workers={shown(workers)}: expected a count of processes, 1 or more (None: one per "
                              "CPU)")
         workers = int(workers)
+    for name, flag in (("keep_steps", keep_steps), ("evidence", evidence)):  # "no" kept steps, as truthy text
+        if not isinstance(flag, bool):
+            raise KvsimError(f"{name}={shown(flag)}: expected True or False")
+    if on_done is not None and not callable(on_done):  # a TypeError after the first run, its work lost
+        raise KvsimError(f"on_done={shown(on_done)}: expected a function of no arguments, or None")
     results = _run_all([(s, keep_steps, evidence) for s in scenarios], workers, dask_address, on_done or (lambda: None))
     say_short_traces([r.short_trace for r in results if r.short_trace is not None])
     return results
