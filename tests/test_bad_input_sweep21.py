@@ -222,3 +222,11 @@ def test_the_fleet_apis_refuse_a_dict_of_fields_in_one_line(where):
         getattr(importlib.import_module(module), name)({"replicas": 2})
     assert str(caught.value) == ("scenario={'replicas': 2}: expected a Scenario (kvsim.load_scenario(path, overrides) "
                                  "or kvsim.Scenario(**fields) makes one)")
+
+
+def test_a_pool_of_one_block_is_not_called_1_blocks():
+    """Llama-3.1-8B's 131,072 positions take 131,072 / 16 = 8,192 blocks of 2 MiB (32 layers x 8 KV heads x 128 x 2
+    x 2 B x 16 tokens): 16 GiB, against an override of one block. The line said "(1 blocks)"."""
+    assert one_line_exit_2(["capacity", "--num-gpu-blocks-override", "1"]) == (
+        "max_model_len=131072: one request needs 16.00 GiB of KV cache, the pool holds 0.00 GiB (1 block); decrease "
+        "max_model_len or give the KV cache more memory")

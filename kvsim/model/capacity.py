@@ -191,7 +191,8 @@ def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, *, layo
     needed = layout.blocks_per_request(max_model_len, engine.resolved_max_num_batched_tokens(max_model_len, gpu))
     if blocks < needed:
         raise KvsimError(f"max_model_len={max_model_len}: one request needs {needed * per_block / GIB:.2f} GiB of "
-                         f"KV cache, the pool holds {pool / GIB:.2f} GiB ({blocks:,} blocks); decrease "
+                         f"KV cache, the pool holds {pool / GIB:.2f} GiB ({blocks:,} "
+                         f"{'block' if blocks == 1 else 'blocks'}); decrease "
                          "max_model_len or give the KV cache more memory")
     return blocks
 
