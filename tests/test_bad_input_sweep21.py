@@ -13,7 +13,8 @@ columns out of the CSV and the table without a word. A Vidur mlp.csv's negative 
 not fire (0.0); one without `num_tokens` was a KeyError traceback; a row with a blank `num_tensor_parallel_workers`
 was left out without a word and `1.0` was "not tensor_parallel_size=1"; rows of two models' shapes were imported as
 the first row's model. A run at 1e-9 req/s printed `0 output tok/s`. `kvsim.Scenario(model=Path(...))` (and its
-copy, `model_validate`) refused the Path that `kvsim.simulate` reads.
+copy, `model_validate`) refused the Path that `kvsim.simulate` reads. A profile row without the size its kind is
+looked up by (a gemm's num_tokens) stopped a calibrated run with a ValueError traceback.
 """
 
 from __future__ import annotations
@@ -230,3 +231,24 @@ def test_a_pool_of_one_block_is_not_called_1_blocks():
     assert one_line_exit_2(["capacity", "--num-gpu-blocks-override", "1"]) == (
         "max_model_len=131072: one request needs 16.00 GiB of KV cache, the pool holds 0.00 GiB (1 block); decrease "
         "max_model_len or give the KV cache more memory")
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ("gemm,qkv,,,,,,,,,,,,3e-05", "row 1 (gemm qkv): num_tokens is empty (a gemm row is looked up by its num_tokens)"),
+    ("decode,,16,,,,,,,,,,,3e-05", "row 1 (decode): context_len is empty (a decode row is looked up by its "
+                                   "context_len)"),
+    ("sequence_op,sampler,,,,,,,,,,,,3e-05", "row 1 (sequence_op sampler): batch is empty (a sequence_op row is "
+                                             "looked up by its batch)"),
+])
+def test_a_profile_row_without_the_size_it_is_looked_up_by_is_refused(tmp_path, row, message):
+    """`latency: {model: calibrated, profile: P}` interpolates a gemm's time over num_tokens, a decode's over batch
+    and context_len, a sequence op's over batch: a row with that cell empty passed the checks (an empty size is
+    another kind's axis) and stopped the run with "ValueError: could not convert string to float: ''"."""
+    from kvsim.latency.base import PROFILE_COLUMNS
+
+    profile = tmp_path / "p.csv"
+    profile.write_text("# gpu: h100-80gb\n# model: meta-llama/Llama-3.1-8B\n" + ",".join(PROFILE_COLUMNS) + "\n"
+                       + row + "," * (len(PROFILE_COLUMNS) - 1 - row.count(",")) + "\n")
+    assert one_line_exit_2(["run", "--set", f"latency={{model: calibrated, profile: {profile}}}", "-o",
+                            str(tmp_path / "out")]) == f"profile {profile}: {message}"
+    assert not (tmp_path / "out").exists()

@@ -3,7 +3,7 @@
 `check_rows` refuses, naming the row:
 * no rows at all (a file whose every time was zero or negative leaves none);
 * a time that is not a finite positive number of seconds, a size (tokens, batch, context...)
-  that is not a whole number >= 0, a `calls` that is not a whole number >= 1 (the op's runs per layer or
+  that is not a whole number >= 0 or is empty where the row's kind is looked up by it (`KIND_SIZES`), a `calls` that is not a whole number >= 1 (the op's runs per layer or
   step, a multiplier of its time); an `attention_skew` row (a fitted α, no time) whose α or
   bucket edges are not finite numbers;
 * one point measured twice with times more than `MAX_SPREAD` apart (a unit slip, not noise);
@@ -33,6 +33,10 @@ MAX_SPREAD = 10.0
 SIZES = ("batch", "context_len", "query_len", "num_tokens", "n", "k", "block_size", "num_heads", "num_kv_heads",
          "head_dim", "decode_context_len", "num_experts")
 """The schema's size columns: whole numbers where given (empty: not this kind's axis)."""
+KIND_SIZES = {"decode": ("batch", "context_len"), "prefill": ("query_len",), "attention": ("query_len",),
+              "gemm": ("num_tokens",), "token_op": ("num_tokens",), "step_op": ("num_tokens",),
+              "sequence_op": ("batch",), "moe": ("num_tokens", "num_experts")}
+"""The sizes a row of each kind is looked up by (`kvsim.latency.calibrated` reads them as numbers): never empty."""
 SKEW_SIZES = ("query_len", "batch", "decode_context_len", "context_len")
 """An `attention_skew` row's bucket edges besides `skew_share` (`kvsim.latency.skew`)."""
 
@@ -53,6 +57,9 @@ def check_rows(profile: Profile, path: Path) -> None:
         seconds = _finite(row.get("time_s"), "time_s", what)
         if not seconds > 0:
             raise KvsimError(f"{what}: time_s={row.get('time_s')!r} must be positive")
+        for column in KIND_SIZES.get(str(row.get("kind")), ()):  # empty: a ValueError traceback mid-run
+            if row.get(column) in (None, ""):
+                raise KvsimError(f"{what}: {column} is empty (a {row.get('kind')} row is looked up by its {column})")
         for column in SIZES:
             value = row.get(column)
             if value not in (None, ""):
