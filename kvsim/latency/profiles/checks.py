@@ -3,9 +3,9 @@
 `check_rows` refuses, naming the row:
 * no rows at all (a file whose every time was zero or negative leaves none);
 * a time that is not a finite positive number of seconds, a size (tokens, batch, context...)
-  that is not a whole number >= 0 or is empty where the row's kind is looked up by it (`KIND_SIZES`), a `calls` that is not a whole number >= 1 (the op's runs per layer or
-  step, a multiplier of its time); an `attention_skew` row (a fitted α, no time) whose α or
-  bucket edges are not finite numbers;
+  that is not a whole number >= 0 or is empty where the row's kind is looked up by it (`KIND_SIZES`),
+  a `calls` that is not a whole number >= 1 (the op's runs per layer or step, a multiplier of its
+  time); an `attention_skew` row (a fitted α, no time) whose α or bucket edges are not finite numbers;
 * one point measured twice with times more than `MAX_SPREAD` apart (a unit slip, not noise);
 * a time more than `MAX_SPREAD` below the time of a smaller size of the same op, others fixed
   (more tokens, sequences or context never make a kernel 10x faster; measured profiles dip at
