@@ -436,7 +436,7 @@ def make_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
     if "base_dir" in raw:  # the field kvsim sets: given in a file, it was replaced without a word
         raise KvsimError(f"base_dir={shown(raw['base_dir'])}: unknown key (kvsim resolves a scenario's relative "
                          "paths from the folder of its file)")
-    return Scenario.model_validate({**raw, "base_dir": str(base_dir)})  # not **raw: a key may not be a str
+    return Scenario.model_validate({**raw, "base_dir": str(base_dir)})  # not Scenario(**raw): a key may be no str
 
 
 def expect_scenario(value: Any, name: str = "scenario") -> Scenario:
