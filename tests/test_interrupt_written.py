@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -129,3 +130,60 @@ def test_a_second_interrupt_during_the_cleanup_keeps_the_first_ones_output(tmp_p
     assert interrupt is not None and interrupt.kvsim_output == str(out)
     assert _interrupt_behind(KeyboardInterrupt()) is not None  # a lone one, naming nothing, is still found
     assert _interrupt_behind(ValueError()) is None
+
+
+def _blocked() -> set[int]:
+    """The signals this thread blocks now."""
+    return set(signal.pthread_sigmask(signal.SIG_BLOCK, ()))
+
+
+@pytest.mark.parametrize("when", ["blocking", "restoring"])
+def test_a_signal_another_thread_takes_at_the_holds_edges_leaves_the_mask_as_it_was(tmp_path, monkeypatch, when):
+    """The hold's own edges: a SIGINT that another thread takes just as the mask is set (its handler runs in the
+    main thread as `pthread_sigmask` returns, before the block's `try`), or just after the hold's finally puts
+    the handler back (before it unmasks), raised there and left SIGINT and SIGTERM blocked in the main thread for
+    good: with no other thread alive, a later Ctrl-C was never delivered. Whatever raises, the thread's mask is
+    the one it had before (the expectation needs no kvsim: the mask read before the write)."""
+    out = tmp_path / "out"
+    _write_run(out, "old")
+    monkeypatch.setattr(output_dir, "_renameat2", lambda src, dst, flags: False)  # the three renames, held
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    sent: list[bool] = []
+
+    def from_the_other_thread() -> None:  # its handler runs in the main thread; the sleep lets it raise here
+        if not sent:
+            sent.append(True)
+            signal.pthread_kill(other.ident, signal.SIGINT)
+            time.sleep(5)
+
+    real_mask, real_signal = signal.pthread_sigmask, signal.signal
+
+    def mask_then_signal(how, mask):
+        previous = real_mask(how, mask)
+        if when == "blocking" and how == signal.SIG_BLOCK and signal.SIGINT in set(mask):
+            from_the_other_thread()
+        return previous
+
+    def put_back_then_signal(signum, handler):
+        previous = real_signal(signum, handler)
+        if when == "restoring" and handler is _raise_keyboard_interrupt and previous is not _raise_keyboard_interrupt:
+            from_the_other_thread()
+        return previous
+
+    before = _blocked()
+    previous_handler = real_signal(signal.SIGINT, _raise_keyboard_interrupt)
+    monkeypatch.setattr(signal, "pthread_sigmask", mask_then_signal)
+    monkeypatch.setattr(signal, "signal", put_back_then_signal)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _write_run(out, "new")
+        blocked_after = _blocked()
+    finally:
+        real_mask(signal.SIG_SETMASK, before)
+        real_signal(signal.SIGINT, previous_handler)
+        stop.set()
+    assert sent and blocked_after == before
+    # blocking: nothing renamed yet, the old output intact; restoring: the renames ran whole, the new one in place
+    assert (out / "summary.txt").read_text() == ("old" if when == "blocking" else "new")

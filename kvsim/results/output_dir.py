@@ -267,15 +267,18 @@ def _signals_held() -> Iterator[None]:
     came: list[tuple[int, Any]] = []
     deferred: dict[int, Any] = {signum: handler for signum in held if callable(handler := signal.getsignal(signum))} \
         if threading.current_thread() is threading.main_thread() else {}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        for signum in deferred:  # in the try: a signal between the two calls leaves no handler swapped for good
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # the mask as it is, put back however the block ends
+    try:  # a handler run as a call returns (another thread's signal) raises inside the try: nothing left swapped
+        signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        for signum in deferred:
             signal.signal(signum, lambda number, frame: came.append((number, frame)))
         yield
     finally:
-        for signum, handler in deferred.items():
-            signal.signal(signum, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        try:
+            for signum, handler in deferred.items():
+                signal.signal(signum, handler)
+        finally:  # a handler put back may run at once, and raise: the mask is put back all the same
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         if came:
             first, frame = came[0]
             deferred[first](first, frame)
