@@ -294,3 +294,19 @@ def test_a_given_kv_cache_memory_bytes_is_sized_without_gpu_memory_utilization()
                                                                  "kv_cache_memory_bytes sizes the KV pool, as in vLLM"}
     assert EngineConfig(kv_cache_memory_bytes="12GiB").unread_settings() == {}
     assert EngineConfig(gpu_memory_utilization=0.1).unread_settings() == {}
+
+
+def test_weights_past_the_gpu_beside_a_given_pool_are_the_models_error_not_the_pools():
+    """With `kv_cache_memory_bytes` given, weights that alone exceed the GPU were refused as the pool's fault:
+    "kv_cache_memory_bytes=1073741824: a KV pool of 1.00 GiB plus 131.42 GiB of weights exceeds ...", though no pool
+    would fit them. Llama-3.1-70B's 70,553,706,496 parameters (its safetensors index) at 2 B are 141,107,412,992 B,
+    over an H100's 81,559 MiB = 85,520,809,984 B whatever the pool: the model is named, with the GPU's whole memory
+    as the limit (a given pool reads no gpu_memory_utilization), 55,586,603,008 B missing."""
+    weights, memory = 2 * 70_553_706_496, 81_559 * 2**20
+    assert H100.memory_bytes == memory
+    given = EngineConfig(kv_cache_memory_bytes="1GiB", max_model_len=4096)
+    with pytest.raises(KvsimError) as caught:
+        num_gpu_blocks(load_model("llama-3.1-70b"), H100, given)
+    assert str(caught.value) == (
+        f"model=llama-3.1-70b: weights need {weights:,} B per GPU (tensor_parallel_size=1) but h100-80gb gives "
+        f"{memory:,} B; {weights - memory:,} B missing")

@@ -127,12 +127,16 @@ def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, *, layou
     given pool does not fit in the GPU's memory beside the weights. A `kv_cache_memory_bytes` pool is sized
     without `gpu_memory_utilization`, as vLLM's `Worker.determine_available_memory` returns it before any
     budget ("This does not respect the gpu_memory_utilization config"): weights over that budget are then
-    refused only where they and the pool exceed the GPU's memory.
+    refused only where they exceed the GPU's memory (named by the model, the pool being none of it), or they and
+    the pool do.
     """
     check_parallel(model, engine)
     budget = int(gpu.memory_bytes * engine.gpu_memory_utilization)
     weights = engine_weights_bytes(model, engine)
-    if weights > budget and engine.kv_cache_memory_bytes is None:
+    # a given pool is sized before any budget: the weights must then fit the GPU's memory alone
+    limit, at = ((budget, f" at gpu_memory_utilization={engine.gpu_memory_utilization}")
+                 if engine.kv_cache_memory_bytes is None else (gpu.memory_bytes, ""))
+    if weights > limit:
         spec, drafter = engine.speculative_config, weights - engine_weights_bytes(model, engine.model_copy(
             update={"speculative_config": None}))  # a drafter too large was blamed on the target alone
         whose = f"model={model.name}" if not drafter or spec is None else (
@@ -140,8 +144,7 @@ def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, *, layou
             f"{'' if spec.model is None else f', model={spec.model}'}: {drafter:,} B of the weights)")
         raise KvsimError(
             f"{whose}: weights need {weights:,} B per GPU (tensor_parallel_size="
-            f"{engine.tensor_parallel_size}) but {gpu.name} at gpu_memory_utilization="
-            f"{engine.gpu_memory_utilization} gives {budget:,} B; {weights - budget:,} B missing"
+            f"{engine.tensor_parallel_size}) but {gpu.name}{at} gives {limit:,} B; {weights - limit:,} B missing"
         )
     given = None
     if engine.num_gpu_blocks_override is not None:
