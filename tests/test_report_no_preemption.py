@@ -90,3 +90,27 @@ def test_it_vouches_only_where_a_sequences_blocks_are_known(setting):
     one = [*fixed(16), "engine.max_num_seqs=1", "engine.max_model_len=4096"]
     assert no_preemption.never_preempts(load_scenario(None, one, default=REPORT_SCENARIO))
     assert not no_preemption.never_preempts(load_scenario(None, [*one, *setting], default=REPORT_SCENARIO))
+
+
+@pytest.mark.parametrize("engine", [
+    ("engine.scheduler=v0", "engine.watermark=0.1"), ("engine.kv_cache_dtype=fp8",), ("engine.tensor_parallel_size=2",),
+    ("engine.scheduling_policy=priority",), (EAGLE.replace("3, acc", "4, acc"), "engine.async_scheduling=false"),
+    ("engine.max_model_len=40", NGRAM.replace("3, acc", "5, acc"))],
+    ids=["v0-watermark", "fp8", "tp2", "priority", "eagle-4-sync", "drafts-capped-by-max-model-len"])
+@pytest.mark.parametrize(("prompt", "output"), [(17, 15), (7, 9), (1, 31)])
+def test_every_count_it_calls_calm_runs_calm_on_more_engines(engine, prompt, output):
+    """The engines and lengths the bound might miss: v0's watermark (it only delays admission), fp8 and
+    tensor-parallel pools (their blocks are the engine's own), priority preemption, EAGLE's verify and lookahead
+    without async scheduling, drafts cut by max_model_len, and lengths off the block boundary. At the largest
+    count `never_preempts` vouches for, and at half of it, a saturated run never preempts (by the definition of
+    the answer: the run's own count), and fills its slots (but behind v0's watermark)."""
+    pool = ("engine.num_gpu_blocks_override=97", "engine.max_model_len=1024", "latency={model: constant, step_s: 0.01}")
+    base = load_scenario(None, [*pool, *engine, *fixed(2 * prompt)[:4], f"workload.prompt_len={{dist: fixed, value: "
+                                f"{prompt}}}", f"workload.output_len={{dist: fixed, value: {output}}}"],
+                         default=REPORT_SCENARIO)
+    m = max(n for n in range(1, 100) if no_preemption.never_preempts(with_seqs(base, n)))
+    for seqs in (m, m // 2):
+        summary = simulate(with_seqs(base, seqs)).summary
+        assert summary["num_preemptions"] == 0
+        # fills its slots; v0's watermark keeps 10 % of the pool free of new prompts (a few slots stay empty)
+        assert summary["max_running"] == seqs if "engine.watermark=0.1" not in engine else summary["max_running"] <= seqs
