@@ -157,7 +157,9 @@ def make_allocator(spec: EngineSpec) -> KVAllocator:
         allocator = GroupedPagedAllocator(num_blocks, spec.kv_layout, spec.limits.max_num_batched_tokens,
                                           engine.enable_prefix_caching, spec.bytes_per_block)
     elif engine.allocator == "paged":
-        cache = RadixPrefixCache(num_blocks, engine.block_size) if engine.prefix_cache == "radix" else None
+        # caching off, no cache: a radix tree would do per-block work for nothing and keep decode bursts off
+        caches_radix = engine.prefix_cache == "radix" and engine.enable_prefix_caching
+        cache = RadixPrefixCache(num_blocks, engine.block_size) if caches_radix else None
         allocator = PagedAllocator(num_blocks, engine.block_size, enable_caching=engine.enable_prefix_caching,
                                    num_cpu_blocks=spec.num_cpu_blocks, bytes_per_block=spec.bytes_per_block,
                                    prefix_cache=cache, null_block=bool(engine.num_null_blocks),

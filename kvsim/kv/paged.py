@@ -65,7 +65,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
 
     Implements `kvsim.kv.protocol.KVAllocator`; the decode-burst methods live in `paged_burst.py`.
     `prefix_cache`: the GPU pool's prefix cache (default a `HashChainCache`); decode bursts need the
-    hash chain's key-level inserts, so with another cache they are off (`supports_bursts`).
+    hash chain's key-level inserts, so with another cache and caching on they are off (`supports_bursts`).
     """
 
     shares_blocks = True  # fork shares; slabs instead reserve each child's region at admission
@@ -85,7 +85,7 @@ class PagedAllocator(PoolSlots, PagedBursts):
         v0_prefix_caching: bool = False,
     ) -> None:
         self.prefix_cache = prefix_cache if prefix_cache is not None else HashChainCache(num_blocks, block_size)
-        self.supports_bursts = isinstance(self.prefix_cache, HashChainCache)
+        self.supports_bursts = not enable_caching or isinstance(self.prefix_cache, HashChainCache)
         self.pool = BlockPool(num_blocks, null_block=null_block, cache=self.prefix_cache)
         self.cpu_pool = BlockPool(num_cpu_blocks, null_block=False, block_size=block_size) if num_cpu_blocks else None
         self.block_size = block_size

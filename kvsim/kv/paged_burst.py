@@ -35,7 +35,7 @@ class PagedBursts:
     block_size: int
     enable_caching: bool
     pool: BlockPool
-    prefix_cache: PrefixCache  # a `HashChainCache` when `supports_bursts`
+    prefix_cache: PrefixCache  # a `HashChainCache` when `supports_bursts` with caching on
     seqs: Mapping[int, SeqBlocks]
     block_fill: list[int]
     num_filled_slots: int
