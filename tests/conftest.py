@@ -78,7 +78,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     (`pytest_collection_modifyitems`), so that the run ends on short tests rather than with one worker
     idle while the other finishes a long one; the tests of a module with a module-scoped fixture go to
     one worker together, so that the fixture is computed once. (xdist's own `--dist loadgroup` does not
-    group under pytest 9, whose node ids it can no longer suffix.) Another `--dist` is xdist's own."""
+    group under pytest 9, whose node ids it can no longer suffix.) Another `--dist` is xdist's own.
+
+    xdist queues the units by their number of tests (`--loadscope-reorder`, its default): those grouped
+    modules go first, largest first, then the single tests, `slow` ones first. Measured (a full run, CI=true,
+    two workers, Dec 2026): the two workers ended within 1 s of each other; replaying its test durations,
+    `--dist worksteal` and an order by measured duration ended within 1 s of this order too, and the queue
+    without the reorder 9 s later (a long grouped module left for the end)."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
