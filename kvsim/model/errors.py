@@ -147,14 +147,24 @@ def not_a_preset(field: str, name: str, presets: list[str], why: str = "") -> st
     return f"{field}={name!r}: not a preset ({', '.join(presets)}) nor a file{why}{hint}"
 
 
+def union_members(annotation: Any) -> list[Any]:
+    """The alternatives of a union or optional, Annotated unwrapped (`list[int] | None` -> [list[int], NoneType])."""
+    from types import UnionType
+    from typing import Annotated, Union, get_args, get_origin
+
+    origin = get_origin(annotation)
+    if origin in (Union, UnionType, Annotated):
+        args = get_args(annotation)[:1] if origin is Annotated else get_args(annotation)
+        return [member for arg in args for member in union_members(arg)]
+    return [annotation]
+
+
 def _union_tags(model: type | None, loc: tuple[Any, ...]) -> set[int]:
     """The positions in `loc` (from the pydantic `model`) that are pydantic's names for a union's member
     ('int', 'list[ReplicaGroup]', 'float'), not a field, an index or a key: after a field whose type is a
     union of two or more types, pydantic reports each member's failure under that member's name. A union
     with a discriminator (`prompt_len`'s `dist`) is named by the value the user wrote: that part stays."""
     from typing import get_args, get_origin
-
-    from kvsim.model.spec import union_members
 
     tags: set[int] = set()
     annotation: Any = model

@@ -24,11 +24,11 @@ import math
 from collections import abc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import UnionType
 from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from kvsim.model.errors import from_validation_error, union_members
 from kvsim.model.units import control_character, underscore_problem
 
 WeightDtype = Literal["float16", "bfloat16", "float32"]
@@ -38,15 +38,6 @@ def _leaf_types(annotation: Any) -> set[Any]:
     """The types an annotation's unions and optionals are made of (`int | None` -> {int, NoneType})."""
     args = get_args(annotation)
     return {leaf for arg in args for leaf in _leaf_types(arg)} if args else {annotation}
-
-
-def union_members(annotation: Any) -> list[Any]:
-    """The alternatives of a union or optional, Annotated unwrapped (`list[int] | None` -> [list[int], NoneType])."""
-    origin = get_origin(annotation)
-    if origin in (Union, UnionType, Annotated):
-        args = get_args(annotation)[:1] if origin is Annotated else get_args(annotation)
-        return [member for arg in args for member in union_members(arg)]
-    return [annotation]
 
 
 def _misread_number(annotation: Any, value: Any) -> str | None:
@@ -169,8 +160,6 @@ class Settings(BaseModel):
         kept without a word. A section's copy (`scenario.engine.model_copy(update={"max_num_seqs": -1})`) refuses
         its field so too: it raised pydantic's multi-line ValidationError, no `KvsimError`."""
         from pydantic import ValidationError
-
-        from kvsim.model.errors import from_validation_error
 
         if not update:
             return super().model_copy(deep=deep)
