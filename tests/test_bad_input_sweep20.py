@@ -160,9 +160,12 @@ def test_bench_kernels_replaces_its_own_earlier_results(tmp_path, monkeypatch):
         ("kernels.json", "kernels.md"), 0o666 & ~umask)
 
 
-def test_bench_vidur_write_scenarios_refuses_a_folder_it_did_not_write_and_replaces_its_own(tmp_path):
+def test_bench_vidur_write_scenarios_refuses_a_folder_it_did_not_write_and_replaces_its_own(tmp_path, traces):
     """`bench_vidur.py --write-scenarios DIR` wrote DIR/NAME/scenario.yaml and three traces over a user's files;
-    DIR is now new or this option's earlier output, written whole (its scenario names the trace where it ends up)."""
+    DIR is now new or this option's earlier output, written whole (its scenario names the trace where it ends up).
+    The bench converts the Azure conversation trace of ../shared (`traces`: skips on a bare clone)."""
+    if not (traces / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv").is_file():
+        pytest.skip("../shared/traces has no Azure 2023 conversation trace")
     args = ["--scenarios", "azure_conv", "--num-requests", "5"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     bench = [sys.executable, str(ROOT / "benchmarks" / "bench_vidur.py"), *args, "--write-scenarios"]
