@@ -165,7 +165,7 @@ def test_bench_vidur_write_scenarios_refuses_a_folder_it_did_not_write_and_repla
     DIR is now new or this option's earlier output, written whole (its scenario names the trace where it ends up).
     The bench converts the Azure conversation trace of ../shared (`traces`: skips on a bare clone)."""
     if not (traces / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv").is_file():
-        pytest.skip("../shared/traces has no Azure 2023 conversation trace")
+        pytest.skip("the traces folder holds no Azure 2023 conversation trace")
     args = ["--scenarios", "azure_conv", "--num-requests", "5"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     bench = [sys.executable, str(ROOT / "benchmarks" / "bench_vidur.py"), *args, "--write-scenarios"]
