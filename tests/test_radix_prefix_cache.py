@@ -189,8 +189,7 @@ def test_eagle_over_the_radix_cache_runs_as_over_the_hash_chain_when_nothing_is_
                         "output_len": {"dist": "uniform", "low": 20, "high": 60},
                         "shared_prefix": {"tokens": 70, "num_prefixes": 2}},
            "latency": {"model": "constant"}}
-    hash_chain = kvsim.simulate(raw, check=True)
-    radix = kvsim.simulate(raw, check=True, engine__prefix_cache="radix")
+    hash_chain, radix = _over_both_caches(raw)
     assert hash_chain.summary["num_prefix_cache_hit_tokens"] > 0
     assert radix.requests.equals(hash_chain.requests)
 
@@ -202,15 +201,18 @@ def test_caching_off_the_radix_cache_is_no_cache(engine):
     shared blocks each cache would otherwise hear of). It did no less per-block work than a cache in use, and
     kept decode bursts off (`PagedAllocator.supports_bursts`): ~3x the hash chain's time."""
     raw = {"engine": {"max_model_len": 1024, "num_gpu_blocks_override": 120, "enable_prefix_caching": False,
-                      **engine},
+                      **engine}, "latency": {"model": "constant"},
            "workload": {"num_requests": 40, "n": 2, "arrival": {"process": "poisson", "rate": 8},
                         "prompt_len": {"dist": "uniform", "low": 50, "high": 300},
                         "output_len": {"dist": "uniform", "low": 20, "high": 200},
-                        "shared_prefix": {"tokens": 64, "num_prefixes": 2}},
-           "latency": {"model": "constant"}}
-    hash_chain = kvsim.simulate(raw, check=True)
-    radix = kvsim.simulate(raw, check=True, engine__prefix_cache="radix")
+                        "shared_prefix": {"tokens": 64, "num_prefixes": 2}}}
+    hash_chain, radix = _over_both_caches(raw)
     assert hash_chain.summary["num_preemptions"] > 0 and hash_chain.summary["num_prefix_cache_hit_tokens"] == 0
     assert radix.requests.equals(hash_chain.requests) and radix.steps.equals(hash_chain.steps)
     assert json.dumps(radix.summary) == json.dumps(hash_chain.summary)
     assert PagedAllocator(7, BS, enable_caching=False, prefix_cache=RadixPrefixCache(7, BS)).supports_bursts
+
+
+def _over_both_caches(raw: dict) -> tuple[kvsim.RunResult, kvsim.RunResult]:
+    """`raw` run over the hash chain and over the radix cache, each with its books checked every step."""
+    return kvsim.simulate(raw, check=True), kvsim.simulate(raw, check=True, engine__prefix_cache="radix")
