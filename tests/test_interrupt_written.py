@@ -152,11 +152,12 @@ def test_a_signal_another_thread_takes_at_the_holds_edges_leaves_the_mask_as_it_
     other.start()
     sent: list[bool] = []
 
-    def from_the_other_thread() -> None:  # its handler runs in the main thread; the sleep lets it raise here
+    def from_the_other_thread() -> None:  # its handler runs in the main thread; the wait lets it raise here
         if not sent:
             sent.append(True)
             signal.pthread_kill(other.ident, signal.SIGINT)
-            time.sleep(5)
+            for _ in range(500):  # up to 5 s, in steps: the handler raises at the first step after it ran
+                time.sleep(0.01)
 
     real_mask, real_signal = signal.pthread_sigmask, signal.signal
 
