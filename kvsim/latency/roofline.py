@@ -143,7 +143,7 @@ class RooflineLatency:
         # the windows the kernels attend over: vLLM's disable_hybrid_kv_cache_manager changes allocation only, a
         # sliding layer holding every token still attends to its window (unify_hybrid_kv_cache_specs: "The compute
         # of layers like sliding window is still saved"), so the groups the hybrid manager would make are read here
-        attended = attended_layout(model, engine) if engine.disable_hybrid_kv_cache_manager else layout
+        attended = attended_layout(model, engine, layout)
         self.windowed_layers = [(g.window_tokens, g.num_layers * per_layer) for g in attended.groups
                                 if g.window_tokens is not None]
         self.windowed_layer_counts = [(g.window_tokens, g.num_layers) for g in attended.groups
@@ -354,9 +354,12 @@ class RooflineLatency:
         return self.total_s(compute, plan)
 
 
-def attended_layout(model: ModelSpec, engine: EngineConfig) -> KVLayout:
-    """The KV groups `model`'s attention kernels read, the hybrid KV manager on or off: vLLM's
-    disable_hybrid_kv_cache_manager changes allocation only (`RooflineLatency`), speculation aside."""
+def attended_layout(model: ModelSpec, engine: EngineConfig, layout: KVLayout) -> KVLayout:
+    """The KV groups `model`'s attention kernels read, given the `layout` its pool is allocated in
+    (`model_kv_layout(model, engine)`): that layout, or with the hybrid KV manager off the groups it would make,
+    speculation aside, since vLLM's disable_hybrid_kv_cache_manager changes allocation only (`RooflineLatency`)."""
+    if not engine.disable_hybrid_kv_cache_manager:
+        return layout
     from kvsim.model.capacity import model_kv_layout
 
     return model_kv_layout(model, engine.model_copy(update={"disable_hybrid_kv_cache_manager": False,
@@ -365,8 +368,8 @@ def attended_layout(model: ModelSpec, engine: EngineConfig) -> KVLayout:
 
 def attended_windows(model: ModelSpec, engine: EngineConfig, layout: KVLayout) -> tuple[int, ...]:
     """The distinct sliding windows and attention chunks `model`'s layers attend over, ascending (none: ()),
-    given the `layout` its pool is allocated in (`model_kv_layout(model, engine)`)."""
-    attended = attended_layout(model, engine) if engine.disable_hybrid_kv_cache_manager else layout
+    given the `layout` its pool is allocated in (`attended_layout`)."""
+    attended = attended_layout(model, engine, layout)
     return tuple(sorted({g.window_tokens for g in attended.groups if g.window_tokens is not None}))
 
 
