@@ -180,14 +180,14 @@ def write_outputs(folder: Path, result: dict[str, Any]) -> str:
     are 0600: kernels.md was the owner's alone, beside a kernels.json anyone could read); returns the tables."""
     from result_file import write_result_file
 
+    from kvsim.results.output_dir import current_umask
+
     check_outputs(folder)
     write_result_file("bench_kernels.py", folder / "kernels.json", RESULT_KEYS, result)
     table = markdown(result)
     fd, name = tempfile.mkstemp(prefix=".kernels.md.", dir=folder)
     try:
-        umask = os.umask(0o022)
-        os.umask(umask)
-        os.chmod(name, 0o666 & ~umask)
+        os.chmod(name, 0o666 & ~current_umask())
         with os.fdopen(fd, "w") as f:
             f.write(table)
         os.replace(name, folder / "kernels.md")

@@ -70,7 +70,9 @@ def _version() -> str:
     return __version__
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's umask, unchanged (os.umask can only be read by setting it: set and restored at once), for
+    giving a file made by mkstemp (0600) the permissions `open(..., "w")` would give a new one."""
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -430,7 +432,7 @@ def output_directory(path: str | Path, kind: str) -> Iterator[Path]:
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent))
         try:
             with errors_name_output(path, tmp), _interrupt_names(path, out, tmp):
-                os.chmod(tmp, 0o777 & ~_umask())
+                os.chmod(tmp, 0o777 & ~current_umask())
                 _write_marker(tmp, kind, [])  # a stale copy of this folder is recognisably kvsim's
                 yield tmp
                 _write_marker(tmp, kind, sorted(_listing(tmp) - {MARKER_NAME}))
@@ -470,7 +472,7 @@ def output_file(path: str | Path, json_keys: frozenset[str] | None = None) -> It
         tmp = Path(name)
         try:
             with errors_name_output(path, tmp), _interrupt_names(path, out, tmp):
-                os.chmod(tmp, 0o666 & ~_umask())
+                os.chmod(tmp, 0o666 & ~current_umask())
                 yield tmp
                 with tmp.open("rb") as f:
                     assert f.readline().startswith(FILE_TAG.encode()) if json_keys is None else \
