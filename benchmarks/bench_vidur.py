@@ -263,15 +263,16 @@ RESULT_KEYS = frozenset({"baseline_loop_s", "benchmark", "cpus", "duration_s", "
 def write_scenarios(folder: Path, names: list[str], num_requests: int | None) -> None:
     """`--write-scenarios DIR`: each scenario's traces and kvsim scenario.yaml under DIR/NAME, DIR new or this
     option's earlier output, replaced whole when all are written (it wrote over any files there), else exit 2."""
-    from kvsim.results.output_dir import output_directory
+    from kvsim.results.output_dir import check_output_dir, output_directory
 
-    final = Path(os.path.abspath(folder.expanduser()))  # as output_directory places it: `gone/../out` is `out`
-    with one_line("bench_vidur.py"), output_directory(folder, "vidur-scenarios") as tmp:
-        for name in names:
-            scenario = scenarios(num_requests)[name]
-            files = convert_trace(scenario, tmp / name)
-            trace = final / name / files.kvsim.name  # where it will be once the folder is in place
-            (tmp / name / "scenario.yaml").write_text(json.dumps(kvsim_scenario(scenario, trace)))
+    with one_line("bench_vidur.py"):
+        final = check_output_dir(folder, "vidur-scenarios")  # where output_directory puts it: `gone/../out` is `out`
+        with output_directory(folder, "vidur-scenarios") as tmp:
+            for name in names:
+                scenario = scenarios(num_requests)[name]
+                files = convert_trace(scenario, tmp / name)
+                trace = final / name / files.kvsim.name  # where it will be once the folder is in place
+                (tmp / name / "scenario.yaml").write_text(json.dumps(kvsim_scenario(scenario, trace)))
     for name in names:
         print(final / name / "scenario.yaml")
 
