@@ -250,6 +250,24 @@ def test_probes_too_short_on_a_trace_shorter_than_asked_blame_the_trace_not_the_
                                           "holds no more) and were too short up to 2 replicas")
 
 
+def test_a_rate_search_on_a_trace_shorter_than_asked_blames_the_trace(tmp_path):
+    """The rate search's unjudged row names the requests its probe was asked (40: probe_requests) beside those it
+    ran (the trace's 20), as the replica search's does (`failing_probe`: the short search's level, not the run)."""
+    import re
+
+    rows = "".join(f"2023-11-16 18:17:{i // 10:02d}.{i % 10}00,256,64\n" for i in range(20))  # 10 req/s
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    base = toy().model_dump(mode="json")
+    base["workload"] = {"num_requests": 40, "arrival": {"process": "trace"},
+                        "trace": {"format": "azure", "path": "t.csv"}}
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 2, "max_probe_requests": 50,
+                           "search": "rate", "probe_requests": 40})
+    rows, _ = plan(make_scenario(base, tmp_path), spec, tmp_path / "out")
+    assert not rows[0]["feasible"]
+    assert re.fullmatch(r"could not be judged: its probes ran only 20 requests \(40 asked: the trace holds no more\) "
+                        r"and were too short at [0-9.]+ req/s per replica", rows[0]["limiting_factor"])
+
+
 def test_a_rate_search_whose_probes_stay_too_short_says_the_run_was_not_judged(tmp_path):
     """The rate search counts a probe still too short at its longest (20 requests, under the window's 50, and
     max_probe_requests=20 forbids the doubling) as failed: the row said "over 4 replicas; is too short at R req/s

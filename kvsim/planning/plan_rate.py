@@ -44,7 +44,7 @@ from kvsim.model.units import counted
 from kvsim.planning.cost import window_output_tokens_per_s
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.search import Metrics
-from kvsim.planning.steady_state import SteadyRateSearch, failing_evidence
+from kvsim.planning.steady_state import SteadyRateSearch, failing_probe
 from kvsim.planning.verify import Verification, answer_columns, evidence_columns
 from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, shortage, unjudged, why_failed
 from kvsim.workload.scenario import Scenario, make_scenario
@@ -178,17 +178,17 @@ class RateSearch:
             return {**row, "feasible": False, "memory_limited": True, "replicas": None, "num_gpus": None,
                     "cost_per_hour": None, "headroom": None,
                     "limiting_factor": bounded_by_memory(self.memory.over(*block)), **self.verify.columns()}
-        failed = failing_evidence(s)
+        probe = failing_probe(s)
+        failed, asked = probe if probe is not None else (None, None)
         unjudged_rate = failed is not None and failed["evidence"]["verdict"] == TOO_SHORT  # at the longest probe
         if s.rate >= s.max_rate:
             limiting = "none: one replica sustains all the traffic within every SLO"
         elif failed is None:
             limiting = "nothing sustainable"
         elif unjudged_rate:  # a failure only as the search counts it: not over capacity, nor over any count
-            ran = failed["evidence"]["num_requests"]
-            short = all(run.passed for run in s.long_runs)  # failing_evidence's: the short search's probe
-            asked = (s.answer_level() or s.level).num_requests if short else ran
-            limiting = unjudged(asked, ran, f"at {failed['offered_rate_per_s']:.3g} req/s per replica",
+            ran = failed["evidence"]["num_requests"]  # a long run was asked what it ran
+            limiting = unjudged(ran if asked is None else asked, ran,
+                                f"at {failed['offered_rate_per_s']:.3g} req/s per replica",
                                 self.spec.max_probe_requests)
         else:
             cause = shortage(failed["evidence"], failed["num_preemptions"])

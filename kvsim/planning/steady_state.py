@@ -313,12 +313,20 @@ def search_rates(make: Callable[[int, float, int], Any], num_items: int, slo: Ma
     return searches
 
 
-def failing_evidence(search: SteadyRateSearch) -> Mapping[str, Any] | None:
-    """The evidence of the lowest failing probe at the answer's run length (what stopped the rate): the
-    last failed long run's when verification backed off."""
+def failing_probe(search: SteadyRateSearch) -> tuple[Any, int | None] | None:
+    """The lowest failing probe at the answer's run length (what stopped the rate), as (its evidence, the
+    requests the search asked of it): the last failed long run's when verification backed off (asked None: its
+    evidence counts what it ran), else the short search's at the answer's level (or the level still searching)."""
     failed_long = [run for run in search.long_runs if not run.passed]
     if failed_long:
-        return min(failed_long, key=lambda run: run.rate).evidence
+        return min(failed_long, key=lambda run: run.rate).evidence, None
     level = search.answer_level() or search.level
     failed = search.failed_rate
-    return None if failed is None else search.results.get((level.num_requests, failed))
+    evidence = None if failed is None else search.results.get((level.num_requests, failed))
+    return None if evidence is None else (evidence, level.num_requests)
+
+
+def failing_evidence(search: SteadyRateSearch) -> Mapping[str, Any] | None:
+    """The evidence of `failing_probe` (None: nothing failed at the answer's run length)."""
+    probe = failing_probe(search)
+    return None if probe is None else probe[0]
