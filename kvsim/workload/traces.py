@@ -71,7 +71,7 @@ def _positive(value: Any, path: Path, line: int, field: str) -> int:
     """A token count: an integer, read alike from a JSON number and from text (a CSV cell): 600, 600.0, "600" and
     "600.0" are 600 (a JSON 600.0 was, a CSV's "600.0" was refused), 600.7, "6e2", `1_0` and true are refused, as
     `_integral` reads the scenario's integers; 1 to `MAX_LENGTH`."""
-    number = _integral(value.strip() if isinstance(value, str) else value)
+    number = _integral(value)
     if number is None:
         raise bad_row(path, line, f"{field}={shown(value)} is not an integer")
     if number <= 0:
@@ -135,7 +135,7 @@ class TraceColumns:
         if self.priority is not None:
             value = row.get(self.priority)
             if isinstance(value, str):
-                value = value.strip()
+                value = value.strip()  # as `_integral` reads it, and so the error shows it
             number = _integral(value)
             if number is None:
                 raise bad_row(path, line, f"priority column {self.priority}={shown(value)} is not an integer")
@@ -153,16 +153,18 @@ NO_COLUMNS = TraceColumns()
 def _integral(value: Any) -> int | None:
     """`value` as an integer in the forms the scenario's own integers take (pydantic's lax mode, as
     `workload.priority`'s `priority: 1.0` is 1): an int, an integral float (a JSON 1.0), or text of one
-    (`-2`, `1.00`, in ASCII digits); None for anything else (1.5, `1.`, `1e0`, true, `1_0`, an Arabic-Indic or
-    fullwidth 1: `kvsim.model.spec.Settings` refuses the last four there too)."""
+    (`-2`, `1.00`, in ASCII digits; whitespace around it, as a CSV cell may have, ignored); None for anything else
+    (1.5, `1.`, `1e0`, true, `1_0`, an Arabic-Indic or fullwidth 1: `kvsim.model.spec.Settings` refuses the last
+    four there too)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
     if isinstance(value, float):
         return int(value) if value.is_integer() else None
-    if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+(?:\.0+)?", value):  # ASCII: int() reads other digits
-        return int(value.partition(".")[0])
+    text = value.strip() if isinstance(value, str) else None
+    if text is not None and re.fullmatch(r"[+-]?[0-9]+(?:\.0+)?", text):  # ASCII: int() reads other digits
+        return int(text.partition(".")[0])
     return None
 
 
@@ -174,7 +176,7 @@ def _acceptance_lengths(value: Any, path: Path, line: int, column: str) -> tuple
         raise bad_row(path, line, f"acceptance column {column}={shown(value)} is not a list of integers")
     lengths = []
     for item in items:  # read as the token counts are (`_integral`): a JSON 2.0 and a CSV's "2.0" alike are 2
-        number = _integral(item.strip() if isinstance(item, str) else item)
+        number = _integral(item)
         if number is None or number < 1:
             raise bad_row(path, line, f"acceptance column {column}: {shown(item)} is not an acceptance length "
                                    "(an integer ≥ 1: tokens a verify step emitted)")
