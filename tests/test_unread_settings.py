@@ -66,3 +66,47 @@ def test_a_fleet_says_expert_parallelism_unread_for_its_dense_group_only(tmp_pat
     dense = load_scenario(None, ["engine.enable_expert_parallel=true", "replicas=2"])
     assert unread_settings(dense) == ["engine.enable_expert_parallel=true is unread: llama-3.1-8b is dense, with no "
                                       "experts to place"]
+
+
+UNREAD = ["--set", "engine.slab_placement=first-fit", "--set", "engine.kv_cache_memory_bytes=8GiB",
+          "--set", "engine.gpu_memory_utilization=0.8"]
+SLABS = "kvsim: warning: engine.slab_placement=first-fit is unread: the paged allocator places no slabs"
+UTILIZATION = ("kvsim: warning: engine.gpu_memory_utilization=0.8 is unread: kv_cache_memory_bytes sizes the KV "
+               "pool, as in vLLM")
+PLAN = ["plan", "--slo", "ttft_s.p90=2", "--gpu", "h100-80gb", "--workers", "1"]
+
+
+@pytest.mark.parametrize(("command", "simulates", "said"), [
+    ([*PLAN, *UNREAD], "kvsim.planning.plan.plan", [SLABS, UTILIZATION]),
+    ([*PLAN, *UNREAD, "--engine", "allocator=paged,slab-max"], "kvsim.planning.plan.plan", [UTILIZATION]),
+    ([*PLAN], "kvsim.planning.plan.plan", []),
+    (["report", *UNREAD], "kvsim.report.build.build_report", [UTILIZATION]),
+    (["capacity", "--sustained", "--max-model-len", "4096", "--kv-cache-memory-bytes", "8GiB",
+      "--gpu-memory-utilization", "0.8"], "kvsim.planning.cost.add_sustained_costs", [UTILIZATION]),
+    (["validate", "RUN", "--gpu", "h100-80gb", "--set", "engine.slab_placement=first-fit"],
+     "kvsim.validation.compare.write_validation", [SLABS]),
+])
+def test_every_command_that_simulates_a_scenario_warns_of_its_unread_settings(tmp_path, monkeypatch, command,
+                                                                             simulates, said):
+    """`kvsim run` alone said the settings no engine reads; plan, report, capacity --sustained and validate simulated
+    the same scenarios without a word. Each says them once its inputs are checked (the simulation is stubbed out: it
+    stops the command there). A setting some variant reads is not said: a plan candidate's slab allocator, and the
+    report's slab studies, place slabs (`slab_placement`); `kv_cache_memory_bytes` sizes every pool, so
+    `gpu_memory_utilization` beside it is read by none."""
+    import importlib
+
+    from kvsim.model.errors import KvsimError
+
+    def stopped(*args, **kwargs):
+        raise KvsimError("stopped")
+
+    module, name = simulates.rsplit(".", 1)
+    monkeypatch.setattr(importlib.import_module(module), name, stopped)
+    if "RUN" in command:
+        from test_validate import write_run  # tests/ is on sys.path
+
+        command = [str(write_run(tmp_path)) if arg == "RUN" else arg for arg in command]
+    output = [] if command[0] == "capacity" else ["-o", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, [*command, *output], prog_name="kvsim")
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.splitlines() == [*said, "kvsim: error: stopped"]

@@ -53,6 +53,8 @@ from kvsim.cli.shared import (
     run_collector,
     run_flags,
     user_errors,
+    warn,
+    warn_unread,
     write_plan,
 )
 from kvsim.model.errors import KvsimError, first_repeat, not_a_file, reading, shown
@@ -158,9 +160,9 @@ def capacity(
         if sustained:
             from kvsim.planning.cost import add_sustained_costs
 
-            data = add_sustained_costs(data, price, engine_gpus(engine),  # a DP group serves the probes
-                                       partial(fixed_length_scenario, model, gpu, engine),
-                                       warn=lambda text: typer.echo(f"kvsim: warning: {text}", err=True))
+            probe = partial(fixed_length_scenario, model, gpu, engine)
+            warn_unread([probe(plan.max_model_len)])  # the probes differ only in their lengths
+            data = add_sustained_costs(data, price, engine_gpus(engine), probe, warn=warn)  # a DP group serves them
     used = {k for r in data["rows"] for k, v in r.items() if v is not None}  # drop columns that are empty in every row
     rows = [{k: v for k, v in r.items() if k in used} for r in data["rows"]]
     if output_format in (Format.table, Format.markdown):  # CSV and JSON keep the documented 0
@@ -224,7 +226,7 @@ def run(
     # The imports and the scenario allocate objects that all outlive the run: the collector is off while
     # they are made (collecting them finds nothing: ~0.015 CPU s), then frozen for the run (`run_collector`).
     with collector_off():
-        from kvsim.fleet.run import simulate_scenario, unread_settings
+        from kvsim.fleet.run import simulate_scenario
         from kvsim.results.output_dir import check_output_dir, safe_component
         from kvsim.results.step_writer import resolve_format
 
@@ -246,9 +248,10 @@ def run(
         written = Path(out_dir)
     from kvsim.results.render import all_rejected
 
-    for warning in [all_rejected(result.summary), *unread_settings(spec)]:
-        if warning is not None:
-            typer.echo(f"kvsim: warning: {warning}", err=True)
+    rejected = all_rejected(result.summary)
+    if rejected is not None:
+        warn(rejected)
+    warn_unread([spec])
     if output_format is RunFormat.json:
         from kvsim.results.render import to_json
 
@@ -310,6 +313,7 @@ def plan(
     from kvsim.planning.plan import check_candidates, refuse_replaced_overrides, spec_from_options
     from kvsim.planning.plan import plan as run_plan
     from kvsim.planning.search import close_client, dask_client
+    from kvsim.planning.spec import candidates
     from kvsim.results.output_dir import check_output_dir, claim_directory, errors_name_output, safe_component
     from kvsim.results.render import rows_to_csv, rows_to_markdown, to_json
     from kvsim.workload.generate import short_trace_said_once
@@ -342,12 +346,12 @@ def plan(
             raise KvsimError(f"--offload-size: {twice:,} bytes is given twice")
         if sizes:  # a size under one block was found only once the whole plan had run
             from kvsim.planning.offload_sizing import check_sizes
-            from kvsim.planning.spec import candidates
 
             colocated = [c.scenario(base, 1, spec.router) for c in candidates(spec) if c.split is None]
             check_sizes([base, *colocated], sizes, field="--offload-size")
         out_path = f"plans/{safe_component(base.name)}" if output is None else output
         check_output_dir(out_path, "plan")
+        warn_unread([c.scenario(base, c.smallest_fleet, spec.router) for c in candidates(spec)])
         client = None if workers == 1 and not dask_address else dask_client(dask_address, workers)
         try:  # a full disk was 'No space left on device', naming no --output: the writes below name it
             out_dir = claim_directory(out_path, "plan", PLAN_FILES)  # made only once every input is good
@@ -356,8 +360,7 @@ def plan(
                     assert update is not None
                     update(points_text(finished, simulated, open_searches, num_searches), None, None, None)
 
-                rows, simulated = run_plan(base, spec, out_dir, client, on_point,
-                                           lambda text: typer.echo(f"kvsim: warning: {text}", err=True))
+                rows, simulated = run_plan(base, spec, out_dir, client, on_point, warn)
         finally:
             if client is not None:
                 close_client(client)
@@ -407,7 +410,7 @@ def report(
     gpu_hourly_cost: HourlyCostOpt = None,
 ) -> None:
     """Capacity-planning report: Markdown + HTML with figures and the CSV behind each."""
-    from kvsim.report.build import build_report
+    from kvsim.report.build import build_report, studied_variants
     from kvsim.report.studies import StudyConfig
     from kvsim.workload.scenario import REPORT_SCENARIO
 
@@ -428,6 +431,7 @@ def report(
         from kvsim.planning.cost import gpu_price
 
         gpu_price(base.gpu, gpu_hourly_cost)  # a bad price fails before any run
+        warn_unread(studied_variants(base))
         with updater("report") as update:
             def on_study(index: int, num_studies: int, name: str, runs_done: int, runs_submitted: int) -> None:
                 assert update is not None
@@ -472,6 +476,7 @@ def validate(
         with run_progress("validate") as progress:
             result = v.validate(run, latency=latency.value, profile=profile, model=model, gpu=gpu,
                                 overrides=overrides or [], measured_path=measured, progress=progress)
+        warn_unread([result.scenario])
         out_dir = v.write_validation(result, out_path)
     if output_format is ValidateFormat.json:
         from kvsim.results.render import to_json

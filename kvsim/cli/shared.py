@@ -106,6 +106,24 @@ class OneLineUsageErrors(TyperGroup):
             return super().invoke(ctx)
 
 
+def warn(text: str) -> None:
+    """`text` as one warning line on stderr: `kvsim: warning: TEXT`."""
+    typer.echo(f"kvsim: warning: {text}", err=True)
+
+
+def warn_unread(scenarios: list[Any]) -> None:
+    """Warn of each setting that no engine of a command's runs reads: the lines of
+    `kvsim.fleet.run.unread_settings` that every one of `scenarios` (the scenario a command loaded, and the variants
+    it simulates of it) gives; a setting one variant reads (a plan candidate's knob, the report's slab allocators)
+    runs. Every command that simulates a scenario calls it: run, plan, report, capacity --sustained, validate."""
+    from kvsim.fleet.run import unread_settings
+
+    said = [unread_settings(scenario) for scenario in scenarios]
+    for line in said[0]:
+        if all(line in other for other in said[1:]):
+            warn(line)
+
+
 def parse_int_list(text: str, field: str) -> list[int]:
     """`1024,4096` → [1024, 4096]; anything else (a value given twice included: it would make a row, or
     a calibration point, twice; an empty item, `1024,,4096` or `1024,`: a value left out) is an error naming

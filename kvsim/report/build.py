@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from kvsim.model.capacity import plan_capacity  # noqa: E402
+from kvsim.model.errors import KvsimError  # noqa: E402
 from kvsim.report import fleet_study, offload_study, speculation_study, studies  # noqa: E402
 from kvsim.report import text as report_text
 from kvsim.report.alerts import prometheus_rules  # noqa: E402
@@ -63,6 +64,20 @@ def save_overlay_figure(panels: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 StudyProgress = Callable[[int, int, str, int, int], None]  # (study, of studies, its name, runs done, submitted)
+
+
+def studied_variants(base: Scenario) -> list[Scenario]:
+    """`base` and its variants that read more of its engine's settings than it does: a slab allocator (which reads
+    `slab_placement`) and prefix caching on (`prefix_cache`), as the studies run them; one the engine refuses is
+    left out, as its study leaves it out (`kvsim.report.applicable`). A setting none of them reads, no run of the
+    report reads."""
+    out = [base]
+    for setting in ("engine.allocator=slab-max", "engine.enable_prefix_caching=true"):
+        try:
+            out.append(studies.variant(base, setting))
+        except KvsimError:
+            continue
+    return out
 
 
 def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig | None = None,
