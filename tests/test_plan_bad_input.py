@@ -144,3 +144,90 @@ def test_points_judged_before_the_per_replica_queue_test_are_simulated_again(tmp
     path.write_text(json.dumps(old) + "\n")
     store = PointStore(path, required=("evidence", "work"), point_format=POINT_FORMAT)
     assert not store.points and store.stale == {"a": 1}
+
+
+
+def _toy_at_2_per_s():
+    """The plan tests' toy at 2 req/s: one replica holds it, stable."""
+    from test_plan import toy  # tests/ is on sys.path
+
+    from kvsim.workload.scenario import make_scenario
+
+    raw = toy().model_dump(mode="json")
+    raw["workload"]["arrival"]["rate"] = 2.0
+    return make_scenario(raw)
+
+
+def _one_point_plan(tmp_path, on_note=None):
+    """A plan of one replica of `_toy_at_2_per_s` with no long run: one stable point, `points.jsonl`'s one line."""
+    from kvsim.planning.plan import make_plan_spec, plan
+
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 2.0}, "gpus": ["h100-80gb"], "max_replicas": 1, "verify_factor": 0})
+    return plan(_toy_at_2_per_s(), spec, tmp_path, on_note=on_note)
+
+
+def test_a_point_whose_metrics_are_malformed_is_simulated_again_with_one_line(tmp_path):
+    """A points.jsonl line of this kvsim's format was reused as it stood: with its verdict gone `kvsim plan` stopped
+    on a KeyError's traceback. Such a line is simulated again, with one line naming it (as a line of another format
+    is), and the plan's answer is the undamaged one's; the line written then is whole, and reused."""
+    first, simulated = _one_point_plan(tmp_path)
+    assert simulated == 1
+    points = tmp_path / "points.jsonl"
+    row = json.loads(points.read_text())
+    del row["metrics"]["evidence"]["verdict"]
+    points.write_text(json.dumps(row) + "\n")
+    notes: list[str] = []
+    again, simulated = _one_point_plan(tmp_path, notes.append)
+    assert notes == [f"{points}: 1 point with malformed metrics (line 1: evidence.verdict=None is not a verdict) "
+                     "will be simulated again, not reused"]
+    assert simulated == 1 and json.dumps(again) == json.dumps(first)
+    assert _one_point_plan(tmp_path, notes.append)[1] == 0 and len(notes) == 1
+
+
+@pytest.fixture(scope="module")
+def whole_point():
+    from kvsim.planning.plan import Candidate
+    from kvsim.planning.point import point_metrics
+
+    return point_metrics(Candidate("h100-80gb", 1).scenario(_toy_at_2_per_s(), 1, "round_robin"))  # as plan's
+
+
+@pytest.mark.parametrize(("damage", "why"), [
+    (lambda m: m["evidence"].update(verdict="fine"), "evidence.verdict='fine' is not a verdict"),
+    (lambda m: m["evidence"]["ttft_s"].update(p90="x"), "evidence.ttft_s.p90='x' is not a number"),
+    (lambda m: m["evidence"]["tpot_s"].pop("p99"), "evidence.tpot_s.p99 is missing"),
+    (lambda m: m["evidence"].update(e2e_s=[1.0]), "evidence.e2e_s=[1.0] is not statistics"),
+    (lambda m: m["evidence"].update(num_requests=1.5), "evidence.num_requests=1.5 is not an integer"),
+    (lambda m: m["evidence"].update(by_priority={"0": {"queue_s": {"p50": 1.0}}}),
+     "evidence.by_priority.0.queue_s.mean is missing"),
+    (lambda m: m["evidence"].update(by_priority=[]), "evidence.by_priority=[] is not statistics by priority"),
+    (lambda m: m.update(num_preemptions="3"), "num_preemptions='3' is not a number"),
+    (lambda m: m.pop("offered_rate_per_s"), "offered_rate_per_s is missing"),
+    (lambda m: m["work"].update(busy_replica_s=True), "work.busy_replica_s=True is not a number"),
+])
+def test_a_malformed_metric_or_slo_field_is_named(whole_point, damage, why):
+    """What `point_metrics` made (and a stalled point's metrics) passes; each field the searches read, damaged,
+    is named with its value (the summary's and work's figures are numbers or null; an SLO metric's mean and
+    percentiles too, over every request and over each priority's)."""
+    import copy
+
+    from kvsim.planning.point import point_problem, stalled_metrics
+
+    assert point_problem(whole_point) is None
+    assert point_problem(stalled_metrics(_toy_at_2_per_s(), "stalled")) is None
+    damaged = copy.deepcopy(whole_point)
+    damage(damaged)
+    assert point_problem(damaged) == why
+
+
+def test_the_point_store_names_the_first_malformed_point_and_forgets_one_added_again(tmp_path):
+    path = tmp_path / "points.jsonl"
+    metrics = {"evidence": {}, "work": {}}
+    path.write_text("".join(json.dumps({"hash": key, "name": key, "metrics": metrics}) + "\n" for key in "ab"))
+    store = PointStore(path, required=("evidence", "work"), problem=lambda m: "bad")
+    assert store.malformed == {"a": (1, "bad"), "b": (2, "bad")} and not store.points
+    assert store.malformed_text() == (f"{path}: 2 points with malformed metrics (line 1: bad) will be simulated "
+                                      "again, not reused")
+    store.add("a", "a", metrics)
+    assert store.malformed == {"b": (2, "bad")}
+    assert set(PointStore(path, required=("evidence", "work")).points) == {"a", "b"}  # no problem: all reused

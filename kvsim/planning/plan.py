@@ -59,7 +59,7 @@ from kvsim.planning.cost import (
 )
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traffic
-from kvsim.planning.point import POINT_FORMAT, point_metrics
+from kvsim.planning.point import POINT_FORMAT, point_metrics, point_problem
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
 from kvsim.planning.spec import (
     Candidate,
@@ -318,7 +318,8 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     """Search every candidate; returns the ranked rows and how many points were simulated now.
 
     Finished points are kept in `out_dir/points.jsonl`, so a rerun resumes where it stopped; points there of
-    another `POINT_FORMAT` are simulated again, and `on_note` gets one line saying so before any point runs.
+    another `POINT_FORMAT`, or whose metrics are malformed (`point_problem`), are simulated again, and `on_note`
+    gets one line saying so (one for each reason) before any point runs.
     """
     from kvsim.workload.generate import short_trace_said_once
 
@@ -333,9 +334,11 @@ def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_p
         XpydSearch(c, base, spec) if c.split is not None else
         RateSearch(c, base, spec) if spec.search == "rate" else ReplicaSearch(c, base, spec)
         for c in candidates(spec)]
-    store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence", "work"), point_format=POINT_FORMAT)
-    if (stale := store.stale_text()) is not None and on_note is not None:
-        on_note(stale)
+    store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence", "work"), point_format=POINT_FORMAT,
+                       problem=point_problem)
+    for note in (store.stale_text(), store.malformed_text()):
+        if note is not None and on_note is not None:
+            on_note(note)
     evaluate = partial(point_metrics, memory_limit_bytes=spec.memory_limit_bytes)
     simulated = run_searches(searches, evaluate, store, client, on_point)
     # xpyd: [auto]: then the splits no larger than each shape's colocated answer

@@ -9,7 +9,9 @@ whole traffic on one replica) goes on to lighter ones instead of stopping the pl
 
 from __future__ import annotations
 
-from kvsim.model.errors import HeldKvStall
+from typing import Any
+
+from kvsim.model.errors import HeldKvStall, shown
 from kvsim.planning.search import Metrics
 from kvsim.workload.scenario import Scenario
 
@@ -60,3 +62,47 @@ def stalled_metrics(scenario: Scenario, reason: str) -> Metrics:
     return {**dict.fromkeys(SUMMARY_KEYS), "num_requests": num_requests,
             "offered_rate_per_s": offered_rate_per_s(scenario), "evidence": stalled_evidence(num_requests, reason),
             "work": {"busy_replica_s": None, "recomputed_tokens": None}}
+
+
+def point_problem(metrics: Metrics) -> str | None:
+    """Why a stored point's `metrics` (its `evidence` and `work` dicts: `PointStore`'s `required`) are not what
+    `point_metrics` makes, or None: a summary or work figure that is no number (or null), an evidence verdict that
+    is none of the window's, a request count that is no integer, or an SLO metric's statistics (over every request,
+    or over one priority's) that are no numbers. A damaged or hand-edited points.jsonl line of this format was
+    reused as it stood: a missing verdict stopped `kvsim plan` with a KeyError's traceback, text where a
+    percentile belongs with a TypeError against the SLO. `PointStore` simulates such a point again."""
+    from kvsim.planning import window
+
+    def number(value: Any) -> bool:
+        return value is None or isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    evidence, work = metrics["evidence"], metrics["work"]
+    figures = {**{key: (metrics, key) for key in SUMMARY_KEYS},
+               **{f"work.{key}": (work, key) for key in ("busy_replica_s", "recomputed_tokens")}}
+    for name, (holder, key) in figures.items():
+        if key not in holder:
+            return f"{name} is missing"
+        if not number(holder[key]):
+            return f"{name}={shown(holder[key])} is not a number"
+    verdict = evidence.get("verdict")
+    if verdict not in (window.STABLE, window.BACKLOGGED, window.OVERLOADED, window.EMPTY, window.STALLED,
+                       window.TOO_SHORT):
+        return f"evidence.verdict={shown(verdict)} is not a verdict"
+    count = evidence.get("num_requests")
+    if not isinstance(count, int) or isinstance(count, bool):
+        return f"evidence.num_requests={shown(count)} is not an integer"
+    by_priority = evidence.get("by_priority", {})
+    if not isinstance(by_priority, dict) or not all(isinstance(per, dict) for per in by_priority.values()):
+        return f"evidence.by_priority={shown(by_priority)} is not statistics by priority"
+    stats = {f"evidence.{metric}": evidence.get(metric) for metric in window.SLO_METRICS}
+    stats |= {f"evidence.by_priority.{cls}.{metric}": per[metric] for cls, per in by_priority.items()
+              for metric in window.SLO_METRICS if metric in per}  # a class without the metric has none (`slo_stats`)
+    for name, values in stats.items():
+        if not isinstance(values, dict):
+            return f"{name}={shown(values)} is not statistics"
+        for stat in window.SLO_STATS:
+            if stat not in values:
+                return f"{name}.{stat} is missing"
+            if not number(values[stat]):
+                return f"{name}.{stat}={shown(values[stat])} is not a number"
+    return None

@@ -15,7 +15,8 @@ reported (`KvsimError`), not waited on forever.
 Every finished point is appended to the store at once (one JSON line, flushed and fsynced),
 keyed by the hash of its scenario, so a crash or a killed worker loses no finished point and
 a rerun takes stored points instead of simulating them again. Each line carries the store's `point_format`
-(what the metrics mean): a point of another format (an older kvsim's) is simulated again, never reused.
+(what the metrics mean): a point of another format (an older kvsim's), or one whose metrics the store's `problem`
+refuses (a damaged or hand-edited line), is simulated again, never reused.
 """
 
 from __future__ import annotations
@@ -58,20 +59,24 @@ class PointStore:
     the hashes of whole lines without those keys (a plan's memory-limited notes) are in `other_keys`.
     A point whose `format` is not `point_format` (a line without one is format 0: written before points
     carried it) is stale: its metrics were computed by another kvsim, so it is simulated again too, and
-    `stale` holds the hashes of those with no current line (`stale_text` says so in one line).
+    `stale` holds the hashes of those with no current line (`stale_text` says so in one line). So is a point of
+    this format whose metrics `problem` refuses (it returns why, or None): `malformed` holds (line number, why)
+    by hash for those with no whole line, and `malformed_text` says so in one line.
     Each point is appended with one `write` of a whole line; a file whose last line was torn gets a
     newline first, so the new point never joins the torn one.
     """
 
-    def __init__(self, path: str | Path, required: tuple[str, ...] = (), point_format: int = 0) -> None:
+    def __init__(self, path: str | Path, required: tuple[str, ...] = (), point_format: int = 0,
+                 problem: Callable[[Metrics], str | None] = lambda metrics: None) -> None:
         self.path = Path(path)
         self.points: dict[str, Metrics] = {}
         self.other_keys: set[str] = set()
         self.required = required
         self.point_format = point_format
         self.stale: dict[str, int] = {}  # hash → the format of a stale point with no current line
+        self.malformed: dict[str, tuple[int, str]] = {}  # hash → (line number, why) of a refused point
         if self.path.exists():
-            for raw in self.path.read_bytes().split(b"\n"):
+            for line_no, raw in enumerate(self.path.read_bytes().split(b"\n"), start=1):
                 row = self._parse(raw)
                 if row is None:
                     continue
@@ -80,10 +85,13 @@ class PointStore:
                     self.other_keys.add(key)
                 elif fmt != point_format:
                     self.stale[key] = fmt
+                elif (why := problem(metrics)) is not None:
+                    self.malformed[key] = (line_no, why)
                 else:
                     self.points[key] = metrics
         for key in self.points:
             self.stale.pop(key, None)
+            self.malformed.pop(key, None)
 
     def stale_text(self) -> str | None:
         """One line on the stale points a run simulates again (None: there are none)."""
@@ -93,6 +101,15 @@ class PointStore:
         return (f"{self.path}: {counted(len(self.stale), 'point')} of point format {formats}, "
                 f"written by another kvsim (this one writes format {self.point_format}), "
                 "will be simulated again, not reused")
+
+    def malformed_text(self) -> str | None:
+        """One line on the points of this format a run simulates again for their malformed metrics, naming the
+        first (None: there are none)."""
+        if not self.malformed:
+            return None
+        line_no, why = min(self.malformed.values())
+        return (f"{self.path}: {counted(len(self.malformed), 'point')} with malformed metrics (line {line_no}: "
+                f"{why}) will be simulated again, not reused")
 
     @staticmethod
     def _parse(raw: bytes) -> tuple[str, Metrics, int] | None:
@@ -112,6 +129,7 @@ class PointStore:
     def add(self, key: str, name: str, metrics: Metrics) -> None:
         self.points[key] = metrics
         self.stale.pop(key, None)
+        self.malformed.pop(key, None)
         self._append(key, name, metrics)
 
     def note(self, key: str, name: str, metrics: Metrics) -> None:
