@@ -3,7 +3,8 @@
 The console script imports this module, which imports nothing heavy (nor does `import kvsim`),
 so a Ctrl-C while the CLI's dependencies load (typer, pandas, pydantic: about a second) is
 handled too. A Ctrl-C prints one line saying what was interrupted and what is intact, and exits
-with status 130 (128 + SIGINT), as shells expect (a SIGTERM once the CLI has loaded likewise, with 143);
+with status 130 (128 + SIGINT), as shells expect (a SIGTERM once the CLI has loaded likewise, with 143, and a
+SIGHUP, the terminal closed, with 129);
 never a traceback. kvsim's outputs are swapped into place only when complete
 (`kvsim.results.output_dir`), so an interrupted one was not written and whatever was at its path
 before is intact; the writer records that path on the interrupt
@@ -94,7 +95,7 @@ def main() -> None:
             raise
         print(interrupted_message(sys.argv[1:], getattr(interrupt, "kvsim_output", None),
                                   getattr(interrupt, "kvsim_output_written", False)), file=sys.stderr)
-        sys.exit(getattr(interrupt, "kvsim_exit_status", INTERRUPTED_EXIT))  # 143 for a SIGTERM
+        sys.exit(getattr(interrupt, "kvsim_exit_status", INTERRUPTED_EXIT))  # 143 for a SIGTERM, 129 a SIGHUP
     finally:
         gc.freeze()  # the process ends now: no last collection over everything (see the module docstring)
 

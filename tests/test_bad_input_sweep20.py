@@ -232,15 +232,18 @@ def test_a_token_count_that_is_no_integer_is_refused_in_every_trace_format(tmp_p
 
 
 def _as_a_scheduler_starts_it() -> None:
-    """A child with SIGTERM handled by default and not blocked (the test process may have it otherwise)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    """A child with SIGTERM and SIGHUP handled by default and not blocked (the test process may have them
+    otherwise)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP})
 
 
-def test_sigterm_is_handled_as_a_ctrl_c(tmp_path):
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_is_handled_as_a_ctrl_c(tmp_path, signum, status):
     """SIGTERM (`kill PID`) killed `kvsim run` on the spot: exit 143 by the signal, no line, and the hidden
-    temporary folder `.out.kvsim-PID-...` left beside the output. Now it is a Ctrl-C of status 143: one line,
-    the earlier output intact, no temporary left."""
+    temporary folder `.out.kvsim-PID-...` left beside the output; so did SIGHUP (the terminal closed), 129. Now
+    each is a Ctrl-C of that status (128 + the signal): one line, the earlier output intact, no temporary left."""
     out = tmp_path / "out"
     assert subprocess.run([sys.executable, "-m", "kvsim", "run", "--set", "workload.num_requests=5", "-o", str(out)],
                           capture_output=True, timeout=120).returncode == 0
@@ -251,13 +254,13 @@ def test_sigterm_is_handled_as_a_ctrl_c(tmp_path):
     try:
         while not any((p / ".kvsim-output").exists() for p in tmp_path.glob(".out.kvsim-*")) and child.poll() is None:
             time.sleep(0.05)  # polling for the temporary folder's marker (the run is writing), not timing
-        child.send_signal(signal.SIGTERM)
+        child.send_signal(signum)
         _, stderr = child.communicate(timeout=120)
     finally:
         child.kill()
-    # 143; or, under `python -m` only, death by SIGINT (CPython re-raises SIGINT at exit after a KeyboardInterrupt
+    # 128 + signum; or, under `python -m` only, death by SIGINT (CPython re-raises SIGINT at exit after a KeyboardInterrupt
     # ended code a string `exec` ran: see test_bad_input's Ctrl-C test)
-    assert child.returncode in (143, -signal.SIGINT), (child.returncode, stderr)
+    assert child.returncode in (status, -signal.SIGINT), (child.returncode, stderr)
     *progress, last = stderr.splitlines()
     assert last == f"kvsim: interrupted (kvsim run): {out} was not written; what was there before is intact"
     assert all(line.startswith("kvsim run: simulated ") for line in progress), stderr
@@ -265,21 +268,22 @@ def test_sigterm_is_handled_as_a_ctrl_c(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
-def test_a_sigterm_handled_or_ignored_by_someone_else_is_left_as_it_is(monkeypatch):
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_sigterm_handled_or_ignored_by_someone_else_is_left_as_it_is(monkeypatch, signum, status):
     from kvsim.cli import interrupts
 
     monkeypatch.setattr(interrupts, "_signals", [])
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as `nohup` or a parent that ignores it leaves it
+        signal.signal(signum, signal.SIG_IGN)  # as `nohup` or a parent that ignores it leaves it
         interrupts.install()
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        assert signal.getsignal(signum) is signal.SIG_IGN
+        signal.signal(signum, signal.SIG_DFL)
         interrupts.install()
-        assert signal.getsignal(signal.SIGTERM) is interrupts._on_signal
-        interrupts._signals.append(signal.SIGTERM)
-        assert interrupts._interrupt().kvsim_exit_status == 143  # 128 + 15
+        assert signal.getsignal(signum) is interrupts._on_signal
+        interrupts._signals.append(signum)
+        assert interrupts._interrupt().kvsim_exit_status == status  # 128 + 15, 128 + 1
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -1,6 +1,6 @@
 """An interrupt that lands once kvsim's output is in place says the output was written (review21).
 
-`output_directory` holds SIGINT and SIGTERM over its three renames where the atomic exchange is missing, so a
+`output_directory` holds SIGINT, SIGTERM and SIGHUP over its three renames where the atomic exchange is missing, so a
 signal sent during them is delivered just after the new output is in place; a signal can equally land just after
 `renameat2` or `os.replace` returns. The one line then said "OUT was not written; what was there before is intact"
 while OUT held the new output and the old one was being removed. And a second interrupt during the first one's
@@ -30,8 +30,9 @@ def _write_run(folder, text: str) -> None:
         (tmp / "summary.txt").write_text(text)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])  # each the CLI takes
 @pytest.mark.parametrize("other_thread", [False, True])
-def test_a_signal_held_over_the_renames_reports_the_new_output_written(tmp_path, monkeypatch, other_thread):
+def test_a_signal_held_over_the_renames_reports_the_new_output_written(tmp_path, monkeypatch, other_thread, signum):
     """With another thread alive (a Dask client's, a process pool's; pytest-xdist's own), the signal the main
     thread blocks goes to that thread, and Python ran its handler in the main thread between the renames: the old
     output moved aside, the new one removed, `out` gone. Held by the mask alone, this failed under `-n 1`."""
@@ -41,23 +42,23 @@ def test_a_signal_held_over_the_renames_reports_the_new_output_written(tmp_path,
     rename, sent = os.rename, []
 
     def rename_and_signal(src, dst):
-        if not sent:  # a SIGINT while the renames run: held until they are done
+        if not sent:  # a signal while the renames run: held until they are done
             sent.append(True)
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signum)
         rename(src, dst)
 
     monkeypatch.setattr(os, "rename", rename_and_signal)
-    previous = signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+    previous = signal.signal(signum, _raise_keyboard_interrupt)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, daemon=True)
-    if other_thread:  # it does not block SIGINT: the kernel hands the signal to it
+    if other_thread:  # it does not block the signal: the kernel hands it to it
         other.start()
     try:
         with pytest.raises(KeyboardInterrupt) as caught:
             _write_run(out, "new")
-        assert signal.getsignal(signal.SIGINT) is _raise_keyboard_interrupt  # the handler is back
+        assert signal.getsignal(signum) is _raise_keyboard_interrupt  # the handler is back
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signum, previous)
         stop.set()
     assert sent and (out / "summary.txt").read_text() == "new"  # the swap ran whole before the interrupt
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # the old output was removed, no temporary left

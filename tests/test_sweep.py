@@ -54,6 +54,12 @@ def _sigterm_handler_name() -> str:
     return str(signal.getsignal(signal.SIGTERM))
 
 
+def _sighup_handler_name() -> str:
+    import signal
+
+    return str(signal.getsignal(signal.SIGHUP))
+
+
 def test_worker_processes_leave_a_ctrl_c_to_the_parent():
     """A terminal's Ctrl-C reaches every process of its group; workers ignore it, so only the parent
     prints its one line (no traceback per worker). Pool workers through their initializer; a
@@ -66,12 +72,15 @@ def test_worker_processes_leave_a_ctrl_c_to_the_parent():
     from kvsim.planning.sweep import worker_signals
 
     previous = signal.signal(signal.SIGTERM, _on_signal)  # the CLI's: a forked worker's is the system's again
+    previous_hup = signal.signal(signal.SIGHUP, _on_signal)  # the CLI's: the terminal's hang-up is the parent's
     try:
         with ProcessPoolExecutor(max_workers=1, initializer=worker_signals) as pool:
             assert pool.submit(_sigint_handler_name).result() == str(signal.SIG_IGN)
+            assert pool.submit(_sighup_handler_name).result() == str(signal.SIG_IGN)
             assert pool.submit(_sigterm_handler_name).result() == str(signal.SIG_DFL)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGHUP, previous_hup)
     pytest.importorskip("dask.distributed")
     before = signal.getsignal(signal.SIGINT)
     client = dask_client(None, 1)

@@ -12,6 +12,7 @@ traceback above the one-line message: such a lost interrupt is not printed (`sys
 A SIGTERM (`kill PID`, a job scheduler's stop) is handled as a Ctrl-C: without a handler Python died on the spot,
 leaving the hidden temporary folder of the output it was writing; now the output's temporary is removed, the
 same one line is printed and the exit status is 143 (128 + SIGTERM; the KeyboardInterrupt's `kvsim_exit_status`).
+So is a SIGHUP (the terminal closed, an SSH session dropped), with exit status 129 (128 + SIGHUP).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)  # handled as a Ctrl-C where the system would end the process
 _interrupted = threading.Event()
 _signals: list[int] = []  # the signals taken, in the order they came
 
@@ -50,13 +52,13 @@ def _quiet_when_lost(previous: Callable[[Any], object]) -> Callable[[Any], None]
 
 
 def install() -> None:
-    """Take over SIGINT from Python's default handler and SIGTERM from the system's (in the main thread only; a
-    signal ignored, as SIGINT in a background job started with `nohup`, or handled by someone else, stays as it
-    is), and keep an interrupt lost in a finalizer or callback from printing a traceback."""
+    """Take over SIGINT from Python's default handler and SIGTERM and SIGHUP from the system's (in the main thread
+    only; a signal ignored, as SIGINT in a background job and SIGHUP under `nohup`, or handled by someone else,
+    stays as it is), and keep an interrupt lost in a finalizer or callback from printing a traceback."""
     if threading.current_thread() is not threading.main_thread():
         return
     taken = False
-    for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+    for signum, default in ((signal.SIGINT, signal.default_int_handler), *((s, signal.SIG_DFL) for s in TERMINATING)):
         if signal.getsignal(signum) is default:
             signal.signal(signum, _on_signal)
             taken = True
@@ -65,6 +67,6 @@ def install() -> None:
 
 
 def raise_if_interrupted() -> None:
-    """Raise KeyboardInterrupt if a SIGINT or SIGTERM came (and was lost where it landed)."""
+    """Raise KeyboardInterrupt if a SIGINT, SIGTERM or SIGHUP came (and was lost where it landed)."""
     if _interrupted.is_set():
         raise _interrupt()

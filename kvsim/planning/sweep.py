@@ -40,12 +40,13 @@ class SweepResult:
 
 
 def worker_signals() -> None:
-    """Worker-process initializer: a Ctrl-C at the terminal reaches every process of its group, and
-    the parent alone reports it (one line, exit 130); a worker that took it too would print its own
-    traceback. The parent's shutdown stops the workers. A forked worker's SIGTERM is the system's again (the
-    CLI's, `kvsim.cli.interrupts`, is the parent's: a pool stopping its workers by SIGTERM would have a traceback
-    from each)."""
+    """Worker-process initializer: a Ctrl-C at the terminal reaches every process of its group, as does the
+    SIGHUP of the terminal closing, and the parent alone reports it (one line, exit 130 or 129); a worker that
+    took it too would print its own traceback. The parent's shutdown stops the workers. A forked worker's SIGTERM
+    is the system's again (the CLI's, `kvsim.cli.interrupts`, is the parent's: a pool stopping its workers by
+    SIGTERM would have a traceback from each)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 

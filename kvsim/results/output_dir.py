@@ -21,7 +21,7 @@ complete new one at the path:
                                            the temporary name the old one
     3. remove .default.kvsim-PID-XXXX/     (the old output)
 
-Where the filesystem cannot exchange, step 2 is two renames with SIGINT/SIGTERM held off in
+Where the filesystem cannot exchange, step 2 is two renames with SIGINT/SIGTERM/SIGHUP held off in
 between. A temporary folder left by a killed run is removed by the next write to the same
 path once its process is gone. Folders and files get the permissions the umask allows.
 """
@@ -261,11 +261,11 @@ def _renameat2(src: Path, dst: Path, flags: int) -> bool:
 
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """Delay SIGINT and SIGTERM (delivered on exit) so that two renames cannot be split. The mask holds them in
+    """Delay SIGINT, SIGTERM and SIGHUP (delivered on exit) so that two renames cannot be split. The mask holds them in
     this thread only: another thread (a Dask client's, a process pool's) takes the signal, and Python runs its
     handler in the main thread at once, between the renames (the output moved aside, the new one then removed). So
     in the main thread a Python handler is also put off, and run on exit for the first signal that came."""
-    held = {signal.SIGINT, signal.SIGTERM}
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # the signals the CLI takes as an interrupt
     came: list[tuple[int, Any]] = []
     deferred: dict[int, Any] = {signum: handler for signum in held if callable(handler := signal.getsignal(signum))} \
         if threading.current_thread() is threading.main_thread() else {}
