@@ -10,11 +10,11 @@ from kvsim.model.capacity import (
     num_gpu_blocks,
     paged_max_seqs,
     paged_seqs,
-    plan_capacity,
     shared_prefix_blocks,
     slab_max_seqs,
     vllm_max_concurrency,
 )
+from kvsim.model.capacity_plan import plan_capacity
 from kvsim.model.config import EngineConfig, load_gpu, load_model
 from kvsim.model.errors import KvsimError
 

@@ -84,7 +84,7 @@ def test_bad_input_is_one_line_and_nonzero(args, needle):
 
 
 def test_import_is_light_and_module_entry_point_works():
-    code = "import sys, kvsim, kvsim.model.capacity, kvsim.model.config; bad = {'torch','triton','matplotlib','simpy'} & set(sys.modules); print(sorted(bad))"
+    code = "import sys, kvsim, kvsim.model.capacity, kvsim.model.capacity_plan, kvsim.model.config; bad = {'torch','triton','matplotlib','simpy'} & set(sys.modules); print(sorted(bad))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     out = subprocess.run([sys.executable, "-m", "kvsim", "capacity", "--format", "csv"], capture_output=True,
@@ -164,7 +164,7 @@ def test_sustained_rate_is_what_the_engine_served_not_the_poisson_rate_asked_for
     offer about 10 % less than the Poisson rate they ask for (the seed's first 400 arrivals are sparse), so
     the rate asked for at the highest stable probe, 28.8 req/s, overstated the capacity by 15 %."""
     from kvsim.cli.shared import fixed_length_scenario
-    from kvsim.model.capacity import plan_capacity
+    from kvsim.model.capacity_plan import plan_capacity
     from kvsim.model.config import load_gpu, load_model, make_engine
     from kvsim.planning.cost import add_sustained_costs, gpu_price
     from kvsim.workload.scenario import make_scenario

@@ -17,8 +17,8 @@ from kvsim.model.capacity import (
     kv_bytes_per_block,
     kv_bytes_per_token,
     model_kv_layout,
-    plan_capacity,
 )
+from kvsim.model.capacity_plan import plan_capacity
 from kvsim.model.config import PRESETS_DIR, load_gpu, load_model, make_engine, model_from_hf_config
 from kvsim.model.errors import KvsimError
 from kvsim.model.weights import active_params_per_token

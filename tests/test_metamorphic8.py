@@ -136,7 +136,7 @@ def test_an_moe_and_a_hybrid_models_pool_and_sequences_by_hand(name):
     block id is a page of 16 tokens in 10 layers. At 4,096 tokens a sequence decoding holds 256 full blocks and 65 a
     sliding group (a 1,024-token window starting mid-block), 646; the one computing its prompt (one chunk of 4,096)
     holds 7 x 256: 1 + (usable − 1,792) // 646 sequences."""
-    from kvsim.model.capacity import plan_capacity
+    from kvsim.model.capacity_plan import plan_capacity
     from kvsim.model.config import EngineConfig, load_gpu, load_model
 
     if name == "qwen3-30b-a3b":

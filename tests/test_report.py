@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.engine.simulate import simulate
-from kvsim.model.capacity import plan_capacity
+from kvsim.model.capacity_plan import plan_capacity
 from kvsim.model.config import load_gpu, load_model
 from kvsim.report.studies import StudyConfig, saturated
 from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario

@@ -15,7 +15,7 @@ until the step ends: 7 · 128 = 896. The last sequence admitted prefills beside 
 import pytest
 
 import kvsim
-from kvsim.model.capacity import plan_capacity
+from kvsim.model.capacity_plan import plan_capacity
 from kvsim.report import studies
 from kvsim.report.studies import StudyConfig, saturated
 from kvsim.report.text import closed_form, formula_text

@@ -117,7 +117,7 @@ def capacity(
     """Closed-form KV capacity: pool, blocks, and max concurrent sequences per context length."""
     from functools import partial
 
-    from kvsim.model.capacity import plan_capacity
+    from kvsim.model.capacity_plan import plan_capacity
     from kvsim.model.config import load_gpu, load_model, make_engine
     from kvsim.model.yaml_io import flag_mapping
     from kvsim.planning.cost import add_capacity_costs, closed_form_output_rate, engine_gpus, gpu_price

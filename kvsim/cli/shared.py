@@ -453,7 +453,7 @@ class ValidateFormat(StrEnum):
     markdown = "markdown"
 
 
-def capacity_headline(plan) -> str:  # plan: kvsim.model.capacity.CapacityPlan
+def capacity_headline(plan) -> str:  # plan: kvsim.model.capacity_plan.CapacityPlan
     """`capacity`'s first lines, rich markup: the model and GPU in bold, each escaped (a name, or a file's, holding
     `[red]` is shown as it is written)."""
     from rich.markup import escape

@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from kvsim.model.capacity import plan_capacity  # noqa: E402
+from kvsim.model.capacity_plan import plan_capacity  # noqa: E402
 from kvsim.model.errors import KvsimError  # noqa: E402
 from kvsim.report import fleet_study, offload_study, speculation_study, studies  # noqa: E402
 from kvsim.report import text as report_text
