@@ -15,8 +15,8 @@ from pydantic import ValidationError
 
 from kvsim.model.errors import KvsimError
 from kvsim.results.output_dir import output_directory
-from kvsim.workload.scenario import PriorityClass
 from kvsim.workload.traces import TraceColumns, read_lengths, read_mooncake
+from kvsim.workload.traffic import PriorityClass
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"

@@ -114,7 +114,7 @@ def _check_v0_priorities(scenario: Scenario) -> None:
     """Refuse request priorities vLLM v0 would reject: its `LLMEngine.add_request` raises "Got priority N but
     Priority scheduling is not enabled." for every request of a nonzero priority unless the policy is `priority`
     (vllm/engine/llm_engine.py), which kvsim does not model for v0 (`EngineConfig`); so a v0 engine serves only
-    priority 0. vLLM v1 accepts any priority under FCFS and ignores it (`kvsim.workload.scenario.PriorityMix`).
+    priority 0. vLLM v1 accepts any priority under FCFS and ignores it (`kvsim.workload.traffic.PriorityMix`).
     A trace's priority column is refused whatever it holds: its values are read with the workload, after this."""
     if scenario.engine.scheduler != "v0":
         return

@@ -21,8 +21,8 @@ import numpy as np
 
 from kvsim.workload.content import Content, SegmentContent, TokenContent
 from kvsim.workload.request import Request
-from kvsim.workload.scenario import SharedPrefix
 from kvsim.workload.traces import TraceRecord
+from kvsim.workload.traffic import SharedPrefix
 
 Segments = list[tuple[Hashable, int]]  # (segment id, tokens), in prompt order
 History = Segments | tuple[Hashable, ...]  # what a turn starts from: segments, or a token-id conversation's tokens

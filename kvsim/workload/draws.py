@@ -1,7 +1,7 @@
 """What draws a workload's requests, as a scenario gives it: a length distribution (`LengthDist`: fixed,
 uniform, lognormal by mean and p99 or sigma, or resampled from a length table) and the arrival process
 (`Arrival`: Poisson, gamma by CV, constant, or a trace's own times). Validated here; drawn by
-`kvsim.workload.generate`. Part of the scenario (`kvsim.workload.scenario.Workload`).
+`kvsim.workload.generate`. Part of the scenario (`kvsim.workload.traffic.Workload`).
 """
 
 from __future__ import annotations

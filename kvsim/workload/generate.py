@@ -44,7 +44,7 @@ from kvsim.workload.content import Content
 from kvsim.workload.conversations import Conversations, History, TurnBuilder
 from kvsim.workload.draws import Arrival, Empirical, Fixed, LengthDist, Lognormal, Uniform
 from kvsim.workload.request import Request
-from kvsim.workload.scenario import Scenario, Workload
+from kvsim.workload.scenario import Scenario
 from kvsim.workload.servegen import read_servegen
 from kvsim.workload.traces import (
     MAX_LENGTH,
@@ -54,6 +54,7 @@ from kvsim.workload.traces import (
     TraceRecord,
     read_lengths,
 )
+from kvsim.workload.traffic import Workload
 
 Z_99 = 2.3263478740408408  # standard normal 99th percentile
 log = logging.getLogger(__name__)
