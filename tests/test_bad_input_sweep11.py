@@ -28,7 +28,7 @@ def test_an_output_in_an_unknown_users_home_is_one_line(tmp_path, monkeypatch, o
 def test_a_plan_written_again_drops_the_earlier_plans_offload_sizing(tmp_path):
     """A plan folder that an earlier `kvsim plan --offload-size` wrote, planned again without the flag: the
     earlier tier sizing (its SLO, its chosen fleet) stayed beside the new plan.csv, read as this plan's."""
-    from kvsim.cli.shared import PLAN_FILES
+    from kvsim.cli.plan_command import PLAN_FILES
     from kvsim.results.output_dir import claim_directory
 
     out = claim_directory(tmp_path / "plan", "plan", PLAN_FILES)  # as the earlier plan left it

@@ -86,7 +86,7 @@ def test_the_printed_evidence_is_what_a_run_of_the_fleet_it_names_shows(tmp_path
     shows 0.085 s), and `4 replicas, 200-request run` for the probe: no fleet of 4 had been simulated."""
     import re
 
-    from kvsim.cli.shared import evidence_line
+    from kvsim.cli.plan_command import evidence_line
     from kvsim.fleet.run import simulate_scenario
     from kvsim.planning.plan import make_plan_spec, plan
     from kvsim.planning.window import window_evidence

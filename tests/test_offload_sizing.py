@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.cli.shared import offload_line
+from kvsim.cli.plan_command import offload_line
 from kvsim.planning.offload_sizing import (
     hurts_table,
     pays_table,

@@ -174,7 +174,7 @@ def test_the_shortage_named_follows_whether_the_run_kept_up(verdict, num_preempt
 def test_the_terminal_says_what_share_of_the_traffic_a_feasible_fleet_never_serves(capsys, tmp_path):
     """Requests over max_model_len are counted apart from the SLOs: lab-2 with prompts of mean 1,000 tokens
     refused 37 % of its requests while the table and 'chosen:' read as the whole traffic served."""
-    from kvsim.cli.shared import print_plan
+    from kvsim.cli.plan_command import print_plan
 
     row = {"rank": 1, "candidate": "l4 tp1", "topology": "colocated", "feasible": True, "memory_limited": False,
            "replicas": 6, "num_gpus": 6, "cost_per_hour": 4.68, "price_source": "given", "rejected_fraction": 0.375}
@@ -267,7 +267,7 @@ def test_evidence_line_names_the_searchs_probe(searched, topology, size, fleet, 
     the split, whose size is fixed and never searched (`searched_replicas` null), `probe of None replicas`.
     Hand-built rows of those shapes (the line reads only these fields) must name the probe as it was run, and the
     split's fleet as its two instances (its `replicas` column), not "2 replicas"."""
-    from kvsim.cli.shared import evidence_line
+    from kvsim.cli.plan_command import evidence_line
 
     row = {"candidate": "h100-80gb tp1", "topology": topology, "replicas": size, "searched_replicas": searched,
            "evidence_num_requests": 10_000, "search_num_requests": 1_000, "verdict": "stable",

@@ -14,13 +14,13 @@ from typing import Annotated
 import typer
 
 from kvsim.cli.interrupts import install as install_interrupts
+from kvsim.cli.plan_command import plan
 from kvsim.cli.profiles import calibrate, import_profile
-from kvsim.cli.progress import points_text, run_progress, study_text, updater
+from kvsim.cli.progress import run_progress, study_text, updater
 from kvsim.cli.shared import (
     DEFAULT_GPU,
     DEFAULT_MODEL,
     INT_FLAG,
-    PLAN_FILES,
     BlockSizeOpt,
     BlocksOverrideOpt,
     Format,
@@ -46,18 +46,15 @@ from kvsim.cli.shared import (
     collector_off,
     fixed_length_scenario,
     load_with_flags,
-    offload_line,
     parse_int_list,
     parse_size_flag,
-    print_plan,
     run_collector,
     run_flags,
     user_errors,
     warn,
     warn_unread,
-    write_plan,
 )
-from kvsim.model.errors import KvsimError, first_repeat, not_a_file, reading, shown
+from kvsim.model.errors import KvsimError, shown
 
 app = typer.Typer(
     cls=OneLineUsageErrors,
@@ -267,124 +264,8 @@ def run(
     console.print(f"results written to {written}/ ({files})")
 
 
-@app.command()
-def plan(
-    scenario: Annotated[str | None, typer.Argument(help="Scenario YAML: the fleet's traffic (trace or rate + "
-                                                         "length mix); omitted: the built-in default.")] = None,
-    spec_file: Annotated[str | None, typer.Option("--spec", help="YAML with plan fields (slo, gpus, ...)")] = None,
-    slo: Annotated[list[str] | None, typer.Option("--slo", help="METRIC.STAT=SECONDS, e.g. ttft_s.p90=2; "
-                                                                "METRIC.STAT@PRIORITY=SECONDS for one class")] = None,
-    gpus: Annotated[list[str] | None, typer.Option("--gpu", help="Candidate GPU (repeat)")] = None,
-    tp_sizes: Annotated[list[int] | None, typer.Option("-tp", "--tensor-parallel-size", "--tp", parser=INT_FLAG,
-                                                       help="Candidate tensor-parallel size (repeat) "
-                                                            "[the scenario's]")] = None,
-    knobs: Annotated[list[str] | None, typer.Option("--engine", help="Knob values: max_num_seqs=128,256")] = None,
-    costs: Annotated[list[str] | None, typer.Option("--gpu-hourly-cost", help="GPU=PRICE per GPU-hour")] = None,
-    max_replicas: Annotated[int | None, typer.Option("--max-replicas", parser=INT_FLAG)] = None,
-    router: Annotated[str | None, typer.Option("--router", help="round_robin, least_outstanding, least_kv, "
-                                                                "affinity")] = None,
-    search: Annotated[str | None, typer.Option("--search", help="replicas: bisect each candidate's replica "
-                                                                "count on whole fleets; rate: the highest rate "
-                                                                "one replica sustains (homogeneous fleets)")] = None,
-    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a scenario field")] = None,
-    output: Annotated[str | None, typer.Option("--output", "-o", help="Directory [plans/NAME]")] = None,
-    dask_address: Annotated[str | None, typer.Option("--dask-address", help="Existing Dask scheduler")] = None,
-    workers: Annotated[int | None, typer.Option("--workers", parser=INT_FLAG,
-                                                help="LocalCluster processes; 1: run here")] = None,
-    memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Bound every simulated point by this "
-                                                     "memory estimate, e.g. 64GiB [this machine's]")] = None,
-    xpyd: Annotated[list[str] | None, typer.Option(
-        "--xpyd", help="Disaggregated splits to rank beside the colocated fleets, e.g. 1P1D,2P1D (repeat); "
-                       "auto: every split up to each colocated answer's size")] = None,
-    kv_transfer_config: Annotated[str | None, typer.Option(
-        "--kv-transfer-config", help="vLLM's flag: JSON for the splits' link, e.g. '{\"kv_link\": \"nvlink\"}' "
-                                     "[rdma]")] = None,
-    output_format: Annotated[Format, typer.Option("--format")] = Format.table,
-    offload_sizes: Annotated[list[str] | None, typer.Option(
-        "--offload-size", help="Also size a KV offload tier for the cheapest colocated answer: a CPU tier "
-                                "size per replica to try (repeat), e.g. 64GiB")] = None,
-) -> None:
-    """The cheapest fleet meeting latency SLOs: fewest replicas per candidate GPU / TP / engine knobs, and
-    with --xpyd disaggregated prefill/decode splits of each, all ranked by cost. With --offload-size, also the
-    CPU offload tier each replica of the cheapest colocated answer needs (`kvsim.planning.offload_sizing`)."""
-    import yaml
-
-    from kvsim.model.yaml_io import load_yaml, yaml_problem
-    from kvsim.planning.plan import check_candidates, refuse_replaced_overrides, spec_from_options
-    from kvsim.planning.plan import plan as run_plan
-    from kvsim.planning.search import close_client, dask_client
-    from kvsim.planning.spec import candidates
-    from kvsim.results.output_dir import check_output_dir, claim_directory, errors_name_output, safe_component
-    from kvsim.results.render import rows_to_csv, rows_to_markdown, to_json
-    from kvsim.workload.generate import short_trace_said_once
-    from kvsim.workload.scenario import load_scenario
-
-    with user_errors(), short_trace_said_once():  # check_candidates says it, not plan's every point
-        check_workers(workers, dask_address)
-        base = load_scenario(scenario, overrides or [])
-        raw: dict = {}
-        if spec_file is not None:
-            problem = not_a_file(spec_file, file_kind="a spec YAML file")  # a FIFO or a folder was "file not found"
-            if problem is not None:
-                raise KvsimError(f"spec={spec_file!r}: {problem}")
-            with reading(spec_file, "spec"):
-                try:
-                    raw = load_yaml(Path(spec_file).read_text()) or {}
-                except yaml.YAMLError as error:
-                    raise KvsimError(f"spec={spec_file!r}: not valid YAML: {yaml_problem(error)}") from None
-            if not isinstance(raw, dict):
-                raise KvsimError(f"spec={spec_file!r}: expected a mapping")
-        if not tp_sizes and "tensor_parallel_sizes" not in raw:
-            tp_sizes = [base.engine.tensor_parallel_size]  # the scenario's TP unless candidates are given
-        limit_bytes = None if memory_limit is None else parse_size_flag(memory_limit, "--memory-limit")
-        spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
-                                 max_replicas, router, search, limit_bytes, xpyd, kv_transfer_config)
-        refuse_replaced_overrides(overrides or [], spec)
-        check_candidates(base, spec)
-        sizes = [parse_size_flag(size, "--offload-size") for size in offload_sizes or []]
-        if (twice := first_repeat(sizes)) is not None:  # each size is one tier to size: a row apiece
-            raise KvsimError(f"--offload-size: {twice:,} bytes is given twice")
-        if sizes:  # a size under one block was found only once the whole plan had run
-            from kvsim.planning.offload_sizing import check_sizes
-
-            colocated = [c.scenario(base, 1, spec.router) for c in candidates(spec) if c.split is None]
-            check_sizes([base, *colocated], sizes, field="--offload-size")
-        out_path = f"plans/{safe_component(base.name)}" if output is None else output
-        check_output_dir(out_path, "plan")
-        warn_unread([c.scenario(base, c.smallest_fleet, spec.router) for c in candidates(spec)])
-        client = None if workers == 1 and not dask_address else dask_client(dask_address, workers)
-        try:  # a full disk was 'No space left on device', naming no --output: the writes below name it
-            out_dir = claim_directory(out_path, "plan", PLAN_FILES)  # made only once every input is good
-            with updater("plan") as update, errors_name_output(out_path, out_dir, named_only=True):
-                def on_point(finished: int, simulated: int, open_searches: int, num_searches: int) -> None:
-                    assert update is not None
-                    update(points_text(finished, simulated, open_searches, num_searches), None, None, None)
-
-                rows, simulated = run_plan(base, spec, out_dir, client, on_point, warn)
-        finally:
-            if client is not None:
-                close_client(client)
-        with errors_name_output(out_path, out_dir):
-            write_plan(rows, out_dir, base.name)
-        if sizes:
-            from kvsim.planning.offload_sizing import size_offload, sizing_base, ttft_slo, write_sizing
-
-            limit, stat = ttft_slo(spec.slo)
-            sized, sized_for = sizing_base(base, spec, rows)
-            sizing = size_offload(sized, sizes, (0.5, 1.0, 2.0), ttft_slo_s=limit, ttft_percentile=stat,
-                                  workers=workers or 1, dask_address=dask_address, sized_for=sized_for)
-            with errors_name_output(out_path, out_dir):
-                write_sizing(sizing, out_dir)
-    if output_format is Format.table:
-        print_plan(rows, base.name, out_dir, simulated)
-        if sizes:
-            typer.echo(offload_line(sizing))
-    else:
-        writers = {Format.csv: rows_to_csv, Format.json: to_json, Format.markdown: rows_to_markdown}
-        sys.stdout.write(writers[output_format](rows))
-
-
-app.command()(calibrate)  # the profile commands live in kvsim.cli.profiles; registered here for --help's order
+app.command()(plan)  # `kvsim plan` lives in kvsim.cli.plan_command, the profile commands in kvsim.cli.profiles;
+app.command()(calibrate)  # registered here for --help's order
 app.command("import-profile")(import_profile)
 
 

@@ -1,5 +1,6 @@
-"""What the `kvsim` commands share: option types and choices, flag parsers, the one-line error rule,
-the few text helpers of the capacity and plan output (`kvsim.cli` defines the commands).
+"""What the `kvsim` commands share: option types and choices, flag parsers, the one-line error rule, warnings,
+the few text helpers of the capacity output (`kvsim.cli` defines the commands; `kvsim plan`'s output is
+`kvsim.cli.plan_command`'s).
 """
 
 from __future__ import annotations
@@ -9,14 +10,13 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
 from kvsim.model.errors import KvsimError, empty_item, first_repeat, shown
-from kvsim.model.units import counted, underscore_problem
+from kvsim.model.units import underscore_problem
 
 
 class Format(StrEnum):
@@ -310,136 +310,6 @@ class StepsFormatOption(StrEnum):
 class RunFormat(StrEnum):
     table = "table"
     json = "json"
-
-
-PLAN_FILES = ["points.jsonl", "plan.csv", "plan.json", "plan.md", "pareto.png",
-              ".plan.csv.tmp", ".plan.json.tmp", ".plan.md.tmp", ".pareto.tmp.png",  # all `plan` writes
-              "offload_points.csv", "offload_pays.csv", "offload_hurts.csv", "offload_sizing.json",  # --offload-size
-              ".offload_points.csv.tmp", ".offload_pays.csv.tmp", ".offload_hurts.csv.tmp", ".offload_sizing.json.tmp"]
-
-
-def offload_line(sizing: Any) -> str:
-    """`kvsim plan --offload-size`'s one-line answer (`kvsim.planning.offload_sizing.OffloadSizing`)."""
-    f = sizing.facts
-    size = sizing.size_for_ttft_bytes
-    slo = f"TTFT {f['ttft_percentile']} <= {f['ttft_slo_s']} s" if f["ttft_slo_s"] is not None else "no TTFT SLO"
-    found = ("not met by any size tried" if size is None else "met without a tier" if not size
-             else f"met from a CPU tier of {size / 2**30:g} GiB a replica")
-    largest = f"the largest tier ({f['largest_bytes'] / 2**30:g} GiB)"
-    pays = (f"{largest} cuts TTFT p90 by 5 % at no load tried" if sizing.pays_from_load is None
-            else f"{largest} cuts TTFT p90 by >= 5 % from load x{sizing.pays_from_load:g} of the scenario's")
-    return (f"offload ({f['sized_for']}): {slo} {found}; {pays}; "
-            "offload_points.csv, offload_pays.csv, offload_hurts.csv, offload_sizing.json")
-
-
-def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> None:
-    """`kvsim plan`'s terminal answer: the ranked table, prices, memory bounds met, the choice, the files."""
-    import typer
-    from rich.console import Console
-
-    from kvsim.results.render import rows_to_rich
-
-    columns = ("rank", "candidate", "replicas", "lower_bound_replicas", "num_gpus", "cost_per_hour",
-             "usd_per_million_output_tokens", "headroom", "verified", "limiting_factor")
-    Console().print(rows_to_rich([{k: r.get(k) for k in columns} for r in rows], title=f"kvsim plan: {name}"))
-    typer.echo(f"prices: {'; '.join(sorted({r['price_source'] for r in rows}))}")
-    for r in rows:
-        if r["memory_limited"]:
-            typer.echo(f"memory: {r['candidate']}: {r['limiting_factor']}")
-        elif r.get("verify_memory"):
-            typer.echo(f"memory: {r['candidate']}: not verified: {r['verify_memory']}")
-        if r["feasible"] and r.get("evidence_num_requests"):
-            typer.echo(evidence_line(r))
-        if r["feasible"] and r.get("rejected_fraction"):  # else it read as serving all the traffic
-            typer.echo(f"refused, {r['candidate']}: {r['rejected_fraction']:.1%} of the requests can never be "
-                       "served (over max_model_len or the KV pool: the run's reject_reasons); the replicas, SLOs "
-                       "and cost are for the rest")
-        if r.get("gap_breakdown"):
-            typer.echo(f"gap to the floor, {r['candidate']}: {r['gap_breakdown']} (replicas at the traffic's "
-                       f"rate, from the run behind the answer; {r['bound_binds']} floor binds)")
-    typer.echo(chosen_text(rows))
-    typer.echo(f"{counted(simulated, 'point')} simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
-               f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests, "
-               f"one replica more while that long run fails")
-
-
-def evidence_line(row: dict) -> str:
-    """A feasible row's evidence in one line, the window columns of plan.csv: the run behind the answer (its
-    long run when one held) and, when the search's probe was another run, what that probe showed."""
-    from kvsim.planning.window import parse_slo_key
-
-    def slos(prefix: str) -> str:
-        out = []
-        for key, value in row.items():
-            if not key.startswith(prefix) or "." not in key[len(prefix):]:
-                continue
-            try:
-                parse_slo_key(key[len(prefix):])
-            except ValueError:  # an interval column, not an SLO's value
-                continue
-            ci = row.get(f"{key}_ci")
-            out.append(f"{key[len(prefix):]} {value:.4g}" + (f" (95 % CI {ci})" if ci else ""))
-        return ", ".join(out)
-
-    ratio, scale = row["served_over_offered"], row.get("evidence_traffic_scale", 1.0)
-    size = row.get("evidence_replicas", row["replicas"])
-    split = row.get("topology", "colocated") != "colocated"  # an xPyD split's `replicas` counts its instances
-    fleet = f"{row['topology']} ({counted(size, 'instance')})" if split else counted(size, "replica")
-    traffic = f" on {scale:.4g}× the traffic" if scale != 1.0 else ""  # a rate search's long run below its count,
-    #                                                                      or its one-replica probe
-    text = (f"evidence, {row['candidate']}: {fleet}, "
-            f"{row['evidence_num_requests']:,}-request run{traffic}: "
-            f"{row['verdict']} over its window ({row['num_in_window']:,} requests in {row['window_s']:,.0f} s, served/"
-            f"offered {'-' if ratio is None else f'{ratio:.3f}'}); {slos('')}")
-    if row.get("search_num_requests") != row["evidence_num_requests"]:  # the answer rests on a long run
-        if row.get("capacity_headroom") is not None:  # a rate search's
-            probe = f"one-replica probe at {row['rate_per_replica']:.4g} req/s"
-        elif row.get("searched_replicas") is None:  # an xPyD split's: one fixed fleet, no count searched
-            probe = f"probe of {row['topology']}"
-        else:  # a replica search's
-            probe = f"probe of {counted(row['searched_replicas'], 'replica')}"
-        text += f"; the search's {probe} ({row['search_num_requests']:,} requests): {slos('search_')}"
-    return text
-
-
-def chosen_text(rows: list[dict]) -> str:
-    """The plan's answer in one line: the first ranked row when it meets the SLOs."""
-    best = rows[0] if rows else None
-    if best is None or not best["feasible"]:
-        return "chosen: none: no candidate meets every SLO within its limits (see limiting_factor)"
-    cost = "no price" if best["cost_per_hour"] is None else f"${best['cost_per_hour']:,.2f}/hour"
-    per_token = best.get("usd_per_million_output_tokens")
-    tokens = "" if per_token is None else f", ${per_token:,.3f} per million output tokens"
-    gpus = f"{best['num_gpus']} GPU{'s' * (best['num_gpus'] != 1)}"
-    return f"chosen: {best['candidate']} x{best['replicas']} ({best['topology']}): {gpus}, {cost}{tokens}"
-
-
-def write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
-    """plan.csv / .json / .md and the Pareto figure, all written whole, then each renamed into place (a full disk
-    stops the writes before any rename: writing and renaming each in turn left this plan's plan.csv beside the
-    last one's plan.md); an earlier plan's offload sizing in the folder is removed (it sized that plan's answer:
-    `--offload-size` sizes this one's afresh), so the folder never shows one plan beside another's tier."""
-    import os
-
-    from kvsim.planning.offload_sizing import OFFLOAD_FILES
-    from kvsim.report.build import pareto_figure
-    from kvsim.results.render import rows_to_csv, rows_to_markdown, to_json
-
-    for stale in OFFLOAD_FILES:
-        (out_dir / stale).unlink(missing_ok=True)
-
-    written = {file: out_dir / f".{file}.tmp" for file in ("plan.csv", "plan.json", "plan.md")}
-    written["pareto.png"] = out_dir / ".pareto.tmp.png"
-    try:
-        for file, write in (("plan.csv", rows_to_csv), ("plan.json", to_json), ("plan.md", rows_to_markdown)):
-            written[file].write_text(write(rows))
-        pareto_figure(rows, written["pareto.png"], f"{name}: candidates meeting the SLOs")
-    except BaseException:
-        for tmp in written.values():
-            tmp.unlink(missing_ok=True)
-        raise
-    for file, tmp in written.items():
-        os.replace(tmp, out_dir / file)
 
 
 class LatencyChoice(StrEnum):
