@@ -18,6 +18,10 @@ every expected value derived by hand or by a naive second implementation written
   output rate of the run behind the answer, its window recomputed here from its request table by the definition
   (`kvsim.planning.window`), and that rate is 64 tokens × the offered rate within the Poisson noise of the window's
   arrivals;
+* an SLO below what one request alone on an idle replica takes (one 20 ms step a token: TTFT ≥ 0.02 s, E2E ≥ 64 ·
+  0.02 = 1.28 s) is reported as unreachable by any fleet, before anything is simulated. It was searched instead
+  (up to `max_replicas`, 64 by default, each count simulated) and reported as "misses ttft_s.p90 even at 16
+  replicas", which reads as if 32 might;
 * the steady-state verdict of a run does not depend on the seed within the confidence it states: at ρ = 0.75 every
   seed of four is stable, at ρ = 1.3 every one overloaded.
 """
@@ -176,3 +180,39 @@ def test_usd_per_million_tokens_is_the_cost_over_the_answers_window_output_rate_
         row["replicas"] * 2.0 / (3600 * tokens_per_s) * 1e6, rel=1e-12)
     arrived = int(((arrival >= start) & (arrival < end)).sum())
     assert abs(tokens_per_s / (64 * arrived / (end - start)) - 1) <= 4 / math.sqrt(arrived)
+
+
+@pytest.mark.parametrize(("slo", "key", "floor_s"), [({"ttft_s.p90": 0.015}, "ttft_s.p90", 0.02),
+                                                     ({"ttft_s.p90": 0.3, "e2e_s.p50": 1.2}, "e2e_s.p50", 1.28)],
+                         ids=["ttft", "e2e"])
+@pytest.mark.parametrize("search", ["replicas", "rate"])
+def test_an_slo_below_one_request_alone_is_unreachable_and_nothing_is_simulated(planned, slo, key, floor_s, search):
+    """One 20 ms step a token, each after its request's arrival: TTFT ≥ 0.02 s, E2E ≥ 64 · 0.02 = 1.28 s for every
+    request on any fleet. Before, the replica search simulated 1, 2, 4, 8 and 16 replicas (of `max_replicas` 16) and
+    said "misses ttft_s.p90 even at 16 replicas", the rate search "over 16 replicas; misses ttft_s.p90 at 0.913
+    req/s per replica", as if more replicas might."""
+    row, simulated = planned(14.0, slo, search=search)
+    assert simulated == 0 and row["feasible"] is False and row["replicas"] is None
+    assert row["limiting_factor"].startswith(f"no fleet can meet {key} <= {slo[key]:g} s (at least {floor_s:.4g} s)")
+    assert row["headroom"] == pytest.approx((slo[key] - floor_s) / slo[key])
+    at_floor, _ = planned(14.0, {**slo, key: floor_s}, search=search)  # a limit at the floor itself is searched (and met or not)
+    assert not at_floor["limiting_factor"].startswith("no fleet can meet")
+
+
+@pytest.mark.parametrize("engine", [{"enable_prefix_caching": False, "max_num_batched_tokens": 512, "max_num_seqs": 64},
+                                    {"scheduler": "v0"}], ids=["v1-chunked-no-cache", "v0"])
+def test_the_latency_floor_is_under_every_requests_latency(engine):
+    """Llama-3.1-8B under the roofline, 1,000-token prompts at 200 req/s: every request's TTFT, TPOT and E2E is at
+    least its floor (v1 with 512-token chunks and no cache: two steps before the first token)."""
+    from kvsim.planning.slo_floor import slo_floor
+
+    scenario = make_scenario({"name": "floor", "engine": {"max_model_len": 4096, **engine}, "seed": 3,
+                              "workload": {"num_requests": 40, "arrival": {"process": "poisson", "rate": 200.0},
+                                           "prompt_len": {"dist": "fixed", "value": 1000},
+                                           "output_len": {"dist": "fixed", "value": 8}}})
+    floor = slo_floor(scenario)
+    assert floor is not None and floor.ttft_s == pytest.approx((2 if "max_num_batched_tokens" in engine else 1)
+                                                               * floor.step_s)
+    r = simulate_scenario(scenario).requests
+    assert r["ttft_s"].min() >= floor.ttft_s and r["tpot_s"].min() >= floor.tpot_s
+    assert r["e2e_s"].min() >= floor.e2e_s == pytest.approx(8 * floor.step_s)

@@ -26,6 +26,9 @@ preempted, else compute; when it did not, only that it was over capacity, since 
 its KV and preempts: `kvsim.planning.window.shortage`), the window's evidence, and the first-principles floor
 (`kvsim.planning.bounds`: `lower_bound_replicas`, which bound binds, `replicas_over_bound`).
 
+A candidate whose latency floor rules out an SLO (`kvsim.planning.slo_floor`: every token takes at least the
+fastest step, so a TTFT, TPOT or E2E limit under that is missed at any count) is not searched: its row says so.
+
 `xpyd: [1P1D, 2P1D]` adds those disaggregated prefill/decode splits of every candidate shape, each one
 fixed fleet judged the same way (`kvsim.planning.xpyd`), ranked with the colocated rows by cost
 (`topology`, `usd_per_million_output_tokens`). Every point is memory-estimated first
@@ -61,6 +64,7 @@ from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traffic
 from kvsim.planning.point import POINT_FORMAT, point_metrics, point_problem
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
+from kvsim.planning.slo_floor import UnreachableSearch, slo_floor, unreachable_slos
 from kvsim.planning.spec import (
     Candidate,
     PlanSpec,
@@ -291,6 +295,9 @@ class ReplicaSearch:
                 **answer_columns(answer["evidence"], metrics["evidence"], slo), **self.verify.columns()}
 
 
+AnySearch = ReplicaSearch | RateSearch | XpydSearch | UnreachableSearch
+
+
 def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Feasible first, then by cost per hour (priced rows first), then fewer GPUs, then cost per million output
     tokens, then more headroom, then candidate name, so that equal rows come in one order whatever order the
@@ -330,10 +337,7 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
 def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_point: Any,
           on_note: Callable[[str], None] | None) -> tuple[list[dict[str, Any]], int]:
     check_candidates(base, spec)  # bad knob values fail here, before any simulation
-    searches: list[ReplicaSearch | RateSearch | XpydSearch] = [
-        XpydSearch(c, base, spec) if c.split is not None else
-        RateSearch(c, base, spec) if spec.search == "rate" else ReplicaSearch(c, base, spec)
-        for c in candidates(spec)]
+    searches = [search_for(c, base, spec) for c in candidates(spec)]
     store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence", "work"), point_format=POINT_FORMAT,
                        problem=point_problem)
     for note in (store.stale_text(), store.malformed_text()):
@@ -368,11 +372,24 @@ def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_p
     return rank(rows), simulated
 
 
-def note_memory_limited(searches: Sequence[ReplicaSearch | RateSearch | XpydSearch], store: PointStore) -> None:
+def search_for(c: Candidate, base: Scenario, spec: PlanSpec) -> AnySearch:
+    """The candidate's search; a stand-in that simulates nothing when its latency floor rules out an SLO at any
+    replica count (`kvsim.planning.slo_floor`: a split's instances are the shape's engines too)."""
+    floor = slo_floor(Candidate(c.gpu, c.tensor_parallel_size, c.knobs).scenario(base, 1, spec.router))
+    if floor is not None and (missed := unreachable_slos(floor, spec.slo)):
+        return UnreachableSearch(c, floor, missed, spec.slo)
+    if c.split is not None:
+        return XpydSearch(c, base, spec)
+    return RateSearch(c, base, spec) if spec.search == "rate" else ReplicaSearch(c, base, spec)
+
+
+def note_memory_limited(searches: Sequence[AnySearch], store: PointStore) -> None:
     """Each point a search could not pass for memory, in `points.jsonl` as `{"verdict": "memory_limited",
     "memory_bytes", "memory_limit_bytes"}` (no `evidence`: a rerun never takes it for a simulated point,
     and judges the bound again under its own limit); once per point and limit."""
     for search in searches:
+        if isinstance(search, UnreachableSearch):  # simulates nothing: no point of it was held back
+            continue
         block = search.memory_block()
         if block is None:
             continue
