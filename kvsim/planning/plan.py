@@ -7,8 +7,10 @@
 The base scenario's workload is the whole fleet's traffic (a trace, or a rate and a length
 mix). Each candidate (GPU × TP × engine knobs) gets the fewest replicas that meet every SLO
 at that traffic: counts 1, 2, 4, … are tried until one meets it, then bisection between the
-last miss and the first hit. This assumes that adding a replica never breaks an SLO (more
-replicas, less load each), which holds for the load-aware routers and round robin alike.
+last miss and the first hit (`kvsim.planning.replica_search`; the count just below, where its probe missed an SLO
+only within the percentile's confidence interval, is run again long before it is given up). This assumes that
+adding a replica never breaks an SLO (more replicas, less load each), which holds for the load-aware routers and
+round robin alike.
 
 A count passes only when its fleet is stable and meets every SLO over the steady-state
 measurement window (`kvsim.planning.steady_state`); the chosen count is then re-run with 10×

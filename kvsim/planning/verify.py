@@ -5,7 +5,8 @@ lasting. So once a candidate's search ends, its chosen fleet is simulated once m
 same traffic with 10 × N requests (`PlanSpec.verify_factor`) (a trace gives at most the records it has:
 the count run is reported). A short probe can be optimistic (a queue growing by under 1 % of arrivals,
 waits that creep up), so while the long run fails the search goes on in long runs: the next larger
-count (one replica more), up to `max_replicas`. The answer is the first count whose long run holds;
+count (one replica more), up to `max_replicas` (a probe that missed by noise below the answer is the replica
+search's to rerun: `kvsim.planning.replica_search`). The answer is the first count whose long run holds;
 that run's steady-state evidence (`kvsim.planning.steady_state`) is the row's evidence (its window
 columns and headroom, `answer_columns`, and the `verify_*` columns, `verified`: stable and every SLO
 met), the search's probe is in `search_*` columns, with `searched_replicas` (the short probes' answer)

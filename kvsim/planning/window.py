@@ -465,6 +465,21 @@ def unjudged(num_requests: int, ran: int, where: str, max_probe_requests: int) -
     return f"could not be judged: its {num_requests}-request probes were too short {where}{advice}"
 
 
+def missed_within_noise(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> bool:
+    """Whether a stable run missed SLOs only within its sample's noise: each missed percentile's 95 % confidence
+    interval reaches down to its limit, so a longer run may well meet it. A mean has no interval here, and an
+    unstable verdict is no SLO's noise: False for those, and for a run that missed nothing."""
+    if evidence["verdict"] != STABLE:
+        return False
+    missed = [key for key, value in slo_values(evidence, slo).items() if value > slo[key]]
+    for key in missed:
+        metric, stat, priority = parse_slo_key(key)
+        low = slo_stats(evidence, metric, priority).get(f"{stat}_ci", (None, None))[0]
+        if low is None or low > slo[key]:
+            return False
+    return bool(missed)
+
+
 def why_failed(evidence: Mapping[str, Any] | None, slo: Mapping[str, float]) -> str | None:
     """'is overloaded' / 'is backlogged' / 'is stalled' when the system was not stable, else 'misses' and the SLOs
     missed."""
