@@ -23,7 +23,20 @@ every expected value derived by hand or by a naive second implementation written
   (up to `max_replicas`, 64 by default, each count simulated) and reported as "misses ttft_s.p90 even at 16
   replicas", which reads as if 32 might;
 * the steady-state verdict of a run does not depend on the seed within the confidence it states: at ρ = 0.75 every
-  seed of four is stable, at ρ = 1.3 every one overloaded.
+  seed of four is stable, at ρ = 1.3 every one overloaded; nor does a plan's answer: seed 2 of the toy answered 4
+  replicas where seeds 1, 3, 4, 5 answer 3 (the least any can: 2 replicas get 7 req/s each), because its 400-request
+  probe of 3 missed p90 TTFT by noise (0.32 s, its 95 % interval 0.25–0.41 s) and nothing looked below the answer
+  again; the count below is now rerun long when its probe missed within its interval;
+* the latency floor itself is under every simulated request (Llama-3.1-8B under the roofline, v1 with 512-token
+  chunks and no prefix cache: two steps before a 1,000-token prompt's first token; v0).
+
+Relations tried that held and are not kept (each a plan of seconds, or covered elsewhere): `kvsim capacity`'s
+closed-form concurrency, rate and prices are the same per engine with `-dp 2` as with 1 (DP scales linearly);
+the replica floor of `kvsim.planning.bounds` stayed under one replica's measured capacity (Llama-3.1-8B, H100,
+32 + 128 tokens: floor 1.10 replicas at 165 req/s, served 84 %); the rate search's answer varies 3–4 over five
+seeds at 14 req/s, each time on a long run (3 replicas at 1.1x the traffic held or failed), a boundary case
+and not a probe's noise. Kept out as wrong relations: N round-robin replicas at N·r do not queue like one at r
+(above); an empty SLO is refused by `plan` (its stability-only answer uses a limit no run reaches).
 """
 
 from __future__ import annotations
