@@ -133,6 +133,7 @@ def test_a_bad_no_worker_timeout_is_one_line(monkeypatch):
             no_workers_timeout_s()
 
 
+
 def test_points_judged_before_the_per_replica_queue_test_are_simulated_again(tmp_path):
     """A fleet's verdict holds each replica's waiting queue to its own margin since 7db66e8 (round robin over
     three 4-slot replicas and a 1-slot one at 1.1× its limit read stable, now backlogged), so a point stored
@@ -146,88 +147,107 @@ def test_points_judged_before_the_per_replica_queue_test_are_simulated_again(tmp
     assert not store.points and store.stale == {"a": 1}
 
 
-
-def _toy_at_2_per_s():
-    """The plan tests' toy at 2 req/s: one replica holds it, stable."""
-    from test_plan import toy  # tests/ is on sys.path
-
-    from kvsim.workload.scenario import make_scenario
-
-    raw = toy().model_dump(mode="json")
-    raw["workload"]["arrival"]["rate"] = 2.0
-    return make_scenario(raw)
-
-
-def _one_point_plan(tmp_path, on_note=None):
-    """A plan of one replica of `_toy_at_2_per_s` with no long run: one stable point, `points.jsonl`'s one line."""
-    from kvsim.planning.plan import make_plan_spec, plan
-
-    spec = make_plan_spec({"slo": {"ttft_s.p90": 2.0}, "gpus": ["h100-80gb"], "max_replicas": 1, "verify_factor": 0})
-    return plan(_toy_at_2_per_s(), spec, tmp_path, on_note=on_note)
+def whole_point() -> dict:
+    """A point's metrics as `kvsim.planning.point.point_metrics` makes them (a 100-request run judged stable),
+    written out field by field from `window_evidence`'s docstring, not read from a run."""
+    stats = {"n": 63, "mean": 0.04, "p50": 0.03, "p50_ci": [0.02, 0.04], "p90": 0.09, "p90_ci": [0.07, 0.12],
+             "p99": 0.12, "p99_ci": [0.1, 0.12]}
+    evidence = {"num_requests": 100, "num_rejected": 0, "rejected_fraction": 0.0, "verdict": "stable",
+                "window_start_s": 11.5, "window_s": 40.3, "num_in_window": 63, "offered_per_s": 1.57,
+                "served_per_s": 1.64, "served_over_offered": 1.05, "backlog_trend": -0.008,
+                "backlog_trend_low": -0.027, "backlog_end": 4, "early_overload": None, "mean_service_s": 1.34,
+                "mean_running": 2.55, "output_tokens_per_s": 385.5,
+                **{metric: dict(stats) for metric in ("ttft_s", "tpot_s", "e2e_s", "queue_s")}}
+    return {"num_replicas": 1, "num_gpus": 1, "num_requests": 100, "num_finished": 100, "num_rejected": 0,
+            "duration_s": 59.8, "requests_per_s": 1.67, "output_tokens_per_s": 396.0, "num_preemptions": 0,
+            "kv_cache_usage_mean": 0.008, "prefix_cache_hit_rate": 0.0, "offered_rate_per_s": 1.72,
+            "evidence": evidence, "work": {"busy_replica_s": 56.6, "recomputed_tokens": 0}}
 
 
-def test_a_point_whose_metrics_are_malformed_is_simulated_again_with_one_line(tmp_path):
-    """A points.jsonl line of this kvsim's format was reused as it stood: with its verdict gone `kvsim plan` stopped
-    on a KeyError's traceback. Such a line is simulated again, with one line naming it (as a line of another format
-    is), and the plan's answer is the undamaged one's; the line written then is whole, and reused."""
-    first, simulated = _one_point_plan(tmp_path)
-    assert simulated == 1
-    points = tmp_path / "points.jsonl"
-    row = json.loads(points.read_text())
-    del row["metrics"]["evidence"]["verdict"]
-    points.write_text(json.dumps(row) + "\n")
-    notes: list[str] = []
-    again, simulated = _one_point_plan(tmp_path, notes.append)
-    assert notes == [f"{points}: 1 point with malformed metrics (line 1: evidence.verdict=None is not a verdict) "
-                     "will be simulated again, not reused"]
-    assert simulated == 1 and json.dumps(again) == json.dumps(first)
-    assert _one_point_plan(tmp_path, notes.append)[1] == 0 and len(notes) == 1
+def damaged(path: tuple[str, ...], value) -> dict:
+    """`whole_point()` with the field at `path` set to `value` (`...`: the field removed)."""
+    point = whole_point()
+    *parents, last = path
+    section = point
+    for key in parents:
+        section = section[key]
+    if value is ...:
+        del section[last]
+    else:
+        section[last] = value
+    return point
 
 
-@pytest.fixture(scope="module")
-def whole_point():
-    from kvsim.planning.plan import Candidate
-    from kvsim.planning.point import point_metrics
-
-    return point_metrics(Candidate("h100-80gb", 1).scenario(_toy_at_2_per_s(), 1, "round_robin"))  # as plan's
-
-
-@pytest.mark.parametrize(("damage", "why"), [
-    (lambda m: m["evidence"].update(verdict="fine"), "evidence.verdict='fine' is not a verdict"),
-    (lambda m: m["evidence"]["ttft_s"].update(p90="x"), "evidence.ttft_s.p90='x' is not a number"),
-    (lambda m: m["evidence"]["tpot_s"].pop("p99"), "evidence.tpot_s.p99 is missing"),
-    (lambda m: m["evidence"].update(e2e_s=[1.0]), "evidence.e2e_s=[1.0] is not statistics"),
-    (lambda m: m["evidence"].update(num_requests=1.5), "evidence.num_requests=1.5 is not an integer"),
-    (lambda m: m["evidence"].update(by_priority={"0": {"queue_s": {"p50": 1.0}}}),
-     "evidence.by_priority.0.queue_s.mean is missing"),
-    (lambda m: m["evidence"].update(by_priority=[]), "evidence.by_priority=[] is not statistics by priority"),
-    (lambda m: m.update(num_preemptions="3"), "num_preemptions='3' is not a number"),
-    (lambda m: m.pop("offered_rate_per_s"), "offered_rate_per_s is missing"),
-    (lambda m: m["work"].update(busy_replica_s=True), "work.busy_replica_s=True is not a number"),
+@pytest.mark.parametrize(("path", "value", "problem"), [
+    (("evidence", "ttft_s", "p90"), "abc", "evidence.ttft_s.p90='abc': Input should be a valid number"),  # ValueError
+    (("evidence", "ttft_s", "p90"), -5, "evidence.ttft_s.p90=-5: Input should be greater than or equal to 0"),  # met
+    (("evidence", "ttft_s", "p90"), float("nan"), "evidence.ttft_s.p90=nan: Input should be a finite number"),
+    (("evidence", "ttft_s", "p90"), True, "evidence.ttft_s.p90=True: Input should be a valid number"),
+    (("evidence", "ttft_s"), ..., "evidence.ttft_s: required field is missing"),  # KeyError
+    (("evidence", "verdict"), ..., "evidence.verdict: required field is missing"),  # KeyError
+    (("evidence", "verdict"), "fine", "evidence.verdict='fine': Input should be 'stable', "),  # "is fine" as a failure
+    (("evidence", "ttft_s", "p90_ci"), [0.1], "evidence.ttft_s.p90_ci=[0.1]: List should have at least 2 items"),
+    (("evidence", "num_requests"), "100", "evidence.num_requests='100': Input should be a valid integer"),
+    (("work", "busy_replica_s"), "x", "work.busy_replica_s='x': Input should be a valid number"),
+    (("offered_rate_per_s",), None, "offered_rate_per_s=None: Input should be a valid number"),  # a TypeError
 ])
-def test_a_malformed_metric_or_slo_field_is_named(whole_point, damage, why):
-    """What `point_metrics` made (and a stalled point's metrics) passes; each field the searches read, damaged,
-    is named with its value (the summary's and work's figures are numbers or null; an SLO metric's mean and
-    percentiles too, over every request and over each priority's)."""
-    import copy
+def test_a_point_no_run_makes_is_named_by_its_field(path, value, problem):
+    """`point_problem` finds what a resumed plan read as a point: a ValueError, KeyError or TypeError traceback
+    deep in the search, or a verdict on a value no run makes (a negative p90 met every SLO)."""
+    from kvsim.planning.point import point_problem
+
+    assert point_problem(whole_point()) is None
+    found = point_problem(damaged(path, value))
+    assert found is not None and found.startswith(problem), found
+
+
+def test_a_stalled_point_is_a_whole_point():
+    """A run that stalled is a point with no values (`stalled_metrics`): a resumed plan reuses it."""
+    from test_plan import toy  # tests/ is on sys.path
 
     from kvsim.planning.point import point_problem, stalled_metrics
 
-    assert point_problem(whole_point) is None
-    assert point_problem(stalled_metrics(_toy_at_2_per_s(), "stalled")) is None
-    damaged = copy.deepcopy(whole_point)
-    damage(damaged)
-    assert point_problem(damaged) == why
+    assert point_problem(stalled_metrics(toy(), "held KV")) is None
 
 
-def test_the_point_store_names_the_first_malformed_point_and_forgets_one_added_again(tmp_path):
+def test_point_store_skips_a_damaged_point_and_says_which_line_until_it_is_replaced(tmp_path):
+    from kvsim.planning.point import point_problem
+
     path = tmp_path / "points.jsonl"
-    metrics = {"evidence": {}, "work": {}}
-    path.write_text("".join(json.dumps({"hash": key, "name": key, "metrics": metrics}) + "\n" for key in "ab"))
-    store = PointStore(path, required=("evidence", "work"), problem=lambda m: "bad")
-    assert store.malformed == {"a": (1, "bad"), "b": (2, "bad")} and not store.points
-    assert store.malformed_text() == (f"{path}: 2 points with malformed metrics (line 1: bad) will be simulated "
-                                      "again, not reused")
-    store.add("a", "a", metrics)
-    assert store.malformed == {"b": (2, "bad")}
-    assert set(PointStore(path, required=("evidence", "work")).points) == {"a", "b"}  # no problem: all reused
+    path.write_text("\n".join(json.dumps({"hash": key, "name": key, "format": 4, "metrics": metrics})
+                              for key, metrics in [("a", whole_point()), ("b", damaged(("evidence", "verdict"), 3)),
+                                                   ("c", damaged(("work",), {}))]) + "\n")
+    store = PointStore(path, required=("evidence", "work"), point_format=4, problem=point_problem)
+    assert set(store.points) == {"a"} and set(store.damaged) == {"b", "c"}
+    assert store.damaged_text() == (f"{path}: line 2: evidence.verdict=3: Input should be 'stable', 'backlogged', "
+                                    "'overloaded', 'no servable requests', 'stalled' or 'too short': not a point kvsim "
+                                    "wrote (and 1 more damaged point); will be simulated again, not reused")
+    store.add("b", "b", whole_point())
+    store.add("c", "c", whole_point())
+    again = PointStore(path, required=("evidence", "work"), point_format=4, problem=point_problem)
+    assert set(again.points) == {"a", "b", "c"} and again.damaged_text() is None
+
+
+def test_a_plan_resumed_from_a_damaged_point_simulates_it_again(tmp_path):
+    """The point the plan needs is on file with a p90 of 'abc': the plan stopped with a ValueError traceback
+    (`float('abc')` in `slo_values`). It now says so in one warning and simulates the point."""
+    from test_plan import toy  # tests/ is on sys.path
+
+    from kvsim.planning.plan import make_plan_spec, plan
+    from kvsim.planning.point import POINT_FORMAT
+    from kvsim.planning.search import scenario_hash
+    from kvsim.planning.spec import candidates
+
+    workload = toy().workload  # at 2 req/s one replica of the toy meets the SLO in one 100-request run
+    base = toy().model_copy(update={"workload": workload.model_copy(
+        update={"arrival": workload.arrival.model_copy(update={"rate": 2.0})})})
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 0.3}, "gpus": ["h100-80gb"], "max_replicas": 1, "verify_factor": 0})
+    key = scenario_hash(candidates(spec)[0].scenario(base, 1, spec.router))
+    point = damaged(("evidence", "ttft_s", "p90"), "abc")
+    line = json.dumps({"hash": key, "name": "x", "format": POINT_FORMAT, "metrics": point})
+    (tmp_path / "points.jsonl").write_text(line + "\n")
+    notes: list[str] = []
+    rows, simulated = plan(base, spec, tmp_path, on_note=notes.append)
+    assert simulated == 1 and rows[0]["replicas"] == 1
+    assert notes == [f"{tmp_path / 'points.jsonl'}: line 1: evidence.ttft_s.p90='abc': Input should be a valid "
+                     "number: not a point kvsim wrote; will be simulated again, not reused"]

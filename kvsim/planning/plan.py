@@ -195,7 +195,7 @@ def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_p
     searches = [search_for(c, base, spec) for c in candidates(spec)]
     store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence", "work"), point_format=POINT_FORMAT,
                        problem=point_problem)
-    for note in (store.stale_text(), store.malformed_text()):
+    for note in (store.stale_text(), store.damaged_text()):
         if note is not None and on_note is not None:
             on_note(note)
     evaluate = partial(point_metrics, memory_limit_bytes=spec.memory_limit_bytes)

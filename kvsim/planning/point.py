@@ -9,10 +9,13 @@ whole traffic on one replica) goes on to lighter ones instead of stopping the pl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from kvsim.model.errors import HeldKvStall, shown
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvsim.model.errors import HeldKvStall, from_validation_error
 from kvsim.planning.search import Metrics
+from kvsim.planning.window import BACKLOGGED, EMPTY, OVERLOADED, SLO_METRICS, STABLE, STALLED, TOO_SHORT
 from kvsim.workload.scenario import Scenario
 
 POINT_FORMAT = 4
@@ -64,45 +67,78 @@ def stalled_metrics(scenario: Scenario, reason: str) -> Metrics:
             "work": {"busy_replica_s": None, "recomputed_tokens": None}}
 
 
-def point_problem(metrics: Metrics) -> str | None:
-    """Why a stored point's `metrics` (its `evidence` and `work` dicts: `PointStore`'s `required`) are not what
-    `point_metrics` makes, or None: a summary or work figure that is no number (or null), an evidence verdict that
-    is none of the window's, a request count that is no integer, or an SLO metric's statistics (over every request,
-    or over one priority's) that are no numbers. A damaged or hand-edited points.jsonl line of this format was
-    reused as it stood: a missing verdict stopped `kvsim plan` with a KeyError's traceback, text where a
-    percentile belongs with a TypeError against the SLO. `PointStore` simulates such a point again."""
-    from kvsim.planning import window
+Count = Annotated[int, Field(ge=0)]
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]  # a latency the SLOs are judged on
+Number = Annotated[float, Field(allow_inf_nan=True)]  # an int is a float too (strict mode takes it), a bool is not
+_READ = ConfigDict(strict=True, extra="allow")  # JSON's types as `json.loads` gives them; other keys pass
 
-    def number(value: Any) -> bool:
-        return value is None or isinstance(value, (int, float)) and not isinstance(value, bool)
 
-    evidence, work = metrics["evidence"], metrics["work"]
-    figures = {**{key: (metrics, key) for key in SUMMARY_KEYS},
-               **{f"work.{key}": (work, key) for key in ("busy_replica_s", "recomputed_tokens")}}
-    for name, (holder, key) in figures.items():
-        if key not in holder:
-            return f"{name} is missing"
-        if not number(holder[key]):
-            return f"{name}={shown(holder[key])} is not a number"
-    verdict = evidence.get("verdict")
-    if verdict not in (window.STABLE, window.BACKLOGGED, window.OVERLOADED, window.EMPTY, window.STALLED,
-                       window.TOO_SHORT):
-        return f"evidence.verdict={shown(verdict)} is not a verdict"
-    count = evidence.get("num_requests")
-    if not isinstance(count, int) or isinstance(count, bool):
-        return f"evidence.num_requests={shown(count)} is not an integer"
-    by_priority = evidence.get("by_priority", {})
-    if not isinstance(by_priority, dict) or not all(isinstance(per, dict) for per in by_priority.values()):
-        return f"evidence.by_priority={shown(by_priority)} is not statistics by priority"
-    stats = {f"evidence.{metric}": evidence.get(metric) for metric in window.SLO_METRICS}
-    stats |= {f"evidence.by_priority.{cls}.{metric}": per[metric] for cls, per in by_priority.items()
-              for metric in window.SLO_METRICS if metric in per}  # a class without the metric has none (`slo_stats`)
-    for name, values in stats.items():
-        if not isinstance(values, dict):
-            return f"{name}={shown(values)} is not statistics"
-        for stat in window.SLO_STATS:
-            if stat not in values:
-                return f"{name}.{stat} is missing"
-            if not number(values[stat]):
-                return f"{name}.{stat}={shown(values[stat])} is not a number"
+class _Stats(BaseModel):
+    """One metric's stats over a window (`kvsim.planning.window._stats`): what an SLO is judged on."""
+
+    model_config = _READ
+    n: Count
+    mean: Seconds | None
+    p50: Seconds | None
+    p90: Seconds | None
+    p99: Seconds | None
+    p50_ci: Annotated[list[Seconds | None], Field(min_length=2, max_length=2)] | None = None
+    p90_ci: Annotated[list[Seconds | None], Field(min_length=2, max_length=2)] | None = None
+    p99_ci: Annotated[list[Seconds | None], Field(min_length=2, max_length=2)] | None = None
+
+
+class _Evidence(BaseModel):
+    """The fields of `kvsim.planning.window.window_evidence` (or `stalled_evidence`) the plan reads."""
+
+    model_config = _READ
+    verdict: Literal[STABLE, BACKLOGGED, OVERLOADED, EMPTY, STALLED, TOO_SHORT]  # type: ignore[valid-type]
+    num_requests: Count
+    rejected_fraction: Annotated[float, Field(ge=0, le=1)]
+    window_s: Annotated[float, Field(ge=0)]
+    num_in_window: Count
+    served_over_offered: Number | None
+    backlog_trend: Number | None
+    ttft_s: _Stats
+    tpot_s: _Stats
+    e2e_s: _Stats
+    queue_s: _Stats
+    by_priority: dict[str, dict[Literal[SLO_METRICS], _Stats]] = {}  # type: ignore[valid-type]
+
+
+class _Work(BaseModel):
+    model_config = _READ
+    busy_replica_s: Seconds | None
+    recomputed_tokens: Count | None
+
+
+class _Point(BaseModel):
+    """A point's metrics as `point_metrics` (or `stalled_metrics`) makes them: each of `SUMMARY_KEYS` (a number,
+    or None where a stalled run made none), the evidence and the work."""
+
+    model_config = _READ
+    num_replicas: Count | None
+    num_gpus: Count | None
+    num_requests: Count
+    num_finished: Count | None
+    num_rejected: Count | None
+    duration_s: Number | None
+    requests_per_s: Number | None
+    output_tokens_per_s: Number | None
+    num_preemptions: Count | None
+    kv_cache_usage_mean: Number | None
+    prefix_cache_hit_rate: Number | None
+    offered_rate_per_s: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    evidence: _Evidence
+    work: _Work
+
+
+def point_problem(metrics: Any) -> str | None:
+    """What keeps `metrics` (read back from points.jsonl) from being a point `point_metrics` made: one line naming
+    the field and its value (a hand edit, a damaged or foreign file), or None for a whole point. The plan judges
+    SLOs, verdicts and costs on these values: a text or a missing stat stopped a resumed plan with a traceback,
+    a negative p90 met every SLO (`kvsim.planning.search.PointStore` skips such a line: simulated again)."""
+    try:
+        _Point.model_validate(metrics)
+    except ValidationError as error:
+        return str(from_validation_error(error))
     return None

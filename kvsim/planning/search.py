@@ -57,26 +57,27 @@ class PointStore:
     A line that is not a whole point (cut short by a crash, not UTF-8, not JSON, or without the metric
     keys `required` names, as points from an older kvsim) is skipped, so that point is simulated again;
     the hashes of whole lines without those keys (a plan's memory-limited notes) are in `other_keys`.
+    A point that `problem` finds fault with (a value no run makes: a hand edit, a damaged or foreign file;
+    `problem` returns one line naming the field and value, or None) is skipped too, and `damaged` holds the
+    hashes of those with no whole line, each with its line number and problem (`damaged_text` says so).
     A point whose `format` is not `point_format` (a line without one is format 0: written before points
     carried it) is stale: its metrics were computed by another kvsim, so it is simulated again too, and
-    `stale` holds the hashes of those with no current line (`stale_text` says so in one line). So is a point of
-    this format whose metrics `problem` refuses (it returns why, or None): `malformed` holds (line number, why)
-    by hash for those with no whole line, and `malformed_text` says so in one line.
+    `stale` holds the hashes of those with no current line (`stale_text` says so in one line).
     Each point is appended with one `write` of a whole line; a file whose last line was torn gets a
     newline first, so the new point never joins the torn one.
     """
 
     def __init__(self, path: str | Path, required: tuple[str, ...] = (), point_format: int = 0,
-                 problem: Callable[[Metrics], str | None] = lambda metrics: None) -> None:
+                 problem: Callable[[Metrics], str | None] | None = None) -> None:
         self.path = Path(path)
         self.points: dict[str, Metrics] = {}
         self.other_keys: set[str] = set()
         self.required = required
         self.point_format = point_format
         self.stale: dict[str, int] = {}  # hash → the format of a stale point with no current line
-        self.malformed: dict[str, tuple[int, str]] = {}  # hash → (line number, why) of a refused point
+        self.damaged: dict[str, tuple[int, str]] = {}  # hash → (line number, problem) of a point skipped as damaged
         if self.path.exists():
-            for line_no, raw in enumerate(self.path.read_bytes().split(b"\n"), start=1):
+            for number, raw in enumerate(self.path.read_bytes().split(b"\n"), start=1):
                 row = self._parse(raw)
                 if row is None:
                     continue
@@ -85,13 +86,22 @@ class PointStore:
                     self.other_keys.add(key)
                 elif fmt != point_format:
                     self.stale[key] = fmt
-                elif (why := problem(metrics)) is not None:
-                    self.malformed[key] = (line_no, why)
+                elif problem is not None and (fault := problem(metrics)) is not None:
+                    self.damaged.setdefault(key, (number, fault))
                 else:
                     self.points[key] = metrics
         for key in self.points:
             self.stale.pop(key, None)
-            self.malformed.pop(key, None)
+            self.damaged.pop(key, None)
+
+    def damaged_text(self) -> str | None:
+        """One line on the damaged points a run simulates again, naming the first (None: there are none)."""
+        if not self.damaged:
+            return None
+        number, fault = min(self.damaged.values())
+        more = f" (and {counted(len(self.damaged) - 1, 'more damaged point')})" if len(self.damaged) > 1 else ""
+        return (f"{self.path}: line {number}: {fault}: not a point kvsim wrote{more}; "
+                "will be simulated again, not reused")
 
     def stale_text(self) -> str | None:
         """One line on the stale points a run simulates again (None: there are none)."""
@@ -101,15 +111,6 @@ class PointStore:
         return (f"{self.path}: {counted(len(self.stale), 'point')} of point format {formats}, "
                 f"written by another kvsim (this one writes format {self.point_format}), "
                 "will be simulated again, not reused")
-
-    def malformed_text(self) -> str | None:
-        """One line on the points of this format a run simulates again for their malformed metrics, naming the
-        first (None: there are none)."""
-        if not self.malformed:
-            return None
-        line_no, why = min(self.malformed.values())
-        return (f"{self.path}: {counted(len(self.malformed), 'point')} with malformed metrics (line {line_no}: "
-                f"{why}) will be simulated again, not reused")
 
     @staticmethod
     def _parse(raw: bytes) -> tuple[str, Metrics, int] | None:
@@ -129,7 +130,7 @@ class PointStore:
     def add(self, key: str, name: str, metrics: Metrics) -> None:
         self.points[key] = metrics
         self.stale.pop(key, None)
-        self.malformed.pop(key, None)
+        self.damaged.pop(key, None)
         self._append(key, name, metrics)
 
     def note(self, key: str, name: str, metrics: Metrics) -> None:
