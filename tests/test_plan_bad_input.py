@@ -134,6 +134,19 @@ def test_a_bad_no_worker_timeout_is_one_line(monkeypatch):
 
 
 
+def test_a_bad_no_worker_timeout_is_refused_before_any_cluster_or_folder(tmp_path, monkeypatch):
+    """The searches read it at their first wait: `kvsim plan --workers 2` started its LocalCluster, made its
+    folder, then stopped with Dask's traceback of the cluster torn down above the error line."""
+    from conftest import one_line_exit_2  # tests/ is on sys.path
+
+    from kvsim.planning.search import NO_WORKERS_TIMEOUT_ENV
+
+    monkeypatch.setenv(NO_WORKERS_TIMEOUT_ENV, "soon")
+    out = tmp_path / "plan"
+    assert one_line_exit_2(["plan", "--gpu", "h100-80gb", "--workers", "2", "--slo", "ttft_s.p90=2",
+                            "-o", str(out)]) == f"{NO_WORKERS_TIMEOUT_ENV}='soon': expected a positive number of seconds"
+    assert not out.exists()
+
 def test_points_judged_before_the_per_replica_queue_test_are_simulated_again(tmp_path):
     """A fleet's verdict holds each replica's waiting queue to its own margin since 7db66e8 (round robin over
     three 4-slot replicas and a 1-slot one at 1.1× its limit read stable, now backlogged), so a point stored

@@ -255,10 +255,13 @@ def _finished(futures: list[Any], client: Any) -> list[Any]:
 def dask_client(address: str | None, workers: int | None) -> Any:
     """A client of the cluster at `address`, or of a new LocalCluster of `workers` processes.
 
-    Close it with `close_client`, which also stops a LocalCluster it started.
+    Close it with `close_client`, which also stops a LocalCluster it started. A bad NO_WORKERS_TIMEOUT_ENV,
+    which the searches read, is refused first: it stopped `kvsim plan` at its first wait, its folder made and
+    Dask's traceback of the cluster torn down under the error line.
     """
     from kvsim.model.errors import KvsimError
 
+    no_workers_timeout_s()
     try:
         from dask.distributed import Client, LocalCluster
     except ImportError:
