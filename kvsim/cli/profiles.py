@@ -33,6 +33,7 @@ def calibrate(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid and exit")] = False,
 ) -> None:
     """Time the Triton paged-attention kernels and the model's GEMMs on a GPU into a profile CSV."""
+    from kvsim.latency.profiles.native import check_one_line
     from kvsim.model.capacity import check_parallel
     from kvsim.model.config import load_model, make_engine
     from kvsim.results.output_dir import check_output_file
@@ -40,6 +41,7 @@ def calibrate(
     with user_errors():
         if not gpu.strip():  # recorded as the profile's gpu: an empty one is checked against no GPU when read
             raise KvsimError(f"--gpu={gpu!r}: is empty: name the GPU the profile is measured on (e.g. h200)")
+        check_one_line("--gpu", gpu)  # its `# gpu:` line: refused by the reader only after the whole calibration
         spec = load_model(model)
         engine = make_engine(tensor_parallel_size=tensor_parallel_size)
         check_parallel(spec, engine)  # the per-GPU shapes below divide by TP: a TP vLLM cannot shard has none

@@ -55,15 +55,20 @@ def read_native(path: Path) -> Profile:
     return Profile(path.stem, meta, rows)
 
 
+def check_one_line(field: str, value: str) -> None:
+    """Refuse a metadata value (`field` names it) that spans lines, as `read_native` splits them: written as one
+    `# key: value` line, its next line would be read back as a row."""
+    if len(value.splitlines()) > 1:
+        raise KvsimError(f"{field}={shown(value)}: spans lines; a profile CSV keeps each metadata value on one line")
+
+
 def write_native(profile: Profile, path: Path) -> Path:
     """Write `profile` as a kvsim CSV (`FILE_TAG` line, metadata, rows) through
     `kvsim.results.output_dir.output_file`: only a new file or one kvsim wrote is replaced, when complete.
     A metadata value is one `# key: value` line: one that spans lines (a flag's, a bundle's meta.yaml's) is
     refused, as its next line would be read back as a row."""
-    broken = next((key for key, value in profile.meta.items() if len(value.splitlines()) > 1), None)
-    if broken is not None:
-        raise KvsimError(f"profile metadata {broken}={shown(profile.meta[broken])}: spans lines; a profile CSV "
-                         "keeps each metadata value on one line")
+    for key, value in profile.meta.items():
+        check_one_line(f"profile metadata {key}", value)
     with output_file(path) as tmp, tmp.open("w", newline="") as f:
         f.write(f"{FILE_TAG} import-profile\n")
         for key, value in profile.meta.items():

@@ -1,0 +1,25 @@
+"""Bad input found by the twenty-second sweep. Each is refused (the CLI: exit 2, one line naming the field and the
+value, nothing written; the Python API: a `KvsimError`), or said as it is.
+
+Found: a resumed `kvsim plan` reused a point of points.jsonl whatever its values (a text, a missing stat or verdict:
+a traceback deep in the search; a negative p90 met every SLO): `tests/test_plan_bad_input.py`. A bad
+KVSIM_DASK_NO_WORKERS_TIMEOUT_S was read at the search's first wait, after `plan --workers N` had made its folder
+and started its cluster (`tests/test_plan_bad_input.py`). `kvsim calibrate --gpu` spanning lines was recorded as a
+`# gpu:` line whose next line the profile reader takes for a row, found only after the whole calibration.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import one_line_exit_2  # tests/ is on sys.path
+
+
+@pytest.mark.parametrize("gpu", ["h200\nkind,op", "h200\rkind", "h200\x0cx"])
+def test_calibrate_refuses_a_gpu_name_that_spans_lines_before_measuring(tmp_path, gpu):
+    """`read_native` splits a profile at every line break `str.splitlines` knows: the name's second line was
+    read back as a CSV row (`--dry-run` checks the arguments a real run would refuse only after timing)."""
+    from kvsim.model.errors import shown
+
+    assert one_line_exit_2(["calibrate", "--gpu", gpu, "--dry-run", "-o", str(tmp_path / "p.csv")]) == (
+        f"--gpu={shown(gpu)}: spans lines; a profile CSV keeps each metadata value on one line")
+    assert list(tmp_path.iterdir()) == []
