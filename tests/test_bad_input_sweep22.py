@@ -23,3 +23,21 @@ def test_calibrate_refuses_a_gpu_name_that_spans_lines_before_measuring(tmp_path
     assert one_line_exit_2(["calibrate", "--gpu", gpu, "--dry-run", "-o", str(tmp_path / "p.csv")]) == (
         f"--gpu={shown(gpu)}: spans lines; a profile CSV keeps each metadata value on one line")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("cls", ["1_0", "+1", "01", "\uff11", " 1", "-0", "--1"])
+def test_an_slo_class_is_an_integer_as_python_writes_it(tmp_path, cls):
+    """`int()` read `ttft_s.p90@1_0` as class 10 and `@01`, `@+1`, a fullwidth 1 or ` 1` as class 1: a second
+    limit on a class whose key differs, or the SLO of another class than the one written."""
+    out = tmp_path / "plan"
+    message = one_line_exit_2(["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", f"ttft_s.p90@{cls}=2",
+                               "-o", str(out)])
+    assert message == (f"plan.slo: 'ttft_s.p90@{cls}': the class after '@' must be an integer request priority, "
+                       f"got {cls!r}") and not out.exists()
+
+
+@pytest.mark.parametrize(("key", "parsed"), [("ttft_s.p90@0", 0), ("e2e_s.mean@-1", -1), ("queue_s.p99@12", 12)])
+def test_an_slo_class_written_as_an_integer_is_read(key, parsed):
+    from kvsim.planning.window import parse_slo_key
+
+    assert parse_slo_key(key)[2] == parsed

@@ -392,17 +392,18 @@ def _class_stats(requests: Mapping[str, Any], window_rows: np.ndarray) -> dict[s
 
 def parse_slo_key(key: str) -> tuple[str, str, int | None]:
     """`ttft_s.p90` → ("ttft_s", "p90", None); `ttft_s.p90@1` → ("ttft_s", "p90", 1): the SLO over priority-1
-    requests. A malformed key raises `ValueError` naming it."""
+    requests. A malformed key raises `ValueError` naming it. The class is an integer as `str(int)` writes it:
+    `int()` also read `1_0` as 10, `+1`, `01` and a fullwidth `１` as 1 (two keys of one class: two limits)."""
     name, at, cls = key.partition("@")
     metric, _, stat = name.partition(".")
     if metric not in SLO_METRICS or stat not in SLO_STATS:
         raise ValueError(f"{key!r}: expected {SLO_KEY_FORMAT} with METRIC in {SLO_METRICS}, STAT in {SLO_STATS}")
     if not at:
         return metric, stat, None
-    try:
+    digits = cls.removeprefix("-")
+    if digits.isascii() and digits.isdigit() and str(int(cls)) == cls:
         return metric, stat, int(cls)
-    except ValueError:
-        raise ValueError(f"{key!r}: the class after '@' must be an integer request priority, got {cls!r}") from None
+    raise ValueError(f"{key!r}: the class after '@' must be an integer request priority, got {cls!r}")
 
 
 def slo_stats(evidence: Mapping[str, Any], metric: str, priority: int | None) -> Mapping[str, Any]:
