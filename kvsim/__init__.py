@@ -40,7 +40,8 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
 
     `overrides` replace fields: `seed=3`, or a nested field with double underscores,
     `engine__block_size=32` (a whole section too: `workload__prompt_len={"dist": "fixed", "value": 512}`).
-    `check=True` runs every allocator's `check_invariants()` after each step.
+    `check=True` runs every allocator's `check_invariants()` after each step. `progress`, if given, is called as
+    the run goes with (simulated seconds so far, requests done, requests in all).
     A fleet scenario (`replicas` set) runs its replicas behind its router; its result has one section per
     replica (`replicas`) and the fleet's tables (`tables`: routes, ...).
     """
@@ -51,7 +52,7 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
     if not isinstance(check, bool):  # `check="no"` ran every check, `progress=5` failed mid-run (a TypeError)
         raise KvsimError(f"check={shown(check)}: expected True or False")
     if progress is not None and not _takes_three_arguments(progress):  # a TypeError mid-run, a traceback
-        raise KvsimError(f"progress={shown(progress)}: expected a function (fraction, done, total) or None")
+        raise KvsimError(f"progress={shown(progress)}: expected a function (simulated_s, done, total) or None")
     fields = {key.replace("__", "."): value for key, value in overrides.items()}
     return simulate_scenario(resolve_scenario(scenario, fields), check=check, progress=progress)
 

@@ -91,11 +91,11 @@ def test_a_model_of_more_layers_than_kvsim_holds_is_refused(tmp_path, command):
 
 @pytest.mark.parametrize("progress", [lambda fraction: None, lambda: None, lambda a, b, c, d: None, len])
 def test_a_progress_function_that_cannot_take_three_arguments_is_refused_before_the_run(progress):
-    """`progress` is called with (fraction, done, total): one that cannot take them was a TypeError traceback
+    """`progress` is called with (simulated seconds, done, total): one that cannot take them was a TypeError traceback
     from inside the run; now refused up front, naming it."""
     import kvsim
 
-    with pytest.raises(KvsimError, match=r"^progress=.*: expected a function \(fraction, done, total\) or None$"):
+    with pytest.raises(KvsimError, match=r"^progress=.*: expected a function \(simulated_s, done, total\) or None$"):
         kvsim.simulate(workload__num_requests=2, progress=progress)
 
 

@@ -41,3 +41,17 @@ def test_an_slo_class_written_as_an_integer_is_read(key, parsed):
     from kvsim.planning.window import parse_slo_key
 
     assert parse_slo_key(key)[2] == parsed
+
+
+def test_progress_is_told_the_simulated_seconds_not_a_fraction():
+    """The refusal of a `progress` that cannot take three arguments named them (fraction, done, total); the first
+    is the simulated time (`kvsim.engine.loop.ProgressFn`): a progress bar fed it as a fraction passed 100 %.
+    The last call comes as the run ends, when its last request finishes."""
+    import kvsim
+    from kvsim.model.errors import KvsimError
+
+    calls: list[tuple] = []
+    result = kvsim.simulate(workload__num_requests=2, progress=lambda *args: calls.append(args))
+    assert calls[-1] == (result.requests["finish_s"].max(), 2, 2) and calls[-1][0] > 1
+    with pytest.raises(KvsimError, match=r"^progress=5: expected a function \(simulated_s, done, total\) or None$"):
+        kvsim.simulate(workload__num_requests=2, progress=5)

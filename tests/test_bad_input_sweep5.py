@@ -101,7 +101,7 @@ def test_plan_refuses_to_size_a_tier_for_an_engine_without_one_before_it_plans(t
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"progress": 5}, "progress=5: expected a function (fraction, done, total) or None"),
+    ({"progress": 5}, "progress=5: expected a function (simulated_s, done, total) or None"),
     ({"check": "no"}, "check='no': expected True or False"),
 ])
 def test_simulate_names_a_bad_keyword_argument(kwargs, message):
