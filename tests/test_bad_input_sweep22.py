@@ -55,3 +55,33 @@ def test_progress_is_told_the_simulated_seconds_not_a_fraction():
     assert calls[-1] == (result.requests["finish_s"].max(), 2, 2) and calls[-1][0] > 1
     with pytest.raises(KvsimError, match=r"^progress=5: expected a function \(simulated_s, done, total\) or None$"):
         kvsim.simulate(workload__num_requests=2, progress=5)
+
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 128256,
+         "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("tie", ["false", "yes", 1, 0.0, [True]])
+def test_tie_word_embeddings_that_is_no_boolean_is_refused(tmp_path, tie):
+    """Pydantic's lax bool read the text "false" as False (and "yes" as True, 1 as True): Hugging Face reads any
+    non-empty text as true (`if config.tie_word_embeddings:`), so the two counted the embedding table apart."""
+    import json
+
+    from kvsim.model.errors import shown
+
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "tie_word_embeddings": tie}))
+    assert one_line_exit_2(["capacity", "--model", str(tmp_path / "config.json")]) == (
+        f"model config {tmp_path.name}: tie_word_embeddings={shown(tie)}: must be true or false")
+
+
+@pytest.mark.parametrize(("given", "tied"), [({"tie_word_embeddings": True}, True),
+                                              ({"tie_word_embeddings": False}, False),
+                                              ({"tie_word_embeddings": None}, False), ({}, False)])
+def test_tie_word_embeddings_of_json_true_or_false_or_none_is_read(tmp_path, given, tied):
+    import json
+
+    from kvsim.model.config import load_model
+
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, **given}))
+    assert load_model(str(tmp_path / "config.json")).tie_word_embeddings is tied

@@ -55,6 +55,14 @@ class _Config:
             raise KvsimError(f"model config {self.name}: {key}={value}: must be > 0")
         return value
 
+    def flag(self, key: str, default: bool) -> bool:
+        """A true/false field; missing (or null) is `default`. JSON's true or false only: pydantic read the text
+        "no" or "false" as False, where Hugging Face's `if config.tie_word_embeddings:` takes any text as true."""
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise KvsimError(f"model config {self.name}: {key}={shown(value)}: must be true or false")
+        return value
+
     def whole(self, key: str, default: int = 0) -> int:
         """A whole number >= 0 (`first_k_dense_replace`, `n_shared_experts`); missing is `default`."""
         value = self.get(key, default)
@@ -108,7 +116,7 @@ def _dense(c: _Config, *, is_opt: bool = False) -> Fields:
         "max_position_embeddings": _derived_max_len(c),
         "dtype": _served_dtype(c),
         "gated_mlp": not is_opt,
-        "tie_word_embeddings": c.get("tie_word_embeddings", is_opt),
+        "tie_word_embeddings": c.flag("tie_word_embeddings", is_opt),
         "weight_quant": _weight_quant(c),
     }
 
@@ -280,7 +288,7 @@ def _gemma3(c: _Config) -> Fields:
     text = c.text_part()
     fields = _dense(text)
     fields["model_type"] = "gemma3"
-    fields["tie_word_embeddings"] = text.get("tie_word_embeddings", True)
+    fields["tie_word_embeddings"] = text.flag("tie_word_embeddings", True)
     n = fields["num_layers"]
     types = text.layer_list("layer_types", n, (FULL, SLIDING))
     if types is None:
@@ -297,7 +305,7 @@ def _gemma2(c: _Config) -> Fields:
     `sliding_window` is set, as for Gemma 3 (`_slide`). Embeddings are tied."""
     fields = _dense(c)
     fields["model_type"] = "gemma2"
-    fields["tie_word_embeddings"] = c.get("tie_word_embeddings", True)
+    fields["tie_word_embeddings"] = c.flag("tie_word_embeddings", True)
     n = fields["num_layers"]
     types = c.layer_list("layer_types", n, (FULL, SLIDING)) or [SLIDING if i % 2 == 0 else FULL for i in range(n)]
     _slide(fields, types, _window(c, types), per_layer=True)
@@ -365,9 +373,7 @@ def _model_window(c: _Config, fields: Fields) -> None:
     """
     model_type = c.get("model_type", "llama")
     n = fields["num_layers"]
-    use = c.get("use_sliding_window", False) if model_type in USE_SLIDING_WINDOW_TYPES else True
-    if not isinstance(use, bool):
-        raise KvsimError(f"model config {c.name}: use_sliding_window={shown(use)}: must be true or false")
+    use = c.flag("use_sliding_window", False) if model_type in USE_SLIDING_WINDOW_TYPES else True
     window = c.count("sliding_window") if use and c.get("sliding_window") is not None else None
     hf_types = c.layer_list("layer_types", n, (FULL, SLIDING))
     max_window = c.whole("max_window_layers", 28) if model_type in MAX_WINDOW_LAYERS_TYPES else n
