@@ -385,7 +385,7 @@ CASES = [
                                                 "{num_attention_heads: 12.5}}\n"), IMPORT_B,
      "engine_effective.hf_overrides map shape names to integers"),
     ("profile-truncated-csv", bundle(dense=BUNDLE_DENSE + "down_proj,256"), IMPORT_B,
-     "dense.csv: time_us=None is not a number"),
+     "dense.csv: line 6 does not have the header's 3 fields (a truncated or malformed file)"),
     ("profile-text-in-a-size", bundle(dense=BUNDLE_DENSE.replace("qkv_proj,256", "qkv_proj,lots")), IMPORT_B,
      "(gemm qkv): num_tokens='lots' is not a number"),
     ("profile-text-in-attention", bundle(attention="prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n"

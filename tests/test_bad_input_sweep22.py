@@ -85,3 +85,23 @@ def test_tie_word_embeddings_of_json_true_or_false_or_none_is_read(tmp_path, giv
 
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA, **given}))
     assert load_model(str(tmp_path / "config.json")).tie_word_embeddings is tied
+
+
+@pytest.mark.parametrize(("name", "text", "line"), [
+    ("dense", "layer,tokens,time_us\nqkv_proj,1,30\nqkv_proj,256,60,7\n", 3),  # the 7 was dropped: 60 us read
+    ("attention", "prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n16,0,0,0,5,9\n", 2),
+    ("per_sequence", "layer,sequences,time_us\nlm_head,1,5\nlm_head,2\n", 3)])  # None: "time_us=None is not a number"
+def test_a_bundle_row_without_the_headers_fields_is_refused_by_its_line(tmp_path, name, text, line):
+    """`csv.DictReader` keys a long row's extra cells by None and fills a short row's missing ones with None:
+    an extra cell was dropped without a word (Vidur's mlp.csv refused such a row: `first_ragged`)."""
+    from test_bad_input import bundle  # tests/ is on sys.path
+
+    files = bundle(**{name: text}) if name != "dense" else bundle(dense=text)
+    for path, content in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(content)
+    fields = len(text.splitlines()[0].split(","))
+    assert one_line_exit_2(["import-profile", str(tmp_path / "b"), "-o", str(tmp_path / "out.csv"), "--gpu",
+                            "rtx-pro-6000"]) == (f"profile {tmp_path / 'b' / 'tp1' / name}.csv: line {line} does not "
+                                                 f"have the header's {fields} fields (a truncated or malformed file)")
+    assert not (tmp_path / "out.csv").exists()

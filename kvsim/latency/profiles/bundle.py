@@ -40,7 +40,7 @@ from kvsim.latency.skew import AXES, DEFAULT_KEY, EDGES_KEY, alpha_default, buck
 from kvsim.model.errors import KvsimError, reading
 from kvsim.model.units import read_number
 from kvsim.model.yaml_io import load_yaml, yaml_problem
-from kvsim.workload.files import csv_rows, data_file, open_text
+from kvsim.workload.files import csv_rows, data_file, first_ragged, open_text
 
 GEMMS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
 TOKEN_OPS = {"layernorm": 2, "qk_norm": 1, "rotary_emb": 1, "act_fn": 1}
@@ -51,11 +51,19 @@ PROVENANCE = ("profiler_version", "vllm_version", "cuda_version", "hardware", "p
 
 
 def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    """The rows of one of the bundle's CSVs, each with exactly the header's fields: a row with one more (`60,7`
+    for a time) was read without it, a row cut short as a cell of None, as Vidur's mlp.csv is checked."""
     with reading(path, "profile"), open_text(path, newline="") as f:  # not UTF-8, a truncated .gz: bare errors
         reader = csv_rows(f, path)
-        if not set(columns) <= set(reader.fieldnames or ()):
+        fields = reader.fieldnames or ()
+        if not set(columns) <= set(fields):
             raise KvsimError(f"profile {path}: expected the columns {','.join(columns)}")
-        return list(reader)
+        table = list(reader)
+    short = first_ragged(table)
+    if short is not None:
+        raise KvsimError(f"profile {path}: line {short + 2} does not have the header's {len(fields)} fields "
+                         "(a truncated or malformed file)")
+    return table
 
 
 def _seconds(value: str | None, path: Path) -> str:
