@@ -105,3 +105,33 @@ def test_a_bundle_row_without_the_headers_fields_is_refused_by_its_line(tmp_path
                             "rtx-pro-6000"]) == (f"profile {tmp_path / 'b' / 'tp1' / name}.csv: line {line} does not "
                                                  f"have the header's {fields} fields (a truncated or malformed file)")
     assert not (tmp_path / "out.csv").exists()
+
+
+GPU = {"memory_bytes": 1000, "hbm_bandwidth_bytes_per_s": 3.35e12, "fp16_flops": 989e12,
+       "host_link_bandwidth_bytes_per_s": 64e9}
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("my\ngpu", "holds the control character '\\n'; a name labels output rows, tables and one-line errors, so it is "
+                "one line of printable text"),
+    (" ", "is blank; a name labels output rows, tables and one-line errors, so it holds a character other than a "
+          "space")])
+def test_a_gpu_files_name_is_one_line_of_text(tmp_path, name, problem):
+    """A GPU file's `name` replaces its stem in every message: with a newline, the refusal of a pool too small for
+    the weights ("... but my<newline>gpu at gpu_memory_utilization=0.9 gives 900 B") was two lines."""
+    import json
+
+    from kvsim.model.errors import shown
+
+    (tmp_path / "g.json").write_text(json.dumps({"name": name, **GPU}))
+    assert one_line_exit_2(["capacity", "--gpu", str(tmp_path / "g.json")]) == f"gpu g.name={shown(name)}: {problem}"
+
+
+def test_a_models_name_or_path_is_one_line_of_text(tmp_path):
+    """`_name_or_path` names the model in its errors (`model meta/Llama<newline>3.num_layers=...`)."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "_name_or_path": "meta/Llama\n3"}))
+    assert one_line_exit_2(["capacity", "--model", str(tmp_path / "config.json")]) == (
+        f"model file {tmp_path / 'config.json'}: _name_or_path='meta/Llama\\n3': holds the control character '\\n'; "
+        "a name labels output rows, tables and one-line errors, so it is one line of printable text")

@@ -22,7 +22,7 @@ from kvsim.model.batch_defaults import batch_defaults
 from kvsim.model.errors import KvsimError, from_validation_error, not_a_preset, reading
 from kvsim.model.offload_config import KVOffloadConfig
 from kvsim.model.sizes import MAX_BYTES, Bytes, BytesOrZero
-from kvsim.model.spec import DTYPE_BYTES, ModelSpec, Settings
+from kvsim.model.spec import DTYPE_BYTES, Label, ModelSpec, Settings
 from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.model.yaml_io import load_shipped_yaml, load_yaml, yaml_problem
 
@@ -143,7 +143,7 @@ class GPUSpec(Settings):
     (`kvsim.latency.profiles.gpu_matches`).
     """
 
-    name: str
+    name: Label  # in one-line errors and tables: a newline split them (`kvsim.model.spec.Label`)
     memory_bytes: Bytes
     hbm_bandwidth_bytes_per_s: float = Field(ge=1)
     fp16_flops: float = Field(ge=1)

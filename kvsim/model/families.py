@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError, shown
-from kvsim.model.spec import MAX_LAYERS
+from kvsim.model.spec import MAX_LAYERS, one_line_label
 
 Fields = dict[str, Any]
 
@@ -479,7 +479,10 @@ def config_name(raw: dict[str, Any], path: Path) -> str:
     folder), else the folder of a `config.json`, else the file's stem."""
     given = raw.get("_name_or_path")
     if isinstance(given, str) and given.strip():
-        given = given.strip().rstrip("/")
+        try:  # the name leads the model's one-line errors: a newline in it split them
+            given = one_line_label(given.strip().rstrip("/"))
+        except ValueError as error:
+            raise KvsimError(f"model file {path}: _name_or_path={shown(given)}: {error}") from None
         return Path(given).name if given.startswith(("/", ".", "~")) or given.count("/") > 1 else given
     folder = path.resolve().parent.name
     return folder if path.name == "config.json" and folder else path.stem

@@ -80,7 +80,7 @@ def _misread_number(annotation: Any, value: Any) -> str | None:
     return None
 
 
-def _one_line(text: str) -> str:
+def one_line_label(text: str) -> str:
     """`text`, unless it holds a control character (`control_character`) or nothing but spaces (a scenario named
     '' or '   ' wrote to `runs/scenario` and titled its tables with nothing)."""
     if not text.strip():
@@ -93,7 +93,7 @@ def _one_line(text: str) -> str:
     return text
 
 
-Label = Annotated[str, AfterValidator(_one_line)]
+Label = Annotated[str, AfterValidator(one_line_label)]
 """A name kvsim shows (a scenario's, a replica group's, a priority class's): a newline in one split kvsim's
 one-line errors in two (`replicas (a<newline>b/g1-0, kv_consumer): ...`), an escape sequence reached the terminal."""
 
@@ -246,7 +246,7 @@ class ModelSpec(Settings):
     computed from the shapes unless given (`param_counts`).
     """
 
-    name: str
+    name: Label  # a GPU's and a model's name are in one-line errors and tables, as a scenario's is
     model_type: str = "llama"
     num_layers: int = Field(gt=0, le=MAX_LAYERS)
     hidden_size: int = Field(gt=0)
