@@ -264,3 +264,16 @@ def test_a_plan_resumed_from_a_damaged_point_simulates_it_again(tmp_path):
     assert simulated == 1 and rows[0]["replicas"] == 1
     assert notes == [f"{tmp_path / 'points.jsonl'}: line 1: evidence.ttft_s.p90='abc': Input should be a valid "
                      "number: not a point kvsim wrote; will be simulated again, not reused"]
+
+
+@pytest.mark.parametrize(("make", "problem"), [(lambda path: __import__("os").mkfifo(path), "not a regular file (a FIFO)"),
+                                               (lambda path: path.mkdir(), "is a directory, not a points file (JSON lines)")])
+def test_a_points_jsonl_that_is_no_file_is_refused_unread(tmp_path, make, problem):
+    """A FIFO in a plan folder's points.jsonl blocked the resumed plan's read for good; a folder there was refused
+    as "--output=...: cannot write there (Is a directory)", naming the plan's folder, not what is wrong in it."""
+    from kvsim.model.errors import KvsimError
+
+    make(tmp_path / "points.jsonl")
+    with pytest.raises(KvsimError) as refused:
+        PointStore(tmp_path / "points.jsonl", required=("evidence",))
+    assert str(refused.value) == f"{tmp_path / 'points.jsonl'}: {problem}"

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvsim.model.errors import KvsimError, not_a_file
 from kvsim.model.units import counted
 
 if TYPE_CHECKING:
@@ -76,6 +77,9 @@ class PointStore:
         self.point_format = point_format
         self.stale: dict[str, int] = {}  # hash → the format of a stale point with no current line
         self.damaged: dict[str, tuple[int, str]] = {}  # hash → (line number, problem) of a point skipped as damaged
+        # a FIFO in its place blocked the read for good, a folder was "cannot write there (Is a directory)"
+        if problem_text := not_a_file(self.path, missing="", file_kind="a points file (JSON lines)"):
+            raise KvsimError(f"{self.path}: {problem_text}")
         if self.path.exists():
             for number, raw in enumerate(self.path.read_bytes().split(b"\n"), start=1):
                 row = self._parse(raw)
@@ -209,7 +213,6 @@ NO_WORKERS_TIMEOUT_ENV = "KVSIM_DASK_NO_WORKERS_TIMEOUT_S"  # replaces it (secon
 
 def no_workers_timeout_s() -> float:
     """NO_WORKERS_TIMEOUT_S, or the positive number of seconds the environment's NO_WORKERS_TIMEOUT_ENV gives."""
-    from kvsim.model.errors import KvsimError
     from kvsim.model.units import read_number
 
     text = os.environ.get(NO_WORKERS_TIMEOUT_ENV)
@@ -231,7 +234,6 @@ def _finished(futures: list[Any], client: Any) -> list[Any]:
 
     from dask.distributed import wait
 
-    from kvsim.model.errors import KvsimError
 
     timeout_s = no_workers_timeout_s()
     poll_s = min(5.0, timeout_s / 4)
@@ -259,7 +261,6 @@ def dask_client(address: str | None, workers: int | None) -> Any:
     which the searches read, is refused first: it stopped `kvsim plan` at its first wait, its folder made and
     Dask's traceback of the cluster torn down under the error line.
     """
-    from kvsim.model.errors import KvsimError
 
     no_workers_timeout_s()
     try:
