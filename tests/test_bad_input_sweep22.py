@@ -135,3 +135,14 @@ def test_a_models_name_or_path_is_one_line_of_text(tmp_path):
     assert one_line_exit_2(["capacity", "--model", str(tmp_path / "config.json")]) == (
         f"model file {tmp_path / 'config.json'}: _name_or_path='meta/Llama\\n3': holds the control character '\\n'; "
         "a name labels output rows, tables and one-line errors, so it is one line of printable text")
+
+
+@pytest.mark.parametrize(("sizes", "shown_list", "bad"), [(["0"], "[0]", 0), (["1", "-2"], "[1, -2]", -2)])
+def test_a_tp_size_that_is_not_positive_is_named_once(tmp_path, sizes, shown_list, bad):
+    """The refusal said the list twice ("plan.tensor_parallel_sizes=[0]: [0]: tensor-parallel sizes must be
+    positive"), not which item is wrong."""
+    argv = ["plan", "--gpu", "h100-80gb", "--workers", "1", "--slo", "ttft_s.p90=2", "-o", str(tmp_path / "p")]
+    for size in sizes:
+        argv += ["-tp", size]
+    assert one_line_exit_2(argv) == (
+        f"plan.tensor_parallel_sizes={shown_list}: {bad} is not a positive tensor-parallel size")

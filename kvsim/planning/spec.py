@@ -126,8 +126,9 @@ class PlanSpec(Settings):
     @field_validator("tensor_parallel_sizes")
     @classmethod
     def _positive_tp(cls, sizes: list[int]) -> list[int]:
-        if any(tp <= 0 for tp in sizes):
-            raise ValueError(f"{sizes}: tensor-parallel sizes must be positive")
+        bad = next((tp for tp in sizes if tp <= 0), None)
+        if bad is not None:  # the field and the list lead the line: it said the list twice, not which item
+            raise ValueError(f"{bad} is not a positive tensor-parallel size")
         return sizes
 
     @field_validator("engine")
