@@ -78,11 +78,12 @@ def test_an_offload_tier_of_0_bytes_is_still_no_tier(tmp_path):
 
 def test_plan_refuses_an_offload_size_under_one_block_before_it_plans(tmp_path):
     """`plan --offload-size 1KiB` searched the whole plan, wrote it, and only then sized a tier of no block
-    (silently no tier before the run refused it, an error after the plan's files were written after)."""
+    (silently no tier before the run refused it, an error after the plan's files were written after). The
+    refusal does not say "or 0 for no tier": the flag refuses 0 (sweep 22), no tier being in the grid anyway."""
     out = tmp_path / "out"
     assert one_line_exit_2([*PLAN, "--offload-size", "4GiB", "--offload-size", "1KiB", "-o", str(out)]) == (
         "--offload-size=1,024: smaller than one KV block (2,097,152 bytes, all tensor-parallel ranks together), so "
-        "the tier would hold none; give at least one block, or 0 for no tier")
+        "the tier would hold none; give at least one block")
     assert list(tmp_path.iterdir()) == []
 
 

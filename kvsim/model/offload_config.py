@@ -71,7 +71,8 @@ class KVOffloadConfig(Settings):
     def num_blocks(self, tier: str, bytes_per_block: int, field: str | None = None) -> int:
         """Blocks of `bytes_per_block` (all ranks together) that the tier holds (0: no tier). A size of
         more than 0 bytes but less than one block raises `KvsimError` naming `field` (default the tier's
-        `engine.kv_offload` field): it was silently no tier."""
+        `engine.kv_offload` field): it was silently no tier. Only that field is told to give 0 for no tier: a
+        sizing grid's size (`kvsim plan --offload-size`, which refuses 0) is compared with no tier anyway."""
         num = getattr(self, f"num_{tier}_blocks")
         if num is not None:
             return int(num)
@@ -81,5 +82,5 @@ class KVOffloadConfig(Settings):
         if 0 < size < bytes_per_block:
             raise KvsimError(f"{field or f'engine.kv_offload.{tier}_bytes'}={size:,}: smaller than one KV block "
                              f"({bytes_per_block:,} bytes, all tensor-parallel ranks together), so the tier "
-                             "would hold none; give at least one block, or 0 for no tier")
+                             f"would hold none; give at least one block{', or 0 for no tier' if field is None else ''}")
         return size // bytes_per_block
