@@ -48,8 +48,12 @@ def corrupt_filled_counter(a):
     a.num_filled_slots += 1
 
 
-def corrupt_evictable_hash(a):
-    a.prefix_cache.block_hashes[4] = 12345
+def corrupt_evictable_without_hash(a):
+    a.prefix_cache.block_hashes[4] = None  # free, evictable, and its content forgotten
+
+
+def corrupt_lru_count(a):
+    a.prefix_cache.evictable._num_live += 1  # one evictable block more than its runs hold
 
 
 def corrupt_hash_map(a):
@@ -57,7 +61,7 @@ def corrupt_hash_map(a):
 
 
 def corrupt_cached_block_not_evictable(a):
-    del a.prefix_cache.evictable[4]  # free and cached, but among the plain free blocks
+    a.prefix_cache.evictable.discard(4)  # free and cached, but among the plain free blocks
     a.pool._unhashed.append(4)
 
 
@@ -68,7 +72,8 @@ def corrupt_cached_block_not_evictable(a):
     (corrupt_free_queue_twice, "a block is in the free queue twice"),
     (corrupt_fill, "block 2 fill mismatch"),
     (corrupt_filled_counter, None),  # a bare assert: the recount differs
-    (corrupt_evictable_hash, "evictable block 4's hash stale"),
+    (corrupt_evictable_without_hash, "evictable block 4 holds no hash"),
+    (corrupt_lru_count, "LRU entries miscounted"),
     (corrupt_hash_map, "hash map stale at block 2"),
     (corrupt_cached_block_not_evictable, "a free cached block is not evictable"),
 ])

@@ -49,10 +49,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress, islice, repeat
+from itertools import compress, repeat
 from operator import is_not
-from typing import Protocol
+from typing import Protocol, cast
 
+from kvsim.kv.lru_runs import LruRuns
 from kvsim.kv.protocol import PrefixHit
 from kvsim.workload.content import Content
 
@@ -78,15 +79,11 @@ class HashChainCache:
     `cached` maps a hash to the block found for it; `duplicates` a hash to the other blocks holding it,
     in the order they were cached (the next found when `cached`'s is evicted, as vLLM's
     `BlockHashToBlockMap.get_one_block` takes the first left); `block_hashes[b]` is block b's hash (None:
-    it holds no cached content); `evictable` is the LRU of free cached blocks, each with its hash (a plain
-    dict, whose insertion order is the LRU order: a freed block joins at the tail and a hit leaves from
-    anywhere, each O(1); `evict` takes from the head, which first skips the entries deleted since the dict
-    last resized, so it is not O(1): one block at a time against 30,000 evictable blocks, a free and an evict
-    cost ~30 us against an `OrderedDict`'s ~3 us. An `OrderedDict` keeps a linked list of nodes, found again by
-    key at each step of an iteration; kvsim's runs evict in runs of blocks, where the plain dict came out
-    faster, as a long cached run puts hundreds of thousands of blocks through both). Besides `PrefixCache`,
-    it speaks in keys (`lookup`, `insert_keys`): the hybrid allocator keys each group's blocks apart, and
-    decode bursts register blocks of several sequences in one interleaved order.
+    it holds no cached content); `evictable` is the LRU of free cached blocks (`LruRuns`: each `unlock`'s
+    cached blocks appended as one run, a hit's block dropped from anywhere in O(1), `evict` taking from the
+    head). A free block holds a hash exactly when it is evictable, so `lock` asks `block_hashes`. Besides
+    `PrefixCache`, it speaks in keys (`lookup`, `insert_keys`): the hybrid allocator keys each group's blocks
+    apart, and decode bursts register blocks of several sequences in one interleaved order.
     """
 
     __slots__ = ("block_size", "block_hashes", "cached", "duplicates", "evictable", "_memo", "_memo_miss",
@@ -97,7 +94,7 @@ class HashChainCache:
         self.block_hashes: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # content hash -> block id
         self.duplicates: dict[int, list[int]] = {}  # content hash -> further blocks holding it, oldest first
-        self.evictable: dict[int, int] = {}  # free cached block -> its hash, oldest first (insertion order)
+        self.evictable = LruRuns()  # the free cached blocks, least recently freed first
         # The last `match`, kept while its answer stands (a blocked waiting head is looked up again every
         # step until it fits): (content, num_tokens, hit), the hash its walk stopped at (None: no miss) and
         # the hit's blocks. `insert_keys` of that missing hash or `evict` of a hit block drops it.
@@ -152,33 +149,35 @@ class HashChainCache:
         return self.cached.get(key)
 
     def lock(self, block_id: int) -> bool:
-        if block_id in self.evictable:
-            del self.evictable[block_id]
-            return True
-        return False
+        """The pool calls this for a free block only, and a free block holding a hash is an evictable one."""
+        if self.block_hashes[block_id] is None:
+            return False
+        self.evictable.discard(block_id)
+        return True
 
     def unlock(self, block_ids: list[int]) -> list[int]:
         if not self.cached:  # nothing cached: no block carries a hash
             return block_ids
-        block_hashes, evictable, plain = self.block_hashes, self.evictable, []
+        block_hashes, hashed, plain = self.block_hashes, [], []
         for block_id in block_ids:
-            if (block_hash := block_hashes[block_id]) is None:
+            if block_hashes[block_id] is None:
                 plain.append(block_id)
             else:
-                evictable[block_id] = block_hash
+                hashed.append(block_id)
+        self.evictable.extend(hashed)
         return plain
 
     def evict(self, num_blocks: int) -> list[int]:
-        evictable, block_hashes, cached, duplicates = self.evictable, self.block_hashes, self.cached, self.duplicates
-        evicted = list(islice(evictable, num_blocks))  # the oldest first (hot: taken in one call, popped in C)
-        assert len(evicted) == num_blocks, f"evicting {num_blocks} blocks of {len(evicted)} evictable"
-        popped = zip(evicted, map(evictable.pop, evicted), strict=True)
+        cached, duplicates, own = self.cached, self.duplicates, self.block_hashes
+        block_hashes = cast("list[int]", own)  # the same list, read: an evictable block holds a hash
+        evicted = self.evictable.take(num_blocks)  # the oldest first
         if not duplicates:  # each hash is held by one block (nearly always): it leaves with its block
-            for block_id, block_hash in popped:
-                del cached[block_hash]
-                block_hashes[block_id] = None
+            for block_id in evicted:
+                del cached[block_hashes[block_id]]
+                own[block_id] = None
         else:
-            for block_id, block_hash in popped:
+            for block_id in evicted:
+                block_hash = block_hashes[block_id]
                 others = duplicates.get(block_hash)
                 if others is None:
                     del cached[block_hash]
@@ -189,7 +188,7 @@ class HashChainCache:
                         others.remove(block_id)
                     if not others:
                         del duplicates[block_hash]
-                block_hashes[block_id] = None
+                own[block_id] = None
         if self._memo is not None and not self._memo_blocks.isdisjoint(evicted):
             self._memo = None  # the last match hit a block that is gone
         return evicted
@@ -197,11 +196,12 @@ class HashChainCache:
     def check_invariants(self, ref_counts: Sequence[int]) -> None:
         # the per-block checks in C-level loops (map, any, list ==; a checked run calls this at every step),
         # the block to name found only when one fails
-        hash_of, evictable, cached = self.block_hashes.__getitem__, self.evictable, self.cached
+        hash_of, evictable, cached = self.block_hashes.__getitem__, list(self.evictable), self.cached
+        self.evictable.check_invariants()
         assert not any(map(ref_counts.__getitem__, evictable)), \
             f"evictable block {next(b for b in evictable if ref_counts[b])} has references"
-        assert list(map(hash_of, evictable)) == list(evictable.values()), \
-            f"evictable block {next(b for b, h in evictable.items() if hash_of(b) != h)}'s hash stale"
+        assert None not in map(hash_of, evictable), \
+            f"evictable block {next(b for b in evictable if hash_of(b) is None)} holds no hash"
         assert list(map(hash_of, cached.values())) == list(cached), \
             f"hash map stale at block {next(b for h, b in cached.items() if hash_of(b) != h)}"
         for block_hash, others in self.duplicates.items():
