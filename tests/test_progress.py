@@ -96,6 +96,35 @@ def test_a_study_counts_its_runs_as_they_are_submitted_and_finish():
     assert seen == [(0, 2), (1, 2), (2, 2)]
 
 
+def test_a_study_runs_a_scenario_once_and_hands_every_section_the_plain_runs_result(monkeypatch):
+    """The report's sections ask for the same saturated run (the base engine's) up to three times: a scenario the
+    study ran is not simulated again, still counted as a run, and its result is a plain `run_many`'s."""
+    from kvsim.planning.sweep import run_many
+    from kvsim.report import studies
+    from kvsim.workload.scenario import make_scenario
+
+    base, other = toy(), make_scenario({**toy().model_dump(mode="json"), "seed": 6})
+    simulated = []
+
+    def counting(scenarios, **kwargs):
+        simulated.extend(scenarios)
+        return run_many(scenarios, **kwargs)
+
+    monkeypatch.setattr(studies, "run_many", counting)
+    st = Study(base, StudyConfig(num_requests=4, workers=1))
+    seen = []
+    st.on_runs = lambda: seen.append((st.runs_done, st.runs_submitted))
+    first = st.run([base, other])
+    again = st.run([other, base, other])
+    assert simulated == [base, other]  # the second call simulated nothing
+    assert seen == [(0, 2), (1, 2), (2, 2), (2, 5), (5, 5)]
+    assert [r.summary for r in again] == [first[1].summary, first[0].summary, first[1].summary]
+    assert [r.summary for r in run_many([base, other], workers=1)] == [r.summary for r in first]
+    assert [r.steps is None for r in first] == [True, True]  # kept steps are asked for apart:
+    (with_steps,) = st.run([base], keep_steps=True)  # a run without them cannot stand in
+    assert simulated == [base, other, base] and with_steps.steps is not None
+
+
 def test_a_runs_progress_moves_during_the_run_and_changes_no_result():
     from kvsim.engine.simulate import simulate
     from kvsim.workload.scenario import load_scenario

@@ -153,6 +153,7 @@ class Study:
         self.latency_name = make_latency(spec).name
         self.runs_submitted = self.runs_done = 0  # counted for progress only (`on_runs`)
         self.on_runs: Callable[[], None] | None = None
+        self._runs: dict[tuple[str, bool], SweepResult] = {}  # every run so far, by (scenario JSON, keep_steps)
 
     def saturated(self, *overrides: str, num_requests: int | None = None) -> Scenario:
         """A saturating variant: 3 × `num_requests` (default the report's) requests at once."""
@@ -193,10 +194,19 @@ class Study:
             self.on_runs()
 
     def run(self, scenarios: list[Scenario], keep_steps: bool = False) -> list[SweepResult]:
-        """`run_many` with the report's workers, counted (`count_runs`)."""
+        """`run_many` with the report's workers, counted (`count_runs`). A scenario this report has run already
+        (with `keep_steps` the same) is not simulated again: a run is a function of its scenario (seeded), and
+        sections ask for the same one (the saturated base engine: the context study's row at the base
+        max_model_len, the fp8 study's `auto` row, the paging study's `paged` row). It still counts as a run."""
+        keys = [(scenario.model_dump_json(), keep_steps) for scenario in scenarios]
+        new = {key: scenario for key, scenario in zip(keys, scenarios, strict=True) if key not in self._runs}
         self.count_runs(len(scenarios), 0)
-        return run_many(scenarios, keep_steps=keep_steps, workers=self.cfg.workers,
-                        dask_address=self.cfg.dask_address, on_done=lambda: self.count_runs(0, 1))
+        ran = run_many(list(new.values()), keep_steps=keep_steps, workers=self.cfg.workers,
+                       dask_address=self.cfg.dask_address, on_done=lambda: self.count_runs(0, 1)) if new else []
+        self._runs.update(zip(new, ran, strict=True))
+        if len(new) < len(scenarios):  # the ones run before are done too
+            self.count_runs(0, len(scenarios) - len(new))
+        return [self._runs[key] for key in keys]
 
     def evidence(self, scenarios: list[Any]) -> list[dict[str, Any]]:
         """Each run's steady-state window evidence (`kvsim.planning.steady_state.window_evidence`)."""
