@@ -79,17 +79,30 @@ def test_the_largest_count_it_calls_calm_runs_without_preempting(engine, c, extr
 
 @pytest.mark.parametrize("setting", [
     ("workload.n=2",), ("engine.enable_prefix_caching=true",), ("workload.multi_turn={turns: 2}",),
-    ("model=gemma-3-27b", "gpu=h100-80gb"), ("workload.prompt_len={dist: uniform, low: 4, high: 12}",),
-    ("workload.shared_prefix={tokens: 8}",)],
-    ids=["samples", "caching", "multi-turn", "sliding-window", "varying-lengths", "shared-prefix"])
+    ("model=llama-4-scout", "gpu=h200", "engine.tensor_parallel_size=8"),
+    ("workload.prompt_len={dist: uniform, low: 4, high: 12}",), ("workload.shared_prefix={tokens: 8}",)],
+    ids=["samples", "caching", "multi-turn", "chunked-local", "varying-lengths", "shared-prefix"])
 def test_it_vouches_only_where_a_sequences_blocks_are_known(setting):
-    """Samples and caching share blocks, multi-turn prompts carry history, a
-    sliding window's chunk holds more than its live blocks, a drawn length may be longer, a shared prefix
-    adds to the prompt: no bound,
+    """Samples and caching share blocks, multi-turn prompts carry history, chunked-local attention is not
+    checked against runs, a drawn length may be longer, a shared prefix adds to the prompt: no bound,
     even for one sequence of 16 tokens (which it gives without them)."""
     one = [*fixed(16), "engine.max_num_seqs=1", "engine.max_model_len=4096"]
     assert no_preemption.never_preempts(load_scenario(None, one, default=REPORT_SCENARIO))
     assert not no_preemption.never_preempts(load_scenario(None, [*one, *setting], default=REPORT_SCENARIO))
+
+
+def test_a_sliding_window_sequence_is_counted_at_the_most_it_holds_prefilling():
+    """Gemma-3-27B (1 full-attention group, 6 sliding groups of window 1,024), 3,101 blocks of 16 (3,100 usable),
+    chunks of 2,048, prompt 1,024 + output 1,024: decoding, a sequence holds 128 + 6 · 65 = 518 blocks
+    (tests/test_report_closed_forms.py), but while its prompt is computed every group holds the whole prompt's
+    blocks and the step's (window − 1 + chunk = 3,071 tokens ≥ its 2,048): 7 · cdiv(2,048, 16) = 896. So the bound
+    vouches for 3,100 // 896 = 3 sequences, not 3,100 // 518 = 5; at 3 a saturated run fills its slots calmly."""
+    gemma = ("model=gemma-3-27b", "gpu=h100-80gb", "engine.num_gpu_blocks_override=3101",
+             "engine.max_num_batched_tokens=2048", "engine.max_model_len=4096")
+    base = load_scenario(None, [*gemma, *fixed(2048)], default=REPORT_SCENARIO)
+    assert max(n for n in range(1, 20) if no_preemption.never_preempts(with_seqs(base, n))) == 3
+    summary = simulate(with_seqs(base, 3)).summary
+    assert summary["num_preemptions"] == 0 and summary["max_running"] == 3
 
 
 @pytest.mark.parametrize("engine", [

@@ -21,11 +21,17 @@ def never_preempts(scenario: Scenario) -> bool:
     `hold_slots`), so when `max_num_seqs` × those fit the pool's usable blocks every allocation finds room,
     and a preemption, which only a failed allocation makes (`allocate_or_preempt`), never happens.
 
+    With sliding-window groups a sequence holds more while a prompt chunk is computed than while it decodes:
+    the window − 1 tokens before the chunk and the whole chunk, up to `max_num_batched_tokens`, the blocks that
+    slid out freed only before its next allocation (`kvsim.kv.hybrid`'s `remove_skipped_blocks`), so its most
+    is the larger of that (`KVLayout.prefill_blocks` at prompt + output tokens, every group's worst case) and
+    its decoding blocks; with full attention only the two are its live blocks.
+
     True only where that per-sequence maximum is known and holds: fixed prompt and output lengths (no trace,
     no shared prefix, no multi-turn history), one sequence per request (n = 1, no beams), prefix caching off
-    (nothing cached beyond the sequences' own blocks), full attention only (a sliding window's prompt chunk
-    holds more: `KVLayout.prefill_blocks`), no separate draft model (`method: draft_model`, not checked
-    against runs here; n-gram and EAGLE drafts are). The pool is the scenario's own: `max_num_seqs` changes the
+    (nothing cached beyond the sequences' own blocks), no chunked-local attention groups (not checked against
+    runs here), no separate draft model (`method: draft_model`, not checked against runs here; n-gram and EAGLE
+    drafts are). The pool is the scenario's own: `max_num_seqs` changes the
     activation memory and so the block count (`kvsim.model.capacity.num_gpu_blocks`)."""
     workload, engine = scenario.workload, scenario.engine
     prompt, output = workload.prompt_len, workload.output_len
@@ -35,12 +41,15 @@ def never_preempts(scenario: Scenario) -> bool:
         return False
     spec = resolve_engine(scenario)
     layout = spec.kv_layout
-    if any(g.window_tokens is not None for g in layout.groups) or layout.draft_num_layers:
+    if any(g.kind == "chunked_local" for g in layout.groups) or layout.draft_num_layers:
         return False
     drafts = engine.speculative_config
     extra = 0 if drafts is None else drafts.num_speculative_tokens + drafts.num_lookahead_tokens
+    num_tokens = prompt.value + output.value + extra
+    per_seq = max(layout.decode_blocks(num_tokens),  # the most blocks it holds decoding, or prefilling
+                  layout.prefill_blocks(num_tokens, spec.limits.max_num_batched_tokens))
     usable = spec.num_gpu_blocks - engine.num_null_blocks
-    return spec.limits.max_num_seqs * layout.decode_blocks(prompt.value + output.value + extra) <= usable
+    return spec.limits.max_num_seqs * per_seq <= usable
 
 
 def largest_seqs_without_preemption(probe: Callable[[int, int], Scenario],
