@@ -121,9 +121,11 @@ def test_drafter_cost_is_k_passes_of_the_head_or_draft_model_and_nothing_for_ngr
             return 1.0 + plan.num_decode_seqs
 
     plan = StepPlan()
-    plan.num_spec_decode_seqs, plan.sum_spec_context_tokens, plan.max_context_tokens = 2, 200, 120
+    plan.add_verify(4, 116, num_seqs=2)  # two sequences verifying 1 + 3 tokens
     assert SpeculativeLatency(Fixed(), None, 3, "ngram").step_time(plan) == 1.0
-    assert SpeculativeLatency(Fixed(), Fixed(), 3, "eagle").step_time(plan) == 1.0 + 3 * (1.0 + 2)
+    # the target's verify chunks and the first pass: no one-token decode; the K − 1 passes: 2 decodes each
+    assert SpeculativeLatency(Fixed(), Fixed(), 3, "eagle").step_time(plan) == 1.0 + 1.0 + 2 * (1.0 + 2)
+    assert SpeculativeLatency(Fixed(), Fixed(), 3, "draft_model", appends_next_token=True).step_time(plan) == 8.0
     head = eagle_head(load_model("llama-3.1-8b"))
     assert head.num_layers == 1 and head.hidden_size == 4096 and head.vocab_size == 128256
 
@@ -266,7 +268,7 @@ def test_eagle_drafts_over_every_scheduled_token_then_k_minus_1_passes_over_ever
     plan.add(100, 50, 1, samples=False)
     plan.add_verify(4, 196)
     plan.add_verify(4, 296)
-    spec = SpeculativeLatency(Recording(), Recording(), 3, "eagle", drafts_over_batch=True)
+    spec = SpeculativeLatency(Recording(), Recording(), 3, "eagle")
     assert spec.step_time(plan) == 1.0 + 3 * 1.0
     work = 100 * (50 + 101 / 2) + 4 * (196 + 5 / 2) + 4 * (296 + 5 / 2)  # causal pairs: 10,050 + 794 + 1,194
     assert seen[1:] == [(108, 3, 0, 3, 150 + 200 + 300, work),  # contexts 150, 200 and 300 after the step
@@ -279,14 +281,49 @@ def test_eagle_drafts_over_every_scheduled_token_then_k_minus_1_passes_over_ever
     assert spec.step_time(swap_only) == 1.0  # nothing scheduled: no pass
 
 
-def test_eagle_is_priced_over_the_batch_and_a_draft_model_over_the_verifying_sequences():
+def test_a_draft_model_appends_each_sequences_next_token_to_its_first_pass_and_eagle_does_not():
     from kvsim.model.config import load_gpu, make_engine
     from kvsim.planning.cost import closed_form_output_rate
 
-    for method, over_batch in (("eagle", True), ("eagle3", True), ("draft_model", False)):
+    for method, appends in (("eagle", False), ("eagle3", False), ("draft_model", True)):
         config = {"method": method, "num_speculative_tokens": 2, "acceptance_rates": [0.5, 0.5]}
         if method == "draft_model":
             config["model"] = "llama-2-7b"
         rate = closed_form_output_rate(load_model("llama-3.1-8b"), load_gpu("h100-80gb"),
                                        make_engine(speculative_config=config))
-        assert rate.args[0].drafts_over_batch is over_batch
+        assert rate.args[0].appends_next_token is appends
+
+
+def test_a_draft_model_drafts_over_every_scheduled_token_plus_each_next_token_then_k_minus_1_passes():
+    """vLLM's `DraftModelProposer` (vllm/v1/spec_decode/draft_model.py) is a `SpecDecodeBaseProposer` fed as
+    EAGLE is (`input_ids[:num_scheduled_tokens]`), whose `set_inputs_first_pass` merges each request's next
+    token after its scheduled ones (`num_tokens = target_token_ids.shape[0] + batch_size`) and extends every
+    query and `seq_lens` by one (`extend_all_queries_by_1`); the K − 1 passes after it add one to `seq_lens`
+    each. Before, kvsim priced K one-token passes over the verifying sequences only: no pass over the prefill
+    chunk's tokens (whose KV the draft model writes) and none for a step of prefill chunks alone. The step of
+    the EAGLE test above, K = 3: a chunk of 100 after 50 cached, two verifies of 1 + 3 after 196 and 296."""
+    seen = []
+
+    class Recording:
+        name = "recording"
+
+        def step_time(self, plan):
+            seen.append((plan.num_tokens, plan.num_seqs, plan.num_decode_seqs, plan.num_sampled,
+                         plan.sum_context_tokens, plan.max_context_tokens, plan.attention_work))
+            return 1.0
+
+    plan = StepPlan()
+    plan.add(100, 50, 1, samples=False)
+    plan.add_verify(4, 196)
+    plan.add_verify(4, 296)
+    spec = SpeculativeLatency(Recording(), Recording(), 3, "draft_model", appends_next_token=True)
+    assert spec.step_time(plan) == 1.0 + 3 * 1.0
+    # causal pairs of 101 tokens after 50, 5 after 196, 5 after 296: n · (past + (n + 1) / 2) each
+    work = 101 * (50 + 102 / 2) + 5 * (196 + 6 / 2) + 5 * (296 + 6 / 2)  # 10,201 + 995 + 1,495
+    assert work == 12_691
+    assert seen[1:] == [(111, 3, 0, 3, 151 + 201 + 301, 301, work),  # 108 + 3 tokens, every sequence a chunk
+                        (3, 3, 3, 3, 152 + 202 + 302, 302, 656.0), (3, 3, 3, 3, 659, 303, 659.0)]
+    seen.clear()
+    prefill_only = StepPlan()
+    prefill_only.add(64, 0, 2, samples=True)  # no verifying sequence: the draft model still runs
+    assert spec.step_time(prefill_only) == 4.0 and seen[1][:4] == (130, 2, 0, 2)

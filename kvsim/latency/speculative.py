@@ -15,12 +15,20 @@ drafter then proposes the next K drafts:
                  (`batch_size = next_token_ids.shape[0]`: a prefill chunk drafts too, its drafts discarded),
                  pass j reading each context after the step plus j (`seq_lens += 1`). A step that
                  schedules only prefill chunks drafts all the same.
-    draft_model  K decode passes of the draft model (`speculative_config.model`) over the verifying
-                 sequences (not checked against vLLM's `DraftModelProposer`)
+    draft_model  the draft model (`speculative_config.model`, in the target's dtype: `kvsim.model.drafter.draft_model`)
+                 run the same way: vLLM's `DraftModelProposer` (vllm/v1/spec_decode/draft_model.py) is a
+                 `SpecDecodeBaseProposer`, fed by `propose_draft_token_ids` as EAGLE is, whose
+                 `set_inputs_first_pass` appends each request's next token after its scheduled ones
+                 (`num_tokens = target_token_ids.shape[0] + batch_size`, `extend_all_queries_by_1`: every query
+                 and `seq_lens` one longer), so its first pass computes the step's tokens plus one per
+                 sequence, each sequence's n + 1 tokens after its past p, a chunk (causal pairs
+                 (n + 1)(p + (n + 2)/2) = n(p + (n + 1)/2) + (p + n) + 1: the plan's work plus each context after
+                 the step plus one), one logits row per request; then K − 1 one-token passes over every
+                 request, pass j at its context after the step plus 1 + j
 
 each priced by the roofline without the per-step CPU overhead (the drafter runs inside the target's engine
-step). EAGLE's contexts are the plan's, its drafts counted as if all were accepted (the plan is priced before
-the acceptance is drawn; vLLM's padded batch subtracts the rejected ones from `seq_lens` after the first
+step). The drafter's contexts are the plan's, its drafts counted as if all were accepted (the plan is priced
+before the acceptance is drawn; vLLM's padded batch subtracts the rejected ones from `seq_lens` after the first
 pass). Tree drafting is not modelled.
 """
 
@@ -29,48 +37,50 @@ from __future__ import annotations
 from kvsim.latency.base import LatencyModel
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.step_plan import StepPlan
-from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec, load_model
-from kvsim.model.drafter import eagle_head
+from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
+from kvsim.model.drafter import draft_model, eagle_head
 
 
 class SpeculativeLatency:
-    """`target.step_time(plan)` plus the drafter's passes (`drafter` None: n-gram, free): with
-    `drafts_over_batch` (EAGLE) a first pass over the step's tokens and K − 1 one-token passes over all its
-    sequences, else K one-token passes over the plan's verifying sequences."""
+    """`target.step_time(plan)` plus the drafter's passes (`drafter` None: n-gram, free): a first pass over the
+    step's tokens (with `appends_next_token`, a draft model's, one more per sequence) and K − 1 one-token passes
+    over all its sequences."""
 
     def __init__(self, target: LatencyModel, drafter: LatencyModel | None, num_speculative_tokens: int,
-                 method: str, drafts_over_batch: bool = False) -> None:
+                 method: str, appends_next_token: bool = False) -> None:
         self.target, self.drafter, self.num_speculative_tokens = target, drafter, num_speculative_tokens
-        self.drafts_over_batch = drafts_over_batch
+        self.appends_next_token = appends_next_token
         self.name = f"{target.name}+{method}"
 
     def step_time(self, plan: StepPlan) -> float:
         step_s = self.target.step_time(plan)
-        if self.drafter is None:
+        if self.drafter is None or not plan.num_seqs:
             return step_s
-        if self.drafts_over_batch:
-            return step_s + self._batch_draft_s(self.drafter, plan) if plan.num_seqs else step_s
-        if not plan.num_spec_decode_seqs:
-            return step_s
-        draft = StepPlan()
-        draft.add_decodes(plan.num_spec_decode_seqs, plan.sum_spec_context_tokens, plan.max_context_tokens,
-                          plan.min_decode_context_tokens)
-        return step_s + self.num_speculative_tokens * self.drafter.step_time(draft)
+        return step_s + self._draft_s(self.drafter, plan)
 
-    def _batch_draft_s(self, drafter: LatencyModel, plan: StepPlan) -> float:
-        """EAGLE's passes for `plan` (the module docstring): the first over the plan's tokens and contexts with
-        one logits row per sequence, then pass j = 1 … K − 1 one token per sequence at its context + j."""
-        first = StepPlan(num_tokens=plan.num_tokens, num_seqs=plan.num_seqs,
-                         num_prefill_tokens=plan.num_prefill_tokens, num_decode_seqs=plan.num_decode_seqs,
-                         num_sampled=plan.num_seqs, sum_context_tokens=plan.sum_context_tokens,
-                         sum_decode_context_tokens=plan.sum_decode_context_tokens,
-                         max_context_tokens=plan.max_context_tokens,
-                         min_decode_context_tokens=plan.min_decode_context_tokens,
-                         max_decode_context_tokens=plan.max_decode_context_tokens,
-                         attention_work=plan.attention_work)
-        draft_s = drafter.step_time(first)
+    def _draft_s(self, drafter: LatencyModel, plan: StepPlan) -> float:
+        """The drafter's passes for `plan` (the module docstring): the first over the plan's tokens and contexts
+        (a draft model's each one longer, every sequence a chunk) with one logits row per sequence, then pass
+        j = 1 … K − 1 one token per sequence at its context + j (+ 1 for a draft model)."""
         n = plan.num_seqs
-        for j in range(1, self.num_speculative_tokens):
+        if self.appends_next_token:
+            extra = 1
+            first = StepPlan(num_tokens=plan.num_tokens + n, num_seqs=n, num_prefill_tokens=plan.num_tokens + n,
+                             num_sampled=n, sum_context_tokens=plan.sum_context_tokens + n,
+                             max_context_tokens=plan.max_context_tokens + 1,
+                             attention_work=plan.attention_work + plan.sum_context_tokens + n)
+        else:
+            extra = 0
+            first = StepPlan(num_tokens=plan.num_tokens, num_seqs=n, num_prefill_tokens=plan.num_prefill_tokens,
+                             num_decode_seqs=plan.num_decode_seqs, num_sampled=n,
+                             sum_context_tokens=plan.sum_context_tokens,
+                             sum_decode_context_tokens=plan.sum_decode_context_tokens,
+                             max_context_tokens=plan.max_context_tokens,
+                             min_decode_context_tokens=plan.min_decode_context_tokens,
+                             max_decode_context_tokens=plan.max_decode_context_tokens,
+                             attention_work=plan.attention_work)
+        draft_s = drafter.step_time(first)
+        for j in range(1 + extra, self.num_speculative_tokens + extra):
             # the shortest context over every sequence is not tracked: the roofline reads neither extreme
             step = StepPlan()
             step.add_decodes(n, plan.sum_context_tokens + j * n, plan.max_context_tokens + j,
@@ -84,10 +94,10 @@ def speculative_latency(target: LatencyModel, model: ModelSpec, gpu: GPUSpec, en
     spec = engine.speculative_config
     assert spec is not None
     drafter: LatencyModel | None = None
+    draft = draft_model(model, spec)
     if spec.method in ("eagle", "eagle3"):
         drafter = RooflineLatency(eagle_head(model), gpu, engine, overhead_s=0.0)
-    elif spec.method == "draft_model":
-        assert spec.model is not None
-        drafter = RooflineLatency(load_model(spec.model), gpu, engine, overhead_s=0.0)
+    elif draft is not None:
+        drafter = RooflineLatency(draft, gpu, engine, overhead_s=0.0)
     return SpeculativeLatency(target, drafter, spec.num_speculative_tokens, spec.method,
-                              drafts_over_batch=spec.method in ("eagle", "eagle3"))
+                              appends_next_token=draft is not None)

@@ -30,9 +30,8 @@ class StepPlan:
     num_copied_blocks: int = 0
     num_dp_group_tokens: int = 0  # tokens of every DP engine in this step (their MoE layers run together)
     preempted: list = field(default_factory=list)  # requests preempted while planning this step
-    num_spec_decode_seqs: int = 0  # sequences verifying speculative drafts (their drafter ran for them)
+    num_spec_decode_seqs: int = 0  # sequences verifying speculative drafts
     num_draft_tokens: int = 0  # Σ drafts they verify
-    sum_spec_context_tokens: int = 0  # Σ their contexts after the step (what the drafter reads)
     num_verify_chunk_tokens: int = 0  # tokens of verify chunks of ≥ 2 tokens: in num_prefill_tokens, priced as
     num_verify_chunk_seqs: int = 0  # chunks; their sequences, not in num_decode_seqs (see `num_row_decode_seqs`)
     windowed_decode_context_tokens: dict[int, int] | None = None  # window → Σ min(context, window) over the
@@ -92,7 +91,6 @@ class StepPlan:
         self.num_sampled += num_seqs * (num_new - 1)
         self.num_spec_decode_seqs += num_seqs
         self.num_draft_tokens += num_seqs * (num_new - 1)
-        self.sum_spec_context_tokens += num_seqs * (past + num_new)
 
     def add_decodes(self, num_seqs: int, sum_context_tokens: int, max_context_tokens: int,
                     min_context_tokens: int) -> None:
