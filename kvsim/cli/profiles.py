@@ -53,8 +53,8 @@ def calibrate(
                 make_engine(block_size=size)
             except KvsimError as error:
                 raise KvsimError(f"--block-sizes={block_size!r}: {error}") from None
-        if output is not None and not dry_run:
-            check_output_file(output)  # refuse before loading torch and measuring, not after
+        if output is not None:  # refuse before loading torch and measuring, and in the dry run that plans the real one
+            check_output_file(output)
         from kernels import grid as calibration_grid  # standard library only: --dry-run needs no torch
 
         shapes = calibration_grid.LayerShapes(

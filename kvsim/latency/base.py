@@ -78,10 +78,11 @@ PROFILE_META_KEYS: dict[str, type] = {
     "kv_cache_dtype": str,  # bfloat16 | float16 | fp8
     "num_layers": int, "hidden_size": int, "num_attention_heads": int, "num_kv_heads": int, "head_dim": int,
     "intermediate_size": int, "vocab_size": int,  # full-model shapes; checked against the model used
+    "gated_mlp": bool,     # true | false: the MLP's kind, checked against the model used
     "source_repository": str, "source_commit": str, "source_licence": str, "source_path": str,
 }
 """Metadata keys the importers record, with their value type: `kvsim.latency.profiles.check_meta` refuses an
-integer key whose value is not an integer, and `check_profile` compares the integer keys with the
+integer key whose value is not an integer, and `check_profile` compares the integer keys and `gated_mlp` with the
 scenario's model and tensor-parallel degree. Other keys are kept as they are."""
 
 

@@ -8,7 +8,7 @@ One importer per source format, each returning a `Profile` (metadata + rows in t
     vidur.py    Microsoft Vidur's per-operator `mlp.csv`
 
 `loader.load_profile(path, ...)` picks the importer from what the path holds; `check_profile` refuses
-a profile measured for another model, vocabulary, KV dtype, GPU or tensor-parallel degree.
+a profile measured for another model, MLP kind, vocabulary, KV dtype, GPU or tensor-parallel degree.
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ def _kv_family(dtype: str) -> str:
 
 
 def check_profile(profile: Profile, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> None:
-    """Refuse a profile measured for another model shape, vocabulary, KV dtype, GPU or TP degree.
+    """Refuse a profile measured for another model shape, MLP kind (gated or not), vocabulary, KV dtype, GPU or TP
+    degree.
 
     Only what the profile's metadata records is compared; every mismatch is one `KvsimError`
     naming the field, the profile's value and the scenario's.
@@ -124,6 +125,14 @@ def check_profile(profile: Profile, model: ModelSpec, gpu: GPUSpec, engine: Engi
         if int(value) != want:
             raise KvsimError(f"profile {profile.name}: measured with {key}={have}, but the scenario has "
                              f"{key}={want} ({model.name}, tensor_parallel_size={engine.tensor_parallel_size})")
+    gated = meta.get("gated_mlp")
+    if gated:
+        label = profile.names.get("gated_mlp", "gated_mlp")  # the source's own name (Vidur's use_gated_mlp)
+        if gated not in ("true", "false"):
+            raise KvsimError(f"profile {profile.name}: metadata {label}={gated!r} is not true or false")
+        if (gated == "true") != model.gated_mlp:
+            raise KvsimError(f"profile {profile.name}: measured with {label}={gated}, but the scenario's model "
+                             f"{model.name} has {'a gated' if model.gated_mlp else 'no gated'} MLP")
     kv = meta.get("kv_cache_dtype")
     if kv:
         scenario_kv = model.dtype if engine.kv_cache_dtype == "auto" else engine.kv_cache_dtype

@@ -95,7 +95,24 @@ def _count(value: Any) -> int:
     return int(number)
 
 
-def _meta(root: Path, raw: dict[str, Any], tp: int) -> dict[str, str]:
+def _shapes_error(meta_path: Path) -> KvsimError:
+    """The one error for a meta.yaml whose `tp_degrees` or `hf_overrides` are not counts."""
+    return KvsimError(f"profile {meta_path}: tp_degrees must list integers and engine_effective.hf_overrides "
+                      "map shape names to integers")
+
+
+def _tp_degrees(raw: dict[str, Any], tp: int) -> list[int]:
+    """meta.yaml's `tp_degrees`, the degrees the bundle has folders for ([tp] when it gives none); anything but a
+    list of counts raises ValueError or TypeError (a text `"12"` was read as the degrees 1 and 2)."""
+    given = raw.get("tp_degrees")
+    if not given:
+        return [tp]
+    if not isinstance(given, list):
+        raise TypeError(given)
+    return [_count(d) for d in given]
+
+
+def _meta(root: Path, raw: dict[str, Any], tp: int, rank_tp: int) -> dict[str, str]:
     variant = str(raw.get("variant", ""))
     weight, _, kv = variant.partition("-kv")
     meta = {"gpu": str(raw.get("gpu", "")), "model": str(raw.get("model", "")), "tensor_parallel_size": str(tp),
@@ -103,8 +120,6 @@ def _meta(root: Path, raw: dict[str, Any], tp: int) -> dict[str, str]:
             **find_source(root, "casys-kaist/LLMServingSim (profile bundle format)"),
             "source_path": str(root), "source_format": "LLMServingSim profile bundle"}
     overrides = (raw.get("engine_effective") or {}).get("hf_overrides") or {}
-    degrees = raw.get("tp_degrees") or [tp]
-    rank_tp = max(_count(d) for d in degrees)  # the overrides are the per-rank shapes of the last (largest) degree
     for ours, theirs in (("num_attention_heads", "num_attention_heads"), ("num_kv_heads", "num_key_value_heads"),
                          ("intermediate_size", "intermediate_size"), ("vocab_size", "vocab_size")):
         if theirs in overrides:
@@ -132,6 +147,13 @@ def read_bundle(path: Path, tp: int) -> Profile:
         have = sorted(p.name for p in root.glob("tp*") if p.is_dir())
         raise KvsimError(f"profile {root}: measured at {', '.join(have) or 'no TP degree'}, "
                          f"not tensor_parallel_size={tp}")
+    try:
+        degrees = _tp_degrees(raw, tp)
+    except (TypeError, ValueError):
+        raise _shapes_error(meta_path) from None
+    if tp not in degrees:  # a tp1 folder beside `tp_degrees: [2]` was imported without a word
+        raise KvsimError(f"profile {meta_path}: tp_degrees={raw['tp_degrees']} does not list "
+                         f"tensor_parallel_size={tp}: meta.yaml does not describe the folder {folder.name}")
     rows: list[dict[str, str]] = []
     dense = data_file(folder / "dense.csv")
     for r in _read_csv(dense, ("layer", "tokens", "time_us")):
@@ -162,12 +184,11 @@ def read_bundle(path: Path, tp: int) -> Profile:
                          "time_s": _seconds(r["time_us"], moe)})
     name = f"{raw.get('model', root.name)}/{raw.get('variant', '')}/tp{tp}"
     try:
-        meta = _meta(root, raw, tp)
+        meta = _meta(root, raw, tp, max(degrees))  # the overrides are the per-rank shapes of the largest degree
     except KvsimError:  # source.yaml's, named as it is (a KvsimError is a ValueError)
         raise
     except (AttributeError, TypeError, ValueError):
-        raise KvsimError(f"profile {meta_path}: tp_degrees must list integers and engine_effective.hf_overrides "
-                         "map shape names to integers") from None
+        raise _shapes_error(meta_path) from None
     skew = _skew_rows(folder, raw, tp, meta_path)
     if skew is None:
         return Profile(name, meta, rows)

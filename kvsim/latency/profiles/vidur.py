@@ -11,7 +11,9 @@ records no GPU or dtype, so the GPU is the `<device>` folder, read as the preset
 (`VIDUR_DEVICES`: its `h100` is the H100-80GB SXM, its `a100` an 80 GB A100), so that the GPU check
 refuses the profile for a sibling chip (an H100 PCIe, an A100 40GB) instead of matching the bare family
 name; an unknown folder name is kept as it is. The vocabulary in the file is
-Vidur's padded size and is not recorded (no timing depends on it).
+Vidur's padded size and is not recorded (no timing depends on it). `use_gated_mlp` (pandas writes the bool as
+True or False) is recorded as `gated_mlp`, which `check_profile` compares with the model: a gated MLP's up
+projection is twice as wide, so its `gate_up` times are not a plain MLP's.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ OPS = {  # Vidur op -> (kind, kvsim op, calls per layer or step)
 VIDUR_DEVICES = {"h100": "h100-80gb", "a100": "a100-80gb", "a40": "a40"}  # Vidur's device folders -> presets
 SHAPES = {"n_head": "num_attention_heads", "n_kv_head": "num_kv_heads", "n_embd": "hidden_size",
           "n_expanded_embd": "intermediate_size"}
+GATED = "use_gated_mlp"
 
 
 def is_vidur_csv(path: Path) -> bool:
@@ -99,6 +102,7 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
         if len(values) > 1:
             raise KvsimError(f"profile {path}: the rows disagree on {shape} ({cut(', '.join(map(str, values)))}): "
                              "one model's profile per file")
+    gated = _gated_mlp(table, path) if GATED in fields else None
     rows = []
     for r in mine:
         for op, column in columns.items():
@@ -132,4 +136,22 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
     meta.update({"gpu": device, "model": "/".join(parts[-3:-1]), "tensor_parallel_size": str(tp),
                  **find_source(path.parent, "microsoft/vidur"), "source_path": str(path),
                  "source_format": "Vidur mlp.csv"})
-    return Profile(f"vidur:{meta['model']}", meta, rows)
+    if gated is None:
+        return Profile(f"vidur:{meta['model']}", meta, rows)
+    meta["gated_mlp"] = gated
+    return Profile(f"vidur:{meta['model']}", meta, rows, {"gated_mlp": GATED})
+
+
+def _gated_mlp(table: list[dict[str, str]], path: Path) -> str:
+    """The rows' one `use_gated_mlp`, as `true` or `false`: a cell that is neither (`maybe`) was accepted unread,
+    and rows that disagree are two models' profiles in one file."""
+    values = []
+    for index, row in enumerate(table):
+        cell = row.get(GATED)
+        value = cell.strip().lower() if isinstance(cell, str) else ""
+        if value not in ("true", "false"):
+            raise KvsimError(f"profile {path}: line {index + 2}: {GATED}={cell!r} is not True or False")
+        values.append(value)
+    if len(set(values)) > 1:
+        raise KvsimError(f"profile {path}: the rows disagree on {GATED} (True, False): one model's profile per file")
+    return values[0]
