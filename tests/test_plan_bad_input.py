@@ -203,6 +203,7 @@ def damaged(path: tuple[str, ...], value) -> dict:
     (("evidence", "num_requests"), "100", "evidence.num_requests='100': Input should be a valid integer"),
     (("work", "busy_replica_s"), "x", "work.busy_replica_s='x': Input should be a valid number"),
     (("offered_rate_per_s",), None, "offered_rate_per_s=None: Input should be a valid number"),  # a TypeError
+    (("offered_rate_per_s",), float("nan"), "offered_rate_per_s=nan: Input should be greater than or equal to 0"),
 ])
 def test_a_point_no_run_makes_is_named_by_its_field(path, value, problem):
     """`point_problem` finds what a resumed plan read as a point: a ValueError, KeyError or TypeError traceback
@@ -221,6 +222,24 @@ def test_a_stalled_point_is_a_whole_point():
     from kvsim.planning.point import point_problem, stalled_metrics
 
     assert point_problem(stalled_metrics(toy(), "held KV")) is None
+
+
+def test_a_stalled_point_of_traffic_arriving_at_one_instant_is_a_whole_point():
+    """`stalled_metrics` takes the rate its traffic offered from `plan_rate.offered_rate_per_s`: (n − 1) / span,
+    inf where the span is 0 (one request here; so for any traffic whose requests all arrive at once). The check
+    refused that inf ("Input should be a finite number") as a value no run makes, so a resumed plan simulated
+    such a point again every time; as points.jsonl holds it (JSON's Infinity) it is a whole point."""
+    import math
+
+    from test_plan import toy  # tests/ is on sys.path
+
+    from kvsim.planning.point import point_problem, stalled_metrics
+    from kvsim.workload.scenario import make_scenario
+
+    raw = toy().model_dump(mode="json")
+    raw["workload"]["num_requests"] = 1
+    metrics = json.loads(json.dumps(stalled_metrics(make_scenario(raw), "held KV")))
+    assert metrics["offered_rate_per_s"] == math.inf and point_problem(metrics) is None
 
 
 def test_point_store_skips_a_damaged_point_and_says_which_line_until_it_is_replaced(tmp_path):

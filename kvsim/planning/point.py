@@ -127,7 +127,8 @@ class _Point(BaseModel):
     num_preemptions: Count | None
     kv_cache_usage_mean: Number | None
     prefix_cache_hit_rate: Number | None
-    offered_rate_per_s: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    # inf where every request arrived at one instant: `stalled_metrics` takes `plan_rate.offered_rate_per_s`'s
+    offered_rate_per_s: Annotated[float, Field(ge=0)]  # (NaN fails ge)
     evidence: _Evidence
     work: _Work
 
