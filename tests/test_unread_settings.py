@@ -68,6 +68,19 @@ def test_a_fleet_says_expert_parallelism_unread_for_its_dense_group_only(tmp_pat
                                       "experts to place"]
 
 
+def test_a_setting_every_group_ignores_for_its_own_reason_is_said_once():
+    """`swap_space` under one `engine` section, a v1 group and a static one: vLLM v1 preempts by recompute and takes
+    `--swap-space` without using it, the static scheduler preempts by recompute too (`EngineConfig.can_swap`), so no
+    engine of the run reads it. Each group says so in its own words ("scheduler v1 never swaps", "scheduler static
+    never swaps"), and comparing the lines said nothing; the settings are compared (the first group's line)."""
+    from kvsim.fleet.run import unread_settings
+    from kvsim.workload.scenario import load_scenario
+
+    scenario = load_scenario(None, ["engine.swap_space=8", "engine.max_model_len=4096",
+                                    "replicas=[{count: 1}, {count: 1, engine: {scheduler: static}}]"])
+    assert unread_settings(scenario) == ["engine.swap_space=8 is unread: scheduler v1 never swaps"]
+
+
 UNREAD = ["--set", "engine.slab_placement=first-fit", "--set", "engine.kv_cache_memory_bytes=8GiB",
           "--set", "engine.gpu_memory_utilization=0.8"]
 SLABS = "kvsim: warning: engine.slab_placement=first-fit is unread: the paged allocator places no slabs"
@@ -80,6 +93,8 @@ PLAN = ["plan", "--slo", "ttft_s.p90=2", "--gpu", "h100-80gb", "--workers", "1"]
     ([*PLAN, *UNREAD], "kvsim.planning.plan.plan", [SLABS, UTILIZATION]),
     ([*PLAN, *UNREAD, "--engine", "allocator=paged,slab-max"], "kvsim.planning.plan.plan", [UTILIZATION]),
     ([*PLAN], "kvsim.planning.plan.plan", []),
+    ([*PLAN, "--set", "engine.swap_space=8", "--set", "engine.max_model_len=2048", "--engine", "scheduler=v1,static"],
+     "kvsim.planning.plan.plan", ["kvsim: warning: engine.swap_space=8 is unread: scheduler v1 never swaps"]),
     (["report", *UNREAD], "kvsim.report.build.build_report", [UTILIZATION]),
     (["capacity", "--sustained", "--max-model-len", "4096", "--kv-cache-memory-bytes", "8GiB",
       "--gpu-memory-utilization", "0.8"], "kvsim.planning.cost.add_sustained_costs", [UTILIZATION]),

@@ -112,15 +112,17 @@ def warn(text: str) -> None:
 
 
 def warn_unread(scenarios: list[Any]) -> None:
-    """Warn of each setting that no engine of a command's runs reads: the lines of
-    `kvsim.fleet.run.unread_settings` that every one of `scenarios` (the scenario a command loaded, and the variants
-    it simulates of it) gives; a setting one variant reads (a plan candidate's knob, the report's slab allocators)
-    runs. Every command that simulates a scenario calls it: run, plan, report, capacity --sustained, validate."""
-    from kvsim.fleet.run import unread_settings
+    """Warn of each setting that no engine of a command's runs reads: the settings of
+    `kvsim.fleet.run.unread_by_setting` that every one of `scenarios` (the scenario a command loaded, and the
+    variants it simulates of it) leaves unread, each with the first scenario's line (variants may say why
+    differently: a plan's `scheduler=v1,static` candidates both ignore `swap_space`, each for its own scheduler); a
+    setting one variant reads (a plan candidate's knob, the report's slab allocators) runs. Every command that
+    simulates a scenario calls it: run, plan, report, capacity --sustained, validate."""
+    from kvsim.fleet.run import unread_by_setting
 
-    said = [unread_settings(scenario) for scenario in scenarios]
-    for line in said[0]:
-        if all(line in other for other in said[1:]):
+    said = [unread_by_setting(scenario) for scenario in scenarios]
+    for setting, line in said[0].items():
+        if all(setting in other for other in said[1:]):
             warn(line)
 
 

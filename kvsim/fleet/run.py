@@ -56,24 +56,34 @@ def simulate_scenario(scenario: Scenario, check: bool = False, progress: Progres
 
 
 def unread_settings(scenario: Scenario) -> list[str]:
-    """Engine settings no engine of the run reads, one line each (`_engine_unread`: `EngineConfig.unread_settings`,
-    given the model each engine serves and the workload), for a run to warn of. In a fleet each replica group's
-    engine is asked: a setting a group gives itself is said with the group (`replicas[1]: engine.slab_placement=...`)
-    when that group does not read it; one the scenario's `engine` section gives is said once, when no group reads it
-    (a group whose allocator, prefix caching or model reads it makes it a setting that runs, not a dropped one)."""
+    """Engine settings no engine of the run reads, one line each (`unread_by_setting`'s lines), for a run to warn
+    of."""
+    return list(unread_by_setting(scenario).values())
+
+
+def unread_by_setting(scenario: Scenario) -> dict[str, str]:
+    """Engine settings no engine of the run reads, by setting (`_engine_unread`: `EngineConfig.unread_settings`,
+    given the model each engine serves and the workload), each with its line. In a fleet each replica group's
+    engine is asked: a setting a group gives itself is said with the group (key `replicas[1].slab_placement`, line
+    `replicas[1]: engine.slab_placement=...`) when that group does not read it; one the scenario's `engine` section
+    gives is said once (the first group's line), when no group reads it (a group whose allocator, prefix caching or
+    model reads it makes it a setting that runs, not a dropped one). Settings are compared, not lines: two groups
+    may say why differently (`swap_space`: "scheduler v1 never swaps", "scheduler static never swaps")."""
     if not scenario.is_fleet:
-        return list(_engine_unread(scenario).values())
+        return _engine_unread(scenario)
     from kvsim.fleet.driver import replica_groups
 
     groups = scenario.replicas if isinstance(scenario.replicas, list) else None
-    own_lines: list[str] = []
-    inherited: list[list[str]] = []  # per group, the lines of settings it takes from the scenario's engine
+    own_lines: dict[str, str] = {}
+    inherited: list[dict[str, str]] = []  # per group, the settings it takes from the scenario's engine
     for g, (replica, _count) in enumerate(replica_groups(scenario)):
         own = groups[g].engine if groups is not None else {}
         said = _engine_unread(replica)
-        own_lines += [f"replicas[{g}]: {line}" for field, line in said.items() if field in own]
-        inherited.append([line for field, line in said.items() if field not in own])
-    return [line for line in inherited[0] if all(line in other for other in inherited)] + own_lines
+        own_lines |= {f"replicas[{g}].{field}": f"replicas[{g}]: {line}"
+                      for field, line in said.items() if field in own}
+        inherited.append({field: line for field, line in said.items() if field not in own})
+    common = {field: line for field, line in inherited[0].items() if all(field in other for other in inherited)}
+    return common | own_lines
 
 
 def _engine_unread(scenario: Scenario) -> dict[str, str]:
