@@ -63,7 +63,7 @@ def _sighup_handler_name() -> str:
 def test_worker_processes_leave_a_ctrl_c_to_the_parent():
     """A terminal's Ctrl-C reaches every process of its group; workers ignore it, so only the parent
     prints its one line (no traceback per worker). Pool workers through their initializer; a
-    LocalCluster's because they start with SIGINT ignored."""
+    LocalCluster's because they start with SIGINT and SIGHUP ignored."""
     import signal
     from concurrent.futures import ProcessPoolExecutor
 
@@ -83,11 +83,18 @@ def test_worker_processes_leave_a_ctrl_c_to_the_parent():
         signal.signal(signal.SIGHUP, previous_hup)
     pytest.importorskip("dask.distributed")
     before = signal.getsignal(signal.SIGINT)
-    client = dask_client(None, 1)
+    previous_hup = signal.signal(signal.SIGHUP, _on_signal)  # as the CLI has it (`kvsim.cli.interrupts.install`)
     try:
-        assert list(client.run(_sigint_handler_name).values()) == [str(signal.SIG_IGN)]
+        client = dask_client(None, 1)
+        try:
+            assert list(client.run(_sigint_handler_name).values()) == [str(signal.SIG_IGN)]
+            # a worker spawned with the system's default died of the terminal's hang-up
+            assert list(client.run(_sighup_handler_name).values()) == [str(signal.SIG_IGN)]
+        finally:
+            close_client(client)
+        assert signal.getsignal(signal.SIGHUP) is _on_signal
     finally:
-        close_client(client)
+        signal.signal(signal.SIGHUP, previous_hup)
     assert signal.getsignal(signal.SIGINT) is before  # the parent's own handler is back
 
 

@@ -267,17 +267,17 @@ def dask_client(address: str | None, workers: int | None) -> Any:
         from dask.distributed import Client, LocalCluster
     except ImportError:
         raise KvsimError("the search runs on Dask: pip install -e '.[dist]' (or --workers 1 to run here)") from None
-    from kvsim.planning.sweep import connect_dask, sigint_ignored
+    from kvsim.planning.sweep import connect_dask, interrupts_ignored
 
     if address:
         return connect_dask(address)
 
-    # A Ctrl-C is the parent's to report, in one line: the workers ignore SIGINT, and log only errors
-    # (not a warning per task cancelled when the parent stops them).
+    # A Ctrl-C or a hang-up is the parent's to report, in one line: the workers ignore SIGINT and SIGHUP, and log
+    # only errors (not a warning per task cancelled when the parent stops them).
     saved = os.environ.get(WORKER_LOG_LEVEL)
     os.environ[WORKER_LOG_LEVEL] = "error"  # read by each worker process as it starts
     try:
-        with sigint_ignored():
+        with interrupts_ignored():
             # ":0": the scheduler's HTTP server on a free port (None still takes 8787, and a second plan on the
             # machine then warns that the port is in use)
             cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,

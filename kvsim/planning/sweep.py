@@ -51,19 +51,22 @@ def worker_signals() -> None:
 
 
 @contextmanager
-def sigint_ignored() -> Iterator[None]:
-    """Ignore SIGINT while worker processes are started (a Dask LocalCluster's): a process started
-    with SIGINT ignored keeps ignoring it, as `worker_signals` makes a pool's workers. A Ctrl-C in
-    those few seconds is lost (press it again); off the main thread, where no handler can be set,
-    nothing changes."""
+def interrupts_ignored() -> Iterator[None]:
+    """Ignore SIGINT and SIGHUP while worker processes are started (a Dask LocalCluster's): a process started
+    with a signal ignored keeps ignoring it, as `worker_signals` makes a pool's workers, so a Ctrl-C or the
+    terminal's hang-up, which reach the whole process group, are the parent's to report. (With the CLI's SIGHUP
+    handler in place a spawned worker started with the system's default, and the hang-up killed it.) A signal in
+    those few seconds is lost (press Ctrl-C again); off the main thread, where no handler can be set, nothing
+    changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
