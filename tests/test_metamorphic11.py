@@ -42,6 +42,7 @@ and not a probe's noise. Kept out as wrong relations: N round-robin replicas at 
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -238,7 +239,12 @@ def test_a_probe_that_missed_within_its_noise_does_not_add_a_replica(tmp_path):
     plan answered 4 where seeds 1, 3, 4 and 5 answer 3. 3 is the least any seed can answer (2 replicas get 7 req/s
     each, over the 6.25 one serves), and the long run of 3 replicas (10 × 400 requests) meets both SLOs."""
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "router": "round_robin"})
-    (row, *_), _ = plan(toy(14.0, 200, seed=2), spec, tmp_path)
+    (row, *_), simulated = plan(toy(14.0, 200, seed=2), spec, tmp_path)
     assert CAPACITY_PER_S < 14.0 / 2
     assert row["replicas"] == 3 and row["verified"] is True and row["evidence_num_requests"] == 4000
     assert row["verify_ttft_s.p90"] <= SLO["ttft_s.p90"] and row["verify_e2e_s.p99"] <= SLO["e2e_s.p99"]
+    # the rerun is the very run the verification of 3 reads, by its key: one line of points.jsonl, simulated once
+    # (so a plan resumed from any prefix of the file replays the same searches and answers the same)
+    names = [json.loads(line)["name"] for line in (tmp_path / "points.jsonl").read_text().splitlines()]
+    assert simulated == len(names) and [n for n in names if n.endswith("/x3")] == [
+        "toy/verify400/h100-80gb_tp1/x3", "toy/verify400/verify4000/h100-80gb_tp1/x3"]  # its probe, its long run
