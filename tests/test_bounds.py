@@ -70,12 +70,14 @@ def test_the_floor_is_for_the_served_rate(tmp_path):
 def test_the_gap_breakdown_sums_to_the_replicas_and_is_right_by_hand():
     """One replica, evenly spaced arrivals at 2 req/s (0.5 s apart), the world above: each request runs alone,
     its 64-token prompt in one step (which yields the first token) and 19 decode steps: 20 steps of τ, 0.2 s
-    of steps a request (w). The floor prices it at w_min = 64·τ/512 + 20·τ/8 = 26.25 ms. At λ = 2 req/s:
-    compute floor 2 · 26.25 ms = 0.0525 replicas; busy 2 · 0.2 = 0.4, so batching (one sequence a step
-    where 8 fit) 0.4 − 0.0525 = 0.3475; nothing preempted, nothing recomputed; idle 1 − 0.4 = 0.6. They sum
-    to the one replica; the KV floor is 2 · 19 · 74 · τ / 6400 slots; the gap to the binding (compute)
-    floor is 1 − 0.0525."""
-    from kvsim.planning.bounds import GAP_PARTS, gap_breakdown, gap_text
+    of steps a request (w), B = 50 · 0.2 = 10 replica-seconds in all. The run lasts T = 49 · 0.5 + 0.2 = 24.7 s
+    (first arrival to the last request's last step), so it served λ = 50 / 24.7 req/s, and the floor and gap are
+    that run's (`run_floor`). The floor prices a request at w_min = 64·τ/512 + 20·τ/8 = 26.25 ms: compute floor
+    λ · 26.25 ms = 0.053138 replicas; busy B / T = 0.404858, so batching (one sequence a step where 8 fit)
+    0.404858 − 0.053138; nothing preempted, nothing recomputed; idle 1 − 0.404858 = 0.595142, the share of the
+    24.7 s the replica did not step. They sum to the one replica; the KV floor is λ · 19 · 74 · τ / 6400 slots;
+    the gap to the binding (compute) floor is 1 − 0.053138."""
+    from kvsim.planning.bounds import GAP_PARTS, gap_breakdown, gap_text, run_floor
     from kvsim.planning.plan import point_metrics
 
     raw = world().model_dump(mode="json")
@@ -83,18 +85,21 @@ def test_the_gap_breakdown_sums_to_the_replicas_and_is_right_by_hand():
     raw.update(replicas=1, steps="none")
     scenario = make_scenario(raw)
     metrics = point_metrics(scenario)
-    floor = replica_floor(scenario, 2.0)
+    assert metrics["duration_s"] == pytest.approx(24.7) and metrics["num_finished"] == 50
+    floor = run_floor(scenario, metrics["num_finished"], metrics["duration_s"])
+    rate = 50 / 24.7
+    assert floor.rate_per_s == pytest.approx(rate)
     work = metrics["work"]
-    parts = gap_breakdown(floor, 1, work["busy_replica_s"], metrics["num_finished"], work["recomputed_tokens"])
+    parts = gap_breakdown(floor, 1, work["busy_replica_s"], work["recomputed_tokens"])
     assert work["busy_replica_s"] == pytest.approx(50 * 20 * 0.01)
     assert work["recomputed_tokens"] == 0
-    assert parts["compute_floor"] == pytest.approx(0.0525)
-    assert parts["batching"] == pytest.approx(0.3475)
+    assert parts["compute_floor"] == pytest.approx(rate * 0.02625)
+    assert parts["batching"] == pytest.approx(10 / 24.7 - rate * 0.02625)
     assert parts["preemption"] == 0.0
-    assert parts["idle"] == pytest.approx(0.6)
+    assert parts["idle"] == pytest.approx(1 - 10 / 24.7)
     assert sum(parts[k] for k in GAP_PARTS) == pytest.approx(1.0)
-    assert parts["kv_floor"] == pytest.approx(2 * 19 * 74 * 0.01 / 6400)
-    assert parts["gap"] == pytest.approx(1 - 0.0525)
+    assert parts["kv_floor"] == pytest.approx(rate * 19 * 74 * 0.01 / 6400)
+    assert parts["gap"] == pytest.approx(1 - rate * 0.02625)
     assert gap_text(parts, 1) == "1 replica = compute floor 0.05 + batching 0.35 + preemption 0.00 + idle 0.60; " \
                                  "KV floor 0.00"
 
@@ -122,7 +127,7 @@ def test_speculative_verify_steps_are_not_recompute():
     is preempted, so nothing is recomputed; the plan counted the verify chunks (4 tokens each, counted with
     the prefill chunks of their steps) as recompute: 50 · 5 · 4 = 1,000 tokens, a preemption part of
     2 req/s · 1,000 / 50 · τ/512 replicas where there was none."""
-    from kvsim.planning.bounds import gap_breakdown
+    from kvsim.planning.bounds import gap_breakdown, run_floor
     from kvsim.planning.plan import point_metrics
 
     raw = world().model_dump(mode="json")
@@ -135,8 +140,8 @@ def test_speculative_verify_steps_are_not_recompute():
     assert metrics["num_preemptions"] == 0
     assert work["busy_replica_s"] == pytest.approx(50 * 6 * 0.01)
     assert work["recomputed_tokens"] == 0
-    parts = gap_breakdown(replica_floor(scenario, 2.0), 1, work["busy_replica_s"], metrics["num_finished"],
-                          work["recomputed_tokens"])
+    floor = run_floor(scenario, metrics["num_finished"], metrics["duration_s"])
+    parts = gap_breakdown(floor, 1, work["busy_replica_s"], work["recomputed_tokens"])
     assert parts["preemption"] == 0.0
 
 
@@ -239,3 +244,42 @@ def test_a_cached_prefix_in_an_earlier_chunk_leaves_the_chunked_groups_the_curre
     raw["workload"]["shared_prefix"] = {"tokens": 1024, "fraction": 1.0}
     held = 19 * (8266 + 49 * 7242) / 50 + 3 * 19 * 74
     assert replica_floor(make_scenario(raw), 100.0).kv_replicas == pytest.approx(100 * 0.01 * held / 80000)
+
+
+def test_a_plan_rows_floor_and_gap_are_its_long_runs_not_the_probes_traffic(tmp_path):
+    """A trace whose first 10 requests come 0.25 s apart (4 req/s) and its next 90 0.5 s apart: the plan's
+    base traffic is the first 10, its long run all 100 on one replica of the world above (each request alone:
+    20 steps of τ = 0.2 s, under either spacing). That run lasts T = 9 · 0.25 + 90 · 0.5 + 0.2 = 47.45 s and
+    serves λ = 100 / 47.45 = 2.1075 req/s; its replica steps B = 100 · 0.2 = 20 s. So the row's floor is the
+    long run's: compute λ · 26.25 ms = 0.05532 replicas (1 replica), KV λ · 19 · 74 · τ / 6400, and the gap
+    1 = compute floor + batching (B / T − compute) + preemption 0 + idle (1 − B / T = 0.5785). Priced at the
+    base traffic's 4 req/s, as it was, the compute floor read 0.105 and idle 1 − 4 · 0.2 = 0.2: the long run
+    was busy 42 % of its time, not 80 %."""
+    from kvsim.planning.bounds import GAP_PARTS
+    from kvsim.planning.plan import answer_floor, point_metrics
+    from kvsim.planning.plan_rate import offered_rate_per_s, scaled_traffic
+    from kvsim.planning.spec import Candidate, make_plan_spec
+
+    arrivals_s = [0.25 * i for i in range(10)] + [2.25 + 0.5 * i for i in range(1, 91)]
+    trace = tmp_path / "two_rates.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 00:{int(t // 60):02d}:{t % 60:09.6f},64,20\n" for t in arrivals_s))
+    raw = world().model_dump(mode="json")
+    raw["workload"] = {"num_requests": 10, "arrival": {"process": "trace"},
+                       "trace": {"format": "azure", "path": str(trace)}}
+    base = make_scenario(raw)
+    assert offered_rate_per_s(base) == pytest.approx(4.0)  # the base traffic: the first 10 arrivals
+    shape, spec = Candidate("h100-80gb", 1), make_plan_spec({"slo": {"ttft_s.p90": 1.0}, "gpus": ["h100-80gb"]})
+    metrics = point_metrics(shape.scenario(scaled_traffic(base, 1.0, 100), 1, spec.router))
+    assert metrics["num_finished"] == 100 and metrics["work"]["busy_replica_s"] == pytest.approx(20.0)
+    floor, gap = answer_floor(base, shape, spec, {"replicas": 1}, metrics, offered_rate_per_s(base))
+    rate, busy = 100 / 47.45, 20 / 47.45
+    assert floor.rate_per_s == pytest.approx(rate) and floor.num_requests == 100
+    assert floor.compute_replicas == pytest.approx(rate * 0.02625) == gap["compute_floor"]
+    assert floor.kv_replicas == pytest.approx(rate * 19 * 74 * 0.01 / 6400) == gap["kv_floor"]
+    assert gap["batching"] == pytest.approx(busy - rate * 0.02625) and gap["preemption"] == 0.0
+    assert gap["idle"] == pytest.approx(1 - busy)
+    assert sum(gap[k] for k in GAP_PARTS) == pytest.approx(1.0)
+    # with no run behind the answer, the floor is the base traffic's, at its own rate, and there is no gap
+    floor, gap = answer_floor(base, shape, spec, {"replicas": None}, None, offered_rate_per_s(base))
+    assert floor.rate_per_s == pytest.approx(4.0) and floor.num_requests == 10 and gap == {}

@@ -136,6 +136,9 @@ def test_plan_command_writes_the_ranked_table_and_figure(tmp_path):
         assert (out / name).stat().st_size > 0
     for r in rows:  # the gap's parts, from the run behind the answer, add up to the replicas chosen
         assert sum(r[f"gap_{k}"] for k in GAP_PARTS) == pytest.approx(r["replicas"])
+        # one floor, the long run's: the lower bound is its count, and idle replicas are never fewer than none
+        assert r["lower_bound_replicas"] == max(1, math.ceil(max(r["gap_compute_floor"], r["gap_kv_floor"])))
+        assert r["gap_idle"] >= 0
         assert r["gap_breakdown"].startswith(f"{r['replicas']} replicas = compute floor ")
 
 

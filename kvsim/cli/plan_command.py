@@ -182,8 +182,8 @@ def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> No
                        "served (over max_model_len or the KV pool: the run's reject_reasons); the replicas, SLOs "
                        "and cost are for the rest")
         if r.get("gap_breakdown"):
-            typer.echo(f"gap to the floor, {r['candidate']}: {r['gap_breakdown']} (replicas at the traffic's "
-                       f"rate, from the run behind the answer; {r['bound_binds']} floor binds)")
+            typer.echo(f"gap to the floor, {r['candidate']}: {r['gap_breakdown']} (replicas over the run behind "
+                       f"the answer, at the rate it served; {r['bound_binds']} floor binds)")
     typer.echo(chosen_text(rows))
     typer.echo(f"{counted(simulated, 'point')} simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
                f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests, "

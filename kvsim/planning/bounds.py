@@ -43,21 +43,30 @@ num_blocks // groups · block_size, counts them); past them, the sliding groups 
 (`held_token_steps`).
 
 Requests the engine refuses (prompt + output over max_model_len) are left out, as they are never served:
-λ is the rate of the servable ones (the offered rate times their share of the scenario's requests).
+λ is the rate of the servable ones (an offered traffic's rate times their share of the scenario's requests; a
+run's, the rate it finished requests at).
 
-**The gap, from the run's own counters** (`gap_breakdown`). A fleet of R replicas that ran n requests
-with B replica-seconds of steps in all (every replica's step times summed) spends w = B ÷ n
-replica-seconds per request, against the floor's w_min; at the traffic's rate λ it keeps λ·w replicas
-busy, and the rest, R − λ·w, idle. So, exactly,
+**The gap, from the run's own counters** (`gap_breakdown`). The floor and its gap describe one run: the run
+behind the answer (`run_floor`: that run's requests, at the rate it served them, λ = n ÷ T, its n finished
+requests over its duration T from the first arrival to the last step's end). Neither the offered traffic's
+nominal rate nor a probe's: the gap splits the answer's replicas by what that run's replicas did, so its rate
+must be the one their busy time was spent at. (The first 200 arrivals of a 14 req/s Poisson toy come at
+12.26 req/s, its 4,000-request run's at 14.19, served at 14.13 over the run: priced at the 200's rate, the
+compute floor read 1.97 replicas instead of 2.27 and idle 0.40 instead of 0.00; a base traffic faster than the
+long run made idle negative, which no run can be.) A fleet of R replicas whose steps took B replica-seconds in
+all keeps B ÷ T replicas busy on average, and each request costs w = B ÷ n replica-seconds against the floor's
+w_min (λ·w = B ÷ T). So, exactly,
 
     R = λ·w_min                      compute floor (every token at its best batch)
-      + λ·(w − w_min) − recompute    batching: steps below the best batch (too little load, max_num_seqs,
+      + B/T − λ·w_min − recompute    batching: steps below the best batch (too little load, max_num_seqs,
                                      or the KV pool capping the batch); negative where mixed prefill and
                                      decode steps share weight reads the floor prices apart
-      + recompute                    preemption: λ · (prefill tokens computed beyond each prompt's uncached
-                                     part, per request) · the floor's cost of a prompt token
-      + (R − λ·w)                    idle: capacity held back so queues stay within the SLO (and the
-                                     warm-up and drain of a finite run), and the count rounded up
+      + recompute                    preemption: (prefill tokens computed beyond each prompt's uncached part)
+                                     ÷ T · the floor's cost of a prompt token
+      + (R − B/T)                    idle: the replicas not stepping, averaged over the run (capacity held
+                                     back so queues stay within the SLO, the warm-up and drain of a finite
+                                     run, and the count rounded up); never negative, as no replica steps for
+                                     longer than T
 
 and the gap to the floor that binds is R − max(compute, kv). The KV floor stands beside it: when it
 binds, the KV pool is what caps the batch, and its cost shows up as batching.
@@ -66,7 +75,8 @@ binds, the KV pool is what caps the batch, and its cost shows up as batching.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -88,6 +98,9 @@ class ReplicaFloor:
     num_requests: int  # the servable requests the mean lengths come from
     prompt_token_s: float = 0.0  # replica-seconds a prompt token costs at best (a full chunk's step ÷ its tokens)
     output_token_s: float = 0.0  # ... and an output token (a full decode step ÷ its sequences)
+    # the run this floor describes (`run_floor`): its finished requests and its duration (0, 0.0: offered traffic)
+    num_served: int = 0
+    duration_s: float = 0.0
 
     @property
     def replicas(self) -> int:
@@ -99,9 +112,26 @@ class ReplicaFloor:
 
 
 def replica_floor(scenario: Scenario, rate_per_s: float) -> ReplicaFloor:
-    """The floor for `rate_per_s` requests a second with `scenario`'s lengths on its model, GPU and engine.
-    Refused requests are never served: the floor is for the servable share of `rate_per_s` (its `rate_per_s`,
-    which `gap_breakdown` divides the served requests' work by)."""
+    """The floor for `rate_per_s` requests a second offered with `scenario`'s lengths on its model, GPU and
+    engine: an offered traffic's, with no run behind it. Refused requests are never served: the floor is for the
+    servable share of `rate_per_s` (its `rate_per_s`)."""
+    return _floor(scenario, lambda num_servable, num_offered: rate_per_s * num_servable / num_offered)
+
+
+def run_floor(scenario: Scenario, num_served: int, duration_s: float) -> ReplicaFloor:
+    """The floor of one run: `scenario`'s requests (the run's own, all of them, on one replica of its shape) at
+    the rate the run served them, `num_served` finished requests over its `duration_s` (first arrival to the last
+    step's end). The rate its replicas' busy time was spent at: `gap_breakdown` splits the run's replicas
+    against this floor, and against no other. Empty (rate 0) when the run served nothing."""
+    if num_served <= 0 or duration_s <= 0:
+        return ReplicaFloor(0.0, 0.0, 0.0, 0)
+    floor = _floor(scenario, lambda num_servable, num_offered: num_served / duration_s)
+    return replace(floor, num_served=num_served, duration_s=duration_s)
+
+
+def _floor(scenario: Scenario, servable_rate_per_s: Callable[[int, int], float]) -> ReplicaFloor:
+    """The floor at the rate `servable_rate_per_s(servable requests, offered requests)` of `scenario`'s requests
+    that the engine can serve (prompt + output within max_model_len), with their lengths."""
     from kvsim.engine.builder import make_latency, resolve_engine
     from kvsim.workload.generate import build_requests
 
@@ -111,7 +141,7 @@ def replica_floor(scenario: Scenario, rate_per_s: float) -> ReplicaFloor:
     requests = [r for r in offered if r.prompt_len + r.output_len <= max_model_len]
     if not requests:
         return ReplicaFloor(0.0, 0.0, 0.0, 0)
-    rate_per_s *= len(requests) / len(offered)  # the rate of the requests the engine serves
+    rate_per_s = servable_rate_per_s(len(requests), len(offered))
     prompts = np.array([r.prompt_len * 1.0 for r in requests])
     cached = cacheable_prompt_tokens(requests, engine.block_size) if engine.enable_prefix_caching else 0.0
     samples = np.array([r.num_samples * 1.0 for r in requests])
@@ -202,18 +232,18 @@ def cacheable_prompt_tokens(requests: list[Request], block_size: int) -> np.ndar
 GAP_PARTS = ("compute_floor", "batching", "preemption", "idle")
 
 
-def gap_breakdown(floor: ReplicaFloor, replicas: int, busy_replica_s: float, num_served: int,
+def gap_breakdown(floor: ReplicaFloor, replicas: int, busy_replica_s: float,
                   recomputed_tokens: int) -> dict[str, float]:
-    """`replicas` split into `GAP_PARTS` (they sum to it), from a run of the fleet: `busy_replica_s` (its
-    step times summed over replicas), `num_served` requests it finished, `recomputed_tokens` (tokens computed
-    again after a preemption by recompute dropped their KV: `EngineCounters.num_recomputed_tokens`). Also
-    `kv_floor` and `gap` (replicas − the binding floor), all in replicas at the floor's rate. Empty when the run
-    served nothing."""
-    if num_served <= 0:
+    """`replicas` split into `GAP_PARTS` (they sum to it) from the run `floor` describes (`run_floor`: its
+    requests, served rate and duration T): `busy_replica_s` (its step times summed over replicas) and
+    `recomputed_tokens` (tokens computed again after a preemption by recompute dropped their KV:
+    `EngineCounters.num_recomputed_tokens`). Also `kv_floor` and `gap` (replicas − the binding floor), all in
+    replicas over that run. Idle, `replicas` − busy_replica_s ÷ T, is never negative. Empty when the run served
+    nothing."""
+    if floor.num_served <= 0:
         return {}
-    rate = floor.rate_per_s
-    busy = rate * busy_replica_s / num_served
-    preemption = rate * recomputed_tokens / num_served * floor.prompt_token_s
+    busy = busy_replica_s / floor.duration_s  # replicas stepping, on average over the run
+    preemption = recomputed_tokens / floor.duration_s * floor.prompt_token_s
     parts = {"compute_floor": floor.compute_replicas, "batching": busy - floor.compute_replicas - preemption,
              "preemption": preemption, "idle": replicas - busy}
     return {**parts, "kv_floor": floor.kv_replicas,

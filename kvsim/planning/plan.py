@@ -26,7 +26,8 @@ to the whole traffic, `RateSearch.output_tokens_per_s`), GPUs, replicas, the hea
 failed with one replica fewer, and what that fleet was short of: when it kept up, KV memory if it
 preempted, else compute; when it did not, only that it was over capacity, since any overloaded engine fills
 its KV and preempts: `kvsim.planning.window.shortage`), the window's evidence, and the first-principles floor
-(`kvsim.planning.bounds`: `lower_bound_replicas`, which bound binds, `replicas_over_bound`).
+(`kvsim.planning.bounds`: `lower_bound_replicas`, which bound binds, `replicas_over_bound`) with the gap to it
+(`gap_*`), both of the run behind the answer, its requests at the rate it served them (`answer_floor`).
 
 A candidate whose latency floor rules out an SLO (`kvsim.planning.slo_floor`: every token takes at least the
 fastest step, so a TTFT, TPOT or E2E limit under that is missed at any count) is not searched: its row says so.
@@ -53,7 +54,7 @@ from typing import Any
 from kvsim.model.errors import KvsimError, empty_item, shown
 from kvsim.model.units import read_number
 from kvsim.model.yaml_io import flag_mapping, load_yaml
-from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica_floor
+from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica_floor, run_floor
 from kvsim.planning.cost import (
     GpuPrice,
     cost_per_million_output_tokens,
@@ -215,8 +216,7 @@ def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_p
         if tokens_per_s is None and row["feasible"] and isinstance(s, RateSearch):  # from its long run or probe
             tokens_per_s = s.output_tokens_per_s()
         shape = Candidate(c.gpu, c.tensor_parallel_size, c.knobs)  # the floor counts colocated replicas
-        floor = replica_floor(shape.scenario(base, 1, spec.router), target_rate_per_s)
-        gap = answer_gap(floor, row["replicas"], s.answer_metrics())
+        floor, gap = answer_floor(base, shape, spec, row, s.answer_metrics(), target_rate_per_s)
         rows.append({"topology": "colocated", **row, "output_tokens_per_s": tokens_per_s,
                      "usd_per_million_output_tokens": cost_per_million_output_tokens(
                          price, row["num_gpus"], tokens_per_s) if row["feasible"] and tokens_per_s else None,
@@ -254,12 +254,18 @@ def note_memory_limited(searches: Sequence[AnySearch], store: PointStore) -> Non
                                         "memory_limit_bytes": memory.limit_bytes})
 
 
-def answer_gap(floor: ReplicaFloor, replicas: int | None, metrics: Metrics | None) -> dict[str, float]:
-    """The gap between `replicas` and the floor, from the run that backs them (`kvsim.planning.bounds`)."""
-    if not replicas or metrics is None:
-        return {}
+def answer_floor(base: Scenario, shape: Candidate, spec: PlanSpec, row: dict[str, Any], metrics: Metrics | None,
+                 offered_rate_per_s: float) -> tuple[ReplicaFloor, dict[str, float]]:
+    """A row's floor and the gap between its `replicas` and that floor (`kvsim.planning.bounds`), both of the run
+    behind the answer (`metrics`: its requests, the traffic's first `num_requests` at the row's
+    `evidence_traffic_scale`, at the rate it served them), so that they add up to the replicas that run had; with no
+    such run (no answer, or a split's), the floor of the base traffic at `offered_rate_per_s` and no gap."""
+    if not row["replicas"] or metrics is None:
+        return replica_floor(shape.scenario(base, 1, spec.router), offered_rate_per_s), {}
+    traffic = scaled_traffic(base, row.get("evidence_traffic_scale") or 1.0, metrics["num_requests"])
+    floor = run_floor(shape.scenario(traffic, 1, spec.router), metrics["num_finished"], metrics["duration_s"])
     work = metrics["work"]
-    return gap_breakdown(floor, replicas, work["busy_replica_s"], metrics["num_finished"], work["recomputed_tokens"])
+    return floor, gap_breakdown(floor, row["replicas"], work["busy_replica_s"], work["recomputed_tokens"])
 
 
 def hourly_price(spec: PlanSpec, gpu: str) -> GpuPrice:

@@ -87,7 +87,7 @@ class XpydSearch:
         self.metrics = metrics
 
     def answer_metrics(self) -> Metrics | None:
-        """None: a split's gap to the colocated floor is not broken down (`kvsim.planning.plan.answer_gap`)."""
+        """None: a split's gap to the colocated floor is not broken down (`kvsim.planning.plan.answer_floor`)."""
         return None
 
     def memory_block(self) -> tuple[str, Scenario] | None:

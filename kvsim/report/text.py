@@ -356,7 +356,7 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
                    + ("the prompt and output tokens at one replica's best-batch step cost" if lo_row.floor_binds
                       == "compute" else "the KV the requests hold, by Little's law, against one pool") + ")"
                    + (f"; least outstanding needs {lo_row.replicas_over_floor:g}× that"
-                      + (f", made of (from that fleet's own run, in replicas at the traffic's rate) "
+                      + (f", made of (from that fleet's own run, in replicas over it, at the rate it served) "
                          f"{lo_row.gap_breakdown}: batching is steps below the best batch, preemption the "
                          "recomputed tokens, idle the capacity the SLO keeps free"
                          if "gap_breakdown" in df.columns and pd.notna(lo_row.gap_breakdown) else "")
