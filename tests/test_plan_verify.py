@@ -220,6 +220,14 @@ def test_a_rate_search_answer_is_the_fleet_that_held_not_the_linear_bound(tmp_pa
     assert row["verify_attempts"].endswith("4 held*, 3 failed*") and row["capacity_headroom"] == 0.1
     assert row["verify_ttft_s.p90"] == pytest.approx(0.147, abs=0.03) and row["ttft_s.p90"] == row["verify_ttft_s.p90"]
     assert "4 replicas held 1.1× the traffic" in row["limiting_factor"]
+    # floor and gap are that long run's, on 1.1× the traffic, at the rate λ it served: a request is priced at
+    # w_min = 64 · τ/8192 + 10 · τ/1 (a full chunk, a one-sequence decode step) and takes exactly 10 steps of τ,
+    # so the replicas step λ · 0.1 on average (compute floor + batching) and idle is the rest of the 4
+    w_min = 64 * 0.01 / 8192 + 10 * 0.01
+    rate = row["gap_compute_floor"] / w_min
+    assert rate == pytest.approx(33.0, rel=0.04)  # 1.1 × 30 req/s (6,000 Poisson arrivals: ±1.3 % a deviation)
+    assert row["gap_compute_floor"] + row["gap_batching"] == pytest.approx(rate * 0.1)
+    assert row["gap_idle"] == pytest.approx(4 - rate * 0.1) and row["lower_bound_replicas"] == 4
     # the fleet serves the traffic, 30 req/s × 10 output tokens = 300 tokens/s (the long run behind the answer
     # served 1.1× that: 330, which priced each token 1/1.1 of its cost); ~4,200 window arrivals (6,000 requests less
     # the first 20 % and last 10 %): ~1.5 % noise
