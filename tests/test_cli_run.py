@@ -179,14 +179,36 @@ def test_ctrl_c_while_kvsim_imports_exits_130_with_one_line(tmp_path):
     assert scripts["kvsim"] == "kvsim.__main__:main"  # the console script runs the same guarded entry
     (tmp_path / "typer.py").write_text("raise KeyboardInterrupt\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    for argv in (["-m", "kvsim", "--version"], ["-c", "from kvsim.__main__ import main; main()", "--version"]):
+    for argv in (["-m", "kvsim", "--help"], ["-c", "from kvsim.__main__ import main; main()", "--help"]):
         done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=120)
         assert (done.returncode, done.stdout, done.stderr) == (
-            130, "", "kvsim: interrupted (kvsim --version) before it wrote any output; no file was changed\n")
+            130, "", "kvsim: interrupted (kvsim --help) before it wrote any output; no file was changed\n")
     (tmp_path / "typer.py").unlink()  # the real typer: the same entry runs the CLI
-    done = subprocess.run([sys.executable, "-m", "kvsim", "--version"], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, "-m", "kvsim", "--help"], capture_output=True, text=True, env=env,
                           timeout=120)
-    assert done.returncode == 0 and done.stdout.startswith("kvsim ")
+    assert done.returncode == 0 and done.stdout.startswith("Usage: ")
+
+
+def test_version_alone_is_answered_without_the_cli():
+    """`kvsim --version` (the entry, as the console script runs it) prints the line the CLI's own `--version`
+    prints, without importing the CLI or its libraries; with anything more on the line the CLI answers."""
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    cli = CliRunner().invoke(app, ["--version"])
+    assert cli.exit_code == 0 and cli.output == "kvsim 0.1.0\n"  # kvsim/model/version.py's __version__
+    code = ("import sys; from kvsim.__main__ import main; sys.argv = ['kvsim', *sys.argv[1:]]\n"
+            "try:\n    main()\nfinally:\n"
+            "    print(sorted(m for m in ('typer', 'kvsim.cli', 'pydantic', 'numpy', 'rich') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, "--version"], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, cli.output + "[]\n", "")
+    done = subprocess.run([sys.executable, "-c", code, "--version", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith(cli.output) and "'typer'" in done.stdout
 
 
 def test_cli_starts_openblas_with_one_thread_unless_the_user_chose():

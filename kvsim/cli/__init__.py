@@ -70,9 +70,9 @@ DEFAULT_CONTEXT_LENGTHS = "1024,2048,4096,8192,16384,32768"
 
 def _print_version(value: bool) -> None:
     if value:
-        from kvsim.model.version import __version__
+        from kvsim.model.version import VERSION_LINE
 
-        typer.echo(f"kvsim {__version__}")
+        typer.echo(VERSION_LINE)
         raise typer.Exit()
 
 
