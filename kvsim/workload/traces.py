@@ -255,6 +255,9 @@ def _azure_time(stamp: Any, path: Path, line: int) -> tuple[int, bool]:
 _NAIVE_EPOCH = datetime(1970, 1, 1)  # a zone-less stamp is UTC: its seconds since this
 
 
+_HASH_ID_TYPES = frozenset((int, str))  # a Mooncake hash_id's JSON types (`type`, so true and 1.0 are not ids)
+
+
 def read_mooncake(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
     """JSONL with `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one per 512 tokens)."""
     records = []
@@ -265,12 +268,11 @@ def read_mooncake(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceR
         if not isinstance(hash_ids, list) or len(hash_ids) != math.ceil(prompt / MOONCAKE_BLOCK_TOKENS):
             raise bad_row(path, line_no, f"hash_ids must list ceil(input_length / 512) = "
                                       f"{math.ceil(prompt / MOONCAKE_BLOCK_TOKENS)} ids")
-        if not all(isinstance(h, (int, str)) and not isinstance(h, bool) for h in hash_ids):
+        if not _HASH_ID_TYPES.issuperset(map(type, hash_ids)):  # JSON gives exact types: a bool is not an int
             raise bad_row(path, line_no, "hash_ids must be integers or strings")
-        segments = []
-        for i, hash_id in enumerate(hash_ids):
-            length = min(MOONCAKE_BLOCK_TOKENS, prompt - i * MOONCAKE_BLOCK_TOKENS)
-            segments.append((("mooncake", hash_id), length))
+        # one id per 512 tokens, the last for the rest: ceil(prompt / 512) ids leave the last 1 to 512 tokens
+        segments = [(("mooncake", hash_id), MOONCAKE_BLOCK_TOKENS) for hash_id in hash_ids]
+        segments[-1] = (segments[-1][0], prompt - (len(hash_ids) - 1) * MOONCAKE_BLOCK_TOKENS)
         arrival = _seconds(row.get("timestamp"), 1000.0, path, line_no, "timestamp")
         records.append(TraceRecord(arrival, prompt, output, tuple(segments), **columns.read(row, path, line_no)))
     return records
