@@ -211,6 +211,22 @@ def test_version_alone_is_answered_without_the_cli():
     assert done.returncode == 0 and done.stdout.startswith(cli.output) and "'typer'" in done.stdout
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_cli_is_imported_with_the_collector_off_and_left_as_it_was(enabled):
+    """The entry imports the CLI with no cyclic collection (its collection count stays) and its objects frozen
+    after, the collector then on or off as the caller had it."""
+    import subprocess
+    import sys
+
+    code = ("import gc, sys; from kvsim.__main__ import import_cli\n"
+            f"gc.enable() if {enabled} else gc.disable(); gc.collect(); before = gc.get_stats()\n"
+            "import_cli()\n"
+            "print(gc.isenabled(), [s['collections'] for s in gc.get_stats()] == "
+            "[s['collections'] for s in before], gc.get_freeze_count() > 10_000)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == [str(enabled), "True", "True"]
+
+
 def test_cli_starts_openblas_with_one_thread_unless_the_user_chose():
     """The entry sets OPENBLAS_NUM_THREADS=1 before numpy loads, and leaves any BLAS thread choice alone."""
     import subprocess
