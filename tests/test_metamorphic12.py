@@ -25,7 +25,9 @@ Here, on 60-row traces whose 150-block pool preempts (asserted):
 * a fleet of one replica is the single engine for the engines round one did not run it on (v0's swap, an offload
   tier, a hybrid model): the same requests; the fleet's offload books add only `num_engines`;
 * one priority class is FCFS with asynchronous KV loads (an offload tier's hits, a decode instance's transfers)
-  where no victim is chosen between requests admitted out of arrival order (below).
+  where no victim is chosen between requests admitted out of arrival order (below);
+* trace rows of one instant shuffled, where the step after them takes them all whole: nothing but ids changes
+  (with a 2,048-token budget, which cuts them in row order, every engine's run changes).
 
 Relations tried and broken, by vLLM's semantics (not kvsim's):
 
@@ -217,3 +219,28 @@ def test_one_priority_class_is_fcfs_with_asynchronous_loads_and_no_victim_out_of
     if name == "offload":
         assert fcfs.summary["kv_offload"]["num_loads"] > 0
     same_run(priority, fcfs)
+
+
+@pytest.mark.parametrize("engine", [{}, {"async_scheduling": False}, {"scheduler": "v0"},
+                                    {"scheduling_policy": "priority"}], ids=["v1", "v1-sync", "v0", "priority"])
+def test_rows_of_one_instant_in_any_order_change_nothing_but_ids(tmp_path, engine):
+    """Ten instants 0.4 s apart, four rows at each (prompts under 1,500 tokens): a token budget of 8,192 and a
+    4,000-block pool take all four prompts whole in the step after they arrive, so the order of the rows (ties
+    break by row, `kvsim.sched.request_queue`) decides nothing but which id each gets. Rows shuffled within
+    each instant: every request's row is the original's of the same row, and the step rows are identical (the
+    roofline sums the same batch in another order to the same bits)."""
+    rng = np.random.default_rng(4)
+    rows = [(instant * 400_000_000, int(rng.integers(1, 1500)), int(rng.integers(1, 200)))
+            for instant in range(10) for _ in range(4)]
+    order = np.concatenate([rng.permutation(4) + 4 * instant for instant in range(10)])  # row k of the shuffle
+    runs = []
+    for name, trace_rows in (("rows", rows), ("shuffled", [rows[i] for i in order])):
+        raw = traced(write_trace(tmp_path / f"{name}.jsonl", trace_rows),
+                     {"num_gpu_blocks_override": 4000, "max_num_batched_tokens": 8192, **engine})
+        raw["latency"] = {"model": "roofline"}
+        runs.append(kvsim.simulate(raw))
+    original, shuffled = runs
+    assert original.summary["max_running"] >= 4
+    relabelled = shuffled.requests.assign(request_id=order[shuffled.requests.request_id.to_numpy()])
+    assert relabelled.sort_values("request_id").reset_index(drop=True).equals(original.requests)
+    assert shuffled.steps.equals(original.steps)
