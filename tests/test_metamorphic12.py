@@ -27,7 +27,8 @@ Here, on 60-row traces whose 150-block pool preempts (asserted):
 * one priority class is FCFS with asynchronous KV loads (an offload tier's hits, a decode instance's transfers)
   where no victim is chosen between requests admitted out of arrival order (below);
 * trace rows of one instant shuffled, where the step after them takes them all whole: nothing but ids changes
-  (with a 2,048-token budget, which cuts them in row order, every engine's run changes).
+  (with a 2,048-token budget, which cuts them in row order, every engine's run changes); two replica groups'
+  names exchanged change nothing but the names, under every router.
 
 Relations tried and broken, by vLLM's semantics (not kvsim's):
 
@@ -102,8 +103,8 @@ def same_run(a, b):
     assert json.dumps(a.summary) == json.dumps(b.summary)
 
 
-# slow (1.6 s each on one core): these plan every step, twice, one run checking every allocator after each
-SLOW_CHECKS = {"priority-two-classes", "offload", "hybrid"}
+# slow (1.1 to 2 s each on one core): these plan every step, twice, one run checking every allocator after each
+SLOW_CHECKS = {"priority-two-classes", "offload", "hybrid", "dp2"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW_CHECKS else [])
@@ -192,7 +193,8 @@ def test_every_time_scaled_by_c_scales_every_latency_by_c(tmp_path, scale, engin
     assert scaled.summary["duration_s"] == pytest.approx(base.summary["duration_s"] * scale, rel=1e-11)
 
 
-@pytest.mark.parametrize("name", ["v0-swap", "offload", "hybrid"])
+@pytest.mark.parametrize("name", ["v0-swap", "offload", pytest.param("hybrid", marks=pytest.mark.slow)])  # 1.4 s:
+# the hybrid pool plans every step, in both runs
 def test_a_fleet_of_one_is_the_single_engine_for_more_engines(tmp_path, name):
     single = kvsim.simulate(world(tmp_path, name))
     assert single.summary["num_preemptions"] > 0
@@ -244,3 +246,22 @@ def test_rows_of_one_instant_in_any_order_change_nothing_but_ids(tmp_path, engin
     relabelled = shuffled.requests.assign(request_id=order[shuffled.requests.request_id.to_numpy()])
     assert relabelled.sort_values("request_id").reset_index(drop=True).equals(original.requests)
     assert shuffled.steps.equals(original.steps)
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "least_outstanding", "least_kv", "affinity"])
+def test_replica_names_swapped_change_nothing_but_names(tmp_path, policy):
+    """Two groups of one replica each, named alpha and beta, then beta and alpha: a router picks by position
+    (ties go to the first), never by name, so requests and steps are the same, and the summary is the other's
+    with the two names exchanged."""
+    runs = []
+    for first, second in (("alpha", "beta"), ("beta", "alpha")):
+        raw = traced(write_trace(tmp_path / "rows.jsonl", ROWS), {"num_gpu_blocks_override": 150})
+        raw.update(replicas=[{"count": 1, "name": first}, {"count": 1, "name": second}], router={"policy": policy})
+        runs.append(kvsim.simulate(raw))
+    named, renamed = runs
+    assert named.summary["num_preemptions"] > 0
+    assert [r["name"] for r in renamed.summary["per_replica"]] == ["scenario/beta-0", "scenario/alpha-0"]
+    assert renamed.requests.equals(named.requests)
+    assert renamed.steps.equals(named.steps)
+    exchanged = json.dumps(named.summary).replace("alpha", "\0").replace("beta", "alpha").replace("\0", "beta")
+    assert json.dumps(renamed.summary) == exchanged
