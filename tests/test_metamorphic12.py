@@ -28,7 +28,9 @@ Here, on 60-row traces whose 150-block pool preempts (asserted):
   where no victim is chosen between requests admitted out of arrival order (below);
 * trace rows of one instant shuffled, where the step after them takes them all whole: nothing but ids changes
   (with a 2,048-token budget, which cuts them in row order, every engine's run changes); two replica groups'
-  names exchanged change nothing but the names, under every router.
+  names exchanged change nothing but the names, under every router;
+* v0's swap and recompute are one run in a pool of every group's bound together (parallel sampling, n = 2: a
+  group's prompt blocks plus each sample's reply blocks and copied-on-write block), counted by hand.
 
 Relations tried and broken, by vLLM's semantics (not kvsim's):
 
@@ -45,8 +47,7 @@ Relations tried and broken, by vLLM's semantics (not kvsim's):
 * prefix caching on with prompts that share no block is caching off only without preemption (round two's roomy
   pool): a preempted request finds its own cached blocks on re-admission (vLLM counts them apart,
   `num_prefix_cache_preempted_*`) and recomputes less, so the runs part at the first such hit;
-* v1 has no swap (`preemption_mode: swap` needs v0, refused otherwise), and v0's swap against recompute in a pool
-  that never preempts is round two's relation.
+* v1 has no swap (`preemption_mode: swap` needs v0, refused otherwise).
 """
 
 from __future__ import annotations
@@ -265,3 +266,26 @@ def test_replica_names_swapped_change_nothing_but_names(tmp_path, policy):
     assert renamed.steps.equals(named.steps)
     exchanged = json.dumps(named.summary).replace("alpha", "\0").replace("beta", "alpha").replace("\0", "beta")
     assert json.dumps(renamed.summary) == exchanged
+
+
+def test_swap_and_recompute_are_one_run_in_a_pool_no_group_can_exhaust(tmp_path):
+    """v0 with parallel sampling (n = 2: groups, which v0 preempts by swap unless told to recompute). A group
+    holds at most its prompt's blocks plus, for each sample, its reply's blocks and the copied-on-write block
+    where the prompt ends: ceil(P / 16) + 2 (ceil(O / 16) + 1). A pool of every group's bound together (1,709
+    blocks for the first 30 rows) lets every group run at once, so nothing is ever preempted and the mode is
+    never read: the same requests, steps and summary. In a 150-block pool the two modes part (13 swaps, 25
+    recomputes)."""
+    rows = ROWS[:30]
+    bound_blocks = sum(-(-prompt // 16) + 2 * (-(-output // 16) + 1) for _, prompt, output in rows)
+    assert bound_blocks == 1709
+
+    def run(mode, num_blocks):
+        raw = traced(write_trace(tmp_path / "rows.jsonl", rows),
+                     {"num_gpu_blocks_override": num_blocks, "scheduler": "v0", "preemption_mode": mode})
+        raw["workload"]["n"] = 2
+        return kvsim.simulate(raw)
+
+    swap, recompute = run("swap", bound_blocks), run("recompute", bound_blocks)
+    assert swap.summary["num_preemptions"] == 0
+    same_run(swap, recompute)
+    assert not run("swap", 150).requests.equals(run("recompute", 150).requests)
