@@ -9,16 +9,17 @@ Here, on 60-row traces whose 150-block pool preempts (asserted):
 * the invariant-checked run (`--check`, `check_invariants()` after every step) and the step-by-step run (no decode
   bursts) are the plain run, byte for byte, in the engines and deployments the burst tests leave out: two priority
   classes, synchronous v1, v0's swap, a KV offload tier, n-gram speculation, a hybrid model (gpt-oss-20b's sliding
-  layers), a 2P2D disaggregated fleet, two DP ranks (check only: ranks never burst) and a least-KV fleet; through
-  the CLI, every file `kvsim run --check` writes is the plain run's;
+  layers), a 2P2D disaggregated fleet, two DP ranks of a dense model and of an MoE (lockstep; check only: ranks
+  never burst) and a least-KV fleet; through the CLI, every file `kvsim run --check` writes is the plain run's;
 * block size b or 2b with every prompt a multiple of 2b, one output token (the prompt's last chunk samples it), a
-  token budget a multiple of 2b and the same usable tokens in either pool (N blocks of b, M of 2b, N − 1 = 2(M − 1)
-  for v1, whose block 0 is vLLM's null block, N = 2M for v0, which has none): every token count the scheduler asks about (a prompt, a chunk's end) is a multiple of 2b, so
-  ceil(t / b) = 2 ceil(t / 2b) and every "fits" answer is the same: the same admissions, the same run, in a pool
-  that binds (asserted against a pool that does not), for v1 (async and sync) and v0 (watermark 0: v0's default 1 %
-  keeps floor(0.01 N) = 1 block of b but floor(0.01 M) = 0 blocks of 2b free, not the same tokens, and with it
-  the relation fails for both seeds tested; so did v0 given v1's pools, one null block too few: 1,920 tokens of 2b
-  blocks admitted a pair of prompts 1,888 of b did not);
+  token budget a multiple of 2b and the same usable tokens in either pool (N blocks of b, M of 2b: N − 1 =
+  2(M − 1) for v1, whose block 0 is vLLM's null block, N = 2M for v0, which has none): every token count the
+  scheduler asks about (a prompt, a chunk's end) is a multiple of 2b, so ceil(t / b) = 2 ceil(t / 2b) and every
+  "fits" answer is the same: the same admissions, the same run, in a pool that binds (asserted against a pool
+  that does not), for v1 (async and sync) and v0 (watermark 0: v0's default 1 % keeps floor(0.01 N) = 1 block of
+  b but floor(0.01 M) = 0 blocks of 2b free, not the same tokens, and with it the relation fails for both seeds
+  tested; so did v0 given v1's pools, one null block too few: 1,920 tokens of 2b blocks admitted a pair of
+  prompts 1,888 of b did not);
 * every arrival and the constant step time scaled by c (3 or 1/10, not a power of two): every time scales by c to
   float rounding (1e-11 relative; the trace's nanoseconds times c are rounded once) and every other column and
   count is the same;
@@ -79,11 +80,12 @@ CONFIGS = {
     "hybrid": ({"num_gpu_blocks_override": 300}, {"model": "gpt-oss-20b"}),
     "xpyd": ({}, XPYD),
     "dp2": ({"data_parallel_size": 2}, {}),
+    "dp2-moe": ({"data_parallel_size": 2}, {"model": "qwen3-30b-a3b"}),  # an MoE's ranks step in lockstep
     "fleet-least-kv": ({}, {"replicas": 2, "router": {"policy": "least_kv"}}),
 }
 # no decode bursts (`Scheduler.allows_bursts`: priority, speculation, offload; the hybrid allocator's
 # `supports_bursts`; data-parallel ranks)
-PLANS_EVERY_STEP = {"priority-two-classes", "offload", "ngram", "hybrid", "dp2"}
+PLANS_EVERY_STEP = {"priority-two-classes", "offload", "ngram", "hybrid", "dp2", "dp2-moe"}
 
 
 def world(tmp_path, name, **engine):
@@ -105,7 +107,7 @@ def same_run(a, b):
 
 
 # slow (1.1 to 2 s each on one core): these plan every step, twice, one run checking every allocator after each
-SLOW_CHECKS = {"priority-two-classes", "offload", "hybrid", "dp2"}
+SLOW_CHECKS = {"priority-two-classes", "offload", "hybrid", "dp2", "dp2-moe"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW_CHECKS else [])
