@@ -42,8 +42,8 @@ Relations tried and broken, by vLLM's semantics (not kvsim's):
   [2, 4, 3] at 1.456 s, FCFS preempted 3, priority 4) and on a 2P2D decode instance (admitted as KV arrives, ordered
   by the hand-off): 19 and 12 preemptions, different runs. Likewise with parallel sampling (n = 2, v1): a request's
   children share its arrival, so when they are the latest arrivals running, Python's `max` (vLLM's) picks the
-  first child where FCFS pops the second (running [..., 0_2, 1_2] at the first preemption: priority preempted
-  index 4, FCFS index 5); the same with two DP ranks, where each child went to another rank, held;
+  first child where FCFS pops the second (at the first preemption, six running, the last two the children of the
+  request that arrived at 0.160 s: priority preempted index 4, FCFS index 5); with two DP ranks it held;
 * doubling `num_gpu_blocks` does not always lower preemptions (v1, FCFS, a fixed trace): a larger pool admits more
   prompts at once, which then grow and preempt each other. `random_rows(np.random.default_rng(0), 40, 3.0,
   max_prompt=600, max_output=300)`, max_model_len 900, a 10 ms step: 120 blocks preempt 11 times, 240 blocks 17;
