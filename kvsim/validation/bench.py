@@ -3,8 +3,10 @@ own GPU: fields as in vLLM's `vllm/benchmarks/serve.py` (`input_lens`, `output_l
 `latencies`, `start_times`, `errors`, plus `model_id`, `request_rate`, `burstiness`).
 
 A malformed file raises `KvsimError` naming the file and the field: a list that is not one entry per
-request (an optional one, `latencies` or `start_times`, is whole or absent, never ignored), a token count
-that is not a whole number, a negative TTFT or inter-token gap, an E2E shorter than its TTFT.
+request (an optional one, `latencies` or `start_times`, is whole or absent, never ignored; `errors` is absent
+or such a list, never read as "no failure" for being empty or false), a token count that is not a whole number,
+a negative TTFT or inter-token gap, an E2E shorter than its TTFT or not finite (gaps whose sum overflows), a wait
+(`queue_times`) that puts an arrival further back than a replay's clock reaches.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from kvsim.model.errors import KvsimError
 from kvsim.validation.frame import (
+    MAX_SPAN_S,
     MeasuredRun,
     is_number,
     json_text,
@@ -63,10 +66,11 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
             raise KvsimError(f"{path}: {key} is missing: save the result with --save-detailed")
         lists[key] = value
     n = len(lists["input_lens"]) if isinstance(lists["input_lens"], list) else 0
-    latencies = raw.get("latencies") if raw.get("latencies") is not None else raw.get("e2els")
-    errors = raw.get("errors") or [""] * n
+    latency_key = "latencies" if raw.get("latencies") is not None else "e2els"  # vLLM's older name
+    latencies = raw.get(latency_key)
+    errors = [""] * n if raw.get("errors") is None else raw["errors"]  # absent: no failure recorded
     starts, waits = raw.get("start_times"), raw.get("queue_times")
-    optional = [(key, value) for key, value in (("latencies", latencies), ("start_times", starts),
+    optional = [(key, value) for key, value in ((latency_key, latencies), ("start_times", starts),
                                                 ("queue_times", waits)) if value is not None]
     for key, value in (*lists.items(), ("errors", errors), *optional):  # an optional list is whole or absent
         if not isinstance(value, list):
@@ -96,9 +100,10 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
     ttft = ttft_all[ok]
     gaps = [_values(lists["itls"][i] or [], range(len(lists["itls"][i] or [])), f"itls[{i}]", path) for i in ok]
     if latencies is not None:
-        e2e = _values(latencies, ok, "latencies", path)
-    else:  # TTFT plus every inter-token gap
-        e2e = ttft + np.array([g.sum() for g in gaps])
+        e2e = _values(latencies, ok, latency_key, path)
+    else:  # TTFT plus every inter-token gap (a sum that overflows is refused by _check_bench_times)
+        with np.errstate(over="ignore"):
+            e2e = ttft + np.array([g.sum() for g in gaps])
     _check_bench_times(ttft, e2e, ok, gaps, path)
     if starts is not None:
         sent = _values(starts, replayed, "start_times", path)
@@ -117,6 +122,11 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
                 i = replayed[int(np.flatnonzero(wait < 0)[0])]
                 raise KvsimError(f"{path}: queue_times[{i}]={waits[i]!r} is negative; not a physical measurement")
             client = sent - wait
+            if client.max() - client.min() > MAX_SPAN_S:  # the longest wait made the earliest arrival
+                i = replayed[int(np.argmin(client))]
+                raise KvsimError(f"{path}: queue_times[{i}]={waits[i]!r} puts the request's arrival "
+                                 f"{client.max() - client.min():g} s before another's, longer than a run kvsim "
+                                 f"replays ({MAX_SPAN_S:g} s: int64 ns)")
         elif _infinite_rate(raw):
             client = np.full(len(replayed), sent.min())
         notes.append(f"the client kept at most {max_concurrency} requests in flight; the replay does too "
@@ -191,6 +201,8 @@ def _check_bench_times(ttft: np.ndarray, e2e: np.ndarray, ok: list[int], itls: l
             raise KvsimError(f"{path}: ttfts[{i}]={first!r} is negative; not a physical measurement")
         if (itls[j] < 0).any():
             raise KvsimError(f"{path}: itls[{i}] has a negative gap; not a physical measurement")
+        if not math.isfinite(last):  # finite gaps whose sum overflows a float
+            raise KvsimError(f"{path}: request {i}'s E2E (ttfts plus itls) is {last!r} s; not a physical measurement")
         if last < first:
             raise KvsimError(f"{path}: request {i}'s E2E {last!r} s is below its TTFT {first!r} s "
                              "(latencies, or ttfts plus itls); not a physical measurement")

@@ -1,0 +1,64 @@
+"""Bad input found by the twenty-third sweep. Each is refused (the CLI: exit 2, one line naming the field and the
+value, nothing written; the Python API: a `KvsimError`), or said as it is.
+
+Found: a `vllm bench serve` JSON whose `errors` was false, 0, "" or {} was read as "no request failed"; one whose
+`e2els` (vLLM's older name of `latencies`) held a bad entry was refused naming `latencies`; inter-token gaps whose
+sum overflows made an infinite E2E that `kvsim validate` tabulated as a measurement (inf and nan errors, exit 0); a
+`queue_times` entry of 1e300 with `max_concurrency` overflowed writing the replay's workload (a traceback).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import one_line_exit_2  # tests/ is on sys.path
+from test_validate import bench_json
+
+from kvsim.model.errors import KvsimError
+from kvsim.validation.measured import load_measured
+
+
+@pytest.mark.parametrize(("errors", "shown"), [(False, "False"), (0, "0"), ("", "''"), ({}, "{}"), ([], None)])
+def test_bench_errors_that_is_no_list_of_one_per_request_is_refused(tmp_path, errors, shown):
+    """`raw.get("errors") or [""] * n` read any false value as every request a success (the file's third request
+    failed: it was then measured with a TTFT of 0)."""
+    message = (f"errors={shown} is not a list" if shown is not None else "errors has 0 entries, input_lens has 3")
+    with pytest.raises(KvsimError, match=f"b.json: {message}"):
+        load_measured(bench_json(tmp_path / "b.json", errors=errors))
+
+
+def test_bench_errors_absent_is_no_failure_recorded(tmp_path):
+    run = load_measured(bench_json(tmp_path / "b.json", errors=None, output_lens=[5, 3, 1], ttfts=[0.01, 0.02, 0.03],
+                                   latencies=[0.05, 0.06, 0.03]))
+    assert run.requests.request_index.tolist() == [0, 1, 2]
+
+
+def test_bench_e2els_is_named_as_the_file_names_it(tmp_path):
+    """A file with vLLM's older `e2els` in place of `latencies`: its bad entry was named `latencies[1]`, a field the
+    file does not have."""
+    with pytest.raises(KvsimError, match=r"b.json: e2els\[1\]='x' is not a number$"):
+        load_measured(bench_json(tmp_path / "b.json", latencies=None, e2els=[0.05, "x", 0.0]))
+    with pytest.raises(KvsimError, match=r"b.json: e2els has 2 entries, input_lens has 3$"):
+        load_measured(bench_json(tmp_path / "b.json", latencies=None, e2els=[0.05, 0.06]))
+
+
+def test_bench_gaps_whose_sum_overflows_are_refused(tmp_path):
+    """Two finite gaps of 1e308 sum to inf: E2E inf passed `E2E >= TTFT`, and validate wrote a table with an E2E
+    mean of inf and errors of nan % (exit 0), numpy's overflow warning on stderr."""
+    path = bench_json(tmp_path / "b.json", latencies=None, itls=[[1e308, 1e308], [0.02, 0.02], []])
+    with pytest.raises(KvsimError, match=r"b.json: request 0's E2E \(ttfts plus itls\) is inf s; not a physical"):
+        load_measured(path)
+    out = tmp_path / "o"
+    assert "request 0's E2E (ttfts plus itls) is inf s" in one_line_exit_2(
+        ["validate", str(path), "--gpu", "h100-80gb", "-o", str(out)])
+    assert not out.exists()
+
+
+def test_bench_wait_that_puts_an_arrival_beyond_the_replay_clock_is_refused(tmp_path):
+    """A send less a wait of 1e300 s is an arrival 1e300 s before the others: the replay's workload file (int64 ns)
+    overflowed converting it, a traceback after the output folder's checks."""
+    path = bench_json(tmp_path / "b.json", max_concurrency=2, queue_times=[0.0, 1e300, 0.0])
+    out = tmp_path / "o"
+    assert one_line_exit_2(["validate", str(path), "--gpu", "h100-80gb", "-o", str(out)]).endswith(
+        "b.json: queue_times[1]=1e+300 puts the request's arrival 1e+300 s before another's, longer than a run "
+        "kvsim replays (9.22337e+09 s: int64 ns)")
+    assert not out.exists()
