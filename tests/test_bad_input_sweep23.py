@@ -62,3 +62,44 @@ def test_bench_wait_that_puts_an_arrival_beyond_the_replay_clock_is_refused(tmp_
         "b.json: queue_times[1]=1e+300 puts the request's arrival 1e+300 s before another's, longer than a run "
         "kvsim replays (9.22337e+09 s: int64 ns)")
     assert not out.exists()
+
+
+def test_two_merge_keys_in_one_mapping_are_refused():
+    """PyYAML merged both `<<` of a mapping, the second's keys over the first's: `{<<: *small, <<: *big}` ran with
+    the second's value and never said the first's was dropped, the silent loss a key written twice is refused for."""
+    import yaml
+
+    from kvsim.model.yaml_io import load_yaml
+
+    with pytest.raises(yaml.YAMLError, match=r"duplicate key '<<' \(lines 2 and 3\): give one merge key"):
+        load_yaml("a: &a {max_num_seqs: 8}\nengine: {<<: *a,\n  <<: {max_num_seqs: 4}}\n")
+
+
+def test_a_key_two_merged_mappings_give_is_refused():
+    """YAML's merge key (yaml.org/type/merge.html): "Keys in mapping nodes earlier in the sequence override keys
+    specified in later mapping nodes", so `<<: [*fast, *base]` is fast's max_num_seqs; PyYAML 6.0.2 gave base's
+    (it skips a merged key seen before by `id()` of its text, and two equal keys written apart are two objects).
+    Keys the mappings do not share, and a key written beside the `<<`, read as both YAMLs read them."""
+    import yaml
+
+    from kvsim.model.yaml_io import load_yaml
+
+    text = "fast: &fast {max_num_seqs: 8}\nbase: &base {max_num_seqs: 4, block_size: 32}\nengine: {<<: [*fast, *base]}\n"
+    with pytest.raises(yaml.YAMLError, match=r"key 'max_num_seqs' is in two mappings merged by one '<<' \(lines 1 "
+                                             r"and 2\): YAML reads the first's value, PyYAML the last's"):
+        load_yaml(text)
+    with pytest.raises(yaml.YAMLError, match=r"key 'block_size' is in two mappings merged by one '<<' \(lines 1 "
+                                             r"and 2\)"):  # a merged mapping's own merge is checked too
+        load_yaml("b: &b {block_size: 16}\nc: &c {block_size: 32}\nengine: {<<: {<<: [*b, *c]}}\n")
+    assert load_yaml("fast: &fast {max_num_seqs: 8}\nbase: &base {block_size: 32}\n"
+                     "engine: {<<: [*fast, *base], block_size: 16}\n")["engine"] == {"max_num_seqs": 8, "block_size": 16}
+
+
+def test_two_merge_keys_in_a_scenario_exit_2_and_write_nothing(tmp_path):
+    path, out = tmp_path / "s.yaml", tmp_path / "o"
+    path.write_text("workload: {<<: {num_requests: 3}, <<: {num_requests: 4}, prompt_len: {dist: fixed, value: 10},"
+                    " output_len: {dist: fixed, value: 5}}\n")
+    assert one_line_exit_2(["run", str(path), "-o", str(out)]) == (
+        f"scenario {path}: not valid YAML: duplicate key '<<' (lines 1 and 1): give one merge key, a list of mappings "
+        "to merge several (<<: [*a, *b])")
+    assert not out.exists()

@@ -8,8 +8,10 @@ numeric field refuses it, naming itself (`kvsim.model.spec.Settings`).
 
 A YAML 1.1 timestamp (`2024-01-01`) stays the text it was: no field kvsim reads is a date.
 
-PyYAML keeps the last of two equal keys (`engine:` twice: the first section silently lost);
-`load_yaml` refuses it instead, naming both lines (`load_shipped_yaml` reads kvsim's own presets).
+PyYAML keeps the last of two equal keys (`engine:` twice: the first section silently lost), merges two `<<` merge
+keys of one mapping, the second's keys over the first's, and gives a key that two mappings of `<<: [*a, *b]` both
+hold the last's value where YAML's merge key gives the first's; `load_yaml` refuses them instead, naming the lines
+(`load_shipped_yaml` reads kvsim's own presets).
 `yaml_problem` gives an error's problem and position without echoing the offending text (a file of
 anything may have been named).
 
@@ -76,8 +78,43 @@ def _count_values(node: yaml.Node, counts: dict[int, int], inside: set[int]) -> 
     return counts[id(node)]
 
 
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _refuse_ambiguous_merges(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> None:
+    """Refuse the merges whose result YAML and PyYAML disagree on: two `<<` in one mapping (PyYAML merges both, the
+    second's keys over the first's: a key written twice, one value lost in silence), and a key that two mappings of
+    one `<<: [*a, *b]` both give (YAML's merge key takes the first's value, PyYAML 6.0.2 the last's: it drops a
+    repeated key by the identity of its text, which two equal keys written apart do not share). Merged mappings
+    are checked in turn (their own `<<`)."""
+    merges = [(key_node, value) for key_node, value in node.value if key_node.tag == _MERGE]
+    if len(merges) > 1:
+        lines = [key_node.start_mark.line + 1 for key_node, _ in merges]
+        raise ConstructorError(None, None, f"duplicate key '<<' (lines {lines[0]} and {lines[1]}): give one merge "
+                               "key, a list of mappings to merge several (<<: [*a, *b])")
+    for _, value in merges:
+        merged = value.value if isinstance(value, yaml.SequenceNode) else [value]
+        given: dict[Any, int] = {}  # each key merged in, to the line of the mapping that gave it first
+        for mapping in merged:
+            if not isinstance(mapping, yaml.MappingNode):
+                continue  # PyYAML refuses it, naming it
+            _refuse_ambiguous_merges(loader, mapping)
+            try:
+                keys = {loader.construct_object(key_node, deep=True) for key_node, _ in mapping.value
+                        if key_node.tag != _MERGE}
+            except TypeError:  # an unhashable key: the base constructor names it
+                continue
+            for key in keys:
+                if key in given:
+                    raise ConstructorError(None, None, f"key {shown(key)} is in two mappings merged by one '<<' "
+                                           f"(lines {given[key] + 1} and {mapping.start_mark.line + 1}): YAML reads "
+                                           "the first's value, PyYAML the last's; write it beside the '<<'")
+                given[key] = mapping.start_mark.line
+
+
 def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    written = sum(key_node.tag != "tag:yaml.org,2002:merge" for key_node, _ in node.value)
+    _refuse_ambiguous_merges(loader, node)
+    written = sum(key_node.tag != _MERGE for key_node, _ in node.value)
     loader.flatten_mapping(node)  # `<<` merge keys: their pairs go first, where a key written here overrides them
     lines: dict[Any, int] = {}
     for key_node, _ in node.value[len(node.value) - written:]:  # the keys written here, each once
