@@ -103,3 +103,20 @@ def test_two_merge_keys_in_a_scenario_exit_2_and_write_nothing(tmp_path):
         f"scenario {path}: not valid YAML: duplicate key '<<' (lines 1 and 1): give one merge key, a list of mappings "
         "to merge several (<<: [*a, *b])")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("output_ids", "shown"), [(None, "None"), (5, "5"), ("1 2", "'1 2'")])
+def test_sharegpt_tokens_output_ids_that_are_no_list_are_named(tmp_path, output_ids, shown):
+    """A row whose output_tok_ids was null or a number was refused as "input_tok_ids must list input_toks token
+    ids", naming the field that was right."""
+    import json
+
+    from kvsim.workload.traces import read_sharegpt_tokens
+
+    path = tmp_path / "t.jsonl"
+    rows = [{"arrival_time_ns": 0, "input_toks": 3, "output_toks": 2, "input_tok_ids": [1, 2, 3],
+             "output_tok_ids": [4, 5]}, {"arrival_time_ns": 1, "input_toks": 3, "output_toks": 2,
+                                         "input_tok_ids": [1, 2, 3], "output_tok_ids": output_ids}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(KvsimError, match=rf"t.jsonl:2: output_tok_ids={shown} is not a list of token ids$"):
+        read_sharegpt_tokens(path)

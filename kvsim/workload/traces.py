@@ -291,8 +291,10 @@ def read_sharegpt_tokens(path: Path, columns: TraceColumns = NO_COLUMNS) -> list
         ids_in, ids_out = row.get("input_tok_ids"), row.get("output_tok_ids", [])
         if ids_in is None:
             ids_out = None
-        elif not isinstance(ids_in, list) or len(ids_in) != prompt or not isinstance(ids_out, list):
+        elif not isinstance(ids_in, list) or len(ids_in) != prompt:
             raise bad_row(path, line_no, "input_tok_ids must list input_toks token ids")
+        elif not isinstance(ids_out, list):  # was told as input_tok_ids', a list of the right length
+            raise bad_row(path, line_no, f"output_tok_ids={shown(ids_out)} is not a list of token ids")
         elif ids_out and len(ids_out) != output:  # none given is fine: the output's ids are then unknown
             raise bad_row(path, line_no, f"output_tok_ids lists {len(ids_out)} token ids, output_toks={output}")
         elif not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in (*ids_in, *ids_out)):
