@@ -120,3 +120,83 @@ def test_sharegpt_tokens_output_ids_that_are_no_list_are_named(tmp_path, output_
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     with pytest.raises(KvsimError, match=rf"t.jsonl:2: output_tok_ids={shown} is not a list of token ids$"):
         read_sharegpt_tokens(path)
+
+
+def _requests_with_id(tmp_path, request_id):
+    import json
+
+    from test_validate import write_run
+
+    run = write_run(tmp_path)
+    path = run / "vllm" / "requests.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1]["request_id"] = request_id
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return run
+
+
+@pytest.mark.parametrize("request_id", ["bench-\u00b2", "bench-\u0660", "bench-\uff10"])
+def test_a_request_number_in_digits_other_than_ascii_is_no_number(tmp_path, request_id):
+    """`str.isdigit` took a superscript two for a number, which `int()` refuses (a bare ValueError, a traceback);
+    an Arabic-Indic or fullwidth zero `int()` read as 0, so the second row was refused as workload line 1 again.
+    vLLM numbers `bench-N` in ASCII: the row's position is its number then, as for any id without one."""
+    from kvsim.validation.measured import read_measured_dir
+
+    assert read_measured_dir(_requests_with_id(tmp_path, request_id)).requests.request_index.tolist() == [0, 1]
+
+
+def test_a_request_number_longer_than_any_workload_is_refused(tmp_path):
+    """`int()` of 5,000 digits raised Python's bare ValueError (over 4,300 digits), a traceback of validate."""
+    from kvsim.validation.measured import read_measured_dir
+
+    run = _requests_with_id(tmp_path, "bench-" + "1" * 5000)
+    with pytest.raises(KvsimError, match=r"requests.jsonl: request_id='bench-1111[^:]*: a request number of 5,000 "
+                                         r"digits, past any workload's lines$"):
+        read_measured_dir(run)
+    assert read_measured_dir(_requests_with_id(tmp_path / "b", "bench-" + "0" * 30 + "1")).requests.request_index \
+        .tolist() == [0, 1]
+
+
+@pytest.mark.parametrize(("index", "message"), [
+    ("\u00b2", "got '\u00b2'"),  # passed str.isdigit, int() refused it: a traceback
+    ("\uff11", "got '\uff11'"),  # int() read a fullwidth 1 as the decoder group
+    ("1" * 5000, "got '1111"),  # int() refuses over 4,300 digits: a traceback
+])
+def test_a_set_list_index_is_ascii_digits(tmp_path, index, message):
+    out = tmp_path / "o"
+    line = one_line_exit_2(["run", "scenarios/disagg-1p1d.yaml", "--set", f"replicas.{index}.count=2", "-o", str(out)])
+    assert "replicas is a list of 2: index an entry by its number, 0 to 1 (" + message in line and not out.exists()
+
+
+@pytest.mark.parametrize("fraction", ["\u00b2", "\uff11", "\u0661Z"])
+def test_an_azure_timestamp_fraction_is_ascii_digits(tmp_path, fraction):
+    """`str.isdigit` passed `.²`, which `int()` then refused (a traceback); a fullwidth or Arabic-Indic digit (the
+    zone form's `\\d` held it) was read as 0.1 s."""
+    from kvsim.model.errors import shown
+    from kvsim.workload.traces import read_azure
+
+    stamp = f"2023-11-16 18:15:47.{fraction}"
+    path = tmp_path / "a.csv"
+    path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6,374,44\n{stamp},374,44\n",
+                    encoding="utf-8")
+    with pytest.raises(KvsimError, match=f"a.csv:3: TIMESTAMP={shown(stamp)} is not a timestamp$"):
+        read_azure(path)
+
+
+def test_a_servegen_file_numbered_in_other_digits_is_no_client(tmp_path):
+    """`chunk-²-trace.csv` passed `str.isdigit` and `int()` refused it: a traceback of any run of the folder."""
+    from kvsim.workload.servegen import read_servegen
+
+    (tmp_path / "chunk-\u00b2-trace.csv").write_text("")
+    with pytest.raises(KvsimError, match="servegen needs at least one client"):
+        read_servegen(tmp_path, None, 0.0, 600.0, None)
+
+
+@pytest.mark.parametrize("heads", ["\u00b2", "\uff13\uff12"])
+def test_a_vidur_shape_is_ascii_digits(tmp_path, heads):
+    """n_head `²` passed `str.isdigit` and `int()` refused it (a traceback of import-profile); a fullwidth `３２`
+    was read as 32 and kept as that text in the profile's metadata."""
+    from test_bad_input_sweep21 import TIMES, _import, _vidur
+
+    path = _vidur(tmp_path, [f"{heads},32,4096,11008,32000,True,1,1,{TIMES}"])
+    assert _import(path, tmp_path) == f"profile F: n_head={heads!r} must be a positive whole number"

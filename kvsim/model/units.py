@@ -35,6 +35,19 @@ def read_number(text: Any, kind: type[Number]) -> Number:
     return kind(text)
 
 
+def ascii_int(text: object) -> int | None:
+    """`text` as an integer when it is ASCII digits alone (no sign, space or underscore), else None. `str.isdigit`
+    holds more than such a number: a superscript two, which `int()` refuses (a bare ValueError), and other
+    scripts' digits (`１`, `١`), which `int()` reads as 1; no file kvsim reads writes those. Digits beyond what
+    `int()` converts (`sys.get_int_max_str_digits()`, 4,300 by default) are None too: no count or index has them."""
+    if not isinstance(text, str) or not (text.isascii() and text.isdigit()):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # the digit limit: the only text of ASCII digits int() refuses
+        return None
+
+
 def counted(count: int, noun: str, plural: str | None = None) -> str:
     """`count` and `noun`, the noun plural unless the count is 1: `counted(1, "replica")` is '1 replica',
     `counted(4, "replica")` '4 replicas' (`plural` for a noun whose plural is not noun + 's')."""

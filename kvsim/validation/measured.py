@@ -152,10 +152,22 @@ def _check_order(row: dict[str, Any], where: str) -> None:
                              "would be negative; not a physical measurement")
 
 
-def _request_index(row: dict[str, Any], fallback: int) -> int:
-    """`bench-17` → 17: vLLM's benchmark numbers requests in workload order."""
+MAX_INDEX_DIGITS = 18
+"""The most digits of a request number read (an int64 holds them): `int()` refused a `bench-` followed by 4,301
+digits with a bare ValueError (Python's guard against slow conversion), a traceback."""
+
+
+def _request_index(row: dict[str, Any], fallback: int, where: str) -> int:
+    """`bench-17` → 17: vLLM's benchmark numbers requests in workload order, in ASCII digits (`str.isdigit` took
+    `bench-²` for a number, which `int()` then refused: a traceback). A number of more than `MAX_INDEX_DIGITS`
+    digits, past any workload's lines, is refused naming `where`."""
     tail = str(row.get("request_id", "")).rpartition("-")[2]
-    return int(tail) if tail.isdigit() else fallback
+    if not (tail.isascii() and tail.isdigit()):
+        return fallback
+    if len(tail.lstrip("0")) > MAX_INDEX_DIGITS:
+        raise KvsimError(f"{where}: request_id={shown(row['request_id'])}: a request number of "
+                         f"{len(tail.lstrip('0')):,} digits, past any workload's lines")
+    return int(tail)
 
 
 def _read_timeseries(path: Path, offset_s: float) -> tuple[pd.DataFrame | None, list[str]]:
@@ -225,7 +237,7 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     refuse_late_arrival(queued, requests_path, lambda i: f"request {rows[i].get('request_id')!r} queued_ts")
     records, seen, indices = [], set(), []
     for i, row in enumerate(rows):
-        index = _request_index(row, i)
+        index = _request_index(row, i, str(requests_path))
         indices.append(index)
         if index in seen:
             raise KvsimError(f"{requests_path}: request {row.get('request_id')!r} is workload line "

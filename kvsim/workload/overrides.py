@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from kvsim.model.errors import KvsimError, shown
+from kvsim.model.units import ascii_int
 from kvsim.model.yaml_io import load_yaml, yaml_problem
 
 Overrides = Mapping[str, Any] | Sequence[str]
@@ -147,7 +148,8 @@ def _set_field(node: dict[str, Any] | list[Any], parts: list[str], value: Any, l
 def _list_index(items: list[Any], parts: list[str], label: str) -> int:
     """The list entry `parts[-1]` names (0-based), or a `KvsimError` naming the list and its length."""
     where, part = ".".join(parts[:-1]), parts[-1]
-    if not part.isdigit() or int(part) >= len(items):
-        raise KvsimError(f"{label}: {where} is a list of {len(items)}: index an entry by its number, "
-                         f"0 to {len(items) - 1} (got {part!r})" if items else f"{label}: {where} is an empty list")
-    return int(part)
+    index = ascii_int(part)  # `²` passed str.isdigit and int() refused it: a traceback
+    if index is None or index >= len(items):
+        raise KvsimError(f"{label}: {where} is a list of {len(items)}: index an entry by its number, 0 to "
+                         f"{len(items) - 1} (got {shown(part)})" if items else f"{label}: {where} is an empty list")
+    return index

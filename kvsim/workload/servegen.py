@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.model.errors import KvsimError, shown
-from kvsim.model.units import read_number
+from kvsim.model.units import ascii_int, read_number
 from kvsim.model.yaml_io import load_json
 from kvsim.workload.files import open_text
 from kvsim.workload.traces import MAX_LENGTH, TraceRecord, bad_row
@@ -32,8 +32,8 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
     """
     if not path.is_dir():
         raise KvsimError(f"{path}: servegen needs the folder of chunk-*-trace.csv files")
-    ids = clients if clients is not None else sorted(
-        int(p.name.split("-")[1]) for p in path.glob("chunk-*-trace.csv") if p.name.split("-")[1].isdigit())
+    numbered = (ascii_int(p.name.split("-")[1]) for p in path.glob("chunk-*-trace.csv"))  # `chunk-²-…`: not one
+    ids = clients if clients is not None else sorted(client for client in numbered if client is not None)
     if not ids:
         raise KvsimError(f"{path}: servegen needs at least one client (no chunk-<client>-trace.csv here, "
                          f"or clients={shown(clients)})")

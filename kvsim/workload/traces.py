@@ -224,7 +224,7 @@ def read_azure(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceReco
     return records
 
 
-_AZURE_FRACTION = re.compile(r"(\d*)(Z|[+-]\d\d(?::?\d\d)?)?")
+_AZURE_FRACTION = re.compile(r"(\d*)(Z|[+-]\d\d(?::?\d\d)?)?", re.ASCII)  # `\d` alone holds `１`
 
 
 def _azure_time(stamp: Any, path: Path, line: int) -> tuple[int, bool]:
@@ -236,7 +236,7 @@ def _azure_time(stamp: Any, path: Path, line: int) -> tuple[int, bool]:
     (Hot: every row of a trace. A zone-less stamp's seconds are counted from a naive epoch, which is UTC's
     reading and ~4x faster than attaching the UTC zone.)"""
     date, dot, rest = stamp.partition(".") if isinstance(stamp, str) else ("", "", "")
-    if rest.isdigit():  # the 2023 form
+    if rest.isascii() and rest.isdigit():  # the 2023 form (`²` passed isdigit, then int() refused it)
         fraction, zone = rest, ""
     else:
         match = _AZURE_FRACTION.fullmatch(rest)  # not text: '' matches, and `fromisoformat('')` refuses it

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kvsim.latency.profiles import Profile, find_source
 from kvsim.model.errors import KvsimError, cut, reading
-from kvsim.model.units import read_number
+from kvsim.model.units import ascii_int, read_number
 from kvsim.workload.files import csv_rows, first_ragged, open_text
 
 OPS = {  # Vidur op -> (kind, kvsim op, calls per layer or step)
@@ -125,7 +125,7 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
     first = mine[0]
     for column in SHAPES:
         value = first.get(column)
-        if value not in (None, "") and not (value.isdigit() and int(value) > 0):
+        if value not in (None, "") and not (ascii_int(value) or 0) > 0:  # `²` passed isdigit, then int() refused it
             raise KvsimError(f"profile {path}: {column}={value!r} must be a positive whole number")
     meta = {SHAPES[k]: first[k] for k in SHAPES if first.get(k)}
     if first.get("n_embd") and first.get("n_head"):
