@@ -4,7 +4,21 @@ value, nothing written; the Python API: a `KvsimError`), or said as it is.
 Found: a `vllm bench serve` JSON whose `errors` was false, 0, "" or {} was read as "no request failed"; one whose
 `e2els` (vLLM's older name of `latencies`) held a bad entry was refused naming `latencies`; inter-token gaps whose
 sum overflows made an infinite E2E that `kvsim validate` tabulated as a measurement (inf and nan errors, exit 0); a
-`queue_times` entry of 1e300 with `max_concurrency` overflowed writing the replay's workload (a traceback).
+`queue_times` entry of 1e300 with `max_concurrency` overflowed writing the replay's workload (a traceback). YAML:
+two `<<` in one mapping kept the second's keys, and `<<: [*a, *b]` gave a shared key b's value where YAML's merge
+key gives a's (PyYAML 6.0.2). A sharegpt_tokens row's bad output_tok_ids was named input_tok_ids. Text read as a
+number by `str.isdigit` then `int()` (a `--set` list index, an Azure TIMESTAMP's fraction, a ServeGen file's
+client number, a Vidur shape, a measured request_id): `²` was a traceback, `１` read as 1. The notebooks' helpers:
+`simulate_disagg` of a colocated scenario and `unbounded_hit_rate` of records without segments stopped on an
+AssertionError, `studies.variant` of a path on an AttributeError, and `window_evidence` took a negative or NaN
+warm-up fraction.
+
+Probed and found refused as the rule asks (not repeated here): `kvsim run --steps/--steps-format/--memory-limit`
+combinations, `--speculative-config` and `--kv-transfer-config` JSON (types, unknown and duplicate keys, v0, slab,
+offload with speculation, priority with v0), YAML anchors, duplicate keys, deep nesting, a billion-laughs file,
+non-UTF-8 and UTF-16 bytes, a BOM, CRLF, tabs, two documents, tags; Mooncake, Azure, ShareGPT and sharegpt_tokens
+files of 60,000 rows with one bad row near row 50,000, columns reordered, CRLF, a BOM, truncated or non-gzip `.gz`;
+`kvsim plan --xpyd` on traffic whose decode instance stalls (held KV): a failed point, the plan completes.
 """
 
 from __future__ import annotations
@@ -200,3 +214,51 @@ def test_a_vidur_shape_is_ascii_digits(tmp_path, heads):
 
     path = _vidur(tmp_path, [f"{heads},32,4096,11008,32000,True,1,1,{TIMES}"])
     assert _import(path, tmp_path) == f"profile F: n_head={heads!r} must be a positive whole number"
+
+
+def test_simulate_disagg_of_a_scenario_without_kv_transfer_config_is_refused():
+    """The notebooks' fleet API: simulate_fleet names a disaggregated scenario it does not run; simulate_disagg
+    given a colocated one stopped on an AssertionError in its checks."""
+    import kvsim
+    from kvsim.fleet.disagg import simulate_disagg
+
+    with pytest.raises(KvsimError, match=r"^kv_transfer_config: not set, so no disaggregated fleet; use kvsim\.simulate"):
+        simulate_disagg(kvsim.load_scenario(None, {"workload.num_requests": 2}))
+
+
+@pytest.mark.parametrize("base", ["scenarios/lab-1-max-len-8192.yaml", {"seed": 1}, None])
+def test_a_study_variant_of_no_scenario_is_refused(base):
+    """`kvsim.report.studies.variant` (the notebooks' what-if helper) given a path or a dict: an AttributeError."""
+    from kvsim.report.studies import variant
+
+    with pytest.raises(KvsimError, match=r"^base=.*: expected a Scenario \(kvsim\.load_scenario"):
+        variant(base, "engine.block_size=32")
+
+
+def test_unbounded_hit_rate_of_records_without_segments_is_refused():
+    """Records of a trace with lengths alone (Azure's) have no block identities: an AssertionError."""
+    from kvsim.report.fleet_study import unbounded_hit_rate
+    from kvsim.workload.traces import TraceRecord
+
+    records = [TraceRecord(0.0, 10, 5, (("a", 10),)), TraceRecord(1.0, 10, 5)]
+    with pytest.raises(KvsimError, match=r"^records\[1\]: no segments"):
+        unbounded_hit_rate(records, 100)
+    assert unbounded_hit_rate(records[:1] * 2, 100) == 0.5  # the second's one segment the first had: 10 of 20
+
+
+@pytest.mark.parametrize(("warmup", "tail", "message"), [
+    (-0.5, 0.1, r"warmup_fraction=-0\.5: expected a fraction"),  # widened the window into the warm-up
+    (float("nan"), 0.1, r"warmup_fraction=nan: expected"),  # a window of NaN seconds
+    (0.2, 1.0, r"tail_fraction=1\.0: expected"),
+    (0.2, "0.1", r"tail_fraction='0\.1': expected"),
+    (0.6, 0.4, r"warmup_fraction=0\.6, tail_fraction=0\.4: together they leave no window"),
+])
+def test_window_evidence_fractions_are_checked(warmup, tail, message):
+    """`window_evidence` (the notebooks' steady-state judge): a negative warm-up fraction moved the window's start
+    before the first arrival, judging the fill-up as steady state; NaN made every window bound NaN."""
+    from kvsim.planning.window import window_evidence
+
+    with pytest.raises(KvsimError, match=f"^{message}"):
+        window_evidence({}, warmup_fraction=warmup, tail_fraction=tail)
+    one = {"arrival_s": [0.0], "finish_s": [1.0], "status": ["finished"]}
+    assert window_evidence(one, warmup_fraction=0, tail_fraction=0.0)["verdict"] == "no servable requests"

@@ -356,6 +356,9 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
     import pandas as pd
 
     expect_scenario(scenario)
+    if scenario.kv_transfer_config is None:  # an AssertionError in `check_disaggregable`, as simulate_fleet names it
+        raise KvsimError("kv_transfer_config: not set, so no disaggregated fleet; use kvsim.simulate, which runs any "
+                         "scenario")
     check_engines_memory(scenario, replica_groups(scenario), memory_limit_bytes,
                          steps_in_memory=scenario.steps == "all")
     specs = replica_scenarios(scenario)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvsim.model.errors import KvsimError
 from kvsim.planning.cost import gpu_price
 from kvsim.planning.plan import Candidate, make_plan_spec, plan
 from kvsim.report.studies import Section, Study, variant
@@ -62,11 +63,14 @@ def unbounded_hit_rate(records: Sequence[TraceRecord], max_model_len: int) -> fl
     """Prompt tokens an unbounded, fleet-wide prefix cache would serve: per request, its leading
     segments some earlier request already had (Mooncake's ids are chained hashes), over all
     prompt tokens; prompts the engine refuses (≥ max_model_len) are left out, as they are never
-    looked up. Read from the trace itself, not from a simulation."""
+    looked up. Read from the trace itself, not from a simulation. A record without segments (a trace of lengths
+    alone: Azure's, a length table) is refused naming it: no block identity to hit (it was an AssertionError)."""
     seen: set[Any] = set()
     hit = total = 0
-    for record in records:
-        assert record.segments is not None
+    for index, record in enumerate(records):
+        if record.segments is None:
+            raise KvsimError(f"records[{index}]: no segments (block identities, as Mooncake's hash_ids give); "
+                             "unbounded_hit_rate reads a trace that names each prompt block")
         if record.prompt_len >= max_model_len:
             continue
         leading = True

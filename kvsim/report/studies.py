@@ -41,7 +41,7 @@ from kvsim.report.no_preemption import largest_seqs_without_preemption
 from kvsim.report.section import Section
 from kvsim.workload.generate import build_requests
 from kvsim.workload.overrides import apply_overrides
-from kvsim.workload.scenario import Scenario, make_scenario
+from kvsim.workload.scenario import Scenario, expect_scenario, make_scenario
 
 SATURATE = 100_000.0  # req/s: far above any GPU's throughput, so the queue never empties (a choice, not a fit)
 ALLOCATORS = ("slab-max", "slab-pow2", "slab-oracle", "paged")
@@ -86,8 +86,9 @@ class StudyConfig:
 
 def variant(base: Scenario, *overrides: str) -> Scenario:
     """`base` with `--set`-style overrides. A slab variant stores every layer's full KV: the Orca
-    baselines know no sliding windows, as vLLM with its hybrid KV cache manager disabled."""
-    raw = apply_overrides(base.model_dump(mode="json"), list(overrides))
+    baselines know no sliding windows, as vLLM with its hybrid KV cache manager disabled. A `base` that is not a
+    Scenario (a notebook's path or dict) is refused naming it (it was an AttributeError)."""
+    raw = apply_overrides(expect_scenario(base, "base").model_dump(mode="json"), list(overrides))
     if raw["engine"]["allocator"] != "paged":
         raw["engine"]["disable_hybrid_kv_cache_manager"] = True
     return make_scenario(raw, base.base_dir)
