@@ -317,16 +317,14 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
 
     `requests`: a run's requests table (`RunResult.requests` or its columns; a fleet's works too), and a
     disaggregated run's `transfers` table (`RunResult.tables`), whose instances' queues `early_overload` judges.
-    The result is JSON-safe and independent of any SLO (`probe_passes` applies one). `warmup_fraction` and
-    `tail_fraction` are fractions of the arrival span in [0, 1) leaving some of it (a negative one widened the window
-    into the warm-up, a NaN one made it NaN: a verdict on no window), else a `KvsimError` naming the argument.
+    The result is JSON-safe and independent of any SLO (`probe_passes` applies one). The fractions are in [0, 1) and
+    leave a window, else a `KvsimError` (a negative one widened the window into the warm-up, NaN made it NaN).
     """
     for name, fraction in (("warmup_fraction", warmup_fraction), ("tail_fraction", tail_fraction)):
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
             raise KvsimError(f"{name}={shown(fraction)}: expected a fraction of the arrival span in [0, 1)")
     if warmup_fraction + tail_fraction >= 1:
-        raise KvsimError(f"warmup_fraction={warmup_fraction:g}, tail_fraction={tail_fraction:g}: together they leave "
-                         "no window of the arrival span")
+        raise KvsimError(f"warmup_fraction={warmup_fraction:g}, tail_fraction={tail_fraction:g}: leave no window")
     arrival = np.asarray(requests["arrival_s"], dtype=float)
     finish = np.asarray(requests["finish_s"], dtype=float)
     status = np.asarray(requests["status"])
