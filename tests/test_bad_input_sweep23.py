@@ -262,3 +262,30 @@ def test_window_evidence_fractions_are_checked(warmup, tail, message):
         window_evidence({}, warmup_fraction=warmup, tail_fraction=tail)
     one = {"arrival_s": [0.0], "finish_s": [1.0], "status": ["finished"]}
     assert window_evidence(one, warmup_fraction=0, tail_fraction=0.0)["verdict"] == "no servable requests"
+
+
+@pytest.mark.parametrize("override", ["engine.tensor_parallel_size=2", "engine.max_num_seqs=8",
+                                      "engine={max_num_batched_tokens: 128}", "engine={max_num_batched_tokens: 64}"])
+def test_validate_set_of_an_engine_argument_the_run_recorded_is_refused(tmp_path, override):
+    """test_validate's run recorded TP 1, max_num_seqs 4 and max_num_batched_tokens 64 (its meta.json): a `--set`
+    to other values replayed another deployment, exit 0, its errors tabulated as kvsim's on the measured run; so did
+    a whole `engine` section, which drops the recorded settings it does not repeat."""
+    from test_validate import write_run
+
+    out = tmp_path / "o"
+    line = one_line_exit_2(["validate", str(write_run(tmp_path)), "--gpu", "h100-80gb", "--set", override,
+                            "-o", str(out)])
+    assert line.startswith(f"--set '{override}': the measured run recorded engine.") and line.endswith(
+        "a replay runs the engine that ran (--set only what the run did not record)") and not out.exists()
+
+
+def test_validate_set_of_an_engine_argument_as_recorded_or_unrecorded_is_read(tmp_path):
+    """The run recorded max_num_seqs 4 and no max_model_len (vLLM's default): both `--set`s replay (the second the
+    way test_validate's own replays set it)."""
+    from test_validate import CONSTANT, write_run
+
+    from kvsim.validation.compare import validate
+
+    result = validate(load_measured(write_run(tmp_path)), gpu="h100-80gb",
+                      overrides=[*CONSTANT, "engine.max_num_seqs=4", "engine.max_model_len=1024"])
+    assert (result.scenario.engine.max_num_seqs, result.scenario.engine.max_model_len) == (4, 1024)

@@ -144,6 +144,24 @@ def _refuse_run_overrides(overrides: list[str]) -> None:
                              "not a --set")
 
 
+def _refuse_recorded_engine_overrides(overrides: list[str], recorded: dict[str, Any]) -> None:
+    """`--set engine.tensor_parallel_size=2` on a run that recorded 1 replayed another deployment than the one
+    measured, and its errors were tabulated as kvsim's on the run. A setting the run did not record (vLLM's default
+    then) may be set; one it recorded may be given only as recorded, and a whole `engine` section (which replaces
+    the recorded one) must give each."""
+    missing = object()
+    for key, value, label in override_items(overrides):
+        fields = key.strip().split(".")
+        whole = fields == ["engine"]
+        given = (value if isinstance(value, dict) else {}) if whole else \
+            {fields[1]: value} if fields[0] == "engine" and len(fields) == 2 else {}
+        for name in recorded if whole else given:
+            setting = given.get(name, missing)
+            if name in recorded and setting != recorded[name]:
+                raise KvsimError(f"{label}: the measured run recorded engine.{name}={shown(recorded[name])}; a replay "
+                                 "runs the engine that ran (--set only what the run did not record)")
+
+
 def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, latency: str = "roofline",
                    profile: str | Path | None = None, overrides: list[str] | None = None,
                    recorded: dict[str, Any] | None = None, cluster_link: bool = True) -> Scenario:
@@ -154,6 +172,8 @@ def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, 
     if latency not in LATENCY_MODELS:
         raise KvsimError(f"--latency={latency!r}: expected one of {', '.join(LATENCY_MODELS)}")
     _refuse_run_overrides(overrides or [])
+    engine = {**recorded_engine(recorded or {}), **run.engine}
+    _refuse_recorded_engine_overrides(overrides or [], engine)
     if profile is not None and not str(profile).strip():  # Path('') is the working folder, read as the bundle
         raise KvsimError(f"--profile={str(profile)!r}: is empty: name a measured profile bundle or CSV")
     if latency == "calibrated" and profile is None:
@@ -165,7 +185,7 @@ def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, 
         "name": f"validate-{run.name}-{latency}",
         "description": f"replay of the measured run {run.name} ({run.source}, {run.model_id})",
         "model": model, "gpu": gpu,
-        "engine": {"enable_prefix_caching": True, **recorded_engine(recorded or {}), **run.engine},
+        "engine": {"enable_prefix_caching": True, **engine},
         "workload": {"num_requests": len(run.records), "arrival": {"process": "trace"},
                      "trace": {"format": "sharegpt_tokens", "path": trace_path.name},
                      **({"max_concurrency": run.max_concurrency} if run.max_concurrency is not None else {})},
