@@ -11,7 +11,8 @@ number by `str.isdigit` then `int()` (a `--set` list index, an Azure TIMESTAMP's
 client number, a Vidur shape, a measured request_id): `²` was a traceback, `１` read as 1. The notebooks' helpers:
 `simulate_disagg` of a colocated scenario and `unbounded_hit_rate` of records without segments stopped on an
 AssertionError, `studies.variant` of a path on an AttributeError, and `window_evidence` took a negative or NaN
-warm-up fraction.
+warm-up fraction. `kvsim validate --set engine.tensor_parallel_size=2` on a run that recorded TP 1 replayed another
+deployment (exit 0), and a meta.json whose started_at came after the first request shifted the series in silence.
 
 Probed and found refused as the rule asks (not repeated here): `kvsim run --steps/--steps-format/--memory-limit`
 combinations, `--speculative-config` and `--kv-transfer-config` JSON (types, unknown and duplicate keys, v0, slab,
@@ -289,3 +290,22 @@ def test_validate_set_of_an_engine_argument_as_recorded_or_unrecorded_is_read(tm
     result = validate(load_measured(write_run(tmp_path)), gpu="h100-80gb",
                       overrides=[*CONSTANT, "engine.max_num_seqs=4", "engine.max_model_len=1024"])
     assert (result.scenario.engine.max_num_seqs, result.scenario.engine.max_model_len) == (4, 1024)
+
+
+@pytest.mark.parametrize(("started_at", "late_s"), [("2026-01-01T01:00:00.5Z", "3600"), ("9999-12-31T23:59:59Z", "2.5")])
+def test_a_measured_run_started_after_its_first_request_is_refused(tmp_path, started_at, late_s):
+    """meta.json's started_at aligns the per-second series with the requests (the shipped runs' first request
+    arrives 0.065 s after it); one after the first arrival shifted the series by that much, exit 0."""
+    import json
+
+    from test_validate import STARTED, write_run
+
+    from kvsim.validation.measured import read_measured_dir
+
+    assert STARTED == "2026-01-01T00:00:00Z"  # write_run's first request arrives 0.5 s after it
+    run = write_run(tmp_path)
+    meta = json.loads((run / "vllm" / "meta.json").read_text())
+    (run / "vllm" / "meta.json").write_text(json.dumps({**meta, "started_at": started_at}))
+    with pytest.raises(KvsimError, match=rf"meta.json: started_at='{started_at}' is {late_s}\S* s after the first "
+                                         r"request's arrival_time \(.*requests.jsonl\): a run starts before"):
+        read_measured_dir(run)

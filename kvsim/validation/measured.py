@@ -264,6 +264,10 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     first = min(rows, key=lambda r: float(r["queued_ts"]))
     if "started_at" in meta and isinstance(first.get("arrival_time"), (int, float)):
         offset_s = float(first["arrival_time"]) - _epoch_s(meta["started_at"], vllm / "meta.json")
+        if offset_s < 0:  # the series was shifted by it in silence (a year-9999 started_at: by 8e3 years)
+            raise KvsimError(f"{vllm / 'meta.json'}: started_at={shown(meta['started_at'])} is {-offset_s:g} s after "
+                             f"the first request's arrival_time ({requests_path}): a run starts before its requests "
+                             "arrive, on one clock")
         aligned = True
     timeseries, notes = _read_timeseries(vllm / "timeseries.csv", offset_s)
     if timeseries is not None and not aligned:
