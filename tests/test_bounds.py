@@ -104,6 +104,23 @@ def test_the_gap_breakdown_sums_to_the_replicas_and_is_right_by_hand():
                                  "KV floor 0.00"
 
 
+def test_idle_is_not_negative_when_the_steps_fill_the_run_up_to_rounding():
+    """A replica that steps the whole run is idle 0: its step times sum to the run's duration T. Summed as floats
+    they may not (0.1 + 0.2 is 0.30000000000000004 against a clock that ends at 0.3), and idle read -2e-16,
+    printed "- idle 0.00" (the README's `kvsim plan` example's H100 row read -1.2e-14 over 10,000 requests).
+    No replica steps longer than T, so idle is 0 here and the parts still sum to the one replica."""
+    from kvsim.planning.bounds import GAP_PARTS, ReplicaFloor, gap_breakdown, gap_text
+
+    floor = ReplicaFloor(rate_per_s=10 / 0.3, compute_replicas=0.25, kv_replicas=0.1, num_requests=10,
+                         num_served=10, duration_s=0.3)
+    parts = gap_breakdown(floor, 1, 0.1 + 0.2, 0)
+    assert 0.1 + 0.2 > 0.3  # the rounding this test is about
+    assert parts["idle"] == 0.0
+    assert sum(parts[k] for k in GAP_PARTS) == pytest.approx(1.0)
+    assert gap_text(parts, 1) == "1 replica = compute floor 0.25 + batching 0.75 + preemption 0.00 + idle 0.00; " \
+                                 "KV floor 0.10"
+
+
 @pytest.mark.parametrize("caching", [True, False])
 def test_a_prefix_every_request_shares_is_computed_and_held_once_with_prefix_caching(caching):
     """50 requests of a shared 64-token system prompt (4 blocks of 16) and 64 tokens of their own. With prefix

@@ -238,11 +238,12 @@ def gap_breakdown(floor: ReplicaFloor, replicas: int, busy_replica_s: float,
     requests, served rate and duration T): `busy_replica_s` (its step times summed over replicas) and
     `recomputed_tokens` (tokens computed again after a preemption by recompute dropped their KV:
     `EngineCounters.num_recomputed_tokens`). Also `kv_floor` and `gap` (replicas − the binding floor), all in
-    replicas over that run. Idle, `replicas` − busy_replica_s ÷ T, is never negative. Empty when the run served
-    nothing."""
+    replicas over that run. Idle, `replicas` − busy_replica_s ÷ T, is never negative: a replica that steps the
+    whole run has step times summing to T only up to rounding (a sum of thousands of floats against the clock's
+    end), so busy is capped at `replicas`. Empty when the run served nothing."""
     if floor.num_served <= 0:
         return {}
-    busy = busy_replica_s / floor.duration_s  # replicas stepping, on average over the run
+    busy = min(busy_replica_s / floor.duration_s, replicas)  # replicas stepping, on average over the run
     preemption = recomputed_tokens / floor.duration_s * floor.prompt_token_s
     parts = {"compute_floor": floor.compute_replicas, "batching": busy - floor.compute_replicas - preemption,
              "preemption": preemption, "idle": replicas - busy}
