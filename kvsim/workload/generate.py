@@ -36,6 +36,7 @@ import heapq
 import logging
 import math
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -83,14 +84,24 @@ def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator, scenario:
         values = rng.lognormal(mu, sigma, size=n)
     else:
         assert isinstance(dist, Empirical)
-        table = scenario.resolve_path(dist.table, f"{field}.table")
-        with reading(table, "workload length table"):
-            rows = read_lengths(table)
-        column = np.array([r.prompt_len if dist.column == "prompt" else r.output_len for r in rows])
-        values = rng.choice(column, size=n).astype(np.float64)
-    # capped below int64's range: a lognormal of mean 1e300 (or a huge sigma) draws values that would
-    # wrap around to negative lengths; a length that long is refused per request (over max_model_len)
+        values = rng.choice(table_column(dist, scenario, field), size=n).astype(np.float64)
+    return as_lengths(values)
+
+
+def as_lengths(values: np.ndarray) -> np.ndarray:
+    """Drawn values as token counts: rounded, then clipped to 1 … `MAX_LENGTH` (below int64's range: a lognormal of
+    mean 1e300, or a huge sigma, draws values that would wrap around to negative lengths; a length that long is
+    refused per request, over max_model_len)."""
     return np.clip(np.rint(values), 1, MAX_LENGTH).astype(np.int64)
+
+
+def table_column(dist: Empirical, scenario: Scenario, field: str) -> np.ndarray:
+    """The lengths an empirical distribution (the scenario field `field`) resamples: its table's column, in row
+    order (the table's path is named as `{field}.table` in an error)."""
+    table = scenario.resolve_path(dist.table, f"{field}.table")
+    with reading(table, "workload length table"):
+        rows = read_lengths(table)
+    return np.array([r.prompt_len if dist.column == "prompt" else r.output_len for r in rows])
 
 
 def arrival_times(arrival: Arrival, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -130,31 +141,47 @@ def _base_records(scenario: Scenario, rng: np.random.Generator) -> Sequence[Trac
         prompts = sample_lengths(w.prompt_len, w.num_requests, rng, scenario, "workload.prompt_len")
         outputs = sample_lengths(w.output_len, w.num_requests, rng, scenario, "workload.output_len")
         return _SampledRecords(prompts, outputs)
+    path, rows = trace_rows(scenario, rng)
+    if trace.format == "servegen":
+        return _fewer_than_asked(w.num_requests, rows[: w.num_requests], f"the clients of {path} send",
+                                 f"in duration_s={trace.duration_s:g}")
+    if rows[0].arrival_s is None:  # a length table: resample rows
+        picks = rng.integers(0, len(rows), size=w.num_requests)
+        return [rows[i] for i in picks]
+    return _fewer_than_asked(w.num_requests, rows[: w.num_requests], f"{path} holds",
+                             f"from start_s={trace.start_s:g}")
+
+
+def trace_rows(scenario: Scenario, rng: np.random.Generator) -> tuple[Path, list[TraceRecord]]:
+    """The scenario's trace file and the rows its runs take requests from, whatever their `num_requests`: a
+    timestamped trace's rows from `start_s` on (a run takes the first `num_requests`), a length table's rows
+    (without arrival times; a run resamples them) or the requests ServeGen's model draws from `rng` over
+    `duration_s` (a run takes the first `num_requests`; possibly none). KvsimError naming the field where a
+    trace has no row to take or lists its rows out of arrival order."""
+    trace = scenario.workload.trace
+    assert trace is not None
     path = scenario.resolve_path(trace.path, "workload.trace.path")
     with reading(path, "workload.trace.path"):
         if trace.format == "servegen":
-            drawn = read_servegen(path, rng, trace.start_s, trace.duration_s, trace.clients)[: w.num_requests]
-            return _fewer_than_asked(w.num_requests, drawn, f"the clients of {path} send",
-                                     f"in duration_s={trace.duration_s:g}")
+            return path, read_servegen(path, rng, trace.start_s, trace.duration_s, trace.clients)
         if trace.format in ROW_READERS:
             records = ROW_READERS[trace.format](path, TraceColumns(trace.priority_column, trace.acceptance_column))
         else:
             records = READERS[trace.format](path)
     if not records:
         raise KvsimError(f"workload.trace.path {path}: no rows")
-    if records[0].arrival_s is None:  # a length table: resample rows
-        picks = rng.integers(0, len(records), size=w.num_requests)
-        return [records[i] for i in picks]
+    if records[0].arrival_s is None:
+        return path, records
     arrivals = [r.arrival_s or 0.0 for r in records]
     back = next((i for i in range(1, len(arrivals)) if arrivals[i] < arrivals[i - 1]), None)
     if back is not None:  # arrivals count from the first row's: an earlier one further down arrived before it
         early = arrivals[back - 1] - arrivals[back]
         raise KvsimError(f"workload.trace.path {path}: request {back + 1} arrives {early:g} s before request {back}: "
                          "a trace lists requests in arrival order")
-    kept = [r for r in records if (r.arrival_s or 0.0) >= trace.start_s][: w.num_requests]
+    kept = [r for r in records if (r.arrival_s or 0.0) >= trace.start_s]
     if not kept:
         raise KvsimError(f"workload.trace.start_s={trace.start_s}: no request of {path} arrives after it")
-    return _fewer_than_asked(w.num_requests, kept, f"{path} holds", f"from start_s={trace.start_s:g}")
+    return path, kept
 
 
 SHORT_TRACE = "workload.num_requests=%s: %s %s requests %s; the run has those %s"
