@@ -16,10 +16,13 @@ tokens), every servable request has
     E2E  ≥ O · t_1           O output tokens, each at a step's end after its arrival
 
 whatever the fleet, the router or the load: more replicas only take queueing away. The floor is per request and
-a window's percentile (or mean) is over some of them, so it is the least such floor over the servable requests:
-an SLO below it is missed at every count. `queue_s` has none (an idle replica admits at once). A calibrated
-profile interpolates measured times, which need not grow with the batch, and a speculative step emits up to K + 1
-tokens: no floor is claimed there (None).
+a window's percentile (or mean) is over some of them, so it is the least such floor over every servable request
+the traffic can have, u and O the least prompt and output any run of it can hold, at any length
+(`kvsim.workload.least_lengths`: from the length distributions and every row of a trace a run can take, not from
+the base traffic's first requests: a plan's probes and verification runs are longer and take later draws and
+rows). An SLO below it is missed at every count and every run length. `queue_s` has none (an idle replica admits
+at once). A calibrated profile interpolates measured times, which need not grow with the batch, and a speculative
+step emits up to K + 1 tokens: no floor is claimed there (None).
 """
 
 from __future__ import annotations
@@ -27,8 +30,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from kvsim.latency.step_plan import StepPlan
 from kvsim.planning.window import parse_slo_key
@@ -40,8 +41,8 @@ FLOAT_SLACK = 1e-9  # a run's times are sums of step times: 0.02 s steps gave a 
 
 @dataclass(frozen=True, slots=True)
 class SloFloor:
-    """The least TTFT, TPOT and E2E (seconds) any servable request of a traffic sees on one engine shape,
-    from `step_s`, the fastest step (one sequence sampling one token from an empty context)."""
+    """The least TTFT, TPOT and E2E (seconds) any servable request of a traffic (at any length) sees on one engine
+    shape, from `step_s`, the fastest step (one sequence sampling one token from an empty context)."""
 
     step_s: float
     ttft_s: float
@@ -50,26 +51,25 @@ class SloFloor:
 
 
 def slo_floor(scenario: Scenario) -> SloFloor | None:
-    """The floor of `scenario`'s traffic on its engine shape; None where none is proved (a calibrated latency
-    model, speculative decoding) or no request is servable (prompt + output over max_model_len)."""
+    """The floor of `scenario`'s traffic, at any `num_requests`, on its engine shape; None where none is proved (a
+    calibrated latency model, speculative decoding) or no request can be served (every prompt reaches
+    max_model_len)."""
     from kvsim.engine.builder import make_latency, resolve_engine
-    from kvsim.workload.generate import build_requests
+    from kvsim.workload.least_lengths import least_lengths
 
     spec = resolve_engine(scenario)
     engine = spec.engine
     if scenario.latency.model not in FLOOR_LATENCY_MODELS or engine.speculative_config is not None:
         return None
-    offered = build_requests(scenario, spec.max_model_len, np.random.default_rng(scenario.seed))
-    servable = [r for r in offered if r.prompt_len + r.output_len <= spec.max_model_len]
-    if not servable:
+    least = least_lengths(scenario, spec.max_model_len)
+    if least is None:
         return None
     fastest = StepPlan()
     fastest.add(1, 0, 1, samples=True)
     step_s = make_latency(spec).step_time(fastest)
     chunk = engine.resolved_max_num_batched_tokens(spec.max_model_len, spec.gpu)
-    uncached = 1 if engine.enable_prefix_caching else min(r.prompt_len for r in servable)
-    return SloFloor(step_s, math.ceil(uncached / chunk) * step_s, step_s,
-                    min(r.output_len for r in servable) * step_s)
+    uncached = 1 if engine.enable_prefix_caching else least.prompt_len
+    return SloFloor(step_s, math.ceil(uncached / chunk) * step_s, step_s, least.output_len * step_s)
 
 
 def unreachable_slos(floor: SloFloor | None, slo: dict[str, float]) -> dict[str, float]:
