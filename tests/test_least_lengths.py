@@ -48,8 +48,10 @@ def lengths_scenario(prompt: dict, output: dict, **workload) -> dict:
     # three turns of 100 + 50: turn 2's prompt is 100 + 50 + 100 + 50 + 100 = 400 (20 left of 420), turn 0's 100
     (FIXED, {"dist": "fixed", "value": 50}, {"num_requests": 6, "multi_turn": {"turns": 3}}, 4096, (100, 50)),
     (FIXED, {"dist": "fixed", "value": 50}, {"num_requests": 6, "multi_turn": {"turns": 3}}, 420, (100, 20)),
+    # under 201, turn 1 (100 + 50 + 100; a prompt and a reply token in front of its own at least, 201) is rejected
+    (FIXED, {"dist": "fixed", "value": 50}, {"num_requests": 6, "multi_turn": {"turns": 3}}, 201, (100, 50)),
 ], ids=["fixed", "fixed-capped", "uniform", "uniform-capped", "prefix-half", "prefix-all", "prefix-none",
-        "lognormal", "turns", "turns-capped"])
+        "lognormal", "turns", "turns-capped", "turns-rejected"])
 def test_each_distribution_kinds_least_lengths(prompt, output, workload, max_model_len, least):
     scenario = make_scenario(lengths_scenario(prompt, output, **workload))
     assert least_lengths(scenario, max_model_len) == LeastLengths(*least)

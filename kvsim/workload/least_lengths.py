@@ -22,9 +22,11 @@ requests:
 
 The least prompt is exact: some request of the traffic has it (the least first-turn prompt under max_model_len).
 So is the least output of single-turn traffic (the least over servable first turns of min(output, max_model_len −
-prompt)). A later turn's prompt is only bounded above, by the system prompt and `turns` of the longest prompts and
-`turns` − 1 of the longest replies, so conversations' least output is a bound (min(least output, max_model_len −
-that bound), 1 once the bound reaches max_model_len): no request has less, one may not have it.
+prompt)). A later turn's prompt is only bounded: below, by the system prompt, two of the least prompts and a
+reply's token (none is servable once that reaches max_model_len), above, by the system prompt and `turns` of the
+longest prompts and `turns` − 1 of the longest replies. So conversations' least output is a bound (min(least
+output, max_model_len − the upper bound), 1 once that reaches max_model_len): no request has less, one may not
+have it.
 """
 
 from __future__ import annotations
@@ -98,17 +100,20 @@ def least_lengths(scenario: Scenario, max_model_len: int) -> LeastLengths | None
         prompts = drawn_lengths(w.prompt_len, scenario, "workload.prompt_len")
         outputs = drawn_lengths(w.output_len, scenario, "workload.output_len")
         first = _least_first_turn(prompts, outputs, systems, max_model_len)
-        longest_prompt, longest_output, least_output = prompts.high, outputs.high, outputs.low
+        least_prompt, longest_prompt = prompts.low, prompts.high
+        least_output, longest_output = outputs.low, outputs.high
     else:
         rows = trace_rows(scenario, np.random.default_rng(scenario.seed))[1]
         turns = w.multi_turn.turns if w.multi_turn is not None else 1
         firsts = rows if rows[0].arrival_s is None else rows[::turns]  # a run takes rows in order, resampled rows
         # any row: row i is turn i % turns of its conversation (a run of n < turns requests is one conversation)
         first = _least_first_turn_rows(firsts, systems, max_model_len)
-        longest_prompt = max(r.prompt_len for r in rows)
+        least_prompt, longest_prompt = min(r.prompt_len for r in rows), max(r.prompt_len for r in rows)
         longest_output, least_output = max(r.output_len for r in rows), min(r.output_len for r in rows)
     if first is None or w.multi_turn is None or w.multi_turn.turns == 1:
         return first
+    if min(systems) + 2 * least_prompt + 1 >= max_model_len:  # a later turn holds two prompts and a reply token
+        return first  # or more: none is servable
     turns = w.multi_turn.turns
     longest_later = max(systems) + turns * longest_prompt + (turns - 1) * longest_output  # Python ints: no overflow
     later = min(least_output, max_model_len - min(longest_later, max_model_len - 1))
