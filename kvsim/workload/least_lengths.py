@@ -105,8 +105,9 @@ def least_lengths(scenario: Scenario, max_model_len: int) -> LeastLengths | None
     else:
         rows = trace_rows(scenario, np.random.default_rng(scenario.seed))[1]
         turns = w.multi_turn.turns if w.multi_turn is not None else 1
-        firsts = rows if rows[0].arrival_s is None else rows[::turns]  # a run takes rows in order, resampled rows
-        # any row: row i is turn i % turns of its conversation (a run of n < turns requests is one conversation)
+        # a run takes rows in order, row i turn i % turns of its conversation (a run of n < turns requests is one
+        # conversation); a length table's rows are resampled, so any is a first turn
+        firsts = rows if rows[0].arrival_s is None else rows[::turns]
         first = _least_first_turn_rows(firsts, systems, max_model_len)
         least_prompt, longest_prompt = min(r.prompt_len for r in rows), max(r.prompt_len for r in rows)
         longest_output, least_output = max(r.output_len for r in rows), min(r.output_len for r in rows)
