@@ -234,7 +234,6 @@ def _finished(futures: list[Any], client: Any) -> list[Any]:
 
     from dask.distributed import wait
 
-
     timeout_s = no_workers_timeout_s()
     poll_s = min(5.0, timeout_s / 4)
     idle_since: float | None = None

@@ -113,9 +113,7 @@ class UnreachableSearch:
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """Infeasible, with the SLOs' headroom at their floors (negative: each limit short of its floor)."""
         c = self.candidate
-        split = {"topology": f"{c.split[0]}P{c.split[1]}D", "prefill_instances": c.split[0],
-                 "decode_instances": c.split[1]} if c.split else {}
         return {"candidate": c.label, "gpu": c.gpu, "tensor_parallel_size": c.tensor_parallel_size, **dict(c.knobs),
-                **split, "feasible": False, "memory_limited": False, "replicas": None, "num_gpus": None,
+                **c.split_columns(), "feasible": False, "memory_limited": False, "replicas": None, "num_gpus": None,
                 "cost_per_hour": None, "headroom": min((self.slo[k] - v) / self.slo[k] for k, v in self.missed.items()),
                 "limiting_factor": unreachable_text(self.missed, self.slo, self.floor.step_s)}

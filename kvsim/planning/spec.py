@@ -225,8 +225,19 @@ class Candidate:
     @property
     def label(self) -> str:
         knobs = "".join(f" {k}={v}" for k, v in self.knobs)
-        split = f" {self.split[0]}P{self.split[1]}D" if self.split else ""
+        split = f" {self.topology}" if self.split else ""
         return f"{self.gpu} tp{self.tensor_parallel_size}{knobs}{split}"
+
+    @property
+    def topology(self) -> str | None:
+        """A split's `xPyD` (None: colocated)."""
+        return f"{self.split[0]}P{self.split[1]}D" if self.split else None
+
+    def split_columns(self) -> dict[str, Any]:
+        """A plan row's columns of a split: its topology and instance counts (none for a colocated candidate)."""
+        if self.split is None:
+            return {}
+        return {"topology": self.topology, "prefill_instances": self.split[0], "decode_instances": self.split[1]}
 
     @property
     def smallest_fleet(self) -> int:

@@ -48,8 +48,8 @@ class XpydSearch:
 
     @property
     def split_text(self) -> str:
-        assert self.candidate.split is not None
-        return f"{self.candidate.split[0]}P{self.candidate.split[1]}D"
+        assert self.candidate.topology is not None
+        return self.candidate.topology
 
     def _traffic(self, num_requests: int) -> Scenario:
         return traffic_of(self.base, num_requests)
@@ -101,8 +101,7 @@ class XpydSearch:
         block = self.memory_block()
         row: dict[str, Any] = {"candidate": c.label, "gpu": c.gpu, "tensor_parallel_size": c.tensor_parallel_size,
                                **dict(c.knobs), "feasible": self._passes(), "memory_limited": block is not None,
-                               "memory_bound_replicas": None, "topology": self.split_text,
-                               "prefill_instances": c.split[0], "decode_instances": c.split[1]}
+                               "memory_bound_replicas": None, **c.split_columns()}
         if self.metrics is None:
             assert block is not None
             return {**row, "replicas": None, "num_gpus": None, "cost_per_hour": None, "headroom": None,
