@@ -57,15 +57,15 @@ def test_expert_parallelism_on_a_dense_model_is_said_unread(model, unread):
 def test_a_fleet_says_expert_parallelism_unread_for_its_dense_group_only(tmp_path):
     """Replica groups serving a dense and an MoE model under one `engine` section that turns expert parallelism
     on: only the dense group ignores it, so no line is said for the whole scenario (the MoE group reads it)."""
-    from kvsim.fleet.run import unread_settings
+    from kvsim.fleet.run import unread_by_setting
     from kvsim.workload.scenario import load_scenario
 
     scenario = load_scenario(None, ["engine.enable_expert_parallel=true", "engine.max_model_len=4096",
                                     "replicas=[{count: 1}, {count: 1, model: qwen3-30b-a3b}]"])
-    assert unread_settings(scenario) == []
+    assert list(unread_by_setting(scenario).values()) == []
     dense = load_scenario(None, ["engine.enable_expert_parallel=true", "replicas=2"])
-    assert unread_settings(dense) == ["engine.enable_expert_parallel=true is unread: llama-3.1-8b is dense, with no "
-                                      "experts to place"]
+    assert list(unread_by_setting(dense).values()) == [
+        "engine.enable_expert_parallel=true is unread: llama-3.1-8b is dense, with no experts to place"]
 
 
 def test_a_setting_every_group_ignores_for_its_own_reason_is_said_once():
@@ -73,12 +73,12 @@ def test_a_setting_every_group_ignores_for_its_own_reason_is_said_once():
     `--swap-space` without using it, the static scheduler preempts by recompute too (`EngineConfig.can_swap`), so no
     engine of the run reads it. Each group says so in its own words ("scheduler v1 never swaps", "scheduler static
     never swaps"), and comparing the lines said nothing; the settings are compared (the first group's line)."""
-    from kvsim.fleet.run import unread_settings
+    from kvsim.fleet.run import unread_by_setting
     from kvsim.workload.scenario import load_scenario
 
     scenario = load_scenario(None, ["engine.swap_space=8", "engine.max_model_len=4096",
                                     "replicas=[{count: 1}, {count: 1, engine: {scheduler: static}}]"])
-    assert unread_settings(scenario) == ["engine.swap_space=8 is unread: scheduler v1 never swaps"]
+    assert list(unread_by_setting(scenario).values()) == ["engine.swap_space=8 is unread: scheduler v1 never swaps"]
 
 
 UNREAD = ["--set", "engine.slab_placement=first-fit", "--set", "engine.kv_cache_memory_bytes=8GiB",

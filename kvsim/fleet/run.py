@@ -55,12 +55,6 @@ def simulate_scenario(scenario: Scenario, check: bool = False, progress: Progres
                     steps_format=steps_format)
 
 
-def unread_settings(scenario: Scenario) -> list[str]:
-    """Engine settings no engine of the run reads, one line each (`unread_by_setting`'s lines), for a run to warn
-    of."""
-    return list(unread_by_setting(scenario).values())
-
-
 def unread_by_setting(scenario: Scenario) -> dict[str, str]:
     """Engine settings no engine of the run reads, by setting (`_engine_unread`: `EngineConfig.unread_settings`,
     given the model each engine serves and the workload), each with its line. In a fleet each replica group's
