@@ -22,10 +22,11 @@ allocator, round eleven planning and queueing. Here, each expected value the oth
   to a 300-block tier, 1,111 of them evicted from it): the same requests and steps as without the tier (stores
   drain on their own link and hold no GPU block the scheduler needs);
 * a CPU tier hit costs exactly its load: a prompt's 50 blocks evicted from a 61-block pool by a 945-token prompt and
-  asked for again load in 50 · 2 MiB / bandwidth (8 and 64 GB/s), after which the request takes the step a GPU
-  hit of the same 800 tokens takes in a pool that kept them: TTFT and `queue_s` later by exactly the load (vLLM
-  stamps SCHEDULED once the KV has arrived), `prefix_hit_tokens` 800 either way (vLLM's `num_cached_tokens`
-  counts the connector's tokens), the GPU's hit counter 0 and 800;
+  asked for again load in 50 · 2 MiB / (tp · bandwidth) (8 and 64 GB/s; TP 1, 2, 4: each rank moves its shard of
+  8 / tp KV heads over its own host link), after which the request takes the step a GPU hit of the same 800
+  tokens takes in a pool that kept them: TTFT and `queue_s` later by exactly the load (vLLM stamps SCHEDULED once
+  the KV has arrived), `prefix_hit_tokens` 800 either way (vLLM's `num_cached_tokens` counts the connector's
+  tokens), the GPU's hit counter 0 and 800;
 * speculation that never accepts is no speculation (n-gram, K = 1 and 3, acceptance 0, a 10 ms step, a roomy
   pool): every request and step time as the synchronous engine without it (vLLM schedules n-gram drafts
   synchronously, so the pair's other run is the synchronous engine: the asynchronous default ends 39 of the 40
@@ -41,7 +42,7 @@ allocator, round eleven planning and queueing. Here, each expected value the oth
   (vLLM's balancer takes the first engine on a tie) and, at a constant step, serves them as one engine: the idle
   rank records no step and delays none.
 
-Relations tried and broken, in vLLM as in kvsim:
+Relations tried and kept out (the relation is wrong for vLLM itself):
 
 * a slower KV link does not make every request slower: on a loaded 1P1D fleet (`random_rows(default_rng(5), 60,
   4.0)`, 4,000-block pools, no preemption) a 2 GB/s, 2 ms link against a 10^18 B/s one ended 2 of 60 requests
@@ -49,21 +50,22 @@ Relations tried and broken, in vLLM as in kvsim:
   later can find it idle, or in a smaller and faster batch, instead of waiting for the step in flight. vLLM's
   decode engine batches the same way, so only the isolated request's shift (above) and the prefill side's
   independence are kept; the link's own model is `tests/test_link.py`'s;
-* "an idle rank of a lockstep MoE group costs nothing" is one vLLM itself breaks, and kvsim keeps: when the ranks' synced CUDA-graph mode is not NONE
-  (decode batches within the capture sizes), `coordinate_batch_across_dp` (vllm/v1/worker/dp_utils.py) pads every
-  rank's batch to the largest, so the idle rank's dummy batch carries as many tokens as the busy one's and the MoE
-  layers' all-gather dp · max(T) tokens, where kvsim's roofline takes the group's Σ T
-  (`StepPlan.num_dp_group_tokens`; kvsim models no CUDA graphs, so no capture sizes to decide when). Only the
-  constant-step relation (above) is kept; the padding is reported, not modelled.
+* "an idle rank of a lockstep MoE group costs nothing" is one vLLM itself breaks, and kvsim keeps: when the ranks'
+  synced CUDA-graph mode is not NONE (decode batches within the capture sizes), `coordinate_batch_across_dp`
+  (vllm/v1/worker/dp_utils.py) pads every rank's batch to the largest, so the idle rank's dummy batch carries as
+  many tokens as the busy one's and the MoE layers' all-gather dp · max(T) tokens, where kvsim's roofline takes the
+  group's Σ T (`StepPlan.num_dp_group_tokens`; kvsim models no CUDA graphs, so no capture sizes to decide when).
+  Only the constant-step relation (above) is kept; the padding is reported, not modelled.
 
 Covered in earlier rounds and not repeated: TP 2 at the bare roofline against its formula, an MoE with every expert
 active against the dense MLP of the same width, and a sliding window longer than every context against full
-attention (round nine); the radix tree against the hash chain while nothing is evicted (round four); a tier of
-zero blocks (`tests/test_offload_scenario.py`) and a tier hit's load in a hand-built engine
-(`tests/test_offload_connector.py`); pipeline parallelism, which kvsim does not model; the priority victim, max over running of (priority, arrival)
-(`tests/test_priority.py`, round six). The fleet's routers break a tie at a rotating start (`kvsim.fleet.router`),
-not at replica 0 as vLLM's data-parallel balancer does (`kvsim.engine.loop.least_loaded`, checked below): a
-documented choice for a router in front of independent replicas, so idle fleets spread requests.
+attention (round nine); the radix tree against the hash chain while nothing is evicted (round four); a tier of zero
+blocks (`tests/test_offload_scenario.py`) and a tier hit's load in a hand-built engine
+(`tests/test_offload_connector.py`); pipeline parallelism, which kvsim does not model; the priority victim, max over
+running of (priority, arrival) (`tests/test_priority.py`, round six). The fleet's routers break a tie at a rotating
+start (`kvsim.fleet.router`), not at replica 0 as vLLM's data-parallel balancer does
+(`kvsim.engine.loop.least_loaded`, checked below): a documented choice for a router in front of independent
+replicas, so idle fleets spread requests.
 """
 
 from __future__ import annotations
@@ -154,22 +156,24 @@ def test_an_offload_tier_never_hit_changes_nothing_though_it_stores_every_block(
     assert tiered.steps[alone.steps.columns].equals(alone.steps)
 
 
-@pytest.mark.parametrize("bandwidth", [8e9, 64e9])
-def test_a_cpu_tier_hit_costs_exactly_its_load_over_the_link(tmp_path, bandwidth):
+@pytest.mark.parametrize(("bandwidth", "tensor_parallel_size"), [(8e9, 1), (64e9, 1), (8e9, 2), (8e9, 4)])
+def test_a_cpu_tier_hit_costs_exactly_its_load_over_the_link(tmp_path, bandwidth, tensor_parallel_size):
     def row(arrival_s, ids):
         return {"arrival_time_ns": int(arrival_s * 1e9), "input_toks": len(ids), "output_toks": 2, "input_tok_ids": ids}
 
     rows = [row(0, list(range(800))),  # 50 full blocks, written through to the tier
             row(5, list(range(10**6, 10**6 + 945))),  # 60 blocks: all 60 usable, so every block of the first goes
             row(10, list(range(800)) + list(range(2 * 10**6, 2 * 10**6 + 100)))]  # the first's 800 tokens again
-    raw = traced(write_trace(tmp_path / "rows.jsonl", rows), {"max_model_len": 960})
+    raw = traced(write_trace(tmp_path / "rows.jsonl", rows), {"max_model_len": 960,
+                                                               "tensor_parallel_size": tensor_parallel_size})
     raw["latency"] = {"model": "roofline"}
     tiered = kvsim.simulate({**raw, "engine": {**raw["engine"], "num_gpu_blocks_override": 61, "kv_offload": {
         "num_cpu_blocks": 400, "bandwidth_bytes_per_s": bandwidth}}})
     roomy = kvsim.simulate({**raw, "engine": {**raw["engine"], "num_gpu_blocks_override": 400}})  # a GPU hit
     assert tiered.summary["kv_offload"]["tiers"]["cpu"]["num_hit_blocks"] == 50
     assert tiered.summary["num_prefix_cache_hit_tokens"] == 0 and roomy.summary["num_prefix_cache_hit_tokens"] == 800
-    load_s = 50 * BLOCK_BYTES / bandwidth
+    assert tiered.summary["kv_offload"]["bytes_loaded"] == 50 * BLOCK_BYTES  # every rank's shard together
+    load_s = 50 * BLOCK_BYTES / tensor_parallel_size / bandwidth  # each rank its 8 / tp KV heads, on its own link
     late, early = tiered.requests.iloc[2], roomy.requests.iloc[2]
     assert late.prefix_hit_tokens == early.prefix_hit_tokens == 800
     assert late.queue_s == pytest.approx(load_s, abs=1e-12)  # vLLM stamps SCHEDULED once the KV has arrived
