@@ -30,8 +30,9 @@ allocator, round eleven planning and queueing. Here, each expected value the oth
 * speculation that never accepts is no speculation (n-gram, K = 1 and 3, acceptance 0, a 10 ms step, a roomy
   pool): every request and step time as the synchronous engine without it (vLLM schedules n-gram drafts
   synchronously, so the pair's other run is the synchronous engine: the asynchronous default ends 39 of the 40
-  requests one step later); at acceptance 1 each request's decode phase is ceil((O − 1) / (K + 1)) steps,
-  counted by hand, under load, and its first token does not depend on K;
+  requests one step later), each of a request's O − 1 decodes batching its K drafts beside its token: K · Σ (O − 1)
+  tokens more, and Σ (O − 1) verifies of K drafts counted; at acceptance 1 each request's decode phase is
+  ceil((O − 1) / (K + 1)) steps, counted by hand, under load, and its first token does not depend on K;
 * two priority classes where the urgent class (priority 0) arrives after the other (priority 5) has finished:
   the priority scheduler serves every request as FCFS, under preemption within each class;
 * N · k requests arriving at one instant on N identical replicas go k to each, under every router (round robin
@@ -201,6 +202,12 @@ def test_speculation_that_never_accepts_is_the_synchronous_engine_without_it(tmp
     assert plain.summary["max_running"] >= 8
     assert spec.requests[plain.requests.columns].equals(plain.requests)
     assert spec.steps.time_s.equals(plain.steps.time_s)
+    # tokens a step: every decode verifies its K drafts beside its one token; each of a request's O − 1 decodes does
+    decodes = int((plain.requests.output_tokens - 1).sum())
+    assert spec.summary["spec_decode"]["num_drafts"] == decodes
+    assert spec.summary["spec_decode"]["num_draft_tokens"] == drafts * decodes
+    assert int((spec.steps.num_batched_tokens - plain.steps.num_batched_tokens).sum()) == drafts * decodes
+    assert ((spec.steps.num_batched_tokens - plain.steps.num_batched_tokens) % drafts == 0).all()
 
 
 def test_full_acceptance_decodes_k_plus_1_tokens_a_step_counted_by_hand(tmp_path):
