@@ -41,7 +41,9 @@ allocator, round eleven planning and queueing. Here, each expected value the oth
   engine, and on a 3P2D fleet's prefill pool (12 requests, 4 each; round robin's decode pool 6 each);
 * a lockstep data-parallel group (Qwen3-30B-A3B, an MoE, DP 2) whose requests never overlap sends each to rank 0
   (vLLM's balancer takes the first engine on a tie) and, at a constant step, serves them as one engine: the idle
-  rank records no step and delays none.
+  rank records no step and delays none; given every row twice at one instant, a DP 2 group (lockstep MoE or
+  independent dense ranks, asynchronous or not, under preemption) sends the first of each pair to rank 0 and the
+  second to rank 1 (4 · waiting + running) and the two ranks mirror each other, request for request.
 
 Relations tried and kept out (the relation is wrong for vLLM itself):
 
@@ -277,3 +279,18 @@ def test_a_lockstep_groups_idle_rank_delays_nothing(tmp_path):
     assert set(two.requests.dp_rank) == {0} and set(two.steps.dp_rank) == {0}
     assert two.requests.drop(columns="dp_rank").equals(one.requests)
     assert two.steps.time_s.equals(one.steps.time_s)
+
+
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "llama-3.1-8b"])  # lockstep (MoE) and independent ranks
+@pytest.mark.parametrize("engine", [{}, {"async_scheduling": False}], ids=["async", "sync"])
+def test_a_dp_group_given_every_request_twice_at_once_runs_two_mirror_ranks(tmp_path, model, engine):
+    rows = [row for row in random_rows(np.random.default_rng(13), 30, 3.0) for _ in range(2)]
+    raw = traced(write_trace(tmp_path / "pairs.jsonl", rows), {"data_parallel_size": 2, "num_gpu_blocks_override": 150,
+                                                               **engine}, model=model)
+    requests = kvsim.simulate(raw).requests
+    first, second = (requests.iloc[k::2].reset_index(drop=True) for k in (0, 1))
+    assert set(first.dp_rank) == {0} and set(second.dp_rank) == {1}  # rank 1 then holds one waiting request fewer
+    assert requests.num_preemptions.sum() > 0
+    columns = ["first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "prefix_hit_tokens"]
+    assert first[columns].equals(second[columns])
+
