@@ -38,7 +38,9 @@ allocator, round eleven planning and queueing. Here, each expected value the oth
 * N · k requests arriving at one instant on N identical replicas go k to each, under every router (round robin
   in turn; least outstanding, least KV and affinity on unshared prompts by the outstanding count, which includes
   the requests dispatched that instant, so any tie rule gives the same), for the asynchronous and synchronous
-  engine, and on a 3P2D fleet's prefill pool (12 requests, 4 each; round robin's decode pool 6 each);
+  engine, and on a 3P2D fleet's prefill pool (12 requests, 4 each; round robin's decode pool 6 each); given every
+  row three times at one instant, three replicas with an offload tier or n-gram drafts accepted whole mirror each
+  other under every router (random acceptance would not: the run's one generator draws for every replica);
 * a lockstep data-parallel group (Qwen3-30B-A3B, an MoE, DP 2) whose requests never overlap sends each to rank 0
   (vLLM's balancer takes the first engine on a tie) and, at a constant step, serves them as one engine: the idle
   rank records no step and delays none; given every row twice at one instant, a DP 2 group (lockstep MoE or
@@ -252,6 +254,22 @@ def test_n_times_k_requests_at_one_instant_go_k_to_each_replica(tmp_path, policy
     served = kvsim.simulate(raw).requests.replica
     assert np.bincount(served, minlength=replicas).tolist() == [each] * replicas
     assert served.tolist() == [i % replicas for i in range(replicas * each)]  # in turn: every tie rotates
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "least_outstanding", "least_kv", "affinity"])
+@pytest.mark.parametrize("engine", [{"kv_offload": {"num_cpu_blocks": 200}}, {
+    "async_scheduling": False, "speculative_config": {"method": "ngram", "num_speculative_tokens": 2,
+                                                      "acceptance_rates": 1.0}}], ids=["offload", "ngram"])
+def test_a_fleet_given_every_row_three_times_at_once_runs_three_mirror_replicas(tmp_path, policy, engine):
+    rows = [row for row in random_rows(np.random.default_rng(13), 30, 3.0) for _ in range(3)]
+    raw = traced(write_trace(tmp_path / "triples.jsonl", rows), {"num_gpu_blocks_override": 150, **engine},
+                 replicas=3, router={"policy": policy})
+    requests = kvsim.simulate(raw).requests
+    copies = [requests.iloc[k::3].reset_index(drop=True) for k in range(3)]
+    assert [set(copy.replica) for copy in copies] == [{0}, {1}, {2}]
+    assert requests.num_preemptions.sum() > 0
+    columns = ["first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "prefix_hit_tokens"]
+    assert copies[1][columns].equals(copies[0][columns]) and copies[2][columns].equals(copies[0][columns])
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "least_outstanding", "least_kv", "affinity"])
