@@ -189,10 +189,9 @@ def test_a_cpu_tier_hit_costs_exactly_its_load_over_the_link(tmp_path, bandwidth
 ROOMY_CONSTANT = {"max_model_len": 2048, "num_gpu_blocks_override": 4000, "async_scheduling": False}
 
 
-def speculating(tmp_path, drafts=None, acceptance=None, **engine):
+def speculating(tmp_path, drafts=None, acceptance=None):
     rows = random_rows(np.random.default_rng(2), 40, 2.0, max_prompt=800, max_output=120)
-    raw = traced(write_trace(tmp_path / "rows.jsonl", rows), {**ROOMY_CONSTANT, **engine},
-                 latency={"model": "constant", "step_s": 0.01})
+    raw = traced(write_trace(tmp_path / "rows.jsonl", rows), ROOMY_CONSTANT, latency={"model": "constant", "step_s": 0.01})
     if drafts is not None:
         raw["engine"]["speculative_config"] = {"method": "ngram", "num_speculative_tokens": drafts,
                                                "acceptance_rates": acceptance}
@@ -253,7 +252,7 @@ def test_n_times_k_requests_at_one_instant_go_k_to_each_replica(tmp_path, policy
     raw = traced(write_trace(tmp_path / "rows.jsonl", rows), engine, replicas=replicas, router={"policy": policy})
     served = kvsim.simulate(raw).requests.replica
     assert np.bincount(served, minlength=replicas).tolist() == [each] * replicas
-    assert served.tolist() == [i % replicas for i in range(replicas * each)]  # in turn: every tie rotates
+    assert served.tolist() == [i % replicas for i in range(replicas * each)]  # one to each in turn, in arrival order
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "least_outstanding", "least_kv", "affinity"])
@@ -307,7 +306,7 @@ def test_a_dp_group_given_every_request_twice_at_once_runs_two_mirror_ranks(tmp_
                                                                **engine}, model=model)
     requests = kvsim.simulate(raw).requests
     first, second = (requests.iloc[k::2].reset_index(drop=True) for k in (0, 1))
-    assert set(first.dp_rank) == {0} and set(second.dp_rank) == {1}  # rank 1 then holds one waiting request fewer
+    assert set(first.dp_rank) == {0} and set(second.dp_rank) == {1}  # the first on a tie, then the one not waiting
     assert requests.num_preemptions.sum() > 0
     columns = ["first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "prefix_hit_tokens"]
     assert first[columns].equals(second[columns])
