@@ -13,7 +13,8 @@ drafter then proposes the next K drafts:
                  batch the rejected drafts stay in as padding) with one logits row per request
                  (`last_token_indices`), then K − 1 one-token passes over every request of the batch
                  (`batch_size = next_token_ids.shape[0]`: a prefill chunk drafts too, its drafts discarded),
-                 pass j reading each context after the step plus j (`seq_lens += 1`). A step that
+                 pass j reading each context after the step without its rejected drafts, plus j
+                 (`seq_lens -= num_rejected_tokens_gpu` once, then `seq_lens += 1` a pass). A step that
                  schedules only prefill chunks drafts all the same.
     draft_model  the draft model (`speculative_config.model`, in the target's dtype: `kvsim.model.drafter.draft_model`)
                  run the same way: vLLM's `DraftModelProposer` (vllm/v1/spec_decode/draft_model.py) is a
@@ -24,12 +25,14 @@ drafter then proposes the next K drafts:
                  sequence, each sequence's n + 1 tokens after its past p, a chunk (causal pairs
                  (n + 1)(p + (n + 2)/2) = n(p + (n + 1)/2) + (p + n) + 1: the plan's work plus each context after
                  the step plus one), one logits row per request; then K − 1 one-token passes over every
-                 request, pass j at its context after the step plus 1 + j
+                 request, pass j at its context after the step without its rejected drafts, plus 1 + j
 
 each priced by the roofline without the per-step CPU overhead (the drafter runs inside the target's engine
-step). The drafter's contexts are the plan's, its drafts counted as if all were accepted (the plan is priced
-before the acceptance is drawn; vLLM's padded batch subtracts the rejected ones from `seq_lens` after the first
-pass). Tree drafting is not modelled.
+step). The first pass reads the plan's contexts, rejected drafts included (vLLM's padded drafter batch keeps them
+as padding); the later passes read the contexts the verify leaves: the scheduler draws each verify's acceptance
+when it plans the step (`SpeculativeSteps.draw_verify_outcomes`) and the plan carries the drafts rejected
+(`StepPlan.num_rejected_draft_tokens`), subtracted from the summed context. The longest context of those passes
+is the plan's plus j, an upper bound (which sequence holds it is not tracked). Tree drafting is not modelled.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ class SpeculativeLatency:
     def _draft_s(self, drafter: LatencyModel, plan: StepPlan) -> float:
         """The drafter's passes for `plan` (the module docstring): the first over the plan's tokens and contexts
         (a draft model's each one longer, every sequence a chunk) with one logits row per sequence, then pass
-        j = 1 … K − 1 one token per sequence at its context + j (+ 1 for a draft model)."""
+        j = 1 … K − 1 one token per sequence at its context less its rejected drafts, + j (+ 1 for a draft
+        model)."""
         n = plan.num_seqs
         if self.appends_next_token:
             extra = 1
@@ -80,11 +84,11 @@ class SpeculativeLatency:
                              max_decode_context_tokens=plan.max_decode_context_tokens,
                              attention_work=plan.attention_work)
         draft_s = drafter.step_time(first)
+        verified_context = plan.sum_context_tokens - plan.num_rejected_draft_tokens
         for j in range(1 + extra, self.num_speculative_tokens + extra):
             # the shortest context over every sequence is not tracked: the roofline reads neither extreme
             step = StepPlan()
-            step.add_decodes(n, plan.sum_context_tokens + j * n, plan.max_context_tokens + j,
-                             plan.max_context_tokens + j)
+            step.add_decodes(n, verified_context + j * n, plan.max_context_tokens + j, plan.max_context_tokens + j)
             draft_s += drafter.step_time(step)
         return draft_s
 

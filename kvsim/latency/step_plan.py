@@ -32,6 +32,8 @@ class StepPlan:
     preempted: list = field(default_factory=list)  # requests preempted while planning this step
     num_spec_decode_seqs: int = 0  # sequences verifying speculative drafts
     num_draft_tokens: int = 0  # Σ drafts they verify
+    num_rejected_draft_tokens: int = 0  # Σ of those the verify rejects (drawn when planned; the drafter's later
+    # passes read each context without them: `kvsim.latency.speculative`)
     num_verify_chunk_tokens: int = 0  # tokens of verify chunks of ≥ 2 tokens: in num_prefill_tokens, priced as
     num_verify_chunk_seqs: int = 0  # chunks; their sequences, not in num_decode_seqs (see `num_row_decode_seqs`)
     windowed_decode_context_tokens: dict[int, int] | None = None  # window → Σ min(context, window) over the

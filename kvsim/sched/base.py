@@ -296,6 +296,8 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         self.planned_s = now if planned_s is None else planned_s
         plan = self.select(now)
         self.account(plan)
+        if self.speculation is not None:
+            self.draw_verify_outcomes(plan)
         self.release_finished()
         return plan
 
@@ -420,12 +422,12 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         """Apply a finished step: advance progress, sample tokens, fork samples, finish and free."""
         done, running, spec = [], RequestStatus.RUNNING, self.speculation
         if spec is not None:
-            accepted = iter(spec.verify_outcomes(self.rng, now).tolist())
+            spec.integrate_rejected_slots(now)
         for req, num_new in plan.scheduled:
             if req.status is not running:
                 continue  # preempted later in the same planning pass
             if spec is not None and req.request_id in spec.pending:
-                if self._complete_verify(spec, req, spec.pending[req.request_id], next(accepted)):
+                if self._complete_verify(spec, req, spec.pending[req.request_id], spec.accepted[req.request_id]):
                     done.append(req)
                 continue
             req.num_computed_tokens = computed = req.num_computed_tokens + num_new
@@ -445,6 +447,7 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
                 done.append(req)
         if spec is not None:
             spec.pending.clear()
+            spec.accepted.clear()
         if self.offload is not None:
             self._store_computed(plan, now)
         return self.finish(done, now)

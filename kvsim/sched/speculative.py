@@ -134,7 +134,9 @@ class Speculation:
     `drops_last_hit_block`: EAGLE's, whose prefix hits recompute their last block (vLLM's `use_eagle`).
     `rejected_slot_s` integrates, over time, the slots holding drafts the last verify rejected
     (held until the next step overwrites them); `pending` maps each request verifying drafts in
-    the step being planned to its number of drafts.
+    the step being planned to its number of drafts, `accepted` to the drafts it accepts (drawn when the
+    step is planned, before it is priced: the drafter's passes after the first read the contexts the
+    verify leaves, `kvsim.sched.speculative_steps.SpeculativeSteps.draw_verify_outcomes`).
     """
 
     model: AcceptanceModel
@@ -146,18 +148,18 @@ class Speculation:
     rejected_slot_s: float = 0.0
     last_complete_s: float = 0.0
     pending: dict[int, int] = field(default_factory=dict)
+    accepted: dict[int, int] = field(default_factory=dict)
     drops_last_hit_block: bool = False  # EAGLE: a prefix hit recomputes its last block (`Scheduler.lookup`)
 
     @property
     def num_speculative_tokens(self) -> int:
         return self.model.num_speculative_tokens
 
-    def verify_outcomes(self, rng: np.random.Generator, now: float) -> np.ndarray:
-        """Drafts accepted by each request of `pending` (in its order) in the step ending at `now`;
-        the slots the previous step's rejected drafts held are integrated up to `now` and start over."""
+    def integrate_rejected_slots(self, now: float) -> None:
+        """The slots the previous step's rejected drafts held, integrated up to `now` (a step's end); they start
+        over (the step ending now sets them again, `SpeculativeSteps._complete_verify`)."""
         self.rejected_slot_s += self.num_rejected_slots * (now - self.last_complete_s)
         self.last_complete_s, self.num_rejected_slots = now, 0
-        return self.model.sample(rng, len(self.pending))
 
     def record_verify(self, num_drafts: int, num_accepted: int) -> None:
         self.num_drafts += num_drafts > 0

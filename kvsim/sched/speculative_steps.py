@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING
 from kvsim.workload.request import RequestStatus
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from kvsim.kv import KVAllocator
+    from kvsim.latency.step_plan import StepPlan
     from kvsim.sched.speculative import Speculation
     from kvsim.workload.request import Request
 
@@ -19,6 +22,7 @@ class SpeculativeSteps:
     """Mixed into `kvsim.sched.base.Scheduler`, whose state it uses (`alloc`, `running`, `speculation`)."""
 
     alloc: KVAllocator
+    rng: np.random.Generator
     running: list[Request]
     speculation: Speculation | None
 
@@ -44,17 +48,39 @@ class SpeculativeSteps:
                     past += end - start - inside
         return below, past
 
+    def draw_verify_outcomes(self, plan: StepPlan) -> None:
+        """Draw the drafts each verifying request of `plan` accepts (`Speculation.accepted`), before the step is
+        priced, and count the ones rejected in `plan.num_rejected_draft_tokens`: vLLM's drafter runs after the
+        verify and its passes after the first read each context without them (`seq_lens -= num_rejected_tokens`
+        in `propose`, vllm/v1/spec_decode/eagle.py, `kvsim.latency.speculative`).
+
+        One draw per request of `pending`, in the plan's order, from the run's generator (nothing drawn for a
+        fixed acceptance). A request with acceptance lengths from a trace takes its k-th verify step's from there
+        (k counted since it arrived) in place of the model's draw while they last; either is capped at the
+        drafts verified."""
+        spec = self.speculation
+        if spec is None or not spec.pending:
+            return
+        pending, accepted = spec.pending, spec.accepted
+        draws = iter(spec.model.sample(self.rng, len(pending)).tolist())
+        for req, _ in plan.scheduled:
+            num_drafts = pending.get(req.request_id)
+            if num_drafts is None:
+                continue
+            num_accepted = next(draws)
+            lengths = req.acceptance_lengths
+            if lengths is not None and req.num_verify_steps < len(lengths):
+                num_accepted = lengths[req.num_verify_steps] - 1  # emitted tokens − the correction/bonus token
+            accepted[req.request_id] = num_accepted = min(num_accepted, num_drafts)
+            plan.num_rejected_draft_tokens += num_drafts - num_accepted
+        assert len(accepted) == len(pending), "every verifying request is in the plan"
+
     def _complete_verify(self, spec: Speculation, req: Request, num_drafts: int, num_accepted: int) -> bool:
-        """A verify step's outcome: the accepted drafts and one more token (the correction or the bonus),
-        capped at the request's output length; their KV is written, the rejected drafts' slots stay
-        held (the next step overwrites them). True when the request has its last token. A request with
-        acceptance lengths from a trace takes its k-th verify step's from there (k counted since it
-        arrived) in place of the model's draw while they last; either is capped at the drafts verified."""
-        lengths = req.acceptance_lengths
-        if lengths is not None and req.num_verify_steps < len(lengths):
-            num_accepted = lengths[req.num_verify_steps] - 1  # emitted tokens − the correction/bonus token
+        """A verify step's outcome (`num_accepted` of its `num_drafts`, `draw_verify_outcomes`): the accepted
+        drafts and one more token (the correction or the bonus), capped at the request's output length; their KV
+        is written, the rejected drafts' slots stay held (the next step overwrites them). True when the request
+        has its last token."""
         req.num_verify_steps += 1
-        num_accepted = min(num_accepted, num_drafts)
         req.num_rejected_draft_slots = 0
         emitted = min(num_accepted + 1, req.output_len - req.num_output_tokens)
         req.num_computed_tokens += emitted
