@@ -20,6 +20,12 @@ SMALL = ["--set", "workload.num_requests=5", "--format", "json"]
     ({"prefix_cache": "radix"}, []),  # v1 caches prefixes by default: the radix tree is read
     ({"prefix_cache": "radix", "enable_prefix_caching": False}, ["prefix_cache"]),
     ({"allocator": "slab-pow2", "enable_prefix_caching": False}, []),
+    # a slab pool caches nothing (`SlabAllocator.enable_caching` is False): caching given true is dropped; v1's
+    # default (on) is no setting of the user's, and the paged allocator reads it
+    ({"allocator": "slab-max", "enable_prefix_caching": True}, ["enable_prefix_caching"]),
+    ({"allocator": "slab-oracle", "scheduler": "v0", "enable_prefix_caching": True}, ["enable_prefix_caching"]),
+    ({"allocator": "slab-max"}, []),
+    ({"enable_prefix_caching": True}, []),
 ])
 def test_unread_settings_name_exactly_the_fields_a_run_ignores(fields, unread):
     said = make_engine(**fields).unread_settings()
@@ -41,6 +47,24 @@ def test_a_run_warns_of_unread_settings_on_stderr_and_still_runs(tmp_path):
     rerun = CliRunner().invoke(app, ["run", str(tmp_path / "clean" / "scenario.yaml"), "--format", "json",
                                      "-o", str(tmp_path / "rerun")], prog_name="kvsim")  # every field written out
     assert rerun.exit_code == 0 and rerun.stderr == ""
+
+
+def test_prefix_caching_given_beside_slabs_warns_and_its_default_stays_quiet_in_a_replay(tmp_path):
+    """`enable_prefix_caching: true` beside a slab allocator was read by nothing, without a word. Said only when
+    given: v1 turns caching on by default, and a slab run's written scenario.yaml leaves that default out, so
+    running it again says nothing either."""
+    slabs = ["--set", "engine.allocator=slab-max"]
+    given = CliRunner().invoke(app, ["run", *SMALL, *slabs, "--set", "engine.enable_prefix_caching=true",
+                                     "-o", str(tmp_path / "given")], prog_name="kvsim")
+    assert given.exit_code == 0 and given.stderr.splitlines() == [
+        "kvsim: warning: engine.enable_prefix_caching=true is unread: allocator slab-max reserves a slab per "
+        "request and caches no prefix"]
+    quiet = CliRunner().invoke(app, ["run", *SMALL, *slabs, "-o", str(tmp_path / "quiet")], prog_name="kvsim")
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    rerun = CliRunner().invoke(app, ["run", str(tmp_path / "quiet" / "scenario.yaml"), "--format", "json",
+                                     "-o", str(tmp_path / "rerun")], prog_name="kvsim")
+    assert rerun.exit_code == 0 and rerun.stderr == ""
+    assert json.loads(rerun.stdout) == json.loads(quiet.stdout)  # the same run
 
 
 @pytest.mark.parametrize(("model", "unread"), [("llama-3.1-8b", ["enable_expert_parallel"]), ("qwen3-30b-a3b", [])])

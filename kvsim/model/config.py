@@ -375,13 +375,12 @@ class EngineConfig(Settings):
 
     def unread_settings(self, model: ModelSpec | None = None) -> dict[str, str]:
         """Settings this engine never reads, by field, each with its warning line: a `slab_placement` other than
-        the default beside the paged allocator, `prefix_cache: radix` with prefix caching off, a `swap_space` other
-        than the default where no preemption swaps (vLLM v1 takes `--swap-space` and ignores it), and (given the
-        `model` it serves) `enable_expert_parallel` on a model without experts (vLLM's flag then places nothing), and
-        an EAGLE drafter's `model` (vLLM loads that head; kvsim prices one layer of the target's shape instead), and a
-        `gpu_memory_utilization` other than the default beside `kv_cache_memory_bytes` (`kv_pool_bytes`). A
-        run warns of them rather than refusing them, as the report's studies vary the allocator and caching from
-        this engine and do read them."""
+        the default beside the paged allocator, `prefix_cache: radix` with caching off, `enable_prefix_caching: true`
+        given (in `model_fields_set`: v1's default is no setting) beside a slab allocator, a `swap_space` other than
+        the default where no preemption swaps (vLLM v1 ignores it), (given the `model` it serves)
+        `enable_expert_parallel` on a model without experts, an EAGLE drafter's `model` (kvsim prices one layer of
+        the target's shape) and a `gpu_memory_utilization` other than the default beside `kv_cache_memory_bytes`.
+        A run warns rather than refuses: the report's studies vary the allocator and caching, and read them."""
         unread = {}
         if model is not None and self.enable_expert_parallel and model.moe is None:
             unread["enable_expert_parallel"] = (f"engine.enable_expert_parallel=true is unread: {model.name} is "
@@ -394,6 +393,10 @@ class EngineConfig(Settings):
         if self.slab_placement != "buddy" and self.allocator == "paged":
             unread["slab_placement"] = (f"engine.slab_placement={self.slab_placement} is unread: the paged "
                                         "allocator places no slabs")
+        if (self.allocator != "paged" and self.enable_prefix_caching
+                and "enable_prefix_caching" in self.model_fields_set):
+            unread["enable_prefix_caching"] = (f"engine.enable_prefix_caching=true is unread: allocator "
+                                               f"{self.allocator} reserves a slab per request and caches no prefix")
         if self.prefix_cache == "radix" and not self.enable_prefix_caching:
             unread["prefix_cache"] = ("engine.prefix_cache=radix is unread: enable_prefix_caching is false, so no "
                                       "prefix is cached")
@@ -448,9 +451,8 @@ class EngineConfig(Settings):
 
     def check_vllm_startup(self, max_model_len: int, gpu: GPUSpec) -> None:
         """Refuse what vLLM refuses at startup, with vLLM's reason (vllm/config/scheduler.py,
-        `SchedulerConfig.verify_max_model_len`): without chunked prefill (kvsim's v0 and static)
-        a prompt must fit in one step's token budget, and every step must be able to hold one
-        token of each of `max_num_seqs` sequences."""
+        `SchedulerConfig.verify_max_model_len`): without chunked prefill (kvsim's v0 and static) a prompt
+        must fit in one step's token budget, and every step must hold one token of each of `max_num_seqs`."""
         tokens, seqs = self.resolved_max_num_batched_tokens(max_model_len, gpu), self.resolved_max_num_seqs(gpu)
         if self.speculative_config is not None:
             self.speculative_config.check_max_model_len(max_model_len)
