@@ -289,7 +289,7 @@ def test_a_plan_rows_floor_and_gap_are_its_long_runs_not_the_probes_traffic(tmp_
     shape, spec = Candidate("h100-80gb", 1), make_plan_spec({"slo": {"ttft_s.p90": 1.0}, "gpus": ["h100-80gb"]})
     metrics = point_metrics(shape.scenario(scaled_traffic(base, 1.0, 100), 1, spec.router))
     assert metrics["num_finished"] == 100 and metrics["work"]["busy_replica_s"] == pytest.approx(20.0)
-    floor, gap = answer_floor(base, shape, spec, {"replicas": 1}, metrics, offered_rate_per_s(base))
+    floor, gap = answer_floor(base, shape, spec, {"replicas": 1}, metrics)
     rate, busy = 100 / 47.45, 20 / 47.45
     assert floor.rate_per_s == pytest.approx(rate) and floor.num_requests == 100
     assert floor.compute_replicas == pytest.approx(rate * 0.02625) == gap["compute_floor"]
@@ -297,6 +297,33 @@ def test_a_plan_rows_floor_and_gap_are_its_long_runs_not_the_probes_traffic(tmp_
     assert gap["batching"] == pytest.approx(busy - rate * 0.02625) and gap["preemption"] == 0.0
     assert gap["idle"] == pytest.approx(1 - busy)
     assert sum(gap[k] for k in GAP_PARTS) == pytest.approx(1.0)
-    # with no run behind the answer, the floor is the base traffic's, at its own rate, and there is no gap
-    floor, gap = answer_floor(base, shape, spec, {"replicas": None}, None, offered_rate_per_s(base))
+    # with nothing run (no requests stated), the floor is the base traffic's, at its own rate, and there is no gap
+    floor, gap = answer_floor(base, shape, spec, {"replicas": None}, None)
     assert floor.rate_per_s == pytest.approx(4.0) and floor.num_requests == 10 and gap == {}
+
+
+@pytest.mark.parametrize("row", [
+    {"replicas": None, "requests_per_probe": 100},  # no answer: its probes ran 100 requests
+    {"replicas": 3, "evidence_num_requests": 100, "requests_per_probe": 10},  # a split, a rate search's probe
+])
+def test_a_row_with_no_run_behind_its_answer_has_the_floor_of_the_traffic_its_runs_offered(tmp_path, row):
+    """The trace above (10 arrivals 0.25 s apart, then 90 0.5 s apart) with the plan's base traffic its first 10.
+    A row whose runs served 100 requests but none behind its answer (an infeasible row's probes, a split's fixed
+    fleet, a rate search without long runs whose one-replica probe ran a fraction of those 100) read the floor of
+    the base traffic, 10 requests at 4 req/s: the rate of no run it reports. Its floor is now the 100 requests'
+    at the rate they were offered, (100 − 1) / (2.25 + 90 · 0.5) = 99 / 47.25 = 2.0952 req/s (offered rate:
+    requests − 1 over first to last arrival), compute 26.25 ms each, and it has no gap."""
+    from kvsim.planning.plan import answer_floor
+    from kvsim.planning.spec import Candidate, make_plan_spec
+
+    arrivals_s = [0.25 * i for i in range(10)] + [2.25 + 0.5 * i for i in range(1, 91)]
+    trace = tmp_path / "two_rates.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 00:{int(t // 60):02d}:{t % 60:09.6f},64,20\n" for t in arrivals_s))
+    raw = world().model_dump(mode="json")
+    raw["workload"] = {"num_requests": 10, "arrival": {"process": "trace"},
+                       "trace": {"format": "azure", "path": str(trace)}}
+    shape, spec = Candidate("h100-80gb", 1), make_plan_spec({"slo": {"ttft_s.p90": 1.0}, "gpus": ["h100-80gb"]})
+    floor, gap = answer_floor(make_scenario(raw), shape, spec, row, None)
+    assert floor.rate_per_s == pytest.approx(99 / 47.25) and floor.num_requests == 100 and gap == {}
+    assert floor.compute_replicas == pytest.approx(99 / 47.25 * 0.02625)

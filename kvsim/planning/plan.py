@@ -27,7 +27,9 @@ failed with one replica fewer, and what that fleet was short of: when it kept up
 preempted, else compute; when it did not, only that it was over capacity, since any overloaded engine fills
 its KV and preempts: `kvsim.planning.window.shortage`), the window's evidence, and the first-principles floor
 (`kvsim.planning.bounds`: `lower_bound_replicas`, which bound binds, `replicas_over_bound`) with the gap to it
-(`gap_*`), both of the run behind the answer, its requests at the rate it served them (`answer_floor`).
+(`gap_*`), both of the run behind the answer, its requests at the rate it served them (`answer_floor`); a row
+with no run behind its answer (no answer, a split, a rate search without long runs) has the floor of the traffic
+its evidence columns describe, at the rate that traffic was offered, and no gap.
 
 A candidate whose latency floor rules out an SLO (`kvsim.planning.slo_floor`: every token takes at least the
 fastest step, so a TTFT, TPOT or E2E limit under that is missed at any count) is not searched: its row says so.
@@ -77,6 +79,7 @@ from kvsim.planning.spec import (
     make_plan_spec,
     with_split,
 )
+from kvsim.planning.verify import traffic_of
 from kvsim.planning.xpyd import XpydSearch
 from kvsim.workload.overrides import override_items
 from kvsim.workload.scenario import Scenario
@@ -207,7 +210,6 @@ def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_p
     simulated += run_searches(splits, evaluate, store, client, on_point)
     searches += splits
     note_memory_limited(searches, store)
-    target_rate_per_s = offered_rate_per_s(base)
     rows = []
     for s in searches:
         c, price = s.candidate, hourly_price(spec, s.candidate.gpu)
@@ -216,7 +218,7 @@ def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_p
         if tokens_per_s is None and row["feasible"] and isinstance(s, RateSearch):  # from its long run or probe
             tokens_per_s = s.output_tokens_per_s()
         shape = Candidate(c.gpu, c.tensor_parallel_size, c.knobs)  # the floor counts colocated replicas
-        floor, gap = answer_floor(base, shape, spec, row, s.answer_metrics(), target_rate_per_s)
+        floor, gap = answer_floor(base, shape, spec, row, s.answer_metrics())
         rows.append({"topology": "colocated", **row, "output_tokens_per_s": tokens_per_s,
                      "usd_per_million_output_tokens": cost_per_million_output_tokens(
                          price, row["num_gpus"], tokens_per_s) if row["feasible"] and tokens_per_s else None,
@@ -254,14 +256,22 @@ def note_memory_limited(searches: Sequence[AnySearch], store: PointStore) -> Non
                                         "memory_limit_bytes": memory.limit_bytes})
 
 
-def answer_floor(base: Scenario, shape: Candidate, spec: PlanSpec, row: dict[str, Any], metrics: Metrics | None,
-                 offered_rate_per_s: float) -> tuple[ReplicaFloor, dict[str, float]]:
+def answer_floor(base: Scenario, shape: Candidate, spec: PlanSpec, row: dict[str, Any],
+                 metrics: Metrics | None) -> tuple[ReplicaFloor, dict[str, float]]:
     """A row's floor and the gap between its `replicas` and that floor (`kvsim.planning.bounds`), both of the run
     behind the answer (`metrics`: its requests, the traffic's first `num_requests` at the row's
-    `evidence_traffic_scale`, at the rate it served them), so that they add up to the replicas that run had; with no
-    such run (no answer, or a split's), the floor of the base traffic at `offered_rate_per_s` and no gap."""
+    `evidence_traffic_scale`, at the rate it served them), so that they add up to the replicas that run had.
+
+    With no such run (no answer, a split's, a rate search's without long runs) there is no gap, and the floor is of
+    the traffic the row's evidence columns describe: the plan's traffic, its first `evidence_num_requests` (else
+    `requests_per_probe`; with neither, nothing ran: the plan's own traffic) requests, all of them (a rate search's
+    probe ran a fraction f of that traffic on one replica; the fleet serves the whole), at the rate they were
+    offered. The base traffic's own rate (its first `workload.num_requests` arrivals) described none of those runs
+    where they ran more requests (a trace's later arrivals, a longer probe)."""
     if not row["replicas"] or metrics is None:
-        return replica_floor(shape.scenario(base, 1, spec.router), offered_rate_per_s), {}
+        num_requests = row.get("evidence_num_requests") or row.get("requests_per_probe") or base.workload.num_requests
+        traffic = traffic_of(base, num_requests)
+        return replica_floor(shape.scenario(traffic, 1, spec.router), offered_rate_per_s(traffic)), {}
     traffic = scaled_traffic(base, row.get("evidence_traffic_scale") or 1.0, metrics["num_requests"])
     floor = run_floor(shape.scenario(traffic, 1, spec.router), metrics["num_finished"], metrics["duration_s"])
     work = metrics["work"]
