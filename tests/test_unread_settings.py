@@ -67,6 +67,21 @@ def test_prefix_caching_given_beside_slabs_warns_and_its_default_stays_quiet_in_
     assert json.loads(rerun.stdout) == json.loads(quiet.stdout)  # the same run
 
 
+@pytest.mark.parametrize(("groups", "said"), [
+    ("[{engine: {allocator: slab-max}}]", []),  # v1's default caching, not given: no setting of the user's
+    ("[{count: 1}, {engine: {allocator: slab-max, enable_prefix_caching: true}}]",
+     ["replicas[1]: engine.enable_prefix_caching=true is unread: allocator slab-max reserves a slab per request "
+      "and caches no prefix"]),
+])
+def test_a_slab_group_says_prefix_caching_unread_only_where_given(groups, said):
+    """A replica group's engine is the scenario's with the group's on top: the scenario's default caching reached
+    each group as a given `enable_prefix_caching: true`, and a slab group said it unread though no one set it."""
+    from kvsim.fleet.run import unread_by_setting
+    from kvsim.workload.scenario import load_scenario
+
+    assert list(unread_by_setting(load_scenario(None, [f"replicas={groups}"])).values()) == said
+
+
 @pytest.mark.parametrize(("model", "unread"), [("llama-3.1-8b", ["enable_expert_parallel"]), ("qwen3-30b-a3b", [])])
 def test_expert_parallelism_on_a_dense_model_is_said_unread(model, unread):
     """vLLM's --enable-expert-parallel places a model's experts; a dense model has none, so the flag does nothing
