@@ -91,3 +91,16 @@ def test_the_acceptance_priced_is_the_acceptance_completed():
             assert plan.num_rejected_draft_tokens == rejected
     assert num_checked > 20
     assert sched.speculation.num_accepted_tokens < sched.speculation.num_draft_tokens  # some were rejected
+
+
+def test_the_closed_form_cohort_prices_the_drafter_without_the_expected_rejected_drafts():
+    # `kvsim capacity`'s closed form: 2 sequences of context 200 (prompt 100, output 100) verify 1 + 3 tokens after
+    # 100 + 50 - 1 = 149, contexts 153 each, 306 in all. Mean acceptance length L = 2.5 accepts 1.5 drafts a verify
+    # on average and rejects 3 - 1.5 = 1.5 per sequence, 3 over the cohort: EAGLE's two one-token passes read
+    # 306 - 3 + 2 · 1 = 305 and 307 (before: 308 and 310).
+    from kvsim.latency.roofline import cohort_output_tokens_per_s
+
+    drafter = Recording()
+    cohort_output_tokens_per_s(SpeculativeLatency(Recording(), drafter, 3, "eagle"), 2, 200,
+                               num_speculative_tokens=3, acceptance_length=2.5)
+    assert drafter.seen[-3:] == [(2, 306), (2, 305), (2, 307)]  # the verify's first pass, then the two passes

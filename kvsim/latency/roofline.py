@@ -385,7 +385,9 @@ def cohort_output_tokens_per_s(latency: LatencyModel, num_seqs: int, context_len
     (pass `kvsim.latency.speculative`'s, which adds the drafter's K passes), and emits `acceptance_length`
     L tokens on average (vLLM's mean acceptance length: 1 + accepted drafts per verify step;
     `AcceptanceModel.mean_acceptance_length`), so the c/2 − 1 tokens take (c/2 − 1) / L steps (the
-    expectation, the last step's cap at the output length left out).
+    expectation, the last step's cap at the output length left out); each verify rejects K + 1 − L drafts on
+    average, which the drafter's passes after the first do not read (`StepPlan.num_rejected_draft_tokens`, rounded
+    to whole tokens over the cohort).
 
     A planning estimate with no queueing, chunking or preemption (the sustained rate of a saturated engine, as
     `kvsim report` simulates it, is what to trust). 0.0 where there is no such cohort: no sequences, or a
@@ -399,6 +401,7 @@ def cohort_output_tokens_per_s(latency: LatencyModel, num_seqs: int, context_len
     decode = StepPlan()
     if num_speculative_tokens:
         decode.add_verify(1 + num_speculative_tokens, prompt + output // 2 - 1, num_seqs)
+        decode.num_rejected_draft_tokens = round(num_seqs * (num_speculative_tokens + 1 - acceptance_length))
     else:
         decode.add(1, prompt + output // 2 - 1, num_seqs, samples=True)
     seconds = latency.step_time(prefill) + (output - 1) / acceptance_length * latency.step_time(decode)
