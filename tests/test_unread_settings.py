@@ -49,11 +49,12 @@ def test_a_run_warns_of_unread_settings_on_stderr_and_still_runs(tmp_path):
     assert rerun.exit_code == 0 and rerun.stderr == ""
 
 
-def test_prefix_caching_given_beside_slabs_warns_and_its_default_stays_quiet_in_a_replay(tmp_path):
+@pytest.mark.parametrize("slabs", [["--set", "engine.allocator=slab-max"],
+                                   ["--set", "replicas=[{engine: {allocator: slab-max}}]"]])  # a group's slabs
+def test_prefix_caching_given_beside_slabs_warns_and_its_default_stays_quiet_in_a_replay(tmp_path, slabs):
     """`enable_prefix_caching: true` beside a slab allocator was read by nothing, without a word. Said only when
-    given: v1 turns caching on by default, and a slab run's written scenario.yaml leaves that default out, so
-    running it again says nothing either."""
-    slabs = ["--set", "engine.allocator=slab-max"]
+    given: v1 turns caching on by default, and a slab run's written scenario.yaml (a fleet's whose group allocates
+    slabs too) leaves that default out, so running it again says nothing either."""
     given = CliRunner().invoke(app, ["run", *SMALL, *slabs, "--set", "engine.enable_prefix_caching=true",
                                      "-o", str(tmp_path / "given")], prog_name="kvsim")
     assert given.exit_code == 0 and given.stderr.splitlines() == [

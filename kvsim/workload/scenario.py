@@ -257,9 +257,10 @@ class Scenario(Settings):
         """The scenario's fields for a `scenario.yaml` written into `folder`, which `kvsim run` runs again from
         there: each relative data path (a trace's `path`, a length `table`, a latency `profile`: relative to
         the scenario file) made absolute, unless it names a file inside `folder`, which stays relative (a
-        replay's `sim/` keeps its workload beside its scenario). A slab run's `enable_prefix_caching` left at its
-        default is left out: written, the replay would warn that the slab allocator never reads it, a setting the
-        user never gave (`EngineConfig.unread_settings`); read back, it takes the same default."""
+        replay's `sim/` keeps its workload beside its scenario). `enable_prefix_caching` left at its default is
+        left out where an engine of the run (a replica group's included) allocates slabs: written, the replay would
+        warn that the slab allocator never reads it, a setting the user never gave
+        (`EngineConfig.unread_settings`); read back, every engine takes the same default."""
         inside = Path(folder).resolve()
 
         def portable(node: Any) -> Any:
@@ -277,7 +278,9 @@ class Scenario(Settings):
             return out
 
         out = portable(self.model_dump(mode="json"))
-        if self.engine.allocator != "paged" and "enable_prefix_caching" not in self.engine.model_fields_set:
+        groups = self.replicas if isinstance(self.replicas, list) else []
+        allocators = {self.engine.allocator, *(group.engine.get("allocator", "paged") for group in groups)}
+        if allocators != {"paged"} and "enable_prefix_caching" not in self.engine.model_fields_set:
             del out["engine"]["enable_prefix_caching"]
         groups = out["replicas"] if isinstance(out.get("replicas"), list) else []
         presets_of = (("model", model_presets()), ("gpu", gpu_presets()))  # listed once, not per section
