@@ -97,8 +97,8 @@ def long_evidence(sets: list[str], rate_per_s: float, num_requests: int, max_tri
     """The stored answer run with `num_requests` requests, backed off 3 % a time until it holds (as the
     search's verification does): for a search capped at 12,800 a probe whose first long run the 64,000 cap
     of an earlier commit made only 5x longer."""
+    from kvsim.planning.slo import probe_passes
     from kvsim.planning.steady_state import LongRun
-    from kvsim.planning.window import probe_passes
 
     base = variant(load_scenario(None, sets, default=REPORT_SCENARIO), "steps=none", "engine.allocator=paged")
     runs: list[dict[str, Any]] = []

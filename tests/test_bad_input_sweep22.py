@@ -38,7 +38,7 @@ def test_an_slo_class_is_an_integer_as_python_writes_it(tmp_path, cls):
 
 @pytest.mark.parametrize(("key", "parsed"), [("ttft_s.p90@0", 0), ("e2e_s.mean@-1", -1), ("queue_s.p99@12", 12)])
 def test_an_slo_class_written_as_an_integer_is_read(key, parsed):
-    from kvsim.planning.window import parse_slo_key
+    from kvsim.planning.slo import parse_slo_key
 
     assert parse_slo_key(key)[2] == parsed
 

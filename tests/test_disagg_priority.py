@@ -152,7 +152,8 @@ def test_a_plan_point_that_stalls_is_a_failed_point_not_the_plan_s_end(tmp_path)
     rate is what its 3 arrivals offered, by hand (3 − 1) / 0.13 s; its line is kept."""
     from kvsim.model.errors import HeldKvStall
     from kvsim.planning.point import point_metrics
-    from kvsim.planning.window import early_overloaded, probe_passes, shortage, why_failed
+    from kvsim.planning.slo import probe_passes, shortage, why_failed
+    from kvsim.planning.window import early_overloaded
 
     rows, decode = [(0, 0, 60), (120, 1, 5), (130, 1, 5)], {"num_gpu_blocks_override": 15, "max_model_len": 200}
     stalling = traced_fleet(tmp_path, rows, {**decode, "scheduling_policy": "priority"})
@@ -175,8 +176,8 @@ def test_a_sweep_probe_that_stalls_is_a_failed_probe_and_the_rest_are_kept(tmp_p
     and no probe passes on it; the same rows under FCFS all finish, 3 requests, under the 50 a window needs: too
     short. Asked for summaries alone, a sweep still stops with the line, as `kvsim run` does."""
     from kvsim.model.errors import HeldKvStall
+    from kvsim.planning.slo import probe_passes
     from kvsim.planning.sweep import run_evidence, run_many
-    from kvsim.planning.window import probe_passes
 
     rows, decode = [(0, 0, 60), (120, 1, 5), (130, 1, 5)], {"num_gpu_blocks_override": 15, "max_model_len": 200}
     stalling = traced_fleet(tmp_path, rows, {**decode, "scheduling_policy": "priority"})

@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.model.errors import KvsimError
+from kvsim.planning.slo import parse_slo_key, probe_passes, slo_values
 from kvsim.planning.spec import check_slo_classes, make_plan_spec
 from kvsim.planning.verify import evidence_columns
-from kvsim.planning.window import STABLE, parse_slo_key, probe_passes, slo_values, window_evidence
+from kvsim.planning.window import STABLE, window_evidence
 from kvsim.workload.scenario import resolve_scenario
 
 runner = CliRunner()

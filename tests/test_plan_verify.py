@@ -166,7 +166,7 @@ def test_an_overloaded_fleet_that_preempts_is_over_capacity_not_short_of_kv(tmp_
     ("overloaded", 0, "over capacity (queueing)"),
 ])
 def test_the_shortage_named_follows_whether_the_run_kept_up(verdict, num_preemptions, label):
-    from kvsim.planning.window import shortage
+    from kvsim.planning.slo import shortage
 
     assert shortage({"verdict": verdict}, num_preemptions) == label
 

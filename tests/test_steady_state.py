@@ -8,9 +8,10 @@ import math
 import numpy as np
 import pytest
 
+from kvsim.planning.slo import probe_passes
 from kvsim.planning.steady_state import SteadyRateSearch, drive, failing_evidence
 from kvsim.planning.sweep import run_many
-from kvsim.planning.window import BACKLOGGED, OVERLOADED, STABLE, TOO_SHORT, probe_passes, quantile_ci, window_evidence
+from kvsim.planning.window import BACKLOGGED, OVERLOADED, STABLE, TOO_SHORT, quantile_ci, window_evidence
 from kvsim.workload.scenario import make_scenario
 from tests.conftest import sized
 

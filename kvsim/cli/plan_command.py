@@ -193,7 +193,7 @@ def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> No
 def evidence_line(row: dict) -> str:
     """A feasible row's evidence in one line, the window columns of plan.csv: the run behind the answer (its
     long run when one held) and, when the search's probe was another run, what that probe showed."""
-    from kvsim.planning.window import parse_slo_key
+    from kvsim.planning.slo import parse_slo_key
 
     def slos(prefix: str) -> str:
         out = []

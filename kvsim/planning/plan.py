@@ -25,7 +25,7 @@ to the whole traffic, `RateSearch.output_tokens_per_s`), GPUs, replicas, the hea
 (the smallest relative slack of an SLO at that count), the limiting factor (the SLO that
 failed with one replica fewer, and what that fleet was short of: when it kept up, KV memory if it
 preempted, else compute; when it did not, only that it was over capacity, since any overloaded engine fills
-its KV and preempts: `kvsim.planning.window.shortage`), the window's evidence, and the first-principles floor
+its KV and preempts: `kvsim.planning.slo.shortage`), the window's evidence, and the first-principles floor
 (`kvsim.planning.bounds`: `lower_bound_replicas`, which bound binds, `replicas_over_bound`) with the gap to it
 (`gap_*`), both of the run behind the answer, its requests at the rate it served them (`answer_floor`); a row
 with no run behind its answer (no answer, a split, a rate search without long runs) has the floor of the traffic

@@ -44,9 +44,10 @@ from kvsim.model.units import counted
 from kvsim.planning.cost import window_output_tokens_per_s
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.search import Metrics
+from kvsim.planning.slo import headroom, probe_passes, shortage, why_failed
 from kvsim.planning.steady_state import SteadyRateSearch, failing_probe
 from kvsim.planning.verify import Verification, answer_columns, evidence_columns
-from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, shortage, unjudged, why_failed
+from kvsim.planning.window import TOO_SHORT, unjudged
 from kvsim.workload.scenario import Scenario, make_scenario
 
 if TYPE_CHECKING:

@@ -74,7 +74,7 @@ _READ = ConfigDict(strict=True, extra="allow")  # JSON's types as `json.loads` g
 
 
 class _Stats(BaseModel):
-    """One metric's stats over a window (`kvsim.planning.window._stats`): what an SLO is judged on."""
+    """One metric's stats over a window (`kvsim.planning.window.metric_stats`): what an SLO is judged on."""
 
     model_config = _READ
     n: Count

@@ -14,18 +14,10 @@ from kvsim.model.units import counted
 from kvsim.planning.cost import window_output_tokens_per_s
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.search import Metrics
+from kvsim.planning.slo import headroom, missed_within_noise, probe_passes, shortage, why_failed
 from kvsim.planning.spec import Candidate, PlanSpec
 from kvsim.planning.verify import Verification, answer_columns, evidence_columns, traffic_of, with_requests
-from kvsim.planning.window import (
-    TOO_SHORT,
-    early_overloaded,
-    headroom,
-    missed_within_noise,
-    probe_passes,
-    shortage,
-    unjudged,
-    why_failed,
-)
+from kvsim.planning.window import TOO_SHORT, early_overloaded, unjudged
 from kvsim.workload.scenario import Scenario
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsim.latency.step_plan import StepPlan
-from kvsim.planning.window import parse_slo_key
+from kvsim.planning.slo import parse_slo_key
 from kvsim.workload.scenario import Scenario
 
 FLOOR_LATENCY_MODELS = ("constant", "roofline")

@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from kvsim.model.config import MAX_ENGINES
 from kvsim.model.errors import KvsimError, first_repeat, from_validation_error
 from kvsim.model.spec import Settings
-from kvsim.planning.window import parse_slo_key
+from kvsim.planning.slo import parse_slo_key
 from kvsim.workload.scenario import Scenario, make_scenario
 
 ROUTERS = ("round_robin", "least_outstanding", "least_kv", "affinity")

@@ -36,7 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsim.planning.window import TOO_SHORT, probe_passes
+from kvsim.planning.slo import probe_passes
+from kvsim.planning.window import TOO_SHORT
 
 
 @dataclass(slots=True)

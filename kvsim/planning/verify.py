@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvsim.planning.window import SLO_STATS, parse_slo_key, probe_passes, slo_stats, slo_values
+from kvsim.planning.slo import parse_slo_key, probe_passes, slo_stats, slo_values
+from kvsim.planning.window import SLO_STATS
 from kvsim.workload.scenario import Scenario, make_scenario
 
 if TYPE_CHECKING:

@@ -2,8 +2,6 @@
 and cost figure is built on (`kvsim.planning.steady_state` searches the rates with it).
 
     evidence = window_evidence(result.requests)                  # JSON-safe, SLO-independent
-    ok = probe_passes(evidence, {"ttft_s.p90": 2.0})             # stable and every SLO met
-    ok = probe_passes(evidence, {"ttft_s.p90@0": 0.5})           # ... over priority-0 requests only
 
 A finite burst that meets an SLO says nothing about steady state: the queue it builds may still be
 growing when the last request arrives. A probe therefore judges one run over a *measurement window*
@@ -64,15 +62,7 @@ A run that never ends is **stalled**: vLLM's held-KV deadlock (`kvsim.model.erro
 queue's head cannot fit while requests behind it hold their KV and nothing runs), where vLLM's scheduler waits
 forever and no later request is served. It has no window and fails every SLO (`stalled_evidence`).
 
-A rate passes only when its probe is stable *and* every SLO percentile, taken over the servable
-requests that arrived inside the window, is within its limit. An SLO may name one priority class,
-`METRIC.STAT@PRIORITY` (vLLM's integer request priority, as the summary's `by_priority` keys it):
-its percentile is then taken over the window's requests of that priority only (`parse_slo_key`).
-Each percentile comes with a 95 % order-statistic confidence interval (the ranks n·p ∓
-1.96·√(n·p·(1−p)) of the sorted sample, the normal approximation of the binomial): latencies of
-neighbouring requests are correlated in a queue, so read it as a lower bound on the uncertainty.
-Requests the engine refuses (prompt over `max_model_len`, more KV than the pool ever holds) are
-counted apart: neither offered nor SLO misses.
+Judging a probe against SLOs (`probe_passes`, `parse_slo_key`): `kvsim.planning.slo`.
 """
 
 from __future__ import annotations
@@ -87,7 +77,6 @@ import numpy as np
 from kvsim.model.errors import KvsimError, shown
 
 SLO_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
-SLO_KEY_FORMAT = "METRIC.STAT or METRIC.STAT@PRIORITY"
 SLO_STATS = ("mean", "p50", "p90", "p99")
 STABLE, BACKLOGGED, OVERLOADED, EMPTY = "stable", "backlogged", "overloaded", "no servable requests"
 STALLED = "stalled"  # the run never ended: vLLM's held-KV deadlock (`stalled_evidence`)
@@ -119,7 +108,7 @@ def _finite(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _stats(values: np.ndarray) -> dict[str, Any]:
+def metric_stats(values: np.ndarray) -> dict[str, Any]:
     """mean, p50/p90/p99 (numpy's linear interpolation, as `kvsim.results.metrics.percentiles`) and CIs,
     over the requests that have the value (NaN left out: a one-token reply has no TPOT)."""
     values = values[~np.isnan(values)]
@@ -300,7 +289,7 @@ def _no_window(out: dict[str, Any], verdict: str) -> dict[str, Any]:
     """The evidence of a run with no measurement window (`verdict` says why): nothing offered or served in it."""
     return {**out, "verdict": verdict, "window_s": 0.0, "num_in_window": 0, "offered_per_s": 0.0,
             "served_per_s": 0.0, "served_over_offered": None, "backlog_trend": None,
-            **{m: _stats(np.zeros(0)) for m in SLO_METRICS}}
+            **{m: metric_stats(np.zeros(0)) for m in SLO_METRICS}}
 
 
 def stalled_evidence(num_requests: int, reason: str) -> dict[str, Any]:
@@ -384,7 +373,7 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
             # Little's law over the window: sequences running = throughput × time each spends scheduled
             "mean_running": served * float(np.nanmean(busy_s)) if num_in else 0.0,
             "output_tokens_per_s": float(outputs[finished_in].sum()) / window_s if window_s > 0 else 0.0,
-            **{m: _stats(np.asarray(requests[m], dtype=float)[window_rows]) for m in SLO_METRICS}, **classes}
+            **{m: metric_stats(np.asarray(requests[m], dtype=float)[window_rows]) for m in SLO_METRICS}, **classes}
 
 
 def _class_stats(requests: Mapping[str, Any], window_rows: np.ndarray) -> dict[str, dict[str, Any]]:
@@ -394,72 +383,8 @@ def _class_stats(requests: Mapping[str, Any], window_rows: np.ndarray) -> dict[s
     out = {}
     for value in np.unique(priority):
         rows = window_rows[priority == value]
-        out[str(int(value))] = {m: _stats(np.asarray(requests[m], dtype=float)[rows]) for m in SLO_METRICS}
+        out[str(int(value))] = {m: metric_stats(np.asarray(requests[m], dtype=float)[rows]) for m in SLO_METRICS}
     return out
-
-
-def parse_slo_key(key: str) -> tuple[str, str, int | None]:
-    """`ttft_s.p90` → ("ttft_s", "p90", None); `ttft_s.p90@1` → ("ttft_s", "p90", 1): the SLO over priority-1
-    requests. A malformed key raises `ValueError` naming it. The class is an integer as `str(int)` writes it:
-    `int()` also read `1_0` as 10, `+1`, `01` and a fullwidth `１` as 1 (two keys of one class: two limits)."""
-    name, at, cls = key.partition("@")
-    metric, _, stat = name.partition(".")
-    if metric not in SLO_METRICS or stat not in SLO_STATS:
-        raise ValueError(f"{key!r}: expected {SLO_KEY_FORMAT} with METRIC in {SLO_METRICS}, STAT in {SLO_STATS}")
-    if not at:
-        return metric, stat, None
-    digits = cls.removeprefix("-")
-    if digits.isascii() and digits.isdigit() and str(int(cls)) == cls:
-        return metric, stat, int(cls)
-    raise ValueError(f"{key!r}: the class after '@' must be an integer request priority, got {cls!r}")
-
-
-def slo_stats(evidence: Mapping[str, Any], metric: str, priority: int | None) -> Mapping[str, Any]:
-    """The window's stats of `metric`, over every request or over one priority's (empty when none arrived).
-    A run whose table has no `priority` column gave every request priority 0."""
-    if priority is None or ("by_priority" not in evidence and priority == 0):
-        return evidence[metric]
-    return evidence.get("by_priority", {}).get(str(priority), {}).get(metric) or _stats(np.zeros(0))
-
-
-def slo_values(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> dict[str, float]:
-    """Each SLO's measured value over the window, or over its class's requests there (inf when none
-    produced one)."""
-    out = {}
-    for key in slo:
-        metric, stat, priority = parse_slo_key(key)
-        value = slo_stats(evidence, metric, priority)[stat]
-        out[key] = math.inf if value is None else float(value)
-    return out
-
-
-def headroom(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> float:
-    """min over SLOs of (limit − value) ÷ limit: ≥ 0 means every SLO is met in the window (inf: no SLO)."""
-    values = slo_values(evidence, slo)
-    return min(((limit - values[key]) / limit for key, limit in slo.items()), default=math.inf)
-
-
-def probe_passes(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> bool:
-    """Stable over the window and every SLO within its limit there (no SLO: stability alone, the capacity)."""
-    return evidence["verdict"] == STABLE and headroom(evidence, slo) >= 0
-
-
-def shortage(evidence: Mapping[str, Any], num_preemptions: int) -> str:
-    """What a failed run says it was short of (the plan's limiting factor), from its verdict and preemptions.
-
-    A run that keeps up (stable) but misses an SLO says which resource made it wait: preempting means its
-    KV pool could not hold the batch its traffic needs ("KV memory (preempting while it keeps up)"), else
-    requests queued for compute or batch slots ("compute (queueing)"). A run that does not keep up
-    (overloaded, backlogged) says only that it is over capacity: its waiting queue grows, so the scheduler
-    admits until the KV pool is full and then preempts whatever resource binds; its preemptions are a symptom,
-    not the cause (the first-principles floor, `kvsim.planning.bounds`, says which binds). A stalled run was
-    short of KV memory: its queue's head could not fit beside requests holding their KV (`HeldKvStall`)."""
-    if evidence["verdict"] == STALLED:
-        return "KV memory (stalled: the queue's head cannot fit beside requests holding their KV, vLLM's deadlock)"
-    if evidence["verdict"] == STABLE:
-        return "KV memory (preempting while it keeps up)" if num_preemptions else "compute (queueing)"
-    return ("over capacity (preempting: an overloaded batch fills the KV whatever binds)" if num_preemptions
-            else "over capacity (queueing)")
 
 
 def unjudged(num_requests: int, ran: int, where: str, max_probe_requests: int) -> str:
@@ -472,29 +397,3 @@ def unjudged(num_requests: int, ran: int, where: str, max_probe_requests: int) -
                 f"more) and were too short {where}")
     advice = f"; raise max_probe_requests (now {max_probe_requests})" if 2 * num_requests > max_probe_requests else ""
     return f"could not be judged: its {num_requests}-request probes were too short {where}{advice}"
-
-
-def missed_within_noise(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> bool:
-    """Whether a stable run missed SLOs only within its sample's noise: each missed percentile's 95 % confidence
-    interval reaches down to its limit, so a longer run may well meet it. A mean has no interval here, and an
-    unstable verdict is no SLO's noise: False for those, and for a run that missed nothing."""
-    if evidence["verdict"] != STABLE:
-        return False
-    missed = [key for key, value in slo_values(evidence, slo).items() if value > slo[key]]
-    for key in missed:
-        metric, stat, priority = parse_slo_key(key)
-        low = slo_stats(evidence, metric, priority).get(f"{stat}_ci", (None, None))[0]
-        if low is None or low > slo[key]:
-            return False
-    return bool(missed)
-
-
-def why_failed(evidence: Mapping[str, Any] | None, slo: Mapping[str, float]) -> str | None:
-    """'is overloaded' / 'is backlogged' / 'is stalled' when the system was not stable, else 'misses' and the SLOs
-    missed."""
-    if evidence is None:
-        return None
-    if evidence["verdict"] != STABLE:
-        return f"is {evidence['verdict']}"
-    missed = [k for k, v in slo_values(evidence, slo).items() if v > slo[k]]
-    return "misses " + ", ".join(missed) if missed else None

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from kvsim.planning.cost import window_output_tokens_per_s
 from kvsim.planning.memory import MemoryBound, bounded_by_memory
+from kvsim.planning.slo import headroom, probe_passes, why_failed
 from kvsim.planning.verify import Verification, answer_columns, evidence_columns, traffic_of
-from kvsim.planning.window import TOO_SHORT, headroom, probe_passes, unjudged, why_failed
+from kvsim.planning.window import TOO_SHORT, unjudged
 
 if TYPE_CHECKING:
     from kvsim.planning.search import Metrics

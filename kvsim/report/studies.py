@@ -32,9 +32,9 @@ from kvsim.model.capacity import (
 )
 from kvsim.model.errors import KvsimError
 from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_hour, engine_gpus, gpu_price, usd_rounded
+from kvsim.planning.slo import probe_passes, why_failed
 from kvsim.planning.steady_state import failing_evidence, search_rates
 from kvsim.planning.sweep import SweepResult, run_evidence, run_many
-from kvsim.planning.window import probe_passes, why_failed
 from kvsim.report.alerts import alert_firings
 from kvsim.report.applicable import refusal, refused_settings, skipped
 from kvsim.report.no_preemption import largest_seqs_without_preemption
