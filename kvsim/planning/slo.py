@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from kvsim.model.units import ascii_int
 from kvsim.planning.window import SLO_METRICS, SLO_STATS, STABLE, STALLED, metric_stats
 
 SLO_KEY_FORMAT = "METRIC.STAT or METRIC.STAT@PRIORITY"
@@ -32,16 +33,18 @@ SLO_KEY_FORMAT = "METRIC.STAT or METRIC.STAT@PRIORITY"
 def parse_slo_key(key: str) -> tuple[str, str, int | None]:
     """`ttft_s.p90` → ("ttft_s", "p90", None); `ttft_s.p90@1` → ("ttft_s", "p90", 1): the SLO over priority-1
     requests. A malformed key raises `ValueError` naming it. The class is an integer as `str(int)` writes it:
-    `int()` also read `1_0` as 10, `+1`, `01` and a fullwidth `１` as 1 (two keys of one class: two limits)."""
+    `int()` also read `1_0` as 10, `+1`, `01` and a fullwidth `１` as 1 (two keys of one class: two limits), and
+    refused more digits than it converts with its own advice (`kvsim.model.units.ascii_int`)."""
     name, at, cls = key.partition("@")
     metric, _, stat = name.partition(".")
     if metric not in SLO_METRICS or stat not in SLO_STATS:
         raise ValueError(f"{key!r}: expected {SLO_KEY_FORMAT} with METRIC in {SLO_METRICS}, STAT in {SLO_STATS}")
     if not at:
         return metric, stat, None
-    digits = cls.removeprefix("-")
-    if digits.isascii() and digits.isdigit() and str(int(cls)) == cls:
-        return metric, stat, int(cls)
+    magnitude = ascii_int(cls.removeprefix("-"))
+    priority = None if magnitude is None else -magnitude if cls.startswith("-") else magnitude
+    if priority is not None and str(priority) == cls:
+        return metric, stat, priority
     raise ValueError(f"{key!r}: the class after '@' must be an integer request priority, got {cls!r}")
 
 
