@@ -6,6 +6,8 @@ Found: an SLO class of more digits than `int()` converts said Python's conversio
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import one_line_exit_2  # tests/ is on sys.path
 
@@ -23,3 +25,36 @@ def test_an_slo_class_of_more_digits_than_int_converts_is_refused_as_any_other_c
     assert "the class after '@' must be an integer request priority" in line and "limit" not in line
     assert not out.exists()
     assert parse_slo_key("ttft_s.p90@-" + "9" * 18)[2] == -(10**18 - 1)  # a long class within the limit is read
+
+
+def _requests(num_requests: int = 100):
+    """A requests table of `num_requests` one-second services arriving 1 s apart (a window opens: ≥ 2 servable)."""
+    import numpy as np
+
+    arrival = np.arange(num_requests, dtype=float)
+    return {"request_id": np.arange(num_requests), "arrival_s": arrival, "first_scheduled_s": arrival,
+            "first_token_s": arrival + 0.5, "finish_s": arrival + 1.0, "status": ["finished"] * num_requests,
+            "output_tokens": np.full(num_requests, 10), "num_samples": np.ones(num_requests, int),
+            "replica": np.zeros(num_requests, int), "ttft_s": np.full(num_requests, 0.5),
+            "tpot_s": np.full(num_requests, 0.05), "e2e_s": np.ones(num_requests), "queue_s": np.zeros(num_requests)}
+
+
+@pytest.mark.parametrize(("drop", "transfers", "message"), [
+    ("status", None, "requests: no column 'status'; expected a run's requests table (RunResult.requests)"),
+    ("ttft_s", None, "requests: no column 'ttft_s'"),
+    ("num_samples", None, "requests: no column 'num_samples'"),
+    ("replica", {"request_id": [0], "handoff_s": [0.2], "prefill_replica": [0]}, "requests: no column 'replica'"),
+    (None, {"request_id": [0], "handoff_s": [0.2]},
+     "transfers: no column 'prefill_replica'; expected a run's transfers table (RunResult.tables['transfers'])"),
+])
+def test_window_evidence_names_a_missing_column(drop, transfers, message):
+    """`window_evidence` on a table without a column it reads raised a bare KeyError (its column name alone)."""
+    from kvsim.model.errors import KvsimError
+    from kvsim.planning.window import STABLE, window_evidence
+
+    table = _requests()
+    with pytest.raises(KvsimError, match="^" + re.escape(message)):
+        window_evidence({k: v for k, v in table.items() if k != drop}, transfers=transfers)
+    # the whole table is judged: one-second services 1 s apart, nothing waits; the window [19.8, 89.1) s (20 % and
+    # 10 % of the 99 s span left out) holds 70 arrivals, over the 50 and 10 service times a verdict needs
+    assert window_evidence(table)["verdict"] == STABLE

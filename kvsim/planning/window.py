@@ -81,6 +81,7 @@ SLO_STATS = ("mean", "p50", "p90", "p99")
 STABLE, BACKLOGGED, OVERLOADED, EMPTY = "stable", "backlogged", "overloaded", "no servable requests"
 STALLED = "stalled"  # the run never ended: vLLM's held-KV deadlock (`stalled_evidence`)
 TOO_SHORT = "too short"
+WINDOW_COLUMNS = ("first_scheduled_s", "output_tokens", "num_samples", *SLO_METRICS)  # read once there is a window
 WARMUP_FRACTION = 0.2  # of the arrival span, left out at the start (the system starts empty)
 WARMUP_SERVICES = 3.0  # ... and at least this many service times (first scheduled → finish): the fill-up
 MIN_WINDOW_SERVICES = 10.0  # a window shorter than this many service times cannot show a steady state
@@ -299,6 +300,14 @@ def stalled_evidence(num_requests: int, reason: str) -> dict[str, Any]:
                        "stall": reason}, STALLED)
 
 
+def _require(table: str, columns: Mapping[str, Any], names: tuple[str, ...]) -> None:
+    """A `KvsimError` naming the first of `names` the table lacks (a KeyError deep in the judging, else)."""
+    missing = next((name for name in names if name not in columns), None)
+    if missing is not None:
+        where = "RunResult.requests" if table == "requests" else f"RunResult.tables[{table!r}]"
+        raise KvsimError(f"{table}: no column {missing!r}; expected a run's {table} table ({where})")
+
+
 def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP_FRACTION,
                     tail_fraction: float = TAIL_FRACTION, transfers: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What one run says about steady state: window, counts, served ÷ offered, backlog trend, verdict,
@@ -307,13 +316,16 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     `requests`: a run's requests table (`RunResult.requests` or its columns; a fleet's works too), and a
     disaggregated run's `transfers` table (`RunResult.tables`), whose instances' queues `early_overload` judges.
     The result is JSON-safe and independent of any SLO (`probe_passes` applies one). The fractions are in [0, 1) and
-    leave a window, else a `KvsimError` (a negative one widened the window into the warm-up, NaN made it NaN).
+    leave a window, else a `KvsimError` (a negative one widened the window into the warm-up, NaN made it NaN); so is
+    a table without a column the judging reads (arrival_s, finish_s and status always, `WINDOW_COLUMNS` once two
+    requests are servable; request_id, first_token_s, replica and the transfers' with `transfers`).
     """
     for name, fraction in (("warmup_fraction", warmup_fraction), ("tail_fraction", tail_fraction)):
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
             raise KvsimError(f"{name}={shown(fraction)}: expected a fraction of the arrival span in [0, 1)")
     if warmup_fraction + tail_fraction >= 1:
         raise KvsimError(f"warmup_fraction={warmup_fraction:g}, tail_fraction={tail_fraction:g}: leave no window")
+    _require("requests", requests, ("arrival_s", "finish_s", "status"))
     arrival = np.asarray(requests["arrival_s"], dtype=float)
     finish = np.asarray(requests["finish_s"], dtype=float)
     status = np.asarray(requests["status"])
@@ -324,6 +336,10 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
                            "rejected_fraction": num_rejected / len(arrival) if len(arrival) else 0.0}
     if servable.sum() < 2:
         return _no_window(out, EMPTY)
+    _require("requests", requests, WINDOW_COLUMNS)
+    if transfers is not None:
+        _require("requests", requests, ("request_id", "first_token_s", "replica"))
+        _require("transfers", transfers, ("request_id", "handoff_s", "prefill_replica"))
     t0, t_last = float(arrival[servable].min()), float(arrival[servable].max())
     span = t_last - t0
     handoffs = _handoffs(requests, transfers) if transfers is not None else None
