@@ -58,3 +58,35 @@ def test_window_evidence_names_a_missing_column(drop, transfers, message):
     # the whole table is judged: one-second services 1 s apart, nothing waits; the window [19.8, 89.1) s (20 % and
     # 10 % of the 99 s span left out) holds 70 arrivals, over the 50 and 10 service times a verdict needs
     assert window_evidence(table)["verdict"] == STABLE
+
+
+@pytest.mark.parametrize(("slo", "message"), [
+    ({"ttft.p90": 2.0}, r"^'ttft\.p90': expected METRIC\.STAT or METRIC\.STAT@PRIORITY"),
+    ({"ttft_s.p90@x": 2.0}, r"^'ttft_s\.p90@x': the class after '@' must be an integer"),
+    ({90: 2.0}, r"^90: expected METRIC\.STAT or METRIC\.STAT@PRIORITY, a string$"),
+    ({"ttft_s.p90": 0}, r"^ttft_s\.p90=0: must be a positive, finite number of seconds$"),
+    ({"ttft_s.p90": float("nan")}, r"^ttft_s\.p90=nan: must be"),
+    ({"ttft_s.p90": "2"}, r"^ttft_s\.p90='2': must be"),
+])
+@pytest.mark.parametrize("verdict", ["stable", "overloaded", "stalled"])
+def test_every_slo_reader_refuses_a_bad_slo_whatever_the_verdict(slo, message, verdict):
+    """`probe_passes` answered False for an unknown key on an unstable run and raised on a stable one (as
+    `slo_values` and `headroom` always did); `why_failed` said 'is overloaded'; a limit of 0 divided by zero."""
+    from kvsim.planning.slo import headroom, missed_within_noise, probe_passes, slo_values, why_failed
+    from kvsim.planning.window import stalled_evidence
+
+    evidence = {**stalled_evidence(10, "stall"), "verdict": verdict}
+    for reader in (probe_passes, slo_values, headroom, missed_within_noise, why_failed):
+        with pytest.raises(ValueError, match=message):
+            reader(evidence, slo)
+
+
+def test_slo_readers_judge_a_good_slo_by_the_verdict_and_the_window():
+    """No request measured (a stalled run's evidence): every percentile is missing, so every SLO is missed."""
+    from kvsim.planning.slo import headroom, probe_passes, why_failed
+    from kvsim.planning.window import stalled_evidence
+
+    evidence = stalled_evidence(10, "stall")
+    assert not probe_passes(evidence, {"ttft_s.p90@1": 2}) and why_failed(evidence, {"ttft_s.p90": 2}) == "is stalled"
+    assert headroom(evidence, {"e2e_s.mean": 2.0}) == -float("inf")
+    assert why_failed({**evidence, "verdict": "stable"}, {"ttft_s.p90": 2}) == "misses ttft_s.p90"

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from kvsim.model.errors import shown
 from kvsim.model.units import ascii_int
 from kvsim.planning.window import SLO_METRICS, SLO_STATS, STABLE, STALLED, metric_stats
 
@@ -35,6 +36,8 @@ def parse_slo_key(key: str) -> tuple[str, str, int | None]:
     requests. A malformed key raises `ValueError` naming it. The class is an integer as `str(int)` writes it:
     `int()` also read `1_0` as 10, `+1`, `01` and a fullwidth `１` as 1 (two keys of one class: two limits), and
     refused more digits than it converts with its own advice (`kvsim.model.units.ascii_int`)."""
+    if not isinstance(key, str):
+        raise ValueError(f"{shown(key)}: expected {SLO_KEY_FORMAT}, a string")
     name, at, cls = key.partition("@")
     metric, _, stat = name.partition(".")
     if metric not in SLO_METRICS or stat not in SLO_STATS:
@@ -48,6 +51,16 @@ def parse_slo_key(key: str) -> tuple[str, str, int | None]:
     raise ValueError(f"{key!r}: the class after '@' must be an integer request priority, got {cls!r}")
 
 
+def check_slo(slo: Mapping[str, float]) -> None:
+    """A `ValueError` naming the first SLO whose key `parse_slo_key` refuses or whose limit is no positive, finite
+    number of seconds (a limit of 0 divided `headroom` by zero). Every reader of an SLO here checks the whole SLO
+    first, whatever the run's verdict: a bad key is refused on an overloaded run as on a stable one."""
+    for key, limit in slo.items():
+        parse_slo_key(key)
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < math.inf:
+            raise ValueError(f"{key}={shown(limit)}: must be a positive, finite number of seconds")
+
+
 def slo_stats(evidence: Mapping[str, Any], metric: str, priority: int | None) -> Mapping[str, Any]:
     """The window's stats of `metric`, over every request or over one priority's (empty when none arrived).
     A run whose table has no `priority` column gave every request priority 0."""
@@ -59,6 +72,7 @@ def slo_stats(evidence: Mapping[str, Any], metric: str, priority: int | None) ->
 def slo_values(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> dict[str, float]:
     """Each SLO's measured value over the window, or over its class's requests there (inf when none
     produced one)."""
+    check_slo(slo)
     out = {}
     for key in slo:
         metric, stat, priority = parse_slo_key(key)
@@ -75,7 +89,8 @@ def headroom(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> float:
 
 def probe_passes(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> bool:
     """Stable over the window and every SLO within its limit there (no SLO: stability alone, the capacity)."""
-    return evidence["verdict"] == STABLE and headroom(evidence, slo) >= 0
+    met = headroom(evidence, slo) >= 0  # first: it checks the SLO (`check_slo`)
+    return evidence["verdict"] == STABLE and met
 
 
 def shortage(evidence: Mapping[str, Any], num_preemptions: int) -> str:
@@ -100,9 +115,9 @@ def missed_within_noise(evidence: Mapping[str, Any], slo: Mapping[str, float]) -
     """Whether a stable run missed SLOs only within its sample's noise: each missed percentile's 95 % confidence
     interval reaches down to its limit, so a longer run may well meet it. A mean has no interval here, and an
     unstable verdict is no SLO's noise: False for those, and for a run that missed nothing."""
+    missed = [key for key, value in slo_values(evidence, slo).items() if value > slo[key]]
     if evidence["verdict"] != STABLE:
         return False
-    missed = [key for key, value in slo_values(evidence, slo).items() if value > slo[key]]
     for key in missed:
         metric, stat, priority = parse_slo_key(key)
         low = slo_stats(evidence, metric, priority).get(f"{stat}_ci", (None, None))[0]
@@ -115,8 +130,9 @@ def why_failed(evidence: Mapping[str, Any] | None, slo: Mapping[str, float]) -> 
     """'is overloaded' / 'is backlogged' / 'is stalled' when the system was not stable, else 'misses' and the SLOs
     missed."""
     if evidence is None:
+        check_slo(slo)
         return None
+    missed = [k for k, v in slo_values(evidence, slo).items() if v > slo[k]]
     if evidence["verdict"] != STABLE:
         return f"is {evidence['verdict']}"
-    missed = [k for k, v in slo_values(evidence, slo).items() if v > slo[k]]
     return "misses " + ", ".join(missed) if missed else None

@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from kvsim.model.config import MAX_ENGINES
 from kvsim.model.errors import KvsimError, first_repeat, from_validation_error
 from kvsim.model.spec import Settings
-from kvsim.planning.slo import parse_slo_key
+from kvsim.planning.slo import check_slo, parse_slo_key
 from kvsim.workload.scenario import Scenario, make_scenario
 
 ROUTERS = ("round_robin", "least_outstanding", "least_kv", "affinity")
@@ -59,10 +59,7 @@ class PlanSpec(Settings):
     @field_validator("slo")
     @classmethod
     def _known_slos(cls, slo: dict[str, float]) -> dict[str, float]:
-        for key, limit in slo.items():
-            parse_slo_key(key)
-            if limit <= 0:  # inf and NaN are refused before (`Settings`)
-                raise ValueError(f"{key}={limit}: must be a positive, finite number of seconds")
+        check_slo(slo)
         return slo
 
     @field_validator("xpyd")
