@@ -90,3 +90,23 @@ def test_slo_readers_judge_a_good_slo_by_the_verdict_and_the_window():
     assert not probe_passes(evidence, {"ttft_s.p90@1": 2}) and why_failed(evidence, {"ttft_s.p90": 2}) == "is stalled"
     assert headroom(evidence, {"e2e_s.mean": 2.0}) == -float("inf")
     assert why_failed({**evidence, "verdict": "stable"}, {"ttft_s.p90": 2}) == "misses ttft_s.p90"
+
+
+@pytest.mark.parametrize(("request_id", "shown_as"), [(None, "None"), (1.0, "1.0"), (True, "True"), (1, "1"),
+                                                      (["bench-1"], "['bench-1']")])
+def test_a_measured_request_id_that_is_not_text_is_refused(tmp_path, request_id, shown_as):
+    """vLLM's request ids are text (`bench-N` from its benchmark); `str()` of null, 1.0 or true has no trailing
+    number, so the row was paired with the workload line at its position without a word (1 happened to read)."""
+    import json
+
+    from test_validate import write_run
+
+    out = tmp_path / "o"
+    run = write_run(tmp_path)
+    path = run / "vllm" / "requests.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1]["request_id"] = request_id
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    line = one_line_exit_2(["validate", str(run), "--gpu", "h100-80gb", "-o", str(out)])
+    assert line == (f"{path}:2: request_id={shown_as}: expected text, vLLM's request id (its benchmark's 'bench-N' "
+                    "pairs the request with workload line N + 1)") and not out.exists()

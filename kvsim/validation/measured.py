@@ -130,6 +130,9 @@ def _read_requests_jsonl(path: Path) -> list[dict[str, Any]]:
             _count(row, key, where)
         if "arrival_time" in row:  # the wall clock that aligns the time series
             json_number(row, "arrival_time", where)
+        if "request_id" in row and not isinstance(row["request_id"], str):  # null, 1.0, true: read as no number
+            raise KvsimError(f"{where}: request_id={shown(row['request_id'])}: expected text, vLLM's request id "
+                             "(its benchmark's 'bench-N' pairs the request with workload line N + 1)")
         _check_order(row, where)
         rows.append(row)
     if not rows:
@@ -160,7 +163,8 @@ digits with a bare ValueError (Python's guard against slow conversion), a traceb
 def _request_index(row: dict[str, Any], fallback: int, where: str) -> int:
     """`bench-17` → 17: vLLM's benchmark numbers requests in workload order, in ASCII digits (`str.isdigit` took
     `bench-²` for a number, which `int()` then refused: a traceback). A number of more than `MAX_INDEX_DIGITS`
-    digits, past any workload's lines, is refused naming `where`."""
+    digits, past any workload's lines, is refused naming `where`. A row without a request_id, or whose id (text:
+    `_read_requests_jsonl` refuses any other JSON type) ends in no number, is paired by its position `fallback`."""
     tail = str(row.get("request_id", "")).rpartition("-")[2]
     if not (tail.isascii() and tail.isdigit()):
         return fallback
