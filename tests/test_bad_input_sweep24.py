@@ -110,3 +110,28 @@ def test_a_measured_request_id_that_is_not_text_is_refused(tmp_path, request_id,
     line = one_line_exit_2(["validate", str(run), "--gpu", "h100-80gb", "-o", str(out)])
     assert line == (f"{path}:2: request_id={shown_as}: expected text, vLLM's request id (its benchmark's 'bench-N' "
                     "pairs the request with workload line N + 1)") and not out.exists()
+
+
+@pytest.mark.parametrize(("reader", "text"), [
+    ("read_mooncake", '{"timestamp": 1000, "input_length": 600, "output_length": 5, "hash_ids": [7, 8]}\n'),
+    ("read_sharegpt_tokens", '{"arrival_time_ns": 1000000000, "input_toks": 600, "output_toks": 5}\n'),
+    ("read_azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,600,5\n"),
+    ("read_lengths", "num_prefill_tokens,num_decode_tokens\n600,5\n"),
+    ("iter_jsonl", '{"input_length": 600}\n'),
+])
+def test_a_trace_reader_takes_its_path_as_text(tmp_path, reader, text):
+    """`read_mooncake("trace.jsonl")` (a notebook's way) raised AttributeError: 'str' object has no attribute
+    'name' deep in the file opener; a `Path` and its text read the same."""
+    from pathlib import Path
+
+    from kvsim.workload import traces
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(text)
+    read = getattr(traces, reader)
+    assert list(read(str(path))) == list(read(path)) and list(read(path))
+    if reader == "read_mooncake":  # 600 tokens: one 512-token block and an 88-token rest, as the README of the trace
+        assert read(str(path))[0].segments == ((("mooncake", 7), 512), (("mooncake", 8), 88))
+    written = tmp_path / "w.jsonl"
+    traces.write_sharegpt_tokens([traces.TraceRecord(0.5, 600, 5)], str(written))
+    assert traces.read_sharegpt_tokens(Path(written)) == [traces.TraceRecord(0.5, 600, 5)]

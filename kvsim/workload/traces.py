@@ -12,8 +12,8 @@
 A malformed row raises `KvsimError` naming the file and line; a column (a JSON key) a format needs and a row
 lacks is an error naming it, one it does not read is ignored without a word (real traces carry columns kvsim has
 no use for). Arrival times are seconds
-from the first record. The CSV, JSONL and JSON files may be gzipped (`.gz`, see `kvsim.workload.files`)
-and may start with a UTF-8 byte-order mark.
+from the first record. A reader takes its file as a `Path` or its text. The CSV, JSONL and JSON files may be
+gzipped (`.gz`, see `kvsim.workload.files`) and may start with a UTF-8 byte-order mark.
 
 The row formats (`azure`, `mooncake`, `sharegpt_tokens`, `lengths`) may carry two more per-request
 columns, named by the scenario (`TraceColumns`): a **priority** (vLLM's integer request priority; 1.0
@@ -184,8 +184,9 @@ def _acceptance_lengths(value: Any, path: Path, line: int, column: str) -> tuple
     return tuple(lengths)
 
 
-def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl(path: Path | str) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; a bad line raises `KvsimError` naming it."""
+    path = Path(path)
     with open_text(path) as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
@@ -199,8 +200,9 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield line_no, row
 
 
-def read_azure(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
+def read_azure(path: Path | str, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
     """`TIMESTAMP,ContextTokens,GeneratedTokens`; timestamps have 100 ns digits."""
+    path = Path(path)
     records, first, zoned = [], None, None
     with open_text(path, newline="") as f:
         reader = csv_rows(f, path)
@@ -258,8 +260,9 @@ _NAIVE_EPOCH = datetime(1970, 1, 1)  # a zone-less stamp is UTC: its seconds sin
 _HASH_ID_TYPES = frozenset((int, str))  # a Mooncake hash_id's JSON types (`type`, so true and 1.0 are not ids)
 
 
-def read_mooncake(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
+def read_mooncake(path: Path | str, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
     """JSONL with `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one per 512 tokens)."""
+    path = Path(path)
     records = []
     for line_no, row in iter_jsonl(path):
         prompt = _positive(row.get("input_length"), path, line_no, "input_length")
@@ -278,12 +281,13 @@ def read_mooncake(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceR
     return records
 
 
-def read_sharegpt_tokens(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
+def read_sharegpt_tokens(path: Path | str, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
     """LLMServingSim JSONL: `arrival_time_ns`, `input_toks`, `output_toks`, `input_tok_ids`, `output_tok_ids`.
 
     The token ids are optional, as in LLMServingSim's format: a request without them shares no
     prefix with any other (its blocks get a unique identity).
     """
+    path = Path(path)
     records = []
     for line_no, row in iter_jsonl(path):
         prompt = _positive(row.get("input_toks"), path, line_no, "input_toks")
@@ -305,9 +309,9 @@ def read_sharegpt_tokens(path: Path, columns: TraceColumns = NO_COLUMNS) -> list
     return records
 
 
-def write_sharegpt_tokens(records: list[TraceRecord], path: Path) -> None:
+def write_sharegpt_tokens(records: list[TraceRecord], path: Path | str) -> None:
     """The inverse of `read_sharegpt_tokens`: arrivals in integer ns, token ids where known."""
-    with path.open("w") as f:
+    with Path(path).open("w") as f:
         for r in records:
             row: dict[str, Any] = {"input_toks": r.prompt_len, "output_toks": r.output_len,
                                    "arrival_time_ns": round((r.arrival_s or 0.0) * 1e9)}
@@ -316,8 +320,9 @@ def write_sharegpt_tokens(records: list[TraceRecord], path: Path) -> None:
                 row["output_tok_ids"] = list(r.token_ids[r.prompt_len:])
             f.write(json.dumps(row, separators=(",", ":")) + "\n")
 
-def read_lengths(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
+def read_lengths(path: Path | str, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
     """`num_prefill_tokens,num_decode_tokens,...` (Vidur / Sarathi-Serve length tables)."""
+    path = Path(path)
     records = []
     with open_text(path, newline="") as f:
         reader = csv_rows(f, path)
@@ -337,7 +342,7 @@ def read_lengths(path: Path, columns: TraceColumns = NO_COLUMNS) -> list[TraceRe
     return records
 
 
-def read_vllm_sharegpt(path: Path) -> list[TraceRecord]:
+def read_vllm_sharegpt(path: Path | str) -> list[TraceRecord]:
     """vLLM benchmark JSON: the first human/gpt pair of each conversation, tokens ≈ characters / 4.
 
     As vLLM's benchmark samples ShareGPT (`sample_sharegpt_requests`, "Prune too short sequences";
@@ -346,6 +351,7 @@ def read_vllm_sharegpt(path: Path) -> list[TraceRecord]:
     counting them; a file of nothing else, or a turn whose value is not text, is refused. vLLM's benchmark
     also prunes prompts over 1,024 tokens and pairs over 2,048 by default; kvsim keeps those (long contexts
     are what it models; `engine.max_model_len` decides what an engine serves)."""
+    path = Path(path)
     try:
         with open_text(path) as f:  # a byte-order mark skipped, a .gz decompressed, as every reader does
             data = load_json(f.read())
