@@ -135,3 +135,38 @@ def test_a_trace_reader_takes_its_path_as_text(tmp_path, reader, text):
     written = tmp_path / "w.jsonl"
     traces.write_sharegpt_tokens([traces.TraceRecord(0.5, 600, 5)], str(written))
     assert traces.read_sharegpt_tokens(Path(written)) == [traces.TraceRecord(0.5, 600, 5)]
+
+
+def _padded(path, text: str, size_bytes: int):
+    """`text` and a YAML comment that brings the file to `size_bytes` bytes."""
+    path.write_text(text + "#" + "x" * (size_bytes - len(text.encode()) - 2) + "\n")
+    assert path.stat().st_size == size_bytes
+    return path
+
+
+def test_a_scenario_file_over_a_mebibyte_is_refused_before_it_is_parsed(tmp_path):
+    """A 100 MB file named as the scenario (a trace, a log) ran ~41 s in PyYAML before its error; 2**20 bytes is
+    80 times the largest YAML kvsim ships (12 KB). One byte over is refused naming the file and its size; the
+    limit itself is read."""
+    from kvsim.model.yaml_io import MAX_YAML_BYTES, check_yaml_size
+
+    assert MAX_YAML_BYTES == 1_048_576
+    text = "workload:\n  num_requests: 3\n"
+    big = _padded(tmp_path / "big.yaml", text, 1_048_577)
+    out = tmp_path / "o"
+    assert one_line_exit_2(["run", str(big), "-o", str(out)]) == (
+        f"scenario {big}: 1,048,577 bytes, more than the 1,048,576 kvsim reads in a YAML or JSON settings file "
+        "(is it the file you meant?)") and not out.exists()
+    assert check_yaml_size(_padded(tmp_path / "ok.yaml", text, 1_048_576), "scenario") is None  # (parsing: 0.5 s)
+
+
+def test_a_plan_spec_and_a_model_config_over_a_mebibyte_are_refused(tmp_path):
+    """The same cap on the other settings files read through PyYAML: `plan --spec` and a model's config.json."""
+    big = _padded(tmp_path / "spec.yaml", "slo: {ttft_s.p90: 2}\n", 1_048_577)
+    line = one_line_exit_2(["plan", "--spec", str(big), "--gpu", "h100-80gb", "-o", str(tmp_path / "p")])
+    assert line.startswith(f"spec {big}: 1,048,577 bytes, more than")
+    config = tmp_path / "m" / "config.json"
+    config.parent.mkdir()
+    _padded(config, "{}\n", 1_048_577)
+    line = one_line_exit_2(["capacity", "--model", str(config.parent), "--gpu", "h100-80gb"])
+    assert ": 1,048,577 bytes, more than the 1,048,576" in line and str(config) in line

@@ -25,8 +25,10 @@ reports them as it reports any malformed file.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -181,6 +183,19 @@ _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp)
 
 
 TOO_DEEP = "nested too deeply for kvsim to read"
+MAX_YAML_BYTES = 2**20
+"""The largest YAML (or config.json) file kvsim reads: PyYAML's pure-Python parser takes about 0.4 s a MB, so a
+file of 100 MB named by mistake (a trace, a log) ran ~41 s before its error. The largest file kvsim ships is
+12 KB (the GPU presets), a model's config.json a few KB."""
+
+
+def check_yaml_size(path: str | Path, what: str) -> None:
+    """A `KvsimError` naming `what`, the file and its size when `path` holds more than `MAX_YAML_BYTES`; call it
+    inside `kvsim.model.errors.reading`, which reports a file that cannot be inspected."""
+    size = os.stat(path).st_size
+    if size > MAX_YAML_BYTES:
+        raise KvsimError(f"{what} {path}: {size:,} bytes, more than the {MAX_YAML_BYTES:,} kvsim reads in a YAML "
+                         "or JSON settings file (is it the file you meant?)")
 
 
 def load_yaml(text: str) -> Any:

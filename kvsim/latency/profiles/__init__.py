@@ -58,7 +58,7 @@ def find_source(folder: Path, default_repository: str) -> dict[str, str]:
     """
     import yaml
 
-    from kvsim.model.yaml_io import load_yaml, yaml_problem
+    from kvsim.model.yaml_io import check_yaml_size, load_yaml, yaml_problem
     from kvsim.workload.files import open_text
 
     for parent in (folder, *folder.parents):
@@ -66,6 +66,7 @@ def find_source(folder: Path, default_repository: str) -> dict[str, str]:
         if candidate.is_file():
             try:  # not UTF-8 was a bare UnicodeDecodeError, a list an AttributeError (a bundle's: "tp_degrees must...")
                 with reading(candidate, "profile source"), open_text(candidate) as f:
+                    check_yaml_size(candidate, "profile source")
                     raw = load_yaml(f.read()) or {}
             except yaml.YAMLError as error:
                 raise KvsimError(f"profile source {candidate}: cannot read: {yaml_problem(error)}") from None

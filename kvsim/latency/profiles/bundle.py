@@ -39,7 +39,7 @@ from kvsim.latency.profiles import Profile, find_source
 from kvsim.latency.skew import AXES, DEFAULT_KEY, EDGES_KEY, alpha_default, bucket_name, format_edges
 from kvsim.model.errors import KvsimError, reading
 from kvsim.model.units import read_number
-from kvsim.model.yaml_io import load_yaml, yaml_problem
+from kvsim.model.yaml_io import check_yaml_size, load_yaml, yaml_problem
 from kvsim.workload.files import csv_rows, data_file, first_ragged, open_text
 
 GEMMS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
@@ -136,6 +136,7 @@ def read_bundle(path: Path, tp: int) -> Profile:
         raise KvsimError(f"profile {path}: not a profile bundle (no meta.yaml)")
     try:
         with reading(meta_path, "profile"), open_text(meta_path) as f:  # not UTF-8: a bare UnicodeDecodeError
+            check_yaml_size(meta_path, "profile")
             raw = load_yaml(f.read())
     except yaml.YAMLError as error:
         raise KvsimError(f"profile {meta_path}: cannot read: {yaml_problem(error)}") from None
