@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import triton
 
-from kernels.grid import Grid, LayerShapes, plan
+from kernels.grid import KERNELS_COMMIT_ENV, Grid, LayerShapes, plan
 from kernels.paged_attention import FP8_DTYPE, paged_attention_decode, paged_attention_prefill
 from kvsim.latency.base import PROFILE_COLUMNS
 from kvsim.results.output_dir import FILE_TAG, output_file
@@ -152,10 +152,10 @@ def _driver_version() -> str:
 
 
 def kernels_commit() -> str:
-    """The git commit the kernels came from: KVSIM_KERNELS_COMMIT when set (a copied tree has no .git),
+    """The git commit the kernels came from: `KERNELS_COMMIT_ENV` when set (a copied tree has no .git),
     else `git rev-parse HEAD` with `-dirty` when kernels/ has changes, else 'unknown'."""
-    if os.environ.get("KVSIM_KERNELS_COMMIT"):
-        return os.environ["KVSIM_KERNELS_COMMIT"]
+    if os.environ.get(KERNELS_COMMIT_ENV):
+        return os.environ[KERNELS_COMMIT_ENV]
     here = Path(__file__).parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=30)

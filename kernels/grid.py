@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+KERNELS_COMMIT_ENV = "KVSIM_KERNELS_COMMIT"
+"""The environment variable that names the kernels' commit when their tree has no .git (`kernels.calibrate`
+records it in the profile's `# kernels_commit:` line; `kvsim calibrate` checks it is one line before measuring)."""
+
 
 @dataclass(frozen=True)
 class LayerShapes:

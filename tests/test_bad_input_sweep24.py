@@ -170,3 +170,23 @@ def test_a_plan_spec_and_a_model_config_over_a_mebibyte_are_refused(tmp_path):
     _padded(config, "{}\n", 1_048_577)
     line = one_line_exit_2(["capacity", "--model", str(config.parent), "--gpu", "h100-80gb"])
     assert ": 1,048,577 bytes, more than the 1,048,576" in line and str(config) in line
+
+
+@pytest.mark.parametrize("commit", ["abc123\nkind,op", "abc\rkind"])
+def test_calibrate_refuses_a_kernels_commit_that_spans_lines_before_measuring(tmp_path, monkeypatch, commit):
+    """KVSIM_KERNELS_COMMIT is recorded as the profile's `# kernels_commit:` line (`kernels.calibrate`): one that
+    spans lines wrote a profile whose next line `read_native` takes for a row, found only after the whole
+    calibration, as sweep 22 found of `--gpu`. A one-line commit passes to the dry run's grid."""
+    from kvsim.model.errors import shown
+
+    monkeypatch.setenv("KVSIM_KERNELS_COMMIT", commit)
+    out = tmp_path / "p.csv"
+    assert one_line_exit_2(["calibrate", "--gpu", "h200", "--dry-run", "-o", str(out)]) == (
+        f"KVSIM_KERNELS_COMMIT={shown(commit)}: spans lines; a profile CSV keeps each metadata value on one line")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("KVSIM_KERNELS_COMMIT", "abc123")
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    assert CliRunner().invoke(app, ["calibrate", "--gpu", "h200", "--dry-run", "--quick"]).exit_code == 0

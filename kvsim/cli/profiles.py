@@ -3,6 +3,7 @@ and `kvsim import-profile` (convert a measured profile into kvsim's). Registered
 its annotations are objects, as `kvsim.cli` explains."""
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -56,6 +57,9 @@ def calibrate(
         if output is not None:  # refuse before loading torch and measuring, and in the dry run that plans the real one
             check_output_file(output)
         from kernels import grid as calibration_grid  # standard library only: --dry-run needs no torch
+
+        commit = calibration_grid.KERNELS_COMMIT_ENV  # its `# kernels_commit:` line, as --gpu's
+        check_one_line(commit, os.environ.get(commit, ""))
 
         shapes = calibration_grid.LayerShapes(
             num_heads=max(1, spec.num_attention_heads // engine.tensor_parallel_size),
