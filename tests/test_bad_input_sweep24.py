@@ -190,3 +190,16 @@ def test_calibrate_refuses_a_kernels_commit_that_spans_lines_before_measuring(tm
     from kvsim.cli import app
 
     assert CliRunner().invoke(app, ["calibrate", "--gpu", "h200", "--dry-run", "--quick"]).exit_code == 0
+
+
+def test_import_profile_of_a_vidur_mlp_csv_with_a_header_alone_says_it_has_no_rows(tmp_path):
+    """A Vidur mlp.csv cut after its header said 'measured at num_tensor_parallel_workers , not
+    tensor_parallel_size=1': the TP values of no rows, an empty list."""
+    folder = tmp_path / "compute" / "h100" / "meta-llama" / "Llama-2-7b-hf"
+    folder.mkdir(parents=True)
+    mlp = folder / "mlp.csv"
+    mlp.write_text("time_stats.emb.median,num_tokens,num_tensor_parallel_workers,n_embd,n_head\n")
+    out = tmp_path / "p.csv"
+    assert one_line_exit_2(["import-profile", str(mlp), "-o", str(out), "--model", "llama-2-7b", "--gpu",
+                            "h100-80gb"]) == f"profile {mlp}: no rows (the table has a header but no rows)"
+    assert not out.exists()

@@ -92,6 +92,8 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
     if short is not None:
         raise KvsimError(f"profile {path}: line {short + 2} does not have the header's {len(fields)} fields "
                          "(a truncated or malformed file)")
+    if not table:  # it read "measured at num_tensor_parallel_workers , not tensor_parallel_size=1"
+        raise KvsimError(f"profile {path}: no rows (the table has a header but no rows)")
     workers = [_workers(r["num_tensor_parallel_workers"], i, path) for i, r in enumerate(table)]
     mine = [r for r, n in zip(table, workers, strict=True) if n == tp]
     if not mine:
