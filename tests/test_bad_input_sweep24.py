@@ -203,3 +203,18 @@ def test_import_profile_of_a_vidur_mlp_csv_with_a_header_alone_says_it_has_no_ro
     assert one_line_exit_2(["import-profile", str(mlp), "-o", str(out), "--model", "llama-2-7b", "--gpu",
                             "h100-80gb"]) == f"profile {mlp}: no rows (the table has a header but no rows)"
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["dense.csv", "per_sequence.csv", "attention.csv"])
+def test_import_profile_of_a_bundle_csv_with_a_header_alone_says_it_has_no_rows(tmp_path, name):
+    """A bundle's dense.csv cut after its header was imported as a profile without linear layers (exit 0: they fell
+    back to the roofline); an empty file (no header) was already refused, an absent optional one is not read."""
+    from test_profiles import write_bundle
+
+    bundle = write_bundle(tmp_path / "bf16")
+    csv = bundle / "tp1" / name
+    csv.write_text(csv.read_text().splitlines()[0] + "\n")
+    out = tmp_path / "p.csv"
+    assert one_line_exit_2(["import-profile", str(bundle), "-o", str(out), "--model", "llama-3.1-8b", "--gpu",
+                            "rtx-pro-6000"]) == f"profile {csv}: no rows (the table has a header but no rows)"
+    assert not out.exists()

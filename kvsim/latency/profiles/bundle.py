@@ -52,7 +52,10 @@ PROVENANCE = ("profiler_version", "vllm_version", "cuda_version", "hardware", "p
 
 def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
     """The rows of one of the bundle's CSVs, each with exactly the header's fields: a row with one more (`60,7`
-    for a time) was read without it, a row cut short as a cell of None, as Vidur's mlp.csv is checked."""
+    for a time) was read without it, a row cut short as a cell of None, as Vidur's mlp.csv is checked. A header
+    with no rows is refused (a profiler that stopped after it): read as no measurements, a dense.csv so cut was
+    imported as a profile without its linear layers, which fell back to the roofline; a file the profiler did not
+    write is absent instead (the optional ones are then not read)."""
     with reading(path, "profile"), open_text(path, newline="") as f:  # not UTF-8, a truncated .gz: bare errors
         reader = csv_rows(f, path)
         fields = reader.fieldnames or ()
@@ -63,6 +66,8 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
     if short is not None:
         raise KvsimError(f"profile {path}: line {short + 2} does not have the header's {len(fields)} fields "
                          "(a truncated or malformed file)")
+    if not table:
+        raise KvsimError(f"profile {path}: no rows (the table has a header but no rows)")
     return table
 
 
