@@ -218,3 +218,27 @@ def test_import_profile_of_a_bundle_csv_with_a_header_alone_says_it_has_no_rows(
     assert one_line_exit_2(["import-profile", str(bundle), "-o", str(out), "--model", "llama-3.1-8b", "--gpu",
                             "rtx-pro-6000"]) == f"profile {csv}: no rows (the table has a header but no rows)"
     assert not out.exists()
+
+
+def test_stdout_in_an_ascii_locale_escapes_a_name_it_cannot_encode(tmp_path, monkeypatch):
+    """`PYTHONIOENCODING=ascii kvsim capacity --gpu gpu-é.yaml` (or LC_ALL=C with PYTHONUTF8=0) printed its table,
+    then ended with a UnicodeEncodeError traceback, exit 1, on the GPU's name: Python's stdout refuses what its
+    encoding lacks, where its stderr escapes it. The CLI's stdout escapes it as stderr does."""
+    import io
+    import sys
+
+    from kvsim.cli import app, escape_unencodable_output
+
+    gpu = tmp_path / "gpu-é.yaml"
+    gpu.write_text("memory_bytes: 80GiB\nhbm_bandwidth_bytes_per_s: 3.35e12\nfp16_flops: 989e12\n"
+                   "host_link_bandwidth_bytes_per_s: 64e9\n", encoding="utf-8")
+    buffer = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(buffer, encoding="ascii"))
+    escape_unencodable_output()
+    app(["capacity", "--gpu", str(gpu), "--context-lengths", "1024"], standalone_mode=False)
+    sys.stdout.flush()
+    assert "llama-3.1-8b on gpu-\\xe9 " in buffer.getvalue().decode("ascii")
+    kept = io.TextIOWrapper(io.BytesIO(), encoding="ascii", errors="replace")  # a choice of the user's is kept
+    monkeypatch.setattr(sys, "stdout", kept)
+    escape_unencodable_output()
+    assert sys.stdout.errors == "replace"

@@ -376,6 +376,17 @@ def validate(
             console.print(f"note: {note}", markup=False, emoji=False)  # it may quote a name or a path
     typer.echo(f"validation written to {out_dir}/ (validation.md, validation.json, figures, sim/)", err=True)
 
+def escape_unencodable_output() -> None:
+    """Have stdout write a character its encoding lacks as a backslash escape (`caf\\xe9`), as Python's stderr
+    always does: under an ASCII or Latin-1 locale (`PYTHONIOENCODING=ascii`, `LC_ALL=C` with `PYTHONUTF8=0`) a
+    name kvsim prints (a GPU file `gpu-é.yaml`, a scenario's name) ended the command with a UnicodeEncodeError
+    traceback, exit 1, after its output was written."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None and getattr(sys.stdout, "errors", None) == "strict":
+        reconfigure(errors="backslashreplace")
+
+
 def main() -> None:
     install_interrupts()
+    escape_unencodable_output()
     app()
