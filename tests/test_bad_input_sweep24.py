@@ -238,7 +238,38 @@ def test_stdout_in_an_ascii_locale_escapes_a_name_it_cannot_encode(tmp_path, mon
     app(["capacity", "--gpu", str(gpu), "--context-lengths", "1024"], standalone_mode=False)
     sys.stdout.flush()
     assert "llama-3.1-8b on gpu-\\xe9 " in buffer.getvalue().decode("ascii")
+    # a C locale's stdout (surrogateescape) writes the bytes of a name it could not decode back as they were
+    c_locale = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(c_locale, encoding="ascii", errors="surrogateescape"))
+    escape_unencodable_output()
+    print("gpu-\udcc3\udca9 gpu-\xe9", end="")
+    sys.stdout.flush()
+    assert c_locale.getvalue() == b"gpu-\xc3\xa9 gpu-\\xe9"
     kept = io.TextIOWrapper(io.BytesIO(), encoding="ascii", errors="replace")  # a choice of the user's is kept
     monkeypatch.setattr(sys, "stdout", kept)
     escape_unencodable_output()
     assert sys.stdout.errors == "replace"
+
+
+def test_kvsim_reads_its_files_as_utf8_whatever_the_locale(tmp_path, monkeypatch):
+    """Files were read in the locale's encoding: under an ASCII one (LC_ALL=C with PYTHONUTF8=0) every command ended
+    in a UnicodeDecodeError traceback reading gpus.yaml (a '·' in a comment), and a UTF-8 scenario naming `café` was
+    "not UTF-8 text"; a Latin-1 locale read it as `cafÃ©`. `Path.read_text` is made to read as such a locale does."""
+    from pathlib import Path
+
+    from kvsim.latency.efficiency import _fitted
+    from kvsim.model.config import _gpu_presets
+    from kvsim.planning.cost import _price_table
+    from kvsim.validation.recorded import recorded_settings
+    from kvsim.workload.scenario import load_scenario
+
+    read_text = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, encoding=None, errors=None: read_text(
+        self, encoding=encoding or "ascii", errors=errors))
+    assert "h100-80gb" in _gpu_presets.__wrapped__() and _price_table.__wrapped__() and _fitted.__wrapped__()
+    scenario = tmp_path / "s.yaml"
+    scenario.write_bytes("name: café\nworkload: {num_requests: 2, prompt_len: {dist: fixed, value: 8}, output_len: {dist: fixed, value: 2}}\n".encode())
+    assert load_scenario(scenario).name == "café"
+    meta = tmp_path / "meta.json"  # vLLM's bench JSON, as `validate` reads the settings it recorded
+    meta.write_bytes('{"gpu": "H100 – SXM"}'.encode())
+    assert recorded_settings(meta) == {"gpu": "H100 – SXM"}  # it read {} (the decode failed without a word)

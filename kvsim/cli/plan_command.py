@@ -64,7 +64,7 @@ def plan(
     CPU offload tier each replica of the cheapest colocated answer needs (`kvsim.planning.offload_sizing`)."""
     import yaml
 
-    from kvsim.model.yaml_io import check_yaml_size, load_yaml, yaml_problem
+    from kvsim.model.yaml_io import load_yaml, settings_text, yaml_problem
     from kvsim.planning.plan import check_candidates, refuse_replaced_overrides, spec_from_options
     from kvsim.planning.plan import plan as run_plan
     from kvsim.planning.search import close_client, dask_client
@@ -83,9 +83,8 @@ def plan(
             if problem is not None:
                 raise KvsimError(f"spec={spec_file!r}: {problem}")
             with reading(spec_file, "spec"):
-                check_yaml_size(spec_file, "spec")
                 try:
-                    raw = load_yaml(Path(spec_file).read_text()) or {}
+                    raw = load_yaml(settings_text(spec_file, "spec")) or {}
                 except yaml.YAMLError as error:
                     raise KvsimError(f"spec={spec_file!r}: not valid YAML: {yaml_problem(error)}") from None
             if not isinstance(raw, dict):

@@ -46,7 +46,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from kvsim.model.errors import KvsimError, shown
-from kvsim.model.yaml_io import load_shipped_yaml
+from kvsim.model.yaml_io import TEXT_ENCODING, load_shipped_yaml
 
 if TYPE_CHECKING:
     from kvsim.model.config import GPUSpec
@@ -180,7 +180,7 @@ EFFICIENCY_FILE = "efficiency.yaml"
 def _fitted() -> dict[str, Any]:
     from kvsim.model.config import PRESETS_DIR
 
-    return load_shipped_yaml((PRESETS_DIR / EFFICIENCY_FILE).read_text())
+    return load_shipped_yaml((PRESETS_DIR / EFFICIENCY_FILE).read_text(encoding=TEXT_ENCODING))
 
 
 def efficiency_for(gpu: GPUSpec) -> Efficiency:

@@ -24,7 +24,7 @@ from kvsim.model.offload_config import KVOffloadConfig
 from kvsim.model.sizes import MAX_BYTES, Bytes, BytesOrZero
 from kvsim.model.spec import DTYPE_BYTES, Label, ModelSpec, Settings
 from kvsim.model.speculative_config import SpeculativeConfig
-from kvsim.model.yaml_io import check_yaml_size, load_shipped_yaml, load_yaml, yaml_problem
+from kvsim.model.yaml_io import TEXT_ENCODING, load_shipped_yaml, load_yaml, settings_text, yaml_problem
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 
@@ -168,7 +168,7 @@ class GPUSpec(Settings):
 
 @cache
 def _gpu_presets() -> dict[str, dict[str, Any]]:
-    return load_shipped_yaml((PRESETS_DIR / "gpus.yaml").read_text())
+    return load_shipped_yaml((PRESETS_DIR / "gpus.yaml").read_text(encoding=TEXT_ENCODING))
 
 
 def gpu_presets() -> list[str]:
@@ -198,8 +198,7 @@ def load_gpu(name_or_path: str) -> GPUSpec:
 def _read_mapping(path: Path, what: str) -> dict[str, Any]:
     try:
         with reading(path, f"{what} file"):
-            check_yaml_size(path, f"{what} file")
-            raw = load_yaml(path.read_text())  # YAML is a superset of JSON; a repeated key is refused
+            raw = load_yaml(settings_text(path, f"{what} file"))  # YAML holds JSON; a repeated key is refused
     except yaml.YAMLError as error:
         raise KvsimError(f"{what} file {path}: cannot read: {yaml_problem(error)}") from None
     if not isinstance(raw, dict):

@@ -183,10 +183,22 @@ _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp)
 
 
 TOO_DEEP = "nested too deeply for kvsim to read"
+TEXT_ENCODING = "utf-8-sig"
+"""The encoding of every text file kvsim reads, whatever the locale's (an ASCII one, `LC_ALL=C` with `PYTHONUTF8=0`,
+read a UTF-8 scenario naming `café` as "not UTF-8 text"; a Latin-1 one read it as `cafÃ©`): UTF-8, a leading
+byte-order mark skipped: spreadsheet programs start a CSV with one, which was read as part of the first column's
+name (`\ufeffTIMESTAMP`: "TIMESTAMP=None is not a timestamp")."""
 MAX_YAML_BYTES = 2**20
 """The largest YAML (or config.json) file kvsim reads: PyYAML's pure-Python parser takes about 0.4 s a MB, so a
 file of 100 MB named by mistake (a trace, a log) ran ~41 s before its error. The largest file kvsim ships is
 12 KB (the GPU presets), a model's config.json a few KB."""
+
+
+def settings_text(path: str | Path, what: str) -> str:
+    """The text of the YAML or JSON settings file `path` (`what` names it in an error), read as UTF-8
+    (`TEXT_ENCODING`) once `check_yaml_size` passes it; call it inside `kvsim.model.errors.reading`."""
+    check_yaml_size(path, what)
+    return Path(path).read_text(encoding=TEXT_ENCODING)
 
 
 def check_yaml_size(path: str | Path, what: str) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from kvsim.model.errors import KvsimError, cut
+from kvsim.model.yaml_io import TEXT_ENCODING
 
 PRICES = Path(__file__).parents[1] / "model" / "presets" / "gpu_prices.yaml"
 
@@ -36,7 +37,7 @@ class GpuPrice:
 
 @cache
 def _price_table() -> dict:
-    return yaml.safe_load(PRICES.read_text())
+    return yaml.safe_load(PRICES.read_text(encoding=TEXT_ENCODING))
 
 
 def gpu_price(gpu_name: str, usd_per_gpu_hour: float | None = None) -> GpuPrice:

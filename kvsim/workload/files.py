@@ -15,11 +15,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from kvsim.model.errors import KvsimError, first_repeat
+from kvsim.model.yaml_io import TEXT_ENCODING
 
 GZIP_SUFFIX = ".gz"
-TEXT_ENCODING = "utf-8-sig"
-"""UTF-8, a leading byte-order mark skipped: spreadsheet programs start a CSV with one, which was read as
-part of the first column's name (`\ufeffTIMESTAMP`: "TIMESTAMP=None is not a timestamp")."""
 
 
 def data_file(path: Path) -> Path:

@@ -30,7 +30,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from kvsim.model.config import MAX_ENGINES, MAX_FIXED_COST_S, EngineConfig, GPULink, gpu_presets, model_presets
 from kvsim.model.errors import KvsimError, first_repeat, from_validation_error, not_a_file, reading, shown
 from kvsim.model.spec import Label, Settings
-from kvsim.model.yaml_io import check_yaml_size, load_json, load_yaml, yaml_problem
+from kvsim.model.yaml_io import load_json, load_yaml, settings_text, yaml_problem
 from kvsim.workload.files import data_file, path_texts
 from kvsim.workload.fleet_layout import AutoscalerConfig, KVTransferConfig, ReplicaGroup, Router, settled_groups
 from kvsim.workload.overrides import Overrides, apply_overrides
@@ -353,8 +353,7 @@ def load_scenario(path: str | Path | None = None, overrides: Overrides | None = 
         raise KvsimError(f"scenario={str(path)!r}: {problem}")
     try:
         with reading(file, "scenario"):
-            check_yaml_size(file, "scenario")
-            raw = load_yaml(file.read_text()) or {}
+            raw = load_yaml(settings_text(file, "scenario")) or {}
     except yaml.YAMLError as error:
         raise KvsimError(f"scenario {file}: not valid YAML: {yaml_problem(error)}") from None
     if not isinstance(raw, dict):
