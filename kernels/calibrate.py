@@ -179,7 +179,7 @@ def kernels_source_hash() -> str:
 def write_profile(output: Path, rows: list[dict[str, Any]], meta: dict[str, str]) -> Path:
     """Write `# key: value` metadata, then the CSV, through `kvsim.results.output_dir.output_file`: a new
     file or one kvsim wrote (its first line is `# generator: kvsim calibrate`), replaced when complete."""
-    with output_file(output) as tmp, tmp.open("w", newline="") as f:
+    with output_file(output) as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
         f.write(f"{FILE_TAG} calibrate\n")
         for key, value in meta.items():
             f.write(f"# {key}: {value}\n")

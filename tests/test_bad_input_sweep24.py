@@ -273,3 +273,24 @@ def test_kvsim_reads_its_files_as_utf8_whatever_the_locale(tmp_path, monkeypatch
     meta = tmp_path / "meta.json"  # vLLM's bench JSON, as `validate` reads the settings it recorded
     meta.write_bytes('{"gpu": "H100 – SXM"}'.encode())
     assert recorded_settings(meta) == {"gpu": "H100 – SXM"}  # it read {} (the decode failed without a word)
+
+
+def test_kvsim_writes_its_files_as_utf8_whatever_the_locale(tmp_path, monkeypatch):
+    """Files were written in the locale's encoding: under an ASCII or Latin-1 one a profile recording a GPU named
+    with an en dash, or a report's '≤', ended in a UnicodeEncodeError traceback. `Path.open` and `Path.write_text`
+    are made to write as an ASCII locale does; the profile reads back as written, in UTF-8."""
+    from pathlib import Path
+
+    from kvsim.latency.profiles import Profile
+    from kvsim.latency.profiles.native import read_native, write_native
+
+    path_open, write_text = Path.open, Path.write_text
+    monkeypatch.setattr(Path, "open", lambda self, mode="r", buffering=-1, encoding=None, errors=None, newline=None:
+                        path_open(self, mode, buffering, None if "b" in mode else encoding or "ascii", errors, newline))
+    monkeypatch.setattr(Path, "write_text", lambda self, data, encoding=None, errors=None, newline=None: write_text(
+        self, data, encoding or "ascii", errors, newline))
+    out = tmp_path / "p.csv"
+    write_native(Profile("x", {"gpu": "RTX PRO 6000 – Blackwell"}, [{"kind": "copy", "time_s": "1e-3", "bytes": "8"}]),
+                 out)
+    assert "# gpu: RTX PRO 6000 – Blackwell\n" in out.read_bytes().decode("utf-8")
+    assert read_native(out).meta["gpu"] == "RTX PRO 6000 – Blackwell"

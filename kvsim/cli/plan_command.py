@@ -259,7 +259,7 @@ def write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
     written["pareto.png"] = out_dir / ".pareto.tmp.png"
     try:
         for file, write in (("plan.csv", rows_to_csv), ("plan.json", to_json), ("plan.md", rows_to_markdown)):
-            written[file].write_text(write(rows))
+            written[file].write_text(write(rows), encoding="utf-8")
         pareto_figure(rows, written["pareto.png"], f"{name}: candidates meeting the SLOs")
     except BaseException:
         for tmp in written.values():

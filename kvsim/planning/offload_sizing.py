@@ -249,7 +249,7 @@ def write_sizing(sizing: OffloadSizing, out_dir: Any) -> list[str]:
                                                           ("offload_hurts.csv", sizing.hurts))}
     texts["offload_sizing.json"] = json.dumps(answer(sizing), indent=2) + "\n"
     for name, text in texts.items():
-        (out / f".{name}.tmp").write_text(text)
+        (out / f".{name}.tmp").write_text(text, encoding="utf-8")
     for name in texts:
         os.replace(out / f".{name}.tmp", out / name)
     return OFFLOAD_FILES

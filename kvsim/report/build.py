@@ -120,7 +120,7 @@ def _build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig 
 def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: list[studies.Section], capacity) -> None:
     head = {k: v for k, v in capacity.to_dict().items() if k != "rows"}
     pd.DataFrame([head]).to_csv(tmp / "capacity.csv", index=False)
-    (tmp / "alerts.yaml").write_text(prometheus_rules(cfg))
+    (tmp / "alerts.yaml").write_text(prometheus_rules(cfg), encoding="utf-8")
     md = [f"# KV capacity report: {st.model.name} on {st.gpu.name}", "",
           *summary_markdown(sections, st, cfg), report_text.introduction(st), "",
           f"Latency model for every section: **{st.latency_name}**. Each simulated point is an ordinary "
@@ -157,11 +157,11 @@ def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: lis
             md += ["", f"Table `{name}` ([CSV]({name}.csv)):", "", rows_to_markdown(_rounded(df))]
         if sec.key == "alerts":
             md += ["", "```yaml", prometheus_rules(cfg).rstrip(), "```"]
-    (tmp / "report.md").write_text("\n".join(md) + "\n")
+    (tmp / "report.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     body = _markdown_to_html(md)  # the same text, as HTML
     (tmp / "report.html").write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>kvsim capacity report</title>"
-        "<style>" + STYLE + "</style></head><body>\n" + body + "\n</body></html>\n")
+        "<style>" + STYLE + "</style></head><body>\n" + body + "\n</body></html>\n", encoding="utf-8")
 
 
 # Tables fit the page: the layout shares the width among columns, a header breaks after any

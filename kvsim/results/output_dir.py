@@ -397,7 +397,7 @@ def _interrupt_names(path: str | Path, out: Path, new: Path) -> Iterator[None]:
 def _write_marker(folder: Path, kind: str, files: list[str]) -> None:
     text = json.dumps({"kvsim": _version(), "kind": kind, "files": sorted(files)}) + "\n"
     tmp = folder / (MARKER_NAME + ".tmp")
-    tmp.write_text(text)
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, folder / MARKER_NAME)
 
 

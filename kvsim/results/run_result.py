@@ -121,7 +121,7 @@ class RunResult:
         with output_directory(out_dir, "run") as tmp:
             self.requests.to_parquet(tmp / "requests.parquet", index=False)
             self.steps.to_parquet(tmp / "steps.parquet", index=False)
-            (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+            (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n", encoding="utf-8")
         return Path(out_dir)
 
     def write(self, out_dir: str | Path, steps_format: StepsFormat = "csv") -> Path:
@@ -160,5 +160,6 @@ def write_run_files(folder: Path, result: RunResult, steps: bool, final: Path,
         writer.close()
     for name, table in result.tables.items():
         write_csv(frame_columns(table), folder / f"{name}.csv")
-    (folder / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
-    (folder / "scenario.yaml").write_text(yaml.safe_dump(result.scenario.dump_into(final), sort_keys=False))
+    (folder / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n", encoding="utf-8")
+    (folder / "scenario.yaml").write_text(yaml.safe_dump(result.scenario.dump_into(final), sort_keys=False),
+                                          encoding="utf-8")

@@ -217,7 +217,7 @@ def append_csv(columns: Columns, f: IO[str], header: bool, texts: list[_Texts] |
 
 def write_csv(columns: Columns, path: Path) -> None:
     """A new CSV file at `path` holding `columns` (see `append_csv`)."""
-    with path.open("w", newline="") as f:
+    with path.open("w", newline="", encoding="utf-8") as f:
         append_csv(columns, f, header=True)
 
 
@@ -255,7 +255,7 @@ class StepWriter:
         else:
             first = self._csv is None
             if self._csv is None:
-                self._csv = self.path.open("w", newline="")
+                self._csv = self.path.open("w", newline="", encoding="utf-8")
                 self._texts = [_Texts() for _ in chunk]
             append_csv(chunk, self._csv, header=first, texts=self._texts, table_rows=self.num_rows + num_rows)
         self.num_rows += num_rows
@@ -289,9 +289,9 @@ def concat_step_files(parts: list[Path], dest: Path) -> None:
         if writer is not None:
             writer.close()
     else:
-        with dest.open("w", newline="") as out:
+        with dest.open("w", newline="", encoding="utf-8") as out:
             for number, part in enumerate(parts):
-                with part.open(newline="") as f:
+                with part.open(newline="", encoding="utf-8") as f:
                     header = f.readline()
                     if number == 0:
                         out.write(header)

@@ -412,9 +412,9 @@ def write_validation(v: Validation, out_dir: str | Path) -> Path:
     from kvsim.results.render import rows_to_csv
 
     with output_directory(out_dir, "validation") as tmp:
-        (tmp / "validation.md").write_text(markdown(v))
-        (tmp / "validation.json").write_text(json.dumps(to_json(v), indent=2) + "\n")
-        (tmp / "errors.csv").write_text(rows_to_csv(v.rows))
+        (tmp / "validation.md").write_text(markdown(v), encoding="utf-8")
+        (tmp / "validation.json").write_text(json.dumps(to_json(v), indent=2) + "\n", encoding="utf-8")
+        (tmp / "errors.csv").write_text(rows_to_csv(v.rows), encoding="utf-8")
         v.run.requests.to_csv(tmp / "measured_requests.csv", index=False)
         # the replayed workload is written beside the scenario, which names it relative to its own folder
         replay = v.result.scenario.model_copy(update={"base_dir": str(tmp / "sim")})

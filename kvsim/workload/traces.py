@@ -311,7 +311,7 @@ def read_sharegpt_tokens(path: Path | str, columns: TraceColumns = NO_COLUMNS) -
 
 def write_sharegpt_tokens(records: list[TraceRecord], path: Path | str) -> None:
     """The inverse of `read_sharegpt_tokens`: arrivals in integer ns, token ids where known."""
-    with Path(path).open("w") as f:
+    with Path(path).open("w", encoding="utf-8") as f:
         for r in records:
             row: dict[str, Any] = {"input_toks": r.prompt_len, "output_toks": r.output_len,
                                    "arrival_time_ns": round((r.arrival_s or 0.0) * 1e9)}

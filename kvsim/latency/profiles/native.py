@@ -69,7 +69,7 @@ def write_native(profile: Profile, path: Path) -> Path:
     refused, as its next line would be read back as a row."""
     for key, value in profile.meta.items():
         check_one_line(f"profile metadata {key}", value)
-    with output_file(path) as tmp, tmp.open("w", newline="") as f:
+    with output_file(path) as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
         f.write(f"{FILE_TAG} import-profile\n")
         for key, value in profile.meta.items():
             if key != "generator":  # an imported kvsim CSV's own tag line, rewritten above
