@@ -294,3 +294,13 @@ def test_kvsim_writes_its_files_as_utf8_whatever_the_locale(tmp_path, monkeypatc
                  out)
     assert "# gpu: RTX PRO 6000 – Blackwell\n" in out.read_bytes().decode("utf-8")
     assert read_native(out).meta["gpu"] == "RTX PRO 6000 – Blackwell"
+
+
+@pytest.mark.parametrize("model", ["deepseek-v3", "deepseek-v2-lite"])
+def test_calibrate_refuses_an_mla_model(tmp_path, model):
+    """DeepSeek's attention caches one latent per token (kv_lora_rank 512 + qk_rope_head_dim 64, its config.json),
+    but `calibrate --model deepseek-v3` planned the kernel over 128 K/V heads of 7168 / 128 = 56 dims and GEMMs of
+    a plain q/k/v projection: a profile whose rows match the model's recorded shapes, so a calibrated run would
+    have priced MLA's attention as MHA's (about 25 times the KV bytes a decode reads)."""
+    line = one_line_exit_2(["calibrate", "--gpu", "h200", "--model", model, "--dry-run", "-o", str(tmp_path / "p.csv")])
+    assert line.startswith(f"--model='{model}': {model} caches MLA's latent") and list(tmp_path.iterdir()) == []

@@ -44,6 +44,10 @@ def calibrate(
             raise KvsimError(f"--gpu={gpu!r}: is empty: name the GPU the profile is measured on (e.g. h200)")
         check_one_line("--gpu", gpu)  # its `# gpu:` line: refused by the reader only after the whole calibration
         spec = load_model(model)
+        if spec.mla is not None:  # its grid timed K/V heads of hidden_size / heads, a profile for another model
+            raise KvsimError(f"--model={model!r}: {spec.name} caches MLA's latent (kv_lora_rank + qk_rope_head_dim "
+                             "per token), which the Triton paged-attention kernel kvsim calibrate times does not "
+                             "read; its GEMMs are MLA's own projections too")
         engine = make_engine(tensor_parallel_size=tensor_parallel_size)
         check_parallel(spec, engine)  # the per-GPU shapes below divide by TP: a TP vLLM cannot shard has none
         if kv_cache_dtype not in ("auto", "fp8"):
