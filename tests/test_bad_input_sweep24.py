@@ -304,3 +304,23 @@ def test_calibrate_refuses_an_mla_model(tmp_path, model):
     have priced MLA's attention as MHA's (about 25 times the KV bytes a decode reads)."""
     line = one_line_exit_2(["calibrate", "--gpu", "h200", "--model", model, "--dry-run", "-o", str(tmp_path / "p.csv")])
     assert line.startswith(f"--model='{model}': {model} caches MLA's latent") and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("name", "value"), [("COLUMNS", "0"), ("COLUMNS", "00"), ("COLUMNS", "²"), ("LINES", "²"),
+                                             ("COLUMNS", "1" * 4301)])
+def test_a_terminal_size_rich_misreads_is_ignored(monkeypatch, name, value):
+    """rich reads COLUMNS and LINES with `int()` once `str.isdigit` passes them: COLUMNS=0 (fish exports it while
+    reading its config) made a console 0 characters wide, so `kvsim capacity` printed nothing, exit 0; a
+    superscript two was a ValueError traceback. Dropped, rich takes the terminal's size or 80 by 25."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app, usable_terminal_size
+
+    monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LINES" if name == "COLUMNS" else "COLUMNS", "100")  # a usable one is kept
+    usable_terminal_size()
+    assert name not in os.environ and os.environ["LINES" if name == "COLUMNS" else "COLUMNS"] == "100"
+    result = CliRunner().invoke(app, ["capacity", "--context-lengths", "1024"])
+    assert result.exit_code == 0 and "context_len" in result.stdout and "1,024" in result.stdout

@@ -403,7 +403,24 @@ def escape_unencodable_output() -> None:
         reconfigure(errors=ESCAPE_ERRORS)
 
 
+def usable_terminal_size() -> None:
+    """Drop a `COLUMNS` or `LINES` that rich misreads from the environment (rich then asks the terminal, else takes
+    80 by 25). Rich reads any text `str.isdigit` passes with `int()`: 0 as a console zero characters wide, which
+    prints nothing (`kvsim capacity` under a shell or container that exports `COLUMNS=0`, as fish does while reading
+    its config, wrote no table, exit 0), and a superscript two (`²`) as a ValueError traceback before any output.
+    A count of ASCII digits (`kvsim.model.units.ascii_int`) of at least 1 is kept."""
+    import os
+
+    from kvsim.model.units import ascii_int
+
+    for name in ("COLUMNS", "LINES"):
+        value = os.environ.get(name)
+        if value is not None and value.isdigit() and not ascii_int(value):
+            del os.environ[name]
+
+
 def main() -> None:
     install_interrupts()
     escape_unencodable_output()
+    usable_terminal_size()
     app()
