@@ -227,7 +227,8 @@ def test_stdout_in_an_ascii_locale_escapes_a_name_it_cannot_encode(tmp_path, mon
     import io
     import sys
 
-    from kvsim.cli import app, escape_unencodable_output
+    from kvsim.cli import app
+    from kvsim.cli.terminal import escape_unencodable_output
 
     gpu = tmp_path / "gpu-é.yaml"
     gpu.write_text("memory_bytes: 80GiB\nhbm_bandwidth_bytes_per_s: 3.35e12\nfp16_flops: 989e12\n"
@@ -316,7 +317,8 @@ def test_a_terminal_size_rich_misreads_is_ignored(monkeypatch, name, value):
 
     from typer.testing import CliRunner
 
-    from kvsim.cli import app, usable_terminal_size
+    from kvsim.cli import app
+    from kvsim.cli.terminal import usable_terminal_size
 
     monkeypatch.setenv(name, value)
     monkeypatch.setenv("LINES" if name == "COLUMNS" else "COLUMNS", "100")  # a usable one is kept
