@@ -326,3 +326,25 @@ def test_a_terminal_size_rich_misreads_is_ignored(monkeypatch, name, value):
     assert name not in os.environ and os.environ["LINES" if name == "COLUMNS" else "COLUMNS"] == "100"
     result = CliRunner().invoke(app, ["capacity", "--context-lengths", "1024"])
     assert result.exit_code == 0 and "context_len" in result.stdout and "1,024" in result.stdout
+
+
+@pytest.mark.parametrize(("flag", "value", "key"), [("--source-licence", " ", "source_licence"),
+                                                    ("--source-repository", "", "source_repository"),
+                                                    ("--source-commit", "\t", "source_commit")])
+def test_import_profile_refuses_a_blank_source_field(tmp_path, flag, value, key):
+    """`--source-repository ''` was ignored without a word (the format's origin recorded), `--source-licence ' '`
+    recorded as a blank licence: the profile's provenance is what these lines say."""
+    from test_profiles import write_bundle
+
+    bundle = write_bundle(tmp_path / "bf16")
+    out = tmp_path / "p.csv"
+    argv = ["import-profile", str(bundle), "-o", str(out), "--model", "llama-3.1-8b", "--gpu", "rtx-pro-6000"]
+    assert one_line_exit_2([*argv, flag, value]) == (
+        f"{key}={value!r}: is empty: give the source's {key.removeprefix('source_')} or leave it out")
+    assert not out.exists()
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    assert CliRunner().invoke(app, [*argv, flag, "MIT"]).exit_code == 0
+    assert f"# {key}: MIT\n" in out.read_text()

@@ -44,9 +44,15 @@ class Profile:
 
 
 def with_source(profile: Profile, repository: str | None, commit: str | None, licence: str | None) -> Profile:
-    """`profile` with the source fields that are given replaced (the rest kept as imported)."""
+    """`profile` with the source fields that are given (not None) replaced, the rest kept as imported. A blank one
+    is a `KvsimError` naming it: `--source-licence ''` was ignored without a word and `' '` recorded as no
+    licence, in the `# key: value` lines a profile's provenance is read from."""
     given = {"source_repository": repository, "source_commit": commit, "source_licence": licence}
-    meta = {**profile.meta, **{k: v for k, v in given.items() if v}}
+    for key, value in given.items():
+        if value is not None and not value.strip():
+            raise KvsimError(f"{key}={value!r}: is empty: give the source's {key.removeprefix('source_')} or leave it "
+                             "out")
+    meta = {**profile.meta, **{k: v for k, v in given.items() if v is not None}}
     return Profile(profile.name, meta, profile.rows, profile.names)
 
 
