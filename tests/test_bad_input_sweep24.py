@@ -1,7 +1,16 @@
 """Bad input found by the twenty-fourth sweep. Each is refused (the CLI: exit 2, one line naming the field and the
 value, nothing written; the Python API: a `KvsimError`), or said as it is.
 
-Found: an SLO class of more digits than `int()` converts said Python's conversion-limit message (`parse_slo_key`).
+Found: an SLO class of more digits than `int()` converts said Python's conversion-limit message (`parse_slo_key`);
+`window_evidence` on a table missing a column raised a bare KeyError; `probe_passes`, `why_failed` and
+`missed_within_noise` judged the verdict before the SLO (an unknown key False on an overloaded run, a ValueError on
+a stable one; a limit of 0 divided by zero); a measured request_id that is not text was paired by position; the
+trace readers refused a path given as text (AttributeError); a 100 MB scenario YAML parsed for ~41 s before its
+error; KVSIM_KERNELS_COMMIT spanning lines was written into a profile's metadata; a Vidur mlp.csv or a bundle CSV
+with a header alone was imported (or told as a TP mismatch); files were read and written in the locale's encoding
+and stdout refused what it could not encode (tracebacks under an ASCII locale); `calibrate` planned an MLA model's
+grid as MHA's; COLUMNS=0 printed nothing and a superscript COLUMNS was a traceback; a blank `--source-*` flag of
+`import-profile` was ignored or recorded blank.
 """
 
 from __future__ import annotations
