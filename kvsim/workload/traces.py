@@ -11,9 +11,10 @@
 
 A malformed row raises `KvsimError` naming the file and line; a column (a JSON key) a format needs and a row
 lacks is an error naming it, one it does not read is ignored without a word (real traces carry columns kvsim has
-no use for). Arrival times are seconds
-from the first record. A reader takes its file as a `Path` or its text. The CSV, JSONL and JSON files may be
-gzipped (`.gz`, see `kvsim.workload.files`) and may start with a UTF-8 byte-order mark.
+no use for). Arrival times are seconds: Azure's
+from its first record (its timestamps are wall-clock instants), Mooncake's and sharegpt_tokens' as the file counts
+them, from the trace's start (`_seconds`). A reader takes its file as a `Path` or its text. The CSV, JSONL and JSON
+files may be gzipped (`.gz`, see `kvsim.workload.files`) and may start with a UTF-8 byte-order mark.
 
 The row formats (`azure`, `mooncake`, `sharegpt_tokens`, `lengths`) may carry two more per-request
 columns, named by the scenario (`TraceColumns`): a **priority** (vLLM's integer request priority; 1.0
