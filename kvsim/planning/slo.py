@@ -89,8 +89,8 @@ def headroom(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> float:
 
 def probe_passes(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> bool:
     """Stable over the window and every SLO within its limit there (no SLO: stability alone, the capacity)."""
-    met = headroom(evidence, slo) >= 0  # first: it checks the SLO (`check_slo`)
-    return evidence["verdict"] == STABLE and met
+    check_slo(slo)
+    return evidence["verdict"] == STABLE and headroom(evidence, slo) >= 0
 
 
 def shortage(evidence: Mapping[str, Any], num_preemptions: int) -> str:
@@ -115,9 +115,10 @@ def missed_within_noise(evidence: Mapping[str, Any], slo: Mapping[str, float]) -
     """Whether a stable run missed SLOs only within its sample's noise: each missed percentile's 95 % confidence
     interval reaches down to its limit, so a longer run may well meet it. A mean has no interval here, and an
     unstable verdict is no SLO's noise: False for those, and for a run that missed nothing."""
-    missed = [key for key, value in slo_values(evidence, slo).items() if value > slo[key]]
+    check_slo(slo)
     if evidence["verdict"] != STABLE:
         return False
+    missed = [key for key, value in slo_values(evidence, slo).items() if value > slo[key]]
     for key in missed:
         metric, stat, priority = parse_slo_key(key)
         low = slo_stats(evidence, metric, priority).get(f"{stat}_ci", (None, None))[0]
@@ -129,10 +130,10 @@ def missed_within_noise(evidence: Mapping[str, Any], slo: Mapping[str, float]) -
 def why_failed(evidence: Mapping[str, Any] | None, slo: Mapping[str, float]) -> str | None:
     """'is overloaded' / 'is backlogged' / 'is stalled' when the system was not stable, else 'misses' and the SLOs
     missed."""
+    check_slo(slo)
     if evidence is None:
-        check_slo(slo)
         return None
-    missed = [k for k, v in slo_values(evidence, slo).items() if v > slo[k]]
     if evidence["verdict"] != STABLE:
         return f"is {evidence['verdict']}"
+    missed = [k for k, v in slo_values(evidence, slo).items() if v > slo[k]]
     return "misses " + ", ".join(missed) if missed else None
