@@ -77,7 +77,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """The two xdist workers of `./dev test` take the next test whenever one is free, `slow` tests first
     (`pytest_collection_modifyitems`), so that the run ends on short tests rather than with one worker
     idle while the other finishes a long one; the tests of a module with a module-scoped fixture go to
-    one worker together, so that the fixture is computed once. (xdist's own `--dist loadgroup` does not
+    one worker together, so that the fixture is computed once, and so do the kernel tests (`KERNEL_TESTS`), so
+    that one worker imports torch and triton (~1.6 CPU s), not both (tests/kernel_tests/conftest.py). (xdist's own `--dist loadgroup` does not
     group under pytest 9, whose node ids it can no longer suffix.) Another `--dist` is xdist's own.
 
     xdist queues the units by their number of tests (`--loadscope-reorder`, its default): those grouped
@@ -95,9 +96,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         # overridden; were it renamed, the default (a module or class per unit) would schedule instead
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::")[0]
+            if path.startswith(KERNEL_TESTS):
+                return KERNEL_TESTS
             return path if _has_module_fixture(path) else nodeid
 
     return OneTestOrOneModule(config, log)
+
+
+KERNEL_TESTS = "tests/kernel_tests/"
+"""The folder whose tests one xdist worker runs together (`pytest_xdist_make_scheduler`)."""
 
 
 @functools.cache

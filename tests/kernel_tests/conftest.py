@@ -3,6 +3,11 @@
 Every test seeds torch with the run's seed (printed in pytest's header, `KVSIM_TEST_SEED` to
 replay; see tests/conftest.py) plus a hash of its own id, so a test run alone draws the same
 inputs as in the full run, and a failure names the seed that reproduces it.
+
+torch and triton are imported when the first kernel test runs (`kernel_libraries`), not when pytest collects
+this folder: both xdist workers collect every test, and the import costs ~1.6 CPU s, which the worker that runs
+none of these tests (tests/conftest.py gives them all to one) no longer pays. Without torch or triton every test
+here skips, as the folder did when this module imported them.
 """
 
 import functools
@@ -11,12 +16,17 @@ import zlib
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-triton = pytest.importorskip("triton")
+from tests.conftest import SEED_VARIABLE, run_seed
 
-from tests.conftest import SEED_VARIABLE, run_seed  # noqa: E402
+
+@pytest.fixture(scope="session")
+def kernel_libraries():
+    """(torch, triton), Triton's interpreter chosen first where no CUDA device is (triton reads
+    TRITON_INTERPRET as it loads); a missing one skips the test."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    return torch, pytest.importorskip("triton")
 
 
 @functools.cache
@@ -29,6 +39,8 @@ def interpreter_problem() -> str | None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         return None
     import numpy
+    import torch
+    import triton
     import triton.language as tl
 
     @triton.jit
@@ -48,7 +60,8 @@ def interpreter_problem() -> str | None:
 
 
 @pytest.fixture(autouse=True)
-def seeded(request: pytest.FixtureRequest) -> int:
+def seeded(request: pytest.FixtureRequest, kernel_libraries) -> int:
+    torch, _ = kernel_libraries
     problem = getattr(request.module, "RUNS_KERNELS", True) and interpreter_problem()
     if problem:
         pytest.fail(problem, pytrace=False)

@@ -1,16 +1,24 @@
-"""The calibration harness end to end on the CPU: a tiny grid, the interpreter, a stand-in timer."""
+"""The calibration harness end to end on the CPU: a tiny grid, the interpreter, a stand-in timer.
 
-import torch
-import triton
+torch, triton and the harness are imported in the tests, not when pytest collects them (conftest.py says why);
+`kvsim calibrate`'s refusal without a GPU is here for the same reason: it imports torch to ask for one."""
 
-from kernels.calibrate import measure
+import pytest
+from typer.testing import CliRunner
+
 from kernels.grid import Grid, LayerShapes, plan
+from kvsim.cli import app
 from kvsim.latency.calibrated import CalibratedLatency
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.model.config import EngineConfig, load_gpu, load_model
 
 
 def test_tiny_grid_writes_a_profile_the_model_reads(tmp_path):
+    import torch
+    import triton
+
+    from kernels.calibrate import measure
+
     model = load_model("llama-3.1-8b")
     shapes = LayerShapes(num_heads=32, num_kv_heads=8, head_dim=128, hidden_size=64, intermediate_size=96,
                          vocab_size=100, gated_mlp=True, dtype="bfloat16", kv_dtype="auto", model="Llama-3.1-8B",
@@ -40,3 +48,13 @@ def test_tiny_grid_writes_a_profile_the_model_reads(tmp_path):
     roofline = RooflineLatency(model, load_gpu("h200"), engine)
     latency = CalibratedLatency.from_csv(path, model, engine, roofline)
     assert latency.name == "calibrated(p: cpu-test)"
+
+
+def test_calibrate_without_gpu_is_one_line_error(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    result = CliRunner().invoke(app, ["calibrate", "--gpu", "h200", "-o", str(tmp_path / "p.csv")])
+    assert result.exit_code == 2 and "no CUDA device" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "p.csv").exists()
