@@ -95,16 +95,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         # xdist's own schedulers (`--dist loadfile`, `loadgroup`) are LoadScopeScheduling with this one method
         # overridden; were it renamed, the default (a module or class per unit) would schedule instead
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::")[0]
-            if path.startswith(KERNEL_TESTS):
-                return KERNEL_TESTS
-            return path if _has_module_fixture(path) else nodeid
+            return scheduling_unit(nodeid)
 
     return OneTestOrOneModule(config, log)
 
 
 KERNEL_TESTS = "tests/kernel_tests/"
 """The folder whose tests one xdist worker runs together (`pytest_xdist_make_scheduler`)."""
+
+
+def scheduling_unit(nodeid: str) -> str:
+    """The unit of tests an xdist worker takes as one (`pytest_xdist_make_scheduler`): the kernel tests' folder,
+    a module with a module-scoped fixture, or else the test itself."""
+    path = nodeid.split("::")[0]
+    if path.startswith(KERNEL_TESTS):
+        return KERNEL_TESTS
+    return path if _has_module_fixture(path) else nodeid
 
 
 @functools.cache
