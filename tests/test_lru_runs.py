@@ -21,10 +21,14 @@ from kvsim.kv.prefix_cache import HashChainCache
 from kvsim.workload.content import SegmentContent
 
 
+@pytest.mark.parametrize("single", [0.0, 0.8])
 @pytest.mark.parametrize("compact_min", [0, 8, lru_runs.COMPACT_MIN_ENTRIES])
-def test_runs_follow_an_ordered_dict(monkeypatch, compact_min):
+def test_runs_follow_an_ordered_dict(monkeypatch, compact_min, single):
+    """`single`: the share of evictions that take one block (a decode's next block: `take`'s fast path, which
+    must skip to the loop when the head entry is dead)."""
     monkeypatch.setattr(lru_runs, "COMPACT_MIN_ENTRIES", compact_min)
     rng = random.Random(compact_min)
+    num_single_past_dead = 0
     runs, model, free = LruRuns(), OrderedDict[int, None](), list(range(200))
     for _ in range(3_000):
         op = rng.random()
@@ -40,7 +44,8 @@ def test_runs_follow_an_ordered_dict(monkeypatch, compact_min):
             del model[block_id]
             free.append(block_id)
         elif model:  # evictions from the head
-            n = rng.randrange(1, len(model) + 1)
+            n = 1 if single and rng.random() < single else rng.randrange(1, len(model) + 1)
+            num_single_past_dead += n == 1 and runs._runs[0][runs._start] in runs._dead
             expected = list(islice(model, n))
             assert runs.take(n) == expected
             for block_id in expected:
@@ -49,6 +54,8 @@ def test_runs_follow_an_ordered_dict(monkeypatch, compact_min):
         assert len(runs) == len(model)
         assert list(runs) == list(model)
         runs.check_invariants()
+    if single:
+        assert num_single_past_dead > 20  # one-block takes met a dead head entry (the fast path's fallback)
     if compact_min <= 8:
         assert runs._num_dead <= max(compact_min, runs._num_live)  # compactions kept the dead entries bounded
 

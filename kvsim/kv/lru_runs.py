@@ -71,7 +71,19 @@ class LruRuns:
     def take(self, num_blocks: int) -> list[int]:
         """Remove and return the `num_blocks` oldest live blocks, oldest first."""
         assert num_blocks <= self._num_live, f"evicting {num_blocks} blocks of {self._num_live} evictable"
-        runs, dead, taken = self._runs, self._dead, list[int]()
+        runs, dead = self._runs, self._dead
+        if num_blocks == 1:  # a decode's next block (hot): the head entry, when it is live, as the loop below takes it
+            run, start = runs[0], self._start
+            block_id = run[start]
+            if block_id not in dead:  # a block's dead entries come before its live one: with none, this is live
+                start += 1
+                if start == len(run):
+                    runs.popleft()
+                    start = 0
+                self._start = start
+                self._num_live -= 1
+                return [block_id]
+        taken = list[int]()
         while len(taken) < num_blocks:
             run, start = runs[0], self._start
             chunk = run[start:start + num_blocks - len(taken)]
