@@ -36,34 +36,23 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import compress
 
 from kvsim.kv.block_pool import BlockPool, PoolSlots
 from kvsim.kv.block_tables import distinct_blocks, growth_blocks, repeated_blocks, table_references
 from kvsim.kv.paged_burst import PagedBursts
+from kvsim.kv.paged_decode import PagedDecodes, SeqBlocks
 from kvsim.kv.prefix_cache import HashChainCache, PrefixCache
 from kvsim.kv.protocol import ALLOCATED, NO_HIT, Allocation, PrefixHit, SwapResult
 from kvsim.model.units import ceil_div
 from kvsim.workload.content import Content
 
 
-@dataclass(slots=True)
-class SeqBlocks:
-    """One sequence's view of the cache: its block table and how many slots it has written."""
-
-    block_table: list[int]
-    num_tokens: int
-    final_num_tokens: int
-    content: Content | None
-    num_hashed_blocks: int  # leading blocks whose content hash has been registered (or tried)
-    reservable: int = 0  # slots this sequence holds for tokens it has or will have (see _own_reservable)
-
-
-class PagedAllocator(PoolSlots, PagedBursts):
+class PagedAllocator(PoolSlots, PagedDecodes, PagedBursts):
     """Block tables over a GPU pool (and a CPU pool for swap); the policy half of vLLM's KV manager.
 
-    Implements `kvsim.kv.protocol.KVAllocator`; the decode-burst methods live in `paged_burst.py`.
+    Implements `kvsim.kv.protocol.KVAllocator`; the one-token decode paths live in `paged_decode.py`, the
+    decode-burst methods in `paged_burst.py`.
     `prefix_cache`: the GPU pool's prefix cache (default a `HashChainCache`); decode bursts need the
     hash chain's key-level inserts, so with another cache and caching on they are off (`supports_bursts`).
     """
@@ -198,8 +187,11 @@ class PagedAllocator(PoolSlots, PagedBursts):
         nothing, when the blocks are not there.
         """
         seq = self.seqs.get(seq_id)
-        if seq is not None and num_tokens_total == seq.num_tokens + 1 and self.append_token(seq_id):
-            return ALLOCATED
+        if seq is not None and num_tokens_total == seq.num_tokens + 1:
+            if self.append_token(seq_id):
+                return ALLOCATED
+            if seq.num_tokens == len(seq.block_table) * self.block_size and self._append_block(seq, reserve_slots):
+                return ALLOCATED
         needed = self._blocks_needed(seq, num_tokens_total, hit)
         if needed and needed + ceil_div(reserve_slots, self.block_size) > self.pool.num_free_blocks:
             return None
@@ -210,31 +202,6 @@ class PagedAllocator(PoolSlots, PagedBursts):
         if new and self.v0_prefix_caching:
             self.uncomputed_blocks.update(seq.block_table[len(hit.block_ids):])
         return Allocation(num_copied_blocks=1) if copied else ALLOCATED
-
-    def append_token(self, seq_id: int) -> bool:
-        """`allocate(seq_id, written + 1)` when that token goes into the sequence's own partly
-        filled last block (no new block, no copy, not past its final length); otherwise False,
-        changing nothing, and the caller uses `allocate`. The hot path of every decode step:
-        `_mark_written` inlined for one token in the last block."""
-        seq = self.seqs.get(seq_id)
-        if seq is None:
-            return False
-        bs, written, final = self.block_size, seq.num_tokens, seq.final_num_tokens
-        used = written % bs
-        block_id = seq.block_table[written // bs] if used else 0  # the partly filled block (not the last if held ahead)
-        if not used or written >= final or self.pool.ref_counts[block_id] != 1:
-            return False
-        self.block_fill[block_id] = used + 1
-        self.num_filled_slots += 1
-        self._sum_written += 1
-        seq.num_tokens = written + 1
-        held = len(seq.block_table) * bs  # a forked child's reservation becomes its own here, as in _mark_written
-        reservable = held if held < final else final
-        self._sum_reservable += reservable - seq.reservable
-        seq.reservable = reservable
-        if used + 1 == bs and self.enable_caching and seq.content is not None:
-            self._hash_full_blocks(seq)
-        return True
 
     def _start(self, seq_id: int, final_num_tokens: int, content: Content | None, hit: PrefixHit) -> SeqBlocks:
         pool, ref_counts, fill = self.pool, self.pool.ref_counts, self.block_fill
