@@ -90,10 +90,6 @@ class BlockPool:
         """
         assert n <= self.num_free_blocks, f"asked for {n} blocks, {self.num_free_blocks} free"
         unhashed, ref_counts = self._unhashed, self.ref_counts
-        if n == 1 and unhashed:  # a decode's next block (hot): the head, as the slices below take it
-            block_id = unhashed.pop()
-            ref_counts[block_id] = 1
-            return [block_id]
         num_unhashed = min(n, len(unhashed))
         popped = unhashed[len(unhashed) - num_unhashed:]
         popped.reverse()
