@@ -86,8 +86,8 @@ class V1Scheduler(Scheduler):
         budget = self.limits.max_num_batched_tokens
         running, scheduled, append_token = self.running, plan.scheduled, self.alloc.append_token
         spec = self.speculation
-        i, num_running = 0, len(running)  # changes only by preemption (`allocate_or_preempt`), read again there
-        while i < num_running and budget > 0:
+        i = 0
+        while i < len(running) and budget > 0:
             req = running[i]
             past = req.num_computed_tokens
             if (spec is None and past and req.prompt_len + req.num_output_tokens == past + 1 and req.num_samples == 1
@@ -110,7 +110,6 @@ class V1Scheduler(Scheduler):
                 hold_slots = min(past + num_new + spec.num_lookahead_slots, self.limits.max_model_len)
             num_preempted = len(plan.preempted)
             fits = self.allocate_or_preempt(req, past + 1 if verify else past + num_new, plan, hold_slots)
-            num_running = len(running)
             if len(plan.preempted) > num_preempted and self.waiting.policy == "priority":
                 refunded, unscheduled = self._unschedule(plan, plan.preempted[num_preempted:])
                 budget += refunded
