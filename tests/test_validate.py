@@ -143,6 +143,16 @@ def test_replay_without_async_scheduling_plans_each_step_when_it_starts(tmp_path
     assert v.row("makespan (s)")["kvsim"] == pytest.approx(0.05)
 
 
+def test_replay_reads_enforce_eager_from_the_engine_arguments(tmp_path):
+    # vLLM's default (absent: false) runs CUDA graphs, whose padding the replay prices; `true` turns them off
+    run_dir = write_run(tmp_path)
+    assert not validate(load_measured(run_dir), gpu="h100-80gb", overrides=CONSTANT).scenario.engine.enforce_eager
+    meta = json.loads((run_dir / "vllm" / "meta.json").read_text())
+    meta["engine_kwargs"]["enforce_eager"] = True
+    (run_dir / "vllm" / "meta.json").write_text(json.dumps(meta))
+    assert validate(load_measured(run_dir), gpu="h100-80gb", overrides=CONSTANT).scenario.engine.enforce_eager
+
+
 def test_the_shared_moe_case_replays_within_the_targets():
     """Qwen3-30B-A3B, DP 2 with expert parallelism on two RTX PRO 6000s, with the imported profile
     (its moe.csv): TTFT, TPOT and E2E means within 10 % of the measured run, TPOT within 5 %."""

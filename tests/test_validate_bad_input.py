@@ -61,6 +61,7 @@ FOLDER_CASES = {
     "ep 'false'": (_engine(enable_expert_parallel="false"),
                    r"engine_kwargs.enable_expert_parallel='false' is not true or false"),
     "utilization true": (_engine(gpu_memory_utilization=True), r"gpu_memory_utilization=True is not a number"),
+    "eager 'true'": (_engine(enforce_eager="true"), r"engine_kwargs.enforce_eager='true' is not true or false"),
     "kv dtype a number": (_engine(kv_cache_dtype=8), r"engine_kwargs.kv_cache_dtype=8 is not a string"),
     "started_at naive": (lambda run: _patch_json(run / "vllm" / "meta.json", started_at="2026-01-01T00:00:00"),
                          r"started_at='2026-01-01T00:00:00' has no time zone"),

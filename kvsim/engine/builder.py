@@ -24,6 +24,7 @@ from kvsim.kv.link import LinkSpec
 from kvsim.kv.offload_connector import OffloadConnector, TierSpec
 from kvsim.kv.radix_prefix_cache import RadixPrefixCache
 from kvsim.latency.base import ConstantLatency, LatencyModel
+from kvsim.latency.cudagraph import engine_padding
 from kvsim.latency.roofline import RooflineLatency, attended_windows
 from kvsim.latency.speculative import speculative_latency
 from kvsim.model.capacity import model_kv_layout, num_gpu_blocks, swap_bytes
@@ -221,8 +222,9 @@ def _target_latency(spec: EngineSpec) -> LatencyModel:
     cfg = scenario.latency
     if cfg.model == "constant":
         return ConstantLatency(cfg.step_s, gpu.host_link_bandwidth_bytes_per_s)
+    padding = engine_padding(spec.engine, spec.limits.max_num_seqs, spec.limits.max_num_batched_tokens)
     roofline = RooflineLatency(model, gpu, spec.engine, cfg.overhead_s, cfg.overlap_swap, layout=spec.kv_layout,
-                               overlap_cpu=spec.async_scheduling)
+                               overlap_cpu=spec.async_scheduling, padding=padding)
     if cfg.model == "roofline":
         return roofline
     from kvsim.latency.calibrated import CalibratedLatency

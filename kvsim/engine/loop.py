@@ -22,6 +22,7 @@ from kvsim.engine.recorder import StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.engine.turns import TurnArrivals
 from kvsim.latency.base import LatencyModel
+from kvsim.latency.cudagraph import coordinate_dp_group
 from kvsim.model.errors import HeldKvStall
 from kvsim.sched import Scheduler
 from kvsim.sched.burst import Burst, plan_burst
@@ -100,10 +101,9 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
                                    "nothing runnable")
             yield from wakeup.wait()
             continue
-        if lone is None:
-            group_tokens = sum(plan.num_tokens for _, plan in busy)
-            for _, plan in busy:
-                plan.num_dp_group_tokens = group_tokens
+        if lone is None:  # the ranks' MoE layers run together, CUDA-graph padded alike (`kvsim.latency.cudagraph`)
+            coordinate_dp_group([plan for _, plan in busy], len(group),
+                                getattr(busy[0][0].latency, "cudagraph_padding", None))
         duration = max(engine.latency.step_time(plan) for engine, plan in busy)
         if env.now + duration > MAX_INSTANT_S:
             raise past_the_clock(f"latency={busy[0][0].latency.name}: a step of {duration:g} s", env.now + duration)

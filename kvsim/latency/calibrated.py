@@ -15,6 +15,8 @@ T tokens, S sampled rows and L layers, on one tensor-parallel rank:
     sequence    t_lm_head(S) + t_sampler(S)
     + the roofline's all-reduce, copies, CPU overhead and swap (no per-op profile measures those)
 
+T is the roofline's: CUDA-graph padded (`RooflineLatency.run_tokens`, `kvsim.latency.cudagraph`).
+
 Each cost is counted once. LLMServingSim's bundles hold vLLM's layerwise-profile CUDA time per module
 (GPU kernel time, no host time: profiler/core/hooks/timings.py), timed in eager mode on one GPU with
 per-rank shapes (TP emulated: no all-reduce runs), so neither the CPU overhead nor the all-reduce is in
@@ -163,6 +165,7 @@ class CalibratedLatency:
         tp = engine.tensor_parallel_size
         self.name = f"calibrated({profile.name}: {profile.meta.get('gpu', '?')})"
         self.roofline = roofline
+        self.cudagraph_padding = roofline.cudagraph_padding  # the loop pads a data-parallel group with it
         self.num_layers = model.num_layers
         rows = profile.rows
         self.gemms = {op: f for op, (f, _) in _ops(rows, "gemm", "num_tokens").items()}
@@ -330,7 +333,7 @@ class CalibratedLatency:
     def step_time(self, plan: StepPlan) -> float:
         compute = 0.0
         if plan.num_tokens:
-            t = plan.num_tokens
+            t = self.roofline.run_tokens(plan)
             compute = (self.linear_s(t, plan.num_dp_group_tokens) + self.token_ops_s(t) + self.attention_s(plan)
                        + self.sequence_s(plan.num_sampled) + self.roofline.fixed_s(plan))
         return self.roofline.total_s(compute, plan)

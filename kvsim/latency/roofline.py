@@ -26,7 +26,10 @@ method, so the calibrated model can fall back to any one of them):
 with F, B the GPU's dense fp16 FLOP/s and memory bandwidth. ‖(a, b)‖₂ = √(a² + b²) is a smooth
 roofline: it equals the larger term far from the ridge and adds up to 41 % near it, where real
 GEMMs are neither purely compute- nor memory-bound. The MLP is its own method (`mlp_s`) so a
-per-layer-type term (MoE experts) can replace it.
+per-layer-type term (MoE experts) can replace it. T is the tokens the layers run: with CUDA graphs
+(`engine.enforce_eager` false, vLLM v1's default) the step's tokens padded up to the next capture size, the same
+across a lockstep data-parallel group (`kvsim.latency.cudagraph`): linear, token ops, MoE and all-reduce carry the
+padding; attention, LM head and sampler see only the real rows.
 
 Achievable fractions (`Efficiency`, per GPU: `efficiency_for`) and the per-op costs they scale
 (`gemm_s`, `token_op_s`) are `kvsim.latency.efficiency`'s, each fraction there with its source.
@@ -69,6 +72,7 @@ from kvsim.model.spec import attention_params_per_layer
 
 if TYPE_CHECKING:
     from kvsim.latency.base import LatencyModel
+    from kvsim.latency.cudagraph import CudaGraphPadding
     from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
     from kvsim.model.kv_layout import KVLayout
 
@@ -85,7 +89,8 @@ class RooflineLatency:
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, overhead_s: float | None = None,
                  overlap_swap: bool = False, efficiency: Efficiency | None = None,
-                 layout: KVLayout | None = None, overlap_cpu: bool = False) -> None:
+                 layout: KVLayout | None = None, overlap_cpu: bool = False,
+                 padding: CudaGraphPadding | None = None) -> None:
         from kvsim.model.capacity import mlp_width, model_kv_layout
 
         tp = engine.tensor_parallel_size
@@ -100,6 +105,7 @@ class RooflineLatency:
         self.overhead_s = overhead_s
         self.overlap_swap = overlap_swap
         self.overlap_cpu = overlap_cpu
+        self.cudagraph_padding = padding
         d = model.dtype_bytes
         h = model.hidden_size
         heads = max(1, model.num_attention_heads // tp)
@@ -290,10 +296,19 @@ class RooflineLatency:
             return self.overhead_s
         return self.eff.cpu_fixed_s + num_seqs * self.eff.cpu_per_seq_s
 
+    def run_tokens(self, plan: StepPlan) -> int:
+        """Tokens the step's layers run: the plan's, CUDA-graph padded (`padding`; across a data-parallel group
+        where the group set `num_dp_padded_tokens`: `kvsim.latency.cudagraph`)."""
+        if plan.num_dp_padded_tokens:
+            return plan.num_dp_padded_tokens
+        padding = self.cudagraph_padding
+        return plan.num_tokens if padding is None else padding.padded(plan.num_tokens)
+
     def fixed_s(self, plan: StepPlan) -> float:
         """Copies, communication and (unless it overlaps, `total_s`) the CPU overhead: terms no per-op
         profile measures."""
-        gpu = plan.num_copied_blocks * self.copy_bytes_per_block / self.bandwidth + self.allreduce_s(plan.num_tokens)
+        gpu = plan.num_copied_blocks * self.copy_bytes_per_block / self.bandwidth + self.allreduce_s(
+            self.run_tokens(plan))
         return gpu if self.overlap_cpu else gpu + self.cpu_s(plan.num_seqs)
 
     def total_s(self, compute_s: float, plan: StepPlan) -> float:
@@ -313,8 +328,8 @@ class RooflineLatency:
         context = first.sum_decode_context_tokens
         if first.num_prefill_tokens or first.attention_work != context or first.sum_context_tokens != context:
             return None
-        key = (first.num_tokens, first.num_dp_group_tokens, first.num_decode_seqs, first.num_sampled,
-               first.num_seqs, first.num_copied_blocks, first.swap_in_bytes, first.swap_out_bytes)
+        key = (first.num_tokens, first.num_dp_group_tokens, first.num_dp_padded_tokens, first.num_decode_seqs,
+               first.num_sampled, first.num_seqs, first.num_copied_blocks, first.swap_in_bytes, first.swap_out_bytes)
         terms = self._decode_terms.get(key)
         if terms is None:
             terms = self._decode_terms[key] = self._decode_step_terms(first)
@@ -324,7 +339,7 @@ class RooflineLatency:
         """A pure-decode step's terms but its attention reads (they depend on its plan's sizes only): linear
         layers and token ops, the decode kernels' floor, LM head and sampler, fixed terms, the CPU overhead
         where it overlaps (else 0), swap transfers."""
-        t, eff = first.num_tokens, self.eff
+        t, eff = self.run_tokens(first), self.eff
         head = self.linear_s(t, first.num_dp_group_tokens) + self.token_ops_s(t)
         floor = self.num_layers * (eff.kernel_floor_s + first.num_decode_seqs * eff.decode_per_seq_s)
         cpu = self.cpu_s(first.num_seqs) if self.overlap_cpu else 0.0  # `total_s`: hidden up to the compute
@@ -348,7 +363,7 @@ class RooflineLatency:
     def step_time(self, plan: StepPlan) -> float:
         compute = 0.0
         if plan.num_tokens:
-            t = plan.num_tokens
+            t = self.run_tokens(plan)
             compute = (self.linear_s(t, plan.num_dp_group_tokens) + self.token_ops_s(t) + self.attention_s(plan)
                        + self.sequence_s(plan.num_sampled) + self.fixed_s(plan))
         return self.total_s(compute, plan)

@@ -53,6 +53,7 @@ class SpeculativeLatency:
                  method: str, appends_next_token: bool = False) -> None:
         self.target, self.drafter, self.num_speculative_tokens = target, drafter, num_speculative_tokens
         self.appends_next_token = appends_next_token
+        self.cudagraph_padding = getattr(target, "cudagraph_padding", None)  # the target's steps' (a DP group's)
         self.name = f"{target.name}+{method}"
 
     def step_time(self, plan: StepPlan) -> float:

@@ -29,6 +29,8 @@ class StepPlan:
     swap_out_bytes: int = 0
     num_copied_blocks: int = 0
     num_dp_group_tokens: int = 0  # tokens of every DP engine in this step (their MoE layers run together)
+    num_dp_padded_tokens: int = 0  # tokens this DP rank runs, CUDA-graph padded across the group (0: not set;
+    # `kvsim.latency.cudagraph`); a lone engine pads its own
     preempted: list = field(default_factory=list)  # requests preempted while planning this step
     num_spec_decode_seqs: int = 0  # sequences verifying speculative drafts
     num_draft_tokens: int = 0  # Σ drafts they verify

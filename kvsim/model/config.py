@@ -237,7 +237,8 @@ class EngineConfig(Settings):
     `prefix_cache` picks the prefix cache of the paged pool: vLLM's `hash_chain` or SGLang's `radix`
     tree (`kvsim.kv.radix_prefix_cache`), with `enable_prefix_caching` on.
     `async_scheduling` is vLLM's `--async-scheduling` (`None`: vLLM's default, `resolved_async_scheduling`):
-    each step is planned while the previous one runs (`kvsim.sched.async_steps`).
+    each step is planned while the previous one runs (`kvsim.sched.async_steps`). `enforce_eager` turns off the
+    CUDA graphs whose batch padding a v1 step is priced with, as vLLM's flag does (`kvsim.latency.cudagraph`).
     """
 
     block_size: int = Field(default=16, gt=0)
@@ -284,6 +285,7 @@ class EngineConfig(Settings):
     speculative_config: SpeculativeConfig | None = None
     kv_offload: KVOffloadConfig | None = Field(default=None, exclude_if=lambda config: config is None)
     async_scheduling: bool | None = Field(default=None, exclude_if=lambda value: value is None)
+    enforce_eager: bool = Field(default=False, exclude_if=lambda value: not value)  # written only when set
 
     @model_validator(mode="before")
     @classmethod

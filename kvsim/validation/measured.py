@@ -74,8 +74,8 @@ def series_number(raw: str | None, column: str, where: str, upper: float = math.
 ENGINE_KEYS = ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                "kv_cache_dtype", "block_size", "gpu_memory_utilization", "enable_prefix_caching",
                "data_parallel_size", "enable_expert_parallel", "async_scheduling", "num_gpu_blocks_override",
-               "kv_cache_memory_bytes", "scheduling_policy", "disable_hybrid_kv_cache_manager")
-_ENGINE_KINDS = {"kv_cache_dtype": "a string", "gpu_memory_utilization": "a number",
+               "kv_cache_memory_bytes", "scheduling_policy", "disable_hybrid_kv_cache_manager", "enforce_eager")
+_ENGINE_KINDS = {"kv_cache_dtype": "a string", "gpu_memory_utilization": "a number", "enforce_eager": "true or false",
                  "enable_prefix_caching": "true or false", "enable_expert_parallel": "true or false",
                  "async_scheduling": "true or false", "scheduling_policy": "a string",
                  "disable_hybrid_kv_cache_manager": "true or false"}
