@@ -238,12 +238,14 @@ def test_v0_and_v1_agree_on_prompts_that_end_at_their_first_token(tmp_path, late
     """Where the engines must agree: every request wants one token (its prefill samples it and it ends), no
     prefix caching, a token budget and a pool nothing fills. Both then take every waiting prompt each step
     (v1's chunks are whole prompts, v0's prefill-first batch has no decode to wait for), so synchronous v1
-    and v0 give the same requests and steps, priced alike."""
+    and v0 give the same requests and steps, priced alike: v1 without CUDA graphs (v0 captured decodes only,
+    v1 pads these prefills to its capture sizes: `kvsim.latency.cudagraph`)."""
     rows = [{**row, "output_toks": 1} for row in shared_rows(300, n=50)]
     path = write_trace(tmp_path / "t.jsonl", rows)
     roomy = {"num_gpu_blocks_override": 8000, "max_num_batched_tokens": 40_000, "max_num_seqs": 256}
     runs = []
-    for engine in ({"async_scheduling": False, "enable_prefix_caching": False}, {"scheduler": "v0"}):
+    for engine in ({"async_scheduling": False, "enable_prefix_caching": False, "enforce_eager": True},
+                   {"scheduler": "v0"}):
         raw = traced(path, {**roomy, **engine})
         runs.append(kvsim.simulate({**raw, "latency": latency}))
     assert runs[0].steps["num_batched_tokens"].max() > 700  # prompts batched together

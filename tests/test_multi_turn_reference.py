@@ -124,7 +124,7 @@ def _pool(seed: int, timing: str, **engine) -> dict:
                          "multi_turn": {"turns": 3, "think_time_s": 0.05, "timing": timing}}}
 
 
-@pytest.mark.parametrize(("seed", "engine"), [(0, {}), (1, {"async_scheduling": False})])
+@pytest.mark.parametrize(("seed", "engine"), [(3, {}), (1, {"async_scheduling": False})])  # seeds that preempt
 def test_replaying_the_sends_open_loop_gives_the_same_run(monkeypatch, seed, engine):
     """A pool of 500 blocks preempts; the sends of the after_reply run, fed to the open-loop path as a stream
     (the same draws made first, so the run's generator is where it was), give an identical requests table."""
