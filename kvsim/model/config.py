@@ -233,12 +233,11 @@ class EngineConfig(Settings):
     `priority`: smallest (priority, arrival) first, the lowest-priority running request preempted);
     `speculative_config` is vLLM's `--speculative-config` (`kvsim.model.speculative_config`).
     `kv_offload` adds CPU/disk tiers below the prefix cache (`KVOffloadConfig`, `kvsim.kv.offload_connector`).
-    `enable_prefix_caching` defaults to on for v1 and off for v0, as vLLM's engines do.
-    `prefix_cache` picks the prefix cache of the paged pool: vLLM's `hash_chain` or SGLang's `radix`
-    tree (`kvsim.kv.radix_prefix_cache`), with `enable_prefix_caching` on.
-    `async_scheduling` is vLLM's `--async-scheduling` (`None`: vLLM's default, `resolved_async_scheduling`):
-    each step is planned while the previous one runs (`kvsim.sched.async_steps`). `enforce_eager` turns off the
-    CUDA graphs whose batch padding a v1 step is priced with, as vLLM's flag does (`kvsim.latency.cudagraph`).
+    `enable_prefix_caching` defaults to on for v1 and off for v0, as vLLM's engines do. `prefix_cache` picks the
+    paged pool's prefix cache: vLLM's `hash_chain` or SGLang's `radix` tree (`kvsim.kv.radix_prefix_cache`).
+    `async_scheduling` is vLLM's `--async-scheduling` (`None`: vLLM's default, `resolved_async_scheduling`): each
+    step is planned while the previous one runs (`kvsim.sched.async_steps`). `enforce_eager` turns off the CUDA
+    graphs whose batch padding a v1 step is priced with, as vLLM's flag does (`kvsim.latency.cudagraph`).
     """
 
     block_size: int = Field(default=16, gt=0)
@@ -484,9 +483,7 @@ class EngineConfig(Settings):
 
     @property
     def resolved_watermark(self) -> float:
-        if self.watermark is not None:
-            return self.watermark
-        return 0.01 if self.scheduler == "v0" else 0.0
+        return self.watermark if self.watermark is not None else 0.01 if self.scheduler == "v0" else 0.0
 
     @property
     def kv_dtype_bytes_override(self) -> int | None:
