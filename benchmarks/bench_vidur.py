@@ -265,7 +265,7 @@ def write_scenarios(folder: Path, names: list[str], num_requests: int | None) ->
     option's earlier output, replaced whole when all are written (it wrote over any files there), else exit 2."""
     from kvsim.results.output_dir import check_output_dir, output_directory
 
-    with one_line("bench_vidur.py"):
+    with one_line("bench_vidur.py", "--write-scenarios"):
         final = check_output_dir(folder, "vidur-scenarios")  # where output_directory puts it: `gone/../out` is `out`
         with output_directory(folder, "vidur-scenarios") as tmp:
             for name in names:

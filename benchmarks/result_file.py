@@ -11,17 +11,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, OutputError
 from kvsim.results.output_dir import check_output_file, output_file
 
 
 @contextmanager
-def one_line(program: str) -> Iterator[None]:
-    """A `KvsimError` raised inside is `program: error: ...` on stderr and exit 2 (no traceback)."""
+def one_line(program: str, option: str = "--output") -> Iterator[None]:
+    """A `KvsimError` raised inside is `program: error: ...` on stderr and exit 2 (no traceback); an output
+    refused or not written is named as `option`, the command line's, not as Python's parameter (`out_dir`)."""
     try:
         yield
     except KvsimError as error:
-        print(f"{program}: error: {error}", file=sys.stderr)
+        print(f"{program}: error: {error.named(option) if isinstance(error, OutputError) else error}",
+              file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -134,7 +134,7 @@ def test_run_result_write_refuses_a_path_no_file_can_have(tmp_path, result, name
     out = str(tmp_path / name)
     with pytest.raises(KvsimError) as error:
         result.write(out)
-    assert str(error.value).startswith(f"--output={out!r}: {why}")
+    assert str(error.value).startswith(f"out_dir={out!r}: {why}")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -61,7 +61,7 @@ def test_a_result_written_to_something_that_is_not_a_path_is_named_as_given(tmp_
     """`RunResult.write(None)` was `--output='None'`: the text 'None', as if a folder of that name were refused."""
     monkeypatch.chdir(tmp_path)
     result = kvsim.simulate(SMALL)
-    with pytest.raises(KvsimError, match=rf"^--output={re.escape(named)}: is not a path: name a folder;"):
+    with pytest.raises(KvsimError, match=rf"^out_dir={re.escape(named)}: is not a path: name a folder;"):
         result.write(out_dir)
     assert list(tmp_path.iterdir()) == []
 
@@ -153,7 +153,7 @@ def test_a_write_inside_an_output_that_fails_names_the_output_not_its_temporary_
     with pytest.raises(KvsimError) as refused, output_directory(out, "validation") as tmp, \
             output_directory(tmp / "sim", "run"):
         raise ENOSPC
-    assert str(refused.value) == f"--output={str(out)!r}: cannot write there (No space left on device)"
+    assert str(refused.value) == f"out_dir={str(out)!r}: cannot write there (No space left on device)"
     assert list(tmp_path.iterdir()) == []
 
 

@@ -100,7 +100,7 @@ def test_a_large_file_given_as_a_json_result_is_refused_after_a_bounded_read(tmp
     big = tmp_path / "big.json"
     with big.open("wb") as f:
         f.truncate(2**31)  # sparse: no disk used
-    with pytest.raises(KvsimError, match=rf"^--output='{re.escape(str(big))}': exists and is over 67,108,864 B, no "
+    with pytest.raises(KvsimError, match=rf"^path='{re.escape(str(big))}': exists and is over 67,108,864 B, no "
                                          r"JSON result kvsim writes; kvsim only replaces"):
         check_output_file(big, frozenset({"a"}))
     assert big.stat().st_size == 2**31
@@ -173,7 +173,7 @@ def test_bench_vidur_write_scenarios_refuses_a_folder_it_did_not_write_and_repla
     (tmp_path / "mine" / "azure_conv" / "scenario.yaml").write_text("my notes\n")
     done = subprocess.run([*bench, str(tmp_path / "mine")], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2 and done.stdout == "" and done.stderr == (
-        f"bench_vidur.py: error: --output='{tmp_path / 'mine'}': exists and has no .kvsim-output marker; kvsim only "
+        f"bench_vidur.py: error: --write-scenarios='{tmp_path / 'mine'}': exists and has no .kvsim-output marker; kvsim only "
         "replaces output it wrote itself (choose a new path)\n")
     assert (tmp_path / "mine" / "azure_conv" / "scenario.yaml").read_text() == "my notes\n"
     for _ in range(2):  # new, then its own earlier output

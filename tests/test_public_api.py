@@ -102,5 +102,5 @@ def test_simulate_runs_a_fleet_scenario_through_the_fleet_path():
 
 def test_writing_a_result_to_something_that_is_not_a_path_is_named():
     result = kvsim.simulate(None, workload__num_requests=3, steps="none")
-    with pytest.raises(KvsimError, match=r"^--output=5: is not a path: name a folder"):
+    with pytest.raises(KvsimError, match=r"^out_dir=5: is not a path: name a folder"):
         result.write(5)  # type: ignore[arg-type]  # Path(5) was a bare TypeError

@@ -15,8 +15,10 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from kvsim.model.errors import KvsimError, empty_item, first_repeat, shown
+from kvsim.model.errors import KvsimError, OutputError, empty_item, first_repeat, shown
 from kvsim.model.units import underscore_problem
+
+OUTPUT_OPTION = "--output"  # every command's option for the output it writes
 
 
 class Format(StrEnum):
@@ -63,11 +65,13 @@ def run_collector() -> Iterator[None]:
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Print a `KvsimError` as one line and exit 2: the CLI never shows a traceback for bad input."""
+    """Print a `KvsimError` as one line and exit 2: the CLI never shows a traceback for bad input. An output is
+    named as the option that gives it (every command's `--output`), not as Python's parameter (`out_dir`)."""
     try:
         yield
     except KvsimError as error:
-        typer.echo(f"kvsim: error: {error}", err=True)
+        typer.echo(f"kvsim: error: {error.named(OUTPUT_OPTION) if isinstance(error, OutputError) else error}",
+                   err=True)
         raise typer.Exit(2) from None
     except OSError as error:  # e.g. an output directory that cannot be written
         where = f"{error.filename}: " if error.filename else ""

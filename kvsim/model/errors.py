@@ -7,6 +7,7 @@ prints that line and exits non-zero; it never shows a traceback.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -52,6 +53,23 @@ class HeldKvStall(KvsimError):
     machinery (`kvsim.planning.sweep.run_evidence`). A sweep read for summaries alone stops with the line."""
 
 
+class OutputError(KvsimError):
+    """An output refused or not written, as one line: `out_dir='runs/x': exists and ...`. The output is named as
+    its caller passed it: from Python as the parameter (`out_dir` for a folder: `RunResult.write`, `simulate`,
+    `build_report`; `path` for a file: `kvsim.results.output_dir`), from a command line as its option
+    (`named("--output")`: kvsim's `user_errors`, a benchmark's `one_line`); `RunResult.write(out_dir=x)` said
+    `--output=x`, an option Python has not. `path` is the output as given, `problem` what is wrong with it."""
+
+    def __init__(self, path: object, problem: str, parameter: str = "out_dir") -> None:
+        given = repr(str(path)) if isinstance(path, (str, os.PathLike)) else shown(path)
+        super().__init__(f"{parameter}={given}: {problem}")
+        self.path, self.problem = path, problem
+
+    def named(self, parameter: str) -> OutputError:
+        """This error with the output named as `parameter` (a command line's option)."""
+        return type(self)(self.path, self.problem, parameter)
+
+
 @contextmanager
 def reading(path: str | Path, what: str) -> Iterator[None]:
     """Read `path` inside this block: a file that cannot be opened or is not UTF-8 text (a binary
@@ -95,7 +113,6 @@ def not_a_file(path: str | Path, missing: str = "file not found", file_kind: str
     regular file (a FIFO)" (a named pipe or /dev/zero: reading would block or never end), or the system's
     reason (a loop of symbolic links, a folder without search permission); None when it is either. With
     `file_kind` (e.g. "a scenario YAML file") only a file will do: a folder is "is a directory, not {file_kind}"."""
-    import os
     import stat
 
     if isinstance(path, str) and not path.strip():  # Path('') is the working folder: an unset shell variable read

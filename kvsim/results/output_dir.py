@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kvsim.model.errors import KvsimError, shown
+from kvsim.model.errors import OutputError
 from kvsim.model.units import control_character
 
 MARKER_NAME = ".kvsim-output"
@@ -110,11 +110,13 @@ def _protected_reason(path: Path) -> str | None:
     return None
 
 
-def _refuse(path: Path | str, why: str,
-            rule: str = "; kvsim only replaces output it wrote itself (choose a new path)") -> KvsimError:
-    """The refusal of `path`, named as given: `RunResult.write(None)` was `--output='None'`, a name never given."""
-    given = repr(str(path)) if isinstance(path, (str, os.PathLike)) else shown(path)
-    return KvsimError(f"--output={given}: {why}{rule}")
+PYTHON_PARAMETERS = {"folder": "out_dir", "file": "path"}  # what Python's callers pass an output as
+
+
+def _refuse(path: object, why: str, rule: str = "; kvsim only replaces output it wrote itself (choose a new path)",
+            kind: str = "folder") -> OutputError:
+    """The refusal of `path` (a `kind` of output, named as Python's caller passes it: `PYTHON_PARAMETERS`)."""
+    return OutputError(path, f"{why}{rule}", PYTHON_PARAMETERS[kind])
 
 
 def _read_marker(folder: Path) -> dict | None:
@@ -142,14 +144,15 @@ def _absolute_unprotected(path: str | Path, kind: str = "folder") -> Path:
     """`path` made absolute (`~` expanded), unless it is empty (an unset shell variable, not the working
     folder), protected or a symlink; an error asks for a `kind` (folder or file)."""
     if not isinstance(path, (str, os.PathLike)):  # Path(5) was a bare TypeError (`RunResult.write(5)`)
-        raise _refuse(path, f"is not a path: name a {kind}")
+        raise _refuse(path, f"is not a path: name a {kind}", kind=kind)
     if not str(path).strip():
-        raise _refuse(path, f"is empty: name a {kind}")
+        raise _refuse(path, f"is empty: name a {kind}", kind=kind)
     if "\0" in str(path):  # no file name holds one: the OS calls below raised a bare ValueError
-        raise _refuse(path, "holds a NUL character, which no file name can")
+        raise _refuse(path, "holds a NUL character, which no file name can", kind=kind)
     bad = control_character(str(path))
     if bad is not None:  # `-o $'a\nb'` split the "results written to" line and every error naming the folder
-        raise _refuse(path, f"holds the control character {bad!r}; name a folder with one line of printable text")
+        raise _refuse(path, f"holds the control character {bad!r}; name a folder with one line of printable text",
+                      kind=kind)
     try:
         out = Path(os.path.abspath(Path(path).expanduser()))
     except RuntimeError:  # pathlib's "Could not determine home directory": `~name/x` for a user this machine
@@ -157,15 +160,15 @@ def _absolute_unprotected(path: str | Path, kind: str = "folder") -> Path:
         first = str(path).split("/")[0]
         raise _refuse(path, f"starts with {first!r}, the home folder of a user this machine does not know"
                       if first != "~" else "starts with '~', but this user has no home folder (HOME is not set "
-                      "and the user has no passwd entry)") from None
-    with errors_name_output(path):  # a name over the system's limit: OSError 'File name too long'
+                      "and the user has no passwd entry)", kind=kind) from None
+    with errors_name_output(path, kind=kind):  # a name over the system's limit: OSError 'File name too long'
         reason = _protected_reason(out) or ("is a symbolic link" if out.is_symlink() else None)
     if reason:
-        raise _refuse(path, reason)
+        raise _refuse(path, reason, kind=kind)
     return out
 
 
-def _check_writable(path: str | Path, out: Path) -> None:
+def _check_writable(path: str | Path, out: Path, kind: str = "folder") -> None:
     """A `KvsimError` unless kvsim can create files beside `out` (where the writers put their
     temporary copy): probed by creating and removing an empty folder, named like a writer's
     temporary (so one left by a kill is cleared like theirs), in the nearest existing folder
@@ -174,8 +177,8 @@ def _check_writable(path: str | Path, out: Path) -> None:
     while not base.exists() and base != base.parent:
         base = base.parent
     if not base.is_dir():
-        raise KvsimError(f"--output={str(path)!r}: cannot write there ({base} is not a folder)")
-    with errors_name_output(path):
+        raise OutputError(path, f"cannot write there ({base} is not a folder)", PYTHON_PARAMETERS[kind])
+    with errors_name_output(path, kind=kind):
         os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=base))
 
 
@@ -218,23 +221,24 @@ def check_output_file(path: str | Path, json_keys: frozenset[str] | None = None)
     A path ending in `/` (or `/.`, `/..`) names a folder: `-o profiles/` wrote a file called `profiles`."""
     out = _absolute_unprotected(path, "file")
     if os.path.basename(str(path)) in ("", ".", ".."):
-        raise _refuse(path, "names a folder (it ends in '/'), not a file: give the file's name")
-    _check_writable(path, out)
+        raise _refuse(path, "names a folder (it ends in '/'), not a file: give the file's name", kind="file")
+    _check_writable(path, out, "file")
     if not out.exists():
         return out
     if not out.is_file():
-        raise _refuse(path, "exists and is not a file")
+        raise _refuse(path, "exists and is not a file", kind="file")
     try:
         with out.open("rb") as f:
             first = f.readline(len(FILE_TAG) + 1) if json_keys is None else f.read(MAX_JSON_RESULT_BYTES + 1)
     except OSError as error:
-        raise _refuse(path, f"cannot be read ({error.strerror})") from None
+        raise _refuse(path, f"cannot be read ({error.strerror})", kind="file") from None
     if len(first) > MAX_JSON_RESULT_BYTES:  # read no further: a 2 GB file was read whole (2.6 GB of memory)
-        raise _refuse(path, f"exists and is over {MAX_JSON_RESULT_BYTES:,} B, no JSON result kvsim writes")
+        raise _refuse(path, f"exists and is over {MAX_JSON_RESULT_BYTES:,} B, no JSON result kvsim writes", kind="file")
     if json_keys is None and not first.startswith(FILE_TAG.encode()):
-        raise _refuse(path, f"exists and does not start with {FILE_TAG!r}")
+        raise _refuse(path, f"exists and does not start with {FILE_TAG!r}", kind="file")
     if json_keys is not None and _json_keys(first) != json_keys:
-        raise _refuse(path, f"exists and is not a JSON object of this result's keys ({', '.join(sorted(json_keys))})")
+        raise _refuse(path, f"exists and is not a JSON object of this result's keys ({', '.join(sorted(json_keys))})",
+                      kind="file")
     return out
 
 
@@ -339,17 +343,15 @@ def _remove_folder(folder: Path) -> None:
         folder.rmdir()
 
 
-class _OutputError(KvsimError):
-    """The output `path` (as given) could not be written, for the OS's `reason`."""
-
-    def __init__(self, path: str | Path, reason: object) -> None:
-        super().__init__(f"--output={str(path)!r}: cannot write there ({reason})")
-        self.path, self.reason = path, reason
+class _WriteFailed(OutputError):
+    """The output `path` (as given) could not be written: `problem` is "cannot write there (the OS's reason)"."""
 
 
 @contextmanager
-def errors_name_output(path: str | Path, tmp: Path | None = None, named_only: bool = False) -> Iterator[None]:
-    """An `OSError` on the output's folder (or on the temporary `tmp`) as a `KvsimError` naming `--output`,
+def errors_name_output(path: str | Path, tmp: Path | None = None, named_only: bool = False,
+                       kind: str = "folder") -> Iterator[None]:
+    """An `OSError` on the output's folder (or on the temporary `tmp`) as an `OutputError` naming the output (a
+    `kind` of output, as Python's caller passes it: `PYTHON_PARAMETERS`),
     so that no message shows kvsim's temporary names; other errors pass through unchanged. An error
     without a file name (a full disk: `write` on an open file) is the output's too: only it is written
     (unless `named_only`: a block that also talks to a Dask cluster, whose lost connection is an OSError).
@@ -357,14 +359,14 @@ def errors_name_output(path: str | Path, tmp: Path | None = None, named_only: bo
     kvsim's temporary folder (`--output='.../.v.kvsim-PID-XXXX/sim'`)."""
     try:
         yield
-    except _OutputError as error:
-        if tmp is None or not os.path.abspath(error.path).startswith(str(tmp)):
+    except _WriteFailed as error:
+        if tmp is None or not os.path.abspath(str(error.path)).startswith(str(tmp)):
             raise
-        raise _OutputError(path, error.reason) from None
+        raise _WriteFailed(path, error.problem, PYTHON_PARAMETERS[kind]) from None
     except OSError as error:
         if tmp is not None and (error.filename or named_only) and not str(error.filename).startswith(str(tmp)):
             raise
-        raise _OutputError(path, error.strerror or error) from None
+        raise _WriteFailed(path, f"cannot write there ({error.strerror or error})", PYTHON_PARAMETERS[kind]) from None
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
@@ -402,13 +404,13 @@ def _write_marker(folder: Path, kind: str, files: list[str]) -> None:
 
 
 @contextmanager
-def _parents_made(out: Path, path: str | Path) -> Iterator[None]:
+def _parents_made(out: Path, path: str | Path, kind: str = "folder") -> Iterator[None]:
     """Create the missing folders above `out` (`path`, as given, for an error) for the block; when it fails (a
     refused run, a bad trace row, a Ctrl-C) remove those of them left empty, deepest first: a failed write
     writes nothing, yet `-o a/b/run` stopped by a bad trace row left `a/b/` behind (the default `runs/`)."""
     missing = [folder for folder in out.parents if not folder.exists()]  # deepest first
     try:
-        with errors_name_output(path):
+        with errors_name_output(path, kind=kind):
             out.parent.mkdir(parents=True, exist_ok=True)
         yield
     except BaseException:
@@ -465,13 +467,13 @@ def output_file(path: str | Path, json_keys: frozenset[str] | None = None) -> It
     of exactly those keys: `check_output_file`); it replaces `path` in one rename when the block succeeds, and is
     removed otherwise."""
     out = check_output_file(path, json_keys)
-    with _parents_made(out, path):
-        with errors_name_output(path):
+    with _parents_made(out, path, "file"):
+        with errors_name_output(path, kind="file"):
             fd, name = tempfile.mkstemp(prefix=f".{out.name}{_TEMP_INFIX}{os.getpid()}-", dir=out.parent)
         os.close(fd)
         tmp = Path(name)
         try:
-            with errors_name_output(path, tmp), _interrupt_names(path, out, tmp):
+            with errors_name_output(path, tmp, kind="file"), _interrupt_names(path, out, tmp):
                 os.chmod(tmp, 0o666 & ~current_umask())
                 yield tmp
                 with tmp.open("rb") as f:
