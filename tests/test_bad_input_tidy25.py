@@ -53,3 +53,31 @@ def test_the_cli_names_the_same_refusal_as_its_option(tmp_path):
     assert one_line_exit_2(["run", "--set", "workload.num_requests=2", "-o", str(theirs)]) == (
         f"--output={str(theirs)!r}: exists and has no .kvsim-output marker; kvsim only replaces output it wrote "
         "itself (choose a new path)")
+
+
+COUNT_NOT_GROUPS = "replicas is an integer count here ({}), not a list of replica groups"
+GROUPS_NEEDED = ("; to set a group's field, give replicas as a list of groups in the scenario "
+                 "(replicas: [{count: 2, gpu: h200}])")
+
+
+@pytest.mark.parametrize(("sets", "said"), [
+    (["replicas.0.gpu=h200"], COUNT_NOT_GROUPS.format("not given: one engine") + GROUPS_NEEDED),
+    (["replicas=3", "replicas.1.engine.max_num_seqs=8"], COUNT_NOT_GROUPS.format("3") + GROUPS_NEEDED),
+    (["replicas.gpu=h200"], COUNT_NOT_GROUPS.format("not given: one engine")),  # no group named: no group advice
+])
+def test_a_group_field_set_where_replicas_is_a_count_says_so(sets, said):
+    """`--set replicas.0.gpu=h200` without a list of groups was `replicas={'0': {'gpu': 'h200'}}: Input should be a
+    valid integer` (the section the override made, validated as the count); over `replicas: 3` it was `replicas is
+    not a section`."""
+    argv = ["run", *[arg for item in sets for arg in ("--set", item)], "-o", "unused"]
+    assert one_line_exit_2(argv) == f"--set {sets[-1]!r}: {said}"
+    overrides = dict(item.split("=") for item in sets)
+    with pytest.raises(KvsimError) as refused:
+        kvsim.simulate(SMALL, **{key.replace(".", "__"): int(v) if v.isdigit() else v for key, v in overrides.items()})
+    assert str(refused.value) == f"override {sets[-1].split('=')[0]!r}: {said}"
+
+
+def test_a_group_field_is_set_where_the_scenario_gives_groups():
+    fleet = {**SMALL, "replicas": [{"count": 1}, {"count": 1}]}
+    result = kvsim.simulate(fleet, replicas__1__engine__max_num_seqs=8)
+    assert result.scenario.replicas[1].engine == {"max_num_seqs": 8}  # type: ignore[index, union-attr]

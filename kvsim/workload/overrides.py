@@ -39,9 +39,25 @@ def apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]
     for key, value, label in items:
         if "" in key.split("."):  # `engine..block_size` (`engine____block_size=` in `kvsim.simulate`)
             raise KvsimError(f"{label}: an empty field name between its dots")
+        _refuse_beneath_count(raw.get("replicas"), key, label)
         _set_field(raw, key.split("."), value, label)
     refuse_replaced_by_group(raw.get("replicas"), items)
     return raw
+
+
+def _refuse_beneath_count(replicas: Any, key: str, label: str) -> None:
+    """Refuse an override beneath `replicas` (`replicas.0.gpu`) where the scenario's raw `replicas` is a count or not
+    given: a section was made for it, and the scenario refused as `replicas={'0': {...}}: Input should be a valid
+    integer`. A group's field is set only where a list of groups is given; one given as a mapping is left to the
+    scenario's own check."""
+    parts = key.split(".")
+    if parts[0] != "replicas" or len(parts) == 1 or isinstance(replicas, (dict, list)):
+        return
+    count = "not given: one engine" if replicas is None else shown(replicas)
+    group = ascii_int(parts[1]) is not None
+    raise KvsimError(f"{label}: replicas is an integer count here ({count}), not a list of replica groups" +
+                     ("; to set a group's field, give replicas as a list of groups in the scenario "
+                      "(replicas: [{count: 2, gpu: h200}])" if group else ""))
 
 
 def refuse_replaced_by_group(groups: Any, items: list[tuple[str, Any, str]]) -> None:
