@@ -15,6 +15,7 @@ import kvsim
 from kvsim.model.errors import KvsimError
 from kvsim.results.output_dir import check_output_file
 from kvsim.results.run_result import RunResult
+from kvsim.workload.scenario import Scenario
 
 SMALL = {"steps": "none", "workload": {"num_requests": 2, "prompt_len": {"dist": "fixed", "value": 16},
                                        "output_len": {"dist": "fixed", "value": 2}}}
@@ -81,3 +82,20 @@ def test_a_group_field_is_set_where_the_scenario_gives_groups():
     fleet = {**SMALL, "replicas": [{"count": 1}, {"count": 1}]}
     result = kvsim.simulate(fleet, replicas__1__engine__max_num_seqs=8)
     assert result.scenario.replicas[1].engine == {"max_num_seqs": 8}  # type: ignore[index, union-attr]
+
+
+@pytest.mark.parametrize(("validate", "given"), [
+    *[("model_validate", given) for given in ("x", 5, None, [1])],
+    ("model_validate_strings", "x"), ("model_validate_json", "5")])
+def test_a_scenario_that_is_no_mapping_is_named_as_the_scenario(validate, given):
+    """`Scenario.model_validate("x")` was `value='x': a section, not one value: set its fields (...), e.g.
+    value.name=...`: a field `value` the caller never gave, and a `--set` form for a Python call."""
+    with pytest.raises(KvsimError) as refused:
+        getattr(Scenario, validate)(given)
+    shown = 5 if validate == "model_validate_json" else repr(given)  # the JSON text's value
+    assert str(refused.value) == f"scenario={shown}: expected a dict of its fields or a Scenario"
+
+
+def test_a_scenario_section_given_one_value_keeps_its_hint():
+    with pytest.raises(KvsimError, match=r"^workload=5: a section, not one value: set its fields \(num_requests, "):
+        Scenario(workload=5)

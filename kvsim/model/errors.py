@@ -298,19 +298,22 @@ def _tagged_hint(model: type | None, loc: tuple[Any, ...], field: str) -> str:
     return f": give {field}={{{tag}: {values[0]}, ...}} ({tag}: {', '.join(values)})" if values else ""
 
 
-def from_validation_error(error: ValidationError, prefix: str = "", model: type | None = None) -> KvsimError:
+def from_validation_error(error: ValidationError, prefix: str = "", model: type | None = None,
+                          name: str = "value") -> KvsimError:
     """Turn pydantic's multi-line report into one line: `field.path=value: reason`.
 
     Only the first problem is reported: fixing one field at a time is how people work, and a
     single line keeps the CLI contract. Given the validated `model` class, a misspelt key is
     told the nearest field name (`engine.max_num_seq: unknown key (did you mean max_num_seqs?)`).
+    A problem with the whole input (no field, no `prefix`) names it `name`: `Scenario.model_validate("x")` was
+    `value='x': ..., e.g. value.name=...`, a field the caller never gave.
     """
     errors = error.errors()
     # A misspelt key usually explains a "missing" one too: report unknown keys (and keys that are no names) first.
     first = next((e for e in errors if e["type"] in ("extra_forbidden", "invalid_key")), errors[0])
     first, where = _past_union_members(errors, first, model)
     loc = ".".join(str(part) if len(str(part)) <= SHOWN_CHARS else shown(str(part)) for part in where)
-    field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "value")
+    field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or name)
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         key = str(first["loc"][-1]) if first["loc"] else ""
@@ -331,7 +334,8 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
         message = "a float or a NumPy number is read as an integer only up to int64 (2**63 - 1); give an int"
     if first["type"] in ("model_type", "model_attributes_type") and not isinstance(first.get("input"), dict):
         # a value for a section (model_attributes_type: for one of several told apart by a tag)
-        message = "a section, not one value" + _section_hint(model, where, field, first["input"])
+        message = "a section, not one value" + _section_hint(model, where, field, first["input"]) if prefix or loc \
+            else f"expected a dict of its fields{f' or a {model.__name__}' if model else ''}"  # the whole input
     if isinstance(first.get("input"), bool) and first["type"] in ("string_type", "literal_error", "enum"):
         message += " (YAML reads an unquoted yes, no, on or off as true or false: quote the text, 'no')"
     return KvsimError(f"{field}={shown(first.get('input'))}: {message}")

@@ -114,7 +114,7 @@ class Scenario(Settings):
         try:
             super().__init__(**data)
         except ValidationError as error:
-            raise from_validation_error(error, model=Scenario) from None
+            raise from_validation_error(error, model=Scenario, name="scenario") from None
 
     @classmethod
     def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
@@ -127,7 +127,7 @@ class Scenario(Settings):
         try:
             return super().model_validate(obj, **kwargs)
         except ValidationError as error:
-            raise from_validation_error(error, model=Scenario) from None
+            raise from_validation_error(error, model=Scenario, name="scenario") from None
 
     @classmethod
     def model_validate_json(cls, json_data: str | bytes | bytearray, **kwargs: Any) -> Self:
@@ -149,7 +149,7 @@ class Scenario(Settings):
         try:
             return super().model_validate_strings(obj, **kwargs)
         except ValidationError as error:
-            raise from_validation_error(error, model=Scenario) from None
+            raise from_validation_error(error, model=Scenario, name="scenario") from None
 
     @field_validator("router", mode="before")
     @classmethod
