@@ -57,7 +57,7 @@ LOGO_CLASSES = (("gemm", "GEMMs"), ("token_op", "norms, rotary, activation, adds
 def _gpu_file(raw: dict[str, Any]) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="kvsim-logo-") as tmp:
         path = Path(tmp) / f"{raw['name']}.yaml"
-        path.write_text(yaml.safe_dump({k: v for k, v in raw.items() if k != "name"}))
+        path.write_text(yaml.safe_dump({k: v for k, v in raw.items() if k != "name"}), encoding="utf-8")
         yield str(path)
 
 
@@ -78,7 +78,7 @@ def leave_one_gpu_out() -> dict[str, Any]:
     """The leave-one-GPU-out per-op errors `benchmarks/fit_efficiency.py` stored with the fitted fractions."""
     import yaml
 
-    return yaml.safe_load(EFFICIENCY.read_text())["leave_one_gpu_out"]
+    return yaml.safe_load(EFFICIENCY.read_text(encoding="utf-8"))["leave_one_gpu_out"]
 
 
 def logo_table(logo: dict[str, Any]) -> str:
@@ -192,12 +192,12 @@ def markdown_table(entries: list[dict[str, Any]]) -> str:
 
 
 def update_readme(table: str, readme: Path = REPO / "README.md", start: str = START, end: str = END) -> None:
-    text = readme.read_text()
+    text = readme.read_text(encoding="utf-8")
     if start not in text or end not in text:
         raise SystemExit(f"{readme}: markers {start} / {end} not found")
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{start}\n{table}{end}{tail}")
+    readme.write_text(f"{head}{start}\n{table}{end}{tail}", encoding="utf-8")
 
 
 def main() -> None:
@@ -212,7 +212,7 @@ def main() -> None:
                                   "metrics": list(METRICS), "cases": entries,
                                   "leave_one_gpu_out": {
                                       g: {k: e[k] for k in ("trained_on", "memory_type", "errors_pct")}
-                                      for g, e in logo.items()}}, indent=2) + "\n")
+                                      for g, e in logo.items()}}, indent=2) + "\n", encoding="utf-8")
     table = markdown_table(entries)
     print(table)
     print(logo_table(logo))

@@ -49,7 +49,7 @@ TARGET = 1.5  # issue 22: disaggregated within 1.5x the colocated fleet's time
 def write_length_table(path: Path) -> int:
     """The Azure sample's (prompt, output) lengths as a length table (`format: lengths`); returns its rows."""
     records = read_azure(AZURE_SAMPLE)
-    with path.open("w", newline="") as f:
+    with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["num_prefill_tokens", "num_decode_tokens"])
         writer.writerows((r.prompt_len, r.output_len) for r in records)
@@ -73,7 +73,7 @@ def scenarios(num_replicas: int, num_requests: int, lengths: Path) -> tuple[dict
 
 
 def _loadavg() -> list[float]:
-    return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
+    return [float(v) for v in Path("/proc/loadavg").read_text(encoding="utf-8").split()[:3]]
 
 
 def timed(run: Any) -> dict[str, Any]:

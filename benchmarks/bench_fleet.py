@@ -54,13 +54,13 @@ def trace_for(num_requests: int) -> Path:
     path = Path(tempfile.gettempdir()) / "kvsim-bench-fleet" / f"azure_conv_x{copies}.csv"
     if path.exists():
         return path
-    lines = TRACE.read_text().splitlines()
+    lines = TRACE.read_text(encoding="utf-8").splitlines()
     header, rows = lines[0], [line.split(",", 1) for line in lines[1:] if line]
     stamps = [(datetime.fromisoformat(stamp.partition(".")[0]), stamp.partition(".")[2], rest)
               for stamp, rest in rows]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as f:
+    with tmp.open("w", encoding="utf-8") as f:
         f.write(header + "\n")
         for copy in range(copies):
             shift = timedelta(seconds=copy * LOOP_PERIOD_S)
@@ -166,7 +166,7 @@ def main() -> None:
     kept = []
     if args.output.exists():  # keep earlier points this run did not measure
         measured = {(r["replicas"], r["num_requests"], r["rate_per_replica"]) for r in rows}
-        kept = [r for r in json.loads(args.output.read_text()).get("points", [])
+        kept = [r for r in json.loads(args.output.read_text(encoding="utf-8")).get("points", [])
                 if (r["replicas"], r["num_requests"], r.get("rate_per_replica", 4.0)) not in measured]
     curve = sorted(kept + rows, key=lambda r: (r["replicas"], r["num_requests"]))
     result = {"benchmark": "fleet", "baseline": "one replica on the same per-replica load, measured in the same run",

@@ -169,7 +169,8 @@ def _tables_of(table: Path, earlier: Path) -> bool:
     if table.stat().st_size > MAX_JSON_RESULT_BYTES:
         return False
     try:
-        return table.read_text(errors="replace") == markdown(json.loads(earlier.read_text()))
+        return table.read_text(encoding="utf-8", errors="replace") == markdown(
+            json.loads(earlier.read_text(encoding="utf-8")))
     except (ValueError, KeyError, TypeError, ZeroDivisionError):  # an earlier result of our keys, not our values
         return False
 
@@ -188,7 +189,7 @@ def write_outputs(folder: Path, result: dict[str, Any]) -> str:
     fd, name = tempfile.mkstemp(prefix=".kernels.md.", dir=folder)
     try:
         os.chmod(name, 0o666 & ~current_umask())
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(table)
         os.replace(name, folder / "kernels.md")
     finally:

@@ -60,7 +60,7 @@ def main() -> None:
                           "ttft_p90_ci": r.evidence["ttft_s"]["p90_ci"]} for r in search.long_runs],
            "verified": summary["verified"], "requests_simulated": simulated[0], "wall_s": round(wall, 2),
            "cpu_s": round(cpu, 2)}
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(out, indent=2))
 
 

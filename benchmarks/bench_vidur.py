@@ -116,7 +116,7 @@ def _children_cpu_s() -> float:
 
 
 def _loadavg() -> list[float]:
-    return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
+    return [float(v) for v in Path("/proc/loadavg").read_text(encoding="utf-8").split()[:3]]
 
 
 def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
@@ -145,7 +145,7 @@ class Setup:
     def commands(self, scenario: Scenario, work: Path) -> dict[str, tuple[Any, Path]]:
         """side -> (function of the output folder returning the command, the folder to run it in)."""
         files = convert_trace(scenario, work)
-        (work / "scenario.yaml").write_text(json.dumps(kvsim_scenario(scenario, files.kvsim)))
+        (work / "scenario.yaml").write_text(json.dumps(kvsim_scenario(scenario, files.kvsim)), encoding="utf-8")
         kvsim = [str(self.kvsim), "run", str(work / "scenario.yaml")]
         out: dict[str, tuple[Any, Path]] = {
             "kvsim": (lambda o: [*kvsim, "-o", str(o), "--steps-format", "csv"], work),
@@ -272,7 +272,7 @@ def write_scenarios(folder: Path, names: list[str], num_requests: int | None) ->
                 scenario = scenarios(num_requests)[name]
                 files = convert_trace(scenario, tmp / name)
                 trace = final / name / files.kvsim.name  # where it will be once the folder is in place
-                (tmp / name / "scenario.yaml").write_text(json.dumps(kvsim_scenario(scenario, trace)))
+                (tmp / name / "scenario.yaml").write_text(json.dumps(kvsim_scenario(scenario, trace)), encoding="utf-8")
     for name in names:
         print(final / name / "scenario.yaml")
 

@@ -51,7 +51,7 @@ def measurements(validation: Path, setup: str) -> list[tuple[int, int, float]]:
     two GPUs of one bridged pair (a pairwise setup's 4-GPU rows cross PCIe between pairs)."""
     path = validation / "profiles" / "vidur" / "network" / setup / "all_reduce.csv"
     pairwise = "pairwise" in setup
-    with path.open(newline="") as f:
+    with path.open(newline="", encoding="utf-8") as f:
         return [(int(r["num_workers"]), int(r["size"]), float(r["time_stats.all_reduce.median"]) * 1e-3)
                 for r in csv.DictReader(f) if int(r["devices_per_node"]) >= int(r["num_workers"])
                 and (not pairwise or r["num_workers"] == "2")]
@@ -118,7 +118,7 @@ def main() -> None:
             if set(have) != set(by_count) or any(abs(have[p][k] / v - 1) > 0.01
                                                  for p, f in by_count.items() for k, v in f.items() if v):
                 mismatched.append(f"{preset}: preset by_num_gpus {have} but the fit gives {by_count}")
-    RESULT.write_text(json.dumps(report, indent=2) + "\n")
+    RESULT.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps({s: {"fitted": r["fitted"], "preset_link": r["preset_link"]} for s, r in report["setups"].items()},
                      indent=1))
     if mismatched:

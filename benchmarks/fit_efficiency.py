@@ -129,7 +129,7 @@ def bundles(validation: Path) -> list[tuple[Any, LayerShape, str, int]]:
         hardware = root.parts[-4]
         if hardware not in BUNDLE_GPUS:
             continue
-        raw = yaml.safe_load((root / "meta.yaml").read_text())
+        raw = yaml.safe_load((root / "meta.yaml").read_text(encoding="utf-8"))
         overrides = (raw.get("engine_effective") or {}).get("hf_overrides") or {}
         shape = _bundle_shape(raw["model"], overrides.get("num_hidden_layers"))
         tp1 = read_bundle(root, 1) if 1 in raw["tp_degrees"] else None
@@ -210,7 +210,7 @@ def main() -> None:
                    "# do not edit by hand. gpus: fitted on that GPU's own profiles. defaults: by memory type, for a\n"
                    "# GPU without profiles; expected_error_pct: per op class, the worst leave-one-GPU-out mean\n"
                    "# per-op error.\n"
-                   + text)
+                   + text, encoding="utf-8")
     for gpu, row in logo.items():
         print(gpu, "trained on", row["trained_on"], row["errors_pct"])
 

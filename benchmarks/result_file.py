@@ -37,4 +37,4 @@ def write_result_file(program: str, path: Path, keys: frozenset[str], result: di
     """Write `result` (whose keys must be `keys`) as indented JSON to `path`, checked again as `check_result_file`
     (the file may have changed while the benchmark ran)."""
     with one_line(program), output_file(path, keys) as tmp:
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

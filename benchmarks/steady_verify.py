@@ -144,29 +144,30 @@ def main() -> None:
     cfg = StudyConfig()
     for name in args.setting or list(SETTINGS):
         if args.long_only:
-            stored = json.loads(RESULTS.read_text())[name]
+            stored = json.loads(RESULTS.read_text(encoding="utf-8"))[name]
             runs = long_evidence(SETTINGS[name], stored["reported_rate_per_s"], args.long_only)
-            results = json.loads(RESULTS.read_text())
+            results = json.loads(RESULTS.read_text(encoding="utf-8"))
             results[name][f"long_runs_{args.long_only}"] = runs
-            RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+            RESULTS.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
             print(json.dumps({name: runs}, indent=2), flush=True)
             continue
         if args.plan_only:
-            stored = json.loads(RESULTS.read_text())[name]
+            stored = json.loads(RESULTS.read_text(encoding="utf-8"))[name]
             plan_out = plan_evidence(SETTINGS[name], stored["reported_rate_per_s"])
-            results = json.loads(RESULTS.read_text())  # read again: another setting may have landed meanwhile
+            # read again: another setting may have landed meanwhile
+            results = json.loads(RESULTS.read_text(encoding="utf-8"))
             results[name]["plan"] = plan_out
-            RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+            RESULTS.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
             print(json.dumps({name: plan_out}, indent=2), flush=True)
             continue
         out = rate_evidence(SETTINGS[name], cfg)
         if args.plan and out["reported_rate_per_s"]:
             out["plan"] = plan_evidence(SETTINGS[name], out["reported_rate_per_s"])
         out["date"] = datetime.now(UTC).isoformat(timespec="seconds")
-        results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        results = json.loads(RESULTS.read_text(encoding="utf-8")) if RESULTS.exists() else {}
         results.update({"machine": platform.machine(), "python": platform.python_version(),
                         "slo": {"ttft_s.p90": SLO_S}, name: out})
-        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
         print(json.dumps({name: out}, indent=2), flush=True)
 
 

@@ -97,7 +97,7 @@ def main() -> None:
            "kvsim_over_measured": kvsim_growth / measured_growth,
            "implied_effective_bytes_per_s": (num_bytes[65536] - num_bytes[1024]) / measured_growth,
            "vllm_blog": vllm_blog_comparison()}
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(out, indent=2))
 
 

@@ -98,7 +98,7 @@ def _lay_out(cache: Path, kind: str, repo_id: str, files: dict[str, bytes]) -> N
     (root / "snapshots" / digest).mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         (root / "snapshots" / digest / name).write_bytes(data)
-    (root / "refs" / "main").write_text(digest)
+    (root / "refs" / "main").write_text(digest, encoding="utf-8")
 
 
 def write_profile(cache: Path, block_size: int, max_tokens: int, max_batch: int) -> tuple[str, str]:

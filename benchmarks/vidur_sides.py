@@ -127,10 +127,10 @@ def convert_trace(scenario: Scenario, work: Path) -> TraceFiles:
         _write_azure(rows, files.kvsim)
     else:
         _write_mooncake(rows, scenario.trace, files.kvsim)
-    with files.vidur_paper.open("w") as f:
+    with files.vidur_paper.open("w", encoding="utf-8") as f:
         f.write("arrived_at,num_prefill_tokens,num_decode_tokens\n")
         f.writelines(f"{r['arrival_s']!r},{r['prompt']},{r['output']}\n" for r in rows)
-    with files.vidur_package.open("w") as f:
+    with files.vidur_package.open("w", encoding="utf-8") as f:
         f.write("Date,Time,PromptTokenCount,CompletionTokenCount\n")
         f.writelines(f"2023-11-16,{r['arrival_s']!r},{r['prompt']},{r['output']}\n" for r in rows)
     return files
@@ -138,7 +138,7 @@ def convert_trace(scenario: Scenario, work: Path) -> TraceFiles:
 
 def _write_azure(rows: list[dict[str, Any]], path: Path) -> None:
     start = datetime(2023, 11, 16)
-    with path.open("w") as f:
+    with path.open("w", encoding="utf-8") as f:
         f.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
         for r in rows:
             stamp = start + timedelta(microseconds=round(r["arrival_s"] * 1e6))
@@ -147,7 +147,7 @@ def _write_azure(rows: list[dict[str, Any]], path: Path) -> None:
 
 def _write_mooncake(rows: list[dict[str, Any]], source: Path, path: Path) -> None:
     """Mooncake JSONL with the clipped prompts, their leading hash_ids and the rescaled arrivals (ms)."""
-    with source.open() as src, path.open("w") as f:
+    with source.open(encoding="utf-8") as src, path.open("w", encoding="utf-8") as f:
         for r, line in zip(rows, src, strict=False):
             hash_ids = json.loads(line)["hash_ids"][:math.ceil(r["prompt"] / 512)]
             f.write(json.dumps({"timestamp": r["arrival_s"] * 1000, "input_length": r["prompt"],
@@ -219,7 +219,7 @@ def vidur_package_command(python: Path, scenario: Scenario, trace: Path, out: Pa
 def kvsim_outputs(out: Path) -> dict[str, Any]:
     """What kvsim computed: request latencies, steps, preemptions, prefix hits, and the files."""
     df = pd.read_csv(out / "requests.csv")
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     return {"num_requests": len(df), "mean_ttft_s": df["ttft_s"].mean(), "mean_e2e_s": df["e2e_s"].mean(),
             "p99_e2e_s": df["e2e_s"].quantile(0.99), "num_steps": summary["num_steps"],
             "num_preemptions": summary["num_preemptions"], "prefix_cache_hit_rate": summary["prefix_cache_hit_rate"],

@@ -30,6 +30,16 @@ def test_ruff_is_clean():
     assert result.returncode == 0, result.stdout[-2000:]
 
 
+def test_every_text_file_is_opened_as_utf8():
+    """kvsim, the benchmarks and the kernels state UTF-8 wherever they open, read or write a text file (pylint's
+    unspecified-encoding, a ruff preview rule): the locale's encoding was used otherwise, so under an ASCII locale
+    (LC_ALL=C with PYTHONUTF8=0) `benchmarks/accuracy.py` failed reading the README (its '—') and a Latin-1 one
+    would have written it back re-encoded. The tests may use the locale's."""
+    result = subprocess.run([tool("ruff"), "check", "--preview", "--select", "PLW1514", "kvsim", "benchmarks",
+                             "kernels"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-2000:]
+
+
 MYPY_CACHE = Path(tempfile.gettempdir()) / f"kvsim-mypy-cache-{os.getuid()}"
 """mypy's incremental cache for `test_mypy_is_clean`, shared by every clone and run on this machine."""
 

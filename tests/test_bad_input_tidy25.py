@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
-from conftest import one_line_exit_2  # tests/ is on sys.path
+from conftest import benchmark_script, one_line_exit_2  # tests/ is on sys.path
 
 import kvsim
 from kvsim.model.errors import KvsimError
@@ -99,3 +99,22 @@ def test_a_scenario_that_is_no_mapping_is_named_as_the_scenario(validate, given)
 def test_a_scenario_section_given_one_value_keeps_its_hint():
     with pytest.raises(KvsimError, match=r"^workload=5: a section, not one value: set its fields \(num_requests, "):
         Scenario(workload=5)
+
+
+def test_the_accuracy_table_goes_into_the_readme_as_utf8_whatever_the_locale(tmp_path, monkeypatch):
+    """`benchmarks/accuracy.py` read and wrote README.md in the locale's encoding: under an ASCII one (LC_ALL=C with
+    PYTHONUTF8=0) reading its '—' was a UnicodeDecodeError. `Path.read_text` and `write_text` are made to use an
+    ASCII locale's encoding where none is given; the README is read and written back in UTF-8."""
+    from pathlib import Path
+
+    accuracy = benchmark_script("accuracy")
+    read_text, write_text = Path.read_text, Path.write_text
+    monkeypatch.setattr(Path, "read_text", lambda self, encoding=None, errors=None: read_text(
+        self, encoding=encoding or "ascii", errors=errors))
+    monkeypatch.setattr(Path, "write_text", lambda self, data, encoding=None, errors=None, newline=None: write_text(
+        self, data, encoding or "ascii", errors, newline))
+    readme = tmp_path / "README.md"
+    readme.write_bytes("# kvsim — notes\n<!-- a -->\nold\n<!-- b -->\nTTFT ≤ 1 s\n".encode())
+    accuracy.update_readme("| case | TTFT |\n| café | — |\n", readme, "<!-- a -->", "<!-- b -->")
+    assert readme.read_bytes().decode("utf-8") == (
+        "# kvsim — notes\n<!-- a -->\n| case | TTFT |\n| café | — |\n<!-- b -->\nTTFT ≤ 1 s\n")

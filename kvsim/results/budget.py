@@ -58,7 +58,7 @@ def machine_memory_bytes() -> int:
     """Physical memory, or the cgroup v2 limit when one is set and smaller."""
     total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        limit = Path("/sys/fs/cgroup/memory.max").read_text(encoding="utf-8").strip()
         if limit.isdigit():
             total = min(total, int(limit))
     except OSError:
