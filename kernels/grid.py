@@ -2,6 +2,14 @@
 
 Standard library only (no torch, no triton), so `kvsim calibrate --dry-run` prints the grid on a
 machine without the kernels extra; `kernels.calibrate` measures the points on a GPU.
+
+A model with sliding-window layers (gemma-3, gpt-oss, mistral-7b) or chunked-local ones (llama-4-scout) is planned as
+one full-attention layer, and that is what its windowed layers cost: vLLM runs a sliding layer's FlashAttention with
+`window_size = (window - 1, 0)` (vllm/v1/attention/backends/flash_attn.py), whose kernel skips the KV tiles left of
+the window, so a query reads its last `window` keys as a windowless kernel reads a context of `window`.
+`kvsim.latency.calibrated` looks windowed layers up at contexts capped by their window, the roofline's reading
+(`RooflineLatency.decode_read_bytes`); a prefill chunk's lookup is an upper bound there. The default grid's shortest
+context is at most every preset's window (gpt-oss: 128), so those lookups stay inside it.
 """
 
 from __future__ import annotations

@@ -194,3 +194,18 @@ def test_decode_bursts_price_the_skew_as_the_step_by_step_run_does(tmp_path, mon
     assert corrected[0] > 100 and bursts[0] == 0
     assert_same(simulate(spec), step_by_step, ("requests", "steps"))
     assert bursts[0] > 10
+
+
+def test_the_default_calibration_grid_reaches_every_presets_window():
+    """`kvsim calibrate` plans a windowed model's attention as full attention, and the calibrated model prices its
+    windowed layers at contexts capped by the window (above): those lookups fall inside the grid only if its
+    shortest context is at most the window. The windows are the presets' config values (gpt-oss 128, gemma-3 1024,
+    mistral-7b 4096, llama-4-scout's 8192-token chunks)."""
+    from kernels.grid import DEFAULT_GRID
+    from kvsim.model.config import load_model, make_engine, model_presets
+    from kvsim.model.kv_layout import layer_kinds
+
+    windows = {name: window for name in model_presets()
+               for _, window in layer_kinds(load_model(name), make_engine()) if window is not None}
+    assert windows.keys() >= {"gemma-3-27b", "gpt-oss-20b", "gpt-oss-120b", "mistral-7b", "llama-4-scout"}
+    assert min(DEFAULT_GRID.contexts) <= min(windows.values()) == 128
