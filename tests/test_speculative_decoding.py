@@ -327,3 +327,23 @@ def test_a_draft_model_drafts_over_every_scheduled_token_plus_each_next_token_th
     prefill_only = StepPlan()
     prefill_only.add(64, 0, 2, samples=True)  # no verifying sequence: the draft model still runs
     assert spec.step_time(prefill_only) == 4.0 and seen[1][:4] == (130, 2, 0, 2)
+
+
+def test_an_ngram_runs_acceptance_describes_every_decode_step_not_vllms_drafting_ones():
+    """vLLM's n-gram drafter proposes nothing where the context has no match, and its counters see only the steps
+    that drafted. A run (by hand) of one request, 271 output tokens, K = 3: its first token from the prefill, then
+    90 decode steps, 60 with a match whose 3 drafts are all accepted (4 tokens each) and 30 without (1 token each):
+    240 + 30 = 270 tokens. vLLM reports num_drafts 60, num_draft_tokens 180, accepted 180: an acceptance rate of
+    1.0 and a mean acceptance length of 1 + 180 / 60 = 4.0. kvsim drafts K at every decode step, so given 4.0 it
+    decodes the 270 tokens in ceil(270 / 4) = 68 steps; given the README's (G − R) / (G − R − A) =
+    (271 − 1) / (271 − 1 − 180) = 3.0 it takes vLLM's 90 steps and accepts vLLM's 180 drafts."""
+    def spec_decode(length):
+        return kvsim.simulate({"steps": "none", "engine": {"speculative_config": {
+            "method": "ngram", "num_speculative_tokens": 3, "synthetic_acceptance_length": length}},
+            "workload": {"num_requests": 1, "prompt_len": {"dist": "fixed", "value": 64},
+                         "output_len": {"dist": "fixed", "value": 271}}}).summary["spec_decode"]
+
+    vllm_reported = spec_decode(4)
+    assert vllm_reported["num_drafts"] == 68  # verify steps: one per decode step
+    every_step = spec_decode((271 - 1) / (271 - 1 - 180))
+    assert every_step["num_drafts"] == 90 and every_step["num_accepted_tokens"] == 180

@@ -16,6 +16,21 @@ is 0 or 1 (a fixed acceptance: vLLM's synthetic sampler with an integer acceptan
 such runs consume no random numbers. A request may bring its own acceptance lengths (a trace's
 acceptance column, `kvsim.workload.traces`): its verify steps take them in order while they last,
 and the model still draws for it, so a trace changes no other request's draws. Pure Python and numpy.
+
+n-gram drafting is modelled as drafting K tokens at every decode step; vLLM's is not. Its `NgramProposer`
+(vllm/v1/spec_decode/ngram_proposer.py) drafts only when the context's last n tokens (prompt_lookup_min ≤ n ≤
+prompt_lookup_max) occur earlier in it, and then at most the K tokens that followed the match (fewer near its end);
+without a match the request drafts nothing and its next step is a one-token decode. vLLM's spec-decode counters see
+only the steps that drafted (`Scheduler.update_from_output` observes a draft `if scheduled_spec_token_ids`), so its
+acceptance rate is accepted ÷ drafts proposed and its mean acceptance length 1 + accepted ÷ steps that drafted.
+Given here, those would hold for every decode step: more tokens a step than vLLM emits wherever contexts lack
+matches. For n-gram the acceptance must describe every decode step: `acceptance_length` = (G − R) ÷ (G − R − A),
+with G the output tokens, R the requests (each one's first token comes from its prefill) and A the accepted drafts
+(`vllm:generation_tokens_total`, the request count, `vllm:spec_decode_num_accepted_tokens_total`), so that a step
+without a match counts as one that accepted none; the mean then matches vLLM's, the spread need not. Each step is
+still priced as a (K + 1)-token verify (`kvsim.latency.speculative`), where vLLM computes one token for a step
+without a match: an over-estimate, small while decode is memory-bound, larger as the batch makes it compute-bound.
+kvsim has no match probability to draw from, and none is invented.
 """
 
 from __future__ import annotations
