@@ -367,12 +367,19 @@ class PagedAllocator(PoolSlots, PagedDecodes, PagedBursts):
 
     # ------------------------------------------------------------------- swap
     def swap_out(self, seq_ids: Sequence[int]) -> SwapResult | None:
-        """Move a group's blocks to the CPU pool; None (nothing changed) if it lacks room."""
+        """Move a group's blocks to the CPU pool; None (nothing changed) if it lacks room.
+
+        The room asked is the blocks moved and, as for a swap-in (`swap_in_growth_slots`), each sequence's next
+        token: vLLM v0's `SelfAttnBlockSpaceManager.can_swap_out` counts the blocks its unseen token touches
+        (`_can_swap`: one a sequence) besides the full blocks, so a table of 9 full blocks needs 10 free CPU
+        blocks although 9 move."""
         if self.cpu_pool is None:
             return None
         seqs = [self.seqs[s] for s in seq_ids]
         unique = distinct_blocks([s.block_table for s in seqs])
-        if len(unique) > self.cpu_pool.num_free_blocks:
+        growth = growth_blocks(seqs, [s.num_tokens + 1 for s in seqs], self.block_size,
+                               self.pool.ref_counts.__getitem__)
+        if len(unique) + growth > self.cpu_pool.num_free_blocks:
             return None
         mapping = dict(zip(unique, self.cpu_pool.get_new_blocks(len(unique)), strict=True))
         for seq_id, seq in zip(seq_ids, seqs, strict=True):

@@ -1,0 +1,186 @@
+"""vLLM v0's scheduler and block manager stepped by hand, by exact block id: kvsim's `V0Scheduler` over a
+`PagedAllocator` built as the builder builds v0's (no null block, v0 prefix caching).
+
+Each expectation is derived from vLLM v0's code (vllm/core/scheduler.py `_schedule_default`, `_schedule_prefills`,
+`_schedule_running`, `_schedule_swapped`, `_preempt`, `_swap_out`; vllm/core/block_manager.py
+`SelfAttnBlockSpaceManager.can_allocate`, `can_append_slots`, `_can_swap`, `free`; vllm/core/block/naive_block.py;
+vllm/core/block/prefix_caching_block.py; vllm/core/evictor.py `LRUEvictor`), not from kvsim's output:
+
+* block ids: `CpuGpuBlockAllocator.create` numbers the GPU blocks 0 .. num_gpu_blocks − 1 (no null block) and the
+  CPU blocks after them; `NaiveBlockAllocator` hands out `popleft()` from a deque that starts in id order and
+  frees with `appendleft()`; `BlockTable.free` frees a table front to back, so its last block is reused first.
+  kvsim numbers its CPU pool from 0: CPU block c here is vLLM's num_gpu_blocks + c.
+* admission (`_schedule_prefills`, only while nothing is swapped): `can_allocate` is NEVER when
+  `num_total_gpu_blocks − cdiv(tokens, block_size) < watermark_blocks`, OK when
+  `free − cdiv(tokens, block_size) ≥ watermark_blocks`, else LATER, which ends admission for the step;
+  `watermark_blocks = int(0.01 · num_gpu_blocks)`.
+* a step that admits a prefill schedules no decode (`_schedule_default`); otherwise `_schedule_running` grows the
+  running groups in order, each needing a block per sequence whose unseen token starts one (`can_append_slots`),
+  and preempts `running_queue.pop()` (the last admitted; the group itself when none is left) until it fits:
+  recompute for a group of one sequence, swap otherwise or under preemption_mode=swap. A preempted group goes to
+  the front of `waiting` (`extendleft`); no swap-in in a step that preempted.
+"""
+
+import pytest
+
+from kvsim.kv import PagedAllocator
+from kvsim.model.errors import KvsimError
+from kvsim.sched import SchedulerLimits, make_scheduler
+from tests.conftest import make_request
+
+BLOCK = 16
+
+
+def v0_world(num_blocks, watermark_blocks, caching=False, num_cpu_blocks=0, preemption_mode=None):
+    """A v0 engine as `kvsim.engine.builder` makes one: no null block, v0 prefix caching; vLLM v0's defaults of
+    `max_num_seqs` 256 and `max_num_batched_tokens` = max(max_model_len, 2048) = 2048."""
+    alloc = PagedAllocator(num_blocks, BLOCK, enable_caching=caching, null_block=False, num_cpu_blocks=num_cpu_blocks,
+                           bytes_per_block=1000, v0_prefix_caching=True)
+    limits = SchedulerLimits(256, 2048, 2048, watermark_blocks * BLOCK, preemption_mode,
+                             can_swap=preemption_mode != "recompute")
+    return make_scheduler("v0", alloc, limits)
+
+
+def stepper(sched, requests=()):
+    """`step(t)`: add the requests arrived by t, plan the step at t, complete it at t + 0.5, check the books;
+    returns (scheduled (request, tokens), preempted ids, {request: block table of its first sequence})."""
+    pending = sorted(requests, key=lambda r: r.arrival_s)
+
+    def step(t):
+        while pending and pending[0].arrival_s <= t:
+            sched.add(pending.pop(0))
+        plan = sched.schedule(float(t))
+        scheduled = [(r.request_id, n) for r, n in plan.scheduled]
+        tables = {r.request_id: list(sched.alloc.seqs[r.seq_ids[0]].block_table) for r, _ in plan.scheduled}
+        step.plan = plan
+        sched.complete(plan, t + 0.5)
+        sched.check_invariants()
+        return scheduled, [r.request_id for r in plan.preempted], tables
+    return step
+
+
+def test_prefill_only_steps_the_watermark_and_recompute_of_the_last_admitted():
+    """100 blocks, so a watermark of int(0.01 · 100) = 1 block. A (40 blocks of prompt), B (30) and C (29) arrive
+    with D (one block), each of 3 output tokens but D's 2.
+
+    Step 1: A takes 0..39 (free 60 − 40 ≥ 1), B 40..69, C 70..98; D would leave 1 − 1 = 0 < 1 block free: LATER
+    (without the watermark it fits). Step 2: D is LATER again, so the running groups decode; each prompt fills its
+    last block, so each needs a block. A takes 99; for B none is left: `running_queue.pop()` is C, preempted by
+    recompute (one sequence), its table freed front to back (head 98, 97, ..., 70); B takes 98. C goes to the
+    front of waiting. Step 3: C now needs cdiv(464 + 1, 16) = 30 blocks, 28 are free: LATER, and D behind it
+    waits too; A and B decode into their partial blocks and finish (freed in running order: A's, then B's at the
+    head). Step 4: C recomputes its prompt and its output (465 tokens) into 98, 69 .. 41, D takes 40: a
+    prefill-only step. Step 5: both decode, D into the head's 99."""
+    sched = v0_world(100, watermark_blocks=1)
+    a, b, c = make_request(0, 0.0, 40 * BLOCK, 3), make_request(1, 0.0, 30 * BLOCK, 3), make_request(2, 0.0, 29 * BLOCK, 3)
+    d = make_request(3, 0.0, BLOCK, 2)
+    step = stepper(sched, [a, b, c, d])
+    assert step(1) == ([(0, 640), (1, 480), (2, 464)], [],
+                       {0: list(range(40)), 1: list(range(40, 70)), 2: list(range(70, 99))})
+    assert sched.alloc.pool.free_queue == [99] and sched.waiting.peek() is d
+    assert step(2) == ([(0, 1), (1, 1)], [2], {0: [*range(40), 99], 1: [*range(40, 70), 98]})
+    assert sched.alloc.pool.free_queue == list(range(97, 69, -1))
+    assert [r.request_id for r in sched.waiting] == [2, 3] and c.num_output_tokens == 1
+    assert step(3) == ([(0, 1), (1, 1)], [], {0: [*range(40), 99], 1: [*range(40, 70), 98]})
+    assert sched.alloc.pool.free_queue[:3] == [98, *range(69, 67, -1)] and a.finish_s == b.finish_s == 3.5
+    assert step(4) == ([(2, 465), (3, 16)], [], {2: [98, *range(69, 40, -1)], 3: [40]})
+    assert step(5) == ([(2, 1), (3, 1)], [], {2: [98, *range(69, 40, -1)], 3: [40, 99]})
+    assert not sched.has_work and c.num_preemptions == 1
+
+
+def test_a_request_that_only_fits_inside_the_watermark_is_never_admitted():
+    """`can_allocate` is NEVER for a prompt of 100 blocks in a 100-block pool with a 1-block watermark
+    (100 − 100 < 1): vLLM v0 ignores it (FINISHED_IGNORED), kvsim rejects it on arrival. A prompt of 99 blocks
+    answering one token is OK alone (100 − 99 ≥ 1) and runs."""
+    sched = v0_world(100, watermark_blocks=1)
+    too_long, fits = make_request(0, 0.0, 100 * BLOCK, 1), make_request(1, 0.0, 99 * BLOCK, 1)
+    assert not sched.add(too_long) and too_long.reject_reason == "needs more KV slots than the pool's 1600"
+    assert sched.add(fits)
+    assert stepper(sched)(1) == ([(1, 99 * BLOCK)], [], {1: list(range(99))}) and fits.finish_s == 1.5
+
+
+def swap_world(num_cpu_blocks):
+    """20 GPU blocks (watermark int(0.01 · 20) = 0), preemption_mode=swap. A (10 blocks of prompt) and B (9),
+    4 output tokens each, and C (2 blocks, 1 token) arrive at once."""
+    sched = v0_world(20, watermark_blocks=0, num_cpu_blocks=num_cpu_blocks, preemption_mode="swap")
+    reqs = [make_request(0, 0.0, 10 * BLOCK, 4), make_request(1, 0.0, 9 * BLOCK, 4), make_request(2, 0.0, 2 * BLOCK, 1)]
+    return sched, reqs
+
+
+def test_swap_out_and_the_swapped_group_resumes_before_a_waiting_one():
+    """10 CPU blocks. Step 1: A 0..9, B 10..18; C needs 2 of the 1 free: LATER. Step 2: C is LATER; A decodes
+    into 19; B needs a block, none is left and the queue is empty: B preempts itself, by swap: `_can_swap` to the
+    CPU counts its 9 full blocks and 1 for its unseen token, 10 ≤ 10 free; its GPU blocks freed front to back
+    (head 18 .. 10), CPU blocks 0 .. 8 taken in order. Steps 3 and 4: something is swapped, so no prefill runs
+    (C would fit in the 9 free blocks); A decodes; B's swap-in needs 9 + 1 > 9 free: it waits. A finishes after
+    step 4 ([0..9, 19] freed: head 19, 9, .., 0). Step 5: still no prefill (B was swapped when the step began);
+    B swaps in to 19, 9 .. 2 (CPU blocks freed front to back: head 8 .. 0) and its next token takes 1. Step 6:
+    nothing swapped: C is admitted into 0, 18, a prefill-only step, B not decoded."""
+    sched, reqs = swap_world(10)
+    step = stepper(sched, reqs)
+    assert step(1) == ([(0, 160), (1, 144)], [], {0: list(range(10)), 1: list(range(10, 19))})
+    assert step(2) == ([(0, 1)], [1], {0: [*range(10), 19]})
+    assert step.plan.swap_out_bytes == 9 * 1000 and sched.alloc.swapped[reqs[1].seq_ids[0]].block_table == list(range(9))
+    assert sched.alloc.pool.free_queue == list(range(18, 9, -1)) and sched.alloc.cpu_pool.free_queue == [9]
+    assert step(3) == step(4) == ([(0, 1)], [], {0: [*range(10), 19]})
+    assert step(5) == ([(1, 1)], [], {1: [19, *range(9, 0, -1)]}) and step.plan.swap_in_bytes == 9 * 1000
+    assert sched.alloc.cpu_pool.free_queue == [*range(8, -1, -1), 9]
+    assert step(6) == ([(2, 32)], [], {2: [0, 18]})
+    assert step(7) == step(8) == ([(1, 1)], [], {1: [19, *range(9, 0, -1)]})
+    assert not sched.has_work and sched.num_swapped_out_bytes == 9000
+
+
+def test_swap_out_needs_a_cpu_block_for_the_next_token_too():
+    """9 CPU blocks: B's 9 blocks would fit, but `can_swap_out` asks for its 9 full blocks and 1 for its unseen
+    token (`_can_swap`: 10 > 9 CPU blocks in all, NEVER), and `_swap_out` raises "Aborted due to the lack of CPU
+    swap space": the run ends with kvsim's error naming swap_space."""
+    sched, reqs = swap_world(9)
+    step = stepper(sched, reqs)
+    step(1)
+    with pytest.raises(KvsimError, match="swap_space"):
+        step(2)
+
+
+def test_evictor_order_least_recently_used_then_deepest_first_and_a_hit_refreshes():
+    """8 blocks, prefix caching on; each request alone in its step, one output token (it ends at its prefill).
+    v0's `LRUEvictor` evicts the smallest (last_accessed, −num_hashed_tokens): a freed sequence's blocks carry the
+    time it was last scheduled (`LastAccessBlocksTracker`, stamped in `free`), so blocks of requests freed at
+    different times go least recently used first, and a sequence's own blocks deepest first (kvsim: freed tail
+    first to the LRU tail). A hit takes a block out of the evictor (`_incr_refcount_cached_block`); it comes
+    back with its new holder's time.
+
+    A (a 32-token system prompt + 16) takes 0, 1, 2 from the hashless deque; B (32) 3, 4; C (64) the last
+    hashless 5, 6, 7, then evicts (t1, −48) = 2. D (the system prompt + 16) hits 0 and 1 and evicts
+    (t2, −32) = 4 for its third block. E (80) evicts (t2, −16) = 3, then C's (t3) 2, 7, 6, 5 deepest first,
+    not the system prompt's blocks, which D's hit restamped t4. F (the system prompt + 16) hits 0, 1 again and
+    evicts D's third block, 4."""
+    sched = v0_world(8, watermark_blocks=0, caching=True)
+    reqs = [make_request(0, 1.0, 48, 1, prefix=32), make_request(1, 2.0, 32, 1), make_request(2, 3.0, 64, 1),
+            make_request(3, 4.0, 48, 1, prefix=32), make_request(4, 5.0, 80, 1), make_request(5, 6.0, 48, 1, prefix=32)]
+    step = stepper(sched, reqs)
+    assert [step(t)[2] for t in range(1, 7)] == [{0: [0, 1, 2]}, {1: [3, 4]}, {2: [5, 6, 7, 2]}, {3: [0, 1, 4]},
+                                                 {4: [3, 2, 7, 6, 5]}, {5: [0, 1, 4]}]
+    assert [reqs[i].num_prefix_hit_tokens for i in (3, 5)] == [32, 32]
+
+
+@pytest.mark.parametrize(("prompt", "tables", "free_after"), [
+    # 20 tokens: the forked sequences share the partial block 1; the parent appends first
+    # (`get_seqs` order) and copies it to 2 (`cow_block_if_not_appendable`: ref count 2), the child keeps it
+    (20, {0: [0, 2], 1: [0, 1]}, [1, 0, 2]),
+    # 32 tokens end a block: no copy, each sequence's next token takes a new block, the parent's first
+    (32, {0: [0, 1, 2], 1: [0, 1, 3]}, [3, 1, 0, 2]),
+])
+def test_parallel_sampling_forks_then_copies_the_shared_last_block_on_write(prompt, tables, free_after):
+    """n = 2 in v0 as the paper and vLLM up to 0.6.3 run it (one prefill; the output processor forks the child,
+    `SelfAttnBlockSpaceManager.fork` shares the whole table). 10 blocks. Step 1 prefills into 0, 1; step 2 writes
+    each sequence's token; both finish at step 3 and are freed parent first, each table front to back."""
+    sched = v0_world(10, watermark_blocks=0)
+    req = make_request(0, 0.0, prompt, 3, n=2)
+    step = stepper(sched, [req])
+    assert step(1) == ([(0, prompt)], [], {0: [0, 1]})
+    step(2)
+    seqs = sched.alloc.seqs
+    assert {i: seqs[s].block_table for i, s in enumerate(req.seq_ids + req.child_seq_ids())} == tables
+    assert step.plan.num_copied_blocks == sched.alloc.num_copy_on_writes == int(prompt % BLOCK > 0)
+    step(3)
+    assert sched.alloc.pool.free_queue[:len(free_after)] == free_after and not sched.has_work
