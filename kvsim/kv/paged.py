@@ -23,7 +23,7 @@ Contract:
   Not modelled: v0's evictor orders by a sequence's last scheduled time, stamped on all its blocks when it is
   freed (`LastAccessBlocksTracker`), so a shared block stamped older by a holder left unscheduled before it
   was freed can go before the chain's next block; v0 would then share that next block alone (one block less
-  in use than here; its computed prefix stops at the gap either way).
+  in use than here; its computed prefix stops at the gap either way). Nor v0's deepest first across one stamp.
 * Copy-on-write: writing into a block with `ref_count > 1` (only a partial last block
   shared by `fork` can be) first copies it to a new block; each copy is counted.
 * Swap moves whole sequences' blocks to a CPU `BlockPool` and back, all-or-nothing.
@@ -367,19 +367,14 @@ class PagedAllocator(PoolSlots, PagedDecodes, PagedBursts):
 
     # ------------------------------------------------------------------- swap
     def swap_out(self, seq_ids: Sequence[int]) -> SwapResult | None:
-        """Move a group's blocks to the CPU pool; None (nothing changed) if it lacks room.
-
-        The room asked is the blocks moved and, as for a swap-in (`swap_in_growth_slots`), each sequence's next
-        token: vLLM v0's `SelfAttnBlockSpaceManager.can_swap_out` counts the blocks its unseen token touches
-        (`_can_swap`: one a sequence) besides the full blocks, so a table of 9 full blocks needs 10 free CPU
-        blocks although 9 move."""
+        """Move a group's blocks to CPU with room for each next token (v0's `_can_swap`); else None, nothing changed."""
         if self.cpu_pool is None:
             return None
         seqs = [self.seqs[s] for s in seq_ids]
         unique = distinct_blocks([s.block_table for s in seqs])
-        growth = growth_blocks(seqs, [s.num_tokens + 1 for s in seqs], self.block_size,
-                               self.pool.ref_counts.__getitem__)
-        if len(unique) + growth > self.cpu_pool.num_free_blocks:
+        needed = len(unique) + growth_blocks(seqs, [s.num_tokens + 1 for s in seqs], self.block_size,
+                                             self.pool.ref_counts.__getitem__)
+        if needed > self.cpu_pool.num_free_blocks:
             return None
         mapping = dict(zip(unique, self.cpu_pool.get_new_blocks(len(unique)), strict=True))
         for seq_id, seq in zip(seq_ids, seqs, strict=True):

@@ -15,6 +15,14 @@ Per step, in this order:
    requests, by swap for groups with several sequences (`preemption_mode` overrides).
 3. If nothing was preempted, swap SWAPPED requests back in (FCFS) while they fit; they
    decode in the same step. Swapped requests resume before any waiting request is admitted.
+
+Not modelled: vLLM v0's chunked prefill (`Scheduler._schedule_chunked_prefill`), which `EngineArgs._set_default_args_v0`
+turns on by default for a max_model_len over 32,768 (here every v0 step is `_schedule_default`'s); and from vLLM
+0.6.4 on, v0 runs n > 1 samples as n sequence groups (`ParallelSampleSequenceGroup`), where kvsim forks them
+as the paper and earlier v0 do (`kvsim.sched.forks`). A swap moves a forked group's shared blocks once, as
+`BlockSpaceManagerV1` did (the paper's); v0's later `SelfAttnBlockSpaceManager` swaps each sequence's `Block`
+objects apart (`NaiveBlockAllocator.swap_out`/`swap_in`), so the group returns unshared. Nor v0's evictor order
+across sequences (`kvsim.kv.paged`).
 """
 
 from __future__ import annotations
