@@ -163,6 +163,22 @@ def test_evictor_order_least_recently_used_then_deepest_first_and_a_hit_refreshe
     assert [reqs[i].num_prefix_hit_tokens for i in (3, 5)] == [32, 32]
 
 
+def test_admission_asks_free_blocks_for_every_prompt_block_cached_or_not():
+    """`can_allocate` counts `cdiv(len(prompt), block_size)` blocks against the free ones, whatever the cache
+    holds. 4 blocks, caching on; A and B share a 32-token system prompt and have 16 tokens of their own.
+    Step 1: A takes 0, 1, 2 (hashed as they fill); B needs 3 blocks, 1 is free: LATER, although two of its
+    blocks are cached. Step 2: B is LATER again; A decodes into 3 and finishes: its full blocks go to the
+    evictor (stamp t2, 2 first), 3 (one token, no hash) to the hashless deque. Step 3: B needs 3 of 4 free:
+    OK; it hits 0 and 1 and computes its own 16 tokens into the hashless 3. Freed at stamp t3, deepest first:
+    the evictor is 2 (t2), then 3, 1, 0."""
+    sched = v0_world(4, watermark_blocks=0, caching=True)
+    step = stepper(sched, [make_request(0, 0.0, 48, 2, prefix=32), make_request(1, 0.0, 48, 1, prefix=32)])
+    assert step(1) == ([(0, 48)], [], {0: [0, 1, 2]})
+    assert step(2) == ([(0, 1)], [], {0: [0, 1, 2, 3]})
+    assert step(3) == ([(1, 16)], [], {1: [0, 1, 3]})
+    assert sched.alloc.pool.free_queue == [2, 3, 1, 0]
+
+
 @pytest.mark.parametrize(("prompt", "tables", "free_after"), [
     # 20 tokens: the forked sequences share the partial block 1; the parent appends first
     # (`get_seqs` order) and copies it to 2 (`cow_block_if_not_appendable`: ref count 2), the child keeps it
