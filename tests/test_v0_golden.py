@@ -88,6 +88,23 @@ def test_prefill_only_steps_the_watermark_and_recompute_of_the_last_admitted():
     assert not sched.has_work and c.num_preemptions == 1
 
 
+def test_a_decode_needs_a_free_block_even_with_room_in_its_last_block():
+    """`can_append_slots` counts each running sequence's next token as touching a block
+    (`get_num_blocks_touched_by_append_slots`: 1 + ceil((1 − room in the last block) / block_size) = 1) and asks
+    that many free blocks, room in its partial last block or not (BlockSpaceManagerV1 asked one a sequence too).
+    10 blocks, watermark 0; A and B, 72-token prompts (4 full blocks and 8 tokens), 4 output tokens each.
+    Step 1: A takes 0..4, B 5..9 (free 5 − 5 = 0 ≥ 0): none free. Step 2: A's token fits block 4, but 1 > 0
+    free: `running_queue.pop()` is B, recomputed (freed front to back: head 9 .. 5); A decodes alone.
+    Step 3: B, its prompt and first output (73 tokens, 5 blocks), takes 9 .. 5 again, a prefill-only step.
+    Step 4: none free again: B is preempted again, A decodes."""
+    sched = v0_world(10, watermark_blocks=0)
+    step = stepper(sched, [make_request(0, 0.0, 72, 4), make_request(1, 0.0, 72, 4)])
+    assert step(1) == ([(0, 72), (1, 72)], [], {0: [0, 1, 2, 3, 4], 1: [5, 6, 7, 8, 9]})
+    assert step(2) == ([(0, 1)], [1], {0: [0, 1, 2, 3, 4]}) and sched.alloc.pool.free_queue == [9, 8, 7, 6, 5]
+    assert step(3) == ([(1, 73)], [], {1: [9, 8, 7, 6, 5]}) and not sched.alloc.pool.free_queue
+    assert step(4) == ([(0, 1)], [1], {0: [0, 1, 2, 3, 4]}) and sched.num_preemptions == 2
+
+
 def test_a_request_that_only_fits_inside_the_watermark_is_never_admitted():
     """`can_allocate` is NEVER for a prompt of 100 blocks in a 100-block pool with a 1-block watermark
     (100 − 100 < 1): vLLM v0 ignores it (FINISHED_IGNORED), kvsim rejects it on arrival. A prompt of 99 blocks

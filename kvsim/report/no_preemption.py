@@ -49,7 +49,8 @@ def never_preempts(scenario: Scenario) -> bool:
     per_seq = max(layout.decode_blocks(num_tokens),  # the most blocks it holds decoding, or prefilling
                   layout.prefill_blocks(num_tokens, spec.limits.max_num_batched_tokens))
     usable = spec.num_gpu_blocks - engine.num_null_blocks
-    return spec.limits.max_num_seqs * per_seq <= usable
+    # v0 also preempts at a decode that finds no free block (`V0Scheduler.try_allocate`): one must stay free
+    return spec.limits.max_num_seqs * per_seq <= usable - (engine.scheduler == "v0")
 
 
 def largest_seqs_without_preemption(probe: Callable[[int, int], Scenario],

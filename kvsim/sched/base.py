@@ -483,6 +483,9 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         is not a one-token decode) and with KV offload (every step's stores and loads are timed)."""
         return self.waiting.policy == "fcfs" and self.speculation is None and self.offload is None
 
+    def burst_fits(self, seq_ids: list[int], num_steps: int) -> bool:  # v0 asks more (`V0Scheduler.burst_fits`)
+        return self.alloc.burst_fits(seq_ids, num_steps)
+
     def schedules_whole_decode_batch(self, num_running: int) -> bool:
         """Whether one step decodes all `num_running` requests (policies with a token budget may not)."""
         return True

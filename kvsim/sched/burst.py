@@ -108,6 +108,8 @@ class BurstScheduler(Protocol):
         """False where the policy's steps are not the plain decodes and FCFS admission bursts assume."""
     def schedules_whole_decode_batch(self, num_running: int) -> bool:
         """Whether one step decodes all `num_running` requests (policies with a token budget may not)."""
+    def burst_fits(self, seq_ids: list[int], num_steps: int) -> bool:
+        """(c): `KVAllocator.burst_fits`, and whatever else the policy needs for no step to preempt."""
     def waiting_blocked(self) -> bool:
         """Whether the policy's next step would admit nothing from `waiting` (the batch stays)."""
     def finish(self, done: list[Request], now: float) -> list[Request]:
@@ -178,7 +180,7 @@ def plan_burst(scheduler: BurstScheduler, latency: LatencyModel, now: float, nex
     else:  # no arrival bounds it: its length is known before its step times (under overload, far fewer are kept)
         num_steps = max_steps
     alloc = scheduler.alloc
-    while num_steps and not alloc.burst_fits(seq_ids, num_steps):
+    while num_steps and not scheduler.burst_fits(seq_ids, num_steps):
         num_steps //= 2  # (c): halve until the new blocks fit
     if not num_steps:
         return None

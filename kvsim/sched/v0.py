@@ -10,9 +10,9 @@ Per step, in this order:
    and never the last token: a prompt admitted after an identical one in the same step shares its
    blocks but computes every token itself (vLLM v0's `PrefixCachingBlockAllocator` marks blocks computed
    only once the batch is built); a prompt wholly cached earlier computes its last token alone.
-2. Otherwise decode every RUNNING request (1 token per sequence). When blocks run out,
-   preempt from the back (most recently admitted): by recompute for single-sequence
-   requests, by swap for groups with several sequences (`preemption_mode` overrides).
+2. Otherwise decode every RUNNING request (1 token per sequence). While fewer blocks are free than a request's
+   sequences (vLLM v0 counts each next token as needing one), preempt from the back (most recently admitted): by
+   recompute for single-sequence requests, by swap for groups with several sequences (`preemption_mode` overrides).
 3. If nothing was preempted, swap SWAPPED requests back in (FCFS) while they fit; they
    decode in the same step. Swapped requests resume before any waiting request is admitted.
 
@@ -67,6 +67,24 @@ class V0Scheduler(Scheduler):
             self._swap_in(plan)
         return plan
 
+    def try_allocate(self, req: Request, num_tokens_total: int, plan: StepPlan, hold_slots: int = 0) -> bool:
+        """`Scheduler.try_allocate`, only while the free blocks are at least the request's sequences: vLLM v0's
+        `can_append_slots` counts each sequence's next token as touching a block, room in its partial last block
+        or not (`BlockTable.get_num_blocks_touched_by_append_slots`: 1), and `_schedule_running` preempts until it
+        holds. Paged pools only (a slab's region holds every token)."""
+        alloc = self.alloc
+        if isinstance(alloc, PagedAllocator) and alloc.pool.num_free_blocks < len(self.active_seq_ids(req)):
+            return False
+        return super().try_allocate(req, num_tokens_total, plan, hold_slots)
+
+    def burst_fits(self, seq_ids: list[int], num_steps: int) -> bool:
+        """Each step of a burst appends with a free block left before every sequence's token (`try_allocate`):
+        in a paged pool, its new blocks leave one free."""
+        alloc = self.alloc
+        if isinstance(alloc, PagedAllocator):
+            return alloc.burst_slots_needed(seq_ids, num_steps) < alloc.num_free_slots
+        return alloc.burst_fits(seq_ids, num_steps)
+
     def _admit_prefills(self, plan: StepPlan, now: float) -> None:
         budget = self.limits.max_num_batched_tokens
         num_seqs, waiting = self.num_running_seqs(), self.waiting
@@ -107,7 +125,8 @@ class V0Scheduler(Scheduler):
             self.swapped.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            grown = self.try_allocate(req, req.num_computed_tokens + 1, plan)
+            # `_schedule_swapped` appends without `can_append_slots`: `_can_swap` counted each next token
+            grown = super().try_allocate(req, req.num_computed_tokens + 1, plan)
             assert grown
             plan.scheduled.append((req, 1))
 
