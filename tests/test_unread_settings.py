@@ -133,6 +133,11 @@ PLAN = ["plan", "--slo", "ttft_s.p90=2", "--gpu", "h100-80gb", "--workers", "1"]
     ([*PLAN, *UNREAD], "kvsim.planning.plan.plan", [SLABS, UTILIZATION]),
     ([*PLAN, *UNREAD, "--engine", "allocator=paged,slab-max"], "kvsim.planning.plan.plan", [UTILIZATION]),
     ([*PLAN], "kvsim.planning.plan.plan", []),
+    # a candidate is built from the base's fields: v1's default caching stays a default, not a setting given
+    ([*PLAN, "--set", "engine.allocator=slab-max"], "kvsim.planning.plan.plan", []),
+    ([*PLAN, "--set", "engine.allocator=slab-max", "--set", "engine.enable_prefix_caching=true"],
+     "kvsim.planning.plan.plan", ["kvsim: warning: engine.enable_prefix_caching=true is unread: allocator slab-max "
+                                  "reserves a slab per request and caches no prefix"]),
     ([*PLAN, "--set", "engine.swap_space=8", "--set", "engine.max_model_len=2048", "--engine", "scheduler=v1,static"],
      "kvsim.planning.plan.plan", ["kvsim: warning: engine.swap_space=8 is unread: scheduler v1 never swaps"]),
     (["report", *UNREAD], "kvsim.report.build.build_report", [UTILIZATION]),
@@ -165,3 +170,25 @@ def test_every_command_that_simulates_a_scenario_warns_of_its_unread_settings(tm
     result = CliRunner().invoke(app, [*command, *output], prog_name="kvsim")
     assert result.exit_code == 2, (result.output, result.exception)
     assert result.stderr.splitlines() == [*said, "kvsim: error: stopped"]
+
+
+@pytest.mark.parametrize(("sets", "caching"), [
+    ([], {"v1": True, "v0": False}),  # each scheduler's own default: vLLM's V0 engine caches no prefix unless asked
+    (["engine.enable_prefix_caching=true"], {"v1": True, "v0": True}),  # given: every candidate keeps it
+    (["engine.enable_prefix_caching=false"], {"v1": False, "v0": False}),
+])
+def test_a_plan_candidate_s_scheduler_knob_takes_its_own_default_prefix_caching(sets, caching):
+    """A plan candidate is the base's fields with its knobs on top. The base's v1 default caching reached a
+    `scheduler: v0` candidate as a given `enable_prefix_caching: true`, so it ran v0 with caching on where the same
+    base run with `--set engine.scheduler=v0` (and vLLM's V0 engine, `EngineArgs.enable_prefix_caching` None) runs
+    it off; a value the base gives is kept."""
+    from kvsim.planning.spec import candidates, make_plan_spec
+    from kvsim.workload.scenario import load_scenario
+
+    base = load_scenario(None, sets)
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 2.0}, "gpus": ["h100-80gb"], "engine": {"scheduler": ["v1", "v0"]}})
+    built = {dict(c.knobs)["scheduler"]: c.scenario(base, 1, spec.router).engine for c in candidates(spec)}
+    assert {name: engine.enable_prefix_caching for name, engine in built.items()} == caching
+    for name, engine in built.items():  # as the base file run with that scheduler
+        assert engine.enable_prefix_caching == load_scenario(None, [*sets, f"engine.scheduler={name}"]).engine \
+            .enable_prefix_caching

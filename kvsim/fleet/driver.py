@@ -78,10 +78,8 @@ def _groups(scenario: Scenario) -> list[tuple[int, dict[str, Any], str, int]]:
     """(group index, raw replica scenario less its name, name prefix, count) per group: the scenario's
     settings with the group's on top (a group naming another scheduler carries its `enable_prefix_caching`:
     `kvsim.workload.fleet_layout.settled_groups`). The scenario's `enable_prefix_caching` left at its default
-    stays so in each replica (the same default, not a setting given: `EngineConfig.unread_settings`)."""
-    base = scenario.model_dump(mode="json", exclude={"replicas", "router", "kv_transfer_config", "autoscaler"})
-    if "enable_prefix_caching" not in scenario.engine.model_fields_set:
-        del base["engine"]["enable_prefix_caching"]
+    stays so in each replica (the same default, not a setting given: `Scenario.variant_fields`)."""
+    base = scenario.variant_fields(exclude={"replicas", "router", "kv_transfer_config", "autoscaler"})
     if isinstance(scenario.replicas, int):
         return [(0, base, "r", scenario.replicas)]
     out = []

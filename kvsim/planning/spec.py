@@ -243,8 +243,10 @@ class Candidate:
 
     def scenario(self, base: Scenario, replicas: int, router: str) -> Scenario:
         """The base scenario's traffic on `replicas` replicas of this candidate behind `router` (a split:
-        its x + y instances, each pool behind `router` unless `kv_transfer_config` names a pool's router)."""
-        raw = base.model_dump(mode="json")
+        its x + y instances, each pool behind `router` unless `kv_transfer_config` names a pool's router). The
+        base's `enable_prefix_caching` left at its default stays a default (`Scenario.variant_fields`): a knob
+        `scheduler: v0` caches nothing, as vLLM's v0 engine, and a slab candidate does not say it unread."""
+        raw = base.variant_fields()
         raw["engine"] = {**raw["engine"], "tensor_parallel_size": self.tensor_parallel_size, **dict(self.knobs)}
         raw.update(gpu=self.gpu, replicas=replicas, router={**raw["router"], "policy": router},
                    name=f"{base.name}/{self.label.replace(' ', '_')}/x{replicas}")

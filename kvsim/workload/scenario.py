@@ -32,7 +32,14 @@ from kvsim.model.errors import KvsimError, first_repeat, from_validation_error, 
 from kvsim.model.spec import Label, Settings
 from kvsim.model.yaml_io import load_json, load_yaml, settings_text, yaml_problem
 from kvsim.workload.files import data_file, path_texts
-from kvsim.workload.fleet_layout import AutoscalerConfig, KVTransferConfig, ReplicaGroup, Router, settled_groups
+from kvsim.workload.fleet_layout import (
+    PREFIX_CACHING,
+    AutoscalerConfig,
+    KVTransferConfig,
+    ReplicaGroup,
+    Router,
+    settled_groups,
+)
 from kvsim.workload.overrides import Overrides, apply_overrides
 from kvsim.workload.traffic import Workload
 
@@ -252,6 +259,17 @@ class Scenario(Settings):
         if problem is not None:
             raise KvsimError(f"{field}={path!r}: {problem}: {resolved}")
         return resolved
+
+    def variant_fields(self, exclude: set[str] | None = None) -> dict[str, Any]:
+        """The scenario's fields (JSON, less `exclude`) to build another scenario from (a fleet's replica, a plan's
+        candidate), its engine changed or not: every field, but `enable_prefix_caching` where it was not given.
+        The built engine then takes its own scheduler's default (vLLM's: v1 on, v0 off), as the scenario file run
+        with that engine would, and does not count it as given (only a given value is said unread beside a slab
+        allocator: `EngineConfig.unread_settings`)."""
+        out = self.model_dump(mode="json", exclude=exclude)
+        if PREFIX_CACHING not in self.engine.model_fields_set:
+            del out["engine"][PREFIX_CACHING]
+        return out
 
     def dump_into(self, folder: str | Path) -> dict[str, Any]:
         """The scenario's fields for a `scenario.yaml` written into `folder`, which `kvsim run` runs again from
