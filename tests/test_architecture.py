@@ -44,18 +44,46 @@ MYPY_CACHE = Path(tempfile.gettempdir()) / f"kvsim-mypy-cache-{os.getuid()}"
 """mypy's incremental cache for `test_mypy_is_clean`, shared by every clone and run on this machine."""
 
 
+def mypy_run(root, files, cache_dir):
+    """mypy over `files` of the tree at `root`, each named by its absolute path, with its cache in `cache_dir`.
+
+    mypy reuses a cached module without reading its source when the path, size and mtime (whole seconds) it
+    recorded match. Named relatively (pyproject.toml's `files`), the path is the same in every clone, so a file two
+    clones hold in versions of one size, checked out in the same second, matched the other clone's entry: one
+    clone's type error was hidden by a clean run of the other. By absolute path, an entry another clone recorded
+    makes mypy hash the source, and recheck it (and what depends on it) where it differs."""
+    return subprocess.run([tool("mypy"), "--cache-dir", str(cache_dir), *(str(root / name) for name in files)],
+                          cwd=root, capture_output=True, text=True)
+
+
 def test_mypy_is_clean():
     """mypy over the package (pyproject.toml's `files`), with its cache in `MYPY_CACHE`, not the clone's
     .mypy_cache: a fresh clone (CI's) had none and checked every module and the libraries' stubs from scratch
     (~10 CPU s); now it rechecks only what differs from the last run here (~0.5 s). mypy keys each cached module
     by its source's hash, mypy's version and the options, and rechecks whatever depends on a changed interface,
-    so the verdict is a cold run's. The lock serializes suites running at once (the cache is SQLite)."""
+    so the verdict is a cold run's (`mypy_run`). The lock serializes suites running at once (the cache is SQLite)."""
+    import tomllib
+
+    files = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]["files"]
     MYPY_CACHE.mkdir(exist_ok=True)
     with (MYPY_CACHE / "lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        result = subprocess.run([tool("mypy"), "--cache-dir", str(MYPY_CACHE)], cwd=REPO, capture_output=True,
-                                text=True)
+        result = mypy_run(REPO, files, MYPY_CACHE)
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_a_shared_mypy_cache_does_not_hide_another_clone_s_type_error(tmp_path):
+    """Two clones' versions of one module, of one size and mtime: `-> str` in the first, `-> int` (a type error)
+    in the second. Checked one after the other with one cache, the second is rechecked and fails (before,
+    named relatively, it passed on the first clone's entry)."""
+    for clone, returned in (("first", "str"), ("second", "int")):
+        (tmp_path / clone / "probe").mkdir(parents=True)
+        (tmp_path / clone / "probe" / "__init__.py").write_text("", encoding="utf-8")
+        (tmp_path / clone / "probe" / "m.py").write_text(f'def f() -> {returned}:\n    return "x"\n', encoding="utf-8")
+        os.utime(tmp_path / clone / "probe" / "m.py", (1_700_000_000, 1_700_000_000))
+    assert mypy_run(tmp_path / "first", ["probe"], tmp_path / "cache").returncode == 0
+    second = mypy_run(tmp_path / "second", ["probe"], tmp_path / "cache")
+    assert second.returncode == 1 and "Incompatible return value type" in second.stdout, second.stdout
 
 
 def test_no_test_package_shadows_an_importable_package():
