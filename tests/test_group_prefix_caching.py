@@ -42,6 +42,20 @@ def test_a_python_engine_config_gives_what_it_was_built_with():
         assert tuple(r.engine.enable_prefix_caching for r in replica_scenarios(scenario)) == expected
 
 
+@pytest.mark.parametrize(("engine", "expected"), [
+    ({"scheduler": "v0"}, (False, True)),  # v0's default is no setting given: the v1 group takes v1's
+    ({"scheduler": "v0", "enable_prefix_caching": False}, (False, False)),  # given: the v1 group keeps it
+])
+def test_a_python_v0_engine_config_gives_prefix_caching_only_where_built_with_it(engine, expected):
+    """A v0 `EngineConfig`'s default `enable_prefix_caching: false` was in its `model_fields_set` (the validator
+    wrote it), so `settled_groups` dropped every v0 engine's false, a value given as well as the default."""
+    from kvsim.model.config import EngineConfig
+
+    scenario = Scenario(engine=EngineConfig(**engine), workload=resolve_scenario(None).workload,
+                        replicas=[{"count": 1}, {"count": 1, "engine": {"scheduler": "v1"}}])
+    assert tuple(r.engine.enable_prefix_caching for r in replica_scenarios(scenario)) == expected
+
+
 def test_the_v0_group_caches_the_shared_prefix_the_user_asked_it_to():
     # Every prompt starts with one 512-token system prompt: the v0 replica, told to cache, hits it from its second
     # request on (round robin gives it requests 1, 3, 5, ...).

@@ -174,14 +174,16 @@ def test_every_command_that_simulates_a_scenario_warns_of_its_unread_settings(tm
 
 @pytest.mark.parametrize(("sets", "caching"), [
     ([], {"v1": True, "v0": False}),  # each scheduler's own default: vLLM's V0 engine caches no prefix unless asked
+    (["engine.scheduler=v0"], {"v1": True, "v0": False}),  # a v0 base's default is no setting either
     (["engine.enable_prefix_caching=true"], {"v1": True, "v0": True}),  # given: every candidate keeps it
     (["engine.enable_prefix_caching=false"], {"v1": False, "v0": False}),
+    (["engine.scheduler=v0", "engine.enable_prefix_caching=false"], {"v1": False, "v0": False}),
 ])
 def test_a_plan_candidate_s_scheduler_knob_takes_its_own_default_prefix_caching(sets, caching):
     """A plan candidate is the base's fields with its knobs on top. The base's v1 default caching reached a
     `scheduler: v0` candidate as a given `enable_prefix_caching: true`, so it ran v0 with caching on where the same
     base run with `--set engine.scheduler=v0` (and vLLM's V0 engine, `EngineArgs.enable_prefix_caching` None) runs
-    it off; a value the base gives is kept."""
+    it off; a v0 base's default (off) reached a v1 candidate the same way. A value the base gives is kept."""
     from kvsim.planning.spec import candidates, make_plan_spec
     from kvsim.workload.scenario import load_scenario
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ModelWrapValidatorHandler, ValidationError, field_validator, model_validator
 
 from kvsim.model.batch_defaults import batch_defaults
 from kvsim.model.errors import KvsimError, from_validation_error, not_a_preset, reading
@@ -286,14 +286,15 @@ class EngineConfig(Settings):
     async_scheduling: bool | None = Field(default=None, exclude_if=lambda value: value is None)
     enforce_eager: bool = Field(default=False, exclude_if=lambda value: not value)  # written only when set
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _v0_leaves_prefix_caching_off(cls, data: Any) -> Any:
+    def _v0_leaves_prefix_caching_off(cls, data: Any, handler: ModelWrapValidatorHandler[EngineConfig]) -> Any:
         """vLLM's default for `enable_prefix_caching` is None (vllm/engine/arg_utils.py, `EngineArgs`): only
-        `_set_default_args_v1` turns it on, so the V0 engine caches no prefix unless asked."""
-        if isinstance(data, dict) and data.get("scheduler") == "v0" and "enable_prefix_caching" not in data:
-            return {**data, "enable_prefix_caching": False}
-        return data
+        `_set_default_args_v1` turns it on, so V0 caches no prefix unless asked; as v1's, no setting given."""
+        defaulted = isinstance(data, dict) and data.get("scheduler") == "v0" and "enable_prefix_caching" not in data
+        engine = handler({**data, "enable_prefix_caching": False} if defaulted else data)
+        engine.model_fields_set.difference_update({"enable_prefix_caching"} if defaulted else ())
+        return engine
 
     @model_validator(mode="after")
     def _radix_needs_paged(self) -> EngineConfig:

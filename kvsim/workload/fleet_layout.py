@@ -48,8 +48,8 @@ def settled_groups(data: Any) -> Any:
     scheduler's default, so a v0 group dropped the scenario's `enable_prefix_caching: true` and a v1 group
     turned on the caching a v0 scenario's `enable_prefix_caching: false` had turned off.
 
-    A scenario engine given as an `EngineConfig` (Python) gives the fields it was built with, except a v0
-    engine's `enable_prefix_caching: false`, which its own default sets and so counts as not given."""
+    A scenario engine given as an `EngineConfig` (Python) gives the fields it was built with (`model_fields_set`:
+    a v0 engine's default `enable_prefix_caching: false` is not one)."""
     if not isinstance(data, dict) or not isinstance(data.get("replicas"), list):
         return data
     groups = data["replicas"]
@@ -61,10 +61,7 @@ def settled_groups(data: Any) -> Any:
                 raise from_validation_error(error, f"replicas.{i}") from None
     engine = data.get("engine", {})
     if isinstance(engine, EngineConfig):
-        given = engine.model_dump(include=engine.model_fields_set)
-        if engine.scheduler == "v0" and not engine.enable_prefix_caching:
-            given.pop(PREFIX_CACHING, None)
-        engine = given
+        engine = engine.model_dump(include=engine.model_fields_set)
     if not isinstance(engine, dict):
         return data  # refused as the engine's own field
     scheduler = engine.get("scheduler", EngineConfig.model_fields["scheduler"].default)
