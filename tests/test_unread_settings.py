@@ -194,3 +194,30 @@ def test_a_plan_candidate_s_scheduler_knob_takes_its_own_default_prefix_caching(
     for name, engine in built.items():  # as the base file run with that scheduler
         assert engine.enable_prefix_caching == load_scenario(None, [*sets, f"engine.scheduler={name}"]).engine \
             .enable_prefix_caching
+
+
+V1_GROUPS = [{"count": 1, "engine": {"scheduler": "v1"}}, {"count": 1, "engine": {"allocator": "slab-max", "scheduler": "v1"}}]
+SLAB_GROUP_SAID = ("replicas[1]: engine.enable_prefix_caching=true is unread: allocator slab-max reserves a slab per "
+                   "request and caches no prefix")
+
+
+@pytest.mark.parametrize(("engine", "said"), [
+    ({"scheduler": "v0"}, []),  # nobody set caching
+    ({"scheduler": "v0", "enable_prefix_caching": True}, [SLAB_GROUP_SAID]),
+])
+def test_a_slab_group_naming_another_scheduler_says_prefix_caching_unread_only_where_given(tmp_path, engine, said):
+    """A group naming another scheduler than the scenario's is given the caching it would otherwise lose
+    (`settled_groups`): the scenario's value, else its scheduler's default, written into the group. A v1 slab
+    group under a v0 scenario that never set caching was written v1's default (on) and said it unread. Each
+    group still caches as its scheduler's default says (v1: on), and the scenario.yaml run again is the same."""
+    from kvsim.fleet.driver import replica_scenarios
+    from kvsim.fleet.run import unread_by_setting
+    from kvsim.workload.scenario import make_scenario, resolve_scenario
+
+    scenario = resolve_scenario({"engine": engine, "workload": resolve_scenario(None).workload.model_dump(mode="json"),
+                                 "replicas": V1_GROUPS})
+    assert list(unread_by_setting(scenario).values()) == said
+    assert [r.engine.enable_prefix_caching for r in replica_scenarios(scenario)] == [True, True]
+    again = make_scenario(scenario.dump_into(tmp_path), tmp_path)
+    assert list(unread_by_setting(again).values()) == said
+    assert [r.engine for r in replica_scenarios(again)] == [r.engine for r in replica_scenarios(scenario)]

@@ -44,9 +44,11 @@ def settled_groups(data: Any) -> Any:
     is given it: the scenario engine's where that engine gives it (the user's value wins, as an engine given
     both keeps it), else the group's scheduler's default (vLLM's: on for v1, off for v0; an engine given
     only the scheduler takes it). Written into the group, the value survives a dump (`scenario.yaml`, whose
-    engine gives every field): run again, the fleet is the same. Before, the group always took its
-    scheduler's default, so a v0 group dropped the scenario's `enable_prefix_caching: true` and a v1 group
-    turned on the caching a v0 scenario's `enable_prefix_caching: false` had turned off.
+    engine gives every field): run again, the fleet is the same. A group that allocates slabs, which reads no
+    caching, is given only the engine's value: with none, it takes its scheduler's default as a default (a value
+    written would be said unread, a setting no one gave), which a dump leaves out (`Scenario.dump_into`).
+    Before, the group always took its scheduler's default, so a v0 group dropped the scenario's
+    `enable_prefix_caching: true` and a v1 group turned on the caching a v0 scenario's false had turned off.
 
     A scenario engine given as an `EngineConfig` (Python) gives the fields it was built with (`model_fields_set`:
     a v0 engine's default `enable_prefix_caching: false` is not one)."""
@@ -71,7 +73,8 @@ def settled_groups(data: Any) -> Any:
         own = fields.get("engine") if isinstance(fields, dict) else None
         if isinstance(own, dict) and own.get("scheduler", scheduler) != scheduler and PREFIX_CACHING not in own:
             try:
-                value = engine[PREFIX_CACHING] if PREFIX_CACHING in engine else \
+                value = engine[PREFIX_CACHING] if PREFIX_CACHING in engine else None \
+                    if own.get("allocator", engine.get("allocator", "paged")) != "paged" else \
                     EngineConfig.model_validate({"scheduler": own["scheduler"]}).enable_prefix_caching
             except ValidationError:  # no such scheduler: refused naming the group (`kvsim.fleet.driver`)
                 value = None
