@@ -38,7 +38,8 @@ from typing import Any
 from kvsim.engine.builder import make_latency, resolve_engine
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.capacity import kv_bytes_per_block
-from kvsim.model.config import load_model, make_engine
+from kvsim.model.config import load_model
+from kvsim.model.engine_config import make_engine
 from kvsim.model.units import ceil_div
 from kvsim.planning.offload_sizing import prefill_s
 from kvsim.workload.scenario import make_scenario

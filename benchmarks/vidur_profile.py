@@ -33,7 +33,8 @@ import lzma
 from pathlib import Path
 
 from kvsim.latency.roofline import RooflineLatency
-from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.engine_config import EngineConfig
 
 VIDUR_MODEL = "meta-llama/Llama-2-7b-hf"  # vidur/config/model_config.py, Llama2_7BModelConfig
 VIDUR_DEVICE, VIDUR_NETWORK = "a100", "a100_dgx"  # vidur/types/{device,node}_sku_type.py

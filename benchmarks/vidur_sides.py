@@ -44,7 +44,8 @@ import pandas as pd
 from vidur_profile import KVSIM_GPU, KVSIM_MODEL, VIDUR_DEVICE, VIDUR_MODEL, VIDUR_NETWORK
 
 from kvsim.model.capacity import num_gpu_blocks
-from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.engine_config import EngineConfig
 from kvsim.workload.traces import read_azure, read_mooncake
 
 REPO = Path(__file__).resolve().parent.parent

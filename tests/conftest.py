@@ -28,7 +28,7 @@ import pytest
 from kvsim.engine.loop import run_engine
 from kvsim.kv import PagedAllocator, SegmentContent, SlabAllocator
 from kvsim.latency.base import ConstantLatency
-from kvsim.model.config import make_engine
+from kvsim.model.engine_config import make_engine
 from kvsim.sched import SchedulerLimits, make_scheduler
 from kvsim.workload.request import Request
 

@@ -18,7 +18,8 @@ from kvsim.fleet.disagg import simulate_disagg
 from kvsim.latency.base import burst_step_times
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.step_plan import StepPlan
-from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.engine_config import EngineConfig
 from kvsim.model.errors import KvsimError
 from kvsim.workload.scenario import load_scenario
 from tests.conftest import REPO, make_request, run, tiny_world

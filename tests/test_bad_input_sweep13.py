@@ -69,7 +69,7 @@ def test_a_scenario_copied_with_a_good_update_is_the_scenario_given_those_fields
     """The update is validated as the fields of a new scenario are: an engine given as a dict becomes the
     EngineConfig it describes, and the fields given stay the ones given (`model_fields_set`)."""
     import kvsim
-    from kvsim.model.config import EngineConfig
+    from kvsim.model.engine_config import EngineConfig
 
     base = kvsim.load_scenario(None, {"workload.num_requests": 3})
     copied = base.model_copy(update={"engine": {"block_size": 32}, "seed": 4})

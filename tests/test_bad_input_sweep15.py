@@ -149,7 +149,7 @@ def test_a_flag_no_replica_group_gives_reaches_every_group(tmp_path, monkeypatch
 def test_a_swap_space_no_preemption_swaps_into_is_said_unread(fields, unread):
     """vLLM v1 preempts by recompute only and takes `--swap-space` without reading it (kvsim's v1 and static
     schedulers never swap either, nor v0 under preemption_mode=recompute): the setting ran without a word."""
-    from kvsim.model.config import make_engine
+    from kvsim.model.engine_config import make_engine
 
     assert make_engine(**fields).unread_settings().get("swap_space") == unread
 

@@ -32,7 +32,8 @@ import kvsim
 from kvsim.latency.profiles.loader import load_profile
 from kvsim.latency.profiles.native import write_native
 from kvsim.latency.step_plan import StepPlan
-from kvsim.model.config import PRESETS_DIR, EngineConfig, load_gpu, load_model
+from kvsim.model.config import PRESETS_DIR, load_gpu, load_model
+from kvsim.model.engine_config import EngineConfig
 from kvsim.model.errors import KvsimError
 from kvsim.validation.measured import load_measured
 

@@ -10,7 +10,7 @@ import pytest
 import kvsim.engine.builder
 import kvsim.model.capacity
 from kvsim.engine.builder import build_engine, resolve_engine
-from kvsim.model.config import EngineConfig
+from kvsim.model.engine_config import EngineConfig
 from kvsim.workload.scenario import load_scenario
 
 LLAMA_8B = ["model=llama-3.1-8b", "engine.num_gpu_blocks_override=1000", "engine.block_size=16",

@@ -10,7 +10,8 @@ from kvsim.latency.calibrated import CalibratedLatency, Interp1D, NestedInterp
 from kvsim.latency.profiles.native import read_native
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.step_plan import StepPlan
-from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.engine_config import EngineConfig
 from kvsim.model.errors import KvsimError
 from kvsim.workload.scenario import make_scenario
 

@@ -15,7 +15,8 @@ from kvsim.model.capacity import (
     vllm_max_concurrency,
 )
 from kvsim.model.capacity_plan import plan_capacity
-from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.engine_config import EngineConfig
 from kvsim.model.errors import KvsimError
 
 H100 = load_gpu("h100-80gb")

@@ -66,7 +66,7 @@ def test_other_formats(fmt):
      (["--block-size", "0"], "block_size"), (["--kv-cache-memory-bytes", "-5GiB"], "kv_cache_memory_bytes"),
      (["--gpu-memory-utilization", "1.2"], "gpu_memory_utilization"),
      (["--model", "llama-3.1-70b"], "missing"), (["--context-lengths", "4k"], "--context-lengths"),
-     # what vLLM refuses at startup (cited in kvsim/model/config.py and kvsim/model/capacity.py)
+     # what vLLM refuses at startup (cited in kvsim/model/engine_config.py and kvsim/model/capacity.py)
      (["--tensor-parallel-size", "3"], "tensor_parallel_size=3"),
      (["--tensor-parallel-size", "64"], "tensor_parallel_size=64"),
      (["--block-size", "24"], "block_size=24"), (["--block-size", "1024"], "block_size=1024"),
@@ -84,7 +84,7 @@ def test_bad_input_is_one_line_and_nonzero(args, needle):
 
 
 def test_import_is_light_and_module_entry_point_works():
-    code = "import sys, kvsim, kvsim.model.capacity, kvsim.model.capacity_plan, kvsim.model.config; bad = {'torch','triton','matplotlib','simpy'} & set(sys.modules); print(sorted(bad))"
+    code = "import sys, kvsim, kvsim.model.capacity, kvsim.model.capacity_plan, kvsim.model.config, kvsim.model.engine_config; bad = {'torch','triton','matplotlib','simpy'} & set(sys.modules); print(sorted(bad))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     out = subprocess.run([sys.executable, "-m", "kvsim", "capacity", "--format", "csv"], capture_output=True,
@@ -165,7 +165,8 @@ def test_sustained_rate_is_what_the_engine_served_not_the_poisson_rate_asked_for
     the rate asked for at the highest stable probe, 28.8 req/s, overstated the capacity by 15 %."""
     from kvsim.cli.shared import fixed_length_scenario
     from kvsim.model.capacity_plan import plan_capacity
-    from kvsim.model.config import load_gpu, load_model, make_engine
+    from kvsim.model.config import load_gpu, load_model
+    from kvsim.model.engine_config import make_engine
     from kvsim.planning.cost import add_sustained_costs, gpu_price
     from kvsim.workload.scenario import make_scenario
 
@@ -235,7 +236,8 @@ def test_capacity_prices_speculation_at_the_mean_acceptance_length_with_the_draf
     verify step with the drafter's passes (EAGLE's head; none for n-gram) through kvsim.latency.speculative;
     it had priced plain decode steps, one token each, whatever the config."""
     from kvsim.latency.speculative import SpeculativeLatency
-    from kvsim.model.config import load_gpu, load_model, make_engine
+    from kvsim.model.config import load_gpu, load_model
+    from kvsim.model.engine_config import make_engine
     from kvsim.planning.cost import closed_form_output_rate
 
     engine = make_engine(speculative_config={"method": method, "num_speculative_tokens": 3,

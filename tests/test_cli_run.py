@@ -153,7 +153,7 @@ def test_kv_cache_dtype_help_lists_every_accepted_value():
     from typing import get_args
 
     from kvsim.cli import KvDtypeOpt
-    from kvsim.model.config import KVCacheDtype
+    from kvsim.model.engine_config import KVCacheDtype
     help_text = get_args(KvDtypeOpt)[1].help
     assert [v for v in get_args(KVCacheDtype) if v not in help_text.split(", ")] == []
 

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from kvsim.model.config import EngineConfig, load_gpu, load_model, make_engine, model_presets
+from kvsim.model.config import load_gpu, load_model, model_presets
+from kvsim.model.engine_config import EngineConfig, make_engine
 from kvsim.model.errors import KvsimError
 from kvsim.model.sizes import parse_size
 

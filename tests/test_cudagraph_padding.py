@@ -16,7 +16,8 @@ from kvsim.latency.efficiency import DATASHEET
 from kvsim.latency.profiles.loader import load_profile
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.step_plan import StepPlan
-from kvsim.model.config import EngineConfig, load_gpu, load_model, make_engine
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.engine_config import EngineConfig, make_engine
 from kvsim.model.errors import KvsimError
 from kvsim.workload.scenario import load_scenario
 

@@ -21,7 +21,8 @@ import pytest
 
 from kvsim.engine.builder import resolve_engine
 from kvsim.model.capacity import engine_weights_bytes, model_kv_layout, num_gpu_blocks
-from kvsim.model.config import load_gpu, load_model, make_engine
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.engine_config import make_engine
 from kvsim.model.errors import KvsimError
 from kvsim.workload.scenario import load_scenario
 from tests.test_drafter_memory import PAGE, POOL, TARGET_PARAMS

@@ -18,8 +18,9 @@ from kvsim.engine.builder import resolve_engine
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.capacity import engine_weights_bytes, model_kv_layout, num_gpu_blocks
-from kvsim.model.config import load_gpu, load_model, make_engine
+from kvsim.model.config import load_gpu, load_model
 from kvsim.model.drafter import drafter_weights_bytes
+from kvsim.model.engine_config import make_engine
 from kvsim.workload.scenario import load_scenario
 
 H, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB, LAYERS = 4096, 32, 8, 128, 14336, 128_256, 32

@@ -111,7 +111,8 @@ def test_a_vllm_stack_fuses_all_norms_but_the_first_with_the_residual_add():
     and SiLU-and-mul (3 x 14,336 x 2 B)."""
     from kvsim.latency.efficiency import residual_norm_bytes_per_token
     from kvsim.latency.roofline import RooflineLatency
-    from kvsim.model.config import EngineConfig, load_model
+    from kvsim.model.config import load_model
+    from kvsim.model.engine_config import EngineConfig
 
     assert residual_norm_bytes_per_token(4096, 2, 32) == 32512
     assert residual_norm_bytes_per_token(4096, 2, 1) == 3 * 4096 * 2
@@ -127,7 +128,8 @@ def test_qwen3_prices_its_q_and_k_norms():
     position), SiLU-and-mul 2 x 3 x 25,600.
     Llama has none."""
     from kvsim.latency.roofline import RooflineLatency
-    from kvsim.model.config import EngineConfig, load_model
+    from kvsim.model.config import load_model
+    from kvsim.model.engine_config import EngineConfig
 
     qwen, h100 = load_model("qwen3-32b"), load_gpu("h100-80gb")
     assert qwen.has_qk_norm and not load_model("llama-3.1-8b").has_qk_norm

@@ -19,7 +19,8 @@ from kvsim.model.capacity import (
     model_kv_layout,
 )
 from kvsim.model.capacity_plan import plan_capacity
-from kvsim.model.config import PRESETS_DIR, load_gpu, load_model, make_engine, model_from_hf_config
+from kvsim.model.config import PRESETS_DIR, load_gpu, load_model, model_from_hf_config
+from kvsim.model.engine_config import make_engine
 from kvsim.model.errors import KvsimError
 from kvsim.model.weights import active_params_per_token
 

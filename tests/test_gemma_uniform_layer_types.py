@@ -16,7 +16,8 @@ import copy
 import json
 
 from kvsim.model.capacity import model_kv_layout
-from kvsim.model.config import PRESETS_DIR, make_engine, model_from_hf_config
+from kvsim.model.config import PRESETS_DIR, model_from_hf_config
+from kvsim.model.engine_config import make_engine
 from kvsim.model.kv_layout import KVGroup
 from tests.test_families import GEMMA2_9B
 

@@ -35,7 +35,7 @@ def test_an_explicit_value_wins_over_the_group_scheduler_default_and_survives_a_
 
 
 def test_a_python_engine_config_gives_what_it_was_built_with():
-    from kvsim.model.config import EngineConfig
+    from kvsim.model.engine_config import EngineConfig
     for engine, expected in [(EngineConfig(enable_prefix_caching=True), (True, True)), (EngineConfig(), (True, False))]:
         scenario = Scenario(engine=engine, workload=resolve_scenario(None).workload,
                             replicas=[{"count": 1}, {"count": 1, "engine": {"scheduler": "v0"}}])
@@ -49,7 +49,7 @@ def test_a_python_engine_config_gives_what_it_was_built_with():
 def test_a_python_v0_engine_config_gives_prefix_caching_only_where_built_with_it(engine, expected):
     """A v0 `EngineConfig`'s default `enable_prefix_caching: false` was in its `model_fields_set` (the validator
     wrote it), so `settled_groups` dropped every v0 engine's false, a value given as well as the default."""
-    from kvsim.model.config import EngineConfig
+    from kvsim.model.engine_config import EngineConfig
 
     scenario = Scenario(engine=EngineConfig(**engine), workload=resolve_scenario(None).workload,
                         replicas=[{"count": 1}, {"count": 1, "engine": {"scheduler": "v1"}}])

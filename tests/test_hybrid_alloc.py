@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from kvsim.kv import GroupedPagedAllocator, TokenContent
 from kvsim.model.capacity import model_kv_layout
-from kvsim.model.config import load_model, make_engine
+from kvsim.model.config import load_model
+from kvsim.model.engine_config import make_engine
 from kvsim.model.kv_layout import KVGroup, KVLayout
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from kvsim.latency.profiles.loader import load_profile
-from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.engine_config import EngineConfig
 from tests.conftest import one_line_exit_2
 
 VIDUR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj", "mlp_act", "input_layernorm",

@@ -50,7 +50,8 @@ from hypothesis import strategies as st
 
 import kvsim
 from kvsim.model.capacity import kv_bytes_per_block, model_kv_layout
-from kvsim.model.config import load_model, make_engine
+from kvsim.model.config import load_model
+from kvsim.model.engine_config import make_engine
 
 
 def cdiv(a: int, b: int) -> int:

@@ -137,7 +137,8 @@ def test_an_moe_and_a_hybrid_models_pool_and_sequences_by_hand(name):
     sliding group (a 1,024-token window starting mid-block), 646; the one computing its prompt (one chunk of 4,096)
     holds 7 x 256: 1 + (usable − 1,792) // 646 sequences."""
     from kvsim.model.capacity_plan import plan_capacity
-    from kvsim.model.config import EngineConfig, load_gpu, load_model
+    from kvsim.model.config import load_gpu, load_model
+    from kvsim.model.engine_config import EngineConfig
 
     if name == "qwen3-30b-a3b":
         layer = 2 * 2048 * 32 * 128 + 2 * 2048 * 4 * 128 + 128 * 3 * 2048 * 768 + 2048 * 128 + 2 * 2048

@@ -76,7 +76,8 @@ from kvsim.latency.efficiency import DATASHEET, REFERENCE_CLOCK_HZ, efficiency_f
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.capacity import num_gpu_blocks
-from kvsim.model.config import PRESETS_DIR, load_gpu, load_model, make_engine
+from kvsim.model.config import PRESETS_DIR, load_gpu, load_model
+from kvsim.model.engine_config import make_engine
 
 H100 = load_gpu("h100-80gb")
 MIB = 2**20

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.model.capacity import model_kv_layout
-from kvsim.model.config import PRESETS_DIR, load_model, make_engine, model_from_hf_config
+from kvsim.model.config import PRESETS_DIR, load_model, model_from_hf_config
+from kvsim.model.engine_config import make_engine
 from kvsim.model.errors import KvsimError
 
 MISTRAL = json.loads((PRESETS_DIR / "models" / "mistral-7b.json").read_text())

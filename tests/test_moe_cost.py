@@ -13,7 +13,8 @@ import pytest
 
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.step_plan import StepPlan
-from kvsim.model.config import load_gpu, load_model, make_engine
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.engine_config import make_engine
 from kvsim.model.moe_cost import expected_experts_touched
 
 E, K, LAYERS, EXPERT_PARAMS = 128, 8, 48, 3 * 2048 * 768

@@ -10,7 +10,8 @@ from kvsim.latency.profiles.loader import load_profile
 from kvsim.latency.profiles.native import read_native, write_native
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.step_plan import StepPlan
-from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.engine_config import EngineConfig
 from kvsim.model.errors import KvsimError
 
 LLAMA = load_model("llama-3.1-8b")

@@ -22,7 +22,7 @@ from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
 from tests.test_report_smoke import TINY
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
-# vLLM's CPU offload connector and its drafts live in the v1 engine only (kvsim.model.config's validators)
+# vLLM's CPU offload connector and its drafts live in the v1 engine only (kvsim.model.engine_config's validators)
 OFFLOAD_NEEDS_V1 = "kv_offload needs scheduler=v1 (got v0)"
 SPECULATION_NEEDS_V1 = "speculative_config needs scheduler v1 (got v0)"
 NOTHING_RUN = "Nothing was simulated for this section"

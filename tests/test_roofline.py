@@ -11,7 +11,8 @@ from kvsim.latency.efficiency import DATASHEET
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.collectives import allreduce_s
-from kvsim.model.config import EngineConfig, GPULink, load_gpu, load_model
+from kvsim.model.config import GPULink, load_gpu, load_model
+from kvsim.model.engine_config import EngineConfig
 
 LLAMA = load_model("llama-3.1-8b")
 RTX = load_gpu("rtx-pro-6000")

@@ -202,7 +202,8 @@ def test_the_default_calibration_grid_reaches_every_presets_window():
     shortest context is at most the window. The windows are the presets' config values (gpt-oss 128, gemma-3 1024,
     mistral-7b 4096, llama-4-scout's 8192-token chunks)."""
     from kernels.grid import DEFAULT_GRID
-    from kvsim.model.config import load_model, make_engine, model_presets
+    from kvsim.model.config import load_model, model_presets
+    from kvsim.model.engine_config import make_engine
     from kvsim.model.kv_layout import layer_kinds
 
     windows = {name: window for name in model_presets()

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from kvsim.model.config import make_engine
+from kvsim.model.engine_config import make_engine
 from kvsim.model.errors import KvsimError
 from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.sched.speculative import (

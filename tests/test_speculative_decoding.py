@@ -282,7 +282,8 @@ def test_eagle_drafts_over_every_scheduled_token_then_k_minus_1_passes_over_ever
 
 
 def test_a_draft_model_appends_each_sequences_next_token_to_its_first_pass_and_eagle_does_not():
-    from kvsim.model.config import load_gpu, make_engine
+    from kvsim.model.config import load_gpu
+    from kvsim.model.engine_config import make_engine
     from kvsim.planning.cost import closed_form_output_rate
 
     for method, appends in (("eagle", False), ("eagle3", False), ("draft_model", True)):

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.model.config import make_engine
+from kvsim.model.engine_config import make_engine
 
 SMALL = ["--set", "workload.num_requests=5", "--format", "json"]
 

@@ -284,7 +284,8 @@ def test_qwen3_32b_preset_matches_the_published_config():
     # huggingface.co/Qwen/Qwen3-32B config.json: 64 layers, 64 heads, 8 KV heads, explicit head_dim 128
     # (q_proj is 5120 -> 64*128 = 8192, wider than hidden), 32.8B parameters per the model card.
     from kvsim.model.capacity import kv_bytes_per_token
-    from kvsim.model.config import load_model, make_engine
+    from kvsim.model.config import load_model
+    from kvsim.model.engine_config import make_engine
 
     model = load_model("qwen3-32b")
     assert (model.num_layers, model.num_attention_heads, model.num_kv_heads, model.head_dim) == (64, 64, 8, 128)

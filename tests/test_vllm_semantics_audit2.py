@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from kvsim.engine.builder import build_engine
-from kvsim.model.config import EngineConfig, load_gpu
+from kvsim.model.config import load_gpu
+from kvsim.model.engine_config import EngineConfig
 from kvsim.workload.scenario import load_scenario
 from tests.conftest import make_request
 

@@ -13,7 +13,8 @@ from kvsim.latency.efficiency import DATASHEET
 from kvsim.latency.roofline import RooflineLatency, attended_windows
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.capacity import model_kv_layout
-from kvsim.model.config import load_gpu, load_model, make_engine
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.engine_config import make_engine
 from kvsim.sched.burst import burst_batch
 from kvsim.workload.scenario import resolve_scenario
 from tests.conftest import make_request, tiny_world

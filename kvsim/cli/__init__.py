@@ -116,7 +116,8 @@ def capacity(
     from functools import partial
 
     from kvsim.model.capacity_plan import plan_capacity
-    from kvsim.model.config import load_gpu, load_model, make_engine
+    from kvsim.model.config import load_gpu, load_model
+    from kvsim.model.engine_config import make_engine
     from kvsim.model.yaml_io import flag_mapping
     from kvsim.planning.cost import add_capacity_costs, closed_form_output_rate, engine_gpus, gpu_price
     from kvsim.results.render import rows_to_csv, rows_to_markdown, rows_to_rich, to_json

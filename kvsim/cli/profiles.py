@@ -36,7 +36,8 @@ def calibrate(
     """Time the Triton paged-attention kernels and the model's GEMMs on a GPU into a profile CSV."""
     from kvsim.latency.profiles.native import check_one_line
     from kvsim.model.capacity import check_parallel
-    from kvsim.model.config import load_model, make_engine
+    from kvsim.model.config import load_model
+    from kvsim.model.engine_config import make_engine
     from kvsim.results.output_dir import check_output_file
 
     with user_errors():
@@ -118,7 +119,8 @@ def import_profile(
     from kvsim.latency.profiles import with_source
     from kvsim.latency.profiles.loader import load_profile
     from kvsim.latency.profiles.native import write_native
-    from kvsim.model.config import load_gpu, load_model, make_engine
+    from kvsim.model.config import load_gpu, load_model
+    from kvsim.model.engine_config import make_engine
     from kvsim.results.output_dir import check_output_file
 
     with user_errors():

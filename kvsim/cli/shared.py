@@ -275,7 +275,7 @@ GpuOpt = Annotated[str, typer.Option("--gpu", help="Preset name or path to a GPU
 MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len", parser=INT_FLAG)]
 BlockSizeOpt = Annotated[int | None, typer.Option("--block-size", parser=INT_FLAG)]
 GpuUtilOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization", parser=FLOAT_FLAG)]
-KvDtypeOpt = Annotated[str | None, typer.Option(  # every value of kvsim.model.config.KVCacheDtype
+KvDtypeOpt = Annotated[str | None, typer.Option(  # every value of kvsim.model.engine_config.KVCacheDtype
     "--kv-cache-dtype", help="auto, fp8, fp8_e4m3, fp8_e5m2, float16, bfloat16")]
 KvBytesOpt = Annotated[str | None, typer.Option("--kv-cache-memory-bytes", help="e.g. 12GiB")]
 BlocksOverrideOpt = Annotated[int | None, typer.Option("--num-gpu-blocks-override", parser=INT_FLAG)]

@@ -28,7 +28,8 @@ from kvsim.latency.cudagraph import engine_padding
 from kvsim.latency.roofline import RooflineLatency, attended_windows
 from kvsim.latency.speculative import speculative_latency
 from kvsim.model.capacity import model_kv_layout, num_gpu_blocks, swap_bytes
-from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.engine_config import EngineConfig
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_run_memory
 from kvsim.results.metrics import summarize

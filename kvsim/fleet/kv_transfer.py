@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from kvsim.kv.link import LinkSpec
 from kvsim.model.capacity import kv_bytes_per_token
-from kvsim.model.config import EngineConfig, ModelSpec
+from kvsim.model.engine_config import EngineConfig
+from kvsim.model.spec import ModelSpec
 from kvsim.model.units import ceil_div
 from kvsim.workload.fleet_layout import KVTransferConfig
 

@@ -87,7 +87,8 @@ def _engine_unread(scenario: Scenario) -> dict[str, str]:
     search every request is one (the engine alone cannot tell: its default swaps n > 1); and a `gpu_link` that no
     collective crosses: with tensor_parallel_size 1 there is no all-reduce, and an MoE exchanges its experts' tokens
     over the link only across a data-parallel group (`kvsim.model.moe_cost`)."""
-    from kvsim.model.config import SWAP_SPACE_GIB, load_model
+    from kvsim.model.config import load_model
+    from kvsim.model.engine_config import SWAP_SPACE_GIB
 
     engine, workload, model = scenario.engine, scenario.workload, load_model(scenario.model)
     unread = engine.unread_settings(model)

@@ -49,7 +49,8 @@ from kvsim.model.errors import KvsimError
 from kvsim.model.moe_cost import expected_experts_touched
 
 if TYPE_CHECKING:
-    from kvsim.model.config import EngineConfig, ModelSpec
+    from kvsim.model.engine_config import EngineConfig
+    from kvsim.model.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 LAYER_GEMMS = ("qkv", "o", "gate_up", "down")

@@ -42,7 +42,7 @@ from kvsim.model.errors import KvsimError
 
 if TYPE_CHECKING:
     from kvsim.latency.step_plan import StepPlan
-    from kvsim.model.config import EngineConfig
+    from kvsim.model.engine_config import EngineConfig
 
 
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> tuple[int, ...]:

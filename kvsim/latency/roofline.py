@@ -73,8 +73,10 @@ from kvsim.model.spec import attention_params_per_layer
 if TYPE_CHECKING:
     from kvsim.latency.base import LatencyModel
     from kvsim.latency.cudagraph import CudaGraphPadding
-    from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
+    from kvsim.model.config import GPUSpec
+    from kvsim.model.engine_config import EngineConfig
     from kvsim.model.kv_layout import KVLayout
+    from kvsim.model.spec import ModelSpec
 
 
 class RooflineLatency:

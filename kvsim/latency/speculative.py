@@ -40,8 +40,10 @@ from __future__ import annotations
 from kvsim.latency.base import LatencyModel
 from kvsim.latency.roofline import RooflineLatency
 from kvsim.latency.step_plan import StepPlan
-from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
+from kvsim.model.config import GPUSpec
 from kvsim.model.drafter import draft_model, eagle_head
+from kvsim.model.engine_config import EngineConfig
+from kvsim.model.spec import ModelSpec
 
 
 class SpeculativeLatency:

@@ -20,10 +20,12 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from kvsim.model.config import DTYPE_BYTES, EngineConfig, GPUSpec, ModelSpec
+from kvsim.model.config import GPUSpec
 from kvsim.model.drafter import draft_model, drafter_weights_bytes
+from kvsim.model.engine_config import EngineConfig
 from kvsim.model.errors import KvsimError
 from kvsim.model.kv_layout import KVLayout, kv_layout
+from kvsim.model.spec import DTYPE_BYTES, ModelSpec
 from kvsim.model.units import ceil_div
 from kvsim.model.weights import weights_bytes
 

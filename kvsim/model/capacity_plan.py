@@ -19,9 +19,11 @@ from kvsim.model.capacity import (
     shared_full_blocks,
     slab_max_seqs,
 )
-from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
+from kvsim.model.config import GPUSpec
+from kvsim.model.engine_config import EngineConfig
 from kvsim.model.errors import KvsimError
 from kvsim.model.kv_layout import KVLayout
+from kvsim.model.spec import ModelSpec
 from kvsim.model.weights import active_params_per_token
 
 

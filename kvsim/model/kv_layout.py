@@ -39,7 +39,8 @@ from kvsim.model.errors import KvsimError
 from kvsim.model.units import ceil_div
 
 if TYPE_CHECKING:
-    from kvsim.model.config import EngineConfig, ModelSpec
+    from kvsim.model.engine_config import EngineConfig
+    from kvsim.model.spec import ModelSpec
 
 AttentionKind = Literal["full", "mla", "sliding_window", "chunked_local"]
 

@@ -33,7 +33,9 @@ from kvsim.model.spec import expert_params
 from kvsim.model.weights import MXFP4_BYTES_PER_PARAM
 
 if TYPE_CHECKING:
-    from kvsim.model.config import EngineConfig, GPULink, ModelSpec
+    from kvsim.model.config import GPULink
+    from kvsim.model.engine_config import EngineConfig
+    from kvsim.model.spec import ModelSpec
 
 
 def expected_experts_touched(num_experts: int, top_k: int, num_tokens: int) -> float:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from kvsim.model.config import MAX_ENGINES
+from kvsim.model.engine_config import MAX_ENGINES
 from kvsim.model.errors import KvsimError, first_repeat, from_validation_error
 from kvsim.model.spec import Settings
 from kvsim.planning.slo import check_slo, parse_slo_key

@@ -35,7 +35,9 @@ from kvsim.model.config import load_gpu, load_model
 from kvsim.model.errors import KvsimError
 
 if TYPE_CHECKING:
-    from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
+    from kvsim.model.config import GPUSpec
+    from kvsim.model.engine_config import EngineConfig
+    from kvsim.model.spec import ModelSpec
     from kvsim.workload.draws import LengthDist
     from kvsim.workload.scenario import Scenario
 

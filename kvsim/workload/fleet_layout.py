@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from kvsim.model.config import MAX_ENGINES, MAX_FIXED_COST_S, EngineConfig
+from kvsim.model.config import MAX_FIXED_COST_S
+from kvsim.model.engine_config import MAX_ENGINES, EngineConfig
 from kvsim.model.errors import from_validation_error
 from kvsim.model.spec import Label, Settings
 

@@ -27,7 +27,8 @@ from typing import Any, Literal, Self
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from kvsim.model.config import MAX_ENGINES, MAX_FIXED_COST_S, EngineConfig, GPULink, gpu_presets, model_presets
+from kvsim.model.config import MAX_FIXED_COST_S, GPULink, gpu_presets, model_presets
+from kvsim.model.engine_config import MAX_ENGINES, EngineConfig
 from kvsim.model.errors import KvsimError, first_repeat, from_validation_error, not_a_file, reading, shown
 from kvsim.model.spec import Label, Settings
 from kvsim.model.yaml_io import load_json, load_yaml, settings_text, yaml_problem

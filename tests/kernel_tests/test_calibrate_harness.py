@@ -5,7 +5,8 @@ torch, triton and the harness are imported in the test, not when pytest collects
 from kernels.grid import Grid, LayerShapes, plan
 from kvsim.latency.calibrated import CalibratedLatency
 from kvsim.latency.roofline import RooflineLatency
-from kvsim.model.config import EngineConfig, load_gpu, load_model
+from kvsim.model.config import load_gpu, load_model
+from kvsim.model.engine_config import EngineConfig
 
 
 def test_tiny_grid_writes_a_profile_the_model_reads(tmp_path):

@@ -23,7 +23,9 @@ from kvsim.model.errors import KvsimError, reading
 from kvsim.model.units import read_number
 
 if TYPE_CHECKING:
-    from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
+    from kvsim.model.config import GPUSpec
+    from kvsim.model.engine_config import EngineConfig
+    from kvsim.model.spec import ModelSpec
 
 
 @dataclass(slots=True)

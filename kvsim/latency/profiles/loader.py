@@ -10,7 +10,9 @@ from kvsim.latency.profiles.checks import check_model_name, check_rows
 from kvsim.model.errors import KvsimError, not_a_file
 
 if TYPE_CHECKING:
-    from kvsim.model.config import EngineConfig, GPUSpec, ModelSpec
+    from kvsim.model.config import GPUSpec
+    from kvsim.model.engine_config import EngineConfig
+    from kvsim.model.spec import ModelSpec
 
 
 def load_profile(path: str | Path, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> Profile:
