@@ -26,6 +26,10 @@ SMALL = ["--set", "workload.num_requests=5", "--format", "json"]
     ({"allocator": "slab-oracle", "scheduler": "v0", "enable_prefix_caching": True}, ["enable_prefix_caching"]),
     ({"allocator": "slab-max"}, []),
     ({"enable_prefix_caching": True}, []),
+    ({"enforce_eager": True}, []),  # v1's steps are padded to CUDA-graph sizes unless eager
+    ({"scheduler": "v0", "enforce_eager": True}, ["enforce_eager"]),
+    ({"scheduler": "static", "enforce_eager": True}, ["enforce_eager"]),
+    ({"scheduler": "v0"}, []),
 ])
 def test_unread_settings_name_exactly_the_fields_a_run_ignores(fields, unread):
     said = make_engine(**fields).unread_settings()
@@ -221,3 +225,29 @@ def test_a_slab_group_naming_another_scheduler_says_prefix_caching_unread_only_w
     again = make_scenario(scenario.dump_into(tmp_path), tmp_path)
     assert list(unread_by_setting(again).values()) == said
     assert [r.engine for r in replica_scenarios(again)] == [r.engine for r in replica_scenarios(scenario)]
+
+
+@pytest.mark.parametrize("scheduler", ["v1", "v0", "static"])
+def test_enforce_eager_is_said_unread_exactly_where_the_padding_ignores_it(scheduler):
+    """`enforce_eager: true` changes a run only through the CUDA-graph padding of its steps
+    (`kvsim.latency.cudagraph.engine_padding`, priced for v1 alone): on the v0 and static schedulers it was accepted
+    and dropped without a word. Said unread exactly where the padding is the same with and without it."""
+    from kvsim.latency.cudagraph import engine_padding
+
+    eager, graphs = make_engine(scheduler=scheduler, enforce_eager=True), make_engine(scheduler=scheduler)
+    unchanged = engine_padding(eager, 256, 8192) == engine_padding(graphs, 256, 8192)
+    assert ("enforce_eager" in eager.unread_settings()) == unchanged
+    assert unchanged == (scheduler != "v1")
+
+
+def test_enforce_eager_on_v0_warns_and_runs_as_without_it(tmp_path):
+    """The warning is true: a v0 run with `enforce_eager: true` is the same run as without it."""
+    v0 = ["--set", "engine.scheduler=v0"]
+    eager = CliRunner().invoke(app, ["run", *SMALL, *v0, "--set", "engine.enforce_eager=true",
+                                     "-o", str(tmp_path / "eager")], prog_name="kvsim")
+    assert eager.exit_code == 0, eager.output
+    assert eager.stderr.splitlines() == ["kvsim: warning: engine.enforce_eager=true is unread: kvsim pads steps to "
+                                         "CUDA-graph sizes for scheduler v1 only (got v0)"]
+    plain = CliRunner().invoke(app, ["run", *SMALL, *v0, "-o", str(tmp_path / "plain")], prog_name="kvsim")
+    assert plain.exit_code == 0 and plain.stderr == ""
+    assert json.loads(eager.stdout) == json.loads(plain.stdout)

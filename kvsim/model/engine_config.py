@@ -196,8 +196,10 @@ class EngineConfig(Settings):
         given (in `model_fields_set`: v1's default is no setting) beside a slab allocator, a `swap_space` other than
         the default where no preemption swaps (vLLM v1 ignores it), (given the `model` it serves)
         `enable_expert_parallel` on a model without experts, an EAGLE drafter's `model` (kvsim prices one layer of
-        the target's shape) and a `gpu_memory_utilization` other than the default beside `kv_cache_memory_bytes`.
-        A run warns rather than refuses: the report's studies vary the allocator and caching, and read them."""
+        the target's shape), a `gpu_memory_utilization` other than the default beside `kv_cache_memory_bytes`, and
+        `enforce_eager: true` on the v0 or static scheduler (kvsim pads v1's steps only,
+        `kvsim.latency.cudagraph.engine_padding`). A run warns rather than refuses: the report's studies vary the
+        allocator and caching, and read them."""
         unread = {}
         if model is not None and self.enable_expert_parallel and model.moe is None:
             unread["enable_expert_parallel"] = (f"engine.enable_expert_parallel=true is unread: {model.name} is "
@@ -224,6 +226,9 @@ class EngineConfig(Settings):
         if self.swap_space != SWAP_SPACE_GIB and not self.can_swap:
             never = "preemption_mode=recompute" if self.scheduler == "v0" else f"scheduler {self.scheduler}"
             unread["swap_space"] = f"engine.swap_space={self.swap_space:g} is unread: {never} never swaps"
+        if self.enforce_eager and self.scheduler != "v1":
+            unread["enforce_eager"] = ("engine.enforce_eager=true is unread: kvsim pads steps to CUDA-graph sizes "
+                                       f"for scheduler v1 only (got {self.scheduler})")
         return unread
 
     @model_validator(mode="after")
