@@ -15,10 +15,13 @@ from kvsim.latency.cudagraph import CudaGraphPadding, capture_sizes, coordinate_
 from kvsim.latency.efficiency import DATASHEET
 from kvsim.latency.profiles.loader import load_profile
 from kvsim.latency.roofline import RooflineLatency
+from kvsim.latency.speculative import speculative_latency
 from kvsim.latency.step_plan import StepPlan
 from kvsim.model.config import load_gpu, load_model
+from kvsim.model.drafter import eagle_head
 from kvsim.model.engine_config import EngineConfig, make_engine
 from kvsim.model.errors import KvsimError
+from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.workload.scenario import load_scenario
 
 LLAMA, RTX = load_model("llama-3.1-8b"), load_gpu("rtx-pro-6000")
@@ -192,3 +195,26 @@ def test_the_cli_refuses_what_vllm_refuses_in_one_line(tmp_path):
     assert result.exit_code == 2 and not out.exists()
     assert "engine.max_num_batched_tokens=4: vLLM refuses to start with num_speculative_tokens=4" in result.output
     assert "Traceback" not in result.output
+
+
+def test_the_eagle_drafters_passes_run_padded_as_the_targets_steps():
+    """vLLM's `EagleProposer.propose` pads its first pass's tokens and each later pass's batch with the target's
+    capture sizes (`pad_for_cudagraph`, piecewise). K = 2 with max_num_seqs 4: sizes 3, 6, 9, 18, 24 (above). Five
+    sequences verify 3 tokens each: the first pass runs 15 → 18 tokens, the one later pass 5 → 6; the drafter's
+    layers carry the padding, its attention and LM head do not (the head's own roofline terms, TP 1)."""
+    engine = EngineConfig(max_model_len=8192, max_num_seqs=4,
+                          speculative_config=SpeculativeConfig(method="eagle", num_speculative_tokens=2,
+                                                              synthetic_acceptance_length=2.0))
+    head = RooflineLatency(eagle_head(LLAMA), RTX, engine, overhead_s=0.0)
+    plan = StepPlan()
+    plan.add_verify(3, 500, 5)
+    cost = {}
+    for name, padding in (("padded", CudaGraphPadding.of(4, 2048, 2)), ("eager", None)):
+        target = RooflineLatency(LLAMA, RTX, engine, overhead_s=0.0, padding=padding)
+        cost[name] = speculative_latency(target, LLAMA, RTX, engine).step_time(plan) - target.step_time(plan)
+
+    def layers(t):
+        return head.linear_s(t) + head.token_ops_s(t)
+
+    assert cost["padded"] - cost["eager"] == pytest.approx(layers(18) - layers(15) + layers(6) - layers(5), rel=1e-9)
+    assert cost["padded"] > cost["eager"]

@@ -28,7 +28,10 @@ drafter then proposes the next K drafts:
                  request, pass j at its context after the step without its rejected drafts, plus 1 + j
 
 each priced by the roofline without the per-step CPU overhead (the drafter runs inside the target's engine
-step). The first pass reads the plan's contexts, rejected drafts included (vLLM's padded drafter batch keeps them
+step), CUDA-graph padded as the target's steps are (`kvsim.latency.cudagraph`): vLLM's proposer pads its first
+pass's tokens and each later pass's batch with the target's capture sizes (`EagleProposer.propose`:
+`vllm_config.pad_for_cudagraph`, a piecewise graph, where the count is at most `max_cudagraph_capture_size`).
+The first pass reads the plan's contexts, rejected drafts included (vLLM's padded drafter batch keeps them
 as padding); the later passes read the contexts the verify leaves: the scheduler draws each verify's acceptance
 when it plans the step (`SpeculativeSteps.draw_verify_outcomes`) and the plan carries the drafts rejected
 (`StepPlan.num_rejected_draft_tokens`), subtracted from the summed context. The longest context of those passes
@@ -97,14 +100,16 @@ class SpeculativeLatency:
 
 
 def speculative_latency(target: LatencyModel, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> LatencyModel:
-    """`target` with the drafter of `engine.speculative_config` priced on top."""
+    """`target` with the drafter of `engine.speculative_config` priced on top, padded as `target`'s steps are
+    (its `cudagraph_padding`, where it has one)."""
     spec = engine.speculative_config
     assert spec is not None
     drafter: LatencyModel | None = None
     draft = draft_model(model, spec)
+    padding = getattr(target, "cudagraph_padding", None)  # the drafter's graphs are captured at the target's sizes
     if spec.method in ("eagle", "eagle3"):
-        drafter = RooflineLatency(eagle_head(model), gpu, engine, overhead_s=0.0)
+        drafter = RooflineLatency(eagle_head(model), gpu, engine, overhead_s=0.0, padding=padding)
     elif draft is not None:
-        drafter = RooflineLatency(draft, gpu, engine, overhead_s=0.0)
+        drafter = RooflineLatency(draft, gpu, engine, overhead_s=0.0, padding=padding)
     return SpeculativeLatency(target, drafter, spec.num_speculative_tokens, spec.method,
                               appends_next_token=draft is not None)
