@@ -218,3 +218,25 @@ def test_the_eagle_drafters_passes_run_padded_as_the_targets_steps():
 
     assert cost["padded"] - cost["eager"] == pytest.approx(layers(18) - layers(15) + layers(6) - layers(5), rel=1e-9)
     assert cost["padded"] > cost["eager"]
+
+
+def test_capacitys_closed_form_pads_its_decode_steps_as_a_run_of_the_engine_does():
+    """`kvsim capacity`'s cohort of 17 sequences at context 64 (prompt 32, output 32) on an engine of max_num_seqs
+    128 and max_num_batched_tokens 2048 (sizes up to 256, `MEASURED`): the prefill step's 17 · 32 = 544 tokens run
+    eager, each of the 31 decode steps a 24-token graph, as a simulated run of that engine prices them; with
+    enforce_eager 17 tokens."""
+    from kvsim.latency.roofline import cohort_output_tokens_per_s
+    from kvsim.planning.cost import closed_form_output_rate
+
+    h100 = load_gpu("h100-80gb")
+    prefill = StepPlan()
+    prefill.add(32, 0, 17, samples=True)
+    rates = {}
+    for eager, padding in ((False, MEASURED), (True, None)):
+        engine = make_engine(max_model_len=8192, max_num_seqs=128, max_num_batched_tokens=2048, enforce_eager=eager)
+        roofline = RooflineLatency(LLAMA, h100, engine, padding=padding)
+        expected = 17 * 32 / (roofline.step_time(prefill) + 31 * roofline.step_time(decodes(17, 32 + 16)))
+        rates[eager] = closed_form_output_rate(LLAMA, h100, engine)(17, 64)
+        assert rates[eager] == pytest.approx(expected, rel=1e-12)
+        assert rates[eager] == cohort_output_tokens_per_s(roofline, 17, 64)
+    assert rates[False] < rates[True]

@@ -87,14 +87,19 @@ def closed_form_output_rate(model: Any, gpu: Any, engine: Any) -> Callable[[int,
     """`kvsim capacity`'s closed-form output rate, (sequences, context length) → output tokens/s: the roofline's
     cohort rate (`kvsim.latency.roofline.cohort_output_tokens_per_s`) on `engine`, and under speculative decoding
     its verify steps with the drafter's passes priced on top (`kvsim.latency.speculative`) emitting the
-    acceptance model's mean acceptance length a step (`kvsim.sched.speculative.acceptance_model`)."""
+    acceptance model's mean acceptance length a step (`kvsim.sched.speculative.acceptance_model`). Its steps are
+    CUDA-graph padded as a simulated run's of `engine` are (`kvsim.latency.cudagraph.engine_padding`, at the
+    engine's resolved limits)."""
     from functools import partial
 
+    from kvsim.latency.cudagraph import engine_padding
     from kvsim.latency.roofline import RooflineLatency, cohort_output_tokens_per_s
     from kvsim.latency.speculative import speculative_latency
     from kvsim.sched.speculative import acceptance_model
 
-    target = RooflineLatency(model, gpu, engine)
+    max_num_batched_tokens = engine.resolved_max_num_batched_tokens(engine.resolved_max_model_len(model), gpu)
+    target = RooflineLatency(model, gpu, engine,
+                             padding=engine_padding(engine, engine.resolved_max_num_seqs(gpu), max_num_batched_tokens))
     spec = engine.speculative_config
     if spec is None:
         return partial(cohort_output_tokens_per_s, target)
