@@ -327,3 +327,25 @@ def test_a_row_with_no_run_behind_its_answer_has_the_floor_of_the_traffic_its_ru
     floor, gap = answer_floor(make_scenario(raw), shape, spec, row, None)
     assert floor.rate_per_s == pytest.approx(99 / 47.25) and floor.num_requests == 100 and gap == {}
     assert floor.compute_replicas == pytest.approx(99 / 47.25 * 0.02625)
+
+
+def test_the_output_token_floor_is_no_dearer_than_a_smaller_capture_size_batch():
+    """max_num_seqs 257 and a 2,048-token budget: vLLM's capture sizes reach 512 in steps of 16 past 256, so a
+    257-sequence decode runs a 272-token graph, while 256 sequences (which the engine also runs) run exactly 256:
+    on the roofline the 256-batch is cheaper a token, and the floor may not price an output token above it."""
+    from kvsim.engine.builder import make_latency, resolve_engine
+    from kvsim.latency.step_plan import StepPlan
+
+    raw = world(max_num_seqs=257, blocks=4001).model_dump(mode="json")
+    raw["engine"]["max_num_batched_tokens"] = 2048
+    raw["latency"] = {"model": "roofline"}
+    scenario = make_scenario(raw)
+    latency = make_latency(resolve_engine(scenario))
+
+    def per_token(num_seqs):
+        step = StepPlan()
+        step.add(1, 64 + 10 - 1, num_seqs, samples=True)  # the traffic's mean context, 64 + 20 / 2
+        return latency.step_time(step) / num_seqs
+
+    assert per_token(256) < per_token(257)
+    assert replica_floor(scenario, 100.0).output_token_s == per_token(256)

@@ -11,7 +11,8 @@ never evicts and that every replica shares (`cacheable_prompt_tokens`): no engin
 replica computes prompt
 tokens at best at C ÷ t_prefill tokens/s (one step of a full chunk, C = max_num_batched_tokens new
 tokens) and output tokens at best at B ÷ t_decode tokens/s (one decode step of B = max_num_seqs
-sequences at the traffic's mean context), t the latency model's step time (`kvsim.latency`). So a
+sequences at the traffic's mean context, or of a CUDA-graph capture size below B where that is faster a token:
+`_decode_steps`), t the latency model's step time (`kvsim.latency`). So a
 request costs at least P · t_prefill/C + O · t_decode/B replica-seconds, and λ requests a second
 need λ · E[that] replicas. (Each token type is priced at its own best batch; a step mixing both
 could share the weight reads, which this leaves out, so it is a floor per token type.)
@@ -77,6 +78,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -86,6 +88,9 @@ from kvsim.model.units import counted
 from kvsim.sched.fanout import fans_out
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario
+
+if TYPE_CHECKING:
+    from kvsim.latency.base import LatencyModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,12 +159,12 @@ def _floor(scenario: Scenario, servable_rate_per_s: Callable[[int, int], float])
     child_prompts = np.where(fanned, prompts - engine.block_size * ((prompts - 1) // engine.block_size)
                              if engine.enable_prefix_caching else prompts, 0.0)  # what each further v1 child computes
     prompts = prompts - cached  # the prompt tokens every engine computes and holds on its own
-    prefill, decode, single = StepPlan(), StepPlan(), StepPlan()
+    prefill, single = StepPlan(), StepPlan()
     prefill.add(int(chunk), 0, 1, samples=True)
-    decode.add(1, context - 1, batch, samples=True)
     single.add(1, context - 1, 1, samples=True)
     per_prompt_token_s = latency.step_time(prefill) / chunk
-    per_output_token_s = latency.step_time(decode) / batch
+    per_output_token_s = min(latency.step_time(decodes) / decodes.num_seqs
+                             for decodes in _decode_steps(latency, batch, context))
     computed_prompts = prompts + (samples - 1) * child_prompts
     work_s = float(np.mean(computed_prompts * per_prompt_token_s + samples * outputs * per_output_token_s))
     held_token_s = latency.step_time(single) * float(np.mean(held_token_steps(spec.kv_layout.groups, prompts,
@@ -167,6 +172,21 @@ def _floor(scenario: Scenario, servable_rate_per_s: Callable[[int, int], float])
     pool_tokens = spec.num_kv_slots  # v1's paged pool keeps its null block back; v0's and slab pools do not
     return ReplicaFloor(rate_per_s, rate_per_s * work_s, rate_per_s * held_token_s / pool_tokens, len(requests),
                         per_prompt_token_s, per_output_token_s)
+
+
+def _decode_steps(latency: LatencyModel, batch: int, context: int) -> list[StepPlan]:
+    """Decode steps of `batch` sequences at `context` and of every CUDA-graph capture size below `batch`
+    (`kvsim.latency.cudagraph`, the latency model's `cudagraph_padding`): one of them decodes a token at the least
+    time. A padded step's layers run its capture size, so a batch that pads up (257 sequences to 272 tokens) can
+    cost more a token than the capture size below it (256); within a size's bucket, and past the largest, the
+    step's other terms grow at most linearly with its sequences, so its time per token falls with them."""
+    padding = getattr(latency, "cudagraph_padding", None)
+    steps = []
+    for num_seqs in [*(size for size in (padding.sizes if padding else ()) if size < batch), batch]:
+        step = StepPlan()
+        step.add(1, context - 1, num_seqs, samples=True)
+        steps.append(step)
+    return steps
 
 
 def held_token_steps(groups: tuple[KVGroup, ...], prompts: np.ndarray, samples: np.ndarray,
