@@ -267,6 +267,19 @@ def test_a_cached_prefix_in_an_earlier_chunk_leaves_the_chunked_groups_the_curre
     assert replica_floor(make_scenario(raw), 100.0).kv_replicas == pytest.approx(100 * 0.01 * held / 80000)
 
 
+def two_rate_traffic(tmp_path):
+    """An Azure trace of 100 requests of 64 prompt and 20 output tokens, 10 arriving 0.25 s apart then 90 0.5 s
+    apart, served by `world()`; the scenario's traffic its first 10 (4 req/s)."""
+    arrivals_s = [0.25 * i for i in range(10)] + [2.25 + 0.5 * i for i in range(1, 91)]
+    trace = tmp_path / "two_rates.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 00:{int(t // 60):02d}:{t % 60:09.6f},64,20\n" for t in arrivals_s))
+    raw = world().model_dump(mode="json")
+    raw["workload"] = {"num_requests": 10, "arrival": {"process": "trace"},
+                       "trace": {"format": "azure", "path": str(trace)}}
+    return make_scenario(raw)
+
+
 def test_a_plan_rows_floor_and_gap_are_its_long_runs_not_the_probes_traffic(tmp_path):
     """A trace whose first 10 requests come 0.25 s apart (4 req/s) and its next 90 0.5 s apart: the plan's
     base traffic is the first 10, its long run all 100 on one replica of the world above (each request alone:
@@ -281,14 +294,7 @@ def test_a_plan_rows_floor_and_gap_are_its_long_runs_not_the_probes_traffic(tmp_
     from kvsim.planning.plan_rate import offered_rate_per_s, scaled_traffic
     from kvsim.planning.spec import Candidate, make_plan_spec
 
-    arrivals_s = [0.25 * i for i in range(10)] + [2.25 + 0.5 * i for i in range(1, 91)]
-    trace = tmp_path / "two_rates.csv"
-    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
-        f"2023-11-16 00:{int(t // 60):02d}:{t % 60:09.6f},64,20\n" for t in arrivals_s))
-    raw = world().model_dump(mode="json")
-    raw["workload"] = {"num_requests": 10, "arrival": {"process": "trace"},
-                       "trace": {"format": "azure", "path": str(trace)}}
-    base = make_scenario(raw)
+    base = two_rate_traffic(tmp_path)
     assert offered_rate_per_s(base) == pytest.approx(4.0)  # the base traffic: the first 10 arrivals
     shape, spec = Candidate("h100-80gb", 1), make_plan_spec({"slo": {"ttft_s.p90": 1.0}, "gpus": ["h100-80gb"]})
     metrics = point_metrics(shape.scenario(scaled_traffic(base, 1.0, 100), 1, spec.router))
@@ -320,15 +326,8 @@ def test_a_row_with_no_run_behind_its_answer_has_the_floor_of_the_traffic_its_ru
     from kvsim.planning.plan import answer_floor
     from kvsim.planning.spec import Candidate, make_plan_spec
 
-    arrivals_s = [0.25 * i for i in range(10)] + [2.25 + 0.5 * i for i in range(1, 91)]
-    trace = tmp_path / "two_rates.csv"
-    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
-        f"2023-11-16 00:{int(t // 60):02d}:{t % 60:09.6f},64,20\n" for t in arrivals_s))
-    raw = world().model_dump(mode="json")
-    raw["workload"] = {"num_requests": 10, "arrival": {"process": "trace"},
-                       "trace": {"format": "azure", "path": str(trace)}}
     shape, spec = Candidate("h100-80gb", 1), make_plan_spec({"slo": {"ttft_s.p90": 1.0}, "gpus": ["h100-80gb"]})
-    floor, gap = answer_floor(make_scenario(raw), shape, spec, row, None)
+    floor, gap = answer_floor(two_rate_traffic(tmp_path), shape, spec, row, None)
     assert floor.rate_per_s == pytest.approx(99 / 47.25) and floor.num_requests == 100 and gap == {}
     assert floor.compute_replicas == pytest.approx(99 / 47.25 * 0.02625)
 
