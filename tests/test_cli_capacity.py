@@ -204,6 +204,7 @@ class StepCounter:
     """A latency model of 10 ms a step plus 1 µs a token, keeping every plan it priced."""
 
     name = "counter"
+    cudagraph_padding = None
 
     def __init__(self):
         self.plans = []

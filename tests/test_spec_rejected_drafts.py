@@ -20,6 +20,7 @@ class Recording:
     """A latency model that records each plan's (sequences, summed context) and costs 1 s."""
 
     name = "recording"
+    cudagraph_padding = None
 
     def __init__(self):
         self.seen = []

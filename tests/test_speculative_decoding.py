@@ -116,6 +116,7 @@ def test_kv_reserved_for_drafts_cuts_the_sequences_a_pool_fits(method, expected)
 def test_drafter_cost_is_k_passes_of_the_head_or_draft_model_and_nothing_for_ngram():
     class Fixed:
         name = "fixed"
+        cudagraph_padding = None
 
         def step_time(self, plan):
             return 1.0 + plan.num_decode_seqs
@@ -258,6 +259,7 @@ def test_eagle_drafts_over_every_scheduled_token_then_k_minus_1_passes_over_ever
 
     class Recording:
         name = "recording"
+        cudagraph_padding = None
 
         def step_time(self, plan):
             seen.append((plan.num_tokens, plan.num_seqs, plan.num_decode_seqs, plan.num_sampled,
@@ -307,6 +309,7 @@ def test_a_draft_model_drafts_over_every_scheduled_token_plus_each_next_token_th
 
     class Recording:
         name = "recording"
+        cudagraph_padding = None
 
         def step_time(self, plan):
             seen.append((plan.num_tokens, plan.num_seqs, plan.num_decode_seqs, plan.num_sampled,

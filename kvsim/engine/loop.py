@@ -103,7 +103,7 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
             continue
         if lone is None:  # the ranks' MoE layers run together, CUDA-graph padded alike (`kvsim.latency.cudagraph`)
             coordinate_dp_group([plan for _, plan in busy], len(group),
-                                getattr(busy[0][0].latency, "cudagraph_padding", None))
+                                busy[0][0].latency.cudagraph_padding)
         duration = max(engine.latency.step_time(plan) for engine, plan in busy)
         if env.now + duration > MAX_INSTANT_S:
             raise past_the_clock(f"latency={busy[0][0].latency.name}: a step of {duration:g} s", env.now + duration)

@@ -27,9 +27,12 @@ on a machine without kvsim's other dependencies.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvsim.latency.step_plan import StepPlan
+
+if TYPE_CHECKING:
+    from kvsim.latency.cudagraph import CudaGraphPadding
 
 PROFILE_COLUMNS = (
     "kind",          # one of PROFILE_KINDS
@@ -119,7 +122,12 @@ def _priced_step_times(latency: LatencyModel, first: StepPlan) -> Iterator[float
 
 
 class LatencyModel(Protocol):
+    """Prices a step (`step_time`). `cudagraph_padding`: the CUDA-graph capture sizes its steps are padded to
+    (`kvsim.latency.cudagraph`), which a data-parallel group, a drafter and the planning floor read; None when its
+    steps are not padded."""
+
     name: str
+    cudagraph_padding: CudaGraphPadding | None
 
     def step_time(self, plan: StepPlan) -> float: ...
 
@@ -129,6 +137,7 @@ class ConstantLatency:
 
     def __init__(self, step_s: float, host_link_bandwidth_bytes_per_s: float = float("inf")) -> None:
         self.name = f"constant({step_s}s)"
+        self.cudagraph_padding: CudaGraphPadding | None = None  # no step is padded
         self.step_s = step_s
         self.link = host_link_bandwidth_bytes_per_s
 

@@ -58,7 +58,7 @@ class SpeculativeLatency:
                  method: str, appends_next_token: bool = False) -> None:
         self.target, self.drafter, self.num_speculative_tokens = target, drafter, num_speculative_tokens
         self.appends_next_token = appends_next_token
-        self.cudagraph_padding = getattr(target, "cudagraph_padding", None)  # the target's steps' (a DP group's)
+        self.cudagraph_padding = target.cudagraph_padding  # the target's steps' (a DP group's)
         self.name = f"{target.name}+{method}"
 
     def step_time(self, plan: StepPlan) -> float:
@@ -106,7 +106,7 @@ def speculative_latency(target: LatencyModel, model: ModelSpec, gpu: GPUSpec, en
     assert spec is not None
     drafter: LatencyModel | None = None
     draft = draft_model(model, spec)
-    padding = getattr(target, "cudagraph_padding", None)  # the drafter's graphs are captured at the target's sizes
+    padding = target.cudagraph_padding  # the drafter's graphs are captured at the target's sizes
     if spec.method in ("eagle", "eagle3"):
         drafter = RooflineLatency(eagle_head(model), gpu, engine, overhead_s=0.0, padding=padding)
     elif draft is not None:

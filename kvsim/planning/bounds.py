@@ -180,7 +180,7 @@ def _decode_steps(latency: LatencyModel, batch: int, context: int) -> list[StepP
     time. A padded step's layers run its capture size, so a batch that pads up (257 sequences to 272 tokens) can
     cost more a token than the capture size below it (256); within a size's bucket, and past the largest, the
     step's other terms grow at most linearly with its sequences, so its time per token falls with them."""
-    padding = getattr(latency, "cudagraph_padding", None)
+    padding = latency.cudagraph_padding
     steps = []
     for num_seqs in [*(size for size in (padding.sizes if padding else ()) if size < batch), batch]:
         step = StepPlan()
