@@ -117,7 +117,7 @@ def scheduling_unit(nodeid: str) -> str:
 def _has_module_fixture(path: str) -> bool:
     """Whether the test module at `path` (relative to the rootdir) declares a module-scoped fixture."""
     source = REPO / path
-    return source.is_file() and re.search(r"scope=[\"']module[\"']", source.read_text()) is not None
+    return source.is_file() and re.search(r"scope=[\"']module[\"']", source.read_text(encoding="utf-8")) is not None
 
 
 def shared_root() -> Path | None:
