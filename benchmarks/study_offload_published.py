@@ -31,6 +31,7 @@ Writes `benchmarks/results/offload_published.json`.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,7 @@ def vllm_blog_comparison() -> dict[str, Any]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help: say what it is, run nothing
     engine = make_engine()  # block size 16, TP 1, KV in the model's dtype
     block_bytes = kv_bytes_per_block(load_model("qwen3-30b-a3b"), engine)
     num_bytes = {n: ceil_div(n, engine.block_size) * block_bytes for n in MEASURED_CPU_HIT_TTFT_S}  # whole blocks
