@@ -296,11 +296,9 @@ class Scenario(Settings):
                         out[key] = str(resolved)
             return out
 
-        out = portable(self.model_dump(mode="json"))
-        groups = self.replicas if isinstance(self.replicas, list) else []
-        allocators = {self.engine.allocator, *(group.engine.get("allocator", "paged") for group in groups)}
-        if allocators != {"paged"} and "enable_prefix_caching" not in self.engine.model_fields_set:
-            del out["engine"]["enable_prefix_caching"]
+        replica_groups = self.replicas if isinstance(self.replicas, list) else []
+        allocators = {self.engine.allocator, *(group.engine.get("allocator", "paged") for group in replica_groups)}
+        out = portable(self.variant_fields() if allocators != {"paged"} else self.model_dump(mode="json"))
         groups = out["replicas"] if isinstance(out.get("replicas"), list) else []
         presets_of = (("model", model_presets()), ("gpu", gpu_presets()))  # listed once, not per section
         for node in (out, *groups, out["engine"].get("speculative_config") or {}):  # a draft model too
