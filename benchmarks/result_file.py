@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kvsim.model.errors import KvsimError, OutputError
+from kvsim.model.errors import KvsimError
 from kvsim.results.output_dir import check_output_file, output_file
 
 
@@ -22,8 +22,7 @@ def one_line(program: str, option: str = "--output") -> Iterator[None]:
     try:
         yield
     except KvsimError as error:
-        print(f"{program}: error: {error.named(option) if isinstance(error, OutputError) else error}",
-              file=sys.stderr)
+        print(f"{program}: error: {error.named(option)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from kvsim.model.errors import KvsimError, OutputError, empty_item, first_repeat, shown
+from kvsim.model.errors import KvsimError, empty_item, first_repeat, shown
 from kvsim.model.units import underscore_problem
 
 OUTPUT_OPTION = "--output"  # every command's option for the output it writes
@@ -70,8 +70,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except KvsimError as error:
-        typer.echo(f"kvsim: error: {error.named(OUTPUT_OPTION) if isinstance(error, OutputError) else error}",
-                   err=True)
+        typer.echo(f"kvsim: error: {error.named(OUTPUT_OPTION)}", err=True)
         raise typer.Exit(2) from None
     except OSError as error:  # e.g. an output directory that cannot be written
         where = f"{error.filename}: " if error.filename else ""

@@ -44,6 +44,11 @@ class KvsimError(ValueError):
     def __init__(self, message: str, *args: object) -> None:
         super().__init__(_LONG_DIGITS.sub(lambda digits: cut(digits.group()), message), *args)
 
+    def named(self, parameter: str) -> KvsimError:
+        """This error as a command line says it, its output named as `parameter` (the command's option): itself,
+        but an `OutputError`'s."""
+        return self
+
 
 class HeldKvStall(KvsimError):
     """vLLM's held-KV deadlock (`Scheduler.held_kv_stall` says why in the message): the run can never end, as
