@@ -58,6 +58,20 @@ def with_source(profile: Profile, repository: str | None, commit: str | None, li
     return Profile(profile.name, meta, profile.rows, profile.names)
 
 
+def check_csv_table(path: Path, table: list[dict[str | None, str | None]], num_fields: int) -> None:
+    """A `KvsimError` naming the file unless every row of `table` (a measured profile's CSV, read by
+    `kvsim.workload.files.csv_rows` below its header of `num_fields` fields) has exactly the header's fields, and
+    there is a row: a header alone is a profiler that stopped after it, not a profile without measurements."""
+    from kvsim.workload.files import first_ragged
+
+    short = first_ragged(table)
+    if short is not None:
+        raise KvsimError(f"profile {path}: line {short + 2} does not have the header's {num_fields} fields "
+                         "(a truncated or malformed file)")
+    if not table:
+        raise KvsimError(f"profile {path}: no rows (the table has a header but no rows)")
+
+
 def find_source(folder: Path, default_repository: str) -> dict[str, str]:
     """`source_repository`, `source_commit`, `source_licence` from the nearest `source.yaml` at or above `folder`.
 

@@ -35,12 +35,12 @@ from typing import Any
 
 import yaml
 
-from kvsim.latency.profiles import Profile, find_source
+from kvsim.latency.profiles import Profile, check_csv_table, find_source
 from kvsim.latency.skew import AXES, DEFAULT_KEY, EDGES_KEY, alpha_default, bucket_name, format_edges
 from kvsim.model.errors import KvsimError, reading
 from kvsim.model.units import read_number
 from kvsim.model.yaml_io import check_yaml_size, load_yaml, yaml_problem
-from kvsim.workload.files import csv_rows, data_file, first_ragged, open_text
+from kvsim.workload.files import csv_rows, data_file, open_text
 
 GEMMS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
 TOKEN_OPS = {"layernorm": 2, "qk_norm": 1, "rotary_emb": 1, "act_fn": 1}
@@ -62,12 +62,7 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
         if not set(columns) <= set(fields):
             raise KvsimError(f"profile {path}: expected the columns {','.join(columns)}")
         table = list(reader)
-    short = first_ragged(table)
-    if short is not None:
-        raise KvsimError(f"profile {path}: line {short + 2} does not have the header's {len(fields)} fields "
-                         "(a truncated or malformed file)")
-    if not table:
-        raise KvsimError(f"profile {path}: no rows (the table has a header but no rows)")
+    check_csv_table(path, table, len(fields))
     return table
 
 

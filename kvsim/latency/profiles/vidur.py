@@ -22,10 +22,10 @@ import math
 import zlib
 from pathlib import Path
 
-from kvsim.latency.profiles import Profile, find_source
+from kvsim.latency.profiles import Profile, check_csv_table, find_source
 from kvsim.model.errors import KvsimError, cut, reading
 from kvsim.model.units import ascii_int, read_number
-from kvsim.workload.files import csv_rows, first_ragged, open_text
+from kvsim.workload.files import csv_rows, open_text
 
 OPS = {  # Vidur op -> (kind, kvsim op, calls per layer or step)
     "emb": ("step_op", "embedding", 1),
@@ -88,12 +88,7 @@ def read_vidur_mlp(path: Path, tp: int) -> Profile:
     for needed in ("num_tokens", "num_tensor_parallel_workers"):  # a missing num_tokens was a KeyError traceback
         if needed not in fields:
             raise KvsimError(f"profile {path}: column {needed!r} is missing (Vidur's mlp.csv gives it on each row)")
-    short = first_ragged(table)
-    if short is not None:
-        raise KvsimError(f"profile {path}: line {short + 2} does not have the header's {len(fields)} fields "
-                         "(a truncated or malformed file)")
-    if not table:  # it read "measured at num_tensor_parallel_workers , not tensor_parallel_size=1"
-        raise KvsimError(f"profile {path}: no rows (the table has a header but no rows)")
+    check_csv_table(path, table, len(fields))  # no rows read "measured at num_tensor_parallel_workers , not ..."
     workers = [_workers(r["num_tensor_parallel_workers"], i, path) for i, r in enumerate(table)]
     mine = [r for r, n in zip(table, workers, strict=True) if n == tp]
     if not mine:
