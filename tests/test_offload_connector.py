@@ -229,3 +229,53 @@ def test_loads_ending_in_one_step_rejoin_the_queue_in_queue_order():
     _, rows = run(requests, offload, num_blocks=30)
     assert rows["queue_s"][1] == pytest.approx(1.01 - 0.995, abs=1e-9)
     assert rows["queue_s"][2] == pytest.approx(1.02 - 0.995, abs=1e-9)
+
+
+def test_a_request_whose_hit_another_is_loading_waits_for_that_load_and_hits_the_gpu_cache():
+    """vLLM does not load a block twice: with GPU prefix caching on, `OffloadingConnectorScheduler.
+    get_num_new_matched_tokens` (vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py) returns
+    None for a request whose hit blocks are in `_blocks_being_loaded` ("hit blocks are being loaded, delay
+    request"), `Scheduler.schedule` (vllm/v1/core/sched/scheduler.py) skips it and goes on admitting, and once
+    the load has ended (`_update_waiting_for_remote_kv` caches the loaded blocks) it hits them in the GPU cache.
+    A (64 tokens) at 0; B (256 other tokens) at 1 s evicts A's 4 GPU blocks from the 16; C and D at 2 s, each
+    A's 64 tokens + 16 new ones. Step at 2 s: C's CPU hit (a0..a3) starts loading; D's hit is the same 4 blocks,
+    being loaded: D waits. 2.01 s (4 blocks over the idle link, 4 · 2.5 ms): C rejoins holding them and is
+    admitted; D's GPU lookup hits C's 4 blocks (no load); one step prefills both 16-token suffixes (32 of the
+    64-token budget): TTFT 4 · 2.5 ms + 10 ms each, one load of 4 blocks. (Loading D's copy too, the two loads
+    would share the link and both end at 2 · 4 · 2.5 ms.)"""
+    a, b = list(range(64)), list(range(1000, 1256))
+    requests = [req(0, 0.0, a), req(1, 1.0, b), req(2, 2.0, a + list(range(5000, 5016))),
+                req(3, 2.0, a + list(range(6000, 6016)))]
+    scheduler, rows = run(requests, connector(), num_blocks=17, budget=64)
+    for i in (2, 3):
+        assert rows["ttft_s"][i] == pytest.approx(4 * BLOCK_S + STEP_S, rel=1e-12)
+        assert rows["queue_s"][i] == pytest.approx(4 * BLOCK_S, rel=1e-12)
+        assert rows["prefix_hit_tokens"][i] == 64  # C's loaded, D's from the GPU cache
+    summary = scheduler.offload.summary(3.0, end_s=3.0)
+    assert (summary["num_loads"], summary["bytes_loaded"]) == (1, 4 * BLOCK_BYTES)
+    # the GPU cache's counters: D's hit of C's loaded blocks; queries A 64, B 256, C 80, D 80
+    assert (scheduler.prefix_stats.num_hit_tokens, scheduler.prefix_stats.num_query_tokens) == (64, 480)
+
+
+def test_a_request_waiting_for_another_s_load_lets_the_queue_behind_it_in_and_without_caching_loads_again():
+    """The world above with E (16 tokens of its own, no hit) queued behind D: vLLM's `Scheduler.schedule` puts the
+    delayed D aside (`skipped_waiting`) and admits E in D's step (TTFT one step). Without GPU prefix caching vLLM
+    keeps no `_blocks_being_loaded` (None), so D loads the same 4 blocks again beside C: 2 · 4 · 2.5 ms + 10 ms."""
+    a, b = list(range(64)), list(range(1000, 1256))
+
+    def requests(num):
+        return [req(0, 0.0, a), req(1, 1.0, b), req(2, 2.0, a + list(range(5000, 5016))),
+                req(3, 2.0, a + list(range(6000, 6016))), req(4, 2.0, list(range(7000, 7016)))][:num]
+
+    _, rows = run(requests(5), connector(), num_blocks=17, budget=64)
+    assert rows["ttft_s"][4] == pytest.approx(STEP_S, rel=1e-12)
+    assert rows["ttft_s"][3] == pytest.approx(4 * BLOCK_S + STEP_S, rel=1e-12)
+    alloc = PagedAllocator(17, 16, enable_caching=False)
+    scheduler = make_scheduler("v1", alloc, SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=64,
+                                                            max_model_len=1024))
+    scheduler.offload = connector()
+    run_engine(scheduler, ConstantLatency(STEP_S), requests(4), check=True)
+    rows = scheduler.records.columns()
+    for i in (2, 3):
+        assert rows["ttft_s"][i] == pytest.approx(2 * 4 * BLOCK_S + STEP_S, rel=1e-12)
+    assert scheduler.offload.summary(3.0, end_s=3.0)["num_loads"] == 2

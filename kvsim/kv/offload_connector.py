@@ -20,6 +20,8 @@ OffloadingConnector (vllm/distributed/kv_transfer/kv_connector/v1/offloading_con
   host→GPU link, shared by the loads in flight on it; the request is ready when all of its transfers end.
   The loaded blocks are pinned in their tiers meanwhile. Every request the scheduler considers admitting
   has its full blocks touched first (vLLM's `get_num_new_matched_tokens` touches them on each query).
+  With GPU prefix caching, a request whose hit includes a block a load in flight reads is not loaded
+  again (`loading_any`): it waits for that load and then hits the GPU cache (vLLM's `_blocks_being_loaded`).
 * Time is explicit (`now_s` in every call, non-decreasing); the engine wakes an idle engine at the
   instant `on_next_load_end` is told (`kvsim.engine.loop`).
 
@@ -99,6 +101,14 @@ class OffloadConnector:
             return 0
         hashes = content.block_hashes(self.block_size, num_blocks)[first_block:num_blocks]
         return sum(self.cache.lookup(hashes))
+
+    def loading_any(self, content: Content, first_block: int, num_blocks: int) -> bool:
+        """Whether a load in flight reads any of blocks `first_block .. first_block + num_blocks` of the content
+        (vLLM's `_blocks_being_loaded`, the blocks of the loads not yet finished)."""
+        if not self._loads or num_blocks <= 0:
+            return False
+        wanted = set(content.block_hashes(self.block_size, first_block + num_blocks)[first_block:])
+        return any(h in wanted for load in self._loads.values() for own in load.hashes for h in own)
 
     def start_load(self, request_id: int, content: Content, first_block: int, num_blocks: int, now_s: float) -> None:
         """Load blocks `first_block .. first_block + num_blocks` (a `lookup` hit) for a request, starting now."""

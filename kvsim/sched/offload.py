@@ -1,7 +1,8 @@
 """The scheduler's half of KV offload (`engine.kv_offload`, `kvsim.kv.offload_connector`), as vLLM's
 scheduler drives its OffloadingConnector: a waiting request whose prefix the offload tiers hold past its
 GPU prefix-cache hit leaves the queue while those blocks load (vLLM's WAITING_FOR_REMOTE_KVS) and
-rejoins it at the front, holding them, once they have; after every step, the full blocks computed in it
+rejoins it at the front, holding them, once they have (one whose hit another request is loading waits in the
+queue for it instead: `waits_for_a_load`); after every step, the full blocks computed in it
 are offered to the tiers (write-through, vLLM's `_get_reqs_to_store`). A request considered for admission
 has its blocks in the tiers touched (LRU), as vLLM's lookup does. Pure Python.
 """
@@ -81,6 +82,25 @@ class OffloadScheduling:
         self._next_stored_block[req.request_id] = first + num_blocks  # the tiers hold those blocks already
         offload.start_load(req.request_id, req.content, first, num_blocks, now)
         return True
+
+    def waits_for_a_load(self, req: Request, hit: PrefixHit) -> bool:
+        """Whether the waiting head `req` must sit this step out because a load in flight (another request's)
+        reads a block of its offload hit past the GPU `hit`: vLLM's `OffloadingConnectorScheduler.
+        get_num_new_matched_tokens` returns None for it ("hit blocks are being loaded, delay request",
+        `_blocks_being_loaded`, kept only with GPU prefix caching), and `Scheduler.schedule` skips it and goes on
+        admitting the requests behind it; once that load has ended its blocks are in the GPU prefix cache and
+        the request hits them there instead of loading them twice."""
+        offload = self.offload
+        assert offload is not None
+        if not self.alloc.enable_caching or not self.loading:
+            return False
+        num_full = self._blocks_asked(req)
+        first = len(hit.block_ids)
+        if num_full <= first:
+            return False
+        assert req.content is not None
+        num_blocks = offload.lookup(req.content, first, num_full)
+        return offload.loading_any(req.content, first, num_blocks)
 
     def finish_loads(self, now: float) -> None:
         """Book the offload transfers ended by `now`; loaded requests go to the front of `waiting`, holding

@@ -23,7 +23,8 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
    that does not fit ends admission for the step.
    With KV offload, a request whose prefix the offload tiers hold past the GPU hit leaves the queue
    to load it (`Scheduler.start_load`) and admission goes on; loaded ones rejoin at the front (under FCFS
-   ahead of any request preempted since: `loaded_first`).
+   ahead of any request preempted since: `loaded_first`). One whose offload hit another request is loading
+   sits the step out (vLLM's `_blocks_being_loaded`: `waits_for_a_load`) and admission goes on behind it.
 
 A request with n > 1 samples (not beam search) joins the queue as n child requests, each scheduled,
 counted by `max_num_seqs`, preempted and finished on its own, sharing prompt blocks only through the
@@ -145,6 +146,7 @@ class V1Scheduler(Scheduler):
             self.loaded_first()
         max_num_seqs, waiting = self.limits.max_num_seqs, self.waiting
         num_seqs = self.num_running_seqs()
+        skipped: list[Request] = []  # waiting for another request's load of their hit (`waits_for_a_load`)
         while waiting and budget > 0:
             req = waiting.peek()
             if num_seqs + req.num_samples > max_num_seqs:
@@ -152,6 +154,9 @@ class V1Scheduler(Scheduler):
             if self.offload is not None:
                 self.touch_offloaded(req)  # vLLM's connector lookup touches its blocks, fit or not
             hit = self.lookup(req)
+            if self.offload is not None and self.waits_for_a_load(req, hit):
+                skipped.append(waiting.pop())  # vLLM's skipped_waiting: first in line again next step
+                continue
             num_new = min(req.num_tokens - hit.num_tokens, budget)
             if not self.can_admit(req, hit, num_new):
                 break
@@ -163,6 +168,8 @@ class V1Scheduler(Scheduler):
             self.admit(req, num_new, hit, plan, now)
             budget -= num_new
             num_seqs += req.num_samples
+        for req in reversed(skipped):
+            waiting.prepend(req)
 
     def _loaded_lookahead_slots(self, req: Request, num_new: int) -> int:
         """The slots a request that holds loaded KV (from a prefill instance or the offload tiers) holds when
