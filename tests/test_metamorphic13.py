@@ -151,10 +151,12 @@ def test_an_offload_tier_never_hit_changes_nothing_though_it_stores_every_block(
     rows = random_rows(np.random.default_rng(1), 60, 6.0, max_prompt=600, max_output=100)
     raw = traced(write_trace(tmp_path / "rows.jsonl", rows), {"num_gpu_blocks_override": 200, "max_num_seqs": 4})
     alone = kvsim.simulate(raw)
-    tiered = kvsim.simulate({**raw, "engine": {**raw["engine"], "kv_offload": {"num_cpu_blocks": 300}}})
+    tiered = kvsim.simulate({**raw, "engine": {**raw["engine"], "kv_offload": {"num_cpu_blocks": 300,
+                                                                                "offload_prompt_only": False}}})
     cpu = tiered.summary["kv_offload"]["tiers"]["cpu"]
     assert alone.summary["num_preemptions"] == 0 and cpu["num_hit_blocks"] == 0
-    # every full block written goes to the tier (write-through), far more than the GPU pool holds: the pool
+    # every full block written (decoded tokens' too: offload_prompt_only false) goes to the tier (write-through),
+    # far more than the GPU pool holds: the pool
     # evicted cached blocks to reuse them, and the tier its own oldest
     assert cpu["num_stored_blocks"] > 1000 and cpu["num_evicted_blocks"] > 1000
     assert tiered.requests.equals(alone.requests)

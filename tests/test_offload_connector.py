@@ -23,11 +23,11 @@ BANDWIDTH = 4e8
 BLOCK_S = BLOCK_BYTES / BANDWIDTH  # 2.5 ms per block
 
 
-def connector(num_cpu_blocks=100, disk=None):
+def connector(num_cpu_blocks=100, disk=None, prompt_only=True):
     tiers = [TierSpec("cpu", num_cpu_blocks, LinkSpec(BANDWIDTH))]
     if disk is not None:
         tiers.append(TierSpec("disk", disk[0], LinkSpec(disk[1]), LinkSpec(disk[1])))
-    return OffloadConnector(tiers, LinkSpec(BANDWIDTH), 16, BLOCK_BYTES)
+    return OffloadConnector(tiers, LinkSpec(BANDWIDTH), 16, BLOCK_BYTES, offload_prompt_only=prompt_only)
 
 
 def run(requests, offload, num_blocks=9, budget=16):
@@ -279,3 +279,27 @@ def test_a_request_waiting_for_another_s_load_lets_the_queue_behind_it_in_and_wi
     for i in (2, 3):
         assert rows["ttft_s"][i] == pytest.approx(2 * 4 * BLOCK_S + STEP_S, rel=1e-12)
     assert scheduler.offload.summary(3.0, end_s=3.0)["num_loads"] == 2
+
+
+@pytest.mark.parametrize("prompt_only", [True, False])
+def test_only_the_prompt_s_blocks_are_stored_unless_offload_prompt_only_is_false(prompt_only):
+    """vLLM's `OffloadingSpec` (vllm/v1/kv_offload/base.py) reads `offload_prompt_only` from
+    kv_connector_extra_config, default true, and `OffloadingConnectorScheduler._build_store_jobs`
+    (v1/offloading/scheduler.py) then clamps the tokens it stores to `req.num_prompt_tokens`, so a decoded
+    token's block is never stored. A: 32 prompt tokens (2 blocks) and 40 output tokens, 71 computed when it
+    ends (4 full blocks). D (128 other tokens) at 1 s takes all 8 GPU blocks, evicting A's. B at 2 s: A's first
+    64 tokens (its prompt and 32 outputs) + 16 new. Prompt only: the tier holds a0, a1 and D's 8 when B comes,
+    B loads 2 blocks (5 ms) and prefills 48 tokens at 16 a step: TTFT 2 · 2.5 ms + 3 · 10 ms, and its blocks 2..4
+    are stored (13 in all). Otherwise it holds a0..a3 and D's 8: B loads 4 blocks and prefills 16: 4 · 2.5 ms +
+    10 ms, and its block 4 is stored (13 again)."""
+    a = list(range(72))
+    requests = [Request(0, 0.0, 32, 40, TokenContent(a)), req(1, 1.0, list(range(1000, 1128))),
+                req(2, 2.0, a[:64] + list(range(5000, 5016)))]
+    scheduler, rows = run(requests, connector(prompt_only=prompt_only))
+    num_loaded = 2 if prompt_only else 4
+    assert rows["ttft_s"][2] == pytest.approx(num_loaded * BLOCK_S + (80 - 16 * num_loaded) / 16 * STEP_S,
+                                              rel=1e-12)
+    assert rows["prefix_hit_tokens"][2] == 16 * num_loaded
+    summary = scheduler.offload.summary(3.0, end_s=3.0)
+    assert summary["tiers"]["cpu"]["num_hit_blocks"] == num_loaded
+    assert summary["bytes_stored"] == (2 + 8 + 3 if prompt_only else 4 + 8 + 1) * BLOCK_BYTES

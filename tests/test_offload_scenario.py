@@ -98,10 +98,11 @@ def test_under_fcfs_requests_holding_loaded_kv_are_admitted_before_a_preempted_o
     """vLLM keeps a request loading its KV in its skipped queue, which FCFS admission takes before the waiting
     queue. kvsim put a preempted request back at the front, ahead of a loaded one: here the preempted one could
     not fit while the loaded one held its blocks, nothing was left running, and the run stalled (RuntimeError
-    "scheduler stalled", 17 waiting). The loaded request now goes first and every request finishes."""
+    "scheduler stalled", 17 waiting). The loaded request now goes first and every request finishes. (Its loads are
+    of decoded tokens' blocks, which vLLM stores only with offload_prompt_only false.)"""
     raw = {"model": "opt-13b", "seed": 5, "latency": {"model": "constant"},
            "engine": {"block_size": 8, "max_model_len": 128, "num_gpu_blocks_override": 17, "max_num_seqs": 2,
-                      "kv_offload": {"num_cpu_blocks": 6}},
+                      "kv_offload": {"num_cpu_blocks": 6, "offload_prompt_only": False}},
            "workload": {"num_requests": 24, "arrival": {"process": "poisson", "rate": 1000},
                         "prompt_len": {"dist": "fixed", "value": 30},
                         "output_len": {"dist": "uniform", "low": 28, "high": 48},

@@ -206,7 +206,7 @@ def make_offload(spec: EngineSpec) -> OffloadConnector | None:
         assert config.disk_bandwidth_bytes_per_s is not None
         disk_link = LinkSpec(config.disk_bandwidth_bytes_per_s)  # the drive's, for reads and for writes
         tiers.append(TierSpec("disk", num_disk, disk_link, disk_link))
-    return OffloadConnector(tiers, LinkSpec(bandwidth), engine.block_size, block_bytes)
+    return OffloadConnector(tiers, LinkSpec(bandwidth), engine.block_size, block_bytes, config.offload_prompt_only)
 
 
 def make_latency(spec: EngineSpec) -> LatencyModel:

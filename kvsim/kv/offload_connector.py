@@ -6,11 +6,12 @@ OffloadingConnector (vllm/distributed/kv_transfer/kv_connector/v1/offloading_con
           └──────── load (async) over the tier's link ──────┴──────────────────────────────┘
 
 * Stores: after each step, the full blocks a request computed in it are offered to the CPU tier
-  (vLLM's `_get_reqs_to_store`: every newly full block, from block 0 of the request on; blocks the
-  tier holds are skipped; a request whose new blocks it took has all its blocks touched, its first most
-  recently; a refused offer is made again next step). They go as one transfer over the GPU→host link
-  (shared by concurrent stores, `SharedLink`), and a lookup can hit them only once it has ended
-  (`complete_store`). The blocks the CPU tier evicts to make room are demoted to the disk tier: their disk
+  (vLLM's `_build_store_jobs`, formerly `_get_reqs_to_store`: every newly full block, from block 0 of the
+  request on, with `offload_prompt_only` (vLLM's default) only those within its prompt, so decoded tokens'
+  blocks are never stored; blocks the tier holds are skipped; a request whose new blocks it took has all its
+  blocks touched, its first most recently; a refused offer is made again next step). They go as one transfer
+  over the GPU→host link (shared by concurrent stores, `SharedLink`), and a lookup can hit them only once it
+  has ended (`complete_store`). The blocks the CPU tier evicts to make room are demoted to the disk tier: their disk
   slots are reserved at once and written, as one transfer per store, over the disk's write link (shared
   by the demotions in flight), hittable there once it ends, as LMCache's local disk backend writes a chunk
   asynchronously and admits it only when written. The disk's reads and writes use separate links (they do not contend).
@@ -67,6 +68,7 @@ class OffloadConnector:
     store_link: LinkSpec
     block_size: int
     bytes_per_block: int
+    offload_prompt_only: bool = True  # vLLM's default: store the prompt's full blocks only (`_store_computed`)
     cache: TieredOffload = field(init=False)
     _writes_on: list[SharedLink] = field(init=False)  # per tier, the link its writes go over
     _loads_on: list[SharedLink] = field(init=False)

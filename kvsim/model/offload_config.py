@@ -23,6 +23,7 @@ class KVOffloadConfig(Settings):
             disk_bytes: 1TiB                 # optional: LMCache's local disk tier below the CPU
             disk_bandwidth_bytes_per_s: 5e9  # required with a disk tier (no default: drives differ)
             host_memory_bytes: 1TB           # the host the CPU tier must fit in (default: a DGX node's 2 TB)
+            offload_prompt_only: false       # store decoded tokens' blocks too (vLLM's default: prompt blocks only)
 
     Sizes are the engine's, all tensor-parallel ranks together (each rank keeps its shard of a block; a
     block takes `bytes_per_block(shard) · tensor_parallel_size` bytes of the tier), as vLLM's
@@ -30,7 +31,10 @@ class KVOffloadConfig(Settings):
     `bandwidth_bytes_per_s`, so the engine moves `bandwidth · tp` bytes/s each way. A tier of 0 bytes or 0
     blocks is no tier; one of more than 0 bytes but less than a block is refused (`num_blocks`). The default
     host memory is a DGX H100/H200 node's 2 TB of system memory (NVIDIA DGX H100 datasheet); set
-    `host_memory_bytes` for the machine you deploy on. Bad values raise one line naming the field and the value.
+    `host_memory_bytes` for the machine you deploy on. `offload_prompt_only` is vLLM's `kv_connector_extra_config`
+    key of that name, with its default (true: only the prompt's full blocks are stored, `OffloadingSpec` in
+    vllm/v1/kv_offload/base.py; written to scenario.yaml only when false). Bad values raise one line naming the
+    field and the value.
     """
 
     cpu_bytes: BytesOrZero | None = None
@@ -40,6 +44,7 @@ class KVOffloadConfig(Settings):
     num_disk_blocks: int | None = Field(default=None, ge=0)
     disk_bandwidth_bytes_per_s: float | None = Field(default=None, ge=1)
     host_memory_bytes: Bytes = DGX_HOST_MEMORY_BYTES
+    offload_prompt_only: bool = Field(default=True, exclude_if=lambda value: value)
 
     @model_validator(mode="after")
     def _one_size_per_tier(self) -> KVOffloadConfig:

@@ -175,16 +175,20 @@ class OffloadScheduling:
 
     def _store_computed(self, plan: StepPlan, now: float) -> None:
         """Offer the full blocks each request computed in this step to the offload tiers (write-through,
-        vLLM's `_get_reqs_to_store`): every newly full block since the last offer taken, from block 0 on."""
+        vLLM's `_build_store_jobs`): every newly full block since the last offer taken, from block 0 on; with
+        `offload_prompt_only` (vLLM's default) no further than the prompt's last full block
+        (`num_offloadable_tokens = min(..., req.num_prompt_tokens)`), so decoded tokens' blocks are never offered."""
         assert self.offload is not None
         bs, next_stored = self.offload.block_size, self._next_stored_block
+        prompt_only = self.offload.offload_prompt_only
         running = RequestStatus.RUNNING
         offers, offered = [], []
         for req, _ in plan.scheduled:
             content = req.content
             if req.status is not running or content is None:
                 continue
-            num_full = min(req.num_computed_tokens, content.num_tokens) // bs
+            num_tokens = min(req.num_computed_tokens, content.num_tokens)
+            num_full = (min(num_tokens, req.prompt_len) if prompt_only else num_tokens) // bs
             start = next_stored.get(req.request_id, 0)
             if num_full > start:
                 offers.append((content.block_hashes(bs, num_full), start))
