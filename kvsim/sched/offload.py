@@ -2,8 +2,9 @@
 scheduler drives its OffloadingConnector: a waiting request whose prefix the offload tiers hold past its
 GPU prefix-cache hit leaves the queue while those blocks load (vLLM's WAITING_FOR_REMOTE_KVS) and
 rejoins it at the front, holding them, once they have (one whose hit another request is loading waits in the
-queue for it instead: `waits_for_a_load`); after every step, the full blocks computed in it
-are offered to the tiers (write-through, vLLM's `_get_reqs_to_store`). A request considered for admission
+queue for it instead: `waits_for_a_load`); after every step, the full blocks computed in it (by default only
+the prompt's: vLLM's `offload_prompt_only`) are offered to the tiers (write-through, vLLM's `_build_store_jobs`,
+formerly `_get_reqs_to_store`). A request considered for admission
 has its blocks in the tiers touched (LRU), as vLLM's lookup does. Pure Python.
 """
 
