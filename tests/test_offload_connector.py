@@ -14,6 +14,7 @@ from kvsim.kv import PagedAllocator, TokenContent
 from kvsim.kv.link import LinkSpec
 from kvsim.kv.offload_connector import OffloadConnector, TierSpec
 from kvsim.latency.base import ConstantLatency
+from kvsim.latency.step_plan import StepPlan
 from kvsim.sched import SchedulerLimits, make_scheduler
 from kvsim.workload.request import Request
 
@@ -303,3 +304,35 @@ def test_only_the_prompt_s_blocks_are_stored_unless_offload_prompt_only_is_false
     summary = scheduler.offload.summary(3.0, end_s=3.0)
     assert summary["tiers"]["cpu"]["num_hit_blocks"] == num_loaded
     assert summary["bytes_stored"] == (2 + 8 + 3 if prompt_only else 4 + 8 + 1) * BLOCK_BYTES
+
+
+def test_a_preempted_request_does_not_offer_the_blocks_it_stored_again():
+    """vLLM keeps a preempted request's `next_stored_block_idx` (`OffloadingConnectorScheduler`, v1/offloading/
+    scheduler.py: only `reset_cache` sets it back to 0; `_build_store_jobs` offers blocks from it on), so the
+    blocks it stored before its preemption are not offered again when it recomputes them. A (32 prompt tokens)
+    stores a0, a1 in its two 16-token chunks, decodes a token and is preempted; X's 2 blocks then fill the 2-block
+    CPU tier, evicting a0, a1. A is admitted again hitting its own 2 blocks, still cached on the GPU, and
+    computes its 2 other tokens: nothing new to store, so the tier keeps X's blocks (4 stored in all). Offering
+    a0, a1 again (a reset index) stores them a second time, evicting X's."""
+    sched = make_scheduler("v1", PagedAllocator(9, 16), SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=16,
+                                                                        max_model_len=1024))
+    sched.offload = offload = connector(num_cpu_blocks=2)
+    a = req(0, 0.0, list(range(32)), output_len=50)
+    assert sched.add(a)
+    now = 0.0
+    for _ in range(3):
+        plan = sched.schedule(now)
+        now += STEP_S
+        sched.complete(plan, now)
+    sched.running.remove(a)
+    sched.preempt(a, StepPlan())  # vLLM's _preempt_request
+    x = TokenContent(list(range(1000, 1032))).block_hashes(16, 2)
+    offload.store([(x, 0)], now)
+    now += 2 * BLOCK_S  # X's store has ended
+    plan = sched.schedule(now)
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [(0, 2)] and a.num_computed_tokens == 32
+    sched.complete(plan, now + STEP_S)
+    offload.advance(now + 1.0)
+    tier = offload.cache.tiers[0]
+    assert tier.hashes_lru_first() == [x[1], x[0]] and tier.num_stored_blocks == 4  # X's store touched x0 last
+    sched.check_invariants()

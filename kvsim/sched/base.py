@@ -378,14 +378,14 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         return True
 
     def free_request(self, req: Request) -> None:
+        """Free the request's KV and its per-request state; the offload tiers' next block to store is kept (a
+        preempted request's too, as vLLM's connector keeps `next_stored_block_idx`) until it finishes (`finish`)."""
         for seq_id in req.seq_ids + req.child_seq_ids():
             if self.alloc.holds(seq_id):
                 self.alloc.free(seq_id)
         self._forked.discard(req.request_id)
         self.admission_order.pop(req.request_id, None)
         self._beam_scores.pop(req.request_id, None)
-        if self._next_stored_block:
-            self._next_stored_block.pop(req.request_id, None)
 
     def preempt(self, req: Request, plan: StepPlan) -> None:
         """Recompute (free all, back to the queue front) or swap out, as the policy says.
