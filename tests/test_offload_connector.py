@@ -336,3 +336,32 @@ def test_a_preempted_request_does_not_offer_the_blocks_it_stored_again():
     tier = offload.cache.tiers[0]
     assert tier.hashes_lru_first() == [x[1], x[0]] and tier.num_stored_blocks == 4  # X's store touched x0 last
     sched.check_invariants()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3)), min_size=2, max_size=8))
+def test_with_prefix_caching_no_block_is_ever_read_by_two_loads_at_once(specs):
+    """vLLM's `_blocks_being_loaded` (with GPU prefix caching) means a block is loaded by one request at a time.
+    Three requests store 3 prefixes of 3 blocks, a 256-token request (all 16 GPU blocks) evicts them from the GPU,
+    then 2 to 8 requests, each one prefix and 16 tokens of its own, arrive in the next 4 steps: every step no tier
+    block has more than one pin (two loads reading it), the books balance, and every request finishes."""
+    sched = make_scheduler("v1", PagedAllocator(17, 16), SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=64,
+                                                                         max_model_len=1024))
+    sched.offload = offload = connector()
+    prefixes = [list(range(100 * p, 100 * p + 48)) for p in range(3)]
+    rounds = [[req(0, 0.0, prefixes[0]), req(1, 0.0, prefixes[1]), req(2, 0.0, prefixes[2])],
+              [req(3, 1.0, list(range(10**4, 10**4 + 256)))]]  # the prefixes stored, then evicted from the GPU
+    rounds.append([req(4 + i, 2.0 + step * STEP_S, prefixes[p] + list(range(10**5 * (i + 1), 10**5 * (i + 1) + 16)))
+                   for i, (p, step) in enumerate(specs)])
+    arrivals = sorted((r for group in rounds for r in group), key=lambda r: r.arrival_s)
+    num_requests, now, num_done = len(arrivals), 0.0, 0
+    while num_done < num_requests:
+        assert now < 10.0, "no progress"
+        while arrivals and arrivals[0].arrival_s <= now + 1e-9:
+            assert sched.add(arrivals.pop(0))
+        plan = sched.schedule(now)
+        now = round(now + STEP_S, 9)
+        num_done += len(sched.complete(plan, now))
+        sched.check_invariants()
+        assert all(tier.pins_of(h) <= 1 for tier in offload.cache.tiers for h in tier.hashes_lru_first())
+    assert sched.alloc.num_held_slots == 0
