@@ -8,7 +8,8 @@ from kvsim.kv.offload import OffloadTier, TieredOffload
 
 
 class NaiveTier:
-    """LRU as a list (least recent first) of [hash, ready, pins]."""
+    """LRU as a list (least recent first) of [hash, ready, pins]; a store evicts ready, unpinned blocks that
+    are not in its own offer (vLLM's `CPUOffloadingManager.prepare_store` protects those)."""
 
     def __init__(self, num_blocks):
         self.num_blocks, self.rows = num_blocks, []
@@ -28,7 +29,7 @@ class NaiveTier:
             if self.find(h) is None and h not in new:
                 new.append(h)
         need = len(new) - (self.num_blocks - len(self.rows))
-        victims = [r for r in self.rows if r[1] and r[2] == 0][:max(need, 0)]
+        victims = [r for r in self.rows if r[1] and r[2] == 0 and r[0] not in hashes][:max(need, 0)]
         if need > 0 and len(victims) < need:
             return None
         self.rows = [r for r in self.rows if r not in victims] + [[h, False, 0] for h in new]
@@ -104,6 +105,19 @@ def test_lru_eviction_spares_pinned_and_storing_blocks():
     assert tier.prepare_store(["d"]) == (["d"], ["b"])  # b: the only ready unpinned block
     assert tier.prepare_store(["e"]) is None  # a pinned, c and d storing: nothing can go
     assert tier.lookup(["a", "b"]) == 1 and tier.lookup(["c"]) == 0
+
+
+def test_a_store_never_evicts_a_block_its_own_offer_holds():
+    """vLLM's `CPUOffloadingManager.prepare_store` (vllm/v1/kv_offload/cpu/manager.py) passes the offer's keys as
+    `protected` to its policy's `evict`: "a block that was already stored must remain in the cache after this
+    call". Tier of 3 holding a, b, c (a least recently used); an offer of a (held) and x (new) must evict b,
+    not a; an offer whose only evictable blocks it holds itself is refused."""
+    tier = OffloadTier("cpu", 3)
+    tier.complete_store(tier.prepare_store(["a", "b", "c"])[0])
+    assert tier.prepare_store(["a", "x"]) == (["x"], ["b"])
+    assert tier.hashes_lru_first() == ["a", "c", "x"]
+    tier.prepare_load(["c"])  # c pinned, x still being stored: only a could go, and the offer holds it
+    assert tier.prepare_store(["a", "y"]) is None and tier.hashes_lru_first() == ["a", "c", "x"]
 
 
 def test_touch_makes_the_first_block_the_last_to_go():

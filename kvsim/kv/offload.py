@@ -7,8 +7,9 @@ A tier holds block hashes (the identity of a full, hashed KV block: `kvsim.workl
     lookup(hashes)        how many leading blocks are held and ready (a store still in flight is not)
     prepare_load(hashes)  pin those blocks (a pinned block is never evicted) until complete_load
     touch(hashes)         mark them used, the first block most recently (it is the last to go)
-    prepare_store(hashes) reserve slots for the blocks not held yet, evicting unpinned ready blocks LRU-first;
-                          None (nothing reserved, nothing evicted) when too few can be evicted
+    prepare_store(hashes) reserve slots for the blocks not held yet, evicting unpinned ready blocks LRU-first
+                          (never one of `hashes`, as vLLM's `CPUOffloadingManager` protects them); None
+                          (nothing reserved, nothing evicted) when too few can be evicted
     complete_store(hashes) the reserved blocks become ready (a lookup can hit them from now on)
 
         LRU ◀─────────────────────────────────────────────▶ MRU
@@ -99,13 +100,16 @@ class OffloadTier:
                 self._slots.move_to_end(h)
 
     def prepare_store(self, hashes: Sequence[BlockHash]) -> tuple[list[BlockHash], list[BlockHash]] | None:
-        """Reserve slots for `hashes` not held yet: (to store, evicted), or None when they cannot all fit."""
+        """Reserve slots for `hashes` not held yet: (to store, evicted), or None when they cannot all fit. The
+        blocks of `hashes` already held are never evicted for them (vLLM's `CPUOffloadingManager.prepare_store`
+        passes them to its policy as `protected`)."""
         new = list(dict.fromkeys(h for h in hashes if h not in self._slots))
         num_to_evict = len(new) - (self.num_blocks - len(self._slots))
         evicted: list[BlockHash] = []
         if num_to_evict > 0:
+            protected = set(hashes)
             for h, slot in self._slots.items():
-                if slot.ready and slot.pins == 0:
+                if slot.ready and slot.pins == 0 and h not in protected:
                     evicted.append(h)
                     if len(evicted) == num_to_evict:
                         break
