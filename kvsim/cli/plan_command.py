@@ -99,9 +99,10 @@ def plan(
         sizes = [parse_size_flag(size, "--offload-size") for size in offload_sizes or []]
         if (twice := first_repeat(sizes)) is not None:  # each size is one tier to size: a row apiece
             raise KvsimError(f"--offload-size: {twice:,} bytes is given twice")
-        if sizes:  # a size under one block was found only once the whole plan had run
-            from kvsim.planning.offload_sizing import check_sizes
+        if sizes:  # a size under one block, or a TTFT SLO it cannot size, was found once the whole plan had run
+            from kvsim.planning.offload_sizing import check_sizes, ttft_slo
 
+            ttft_slo(spec.slo)
             colocated = [c.scenario(base, 1, spec.router) for c in candidates(spec) if c.split is None]
             check_sizes([base, *colocated], sizes, field="--offload-size")
         out_path = f"plans/{safe_component(base.name)}" if output is None else output

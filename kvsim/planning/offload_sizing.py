@@ -43,6 +43,7 @@ from kvsim.latency.step_plan import StepPlan
 from kvsim.model.errors import KvsimError, from_validation_error
 from kvsim.model.offload_config import KVOffloadConfig
 from kvsim.model.units import ceil_div
+from kvsim.planning.slo import parse_slo_key
 from kvsim.planning.spec import Candidate, PlanSpec
 from kvsim.planning.sweep import run_many
 from kvsim.workload.overrides import apply_overrides
@@ -221,12 +222,21 @@ OFFLOAD_FILES = ["offload_points.csv", "offload_pays.csv", "offload_hurts.csv", 
 
 
 def ttft_slo(slo: dict[str, float]) -> tuple[float | None, str]:
-    """The TTFT limit and its statistic among a plan's SLOs (`ttft_s.p90: 2` -> (2, "p90")); (None, "p90")."""
-    for key, limit in slo.items():
-        metric, stat = key.split(".", 1)
-        if metric == "ttft_s":
-            return limit, stat
-    return None, "p90"
+    """The TTFT limit and its statistic among a plan's SLOs (`ttft_s.p90: 2` -> (2, "p90")); (None, "p90").
+
+    The sizing judges one TTFT statistic of the whole traffic, so a plan with two TTFT SLOs, or one of a priority
+    class (`ttft_s.p90@0`), is refused (`KvsimError` naming `--offload-size` and those SLOs); `kvsim plan` asks
+    before it plans. It took the first TTFT SLO in the order given, so `ttft_s.p50` and `ttft_s.p99` sized a tier
+    for the p50 and, given the other way round, for the p99; and a class's `p90@0` was refused as no percentile
+    only once the whole plan had run and been written."""
+    ttft = {key: limit for key, limit in slo.items() if parse_slo_key(key)[0] == "ttft_s"}
+    if len(ttft) > 1 or any(parse_slo_key(key)[2] is not None for key in ttft):
+        raise KvsimError(f"--offload-size: sizes a tier for one TTFT SLO over the whole traffic; the plan has "
+                         f"{', '.join(ttft)}")
+    if not ttft:
+        return None, "p90"
+    ((key, limit),) = ttft.items()
+    return limit, parse_slo_key(key)[1]
 
 
 def answer(sizing: OffloadSizing) -> dict[str, Any]:
