@@ -15,9 +15,10 @@ replica), every relation stated without the code's own numbers:
 * more `max_num_seqs` than the KV pool holds sequences changes no answer (at a constant step time: under vLLM v1's
   CUDA graphs the capture sizes grow with `max_num_seqs`, so a padded step may run longer or eager);
 * the rate search: a looser SLO never lowers the rate one replica sustains nor raises the replicas;
-* `kvsim plan`'s CSV, JSON, Markdown and table say the same numbers in the same units (USD an hour, USD a million
-  output tokens; the Markdown and the table to the 4 significant digits they print), as `kvsim capacity`'s
-  formats do;
+* `kvsim plan`'s CSV, JSON, Markdown, table and chosen line say the same numbers in the same units (USD an hour,
+  USD a million output tokens; the Markdown and the table to the 4 significant digits they print), as `kvsim
+  capacity`'s formats do: the chosen line printed 2 and 3 decimals, `$0.00/hour` and `$0.001 per million output
+  tokens` at $0.001 a GPU-hour under a table that says 0.003 and 0.0009...; it keeps 3 significant digits now;
 * `kvsim capacity`: twice the KV pool (in blocks or in bytes) never fits fewer sequences, and where the pool binds,
   twice `max_num_seqs` changes no row;
 * `kvsim plan --offload-size` sizes the tier for the plan's TTFT SLO whatever order the SLOs come in: with two
@@ -137,9 +138,10 @@ def test_a_looser_slo_never_lowers_the_rate_a_replica_sustains(planned):
     assert tight["rate_per_replica"] <= 8 / (64 * 0.02)  # never over what 8 slots serve at all
 
 
-def test_the_csv_json_markdown_and_table_say_the_same_costs(tmp_path, planned):
+def test_the_csv_json_markdown_table_and_chosen_line_say_the_same_costs(tmp_path, planned):
     """The command on the plans' folder (its points already simulated), at $0.001 a GPU-hour: 3 replicas of 8 slots
-    cost $0.003 an hour."""
+    cost $0.003 an hour. The chosen line printed `$0.00/hour` (2 decimals) and `$0.001 per million output tokens`
+    (3) under a table that says 0.003 and 0.0009...; it now keeps 3 significant digits."""
     planned()
     (tmp_path / "spec.yaml").write_text(json.dumps({"verify_factor": 0}), encoding="utf-8")
     args = ["plan", str(planned.scenario), "--slo", "ttft_s.p90=0.3", "--slo", "e2e_s.p99=2", "--gpu",
@@ -163,6 +165,8 @@ def test_the_csv_json_markdown_and_table_say_the_same_costs(tmp_path, planned):
         assert from_md[key] == f"{row[key]:,.4g}"  # 4 significant digits, as the table
     for key in ("cost_per_hour", "usd_per_million_output_tokens"):  # the terminal table's cost columns
         assert f"│ {key:<29} │ {row[key]:,.4g} " in table.stdout
+    assert (f"chosen: h100-80gb tp1 max_num_seqs=8 x3 (colocated): 3 GPUs, $0.00300/hour, ${per_million:.6f} per "
+            "million output tokens") in table.stdout
 
 
 def test_more_slots_than_the_pool_holds_change_nothing(planned):

@@ -3,6 +3,7 @@ table, the evidence and the choice on the terminal, plan.csv / .json / .md and t
 with `--offload-size` the CPU tier its answer needs. Registered on the app by `kvsim.cli`; its annotations are
 objects, as `kvsim.cli` explains."""
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -235,11 +236,19 @@ def chosen_text(rows: list[dict]) -> str:
     best = rows[0] if rows else None
     if best is None or not best["feasible"]:
         return "chosen: none: no candidate meets every SLO within its limits (see limiting_factor)"
-    cost = "no price" if best["cost_per_hour"] is None else f"${best['cost_per_hour']:,.2f}/hour"
+    cost = "no price" if best["cost_per_hour"] is None else f"{dollars(best['cost_per_hour'], 2)}/hour"
     per_token = best.get("usd_per_million_output_tokens")
-    tokens = "" if per_token is None else f", ${per_token:,.3f} per million output tokens"
+    tokens = "" if per_token is None else f", {dollars(per_token, 3)} per million output tokens"
     gpus = f"{best['num_gpus']} GPU{'s' * (best['num_gpus'] != 1)}"
     return f"chosen: {best['candidate']} x{best['replicas']} ({best['topology']}): {gpus}, {cost}{tokens}"
+
+
+def dollars(usd: float, decimals: int) -> str:
+    """`usd` as `$1,234.57` with `decimals` decimals, or more where those would show fewer than 3 significant digits:
+    3 GPUs at $0.001 an hour read `$0.00/hour` (and $0.0009 per million tokens `$0.001`) under a table that says
+    0.003 (and 0.0009262)."""
+    shown = decimals if usd <= 0 else max(decimals, 2 - math.floor(math.log10(usd)))
+    return f"${usd:,.{shown}f}"
 
 
 def write_plan(rows: list[dict], out_dir: Path, name: str) -> None:
