@@ -14,7 +14,9 @@ replica), every relation stated without the code's own numbers:
   the headroom is the least relative slack of the SLOs, never negative on an answer;
 * more `max_num_seqs` than the KV pool holds sequences changes no answer (at a constant step time: under vLLM v1's
   CUDA graphs the capture sizes grow with `max_num_seqs`, so a padded step may run longer or eager);
-* the rate search: a looser SLO never lowers the rate one replica sustains nor raises the replicas;
+* the rate search: a looser SLO never lowers the rate one replica sustains nor raises the replicas, and without
+  long runs its cost a million tokens is its GPUs' price over the output rate of its answer probe (rerun here)
+  divided by the fraction of the traffic that probe ran;
 * `kvsim plan`'s CSV, JSON, Markdown, table and chosen line say the same numbers in the same units (USD an hour,
   USD a million output tokens; the Markdown and the table to the 4 significant digits they print), as `kvsim
   capacity`'s formats do: the chosen line printed 2 and 3 decimals, `$0.00/hour` and `$0.001 per million output
@@ -39,11 +41,13 @@ import csv
 import io
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.cli.plan_command import PLAN_FILES
+from kvsim.fleet.run import simulate_scenario
 from kvsim.planning.bounds import GAP_PARTS
 from kvsim.planning.plan import make_plan_spec, plan
 from kvsim.planning.slo_floor import slo_floor
@@ -125,17 +129,38 @@ def test_the_floors_are_under_the_answer_and_the_gap_adds_up(planned):
         assert 0 <= row["headroom"] == pytest.approx(min(1 - row["ttft_s.p90"] / 0.3, 1 - row["e2e_s.p99"] / 2.0))
 
 
+def window_output_tokens_per_s(requests) -> float:
+    """The output tokens a second of the requests finishing in a run's steady-state window, by the definition
+    (`kvsim.planning.window`): [t0 + max(0.2 · span, 3 · median service), t_last − 0.1 · span) of the arrivals."""
+    arrival, finish = requests["arrival_s"].to_numpy(), requests["finish_s"].to_numpy()
+    span = arrival.max() - arrival.min()
+    start = arrival.min() + max(0.2 * span, 3 * float(np.median(finish - requests["first_scheduled_s"].to_numpy())))
+    end = arrival.max() - 0.1 * span
+    return float(requests["output_tokens"][(finish >= start) & (finish < end)].sum() / (end - start))
+
+
 @pytest.mark.slow  # two rate searches of 10-15 one-replica probes each: about 3 s on one core
 def test_a_looser_slo_never_lowers_the_rate_a_replica_sustains(planned):
-    """The rate search on one 8-slot H100 (tolerance 20 %, no long runs: only the probes' monotonicity is asked)."""
+    """The rate search on one 8-slot H100 (tolerance 20 %, no long runs). Its cost a million tokens is priced at its
+    answer probe's output rate (one replica on the fraction f of the traffic) over f, the whole traffic's: that
+    probe rerun here, its window's tokens counted by the definition."""
     def searched(slo):
-        (row,), _ = planned(slo=slo, gpus=["h100-80gb"], engine={}, gpu_hourly_cost={}, search="rate", rel_tol=0.2,
-                            max_probe_requests=400)
+        (row,), _ = planned(slo=slo, gpus=["h100-80gb"], engine={}, gpu_hourly_cost={"h100-80gb": 2.0}, search="rate",
+                            rel_tol=0.2, max_probe_requests=400)
         return row
     tight, loose = searched(SLO), searched({key: 2 * limit for key, limit in SLO.items()})
     assert tight["feasible"] and loose["feasible"]
     assert loose["rate_per_replica"] >= tight["rate_per_replica"] and loose["replicas"] <= tight["replicas"]
     assert tight["rate_per_replica"] <= 8 / (64 * 0.02)  # never over what 8 slots serve at all
+    fraction = tight["evidence_traffic_scale"]
+    assert tight["evidence_replicas"] == 1 and fraction < 1
+    probe = {**TOY, "workload": {**TOY["workload"], "num_requests": tight["evidence_num_requests"],
+                                 "arrival": {"process": "poisson", "rate": 14.0 * fraction}}}
+    tokens_per_s = window_output_tokens_per_s(simulate_scenario(make_scenario(probe)).requests) / fraction
+    assert tight["output_tokens_per_s"] == pytest.approx(tokens_per_s, rel=1e-12)
+    assert tight["usd_per_million_output_tokens"] == pytest.approx(
+        tight["replicas"] * 2.0 / (3600 * tokens_per_s) * 1e6, rel=1e-12)
+    assert abs(tokens_per_s / (64 * 14.0) - 1) < 0.1  # the traffic's 64 tokens a request, within its Poisson noise
 
 
 def test_the_csv_json_markdown_table_and_chosen_line_say_the_same_costs(tmp_path, planned):
