@@ -14,6 +14,8 @@ replica), every relation stated without the code's own numbers:
   the headroom is the least relative slack of the SLOs, never negative on an answer;
 * more `max_num_seqs` than the KV pool holds sequences changes no answer (at a constant step time: under vLLM v1's
   CUDA graphs the capture sizes grow with `max_num_seqs`, so a padded step may run longer or eager);
+* time run twice as fast (twice the rate, half the step time and half every SLO) plans the same fleet with the
+  same headroom and verdicts, every time exactly half, every rate exactly twice, the cost a million tokens half;
 * the rate search: a looser SLO never lowers the rate one replica sustains nor raises the replicas, and without
   long runs its cost a million tokens is its GPUs' price over the output rate of its answer probe (rerun here)
   divided by the fraction of the traffic that probe ran;
@@ -129,6 +131,32 @@ def test_the_floors_are_under_the_answer_and_the_gap_adds_up(planned):
         assert 0 <= row["headroom"] == pytest.approx(min(1 - row["ttft_s.p90"] / 0.3, 1 - row["e2e_s.p99"] / 2.0))
 
 
+def test_time_run_twice_as_fast_plans_the_same_fleet_and_halves_every_time_exactly(planned, tmp_path):
+    """Twice the rate, half the step time and half every SLO: every run of the plan is its run at half the time
+    (`test_metamorphic.py`: halving is exact in binary floating point), so the plan answers the same fleet with the
+    same headroom and verdicts, every time column exactly half, every rate (served requests, output tokens) exactly
+    twice, so the cost a million tokens exactly half at the same cost an hour."""
+    fast_toy = {**TOY, "latency": {"model": "constant", "step_s": 0.01},
+                "workload": {**TOY["workload"], "arrival": {"process": "poisson", "rate": 28.0}}}
+    (tmp_path / "fast.yaml").write_text(json.dumps(fast_toy), encoding="utf-8")
+    spec = {"gpus": ["h100-80gb"], "engine": {"max_num_seqs": [8]}, "gpu_hourly_cost": {"h100-80gb": 2.0}}
+    (row,), _ = planned(**spec)
+    (fast,), _ = plan(load_scenario(str(tmp_path / "fast.yaml")), make_plan_spec({
+        "slo": {key: limit / 2 for key, limit in SLO.items()}, "max_replicas": 8, "router": "round_robin",
+        "verify_factor": 0, **spec}), tmp_path / "points")
+    assert fast["replicas"] == row["replicas"] == 3 and fast["headroom"] == row["headroom"]
+    assert fast["cost_per_hour"] == row["cost_per_hour"]
+    for key in ("window_s", "ttft_s.p90", "e2e_s.p99", "usd_per_million_output_tokens"):
+        assert fast[key] == row[key] / 2, key
+    for key in ("output_tokens_per_s", "rate_per_replica"):
+        assert fast[key] == 2 * row[key], key
+    texts = ("ttft_s.p90_ci", "e2e_s.p99_ci", "search_ttft_s.p90_ci", "search_e2e_s.p99_ci")  # intervals as text
+    halved = ("window_s", "search_window_s", "ttft_s.p90", "e2e_s.p99", "search_ttft_s.p90", "search_e2e_s.p99",
+              "usd_per_million_output_tokens")
+    same = {k: v for k, v in row.items() if k not in (*texts, *halved, "output_tokens_per_s", "rate_per_replica")}
+    assert {k: fast[k] for k in same} == same
+
+
 def window_output_tokens_per_s(requests) -> float:
     """The output tokens a second of the requests finishing in a run's steady-state window, by the definition
     (`kvsim.planning.window`): [t0 + max(0.2 · span, 3 · median service), t_last − 0.1 · span) of the arrivals."""
@@ -139,14 +167,13 @@ def window_output_tokens_per_s(requests) -> float:
     return float(requests["output_tokens"][(finish >= start) & (finish < end)].sum() / (end - start))
 
 
-@pytest.mark.slow  # two rate searches of 10-15 one-replica probes each: about 3 s on one core
 def test_a_looser_slo_never_lowers_the_rate_a_replica_sustains(planned):
-    """The rate search on one 8-slot H100 (tolerance 20 %, no long runs). Its cost a million tokens is priced at its
-    answer probe's output rate (one replica on the fraction f of the traffic) over f, the whole traffic's: that
-    probe rerun here, its window's tokens counted by the definition."""
+    """The rate search on one 8-slot H100 (tolerance 20 %, probes of at most 200 requests, no long runs). Its cost a
+    million tokens is priced at its answer probe's output rate (one replica on the fraction f of the traffic) over
+    f, the whole traffic's: that probe rerun here, its window's tokens counted by the definition."""
     def searched(slo):
         (row,), _ = planned(slo=slo, gpus=["h100-80gb"], engine={}, gpu_hourly_cost={"h100-80gb": 2.0}, search="rate",
-                            rel_tol=0.2, max_probe_requests=400)
+                            rel_tol=0.2, max_probe_requests=200)
         return row
     tight, loose = searched(SLO), searched({key: 2 * limit for key, limit in SLO.items()})
     assert tight["feasible"] and loose["feasible"]
@@ -176,10 +203,11 @@ def test_the_csv_json_markdown_table_and_chosen_line_say_the_same_costs(tmp_path
     table = runner.invoke(app, args)
     assert table.exit_code == 0, table.output
     assert "0 points simulated now" in table.stdout
-    out = {fmt: runner.invoke(app, [*args, "--format", fmt]) for fmt in ("json", "csv", "markdown")}
-    (row,) = json.loads(out["json"].stdout)
-    (from_csv,) = csv.DictReader(io.StringIO(out["csv"].stdout))
-    header, _, cells = (line.strip("|").split("|") for line in out["markdown"].stdout.strip().splitlines())
+    folder = planned.folder  # plan.csv / .json / .md are what --format csv / json / markdown print
+    (row,) = json.loads((folder / "plan.json").read_text(encoding="utf-8"))
+    (from_csv,) = csv.DictReader(io.StringIO((folder / "plan.csv").read_text(encoding="utf-8")))
+    lines = (folder / "plan.md").read_text(encoding="utf-8").strip().splitlines()
+    header, _, cells = (line.strip("|").split("|") for line in lines)
     from_md = dict(zip((h.strip() for h in header), (c.strip() for c in cells), strict=True))
     assert row["replicas"] == row["num_gpus"] == 3 and row["cost_per_hour"] == pytest.approx(0.003, rel=1e-12)
     per_million = 0.003 / (3600 * row["output_tokens_per_s"]) * 1e6
@@ -214,9 +242,9 @@ def capacity(*args: str) -> list[dict]:
     return json.loads(result.stdout)["rows"]
 
 
-@pytest.mark.parametrize(("small", "large"), [(["--num-gpu-blocks-override", "2000"], ["--num-gpu-blocks-override", "4000"]),
-                                              (["--kv-cache-memory-bytes", "4GiB"], ["--kv-cache-memory-bytes", "8GiB"])],
-                         ids=["blocks", "bytes"])
+@pytest.mark.parametrize(("small", "large"), [
+    (["--num-gpu-blocks-override", "2000"], ["--num-gpu-blocks-override", "4000"]),
+    (["--kv-cache-memory-bytes", "4GiB"], ["--kv-cache-memory-bytes", "8GiB"])], ids=["blocks", "bytes"])
 def test_twice_the_kv_pool_never_fits_fewer_sequences(small, large):
     """Llama-3.1-8B, 128 KiB a token: 2,000 blocks of 16 tokens (1,999 usable) hold 1,999 // 64 = 31 sequences of
     1,024 tokens, 4,000 hold 3,999 // 64 = 62; each count at least doubles less one (the null block)."""
