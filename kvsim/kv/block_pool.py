@@ -116,14 +116,20 @@ class BlockPool:
         at its tail), the others go to the head in the given order, the first of them the new head
         (vLLM's `prepend_n`).
         """
-        ref_counts, shared = self.ref_counts, False
+        ref_counts, kept = self.ref_counts, []
         for block_id in ordered_block_ids:
             count = ref_counts[block_id] - 1
             ref_counts[block_id] = count
             if count:
                 assert count > 0, f"block {block_id} freed too often"
-                shared = True
-        freed = [b for b in ordered_block_ids if not ref_counts[b]] if shared else list(ordered_block_ids)
+                kept.append(block_id)
+        num_freed = len(ordered_block_ids) - len(kept)
+        # still shared: mostly a table's prefix hit, its leading blocks, listed last; then the freed are the rest,
+        # a slice (hot: every block of every finished request), else picked out one by one
+        if ordered_block_ids[num_freed:] == kept:
+            freed = list(ordered_block_ids[:num_freed])
+        else:
+            freed = [b for b in ordered_block_ids if not ref_counts[b]]
         self._unhashed.extend(reversed(self.cache.unlock(freed)))  # the stack's end is the head
         return freed
 
