@@ -1,17 +1,20 @@
 """Freeing a table's blocks, against naive references at realistic size (tables of hundreds of blocks).
 
-`BlockPool.free_blocks` takes a fast path when the blocks still shared after a free are the table's leading
-ones (a prefix hit: listed last, as tables are freed tail-first): the freed blocks are then a slice. Here it
-is driven with shared blocks anywhere, and every answer is compared with a recount written without that path:
-the freed blocks as vLLM's `BlockPool.free_blocks` picks them (each block whose ref count reaches 0, in the
-order given) and the queue as `FreeKVCacheBlockQueue` orders them.
+`BlockPool.free_blocks` and `PagedAllocator`'s release take fast paths when the blocks still shared after a
+free are the table's leading ones (a prefix hit: listed last, as tables are freed tail-first): the freed
+blocks are then a slice, and the tokens they held follow from the table's layout. Here both are driven with
+shared blocks anywhere, and every answer is compared with a recount written without those paths: the freed
+blocks as vLLM's `BlockPool.free_blocks` picks them (each block whose ref count reaches 0, in the order
+given), the queue as `FreeKVCacheBlockQueue` orders them, and the filled slots as the sum of each block's fill.
 """
 
 import random
 from collections import OrderedDict
-from itertools import count, islice
+from itertools import compress, count, islice
 
 from kvsim.kv.block_pool import BlockPool
+from kvsim.kv.paged import PagedAllocator
+from kvsim.workload.content import SegmentContent
 
 
 def test_free_blocks_picks_and_queues_as_a_naive_pool():
@@ -67,3 +70,65 @@ def test_free_blocks_picks_and_queues_as_a_naive_pool():
             pool.check_invariants()
     assert num_sliced > 40 and num_picked > 40  # both ways of picking the freed blocks
 
+
+def test_release_counts_the_filled_slots_of_a_recount():
+    """500 sequences over 2,000 blocks of 16 tokens: prompts of up to 4,000 tokens sharing prefixes of 1-6
+    512-token segments (hits), forks (a parent's blocks, its partial last one included, shared) and decodes,
+    freed in random order: after each free the filled slots equal the sum of the fills of the blocks in use."""
+    rng, bs = random.Random(11), 16
+    alloc = PagedAllocator(2_000, bs)
+    live: list[int] = []
+    num_shared_frees = 0
+    for seq_id in range(0, 1_000, 2):
+        while live and (len(live) > 10 or rng.random() < 0.4):
+            victim = live.pop(rng.randrange(len(live)))
+            num_shared_frees += any(alloc.pool.ref_counts[b] > 1 for b in alloc.seqs[victim].block_table)
+            alloc.free(victim)
+            refs = alloc.pool.ref_counts
+            assert alloc.num_filled_slots == sum(compress(alloc.block_fill, refs))
+        segments = [(("doc", rng.randrange(8)), 512) for _ in range(rng.randrange(1, 7))]
+        content = SegmentContent([*segments, (("own", seq_id), rng.randrange(1, 900))])
+        prompt = rng.randrange(1, content.num_tokens + 1)
+        hit = alloc.lookup_prefix(content, prompt)
+        if alloc.allocate(seq_id, prompt, prompt + 64, content, hit) is None:
+            continue
+        live.append(seq_id)
+        if rng.random() < 0.3:
+            alloc.fork(seq_id, seq_id + 1)
+            live.append(seq_id + 1)
+        for grown in rng.sample(live, min(3, len(live))):
+            alloc.allocate(grown, alloc.seqs[grown].num_tokens + rng.randrange(1, 20))
+    alloc.check_invariants()
+    assert num_shared_frees > 100
+
+
+def test_a_hit_sharing_a_later_block_than_its_duplicate_frees_the_blocks_between():
+    """Blocks of 4 tokens; U, S and T read the same 12-token document, then text of their own. U prefills 8
+    tokens: blocks 1, 2 (hashes h0, h1). S's 5-token prompt hits block 1 (a hit stops before the last token's
+    block) and takes block 3 for tokens 4-7: decoding, it fills 3 with h1, already found at 2 (3 is a
+    duplicate), then block 4 with h2, first. T's 13-token prompt hits h0, h1, h2: blocks 1, 2, 4, and takes 5.
+    S then writes 2 tokens into block 6. Freed tail-first, S's [6, 4, 3, 1] drops to 6 and 3 (4 stays T's, 1
+    U's and T's): the blocks still shared are not the table's first, and the filled slots lose 6's 2 and 3's
+    4 tokens: 13 left, in blocks 1, 2, 4 (4 each) and 5 (1). Block 6 (no hash) goes to the free queue's
+    head, 3 (h1) to its tail."""
+    alloc = PagedAllocator(11, 4)
+
+    def content(name):
+        return SegmentContent([("doc", 12), (("own", name), 8)])
+
+    alloc.allocate(0, 8, 20, content("U"))
+    s = content("S")
+    alloc.allocate(1, 5, 20, s, alloc.lookup_prefix(s, 5))
+    for tokens in range(6, 13):
+        alloc.allocate(1, tokens)
+    t = content("T")
+    hit = alloc.lookup_prefix(t, 13)
+    assert hit.block_ids == (1, 2, 4)
+    alloc.allocate(2, 13, 20, t, hit)
+    alloc.allocate(1, 13)
+    alloc.allocate(1, 14)
+    assert [alloc.seqs[i].block_table for i in range(3)] == [[1, 2], [1, 3, 4, 6], [1, 2, 4, 5]]
+    alloc.free(1)
+    assert alloc.num_filled_slots == 4 + 4 + 4 + 1
+    assert alloc.pool.free_queue == [6, 7, 8, 9, 10, 3]
+    alloc.check_invariants()

@@ -359,8 +359,15 @@ class PagedAllocator(PoolSlots, PagedDecodes, PagedBursts):
         self._release_gpu(seq)
 
     def _release_gpu(self, seq: SeqBlocks) -> None:
-        freed = self.pool.free_blocks(seq.block_table[::-1])  # a table holds each block once
-        self.num_filled_slots -= sum(map(self.block_fill.__getitem__, freed))
+        ordered = seq.block_table[::-1]  # a table holds each block once
+        freed = self.pool.free_blocks(ordered)
+        if ordered[:len(freed)] == freed:  # the table's last blocks (hot: those still shared are a hit, its first)
+            # block i holds min(bs, max(0, num_tokens − i·bs)) tokens (`check_invariants`): the blocks from
+            # index `num_kept` on hold what the sequence wrote past its first `num_kept` blocks
+            num_kept = len(ordered) - len(freed)
+            self.num_filled_slots -= max(0, seq.num_tokens - num_kept * self.block_size)
+        else:
+            self.num_filled_slots -= sum(map(self.block_fill.__getitem__, freed))
         self._sum_written -= seq.num_tokens
         self._num_mapped_blocks -= len(seq.block_table)
         self._set_reservable(seq, 0)
