@@ -132,3 +132,44 @@ def test_a_hit_sharing_a_later_block_than_its_duplicate_frees_the_blocks_between
     assert alloc.num_filled_slots == 4 + 4 + 4 + 1
     assert alloc.pool.free_queue == [6, 7, 8, 9, 10, 3]
     alloc.check_invariants()
+
+
+def test_a_repeated_hit_counts_its_free_blocks_as_a_recount():
+    """A queue head's hit, asked about again and again (`_blocks_needed` with the same `PrefixHit`, as
+    `can_allocate` is at every step) while, one operation at a time, 1,500 sequences over 600 blocks take hits on
+    its blocks (some taking one new block only, or only references), free them, and evict them as they grow: the blocks it needs are always its free hit blocks
+    (counted afresh) plus the blocks past the hit, also after its blocks were evicted under it."""
+    rng, bs = random.Random(3), 16
+    alloc = PagedAllocator(600, bs)
+    docs = [SegmentContent([(("doc", d), 2_048), (("own", d), 4_096)]) for d in range(4)]
+    for d, doc in enumerate(docs):  # cache each document's blocks, then free them
+        alloc.allocate(10_000 + d, 2_048, 2_100, doc, alloc.lookup_prefix(doc, 2_048))
+        alloc.free(10_000 + d)
+    live: list[int] = []
+    held: list[list[int]] = []
+    hit = alloc.lookup_prefix(docs[0], 2_048)
+    counts = []
+    for seq_id in range(1_500):
+        op = rng.random()
+        if op < 0.05:
+            hit = alloc.lookup_prefix(rng.choice(docs), 2_048)
+        elif op < 0.15:  # a reference taken on some of the hit's blocks alone (a pool's `touch`), or dropped
+            if held:
+                alloc.pool.free_blocks(held.pop()[::-1])
+            else:
+                held.append(list(hit.block_ids[:rng.randrange(1, len(hit.block_ids) + 1)]))
+                alloc.pool.touch(held[-1])
+        elif op < 0.4 and live:
+            alloc.free(live.pop(rng.randrange(len(live))))
+        elif op < 0.7 and live:  # a growth past the plain free blocks evicts cached ones, with no hit taken
+            grown = rng.choice(live)
+            alloc.allocate(grown, alloc.seqs[grown].num_tokens + rng.randrange(1, 600))
+        else:  # a hit, sometimes on the whole document (one new block: a plain one if any, no eviction)
+            content = rng.choice(docs)
+            prompt = 2_049 if op < 0.85 else rng.randrange(1, 2_100)
+            if alloc.allocate(seq_id, prompt, prompt + 4_000, content, alloc.lookup_prefix(content, prompt)):
+                live.append(seq_id)
+        refs = alloc.pool.ref_counts
+        counts.append([refs[b] for b in hit.block_ids].count(0))
+        assert alloc._blocks_needed(None, 2_048, hit) == counts[-1] + 128 - len(hit.block_ids)
+    assert len(set(counts)) > 20  # the head's hit blocks went in and out of use

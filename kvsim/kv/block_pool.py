@@ -52,7 +52,8 @@ class BlockPool:
     `block_size`; a pool nobody caches in, as the CPU swap pool, simply never inserts).
     """
 
-    __slots__ = ("num_blocks", "null_block", "num_usable_blocks", "ref_counts", "cache", "_unhashed", "_evictable")
+    __slots__ = ("num_blocks", "null_block", "num_usable_blocks", "ref_counts", "cache", "num_ref_count_changes",
+                 "_unhashed", "_evictable")
 
     def __init__(self, num_blocks: int, null_block: bool = True, cache: PrefixCache | None = None,
                  block_size: int = 16) -> None:
@@ -64,6 +65,8 @@ class BlockPool:
         self.ref_counts = [0] * num_blocks
         self.cache: PrefixCache = cache if cache is not None else HashChainCache(num_blocks, block_size)
         self._evictable = self.cache.evictable  # the queue's tail part, the cache's (read for its length)
+        # calls that changed ref counts (`get_new_blocks`, `touch`, `free_blocks`): while it stands, so do they all
+        self.num_ref_count_changes = 0
         first = 1 if null_block else 0
         # the free queue's head part: free blocks without cached content, the head at the end (block `first` first)
         self._unhashed: list[int] = list(range(num_blocks - 1, first - 1, -1))
@@ -98,11 +101,13 @@ class BlockPool:
             popped.extend(self.cache.evict(n - num_unhashed))
         for block_id in popped:
             ref_counts[block_id] = 1
+        self.num_ref_count_changes += 1
         return popped
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Take one more reference to each block (a prefix hit or a fork)."""
         lock, ref_counts = self.cache.lock, self.ref_counts
+        self.num_ref_count_changes += 1
         for block_id in block_ids:
             if ref_counts[block_id] == 0 and not lock(block_id):
                 self._unhashed.remove(block_id)
@@ -117,6 +122,7 @@ class BlockPool:
         (vLLM's `prepend_n`).
         """
         ref_counts, kept = self.ref_counts, []
+        self.num_ref_count_changes += 1
         for block_id in ordered_block_ids:
             count = ref_counts[block_id] - 1
             ref_counts[block_id] = count

@@ -90,6 +90,9 @@ class PagedAllocator(PoolSlots, PagedDecodes, PagedBursts):
         self.num_copy_on_writes = 0
         self.v0_prefix_caching = v0_prefix_caching
         self.uncomputed_blocks: set[int] = set()  # new blocks of sequences started since `mark_blocks_as_computed`
+        # the last hit `_blocks_needed` counted (held: an immutable object, its id not reused), the pool's
+        # `num_ref_count_changes` then, and how many of its blocks were free: it stands while no ref count changes
+        self._free_hits: tuple[PrefixHit, int, int] | None = None
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -148,8 +151,13 @@ class PagedAllocator(PoolSlots, PagedDecodes, PagedBursts):
             return 0  # the common decode case: room left in an unshared last block
         if seq is not None:
             return growth_blocks([seq], [num_tokens_total], self.block_size, self.pool.ref_counts.__getitem__)
-        ref_counts = self.pool.ref_counts  # a list's count: a blocked queue head asks again at every step
-        free_hits = [ref_counts[b] for b in hit.block_ids].count(0)  # leave the free queue
+        pool, memo = self.pool, self._free_hits
+        if memo is not None and memo[0] is hit and memo[1] == pool.num_ref_count_changes:
+            free_hits = memo[2]  # a blocked queue head asks again at every step, mostly with nothing moved
+        else:
+            ref_counts = pool.ref_counts
+            free_hits = [ref_counts[b] for b in hit.block_ids].count(0)  # leave the free queue
+            self._free_hits = (hit, pool.num_ref_count_changes, free_hits)
         return free_hits + max(0, ceil_div(num_tokens_total, self.block_size) - len(hit.block_ids))
 
     def slots_needed(self, seq_ids: Sequence[int], num_tokens_total: int) -> int:
