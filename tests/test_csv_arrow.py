@@ -67,6 +67,9 @@ def test_random_doubles_of_every_layout_write_the_same_bytes(monkeypatch):
         "n": rng.integers(-2**62, 2**62, num),
         "small": rng.integers(0, 300, num),
         "one_int": np.full(num, 7),
+        "near_max": rng.integers(2**63 - 300, 2**63 - 1, num),  # counts span a short range: a dictionary
+        "u_near_max": rng.integers(2**64 - 300, 2**64 - 1, num, dtype=np.uint64),
+        "int8": rng.integers(-128, 127, num, dtype=np.int8),
         "u": rng.integers(0, 2**63, num, dtype=np.uint64) * np.uint64(2),
         "flag": rng.random(num) < 0.5,
         "nan": np.full(num, np.nan),
