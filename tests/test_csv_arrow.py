@@ -10,6 +10,7 @@ decimals (x = N·2^-j, which `float.__repr__` rounds half to even).
 import io
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,16 +104,18 @@ def test_a_fleets_steps_csv_is_the_same_through_both_paths(tmp_path, monkeypatch
         csv_arrow._checked[0] = False  # append_csv's own rows for the same columns
         append_csv({str(i): a for i, a in enumerate(arrays)}, plain, header=False)
         csv_arrow._checked[0] = True
-        tables.append((len(arrays[0]), fast.getvalue(), plain.getvalue()))
+        tables.append((len(arrays[0]), fast.getvalue(), plain.getvalue(), Path(f.name).name))
         f.write(fast.getvalue())
 
     monkeypatch.setattr(csv_arrow, "write_rows", tee)
     out = tmp_path / "fleet"
     simulate_scenario(scenario, out_dir=out, steps_format="csv")
     steps = (out / "steps.csv").read_bytes()
-    assert sum(rows for rows, _, _ in tables) == steps.count(b"\n") - 1  # every step row through pyarrow, once
-    assert len(tables) == 8  # each replica's table
-    for rows, fast, plain in tables:
+    step_tables = [rows for rows, *_, name in tables if name.startswith(".steps-r")]
+    assert sum(step_tables) == steps.count(b"\n") - 1  # every step row through pyarrow, once
+    assert len(step_tables) == 8  # each replica's table
+    assert {name for *_, name in tables} - {f".steps-r{k}.csv" for k in range(8)} == {"routes.csv", "replicas.csv"}
+    for rows, fast, plain, _ in tables:
         assert fast == plain and fast.count("\n") == rows
 
 
@@ -162,3 +165,28 @@ def test_adversarial_values_write_the_same_bytes(monkeypatch, rows):
                "u": np.resize(np.array([0, 2**64 - 1], dtype=np.uint64), num), "flag": np.resize([True, False], num)}
     fast, plain_text = both_paths(monkeypatch, columns)
     assert fast == plain_text
+
+
+@pytest.mark.parametrize("reasons", [["prompt too long", None], ["a, b", None], ['say "no"', None], ["café", None],
+                                     ["two\nlines", "x\ry"]])
+def test_text_columns_write_the_same_bytes(monkeypatch, reasons):
+    """A requests-like table (floats, ints, a status and a reject reason): through pyarrow where every text
+    needs no quoting, else (a comma, a quote, a line break, a non-ASCII letter) on the plain path; the same
+    bytes either way."""
+    rng = np.random.default_rng()
+    num = 2_000
+    assembled = []
+
+    def counted(arrays, f, real=csv_arrow.write_rows):
+        assembled.append(len(arrays[0]))
+        real(arrays, f)
+
+    monkeypatch.setattr(csv_arrow, "write_rows", counted)
+    columns = {"arrival_s": np.cumsum(rng.exponential(0.3, num)), "ttft_s": rng.choice([np.nan, 0.0, 0.25], num),
+               "prompt_tokens": rng.integers(1, 9_000, num),
+               "status": np.array(rng.choice(["finished", "rejected"], num), dtype=object),
+               "reject_reason": np.array([reasons[k % 2] for k in range(num)], dtype=object)}
+    fast, plain = both_paths(monkeypatch, columns, chunk_sizes=(None, 300))
+    assert fast == plain
+    assert fast.count("\n") == 2 * (num + 1) + num // 2 * 2 * sum(text.count("\n") for text in reasons if text)
+    assert bool(assembled) == (reasons == ["prompt too long", None])  # only plain texts through pyarrow

@@ -1,4 +1,5 @@
-"""CSV rows of a float64/int/bool table written by pyarrow's CSV writer: `step_writer.append_csv`'s bytes, faster.
+"""CSV rows of a float64/int/bool (and plain text) table written by pyarrow's CSV writer: `step_writer.append_csv`'s
+bytes, faster.
 
 `append_csv` spends most of a long step table's time on Python objects: a `float.__repr__` per mostly
 distinct float (times, durations: ~0.5 µs each) and a join per row. Here pyarrow's CSV writer
@@ -13,7 +14,9 @@ to the writer as
   integers as it has rows (counts: running, waiting, preemptions), a dictionary of the texts of every
   integer of that span, each formatted once by the writer: taking a row's text from a dictionary costs a
   third of formatting it (the Mooncake bench run's steps.csv: 13.40 → 13.34 G instructions, the same bytes);
-  bools: "False"/"True" (a dictionary of the two texts);
+  bools: "False"/"True" (a dictionary of the two texts); object columns of texts that need no quoting
+  (`step_writer.unquoted_texts`: a request's status): the texts, None as "" (requests.csv: its floats' texts
+  by the writer rather than by `float.__repr__`, ~5x dearer);
 * floats of few distinct values (at most half distinct: usage shares, mostly-zero fragmentation
   columns): a dictionary of each distinct value's text, each formatted once (`_texts_of`);
 * other floats: the float array, whose text is Python's where the layouts agree. Both print the
@@ -84,8 +87,9 @@ def formats_floats_as_python() -> bool:
 
 
 def write_rows(arrays: Sequence[np.ndarray], f: IO[str]) -> None:
-    """The rows of `arrays` (float64, int or bool columns of equal length, two or more) as
-    `step_writer.append_csv` writes them: fields joined by ",", each row ending in "\\n"."""
+    """The rows of `arrays` (float64, int or bool columns of equal length, two or more; or object columns of
+    None and ASCII texts that need no quoting: `step_writer.unquoted_texts`) as `step_writer.append_csv` writes
+    them: fields joined by ",", each row ending in "\\n"."""
     names = [str(k) for k in range(len(arrays))]
     for start in range(0, len(arrays[0]), ARROW_CHUNK_ROWS):
         f.write(_csv_text(_tables([a[start:start + ARROW_CHUNK_ROWS] for a in arrays], names)))
@@ -93,7 +97,7 @@ def write_rows(arrays: Sequence[np.ndarray], f: IO[str]) -> None:
 
 def _csv_text(tables: Iterator[Any] | list[Any]) -> str:
     """The CSV rows of `tables`, one after the other, as pyarrow's writer gives them: no header, no quotes
-    (fields are numbers' texts, which hold no comma, quote or line break), "\\n" line ends."""
+    (fields are numbers' texts, and texts that hold no comma, quote or line break), "\\n" line ends."""
     return _csv_bytes(tables).decode("ascii")
 
 
@@ -156,6 +160,8 @@ def _column(values: np.ndarray) -> Any:
         return pa.DictionaryArray.from_arrays(arrow_array(offsets), texts)
     if values.dtype.kind == "b":
         return pa.DictionaryArray.from_arrays(arrow_array(values.view(np.int8)), string_array(["False", "True"]))
+    if values.dtype.kind == "O":  # texts as they are (a status), None as an empty field
+        return string_array(["" if text is None else text for text in values.tolist()])
     bits = values.view(np.int64)  # a float's bit pattern: -0.0 is not 0.0
     distinct = _few_distinct(bits)
     if distinct is not None:

@@ -168,6 +168,22 @@ def _numeric_texts(values: np.ndarray, texts: _Texts | None = None) -> list[str]
     return fields
 
 
+def unquoted_texts(values: np.ndarray) -> bool:
+    """Whether `values` is an object column of None and texts that `csv.writer` writes as they are and
+    pyarrow's writer takes unquoted (ASCII, no comma, quote or line break): a status, a reject reason without
+    a comma. Such a table's rows can be assembled by `kvsim.results.csv_arrow` (None as an empty field)."""
+    if values.dtype.kind != "O":
+        return False
+    fields = values.tolist()
+    if not all(field is None or type(field) is str for field in fields):
+        return False
+    return all(text.isascii() and not _STRUCTURAL.intersection(text) and _csv_text(text) == text
+               for text in set(fields) - {None})
+
+
+_STRUCTURAL = frozenset(',"\r\n')  # characters pyarrow's writer refuses in an unquoted field
+
+
 def append_csv(columns: Columns, f: IO[str], header: bool, texts: list[_Texts] | None = None,
                table_rows: int | None = None) -> None:
     """Write `columns` (name → equal-length 1-d array) as CSV rows to `f`, the header first if `header`:
@@ -183,7 +199,8 @@ def append_csv(columns: Columns, f: IO[str], header: bool, texts: list[_Texts] |
     `texts`: one `_Texts` per column, kept by the caller from one call to the next (`StepWriter`
     appends a table a chunk at a time), so repeated floats are formatted once per table.
     `table_rows`: the whole table's length as far as the caller knows (default: these rows). A table of
-    two or more float64, int and bool columns long enough to repay importing pyarrow is assembled by it
+    two or more float64, int and bool columns (and object columns of texts that need no quoting:
+    `unquoted_texts`) long enough to repay importing pyarrow, or once it is imported, is assembled by it
     instead (`kvsim.results.csv_arrow`): the same bytes, in less than half the time.
     """
     writer = csv.writer(f, lineterminator="\n")
@@ -202,7 +219,8 @@ def append_csv(columns: Columns, f: IO[str], header: bool, texts: list[_Texts] |
         return _numeric_texts(values, float_texts) if is_numeric(values) else _object_texts(values, field_texts)
 
     all_numeric = all(map(is_numeric, arrays))
-    if all_numeric and len(arrays) >= 2 and num_rows and csv_arrow.worth_using(table_rows or num_rows):
+    if (len(arrays) >= 2 and num_rows and all(is_numeric(values) or unquoted_texts(values) for values in arrays)
+            and csv_arrow.worth_using(table_rows or num_rows)):
         csv_arrow.write_rows(arrays, f)
         return
     chunk_rows = CSV_CHUNK_ROWS if all_numeric else CSV_MIXED_CHUNK_ROWS
