@@ -49,7 +49,7 @@ from typing import IO, Any
 import numpy as np
 
 ARROW_MIN_ROWS = 32_768  # a table this long repays importing pyarrow (~0.05 s) within its first rows
-ARROW_CHUNK_ROWS = 16_384  # rows assembled at a time
+ARROW_CHUNK_ROWS = 32_768  # rows assembled at a time: a recorder's chunk (`kvsim.engine.recorder.CHUNK_ROWS`) whole
 DISTINCT_SAMPLE = 1_024  # `_few_distinct` looks at this many values before it sorts a whole column
 INT_RANGE_SHARE = 4  # an int column spanning at most 1/4 as many values as it has rows is a dictionary
 ODD_ROWS_MAX = 64  # rows of a chunk written apart for their odd floats before those columns become texts
