@@ -17,8 +17,9 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.engine_config import MAX_ENGINES
-from kvsim.model.errors import KvsimError, first_repeat, from_validation_error
+from kvsim.model.errors import KvsimError, first_repeat, from_validation_error, shown
 from kvsim.model.spec import Settings
+from kvsim.model.units import ascii_int
 from kvsim.planning.slo import check_slo, parse_slo_key
 from kvsim.workload.scenario import Scenario, make_scenario
 
@@ -155,7 +156,8 @@ class PlanSpec(Settings):
         return self
 
 
-SPLIT = re.compile(r"(\d+)P(\d+)D", re.IGNORECASE)
+# ASCII digits: `\d` holds other scripts' (`１P1D` ran as 1P1D), which no flag kvsim reads is written in
+SPLIT = re.compile(r"([0-9]+)P([0-9]+)D", re.IGNORECASE | re.ASCII)
 AUTO = "auto"  # as a split: every split of x + y <= the instances of the shape's colocated answer
 
 
@@ -164,11 +166,14 @@ def is_auto(text: str) -> bool:
 
 
 def parse_split(text: str) -> tuple[int, int]:
-    """`2P1D` -> (2 prefill instances, 1 decode instance); a `ValueError` naming the text otherwise."""
+    """`2P1D` -> (2 prefill instances, 1 decode instance); a `ValueError` naming the text otherwise (a count of
+    more digits than `int()` converts, too: its own advice to raise Python's limit was the line)."""
     match = SPLIT.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
         raise ValueError(f"{text!r}: expected xPyD (x prefill and y decode instances), e.g. 1P1D or 2P1D, or auto")
-    num_prefill, num_decode = int(match[1]), int(match[2])
+    num_prefill, num_decode = ascii_int(match[1]), ascii_int(match[2])
+    if num_prefill is None or num_decode is None:
+        raise ValueError(f"{shown(text)}: more instances than kvsim builds ({MAX_ENGINES:,})")
     if num_prefill == 0 or num_decode == 0:
         pool = "prefill (kv_producer)" if num_prefill == 0 else "decode (kv_consumer)"
         raise ValueError(f"{text!r}: needs at least 1 {pool} instance")
