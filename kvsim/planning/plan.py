@@ -64,7 +64,7 @@ from kvsim.planning.cost import (
     usd_rounded,
 )
 from kvsim.planning.memory import MemoryBound
-from kvsim.planning.plan_rate import RateSearch, offered_rate_per_s, scaled_traffic
+from kvsim.planning.plan_rate import RateSearch, arrivals_s, offered_rate_per_s, scaled_traffic
 from kvsim.planning.point import POINT_FORMAT, point_metrics, point_problem
 from kvsim.planning.replica_search import ReplicaSearch
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
@@ -128,7 +128,24 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
             from kvsim.fleet.driver import replica_scenarios
 
             check_disaggregable(scenario, replica_scenarios(scenario))
+    check_traffic_rate(base, spec)
     check_plan_memory(base, spec)
+
+
+def check_traffic_rate(base: Scenario, spec: PlanSpec) -> None:
+    """Refuse traffic that offers no rate: one request, or a burst arriving at one instant (the first
+    `probe_requests` of it for a rate search: its first probe). A fleet is sized for a rate, and a steady state
+    is judged over a window between arrivals (`kvsim.planning.window`): the search found no window at any count
+    and the traffic's floor was infinite replicas (an OverflowError after every point had run)."""
+    num_requests = base.workload.num_requests
+    probed = min(spec.probe_requests, num_requests) if spec.search == "rate" else num_requests
+    arrivals = arrivals_s(traffic_of(base, probed))
+    if len(arrivals) < 2 or arrivals[-1] == arrivals[0]:
+        field = f"plan.probe_requests={probed}" if probed < num_requests else f"workload.num_requests={num_requests}"
+        which = "one request offers" if len(arrivals) == 1 else \
+            f"{len(arrivals):,} requests arriving at one instant offer"
+        raise KvsimError(f"{field}: {which} no rate to size a fleet for; give at least 2 requests that arrive at "
+                         "different times")
 
 
 def first_point(base: Scenario, spec: PlanSpec, candidate: Candidate) -> Scenario:

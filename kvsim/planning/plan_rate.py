@@ -268,14 +268,20 @@ def search_columns(search: SteadyRateSearch) -> dict[str, Any]:
             "capped": search.capped, "num_probes": search.summary()["num_probes"]}
 
 
-def offered_rate_per_s(base: Scenario) -> float:
-    """The base traffic's request rate: (requests − 1) / (last arrival − first)."""
+def arrivals_s(base: Scenario) -> list[float]:
+    """The arrival instants of the base traffic's requests, in order."""
     import numpy as np
 
     from kvsim.model.config import load_model
     from kvsim.workload.generate import build_requests
 
     max_model_len = base.engine.resolved_max_model_len(load_model(base.model))
-    arrivals = [r.arrival_s for r in build_requests(base, max_model_len, np.random.default_rng(base.seed))]
+    return [r.arrival_s for r in build_requests(base, max_model_len, np.random.default_rng(base.seed))]
+
+
+def offered_rate_per_s(base: Scenario) -> float:
+    """The base traffic's request rate: (requests − 1) / (last arrival − first); inf without a span (one
+    request, or all arriving at one instant: `kvsim.planning.plan.check_candidates` refuses a plan's such)."""
+    arrivals = arrivals_s(base)
     span_s = arrivals[-1] - arrivals[0] if arrivals else 0.0
     return (len(arrivals) - 1) / span_s if span_s > 0 else math.inf

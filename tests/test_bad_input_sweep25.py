@@ -1,0 +1,99 @@
+"""Bad input found by the twenty-fifth sweep. Each is refused (the CLI: exit 2, one line naming the field and the
+value, nothing written; the Python API: a `KvsimError`), or said as it is.
+
+Found: an xPyD split in other scripts' digits (`１P1D`) ran as 1P1D, and one of more digits than `int()` converts
+said Python's conversion-limit advice; a plan of one request, of a burst arriving at one instant, or a rate
+search whose first probe is one request, simulated every point and then stopped with an OverflowError traceback
+(its floor at the infinite rate of no arrival span).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import one_line_exit_2  # tests/ is on sys.path
+
+from kvsim.model.errors import KvsimError
+
+PLAN = ["plan", "--gpu", "h100-80gb", "--slo", "ttft_s.p90=2", "--workers", "1"]
+
+
+@pytest.mark.parametrize(("split", "message"), [
+    ("\uff11P1D", "'\uff11P1D': expected xPyD"),  # `\d` took a fullwidth 1, which int() read as 1
+    ("1\u0661P1D", "'1\u0661P1D': expected xPyD"),  # an Arabic-Indic 1
+    ("1" * 5000 + "P1D", "more instances than kvsim builds (4,096)"),  # int() refuses over 4,300 digits
+])
+def test_an_xpyd_split_is_ascii_digits(tmp_path, split, message):
+    """The other flags and files kvsim reads take ASCII digits alone (sweep 23); a count past `int()`'s digit
+    limit said Python's advice to raise the limit (`sys.set_int_max_str_digits`)."""
+    from kvsim.planning.spec import make_plan_spec
+
+    with pytest.raises(KvsimError, match="^plan.xpyd=") as error:
+        make_plan_spec({"slo": {"ttft_s.p90": 2}, "gpus": ["h100-80gb"], "xpyd": [split]})
+    assert message in str(error.value) and "limit" not in str(error.value)
+    out = tmp_path / "plan"
+    line = one_line_exit_2([*PLAN, "--xpyd", split, "-o", str(out)])
+    assert line.startswith("plan.xpyd=") and message in line and not out.exists()
+
+
+def test_an_xpyd_split_in_ascii_digits_is_read():
+    from kvsim.planning.spec import parse_split
+
+    assert [parse_split(text) for text in ("1P1D", " 2p1d ", "0003P02D")] == [(1, 1), (2, 1), (3, 2)]
+
+
+def _burst(tmp_path, timestamps_ms):
+    """A scenario replaying a Mooncake trace of 100-token requests at `timestamps_ms`."""
+    rows = [{"timestamp": t, "input_length": 100, "output_length": 10, "hash_ids": [i]}
+            for i, t in enumerate(timestamps_ms)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    (tmp_path / "s.yaml").write_text(
+        f"name: burst\nworkload:\n  num_requests: {len(rows)}\n  arrival: {{process: trace}}\n"
+        "  trace: {format: mooncake, path: t.jsonl}\n", encoding="utf-8")
+    return tmp_path / "s.yaml"
+
+
+@pytest.mark.parametrize("search", ["replicas", "rate"])
+def test_a_plan_of_one_request_is_refused_before_it_simulates(tmp_path, search):
+    """The offered rate is (requests − 1) / (last arrival − first): with one request there is no span, so the
+    traffic's floor was infinite replicas, `math.ceil(inf)` an OverflowError after the search had run 7 points
+    (and found no steady-state window at any count, since a window needs 2 arrivals)."""
+    out = tmp_path / "plan"
+    line = one_line_exit_2([*PLAN, "--set", "workload.num_requests=1", "--search", search, "-o", str(out)])
+    assert line == ("workload.num_requests=1: one request offers no rate to size a fleet for; give at least 2 "
+                    "requests that arrive at different times")
+    assert not out.exists()
+
+
+def test_a_rate_search_whose_first_probe_is_one_request_is_refused(tmp_path):
+    """A rate search's first probe is the traffic's first `probe_requests`: with 1, the same OverflowError."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("slo: {ttft_s.p90: 2}\ngpus: [h100-80gb]\nsearch: rate\nprobe_requests: 1\n", encoding="utf-8")
+    out = tmp_path / "plan"
+    line = one_line_exit_2(["plan", "--spec", str(spec), "--workers", "1", "--set", "workload.num_requests=20",
+                            "-o", str(out)])
+    assert line.startswith("plan.probe_requests=1: one request offers no rate to size a fleet for")
+    assert not out.exists()
+
+
+def test_a_plan_of_a_burst_at_one_instant_is_refused(tmp_path):
+    """Four requests at 0 ms: (4 − 1) / 0 s is no rate either."""
+    out = tmp_path / "plan"
+    line = one_line_exit_2([*PLAN, str(_burst(tmp_path, [0, 0, 0, 0])), "-o", str(out)])
+    assert line == ("workload.num_requests=4: 4 requests arriving at one instant offer no rate to size a fleet for; "
+                    "give at least 2 requests that arrive at different times")
+    assert not out.exists()
+
+
+def test_traffic_with_a_span_passes_the_rate_check(tmp_path):
+    """Two of the four arrive 1 ms apart: a span of 1 ms, a rate of 3 / 0.001 s, and the check passes."""
+    from kvsim.planning.plan import check_traffic_rate
+    from kvsim.planning.plan_rate import offered_rate_per_s
+    from kvsim.planning.spec import make_plan_spec
+    from kvsim.workload.scenario import load_scenario
+
+    base = load_scenario(_burst(tmp_path, [0, 0, 0, 1]))
+    assert offered_rate_per_s(base) == pytest.approx(3 / 0.001)
+    check_traffic_rate(base, make_plan_spec({"slo": {"ttft_s.p90": 2}, "gpus": ["h100-80gb"]}))
+
