@@ -97,3 +97,39 @@ def test_traffic_with_a_span_passes_the_rate_check(tmp_path):
     assert offered_rate_per_s(base) == pytest.approx(3 / 0.001)
     check_traffic_rate(base, make_plan_spec({"slo": {"ttft_s.p90": 2}, "gpus": ["h100-80gb"]}))
 
+
+@pytest.mark.parametrize("text", ["\uff13", "\u0661.5", "2\u2003"])
+def test_a_number_read_from_text_is_ascii(text):
+    """`read_number` (every flag, cell and JSON text kvsim reads a number from) was float()/int(): a fullwidth
+    3 read as 3.0, an Arabic-Indic 1 as 1, an em space stripped; `ascii_int` and the trace readers' integers
+    refuse those (sweep 23)."""
+    from kvsim.model.units import read_number
+
+    with pytest.raises(ValueError, match="is no number in ASCII digits"):
+        read_number(text, float)
+    assert read_number(" 2.5 ", float) == 2.5 and read_number("-3", int) == -3  # ASCII as before
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([*PLAN[:3], "--slo", "ttft_s.p90=\uff12", "--workers", "1"], "--slo ttft_s.p90='\uff12': expected seconds"),
+    ([*PLAN, "--gpu-hourly-cost", "h100-80gb=\uff13"], "--gpu-hourly-cost h100-80gb='\uff13': expected a price per hour"),
+    (["capacity", "--context-lengths", "1024,\uff12\uff10\uff14\uff18"],
+     "--context-lengths='1024,\uff12\uff10\uff14\uff18': expected comma-separated integers"),
+])
+def test_a_number_flag_in_other_digits_is_refused(tmp_path, argv, message):
+    """`--slo ttft_s.p90=２` planned for a 2 s TTFT, `--context-lengths １０２４` showed a row of 1024 tokens."""
+    out = tmp_path / "o"
+    assert one_line_exit_2([*argv, *(["-o", str(out)] if argv[0] == "plan" else [])]) == message
+    assert not out.exists()
+
+
+def test_a_trace_time_in_other_digits_is_refused(tmp_path):
+    """A Mooncake timestamp given as JSON text is read as a number (lax, as the scenario's own numbers): `"１０"`
+    was 10 ms."""
+    from kvsim.workload.traces import read_mooncake
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": "\uff11\uff10", "input_length": 10, "output_length": 2, "hash_ids": [1]}\n',
+                    encoding="utf-8")
+    with pytest.raises(KvsimError, match="t.jsonl:1: timestamp='\uff11\uff10' is not a number$"):
+        read_mooncake(path)

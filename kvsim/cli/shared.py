@@ -16,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from kvsim.model.errors import KvsimError, empty_item, first_repeat, shown
-from kvsim.model.units import underscore_problem
+from kvsim.model.units import read_number, underscore_problem
 
 OUTPUT_OPTION = "--output"  # every command's option for the output it writes
 
@@ -141,7 +141,7 @@ def parse_int_list(text: str, field: str) -> list[int]:
         if (problem := underscore_problem(part)) is not None:  # int() read `1_024` as 1024
             raise KvsimError(f"{field}={text!r}: {part.strip()!r} is {problem}")
     try:
-        values = [int(part) for part in text.split(",")]
+        values = [read_number(part, int) for part in text.split(",")]  # ASCII: int() reads other scripts' digits
     except ValueError:
         raise KvsimError(f"{field}={text!r}: expected comma-separated integers") from None
     twice = first_repeat(values)

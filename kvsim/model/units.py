@@ -28,10 +28,13 @@ def underscore_problem(value: object) -> str | None:
 
 def read_number(text: Any, kind: type[Number]) -> Number:
     """`kind(text)` for a number read from a file or a flag, except that text with an underscore is a `ValueError`
-    (`underscore_problem`)."""
+    (`underscore_problem`), and so is text of any character other than ASCII: int() and float() read other
+    scripts' digits (`３` is 3.0, `١` 1) and spaces, which no file kvsim reads writes in a number (`ascii_int`)."""
     problem = underscore_problem(text)
     if problem is not None:
         raise ValueError(problem)
+    if isinstance(text, str) and not text.isascii():
+        raise ValueError(f"{text!r} is no number in ASCII digits")
     return kind(text)
 
 
