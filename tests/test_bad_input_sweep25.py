@@ -133,3 +133,47 @@ def test_a_trace_time_in_other_digits_is_refused(tmp_path):
                     encoding="utf-8")
     with pytest.raises(KvsimError, match="t.jsonl:1: timestamp='\uff11\uff10' is not a number$"):
         read_mooncake(path)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # deeper than the interpreter's recursion limit: json.loads raises RecursionError
+
+
+def test_an_output_marker_nested_too_deeply_is_no_marker(tmp_path):
+    """`-o FOLDER` reads FOLDER/.kvsim-output to tell kvsim's own output: a stranger's file of that name nested
+    past the recursion limit was a RecursionError traceback (json.loads), where any other non-JSON is 'no marker'."""
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / ".kvsim-output").write_text(DEEP, encoding="utf-8")
+    line = one_line_exit_2(["run", "--set", "workload.num_requests=2", "-o", str(out)])
+    assert "exists and has no .kvsim-output marker" in line
+    assert sorted(p.name for p in out.iterdir()) == [".kvsim-output"]
+
+
+def test_a_json_result_nested_too_deeply_is_not_replaced(tmp_path):
+    """A study's `--output FILE.json` is replaced only when it is a JSON object of the result's keys."""
+    from kvsim.model.errors import OutputError
+    from kvsim.results.output_dir import check_output_file
+
+    path = tmp_path / "r.json"
+    path.write_text(DEEP, encoding="utf-8")
+    with pytest.raises(OutputError, match="exists and is not a JSON object of this result's keys"):
+        check_output_file(path, frozenset({"rows"}))
+
+
+def test_a_points_line_nested_too_deeply_is_skipped_as_any_torn_line(tmp_path):
+    """`kvsim plan` resumes from points.jsonl, skipping a line that is no whole point: a line nested past the
+    recursion limit stopped the plan with a RecursionError traceback."""
+    from kvsim.planning.search import PointStore
+
+    path = tmp_path / "points.jsonl"
+    path.write_text(DEEP + '\n{"hash": "a", "format": 0, "metrics": {"x": 1}}\n', encoding="utf-8")
+    assert PointStore(path).points == {"a": {"x": 1}}
+
+
+def test_a_recorded_meta_json_nested_too_deeply_records_nothing(tmp_path):
+    """`recorded_settings` reads what a measured run recorded; an unreadable file is reported by the reader."""
+    from kvsim.validation.recorded import recorded_settings
+
+    path = tmp_path / "bench.json"
+    path.write_text(DEEP, encoding="utf-8")
+    assert recorded_settings(path) == {}

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kvsim.model.errors import KvsimError, not_a_file
 from kvsim.model.units import counted
+from kvsim.model.yaml_io import load_json
 
 if TYPE_CHECKING:
     from kvsim.workload.scenario import Scenario
@@ -119,8 +120,8 @@ class PointStore:
     @staticmethod
     def _parse(raw: bytes) -> tuple[str, Metrics, int] | None:
         try:
-            row = json.loads(raw.decode("utf-8"))
-        except ValueError:  # not UTF-8, not JSON, or an integer too long to convert
+            row = load_json(raw.decode("utf-8"))
+        except ValueError:  # not UTF-8, not JSON, nested too deeply (json.loads: a RecursionError), a key twice
             return None
         if not isinstance(row, dict) or not isinstance(row.get("hash"), str) or not isinstance(row.get("metrics"),
                                                                                               dict):

@@ -123,9 +123,11 @@ def _read_marker(folder: Path) -> dict | None:
     marker = folder / MARKER_NAME
     if marker.is_symlink() or not marker.is_file():
         return None
+    from kvsim.model.yaml_io import load_json
+
     try:  # a bounded read: a stranger's 1 GiB file of that name was read whole (2 GB of memory, 10 s)
         with marker.open("rb") as f:
-            data = json.loads(f.read(MAX_JSON_RESULT_BYTES + 1))
+            data = load_json(f.read(MAX_JSON_RESULT_BYTES + 1).decode("utf-8"))  # `[[[...` too: a ValueError
     except (OSError, ValueError):  # a file cut at the bound is no JSON either
         return None
     return data if isinstance(data, dict) and isinstance(data.get("files"), list) else None
@@ -243,8 +245,10 @@ def check_output_file(path: str | Path, json_keys: frozenset[str] | None = None)
 
 
 def _json_keys(data: bytes) -> frozenset[str] | None:
+    from kvsim.model.yaml_io import load_json
+
     try:
-        parsed = json.loads(data)
+        parsed = load_json(data.decode("utf-8"))  # not json.loads: text nested too deeply was a RecursionError
     except ValueError:  # UnicodeDecodeError included
         return None
     return frozenset(parsed) if isinstance(parsed, dict) else None

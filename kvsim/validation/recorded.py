@@ -6,12 +6,11 @@ pool vLLM really allocated (`kvsim.validation.compare.validate`, `kvsim.validati
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError
-from kvsim.model.yaml_io import TEXT_ENCODING
+from kvsim.model.yaml_io import TEXT_ENCODING, load_json
 from kvsim.validation.frame import is_number
 
 RECORDED_GPU_KEYS = ("gpu", "gpu_name", "device_name")  # not "device": engine_kwargs may say "cuda"
@@ -34,7 +33,7 @@ def recorded_settings(path: str | Path) -> dict[str, Any]:
     if not source.is_file():
         return {}
     try:
-        raw = json.loads(source.read_text(encoding=TEXT_ENCODING))
+        raw = load_json(source.read_text(encoding=TEXT_ENCODING))  # `[[[...` a ValueError, not a RecursionError
     except (OSError, ValueError):
         return {}  # load_measured reports an unreadable file; nothing more is recorded
     if not isinstance(raw, dict):
