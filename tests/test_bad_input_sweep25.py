@@ -177,3 +177,28 @@ def test_a_recorded_meta_json_nested_too_deeply_records_nothing(tmp_path):
     path = tmp_path / "bench.json"
     path.write_text(DEEP, encoding="utf-8")
     assert recorded_settings(path) == {}
+
+
+def test_a_short_trace_is_said_as_a_kvsim_warning_line(tmp_path, monkeypatch):
+    """README: an input that changes what runs is said "in one `kvsim: warning: ...` line on stderr". A trace of 2
+    rows under `workload.num_requests: 5` was said bare (`workload.num_requests=5: ...`): the library logs it, and
+    with no handler configured Python's last-resort handler printed the message alone. Only while a command runs:
+    the handler is gone after it."""
+    import logging
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.0,100,10\n"
+                                    "2023-11-16 18:00:00.5,100,10\n", encoding="utf-8")
+    (tmp_path / "s.yaml").write_text("steps: none\nworkload: {num_requests: 5, arrival: {process: trace}, "
+                                     "trace: {format: azure, path: t.csv}}\n", encoding="utf-8")
+    handlers = list(logging.getLogger("kvsim").handlers)
+    result = CliRunner().invoke(app, ["run", "s.yaml", "-o", "out", "--format", "json"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.stderr.splitlines() == [
+        "kvsim: warning: workload.num_requests=5: t.csv holds 2 requests from start_s=0; the run has those 2"]
+    assert logging.getLogger("kvsim").handlers == handlers
+

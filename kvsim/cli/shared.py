@@ -6,6 +6,7 @@ the few text helpers of the capacity output (`kvsim.cli` defines the commands; `
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -105,13 +106,32 @@ class OneLineUsageErrors(TyperGroup):
             return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx: Any) -> Any:
-        with one_line_usage_errors():
+        with one_line_usage_errors(), log_warnings_said():
             return super().invoke(ctx)
 
 
 def warn(text: str) -> None:
     """`text` as one warning line on stderr: `kvsim: warning: TEXT`."""
     typer.echo(f"kvsim: warning: {text}", err=True)
+
+
+class _WarningLine(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        warn(record.getMessage())
+
+
+@contextmanager
+def log_warnings_said() -> Iterator[None]:
+    """While a command runs, the warnings kvsim's library logs (`logging.getLogger("kvsim...")`: a trace shorter
+    than workload.num_requests, a calibrated profile's gap, conversations skipped) are said as `warn` says the
+    others, one `kvsim: warning: ...` line on stderr: with no handler configured, Python's last-resort handler
+    printed the bare message. Records still propagate (to pytest's caplog, a notebook's own handlers)."""
+    logger, handler = logging.getLogger("kvsim"), _WarningLine(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def warn_unread(scenarios: list[Any]) -> None:
