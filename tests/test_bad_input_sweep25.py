@@ -202,3 +202,35 @@ def test_a_short_trace_is_said_as_a_kvsim_warning_line(tmp_path, monkeypatch):
         "kvsim: warning: workload.num_requests=5: t.csv holds 2 requests from start_s=0; the run has those 2"]
     assert logging.getLogger("kvsim").handlers == handlers
 
+
+def _bench(tmp_path, **fields):
+    """A `vllm bench serve --save-detailed` result of 3 requests without start_times (arrivals drawn)."""
+    raw = {"model_id": "meta-llama/Llama-3.1-8B", "input_lens": [100] * 3, "output_lens": [10] * 3,
+           "ttfts": [0.05] * 3, "itls": [[0.01] * 9] * 3, **fields}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("rate", "burstiness"), [(1e-300, 1.0), (1e-300, 1e-300)])
+def test_a_bench_rate_whose_drawn_arrivals_overflow_is_refused(tmp_path, rate, burstiness):
+    """Without start_times the arrivals are drawn at the file's request_rate: gaps of 1 / 1e-300 s summed past any
+    clock (an OverflowError converting them to the replayed workload's int64 ns, a traceback mid-validate), and
+    a rate and a burstiness of 1e-300 each made the gamma's scale 1 / (1e-300 · 1e-300) = 1 / 0: a
+    ZeroDivisionError. `start_times` that far apart are refused as longer than a run kvsim replays already."""
+    out = tmp_path / "v"
+    line = one_line_exit_2(["validate", str(_bench(tmp_path, request_rate=rate, burstiness=burstiness)),
+                            "--model", "llama-3.1-8b", "--gpu", "h100-80gb", "-o", str(out)])
+    assert line.endswith(f"bench.json: request_rate={rate!r}, burstiness={burstiness!r}: the arrivals drawn at that "
+                         "rate run past 9.22337e+09 s, longer than a run kvsim replays (int64 ns)")
+    assert not out.exists()
+
+
+def test_a_bench_rate_within_the_clock_draws_its_arrivals(tmp_path):
+    """At 2 req/s the 3 arrivals start at 0 and run forward, finite."""
+    import numpy as np
+
+    from kvsim.validation.bench import read_vllm_bench
+
+    arrivals = np.array([r.arrival_s for r in read_vllm_bench(_bench(tmp_path, request_rate=2.0)).records])
+    assert arrivals[0] == 0.0 and np.isfinite(arrivals).all() and (np.diff(arrivals) >= 0).all()

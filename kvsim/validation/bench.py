@@ -236,6 +236,12 @@ def _bench_arrivals(raw: dict[str, Any], n: int, path: Path) -> np.ndarray:
     rate = _positive(raw.get("request_rate"), "request_rate", path)
     burstiness = _positive(1.0 if raw.get("burstiness") is None else raw["burstiness"], "burstiness", path)
     rng = np.random.default_rng(0)
-    gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), size=n)  # vLLM's get_request
+    mean_gap_s = 1.0 / (rate * burstiness) if rate * burstiness > 0 else math.inf  # the product of two tiny underflows
+    gaps = rng.gamma(burstiness, mean_gap_s, size=n)  # vLLM's get_request
     gaps[0] = 0.0
-    return np.cumsum(gaps)
+    with np.errstate(over="ignore"):
+        arrivals = np.cumsum(gaps)
+    if not arrivals[-1] <= MAX_SPAN_S:  # inf, or NaN (gamma's tiny shape at an infinite scale): a traceback later
+        raise KvsimError(f"{path}: request_rate={rate!r}, burstiness={burstiness!r}: the arrivals drawn at that rate "
+                         f"run past {MAX_SPAN_S:g} s, longer than a run kvsim replays (int64 ns)")
+    return arrivals
