@@ -308,7 +308,9 @@ def _priorities(w: Workload, records: Sequence[TraceRecord], turns: int,
         return None
     classes = w.priority.classes
     weights = np.array([c.weight for c in classes], dtype=np.float64)
-    if not np.isfinite(weights.sum()):  # weights of 1e308 sum to inf: they are shares, so scale them down
+    with np.errstate(over="ignore"):  # numpy's RuntimeWarning was printed on stderr: the overflow is the test here
+        total = weights.sum()
+    if not np.isfinite(total):  # weights of 1e308 sum to inf: they are shares, so scale them down
         weights /= weights.max()
     picks = rng.choice(len(classes), size=-(-n // turns), p=weights / weights.sum())
     return np.array([c.priority for c in classes], dtype=np.int64)[picks]
