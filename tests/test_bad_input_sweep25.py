@@ -253,3 +253,29 @@ def test_class_weights_whose_sum_overflows_are_drawn_without_a_numpy_warning():
         warnings.simplefilter("error")
         requests = build_requests(scenario, 8192, np.random.default_rng(scenario.seed))
     assert 70 <= sum(r.priority == 0 for r in requests) <= 130 and {r.priority for r in requests} == {0, 1}
+
+
+def test_an_autoscaler_syncing_over_a_span_of_too_many_periods_is_refused(tmp_path):
+    """Three requests at 1e-9 req/s arrive some 1e9 s apart; the autoscaler syncs every 1 ms from t = 0 until the
+    last has arrived and finished, a row of the scaling table each time: about 10**12 syncs, a run that did not
+    end (killed after 120 s) while its table grew."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("steps: none\nworkload: {num_requests: 3, arrival: {process: poisson, rate: 1.0e-9}, "
+                        "prompt_len: {dist: fixed, value: 100}, output_len: {dist: fixed, value: 10}}\nreplicas: 1\n"
+                        "router: {policy: least_outstanding}\nautoscaler: {max_replicas: 2, sync_period_s: 0.001}\n"
+                        "engine: {max_model_len: 256, num_gpu_blocks_override: 32}\n",
+                        encoding="utf-8")
+    out = tmp_path / "o"
+    line = one_line_exit_2(["run", str(scenario), "-o", str(out)])
+    assert line.startswith("autoscaler.sync_period_s=0.001: the arrivals span ") and "more than 10,000,000" in line
+    assert not out.exists()
+
+
+def test_the_sync_bound_is_ten_million_periods():
+    from kvsim.fleet.autoscaled import check_syncs
+    from kvsim.workload.fleet_layout import AutoscalerConfig
+
+    spec = AutoscalerConfig(sync_period_s=2.0)
+    check_syncs(spec, 2.0 * 10**7)  # 10**7 syncs: kept
+    with pytest.raises(KvsimError, match=r"^autoscaler.sync_period_s=2: the arrivals span 2\.00001e\+07 s, 1e\+07 "):
+        check_syncs(spec, 2.0 * 10**7 + 100)

@@ -237,6 +237,22 @@ def slo_attainment(requests_df: pd.DataFrame, slo_ttft_s: float, slo_tpot_s: flo
                          "slo_attainment": grouped["mean"].to_numpy(dtype=float)})
 
 
+MAX_SYNCS = 10**7
+"""The most sync periods an autoscaled run's arrivals may span: its `scaling` table keeps a row for each (six
+values, about 100 B apiece while the run goes: a GiB at this bound), and each is a step of the run's clock. 10**7 is a
+1 s period over 116 days. A 1 ms period over three requests at 1e-9 req/s (arrivals some 1e9 s apart) ran
+about 10**12 syncs: the run did not end, its table growing all the while."""
+
+
+def check_syncs(spec: AutoscalerConfig, last_arrival_s: float) -> None:
+    """Refuse arrivals that span more than `MAX_SYNCS` sync periods (a `KvsimError` naming `sync_period_s`)."""
+    syncs = last_arrival_s / spec.sync_period_s
+    if syncs > MAX_SYNCS:
+        raise KvsimError(f"autoscaler.sync_period_s={spec.sync_period_s:g}: the arrivals span {last_arrival_s:g} s, "
+                         f"{syncs:.3g} syncs, more than {MAX_SYNCS:,} (the run's scaling table keeps a row for each); "
+                         "give a longer sync period or traffic that spans less time")
+
+
 def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
                         bursts: bool = True, memory_limit_bytes: int | None = None) -> RunResult:
     """Simulate the autoscaled fleet (module docstring): a fleet's result (`kvsim.fleet.driver`) whose `tables`
@@ -262,6 +278,9 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     specs = replica_scenarios(largest)
     observe_kv = scenario.router.policy == "least_kv" or spec.metric == "kv_cache_usage_perc"
     parts, engines, requests = replica_engines(scenario, specs, observe_kv)
+    arrival_s = getattr(requests, "arrival_s", None)  # a closed loop's follow-ups are sent as its turns end
+    if arrival_s is not None and len(arrival_s):
+        check_syncs(spec, float(arrival_s[-1]))
     initial = min(max(scenario.replicas, spec.min_replicas), spec.max_replicas)
     slots = [Slot.READY if i < initial else Slot.OFF for i in range(len(engines))]
     scaler = Scaler(spec, engines, slots, [s.engine.tensor_parallel_size for s in specs])
