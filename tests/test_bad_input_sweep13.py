@@ -160,7 +160,8 @@ def test_a_trace_timestamp_where_the_clock_keeps_no_microsecond_is_refused(tmp_p
         '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
         '{"timestamp": 1e13, "input_length": 10, "output_length": 5, "hash_ids": [2]}\n')
     out = tmp_path / "out"
-    argv = [*RUN, "--set", f"workload.trace={{format: mooncake, path: {tmp_path / 't.jsonl'}}}",
+    argv = [*RUN, "--set", "workload.num_requests=2",  # the trace's 2 rows: no warning of a short trace before it
+            "--set", f"workload.trace={{format: mooncake, path: {tmp_path / 't.jsonl'}}}",
             "--set", "workload.arrival={process: trace}", "--set", "workload.prompt_len=null",
             "--set", "workload.output_len=null", "-o", str(out)]
     assert one_line_exit_2(argv) == (

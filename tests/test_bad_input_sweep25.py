@@ -4,7 +4,13 @@ value, nothing written; the Python API: a `KvsimError`), or said as it is.
 Found: an xPyD split in other scripts' digits (`１P1D`) ran as 1P1D, and one of more digits than `int()` converts
 said Python's conversion-limit advice; a plan of one request, of a burst arriving at one instant, or a rate
 search whose first probe is one request, simulated every point and then stopped with an OverflowError traceback
-(its floor at the infinite rate of no arrival span).
+(its floor at the infinite rate of no arrival span); `read_number` (every number flag, cell and JSON text) and
+`--context-lengths` read other scripts' digits (`--slo ttft_s.p90=２`); JSON nested past the recursion limit was
+a RecursionError traceback in four readers that called `json.loads` (an `-o` folder's marker, a plan's
+points.jsonl, a study's JSON result, a measured run's recorded settings); the library's log warnings (a trace
+shorter than `workload.num_requests`) were printed without the `kvsim: warning:` prefix; a bench JSON's tiny
+`request_rate` drew arrivals that overflowed (OverflowError, ZeroDivisionError); class weights whose sum
+overflows printed numpy's RuntimeWarning; an autoscaler syncing every 1 ms over arrivals 1e9 s apart never ended.
 """
 
 from __future__ import annotations
