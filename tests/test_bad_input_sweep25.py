@@ -16,7 +16,9 @@ overflows printed numpy's RuntimeWarning; an autoscaler syncing every 1 ms over 
 from __future__ import annotations
 
 import json
+import re
 
+import numpy as np
 import pytest
 from conftest import one_line_exit_2  # tests/ is on sys.path
 
@@ -234,7 +236,6 @@ def test_a_bench_rate_whose_drawn_arrivals_overflow_is_refused(tmp_path, rate, b
 
 def test_a_bench_rate_within_the_clock_draws_its_arrivals(tmp_path):
     """At 2 req/s the 3 arrivals start at 0 and run forward, finite."""
-    import numpy as np
 
     from kvsim.validation.bench import read_vllm_bench
 
@@ -247,8 +248,6 @@ def test_class_weights_whose_sum_overflows_are_drawn_without_a_numpy_warning():
     printed numpy's two-line RuntimeWarning ('overflow encountered in reduce') on a run's stderr. Equal weights
     draw each class about half the time: 200 requests, a binomial(200, 1/2) count within 100 ± 30 (4.2 sigma)."""
     import warnings
-
-    import numpy as np
 
     from kvsim.workload.generate import build_requests
     from kvsim.workload.scenario import load_scenario
@@ -285,3 +284,38 @@ def test_the_sync_bound_is_ten_million_periods():
     check_syncs(spec, 2.0 * 10**7)  # 10**7 syncs: kept
     with pytest.raises(KvsimError, match=r"^autoscaler.sync_period_s=2: the arrivals span 2\.00001e\+07 s, 1e\+07 "):
         check_syncs(spec, 2.0 * 10**7 + 100)
+
+
+def _servegen(tmp_path, rate, cv):
+    """A ServeGen folder of one client: one 600-s window at `rate` req/s and gaps of CV `cv`, 100 + 10 tokens."""
+    (tmp_path / "chunk-0-trace.csv").write_text(f"0,{rate},{cv},,0,0\n", encoding="utf-8")
+    (tmp_path / "chunk-0-dataset.json").write_text('{"0": {"input_tokens": "{100: 1.0}", "output_tokens": '
+                                                   '"{10: 1.0}"}}', encoding="utf-8")
+    return tmp_path
+
+
+@pytest.mark.parametrize(("cv", "draws"), [("1e100", "5e+199"), ("1e200", "inf")])
+def test_a_servegen_cv_whose_gaps_never_cross_a_window_is_refused(tmp_path, cv, draws):
+    """Gaps are gamma with shape 1/cv²: at a CV of 1e100 (shape 1e-200) each gap is 0, so the window's loop never
+    reached its end (a run killed after 60 s); at 1e200 cv ** 2 overflowed (an OverflowError traceback). Renewal
+    theory counts about rate·600 + (cv² − 1)/2 draws to cross a 600-s window: 5e199 at a CV of 1e100."""
+    from kvsim.workload.servegen import read_servegen
+
+    with pytest.raises(KvsimError, match=rf"chunk-0-trace.csv:1: cv='{cv}': gaps that vary this much take up to "
+                                         rf"about {re.escape(draws)} draws to cross a window, more than kvsim "
+                                         r"samples \(10,000,000\)$"):
+        read_servegen(_servegen(tmp_path, 1, cv), np.random.default_rng(0), 0.0, 600.0, None)
+
+
+def test_a_servegen_cv_of_ten_and_a_rate_too_small_to_scale_still_draw(tmp_path):
+    """A CV of 10 draws about 600 + 49.5 gaps over the window, the count's standard deviation about
+    10 · √600 ≈ 245 (the renewal central limit: CV · √(rate · span)), so within 5 sigma of that. A rate of
+    1e-320 times a shape of 1e-6 underflows to 0 (a ZeroDivisionError for the gamma's scale), and 1e-310 times
+    it makes the scale inf (NaN gaps: a loop without end): no arrival, which is what such a rate draws."""
+    from kvsim.workload.servegen import read_servegen
+
+    records = read_servegen(_servegen(tmp_path, 1, 10), np.random.default_rng(0), 0.0, 600.0, None)
+    assert 0 < len(records) < 650 + 5 * 245 and all(0 <= r.arrival_s < 600 for r in records)
+    for rate in ("1e-320", "1e-310"):  # 1e-310 · 1e-6: a scale of inf, gaps of NaN at that shape (no end)
+        with pytest.raises(KvsimError, match="no ServeGen request arrives"):
+            read_servegen(_servegen(tmp_path, rate, 1000), np.random.default_rng(0), 0.0, 600.0, None)

@@ -236,8 +236,8 @@ def _bench_arrivals(raw: dict[str, Any], n: int, path: Path) -> np.ndarray:
     rate = _positive(raw.get("request_rate"), "request_rate", path)
     burstiness = _positive(1.0 if raw.get("burstiness") is None else raw["burstiness"], "burstiness", path)
     rng = np.random.default_rng(0)
-    mean_gap_s = 1.0 / (rate * burstiness) if rate * burstiness > 0 else math.inf  # the product of two tiny underflows
-    gaps = rng.gamma(burstiness, mean_gap_s, size=n)  # vLLM's get_request
+    scale_s = 1.0 / (rate * burstiness) if rate * burstiness > 0 else math.inf  # the product of two tiny underflows
+    gaps = rng.gamma(burstiness, scale_s, size=n)  # vLLM's get_request
     gaps[0] = 0.0
     with np.errstate(over="ignore"):
         arrivals = np.cumsum(gaps)

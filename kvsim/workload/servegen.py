@@ -59,10 +59,20 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
                                                     "requests per second?")
                 if rate <= 0 or hi <= lo:
                     continue
+                # renewal theory: gaps of mean 1/rate and CV c take about rate·(hi − lo) + (c² − 1)/2 draws to pass
+                # hi over a long window (fewer, by a log factor, over one short beside the gamma's scale c²/rate).
+                # A CV of 1e100 (shape 1e-200: gaps of 0) drew without end; 1e200's c² overflowed (a traceback)
+                if max(cv * cv - 1.0, 0.0) / 2 > SERVEGEN_MAX_DRAWS:
+                    raise bad_row(trace_file, line_no, f"cv={shown(row[2])}: gaps that vary this much take up to about "
+                                                    f"{(cv * cv - 1.0) / 2:,.3g} draws to cross a window, more than "
+                                                    f"kvsim samples ({SERVEGEN_MAX_DRAWS:,})")
                 shape = 1.0 / max(cv, 1e-3) ** 2
+                scale_s = 1.0 / (rate * shape) if rate * shape > 0 else math.inf  # 1e-320 · 1e-6 underflows
+                if scale_s == math.inf:  # mean gaps past any float (a ZeroDivisionError, or NaN gaps that never
+                    continue  # crossed the window at a small shape): no arrival here
                 t = lo
                 while True:
-                    t += rng.gamma(shape, 1.0 / (rate * shape))
+                    t += rng.gamma(shape, scale_s)
                     if t >= hi:
                         break
                     prompt, output = _servegen_lengths(pdfs, t, rng.random())
