@@ -1,0 +1,42 @@
+"""Every column of a run's requests table and step rows is documented in docs/metrics.md's output tables.
+
+Until December 2026 the page documented the summary's keys only: `requests.csv`'s columns (`prompt_tokens`,
+`status`, `reject_reason`, ...) and the step rows' (`held_slots`, `shared_slots`, `num_decode_seqs`, ...) were
+named nowhere a user reads."""
+
+import re
+
+import kvsim
+from tests.test_summary_keys import DOC, FLEET_RUNS, OUTPUT_TABLES
+
+OTHER_RUNS = {  # runs that add an optional column, beside the fleets and groups that add `replica`, `dp_rank`
+    "one engine": {},
+    "priority classes": {"workload__priority": {"classes": [{"name": "a", "priority": 0, "weight": 1},
+                                                             {"name": "b", "priority": 1, "weight": 1}]}},
+    "closed loop": {"workload__max_concurrency": 2},
+    "length capped": {"engine__max_model_len": 1024, "engine__max_num_batched_tokens": 1024},
+    "speculative": {"engine__speculative_config": {"method": "ngram", "num_speculative_tokens": 2,
+                                                  "acceptance_rates": 0.5}},
+}
+
+
+def documented_columns() -> set[str]:
+    """The names in the first cell of each row of the output-tables section's tables."""
+    columns: set[str] = set()
+    for line in DOC.read_text().split(OUTPUT_TABLES, 1)[1].splitlines():
+        if line.startswith("| `"):
+            columns |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
+    return columns
+
+
+def test_every_requests_and_step_column_is_documented():
+    documented = documented_columns()
+    seen: set[str] = set()
+    for kind, overrides in {**OTHER_RUNS, **FLEET_RUNS}.items():
+        result = kvsim.simulate(None, workload__num_requests=6, **overrides)
+        columns = set(result.requests.columns) | set(result.steps.columns)
+        assert columns - documented == set(), kind
+        seen |= columns
+    # each optional column was written by some run above, so the check covered it
+    assert {"priority", "client_queue_s", "length_capped_tokens", "replica", "dp_rank", "draft_rejected"} <= seen
+    assert documented - seen == set()  # nothing documented that no run writes (a renamed column's old name)
