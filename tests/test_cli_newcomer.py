@@ -1,5 +1,6 @@
 """What a newcomer meets first: the version, help that shows its defaults, tables that fit 80 columns."""
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -51,3 +52,37 @@ def test_capacity_markdown_says_exceeds_and_csv_keeps_zero():
     csv = runner.invoke(app, [*args, "--format", "csv"]).output.splitlines()
     header, last = csv[0].split(","), csv[-1].split(",")
     assert last[header.index("context_len")] == "16384" and last[header.index("paged_max_seqs")] == "0"
+
+
+FLAG = re.compile(r"(?<![\w-])(--?[a-z][a-z0-9-]*)")
+
+
+def test_every_flag_the_readme_command_table_names_is_in_that_commands_help():
+    """The README's command table is where a newcomer learns the options: each `-x`/`--flag` a row names
+    (its usage and its description) must be one `kvsim CMD --help` lists, spelt the same; and the engine
+    flags the README says capacity and report take as in vLLM must be theirs."""
+    readme = (REPO / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `kvsim ")]
+    assert len(rows) == 7  # run, calibrate, import-profile, report, validate, plan, capacity
+    engine_flags = readme.split("Flags use vLLM's engine-argument names", 1)[1].split("; `kvsim run` takes", 1)[0]
+    for row in rows:
+        command = row.removeprefix("| `kvsim ").split()[0].rstrip("`")
+        named = set(FLAG.findall(row)) - {"-e"}  # `pip install -e '.[dist]'`
+        if command in ("capacity", "report"):  # "[--model --gpu engine flags]"
+            named |= set(re.findall(r"`(--[a-z-]+)`", engine_flags))
+        result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "300"})
+        assert result.exit_code == 0, command
+        assert named - set(FLAG.findall(result.output)) == set(), command
+
+
+def test_plan_help_lists_the_slo_metrics_and_stats_it_takes():
+    """`--slo METRIC.STAT=SECONDS` said neither which metrics nor which statistics: a newcomer learned them
+    from the error a guess (`ttft_s.p95`) got."""
+    from kvsim.planning.window import SLO_METRICS, SLO_STATS
+
+    result = runner.invoke(app, ["plan", "--help"], env={"COLUMNS": "300"})
+    text = " ".join(result.output.split())
+    assert f"METRIC: {', '.join(SLO_METRICS)}; STAT: {', '.join(SLO_STATS)}" in text
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert (f"METRIC `{'`, `'.join(SLO_METRICS[:-1])}` or `{SLO_METRICS[-1]}`, "
+            f"STAT `{'`, `'.join(SLO_STATS[:-1])}` or `{SLO_STATS[-1]}`") in readme

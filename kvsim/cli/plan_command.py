@@ -28,8 +28,10 @@ def plan(
     scenario: Annotated[str | None, typer.Argument(help="Scenario YAML: the fleet's traffic (trace or rate + "
                                                          "length mix); omitted: the built-in default.")] = None,
     spec_file: Annotated[str | None, typer.Option("--spec", help="YAML with plan fields (slo, gpus, ...)")] = None,
-    slo: Annotated[list[str] | None, typer.Option("--slo", help="METRIC.STAT=SECONDS, e.g. ttft_s.p90=2; "
-                                                                "METRIC.STAT@PRIORITY=SECONDS for one class")] = None,
+    slo: Annotated[list[str] | None, typer.Option("--slo", help="METRIC.STAT=SECONDS (METRIC: ttft_s, tpot_s, "
+                                                                "e2e_s, queue_s; STAT: mean, p50, p90, p99), e.g. "
+                                                                "ttft_s.p90=2; METRIC.STAT@PRIORITY=SECONDS for one "
+                                                                "class")] = None,
     gpus: Annotated[list[str] | None, typer.Option("--gpu", help="Candidate GPU (repeat)")] = None,
     tp_sizes: Annotated[list[int] | None, typer.Option("-tp", "--tensor-parallel-size", "--tp", parser=INT_FLAG,
                                                        help="Candidate tensor-parallel size (repeat) "
