@@ -86,3 +86,15 @@ def test_plan_help_lists_the_slo_metrics_and_stats_it_takes():
     readme = " ".join((REPO / "README.md").read_text().split())
     assert (f"METRIC `{'`, `'.join(SLO_METRICS[:-1])}` or `{SLO_METRICS[-1]}`, "
             f"STAT `{'`, `'.join(SLO_STATS[:-1])}` or `{SLO_STATS[-1]}`") in readme
+
+
+def test_a_section_given_whole_replaces_the_scenarios_section_as_the_readme_says():
+    """The README's example: on the default scenario (max_model_len 8192), `--set engine.max_num_seqs=8
+    --set 'engine={block_size: 32}'` leaves block size 32 and nothing else of the engine section set before."""
+    from kvsim.workload.scenario import load_scenario
+
+    assert load_scenario(None).engine.max_model_len == 8192
+    engine = load_scenario(None, ["engine.max_num_seqs=8", "engine={block_size: 32}"]).engine
+    assert (engine.block_size, engine.max_model_len, engine.max_num_seqs) == (32, None, None)
+    engine = load_scenario(None, ["engine.max_num_seqs=8", "engine.block_size=32"]).engine
+    assert (engine.block_size, engine.max_model_len, engine.max_num_seqs) == (32, 8192, 8)
