@@ -98,3 +98,22 @@ def test_a_section_given_whole_replaces_the_scenarios_section_as_the_readme_says
     assert (engine.block_size, engine.max_model_len, engine.max_num_seqs) == (32, None, None)
     engine = load_scenario(None, ["engine.max_num_seqs=8", "engine.block_size=32"]).engine
     assert (engine.block_size, engine.max_model_len, engine.max_num_seqs) == (32, 8192, 8)
+
+
+def test_plan_spec_fields_and_defaults_in_the_readme_and_help_are_planspecs():
+    """`--spec FILE` took fields the README never listed (`probe_requests`, `verify_factor`, ...), and `--help` gave
+    no default for `--max-replicas`, `--router`, `--search` or `--workers`."""
+    from kvsim.planning.spec import PlanSpec
+
+    readme = " ".join((REPO / "README.md").read_text().split())
+    sentence = readme.split("`--spec FILE` is a YAML mapping of the plan's fields", 1)[1].split("; a replica search", 1)[0]
+    named = dict(re.findall(r"`([a-z_]+)`(?: \(`?([\w.]+)`?\))?", sentence.split("top):", 1)[1]))
+    assert set(named) == set(PlanSpec.model_fields)
+    for field, default in named.items():
+        if default:  # "`engine` (the knob grid)" gives none
+            assert str(PlanSpec.model_fields[field].default) == default, field
+    text = " ".join(runner.invoke(app, ["plan", "--help"], env={"COLUMNS": "300"}).output.split())
+    fields = PlanSpec.model_fields
+    assert f"[{fields['max_replicas'].default}]" in text.split("--max-replicas", 1)[1].split("--router")[0]
+    assert f"[{fields['router'].default}]" in text.split("--router", 1)[1].split("--search")[0]
+    assert f"[{fields['search'].default}]" in text.split("--search", 1)[1].split("--set")[0]

@@ -38,17 +38,19 @@ def plan(
                                                             "[the scenario's]")] = None,
     knobs: Annotated[list[str] | None, typer.Option("--engine", help="Knob values: max_num_seqs=128,256")] = None,
     costs: Annotated[list[str] | None, typer.Option("--gpu-hourly-cost", help="GPU=PRICE per GPU-hour")] = None,
-    max_replicas: Annotated[int | None, typer.Option("--max-replicas", parser=INT_FLAG)] = None,
+    max_replicas: Annotated[int | None, typer.Option("--max-replicas", parser=INT_FLAG,
+                                                     help="Most replicas a candidate may take [64]")] = None,
     router: Annotated[str | None, typer.Option("--router", help="round_robin, least_outstanding, least_kv, "
-                                                                "affinity")] = None,
+                                                                "affinity [least_outstanding]")] = None,
     search: Annotated[str | None, typer.Option("--search", help="replicas: bisect each candidate's replica "
                                                                 "count on whole fleets; rate: the highest rate "
-                                                                "one replica sustains (homogeneous fleets)")] = None,
+                                                                "one replica sustains (homogeneous fleets) "
+                                                                "[replicas]")] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a scenario field")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Directory [plans/NAME]")] = None,
     dask_address: Annotated[str | None, typer.Option("--dask-address", help="Existing Dask scheduler")] = None,
     workers: Annotated[int | None, typer.Option("--workers", parser=INT_FLAG,
-                                                help="LocalCluster processes; 1: run here")] = None,
+                                                help="LocalCluster processes; 1: run here [all cores]")] = None,
     memory_limit: Annotated[str | None, typer.Option("--memory-limit", help="Bound every simulated point by this "
                                                      "memory estimate, e.g. 64GiB [this machine's]")] = None,
     xpyd: Annotated[list[str] | None, typer.Option(
