@@ -117,3 +117,29 @@ def test_plan_spec_fields_and_defaults_in_the_readme_and_help_are_planspecs():
     assert f"[{fields['max_replicas'].default}]" in text.split("--max-replicas", 1)[1].split("--router")[0]
     assert f"[{fields['router'].default}]" in text.split("--router", 1)[1].split("--search")[0]
     assert f"[{fields['search'].default}]" in text.split("--search", 1)[1].split("--set")[0]
+
+
+def test_the_readmes_engine_defaults_are_the_engines():
+    """The README's sentence on unset engine fields, against `EngineConfig`'s resolution on the GPUs it names
+    (the numbers are vLLM's `EngineArgs.get_batch_defaults`, kvsim/model/batch_defaults.py)."""
+    from kvsim.model.config import load_gpu
+    from kvsim.model.engine_config import EngineConfig
+    from kvsim.workload.scenario import load_scenario
+
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert ("`block_size` 16, `gpu_memory_utilization` 0.9, `kv_cache_dtype: auto`, `max_model_len` the model's; "
+            in readme)
+    engine = EngineConfig()
+    assert (engine.block_size, engine.gpu_memory_utilization, engine.kv_cache_dtype, engine.max_model_len) == (
+        16, 0.9, "auto", None)
+    said = {  # (gpu, usage_context, scheduler): (max_num_seqs, max_num_batched_tokens at max_model_len 1024)
+        ("h100-80gb", "openai_api_server", "v1"): (1024, 8192), ("h200", "llm_class", "v1"): (1024, 16384),
+        ("b200", "openai_api_server", "v1"): (1024, 8192), ("a100-80gb", "openai_api_server", "v1"): (256, 2048),
+        ("l4", "llm_class", "v1"): (256, 8192), ("h100-80gb", "openai_api_server", "v0"): (256, 2048),
+        ("h100-80gb", "openai_api_server", "static"): (1024, 2048),
+    }
+    for (gpu, context, scheduler), expected in said.items():
+        engine = load_scenario(None, [f"engine.usage_context={context}", f"engine.scheduler={scheduler}"]).engine
+        spec = load_gpu(gpu)
+        assert (engine.resolved_max_num_seqs(spec), engine.resolved_max_num_batched_tokens(1024, spec)) == expected
+    assert engine.resolved_max_num_batched_tokens(8192, load_gpu("l4")) == 8192  # max(max_model_len, 2048)
