@@ -106,6 +106,33 @@ def test_traffic_with_a_span_passes_the_rate_check(tmp_path):
     check_traffic_rate(base, make_plan_spec({"slo": {"ttft_s.p90": 2}, "gpus": ["h100-80gb"]}))
 
 
+def _rate_search(probe_requests):
+    from kvsim.planning.spec import make_plan_spec
+
+    return make_plan_spec({"slo": {"ttft_s.p90": 2}, "gpus": ["h100-80gb"], "search": "rate",
+                           "probe_requests": probe_requests})
+
+
+def test_a_rate_search_whose_first_probe_is_a_burst_followed_by_arrivals_passes_the_rate_check(tmp_path):
+    """A trace opening with 4 requests at t=0, then one every 200 ms (review 27): the rate search's first probe
+    (its first 4) spans no time, so its window is empty and it is judged too short (`window_evidence`: 0
+    requests in a window of 0 s), which runs it again with 8 requests (`SteadyRateSearch.observe`), spanning
+    0.8 s: a rate (`kvsim plan` then answers). It was refused (`plan.probe_requests=4`)."""
+    from kvsim.planning.plan import check_traffic_rate
+    from kvsim.workload.scenario import load_scenario
+
+    check_traffic_rate(load_scenario(_burst(tmp_path, [0, 0, 0, 0, 200, 400, 600, 800])), _rate_search(4))
+
+
+def test_a_rate_search_whose_every_probe_is_a_burst_is_refused(tmp_path):
+    """Its probes double up to the traffic's 8 requests, all at 0 ms: still no rate."""
+    from kvsim.planning.plan import check_traffic_rate
+    from kvsim.workload.scenario import load_scenario
+
+    with pytest.raises(KvsimError, match=r"^workload.num_requests=8: 8 requests arriving at one instant offer no rate"):
+        check_traffic_rate(load_scenario(_burst(tmp_path, [0] * 8)), _rate_search(4))
+
+
 @pytest.mark.parametrize("text", ["\uff13", "\u0661.5", "2\u2003"])
 def test_a_number_read_from_text_is_ascii(text):
     """`read_number` (every flag, cell and JSON text kvsim reads a number from) was float()/int(): a fullwidth

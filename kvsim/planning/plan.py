@@ -64,7 +64,7 @@ from kvsim.planning.cost import (
     usd_rounded,
 )
 from kvsim.planning.memory import MemoryBound
-from kvsim.planning.plan_rate import RateSearch, arrivals_s, offered_rate_per_s, scaled_traffic
+from kvsim.planning.plan_rate import RateSearch, arrivals_s, longest_probe, offered_rate_per_s, scaled_traffic
 from kvsim.planning.point import POINT_FORMAT, point_metrics, point_problem
 from kvsim.planning.replica_search import ReplicaSearch
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
@@ -133,13 +133,19 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
 
 
 def check_traffic_rate(base: Scenario, spec: PlanSpec) -> None:
-    """Refuse traffic that offers no rate: one request, or a burst arriving at one instant (the first
-    `probe_requests` of it for a rate search: its first probe). A fleet is sized for a rate, and a steady state
-    is judged over a window between arrivals (`kvsim.planning.window`): the search found no window at any count
-    and the traffic's floor was infinite replicas (an OverflowError after every point had run)."""
+    """Refuse traffic that offers no rate: one request, or a burst arriving at one instant. A fleet is sized for
+    a rate, and a steady state is judged over a window between arrivals (`kvsim.planning.window`): the search
+    found no window at any count and the traffic's floor was infinite replicas (an OverflowError after every
+    point had run). A rate search's first probe is the traffic's first `probe_requests`: one request is refused
+    (its probe has no window, is judged empty and never lengthened); a burst of them at one instant is not where
+    later arrivals follow within its longest probe (`longest_probe`, at most the traffic's count), as a probe too
+    short to judge runs again with twice the requests (a trace opening with a burst at t=0 was refused)."""
     num_requests = base.workload.num_requests
     probed = min(spec.probe_requests, num_requests) if spec.search == "rate" else num_requests
     arrivals = arrivals_s(traffic_of(base, probed))
+    if 2 <= len(arrivals) < num_requests and arrivals[-1] == arrivals[0]:  # a burst: the probe is doubled
+        probed = min(longest_probe(probed, spec.max_probe_requests), num_requests)
+        arrivals = arrivals_s(traffic_of(base, probed))
     if len(arrivals) < 2 or arrivals[-1] == arrivals[0]:
         field = f"plan.probe_requests={probed}" if probed < num_requests else f"workload.num_requests={num_requests}"
         which = "one request offers" if len(arrivals) == 1 else \

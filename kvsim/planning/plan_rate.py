@@ -37,6 +37,7 @@ its 20), while the probes run thousands.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,9 +91,8 @@ class RateSearch:
                                              self.spec.max_replicas)
         enough = self.spare  # a passing fraction at which one replica is the answer
         first = min(self.spec.probe_requests, self.base.workload.num_requests)  # then doubled as it converges
-        longest = first  # a probe's run length doubles only while the probe fits in memory
-        while 2 * longest <= self.spec.max_probe_requests and self.memory.fits(self._probe(2 * longest)):
-            longest *= 2
+        # a probe's run length doubles only while the probe fits in memory
+        longest = longest_probe(first, self.spec.max_probe_requests, lambda n: self.memory.fits(self._probe(n)))
         self.first_probe_fits = self.memory.fits(self._probe(first))
         self.search = SteadyRateSearch(1.0, first, max_requests=longest, first_tol=self.spec.rel_tol,
                                        max_rate=enough, min_rate=enough / max(1, self.cap))
@@ -266,6 +266,15 @@ def search_columns(search: SteadyRateSearch) -> dict[str, Any]:
     level = search.answer_level()
     return {"requests_per_probe": level.num_requests if level else None, "converged": search.converged,
             "capped": search.capped, "num_probes": search.summary()["num_probes"]}
+
+
+def longest_probe(first: int, max_probe_requests: int, fits: Callable[[int], bool] = lambda _: True) -> int:
+    """The most requests a rate search's probe runs: its first probe's `first`, doubled while twice as many are at
+    most `max_probe_requests` and `fits` them (`SteadyRateSearch` doubles a probe too short to judge up to it)."""
+    longest = first
+    while 2 * longest <= max_probe_requests and fits(2 * longest):
+        longest *= 2
+    return longest
 
 
 def arrivals_s(base: Scenario) -> list[float]:
