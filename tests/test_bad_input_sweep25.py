@@ -321,17 +321,53 @@ def _servegen(tmp_path, rate, cv):
     return tmp_path
 
 
-@pytest.mark.parametrize(("cv", "draws"), [("1e100", "5e+199"), ("1e200", "inf")])
+@pytest.mark.parametrize(("cv", "draws"), [("1e100", "2.2e+197"), ("2e4", "3.12e+07"), ("1e200", "inf")])
 def test_a_servegen_cv_whose_gaps_never_cross_a_window_is_refused(tmp_path, cv, draws):
     """Gaps are gamma with shape 1/cv²: at a CV of 1e100 (shape 1e-200) each gap is 0, so the window's loop never
-    reached its end (a run killed after 60 s); at 1e200 cv ** 2 overflowed (an OverflowError traceback). Renewal
-    theory counts about rate·600 + (cv² − 1)/2 draws to cross a 600-s window: 5e199 at a CV of 1e100."""
+    reached its end (a run killed after 60 s); at 1e200 cv ** 2 overflowed (an OverflowError traceback). The draws
+    end by the first gap longer than the 600-s window: 1/(k·E1(z)), z = 600·k, by hand 1e200 / (−γ − ln 6e-198)
+    = 1e200 / 453.5 at a CV of 1e100, 4e8 / (−γ − ln 1.5e-6) = 4e8 / 12.83 at 2e4 (review 27)."""
     from kvsim.workload.servegen import read_servegen
 
     with pytest.raises(KvsimError, match=rf"chunk-0-trace.csv:1: cv='{cv}': gaps that vary this much take up to "
                                          rf"about {re.escape(draws)} draws to cross a window, more than kvsim "
                                          r"samples \(10,000,000\)$"):
         read_servegen(_servegen(tmp_path, 1, cv), np.random.default_rng(0), 0.0, 600.0, None)
+
+
+def test_a_servegen_cv_of_5000_over_a_window_short_beside_its_gamma_scale_is_not_refused():
+    """At 1 req/s a CV of 5,000 has gaps of scale θ = cv²/rate = 2.5e7 s: a 600-s window ends by the first gap over
+    600 s, about 1/(k·E1(600/θ)) = 2.5e7 / (−γ − ln 2.4e-5 + 2.4e-5) = 2.5e7 / 10.06026 ≈ 2.49 million draws (a
+    simulation of 20 windows drew 2.7 ± 0.6 million), under kvsim's 10 million. The long-window count, (cv² − 1)/2
+    = 12.5 million, refused it (review 27)."""
+    from kvsim.workload.servegen import SERVEGEN_MAX_DRAWS, gamma_draws_to_cross
+
+    assert gamma_draws_to_cross(1.0, 5000.0, 600.0) == pytest.approx(2.5e7 / 10.06026, rel=1e-5)
+    assert gamma_draws_to_cross(1.0, 5000.0, 600.0) < SERVEGEN_MAX_DRAWS
+    assert gamma_draws_to_cross(1.0, 10.0, 600.0) == 600 + 99 / 2  # a window long beside θ = 100 s: renewal's count
+
+
+def test_gamma_draws_to_cross_matches_a_naive_draw_of_the_gaps():
+    """A naive second implementation: draw gamma gaps (shape 1/300², scale 300² s) from a window's start until they
+    pass 600 s, 100 windows. The estimate bounds the mean from above (the draws end by the first gap over the
+    window) and is near it (z = 600/90,000: the other gaps add little); the long-window count, 45,000, is 2.4x
+    the mean."""
+    from kvsim.workload.servegen import gamma_draws_to_cross
+
+    rng, cv, span_s = np.random.default_rng(7), 300.0, 600.0
+    estimate = gamma_draws_to_cross(1.0, cv, span_s)
+    draws = []
+    for _ in range(100):
+        num_drawn, t = 0, 0.0
+        while True:
+            ends = t + np.cumsum(rng.gamma(1 / cv**2, cv**2, size=int(estimate)))
+            crossed = int(np.searchsorted(ends, span_s))
+            if crossed < len(ends):
+                draws.append(num_drawn + crossed + 1)
+                break
+            num_drawn, t = num_drawn + len(ends), float(ends[-1])
+    mean, standard_error = np.mean(draws), np.std(draws) / np.sqrt(len(draws))
+    assert 0.8 * estimate < mean < estimate + 3 * standard_error
 
 
 def test_a_servegen_cv_of_ten_and_a_rate_too_small_to_scale_still_draw(tmp_path):

@@ -59,12 +59,10 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
                                                     "requests per second?")
                 if rate <= 0 or hi <= lo:
                     continue
-                # renewal theory: gaps of mean 1/rate and CV c take about rate·(hi − lo) + (c² − 1)/2 draws to pass
-                # hi over a long window (fewer, by a log factor, over one short beside the gamma's scale c²/rate).
-                # A CV of 1e100 (shape 1e-200: gaps of 0) drew without end; 1e200's c² overflowed (a traceback)
-                if max(cv * cv - 1.0, 0.0) / 2 > SERVEGEN_MAX_DRAWS:
+                # a CV of 1e100 (shape 1e-200: gaps of 0) drew without end; 1e200's c² overflowed (a traceback)
+                if (draws := gamma_draws_to_cross(rate, cv, hi - lo)) - rate * (hi - lo) > SERVEGEN_MAX_DRAWS:
                     raise bad_row(trace_file, line_no, f"cv={shown(row[2])}: gaps that vary this much take up to about "
-                                                    f"{(cv * cv - 1.0) / 2:,.3g} draws to cross a window, more than "
+                                                    f"{draws:,.3g} draws to cross a window, more than "
                                                     f"kvsim samples ({SERVEGEN_MAX_DRAWS:,})")
                 shape = 1.0 / max(cv, 1e-3) ** 2
                 scale_s = 1.0 / (rate * shape) if rate * shape > 0 else math.inf  # 1e-320 · 1e-6 underflows
@@ -101,6 +99,27 @@ def _refuse_overlap(windows: list[tuple[float, int]], start: float, raw: str, pa
 SERVEGEN_MAX_DRAWS = 10_000_000
 """The most requests a ServeGen model may draw (the whole published DeepSeek-R1 day, every client, is
 about 1.4 million): a rate past it is a slip of units, and drawing it would not end."""
+
+
+def gamma_draws_to_cross(rate: float, cv: float, span_s: float) -> float:
+    """About how many gaps of mean 1/`rate` s and CV `cv` (gamma, shape k = 1/cv², scale θ = 1/(rate·k), as
+    `read_servegen` draws them) it takes to cross a window of `span_s` from its start (inf where cv² overflows).
+
+    Renewal theory: rate·span + (cv² − 1)/2 over a window long beside θ. Over a shorter one (z = span/θ < 1) at a
+    small shape (k < 1e-3: a CV over about 32) fewer: the draws end at the latest at the first gap longer than the
+    window, so they are at most 1/P(gap > span) = Γ(k)/Γ(k, z) ≈ 1/(k·E1(z)) (Γ(k) ≈ 1/k, Γ(k, z) → E1(z) as
+    k → 0), E1(z) = −γ − ln z + Σ_{n≥1} (−1)^(n+1) z^n / (n·n!). A CV of 5,000 at 1 req/s over 600 s: z = 2.4e-5,
+    about 2.5 million draws (the long-window count, 12.5 million, refused it)."""
+    long_window = rate * span_s + max(cv * cv - 1.0, 0.0) / 2
+    shape = 1.0 / (max(cv, 1e-3) * max(cv, 1e-3))  # cv ** 2 raises an OverflowError past 1e154; this is inf
+    z = rate * shape * span_s
+    if not (shape < 1e-3 and 0.0 < z < 1.0):
+        return long_window
+    series = sum((-1.0) ** (n + 1) * z**n / (n * math.factorial(n)) for n in range(1, 25))  # z < 1: converged
+    return min(long_window, 1.0 / (shape * (-EULER_GAMMA - math.log(z) + series)))
+
+
+EULER_GAMMA = 0.5772156649015329  # γ, the Euler–Mascheroni constant
 
 
 def _servegen_window(row: list[str], path: Path, line: int) -> tuple[float, float, float]:
