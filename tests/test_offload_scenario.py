@@ -127,11 +127,63 @@ def test_loaded_first_moves_every_loaded_request_ahead_of_a_victim_between_them(
         waiting.add(req)
     waiting.prepend(b)
     waiting.prepend(c)  # C, B, A, D
-    engine = SimpleNamespace(waiting=waiting, held_kv_tokens={a.request_id: 10, c.request_id: 10})
+    engine = SimpleNamespace(waiting=waiting, held_kv_tokens={a.request_id: 10, c.request_id: 10}, load_waiters=set())
     OffloadScheduling.loaded_first(engine)  # type: ignore[arg-type]
     assert [req.request_id for req in waiting] == [c.request_id, a.request_id, b.request_id, d.request_id]
     OffloadScheduling.loaded_first(engine)  # type: ignore[arg-type]  # already in front: nothing moves
     assert [req.request_id for req in waiting] == [c.request_id, a.request_id, b.request_id, d.request_id]
+
+
+def test_a_request_waiting_for_another_s_load_stays_ahead_of_a_later_victim():
+    """Review 27. D sat a step out for C's load of its hit (`waits_for_a_load`) and went back to the front, ahead
+    of E; the next step preempted B, which a preemption puts at the very front: B, D, E. vLLM puts D in its skipped
+    queue (`step_skipped_waiting`, then `skipped_waiting`) and B in the waiting queue, and FCFS admission takes the
+    skipped queue first (`_select_waiting_queue_for_scheduling`: `self.skipped_waiting or self.waiting`): D, B, E.
+    kvsim admitted B first."""
+    from types import SimpleNamespace
+
+    from kvsim.sched.offload import OffloadScheduling
+    from kvsim.sched.request_queue import make_request_queue
+    from tests.conftest import make_request
+
+    b, d, e = (make_request(rid, 0.0, 10, 5) for rid in (1, 3, 4))
+    waiting = make_request_queue("fcfs")
+    waiting.add(e)
+    waiting.prepend(d)
+    waiting.prepend(b)  # B, D, E
+    engine = SimpleNamespace(waiting=waiting, held_kv_tokens={}, load_waiters={d.request_id})
+    OffloadScheduling.loaded_first(engine)  # type: ignore[arg-type]
+    assert [req.request_id for req in waiting] == [d.request_id, b.request_id, e.request_id]
+
+
+def test_the_v1_admission_keeps_a_load_waiter_until_it_is_admitted():
+    """The world of test_offload_connector's two loads of one prefix (A 64 tokens, B 256 evicting it, C and D =
+    A + 16 new at 2 s): D waits for C's load in the 2 s step (a load waiter), and is admitted at 2.01 s, no longer
+    one; the run ends with none."""
+    from kvsim.engine.loop import run_engine
+    from kvsim.kv import PagedAllocator, TokenContent
+    from kvsim.latency.base import ConstantLatency
+    from kvsim.sched import SchedulerLimits, make_scheduler
+    from kvsim.workload.request import Request
+    from tests.test_offload_connector import STEP_S, connector
+
+    a, b = list(range(64)), list(range(1000, 1256))
+    tokens = [a, b, a + list(range(5000, 5016)), a + list(range(6000, 6016))]
+    requests = [Request(i, t, len(ts), 1, TokenContent(ts)) for i, (t, ts) in enumerate(zip((0.0, 1.0, 2.0, 2.0),
+                                                                                           tokens, strict=True))]
+    scheduler = make_scheduler("v1", PagedAllocator(17, 16), SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=64,
+                                                                            max_model_len=1024))
+    scheduler.offload = connector()
+    seen = []
+    admit = scheduler._admit
+
+    def admit_and_look(plan, budget, now):
+        admit(plan, budget, now)
+        seen.append((round(now, 6), sorted(scheduler.load_waiters)))
+
+    scheduler._admit = admit_and_look
+    run_engine(scheduler, ConstantLatency(STEP_S), requests, check=True)
+    assert (2.0, [3]) in seen and (2.01, []) in seen and seen[-1][1] == []
 
 
 def test_a_store_link_too_slow_for_its_writes_is_busy_from_the_first_store_to_the_end_and_no_more():

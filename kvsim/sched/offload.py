@@ -30,6 +30,7 @@ class OffloadScheduling:
     running: list[Request]
     prefix_stats: PrefixCacheStats
     held_kv_tokens: dict[int, int]
+    load_waiters: set[int]
     offload: OffloadConnector | None
     loading: dict[int, tuple[Request, int]]
     # a disaggregated decode instance's requests whose KV is still on a prefill instance: handed to it and
@@ -77,6 +78,7 @@ class OffloadScheduling:
         held = self.alloc.hold(seq_id, req.num_tokens)
         assert allocated is not None and held, "start_load after a successful can_admit"
         self.waiting.pop()
+        self.load_waiters.discard(req.request_id)
         if self.alloc.enable_caching:
             self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
         self.loading[req.request_id] = (req, min((first + num_blocks) * bs, req.num_tokens - 1))
@@ -116,14 +118,16 @@ class OffloadScheduling:
             self.waiting.prepend(req)
 
     def loaded_first(self) -> None:
-        """Under FCFS, put the requests holding loaded KV at the front of `waiting`, in their order, before
-        admission: vLLM keeps them in its skipped queue, which FCFS admission takes before the waiting queue
-        (`_select_waiting_queue_for_scheduling`), whatever was preempted since their loads ended (a preempted
-        request goes to the front of the waiting queue). Ahead of them, a victim that cannot fit while they
-        hold their blocks stopped admission with nothing left running: the engine stalled for good."""
-        if not self.held_kv_tokens or self.waiting.policy != "fcfs":
+        """Under FCFS, put the requests holding loaded KV, and those waiting for another's load
+        (`load_waiters`), at the front of `waiting`, in their order, before admission: vLLM keeps both in its
+        skipped queue, which FCFS admission takes before the waiting queue (`_select_waiting_queue_for_
+        scheduling`), whatever was preempted since they went there (a preempted request goes to the front of the
+        waiting queue). Ahead of the loaded ones, a victim that cannot fit while they hold their blocks stopped
+        admission with nothing left running: the engine stalled for good."""
+        held, waiters = self.held_kv_tokens, self.load_waiters
+        if not (held or waiters) or self.waiting.policy != "fcfs":
             return
-        loaded = [req for req in self.waiting if req.request_id in self.held_kv_tokens]
+        loaded = [req for req in self.waiting if req.request_id in held or req.request_id in waiters]
         # already the front? (a loaded head alone does not say so: a victim can sit between two loaded requests)
         if all(req is head for req, head in zip(loaded, self.waiting, strict=False)):
             return

@@ -24,7 +24,8 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
    With KV offload, a request whose prefix the offload tiers hold past the GPU hit leaves the queue
    to load it (`Scheduler.start_load`) and admission goes on; loaded ones rejoin at the front (under FCFS
    ahead of any request preempted since: `loaded_first`). One whose offload hit another request is loading
-   sits the step out (vLLM's `_blocks_being_loaded`: `waits_for_a_load`) and admission goes on behind it.
+   sits the step out (vLLM's `_blocks_being_loaded`: `waits_for_a_load`) and admission goes on behind it; it
+   stays ahead of any request preempted since, as the loaded ones do (vLLM's skipped queue holds both).
 
 A request with n > 1 samples (not beam search) joins the queue as n child requests, each scheduled,
 counted by `max_num_seqs`, preempted and finished on its own, sharing prompt blocks only through the
@@ -142,7 +143,7 @@ class V1Scheduler(Scheduler):
         return refunded, unscheduled
 
     def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
-        if self.held_kv_tokens and self.waiting:
+        if (self.held_kv_tokens or self.load_waiters) and self.waiting:
             self.loaded_first()
         max_num_seqs, waiting = self.limits.max_num_seqs, self.waiting
         num_seqs = self.num_running_seqs()
@@ -156,6 +157,7 @@ class V1Scheduler(Scheduler):
             hit = self.lookup(req)
             if self.offload is not None and self.waits_for_a_load(req, hit):
                 skipped.append(waiting.pop())  # vLLM's skipped_waiting: first in line again next step
+                self.load_waiters.add(req.request_id)
                 continue
             num_new = min(req.num_tokens - hit.num_tokens, budget)
             if not self.can_admit(req, hit, num_new):
@@ -166,6 +168,7 @@ class V1Scheduler(Scheduler):
             if lookahead_slots and not self.alloc.hold(req.seq_ids[0], lookahead_slots):
                 break  # vLLM's allocate_slots fails with the lookahead: admission stops there
             self.admit(req, num_new, hit, plan, now)
+            self.load_waiters.discard(req.request_id)
             budget -= num_new
             num_seqs += req.num_samples
         for req in reversed(skipped):
