@@ -87,9 +87,6 @@ class Scheduler(OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
         # `waiting`, as vLLM's WAITING_FOR_REMOTE_KVS; each request's next block to offer to the tiers.
         self.offload: OffloadConnector | None = None
         self.loading: dict[int, tuple[Request, int]] = {}
-        # waiting requests skipped for another's load of their hit (`waits_for_a_load`), in vLLM's skipped queue
-        # (`skipped_waiting`) until admitted or loading: `loaded_first` keeps them ahead of later victims
-        self.load_waiters: set[int] = set()
         self._next_stored_block: dict[int, int] = {}
 
     # ---------------------------------------------------------------- queues

@@ -30,7 +30,10 @@ class OffloadScheduling:
     running: list[Request]
     prefix_stats: PrefixCacheStats
     held_kv_tokens: dict[int, int]
-    load_waiters: set[int]
+    # waiting requests skipped for another's load of their hit (`waits_for_a_load`), in vLLM's skipped queue
+    # (`skipped_waiting`) until admitted or loading: `loaded_first` keeps them ahead of later victims (replaced,
+    # never changed in place: the class's empty set is every scheduler's until its first)
+    load_waiters: frozenset[int] = frozenset()
     offload: OffloadConnector | None
     loading: dict[int, tuple[Request, int]]
     # a disaggregated decode instance's requests whose KV is still on a prefill instance: handed to it and
@@ -78,7 +81,8 @@ class OffloadScheduling:
         held = self.alloc.hold(seq_id, req.num_tokens)
         assert allocated is not None and held, "start_load after a successful can_admit"
         self.waiting.pop()
-        self.load_waiters.discard(req.request_id)
+        if self.load_waiters:
+            self.load_waiters -= {req.request_id}
         if self.alloc.enable_caching:
             self.prefix_stats.record(req.num_tokens, hit.num_tokens, preempted=bool(req.num_preemptions))
         self.loading[req.request_id] = (req, min((first + num_blocks) * bs, req.num_tokens - 1))

@@ -157,7 +157,7 @@ class V1Scheduler(Scheduler):
             hit = self.lookup(req)
             if self.offload is not None and self.waits_for_a_load(req, hit):
                 skipped.append(waiting.pop())  # vLLM's skipped_waiting: first in line again next step
-                self.load_waiters.add(req.request_id)
+                self.load_waiters |= {req.request_id}
                 continue
             num_new = min(req.num_tokens - hit.num_tokens, budget)
             if not self.can_admit(req, hit, num_new):
@@ -168,7 +168,8 @@ class V1Scheduler(Scheduler):
             if lookahead_slots and not self.alloc.hold(req.seq_ids[0], lookahead_slots):
                 break  # vLLM's allocate_slots fails with the lookahead: admission stops there
             self.admit(req, num_new, hit, plan, now)
-            self.load_waiters.discard(req.request_id)
+            if self.load_waiters:
+                self.load_waiters -= {req.request_id}
             budget -= num_new
             num_seqs += req.num_samples
         for req in reversed(skipped):
