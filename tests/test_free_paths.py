@@ -12,8 +12,12 @@ import random
 from collections import OrderedDict
 from itertools import compress, count, islice
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from kvsim.kv.block_pool import BlockPool
 from kvsim.kv.paged import PagedAllocator
+from kvsim.kv.radix_prefix_cache import RadixPrefixCache
 from kvsim.workload.content import SegmentContent
 
 
@@ -173,3 +177,52 @@ def test_a_repeated_hit_counts_its_free_blocks_as_a_recount():
         counts.append([refs[b] for b in hit.block_ids].count(0))
         assert alloc._blocks_needed(None, 2_048, hit) == counts[-1] + 128 - len(hit.block_ids)
     assert len(set(counts)) > 20  # the head's hit blocks went in and out of use
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32), st.booleans(), st.booleans())
+def test_a_held_hit_counts_its_free_blocks_as_a_recount_through_forks_swaps_and_a_radix_cache(seed, radix, v0):
+    """Review 27: `_blocks_needed`'s memo of a hit's free blocks stands while the pool's `num_ref_count_changes`
+    does. Every path that moves a ref count is driven at random on 40 blocks of 4 tokens, with a hash-chain
+    (v1 or v0 prefix caching) or SGLang's radix cache and a CPU swap pool: prefix hits, frees, v0 forks, appends
+    (a shared last block is copied), swaps out and in, growth that evicts cached blocks; after each, a held hit's
+    count is the recount of its blocks whose ref count is 0, plus the blocks past it."""
+    rng, bs = random.Random(seed), 4
+    alloc = PagedAllocator(40, bs, num_cpu_blocks=40, prefix_cache=RadixPrefixCache(40, bs) if radix else None,
+                           v0_prefix_caching=v0 and not radix)
+    docs = [SegmentContent([(("doc", d), 24), (("own", d), 200)]) for d in range(3)]
+    live: list[int] = []
+    swapped: list[int] = []
+    new_ids = count(1)
+    hit = alloc.lookup_prefix(docs[0], 24)
+    for _ in range(120):
+        op = rng.random()
+        if op < 0.1:
+            hit = alloc.lookup_prefix(rng.choice(docs), rng.randrange(1, 30))
+        elif op < 0.3 and live:
+            alloc.free(live.pop(rng.randrange(len(live))))
+        elif op < 0.4 and live:
+            child = next(new_ids)
+            alloc.fork(rng.choice(live), child)
+            live.append(child)
+        elif op < 0.55 and live:
+            alloc.append_token(rng.choice(live))
+        elif op < 0.62 and live:
+            seq_id = live.pop(rng.randrange(len(live)))
+            (swapped if alloc.swap_out([seq_id]) is not None else live).append(seq_id)
+        elif op < 0.7 and swapped:
+            if alloc.swap_in([swapped[-1]]) is not None:
+                live.append(swapped.pop())
+        elif op < 0.8 and live:
+            grown = rng.choice(live)
+            alloc.allocate(grown, alloc.seqs[grown].num_tokens + rng.randrange(1, 12))
+        else:
+            content, prompt, seq_id = rng.choice(docs), rng.randrange(1, 40), next(new_ids)
+            if alloc.allocate(seq_id, prompt, prompt + 10, content, alloc.lookup_prefix(content, prompt)):
+                live.append(seq_id)
+        if rng.random() < 0.3:
+            alloc.mark_blocks_as_computed()
+        refs = alloc.pool.ref_counts
+        recount = [refs[b] for b in hit.block_ids].count(0) + max(0, -(-30 // bs) - len(hit.block_ids))
+        assert alloc._blocks_needed(None, 30, hit) == recount
+        alloc.check_invariants()
