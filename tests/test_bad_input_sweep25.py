@@ -347,6 +347,22 @@ def test_a_servegen_cv_of_5000_over_a_window_short_beside_its_gamma_scale_is_not
     assert gamma_draws_to_cross(1.0, 10.0, 600.0) == 600 + 99 / 2  # a window long beside θ = 100 s: renewal's count
 
 
+def test_a_servegen_cv_s_draws_add_up_over_the_windows(tmp_path, monkeypatch):
+    """With the per-row bound alone, windows of a CV of 5,000 (2.49 million draws each) passed one by one while a
+    day of them drew 360 million (review 27). At a bound of 10,000 and a CV of 100 at 1 req/s (z = 0.06,
+    E1(0.06) = −γ − ln 0.06 + 0.06 − 0.06²/4 + 0.06³/18 = 2.2953: 1/(1e-4 · 2.2953) = 4,357 draws a window, the
+    rate's 600 of them included), two windows draw 8,713 and the third would reach 13,070: refused there."""
+    from kvsim.workload import servegen
+
+    folder = _servegen(tmp_path, 1, 100)
+    (folder / "chunk-0-trace.csv").write_text("".join(f"{600 * k},1,100,,0,0\n" for k in range(3)), encoding="utf-8")
+    monkeypatch.setattr(servegen, "SERVEGEN_MAX_DRAWS", 10_000)
+    with pytest.raises(KvsimError, match=r"chunk-0-trace.csv:3: cv='100': gaps that vary this much take up to about "
+                                         r"4\.36e\+03 draws to cross a window, 1\.31e\+04 with the windows before it"):
+        servegen.read_servegen(folder, np.random.default_rng(0), 0.0, 1800.0, None)
+    assert len(servegen.read_servegen(folder, np.random.default_rng(0), 0.0, 1200.0, None)) > 0  # two windows
+
+
 def test_gamma_draws_to_cross_matches_a_naive_draw_of_the_gaps():
     """A naive second implementation: draw gamma gaps (shape 1/300², scale 300² s) from a window's start until they
     pass 600 s, 100 windows. The estimate bounds the mean from above (the draws end by the first gap over the

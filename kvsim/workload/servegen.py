@@ -59,10 +59,14 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
                                                     "requests per second?")
                 if rate <= 0 or hi <= lo:
                     continue
-                # a CV of 1e100 (shape 1e-200: gaps of 0) drew without end; 1e200's c² overflowed (a traceback)
-                if (draws := gamma_draws_to_cross(rate, cv, hi - lo)) - rate * (hi - lo) > SERVEGEN_MAX_DRAWS:
+                # a CV of 1e100 (shape 1e-200: gaps of 0) drew without end; 1e200's c² overflowed (a traceback). The
+                # draws past the rate's count add up over the windows, as the rate's do (`drawn` holds both)
+                before, draws = drawn, gamma_draws_to_cross(rate, cv, hi - lo)
+                drawn += draws - rate * (hi - lo)
+                if drawn > SERVEGEN_MAX_DRAWS:
+                    so_far = f", {drawn:,.3g} with the windows before it" if before > rate * (hi - lo) else ""
                     raise bad_row(trace_file, line_no, f"cv={shown(row[2])}: gaps that vary this much take up to about "
-                                                    f"{draws:,.3g} draws to cross a window, more than "
+                                                    f"{draws:,.3g} draws to cross a window{so_far}, more than "
                                                     f"kvsim samples ({SERVEGEN_MAX_DRAWS:,})")
                 shape = 1.0 / max(cv, 1e-3) ** 2
                 scale_s = 1.0 / (rate * shape) if rate * shape > 0 else math.inf  # 1e-320 · 1e-6 underflows
