@@ -14,7 +14,7 @@ while nothing is evicted:
 * granularity: SGLang evicts whole leaf nodes (a run of pages), so an eviction can free more
   blocks than asked; those are kept here as plain free blocks (`_spare`) and reused first;
 * a sequence whose leading blocks the tree holds in other blocks (two requests computed the same
-  content at once; EAGLE recomputes a hit's last block, `kvsim.sched.base.Scheduler.lookup`) is
+  content at once; EAGLE recomputes a hit's last block, `kvsim.sched.admission.Admission.lookup`) is
   pointed at the tree's blocks and its own are freed (`insert` returns the pairs; the allocator
   swaps them), as SGLang's insert frees a request's duplicate KV and points the request at the
   tree's; its blocks past them are then cached below, as SGLang's are: a node's blocks must be held
@@ -144,7 +144,7 @@ class RadixPrefixCache:
 
         The blocks in use along a path are a prefix of it, so a node's locked pages are a prefix of its run;
         they end inside the run only where a hit was trimmed after its match cut the path there (EAGLE gives a
-        hit's last block back, `kvsim.sched.base.Scheduler.lookup`): when that hit is locked, or when the
+        hit's last block back, `kvsim.sched.admission.Admission.lookup`): when that hit is locked, or when the
         sequence that held the pages past it frees them. SGLang locks whole nodes, and a free page in a
         locked node could never be evicted: the node is cut where the trimmed hit ends, as a match ending
         there would have cut it."""

@@ -144,7 +144,7 @@ class Study:
         # `kvsim capacity` counts them (`paged_max_seqs`; `paged_seqs` before rounding down)
         self.paged_fit = partial(paged_max_seqs, self.kv_layout, max_num_batched_tokens=self.max_num_batched_tokens,
                                  num_null_blocks=self.paged_null_blocks)
-        # as the scheduler refuses them (`kvsim.sched.base.Scheduler.reject_reason`'s first test)
+        # as the scheduler refuses them (`kvsim.sched.admission.Admission.reject_reason`'s first test)
         self.unservable_fraction = float(np.mean([r.prompt_len + r.output_len > self.max_model_len
                                                   for r in requests])) if requests else 0.0
         if self.unservable_fraction == 1.0:  # every figure would be empty, and the sections' text expects some
