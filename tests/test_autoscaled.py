@@ -76,7 +76,8 @@ def test_kv_usage_counts_a_pool_only_while_its_replica_is_up():
     up from t = 4 and steps over [6, 10) at 25 %. Blocks in use: 50 · 10 + 75 · 4 = 800 block-seconds; blocks up
     while either steps ([0, 10)): 100 · 10 + 300 · 6 = 2,800, so KV usage is 800 / 2,800 = 2/7 (counting B's pool
     for the whole 10 s, as before, gave 800 / 4,000 = 0.2). Without up periods the static figure stands."""
-    from kvsim.results.metrics import StepTotals, means_together
+    from kvsim.results.metrics import StepTotals
+    from kvsim.results.together import means_together
 
     a = StepTotals(dt=10.0, usage_dt=0.5 * 10.0)
     a.busy_periods.extend([0.0, 10.0])

@@ -34,7 +34,8 @@ import numpy as np
 import pytest
 
 import kvsim
-from kvsim.results.metrics import STEP_COLUMNS, StepTotals, means_together
+from kvsim.results.metrics import STEP_COLUMNS, StepTotals
+from kvsim.results.together import means_together
 from tests.test_metamorphic2 import random_rows, traced, write_trace  # the same trace helpers
 
 

@@ -20,8 +20,9 @@ from kvsim.kv import SegmentContent
 from kvsim.model.capacity import kv_bytes_per_block
 from kvsim.model.config import load_gpu, load_model
 from kvsim.results.budget import estimate_run_bytes
-from kvsim.results.metrics import EngineCounters, StepTotals, dp_group_steps, dp_interval_steps, summarize
+from kvsim.results.metrics import EngineCounters, StepTotals, summarize
 from kvsim.results.step_writer import has_pyarrow
+from kvsim.results.together import dp_group_steps, dp_interval_steps
 from kvsim.workload import conversations
 from kvsim.workload import generate as workload
 from kvsim.workload.request import Request, RequestStatus

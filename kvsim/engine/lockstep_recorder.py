@@ -9,8 +9,8 @@ group's `LockstepRecorder`, which buffers the rows (a `StepRecorder` holding the
 and every `chunk_rows` rows, when a new instant begins, hands the chunk on:
 
     totals    the deployment's streaming sums, always: lockstep, the chunk's steps as one row each
-              (`kvsim.results.metrics.dp_group_steps`); independent, the same over the intervals between
-              the instants a step starts or ends (`kvsim.results.metrics.dp_interval_steps`; the steps still
+              (`kvsim.results.together.dp_group_steps`); independent, the same over the intervals between
+              the instants a step starts or ends (`kvsim.results.together.dp_interval_steps`; the steps still
               running when the chunk ends are cut again with the next chunk), counting each engine's steps;
     and, by the scenario's `steps` mode, as `StepRecorder` does:
       all       the writer (to disk, a row group per chunk) or, without one, chunks kept in memory;
@@ -32,7 +32,8 @@ import numpy as np
 
 from kvsim.engine import recorder
 from kvsim.engine.recorder import DTYPES, MAX_SAMPLED_STEPS, Chunk, StepRecorder, StepSampler
-from kvsim.results.metrics import StepTotals, dp_group_steps, dp_interval_steps
+from kvsim.results.metrics import StepTotals
+from kvsim.results.together import dp_group_steps, dp_interval_steps
 
 if TYPE_CHECKING:
     import pandas as pd

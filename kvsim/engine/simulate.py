@@ -41,7 +41,7 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     every request (column `dp_rank`: for a fanned-out request, the rank whose child ended last) and the engines'
     steps (those `scenario.steps` keeps, in (`time_s`, `dp_rank`) order); the summary describes the deployment:
     running and waiting counts and scheduler counters summed over the engines, pool shares averaged over them
-    (`kvsim.results.metrics.dp_group_steps`), with KV offload its tiers' books over the ranks
+    (`kvsim.results.together.dp_group_steps`), with KV offload its tiers' books over the ranks
     (`kvsim.kv.offload_connector.combine_summaries`).
     The steps stream through a `LockstepRecorder`: to `writer`, if given (they are read back from
     `steps_path`, where the writer's file lands), else kept in memory (`all`) or sampled."""

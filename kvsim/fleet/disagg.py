@@ -69,8 +69,9 @@ from kvsim.kv.link import SharedLink
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
-from kvsim.results.metrics import means_together, percentiles
+from kvsim.results.metrics import percentiles
 from kvsim.results.run_result import RunResult
+from kvsim.results.together import means_together
 from kvsim.sched.request_queue import priority_key
 from kvsim.workload.fleet_layout import KVTransferConfig
 from kvsim.workload.fleet_layout import Router as RouterConfig

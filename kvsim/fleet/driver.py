@@ -35,7 +35,6 @@ from kvsim.model.errors import KvsimError
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import (
     combined_counters,
-    means_together,
     optional_column_summaries,
     percentiles,
     prefix_cache_hit_rate,
@@ -44,6 +43,7 @@ from kvsim.results.output_dir import check_output_dir, output_directory
 from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
 from kvsim.results.step_writer import StepsFormat, StepWriter, concat_step_files
+from kvsim.results.together import means_together
 from kvsim.workload.generate import iter_requests
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario, expect_scenario, make_scenario
@@ -322,7 +322,7 @@ def fleet_summary(scenario: Scenario, requests_df: pd.DataFrame, runs: list[RunR
     `kvsim.results.metrics.combined_counters`, its `draft_rejected_share` over the speculating replicas' pools
     for the fleet's duration). `replica_ids` number the `per_replica` rows (default 0, 1, ...; an autoscaled
     fleet's: the slots it used; `up_periods`, each one's flat [start, end) pairs serving: its KV pool counts in
-    `kv_cache_usage_mean` only then, `kvsim.results.metrics.means_together`, and in `draft_rejected_share` only
+    `kv_cache_usage_mean` only then, `kvsim.results.together.means_together`, and in `draft_rejected_share` only
     then, `_served_s`)."""
     finished = requests_df[requests_df["status"] == "finished"]
     end_s = max((r.summary["duration_s"] + float(r.request_columns["arrival_s"].min()) for r in runs

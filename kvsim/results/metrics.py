@@ -59,59 +59,6 @@ STEP_FLOAT_COLUMNS = frozenset(("time_s", "duration_s", "vllm:kv_cache_usage_per
 """The float64 columns; the others are int64."""
 
 
-IDLE_POOL = {"vllm:kv_cache_usage_perc": 0.0, **dict.fromkeys(WASTE_KEYS, 0.0), "free": 1.0}
-"""The pool shares of a data-parallel engine that has no row in a lockstep step: it runs nothing."""
-
-
-def dp_group_steps(steps_df: pd.DataFrame, num_engines: int, preemptions_before: Sequence[int] | None = None,
-                   ) -> pd.DataFrame:
-    """Data-parallel engines' step rows (`dp_rank`, sharing `time_s` in lockstep) as one row per
-    step of the whole deployment, so its summary speaks of all engines together.
-
-    Counts (running, waiting, tokens, held and shared slots, bytes) are summed over the engines;
-    pool shares are averaged over every engine (the pools are equal), an engine without a row
-    counting as idle (`IDLE_POOL`); the cumulative preemption count is each engine's latest, summed
-    (before its first row here: its count in `preemptions_before`, by rank, default 0; so the steps
-    can come a chunk at a time, each chunk holding whole steps).
-    """
-    import pandas as pd
-
-    wide = steps_df.pivot(index="time_s", columns="dp_rank")
-    ranks = range(num_engines)
-    data: dict[str, Any] = {"time_s": wide.index.to_numpy(),
-                            "duration_s": wide["duration_s"].max(axis=1).to_numpy()}
-    for name in STEP_COLUMNS[2:]:
-        column = wide[name].reindex(columns=ranks)
-        if name == "vllm:num_preemptions_total":
-            column = column.ffill().fillna(dict(enumerate(preemptions_before or [0] * num_engines)))
-        if name in IDLE_POOL:
-            data[name] = column.fillna(IDLE_POOL[name]).mean(axis=1).to_numpy()
-        else:
-            data[name] = column.fillna(0).sum(axis=1).to_numpy().astype(steps_df[name].dtype)
-    return pd.DataFrame(data)
-
-
-def dp_interval_steps(steps_df: pd.DataFrame, until_s: float = np.inf) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Independent data-parallel engines' step rows (`dp_rank`; each engine's own steps never overlap, but
-    different engines' do) cut at every instant a step starts or ends, as lockstep rows `dp_group_steps`
-    regroups: for each interval between consecutive instants up to `until_s`, one row per engine stepping
-    through it, its `time_s` and `duration_s` the interval's (the interval during which an engine runs no
-    step is not there: that engine is idle then). Returns those rows and the steps still running at
-    `until_s`, from `until_s` on (the rows to cut with the next ones, when the steps come a chunk at a time:
-    no step of a later chunk starts before `until_s`)."""
-    start = steps_df["time_s"].to_numpy()
-    end = start + steps_df["duration_s"].to_numpy()
-    instants = np.unique(np.concatenate([start, np.minimum(end, until_s)]))
-    first = np.searchsorted(instants, start)
-    counts = np.searchsorted(instants, np.minimum(end, until_s)) - first  # intervals each step runs through
-    rows = np.repeat(np.arange(len(start)), counts)
-    interval = np.repeat(first, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    cut = steps_df.iloc[rows].assign(time_s=instants[interval], duration_s=instants[interval + 1] - instants[interval])
-    running_on = end > until_s
-    rest = steps_df[running_on].assign(time_s=until_s, duration_s=end[running_on] - until_s)
-    return cut.reset_index(drop=True), rest.reset_index(drop=True)
-
-
 def requests_frame(requests: RequestRecords | Iterable[Request]) -> pd.DataFrame:
     """One row per request, in arrival order: a scheduler's `records` or the given requests as they are now."""
     import pandas as pd
@@ -132,74 +79,9 @@ def percentiles(values: np.ndarray) -> dict[str, float | None]:
     return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
-def _ratio(numerator: float, denominator: float) -> float | None:
+def time_weighted_mean(numerator: float, denominator: float) -> float | None:
     """A time-weighted mean from its two sums: None when no time was weighted."""
     return float(numerator / denominator) if denominator > 0 else None
-
-
-def busy_together_s(totals: Sequence[StepTotals]) -> float:
-    """The time at least one of engines side by side (a fleet's replicas) steps: Σ dt less the time two or
-    more step at once (their busy periods' overlap), so that one engine's is its own Σ dt exactly."""
-    periods = [np.asarray(t.busy_periods).reshape(-1, 2) for t in totals]
-    every = np.concatenate(periods) if periods else np.zeros((0, 2))
-    start, end = every[np.argsort(every[:, 0], kind="stable")].T
-    reach = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])  # the latest end before each period
-    uncovered = np.maximum(0.0, end - np.maximum(start, reach))  # each period's time no earlier one covered
-    overlap_s = float((end - start).sum() - uncovered.sum())  # 0.0 exactly when no two periods overlap
-    return sum(t.dt for t in totals) - overlap_s
-
-
-def _periods_together(totals: Sequence[StepTotals]) -> np.ndarray:
-    """The time at least one of the engines steps, as disjoint (start, end) rows in time order."""
-    every = np.concatenate([np.asarray(t.busy_periods).reshape(-1, 2) for t in totals] or [np.zeros((0, 2))])
-    if not every.size:
-        return every
-    start, end = every[np.argsort(every[:, 0], kind="stable")].T
-    reach = np.maximum.accumulate(end)
-    new = np.concatenate([[True], start[1:] > reach[:-1]])
-    firsts = np.flatnonzero(new)
-    return np.column_stack([start[firsts], np.maximum.reduceat(reach, firsts)])
-
-
-def _down_together_s(together: np.ndarray, up_periods: Sequence[float]) -> float:
-    """The time in `together`'s periods outside the flat [start, end) pairs of `up_periods` (0.0 exactly when
-    every period is inside one)."""
-    down = np.concatenate([[-np.inf], np.asarray(up_periods, dtype=np.float64), [np.inf]]).reshape(-1, 2)
-    overlap = (np.minimum(together[:, 1, None], down[None, :, 1])
-               - np.maximum(together[:, 0, None], down[None, :, 0]))
-    return float(np.maximum(overlap, 0.0).sum())
-
-
-def means_together(totals: Sequence[StepTotals], num_blocks: Sequence[int],
-                   up_periods: Sequence[Sequence[float]] | None = None) -> dict[str, float]:
-    """Engines side by side (a fleet's replicas, a disaggregated pool's instances; engine i with a pool of
-    `num_blocks[i]` blocks) as one: their running and waiting requests summed and their KV usage weighted by
-    pool size (the share of all their blocks in use), each time-averaged over the time at least one of them
-    steps (`busy_together_s`, computed once), as one engine's `mean_running` is over the time it steps, so
-    that one engine's are its own exactly: `mean_running`, `mean_waiting`, `kv_cache_usage_mean`.
-
-    `up_periods` (an autoscaled fleet's slots: engine i serves only in its flat [start, end) pairs): KV usage
-    is then the blocks in use over the blocks of the engines up at the time, `Σ_i blocks_i · usage_dt_i ÷
-    Σ_i blocks_i · (busy − time engine i was down within it)`, so a replica counts only while it is up (a slot
-    switched off for most of the run no longer dilutes the share); a slot up throughout gives the static figure
-    exactly.
-
-    An engine counts as running, waiting and using none while it does not step, time its own means leave out
-    too: a colocated replica then runs nothing, and blocks a finished request left in the prefix cache count
-    as free, as in vLLM's gauge (a disaggregated instance may then hold blocks for a transfer, which no step
-    records). (Summing each engine's mean, or averaging it, counts an engine stepping for a tenth of the run
-    as if it ran all along, and a small pool as much as a large one.)"""
-    busy_s = busy_together_s(totals)
-    all_blocks = sum(num_blocks)
-    used_dt = sum(blocks / all_blocks * t.usage_dt for t, blocks in zip(totals, num_blocks, strict=True))
-    up_s = busy_s
-    if up_periods is not None:
-        together = _periods_together(totals)
-        up_s -= sum(blocks / all_blocks * _down_together_s(together, up)
-                    for blocks, up in zip(num_blocks, up_periods, strict=True))
-    return {"mean_running": _ratio(sum(t.running_dt for t in totals), busy_s) or 0.0,
-            "mean_waiting": _ratio(sum(t.waiting_dt for t in totals), busy_s) or 0.0,
-            "kv_cache_usage_mean": _ratio(used_dt, up_s) or 0.0}
 
 
 @dataclass(slots=True)
@@ -210,7 +92,7 @@ class StepTotals:
     order); each time-weighted mean is kept as Σ value·weight and Σ weight, so memory does not
     grow with the run but for `busy_periods` (start and end of each stretch of back-to-back steps,
     flat: two floats per idle gap), from which engines running side by side get the time any of them
-    steps (`means_together`). Weights: `dt` (each step's duration), `holding` (dt of steps that
+    steps (`kvsim.results.together.means_together`). Weights: `dt` (each step's duration), `holding` (dt of steps that
     hold KV: the waste shares and sharing), `queued` (dt of steps with requests waiting: `saturated`).
     """
 
@@ -333,9 +215,9 @@ def saturated_summary(steps: StepTotals | pd.DataFrame, run_duration_s: float) -
                   f"{run_duration_s:.3g} s run: a transient, not a sustained steady state")
         return {"duration_s": duration, "mean_running": None, "preemptions_per_s": None,
                 "waste": dict.fromkeys(totals.waste_queued), "reason": reason}
-    return {"duration_s": duration, "mean_running": _ratio(totals.running_queued, duration),
+    return {"duration_s": duration, "mean_running": time_weighted_mean(totals.running_queued, duration),
             "preemptions_per_s": float(totals.queued_preemptions) / duration,
-            "waste": {k: _ratio(v, duration) for k, v in totals.waste_queued.items()}, "reason": None}
+            "waste": {k: time_weighted_mean(v, duration) for k, v in totals.waste_queued.items()}, "reason": None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,8 +301,8 @@ def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, sch
     num_finished = int(finished.sum())
     start_s = float(col("arrival_s").min()) if len(status) else 0.0
     duration = max(totals.end_s - start_s, 0.0) if totals.num_steps else 0.0
-    fractions = {k: _ratio(v, totals.holding) for k, v in totals.waste_holding.items()}
-    of_allocated = {k: _ratio(v, totals.holding) for k, v in totals.of_allocated_holding.items()}
+    fractions = {k: time_weighted_mean(v, totals.holding) for k, v in totals.waste_holding.items()}
+    of_allocated = {k: time_weighted_mean(v, totals.holding) for k, v in totals.of_allocated_holding.items()}
     sharing_saving = totals.shared_holding / totals.logical_holding if totals.logical_holding else 0.0
     outputs = col("output_tokens")
     output_tokens = int((outputs * col("num_samples"))[finished].sum())
@@ -446,9 +328,9 @@ def summarize(requests: Mapping[str, Any], steps: StepTotals | pd.DataFrame, sch
         # The peak of a run that preempted is an admission transient, not a level it held without
         # preempting: null then (`kvsim report` bisects max_num_seqs for the largest level that never preempts).
         "max_running_without_preemption": totals.max_running if scheduler.num_preemptions == 0 else None,
-        "mean_running": _ratio(totals.running_dt, totals.dt) or 0.0,
+        "mean_running": time_weighted_mean(totals.running_dt, totals.dt) or 0.0,
         "num_preemptions": scheduler.num_preemptions,
-        "kv_cache_usage_perc": {"mean": _ratio(totals.usage_dt, totals.dt) or 0.0, "max": totals.max_usage},
+        "kv_cache_usage_perc": {"mean": time_weighted_mean(totals.usage_dt, totals.dt) or 0.0, "max": totals.max_usage},
         **prefix_cache_hit_rate(scheduler.num_prefix_query_tokens, scheduler.num_prefix_hit_tokens,
                                 scheduler.num_prefix_query_blocks, scheduler.num_prefix_hit_blocks),
         "num_prefix_cache_query_tokens": scheduler.num_prefix_query_tokens,
