@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.config import MAX_FIXED_COST_S
 from kvsim.model.engine_config import MAX_ENGINES, EngineConfig
-from kvsim.model.errors import from_validation_error
+from kvsim.model.errors import close_match, from_validation_error
 from kvsim.model.spec import Label, Settings
 
 PREFIX_CACHING = "enable_prefix_caching"
@@ -110,13 +110,20 @@ class Router(Settings):
         return self
 
 
+KV_CONNECTORS = ("SharedStorageConnector", "P2pNcclConnector", "LMCacheConnectorV1", "LMCacheMPConnector",
+                 "NixlConnector", "MultiConnector", "OffloadingConnector", "DecodeBenchConnector")
+"""The connectors vLLM's `KVConnectorFactory` registers by name (vllm/distributed/kv_transfer/kv_connector/
+factory.py, `register_connector` calls at vllm-project/vllm a4cd9d0), in its order."""
+
+
 class KVTransferConfig(Settings):
     """vLLM's `--kv-transfer-config` for a disaggregated fleet (`kvsim.fleet.disagg`): replica groups with
     `kv_role: kv_producer` form the prefill pool, `kv_consumer` the decode pool.
 
     `kv_link` names a link preset (`kvsim.fleet.kv_transfer.LINK_PRESETS`: nvlink, pcie, rdma);
     `kv_link_bandwidth_bytes_per_s` and `kv_link_latency_s` replace its figures. Each decode instance
-    receives over its own link, shared by the transfers into it. `kv_connector` is recorded only.
+    receives over its own link, shared by the transfers into it. `kv_connector` is recorded only; it must be a
+    connector vLLM registers (`KV_CONNECTORS`).
     """
 
     kv_connector: Label = "NixlConnector"  # recorded only; a blank one was recorded as the connector's name
@@ -125,6 +132,16 @@ class KVTransferConfig(Settings):
     kv_link_latency_s: float | None = Field(default=None, ge=0, le=MAX_FIXED_COST_S)
     prefill_router: Router = Router(policy="least_outstanding")
     decode_router: Router = Router(policy="least_outstanding")
+
+    @field_validator("kv_connector")
+    @classmethod
+    def _registered_connector(cls, name: str) -> str:
+        """vLLM refuses a name its registry lacks ("Unsupported connector type") unless `kv_connector_module_path`
+        names a module that defines it, a field kvsim does not take: `Bogus` was run as "recorded only"."""
+        if name not in KV_CONNECTORS:
+            raise ValueError(f"vLLM registers no such connector{close_match(name, list(KV_CONNECTORS))}; "
+                             f"known: {', '.join(KV_CONNECTORS)}")
+        return name
 
 
 class AutoscalerConfig(Settings):

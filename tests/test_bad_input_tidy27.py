@@ -1,0 +1,43 @@
+"""Small defects other helpers noticed on 7 December (tidy27): each with the behaviour a user (or vLLM) expects.
+
+Found: `kv_transfer_config.kv_connector: Bogus` ran as "recorded only", where vLLM's engine refuses a connector its
+`KVConnectorFactory` does not register.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import one_line_exit_2  # tests/ is on sys.path
+
+import kvsim
+from kvsim.model.errors import KvsimError
+
+REPO = Path(__file__).resolve().parents[1]
+DISAGG = str(REPO / "scenarios" / "disagg-1p1d.yaml")
+# The names vLLM's KVConnectorFactory registers, copied by hand from the `register_connector` calls at the end of
+# vllm/distributed/kv_transfer/kv_connector/factory.py (vllm-project/vllm a4cd9d0), not from kvsim.
+VLLM_CONNECTORS = ["SharedStorageConnector", "P2pNcclConnector", "LMCacheConnectorV1", "LMCacheMPConnector",
+                   "NixlConnector", "MultiConnector", "OffloadingConnector", "DecodeBenchConnector"]
+
+
+@pytest.mark.parametrize(("name", "hint"), [("Bogus", ""), ("nixlconnector", " (did you mean NixlConnector?)")])
+def test_a_connector_vllm_does_not_register_is_refused_naming_the_known_ones(tmp_path, name, hint):
+    line = one_line_exit_2(["run", DISAGG, "--set", "workload.num_requests=2",
+                            "--kv-transfer-config", json.dumps({"kv_connector": name}), "-o", str(tmp_path / "out")])
+    assert line == (f"kv_transfer_config.kv_connector={name!r}: vLLM registers no such connector{hint}; "
+                    f"known: {', '.join(VLLM_CONNECTORS)}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_connector_vllm_registers_is_taken_and_recorded():
+    small = {"steps": "none", "workload": {"num_requests": 1, "prompt_len": {"dist": "fixed", "value": 16},
+                                           "output_len": {"dist": "fixed", "value": 2}},
+             "replicas": [{"count": 1, "kv_role": "kv_producer"}, {"count": 1, "kv_role": "kv_consumer"}]}
+    for name in VLLM_CONNECTORS:
+        result = kvsim.simulate({**small, "kv_transfer_config": {"kv_connector": name}})
+        assert result.summary["disaggregation"]["kv_connector"] == name
+    with pytest.raises(KvsimError, match="^kv_transfer_config.kv_connector='Bogus': vLLM registers no such"):
+        kvsim.simulate({**small, "kv_transfer_config": {"kv_connector": "Bogus"}})
