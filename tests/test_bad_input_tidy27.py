@@ -1,7 +1,8 @@
 """Small defects other helpers noticed on 7 December (tidy27): each with the behaviour a user (or vLLM) expects.
 
 Found: `kv_transfer_config.kv_connector: Bogus` ran as "recorded only", where vLLM's engine refuses a connector its
-`KVConnectorFactory` does not register.
+`KVConnectorFactory` does not register. A trace of one request shorter than `num_requests` warned "holds 1 requests
+... the run has those 1".
 """
 
 from __future__ import annotations
@@ -41,3 +42,22 @@ def test_every_connector_vllm_registers_is_taken_and_recorded():
         assert result.summary["disaggregation"]["kv_connector"] == name
     with pytest.raises(KvsimError, match="^kv_transfer_config.kv_connector='Bogus': vLLM registers no such"):
         kvsim.simulate({**small, "kv_transfer_config": {"kv_connector": "Bogus"}})
+
+
+@pytest.mark.parametrize(("rows", "said"), [
+    (1, "t.csv holds 1 request from start_s=0; the run has only that one"),
+    (2, "t.csv holds 2 requests from start_s=0; the run has those 2"),
+])
+def test_a_short_trace_is_counted_in_words_that_agree(tmp_path, monkeypatch, caplog, rows, said):
+    import logging
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:00:0{i}.000000,100,10\n" for i in range(rows)))
+    (tmp_path / "s.yaml").write_text("steps: none\nworkload: {num_requests: 5, arrival: {process: trace}, "
+                                     "trace: {format: azure, path: t.csv}}\n")
+    with caplog.at_level(logging.WARNING):
+        result = kvsim.simulate(kvsim.load_scenario("s.yaml"))
+    assert result.summary["num_requests"] == rows
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"workload.num_requests=5: {said}"]

@@ -184,8 +184,9 @@ def trace_rows(scenario: Scenario, rng: np.random.Generator) -> tuple[Path, list
     return path, kept
 
 
-SHORT_TRACE = "workload.num_requests=%s: %s %s requests %s; the run has those %s"
-"""The warning `_fewer_than_asked` logs (its format, the record's `msg`)."""
+SHORT_TRACE = "workload.num_requests=%s: %s %s %s; the run has %s"
+"""The warning `_fewer_than_asked` logs (its format, the record's `msg`): "... t.csv holds 2 requests from start_s=0;
+the run has those 2", or of one request "holds 1 request ...; the run has only that one"."""
 
 
 def _fewer_than_asked(num_requests: int, records: list[TraceRecord], source: str, window: str) -> list[TraceRecord]:
@@ -194,8 +195,9 @@ def _fewer_than_asked(num_requests: int, records: list[TraceRecord], source: str
     takes a `--num-prompts` larger than its dataset (it repeats random rows to reach it,
     `maybe_oversample_requests`); kvsim repeats none, since a replay's rows come with their own arrival times."""
     if len(records) < num_requests:
-        count = f"{len(records):,}"
-        log.warning(SHORT_TRACE, f"{num_requests:,}", source, count, window, count)
+        held = "1 request" if len(records) == 1 else f"{len(records):,} requests"  # "holds 1 requests" before
+        kept = "only that one" if len(records) == 1 else f"those {len(records):,}"
+        log.warning(SHORT_TRACE, f"{num_requests:,}", source, held, window, kept)
     return records
 
 
