@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import tempfile
@@ -162,6 +161,7 @@ def check_outputs(folder: Path) -> None:
 def _tables_of(table: Path, earlier: Path) -> bool:
     """Whether `table` is a plain file holding `markdown` of the result in `earlier` (read only up to the size
     `check_output_file` reads of a JSON result: a stranger's large file is not read whole)."""
+    from kvsim.model.yaml_io import load_json
     from kvsim.results.output_dir import MAX_JSON_RESULT_BYTES
 
     if table.is_symlink() or not table.is_file() or not earlier.is_file():
@@ -170,7 +170,7 @@ def _tables_of(table: Path, earlier: Path) -> bool:
         return False
     try:
         return table.read_text(encoding="utf-8", errors="replace") == markdown(
-            json.loads(earlier.read_text(encoding="utf-8")))
+            load_json(earlier.read_text(encoding="utf-8")))  # json.loads: text nested too deeply was a RecursionError
     except (ValueError, KeyError, TypeError, ZeroDivisionError):  # an earlier result of our keys, not our values
         return False
 

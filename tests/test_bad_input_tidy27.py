@@ -2,7 +2,8 @@
 
 Found: `kv_transfer_config.kv_connector: Bogus` ran as "recorded only", where vLLM's engine refuses a connector its
 `KVConnectorFactory` does not register. A trace of one request shorter than `num_requests` warned "holds 1 requests
-... the run has those 1".
+... the run has those 1". `bench_kernels.py` read an earlier kernels.json with `json.loads`: one nested too deeply
+was a RecursionError out of a check that answers yes or no.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import one_line_exit_2  # tests/ is on sys.path
+from conftest import benchmark_script, one_line_exit_2  # tests/ is on sys.path
 
 import kvsim
 from kvsim.model.errors import KvsimError
@@ -61,3 +62,13 @@ def test_a_short_trace_is_counted_in_words_that_agree(tmp_path, monkeypatch, cap
     assert result.summary["num_requests"] == rows
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         f"workload.num_requests=5: {said}"]
+
+
+def test_bench_kernels_tells_a_deeply_nested_earlier_result_from_its_own_without_a_traceback(tmp_path, monkeypatch):
+    """Whether kernels.md holds the tables of kernels.json beside it is a yes or no: a kernels.json of 100,000
+    nested lists (past Python's recursion limit) is not this bench's result, so no (it raised RecursionError)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    bench = benchmark_script("bench_kernels")
+    (tmp_path / "kernels.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "kernels.md").write_text("my notes\n")
+    assert bench._tables_of(tmp_path / "kernels.md", tmp_path / "kernels.json") is False
