@@ -784,7 +784,7 @@ def test_a_run_that_rejects_every_request_says_so(tmp_path, fleet):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["num_rejected"] == 4
     assert result.stderr.strip().splitlines() == [  # a fleet's summary counts the reasons over its replicas
-        "kvsim: warning: every request was rejected (4 of 4: prompt_len + output_len > max_model_len 8192 (4)), "
+        "kvsim: warning: every request was rejected (4 of 4: prompt_len >= max_model_len 8192 (4)), "
         "as vLLM rejects "
         "them (HTTP 400); nothing was served, so the latency and throughput figures are empty"]
     assert (out / "summary.json").exists()

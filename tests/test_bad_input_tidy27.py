@@ -3,7 +3,8 @@
 Found: `kv_transfer_config.kv_connector: Bogus` ran as "recorded only", where vLLM's engine refuses a connector its
 `KVConnectorFactory` does not register. A trace of one request shorter than `num_requests` warned "holds 1 requests
 ... the run has those 1". `bench_kernels.py` read an earlier kernels.json with `json.loads`: one nested too deeply
-was a RecursionError out of a check that answers yes or no.
+was a RecursionError out of a check that answers yes or no. A prompt longer than max_model_len was rejected as
+"prompt_len + output_len > max_model_len", its row showing output_tokens 1, a length no one asked for.
 """
 
 from __future__ import annotations
@@ -72,3 +73,26 @@ def test_bench_kernels_tells_a_deeply_nested_earlier_result_from_its_own_without
     (tmp_path / "kernels.json").write_text("[" * 100_000 + "]" * 100_000)
     (tmp_path / "kernels.md").write_text("my notes\n")
     assert bench._tables_of(tmp_path / "kernels.md", tmp_path / "kernels.json") is False
+
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_prompt_alone_past_max_model_len_is_rejected_by_the_prompt_and_keeps_the_output_asked(
+        tmp_path, monkeypatch, replicas):
+    """vLLM's OpenAI server refuses a prompt of `max_model_len` tokens or more whatever `max_tokens` asks
+    (`OpenAIServing._validate_input`: token_num >= max_model_len, "you requested N tokens in the messages"); a row
+    keeps the request's own lengths (docs/metrics.md `reject_reasons`). Prompts 2,048 and 3,000 (max_model_len
+    2,048) are refused for the prompt, output 100 as asked; 2,047 has room for 1 token of its 100 and is served."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.000000,2048,100\n"
+                                    "2023-11-16 18:00:01.000000,3000,100\n2023-11-16 18:00:02.000000,2047,100\n")
+    (tmp_path / "s.yaml").write_text(f"steps: none\nengine: {{max_model_len: 2048}}\nreplicas: {replicas}\n"
+                                     "workload: {num_requests: 3, arrival: {process: trace}, "
+                                     "trace: {format: azure, path: t.csv}}\n")
+    result = kvsim.simulate(kvsim.load_scenario("s.yaml"))
+    assert result.summary["reject_reasons"] == {"prompt_len >= max_model_len 2048": 2}
+    columns = ["prompt_tokens", "output_tokens", "status", "reject_reason"]
+    assert result.requests[columns].fillna("").values.tolist() == [
+        [2048, 100, "rejected", "prompt_len >= max_model_len 2048"],
+        [3000, 100, "rejected", "prompt_len >= max_model_len 2048"],
+        [2047, 1, "finished", ""]]

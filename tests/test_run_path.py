@@ -199,5 +199,5 @@ def test_requests_refused_for_one_limit_count_under_one_reason():
                                     "workload.prompt_len={dist: uniform, low: 100, high: 900}",
                                     "workload.output_len={dist: fixed, value: 8}"])
     result = simulate(scenario)
-    assert result.summary["reject_reasons"] == {"prompt_len + output_len > max_model_len 64": 30}
+    assert result.summary["reject_reasons"] == {"prompt_len >= max_model_len 64": 30}
     assert result.requests["prompt_tokens"].nunique() > 1  # the rows keep each request's own lengths

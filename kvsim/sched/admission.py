@@ -57,12 +57,14 @@ class Admission:
         return True
 
     def reject_reason(self, req: Request) -> str | None:
-        """Why `req` can never be served, or None. A reason names the limit, not the request's own numbers
-        (its row carries prompt_tokens, output_tokens and num_samples), so that the summary's
-        `reject_reasons` counts requests per reason."""
+        """Why `req` (its output capped to max_model_len: `Request.cap_output`) can never be served, or None. A
+        reason names the limit, not the request's own numbers (its row carries prompt_tokens, output_tokens and
+        num_samples), so that the summary's `reject_reasons` counts requests per reason."""
         limits = self.limits
-        if req.prompt_len + req.output_len > limits.max_model_len:
-            return f"prompt_len + output_len > max_model_len {limits.max_model_len}"
+        if req.prompt_len >= limits.max_model_len:  # no room for one output token: vLLM's OpenAI server refuses the
+            # prompt alone (`_validate_input`: "you requested N tokens in the messages"), whatever the output asked
+            return f"prompt_len >= max_model_len {limits.max_model_len}"
+        assert req.prompt_len + req.output_len <= limits.max_model_len, "an output is capped first (cap_output)"
         if req.num_samples > limits.max_num_seqs:
             return f"num_samples > max_num_seqs {limits.max_num_seqs}"
         reason = self.alloc.never_fits_reason(req.kv_len, req.prompt_len)

@@ -48,7 +48,7 @@ class TurnBuilder:
         """Turn `index`'s prompt and output lengths, its content, and the history the conversation's next turn
         starts from (this turn's prompt and reply). `history`: what the previous turn returned (ignored on a
         conversation's first turn, which starts from the system prompt, if the request has one). The output
-        is capped so that prompt + output ≤ max_model_len (at least 1 token).
+        is capped so that prompt + output ≤ max_model_len (`_output_len`).
 
         In a trace of token ids every turn is a `TokenContent` (`_token_content`): the history is the
         conversation's tokens so far (the system prompt's too, each of its tokens named by its segment's id),
@@ -94,8 +94,11 @@ class TurnBuilder:
         return prompt_len, output_len, TokenContent(tokens), tokens
 
     def _output_len(self, record: TraceRecord, prompt_len: int) -> int:
-        """The record's output length, capped so that prompt + output ≤ max_model_len (at least 1 token)."""
-        return max(1, min(record.output_len, self.max_model_len - prompt_len))
+        """The record's output length (at least 1 token), capped so that prompt + output ≤ max_model_len; not
+        capped where the prompt alone reaches max_model_len (the scheduler refuses the prompt; its row keeps the
+        output asked, as `Request.cap_output` leaves it, where it was 1, a length no one asked for)."""
+        room = self.max_model_len - prompt_len
+        return max(1, record.output_len if room <= 0 else min(record.output_len, room))
 
     def request(self, index: int, request_id: int, arrival_s: float, prompt_len: int, output_len: int,
                 content: Content) -> Request:
