@@ -4,7 +4,8 @@ Found: `kv_transfer_config.kv_connector: Bogus` ran as "recorded only", where vL
 `KVConnectorFactory` does not register. A trace of one request shorter than `num_requests` warned "holds 1 requests
 ... the run has those 1". `bench_kernels.py` read an earlier kernels.json with `json.loads`: one nested too deeply
 was a RecursionError out of a check that answers yes or no. A prompt longer than max_model_len was rejected as
-"prompt_len + output_len > max_model_len", its row showing output_tokens 1, a length no one asked for.
+"prompt_len + output_len > max_model_len", its row showing output_tokens 1, a length no one asked for. `kvsim calibrate` without `-o` on a machine without a GPU
+said "no CUDA device" before "--output is required".
 """
 
 from __future__ import annotations
@@ -96,3 +97,14 @@ def test_a_prompt_alone_past_max_model_len_is_rejected_by_the_prompt_and_keeps_t
         [2048, 100, "rejected", "prompt_len >= max_model_len 2048"],
         [3000, 100, "rejected", "prompt_len >= max_model_len 2048"],
         [2047, 1, "finished", ""]]
+
+
+def test_calibrate_checks_its_arguments_before_the_machine(monkeypatch, tmp_path):
+    """A missing `-o` is the user's to fix on any machine: it is said without asking for a GPU (before, a machine
+    without one said "no CUDA device", and the user who fixed that was then told `--output is required`)."""
+    import kernels.device
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(kernels.device, "has_cuda", lambda: pytest.fail("asked the machine before the arguments"))
+    assert one_line_exit_2(["calibrate", "--gpu", "h200"]) == "--output is required: the profile CSV to write"
+    assert list(tmp_path.iterdir()) == []

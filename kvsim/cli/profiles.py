@@ -83,6 +83,8 @@ def calibrate(
                                                                         "block_size")} for p in points]))
             typer.echo(f"{len(points)} measurements for {spec.name} ({shapes})", err=True)
             return
+        if output is None:  # an argument, checked before the machine: it said "no CUDA device" first
+            raise KvsimError("--output is required: the profile CSV to write")
         try:
             from kernels.device import has_cuda  # asked before the harness imports triton (see there)
 
@@ -92,8 +94,6 @@ def calibrate(
         except ImportError as error:
             raise KvsimError(f"calibrate needs torch and triton ({error.name} is missing): "
                              "pip install -e '.[kernels]'") from None
-        if output is None:
-            raise KvsimError("--output is required: the profile CSV to write")
         from rich.progress import Progress
 
         with Progress(transient=True) as bar:
