@@ -5,7 +5,8 @@ Found: `kv_transfer_config.kv_connector: Bogus` ran as "recorded only", where vL
 ... the run has those 1". `bench_kernels.py` read an earlier kernels.json with `json.loads`: one nested too deeply
 was a RecursionError out of a check that answers yes or no. A prompt longer than max_model_len was rejected as
 "prompt_len + output_len > max_model_len", its row showing output_tokens 1, a length no one asked for. `kvsim calibrate` without `-o` on a machine without a GPU
-said "no CUDA device" before "--output is required".
+said "no CUDA device" before "--output is required". `kvsim run --gpu h100` answered "No such option: --gpu (Possible
+options: --output)", where `gpu` is a scenario field a `--set` gives.
 """
 
 from __future__ import annotations
@@ -108,3 +109,23 @@ def test_calibrate_checks_its_arguments_before_the_machine(monkeypatch, tmp_path
     monkeypatch.setattr(kernels.device, "has_cuda", lambda: pytest.fail("asked the machine before the arguments"))
     assert one_line_exit_2(["calibrate", "--gpu", "h200"]) == "--output is required: the profile CSV to write"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("argv", "key"), [
+    (["run", "--gpu", "h100-80gb"], "gpu"),  # the scenario's own keys (README's scenario files)
+    (["run", "--gpu=h100-80gb"], "gpu"),
+    (["run", "--max-model-len", "4096"], "engine.max_model_len"),  # vLLM's flag for the engine section's field
+    (["report", "--num-requests", "5"], "workload.num_requests"),
+])
+def test_a_scenario_field_given_as_an_option_is_told_as_a_set(tmp_path, monkeypatch, argv, key):
+    monkeypatch.chdir(tmp_path)
+    flag = argv[1].split("=")[0]
+    assert one_line_exit_2(argv) == (f"No such option: {flag}: {key} is a scenario field; give it as "
+                                     f"--set {key}=VALUE (see 'kvsim {argv[0]} --help')")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [["run", "--bogus", "1"], ["capacity", "--seed", "3"]])
+def test_an_option_that_names_no_field_or_a_command_without_set_keeps_clicks_line(argv):
+    """`--bogus` names no field; `capacity` takes no `--set`, so `--seed` there is only an unknown option."""
+    assert one_line_exit_2(argv) == f"No such option: {argv[1]} (see 'kvsim {argv[0]} --help')"

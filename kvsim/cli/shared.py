@@ -93,8 +93,23 @@ def one_line_usage_errors() -> Iterator[None]:
             raise
         ctx = getattr(error, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        typer.echo(f"kvsim: error: {error.format_message()}{hint}", err=True)
+        typer.echo(f"kvsim: error: {_field_as_set(error, ctx) or error.format_message()}{hint}", err=True)
         raise typer.Exit(2) from None
+
+
+def _field_as_set(error: Exception, ctx: Any) -> str | None:
+    """For an option the command lacks that names a scenario field, where the command takes `--set`: say how to
+    give it (`kvsim run --gpu h100` offered "Possible options: --output"); else None. Only click's NoSuchOption
+    carries `possibilities` (typer vendors click privately, so it is told by that attribute, not its class)."""
+    from kvsim.workload.overrides import set_for_flag
+
+    flag = getattr(error, "option_name", None)
+    if not hasattr(error, "possibilities") or not isinstance(flag, str) or ctx is None or not any(
+            "--set" in getattr(param, "opts", ()) for param in ctx.command.params):
+        return None
+    key = set_for_flag(flag)
+    return None if key is None else (f"No such option: {flag}: {key} is a scenario field; give it as "
+                                     f"--set {key}=VALUE")
 
 
 class OneLineUsageErrors(TyperGroup):
