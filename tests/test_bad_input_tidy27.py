@@ -6,7 +6,8 @@ Found: `kv_transfer_config.kv_connector: Bogus` ran as "recorded only", where vL
 was a RecursionError out of a check that answers yes or no. A prompt longer than max_model_len was rejected as
 "prompt_len + output_len > max_model_len", its row showing output_tokens 1, a length no one asked for. `kvsim calibrate` without `-o` on a machine without a GPU
 said "no CUDA device" before "--output is required". `kvsim run --gpu h100` answered "No such option: --gpu (Possible
-options: --output)", where `gpu` is a scenario field a `--set` gives.
+options: --output)", where `gpu` is a scenario field a `--set` gives. `kvsim capacity`'s cost table left out the context lengths past
+max_model_len without a word ("(1 of 3)" of six lengths).
 """
 
 from __future__ import annotations
@@ -129,3 +130,19 @@ def test_a_scenario_field_given_as_an_option_is_told_as_a_set(tmp_path, monkeypa
 def test_an_option_that_names_no_field_or_a_command_without_set_keeps_clicks_line(argv):
     """`--bogus` names no field; `capacity` takes no `--set`, so `--seed` there is only an unknown option."""
     assert one_line_exit_2(argv) == f"No such option: {argv[1]} (see 'kvsim {argv[0]} --help')"
+
+
+def test_capacity_names_the_lengths_it_cannot_serve_beside_its_cost_table():
+    """max_model_len 4,096 and lengths 4,096, 8,192, 16,384: the last two exceed it (vLLM refuses them), so the
+    concurrency table says so per row and the cost table, which shows only 4,096, says which it left out."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    result = CliRunner().invoke(app, ["capacity", "--max-model-len", "4096", "--context-lengths", "4096,8192,16384",
+                                      "--gpu-hourly-cost", "2"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert result.output.count("exceeds max_model_len") == 2 * 3  # paged, slab and fp8 counts of the two rows
+    assert result.output.rstrip().splitlines()[-1] == (
+        "No cost at context_len 8,192, 16,384: past max_model_len=4,096, vLLM refuses such requests (none can be "
+        "served).")

@@ -189,6 +189,10 @@ def capacity(
                  if r["context_len"] <= plan.max_model_len]
         if costs and len(costs[0]) > 2:  # a price is known
             console.print(rows_to_rich(costs, title=f"Cost at that concurrency ({data['gpu_price_source']})"))
+            beyond = [f"{r['context_len']:,}" for r in rows if r["context_len"] > plan.max_model_len]
+            if beyond:  # left out of the cost table without a word: its "(1 of 3)" of six lengths said nothing
+                console.print(f"No cost at context_len {', '.join(beyond)}: past max_model_len={plan.max_model_len:,}, "
+                              "vLLM refuses such requests (none can be served).", markup=False)
 
 
 @app.command()
