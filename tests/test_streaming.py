@@ -115,7 +115,8 @@ def _build_and_sort(scenario, max_model_len, rng):
             conv_start = float(arrivals[conv * turns])
         prompt_segments = [*history, (("user", conv, turn), record.prompt_len)]
         prompt_len = sum(length for _, length in prompt_segments)
-        output_len = max(1, min(record.output_len, max_model_len - prompt_len))
+        room = max_model_len - prompt_len  # a prompt that alone reaches the limit keeps the output it asked
+        output_len = max(1, record.output_len if room <= 0 else min(record.output_len, room))
         out_segment = (("reply", conv, turn), output_len)
         specs.append((conv_start + turn * think_s, prompt_len, output_len, (*prompt_segments, out_segment)))
         history = [*prompt_segments, out_segment]
