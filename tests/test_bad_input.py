@@ -292,9 +292,11 @@ CASES = [
      "workload.num_requests=1000000000: this run needs at least"),
     ("billion-blocks", {}, ["run", "--set", "engine.num_gpu_blocks_override=1000000000"],
      "num_gpu_blocks_override=1000000000"),
-    # 10**6 GiB of 2 MiB swap blocks: 512,000,000 of them at 40 B, 19.1 GiB (a given limit: not every machine has less)
+    # 10**6 GiB of 2 MiB swap blocks: 512,000,000 of them at 3 list slots of 8 B and an int of 28 B (all but ids
+    # 0-256), beside the GPU's 1,661,764 B (below) and 1,000 requests of 160 B: 24.8 GiB (a given limit: not every
+    # machine has less)
     ("exabyte-swap", {}, ["run", "--set", "engine.scheduler=v0", "--set", "engine.swap_space=1000000",
-                          "--memory-limit", "16GiB"], "engine.swap_space=1000000.0: this run needs at least 19.1 GiB"),
+                          "--memory-limit", "16GiB"], "engine.swap_space=1000000.0: this run needs at least 24.8 GiB"),
     ("over-a-given-memory-limit", {}, ["run", "--memory-limit", "1MiB"], "more than the limit of 1.0 MiB"),
     ("num-requests-boolean", {}, ["run", "--set", "workload.num_requests=true"],
      "workload: num_requests=true: expected a number, not a boolean"),
@@ -310,25 +312,27 @@ CASES = [
     ("router-without-replicas", {}, ["run", "--set", "router.policy=affinity"],
      "router.policy='affinity': a router spreads requests over replicas; set replicas"),
     ("over-a-tiny-memory-limit", {}, ["run", "--memory-limit", "1KiB"], "more than the limit of 1.0 KiB"),
-    # under 1 KiB the sizes are whole bytes: the GPU's 27,816 blocks at 40 B each (scheduler v1 builds no CPU
-    # swap pool: vLLM v1 never swaps, whatever swap_space says), 1,000 requests at 160 B
+    # under 1 KiB the sizes are whole bytes: the GPU's 27,816 blocks at 4 list slots of 8 B each and an int of 28 B
+    # for each id past 256, 27,816 x 32 + 27,559 x 28 = 1,661,764 B (scheduler v1 builds no CPU swap pool: vLLM v1
+    # never swaps, whatever swap_space says), 1,000 requests at 160 B
     ("over-a-one-byte-memory-limit", {}, ["run", "--memory-limit", "1"],
-     "(B by part: requests 160,000, kv_blocks 1,112,640, steps 0), more than the limit of 1 B;"),
-    # a fleet: every replica's blocks (27,816 on the GPU, 40 B each) and 100 kB per engine, the requests
-    # (1,000 x 160 B) once: 4 x 1,212,640 + 160,000 = 5,010,560 B, 4.8 MiB
+     "(B by part: requests 160,000, kv_blocks 1,661,764, steps 0), more than the limit of 1 B;"),
+    # a fleet: every replica's blocks (1,661,764 B, above) and 100 kB per engine, the requests
+    # (1,000 x 160 B) once: 4 x 1,761,764 + 160,000 = 7,207,056 B, 6.9 MiB
     ("fleet-over-a-given-memory-limit", {}, ["run", "--set", "replicas=4", "--memory-limit", "4MiB"],
-     "replicas=4: this fleet needs at least 4.8 MiB"),
+     "replicas=4: this fleet needs at least 6.9 MiB"),
     ("data-parallel-over-a-given-memory-limit", {}, ["run", "--set", "engine.data_parallel_size=4",
                                                      "--memory-limit", "4MiB"],
-     "engine.data_parallel_size=4: this data-parallel group needs at least 4.8 MiB"),
-    # 4,096 x (27,816 x 40 B + 100 kB) + 40 x 160 B = 4,966,979,840 B, 4.63 GiB
+     "engine.data_parallel_size=4: this data-parallel group needs at least 6.9 MiB"),
+    # 4,096 x 1,761,764 B + 40 x 160 B = 7,216,191,744 B, 6.72 GiB (such a fleet of 5 requests held 7.4 GB; the
+    # floor of 40 B a block said 4.6 GiB)
     ("fleet-many-replicas-few-requests", {}, ["run", "--set", "replicas=4096", "--set", "workload.num_requests=40",
                                               "--memory-limit", "4GiB"],
-     "replicas=4096: this fleet needs at least 4.6 GiB"),
+     "replicas=4096: this fleet needs at least 6.7 GiB"),
     ("memory-limit-unparsable", {}, ["run", "--memory-limit", "plenty"], "--memory-limit='plenty'"),
     ("disagg-over-a-given-memory-limit", scenario(f"{DISAGG}{DISAGG_GROUPS}"), [*RUN_S, "--memory-limit", "1MiB"],
-     # 2 x (27,816 x 40 B + 100 kB) + 5 x 160 B = 2,426,080 B, 2.31 MiB
-     "replicas=[1 x kv_producer, 1 x kv_consumer]: this fleet needs at least 2.3 MiB"),
+     # 2 x 1,761,764 B + 5 x 160 B = 3,524,328 B, 3.36 MiB
+     "replicas=[1 x kv_producer, 1 x kv_consumer]: this fleet needs at least 3.4 MiB"),
     # a plan: every point is estimated first; refused up front only when even the smallest one cannot fit
     ("plan-smallest-point-over-the-limit", {}, [*PLAN, "--memory-limit", "1MiB"],
      "--memory-limit 1.0 MiB: even the smallest point (h100-80gb tp1, 1 replica, 1000 requests) needs at least"),

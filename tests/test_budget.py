@@ -4,7 +4,7 @@ import pytest
 
 from kvsim.model.config import load_gpu, load_model
 from kvsim.model.errors import KvsimError
-from kvsim.results.budget import BLOCK_BYTES, REQUEST_BYTES, STEP_BYTES, check_run_memory, estimate_run_bytes
+from kvsim.results.budget import REQUEST_BYTES, STEP_BYTES, check_run_memory, estimate_run_bytes
 from kvsim.workload.scenario import load_scenario
 
 
@@ -13,25 +13,27 @@ def test_floor_counts_requests_blocks_and_steps():
                              "engine.max_num_seqs=8", "engine.swap_space=0", "engine.num_gpu_blocks_override=100"])
     model, gpu = load_model(s.model), load_gpu(s.gpu)
     parts = estimate_run_bytes(s, model, gpu, s.engine, 100, 2**21)
-    # 1,000 requests; 100 GPU blocks, no swap; at least 1,000 x 16 tokens / 8 per step = 2,000 steps
-    assert parts == {"requests": 1000 * REQUEST_BYTES, "kv_blocks": 100 * BLOCK_BYTES, "steps": 2000 * STEP_BYTES}
+    # 1,000 requests; 100 GPU blocks, no swap: 4 list slots of 8 B each, their ids CPython's shared small ints;
+    # at least 1,000 x 16 tokens / 8 per step = 2,000 steps
+    assert parts == {"requests": 1000 * REQUEST_BYTES, "kv_blocks": 100 * 32, "steps": 2000 * STEP_BYTES}
     check_run_memory(s, model, gpu, s.engine, 100, 2**21, limit_bytes=sum(parts.values()))  # exactly fits
     with pytest.raises(KvsimError, match="workload.num_requests=1000: this run needs at least"):
         check_run_memory(s, model, gpu, s.engine, 100, 2**21, limit_bytes=sum(parts.values()) - 1)
 
 
-@pytest.mark.parametrize(("overrides", "cpu_blocks"), [
-    (["engine.scheduler=v0"], 4 * 2**30 // 2**21),  # v0 swaps: 4 GiB of 2 MiB blocks, 2,048
-    (["engine.scheduler=v0", "engine.preemption_mode=swap"], 4 * 2**30 // 2**21),
+@pytest.mark.parametrize(("overrides", "cpu_bytes"), [
+    # v0 swaps: 4 GiB of 2 MiB blocks, 2,048 at 3 list slots of 8 B, an int of 28 B for each id past 256
+    (["engine.scheduler=v0"], 2048 * 24 + (2048 - 257) * 28),
+    (["engine.scheduler=v0", "engine.preemption_mode=swap"], 2048 * 24 + (2048 - 257) * 28),
     (["engine.scheduler=v0", "engine.preemption_mode=recompute"], 0),  # never swaps: no CPU pool is built
     (["engine.scheduler=v1"], 0),  # vLLM v1 has no swap preemption (it takes --swap-space and ignores it)
     (["engine.scheduler=static"], 0),
 ])
-def test_swap_space_counts_cpu_blocks_where_preemption_swaps(overrides, cpu_blocks):
+def test_swap_space_counts_cpu_blocks_where_preemption_swaps(overrides, cpu_bytes):
     s = load_scenario(None, [*overrides, "engine.swap_space=4"])
     model, gpu = load_model(s.model), load_gpu(s.gpu)
     parts = estimate_run_bytes(s, model, gpu, s.engine, 10, 2**21)
-    assert parts["kv_blocks"] == (10 + cpu_blocks) * BLOCK_BYTES
+    assert parts["kv_blocks"] == 10 * 32 + cpu_bytes  # 10 GPU blocks: 4 slots each, small-int ids
 
 
 def test_steps_streamed_to_disk_cost_no_memory_per_step():
@@ -53,6 +55,7 @@ def test_a_slab_pool_costs_nothing_per_block():
 
 @pytest.mark.parametrize("overrides", [
     [],  # v1: 27,816 GPU blocks, no CPU pool
+    ["engine.num_gpu_blocks_override=600"],  # 600 x 32 + 343 x 28 = 28,804 B, 48 B a block (measured 53.4)
     ["engine.scheduler=v0"],  # v0: the GPU blocks and 4 GiB / 2 MiB = 2,048 CPU blocks
     ["engine.scheduler=v0", "engine.swap_space=16", "engine.num_gpu_blocks_override=600"],  # mostly CPU: 8,192
     ["engine.allocator=slab-max", "engine.scheduler=v0"],
@@ -94,4 +97,5 @@ def test_a_swapping_run_holds_at_least_its_floor(tmp_path):
     model, gpu = load_model(s.model), load_gpu(s.gpu)
     num_gpu_blocks = result.summary["num_gpu_blocks"]
     floor = estimate_run_bytes(s, model, gpu, s.engine, num_gpu_blocks, 2**21, steps_in_memory=False)
-    assert floor["kv_blocks"] == (num_gpu_blocks + 8_192) * BLOCK_BYTES and sum(floor.values()) <= peak
+    assert floor["kv_blocks"] == num_gpu_blocks * 32 + 8_192 * 24 + (num_gpu_blocks + 8_192 - 2 * 257) * 28
+    assert sum(floor.values()) <= peak

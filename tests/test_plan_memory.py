@@ -5,9 +5,10 @@ The bound below is derived by hand from `kvsim.results.budget`'s floor for the t
 swap pool, as vLLM v1 never swaps and ignores --swap-space), with R requests a probe:
 
     requests  160 B · R                    steps (kept in memory)  160 B · R · 64 / 8
-    per replica  400 · 40 B + 100,000 B = 116,000 B
+    per replica  400 · 4 · 8 B + (400 − 257) · 28 B + 100,000 B = 116,804 B
+                 (4 list slots a GPU block, an int object for each block id past CPython's small ints 0-256)
 
-so n replicas fit under L bytes when 160·R·(1 + 8) + 116,000·n ≤ L. The limits below are under 1 MiB, so
+so n replicas fit under L bytes when 160·R·(1 + 8) + 116,804·n ≤ L. The limits below are under 1 MiB, so
 the rows state sizes in KiB (one decimal, thousands separated).
 """
 
@@ -22,7 +23,7 @@ from kvsim.cli import app
 from kvsim.planning.plan import make_plan_spec, plan
 
 runner = CliRunner()
-PER_REPLICA_BYTES = 400 * 40 + 100_000
+PER_REPLICA_BYTES = 400 * 4 * 8 + (400 - 257) * 28 + 100_000
 
 
 def kib(num_bytes):
@@ -49,14 +50,14 @@ def free_answer(tmp_path_factory):
 
 def test_the_limit_bounds_the_replica_search_and_is_said(tmp_path, free_answer):
     needed, run_length = free_answer
-    limit = 900_000  # R = 400: 576,000 B of requests and steps, then room for 2 replicas (808,000 B), not 3
+    limit = 900_000  # R = 400: 576,000 B of requests and steps, then room for 2 replicas (809,608 B), not 3
     cap = fits(limit, run_length)
-    assert PER_REPLICA_BYTES == 116_000 and cap == 2 < needed  # the limit stops the search below the answer
+    assert PER_REPLICA_BYTES == 116_804 and cap == 2 < needed  # the limit stops the search below the answer
     rows, simulated = plan(toy(), spec(limit), tmp_path / "bounded")
     row = rows[0]
     assert not row["feasible"] and row["memory_limited"] and row["replicas"] is None
     assert row["memory_bound_replicas"] == cap and row["requests_per_probe"] == run_length
-    over = 160 * run_length * 9 + PER_REPLICA_BYTES * (cap + 1)  # 3 replicas: 924,000 B = 902.3 KiB
+    over = 160 * run_length * 9 + PER_REPLICA_BYTES * (cap + 1)  # 3 replicas: 926,412 B = 904.7 KiB
     assert row["limiting_factor"].endswith(f"even at {cap} replicas; {cap + 1} replicas would need "
                                            f"{kib(over)} > limit {kib(limit)}; answer bounded by memory")
     lines = [json.loads(line) for line in (tmp_path / "bounded" / "points.jsonl").read_text().splitlines()]
@@ -95,7 +96,7 @@ def test_plan_command_prints_the_memory_bound(tmp_path):
 
 def test_the_limit_bounds_the_rate_search_fleet(tmp_path):
     """`--search rate`: the fleet the rate gives must fit on the whole traffic (R = 100 requests), and a
-    probe's run (one replica: 9 · 160 B · n + 116,000 B) doubles from 100 requests only while it fits."""
+    probe's run (one replica: 9 · 160 B · n + 116,804 B) doubles from 100 requests only while it fits."""
     base = toy()
     raw = {"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate", "rel_tol": 0.02,
            "verify_factor": 0}

@@ -44,11 +44,14 @@ if TYPE_CHECKING:
 # Measured fits (tracemalloc, CPython 3.11; see the module docstring), floors not exact costs.
 REQUEST_BYTES = 160   # a request's columnar record, drawn lengths and requests-table row (measured ≈ 190)
 # A paged block as its pool builds it (`BlockPool`, `HashChainCache`, `PagedAllocator`): ref count, hash slot and
-# free-queue entry, 3 list slots of 8 B, plus the free entry's int of 28 B (ids past 255; smaller ones are
-# CPython's shared ints): 52 B; a GPU block's fill count another 8 B. Measured 52-56 B (CPU) and 60-64 B (GPU)
-# from 2,048 to 100,000 blocks; 40 B stays under both from 600 blocks up (a smaller pool is dwarfed by a run's
-# fixed cost). Slab pools keep extents per sequence and nothing per block.
-BLOCK_BYTES = 40
+# free-queue entry, 3 list slots of 8 B, a GPU block's fill count a fourth, plus the free entry's int of 28 B
+# (CPython's int below 2**30) for ids past 256 (0-256 are CPython's shared small ints): `blocks_floor_bytes`, a floor
+# from the objects' sizes. tracemalloc measured 53.4 B a GPU block at 600 blocks, 60.9 at 2,048 and 63.8 at 27,816
+# (the floor: 48.0, 56.5, 59.7) and 55 a CPU block; a flat 40 B a block said a fleet of 4,096 default replicas
+# needs at least 4.6 GiB where it held 7.4 GB (6.7 GiB now). Slab pools keep extents per sequence, nothing per block.
+LIST_SLOT_BYTES = 8
+INT_BYTES = 28
+NUM_SMALL_INTS = 257  # ids 0..256: CPython's cached ints, no object of their own
 STEP_BYTES = 160      # one step row kept in memory: 20 columns of 8 bytes (0 when steps stream to disk)
 ENGINE_BYTES = 100_000  # one engine of a fleet apart from its blocks (measured ≈ 108 KB)
 GIB = 2**30
@@ -66,6 +69,13 @@ def machine_memory_bytes() -> int:
     except OSError:
         pass
     return total
+
+
+def blocks_floor_bytes(num_blocks: int, gpu: bool = True) -> int:
+    """The least memory a paged pool of `num_blocks` holds for its per-block bookkeeping (see `LIST_SLOT_BYTES`):
+    a list slot per block for each of 3 lists (4 for a GPU pool, whose blocks count their tokens) and an int object
+    per block id past CPython's small ints."""
+    return num_blocks * (4 if gpu else 3) * LIST_SLOT_BYTES + max(0, num_blocks - NUM_SMALL_INTS) * INT_BYTES
 
 
 def _mean_length(dist: LengthDist | None) -> float:
@@ -96,7 +106,7 @@ def _num_requests(scenario: Scenario) -> int:
 def estimate_run_bytes(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
                        num_gpu_blocks: int, bytes_per_block: int, steps_in_memory: bool = True) -> dict[str, int]:
     """The floor of a run's memory, by part: `requests`, `kv_blocks`, `steps` (bytes). `kv_blocks` counts a paged
-    pool's GPU blocks and its CPU swap blocks (`capacity.swap_bytes`) at `BLOCK_BYTES`; a slab pool's is 0.
+    pool's GPU blocks and its CPU swap blocks (`capacity.swap_bytes`) at `blocks_floor_bytes`; a slab pool's is 0.
 
     `steps_in_memory`: the run keeps every step row in memory (`steps: all` without streaming
     to disk); otherwise the steps part is 0 (bounded: one chunk, or the sample).
@@ -109,7 +119,7 @@ def estimate_run_bytes(scenario: Scenario, model: ModelSpec, gpu: GPUSpec, engin
     min_steps = num_seqs * _mean_length(w.output_len) / engine.resolved_max_num_seqs(gpu)
     return {
         "requests": num_requests * REQUEST_BYTES,
-        "kv_blocks": (num_gpu_blocks + num_cpu_blocks) * BLOCK_BYTES if paged else 0,
+        "kv_blocks": blocks_floor_bytes(num_gpu_blocks) + blocks_floor_bytes(num_cpu_blocks, gpu=False) if paged else 0,
         "steps": int(min_steps * STEP_BYTES) if steps_in_memory else 0,
     }
 
