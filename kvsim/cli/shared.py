@@ -101,7 +101,7 @@ def _field_as_set(error: Exception, ctx: Any) -> str | None:
     """For an option the command lacks that names a scenario field, where the command takes `--set`: say how to
     give it (`kvsim run --gpu h100` offered "Possible options: --output"); else None. Only click's NoSuchOption
     carries `possibilities` (typer vendors click privately, so it is told by that attribute, not its class)."""
-    from kvsim.workload.overrides import set_for_flag
+    from kvsim.workload.scenario import set_for_flag
 
     flag = getattr(error, "option_name", None)
     if not hasattr(error, "possibilities") or not isinstance(flag, str) or ctx is None or not any(

@@ -170,18 +170,3 @@ def _list_index(items: list[Any], parts: list[str], label: str) -> int:
                          f"{len(items) - 1} (got {shown(part)})" if items else f"{label}: {where} is an empty list")
     return index
 
-
-def set_for_flag(flag: str) -> str | None:
-    """The `--set` key of the scenario field an option names (`--gpu`: `gpu`; `--max-model-len`, vLLM's spelling of
-    an engine field: `engine.max_model_len`; `--num-requests`: `workload.num_requests`), or None: a command without
-    that option tells the user to give it as `--set KEY=VALUE` (`kvsim run --gpu h100` was "No such option")."""
-    from kvsim.model.engine_config import EngineConfig
-    from kvsim.workload.scenario import Scenario
-    from kvsim.workload.traffic import Workload
-
-    name = flag.lstrip("-").replace("-", "_")
-    for prefix, fields in (("", Scenario.model_fields), ("engine.", EngineConfig.model_fields),
-                           ("workload.", Workload.model_fields)):
-        if name in fields:
-            return prefix + name
-    return None

@@ -382,3 +382,15 @@ def load_scenario(path: str | Path | None = None, overrides: Overrides | None = 
     # a built-in default names no data file of its own: a path an override gives is the caller's, relative to the
     # working folder as a dict scenario's are (`--set workload.trace.path=t.csv` was looked for in kvsim's package)
     return make_scenario(apply_overrides(raw, overrides or ()), file.parent if path is not None else ".")
+
+
+def set_for_flag(flag: str) -> str | None:
+    """The `--set` key of the scenario field an option names (`--gpu`: `gpu`; `--max-model-len`, vLLM's spelling of
+    an engine field: `engine.max_model_len`; `--num-requests`: `workload.num_requests`), or None: a command without
+    that option tells the user to give it as `--set KEY=VALUE` (`kvsim run --gpu h100` was "No such option")."""
+    name = flag.lstrip("-").replace("-", "_")
+    for prefix, fields in (("", Scenario.model_fields), ("engine.", EngineConfig.model_fields),
+                           ("workload.", Workload.model_fields)):
+        if name in fields:
+            return prefix + name
+    return None
