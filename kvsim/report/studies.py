@@ -145,11 +145,11 @@ class Study:
         self.paged_fit = partial(paged_max_seqs, self.kv_layout, max_num_batched_tokens=self.max_num_batched_tokens,
                                  num_null_blocks=self.paged_null_blocks)
         # as the scheduler refuses them (`kvsim.sched.admission.Admission.reject_reason`'s first test)
-        self.unservable_fraction = float(np.mean([r.prompt_len + r.output_len > self.max_model_len
+        self.unservable_fraction = float(np.mean([r.prompt_len >= self.max_model_len
                                                   for r in requests])) if requests else 0.0
         if self.unservable_fraction == 1.0:  # every figure would be empty, and the sections' text expects some
             raise KvsimError(f"engine.max_model_len={self.max_model_len}: every request of the workload is longer "
-                             "(prompt_len + output_len), so the engine rejects them all and the report has nothing "
+                             "(its prompt alone), so the engine rejects them all and the report has nothing "
                              "to measure; raise max_model_len or shorten the requests")
         self.latency_name = make_latency(spec).name
         self.runs_submitted = self.runs_done = 0  # counted for progress only (`on_runs`)
