@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from kvsim.model.errors import from_validation_error, union_members
+from kvsim.model.errors import KvsimError, from_validation_error, shown, union_members
 from kvsim.model.units import control_character, underscore_problem
 
 WeightDtype = Literal["float16", "bfloat16", "float32"]
@@ -170,6 +170,13 @@ class Settings(BaseModel):
         except ValidationError as error:
             raise from_validation_error(error, model=type(self)) from None
         return copied.model_copy(deep=True) if deep else copied
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Refuse an assignment in one `KvsimError` line naming the field and the value: a section is frozen once
+        validated (a run reads it as checked), and pydantic refused `scenario.seed = 5` with its multi-line
+        ValidationError, no `KvsimError`. A changed copy is made with `model_copy(update=...)`."""
+        raise KvsimError(f"{name}={shown(value)}: {type(self).__name__} is read-only once made; change a copy: "
+                         f".model_copy(update={{{name!r}: ...}})")
 
     def refuse_unread(self, mode: str, readers: Mapping[str, Sequence[str]], show: Callable[[Any], str],
                       only: str | None = None) -> None:
