@@ -3,10 +3,14 @@ environment). Each is refused (the CLI: exit 2, one line naming the field and th
 Python API: a `KvsimError`), or said as it is.
 
 Found: an assignment to a loaded scenario or one of its sections (`scenario.seed = 5`, `scenario.engine.block_size
-= -1`) raised pydantic's multi-line ValidationError, no `KvsimError`.
+= -1`) raised pydantic's multi-line ValidationError, no `KvsimError`. A plan row whose evidence was a probe that
+offers no rate (a burst at t=0 that the memory bound kept a rate search's probes from doubling past) made
+`answer_floor` a floor of infinite replicas, an OverflowError at `ceil(inf)` after the whole search.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -40,4 +44,46 @@ def test_a_scenario_still_copies_with_a_change():
 
     scenario = load_scenario()
     assert (scenario.model_copy(update={"seed": 5}).seed, scenario.seed) == (5, 0)
+
+
+def _burst_then_steady(tmp_path):
+    """A Mooncake trace of 64 requests of 100 + 10 tokens: 4 at t=0, then one every 200 ms to 12 s."""
+    from kvsim.workload.scenario import load_scenario
+
+    times_ms = [0, 0, 0, 0, *range(200, 12_001, 200)]
+    rows = [{"timestamp": t, "input_length": 100, "output_length": 10, "hash_ids": [i]} for i, t in enumerate(times_ms)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    (tmp_path / "s.yaml").write_text(
+        f"name: burst\nworkload:\n  num_requests: {len(rows)}\n  arrival: {{process: trace}}\n"
+        "  trace: {format: mooncake, path: t.jsonl}\n", encoding="utf-8")
+    return load_scenario(tmp_path / "s.yaml")
+
+
+def test_the_floor_of_a_probe_that_offers_no_rate_is_the_plans_traffics(tmp_path):
+    """A rate search's first probe is the trace's first `probe_requests` = 4, all at t=0; it doubles while a probe
+    is too short to judge, but only while the doubled probe fits the memory limit. Stopped at 4, the row's
+    evidence (`requests_per_probe` 4) spans no time: (4 − 1) / 0 s, an infinite rate, and `answer_floor` gave a
+    floor of infinite replicas (`ReplicaFloor.replicas` is an OverflowError). The floor is then of the plan's whole
+    traffic, which `check_traffic_rate` saw offer a rate: 64 requests over 12 s, (64 − 1) / 12 = 5.25 req/s."""
+    from kvsim.planning.plan import answer_floor, candidates
+    from kvsim.planning.spec import make_plan_spec
+
+    base = _burst_then_steady(tmp_path)
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 2}, "gpus": ["h100-80gb"], "search": "rate", "probe_requests": 4})
+    shape = next(iter(candidates(spec)))
+    floor, gap = answer_floor(base, shape, spec, {"replicas": None, "requests_per_probe": 4}, None)
+    assert floor.rate_per_s == pytest.approx(5.25) and floor.num_requests == 64
+    assert floor.replicas == 1 and gap == {}  # 5.25 req/s of 110-token requests: a fraction of one H100
+
+
+def test_the_floor_of_a_probe_with_a_rate_is_still_the_probes(tmp_path):
+    """A probe that spans time keeps its own floor: the first 8 requests, 4 at 0 and 4 at 0.2 .. 0.8 s, offer
+    (8 − 1) / 0.8 s = 8.75 req/s."""
+    from kvsim.planning.plan import answer_floor, candidates
+    from kvsim.planning.spec import make_plan_spec
+
+    base = _burst_then_steady(tmp_path)
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 2}, "gpus": ["h100-80gb"], "search": "rate", "probe_requests": 4})
+    floor, _ = answer_floor(base, next(iter(candidates(spec))), spec, {"replicas": None, "requests_per_probe": 8}, None)
+    assert floor.rate_per_s == pytest.approx(8.75) and floor.num_requests == 8
 

@@ -290,11 +290,16 @@ def answer_floor(base: Scenario, shape: Candidate, spec: PlanSpec, row: dict[str
     `requests_per_probe`; with neither, nothing ran: the plan's own traffic) requests, all of them (a rate search's
     probe ran a fraction f of that traffic on one replica; the fleet serves the whole), at the rate they were
     offered. The base traffic's own rate (its first `workload.num_requests` arrivals) described none of those runs
-    where they ran more requests (a trace's later arrivals, a longer probe)."""
+    where they ran more requests (a trace's later arrivals, a longer probe). A probe that offers no rate (a burst at
+    t=0 that the memory bound kept from doubling past) has no floor, `ceil(inf)` replicas (an OverflowError after
+    the whole search): the floor is then the plan's own traffic's, which `check_traffic_rate` saw offer one."""
     if not row["replicas"] or metrics is None:
         num_requests = row.get("evidence_num_requests") or row.get("requests_per_probe") or base.workload.num_requests
         traffic = traffic_of(base, num_requests)
-        return replica_floor(shape.scenario(traffic, 1, spec.router), offered_rate_per_s(traffic)), {}
+        rate_per_s = offered_rate_per_s(traffic)
+        if math.isinf(rate_per_s):
+            traffic, rate_per_s = base, offered_rate_per_s(base)
+        return replica_floor(shape.scenario(traffic, 1, spec.router), rate_per_s), {}
     traffic = scaled_traffic(base, row.get("evidence_traffic_scale") or 1.0, metrics["num_requests"])
     floor = run_floor(shape.scenario(traffic, 1, spec.router), metrics["num_finished"], metrics["duration_s"])
     work = metrics["work"]
