@@ -5,12 +5,18 @@ Python API: a `KvsimError`), or said as it is.
 Found: an assignment to a loaded scenario or one of its sections (`scenario.seed = 5`, `scenario.engine.block_size
 = -1`) raised pydantic's multi-line ValidationError, no `KvsimError`. A plan row whose evidence was a probe that
 offers no rate (a burst at t=0 that the memory bound kept a rate search's probes from doubling past) made
-`answer_floor` a floor of infinite replicas, an OverflowError at `ceil(inf)` after the whole search.
+`answer_floor` a floor of infinite replicas, an OverflowError at `ceil(inf)` after the whole search. A standard
+output that cannot be written (`kvsim run > /dev/full`) was an OSError traceback after the run's files were
+written.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
+import sys
 
 import pytest
 
@@ -87,3 +93,48 @@ def test_the_floor_of_a_probe_with_a_rate_is_still_the_probes(tmp_path):
     floor, _ = answer_floor(base, next(iter(candidates(spec))), spec, {"replicas": None, "requests_per_probe": 8}, None)
     assert floor.rate_per_s == pytest.approx(8.75) and floor.num_requests == 8
 
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_a_standard_output_that_cannot_be_written_is_one_line(monkeypatch, capsys):
+    """`kvsim run > /dev/full`: the run's files were written, then printing its table raised OSError (ENOSPC), a
+    traceback of 50 lines, exit 1. `unwritable_stdout` (around every command) says it in one line, exit 2."""
+    import typer
+
+    from kvsim.cli.shared import unwritable_stdout
+
+    full = open("/dev/full", "w", encoding="utf-8")  # noqa: SIM115  (closed below)
+    monkeypatch.setattr(sys, "stdout", full)
+    try:
+        with pytest.raises(typer.Exit) as stop, unwritable_stdout():
+            print("x" * 10_000, flush=True)
+    finally:
+        with contextlib.suppress(OSError):  # the line it could not write is still in its buffer
+            full.close()
+    assert stop.value.exit_code == 2
+    assert capsys.readouterr().err == "kvsim: error: standard output: No space left on device\n"
+    assert sys.stdout is not full and sys.stdout.name == os.devnull  # Python's flush at exit cannot fail again
+    sys.stdout.close()
+
+
+@pytest.mark.parametrize("error", [OSError(errno.EPIPE, "Broken pipe"), OSError(errno.ENOSPC, "No space left on device")])
+def test_other_os_errors_pass_through(error):
+    """A closed pipe stays click's (exit 1, no word, as `head`'s writers); an OSError while stdout writes fine (a
+    file's) is not said to be stdout's."""
+    from kvsim.cli.shared import unwritable_stdout
+
+    with pytest.raises(OSError) as raised, unwritable_stdout():
+        raise error
+    assert raised.value is error
+
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_a_command_whose_stdout_is_full_says_so_in_one_line():
+    """The whole command (a process: CliRunner captures stdout in memory): `kvsim capacity > /dev/full`, one line
+    on stderr, exit 2, where it was an OSError traceback, exit 1."""
+    import subprocess
+
+    with open("/dev/full", "w", encoding="utf-8") as full:
+        done = subprocess.run([sys.executable, "-m", "kvsim", "capacity", "--context-lengths", "1024"],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (2, "kvsim: error: standard output: No space left on device\n")

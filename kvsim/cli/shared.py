@@ -5,9 +5,11 @@ the few text helpers of the capacity output (`kvsim.cli` defines the commands; `
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
@@ -112,16 +114,47 @@ def _field_as_set(error: Exception, ctx: Any) -> str | None:
                                      f"--set {key}=VALUE")
 
 
+@contextmanager
+def unwritable_stdout() -> Iterator[None]:
+    """Print a standard output that cannot be written (`kvsim run > /dev/full`: a full disk, an I/O error) as one
+    line and exit 2, as `user_errors` prints an output folder that cannot be written: a command prints its results
+    after its files are written, outside `user_errors`, and the OSError was a traceback. An OSError escaping a
+    command is stdout's when stdout still refuses a line (a write's OSError names no file); a closed pipe (`| head`)
+    is left to click, which exits 1 without a word, as `head`'s writers do; any other OSError is raised as it was.
+    Stdout is then replaced by the null device, so that Python's own flush at exit does not fail again."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno == errno.EPIPE or error.filename is not None or not _refuses_a_line(sys.stdout):
+            raise
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115  (the process's stdout from here)
+        typer.echo(f"kvsim: error: standard output: {error.strerror or error}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _refuses_a_line(stream: Any) -> bool:
+    """Whether writing a newline to `stream` (and flushing it) raises OSError."""
+    try:
+        stream.write("\n")
+        stream.flush()
+    except OSError:
+        return True
+    except ValueError:  # closed
+        return False
+    return False
+
+
 class OneLineUsageErrors(TyperGroup):
     """kvsim's command group: its usage errors, and its commands', print as one line
-    (`one_line_usage_errors`); a command's own bad input already does (`user_errors`)."""
+    (`one_line_usage_errors`); a command's own bad input already does (`user_errors`), and a standard output it
+    cannot write does (`unwritable_stdout`)."""
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:  # click's Context, which typer vendors
         with one_line_usage_errors():
             return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx: Any) -> Any:
-        with one_line_usage_errors(), log_warnings_said():
+        with one_line_usage_errors(), log_warnings_said(), unwritable_stdout():
             return super().invoke(ctx)
 
 
