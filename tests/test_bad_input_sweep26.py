@@ -7,7 +7,7 @@ Found: an assignment to a loaded scenario or one of its sections (`scenario.seed
 offers no rate (a burst at t=0 that the memory bound kept a rate search's probes from doubling past) made
 `answer_floor` a floor of infinite replicas, an OverflowError at `ceil(inf)` after the whole search. A standard
 output that cannot be written (`kvsim run > /dev/full`) was an OSError traceback after the run's files were
-written.
+written. A fleet's affinity router ran without a word where no replica caches prefixes (now a warning line).
 """
 
 from __future__ import annotations
@@ -138,3 +138,43 @@ def test_a_command_whose_stdout_is_full_says_so_in_one_line():
         done = subprocess.run([sys.executable, "-m", "kvsim", "capacity", "--context-lengths", "1024"],
                               stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (2, "kvsim: error: standard output: No space left on device\n")
+
+
+AFFINITY_LINE = ("router.policy=affinity has no prefix to follow: no replica caches prefixes "
+                 "(engine.enable_prefix_caching=false, or a slab allocator), so no routed prompt finds its prefix "
+                 "cached; least_outstanding balances the load")
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (["engine.enable_prefix_caching=false"], True),
+    (["engine.allocator=slab-max"], True),  # a slab pool caches nothing, prefix caching on or off
+    (["engine.scheduler=v0"], True),  # v0's default: caching off, as vLLM's
+    (["replicas.0.engine.enable_prefix_caching=false"], False),  # the other group caches: affinity finds it
+    ([], False),
+    (["engine.enable_prefix_caching=false", "router.policy=least_outstanding"], False),
+])
+def test_an_affinity_router_without_a_prefix_cache_is_said(overrides, said):
+    """`router.policy=affinity` sends a prompt to the replica its prefix was last sent to, for that replica's
+    cached blocks; with no replica caching prefixes it ran without a word, routing prompts by prefixes no replica
+    holds (lab-5's system prompt, 40 requests on 2 replicas: 37 routed by "affinity", none a hit)."""
+    from kvsim.fleet.run import unread_by_setting
+    from kvsim.workload.scenario import load_scenario
+
+    scenario = load_scenario(None, ["replicas=[{count: 1}, {count: 1}]", "router.policy=affinity", *overrides])
+    assert (unread_by_setting(scenario).get("router.policy") == AFFINITY_LINE) is said
+    assert said or "router.policy" not in unread_by_setting(scenario)
+
+
+def test_the_cli_says_it_in_one_warning_line_and_runs(tmp_path):
+    """`kvsim run` warns once and runs as before (the route table and results unchanged: a warning only)."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", "--set", "workload.num_requests=4", "--set", "replicas=2", "--set",
+                                      "router.policy=affinity", "--set", "engine.enable_prefix_caching=false",
+                                      "-o", str(out)], prog_name="kvsim")
+    assert result.exit_code == 0, result.output
+    assert [line for line in result.stderr.splitlines() if "warning" in line] == [f"kvsim: warning: {AFFINITY_LINE}"]
+    assert (out / "routes.csv").is_file()

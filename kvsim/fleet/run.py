@@ -62,7 +62,9 @@ def unread_by_setting(scenario: Scenario) -> dict[str, str]:
     `replicas[1]: engine.slab_placement=...`) when that group does not read it; one the scenario's `engine` section
     gives is said once (the first group's line), when no group reads it (a group whose allocator, prefix caching or
     model reads it makes it a setting that runs, not a dropped one). Settings are compared, not lines: two groups
-    may say why differently (`swap_space`: "scheduler v1 never swaps", "scheduler static never swaps")."""
+    may say why differently (`swap_space`: "scheduler v1 never swaps", "scheduler static never swaps").
+    A fleet's `router.policy=affinity` (a prompt goes where its prefix went) is said too where no replica caches
+    prefixes: it routes to caches that hold nothing, and only its load bound spreads the load."""
     if not scenario.is_fleet:
         return _engine_unread(scenario)
     from kvsim.fleet.driver import replica_groups
@@ -70,13 +72,19 @@ def unread_by_setting(scenario: Scenario) -> dict[str, str]:
     groups = scenario.replicas if isinstance(scenario.replicas, list) else None
     own_lines: dict[str, str] = {}
     inherited: list[dict[str, str]] = []  # per group, the settings it takes from the scenario's engine
-    for g, (replica, _count) in enumerate(replica_groups(scenario)):
+    replicas = replica_groups(scenario)
+    for g, (replica, _count) in enumerate(replicas):
         own = groups[g].engine if groups is not None else {}
         said = _engine_unread(replica)
         own_lines |= {f"replicas[{g}].{field}": f"replicas[{g}]: {line}"
                       for field, line in said.items() if field in own}
         inherited.append({field: line for field, line in said.items() if field not in own})
     common = {field: line for field, line in inherited[0].items() if all(field in other for other in inherited)}
+    if scenario.router.policy == "affinity" and not any(
+            r.engine.enable_prefix_caching and r.engine.allocator == "paged" for r, _count in replicas):
+        common["router.policy"] = ("router.policy=affinity has no prefix to follow: no replica caches prefixes "
+                                   "(engine.enable_prefix_caching=false, or a slab allocator), so no routed "
+                                   "prompt finds its prefix cached; least_outstanding balances the load")
     return common | own_lines
 
 
