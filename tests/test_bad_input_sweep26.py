@@ -7,7 +7,11 @@ Found: an assignment to a loaded scenario or one of its sections (`scenario.seed
 offers no rate (a burst at t=0 that the memory bound kept a rate search's probes from doubling past) made
 `answer_floor` a floor of infinite replicas, an OverflowError at `ceil(inf)` after the whole search. A standard
 output that cannot be written (`kvsim run > /dev/full`) was an OSError traceback after the run's files were
-written. A fleet's affinity router ran without a word where no replica caches prefixes (now a warning line).
+written. A fleet's affinity router ran without a word where no replica caches prefixes (now a warning line). The
+notebooks' planning helpers: `plan(base, spec, out_dir)` given a path, a dict of the spec's fields or no folder, the
+SLO readers (`probe_passes`, `why_failed`, `missed_within_noise`) given no evidence or a list for the SLO, and
+`window_evidence` given the RunResult itself stopped with an AttributeError, TypeError or KeyError; `run_many` of one
+Scenario named its first field as `scenarios[0]`.
 """
 
 from __future__ import annotations
@@ -178,3 +182,73 @@ def test_the_cli_says_it_in_one_warning_line_and_runs(tmp_path):
     assert result.exit_code == 0, result.output
     assert [line for line in result.stderr.splitlines() if "warning" in line] == [f"kvsim: warning: {AFFINITY_LINE}"]
     assert (out / "routes.csv").is_file()
+
+
+def _tiny():
+    from kvsim.workload.scenario import load_scenario
+
+    return load_scenario(None, ["workload.num_requests=4"])
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (("x.yaml", "spec", "out"), "base='x.yaml': expected a Scenario"),  # an AttributeError ('str' ... 'replicas')
+    ((None, {"slo": {"ttft_s.p90": 2}}, "out"), "spec={'slo': {'ttft_s.p90': 2}}: expected a PlanSpec"),
+    ((None, "spec", None), "out_dir=None: expected the folder"),  # a TypeError from pathlib
+    ((None, "spec", 5), "out_dir=5: expected the folder"),
+    ((None, "spec", " "), "out_dir=' ': expected the folder"),
+])
+def test_the_plan_function_refuses_what_it_cannot_plan_before_any_point(tmp_path, monkeypatch, arguments, message):
+    """`kvsim.planning.plan.plan(base, spec, out_dir)` (the fleet-sizing notebook's call) given a path, a dict of
+    the spec's fields or no folder stopped deep inside with an AttributeError or TypeError."""
+    from kvsim.planning.plan import plan
+    from kvsim.planning.spec import make_plan_spec
+
+    monkeypatch.chdir(tmp_path)
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 2}, "gpus": ["h100-80gb"]})
+    base, given_spec, out_dir = arguments
+    with pytest.raises(KvsimError) as error:
+        plan(_tiny() if base is None else base, spec if given_spec == "spec" else given_spec, out_dir)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("reader", "arguments", "message"), [
+    ("probe_passes", (None, {"ttft_s.p90": 2}), "evidence=None: expected a run's window evidence"),
+    ("probe_passes", ({}, {"ttft_s.p90": 2}), "evidence={}: expected a run's window evidence"),  # a KeyError
+    ("why_failed", ({"num_requests": 3}, {"ttft_s.p90": 2}), "evidence={'num_requests': 3}: expected"),
+    ("missed_within_noise", ([1], {"ttft_s.p90": 2}), "evidence=[1]: expected a run's window evidence"),
+    ("probe_passes", ({"verdict": "stable"}, ["ttft_s.p90"]), "slo=['ttft_s.p90']: expected a mapping of SLO keys"),
+])
+def test_the_slo_readers_name_what_is_no_evidence_or_slo(reader, arguments, message):
+    """A TypeError ('NoneType' object is not subscriptable), a KeyError ('verdict') or an AttributeError ('list'
+    object has no attribute 'items') from a notebook's slip: the evidence or the SLO swapped or left out."""
+    from kvsim.planning import slo
+
+    with pytest.raises(KvsimError) as error:
+        getattr(slo, reader)(*arguments)
+    assert str(error.value).startswith(message)
+
+
+def test_window_evidence_names_a_value_that_is_no_table():
+    """`window_evidence(result)` (the RunResult, not its `requests`) and `window_evidence(None)` raised a TypeError
+    ("argument of type 'RunResult' is not iterable")."""
+    import kvsim
+    from kvsim.planning.window import window_evidence
+
+    result = kvsim.simulate(_tiny())
+    for value, shown_as in ((None, "None"), (result, "RunResult(")):
+        with pytest.raises(KvsimError, match=r"^requests=") as error:
+            window_evidence(value)
+        assert shown_as in str(error.value) and str(error.value).endswith(
+            ": expected a run's requests table (RunResult.requests)")
+
+
+def test_run_many_of_one_scenario_says_to_give_a_list():
+    """A Scenario iterates its fields (pydantic), so `run_many(scenario)` was refused as
+    `scenarios[0]=('name', 'default')`, a value the user never wrote."""
+    from kvsim.planning.sweep import run_evidence, run_many
+
+    for function in (run_many, run_evidence):
+        with pytest.raises(KvsimError, match=r"^scenarios=Scenario\(name='default'.*: expected a list of Scenarios "
+                                             r"\(one scenario: \[scenario\]\)$"):
+            function(_tiny(), workers=1)

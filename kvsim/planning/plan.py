@@ -208,10 +208,19 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
 
     Finished points are kept in `out_dir/points.jsonl`, so a rerun resumes where it stopped; points there of
     another `POINT_FORMAT`, or whose metrics are malformed (`point_problem`), are simulated again, and `on_note`
-    gets one line saying so (one for each reason) before any point runs.
+    gets one line saying so (one for each reason) before any point runs. A `base` that is no Scenario, a `spec`
+    that is no PlanSpec and an `out_dir` that is no path are each a `KvsimError` naming it before any point (a
+    notebook's path or dict was an AttributeError, an `out_dir` of None a TypeError, deep in the plan).
     """
     from kvsim.workload.generate import short_trace_said_once
+    from kvsim.workload.scenario import expect_scenario
 
+    expect_scenario(base, "base")
+    if not isinstance(spec, PlanSpec):
+        raise KvsimError(f"spec={shown(spec)}: expected a PlanSpec (kvsim.planning.spec.make_plan_spec(fields) "
+                         "makes one)")
+    if not isinstance(out_dir, (str, Path)) or not str(out_dir).strip():
+        raise KvsimError(f"out_dir={shown(out_dir)}: expected the folder that keeps the plan's points.jsonl")
     with short_trace_said_once():  # a short trace: said by the first read, not by every point's
         return _plan(base, spec, out_dir, client, on_point, on_note)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.model.errors import shown
+from kvsim.model.errors import KvsimError, shown
 from kvsim.model.units import ascii_int
 from kvsim.planning.window import SLO_METRICS, SLO_STATS, STABLE, STALLED, metric_stats
 
@@ -54,7 +54,10 @@ def parse_slo_key(key: str) -> tuple[str, str, int | None]:
 def check_slo(slo: Mapping[str, float]) -> None:
     """A `ValueError` naming the first SLO whose key `parse_slo_key` refuses or whose limit is no positive, finite
     number of seconds (a limit of 0 divided `headroom` by zero). Every reader of an SLO here checks the whole SLO
-    first, whatever the run's verdict: a bad key is refused on an overloaded run as on a stable one."""
+    first, whatever the run's verdict: a bad key is refused on an overloaded run as on a stable one. An SLO that is
+    no mapping is a `KvsimError` naming it (a notebook's list of keys was an AttributeError)."""
+    if not isinstance(slo, Mapping):
+        raise KvsimError(f"slo={shown(slo)}: expected a mapping of SLO keys to seconds, e.g. {{'ttft_s.p90': 2}}")
     for key, limit in slo.items():
         parse_slo_key(key)
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < math.inf:
@@ -87,10 +90,19 @@ def headroom(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> float:
     return min(((limit - values[key]) / limit for key, limit in slo.items()), default=math.inf)
 
 
+def verdict(evidence: Mapping[str, Any]) -> str:
+    """The run's verdict in `evidence`, or a `KvsimError` naming a value that is no window evidence (None, a
+    `RunResult`, a table: a TypeError or KeyError in the SLO readers)."""
+    if not isinstance(evidence, Mapping) or "verdict" not in evidence:
+        raise KvsimError(f"evidence={shown(evidence)}: expected a run's window evidence "
+                         "(kvsim.planning.window.window_evidence(result.requests))")
+    return evidence["verdict"]
+
+
 def probe_passes(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> bool:
     """Stable over the window and every SLO within its limit there (no SLO: stability alone, the capacity)."""
     check_slo(slo)
-    return evidence["verdict"] == STABLE and headroom(evidence, slo) >= 0
+    return verdict(evidence) == STABLE and headroom(evidence, slo) >= 0
 
 
 def shortage(evidence: Mapping[str, Any], num_preemptions: int) -> str:
@@ -116,7 +128,7 @@ def missed_within_noise(evidence: Mapping[str, Any], slo: Mapping[str, float]) -
     interval reaches down to its limit, so a longer run may well meet it. A mean has no interval here, and an
     unstable verdict is no SLO's noise: False for those, and for a run that missed nothing."""
     check_slo(slo)
-    if evidence["verdict"] != STABLE:
+    if verdict(evidence) != STABLE:
         return False
     missed = [key for key, value in slo_values(evidence, slo).items() if value > slo[key]]
     for key in missed:
@@ -133,7 +145,7 @@ def why_failed(evidence: Mapping[str, Any] | None, slo: Mapping[str, float]) -> 
     check_slo(slo)
     if evidence is None:
         return None
-    if evidence["verdict"] != STABLE:
+    if verdict(evidence) != STABLE:
         return f"is {evidence['verdict']}"
     missed = [k for k, v in slo_values(evidence, slo).items() if v > slo[k]]
     return "misses " + ", ".join(missed) if missed else None

@@ -114,15 +114,17 @@ def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: i
     run's steady-state window evidence. `on_done()` is called in this process as each run finishes
     (for progress; it never changes a result). A trace shorter than a run asks is warned of once, here, when
     the runs are done, unless the command around said it already (`kvsim.workload.generate.say_short_traces`).
-    Anything but a list of Scenarios, a `workers` that is no count of at least 1, a `keep_steps` or `evidence` that
-    is no bool or an `on_done` that is no function is a `KvsimError` before any run (a dict of fields was an
-    AttributeError deep in the run, `workers=2.5` and `on_done=5` a TypeError)."""
+    Anything but a list of Scenarios (one Scenario too), a `workers` that is no count of at least 1, a `keep_steps`
+    or `evidence` that is no bool or an `on_done` that is no function is a `KvsimError` before any run (a dict of
+    fields was an AttributeError deep in the run, `workers=2.5` and `on_done=5` a TypeError)."""
     from kvsim.model.errors import shown
     from kvsim.workload.generate import say_short_traces
-    from kvsim.workload.scenario import expect_scenario
+    from kvsim.workload.scenario import Scenario, expect_scenario
 
-    if isinstance(scenarios, (str, bytes, dict)) or not isinstance(scenarios, Iterable):
-        raise KvsimError(f"scenarios={shown(scenarios)}: expected a list of Scenarios")
+    # one Scenario iterates its fields (pydantic): it was refused as `scenarios[0]=('name', 'default')`
+    if isinstance(scenarios, (str, bytes, dict, Scenario)) or not isinstance(scenarios, Iterable):
+        raise KvsimError(f"scenarios={shown(scenarios)}: expected a list of Scenarios"
+                         + (" (one scenario: [scenario])" if isinstance(scenarios, Scenario) else ""))
     scenarios = [expect_scenario(scenario, f"scenarios[{i}]") for i, scenario in enumerate(scenarios)]
     if workers is not None:  # a NumPy integer is a count too
         if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:

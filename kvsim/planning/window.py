@@ -68,7 +68,7 @@ Judging a probe against SLOs (`probe_passes`, `parse_slo_key`): `kvsim.planning.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from statistics import NormalDist
 from typing import Any
 
@@ -301,10 +301,13 @@ def stalled_evidence(num_requests: int, reason: str) -> dict[str, Any]:
 
 
 def _require(table: str, columns: Mapping[str, Any], names: tuple[str, ...]) -> None:
-    """A `KvsimError` naming the first of `names` the table lacks (a KeyError deep in the judging, else)."""
+    """A `KvsimError` naming the first of `names` the table lacks (a KeyError deep in the judging, else), or naming
+    a value that is no table at all (a `RunResult` given for its `requests`, None: `in` raised a TypeError)."""
+    where = "RunResult.requests" if table == "requests" else f"RunResult.tables[{table!r}]"
+    if isinstance(columns, (str, bytes)) or not isinstance(columns, Container):
+        raise KvsimError(f"{table}={shown(columns)}: expected a run's {table} table ({where})")
     missing = next((name for name in names if name not in columns), None)
     if missing is not None:
-        where = "RunResult.requests" if table == "requests" else f"RunResult.tables[{table!r}]"
         raise KvsimError(f"{table}: no column {missing!r}; expected a run's {table} table ({where})")
 
 
