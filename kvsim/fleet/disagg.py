@@ -178,14 +178,21 @@ class Disaggregation:
 
     # ---------------------------------------------------------------- dispatch
     def dispatch(self, req: Request, now: float) -> int:
-        """A request arrives: to a prefill instance, asking for one token (the proxy's max_tokens=1)."""
+        """A request arrives: to a prefill instance, asking for one token (the proxy's max_tokens=1). One the
+        instance refuses (`reject_reason`) goes with the client's max_tokens instead, so that its row keeps the
+        output asked, as a refused request's row does on one engine (docs/metrics.md `reject_reasons`): it is
+        refused the same way, since no reason passes a longer output that refused one token."""
         self.p_view.now_s = now
         decision = self.p_router.route(req, self.p_view)
         self.p_routes.add(req, decision)
         self.p_view.dispatched[decision.replica] += 1
-        self.output_len[req.request_id] = req.output_len
+        prefill, asked = self.prefill[decision.replica], req.output_len
         req.output_len = 1
-        return self.prefill[decision.replica]
+        if self.engines[prefill].scheduler.reject_reason(req) is None:
+            self.output_len[req.request_id] = asked
+        else:
+            req.output_len = asked
+        return prefill
 
     def _hand_off_from(self, prefill: int):  # type: ignore[no-untyped-def]
         def hand_off(req: Request, now: float) -> None:

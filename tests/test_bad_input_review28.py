@@ -1,0 +1,31 @@
+"""Review 28: regressions of today's merges (tidy27's reject rule, sweep26's frozen Settings)."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvsim
+
+
+@pytest.mark.parametrize("decode_engine", ["", ", engine: {max_model_len: 4096}"])
+def test_a_disaggregated_prefill_refusal_keeps_the_output_the_client_asked(tmp_path, monkeypatch, decode_engine):
+    """The proxy asks a prefill instance for max_tokens=1, but the client asked 100: a prompt the prefill instance
+    refuses (2,048 and 3,000 tokens against its max_model_len 2,048: vLLM's `_validate_input`, token_num >=
+    max_model_len, whatever max_tokens says) is the client's refusal, and its row keeps the 100 asked, as one
+    engine's row does (docs/metrics.md). 2,047 tokens is served by decode: 1 token where decode's limit is 2,048
+    (2,048 − 2,047), all 100 where it is 4,096."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.000000,2048,100\n"
+                                    "2023-11-16 18:00:01.000000,3000,100\n2023-11-16 18:00:02.000000,2047,100\n")
+    (tmp_path / "s.yaml").write_text(
+        "steps: none\nengine: {max_model_len: 2048}\n"
+        "kv_transfer_config: {kv_connector: NixlConnector, kv_link: rdma}\n"
+        f"replicas: [{{count: 1, kv_role: kv_producer}}, {{count: 1, kv_role: kv_consumer{decode_engine}}}]\n"
+        "workload: {num_requests: 3, arrival: {process: trace}, trace: {format: azure, path: t.csv}}\n")
+    result = kvsim.simulate(kvsim.load_scenario("s.yaml"))
+    columns = ["prompt_tokens", "output_tokens", "status", "reject_reason", "replica"]
+    served = 100 if decode_engine else 1
+    assert result.requests[columns].fillna("").values.tolist() == [
+        [2048, 100, "rejected", "prompt_len >= max_model_len 2048", 0],
+        [3000, 100, "rejected", "prompt_len >= max_model_len 2048", 0],
+        [2047, served, "finished", "", 1]]
