@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import one_line_exit_2  # tests/ is on sys.path
 
 import kvsim
 
@@ -29,3 +30,11 @@ def test_a_disaggregated_prefill_refusal_keeps_the_output_the_client_asked(tmp_p
         [2048, 100, "rejected", "prompt_len >= max_model_len 2048", 0],
         [3000, 100, "rejected", "prompt_len >= max_model_len 2048", 0],
         [2047, served, "finished", "", 1]]
+
+
+def test_a_short_option_is_never_told_as_a_scenario_field():
+    """`-n` is a letter, not the name of `workload.n` (parallel samples; a user of `head -n` means a count): click's
+    own line, as for any option that names no field; `--n`, the field's name, is still told as a --set."""
+    assert one_line_exit_2(["run", "-n", "2"]) == "No such option: -n (see 'kvsim run --help')"
+    assert one_line_exit_2(["run", "--n", "2"]) == ("No such option: --n: workload.n is a scenario field; give it as "
+                                                    "--set workload.n=VALUE (see 'kvsim run --help')")

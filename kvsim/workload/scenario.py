@@ -387,8 +387,12 @@ def load_scenario(path: str | Path | None = None, overrides: Overrides | None = 
 def set_for_flag(flag: str) -> str | None:
     """The `--set` key of the scenario field an option names (`--gpu`: `gpu`; `--max-model-len`, vLLM's spelling of
     an engine field: `engine.max_model_len`; `--num-requests`: `workload.num_requests`), or None: a command without
-    that option tells the user to give it as `--set KEY=VALUE` (`kvsim run --gpu h100` was "No such option")."""
-    name = flag.lstrip("-").replace("-", "_")
+    that option tells the user to give it as `--set KEY=VALUE` (`kvsim run --gpu h100` was "No such option").
+    Only a long option names a field: a short one is a letter, not a field's name (`-n 2` was told as
+    `workload.n`, parallel samples, where a user of `head -n` or `wc -l` means a count of requests)."""
+    if not flag.startswith("--"):
+        return None
+    name = flag[2:].replace("-", "_")
     for prefix, fields in (("", Scenario.model_fields), ("engine.", EngineConfig.model_fields),
                            ("workload.", Workload.model_fields)):
         if name in fields:
