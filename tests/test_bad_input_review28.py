@@ -38,3 +38,18 @@ def test_a_short_option_is_never_told_as_a_scenario_field():
     assert one_line_exit_2(["run", "-n", "2"]) == "No such option: -n (see 'kvsim run --help')"
     assert one_line_exit_2(["run", "--n", "2"]) == ("No such option: --n: workload.n is a scenario field; give it as "
                                                     "--set workload.n=VALUE (see 'kvsim run --help')")
+
+
+def test_the_reports_mean_length_counts_only_the_requests_it_serves(tmp_path):
+    """Max_model_len 2,048: a prompt of 2,048 is refused (its 100 tokens asked kept in its row since 2f1f57d), the
+    others served: KV of 1,000 + 100 − 1 = 1,099 and 500 + 50 − 1 = 549 tokens, a mean of 824 for the closed forms
+    "at the mean length" over the requests served (the refused one's 2,147 made it 1,265). One in 3 refused."""
+    from kvsim.report.studies import Study, StudyConfig
+    from kvsim.workload.scenario import make_scenario
+
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.000000,2048,100\n"
+                                    "2023-11-16 18:00:01.000000,1000,100\n2023-11-16 18:00:02.000000,500,50\n")
+    base = make_scenario({"engine": {"max_model_len": 2048}, "workload": {
+        "num_requests": 3, "arrival": {"process": "trace"}, "trace": {"format": "azure", "path": "t.csv"}}}, tmp_path)
+    st = Study(base, StudyConfig(num_requests=3, workers=1))
+    assert (st.mean_kv_len, st.unservable_fraction) == (824.0, 1 / 3)

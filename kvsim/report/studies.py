@@ -137,7 +137,6 @@ class Study:
                                                                       spec.num_gpu_blocks)
         self.kv_layout, self.max_num_batched_tokens = spec.kv_layout, spec.limits.max_num_batched_tokens
         requests = build_requests(self.base, self.max_model_len, np.random.default_rng(self.base.seed))
-        self.mean_kv_len = float(np.mean([r.kv_len for r in requests]))
         # the blocks no sequence holds in the paged variants the capacity sections run (vLLM v1's null block; v0: none)
         self.paged_null_blocks = self.base.engine.model_copy(update={"allocator": "paged"}).num_null_blocks
         # sequences of `context_len` tokens a paged pool of `num_blocks` holds, every KV group counted, as
@@ -145,12 +144,15 @@ class Study:
         self.paged_fit = partial(paged_max_seqs, self.kv_layout, max_num_batched_tokens=self.max_num_batched_tokens,
                                  num_null_blocks=self.paged_null_blocks)
         # as the scheduler refuses them (`kvsim.sched.admission.Admission.reject_reason`'s first test)
-        self.unservable_fraction = float(np.mean([r.prompt_len >= self.max_model_len
-                                                  for r in requests])) if requests else 0.0
+        servable = [r.kv_len for r in requests if r.prompt_len < self.max_model_len]
+        self.unservable_fraction = (len(requests) - len(servable)) / len(requests) if requests else 0.0
         if self.unservable_fraction == 1.0:  # every figure would be empty, and the sections' text expects some
             raise KvsimError(f"engine.max_model_len={self.max_model_len}: every request of the workload is longer "
                              "(its prompt alone), so the engine rejects them all and the report has nothing "
                              "to measure; raise max_model_len or shorten the requests")
+        # the mean length the served requests reach (a refused one holds no KV: its output asked, kept since
+        # 2f1f57d, and its prompt past max_model_len counted in no sequence the figures describe)
+        self.mean_kv_len = float(np.mean(servable)) if servable else 0.0
         self.latency_name = make_latency(spec).name
         self.runs_submitted = self.runs_done = 0  # counted for progress only (`on_runs`)
         self.on_runs: Callable[[], None] | None = None
