@@ -53,3 +53,22 @@ def test_the_reports_mean_length_counts_only_the_requests_it_serves(tmp_path):
         "num_requests": 3, "arrival": {"process": "trace"}, "trace": {"format": "azure", "path": "t.csv"}}}, tmp_path)
     st = Study(base, StudyConfig(num_requests=3, workers=1))
     assert (st.mean_kv_len, st.unservable_fraction) == (824.0, 1 / 3)
+
+
+def test_a_prompt_a_smaller_replica_refuses_keeps_the_output_asked_and_no_length_cap(tmp_path, monkeypatch):
+    """A fleet caps outputs at its largest limit (4,096) before routing: 4,000 + 500 asked was cut to 96 tokens
+    (404 "dropped"); round-robin sends it to the 2,048 replica, which refuses the prompt alone. Its row keeps the
+    500 asked (docs/metrics.md: a refused row keeps the request's own lengths), and a refused request is no
+    length cap (vLLM's finish_reason "length" ends a served one), so no request counts in `length_capped`."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.000000,4000,500\n"
+                                    "2023-11-16 18:00:01.000000,100,10\n")
+    (tmp_path / "s.yaml").write_text(
+        "steps: none\nengine: {max_model_len: 2048}\nrouter: {policy: round_robin}\n"
+        "replicas: [{count: 1}, {count: 1, engine: {max_model_len: 4096}}]\n"
+        "workload: {num_requests: 2, arrival: {process: trace}, trace: {format: azure, path: t.csv}}\n")
+    result = kvsim.simulate(kvsim.load_scenario("s.yaml"))
+    columns = ["prompt_tokens", "output_tokens", "status", "reject_reason", "replica"]
+    assert result.requests[columns].fillna("").values.tolist() == [
+        [4000, 500, "rejected", "prompt_len >= max_model_len 2048", 0], [100, 10, "finished", "", 1]]
+    assert result.summary.get("length_capped", {"num_requests": 0})["num_requests"] == 0

@@ -114,10 +114,15 @@ class Request:
         vLLM ends a request whose tokens reach it (`FINISHED_LENGTH_CAPPED`). A single engine's requests come
         capped already (`kvsim.workload.generate`); a fleet's are capped where they are served, since its
         replicas' limits may differ (a conversation's next turn still carries the reply as the fleet's largest
-        limit caps it). A prompt that alone reaches the limit is left as it is, for the scheduler to refuse.
-        The tokens cut are added to `num_length_capped_tokens`."""
+        limit caps it). The tokens cut are added to `num_length_capped_tokens`. A prompt that alone reaches the
+        limit, for the scheduler to refuse, gets back the output asked where a larger limit had cut it (a fleet's
+        largest: a smaller replica refuses it): a refused row keeps the request's own lengths and no length cap
+        (docs/metrics.md)."""
         room = max_model_len - self.prompt_len
-        if 0 < room < self.output_len:
+        if room <= 0:
+            self.output_len += self.num_length_capped_tokens
+            self.num_length_capped_tokens = 0
+        elif room < self.output_len:
             self.num_length_capped_tokens += self.output_len - room
             self.output_len = room
 
