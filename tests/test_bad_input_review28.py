@@ -7,6 +7,17 @@ from conftest import one_line_exit_2  # tests/ is on sys.path
 
 import kvsim
 
+COLUMNS = ["prompt_tokens", "output_tokens", "status", "reject_reason", "replica"]
+
+
+def azure_run(folder, trace_rows: str, scenario_yaml: str) -> tuple[list[list], dict]:
+    """The requests' `COLUMNS` (blank for None) and the summary of the scenario `scenario_yaml` run from `folder`
+    (the working folder) on an Azure trace `t.csv` of `trace_rows` (TIMESTAMP,ContextTokens,GeneratedTokens lines)."""
+    (folder / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + trace_rows)
+    (folder / "s.yaml").write_text(scenario_yaml)
+    result = kvsim.simulate(kvsim.load_scenario("s.yaml"))
+    return result.requests[COLUMNS].fillna("").values.tolist(), result.summary
+
 
 @pytest.mark.parametrize("decode_engine", ["", ", engine: {max_model_len: 4096}"])
 def test_a_disaggregated_prefill_refusal_keeps_the_output_the_client_asked(tmp_path, monkeypatch, decode_engine):
@@ -16,17 +27,15 @@ def test_a_disaggregated_prefill_refusal_keeps_the_output_the_client_asked(tmp_p
     engine's row does (docs/metrics.md). 2,047 tokens is served by decode: 1 token where decode's limit is 2,048
     (2,048 − 2,047), all 100 where it is 4,096."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.000000,2048,100\n"
-                                    "2023-11-16 18:00:01.000000,3000,100\n2023-11-16 18:00:02.000000,2047,100\n")
-    (tmp_path / "s.yaml").write_text(
-        "steps: none\nengine: {max_model_len: 2048}\n"
-        "kv_transfer_config: {kv_connector: NixlConnector, kv_link: rdma}\n"
-        f"replicas: [{{count: 1, kv_role: kv_producer}}, {{count: 1, kv_role: kv_consumer{decode_engine}}}]\n"
-        "workload: {num_requests: 3, arrival: {process: trace}, trace: {format: azure, path: t.csv}}\n")
-    result = kvsim.simulate(kvsim.load_scenario("s.yaml"))
-    columns = ["prompt_tokens", "output_tokens", "status", "reject_reason", "replica"]
+    rows, _ = azure_run(tmp_path, "2023-11-16 18:00:00.000000,2048,100\n2023-11-16 18:00:01.000000,3000,100\n"
+                                  "2023-11-16 18:00:02.000000,2047,100\n",
+                        "steps: none\nengine: {max_model_len: 2048}\n"
+                        "kv_transfer_config: {kv_connector: NixlConnector, kv_link: rdma}\n"
+                        f"replicas: [{{count: 1, kv_role: kv_producer}}, {{count: 1, kv_role: kv_consumer"
+                        f"{decode_engine}}}]\n"
+                        "workload: {num_requests: 3, arrival: {process: trace}, trace: {format: azure, path: t.csv}}\n")
     served = 100 if decode_engine else 1
-    assert result.requests[columns].fillna("").values.tolist() == [
+    assert rows == [
         [2048, 100, "rejected", "prompt_len >= max_model_len 2048", 0],
         [3000, 100, "rejected", "prompt_len >= max_model_len 2048", 0],
         [2047, served, "finished", "", 1]]
@@ -61,14 +70,10 @@ def test_a_prompt_a_smaller_replica_refuses_keeps_the_output_asked_and_no_length
     500 asked (docs/metrics.md: a refused row keeps the request's own lengths), and a refused request is no
     length cap (vLLM's finish_reason "length" ends a served one), so no request counts in `length_capped`."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.000000,4000,500\n"
-                                    "2023-11-16 18:00:01.000000,100,10\n")
-    (tmp_path / "s.yaml").write_text(
-        "steps: none\nengine: {max_model_len: 2048}\nrouter: {policy: round_robin}\n"
-        "replicas: [{count: 1}, {count: 1, engine: {max_model_len: 4096}}]\n"
-        "workload: {num_requests: 2, arrival: {process: trace}, trace: {format: azure, path: t.csv}}\n")
-    result = kvsim.simulate(kvsim.load_scenario("s.yaml"))
-    columns = ["prompt_tokens", "output_tokens", "status", "reject_reason", "replica"]
-    assert result.requests[columns].fillna("").values.tolist() == [
-        [4000, 500, "rejected", "prompt_len >= max_model_len 2048", 0], [100, 10, "finished", "", 1]]
-    assert result.summary.get("length_capped", {"num_requests": 0})["num_requests"] == 0
+    rows, summary = azure_run(tmp_path, "2023-11-16 18:00:00.000000,4000,500\n2023-11-16 18:00:01.000000,100,10\n",
+                              "steps: none\nengine: {max_model_len: 2048}\nrouter: {policy: round_robin}\n"
+                              "replicas: [{count: 1}, {count: 1, engine: {max_model_len: 4096}}]\n"
+                              "workload: {num_requests: 2, arrival: {process: trace}, trace: {format: azure, "
+                              "path: t.csv}}\n")
+    assert rows == [[4000, 500, "rejected", "prompt_len >= max_model_len 2048", 0], [100, 10, "finished", "", 1]]
+    assert summary.get("length_capped", {"num_requests": 0})["num_requests"] == 0
