@@ -4,10 +4,8 @@ Until December 2026 the page documented the summary's keys only: `requests.csv`'
 `status`, `reject_reason`, ...) and the step rows' (`held_slots`, `shared_slots`, `num_decode_seqs`, ...) were
 named nowhere a user reads."""
 
-import re
-
 import kvsim
-from tests.test_summary_keys import DOC, FLEET_RUNS, OUTPUT_TABLES
+from tests.test_summary_keys import FLEET_RUNS, documented_names
 
 OTHER_RUNS = {  # runs that add an optional column, beside the fleets and groups that add `replica`, `dp_rank`
     "one engine": {},
@@ -20,17 +18,8 @@ OTHER_RUNS = {  # runs that add an optional column, beside the fleets and groups
 }
 
 
-def documented_columns() -> set[str]:
-    """The names in the first cell of each row of the output-tables section's tables."""
-    columns: set[str] = set()
-    for line in DOC.read_text().split(OUTPUT_TABLES, 1)[1].splitlines():
-        if line.startswith("| `"):
-            columns |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
-    return columns
-
-
 def test_every_requests_and_step_column_is_documented():
-    documented = documented_columns()
+    documented = documented_names(output_tables=True)
     seen: set[str] = set()
     for kind, overrides in {**OTHER_RUNS, **FLEET_RUNS}.items():
         result = kvsim.simulate(None, workload__num_requests=6, **overrides)

@@ -183,14 +183,14 @@ def test_cli_takes_vllms_flags_and_refuses_bad_values_in_one_line(tmp_path):
 
 
 def test_spec_and_priority_summary_keys_are_documented():
-    from tests.test_summary_keys import documented_keys
+    from tests.test_summary_keys import documented_names
 
     mix = {"classes": [{"name": "a", "priority": 0, "weight": 1}, {"name": "b", "priority": 1, "weight": 1}]}
     config = {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": 0.5}
     summary = kvsim.simulate(None, workload__num_requests=20, workload__priority=mix,
                              engine__scheduling_policy="priority", engine__speculative_config=config).summary
     assert {"spec_decode", "by_priority"} <= set(summary)
-    assert set(summary) - documented_keys() == set()
+    assert set(summary) - documented_names() == set()
 
 
 @pytest.mark.parametrize(("method", "hit_tokens"), [("ngram", 12), ("draft_model", 12), ("eagle", 8), ("eagle3", 8)])

@@ -10,17 +10,19 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 OUTPUT_TABLES = "## Output tables"  # the page's last section: the requests' and steps' columns, not summary keys
 
 
-def documented_keys() -> set[str]:
-    keys: set[str] = set()
-    for line in DOC.read_text().split(OUTPUT_TABLES, 1)[0].splitlines():
+def documented_names(output_tables: bool = False) -> set[str]:
+    """The names in the first cell of each table row of docs/metrics.md: the summary's keys (the page before its
+    output tables), or with `output_tables` the requests' and steps' columns (that last section)."""
+    names: set[str] = set()
+    for line in DOC.read_text().split(OUTPUT_TABLES, 1)[output_tables].splitlines():
         if line.startswith("| `"):
-            keys |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
-    return keys
+            names |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
+    return names
 
 
 def test_every_summary_key_is_documented_in_one_style():
     summary = kvsim.simulate(None, workload__num_requests=20).summary
-    assert set(summary) - documented_keys() == set()
+    assert set(summary) - documented_names() == set()
     assert [k for k in summary if not re.fullmatch(r"[a-z][a-z0-9_]*", k)] == []  # no "vllm:" or mixed case
 
 
@@ -42,7 +44,7 @@ def test_every_key_of_a_fleet_or_group_summary_is_documented():
     text = DOC.read_text()
     for kind, overrides in FLEET_RUNS.items():
         summary = kvsim.simulate(None, workload__num_requests=20, **overrides).summary
-        assert set(summary) - documented_keys() == set(), kind
+        assert set(summary) - documented_names() == set(), kind
         nested = {key for name in ("disaggregation", "autoscaling", "requests_per_replica") for key in
                   summary.get(name, {})} | {key for row in summary.get("per_replica", []) for key in row}
         nested -= set(AutoscalerConfig.model_fields)  # `autoscaling` repeats the scenario's settings, documented there
