@@ -145,7 +145,7 @@ def why_failed(evidence: Mapping[str, Any] | None, slo: Mapping[str, float]) -> 
     check_slo(slo)
     if evidence is None:
         return None
-    if verdict(evidence) != STABLE:
-        return f"is {evidence['verdict']}"
+    if (state := verdict(evidence)) != STABLE:
+        return f"is {state}"
     missed = [k for k, v in slo_values(evidence, slo).items() if v > slo[k]]
     return "misses " + ", ".join(missed) if missed else None
