@@ -169,4 +169,3 @@ def _list_index(items: list[Any], parts: list[str], label: str) -> int:
         raise KvsimError(f"{label}: {where} is a list of {len(items)}: index an entry by its number, 0 to "
                          f"{len(items) - 1} (got {shown(part)})" if items else f"{label}: {where} is an empty list")
     return index
-
