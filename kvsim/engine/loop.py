@@ -90,6 +90,8 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
         if not busy:
             if releasing or any(plan.preempted for _, plan in plans):
                 continue  # preemptions (or, async, finished requests' KV released) freed memory: plan again now
+            if any(engine.scheduler.running and engine.scheduler.speculation is not None for engine in group):
+                continue  # async: a verify passed over at max_model_len (`V1Scheduler.select`): the next plan takes it
             if any(engine.inbox for engine in group):  # async: an empty step takes no time, so the next
                 for engine in group:  # one, planned at once, sees every arrival so far
                     engine.see_arrivals(env.now, everything=True)

@@ -27,7 +27,8 @@ at t_k+1 with what vLLM knew at t_k:
   `output_len` as if it were `max_tokens` (as `vllm bench serve` replays set `max_tokens` to it). Each
   costs one sequence's tokens in the step after its end, and the KV those need. (1) does not fit here: the
   policy's `select` would plan a finished request (docs/architecture.md says what it takes); no shipped
-  scenario speculates, and (2) never arises;
+  scenario speculates, and (2) never arises. A running request's verify is sized as vLLM sizes it, still
+  counting the drafts the verify in flight rejects (`kvsim.sched.v1`);
 * a request that arrived while step k ran is seen when step k + 2 is planned, not k + 1; that part is
   timing and lives with the engine (`kvsim.engine.runtime.Engine.deliver`);
 * vLLM's `running` still lists a request whose last token is in flight (it leaves it when that output is

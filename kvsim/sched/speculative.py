@@ -151,7 +151,10 @@ class Speculation:
     (held until the next step overwrites them); `pending` maps each request verifying drafts in
     the step being planned to its number of drafts, `accepted` to the drafts it accepts (drawn when the
     step is planned, before it is priced: the drafter's passes after the first read the contexts the
-    verify leaves, `kvsim.sched.speculative_steps.SpeculativeSteps.draw_verify_outcomes`).
+    verify leaves, `kvsim.sched.speculative_steps.SpeculativeSteps.draw_verify_outcomes`). `in_flight_rejected`
+    maps each request whose verify the last completed step was to the drafts it rejected, until the next plan: with
+    async scheduling vLLM makes that plan before the step's output is processed, still counting them as computed
+    (`kvsim.sched.v1.V1Scheduler.select`).
     """
 
     model: AcceptanceModel
@@ -164,6 +167,7 @@ class Speculation:
     last_complete_s: float = 0.0
     pending: dict[int, int] = field(default_factory=dict)
     accepted: dict[int, int] = field(default_factory=dict)
+    in_flight_rejected: dict[int, int] = field(default_factory=dict)
     drops_last_hit_block: bool = False  # EAGLE: a prefix hit recomputes its last block (`Scheduler.lookup`)
 
     @property

@@ -92,4 +92,6 @@ class SpeculativeSteps:
         assert written is not None, "the verify step held these slots"
         spec.num_rejected_slots += num_drafts - num_accepted
         req.num_rejected_draft_slots = num_drafts - num_accepted
+        if num_drafts > num_accepted:
+            spec.in_flight_rejected[req.request_id] = num_drafts - num_accepted
         return False

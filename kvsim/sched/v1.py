@@ -15,7 +15,11 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
    slots for them plus the lookahead (`num_lookahead_tokens`: K for EAGLE and draft models), as does
    a running request's next prefill chunk (vLLM passes the lookahead for every running request; a
    request it admits from the queue gets none unless it holds loaded KV); `complete` accepts a prefix of the drafts
-   (`kvsim.sched.speculative`).
+   (`kvsim.sched.speculative`). With async scheduling vLLM plans a verify before the output of the verify ending
+   now is processed, so it still counts that verify's rejected drafts as computed (`update_from_output` rolls
+   `num_computed_tokens` back afterwards): the cap and the slots start that many tokens further, and a request
+   left no token under the cap is passed over for the step (`Speculation.in_flight_rejected`); a running request
+   a step leaves out loses its drafts, which live on the GPU (`_drop_unscheduled_drafts`).
 2. If nothing was preempted, admit WAITING requests in the policy's order (FCFS, or
    smallest (priority, arrival)) while budget and `max_num_seqs` allow and the whole prompt
    (after prefix-cache hits) fits (with sliding-window or other hybrid KV groups, for a prompt longer
@@ -101,15 +105,20 @@ class V1Scheduler(Scheduler):
             # decoding: verify the drafts proposed after its last step, which sampled (a prefill chunk that
             # ends one token short of its tokens sampled nothing: its next step computes that token alone)
             verify = spec is not None and req.has_drafts
-            num_new, hold_slots = min(req.num_tokens - past, budget), 0
+            num_new, hold_slots, ahead = min(req.num_tokens - past, budget), 0, 0
             if spec is not None:
                 if verify:
+                    if self.async_scheduling:  # vLLM still counts the drafts the verify ending now rejected
+                        ahead = spec.in_flight_rejected.get(req.request_id, 0)
                     # vLLM caps a running request's tokens at max_model_len - 1 - num_computed_tokens (scheduler.py)
-                    max_drafts = self.limits.max_model_len - 1 - req.num_tokens
+                    max_drafts = self.limits.max_model_len - 1 - req.num_tokens - ahead
+                    if max_drafts < 0:  # not one token under that cap: vLLM passes the request over this step
+                        i += 1
+                        continue
                     num_drafts = min(spec.num_speculative_tokens, budget - 1, max_drafts)
                     num_new = 1 + num_drafts
                 # vLLM's allocate_slots(num_lookahead_tokens) for every running request: a prefill chunk too
-                hold_slots = min(past + num_new + spec.num_lookahead_slots, self.limits.max_model_len)
+                hold_slots = min(past + ahead + num_new + spec.num_lookahead_slots, self.limits.max_model_len)
             num_preempted = len(plan.preempted)
             fits = self.allocate_or_preempt(req, past + 1 if verify else past + num_new, plan, hold_slots)
             if len(plan.preempted) > num_preempted and self.waiting.policy == "priority":
@@ -124,9 +133,23 @@ class V1Scheduler(Scheduler):
             scheduled.append((req, num_new))
             budget -= num_new
             i += 1
+        if spec is not None:
+            spec.in_flight_rejected.clear()  # the next plan comes after this one's output: vLLM counts them no more
+            if self.async_scheduling:
+                self._drop_unscheduled_drafts(plan)
         if not plan.preempted:
             self._admit(plan, budget, now)
         return plan
+
+    def _drop_unscheduled_drafts(self, plan: StepPlan) -> None:
+        """Async scheduling: a running request this step leaves out (the budget ran out, or passed over) loses its
+        drafts. They live on the GPU, made for the requests of the step before, and vLLM clears the placeholders of
+        a request it does not schedule (`AsyncScheduler._update_after_schedule`): its next step decodes its last
+        sampled token alone, and the drafter proposes again after it."""
+        scheduled = {id(req) for req, _ in plan.scheduled}
+        for req in self.running:
+            if req.has_drafts and id(req) not in scheduled:
+                req.has_drafts = False
 
     def _unschedule(self, plan: StepPlan, victims: list[Request]) -> tuple[int, int]:
         """Take preempted requests that this step already scheduled out of `plan.scheduled`, as vLLM's
