@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import io
 import logging
 import os
 import sys
@@ -102,46 +103,81 @@ def one_line_usage_errors() -> Iterator[None]:
 def _field_as_set(error: Exception, ctx: Any) -> str | None:
     """For an option the command lacks that names a scenario field, where the command takes `--set`: say how to
     give it (`kvsim run --gpu h100` offered "Possible options: --output"); else None. Only click's NoSuchOption
-    carries `possibilities` (typer vendors click privately, so it is told by that attribute, not its class)."""
-    from kvsim.workload.scenario import set_for_flag
+    carries `possibilities` (typer vendors click privately, so it is told by that attribute, not its class). A
+    section (`--router least_kv`) is told by the field that takes the value (`--set router.policy=least_kv`):
+    `--set router=VALUE` would be refused, pointing there."""
+    from kvsim.workload.scenario import section_set_hint, set_for_flag
 
     flag = getattr(error, "option_name", None)
     if not hasattr(error, "possibilities") or not isinstance(flag, str) or ctx is None or not any(
             "--set" in getattr(param, "opts", ()) for param in ctx.command.params):
         return None
     key = set_for_flag(flag)
-    return None if key is None else (f"No such option: {flag}: {key} is a scenario field; give it as "
-                                     f"--set {key}=VALUE")
+    if key is None:
+        return None
+    section = section_set_hint(key, _flag_value(flag, ctx.meta.get(_ARGS_KEY, [])))
+    if section:
+        return f"No such option: {flag}: {key} is a section of the scenario, not one value{section}"
+    return f"No such option: {flag}: {key} is a scenario field; give it as --set {key}=VALUE"
+
+
+_ARGS_KEY = "kvsim.command_args"  # `ctx.meta`'s key for the command's own arguments (`OneLineUsageErrors`)
+
+
+def _flag_value(flag: str, args: list[str]) -> str | None:
+    """The value given to `flag` in `args` (`--router least_kv`, `--router=least_kv`), or None."""
+    for i, arg in enumerate(args):
+        if arg == flag:
+            return args[i + 1] if i + 1 < len(args) else None
+        if arg.startswith(flag + "="):
+            return arg[len(flag) + 1:]
+    return None
 
 
 @contextmanager
 def unwritable_stdout() -> Iterator[None]:
-    """Print a standard output that cannot be written (`kvsim run > /dev/full`: a full disk, an I/O error) as one
-    line and exit 2, as `user_errors` prints an output folder that cannot be written: a command prints its results
-    after its files are written, outside `user_errors`, and the OSError was a traceback. An OSError escaping a
-    command is stdout's when stdout still refuses a line (a write's OSError names no file); a closed pipe (`| head`)
-    is left to click, which exits 1 without a word, as `head`'s writers do; any other OSError is raised as it was.
-    Stdout is then replaced by the null device, so that Python's own flush at exit does not fail again."""
+    """Print a standard output that cannot be written (`kvsim run > /dev/full`: a full disk, an I/O error;
+    `kvsim run >&-`: closed) as one line and exit 2, as `user_errors` prints an output folder that cannot be
+    written: a command prints its results after its files are written, outside `user_errors`, and the OSError was
+    a traceback. An OSError escaping a command is stdout's when stdout still refuses a write (a write's OSError
+    names no file); a closed pipe (`| head`) is left to click, which exits 1 without a word, as `head`'s writers
+    do; any other OSError is raised as it was, nothing written to stdout. A standard output closed before Python
+    started is None (`sys.stdout`), which click's echo skips without a word and `sys.stdout.write` fails on with
+    an AttributeError: it is a stream whose every write fails as a closed descriptor's (EBADF) while a command
+    runs. Stdout is then replaced by the null device, so that Python's own flush at exit does not fail again."""
+    if sys.stdout is None:
+        sys.stdout = _ClosedStream()
     try:
         yield
     except OSError as error:
-        if error.errno == errno.EPIPE or error.filename is not None or not _refuses_a_line(sys.stdout):
+        if error.errno == errno.EPIPE or error.filename is not None or not _refuses_a_write(sys.stdout):
             raise
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115  (the process's stdout from here)
         typer.echo(f"kvsim: error: standard output: {error.strerror or error}", err=True)
         raise typer.Exit(2) from None
 
 
-def _refuses_a_line(stream: Any) -> bool:
-    """Whether writing a newline to `stream` (and flushing it) raises OSError."""
+def _refuses_a_write(stream: Any) -> bool:
+    """Whether `stream` refuses a write, written nothing: flushing what it holds, then writing no bytes to its
+    descriptor (a failed write's line may be held in its buffer, or dropped: /dev/full refuses even an empty
+    write, a closed descriptor too). A stream without a descriptor (in memory) or a closed one refuses none."""
     try:
-        stream.write("\n")
         stream.flush()
+        os.write(stream.fileno(), b"")
+    except (io.UnsupportedOperation, ValueError):  # in memory, or closed (UnsupportedOperation is an OSError too)
+        return False
     except OSError:
         return True
-    except ValueError:  # closed
-        return False
     return False
+
+
+class _ClosedStream(io.TextIOBase):
+    """The standard output of a process started with it closed: every write fails as a closed descriptor's."""
+
+    def _refuse(self, *_: Any) -> Any:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    write = flush = fileno = _refuse
 
 
 class OneLineUsageErrors(TyperGroup):
@@ -156,6 +192,12 @@ class OneLineUsageErrors(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         with one_line_usage_errors(), log_warnings_said(), unwritable_stdout():
             return super().invoke(ctx)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """click's, keeping the command's arguments in `ctx.meta` (shared with the command's context), where a
+        usage error's hint reads the value an unknown option was given (`_field_as_set`)."""
+        ctx.meta[_ARGS_KEY] = args[1:]
+        return super().resolve_command(ctx, args)
 
 
 def warn(text: str) -> None:

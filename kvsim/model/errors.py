@@ -262,26 +262,27 @@ def _fields_at(model: type | None, loc: tuple[Any, ...]) -> list[str]:
     return list(getattr(_section_at(model, loc), "model_fields", {}))
 
 
-def _section_hint(model: type | None, loc: tuple[Any, ...], field: str, value: Any) -> str:
+def section_hint(model: type | None, loc: tuple[Any, ...], field: str, value: Any, setter: str = "") -> str:
     """What to write for a section given one value (`router=least_kv`, `router: least_kv`): pydantic's "a valid
     dictionary or instance of Router" named a class, not the form. The field of the section whose choices hold
-    `value` (`router.policy=least_kv`), else the section's fields."""
+    `value` (`router.policy=least_kv`), else the section's fields; each setting written after `setter` (the CLI's
+    `--set `). "" where `loc` leads to no section."""
     from typing import Literal, get_args, get_origin
 
     section_fields = getattr(_section_at(model, loc), "model_fields", {})
     fields = list(section_fields)
     if not fields:
-        return _tagged_hint(model, loc, field)
+        return _tagged_hint(model, loc, field, setter)
     for name in fields:
         annotation = section_fields[name].annotation
         choices = get_args(annotation) if get_origin(annotation) is Literal else ()
         if isinstance(value, str) and value in choices:
-            return f": set its field, {field}.{name}={value}"
+            return f": set its field, {setter}{field}.{name}={value}"
     listed = ", ".join(fields) if len(fields) <= 6 else f"{', '.join(fields[:6])}, ..."
-    return f": set its fields ({listed}), e.g. {field}.{fields[0]}=..."
+    return f": set its fields ({listed}), e.g. {setter}{field}.{fields[0]}=..."
 
 
-def _tagged_hint(model: type | None, loc: tuple[Any, ...], field: str) -> str:
+def _tagged_hint(model: type | None, loc: tuple[Any, ...], field: str, setter: str) -> str:
     """For a field that is one of several sections told apart by a tag (`prompt_len`: `{dist: fixed, value: 512}`,
     `{dist: uniform, ...}`): the tag and its values; "" for any other field."""
     from typing import get_args
@@ -300,7 +301,7 @@ def _tagged_hint(model: type | None, loc: tuple[Any, ...], field: str) -> str:
         else:
             pending += [*get_args(item), *getattr(item, "__metadata__", ())]
     values = [str(v) for m in members for v in get_args(m.model_fields[tag].annotation)] if tag else []
-    return f": give {field}={{{tag}: {values[0]}, ...}} ({tag}: {', '.join(values)})" if values else ""
+    return f": give {setter}{field}={{{tag}: {values[0]}, ...}} ({tag}: {', '.join(values)})" if values else ""
 
 
 def from_validation_error(error: ValidationError, prefix: str = "", model: type | None = None,
@@ -339,7 +340,7 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
         message = "a float or a NumPy number is read as an integer only up to int64 (2**63 - 1); give an int"
     if first["type"] in ("model_type", "model_attributes_type") and not isinstance(first.get("input"), dict):
         # a value for a section (model_attributes_type: for one of several told apart by a tag)
-        message = "a section, not one value" + _section_hint(model, where, field, first["input"]) if prefix or loc \
+        message = "a section, not one value" + section_hint(model, where, field, first["input"]) if prefix or loc \
             else f"expected a dict of its fields{f' or a {model.__name__}' if model else ''}"  # the whole input
     if isinstance(first.get("input"), bool) and first["type"] in ("string_type", "literal_error", "enum"):
         message += " (YAML reads an unquoted yes, no, on or off as true or false: quote the text, 'no')"

@@ -29,7 +29,15 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from kvsim.model.config import MAX_FIXED_COST_S, GPULink, gpu_presets, model_presets
 from kvsim.model.engine_config import MAX_ENGINES, EngineConfig
-from kvsim.model.errors import KvsimError, first_repeat, from_validation_error, not_a_file, reading, shown
+from kvsim.model.errors import (
+    KvsimError,
+    first_repeat,
+    from_validation_error,
+    not_a_file,
+    reading,
+    section_hint,
+    shown,
+)
 from kvsim.model.spec import Label, Settings
 from kvsim.model.yaml_io import load_json, load_yaml, settings_text, yaml_problem
 from kvsim.workload.files import data_file, path_texts
@@ -398,3 +406,23 @@ def set_for_flag(flag: str) -> str | None:
         if name in fields:
             return prefix + name
     return None
+
+
+def section_set_hint(key: str, value: str | None) -> str:
+    """For a `set_for_flag` key that names a section of the scenario, one that takes no single value (`router`;
+    not `replicas`, which also takes a count): how to give the field that takes `value` with `--set`
+    (": set its field, --set router.policy=least_kv", where `--set router=least_kv` would be refused pointing to
+    `router.policy`), else the section's fields; "" for a key that takes one value."""
+    from typing import get_args
+
+    *parents, name = key.split(".")
+    sections: dict[str, type[Settings]] = {"": Scenario, "engine": EngineConfig, "workload": Workload}
+    info = sections[".".join(parents)].model_fields[name]
+    pending, scalar = [info.annotation, *info.metadata], False
+    while pending:  # `X | None`, `int | list[Group]`, `Annotated[A | B, ...]`: is any member one value?
+        item = pending.pop()
+        members = [*get_args(item), *getattr(item, "__metadata__", ())]
+        scalar = scalar or (isinstance(item, type) and not hasattr(item, "model_fields")
+                            and item is not type(None) and not members)
+        pending += [m for m in members if isinstance(m, type) or get_args(m)]
+    return "" if scalar else section_hint(Scenario, tuple(key.split(".")), key, value, setter="--set ")

@@ -1,0 +1,76 @@
+"""Small defects other helpers noticed in earlier reviews (tidy28): each with the behaviour a user (or vLLM) expects.
+
+Found: an OSError that is not stdout's, escaping a command, left a stray newline on stdout (the probe of whether
+stdout still writes wrote one). `kvsim run --router least_kv` was told to give `--set router=VALUE`, which is then
+refused pointing to `router.policy`. `kvsim run >&-` (stdout closed) exited 0 without its summary (click's echo skips
+a None `sys.stdout`), and `--format json` was an AttributeError traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+
+import pytest
+import typer
+from conftest import one_line_exit_2  # tests/ is on sys.path
+
+from kvsim.cli.shared import unwritable_stdout
+from kvsim.workload.scenario import load_scenario
+
+
+def test_an_os_error_not_stdouts_writes_nothing_to_stdout(capsys):
+    """The OSError passes through as it was; stdout (capsys's, in memory) stays empty: it was "\\n"."""
+    error = OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(OSError) as raised, unwritable_stdout():
+        raise error
+    assert raised.value is error
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("say", [lambda: typer.echo("a table"), lambda: sys.stdout.write("{}")])
+def test_a_closed_stdout_is_one_line_exit_2(monkeypatch, capsys, say):
+    """Python sets `sys.stdout` to None when it starts with descriptor 1 closed (`kvsim run >&-`): click's echo
+    wrote nothing and the command exited 0; `sys.stdout.write` (`--format json`) raised AttributeError. Now it is
+    said as a write to a closed descriptor fails (EBADF, "Bad file descriptor": os.strerror, what `os.write(1, b"")`
+    raises in a process started with `>&-`), exit 2, as `> /dev/full` is."""
+    monkeypatch.setattr(sys, "stdout", None)
+    with pytest.raises(typer.Exit) as stop, unwritable_stdout():
+        say()
+    assert stop.value.exit_code == 2
+    assert capsys.readouterr().err == f"kvsim: error: standard output: {os.strerror(errno.EBADF)}\n"
+    assert sys.stdout.name == os.devnull
+    sys.stdout.close()
+
+
+@pytest.mark.parametrize(("argv", "setting"), [
+    (["run", "--router", "least_kv"], "router.policy=least_kv"),  # README's router policies
+    (["run", "--router=least_kv"], "router.policy=least_kv"),
+    (["run", "--latency", "roofline"], "latency.model=roofline"),
+    (["run", "--arrival", "poisson"], "workload.arrival.process=poisson"),
+    (["report", "--engine", "v0"], "engine.scheduler=v0"),
+])
+def test_a_section_given_as_an_option_is_told_by_the_field_that_takes_the_value(tmp_path, monkeypatch, argv,
+                                                                                 setting):
+    """`--set router=least_kv`, the hint's old advice, is refused ("a section, not one value"); the hint names the
+    field whose choices hold the value, and that setting loads."""
+    monkeypatch.chdir(tmp_path)
+    flag = argv[1].split("=")[0]
+    key = setting.split("=")[0].rsplit(".", 1)[0]
+    assert one_line_exit_2(argv) == (f"No such option: {flag}: {key} is a section of the scenario, not one value: "
+                                     f"set its field, --set {setting} (see 'kvsim {argv[0]} --help')")
+    load_scenario(None, ["replicas=2", setting])  # the advice is taken (a router routes a fleet)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_section_without_a_value_lists_its_fields_and_a_count_stays_one_value():
+    """No value to match (`--multi-turn 3`: a count, no field's choice): its fields, each one settable;
+    `replicas` also takes a count, so `--set replicas=VALUE` stands."""
+    line = one_line_exit_2(["run", "--multi-turn", "3"])
+    assert line == ("No such option: --multi-turn: workload.multi_turn is a section of the scenario, not one value: "
+                    "set its fields (turns, think_time_s, timing), e.g. --set workload.multi_turn.turns=... "
+                    "(see 'kvsim run --help')")
+    assert one_line_exit_2(["run", "--replicas", "2"]) == ("No such option: --replicas: replicas is a scenario "
+                                                           "field; give it as --set replicas=VALUE "
+                                                           "(see 'kvsim run --help')")
