@@ -560,7 +560,7 @@ CASES = [
     ("run-output-empty", {}, ["run", "-o", ""], "--output='': is empty"),  # not runs/NAME, not the working folder
     ("report-output-empty", {}, ["report", "-o", ""], "--output='': is empty"),
     ("report-every-request-too-long", {}, ["report", "--quick", "--set", "engine.max_model_len=1"],  # a TypeError
-     "engine.max_model_len=1: every request of the workload is longer"),  # after the first studies' runs
+     "engine.max_model_len=1: every request's prompt reaches it"),  # after the first studies' runs
     ("report-every-request-too-long-file", scenario(f"engine: {{max_model_len: 64}}\n{WORKLOAD}"),
      ["report", "{d}/s.yaml", "--quick"], "engine.max_model_len=64: every request"),
     ("report-dask-address-empty", {}, ["report", "--quick", "--dask-address", ""],  # ran every study here

@@ -74,3 +74,21 @@ def test_a_section_without_a_value_lists_its_fields_and_a_count_stays_one_value(
     assert one_line_exit_2(["run", "--replicas", "2"]) == ("No such option: --replicas: replicas is a scenario "
                                                            "field; give it as --set replicas=VALUE "
                                                            "(see 'kvsim run --help')")
+
+
+def test_the_report_says_a_prompt_of_exactly_max_model_len_is_refused(tmp_path):
+    """Max_model_len 2,048 and a prompt of exactly 2,048 tokens: vLLM refuses it (`_validate_input`:
+    `token_num >= max_model_len`, no room for one output token), so one request in 3 is refused; the report said
+    "longer than max_model_len", which a prompt of 2,048 is not."""
+    from kvsim.report.studies import Study, StudyConfig
+    from kvsim.report.text import introduction
+    from kvsim.workload.scenario import make_scenario
+
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.000000,2048,100\n"
+                                    "2023-11-16 18:00:01.000000,1000,100\n2023-11-16 18:00:02.000000,500,50\n")
+    base = make_scenario({"engine": {"max_model_len": 2048}, "workload": {
+        "num_requests": 3, "arrival": {"process": "trace"}, "trace": {"format": "azure", "path": "t.csv"}}}, tmp_path)
+    text = introduction(Study(base, StudyConfig(num_requests=3, workers=1)))
+    assert text.endswith(" 33.3% of the requests have prompts of max_model_len tokens or more and are refused "
+                         "(counted apart from every SLO).")
+    assert "longer than" not in text

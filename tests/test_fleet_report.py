@@ -112,8 +112,8 @@ def test_a_mostly_unservable_trace_is_said_in_one_line_and_not_sized():
 
     facts = {"unservable": True, "num_too_long": 236, "num_requests": 300, "max_model_len": 2048}
     text = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame()}, facts), None)
-    assert text == ("236 of the first 300 Mooncake requests (79%) are longer than max_model_len 2,048: this engine "
-                    "cannot serve this trace, so no fleet is sized for it.")
+    assert text == ("236 of the first 300 Mooncake requests (79%) have prompts of max_model_len (2,048 tokens) or "
+                    "more: this engine cannot serve this trace, so no fleet is sized for it.")
 
 
 def test_the_fleet_section_quotes_the_gap_breakdown_of_the_floor():

@@ -121,8 +121,8 @@ def test_fleet_section_counts_the_trace_and_quotes_its_table(report_dir):
     too_long = sum(r["input_length"] >= max_model_len for r in rows)
     md = (report_dir / "report.md").read_text()
     if too_long > len(rows) / 2:  # most of the slice is over max_model_len: one line, no fleet sized
-        assert (f"{too_long} of the first {len(rows)} Mooncake requests ({too_long / len(rows):.0%}) are longer than "
-                f"max_model_len {max_model_len:,}: this engine cannot serve this trace") in md
+        assert (f"{too_long} of the first {len(rows)} Mooncake requests ({too_long / len(rows):.0%}) have prompts of "
+                f"max_model_len ({max_model_len:,} tokens) or more: this engine cannot serve this trace") in md
         return
     assert f"with prefix caching, max_model_len {max_model_len:,}" in md
     if too_long:

@@ -188,9 +188,9 @@ def fig_load(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -
 def fig_fleet(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
     df, f = sec.tables["fleet_routing"], sec.facts
     if f.get("unservable"):
-        axes[0].text(0.5, 0.5, f"{f['num_too_long']} of {f['num_requests']} requests over max_model_len "
-                     f"{f['max_model_len']:,}:\nnot servable, no fleet sized", ha="center", va="center",
-                     transform=axes[0].transAxes)
+        axes[0].text(0.5, 0.5, f"{f['num_too_long']} of {f['num_requests']} prompts of max_model_len "
+                     f"({f['max_model_len']:,} tokens) or more:\nnot servable, no fleet sized", ha="center",
+                     va="center", transform=axes[0].transAxes)
         axes[0].set_axis_off()
         axes[1].set_axis_off()
         return

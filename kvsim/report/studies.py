@@ -147,8 +147,8 @@ class Study:
         servable = [r.kv_len for r in requests if r.prompt_len < self.max_model_len]
         self.unservable_fraction = (len(requests) - len(servable)) / len(requests) if requests else 0.0
         if self.unservable_fraction == 1.0:  # every figure would be empty, and the sections' text expects some
-            raise KvsimError(f"engine.max_model_len={self.max_model_len}: every request of the workload is longer "
-                             "(its prompt alone), so the engine rejects them all and the report has nothing "
+            raise KvsimError(f"engine.max_model_len={self.max_model_len}: every request's prompt reaches it "
+                             "(prompt_len >= max_model_len), so the engine rejects them all and the report has nothing "
                              "to measure; raise max_model_len or shorten the requests")
         # the mean length the served requests reach (a refused one holds no KV: its output asked, kept since
         # 2f1f57d, and its prompt past max_model_len counted in no sequence the figures describe)

@@ -21,12 +21,12 @@ def introduction(st: studies.Study) -> str:
     tp = f"{e.tensor_parallel_size}× " if e.tensor_parallel_size > 1 else "one "
     refused = ""
     if st.unservable_fraction > 0.5:
-        refused = (f" **Most of this traffic cannot be served: {st.unservable_fraction:.0%} of the requests are "
-                   f"longer than max_model_len {st.max_model_len:,} and are refused, as vLLM refuses them; every "
-                   "figure below describes the rest.**")
+        refused = (f" **Most of this traffic cannot be served: {st.unservable_fraction:.0%} of the requests have "
+                   f"prompts of max_model_len ({st.max_model_len:,} tokens) or more and are refused, as vLLM "
+                   "refuses them; every figure below describes the rest.**")
     elif st.unservable_fraction > 0:
-        refused = (f" {st.unservable_fraction:.1%} of the requests are longer than max_model_len and are refused "
-                   "(counted apart from every SLO).")
+        refused = (f" {st.unservable_fraction:.1%} of the requests have prompts of max_model_len tokens or more and "
+                   "are refused (counted apart from every SLO).")
     return (f"Scenario `{st.base.name}`: {st.model.name} on {tp}{st.gpu.name}, {st.num_blocks:,} KV blocks of "
             f"{e.block_size} tokens{' (vLLM keeps one as its null block)' if e.num_null_blocks else ''}, "
             f"max_model_len {st.max_model_len:,}, "
@@ -317,8 +317,9 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
     f = sec.facts
     if f.get("unservable"):
         return (f"{f['num_too_long']} of the first {f['num_requests']} Mooncake requests "
-                f"({f['num_too_long'] / f['num_requests']:.0%}) are longer than max_model_len "
-                f"{f['max_model_len']:,}: this engine cannot serve this trace, so no fleet is sized for it.")
+                f"({f['num_too_long'] / f['num_requests']:.0%}) have prompts of max_model_len "
+                f"({f['max_model_len']:,} tokens) or more: this engine cannot serve this trace, so no fleet is sized "
+                "for it.")
     df = sec.tables["fleet_routing"].set_index("router")
     e = st.base.engine
     tp = f"{e.tensor_parallel_size}× " if e.tensor_parallel_size > 1 else ""
