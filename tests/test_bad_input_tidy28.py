@@ -92,3 +92,40 @@ def test_the_report_says_a_prompt_of_exactly_max_model_len_is_refused(tmp_path):
     assert text.endswith(" 33.3% of the requests have prompts of max_model_len tokens or more and are refused "
                          "(counted apart from every SLO).")
     assert "longer than" not in text
+
+
+SATURATED = {"saturated": {"duration_s": 10.0, "mean_running": 3.14159, "preemptions_per_s": None, "waste": {},
+                           "reason": None}}
+
+
+@pytest.mark.parametrize(("call", "said"), [
+    (lambda s: s.sustained({}), "summary={}: expected a run's summary (RunResult.summary)"),  # a KeyError
+    (lambda s: s.sustained(None), "summary=None: expected a run's summary"),  # a TypeError
+    (lambda s: s.sustained({"saturated": {}}), "summary={'saturated': {}}: expected a run's summary"),
+    (lambda s: s.sustained(SATURATED, key="waste"), "key='waste': expected duration_s, mean_running or "
+                                                    "preemptions_per_s"),  # round() of a dict
+    (lambda s: s.sustained(SATURATED, key=5), "key=5: expected"),
+    (lambda s: s.sustained(SATURATED, digits="2"), "digits='2': expected an int or None"),
+    (lambda s: s.sustained(SATURATED, digits=True), "digits=True: expected an int or None"),
+    (lambda s: s.saturated(load_scenario(None), "5"), "num_requests='5': expected a positive int"),  # ran 555
+    (lambda s: s.saturated(load_scenario(None), 0), "num_requests=0: expected a positive int"),
+    (lambda s: s.poisson("x"), "rate='x': expected a positive finite number"),
+    (lambda s: s.poisson(float("inf")), "rate=inf: expected a positive finite number"),
+    (lambda s: s.Study(load_scenario(None), "quick"), "cfg='quick': expected a StudyConfig"),  # AttributeError
+    (lambda s: s.Study("s.yaml", s.StudyConfig.quick()), "base='s.yaml': expected a Scenario"),
+])
+def test_the_studies_notebook_helpers_refuse_a_bad_argument_naming_it(call, said):
+    from kvsim.model.errors import KvsimError
+    from kvsim.report import studies
+
+    with pytest.raises(KvsimError) as refused:
+        call(studies)
+    assert str(refused.value).startswith(said)
+
+
+def test_the_studies_helpers_still_answer_good_arguments():
+    from kvsim.report.studies import poisson, sustained
+
+    assert (sustained(SATURATED), sustained(SATURATED, digits=None), sustained(SATURATED, "preemptions_per_s"),
+            sustained(SATURATED, "duration_s", 0)) == (3.14, 3.14159, None, 10.0)
+    assert poisson(8) == "workload.arrival={process: poisson, rate: 8}"

@@ -12,7 +12,9 @@ holds as many sequences as KV memory allows: their `max_running` is the simulate
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import numbers
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -30,13 +32,14 @@ from kvsim.model.capacity import (
     paged_seqs,
     slab_max_seqs,
 )
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, shown
 from kvsim.planning.cost import cost_per_million_output_tokens, cost_per_user_hour, engine_gpus, gpu_price, usd_rounded
 from kvsim.planning.slo import probe_passes, why_failed
 from kvsim.planning.steady_state import failing_evidence, search_rates
 from kvsim.planning.sweep import SweepResult, run_evidence, run_many
 from kvsim.report.alerts import alert_firings
 from kvsim.report.applicable import refusal, refused_settings, skipped
+from kvsim.report.by_priority import latency_by_priority
 from kvsim.report.no_preemption import largest_seqs_without_preemption
 from kvsim.report.section import Section
 from kvsim.workload.generate import build_requests
@@ -95,28 +98,42 @@ def variant(base: Scenario, *overrides: str) -> Scenario:
 
 
 def saturated(base: Scenario, num_requests: int, *overrides: str) -> Scenario:
-    """A variant of `base` whose 3 × `num_requests` requests all arrive at once."""
+    """A variant of `base` whose 3 × `num_requests` requests all arrive at once; `num_requests` a positive int,
+    else a `KvsimError` naming it (a str repeated itself: "5" asked for 555 requests)."""
+    if isinstance(num_requests, bool) or not isinstance(num_requests, numbers.Integral) or num_requests < 1:
+        raise KvsimError(f"num_requests={shown(num_requests)}: expected a positive int")
     return variant(base, f"workload.num_requests={3 * num_requests}", poisson(SATURATE), *overrides)
 
 
 def poisson(rate: float) -> str:
-    """Override for Poisson arrivals at `rate` (a trace scenario keeps its lengths, not its timestamps)."""
+    """Override for Poisson arrivals at `rate` req/s, a positive finite number, else a `KvsimError` naming it (a
+    trace scenario keeps its lengths, not its timestamps)."""
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0 < rate < math.inf:
+        raise KvsimError(f"rate={shown(rate)}: expected a positive finite number of requests per second")
     return f"workload.arrival={{process: poisson, rate: {rate}}}"
 
 
-def sustained(summary: dict[str, Any], key: str = "mean_running", digits: int | None = 2) -> float | None:
-    """A figure of the run's saturated steady state (`summary["saturated"][key]`), rounded; None, shown
-    as missing, when the run never saturated (a missing value is never 0)."""
-    value = summary["saturated"][key]
-    if value is None or digits is None:
-        return value
-    return round(value, digits)
+def sustained(summary: Mapping[str, Any], key: str = "mean_running", digits: int | None = 2) -> float | None:
+    """A figure of the run's saturated steady state (`summary["saturated"][key]`: duration_s, mean_running or
+    preemptions_per_s), rounded to `digits` (None: as it is); None, shown as missing, when the run never saturated
+    (a missing value is never 0). Any other argument is a `KvsimError` naming it (it was a KeyError or TypeError)."""
+    if key not in ("duration_s", "mean_running", "preemptions_per_s"):
+        raise KvsimError(f"key={shown(key)}: expected duration_s, mean_running or preemptions_per_s")
+    figures = summary.get("saturated") if isinstance(summary, Mapping) else None
+    if not isinstance(figures, Mapping) or key not in figures:
+        raise KvsimError(f"summary={shown(summary)}: expected a run's summary (RunResult.summary)")
+    if digits is not None and (isinstance(digits, bool) or not isinstance(digits, numbers.Integral)):
+        raise KvsimError(f"digits={shown(digits)}: expected an int or None")
+    return figures[key] if figures[key] is None or digits is None else round(figures[key], digits)
 
 
 class Study:
     """Shared facts about the base scenario and a runner that fixes the request count."""
 
     def __init__(self, base: Scenario, cfg: StudyConfig) -> None:
+        base = expect_scenario(base, "base")
+        if not isinstance(cfg, StudyConfig):
+            raise KvsimError(f"cfg={shown(cfg)}: expected a StudyConfig (StudyConfig() or StudyConfig.quick())")
         if base.is_fleet:  # each section varies one engine; the fleet section sizes its own replicas
             groups = len(base.replicas) if isinstance(base.replicas, list) else 0
             given = base.replicas if isinstance(base.replicas, int) else f"[{groups} group{'s' * (groups != 1)}]"
@@ -411,21 +428,6 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
                            {"time_series_rate": top_rate, "sustainable_rate": knee, "ttft_slo_s": cfg.ttft_slo_s})
     alerts = Section("alerts", "Alerts", {"alert_firings": alert_firings(paged_runs, cfg)})
     return paging, load_section, alerts
-
-
-def latency_by_priority(rates: list[float], runs: list[SweepResult]) -> pd.DataFrame:
-    """Per load point and request priority (vLLM's: smaller is served first), that class's requests in the
-    run's measurement window and their TTFT, TPOT and E2E p50/p90 (`window_evidence`'s `by_priority`); one
-    class (priority 0) when the workload has none."""
-    rows = []
-    for rate, run in zip(rates, runs, strict=True):
-        assert run.evidence is not None
-        classes = run.evidence.get("by_priority") or {"0": run.evidence}
-        for priority, stats in sorted(classes.items(), key=lambda item: int(item[0])):
-            rows.append({"rate": rate, "priority": int(priority), "num_in_window": stats["ttft_s"]["n"],
-                         **{f"{m.removesuffix('_s')}_{q}_s": stats[m][q] for m in ("ttft_s", "tpot_s", "e2e_s")
-                            for q in ("p50", "p90")}})
-    return pd.DataFrame(rows)
 
 
 def sustained_rates(st: Study, allocators: tuple[str, ...] = ALLOCATORS) -> pd.DataFrame:
