@@ -126,7 +126,7 @@ def plan_evidence(sets: list[str], rate_per_s: float) -> dict[str, Any]:
                            "tensor_parallel_sizes": [base.engine.tensor_parallel_size], "max_replicas": 16})
     wall = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
-        (row,), _ = plan(base, spec, out)
+        (row,), _ = plan(base, spec, Path(out) / "plan")
     keep = ("replicas", "searched_replicas", "verified", "verify_num_requests", "verify_verdict",
             "verify_ttft_s.p90", "verify_ttft_s.p90_ci", "search_verdict", "search_ttft_s.p90", "lower_bound_replicas",
             "bound_binds", "gap_breakdown", "verify_attempts")

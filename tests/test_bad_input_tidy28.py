@@ -129,3 +129,33 @@ def test_the_studies_helpers_still_answer_good_arguments():
     assert (sustained(SATURATED), sustained(SATURATED, digits=None), sustained(SATURATED, "preemptions_per_s"),
             sustained(SATURATED, "duration_s", 0)) == (3.14, 3.14159, None, 10.0)
     assert poisson(8) == "workload.arrival={process: poisson, rate: 8}"
+
+
+@pytest.mark.parametrize("kind", ["empty", "notes", "run"])
+def test_plan_from_python_writes_into_no_folder_kvsim_did_not_make(tmp_path, kind):
+    """`plan(base, spec, out_dir)` wrote points.jsonl into any existing folder (a `tempfile.mkdtemp()`, a user's
+    folder of notes, a run's output), where `RunResult.write` and `kvsim plan -o` refuse a folder without kvsim's
+    marker or of another kind: the same rule (`check_output_dir`), refused before any point, nothing written."""
+    from test_plan import toy  # tests/ is on sys.path
+
+    from kvsim.model.errors import KvsimError
+    from kvsim.planning.plan import plan
+    from kvsim.planning.spec import make_plan_spec
+    from kvsim.results.output_dir import claim_directory
+
+    folder = tmp_path / "out"
+    if kind == "run":
+        claim_directory(folder, "run", [])  # a kvsim folder of another kind
+    else:
+        folder.mkdir()
+    if kind == "notes":
+        (folder / "notes.txt").write_text("mine\n")
+    before = sorted(p.name for p in folder.iterdir())
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 0.3}, "gpus": ["h100-80gb"], "max_replicas": 1})
+    with pytest.raises(KvsimError) as refused:
+        plan(toy(), spec, folder)
+    why = {"empty": "exists and has no .kvsim-output marker", "notes": "exists and has no .kvsim-output marker",
+           "run": "holds kvsim 'run' output, not 'plan'"}[kind]
+    assert str(refused.value).startswith(f"out_dir={str(folder)!r}: {why}")
+    assert sorted(p.name for p in folder.iterdir()) == before
+

@@ -140,7 +140,7 @@ CAPACITY_PER_S = 8 / (64 * 0.02)  # 8 slots, each request 64 steps of 20 ms: 6.2
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
     """plan(rate, slo, price, search) → (its row, points simulated now), the points shared by every plan here."""
-    folder = tmp_path_factory.mktemp("plans")
+    folder = tmp_path_factory.mktemp("plans") / "plan"
 
     def run(rate: float, slo: dict, usd_per_gpu_hour: float = 2.0, search: str = "replicas"):
         spec = make_plan_spec({"slo": slo, "gpus": ["h100-80gb"], "max_replicas": 8, "router": "round_robin",
@@ -239,12 +239,12 @@ def test_a_probe_that_missed_within_its_noise_does_not_add_a_replica(tmp_path):
     plan answered 4 where seeds 1, 3, 4 and 5 answer 3. 3 is the least any seed can answer (2 replicas get 7 req/s
     each, over the 6.25 one serves), and the long run of 3 replicas (10 × 400 requests) meets both SLOs."""
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "router": "round_robin"})
-    (row, *_), simulated = plan(toy(14.0, 200, seed=2), spec, tmp_path)
+    (row, *_), simulated = plan(toy(14.0, 200, seed=2), spec, tmp_path / "plan")
     assert CAPACITY_PER_S < 14.0 / 2
     assert row["replicas"] == 3 and row["verified"] is True and row["evidence_num_requests"] == 4000
     assert row["verify_ttft_s.p90"] <= SLO["ttft_s.p90"] and row["verify_e2e_s.p99"] <= SLO["e2e_s.p99"]
     # the rerun is the very run the verification of 3 reads, by its key: one line of points.jsonl, simulated once
     # (so a plan resumed from any prefix of the file replays the same searches and answers the same)
-    names = [json.loads(line)["name"] for line in (tmp_path / "points.jsonl").read_text().splitlines()]
+    names = [json.loads(line)["name"] for line in (tmp_path / "plan" / "points.jsonl").read_text().splitlines()]
     assert simulated == len(names) and [n for n in names if n.endswith("/x3")] == [
         "toy/verify400/h100-80gb_tp1/x3", "toy/verify400/verify4000/h100-80gb_tp1/x3"]  # its probe, its long run

@@ -96,7 +96,7 @@ def test_the_printed_evidence_is_what_a_run_of_the_fleet_it_names_shows(tmp_path
                 "probe_requests": 100, "max_probe_requests": 200}
     for verify_factor in (3, 0):  # the second plan reads its probes from the first one's points
         (row,), _ = plan(make_scenario(toy_traffic(14.0, 100)), make_plan_spec({**settings, "verify_factor":
-                                                                                 verify_factor}), tmp_path)
+                                                                                 verify_factor}), tmp_path / "plan")
         line = evidence_line(row)
         named = re.match(r"evidence, h100-80gb tp1: (\d+) replicas?, ([\d,]+)-request run(?: on ([\d.]+)× the "
                          r"traffic)?: ", line)

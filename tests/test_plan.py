@@ -48,11 +48,11 @@ def test_plan_finds_the_replica_count_brute_force_finds(tmp_path):
     candidate = Candidate("h100-80gb", 1)
     brute = next(n for n in range(1, 9) if meets(simulate_fleet(candidate.scenario(base, n, spec.router))))
     assert brute > 1  # the toy needs a fleet, else the search is not exercised
-    rows, simulated = plan(base, spec, tmp_path)
+    rows, simulated = plan(base, spec, tmp_path / "plan")
     assert rows[0]["replicas"] == brute and rows[0]["cost_per_hour"] == pytest.approx(2.0 * brute)
     assert rows[0]["headroom"] >= 0 and f"at {brute - 1} replicas" in rows[0]["limiting_factor"]
     assert simulated <= 2 * 3 + 1  # doubling to 8 then bisection: far fewer than 8 counts
-    again, simulated_again = plan(base, spec, tmp_path)
+    again, simulated_again = plan(base, spec, tmp_path / "plan")
     assert simulated_again == 0 and again == rows
 
 
@@ -63,7 +63,7 @@ TWO_GPUS = {"slo": SLO, "gpus": ["h100-80gb", "h200"], "max_replicas": 8}
 def two_gpu_plan(tmp_path_factory):
     """The uninterrupted plan of `toy()` over two GPU kinds: (its rows, the number of points it simulated), which
     the crash tests below compare with; computed once for the module (a plan is a function of its inputs)."""
-    return plan(toy(), make_plan_spec(TWO_GPUS), tmp_path_factory.mktemp("two_gpu_plan"))
+    return plan(toy(), make_plan_spec(TWO_GPUS), tmp_path_factory.mktemp("two_gpu_plan") / "plan")
 
 
 def test_an_interrupted_search_resumes_without_redoing_finished_points(tmp_path, two_gpu_plan):
@@ -113,8 +113,8 @@ def test_bad_plan_input_is_one_line_naming_the_field(tmp_path):
         make_plan_spec({"slo": {"ttft.p90": 1.0}, "gpus": ["h100-80gb"]})
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "engine": {"max_num_seqs": [0]}})
     with pytest.raises(KvsimError, match="max_num_seqs"):
-        plan(toy(), spec, tmp_path)
-    assert not (tmp_path / "points.jsonl").exists()
+        plan(toy(), spec, tmp_path / "plan")
+    assert not (tmp_path / "plan").exists()  # refused before its folder is made
     result = runner.invoke(app, ["plan", "--slo", "ttft_s.p90=fast", "--gpu", "h100-80gb", "--workers", "1",
                                  "-o", str(tmp_path / "out")])
     assert result.exit_code == 2 and "ttft_s.p90" in result.stderr and "Traceback" not in result.output
@@ -159,7 +159,7 @@ def test_rate_search_sizes_the_fleet_that_a_brute_force_rate_sweep_sizes(tmp_pat
     assert expected == math.ceil(1.1 / grid[first_fail]) > 1  # not on a boundary between two counts
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate",
                            "capacity_headroom": 0.1, "rel_tol": 0.02, "gpu_hourly_cost": {"h100-80gb": 3.0}})
-    rows, simulated = plan(base, spec, tmp_path)
+    rows, simulated = plan(base, spec, tmp_path / "plan")
     row = rows[0]
     assert row["replicas"] == expected and row["cost_per_hour"] == pytest.approx(3.0 * expected)
     assert row["headroom"] >= 0 and row["capacity_headroom"] >= 0.1
@@ -168,7 +168,7 @@ def test_rate_search_sizes_the_fleet_that_a_brute_force_rate_sweep_sizes(tmp_pat
     # the chosen fleet's, then one replica fewer on 1.1x the traffic, which fails (the count is the fewest)
     assert row["verify_attempts"] == f"{expected} held, {expected - 1} failed*"
     assert simulated == row["num_probes"] + 2 and (row["converged"] or row["capped"])
-    again, simulated_again = plan(base, spec, tmp_path)
+    again, simulated_again = plan(base, spec, tmp_path / "plan")
     assert simulated_again == 0 and again == rows
 
 
@@ -177,7 +177,7 @@ def test_rate_search_refuses_a_fleet_no_replica_count_can_serve(tmp_path):
     # any load the p90 is near two steps; no load is light enough, and no fleet meets it. (Below one step, the
     # floor refuses it before any search: `tests/test_metamorphic11.py`.)
     spec = make_plan_spec({"slo": {"ttft_s.p90": 0.021}, "gpus": ["h100-80gb"], "max_replicas": 4, "search": "rate"})
-    rows, _ = plan(toy(), spec, tmp_path)
+    rows, _ = plan(toy(), spec, tmp_path / "plan")
     assert rows[0]["feasible"] is False and rows[0]["replicas"] is None
     assert "over 4 replicas" in rows[0]["limiting_factor"]
 
@@ -211,7 +211,7 @@ def test_rate_search_reports_the_rate_its_probe_offered_one_replica(tmp_path):
     base = make_scenario(raw)
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate",
                            "verify_factor": 0})
-    (row,) = plan(base, spec, tmp_path)[0]
+    (row,) = plan(base, spec, tmp_path / "plan")[0]
     assert row["feasible"]
     fraction = (1 + row["capacity_headroom"]) / row["replicas"]
 
@@ -233,7 +233,7 @@ def test_probes_too_short_at_max_probe_requests_say_the_run_was_not_judged(tmp_p
     base = toy().model_dump(mode="json")
     base["workload"]["num_requests"] = 20
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 4, "max_probe_requests": 20})
-    rows, simulated = plan(make_scenario(base), spec, tmp_path)
+    rows, simulated = plan(make_scenario(base), spec, tmp_path / "plan")
     assert simulated == 3 and not rows[0]["feasible"]
     assert rows[0]["limiting_factor"] == ("could not be judged: its 20-request probes were too short up to 4 replicas; "
                                           "raise max_probe_requests (now 20)")
@@ -284,7 +284,7 @@ def test_a_rate_search_whose_probes_stay_too_short_says_the_run_was_not_judged(t
     base["workload"]["num_requests"] = 20
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 4, "max_probe_requests": 20,
                            "search": "rate", "probe_requests": 20})
-    rows, _ = plan(make_scenario(base), spec, tmp_path)
+    rows, _ = plan(make_scenario(base), spec, tmp_path / "plan")
     assert not rows[0]["feasible"] and rows[0]["verdict"] == "too short"
     assert re.fullmatch(r"could not be judged: its 20-request probes were too short at [0-9.]+ req/s per replica; "
                         r"raise max_probe_requests \(now 20\)", rows[0]["limiting_factor"]), rows[0]["limiting_factor"]

@@ -269,6 +269,7 @@ def test_a_plan_resumed_from_a_damaged_point_simulates_it_again(tmp_path):
     from kvsim.planning.point import POINT_FORMAT
     from kvsim.planning.search import scenario_hash
     from kvsim.planning.spec import candidates
+    from kvsim.results.output_dir import claim_directory
 
     workload = toy().workload  # at 2 req/s one replica of the toy meets the SLO in one 100-request run
     base = toy().model_copy(update={"workload": workload.model_copy(
@@ -277,11 +278,12 @@ def test_a_plan_resumed_from_a_damaged_point_simulates_it_again(tmp_path):
     key = scenario_hash(candidates(spec)[0].scenario(base, 1, spec.router))
     point = damaged(("evidence", "ttft_s", "p90"), "abc")
     line = json.dumps({"hash": key, "name": "x", "format": POINT_FORMAT, "metrics": point})
-    (tmp_path / "points.jsonl").write_text(line + "\n")
+    folder = claim_directory(tmp_path / "plan", "plan", ["points.jsonl"])  # a plan folder, its points damaged
+    (folder / "points.jsonl").write_text(line + "\n")
     notes: list[str] = []
-    rows, simulated = plan(base, spec, tmp_path, on_note=notes.append)
+    rows, simulated = plan(base, spec, folder, on_note=notes.append)
     assert simulated == 1 and rows[0]["replicas"] == 1
-    assert notes == [f"{tmp_path / 'points.jsonl'}: line 1: evidence.ttft_s.p90='abc': Input should be a valid "
+    assert notes == [f"{folder / 'points.jsonl'}: line 1: evidence.ttft_s.p90='abc': Input should be a valid "
                      "number: not a point kvsim wrote; will be simulated again, not reused"]
 
 

@@ -44,7 +44,7 @@ def spec(limit_bytes=None):
 def free_answer(tmp_path_factory):
     """(replicas, requests a probe) of the toy's plan without a limit, which both replica-search tests bound;
     planned once for the module (a plan is a function of its inputs)."""
-    (row,), _ = plan(toy(), spec(), tmp_path_factory.mktemp("free"))
+    (row,), _ = plan(toy(), spec(), tmp_path_factory.mktemp("free") / "plan")
     return row["replicas"], row["requests_per_probe"]
 
 

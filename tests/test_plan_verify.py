@@ -11,7 +11,7 @@ from tests.test_plan import SLO, toy
 def test_rows_carry_window_evidence_a_long_verification_run_and_the_floor(tmp_path, search):
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "search": search,
                            "probe_requests": 100, "max_probe_requests": 400})
-    (row,) = plan(toy(), spec, tmp_path)[0]
+    (row,) = plan(toy(), spec, tmp_path / "plan")[0]
     assert row["feasible"] and row["verdict"] == "stable"
     # the toy's workload has 100 requests; a rate-search probe 100, then 200 and 400 as it converges (capped there:
     # uncapped it went on to 800, and its long runs to 8,000 requests, which none of these checks needs)
@@ -31,7 +31,7 @@ def test_rows_carry_window_evidence_a_long_verification_run_and_the_floor(tmp_pa
 def test_tp_counts_in_gpus_and_cost(tmp_path):
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "tensor_parallel_sizes": [2], "max_replicas": 8,
                            "gpu_hourly_cost": {"h100-80gb": 2.0}})
-    (row,) = plan(toy(), spec, tmp_path)[0]
+    (row,) = plan(toy(), spec, tmp_path / "plan")[0]
     assert row["num_gpus"] == 2 * row["replicas"] and row["cost_per_hour"] == pytest.approx(4.0 * row["replicas"])
 
 
@@ -61,7 +61,7 @@ def test_a_fleet_the_short_probe_flatters_is_re_searched_in_long_runs(tmp_path):
     never queue. So the probes choose 2, the 10× run refuses 2, and the next count, 3, holds."""
     spec = make_plan_spec({"slo": {"ttft_s.p90": 0.2}, "gpus": ["h100-80gb"], "max_replicas": 8,
                            "router": "round_robin"})
-    (row,) = plan(dd_fleet(400), spec, tmp_path)[0]
+    (row,) = plan(dd_fleet(400), spec, tmp_path / "plan")[0]
     assert row["searched_replicas"] == 2 and row["replicas"] == 3 and row["verified"] is True
     assert row["verify_attempts"] == "2 failed, 3 held" and row["verify_num_requests"] == 4000
     # three replicas never queue: TTFT is the wait for the next step boundary (< 10 ms) plus one 10 ms step
@@ -124,7 +124,7 @@ def test_cost_per_million_tokens_is_priced_at_the_steady_state_output_rate(tmp_p
                      "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 50}}})
     spec = make_plan_spec({"slo": {"ttft_s.p90": 0.1}, "gpus": ["h100-80gb"], "max_replicas": 4, "search": search,
                            "verify_factor": 0, "gpu_hourly_cost": {"h100-80gb": 2.0}})
-    (row,) = plan(base, spec, tmp_path)[0]
+    (row,) = plan(base, spec, tmp_path / "plan")[0]
     assert row["replicas"] == 1 and row["cost_per_hour"] == pytest.approx(2.0)
     assert row["output_tokens_per_s"] == pytest.approx(40.0 * 50, rel=0.005)
     assert row["usd_per_million_output_tokens"] == pytest.approx(2.0 / (40.0 * 50 * 3600) * 1e6, rel=0.005)
@@ -152,7 +152,7 @@ def test_an_overloaded_fleet_that_preempts_is_over_capacity_not_short_of_kv(tmp_
     0.95 · 16, so it is overloaded; its 8 full slots then grow to 8 · 20 = 160 blocks > 149, so it preempts.
     Two replicas (8 req/s each) keep up. The label at one replica must not blame KV memory."""
     spec = make_plan_spec({"slo": {"ttft_s.p90": 0.5}, "gpus": ["h100-80gb"], "max_replicas": 4})
-    (row,) = plan(kv_fill(16.0), spec, tmp_path)[0]
+    (row,) = plan(kv_fill(16.0), spec, tmp_path / "plan")[0]
     assert row["replicas"] == 2 and row["bound_binds"] == "compute" and row["lower_bound_replicas"] == 2
     assert row["limiting_factor"].startswith("is overloaded at 1 replica: over capacity (preempting")
     assert "KV memory" not in row["limiting_factor"]
@@ -215,7 +215,7 @@ def test_a_rate_search_answer_is_the_fleet_that_held_not_the_linear_bound(tmp_pa
     base = single_slot_fleet("pool", 500, 30.0)
     settings = {"slo": {"ttft_s.p90": 0.25}, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate",
                 "router": "round_robin", "probe_requests": 500, "max_probe_requests": 2000}
-    (row,) = plan(base, make_plan_spec({**settings, "verify_factor": 3}), tmp_path)[0]
+    (row,) = plan(base, make_plan_spec({**settings, "verify_factor": 3}), tmp_path / "plan")[0]
     assert row["searched_replicas"] >= 5 and row["replicas"] == 4 and row["verified"] is True
     assert row["verify_attempts"].endswith("4 held*, 3 failed*") and row["capacity_headroom"] == 0.1
     assert row["verify_ttft_s.p90"] == pytest.approx(0.147, abs=0.03) and row["ttft_s.p90"] == row["verify_ttft_s.p90"]
@@ -235,7 +235,7 @@ def test_a_rate_search_answer_is_the_fleet_that_held_not_the_linear_bound(tmp_pa
     if row["usd_per_million_output_tokens"] is not None:
         assert row["usd_per_million_output_tokens"] == pytest.approx(
             row["cost_per_hour"] / (row["output_tokens_per_s"] * 3600) * 1e6)
-    (row,), simulated = plan(base, make_plan_spec({**settings, "verify_factor": 0}), tmp_path)
+    (row,), simulated = plan(base, make_plan_spec({**settings, "verify_factor": 0}), tmp_path / "plan")
     assert simulated == 0
     assert row["replicas"] == row["searched_replicas"] >= 5 and "a linear bound" in row["limiting_factor"]
 
@@ -263,7 +263,7 @@ def test_a_rate_search_never_steps_down_to_the_one_replica_its_search_refuted(tm
     spec = make_plan_spec({"slo": {"ttft_s.p90": 0.25}, "gpus": ["h100-80gb"], "max_replicas": 4, "search": "rate",
                            "router": "round_robin", "probe_requests": 500, "max_probe_requests": 1000,
                            "verify_factor": 2})
-    (row,) = plan(base, spec, tmp_path)[0]
+    (row,) = plan(base, spec, tmp_path / "plan")[0]
     assert row["searched_replicas"] == row["replicas"] == 2 and row["verify_attempts"] == "2 held"
 
 

@@ -32,7 +32,7 @@ def test_splits_rank_beside_colocated_fleets_by_cost(tmp_path):
     12.5 and 6.25 req/s < 14 offered: all overloaded."""
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "verify_factor": 2,
                            "gpu_hourly_cost": {"h100-80gb": 2.0}, "xpyd": ["1P3D", "auto"]})
-    rows, _ = plan(toy(), spec, tmp_path)
+    rows, _ = plan(toy(), spec, tmp_path / "plan")
     by_topology = {row["topology"]: row for row in rows}
     assert set(by_topology) == {"colocated", "1P3D", "1P1D", "1P2D", "2P1D"}
     colocated = by_topology["colocated"]
@@ -54,7 +54,7 @@ def test_splits_rank_beside_colocated_fleets_by_cost(tmp_path):
     feasible = [row for row in rows if row["feasible"]]
     assert [row["cost_per_hour"] for row in feasible] == sorted(row["cost_per_hour"] for row in feasible)
     assert all(not row["feasible"] for row in rows[len(feasible):])  # infeasible rows come last
-    again, simulated_again = plan(toy(), spec, tmp_path)
+    again, simulated_again = plan(toy(), spec, tmp_path / "plan")
     assert simulated_again == 0 and again == rows
 
 
@@ -124,7 +124,7 @@ def test_a_split_whose_probes_stay_too_short_says_it_was_not_judged(tmp_path):
     raw["workload"]["num_requests"] = 20
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 4, "max_probe_requests": 20,
                            "xpyd": ["1P3D"]})
-    rows, _ = plan(make_scenario(raw), spec, tmp_path)
+    rows, _ = plan(make_scenario(raw), spec, tmp_path / "plan")
     why = {row["topology"]: row["limiting_factor"] for row in rows}
     advice = "; raise max_probe_requests (now 20)"
     assert why == {"1P3D": "could not be judged: its 20-request probes were too short at 1P3D" + advice,

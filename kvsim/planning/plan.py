@@ -81,8 +81,11 @@ from kvsim.planning.spec import (
 )
 from kvsim.planning.verify import traffic_of
 from kvsim.planning.xpyd import XpydSearch
+from kvsim.results.output_dir import claim_directory
 from kvsim.workload.overrides import override_items
 from kvsim.workload.scenario import Scenario
+
+POINTS_FILE = "points.jsonl"  # the file in a plan's folder that keeps its finished points
 
 
 def check_candidates(base: Scenario, spec: PlanSpec) -> None:
@@ -211,6 +214,10 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     gets one line saying so (one for each reason) before any point runs. A `base` that is no Scenario, a `spec`
     that is no PlanSpec and an `out_dir` that is no path are each a `KvsimError` naming it before any point (a
     notebook's path or dict was an AttributeError, an `out_dir` of None a TypeError, deep in the plan).
+    `out_dir` follows kvsim's output rule (`kvsim.results.output_dir`), as `kvsim plan`'s `-o` and
+    `RunResult.write` do: it is new (made here once the candidates are good) or a plan folder kvsim made, whose
+    marker then lists points.jsonl; a folder kvsim did not make (a bare `tempfile.mkdtemp()`, a user's) is refused,
+    where points.jsonl was written into it.
     """
     from kvsim.workload.generate import short_trace_said_once
     from kvsim.workload.scenario import expect_scenario
@@ -229,7 +236,8 @@ def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_p
           on_note: Callable[[str], None] | None) -> tuple[list[dict[str, Any]], int]:
     check_candidates(base, spec)  # bad knob values fail here, before any simulation
     searches = [search_for(c, base, spec) for c in candidates(spec)]
-    store = PointStore(Path(out_dir) / "points.jsonl", required=("evidence", "work"), point_format=POINT_FORMAT,
+    folder = claim_directory(out_dir, "plan", [POINTS_FILE])
+    store = PointStore(folder / POINTS_FILE, required=("evidence", "work"), point_format=POINT_FORMAT,
                        problem=point_problem)
     for note in (store.stale_text(), store.damaged_text()):
         if note is not None and on_note is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -92,7 +93,8 @@ def _replicas_needed(st: Study, base: Scenario, target_s: float) -> dict[str, di
                                "max_replicas": st.cfg.fleet_max_replicas, "router": router,
                                "gpu_hourly_cost": {base.gpu: price} if price else {}})
         with tempfile.TemporaryDirectory() as tmp:
-            rows, _ = plan(base, spec, tmp, on_point=lambda *_: st.count_runs(1, 1))  # counted as it goes
+            rows, _ = plan(base, spec, Path(tmp) / "plan",  # a folder plan() makes: it writes only into its own
+                           on_point=lambda *_: st.count_runs(1, 1))  # counted as it goes
         out[router] = rows[0]
     return out
 
