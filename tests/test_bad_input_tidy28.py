@@ -159,3 +159,51 @@ def test_plan_from_python_writes_into_no_folder_kvsim_did_not_make(tmp_path, kin
     assert str(refused.value).startswith(f"out_dir={str(folder)!r}: {why}")
     assert sorted(p.name for p in folder.iterdir()) == before
 
+
+
+def test_the_sustained_concurrency_exceeds_the_closed_form_because_sequences_hold_less_than_c():
+    """`kvsim capacity --sustained` priced more output tokens a second than the closed form; not a bug but two
+    assumptions, now said under the table (`SUSTAINED_NOTE`). A tiny case by hand: 17 blocks of 16 tokens, 16
+    usable beside vLLM's null block; c = 64 (prompt 32 + output 32), 4 blocks a sequence at its end, so the closed
+    form fits 16 / 4 = 4. In a saturated run a sequence's 32 steps hold 32 tokens (its prefill) and then 32 + j at
+    decode step j = 1..31: (32 + Σ (32 + j)) / 32 = 32 + 15.5 = 47.5 tokens on average, about 3c/4, not c, so
+    more than 4 run at once (constant 10 ms steps; preemptions keep it under 256 / 47.5 = 5.4)."""
+    import kvsim
+    from kvsim.model.capacity_plan import plan_capacity
+    from kvsim.model.config import load_gpu, load_model
+    from kvsim.model.engine_config import make_engine
+    from kvsim.workload.scenario import make_scenario
+
+    engine = {"num_gpu_blocks_override": 17, "max_model_len": 256, "max_num_seqs": 64, "async_scheduling": False}
+    (row,) = plan_capacity(load_model("llama-3.1-8b"), load_gpu("h100-80gb"), make_engine(**engine), [64]).rows
+    assert row.paged_max_seqs == 4
+    scenario = make_scenario({"model": "llama-3.1-8b", "gpu": "h100-80gb", "steps": "none", "engine": engine,
+                              "latency": {"model": "constant", "step_s": 0.01},
+                              "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate": 1e5},
+                                           "prompt_len": {"dist": "fixed", "value": 32},
+                                           "output_len": {"dist": "fixed", "value": 32}}}, ".")
+    saturated = kvsim.simulate(scenario).summary["saturated"]
+    running = saturated["mean_running"]
+    assert 4 < running < 256 / 47.5
+    assert saturated["waste"]["token_state"] * 256 / running == pytest.approx(47.5, rel=0.01)
+
+
+def test_the_capacity_table_says_what_the_closed_form_and_the_sustained_columns_assume(monkeypatch):
+    """The note is printed under the cost table when the sustained columns are there (the simulation is stubbed:
+    what is tested is the table, not the search), and not without --sustained."""
+    from typer.testing import CliRunner
+
+    import kvsim.planning.cost as cost
+    from kvsim.cli import SUSTAINED_NOTE, app
+
+    def sustained(plan, *args, **kwargs):
+        return {**plan, "rows": [{**r, "sustained_rate_per_s": 1.0, "output_tokens_per_s_sustained": 2.0,
+                                  "usd_per_million_output_tokens_sustained": 3.0} for r in plan["rows"]]}
+
+    monkeypatch.setattr(cost, "add_sustained_costs", sustained)
+    argv = ["capacity", "--context-lengths", "1024", "--gpu-hourly-cost", "2"]
+    with_note = CliRunner().invoke(app, [*argv, "--sustained"], env={"COLUMNS": "200"})
+    assert with_note.exit_code == 0, with_note.output
+    assert " ".join(with_note.output.split()).endswith(SUSTAINED_NOTE)
+    without = CliRunner().invoke(app, argv, env={"COLUMNS": "200"})
+    assert "Sustained:" not in without.output

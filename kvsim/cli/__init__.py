@@ -67,6 +67,13 @@ app = typer.Typer(
 )
 
 DEFAULT_CONTEXT_LENGTHS = "1024,2048,4096,8192,16384,32768"
+# what the closed-form and the sustained columns each assume, under the cost table with --sustained: the
+# sustained output rate above the closed-form one read as a contradiction (tests/test_bad_input_tidy28.py)
+SUSTAINED_NOTE = ("Closed form (concurrent_sequences, output_tokens_per_s_closed_form): a cohort of sequences of "
+                  "prompt c/2 + output c/2 started together, each ending with all c tokens of context_len c, so "
+                  "pool / c of them fit (max_num_seqs caps both). Sustained: Poisson arrivals of the same lengths "
+                  "in steady state, where a running sequence holds its prompt and its output so far, about 3c/4 "
+                  "on average, so more run at once and output_tokens_per_s_sustained can exceed the closed form.")
 
 
 def _print_version(value: bool) -> None:
@@ -193,6 +200,8 @@ def capacity(
             if beyond:  # left out of the cost table without a word: its "(1 of 3)" of six lengths said nothing
                 console.print(f"No cost at context_len {', '.join(beyond)}: past max_model_len={plan.max_model_len:,}, "
                               "vLLM refuses such requests (none can be served).", markup=False)
+            if "sustained_rate_per_s" in costs[0]:
+                console.print(SUSTAINED_NOTE, markup=False)
 
 
 @app.command()
