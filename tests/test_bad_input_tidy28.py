@@ -160,6 +160,35 @@ def test_plan_from_python_writes_into_no_folder_kvsim_did_not_make(tmp_path, kin
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
+MIXED_FLEET = ("steps: none\nengine: {max_model_len: 2048}\nrouter: {policy: round_robin}\n"
+               "replicas: [{count: 1}, {count: 1, engine: {max_model_len: 8192}}]\n")
+TWO_TURNS = ("workload: {num_requests: 4, arrival: {process: trace}, trace: {format: azure, path: t.csv}, "
+             "multi_turn: {turns: 2, think_time_s: 1.0}}\n")
+
+
+@pytest.mark.parametrize(("engines", "second_turn"), [
+    (MIXED_FLEET, [3100, 10, "finished", 1]),  # was 3,600: the 500-token reply turn 0 never got
+    ("steps: none\nengine: {max_model_len: 2048}\n", [3100, 10, "rejected", ""]),  # one engine: refused either way
+])
+def test_a_refused_turn_has_no_reply_in_the_next_turns_prompt(tmp_path, monkeypatch, engines, second_turn):
+    """Two conversations of two turns (open timing, round robin: turns alternate replicas 0, 1, 0, 1). Turn 0 of
+    conversation 0 (3,000 tokens) reaches replica 0's max_model_len 2,048 and is refused, so it has no reply:
+    turn 1's prompt is its earlier message and its new one, 3,000 + 100 = 3,100 tokens, not 3,000 + 500 (the reply
+    asked) + 100, and replica 1 (8,192) serves it. Conversation 1 is served throughout: 1,000 + 100 + 100."""
+    import kvsim
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.000000,3000,500\n"
+                                    "2023-11-16 18:00:01.000000,100,10\n2023-11-16 18:00:02.000000,1000,100\n"
+                                    "2023-11-16 18:00:03.000000,100,10\n")
+    (tmp_path / "s.yaml").write_text(engines + TWO_TURNS)
+    rows = kvsim.simulate(kvsim.load_scenario("s.yaml")).requests
+    columns = ["prompt_tokens", "output_tokens", "status", *(["replica"] if "replica" in rows else [])]
+    got = rows[columns].values.tolist()
+    assert got[0][:3] == [3000, 500, "rejected"]
+    assert got[1] == second_turn[:len(columns)]
+    assert [row[:3] for row in got[2:]] == [[1000, 100, "finished"], [1200, 10, "finished"]]
+
 
 def test_the_sustained_concurrency_exceeds_the_closed_form_because_sequences_hold_less_than_c():
     """`kvsim capacity --sustained` priced more output tokens a second than the closed form; not a bug but two

@@ -7,6 +7,10 @@ plus the turn's new message, as segments, so that prefix caching hits exactly wh
 the history. Both timings build every turn through it, so a turn's content does not depend on when it is
 sent.
 
+`OpenTurns` serves `open` timing: each turn is built when it arrives, its previous turn already sent, so a
+turn refused on arrival (a fleet's smaller replica refuses a prompt a larger one serves) leaves no reply in
+the next turn's prompt.
+
 `Conversations` serves `after_reply`: only the first turns' instants are known up front (the arrival
 process's draws); turn k + 1 of a conversation is sent `think_time_s` after turn k ended, which only the
 run knows (`kvsim.engine.turns`). It builds a conversation's next turn when the run sends it and keeps the
@@ -20,7 +24,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from kvsim.workload.content import Content, SegmentContent, TokenContent
-from kvsim.workload.request import Request
+from kvsim.workload.request import Request, RequestStatus
 from kvsim.workload.traces import TraceRecord
 from kvsim.workload.traffic import SharedPrefix
 
@@ -100,6 +104,15 @@ class TurnBuilder:
         room = self.max_model_len - prompt_len
         return max(1, record.output_len if room <= 0 else min(record.output_len, room))
 
+    def unanswered(self, history: History, output_len: int) -> History:
+        """`history` (what `content` returned for a turn whose reply is `output_len` tokens) without that reply:
+        what a conversation holds after a turn that was refused, which has no reply."""
+        if self.token_level:
+            assert isinstance(history, tuple), "a turn of a token-id conversation follows tokens"
+            return history[:len(history) - output_len]
+        assert isinstance(history, list) and history[-1][1] == output_len, "a turn's history ends with its reply"
+        return history[:-1]
+
     def request(self, index: int, request_id: int, arrival_s: float, prompt_len: int, output_len: int,
                 content: Content) -> Request:
         """Turn `index` as the request `request_id` arriving at `arrival_s` (its conversation's priority, its
@@ -113,6 +126,38 @@ class TurnBuilder:
                        priority=int(priorities[index // self.turns]) if priorities is not None else 0,
                        acceptance_lengths=record.acceptance_lengths if self.with_acceptance else None,
                        num_length_capped_tokens=capped)
+
+
+class OpenTurns:
+    """`timing: open`'s turns (`kvsim.workload.generate.iter_requests`), each built when it arrives, from its
+    conversation's history as its previous turn left it. A turn refused on arrival (its prompt reaches the
+    max_model_len of the replica it was routed to, or it can never fit a pool) has no reply, so the next turn's
+    prompt holds the refused turn's prompt and no reply: in a fleet whose replicas' limits differ a smaller
+    replica refused a turn whose reply, never generated, still came in the next turn's prompt, which a larger
+    replica then served. A turn arrives only after its previous turn was sent (`timing: open` sends turn k + 1
+    think times after turn k, and the arrival process sends each request as it takes it), so the refusal is known.
+    Only the conversations in progress are kept: the history after the last turn sent and that turn's request."""
+
+    __slots__ = ("builder", "_ongoing")
+
+    def __init__(self, builder: TurnBuilder) -> None:
+        self.builder = builder
+        self._ongoing: dict[int, tuple[History, int, Request]] = {}  # conversation -> (history, reply len, turn)
+
+    def request(self, index: int, request_id: int, arrival_s: float) -> Request:
+        """Turn `index` (its conversation's previous turn already sent) as request `request_id` at `arrival_s`."""
+        builder = self.builder
+        conv, turn = divmod(index, builder.turns)
+        history: History = []
+        if turn:
+            history, reply_len, previous = self._ongoing.pop(conv)
+            if previous.status is RequestStatus.REJECTED:
+                history = builder.unanswered(history, reply_len)
+        prompt_len, output_len, content, history = builder.content(index, history)
+        req = builder.request(index, request_id, arrival_s, prompt_len, output_len, content)
+        if turn + 1 < builder.turns and index + 1 < len(builder.records):
+            self._ongoing[conv] = (history, output_len, req)
+        return req
 
 
 class Conversations:

@@ -10,7 +10,9 @@ Order of construction (each step documented where it happens):
 3. structure: a shared system prompt in front of a fraction of prompts; multi-turn
    conversations whose turn k prompt is every earlier prompt and reply plus a new message
    (`kvsim.workload.conversations.TurnBuilder`), turn k arriving k think times after the first
-   (`timing: open`) or sent by the run after turn k − 1 ended (`after_reply`: `Conversations`);
+   (`timing: open`: each turn built as it arrives, and a turn refused on arrival has no reply in the
+   next turn's prompt, `OpenTurns`) or sent by the run after turn k − 1 ended (`after_reply`:
+   `Conversations`);
 4. output lengths capped so that prompt + output ≤ max_model_len (a prompt that alone
    reaches max_model_len is kept and the scheduler rejects it, with the reason);
 5. priorities: with a class mix, one class per conversation (every turn keeps it), drawn by
@@ -41,8 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.model.errors import KvsimError, reading
-from kvsim.workload.content import Content
-from kvsim.workload.conversations import Conversations, History, TurnBuilder
+from kvsim.workload.conversations import Conversations, OpenTurns, TurnBuilder
 from kvsim.workload.draws import Arrival, Empirical, Fixed, LengthDist, Lognormal, Uniform
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario
@@ -378,15 +379,14 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
     later_min = np.append(np.minimum.accumulate(arrival[::-1])[::-1], np.inf) if n else np.array([np.inf])
 
     def generate() -> Iterator[Request]:
-        heap: list[tuple[float, int, int, int, Content]] = []
-        history: History = []
+        heap: list[tuple[float, int]] = []
+        turns_open = OpenTurns(builder)  # each turn built as it arrives: its previous turn's refusal is known
         next_id = 0
         for index in range(n):
-            prompt_len, output_len, content, history = builder.content(index, history)
-            heapq.heappush(heap, (float(arrival[index]), index, prompt_len, output_len, content))
+            heapq.heappush(heap, (float(arrival[index]), index))
             while heap and heap[0][0] <= later_min[index + 1]:
-                arrival_s, built, prompt_len, output_len, content = heapq.heappop(heap)
-                yield builder.request(built, next_id, arrival_s, prompt_len, output_len, content)
+                arrival_s, built = heapq.heappop(heap)
+                yield turns_open.request(built, next_id, arrival_s)
                 next_id += 1
 
     return RequestStream(np.sort(arrival, kind="stable"), generate())
