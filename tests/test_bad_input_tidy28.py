@@ -236,3 +236,24 @@ def test_the_capacity_table_says_what_the_closed_form_and_the_sustained_columns_
     assert " ".join(with_note.output.split()).endswith(SUSTAINED_NOTE)
     without = CliRunner().invoke(app, argv, env={"COLUMNS": "200"})
     assert "Sustained:" not in without.output
+
+
+@pytest.mark.parametrize(("free_blocks", "said"), [(0, True), (100, False)])
+def test_a_full_disk_under_stdout_is_told_without_writing(tmp_path, monkeypatch, capsys, free_blocks, said):
+    """Stdout a regular file on a full disk, the failed write (larger than the buffer) dropped: the file takes an
+    empty write, so its filesystem's free blocks (os.fstatvfs, stubbed) tell ENOSPC apart, writing nothing."""
+    import types
+
+    out = open(tmp_path / "out.txt", "w", encoding="utf-8")  # noqa: SIM115  (closed below)
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(os, "fstatvfs", lambda fd: types.SimpleNamespace(f_bavail=free_blocks))
+    error = OSError(errno.ENOSPC, "No space left on device")
+    try:
+        with pytest.raises(typer.Exit if said else OSError), unwritable_stdout():
+            raise error
+    finally:
+        out.close()
+        if said:
+            sys.stdout.close()
+    assert (tmp_path / "out.txt").read_text() == ""
+    assert capsys.readouterr().err == ("kvsim: error: standard output: No space left on device\n" if said else "")

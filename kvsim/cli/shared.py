@@ -150,25 +150,28 @@ def unwritable_stdout() -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        if error.errno == errno.EPIPE or error.filename is not None or not _refuses_a_write(sys.stdout):
+        if error.errno == errno.EPIPE or error.filename is not None or not _refuses_a_write(sys.stdout, error):
             raise
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115  (the process's stdout from here)
         typer.echo(f"kvsim: error: standard output: {error.strerror or error}", err=True)
         raise typer.Exit(2) from None
 
 
-def _refuses_a_write(stream: Any) -> bool:
+def _refuses_a_write(stream: Any, error: OSError) -> bool:
     """Whether `stream` refuses a write, written nothing: flushing what it holds, then writing no bytes to its
     descriptor (a failed write's line may be held in its buffer, or dropped: /dev/full refuses even an empty
-    write, a closed descriptor too). A stream without a descriptor (in memory) or a closed one refuses none."""
+    write, a closed descriptor too); a regular file takes an empty write even on a full disk, where a write
+    larger than the buffer was dropped, so for `error` ENOSPC its filesystem's free blocks say it. A stream
+    without a descriptor (in memory) or a closed one refuses none."""
     try:
         stream.flush()
-        os.write(stream.fileno(), b"")
+        fd = stream.fileno()
+        os.write(fd, b"")
+        return error.errno == errno.ENOSPC and os.fstatvfs(fd).f_bavail == 0
     except (io.UnsupportedOperation, ValueError):  # in memory, or closed (UnsupportedOperation is an OSError too)
         return False
     except OSError:
         return True
-    return False
 
 
 class _ClosedStream(io.TextIOBase):
