@@ -24,7 +24,7 @@ from kvsim.kv.link import LinkSpec
 from kvsim.kv.offload_connector import OffloadConnector, TierSpec
 from kvsim.kv.radix_prefix_cache import RadixPrefixCache
 from kvsim.latency.base import ConstantLatency, LatencyModel
-from kvsim.latency.cudagraph import engine_padding
+from kvsim.latency.cudagraph import CudaGraphPadding, engine_padding
 from kvsim.latency.roofline import RooflineLatency, attended_windows
 from kvsim.latency.speculative import speculative_latency
 from kvsim.model.capacity import model_kv_layout, num_gpu_blocks, swap_bytes
@@ -52,7 +52,9 @@ class EngineSpec:
     pool's block ids (vLLM's null block included), `num_kv_slots` the slots an allocator can
     hand out (v1 paged pools keep block 0 back: `(num_gpu_blocks − 1) · block_size`; vLLM v0's block
     manager and slab pools, the paper's Orca, have no null block: `EngineConfig.num_null_blocks`).
-    `num_cpu_blocks`/`num_cpu_slots`: the swap space.
+    `num_cpu_blocks`/`num_cpu_slots`: the swap space. `cudagraph_padding`: the CUDA-graph capture sizes the
+    engine's steps pad to (`engine_padding`: None without graphs), resolved with the limits, whatever the latency
+    model prices: a budget that no capture size of 1 + K tokens fits is what vLLM refuses to start with.
     """
 
     scenario: Scenario
@@ -69,6 +71,7 @@ class EngineSpec:
     num_cpu_slots: int
     limits: SchedulerLimits
     async_scheduling: bool  # `EngineConfig.resolved_async_scheduling`
+    cudagraph_padding: CudaGraphPadding | None
 
     @property
     def kv_cache_size_tokens(self) -> int:
@@ -107,9 +110,12 @@ def resolve_engine(scenario: Scenario) -> EngineSpec:
         can_swap=engine.can_swap,
         swap_space_gib=engine.swap_space,
     )
+    # vLLM refuses to start without a capture size for a speculative step: refused here, not only by the latency
+    # models that pad (a constant one priced such an engine, a run vLLM never serves)
+    padding = engine_padding(engine, limits.max_num_seqs, limits.max_num_batched_tokens)
     return EngineSpec(scenario, model, gpu, engine, max_model_len, layout, num_blocks, layout.bytes_per_block,
                       layout.bytes_per_token, num_kv_slots, cpu_swap_bytes // layout.bytes_per_block,
-                      cpu_swap_bytes // layout.bytes_per_token, limits, engine.resolved_async_scheduling)
+                      cpu_swap_bytes // layout.bytes_per_token, limits, engine.resolved_async_scheduling, padding)
 
 
 def _check_v0_priorities(scenario: Scenario) -> None:
@@ -223,9 +229,8 @@ def _target_latency(spec: EngineSpec) -> LatencyModel:
     cfg = scenario.latency
     if cfg.model == "constant":
         return ConstantLatency(cfg.step_s, gpu.host_link_bandwidth_bytes_per_s)
-    padding = engine_padding(spec.engine, spec.limits.max_num_seqs, spec.limits.max_num_batched_tokens)
     roofline = RooflineLatency(model, gpu, spec.engine, cfg.overhead_s, cfg.overlap_swap, layout=spec.kv_layout,
-                               overlap_cpu=spec.async_scheduling, padding=padding)
+                               overlap_cpu=spec.async_scheduling, padding=spec.cudagraph_padding)
     if cfg.model == "roofline":
         return roofline
     from kvsim.latency.calibrated import CalibratedLatency
