@@ -4,6 +4,9 @@ Each is refused (the CLI: exit 2, one line naming the field and the value, nothi
 
 Found: speculative decoding under a token budget that no CUDA-graph capture size of 1 + K tokens fits (vLLM refuses
 to start) was refused by the roofline and calibrated latency models only: under `latency.model: constant` it ran.
+`engine.disable_hybrid_kv_cache_manager: true` on a model whose KV layers (and its drafter's) are of one kind (Llama's
+full attention, Mistral's one window, an MLA model) ran without a word, though it changes nothing there (now a
+warning line, as `enable_expert_parallel` on a dense model is).
 """
 
 from __future__ import annotations
@@ -48,3 +51,47 @@ def test_eager_steps_or_a_budget_that_fits_one_size_still_run_under_the_constant
     result = kvsim.simulate(TINY, latency__model="constant", engine__speculative_config=EAGLE_K2,
                             engine__max_num_seqs=1, **{f"engine__{k}": v for k, v in engine.items()})
     assert result.summary["num_finished"] == 4
+
+
+def _unread(**fields):
+    from kvsim.fleet.run import unread_by_setting
+    from kvsim.workload.scenario import make_scenario
+
+    return unread_by_setting(make_scenario({**TINY, **fields}))
+
+
+@pytest.mark.parametrize(("model", "engine", "said"), [
+    ("llama-3.1-8b", {}, "every KV layer of llama-3.1-8b has full attention"),
+    ("mistral-7b", {"max_model_len": 4096}, "every KV layer of mistral-7b has a sliding window of 4096 tokens"),
+    ("llama-3.1-8b", {"speculative_config": EAGLE_K2},
+     "every KV layer of llama-3.1-8b and its drafter's has full attention"),
+])
+def test_the_hybrid_manager_flag_on_a_pool_of_one_kind_of_layer_is_said_unread(model, engine, said):
+    """vLLM's `unify_hybrid_kv_cache_specs` returns at once for a uniform pool: the flag changes only a pool that
+    mixes kinds. Llama-3.1-8B's config.json gives no window (32 full-attention layers, and an EAGLE head is one
+    more of the same); Mistral-7B-v0.1's gives `sliding_window: 4096` to every layer."""
+    line = _unread(model=model, engine={"disable_hybrid_kv_cache_manager": True, **engine})[
+        "disable_hybrid_kv_cache_manager"]
+    assert line.startswith(f"engine.disable_hybrid_kv_cache_manager=true is unread: {said}, ")
+
+
+@pytest.mark.parametrize(("model", "engine"), [
+    ("gpt-oss-20b", {"max_model_len": 4096}),  # layer_types alternate sliding_attention (128) and full_attention
+    ("mistral-7b", {"max_model_len": 4096, "speculative_config": EAGLE_K2}),  # a full-attention head beside windows
+    ("llama-3.1-8b", {}),  # the flag not given
+])
+def test_the_flag_where_it_unifies_kinds_or_is_not_given_is_not_said(model, engine):
+    flag = {"disable_hybrid_kv_cache_manager": True} if engine else {}
+    assert "disable_hybrid_kv_cache_manager" not in _unread(model=model, engine={**flag, **engine})
+
+
+def test_the_cli_says_the_flag_unread_in_one_warning_line_and_runs(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    result = CliRunner().invoke(app, ["run", "--set", "workload.num_requests=4", "--set", "steps=none", "--set",
+                                      "engine.disable_hybrid_kv_cache_manager=true", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if "disable_hybrid_kv_cache_manager" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("kvsim: warning: engine.disable_hybrid_kv_cache_manager")

@@ -94,12 +94,29 @@ def _engine_unread(scenario: Scenario) -> dict[str, str]:
     sequences (`_preempt`: recompute when `get_max_num_running_seqs() == 1`), and with `workload.n` 1 and no beam
     search every request is one (the engine alone cannot tell: its default swaps n > 1); and a `gpu_link` that no
     collective crosses: with tensor_parallel_size 1 there is no all-reduce, and an MoE exchanges its experts' tokens
-    over the link only across a data-parallel group (`kvsim.model.moe_cost`)."""
+    over the link only across a data-parallel group (`kvsim.model.moe_cost`); and `disable_hybrid_kv_cache_manager`
+    where every KV layer, the drafter's included, is of one kind: the flag unifies only a pool of several
+    (`kvsim.model.kv_layout.layer_kinds`, vLLM's `unify_hybrid_kv_cache_specs`), so Llama's full attention and
+    Mistral's one sliding window are allocated as they were."""
     from kvsim.model.config import load_model
+    from kvsim.model.drafter import draft_model
     from kvsim.model.engine_config import SWAP_SPACE_GIB
+    from kvsim.model.kv_layout import layer_kinds
 
     engine, workload, model = scenario.engine, scenario.workload, load_model(scenario.model)
     unread = engine.unread_settings(model)
+    if engine.disable_hybrid_kv_cache_manager:
+        hybrid = engine.model_copy(update={"disable_hybrid_kv_cache_manager": False})
+        kinds = set(layer_kinds(model, hybrid, draft_model(model, engine.speculative_config)))
+        if len(kinds) == 1:
+            kind, window = kinds.pop()
+            words = {"full": "full attention", "mla": "MLA", "sliding_window": f"a sliding window of {window} tokens",
+                     "chunked_local": f"chunked local attention of {window} tokens"}[kind]
+            drafter = " and its drafter's" if engine.speculative_config is not None and \
+                engine.speculative_config.method != "ngram" else ""
+            unread["disable_hybrid_kv_cache_manager"] = (
+                f"engine.disable_hybrid_kv_cache_manager=true is unread: every KV layer of {model.name}{drafter} has "
+                f"{words}, so the pool has one kind of layer, which the flag leaves as it is (it unifies several)")
     if scenario.gpu_link is not None and engine.tensor_parallel_size == 1 and not (
             model.moe is not None and engine.data_parallel_size > 1):
         sizes = "tensor_parallel_size=1 runs" if model.moe is None else "tensor_ and data_parallel_size=1 run"
