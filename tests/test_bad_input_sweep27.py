@@ -6,7 +6,8 @@ Found: speculative decoding under a token budget that no CUDA-graph capture size
 to start) was refused by the roofline and calibrated latency models only: under `latency.model: constant` it ran.
 `engine.disable_hybrid_kv_cache_manager: true` on a model whose KV layers (and its drafter's) are of one kind (Llama's
 full attention, Mistral's one window, an MLA model) ran without a word, though it changes nothing there (now a
-warning line, as `enable_expert_parallel` on a dense model is).
+warning line, as `enable_expert_parallel` on a dense model is). `engine.data_parallel_size: 2` beside `scheduler: v0` or
+`static` ran as a v1 DP group, a deployment vLLM has not (its data parallelism is the v1 engine's).
 """
 
 from __future__ import annotations
@@ -95,3 +96,22 @@ def test_the_cli_says_the_flag_unread_in_one_warning_line_and_runs(tmp_path):
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.stderr.splitlines() if "disable_hybrid_kv_cache_manager" in line]
     assert len(warnings) == 1 and warnings[0].startswith("kvsim: warning: engine.disable_hybrid_kv_cache_manager")
+
+
+@pytest.mark.parametrize("scheduler", ["v0", "static"])
+def test_a_data_parallel_group_of_another_scheduler_than_v1_is_refused(scheduler, tmp_path):
+    """vLLM's data-parallel ranks (engine cores behind its DP load balancer, lockstep for an MoE) are its v1
+    engine's; V0 has none (vllm-project/vllm issue 16978). A v0 or static group ran as if vLLM served it."""
+    with pytest.raises(KvsimError, match=rf"^engine: data_parallel_size=2 needs scheduler v1 \(got {scheduler}\)"):
+        kvsim.simulate(TINY, engine__data_parallel_size=2, engine__scheduler=scheduler)
+    out = tmp_path / "out"
+    line = one_line_exit_2(["run", "--set", f"engine.scheduler={scheduler}", "--set", "workload.num_requests=4",
+                            "--set", "engine.data_parallel_size=2", "-o", str(out)])
+    assert line.startswith(f"engine: data_parallel_size=2 needs scheduler v1 (got {scheduler})") and not out.exists()
+
+
+@pytest.mark.parametrize("engine", [{"scheduler": "v0"}, {"allocator": "slab-max"}])
+def test_a_v0_engine_alone_and_a_v1_group_of_slab_engines_still_run(engine):
+    size = {} if "scheduler" in engine else {"data_parallel_size": 2}
+    result = kvsim.simulate(TINY, **{f"engine__{k}": v for k, v in {**engine, **size}.items()})
+    assert result.summary["num_finished"] == 4

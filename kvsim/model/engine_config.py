@@ -163,6 +163,17 @@ class EngineConfig(Settings):
         return self
 
     @model_validator(mode="after")
+    def _data_parallel_needs_v1(self) -> EngineConfig:
+        """vLLM's data parallelism (its DP engine cores, load balancer and coordinator, `DPEngineCoreProc` for an
+        MoE's lockstep ranks) is its v1 engine's: V0 has none (vllm-project/vllm issue 16978, a maintainer: "data
+        parallelism is only implemented for V1"). A v0 or static `data_parallel_size: 2` ran as v1's DP group."""
+        if self.data_parallel_size > 1 and self.scheduler != "v1":
+            raise ValueError(f"data_parallel_size={self.data_parallel_size} needs scheduler v1 (got {self.scheduler}): "
+                             "vLLM runs data-parallel ranks in its v1 engine only; for independent engines give "
+                             "replicas (a fleet)")
+        return self
+
+    @model_validator(mode="after")
     def _async_needs_v1(self) -> EngineConfig:
         if self.async_scheduling and self.scheduler != "v1":
             raise ValueError(f"async_scheduling=true needs scheduler v1 (got {self.scheduler}): vLLM schedules "
