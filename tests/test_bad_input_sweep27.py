@@ -7,7 +7,8 @@ to start) was refused by the roofline and calibrated latency models only: under 
 `engine.disable_hybrid_kv_cache_manager: true` on a model whose KV layers (and its drafter's) are of one kind (Llama's
 full attention, Mistral's one window, an MLA model) ran without a word, though it changes nothing there (now a
 warning line, as `enable_expert_parallel` on a dense model is). `engine.data_parallel_size: 2` beside `scheduler: v0` or
-`static` ran as a v1 DP group, a deployment vLLM has not (its data parallelism is the v1 engine's).
+`static` ran as a v1 DP group, a deployment vLLM has not (its data parallelism is the v1 engine's). `kvsim.simulate`
+set a field an override names inside another override's dict or list in the caller's own object.
 """
 
 from __future__ import annotations
@@ -115,3 +116,17 @@ def test_a_v0_engine_alone_and_a_v1_group_of_slab_engines_still_run(engine):
     size = {} if "scheduler" in engine else {"data_parallel_size": 2}
     result = kvsim.simulate(TINY, **{f"engine__{k}": v for k, v in {**engine, **size}.items()})
     assert result.summary["num_finished"] == 4
+
+
+def test_simulate_leaves_the_callers_dicts_and_lists_as_they_were():
+    """An override inside a section another override gives (`engine__speculative_config=spec`, then
+    `engine__speculative_config__num_speculative_tokens=3`) was set in the caller's own dict: `spec` said K=3."""
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": [0.5, 0.4]}
+    groups = [{"count": 1, "engine": {"max_num_seqs": 8}}]
+    result = kvsim.simulate(TINY, engine__speculative_config=spec, engine__speculative_config__num_speculative_tokens=3,
+                            engine__speculative_config__acceptance_rates=0.5, replicas=groups,
+                            replicas__0__engine__max_num_seqs=4, replicas__0__count=2)
+    assert result.scenario.engine.speculative_config.num_speculative_tokens == 3
+    assert result.scenario.replicas[0].count == 2 and result.scenario.replicas[0].engine == {"max_num_seqs": 4}
+    assert spec == {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": [0.5, 0.4]}
+    assert groups == [{"count": 1, "engine": {"max_num_seqs": 8}}]

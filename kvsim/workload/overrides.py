@@ -125,8 +125,8 @@ def override_items(overrides: Overrides) -> list[tuple[str, Any, str]]:
     if not isinstance(overrides, (Mapping, Sequence)):  # iterating an int was a bare TypeError
         raise KvsimError(f"overrides={shown(overrides)}: expected a dict of dotted keys to values, or "
                          "'dotted.key=value' strings")
-    if isinstance(overrides, Mapping):
-        return [(str(key), value, f"override {key!r}") for key, value in overrides.items()]
+    if isinstance(overrides, Mapping):  # each value a copy: a later override sets fields inside it
+        return [(str(key), _fresh(value), f"override {key!r}") for key, value in overrides.items()]
     items = []
     for item in overrides:
         if not isinstance(item, str):  # `item.partition` was an AttributeError
@@ -140,6 +140,17 @@ def override_items(overrides: Overrides) -> list[tuple[str, Any, str]]:
         except yaml.YAMLError as error:
             raise KvsimError(f"{label}: the value is not valid YAML ({yaml_problem(error)})") from None
     return items
+
+
+def _fresh(value: Any) -> Any:
+    """`value` with each dict and list in it (the nodes `_set_field` sets fields in) copied, as deep as they go:
+    `kvsim.simulate(engine__speculative_config=spec, engine__speculative_config__num_speculative_tokens=3)` set
+    K=3 in the caller's own `spec`. Other values are kept as they are (the scenario validates them)."""
+    if isinstance(value, dict):
+        return {key: _fresh(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_fresh(item) for item in value]
+    return value
 
 
 def _set_field(node: dict[str, Any] | list[Any], parts: list[str], value: Any, label: str) -> None:
