@@ -9,9 +9,13 @@ full attention, Mistral's one window, an MLA model) ran without a word, though i
 warning line, as `enable_expert_parallel` on a dense model is). `engine.data_parallel_size: 2` beside `scheduler: v0` or
 `static` ran as a v1 DP group, a deployment vLLM has not (its data parallelism is the v1 engine's). `kvsim.simulate`
 set a field an override names inside another override's dict or list in the caller's own object.
+A `draft_model` of another vocabulary size than the target's (Llama-2-7B's 32,000 beside Llama-3.1-8B's 128,256) ran,
+where vLLM refuses it at startup.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -113,7 +117,7 @@ def test_a_data_parallel_group_of_another_scheduler_than_v1_is_refused(scheduler
 
 @pytest.mark.parametrize("engine", [{"scheduler": "v0"}, {"allocator": "slab-max"}])
 def test_a_v0_engine_alone_and_a_v1_group_of_slab_engines_still_run(engine):
-    size = {} if "scheduler" in engine else {"data_parallel_size": 2}
+    size = {} if "scheduler" in engine else {"data_parallel_size": 2, "max_model_len": 1024}
     result = kvsim.simulate(TINY, **{f"engine__{k}": v for k, v in {**engine, **size}.items()})
     assert result.summary["num_finished"] == 4
 
@@ -130,3 +134,25 @@ def test_simulate_leaves_the_callers_dicts_and_lists_as_they_were():
     assert result.scenario.replicas[0].count == 2 and result.scenario.replicas[0].engine == {"max_num_seqs": 4}
     assert spec == {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rates": [0.5, 0.4]}
     assert groups == [{"count": 1, "engine": {"max_num_seqs": 8}}]
+
+
+@pytest.mark.parametrize(("draft", "vocab_size"), [("llama-2-7b", 32_000), ("qwen3-8b", 151_936)])
+def test_a_draft_model_of_another_vocabulary_is_refused_as_vllm_refuses_it(draft, vocab_size, tmp_path):
+    """vLLM's `SpeculativeConfig.verify_equal_vocab_size_if_draft_model` refuses a draft whose vocabulary size is not
+    the target's (the published config.json files: Llama-3.1-8B 128,256, Llama-2-7B 32,000, Qwen3-8B 151,936);
+    kvsim priced the draft's passes and ran. `kvsim capacity` refuses it the same way."""
+    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 2, "acceptance_rates": 0.5}
+    said = (f"engine.speculative_config.model={draft}: vocab_size={vocab_size}, but llama-3.1-8b's is 128256: vLLM "
+            "refuses a draft model of another vocabulary")
+    with pytest.raises(KvsimError) as refused:
+        kvsim.simulate(TINY, engine__speculative_config=spec)
+    assert str(refused.value).startswith(said)
+    out = tmp_path / "out"
+    assert one_line_exit_2(["run", "--set", "workload.num_requests=4", "--speculative-config", json.dumps(spec),
+                            "-o", str(out)]).startswith(said) and not out.exists()
+    assert one_line_exit_2(["capacity", "--speculative-config", json.dumps(spec)]).startswith(said)
+
+
+def test_a_draft_model_of_the_targets_vocabulary_still_runs():
+    spec = {"method": "draft_model", "model": "llama-3.1-8b", "num_speculative_tokens": 2, "acceptance_rates": 0.5}
+    assert kvsim.simulate(TINY, engine__speculative_config=spec).summary["num_finished"] == 4

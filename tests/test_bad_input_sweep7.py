@@ -102,7 +102,7 @@ def test_a_draft_model_kvsim_cannot_load_is_named_by_its_field(tmp_path):
     assert draft == (f"engine.speculative_config: model='{tmp_path / 'config.json'}': model config {tmp_path.name}: "
                      "field 'hidden_size' is missing (needed for llama)")
     assert not (tmp_path / "out").exists()
-    _runs(tmp_path, "--speculative-config", json.dumps({**spec, "model": "llama-2-7b"}))
+    _runs(tmp_path, "--speculative-config", json.dumps({**spec, "model": "llama-3.1-8b"}))  # the target's vocabulary
     _runs(tmp_path, "--speculative-config", json.dumps({**spec, "method": "eagle"}))
 
 

@@ -87,7 +87,11 @@ def test_the_simulated_engine_sizes_its_pool_with_the_draft_model(draft):
 
 
 def test_a_draft_model_beside_sliding_window_layers_is_refused(draft):
-    """Gemma-3-27B mixes sliding and full layers: vLLM would unify page sizes by growing block sizes."""
-    engine = make_engine(max_model_len=8192, speculative_config=config(draft))
+    """Gemma-3-27B mixes sliding and full layers: vLLM would unify page sizes by growing block sizes. (The draft
+    is given Gemma's vocabulary: one of another is refused first, as vLLM refuses it.)"""
+    path = draft.replace("config.json", "gemma-vocab.json")
+    with open(path, "w") as f:
+        json.dump({**LLAMA_3_2_1B, "vocab_size": 262_208}, f)
+    engine = make_engine(max_model_len=8192, speculative_config=config(path))
     with pytest.raises(KvsimError, match=r"^engine.speculative_config.model=.*not modelled$"):
         model_kv_layout(load_model("gemma-3-27b"), engine)

@@ -88,7 +88,8 @@ def engines(draw, model: str) -> dict:
                                         "num_speculative_tokens": k,
                                         "acceptance_rates": draw(st.sampled_from([0.0, 0.6, 1.0]))}
         if engine["speculative_config"]["method"] == "draft_model":
-            engine["speculative_config"]["model"] = "llama-3.1-8b"
+            # a draft of the target's vocabulary (vLLM refuses another): Llama 3.1's 128,256, Qwen3's 151,936
+            engine["speculative_config"]["model"] = "qwen3-8b" if model.startswith("qwen3") else "llama-3.1-8b"
         if engine["speculative_config"]["method"] == "ngram":  # vLLM refuses async n-gram drafting
             engine.pop("async_scheduling", None)
     elif feature == "offload":

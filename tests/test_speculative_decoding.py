@@ -291,7 +291,7 @@ def test_a_draft_model_appends_each_sequences_next_token_to_its_first_pass_and_e
     for method, appends in (("eagle", False), ("eagle3", False), ("draft_model", True)):
         config = {"method": method, "num_speculative_tokens": 2, "acceptance_rates": [0.5, 0.5]}
         if method == "draft_model":
-            config["model"] = "llama-2-7b"
+            config["model"] = "llama-3.1-8b"  # a draft of the target's vocabulary, as vLLM requires
         rate = closed_form_output_rate(load_model("llama-3.1-8b"), load_gpu("h100-80gb"),
                                        make_engine(speculative_config=config))
         assert rate.args[0].appends_next_token is appends

@@ -42,6 +42,7 @@ the ranks, the fc and the norms replicated.
 from __future__ import annotations
 
 from kvsim.model.config import load_model
+from kvsim.model.errors import KvsimError
 from kvsim.model.spec import ModelSpec, attention_params_per_layer
 from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.model.units import ceil_div
@@ -60,11 +61,19 @@ def eagle_head(model: ModelSpec) -> ModelSpec:
 
 
 def draft_model(model: ModelSpec, spec: SpeculativeConfig | None) -> ModelSpec | None:
-    """The separate draft model of `method: draft_model`, in the target's dtype; None for any other drafter."""
+    """The separate draft model of `method: draft_model`, in the target's dtype; None for any other drafter. One of
+    another vocabulary size than the target's raises `KvsimError`: vLLM refuses it at startup
+    (`SpeculativeConfig.verify_equal_vocab_size_if_draft_model`, vllm/config/speculative.py: other tokenizers' ids
+    run out of bounds) unless `use_heterogeneous_vocab`, a field kvsim does not take."""
     if spec is None or spec.method != "draft_model":
         return None
     assert spec.model is not None  # `SpeculativeConfig` requires it for draft_model
-    return load_model(spec.model).model_copy(update={"dtype": model.dtype})
+    draft = load_model(spec.model)
+    if draft.vocab_size != model.vocab_size:
+        raise KvsimError(f"engine.speculative_config.model={spec.model}: vocab_size={draft.vocab_size}, but "
+                         f"{model.name}'s is {model.vocab_size}: vLLM refuses a draft model of another vocabulary "
+                         "(another tokenizer's token ids); give a draft of the target's family")
+    return draft.model_copy(update={"dtype": model.dtype})
 
 
 def drafter_weights_bytes(model: ModelSpec, spec: SpeculativeConfig | None, tensor_parallel_size: int = 1) -> int:
