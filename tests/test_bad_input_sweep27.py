@@ -11,6 +11,8 @@ warning line, as `enable_expert_parallel` on a dense model is). `engine.data_par
 set a field an override names inside another override's dict or list in the caller's own object.
 A `draft_model` of another vocabulary size than the target's (Llama-2-7B's 32,000 beside Llama-3.1-8B's 128,256) ran,
 where vLLM refuses it at startup.
+`latency.overlap_swap: true` where no preemption swaps (scheduler v1 or static, v0 told to recompute, or v0 of
+single-sequence requests) ran without a word, as `engine.swap_space` there no longer does.
 """
 
 from __future__ import annotations
@@ -156,3 +158,28 @@ def test_a_draft_model_of_another_vocabulary_is_refused_as_vllm_refuses_it(draft
 def test_a_draft_model_of_the_targets_vocabulary_still_runs():
     spec = {"method": "draft_model", "model": "llama-3.1-8b", "num_speculative_tokens": 2, "acceptance_rates": 0.5}
     assert kvsim.simulate(TINY, engine__speculative_config=spec).summary["num_finished"] == 4
+
+
+@pytest.mark.parametrize(("fields", "why"), [
+    ({}, "scheduler v1 never swaps"),
+    ({"engine": {"scheduler": "static"}}, "scheduler static never swaps"),
+    ({"engine": {"scheduler": "v0", "preemption_mode": "recompute"}, "workload": {**TINY["workload"], "n": 2}},
+     "preemption_mode=recompute never swaps"),
+    ({"engine": {"scheduler": "v0"}},
+     "v0 preempts a single sequence by recompute (preemption_mode unset), and workload.n=1 sends no other"),
+])
+def test_overlapping_swaps_where_no_preemption_swaps_is_said_unread(fields, why):
+    """`latency.overlap_swap` hides a step's swap transfers behind its compute (the roofline's `total_s`); only vLLM
+    v0 swaps, and only a preempted request of several sequences unless `preemption_mode: swap` (its `_preempt`),
+    so elsewhere no step has a transfer to hide: the same reasons `engine.swap_space` is said unread for."""
+    assert _unread(latency={"overlap_swap": True}, **fields)["latency.overlap_swap"] == (
+        f"latency.overlap_swap=true is unread: {why}")
+
+
+@pytest.mark.parametrize("fields", [
+    {"engine": {"scheduler": "v0", "preemption_mode": "swap"}},
+    {"engine": {"scheduler": "v0"}, "workload": {**TINY["workload"], "n": 2}},  # v0 swaps a request of 2 sequences
+    {"engine": {"scheduler": "v0"}, "latency": {"overlap_swap": False}},
+])
+def test_overlapping_swaps_where_a_preemption_may_swap_or_not_asked_is_not_said(fields):
+    assert "latency.overlap_swap" not in _unread(**{"latency": {"overlap_swap": True}, **fields})

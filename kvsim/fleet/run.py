@@ -94,10 +94,11 @@ def _engine_unread(scenario: Scenario) -> dict[str, str]:
     sequences (`_preempt`: recompute when `get_max_num_running_seqs() == 1`), and with `workload.n` 1 and no beam
     search every request is one (the engine alone cannot tell: its default swaps n > 1); and a `gpu_link` that no
     collective crosses: with tensor_parallel_size 1 there is no all-reduce, and an MoE exchanges its experts' tokens
-    over the link only across a data-parallel group (`kvsim.model.moe_cost`); and `disable_hybrid_kv_cache_manager`
-    where every KV layer, the drafter's included, is of one kind: the flag unifies only a pool of several
-    (`kvsim.model.kv_layout.layer_kinds`, vLLM's `unify_hybrid_kv_cache_specs`), so Llama's full attention and
-    Mistral's one sliding window are allocated as they were."""
+    over the link only across a data-parallel group (`kvsim.model.moe_cost`); `latency.overlap_swap` (swap transfers
+    hidden behind the step's compute) where no preemption swaps, for the reasons `swap_space` is; and
+    `disable_hybrid_kv_cache_manager` where every KV layer, the drafter's included, is of one kind: the flag
+    unifies only a pool of several (`kvsim.model.kv_layout.layer_kinds`, vLLM's `unify_hybrid_kv_cache_specs`),
+    so Llama's full attention and Mistral's one sliding window are allocated as they were."""
     from kvsim.model.config import load_model
     from kvsim.model.drafter import draft_model
     from kvsim.model.engine_config import SWAP_SPACE_GIB
@@ -121,8 +122,11 @@ def _engine_unread(scenario: Scenario) -> dict[str, str]:
             model.moe is not None and engine.data_parallel_size > 1):
         sizes = "tensor_parallel_size=1 runs" if model.moe is None else "tensor_ and data_parallel_size=1 run"
         unread["gpu_link"] = f"gpu_link (kind {scenario.gpu_link.kind}) is unread: {sizes} no collective over it"
-    if (engine.can_swap and engine.preemption_mode is None and engine.swap_space != SWAP_SPACE_GIB
-            and workload.n == 1 and workload.beam_width is None):
-        unread["swap_space"] = (f"engine.swap_space={engine.swap_space:g} is unread: v0 preempts a single sequence "
-                                "by recompute (preemption_mode unset), and workload.n=1 sends no other")
+    never_swaps = engine.never_swaps or (
+        "v0 preempts a single sequence by recompute (preemption_mode unset), and workload.n=1 sends no other"
+        if engine.preemption_mode is None and workload.n == 1 and workload.beam_width is None else None)
+    if never_swaps is not None and engine.swap_space != SWAP_SPACE_GIB:
+        unread["swap_space"] = f"engine.swap_space={engine.swap_space:g} is unread: {never_swaps}"
+    if never_swaps is not None and scenario.latency.overlap_swap:
+        unread["latency.overlap_swap"] = f"latency.overlap_swap=true is unread: {never_swaps}"
     return unread

@@ -234,9 +234,8 @@ class EngineConfig(Settings):
                 self.gpu_memory_utilization != type(self).model_fields["gpu_memory_utilization"].default:
             unread["gpu_memory_utilization"] = (f"engine.gpu_memory_utilization={self.gpu_memory_utilization:g} is "
                                                 "unread: kv_cache_memory_bytes sizes the KV pool, as in vLLM")
-        if self.swap_space != SWAP_SPACE_GIB and not self.can_swap:
-            never = "preemption_mode=recompute" if self.scheduler == "v0" else f"scheduler {self.scheduler}"
-            unread["swap_space"] = f"engine.swap_space={self.swap_space:g} is unread: {never} never swaps"
+        if self.swap_space != SWAP_SPACE_GIB and self.never_swaps is not None:
+            unread["swap_space"] = f"engine.swap_space={self.swap_space:g} is unread: {self.never_swaps}"
         if self.enforce_eager and self.scheduler != "v1":
             unread["enforce_eager"] = ("engine.enforce_eager=true is unread: kvsim pads steps to CUDA-graph sizes "
                                        f"for scheduler v1 only (got {self.scheduler})")
@@ -312,6 +311,14 @@ class EngineConfig(Settings):
         preemption_mode=recompute (v1 and static preempt by recompute). Unset, v0 swaps only a request of several
         sequences (`V0Scheduler.use_swap`); the pool (`capacity.swap_bytes`) exists wherever this holds."""
         return self.scheduler == "v0" and self.preemption_mode != "recompute"
+
+    @property
+    def never_swaps(self) -> str | None:
+        """Why no preemption of this engine swaps (`can_swap` false: "scheduler v1 never swaps"); None where one
+        may, for a warning that a swap setting is unread."""
+        if self.can_swap:
+            return None
+        return f"{'preemption_mode=recompute' if self.scheduler == 'v0' else f'scheduler {self.scheduler}'} never swaps"
 
     @property
     def resolved_watermark(self) -> float:
