@@ -5,14 +5,20 @@ Each is refused (the CLI: exit 2, one line naming the field and the value, nothi
 Found: speculative decoding under a token budget that no CUDA-graph capture size of 1 + K tokens fits (vLLM refuses
 to start) was refused by the roofline and calibrated latency models only: under `latency.model: constant` it ran.
 `engine.disable_hybrid_kv_cache_manager: true` on a model whose KV layers (and its drafter's) are of one kind (Llama's
-full attention, Mistral's one window, an MLA model) ran without a word, though it changes nothing there (now a
-warning line, as `enable_expert_parallel` on a dense model is). `engine.data_parallel_size: 2` beside `scheduler: v0` or
+full attention, Mistral's one window, an MLA model) ran without a word, though it changes nothing there (now a warning
+line, as `enable_expert_parallel` on a dense model is). `engine.data_parallel_size: 2` beside `scheduler: v0` or
 `static` ran as a v1 DP group, a deployment vLLM has not (its data parallelism is the v1 engine's). `kvsim.simulate`
-set a field an override names inside another override's dict or list in the caller's own object.
-A `draft_model` of another vocabulary size than the target's (Llama-2-7B's 32,000 beside Llama-3.1-8B's 128,256) ran,
-where vLLM refuses it at startup.
-`latency.overlap_swap: true` where no preemption swaps (scheduler v1 or static, v0 told to recompute, or v0 of
-single-sequence requests) ran without a word, as `engine.swap_space` there no longer does.
+set a field an override names inside another override's dict or list in the caller's own object. A `draft_model` of
+another vocabulary size than the target's (Llama-2-7B's 32,000 beside Llama-3.1-8B's 128,256) ran, where vLLM refuses
+it at startup. `latency.overlap_swap: true` where no preemption swaps (scheduler v1 or static, v0 told to recompute,
+or v0 of single-sequence requests) ran without a word, where `engine.swap_space` was already said unread.
+
+Probed and found refused or read as the rule asks (not repeated here): every field of the engine, offload,
+speculative, priority, router, autoscaler and kv_transfer sections at 0, -1, 1e18, 2**63, nan, a boolean, text, an
+empty string or list and a list for a scalar, through `--set`, `kvsim.simulate` and each shipped scenario; offload
+beside slabs, v0 or caching off; speculation beside beams, v0, slabs or windows; priority on v0/static; radix beside
+slabs or windows; windows beside slabs or v0; kv_transfer on one engine or a count; DP inside a fleet or a
+disaggregated group; an autoscaler over groups or with min = max; a pool below one max_model_len request.
 """
 
 from __future__ import annotations
