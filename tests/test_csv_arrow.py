@@ -10,6 +10,7 @@ decimals (x = N·2^-j, which `float.__repr__` rounds half to even).
 import io
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +99,7 @@ def test_a_fleets_steps_csv_is_the_same_through_both_paths(tmp_path, monkeypatch
     monkeypatch.setattr(csv_arrow, "_checked", [True])  # the fast path even if the probe failed
     tables = []  # (rows, pyarrow's text, the plain path's text) of every table assembled
 
-    def tee(arrays, f, real=csv_arrow.write_rows):
+    def tee(arrays, f, binary=None, real=csv_arrow.write_rows):
         fast, plain = io.StringIO(), io.StringIO()
         real(arrays, fast)
         csv_arrow._checked[0] = False  # append_csv's own rows for the same columns
@@ -177,9 +178,9 @@ def test_text_columns_write_the_same_bytes(monkeypatch, reasons):
     num = 2_000
     assembled = []
 
-    def counted(arrays, f, real=csv_arrow.write_rows):
+    def counted(arrays, f, binary=None, real=csv_arrow.write_rows):
         assembled.append(len(arrays[0]))
-        real(arrays, f)
+        real(arrays, f, binary)
 
     monkeypatch.setattr(csv_arrow, "write_rows", counted)
     columns = {"arrival_s": np.cumsum(rng.exponential(0.3, num)), "ttft_s": rng.choice([np.nan, 0.0, 0.25], num),
@@ -190,3 +191,32 @@ def test_text_columns_write_the_same_bytes(monkeypatch, reasons):
     assert fast == plain
     assert fast.count("\n") == 2 * (num + 1) + num // 2 * 2 * sum(text.count("\n") for text in reasons if text)
     assert bool(assembled) == (reasons == ["prompt too long", None])  # only plain texts through pyarrow
+
+
+def test_step_writer_hands_pyarrow_bytes_to_the_file_as_the_text_path_writes_them(tmp_path, monkeypatch):
+    """`StepWriter` (and `write_csv`) give the writer's bytes to the file under the text one (`binary`): a table of
+    2.5 `ARROW_CHUNK_ROWS` chunks, appended as a run hands it over (three chunks, the header first, then a short
+    one written by `append_csv`'s own rows), is byte for byte the text path's, and so is `write_csv`'s file."""
+    from kvsim.results.step_writer import StepWriter, write_csv
+
+    monkeypatch.setattr(csv_arrow, "_checked", [True])  # the fast path even if the probe failed
+    rng = np.random.default_rng()
+    num = 5 * csv_arrow.ARROW_CHUNK_ROWS // 2
+    columns = {"time_s": np.cumsum(rng.exponential(0.03, num)), "usage": rng.choice(rng.random(50), num),
+               "odd": np.resize(random_doubles(rng, 1_000), num), "running": rng.integers(0, 200, num),
+               "held": rng.integers(0, 10**9, num), "flag": rng.random(num) < 0.5}
+    cuts = [0, 1_000, csv_arrow.ARROW_CHUNK_ROWS + 7, num - 10, num]
+    writer = StepWriter(tmp_path, "csv")
+    for first, last in pairwise(cuts):
+        writer.write({k: v[first:last] for k, v in columns.items()})
+    writer.close()
+    text = io.StringIO()
+    for first, last in pairwise(cuts):
+        append_csv({k: v[first:last] for k, v in columns.items()}, text, header=first == 0, table_rows=last)
+    same = (tmp_path / "steps.csv").read_bytes() == text.getvalue().encode("ascii")  # 10 MB: no diff printed
+    assert same
+    write_csv(columns, tmp_path / "whole.csv")
+    whole = io.StringIO()
+    append_csv(columns, whole, header=True)
+    same = (tmp_path / "whole.csv").read_bytes() == whole.getvalue().encode("ascii")
+    assert same

@@ -185,7 +185,7 @@ _STRUCTURAL = frozenset(',"\r\n')  # characters pyarrow's writer refuses in an u
 
 
 def append_csv(columns: Columns, f: IO[str], header: bool, texts: list[_Texts] | None = None,
-               table_rows: int | None = None) -> None:
+               table_rows: int | None = None, binary: csv_arrow.BytesSink | None = None) -> None:
     """Write `columns` (name → equal-length 1-d array) as CSV rows to `f`, the header first if `header`:
     byte for byte `pandas.DataFrame(columns).to_csv(f, header=header, index=False)` (QUOTE_MINIMAL,
     "\\n" line ends), without pandas, `CSV_CHUNK_ROWS` rows at a time (`CSV_MIXED_CHUNK_ROWS` for a
@@ -201,7 +201,8 @@ def append_csv(columns: Columns, f: IO[str], header: bool, texts: list[_Texts] |
     `table_rows`: the whole table's length as far as the caller knows (default: these rows). A table of
     two or more float64, int and bool columns (and object columns of texts that need no quoting:
     `unquoted_texts`) long enough to repay importing pyarrow, or once it is imported, is assembled by it
-    instead (`kvsim.results.csv_arrow`): the same bytes, in less than half the time.
+    instead (`kvsim.results.csv_arrow`): the same bytes, in less than half the time; `binary` (`f.buffer`, where
+    `f` is a UTF-8 file opened with `newline=""`) then takes them as bytes (`csv_arrow.write_rows`).
     """
     writer = csv.writer(f, lineterminator="\n")
     if header:
@@ -221,7 +222,7 @@ def append_csv(columns: Columns, f: IO[str], header: bool, texts: list[_Texts] |
     all_numeric = all(map(is_numeric, arrays))
     if (len(arrays) >= 2 and num_rows and all(is_numeric(values) or unquoted_texts(values) for values in arrays)
             and csv_arrow.worth_using(table_rows or num_rows)):
-        csv_arrow.write_rows(arrays, f)
+        csv_arrow.write_rows(arrays, f, binary)
         return
     chunk_rows = CSV_CHUNK_ROWS if all_numeric else CSV_MIXED_CHUNK_ROWS
     for start in range(0, num_rows, chunk_rows):
@@ -236,7 +237,7 @@ def append_csv(columns: Columns, f: IO[str], header: bool, texts: list[_Texts] |
 def write_csv(columns: Columns, path: Path) -> None:
     """A new CSV file at `path` holding `columns` (see `append_csv`)."""
     with path.open("w", newline="", encoding="utf-8") as f:
-        append_csv(columns, f, header=True)
+        append_csv(columns, f, header=True, binary=f.buffer)
 
 
 def frame_columns(frame: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -253,7 +254,7 @@ class StepWriter:
         self.num_rows = 0
         self.write_s = 0.0  # wall seconds spent writing (a benchmark's simulate/write split)
         self._parquet: Any = None  # pyarrow.parquet.ParquetWriter, opened on the first chunk
-        self._csv: IO[str] | None = None
+        self._csv: io.TextIOWrapper | None = None
         self._texts: list[_Texts] | None = None  # CSV: each column's texts, kept from chunk to chunk
 
     def write(self, chunk: Mapping[str, np.ndarray]) -> None:
@@ -275,7 +276,8 @@ class StepWriter:
             if self._csv is None:
                 self._csv = self.path.open("w", newline="", encoding="utf-8")
                 self._texts = [_Texts() for _ in chunk]
-            append_csv(chunk, self._csv, header=first, texts=self._texts, table_rows=self.num_rows + num_rows)
+            append_csv(chunk, self._csv, header=first, texts=self._texts, table_rows=self.num_rows + num_rows,
+                       binary=self._csv.buffer)
         self.num_rows += num_rows
         self.write_s += time.perf_counter() - start_s
 
