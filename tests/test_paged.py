@@ -336,3 +336,29 @@ def test_free_puts_plain_blocks_at_the_head_last_block_first_and_cached_ones_at_
     a.free(1)
     assert list(a.pool.free_queue) == [5, 4, 3, 6, 7, 8, 9, 10, 2, 1]
     a.check_invariants()
+
+
+def test_a_burst_that_registers_only_hashes_the_heads_hit_holds_does_not_extend_its_prefix():
+    # Blocks of 4. A (p: 8 tokens, then o: 8) ran to its end and was freed: its 4 blocks stay cached, free.
+    # S, with A's content and no hit, has written 5 tokens; a burst of 11 steps fills its blocks 1-3,
+    # registering duplicates of A's hashes 1-3. The queue's head H (p, o, then q: 8) hits A's 4 blocks and
+    # stops at q's first block, which no burst registers: its lookup cannot find more (vLLM would find the
+    # same 4 blocks step by step), though S registers hashes of H's chain (before its miss).
+    content, head = seg(("p", 8), ("o", 8)), seg(("p", 8), ("o", 8), ("q", 8))
+    a = PagedAllocator(num_blocks=12, block_size=4, enable_caching=True)
+    assert a.allocate(1, 16, 16, content)
+    a.free(1)
+    assert a.allocate(2, 5, 16, content)
+    assert len(a.lookup_prefix(head, 24).block_ids) == 4
+    assert not a.burst_extends_prefix([2], 11, head, 24)
+
+
+@pytest.mark.parametrize(("num_steps", "extends"), [(2, False), (3, True)])
+def test_a_burst_extends_the_heads_prefix_when_it_registers_the_heads_first_missing_hash(num_steps, extends):
+    # Blocks of 4. S (p: 8 tokens, then o: 8) has written 5 tokens: block 0 (p's first 4) is cached. The head
+    # (p, o, q) hits it and misses at p's second block, which S fills at its 8th token: 3 steps on.
+    a = PagedAllocator(num_blocks=12, block_size=4, enable_caching=True)
+    assert a.allocate(2, 5, 16, seg(("p", 8), ("o", 8)))
+    head = seg(("p", 8), ("o", 8), ("q", 8))
+    assert len(a.lookup_prefix(head, 24).block_ids) == 1
+    assert a.burst_extends_prefix([2], num_steps, head, 24) is extends

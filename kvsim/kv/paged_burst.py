@@ -181,27 +181,33 @@ class PagedBursts:
 
     def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
                              num_tokens: int) -> bool:
-        """Whether a burst registers a block hash in the chain `lookup_prefix(content, num_tokens)` walks.
+        """Whether a burst registers the block hash at which `lookup_prefix(content, num_tokens)` stops (its first
+        miss; False when the hit covers every block the lookup may).
 
-        If not, that lookup finds at most what it finds now during and after the burst: hits
-        only end where a hash is missing, and a burst adds no hash of the chain (it may evict
-        cached free blocks, which only shortens the hit).
+        If not, that lookup finds at most what it finds now during and after the burst: the walk from block 0
+        stops at that hash, which stays missing (a burst only adds its own hashes and evicts cached free
+        blocks, which only shortens the hit). Hashes past it do not matter, nor hashes before it that a burst
+        registers again after evicting their free block: the hit's length cannot grow, and a free hit block
+        that the burst evicts (replaced or not) is one free block less, which it saves at most.
         """
         if not self.enable_caching or content is None:
             return False
         bs = self.block_size
-        new_hashes: set[int] = set()
+        lookup_tokens = self._v0_lookup_tokens(content, num_tokens) if self.v0_prefix_caching else num_tokens
+        # the scheduler has just asked this (`waiting_blocked`): the cache's memo answers
+        num_hit = len(self.prefix_cache.match(content, lookup_tokens).block_ids)
+        if num_hit >= (lookup_tokens - 1) // bs:
+            return False
+        miss = content.block_hashes(bs, num_hit + 1)[num_hit]
         for seq_id in seq_ids:
             seq = self.seqs[seq_id]
             if seq.content is None:
                 continue
             num_full = min(seq.num_tokens + num_steps, seq.content.num_tokens) // bs
-            if num_full > seq.num_hashed_blocks:
-                new_hashes.update(seq.content.block_hashes(bs, num_full)[seq.num_hashed_blocks:])
-        if not new_hashes:
-            return False
-        max_blocks = (self._v0_lookup_tokens(content, num_tokens) if self.v0_prefix_caching else num_tokens) - 1
-        return not new_hashes.isdisjoint(content.block_hashes(bs, max_blocks // bs))
+            num_hashed = seq.num_hashed_blocks
+            if num_full > num_hashed and miss in seq.content.block_hashes(bs, num_full)[num_hashed:]:
+                return True
+        return False
 
     def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
         """Held, filled and reserved slots after each of the next `num_steps` decode allocations.

@@ -16,8 +16,8 @@ Let B be the running batch when the burst is planned. Conditions checked (`burst
     token sampled), nothing is swapped out, and the policy schedules all of B in one step
     (v1: |B| ≤ max_num_batched_tokens);
 (b) the waiting queue is empty, or its head cannot be admitted now (`waiting_blocked`)
-    and the burst registers no block hash in the chain the head's prefix lookup walks
-    (`KVAllocator.burst_extends_prefix`);
+    and the burst does not register the block hash at which the head's prefix lookup
+    stops, its first miss (`KVAllocator.burst_extends_prefix`);
 (c) no request of B reaches its last token before the burst's last step
     (k ≤ min remaining output), and the burst's new blocks fit in the free memory
     (`KVAllocator.burst_fits`), so no step preempts;
@@ -46,8 +46,10 @@ burst's work. At step j:
 * Admission: if the queue was empty, by (d) no request joined it before step j was planned. If
   the head was blocked, it stays blocked: free memory only shrinks during a burst (blocks
   are taken, none released), `max_num_seqs` and the token budget see the same |B|, and
-  by (b) the head's prefix hit cannot grow (evicting cached free blocks only shortens
-  it, and a hit on a free block costs the free block it saves). Arrivals join behind the
+  by (b) the head's prefix hit cannot grow (its first miss stays missing; evicting cached
+  free blocks only shortens it, and a hit on a free block costs the free block it saves,
+  so a free hit block evicted, its hash then registered again in a block in use, saves
+  the head no more than the free block the burst took). Arrivals join behind the
   head and admission is FCFS, so a blocked head admits nobody behind it.
 * Memory: `append_burst` hands out blocks and registers filled blocks' hashes in
   (step, position) order, which is the order the k · |B| `allocate` calls would use.
