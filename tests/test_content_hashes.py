@@ -7,10 +7,15 @@ tuple of the first (i + 1) · bs tokens. Prefix caching, the offload tier and th
 this: a key shared by two different prefixes would hit wrong KV, two keys for one prefix would miss.
 """
 
+import random
+from pathlib import Path
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import kvsim.workload
 from kvsim.workload.content import SegmentContent, TokenContent
+from kvsim.workload.traces import read_mooncake
 
 SEGMENT_IDS = ("sys", "a", "b", ("conv", 1), ("conv", 2))
 
@@ -71,3 +76,26 @@ def test_token_content_keys_follow_the_token_ids():
     a = TokenContent(list(range(64))).block_hashes(16, 4)
     b = TokenContent([*range(40), 999, *range(41, 64)]).block_hashes(16, 4)
     assert a[:2] == b[:2] and a[2] != b[2] and a[3] != b[3]
+
+
+def test_a_decoding_sequence_gets_the_keys_of_one_call_on_the_shipped_mooncake_trace():
+    """Realistic size for the shortcut that continues the last block's run (`SegmentContent.block_hashes`): the
+    1,500 requests of the shipped Mooncake trace, each its 512-token segments and an output segment of its
+    own, hashed as the simulator does (the prompt's full blocks, then 1 to 3 blocks at a time as it decodes,
+    past segment ends too) give the keys of one call, at the block sizes 16 and 32."""
+    records = read_mooncake(Path(kvsim.workload.__file__).parent / "data" / "mooncake_conversation_head.jsonl")
+    rng = random.Random(5)
+    num_shortcuts = 0
+    for block_size in (16, 32):
+        for n, record in enumerate(records):
+            segments = [*record.segments, (("out", n), record.output_len)]
+            whole = SegmentContent(segments).block_hashes(block_size, sum(s for _, s in segments) // block_size)
+            stepwise = SegmentContent(segments)
+            num_blocks = record.prompt_len // block_size
+            keys = stepwise.block_hashes(block_size, num_blocks)
+            while num_blocks < len(whole):
+                num_blocks = min(len(whole), num_blocks + rng.randint(1, 3))
+                num_shortcuts += num_blocks * block_size <= stepwise._run_end
+                keys = stepwise.block_hashes(block_size, num_blocks)
+            assert keys == whole
+    assert num_shortcuts > 20_000

@@ -59,7 +59,7 @@ class SegmentContent(_ChainedHashes):
         block i covers [i·bs, (i+1)·bs) → key ((sys, 4992, 5000), (conv7.turn0, 0, 8))
     """
 
-    __slots__ = ("segments", "_starts", "_num_tokens")
+    __slots__ = ("segments", "_starts", "_num_tokens", "_run_end")
 
     def __init__(self, segments: Sequence[tuple[Hashable, int]]) -> None:
         super().__init__()
@@ -68,6 +68,8 @@ class SegmentContent(_ChainedHashes):
         assert all(n > 0 for n in lengths), "segments must be non-empty"
         self._starts = [0, *accumulate(lengths)]
         self._num_tokens = self._starts[-1]
+        # where the segment holding the last hashed block ends, when that block lies inside one (0: it does not)
+        self._run_end = 0
 
     @property
     def num_tokens(self) -> int:
@@ -86,13 +88,23 @@ class SegmentContent(_ChainedHashes):
         (a run holds fewer than 2^32 blocks). A block across segments keeps `block_key`'s pieces, so
         a key, like the per-block chain before it, depends only on the tokens up to its block, not on
         how many blocks earlier calls hashed: a call that starts inside a run continues its integers.
+
+        A call whose new blocks all lie in the segment of the last hashed block, which lies inside it (a
+        decoding sequence's next blocks, hot), continues that run without looking the segment up: the loop
+        below would find the same segment and take the same integers.
         """
         if block_size != self._block_size:
-            self._hashes, self._block_size = [], block_size
+            self._hashes, self._block_size, self._run_end = [], block_size, 0
         hashes = self._hashes
         done = len(hashes)
         if num_blocks <= done:
             return hashes if num_blocks == done else hashes[:num_blocks]
+        if num_blocks * block_size <= self._run_end:
+            if num_blocks == done + 1:
+                hashes.append(hashes[-1] + 1)
+            else:
+                hashes.extend(islice(count(hashes[-1] + 1), num_blocks - done))
+            return hashes
         assert num_blocks * block_size <= self._num_tokens, "hashing beyond the known content"
         parent = hashes[-1] if hashes else ROOT_HASH
         starts, segments = self._starts, self.segments
@@ -115,10 +127,12 @@ class SegmentContent(_ChainedHashes):
                     hashes.extend(islice(count(first), num))
                 parent = first + num - 1
                 start = inside
+                self._run_end = starts[i + 1]
             else:  # the block at `start` runs past the end of segment i
                 parent = hash((parent, self.block_key(start, start + block_size)))
                 hashes.append(parent)
                 start += block_size
+                self._run_end = 0
         return hashes
 
     def branch(self, num_shared_tokens: int, name: Hashable) -> SegmentContent:
