@@ -22,7 +22,10 @@ one to thirteen). Here, each expected value is the other run of a pair or counte
 * every arrival moved later by 64 s (behind a one-token request at 0, since a trace counts from its first row)
   moves every instant and every step by exactly 64 s and changes no other column, where every duration is a
   multiple of 2^-12 s (a 2^-7 s constant step, arrivals on 1/64 s, a 2^33 B/s link of 2^-10 s latency moving
-  2 MiB blocks): no rounding, so a test of equality, for the engines round three (1e-9 s) left out.
+  2 MiB blocks): no rounding, so a test of equality, for the engines round three (1e-9 s) left out;
+* EAGLE drafts never accepted (K = 1, 2, 3, asynchronous: round thirteen held n-gram's, synchronous) take the plain
+  engine's steps on an unloaded engine, step for step, each decode K tokens more, every request first scheduled at
+  the same instant; only the durations grow (the drafter's forward).
 
 Relations tried and kept out (the relation is wrong for vLLM itself):
 
@@ -37,8 +40,9 @@ Relations tried and kept out (the relation is wrong for vLLM itself):
 * `offload_prompt_only: false` does not always hit more: its decoded blocks evict prompt blocks a later request
   would hit (seed 0, a 40-block tier: 3,184 hit tokens against 3,792 prompt-only);
 * K = 0 drafts is refused, as vLLM refuses it (`tests/test_speculative.py`), so "K = 0 is no speculation" has no
-  run; EAGLE at acceptance 0 is not the engine without it even at a constant step: its drafter's forward is
-  priced on top of the step (0.010532 s against 0.01 s a decode), as vLLM runs the draft model every step;
+  run; EAGLE at acceptance 0 is not the engine without it in time even at a constant step: its drafter's forward
+  is priced on top of the step (0.010532 s against 0.01 s a decode), as vLLM runs the draft model every step, so
+  under load the batches part (kept: the schedule of an unloaded engine, above);
 * two replica groups in the other order under round robin are the same fleet but for the groups' names
   (`per_replica`): round twelve's names-exchanged relation; on a loaded fleet the extra request at 0 used for
   the shift moves the routers' rotating tie-break, so the 64 s shift is kept for single engines and 1P1D only.
@@ -237,3 +241,25 @@ def test_every_arrival_moved_later_by_a_dyadic_constant_moves_every_instant_exac
     steps = later.steps[later.steps.time_s >= 64].reset_index(drop=True)
     assert (steps.time_s - 64).equals(plain.steps.time_s)
     assert steps.drop(columns="time_s").equals(plain.steps.drop(columns="time_s"))
+
+
+@pytest.mark.parametrize(("method", "drafts"), [("eagle", 1), ("eagle", 3), ("eagle3", 2)])
+def test_eagle_that_never_accepts_takes_the_plain_engines_steps_with_k_more_tokens_a_decode(tmp_path, method, drafts):
+    """Round thirteen's "never accepts" holds n-gram drafts on the synchronous engine at a constant step; EAGLE
+    runs asynchronously (vLLM's default) and its drafter's forward is priced on top of each step, so only the
+    schedule is the plain engine's: on an unloaded engine, step for step, each decode verifying its K drafts
+    beside its token, every request first scheduled at the same instant."""
+    rng = np.random.default_rng(4)
+    gaps_ns = rng.integers(2 * 10**9, 5 * 10**9, 12)
+    gaps_ns[0] = 0
+    path = write_trace(tmp_path / "rows.jsonl", list(zip(np.cumsum(gaps_ns), rng.integers(1, 1900, 12),
+                                                            rng.integers(1, 120, 12), strict=True)))
+    plain = kvsim.simulate(traced(path, {"num_gpu_blocks_override": 400}))
+    spec = kvsim.simulate(traced(path, {"num_gpu_blocks_override": 400, "speculative_config": {
+        "method": method, "num_speculative_tokens": drafts, "acceptance_rates": 0.0}}))
+    assert plain.requests.e2e_s.max() < 2.0
+    assert len(spec.steps) == len(plain.steps)
+    assert (spec.steps.num_batched_tokens - plain.steps.num_batched_tokens).equals(drafts * plain.steps.num_decode_seqs)
+    assert spec.requests.first_scheduled_s.equals(plain.requests.first_scheduled_s)
+    assert (spec.steps.duration_s > plain.steps.duration_s).all()  # the drafter's forward, every step
+    assert spec.summary["spec_decode"]["num_draft_tokens"] == drafts * int((plain.requests.output_tokens - 1).sum())
