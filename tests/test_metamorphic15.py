@@ -1,4 +1,4 @@
-"""Metamorphic relations, fifteenth round: offload tiers, priority labels and the time axis.
+"""Metamorphic relations, fifteenth round: offload tiers, priority labels, token names and the time axis.
 
 `test_metamorphic.py` to `test_metamorphic14.py` hold the earlier rounds (a fleet of one under every router, one
 priority class is FCFS, a tier of 0 blocks or bytes is no tier, block sizes in a roomy pool, caching on with
@@ -25,7 +25,10 @@ one to thirteen). Here, each expected value is the other run of a pair or counte
   2 MiB blocks): no rounding, so a test of equality, for the engines round three (1e-9 s) left out;
 * EAGLE drafts never accepted (K = 1, 2, 3, asynchronous: round thirteen held n-gram's, synchronous) take the plain
   engine's steps on an unloaded engine, step for step, each decode K tokens more, every request first scheduled at
-  the same instant; only the durations grow (the drafter's forward).
+  the same instant; only the durations grow (the drafter's forward);
+* every prompt token id renamed by a bijection (a shifted permutation of the vocabulary) changes nothing, byte for
+  byte, under the hash chain, the radix tree, an offload tier, an affinity router, a 1P2D fleet and n = 2 samples:
+  every cache and router asks only whether two blocks' tokens are equal.
 
 Relations tried and kept out (the relation is wrong for vLLM itself):
 
@@ -263,3 +266,44 @@ def test_eagle_that_never_accepts_takes_the_plain_engines_steps_with_k_more_toke
     assert spec.requests.first_scheduled_s.equals(plain.requests.first_scheduled_s)
     assert (spec.steps.duration_s > plain.steps.duration_s).all()  # the drafter's forward, every step
     assert spec.summary["spec_decode"]["num_draft_tokens"] == drafts * int((plain.requests.output_tokens - 1).sum())
+
+
+RENAMED_ENGINES = {
+    "v1": ({}, {}),
+    "radix": ({"prefix_cache": "radix"}, {}),
+    "offload": ({"kv_offload": {"num_cpu_blocks": 100}}, {}),
+    "affinity": ({}, {"replicas": 3, "router": {"policy": "affinity"}}),
+    "xpyd": ({}, {**XPYD, "replicas": [{"count": 1, "kv_role": "kv_producer"}, {"count": 2, "kv_role": "kv_consumer"}]}),
+    "n2": ({}, {}),
+}
+
+
+@pytest.mark.parametrize("name", RENAMED_ENGINES)
+def test_token_ids_renamed_one_to_one_change_nothing(tmp_path, name):
+    """A prefix cache, a radix tree, an offload tier and an affinity router ask only whether two blocks' tokens are
+    equal (vLLM's hash of the block's ids chains equal prefixes to equal hashes), so renaming every token id by a
+    bijection (a permutation of a 32,000-id vocabulary, shifted by 5) gives the same run, byte for byte. Prompts of
+    6 shared documents (20 to 399 tokens) and a random tail each, a 200-block pool that preempts."""
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, 32_000, int(rng.integers(20, 400))).tolist() for _ in range(6)]
+    arrivals_ns = np.cumsum(rng.exponential(0.08, 60) * 1e9).astype(np.int64)
+    rows = []
+    for arrival_ns in arrivals_ns:
+        ids = docs[int(rng.integers(0, 6))] + rng.integers(0, 32_000, int(rng.integers(1, 300))).tolist()
+        rows.append({"arrival_time_ns": int(arrival_ns), "input_toks": len(ids), "output_toks": int(rng.integers(1, 200)),
+                     "input_tok_ids": ids})
+    renamed = rng.permutation(32_000) + 5
+    engine, top = RENAMED_ENGINES[name]
+    runs = []
+    for file, trace_rows in (("plain.jsonl", rows), ("renamed.jsonl", [
+            {**row, "input_tok_ids": renamed[row["input_tok_ids"]].tolist()} for row in rows])):
+        raw = traced(write_trace(tmp_path / file, trace_rows), {"num_gpu_blocks_override": 200, **engine}, **top)
+        if name == "n2":
+            raw["workload"]["n"] = 2  # each sample's reply blocks named by its own child id
+        runs.append(kvsim.simulate(raw))
+    plain, other = runs
+    assert plain.summary["num_prefix_cache_hit_tokens"] > 5000
+    assert name in ("affinity", "xpyd") or plain.summary["num_preemptions"] > 0
+    assert other.requests.equals(plain.requests)
+    assert other.steps.equals(plain.steps)
+    assert json.dumps(other.summary) == json.dumps(plain.summary)
