@@ -20,7 +20,9 @@ Likewise it has pydantic look for no plugins (`no_pydantic_plugins`).
 
 `kvsim --version` alone is answered here, with the line the CLI's `--version` prints
 (`kvsim.model.version.VERSION_LINE`), without importing the CLI (typer, pydantic, numpy and every
-command's modules: callgrind counts 678 M instructions for it then, 105 M now, the bare interpreter 89 M).
+command's modules: callgrind counts 678 M instructions for it then, 105 M now, the bare interpreter 89 M);
+a standard output that is closed (`>&-`) or refuses the line (`> /dev/full`) is left to the CLI, which says so
+in one line, exit 2, as for every command (`kvsim.cli.shared.unwritable_stdout`).
 """
 
 import gc
@@ -104,11 +106,14 @@ def import_cli() -> Callable[[], None]:
 
 
 def main() -> None:
-    if sys.argv[1:] == ["--version"]:  # the CLI's answer (`VERSION_LINE`) without loading the CLI: see the docstring
+    if sys.argv[1:] == ["--version"] and sys.stdout is not None:  # the CLI's answer without the CLI: see the docstring
         from kvsim.model.version import VERSION_LINE
 
-        print(VERSION_LINE)
-        return
+        try:
+            print(VERSION_LINE, flush=True)
+            return
+        except OSError:  # stdout refused it (`> /dev/full`): the CLI says so as for any command (`unwritable_stdout`)
+            pass
     single_blas_thread()
     no_pydantic_plugins()
     try:

@@ -144,9 +144,12 @@ def unwritable_stdout() -> Iterator[None]:
     do; any other OSError is raised as it was, nothing written to stdout. A standard output closed before Python
     started is None (`sys.stdout`), which click's echo skips without a word and `sys.stdout.write` fails on with
     an AttributeError: it is a stream whose every write fails as a closed descriptor's (EBADF) while a command
-    runs. Stdout is then replaced by the null device, so that Python's own flush at exit does not fail again."""
-    if sys.stdout is None:
-        sys.stdout = _ClosedStream()
+    runs, and None again after it if nothing was written (bare `kvsim >&-` prints its usage on stderr), so that
+    Python's own flush at exit does not fail on it. Stdout is replaced by the null device once a write failed, so
+    that the flush at exit does not fail again."""
+    closed = _ClosedStream() if sys.stdout is None else None
+    if closed is not None:
+        sys.stdout = closed
     try:
         yield
     except OSError as error:
@@ -155,6 +158,9 @@ def unwritable_stdout() -> Iterator[None]:
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115  (the process's stdout from here)
         typer.echo(f"kvsim: error: standard output: {error.strerror or error}", err=True)
         raise typer.Exit(2) from None
+    finally:
+        if closed is not None and sys.stdout is closed:
+            sys.stdout = None  # type: ignore[assignment]  # as Python started: stdout closed
 
 
 def _refuses_a_write(stream: Any, error: OSError) -> bool:
@@ -186,10 +192,12 @@ class _ClosedStream(io.TextIOBase):
 class OneLineUsageErrors(TyperGroup):
     """kvsim's command group: its usage errors, and its commands', print as one line
     (`one_line_usage_errors`); a command's own bad input already does (`user_errors`), and a standard output it
-    cannot write does (`unwritable_stdout`)."""
+    cannot write does (`unwritable_stdout`): a command's, and the group's own `--help` and `--version`, which
+    click answers while it parses the group's arguments (`make_context`; `kvsim --help >&-` exited 0 without a
+    word, `> /dev/full` was a traceback)."""
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:  # click's Context, which typer vendors
-        with one_line_usage_errors():
+        with one_line_usage_errors(), unwritable_stdout():
             return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx: Any) -> Any:
