@@ -3,6 +3,8 @@
 Found: `kvsim --version >&-` and `kvsim --help >&-` exited 0 without a word (`> /dev/full`: a traceback), where
 `kvsim run >&-` says it in one line, exit 2: click answers the group's own options while it parses them, outside
 the commands' `unwritable_stdout`, and `--version` alone is answered before the CLI loads (`kvsim.__main__`).
+`StudyConfig` (the report's knobs) took any value: `num_requests='x'` was accepted, `load_fractions=()` an
+IndexError and `preemption_window_s=0` a ZeroDivisionError mid-report.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import os
 import sys
 
 import pytest
+
+from kvsim.model.errors import KvsimError
+from kvsim.report.studies import StudyConfig
 
 
 def _exit_status(argv: list[str]) -> int:
@@ -56,3 +61,34 @@ def test_bare_kvsim_with_stdout_closed_prints_its_usage_on_stderr_and_leaves_std
     assert _exit_status([]) == 2
     assert sys.stdout is None
     assert "Usage: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("fields", "line"), [
+    ({"num_requests": "x"}, "num_requests='x': "),
+    ({"num_requests": 0}, "num_requests=0: "),  # a report of no requests measures nothing
+    ({"num_requests": True}, "num_requests=true: "),  # not 1 (the project's rule for `true` as a number)
+    ({"load_fractions": ()}, "load_fractions=(): "),  # the load grid is read from its first fraction
+    ({"load_fractions": (0.5, -1.0)}, "load_fractions.1=-1.0: "),  # a rate of -1 x the knee
+    ({"ttft_slo_s": float("nan")}, "ttft_slo_s=nan: "),
+    ({"usage_alert": 1.5}, "usage_alert=1.5: "),  # kv_cache_usage_perc is a fraction: never above 1
+    ({"preemption_window_s": 0}, "preemption_window_s=0: "),  # the alert's rate divides by it
+    ({"shared_prefix_counts": ()}, "shared_prefix_counts=(): "),
+    ({"workers": 0}, "workers=0: "),
+    ({"gpu_hourly_cost": -1.0}, "gpu_hourly_cost=-1.0: "),
+    ({"speculation_batch_sizes": (0,)}, "speculation_batch_sizes.0=0: "),  # max_num_seqs=0 serves nothing
+    ({"num_request": 5}, "num_request: unknown key (did you mean num_requests?)"),
+])
+def test_a_bad_study_config_field_is_one_line_naming_it(fields, line):
+    with pytest.raises(KvsimError) as refused:
+        StudyConfig(**fields)
+    assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
+    with pytest.raises(KvsimError) as copied:  # a changed copy is checked as a new one
+        StudyConfig.quick().model_copy(update=fields)
+    assert str(copied.value) == str(refused.value)
+
+
+def test_a_study_config_keeps_its_defaults_and_the_values_given():
+    """The defaults the report ran with (they were a dataclass's) and a quick config's, unchanged."""
+    assert StudyConfig().num_requests == 200 and StudyConfig().load_fractions[0] == 0.125
+    quick = StudyConfig.quick().model_copy(update={"workers": 2, "rate_verify_factor": 0})
+    assert (quick.num_requests, quick.workers, quick.rate_verify_factor, quick.offload_loads) == (60, 2, 0, (1.0,))

@@ -321,12 +321,12 @@ def report(
     with user_errors():
         check_workers(workers, dask_address)
         base = load_with_flags(scenario, overrides or [], sets, default=REPORT_SCENARIO)  # flags after --sets
-        cfg = StudyConfig.quick() if quick else StudyConfig()
-        cfg = StudyConfig(**{**cfg.__dict__, "workers": workers, "dask_address": dask_address,
-                             "gpu_hourly_cost": gpu_hourly_cost})
         from kvsim.planning.cost import gpu_price
 
-        gpu_price(base.gpu, gpu_hourly_cost)  # a bad price fails before any run
+        gpu_price(base.gpu, gpu_hourly_cost)  # a bad price fails before any run, told as --gpu-hourly-cost's
+        cfg = StudyConfig.quick() if quick else StudyConfig()
+        cfg = cfg.model_copy(update={"workers": workers, "dask_address": dask_address,
+                                     "gpu_hourly_cost": gpu_hourly_cost})
         warn_unread(studied_variants(base))
         with updater("report") as update:
             def on_study(index: int, num_studies: int, name: str, runs_done: int, runs_submitted: int) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -42,49 +41,13 @@ from kvsim.report.applicable import refusal, refused_settings, skipped
 from kvsim.report.by_priority import latency_by_priority
 from kvsim.report.no_preemption import largest_seqs_without_preemption
 from kvsim.report.section import Section
+from kvsim.report.study_config import StudyConfig
 from kvsim.workload.generate import build_requests
 from kvsim.workload.overrides import apply_overrides
 from kvsim.workload.scenario import Scenario, expect_scenario, make_scenario
 
 SATURATE = 100_000.0  # req/s: far above any GPU's throughput, so the queue never empties (a choice, not a fit)
 ALLOCATORS = ("slab-max", "slab-pow2", "slab-oracle", "paged")
-
-
-@dataclass(frozen=True)
-class StudyConfig:
-    """Knobs of the report; `quick` shrinks every sweep for smoke runs and tests."""
-
-    num_requests: int = 200
-    # load grid, as fractions of paged KV's sustainable rate: light load to past the knee
-    load_fractions: tuple[float, ...] = (0.125, 0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5)
-    ttft_slo_s: float = 2.0
-    usage_alert: float = 0.9
-    alert_for_s: float = 30.0
-    preemption_rate_alert: float = 0.1  # preemptions per second over `preemption_window_s`
-    preemption_window_s: float = 60.0
-    shared_prefix_counts: tuple[int, ...] = (4, 16, 64)
-    workers: int | None = None
-    dask_address: str | None = None
-    gpu_hourly_cost: float | None = None  # USD per GPU-hour; None: the GPU's list on-demand default
-    fleet_requests: int = 300  # leading requests of the Mooncake slice the fleet section replays
-    fleet_max_replicas: int = 64  # the fleet section's replica search stops here
-    rate_requests: int = 400  # the steady-state rate search's first run length (it doubles until converged)
-    rate_max_requests: int = 12_800  # ... up to this many requests per probe (the cap is reported when hit)
-    rate_verify_factor: int = 10  # the answer re-run this many times longer, bracketed by long runs
-    rate_max_verify_requests: int = 128_000  # ... with at most this many (10 x rate_max_requests)
-    saturate_max_requests: int = 20_000  # a request-bound saturated run is re-run with more, up to this
-    offload_requests: int = 600  # leading requests of the Mooncake slice the offload section replays
-    offload_loads: tuple[float, ...] = (0.5, 1.0, 2.0)  # × the trace's arrival rate
-    # batch-size limits (max_num_seqs) the speculative-decoding section runs with and without drafts
-    speculation_batch_sizes: tuple[int, ...] = (1, 4, 16, 32, 64, 128, 256)
-
-    @classmethod
-    def quick(cls) -> StudyConfig:
-        return cls(num_requests=60, load_fractions=(0.25, 0.75, 1.0, 1.5), shared_prefix_counts=(4, 16),
-                   fleet_requests=60,
-                   fleet_max_replicas=8, rate_requests=200, rate_max_requests=800,
-                   rate_max_verify_requests=1600, saturate_max_requests=3000, offload_requests=60,
-                   offload_loads=(1.0,), speculation_batch_sizes=(1, 16, 128))
 
 
 def variant(base: Scenario, *overrides: str) -> Scenario:
