@@ -72,7 +72,7 @@ def test_a_scenario_built_in_python_still_builds():
 
 
 @pytest.mark.parametrize(("argv", "field"), [
-    (["capacity", "-dp", "4097"], "data_parallel_size"),
+    (["capacity", "-dp", "4097"], "engine.data_parallel_size"),  # named as run names it (tidy29)
     ([*RUN, "--set", "engine.data_parallel_size=100000000000"], "engine.data_parallel_size"),
 ])
 def test_a_data_parallel_size_past_the_engines_kvsim_runs_is_refused(tmp_path, argv, field):

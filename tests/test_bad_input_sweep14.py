@@ -31,7 +31,7 @@ def _files(folder):
      "engine.max_num_batched_tokens=8192: vLLM refuses this: max_num_batched_tokens (8192) must be greater than "
      f"or equal to max_num_seqs ({CUT})"),
     (["capacity", "-tp", BIG], f"tensor_parallel_size={CUT}: must divide llama-3.1-8b's 32 attention heads"),
-    (["capacity", "--block-size", BIG], f"block_size={CUT}: vLLM accepts 1, 8, 16, 32, 64, 128, 256"),
+    (["capacity", "--block-size", BIG], f"engine: block_size={CUT}: vLLM accepts 1, 8, 16, 32, 64, 128, 256"),
     (["plan", "--slo", "ttft_s.p90=2", "--gpu", "h100-80gb", "-tp", BIG],
      f"tensor_parallel_size={CUT}: must divide llama-3.1-8b's 32 attention heads"),
 ])

@@ -4,7 +4,8 @@ Found: `kvsim --version >&-` and `kvsim --help >&-` exited 0 without a word (`> 
 `kvsim run >&-` says it in one line, exit 2: click answers the group's own options while it parses them, outside
 the commands' `unwritable_stdout`, and `--version` alone is answered before the CLI loads (`kvsim.__main__`).
 `StudyConfig` (the report's knobs) took any value: `num_requests='x'` was accepted, `load_fractions=()` an
-IndexError and `preemption_window_s=0` a ZeroDivisionError mid-report.
+IndexError and `preemption_window_s=0` a ZeroDivisionError mid-report. `kvsim capacity` named an engine field
+without its section (`data_parallel_size=0`) where `kvsim run` names it `engine.data_parallel_size=0`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import sys
 
 import pytest
+from conftest import one_line_exit_2  # tests/ is on sys.path
 
 from kvsim.model.errors import KvsimError
 from kvsim.report.studies import StudyConfig
@@ -92,3 +94,22 @@ def test_a_study_config_keeps_its_defaults_and_the_values_given():
     assert StudyConfig().num_requests == 200 and StudyConfig().load_fractions[0] == 0.125
     quick = StudyConfig.quick().model_copy(update={"workers": 2, "rate_verify_factor": 0})
     assert (quick.num_requests, quick.workers, quick.rate_verify_factor, quick.offload_loads) == (60, 2, 0, (1.0,))
+
+
+@pytest.mark.parametrize(("capacity", "run"), [
+    (["--data-parallel-size", "0"], ["--set", "engine.data_parallel_size=0"]),
+    (["--max-num-seqs", "0"], ["--set", "engine.max_num_seqs=0"]),
+    (["--gpu-memory-utilization", "2"], ["--set", "engine.gpu_memory_utilization=2.0"]),
+    *[([flag, spec], [flag, spec]) for flag, spec in [
+        ("--speculative-config", '{"method": "bogus", "num_speculative_tokens": 2}'),
+        ("--speculative-config", '{"method": "ngram"}'),
+    ]],
+])
+def test_capacity_names_an_engine_field_as_run_does(tmp_path, monkeypatch, capacity, run):
+    """The same bad engine field, given to `kvsim capacity` as a flag and to `kvsim run` as a flag or a setting:
+    one line, the same words (run's always had the `engine.` prefix: the scenario's section)."""
+    monkeypatch.chdir(tmp_path)
+    said = one_line_exit_2(["capacity", *capacity])
+    assert said.startswith("engine.")
+    assert said == one_line_exit_2(["run", *run, "--output", "out"])
+

@@ -136,6 +136,7 @@ def capacity(
             raise KvsimError(f"--num-sequences={num_sequences}: counts the sequences sharing a prefix, so it "
                              "needs --shared-prefix-tokens > 0")
         engine = make_engine(
+            "engine",  # its errors name the field as `kvsim run`'s do
             max_model_len=max_model_len,
             block_size=block_size,
             gpu_memory_utilization=gpu_memory_utilization,

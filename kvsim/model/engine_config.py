@@ -330,9 +330,10 @@ class EngineConfig(Settings):
         return None if self.kv_cache_dtype == "auto" else DTYPE_BYTES[self.kv_cache_dtype]
 
 
-def make_engine(**fields: Any) -> EngineConfig:
-    """Validate engine fields (dropping those left as None) with one-line errors."""
+def make_engine(prefix: str = "", **fields: Any) -> EngineConfig:
+    """Validate engine fields (dropping those left as None) with one-line errors, each field named under `prefix`
+    (`kvsim capacity` gives "engine", so that its `engine.data_parallel_size=0` reads as `kvsim run`'s)."""
     try:
         return EngineConfig(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as error:
-        raise from_validation_error(error, model=EngineConfig) from None
+        raise from_validation_error(error, prefix=prefix, model=EngineConfig) from None
