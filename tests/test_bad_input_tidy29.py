@@ -5,13 +5,16 @@ Found: `kvsim --version >&-` and `kvsim --help >&-` exited 0 without a word (`> 
 the commands' `unwritable_stdout`, and `--version` alone is answered before the CLI loads (`kvsim.__main__`).
 `StudyConfig` (the report's knobs) took any value: `num_requests='x'` was accepted, `load_fractions=()` an
 IndexError and `preemption_window_s=0` a ZeroDivisionError mid-report. `kvsim capacity` named an engine field
-without its section (`data_parallel_size=0`) where `kvsim run` names it `engine.data_parallel_size=0`.
+without its section (`data_parallel_size=0`) where `kvsim run` names it `engine.data_parallel_size=0`. A trace's
+acceptance column was refused in a fleet where only some replica groups speculate ("needs
+engine.speculative_config"), though one group reads it.
 """
 
 from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import sys
 
@@ -20,6 +23,7 @@ from conftest import one_line_exit_2  # tests/ is on sys.path
 
 from kvsim.model.errors import KvsimError
 from kvsim.report.studies import StudyConfig
+from kvsim.workload.scenario import make_scenario
 
 
 def _exit_status(argv: list[str]) -> int:
@@ -113,3 +117,40 @@ def test_capacity_names_an_engine_field_as_run_does(tmp_path, monkeypatch, capac
     assert said.startswith("engine.")
     assert said == one_line_exit_2(["run", *run, "--output", "out"])
 
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "synthetic_acceptance_length": 1}
+
+
+def _mixed_fleet(tmp_path, engine, groups):
+    """Two requests at t = 0 (prompt 16, reply 10; acceptance lengths [4, 1, 3] and [2, 2]) round-robined over
+    one replica of each of `groups`, 10 ms a step."""
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": 0, "input_length": 16, "output_length": 10, "hash_ids": [i],
+                                        "accepted": accepted}) + "\n" for i, accepted in enumerate([[4, 1, 3], [2, 2]])))
+    return make_scenario({"name": "mixed", "engine": {"max_model_len": 2048, "num_gpu_blocks_override": 200, **engine},
+                          "workload": {"num_requests": 2, "arrival": {"process": "trace"},
+                                       "trace": {"format": "mooncake", "path": str(path), "acceptance_column": "accepted"}},
+                          "latency": {"model": "constant", "step_s": 0.01},
+                          "replicas": groups})
+
+
+@pytest.mark.parametrize(("engine", "groups"), [
+    ({}, [{"engine": {"speculative_config": NGRAM}}, {}]),  # only the first group speculates
+    ({"speculative_config": NGRAM}, [{}, {"engine": {"speculative_config": None}}]),  # the second opts out
+])
+def test_an_acceptance_column_is_read_by_the_groups_that_speculate(tmp_path, engine, groups):
+    """Request 0 goes to the speculating replica: prefill (token 1) at 10 ms, verify steps emitting the trace's 4, 1
+    and 3 tokens end at 20, 30 and 40 ms, the model's 1 (the trace spent) gives token 10 at 50 ms, as
+    tests/test_trace_columns.py works out for one engine. Request 1 goes to the replica without drafts: one token a
+    step, 10 steps, 100 ms; its acceptance lengths unread."""
+    import kvsim
+
+    result = kvsim.simulate(_mixed_fleet(tmp_path, engine, groups), check=True)
+    assert result.requests["finish_s"].tolist() == pytest.approx([0.05, 0.10])
+
+
+def test_an_acceptance_column_no_group_reads_is_still_refused(tmp_path):
+    with pytest.raises(KvsimError) as refused:
+        _mixed_fleet(tmp_path, {}, [{}, {"engine": {"max_num_seqs": 8}}])
+    assert str(refused.value) == ("workload.trace.acceptance_column='accepted' needs engine.speculative_config (the "
+                                  "drafts whose acceptance it gives), in the scenario's engine or a replica group's")

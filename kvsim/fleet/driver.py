@@ -44,6 +44,7 @@ from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
 from kvsim.results.step_writer import StepsFormat, StepWriter, concat_step_files
 from kvsim.results.together import means_together
+from kvsim.workload.fleet_layout import group_speculates
 from kvsim.workload.generate import iter_requests
 from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario, expect_scenario, make_scenario
@@ -85,9 +86,21 @@ def _groups(scenario: Scenario) -> list[tuple[int, dict[str, Any], str, int]]:
     out = []
     for g, group in enumerate(scenario.replicas or ()):
         raw = {**base, "engine": {**base["engine"], **group.engine}}
+        if not group_speculates(scenario.engine, group):  # another group's drafts read the trace's acceptance
+            raw["workload"] = _without_acceptance_column(raw["workload"])
         raw.update({key: value for key, value in (("model", group.model), ("gpu", group.gpu)) if value})
         out.append((g, raw, f"{group.name or f'g{g}'}-", group.count))
     return out
+
+
+def _without_acceptance_column(workload: dict[str, Any]) -> dict[str, Any]:
+    """A replica's `workload` fields less the trace's acceptance column, for a group that does not speculate: the
+    fleet's requests carry their acceptance lengths to every replica, and its engine never reads them (a single
+    engine given the column without `speculative_config` is refused, where no group of a fleet speculates)."""
+    trace = workload.get("trace")
+    if not isinstance(trace, dict) or trace.get("acceptance_column") is None:
+        return workload
+    return {**workload, "trace": {key: value for key, value in trace.items() if key != "acceptance_column"}}
 
 
 def _replica(scenario: Scenario, raw: dict[str, Any], name: str, group: int, sized: bool = False) -> Scenario:

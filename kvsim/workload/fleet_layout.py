@@ -37,6 +37,12 @@ class ReplicaGroup(Settings):
         description="vLLM's kv_role in a disaggregated fleet: kv_producer (prefill), kv_consumer (decode)")
 
 
+def group_speculates(engine: EngineConfig, group: ReplicaGroup) -> bool:
+    """Whether `group`'s replicas speculate (draft tokens): its own `speculative_config` where its engine gives one
+    (`null`: none), else the scenario `engine`'s, as a group's engine is the scenario's with its settings on top."""
+    return group.engine.get("speculative_config", engine.speculative_config) is not None
+
+
 def settled_groups(data: Any) -> Any:
     """A raw scenario (`Scenario`'s fields) with its replica groups checked and their prefix caching settled.
 

@@ -47,6 +47,7 @@ from kvsim.workload.fleet_layout import (
     KVTransferConfig,
     ReplicaGroup,
     Router,
+    group_speculates,
     settled_groups,
 )
 from kvsim.workload.overrides import Overrides, apply_overrides
@@ -187,9 +188,13 @@ class Scenario(Settings):
             raise ValueError("engine.speculative_config speculates for single sequences: give no beam_width "
                              f"(got beam_width={self.workload.beam_width})")
         trace = self.workload.trace
-        if trace is not None and trace.acceptance_column is not None and self.engine.speculative_config is None:
+        groups = self.replicas if isinstance(self.replicas, list) else []
+        speculates = any(group_speculates(self.engine, group) for group in groups) if groups else \
+            self.engine.speculative_config is not None
+        if trace is not None and trace.acceptance_column is not None and not speculates:  # a group's drafts read it
             raise ValueError(f"workload.trace.acceptance_column={trace.acceptance_column!r} needs "
-                             "engine.speculative_config (the drafts whose acceptance it gives)")
+                             "engine.speculative_config (the drafts whose acceptance it gives)"
+                             + (", in the scenario's engine or a replica group's" if groups else ""))
         if trace is not None and trace.acceptance_column is not None and self.workload.n > 1:
             raise ValueError(f"workload.n={self.workload.n} with workload.trace.acceptance_column="
                              f"{trace.acceptance_column!r}: the column gives the verify steps of one reply, not of "
