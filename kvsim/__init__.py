@@ -43,9 +43,13 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
     `check=True` runs every allocator's `check_invariants()` after each step. `progress`, if given, is called as
     the run goes with (simulated seconds so far, requests done, requests in all).
     A fleet scenario (`replicas` set) runs its replicas behind its router; its result has one section per
-    replica (`replicas`) and the fleet's tables (`tables`: routes, ...).
+    replica (`replicas`) and the fleet's tables (`tables`: routes, ...). A router set over one replica, which has
+    nothing to choose, is said as a warning on the `kvsim` logger, as `kvsim run` says it
+    (`kvsim.fleet.run.lone_routers`).
     """
-    from kvsim.fleet.run import simulate_scenario
+    import logging
+
+    from kvsim.fleet.run import lone_routers, simulate_scenario
     from kvsim.model.errors import KvsimError, shown
     from kvsim.workload.scenario import resolve_scenario
 
@@ -54,7 +58,11 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
     if progress is not None and not _takes_three_arguments(progress):  # a TypeError mid-run, a traceback
         raise KvsimError(f"progress={shown(progress)}: expected a function (simulated_s, done, total) or None")
     fields = {key.replace("__", "."): value for key, value in overrides.items()}
-    return simulate_scenario(resolve_scenario(scenario, fields), check=check, progress=progress)
+    resolved = resolve_scenario(scenario, fields)
+    result = simulate_scenario(resolved, check=check, progress=progress)
+    for line in lone_routers(resolved):  # as `kvsim run` says them (a plan's probes do not: `lone_routers`)
+        logging.getLogger("kvsim").warning(line)
+    return result
 
 
 def _takes_three_arguments(function: Any) -> bool:

@@ -7,7 +7,8 @@ the commands' `unwritable_stdout`, and `--version` alone is answered before the 
 IndexError and `preemption_window_s=0` a ZeroDivisionError mid-report. `kvsim capacity` named an engine field
 without its section (`data_parallel_size=0`) where `kvsim run` names it `engine.data_parallel_size=0`. A trace's
 acceptance column was refused in a fleet where only some replica groups speculate ("needs
-engine.speculative_config"), though one group reads it.
+engine.speculative_config"), though one group reads it. A router set over a fleet of one replica (`replicas: 1`,
+`router.policy: least_kv`; a disaggregated `prefill_router` over one producer) ran without a word.
 """
 
 from __future__ import annotations
@@ -154,3 +155,58 @@ def test_an_acceptance_column_no_group_reads_is_still_refused(tmp_path):
         _mixed_fleet(tmp_path, {}, [{}, {"engine": {"max_num_seqs": 8}}])
     assert str(refused.value) == ("workload.trace.acceptance_column='accepted' needs engine.speculative_config (the "
                                   "drafts whose acceptance it gives), in the scenario's engine or a replica group's")
+
+
+def _default_with(fields):
+    """The built-in default scenario, 2 requests, with `fields` (whole sections) replaced."""
+    from kvsim.workload.scenario import load_scenario
+
+    return load_scenario(None, {"workload.num_requests": 2, **fields})
+
+
+LONE = "routes over one replica ({}): every request goes to it, and the router has nothing to choose"
+
+
+@pytest.mark.parametrize(("fields", "lines"), [
+    ({"replicas": 1, "router": {"policy": "least_kv"}}, [f"router.policy=least_kv {LONE.format('replicas=1')}"]),
+    ({"replicas": [{"count": 1}], "router": {"policy": "least_outstanding"}},
+     [f"router.policy=least_outstanding {LONE.format('replica groups of one replica in all')}"]),
+    ({"replicas": 1}, []),  # no router given: the default round robin, nothing set to no effect
+    ({"replicas": 2, "router": {"policy": "least_kv"}}, []),
+    ({"replicas": 1, "router": {"policy": "least_kv"}, "autoscaler": {"max_replicas": 4}}, []),  # it may scale out
+    ({"replicas": [{"count": 1, "kv_role": "kv_producer"}, {"count": 2, "kv_role": "kv_consumer"}],
+      "kv_transfer_config": {"prefill_router": {"policy": "least_kv"}, "decode_router": {"policy": "round_robin"}}},
+     ["kv_transfer_config.prefill_router.policy=least_kv routes over one prefill instance (one replica with "
+      "kv_role=kv_producer): every request goes to it, and the router has nothing to choose"]),
+    ({"replicas": [{"count": 1, "kv_role": "kv_producer"}, {"count": 1, "kv_role": "kv_consumer"}],
+      "kv_transfer_config": {}}, []),  # the pools' default routers (disagg-1p1d.yaml's 1P1D)
+])
+def test_a_router_over_one_replica_is_said(fields, lines):
+    from kvsim.fleet.run import lone_routers
+
+    assert lone_routers(_default_with(fields)) == lines
+
+
+def test_run_and_simulate_say_a_lone_router_and_a_plan_probe_does_not(tmp_path, monkeypatch, caplog):
+    """`kvsim run` warns on stderr, `kvsim.simulate` on the `kvsim` logger; `simulate_scenario`, which `kvsim plan`'s
+    probes call (kvsim.planning.point, kvsim.planning.sweep) for candidates of one replica too, says nothing."""
+    import logging
+
+    from typer.testing import CliRunner
+
+    import kvsim
+    from kvsim.cli import app
+    from kvsim.fleet.run import simulate_scenario
+
+    monkeypatch.chdir(tmp_path)
+    line = f"router.policy=least_kv {LONE.format('replicas=1')}"
+    argv = ["run", "--set", "replicas=1", "--set", "router.policy=least_kv", "--set", "workload.num_requests=2"]
+    result = CliRunner().invoke(app, [*argv, "-o", "out", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert f"kvsim: warning: {line}" in result.stderr.splitlines()
+    scenario = _default_with({"replicas": 1, "router": {"policy": "least_kv"}})
+    with caplog.at_level(logging.WARNING, logger="kvsim"):
+        simulate_scenario(scenario)
+        assert caplog.messages == []
+        kvsim.simulate(scenario)
+    assert caplog.messages == [line]

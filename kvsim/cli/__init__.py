@@ -265,6 +265,10 @@ def run(
     if rejected is not None:
         warn(rejected)
     warn_unread([spec])
+    from kvsim.fleet.run import lone_routers
+
+    for line in lone_routers(spec):
+        warn(line)
     if output_format is RunFormat.json:
         from kvsim.results.render import to_json
 

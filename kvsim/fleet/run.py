@@ -55,6 +55,34 @@ def simulate_scenario(scenario: Scenario, check: bool = False, progress: Progres
                     steps_format=steps_format)
 
 
+def lone_routers(scenario: Scenario) -> list[str]:
+    """A line for each router `scenario` sets (another than its default) over one replica, where it has nothing to
+    choose: `replicas: 1` (or groups of one replica; an autoscaler's fleet may grow) behind `router`, a
+    disaggregated fleet's `prefill_router` over one kv_producer or `decode_router` over one kv_consumer. `kvsim run`
+    and `kvsim.simulate` say them; `kvsim plan` does not (its candidates' smallest fleet is often one replica, the
+    router set for the larger ones)."""
+    from kvsim.workload.fleet_layout import KVTransferConfig, Router
+
+    if scenario.replicas is None:
+        return []  # one engine: a router is refused (`Scenario`)
+    groups = scenario.replicas if isinstance(scenario.replicas, list) else []
+    transfer = scenario.kv_transfer_config
+    if transfer is not None:
+        pools = [("prefill_router", "kv_producer", "prefill instance"), ("decode_router", "kv_consumer",
+                                                                          "decode instance")]
+        return [f"kv_transfer_config.{name}.policy={router.policy} routes over one {what} (one replica with "
+                f"kv_role={role}): every request goes to it, and the router has nothing to choose"
+                for name, role, what in pools
+                if (router := getattr(transfer, name)) != KVTransferConfig.model_fields[name].default
+                and sum(g.count for g in groups if g.kv_role == role) == 1]
+    size = sum(g.count for g in groups) if groups else scenario.replicas
+    if size != 1 or scenario.router == Router() or scenario.autoscaler is not None:  # an autoscaler scales out
+        return []
+    given = "replica groups of one replica in all" if groups else "replicas=1"
+    return [f"router.policy={scenario.router.policy} routes over one replica ({given}): every request goes to it, "
+            "and the router has nothing to choose"]
+
+
 def unread_by_setting(scenario: Scenario) -> dict[str, str]:
     """Engine settings no engine of the run reads, by setting (`_engine_unread`: `EngineConfig.unread_settings`,
     given the model each engine serves and the workload), each with its line. In a fleet each replica group's
