@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator, Iterable, Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import simpy
@@ -128,11 +129,24 @@ def raise_held_kv_stall(engines: Iterable[Engine]) -> None:
             raise HeldKvStall(reason) from None  # raised while simpy's RuntimeError is handled, too
 
 
+@dataclass(slots=True)
+class LateEngines:
+    """Engines that join a run while it goes (`run_engines`' `late`: an autoscaler builds a replica when it first
+    starts it, not up front). `run_engines` sets `start(engine, clock)`: the engine joins as a group of its own
+    (its wake-up, its offload and client hooks, its step loop begun now), exactly as if it had been there idle from
+    the start: an idle loop only waits, and every loop plans its decode bursts up to the `num_engines`-th next
+    arrival, the count of every engine the run may have. The run ends when every loop, a late one's too, has."""
+
+    num_engines: int
+    start: Callable[[Engine, ArrivalClock], None] | None = None
+
+
 def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] | Conversations, dispatch: Dispatch,
                 check: bool = False, progress: ProgressFn | None = None, bursts: bool = True,
                 num_requests: int | None = None,
                 clocks: Callable[[simpy.Environment, ArrivalClock], Sequence[ArrivalClock]] | None = None,
-                max_in_flight: int | None = None, fan_out: Callable[[Request], list[Request]] | None = None) -> None:
+                max_in_flight: int | None = None, fan_out: Callable[[Request], list[Request]] | None = None,
+                late: LateEngines | None = None) -> None:
     """Run engine groups (one engine each, or a lockstep data-parallel group) in one simulated clock;
     each arriving request goes to engine `dispatch(req, now)` (an index into the groups' engines, in order),
     or, with `fan_out`, each of the requests `fan_out(req)` sends in its place, in order (a data-parallel
@@ -162,25 +176,28 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] 
     too if given.
     """
     env = simpy.Environment()
+    groups = list(groups)  # a late engine joins as a group of its own (`late`)
     engines = [engine for group in groups for engine in group]
     turns = TurnArrivals(env, requests, engines) if isinstance(requests, Conversations) else None
     arrivals = turns if turns is not None else Arrivals(cast(Iterable[Request], requests))
     total = num_requests if num_requests is not None else len(arrivals)
-    for group in groups:
+    slot_freed = Wakeup(env)  # rung only for a closed-loop client
+    if turns is not None or max_in_flight is not None:
+        bursts = False
+
+    def wire(group: Sequence[Engine]) -> None:
+        """The group's wake-up, rung by an offload load's end too; a closed-loop client's step boundaries."""
         wakeup = Wakeup(env)
         for engine in group:
             engine.wakeup = wakeup
             if engine.scheduler.offload is not None:
                 engine.scheduler.offload.on_next_load_end = _ring_at(env, wakeup)
+            if turns is None and max_in_flight is not None:
+                assert engine.at_step_boundary is None, "a closed-loop client's engines mark no other step boundary"
+                engine.at_step_boundary = lambda now: slot_freed.ring()
 
-    slot_freed = Wakeup(env)  # rung only for a closed-loop client
-    if turns is not None:
-        bursts = False
-    elif max_in_flight is not None:
-        bursts = False
-        for engine in engines:
-            assert engine.at_step_boundary is None, "a closed-loop client's engines mark no other step boundary"
-            engine.at_step_boundary = lambda now: slot_freed.ring()
+    for group in groups:
+        wire(group)
 
     def send(req: Request) -> None:
         for each in fan_out(req) if fan_out is not None else (req,):
@@ -214,13 +231,30 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] 
         assert progress is not None
         progress(now, sum(len(engine.scheduler.records) for engine in engines), total)
 
+    num_engines = late.num_engines if late is not None else len(engines)
+    starting, loops = list(groups), []  # the groups given; every group's loop, a late one's too
+
+    def loop(group: Sequence[Engine], clock: ArrivalClock) -> simpy.Process:
+        return env.process(step_loop(env, group, clock, check, report if progress is not None else None, bursts,
+                                     num_engines))
+
+    def start_late(engine: Engine, clock: ArrivalClock) -> None:
+        wire([engine])
+        groups.append([engine])
+        engines.append(engine)  # the client's list too (`TurnArrivals`, which sees the engine join)
+        if turns is not None:
+            turns.join(engine)
+        loops.append(loop([engine], clock))
+
+    if late is not None:
+        late.start = start_late
     env.process(arrival_process())
-    group_clocks = clocks(env, arrivals) if clocks is not None else [arrivals] * len(groups)
-    loops = [env.process(step_loop(env, group, clock, check, report if progress is not None else None, bursts,
-                                   len(engines)))
-             for group, clock in zip(groups, group_clocks, strict=True)]
+    group_clocks = clocks(env, arrivals) if clocks is not None else [arrivals] * len(starting)
+    loops += [loop(group, clock) for group, clock in zip(starting, group_clocks, strict=True)]
     try:
         env.run(until=loops[0] if len(loops) == 1 else env.all_of(loops))
+        while not all(each.processed for each in loops):  # loops that began while it ran (`late`)
+            env.run(until=env.all_of(loops))
     except RuntimeError:
         if env.peek() < math.inf:  # not simpy's "no scheduled events left": every loop waits for good
             raise

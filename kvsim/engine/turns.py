@@ -60,6 +60,13 @@ class TurnArrivals:
             assert engine.at_step_boundary is None, "a multi-turn client's engines mark no other step boundary"
             engine.at_step_boundary = functools.partial(self._at_boundary, i)
 
+    def join(self, engine: Engine) -> None:
+        """An engine that joined the run after the others (`kvsim.engine.loop.LateEngines`), already last in the
+        engines list the client was given: read as those are."""
+        assert engine is self._engines[-1] and engine.at_step_boundary is None
+        self._seen.append(0)
+        engine.at_step_boundary = functools.partial(self._at_boundary, len(self._seen) - 1)
+
     def __len__(self) -> int:
         return len(self.conversations)
 

@@ -5,8 +5,10 @@ cold starts and draining.
     router: {policy: least_outstanding}
     autoscaler: {metric: num_requests_waiting, target: 4, min_replicas: 1, max_replicas: 8, startup_s: 120}
 
-Every replica slot is an engine exactly as a colocated fleet builds it (`max_replicas` of them, built up
-front); a slot is OFF, STARTING, READY or DRAINING:
+Every replica slot is an engine exactly as a colocated fleet builds it (up to `max_replicas` of them), built when
+the autoscaler first starts it: the slots are taken in order, so the slots built are always the first ones, and
+a slot never started costs nothing (`max_replicas: 4096` built every engine up front, 100 s before its first
+step). A slot is OFF, STARTING, READY or DRAINING:
 
     OFF ──scale up──▶ STARTING ──startup_s──▶ READY ──scale down──▶ DRAINING ──no work left──▶ OFF
                           └──────scale down (cancelled first)──────────────────────────────▶ OFF
@@ -23,7 +25,7 @@ bill does from the moment a replica is requested; `gpu_hours_per_million_output_
 by them (times a GPU-hour's price: USD per million tokens), never by `num_gpus` over the whole run. The
 summary's replicas (`num_replicas`, `num_gpus`, `per_replica` and its means and spreads over replicas) are the
 slots that were ever READY: a policy pinned at N replicas summarises as the static N-replica fleet, plus
-`autoscaling`. The result's `replicas` hold every slot.
+`autoscaling`. The result's `replicas` hold every slot the run built (started at least once), in slot order.
 A slot's KV pool counts in the fleet's `kv_cache_usage_mean` only while it serves (READY or DRAINING,
 `Scaler.up_periods`): the blocks in use over the blocks of the replicas up at the time (before, over every
 pool the run ever used, for the whole run, which understated it by up to the ratio of peak to mean replicas).
@@ -38,9 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.engine.builder import engine_result
+from kvsim.engine.builder import build_engine, engine_result
 from kvsim.engine.clock import ArrivalClock, call_at
-from kvsim.engine.loop import ProgressFn, run_engines
+from kvsim.engine.loop import LateEngines, ProgressFn, run_engines
 from kvsim.engine.runtime import Engine
 from kvsim.fleet.autoscaler import Autoscaler
 from kvsim.fleet.driver import (
@@ -50,9 +52,10 @@ from kvsim.fleet.driver import (
     fleet_requests,
     fleet_summary,
     fleet_tables,
+    replica_engine,
     replica_engines,
     replica_groups,
-    replica_scenarios,
+    replica_scenario,
 )
 from kvsim.fleet.router import Decision, Router
 from kvsim.model.errors import KvsimError
@@ -63,6 +66,8 @@ from kvsim.workload.request import Request
 from kvsim.workload.scenario import Scenario
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pandas as pd
 
 class Slot(Enum):
@@ -101,7 +106,8 @@ class Scaler:
     spec: AutoscalerConfig
     engines: list[Engine]
     slots: list[Slot]
-    gpus_per_slot: list[int]
+    gpus_per_slot: int
+    build: Callable[[int], None]  # builds slot i's engine, the next one, when first started (`_scale`)
     env: Any = None  # the run's simpy.Environment (only kvsim.engine imports simpy)
     arrivals: ArrivalClock | None = None
     gpu_seconds: float = 0.0
@@ -156,7 +162,7 @@ class Scaler:
     def _set(self, i: int, state: Slot) -> None:
         now = self.env.now
         if state is Slot.OFF and self.slots[i] is not Slot.OFF:
-            self.gpu_seconds += (now - self._since_s[i]) * self.gpus_per_slot[i]
+            self.gpu_seconds += (now - self._since_s[i]) * self.gpus_per_slot
             if len(self.up_periods[i]) % 2:  # a READY or DRAINING slot switched off
                 self.up_periods[i].append(now)
         elif self.slots[i] is Slot.OFF and state is not Slot.OFF:
@@ -193,6 +199,9 @@ class Scaler:
         for _ in range(max(change, 0)):
             draining = [i for i, s in enumerate(slots) if s is Slot.DRAINING]
             off = [i for i, s in enumerate(slots) if s is Slot.OFF]
+            if not draining and not off and len(slots) < self.spec.max_replicas:  # the next slot, never started
+                self._add_slot()
+                off = [len(slots) - 1]
             if draining:
                 slots[draining[0]] = Slot.READY
             elif off:
@@ -207,6 +216,15 @@ class Scaler:
                 continue
             ready = [i for i, s in enumerate(slots) if s is Slot.READY]
             slots[min(ready, key=lambda j: (self._load(j), -j))] = Slot.DRAINING
+
+    def _add_slot(self) -> None:
+        """Slot `len(slots)`, OFF, its engine built (`build`, which adds it to `engines` and starts its loop)."""
+        self.build(len(self.slots))
+        self.slots.append(Slot.OFF)
+        self._since_s.append(0.0)
+        self._starts.append(None)
+        self.ever_ready.append(False)
+        self.up_periods.append([])
 
     def _load(self, i: int) -> int:
         engine = self.engines[i]
@@ -256,9 +274,10 @@ def check_syncs(spec: AutoscalerConfig, last_arrival_s: float) -> None:
 def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: ProgressFn | None = None,
                         bursts: bool = True, memory_limit_bytes: int | None = None) -> RunResult:
     """Simulate the autoscaled fleet (module docstring): a fleet's result (`kvsim.fleet.driver`) whose `tables`
-    add `scaling` (one row per sync) and `slo` (attainment per window of arrivals). Every replica it may start
-    is built up front, so a fleet of `autoscaler.max_replicas` that cannot fit in `memory_limit_bytes` [the
-    machine's memory] is refused before any is built (`kvsim.results.budget.check_engines_memory`)."""
+    add `scaling` (one row per sync) and `slo` (attainment per window of arrivals). A replica is built when it is
+    first started (module docstring); a fleet of `autoscaler.max_replicas`, which the run may start, that cannot
+    fit in `memory_limit_bytes` [the machine's memory] is refused before any is built
+    (`kvsim.results.budget.check_engines_memory`)."""
     import pandas as pd
 
     spec = scenario.autoscaler
@@ -275,15 +294,26 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     largest = scenario.model_copy(update={"replicas": spec.max_replicas})
     check_engines_memory(largest, replica_groups(largest), memory_limit_bytes, steps_in_memory=scenario.steps == "all",
                          size_field=f"autoscaler.max_replicas={spec.max_replicas}")
-    specs = replica_scenarios(largest)
+    initial = min(max(scenario.replicas, spec.min_replicas), spec.max_replicas)
+    specs = [replica_scenario(largest, i) for i in range(initial)]
     observe_kv = scenario.router.policy == "least_kv" or spec.metric == "kv_cache_usage_perc"
-    parts, engines, requests = replica_engines(scenario, specs, observe_kv)
+    rng = np.random.default_rng(scenario.seed)  # the engines built later share it, as every replica's scheduler does
+    parts, engines, requests = replica_engines(scenario, specs, observe_kv, num_replicas=spec.max_replicas, rng=rng)
     arrival_s = getattr(requests, "arrival_s", None)  # a closed loop's follow-ups are sent as its turns end
     if arrival_s is not None and len(arrival_s):
         check_syncs(spec, float(arrival_s[-1]))
-    initial = min(max(scenario.replicas, spec.min_replicas), spec.max_replicas)
-    slots = [Slot.READY if i < initial else Slot.OFF for i in range(len(engines))]
-    scaler = Scaler(spec, engines, slots, [s.engine.tensor_parallel_size for s in specs])
+    slots = [Slot.READY] * initial
+    speculates = parts[0].scheduler.speculation is not None  # every replica alike
+    late = LateEngines(spec.max_replicas)
+
+    def build(i: int) -> None:  # slot i's engine, built when the autoscaler first starts it (`Scaler._scale`)
+        specs.append(replica_scenario(largest, i))
+        parts.append(build_engine(specs[i], rng))
+        view.add(replica_engine(scenario, parts[i], spec.max_replicas, speculates, observe_kv))
+        assert late.start is not None and scaler.arrivals is not None
+        late.start(engines[i], scaler.arrivals)
+
+    scaler = Scaler(spec, engines, slots, specs[0].engine.tensor_parallel_size, build)
     view = ScalingView(engines, slots)
     router_config = scenario.router
     router = Router(router_config.policy, initial, scenario.engine.block_size, router_config.load_bound,
@@ -301,7 +331,7 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
 
     run_engines([[engine] for engine in engines], requests, dispatch, check, progress, bursts,
                 num_requests=scenario.workload.num_requests, clocks=scaler.start,
-                max_in_flight=scenario.workload.max_concurrency)
+                max_in_flight=scenario.workload.max_concurrency, late=late)
     billed_span_s = scaler.env.now
     scaler.finish()
     runs = [engine_result(s, p, e.recorder) for s, p, e in zip(specs, parts, engines, strict=True)]

@@ -66,6 +66,14 @@ def replica_scenarios(scenario: Scenario) -> list[Scenario]:
             for g, raw, label, count in _groups(scenario) for i in range(count)]
 
 
+def replica_scenario(scenario: Scenario, index: int) -> Scenario:
+    """Replica `index`'s scenario in a fleet of identical replicas (`replicas` a count), as `replica_scenarios`
+    makes it, without making the others (an autoscaled fleet makes each when it first starts it)."""
+    assert isinstance(scenario.replicas, int) and 0 <= index < scenario.replicas
+    [(g, raw, label, _count)] = _groups(scenario)
+    return _replica(scenario, raw, f"{scenario.name}/{label}{index}", g)
+
+
 def replica_groups(scenario: Scenario) -> list[tuple[Scenario, int]]:
     """(the first replica's scenario, number of replicas) per group: what differs between
     replicas, without building every one (the memory check reads it before the fleet exists)."""
@@ -148,6 +156,12 @@ class FleetView:
         self._ended = [e.scheduler.records.status_codes for e in engines]  # their lengths: requests ended
         self.now_s = 0.0  # the instant the arrival being routed is delivered
 
+    def add(self, engine: Engine) -> None:
+        """A replica built while the run goes (an autoscaled fleet's), after the others: `engines` grows by it."""
+        self.engines.append(engine)
+        self.dispatched.append(0)
+        self._ended.append(engine.scheduler.records.status_codes)
+
     def outstanding(self) -> list[int]:
         return list(map(sub, self.dispatched, map(len, self._ended)))
 
@@ -219,28 +233,37 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
 
 
 def replica_engines(scenario: Scenario, specs: list[Scenario], observe_kv: bool,
-                    writers: Sequence[StepWriter | None] | None = None
+                    writers: Sequence[StepWriter | None] | None = None, num_replicas: int | None = None,
+                    rng: np.random.Generator | None = None,
                     ) -> tuple[list[EngineParts], list[Engine], RequestStream | Conversations]:
     """One engine per replica scenario in `specs`, and the traffic: one generator seeded by `scenario.seed`
-    (the run's only source of randomness) builds the engines in order, then draws the requests (built at
-    arrival, let go when they end; capped at the largest replica's max_model_len, then by the replica that
-    serves each, `Request.cap_output`). `scenario.steps` holds for the
+    (the run's only source of randomness; `rng` where the caller holds it) builds the engines in order, then draws
+    the requests (built at arrival, let go when they end; capped at the largest replica's max_model_len, then by
+    the replica that serves each, `Request.cap_output`). `scenario.steps` holds for the
     whole fleet: `sampled` keeps at most MAX_SAMPLED_STEPS rows in all; a replica with a writer in
     `writers` streams its rows there, labelled with its `replica`; if any replica speculates, every one
-    has the `draft_rejected` column (one table). `observe_kv`: a dispatcher reads every engine's KV usage."""
-    rng = np.random.default_rng(scenario.seed)
+    has the `draft_rejected` column (one table). `observe_kv`: a dispatcher reads every engine's KV usage.
+    `num_replicas`: the fleet's size where `specs` are its first replicas only, all alike (an autoscaled fleet
+    builds the others as it starts them, `replica_engine`; building draws nothing from `rng`)."""
+    rng = np.random.default_rng(scenario.seed) if rng is None else rng
     groups = ([g for g, group in enumerate(scenario.replicas) for _ in range(group.count)]
               if isinstance(scenario.replicas, list) and len(specs) == sum(g.count for g in scenario.replicas)
               else [None] * len(specs))
     parts = [_group_engine(spec, rng, group) for spec, group in zip(specs, groups, strict=True)]
     requests = iter_requests(scenario, max(p.spec.max_model_len for p in parts), rng)
-    per_replica_cap = max(2, MAX_SAMPLED_STEPS // len(parts))
     speculates = any(p.scheduler.speculation is not None for p in parts)
-    engines = [Engine(p.scheduler, p.latency, StepRecorder(scenario.steps, writer, {"replica": i} if writer else None,
-                                                           max_sampled_rows=per_replica_cap, draft_column=speculates),
-                      observe_kv=observe_kv)
+    engines = [replica_engine(scenario, p, num_replicas or len(parts), speculates, observe_kv, writer, i)
                for i, (p, writer) in enumerate(zip(parts, writers or [None] * len(parts), strict=True))]
     return parts, engines, requests
+
+
+def replica_engine(scenario: Scenario, parts: EngineParts, num_replicas: int, speculates: bool, observe_kv: bool,
+                   writer: StepWriter | None = None, index: int = 0) -> Engine:
+    """Replica `index`'s engine of built `parts`, in a fleet of `num_replicas` (`replica_engines`' rules: its share
+    of MAX_SAMPLED_STEPS, the `draft_rejected` column where any replica `speculates`)."""
+    recorder = StepRecorder(scenario.steps, writer, {"replica": index} if writer else None,
+                            max_sampled_rows=max(2, MAX_SAMPLED_STEPS // num_replicas), draft_column=speculates)
+    return Engine(parts.scheduler, parts.latency, recorder, observe_kv=observe_kv)
 
 
 def _run_fleet(scenario: Scenario, check: bool, progress: ProgressFn | None, bursts: bool,
