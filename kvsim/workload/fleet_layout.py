@@ -159,7 +159,8 @@ class AutoscalerConfig(Settings):
     metric: Literal["num_requests_waiting", "kv_cache_usage_perc"] = "num_requests_waiting"  # vLLM's names
     target: float = Field(default=4.0, gt=0)  # the metric's per-replica target value
     min_replicas: int = Field(default=1, ge=1)
-    max_replicas: int = Field(default=16, le=MAX_ENGINES)  # the largest fleet is built up front, as `replicas`
+    # at most MAX_ENGINES, as `replicas`; a replica is built when first started, its memory checked up front
+    max_replicas: int = Field(default=16, le=MAX_ENGINES)
     tolerance: float = Field(default=0.1, ge=0, lt=1)
     # at least 1 ms: a period as small as 1e-300 s no longer moves the clock forward (t + period == t),
     # so the run would sync forever at one instant; slo_window_s likewise numbers windows in int64
