@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from kvsim.kv.offload_connector import OffloadConnector
     from kvsim.latency.step_plan import StepPlan
     from kvsim.sched.request_queue import RequestQueue
+    from kvsim.sched.speculative import Speculation
 
 
 class OffloadScheduling:
@@ -30,6 +31,7 @@ class OffloadScheduling:
     running: list[Request]
     prefix_stats: PrefixCacheStats
     held_kv_tokens: dict[int, int]
+    speculation: Speculation | None
     # waiting requests skipped for another's load of their hit (`waits_for_a_load`), in vLLM's skipped queue
     # (`skipped_waiting`) until admitted or loading: `loaded_first` keeps them ahead of later victims (replaced,
     # never changed in place: the class's empty set is every scheduler's until its first)
@@ -141,27 +143,37 @@ class OffloadScheduling:
 
     def held_kv_stall(self) -> str | None:
         """Why the engine can never step again although requests wait, when its queue's head cannot fit while
-        requests behind it hold the KV they loaded (from `held_kv_source`: the offload tiers, `start_load` taking
+        requests hold the KV they loaded (from `held_kv_source`: the offload tiers, `start_load` taking
         their blocks, or a disaggregated decode instance's prefill instances; freed once they run): with nothing
         running or loading, no block is ever freed, so the head never fits and admission, which stops at it,
-        takes nobody. vLLM's scheduler waits forever there too: under the
-        priority policy its higher-priority head comes before the loaded requests (`_select_waiting_queue_for_
-        scheduling` compares the two queues' heads) and admission stops at a request that does not fit. None
-        when the engine is not in that state, or under FCFS, where vLLM takes the loaded requests first (its
-        skipped queue) and would not stop there."""
-        if self.waiting.policy != "priority" or self.running or self.loading or not self.waiting \
-                or not self.held_kv_tokens:
+        takes nobody. vLLM's scheduler waits forever there too. Under the priority policy its higher-priority
+        head comes before the loaded requests (`_select_waiting_queue_for_scheduling` compares the two queues'
+        heads). Under FCFS vLLM takes the loaded requests first (its skipped queue, `loaded_first`), so the head
+        holds its KV, and a loaded request still asks slots for its speculative lookahead (`allocate_slots`'
+        `num_lookahead_tokens`, 0 only for a request with no computed token): K more slots than it holds, a block
+        more where they cross one, which a pool full of other loaded requests cannot give. None when the engine
+        is not in that state (an FCFS head that loaded no KV: admission would not stop at it)."""
+        if self.running or self.loading or not self.waiting or not self.held_kv_tokens:
             return None
-        head = self.waiting.peek()
-        holders = [request_label(req.request_id) for req in self.waiting if req.request_id in self.held_kv_tokens]
-        if not holders or head.request_id in self.held_kv_tokens:
+        head, held = self.waiting.peek(), self.held_kv_tokens
+        holders = [request_label(req.request_id) for req in self.waiting
+                   if req.request_id in held and req is not head]
+        advice = ("and nothing runs to free any: vLLM's scheduler waits forever there; give the KV cache more "
+                  "blocks (engine.num_gpu_blocks_override, engine.gpu_memory_utilization)")
+        if self.waiting.policy == "priority":
+            if not holders or head.request_id in held:
+                return None
+            return (f"engine.scheduling_policy=priority: request {request_label(head.request_id)} (priority "
+                    f"{head.priority}) heads the queue and cannot fit in the KV cache while requests "
+                    f"[{', '.join(holders)}] behind it hold the KV they loaded from {self.held_kv_source}, {advice}")
+        if head.request_id not in held:
             return None
-        return (f"engine.scheduling_policy=priority: request {request_label(head.request_id)} (priority "
-                f"{head.priority}) heads the queue and cannot fit in the KV cache while requests "
-                f"[{', '.join(holders)}] behind "
-                f"it hold the KV they loaded from {self.held_kv_source}, and nothing runs to free any: vLLM's "
-                "scheduler waits forever there; give the KV cache more blocks (engine.num_gpu_blocks_override, "
-                "engine.gpu_memory_utilization)")
+        lookahead = self.speculation.num_lookahead_slots if self.speculation is not None else 0
+        asks = f" and the {lookahead} slots of its speculative lookahead" if lookahead else ""
+        others = f" while requests [{', '.join(holders)}] behind it hold theirs" if holders else ""
+        return (f"engine.scheduling_policy=fcfs: request {request_label(head.request_id)} heads the queue holding "
+                f"the KV it loaded from {self.held_kv_source} and cannot fit its next token{asks} in the KV cache"
+                f"{others}, {advice}")
 
     def touch_offloaded(self, req: Request) -> None:
         """The waiting head `req` is considered for admission: its full blocks in the tiers become the most
