@@ -22,7 +22,7 @@ Likewise it has pydantic look for no plugins (`no_pydantic_plugins`).
 (`kvsim.model.version.VERSION_LINE`), without importing the CLI (typer, pydantic, numpy and every
 command's modules: callgrind counts 678 M instructions for it then, 105 M now, the bare interpreter 89 M);
 a standard output that is closed (`>&-`) or refuses the line (`> /dev/full`) is left to the CLI, which says so
-in one line, exit 2, as for every command (`kvsim.cli.shared.unwritable_stdout`).
+in one line, exit 2, as for every command (`kvsim.cli.stdout.unwritable_stdout`).
 """
 
 import gc
@@ -105,15 +105,26 @@ def import_cli() -> Callable[[], None]:
     return cli_main
 
 
-def main() -> None:
-    if sys.argv[1:] == ["--version"] and sys.stdout is not None:  # the CLI's answer without the CLI: see the docstring
-        from kvsim.model.version import VERSION_LINE
+def print_version() -> bool:
+    """Print the CLI's `--version` line (`VERSION_LINE`) without loading the CLI (see the module docstring); False,
+    having written nothing, where standard output cannot take it (closed: `sys.stdout` is None; a full disk, a
+    closed pipe: the flush fails): the CLI then answers as it does for every command (`kvsim.cli.stdout.
+    unwritable_stdout`: one line, exit 2; a closed pipe left to click), not a traceback or a silent exit 0."""
+    from kvsim.model.version import VERSION_LINE
 
-        try:
-            print(VERSION_LINE, flush=True)
-            return
-        except OSError:  # stdout refused it (`> /dev/full`): the CLI says so as for any command (`unwritable_stdout`)
-            pass
+    if sys.stdout is None:
+        return False
+    line = (VERSION_LINE + "\n").encode()
+    try:  # to the descriptor itself: a failed write leaves no line in a buffer for the CLI's stdout to flush
+        sys.stdout.flush()
+        return os.write(sys.stdout.fileno(), line) == len(line)
+    except (OSError, ValueError):  # refused; no descriptor (io.UnsupportedOperation), or closed
+        return False
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--version"] and print_version():
+        return
     single_blas_thread()
     no_pydantic_plugins()
     try:

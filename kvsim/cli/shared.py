@@ -5,12 +5,9 @@ the few text helpers of the capacity output (`kvsim.cli` defines the commands; `
 
 from __future__ import annotations
 
-import errno
 import gc
-import io
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
@@ -19,6 +16,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+from kvsim.cli.stdout import unwritable_stdout
 from kvsim.model.errors import KvsimError, empty_item, first_repeat, shown
 from kvsim.model.units import read_number, underscore_problem
 
@@ -132,61 +130,6 @@ def _flag_value(flag: str, args: list[str]) -> str | None:
         if arg.startswith(flag + "="):
             return arg[len(flag) + 1:]
     return None
-
-
-@contextmanager
-def unwritable_stdout() -> Iterator[None]:
-    """Print a standard output that cannot be written (`kvsim run > /dev/full`: a full disk, an I/O error;
-    `kvsim run >&-`: closed) as one line and exit 2, as `user_errors` prints an output folder that cannot be
-    written: a command prints its results after its files are written, outside `user_errors`, and the OSError was
-    a traceback. An OSError escaping a command is stdout's when stdout still refuses a write (a write's OSError
-    names no file); a closed pipe (`| head`) is left to click, which exits 1 without a word, as `head`'s writers
-    do; any other OSError is raised as it was, nothing written to stdout. A standard output closed before Python
-    started is None (`sys.stdout`), which click's echo skips without a word and `sys.stdout.write` fails on with
-    an AttributeError: it is a stream whose every write fails as a closed descriptor's (EBADF) while a command
-    runs, and None again after it if nothing was written (bare `kvsim >&-` prints its usage on stderr), so that
-    Python's own flush at exit does not fail on it. Stdout is replaced by the null device once a write failed, so
-    that the flush at exit does not fail again."""
-    closed = _ClosedStream() if sys.stdout is None else None
-    if closed is not None:
-        sys.stdout = closed
-    try:
-        yield
-    except OSError as error:
-        if error.errno == errno.EPIPE or error.filename is not None or not _refuses_a_write(sys.stdout, error):
-            raise
-        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115  (the process's stdout from here)
-        typer.echo(f"kvsim: error: standard output: {error.strerror or error}", err=True)
-        raise typer.Exit(2) from None
-    finally:
-        if closed is not None and sys.stdout is closed:
-            sys.stdout = None  # type: ignore[assignment]  # as Python started: stdout closed
-
-
-def _refuses_a_write(stream: Any, error: OSError) -> bool:
-    """Whether `stream` refuses a write, written nothing: flushing what it holds, then writing no bytes to its
-    descriptor (a failed write's line may be held in its buffer, or dropped: /dev/full refuses even an empty
-    write, a closed descriptor too); a regular file takes an empty write even on a full disk, where a write
-    larger than the buffer was dropped, so for `error` ENOSPC its filesystem's free blocks say it. A stream
-    without a descriptor (in memory) or a closed one refuses none."""
-    try:
-        stream.flush()
-        fd = stream.fileno()
-        os.write(fd, b"")
-        return error.errno == errno.ENOSPC and os.fstatvfs(fd).f_bavail == 0
-    except (io.UnsupportedOperation, ValueError):  # in memory, or closed (UnsupportedOperation is an OSError too)
-        return False
-    except OSError:
-        return True
-
-
-class _ClosedStream(io.TextIOBase):
-    """The standard output of a process started with it closed: every write fails as a closed descriptor's."""
-
-    def _refuse(self, *_: Any) -> Any:
-        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
-
-    write = flush = fileno = _refuse
 
 
 class OneLineUsageErrors(TyperGroup):
