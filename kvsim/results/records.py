@@ -111,15 +111,16 @@ class RequestRecords:
         return [(ints[row * width], self._status[row] == finished, times[row * len(_TIMES) + finish])
                 for row in range(start, len(self._status))]
 
-    def add_preemption(self, request_id: int) -> None:
+    def add_preemption(self, request_id: int) -> bool:
         """One more preemption on the row of `request_id`, a request that has ended (searched from the
-        last row back: it ended lately, `kvsim.sched.async_steps.AsyncSteps.preempt_finishing`)."""
+        last row back: it ended lately, `kvsim.sched.async_steps.AsyncSteps.preempt_finishing`); False, nothing
+        changed, where these records hold no such row (a data-parallel rank's sibling wrote it)."""
         width, ints = len(_INTS), self._ints
         for row in range(len(self._status) - 1, -1, -1):
             if ints[row * width] == request_id:  # `_INTS`' first: the request id
                 ints[row * width + _INTS.index("num_preemptions")] += 1
-                return
-        raise KeyError(f"request {request_id} has no row")
+                return True
+        return False
 
     def extend(self, requests: Iterable[Request]) -> None:
         for req in requests:

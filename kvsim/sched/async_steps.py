@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING
 from kvsim.workload.request import RequestStatus
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from kvsim.latency.step_plan import StepPlan
     from kvsim.results.records import RequestRecords
     from kvsim.sched.request_queue import RequestQueue
@@ -108,9 +110,15 @@ class AsyncSteps:
         req.num_preemptions += 1
         row = self.row_id(req)
         if row is not None:
-            self.records.add_preemption(row)
+            counted = any(records.add_preemption(row) for records in self.row_records())
+            assert counted, f"request {row} has no row"
         plan.preempted.append(req)
         self._free_finished(req)
+
+    def row_records(self) -> Sequence[RequestRecords]:
+        """The records a row of `row_id` may be in, its own first: this engine's (the v1 policy's are those of
+        every data-parallel rank sharing its `SampleGroups`: the rank whose child ends last writes the row)."""
+        return (self.records,)
 
     def row_id(self, req: Request) -> int | None:
         """The request id of the row that counts `req`'s preemptions now (the v1 policy overrides it for

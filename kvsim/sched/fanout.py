@@ -54,9 +54,13 @@ Beam search is not fanned out (vLLM v1 runs it outside the engine core; kvsim fo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvsim.workload.content import Content, SegmentContent
 from kvsim.workload.request import MAX_SAMPLES, Request, RequestStatus
+
+if TYPE_CHECKING:
+    from kvsim.results.records import RequestRecords
 
 
 def fans_out(req: Request) -> bool:
@@ -127,6 +131,9 @@ class SampleGroups:
     parent's row. Owned by the v1 scheduler (`kvsim.sched.v1.V1Scheduler`)."""
 
     groups: dict[int, SampleGroup] = field(default_factory=dict)
+    # the records of the engines sharing these groups (a data-parallel group's ranks: `data_parallel_fan_out`),
+    # where a parent's row may be written (by the rank whose child ends last)
+    row_records: list[RequestRecords] = field(default_factory=list)
 
     def fan_out(self, parent: Request) -> list[Request]:
         """The n children of `parent`, in index order (the order vLLM adds them to the engine core)."""

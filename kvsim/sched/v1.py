@@ -45,6 +45,7 @@ import numpy as np
 
 from kvsim.kv import KVAllocator
 from kvsim.latency.step_plan import StepPlan
+from kvsim.results.records import RequestRecords
 from kvsim.sched.base import Scheduler, SchedulerLimits
 from kvsim.sched.fanout import SampleGroups, fans_out, make_child
 from kvsim.sched.request_queue import RequestQueue
@@ -58,6 +59,7 @@ class V1Scheduler(Scheduler):
                  waiting: RequestQueue | None = None) -> None:
         super().__init__(allocator, limits, rng, waiting)
         self.samples = SampleGroups()  # requests fanned out into child requests, until their last child ends
+        self.samples.row_records.append(self.records)
 
     # ---------------------------------------------- parallel sampling (`kvsim.sched.fanout`)
     def reject_reason(self, req: Request) -> str | None:
@@ -80,6 +82,9 @@ class V1Scheduler(Scheduler):
 
     def row_id(self, req: Request) -> int | None:
         return self.samples.row_id(req)
+
+    def row_records(self) -> Sequence[RequestRecords]:
+        return self.samples.row_records
 
     def check_invariants(self) -> None:
         super().check_invariants()
@@ -235,6 +240,7 @@ def data_parallel_fan_out(schedulers: Sequence[Scheduler]) -> Callable[[Request]
     first, shared = ranks[0], ranks[0].samples
     for rank in ranks[1:]:
         rank.samples = shared
+        shared.row_records.append(rank.records)  # a preempted finishing child counts on its parent's row, wherever
 
     def fan_out(req: Request) -> list[Request]:
         req.cap_output(first.limits.max_model_len)
