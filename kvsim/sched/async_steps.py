@@ -116,8 +116,9 @@ class AsyncSteps:
         self._free_finished(req)
 
     def row_records(self) -> Sequence[RequestRecords]:
-        """The records a row of `row_id` may be in, its own first: this engine's (the v1 policy's are those of
-        every data-parallel rank sharing its `SampleGroups`: the rank whose child ends last writes the row)."""
+        """The records a row of `row_id` may be in: this engine's (the v1 policy's are those of every
+        data-parallel rank sharing its `SampleGroups`, in rank order: the rank whose child ends last writes the
+        row)."""
         return (self.records,)
 
     def row_id(self, req: Request) -> int | None:
