@@ -1,4 +1,4 @@
-"""A disaggregated decode instance that speculates (EAGLE) can stall for good under FCFS, as vLLM's does.
+"""A disaggregated decode instance that speculates (EAGLE) can stall for good, as vLLM's does.
 
 vLLM reserves a remote request's prompt blocks with no lookahead (`effective_lookahead_tokens` is 0 for a
 request with no computed token), but once its KV has arrived the request has computed tokens, so admitting it
@@ -32,17 +32,19 @@ def fleet(tmp_path, decode_engine):
     return make_scenario(raw)
 
 
-def test_a_loaded_request_whose_lookahead_finds_no_block_is_a_named_stall(tmp_path):
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_a_loaded_request_whose_lookahead_finds_no_block_is_a_named_stall(tmp_path, policy):
     # By hand: P prefills both prompts in its first step (0-10 ms) and hands both off at 10 ms; D, idle,
     # reserves both at once: 96 tokens = 6 blocks each, its 12 usable blocks. Their KV arrives holding 95
     # computed tokens each. Without speculation D's head computes token 96 in the 6 blocks it holds: both finish.
-    plain = simulate_disagg(fleet(tmp_path, {}), check=True)
+    # (Both have priority 0 and the same hand-off instant, so request 0 heads a priority queue too.)
+    plain = simulate_disagg(fleet(tmp_path, {"scheduling_policy": policy}), check=True)
     assert set(plain.requests.status) == {"finished"}
     # EAGLE K = 3: the head asks 95 + 1 + 3 = 99 slots, 7 blocks; it holds 6 and none is free, the other request
     # holds the rest and nothing runs: vLLM waits forever, kvsim stops with the line (a KvsimError: exit 2).
     with pytest.raises(HeldKvStall) as stall:
-        simulate_disagg(fleet(tmp_path, {"speculative_config": EAGLE}), check=True)
+        simulate_disagg(fleet(tmp_path, {"scheduling_policy": policy, "speculative_config": EAGLE}), check=True)
     message = str(stall.value)
-    assert message.startswith("engine.scheduling_policy=fcfs: request 0 heads the queue holding the KV it loaded "
-                              "from a prefill instance (kv_transfer_config)")
+    assert message.startswith(f"engine.scheduling_policy={policy}: request 0 heads the queue holding the KV it "
+                              "loaded from a prefill instance (kv_transfer_config)")
     assert "the 3 slots of its speculative lookahead" in message and "requests [1] behind it" in message

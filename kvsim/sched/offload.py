@@ -149,31 +149,29 @@ class OffloadScheduling:
         takes nobody. vLLM's scheduler waits forever there too. Under the priority policy its higher-priority
         head comes before the loaded requests (`_select_waiting_queue_for_scheduling` compares the two queues'
         heads). Under FCFS vLLM takes the loaded requests first (its skipped queue, `loaded_first`), so the head
-        holds its KV, and a loaded request still asks slots for its speculative lookahead (`allocate_slots`'
-        `num_lookahead_tokens`, 0 only for a request with no computed token): K more slots than it holds, a block
-        more where they cross one, which a pool full of other loaded requests cannot give. None when the engine
-        is not in that state (an FCFS head that loaded no KV: admission would not stop at it)."""
+        holds its KV. Under either policy a loaded head still asks slots for its speculative lookahead
+        (`allocate_slots`' `num_lookahead_tokens`, 0 only for a request with no computed token): K more slots than
+        it holds, a block more where they cross one, which a pool full of other loaded requests cannot give. None
+        when the engine is not in that state (an FCFS head that loaded no KV: admission would not stop at it)."""
         if self.running or self.loading or not self.waiting or not self.held_kv_tokens:
             return None
-        head, held = self.waiting.peek(), self.held_kv_tokens
+        head, held, policy = self.waiting.peek(), self.held_kv_tokens, self.waiting.policy
         holders = [request_label(req.request_id) for req in self.waiting
                    if req.request_id in held and req is not head]
         advice = ("and nothing runs to free any: vLLM's scheduler waits forever there; give the KV cache more "
                   "blocks (engine.num_gpu_blocks_override, engine.gpu_memory_utilization)")
-        if self.waiting.policy == "priority":
-            if not holders or head.request_id in held:
-                return None
-            return (f"engine.scheduling_policy=priority: request {request_label(head.request_id)} (priority "
-                    f"{head.priority}) heads the queue and cannot fit in the KV cache while requests "
-                    f"[{', '.join(holders)}] behind it hold the KV they loaded from {self.held_kv_source}, {advice}")
-        if head.request_id not in held:
+        if head.request_id in held:  # a loaded head: it asks more than it holds only for a speculative lookahead
+            lookahead = self.speculation.num_lookahead_slots if self.speculation is not None else 0
+            asks = f" and the {lookahead} slots of its speculative lookahead" if lookahead else ""
+            others = f" while requests [{', '.join(holders)}] behind it hold theirs" if holders else ""
+            return (f"engine.scheduling_policy={policy}: request {request_label(head.request_id)} heads the queue "
+                    f"holding the KV it loaded from {self.held_kv_source} and cannot fit its next token{asks} in "
+                    f"the KV cache{others}, {advice}")
+        if policy != "priority" or not holders:
             return None
-        lookahead = self.speculation.num_lookahead_slots if self.speculation is not None else 0
-        asks = f" and the {lookahead} slots of its speculative lookahead" if lookahead else ""
-        others = f" while requests [{', '.join(holders)}] behind it hold theirs" if holders else ""
-        return (f"engine.scheduling_policy=fcfs: request {request_label(head.request_id)} heads the queue holding "
-                f"the KV it loaded from {self.held_kv_source} and cannot fit its next token{asks} in the KV cache"
-                f"{others}, {advice}")
+        return (f"engine.scheduling_policy=priority: request {request_label(head.request_id)} (priority "
+                f"{head.priority}) heads the queue and cannot fit in the KV cache while requests "
+                f"[{', '.join(holders)}] behind it hold the KV they loaded from {self.held_kv_source}, {advice}")
 
     def touch_offloaded(self, req: Request) -> None:
         """The waiting head `req` is considered for admission: its full blocks in the tiers become the most
