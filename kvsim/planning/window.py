@@ -59,7 +59,7 @@ running set grows while its batch fills, which is no overload. A single server (
 too-short run (50 arrivals inside 10 service times is an offered load of 5 and more), only on a judged one.
 
 A run that never ends is **stalled**: vLLM's held-KV deadlock (`kvsim.model.errors.HeldKvStall`: a priority
-queue's head cannot fit while requests behind it hold their KV, or a loaded FCFS head cannot add its
+queue's head cannot fit while requests behind it hold their KV, or a loaded head cannot add its
 speculative lookahead beside them, and nothing runs), where vLLM's scheduler waits
 forever and no later request is served. It has no window and fails every SLO (`stalled_evidence`).
 
