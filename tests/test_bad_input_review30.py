@@ -48,7 +48,7 @@ def test_the_entrys_version_line_is_left_to_the_cli_where_stdout_cannot_take_it(
 @pytest.mark.parametrize(("stdout", "said"), [(None, errno.EBADF), (_FullDisk(), errno.ENOSPC)])
 def test_the_clis_version_option_says_a_stdout_it_cannot_write_in_one_line_exit_2(monkeypatch, capsys, stdout,
                                                                                     said):
-    """The line the commands say (`kvsim.cli.shared.unwritable_stdout`): closed, EBADF as `os.write(1, b"")`
+    """The line the commands say (`kvsim.cli.stdout.unwritable_stdout`): closed, EBADF as `os.write(1, b"")`
     fails in a process started with `>&-`; full, ENOSPC."""
     monkeypatch.setattr(sys, "stdout", stdout)
     with pytest.raises(SystemExit) as stop:

@@ -104,7 +104,7 @@ def test_a_standard_output_that_cannot_be_written_is_one_line(monkeypatch, capsy
     traceback of 50 lines, exit 1. `unwritable_stdout` (around every command) says it in one line, exit 2."""
     import typer
 
-    from kvsim.cli.shared import unwritable_stdout
+    from kvsim.cli.stdout import unwritable_stdout
 
     full = open("/dev/full", "w", encoding="utf-8")  # noqa: SIM115  (closed below)
     monkeypatch.setattr(sys, "stdout", full)
@@ -124,7 +124,7 @@ def test_a_standard_output_that_cannot_be_written_is_one_line(monkeypatch, capsy
 def test_other_os_errors_pass_through(error):
     """A closed pipe stays click's (exit 1, no word, as `head`'s writers); an OSError while stdout writes fine (a
     file's) is not said to be stdout's."""
-    from kvsim.cli.shared import unwritable_stdout
+    from kvsim.cli.stdout import unwritable_stdout
 
     with pytest.raises(OSError) as raised, unwritable_stdout():
         raise error

@@ -16,7 +16,7 @@ import pytest
 import typer
 from conftest import one_line_exit_2  # tests/ is on sys.path
 
-from kvsim.cli.shared import unwritable_stdout
+from kvsim.cli.stdout import unwritable_stdout
 from kvsim.workload.scenario import load_scenario
 
 
