@@ -135,7 +135,7 @@ def test_loaded_first_moves_every_loaded_request_ahead_of_a_victim_between_them(
 
 
 def test_a_request_waiting_for_another_s_load_stays_ahead_of_a_later_victim():
-    """Review 27. D sat a step out for C's load of its hit (`waits_for_a_load`) and went back to the front, ahead
+    """Review 27. D sat a step out for C's load of its hit (`waits_for_a_transfer`) and went back to the front, ahead
     of E; the next step preempted B, which a preemption puts at the very front: B, D, E. vLLM puts D in its skipped
     queue (`step_skipped_waiting`, then `skipped_waiting`) and B in the waiting queue, and FCFS admission takes the
     skipped queue first (`_select_waiting_queue_for_scheduling`: `self.skipped_waiting or self.waiting`): D, B, E.

@@ -97,7 +97,7 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
                 for engine in group:  # one, planned at once, sees every arrival so far
                     engine.see_arrivals(env.now, everything=True)
                 continue
-            if arrivals.all_arrived and not any(engine.scheduler.loading for engine in group):
+            if arrivals.all_arrived and not any(engine.scheduler.awaits_transfers for engine in group):
                 raise_held_kv_stall(group)  # a deadlock vLLM's scheduler has too: said in one line
                 num_waiting = sum(len(engine.scheduler.waiting) for engine in group)
                 raise RuntimeError(f"scheduler stalled at t={env.now:.3f}s with {num_waiting} waiting and "
@@ -268,7 +268,8 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] 
 
 def _ring_at(env: simpy.Environment, wakeup: Wakeup) -> Callable[[float], None]:
     """An offload connector's `on_next_load_end`: ring `wakeup` at the instant given, the latest only (a new
-    instant replaces the older one), so an engine idle while a load is in flight wakes when it ends."""
+    instant replaces the older one), so an engine idle while a load (or a store a request awaits) is in flight
+    wakes when it ends."""
     latest: list[object] = [None]
 
     def arm(at_s: float) -> None:

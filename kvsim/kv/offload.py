@@ -5,6 +5,7 @@ A tier holds block hashes (the identity of a full, hashed KV block: `kvsim.workl
 (vllm/v1/kv_offload/lru_manager.py) does:
 
     lookup(hashes)        how many leading blocks are held and ready (a store still in flight is not)
+    storing(hash)         whether the block is held but its store is still in flight (vLLM's HIT_PENDING)
     prepare_load(hashes)  pin those blocks (a pinned block is never evicted) until complete_load
     touch(hashes)         mark them used, the first block most recently (it is the last to go)
     prepare_store(hashes) reserve slots for the blocks not held yet, evicting unpinned ready blocks LRU-first
@@ -70,6 +71,11 @@ class OffloadTier:
     def holds(self, block_hash: BlockHash) -> bool:
         slot = self._slots.get(block_hash)
         return slot is not None and slot.ready
+
+    def storing(self, block_hash: BlockHash) -> bool:
+        """Held, its store still in flight: vLLM's `LookupResult.HIT_PENDING` (found, not readable yet)."""
+        slot = self._slots.get(block_hash)
+        return slot is not None and not slot.ready
 
     def lookup(self, hashes: Sequence[BlockHash]) -> int:
         hits = 0
@@ -156,6 +162,17 @@ class TieredOffload:
                 break
             hits[tier] += 1
         return hits
+
+    def hit_pending(self, hashes: Sequence[BlockHash]) -> bool:
+        """Whether the walk `lookup` makes meets, before the first block no tier holds, a block that no tier holds
+        ready and one is still storing: vLLM's `_maximal_prefix_lookup` (v1/offloading/scheduler.py) counts such a
+        HIT_PENDING block as a hit, walks on to the first MISS and then returns None (try the request again later)
+        instead of the hit. A block ready in any tier is a hit, whatever another tier is writing."""
+        for h in hashes:
+            if any(t.holds(h) for t in self.tiers):
+                continue
+            return any(t.storing(h) for t in self.tiers)
+        return False
 
     def store(self, hashes: Sequence[BlockHash]) -> tuple[list[BlockHash], list[tuple[int, list[BlockHash]]]] | None:
         """Offer `hashes` to the top tier, demoting its evictions down the stack. Returns what the top must write

@@ -23,8 +23,12 @@ OffloadingConnector (vllm/distributed/kv_transfer/kv_connector/v1/offloading_con
   has its full blocks touched first (vLLM's `get_num_new_matched_tokens` touches them on each query).
   With GPU prefix caching, a request whose hit includes a block a load in flight reads is not loaded
   again (`loading_any`): it waits for that load and then hits the GPU cache (vLLM's `_blocks_being_loaded`).
+  A request whose walk meets a block still being stored before its first miss (`hit_pending`) waits too,
+  tried again each step, until that store has ended: vLLM's `_maximal_prefix_lookup` returns None on a
+  HIT_PENDING block; the scheduler then calls `await_stores`.
 * Time is explicit (`now_s` in every call, non-decreasing); the engine wakes an idle engine at the
-  instant `on_next_load_end` is told (`kvsim.engine.loop`).
+  instant `on_next_load_end` is told (`kvsim.engine.loop`): the next end of a load, or of a store while a
+  request awaits one (`await_stores`, until the next store ends).
 
 Counters for the run's summary (`summary()`): hits per tier (blocks and tokens), bytes moved each way,
 recompute avoided (tokens loaded instead of prefilled), load durations. Pure Python.
@@ -76,7 +80,8 @@ class OffloadConnector:
     _loads: dict[int, _Load] = field(default_factory=dict)
     _ready: list[int] = field(default_factory=list)  # requests whose loads ended, not yet taken
     _next_store_id: int = 0
-    on_next_load_end: Callable[[float], None] | None = None  # told the next load's end after every change
+    awaiting_stores: bool = False  # a request waits for a store in flight (`await_stores`), until the next ends
+    on_next_load_end: Callable[[float], None] | None = None  # told the next load's (or awaited store's) end
     num_hit_blocks: list[int] = field(init=False)  # per tier, blocks loaded from it
     num_loads: int = 0
     num_stored_bytes: list[int] = field(init=False)  # per tier, bytes of the writes started into it
@@ -111,6 +116,21 @@ class OffloadConnector:
             return False
         wanted = set(content.block_hashes(self.block_size, first_block + num_blocks)[first_block:])
         return any(h in wanted for load in self._loads.values() for own in load.hashes for h in own)
+
+    def hit_pending(self, content: Content, first_block: int, num_blocks: int) -> bool:
+        """Whether the walk over blocks `first_block` .. `num_blocks` (as `lookup`) meets a block still being
+        stored before its first miss (`TieredOffload.hit_pending`): vLLM delays the request until it is stored."""
+        if first_block >= num_blocks:
+            return False
+        return self.cache.hit_pending(content.block_hashes(self.block_size, num_blocks)[first_block:num_blocks])
+
+    def await_stores(self) -> None:
+        """A request waits for a store in flight (`hit_pending`): from now until the next store ends,
+        `on_next_load_end` is told the next end of a load or a store (the engine, idle or not, tries the
+        request again then; a store ending clears this, and the scheduler says it again if still waiting)."""
+        if not self.awaiting_stores:
+            self.awaiting_stores = True
+            self._tell_next_end()
 
     def start_load(self, request_id: int, content: Content, first_block: int, num_blocks: int, now_s: float) -> None:
         """Load blocks `first_block .. first_block + num_blocks` (a `lookup` hit) for a request, starting now."""
@@ -178,10 +198,14 @@ class OffloadConnector:
 
     def advance(self, now_s: float) -> None:
         """Book the transfers that ended by `now_s`: stores become hittable, completed loads ready (`take_ready`)."""
+        ended = False
         for tier, link, writing in zip(self.cache.tiers, self._writes_on, self._writing, strict=True):
             for store_id in link.advance(now_s):
                 tier.complete_store(writing.pop(store_id))
-        ready, ended = self._ready, False
+                ended = ended or self.awaiting_stores
+        if ended:
+            self.awaiting_stores = False
+        ready = self._ready
         for k, link in enumerate(self._loads_on):
             for request_id, end_s in zip(link.advance(now_s), link.ended_s, strict=True):
                 ended = True
@@ -197,7 +221,8 @@ class OffloadConnector:
             self._tell_next_end()
 
     def _tell_next_end(self) -> None:
-        ends = [nxt[0] for link in self._loads_on if (nxt := link.next_end()) is not None]
+        links = self._loads_on + self._writes_on if self.awaiting_stores else self._loads_on
+        ends = [nxt[0] for link in links if (nxt := link.next_end()) is not None]
         if ends and self.on_next_load_end is not None:
             self.on_next_load_end(min(ends))
 

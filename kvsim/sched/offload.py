@@ -1,10 +1,11 @@
 """The scheduler's half of KV offload (`engine.kv_offload`, `kvsim.kv.offload_connector`), as vLLM's
 scheduler drives its OffloadingConnector: a waiting request whose prefix the offload tiers hold past its
 GPU prefix-cache hit leaves the queue while those blocks load (vLLM's WAITING_FOR_REMOTE_KVS) and
-rejoins it at the front, holding them, once they have (one whose hit another request is loading waits in the
-queue for it instead: `waits_for_a_load`); after every step, the full blocks computed in it (by default only
-the prompt's: vLLM's `offload_prompt_only`) are offered to the tiers (write-through, vLLM's `_build_store_jobs`,
-formerly `_get_reqs_to_store`). A request considered for admission
+rejoins it at the front, holding them, once they have (one whose hit another request is loading, or whose hit
+meets a block still being stored, waits in the queue for that transfer instead: `waits_for_a_transfer`);
+after every step, the full blocks computed in it (by default only the prompt's: vLLM's `offload_prompt_only`)
+are offered to the tiers (write-through, vLLM's `_build_store_jobs`, formerly `_get_reqs_to_store`). A
+request considered for admission
 has its blocks in the tiers touched (LRU), as vLLM's lookup does. Pure Python.
 """
 
@@ -32,7 +33,7 @@ class OffloadScheduling:
     prefix_stats: PrefixCacheStats
     held_kv_tokens: dict[int, int]
     speculation: Speculation | None
-    # waiting requests skipped for another's load of their hit (`waits_for_a_load`), in vLLM's skipped queue
+    # waiting requests skipped for a transfer of their hit (`waits_for_a_transfer`), in vLLM's skipped queue
     # (`skipped_waiting`) until admitted or loading: `loaded_first` keeps them ahead of later victims (replaced,
     # never changed in place: the class's empty set is every scheduler's until its first)
     load_waiters: frozenset[int] = frozenset()
@@ -53,6 +54,12 @@ class OffloadScheduling:
         the moment it is added, through WAITING_FOR_REMOTE_KVS (`Scheduler.schedule` puts it back with the
         skipped ones), until it is admitted, and reports `len(self.waiting)` (`make_stats`, `get_request_counts`)."""
         return len(self.waiting) + len(self.loading) + self.num_remote_waiting
+
+    @property
+    def awaits_transfers(self) -> bool:
+        """Whether a request waits for an offload transfer in flight, whose end wakes the engine: its own load,
+        or a store its hit meets (`waits_for_a_transfer`, `OffloadConnector.await_stores`)."""
+        return bool(self.loading) or (self.offload is not None and self.offload.awaiting_stores)
 
     def start_load(self, req: Request, hit: PrefixHit, now: float) -> bool:
         """For the waiting head `req` (whose whole prompt fits after `hit`): if the offload tiers hold its
@@ -92,22 +99,28 @@ class OffloadScheduling:
         offload.start_load(req.request_id, req.content, first, num_blocks, now)
         return True
 
-    def waits_for_a_load(self, req: Request, hit: PrefixHit) -> bool:
-        """Whether the waiting head `req` must sit this step out because a load in flight (another request's)
-        reads a block of its offload hit past the GPU `hit`: vLLM's `OffloadingConnectorScheduler.
-        get_num_new_matched_tokens` returns None for it ("hit blocks are being loaded, delay request",
-        `_blocks_being_loaded`, kept only with GPU prefix caching), and `Scheduler.schedule` skips it and goes on
-        admitting the requests behind it; once that load has ended its blocks are in the GPU prefix cache and
-        the request hits them there instead of loading them twice."""
+    def waits_for_a_transfer(self, req: Request, hit: PrefixHit) -> bool:
+        """Whether the waiting head `req` must sit this step out for a transfer of its offload hit past the GPU
+        `hit`; vLLM's `OffloadingConnectorScheduler.get_num_new_matched_tokens` returns None for it, and
+        `Scheduler.schedule` skips it and goes on admitting the requests behind it, asking again next step:
+        * a block of the walk, before its first miss, is still being stored (vLLM's `_maximal_prefix_lookup`:
+          the manager's lookup says HIT_PENDING, "a lookup that should be tried later"): the engine is woken
+          when a store ends (`OffloadConnector.await_stores`) and the request, tried again, loads the blocks;
+        * a load in flight (another request's) reads a block of its hit ("hit blocks are being loaded, delay
+          request", `_blocks_being_loaded`, kept only with GPU prefix caching): once that load has ended its
+          blocks are in the GPU prefix cache and the request hits them there instead of loading them twice."""
         offload = self.offload
         assert offload is not None
-        if not self.alloc.enable_caching or not self.loading:
-            return False
         num_full = self._blocks_asked(req)
         first = len(hit.block_ids)
         if num_full <= first:
             return False
         assert req.content is not None
+        if offload.hit_pending(req.content, first, num_full):
+            offload.await_stores()
+            return True
+        if not self.alloc.enable_caching or not self.loading:
+            return False
         num_blocks = offload.lookup(req.content, first, num_full)
         return offload.loading_any(req.content, first, num_blocks)
 

@@ -28,8 +28,9 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
    With KV offload, a request whose prefix the offload tiers hold past the GPU hit leaves the queue
    to load it (`Scheduler.start_load`) and admission goes on; loaded ones rejoin at the front (under FCFS
    ahead of any request preempted since: `loaded_first`). One whose offload hit another request is loading
-   sits the step out (vLLM's `_blocks_being_loaded`: `waits_for_a_load`) and admission goes on behind it; it
-   stays ahead of any request preempted since, as the loaded ones do (vLLM's skipped queue holds both).
+   (vLLM's `_blocks_being_loaded`), or whose hit meets a block still being stored (vLLM's HIT_PENDING), sits
+   the step out (`waits_for_a_transfer`) and admission goes on behind it; it stays ahead of any request
+   preempted since, as the loaded ones do (vLLM's skipped queue holds both).
 
 A request with n > 1 samples (not beam search) joins the queue as n child requests, each scheduled,
 counted by `max_num_seqs`, preempted and finished on its own, sharing prompt blocks only through the
@@ -175,7 +176,7 @@ class V1Scheduler(Scheduler):
             self.loaded_first()
         max_num_seqs, waiting = self.limits.max_num_seqs, self.waiting
         num_seqs = self.num_running_seqs()
-        skipped: list[Request] = []  # waiting for another request's load of their hit (`waits_for_a_load`)
+        skipped: list[Request] = []  # waiting for a transfer of their hit (`waits_for_a_transfer`)
         while waiting and budget > 0:
             req = waiting.peek()
             if num_seqs + req.num_samples > max_num_seqs:
@@ -183,7 +184,7 @@ class V1Scheduler(Scheduler):
             if self.offload is not None:
                 self.touch_offloaded(req)  # vLLM's connector lookup touches its blocks, fit or not
             hit = self.lookup(req)
-            if self.offload is not None and self.waits_for_a_load(req, hit):
+            if self.offload is not None and self.waits_for_a_transfer(req, hit):
                 skipped.append(waiting.pop())  # vLLM's skipped_waiting: first in line again next step
                 self.load_waiters |= {req.request_id}
                 continue

@@ -1,0 +1,114 @@
+"""A lookup that meets a block whose CPU store is still in flight (vLLM's HIT_PENDING): the request waits and is
+tried again, then loads (`Scheduler.waits_for_a_transfer`, `OffloadConnector.hit_pending`, `await_stores`).
+
+vLLM (vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py, `_maximal_prefix_lookup`) walks the
+request's blocks past its GPU hit: HIT counts, HIT_PENDING (held, store not complete: `CPUOffloadingManager.lookup`
+checks `block.is_ready`) counts and marks the lookup deferred, MISS ends the walk; a deferred walk makes
+`get_num_new_matched_tokens` return None, and `Scheduler.schedule` skips the request this step (its skipped queue)
+and asks again the next. Tiny world of `test_offload_connector`: 8 usable GPU blocks of 16 tokens, 1,000,000 B a
+block, every step 10 ms, loads at 4e8 B/s (2.5 ms a block); stores here over a slow link, 1e7 B/s (0.1 s a block).
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsim.engine.loop import run_engine
+from kvsim.kv import PagedAllocator, TokenContent
+from kvsim.kv.link import LinkSpec
+from kvsim.kv.offload_connector import OffloadConnector, TierSpec
+from kvsim.latency.base import ConstantLatency
+from kvsim.sched import SchedulerLimits, make_scheduler
+from kvsim.workload.request import Request
+
+STEP_S = 0.01
+BLOCK_BYTES = 1_000_000
+LOAD_BW = 4e8  # 2.5 ms a block
+STORE_BW = 1e7  # 0.1 s a block
+
+
+def connector(num_cpu_blocks=100):
+    return OffloadConnector([TierSpec("cpu", num_cpu_blocks, LinkSpec(LOAD_BW))], LinkSpec(STORE_BW), 16,
+                            BLOCK_BYTES)
+
+
+def run(requests, offload, num_blocks=9, budget=64):
+    scheduler = make_scheduler("v1", PagedAllocator(num_blocks, 16),
+                               SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=budget, max_model_len=1024))
+    scheduler.offload = offload
+    run_engine(scheduler, ConstantLatency(STEP_S), requests, check=True)
+    return scheduler, scheduler.records.columns()
+
+
+def req(request_id, arrival_s, tokens, output_len=1):
+    return Request(request_id, arrival_s, len(tokens), output_len, TokenContent(tokens))
+
+
+def test_a_request_whose_hit_is_still_being_stored_waits_for_the_store_then_loads():
+    """A (64 tokens) at 0: one 10 ms step computes them; at 0.01 s its 4 full blocks go to the CPU tier as one
+    4e6 B write, alone on the 1e7 B/s link: stored at 0.41 s. B (128 tokens, no content: nothing stored) at 0.02 s
+    takes all 8 GPU blocks (2 steps), evicting A's cached ones. C (A's 64 + 16 new) at 0.1 s: GPU miss; the tier
+    holds a0..a3 but their store is in flight: vLLM defers C (HIT_PENDING) and the idle engine waits. At 0.41 s
+    the store ends, C hits 4 blocks and loads them (4 · 2.5 ms: ready at 0.42 s), then one step prefills its 16
+    new tokens: first token at 0.43 s. TTFT 0.33 s, queue 0.32 s, 64 tokens hit. (Stopping the hit at the
+    storing block, as kvsim did, prefilled all 80 tokens at once: TTFT 2 steps, 0.02 s, nothing loaded.)"""
+    a = list(range(64))
+    requests = [req(0, 0.0, a), Request(1, 0.02, 128, 1), req(2, 0.1, a + list(range(5000, 5016)))]
+    scheduler, rows = run(requests, connector())
+    assert rows["ttft_s"][2] == pytest.approx(0.43 - 0.1, rel=1e-12)
+    assert rows["queue_s"][2] == pytest.approx(0.42 - 0.1, rel=1e-12)
+    assert rows["prefix_hit_tokens"][2] == 64
+    summary = scheduler.offload.summary(1.0, end_s=1.0)
+    assert (summary["num_loads"], summary["bytes_loaded"]) == (1, 4 * BLOCK_BYTES)
+    assert not scheduler.offload.awaiting_stores and not scheduler.load_waiters
+
+
+def test_a_busy_engine_admits_the_deferred_request_at_the_first_step_after_the_store():
+    """The world above, loads at 8e8 B/s (1.25 ms a block), and R (16 tokens, no content) arriving at 0.103 s
+    and decoding throughout: the engine steps at 0.103 + 10 ms · k. C, deferred at 0.1 s and asked again each
+    step, still meets the storing blocks at 0.403 s; at 0.413 s (the store ended at 0.41 s) it hits 4 blocks
+    and loads them (5 ms: ready at 0.418 s) while R decodes; it is admitted at the next step boundary, 0.423 s:
+    first token at 0.433 s. R, behind C in the queue, was admitted at 0.103 s: C's deferral let it by."""
+    a = list(range(64))
+    offload = OffloadConnector([TierSpec("cpu", 100, LinkSpec(2 * LOAD_BW))], LinkSpec(STORE_BW), 16, BLOCK_BYTES)
+    requests = [req(0, 0.0, a), Request(1, 0.02, 128, 1), req(2, 0.1, a + list(range(5000, 5016))),
+                Request(3, 0.103, 16, 100)]
+    _, rows = run(requests, offload)
+    ttft = dict(zip(rows["request_id"], rows["ttft_s"], strict=True))
+    hits = dict(zip(rows["request_id"], rows["prefix_hit_tokens"], strict=True))
+    assert ttft[2] == pytest.approx(0.433 - 0.1, rel=1e-9) and hits[2] == 64
+    assert ttft[3] == pytest.approx(STEP_S, rel=1e-9)
+
+
+def test_a_miss_before_the_storing_block_ends_the_walk_without_deferring():
+    """vLLM's walk stops at the first MISS: a block being stored after it does not delay the request. The tier
+    holds x0 ready and x2 being stored, not x1: a lookup of x0..x2 hits 1 block and is not pending; of x2 alone,
+    it is pending."""
+    offload = connector()
+    x = TokenContent(list(range(48)))
+    hashes = x.block_hashes(16, 3)
+    offload.store([([hashes[0]], 0)], 0.0)
+    offload.advance(1.0)  # x0 stored
+    offload.store([([hashes[2]], 0)], 1.0)  # x2 in flight until 1.1 s
+    assert offload.lookup(x, 0, 3) == 1 and not offload.hit_pending(x, 0, 3)
+    assert offload.hit_pending(x, 2, 3) and offload.lookup(x, 2, 3) == 0
+    offload.advance(1.1 + 1e-9)
+    assert not offload.hit_pending(x, 2, 3) and offload.lookup(x, 2, 3) == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(1, 3)), min_size=1, max_size=10),
+       st.sampled_from([4, 100]))
+def test_deferral_never_loses_or_duplicates_a_request(specs, num_cpu_blocks):
+    """Requests sharing one of 3 prefixes (3 blocks) and 16 tokens of their own arrive within 0.4 s while the
+    slow link stores the prefixes (0.1 s a block), over a 16-block GPU pool and a CPU tier of 4 or 100 blocks:
+    many meet a block still being stored and are deferred, some again and again. Every request ends exactly
+    once, finished, with its tokens; every step's books balance (`check=True`); nothing waits at the end."""
+    prefixes = [list(range(100 * p, 100 * p + 48)) for p in range(3)]
+    requests = sorted((req(i, step * STEP_S, prefixes[p] + list(range(10**4 * (i + 1), 10**4 * (i + 1) + 16)),
+                           output_len=out)
+                       for i, (p, step, out) in enumerate(specs)), key=lambda r: r.arrival_s)
+    scheduler, rows = run(requests, connector(num_cpu_blocks), num_blocks=17)
+    assert sorted(rows["request_id"]) == list(range(len(specs)))
+    assert list(rows["output_tokens"]) == [specs[i][2] for i in rows["request_id"]]
+    assert not scheduler.has_work and not scheduler.awaits_transfers and scheduler.alloc.num_held_slots == 0
