@@ -97,3 +97,59 @@ def test_a_request_the_budget_leaves_out_loses_its_drafts():
         == [[(0, 1), (1, 1)], [(0, 4)], [(0, 4)], [(1, 1)], [(1, 4)]]
     requests = [make_request(0, 0.0, 1, 3), make_request(1, 0.0, 1, 3)]
     assert [plan for plan, _ in steps(scheduler(budget=4, async_scheduling=False), requests)][3] == [(1, 4)]
+
+
+def accepting_scheduler(num_blocks=NUM_BLOCKS, async_scheduling=True):
+    """EAGLE, K = 3, every draft accepted; blocks of 4 tokens, max_model_len 128, budget 64."""
+    config = SpeculativeConfig(method="eagle", num_speculative_tokens=3, acceptance_rates=(1.0, 1.0, 1.0))
+    sched = make_scheduler("v1", PagedAllocator(num_blocks, 4, enable_caching=False),
+                           SchedulerLimits(8, 64, 128), speculation=make_speculation(config))
+    sched.async_scheduling = async_scheduling
+    return sched
+
+
+def plans(sched, arrivals):
+    """Each plan's (request, tokens) and preempted ids, adding each of `arrivals` (step, request) before that plan."""
+    out, step = [], 0
+    while sched.has_work or any(s >= step for s, _ in arrivals):
+        for _, req in (a for a in arrivals if a[0] == step):
+            assert sched.add(req)
+        plan = sched.schedule(float(step))
+        out.append(([(r.request_id, n) for r, n in plan.scheduled], [r.request_id for r in plan.preempted]))
+        step += 1
+        sched.complete(plan, float(step))
+        sched.check_invariants()
+    return out
+
+
+def test_a_verify_that_ends_its_request_by_accepted_drafts_is_followed_by_a_discarded_verify():
+    """vLLM's running loop skips a request with placeholders only when `num_computed_tokens + 2 −
+    num_output_placeholders ≥ num_prompt_tokens + max_tokens` (the one token the verify in flight surely emits ends
+    it). A: prompt 4, output 5. Plan 1 prefills 4 (1 block); plan 2 verifies 1 + 3 (computed 4 → 8, placeholders
+    1 + 4 − 1 = 4 once step 1's token is in: slots 4 + 4 + 3 = 11, 3 blocks). Step 2 accepts all 3: 4 tokens,
+    A's 5th ends it. Plan 3 is made before that output: 8 + 2 − 4 = 6 < 4 + 5, so A gets one more verify: tokens
+    5 + 3 placeholder drafts + 4 − 8 = 4, slots 8 + 4 + 3 = 15, 4 blocks (19 usable − 4 = 15 free). B (prompt 64:
+    16 blocks) arrives for plan 3 and does not fit beside it: admitted in plan 4 once A's blocks are freed (right
+    after plan 3, when step 2's output ends A). Plan 3's batch is A's 4 discarded tokens, priced as a verify.
+    Synchronously, or without that verify, A's blocks are free by plan 3 (3 held: 16 free) and B is admitted then."""
+    arrivals = [(0, make_request(0, 0.0, 4, 5)), (2, make_request(1, 2.0, 64, 1))]
+    sched = accepting_scheduler()
+    out = plans(sched, arrivals)
+    assert out[:4] == [([(0, 4)], []), ([(0, 4)], []), ([(0, 4)], []), ([(1, 64)], [])]
+    assert sched.speculation.num_drafts == 1 and sched.speculation.num_draft_tokens == 3  # vLLM's metrics: not it
+    sync = plans(accepting_scheduler(async_scheduling=False),
+                 [(0, make_request(0, 0.0, 4, 5)), (2, make_request(1, 2.0, 64, 1))])
+    assert sync[2] == ([(1, 64)], [])
+
+
+def test_the_discarded_verify_s_blocks_can_preempt_a_running_request():
+    """7 usable blocks. A (prompt 4, output 5) and B (prompt 4, output 20) are admitted together (1 block each),
+    each verifies 1 + 3 in plan 2 (3 blocks each: 1 free). Step 2 ends A (all accepted). Plan 3: A, first in vLLM's
+    `running`, gets its discarded verify and the last free block (15 slots: 4 blocks); B's verify needs a 4th block,
+    and FCFS preempts `running.pop()`, B itself: the step runs A's discarded tokens alone. Plan 4 recomputes B's
+    prompt and 5 outputs, 9 tokens (3 blocks: A's freed). Without the discarded verify B verifies in plan 3."""
+    def arrivals():
+        return [(0, make_request(0, 0.0, 4, 5)), (0, make_request(1, 0.0, 4, 20))]
+    out = plans(accepting_scheduler(num_blocks=8), arrivals())
+    assert out[:4] == [([(0, 4), (1, 4)], []), ([(0, 4), (1, 4)], []), ([(0, 4)], [1]), ([(1, 9)], [])]
+    assert plans(accepting_scheduler(num_blocks=8, async_scheduling=False), arrivals())[2] == ([(1, 4)], [])

@@ -209,13 +209,22 @@ requests_st = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 4), st.intege
 @example([(0, 0, 17, 7)], "fcfs", "eagle", 3, 3, 64, 1, 24, 0, False)
 # async, every draft rejected: vLLM plans each verify still counting the rejected drafts of the one in flight
 @example([(0, 0, 4, 20)], "fcfs", "eagle", 3, 0, 64, 1, 24, 0, True)
+# async, every draft accepted: the verify that ends a request by its drafts is followed by a discarded one
+@example([(0, 0, 4, 5), (0, 2, 8, 3)], "fcfs", "eagle", 3, 3, 64, 4, 48, 0, True)
+# async, priority: a finishing request's discarded verify does not fit and it is its own victim (found by hypothesis)
+@example([(0, 0, 15, 7), (0, 0, 1, 1), (0, 0, 2, 4)], "priority", "eagle", 4, 1, 8, 2, 48, 0, True)
+# async: a finishing request due a discarded verify is preempted before its turn by an earlier one's verify
+@example([(0, 0, 1, 5), (0, 0, 3, 6), (0, 1, 1, 3)], "fcfs", "eagle", 4, 1, 16, 3, 48, 1, True)
+# async, priority: a discarded verify scheduled earlier in the step is a later verify's victim (out of the plan)
+@example([(0, 1, 24, 2), (1, 0, 1, 13), (1, 0, 5, 10), (1, 1, 1, 3)], "priority", "eagle", 4, 2, 64, 3, 48, 1, True)
 def test_v1_speculative_steps_as_vllm_s_rules(specs, policy, method, k, accepted, budget, max_num_seqs,
                                               max_model_len, extra_blocks, async_scheduling):
     """Every step's scheduled (request, tokens) in order, its preemptions and the free blocks equal the reference's,
-    from random arrivals (at whole steps), priorities and lengths, until all finish. With async scheduling every
-    draft is rejected: a verify whose accepted drafts end its request is followed in vLLM by one more verify, which
-    kvsim does not model (docs/architecture.md, known gaps)."""
-    num_accepted = 0 if async_scheduling else min(accepted, k)
+    from random arrivals (at whole steps), priorities and lengths, until all finish. With async scheduling the
+    reference's `running` keeps a request until the output that ends it is processed, after the next plan, so a
+    verify whose accepted drafts end it is followed by one more verify (its skip rule sees only the one sure token),
+    which kvsim plans for the finishing request (`V1Scheduler._wasted_verifies`)."""
+    num_accepted = min(accepted, k)
     config = SpeculativeConfig(method=method, num_speculative_tokens=k,
                                acceptance_rates=(1.0,) * num_accepted + (0.0,) * (k - num_accepted))
     num_blocks = max_model_len // BLOCK + 1 + extra_blocks  # vLLM's startup check: one request of max_model_len fits

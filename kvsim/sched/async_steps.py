@@ -18,17 +18,15 @@ at t_k+1 with what vLLM knew at t_k:
   right after that plan (`finish` defers, `release_finished` releases). vLLM skips it only when it is
   sure: `Scheduler.schedule`'s running loop passes over a request with output placeholders when
   `num_computed_tokens + 2 − num_output_placeholders ≥ num_prompt_tokens + max_tokens`, i.e. when the one
-  token step k surely samples reaches `max_tokens`. Not modelled here, two cases where vLLM plans step k + 1
-  for it anyway and discards that output: (1) speculative decoding, when step k's accepted drafts end it
-  (its tokens before k + 1 fall short of `max_tokens`, its tokens after k's verify reach it): step k + 1
-  carries its verify of 1 + `num_speculative_tokens` placeholder tokens (their KV slots allocated, counted
-  in that step's batch and time) though it has finished; (2) a request that ends before `max_tokens` (EOS,
-  a stop string), which vLLM cannot foresee, gets one more decode token; kvsim ends every request at its
-  `output_len` as if it were `max_tokens` (as `vllm bench serve` replays set `max_tokens` to it). Each
-  costs one sequence's tokens in the step after its end, and the KV those need. (1) does not fit here: the
-  policy's `select` would plan a finished request (docs/architecture.md says what it takes); no shipped
-  scenario speculates, and (2) never arises. A running request's verify is sized as vLLM sizes it, still
-  counting the drafts the verify in flight rejects (`kvsim.sched.v1`);
+  token step k surely samples reaches `max_tokens`. Otherwise vLLM plans step k + 1 for it and discards that
+  output: (1) with speculative decoding, when step k's accepted drafts end it, step k + 1 carries its verify
+  of 1 + `num_speculative_tokens` placeholder tokens, its slots allocated, counted in that step's batch and
+  time: the policy plans it (`kvsim.sched.v1.V1Scheduler._wasted_verifies`), and its KV is released with the
+  rest after that plan; (2) a request that ends before `max_tokens` (EOS, a stop string), which vLLM cannot
+  foresee, would get one more decode token, but kvsim ends every request at its `output_len` as if it were
+  `max_tokens` (as `vllm bench serve` replays set `max_tokens` to it), so (2) never arises. A running
+  request's verify is sized as vLLM sizes it, still counting the drafts the verify in flight rejects
+  (`kvsim.sched.v1`);
 * a request that arrived while step k ran is seen when step k + 2 is planned, not k + 1; that part is
   timing and lives with the engine (`kvsim.engine.runtime.Engine.deliver`);
 * vLLM's `running` still lists a request whose last token is in flight (it leaves it when that output is

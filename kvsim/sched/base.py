@@ -158,19 +158,23 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
     def active_seq_ids(self, req: Request) -> list[int]:
         return req.seq_ids + req.child_seq_ids() if req.request_id in self._forked else req.seq_ids
 
-    def try_allocate(self, req: Request, num_tokens_total: int, plan: StepPlan, hold_slots: int = 0) -> bool:
+    def try_allocate(self, req: Request, num_tokens_total: int | None, plan: StepPlan, hold_slots: int = 0) -> bool:
         """Grow every active sequence of `req` to `num_tokens_total` slots, all or none; the blocks
         copied on the way are the plan's (`StepPlan.num_copied_blocks`). A single sequence also holds
-        `hold_slots` slots (a speculative verify step's, `KVAllocator.hold`)."""
+        `hold_slots` slots (a speculative verify step's, `KVAllocator.hold`), and only those when
+        `num_tokens_total` is None (a finished request's discarded verify writes nothing it keeps)."""
         seq_ids = self.active_seq_ids(req)
         if len(seq_ids) == 1:
             if hold_slots and not self.alloc.hold(seq_ids[0], hold_slots):
                 return False
+            if num_tokens_total is None:
+                return True
             result = self.alloc.allocate(seq_ids[0], num_tokens_total, req.kv_len, req.content)
             if result is None:
                 return False
             plan.num_copied_blocks += result.num_copied_blocks
             return True
+        assert num_tokens_total is not None, "only a single sequence holds slots alone"
         needed = self.alloc.slots_needed(seq_ids, num_tokens_total)
         if needed and needed > self.alloc.num_free_slots:
             return False
@@ -248,20 +252,24 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
         return sums
 
     # ------------------------------------------------------------ preemption
-    def allocate_or_preempt(self, req: Request, num_tokens_total: int, plan: StepPlan, hold_slots: int = 0) -> bool:
-        """Grow `req`, preempting the policy's victims (`RequestQueue.victim_index`; FCFS: from the
-        back of `running`) until it fits.
+    def allocate_or_preempt(self, req: Request, num_tokens_total: int | None, plan: StepPlan,
+                            hold_slots: int = 0) -> bool:
+        """Grow `req` (`try_allocate`), preempting the policy's victims (`RequestQueue.victim_index`; FCFS: from
+        the back of `running`) until it fits.
 
         Returns False when `req` itself was preempted. FCFS never picks a request scheduled
         earlier in this step (those precede `req` in `running`); a policy that can must take
         the victim out of `plan` itself. With async scheduling the victim may be a request that
-        just finished and still holds its KV (`AsyncSteps.finishing_victim`), as in vLLM.
+        just finished and still holds its KV (`AsyncSteps.finishing_victim`), as in vLLM, `req` itself
+        when it is one (its discarded verify: `kvsim.sched.v1.V1Scheduler.select`).
         """
         running = self.running
         while not self.try_allocate(req, num_tokens_total, plan, hold_slots):
             finished = self.finishing_victim() if self.finishing else None
             if finished is not None:
                 self.preempt_finishing(finished, plan)
+                if finished is req:
+                    return False
                 continue
             victim = running.pop(self.waiting.victim_index(running))
             self.preempt(victim, plan)

@@ -154,7 +154,9 @@ class Speculation:
     verify leaves, `kvsim.sched.speculative_steps.SpeculativeSteps.draw_verify_outcomes`). `in_flight_rejected`
     maps each request whose verify the last completed step was to the drafts it rejected, until the next plan: with
     async scheduling vLLM makes that plan before the step's output is processed, still counting them as computed
-    (`kvsim.sched.v1.V1Scheduler.select`).
+    (`kvsim.sched.v1.V1Scheduler.select`). `in_flight_finished` likewise maps each request that verify ended by
+    accepted drafts (async only) to the tokens vLLM still counts computed past its own (the verify's 1 + d less
+    the tokens it emitted): vLLM, not sure it ends, plans one more verify for it, output discarded.
     """
 
     model: AcceptanceModel
@@ -168,6 +170,7 @@ class Speculation:
     pending: dict[int, int] = field(default_factory=dict)
     accepted: dict[int, int] = field(default_factory=dict)
     in_flight_rejected: dict[int, int] = field(default_factory=dict)
+    in_flight_finished: dict[int, int] = field(default_factory=dict)
     drops_last_hit_block: bool = False  # EAGLE: a prefix hit recomputes its last block (`Scheduler.lookup`)
 
     @property

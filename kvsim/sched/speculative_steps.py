@@ -22,6 +22,7 @@ class SpeculativeSteps:
     """Mixed into `kvsim.sched.base.Scheduler`, whose state it uses (`alloc`, `running`, `speculation`)."""
 
     alloc: KVAllocator
+    async_scheduling: bool
     rng: np.random.Generator
     running: list[Request]
     speculation: Speculation | None
@@ -79,7 +80,9 @@ class SpeculativeSteps:
         """A verify step's outcome (`num_accepted` of its `num_drafts`, `draw_verify_outcomes`): the accepted
         drafts and one more token (the correction or the bonus), capped at the request's output length; their KV
         is written, the rejected drafts' slots stay held (the next step overwrites them). True when the request
-        has its last token."""
+        has its last token; with async scheduling, one that needed more than the verify's one sure token for it
+        (accepted drafts ended it) is due vLLM's discarded verify in the next plan (`in_flight_finished`, holding
+        the tokens of this verify vLLM still counts computed then: `kvsim.sched.v1.V1Scheduler.select`)."""
         req.num_verify_steps += 1
         req.num_rejected_draft_slots = 0
         emitted = min(num_accepted + 1, req.output_len - req.num_output_tokens)
@@ -87,6 +90,8 @@ class SpeculativeSteps:
         req.num_output_tokens += emitted
         spec.record_verify(num_drafts, num_accepted)
         if req.num_output_tokens >= req.output_len:
+            if self.async_scheduling and emitted > 1:
+                spec.in_flight_finished[req.request_id] = 1 + num_drafts - emitted
             return True
         written = self.alloc.allocate(req.seq_ids[0], req.num_computed_tokens, req.kv_len, req.content)
         assert written is not None, "the verify step held these slots"

@@ -67,7 +67,7 @@ class V0Scheduler(Scheduler):
             self._swap_in(plan)
         return plan
 
-    def try_allocate(self, req: Request, num_tokens_total: int, plan: StepPlan, hold_slots: int = 0) -> bool:
+    def try_allocate(self, req: Request, num_tokens_total: int | None, plan: StepPlan, hold_slots: int = 0) -> bool:
         """`Scheduler.try_allocate`, only while the free blocks are at least the request's sequences: vLLM v0's
         `can_append_slots` counts each sequence's next token as touching a block, room in its partial last block
         or not (`BlockTable.get_num_blocks_touched_by_append_slots`: 1), and `_schedule_running` preempts until it

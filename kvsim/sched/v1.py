@@ -19,7 +19,9 @@ by chunks (chunked prefill) or by 1 (decode). Per step:
    now is processed, so it still counts that verify's rejected drafts as computed (`update_from_output` rolls
    `num_computed_tokens` back afterwards): the cap and the slots start that many tokens further, and a request
    left no token under the cap is passed over for the step (`Speculation.in_flight_rejected`); a running request
-   a step leaves out loses its drafts, which live on the GPU (`_drop_unscheduled_drafts`).
+   a step leaves out loses its drafts, which live on the GPU (`_drop_unscheduled_drafts`). A request the verify
+   ending now ended by accepted drafts is still in vLLM's running list, not sure to have ended: at its place it
+   gets one more verify, output discarded (`_wasted_verifies`).
 2. If nothing was preempted, admit WAITING requests in the policy's order (FCFS, or
    smallest (priority, arrival)) while budget and `max_num_seqs` allow and the whole prompt
    (after prefix-cache hits) fits (with sliding-window or other hybrid KV groups, for a prompt longer
@@ -50,7 +52,7 @@ from kvsim.results.records import RequestRecords
 from kvsim.sched.base import Scheduler, SchedulerLimits
 from kvsim.sched.fanout import SampleGroups, fans_out, make_child
 from kvsim.sched.request_queue import RequestQueue
-from kvsim.workload.request import Request
+from kvsim.workload.request import Request, RequestStatus
 
 
 class V1Scheduler(Scheduler):
@@ -98,9 +100,20 @@ class V1Scheduler(Scheduler):
         budget = self.limits.max_num_batched_tokens
         running, scheduled, append_token = self.running, plan.scheduled, self.alloc.append_token
         spec = self.speculation
+        # async: requests a verify just ended by accepted drafts, due vLLM's discarded verify (admission order)
+        wasted = self._wasted_verifies() if spec is not None and spec.in_flight_finished else []
+        order = self.admission_order
         i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
+        while budget > 0:
+            if wasted and wasted[0].request_id not in order:
+                wasted.pop(0)  # preempted (a finishing victim) since: vLLM took it out of `running`
+                continue
+            if wasted and (i >= len(running) or order[wasted[0].request_id] < order[running[i].request_id]):
+                req, finished = wasted.pop(0), True
+            elif i < len(running):
+                req, finished = running[i], False
+            else:
+                break
             past = req.num_computed_tokens
             if (spec is None and past and req.prompt_len + req.num_output_tokens == past + 1 and req.num_samples == 1
                     and append_token(req.seq_ids[0])):  # a plain decode: one token into its own last block
@@ -110,23 +123,26 @@ class V1Scheduler(Scheduler):
                 continue
             # decoding: verify the drafts proposed after its last step, which sampled (a prefill chunk that
             # ends one token short of its tokens sampled nothing: its next step computes that token alone)
-            verify = spec is not None and req.has_drafts
+            verify = spec is not None and (finished or req.has_drafts)
             num_new, hold_slots, ahead = min(req.num_tokens - past, budget), 0, 0
             if spec is not None:
                 if verify:
                     if self.async_scheduling:  # vLLM still counts the drafts the verify ending now rejected
-                        ahead = spec.in_flight_rejected.get(req.request_id, 0)
+                        ahead = (spec.in_flight_finished if finished else spec.in_flight_rejected).get(
+                            req.request_id, 0)
                     # vLLM caps a running request's tokens at max_model_len - 1 - num_computed_tokens (scheduler.py)
                     max_drafts = self.limits.max_model_len - 1 - req.num_tokens - ahead
                     if max_drafts < 0:  # not one token under that cap: vLLM passes the request over this step
-                        i += 1
+                        i += not finished
                         continue
                     num_drafts = min(spec.num_speculative_tokens, budget - 1, max_drafts)
                     num_new = 1 + num_drafts
                 # vLLM's allocate_slots(num_lookahead_tokens) for every running request: a prefill chunk too
                 hold_slots = min(past + ahead + num_new + spec.num_lookahead_slots, self.limits.max_model_len)
             num_preempted = len(plan.preempted)
-            fits = self.allocate_or_preempt(req, past + 1 if verify else past + num_new, plan, hold_slots)
+            # a finished request's verify only holds its slots (its output is discarded, its KV freed after the plan)
+            fits = self.allocate_or_preempt(req, None if finished else past + 1 if verify else past + num_new, plan,
+                                            hold_slots)
             if len(plan.preempted) > num_preempted and self.waiting.policy == "priority":
                 refunded, unscheduled = self._unschedule(plan, plan.preempted[num_preempted:])
                 budget += refunded
@@ -138,14 +154,30 @@ class V1Scheduler(Scheduler):
                 spec.pending[req.request_id] = num_new - 1
             scheduled.append((req, num_new))
             budget -= num_new
-            i += 1
+            i += not finished
         if spec is not None:
             spec.in_flight_rejected.clear()  # the next plan comes after this one's output: vLLM counts them no more
+            spec.in_flight_finished.clear()
             if self.async_scheduling:
                 self._drop_unscheduled_drafts(plan)
         if not plan.preempted:
             self._admit(plan, budget, now)
         return plan
+
+    def _wasted_verifies(self) -> list[Request]:
+        """Async scheduling with speculation: the requests the verify ending now ended by accepted drafts
+        (`Speculation.in_flight_finished`), in admission order. vLLM plans this step before that verify's output
+        is processed, and its running loop skips a request only when it is sure the verify in flight ends it
+        (`num_computed_tokens + 2 − num_output_placeholders ≥ num_prompt_tokens + max_tokens`: the one token
+        the verify surely emits reaches `max_tokens`), so each of these, still in its `running` at its place,
+        gets one more verify of 1 + K placeholder tokens (cut to the budget and `max_model_len`, as any verify),
+        its slots allocated (`allocate_slots`, lookahead too; it may preempt, or be preempted), counted in the
+        step's batch and time; its output is discarded (the request is gone when it comes) and its KV freed
+        when the verify that ended it is processed, right after this plan (`AsyncSteps.release_finished`)."""
+        assert self.speculation is not None
+        ending = self.speculation.in_flight_finished
+        order = self.admission_order
+        return sorted((r for r in self.finishing if r.request_id in ending), key=lambda r: order[r.request_id])
 
     def _drop_unscheduled_drafts(self, plan: StepPlan) -> None:
         """Async scheduling: a running request this step leaves out (the budget ran out, or passed over) loses its
@@ -167,7 +199,8 @@ class V1Scheduler(Scheduler):
                 self.speculation.pending.pop(victim.request_id, None)
         kept = [(r, n) for r, n in plan.scheduled if id(r) not in gone]
         refunded = sum(n for r, n in plan.scheduled if id(r) in gone)
-        unscheduled = len(plan.scheduled) - len(kept)
+        # of `running` only: a finished victim (its discarded verify, `_wasted_verifies`) was never in it
+        unscheduled = sum(1 for r, _ in plan.scheduled if id(r) in gone and r.status is not RequestStatus.FINISHED)
         plan.scheduled[:] = kept
         return refunded, unscheduled
 
