@@ -112,3 +112,22 @@ def test_deferral_never_loses_or_duplicates_a_request(specs, num_cpu_blocks):
     assert sorted(rows["request_id"]) == list(range(len(specs)))
     assert list(rows["output_tokens"]) == [specs[i][2] for i in rows["request_id"]]
     assert not scheduler.has_work and not scheduler.awaits_transfers and scheduler.alloc.num_held_slots == 0
+
+
+def test_a_demotion_being_written_to_disk_is_a_miss_not_pending():
+    """Only the CPU tier's stores are vLLM's HIT_PENDING; the disk tier admits a block once written, as LMCache's
+    local disk does. CPU tier of 4 blocks, disk written at 1e8 B/s (10 ms a block): A's 4 blocks stored at 0 (ready
+    at 0.4 s over the 1e7 B/s store link); B's 4 at 0.5 s evict them to disk, one 4-block write ending at 0.54 s.
+    At 0.52 s A's blocks are in neither tier: a miss, nothing to wait for; B's are being stored on the CPU:
+    pending. At 0.55 s A hits on disk."""
+    offload = OffloadConnector([TierSpec("cpu", 4, LinkSpec(LOAD_BW)), TierSpec("disk", 100, LinkSpec(1e8),
+                                                                                  LinkSpec(1e8))],
+                               LinkSpec(STORE_BW), 16, BLOCK_BYTES)
+    a, b = TokenContent(list(range(64))), TokenContent(list(range(1000, 1064)))
+    offload.store([(a.block_hashes(16, 4), 0)], 0.0)
+    offload.store([(b.block_hashes(16, 4), 0)], 0.5)
+    offload.advance(0.52)
+    assert offload.lookup(a, 0, 4) == 0 and not offload.hit_pending(a, 0, 4)
+    assert offload.hit_pending(b, 0, 4)
+    offload.advance(0.55)
+    assert offload.lookup(a, 0, 4) == 4 and not offload.hit_pending(a, 0, 4)

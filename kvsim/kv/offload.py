@@ -164,14 +164,17 @@ class TieredOffload:
         return hits
 
     def hit_pending(self, hashes: Sequence[BlockHash]) -> bool:
-        """Whether the walk `lookup` makes meets, before the first block no tier holds, a block that no tier holds
-        ready and one is still storing: vLLM's `_maximal_prefix_lookup` (v1/offloading/scheduler.py) counts such a
-        HIT_PENDING block as a hit, walks on to the first MISS and then returns None (try the request again later)
-        instead of the hit. A block ready in any tier is a hit, whatever another tier is writing."""
+        """Whether the walk `lookup` makes meets, before the first block no tier holds ready, one the top tier is
+        still storing: vLLM's `_maximal_prefix_lookup` (v1/offloading/scheduler.py) counts such a HIT_PENDING
+        block (`CPUOffloadingManager.lookup`: held, not ready) as a hit, walks on to the first MISS and then
+        returns None (try the request again later) instead of the hit. A block ready in any tier is a hit; one a
+        lower tier is still writing (a demotion) is a miss, as LMCache's local disk admits a chunk only once
+        written (`local_disk_backend.py`: the key is registered after `write_file`)."""
+        top = self.tiers[0] if self.tiers else None
         for h in hashes:
             if any(t.holds(h) for t in self.tiers):
                 continue
-            return any(t.storing(h) for t in self.tiers)
+            return top is not None and top.storing(h)
         return False
 
     def store(self, hashes: Sequence[BlockHash]) -> tuple[list[BlockHash], list[tuple[int, list[BlockHash]]]] | None:

@@ -23,12 +23,12 @@ OffloadingConnector (vllm/distributed/kv_transfer/kv_connector/v1/offloading_con
   has its full blocks touched first (vLLM's `get_num_new_matched_tokens` touches them on each query).
   With GPU prefix caching, a request whose hit includes a block a load in flight reads is not loaded
   again (`loading_any`): it waits for that load and then hits the GPU cache (vLLM's `_blocks_being_loaded`).
-  A request whose walk meets a block still being stored before its first miss (`hit_pending`) waits too,
-  tried again each step, until that store has ended: vLLM's `_maximal_prefix_lookup` returns None on a
-  HIT_PENDING block; the scheduler then calls `await_stores`.
+  A request whose walk meets a block the CPU tier is still storing before its first miss (`hit_pending`)
+  waits too, tried again each step, until that store has ended: vLLM's `_maximal_prefix_lookup` returns None
+  on a HIT_PENDING block; the scheduler then calls `await_stores`. (A demotion being written to disk is a miss.)
 * Time is explicit (`now_s` in every call, non-decreasing); the engine wakes an idle engine at the
-  instant `on_next_load_end` is told (`kvsim.engine.loop`): the next end of a load, or of a store while a
-  request awaits one (`await_stores`, until the next store ends).
+  instant `on_next_load_end` is told (`kvsim.engine.loop`): the next end of a load, or of a CPU-tier store
+  while a request awaits one (`await_stores`, until the next such store ends).
 
 Counters for the run's summary (`summary()`): hits per tier (blocks and tokens), bytes moved each way,
 recompute avoided (tokens loaded instead of prefilled), load durations. Pure Python.
@@ -125,9 +125,10 @@ class OffloadConnector:
         return self.cache.hit_pending(content.block_hashes(self.block_size, num_blocks)[first_block:num_blocks])
 
     def await_stores(self) -> None:
-        """A request waits for a store in flight (`hit_pending`): from now until the next store ends,
-        `on_next_load_end` is told the next end of a load or a store (the engine, idle or not, tries the
-        request again then; a store ending clears this, and the scheduler says it again if still waiting)."""
+        """A request waits for a store in flight into the top tier (`hit_pending`): from now until the next
+        such store ends, `on_next_load_end` is told the next end of a load or of a top-tier store (the engine,
+        idle or not, tries the request again then; a store ending clears this, and the scheduler says it again
+        if the request still waits)."""
         if not self.awaiting_stores:
             self.awaiting_stores = True
             self._tell_next_end()
@@ -199,10 +200,10 @@ class OffloadConnector:
     def advance(self, now_s: float) -> None:
         """Book the transfers that ended by `now_s`: stores become hittable, completed loads ready (`take_ready`)."""
         ended = False
-        for tier, link, writing in zip(self.cache.tiers, self._writes_on, self._writing, strict=True):
+        for k, (tier, link, writing) in enumerate(zip(self.cache.tiers, self._writes_on, self._writing, strict=True)):
             for store_id in link.advance(now_s):
                 tier.complete_store(writing.pop(store_id))
-                ended = ended or self.awaiting_stores
+                ended = ended or (self.awaiting_stores and k == 0)
         if ended:
             self.awaiting_stores = False
         ready = self._ready
@@ -221,7 +222,7 @@ class OffloadConnector:
             self._tell_next_end()
 
     def _tell_next_end(self) -> None:
-        links = self._loads_on + self._writes_on if self.awaiting_stores else self._loads_on
+        links = [*self._loads_on, self._writes_on[0]] if self.awaiting_stores else self._loads_on
         ends = [nxt[0] for link in links if (nxt := link.next_end()) is not None]
         if ends and self.on_next_load_end is not None:
             self.on_next_load_end(min(ends))
