@@ -118,8 +118,8 @@ class OffloadConnector:
         return any(h in wanted for load in self._loads.values() for own in load.hashes for h in own)
 
     def hit_pending(self, content: Content, first_block: int, num_blocks: int) -> bool:
-        """Whether the walk over blocks `first_block` .. `num_blocks` (as `lookup`) meets a block still being
-        stored before its first miss (`TieredOffload.hit_pending`): vLLM delays the request until it is stored."""
+        """Whether the walk over blocks `first_block` .. `num_blocks` (as `lookup`) meets a block the CPU tier is
+        still storing before its first miss (`TieredOffload.hit_pending`): vLLM delays the request until it is."""
         if first_block >= num_blocks:
             return False
         return self.cache.hit_pending(content.block_hashes(self.block_size, num_blocks)[first_block:num_blocks])
