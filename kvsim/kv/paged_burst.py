@@ -126,7 +126,7 @@ class PagedBursts:
                 filling.append((seq, written, pos))
         occupancy = self._occupancy(held_step, reservable_step, len(seqs))  # from the totals before the burst
         events.sort()
-        self._take_and_register(seqs, events, self._burst_registrations(filling) if filling else [], num_steps)
+        self._take_and_register(seqs, events, filling, num_steps)
         self._num_mapped_blocks += len(events)
         num_written = len(seqs) * num_steps
         self.num_filled_slots += num_written
@@ -134,32 +134,12 @@ class PagedBursts:
         self._sum_reservable += reservable_delta
         return occupancy
 
-    def _burst_registrations(self, filling: Sequence[tuple[SeqBlocks, int, int]]) -> list[tuple[int, int, int, int]]:
-        """The hashes a burst registers, as (step offset, batch position, block index, hash), in the order
-        step-by-step writes would register them.
-
-        `filling` lists (sequence, tokens written before the burst, batch position) in batch order. Block `i`
-        of a sequence that had written `w` tokens fills at step offset `(i + 1) · bs − w − 1`; ties between
-        sequences go to the earlier position.
-        """
-        bs = self.block_size
-        order: list[tuple[int, int, int, int]] = []
-        for seq, before, pos in filling:
-            assert seq.content is not None
-            num_full = min(seq.num_tokens, seq.content.num_tokens) // bs
-            if num_full <= seq.num_hashed_blocks:
-                continue
-            hashes = seq.content.block_hashes(bs, num_full)
-            order.extend(((i + 1) * bs - before - 1, pos, i, hashes[i]) for i in range(seq.num_hashed_blocks, num_full))
-            seq.num_hashed_blocks = num_full
-        order.sort()
-        return order
-
     def _take_and_register(self, seqs: Sequence[SeqBlocks], takes: Sequence[tuple[int, int]],
-                           registrations: Sequence[tuple[int, int, int, int]], num_steps: int) -> None:
-        """Hand out the burst's new blocks (`takes`: step offset, position) and register its filled blocks'
-        hashes, with the outcome of doing both in one (step, position) order, a take before a
-        registration in the same call (as the steps do), in one call to the pool and one to the cache.
+                           filling: Sequence[tuple[SeqBlocks, int, int]], num_steps: int) -> None:
+        """Hand out the burst's new blocks (`takes`: step offset, position) and register the hashes of the
+        blocks that fill up (`filling`: sequence, tokens written before the burst, batch position, in batch
+        order), with the outcome of doing both in one (step, position) order, a take before a registration
+        in the same call (as the steps do), in one call to the pool and one to the cache.
 
         Takes never depend on registrations (those only touch blocks in use; a take pops plain free
         blocks, then evicts the oldest free cached ones), so all go first. Nor does the outcome of a
@@ -173,11 +153,34 @@ class PagedBursts:
         for (off, pos), block_id in zip(takes, pool.get_new_blocks(len(takes)), strict=True):
             seqs[pos].block_table.append(block_id)
             fill[block_id] = bs if num_steps - off >= bs else num_steps - off
-        if registrations:
-            keyed = self.prefix_cache  # blocks of several sequences registered in one order: by key
-            assert isinstance(keyed, HashChainCache)
-            keyed.insert_keys([seqs[pos].block_table[i] for _, pos, i, _ in registrations],
-                              [h for *_, h in registrations])
+        if filling:
+            self._register_filled(seqs, filling)
+
+    def _register_filled(self, seqs: Sequence[SeqBlocks], filling: Sequence[tuple[SeqBlocks, int, int]]) -> None:
+        """Register the hashes of the blocks the burst filled, in the order step-by-step writes would: by
+        (step offset, batch position). Block `i` of a sequence that had written `w` tokens fills at step offset
+        `(i + 1) · bs − w − 1`, so a sequence's blocks fill `bs` steps apart, and each block sorts by the one
+        integer `offset · len(seqs) + position` (positions are below `len(seqs)`; no two blocks tie). The
+        sequences' blocks, hashes and keys are gathered a run at a time (slices, a range), and one sort of
+        the keys orders them (hot: every burst that fills a block with caching on)."""
+        bs, num_seqs = self.block_size, len(seqs)
+        keys: list[int] = []
+        block_ids: list[int] = []
+        hashes: list[int] = []
+        for seq, before, pos in filling:
+            assert seq.content is not None
+            first, num_full = seq.num_hashed_blocks, min(seq.num_tokens, seq.content.num_tokens) // bs
+            if num_full <= first:
+                continue
+            key = ((first + 1) * bs - before - 1) * num_seqs + pos
+            keys.extend(range(key, key + (num_full - first) * bs * num_seqs, bs * num_seqs))
+            block_ids.extend(seq.block_table[first:num_full])
+            hashes.extend(seq.content.block_hashes(bs, num_full)[first:num_full])
+            seq.num_hashed_blocks = num_full
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        keyed = self.prefix_cache  # blocks of several sequences registered in one order: by key
+        assert isinstance(keyed, HashChainCache)
+        keyed.insert_keys(map(block_ids.__getitem__, order), map(hashes.__getitem__, order))
 
     def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
                              num_tokens: int) -> bool:
