@@ -362,3 +362,25 @@ def test_a_burst_extends_the_heads_prefix_when_it_registers_the_heads_first_miss
     head = seg(("p", 8), ("o", 8), ("q", 8))
     assert len(a.lookup_prefix(head, 24).block_ids) == 1
     assert a.burst_extends_prefix([2], num_steps, head, 24) is extends
+
+
+def test_a_burst_registers_equal_hashes_in_step_order_not_batch_order():
+    # Blocks of 16, both sequences with one content and no hit (each its own blocks: 1-2 and 3-4; block 0 of
+    # the second is a duplicate of block 1). In 12 steps the first (batch position 0, 20 written) fills its
+    # block 2 at offset 32 - 20 - 1 = 11, the second (position 1, 30 written) fills block 4 at offset 1 and
+    # takes block 5 at offset 2. Step by step the second registers the shared hash first: block 4 is the one
+    # found, block 2 its duplicate (the batch's order would have made block 2 the one found).
+    content = seg(("doc", 64))
+    burst, naive = (PagedAllocator(num_blocks=11, block_size=16, enable_caching=True) for _ in range(2))
+    for a in (burst, naive):
+        assert a.allocate(1, 20, 64, content) and a.allocate(2, 30, 64, content)
+    burst.append_burst([1, 2], 12)
+    for _ in range(12):
+        for seq_id in (1, 2):
+            assert naive.allocate(seq_id, naive.seqs[seq_id].num_tokens + 1)
+    first, second = content.block_hashes(16, 2)
+    for a in (burst, naive):
+        a.check_invariants()
+        assert [a.seqs[1].block_table, a.seqs[2].block_table] == [[1, 2], [3, 4, 5]]
+        assert a.prefix_cache.cached == {first: 1, second: 4}
+        assert a.prefix_cache.duplicates == {first: [3], second: [2]}
