@@ -38,3 +38,22 @@ def test_a_hash_id_that_is_not_an_integer_or_string_is_refused(tmp_path, hash_id
     path.write_text('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [7, ' + hash_id + ']}\n')
     with pytest.raises(KvsimError, match=r"t\.jsonl:1: hash_ids must be integers or strings$"):
         read_mooncake(path)
+
+
+@pytest.mark.parametrize("reader", ["mooncake", "sharegpt_tokens"])
+@pytest.mark.parametrize("digits", [309, 400])
+def test_an_integer_time_past_a_floats_range_is_a_row_error_not_an_overflow(tmp_path, reader, digits):
+    """A JSON integer time of 309 or more digits has no float (float(10**308) is 1e308, float(10**309) an
+    OverflowError that left the CLI as a traceback, exit 1): it is refused as the inf it would be."""
+    from kvsim.workload.traces import read_sharegpt_tokens
+
+    path = tmp_path / "t.jsonl"
+    if reader == "mooncake":
+        row, field, read = {"timestamp": 10**digits, "input_length": 10, "output_length": 3, "hash_ids": [1]}, \
+            "timestamp", read_mooncake
+    else:
+        row, field, read = {"arrival_time_ns": 10**digits, "input_toks": 4, "output_toks": 2}, \
+            "arrival_time_ns", read_sharegpt_tokens
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(KvsimError, match=rf"t\.jsonl:1: {field}=10000.* is not a finite number$"):
+        read(path)
