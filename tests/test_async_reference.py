@@ -29,40 +29,17 @@ Blocks: `cdiv(tokens, block_size)` a request, the pool's block 0 reserved (vLLM'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvsim.kv import PagedAllocator
 from kvsim.sched import SchedulerLimits, make_request_queue, make_scheduler
-from tests.conftest import make_request
+from tests.vllm_reference import RefRequest, arrive, cdiv
 
 BLOCK = 16
 MAX_MODEL_LEN = 80  # 5 blocks: every request fits the smallest pool alone, as vLLM's startup check demands
 
 
-@dataclass(eq=False)
-class _Ref:
-    rid: int
-    arrival_s: float
-    priority: int
-    prompt: int
-    max_tokens: int
-    computed: int = 0
-    placeholders: int = 0
-    output: int = 0  # tokens appended by processed outputs
-    blocks: int = 0
-    running: bool = False
-    finished: bool = False
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt + self.output
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class _VllmAsync:
@@ -70,16 +47,16 @@ class _VllmAsync:
 
     def __init__(self, policy: str, num_free_blocks: int, budget: int, max_num_seqs: int) -> None:
         self.policy, self.free, self.budget, self.max_num_seqs = policy, num_free_blocks, budget, max_num_seqs
-        self.running: list[_Ref] = []
-        self.waiting: list[_Ref] = []
-        self.in_flight: list[tuple[_Ref, bool]] = []  # the last planned step: (request, samples a token)
+        self.running: list[RefRequest] = []
+        self.waiting: list[RefRequest] = []
+        self.in_flight: list[tuple[RefRequest, bool]] = []  # the last planned step: (request, samples a token)
 
-    def add(self, ref: _Ref) -> None:
+    def add(self, ref: RefRequest) -> None:
         self.waiting.append(ref)
         if self.policy == "priority":
             self.waiting.sort(key=lambda r: (r.priority, r.arrival_s, r.rid))
 
-    def _preempt(self, victim: _Ref) -> None:
+    def _preempt(self, victim: RefRequest) -> None:
         self.free += victim.blocks
         victim.blocks = victim.computed = victim.placeholders = 0
         victim.running = False
@@ -87,8 +64,8 @@ class _VllmAsync:
         if self.policy == "priority":
             self.waiting.sort(key=lambda r: (r.priority, r.arrival_s, r.rid))
 
-    def _grow(self, req: _Ref, num_tokens: int) -> bool:
-        need = _cdiv(num_tokens, BLOCK) - req.blocks
+    def _grow(self, req: RefRequest, num_tokens: int) -> bool:
+        need = cdiv(num_tokens, BLOCK) - req.blocks
         if need > self.free:
             return False
         req.blocks += max(need, 0)
@@ -131,7 +108,7 @@ class _VllmAsync:
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
-                if _cdiv(req.num_tokens, BLOCK) > self.free:  # scheduler_reserve_full_isl
+                if cdiv(req.num_tokens, BLOCK) > self.free:  # scheduler_reserve_full_isl
                     break
                 num_new = min(req.num_tokens, budget)
                 assert self._grow(req, num_new)
@@ -149,7 +126,7 @@ class _VllmAsync:
             self.in_flight.append((req, samples))
         return list(scheduled.items()), preempted
 
-    def process_output(self, step: list[tuple[_Ref, bool]]) -> int:
+    def process_output(self, step: list[tuple[RefRequest, bool]]) -> int:
         """`update_from_output` of a step planned earlier; returns the requests that finished."""
         num_finished = 0
         for req, samples in step:
@@ -186,7 +163,7 @@ def test_v1_async_steps_as_vllm_s_rules(specs, policy, budget, max_num_seqs, num
     sched = make_scheduler("v1", PagedAllocator(num_blocks, BLOCK, enable_caching=False),
                            SchedulerLimits(max_num_seqs, budget, MAX_MODEL_LEN), waiting=make_request_queue(policy))
     sched.async_scheduling = True
-    refs = [_Ref(rid, float(step), priority, prompt, output)
+    refs = [RefRequest(rid, float(step), priority, prompt, output)
             for rid, (priority, step, prompt, output) in enumerate(specs)]
     vllm = _VllmAsync(policy, num_blocks - 1, budget, max_num_seqs)
     now, num_done, num_ref_done = 0, 0, 0
@@ -194,9 +171,7 @@ def test_v1_async_steps_as_vllm_s_rules(specs, policy, budget, max_num_seqs, num
         assert now < 2000, "no progress"
         for ref in refs:
             if ref.arrival_s == now:
-                req = make_request(ref.rid, ref.arrival_s, ref.prompt, ref.max_tokens)
-                req.priority = ref.priority
-                assert sched.add(req)
+                arrive(sched, ref.rid, ref.arrival_s, ref.prompt, ref.max_tokens, ref.priority)
                 vllm.add(ref)
         plan = sched.schedule(float(now))
         in_flight = vllm.in_flight

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from kvsim.kv import PagedAllocator
 from kvsim.sched import SchedulerLimits, make_request_queue, make_scheduler
-from tests.conftest import make_request
+from tests.vllm_reference import arrive, cdiv
 
 BLOCK = 16
 
@@ -47,10 +47,6 @@ class _Ref:
         return self.prompt + self.sampled
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _reference_step(running: list[_Ref], waiting: list[_Ref], free: list[int], budget: int,
                     max_num_seqs: int) -> tuple[list[tuple[int, int]], list[int]]:
     """One `schedule()` of vLLM's rules: (scheduled (id, tokens) in order, preempted ids)."""
@@ -62,7 +58,7 @@ def _reference_step(running: list[_Ref], waiting: list[_Ref], free: list[int], b
         num_new = min(req.tokens - req.computed, budget)
         fits = True
         while True:
-            need = _cdiv(req.computed + num_new, BLOCK) - req.blocks
+            need = cdiv(req.computed + num_new, BLOCK) - req.blocks
             if need <= free[0]:
                 req.blocks += need
                 free[0] -= need
@@ -87,10 +83,10 @@ def _reference_step(running: list[_Ref], waiting: list[_Ref], free: list[int], b
     if not preempted:
         while waiting and budget > 0 and len(running) < max_num_seqs:
             req = min(waiting, key=lambda r: (r.priority, r.arrival_s, r.rid))
-            if _cdiv(req.tokens, BLOCK) > free[0]:
+            if cdiv(req.tokens, BLOCK) > free[0]:
                 break
             num_new = min(req.tokens, budget)
-            req.blocks = _cdiv(num_new, BLOCK)
+            req.blocks = cdiv(num_new, BLOCK)
             free[0] -= req.blocks
             waiting.remove(req)
             running.append(req)
@@ -136,9 +132,7 @@ def test_v1_priority_steps_as_vllm_s_rules(specs, budget, max_num_seqs, num_bloc
         assert now < 2000, "no progress"
         for ref in refs:
             if ref.arrival_s == now:
-                req = make_request(ref.rid, ref.arrival_s, ref.prompt, ref.output)
-                req.priority = ref.priority
-                assert sched.add(req)
+                arrive(sched, ref.rid, ref.arrival_s, ref.prompt, ref.output, ref.priority)
                 waiting.append(ref)
         plan = sched.schedule(float(now))
         expected, preempted = _reference_step(running, waiting, free, budget, max_num_seqs)

@@ -23,8 +23,6 @@ Blocks: `cdiv(slots, block_size)` a request, the pool's block 0 reserved; no pre
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -32,36 +30,14 @@ from kvsim.kv import PagedAllocator
 from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.sched import SchedulerLimits, make_request_queue, make_scheduler
 from kvsim.sched.speculative import make_speculation
-from tests.conftest import make_request
+from tests.vllm_reference import RefRequest, arrive, cdiv
 
 BLOCK = 8
 
 
-@dataclass(eq=False)
-class _Ref:
-    rid: int
-    arrival_s: float
-    priority: int
-    prompt: int
-    max_tokens: int
-    computed: int = 0
-    placeholders: int = 0  # async: tokens (sampled and drafts) of the step in flight, counted computed
-    output: int = 0
-    drafts: int = 0
-    blocks: int = 0
-    running: bool = False
-    finished: bool = False
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt + self.output
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _key(req: _Ref) -> tuple[int, float]:
+def _key(req: RefRequest) -> tuple[int, float]:
     return req.priority, req.arrival_s
 
 
@@ -75,17 +51,17 @@ class _VllmSpec:
         self.max_model_len, self.k, self.lookahead, self.accepted = max_model_len, num_drafts, num_lookahead, \
             num_accepted
         self.async_scheduling = async_scheduling
-        self.running: list[_Ref] = []
-        self.waiting: list[_Ref] = []
-        self.in_flight: list[tuple[_Ref, bool, int]] = []  # (request, samples, drafts verified)
+        self.running: list[RefRequest] = []
+        self.waiting: list[RefRequest] = []
+        self.in_flight: list[tuple[RefRequest, bool, int]] = []  # (request, samples, drafts verified)
 
-    def add(self, req: _Ref, front: bool = False) -> None:
+    def add(self, req: RefRequest, front: bool = False) -> None:
         self.waiting.insert(0 if front else len(self.waiting), req)
         if self.policy == "priority":
             self.waiting.sort(key=lambda r: (*_key(r), r.rid))
 
-    def _grow(self, req: _Ref, num_slots: int) -> bool:
-        need = _cdiv(min(num_slots, self.max_model_len), BLOCK) - req.blocks
+    def _grow(self, req: RefRequest, num_slots: int) -> bool:
+        need = cdiv(min(num_slots, self.max_model_len), BLOCK) - req.blocks
         if need > self.free:
             return False
         req.blocks += max(need, 0)
@@ -150,7 +126,7 @@ class _VllmSpec:
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
-                if _cdiv(req.num_tokens, BLOCK) > self.free:  # scheduler_reserve_full_isl
+                if cdiv(req.num_tokens, BLOCK) > self.free:  # scheduler_reserve_full_isl
                     break
                 num_new = min(req.num_tokens, budget)
                 assert self._grow(req, num_new)
@@ -172,7 +148,7 @@ class _VllmSpec:
             self.in_flight.append((req, samples, spec.get(rid, 0)))
         return list(scheduled.items()), preempted
 
-    def _process_output(self, step: list[tuple[_Ref, bool, int]]) -> int:
+    def _process_output(self, step: list[tuple[RefRequest, bool, int]]) -> int:
         num_finished = 0
         for req, samples, num_drafts in step:
             if req.finished or not samples:
@@ -232,7 +208,7 @@ def test_v1_speculative_steps_as_vllm_s_rules(specs, policy, method, k, accepted
                            SchedulerLimits(max_num_seqs, budget, max_model_len), waiting=make_request_queue(policy),
                            speculation=make_speculation(config))
     sched.async_scheduling = async_scheduling
-    refs = [_Ref(rid, float(step), priority, prompt, min(output, max_model_len - prompt))
+    refs = [RefRequest(rid, float(step), priority, prompt, min(output, max_model_len - prompt))
             for rid, (priority, step, prompt, output) in enumerate(specs) if prompt < max_model_len]
     vllm = _VllmSpec(policy, num_blocks - 1, budget, max_num_seqs, max_model_len, k, config.num_lookahead_tokens,
                      num_accepted, async_scheduling)
@@ -241,9 +217,7 @@ def test_v1_speculative_steps_as_vllm_s_rules(specs, policy, method, k, accepted
         assert now < 2000, "no progress"
         for ref in refs:
             if ref.arrival_s == now:
-                req = make_request(ref.rid, ref.arrival_s, ref.prompt, ref.max_tokens)
-                req.priority = ref.priority
-                assert sched.add(req)
+                arrive(sched, ref.rid, ref.arrival_s, ref.prompt, ref.max_tokens, ref.priority)
                 vllm.add(ref)
         plan = sched.schedule(float(now))
         expected, preempted, finished = vllm.step()
