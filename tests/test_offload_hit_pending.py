@@ -80,6 +80,22 @@ def test_a_busy_engine_admits_the_deferred_request_at_the_first_step_after_the_s
     assert ttft[3] == pytest.approx(STEP_S, rel=1e-9)
 
 
+def test_a_store_started_while_a_request_waits_wakes_the_engine_at_the_awaited_stores_new_end():
+    """The write link is shared (processor sharing, `kvsim.kv.link`): a store started while a request awaits
+    another one delays it, and the idle engine must wake at the new end. The first world, plus D (64 tokens of its
+    own) at 0.15 s: one step, then at 0.16 s its 4 blocks (4e6 B) start storing beside A's, which has 2.5e6 B left
+    (1.5e6 B drained since 0.01 s). Each drains at 5e6 B/s: A's ends at 0.16 + 0.5 = 0.66 s, not 0.41 s. C, woken
+    then, loads 4 blocks (10 ms) and prefills: first token 0.68 s, TTFT 0.58 s, queue 0.57 s. (The engine was woken
+    at 0.41 s only, found A's store in flight and waited for a wake-up never armed: simpy ran out of events.)"""
+    a = list(range(64))
+    requests = [req(0, 0.0, a), Request(1, 0.02, 128, 1), req(2, 0.1, a + list(range(5000, 5016))),
+                req(3, 0.15, list(range(9000, 9064)))]
+    scheduler, rows = run(requests, connector())
+    assert rows["ttft_s"][2] == pytest.approx(0.68 - 0.1, rel=1e-12)
+    assert rows["queue_s"][2] == pytest.approx(0.67 - 0.1, rel=1e-12)
+    assert rows["prefix_hit_tokens"][2] == 64 and rows["finish_s"][3] == pytest.approx(0.16, rel=1e-12)
+    assert not scheduler.has_work and not scheduler.offload.awaiting_stores
+
 def test_a_miss_before_the_storing_block_ends_the_walk_without_deferring():
     """vLLM's walk stops at the first MISS: a block being stored after it does not delay the request. The tier
     holds x0 ready and x2 being stored, not x1: a lookup of x0..x2 hits 1 block and is not pending; of x2 alone,

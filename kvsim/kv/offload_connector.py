@@ -183,6 +183,8 @@ class OffloadConnector:
             self._writing[k][self._next_store_id] = blocks
             self._next_store_id += 1
             self.num_stored_bytes[k] += num_bytes
+        if writes[0] and self.awaiting_stores:  # the link is shared: the awaited store now ends later
+            self._tell_next_end()
         return taken
 
     def touch(self, content: Content, num_blocks: int) -> None:
