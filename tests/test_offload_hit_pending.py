@@ -96,6 +96,43 @@ def test_a_store_started_while_a_request_waits_wakes_the_engine_at_the_awaited_s
     assert rows["prefix_hit_tokens"][2] == 64 and rows["finish_s"][3] == pytest.approx(0.16, rel=1e-12)
     assert not scheduler.has_work and not scheduler.offload.awaiting_stores
 
+def test_an_awaited_store_whose_end_was_re_estimated_is_told_again_when_the_told_instant_comes():
+    """A link re-estimates a transfer's end each time it drains it piecewise (`SharedLink.advance`), a few ulps
+    apart. One block (1e6 B) stored at 0 over 1e6 B/s ends at 1.0 s alone, the instant told when a request awaits
+    it; booked at six instants before (as the steps' `store` calls do), the link now puts its end an ulp past 1.0 s.
+    Advanced to 1.0 s (the engine woken then), the store has ended or its new end is told, past 1.0 s; nothing
+    else would wake an idle engine (it waited for good: simpy's 'No scheduled events left' traceback)."""
+    told = []
+    offload = OffloadConnector([TierSpec("cpu", 100, LinkSpec(LOAD_BW))], LinkSpec(1e6), 16, BLOCK_BYTES)
+    offload.on_next_load_end = told.append
+    offload.store([(TokenContent(list(range(16))).block_hashes(16, 1), 0)], 0.0)
+    offload.await_stores()
+    assert told == [1.0]
+    for t in (0.2896641383723638, 0.4178406508691356, 0.42636667866841493, 0.7546182662703457, 0.9011387199060191,
+              0.9725485107467589):
+        offload.advance(t)
+    offload.advance(1.0)
+    in_flight = offload._writes_on[0].next_end()
+    assert in_flight is None or (len(told) == 2 and told[1] == in_flight[0] >= 1.0)
+
+
+def test_every_request_of_a_world_whose_store_ends_drift_is_served():
+    """Found by a property run: 14 requests (3 shared 183-token system prompts) over a 1e6 B/s store link, one
+    engine, the CPU tier 20 blocks. A request deferred for a store was woken at the store's first estimated end,
+    found it an ulp short and waited for good (simpy's RuntimeError). Every request is served, once."""
+    import kvsim
+
+    result = kvsim.simulate({
+        "name": "drift", "model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": 1, "latency": {"model": "roofline"},
+        "engine": {"max_model_len": 512, "num_gpu_blocks_override": 40, "enable_prefix_caching": True,
+                   "kv_offload": {"num_cpu_blocks": 20, "bandwidth_bytes_per_s": 1e6}},
+        "workload": {"num_requests": 14, "arrival": {"process": "poisson", "rate": 2.0},
+                     "prompt_len": {"dist": "uniform", "low": 1, "high": 59},
+                     "output_len": {"dist": "uniform", "low": 1, "high": 3},
+                     "shared_prefix": {"tokens": 183, "num_prefixes": 3}}}, check=True)
+    assert sorted(result.requests["request_id"]) == list(range(14))
+    assert result.summary["kv_offload"]["num_loads"] > 0
+
 def test_a_miss_before_the_storing_block_ends_the_walk_without_deferring():
     """vLLM's walk stops at the first MISS: a block being stored after it does not delay the request. The tier
     holds x0 ready and x2 being stored, not x1: a lookup of x0..x2 hits 1 block and is not pending; of x2 alone,

@@ -82,6 +82,7 @@ class OffloadConnector:
     _next_store_id: int = 0
     awaiting_stores: bool = False  # a request waits for a store in flight (`await_stores`), until the next ends
     on_next_load_end: Callable[[float], None] | None = None  # told the next load's (or awaited store's) end
+    _told_s: float | None = None  # the instant `on_next_load_end` was last told (None: nothing in flight then)
     num_hit_blocks: list[int] = field(init=False)  # per tier, blocks loaded from it
     num_loads: int = 0
     num_stored_bytes: list[int] = field(init=False)  # per tier, bytes of the writes started into it
@@ -220,12 +221,17 @@ class OffloadConnector:
                     ready.append(request_id)
                     self.load_s.append(load.end_s - load.start_s)
                     del self._loads[request_id]
-        if ended:
+        if ended or (self._told_s is not None and now_s >= self._told_s):
             self._tell_next_end()
 
     def _tell_next_end(self) -> None:
+        """Tell `on_next_load_end` the next end of a load (or of a top-tier store, while a request awaits one).
+        A link re-estimates its transfers' ends as it drains them piecewise (`SharedLink.advance`), a few ulps
+        apart: where the instant told has come (`advance`) and nothing ended, it is told again, or an idle
+        engine woken then would wait for a wake-up never armed."""
         links = [*self._loads_on, self._writes_on[0]] if self.awaiting_stores else self._loads_on
         ends = [nxt[0] for link in links if (nxt := link.next_end()) is not None]
+        self._told_s = min(ends) if ends else None
         if ends and self.on_next_load_end is not None:
             self.on_next_load_end(min(ends))
 
