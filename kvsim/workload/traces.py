@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -73,6 +74,10 @@ def _positive(value: Any, path: Path, line: int, field: str) -> int:
     "600.0" are 600 (a JSON 600.0 was, a CSV's "600.0" was refused), 600.7, "6e2", `1_0` and true are refused, as
     `_integral` reads the scenario's integers; 1 to `MAX_LENGTH`."""
     number = _integral(value)
+    if number is None and _past_int_digits(value):  # below -10**4300 or above 10**4300
+        problem = "must be positive" if value.strip().startswith("-") else f"is more tokens than kvsim counts " \
+                                                                           f"({MAX_LENGTH:,})"
+        raise bad_row(path, line, f"{field}={shown(value)} {problem}")
     if number is None:
         raise bad_row(path, line, f"{field}={shown(value)} is not an integer")
     if number <= 0:
@@ -140,11 +145,11 @@ class TraceColumns:
             if isinstance(value, str):
                 value = value.strip()  # as `_integral` reads it, and so the error shows it
             number = _integral(value)
-            if number is None:
+            if number is None and not _past_int_digits(value):
                 raise bad_row(path, line, f"priority column {self.priority}={shown(value)} is not an integer")
-            out["priority"] = number
-            if not PRIORITY_RANGE[0] <= out["priority"] <= PRIORITY_RANGE[1]:
+            if number is None or not PRIORITY_RANGE[0] <= number <= PRIORITY_RANGE[1]:
                 raise bad_row(path, line, f"priority column {self.priority}={shown(value)} is outside int64")
+            out["priority"] = number
         if self.acceptance is not None:
             out["acceptance_lengths"] = _acceptance_lengths(row.get(self.acceptance), path, line, self.acceptance)
         return out
@@ -158,17 +163,32 @@ def _integral(value: Any) -> int | None:
     `workload.priority`'s `priority: 1.0` is 1): an int, an integral float (a JSON 1.0), or text of one
     (`-2`, `1.00`, in ASCII digits; whitespace around it, as a CSV cell may have, ignored); None for anything else
     (1.5, `1.`, `1e0`, true, `1_0`, an Arabic-Indic or fullwidth 1: `kvsim.model.spec.Settings` refuses the last
-    four there too)."""
+    four there too). Text of more digits than `int()` converts (`sys.get_int_max_str_digits()`, 4,300: a
+    ValueError traceback) is None too: `_past_int_digits` tells it apart, a value past every range kvsim reads."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
     if isinstance(value, float):
         return int(value) if value.is_integer() else None
-    text = value.strip() if isinstance(value, str) else None
-    if text is not None and re.fullmatch(r"[+-]?[0-9]+(?:\.0+)?", text):  # ASCII: int() reads other digits
-        return int(text.partition(".")[0])
-    return None
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    match = _INTEGER_TEXT.fullmatch(text)
+    if match is None or _past_int_digits(text):
+        return None
+    number = int(match.group(1).lstrip("0") or "0")  # int() counts leading zeros against its digit limit
+    return -number if text.startswith("-") else number
+
+
+_INTEGER_TEXT = re.compile(r"[+-]?([0-9]+)(?:\.0+)?")  # ASCII: int() reads other scripts' digits
+
+
+def _past_int_digits(value: Any) -> bool:
+    """Whether `value` is text of an integer (as `_integral` reads it) of more digits, leading zeros aside, than
+    `int()` converts: its magnitude is at least 10**4,300, past every count and priority a trace holds."""
+    match = _INTEGER_TEXT.fullmatch(value.strip()) if isinstance(value, str) else None
+    return match is not None and len(match.group(1).lstrip("0")) > sys.get_int_max_str_digits()
 
 
 def _acceptance_lengths(value: Any, path: Path, line: int, column: str) -> tuple[int, ...]:

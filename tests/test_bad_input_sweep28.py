@@ -1,0 +1,65 @@
+"""Bad input found by the twenty-eighth sweep (the files kvsim reads). Each is refused (the CLI: exit 2, one line
+naming the field and the value, nothing written; the Python API: a `KvsimError`), or said as it is.
+
+Found: a CSV trace cell (Azure, a length table, a priority column) of more digits than `int()` converts (4,300)
+was a ValueError traceback ("Exceeds the limit (4300 digits) for integer string conversion"), and so was a
+small count written with thousands of leading zeros (`int()` counts them against its limit).
+
+Probed and found refused or read as the rule asks (not repeated here): Azure, Mooncake, sharegpt_tokens and length
+files that are empty, a header alone, a BOM, CRLF or CR-only line ends, a truncated last line, `.gz` that is not
+gzip, a 0-byte or truncated `.gz`, non-UTF-8 or UTF-16 bytes, NUL bytes, a 2 MB line, a folder, a FIFO (plain or
+`.gz`), duplicated JSON keys, counts as strings, negative and zero counts, NaN and Infinity, times going
+backwards, JSON integers of 5,000 digits, 1e400, JSON nested 100,000 deep, a list for a row.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import one_line_exit_2  # tests/ is on sys.path
+
+from kvsim.model.errors import KvsimError
+from kvsim.workload.traces import TraceColumns, read_azure, read_lengths
+
+HUGE = "9" * 4301  # one digit past int()'s default limit (sys.get_int_max_str_digits() == 4300)
+AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens,prio\n2023-11-16 18:17:03.1,{},10,0\n"
+
+
+@pytest.mark.parametrize(("reader", "text", "message"), [
+    (read_azure, AZURE.format(HUGE), r":2: ContextTokens='9+\.\.\. is more tokens than kvsim counts \(9,007,199,254,740,992\)$"),
+    (read_azure, AZURE.format("-" + HUGE), r":2: ContextTokens='-9+\.\.\. must be positive$"),
+    (read_lengths, f"num_prefill_tokens,num_decode_tokens\n10,{HUGE}.0\n",
+     r":2: num_decode_tokens='9+\.\.\. is more tokens than kvsim counts"),
+])
+def test_a_count_of_more_digits_than_int_converts_is_a_row_error(tmp_path, reader, text, message):
+    """`_integral` called `int()` on any run of ASCII digits: past 4,300 digits a ValueError traceback."""
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(KvsimError, match=message):
+        reader(path)
+
+
+def test_a_priority_of_more_digits_than_int_converts_is_outside_int64(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text(AZURE.format("10").replace(",0\n", f",-{HUGE}\n"))
+    with pytest.raises(KvsimError, match=r":2: priority column prio='-9+\.\.\. is outside int64$"):
+        read_azure(path, TraceColumns(priority="prio"))
+
+
+def test_a_count_with_thousands_of_leading_zeros_is_its_value(tmp_path):
+    """`int('0' * 5000 + '7')` refuses the text (the limit counts leading zeros): the value is 7, as `int()` of
+    `007` is, whatever the number of zeros; and -0…07 as a priority is -7."""
+    path = tmp_path / "t.csv"
+    path.write_text(AZURE.format("0" * 5000 + "7").replace(",0\n", f",-{'0' * 5000}7.00\n"))
+    [record] = read_azure(path, TraceColumns(priority="prio"))
+    assert (record.prompt_len, record.priority) == (7, -7)
+
+
+def test_the_cli_says_it_in_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text(AZURE.format(HUGE))
+    (tmp_path / "s.yaml").write_text("workload:\n  num_requests: 1\n  arrival: {process: trace}\n"
+                                     "  trace: {format: azure, path: t.csv}\nsteps: none\n")
+    line = one_line_exit_2(["run", "s.yaml", "-o", "out"])
+    assert line.startswith("t.csv:2: ContextTokens='999") and line.endswith("is more tokens than kvsim counts "
+                                                                           "(9,007,199,254,740,992)")
+    assert not (tmp_path / "out").exists()
