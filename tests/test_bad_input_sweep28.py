@@ -3,7 +3,11 @@ naming the field and the value, nothing written; the Python API: a `KvsimError`)
 
 Found: a CSV trace cell (Azure, a length table, a priority column) of more digits than `int()` converts (4,300)
 was a ValueError traceback ("Exceeds the limit (4300 digits) for integer string conversion"), and so was a
-small count written with thousands of leading zeros (`int()` counts them against its limit).
+small count written with thousands of leading zeros (`int()` counts them against its limit). A ServeGen
+dataset's length probabilities: an integer past a float's range (`{10: 1000…0}`, 401 digits) was an
+OverflowError traceback; two of 1e308 summed to inf, so the CDF was [0, NaN] and the first length never drawn;
+integers summing past 2**63 wrapped the int64 CDF negative ([-0.5, 1]), so again only the last length was drawn;
+each without a word.
 
 Probed and found refused or read as the rule asks (not repeated here): Azure, Mooncake, sharegpt_tokens and length
 files that are empty, a header alone, a BOM, CRLF or CR-only line ends, a truncated last line, `.gz` that is not
@@ -14,10 +18,14 @@ backwards, JSON integers of 5,000 digits, 1e400, JSON nested 100,000 deep, a lis
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 from conftest import one_line_exit_2  # tests/ is on sys.path
 
 from kvsim.model.errors import KvsimError
+from kvsim.workload.servegen import read_servegen
 from kvsim.workload.traces import TraceColumns, read_azure, read_lengths
 
 HUGE = "9" * 4301  # one digit past int()'s default limit (sys.get_int_max_str_digits() == 4300)
@@ -63,3 +71,35 @@ def test_the_cli_says_it_in_one_line_and_writes_nothing(tmp_path, monkeypatch):
     assert line.startswith("t.csv:2: ContextTokens='999") and line.endswith("is more tokens than kvsim counts "
                                                                            "(9,007,199,254,740,992)")
     assert not (tmp_path / "out").exists()
+
+
+def servegen_prompts(folder, input_tokens: str) -> list[int]:
+    """The prompt lengths ServeGen's model draws over one 600-s window at 1 req/s (seed 0) from a client whose
+    dataset gives the input length probabilities `input_tokens` (as ServeGen writes them: a Python dict's text)."""
+    (folder / "chunk-0-trace.csv").write_text("0,1.0,1.0\n")
+    (folder / "chunk-0-dataset.json").write_text(json.dumps(
+        {"0": {"input_tokens": input_tokens, "output_tokens": "{5: 1.0}"}}))
+    return [record.prompt_len for record in read_servegen(folder, np.random.default_rng(0), 0.0, 600.0, None)]
+
+
+@pytest.mark.parametrize("weights", ["{10: 4611686018427387904, 20: 4611686018427387904}",  # 2 x 2**62
+                                     "{10: 1, 20: 1}", "{10: 0.5, 20: 0.5}"])
+def test_servegen_lengths_of_equal_weights_are_drawn_alike_whatever_their_size(tmp_path, weights):
+    """Two lengths of equal weight are each drawn with probability 1/2: of ~600 draws (a binomial's sd is ~12),
+    each length's share is within 0.4 to 0.6. Two weights of 2**62 summed in int64 to -2**63, a CDF of
+    [-0.5, 1] that drew 20 tokens every time."""
+    prompts = servegen_prompts(tmp_path, weights)
+    assert set(prompts) == {10, 20} and 0.4 < prompts.count(10) / len(prompts) < 0.6
+
+
+@pytest.mark.parametrize(("weights", "message"), [
+    ("{10: 1e308, 20: 1e308}", r"window 0 input_tokens: the probabilities sum past the largest float "
+                               r"\('\{10: 1e308, 20: 1e308\}'\)$"),
+    ("{10: 1" + "0" * 400 + "}", r"window 0 input_tokens: 10 tokens has probability 10+\.\.\., not a finite "
+                                 r"number >= 0$"),
+])
+def test_servegen_probabilities_past_a_float_are_refused(tmp_path, weights, message):
+    """1e308 twice: the CDF [1e308, inf] / inf = [0, NaN] never drew 10 tokens; 10**400: float() of it is an
+    OverflowError, which no reader's guard caught (a traceback from `kvsim run`)."""
+    with pytest.raises(KvsimError, match=message):
+        servegen_prompts(tmp_path, weights)

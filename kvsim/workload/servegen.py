@@ -148,8 +148,10 @@ def _servegen_window(row: list[str], path: Path, line: int) -> tuple[float, floa
 def _servegen_pmf(raw: Any, path: Path, window: str, field: str) -> dict[int, float]:
     """One window's `{tokens: probability}` (a Python-dict string, as ServeGen writes it): token counts whole
     numbers >= 1, probabilities finite and >= 0 with a positive sum. A negative weight made the CDF run
-    backwards, all-zero weights a NaN one, and a length of -100 or 10.7 tokens was drawn as 1 or 10, each
-    without a word."""
+    backwards, all-zero weights a NaN one, weights whose sum overflows (two of 1e308) a NaN past the first length
+    (never drawn), integer weights summing past 2**63 a CDF that wrapped negative (int64), an integer past a float's
+    range an OverflowError traceback, and a length of -100 or 10.7 tokens was drawn as 1 or 10, each without a
+    word. The probabilities are returned as floats."""
     where = f"window {window} {field}"
     try:
         pmf = ast.literal_eval(raw)
@@ -158,16 +160,29 @@ def _servegen_pmf(raw: Any, path: Path, window: str, field: str) -> dict[int, fl
                          f"({type(error).__name__})") from None
     if not isinstance(pmf, dict):
         raise KvsimError(f"{path}: {where}={shown(raw)} is not a dict of tokens to probabilities")
+    probabilities = {}
     for tokens, weight in pmf.items():
         if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_LENGTH:
             raise KvsimError(f"{path}: {where}: {shown(tokens)} tokens is not a whole number of tokens >= 1")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
-                or weight < 0:
+        probability = _float(weight) if isinstance(weight, (int, float)) and not isinstance(weight, bool) else None
+        if probability is None or not math.isfinite(probability) or probability < 0:
             raise KvsimError(f"{path}: {where}: {tokens} tokens has probability {shown(weight)}, not a finite "
                              "number >= 0")
-    if pmf and not sum(pmf.values()) > 0:
+        probabilities[tokens] = probability  # a float: an int's CDF was summed in int64, which wraps past 2**63
+    total = sum(probabilities.values())
+    if probabilities and not total > 0:
         raise KvsimError(f"{path}: {where}: every probability is 0")
-    return pmf
+    if total == math.inf:  # the CDF's running sum overflowed: inf / inf made NaN of the later lengths' share
+        raise KvsimError(f"{path}: {where}: the probabilities sum past the largest float ({shown(raw)})")
+    return probabilities
+
+
+def _float(number: float) -> float:
+    """`number` (an int or a float) as a float; an int past a float's range (10**400) is inf, not an OverflowError."""
+    try:
+        return float(number)
+    except OverflowError:
+        return math.inf
 
 
 def _servegen_pdfs(path: Path) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
