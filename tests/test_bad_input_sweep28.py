@@ -7,7 +7,11 @@ small count written with thousands of leading zeros (`int()` counts them against
 dataset's length probabilities: an integer past a float's range (`{10: 1000…0}`, 401 digits) was an
 OverflowError traceback; two of 1e308 summed to inf, so the CDF was [0, NaN] and the first length never drawn;
 integers summing past 2**63 wrapped the int64 CDF negative ([-0.5, 1]), so again only the last length was drawn;
-each without a word.
+each without a word. An integer past a float's range (401 digits, which JSON and YAML read as an int) was an
+OverflowError traceback wherever a file's number was checked with `math.isfinite` or read with `read_number(...,
+float)`: a `vllm bench serve` JSON's ttfts, start_times, max_concurrency or request_rate (and a measured run's
+requests.jsonl, through the same `is_number`), a GPU file's `efficiency` fractions and times, a profile's skew
+`alpha_default`.
 
 Probed and found refused or read as the rule asks (not repeated here): Azure, Mooncake, sharegpt_tokens and length
 files that are empty, a header alone, a BOM, CRLF or CR-only line ends, a truncated last line, `.gz` that is not
@@ -19,12 +23,17 @@ backwards, JSON integers of 5,000 digits, 1e400, JSON nested 100,000 deep, a lis
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 from conftest import one_line_exit_2  # tests/ is on sys.path
+from test_validate import bench_json
 
+from kvsim.latency.skew import alpha_default
 from kvsim.model.errors import KvsimError
+from kvsim.model.units import is_number, read_number
+from kvsim.validation.measured import load_measured
 from kvsim.workload.servegen import read_servegen
 from kvsim.workload.traces import TraceColumns, read_azure, read_lengths
 
@@ -103,3 +112,42 @@ def test_servegen_probabilities_past_a_float_are_refused(tmp_path, weights, mess
     OverflowError, which no reader's guard caught (a traceback from `kvsim run`)."""
     with pytest.raises(KvsimError, match=message):
         servegen_prompts(tmp_path, weights)
+
+
+PAST_FLOAT = 10**400  # a JSON or YAML integer of 401 digits: float() of it raises OverflowError
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"ttfts": [PAST_FLOAT, 0.02, 0.0]}, r"ttfts\[0\]=10+\.\.\. is not a number$"),
+    ({"start_times": [1000.0, -PAST_FLOAT, 1000.02]}, r"start_times\[1\]=-10+\.\.\. is not a number$"),
+    ({"max_concurrency": PAST_FLOAT}, r"max_concurrency=10+\.\.\. is not a positive whole number$"),
+    ({"request_rate": PAST_FLOAT, "start_times": None}, r"request_rate=10+\.\.\. is not a positive number$"),
+])
+def test_a_bench_number_past_a_floats_range_is_refused_naming_it(tmp_path, changes, message):
+    with pytest.raises(KvsimError, match=f"b.json: {message}"):
+        load_measured(bench_json(tmp_path / "b.json", **changes))
+
+
+def test_a_number_past_a_floats_range_is_no_finite_number_and_reads_as_inf():
+    """As text, the same number reads as inf (`float('1e400')`); as an int it raised OverflowError."""
+    assert read_number(PAST_FLOAT, float) == float("inf") and read_number(-PAST_FLOAT, float) == float("-inf")
+    assert read_number(2**1023, float) == 2.0**1023  # the largest power of two a float holds is still itself
+    assert not is_number(PAST_FLOAT) and is_number(2**1023) and not is_number(True)
+    with pytest.raises(KvsimError, match=r"^profile p: alpha_default=10+\.\.\. is not a finite number$"):
+        alpha_default(PAST_FLOAT, "p", "alpha_default")
+
+
+@pytest.mark.parametrize(("field", "said"), [("cpu_fixed_s", "expected seconds, 0 to 3600"),
+                                             ("gemm_flops", "expected a positive fraction of the datasheet rate")])
+def test_a_gpu_files_efficiency_past_a_floats_range_is_one_line(tmp_path, monkeypatch, field, said):
+    import yaml
+
+    from kvsim.model.config import load_gpu
+
+    monkeypatch.chdir(tmp_path)
+    fields = {key: value for key, value in load_gpu("h100-80gb").model_dump().items() if key != "name"}
+    gpu = f"gpu-{field}"  # a file name of its own: `load_gpu` caches a GPU by the name it is given
+    (tmp_path / f"{gpu}.yaml").write_text(yaml.safe_dump({**fields, "efficiency": {field: PAST_FLOAT}}))
+    line = one_line_exit_2(["run", "--set", f"gpu={gpu}.yaml", "--set", "workload.num_requests=2", "-o", "out"])
+    assert re.fullmatch(rf"gpu {gpu}: efficiency\.{field}=10+\.\.\.: {said}", line), line
+    assert not (tmp_path / "out").exists()

@@ -46,6 +46,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from kvsim.model.errors import KvsimError, shown
+from kvsim.model.units import is_number
 from kvsim.model.yaml_io import TEXT_ENCODING, load_shipped_yaml
 
 if TYPE_CHECKING:
@@ -215,19 +216,16 @@ def _efficiency_problem(name: str, value: Any) -> str | None:
     IndexError, text a TypeError, and `gemm_flops: -1` or `cpu_fixed_s: -1` ran on negative times."""
     from kvsim.model.config import MAX_FIXED_COST_S
 
-    def number(item: Any) -> bool:
-        return isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item)
-
     if name == "source":
         return None if isinstance(value, str) else "expected text"
     if name in _LISTS:
         size = _LISTS[name]
-        if not isinstance(value, list) or len(value) not in (0, size) or not all(number(v) and v > 0 for v in value):
+        if not isinstance(value, list) or len(value) not in (0, size) or not all(is_number(v) and v > 0 for v in value):
             return f"expected a list of {size} positive numbers (or none)"
         return None
     if name.endswith("_s"):
-        return None if number(value) and 0 <= value <= MAX_FIXED_COST_S else \
+        return None if is_number(value) and 0 <= value <= MAX_FIXED_COST_S else \
             f"expected seconds, 0 to {MAX_FIXED_COST_S:g}"
     if name == "token_op_l2_share":
-        return None if number(value) and 0 <= value <= 1 else "expected a share, 0 to 1"
-    return None if number(value) and value > 0 else "expected a positive fraction of the datasheet rate"
+        return None if is_number(value) and 0 <= value <= 1 else "expected a share, 0 to 1"
+    return None if is_number(value) and value > 0 else "expected a positive fraction of the datasheet rate"

@@ -1,6 +1,7 @@
 """Integer, number and text helpers every layer shares; a leaf module (no kvsim imports, no third-party ones)."""
 
-from typing import Any, TypeVar
+import math
+from typing import Any, TypeGuard, TypeVar
 
 Number = TypeVar("Number", int, float)
 
@@ -29,13 +30,33 @@ def underscore_problem(value: object) -> str | None:
 def read_number(text: Any, kind: type[Number]) -> Number:
     """`kind(text)` for a number read from a file or a flag, except that text with an underscore is a `ValueError`
     (`underscore_problem`), and so is text of any character other than ASCII: int() and float() read other
-    scripts' digits (`３` is 3.0, `١` 1) and spaces, which no file kvsim reads writes in a number (`ascii_int`)."""
+    scripts' digits (`３` is 3.0, `١` 1) and spaces, which no file kvsim reads writes in a number (`ascii_int`).
+    An int past a float's range read as a float is ±inf, as the same number as text is (`float('1e400')`), not an
+    OverflowError that no caller's `except ValueError` caught (a profile's `alpha_default`, its skew bins)."""
     problem = underscore_problem(text)
     if problem is not None:
         raise ValueError(problem)
     if isinstance(text, str) and not text.isascii():
         raise ValueError(f"{text!r} is no number in ASCII digits")
+    if kind is float and isinstance(text, int):  # float() of an int past its range raises OverflowError, where
+        return kind(_float_or_inf(text))  # float('1e400') of the same number as text is inf: inf here too
     return kind(text)
+
+
+def _float_or_inf(number: int) -> float:
+    """`float(number)`, or ±inf for an int past a float's range (a YAML or JSON integer of 400 digits)."""
+    try:
+        return float(number)
+    except OverflowError:
+        return math.inf if number > 0 else -math.inf
+
+
+def is_number(value: Any) -> TypeGuard[int | float]:
+    """Whether a value read from a file (JSON, YAML) is a finite number: an int or a float, not a bool (JSON's
+    true), NaN, Infinity or an int past a float's range (`math.isfinite` of one raised OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(_float_or_inf(value) if isinstance(value, int) else value)
 
 
 def ascii_int(text: object) -> int | None:

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from kvsim.model.errors import KvsimError
+from kvsim.model.units import is_number
 from kvsim.validation.frame import (
     MAX_SPAN_S,
     MeasuredRun,
-    is_number,
     json_text,
     read_json,
     refuse_late_arrival,

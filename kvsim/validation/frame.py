@@ -10,16 +10,16 @@ one-token reply. Times in the `requests` frame are seconds from the first arriva
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from kvsim.model.errors import KvsimError, reading, shown
+from kvsim.model.units import is_number
 from kvsim.model.yaml_io import load_json
 from kvsim.workload.files import open_text
 from kvsim.workload.traces import TraceRecord
@@ -85,11 +85,6 @@ def read_json(path: Path) -> Any:
         return load_json(text)
     except json.JSONDecodeError as error:
         raise KvsimError(f"JSON file {path}: not JSON ({error.msg} at line {error.lineno})") from None
-
-
-def is_number(value: Any) -> TypeGuard[int | float]:
-    """Whether a JSON value is a finite number: an int or float, not a bool (JSON's true), NaN or Infinity."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def refuse_late_arrival(arrival_s: np.ndarray, path: Path, name_of: Callable[[int], str]) -> None:

@@ -27,13 +27,12 @@ import numpy as np
 import pandas as pd
 
 from kvsim.model.errors import KvsimError, not_a_file, reading, shown
-from kvsim.model.units import read_number
+from kvsim.model.units import is_number, read_number
 from kvsim.validation.bench import read_vllm_bench
 from kvsim.validation.frame import (
     NS_PER_S,
     REQUEST_COLUMNS,
     MeasuredRun,
-    is_number,
     json_number,
     json_text,
     read_json,

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError
+from kvsim.model.units import is_number
 from kvsim.model.yaml_io import TEXT_ENCODING, load_json
-from kvsim.validation.frame import is_number
 
 RECORDED_GPU_KEYS = ("gpu", "gpu_name", "device_name")  # not "device": engine_kwargs may say "cuda"
 RECORDED_ENGINE_KEYS = ("tensor_parallel_size", "kv_cache_dtype", "block_size", "max_num_seqs",

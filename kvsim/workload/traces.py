@@ -116,8 +116,6 @@ def _seconds(value: Any, scale: float, path: Path, line: int, field: str) -> flo
         number = read_number(value, float)
     except (TypeError, ValueError):
         raise bad_row(path, line, f"{field}={shown(value)} is not a number") from None
-    except OverflowError:  # a JSON integer past a float's range (10**309): an OverflowError traceback, exit 1
-        number = math.inf
     if not math.isfinite(number):
         raise bad_row(path, line, f"{field}={shown(value)} is not a finite number")
     if number < 0:
