@@ -11,7 +11,9 @@ each without a word. An integer past a float's range (401 digits, which JSON and
 OverflowError traceback wherever a file's number was checked with `math.isfinite` or read with `read_number(...,
 float)`: a `vllm bench serve` JSON's ttfts, start_times, max_concurrency or request_rate (and a measured run's
 requests.jsonl, through the same `is_number`), a GPU file's `efficiency` fractions and times, a profile's skew
-`alpha_default`.
+`alpha_default`; and a model config.json's context length scaled by `rope_scaling` where the product is past a
+float's range (a yarn `original_max_position_embeddings` or a `max_position_embeddings` of 401 digits times a
+float factor).
 
 Probed and found refused or read as the rule asks (not repeated here): Azure, Mooncake, sharegpt_tokens and length
 files that are empty, a header alone, a BOM, CRLF or CR-only line ends, a truncated last line, `.gz` that is not
@@ -28,10 +30,12 @@ import re
 import numpy as np
 import pytest
 from conftest import one_line_exit_2  # tests/ is on sys.path
+from test_bad_input_sweep20 import QWEN
 from test_validate import bench_json
 
 from kvsim.latency.skew import alpha_default
 from kvsim.model.errors import KvsimError
+from kvsim.model.families import fields_from_hf_config
 from kvsim.model.units import is_number, read_number
 from kvsim.validation.measured import load_measured
 from kvsim.workload.servegen import read_servegen
@@ -151,3 +155,23 @@ def test_a_gpu_files_efficiency_past_a_floats_range_is_one_line(tmp_path, monkey
     line = one_line_exit_2(["run", "--set", f"gpu={gpu}.yaml", "--set", "workload.num_requests=2", "-o", "out"])
     assert re.fullmatch(rf"gpu {gpu}: efficiency\.{field}=10+\.\.\.: {said}", line), line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("config", "length"), [
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": PAST_FLOAT}}, "10+"),
+    ({"max_position_embeddings": PAST_FLOAT, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "10+"),
+])
+def test_a_scaled_context_length_past_a_floats_range_is_refused(config, length):
+    """vLLM multiplies the length by the factor (`_get_and_verify_max_len`); an int of 401 digits times a float
+    raised OverflowError (a traceback from `kvsim run --set model=FOLDER`)."""
+    with pytest.raises(KvsimError, match=rf"^model config M: rope_scaling\.factor=[0-9.]+: the context length it "
+                                         rf"scales \({length}\.\.\.\) times it is past a float's range$"):
+        fields_from_hf_config({**QWEN, **config}, "M")
+
+
+def test_a_scaled_context_length_of_integers_is_exact_however_long():
+    """An int factor times an int length is an exact int, as `max_position_embeddings` of 401 digits alone is
+    read (then bounded by the engine's max_model_len): only a float's overflow is refused."""
+    fields = fields_from_hf_config({**QWEN, "max_position_embeddings": PAST_FLOAT,
+                                    "rope_scaling": {"rope_type": "linear", "factor": 2}}, "M")
+    assert fields["max_position_embeddings"] == 2 * PAST_FLOAT

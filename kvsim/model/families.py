@@ -12,6 +12,7 @@ nothing from kvsim but the error type and the layer bound `ModelSpec` enforces.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -143,10 +144,18 @@ def _derived_max_len(c: _Config) -> int:
     if rope_type in ("llama3", "longrope", "su"):
         return length
     factor = _positive_number(c, "factor", scaling.get("factor", 1.0))
+    base: float = length
     if rope_type == "yarn":  # vLLM multiplies it as it is, an integral float (32768.0) included
         original = scaling.get("original_max_position_embeddings")
-        return int(_positive_number(c, "original_max_position_embeddings", original, "a yarn one needs it, ") * factor)
-    return int(length * factor)
+        base = _positive_number(c, "original_max_position_embeddings", original, "a yarn one needs it, ")
+    try:
+        scaled = base * factor
+    except OverflowError:  # an int past a float's range (max_position_embeddings of 401 digits) times a float
+        scaled = math.inf
+    if scaled == math.inf:  # a float's (an int times an int is exact): int() of it was an OverflowError traceback
+        raise KvsimError(f"model config {c.name}: rope_scaling.factor={shown(factor)}: the context length it scales "
+                         f"({shown(base)}) times it is past a float's range")
+    return int(scaled)
 
 
 # The (legacy `type`, `rope_type`) pairs of different names that vLLM's `patch_rope_parameters_dict` lets stand.
