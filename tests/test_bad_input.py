@@ -280,7 +280,7 @@ CASES = [
      "quantization_config='fp8': must be a mapping"),
     ("hf-duplicate-key", {"config.json": '{"hidden_size": 64, "hidden_size": 128}',
                           "s.yaml": f"model: {{d}}/config.json\n{WORKLOAD}"}, RUN_S,
-     "duplicate key 'hidden_size' (lines 1 and 1)"),
+     "config.json: cannot read: duplicate key 'hidden_size': give each key once at line 1"),  # read as JSON
     # --- GPU files
     ("gpu-file-bad-size", {"g.yaml": "memory_bytes: lots\nhbm_bandwidth_bytes_per_s: 1e12\nfp16_flops: 1e14\n"
                            "host_link_bandwidth_bytes_per_s: 1e10\n", "s.yaml": f"gpu: {{d}}/g.yaml\n{WORKLOAD}"},

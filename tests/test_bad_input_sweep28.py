@@ -13,7 +13,9 @@ float)`: a `vllm bench serve` JSON's ttfts, start_times, max_concurrency or requ
 requests.jsonl, through the same `is_number`), a GPU file's `efficiency` fractions and times, a profile's skew
 `alpha_default`; and a model config.json's context length scaled by `rope_scaling` where the product is past a
 float's range (a yarn `original_max_position_embeddings` or a `max_position_embeddings` of 401 digits times a
-float factor).
+float factor). A model's config.json was read by PyYAML as YAML 1.1, where a number in JSON's exponent form
+(`4e0`, `1e-05`, `2.5e3`: no dot or an unsigned exponent) is text: `rope_scaling.factor: 4e0` was refused as
+"must be a positive number", where vLLM (`json.load`) reads 4.0.
 
 Probed and found refused or read as the rule asks (not repeated here): Azure, Mooncake, sharegpt_tokens and length
 files that are empty, a header alone, a BOM, CRLF or CR-only line ends, a truncated last line, `.gz` that is not
@@ -175,3 +177,16 @@ def test_a_scaled_context_length_of_integers_is_exact_however_long():
     fields = fields_from_hf_config({**QWEN, "max_position_embeddings": PAST_FLOAT,
                                     "rope_scaling": {"rope_type": "linear", "factor": 2}}, "M")
     assert fields["max_position_embeddings"] == 2 * PAST_FLOAT
+
+
+@pytest.mark.parametrize("factor", ["2e0", "2.0e0", "20e-1", "0.2E1"])
+def test_a_config_json_number_in_exponent_form_is_a_number_as_json_reads_it(tmp_path, factor):
+    """Each spells 2.0 in JSON (RFC 8259's exponent: optional sign, no dot needed): 8,192 positions times a
+    linear factor of 2 serve 16,384 (vLLM's `_get_and_verify_max_len`)."""
+    from kvsim.model.config import load_model
+
+    folder = tmp_path / f"m{factor.replace('.', '_')}"  # a path of its own: `load_model` caches by the path
+    folder.mkdir()
+    config = json.dumps({**QWEN, "max_position_embeddings": 8192, "rope_scaling": {"type": "linear", "factor": 0}})
+    (folder / "config.json").write_text(config.replace('"factor": 0', f'"factor": {factor}'))
+    assert load_model(str(folder)).max_position_embeddings == 16384

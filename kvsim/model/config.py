@@ -12,6 +12,7 @@ name (`kvsim/model/presets/gpus.yaml`) or a YAML/JSON file with `GPUSpec`'s fiel
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +23,14 @@ from pydantic import Field, ValidationError
 from kvsim.model.errors import KvsimError, from_validation_error, not_a_preset, reading
 from kvsim.model.sizes import Bytes
 from kvsim.model.spec import Label, ModelSpec, Settings
-from kvsim.model.yaml_io import TEXT_ENCODING, load_shipped_yaml, load_yaml, settings_text, yaml_problem
+from kvsim.model.yaml_io import (
+    TEXT_ENCODING,
+    load_json,
+    load_shipped_yaml,
+    load_yaml,
+    settings_text,
+    yaml_problem,
+)
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 
@@ -192,11 +200,17 @@ def load_gpu(name_or_path: str) -> GPUSpec:
 
 
 def _read_mapping(path: Path, what: str) -> dict[str, Any]:
+    """The mapping a model or GPU file holds; a `.json` file is read as JSON, as vLLM reads a config.json (PyYAML
+    reads JSON as YAML 1.1, where `4e0` and `1e-05`, numbers in JSON, are text: `rope_scaling.factor: 4e0` was
+    refused as "must be a positive number"). A repeated key is refused either way."""
     try:
         with reading(path, f"{what} file"):
-            raw = load_yaml(settings_text(path, f"{what} file"))  # YAML holds JSON; a repeated key is refused
+            text = settings_text(path, f"{what} file")
+        raw = load_json(text) if path.suffix.lower() == ".json" else load_yaml(text)
     except yaml.YAMLError as error:
         raise KvsimError(f"{what} file {path}: cannot read: {yaml_problem(error)}") from None
+    except json.JSONDecodeError as error:
+        raise KvsimError(f"{what} file {path}: cannot read: {error.msg} at line {error.lineno}") from None
     if not isinstance(raw, dict):
         raise KvsimError(f"{what} file {path}: expected a mapping of fields")
     return raw
