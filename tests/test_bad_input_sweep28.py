@@ -21,7 +21,11 @@ Probed and found refused or read as the rule asks (not repeated here): Azure, Mo
 files that are empty, a header alone, a BOM, CRLF or CR-only line ends, a truncated last line, `.gz` that is not
 gzip, a 0-byte or truncated `.gz`, non-UTF-8 or UTF-16 bytes, NUL bytes, a 2 MB line, a folder, a FIFO (plain or
 `.gz`), duplicated JSON keys, counts as strings, negative and zero counts, NaN and Infinity, times going
-backwards, JSON integers of 5,000 digits, 1e400, JSON nested 100,000 deep, a list for a row.
+backwards, JSON integers of 5,000 digits, 1e400, JSON nested 100,000 deep, a list for a row; vLLM ShareGPT JSON
+(empty, BOM, non-UTF-8, NaN, duplicate keys, deep nesting, turns that are no objects); ServeGen folders (BOM, CRLF,
+NUL, a 200 KB cell, non-finite or 5,000-digit rates, datasets empty, non-UTF-8, of duplicate or NaN windows, a
+FIFO); a FIFO given as a profile, a `.gz` profile, a scenario, a plan spec, a bench JSON, a GPU file or a model
+folder's config.json (each refused, none blocks); `rope_theta`/`rms_norm_eps` of any value (not read by kvsim).
 """
 
 from __future__ import annotations
