@@ -24,7 +24,7 @@ import math
 from collections import abc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Self, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -194,6 +194,32 @@ class Settings(BaseModel):
 
 LayerType = Literal["full_attention", "sliding_attention", "chunked_attention"]
 WeightQuant = Literal["fp8", "mxfp4"]
+
+
+class WholeSettings(Settings):
+    """A `Settings` a user makes whole from Python (`kvsim.Scenario(...)`, `StudyConfig(...)`), not only as a
+    section of another: made (`__init__`) or validated (`model_validate`) with a bad field, it is one `KvsimError`
+    line naming the field (under `error_name`) and the value; pydantic's `ValidationError` is several lines, and
+    no `KvsimError`."""
+
+    error_name: ClassVar[str]
+
+    def __init__(self, **fields: Any) -> None:
+        from pydantic import ValidationError
+
+        try:
+            super().__init__(**fields)
+        except ValidationError as error:
+            raise from_validation_error(error, model=type(self), name=self.error_name) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
+        from pydantic import ValidationError
+
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as error:
+            raise from_validation_error(error, model=cls, name=cls.error_name) from None
 
 
 class MLASpec(Settings):

@@ -8,20 +8,21 @@ value. It was a plain dataclass: `StudyConfig(num_requests='x')` was accepted an
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from kvsim.model.errors import from_validation_error
-from kvsim.model.spec import Settings
+from kvsim.model.spec import WholeSettings
 
 Count = Annotated[int, Field(ge=1)]  # requests, replicas, sequences: at least one
 Share = Annotated[float, Field(gt=0)]  # a multiple of a rate: positive
 
 
-class StudyConfig(Settings):
+class StudyConfig(WholeSettings):
     """Knobs of the report; `quick` shrinks every sweep for smoke runs and tests. Every field is checked when the
     config is made (and in `model_copy(update=...)`); a bad one is a `KvsimError` naming it and its value."""
+
+    error_name = "cfg"
 
     num_requests: Count = 200
     # load grid, as fractions of paged KV's sustainable rate: light load to past the knee
@@ -46,20 +47,6 @@ class StudyConfig(Settings):
     offload_loads: tuple[Share, ...] = Field(default=(0.5, 1.0, 2.0), min_length=1)  # × the trace's arrival rate
     # batch-size limits (max_num_seqs) the speculative-decoding section runs with and without drafts
     speculation_batch_sizes: tuple[Count, ...] = Field(default=(1, 4, 16, 32, 64, 128, 256), min_length=1)
-
-    def __init__(self, **fields: Any) -> None:
-        try:
-            super().__init__(**fields)
-        except ValidationError as error:
-            raise from_validation_error(error, model=StudyConfig, name="cfg") from None
-
-    @classmethod
-    def model_validate(cls, obj: Any, **kwargs: Any) -> StudyConfig:
-        """`StudyConfig.model_validate(fields)`, refusing a bad field as `StudyConfig(...)` does."""
-        try:
-            return super().model_validate(obj, **kwargs)
-        except ValidationError as error:
-            raise from_validation_error(error, model=StudyConfig, name="cfg") from None
 
     @classmethod
     def quick(cls) -> StudyConfig:

@@ -38,7 +38,7 @@ from kvsim.model.errors import (
     section_hint,
     shown,
 )
-from kvsim.model.spec import Label, Settings
+from kvsim.model.spec import Label, Settings, WholeSettings
 from kvsim.model.yaml_io import load_json, load_yaml, settings_text, yaml_problem
 from kvsim.workload.files import data_file, path_texts
 from kvsim.workload.fleet_layout import (
@@ -101,7 +101,9 @@ class LatencyConfig(Settings):
 
 StepsMode = Literal["none", "sampled", "all"]  # which per-step rows a run keeps and writes
 
-class Scenario(Settings):
+class Scenario(WholeSettings):
+    error_name = "scenario"  # `kvsim.Scenario(...)` refuses a bad field as `load_scenario` does
+
     name: Label = "scenario"
     description: str = ""
     model: str = "llama-3.1-8b"
@@ -125,26 +127,15 @@ class Scenario(Settings):
         description="replica count follows an HPA-style policy; new replicas serve after startup_s")
     base_dir: str = Field(default=".", exclude=True)
 
-    def __init__(self, **data: Any) -> None:
-        """`kvsim.Scenario(...)` from Python refuses a bad field as `load_scenario` does: one `KvsimError` line
-        naming the field and the value (pydantic's `ValidationError` is several lines, and no `KvsimError`)."""
-        try:
-            super().__init__(**data)
-        except ValidationError as error:
-            raise from_validation_error(error, model=Scenario, name="scenario") from None
-
     @classmethod
     def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
         """`Scenario.model_validate(fields)`, refusing a bad field as `Scenario(...)` does. Pydantic validates
-        through the `__init__` above, as `__init__(**fields)`: a key that is no string is refused first (a
+        through `WholeSettings.__init__`, as `__init__(**fields)`: a key that is no string is refused first (a
         TypeError, "keywords must be strings", there)."""
         keys = [key for key in obj if not isinstance(key, str)] if isinstance(obj, dict) else []
         if keys:  # YAML's `1: x` or `~: x`
             raise KvsimError(f"{shown(keys[0])}: a key must be a string, not {type(keys[0]).__name__}")
-        try:
-            return super().model_validate(obj, **kwargs)
-        except ValidationError as error:
-            raise from_validation_error(error, model=Scenario, name="scenario") from None
+        return super().model_validate(obj, **kwargs)
 
     @classmethod
     def model_validate_json(cls, json_data: str | bytes | bytearray, **kwargs: Any) -> Self:
