@@ -39,11 +39,11 @@ def read_number(text: Any, kind: type[Number]) -> Number:
     if isinstance(text, str) and not text.isascii():
         raise ValueError(f"{text!r} is no number in ASCII digits")
     if kind is float and isinstance(text, int):  # float() of an int past its range raises OverflowError, where
-        return kind(_float_or_inf(text))  # float('1e400') of the same number as text is inf: inf here too
+        return kind(float_or_inf(text))  # float('1e400') of the same number as text is inf: inf here too
     return kind(text)
 
 
-def _float_or_inf(number: int) -> float:
+def float_or_inf(number: int | float) -> float:
     """`float(number)`, or ±inf for an int past a float's range (a YAML or JSON integer of 400 digits)."""
     try:
         return float(number)
@@ -56,7 +56,7 @@ def is_number(value: Any) -> TypeGuard[int | float]:
     true), NaN, Infinity or an int past a float's range (`math.isfinite` of one raised OverflowError)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
-    return math.isfinite(_float_or_inf(value) if isinstance(value, int) else value)
+    return math.isfinite(float_or_inf(value) if isinstance(value, int) else value)
 
 
 def ascii_int(text: object) -> int | None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.model.errors import KvsimError, shown
-from kvsim.model.units import ascii_int, read_number
+from kvsim.model.units import ascii_int, float_or_inf, read_number
 from kvsim.model.yaml_io import load_json
 from kvsim.workload.files import open_text
 from kvsim.workload.traces import MAX_LENGTH, TraceRecord, bad_row
@@ -164,7 +164,8 @@ def _servegen_pmf(raw: Any, path: Path, window: str, field: str) -> dict[int, fl
     for tokens, weight in pmf.items():
         if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_LENGTH:
             raise KvsimError(f"{path}: {where}: {shown(tokens)} tokens is not a whole number of tokens >= 1")
-        probability = _float(weight) if isinstance(weight, (int, float)) and not isinstance(weight, bool) else None
+        number = isinstance(weight, (int, float)) and not isinstance(weight, bool)
+        probability = float_or_inf(weight) if number else None
         if probability is None or not math.isfinite(probability) or probability < 0:
             raise KvsimError(f"{path}: {where}: {tokens} tokens has probability {shown(weight)}, not a finite "
                              "number >= 0")
@@ -175,14 +176,6 @@ def _servegen_pmf(raw: Any, path: Path, window: str, field: str) -> dict[int, fl
     if total == math.inf:  # the CDF's running sum overflowed: inf / inf made NaN of the later lengths' share
         raise KvsimError(f"{path}: {where}: the probabilities sum past the largest float ({shown(raw)})")
     return probabilities
-
-
-def _float(number: float) -> float:
-    """`number` (an int or a float) as a float; an int past a float's range (10**400) is inf, not an OverflowError."""
-    try:
-        return float(number)
-    except OverflowError:
-        return math.inf
 
 
 def _servegen_pdfs(path: Path) -> dict[float, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
