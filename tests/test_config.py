@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from kvsim.model.config import load_gpu, load_model, model_presets
+from kvsim.model.config import PRESETS_DIR, load_gpu, load_model, model_presets
 from kvsim.model.engine_config import EngineConfig, make_engine
 from kvsim.model.errors import KvsimError
 from kvsim.model.sizes import parse_size
@@ -67,6 +67,25 @@ def test_user_gpu_yaml(tmp_path):
                     "host_link_bandwidth_bytes_per_s: 3.2e10\n")
     gpu = load_gpu(str(path))
     assert gpu.memory_bytes == 24 * 2**30 and gpu.fp8_flops is None
+    assert load_gpu(str(path)) is gpu  # read once while the file stays as it was
+
+
+def test_a_gpu_or_model_file_edited_between_loads_is_read_again(tmp_path):
+    """A notebook edits its GPU file (48 GiB) and its model's config.json (a 4096 context) between two runs: the
+    second load reads the edited files, as a fresh process would, not the spec first read under that path."""
+    gpu_file = tmp_path / "mygpu.yaml"
+    datasheet = "hbm_bandwidth_bytes_per_s: 1e12\nfp16_flops: 1e14\nhost_link_bandwidth_bytes_per_s: 3.2e10\n"
+    gpu_file.write_text("memory_bytes: 24GiB\n" + datasheet)
+    assert load_gpu(str(gpu_file)).memory_bytes == 24 * 2**30
+    gpu_file.write_text("memory_bytes: 48GiB\n" + datasheet)
+    assert load_gpu(str(gpu_file)).memory_bytes == 48 * 2**30
+    model_dir = tmp_path / "my-model"
+    model_dir.mkdir()
+    config = json.loads((PRESETS_DIR / "models" / "llama-3.1-8b.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
+    assert load_model(str(model_dir)).max_position_embeddings == 8192
+    (model_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    assert load_model(str(model_dir)).max_position_embeddings == 4096
 
 
 def test_gpu_yaml_bad_value_names_field(tmp_path):

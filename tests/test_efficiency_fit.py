@@ -52,10 +52,9 @@ def test_a_gpu_file_can_override_fractions_and_bad_names_are_refused(tmp_path):
     eff = efficiency_for(load_gpu(str(path)))
     assert eff.gemm_bandwidth == 0.5  # given
     assert eff.gemm_floor_s == STORED["defaults"]["gddr"]["gemm_floor_s"]  # the rest: its memory type's default
-    typo = tmp_path / "typo.yaml"  # (load_gpu caches by path)
-    typo.write_text(yaml.safe_dump({**raw, "efficiency": {"gemm_bandwith": 0.5}}))
+    path.write_text(yaml.safe_dump({**raw, "efficiency": {"gemm_bandwith": 0.5}}))  # edited: read again
     with pytest.raises(KvsimError, match="efficiency.gemm_bandwith"):
-        efficiency_for(load_gpu(str(typo)))
+        efficiency_for(load_gpu(str(path)))
 
 
 def test_regime_interpolation_is_the_same_in_the_roofline_and_the_fit():

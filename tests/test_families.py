@@ -246,8 +246,7 @@ def test_phi3_loads_as_llama_shaped_and_is_named_by_name_or_path(tmp_path) -> No
     assert (m.num_layers, m.num_kv_heads, m.head_dim) == (32, 32, 3072 // 32)
     assert kv_bytes_per_token(m, make_engine(max_model_len=4096)) == 2 * 32 * 32 * 96 * BF16  # 384 KiB
     local = {**PHI3_MINI, "_name_or_path": "/data/checkpoints/phi3-ft/"}
-    path.write_text(json.dumps(local))
-    load_model.cache_clear()
+    path.write_text(json.dumps(local))  # the same path, rewritten: read again, not the first file's cached spec
     assert load_model(str(path)).name == "phi3-ft"  # a local path: its last folder
 
 

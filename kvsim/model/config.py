@@ -83,12 +83,30 @@ def _folder_without_config(folder: Path) -> str:
     return " (a folder without a config.json)"
 
 
-@cache
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """What says a user's file is the one read before (inode, size, modification time in ns), or None where it
+    cannot be read: `load_model` and `load_gpu` key their caches on it, so a notebook that edits its GPU or model
+    file between runs reads the new file, not the first one read under that path."""
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_ino, status.st_size, status.st_mtime_ns
+
+
 def load_model(name_or_path: str) -> ModelSpec:
-    """A preset name (`llama-3.1-8b`) or a path to a `config.json`, YAML or JSON file."""
+    """A preset name (`llama-3.1-8b`) or a path to a `config.json`, YAML or JSON file; read again when the file
+    changed since it was last read (`file_stamp`)."""
+    path, is_preset = model_file(name_or_path)
+    return _load_model_file(name_or_path, path, is_preset, None if is_preset else file_stamp(path))
+
+
+@cache
+def _load_model_file(name_or_path: str, path: Path, is_preset: bool,
+                     stamp: tuple[int, int, int] | None) -> ModelSpec:
+    """`load_model`'s work, once per file version (`stamp` is the cache's key only)."""
     from kvsim.model.families import config_name
 
-    path, is_preset = model_file(name_or_path)
     raw = _read_mapping(path, "model")
     return model_from_hf_config(raw, name_or_path if is_preset else config_name(raw, path))
 
@@ -179,9 +197,16 @@ def gpu_presets() -> list[str]:
     return sorted(_gpu_presets())
 
 
-@cache
 def load_gpu(name_or_path: str) -> GPUSpec:
-    """A preset name (`h100-80gb`) or a YAML/JSON file with `GPUSpec` fields."""
+    """A preset name (`h100-80gb`) or a YAML/JSON file with `GPUSpec` fields; a file is read again when it
+    changed since it was last read (`file_stamp`)."""
+    stamp = None if name_or_path in _gpu_presets() else file_stamp(Path(name_or_path))
+    return _load_gpu_version(name_or_path, stamp)
+
+
+@cache
+def _load_gpu_version(name_or_path: str, stamp: tuple[int, int, int] | None) -> GPUSpec:
+    """`load_gpu`'s work, once per file version (`stamp` is the cache's key only)."""
     presets = _gpu_presets()
     try:
         is_file, why = name_or_path not in presets and Path(name_or_path).is_file(), ""
