@@ -73,9 +73,10 @@ from kvsim.results.metrics import percentiles
 from kvsim.results.run_result import RunResult
 from kvsim.results.together import means_together
 from kvsim.sched.request_queue import priority_key
+from kvsim.workload.conversations import served_reply_len
 from kvsim.workload.fleet_layout import KVTransferConfig
 from kvsim.workload.fleet_layout import Router as RouterConfig
-from kvsim.workload.generate import MAX_INSTANT_S
+from kvsim.workload.generate import MAX_INSTANT_S, RequestStream
 from kvsim.workload.request import Request, RequestStatus
 from kvsim.workload.scenario import Scenario, expect_scenario
 
@@ -136,6 +137,9 @@ class Disaggregation:
                                      self.block_size[self.prefill[0]])
         self.d_router = _make_router(config.decode_router, [parts[i] for i in self.decode],
                                      self.block_size[self.decode[0]])
+        multi_turn = scenario.workload.multi_turn
+        if multi_turn is not None and multi_turn.turns > 1:
+            self._check_decode_alike(specs)
         self.p_routes, self.d_routes = Routes(), Routes()
         self.pending: list[deque[tuple[Request, int, float]]] = [deque() for _ in self.decode]
         self.in_flight: list[dict[int, _InFlight]] = [{} for _ in self.decode]
@@ -153,6 +157,42 @@ class Disaggregation:
             scheduler = engines[i].scheduler  # its held KV (`held_kv_tokens`) came from a prefill instance
             scheduler.held_kv_source = "a prefill instance (kv_transfer_config)" + (
                 " or engine.kv_offload's tiers" if scheduler.offload is not None else "")
+
+    def _check_decode_alike(self, specs: list[Scenario]) -> None:
+        """KvsimError naming the first decode instance whose max_model_len, KV pool or block size differs from the
+        first's: a conversation's next turn (open timing) may arrive while a turn prefills, before the decode
+        router picks the instance that answers it, so its reply (none if refused, else cut at that instance's
+        max_model_len) must be the same whichever it picks (`reply_len`)."""
+        def limits(d: int) -> tuple[int, int, int]:
+            scheduler = self.engines[d].scheduler
+            return scheduler.limits.max_model_len, scheduler.alloc.num_total_slots, self.block_size[d]
+
+        first = self.decode[0]
+        for d in self.decode[1:]:
+            if limits(d) != limits(first):
+                (mine, slots, size), (theirs, first_slots, first_size) = limits(d), limits(first)
+                raise KvsimError(
+                    f"replicas ({specs[d].name}, kv_consumer): max_model_len {mine}, a KV pool of {slots:,} tokens in "
+                    f"blocks of {size}, but ({specs[first].name}, kv_consumer) has {theirs}, {first_slots:,} and "
+                    f"{first_size}: with workload.multi_turn a conversation's next turn may arrive while a turn "
+                    "prefills, before the decode router picks the instance that answers it (or refuses it, or cuts "
+                    "its reply at its max_model_len), so the decode instances must be alike; give them one engine")
+
+    def reply_len(self, req: Request) -> int:
+        """The reply the client of turn `req` gets (`kvsim.workload.conversations.OpenTurns.reply_len`): for a turn
+        still on a prefill instance, what the decode pool will give it, none if it refuses it, else the client's
+        max_tokens cut at its max_model_len, as `hand_off` decides (the decode instances are alike,
+        `_check_decode_alike`, so this is known before the router picks one); for any other, what its engine
+        decided (`served_reply_len`: refused by its prefill instance, or by or on its decode instance). A turn of
+        a conversation whose next turn arrived before its prefill ended came in that next turn's prompt with the
+        whole reply asked, and with one its decode instance then refused."""
+        asked = self.output_len.get(req.request_id)
+        if asked is None:
+            return served_reply_len(req)
+        scheduler = self.engines[self.decode[0]].scheduler
+        probe = Request(req.request_id, req.arrival_s, req.prompt_len, asked)
+        probe.cap_output(scheduler.limits.max_model_len)
+        return 0 if scheduler.reject_reason(probe) is not None else probe.output_len
 
     # ---------------------------------------------------------------- the clocks
     def clocks(self, env: Any, arrivals: ArrivalClock) -> list[ArrivalClock]:
@@ -375,6 +415,8 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
     # `Disaggregation` sets `observe_kv` where a pool's router reads KV usage
     parts, engines, requests = replica_engines(scenario, specs, observe_kv=False)
     disagg = Disaggregation(scenario, specs, parts, engines)
+    if isinstance(requests, RequestStream) and requests.turns is not None:  # open multi-turn: a turn's reply is
+        requests.turns.reply_len = disagg.reply_len  # decided after its prefill, maybe after its next turn came
     run_engines([[engine] for engine in engines], requests, disagg.dispatch, check, progress, bursts,
                 num_requests=scenario.workload.num_requests, clocks=disagg.clocks)
     assert all(not pending for pending in disagg.pending) and all(not f for f in disagg.in_flight)

@@ -7,9 +7,14 @@ plus the turn's new message, as segments, so that prefix caching hits exactly wh
 the history. Both timings build every turn through it, so a turn's content does not depend on when it is
 sent.
 
+Both timings carry the reply a turn actually got into the next turn's prompt, as vLLM's multi-turn benchmark
+client does (benchmarks/multi_turn/benchmark_serving_multi_turn.py, `send_turn`: "Update the answer" replaces the
+dataset's answer with the generated text before the next turn is sent): a reply cut at a replica's max_model_len
+(`Request.cap_output`) is carried as cut, a refused turn's not at all (`served_reply_len`).
+
 `OpenTurns` serves `open` timing: each turn is built when it arrives, its previous turn already sent, so a
 turn refused on arrival (a fleet's smaller replica refuses a prompt a larger one serves) leaves no reply in
-the next turn's prompt.
+the next turn's prompt, and a reply that replica cut is carried as cut.
 
 `Conversations` serves `after_reply`: only the first turns' instants are known up front (the arrival
 process's draws); turn k + 1 of a conversation is sent `think_time_s` after turn k ended, which only the
@@ -19,7 +24,7 @@ history of the conversations in progress only (a turn in flight or waiting for i
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -104,14 +109,20 @@ class TurnBuilder:
         room = self.max_model_len - prompt_len
         return max(1, record.output_len if room <= 0 else min(record.output_len, room))
 
-    def unanswered(self, history: History, output_len: int) -> History:
-        """`history` (what `content` returned for a turn whose reply is `output_len` tokens) without that reply:
-        what a conversation holds after a turn that was refused, which has no reply."""
+    def answered(self, history: History, output_len: int, reply_len: int) -> History:
+        """`history` (what `content` returned for a turn whose reply is `output_len` tokens) with a reply of
+        `reply_len` ≤ `output_len` tokens instead: the first `reply_len` of them (a reply the serving replica cut at
+        its max_model_len is the start of the one asked), none for a turn that was refused (`reply_len` 0).
+        `history` itself where nothing is cut."""
+        assert 0 <= reply_len <= output_len, "a turn gets at most the reply its content was built with"
+        if reply_len == output_len:
+            return history
         if self.token_level:
             assert isinstance(history, tuple), "a turn of a token-id conversation follows tokens"
-            return history[:len(history) - output_len]
+            return history[:len(history) - output_len + reply_len]
         assert isinstance(history, list) and history[-1][1] == output_len, "a turn's history ends with its reply"
-        return history[:-1]
+        reply_id = history[-1][0]
+        return [*history[:-1], (reply_id, reply_len)] if reply_len else history[:-1]
 
     def request(self, index: int, request_id: int, arrival_s: float, prompt_len: int, output_len: int,
                 content: Content) -> Request:
@@ -128,20 +139,32 @@ class TurnBuilder:
                        num_length_capped_tokens=capped)
 
 
+def served_reply_len(req: Request) -> int:
+    """The reply, in tokens, the client of turn `req` gets, as the engine it was sent to decided when it arrived
+    (`kvsim.sched.admission.Admission.accept`): none if refused, else its output as that engine capped it
+    (`Request.cap_output`: a reply that reaches max_model_len ends there, finish_reason "length")."""
+    return 0 if req.status is RequestStatus.REJECTED else req.output_len
+
+
 class OpenTurns:
     """`timing: open`'s turns (`kvsim.workload.generate.iter_requests`), each built when it arrives, from its
-    conversation's history as its previous turn left it. A turn refused on arrival (its prompt reaches the
-    max_model_len of the replica it was routed to, or it can never fit a pool) has no reply, so the next turn's
-    prompt holds the refused turn's prompt and no reply: in a fleet whose replicas' limits differ a smaller
+    conversation's history with the reply its previous turn got (`reply_len`): none for a turn refused on arrival
+    (its prompt reaches the max_model_len of the replica it was routed to, or it can never fit a pool), so the next
+    turn's prompt holds the refused turn's prompt and no reply (in a fleet whose replicas' limits differ a smaller
     replica refused a turn whose reply, never generated, still came in the next turn's prompt, which a larger
-    replica then served. A turn arrives only after its previous turn was sent (`timing: open` sends turn k + 1
-    think times after turn k, and the arrival process sends each request as it takes it), so the refusal is known.
-    Only the conversations in progress are kept: the history after the last turn sent and that turn's request."""
+    replica then served); the reply as cut where the replica's max_model_len cut it (the next turn carried the
+    whole reply asked, of which the client got only the start). A turn arrives only after its previous turn was
+    sent (`timing: open` sends turn k + 1 think times after turn k, and the arrival process sends each request as
+    it takes it), so the engine's decision is known. `reply_len` (default `served_reply_len`) is the run's to
+    replace where the engine that first takes a turn does not decide its reply (a disaggregated fleet's prefill
+    instance: `kvsim.fleet.disagg.Disaggregation.reply_len`). Only the conversations in progress are kept: the
+    history after the last turn sent and that turn's request."""
 
-    __slots__ = ("builder", "_ongoing")
+    __slots__ = ("builder", "reply_len", "_ongoing")
 
     def __init__(self, builder: TurnBuilder) -> None:
         self.builder = builder
+        self.reply_len: Callable[[Request], int] = served_reply_len
         self._ongoing: dict[int, tuple[History, int, Request]] = {}  # conversation -> (history, reply len, turn)
 
     def request(self, index: int, request_id: int, arrival_s: float) -> Request:
@@ -150,9 +173,8 @@ class OpenTurns:
         conv, turn = divmod(index, builder.turns)
         history: History = []
         if turn:
-            history, reply_len, previous = self._ongoing.pop(conv)
-            if previous.status is RequestStatus.REJECTED:
-                history = builder.unanswered(history, reply_len)
+            history, asked_len, previous = self._ongoing.pop(conv)
+            history = builder.answered(history, asked_len, self.reply_len(previous))
         prompt_len, output_len, content, history = builder.content(index, history)
         req = builder.request(index, request_id, arrival_s, prompt_len, output_len, content)
         if turn + 1 < builder.turns and index + 1 < len(builder.records):
@@ -169,7 +191,9 @@ class Conversations:
     then `send` again after the think time if `ended` says a turn follows. A rejected turn ends its
     conversation: vLLM's multi-turn benchmark client (benchmarks/multi_turn/benchmark_serving_multi_turn.py,
     `client_main`) drops a conversation whose request failed ("Remove the conversation (should not be used
-    again)"), so its later turns are never sent.
+    again)"), so its later turns are never sent. A finished turn's next turn carries the reply it got
+    (`served_reply_len`: cut where the replica that served it cut it at its max_model_len), as the client's
+    `send_turn` stores the generated answer for the next turn.
     """
 
     __slots__ = ("builder", "first_arrival_s", "think_time_s", "num_requests", "_history")
@@ -177,7 +201,8 @@ class Conversations:
     def __init__(self, builder: TurnBuilder, first_arrival_s: np.ndarray, think_time_s: float) -> None:
         self.builder, self.first_arrival_s, self.think_time_s = builder, first_arrival_s, think_time_s
         self.num_requests = len(builder.records)  # every turn of every conversation: the most a run can send
-        self._history: dict[int, tuple[int, History]] = {}  # conversation -> (its next turn, history so far)
+        # conversation -> (its next turn, history so far, the reply length the history holds, the turn in flight)
+        self._history: dict[int, tuple[int, History, int, Request | None]] = {}
 
     def __len__(self) -> int:
         return self.num_requests
@@ -194,18 +219,23 @@ class Conversations:
     def send(self, conv: int, request_id: int, arrival_s: float) -> Request:
         """Conversation `conv`'s next turn (its first if it has not started), as request `request_id` sent at
         `arrival_s`."""
-        turn, history = self._history.get(conv, (0, []))
+        turn, history, _, in_flight = self._history.get(conv, (0, [], 0, None))
         index = conv * self.builder.turns + turn
-        assert index < self.num_requests and (turn == 0) == (conv not in self._history)
+        assert index < self.num_requests and (turn == 0) == (conv not in self._history) and in_flight is None
         prompt_len, output_len, content, next_history = self.builder.content(index, history)
-        self._history[conv] = (turn + 1, next_history)
-        return self.builder.request(index, request_id, arrival_s, prompt_len, output_len, content)
+        req = self.builder.request(index, request_id, arrival_s, prompt_len, output_len, content)
+        self._history[conv] = (turn + 1, next_history, output_len, req)
+        return req
 
     def ended(self, conv: int, finished: bool) -> bool:
         """The turn of `conv` in flight ended (finished, or rejected); True if another turn follows (the
-        history is kept for it), False if the conversation is over (its history let go)."""
-        next_turn, _ = self._history[conv]
+        history is kept for it, with the reply the turn got), False if the conversation is over (its history
+        let go)."""
+        next_turn, history, asked_len, req = self._history[conv]
+        assert req is not None, "a turn of the conversation is in flight"
         if finished and next_turn < self.builder.turns and conv * self.builder.turns + next_turn < self.num_requests:
+            self._history[conv] = (next_turn, self.builder.answered(history, asked_len, served_reply_len(req)), 0,
+                                   None)
             return True
         del self._history[conv]
         return False

@@ -10,9 +10,9 @@ Order of construction (each step documented where it happens):
 3. structure: a shared system prompt in front of a fraction of prompts; multi-turn
    conversations whose turn k prompt is every earlier prompt and reply plus a new message
    (`kvsim.workload.conversations.TurnBuilder`), turn k arriving k think times after the first
-   (`timing: open`: each turn built as it arrives, and a turn refused on arrival has no reply in the
-   next turn's prompt, `OpenTurns`) or sent by the run after turn k − 1 ended (`after_reply`:
-   `Conversations`);
+   (`timing: open`: each turn built as it arrives, and the next turn's prompt holds the reply a turn got,
+   none if it was refused, cut where a replica's max_model_len cut it, `OpenTurns`) or sent by the run after
+   turn k − 1 ended (`after_reply`: `Conversations`);
 4. output lengths capped so that prompt + output ≤ max_model_len (a prompt that alone
    reaches max_model_len is kept and the scheduler rejects it, with the reason);
 5. priorities: with a class mix, one class per conversation (every turn keeps it), drawn by
@@ -321,12 +321,14 @@ def _priorities(w: Workload, records: Sequence[TraceRecord], turns: int,
 
 class RequestStream(Iterator[Request]):
     """A run's requests one at a time, in arrival order, built as they are taken; `arrival_s` holds
-    every one's arrival instant (ascending) before any is built, so a reader can look ahead for free."""
+    every one's arrival instant (ascending) before any is built, so a reader can look ahead for free.
+    `turns`: what builds open multi-turn conversations' turns (None without them), whose `reply_len` a run
+    replaces where the engine that first takes a turn does not decide its reply (`OpenTurns`)."""
 
-    __slots__ = ("arrival_s", "_requests")
+    __slots__ = ("arrival_s", "turns", "_requests")
 
-    def __init__(self, arrival_s: np.ndarray, requests: Iterator[Request]) -> None:
-        self.arrival_s, self._requests = arrival_s, requests
+    def __init__(self, arrival_s: np.ndarray, requests: Iterator[Request], turns: OpenTurns | None = None) -> None:
+        self.arrival_s, self._requests, self.turns = arrival_s, requests, turns
 
     def __next__(self) -> Request:
         return next(self._requests)
@@ -378,9 +380,10 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
     # the earliest arrival among requests not yet constructed (inf past the last one)
     later_min = np.append(np.minimum.accumulate(arrival[::-1])[::-1], np.inf) if n else np.array([np.inf])
 
+    turns_open = OpenTurns(builder)  # each turn built as it arrives: its previous turn's reply is known
+
     def generate() -> Iterator[Request]:
         heap: list[tuple[float, int]] = []
-        turns_open = OpenTurns(builder)  # each turn built as it arrives: its previous turn's refusal is known
         next_id = 0
         for index in range(n):
             heapq.heappush(heap, (float(arrival[index]), index))
@@ -389,4 +392,4 @@ def iter_requests(scenario: Scenario, max_model_len: int, rng: np.random.Generat
                 yield turns_open.request(built, next_id, arrival_s)
                 next_id += 1
 
-    return RequestStream(np.sort(arrival, kind="stable"), generate())
+    return RequestStream(np.sort(arrival, kind="stable"), generate(), turns_open if turns > 1 else None)

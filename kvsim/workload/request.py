@@ -113,11 +113,11 @@ class Request:
         """Cap the output so that prompt + output ≤ `max_model_len`, the limit of the engine that serves it, as
         vLLM ends a request whose tokens reach it (`FINISHED_LENGTH_CAPPED`). A single engine's requests come
         capped already (`kvsim.workload.generate`); a fleet's are capped where they are served, since its
-        replicas' limits may differ (a conversation's next turn still carries the reply as the fleet's largest
-        limit caps it). The tokens cut are added to `num_length_capped_tokens`. A prompt that alone reaches the
-        limit, for the scheduler to refuse, gets back the output asked where a larger limit had cut it (a fleet's
-        largest: a smaller replica refuses it): a refused row keeps the request's own lengths and no length cap
-        (docs/metrics.md)."""
+        replicas' limits may differ (a conversation's next turn carries the reply as capped here,
+        `kvsim.workload.conversations.served_reply_len`). The tokens cut are added to `num_length_capped_tokens`.
+        A prompt that alone reaches the limit, for the scheduler to refuse, gets back the output asked where a
+        larger limit had cut it (a fleet's largest: a smaller replica refuses it): a refused row keeps the
+        request's own lengths and no length cap (docs/metrics.md)."""
         room = max_model_len - self.prompt_len
         if room <= 0:
             self.output_len += self.num_length_capped_tokens
