@@ -89,13 +89,33 @@ def test_decode_instances_that_could_answer_a_turn_differently_are_refused_with_
     (tmp_path / "s.yaml").write_text(scenario)
     line = one_line_exit_2(["run", "s.yaml", "-o", str(tmp_path / "out")])
     assert line.startswith("replicas (")
-    assert "max_model_len 8192" in line and "has 4096" in line and "decode instances must be alike" in line
+    assert "max_model_len 8192" in line and "has 4096" in line and "decode instances must answer alike" in line
     assert not (tmp_path / "out").exists()
     (tmp_path / "s.yaml").write_text(scenario.replace("multi_turn: {turns: 2}", "multi_turn: {turns: 1}"))
     assert len(kvsim.simulate(kvsim.load_scenario("s.yaml")).requests) == 2  # one turn: no next turn to carry it
     (tmp_path / "s.yaml").write_text(scenario)
-    with pytest.raises(KvsimError, match="decode instances must be alike"):
+    with pytest.raises(KvsimError, match="decode instances must answer alike"):
         kvsim.simulate(kvsim.load_scenario("s.yaml"))
+
+
+@pytest.mark.parametrize(("num_blocks", "alike"), [(257, True), (256, False)])
+def test_decode_pools_that_differ_answer_alike_where_each_holds_a_whole_sequence(tmp_path, monkeypatch, num_blocks,
+                                                                                 alike):
+    """Both decode instances at max_model_len 4,096; the second's pool is `num_blocks` blocks of 16, one of them
+    vLLM's null block. A sequence of 4,095 tokens (a prompt and a reply cut at 4,096, less the last token) takes 256
+    blocks: 256 usable hold it, so neither pool refuses what the other serves and the run goes on (turn 2: 100 + 10
+    + 100 = 210 tokens); 255 (4,080 slots) refuse what the first serves: one error naming the second."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text(_trace([(100, 10), (100, 10)]))
+    (tmp_path / "s.yaml").write_text(
+        DISAGG + "  - {count: 1, name: small, kv_role: kv_consumer, engine: {max_model_len: 4096, "
+        f"num_gpu_blocks_override: {num_blocks}}}}}\nworkload: {{num_requests: 2, arrival: {{process: trace}}, "
+        "trace: {format: azure, path: t.csv}, multi_turn: {turns: 2}}\n")
+    if alike:
+        assert kvsim.simulate(kvsim.load_scenario("s.yaml")).requests["prompt_tokens"].tolist() == [100, 210]
+    else:
+        with pytest.raises(KvsimError, match=r"\(s/small-0, kv_consumer\): max_model_len 4096, a KV pool of 4,080 "):
+            kvsim.simulate(kvsim.load_scenario("s.yaml"))
 
 
 def test_a_token_level_reply_cut_keeps_its_first_tokens():

@@ -51,7 +51,7 @@ from kvsim.engine.builder import EngineParts, engine_result
 from kvsim.engine.clock import ArrivalClock, call_at, past_the_clock
 from kvsim.engine.loop import ProgressFn, run_engines
 from kvsim.engine.runtime import Engine
-from kvsim.fleet.disagg_checks import check_disaggregable, synchronous
+from kvsim.fleet.disagg_checks import check_decode_alike, check_disaggregable, synchronous
 from kvsim.fleet.driver import (
     FleetView,
     Routes,
@@ -138,8 +138,8 @@ class Disaggregation:
         self.d_router = _make_router(config.decode_router, [parts[i] for i in self.decode],
                                      self.block_size[self.decode[0]])
         multi_turn = scenario.workload.multi_turn
-        if multi_turn is not None and multi_turn.turns > 1:
-            self._check_decode_alike(specs)
+        if multi_turn is not None and multi_turn.turns > 1:  # a turn's reply is known before D is picked (reply_len)
+            check_decode_alike(specs, [engine.scheduler for engine in engines], self.decode)
         self.p_routes, self.d_routes = Routes(), Routes()
         self.pending: list[deque[tuple[Request, int, float]]] = [deque() for _ in self.decode]
         self.in_flight: list[dict[int, _InFlight]] = [{} for _ in self.decode]
@@ -158,31 +158,11 @@ class Disaggregation:
             scheduler.held_kv_source = "a prefill instance (kv_transfer_config)" + (
                 " or engine.kv_offload's tiers" if scheduler.offload is not None else "")
 
-    def _check_decode_alike(self, specs: list[Scenario]) -> None:
-        """KvsimError naming the first decode instance whose max_model_len, KV pool or block size differs from the
-        first's: a conversation's next turn (open timing) may arrive while a turn prefills, before the decode
-        router picks the instance that answers it, so its reply (none if refused, else cut at that instance's
-        max_model_len) must be the same whichever it picks (`reply_len`)."""
-        def limits(d: int) -> tuple[int, int, int]:
-            scheduler = self.engines[d].scheduler
-            return scheduler.limits.max_model_len, scheduler.alloc.num_total_slots, self.block_size[d]
-
-        first = self.decode[0]
-        for d in self.decode[1:]:
-            if limits(d) != limits(first):
-                (mine, slots, size), (theirs, first_slots, first_size) = limits(d), limits(first)
-                raise KvsimError(
-                    f"replicas ({specs[d].name}, kv_consumer): max_model_len {mine}, a KV pool of {slots:,} tokens in "
-                    f"blocks of {size}, but ({specs[first].name}, kv_consumer) has {theirs}, {first_slots:,} and "
-                    f"{first_size}: with workload.multi_turn a conversation's next turn may arrive while a turn "
-                    "prefills, before the decode router picks the instance that answers it (or refuses it, or cuts "
-                    "its reply at its max_model_len), so the decode instances must be alike; give them one engine")
-
     def reply_len(self, req: Request) -> int:
         """The reply the client of turn `req` gets (`kvsim.workload.conversations.OpenTurns.reply_len`): for a turn
         still on a prefill instance, what the decode pool will give it, none if it refuses it, else the client's
-        max_tokens cut at its max_model_len, as `hand_off` decides (the decode instances are alike,
-        `_check_decode_alike`, so this is known before the router picks one); for any other, what its engine
+        max_tokens cut at its max_model_len, as `hand_off` decides (the decode instances answer alike,
+        `check_decode_alike`, so this is known before the router picks one); for any other, what its engine
         decided (`served_reply_len`: refused by its prefill instance, or by or on its decode instance). A turn of
         a conversation whose next turn arrived before its prefill ended came in that next turn's prompt with the
         whole reply asked, and with one its decode instance then refused."""

@@ -1,13 +1,17 @@
-"""What a disaggregated fleet refuses before any engine is built, and how its instances step (`kvsim.fleet.disagg`)."""
+"""What a disaggregated fleet refuses before any engine is built (and, once built, decode instances that a multi-turn
+workload needs answering alike), and how its instances step (`kvsim.fleet.disagg`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from kvsim.model.config import load_model
 from kvsim.model.errors import KvsimError
 from kvsim.workload.scenario import Scenario
+
+if TYPE_CHECKING:
+    from kvsim.sched.base import Scheduler
 
 
 def check_disaggregable(scenario: Scenario, specs: list[Scenario]) -> None:
@@ -51,6 +55,37 @@ def check_disaggregable(scenario: Scenario, specs: list[Scenario]) -> None:
         raise KvsimError(f"workload.beam_width={scenario.workload.beam_width}: a disaggregated fleet models "
                          "single-sequence requests only (vLLM v1 runs beam search as requests of its own, "
                          "outside the engine)")
+
+
+def check_decode_alike(specs: Sequence[Scenario], schedulers: Sequence[Scheduler], decode: Sequence[int]) -> None:
+    """KvsimError naming the first decode instance (`decode`: indices into `specs` and `schedulers`, the built
+    instances) that may answer a turn otherwise than the first: a multi-turn conversation's next turn (open timing)
+    may arrive while a turn prefills, before the decode router picks the instance that answers it, so its reply
+    (none if refused, else cut at that instance's max_model_len) must be the same whichever it picks
+    (`kvsim.fleet.disagg.Disaggregation.reply_len`). They answer alike where their max_model_len is the same and
+    either each pool holds a sequence of max_model_len (the pool then refuses nothing, `reject_reason`) or their
+    pools and block sizes are the same."""
+    def limits(d: int) -> tuple[int, int, int]:
+        scheduler = schedulers[d]
+        return scheduler.limits.max_model_len, scheduler.alloc.num_total_slots, specs[d].engine.block_size
+
+    def answers(d: int) -> tuple[int, ...]:
+        max_model_len, slots, _ = limits(d)
+        longest = max_model_len - 1  # a sequence's KV at most (`Request.kv_len` of an output cut there)
+        holds_any = schedulers[d].alloc.request_slots(longest, longest, 1) <= slots
+        return (max_model_len,) if holds_any else limits(d)
+
+    first = decode[0]
+    for d in decode[1:]:
+        if answers(d) != answers(first):
+            (mine, slots, size), (theirs, first_slots, first_size) = limits(d), limits(first)
+            raise KvsimError(
+                f"replicas ({specs[d].name}, kv_consumer): max_model_len {mine}, a KV pool of {slots:,} tokens in "
+                f"blocks of {size}, but ({specs[first].name}, kv_consumer) has {theirs}, {first_slots:,} and "
+                f"{first_size}: with workload.multi_turn a conversation's next turn may arrive while a turn "
+                "prefills, before the decode router picks the instance that answers it (or refuses it, or cuts "
+                "its reply at its max_model_len), so the decode instances must answer alike: give them one "
+                "max_model_len and pools that hold a sequence that long")
 
 
 def _check_block_sizes(specs: list[Scenario], roles: Sequence[str | None], mla: bool) -> None:
