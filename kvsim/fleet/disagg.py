@@ -26,7 +26,9 @@ prefill instance's own TTFT is in its replica's summary. `queue_s` is the wait b
 Simplifications, stated: a request D can never hold is rejected when its prefill ends (its prefill
 was spent); a transfer into D is limited by D's ingress link only (not P's egress); n > 1 samples are
 refused, as vLLM's connectors hand one request's blocks over (`check_disaggregable`), and so is beam
-search; D's preempted requests recompute locally, as vLLM's do.
+search; D's preempted requests recompute locally, as vLLM's do. A multi-turn conversation's next turn (open
+timing) may arrive while its previous turn still prefills: it carries the reply D will give that turn
+(`Disaggregation.reply_len`), known then because the decode instances must answer alike (`check_decode_alike`).
 
 KV in flight in the step rows: P's blocks kept for a transfer and D's blocks reserved for it are held in
 their pools (`vllm:kv_cache_usage_perc` counts them, as vLLM's `BlockPool.get_usage` counts a finished
