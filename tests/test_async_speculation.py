@@ -153,3 +153,20 @@ def test_the_discarded_verify_s_blocks_can_preempt_a_running_request():
     out = plans(accepting_scheduler(num_blocks=8), arrivals())
     assert out[:4] == [([(0, 4), (1, 4)], []), ([(0, 4), (1, 4)], []), ([(0, 4)], [1]), ([(1, 9)], [])]
     assert plans(accepting_scheduler(num_blocks=8, async_scheduling=False), arrivals())[2] == ([(1, 4)], [])
+
+
+def test_the_plan_after_a_pass_over_sees_every_arrival_so_far():
+    """vLLM's batch queue (`EngineCore.step_with_batch_queue`, two deep under async scheduling): plan k + 1 is made
+    while step k runs; an empty one (A passed over at the cap) fills the queue without a step, so the engine core
+    blocks on step k's output, processes it, takes the requests that arrived meanwhile (its input queue, between
+    two `step` calls) and plans k + 2 at step k's end, seeing them. Constant steps of 10 ms, max_model_len 12.
+    A (prompt 8, output 4) at 0: plan 1 prefills 8 (step 1, 0 → 0.01); plan 2, made at 0 (async), verifies 3
+    (step 2, 0.01 → 0.02); plan 3, made at 0.01, passes A over (computed 11, cap 11 − 11 = 0) and is empty.
+    B (prompt 4, output 1) arrives at 0.015, during step 2: plan 4, made at 0.02, decodes A's token and admits B
+    (its prompt, 4 tokens): B first scheduled at 0.02, its token out of step 4 at 0.03. Planned as of step 2's
+    start (0.01), plan 4 would miss B, admitted a step later (0.03, its token at 0.04)."""
+    a, b = make_request(0, 0.0, 8, 4), make_request(1, 0.015, 4, 1)
+    rec = run(scheduler(max_model_len=12), [a, b])
+    assert list(rec.frame()["num_batched_tokens"]) == [8, 3, 5, 1]
+    assert (b.first_scheduled_s, b.finish_s) == (0.02, 0.03)
+    assert (a.num_output_tokens, a.finish_s) == (4, 0.04)

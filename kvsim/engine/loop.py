@@ -89,13 +89,14 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
                 plans.append((engine, scheduler.schedule(env.now, engine.planned_at_s(env.now))))
         busy = [(engine, plan) for engine, plan in plans if not plan.is_empty]
         if not busy:
-            if releasing or any(plan.preempted for _, plan in plans):
-                continue  # preemptions (or, async, finished requests' KV released) freed memory: plan again now
-            if any(engine.scheduler.running and engine.scheduler.speculation is not None for engine in group):
-                continue  # async: a verify passed over at max_model_len (`V1Scheduler.select`): the next plan takes it
-            if any(engine.inbox for engine in group):  # async: an empty step takes no time, so the next
-                for engine in group:  # one, planned at once, sees every arrival so far
-                    engine.see_arrivals(env.now, everything=True)
+            # plan again now where the empty plan changed something: preemptions (or, async, finished requests' KV
+            # released) freed memory; async, requests arrived meanwhile; a verify passed over at max_model_len
+            # (`V1Scheduler.select`) runs in the next plan
+            if (releasing or any(plan.preempted for _, plan in plans)
+                    or any(engine.inbox or (engine.scheduler.running and engine.scheduler.speculation is not None)
+                           for engine in group)):
+                for engine in group:
+                    engine.ran_empty_step(env.now)
                 continue
             if arrivals.all_arrived and not any(engine.scheduler.awaits_transfers for engine in group):
                 raise_held_kv_stall(group)  # a deadlock vLLM's scheduler has too: said in one line

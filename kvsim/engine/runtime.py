@@ -132,6 +132,15 @@ class Engine:
             return self.step_start_s
         return now
 
+    def ran_empty_step(self, now: float) -> None:
+        """The step planned at `now` was empty, and the next is planned at once. With async scheduling vLLM's
+        empty plan fills its batch queue without a step: the engine core then processes the output of the step
+        in flight, takes the requests that arrived meanwhile and plans again (`EngineCore.step_with_batch_queue`),
+        so the next plan is made now, after that output, and sees every arrival so far: an empty step from
+        `now` to `now` (`planned_at_s`)."""
+        self.step_start_s = self.step_end_s = now
+        self.see_arrivals(now, everything=True)
+
     def see_arrivals(self, now: float, everything: bool = False) -> None:
         """Queue the inbox's requests the step planned at `now` can see: those delivered by the time vLLM
         planned it (`planned_at_s`), or with `everything` (nothing else can be planned now) all delivered
