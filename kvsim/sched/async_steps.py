@@ -27,8 +27,9 @@ at t_k+1 with what vLLM knew at t_k:
   `max_tokens` (as `vllm bench serve` replays set `max_tokens` to it), so (2) never arises. A running
   request's verify is sized as vLLM sizes it, still counting the drafts the verify in flight rejects
   (`kvsim.sched.v1`);
-* a request that arrived while step k ran is seen when step k + 2 is planned, not k + 1; that part is
-  timing and lives with the engine (`kvsim.engine.runtime.Engine.deliver`);
+* a request that arrived while step k ran is seen when step k + 2 is planned, not k + 1 (unless k + 1 is
+  empty: the next plan is then made once step k's output is processed, and sees it); that part is timing and
+  lives with the engine (`kvsim.engine.runtime.Engine.deliver`, `Engine.ran_empty_step`);
 * vLLM's `running` still lists a request whose last token is in flight (it leaves it when that output is
   processed), so a preemption may pick it: FCFS takes `running.pop()`, the most recently admitted, finishing
   or not. Such a victim's KV is freed at once and it counts as a preemption; it loses nothing, and finishes
