@@ -231,17 +231,18 @@ def regrouped(steps, model):
 
 @pytest.mark.parametrize("model", ["qwen3-30b-a3b", "llama-3.1-8b"], ids=["moe-lockstep", "dense-independent"])
 def test_chunked_data_parallel_steps_are_the_whole_tables_and_its_totals(tmp_path, monkeypatch, model):
-    """Rows handed on 64 at a time (whole lockstep steps each; independent engines' steps cut across
+    """Rows handed on 128 at a time (whole lockstep steps each; independent engines' steps cut across
     chunks), a preempting DP group: the streamed file and the in-memory rows are one table in (time_s,
     dp_rank) order, and the summary's step figures are those of the deployment's steps regrouped from that
-    whole table at once (preemption counts carried across chunks)."""
-    monkeypatch.setattr(recorder_module, "CHUNK_ROWS", 64)
+    whole table at once (preemption counts carried across chunks: at 128 rows, 37 chunks, a count not carried
+    fails this; at 256 it no longer did)."""
+    monkeypatch.setattr(recorder_module, "CHUNK_ROWS", 128)
     spec = load_scenario(None, [f"model={model}", "workload.num_requests=120", "engine.data_parallel_size=2",
                                 "workload.arrival.rate=200", "engine.max_model_len=1024",
                                 "engine.num_gpu_blocks_override=160"])
     memory = simulate(spec)
     steps = memory.steps
-    assert len(steps) > 10 * 64 and memory.summary["num_preemptions"] > 0
+    assert len(steps) > 10 * 128 and memory.summary["num_preemptions"] > 0
     assert steps.equals(steps.sort_values(["time_s", "dp_rank"]))
     group, num_steps = regrouped(steps, model)
     expected = StepTotals.of(group)
