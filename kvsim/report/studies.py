@@ -339,16 +339,37 @@ def capacity_formula(st: Study) -> Section:
 def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
     """Waste per allocator, sustainable rate under the TTFT SLO, load curves and alerts (paged).
 
-    The load grid is `load_fractions` of paged KV's sustainable rate (the SLO's knee sits inside it);
-    when nothing is sustainable it falls back to 1 req/s times the fractions. A slab allocator this engine
-    cannot take has no rows (its refusal in the paging section's `left_out`); the load runs are paged.
+    A slab allocator this engine cannot take has no rows (its refusal in the paging section's `left_out`);
+    the load runs are paged (`load_and_alerts`).
     """
-    cfg = st.cfg
     refused = refused_settings({f"engine.allocator={a}": partial(st.saturated, f"engine.allocator={a}")
                                 for a in ALLOCATORS if a != "paged"})
     allocators = tuple(a for a in ALLOCATORS if f"engine.allocator={a}" not in refused)
     sat, _ = st.run_saturated([(f"engine.allocator={a}",) for a in allocators])
     rates_df = sustained_rates(st, allocators)
+    load_section, alerts = load_and_alerts(st, rates_df)
+    waste_rows = []
+    for a, result in zip(allocators, sat, strict=True):
+        shares = fig2_shares(result.summary["saturated"]["waste"])  # whole pool, while requests queue
+        waste_rows.append({"allocator": a, **{k: round(v, 4) for k, v in shares.items()},
+                           "sustained_running": sustained(result.summary),
+                           "max_running": result.summary["max_running"],
+                           "kv_usage_max": round(result.summary["kv_cache_usage_perc"]["max"], 4),
+                           "limited_by": st.limited_by(result.summary)})
+    paging = Section("paging", "Paging multiplier", {"waste_breakdown": pd.DataFrame(waste_rows),
+                                                   "sustained_rate": rates_df}, {"left_out": refused})
+    return paging, load_section, alerts
+
+
+def load_and_alerts(st: Study, rates_df: pd.DataFrame) -> tuple[Section, Section]:
+    """Load curves (per priority class too, when the workload has classes) and alerts, paged, from the paged
+    row of `rates_df` (`sustained_rates`; the paged rate searched alone is the one searched beside the slab
+    allocators: each search asks for its own runs, and a run is a function of its scenario).
+
+    The load grid is `load_fractions` of paged KV's sustainable rate (the SLO's knee sits inside it);
+    when nothing is sustainable it falls back to 1 req/s times the fractions.
+    """
+    cfg = st.cfg
     knee = rates_df.loc[rates_df.allocator == "paged", "max_rate_meeting_slo"].item()
     grid = [round((knee or 1.0) * f, 4) for f in cfg.load_fractions]
     paged_row = rates_df[rates_df.allocator == "paged"].iloc[0]
@@ -358,14 +379,6 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
     load = run_many([variant(st.base, "engine.allocator=paged", poisson(r), f"workload.num_requests={num_load}")
                      for r in grid], keep_steps=True, workers=cfg.workers, dask_address=cfg.dask_address,
                     evidence=True)
-    waste_rows = []
-    for a, result in zip(allocators, sat, strict=True):
-        shares = fig2_shares(result.summary["saturated"]["waste"])  # whole pool, while requests queue
-        waste_rows.append({"allocator": a, **{k: round(v, 4) for k, v in shares.items()},
-                           "sustained_running": sustained(result.summary),
-                           "max_running": result.summary["max_running"],
-                           "kv_usage_max": round(result.summary["kv_cache_usage_perc"]["max"], 4),
-                           "limited_by": st.limited_by(result.summary)})
     slo = {"ttft_s.p90": cfg.ttft_slo_s}
     load_rows = []
     for rate, r in zip(grid, load, strict=True):
@@ -376,8 +389,6 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
                           **{f"{m}_{p}_s": ev[f"{m}_s"][p] for m in ("ttft", "tpot") for p in ("p50", "p90", "p99")},
                           "meets_slo": probe_passes(ev, slo), "num_preemptions": r.summary["num_preemptions"],
                           "served_per_s": ev["served_per_s"], "served_over_offered": ev["served_over_offered"]})
-    paging = Section("paging", "Paging multiplier", {"waste_breakdown": pd.DataFrame(waste_rows),
-                                                   "sustained_rate": rates_df}, {"left_out": refused})
     paged_runs = list(zip(grid, load, strict=True))
     top_rate, top = paged_runs[-1]
     assert top.steps is not None, "load runs keep their steps"
@@ -390,7 +401,7 @@ def paging_and_load(st: Study) -> tuple[Section, Section, Section]:
     load_section = Section("load", "Load", {**load_tables, "time_series": series},
                            {"time_series_rate": top_rate, "sustainable_rate": knee, "ttft_slo_s": cfg.ttft_slo_s})
     alerts = Section("alerts", "Alerts", {"alert_firings": alert_firings(paged_runs, cfg)})
-    return paging, load_section, alerts
+    return load_section, alerts
 
 
 def sustained_rates(st: Study, allocators: tuple[str, ...] = ALLOCATORS) -> pd.DataFrame:
