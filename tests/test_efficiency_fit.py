@@ -7,6 +7,8 @@ public profiles in ../shared/validation (skipped without them); refitting takes 
 """
 
 
+import functools
+
 import numpy as np
 import pytest
 import yaml
@@ -169,13 +171,19 @@ def test_tp1_copies_of_sharded_token_ops_are_left_out_of_the_fit():
     assert [r["op"] for r in script.without_tp1_copies(tp2, tp1).rows] == ["layernorm", "rotary_emb"]
 
 
+@pytest.fixture(scope="module")
+def vidur_samples():
+    """`fit_efficiency.vidur_samples`, read once per validation folder for the module: each held-out GPU's test
+    filters the same samples (every GPU's, about 2 s to read)."""
+    return functools.cache(_fit_script().vidur_samples)
+
+
 @pytest.mark.parametrize("gpu", sorted(LOGO_GEMM_BOUND_PCT))
-def test_held_out_fractions_predict_the_vidur_profiles_as_stored(gpu, shared):
+def test_held_out_fractions_predict_the_vidur_profiles_as_stored(gpu, shared, vidur_samples):
     """The stored held-out fractions, applied to the held-out GPU's Vidur samples, give the stored errors."""
     from kvsim.latency.fitting import errors, predict
 
-    script = _fit_script()
-    samples = [s for s in script.vidur_samples(shared / "validation") if s.gpu == gpu]
+    samples = [s for s in vidur_samples(shared / "validation") if s.gpu == gpu]
     entry = STORED["leave_one_gpu_out"][gpu]
     got = errors(samples, predict(samples, {gpu: load_gpu(gpu)}, {gpu: _eff(entry["fitted"])}))
     assert got["gemm"]["mean_abs_pct"] == pytest.approx(entry["errors_pct"]["gemm"]["mean_abs_pct"], abs=0.05)
