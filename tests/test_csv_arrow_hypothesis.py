@@ -5,8 +5,9 @@ the independent side: it shares no code with the pyarrow one.
 The draws aim at where the two could part: the edges of the layout both write alike (1e-4, 1e10, 1e16, a few ulps
 either side), subnormals, 17-digit shortest reprs, integral values just under 1e16, negatives, NaN and infinities,
 and columns that are few-valued (the dictionary path) in one chunk and mostly distinct (the plain path) in the
-next. The chunk, the sample `_few_distinct` looks at first, and `ODD_ROWS_MAX` are shrunk so that small tables
-cross every branch; one test keeps the shipped constants, at exactly `ODD_ROWS_MAX` odd rows and one more.
+next. The chunk and the sample `_few_distinct` looks at first are shrunk, and `SPLIT_FIELD_ROWS` drawn (odd rows
+written apart or as texts), so that small tables cross every branch; one test keeps the shipped constants, at the
+most odd rows a chunk writes apart (`_split_pays`) and one more.
 """
 
 import io
@@ -64,8 +65,9 @@ def both_paths(columns: dict[str, np.ndarray]) -> tuple[str, str]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.data(), st.integers(1, 40), st.sampled_from([1, 3, 8, 64]), st.integers(0, 4), st.sampled_from([2, 4, 1024]))
-def test_drawn_tables_write_the_same_bytes(data, num_rows, chunk_rows, odd_rows_max, sample):
+@given(st.data(), st.integers(1, 40), st.sampled_from([1, 3, 8, 64]), st.sampled_from([0, 1, 80, 10**12]),
+       st.sampled_from([2, 4, 1024]))
+def test_drawn_tables_write_the_same_bytes(data, num_rows, chunk_rows, split_field_rows, sample):
     """Two to four float columns (and an int and a bool column) of drawn values, in chunks of a few rows: the
     same bytes through pyarrow as through `append_csv`'s plain path."""
     columns = {f"f{k}": data.draw(float_column(num_rows)) for k in range(data.draw(st.integers(2, 4)))}
@@ -74,17 +76,23 @@ def test_drawn_tables_write_the_same_bytes(data, num_rows, chunk_rows, odd_rows_
     columns["flag"] = np.array(data.draw(st.lists(st.booleans(), min_size=num_rows, max_size=num_rows)))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(csv_arrow, "ARROW_CHUNK_ROWS", chunk_rows)
-        mp.setattr(csv_arrow, "ODD_ROWS_MAX", odd_rows_max)
+        mp.setattr(csv_arrow, "SPLIT_FIELD_ROWS", split_field_rows)
         mp.setattr(csv_arrow, "DISTINCT_SAMPLE", sample)
         fast, plain = both_paths(columns)
     assert fast == plain
 
 
-@pytest.mark.parametrize("num_odd", [csv_arrow.ODD_ROWS_MAX, csv_arrow.ODD_ROWS_MAX + 1])
+# the most odd rows a full chunk of the test's 3 columns, 1 of them mixed, writes apart: (2 o + 1) 3 S <= chunk
+APART_MAX = (csv_arrow.ARROW_CHUNK_ROWS // (3 * csv_arrow.SPLIT_FIELD_ROWS) - 1) // 2
+
+
+@pytest.mark.parametrize("num_odd", [APART_MAX, APART_MAX + 1])
 def test_odd_rows_at_the_limit_in_each_chunk_write_the_same_bytes(num_odd):
-    """Shipped constants: two chunks and a bit of mostly distinct plain floats, exactly `ODD_ROWS_MAX` odd rows
-    in each (rows written apart) or one more (the columns become texts), one odd value at each chunk's first and
+    """Shipped constants: two chunks and a bit of mostly distinct plain floats, exactly `APART_MAX` odd rows
+    in each (rows written apart) or one more (the column becomes texts), one odd value at each chunk's first and
     last row, and a column that is few-valued in the first chunk and distinct in the second."""
+    chunk_rows = csv_arrow.ARROW_CHUNK_ROWS
+    assert csv_arrow._split_pays(num_odd, 3, 1, chunk_rows) == (num_odd == APART_MAX)
     rng = np.random.default_rng()
     chunk = csv_arrow.ARROW_CHUNK_ROWS
     num_rows = 2 * chunk + 7

@@ -27,8 +27,8 @@ to the writer as
   a plain decimal with a fraction: 1e-4 ≤ |x| < 1e10, not integral (`float.__repr__` switches to an
   exponent at 1e16 and below 1e-4, pyarrow 26 at 1e10 and below 1e-6, and pyarrow writes an integral
   960.0 as "960"). A row holding any other value (integral, zero, -0.0, tiny, huge, infinite, NaN) in
-  such a column is written apart, those columns as `float.__repr__`'s text ("" for NaN); where more than
-  `ODD_ROWS_MAX` rows of a chunk do, those columns are each a dictionary of their distinct values' texts.
+  such a column is written apart, those columns as `float.__repr__`'s text ("" for NaN); where writing them
+  apart costs more than texts (`_split_pays`), those columns are each a dictionary of their distinct values' texts.
   A value's text in a dictionary is the writer's where it is plain, else `float.__repr__`'s ("" for NaN).
 
 `formats_floats_as_python()` checks the writer against `float.__repr__` once per process on values at the
@@ -52,7 +52,10 @@ ARROW_MIN_ROWS = 32_768  # a table this long repays importing pyarrow (~0.05 s) 
 ARROW_CHUNK_ROWS = 32_768  # rows assembled at a time: a recorder's chunk (`kvsim.engine.recorder.CHUNK_ROWS`) whole
 DISTINCT_SAMPLE = 1_024  # `_few_distinct` looks at this many values before it sorts a whole column
 INT_RANGE_SHARE = 4  # an int column spanning at most 1/4 as many values as it has rows is a dictionary
-ODD_ROWS_MAX = 64  # rows of a chunk written apart for their odd floats before those columns become texts
+# a field of one more table costs the writer about what 80 rows of a column written as texts (`_texts_of`) cost:
+# callgrind, ~60 k instructions a column a table (its cast; 100 one-row tables of 16 columns: 98 M) against ~740 a row
+# (a 32,768-row steps chunk's time column as texts: +24 M)
+SPLIT_FIELD_ROWS = 80
 PLAIN_LOW, PLAIN_HIGH = 1e-4, 1e10  # |x| where both write a plain decimal (see the module docstring)
 
 _checked: list[bool] = []  # formats_floats_as_python's answer, once per process
@@ -139,18 +142,19 @@ def _csv_buffer(tables: Iterator[Any] | list[Any]) -> Any:
 def _tables(chunk: list[np.ndarray], names: list[str]) -> Iterator[Any]:
     """`chunk`'s rows as pyarrow tables whose CSV texts, in order, are the rows' (module docstring): one
     table, or where float columns of mostly distinct values hold odd values (`_odd`), a table per run of
-    rows without one and per row with one (those columns then their `float.__repr__` texts), or past
-    `ODD_ROWS_MAX` such rows, one table with those columns as texts."""
+    rows without one and per row with one (those columns then their `float.__repr__` texts), or where that
+    costs more (`_split_pays`), one table with those columns as texts."""
     import pyarrow as pa
 
     columns = [_column(values) for values in chunk]
     mixed = [k for k, column in enumerate(columns) if column is None]
     odd_rows = np.flatnonzero(np.logical_or.reduce([_odd(chunk[k]) for k in mixed])) if mixed else np.zeros(0)
-    if len(odd_rows) > ODD_ROWS_MAX:
+    split = len(odd_rows) > 0 and _split_pays(len(odd_rows), len(chunk), len(mixed), len(chunk[0]))
+    if len(odd_rows) and not split:
         for k in mixed:
             distinct, inverse = np.unique(chunk[k].view(np.int64), return_inverse=True)
             columns[k] = _texts_of(distinct, inverse.reshape(-1))
-    if len(odd_rows) == 0 or len(odd_rows) > ODD_ROWS_MAX:
+    if not split:
         yield pa.Table.from_arrays(columns, names=names)
         return
     start = 0
@@ -163,6 +167,15 @@ def _tables(chunk: list[np.ndarray], names: list[str]) -> Iterator[Any]:
                      else arrow_array(chunk[k][first:last]) for k, column in enumerate(columns)]
             yield pa.Table.from_arrays(parts, names=names)
         start = row + 1
+
+
+def _split_pays(num_odd_rows: int, num_columns: int, num_mixed: int, num_rows: int) -> bool:
+    """Whether writing a chunk's odd rows apart (2 · `num_odd_rows` + 1 tables at most, of `num_columns` fields
+    each) costs the writer less than writing its `num_mixed` mixed columns as texts, every row of each
+    (`SPLIT_FIELD_ROWS`). A steps chunk of 32,768 rows and 20 columns with an integral time or two is written
+    apart; the Mooncake bench's requests.csv (4,000 rows, 16 columns, 46 rows with a 0.0, an integral time or
+    a NaN in 3 columns) as texts: 93 tables cost it ~159 M instructions."""
+    return (2 * num_odd_rows + 1) * num_columns * SPLIT_FIELD_ROWS <= num_mixed * num_rows
 
 
 def _column(values: np.ndarray) -> Any:
