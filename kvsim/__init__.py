@@ -2,7 +2,7 @@
 
 The library API (typed; the CLI is a thin layer over it):
 
-    simulate(scenario, *, check=False, **overrides) -> RunResult
+    simulate(scenario, /, *, check=False, progress=None, **overrides) -> RunResult
         scenario: a Scenario, a YAML path, a dict of scenario fields, or None for the built-in default;
         any kind of scenario, through `kvsim.fleet.run.simulate_scenario`; a fleet's
         result has per-replica sections

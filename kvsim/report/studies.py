@@ -1,9 +1,10 @@
 """The capacity report's experiments: which runs answer each question, reduced to tables.
 
-Every function takes the base scenario and returns a `Section`: DataFrames (the CSVs
-behind the tables and figures) and facts quoted in the text. `report.py` renders them.
-Runs go through `sweep.run_many`; each is an ordinary `kvsim run` of a variant of the base
-scenario (so any row can be reproduced with `kvsim run` and `--set`).
+Every study takes a `Study` (the base scenario, its `StudyConfig` and the runner) and returns a
+`Section` (`paging_and_load` three): DataFrames (the CSVs behind the tables and figures) and facts
+quoted in the text. `kvsim.report.build` renders them. Runs go through `sweep.run_many`; each is an
+ordinary `kvsim run` of a variant of the base scenario (so any row can be reproduced with `kvsim run`
+and `--set`).
 
 "Saturating" runs send three times the workload at once (rate 10^5 req/s), so the engine
 holds as many sequences as KV memory allows: their `max_running` is the simulated concurrency
