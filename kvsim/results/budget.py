@@ -12,9 +12,9 @@ Memory per request is small and columnar: `Request` objects exist only while in 
 (`kvsim.workload.generate.iter_requests` builds them at arrival, `kvsim.results.records` keeps a row of
 numbers when they end), so a request costs its row of records, its drawn lengths and its
 row in the final requests table (measured: about 190 bytes a request at 2k–20k requests).
-Steps cost nothing that grows with the run when they stream to disk (`simulate(out_dir=...)`,
-`kvsim run`) or are sampled or dropped (`steps: sampled | none`: at most 100,000 rows);
-an in-memory `steps: all` run keeps 20 columns of 8 bytes a step.
+Steps cost nothing that grows with the run when they stream to disk (`kvsim run`,
+`kvsim.fleet.run.simulate_scenario(out_dir=...)`) or are sampled or dropped (`steps: sampled | none`:
+at most 100,000 rows); an in-memory `steps: all` run keeps 20 columns of 8 bytes a step.
 
 A fleet or data-parallel group (`check_engines_memory`) holds its requests once and, per
 engine, its blocks and a fixed cost (scheduler, latency model, recorder: measured ≈ 108 KB apart

@@ -39,8 +39,9 @@ class RunResult:
 
     Both main tables are held as columns (`request_columns`, `step_columns`: name → numpy array) and
     made DataFrames on first access: a run that only writes its files (`kvsim run`) never imports
-    pandas. A run that streamed every step to disk (`simulate(..., out_dir=...)`) keeps no
-    `step_columns`; its `steps` are read from `steps_path` each time they are asked for.
+    pandas. A run that streamed every step to disk (`kvsim.fleet.run.simulate_scenario(..., out_dir=...)`,
+    as `kvsim run` calls it; `kvsim.simulate` takes no output folder) keeps no `step_columns`; its `steps` are
+    read from `steps_path` each time they are asked for.
     A fleet's result is built from its DataFrames (`of_frames`), which `requests`/`steps` then return.
     """
 
