@@ -111,7 +111,8 @@ def test_a_request_that_only_fits_inside_the_watermark_is_never_admitted():
     answering one token is OK alone (100 − 99 ≥ 1) and runs."""
     sched = v0_world(100, watermark_blocks=1)
     too_long, fits = make_request(0, 0.0, 100 * BLOCK, 1), make_request(1, 0.0, 99 * BLOCK, 1)
-    assert not sched.add(too_long) and too_long.reject_reason == "needs more KV slots than the pool's 1600"
+    assert not sched.add(too_long) and too_long.reject_reason == ("needs more KV slots than the pool's 1600 less the "
+                                                                  "watermark's 16")
     assert sched.add(fits)
     assert stepper(sched)(1) == ([(1, 99 * BLOCK)], [], {1: list(range(99))}) and fits.finish_s == 1.5
 

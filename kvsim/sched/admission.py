@@ -74,8 +74,11 @@ class Admission:
         # v0 refuses what cannot fit beside the watermark (AllocStatus.NEVER in vllm/core/block_manager.py);
         # v1 has no watermark in vLLM, so kvsim's optional one only delays admission, never refuses.
         watermark = limits.watermark_slots if self.watermark_refuses else 0
-        if needed > self.alloc.num_total_slots - watermark:
+        if needed > self.alloc.num_total_slots:
             return f"needs more KV slots than the pool's {self.alloc.num_total_slots}"
+        if needed > self.alloc.num_total_slots - watermark:  # it fits the pool, not beside the watermark
+            return (f"needs more KV slots than the pool's {self.alloc.num_total_slots} less the watermark's "
+                    f"{watermark}")
         return None
 
     watermark_refuses = False  # v0: a request that only fits inside the watermark is rejected
