@@ -3,10 +3,15 @@ valid alone that conflict, the Python API, whether a result says it is whole). E
 line naming the field and the value, nothing written; the Python API: a `KvsimError`), or said as it is.
 
 Found: a v0 request that fits the KV pool but not beside v0's free-block watermark (vLLM v0's `can_allocate`:
-AllocStatus.NEVER) was rejected as "needs more KV slots than the pool's N", a request needing N or fewer.
+AllocStatus.NEVER) was rejected as "needs more KV slots than the pool's N", a request needing N or fewer. A chat
+client that waits for each reply (`multi_turn.timing: after_reply`) drops a conversation whose turn was rejected, as
+vLLM's multi-turn benchmark client does: its later turns were never sent, and the summary ("2 finished, 2 rejected
+of 4") read as a whole run of the 4 of 8 requests asked, without a word.
 """
 
 from __future__ import annotations
+
+import logging
 
 import kvsim
 
@@ -30,3 +35,50 @@ def test_a_v0_request_larger_than_the_pool_is_still_told_so():
     summary = kvsim.simulate(TINY_V0, workload__n=2, workload__prompt_len={"dist": "fixed", "value": 4800},
                              workload__output_len={"dist": "fixed", "value": 3000}).summary
     assert summary["reject_reasons"] == {"needs more KV slots than the pool's 9600": 2}
+
+
+CHATS = {"engine": {"max_model_len": 300}, "latency": {"model": "constant"}, "steps": "none",
+         "workload": {"num_requests": 8, "multi_turn": {"turns": 4, "think_time_s": 1.0, "timing": "after_reply"},
+                      "prompt_len": {"dist": "fixed", "value": 200}, "output_len": {"dist": "fixed", "value": 100}}}
+UNSENT = ("workload.multi_turn.timing=after_reply: 4 of 8 turns were never sent (a rejected turn ends its "
+          "conversation, as vLLM's multi-turn benchmark client drops it); the run has the 4 sent")
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("kvsim")]
+
+
+def test_turns_a_rejected_turn_left_unsent_are_said_in_one_warning(caplog):
+    """Two conversations of four turns (8 requests). Turn 1: 200 + 100 = 300 tokens, max_model_len itself: served.
+    Turn 2's prompt is the conversation so far, 300 + 200 = 500 >= 300: rejected, so turns 3 and 4 of each
+    conversation are never sent: 4 of 8 unsent, the run (2 finished, 2 rejected) has the 4 sent."""
+    with caplog.at_level(logging.WARNING, logger="kvsim"):
+        summary = kvsim.simulate(CHATS).summary
+    assert (summary["num_requests"], summary["num_finished"], summary["num_rejected"]) == (4, 2, 2)
+    assert _warnings(caplog) == [UNSENT]
+
+
+def test_a_fleet_of_chats_says_it_too_and_a_whole_run_says_nothing(caplog):
+    with caplog.at_level(logging.WARNING, logger="kvsim"):
+        kvsim.simulate(CHATS, replicas=2, router={"policy": "least_kv"})
+        assert _warnings(caplog) == [UNSENT]
+        caplog.clear()
+        # max_model_len 1,024: turns 1-3 end at 300, 600 and 900 tokens; turn 4's prompt, 900 + 200 = 1,100, is
+        # rejected, but no turn follows it: all 8 sent, nothing to say
+        summary = kvsim.simulate(CHATS, engine__max_model_len=1024).summary
+        assert (summary["num_requests"], summary["num_rejected"]) == (8, 2) and not _warnings(caplog)
+
+
+def test_the_cli_prints_the_line_beside_the_summary(tmp_path):
+    """`kvsim run` prints the library's warnings as `kvsim: warning: ...` lines on stderr (exit 0)."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    result = CliRunner().invoke(app, ["run", "--set", "engine.max_model_len=300", "--set", "latency.model=constant",
+                                      "--set", "steps=none", "--set", "workload.num_requests=8", "--set",
+                                      "workload.multi_turn={turns: 4, think_time_s: 1, timing: after_reply}", "--set",
+                                      "workload.prompt_len={dist: fixed, value: 200}", "--set",
+                                      "workload.output_len={dist: fixed, value: 100}", "-o", str(tmp_path / "out")],
+                                prog_name="kvsim")
+    assert result.exit_code == 0 and f"kvsim: warning: {UNSENT}" in result.stderr

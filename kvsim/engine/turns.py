@@ -4,7 +4,8 @@ of `kvsim.engine.loop.run_engines` for such a run.
 
     first turns   at the arrival process's instants (`Conversations.first_arrival_s`, known up front)
     turn k + 1    at finish_s(turn k) + think_time_s: known only once turn k has ended, in the run
-    turn k        rejected: its conversation ends there (its later turns are never sent)
+    turn k        rejected: its conversation ends there (its later turns are never sent, said in one warning
+                  line once the client ends, `UNSENT_TURNS`: the summary counts the turns sent)
     request ids   0, 1, ... in send order; at one instant, follow-ups before first turns, and either
                   in conversation order (a conversation's number is its first turn's place in arrival order)
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import logging
 import math
 from collections.abc import Callable, Generator, Sequence
 
@@ -37,6 +39,13 @@ from kvsim.engine.clock import Wakeup, at_instant
 from kvsim.engine.runtime import Engine
 from kvsim.workload.conversations import Conversations
 from kvsim.workload.request import Request
+
+log = logging.getLogger(__name__)
+
+UNSENT_TURNS = ("workload.multi_turn.timing=after_reply: %s of %s turns were never sent (a rejected turn ends its "
+                "conversation, as vLLM's multi-turn benchmark client drops it); the run has the %s sent")
+"""The warning the client logs when it ends (`TurnArrivals.client`) having sent fewer turns than its conversations
+hold: the summary counts the requests sent ("2 finished, 2 rejected of 4"), which read as a whole run of 4."""
 
 
 class TurnArrivals:
@@ -97,6 +106,9 @@ class TurnArrivals:
         while True:
             self._collect()
             if self.all_arrived:
+                if self.num_arrived < len(self.conversations):
+                    log.warning(UNSENT_TURNS, f"{len(self.conversations) - self.num_arrived:,}",
+                                f"{len(self.conversations):,}", f"{self.num_arrived:,}")
                 return
             due_s, conv, follow_up = self._next_due()
             if due_s > env.now:
