@@ -6,14 +6,18 @@ Found: a v0 request that fits the KV pool but not beside v0's free-block waterma
 AllocStatus.NEVER) was rejected as "needs more KV slots than the pool's N", a request needing N or fewer. A chat
 client that waits for each reply (`multi_turn.timing: after_reply`) drops a conversation whose turn was rejected, as
 vLLM's multi-turn benchmark client does: its later turns were never sent, and the summary ("2 finished, 2 rejected
-of 4") read as a whole run of the 4 of 8 requests asked, without a word.
+of 4") read as a whole run of the 4 of 8 requests asked, without a word. `kvsim plan --slo ttft_s.p90=1e400` (and
+`--gpu-hourly-cost GPU=1e400`) was refused as `plan.slo.ttft_s.p90=inf`, a value never written.
 """
 
 from __future__ import annotations
 
 import logging
 
+import pytest
+
 import kvsim
+from tests.conftest import one_line_exit_2
 
 TINY_V0 = {"engine": {"scheduler": "v0", "max_model_len": 8192, "num_gpu_blocks_override": 600, "watermark": 0.9},
            "latency": {"model": "constant"}, "steps": "none",
@@ -82,3 +86,16 @@ def test_the_cli_prints_the_line_beside_the_summary(tmp_path):
                                       "workload.output_len={dist: fixed, value: 100}", "-o", str(tmp_path / "out")],
                                 prog_name="kvsim")
     assert result.exit_code == 0 and f"kvsim: warning: {UNSENT}" in result.stderr
+
+
+@pytest.mark.parametrize(("slo", "cost", "expected"), [
+    ("1e400", "2", "--slo ttft_s.p90='1e400': expected seconds, a finite number"),
+    ("nan", "2", "--slo ttft_s.p90='nan': expected seconds, a finite number"),
+    ("2", "1e400", "--gpu-hourly-cost h100-80gb='1e400': expected a price per hour, a finite number"),
+    ("2", "-Infinity", "--gpu-hourly-cost h100-80gb='-Infinity': expected a price per hour, a finite number"),
+])
+def test_a_plan_number_past_a_float_is_named_as_written(slo, cost, expected, tmp_path):
+    """float('1e400') is inf: the line names the text the user gave, not `inf`, and the flag, not the spec field."""
+    out = tmp_path / "out"
+    assert one_line_exit_2(["plan", "--gpu", "h100-80gb", "--slo", f"ttft_s.p90={slo}", "--gpu-hourly-cost",
+                            f"h100-80gb={cost}", "-o", str(out)]) == expected and not out.exists()
