@@ -7,7 +7,9 @@ AllocStatus.NEVER) was rejected as "needs more KV slots than the pool's N", a re
 client that waits for each reply (`multi_turn.timing: after_reply`) drops a conversation whose turn was rejected, as
 vLLM's multi-turn benchmark client does: its later turns were never sent, and the summary ("2 finished, 2 rejected
 of 4") read as a whole run of the 4 of 8 requests asked, without a word. `kvsim plan --slo ttft_s.p90=1e400` (and
-`--gpu-hourly-cost GPU=1e400`) was refused as `plan.slo.ttft_s.p90=inf`, a value never written.
+`--gpu-hourly-cost GPU=1e400`) was refused as `plan.slo.ttft_s.p90=inf`, a value never written. A size with a bare
+lowercase letter (`--kv-cache-memory-bytes 12g`) was read as 12 GiB, where vLLM's `human_readable_int` reads it as
+12·10**9 B (lowercase decimal, uppercase binary): a KV pool 7 % larger than the same flag gives vLLM.
 """
 
 from __future__ import annotations
@@ -99,3 +101,28 @@ def test_a_plan_number_past_a_float_is_named_as_written(slo, cost, expected, tmp
     out = tmp_path / "out"
     assert one_line_exit_2(["plan", "--gpu", "h100-80gb", "--slo", f"ttft_s.p90={slo}", "--gpu-hourly-cost",
                             f"h100-80gb={cost}", "-o", str(out)]) == expected and not out.exists()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("12g", 12 * 10**9), ("12G", 12 * 2**30), ("1k", 10**3), ("1K", 2**10), ("2m", 2 * 10**6), ("2M", 2 * 2**20),
+    ("1t", 10**12), ("1T", 2**40), ("2.5g", 25 * 10**8),  # vLLM: `25.6k` -> 25,600
+    ("12gb", 12 * 10**9), ("12gib", 12 * 2**30), ("12 GiB", 12 * 2**30),  # units of more letters: any case
+])
+def test_a_bare_size_letter_is_read_by_its_case_as_vllm_reads_it(text, expected):
+    """vllm/engine/arg_utils.py `human_readable_int` (the type of --kv-cache-memory-bytes): decimal multipliers
+    k, m, g, t = 10**3 ... 10**12, binary K, M, G, T = 2**10 ... 2**40; its docstring: '1k' -> 1,000, '1K' -> 1,024."""
+    from kvsim.model.engine_config import make_engine
+
+    assert make_engine(kv_cache_memory_bytes=text).kv_cache_memory_bytes == expected
+
+
+def test_capacity_of_12g_is_the_pool_of_12_gigabytes():
+    """Llama-3.1-8B: 2 · 32 layers · 8 KV heads · 128 · 2 B = 131,072 B a token, 2,097,152 B a 16-token block;
+    12·10**9 B hold floor(5,722.05) = 5,722 blocks (12 GiB would hold 6,144)."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    result = CliRunner().invoke(app, ["capacity", "--kv-cache-memory-bytes", "12g", "--max-model-len", "8192",
+                                      "--context-lengths", "8192"], prog_name="kvsim")
+    assert result.exit_code == 0 and "= 5,722 blocks" in result.stdout
