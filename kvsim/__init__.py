@@ -50,11 +50,10 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
     import logging
 
     from kvsim.fleet.run import lone_routers, simulate_scenario
-    from kvsim.model.errors import KvsimError, shown
+    from kvsim.model.errors import KvsimError, expect_flag, shown
     from kvsim.workload.scenario import resolve_scenario
 
-    if not isinstance(check, bool):  # `check="no"` ran every check, `progress=5` failed mid-run (a TypeError)
-        raise KvsimError(f"check={shown(check)}: expected True or False")
+    expect_flag(check, "check")  # `check="no"` ran every check, `progress=5` failed mid-run (a TypeError)
     if progress is not None and not _takes_three_arguments(progress):  # a TypeError mid-run, a traceback
         raise KvsimError(f"progress={shown(progress)}: expected a function (simulated_s, done, total) or None")
     fields = {key.replace("__", "."): value for key, value in overrides.items()}

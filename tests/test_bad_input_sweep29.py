@@ -9,16 +9,21 @@ vLLM's multi-turn benchmark client does: its later turns were never sent, and th
 of 4") read as a whole run of the 4 of 8 requests asked, without a word. `kvsim plan --slo ttft_s.p90=1e400` (and
 `--gpu-hourly-cost GPU=1e400`) was refused as `plan.slo.ttft_s.p90=inf`, a value never written. A size with a bare
 lowercase letter (`--kv-cache-memory-bytes 12g`) was read as 12 GiB, where vLLM's `human_readable_int` reads it as
-12·10**9 B (lowercase decimal, uppercase binary): a KV pool 7 % larger than the same flag gives vLLM.
+12·10**9 B (lowercase decimal, uppercase binary): a KV pool 7 % larger than the same flag gives vLLM. The fleet
+APIs' `simulate_autoscaled` given no Scenario, or one without an autoscaler, stopped with an AttributeError or an
+AssertionError (its siblings `simulate_fleet` and `simulate_disagg` name them), and all three ran every invariant
+check for `check="no"` (truthy text), which `kvsim.simulate` refuses.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
 import kvsim
+from kvsim.model.errors import KvsimError
 from tests.conftest import one_line_exit_2
 
 TINY_V0 = {"engine": {"scheduler": "v0", "max_model_len": 8192, "num_gpu_blocks_override": 600, "watermark": 0.9},
@@ -126,3 +131,37 @@ def test_capacity_of_12g_is_the_pool_of_12_gigabytes():
     result = CliRunner().invoke(app, ["capacity", "--kv-cache-memory-bytes", "12g", "--max-model-len", "8192",
                                       "--context-lengths", "8192"], prog_name="kvsim")
     assert result.exit_code == 0 and "= 5,722 blocks" in result.stdout
+
+
+SMALL = {"workload": {"num_requests": 2, "prompt_len": {"dist": "fixed", "value": 16},
+                      "output_len": {"dist": "fixed", "value": 2}}, "latency": {"model": "constant"}, "steps": "none"}
+
+
+@pytest.mark.parametrize(("scenario", "said"), [
+    (None, "scenario=None: expected a Scenario"),
+    ({"replicas": 2}, "scenario={'replicas': 2}: expected a Scenario"),
+    (SMALL, "autoscaler: not set, so no autoscaled fleet; use kvsim.simulate, which runs any scenario"),
+])
+def test_simulate_autoscaled_names_a_scenario_it_cannot_run(scenario, said):
+    from kvsim.fleet.autoscaled import simulate_autoscaled
+    from kvsim.workload.scenario import make_scenario
+
+    with pytest.raises(KvsimError, match="^" + re.escape(said)):
+        simulate_autoscaled(make_scenario(scenario) if scenario is SMALL else scenario)
+
+
+@pytest.mark.parametrize("api", ["fleet", "disagg", "autoscaled"])
+def test_the_fleet_apis_take_check_as_true_or_false_only(api):
+    from kvsim.fleet.autoscaled import simulate_autoscaled
+    from kvsim.fleet.disagg import simulate_disagg
+    from kvsim.fleet.driver import simulate_fleet
+    from kvsim.workload.scenario import make_scenario
+
+    fleets = {"fleet": (simulate_fleet, {"replicas": 2, "router": {"policy": "least_kv"}}),
+              "disagg": (simulate_disagg, {"kv_transfer_config": {"kv_connector": "NixlConnector"},
+                                           "replicas": [{"kv_role": "kv_producer"}, {"kv_role": "kv_consumer"}]}),
+              "autoscaled": (simulate_autoscaled, {"replicas": 1, "router": {"policy": "least_kv"}, "autoscaler": {
+                  "metric": "num_requests_waiting", "target": 2, "min_replicas": 1, "max_replicas": 2}})}
+    simulate, fields = fleets[api]
+    with pytest.raises(KvsimError, match=r"^check='no': expected True or False$"):
+        simulate(make_scenario({**SMALL, **fields}), check="no")

@@ -58,12 +58,12 @@ from kvsim.fleet.driver import (
     replica_scenario,
 )
 from kvsim.fleet.router import Decision, Router
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, expect_flag
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.run_result import RunResult
 from kvsim.workload.fleet_layout import AutoscalerConfig
 from kvsim.workload.request import Request
-from kvsim.workload.scenario import Scenario
+from kvsim.workload.scenario import Scenario, expect_scenario
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -277,11 +277,16 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
     add `scaling` (one row per sync) and `slo` (attainment per window of arrivals). A replica is built when it is
     first started (module docstring); a fleet of `autoscaler.max_replicas`, which the run may start, that cannot
     fit in `memory_limit_bytes` [the machine's memory] is refused before any is built
-    (`kvsim.results.budget.check_engines_memory`)."""
+    (`kvsim.results.budget.check_engines_memory`). A `scenario` that is no Scenario, or one without an autoscaler,
+    and a `check` that is not True or False are each a `KvsimError` naming it, as `simulate_fleet` and
+    `simulate_disagg` refuse them (they were an AttributeError, an AssertionError and every check run)."""
     import pandas as pd
 
-    spec = scenario.autoscaler
-    assert spec is not None and isinstance(scenario.replicas, int)
+    spec = expect_scenario(scenario).autoscaler
+    expect_flag(check, "check")  # `check="no"` ran every check
+    if spec is None:
+        raise KvsimError("autoscaler: not set, so no autoscaled fleet; use kvsim.simulate, which runs any scenario")
+    assert isinstance(scenario.replicas, int), "a scenario's autoscaler starts from a count of replicas"
     policy = scenario.router.policy
     if policy not in ("least_outstanding", "least_kv"):
         why = {"round_robin": "round_robin takes the replicas in turn, blind to their load: a replica just started "

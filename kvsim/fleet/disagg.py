@@ -69,7 +69,7 @@ from kvsim.fleet.router import Router, prefix_table_blocks
 from kvsim.kv import PagedAllocator
 from kvsim.kv.link import SharedLink
 from kvsim.model.config import load_model
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, expect_flag
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import percentiles
 from kvsim.results.run_result import RunResult
@@ -386,6 +386,7 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
     import pandas as pd
 
     expect_scenario(scenario)
+    expect_flag(check, "check")  # `check="no"` ran every check
     if scenario.kv_transfer_config is None:  # an AssertionError in `check_disaggregable`, as simulate_fleet names it
         raise KvsimError("kv_transfer_config: not set, so no disaggregated fleet; use kvsim.simulate, which runs any "
                          "scenario")

@@ -31,7 +31,7 @@ from kvsim.fleet.router import Decision, Router, prefix_table_blocks
 from kvsim.kv.offload_connector import combine_summaries
 from kvsim.model.capacity import num_gpu_blocks
 from kvsim.model.config import load_gpu, load_model
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, expect_flag
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import (
     combined_counters,
@@ -221,6 +221,7 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     made (`kvsim.results.budget.check_engines_memory`).
     """
     expect_scenario(scenario)
+    expect_flag(check, "check")  # `check="no"` ran every check
     check_engines_memory(scenario, replica_groups(scenario), memory_limit_bytes,
                          steps_in_memory=scenario.steps == "all" and out_dir is None)
     if out_dir is None:

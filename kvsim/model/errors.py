@@ -138,6 +138,14 @@ def not_a_file(path: str | Path, missing: str = "file not found", file_kind: str
     return f"not a regular file ({kind})"
 
 
+def expect_flag(value: object, name: str) -> bool:
+    """`value` when it is True or False, else a `KvsimError` naming it (`name`): a truthy text (`check="no"`) ran every
+    check it meant to skip, and a NumPy boolean is no answer either."""
+    if not isinstance(value, bool):
+        raise KvsimError(f"{name}={shown(value)}: expected True or False")
+    return value
+
+
 def first_repeat(values: Sequence[Any]) -> Any:
     """The first value equal to one before it, or None when each appears once (for "given twice")."""
     return next((value for i, value in enumerate(values) if value in values[:i]), None)

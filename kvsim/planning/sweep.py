@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, expect_flag
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -131,9 +131,8 @@ def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: i
             raise KvsimError(f"workers={shown(workers)}: expected a count of processes, 1 or more (None: one per "
                              "CPU)")
         workers = int(workers)
-    for name, flag in (("keep_steps", keep_steps), ("evidence", evidence)):  # "no" kept steps, as truthy text
-        if not isinstance(flag, bool):
-            raise KvsimError(f"{name}={shown(flag)}: expected True or False")
+    expect_flag(keep_steps, "keep_steps")  # "no" kept steps, as truthy text
+    expect_flag(evidence, "evidence")
     if on_done is not None and not callable(on_done):  # a TypeError after the first run, its work lost
         raise KvsimError(f"on_done={shown(on_done)}: expected a function of no arguments, or None")
     results = _run_all([(s, keep_steps, evidence) for s in scenarios], workers, dask_address, on_done or (lambda: None))
