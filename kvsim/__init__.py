@@ -49,35 +49,19 @@ def simulate(scenario: Scenario | str | Path | Mapping[str, Any] | None = None, 
     """
     import logging
 
+    from kvsim.engine.loop import expect_progress
     from kvsim.fleet.run import lone_routers, simulate_scenario
-    from kvsim.model.errors import KvsimError, expect_flag, shown
+    from kvsim.model.errors import expect_flag
     from kvsim.workload.scenario import resolve_scenario
 
-    expect_flag(check, "check")  # `check="no"` ran every check, `progress=5` failed mid-run (a TypeError)
-    if progress is not None and not _takes_three_arguments(progress):  # a TypeError mid-run, a traceback
-        raise KvsimError(f"progress={shown(progress)}: expected a function (simulated_s, done, total) or None")
+    expect_flag(check, "check")  # `check="no"` ran every check
+    expect_progress(progress)  # before the scenario is read, as `check`
     fields = {key.replace("__", "."): value for key, value in overrides.items()}
     resolved = resolve_scenario(scenario, fields)
     result = simulate_scenario(resolved, check=check, progress=progress)
     for line in lone_routers(resolved):  # as `kvsim run` says them (a plan's probes do not: `lone_routers`)
         logging.getLogger("kvsim").warning(line)
     return result
-
-
-def _takes_three_arguments(function: Any) -> bool:
-    """Whether `function` can be called with three positional arguments (a callable whose signature Python
-    cannot read, a builtin, is given the benefit of the doubt)."""
-    import inspect
-
-    if not callable(function):
-        return False
-    try:
-        inspect.signature(function).bind(0.0, 0, 0)
-    except TypeError:
-        return False
-    except ValueError:  # no signature to read
-        return True
-    return True
 
 
 def __getattr__(name: str) -> Any:

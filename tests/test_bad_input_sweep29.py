@@ -12,7 +12,8 @@ lowercase letter (`--kv-cache-memory-bytes 12g`) was read as 12 GiB, where vLLM'
 12·10**9 B (lowercase decimal, uppercase binary): a KV pool 7 % larger than the same flag gives vLLM. The fleet
 APIs' `simulate_autoscaled` given no Scenario, or one without an autoscaler, stopped with an AttributeError or an
 AssertionError (its siblings `simulate_fleet` and `simulate_disagg` name them), and all three ran every invariant
-check for `check="no"` (truthy text), which `kvsim.simulate` refuses.
+check for `check="no"` (truthy text), which `kvsim.simulate` refuses; a `progress` that is no function of three
+arguments (`progress=5`) stopped them at the first report with a TypeError traceback.
 """
 
 from __future__ import annotations
@@ -165,3 +166,12 @@ def test_the_fleet_apis_take_check_as_true_or_false_only(api):
     simulate, fields = fleets[api]
     with pytest.raises(KvsimError, match=r"^check='no': expected True or False$"):
         simulate(make_scenario({**SMALL, **fields}), check="no")
+
+
+@pytest.mark.parametrize("progress", [5, "x", lambda done: None])
+def test_the_fleet_apis_refuse_a_progress_that_is_no_function_of_three_arguments(progress):
+    from kvsim.fleet.driver import simulate_fleet
+    from kvsim.workload.scenario import make_scenario
+
+    with pytest.raises(KvsimError, match=r"^progress=.*: expected a function \(simulated_s, done, total\) or None$"):
+        simulate_fleet(make_scenario({**SMALL, "replicas": 2, "router": {"policy": "least_kv"}}), progress=progress)
