@@ -657,7 +657,7 @@ CASES = [
     ("plan-spec-slo-not-a-mapping", {"spec.yaml": "slo: fast\n"}, [*PLAN, "--spec", "{d}/spec.yaml"],
      "plan.slo='fast': Input should be a valid dictionary"),  # was a TypeError where --slo added to it
     ("plan-hourly-cost-infinite", {}, [*PLAN, "--gpu-hourly-cost", "h100-80gb=inf"],  # was refused after the search
-     "plan.gpu_hourly_cost.h100-80gb=inf: Input should be a finite number"),
+     "--gpu-hourly-cost h100-80gb='inf': expected a price per hour, a finite number"),
     # --- nesting deeper than the recursion limit: a RecursionError out of PyYAML and json
     ("yaml-nested-too-deeply", scenario(f"name: {DEEP}\n{WORKLOAD}"), RUN_S,
      "not valid YAML: nested too deeply for kvsim to read"),
