@@ -13,7 +13,8 @@ lowercase letter (`--kv-cache-memory-bytes 12g`) was read as 12 GiB, where vLLM'
 APIs' `simulate_autoscaled` given no Scenario, or one without an autoscaler, stopped with an AttributeError or an
 AssertionError (its siblings `simulate_fleet` and `simulate_disagg` name them), and all three ran every invariant
 check for `check="no"` (truthy text), which `kvsim.simulate` refuses; a `progress` that is no function of three
-arguments (`progress=5`) stopped them at the first report with a TypeError traceback.
+arguments (`progress=5`) stopped them at the first report with a TypeError traceback. `kvsim report --set
+workload.num_requests=N` reached no run without a word: every study runs request counts of its own.
 """
 
 from __future__ import annotations
@@ -175,3 +176,18 @@ def test_the_fleet_apis_refuse_a_progress_that_is_no_function_of_three_arguments
 
     with pytest.raises(KvsimError, match=r"^progress=.*: expected a function \(simulated_s, done, total\) or None$"):
         simulate_fleet(make_scenario({**SMALL, "replicas": 2, "router": {"policy": "least_kv"}}), progress=progress)
+
+
+@pytest.mark.parametrize(("argv", "count"), [
+    (["--set", "workload.num_requests=1000"], 200),
+    (["--quick", "--set", "workload={num_requests: 5, prompt_len: {dist: fixed, value: 64}, output_len: "
+      "{dist: fixed, value: 8}}"], 60),
+])
+def test_report_refuses_a_request_count_it_would_replace(argv, count, tmp_path):
+    """`Study` makes its base with `workload.num_requests=cfg.num_requests` (200, --quick 60) and every other study
+    sets its own count (rate searches, fleet, offload): a count given with --set is never read."""
+    out = tmp_path / "out"
+    line = one_line_exit_2(["report", *argv, "-o", str(out)])
+    assert line.endswith(f": kvsim report runs each study with request counts of its own ({count} a run at each "
+                         "load here, longer for its rate searches), so it would reach no run; drop it")
+    assert line.startswith("--set 'workload") and not out.exists()

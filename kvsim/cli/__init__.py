@@ -311,8 +311,7 @@ def report(
     gpu_hourly_cost: HourlyCostOpt = None,
 ) -> None:
     """Capacity-planning report: Markdown + HTML with figures and the CSV behind each."""
-    from kvsim.report.build import build_report, studied_variants
-    from kvsim.report.studies import StudyConfig
+    from kvsim.report.study_config import StudyConfig
     from kvsim.workload.scenario import REPORT_SCENARIO
 
     engine_flags = {"max_model_len": max_model_len, "block_size": block_size,
@@ -332,6 +331,9 @@ def report(
         cfg = StudyConfig.quick() if quick else StudyConfig()
         cfg = cfg.model_copy(update={"workers": workers, "dask_address": dask_address,
                                      "gpu_hourly_cost": gpu_hourly_cost})
+        cfg.refuse_count_override(overrides or [])
+        from kvsim.report.build import build_report, studied_variants  # matplotlib: once the input is good
+
         warn_unread(studied_variants(base))
         with updater("report") as update:
             def on_study(index: int, num_studies: int, name: str, runs_done: int, runs_submitted: int) -> None:

@@ -8,6 +8,7 @@ value. It was a plain dataclass: `StudyConfig(num_requests='x')` was accepted an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from pydantic import Field
@@ -47,6 +48,21 @@ class StudyConfig(WholeSettings):
     offload_loads: tuple[Share, ...] = Field(default=(0.5, 1.0, 2.0), min_length=1)  # × the trace's arrival rate
     # batch-size limits (max_num_seqs) the speculative-decoding section runs with and without drafts
     speculation_batch_sizes: tuple[Count, ...] = Field(default=(1, 4, 16, 32, 64, 128, 256), min_length=1)
+
+    def refuse_count_override(self, overrides: Sequence[str]) -> None:
+        """Refuse a `--set` of `workload.num_requests` (itself or in a `workload` section): every study runs request
+        counts of its own (`num_requests`, `rate_requests`, ...; `Study` sets the base's), so `kvsim report --set
+        workload.num_requests=1000` reached no run without a word."""
+        from kvsim.model.errors import KvsimError
+        from kvsim.workload.overrides import override_items
+
+        for key, value, label in override_items(overrides):
+            fields = key.strip().split(".")
+            if fields == ["workload", "num_requests"] or \
+                    (fields == ["workload"] and isinstance(value, dict) and "num_requests" in value):
+                raise KvsimError(f"{label}: kvsim report runs each study with request counts of its own "
+                                 f"({self.num_requests} a run at each load here, longer for its rate searches), so "
+                                 "it would reach no run; drop it")
 
     @classmethod
     def quick(cls) -> StudyConfig:
