@@ -92,8 +92,9 @@ def test_plan_refuses_an_offload_size_under_one_block_before_it_plans(tmp_path):
     (["engine.allocator=slab-max"], "allocator=slab-max, enable_prefix_caching=True"),
 ])
 def test_plan_refuses_to_size_a_tier_for_an_engine_without_one_before_it_plans(tmp_path, sets, shown):
-    """Offloaded blocks are found by their prefix hashes: an engine without prefix caching (or not paged)
-    has no tier to size, which `plan --offload-size` found only after the whole plan had run and written."""
+    """A slab engine has no tier to size; one without prefix caching may run a tier but counts no prefix-cache
+    query, over which the sizing's hit rates are taken. `plan --offload-size` found either only after the
+    whole plan had run and written."""
     out = tmp_path / "out"
     flags = [arg for s in sets for arg in ("--set", s)]
     assert one_line_exit_2([*PLAN, *flags, "--offload-size", "4GiB", "-o", str(out)]) == (

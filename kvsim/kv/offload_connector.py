@@ -1,7 +1,7 @@
 """The offload connector: the tiers of `offload.py` with the time their bytes take, as vLLM's
 OffloadingConnector (vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py) runs them.
 
-    GPU prefix cache ──store (write-through, async)──▶ CPU tier (LRU) ──evicted (async)──▶ disk tier (LRU)
+    GPU KV cache ──store (write-through, async)──▶ CPU tier (LRU) ──evicted (async)──▶ disk tier (LRU)
           ▲                  GPU→host link                  │       disk's write link      │
           └──────── load (async) over the tier's link ──────┴──────────────────────────────┘
 
@@ -26,6 +26,12 @@ OffloadingConnector (vllm/distributed/kv_transfer/kv_connector/v1/offloading_con
   A request whose walk meets a block the CPU tier is still storing before its first miss (`hit_pending`)
   waits too, tried again each step, until that store has ended: vLLM's `_maximal_prefix_lookup` returns None
   on a HIT_PENDING block; the scheduler then calls `await_stores`. (A demotion being written to disk is a miss.)
+* Without GPU prefix caching (`enable_prefix_caching: false`, `vllm serve --no-enable-prefix-caching` with an
+  offloading connector) the tiers work the same: vLLM hashes every request's full blocks whenever a KV connector
+  is set (`request_block_hasher`, vllm/v1/engine/core.py), so stores and lookups are unchanged, while the GPU
+  pool hits and keeps nothing (`KVCacheManager.get_computed_blocks` returns no block, `cache_blocks` does
+  nothing): a prefix the tiers hold is loaded into fresh GPU blocks every time it is asked for, and two
+  requests loading the same blocks each load them (`_blocks_being_loaded` is None: `loading_any` is not asked).
 * Time is explicit (`now_s` in every call, non-decreasing); the engine wakes an idle engine at the
   instant `on_next_load_end` is told (`kvsim.engine.loop`): the next end of a load, or of a CPU-tier store
   while a request awaits one (`await_stores`, until the next such store ends).

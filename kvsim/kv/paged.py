@@ -469,6 +469,8 @@ class PagedAllocator(PoolSlots, PagedDecodes, PagedBursts):
         assert self._sum_written == sum(s.num_tokens for s in self.seqs.values())
         assert self._num_mapped_blocks == sum(len(s.block_table) for s in self.seqs.values())
         assert self._sum_reservable == sum(s.reservable for s in self.seqs.values())
+        if not self.enable_caching:  # nothing is hashed: no block is cached, held or free (a freed one keeps nothing)
+            assert not self.pool.cache.evictable and not any(s.num_hashed_blocks for s in self.seqs.values())
         for seq in self.seqs.values():
             assert seq.reservable in (self._own_reservable(seq), seq.num_tokens), "reservation out of range"
         if self.cpu_pool is not None:

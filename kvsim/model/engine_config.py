@@ -47,7 +47,8 @@ class EngineConfig(Settings):
     `scheduling_policy` orders the waiting queue (vLLM's `--scheduling-policy`: `fcfs`, or
     `priority`: smallest (priority, arrival) first, the lowest-priority running request preempted);
     `speculative_config` is vLLM's `--speculative-config` (`kvsim.model.speculative_config`).
-    `kv_offload` adds CPU/disk tiers below the prefix cache (`KVOffloadConfig`, `kvsim.kv.offload_connector`).
+    `kv_offload` adds CPU/disk tiers below the GPU's KV cache, with prefix caching on or off
+    (`KVOffloadConfig`, `kvsim.kv.offload_connector`).
     `enable_prefix_caching` defaults to on for v1 and off for v0, as vLLM's engines do. `prefix_cache` picks the
     paged pool's prefix cache: vLLM's `hash_chain` or SGLang's `radix` tree (`kvsim.kv.radix_prefix_cache`).
     `async_scheduling` is vLLM's `--async-scheduling` (`None`: vLLM's default, `resolved_async_scheduling`): each
@@ -119,11 +120,13 @@ class EngineConfig(Settings):
 
     @model_validator(mode="after")
     def _offload_needs_hashed_blocks(self) -> EngineConfig:
-        """The tiers hold hashed blocks of vLLM v1's paged hash-chain prefix cache (the connector's world)."""
+        """The tiers hold hashed blocks of vLLM v1's paged hash chain (the connector's world). GPU prefix caching
+        may be off, as `vllm serve --no-enable-prefix-caching` with an offloading connector runs: vLLM still hashes
+        every request's blocks when a KV connector is set (`request_block_hasher` in vllm/v1/engine/core.py), so
+        the tiers store and load them while the GPU pool caches nothing (`kvsim.kv.offload_connector`)."""
         if self.kv_offload is not None:
             for name, value, needed in (("allocator", self.allocator, "paged"), ("scheduler", self.scheduler, "v1"),
-                                        ("prefix_cache", self.prefix_cache, "hash_chain"),
-                                        ("enable_prefix_caching", self.enable_prefix_caching, True)):
+                                        ("prefix_cache", self.prefix_cache, "hash_chain")):
                 if value != needed:
                     raise ValueError(f"kv_offload needs {name}={needed} (got {value})")
             if self.speculative_config is not None:

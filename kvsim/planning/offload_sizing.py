@@ -152,7 +152,8 @@ def pays_table(points: pd.DataFrame, largest: int) -> pd.DataFrame:
 
 def check_sizes(scenarios: Sequence[Scenario], cpu_sizes_bytes: Sequence[int], field: str = "offload size") -> None:
     """Refuse, before any run, to size a tier for an engine in `scenarios` (those it may size) that cannot
-    have one (not the paged allocator with prefix caching: offloaded blocks are found by their hashes), or a
+    have one (not the paged allocator), or whose hit rates it cannot count (prefix caching off: they are over the
+    prefix-cache queries, which vLLM counts only with caching on, though such an engine may run a tier), or a
     CPU tier size of more than 0 bytes but less than one KV block of such an engine: it would hold no block,
     a tier that is no tier (a `KvsimError` naming `field` and the size)."""
     for scenario in scenarios:

@@ -8,8 +8,9 @@ that fit in a DGX node's host memory), each at `StudyConfig.offload_loads` × th
 target is 90 % of what an unbounded cache would hit on the slice (read from the trace): a tier cannot
 serve reuse the trace does not have. The TTFT target is the report's SLO on TTFT p90.
 
-An engine that cannot take a CPU tier (kvsim, as vLLM, puts one only under the v1 scheduler's paged
-hash-chain prefix cache) gets the section skipped with its refusal (`kvsim.report.applicable`), not run.
+An engine that cannot take a CPU tier (kvsim, as vLLM, puts one only beside the v1 scheduler's paged
+hash-chain block pool, its prefix caching on or off) gets the section skipped with its refusal
+(`kvsim.report.applicable`), not run.
 """
 
 from __future__ import annotations

@@ -290,7 +290,7 @@ def capacity_formula(st: Study) -> Section:
     sequence holds only its prompt). k is fitted on the sustained figure of KV-bound rows.
 
     Every run turns prefix caching off (a sequence's blocks are its own); an engine that cannot turn it
-    off (a CPU offload tier needs it) gets the section skipped with its refusal (`kvsim.report.applicable`).
+    off gets the section skipped with its refusal (`kvsim.report.applicable`).
     """
     contexts = [c for c in (256, 512, 1024, 2048, 4096) if c <= st.max_model_len]
     fixed = [(f"prompt {c // 2} + output {c - c // 2}", c,

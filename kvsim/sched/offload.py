@@ -1,12 +1,12 @@
 """The scheduler's half of KV offload (`engine.kv_offload`, `kvsim.kv.offload_connector`), as vLLM's
 scheduler drives its OffloadingConnector: a waiting request whose prefix the offload tiers hold past its
-GPU prefix-cache hit leaves the queue while those blocks load (vLLM's WAITING_FOR_REMOTE_KVS) and
-rejoins it at the front, holding them, once they have (one whose hit another request is loading, or whose hit
-meets a block still being stored, waits in the queue for that transfer instead: `waits_for_a_transfer`);
-after every step, the full blocks computed in it (by default only the prompt's: vLLM's `offload_prompt_only`)
-are offered to the tiers (write-through, vLLM's `_build_store_jobs`, formerly `_get_reqs_to_store`). A
-request considered for admission
-has its blocks in the tiers touched (LRU), as vLLM's lookup does. Pure Python.
+GPU prefix-cache hit (with prefix caching off there is none: the tiers are asked from its first block) leaves
+the queue while those blocks load (vLLM's WAITING_FOR_REMOTE_KVS) and rejoins it at the front, holding them,
+once they have (one whose hit another request is loading, or whose hit meets a block still being stored, waits
+in the queue for that transfer instead: `waits_for_a_transfer`); after every step, the full blocks computed in
+it (by default only the prompt's: vLLM's `offload_prompt_only`) are offered to the tiers (write-through,
+vLLM's `_build_store_jobs`, formerly `_get_reqs_to_store`). A request considered for admission has its blocks
+in the tiers touched (LRU), as vLLM's lookup does. Pure Python.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ class OffloadScheduling:
         `OffloadingConnectorScheduler.get_num_new_matched_tokens` does (`num_tokens // block_size` blocks);
         a load that covers every token leaves the last one to recompute (its logits sample the next token),
         as vLLM's `Scheduler._update_waiting_for_remote_kv` does (`num_computed_tokens == num_tokens` → − 1).
-        The prefix-cache query is counted now (the GPU hit); once loaded, the request is admitted with
+        The prefix-cache query is counted now (the GPU hit; with prefix caching off the hit is empty and vLLM
+        counts no query, so the load fills fresh blocks from block 0); once loaded, the request is admitted with
         the GPU hit and the loaded tokens computed (`finish_loads`, `lookup`). Taking the whole prompt's
         blocks now (vLLM takes the loaded prefix's, then the rest when it schedules the request) makes a
         loaded request admissible at once: it can never wait for blocks while holding others.
