@@ -145,8 +145,8 @@ def test_a_command_whose_stdout_is_full_says_so_in_one_line():
 
 
 AFFINITY_LINE = ("router.policy=affinity has no prefix to follow: no replica caches prefixes "
-                 "(engine.enable_prefix_caching=false, or a slab allocator), so no routed prompt finds its prefix "
-                 "cached; least_outstanding balances the load")
+                 "(engine.enable_prefix_caching=false without an engine.kv_offload tier, or a slab allocator), so no "
+                 "routed prompt finds its prefix cached; least_outstanding balances the load")
 
 
 @pytest.mark.parametrize(("overrides", "said"), [
@@ -156,6 +156,10 @@ AFFINITY_LINE = ("router.policy=affinity has no prefix to follow: no replica cac
     (["replicas.0.engine.enable_prefix_caching=false"], False),  # the other group caches: affinity finds it
     ([], False),
     (["engine.enable_prefix_caching=false", "router.policy=least_outstanding"], False),
+    # a replica's CPU tier keeps prefixes with caching off (vLLM's --no-enable-prefix-caching + offloading
+    # connector): a prompt routed after its prefix loads it from there; a tier of 0 bytes is no tier
+    (["engine.enable_prefix_caching=false", "engine.kv_offload={cpu_bytes: 4GiB}"], False),
+    (["engine.enable_prefix_caching=false", "engine.kv_offload={cpu_bytes: 0}"], True),
 ])
 def test_an_affinity_router_without_a_prefix_cache_is_said(overrides, said):
     """`router.policy=affinity` sends a prompt to the replica its prefix was last sent to, for that replica's

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvsim.engine.loop import ProgressFn
+    from kvsim.model.engine_config import EngineConfig
     from kvsim.results.run_result import RunResult
     from kvsim.results.step_writer import StepsFormat
     from kvsim.workload.scenario import Scenario
@@ -108,12 +109,20 @@ def unread_by_setting(scenario: Scenario) -> dict[str, str]:
                       for field, line in said.items() if field in own}
         inherited.append({field: line for field, line in said.items() if field not in own})
     common = {field: line for field, line in inherited[0].items() if all(field in other for other in inherited)}
-    if scenario.router.policy == "affinity" and not any(
-            r.engine.enable_prefix_caching and r.engine.allocator == "paged" for r, _count in replicas):
+    if scenario.router.policy == "affinity" and not any(_keeps_prefixes(r.engine) for r, _count in replicas):
         common["router.policy"] = ("router.policy=affinity has no prefix to follow: no replica caches prefixes "
-                                   "(engine.enable_prefix_caching=false, or a slab allocator), so no routed "
-                                   "prompt finds its prefix cached; least_outstanding balances the load")
+                                   "(engine.enable_prefix_caching=false without an engine.kv_offload tier, or a "
+                                   "slab allocator), so no routed prompt finds its prefix cached; "
+                                   "least_outstanding balances the load")
     return common | own_lines
+
+
+def _keeps_prefixes(engine: EngineConfig) -> bool:
+    """Whether a replica keeps prefixes a later prompt can find: the paged pool's prefix cache, or an offload
+    tier (of at least a block: 0 is no tier), which stores and loads blocks with prefix caching off too."""
+    offload = engine.kv_offload
+    has_tier = offload is not None and bool(offload.cpu_bytes or offload.num_cpu_blocks)
+    return engine.allocator == "paged" and (engine.enable_prefix_caching or has_tier)
 
 
 def _engine_unread(scenario: Scenario) -> dict[str, str]:
