@@ -142,6 +142,36 @@ def test_a_prefix_every_request_shares_is_computed_and_held_once_with_prefix_cac
     assert floor.kv_replicas == pytest.approx(100 * 19 * (prompt + 10) * 0.01 / 6400)
 
 
+@pytest.mark.parametrize(("cpu_bytes", "computed"), [("4GiB", (128 + 49 * 64) / 50), (0, 128)])
+def test_with_caching_off_an_offload_tier_spares_the_shared_prefix_s_compute_but_not_its_kv(cpu_bytes, computed):
+    """The world above with prefix caching off and a CPU tier (vLLM's --no-enable-prefix-caching with an
+    offloading connector): the first request stores the 4 shared blocks and the 49 others load them, so they
+    compute only their own 64 tokens as with caching, (128 + 49 · 64) / 50 = 65.28 a request; but each loads them
+    into blocks of its own, so it holds all 128 prompt tokens: KV 100 · 19 · (128 + 10) · τ / 6400. The floor
+    counted 128 computed, above what such an engine needs. A tier of 0 bytes is no tier: 128."""
+    raw = world().model_dump(mode="json")
+    raw["engine"].update(enable_prefix_caching=False, kv_offload={"cpu_bytes": cpu_bytes})
+    raw["workload"]["shared_prefix"] = {"tokens": 64, "fraction": 1.0}
+    floor = replica_floor(make_scenario(raw), 100.0)
+    assert floor.compute_replicas == pytest.approx(100 * (computed * 0.01 / 512 + 20 * 0.01 / 8))
+    assert floor.kv_replicas == pytest.approx(100 * 19 * (128 + 10) * 0.01 / 6400)
+
+
+@pytest.mark.parametrize(("engine", "steps"), [({"enable_prefix_caching": True}, 1),
+                                                ({"enable_prefix_caching": False}, 2),
+                                                ({"enable_prefix_caching": False, "kv_offload": {"cpu_bytes": "4GiB"}}, 1)])
+def test_the_ttft_floor_of_an_engine_with_an_offload_tier_is_one_step(engine, steps):
+    """1,000-token prompts, chunks of 512, τ = 10 ms: with neither prefix caching nor a tier a prompt takes
+    ⌈1000 / 512⌉ = 2 steps; with either, at best all but its last token are found (hit, or loaded: the load's
+    time left out of a floor), 1 step. The floor said 2 steps for a tier with caching off, above what it can do."""
+    from kvsim.planning.slo_floor import slo_floor
+
+    raw = world(prompt=1000, max_model_len=2048).model_dump(mode="json")
+    raw["engine"].update(engine)
+    floor = slo_floor(make_scenario(raw))
+    assert floor is not None and floor.ttft_s == pytest.approx(steps * 0.01)
+
+
 def test_speculative_verify_steps_are_not_recompute():
     """The same world with n-gram drafts (K = 3, always accepted): each request runs alone, its prompt in
     one step and its 19 other tokens in ceil(19 / 4) = 5 verify steps of 1 + 3 tokens, 6 steps of τ. Nothing

@@ -119,10 +119,8 @@ def unread_by_setting(scenario: Scenario) -> dict[str, str]:
 
 def _keeps_prefixes(engine: EngineConfig) -> bool:
     """Whether a replica keeps prefixes a later prompt can find: the paged pool's prefix cache, or an offload
-    tier (of at least a block: 0 is no tier), which stores and loads blocks with prefix caching off too."""
-    offload = engine.kv_offload
-    has_tier = offload is not None and bool(offload.cpu_bytes or offload.num_cpu_blocks)
-    return engine.allocator == "paged" and (engine.enable_prefix_caching or has_tier)
+    tier, which stores and loads blocks with prefix caching off too."""
+    return engine.allocator == "paged" and (engine.enable_prefix_caching or engine.has_offload_tier)
 
 
 def _engine_unread(scenario: Scenario) -> dict[str, str]:

@@ -309,6 +309,13 @@ class EngineConfig(Settings):
         return 1 if self.allocator == "paged" and self.scheduler != "v0" else 0
 
     @property
+    def has_offload_tier(self) -> bool:
+        """Whether `kv_offload` gives a CPU tier (a size of 0 bytes or 0 blocks is no tier: `make_offload`), where
+        a prompt finds the prefix blocks an earlier one stored, with prefix caching on or off."""
+        offload = self.kv_offload
+        return offload is not None and bool(offload.cpu_bytes or offload.num_cpu_blocks)
+
+    @property
     def can_swap(self) -> bool:
         """Whether a preemption can swap KV out to the CPU (into `swap_space`): in vLLM v0 only, not under
         preemption_mode=recompute (v1 and static preempt by recompute). Unset, v0 swaps only a request of several

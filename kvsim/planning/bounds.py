@@ -7,7 +7,8 @@ Two floors; the larger binds (`binds`), and `replicas = ceil(max(compute, kv))`:
 **compute.** Every output token and every prompt token no cache can serve must be computed. With prefix
 caching on, a prompt's leading full blocks that an earlier request's sequence also has (at most all but the
 block holding its last token, which vLLM computes whatever is cached) are taken as served by a cache that
-never evicts and that every replica shares (`cacheable_prompt_tokens`): no engine computes fewer. One
+never evicts and that every replica shares (`cacheable_prompt_tokens`): no engine computes fewer. So are they
+with caching off beside an offload tier (`engine.kv_offload`), which stores and loads those blocks too. One
 replica computes prompt
 tokens at best at C ÷ t_prefill tokens/s (one step of a full chunk, C = max_num_batched_tokens new
 tokens) and output tokens at best at B ÷ t_decode tokens/s (one decode step of B = max_num_seqs
@@ -20,14 +21,15 @@ could share the weight reads, which this leaves out, so it is a floor per token 
 A request of n > 1 samples (parallel sampling, or n beams) computes n · O output tokens. Its prompt is
 computed once where the samples fork from one prefill (vLLM v0, the static policies, beam search); vLLM v1
 fans it out into n child requests (`kvsim.sched.fanout`), each of which computes the prompt on its own but
-for the cache: with prefix caching on, children 2..n hit the first child's full blocks except the one
-holding the last token, so each computes P − block_size · ⌊(P − 1) / block_size⌋ tokens (the tail: 8 of a
-40-token prompt in 16-token blocks, 16 of a 32-token one); with it off, all P. So a request computes
+for the cache: with prefix caching on (or an offload tier), children 2..n hit the first child's full blocks
+except the one holding the last token, so each computes P − block_size · ⌊(P − 1) / block_size⌋ tokens (the
+tail: 8 of a 40-token prompt in 16-token blocks, 16 of a 32-token one); with neither, all P. So a request computes
 (P − cached) + (n − 1) · that prompt tokens.
 
 **kv.** By Little's law the KV one replica's requests hold on average is λ · E[∫ held dt]. A request
 holds at least its context (P + k tokens at its k-th output token; of the prompt, only the tokens no cache
-serves, as a cached prefix may be shared with other requests) during each of its O − 1 decode steps, and a
+the GPU prefix cache serves, as a cached prefix may be shared with other requests; a prefix loaded from an
+offload tier with caching off fills the request's own blocks, so it counts) during each of its O − 1 decode steps, and a
 decode step lasts at least t_1 (one sequence: the fastest step), so in a pool of one KV cache group
 ∫ held dt ≥ t_1 · (O − 1) · (P − cached + n · O/2) token-seconds (n samples share at most the prompt),
 against the pool's usable token slots
@@ -148,7 +150,11 @@ def _floor(scenario: Scenario, servable_rate_per_s: Callable[[int, int], float])
         return ReplicaFloor(0.0, 0.0, 0.0, 0)
     rate_per_s = servable_rate_per_s(len(requests), len(offered))
     prompts = np.array([r.prompt_len * 1.0 for r in requests])
-    cached = cacheable_prompt_tokens(requests, engine.block_size) if engine.enable_prefix_caching else 0.0
+    # prefix tokens no request computes again: hit on the GPU, or loaded from an offload tier (with caching off
+    # too); held once for all only where the GPU cache shares the blocks (a load fills a request's own blocks)
+    reuses = engine.enable_prefix_caching or engine.has_offload_tier
+    reused = cacheable_prompt_tokens(requests, engine.block_size) if reuses else 0.0
+    cached = reused if engine.enable_prefix_caching else 0.0
     samples = np.array([r.num_samples * 1.0 for r in requests])
     outputs = np.array([r.output_len * 1.0 for r in requests])
     latency = make_latency(spec)
@@ -157,8 +163,9 @@ def _floor(scenario: Scenario, servable_rate_per_s: Callable[[int, int], float])
     context = max(1, round(float(np.mean(prompts + outputs / 2))))  # a decode step attends the cached prefix too
     fanned = np.array([engine.scheduler == "v1" and fans_out(r) for r in requests])
     child_prompts = np.where(fanned, prompts - engine.block_size * ((prompts - 1) // engine.block_size)
-                             if engine.enable_prefix_caching else prompts, 0.0)  # what each further v1 child computes
-    prompts = prompts - cached  # the prompt tokens every engine computes and holds on its own
+                             if reuses else prompts, 0.0)  # what each further v1 child computes
+    held_prompts = prompts - cached  # the prompt tokens every request holds on its own
+    prompts = prompts - reused  # ... and computes
     prefill, single = StepPlan(), StepPlan()
     prefill.add(int(chunk), 0, 1, samples=True)
     single.add(1, context - 1, 1, samples=True)
@@ -167,7 +174,7 @@ def _floor(scenario: Scenario, servable_rate_per_s: Callable[[int, int], float])
                              for decodes in _decode_steps(latency, batch, context))
     computed_prompts = prompts + (samples - 1) * child_prompts
     work_s = float(np.mean(computed_prompts * per_prompt_token_s + samples * outputs * per_output_token_s))
-    held_token_s = latency.step_time(single) * float(np.mean(held_token_steps(spec.kv_layout.groups, prompts,
+    held_token_s = latency.step_time(single) * float(np.mean(held_token_steps(spec.kv_layout.groups, held_prompts,
                                                                                samples, outputs, cached)))
     pool_tokens = spec.num_kv_slots  # v1's paged pool keeps its null block back; v0's and slab pools do not
     return ReplicaFloor(rate_per_s, rate_per_s * work_s, rate_per_s * held_token_s / pool_tokens, len(requests),

@@ -10,7 +10,8 @@ chunk short of the prompt's end, is no token's). So, without speculative decodin
 tokens), every servable request has
 
     TTFT ≥ ⌈u / C⌉ · t_1     its uncached prompt u takes at least that many steps of at most C tokens
-                             (C = max_num_batched_tokens; u = 1 with prefix caching on: a full hit still
+                             (C = max_num_batched_tokens; u = 1 with prefix caching on or an offload
+                             tier, whose load time is left out: a full hit or load still
                              computes the prompt's last token), the last of which samples the first token
     TPOT ≥ t_1               each later token is sampled by a step of its own
     E2E  ≥ O · t_1           O output tokens, each at a step's end after its arrival
@@ -68,7 +69,8 @@ def slo_floor(scenario: Scenario) -> SloFloor | None:
     fastest.add(1, 0, 1, samples=True)
     step_s = make_latency(spec).step_time(fastest)
     chunk = engine.resolved_max_num_batched_tokens(spec.max_model_len, spec.gpu)
-    uncached = 1 if engine.enable_prefix_caching else least.prompt_len
+    # at best all but its last token hit the GPU cache or load from an offload tier (the load time left out)
+    uncached = 1 if engine.enable_prefix_caching or engine.has_offload_tier else least.prompt_len
     return SloFloor(step_s, math.ceil(uncached / chunk) * step_s, step_s, least.output_len * step_s)
 
 
