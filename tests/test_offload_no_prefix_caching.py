@@ -56,6 +56,7 @@ def test_with_prefix_caching_the_second_request_hits_the_gpu_and_loads_nothing()
     assert rows["prefix_hit_tokens"][1] == 64
     summary = scheduler.offload.summary(2.0, end_s=2.0)
     assert summary["num_loads"] == 0 and summary["bytes_loaded"] == 0
+    assert summary["bytes_stored"] == 5 * BLOCK_BYTES  # A's 4 blocks, B's fifth (its first 4 offered, held: skipped)
     assert (scheduler.prefix_stats.num_query_tokens, scheduler.prefix_stats.num_hit_tokens) == (64 + 80, 64)
 
 

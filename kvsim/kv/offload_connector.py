@@ -1,7 +1,7 @@
 """The offload connector: the tiers of `offload.py` with the time their bytes take, as vLLM's
 OffloadingConnector (vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py) runs them.
 
-    GPU KV cache ──store (write-through, async)──▶ CPU tier (LRU) ──evicted (async)──▶ disk tier (LRU)
+    GPU KV cache ──────store (write-through, async)──▶ CPU tier (LRU) ──evicted (async)──▶ disk tier (LRU)
           ▲                  GPU→host link                  │       disk's write link      │
           └──────── load (async) over the tier's link ──────┴──────────────────────────────┘
 
