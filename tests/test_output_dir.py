@@ -127,6 +127,27 @@ def test_scenario_names_become_one_safe_component(name, expected):
     assert safe_component(name) == expected
 
 
+def test_long_names_alike_in_their_first_100_characters_get_folders_of_their_own():
+    """A default folder's name is cut to 100 characters: two scenario names alike in those were cut to one folder,
+    and the second run replaced the first one's output. A name of 100 characters or fewer is kept whole."""
+    first, second = "x" * 100 + "aaa", "x" * 100 + "bbb"
+    a, b = safe_component(first), safe_component(second)
+    assert a != b and len(a) <= 100 and len(b) <= 100
+    assert a.startswith("x" * 80) and b.startswith("x" * 80)  # still the name a user recognises
+    assert safe_component(first) == a  # a rerun of the same scenario replaces its own output, as before
+    assert safe_component("y" * 100) == "y" * 100
+
+
+def test_a_second_long_named_run_leaves_the_first_ones_output(world):
+    first, second = "x" * 100 + "aaa", "x" * 100 + "bbb"
+    for name, num_requests in ((first, 3), (second, 4)):
+        result = runner.invoke(app, ["run", "--set", f"name={name}", "--set", f"workload.num_requests={num_requests}"])
+        assert result.exit_code == 0, result.output
+    runs = world / "project" / "work" / "runs"
+    summaries = sorted(json.loads((folder / "summary.json").read_text())["num_requests"] for folder in runs.iterdir())
+    assert summaries == [3, 4]
+
+
 @pytest.mark.parametrize("name", [".", "..", "../escape", "/abs"])
 def test_scenario_name_cannot_steer_the_default_output(world, name):
     scenario = world / "s.yaml"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import hashlib
 import json
 import os
 import re
@@ -55,13 +56,23 @@ _AT_FDCWD = -100
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 
 
-def safe_component(name: str, fallback: str = "scenario") -> str:
-    """`name` as one harmless path component: `[A-Za-z0-9._-]` only, no leading dot, not empty.
+MAX_COMPONENT_CHARS = 100  # a default folder's name at most: room left under NAME_MAX (255) for the temporaries'
+_DIGEST_CHARS = 8  # hex digits of the whole name's SHA-256 that tell apart names cut to the same beginning
 
-    `../../etc` → `etc`, `a/b` → `a_b`, `.` and `..` → `fallback`.
+
+def safe_component(name: str, fallback: str = "scenario") -> str:
+    """`name` as one harmless path component: `[A-Za-z0-9._-]` only, no leading dot, not empty, at most
+    `MAX_COMPONENT_CHARS` long; the same name always gives the same component.
+
+    `../../etc` → `etc`, `a/b` → `a_b`, `.` and `..` → `fallback`. A longer name keeps its beginning and ends in
+    `-` and the first `_DIGEST_CHARS` hex digits of the SHA-256 of the whole name: two names alike in their first
+    100 characters were cut to one folder, and the second run replaced the first's output.
     """
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).lstrip("._")
-    return cleaned[:100] or fallback
+    if len(cleaned) <= MAX_COMPONENT_CHARS:
+        return cleaned or fallback
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_CHARS]
+    return f"{cleaned[:MAX_COMPONENT_CHARS - _DIGEST_CHARS - 1]}-{digest}"
 
 
 def _version() -> str:
