@@ -44,7 +44,7 @@ def test_an_empty_value_of_a_plan_knob_is_refused(tmp_path, value, item):
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--kv-cache-memory-bytes", "", "engine.kv_cache_memory_bytes='': not a size"),
     ("--kv-cache-dtype", "", "engine.kv_cache_dtype='': Input should be 'auto', "),
-    ("--gpu", "", "gpu='': not a preset"),
+    ("--gpu", "", "gpu='': is empty: name a preset or a GPU file"),  # as --model '' (tidy30)
     ("--gpu", "[h100", "gpu='[h100': not a preset"),
     ("--model", "#x", "model='#x': not a preset"),
 ], ids=["kv-bytes-empty", "kv-dtype-empty", "gpu-empty", "gpu-bracket", "model-hash"])

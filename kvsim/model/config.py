@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError
 
-from kvsim.model.errors import KvsimError, from_validation_error, not_a_preset, reading
+from kvsim.model.errors import KvsimError, blank_name, from_validation_error, not_a_file, not_a_preset, reading
 from kvsim.model.sizes import Bytes
 from kvsim.model.spec import Label, ModelSpec, Settings
 from kvsim.model.yaml_io import (
@@ -49,6 +49,10 @@ def model_from_hf_config(raw: dict[str, Any], name: str) -> ModelSpec:
         raise from_validation_error(error, prefix=f"model {name}") from None
 
 
+MODEL_WANTED = "a preset, a config.json or a model's folder"  # what a model names, for an error
+GPU_WANTED = "a preset or a GPU file (YAML or JSON)"  # what a GPU names, for an error
+
+
 def model_presets() -> list[str]:
     return sorted(p.stem for p in (PRESETS_DIR / "models").glob("*.json"))
 
@@ -58,8 +62,9 @@ def model_file(name_or_path: str) -> tuple[Path, bool]:
     the path given, or the `config.json` in a folder given (a downloaded model's folder, as vLLM's `--model`
     takes it); KvsimError naming the value when it is none of these, or blank (`Path('')` is the working folder,
     so an unset shell variable, `--model "$MODEL"`, read the config.json there)."""
-    if not name_or_path.strip():
-        raise KvsimError(f"model={name_or_path!r}: is empty: name a preset, a config.json or a model's folder")
+    blank = blank_name("model", name_or_path, MODEL_WANTED)
+    if blank is not None:
+        raise KvsimError(blank)
     preset = PRESETS_DIR / "models" / f"{name_or_path}.json"
     path = Path(name_or_path)
     try:
@@ -71,15 +76,16 @@ def model_file(name_or_path: str) -> tuple[Path, bool]:
     except OSError as error:  # a name over the system's limit: 'File name too long', naming the presets' folder
         is_file, folder = False, f" ({error.strerror})"
     if not is_file:
-        raise KvsimError(not_a_preset("model", name_or_path, model_presets(), folder))
+        raise KvsimError(not_a_preset("model", name_or_path, model_presets(), folder, MODEL_WANTED))
     return path, False
 
 
 def _folder_without_config(folder: Path) -> str:
     """Why a model folder has no config.json to read: none there, or one that is a folder or a broken link."""
     config = folder / "config.json"
-    if config.is_symlink() or config.exists():  # a link to nothing (or a loop), a folder
-        return " (a folder whose config.json is not a file)"
+    if config.is_symlink() or config.exists():  # a link to nothing (or a loop), a folder, a FIFO
+        special = not_a_file(config) or ""
+        return f" (a folder whose config.json is {special if special.startswith('not a regular') else 'not a file'})"
     return " (a folder without a config.json)"
 
 
@@ -217,7 +223,7 @@ def _load_gpu_version(name_or_path: str, stamp: tuple[int, int, int] | None) -> 
     elif is_file:
         raw, name = _read_mapping(Path(name_or_path), "gpu"), Path(name_or_path).stem
     else:
-        raise KvsimError(not_a_preset("gpu", name_or_path, gpu_presets(), why))
+        raise KvsimError(not_a_preset("gpu", name_or_path, gpu_presets(), why, GPU_WANTED))
     try:
         return GPUSpec(**{"name": name, **raw})
     except ValidationError as error:

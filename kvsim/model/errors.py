@@ -166,10 +166,25 @@ def close_match(word: str, choices: list[str]) -> str:
     return f" (did you mean {near[0]}?)" if near else ""
 
 
-def not_a_preset(field: str, name: str, presets: list[str], why: str = "") -> str:
-    """`field='name': not a preset (the presets) nor a file` with `why` (what the path is instead), then
-    ` (did you mean X?)` where a preset is near: the presets `name` begins, up to three (`h100`: h100-80gb or
-    h100-pcie), else the nearest (`close_match`, case aside: `LLAMA-3.1-8B`)."""
+def blank_name(field: str, name: str, wanted: str) -> str | None:
+    """`field='name': is empty: name {wanted}` when `name` (a model or GPU: a preset or a path) is blank, else None:
+    `Path('')` is the working folder, so an unset shell variable (`--model "$MODEL"`) read what lay there."""
+    return f"{field}={name!r}: is empty: name {wanted}" if not name.strip() else None
+
+
+def not_a_preset(field: str, name: str, presets: list[str], why: str = "", wanted: str = "a preset or a file") -> str:
+    """Why `name`, no preset, cannot be read: `blank_name`; or, where it names something that is neither a regular
+    file nor a folder (a FIFO, a device: reading it would block or never end), `field='name': not a regular file
+    (a FIFO): name {wanted}` (`not_a_file`; "nor a file" named no reason); else `field='name': not a preset (the
+    presets) nor a file` with `why` (what the path is instead), then ` (did you mean X?)` where a preset is near:
+    the presets `name` begins, up to three (`h100`: h100-80gb or h100-pcie), else the nearest (`close_match`, case
+    aside: `LLAMA-3.1-8B`)."""
+    blank = blank_name(field, name, wanted)
+    if blank is not None:
+        return blank
+    special = None if why else not_a_file(name)
+    if special is not None and special.startswith("not a regular file"):
+        return f"{field}={name!r}: {special}: name {wanted}"
     key = name.strip().lower()
     starting = [preset for preset in presets if key and preset.startswith(key)]
     hint = f" (did you mean {' or '.join(starting)}?)" if 0 < len(starting) <= 3 else \
