@@ -56,3 +56,18 @@ def test_a_character_device_given_as_a_gpu_is_named_as_one():
 
 def test_a_missing_gpu_file_is_still_no_preset_nor_a_file():
     assert one_line_exit_2(["capacity", "--gpu", "h10"]).startswith("gpu='h10': not a preset (")
+
+
+@pytest.mark.parametrize("size", ["0", "0GiB", "0.0"])
+@pytest.mark.parametrize("argv", [["run", "--memory-limit"],
+                                  ["plan", "--slo", "ttft_s.p90=1", "--gpu", "h100-80gb", "--memory-limit"],
+                                  ["plan", "--slo", "ttft_s.p90=1", "--gpu", "h100-80gb", "--offload-size"]],
+                         ids=["run-memory-limit", "plan-memory-limit", "plan-offload-size"])
+def test_a_size_of_zero_must_be_positive(tmp_path, argv, size):
+    """No run fits under a memory limit of 0 B and no offload tier of 0 B holds a block: 0 is a size, and what is
+    wrong with it is that it is not positive."""
+    out = tmp_path / "out"
+    flag = argv[-1]
+    assert one_line_exit_2([*argv, size, "-o", str(out)]) == (
+        f"{flag}={size!r}: must be positive: give a size such as 64GiB, 500MB or 4096")
+    assert not out.exists()

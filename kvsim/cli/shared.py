@@ -273,13 +273,16 @@ def load_with_flags(scenario: str | None, overrides: list[str], flags: dict[str,
 
 
 def parse_size_flag(text: str, flag: str) -> int:
-    """`64GiB`, `500MB` or a byte count → bytes; anything else is an error naming the flag."""
+    """`64GiB`, `500MB` or a byte count → bytes; anything else is an error naming the flag, and a size of none
+    (`0`, `0GiB`: no run fits under a limit of 0 B, no tier of 0 B holds a block) one saying it must be positive."""
     from kvsim.model.sizes import MAX_BYTES, parse_size
 
     try:
         value = parse_size(text)
     except ValueError:
         value = None
+    if isinstance(value, (int, float)) and value == 0:
+        raise KvsimError(f"{flag}={shown(text)}: must be positive: give a size such as 64GiB, 500MB or 4096")
     if not isinstance(value, int) or not 0 < value <= MAX_BYTES:
         raise KvsimError(f"{flag}={shown(text)}: expected a size such as 64GiB, 500MB or 4096 (at most "
                          f"{MAX_BYTES:,} B)")
