@@ -71,3 +71,16 @@ def test_a_size_of_zero_must_be_positive(tmp_path, argv, size):
     assert one_line_exit_2([*argv, size, "-o", str(out)]) == (
         f"{flag}={size!r}: must be positive: give a size such as 64GiB, 500MB or 4096")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("argv", "echo"), [
+    (["--slo", "ttft_s.p90=-1"], "--slo ttft_s.p90='-1': must be a positive, finite number of seconds"),
+    (["--slo", "ttft_s.p90=-1.50"], "--slo ttft_s.p90='-1.50': must be a positive, finite number of seconds"),
+    (["--slo", "tpot_s.p50=0"], "--slo tpot_s.p50='0': must be a positive, finite number of seconds"),
+    (["--slo", "ttft_s.p90=2", "--gpu", "h100-80gb", "--gpu-hourly-cost", "h100-80gb=-2"],
+     "--gpu-hourly-cost h100-80gb='-2': an hourly cost must be a positive, finite price in USD per GPU-hour"),
+], ids=["slo-int", "slo-decimal", "slo-zero", "cost"])
+def test_a_plan_number_flag_is_echoed_as_written(tmp_path, argv, echo):
+    out = tmp_path / "out"
+    assert one_line_exit_2(["plan", *argv, "-o", str(out)]) == echo
+    assert not out.exists()

@@ -68,6 +68,7 @@ from kvsim.planning.plan_rate import RateSearch, arrivals_s, longest_probe, offe
 from kvsim.planning.point import POINT_FORMAT, point_metrics, point_problem
 from kvsim.planning.replica_search import ReplicaSearch
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
+from kvsim.planning.slo import slo_limit_problem
 from kvsim.planning.slo_floor import UnreachableSearch, slo_floor, unreachable_slos
 from kvsim.planning.spec import (
     Candidate,
@@ -75,6 +76,7 @@ from kvsim.planning.spec import (
     auto_splits,
     candidates,
     check_slo_classes,
+    cost_problem,
     has_auto,
     make_plan_spec,
     with_split,
@@ -340,16 +342,19 @@ def _assignments(items: list[str], flag: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _flag_number(flag: str, key: str, value: str, expected: str) -> float:
+def _flag_number(flag: str, key: str, value: str, expected: str, problem: Callable[[float], str | None]) -> float:
     """`value`, a `flag`'s `key=value` (`--slo ttft_s.p90=2`), read as a float; a `KvsimError` naming the text given
     where it is none, or none finite: `1e400` read as inf was refused as `plan.slo.ttft_s.p90=inf`, a value never
-    written (as sweep 16 found of the number flags typer reads)."""
+    written (as sweep 16 found of the number flags typer reads); or where `problem` (the field's own rule) refuses
+    the number: `PlanSpec` echoed the float it was given (`--slo ttft_s.p90=-1` as `-1.0`), not the text."""
     try:
         number = read_number(value, float)
     except ValueError:
         raise KvsimError(f"{flag} {key}={shown(value)}: expected {expected}") from None
     if not math.isfinite(number):
         raise KvsimError(f"{flag} {key}={shown(value)}: expected {expected}, a finite number")
+    if (why := problem(number)) is not None:
+        raise KvsimError(f"{flag} {key}={shown(value)}: {why}")
     return number
 
 
@@ -394,9 +399,10 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
     if kv_transfer_config is not None:
         raw["kv_transfer_config"] = flag_mapping(kv_transfer_config, "--kv-transfer-config")
     for key, value in _assignments(slo, "--slo"):
-        _section(raw, "slo")[key] = _flag_number("--slo", key, value, "seconds")
+        _section(raw, "slo")[key] = _flag_number("--slo", key, value, "seconds", slo_limit_problem)
     for key, value in _assignments(costs, "--gpu-hourly-cost"):
-        _section(raw, "gpu_hourly_cost")[key] = _flag_number("--gpu-hourly-cost", key, value, "a price per hour")
+        _section(raw, "gpu_hourly_cost")[key] = _flag_number("--gpu-hourly-cost", key, value, "a price per hour",
+                                                              cost_problem)
     for key, value in _assignments(knobs, "--engine"):
         section = _section(raw, "engine")
         if (gap := empty_item(value)) is not None:  # `1,,2` or `1,2,`: the gap read as null, a candidate at the default

@@ -60,8 +60,16 @@ def check_slo(slo: Mapping[str, float]) -> None:
         raise KvsimError(f"slo={shown(slo)}: expected a mapping of SLO keys to seconds, e.g. {{'ttft_s.p90': 2}}")
     for key, limit in slo.items():
         parse_slo_key(key)
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < math.inf:
-            raise ValueError(f"{key}={shown(limit)}: must be a positive, finite number of seconds")
+        if (problem := slo_limit_problem(limit)) is not None:
+            raise ValueError(f"{key}={shown(limit)}: {problem}")
+
+
+def slo_limit_problem(limit: Any) -> str | None:
+    """Why `limit` is no SLO limit (no positive, finite number of seconds), or None: `check_slo`'s rule, which
+    `kvsim plan --slo` applies to the number it reads, so that its error echoes the text given (`-1`, not `-1.0`)."""
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < math.inf:
+        return "must be a positive, finite number of seconds"
+    return None
 
 
 def slo_stats(evidence: Mapping[str, Any], metric: str, priority: int | None) -> Mapping[str, Any]:

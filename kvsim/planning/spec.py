@@ -142,8 +142,8 @@ class PlanSpec(Settings):
     @classmethod
     def _positive_cost(cls, costs: dict[str, float]) -> dict[str, float]:
         for gpu, cost in costs.items():
-            if cost <= 0:  # as `kvsim.planning.cost.gpu_price` will check it, after the search; inf refused before
-                raise ValueError(f"{gpu}={cost}: an hourly cost must be a positive, finite price in USD per GPU-hour")
+            if (problem := cost_problem(cost)) is not None:  # as `kvsim.planning.cost.gpu_price` will check it, after
+                raise ValueError(f"{gpu}={cost}: {problem}")  # the search; inf refused before
         return costs
 
     @model_validator(mode="after")
@@ -154,6 +154,12 @@ class PlanSpec(Settings):
             raise ValueError(f"gpu_hourly_cost names {stray[0]!r}, which is not a candidate GPU "
                              f"(gpus: {', '.join(self.gpus)})")
         return self
+
+
+def cost_problem(cost: float) -> str | None:
+    """Why `cost` (a finite number) is no GPU's hourly cost, or None: `PlanSpec`'s rule, which `kvsim plan
+    --gpu-hourly-cost` applies to the number it reads, so that its error echoes the text given (`-2`, not `-2.0`)."""
+    return "an hourly cost must be a positive, finite price in USD per GPU-hour" if cost <= 0 else None
 
 
 # ASCII digits: `\d` holds other scripts' (`１P1D` ran as 1P1D), which no flag kvsim reads is written in
