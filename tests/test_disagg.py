@@ -113,6 +113,28 @@ def test_a_request_decode_can_never_hold_is_rejected_once():
     assert result.summary["num_rejected"] == 1 and len(result.tables["transfers"]) == 0
 
 
+def test_a_rejected_rows_prefix_hit_tokens_are_those_of_its_first_admission():
+    """docs/metrics.md: `prefix_hit_tokens` = prompt tokens the prefix cache gave the request at its first
+    admission. A turn the decode instance refuses was admitted by the prefill instance, which computed its prompt
+    (its prefill was spent): its row keeps the hits it had there, as its `first_scheduled_s` keeps that admission,
+    and the rows sum to the fleet's `num_prefix_cache_hit_tokens` as they do on one engine. A request refused on
+    arrival was never admitted: 0. By hand: both prompts start with the same 64-token prefix (4 blocks of 16);
+    the first request fills the cache, the second hits all 4 blocks (its prompt goes on past them): 64."""
+    spec = scenario(num_requests=2, decode_engine={"num_gpu_blocks_override": 4, "max_model_len": 64})
+    raw = spec.model_dump(mode="json")
+    raw["engine"]["enable_prefix_caching"] = True
+    raw["workload"]["shared_prefix"] = {"tokens": 64, "fraction": 1.0}
+    result = simulate_disagg(make_scenario(raw))
+    rows = result.requests.sort_values("request_id")
+    assert list(rows["status"]) == ["rejected", "rejected"]
+    assert list(rows["prefix_hit_tokens"]) == [0, 64]
+    assert rows["first_scheduled_s"].notna().all()  # both were admitted by the prefill instance
+    assert rows["prefix_hit_tokens"].sum() == result.summary["num_prefix_cache_hit_tokens"]
+    raw["engine"]["max_model_len"] = 128  # now the prefill instance refuses them on arrival (prompts of 164)
+    refused = simulate_disagg(make_scenario(raw)).requests
+    assert list(refused["prefix_hit_tokens"]) == [0, 0] and refused["first_scheduled_s"].isna().all()
+
+
 def test_bursts_are_exact_in_a_disaggregated_fleet():
     raw = scenario(num_prefill=2, num_decode=2, num_requests=80, rate=30.0).model_dump(mode="json")
     raw["latency"] = {"model": "roofline"}
