@@ -54,8 +54,6 @@ FILE_TAG = "# generator: kvsim"
 _TEMP_INFIX = ".kvsim-"
 _AT_FDCWD = -100
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
-
-
 MAX_COMPONENT_CHARS = 100  # a default folder's name at most: room left under NAME_MAX (255) for the temporaries'
 _DIGEST_CHARS = 8  # hex digits of the whole name's SHA-256 that tell apart names cut to the same beginning
 
@@ -66,8 +64,7 @@ def safe_component(name: str, fallback: str = "scenario") -> str:
 
     `../../etc` → `etc`, `a/b` → `a_b`, `.` and `..` → `fallback`. A longer name keeps its beginning and ends in
     `-` and the first `_DIGEST_CHARS` hex digits of the SHA-256 of the whole name: two names alike in their first
-    100 characters were cut to one folder, and the second run replaced the first's output.
-    """
+    100 characters were cut to one folder, and the second run replaced the first's output."""
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).lstrip("._")
     if len(cleaned) <= MAX_COMPONENT_CHARS:
         return cleaned or fallback
