@@ -11,10 +11,17 @@ that landed in code a string `exec` ran ended the process by SIGINT (a shell's 1
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import one_line_exit_2  # tests/ is on sys.path
 
+ROOT = Path(__file__).resolve().parents[1]
+INTERRUPTS = ROOT / "kvsim" / "cli" / "interrupts.py"
 GPU_WANTED = "name a preset or a GPU file (YAML or JSON)"
 MODEL_WANTED = "name a preset, a config.json or a model's folder"
 
@@ -84,3 +91,66 @@ def test_a_plan_number_flag_is_echoed_as_written(tmp_path, argv, echo):
     out = tmp_path / "out"
     assert one_line_exit_2(["plan", *argv, "-o", str(out)]) == echo
     assert not out.exists()
+
+
+# A child module, run as `python -m` runs kvsim, that runs kvsim's `main` with SIGINT ignored (`nohup`, a background
+# job) and whose command, once the CLI's handlers are in, is sent SIGINT and then SIGNUM from code a string `exec`
+# runs (as a dataclass made by a lazy import runs it): the SIGINT is ignored, SIGNUM is taken as an interrupt.
+# CPython (`Py_RunMain`, which `python -m` exits through) killed the process with SIGINT at exit when a
+# KeyboardInterrupt of that exact type had ended such code.
+CHILD = textwrap.dedent("""
+    import importlib.util, signal, sys
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.argv = ["kvsim", "run"]
+    # the CLI's handlers without the CLI's imports (typer, pydantic: 0.2 s): interrupts.py imports nothing of kvsim
+    spec = importlib.util.spec_from_file_location("interrupts", INTERRUPTS)
+    interrupts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(interrupts)
+    def command():
+        interrupts.install()  # as `kvsim.cli.main` does first
+        exec("import os, signal\\nos.kill(os.getpid(), signal.SIGINT)\\nos.kill(os.getpid(), SIGNUM)\\n"
+             "for _ in range(1000): pass")
+    import kvsim.__main__ as entry
+    entry.import_cli = lambda: command
+    entry.main()
+""")
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGHUP, 129), (signal.SIGTERM, 143)])
+def test_a_terminating_signal_after_an_ignored_ctrl_c_exits_with_its_own_status(tmp_path, signum, status):
+    """128 + the signal's number (bash, POSIX), the status `kvsim.__main__` exits with: 129 for a SIGHUP, 143 for a
+    SIGTERM, never a SIGINT's 130 (or death by SIGINT, which a shell reports as 130)."""
+    child_code = CHILD.replace("SIGNUM", f"signal.{signum.name}")
+    (tmp_path / "interrupted_child.py").write_text(child_code.replace("INTERRUPTS", repr(str(INTERRUPTS))))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1"}
+    child = subprocess.run([sys.executable, "-m", "interrupted_child"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=60, check=False,
+                           preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum, signal.SIGINT}))
+    assert child.returncode == status, (child.returncode, child.stderr)
+    assert child.stderr.splitlines() == [
+        "kvsim: interrupted (kvsim run) before it wrote any output; no file was changed"]
+
+
+def test_a_new_command_in_the_same_process_starts_uninterrupted(monkeypatch):
+    """`install` (each `kvsim.cli.main`) forgets a signal an earlier command took: that command's interrupt stopped
+    the next one at its first progress report, with the earlier signal's status."""
+    import threading
+
+    from kvsim.cli import interrupts
+
+    monkeypatch.setattr(interrupts, "_signals", [signal.SIGINT])
+    monkeypatch.setattr(interrupts, "_interrupted", threading.Event())
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    interrupts._interrupted.set()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        interrupts.install()
+        try:
+            interrupts.raise_if_interrupted()  # nothing came in this command
+        except KeyboardInterrupt:  # not left to pytest, which stops the whole session on one
+            pytest.fail("the earlier command's interrupt stopped this one")
+        interrupts._signals.append(signal.SIGHUP)
+        assert interrupts._interrupt().kvsim_exit_status == 129
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)

@@ -13,6 +13,12 @@ A SIGTERM (`kill PID`, a job scheduler's stop) is handled as a Ctrl-C: without a
 leaving the hidden temporary folder of the output it was writing; now the output's temporary is removed, the
 same one line is printed and the exit status is 143 (128 + SIGTERM; the KeyboardInterrupt's `kvsim_exit_status`).
 So is a SIGHUP (the terminal closed, an SSH session dropped), with exit status 129 (128 + SIGHUP).
+
+The interrupt raised is an `Interrupted`, a subclass of KeyboardInterrupt (every `except KeyboardInterrupt` takes it):
+CPython remembers a KeyboardInterrupt itself (the exact type) that ends code a string `exec` ran (a dataclass's or a
+namedtuple's, made by a lazy import) and, at the exit of `python -m kvsim` (not of the `kvsim` script), kills the
+process with SIGINT whatever status kvsim exits with (`Py_RunMain`: `unhandled_keyboard_interrupt`), so a SIGHUP or
+SIGTERM that landed there ended as a SIGINT: a shell's 130, not 129 or 143.
 """
 
 from __future__ import annotations
@@ -29,9 +35,13 @@ _interrupted = threading.Event()
 _signals: list[int] = []  # the signals taken, in the order they came
 
 
+class Interrupted(KeyboardInterrupt):
+    """The CLI's interrupt: a KeyboardInterrupt that CPython does not turn into a SIGINT at exit (module docstring)."""
+
+
 def _interrupt() -> KeyboardInterrupt:
     """The KeyboardInterrupt of the first signal taken, carrying the exit status (128 + its number)."""
-    interrupt = KeyboardInterrupt()
+    interrupt = Interrupted()
     interrupt.kvsim_exit_status = 128 + (_signals[0] if _signals else signal.SIGINT)  # type: ignore[attr-defined]
     return interrupt
 
@@ -57,6 +67,8 @@ def install() -> None:
     stays as it is), and keep an interrupt lost in a finalizer or callback from printing a traceback."""
     if threading.current_thread() is not threading.main_thread():
         return
+    _signals.clear()  # a command starts uninterrupted: a signal an earlier command in this process took (a
+    _interrupted.clear()  # notebook's second `kvsim.cli.main()`) stopped it at once, with that signal's status
     taken = False
     for signum, default in ((signal.SIGINT, signal.default_int_handler), *((s, signal.SIG_DFL) for s in TERMINATING)):
         if signal.getsignal(signum) is default:
