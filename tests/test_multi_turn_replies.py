@@ -128,3 +128,29 @@ def test_a_token_level_reply_cut_keeps_its_first_tokens():
     assert builder.answered(history, 3, 1) == (1, 2, 3, 4)
     assert builder.answered(history, 3, 0) == (1, 2, 3)
     assert builder.answered(history, 3, 3) is history
+
+
+def test_decode_pools_of_one_size_in_other_block_sizes_answer_alike(tmp_path, monkeypatch):
+    """max_model_len 4,100 everywhere; decode pools of 257 blocks of 16 and 129 of 32, one of each vLLM's null block:
+    4,096 usable tokens each, a multiple of both block sizes, so each holds a KV (`kv_len` = prompt + reply − 1) of
+    4,096 tokens and refuses 4,097: they refuse the same turns, and the run goes on (review33: they were refused for
+    their block sizes). Conversation 0, 4,000 tokens asking 97 (KV 4,096; 4,100 − 4,000 = 100 cuts nothing), is
+    served by the first decode instance (least outstanding, a tie: the first); its next turn, arriving 1 ms later
+    while it prefills, is 4,000 + 97 + 10 = 4,107 ≥ 4,100, refused. Conversation 1, 4,000 asking 98 (KV 4,097), is
+    refused by the second (the first has a request outstanding): no reply, so its next turn is 4,000 + 10 = 4,010
+    tokens, served (KV 4,014)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text(_trace([(4000, 97), (10, 5), (4000, 98), (10, 5)]))
+    (tmp_path / "s.yaml").write_text(
+        "steps: none\nengine: {max_model_len: 4100}\nkv_transfer_config: {kv_connector: NixlConnector, "
+        "kv_link: rdma}\nreplicas:\n  - {count: 1, name: prefill, kv_role: kv_producer}\n"
+        "  - {count: 1, name: d16, kv_role: kv_consumer, engine: {num_gpu_blocks_override: 257}}\n"
+        "  - {count: 1, name: d32, kv_role: kv_consumer, engine: {block_size: 32, num_gpu_blocks_override: 129}}\n"
+        "workload: {num_requests: 4, arrival: {process: trace}, trace: {format: azure, path: t.csv}, "
+        "multi_turn: {turns: 2, think_time_s: 0.001}}\n")
+    result = kvsim.simulate(kvsim.load_scenario("s.yaml"))
+    rows = result.requests[["prompt_tokens", "output_tokens", "status"]].values.tolist()
+    assert rows == [[4000, 97, "finished"], [4107, 5, "rejected"], [4000, 98, "rejected"], [4010, 5, "finished"]]
+    routes = result.tables["routes"]
+    decode = routes[routes["pool"] == "decode"].set_index("request_id")["replica"]
+    assert decode[0] == 1 and decode[2] == 2  # each pool decided one conversation's first turn

@@ -165,9 +165,9 @@ class Disaggregation:
         still on a prefill instance, what the decode pool will give it, none if it refuses it, else the client's
         max_tokens cut at its max_model_len, as `hand_off` decides (the decode instances answer alike,
         `check_decode_alike`, so this is known before the router picks one); for any other, what its engine
-        decided (`served_reply_len`: refused by its prefill instance, or by or on its decode instance). A turn of
-        a conversation whose next turn arrived before its prefill ended came in that next turn's prompt with the
-        whole reply asked, and with one its decode instance then refused."""
+        decided (`served_reply_len`: refused by its prefill instance, or by or on its decode instance). The probe
+        is `hand_off`'s decision exactly: `reject_reason` reads only the lengths, D's limits and its pool's size,
+        never its state, so a full pool, a priority or held KV makes a turn wait, never answer otherwise."""
         asked = self.output_len.get(req.request_id)
         if asked is None:
             return served_reply_len(req)

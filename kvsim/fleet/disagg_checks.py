@@ -62,18 +62,17 @@ def check_decode_alike(specs: Sequence[Scenario], schedulers: Sequence[Scheduler
     instances) that may answer a turn otherwise than the first: a multi-turn conversation's next turn (open timing)
     may arrive while a turn prefills, before the decode router picks the instance that answers it, so its reply
     (none if refused, else cut at that instance's max_model_len) must be the same whichever it picks
-    (`kvsim.fleet.disagg.Disaggregation.reply_len`). They answer alike where their max_model_len is the same and
-    either each pool holds a sequence of max_model_len (the pool then refuses nothing, `reject_reason`) or their
-    pools and block sizes are the same."""
+    (`kvsim.fleet.disagg.Disaggregation.reply_len`). A decode instance (paged, v1, one sample a request) refuses a
+    turn whose prompt reaches its max_model_len or whose KV (`Request.kv_len`, under max_model_len) its pool cannot
+    hold (`reject_reason`), so two answer alike exactly where their max_model_len and the longest KV each pool holds
+    below it (`_longest_kv`) are the same: pools of other sizes or block sizes that both hold max_model_len − 1
+    tokens, or the same number of tokens, refuse the same turns."""
     def limits(d: int) -> tuple[int, int, int]:
         scheduler = schedulers[d]
         return scheduler.limits.max_model_len, scheduler.alloc.num_total_slots, specs[d].engine.block_size
 
-    def answers(d: int) -> tuple[int, ...]:
-        max_model_len, slots, _ = limits(d)
-        longest = max_model_len - 1  # a sequence's KV at most (`Request.kv_len` of an output cut there)
-        holds_any = schedulers[d].alloc.request_slots(longest, longest, 1) <= slots
-        return (max_model_len,) if holds_any else limits(d)
+    def answers(d: int) -> tuple[int, int]:
+        return schedulers[d].limits.max_model_len, _longest_kv(schedulers[d])
 
     first = decode[0]
     for d in decode[1:]:
@@ -86,6 +85,21 @@ def check_decode_alike(specs: Sequence[Scenario], schedulers: Sequence[Scheduler
                 "prefills, before the decode router picks the instance that answers it (or refuses it, or cuts "
                 "its reply at its max_model_len), so the decode instances must answer alike: give them one "
                 "max_model_len and pools that hold a sequence that long")
+
+
+def _longest_kv(scheduler: Scheduler) -> int:
+    """The most KV slots (`Request.kv_len`, at most max_model_len − 1: a prompt and a reply cut there, less the last
+    token) one request may need and still be served by `scheduler`'s pool: `request_slots` grows with the length,
+    so every shorter one is held too (bisection)."""
+    alloc = scheduler.alloc
+    low, high = 0, scheduler.limits.max_model_len - 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if alloc.request_slots(mid, mid, 1) <= alloc.num_total_slots:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def _check_block_sizes(specs: list[Scenario], roles: Sequence[str | None], mla: bool) -> None:
