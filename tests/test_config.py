@@ -1,6 +1,7 @@
 import json
 
 import pytest
+from conftest import one_line_exit_2  # tests/ is on sys.path
 
 from kvsim.model.config import PRESETS_DIR, load_gpu, load_model, model_presets
 from kvsim.model.engine_config import EngineConfig, make_engine
@@ -87,6 +88,18 @@ def test_a_gpu_or_model_file_edited_between_loads_is_read_again(tmp_path):
     (model_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
     assert load_model(str(model_dir)).max_position_embeddings == 4096
 
+
+
+def test_a_gpu_name_holding_a_nul_is_refused_in_one_line(tmp_path):
+    """`gpu: "h100\\0x"` in a scenario names no preset and no file a system can hold (a NUL): one line naming it,
+    exit 2, as before the file-stamp cache (f114762), whose `stat` of the name raised ValueError, a traceback."""
+    (tmp_path / "s.yaml").write_text('steps: none\ngpu: "h100\\0x"\nworkload: {num_requests: 2, '
+                                     "prompt_len: {dist: fixed, value: 10}, output_len: {dist: fixed, value: 2}}\n")
+    line = one_line_exit_2(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out")])
+    assert line.startswith("gpu='h100\\x00x': not a preset (a100-40gb, ") and line.endswith("nor a file")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(KvsimError, match="not a preset"):
+        load_gpu("h100\0x")
 
 def test_gpu_yaml_bad_value_names_field(tmp_path):
     path = tmp_path / "bad.yaml"

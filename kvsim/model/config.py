@@ -92,10 +92,11 @@ def _folder_without_config(folder: Path) -> str:
 def file_stamp(path: Path) -> tuple[int, int, int] | None:
     """What says a user's file is the one read before (inode, size, modification time in ns), or None where it
     cannot be read: `load_model` and `load_gpu` key their caches on it, so a notebook that edits its GPU or model
-    file between runs reads the new file, not the first one read under that path."""
+    file between runs reads the new file, not the first one read under that path. A name no file can have (a NUL
+    in it: ValueError) is None too, for the loader to refuse in one line as it refuses a missing file."""
     try:
         status = path.stat()
-    except OSError:
+    except (OSError, ValueError):
         return None
     return status.st_ino, status.st_size, status.st_mtime_ns
 
