@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import simpy
 
@@ -50,10 +50,14 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
     request joins its queue (`Engine.run_burst`): this is the one place they are run.
     An engine's `at_step_boundary` (if set) is called before each of its steps is planned and after
     each wake-up (a disaggregated decode instance reserves KV for pending transfers there).
+    Each scheduler is told what outside it can still change it (`outside_state`), for its livelock check
+    (`kvsim.sched.livelock`: `SchedulingLivelock` where a self-preemption comes back to a state seen before).
     """
     steps, next_progress = 0, PROGRESS_EVERY_STEPS
     wakeup, lone = group[0].wakeup, group[0] if len(group) == 1 else None
     boundaries = [engine.at_step_boundary for engine in group if engine.at_step_boundary is not None]
+    for engine in group:
+        engine.scheduler.outside_state = outside_state(engine, arrivals)
     next_burst = None
     if lone is not None and not boundaries and lone.scheduler.hand_off is None:
         def next_burst(now: float) -> Burst | None:  # booked back to back while nothing else is due
@@ -120,6 +124,19 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
             if check:
                 engine.scheduler.check_invariants()
         steps += 1
+
+
+def outside_state(engine: Engine, arrivals: ArrivalClock) -> Callable[[], tuple[Any, ...] | None]:
+    """`Scheduler.outside_state` for `engine`: None while something timed may still reach it (an arrival to come
+    or not yet seen, a KV transfer or load it waits for in flight); else what outside its scheduler its steps
+    still read, and only its steps change: () for an engine every request has reached, a disaggregated decode
+    instance's hand-offs waiting for its blocks (`Engine.upstream_state`, None while a prefill instance may still
+    hand one off or a transfer is in flight)."""
+    scheduler, upstream = engine.scheduler, engine.upstream_state
+    if upstream is not None:
+        return lambda: None if engine.inbox or scheduler.awaits_transfers else upstream()
+    return lambda: (() if arrivals.all_arrived and not engine.inbox and not scheduler.num_remote_waiting
+                    and not scheduler.awaits_transfers else None)
 
 
 def raise_held_kv_stall(engines: Iterable[Engine]) -> None:

@@ -31,6 +31,7 @@ import bisect
 import itertools
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from typing import Any
 
 import simpy
 
@@ -103,6 +104,9 @@ class Engine:
     recorder: StepRecorder
     observe_kv: bool = False
     at_step_boundary: Callable[[float], None] | None = None  # see `kvsim.engine.loop.step_loop`
+    # what still feeds the engine once its clock's arrivals cannot say it: a disaggregated decode instance's hand-offs
+    # waiting for its blocks (`kvsim.engine.loop.outside_state`)
+    upstream_state: Callable[[], tuple[Any, ...] | None] | None = None
     wakeup: Wakeup = field(init=False)
     burst: BurstInFlight | None = field(default=None, init=False)
     inbox: list[tuple[float, Request]] = field(default_factory=list, init=False)  # (delivered at, request)

@@ -43,7 +43,7 @@ the connector) while a request waits for its KV, so its logged usage covers them
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -156,6 +156,7 @@ class Disaggregation:
             engines[i].scheduler.hand_off = self._hand_off_from(i)
         for k, i in enumerate(self.decode):
             engines[i].at_step_boundary = self._reserve_on(k)
+            engines[i].upstream_state = self._upstream_state(k)
             scheduler = engines[i].scheduler  # its held KV (`held_kv_tokens`) came from a prefill instance
             scheduler.held_kv_source = "a prefill instance (kv_transfer_config)" + (
                 " or engine.kv_offload's tiers" if scheduler.offload is not None else "")
@@ -192,6 +193,26 @@ class Disaggregation:
         ended_on_prefill = sum(len(self.engines[i].scheduler.records) for i in self.prefill)
         on_prefill = sum(self.p_view.dispatched) - ended_on_prefill
         return on_prefill == 0 and self.num_handed_off == self.num_in_decode_queues
+
+    def _upstream_state(self, k: int) -> Callable[[], tuple[Any, ...] | None]:
+        def state() -> tuple[Any, ...] | None:
+            """Decode instance k's `Engine.upstream_state`, once every request has arrived and none is in transfer
+            to it: the hand-offs waiting for its blocks, in order, and the state of each prefill instance, which runs
+            nothing and is between steps (`Scheduler.idle_state`: its head waits for the KV it keeps for hand-offs,
+            freed only when a transfer ends). Both change then only where k's step boundaries reserve blocks and
+            start a transfer. None before, or while a prefill instance runs or steps."""
+            assert self.arrivals is not None and self.env is not None
+            if not self.arrivals.all_arrived or self.in_flight[k]:
+                return None
+            prefill_states = []
+            for i in self.prefill:
+                engine = self.engines[i]
+                idle = engine.scheduler.idle_state() if not engine.inbox and engine.step_end_s <= self.env.now else None
+                if idle is None:
+                    return None
+                prefill_states.append(idle)
+            return tuple(req.request_id for req, _, _ in self.pending[k]), tuple(prefill_states)
+        return state
 
     def _ring_decode_if_done(self) -> None:
         if self.upstream_done():

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import islice
+from typing import Any
 
 from kvsim.kv.prefix_cache import HashChainCache, PrefixCache
 
@@ -138,6 +139,12 @@ class BlockPool:
             freed = [b for b in ordered_block_ids if not ref_counts[b]]
         self._unhashed.extend(reversed(self.cache.unlock(freed)))  # the stack's end is the head
         return freed
+
+    def state_key(self) -> tuple[Any, ...] | None:
+        """The ref counts, the free queue in order and the cache's state (`PrefixCache.state_key`; None: it cannot
+        say), hashable: what `KVAllocator.state_key` takes of a pool."""
+        cache = self.cache.state_key()
+        return None if cache is None else (tuple(self.ref_counts), tuple(self.free_queue), cache)
 
     def check_invariants(self) -> None:
         """Blocks are conserved and the queue, counts and the cache agree."""

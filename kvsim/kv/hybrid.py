@@ -352,6 +352,10 @@ class GroupedPagedAllocator(PoolSlots):
         raise AssertionError("supports_bursts is False")
 
     # ------------------------------------------------------------- invariants
+    def state_key(self) -> None:
+        """`KVAllocator.state_key`: None, its groups' tables are not taken (a livelock check never fires with it)."""
+        return None
+
     def check_invariants(self) -> None:
         """Blocks conserved; ref counts equal table references; live blocks are those the window covers."""
         bs = self.block_size

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import compress
+from typing import Any
 
 from kvsim.kv.block_pool import BlockPool, PoolSlots
 from kvsim.kv.block_tables import distinct_blocks, growth_blocks, repeated_blocks, table_references
@@ -444,6 +445,15 @@ class PagedAllocator(PoolSlots, PagedDecodes, PagedBursts):
             if self.enable_caching and seq.content is not None:
                 self._hash_full_blocks(seq)
         return SwapResult(len(unique), len(unique) * self.bytes_per_block)
+
+    def state_key(self) -> tuple[Any, ...] | None:
+        """`KVAllocator.state_key`: the tables (GPU, then swapped), every block's fill and the pools' state."""
+        pool, cpu = self.pool.state_key(), self.cpu_pool.state_key() if self.cpu_pool is not None else ()
+        if pool is None or cpu is None:
+            return None
+        tables = tuple((seq_id, tuple(s.block_table), s.num_tokens, s.final_num_tokens, s.content, s.num_hashed_blocks,
+                        s.reservable) for seqs in (self.seqs, self.swapped) for seq_id, s in seqs.items())
+        return pool, cpu, len(self.seqs), tables, tuple(self.block_fill), tuple(sorted(self.uncomputed_blocks))
 
     # ------------------------------------------------------------- invariants
     def check_invariants(self) -> None:

@@ -51,7 +51,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import is_not
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from kvsim.kv.lru_runs import LruRuns
 from kvsim.kv.protocol import PrefixHit
@@ -69,6 +69,9 @@ class PrefixCache(Protocol):
     def evict(self, num_blocks: int) -> list[int]: ...
     @property
     def evictable(self) -> Collection[int]: ...
+    def state_key(self) -> tuple[Any, ...] | None:
+        """Its content as a hashable value, its eviction order aside (the pool's free queue holds it); None where it
+        cannot say (`KVAllocator.state_key`)."""
     def check_invariants(self, ref_counts: Sequence[int]) -> None:
         """Raise AssertionError unless its books balance against the pool's ref counts."""
 
@@ -192,6 +195,12 @@ class HashChainCache:
         if self._memo is not None and not self._memo_blocks.isdisjoint(evicted):
             self._memo = None  # the last match hit a block that is gone
         return evicted
+
+    def state_key(self) -> tuple[Any, ...]:
+        """`PrefixCache.state_key`: each block's hash and the blocks found for each (its memos are caches of
+        answers that stand: no state)."""
+        return (tuple(self.block_hashes), tuple(self.cached.items()),
+                tuple((key, tuple(blocks)) for key, blocks in self.duplicates.items()))
 
     def check_invariants(self, ref_counts: Sequence[int]) -> None:
         # the per-block checks in C-level loops (map, any, list ==; a checked run calls this at every step),

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvsim.workload.content import Content
 
@@ -165,5 +165,9 @@ class KVAllocator(Protocol):
     def burst_extends_prefix(self, seq_ids: Sequence[int], num_steps: int, content: Content | None,
                              num_tokens: int) -> bool:
         """Whether `lookup_prefix(content, num_tokens)` could find more after the burst."""
+
+    def state_key(self) -> tuple[Any, ...] | None:
+        """Everything of the allocator that a later call's result depends on, as a hashable value: equal keys,
+        equal futures (the scheduler's livelock check, `kvsim.sched.livelock`); None where it cannot say."""
 
     def check_invariants(self) -> None: ...

@@ -164,6 +164,10 @@ class RadixPrefixCache:
         taken, self._spare = self._spare[:num_blocks], self._spare[num_blocks:]
         return taken
 
+    def state_key(self) -> None:
+        """`PrefixCache.state_key`: None, its tree is not taken (a livelock check never fires with it)."""
+        return None
+
     def check_invariants(self, ref_counts: Sequence[int]) -> None:
         """The tree balances; each block in it holds one lock per reference state (1 if in use);
         its free blocks are exactly the evictable ones; spare blocks are free and outside it."""

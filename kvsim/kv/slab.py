@@ -309,6 +309,10 @@ class SlabAllocator:
         self.num_cpu_slots_used -= tokens
         return SwapResult(tokens, tokens * self.bytes_per_token)
 
+    def state_key(self) -> None:
+        """`KVAllocator.state_key`: None, its regions are not taken (a livelock check never fires with it)."""
+        return None
+
     def check_invariants(self) -> None:
         """Regions never overlap, cover their tokens, and free + held = total."""
         spans = sorted((s.start, s.start + s.size) for s in self.seqs.values())

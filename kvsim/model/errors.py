@@ -58,6 +58,12 @@ class HeldKvStall(KvsimError):
     machinery (`kvsim.planning.sweep.run_evidence`). A sweep read for summaries alone stops with the line."""
 
 
+class SchedulingLivelock(HeldKvStall):
+    """A request that preempts itself, is admitted again and comes back to the same state with nothing left that
+    could change it (`kvsim.sched.livelock`): the run would loop forever, as vLLM's scheduler does there. A stall
+    too: the CLI says the line, a `kvsim plan` point reads it as one (verdict *stalled*)."""
+
+
 class OutputError(KvsimError):
     """An output refused or not written, as one line: `out_dir='runs/x': exists and ...`. The output is named as
     its caller passed it: from Python as the parameter (`out_dir` for a folder: `RunResult.write`, `simulate`,

@@ -37,6 +37,7 @@ from kvsim.sched.admission import Admission
 from kvsim.sched.async_steps import AsyncSteps
 from kvsim.sched.forks import SampleForks
 from kvsim.sched.limits import SchedulerLimits, SchedulerSnapshot
+from kvsim.sched.livelock import SelfPreemptions
 from kvsim.sched.offload import OffloadScheduling
 from kvsim.sched.request_queue import FCFSQueue, RequestQueue
 from kvsim.sched.speculative import Speculation
@@ -44,10 +45,11 @@ from kvsim.sched.speculative_steps import SpeculativeSteps
 from kvsim.workload.request import Request, RequestStatus
 
 
-class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks):
+class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, SampleForks, SelfPreemptions):
     """Base class: subclasses implement `select` (v1, v0, static); refusal on arrival and admission are
     `Admission`, KV offload's half is `OffloadScheduling`, speculative decoding's `SpeculativeSteps`, async
-    scheduling's `AsyncSteps`, parallel sampling's and beam search's `SampleForks`."""
+    scheduling's `AsyncSteps`, parallel sampling's and beam search's `SampleForks`, the livelock check at a
+    self-preemption `SelfPreemptions`."""
 
     name = "base"
     decode_windows: tuple[int, ...] = ()  # the model's sliding windows and attention chunks (the builder's)
@@ -257,7 +259,8 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
         """Grow `req` (`try_allocate`), preempting the policy's victims (`RequestQueue.victim_index`; FCFS: from
         the back of `running`) until it fits.
 
-        Returns False when `req` itself was preempted. FCFS never picks a request scheduled
+        Returns False when `req` itself was preempted (`note_self_preemption` raises `SchedulingLivelock` where
+        that loops forever). FCFS never picks a request scheduled
         earlier in this step (those precede `req` in `running`); a policy that can must take
         the victim out of `plan` itself. With async scheduling the victim may be a request that
         just finished and still holds its KV (`AsyncSteps.finishing_victim`), as in vLLM, `req` itself
@@ -274,6 +277,7 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
             victim = running.pop(self.waiting.victim_index(running))
             self.preempt(victim, plan)
             if victim is req:
+                self.note_self_preemption(req, max(num_tokens_total or 0, hold_slots), plan)
                 return False
         return True
 

@@ -1,0 +1,147 @@
+"""A request that preempts itself and comes back to the same state loops forever: kvsim says so in one line
+(`kvsim.sched.livelock`, `SchedulingLivelock`), as it says vLLM's held-KV deadlock, instead of running until
+the clock's end (a reviewer's disaggregated world: 13,148 preemptions in 15 s of wall time, simulated time past
+5,000 s). The check is exact: a world that preempts itself and then recovers runs as it did without it."""
+
+import json
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsim.fleet.disagg import simulate_disagg
+from kvsim.fleet.run import simulate_scenario
+from kvsim.model.errors import KvsimError, SchedulingLivelock
+from kvsim.sched.livelock import SelfPreemptions
+from kvsim.workload.scenario import make_scenario
+from tests.test_disagg import scenario
+
+EAGLE_ALWAYS_REJECTED = {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rates": 0.0}
+
+
+def fleet(tmp_path, policy, output_len=40):
+    """1P1D (`tests.test_disagg.scenario`: 10 ms steps, a large prefill instance). Two requests at t = 0:
+    request 0, a 48-token prompt asking `output_len` tokens, and request 1, 80 tokens asking 5. The decode
+    instance: 10 blocks of 16 (9 usable, 144 slots), max_model_len 128, max_num_seqs 1, a 16-token budget, EAGLE
+    K = 3 whose drafts are always rejected (each verify emits exactly one token: no randomness)."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": 0, "input_length": n, "output_length": out, "hash_ids": [i]})
+                            + "\n" for i, (n, out) in enumerate([(48, output_len), (80, 5)])))
+    decode = {"num_gpu_blocks_override": 10, "max_model_len": 128, "max_num_seqs": 1, "max_num_batched_tokens": 16,
+              "scheduling_policy": policy, "speculative_config": EAGLE_ALWAYS_REJECTED}
+    raw = scenario(num_requests=2, decode_engine=decode).model_dump(mode="json")
+    raw["workload"] = {"num_requests": 2, "arrival": {"process": "trace"}, "prompt_len": None, "output_len": None,
+                       "trace": {"format": "mooncake", "path": str(path)}}
+    return make_scenario(raw)
+
+
+class Endless(Exception):
+    """Raised by `capped`: the run went past its simulated-time cap."""
+
+
+def capped(cap_s):
+    """A `progress` callback that stops a run past `cap_s` simulated seconds (it is called every 64 steps)."""
+    def progress(now, done, total):
+        if now > cap_s:
+            raise Endless(f"{done} of {total} done at t={now:.2f}s")
+    return progress
+
+
+def without_the_check(monkeypatch):
+    """The reference: the same simulator with the check taken out (it only reads state, or raises)."""
+    monkeypatch.setattr(SelfPreemptions, "note_self_preemption", lambda self, req, num_slots, plan: None)
+
+
+def assert_same_run(a, b):
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    assert json.dumps(a.summary, sort_keys=True, default=str) == json.dumps(b.summary, sort_keys=True, default=str)
+
+
+def test_a_request_that_recomputes_into_its_own_lookahead_forever_is_a_named_livelock(tmp_path, monkeypatch):
+    # By hand. P prefills both prompts in one step and hands both off at 10 ms; D reserves 3 + 5 blocks of its 9.
+    # Request 0 (first in priority order: same priority, its transfer ends first) is admitted holding 47 computed
+    # tokens and asks 47 + 1 + 3 = 51 slots (vLLM asks the lookahead of a request with computed tokens): 4 blocks,
+    # the free one taken. Each verify asks computed + 1 + 3 drafts + 3 lookahead slots and emits 1 token: at 58
+    # computed (59 tokens) it asks 65 > 64 and preempts itself (nothing else runs), freeing its 4 blocks.
+    # Admitted again (its 59 tokens fit the 64 free slots; no lookahead is asked of a request with nothing
+    # computed), its last prefill chunk asks 59 + 3 = 62 slots and samples (60 tokens), its verify asks 59 + 7 =
+    # 66 > 64: preempted again; 60 -> 61 -> 62 tokens the same way (63 and 64 slots fit). With 62 tokens its last
+    # prefill chunk asks 62 + 3 = 65 slots, 5 blocks (80 slots), 4 free (64): it preempts itself before sampling,
+    # in the same state each time, and request 1 (behind it in priority order, max_num_seqs 1) is never admitted.
+    with pytest.raises(SchedulingLivelock) as livelock:  # capped: a missed livelock fails, it does not hang
+        simulate_disagg(fleet(tmp_path, "priority"), check=True, progress=capped(10.0))
+    assert str(livelock.value) == (
+        "engine.scheduling_policy=priority: request 0 preempts itself forever: it needs 80 KV slots for its 62 "
+        "tokens and the 3 slots of its speculative lookahead, 64 of the KV cache's 144 are free and requests [1] "
+        "waiting behind it hold the KV they loaded from a prefill instance (kv_transfer_config); admitted again, it "
+        "recomputes and preempts itself again with nothing changed, as vLLM's scheduler would loop: give the KV "
+        "cache more blocks (engine.num_gpu_blocks_override, engine.gpu_memory_utilization)")
+    # Without the check the same world is still running after 10 s of simulated time, where it would have ended in
+    # under 1 s (2 requests, 40 + 5 tokens in 10 ms steps, a few recomputes of at most 4 chunks each).
+    without_the_check(monkeypatch)
+    with pytest.raises(Endless):
+        simulate_disagg(fleet(tmp_path, "priority"), progress=capped(10.0))
+
+
+@pytest.mark.parametrize(("policy", "output_len", "num_preemptions"), [
+    # FCFS: after request 0 preempts itself (at 59 tokens, as above), vLLM's skipped queue (`loaded_first`) admits
+    # request 1 first: it asks 79 + 1 + 3 = 83 slots, 6 blocks; it holds 5 and 4 are free: it runs and finishes;
+    # request 0 then recomputes in an empty pool and finishes. One preemption.
+    ("fcfs", 40, 1),
+    # priority, request 0 asking 13 tokens (the world of the test above): preempted at 59 tokens (11 out), at 60
+    # (12 out), then its recompute samples its 13th token and it finishes; request 1 runs after it. Two
+    # preemptions, each by itself, with a token sampled between them.
+    ("priority", 13, 2),
+])
+def test_a_request_that_preempts_itself_and_recovers_runs_as_without_the_check(tmp_path, monkeypatch, policy,
+                                                                              output_len, num_preemptions):
+    checked = simulate_disagg(fleet(tmp_path, policy, output_len), check=True)
+    assert set(checked.requests.status) == {"finished"}
+    assert checked.summary["num_preemptions"] == num_preemptions
+    without_the_check(monkeypatch)
+    assert_same_run(checked, simulate_disagg(fleet(tmp_path, policy, output_len), check=True))
+
+
+@st.composite
+def small_worlds(draw):
+    """Small worlds that preempt: disaggregated or not, FCFS or priority classes, EAGLE or a draft model or none,
+    a KV pool of 1 to 2 requests at max_model_len, at most 8 requests."""
+    mml = draw(st.sampled_from([64, 128]))
+    engine = {"max_model_len": mml, "num_gpu_blocks_override": draw(st.integers(mml // 16 + 1, mml // 8 + 3)),
+              "max_num_seqs": draw(st.sampled_from([1, 2, 4])), "max_num_batched_tokens": draw(st.sampled_from([16, 32])),
+              "enable_prefix_caching": draw(st.booleans()), "scheduling_policy": draw(st.sampled_from(["fcfs", "priority"])),
+              "async_scheduling": draw(st.booleans())}
+    method = draw(st.sampled_from(["eagle", "draft_model", None]))
+    if method is not None:
+        engine["speculative_config"] = {"method": method, "num_speculative_tokens": draw(st.integers(1, 4)),
+                                        "acceptance_rates": draw(st.sampled_from([0.0, 0.5, 1.0]))}
+        if method == "draft_model":
+            engine["speculative_config"]["model"] = "llama-3.1-8b"
+    workload = {"num_requests": draw(st.integers(2, 8)), "arrival": {"process": "poisson", "rate": 1e4},
+                "prompt_len": {"dist": "uniform", "low": 1, "high": mml + 8},
+                "output_len": {"dist": "uniform", "low": 1, "high": mml // 2}}
+    if draw(st.booleans()):
+        workload["priority"] = {"classes": [{"name": "hi", "priority": 0, "weight": 1},
+                                            {"name": "lo", "priority": 1, "weight": 2}]}
+    raw = {"name": "w", "model": "llama-3.1-8b", "gpu": "h100-80gb", "seed": draw(st.integers(0, 5)),
+           "engine": engine, "workload": workload, "latency": {"model": "constant", "step_s": 0.01}, "steps": "none"}
+    if draw(st.booleans()):
+        raw["kv_transfer_config"] = {"kv_link": "rdma"}
+        raw["replicas"] = [{"count": draw(st.integers(1, 2)), "kv_role": "kv_producer"},
+                           {"count": 1, "kv_role": "kv_consumer", "engine": {"max_num_seqs": draw(st.integers(1, 2))}}]
+    return raw
+
+
+@settings(max_examples=15, deadline=None)
+@given(small_worlds())
+def test_every_small_world_ends_or_says_why_in_one_line(raw):
+    # Each of these runs ends in well under 60 simulated seconds (8 requests of at most 136 tokens, 10 ms steps,
+    # a few recomputes each), or never: the cap tells a run that would loop until the clock's end.
+    try:
+        scenario = make_scenario(raw)
+        result = simulate_scenario(scenario, check=True, progress=capped(60.0))
+    except KvsimError as error:  # a refusal, a held-KV stall or a livelock: one line, exit 2 from the CLI
+        assert "\n" not in str(error)
+        return
+    assert result.summary["num_finished"] + result.summary["num_rejected"] == raw["workload"]["num_requests"]
