@@ -12,10 +12,14 @@ from hypothesis import strategies as st
 
 from kvsim.fleet.disagg import simulate_disagg
 from kvsim.fleet.run import simulate_scenario
+from kvsim.kv import PagedAllocator, TokenContent
+from kvsim.kv.radix_prefix_cache import RadixPrefixCache
+from kvsim.kv.slab import SlabAllocator
 from kvsim.model.errors import KvsimError, SchedulingLivelock
 from kvsim.sched.livelock import SelfPreemptions
 from kvsim.workload.scenario import make_scenario
 from tests.test_disagg import scenario
+from tests.test_hybrid_alloc import tiny
 
 EAGLE_ALWAYS_REJECTED = {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rates": 0.0}
 
@@ -145,3 +149,30 @@ def test_every_small_world_ends_or_says_why_in_one_line(raw):
         assert "\n" not in str(error)
         return
     assert result.summary["num_finished"] + result.summary["num_rejected"] == raw["workload"]["num_requests"]
+
+
+@pytest.mark.parametrize("make", [lambda: PagedAllocator(num_blocks=11, block_size=16, enable_caching=True),
+                                  lambda: tiny(enable_caching=True)], ids=["paged", "hybrid"])
+def test_an_allocator_state_key_follows_every_change_and_comes_back_with_the_state(make):
+    # The livelock check is exact only if equal keys mean equal allocators: a key must change with a table, a
+    # fill or the free queue's order, and be equal for the same state reached again.
+    alloc, content = make(), TokenContent(list(range(40)))
+    empty = alloc.state_key()
+    assert alloc.allocate(1, 21, 40, content) is not None
+    grown = alloc.state_key()
+    assert grown != empty
+    assert alloc.allocate(1, 22, 40, content) is not None  # the same blocks (of 16, of 4), one more token written
+    assert alloc.state_key() not in (empty, grown)
+    alloc.free(1)
+    freed = alloc.state_key()
+    assert freed != empty  # the freed blocks went to the queue's other end, their fill kept
+    twin = make()
+    assert twin.allocate(1, 21, 40, content) is not None and twin.allocate(1, 22, 40, content) is not None
+    twin.free(1)
+    assert twin.state_key() == freed  # the same calls, the same state: equal keys
+
+
+def test_allocators_that_cannot_say_their_state_never_fire():
+    assert SlabAllocator(num_slots=64, max_model_len=32, policy="max").state_key() is None
+    assert PagedAllocator(num_blocks=11, block_size=16, enable_caching=True,
+                          prefix_cache=RadixPrefixCache(11, 16)).state_key() is None

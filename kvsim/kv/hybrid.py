@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvsim.kv.block_pool import NULL_BLOCK_ID, BlockPool, PoolSlots
 from kvsim.kv.prefix_cache import HashChainCache
@@ -351,11 +352,16 @@ class GroupedPagedAllocator(PoolSlots):
     def burst_occupancy(self, seq_ids: Sequence[int], num_steps: int) -> Occupancy:
         raise AssertionError("supports_bursts is False")
 
-    # ------------------------------------------------------------- invariants
-    def state_key(self) -> None:
-        """`KVAllocator.state_key`: None, its groups' tables are not taken (a livelock check never fires with it)."""
-        return None
+    def state_key(self) -> tuple[Any, ...] | None:
+        """`KVAllocator.state_key`: every sequence's tables (GPU, then swapped), every block's fill, the pool's."""
+        pool = self.pool.state_key()
+        if pool is None:
+            return None
+        tables = tuple((seq_id, tuple(map(tuple, s.tables)), s.num_tokens, s.final_num_tokens, s.content,
+                        s.num_hashed_blocks) for seqs in (self.seqs, self.swapped) for seq_id, s in seqs.items())
+        return pool, len(self.seqs), tables, tuple(self.block_fill)
 
+    # ------------------------------------------------------------- invariants
     def check_invariants(self) -> None:
         """Blocks conserved; ref counts equal table references; live blocks are those the window covers."""
         bs = self.block_size
