@@ -74,6 +74,8 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
                 engine.see_arrivals(env.now)
         if not any(engine.scheduler.has_work or engine.inbox for engine in group):
             if arrivals.all_arrived:
+                for engine in group:  # the callback refers to its engine: leave no reference cycle behind
+                    engine.scheduler.outside_state = None
                 return
             yield from wakeup.wait()
             continue

@@ -5,20 +5,23 @@ A v1 request is admitted when its prompt fits (vLLM asks no speculative lookahea
 computed), but each later chunk asks its lookahead slots too; where the requests holding KV they loaded
 (a disaggregated decode instance's) leave it less than that, its last chunk preempts it (the only request
 running), it goes back to the head of the queue, is admitted again and recomputes its prompt: 13,148
-preemptions in 15 s of wall time and no end, where vLLM's scheduler loops the same way. Any such loop runs
-through a self-preemption: a run that samples no token for ever must drop computed tokens for ever, and the
-request a policy preempts last, the one at the front of FCFS's `running` or priority's most urgent one, is
-preempted only by itself.
+preemptions in 15 s of wall time and no end, where vLLM's scheduler loops the same way. A run that samples no
+token for ever must drop computed tokens for ever, and the request a policy preempts last (the front of FCFS's
+`running`, priority's most urgent one) is preempted by another only in corner cases (an async finished request's
+discarded verify): the loops found (the reviewer's, fuzzing) all run through a self-preemption, where the check is.
 
-The check is exact. At each self-preemption once nothing can reach the engine any more (`inputs_done`: every
-arrival delivered, no KV transfer or load pending), the scheduler's whole state is taken: its queues in order
-with every field of each request that a decision reads, the step planned so far, the speculative and async
-books, the random generator's state and the allocator's (`KVAllocator.state_key`). The step loop is a
-function of that state alone then (time only stamps records), so a state seen before repeats for ever:
-`SchedulingLivelock`. A state seen once more is a cycle; one that never recurs (arrivals to come, a transfer in
-flight, another request finishing, a sampled token, a new random draw) never fires. The states kept are
-dropped whenever a token is sampled or a request ends (a state before that can never recur), so memory stays
-small. Nothing is taken in a run that never preempts a request by itself: no cost per step.
+The check is exact. At each self-preemption once nothing timed can reach the engine any more (`outside_state`, set
+by the step loop: every arrival delivered and seen, no KV transfer or load in flight; a disaggregated decode
+instance adds its hand-offs waiting for blocks and its idle prefill instances' states), the scheduler's whole
+state is taken: its queues in order with every field of each request that a decision reads, the step planned so
+far, the speculative and async books, the random generator's state and the allocator's (`KVAllocator.state_key`).
+The engine's future is a function of that state alone then (time only stamps records), so a state seen before
+repeats for ever: `SchedulingLivelock`. A state that never recurs (arrivals to come, a transfer in flight, another
+request finishing, a sampled token, a new random draw) never fires. The states kept are dropped whenever a token is
+sampled or a request ends (a state before that can never recur), so memory stays small. Not checked (never
+fires): an allocator that cannot say its state (slabs, a radix prefix cache) and KV offload (its tiers' LRU and
+timed transfers; it is refused with speculation, whose lookahead makes these loops). Nothing is taken in a run
+that never preempts a request by itself: no cost per step.
 """
 
 from __future__ import annotations
