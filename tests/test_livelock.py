@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from kvsim.cli import app
 from kvsim.fleet.disagg import simulate_disagg
 from kvsim.fleet.run import simulate_scenario
 from kvsim.kv import PagedAllocator, TokenContent
@@ -176,3 +178,15 @@ def test_allocators_that_cannot_say_their_state_never_fire():
     assert SlabAllocator(num_slots=64, max_model_len=32, policy="max").state_key() is None
     assert PagedAllocator(num_blocks=11, block_size=16, enable_caching=True,
                           prefix_cache=RadixPrefixCache(11, 16)).state_key() is None
+
+
+def test_kvsim_run_says_the_livelock_in_one_line_exits_2_and_writes_nothing(tmp_path):
+    scenario_path = tmp_path / "livelock.json"
+    raw = fleet(tmp_path, "priority").model_dump(mode="json")
+    scenario_path.write_text(json.dumps(raw))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", str(scenario_path), "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("kvsim: error: engine.scheduling_policy=priority: request 0 preempts itself "
+                                    "forever: it needs 80 KV slots")
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
