@@ -217,6 +217,42 @@ def test_parallel_sampling_computes_n_outputs_and_the_prompt_as_vllm_fans_it_out
     assert floor.kv_replicas == pytest.approx(100 * 19 * (prompt + 3 * 10) * 0.01 / (6416 if scheduler == "v0" else 6400))
 
 
+@pytest.mark.parametrize("prefix_caching, prompt, prompt_tokens", [
+    (False, 32, 32 + 2 * 1),  # children 2 and 3 load both full blocks and compute only the last token
+    (True, 32, 32 + 2 * 1),  # the GPU hits block 0, the tier serves block 1 (the one holding the last token)
+    (False, 40, 40 + 2 * 8),  # 40 // 16 = 2 full blocks loaded: the 8-token tail, as a GPU hit leaves it
+])
+def test_parallel_sampling_beside_an_offload_tier_computes_the_prompts_last_token_only(prefix_caching, prompt,
+                                                                                         prompt_tokens):
+    """n = 3 samples with a 4 GiB CPU tier: vLLM's OffloadingConnector asks for `num_tokens // block_size` blocks
+    (`get_num_new_matched_tokens`), the last full one included, and a load covering the whole prompt leaves one
+    token to compute (`Scheduler._update_waiting_for_remote_kv`): a 32-token child computes 1 token, not the
+    16 of the block a GPU hit stops short of. The floor said 16, above what such an engine computes."""
+    raw = world(max_model_len=512, prompt=prompt).model_dump(mode="json")
+    raw["engine"].update(enable_prefix_caching=prefix_caching, kv_offload={"cpu_bytes": "4GiB"})
+    raw["workload"]["n"] = 3
+    floor = replica_floor(make_scenario(raw), 100.0)
+    assert floor.compute_replicas == pytest.approx(100 * (prompt_tokens * 0.01 / 512 + 3 * 20 * 0.01 / 8))
+    assert floor.kv_replicas == pytest.approx(100 * 19 * (prompt + 3 * 10) * 0.01 / 6400)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_an_offload_tier_serves_a_repeated_prompt_but_its_last_token(caching):
+    """A (32 tokens) and later B, the same 32 tokens, in 16-token blocks: a GPU prefix cache serves B block 0
+    only (16 tokens: never the block holding the last token); a tier serves both blocks, 31 tokens, leaving the
+    last to compute; the engine (tier beside caching on or off) loads exactly that, so no floor may count
+    more than 1 token computed for B."""
+    from kvsim.planning.bounds import cacheable_prompt_tokens
+    from tests.test_offload_connector import connector, req
+    from tests.test_offload_no_prefix_caching import run
+
+    a, b = req(0, 0.0, list(range(32))), req(1, 1.0, list(range(32)))
+    assert list(cacheable_prompt_tokens([a, b], 16)) == [0, 16]
+    assert list(cacheable_prompt_tokens([a, b], 16, last_block=True)) == [0, 31]
+    _, rows = run([a, b], connector(), caching=caching, budget=64)
+    assert list(rows["prefix_hit_tokens"]) == [0, 31]
+
+
 def gemma(prompt, blocks=1001, output=20):
     raw = world(blocks=blocks, prompt=prompt, output=output, max_model_len=4096).model_dump(mode="json")
     raw["model"] = "gemma-3-27b"

@@ -7,9 +7,12 @@ Two floors; the larger binds (`binds`), and `replicas = ceil(max(compute, kv))`:
 **compute.** Every output token and every prompt token no cache can serve must be computed. With prefix
 caching on, a prompt's leading full blocks that an earlier request's sequence also has (at most all but the
 block holding its last token, which vLLM computes whatever is cached) are taken as served by a cache that
-never evicts and that every replica shares (`cacheable_prompt_tokens`): no engine computes fewer. So are they
-with caching off beside an offload tier (`engine.kv_offload`), which stores and loads those blocks too. One
-replica computes prompt
+never evicts and that every replica shares (`cacheable_prompt_tokens`): no engine computes fewer. So are they,
+prefix caching on or off, beside an offload tier (`engine.kv_offload`), which stores and loads those blocks too,
+and its last full block as well: vLLM's OffloadingConnector looks up `num_tokens // block_size` blocks, and a
+load that covers the whole prompt leaves only its last token to compute (`Scheduler._update_waiting_for_remote_kv`),
+so with a tier at most P − 1 tokens are served (31 of a 32-token prompt in 16-token blocks, where a GPU hit
+serves 16). One replica computes prompt
 tokens at best at C ÷ t_prefill tokens/s (one step of a full chunk, C = max_num_batched_tokens new
 tokens) and output tokens at best at B ÷ t_decode tokens/s (one decode step of B = max_num_seqs
 sequences at the traffic's mean context, or of a CUDA-graph capture size below B where that is faster a token:
@@ -21,9 +24,10 @@ could share the weight reads, which this leaves out, so it is a floor per token 
 A request of n > 1 samples (parallel sampling, or n beams) computes n · O output tokens. Its prompt is
 computed once where the samples fork from one prefill (vLLM v0, the static policies, beam search); vLLM v1
 fans it out into n child requests (`kvsim.sched.fanout`), each of which computes the prompt on its own but
-for the cache: with prefix caching on (or an offload tier), children 2..n hit the first child's full blocks
-except the one holding the last token, so each computes P − block_size · ⌊(P − 1) / block_size⌋ tokens (the
-tail: 8 of a 40-token prompt in 16-token blocks, 16 of a 32-token one); with neither, all P. So a request computes
+for the cache: with prefix caching on, children 2..n hit the first child's full blocks except the one
+holding the last token, so each computes P − block_size · ⌊(P − 1) / block_size⌋ tokens (the tail: 8 of a
+40-token prompt in 16-token blocks, 16 of a 32-token one); with an offload tier, which serves the last full
+block too, P − min(block_size · ⌊P / block_size⌋, P − 1) (8 of 40, 1 of 32); with neither, all P. So a request computes
 (P − cached) + (n − 1) · that prompt tokens.
 
 **kv.** By Little's law the KV one replica's requests hold on average is λ · E[∫ held dt]. A request
@@ -150,11 +154,13 @@ def _floor(scenario: Scenario, servable_rate_per_s: Callable[[int, int], float])
         return ReplicaFloor(0.0, 0.0, 0.0, 0)
     rate_per_s = servable_rate_per_s(len(requests), len(offered))
     prompts = np.array([r.prompt_len * 1.0 for r in requests])
-    # prefix tokens no request computes again: hit on the GPU, or loaded from an offload tier (with caching off
-    # too); held once for all only where the GPU cache shares the blocks (a load fills a request's own blocks)
-    reuses = engine.enable_prefix_caching or engine.has_offload_tier
-    reused = cacheable_prompt_tokens(requests, engine.block_size) if reuses else 0.0
-    cached = reused if engine.enable_prefix_caching else 0.0
+    # prefix tokens no request computes again: hit on the GPU (never the block holding the last token), or loaded
+    # from an offload tier (that block too, but for the last token; with caching off too); held once for all
+    # only where the GPU cache shares the blocks (a load fills a request's own blocks)
+    bs, tier = engine.block_size, engine.has_offload_tier
+    reuses = engine.enable_prefix_caching or tier
+    cached = cacheable_prompt_tokens(requests, bs) if engine.enable_prefix_caching else 0.0
+    reused = cacheable_prompt_tokens(requests, bs, last_block=True) if tier else cached
     samples = np.array([r.num_samples * 1.0 for r in requests])
     outputs = np.array([r.output_len * 1.0 for r in requests])
     latency = make_latency(spec)
@@ -162,7 +168,8 @@ def _floor(scenario: Scenario, servable_rate_per_s: Callable[[int, int], float])
     batch = engine.resolved_max_num_seqs(gpu)
     context = max(1, round(float(np.mean(prompts + outputs / 2))))  # a decode step attends the cached prefix too
     fanned = np.array([engine.scheduler == "v1" and fans_out(r) for r in requests])
-    child_prompts = np.where(fanned, prompts - engine.block_size * ((prompts - 1) // engine.block_size)
+    served_blocks = prompts // bs if tier else (prompts - 1) // bs  # a tier serves the last full block too
+    child_prompts = np.where(fanned, prompts - np.minimum(bs * served_blocks, prompts - 1)
                              if reuses else prompts, 0.0)  # what each further v1 child computes
     held_prompts = prompts - cached  # the prompt tokens every request holds on its own
     prompts = prompts - reused  # ... and computes
@@ -234,11 +241,13 @@ def _floor_sum(x: np.ndarray, chunk: int) -> np.ndarray:
     return chunk * q * (q - 1) / 2 + q * (x - q * chunk + 1)
 
 
-def cacheable_prompt_tokens(requests: list[Request], block_size: int) -> np.ndarray:
+def cacheable_prompt_tokens(requests: list[Request], block_size: int, last_block: bool = False) -> np.ndarray:
     """Per request, the most prompt tokens a prefix cache could serve it: its leading full blocks (at most
-    (P − 1) // block_size of them: vLLM computes a prompt's last token whatever is cached) whose chained
-    hashes an earlier-arriving request's sequence (prompt and output) also has, as a cache that never
-    evicts and that every replica shares would hold them. Requests without content share nothing."""
+    (P − 1) // block_size of them: vLLM's GPU prefix cache never hits the block holding a prompt's last token)
+    whose chained hashes an earlier-arriving request's sequence (prompt and output) also has, as a cache that
+    never evicts and that every replica shares would hold them. With `last_block` (an offload tier: vLLM's
+    OffloadingConnector asks for P // block_size blocks) the last full block counts too, and a prompt served
+    whole still computes its last token: at most P − 1. Requests without content share nothing."""
     seen: set[int] = set()
     cached = np.zeros(len(requests))
     for i in sorted(range(len(requests)), key=lambda i: requests[i].arrival_s):
@@ -246,11 +255,12 @@ def cacheable_prompt_tokens(requests: list[Request], block_size: int) -> np.ndar
         if r.content is None:
             continue
         hits = 0
-        for block_hash in r.content.block_hashes(block_size, (r.prompt_len - 1) // block_size):
+        num_asked = (r.prompt_len if last_block else r.prompt_len - 1) // block_size
+        for block_hash in r.content.block_hashes(block_size, num_asked):
             if block_hash not in seen:
                 break
             hits += 1
-        cached[i] = hits * block_size
+        cached[i] = min(hits * block_size, r.prompt_len - 1)
         num_tokens = min(r.content.num_tokens, r.prompt_len + r.output_len)
         seen.update(r.content.block_hashes(block_size, num_tokens // block_size))
     return cached
