@@ -136,3 +136,30 @@ def test_a_scenario_with_an_offload_tier_and_prefix_caching_off_runs_and_loads()
     assert offload["num_loads"] > 0 and offload["recompute_avoided_tokens"] > 0
     assert result.summary["num_prefix_cache_query_tokens"] == 0
     assert result.requests["prefix_hit_tokens"].sum() <= offload["recompute_avoided_tokens"]
+
+
+@pytest.mark.parametrize("tier", [True, False])
+def test_the_run_table_says_what_the_tier_served_where_the_prefix_cache_hit_rate_says_0(tier):
+    """One conversation of 2 turns (500-token prompts, 20-token replies, 30 s apart), caching off: turn 2's prompt
+    is 500 + 20 + 500 = 1,020 tokens, of which the tier holds turn 1's 500 // 16 = 31 full prompt blocks (the
+    reply is not stored: offload_prompt_only): 1 load of 31 · 16 = 496 tokens; stored: 31 blocks, then turn 2's
+    1,020 // 16 = 63 less the 31 held, 63 blocks of 2 MiB (Llama-3.1-8B: 32 layers · 8 KV heads · 128 · 2 · 2 B
+    a token, 16 tokens) = 0.12 GiB. `kvsim run`'s table showed a prefix-cache hit rate of 0.0% and nothing else."""
+    from rich.console import Console
+
+    from kvsim.results.render import summary_table
+
+    engine = {"max_model_len": 4096, "num_gpu_blocks_override": 600, "enable_prefix_caching": False,
+              **({"kv_offload": {"cpu_bytes": "1GiB"}} if tier else {})}
+    scenario = make_scenario({
+        "name": "t", "model": "llama-3.1-8b", "gpu": "h200", "engine": engine,
+        "workload": {"num_requests": 2, "arrival": {"process": "poisson", "rate": 1.0},
+                     "prompt_len": {"dist": "fixed", "value": 500}, "output_len": {"dist": "fixed", "value": 20},
+                     "multi_turn": {"turns": 2, "think_time_s": 30.0}},
+        "seed": 0})
+    console = Console(width=300, record=True)
+    console.print(summary_table(simulate(scenario).summary))
+    text = console.export_text()
+    assert "prefix cache hit rate        │ 0.0%" in text
+    row = "1 load, 496 prompt tokens loaded instead of computed; 0.12 GiB stored"
+    assert (row in text) == tier and ("KV offload" in text) == tier

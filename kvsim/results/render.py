@@ -130,6 +130,7 @@ def summary_table(summary: dict[str, Any]):  # -> rich.table.Table
          f"{summary['num_preemptions']:,} (swapped out {summary['swapped_out_bytes'] / 2**30:,.2f} GiB)"),
         ("prefix cache hit rate", f"{summary['prefix_cache_hit_rate']:.1%}"),
         ("memory saved by sharing", f"{summary['sharing_saving']:.1%} (samples, beams and prefix hits)"),
+        *([("KV offload", _offload(summary["kv_offload"]))] if "kv_offload" in summary else []),
         ("KV waste (of pool)", "  ".join(f"{k} {v:.1%}" for k, v in waste.items() if v is not None)),
         ("token states of allocated KV", f"{(summary['waste_of_allocated']['token_state'] or 0):.1%}"),
     ]
@@ -139,6 +140,14 @@ def summary_table(summary: dict[str, Any]):  # -> rich.table.Table
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def _offload(offload: dict[str, Any]) -> str:
+    """`engine.kv_offload`'s loads and stores: the prompt tokens its tiers served, which the prefix cache's hit
+    rate leaves out (all of them with prefix caching off, where that rate is 0)."""
+    loads = offload["num_loads"]
+    return (f"{loads:,} load{'s' * (loads != 1)}, {offload['recompute_avoided_tokens']:,} prompt tokens loaded "
+            f"instead of computed; {offload['bytes_stored'] / 2**30:,.2f} GiB stored")
 
 
 FLEET_ROWS_SHOWN = 8  # a larger fleet prints its spread across replicas (min, median, max), not every row
