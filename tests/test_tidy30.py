@@ -154,3 +154,32 @@ def test_a_new_command_in_the_same_process_starts_uninterrupted(monkeypatch):
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+def test_a_command_leaves_the_process_signal_handlers_and_hook_as_it_found_them(capsys):
+    """`kvsim.cli.main` in a process that goes on after it (a notebook's kernel): SIGINT, SIGTERM and SIGHUP are
+    Python's and the system's again when the command ends, and the unraisable-exception hook is the one it found, so
+    a later SIGTERM ends the kernel as before rather than raising into whatever cell runs, and the hooks do not pile
+    up one per command."""
+    from kvsim import cli
+
+    numbers = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {number: signal.getsignal(number) for number in numbers}
+    hook = sys.unraisablehook
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL}
+    try:
+        for number, handler in defaults.items():  # as a fresh process has them: the CLI takes all three
+            signal.signal(number, handler)
+        argv, sys.argv = sys.argv, ["kvsim", "--help"]
+        try:
+            with pytest.raises(SystemExit):
+                cli.main()
+        finally:
+            sys.argv = argv
+        assert {number: signal.getsignal(number) for number in numbers} == defaults
+        assert sys.unraisablehook is hook
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        sys.unraisablehook = hook
+    assert "Usage" in capsys.readouterr().out

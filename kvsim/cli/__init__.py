@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from kvsim.cli.interrupts import install as install_interrupts
+from kvsim.cli.interrupts import installed as interrupts_installed
 from kvsim.cli.plan_command import plan
 from kvsim.cli.profiles import calibrate, import_profile
 from kvsim.cli.progress import run_progress, study_text, updater
@@ -399,7 +399,7 @@ def validate(
     typer.echo(f"validation written to {out_dir}/ (validation.md, validation.json, figures, sim/)", err=True)
 
 def main() -> None:
-    install_interrupts()
-    escape_unencodable_output()
-    usable_terminal_size()
-    app()
+    with interrupts_installed():
+        escape_unencodable_output()
+        usable_terminal_size()
+        app()

@@ -26,7 +26,8 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -76,6 +77,24 @@ def install() -> None:
             taken = True
     if taken:
         sys.unraisablehook = _quiet_when_lost(sys.unraisablehook)
+
+
+@contextmanager
+def installed() -> Iterator[None]:
+    """`install` for one command, undone when it ends: the signal handlers and the unraisable-exception hook it
+    found are put back, so a process that goes on after the command (a notebook's kernel calling
+    `kvsim.cli.main()`) is stopped by a later SIGTERM or SIGHUP as before, not sent an exception, and its hooks do
+    not pile up one per command."""
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, *TERMINATING)} if in_main_thread else {}
+    hook = sys.unraisablehook
+    install()
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        sys.unraisablehook = hook
 
 
 def raise_if_interrupted() -> None:
