@@ -43,6 +43,7 @@ for what one child could never get: n > max_num_seqs runs its children in turns.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import islice
 
 import numpy as np
 
@@ -53,6 +54,25 @@ from kvsim.sched.base import Scheduler, SchedulerLimits
 from kvsim.sched.fanout import SampleGroups, fans_out, make_child
 from kvsim.sched.request_queue import RequestQueue
 from kvsim.workload.request import Request, RequestStatus
+
+
+def _schedule_plain_decodes(running: list[Request], start: int, budget: int, scheduled: list[tuple[Request, int]],
+                            append_token: Callable[[int], bool]) -> int:
+    """Schedule `running[start:]`, at most `budget` of them, while each is a plain decode: one sequence, its
+    last step sampled (computed = prompt + output − 1 ≥ 1), its token going into its own last block
+    (`KVAllocator.append_token`, which writes it); returns how many. The one that stops the run (its token
+    needs a new block, or it is no plain decode) is left to the general path, `append_token` already tried.
+
+    The bulk of a step, run as one loop: the same requests in the same order as the general loop
+    would schedule them one by one (it starts where this stops), so the same allocator calls."""
+    num_before = len(scheduled)
+    for req in islice(running, start, start + budget):
+        past = req.num_computed_tokens
+        if not (past and req.prompt_len + req.num_output_tokens == past + 1 and req.num_samples == 1
+                and append_token(req.seq_ids[0])):
+            break
+        scheduled.append((req, 1))
+    return len(scheduled) - num_before
 
 
 class V1Scheduler(Scheduler):
@@ -105,22 +125,23 @@ class V1Scheduler(Scheduler):
         order = self.admission_order
         i = 0
         while budget > 0:
-            if wasted and wasted[0].request_id not in order:
+            if spec is None:  # no verifies, none wasted: the plain decodes from `i` on, then one that is not
+                num_plain = _schedule_plain_decodes(running, i, budget, scheduled, append_token)
+                i += num_plain
+                budget -= num_plain
+                if not budget or i >= len(running):
+                    break
+                req, finished = running[i], False
+            elif wasted and wasted[0].request_id not in order:
                 wasted.pop(0)  # preempted (a finishing victim) since: vLLM took it out of `running`
                 continue
-            if wasted and (i >= len(running) or order[wasted[0].request_id] < order[running[i].request_id]):
+            elif wasted and (i >= len(running) or order[wasted[0].request_id] < order[running[i].request_id]):
                 req, finished = wasted.pop(0), True
             elif i < len(running):
                 req, finished = running[i], False
             else:
                 break
             past = req.num_computed_tokens
-            if (spec is None and past and req.prompt_len + req.num_output_tokens == past + 1 and req.num_samples == 1
-                    and append_token(req.seq_ids[0])):  # a plain decode: one token into its own last block
-                scheduled.append((req, 1))
-                budget -= 1
-                i += 1
-                continue
             # decoding: verify the drafts proposed after its last step, which sampled (a prefill chunk that
             # ends one token short of its tokens sampled nothing: its next step computes that token alone)
             verify = spec is not None and (finished or req.has_drafts)
