@@ -59,9 +59,10 @@ def select_beams(scores: np.ndarray, rng: np.random.Generator) -> tuple[list[int
     shape underflow to 0. Draws in C order (beam by beam, token by token): every Gamma, then every U.
 
     Hot (each step of each beam search): the Gamma draws are taken one beam at a time, a scalar shape
-    each, which is the stream of one draw over a (W, 1) array of shapes (numpy draws a broadcast shape
-    element by element in C order) without that call's per-element broadcasting and array checks,
-    half the cost at W = 2; `tests/test_sharing.py` checks the two forms agree byte for byte.
+    each. That is the stream of one draw over the (W, 1) array of shapes (numpy draws a broadcast shape
+    element by element in C order, with the same sampler) without that call's array checks and
+    broadcasting: about half its time at W = 2 and 4; `tests/test_sharing.py` checks the two forms agree
+    byte for byte.
     """
     width = len(scores)
     vocab = max(VOCAB, 2 * width)

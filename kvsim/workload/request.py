@@ -127,5 +127,6 @@ class Request:
             self.output_len = room
 
     def child_seq_ids(self) -> list[int]:
+        """The sequence ids of samples 1 .. n − 1 (a beam search's: asked several times a step, hence a range)."""
         base = self.request_id * MAX_SAMPLES
-        return [base + i for i in range(1, self.num_samples)]
+        return list(range(base + 1, base + self.num_samples))
