@@ -85,10 +85,11 @@ class PlanSpec(Settings):
 
     @model_validator(mode="after")
     def _rate_knobs_need_a_rate_search(self) -> PlanSpec:
-        """`capacity_headroom` and `rel_tol` size a rate search only: beside `search: replicas` (the default) one
-        was dropped without a word. Their defaults pass."""
-        self.refuse_unread("search", dict.fromkeys(("capacity_headroom", "rel_tol"), ("rate",)), "{:g}".format,
-                           only="search=rate")
+        """`capacity_headroom`, `rel_tol` and `probe_requests` size a rate search only (a replica search's probes
+        start at the scenario's `workload.num_requests`): beside `search: replicas` (the default) one was dropped
+        without a word. Their defaults pass."""
+        self.refuse_unread("search", dict.fromkeys(("capacity_headroom", "rel_tol", "probe_requests"), ("rate",)),
+                           "{:g}".format, only="search=rate")
         return self
 
     @model_validator(mode="after")
