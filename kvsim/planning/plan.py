@@ -133,8 +133,25 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
             from kvsim.fleet.driver import replica_scenarios
 
             check_disaggregable(scenario, replica_scenarios(scenario))
+    check_knob_repeats(base, spec)
     check_traffic_rate(base, spec)
     check_plan_memory(base, spec)
+
+
+def check_knob_repeats(base: Scenario, spec: PlanSpec) -> None:
+    """Refuse two values of an engine knob that make one engine (`max_num_seqs: [4, '4']`): `PlanSpec` refuses
+    values equal as written, but these made two candidates of one engine, searched twice and ranked beside each
+    other. A `KvsimError` naming the knob, the later value and the earlier one it repeats."""
+    shape = (spec.gpus[0], spec.tensor_parallel_sizes[0])
+    for name, values in spec.engine.items():
+        engines: list[tuple[Any, Any]] = []  # (an engine made, the value that made it)
+        for value in values:
+            engine = Candidate(*shape, ((name, value),)).scenario(base, 1, spec.router).engine
+            earlier = next((given for made, given in engines if made == engine), None)
+            if earlier is not None:
+                raise KvsimError(f"plan.engine: {name}={shown(value)} is given twice (as {name}={shown(earlier)}, "
+                                 "the same engine)")
+            engines.append((engine, value))
 
 
 def check_traffic_rate(base: Scenario, spec: PlanSpec) -> None:
