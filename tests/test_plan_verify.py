@@ -9,8 +9,9 @@ from tests.test_plan import SLO, toy
 
 @pytest.mark.parametrize("search", ["replicas", "rate"])
 def test_rows_carry_window_evidence_a_long_verification_run_and_the_floor(tmp_path, search):
+    first = {"probe_requests": 100} if search == "rate" else {}  # a replica search's probe: the toy's 100 requests
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "search": search,
-                           "probe_requests": 100, "max_probe_requests": 400})
+                           "max_probe_requests": 400, **first})
     (row,) = plan(toy(), spec, tmp_path / "plan")[0]
     assert row["feasible"] and row["verdict"] == "stable"
     # the toy's workload has 100 requests; a rate-search probe 100, then 200 and 400 as it converges (capped there:
