@@ -1,14 +1,19 @@
-"""Bad input found by the thirtieth sweep (`kvsim plan` spec files). Each is refused (the CLI:
+"""Bad input found by the thirtieth sweep (`kvsim plan` spec files, `kvsim report`'s price). Each is refused (the CLI:
 exit 2, one line naming the field and the value, nothing written; the Python API: a `KvsimError`).
 
 Found: `probe_requests` in a replica search's spec was dropped without a word (the README: "a replica search's
 probes start at the scenario's `workload.num_requests`, a rate search's at `probe_requests`"), where `capacity_headroom`
 and `rel_tol` were refused. Two values of an engine knob that the engine reads as one
 (`max_num_seqs: [4, '4']`) passed `PlanSpec`'s "given twice" check (4 != '4') and made two candidates of one
-engine, searched twice and ranked beside each other.
+engine, searched twice and ranked beside each other. A `gpu_hourly_cost` whose fleet cost overflows a float
+(`1e308` × 3 GPUs) was ranked as inf and stopped `kvsim plan` with an OverflowError traceback printing the answer,
+after the whole search and with the plan folder written; `kvsim report --gpu-hourly-cost` passes its price to the
+fleet section's plan, so it is checked before any run.
 """
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 
@@ -49,4 +54,41 @@ def test_engine_knob_values_the_engine_reads_as_one_are_refused(tmp_path, knob, 
     out = tmp_path / "plan"
     assert one_line_exit_2(["plan", str(tmp_path / "toy.yaml"), "--workers", "1", "--spec", str(spec),
                             "-o", str(out)]) == expected
+    assert not out.exists()
+
+
+def test_a_price_whose_largest_fleet_overflows_a_float_is_refused():
+    """The largest float is 1.7976931348623157e308; a plan's largest fleet is max_replicas × its largest TP GPUs.
+    64 × 1 GPUs: 2.8e306 × 64 = 1.792e308 is a float, 2.9e306 × 64 = 1.856e308 is not. With TP 2 and 4 replicas
+    (8 GPUs), 1e308 × 8 is not either, where 1e308 × 1 GPU is."""
+    assert sys.float_info.max < 2.9e306 * 64 and sys.float_info.max > 2.8e306 * 64  # the bounds stated above
+    make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "gpu_hourly_cost": {"h100-80gb": 2.8e306}})
+    with pytest.raises(KvsimError) as error:
+        make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "gpu_hourly_cost": {"h100-80gb": 2.9e306}})
+    assert str(error.value) == ("plan: gpu_hourly_cost: h100-80gb=2.9e+306: its largest fleet (64 GPUs: "
+                                "max_replicas=64 of TP 1) would cost more per hour than a float holds")
+    make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 1, "gpu_hourly_cost": {"h100-80gb": 1e308}})
+    with pytest.raises(KvsimError, match=r"h100-80gb=1e\+308: its largest fleet \(8 GPUs: max_replicas=4 of TP 2\)"):
+        make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 4, "tensor_parallel_sizes": [1, 2],
+                        "gpu_hourly_cost": {"h100-80gb": 1e308}})
+
+
+def test_kvsim_plan_refuses_an_overflowing_price_before_its_folder(tmp_path):
+    """It searched every point, then stopped with an OverflowError traceback printing the $inf answer."""
+    (tmp_path / "toy.yaml").write_text(TOY, encoding="utf-8")
+    out = tmp_path / "plan"
+    line = one_line_exit_2(["plan", str(tmp_path / "toy.yaml"), "--workers", "1", "--slo", "ttft_s.p90=2",
+                            "--gpu", "h100-80gb", "--max-replicas", "4", "--gpu-hourly-cost", "h100-80gb=1e308",
+                            "-o", str(out)])
+    assert line == ("plan: gpu_hourly_cost: h100-80gb=1e+308: its largest fleet (4 GPUs: max_replicas=4 of TP 1) "
+                    "would cost more per hour than a float holds")
+    assert not out.exists()
+
+
+def test_kvsim_report_refuses_a_price_its_fleet_plan_refuses_before_any_run(tmp_path):
+    """`--quick`'s fleet section plans up to 8 replicas of the report scenario's GPU (an L4, TP 1): 1e308 × 8."""
+    out = tmp_path / "report"
+    line = one_line_exit_2(["report", "--quick", "--workers", "1", "--gpu-hourly-cost", "1e308", "-o", str(out)])
+    assert line.endswith("=1e+308: its largest fleet (8 GPUs: max_replicas=8 of TP 1) would cost more per hour "
+                         "than a float holds")
     assert not out.exists()

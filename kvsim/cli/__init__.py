@@ -332,6 +332,10 @@ def report(
         cfg = cfg.model_copy(update={"workers": workers, "dask_address": dask_address,
                                      "gpu_hourly_cost": gpu_hourly_cost})
         cfg.refuse_count_override(overrides or [])
+        from kvsim.model.config import load_gpu
+        from kvsim.report.fleet_study import ROUTERS, fleet_plan_spec
+
+        fleet_plan_spec(cfg, base, load_gpu(base.gpu).name, cfg.ttft_slo_s, ROUTERS[0])  # its price, before any run
         from kvsim.report.build import build_report, studied_variants  # matplotlib: once the input is good
 
         warn_unread(studied_variants(base))

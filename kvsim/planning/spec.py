@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -154,6 +155,19 @@ class PlanSpec(Settings):
         if stray:
             raise ValueError(f"gpu_hourly_cost names {stray[0]!r}, which is not a candidate GPU "
                              f"(gpus: {', '.join(self.gpus)})")
+        return self
+
+    @model_validator(mode="after")
+    def _costs_within_a_float(self) -> PlanSpec:
+        """A fleet's cost per hour is the price × its GPUs: past a float's range (`1e308` × 3 GPUs) it was inf,
+        ranked as every other and a traceback printing the answer, after the whole search. The plan's largest
+        fleet is `max_replicas` replicas (a split's instances are at most as many) of its largest TP."""
+        num_gpus = self.max_replicas * max(self.tensor_parallel_sizes)
+        for gpu, cost in self.gpu_hourly_cost.items():
+            if not math.isfinite(cost * num_gpus):
+                raise ValueError(f"gpu_hourly_cost: {gpu}={cost:g}: its largest fleet ({num_gpus:,} GPUs: "
+                                 f"max_replicas={self.max_replicas} of TP {max(self.tensor_parallel_sizes)}) would "
+                                 "cost more per hour than a float holds")
         return self
 
 

@@ -33,7 +33,9 @@ import pandas as pd
 from kvsim.model.errors import KvsimError
 from kvsim.planning.cost import gpu_price
 from kvsim.planning.plan import Candidate, make_plan_spec, plan
+from kvsim.planning.spec import PlanSpec
 from kvsim.report.studies import Section, Study, variant
+from kvsim.report.study_config import StudyConfig
 from kvsim.workload.scenario import Scenario
 from kvsim.workload.traces import TraceRecord, read_mooncake
 
@@ -83,15 +85,22 @@ def unbounded_hit_rate(records: Sequence[TraceRecord], max_model_len: int) -> fl
     return hit / total if total else 0.0
 
 
+def fleet_plan_spec(cfg: StudyConfig, base: Scenario, gpu_name: str, target_s: float, router: str) -> PlanSpec:
+    """The plan the fleet section runs per router: TTFT p90 <= `target_s` on `base`'s GPU (named `gpu_name`) and
+    TP, at most `cfg.fleet_max_replicas` replicas, priced at `cfg.gpu_hourly_cost` (else the GPU's list price).
+    `kvsim report` makes one first, so that a price the plan refuses fails before any run."""
+    price = gpu_price(gpu_name, cfg.gpu_hourly_cost).usd_per_gpu_hour
+    return make_plan_spec({"slo": {"ttft_s.p90": target_s}, "gpus": [base.gpu],
+                           "tensor_parallel_sizes": [base.engine.tensor_parallel_size],
+                           "max_replicas": cfg.fleet_max_replicas, "router": router,
+                           "gpu_hourly_cost": {base.gpu: price} if price else {}})
+
+
 def _replicas_needed(st: Study, base: Scenario, target_s: float) -> dict[str, dict[str, Any]]:
     """Per router, `kvsim.planning.plan.plan`'s row for TTFT p90 ≤ `target_s` on this GPU and TP."""
-    price = gpu_price(st.gpu.name, st.cfg.gpu_hourly_cost).usd_per_gpu_hour
     out = {}
     for router in ROUTERS:
-        spec = make_plan_spec({"slo": {"ttft_s.p90": target_s}, "gpus": [base.gpu],
-                               "tensor_parallel_sizes": [base.engine.tensor_parallel_size],
-                               "max_replicas": st.cfg.fleet_max_replicas, "router": router,
-                               "gpu_hourly_cost": {base.gpu: price} if price else {}})
+        spec = fleet_plan_spec(st.cfg, base, st.gpu.name, target_s, router)
         with tempfile.TemporaryDirectory() as tmp:
             rows, _ = plan(base, spec, Path(tmp) / "plan",  # a folder plan() makes: it writes only into its own
                            on_point=lambda *_: st.count_runs(1, 1))  # counted as it goes
