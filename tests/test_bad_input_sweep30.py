@@ -8,11 +8,14 @@ and `rel_tol` were refused. Two values of an engine knob that the engine reads a
 engine, searched twice and ranked beside each other. A `gpu_hourly_cost` whose fleet cost overflows a float
 (`1e308` × 3 GPUs) was ranked as inf and stopped `kvsim plan` with an OverflowError traceback printing the answer,
 after the whole search and with the plan folder written; `kvsim report --gpu-hourly-cost` passes its price to the
-fleet section's plan, so it is checked before any run.
+fleet section's plan, so it is checked before any run. `kvsim validate` of a run whose replayed settings reject
+every request it served (meta.json's `max_model_len` below its prompts) left them out of both sides and printed a
+table of "not recorded" statistics, exit 0.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -91,4 +94,21 @@ def test_kvsim_report_refuses_a_price_its_fleet_plan_refuses_before_any_run(tmp_
     line = one_line_exit_2(["report", "--quick", "--workers", "1", "--gpu-hourly-cost", "1e308", "-o", str(out)])
     assert line.endswith("=1e+308: its largest fleet (8 GPUs: max_replicas=8 of TP 1) would cost more per hour "
                          "than a float holds")
+    assert not out.exists()
+
+
+def test_validate_refuses_a_run_whose_every_request_its_settings_reject(tmp_path):
+    """meta.json's max_model_len=8 under the run's 16- and 32-token prompts: vLLM refuses a prompt longer than
+    max_model_len, so both are rejected in the replay, and the comparison left them out on both sides: a table of
+    "not recorded" for a run that recorded every request, exit 0."""
+    from test_validate import write_run  # tests/ is on sys.path
+
+    run_dir = write_run(tmp_path)
+    meta_path = run_dir / "vllm" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["engine_kwargs"]["max_model_len"] = 8
+    meta_path.write_text(json.dumps(meta))
+    out = tmp_path / "o"
+    line = one_line_exit_2(["validate", str(run_dir), "--gpu", "h100-80gb", "-o", str(out)])
+    assert line.startswith("measured run case: kvsim rejects all 2 of its requests (prompt_len >= max_model_len 8: 2)")
     assert not out.exists()

@@ -310,6 +310,11 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
         notes.append(f"from what the run recorded: {taken}" + (f" (gpu preset {gpu_name})" if gpu is None and
                                                                  "gpu" in recorded else ""))
     rejected = result.summary.get("num_rejected", 0)
+    if rejected and rejected >= len(run.records):  # the table would be empty: every statistic "not recorded"
+        why = "; ".join(f"{reason}: {n:,}" for reason, n in result.summary["reject_reasons"].items())
+        raise KvsimError(f"measured run {run.name}: kvsim rejects all {len(run.records):,} of its requests ({why}), "
+                         "which the run served: nothing is left to compare; check the engine settings it replays "
+                         "(meta.json's engine_kwargs, --set)")
     if rejected:
         notes.append(f"kvsim rejected {rejected} of the replayed requests ({result.summary['reject_reasons']}); "
                      "the measured statistics leave the same requests out")
