@@ -10,7 +10,8 @@ engine, searched twice and ranked beside each other. A `gpu_hourly_cost` whose f
 after the whole search and with the plan folder written; `kvsim report --gpu-hourly-cost` passes its price to the
 fleet section's plan, so it is checked before any run. `kvsim validate` of a run whose replayed settings reject
 every request it served (meta.json's `max_model_len` below its prompts) left them out of both sides and printed a
-table of "not recorded" statistics, exit 0.
+table of "not recorded" statistics, exit 0. `StudyConfig` (the report's knobs) took a grid value twice
+(`load_fractions=(0.5, 0.25, 0.5)`) and ran it twice.
 """
 
 from __future__ import annotations
@@ -112,3 +113,21 @@ def test_validate_refuses_a_run_whose_every_request_its_settings_reject(tmp_path
     line = one_line_exit_2(["validate", str(run_dir), "--gpu", "h100-80gb", "-o", str(out)])
     assert line.startswith("measured run case: kvsim rejects all 2 of its requests (prompt_len >= max_model_len 8: 2)")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("fields", "line"), [
+    ({"load_fractions": (0.5, 0.25, 0.5)}, "load_fractions=(0.5, 0.25, 0.5): 0.5 is given twice"),
+    ({"shared_prefix_counts": (4, 4)}, "shared_prefix_counts=(4, 4): 4 is given twice"),
+    ({"offload_loads": (1.0, 1)}, "offload_loads=(1.0, 1): 1.0 is given twice"),  # 1 is the load 1.0
+    ({"speculation_batch_sizes": (1, 16, 1)}, "speculation_batch_sizes=(1, 16, 1): 1 is given twice")])
+def test_a_study_grid_value_given_twice_is_refused(fields, line):
+    """Each grid's value is one run (a load, a sharing count, a batch-size limit): twice, it ran twice and its
+    table and figure showed the point beside itself, as `PlanSpec` refuses a candidate given twice."""
+    from kvsim.report.study_config import StudyConfig
+
+    with pytest.raises(KvsimError) as refused:
+        StudyConfig(**fields)
+    assert str(refused.value) == line
+    with pytest.raises(KvsimError) as copied:  # a changed copy is checked as a new one
+        StudyConfig.quick().model_copy(update=fields)
+    assert str(copied.value) == line

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from kvsim.model.errors import first_repeat
 from kvsim.model.spec import WholeSettings
 
 Count = Annotated[int, Field(ge=1)]  # requests, replicas, sequences: at least one
@@ -48,6 +49,15 @@ class StudyConfig(WholeSettings):
     offload_loads: tuple[Share, ...] = Field(default=(0.5, 1.0, 2.0), min_length=1)  # × the trace's arrival rate
     # batch-size limits (max_num_seqs) the speculative-decoding section runs with and without drafts
     speculation_batch_sizes: tuple[Count, ...] = Field(default=(1, 4, 16, 32, 64, 128, 256), min_length=1)
+
+    @field_validator("load_fractions", "shared_prefix_counts", "offload_loads", "speculation_batch_sizes")
+    @classmethod
+    def _each_once(cls, values: tuple[float, ...]) -> tuple[float, ...]:
+        """A grid point given twice was run twice, a table's row and a figure's point drawn beside themselves."""
+        twice = first_repeat(list(values))
+        if twice is not None:
+            raise ValueError(f"{twice!r} is given twice")
+        return values
 
     def refuse_count_override(self, overrides: Sequence[str]) -> None:
         """Refuse a `--set` of `workload.num_requests` (itself or in a `workload` section): every study runs request
