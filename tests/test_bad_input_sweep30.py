@@ -11,7 +11,8 @@ after the whole search and with the plan folder written; `kvsim report --gpu-hou
 fleet section's plan, so it is checked before any run. `kvsim validate` of a run whose replayed settings reject
 every request it served (meta.json's `max_model_len` below its prompts) left them out of both sides and printed a
 table of "not recorded" statistics, exit 0. `StudyConfig` (the report's knobs) took a grid value twice
-(`load_fractions=(0.5, 0.25, 0.5)`) and ran it twice.
+(`load_fractions=(0.5, 0.25, 0.5)`) and ran it twice. A resumed plan's points.jsonl line whose `format` was
+no integer was said to be "of point format -1, written by another kvsim".
 """
 
 from __future__ import annotations
@@ -131,3 +132,23 @@ def test_a_study_grid_value_given_twice_is_refused(fields, line):
     with pytest.raises(KvsimError) as copied:  # a changed copy is checked as a new one
         StudyConfig.quick().model_copy(update=fields)
     assert str(copied.value) == line
+
+
+def test_a_point_whose_format_is_no_integer_is_damaged_not_of_format_minus_one(tmp_path):
+    """points.jsonl's `format` is the integer kvsim writes beside each point; a text `"4"` or `true` was read as
+    format -1 and said as "8 points of point format -1, written by another kvsim", a value no file held and a
+    kvsim that never was. Such a line is no kvsim's: damaged, named by line, field and value (as JSON writes it)."""
+    from kvsim.planning.search import PointStore
+
+    path = tmp_path / "points.jsonl"
+    lines = [{"hash": "a", "name": "x", "format": "4", "metrics": {"evidence": {}}},
+             {"hash": "b", "name": "y", "format": True, "metrics": {"evidence": {}}},
+             {"hash": "c", "name": "z", "format": 99, "metrics": {"evidence": {}}}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    store = PointStore(path, required=("evidence",), point_format=4)
+    assert not store.points and store.damaged == {
+        "a": (1, 'format="4" is not a point format (an integer)'),
+        "b": (2, "format=true is not a point format (an integer)")}
+    assert store.stale == {"c": 99}  # a later kvsim's integer format stays stale
+    assert store.damaged_text() == (f"{path}: line 1: format=\"4\" is not a point format (an integer): not a point "
+                                    "kvsim wrote (and 1 more damaged point); will be simulated again, not reused")

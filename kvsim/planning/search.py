@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kvsim.model.errors import KvsimError, not_a_file
+from kvsim.model.errors import KvsimError, cut, not_a_file
 from kvsim.model.units import counted
 from kvsim.model.yaml_io import load_json
 
@@ -64,7 +64,8 @@ class PointStore:
     hashes of those with no whole line, each with its line number and problem (`damaged_text` says so).
     A point whose `format` is not `point_format` (a line without one is format 0: written before points
     carried it) is stale: its metrics were computed by another kvsim, so it is simulated again too, and
-    `stale` holds the hashes of those with no current line (`stale_text` says so in one line).
+    `stale` holds the hashes of those with no current line (`stale_text` says so in one line); a `format` that
+    is no integer (`"4"`, `true`) is no kvsim's: the point is damaged.
     Each point is appended with one `write` of a whole line; a file whose last line was torn gets a
     newline first, so the new point never joins the torn one.
     """
@@ -89,6 +90,9 @@ class PointStore:
                 key, metrics, fmt = row
                 if any(not isinstance(metrics.get(k), dict) for k in self.required):
                     self.other_keys.add(key)
+                elif not isinstance(fmt, int) or isinstance(fmt, bool):  # no kvsim writes it: was "format -1"
+                    self.damaged.setdefault(key, (number, f"format={cut(json.dumps(fmt))} is not a point format "
+                                                          "(an integer)"))
                 elif fmt != point_format:
                     self.stale[key] = fmt
                 elif problem is not None and (fault := problem(metrics)) is not None:
@@ -118,7 +122,7 @@ class PointStore:
                 "will be simulated again, not reused")
 
     @staticmethod
-    def _parse(raw: bytes) -> tuple[str, Metrics, int] | None:
+    def _parse(raw: bytes) -> tuple[str, Metrics, Any] | None:
         try:
             row = load_json(raw.decode("utf-8"))
         except ValueError:  # not UTF-8, not JSON, nested too deeply (json.loads: a RecursionError), a key twice
@@ -126,8 +130,7 @@ class PointStore:
         if not isinstance(row, dict) or not isinstance(row.get("hash"), str) or not isinstance(row.get("metrics"),
                                                                                               dict):
             return None
-        fmt = row.get("format", 0)
-        return row["hash"], row["metrics"], fmt if isinstance(fmt, int) and not isinstance(fmt, bool) else -1
+        return row["hash"], row["metrics"], row.get("format", 0)
 
     def __contains__(self, key: str) -> bool:
         return key in self.points
