@@ -91,11 +91,13 @@ def test_kvsim_plan_refuses_an_overflowing_price_before_its_folder(tmp_path):
 
 
 def test_kvsim_report_refuses_a_price_its_fleet_plan_refuses_before_any_run(tmp_path):
-    """`--quick`'s fleet section plans up to 8 replicas of the report scenario's GPU (an L4, TP 1): 1e308 × 8."""
+    """`--quick`'s fleet section plans up to 8 replicas of the report scenario's GPU (an L4, TP 1): 1e308 × 8 is past
+    a float; the line names the flag the user gave, then the plan's reason."""
     out = tmp_path / "report"
     line = one_line_exit_2(["report", "--quick", "--workers", "1", "--gpu-hourly-cost", "1e308", "-o", str(out)])
-    assert line.endswith("=1e+308: its largest fleet (8 GPUs: max_replicas=8 of TP 1) would cost more per hour "
-                         "than a float holds")
+    assert line == ("--gpu-hourly-cost=1e+308: the fleet section's plan refuses it (plan: gpu_hourly_cost: "
+                    "l4=1e+308: its largest fleet (8 GPUs: max_replicas=8 of TP 1) would cost more per hour than a "
+                    "float holds)")
     assert not out.exists()
 
 

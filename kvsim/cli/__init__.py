@@ -335,7 +335,13 @@ def report(
         from kvsim.model.config import load_gpu
         from kvsim.report.fleet_study import ROUTERS, fleet_plan_spec
 
-        fleet_plan_spec(cfg, base, load_gpu(base.gpu).name, cfg.ttft_slo_s, ROUTERS[0])  # its price, before any run
+        try:  # the fleet section plans at this price: one it refuses fails before any run, told as the flag's
+            fleet_plan_spec(cfg, base, load_gpu(base.gpu).name, cfg.ttft_slo_s, ROUTERS[0])
+        except KvsimError as error:
+            if gpu_hourly_cost is None:  # the list price: never past a float
+                raise
+            raise KvsimError(f"--gpu-hourly-cost={gpu_hourly_cost:g}: the fleet section's plan refuses it "
+                             f"({error})") from None
         from kvsim.report.build import build_report, studied_variants  # matplotlib: once the input is good
 
         warn_unread(studied_variants(base))
