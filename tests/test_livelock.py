@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.fleet.disagg import simulate_disagg
+from kvsim.fleet.disagg import Disaggregation, simulate_disagg
 from kvsim.fleet.run import simulate_scenario
 from kvsim.kv import PagedAllocator, TokenContent
 from kvsim.kv.radix_prefix_cache import RadixPrefixCache
@@ -190,3 +190,29 @@ def test_kvsim_run_says_the_livelock_in_one_line_exits_2_and_writes_nothing(tmp_
     assert result.stderr.startswith("kvsim: error: engine.scheduling_policy=priority: request 0 preempts itself "
                                     "forever: it needs 80 KV slots")
     assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_decode_instance_is_not_told_nothing_can_reach_it_while_a_transfer_to_another_is_in_flight(monkeypatch):
+    # 1P2D (`tests.test_disagg.scenario`: 10 ms steps, transfers of 15.68 ms, round robin). Request 0 arrives at
+    # t = 0, is prefilled in [0, 10 ms] and goes to D0 (transfer [10, 25.68 ms]); request 1 arrives at 5 ms, is
+    # prefilled in [10, 20 ms] and goes to D1 (transfer [20, 35.68 ms]). From 20 ms P is idle, keeping request 1's
+    # KV until that transfer ends, and every request has arrived; D0 steps from 25.68 ms. When D1's transfer ends,
+    # P frees those blocks, and a P whose queue waited for them would prefill a request and could hand it to D0:
+    # while it is in flight D0's livelock check must not be told that nothing can reach D0 (None, never fires).
+    observed = []
+    reserve_on = Disaggregation._reserve_on
+
+    def reserve_and_look(self, k):
+        reserve, upstream = reserve_on(self, k), self._upstream_state(k)
+
+        def at_boundary(now):
+            reserve(now)
+            observed.append((k, bool(self.in_flight[1 - k]), upstream()))
+        return at_boundary
+    monkeypatch.setattr(Disaggregation, "_reserve_on", reserve_and_look)
+    result = simulate_disagg(scenario(num_decode=2, num_requests=2, rate=200.0), check=True)
+    assert set(result.requests.status) == {"finished"}
+    assert list(result.tables["transfers"].start_s) == pytest.approx([0.010, 0.020])
+    assert any(k == 0 and other for k, other, _ in observed)  # D0 stepped while D1's transfer was in flight
+    assert all(state is None for _, other, state in observed if other)
+    assert any(state is not None for _, _, state in observed)  # once nothing is in flight, it says the state

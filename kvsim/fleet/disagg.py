@@ -196,13 +196,15 @@ class Disaggregation:
 
     def _upstream_state(self, k: int) -> Callable[[], tuple[Any, ...] | None]:
         def state() -> tuple[Any, ...] | None:
-            """Decode instance k's `Engine.upstream_state`, once every request has arrived and none is in transfer
-            to it: the hand-offs waiting for its blocks, in order, and the state of each prefill instance, which runs
-            nothing and is between steps (`Scheduler.idle_state`: its head waits for the KV it keeps for hand-offs,
-            freed only when a transfer ends). Both change then only where k's step boundaries reserve blocks and
-            start a transfer. None before, or while a prefill instance runs or steps."""
+            """Decode instance k's `Engine.upstream_state`, once every request has arrived and no transfer is in
+            flight to any decode instance (one to another frees a prefill instance's blocks when it ends: that
+            instance may then prefill a request and hand it to k): the hand-offs waiting for each decode instance's
+            blocks, in order, and the state of each prefill instance, which runs nothing and is between steps
+            (`Scheduler.idle_state`: its head waits for the KV it keeps for hand-offs, freed only when a transfer
+            ends). Both change then only where a decode instance's step boundary reserves blocks and starts a
+            transfer. None before, or while a prefill instance runs or steps."""
             assert self.arrivals is not None and self.env is not None
-            if not self.arrivals.all_arrived or self.in_flight[k]:
+            if not self.arrivals.all_arrived or any(self.in_flight):
                 return None
             prefill_states = []
             for i in self.prefill:
@@ -211,7 +213,8 @@ class Disaggregation:
                 if idle is None:
                     return None
                 prefill_states.append(idle)
-            return tuple(req.request_id for req, _, _ in self.pending[k]), tuple(prefill_states)
+            return (tuple(tuple(req.request_id for req, _, _ in pending) for pending in self.pending),
+                    tuple(prefill_states))
         return state
 
     def _ring_decode_if_done(self) -> None:
