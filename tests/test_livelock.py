@@ -5,6 +5,7 @@ the clock's end (a reviewer's disaggregated world: 13,148 preemptions in 15 s of
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kvsim.cli import app
+from kvsim.engine.builder import build_engine
 from kvsim.fleet.disagg import Disaggregation, simulate_disagg
 from kvsim.fleet.run import simulate_scenario
 from kvsim.kv import PagedAllocator, TokenContent
@@ -216,3 +218,18 @@ def test_a_decode_instance_is_not_told_nothing_can_reach_it_while_a_transfer_to_
     assert any(k == 0 and other for k, other, _ in observed)  # D0 stepped while D1's transfer was in flight
     assert all(state is None for _, other, state in observed if other)
     assert any(state is not None for _, _, state in observed)  # once nothing is in flight, it says the state
+
+
+@pytest.mark.parametrize(("kv_offload", "says_its_state"), [(None, True), ({"num_cpu_blocks": 300}, False)])
+def test_an_idle_scheduler_with_kv_offload_does_not_say_its_state(kv_offload, says_its_state):
+    # A disaggregated decode instance's check reads its prefill instances' `idle_state`. An idle prefill instance
+    # with KV offload may still be changed from outside: its head may wait for a CPU-tier store in flight, which
+    # wakes it when it ends (`OffloadConnector.await_stores`), and its tiers' LRU is not taken: None, as the
+    # check itself says nothing with offload. The same instance without offload, idle with nothing queued, says it.
+    engine = {"max_model_len": 2048} | ({"kv_offload": kv_offload} if kv_offload else {})
+    raw = {"name": "p", "model": "llama-3.1-8b", "gpu": "h100-80gb", "engine": engine,
+           "workload": {"num_requests": 1, "prompt_len": {"dist": "fixed", "value": 100},
+                        "output_len": {"dist": "fixed", "value": 5}}}
+    scheduler = build_engine(make_scenario(raw), np.random.default_rng(0)).scheduler
+    assert (scheduler.offload is not None) is not says_its_state
+    assert (scheduler.idle_state() is not None) is says_its_state

@@ -19,9 +19,10 @@ The engine's future is a function of that state alone then (time only stamps rec
 repeats for ever: `SchedulingLivelock`. A state that never recurs (arrivals to come, a transfer in flight, another
 request finishing, a sampled token, a new random draw) never fires. The states kept are dropped whenever a token is
 sampled or a request ends (a state before that can never recur), so memory stays small. Not checked (never
-fires): an allocator that cannot say its state (slabs, a radix prefix cache) and KV offload (its tiers' LRU and
-timed transfers; it is refused with speculation, whose lookahead makes these loops). Nothing is taken in a run
-that never preempts a request by itself: no cost per step.
+fires): an allocator that cannot say its state (slabs, a radix prefix cache) and KV offload, on the engine or on
+a decode instance's prefill instances (its tiers' LRU and timed transfers; it is refused with speculation, whose
+lookahead makes these loops). Nothing is taken in a run that never preempts a request by itself: no cost per
+step.
 """
 
 from __future__ import annotations
@@ -90,9 +91,11 @@ class SelfPreemptions:
 
     def idle_state(self) -> tuple[Any, ...] | None:
         """The whole state of a scheduler that runs nothing (its queue's head blocked: it steps again only once
-        something reaches it), hashable; None while it runs, finishes or loads a request, or for an allocator that
-        cannot say its state (a disaggregated decode instance's check takes its prefill instances' this way)."""
-        if self.running or self.finishing or self.loading or self.swapped:
+        something reaches it), hashable; None while it runs, finishes or loads a request, with KV offload (a store
+        in flight that its head's lookup waits for wakes it when it ends, and the tiers' LRU is not taken), or for an
+        allocator that cannot say its state (a disaggregated decode instance's check takes its prefill instances'
+        this way)."""
+        if self.running or self.finishing or self.loading or self.swapped or self.offload is not None:
             return None
         allocator_state = self.alloc.state_key()
         queue = list(self.waiting)
