@@ -220,16 +220,15 @@ def test_a_decode_instance_is_not_told_nothing_can_reach_it_while_a_transfer_to_
     assert any(state is not None for _, _, state in observed)  # once nothing is in flight, it says the state
 
 
-@pytest.mark.parametrize(("kv_offload", "says_its_state"), [(None, True), ({"num_cpu_blocks": 300}, False)])
-def test_an_idle_scheduler_with_kv_offload_does_not_say_its_state(kv_offload, says_its_state):
+def test_an_idle_scheduler_whose_head_waits_for_an_offload_store_does_not_say_its_state():
     # A disaggregated decode instance's check reads its prefill instances' `idle_state`. An idle prefill instance
-    # with KV offload may still be changed from outside: its head may wait for a CPU-tier store in flight, which
-    # wakes it when it ends (`OffloadConnector.await_stores`), and its tiers' LRU is not taken: None, as the
-    # check itself says nothing with offload. The same instance without offload, idle with nothing queued, says it.
-    engine = {"max_model_len": 2048} | ({"kv_offload": kv_offload} if kv_offload else {})
-    raw = {"name": "p", "model": "llama-3.1-8b", "gpu": "h100-80gb", "engine": engine,
+    # whose head waits for a CPU-tier store in flight (`OffloadConnector.await_stores`) is woken when it ends, and
+    # may then admit its head and hand it off: None then. With nothing in flight that wakes it, it says its state.
+    raw = {"name": "p", "model": "llama-3.1-8b", "gpu": "h100-80gb",
+           "engine": {"max_model_len": 2048, "kv_offload": {"num_cpu_blocks": 300}},
            "workload": {"num_requests": 1, "prompt_len": {"dist": "fixed", "value": 100},
                         "output_len": {"dist": "fixed", "value": 5}}}
     scheduler = build_engine(make_scenario(raw), np.random.default_rng(0)).scheduler
-    assert (scheduler.offload is not None) is not says_its_state
-    assert (scheduler.idle_state() is not None) is says_its_state
+    assert scheduler.offload is not None and scheduler.idle_state() is not None
+    scheduler.offload.awaiting_stores = True  # what `await_stores` sets
+    assert scheduler.awaits_transfers and scheduler.idle_state() is None

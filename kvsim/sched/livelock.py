@@ -19,10 +19,9 @@ The engine's future is a function of that state alone then (time only stamps rec
 repeats for ever: `SchedulingLivelock`. A state that never recurs (arrivals to come, a transfer in flight, another
 request finishing, a sampled token, a new random draw) never fires. The states kept are dropped whenever a token is
 sampled or a request ends (a state before that can never recur), so memory stays small. Not checked (never
-fires): an allocator that cannot say its state (slabs, a radix prefix cache) and KV offload, on the engine or on
-a decode instance's prefill instances (its tiers' LRU and timed transfers; it is refused with speculation, whose
-lookahead makes these loops). Nothing is taken in a run that never preempts a request by itself: no cost per
-step.
+fires): an allocator that cannot say its state (slabs, a radix prefix cache) and KV offload on the engine (its
+tiers' LRU and timed transfers; it is refused with speculation, whose lookahead makes these loops). Nothing is
+taken in a run that never preempts a request by itself: no cost per step.
 """
 
 from __future__ import annotations
@@ -63,6 +62,10 @@ class SelfPreemptions:
     speculation: Speculation | None
     offload: OffloadConnector | None
     _forked: set[int]
+    if TYPE_CHECKING:
+        @property
+        def awaits_transfers(self) -> bool:
+            """`kvsim.sched.offload.OffloadScheduling.awaits_transfers`."""
     # set by the step loop (`kvsim.engine.loop.outside_state`): what outside the scheduler its steps still read, and
     # only they change, as a hashable value; None while something timed may still reach it (an arrival, a transfer)
     outside_state: Callable[[], tuple[Any, ...] | None] | None = None
@@ -91,11 +94,12 @@ class SelfPreemptions:
 
     def idle_state(self) -> tuple[Any, ...] | None:
         """The whole state of a scheduler that runs nothing (its queue's head blocked: it steps again only once
-        something reaches it), hashable; None while it runs, finishes or loads a request, with KV offload (a store
-        in flight that its head's lookup waits for wakes it when it ends, and the tiers' LRU is not taken), or for an
-        allocator that cannot say its state (a disaggregated decode instance's check takes its prefill instances'
-        this way)."""
-        if self.running or self.finishing or self.loading or self.swapped or self.offload is not None:
+        something reaches it), hashable; None while it runs, finishes or loads a request, while its head waits for
+        a KV offload store in flight (`awaits_transfers`: its end wakes it), or for an allocator that cannot say its
+        state (a disaggregated decode instance's check takes its prefill instances' this way). Its offload tiers are
+        not taken: with nothing in flight that wakes it, they change only in its own steps, and those come only
+        after a KV transfer ends, which changes the tables it keeps for hand-offs (the state) for good."""
+        if self.running or self.finishing or self.swapped or self.awaits_transfers:
             return None
         allocator_state = self.alloc.state_key()
         queue = list(self.waiting)
