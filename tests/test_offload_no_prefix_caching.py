@@ -119,19 +119,23 @@ def test_without_prefix_caching_the_gpu_pool_never_holds_a_cached_block(specs, n
     assert scheduler.alloc.num_checks > 0
 
 
+def _chats(engine: dict, *, num_requests: int, rate: float, turns: int, think_time_s: float, seed: int):
+    """Llama-3.1-8B on an H200 serving multi-turn chats of 500-token prompts and 20-token replies."""
+    return make_scenario({
+        "name": "chats", "model": "llama-3.1-8b", "gpu": "h200", "engine": engine,
+        "workload": {"num_requests": num_requests, "arrival": {"process": "poisson", "rate": rate},
+                     "prompt_len": {"dist": "fixed", "value": 500}, "output_len": {"dist": "fixed", "value": 20},
+                     "multi_turn": {"turns": turns, "think_time_s": think_time_s}},
+        "seed": seed})
+
+
 def test_a_scenario_with_an_offload_tier_and_prefix_caching_off_runs_and_loads():
     """The engine refused `kv_offload` without prefix caching ("kv_offload needs enable_prefix_caching=True");
     vLLM runs it. 4-turn conversations on a GPU pool too small to matter: each turn reloads its conversation's
     earlier prompt blocks from the CPU tier, and the GPU prefix-cache counters stay at 0."""
     engine = {"max_model_len": 4096, "num_gpu_blocks_override": 600, "max_num_seqs": 8,
               "enable_prefix_caching": False, "kv_offload": {"cpu_bytes": "2GiB"}}
-    scenario = make_scenario({
-        "name": "mt-off", "model": "llama-3.1-8b", "gpu": "h200", "engine": engine,
-        "workload": {"num_requests": 16, "arrival": {"process": "poisson", "rate": 4.0},
-                     "prompt_len": {"dist": "fixed", "value": 500}, "output_len": {"dist": "fixed", "value": 20},
-                     "multi_turn": {"turns": 4, "think_time_s": 2.0}},
-        "seed": 3})
-    result = simulate(scenario, check=True)
+    result = simulate(_chats(engine, num_requests=16, rate=4.0, turns=4, think_time_s=2.0, seed=3), check=True)
     offload = result.summary["kv_offload"]
     assert offload["num_loads"] > 0 and offload["recompute_avoided_tokens"] > 0
     assert result.summary["num_prefix_cache_query_tokens"] == 0
@@ -151,14 +155,9 @@ def test_the_run_table_says_what_the_tier_served_where_the_prefix_cache_hit_rate
 
     engine = {"max_model_len": 4096, "num_gpu_blocks_override": 600, "enable_prefix_caching": False,
               **({"kv_offload": {"cpu_bytes": "1GiB"}} if tier else {})}
-    scenario = make_scenario({
-        "name": "t", "model": "llama-3.1-8b", "gpu": "h200", "engine": engine,
-        "workload": {"num_requests": 2, "arrival": {"process": "poisson", "rate": 1.0},
-                     "prompt_len": {"dist": "fixed", "value": 500}, "output_len": {"dist": "fixed", "value": 20},
-                     "multi_turn": {"turns": 2, "think_time_s": 30.0}},
-        "seed": 0})
     console = Console(width=300, record=True)
-    console.print(summary_table(simulate(scenario).summary))
+    console.print(summary_table(simulate(_chats(engine, num_requests=2, rate=1.0, turns=2, think_time_s=30.0,
+                                                seed=0)).summary))
     text = console.export_text()
     assert "prefix cache hit rate        │ 0.0%" in text
     row = "1 load, 496 prompt tokens loaded instead of computed; 0.12 GiB stored"
