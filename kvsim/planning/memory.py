@@ -26,16 +26,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class MemoryBound:
-    """The limit a plan's points must fit in, and whether the planner gave it (`--memory-limit`)."""
+    """The limit a plan's points must fit in, and whether the planner gave it: `name` is the setting that gave
+    it, the flag `--memory-limit` or a spec file's `plan.memory_limit_bytes`, so an error names what was written."""
 
     limit_bytes: int
     given: bool
+    name: str = "--memory-limit"
 
     @classmethod
-    def of(cls, limit_bytes: int | None) -> MemoryBound:
+    def of(cls, limit_bytes: int | None, name: str = "--memory-limit") -> MemoryBound:
         if limit_bytes is None:
             return cls(machine_memory_bytes(), given=False)
-        return cls(limit_bytes, given=True)
+        return cls(limit_bytes, given=True, name=name)
 
     def needed_bytes(self, scenario: Scenario) -> int:
         """The floor of the memory `kvsim.planning.point.point_metrics` needs to simulate `scenario`."""
@@ -61,9 +63,12 @@ class MemoryBound:
 
     @property
     def label(self) -> str:
-        """The limit as the planner set it: `--memory-limit 8.0 GiB`, or this machine's memory."""
+        """The limit as the planner set it: `--memory-limit 8.0 GiB`, `plan.memory_limit_bytes=900000 (878.9 KiB)`
+        from a spec file, or this machine's memory."""
+        if self.given and self.name.startswith("--"):
+            return f"{self.name} {self.size(self.limit_bytes)}"
         if self.given:
-            return f"--memory-limit {self.size(self.limit_bytes)}"
+            return f"{self.name}={self.limit_bytes} ({self.size(self.limit_bytes)})"
         return f"memory limit {self.size(self.limit_bytes)} (this machine's; raise it with --memory-limit)"
 
     def over(self, what: str, scenario: Scenario) -> str:

@@ -90,12 +90,13 @@ from kvsim.workload.scenario import Scenario
 POINTS_FILE = "points.jsonl"  # the file in a plan's folder that keeps its finished points
 
 
-def check_candidates(base: Scenario, spec: PlanSpec) -> None:
+def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "plan.memory_limit_bytes") -> None:
     """Refuse, before any cluster starts or folder is made, a scenario that already fixes `replicas`, an
     SLO for a priority class the workload does not have, and a candidate whose GPU is unknown, whose engine
     knobs do not make a valid scenario, or whose TP the model cannot be split over, whose weights leave
     no KV pool or whose engine cannot be built (`check_engine`: e.g. an offload tier under one block) (a
-    `KvsimError` naming the field)."""
+    `KvsimError` naming the field; `memory_limit_name` is what gave `spec.memory_limit_bytes`, as
+    `check_plan_memory` names it)."""
     import numpy as np
 
     from kvsim.engine.builder import check_engine
@@ -135,7 +136,7 @@ def check_candidates(base: Scenario, spec: PlanSpec) -> None:
             check_disaggregable(scenario, replica_scenarios(scenario))
     check_knob_repeats(base, spec)
     check_traffic_rate(base, spec)
-    check_plan_memory(base, spec)
+    check_plan_memory(base, spec, memory_limit_name)
 
 
 def check_knob_repeats(base: Scenario, spec: PlanSpec) -> None:
@@ -184,10 +185,11 @@ def first_point(base: Scenario, spec: PlanSpec, candidate: Candidate) -> Scenari
     return candidate.scenario(traffic, candidate.smallest_fleet, spec.router)
 
 
-def check_plan_memory(base: Scenario, spec: PlanSpec) -> None:
+def check_plan_memory(base: Scenario, spec: PlanSpec, memory_limit_name: str = "plan.memory_limit_bytes") -> None:
     """Refuse a plan none of whose candidates fits in the memory limit even at its smallest point (the
-    searches are bounded by it; `kvsim.planning.memory`): one line naming the limit."""
-    memory = MemoryBound.of(spec.memory_limit_bytes)
+    searches are bounded by it; `kvsim.planning.memory`): one line naming the limit as the user gave it,
+    `memory_limit_name` (a spec file's `plan.memory_limit_bytes` was refused as `--memory-limit`)."""
+    memory = MemoryBound.of(spec.memory_limit_bytes, memory_limit_name)
     needs = [(memory.needed_bytes(first_point(base, spec, c)), c) for c in candidates(spec)]
     least, smallest = min(needs, key=lambda need: need[0])
     if least > memory.limit_bytes:
