@@ -6,6 +6,8 @@ import json
 from conftest import one_line_exit_2  # tests/ is on sys.path
 from test_plan import SLO, toy
 
+from kvsim.planning.plan import check_probe_cap, spec_from_options
+
 PLAN = {"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8}
 
 
@@ -26,3 +28,19 @@ def test_a_spec_files_memory_limit_is_named_as_written(tmp_path):
     assert "nothing in this plan fits" in line and not (tmp_path / "plan").exists()
     flagged = plan_argv(tmp_path, PLAN, "--memory-limit", "1000")
     assert one_line_exit_2(flagged).startswith("--memory-limit 1,000 B: even the smallest point")
+
+
+def test_a_rate_searchs_first_probe_past_its_cap_is_refused(tmp_path):
+    """A rate search's first probe runs the traffic's first `probe_requests` (the toy has 100) and doubles up to
+    `max_probe_requests`: a first probe of 80 past a cap of 50 is a contradiction, refused before anything runs
+    (it ran the whole search and then advised raising the cap)."""
+    rate = {**PLAN, "search": "rate", "max_probe_requests": 50}
+    assert one_line_exit_2(plan_argv(tmp_path, {**rate, "probe_requests": 80})) == (
+        "plan.probe_requests=80: a rate search's first probe of 80 requests is longer than "
+        "plan.max_probe_requests=50, the longest probe it runs")
+    assert not (tmp_path / "plan").exists()
+    # the default 2,000 is capped at the traffic's 100 requests: the first probe is 100 requests
+    assert one_line_exit_2(plan_argv(tmp_path, rate)).startswith("plan.probe_requests=2000: a rate search's first "
+                                                                   "probe of 100 requests is longer")
+    for fine in ({**rate, "probe_requests": 50}, {**rate, "max_probe_requests": 100}, {**PLAN, "max_probe_requests": 50}):
+        check_probe_cap(toy(), spec_from_options(fine, [], [], [], [], [], None, None))  # no error

@@ -136,6 +136,7 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
             check_disaggregable(scenario, replica_scenarios(scenario))
     check_knob_repeats(base, spec)
     check_traffic_rate(base, spec)
+    check_probe_cap(base, spec)
     check_plan_memory(base, spec, memory_limit_name)
 
 
@@ -175,6 +176,18 @@ def check_traffic_rate(base: Scenario, spec: PlanSpec) -> None:
             f"{len(arrivals):,} requests arriving at one instant offer"
         raise KvsimError(f"{field}: {which} no rate to size a fleet for; give at least 2 requests that arrive at "
                          "different times")
+
+
+def check_probe_cap(base: Scenario, spec: PlanSpec) -> None:
+    """Refuse a rate search whose first probe, the traffic's first `probe_requests`, is longer than
+    `max_probe_requests`, the longest probe it may run: it ran the whole search anyway, then advised raising
+    the cap. A `probe_requests` past the cap is none where the traffic has no more requests than the cap: the
+    first probe is then the whole traffic (a cap of 200 beside the default 2,000 on 100 requests)."""
+    probed = min(spec.probe_requests, base.workload.num_requests)
+    if spec.search == "rate" and probed > spec.max_probe_requests:
+        raise KvsimError(f"plan.probe_requests={spec.probe_requests}: a rate search's first probe of {probed:,} "
+                         f"requests is longer than plan.max_probe_requests={spec.max_probe_requests}, the longest "
+                         "probe it runs")
 
 
 def first_point(base: Scenario, spec: PlanSpec, candidate: Candidate) -> Scenario:
