@@ -3,10 +3,14 @@ first probe past its cap and a source commit that is no commit are refused up fr
 
 import json
 
+import pytest
 from conftest import one_line_exit_2  # tests/ is on sys.path
 from test_plan import SLO, toy
 
+from kvsim.model.units import dollars
+from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens
 from kvsim.planning.plan import check_probe_cap, spec_from_options
+from kvsim.results.render import rows_to_markdown
 
 PLAN = {"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8}
 
@@ -44,3 +48,27 @@ def test_a_rate_searchs_first_probe_past_its_cap_is_refused(tmp_path):
                                                                    "probe of 100 requests is longer")
     for fine in ({**rate, "probe_requests": 50}, {**rate, "max_probe_requests": 100}, {**PLAN, "max_probe_requests": 50}):
         check_probe_cap(toy(), spec_from_options(fine, [], [], [], [], [], None, None))  # no error
+
+
+def test_money_prints_bounded():
+    """Inside [1e-4, 1e15) dollars print as before (3 significant digits at least, README's `$4.00/hour`);
+    outside, 3 significant digits with an exponent, never hundreds of zeros or digits."""
+    assert dollars(4.0, 2) == "$4.00" and dollars(0.001, 2) == "$0.00100" and dollars(1234.567, 2) == "$1,234.57"
+    assert dollars(0.0, 3) == "$0.000" and dollars(1e-4, 2) == "$0.000100"
+    assert dollars(1e-320, 2) == "$1e-320" and dollars(2.733e303, 2) == "$2.73e+303"
+    assert dollars(9.999e-5, 3) == "$0.0001" and dollars(1e15, 2) == "$1e+15"
+    # `kvsim report`'s sentences keep their decimals (widen=False), bounded alike
+    assert dollars(0.004608, 4, widen=False) == "$0.0046" and dollars(12.345, 2, widen=False) == "$12.35"
+    assert dollars(1e305, 2, widen=False) == "$1e+305" and dollars(1e-320, 4, widen=False) == "$1e-320"
+    # a table's float: whole from 10,000, with an exponent from 1e15 (`{:,.0f}` of 1e305 is 306 digits)
+    table = rows_to_markdown([{"usd": 2.733e303}, {"usd": 123456.7}, {"usd": 999_999_999_999_999.0}, {"usd": 1e15}])
+    assert table.splitlines()[2:] == ["| 2.733e+303 |", "| 123,457 |", "| 999,999,999,999,999 |", "| 1e+15 |"]
+
+
+def test_a_tiny_price_per_million_tokens_is_not_zero():
+    """$1e-320 a GPU-hour at 10,000 tokens/s: 1e-320 × 1e6 / 3.6e7 ≈ 2.78e-322 USD per million tokens, a
+    (subnormal) float, not 0; at a normal price the figure is the plain formula's ($2 at 1,000 tokens/s:
+    2 × 1e6 / 3.6e6 = 0.5556)."""
+    tiny = cost_per_million_output_tokens(GpuPrice(1e-320, "given"), 1, 10_000.0)
+    assert tiny is not None and 2.7e-322 < tiny < 2.9e-322
+    assert cost_per_million_output_tokens(GpuPrice(2.0, "given"), 1, 1000.0) == pytest.approx(2 * 1e6 / 3.6e6)

@@ -3,7 +3,6 @@ table, the evidence and the choice on the terminal, plan.csv / .json / .md and t
 with `--offload-size` the CPU tier its answer needs. Registered on the app by `kvsim.cli`; its annotations are
 objects, as `kvsim.cli` explains."""
 
-import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,7 +20,7 @@ from kvsim.cli.shared import (
     warn_unread,
 )
 from kvsim.model.errors import KvsimError, first_repeat, not_a_file, reading
-from kvsim.model.units import counted
+from kvsim.model.units import counted, dollars
 
 
 def plan(
@@ -245,14 +244,6 @@ def chosen_text(rows: list[dict]) -> str:
     tokens = "" if per_token is None else f", {dollars(per_token, 3)} per million output tokens"
     gpus = f"{best['num_gpus']} GPU{'s' * (best['num_gpus'] != 1)}"
     return f"chosen: {best['candidate']} x{best['replicas']} ({best['topology']}): {gpus}, {cost}{tokens}"
-
-
-def dollars(usd: float, decimals: int) -> str:
-    """`usd` as `$1,234.57` with `decimals` decimals, or more where those would show fewer than 3 significant digits:
-    3 GPUs at $0.001 an hour read `$0.00/hour` (and $0.0009 per million tokens `$0.001`) under a table that says
-    0.003 (and 0.0009262)."""
-    shown = decimals if usd <= 0 else max(decimals, 2 - math.floor(math.log10(usd)))
-    return f"${usd:,.{shown}f}"
 
 
 def write_plan(rows: list[dict], out_dir: Path, name: str) -> None:

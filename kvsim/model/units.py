@@ -84,3 +84,19 @@ def control_character(text: str) -> str | None:
     import unicodedata
 
     return next((char for char in text if unicodedata.category(char) == "Cc"), None)
+
+
+DOLLARS_FIXED_POINT = (1e-4, 1e15)  # USD: outside it, a price prints with an exponent
+
+
+def dollars(usd: float, decimals: int, widen: bool = True) -> str:
+    """`usd` as `$1,234.57` with `decimals` decimals, or (`widen`) more where those would show fewer than 3
+    significant digits: 3 GPUs at $0.001 an hour read `$0.00/hour` (and $0.0009 per million tokens `$0.001`) under
+    a table that says 0.003 (and 0.0009262). A positive amount outside `DOLLARS_FIXED_POINT` prints to 3
+    significant digits with an exponent, `$2.73e-322` or `$2.73e+303`, as `{:.4g}` prints it in a table: in fixed
+    point a `gpu_hourly_cost` of 1e-320 printed about 300 zeros (or `$0.00`) and one of 1e305 a 300-digit figure."""
+    low, high = DOLLARS_FIXED_POINT
+    if usd > 0 and not low <= usd < high:
+        return f"${usd:.3g}"
+    shown = decimals if usd <= 0 or not widen else max(decimals, 2 - math.floor(math.log10(usd)))
+    return f"${usd:,.{shown}f}"

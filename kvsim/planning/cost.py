@@ -68,10 +68,12 @@ def cost_per_user_hour(price: GpuPrice, num_gpus: int, concurrency: float) -> fl
 
 
 def cost_per_million_output_tokens(price: GpuPrice, num_gpus: int, output_tokens_per_s: float) -> float | None:
-    """USD per million generated tokens at a throughput; None without a price or a positive throughput."""
+    """USD per million generated tokens at a throughput; None without a price or a positive throughput. The hourly
+    price is scaled by the hours a million tokens take, in one product: divided by the tokens an hour first, a
+    price of $1e-320 an hour fell below the smallest float and read $0 per million tokens."""
     if price.usd_per_gpu_hour is None or output_tokens_per_s <= 0:
         return None
-    return price.usd_per_gpu_hour * num_gpus / (output_tokens_per_s * 3600) * 1e6
+    return price.usd_per_gpu_hour * num_gpus * (1e6 / (output_tokens_per_s * 3600))
 
 
 def window_output_tokens_per_s(metrics: dict[str, Any]) -> float:

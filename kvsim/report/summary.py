@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvsim.model.units import counted
+from kvsim.model.units import counted, dollars
 from kvsim.report import studies
 
 SIZING_ROUTER = "least_outstanding"
@@ -71,7 +71,7 @@ def summary_lines(sections: list[studies.Section], st: studies.Study, cfg: studi
         replicas = _cell(sections, "fleet_routing", "router", SIZING_ROUTER, "replicas_for_slo")
         if gpus is not None and replicas is not None:
             cost = _cell(sections, "fleet_routing", "router", SIZING_ROUTER, "cost_per_hour_for_slo")
-            price = f", ${cost:,.2f} per hour" if cost is not None else ""
+            price = f", {dollars(cost, 2, widen=False)} per hour" if cost is not None else ""
             lines.append(f"**{counted(round(gpus), 'GPU')} ({counted(round(replicas), 'replica')}) for {traffic}** "
                          f"at {target} (least-outstanding routing{price}).")
         elif "max_replicas" in fleet:

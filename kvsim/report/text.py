@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvsim.model.units import counted
+from kvsim.model.units import counted, dollars
 from kvsim.report import studies
 from kvsim.report.applicable import left_out_text, skipped_text
 from kvsim.report.speculation_study import speculation_text
@@ -181,8 +181,9 @@ def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfi
     if pd.notna(paged.usd_per_concurrent_user_hour):
         cost = (f" At that rate, over the window, paged KV runs {paged.mean_running:g} requests at once (Little's "
                 f"law) and serves {paged.output_tokens_per_s:,.0f} output tokens/s: "
-                f"${paged.usd_per_concurrent_user_hour:.4f} per concurrent user-hour and "
-                f"${paged.usd_per_million_output_tokens:.2f} per million output tokens ({paged.price_source}).")
+                f"{dollars(paged.usd_per_concurrent_user_hour, 4, widen=False)} per concurrent user-hour and "
+                f"{dollars(paged.usd_per_million_output_tokens, 2, widen=False)} per million output tokens "
+                f"({paged.price_source}).")
     rejected = ""
     if paged.rejected_fraction and paged.rejected_fraction > 0:
         rejected = (f" {paged.rejected_fraction:.1%} of the requests can never be served (over max_model_len or "
@@ -345,7 +346,8 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
             needs.append(f"more than {counted(f['max_replicas'], 'replica')} (the search's limit) with "
                          f"{ROUTER_NAMES[router]}")
             continue
-        cost = f" (${row.cost_per_hour_for_slo:,.2f}/h)" if pd.notna(row.cost_per_hour_for_slo) else ""
+        cost = f" ({dollars(row.cost_per_hour_for_slo, 2, widen=False)}/h)" if pd.notna(row.cost_per_hour_for_slo) \
+            else ""
         needs.append(f"{counted(int(row.replicas_for_slo), 'replica')} with {ROUTER_NAMES[router]}{cost}")
     if df.replicas_for_slo.isna().all():
         needs = [f"more than {counted(f['max_replicas'], 'replica')} (the search's limit) with every router"]

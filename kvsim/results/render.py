@@ -8,12 +8,16 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+FIXED_POINT_BELOW = 1e15  # a float from this size up prints with an exponent: `{:,.0f}` spelt 1e305 in 306 digits
+
 
 def _cell(value: Any) -> str:
+    """A table's cell: a float to 4 significant digits, whole from 10,000 and with an exponent from
+    `FIXED_POINT_BELOW` (a price per million tokens at `gpu_hourly_cost` 1e305 filled the table with digits)."""
     if value is None or (isinstance(value, float) and value != value):  # None or NaN
         return ""
     if isinstance(value, float):
-        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+        return f"{value:,.4g}" if not 1e4 <= abs(value) < FIXED_POINT_BELOW else f"{value:,.0f}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return str(value)
