@@ -355,5 +355,6 @@ def test_import_profile_refuses_a_blank_source_field(tmp_path, flag, value, key)
 
     from kvsim.cli import app
 
-    assert CliRunner().invoke(app, [*argv, flag, "MIT"]).exit_code == 0
-    assert f"# {key}: MIT\n" in out.read_text()
+    good = "5daddb2" if flag == "--source-commit" else "MIT"  # a commit is hex digits (tests/test_tidy31.py)
+    assert CliRunner().invoke(app, [*argv, flag, good]).exit_code == 0
+    assert f"# {key}: {good}\n" in out.read_text()

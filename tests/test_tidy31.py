@@ -72,3 +72,29 @@ def test_a_tiny_price_per_million_tokens_is_not_zero():
     tiny = cost_per_million_output_tokens(GpuPrice(1e-320, "given"), 1, 10_000.0)
     assert tiny is not None and 2.7e-322 < tiny < 2.9e-322
     assert cost_per_million_output_tokens(GpuPrice(2.0, "given"), 1, 1000.0) == pytest.approx(2 * 1e6 / 3.6e6)
+
+
+@pytest.mark.parametrize("commit", ["xyz", "5daddb", "5daddb2g", "5" * 41, "5daddb2 "])
+def test_import_profile_refuses_a_source_commit_that_is_no_commit(tmp_path, commit):
+    """A git commit is a SHA-1 in hex, abbreviated to 7 digits at least (git's default) and 40 at most."""
+    from test_profiles import write_bundle
+
+    out = tmp_path / "p.csv"
+    argv = ["import-profile", str(write_bundle(tmp_path / "bf16")), "-o", str(out), "--model", "llama-3.1-8b",
+            "--gpu", "rtx-pro-6000", "--source-commit", commit]
+    assert one_line_exit_2(argv) == f"--source-commit {commit!r}: not a git commit (7 to 40 hex digits)"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("commit", ["5daddb2", "A" * 40])
+def test_import_profile_records_a_hex_commit(tmp_path, commit):
+    from test_profiles import write_bundle
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    out = tmp_path / "p.csv"
+    argv = ["import-profile", str(write_bundle(tmp_path / "bf16")), "-o", str(out), "--model", "llama-3.1-8b",
+            "--gpu", "rtx-pro-6000", "--source-commit", commit]
+    assert CliRunner().invoke(app, argv).exit_code == 0
+    assert f"# source_commit: {commit}\n" in out.read_text()

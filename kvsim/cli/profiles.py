@@ -20,7 +20,7 @@ from kvsim.cli.shared import (
     parse_int_list,
     user_errors,
 )
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, shown
 
 
 def calibrate(
@@ -125,8 +125,18 @@ def import_profile(
 
     with user_errors():
         check_output_file(output)  # as given: Path('') is the working folder; and before the profile is read
+        check_commit(commit)
         engine = make_engine(tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype)
         profile = load_profile(source, load_model(model), load_gpu(gpu), engine)
         path = write_native(with_source(profile, repository, commit, licence), Path(output))
     typer.echo(f"profile {profile.name} ({len(profile.rows)} rows, kinds {', '.join(sorted(profile.kinds()))}) "
                f"written to {path}")
+
+
+def check_commit(commit: str | None) -> None:
+    """A `KvsimError` naming `--source-commit` unless it is a git commit, 7 to 40 hex digits (an abbreviated or a
+    full SHA-1): `xyz` was recorded as the profile's source commit. A blank one is `with_source`'s to refuse."""
+    import re
+
+    if commit is not None and commit.strip() and re.fullmatch(r"[0-9a-fA-F]{7,40}", commit) is None:
+        raise KvsimError(f"--source-commit {shown(commit)}: not a git commit (7 to 40 hex digits)")
