@@ -154,3 +154,37 @@ def test_a_point_whose_format_is_no_integer_is_damaged_not_of_format_minus_one(t
     assert store.stale == {"c": 99}  # a later kvsim's integer format stays stale
     assert store.damaged_text() == (f"{path}: line 1: format=\"4\" is not a point format (an integer): not a point "
                                     "kvsim wrote (and 1 more damaged point); will be simulated again, not reused")
+
+
+@pytest.mark.parametrize(("scheduler", "gpus", "knob", "values", "refused"), [
+    # vLLM v0's max_num_seqs is 256 on every GPU (vllm/engine/arg_utils.py, `_set_default_args_v0`)
+    ("v0", ["l4"], "max_num_seqs", [None, 256], True),
+    ("v0", ["h100-80gb", "l4"], "max_num_seqs", [256, None], True),
+    ("v0", ["l4"], "max_num_seqs", [None, 128], False),
+    # v1's (`EngineArgs.get_batch_defaults`, vllm serve): 1024 sequences and 8192 tokens on a GPU of at least 70 GiB
+    # not named A100 (the H100's 80 GB), 256 and 2048 on the others (the L4's 24 GB)
+    ("v1", ["h100-80gb"], "max_num_seqs", [None, 1024], True),
+    ("v1", ["l4"], "max_num_batched_tokens", [2048, None], True),
+    ("v1", ["h100-80gb", "l4"], "max_num_seqs", [None, 1024], False),  # 256 on the L4: two engines there
+    ("v1", ["h100-80gb", "l4"], "max_num_batched_tokens", [None, 8192], False),
+    # llama-3.1-8b's config.json: max_position_embeddings 131072
+    ("v1", ["h100-80gb"], "max_model_len", [None, 131072], True),
+    ("v1", ["h100-80gb"], "max_model_len", [None, 65536], False)])
+def test_knob_values_one_engine_once_its_defaults_are_filled_are_refused(scheduler, gpus, knob, values, refused):
+    """`max_num_seqs: [null, 256]` on v0 ran one engine as two candidates (their evidence lines alike, twice the
+    points): refused where the two are one engine on every GPU of the plan, kept where a GPU tells them apart."""
+    from kvsim.planning.plan import check_knob_repeats
+    from kvsim.workload.scenario import make_scenario
+
+    base = make_scenario({"name": "toy", "engine": {"scheduler": scheduler, "num_gpu_blocks_override": 400},
+                          "workload": {"num_requests": 40, "arrival": {"process": "poisson", "rate": 14.0},
+                                       "prompt_len": {"dist": "fixed", "value": 256},
+                                       "output_len": {"dist": "fixed", "value": 64}}})
+    spec = make_plan_spec({"slo": SLO, "gpus": gpus, "engine": {knob: values}})
+    if not refused:
+        check_knob_repeats(base, spec)
+        return
+    with pytest.raises(KvsimError) as error:
+        check_knob_repeats(base, spec)
+    assert str(error.value) == (f"plan.engine: {knob}={values[1]!r} is given twice (as {knob}={values[0]!r}, the "
+                                "same engine once its defaults are filled)")

@@ -51,7 +51,7 @@ import math
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsim.model.errors import KvsimError, empty_item, shown
 from kvsim.model.units import read_number
@@ -86,6 +86,11 @@ from kvsim.planning.xpyd import XpydSearch
 from kvsim.results.output_dir import claim_directory
 from kvsim.workload.overrides import override_items
 from kvsim.workload.scenario import Scenario
+
+if TYPE_CHECKING:
+    from kvsim.model.config import GPUSpec
+    from kvsim.model.engine_config import EngineConfig
+    from kvsim.model.spec import ModelSpec
 
 POINTS_FILE = "points.jsonl"  # the file in a plan's folder that keeps its finished points
 
@@ -141,19 +146,38 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
 
 
 def check_knob_repeats(base: Scenario, spec: PlanSpec) -> None:
-    """Refuse two values of an engine knob that make one engine (`max_num_seqs: [4, '4']`): `PlanSpec` refuses
-    values equal as written, but these made two candidates of one engine, searched twice and ranked beside each
-    other. A `KvsimError` naming the knob, the later value and the earlier one it repeats."""
+    """Refuse two values of an engine knob that make one engine on every GPU of the plan: as the engine reads them
+    (`max_num_seqs: [4, '4']`) or once its defaults are filled (`defaults_filled`: `max_num_seqs: [null, 256]` on
+    v0, whose default is 256 on every GPU). `PlanSpec` refuses values equal as written, but these made two
+    candidates of one engine, searched twice and ranked beside each other. Two values that are one engine on
+    some of the plan's GPUs only are kept (v1's default `max_num_seqs` is 1024 on an H100, 256 on an L4). A
+    `KvsimError` naming the knob, the later value and the earlier one it repeats."""
+    from kvsim.model.config import load_gpu, load_model
+
+    model, gpus = load_model(base.model), [load_gpu(gpu) for gpu in dict.fromkeys(spec.gpus)]
     shape = (spec.gpus[0], spec.tensor_parallel_sizes[0])
     for name, values in spec.engine.items():
-        engines: list[tuple[Any, Any]] = []  # (an engine made, the value that made it)
+        engines: list[tuple[EngineConfig, list[EngineConfig], Any]] = []  # (engine, it filled per GPU, value)
         for value in values:
             engine = Candidate(*shape, ((name, value),)).scenario(base, 1, spec.router).engine
-            earlier = next((given for made, given in engines if made == engine), None)
+            filled = [defaults_filled(engine, model, gpu) for gpu in gpus]
+            earlier = next(((made, given) for made, made_filled, given in engines if made_filled == filled), None)
             if earlier is not None:
-                raise KvsimError(f"plan.engine: {name}={shown(value)} is given twice (as {name}={shown(earlier)}, "
-                                 "the same engine)")
-            engines.append((engine, value))
+                made, given = earlier
+                how = "the same engine" if made == engine else "the same engine once its defaults are filled"
+                raise KvsimError(f"plan.engine: {name}={shown(value)} is given twice (as {name}={shown(given)}, "
+                                 f"{how})")
+            engines.append((engine, filled, value))
+
+
+def defaults_filled(engine: EngineConfig, model: ModelSpec, gpu: GPUSpec) -> EngineConfig:
+    """`engine` on `model` and `gpu` with every default it resolves there given (`EngineConfig.resolved_*`):
+    `max_model_len`, `max_num_seqs`, `max_num_batched_tokens`, `async_scheduling` and `watermark`."""
+    max_model_len = engine.resolved_max_model_len(model)
+    return engine.model_copy(update={
+        "max_model_len": max_model_len, "max_num_seqs": engine.resolved_max_num_seqs(gpu),
+        "max_num_batched_tokens": engine.resolved_max_num_batched_tokens(max_model_len, gpu),
+        "async_scheduling": engine.resolved_async_scheduling, "watermark": engine.resolved_watermark})
 
 
 def check_traffic_rate(base: Scenario, spec: PlanSpec) -> None:
