@@ -18,6 +18,7 @@ from typer.core import TyperGroup
 
 from kvsim.cli.stdout import unwritable_stdout
 from kvsim.model.errors import KvsimError, empty_item, first_repeat, shown
+from kvsim.model.sizes import parse_max_model_len, parse_token_count
 from kvsim.model.units import read_number, underscore_problem
 
 OUTPUT_OPTION = "--output"  # every command's option for the output it writes
@@ -309,16 +310,17 @@ def check_workers(workers: int | None, dask_address: str | None) -> None:
                          "give at most one per CPU, or a cluster with --dask-address")
 
 
-def _number_flag(kind: type[int] | type[float]) -> Any:
+def _number_flag(kind: type[int] | type[float], before: Any = None) -> Any:
     """A flag's parser: `kind` as typer reads it (pydantic's lax mode, which takes `1_0` as 10), except that
     text with an underscore is refused (`kvsim.model.units.underscore_problem`), as the same value in a scenario
     or a `--set` is, and a number that is not finite (`inf`, `nan`, `1e400`), as a `Settings` field refuses it; a
-    refusal names the value as given, as a `--set`'s does (`--gpu-memory-utilization 1e400` was shown as inf)."""
-    from pydantic import Field, TypeAdapter, ValidationError
+    refusal names the value as given, as a `--set`'s does (`--gpu-memory-utilization 1e400` was shown as inf).
+    `before`, where given, reads the text first as the field's own validator does (`32k`: `parse_token_count`)."""
+    from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
     # an int is finite already, and the check would make a float of it (10**400: OverflowError)
     finite: Any = Annotated[float, Field(allow_inf_nan=False)] if kind is float else kind
-    adapter = TypeAdapter(finite)
+    adapter = TypeAdapter(finite if before is None else Annotated[finite, BeforeValidator(before)])
 
     def parse(value: Any) -> Any:
         problem = underscore_problem(value)
@@ -327,18 +329,21 @@ def _number_flag(kind: type[int] | type[float]) -> Any:
         try:
             return adapter.validate_python(value)
         except ValidationError as error:  # its message, after the value (typer's own left `nan`, `1e400` unsaid)
-            raise typer.BadParameter(f"{value!r}: {error.errors()[0]['msg']}") from None
+            raise typer.BadParameter(f"{value!r}: {error.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     return parse
 
 
 INT_FLAG, FLOAT_FLAG = _number_flag(int), _number_flag(float)
 """`parser=` of every integer and every number flag."""
+TOKENS_FLAG = _number_flag(int, parse_token_count)
+"""`parser=` of a flag vLLM reads with `human_readable_int` (`--max-num-batched-tokens 8k`)."""
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "h100-80gb"
 ModelOpt = Annotated[str, typer.Option("--model", help="Preset name or path to a HF config.json.")]
 GpuOpt = Annotated[str, typer.Option("--gpu", help="Preset name or path to a GPU YAML/JSON file.")]
-MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len", parser=INT_FLAG)]
+MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len", parser=_number_flag(int, parse_max_model_len),
+                                                    help="Tokens: 32768, 32k (32,000) or 32K (32,768)")]
 BlockSizeOpt = Annotated[int | None, typer.Option("--block-size", parser=INT_FLAG)]
 GpuUtilOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization", parser=FLOAT_FLAG)]
 KvDtypeOpt = Annotated[str | None, typer.Option(  # every value of kvsim.model.engine_config.KVCacheDtype

@@ -15,7 +15,7 @@ from kvsim.model.batch_defaults import batch_defaults
 from kvsim.model.config import GPUSpec, load_model, model_file
 from kvsim.model.errors import KvsimError, from_validation_error
 from kvsim.model.offload_config import KVOffloadConfig
-from kvsim.model.sizes import MAX_BYTES, Bytes, BytesOrZero
+from kvsim.model.sizes import MAX_BYTES, Bytes, BytesOrZero, MaxModelLen, Tokens
 from kvsim.model.spec import DTYPE_BYTES, ModelSpec, Settings
 from kvsim.model.speculative_config import SpeculativeConfig
 
@@ -32,7 +32,8 @@ SWAP_SPACE_GIB = 4.0  # vLLM's default --swap-space (vllm/config/cache.py)
 class EngineConfig(Settings):
     """vLLM's engine arguments (same names and defaults) plus kvsim's choice of allocator/scheduler.
 
-    `max_model_len=None` means the model's `max_position_embeddings`, as in vLLM.
+    `max_model_len=None` means the model's `max_position_embeddings`, as in vLLM. It and
+    `max_num_batched_tokens` take vLLM's human-readable counts too (`32k`, `32K`: `kvsim.model.sizes.Tokens`).
     `max_num_seqs=None` and `max_num_batched_tokens=None` take vLLM's usage-context defaults for the GPU
     (`resolved_max_num_seqs`, `resolved_max_num_batched_tokens`).
     `non_torch_memory_bytes` is kvsim's estimate of what vLLM's profiler measures outside PyTorch's allocator
@@ -57,7 +58,7 @@ class EngineConfig(Settings):
     """
 
     block_size: int = Field(default=16, gt=0)
-    max_model_len: int | None = Field(default=None, gt=0)
+    max_model_len: MaxModelLen | None = None
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
 
     @field_validator("gpu_memory_utilization", mode="before")
@@ -77,7 +78,7 @@ class EngineConfig(Settings):
     enable_expert_parallel: bool = False
     disable_hybrid_kv_cache_manager: bool = False
     max_num_seqs: int | None = Field(default=None, gt=0, description="sequences, not requests (n=4 counts 4)")
-    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    max_num_batched_tokens: Tokens | None = None
     usage_context: Literal["openai_api_server", "llm_class"] = "openai_api_server"
     enable_prefix_caching: bool = True
     swap_space: float = Field(default=SWAP_SPACE_GIB, ge=0, le=2**20, description="GiB of CPU swap per GPU (at "

@@ -1,8 +1,10 @@
-"""Byte sizes as users type them (`12GiB`, `1.5 GB`, `4096`): `parse_size` and the pydantic field type `Bytes`."""
+"""Byte sizes and token counts as users type them: `parse_size` and the pydantic field type `Bytes` (`12GiB`,
+`1.5 GB`, `4096`); `parse_token_count` and `Tokens` (`32k`, `32K`), `MaxModelLen` (also refusing vLLM's `auto`)."""
 
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
@@ -53,3 +55,44 @@ Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0, le=MAX_BYTES)]
 
 BytesOrZero = Annotated[int, BeforeValidator(parse_size), Field(ge=0, le=MAX_BYTES)]
 """A byte count that may be 0 (nothing: no tier, no memory outside PyTorch), with `Bytes`' forms and bound."""
+
+
+_TOKENS_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)([kmgtKMGT])\s*$")
+"""A whole or decimal number and one letter of `_LETTER_UNITS`, as vLLM's `human_readable_int` matches them."""
+
+
+def parse_token_count(value: Any) -> Any:
+    """A count of tokens as vLLM's `human_readable_int` reads `--max-model-len` and `--max-num-batched-tokens`
+    (vllm/engine/arg_utils.py): a bare lowercase k/m/g/t is a power of 1000 and may follow a decimal (`32k`:
+    32,000; `25.6k`: 25,600), an uppercase K/M/G/T a power of 1024 after a whole number only (`32K`: 32,768;
+    `1.5K` refused, as vLLM refuses it). The product is exact (`Decimal`), so one that is not whole (`1.0005k`)
+    is refused where vLLM's float would truncate it. Anything else (an int, `4096`) is passed through for the
+    field's own check, byte units (`32kb`) included, which vLLM refuses too."""
+    match = _TOKENS_RE.match(value) if isinstance(value, str) else None
+    if match is None:
+        return value
+    number, letter = match.groups()
+    if letter.isupper() and "." in number:
+        raise ValueError(f"a decimal with the binary suffix {letter} is refused, as vLLM refuses it "
+                         f"(did you mean {number}{letter.lower()}, powers of 1000?)")
+    count = Decimal(number) * _LETTER_UNITS[letter]
+    if count != count.to_integral_value():
+        raise ValueError(f"is {count.normalize():f} tokens, not a whole number")
+    return int(count)
+
+
+def parse_max_model_len(value: Any) -> Any:
+    """`parse_token_count`, refusing vLLM's `auto` (and its `-1`: the longest context the KV cache holds) with
+    what to give instead: kvsim takes a number, or no value for the model's `max_position_embeddings`."""
+    if (isinstance(value, str) and value.strip().lower() in ("auto", "-1")) or (
+            isinstance(value, int) and not isinstance(value, bool) and value == -1):
+        raise ValueError("vLLM's auto (the longest context that fits the KV cache) is not modelled: give a number "
+                         "of tokens, or leave max_model_len unset for the model's max_position_embeddings")
+    return parse_token_count(value)
+
+
+Tokens = Annotated[int, BeforeValidator(parse_token_count), Field(gt=0)]
+"""A positive count of tokens that also accepts vLLM's `32k`/`32K` forms (`parse_token_count`)."""
+
+MaxModelLen = Annotated[int, BeforeValidator(parse_max_model_len), Field(gt=0)]
+"""`Tokens` for `max_model_len`: `auto` and `-1` refused with what to give instead (`parse_max_model_len`)."""
