@@ -64,7 +64,14 @@ from kvsim.planning.cost import (
     usd_rounded,
 )
 from kvsim.planning.memory import MemoryBound
-from kvsim.planning.plan_rate import RateSearch, arrivals_s, longest_probe, offered_rate_per_s, scaled_traffic
+from kvsim.planning.plan_rate import (
+    RateSearch,
+    arrivals_s,
+    first_probe_requests,
+    longest_probe,
+    offered_rate_per_s,
+    scaled_traffic,
+)
 from kvsim.planning.point import POINT_FORMAT, point_metrics, point_problem
 from kvsim.planning.replica_search import ReplicaSearch
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
@@ -189,7 +196,7 @@ def check_traffic_rate(base: Scenario, spec: PlanSpec) -> None:
     later arrivals follow within its longest probe (`longest_probe`, at most the traffic's count), as a probe too
     short to judge runs again with twice the requests (a trace opening with a burst at t=0 was refused)."""
     num_requests = base.workload.num_requests
-    probed = min(spec.probe_requests, num_requests) if spec.search == "rate" else num_requests
+    probed = first_probe_requests(base, spec) if spec.search == "rate" else num_requests
     arrivals = arrivals_s(traffic_of(base, probed))
     if 2 <= len(arrivals) < num_requests and arrivals[-1] == arrivals[0]:  # a burst: the probe is doubled
         probed = min(longest_probe(probed, spec.max_probe_requests), num_requests)
@@ -207,7 +214,7 @@ def check_probe_cap(base: Scenario, spec: PlanSpec) -> None:
     `max_probe_requests`, the longest probe it may run: it ran the whole search anyway, then advised raising
     the cap. A `probe_requests` past the cap is none where the traffic has no more requests than the cap: the
     first probe is then the whole traffic (a cap of 200 beside the default 2,000 on 100 requests)."""
-    probed = min(spec.probe_requests, base.workload.num_requests)
+    probed = first_probe_requests(base, spec)
     if spec.search == "rate" and probed > spec.max_probe_requests:
         raise KvsimError(f"plan.probe_requests={spec.probe_requests}: a rate search's first probe of {probed:,} "
                          f"requests is longer than plan.max_probe_requests={spec.max_probe_requests}, the longest "
@@ -217,7 +224,7 @@ def check_probe_cap(base: Scenario, spec: PlanSpec) -> None:
 def first_point(base: Scenario, spec: PlanSpec, candidate: Candidate) -> Scenario:
     """The smallest point a candidate's search simulates: one replica on the traffic (a rate search's
     first probe: its first `probe_requests`)."""
-    traffic = scaled_traffic(base, 1.0, min(spec.probe_requests, base.workload.num_requests)) \
+    traffic = scaled_traffic(base, 1.0, first_probe_requests(base, spec)) \
         if spec.search == "rate" and candidate.split is None else base
     return candidate.scenario(traffic, candidate.smallest_fleet, spec.router)
 

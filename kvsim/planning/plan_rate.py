@@ -90,7 +90,7 @@ class RateSearch:
         self.cap = self.memory.most_replicas(lambda n: self.candidate.scenario(self.base, n, self.spec.router),
                                              self.spec.max_replicas)
         enough = self.spare  # a passing fraction at which one replica is the answer
-        first = min(self.spec.probe_requests, self.base.workload.num_requests)  # then doubled as it converges
+        first = first_probe_requests(self.base, self.spec)  # then doubled as it converges
         # a probe's run length doubles only while the probe fits in memory
         longest = longest_probe(first, self.spec.max_probe_requests, lambda n: self.memory.fits(self._probe(n)))
         self.first_probe_fits = self.memory.fits(self._probe(first))
@@ -266,6 +266,12 @@ def search_columns(search: SteadyRateSearch) -> dict[str, Any]:
     level = search.answer_level()
     return {"requests_per_probe": level.num_requests if level else None, "converged": search.converged,
             "capped": search.capped, "num_probes": search.summary()["num_probes"]}
+
+
+def first_probe_requests(base: Scenario, spec: PlanSpec) -> int:
+    """The requests of a rate search's first probe: the traffic's first `probe_requests`, or all of it where it has
+    fewer (then doubled as the search converges, `longest_probe`)."""
+    return min(spec.probe_requests, base.workload.num_requests)
 
 
 def longest_probe(first: int, max_probe_requests: int, fits: Callable[[int], bool] = lambda _: True) -> int:
