@@ -36,18 +36,19 @@ TINY_V0 = {"engine": {"scheduler": "v0", "max_model_len": 8192, "num_gpu_blocks_
 
 def test_a_v0_request_that_fits_the_pool_but_not_beside_the_watermark_names_the_watermark():
     """600 blocks of 16 tokens: 9,600 slots (v0 has no null block). The watermark keeps int(0.9 · 600) = 540 blocks,
-    8,640 slots, free; a request of 2,000 + 10 tokens holds cdiv(2,010, 16) = 126 blocks, 2,016 slots: it fits the
-    9,600 but not the 960 beside the watermark, so vLLM v0 never admits it (9,600 − 2,016 < 8,640)."""
+    8,640 slots, free; a 2,000-token prompt holds cdiv(2,000, 16) = 125 blocks, 2,000 slots: it fits the 9,600 but
+    not the 960 beside the watermark, so vLLM v0 never admits it (9,600 − 2,000 < 8,640)."""
     summary = kvsim.simulate(TINY_V0).summary
     assert summary["reject_reasons"] == {"needs more KV slots than the pool's 9600 less the watermark's 8640": 2}
 
 
-def test_a_v0_request_larger_than_the_pool_is_still_told_so():
-    """Two samples of a 4,800-token prompt (300 blocks, shared) each answering 3,000 tokens (cdiv(3,000, 16) = 188
-    blocks of its own): 300 + 2 · 188 = 676 blocks, more than the 600 of the pool itself, watermark or not."""
+def test_a_v0_request_is_refused_for_its_prompt_alone():
+    """Two samples of a 4,800-token prompt each answering 3,000 tokens would hold 300 + 2 · 188 = 676 blocks, more
+    than the 600 of the pool, but vLLM v0 cannot know the output: `can_allocate` counts the prompt's 300 blocks
+    (one sequence: samples fork after the prefill), which fit the pool, not beside the watermark's 540."""
     summary = kvsim.simulate(TINY_V0, workload__n=2, workload__prompt_len={"dist": "fixed", "value": 4800},
                              workload__output_len={"dist": "fixed", "value": 3000}).summary
-    assert summary["reject_reasons"] == {"needs more KV slots than the pool's 9600": 2}
+    assert summary["reject_reasons"] == {"needs more KV slots than the pool's 9600 less the watermark's 8640": 2}
 
 
 CHATS = {"engine": {"max_model_len": 300}, "latency": {"model": "constant"}, "steps": "none",

@@ -119,9 +119,10 @@ def test_parallel_sampling_forks_and_copies_on_write():
 
 @pytest.mark.parametrize("policy", ["v0", "v1"])
 def test_rejections_are_recorded(policy):
-    """8 samples of 40 + 20 tokens: v0 forks them, 4 blocks for the first and 2 more for each other one
-    (18 > the 10 usable blocks: refused); v1 runs 8 requests of 4 blocks each, in turns (served)."""
-    s = tiny_world(policy=policy, max_model_len=64)
+    """8 samples of 40 + 20 tokens: v1 runs 8 requests of 4 blocks each, in turns (served). v0 refuses a request
+    for its prompt alone (vLLM v0's `can_allocate`), here beside an 8-block watermark: its 3 blocks exceed the 2
+    of the 10 usable blocks it leaves, while the 1 of a 4-token prompt fits."""
+    s = tiny_world(policy=policy, max_model_len=64, watermark_slots=128 if policy == "v0" else 0)
     too_long = make_request(0, 0.0, prompt=70, output=1)
     too_big = make_request(1, 0.0, prompt=40, output=20, n=8)
     ok = make_request(2, 0.0, prompt=4, output=1)

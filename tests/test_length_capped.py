@@ -3,6 +3,8 @@
 FINISHED_LENGTH_CAPPED), so the tokens asked for beyond it are never generated."""
 
 import kvsim
+from kvsim.engine.simulate import simulate
+from kvsim.workload.scenario import make_scenario
 
 FIXED = {"dist": "fixed"}
 
@@ -48,3 +50,32 @@ def test_a_fleet_counts_the_cuts_of_the_replica_that_served_each_request():
     by_id = result.requests.sort_values("request_id")
     assert by_id["output_tokens"].tolist() == [28, 50, 28, 50]
     assert result.summary["length_capped"] == {"num_requests": 2, "num_dropped_output_tokens": 2 * 22}
+
+
+def test_v0_runs_a_prompt_that_fits_and_cuts_its_output_at_max_model_len():
+    # vLLM v0 ignores a request for its prompt only (`_schedule_prefills`: more tokens than the prompt limit, or
+    # `can_allocate` NEVER): a 1,000-token prompt at max_model_len 1,100 runs, and the OpenAI server's default
+    # max_tokens, 1,100 - 1,000 = 100 (`_validate_input`), ends it: 100 tokens, 100 of the 200 asked cut.
+    result = run(1000, 200, 1100, engine__scheduler="v0")
+    assert result.summary["num_rejected"] == 0
+    assert result.requests["output_tokens"].tolist() == [100] * 4
+    assert result.requests["length_capped_tokens"].tolist() == [100] * 4
+
+
+def test_v0_lets_a_request_go_when_its_output_outgrows_the_pool_bursts_or_not():
+    # 5 blocks of 16 (v0: no null block), watermark int(0.2 * 5) = 1 block; a 40-token prompt (3 blocks) asking 40.
+    # It runs (5 - 3 >= 1), decodes to position 64 (all 5 blocks), preempts itself at 65 with 26 tokens, and its 66
+    # tokens need cdiv(66, 16) = 5 blocks, 5 - 5 < 1: NEVER, FINISHED_IGNORED with its 26 tokens (14 cut). Alone, its
+    # let-go plans an empty step: the run ends there, with decode bursts as step by step.
+    scenario = make_scenario({"engine": {"scheduler": "v0", "max_model_len": 80, "num_gpu_blocks_override": 5,
+                                         "watermark": 0.2},
+                              "workload": {"num_requests": 1, "prompt_len": {**FIXED, "value": 40},
+                                           "output_len": {**FIXED, "value": 40}},
+                              "latency": {"model": "constant"}, "steps": "none"})
+    results = [simulate(scenario, bursts=bursts) for bursts in (True, False)]
+    for result in results:
+        assert (result.summary["num_finished"], result.summary["num_rejected"]) == (1, 0)
+        assert result.requests["output_tokens"].tolist() == [26]
+        assert result.requests["length_capped_tokens"].tolist() == [14]
+        assert result.requests["num_preemptions"].tolist() == [1]
+    assert results[0].requests.equals(results[1].requests)

@@ -218,3 +218,79 @@ def test_parallel_sampling_forks_then_copies_the_shared_last_block_on_write(prom
     assert step.plan.num_copied_blocks == sched.alloc.num_copy_on_writes == int(prompt % BLOCK > 0)
     step(3)
     assert sched.alloc.pool.free_queue[:len(free_after)] == free_after and not sched.has_work
+
+
+def run_until_done(sched, req, max_steps=100):
+    """Step at t = 1, 2, ... until `req` (added) has ended; the steps whose plan let it go (vLLM v0's ignored
+    groups)."""
+    step, let_go = stepper(sched), []
+    for t in range(1, max_steps):
+        step(t)
+        let_go += [(t, r.request_id) for r in step.plan.ignored]
+        if req.status.value == "finished":
+            return let_go
+    raise AssertionError("the request never ended")
+
+
+def test_a_prompt_that_fits_runs_and_is_let_go_when_its_output_outgrows_the_pool():
+    """vLLM v0 cannot know the output length: `can_allocate` counts the prompt's blocks only. 5 blocks, a 1-block
+    watermark; a 40-token prompt (3 blocks: 5 − 3 ≥ 1, OK) asking 40 tokens, 80 in all (5 blocks, which fit the
+    pool but not beside the watermark): it runs. Step 1 prefills positions 0..39 (blocks 0..2, free 2) and samples
+    token 1; steps 2..26 decode positions 40..64 (a new block at 48 and at 64: `can_append_slots` needs a free
+    block for every append, room or not, so 49..63 run with 1 free, 64 takes the last). Step 27: position 65 finds
+    no free block, and nothing else runs: it preempts itself by recompute with 26 output tokens, 66 tokens in all.
+    Step 28: `_schedule_prefills` asks `can_allocate` for cdiv(66, 16) = 5 blocks: 5 − 5 < 1, NEVER, so vLLM marks
+    it FINISHED_IGNORED and returns its 26 tokens, finish reason "length": 14 of the 40 asked are cut."""
+    sched = v0_world(5, watermark_blocks=1)
+    req = make_request(0, 0.0, 40, 40)
+    assert sched.add(req)
+    assert run_until_done(sched, req) == [(28, 0)]
+    assert (req.num_output_tokens, req.output_len, req.num_length_capped_tokens) == (26, 26, 14)
+    assert (req.num_preemptions, req.finish_s, sched.num_held_slots) == (1, 28.0, 0)
+    assert sched.records.count(req.status) == 1
+
+
+def test_without_a_watermark_a_recomputed_request_comes_back_until_its_sequence_outgrows_the_pool():
+    """The same request in 4 blocks, no watermark. Prefill (blocks 0..2, free 1), decodes of positions 40..48 (a
+    new block at 48, free 0); position 49 preempts it: 50 tokens, cdiv(50, 16) = 4 blocks, 4 − 4 ≥ 0, OK. Each
+    readmission prefills its L tokens (4 blocks, none free) and samples one, and the next decode preempts it again,
+    for L = 50 .. 64; at 65 tokens cdiv(65, 16) = 5 > 4: NEVER. 25 tokens (65 − 40), 16 preemptions (at 50 .. 65
+    tokens); steps: 1 + 9 decodes, then 16 preempting steps (11, 13, .., 41) with the 15 readmissions between
+    them, the let-go at 42."""
+    sched = v0_world(4, watermark_blocks=0)
+    req = make_request(0, 0.0, 40, 40)
+    assert sched.add(req)
+    assert run_until_done(sched, req) == [(42, 0)]
+    assert (req.num_output_tokens, req.num_length_capped_tokens, req.num_preemptions) == (25, 15, 16)
+
+
+def test_a_swapped_request_whose_next_token_needs_more_than_the_pool_is_let_go():
+    """preemption_mode=swap, 4 GPU blocks, no watermark: a 32-token prompt (2 blocks) asking 60. Prefill, then
+    decodes of 32..48 (new blocks at 32 and 48, free 0); position 49 swaps it out (4 blocks). `_can_swap` counts
+    each sequence's append (1 block) and the full blocks (3): 4 ≤ 4, OK, so it swaps in and decodes 49 in its
+    partial block, swaps out at the next step, and so on up to 63. At 64 its 4 full blocks and the append need 5 >
+    4: NEVER, an infeasible group, FINISHED_IGNORED: 33 tokens (65 − 32), 16 swaps out (for 49 .. 64)."""
+    sched = v0_world(4, watermark_blocks=0, num_cpu_blocks=8, preemption_mode="swap")
+    req = make_request(0, 0.0, 32, 60)
+    assert sched.add(req)
+    run_until_done(sched, req)
+    assert (req.num_output_tokens, req.num_length_capped_tokens, req.num_preemptions) == (33, 27, 16)
+    assert sched.num_held_slots == 0 and not sched.alloc.swapped
+
+
+def test_a_waiting_request_to_be_let_go_does_not_block_the_queue():
+    """10 blocks, a 3-block watermark. B (1-token prompt, 1 block) and A (96 tokens, 6 blocks: 9 − 6 ≥ 3, OK) are
+    admitted in step 1, free 3. Step k decodes B's position k − 1 and A's 94 + k: A takes a block at 96 (step 2)
+    and 112 (step 18), B at 16 (step 17), so step 19 finds none for B's position 18 and preempts A, the last
+    admitted, with 114 tokens (18 of its own): cdiv(114, 16) = 8 blocks > 10 − 3, NEVER. The queue's head is not
+    blocked (a decode burst of B must not run past it): step 20 lets A go, as `_schedule_prefills` ignores it."""
+    sched = v0_world(10, watermark_blocks=3)
+    b, a = make_request(0, 0.0, 1, 100), make_request(1, 0.0, 96, 60)
+    assert sched.add(b) and sched.add(a)
+    step = stepper(sched)
+    for t in range(1, 19):
+        assert step(t)[1] == []
+    assert step(19) == ([(0, 1)], [1], {0: [0, 8]}) and not sched.waiting_blocked()
+    step(20)
+    assert step.plan.ignored == [a] and step.plan.scheduled == [(b, 1)]
+    assert (a.num_output_tokens, a.num_length_capped_tokens, a.finish_s) == (18, 42, 20.0)

@@ -60,14 +60,17 @@ def test_max_num_seqs_counts_sequences_not_requests(policy, running):
 
 
 def test_v1_watermark_never_refuses_a_request_that_fits_alone():
-    """A request needing all 10 usable blocks (160 slots): v1 runs it alone despite a 2-block watermark;
-    v0 refuses it as vLLM v0's block manager does (total − required < watermark → NEVER)."""
-    for policy, expected in (("v1", RequestStatus.FINISHED), ("v0", RequestStatus.REJECTED)):
+    """A request needing all 10 usable blocks (160 slots): v1 runs it alone despite a 2-block watermark. vLLM v0
+    admits it for its prompt (7 blocks: 10 − 7 ≥ 2), lets it grow to all 10 blocks (KV of 145 tokens: a new
+    block at 112, 128 and 144), preempts it at 145, where no block is free for the append, and ignores it on
+    readmission (cdiv(146, 16) = 10 blocks, 10 − 10 < 2: `can_allocate` NEVER): it ends with its 46 tokens, 15 of
+    the 61 asked cut (finish reason "length")."""
+    for policy, capped in (("v1", 0), ("v0", 15)):
         s = tiny_world(policy=policy, num_blocks=11, max_model_len=256, max_num_batched_tokens=256,
                        watermark_slots=32)
         req = make_request(0, 0.0, prompt=100, output=61)  # kv_len 160 = 10 blocks
         run(s, [req])
-        assert req.status is expected, policy
+        assert req.status is RequestStatus.FINISHED and req.num_length_capped_tokens == capped, policy
 
 
 def test_per_request_tpot_has_vllms_per_request_name():

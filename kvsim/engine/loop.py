@@ -96,9 +96,9 @@ def step_loop(env: simpy.Environment, group: Sequence[Engine], arrivals: Arrival
         busy = [(engine, plan) for engine, plan in plans if not plan.is_empty]
         if not busy:
             # plan again now where the empty plan changed something: preemptions (or, async, finished requests' KV
-            # released) freed memory; async, requests arrived meanwhile; a verify passed over at max_model_len
-            # (`V1Scheduler.select`) runs in the next plan
-            if (releasing or any(plan.preempted for _, plan in plans)
+            # released) freed memory, or it let requests go (v0); async, requests arrived meanwhile; a verify passed
+            # over at max_model_len (`V1Scheduler.select`) runs in the next plan
+            if (releasing or any(plan.preempted or plan.ignored for _, plan in plans)
                     or any(engine.inbox or (engine.scheduler.running and engine.scheduler.speculation is not None)
                            for engine in group)):
                 for engine in group:

@@ -413,9 +413,12 @@ class PagedAllocator(PoolSlots, PagedDecodes, PagedBursts):
         return growth_blocks(seqs, [s.num_tokens + 1 for s in seqs], self.block_size,
                                    self.cpu_pool.ref_counts.__getitem__) * self.block_size
 
+    def swapped_slots(self, seq_ids: Sequence[int]) -> int:
+        """Slots of the distinct blocks a swapped group holds on the CPU: what swapping it in takes."""
+        return len(distinct_blocks([self.swapped[s].block_table for s in seq_ids])) * self.block_size
+
     def can_swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> bool:
-        unique = distinct_blocks([self.swapped[s].block_table for s in seq_ids])
-        return len(unique) + ceil_div(reserve_slots, self.block_size) <= self.pool.num_free_blocks
+        return ceil_div(self.swapped_slots(seq_ids) + reserve_slots, self.block_size) <= self.pool.num_free_blocks
 
     def swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> SwapResult | None:
         """Bring a swapped group back to new GPU blocks; None (nothing changed) if they don't fit."""

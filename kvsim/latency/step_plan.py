@@ -32,6 +32,7 @@ class StepPlan:
     num_dp_padded_tokens: int = 0  # tokens this DP rank runs, CUDA-graph padded across the group (0: not set;
     # `kvsim.latency.cudagraph`); a lone engine pads its own
     preempted: list = field(default_factory=list)  # requests preempted while planning this step
+    ignored: list = field(default_factory=list)  # requests it let go, never to run again (vLLM v0's FINISHED_IGNORED)
     num_spec_decode_seqs: int = 0  # sequences verifying speculative drafts
     num_draft_tokens: int = 0  # Σ drafts they verify
     num_rejected_draft_tokens: int = 0  # Σ of those the verify rejects (drawn when planned; the drafter's later

@@ -70,7 +70,7 @@ class Admission:
         reason = self.alloc.never_fits_reason(req.kv_len, req.prompt_len)
         if reason:
             return reason
-        needed = self.request_slots(req)
+        needed = self.refusal_slots(req)
         # v0 refuses what cannot fit beside the watermark (AllocStatus.NEVER in vllm/core/block_manager.py);
         # v1 has no watermark in vLLM, so kvsim's optional one only delays admission, never refuses.
         watermark = limits.watermark_slots if self.watermark_refuses else 0
@@ -86,6 +86,11 @@ class Admission:
     def request_slots(self, req: Request) -> int:
         """KV slots a request holds at its largest, all samples together."""
         return self.alloc.request_slots(req.prompt_len, req.kv_len, req.num_samples)
+
+    def refusal_slots(self, req: Request) -> int:
+        """KV slots whose absence refuses `req` on arrival: by default all it will hold (`request_slots`); v0 asks
+        its prompt's only, as vLLM v0's `can_allocate` does (`V0Scheduler.refusal_slots`)."""
+        return self.request_slots(req)
 
     def admit(self, req: Request, num_new: int, hit: PrefixHit, plan: StepPlan, now: float) -> None:
         """Move the head of `waiting` to `running`, sharing `hit`'s blocks, `num_new` tokens after its computed ones.

@@ -16,6 +16,16 @@ Per step, in this order:
 3. If nothing was preempted, swap SWAPPED requests back in (FCFS) while they fit; they
    decode in the same step. Swapped requests resume before any waiting request is admitted.
 
+Refusal (paged pools), as vLLM v0, which cannot know an output's length: a request is refused on arrival only when
+its prompt's blocks exceed the pool less the watermark (`refusal_slots`; `can_allocate` NEVER). One whose output
+then outgrows that runs until no block is left for it, is preempted, and is let go when it cannot come back: its
+whole sequence's blocks exceed the pool less the watermark (recompute, `_schedule_prefills`) or its swapped blocks
+and next tokens the pool (`_schedule_swapped`'s infeasible groups). vLLM marks it FINISHED_IGNORED and returns the
+tokens it generated, finish reason "length": kvsim ends it so, the rest of its output length-capped (`_let_go`).
+Outputs stop at max_model_len (`Request.cap_output`), as the OpenAI server's default max_tokens stops them; v0's own
+stop check (`StopChecker.maybe_stop_sequence`: `seq.get_len() > max_model_len`) lets an offline `LLM` request
+asking more run one token further.
+
 Not modelled: vLLM v0's chunked prefill (`Scheduler._schedule_chunked_prefill`), which `EngineArgs._set_default_args_v0`
 turns on by default for a max_model_len over 32,768 (here every v0 step is `_schedule_default`'s); and from vLLM
 0.6.4 on, v0 runs n > 1 samples as n sequence groups (`ParallelSampleSequenceGroup`), where kvsim forks them
@@ -55,6 +65,15 @@ class V0Scheduler(Scheduler):
         when `get_max_num_running_seqs() == 1`)."""
         return self.limits.can_swap and (self.limits.preemption_mode == "swap" or len(self.active_seq_ids(req)) > 1)
 
+    def refusal_slots(self, req: Request) -> int:
+        """In a paged pool, its prompt's blocks, one sequence: vLLM v0's `SelfAttnBlockSpaceManager.can_allocate`
+        counts `get_num_required_blocks(seq.get_token_ids())` of the group's one WAITING sequence (samples fork
+        after the prefill), never the output, which v0 cannot know. Slabs reserve the whole region at admission,
+        and grouped (hybrid) pools are refused as before: by all the request will hold (`request_slots`)."""
+        if isinstance(self.alloc, PagedAllocator):
+            return self.alloc.region_slots(req.prompt_len)
+        return super().refusal_slots(req)
+
     def select(self, now: float) -> StepPlan:
         plan = StepPlan()
         if not self.swapped and self.waiting:
@@ -64,7 +83,7 @@ class V0Scheduler(Scheduler):
                 return plan
         self._decode_running(plan)
         if not plan.preempted and self.swapped:
-            self._swap_in(plan)
+            self._swap_in(plan, now)
         return plan
 
     def try_allocate(self, req: Request, num_tokens_total: int | None, plan: StepPlan, hold_slots: int = 0) -> bool:
@@ -90,6 +109,10 @@ class V0Scheduler(Scheduler):
         num_seqs, waiting = self.num_running_seqs(), self.waiting
         while waiting:
             req = waiting.peek()
+            if self._never_fits(req):  # checked before the budget, as `_schedule_prefills` does
+                waiting.pop()
+                self._let_go(req, plan, now)
+                continue
             if num_seqs + req.num_samples > self.limits.max_num_seqs:
                 break
             hit = self.lookup(req)
@@ -110,13 +133,19 @@ class V0Scheduler(Scheduler):
             plan.scheduled.append((req, 1))
             i += 1
 
-    def _swap_in(self, plan: StepPlan) -> None:
+    def _swap_in(self, plan: StepPlan, now: float) -> None:
         alloc = self.alloc
         while self.swapped and self.num_running_seqs() + self.swapped[0].num_samples <= self.limits.max_num_seqs:
             req = self.swapped[0]
             seq_ids = self.active_seq_ids(req)
+            growth = alloc.swap_in_growth_slots(seq_ids)
+            # `_can_swap`: NEVER where the swapped blocks and each sequence's next token exceed the whole pool
+            if isinstance(alloc, PagedAllocator) and alloc.swapped_slots(seq_ids) + growth > alloc.num_total_slots:
+                self.swapped.popleft()
+                self._let_go(req, plan, now)
+                continue
             # room for the swapped blocks, the watermark, and each sequence's next token
-            headroom = self.limits.watermark_slots + alloc.swap_in_growth_slots(seq_ids)
+            headroom = self.limits.watermark_slots + growth
             if not alloc.can_swap_in(seq_ids, headroom):
                 break
             result = alloc.swap_in(seq_ids)
@@ -130,8 +159,32 @@ class V0Scheduler(Scheduler):
             assert grown
             plan.scheduled.append((req, 1))
 
+    def _never_fits(self, req: Request) -> bool:
+        """vLLM v0's `can_allocate` NEVER for a waiting request in a paged pool: its whole sequence's blocks (a
+        recomputed one's prompt and output so far) exceed the pool less the watermark. Only a request preempted
+        by recompute can come to that (arrival refused the others: `refusal_slots`). `_schedule_prefills`' other
+        reason to ignore one, more tokens than the prompt limit (min(max_model_len, max_num_batched_tokens)), never
+        holds here: without chunked prefill v0 needs max_num_batched_tokens ≥ max_model_len (`EngineConfig`),
+        and an unfinished request holds fewer than max_model_len tokens (`Request.cap_output`)."""
+        alloc = self.alloc
+        return (isinstance(alloc, PagedAllocator)
+                and alloc.region_slots(req.num_tokens) > alloc.num_total_slots - self.limits.watermark_slots)
+
+    def _let_go(self, req: Request, plan: StepPlan, now: float) -> None:
+        """End `req`, taken out of its queue, which can never run again: vLLM v0 marks it FINISHED_IGNORED and
+        returns the tokens it generated with finish reason "length" (`SequenceStatus.get_finished_reason`), so
+        the rest of its output is length-capped (`num_length_capped_tokens`), its KV (a swapped one's CPU blocks)
+        freed. It ends when the step letting it go is planned (vLLM returns it with that step's outputs)."""
+        assert req.num_output_tokens > 0, "only a request preempted while decoding outgrows the pool"
+        req.num_length_capped_tokens += req.output_len - req.num_output_tokens
+        req.output_len = req.num_output_tokens
+        plan.ignored.append(req)
+        self.finish([req], now)
+
     def waiting_blocked(self) -> bool:
         req = self.waiting.peek()
+        if self._never_fits(req):
+            return False  # the next step lets it go
         hit = self.lookup(req)
         return (self.num_running_seqs() + req.num_samples > self.limits.max_num_seqs
                 or req.num_tokens - hit.num_computed_tokens > self.limits.max_num_batched_tokens
