@@ -68,8 +68,8 @@ class V0Scheduler(Scheduler):
     def refusal_slots(self, req: Request) -> int:
         """In a paged pool, its prompt's blocks, one sequence: vLLM v0's `SelfAttnBlockSpaceManager.can_allocate`
         counts `get_num_required_blocks(seq.get_token_ids())` of the group's one WAITING sequence (samples fork
-        after the prefill), never the output, which v0 cannot know. Slabs reserve the whole region at admission,
-        and grouped (hybrid) pools are refused as before: by all the request will hold (`request_slots`)."""
+        after the prefill), never the output, which v0 cannot know. A slab reserves its whole region at admission:
+        there all the request will hold (`request_slots`). (Grouped, hybrid pools need v1: `kvsim.engine.builder`.)"""
         if isinstance(self.alloc, PagedAllocator):
             return self.alloc.region_slots(req.prompt_len)
         return super().refusal_slots(req)
