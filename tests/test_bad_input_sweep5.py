@@ -87,18 +87,13 @@ def test_plan_refuses_an_offload_size_under_one_block_before_it_plans(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("sets", "shown"), [
-    (["engine.enable_prefix_caching=false"], "allocator=paged, enable_prefix_caching=False"),
-    (["engine.allocator=slab-max"], "allocator=slab-max, enable_prefix_caching=True"),
-])
-def test_plan_refuses_to_size_a_tier_for_an_engine_without_one_before_it_plans(tmp_path, sets, shown):
-    """A slab engine has no tier to size; one without prefix caching may run a tier but counts no prefix-cache
-    query, over which the sizing's hit rates are taken. `plan --offload-size` found either only after the
-    whole plan had run and written."""
+def test_plan_refuses_to_size_a_tier_for_an_engine_without_one_before_it_plans(tmp_path):
+    """A slab engine has no tier to size; `plan --offload-size` found it only after the whole plan had run and
+    written. (Prefix caching off is sized: tests/test_offload_no_prefix_caching.py.)"""
     out = tmp_path / "out"
-    flags = [arg for s in sets for arg in ("--set", s)]
-    assert one_line_exit_2([*PLAN, *flags, "--offload-size", "4GiB", "-o", str(out)]) == (
-        f"--offload-size: sizing an offload tier needs engine.allocator=paged with enable_prefix_caching on ({shown})")
+    assert one_line_exit_2([*PLAN, "--set", "engine.allocator=slab-max", "--offload-size", "4GiB", "-o",
+                            str(out)]) == "--offload-size: sizing an offload tier needs engine.allocator=paged " \
+        "(allocator=slab-max)"
     assert list(tmp_path.iterdir()) == []
 
 

@@ -162,3 +162,26 @@ def test_the_run_table_says_what_the_tier_served_where_the_prefix_cache_hit_rate
     assert "prefix cache hit rate        │ 0.0%" in text
     row = "1 load, 496 prompt tokens loaded instead of computed; 0.12 GiB stored"
     assert (row in text) == tier and ("KV offload" in text) == tier
+
+
+def test_plan_sizes_a_tier_for_an_engine_with_prefix_caching_off_as_run_runs_it():
+    """`kvsim plan --offload-size` refused caching off ("sizing an offload tier needs ... enable_prefix_caching
+    on") though `kvsim run` runs such a tier. The 2-turn conversation of the table test above, sized with a
+    1 GiB tier: its point holds what the run does, by hand (1 load of 31 blocks = 496 tokens; 63 blocks of 2 MiB
+    stored), the no-tier point nothing; the hit-rate columns are empty (no prefix-cache query is counted with
+    caching off), not 0, and a hit-rate target is refused in one line naming it."""
+    from kvsim.model.errors import KvsimError
+    from kvsim.planning.offload_sizing import size_offload
+
+    base = _chats({"max_model_len": 4096, "num_gpu_blocks_override": 600, "enable_prefix_caching": False},
+                  num_requests=2, rate=1.0, turns=2, think_time_s=30.0, seed=0)
+    sizing = size_offload(base, [2**30], ttft_slo_s=10.0, prefix_lens=(1024,), workers=1)
+    points = sizing.points.set_index("cpu_bytes")
+    assert list(points.index) == [0, 2**30]
+    assert (points.loc[2**30, "num_loads"], points.loc[2**30, "recompute_avoided_tokens"]) == (1, 31 * 16)
+    assert points.loc[2**30, "bytes_stored"] == 63 * 16 * 131072
+    assert (points.loc[0, "num_loads"], points.loc[0, "recompute_avoided_tokens"]) == (0, 0)
+    assert points[["gpu_hit_rate", "hit_rate_all_tiers"]].isna().all(axis=None)
+    assert sizing.size_for_ttft_bytes == 0
+    with pytest.raises(KvsimError, match=r"^target_hit_rate=0.5: an engine with enable_prefix_caching off counts "):
+        size_offload(base, [2**30], target_hit_rate=0.5, workers=1)

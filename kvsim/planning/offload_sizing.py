@@ -22,7 +22,10 @@ SLO needs, the load past which the tier pays, and where it hurts.
 
 Hit rate over all tiers = (GPU prefix-cache hit tokens + tokens loaded from the tiers) / tokens queried,
 first admissions and re-admissions after preemption together (a fleet's summary counts first admissions
-only: it has no re-admission counters).
+only: it has no re-admission counters). An engine with prefix caching off runs a tier as `kvsim run` does
+(vLLM's `--no-enable-prefix-caching` beside an offloading connector) and is sized by TTFT, pays and hurts
+alike, but counts no prefix-cache query (as vLLM counts none), so its hit-rate columns are empty and a
+hit-rate target is refused.
 
 `kvsim plan --offload-size` sizes the plan's answer (`sizing_base`): the cheapest feasible colocated fleet,
 its GPU, TP and engine knobs on its replica count behind the plan's router, the tier on every replica, so a
@@ -83,15 +86,17 @@ def variant(base: Scenario, cpu_bytes: int, load: float = 1.0, bandwidth_bytes_p
     return make_scenario(apply_overrides(raw, []), base.base_dir)
 
 
-def point_row(summary: dict[str, Any], load: float, cpu_bytes: int) -> dict[str, Any]:
-    """One point's row: the hit rates, TTFT and what the tier moved."""
+def point_row(summary: dict[str, Any], load: float, cpu_bytes: int, counts_queries: bool = True) -> dict[str, Any]:
+    """One point's row: the hit rates, TTFT and what the tier moved. The hit rates are None where the engine
+    `counts_queries` not (prefix caching off: no query counted, so no rate; 0 would read as a tier that loaded
+    nothing)."""
     offload = summary.get("kv_offload") or {}
     queried = summary["num_prefix_cache_query_tokens"] + summary.get("num_prefix_cache_preempted_query_tokens", 0)
     gpu_hits = summary["num_prefix_cache_hit_tokens"] + summary.get("num_prefix_cache_preempted_hit_tokens", 0)
     loaded = offload.get("recompute_avoided_tokens", 0)
+    rate = (lambda hits: hits / queried if queried else 0.0) if counts_queries else (lambda hits: None)
     row = {"load": load, "cpu_bytes": cpu_bytes, "cpu_GiB": round(cpu_bytes / 2**30, 3),
-           "gpu_hit_rate": gpu_hits / queried if queried else 0.0,
-           "hit_rate_all_tiers": (gpu_hits + loaded) / queried if queried else 0.0,
+           "gpu_hit_rate": rate(gpu_hits), "hit_rate_all_tiers": rate(gpu_hits + loaded),
            "recompute_avoided_tokens": loaded, "bytes_loaded": offload.get("bytes_loaded", 0),
            "bytes_stored": offload.get("bytes_stored", 0), "num_loads": offload.get("num_loads", 0),
            "load_s_mean": offload.get("load_s_mean", 0.0), "mean_running": summary["mean_running"],
@@ -152,16 +157,14 @@ def pays_table(points: pd.DataFrame, largest: int) -> pd.DataFrame:
 
 def check_sizes(scenarios: Sequence[Scenario], cpu_sizes_bytes: Sequence[int], field: str = "offload size") -> None:
     """Refuse, before any run, to size a tier for an engine in `scenarios` (those it may size) that cannot
-    have one (not the paged allocator), or whose hit rates it cannot count (prefix caching off: they are over the
-    prefix-cache queries, which vLLM counts only with caching on, though such an engine may run a tier), or a
+    have one (not the paged allocator; prefix caching on or off, as `kvsim run` takes a tier either way), or a
     CPU tier size of more than 0 bytes but less than one KV block of such an engine: it would hold no block,
     a tier that is no tier (a `KvsimError` naming `field` and the size)."""
     for scenario in scenarios:
         engine = scenario.engine
-        if engine.allocator != "paged" or not engine.enable_prefix_caching:
-            raise KvsimError(f"{field}: sizing an offload tier needs engine.allocator=paged with "
-                             f"enable_prefix_caching on (allocator={engine.allocator}, "
-                             f"enable_prefix_caching={engine.enable_prefix_caching})")
+        if engine.allocator != "paged":
+            raise KvsimError(f"{field}: sizing an offload tier needs engine.allocator=paged "
+                             f"(allocator={engine.allocator})")
         block = offload_block_bytes(resolve_engine(scenario))
         for size in cpu_sizes_bytes:
             try:
@@ -183,12 +186,17 @@ def size_offload(base: Scenario, cpu_sizes_bytes: Sequence[int], loads: Sequence
     if ttft_percentile not in TTFT_PERCENTILES:
         raise KvsimError(f"ttft percentile={ttft_percentile!r}: one of {', '.join(TTFT_PERCENTILES)}")
     check_sizes([base], cpu_sizes_bytes)
+    counts_queries = base.engine.enable_prefix_caching
+    if target_hit_rate is not None and not counts_queries:
+        raise KvsimError(f"target_hit_rate={target_hit_rate}: an engine with enable_prefix_caching off counts no "
+                         "prefix-cache query to take a hit rate over; size it by a TTFT SLO")
     sizes = sorted({0, *cpu_sizes_bytes})
     loads = sorted(set(loads) | {1.0})
     grid = [(load, size) for load in loads for size in sizes]
     runs = run_many([variant(base, size, load, bandwidth_bytes_per_s) for load, size in grid], workers=workers,
                     dask_address=dask_address)
-    points = pd.DataFrame([point_row(r.summary, load, size) for (load, size), r in zip(grid, runs, strict=True)])
+    points = pd.DataFrame([point_row(r.summary, load, size, counts_queries)
+                           for (load, size), r in zip(grid, runs, strict=True)])
     at_one = points[points["load"] == 1.0]
     size_hit = size_ttft = None
     if target_hit_rate is not None:
