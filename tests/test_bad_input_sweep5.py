@@ -161,3 +161,38 @@ def test_a_disaggregated_fleet_without_pools_names_what_replicas_is(tmp_path, se
         argv += ["--set", item]
     role = "kv_producer" if sets == ["replicas=2"] else "kv_consumer"
     assert one_line_exit_2(argv) == f"kv_transfer_config: no replica group with kv_role={role} ({shown})"
+
+
+@pytest.mark.parametrize(("entry", "kwargs", "message"), [
+    ("kvsim.engine.simulate:simulate", {"bursts": "no"}, "bursts='no': expected True or False"),
+    ("kvsim.engine.simulate:simulate", {"check": 1}, "check=1: expected True or False"),
+    ("kvsim.fleet.driver:simulate_fleet", {"bursts": 1}, "bursts=1: expected True or False"),
+    ("kvsim.fleet.disagg:simulate_disagg", {"bursts": 1}, "bursts=1: expected True or False"),
+    ("kvsim.fleet.autoscaled:simulate_autoscaled", {"bursts": 1}, "bursts=1: expected True or False"),
+])
+def test_the_run_functions_name_a_flag_that_is_not_true_or_false(entry, kwargs, message):
+    """`bursts="no"` (truthy) ran decode bursts and the engine's `simulate(check=1)` every invariant check, without
+    a word, where `kvsim.simulate` and the fleet functions refuse `check="no"` (the test above)."""
+    import importlib
+
+    from kvsim.model.errors import KvsimError
+    from kvsim.workload.scenario import resolve_scenario
+
+    module, name = entry.split(":")
+    with pytest.raises(KvsimError) as error:
+        getattr(importlib.import_module(module), name)(resolve_scenario(None, {"workload.num_requests": 5}), **kwargs)
+    assert str(error.value) == message
+
+
+def test_build_report_names_a_progress_that_is_no_function(tmp_path):
+    """`build_report(..., progress=1)` (the notebook's report API) was a TypeError traceback ('int' object is not
+    callable) at its first study; now one line naming it, before any study runs or any folder is made."""
+    from kvsim.model.errors import KvsimError
+    from kvsim.report.build import build_report
+    from kvsim.workload.scenario import resolve_scenario
+
+    with pytest.raises(KvsimError) as error:
+        build_report(resolve_scenario(None, {}), tmp_path / "report", progress=1)
+    assert str(error.value) == ("progress=1: expected a function (study, num_studies, name, runs_done, "
+                                "runs_submitted) or None")
+    assert list(tmp_path.iterdir()) == []

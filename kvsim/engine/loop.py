@@ -24,7 +24,7 @@ from kvsim.engine.runtime import Engine
 from kvsim.engine.turns import TurnArrivals
 from kvsim.latency.base import LatencyModel
 from kvsim.latency.cudagraph import coordinate_dp_group
-from kvsim.model.errors import HeldKvStall, KvsimError, shown
+from kvsim.model.errors import HeldKvStall, expect_function
 from kvsim.sched import Scheduler
 from kvsim.sched.burst import Burst, plan_burst
 from kvsim.workload.conversations import Conversations
@@ -163,23 +163,9 @@ class LateEngines:
 
 def expect_progress(progress: object) -> None:
     """Refuse a `progress` that is neither None nor a function taking (simulated seconds, requests done, requests in
-    all) in one `KvsimError` line: `progress=5` stopped the run at its first report, a TypeError traceback (the fleet
-    APIs' too, which `run_engines` checks for). A callable whose signature Python cannot read (a builtin) is given
-    the benefit of the doubt."""
-    import inspect
-
-    if progress is None:
-        return
-    readable = callable(progress)
-    if callable(progress):
-        try:
-            inspect.signature(progress).bind(0.0, 0, 0)
-        except TypeError:
-            readable = False
-        except ValueError:  # no signature to read
-            pass
-    if not readable:
-        raise KvsimError(f"progress={shown(progress)}: expected a function (simulated_s, done, total) or None")
+    all) in one `KvsimError` line (`expect_function`): `progress=5` stopped the run at its first report, a TypeError
+    traceback (the fleet APIs' too, which `run_engines` checks for)."""
+    expect_function(progress, "progress", 3, "a function (simulated_s, done, total) or None")
 
 
 def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] | Conversations, dispatch: Dispatch,

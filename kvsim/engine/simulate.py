@@ -19,7 +19,7 @@ from kvsim.engine.loop import ProgressFn, least_loaded, run_engine, run_engines
 from kvsim.engine.recorder import StepRecorder
 from kvsim.engine.runtime import Engine
 from kvsim.kv.offload_connector import combine_summaries
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, expect_flag
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import combined_counters, summarize
 from kvsim.results.output_dir import check_output_dir, output_directory
@@ -98,7 +98,10 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
     (`steps.parquet` with pyarrow, else `steps.csv`; `steps_format` chooses) instead of staying
     in memory, and the result's `steps` reads them back from there when asked; a data-parallel
     group's rows too, in (`time_s`, `dp_rank`) order (`kvsim.engine.lockstep_recorder`).
+    A `check` or `bursts` that is not True or False is a `KvsimError` naming it (`bursts="no"` ran bursts).
     """
+    expect_flag(check, "check")
+    expect_flag(bursts, "bursts")
     if steps is not None:
         scenario = scenario.model_copy(update={"steps": steps})
     if scenario.replicas is not None:

@@ -284,6 +284,7 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
 
     spec = expect_scenario(scenario).autoscaler
     expect_flag(check, "check")  # `check="no"` ran every check
+    expect_flag(bursts, "bursts")  # `bursts="no"` ran bursts
     if spec is None:
         raise KvsimError("autoscaler: not set, so no autoscaled fleet; use kvsim.simulate, which runs any scenario")
     assert isinstance(scenario.replicas, int), "a scenario's autoscaler starts from a count of replicas"

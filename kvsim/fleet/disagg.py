@@ -411,6 +411,7 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
 
     expect_scenario(scenario)
     expect_flag(check, "check")  # `check="no"` ran every check
+    expect_flag(bursts, "bursts")  # `bursts="no"` ran bursts
     if scenario.kv_transfer_config is None:  # an AssertionError in `check_disaggregable`, as simulate_fleet names it
         raise KvsimError("kv_transfer_config: not set, so no disaggregated fleet; use kvsim.simulate, which runs any "
                          "scenario")

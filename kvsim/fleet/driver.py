@@ -222,6 +222,7 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     """
     expect_scenario(scenario)
     expect_flag(check, "check")  # `check="no"` ran every check
+    expect_flag(bursts, "bursts")  # `bursts="no"` ran bursts
     check_engines_memory(scenario, replica_groups(scenario), memory_limit_bytes,
                          steps_in_memory=scenario.steps == "all" and out_dir is None)
     if out_dir is None:

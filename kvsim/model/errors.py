@@ -152,6 +152,26 @@ def expect_flag(value: object, name: str) -> bool:
     return value
 
 
+def expect_function(value: object, name: str, num_args: int, expected: str) -> None:
+    """Refuse a `value` that is neither None nor a function taking `num_args` positional arguments, in one
+    `KvsimError` line naming it (`name`) and saying what is `expected`: `progress=1` was a TypeError traceback at
+    its first call. A callable whose signature Python cannot read (a builtin) is given the benefit of the doubt."""
+    import inspect
+
+    if value is None:
+        return
+    readable = callable(value)
+    if callable(value):
+        try:
+            inspect.signature(value).bind(*([0] * num_args))
+        except TypeError:
+            readable = False
+        except ValueError:  # no signature to read
+            pass
+    if not readable:
+        raise KvsimError(f"{name}={shown(value)}: expected {expected}")
+
+
 def first_repeat(values: Sequence[Any]) -> Any:
     """The first value equal to one before it, or None when each appears once (for "given twice")."""
     return next((value for i, value in enumerate(values) if value in values[:i]), None)

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from kvsim.model.capacity_plan import plan_capacity  # noqa: E402
-from kvsim.model.errors import KvsimError  # noqa: E402
+from kvsim.model.errors import KvsimError, expect_function  # noqa: E402
 from kvsim.report import fleet_study, offload_study, speculation_study, studies  # noqa: E402
 from kvsim.report import text as report_text
 from kvsim.report.alerts import prometheus_rules  # noqa: E402
@@ -83,8 +83,12 @@ def studied_variants(base: Scenario) -> list[Scenario]:
 def build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig | None = None,
                  progress: StudyProgress | None = None) -> Path:
     """Run every study and write the report directory atomically. `progress` hears, as each study
-    starts and each of its runs is submitted or done, the study's number and its run counts."""
+    starts and each of its runs is submitted or done, the study's number and its run counts; anything else but
+    None is a `KvsimError` naming it before any study runs (`progress=1` was a TypeError traceback)."""
     from kvsim.workload.generate import short_trace_said_once
+
+    expect_function(progress, "progress", 5, "a function (study, num_studies, name, runs_done, runs_submitted) or "
+                    "None")
 
     with short_trace_said_once():  # a short trace: said by the first read, not by every run's
         return _build_report(base, out_dir, cfg, progress)
