@@ -65,6 +65,11 @@ FOLDER_CASES = {
     "kv dtype a number": (_engine(kv_cache_dtype=8), r"engine_kwargs.kv_cache_dtype=8 is not a string"),
     "started_at naive": (lambda run: _patch_json(run / "vllm" / "meta.json", started_at="2026-01-01T00:00:00"),
                          r"started_at='2026-01-01T00:00:00' has no time zone"),
+    # meta.json's num_requests (the requests the benchmark sent): the run has 2 rows
+    "num_requests below the rows": (lambda run: _patch_json(run / "vllm" / "meta.json", num_requests=1),
+                                    r"meta.json: num_requests=1 but requests.jsonl records 2 requests: not this run's"),
+    "num_requests a string": (lambda run: _patch_json(run / "vllm" / "meta.json", num_requests="2"),
+                              r"meta.json: num_requests='2' is not a whole number of requests >= 1"),
     # requests.jsonl
     "fractional tokens": (_requests(lambda rows: [rows[0], {**rows[1], "input_toks": 32.7}]),
                           r"requests.jsonl:2: input_toks=32.7 is not a positive whole number of tokens"),
@@ -201,3 +206,23 @@ def test_cli_bench_bad_input_exits_2_and_writes_nothing(tmp_path):
     result = CliRunner().invoke(app, ["validate", str(path), "--gpu", "h100-80gb", "-o", str(tmp_path / "o")])
     assert result.exit_code == 2 and "latencies has 1 entries, input_lens has 3" in result.output, result.output
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("meta", "notes"), [
+    ({}, []),  # the tiny run's engine_kwargs: all read (model, ENGINE_KEYS)
+    ({"num_requests": 2, "engine_kwargs": {"seed": 42, "dtype": "bfloat16"}}, []),  # as the shared runs record
+    ({"engine_kwargs": {"enable_chunked_prefill": False, "swap_space": 8, "dtype": "float32"}},
+     ["meta.json's engine_kwargs enable_chunked_prefill=False, swap_space=8, dtype='float32': not replayed (the "
+      "replay runs kvsim's defaults there; --set an engine field where kvsim has one)"]),
+    ({"num_requests": 5}, ["meta.json's num_requests=5 but requests.jsonl records 2: the 3 not recorded (failed, "
+                           "or lost) loaded the server and are not replayed"]),
+])
+def test_what_meta_json_says_that_the_replay_cannot_follow_is_noted(tmp_path, meta, notes):
+    """engine_kwargs the replay does not read and a num_requests above the recorded rows were ignored without a
+    word: vLLM ran with those arguments, and the requests it was sent but that left no row loaded the server. The
+    tiny run records 2 requests; each note names the keys and values, or both counts and their difference."""
+    run_dir = write_run(tmp_path)
+    path = run_dir / "vllm" / "meta.json"
+    kwargs = meta.pop("engine_kwargs", {})
+    _patch_json(path, **meta, engine_kwargs={**json.loads(path.read_text())["engine_kwargs"], **kwargs})
+    assert [n for n in read_measured_dir(run_dir).notes if n.startswith("meta.json's")] == notes

@@ -99,6 +99,41 @@ def _engine_args(kwargs: dict[str, Any], where: Path) -> dict[str, Any]:
     return engine
 
 
+# engine_kwargs the replay reads besides `ENGINE_KEYS` (the model id, the drafts, `recorded_settings`' GPU and pool),
+# and those that change nothing it models: the sampling seed (the replay takes the recorded output lengths) and a
+# 2-byte `dtype`, the presets' weights
+READ_ELSEWHERE = ("model", "speculative_config", "gpu", "gpu_name", "device_name", "num_gpu_blocks", "seed")
+TWO_BYTE_DTYPES = ("auto", "bfloat16", "float16", "half")
+
+
+def meta_notes(meta: dict[str, Any], num_rows: int, where: Path) -> list[str]:
+    """What `meta.json` says that the replay cannot follow, as notes (they print with the comparison): the
+    engine_kwargs it does not replay (vLLM ran with them; the replay runs kvsim's defaults there), and a
+    `num_requests` (the requests the benchmark sent) above the recorded rows (those that failed or were not
+    recorded put load on the server that the replay lacks). A `num_requests` that is no whole number >= 1, or
+    below the rows (then it is not this run's), is a `KvsimError` naming it."""
+    kwargs = meta["engine_kwargs"]
+    unread = {key: value for key, value in kwargs.items() if key not in (*ENGINE_KEYS, *READ_ELSEWHERE)
+              and not (key == "dtype" and value in TWO_BYTE_DTYPES)}
+    notes = []
+    if unread:
+        shown_args = ", ".join(f"{key}={shown(value)}" for key, value in unread.items())
+        notes.append(f"meta.json's engine_kwargs {shown_args}: not replayed (the replay runs kvsim's defaults "
+                     "there; --set an engine field where kvsim has one)")
+    sent = meta.get("num_requests")
+    if sent is None:
+        return notes
+    if isinstance(sent, bool) or not isinstance(sent, int) or sent < 1:
+        raise KvsimError(f"{where}: num_requests={shown(sent)} is not a whole number of requests >= 1")
+    if sent < num_rows:
+        raise KvsimError(f"{where}: num_requests={sent} but requests.jsonl records {num_rows} requests: not this "
+                         "run's meta.json")
+    if sent > num_rows:
+        notes.append(f"meta.json's num_requests={sent} but requests.jsonl records {num_rows}: the "
+                     f"{sent - num_rows} not recorded (failed, or lost) loaded the server and are not replayed")
+    return notes
+
+
 def find_workload(run_dir: Path, dataset_path: str) -> Path:
     """The workload file `meta.json` names, looked up beside each folder above the run and in
     `traces/*/` there (the validation set keeps the Llama workload under `../traces/`); "" (meta.json names
@@ -230,6 +265,7 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
                          "object")
     requests_path = data_file(vllm / "requests.jsonl")
     rows = _read_requests_jsonl(requests_path)
+    noted = meta_notes(meta, len(rows), vllm / "meta.json")
     model_id = json_text(meta, ("model",), str(vllm / "meta.json")) or json_text(
         meta["engine_kwargs"], ("model",), f"{vllm / 'meta.json'}: engine_kwargs")
     wl_path = workload or find_workload(run_dir, json_text(meta, ("dataset_path",), str(vllm / "meta.json")))
@@ -287,7 +323,7 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
         hardware=hardware or run_dir.resolve().parent.name,
         data_parallel_size=int(engine.get("data_parallel_size", 1)),
         expert_parallel=bool(engine.get("enable_expert_parallel")),
-        peer=read_llmservingsim(run_dir / "outputs" / "sim.csv"), link=link, notes=notes,
+        peer=read_llmservingsim(run_dir / "outputs" / "sim.csv"), link=link, notes=[*noted, *notes],
         speculative_config=speculative,
     )
 
