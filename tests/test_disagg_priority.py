@@ -188,3 +188,24 @@ def test_a_sweep_probe_that_stalls_is_a_failed_probe_and_the_rest_are_kept(tmp_p
     assert "request 0 (priority 0) heads the queue" in stalled["stall"]
     with pytest.raises(HeldKvStall):
         run_many([stalling], workers=1)
+
+
+def test_a_request_s_row_counts_its_preemptions_on_the_prefill_instance_too():
+    """docs/metrics.md: a request's `num_preemptions` is the times it was preempted, and a disaggregated fleet's
+    summary sums both pools'. The hand-off zeroed the count (D's vLLM `Request` is new: its first admission there
+    is no re-admission), so a request preempted twice on P and once on D showed 1. By definition: 2 + 1 = 3,
+    while D's own count starts at 0."""
+    from kvsim.results.records import RequestRecords
+
+    disagg, _ = decode_side()
+    disagg.engines[1].wakeup = Wakeup(disagg.env)  # as the run loop gives it
+    req = make_request(0, 0.0, 100, 5)
+    req.num_preemptions = 2  # on P, as `Scheduler.preempt` counts them
+    disagg.output_len[req.request_id] = 5
+    req.output_len = 1
+    disagg._hand_off_from(0)(req, 1.0)
+    assert req.num_preemptions == 0  # D's scheduler reads it: a re-admission only after a preemption on D
+    req.num_preemptions += 1  # preempted once on D
+    records = RequestRecords()
+    records.add(req)
+    assert records.columns()["num_preemptions"].tolist() == [3]

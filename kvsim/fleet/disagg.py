@@ -247,6 +247,8 @@ class Disaggregation:
             req.status, req.num_computed_tokens, req.num_output_tokens = RequestStatus.WAITING, 0, 0
             req.first_token_s = req.finish_s = None
             req.has_drafts = False  # a new request to the decode instance: no drafts of its own yet
+            # D's is a new vLLM Request (its first admission no re-admission); the row keeps P's in the total
+            req.num_prior_preemptions += req.num_preemptions
             req.num_preemptions = 0
             req.engine_arrival_s = now  # D's frontend stamps its arrival on receipt: D's queue orders by it
             self.num_handed_off += 1

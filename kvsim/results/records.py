@@ -99,7 +99,8 @@ class RequestRecords:
             np.nan if arrival is None else arrival, np.nan if scheduled is None else scheduled,
             np.nan if first is None else first, np.nan if finish is None else finish, req.client_queue_s))
         self._ints.frombytes(_PACK_INTS(req.request_id, req.prompt_len, req.output_len, req.num_samples,
-                                        req.num_prefix_hit_tokens, req.num_preemptions, req.priority,
+                                        req.num_prefix_hit_tokens,
+                                        req.num_preemptions + req.num_prior_preemptions, req.priority,
                                         req.num_length_capped_tokens))
         self._status.append(_STATUS_CODE[req.status])
 

@@ -55,7 +55,9 @@ class Request:
     first_scheduled_s: float | None = None  # when the step first scheduling it was planned (vLLM's SCHEDULED)
     first_token_s: float | None = None
     finish_s: float | None = None
-    num_preemptions: int = 0
+    num_preemptions: int = 0  # on the engine serving it now (its scheduler counts a re-admission by it)
+    # on engines it left: a disaggregated request's prefill instance (its row shows the sum, the request's total)
+    num_prior_preemptions: int = 0
     num_prefix_hit_tokens: int = 0
     reject_reason: str | None = None
     seq_ids: list[int] = field(default_factory=list)
