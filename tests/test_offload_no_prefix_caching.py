@@ -185,3 +185,30 @@ def test_plan_sizes_a_tier_for_an_engine_with_prefix_caching_off_as_run_runs_it(
     assert sizing.size_for_ttft_bytes == 0
     with pytest.raises(KvsimError, match=r"^target_hit_rate=0.5: an engine with enable_prefix_caching off counts "):
         size_offload(base, [2**30], target_hit_rate=0.5, workers=1)
+
+
+@pytest.mark.parametrize(("replicas", "row"), [
+    (2, "KV offload: 2 loads, 992 prompt tokens loaded instead of computed; 0.25 GiB stored"),
+    (9, "KV offload: 0 loads, 0 prompt tokens loaded instead of computed; 0.37 GiB stored"),
+    (None, None),
+])
+def test_the_fleet_table_says_what_the_replicas_tiers_served(replicas, row):
+    """`kvsim run` on a fleet printed nothing of its replicas' tiers (one engine's table has a `KV offload` row).
+    Two conversations as in the test above (A, then B, each 2 turns 30 s apart), round-robin: arrivals A1, B1, A2,
+    B2. On 2 replicas A's turns both reach replica 0 and B's replica 1: each as the one engine above, 1 load of
+    496 tokens and 63 blocks stored, so 2 loads, 992 tokens, 126 blocks of 2 MiB = 0.25 GiB. On 9 (past
+    FLEET_ROWS_SHOWN: the spread table) A2 and B2 reach replicas 2 and 3, whose tiers hold nothing: no load;
+    stored 31 + 31 + 63 + 63 = 188 blocks = 0.37 GiB. Without a tier, no line."""
+    from rich.console import Console
+
+    from kvsim.fleet.driver import simulate_fleet
+    from kvsim.results.render import fleet_table
+
+    engine = {"max_model_len": 4096, "num_gpu_blocks_override": 600, "enable_prefix_caching": False,
+              **({"kv_offload": {"cpu_bytes": "1GiB"}} if replicas else {})}
+    scenario = _chats(engine, num_requests=4, rate=1.0, turns=2, think_time_s=30.0, seed=0)
+    scenario = scenario.model_copy(update={"replicas": replicas or 2})
+    console = Console(width=300, record=True)
+    console.print(fleet_table(simulate_fleet(scenario).summary))
+    text = " ".join(console.export_text().split())  # the caption wraps at the table's width
+    assert (row in text) if row else ("KV offload" not in text)

@@ -160,7 +160,8 @@ FLEET_ROWS_SHOWN = 8  # a larger fleet prints its spread across replicas (min, m
 def fleet_table(summary: dict[str, Any]):  # -> rich.table.Table
     """A fleet summary: fleet-wide latency and totals in the title, then one row per replica, or, past
     `FLEET_ROWS_SHOWN` replicas, the minimum, median and maximum of each column across replicas (every
-    replica's row is in `replicas.csv`). Fractions print as percentages and times in ms or s, short enough
+    replica's row is in `replicas.csv`); with KV offload tiers, their books over the fleet under it, in the words
+    of one engine's `KV offload` row (`_offload`). Fractions print as percentages and times in ms or s, short enough
     for 80 columns; the GPU is named once when every replica has the same."""
     import statistics
 
@@ -197,16 +198,18 @@ def fleet_table(summary: dict[str, Any]):  # -> rich.table.Table
     scaled = summary.get("autoscaling")
     billed = (f"autoscaled: the replicas ever ready; billed {scaled['gpu_hours']:.3g} GPU-hours, "
               f"{scaled['mean_gpus']:.3g} GPUs on average" if scaled else None)
+    # the replicas' tiers together, as `summary_table`'s row says one engine's (the prefix hits leave them out)
+    offload = f"KV offload: {_offload(summary['kv_offload'])}" if "kv_offload" in summary else None
     if not spread:
         for row in rows:
             table.add_row(str(row["replica"]), *([] if on else [row["gpu"]]), *cells(row))
-        table.caption = billed
+        table.caption = "\n".join(filter(None, [billed, offload])) or None
         return table
     for name, pick in (("min", min), ("p50", statistics.median), ("max", max)):
         picked = {c: _finite_pick(pick, [row[c] for row in rows]) for c in [*counts, *shares, *times]}
         table.add_row(name, *([] if on else [", ".join(gpus)]), *cells(picked))
-    table.caption = "; ".join(filter(None, [f"across the {len(rows)} replicas; one row per replica: replicas.csv",
-                                            billed]))
+    table.caption = "\n".join(filter(None, ["; ".join(filter(None, [
+        f"across the {len(rows)} replicas; one row per replica: replicas.csv", billed])), offload]))
     return table
 
 
