@@ -27,11 +27,12 @@ instants, and a follow-up's is not known before its previous turn ends.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 import logging
 import math
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 
 import simpy
 
@@ -46,6 +47,38 @@ UNSENT_TURNS = ("workload.multi_turn.timing=after_reply: %s of %s turns were nev
                 "conversation, as vLLM's multi-turn benchmark client drops it); the run has the %s sent")
 """The warning the client logs when it ends (`TurnArrivals.client`) having sent fewer turns than its conversations
 hold: the summary counts the requests sent ("2 finished, 2 rejected of 4"), which read as a whole run of 4."""
+
+
+class _Kept(logging.Filter):
+    """Drops the `UNSENT_TURNS` warning, keeping its arguments in `kept`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept = list[tuple]()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != UNSENT_TURNS:
+            return True
+        self.kept.append(tuple(record.args or ()))
+        return False
+
+
+@contextlib.contextmanager
+def unsent_turns_kept() -> Iterator[list[tuple]]:
+    """Inside, the `UNSENT_TURNS` warning is not said; the list yielded gets its arguments, for the process that
+    reports to say (`say_unsent_turns`): a run in a worker process or on a Dask worker said it there, where a
+    notebook's or a remote user's process never heard it (`kvsim.planning.sweep.run_many`)."""
+    gate = _Kept()
+    log.addFilter(gate)
+    try:
+        yield gate.kept
+    finally:
+        log.removeFilter(gate)
+
+
+def say_unsent_turns(args: tuple) -> None:
+    """Say here the `UNSENT_TURNS` warning a run kept (`unsent_turns_kept`), as the run would have said it."""
+    log.warning(UNSENT_TURNS, *args)
 
 
 class TurnArrivals:

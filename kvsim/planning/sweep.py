@@ -37,6 +37,7 @@ class SweepResult:
     steps: pd.DataFrame | None
     evidence: dict[str, Any] | None = None
     short_trace: tuple | None = None  # the short-trace warning's arguments, said by `run_many`'s process
+    unsent_turns: tuple | None = None  # after_reply turns never sent: the warning's arguments, said there too
 
 
 def worker_signals() -> None:
@@ -74,13 +75,14 @@ def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
     that stalls for good (`HeldKvStall`) is, when its evidence is asked for, a failed probe as a `kvsim plan` point
     reads it (`kvsim.planning.point`): the evidence *stalled* and an empty summary (the run never ended); asked
     for summaries alone, the stall stops the sweep with its line, as `kvsim run` does."""
+    from kvsim.engine.turns import unsent_turns_kept
     from kvsim.fleet.run import simulate_scenario
     from kvsim.model.errors import HeldKvStall
     from kvsim.planning.window import stalled_evidence, window_evidence
     from kvsim.workload.generate import short_trace_unsaid
 
     scenario, keep_steps, evidence = args
-    with short_trace_unsaid() as kept:  # `run_many` says it once, in its own process
+    with short_trace_unsaid() as kept, unsent_turns_kept() as unsent:  # `run_many` says them, in its own process
         try:
             result = simulate_scenario(scenario)
         except HeldKvStall as stall:
@@ -90,7 +92,7 @@ def _run_one(args: tuple[Scenario, bool, bool]) -> SweepResult:
                                kept[0] if kept else None)
     return SweepResult(result.summary, result.steps if keep_steps else None,
                        window_evidence(result.requests, transfers=result.tables.get("transfers")) if evidence else None,
-                       kept[0] if kept else None)
+                       kept[0] if kept else None, unsent[0] if unsent else None)
 
 
 def connect_dask(address: str) -> Any:
@@ -113,10 +115,12 @@ def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: i
     """Simulate every scenario; `workers=1` runs in this process (no pickling); `evidence` adds each
     run's steady-state window evidence. `on_done()` is called in this process as each run finishes
     (for progress; it never changes a result). A trace shorter than a run asks is warned of once, here, when
-    the runs are done, unless the command around said it already (`kvsim.workload.generate.say_short_traces`).
+    the runs are done, unless the command around said it already (`kvsim.workload.generate.say_short_traces`);
+    a run's after_reply turns never sent, each run's, here too (`kvsim.engine.turns.say_unsent_turns`).
     Anything but a list of Scenarios (one Scenario too), a `workers` that is no count of at least 1, a `keep_steps`
     or `evidence` that is no bool or an `on_done` that is no function is a `KvsimError` before any run (a dict of
     fields was an AttributeError deep in the run, `workers=2.5` and `on_done=5` a TypeError)."""
+    from kvsim.engine.turns import say_unsent_turns
     from kvsim.model.errors import shown
     from kvsim.workload.generate import say_short_traces
     from kvsim.workload.scenario import Scenario, expect_scenario
@@ -137,6 +141,9 @@ def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: i
         raise KvsimError(f"on_done={shown(on_done)}: expected a function of no arguments, or None")
     results = _run_all([(s, keep_steps, evidence) for s in scenarios], workers, dask_address, on_done or (lambda: None))
     say_short_traces([r.short_trace for r in results if r.short_trace is not None])
+    for result in results:  # each run's, as a run here says it (`kvsim.engine.turns.say_unsent_turns`)
+        if result.unsent_turns is not None:
+            say_unsent_turns(result.unsent_turns)
     return results
 
 
