@@ -360,22 +360,31 @@ def test_a_round_robin_fleet_is_the_m_d_c_queue_and_is_judged_against_its_limit(
     assert probe_passes(below.evidence, slo) and not probe_passes(above.evidence, slo)
 
 
-def uneven_fleet(rate, num_requests, seed):
-    """Round robin over 4 replicas, 3 with 4 slots and one with 1 (the `rr_fleet` request: S = 0.1 s a slot). Each
-    replica gets every 4th arrival, λ/4: the 1-slot replica is an M/D/1 queue with μ = 10 req/s (Erlang-4
-    arrivals), the others hold 4 slots each (≥ 36 req/s), so the fleet sustains λ < 4 × 10 = 40 req/s."""
+UNEVEN_CAPACITY_PER_S = 400.0
+
+
+def uneven_fleet(rho, num_requests, seed):
+    """Round robin over 4 replicas, 3 with 4 slots and one with 1, Poisson arrivals at ρ × 400 req/s. A request is
+    a 64-token prompt whose one 10 ms prefill step yields its only token: S = 0.01 s a slot. Each replica gets
+    every 4th arrival, λ/4: the 1-slot replica is an M/D/1 queue with μ = 100 req/s (Erlang-4 arrivals), the
+    others hold 4 slots each (400 req/s), so the fleet sustains λ < 4 × 100 = `UNEVEN_CAPACITY_PER_S`.
+    The slow replica's run is `rr_fleet`'s request (10 tokens, S = 0.1 s) at a tenth of the rate with time
+    shrunk tenfold (the same seed's arrivals scaled by 1/rate): the same queue, growth and margin, and so the same
+    verdict, in a tenth of the steps (checked: every verdict of the tests below, and of the mutations their
+    commits name, the same in both worlds; the 10-token world cost 2.5 times the CPU)."""
     return make_scenario({
         "name": "uneven", "model": "llama-3.1-8b", "gpu": "h100-80gb", "steps": "none", "seed": seed,
         "engine": {"max_num_seqs": 1, "max_model_len": 1024, "num_gpu_blocks_override": 20_000},
         "latency": {"model": "constant", "step_s": 0.01}, "router": {"policy": "round_robin"},
         "replicas": [{"count": 3, "engine": {"max_num_seqs": 4}}, {"count": 1}],
-        "workload": {"num_requests": num_requests, "arrival": {"process": "poisson", "rate": rate},
-                     "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 10}}})
+        "workload": {"num_requests": num_requests,
+                     "arrival": {"process": "poisson", "rate": rho * UNEVEN_CAPACITY_PER_S},
+                     "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 1}}})
 
 
 UNEVEN_REQUESTS = 1800
 """The uneven fleet's run length. What forces a verdict is the slow replica's queue growth against the margins,
-not the window's floor (50 requests and 10 service times, 1 s here: about 70 requests): over the window (0.7 of
+not the window's floor (50 requests and 10 service times, 0.1 s here: about 70 requests): over the window (0.7 of
 the N arrivals) the queue grows by 0.7 · N · (ρ − 1) ÷ (4ρ), the replica's margin and noise grow as √N (its
 arrivals 0.175 · N, Erlang-4: c_a² = 1/4, so noise √(0.175 · N ÷ 4) = 0.209 · √N and margin 2.50 × that) and the
 fleet's margin 1.96 · √(0.7 · N) = 1.64 · √N. So the verdict's odds are a function of growth ÷ √N =
@@ -386,17 +395,17 @@ the same odds need 6,000 requests (3.3 times the simulation)."""
 
 @pytest.mark.parametrize("rho", [1.1, 1.2])
 def test_a_fleet_with_one_replica_falling_behind_is_not_stable(rho):
-    """The uneven fleet at ρ = 1.1 and 1.2 of its 40 req/s, 1,800 requests (`UNEVEN_REQUESTS`): the 1-slot
-    replica's queue grows at λ/4 − 10 a second, (ρ − 1) · 10 (1, 2 req/s) over a window of ~0.7 · 1,800 / λ s
-    (29, 26 s): 29 or 53 requests, against its own margin z · √(c_a² · arrivals ÷ 4) ≈ 2.5 · √(1,260 ÷ 16) ≈ 22
+    """The uneven fleet at ρ = 1.1 and 1.2 of its 400 req/s, 1,800 requests (`UNEVEN_REQUESTS`): the 1-slot
+    replica's queue grows at λ/4 − 100 a second, (ρ − 1) · 100 (10, 20 req/s) over a window of ~0.7 · 1,800 ÷ λ
+    (2.9, 2.6 s): 29 or 53 requests, against its own margin z · √(c_a² · arrivals ÷ 4) ≈ 2.5 · √(1,260 ÷ 16) ≈ 22
     (Erlang-4 arrivals: c_a² = 1/4; z for 4 replicas at the fleet test's odds). The fleet's total queue grows by as
     much against a margin of 1.96 · √1,260 ≈ 70: it read every such run stable. Now every run at 1.2 fails, and
     most at 1.1 (its growth 0.7 noise deviations over the margin)."""
     verdicts = []
     for seed in range(10):
-        ev = run_many([uneven_fleet(rho * 40, UNEVEN_REQUESTS, seed)], workers=1, evidence=True)[0].evidence
+        ev = run_many([uneven_fleet(rho, UNEVEN_REQUESTS, seed)], workers=1, evidence=True)[0].evidence
         worst = ev["early_overload"]["worst_replica"]
-        expected = (rho - 1) * 10 * ev["window_s"]
+        expected = (rho - 1) * UNEVEN_CAPACITY_PER_S / 4 * ev["window_s"]
         # the net input's deviation over the window: √(c_a² · the replica's arrivals) = √(arrivals in window / 16)
         assert worst["replica"] == 3 and abs(worst["waiting_growth"] - expected) < 4 * math.sqrt(ev["num_in_window"] / 16)
         verdicts.append(ev["verdict"])
@@ -406,9 +415,9 @@ def test_a_fleet_with_one_replica_falling_behind_is_not_stable(rho):
 @pytest.mark.slow
 @pytest.mark.parametrize("rho", [0.8, 0.9])
 def test_a_fleet_below_its_limit_is_stable_replica_by_replica(rho):
-    """The uneven fleet at 0.8 and 0.9 of 40 req/s: every replica below its capacity, a stable queue each, so no
+    """The uneven fleet at 0.8 and 0.9 of 400 req/s: every replica below its capacity, a stable queue each, so no
     replica's test may fire (8 seeds, 15 at full size; the Bonferroni z keeps the fleet's odds of a false alarm
     those of one queue's, small at ρ ≤ 0.9)."""
     verdicts = [run.evidence["verdict"] for run in run_many(
-        [uneven_fleet(rho * 40, 6000, seed) for seed in range(sized(8, 15))], workers=1, evidence=True)]
+        [uneven_fleet(rho, 6000, seed) for seed in range(sized(8, 15))], workers=1, evidence=True)]
     assert set(verdicts) == {STABLE}
