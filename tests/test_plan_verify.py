@@ -186,9 +186,9 @@ def test_the_terminal_says_what_share_of_the_traffic_a_feasible_fleet_never_serv
     assert "refused" not in capsys.readouterr().out
 
 
-def single_slot_fleet(name: str, num_requests: int, rate_per_s: float):
-    """Single-slot replicas behind round robin, each request 10 steps of 10 ms (S = 0.1 s), Poisson arrivals:
-    M/D/c with equal service times (`tests/test_steady_state.py`)."""
+def single_slot_fleet(name: str, num_requests: int, rate_per_s: float, output_tokens: int = 10):
+    """Single-slot replicas behind round robin, each request `output_tokens` steps of 10 ms (its prefill step yields
+    the first token; 10: S = 0.1 s), Poisson arrivals: M/D/c with equal service times (`tests/test_steady_state.py`)."""
     from kvsim.workload.scenario import make_scenario
 
     return make_scenario({
@@ -196,7 +196,8 @@ def single_slot_fleet(name: str, num_requests: int, rate_per_s: float):
         "engine": {"max_num_seqs": 1, "max_model_len": 1024, "num_gpu_blocks_override": 20_000},
         "latency": {"model": "constant", "step_s": 0.01},
         "workload": {"num_requests": num_requests, "arrival": {"process": "poisson", "rate": rate_per_s},
-                     "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 10}}})
+                     "prompt_len": {"dist": "fixed", "value": 64},
+                     "output_len": {"dist": "fixed", "value": output_tokens}}})
 
 
 def test_a_rate_search_answer_is_the_fleet_that_held_not_the_linear_bound(tmp_path):
@@ -212,24 +213,32 @@ def test_a_rate_search_answer_is_the_fleet_that_held_not_the_linear_bound(tmp_pa
     suffice to judge both counts: three is 10 % over its capacity (3 req/s of backlog over a ~130 s window,
     ~380 requests, against a margin of ~2 · √4,200 ≈ 130), four 0.1 s inside the SLO. The plan
     without long runs reads the probes from the first plan's folder (a point is a function of its scenario) and
-    simulates nothing."""
-    base = single_slot_fleet("pool", 500, 30.0)
-    settings = {"slo": {"ttft_s.p90": 0.25}, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate",
+    simulates nothing.
+
+    Run as the same queues in a tenth of the time: 1-token requests (S = one 10 ms step) at 300 req/s. The seed's
+    arrivals are the 30 req/s ones scaled by 1/10, so every wait is a tenth, TTFT = wait ÷ 10 + 0.01 s, and the
+    SLO is (0.25 − 0.01) ÷ 10 + 0.01 = 0.034 s: each probe and long run passes or fails as its 10-token twin
+    (checked: the same 24 runs, probes, verify attempts, idle and output rate; the twin's TTFT p90 0.14830 s,
+    here 0.023830 = (0.14830 − 0.01) ÷ 10 + 0.01), for 55 % of the CPU. The figures below are the 10-token ones
+    carried over: rates × 10, the TTFT p90 and its tolerance as a tenth of the wait."""
+    base = single_slot_fleet("pool", 500, 300.0, output_tokens=1)
+    settings = {"slo": {"ttft_s.p90": 0.034}, "gpus": ["h100-80gb"], "max_replicas": 8, "search": "rate",
                 "router": "round_robin", "probe_requests": 500, "max_probe_requests": 2000}
     (row,) = plan(base, make_plan_spec({**settings, "verify_factor": 3}), tmp_path / "plan")[0]
     assert row["searched_replicas"] >= 5 and row["replicas"] == 4 and row["verified"] is True
     assert row["verify_attempts"].endswith("4 held*, 3 failed*") and row["capacity_headroom"] == 0.1
-    assert row["verify_ttft_s.p90"] == pytest.approx(0.147, abs=0.03) and row["ttft_s.p90"] == row["verify_ttft_s.p90"]
+    assert row["verify_ttft_s.p90"] == pytest.approx((0.147 - 0.01) / 10 + 0.01, abs=0.003)
+    assert row["ttft_s.p90"] == row["verify_ttft_s.p90"]
     assert "4 replicas held 1.1× the traffic" in row["limiting_factor"]
     # floor and gap are that long run's, on 1.1× the traffic, at the rate λ it served: a request is priced at
-    # w_min = 64 · τ/8192 + 10 · τ/1 (a full chunk, a one-sequence decode step) and takes exactly 10 steps of τ,
-    # so the replicas step λ · 0.1 on average (compute floor + batching) and idle is the rest of the 4
-    w_min = 64 * 0.01 / 8192 + 10 * 0.01
+    # w_min = 64 · τ/8192 + 1 · τ/1 (a full chunk, a one-sequence step for its token) and takes exactly 1 step of
+    # τ, so the replicas step λ · 0.01 on average (compute floor + batching) and idle is the rest of the 4
+    w_min = 64 * 0.01 / 8192 + 1 * 0.01
     rate = row["gap_compute_floor"] / w_min
-    assert rate == pytest.approx(33.0, rel=0.04)  # 1.1 × 30 req/s (6,000 Poisson arrivals: ±1.3 % a deviation)
-    assert row["gap_compute_floor"] + row["gap_batching"] == pytest.approx(rate * 0.1)
-    assert row["gap_idle"] == pytest.approx(4 - rate * 0.1) and row["lower_bound_replicas"] == 4
-    # the fleet serves the traffic, 30 req/s × 10 output tokens = 300 tokens/s (the long run behind the answer
+    assert rate == pytest.approx(330.0, rel=0.04)  # 1.1 × 300 req/s (6,000 Poisson arrivals: ±1.3 % a deviation)
+    assert row["gap_compute_floor"] + row["gap_batching"] == pytest.approx(rate * 0.01)
+    assert row["gap_idle"] == pytest.approx(4 - rate * 0.01) and row["lower_bound_replicas"] == 4
+    # the fleet serves the traffic, 300 req/s × 1 output token = 300 tokens/s (the long run behind the answer
     # served 1.1× that: 330, which priced each token 1/1.1 of its cost); ~4,200 window arrivals (6,000 requests less
     # the first 20 % and last 10 %): ~1.5 % noise
     assert row["output_tokens_per_s"] == pytest.approx(300, rel=0.05)
