@@ -213,6 +213,31 @@ def test_burst_step_times_equal_step_time_of_each_step_bit_for_bit(model, tp, ov
     assert latency.decode_step_times(prefill) is None  # not pure decode: priced plan by plan
 
 
+def test_burst_step_times_past_exact_products_and_past_2_to_53_bit_for_bit():
+    """`_decode_times` multiplies Σ context by the bytes per token as doubles: the same double as the integer
+    product `step_time` divides (both round the exact product to nearest, ties to even) where the product is far
+    past 2^53 and rounds (contexts of 2^40: llama-3.1-8b's 131,072 bytes per token make ~2^57). From Σ context
+    2^53 - 5 growing by 3 a step it goes on with integers (past 2^53 a double holds even integers only: summed as
+    doubles, the context would drift by a token a step); there `step_time` itself is no reference (its other terms
+    lose the integers), so the steps are checked against the integer formula with the burst's constant terms."""
+    from itertools import islice
+
+    from kvsim.latency.base import burst_step_times
+    from kvsim.latency.roofline import EXACT_INT_FLOAT
+
+    latency = RooflineLatency(load_model("llama-3.1-8b"), load_gpu("h100-80gb"), EngineConfig(max_model_len=8192))
+    assert (2**40 + 3) * latency.kv_bytes_per_token > EXACT_INT_FLOAT  # the product rounds
+    for contexts in ([2**40 + 3], [2**40 + 1, 2**39 + 7, 3], [2**36 + 5, 3, 9]):
+        fast = list(islice(burst_step_times(latency, decode_plan(contexts)), 64))
+        assert fast == [latency.step_time(decode_plan([c + j for c in contexts])) for j in range(64)]
+    first = decode_plan([EXACT_INT_FLOAT - 9, 2, 2])
+    head, floor, tail, fixed, cpu, swap = latency._decode_step_terms(first)
+    bandwidth = latency.eff.decode_bandwidth * latency.bandwidth
+    expected = [max(head + (floor + (EXACT_INT_FLOAT - 5 + 3 * j) * latency.kv_bytes_per_token / bandwidth) + tail
+                    + fixed, cpu) + swap for j in range(64)]
+    assert list(islice(burst_step_times(latency, first), 64)) == expected
+
+
 def decode_plan(contexts):
     """One step decoding one token of each sequence, `contexts` its tokens after the step."""
     plan = StepPlan()
