@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import kvsim
 from kvsim.kv import PagedAllocator, SegmentContent
 from kvsim.kv.block_pool import BlockPool
+from kvsim.kv.lru_runs import LruRuns
 from kvsim.kv.prefix_cache import HashChainCache
 from kvsim.kv.protocol import PrefixHit
 from kvsim.workload.scenario import load_scenario
@@ -201,3 +204,28 @@ def test_a_fleet_mixing_v0_and_v1_replicas_gives_the_token_rate_of_all():
     summary = kvsim.simulate(load_scenario(None, sets)).summary
     assert (summary["num_prefix_cache_query_blocks"], summary["num_prefix_cache_hit_blocks"]) == (8, 4)
     assert summary["prefix_cache_hit_rate"] == 0.5
+
+
+def test_unlock_splits_hashed_from_plain_blocks_in_the_order_given():
+    """`HashChainCache.unlock` against the one-loop split it replaces: the blocks holding a hash join the LRU in
+    the order given, the others are returned in the order given. 300-block frees (a long prompt's table,
+    tail-first) with no plain block, the partial tail block alone (first), one plain block elsewhere, and
+    random mixes."""
+    rng = random.Random(35)
+    num_blocks = 1_000
+    cache = HashChainCache(num_blocks, BS)
+    block_ids = list(range(num_blocks))
+    for block_id in block_ids[:600]:  # blocks 0..599 hold a hash, 600..999 none
+        cache.block_hashes[block_id] = (block_id + 7) << 40
+        cache.cached[(block_id + 7) << 40] = block_id
+    hashed_ids, plain_ids = block_ids[:600], block_ids[600:]
+    frees = [rng.sample(hashed_ids, 300), [plain_ids[0], *rng.sample(hashed_ids, 299)],
+             [*rng.sample(hashed_ids[:300], 150), plain_ids[1], *rng.sample(hashed_ids[300:], 149)],
+             [plain_ids[2]], [plain_ids[3], plain_ids[4]]]
+    frees += [rng.sample(block_ids, rng.randint(1, 300)) for _ in range(40)]
+    for freed in frees:
+        cache.evictable = LruRuns()
+        expected_hashed = [b for b in freed if cache.block_hashes[b] is not None]
+        expected_plain = [b for b in freed if cache.block_hashes[b] is None]
+        assert cache.unlock(list(freed)) == expected_plain
+        assert list(cache.evictable) == expected_hashed

@@ -159,14 +159,20 @@ class HashChainCache:
         return True
 
     def unlock(self, block_ids: list[int]) -> list[int]:
+        """The blocks that hold a hash join the LRU; the others (mostly none, or a freed table's partial last
+        block, listed first as the pool frees tail-first) are returned. Picked by comprehensions, the plain ones
+        by a second only when the first did not settle them (~40 instructions a block fewer than one loop with
+        two appends: each append is a method call)."""
         if not self.cached:  # nothing cached: no block carries a hash
             return block_ids
-        block_hashes, hashed, plain = self.block_hashes, [], []
-        for block_id in block_ids:
-            if block_hashes[block_id] is None:
-                plain.append(block_id)
-            else:
-                hashed.append(block_id)
+        block_hashes = self.block_hashes
+        hashed = [block_id for block_id in block_ids if block_hashes[block_id] is not None]
+        if len(hashed) == len(block_ids):
+            plain = []
+        elif len(hashed) + 1 == len(block_ids) and block_hashes[block_ids[0]] is None:
+            plain = block_ids[:1]
+        else:
+            plain = [block_id for block_id in block_ids if block_hashes[block_id] is None]
         self.evictable.extend(hashed)
         return plain
 
