@@ -1,4 +1,4 @@
-"""kvsim's accuracy on every public measured run: regenerates the README table and the JSON.
+"""kvsim's accuracy on every public measured run: regenerates the tables of docs/accuracy.md and the JSON.
 
     python benchmarks/accuracy.py [--validation benchmarks/validation_set] [--no-readme]
 
@@ -7,7 +7,7 @@ the roofline alone, kvsim calibrated from the imported measured profile of that 
 (`<validation>/profiles/...`), and the peer LLMServingSim's own prediction, each with its error
 against the measurement (the JSON also keeps each replay's whole error table: percentiles,
 throughput, running and waiting). Writes `benchmarks/results/accuracy.json` and rewrites the table
-between the `accuracy:start` / `accuracy:end` markers in README.md, and the calibrated replays'
+between the `accuracy:start` / `accuracy:end` markers in docs/accuracy.md, and the calibrated replays'
 overlay figures to `docs/accuracy_<case>_{timeseries,latency_cdf}.png`, and the leave-one-GPU-out
 per-op table (from `kvsim/model/presets/efficiency.yaml`, which `benchmarks/fit_efficiency.py`
 regenerates) between the `logo:start` / `logo:end` markers. Deterministic: no
@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 VALIDATION = REPO / "benchmarks" / "validation_set"  # the subset of ../shared/validation it needs, shipped
 RESULT = REPO / "benchmarks" / "results" / "accuracy.json"
 DOCS = REPO / "docs"
+PAGE = DOCS / "accuracy.md"  # the page whose markers both tables are written between
 METRICS = ("TTFT mean (s)", "TPOT mean (s)", "E2E mean (s)", "makespan (s)", "output tokens/s",
            *SPLIT_METRICS, *PHASE_METRICS)
 START, END = "<!-- accuracy:start -->", "<!-- accuracy:end -->"
@@ -191,19 +192,21 @@ def markdown_table(entries: list[dict[str, Any]]) -> str:
     return rows_to_markdown(rows)
 
 
-def update_readme(table: str, readme: Path = REPO / "README.md", start: str = START, end: str = END) -> None:
-    text = readme.read_text(encoding="utf-8")
+def update_page(table: str, page: Path = PAGE, start: str = START, end: str = END) -> None:
+    """Replace what lies between the `start` and `end` markers of `page` by `table` (read and written in UTF-8)."""
+    text = page.read_text(encoding="utf-8")
     if start not in text or end not in text:
-        raise SystemExit(f"{readme}: markers {start} / {end} not found")
+        raise SystemExit(f"{page}: markers {start} / {end} not found")
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{start}\n{table}{end}{tail}", encoding="utf-8")
+    page.write_text(f"{head}{start}\n{table}{end}{tail}", encoding="utf-8")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--validation", type=Path, default=VALIDATION)
-    parser.add_argument("--no-readme", action="store_true", help="write only the JSON (no README, no figures)")
+    parser.add_argument("--no-readme", action="store_true",
+                        help="write only the JSON (no docs/accuracy.md tables, no figures)")
     args = parser.parse_args()
     entries = [case_accuracy(d, figures=not args.no_readme)
                for d in sorted((args.validation / "measured").glob("*/*")) if d.is_dir()]
@@ -217,8 +220,8 @@ def main() -> None:
     print(table)
     print(logo_table(logo))
     if not args.no_readme:
-        update_readme(table)
-        update_readme(logo_table(logo), start=LOGO_START, end=LOGO_END)
+        update_page(table)
+        update_page(logo_table(logo), start=LOGO_START, end=LOGO_END)
 
 
 if __name__ == "__main__":

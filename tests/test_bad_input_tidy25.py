@@ -115,6 +115,6 @@ def test_the_accuracy_table_goes_into_the_readme_as_utf8_whatever_the_locale(tmp
         self, data, encoding or "ascii", errors, newline))
     readme = tmp_path / "README.md"
     readme.write_bytes("# kvsim — notes\n<!-- a -->\nold\n<!-- b -->\nTTFT ≤ 1 s\n".encode())
-    accuracy.update_readme("| case | TTFT |\n| café | — |\n", readme, "<!-- a -->", "<!-- b -->")
+    accuracy.update_page("| case | TTFT |\n| café | — |\n", readme, "<!-- a -->", "<!-- b -->")
     assert readme.read_bytes().decode("utf-8") == (
         "# kvsim — notes\n<!-- a -->\n| case | TTFT |\n| café | — |\n<!-- b -->\nTTFT ≤ 1 s\n")

@@ -9,6 +9,8 @@ from typer.testing import CliRunner
 from kvsim.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
+COMMANDS_PAGE = REPO / "docs" / "commands.md"  # the commands' flags, engine defaults and warnings (the README links it)
+PLAN_PAGE = REPO / "docs" / "fleets-and-plan.md"
 runner = CliRunner()
 
 
@@ -60,11 +62,12 @@ FLAG = re.compile(r"(?<![\w-])(--?[a-z][a-z0-9-]*)")
 def test_every_flag_the_readme_command_table_names_is_in_that_commands_help():
     """The README's command table is where a newcomer learns the options: each `-x`/`--flag` a row names
     (its usage and its description) must be one `kvsim CMD --help` lists, spelt the same; and the engine
-    flags the README says capacity and report take as in vLLM must be theirs."""
-    readme = (REPO / "README.md").read_text()
+    flags docs/commands.md says capacity and report take as in vLLM must be theirs."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
     rows = [line for line in readme.splitlines() if line.startswith("| `kvsim ")]
     assert len(rows) == 7  # run, calibrate, import-profile, report, validate, plan, capacity
-    engine_flags = readme.split("Flags use vLLM's engine-argument names", 1)[1].split("; `kvsim run` takes", 1)[0]
+    reference = COMMANDS_PAGE.read_text(encoding="utf-8")
+    engine_flags = reference.split("Flags use vLLM's engine-argument names", 1)[1].split("; `kvsim run` takes", 1)[0]
     for row in rows:
         command = row.removeprefix("| `kvsim ").split()[0].rstrip("`")
         named = set(FLAG.findall(row)) - {"-e"}  # `pip install -e '.[dist]'`
@@ -89,7 +92,7 @@ def test_plan_help_lists_the_slo_metrics_and_stats_it_takes():
 
 
 def test_a_section_given_whole_replaces_the_scenarios_section_as_the_readme_says():
-    """The README's example: on the default scenario (max_model_len 8192), `--set engine.max_num_seqs=8
+    """docs/commands.md's example: on the default scenario (max_model_len 8192), `--set engine.max_num_seqs=8
     --set 'engine={block_size: 32}'` leaves block size 32 and nothing else of the engine section set before."""
     from kvsim.workload.scenario import load_scenario
 
@@ -102,11 +105,11 @@ def test_a_section_given_whole_replaces_the_scenarios_section_as_the_readme_says
 
 def test_plan_spec_fields_and_defaults_in_the_readme_and_help_are_planspecs():
     """`--spec FILE` took fields the README never listed (`probe_requests`, `verify_factor`, ...), and `--help` gave
-    no default for `--max-replicas`, `--router`, `--search` or `--workers`."""
+    no default for `--max-replicas`, `--router`, `--search` or `--workers` (the fields: docs/fleets-and-plan.md)."""
     from kvsim.planning.spec import PlanSpec
 
-    readme = " ".join((REPO / "README.md").read_text().split())
-    sentence = readme.split("`--spec FILE` is a YAML mapping of the plan's fields", 1)[1].split("; a replica search", 1)[0]
+    page = " ".join(PLAN_PAGE.read_text(encoding="utf-8").split())
+    sentence = page.split("`--spec FILE` is a YAML mapping of the plan's fields", 1)[1].split("; a replica search", 1)[0]
     named = dict(re.findall(r"`([a-z_]+)`(?: \(`?([\w.]+)`?\))?", sentence.split("top):", 1)[1]))
     assert set(named) == set(PlanSpec.model_fields)
     for field, default in named.items():
@@ -120,15 +123,15 @@ def test_plan_spec_fields_and_defaults_in_the_readme_and_help_are_planspecs():
 
 
 def test_the_readmes_engine_defaults_are_the_engines():
-    """The README's sentence on unset engine fields, against `EngineConfig`'s resolution on the GPUs it names
+    """docs/commands.md's sentence on unset engine fields, against `EngineConfig`'s resolution on the GPUs it names
     (the numbers are vLLM's `EngineArgs.get_batch_defaults`, kvsim/model/batch_defaults.py)."""
     from kvsim.model.config import load_gpu
     from kvsim.model.engine_config import EngineConfig
     from kvsim.workload.scenario import load_scenario
 
-    readme = " ".join((REPO / "README.md").read_text().split())
+    reference = " ".join(COMMANDS_PAGE.read_text(encoding="utf-8").split())
     assert ("`block_size` 16, `gpu_memory_utilization` 0.9, `kv_cache_dtype: auto`, `max_model_len` the model's; "
-            in readme)
+            in reference)
     engine = EngineConfig()
     assert (engine.block_size, engine.gpu_memory_utilization, engine.kv_cache_dtype, engine.max_model_len) == (
         16, 0.9, "auto", None)
@@ -145,7 +148,7 @@ def test_the_readmes_engine_defaults_are_the_engines():
     assert engine.resolved_max_num_batched_tokens(8192, load_gpu("l4")) == 8192  # max(max_model_len, 2048)
 
 
-WARNED = [  # (overrides on the default scenario, the setting said unread, how the README's paragraph names it)
+WARNED = [  # (overrides on the default scenario, the setting said unread, how docs/commands.md's paragraph names it)
     (["engine.enable_expert_parallel=true"], "enable_expert_parallel", "`enable_expert_parallel`"),
     (['engine.speculative_config={method: eagle, num_speculative_tokens: 2, acceptance_rates: 0.8, model: x/y}'],
      "speculative_config", "`speculative_config.model`"),
@@ -167,17 +170,17 @@ WARNED = [  # (overrides on the default scenario, the setting said unread, how t
 
 
 def test_the_readme_names_every_setting_kvsim_warns_is_unread():
-    """The README's paragraph of warnings ('An input vLLM itself accepts but that changes nothing is said
+    """docs/commands.md's paragraph of warnings ('An input vLLM itself accepts but that changes nothing is said
     instead' to 'Every command that simulates') is where a user looks up a `kvsim: warning:` line; four
     settings kvsim warns of were missing from it (docs34: gpu_memory_utilization beside
     kv_cache_memory_bytes, an EAGLE head's model, gpu_link at TP 1, a router over one replica). Each case
-    makes `unread_by_setting` (or `lone_routers`) say its setting, and the README names it; the settings the
-    source can say are counted, so a new warning fails here until it has a case and a place in the README."""
+    makes `unread_by_setting` (or `lone_routers`) say its setting, and docs/commands.md names it; the settings the
+    source can say are counted, so a new warning fails here until it has a case and a place in docs/commands.md."""
     from kvsim.fleet.run import lone_routers, unread_by_setting
     from kvsim.workload.scenario import load_scenario
 
-    readme = " ".join((REPO / "README.md").read_text().split())
-    paragraph = readme.split("An input vLLM itself accepts but that changes nothing is said instead")[1]
+    reference = " ".join(COMMANDS_PAGE.read_text(encoding="utf-8").split())
+    paragraph = reference.split("An input vLLM itself accepts but that changes nothing is said instead")[1]
     paragraph = paragraph.split("Every command that simulates a scenario warns")[0]
     for overrides, setting, named in WARNED:
         assert setting in unread_by_setting(load_scenario(None, overrides)), overrides
