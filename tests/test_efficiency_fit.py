@@ -1,6 +1,6 @@
 """The roofline's fitted fractions per GPU (kvsim/model/presets/efficiency.yaml) and their leave-one-GPU-out check.
 
-Bounds are the targets the README publishes: GEMMs within 10 % mean per-op error on H100 and A100 when
+Bounds are the targets docs/accuracy.md publishes: GEMMs within 10 % mean per-op error on H100 and A100 when
 fitted on the other HBM GPU only; the token ops (per layer) within the held-out errors published. Recomputing the held-out errors from the stored fractions needs the
 public profiles in ../shared/validation (skipped without them); refitting takes minutes and is left to
 `benchmarks/fit_efficiency.py`.
@@ -19,7 +19,7 @@ from kvsim.model.config import PRESETS_DIR, load_gpu
 
 STORED = yaml.safe_load((PRESETS_DIR / "efficiency.yaml").read_text())
 LOGO_GEMM_BOUND_PCT = {"h100-80gb": 10.0, "a100-80gb": 10.0}
-LOGO_TOKEN_OP_BOUND_PCT = {"h100-80gb": 10.0, "a100-80gb": 8.0}  # per layer; the README's published figures
+LOGO_TOKEN_OP_BOUND_PCT = {"h100-80gb": 10.0, "a100-80gb": 8.0}  # per layer; docs/accuracy.md's published figures
 
 
 def _fit_script():

@@ -97,7 +97,7 @@ def test_fig2_token_state_shares(paper_runs, allocator, paper_percent):
 def test_fig13_batch_size_ratios(paper_runs):
     """Fig. 13 (ShareGPT): mean batched requests Max 7.00, Oracle 13.62, vLLM 30.42: vLLM/Max 4.3x and
     vLLM/Oracle 2.2x (the paper's own ratios); each within ±20 %. Fig. 13 averages over the whole
-    serving run, so the whole-run `mean_running` is the figure to compare (README, "Batch sizes")."""
+    serving run, so the whole-run `mean_running` is the figure to compare (docs/scenarios.md, "Batch sizes")."""
     paged = paper_runs["paged"]["mean_running"]
     assert paged / paper_runs["slab-max"]["mean_running"] == pytest.approx(4.3, rel=0.2)
     assert paged / paper_runs["slab-oracle"]["mean_running"] == pytest.approx(2.2, rel=0.2)

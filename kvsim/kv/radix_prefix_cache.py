@@ -27,7 +27,7 @@ while nothing is evicted:
 Pages are blocks here: a match covers whole blocks, as SGLang's does with page_size = block size.
 SGLang's default page_size 1 (token-granular matches over a per-token pool) is `block_size = 1`:
 no partial block exists, so none needs a copy; a 16-token block gives up the matches that end
-inside a block (README, "Partial-block matches").
+inside a block (docs/policies.md, "Partial-block matches").
 """
 
 from __future__ import annotations

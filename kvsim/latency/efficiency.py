@@ -20,7 +20,7 @@ source: Vidur's mlp.csv on H100, A100 and A40 (TP 1-8) and LLMServingSim's RTX P
                kernels: a norm reduces over the row first), t0 the floor of one kernel at the
                reference clock f_ref = 1.5 GHz, scaled by the GPU's boost clock (a kernel too small to
                stream costs a fixed number of cycles). Fitted on one HBM GPU, these predict the other
-               within 10 % per layer (leave-one-GPU-out, README); the former single ηt and t0 missed
+               within 10 % per layer (leave-one-GPU-out, docs/accuracy.md); the former single ηt and t0 missed
                by 14-15 %, biased by the GPUs' different clocks and L2 sizes
     ηa         paged decode alone: KV read at about 0.88 of datasheet in the bundles (batch >= 32,
                context >= 1k)

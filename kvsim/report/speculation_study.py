@@ -32,7 +32,7 @@ from kvsim.report.studies import SATURATE, Section, Study, poisson, variant
 from kvsim.workload.scenario import Scenario
 
 # EAGLE-3 for Llama-3.1-8B-Instruct: mean acceptance length 2.77 at K = 7 on MT-bench, temperature 1
-# (the public yuhuili/EAGLE3-LLaMA3.1-Instruct-8B head; README, "Speculative decoding")
+# (the public yuhuili/EAGLE3-LLaMA3.1-Instruct-8B head; docs/policies.md, "Speculative decoding")
 DEFAULT_SPECULATION: dict[str, Any] = {"method": "eagle3", "num_speculative_tokens": 7, "acceptance_length": 2.77}
 SPEC_REQUESTS_PER_SEQ = 3  # requests per batch slot: the batch stays full for most of the run
 SPEC_MIN_REQUESTS = 12
