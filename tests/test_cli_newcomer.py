@@ -60,13 +60,17 @@ FLAG = re.compile(r"(?<![\w-])(--?[a-z][a-z0-9-]*)")
 
 
 def test_every_flag_the_readme_command_table_names_is_in_that_commands_help():
-    """The README's command table is where a newcomer learns the options: each `-x`/`--flag` a row names
-    (its usage and its description) must be one `kvsim CMD --help` lists, spelt the same; and the engine
-    flags docs/commands.md says capacity and report take as in vLLM must be theirs."""
+    """The README's command table is where a newcomer learns the options, and docs/commands.md has each row in
+    full: each `-x`/`--flag` a row of either names (its usage and its description) must be one `kvsim CMD --help`
+    lists, spelt the same; and the engine flags docs/commands.md says capacity and report take as in vLLM must be
+    theirs."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    rows = [line for line in readme.splitlines() if line.startswith("| `kvsim ")]
-    assert len(rows) == 7  # run, calibrate, import-profile, report, validate, plan, capacity
     reference = COMMANDS_PAGE.read_text(encoding="utf-8")
+    rows = []
+    for page in (readme, reference):
+        table = [line for line in page.splitlines() if line.startswith("| `kvsim ")]
+        assert len(table) == 7  # run, calibrate, import-profile, report, validate, plan, capacity
+        rows += table
     engine_flags = reference.split("Flags use vLLM's engine-argument names", 1)[1].split("; `kvsim run` takes", 1)[0]
     for row in rows:
         command = row.removeprefix("| `kvsim ").split()[0].rstrip("`")
