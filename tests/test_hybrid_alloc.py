@@ -233,3 +233,36 @@ def test_v1_admits_a_prompt_inside_the_window_whole_and_a_longer_one_by_its_firs
     assert sched.can_admit(beyond, NO_HIT, 4)  # its first chunk: 2 blocks
     alloc.free(99)
     assert sched.can_admit(inside, NO_HIT, 4)
+
+
+def test_a_request_inside_its_window_needs_only_its_own_blocks() -> None:
+    """vLLM's per-request bound for a sliding group (`SlidingWindowSpec.max_memory_usage_bytes`) adds a block for
+    a window that starts mid-block; a sequence no longer than its window never slides, so it holds
+    cdiv(tokens, block_size) blocks, as full attention does, and no more. fuzz38 found kvsim rejecting such
+    requests on arrival ("needs more KV slots than the pool's ...") that fit the pool exactly.
+
+    The tiny world (window 8, blocks of 4, budget 64): 7 tokens hold 2 + 2 blocks (the bound said 3 + 2); 30
+    tokens, one chunk, hold all 8 blocks of each group (the bound said 9 + 8)."""
+    alloc = tiny()
+    assert alloc.region_slots(7) == (2 + 2) * 4
+    assert alloc.request_slots(7, 7, 1) == 16
+    assert alloc.region_slots(30) == (8 + 8) * 4
+    short_budget = GroupedPagedAllocator(20, alloc.layout, max_num_batched_tokens=4)
+    # budget 4: the window keeps 7 tokens before a 4-token chunk, cdiv(11, 4) + 1 = 4 blocks (at 10 computed
+    # tokens, none skipped yet: blocks 0-3 held), below the sequence's 8
+    assert short_budget.region_slots(30) == (4 + 8) * 4
+
+
+def test_mistral_requests_inside_the_window_fill_the_pool_exactly() -> None:
+    """Mistral-7B slides every layer over 4,096 tokens. max_model_len 128, blocks of 32, 5 blocks (the null
+    block and 4 usable, 128 slots): a 68-token prompt with 38 or 60 output tokens (106 and 128 tokens, KV of
+    105 and 127) holds cdiv(·, 32) = 4 blocks, so vLLM serves both; kvsim rejected both, asking for 5 blocks."""
+    import kvsim
+
+    scenario = {"model": "mistral-7b", "engine": {"max_model_len": 128, "block_size": 32,
+                                                  "num_gpu_blocks_override": 5},
+                "workload": {"num_requests": 2, "arrival": {"process": "constant", "rate": 1},
+                             "prompt_len": {"dist": "fixed", "value": 68},
+                             "output_len": {"dist": "uniform", "low": 38, "high": 60}}}
+    summary = kvsim.simulate(scenario, check=True).summary
+    assert summary["num_rejected"] == 0 and summary["num_finished"] == 2

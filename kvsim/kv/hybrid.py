@@ -28,8 +28,9 @@ keeps its own block table per sequence, and all groups draw block ids from one `
   vLLM v1's scheduler calls `allocate_slots(request, num_new_tokens)` with the chunk the token budget
   allows for every model (`admits_by_chunk_above_tokens`): a prompt longer than the pool could hold
   in every group at once is served a chunk at a time while its windows free blocks behind it, and
-  may be preempted when the next chunk does not fit. What can never be served is what vLLM's
-  startup check counts: more than `blocks_per_request` blocks (`region_slots`).
+  may be preempted when the next chunk does not fit. What can never be served is more than the
+  request's peak (`region_slots`): vLLM's startup bound (`blocks_per_request`) at the request's own
+  length, each group capped at the blocks the sequence has.
 * `allocate` is all-or-nothing. Parallel sampling (fork) and swap are not supported (vLLM v1
   has neither for hybrid models); decode bursts are off (`supports_bursts`).
 
@@ -113,8 +114,12 @@ class GroupedPagedAllocator(PoolSlots):
         return self._num_mapped_blocks * self.block_size
 
     def region_slots(self, final_num_tokens: int, prompt_len: int | None = None) -> int:
-        """The most slots one sequence of `final_num_tokens` tokens holds at once (vLLM's per-request maximum)."""
-        return self.layout.blocks_per_request(final_num_tokens, self.max_num_batched_tokens) * self.block_size
+        """The most slots one sequence of `final_num_tokens` tokens holds at once: per group vLLM's per-request
+        maximum with `final_num_tokens` for max_model_len, at most the sequence's own cdiv(final_num_tokens,
+        block_size) blocks (`KVLayout.prefill_blocks`). vLLM's bound adds a block for a window that starts
+        mid-block; a sequence no longer than its window never slides, so it holds its blocks and no more (a
+        106-token request in a window of 4,096 tokens and blocks of 32 holds 4 blocks, not 5)."""
+        return self.layout.prefill_blocks(final_num_tokens, self.max_num_batched_tokens) * self.block_size
 
     def request_slots(self, prompt_len: int, final_num_tokens: int, num_samples: int) -> int:
         """One sequence per request (v1 runs each parallel sample as a request of its own; beams are refused)."""
