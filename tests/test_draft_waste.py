@@ -56,3 +56,28 @@ def test_no_speculation_no_column():
     raw["engine"].pop("speculative_config")
     result = kvsim.simulate(make_scenario(raw))
     assert "draft_rejected" not in result.steps and "draft_rejected" not in result.summary["waste"]
+
+
+def test_a_decode_after_a_passed_over_verify_overwrites_its_rejected_drafts():
+    """fuzz38: the `reserved` share went negative. Async scheduling, EAGLE K = 2, every draft rejected; prompt
+    4, reply 4 (kv_len 7), max_model_len 8, one usable block of 16. Step 1 prefills slots 0-3; step 2 verifies
+    token 5 and 2 drafts (slots 4-6) and keeps token 5 alone: rejected drafts sit in slots 5 and 6. Step 3 is
+    planned while that verify is in flight, still counting its drafts (vLLM's cap: 8 − 1 − 6 tokens − 2 in
+    flight < 0), so the request is passed over, its new drafts dropped; the empty plan is made again at once
+    and decodes token 6 alone into slot 5, over one draft: 6 token states, slot 6 a rejected draft (below
+    kv_len: out of `reserved`, which is then 0). Step 4 verifies token 7 with no draft (8 − 1 − 7 = 0) into
+    slot 6: no draft left. kvsim counted slot 5 both a token and a draft in step 3 (reserved −1), and in
+    step 4 still counted 2 drafts after the 6 computed tokens (slot 7, past kv_len, out of internal_frag)."""
+    scenario = make_scenario({
+        "name": "passed-over", "engine": {"max_model_len": 8, "num_gpu_blocks_override": 2, "async_scheduling": True,
+                                          "speculative_config": {"method": "eagle", "num_speculative_tokens": 2,
+                                                                 "acceptance_rates": 0.0}},
+        "workload": {"num_requests": 1, "arrival": {"process": "constant", "rate": 1.0},
+                     "prompt_len": {"dist": "fixed", "value": 4}, "output_len": {"dist": "fixed", "value": 4}}})
+    result = kvsim.simulate(scenario, check=True)
+    slots = (result.steps[SHARES] * 16).round(9)
+    assert list(result.steps.num_batched_tokens) == [4, 3, 1, 1]
+    assert list(slots.token_state) == [4, 5, 6, 7]
+    assert list(slots.reserved) == [3, 2, 0, 0]
+    assert list(slots.draft_rejected) == [0, 0, 1, 0]
+    assert list(slots.internal_frag) == [9, 9, 9, 9]

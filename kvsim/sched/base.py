@@ -335,6 +335,8 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
                     done.append(req)
                 continue
             req.num_computed_tokens = computed = req.num_computed_tokens + num_new
+            if spec is not None and req.request_id in spec.overwriting:  # its step wrote over rejected drafts
+                req.num_rejected_draft_slots = max(0, req.num_rejected_draft_slots - num_new)
             num_output = req.num_output_tokens
             if computed < req.prompt_len + num_output:
                 continue  # a prefill chunk: nothing sampled yet
@@ -352,6 +354,7 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
         if spec is not None:
             spec.pending.clear()
             spec.accepted.clear()
+            spec.overwriting.clear()
         if self.offload is not None:
             self._store_computed(plan, now)
         return self.finish(done, now)

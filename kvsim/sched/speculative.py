@@ -157,6 +157,10 @@ class Speculation:
     (`kvsim.sched.v1.V1Scheduler.select`). `in_flight_finished` likewise maps each request that verify ended by
     accepted drafts (async only) to the tokens vLLM still counts computed past its own (the verify's 1 + d less
     the tokens it emitted): vLLM, not sure it ends, plans one more verify for it, output discarded.
+    `overwriting` holds the requests the step being planned decodes without a verify while drafts a verify
+    rejected still sit after their computed tokens (async scheduling passed them over once and dropped their new
+    drafts, `kvsim.sched.v1.V1Scheduler._drop_unscheduled_drafts`): that step writes over the first of those
+    slots, as a verify does.
     """
 
     model: AcceptanceModel
@@ -171,6 +175,7 @@ class Speculation:
     accepted: dict[int, int] = field(default_factory=dict)
     in_flight_rejected: dict[int, int] = field(default_factory=dict)
     in_flight_finished: dict[int, int] = field(default_factory=dict)
+    overwriting: set[int] = field(default_factory=set)
     drops_last_hit_block: bool = False  # EAGLE: a prefix hit recomputes its last block (`Scheduler.lookup`)
 
     @property

@@ -33,16 +33,16 @@ class SpeculativeSteps:
         A verify that leaves c tokens computed and rejects r drafts leaves their KV in slots [c, c + r)
         of the request's blocks. The next step that schedules the request writes slot c first (its
         last sampled token, counted written when planned), so from then [c + 1, c + r) remain; the
-        step overwrites them as it runs. Slots below `kv_len` are the pool's reserved ones, the rest
-        its internal fragmentation."""
+        step overwrites them as it runs; a step that decodes the request without a verify (`overwriting`) writes
+        slot c too. Slots below `kv_len` are the pool's reserved ones, the rest its internal fragmentation."""
         assert self.speculation is not None
-        verifying = self.speculation.pending
+        verifying, overwriting = self.speculation.pending, self.speculation.overwriting
         below = past = 0
         for req in self.running:
             rejected = req.num_rejected_draft_slots
             if rejected and req.status is RequestStatus.RUNNING:
-                computed = req.num_computed_tokens
-                start, end = computed + (req.request_id in verifying), computed + rejected
+                computed, request_id = req.num_computed_tokens, req.request_id
+                start, end = computed + (request_id in verifying or request_id in overwriting), computed + rejected
                 if end > start:
                     inside = max(0, min(end, req.kv_len) - start)
                     below += inside

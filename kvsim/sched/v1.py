@@ -173,6 +173,8 @@ class V1Scheduler(Scheduler):
             if verify:
                 assert spec is not None
                 spec.pending[req.request_id] = num_new - 1
+            elif spec is not None and req.num_rejected_draft_slots:
+                spec.overwriting.add(req.request_id)
             scheduled.append((req, num_new))
             budget -= num_new
             i += not finished
