@@ -123,3 +123,24 @@ def test_select_beams_draws_what_one_broadcast_gamma_draw_does(width):
             plain_parents, plain_scores = _select_beams_plain(plain_scores, plain_rng)
             assert fast_parents == plain_parents and fast_scores.tobytes() == plain_scores.tobytes()
         assert fast_rng.bit_generator.state == plain_rng.bit_generator.state
+
+
+def test_v1_counts_every_beams_token_in_the_step_budget():
+    """fuzz38: a v1 step computed 65 tokens with max_num_batched_tokens 64: a forked beam group's decode took 1
+    token of the budget while it computes one per beam (vLLM counts each beam's token: v1 runs a request per
+    beam). By hand, budget 16, beam width 2, prompts of 24, replies of 4, one step of 10 ms each, caching off,
+    the second request arriving during the first step: A prefills 16; then A's last 8 and B's first 8; then A's
+    2 beams decode and B gets the 14 tokens left (kvsim gave it 15: 17 in all); then A's 2 and B's last 2; then
+    both groups decode (4), and B alone twice more."""
+    import kvsim
+
+    scenario = {"engine": {"max_model_len": 128, "num_gpu_blocks_override": 40, "max_num_batched_tokens": 16,
+                           "max_num_seqs": 4, "async_scheduling": False, "enable_prefix_caching": False},
+                "workload": {"num_requests": 2, "arrival": {"process": "constant", "rate": 1000},
+                             "prompt_len": {"dist": "fixed", "value": 24}, "output_len": {"dist": "fixed", "value": 4},
+                             "beam_width": 2},
+                "latency": {"model": "constant", "step_s": 0.01}}
+    steps = kvsim.simulate(scenario, check=True).steps
+    assert list(steps.num_batched_tokens) == [16, 16, 16, 4, 4, 2, 2]
+    assert list(steps.num_prefill_tokens) == [16, 16, 14, 2, 0, 0, 0]
+    assert list(steps.num_decode_seqs) == [0, 0, 2, 2, 4, 2, 2]

@@ -156,6 +156,10 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
         """
         return sum([r.num_samples for r in self.running]) + self.num_finishing_seqs()  # a list: faster than a generator
 
+    def computing_seqs(self, req: Request) -> int:
+        """The sequences a scheduled `req` computes (`_sequences`): its beams or samples once forked, else one."""
+        return _sequences(req, self._forked)
+
     # ------------------------------------------------------------ allocation
     def active_seq_ids(self, req: Request) -> list[int]:
         return req.seq_ids + req.child_seq_ids() if req.request_id in self._forked else req.seq_ids

@@ -123,6 +123,7 @@ class V1Scheduler(Scheduler):
         # async: requests a verify just ended by accepted drafts, due vLLM's discarded verify (admission order)
         wasted = self._wasted_verifies() if spec is not None and spec.in_flight_finished else []
         order = self.admission_order
+        group_tokens: dict[int, int] = {}  # request id -> the budget a scheduled beam group took, all beams
         i = 0
         while budget > 0:
             if spec is None:  # no verifies, none wasted: the plain decodes from `i` on, then one that is not
@@ -146,6 +147,10 @@ class V1Scheduler(Scheduler):
             # ends one token short of its tokens sampled nothing: its next step computes that token alone)
             verify = spec is not None and (finished or req.has_drafts)
             num_new, hold_slots, ahead = min(req.num_tokens - past, budget), 0, 0
+            num_seqs = self.computing_seqs(req)  # a forked beam group computes num_new tokens per beam
+            if num_new * num_seqs > budget:  # vLLM counts each beam's token (v1: a request per beam)
+                i += 1  # a group is scheduled whole or not at all: the requests after it may still fit
+                continue
             if spec is not None:
                 if verify:
                     if self.async_scheduling:  # vLLM still counts the drafts the verify ending now rejected
@@ -165,7 +170,7 @@ class V1Scheduler(Scheduler):
             fits = self.allocate_or_preempt(req, None if finished else past + 1 if verify else past + num_new, plan,
                                             hold_slots)
             if len(plan.preempted) > num_preempted and self.waiting.policy == "priority":
-                refunded, unscheduled = self._unschedule(plan, plan.preempted[num_preempted:])
+                refunded, unscheduled = self._unschedule(plan, plan.preempted[num_preempted:], group_tokens)
                 budget += refunded
                 i -= unscheduled  # they stood before `req` in `running`
             if not fits:
@@ -176,7 +181,9 @@ class V1Scheduler(Scheduler):
             elif spec is not None and req.num_rejected_draft_slots:
                 spec.overwriting.add(req.request_id)
             scheduled.append((req, num_new))
-            budget -= num_new
+            budget -= num_new * num_seqs
+            if num_seqs > 1:
+                group_tokens[req.request_id] = num_new * num_seqs
             i += not finished
         if spec is not None:
             spec.in_flight_rejected.clear()  # the next plan comes after this one's output: vLLM counts them no more
@@ -212,16 +219,16 @@ class V1Scheduler(Scheduler):
             if req.has_drafts and id(req) not in scheduled:
                 req.has_drafts = False
 
-    def _unschedule(self, plan: StepPlan, victims: list[Request]) -> tuple[int, int]:
+    def _unschedule(self, plan: StepPlan, victims: list[Request], group_tokens: dict[int, int]) -> tuple[int, int]:
         """Take preempted requests that this step already scheduled out of `plan.scheduled`, as vLLM's
-        priority preemption does (their tokens go back to the budget; `account` never sees them);
-        returns (tokens, requests)."""
+        priority preemption does (their tokens go back to the budget, every beam's of a beam group as
+        `group_tokens` has them; `account` never sees them); returns (tokens, requests)."""
         gone = {id(v) for v in victims}
         if self.speculation is not None:
             for victim in victims:
                 self.speculation.pending.pop(victim.request_id, None)
         kept = [(r, n) for r, n in plan.scheduled if id(r) not in gone]
-        refunded = sum(n for r, n in plan.scheduled if id(r) in gone)
+        refunded = sum(group_tokens.get(r.request_id, n) for r, n in plan.scheduled if id(r) in gone)
         # of `running` only: a finished victim (its discarded verify, `_wasted_verifies`) was never in it
         unscheduled = sum(1 for r, _ in plan.scheduled if id(r) in gone and r.status is not RequestStatus.FINISHED)
         plan.scheduled[:] = kept
