@@ -294,3 +294,37 @@ def test_a_waiting_request_to_be_let_go_does_not_block_the_queue():
     step(20)
     assert step.plan.ignored == [a] and step.plan.scheduled == [(b, 1)]
     assert (a.num_output_tokens, a.num_length_capped_tokens, a.finish_s) == (18, 42, 20.0)
+
+
+def test_a_swapped_request_that_fits_the_pool_but_never_beside_the_watermark_is_a_stall_said_in_one_line():
+    """preemption_mode=swap, 5 blocks, a 1-block watermark; a 40-token prompt (3 blocks: 5 − 3 ≥ 1, admitted) asking
+    40. As in the recompute case above it decodes to position 64 (all 5 blocks) and at 65 finds no free block: step
+    27 swaps it out, 65 tokens in KV (4 full blocks, 1 token in the fifth). `_can_swap` counts the full blocks (4)
+    and its append (1): 5 ≤ 5, not NEVER, so it is not let go; 5 free − 5 = 0 < 1 watermark block: LATER, with
+    every block free. Nothing runs and `_schedule_default` admits nobody while it is swapped out: vLLM v0 waits
+    forever, which the run says in one line (`HeldKvStall`) instead of "scheduler stalled"."""
+    sched = v0_world(5, watermark_blocks=1, num_cpu_blocks=8, preemption_mode="swap")
+    req = make_request(0, 0.0, 40, 40)
+    assert sched.add(req)
+    step = stepper(sched)
+    for t in range(1, 27):
+        assert step(t)[1] == []
+    assert step(27) == ([], [0], {}) and req.num_output_tokens == 26
+    assert step(28) == ([], [], {}) and not step.plan.ignored and list(sched.swapped) == [req]
+    reason = sched.held_kv_stall()
+    assert reason is not None and "needs 5 KV blocks" in reason and "the pool's 5" in reason
+    assert "the watermark's 1," in reason
+
+
+def test_the_swap_stall_ends_a_run_with_the_line():
+    from kvsim.engine.simulate import simulate
+    from kvsim.model.errors import HeldKvStall
+    from kvsim.workload.scenario import make_scenario
+    fixed = {"dist": "fixed"}
+    scenario = make_scenario({"engine": {"scheduler": "v0", "max_model_len": 80, "num_gpu_blocks_override": 5,
+                                         "watermark": 0.2, "preemption_mode": "swap"},
+                              "workload": {"num_requests": 1, "prompt_len": {**fixed, "value": 40},
+                                           "output_len": {**fixed, "value": 40}},
+                              "latency": {"model": "constant"}, "steps": "none"})
+    with pytest.raises(HeldKvStall, match="request 0 is swapped out and needs 5 KV blocks"):
+        simulate(scenario)

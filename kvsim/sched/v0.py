@@ -22,6 +22,8 @@ then outgrows that runs until no block is left for it, is preempted, and is let 
 whole sequence's blocks exceed the pool less the watermark (recompute, `_schedule_prefills`) or its swapped blocks
 and next tokens the pool (`_schedule_swapped`'s infeasible groups). vLLM marks it FINISHED_IGNORED and returns the
 tokens it generated, finish reason "length": kvsim ends it so, the rest of its output length-capped (`_let_go`).
+A swapped one whose blocks and next tokens fit the pool but not beside the watermark is never let go nor swapped in
+(`_can_swap` LATER) and no one is admitted meanwhile: vLLM v0 waits forever, kvsim says so (`held_kv_stall`).
 Outputs stop at max_model_len (`Request.cap_output`), as the OpenAI server's default max_tokens stops them; v0's own
 stop check (`StopChecker.maybe_stop_sequence`: `seq.get_len() > max_model_len`) lets an offline `LLM` request
 asking more run one token further.
@@ -40,6 +42,7 @@ from __future__ import annotations
 from kvsim.kv import PagedAllocator, PrefixHit
 from kvsim.latency.step_plan import StepPlan
 from kvsim.sched.base import Scheduler
+from kvsim.sched.fanout import request_label
 from kvsim.workload.request import Request, RequestStatus
 
 
@@ -180,6 +183,28 @@ class V0Scheduler(Scheduler):
         req.output_len = req.num_output_tokens
         plan.ignored.append(req)
         self.finish([req], now)
+
+    def held_kv_stall(self) -> str | None:
+        """`Scheduler.held_kv_stall`, and vLLM v0's own stall: nothing runs and the swapped head's blocks and next
+        tokens fit the whole pool (`_can_swap` is not NEVER, so it is not let go) but not beside the watermark, so
+        `_can_swap` answers LATER however many blocks are free, and `_schedule_default` admits nobody while a group
+        is swapped out: nothing ever runs again. A request preempted by swap with its last block partial and the
+        pool full comes to it alone (5 blocks, a 1-block watermark: 4 full blocks and the append's 1 fit the 5)."""
+        alloc = self.alloc
+        if self.running or not self.swapped or not isinstance(alloc, PagedAllocator):
+            return super().held_kv_stall()
+        req = self.swapped[0]
+        seq_ids = self.active_seq_ids(req)
+        growth, block = alloc.swap_in_growth_slots(seq_ids), alloc.block_size
+        assert not alloc.can_swap_in(seq_ids, self.limits.watermark_slots + growth), "nothing runs: it swaps in"
+        needed_slots = alloc.swapped_slots(seq_ids) + growth
+        watermark_blocks = self.limits.watermark_slots // block
+        return (f"engine.watermark: request {request_label(req.request_id)} is swapped out and needs "
+                f"{needed_slots // block} KV blocks to come back (its blocks and next tokens), which fit the "
+                f"pool's {alloc.num_total_slots // block} but never beside the watermark's {watermark_blocks}, "
+                "and nothing runs: vLLM v0's scheduler waits forever there (its `_can_swap` answers LATER, and "
+                "nothing is admitted while a request is swapped out); lower engine.watermark or give the KV cache "
+                "more blocks (engine.num_gpu_blocks_override, engine.gpu_memory_utilization)")
 
     def waiting_blocked(self) -> bool:
         req = self.waiting.peek()
