@@ -283,7 +283,9 @@ def test_a_waiting_request_to_be_let_go_does_not_block_the_queue():
     admitted in step 1, free 3. Step k decodes B's position k − 1 and A's 94 + k: A takes a block at 96 (step 2)
     and 112 (step 18), B at 16 (step 17), so step 19 finds none for B's position 18 and preempts A, the last
     admitted, with 114 tokens (18 of its own): cdiv(114, 16) = 8 blocks > 10 − 3, NEVER. The queue's head is not
-    blocked (a decode burst of B must not run past it): step 20 lets A go, as `_schedule_prefills` ignores it."""
+    blocked (a decode burst of B must not run past it): step 20 lets A go, as `_schedule_prefills` ignores it, and
+    decodes B; vLLM returns A with that step's outputs (`LLMEngine._process_model_outputs` adds the ignored groups'
+    after the scheduled ones', once the model ran), so A ends when step 20 does, at 20.5, not when it is planned."""
     sched = v0_world(10, watermark_blocks=3)
     b, a = make_request(0, 0.0, 1, 100), make_request(1, 0.0, 96, 60)
     assert sched.add(b) and sched.add(a)
@@ -293,7 +295,8 @@ def test_a_waiting_request_to_be_let_go_does_not_block_the_queue():
     assert step(19) == ([(0, 1)], [1], {0: [0, 8]}) and not sched.waiting_blocked()
     step(20)
     assert step.plan.ignored == [a] and step.plan.scheduled == [(b, 1)]
-    assert (a.num_output_tokens, a.num_length_capped_tokens, a.finish_s) == (18, 42, 20.0)
+    assert (a.num_output_tokens, a.num_length_capped_tokens, a.finish_s) == (18, 42, 20.5)
+    assert sched.records.count(a.status) == 1
 
 
 def test_a_swapped_request_that_fits_the_pool_but_never_beside_the_watermark_is_a_stall_said_in_one_line():
@@ -328,3 +331,19 @@ def test_the_swap_stall_ends_a_run_with_the_line():
                               "latency": {"model": "constant"}, "steps": "none"})
     with pytest.raises(HeldKvStall, match="request 0 is swapped out and needs 5 KV blocks"):
         simulate(scenario)
+
+
+@pytest.mark.parametrize("bursts", [True, False])
+def test_a_request_let_go_beside_a_running_one_ends_when_the_step_does(bursts):
+    """The queue world above run by the engine loop, 10 ms a step: step k runs from 0.01 (k − 1) to 0.01 k. Step
+    20 (0.19 → 0.20) lets A go and decodes B; A's output comes with that step's (`_process_model_outputs`), at
+    0.20: E2E 0.20, TTFT 0.01 (step 1 prefilled it). B, asking 100 tokens, is never preempted again (A was the
+    last admitted): it runs alone from step 20 on, one token a step after its first at 0.01, so it ends at
+    0.01 · 100 = 1.00, decode bursts or not."""
+    from tests.conftest import run
+    sched = v0_world(10, watermark_blocks=3)
+    b, a = make_request(0, 0.0, 1, 100), make_request(1, 0.0, 96, 60)
+    run(sched, [b, a], bursts=bursts)
+    assert (a.num_output_tokens, a.num_length_capped_tokens, a.num_preemptions) == (18, 42, 1)
+    assert (a.first_token_s, a.finish_s) == pytest.approx((0.01, 0.20))
+    assert (b.num_output_tokens, b.num_preemptions, b.finish_s) == pytest.approx((100, 0, 1.00))

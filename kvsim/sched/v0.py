@@ -82,12 +82,21 @@ class V0Scheduler(Scheduler):
         if not self.swapped and self.waiting:
             self._admit_prefills(plan, now)
             self.alloc.mark_blocks_as_computed()  # as vLLM v0's `schedule` once the batch is built
-            if plan.scheduled:
-                return plan
-        self._decode_running(plan)
-        if not plan.preempted and self.swapped:
-            self._swap_in(plan, now)
+        if not plan.scheduled:
+            self._decode_running(plan)
+            if not plan.preempted and self.swapped:
+                self._swap_in(plan)
+        if plan.ignored and plan.is_empty:  # no step runs: `LLMEngine.step` returns them at once
+            self.finish(plan.ignored, now)
         return plan
+
+    def complete(self, plan: StepPlan, now: float) -> list[Request]:
+        """`Scheduler.complete`, then the requests the step let go end (`_let_go`), after those it finished: vLLM
+        v0's `_process_model_outputs` returns the ignored groups after the scheduled ones, once the step ran."""
+        done = super().complete(plan, now)
+        if plan.ignored and not plan.is_empty:  # an empty plan's ended when planned (`select`)
+            done += self.finish(plan.ignored, now)
+        return done
 
     def try_allocate(self, req: Request, num_tokens_total: int | None, plan: StepPlan, hold_slots: int = 0) -> bool:
         """`Scheduler.try_allocate`, only while the free blocks are at least the request's sequences: vLLM v0's
@@ -114,7 +123,7 @@ class V0Scheduler(Scheduler):
             req = waiting.peek()
             if self._never_fits(req):  # checked before the budget, as `_schedule_prefills` does
                 waiting.pop()
-                self._let_go(req, plan, now)
+                self._let_go(req, plan)
                 continue
             if num_seqs + req.num_samples > self.limits.max_num_seqs:
                 break
@@ -136,7 +145,7 @@ class V0Scheduler(Scheduler):
             plan.scheduled.append((req, 1))
             i += 1
 
-    def _swap_in(self, plan: StepPlan, now: float) -> None:
+    def _swap_in(self, plan: StepPlan) -> None:
         alloc = self.alloc
         while self.swapped and self.num_running_seqs() + self.swapped[0].num_samples <= self.limits.max_num_seqs:
             req = self.swapped[0]
@@ -145,7 +154,7 @@ class V0Scheduler(Scheduler):
             # `_can_swap`: NEVER where the swapped blocks and each sequence's next token exceed the whole pool
             if isinstance(alloc, PagedAllocator) and alloc.swapped_slots(seq_ids) + growth > alloc.num_total_slots:
                 self.swapped.popleft()
-                self._let_go(req, plan, now)
+                self._let_go(req, plan)
                 continue
             # room for the swapped blocks, the watermark, and each sequence's next token
             headroom = self.limits.watermark_slots + growth
@@ -173,16 +182,17 @@ class V0Scheduler(Scheduler):
         return (isinstance(alloc, PagedAllocator)
                 and alloc.region_slots(req.num_tokens) > alloc.num_total_slots - self.limits.watermark_slots)
 
-    def _let_go(self, req: Request, plan: StepPlan, now: float) -> None:
-        """End `req`, taken out of its queue, which can never run again: vLLM v0 marks it FINISHED_IGNORED and
+    def _let_go(self, req: Request, plan: StepPlan) -> None:
+        """Let go `req`, taken out of its queue, which can never run again: vLLM v0 marks it FINISHED_IGNORED and
         returns the tokens it generated with finish reason "length" (`SequenceStatus.get_finished_reason`), so
-        the rest of its output is length-capped (`num_length_capped_tokens`), its KV (a swapped one's CPU blocks)
-        freed. It ends when the step letting it go is planned (vLLM returns it with that step's outputs)."""
+        the rest of its output is length-capped (`num_length_capped_tokens`). It ends, its KV (a swapped one's
+        CPU blocks) freed, with the outputs of the step letting it go (`LLMEngine._process_model_outputs` adds
+        the ignored groups' after the scheduled ones'): when that step ends (`complete`), at once if it runs
+        nothing (`select`)."""
         assert req.num_output_tokens > 0, "only a request preempted while decoding outgrows the pool"
         req.num_length_capped_tokens += req.output_len - req.num_output_tokens
         req.output_len = req.num_output_tokens
         plan.ignored.append(req)
-        self.finish([req], now)
 
     def held_kv_stall(self) -> str | None:
         """`Scheduler.held_kv_stall`, and vLLM v0's own stall: nothing runs and the swapped head's blocks and next
