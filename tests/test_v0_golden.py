@@ -315,7 +315,7 @@ def test_a_swapped_request_that_fits_the_pool_but_never_beside_the_watermark_is_
     assert step(27) == ([], [0], {}) and req.num_output_tokens == 26
     assert step(28) == ([], [], {}) and not step.plan.ignored and list(sched.swapped) == [req]
     reason = sched.held_kv_stall()
-    assert reason is not None and "needs 5 KV blocks" in reason and "the pool's 5" in reason
+    assert reason is not None and "counts 5 KV blocks" in reason and "the pool's 5" in reason
     assert "the watermark's 1," in reason
 
 
@@ -329,7 +329,7 @@ def test_the_swap_stall_ends_a_run_with_the_line():
                               "workload": {"num_requests": 1, "prompt_len": {**fixed, "value": 40},
                                            "output_len": {**fixed, "value": 40}},
                               "latency": {"model": "constant"}, "steps": "none"})
-    with pytest.raises(HeldKvStall, match="request 0 is swapped out and needs 5 KV blocks"):
+    with pytest.raises(HeldKvStall, match="request 0 is swapped out and vLLM v0 counts 5 KV blocks"):
         simulate(scenario)
 
 
@@ -347,3 +347,20 @@ def test_a_request_let_go_beside_a_running_one_ends_when_the_step_does(bursts):
     assert (a.num_output_tokens, a.num_length_capped_tokens, a.num_preemptions) == (18, 42, 1)
     assert (a.first_token_s, a.finish_s) == pytest.approx((0.01, 0.20))
     assert (b.num_output_tokens, b.num_preemptions, b.finish_s) == pytest.approx((100, 0, 1.00))
+
+
+def test_a_swapped_group_is_let_go_by_vllms_count_each_sample_its_own_full_blocks():
+    """2 samples, a 32-token prompt (blocks 0 and 1, full, shared after the fork), 6 blocks, no watermark. Step 1
+    prefills and forks; step k ≥ 2 decodes position 30 + k of both samples, each needing a free block per sample
+    (`can_append_slots`): at 32 and at 48 each takes a new block (free 4 → 2 → 0). Step 19 (position 49) finds none
+    and swaps the group out with 18 tokens, 49 in KV per sample: blocks [0, 16) and [16, 32) shared, [32, 48) full
+    and 48 alone in each one's own. Step 20: `_can_swap` counts each sequence's full blocks, 3 + 3 (vLLM's forked
+    `Block` objects are their own, `NaiveBlockAllocator.get_num_full_blocks_touched`), and 1 + 1 for the appends:
+    8 > 6 blocks, NEVER: FINISHED_IGNORED with 18 tokens a sample, 42 of the 60 asked cut. (Counting the shared
+    blocks once, 2 + 2 + 2 and no new block for 49, it would swap back in: 6 ≤ 6.)"""
+    sched = v0_world(6, watermark_blocks=0, num_cpu_blocks=16)
+    req = make_request(0, 0.0, 32, 60, n=2)
+    assert sched.add(req)
+    assert run_until_done(sched, req) == [(20, 0)]
+    assert (req.num_output_tokens, req.num_length_capped_tokens, req.num_preemptions) == (18, 42, 1)
+    assert sched.num_held_slots == 0 and not sched.alloc.swapped

@@ -19,11 +19,13 @@ Per step, in this order:
 Refusal (paged pools), as vLLM v0, which cannot know an output's length: a request is refused on arrival only when
 its prompt's blocks exceed the pool less the watermark (`refusal_slots`; `can_allocate` NEVER). One whose output
 then outgrows that runs until no block is left for it, is preempted, and is let go when it cannot come back: its
-whole sequence's blocks exceed the pool less the watermark (recompute, `_schedule_prefills`) or its swapped blocks
-and next tokens the pool (`_schedule_swapped`'s infeasible groups). vLLM marks it FINISHED_IGNORED and returns the
-tokens it generated, finish reason "length": kvsim ends it so, the rest of its output length-capped (`_let_go`).
-A swapped one whose blocks and next tokens fit the pool but not beside the watermark is never let go nor swapped in
-(`_can_swap` LATER) and no one is admitted meanwhile: vLLM v0 waits forever, kvsim says so (`held_kv_stall`).
+whole sequence's blocks exceed the pool less the watermark (recompute, `_schedule_prefills`) or the blocks
+`_can_swap` counts to swap it in, each sequence's full blocks and next token (`_swap_in_touched_blocks`), the pool
+(`_schedule_swapped`'s infeasible groups). vLLM marks it FINISHED_IGNORED and returns the tokens it generated,
+finish reason "length": kvsim ends it so, the rest of its output length-capped (`_let_go`), with the outputs of the
+step letting it go. A swapped one whose count fits the pool but not beside the watermark is never let go nor
+swapped in (`_can_swap` LATER) and no one is admitted meanwhile: vLLM v0 waits forever, kvsim says so
+(`held_kv_stall`).
 Outputs stop at max_model_len (`Request.cap_output`), as the OpenAI server's default max_tokens stops them; v0's own
 stop check (`StopChecker.maybe_stop_sequence`: `seq.get_len() > max_model_len`) lets an offline `LLM` request
 asking more run one token further.
@@ -151,8 +153,9 @@ class V0Scheduler(Scheduler):
             req = self.swapped[0]
             seq_ids = self.active_seq_ids(req)
             growth = alloc.swap_in_growth_slots(seq_ids)
-            # `_can_swap`: NEVER where the swapped blocks and each sequence's next token exceed the whole pool
-            if isinstance(alloc, PagedAllocator) and alloc.swapped_slots(seq_ids) + growth > alloc.num_total_slots:
+            # `_can_swap`: NEVER where its count of blocks to touch exceeds the whole pool
+            if (isinstance(alloc, PagedAllocator)
+                    and self._swap_in_touched_blocks(req, seq_ids) * alloc.block_size > alloc.num_total_slots):
                 self.swapped.popleft()
                 self._let_go(req, plan)
                 continue
@@ -170,6 +173,22 @@ class V0Scheduler(Scheduler):
             grown = super().try_allocate(req, req.num_computed_tokens + 1, plan)
             assert grown
             plan.scheduled.append((req, 1))
+
+    def _swap_in_touched_blocks(self, req: Request, seq_ids: list[int]) -> int:
+        """vLLM v0's count of the blocks that swapping `req`'s group back in touches (`SelfAttnBlockSpaceManager.
+        _can_swap`), paged pools: each sequence's full blocks, and one for its next token
+        (`get_num_blocks_touched_by_append_slots`: 1 a sequence, room in its last block or not). vLLM keeps a
+        block table per sequence, a fork's `Block` objects new ones, which `NaiveBlockAllocator.
+        get_num_full_blocks_touched` counts apart: a full block the samples share counts once for each, though
+        kvsim's swap moves it once (module docstring). For one sequence it is exactly the blocks kvsim's swap-in
+        and its next token take. Not modelled: with prefix caching vLLM leaves out a full block that a running
+        request holds (`PrefixCachingBlockAllocator.get_num_full_blocks_touched`). Every sequence of a group
+        holds `num_computed_tokens` (samples and beams decode in step)."""
+        assert isinstance(self.alloc, PagedAllocator)
+        touched = len(seq_ids) * (req.num_computed_tokens // self.alloc.block_size + 1)
+        assert len(seq_ids) > 1 or touched * self.alloc.block_size == (
+            self.alloc.swapped_slots(seq_ids) + self.alloc.swap_in_growth_slots(seq_ids)), "one sequence: kvsim's"
+        return touched
 
     def _never_fits(self, req: Request) -> bool:
         """vLLM v0's `can_allocate` NEVER for a waiting request in a paged pool: its whole sequence's blocks (a
@@ -195,11 +214,13 @@ class V0Scheduler(Scheduler):
         plan.ignored.append(req)
 
     def held_kv_stall(self) -> str | None:
-        """`Scheduler.held_kv_stall`, and vLLM v0's own stall: nothing runs and the swapped head's blocks and next
-        tokens fit the whole pool (`_can_swap` is not NEVER, so it is not let go) but not beside the watermark, so
-        `_can_swap` answers LATER however many blocks are free, and `_schedule_default` admits nobody while a group
-        is swapped out: nothing ever runs again. A request preempted by swap with its last block partial and the
-        pool full comes to it alone (5 blocks, a 1-block watermark: 4 full blocks and the append's 1 fit the 5)."""
+        """`Scheduler.held_kv_stall`, and vLLM v0's own stall: nothing runs and the blocks `_can_swap` counts to
+        bring the swapped head back (`_swap_in_touched_blocks`) fit the whole pool (not NEVER, so it is not let go)
+        but not beside the watermark, so `_can_swap` answers LATER however many blocks are free, and
+        `_schedule_default` admits nobody while a group is swapped out: nothing ever runs again. A request
+        preempted by swap with its last block partial and the pool full comes to it alone (5 blocks, a 1-block
+        watermark: 4 full blocks and the append's 1 fit the 5). kvsim's swap-in (`can_swap_in`) takes no more
+        blocks than vLLM counts, so it cannot swap in either."""
         alloc = self.alloc
         if self.running or not self.swapped or not isinstance(alloc, PagedAllocator):
             return super().held_kv_stall()
@@ -207,14 +228,14 @@ class V0Scheduler(Scheduler):
         seq_ids = self.active_seq_ids(req)
         growth, block = alloc.swap_in_growth_slots(seq_ids), alloc.block_size
         assert not alloc.can_swap_in(seq_ids, self.limits.watermark_slots + growth), "nothing runs: it swaps in"
-        needed_slots = alloc.swapped_slots(seq_ids) + growth
         watermark_blocks = self.limits.watermark_slots // block
-        return (f"engine.watermark: request {request_label(req.request_id)} is swapped out and needs "
-                f"{needed_slots // block} KV blocks to come back (its blocks and next tokens), which fit the "
-                f"pool's {alloc.num_total_slots // block} but never beside the watermark's {watermark_blocks}, "
-                "and nothing runs: vLLM v0's scheduler waits forever there (its `_can_swap` answers LATER, and "
-                "nothing is admitted while a request is swapped out); lower engine.watermark or give the KV cache "
-                "more blocks (engine.num_gpu_blocks_override, engine.gpu_memory_utilization)")
+        return (f"engine.watermark: request {request_label(req.request_id)} is swapped out and vLLM v0 counts "
+                f"{self._swap_in_touched_blocks(req, seq_ids)} KV blocks to bring it back (its full blocks and "
+                f"next tokens), which fit the pool's {alloc.num_total_slots // block} but never beside the "
+                f"watermark's {watermark_blocks}, and nothing runs: vLLM v0's scheduler waits forever there (its "
+                "`_can_swap` answers LATER, and nothing is admitted while a request is swapped out); lower "
+                "engine.watermark or give the KV cache more blocks (engine.num_gpu_blocks_override, "
+                "engine.gpu_memory_utilization)")
 
     def waiting_blocked(self) -> bool:
         req = self.waiting.peek()
