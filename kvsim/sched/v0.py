@@ -35,8 +35,10 @@ turns on by default for a max_model_len over 32,768 (here every v0 step is `_sch
 0.6.4 on, v0 runs n > 1 samples as n sequence groups (`ParallelSampleSequenceGroup`), where kvsim forks them
 as the paper and earlier v0 do (`kvsim.sched.forks`). A swap moves a forked group's shared blocks once, as
 `BlockSpaceManagerV1` did (the paper's); v0's later `SelfAttnBlockSpaceManager` swaps each sequence's `Block`
-objects apart (`NaiveBlockAllocator.swap_out`/`swap_in`), so the group returns unshared. Nor v0's evictor order
-across sequences (`kvsim.kv.paged`).
+objects apart (`NaiveBlockAllocator.swap_out`/`swap_in`), so the group returns unshared. Whether a swapped group
+is let go follows that manager's count (`_swap_in_touched_blocks`, each sequence's full blocks apart); when one of
+several sequences comes back follows kvsim's (`can_swap_in`: its distinct blocks), which is lower, so kvsim may swap
+it in steps before vLLM would. Nor v0's evictor order across sequences (`kvsim.kv.paged`).
 """
 
 from __future__ import annotations
