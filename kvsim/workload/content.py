@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Hashable, Sequence
-from itertools import accumulate, count, islice
+from itertools import accumulate
 
 ROOT_HASH = 0x6B7673696D  # the parent hash of block 0
-RUN_SHIFT = 32  # a run of blocks inside one segment: keys base · 2^RUN_SHIFT + k (`SegmentContent.block_hashes`)
 
 
 class _ChainedHashes:
@@ -81,13 +80,18 @@ class SegmentContent(_ChainedHashes):
         Hot: every full block of every request is hashed once. The whole blocks that lie inside one
         segment form a *run*: the run is keyed once, `base = hash((parent, hash(segment id), offset))`
         (the key of the block before it, and where the run starts in the segment), and its blocks
-        take the consecutive integers `base · 2^32 + k` for k = 0, 1, ... (`RUN_SHIFT`), so a run of
-        n blocks costs one hash instead of n. Equal keys still mean equal prefixes: a run's base fixes
-        the tokens before it and the segment and offset it starts at, block k of it then covers that
-        segment's tokens from offset + k·bs; runs of different bases occupy disjoint integer ranges
-        (a run holds fewer than 2^32 blocks). A block across segments keeps `block_key`'s pieces, so
-        a key, like the per-block chain before it, depends only on the tokens up to its block, not on
-        how many blocks earlier calls hashed: a call that starts inside a run continues its integers.
+        take the consecutive integers `base + k` for k = 0, 1, ..., so a run of n blocks costs one hash
+        instead of n. A base is a 64-bit hash, so the keys stay C integers (`sys.maxsize`) bar a run
+        within its length of the top (probability n / 2^64; its keys are then merely bigger ints):
+        `range`, int hashing and the dicts take their fast paths. Equal keys still mean equal prefixes:
+        a run's base fixes the tokens before it and the segment and offset it starts at, block k of it
+        then covers that segment's tokens from offset + k·bs; two runs of a and b blocks under different
+        bases share a key only if the bases lie within a + b of each other, probability (a + b − 1) / 2^64
+        for hashes taken as uniform: over R runs of N blocks in all, below R·N / 2^64 (5e-5 for a million
+        runs of a thousand blocks, where the per-block 64-bit chain of vLLM's builtin hash risks N² / 2^65,
+        3e-2). A block across segments keeps `block_key`'s pieces, so a key, like the per-block chain
+        before it, depends only on the tokens up to its block, not on how many blocks earlier calls
+        hashed: a call that starts inside a run continues its integers.
 
         A call whose new blocks all lie in the segment of the last hashed block, which lies inside it (a
         decoding sequence's next blocks, hot), continues that run without looking the segment up: the loop
@@ -100,10 +104,11 @@ class SegmentContent(_ChainedHashes):
         if num_blocks <= done:
             return hashes if num_blocks == done else hashes[:num_blocks]
         if num_blocks * block_size <= self._run_end:
+            last = hashes[-1]
             if num_blocks == done + 1:
-                hashes.append(hashes[-1] + 1)
+                hashes.append(last + 1)
             else:
-                hashes.extend(islice(count(hashes[-1] + 1), num_blocks - done))
+                hashes.extend(range(last + 1, last + 1 + num_blocks - done))
             return hashes
         assert num_blocks * block_size <= self._num_tokens, "hashing beyond the known content"
         parent = hashes[-1] if hashes else ROOT_HASH
@@ -120,11 +125,11 @@ class SegmentContent(_ChainedHashes):
                 if start - block_size >= seg_start:  # the block before is in the segment too: its run goes on
                     first = parent + 1
                 else:
-                    first = hash((parent, hash(segments[i][0]), start - seg_start)) << RUN_SHIFT
-                if num == 1:  # a decoding sequence's next block (hot): a range of 96-bit ints costs ~7 appends
+                    first = hash((parent, hash(segments[i][0]), start - seg_start))
+                if num == 1:  # a decoding sequence's next block (hot): one append, no range built
                     hashes.append(first)
-                else:  # counted rather than a range's, whose big ints cost half as much again each
-                    hashes.extend(islice(count(first), num))
+                else:  # a range of C integers: ~45 instructions a key fewer than islice(count(...))
+                    hashes.extend(range(first, first + num))
                 parent = first + num - 1
                 start = inside
                 self._run_end = starts[i + 1]
