@@ -15,7 +15,7 @@ SKEW_RUN_ARGV = ["run", "--set", "gpu=rtx-pro-6000", "--set", "latency={model: c
 
 RUN = ["run", "--set", "workload.num_requests=3", "--set", "steps=none"]
 BIG = "9" * 400
-CUT = "9" * 57 + "..."  # README: a value shown in an error is cut to 60 characters
+CUT = "9" * 57 + "..."  # docs/commands.md: a value shown in an error is cut to 60 characters
 
 
 def _files(folder):

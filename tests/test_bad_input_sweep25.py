@@ -215,7 +215,7 @@ def test_a_recorded_meta_json_nested_too_deeply_records_nothing(tmp_path):
 
 
 def test_a_short_trace_is_said_as_a_kvsim_warning_line(tmp_path, monkeypatch):
-    """README: an input that changes what runs is said "in one `kvsim: warning: ...` line on stderr". A trace of 2
+    """docs/commands.md: an input that changes what runs is said "in one `kvsim: warning: ...` line on stderr". A trace of 2
     rows under `workload.num_requests: 5` was said bare (`workload.num_requests=5: ...`): the library logs it, and
     with no handler configured Python's last-resort handler printed the message alone. Only while a command runs:
     the handler is gone after it."""

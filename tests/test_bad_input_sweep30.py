@@ -1,7 +1,7 @@
 """Bad input found by the thirtieth sweep (`kvsim plan` spec files, `kvsim report`'s price). Each is refused (the CLI:
 exit 2, one line naming the field and the value, nothing written; the Python API: a `KvsimError`).
 
-Found: `probe_requests` in a replica search's spec was dropped without a word (the README: "a replica search's
+Found: `probe_requests` in a replica search's spec was dropped without a word (docs/fleets-and-plan.md: "a replica search's
 probes start at the scenario's `workload.num_requests`, a rate search's at `probe_requests`"), where `capacity_headroom`
 and `rel_tol` were refused. Two values of an engine knob that the engine reads as one
 (`max_num_seqs: [4, '4']`) passed `PlanSpec`'s "given twice" check (4 != '4') and made two candidates of one

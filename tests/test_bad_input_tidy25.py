@@ -104,7 +104,8 @@ def test_a_scenario_section_given_one_value_keeps_its_hint():
 def test_the_accuracy_table_goes_into_the_readme_as_utf8_whatever_the_locale(tmp_path, monkeypatch):
     """`benchmarks/accuracy.py` read and wrote README.md in the locale's encoding: under an ASCII one (LC_ALL=C with
     PYTHONUTF8=0) reading its '—' was a UnicodeDecodeError. `Path.read_text` and `write_text` are made to use an
-    ASCII locale's encoding where none is given; the README is read and written back in UTF-8."""
+    ASCII locale's encoding where none is given; the page (README.md then, docs/accuracy.md now) is read
+    and written back in UTF-8."""
     from pathlib import Path
 
     accuracy = benchmark_script("accuracy")

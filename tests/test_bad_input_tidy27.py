@@ -113,7 +113,7 @@ def test_calibrate_checks_its_arguments_before_the_machine(monkeypatch, tmp_path
 
 
 @pytest.mark.parametrize(("argv", "key"), [
-    (["run", "--gpu", "h100-80gb"], "gpu"),  # the scenario's own keys (README's scenario files)
+    (["run", "--gpu", "h100-80gb"], "gpu"),  # the scenario's own keys (docs/scenarios.md)
     (["run", "--gpu=h100-80gb"], "gpu"),
     (["run", "--max-model-len", "4096"], "engine.max_model_len"),  # vLLM's flag for the engine section's field
     (["report", "--num-requests", "5"], "workload.num_requests"),

@@ -45,7 +45,7 @@ def test_a_closed_stdout_is_one_line_exit_2(monkeypatch, capsys, say):
 
 
 @pytest.mark.parametrize(("argv", "setting"), [
-    (["run", "--router", "least_kv"], "router.policy=least_kv"),  # README's router policies
+    (["run", "--router", "least_kv"], "router.policy=least_kv"),  # docs/fleets-and-plan.md's router policies
     (["run", "--router=least_kv"], "router.policy=least_kv"),
     (["run", "--latency", "roofline"], "latency.model=roofline"),
     (["run", "--arrival", "poisson"], "workload.arrival.process=poisson"),

@@ -11,7 +11,7 @@ BENCH_SCALE = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_scale.
 
 
 def test_one_point_runs_the_default_scenario_as_kvsim_run_does():
-    """The README's `python benchmarks/bench_scale.py --sizes ...` died in every child at main 3d4630f:
+    """The README's (now docs/speed.md's) `python benchmarks/bench_scale.py --sizes ...` died in every child at main 3d4630f:
     `write_run_files` had gained its `final` argument (where the output folder lands) and the bench, which
     replays `simulate(out_dir=...)` step by step to time each part, still called it without. One point, in a
     child process as the bench runs it, must simulate the run `kvsim.simulate` makes of the same scenario."""

@@ -111,7 +111,7 @@ def test_the_gap_breakdown_sums_to_the_replicas_and_is_right_by_hand():
 def test_idle_is_not_negative_when_the_steps_fill_the_run_up_to_rounding():
     """A replica that steps the whole run is idle 0: its step times sum to the run's duration T. Summed as floats
     they may not (0.1 + 0.2 is 0.30000000000000004 against a clock that ends at 0.3), and idle read -2e-16,
-    printed "- idle 0.00" (the README's `kvsim plan` example's H100 row read -1.2e-14 over 10,000 requests).
+    printed "- idle 0.00" (the README's, now docs/fleets-and-plan.md's, `kvsim plan` example's H100 row read -1.2e-14 over 10,000 requests).
     No replica steps longer than T, so idle is 0 here and the parts still sum to the one replica."""
     from kvsim.planning.bounds import GAP_PARTS, ReplicaFloor, gap_breakdown, gap_text
 

@@ -11,7 +11,7 @@ every expected value derived by hand or by a naive second implementation written
 * a round-robin fleet of N at N·r is *not* N copies of one replica at r: each replica gets every N-th arrival, an
   Erlang-N stream, smoother than Poisson, so it waits less (Kingman's bound λ(σa² + σs²) / (2(1 − ρ)) with
   σa² = 1 / (Nλ²), σs = 0: 0.0694 s for N = 3 at ρ = 0.6, against M/D/1's 0.075 s; the fleet waits 0.01 s). With
-  equal service times that fleet is M/D/N itself (customer n starts when customer n − N ends), as the README says;
+  equal service times that fleet is M/D/N itself (customer n starts when customer n − N ends), as docs/fleets-and-plan.md says;
 * a plan (the toy of `tests/test_plan.py`: 20 ms a step whatever the batch, 8 slots, 256 + 64 tokens, so one
   replica serves exactly 8 / (64 · 0.02 s) = 6.25 req/s): the stability-only answer is ⌈λ / 6.25⌉ (3 at 14 req/s);
   twice the rate never needs fewer replicas; a looser SLO never needs more; twice the hourly price doubles the cost

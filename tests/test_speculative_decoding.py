@@ -339,7 +339,7 @@ def test_an_ngram_runs_acceptance_describes_every_decode_step_not_vllms_drafting
     90 decode steps, 60 with a match whose 3 drafts are all accepted (4 tokens each) and 30 without (1 token each):
     240 + 30 = 270 tokens. vLLM reports num_drafts 60, num_draft_tokens 180, accepted 180: an acceptance rate of
     1.0 and a mean acceptance length of 1 + 180 / 60 = 4.0. kvsim drafts K at every decode step, so given 4.0 it
-    decodes the 270 tokens in ceil(270 / 4) = 68 steps; given the README's (G − R) / (G − R − A) =
+    decodes the 270 tokens in ceil(270 / 4) = 68 steps; given docs/policies.md's (G − R) / (G − R − A) =
     (271 − 1) / (271 − 1 − 180) = 3.0 it takes vLLM's 90 steps and accepts vLLM's 180 drafts."""
     def spec_decode(length):
         return kvsim.simulate({"steps": "none", "engine": {"speculative_config": {
