@@ -284,7 +284,8 @@ def test_v0_prefix_caching_without_shared_prompts_changes_no_swapped_group(tmp_p
              "input_tok_ids": [10**6 * (i + 1) + j for j in range(row["input_toks"])]}
             for i, row in enumerate(shared_rows(3, n=30))]
     path = write_trace(tmp_path / "t.jsonl", rows)
-    engine = {"scheduler": "v0", "preemption_mode": "swap", "num_gpu_blocks_override": 120, "max_num_seqs": 32}
+    engine = {"scheduler": "v0", "preemption_mode": "swap", "num_gpu_blocks_override": 120, "max_num_seqs": 32,
+              "watermark": 0}
     off = kvsim.simulate(traced(path, {**engine, "enable_prefix_caching": False}, **workload))
     on = kvsim.simulate(traced(path, {**engine, "enable_prefix_caching": True}, **workload))
     assert off.summary["swapped_out_bytes"] > 0

@@ -364,3 +364,42 @@ def test_a_swapped_group_is_let_go_by_vllms_count_each_sample_its_own_full_block
     assert run_until_done(sched, req) == [(20, 0)]
     assert (req.num_output_tokens, req.num_length_capped_tokens, req.num_preemptions) == (18, 42, 1)
     assert sched.num_held_slots == 0 and not sched.alloc.swapped
+
+
+def test_a_swapped_group_waits_for_free_blocks_by_vllms_count_each_sample_its_own_full_blocks():
+    """8 blocks, no watermark; R0 (16-token prompt, 10 tokens), R1 (32, 40) and R2 (32, 40, 2 samples) are admitted
+    in step 1 (1 + 2 + 2 blocks, free 3). Step 2: R0 takes a block at position 16 and R1 one at 32 (free 1); R2's
+    two samples need a free block each (`can_append_slots`), 1 < 2, and R2, the last admitted, swaps itself out:
+    free 3. R0 ends after step 10 (free 5). From step 11 `_can_swap` counts each sample's 2 full prompt blocks
+    (a fork's `Block` objects are its own) and 1 for each append: 6 > 5 free, LATER, while R1 runs; R1 ends
+    after step 40 (all 8 free) and R2 swaps back in at step 41. (Counting the shared blocks once, 2 + the 2 new
+    blocks its next tokens take = 4 ≤ 5, it came back at step 11 and swapped out again at every other step.)"""
+    sched = v0_world(8, watermark_blocks=0, num_cpu_blocks=16)
+    r0, r1, r2 = make_request(0, 0.0, 16, 10), make_request(1, 0.0, 32, 40), make_request(2, 0.0, 32, 40, n=2)
+    step = stepper(sched, [r0, r1, r2])
+    swapped_in = []
+    for t in range(1, 42):
+        preempted = step(t)[1]
+        assert preempted == ([2] if t == 2 else [])
+        swapped_in += [t] if step.plan.swap_in_bytes else []
+    assert (r0.finish_s, r1.finish_s, swapped_in, r2.num_preemptions) == (10.5, 40.5, [41], 1)
+
+
+def test_a_swapped_group_vllm_counts_as_the_whole_pool_is_a_stall_beside_the_watermark():
+    """8 blocks, a 1-block watermark; R0 (16-token prompt, 20 tokens) and R1 (32, 40, 2 samples) are admitted in
+    step 1 (8 − 1 ≥ 1, 7 − 2 ≥ 1; free 5). Step 2: R0 takes a block at position 16, R1's samples one each at 32
+    (free 2). Step 18: R0 takes one at 32 (free 1); R1 at 48 needs a free block per sample, 1 < 2, and swaps itself
+    out with 48 tokens a sample: blocks 0 and 1 shared, 2 its own each, all full (free 5). `_can_swap` counts
+    each sample's 3 full blocks and 1 for its append: 8, not over the pool's 8 (not NEVER), and 8 free − 8 < 1
+    (LATER) even once R0 ends after step 20: nothing runs, nothing is admitted, vLLM v0 waits forever. (kvsim's
+    own swap-in takes its 4 distinct blocks and 2 new ones for the next tokens: 6 + 1 ≤ 8, back at step 21.)"""
+    sched = v0_world(8, watermark_blocks=1, num_cpu_blocks=16)
+    r0, r1 = make_request(0, 0.0, 16, 20), make_request(1, 0.0, 32, 40, n=2)
+    step = stepper(sched, [r0, r1])
+    for t in range(1, 22):
+        assert step(t)[1] == ([1] if t == 18 else [])
+        assert not step.plan.swap_in_bytes
+    assert (r0.finish_s, list(sched.swapped), sched.running) == (20.5, [r1], [])
+    reason = sched.held_kv_stall()
+    assert reason is not None and "request 1 is swapped out and vLLM v0 counts 8 KV blocks" in reason
+    assert "the pool's 8 but never beside the watermark's 1," in reason

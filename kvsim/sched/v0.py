@@ -35,13 +35,14 @@ turns on by default for a max_model_len over 32,768 (here every v0 step is `_sch
 0.6.4 on, v0 runs n > 1 samples as n sequence groups (`ParallelSampleSequenceGroup`), where kvsim forks them
 as the paper and earlier v0 do (`kvsim.sched.forks`). A swap moves a forked group's shared blocks once, as
 `BlockSpaceManagerV1` did (the paper's); v0's later `SelfAttnBlockSpaceManager` swaps each sequence's `Block`
-objects apart (`NaiveBlockAllocator.swap_out`/`swap_in`), so the group returns unshared. Whether a swapped group
-is let go follows that manager's count (`_swap_in_touched_blocks`, each sequence's full blocks apart); when one of
-several sequences comes back follows kvsim's (`can_swap_in`: its distinct blocks), which is lower, so kvsim may swap
-it in steps before vLLM would. Nor v0's evictor order across sequences (`kvsim.kv.paged`).
+objects apart (`NaiveBlockAllocator.swap_out`/`swap_in`), so the group returns unshared. Whether and when a
+swapped group comes back follows that manager's count (`_can_swap`: each sequence's full blocks apart), which
+kvsim's swap-in of the shared blocks never exceeds. Nor v0's evictor order across sequences (`kvsim.kv.paged`).
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from kvsim.kv import PagedAllocator, PrefixHit
 from kvsim.latency.step_plan import StepPlan
@@ -154,19 +155,15 @@ class V0Scheduler(Scheduler):
         while self.swapped and self.num_running_seqs() + self.swapped[0].num_samples <= self.limits.max_num_seqs:
             req = self.swapped[0]
             seq_ids = self.active_seq_ids(req)
-            growth = alloc.swap_in_growth_slots(seq_ids)
-            # `_can_swap`: NEVER where its count of blocks to touch exceeds the whole pool
-            if (isinstance(alloc, PagedAllocator)
-                    and self._swap_in_touched_blocks(req, seq_ids) * alloc.block_size > alloc.num_total_slots):
+            status = self._can_swap(req, seq_ids)
+            if status == "never":  # `_schedule_swapped`'s infeasible groups
                 self.swapped.popleft()
                 self._let_go(req, plan)
                 continue
-            # room for the swapped blocks, the watermark, and each sequence's next token
-            headroom = self.limits.watermark_slots + growth
-            if not alloc.can_swap_in(seq_ids, headroom):
+            if status == "later":
                 break
             result = alloc.swap_in(seq_ids)
-            assert result is not None
+            assert result is not None, "kvsim's swap-in takes no more blocks than `_can_swap` counts"
             plan.swap_in_bytes += result.num_bytes
             self.swapped.popleft()
             req.status = RequestStatus.RUNNING
@@ -176,16 +173,37 @@ class V0Scheduler(Scheduler):
             assert grown
             plan.scheduled.append((req, 1))
 
+    def _can_swap(self, req: Request, seq_ids: list[int]) -> Literal["ok", "later", "never"]:
+        """Whether the swapped `req` comes back now ("ok"), not yet ("later") or never ("never", let go), as
+        vLLM v0's `SelfAttnBlockSpaceManager._can_swap` (`can_swap_in`) answers: in a paged pool, "never" where
+        the blocks it counts (`_swap_in_touched_blocks`) exceed the pool, "ok" where the free blocks less them
+        leave the watermark. kvsim's swap-in and next tokens then fit: they take at most that count (a shared
+        block moves once, a shared partial last block is copied for all but one sequence). A slab (no v0 pool)
+        comes back when its region and next tokens fit beside the watermark."""
+        alloc, watermark_slots = self.alloc, self.limits.watermark_slots
+        if not isinstance(alloc, PagedAllocator):
+            fits = alloc.can_swap_in(seq_ids, watermark_slots + alloc.swap_in_growth_slots(seq_ids))
+            return "ok" if fits else "later"
+        touched, block = self._swap_in_touched_blocks(req, seq_ids), alloc.block_size
+        if touched * block > alloc.num_total_slots:
+            return "never"
+        if alloc.pool.num_free_blocks - touched < watermark_slots // block:
+            return "later"
+        assert alloc.can_swap_in(seq_ids, alloc.swap_in_growth_slots(seq_ids)), "kvsim's swap-in fits vLLM's count"
+        return "ok"
+
     def _swap_in_touched_blocks(self, req: Request, seq_ids: list[int]) -> int:
         """vLLM v0's count of the blocks that swapping `req`'s group back in touches (`SelfAttnBlockSpaceManager.
         _can_swap`), paged pools: each sequence's full blocks, and one for its next token
         (`get_num_blocks_touched_by_append_slots`: 1 a sequence, room in its last block or not). vLLM keeps a
         block table per sequence, a fork's `Block` objects new ones, which `NaiveBlockAllocator.
-        get_num_full_blocks_touched` counts apart: a full block the samples share counts once for each, though
-        kvsim's swap moves it once (module docstring). For one sequence it is exactly the blocks kvsim's swap-in
-        and its next token take. Not modelled: with prefix caching vLLM leaves out a full block that a running
-        request holds (`PrefixCachingBlockAllocator.get_num_full_blocks_touched`). Every sequence of a group
-        holds `num_computed_tokens` (samples and beams decode in step)."""
+        get_num_full_blocks_touched` counts apart (a set of `Block` objects): a full block the samples share
+        counts once for each, though kvsim's swap moves it once (module docstring). With prefix caching
+        (`PrefixCachingBlockAllocator`, whose `fork` makes new `Block` objects too) each sequence's full blocks
+        count one by one as well, so the count is the same, except a full block a running request holds, which
+        that allocator leaves out (not modelled). For one sequence it is exactly the blocks kvsim's swap-in and
+        its next token take. Every sequence of a group holds `num_computed_tokens` (samples and beams decode in
+        step)."""
         assert isinstance(self.alloc, PagedAllocator)
         touched = len(seq_ids) * (req.num_computed_tokens // self.alloc.block_size + 1)
         assert len(seq_ids) > 1 or touched * self.alloc.block_size == (
@@ -221,15 +239,15 @@ class V0Scheduler(Scheduler):
         but not beside the watermark, so `_can_swap` answers LATER however many blocks are free, and
         `_schedule_default` admits nobody while a group is swapped out: nothing ever runs again. A request
         preempted by swap with its last block partial and the pool full comes to it alone (5 blocks, a 1-block
-        watermark: 4 full blocks and the append's 1 fit the 5). kvsim's swap-in (`can_swap_in`) takes no more
-        blocks than vLLM counts, so it cannot swap in either."""
+        watermark: 4 full blocks and the append's 1 fit the 5); a group of several sequences where vLLM counts
+        each one's full blocks apart. kvsim swaps in by the same count (`_can_swap`), so it cannot either."""
         alloc = self.alloc
         if self.running or not self.swapped or not isinstance(alloc, PagedAllocator):
             return super().held_kv_stall()
         req = self.swapped[0]
         seq_ids = self.active_seq_ids(req)
-        growth, block = alloc.swap_in_growth_slots(seq_ids), alloc.block_size
-        assert not alloc.can_swap_in(seq_ids, self.limits.watermark_slots + growth), "nothing runs: it swaps in"
+        assert self._can_swap(req, seq_ids) == "later", "nothing runs: it swaps in or is let go"
+        block = alloc.block_size
         watermark_blocks = self.limits.watermark_slots // block
         return (f"engine.watermark: request {request_label(req.request_id)} is swapped out and vLLM v0 counts "
                 f"{self._swap_in_touched_blocks(req, seq_ids)} KV blocks to bring it back (its full blocks and "
