@@ -26,11 +26,11 @@ GiB = 2**30
 BLOCK_BYTES = 16 * 131072  # Llama-3.1-8B, TP 1: 128 KiB per token, 16 tokens per block
 
 
-def toy(num_requests=60, rate=4.0, latency=None):
+def toy(num_requests=60, rate=4.0, latency=None, max_model_len=8192):
     """Multi-turn conversations on a 1,500-block GPU pool (the shape of tests/test_offload_scenario.py)."""
     return make_scenario({
         "name": "mt", "model": "llama-3.1-8b", "gpu": "h200",
-        "engine": {"max_model_len": 8192, "num_gpu_blocks_override": 1500, "max_num_seqs": 16,
+        "engine": {"max_model_len": max_model_len, "num_gpu_blocks_override": 1500, "max_num_seqs": 16,
                    "max_num_batched_tokens": 2048},
         "workload": {"num_requests": num_requests, "arrival": {"process": "poisson", "rate": rate},
                      "prompt_len": {"dist": "fixed", "value": 1000}, "output_len": {"dist": "fixed", "value": 50},
@@ -129,3 +129,25 @@ def test_plan_with_offload_size_writes_the_sizing(tmp_path):
 
 def runner():
     return CliRunner()
+
+
+def test_pays_is_not_judged_at_a_load_where_a_run_served_no_request():
+    """Every prompt refused (over max_model_len) leaves a run no TTFT: p90 None. `pays` was a TypeError traceback
+    (float * None); there is nothing to compare, so pays and the ratio are empty, and such a load pays nowhere."""
+    points = pd.DataFrame([
+        {"load": 1.0, "cpu_bytes": 0, "ttft_p90_s": None, "mean_running": 0.0},
+        {"load": 1.0, "cpu_bytes": GiB, "ttft_p90_s": None, "mean_running": 0.0},
+        {"load": 2.0, "cpu_bytes": 0, "ttft_p90_s": 2.0, "mean_running": 5.0},
+        {"load": 2.0, "cpu_bytes": GiB, "ttft_p90_s": 1.0, "mean_running": 4.0}])  # halved: pays
+    pays = pays_table(points, GiB)
+    assert list(pays["pays"]) == [None, True]
+    assert pd.isna(pays["ttft_p90_ratio"].iloc[0]) and pays["ttft_p90_ratio"].iloc[1] == pytest.approx(0.5)
+
+
+def test_a_scenario_whose_every_prompt_is_refused_is_sized_without_a_traceback():
+    """The toy's 1,000-token prompts at max_model_len 512: vLLM refuses each, so no run at any size serves one.
+    No size meets the TTFT SLO (no TTFT), the tier pays at no load; it was a TypeError traceback."""
+    sizing = size_offload(toy(num_requests=4, max_model_len=512), [GiB], ttft_slo_s=10.0, workers=1)
+    assert list(sizing.points["num_finished"]) == [0, 0]
+    assert sizing.size_for_ttft_bytes is None and sizing.pays_from_load is None
+    assert list(sizing.pays["pays"]) == [None]

@@ -19,6 +19,7 @@ from kvsim.report.applicable import left_out_text, refused_settings
 from kvsim.report.build import build_report
 from kvsim.report.text import section_text
 from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
+from kvsim.workload.traces import read_mooncake
 from tests.test_report_smoke import TINY
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
@@ -165,3 +166,20 @@ def test_a_variant_the_engine_takes_is_not_left_out():
     assert refused_settings({"engine.allocator=slab-pow2": partial(radix.saturated, "engine.allocator=slab-pow2"),
                              "engine.allocator=paged": partial(radix.saturated, "engine.allocator=paged")}) \
         == {"engine.allocator=slab-pow2": "engine: prefix_cache=radix needs allocator paged (got slab-pow2)"}
+
+
+def test_an_offload_slice_this_engine_refuses_whole_is_not_sized_and_says_why():
+    """At max_model_len 2,048 the 12 Mooncake requests of TINY's offload slice all have prompts of 2,048 tokens or
+    more (the shortest is 2,290: read from the shipped trace), so vLLM refuses each and no run would serve one: the
+    section was a TypeError traceback (TTFT p90 None at every size) and the report died. Now it is not run and
+    says why; nothing is simulated for it, the engine is not changed."""
+    from kvsim.report.fleet_study import TRACE
+
+    st = _study(TIER, "engine.max_model_len=2048")
+    records = read_mooncake(st.base.resolve_path(TRACE, "workload.trace.path"))[: TINY.offload_requests]
+    assert len(records) == 12 and min(r.prompt_len for r in records) >= 2048
+    sec = offload_study.offload_sizing(st)
+    assert sec.skipped is not None and not sec.tables and st.runs_submitted == 0
+    text = section_text(sec, st, TINY)
+    assert text.startswith("Not run: every one of the first 12 Mooncake requests has a prompt of max_model_len "
+                           "(2,048 tokens) or more") and text.endswith(f"{NOTHING_RUN}.")

@@ -143,15 +143,17 @@ def hurts_table(base: Scenario, prefix_lens: Sequence[int], bandwidths: Sequence
 
 def pays_table(points: pd.DataFrame, largest: int) -> pd.DataFrame:
     """Per load: TTFT p90 without a tier and with the largest, the concurrency without it, and whether the tier
-    cuts TTFT p90 by at least `PAYS_MARGIN` there."""
+    cuts TTFT p90 by at least `PAYS_MARGIN` there: None (an empty cell) where either run served no request (every
+    prompt refused: no TTFT to compare), as is the ratio then; it was a TypeError traceback."""
     rows = []
     for load in sorted(points["load"].unique()):
         at = points[points["load"] == load].set_index("cpu_bytes")
         without, with_tier = at.loc[0, "ttft_p90_s"], at.loc[largest, "ttft_p90_s"]
+        judged = not (pd.isna(without) or pd.isna(with_tier))
         rows.append({"load": load, "mean_running_without": at.loc[0, "mean_running"],
                      "ttft_p90_without_s": without, "ttft_p90_with_largest_s": with_tier,
-                     "ttft_p90_ratio": with_tier / without if without else None,
-                     "pays": bool(with_tier <= (1 - PAYS_MARGIN) * without)})
+                     "ttft_p90_ratio": with_tier / without if judged and without else None,
+                     "pays": bool(with_tier <= (1 - PAYS_MARGIN) * without) if judged else None})
     return pd.DataFrame(rows)
 
 
@@ -213,7 +215,7 @@ def size_offload(base: Scenario, cpu_sizes_bytes: Sequence[int], loads: Sequence
              "ttft_percentile": ttft_percentile, "largest_bytes": sizes[-1], "pays_margin": PAYS_MARGIN,
              "num_runs": len(grid), "sized_for": sized_for}
     pays = pays_table(points, sizes[-1]) if sizes[-1] else pd.DataFrame()
-    paying = [float(x) for x in pays["load"][pays["pays"]]] if len(pays) else []
+    paying = [float(x) for x in pays["load"][pays["pays"].eq(True)]] if len(pays) else []
     return OffloadSizing(points, pays, hurts, size_hit, size_ttft, min(paying, default=None), facts)
 
 

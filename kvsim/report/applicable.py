@@ -10,7 +10,9 @@ switch the user's engine to one that takes the setting (its figures would descri
 the user does not run). So before its runs a section makes its first variant and builds that
 variant's engine, exactly as `kvsim run` would before its first step (`refusal`); the rules are
 the scenario validation's and the engine builder's own, not repeated here. A refused section is
-`skipped`: its title, the setting, the refusal, no tables and no figure.
+`skipped`: its title, the setting, the refusal, no tables and no figure. A section with nothing to simulate for
+this scenario though the engine takes its setting (the offload section's trace slice, every prompt of which this
+engine refuses) is `inapplicable`: the same, with the reason in the section's words.
 
 Other sections compare the user's engine with variants of it (paged against the slab allocators,
 prefix caching on against off). A variant this engine refuses is left out of the comparison
@@ -52,8 +54,17 @@ def skipped(key: str, title: str, setting: str, reason: str) -> Section:
     return Section(key, title, facts={"setting": setting}, skipped=reason)
 
 
+def inapplicable(key: str, title: str, why: str) -> Section:
+    """The section of a study this scenario gives nothing to simulate (`why`: a sentence saying so, with the
+    numbers): no tables, `skipped` set to `why`, no setting named."""
+    return Section(key, title, skipped=why)
+
+
 def skipped_text(sec: Section) -> str:
-    """Why the section was not run, in the engine's words, and that nothing was simulated for it."""
+    """Why the section was not run (the engine's refusal of its setting, or why it does not apply) and that nothing
+    was simulated for it."""
+    if "setting" not in sec.facts:  # `inapplicable`
+        return f"Not run: {sec.skipped} Nothing was simulated for this section."
     return (f"Not run: this scenario's engine cannot take {sec.facts['setting']}; kvsim refuses it with "
             f"\"{sec.skipped}\". Nothing was simulated for this section (the report does not change the "
             "scenario's engine to make it run).")

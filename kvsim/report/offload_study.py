@@ -10,7 +10,8 @@ serve reuse the trace does not have. The TTFT target is the report's SLO on TTFT
 
 An engine that cannot take a CPU tier (kvsim, as vLLM, puts one only beside the v1 scheduler's paged
 hash-chain block pool, its prefix caching on or off) gets the section skipped with its refusal
-(`kvsim.report.applicable`), not run.
+(`kvsim.report.applicable`), not run. So does a slice whose every prompt this engine refuses (max_model_len or
+longer, as vLLM refuses it): no request would be served at any tier size, no TTFT to compare, nothing to size.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 from kvsim.model.offload_config import DGX_HOST_MEMORY_BYTES
 from kvsim.planning.offload_sizing import size_offload
 from kvsim.planning.offload_sizing import variant as with_tier
-from kvsim.report.applicable import refusal, skipped
+from kvsim.report.applicable import inapplicable, refusal, skipped
 from kvsim.report.fleet_study import TRACE, traffic, unbounded_hit_rate
 from kvsim.report.studies import Section, Study, variant
 from kvsim.workload.traces import read_mooncake
@@ -45,7 +46,12 @@ def offload_sizing(st: Study) -> Section:
     if reason is not None:
         return skipped("offload", TITLE, SETTING, reason)
     records = read_mooncake(base.resolve_path(TRACE, "workload.trace.path"))[: st.cfg.offload_requests]
-    unbounded = unbounded_hit_rate(records, base.engine.resolved_max_model_len(st.model))
+    max_model_len = base.engine.resolved_max_model_len(st.model)
+    if all(record.prompt_len >= max_model_len for record in records):
+        return inapplicable("offload", TITLE, f"every one of the first {len(records)} Mooncake requests has a "
+                            f"prompt of max_model_len ({max_model_len:,} tokens) or more, which this engine refuses "
+                            "(as vLLM does): no request would be served with or without a tier, so no tier is sized.")
+    unbounded = unbounded_hit_rate(records, max_model_len)
     num_runs = (len(sizes) + 1) * len(set(st.cfg.offload_loads) | {1.0})
     st.count_runs(num_runs, 0)
     sizing = size_offload(base, sizes, st.cfg.offload_loads, target_hit_rate=REACHABLE_SHARE * unbounded,
