@@ -183,3 +183,23 @@ def test_an_offload_slice_this_engine_refuses_whole_is_not_sized_and_says_why():
     text = section_text(sec, st, TINY)
     assert text.startswith("Not run: every one of the first 12 Mooncake requests has a prompt of max_model_len "
                            "(2,048 tokens) or more") and text.endswith(f"{NOTHING_RUN}.")
+
+
+def test_the_offload_section_sizes_the_users_engine_with_prefix_caching_off_by_ttft_alone():
+    """The section turned prefix caching on (the fleet section's traffic does) and sized a tier, with a hit-rate
+    target, for an engine the user does not run; with the user's caching off, size_offload refuses a hit-rate
+    target. Now it sizes the engine as given: no prefix-cache query is counted (as vLLM counts none), so every hit
+    rate is empty, no hit-rate target is set, and the text says the tier is sized by TTFT alone. A v1 slab engine,
+    which the section ran on the paged allocator, is refused the tier in the engine's words (kv_offload needs
+    allocator=paged)."""
+    st = _study("engine.enable_prefix_caching=false")
+    sec = offload_study.offload_sizing(st)
+    points = sec.tables["offload_points"]
+    assert points.gpu_hit_rate.isna().all() and points.hit_rate_all_tiers.isna().all()
+    assert sec.facts["target_hit_rate"] is None and sec.facts["size_for_hit_rate_bytes"] is None
+    # one of TINY's 12 prompts is under 4,096 tokens (2,290: read from the trace); each tier stores its blocks
+    assert list(points.num_finished) == [1] * 4 and (points.bytes_stored[points.cpu_bytes > 0] > 0).all()
+    text = section_text(sec, st, TINY)
+    assert "prefix caching off" in text and "sized by TTFT alone" in text and "GPU's prefix cache" not in text
+    slab = offload_study.offload_sizing(_study("engine.allocator=slab-max"))
+    assert slab.skipped == "engine: kv_offload needs allocator=paged (got slab-max)"

@@ -214,12 +214,19 @@ def fig_fleet(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) 
 def fig_offload(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
     """Prefix hit rate over all tiers and TTFT p90 against the CPU tier's size, one line per load."""
     df, f = sec.tables["offload_points"], sec.facts
+    counted_hits = f["target_hit_rate"] is not None  # prefix caching off: no query counted, no hit rate
     for load, at in df.groupby("load"):
-        axes[0].plot(at.cpu_GiB, at.hit_rate_all_tiers * 100, marker="o", label=f"load ×{load:g}")
+        if counted_hits:
+            axes[0].plot(at.cpu_GiB, at.hit_rate_all_tiers * 100, marker="o", label=f"load ×{load:g}")
         axes[1].plot(at.cpu_GiB, at.ttft_p90_s, marker="o", label=f"load ×{load:g}")
-    axes[0].axhline(f["unbounded_hit_rate"] * 100, color="#2b8a3e", linestyle="--", linewidth=1,
-                    label="unbounded cache")
-    axes[0].set_ylabel("prefix hit rate, GPU + CPU tier (%)")
+    if counted_hits:
+        axes[0].axhline(f["unbounded_hit_rate"] * 100, color="#2b8a3e", linestyle="--", linewidth=1,
+                        label="unbounded cache")
+        axes[0].set_ylabel("prefix hit rate, GPU + CPU tier (%)")
+    else:
+        axes[0].text(0.5, 0.5, "prefix caching off:\nno prefix-cache query counted, no hit rate", ha="center",
+                     va="center", transform=axes[0].transAxes)
+        axes[0].set_axis_off()
     if f["ttft_slo_s"] is not None:
         axes[1].axhline(f["ttft_slo_s"], color=SLAB, linestyle="--", linewidth=1,
                         label=f"SLO: TTFT p90 ≤ {_number(f['ttft_slo_s'], 's')}")

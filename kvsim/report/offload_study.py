@@ -3,10 +3,14 @@ load from which it pays, and where loading is slower than recomputing (`kvsim.pl
 
 Traffic: the fleet section's (`kvsim.report.fleet_study.traffic`: the shipped Mooncake conversation slice,
 its real arrivals and 512-token prefix `hash_ids`), its first `StudyConfig.offload_requests` requests on
-one replica of the report's engine. CPU tier sizes: 0, 1, 4 and 16 times the replica's GPU KV pool (those
-that fit in a DGX node's host memory), each at `StudyConfig.offload_loads` × the trace's rate. The hit-rate
-target is 90 % of what an unbounded cache would hit on the slice (read from the trace): a tier cannot
-serve reuse the trace does not have. The TTFT target is the report's SLO on TTFT p90.
+one replica of the report's engine, its allocator and prefix caching as the user gave them (the fleet section
+turns caching on; a tier is sized for the engine the user runs). CPU tier sizes: 0, 1, 4 and 16 times the
+replica's GPU KV pool (those that fit in a DGX node's host memory), each at `StudyConfig.offload_loads` × the
+trace's rate. The hit-rate target is 90 % of what an unbounded cache would hit on the slice (read from the
+trace): a tier cannot serve reuse the trace does not have. An engine with prefix caching off counts no
+prefix-cache query (as vLLM counts none), so it has no hit rate and no hit-rate target: it is sized by TTFT
+alone, as `kvsim plan --offload-size` sizes it, and the section says so. The TTFT target is the report's SLO
+on TTFT p90.
 
 An engine that cannot take a CPU tier (kvsim, as vLLM, puts one only beside the v1 scheduler's paged
 hash-chain block pool, its prefix caching on or off) gets the section skipped with its refusal
@@ -39,7 +43,10 @@ def gpu_pool_bytes(st: Study) -> int:
 
 def offload_sizing(st: Study) -> Section:
     """The sizing grid on the Mooncake slice and its answers (module docstring)."""
-    base = variant(traffic(st), f"workload.num_requests={st.cfg.offload_requests}")
+    caching = st.base.engine.enable_prefix_caching
+    base = variant(traffic(st), f"workload.num_requests={st.cfg.offload_requests}",
+                   f"engine.allocator={st.base.engine.allocator}",
+                   f"engine.enable_prefix_caching={str(caching).lower()}")
     pool_bytes = gpu_pool_bytes(st)
     sizes = [m * pool_bytes for m in POOL_MULTIPLES if m * pool_bytes <= DGX_HOST_MEMORY_BYTES]
     reason = refusal(lambda: with_tier(base, sizes[0])) if sizes else None
@@ -54,7 +61,8 @@ def offload_sizing(st: Study) -> Section:
     unbounded = unbounded_hit_rate(records, max_model_len)
     num_runs = (len(sizes) + 1) * len(set(st.cfg.offload_loads) | {1.0})
     st.count_runs(num_runs, 0)
-    sizing = size_offload(base, sizes, st.cfg.offload_loads, target_hit_rate=REACHABLE_SHARE * unbounded,
+    sizing = size_offload(base, sizes, st.cfg.offload_loads, target_hit_rate=REACHABLE_SHARE * unbounded if caching
+                          else None,
                           ttft_slo_s=st.cfg.ttft_slo_s, workers=st.cfg.workers, dask_address=st.cfg.dask_address)
     st.count_runs(0, num_runs)
     facts = {**sizing.facts, "size_for_hit_rate_bytes": sizing.size_for_hit_rate_bytes,

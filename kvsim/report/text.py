@@ -419,22 +419,32 @@ def _gib(num_bytes: float) -> str:
     return f"{num_bytes / 2**30:,.1f} GiB"
 
 
-def _needs(num_bytes: int | None) -> str:
-    """What a target needs: a CPU tier of some size, none, or more than the sizes tried give."""
+def _needs(num_bytes: int | None, caching: bool = True) -> str:
+    """What a target needs: a CPU tier of some size, none (the GPU's prefix cache, where the engine has one), or
+    more than the sizes tried give."""
     if num_bytes is None:
         return "is not reached with any tier size tried"
-    return "needs no CPU tier (the GPU's prefix cache reaches it)" if not num_bytes else \
-        f"needs a CPU tier of {_gib(num_bytes)} per replica"
+    if not num_bytes:
+        return "needs no CPU tier (the GPU's prefix cache reaches it)" if caching else "needs no CPU tier"
+    return f"needs a CPU tier of {_gib(num_bytes)} per replica"
 
 
 def offload_text(sec: studies.Section) -> str:
-    """The offload section's words, every number from its tables and facts."""
+    """The offload section's words, every number from its tables and facts; with prefix caching off (no hit-rate
+    target: `kvsim.report.offload_study`) why the tier is sized by TTFT alone."""
     f, pays, hurts = sec.facts, sec.tables["offload_pays"], sec.tables["offload_hurts"]
     target = f["target_hit_rate"]
-    hit = (f"A prefix hit rate of {target:.0%} (GPU and CPU tier together; 90 % of the "
-           f"{f['unbounded_hit_rate']:.0%} an unbounded cache would hit on these {f['num_requests']} requests) "
-           f"{_needs(f['size_for_hit_rate_bytes'])}.")
-    slo = f" TTFT p90 ≤ {f['ttft_slo_s']:g} s at the trace's rate {_needs(f['size_for_ttft_bytes'])}."
+    if target is None:
+        hit = (f"This engine has prefix caching off: it counts no prefix-cache query (as vLLM counts none), so no "
+               f"hit rate is measured and no hit-rate target applies (an unbounded cache would hit "
+               f"{f['unbounded_hit_rate']:.0%} of these {f['num_requests']} requests' prompt tokens); the tier, "
+               "which still loads the prefixes it holds, is sized by TTFT alone.")
+    else:
+        hit = (f"A prefix hit rate of {target:.0%} (GPU and CPU tier together; 90 % of the "
+               f"{f['unbounded_hit_rate']:.0%} an unbounded cache would hit on these {f['num_requests']} requests) "
+               f"{_needs(f['size_for_hit_rate_bytes'])}.")
+    slo = (f" TTFT p90 ≤ {f['ttft_slo_s']:g} s at the trace's rate "
+           f"{_needs(f['size_for_ttft_bytes'], caching=target is not None)}.")
     if len(pays):
         paying = [f"×{load:g}" for load, ok in zip(pays["load"], pays["pays"], strict=True) if ok]
         pay = (f" The largest tier ({_gib(f['largest_bytes'])}) cuts TTFT p90 by at least {f['pays_margin']:.0%} at "
