@@ -39,7 +39,8 @@ def _section(md: str, title_start: str) -> str:
 @pytest.mark.parametrize("name", ["paper-paged", "paper-slab-pow2"])
 def test_a_v0_report_completes_and_its_offload_and_speculation_sections_say_why_they_did_not_run(tmp_path, name):
     """paper-paged (v0, paged) and paper-slab-pow2 (v0, slab): README's `kvsim report` example died with
-    the offload tier's refusal after the load study, writing nothing."""
+    the offload tier's refusal after the load study, writing nothing. The offload section sizes the user's
+    allocator, so the slab engine's refusal is the tier validator's first rule it breaks, the allocator's."""
     base = load_scenario(SCENARIOS / f"{name}.yaml")
     out = build_report(base, tmp_path / "r", TINY)
     names = {p.name for p in out.iterdir()}
@@ -47,7 +48,8 @@ def test_a_v0_report_completes_and_its_offload_and_speculation_sections_say_why_
         <= names
     assert not {n for n in names if n.startswith(("fig_offload", "fig_speculation", "offload_", "speculation"))}
     md = (out / "report.md").read_text()
-    for title, reason in (("How much KV offload", OFFLOAD_NEEDS_V1), ("Speculative decoding", SPECULATION_NEEDS_V1)):
+    offload = OFFLOAD_NEEDS_V1 if name == "paper-paged" else "kv_offload needs allocator=paged (got slab-pow2)"
+    for title, reason in (("How much KV offload", offload), ("Speculative decoding", SPECULATION_NEEDS_V1)):
         text = _section(md, title)
         assert reason in text and NOTHING_RUN in text
         assert "![" not in text and "Table `" not in text and "_Latency model" not in text
@@ -185,6 +187,7 @@ def test_an_offload_slice_this_engine_refuses_whole_is_not_sized_and_says_why():
                            "(2,048 tokens) or more") and text.endswith(f"{NOTHING_RUN}.")
 
 
+@pytest.mark.slow  # the section's 4 short runs (one served request each): about 1.2 s on two busy cores
 def test_the_offload_section_sizes_the_users_engine_with_prefix_caching_off_by_ttft_alone():
     """The section turned prefix caching on (the fleet section's traffic does) and sized a tier, with a hit-rate
     target, for an engine the user does not run; with the user's caching off, size_offload refuses a hit-rate
@@ -203,3 +206,16 @@ def test_the_offload_section_sizes_the_users_engine_with_prefix_caching_off_by_t
     assert "prefix caching off" in text and "sized by TTFT alone" in text and "GPU's prefix cache" not in text
     slab = offload_study.offload_sizing(_study("engine.allocator=slab-max"))
     assert slab.skipped == "engine: kv_offload needs allocator=paged (got slab-max)"
+
+
+def test_the_context_grid_leaves_out_a_max_model_len_the_pool_cannot_hold():
+    """257 blocks of 16 tokens x 128 KiB (Llama-3.1-8B): 0.50 GiB, one kept back as v1's null block, so 256 x 16 =
+    4,096 tokens a sequence can hold: the user's max_model_len 4,096 fits, 8,192 (1.00 GiB) and 16,384 do not. The
+    report died with the 8,192-token variant's refusal before its first run; now those rows are left out (the
+    section's `left_out`, quoted in one sentence) and the rest runs."""
+    lens, refused = studies.context_lengths(_study("engine.num_gpu_blocks_override=257"))
+    assert lens == [1024, 2048, 4096]
+    assert list(refused) == ["engine.max_model_len=8192", "engine.max_model_len=16384"]
+    assert refused["engine.max_model_len=8192"].startswith(
+        "max_model_len=8192: one request needs 1.00 GiB of KV cache, the pool holds 0.50 GiB (257 blocks)")
+    assert studies.context_lengths(_study())[1] == {}  # the default pool (2,000-odd blocks) holds 16,384

@@ -197,13 +197,25 @@ class Study:
         return run_evidence(scenarios, workers=self.cfg.workers, dask_address=self.cfg.dask_address)
 
 
+def context_lengths(st: Study) -> tuple[list[int], dict[str, str]]:
+    """The context section's max_model_len grid (1,024 to 16,384 tokens, within the model's context) that this
+    engine takes, and those it refuses (`engine.max_model_len=N` → the refusal: its pool cannot hold one request
+    of N tokens, as vLLM refuses to start). The user's own max_model_len fits (`Study` checks it), so 1,024 does."""
+    lengths = {f"engine.max_model_len={n}": n for n in (1024, 2048, 4096, 8192, 16384)
+               if n <= st.model.max_position_embeddings}
+    refused = refused_settings({setting: partial(st.saturated, setting) for setting in lengths})
+    return [n for setting, n in lengths.items() if setting not in refused], refused
+
+
 def context_concurrency(st: Study) -> Section:
     """Max concurrent sequences vs max_model_len: closed form and simulated, paged and slab-max (its columns
-    left out, with the refusal in `left_out`, when this engine cannot take slab-max)."""
-    lens = [n for n in (1024, 2048, 4096, 8192, 16384) if n <= st.model.max_position_embeddings]
+    left out, with the refusal in `left_out`, when this engine cannot take slab-max). A max_model_len of the grid
+    this engine refuses is left out the same way (`context_lengths`): a pool that holds the user's max_model_len
+    need not hold 16,384 tokens, and that refusal ended the report."""
+    lens, refused = context_lengths(st)
     slab_setting = "engine.allocator=slab-max"
-    refused = refused_settings({slab_setting: lambda: st.saturated(f"engine.max_model_len={lens[0]}", slab_setting)})
-    allocators = ("paged",) if refused else ("paged", "slab-max")
+    refused |= refused_settings({slab_setting: lambda: st.saturated(f"engine.max_model_len={lens[0]}", slab_setting)})
+    allocators = ("paged",) if slab_setting in refused else ("paged", "slab-max")
     runs, _ = st.run_saturated([(f"engine.max_model_len={n}", f"engine.allocator={a}")
                                 for n in lens for a in allocators])
     bs, rows = st.base.engine.block_size, []
@@ -215,14 +227,14 @@ def context_concurrency(st: Study) -> Section:
             "closed_form_slab_max": slab_max_seqs(st.num_blocks * bs, n),  # slab pools have no null block
             "vllm_max_concurrency": round(model_max_concurrency(st.model, st.gpu, st.base.engine, st.num_blocks, n), 2),
             "simulated_paged_sustained": sustained(paged),
-            "simulated_slab_sustained": sustained(runs[2 * i + 1].summary) if not refused else None,
+            "simulated_slab_sustained": sustained(runs[2 * i + 1].summary) if len(allocators) == 2 else None,
             "paged_peak_transient": paged["max_running"],
             "paged_kv_usage_max": round(paged["kv_cache_usage_perc"]["max"], 3),
             "paged_limited_by": st.limited_by(paged),
             "num_rejected": paged["num_rejected"],
         })
     table = pd.DataFrame(rows)
-    if refused:  # no slab-max engine to compare with: its closed form goes with its runs
+    if len(allocators) == 1:  # no slab-max engine to compare with: its closed form goes with its runs
         table = table.drop(columns=["closed_form_slab_max", "simulated_slab_sustained"])
     return Section("context", "Context ↔ concurrency", {"context_concurrency": table},
                    {"mean_kv_len": st.mean_kv_len, "num_gpu_blocks": st.num_blocks, "left_out": refused})
