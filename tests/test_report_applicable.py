@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from kvsim.model.errors import KvsimError
 from kvsim.report import offload_study, speculation_study, studies
 from kvsim.report.applicable import left_out_text, refused_settings
 from kvsim.report.build import build_report
@@ -219,3 +220,31 @@ def test_the_context_grid_leaves_out_a_max_model_len_the_pool_cannot_hold():
     assert refused["engine.max_model_len=8192"].startswith(
         "max_model_len=8192: one request needs 1.00 GiB of KV cache, the pool holds 0.50 GiB (257 blocks)")
     assert studies.context_lengths(_study())[1] == {}  # the default pool (2,000-odd blocks) holds 16,384
+
+
+def test_a_section_whose_every_run_would_be_refused_says_so_and_runs_nothing():
+    """Context: 33 blocks of 16 tokens, one kept back as v1's null block: 32 x 16 = 512 tokens a sequence can
+    hold, so max_model_len 512 fits and every length of the grid (1,024 up) is refused; `lens[0]` was an IndexError.
+    Prefix sharing: 100-token prompts fit max_model_len 128, but the section puts a min(2000, 128 // 2) = 64-token
+    system prompt before each, 164 >= 128: every request refused, and its text read a None TTFT (a TypeError)."""
+    st = _study("engine.max_model_len=512", "engine.num_gpu_blocks_override=33")
+    context = studies.context_concurrency(st)
+    assert context.skipped is not None and not context.tables and st.runs_submitted == 0
+    assert section_text(context, st, TINY).startswith(
+        "Not run: this engine's pool cannot hold one request of any max_model_len of the section's grid (1024, 2048, "
+        "4096, 8192, 16384 tokens; kvsim refuses the shortest with \"max_model_len=1024: one request needs")
+    st = _study("engine.max_model_len=128", "workload.prompt_len={dist: fixed, value: 100}")
+    prefix = studies.prefix_sharing(st)
+    assert prefix.skipped is not None and not prefix.tables and st.runs_submitted == 0
+    assert section_text(prefix, st, TINY) == (
+        "Not run: with the section's 64-token system prompt before each prompt, every one of its 4 requests has a "
+        "prompt of max_model_len (128 tokens) or more, which this engine refuses (as vLLM does): no request would be "
+        f"served, with prefix caching or without. {NOTHING_RUN}.")
+
+
+def test_an_engine_kvsim_run_refuses_is_refused_before_any_section():
+    """A CPU tier of 1 byte holds no block: `kvsim run` refuses it. The report refused it only where a section
+    built a variant (the context grid's: an IndexError once every length was 'refused')."""
+    with pytest.raises(KvsimError) as refused:
+        _study("engine.kv_offload={cpu_bytes: 1}")
+    assert "\n" not in str(refused.value) and "cpu_bytes" in str(refused.value)

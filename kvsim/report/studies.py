@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.engine.builder import make_latency, resolve_engine
+from kvsim.engine.builder import build_engine, make_latency, resolve_engine
 from kvsim.kv import fig2_shares
 from kvsim.model.capacity import (
     model_kv_layout,
@@ -38,7 +38,7 @@ from kvsim.planning.slo import probe_passes, why_failed
 from kvsim.planning.steady_state import failing_evidence, search_rates
 from kvsim.planning.sweep import SweepResult, run_evidence, run_many
 from kvsim.report.alerts import alert_firings
-from kvsim.report.applicable import refusal, refused_settings, skipped
+from kvsim.report.applicable import inapplicable, refusal, refused_settings, skipped
 from kvsim.report.by_priority import latency_by_priority
 from kvsim.report.no_preemption import largest_seqs_without_preemption
 from kvsim.report.section import Section
@@ -113,7 +113,8 @@ class Study:
                              "several rates; run it with --set workload.multi_turn.timing=open")
         self.base = variant(base, f"workload.num_requests={cfg.num_requests}")
         self.cfg = cfg
-        spec = resolve_engine(self.base)
+        build_engine(self.base, np.random.default_rng(0))  # what `kvsim run` refuses (a tier holding no block),
+        spec = resolve_engine(self.base)  # refused here in its words, before any section: not as a variant's refusal
         self.model, self.gpu, self.max_model_len, self.num_blocks = (spec.model, spec.gpu, spec.max_model_len,
                                                                       spec.num_gpu_blocks)
         self.kv_layout, self.max_num_batched_tokens = spec.kv_layout, spec.limits.max_num_batched_tokens
@@ -197,10 +198,14 @@ class Study:
         return run_evidence(scenarios, workers=self.cfg.workers, dask_address=self.cfg.dask_address)
 
 
+CONTEXT_TITLE = "Context ↔ concurrency"
+
+
 def context_lengths(st: Study) -> tuple[list[int], dict[str, str]]:
     """The context section's max_model_len grid (1,024 to 16,384 tokens, within the model's context) that this
     engine takes, and those it refuses (`engine.max_model_len=N` → the refusal: its pool cannot hold one request
-    of N tokens, as vLLM refuses to start). The user's own max_model_len fits (`Study` checks it), so 1,024 does."""
+    of N tokens, as vLLM refuses to start). The user's own max_model_len fits (`Study` checks it); a grid length
+    above it may not, and with a max_model_len under 1,024 none may."""
     lengths = {f"engine.max_model_len={n}": n for n in (1024, 2048, 4096, 8192, 16384)
                if n <= st.model.max_position_embeddings}
     refused = refused_settings({setting: partial(st.saturated, setting) for setting in lengths})
@@ -213,6 +218,10 @@ def context_concurrency(st: Study) -> Section:
     this engine refuses is left out the same way (`context_lengths`): a pool that holds the user's max_model_len
     need not hold 16,384 tokens, and that refusal ended the report."""
     lens, refused = context_lengths(st)
+    if not lens:
+        return inapplicable("context", CONTEXT_TITLE, f"this engine's pool cannot hold one request of any "
+                            f"max_model_len of the section's grid ({', '.join(n.split('=')[1] for n in refused)} "
+                            f"tokens; kvsim refuses the shortest with \"{next(iter(refused.values()))}\").")
     slab_setting = "engine.allocator=slab-max"
     refused |= refused_settings({slab_setting: lambda: st.saturated(f"engine.max_model_len={lens[0]}", slab_setting)})
     allocators = ("paged",) if slab_setting in refused else ("paged", "slab-max")
@@ -236,7 +245,7 @@ def context_concurrency(st: Study) -> Section:
     table = pd.DataFrame(rows)
     if len(allocators) == 1:  # no slab-max engine to compare with: its closed form goes with its runs
         table = table.drop(columns=["closed_form_slab_max", "simulated_slab_sustained"])
-    return Section("context", "Context ↔ concurrency", {"context_concurrency": table},
+    return Section("context", CONTEXT_TITLE, {"context_concurrency": table},
                    {"mean_kv_len": st.mean_kv_len, "num_gpu_blocks": st.num_blocks, "left_out": refused})
 
 
@@ -263,15 +272,28 @@ def kv_quantization(st: Study) -> Section:
     return Section("fp8", "KV quantization (fp8)", {"kv_quantization": pd.DataFrame(rows)})
 
 
+PREFIX_TITLE = "Prefix sharing"
+
+
 def prefix_sharing(st: Study) -> Section:
     """KV usage and TTFT vs the number of requests sharing one system prompt, caching off and on (the off
-    rows left out, with the refusal in `left_out`, when this engine cannot turn caching off)."""
+    rows left out, with the refusal in `left_out`, when this engine cannot turn caching off). When the system
+    prompt takes every one of the largest count's prompts to max_model_len, the section is `inapplicable`:
+    its runs would serve no request (its text read a None TTFT: a TypeError traceback)."""
     prefix = min(2000, st.max_model_len // 2)
 
     def shared(n: int, caching: bool) -> Scenario:
         return variant(st.base, f"workload.num_requests={n}", f"workload.shared_prefix.tokens={prefix}",
                        "workload.shared_prefix.fraction=1.0", f"engine.enable_prefix_caching={str(caching).lower()}")
 
+    biggest = max(st.cfg.shared_prefix_counts)
+    probe = shared(biggest, True)
+    if all(r.prompt_len >= st.max_model_len for r in build_requests(probe, st.max_model_len,
+                                                                    np.random.default_rng(probe.seed))):
+        return inapplicable("prefix", PREFIX_TITLE, f"with the section's {prefix:,}-token system prompt before each "
+                            f"prompt, every one of its {biggest} requests has a prompt of max_model_len "
+                            f"({st.max_model_len:,} tokens) or more, which this engine refuses (as vLLM does): no "
+                            "request would be served, with prefix caching or without.")
     off = "engine.enable_prefix_caching=false"
     refused = refused_settings({off: lambda: shared(st.cfg.shared_prefix_counts[0], False)})
     jobs = [(n, c) for n in st.cfg.shared_prefix_counts for c in (False, True) if c or not refused]
@@ -280,7 +302,7 @@ def prefix_sharing(st: Study) -> Section:
              "kv_usage_max": r.summary["kv_cache_usage_perc"]["max"], "ttft_mean_s": r.summary["ttft_s"]["mean"],
              "prefix_cache_hit_rate": r.summary["prefix_cache_hit_rate"],
              "sharing_saving": round(r.summary["sharing_saving"], 4)} for (n, c), r in zip(jobs, runs, strict=True)]
-    return Section("prefix", "Prefix sharing", {"prefix_sharing": pd.DataFrame(rows)},
+    return Section("prefix", PREFIX_TITLE, {"prefix_sharing": pd.DataFrame(rows)},
                    {"prefix_tokens": prefix, "left_out": refused})
 
 
