@@ -1,7 +1,9 @@
 """The report's fleet section: the unbounded-cache bound and the affinity verdict, worked by hand."""
 
 import pandas as pd
+import pytest
 
+from kvsim.model.errors import KvsimError
 from kvsim.report.fleet_study import unbounded_hit_rate
 from kvsim.report.text import _affinity_verdict
 from kvsim.workload.traces import TraceRecord
@@ -152,7 +154,8 @@ def test_a_hybrid_pool_s_tokens_are_its_blocks_shared_among_its_groups():
     """vLLM's "GPU KV cache size" (`_report_kv_cache_config`): kv_cache_config.num_blocks // groups x block_size,
     the null block counted (v1's `BlockPool` takes it out of those blocks after the log's sizing). 5,000 // 7 =
     714 blocks, 11,424 tokens (counted as one group's, 5,000 x 16 = 80,000 said the pool held 7 times what it
-    holds); at 5,005 blocks 715 under v1 and v0 alike (subtracting the null block gave v1 5,004 // 7 = 714)."""
+    holds); at 5,005 blocks 715 under v1 (subtracting the null block gave 5,004 // 7 = 714). Gemma 3 under v0 is an
+    engine `kvsim run` refuses (sliding-window groups need v1's hybrid manager): the report refuses it up front."""
     from kvsim.report.fleet_study import pool_tokens
     from kvsim.report.studies import Study, StudyConfig
     from kvsim.workload.scenario import load_scenario
@@ -163,7 +166,8 @@ def test_a_hybrid_pool_s_tokens_are_its_blocks_shared_among_its_groups():
 
     assert tokens() == 714 * 16 == 11_424
     assert tokens("engine.num_gpu_blocks_override=5005") == 715 * 16
-    assert tokens("engine.num_gpu_blocks_override=5005", "engine.scheduler=v0") == 715 * 16
+    with pytest.raises(KvsimError, match="sliding-window/chunked KV groups need allocator=paged and scheduler=v1"):
+        tokens("engine.num_gpu_blocks_override=5005", "engine.scheduler=v0")
 
 
 def test_the_fleet_traffic_keeps_the_max_model_len_its_pool_holds():
