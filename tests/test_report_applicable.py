@@ -248,3 +248,23 @@ def test_an_engine_kvsim_run_refuses_is_refused_before_any_section():
     with pytest.raises(KvsimError) as refused:
         _study("engine.kv_offload={cpu_bytes: 1}")
     assert "\n" not in str(refused.value) and "cpu_bytes" in str(refused.value)
+
+
+def test_the_formula_text_fits_no_constant_on_the_fixed_rows_when_none_was_kv_bound():
+    """scenarios/mooncake-conv-replay.yaml (TINY): every prompt c/2 + output c/2 row was request-bound, only the
+    scenario's mix filled the pool, so k over the fixed rows is NaN, and the report printed "k = nan". Here one
+    KV-bound row of sustained 16 against a closed form of 48 (k = 16 x 48 / 48^2 = 1/3), the fixed row capped by
+    the requests sent."""
+    from kvsim.report.text import formula_text
+
+    st = _study()
+    table = pd.DataFrame({"lengths": ["prompt 128 + output 128", "scenario length mix"], "context_len": [256, 500],
+                          "closed_form_seqs": [3000.0, 48.0], "sustained_running": [90.0, 16.0],
+                          "preemptions_per_s": [0.0, 0.5], "max_seqs_without_preemption": [144, 24],
+                          "peak_running_transient": [144, 32], "limited_by": ["requests", "kv"]})
+    facts = {"fitted_constant": 16 / 48, "fitted_constant_fixed": float("nan"), "pool_blocks": 1999,
+             "num_kv_bound": 1, "other_limits": ["requests"], "vllm_max_concurrency": 7.8}
+    text = formula_text(studies.Section("formula", "f", {"capacity_formula": table}, facts), st)
+    assert "nan" not in text and "gives k = 0.33 over the 1 KV-bound rows (none of the prompt c/2 + output c/2 rows " \
+        "was KV-bound, so they fit no k of their own)" in text
+    assert "the peak averages 0.67× the closed form" in text  # 32 / 48

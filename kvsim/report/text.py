@@ -282,8 +282,12 @@ def closed_form(st: studies.Study) -> str:
 
 
 def formula_text(sec: studies.Section, st: studies.Study) -> str:
-    """Three concurrency figures beside vLLM's, with the fitted constant, all from the table."""
+    """Three concurrency figures beside vLLM's, with the fitted constant, all from the table; where no prompt c/2 +
+    output c/2 row was KV-bound (only the scenario's own mix filled the pool), no constant of those rows alone."""
     f, df = sec.facts, sec.tables["capacity_formula"]
+    k_fixed = f["fitted_constant_fixed"]
+    fixed = ("none of the prompt c/2 + output c/2 rows was KV-bound, so they fit no k of their own" if pd.isna(k_fixed)
+             else f"k = {k_fixed:.2f} on the prompt c/2 + output c/2 rows alone")
     kv = df[df.limited_by == "kv"]
     peak_k = float((kv.peak_running_transient / kv.closed_form_seqs).mean())
     calm_k = float((kv.max_seqs_without_preemption / kv.closed_form_seqs).mean())
@@ -293,7 +297,7 @@ def formula_text(sec: studies.Section, st: studies.Study) -> str:
             "ramp-up and drain excluded), the largest max_num_seqs that ran with no preemption, and the peak, an "
             "admission transient when every sequence holds only its prompt. Fitting sustained seqs ≈ k · "
             f"{closed_form(st)} gives k = {f['fitted_constant']:.2f} over the {f['num_kv_bound']} "
-            f"KV-bound rows (k = {f['fitted_constant_fixed']:.2f} on the prompt c/2 + output c/2 rows alone). "
+            f"KV-bound rows ({fixed}). "
             f"On those rows the peak averages {peak_k:.2f}× the closed form and the preemption-free concurrency "
             f"{calm_k:.2f}×; the sustained level is held with up to {thrash:.2f} preemptions per second, so plan on "
             "the preemption-free figure for a quiet engine and on the sustained one only if recomputation is "
