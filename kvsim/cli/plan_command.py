@@ -186,13 +186,28 @@ def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> No
             typer.echo(f"refused, {r['candidate']}: {r['rejected_fraction']:.1%} of the requests can never be "
                        "served (over max_model_len or the KV pool: the run's reject_reasons); the replicas, SLOs "
                        "and cost are for the rest")
+        if r.get("verify_run") == "search":
+            typer.echo(search_run_line(r))
         if r.get("gap_breakdown"):
             typer.echo(f"gap to the floor, {r['candidate']}: {r['gap_breakdown']} (replicas over the run behind "
                        f"the answer, at the rate it served; {r['bound_binds']} floor binds)")
     typer.echo(chosen_text(rows))
+    whole = (" (at most a trace's whole; not re-run where the search took it all: the verification lines)"
+             if any(r.get("verify_run") == "search" for r in rows) else "")
     typer.echo(f"{counted(simulated, 'point')} simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
-               f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests, "
+               f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests{whole}, "
                f"one replica more while that long run fails")
+
+
+def search_run_line(row: dict) -> str:
+    """The line for a row whose verification is the search's own run (`verify_run` "search"): the trace held no
+    more requests than the search's runs took, so a 10x run would repeat that run; whether its steady-state
+    window held, and what traffic would give a longer check."""
+    held = "every SLO met" if row["verified"] else "not every SLO met"
+    return (f"verification, {row['candidate']}: not re-run: the trace holds {row['verify_num_requests']:,} requests "
+            f"and the search's run took them all, so verify_* is that run (window {row['verify_verdict']}, {held}); "
+            "a longer check needs a longer trace, or its lengths as a table (trace.format lengths, arrival.process "
+            "poisson), which a run resamples to any count")
 
 
 def evidence_line(row: dict) -> str:

@@ -82,16 +82,18 @@ class ReplicaSearch:
 
     def _near_miss(self, traffic: Scenario) -> tuple[int, Scenario] | None:
         """The count just below the answer and its long run, when its probe missed only within noise, it is not
-        a long run already, long runs are asked for (`verify_factor`) and the run fits in memory; else None."""
+        a long run already, long runs are asked for (`verify_factor`), the run is longer than the probe (a finite
+        trace may hold no more requests) and fits in memory; else None."""
         best = self._fewest_ok()
         below = best - 1 if best is not None else 0
         if below < 1 or below in self._long or not self.spec.verify_factor or below not in self.results:
             return None
-        if not missed_within_noise(self.results[below]["evidence"], self.spec.slo):
-            return None
+        long_requests = self.verify.long_requests(traffic, self.num_requests)
+        if long_requests <= self.num_requests or not missed_within_noise(self.results[below]["evidence"],
+                                                                        self.spec.slo):
+            return None  # a finite trace's whole already probed: its rerun would be that probe again
         # the scenario the verification would run at that count, so a rerun that holds is its long run too
-        scenario = self.candidate.scenario(with_requests(traffic, self.spec.verify_factor * self.num_requests),
-                                           below, self.spec.router)
+        scenario = self.candidate.scenario(with_requests(traffic, long_requests), below, self.spec.router)
         return (below, scenario) if self.memory.fits(scenario) else None
 
     def next_scenario(self) -> Scenario | None:
@@ -103,7 +105,9 @@ class ReplicaSearch:
         if (rerun := self._near_miss(traffic)) is not None:
             self._pending, self._rerun = rerun[0], True
             return rerun[1]
-        return self.verify.next_scenario(traffic, self._fewest_ok(), self.num_requests)
+        best = self._fewest_ok()
+        return self.verify.next_scenario(traffic, best, self.num_requests,
+                                         probe=None if best is None else self.results[best])
 
     def observe(self, metrics: Metrics) -> None:
         if self._pending is None:

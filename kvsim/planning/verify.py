@@ -1,16 +1,20 @@
 """A plan's answer checked by a long run: the chosen fleet with `verify_factor` (10) × a probe's requests.
 
-A search judges each count or fraction on probes of N requests; a planner signs for the traffic
-lasting. So once a candidate's search ends, its chosen fleet is simulated once more, whole, on the
-same traffic with 10 × N requests (`PlanSpec.verify_factor`) (a trace gives at most the records it has:
-the count run is reported). A short probe can be optimistic (a queue growing by under 1 % of arrivals,
-waits that creep up), so while the long run fails the search goes on in long runs: the next larger
-count (one replica more), up to `max_replicas` (a probe that missed by noise below the answer is the replica
-search's to rerun: `kvsim.planning.replica_search`). The answer is the first count whose long run holds;
-that run's steady-state evidence (`kvsim.planning.steady_state`) is the row's evidence (its window
-columns and headroom, `answer_columns`, and the `verify_*` columns, `verified`: stable and every SLO
-met), the search's probe is in `search_*` columns, with `searched_replicas` (the short probes' answer)
-and `verify_attempts` (each count tried long and whether it held).
+A search judges each count or fraction on probes of N requests; a planner signs for the traffic lasting. So once a
+candidate's search ends, its chosen fleet is simulated once more, whole, on the same traffic with 10 × N requests
+(`PlanSpec.verify_factor`), or a finite trace's whole (`long_requests`: a timestamped trace's rows,
+`kvsim.workload.generate.most_requests`). Where that is no more than the probe's N (the search's runs already took
+the whole trace), the long run at the searched count would be the search's own probe again, to the same figures: it
+is not run, and that probe is the verification (`verify_run` "search", `verify_num_requests` the trace's whole; for
+`--search rate`, whose probe is one replica on a fraction of the traffic, the fleet's run of the whole trace is
+still a new run and is made). A short probe can be optimistic (a queue growing by under 1 % of arrivals, waits that
+creep up), so while the long run fails the search goes on in long runs: the next larger count (one replica more),
+up to `max_replicas` (a probe that missed by noise below the answer is the replica search's to rerun:
+`kvsim.planning.replica_search`). The answer is the first count whose long run holds; that run's steady-state
+evidence (`kvsim.planning.steady_state`) is the row's evidence (its window columns and headroom, `answer_columns`,
+and the `verify_*` columns, `verified`: stable and every SLO met), the search's probe is in `search_*` columns,
+with `searched_replicas` (the short probes' answer) and `verify_attempts` (each count tried long and whether it
+held), `verify_run` "long" (else "search", above).
 
 A count found without simulating the fleet (`--search rate`: one replica's rate, scaled linearly) can be
 too large as well: c replicas pool their queues (M/D/c waits less than c × M/D/1 at the same load), so
@@ -94,12 +98,28 @@ class Verification:
     fewest: int = 1  # the fewest replicas a run on `shrink`'s traffic may have (fewer are known to fail)
     attempts: list[tuple[int, Metrics]] = field(default_factory=list)  # (replicas, long run's metrics)
     memory_note: str | None = None  # why a long run was not made: its memory floor exceeds the plan's limit
+    search_run: bool = False  # the verification is the search's probe: the trace held no more requests
+    _most: tuple[int | None] | None = None  # the traffic's `most_requests`, once read
     _count: int | None = None
 
-    def next_scenario(self, traffic: Scenario, replicas: int | None, probe_requests: int) -> Scenario | None:
+    def long_requests(self, traffic: Scenario, probe_requests: int) -> int:
+        """A long run's requests: `verify_factor` × `probe_requests`, at most what `traffic` holds (a timestamped
+        trace's rows: `most_requests`, read once; every run of a plan takes the same trace)."""
+        if self._most is None:
+            from kvsim.workload.generate import most_requests
+
+            self._most = (most_requests(traffic),)
+        most = self._most[0]
+        num_requests = self.spec.verify_factor * probe_requests
+        return num_requests if most is None else min(num_requests, most)
+
+    def next_scenario(self, traffic: Scenario, replicas: int | None, probe_requests: int,
+                      probe: Metrics | None = None) -> Scenario | None:
         """The next long run, or None: nothing to verify, not asked for, held (with `shrink`: held down to `fewest`
         replicas, or one fewer failed), failed at `max_replicas` (or once one held), or the run would not fit in
-        the plan's memory limit (`memory_note` says so; no other count is tried)."""
+        the plan's memory limit (`memory_note` says so; no other count is tried). `probe`: the passing probe of
+        `replicas` on `traffic` with `probe_requests`, when a run of that fleet on that traffic is that probe;
+        if the long run would take no more requests (a finite trace), it is the first attempt (`search_run`)."""
         if (replicas is None or probe_requests <= 0 or self.spec.verify_factor == 0
                 or self.memory_note is not None):
             return None
@@ -114,7 +134,11 @@ class Verification:
                 return None
             else:
                 count = last + 1
-        num_requests = self.spec.verify_factor * probe_requests
+        num_requests = self.long_requests(traffic, probe_requests)
+        if probe is not None and not self.attempts and num_requests <= probe_requests:
+            self.attempts.append((count, probe))  # the same requests again would give the same figures
+            self.search_run = True
+            return None
         long_traffic = (self.shrink(traffic, num_requests) if fewer and self.shrink is not None
                         else with_requests(traffic, num_requests))
         scenario = self.candidate.scenario(long_traffic, count, self.spec.router)
@@ -166,13 +190,15 @@ class Verification:
         return answer[0] if answer is not None and self.held else None
 
     def columns(self) -> dict[str, Any]:
-        """`verified` and the long run's evidence as `verify_*` columns (empty values when not run)."""
+        """`verified` and the long run's evidence as `verify_*` columns (empty values when not run); `verify_run`
+        says which run that is: "long", or "search" (the search's probe, the trace holding no more requests)."""
         if self.metrics is None:
             return {"verified": None, "verify_num_requests": None, "verify_attempts": None,
-                    "verify_memory": self.memory_note}
+                    "verify_run": None, "verify_memory": self.memory_note}
         ev = self.metrics["evidence"]
         first = self.attempts[0][0]  # runs below the first count are on `shrink`'s traffic: marked *
         tried = ", ".join(f"{n} {'held' if probe_passes(m['evidence'], self.spec.slo) else 'failed'}"
                           f"{'*' if n < first else ''}" for n, m in self.attempts)
         return {"verified": self.held, "verify_num_requests": ev["num_requests"], "verify_attempts": tried,
-                "verify_memory": self.memory_note, **evidence_columns(ev, self.spec.slo, prefix="verify_")}
+                "verify_run": "search" if self.search_run else "long", "verify_memory": self.memory_note,
+                **evidence_columns(ev, self.spec.slo, prefix="verify_")}

@@ -70,8 +70,10 @@ class XpydSearch:
                 self._blocked = (f"{self.split_text} ({self.num_requests} requests)", fleet)
                 return None
             return fleet
+        passes = self._passes()
         return self.verify.next_scenario(self._traffic(self.num_requests),
-                                         self.candidate.smallest_fleet if self._passes() else None, self.num_requests)
+                                         self.candidate.smallest_fleet if passes else None, self.num_requests,
+                                         probe=self.metrics if passes else None)
 
     def observe(self, metrics: Metrics) -> None:
         if self.metrics is not None:

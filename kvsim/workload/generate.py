@@ -185,6 +185,18 @@ def trace_rows(scenario: Scenario, rng: np.random.Generator) -> tuple[Path, list
     return path, kept
 
 
+def most_requests(scenario: Scenario) -> int | None:
+    """The most requests a run of the scenario's traffic can take, whatever its `num_requests`: a timestamped
+    trace's rows from `start_s` on, or the requests ServeGen's model draws over `duration_s` (the draws a run
+    makes: the scenario's seed); None where any count can be run (lengths drawn from distributions, or a length
+    table, whose rows are resampled). Reads the trace (`trace_rows`' errors)."""
+    trace = scenario.workload.trace
+    if trace is None:
+        return None
+    rows = trace_rows(scenario, np.random.default_rng(scenario.seed))[1]
+    return len(rows) if trace.format == "servegen" or rows[0].arrival_s is not None else None
+
+
 SHORT_TRACE = "workload.num_requests=%s: %s %s %s; the run has %s"
 """The warning `_fewer_than_asked` logs (its format, the record's `msg`): "... t.csv holds 2 requests from start_s=0;
 the run has those 2", or of one request "holds 1 request ...; the run has only that one"."""

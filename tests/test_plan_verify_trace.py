@@ -1,0 +1,61 @@
+"""`kvsim plan`'s verification on a finite trace: a 10x run cannot take more requests than the trace holds.
+
+A timestamped trace's run takes at most its rows (`kvsim.workload.generate.most_requests`). Where the search's
+probe already took them all, the long run at the searched count would be that probe again, to the same figures:
+the plan does not run it, and says the verification is the search's run of the whole trace. The Azure hour's
+`docs/autoscaling.md` example (19,366 requests) re-ran its search's run and printed "re-run with 10x the requests".
+"""
+
+import json
+
+from kvsim.cli.plan_command import print_plan
+from kvsim.planning.plan import make_plan_spec, plan
+from kvsim.workload.scenario import make_scenario
+
+NUM_ROWS = 200
+
+
+def trace_fleet(tmp_path, num_requests: int):
+    """A 200-row Mooncake trace, one request every 100 ms (10 req/s), 64-token prompts (one prefill step, which
+    yields the first token) and 20-token replies, constant 10 ms steps, at most 4 running: one replica serves
+    4 / (20 x 10 ms) = 20 req/s, so at 10 req/s about 2 are in flight and no request waits: TTFT about one step,
+    far under the 0.5 s SLO, and one replica is the answer (the search starts at 1)."""
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 64, "output_length": 20,
+                                        "hash_ids": [i]}) + "\n" for i in range(NUM_ROWS)))
+    return make_scenario({
+        "name": "trace", "steps": "none",
+        "engine": {"max_num_seqs": 4, "max_model_len": 1024, "num_gpu_blocks_override": 20_000,
+                   "async_scheduling": False},
+        "latency": {"model": "constant", "step_s": 0.01},
+        "workload": {"num_requests": num_requests, "arrival": {"process": "trace"},
+                     "trace": {"format": "mooncake", "path": str(path)}}})
+
+
+SPEC = {"slo": {"ttft_s.p90": 0.5}, "gpus": ["h100-80gb"], "max_replicas": 4}
+
+
+def test_a_trace_the_search_took_whole_is_not_re_run_and_the_plan_says_so(tmp_path, capsys):
+    """The probe asks for the trace's 200 rows; 10x would be 2,000, of which the trace holds the same 200: the
+    one probe (1 replica) is the only point, and the verify_* columns are that probe's."""
+    rows, simulated = plan(trace_fleet(tmp_path, NUM_ROWS), make_plan_spec(SPEC), tmp_path / "plan")
+    (row,) = rows
+    assert simulated == 1 and row["replicas"] == 1 and row["searched_replicas"] == 1
+    assert row["verify_run"] == "search" and row["verified"] is True and row["verify_attempts"] == "1 held"
+    assert row["verify_num_requests"] == row["evidence_num_requests"] == row["search_num_requests"] == NUM_ROWS
+    assert row["verify_verdict"] == row["search_verdict"] == "stable"
+    assert row["verify_ttft_s.p90"] == row["search_ttft_s.p90"] == row["ttft_s.p90"] <= 0.5
+    print_plan(rows, "trace", tmp_path / "plan", simulated)
+    out = capsys.readouterr().out
+    assert (f"verification, {row['candidate']}: not re-run: the trace holds 200 requests and the search's run took "
+            "them all, so verify_* is that run (window stable, every SLO met)") in out
+    assert "re-run with 10x the requests (at most a trace's whole; not re-run where the search took it all" in out
+
+
+def test_a_trace_longer_than_the_probe_is_verified_on_its_whole(tmp_path):
+    """A 100-request probe of the 200-row trace: the long run asks for min(10 x 100, 200) = 200, more than the
+    probe saw, so it is run: two points, verify_run "long", its 200 requests the row's evidence."""
+    rows, simulated = plan(trace_fleet(tmp_path, 100), make_plan_spec(SPEC), tmp_path / "plan")
+    (row,) = rows
+    assert simulated == 2 and row["replicas"] == 1 and row["verify_run"] == "long" and row["verified"] is True
+    assert row["verify_num_requests"] == row["evidence_num_requests"] == NUM_ROWS and row["search_num_requests"] == 100
