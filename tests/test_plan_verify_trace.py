@@ -59,3 +59,21 @@ def test_a_trace_longer_than_the_probe_is_verified_on_its_whole(tmp_path):
     (row,) = rows
     assert simulated == 2 and row["replicas"] == 1 and row["verify_run"] == "long" and row["verified"] is True
     assert row["verify_num_requests"] == row["evidence_num_requests"] == NUM_ROWS and row["search_num_requests"] == 100
+
+
+def test_a_near_miss_is_not_rerun_long_on_a_trace_the_search_took_whole(tmp_path):
+    """1 replica missed p90 TTFT <= 0.5 s within noise (0.6 s, 95 % CI 0.4-0.8: its low end under the limit), 2
+    met it: the near miss is rerun as long as a verification run, min(10 x probe, 200 rows). With 200-request
+    probes that is 200 again, the probe itself: no rerun. With 100-request probes it is a 200-request run."""
+    from kvsim.planning.replica_search import ReplicaSearch
+    from kvsim.planning.spec import Candidate
+
+    def evidence(p90: float, low: float, high: float) -> dict:
+        return {"evidence": {"verdict": "stable", "ttft_s": {"p90": p90, "p90_ci": (low, high)}}}
+
+    for probe, rerun in ((NUM_ROWS, None), (100, NUM_ROWS)):
+        search = ReplicaSearch(Candidate("h100-80gb", 1), trace_fleet(tmp_path, probe), make_plan_spec(SPEC))
+        search.results = {1: evidence(0.6, 0.4, 0.8), 2: evidence(0.1, 0.05, 0.2)}
+        near = search._near_miss(search._traffic(probe))
+        assert (None if near is None else (near[0], near[1].workload.num_requests)) == (
+            None if rerun is None else (1, rerun))
