@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvsim.planning.slo import parse_slo_key, probe_passes, slo_stats, slo_values
 from kvsim.planning.window import SLO_STATS
+from kvsim.workload.generate import most_requests
 from kvsim.workload.scenario import Scenario, make_scenario
 
 if TYPE_CHECKING:
@@ -99,15 +100,13 @@ class Verification:
     attempts: list[tuple[int, Metrics]] = field(default_factory=list)  # (replicas, long run's metrics)
     memory_note: str | None = None  # why a long run was not made: its memory floor exceeds the plan's limit
     search_run: bool = False  # the verification is the search's probe: the trace held no more requests
-    _most: tuple[int | None] | None = None  # the traffic's `most_requests`, once read
+    _most: tuple[int | None] | None = None  # (the traffic's `most_requests`,), once read (None: not yet)
     _count: int | None = None
 
     def long_requests(self, traffic: Scenario, probe_requests: int) -> int:
         """A long run's requests: `verify_factor` × `probe_requests`, at most what `traffic` holds (a timestamped
         trace's rows: `most_requests`, read once; every run of a plan takes the same trace)."""
         if self._most is None:
-            from kvsim.workload.generate import most_requests
-
             self._most = (most_requests(traffic),)
         most = self._most[0]
         num_requests = self.spec.verify_factor * probe_requests
