@@ -179,12 +179,27 @@ def test_the_terminal_says_what_share_of_the_traffic_a_feasible_fleet_never_serv
 
     row = {"rank": 1, "candidate": "l4 tp1", "topology": "colocated", "feasible": True, "memory_limited": False,
            "replicas": 6, "num_gpus": 6, "cost_per_hour": 4.68, "price_source": "given", "rejected_fraction": 0.375}
-    print_plan([row], "lab", tmp_path, 0)
+    print_plan([row], "lab", tmp_path, 0, 10)
     out = capsys.readouterr().out
     assert "refused, l4 tp1: 37.5% of the requests can never be served" in out
-    print_plan([{**row, "rejected_fraction": 0.0}], "lab", tmp_path, 0)
+    print_plan([{**row, "rejected_fraction": 0.0}], "lab", tmp_path, 0, 10)
     assert "refused" not in capsys.readouterr().out
 
+
+
+@pytest.mark.parametrize(("verify_factor", "said"), [
+    (2, "verify_* columns: each chosen fleet re-run with 2x the requests, one replica more while that long run fails"),
+    (0, "verify_* columns: none: verify_factor is 0, no chosen fleet re-run"),
+])
+def test_the_terminal_states_the_verify_factor_the_plan_ran(capsys, tmp_path, verify_factor, said):
+    """The last line said 'each chosen fleet re-run with 10x the requests' whatever the spec's `verify_factor`:
+    with 2 the long runs took 2x a probe's requests, with 0 none ran (`PlanSpec.verify_factor`)."""
+    from kvsim.cli.plan_command import print_plan
+
+    row = {"rank": 1, "candidate": "l4 tp1", "topology": "colocated", "feasible": False, "memory_limited": False,
+           "price_source": "given"}
+    print_plan([row], "lab", tmp_path, 0, verify_factor)
+    assert capsys.readouterr().out.rstrip().endswith(said)
 
 def single_slot_fleet(name: str, num_requests: int, rate_per_s: float, output_tokens: int):
     """Single-slot replicas behind round robin, each request `output_tokens` steps of 10 ms (its prefill step yields

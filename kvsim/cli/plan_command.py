@@ -136,7 +136,7 @@ def plan(
             with errors_name_output(out_path, out_dir):
                 write_sizing(sizing, out_dir)
     if output_format is Format.table:
-        print_plan(rows, base.name, out_dir, simulated)
+        print_plan(rows, base.name, out_dir, simulated, spec.verify_factor)
         if sizes:
             typer.echo(offload_line(sizing))
     else:
@@ -164,8 +164,9 @@ def offload_line(sizing: Any) -> str:
             "offload_points.csv, offload_pays.csv, offload_hurts.csv, offload_sizing.json")
 
 
-def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> None:
-    """`kvsim plan`'s terminal answer: the ranked table, prices, memory bounds met, the choice, the files."""
+def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int, verify_factor: int) -> None:
+    """`kvsim plan`'s terminal answer: the ranked table, prices, memory bounds met, the choice, the files, and
+    how long each chosen fleet's verification run was (`verify_factor` × a probe's requests; 0: none ran)."""
     import typer
     from rich.console import Console
 
@@ -194,9 +195,10 @@ def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int) -> No
     typer.echo(chosen_text(rows))
     whole = (" (at most a trace's whole; not re-run where the search took it all: the verification lines)"
              if any(r.get("verify_run") == "search" for r in rows) else "")
+    verified = (f"each chosen fleet re-run with {verify_factor}x the requests{whole}, one replica more while that "
+                "long run fails" if verify_factor else "none: verify_factor is 0, no chosen fleet re-run")
     typer.echo(f"{counted(simulated, 'point')} simulated now; results in {out_dir}/ (plan.csv, plan.json, plan.md, "
-               f"pareto.png, points.jsonl); verify_* columns: each chosen fleet re-run with 10x the requests{whole}, "
-               f"one replica more while that long run fails")
+               f"pareto.png, points.jsonl); verify_* columns: {verified}")
 
 
 def search_run_line(row: dict) -> str:
