@@ -310,3 +310,19 @@ def test_evidence_line_names_the_searchs_probe(searched, topology, size, fleet, 
     line = evidence_line(row)
     assert line.startswith(f"evidence, h100-80gb tp1: {fleet}, 10,000-request run: stable"), line
     assert f"the search's {probe} (1,000 requests)" in line, line
+
+
+def test_evidence_line_of_a_split_ranked_beside_a_rate_search():
+    """`kvsim plan --search rate --xpyd 2P1D` (a 20-request priority-class scenario, `--slo e2e_s.mean@3=5`) wrote
+    plan.csv and then died printing a TypeError: one table gives every row every column, so the split's row held
+    `evidence_traffic_scale` and `evidence_replicas` as None (its run is the split itself on the traffic itself,
+    not a rate search's scaled one-replica run), and the line formatted None. The row as plan.json held it: the
+    line names the split's 3 instances and the traffic unscaled."""
+    from kvsim.cli.plan_command import evidence_line
+
+    row = {"candidate": "h200 tp1 2P1D", "topology": "2P1D", "replicas": 3, "searched_replicas": None,
+           "capacity_headroom": None, "evidence_replicas": None, "evidence_traffic_scale": None,
+           "evidence_num_requests": 80, "search_num_requests": 80, "verdict": "stable", "num_in_window": 61,
+           "window_s": 6.0, "served_over_offered": 1.0, "e2e_s.mean@3": 0.29}
+    assert evidence_line(row) == ("evidence, h200 tp1 2P1D: 2P1D (3 instances), 80-request run: stable over its "
+                                  "window (61 requests in 6 s, served/offered 1.000); e2e_s.mean@3 0.29")

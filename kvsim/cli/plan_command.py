@@ -230,8 +230,10 @@ def evidence_line(row: dict) -> str:
             out.append(f"{key[len(prefix):]} {value:.4g}" + (f" (95 % CI {ci})" if ci else ""))
         return ", ".join(out)
 
-    ratio, scale = row["served_over_offered"], row.get("evidence_traffic_scale", 1.0)
-    size = row.get("evidence_replicas", row["replicas"])
+    # a rate search's rows add a run's replicas and traffic scale; its xPyD rows, ranked in one table with them
+    # (`rank_rows`: every row has every column), hold None there: their run is the split on the traffic itself
+    ratio, scale = row["served_over_offered"], row.get("evidence_traffic_scale") or 1.0
+    size = row.get("evidence_replicas") or row["replicas"]
     split = row.get("topology", "colocated") != "colocated"  # an xPyD split's `replicas` counts its instances
     fleet = f"{row['topology']} ({counted(size, 'instance')})" if split else counted(size, "replica")
     traffic = f" on {scale:.4g}× the traffic" if scale != 1.0 else ""  # a rate search's long run below its count,
