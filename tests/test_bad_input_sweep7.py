@@ -120,6 +120,21 @@ def test_replica_groups_are_shown_as_written(tmp_path, command, message):
     assert not (tmp_path / "out").exists()
 
 
+
+@pytest.mark.parametrize(("sets", "drop"), [
+    ([], "autoscaler, replicas, router from the scenario (--set autoscaler=null --set replicas=null --set router=null)"),
+    (["--set", "router=null"], "autoscaler, replicas from the scenario (--set autoscaler=null --set replicas=null)"),
+], ids=["with-router", "without-router"])
+def test_plan_names_every_field_an_autoscaled_scenario_must_drop(tmp_path, sets, drop):
+    """`kvsim plan scenarios/azure-autoscale.yaml` said `replicas=1: ... remove it from the scenario`; removing it
+    was refused next, `autoscaler: needs replicas as a count`, and then the router without replicas: three tries
+    for what docs/autoscaling.md does at once (--set autoscaler=null --set replicas=null --set router=null).
+    The refusal names them all, the router only where the scenario sets one."""
+    assert one_line_exit_2(["plan", "scenarios/azure-autoscale.yaml", "--gpu", "l4", "--workers", "1", "--slo",
+                            "ttft_s.p90=2", *sets, "-o", str(tmp_path / "out")]) == (
+        f"autoscaler: plan sizes a static fleet, searching its replica count; remove {drop}")
+    assert not (tmp_path / "out").exists()
+
 def test_report_counts_one_group_as_one(tmp_path):
     assert one_line_exit_2(["report", "--set", "replicas=[{count: 2}]", "--quick", "-o", str(tmp_path / "r")]) == (
         "replicas=[1 group]: kvsim report studies one engine; report on one replica with --set replicas=null "

@@ -103,7 +103,7 @@ POINTS_FILE = "points.jsonl"  # the file in a plan's folder that keeps its finis
 
 
 def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "plan.memory_limit_bytes") -> None:
-    """Refuse, before any cluster starts or folder is made, a scenario that already fixes `replicas`, an
+    """Refuse, before any cluster starts or folder is made, a scenario that already fixes `replicas` or autoscales, an
     SLO for a priority class the workload does not have, and a candidate whose GPU is unknown, whose engine
     knobs do not make a valid scenario, or whose TP the model cannot be split over, whose weights leave
     no KV pool or whose engine cannot be built (`check_engine`: e.g. an offload tier under one block) (a
@@ -115,8 +115,13 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
     from kvsim.fleet.driver import replica_groups
     from kvsim.model.capacity import check_parallel, num_gpu_blocks
     from kvsim.model.config import load_gpu, load_model
+    from kvsim.workload.fleet_layout import Router
     from kvsim.workload.generate import iter_requests
 
+    if base.autoscaler is not None:  # "remove replicas" alone was refused next as an autoscaler without its start
+        drop = ["autoscaler", "replicas", *(["router"] if base.router != Router() else [])]  # no router without them
+        raise KvsimError(f"autoscaler: plan sizes a static fleet, searching its replica count; remove "
+                         f"{', '.join(drop)} from the scenario ({' '.join(f'--set {name}=null' for name in drop)})")
     if base.replicas is not None:
         raise KvsimError(f"replicas={base.replicas_shown}: plan searches the replica count; remove it from the "
                          "scenario")
