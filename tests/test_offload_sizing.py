@@ -151,3 +151,18 @@ def test_a_scenario_whose_every_prompt_is_refused_is_sized_without_a_traceback()
     assert list(sizing.points["num_finished"]) == [0, 0]
     assert sizing.size_for_ttft_bytes is None and sizing.pays_from_load is None
     assert list(sizing.pays["pays"]) == [None]
+
+
+@pytest.mark.parametrize(("ttft_slo_s", "size", "said"), [
+    (None, None, "offload (h100-80gb tp1 x2): no TTFT SLO to size a tier for; the largest tier (1 GiB) cuts"),
+    (2.0, None, "offload (h100-80gb tp1 x2): TTFT p90 <= 2.0 s not met by any size tried; the largest tier (1 GiB)"),
+    (2.0, GiB, "offload (h100-80gb tp1 x2): TTFT p90 <= 2.0 s met from a CPU tier of 1 GiB a replica; the largest"),
+])
+def test_the_offload_line_says_when_no_ttft_slo_was_sized_for(ttft_slo_s, size, said):
+    """`kvsim plan --slo tpot_s.p90=1 --offload-size 1GiB` (no TTFT SLO: `ttft_slo` gives None, and no size is
+    sought) printed 'no TTFT SLO not met by any size tried', as if an SLO had been missed."""
+    from types import SimpleNamespace
+
+    facts = {"ttft_percentile": "p90", "ttft_slo_s": ttft_slo_s, "largest_bytes": GiB, "sized_for": "h100-80gb tp1 x2"}
+    sizing = SimpleNamespace(facts=facts, size_for_ttft_bytes=size, pays_from_load=None)
+    assert offload_line(sizing).startswith(said)

@@ -154,13 +154,15 @@ def offload_line(sizing: Any) -> str:
     """`kvsim plan --offload-size`'s one-line answer (`kvsim.planning.offload_sizing.OffloadSizing`)."""
     f = sizing.facts
     size = sizing.size_for_ttft_bytes
-    slo = f"TTFT {f['ttft_percentile']} <= {f['ttft_slo_s']} s" if f["ttft_slo_s"] is not None else "no TTFT SLO"
     found = ("not met by any size tried" if size is None else "met without a tier" if not size
              else f"met from a CPU tier of {size / 2**30:g} GiB a replica")
+    # without a TTFT SLO no size is sought (`ttft_slo`): it read 'no TTFT SLO not met by any size tried'
+    slo = (f"TTFT {f['ttft_percentile']} <= {f['ttft_slo_s']} s {found}" if f["ttft_slo_s"] is not None
+           else "no TTFT SLO to size a tier for")
     largest = f"the largest tier ({f['largest_bytes'] / 2**30:g} GiB)"
     pays = (f"{largest} cuts TTFT p90 by 5 % at no load tried" if sizing.pays_from_load is None
             else f"{largest} cuts TTFT p90 by >= 5 % from load x{sizing.pays_from_load:g} of the scenario's")
-    return (f"offload ({f['sized_for']}): {slo} {found}; {pays}; "
+    return (f"offload ({f['sized_for']}): {slo}; {pays}; "
             "offload_points.csv, offload_pays.csv, offload_hurts.csv, offload_sizing.json")
 
 
