@@ -45,7 +45,7 @@ def test_a_trace_the_search_took_whole_is_not_re_run_and_the_plan_says_so(tmp_pa
     assert row["verify_num_requests"] == row["evidence_num_requests"] == row["search_num_requests"] == NUM_ROWS
     assert row["verify_verdict"] == row["search_verdict"] == "stable"
     assert row["verify_ttft_s.p90"] == row["search_ttft_s.p90"] == row["ttft_s.p90"] <= 0.5
-    print_plan(rows, "trace", tmp_path / "plan", simulated)
+    print_plan(rows, "trace", tmp_path / "plan", simulated, make_plan_spec(SPEC).verify_factor)
     out = capsys.readouterr().out
     assert (f"verification, {row['candidate']}: not re-run: the trace holds 200 requests and the search's run took "
             "them all, so verify_* is that run (window stable, every SLO met)") in out
