@@ -101,6 +101,7 @@ def test_a_plan_number_flag_is_echoed_as_written(tmp_path, argv, echo):
 CHILD = textwrap.dedent("""
     import importlib.util, signal, sys
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(SIGNUM, signal.SIG_DFL)  # as in a terminal: a test run under `nohup` passes SIGHUP on ignored
     sys.argv = ["kvsim", "run"]
     # the CLI's handlers without the CLI's imports (typer, pydantic: 0.2 s): interrupts.py imports nothing of kvsim
     spec = importlib.util.spec_from_file_location("interrupts", INTERRUPTS)
