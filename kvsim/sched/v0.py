@@ -217,8 +217,8 @@ class V0Scheduler(Scheduler):
         reason to ignore one, more tokens than the prompt limit (min(max_model_len, max_num_batched_tokens)), never
         holds here: without chunked prefill v0 needs max_num_batched_tokens ≥ max_model_len (`EngineConfig`),
         and an unfinished request holds fewer than max_model_len tokens (`Request.cap_output`)."""
-        alloc = self.alloc
-        return (isinstance(alloc, PagedAllocator)
+        alloc = self.alloc  # one with no output yet holds its prompt, which arrival found fitting (hot: each step)
+        return (req.num_output_tokens > 0 and isinstance(alloc, PagedAllocator)
                 and alloc.region_slots(req.num_tokens) > alloc.num_total_slots - self.limits.watermark_slots)
 
     def _let_go(self, req: Request, plan: StepPlan) -> None:
