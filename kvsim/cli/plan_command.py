@@ -20,7 +20,7 @@ from kvsim.cli.shared import (
     warn_unread,
 )
 from kvsim.model.errors import KvsimError, first_repeat, not_a_file, reading
-from kvsim.model.units import counted, dollars
+from kvsim.model.units import counted, dollars, share
 
 
 def plan(
@@ -186,7 +186,7 @@ def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int, verif
         if r["feasible"] and r.get("evidence_num_requests"):
             typer.echo(evidence_line(r))
         if r["feasible"] and r.get("rejected_fraction"):  # else it read as serving all the traffic
-            typer.echo(f"refused, {r['candidate']}: {r['rejected_fraction']:.1%} of the requests can never be "
+            typer.echo(f"refused, {r['candidate']}: {share(r['rejected_fraction'])} of the requests can never be "
                        "served (over max_model_len or the KV pool: the run's reject_reasons); the replicas, SLOs "
                        "and cost are for the rest")
         if r.get("verify_run") == "search":

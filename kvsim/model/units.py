@@ -100,3 +100,12 @@ def dollars(usd: float, decimals: int, widen: bool = True) -> str:
         return f"${usd:.3g}"
     shown = decimals if usd <= 0 or not widen else max(decimals, 2 - math.floor(math.log10(usd)))
     return f"${usd:,.{shown}f}"
+
+
+def share(fraction: float) -> str:
+    """A fraction as a percentage with one decimal (`f"{x:.1%}"`), except a nonzero one that would round to 0.0 %:
+    that one keeps two significant digits (5.2e-05 -> "0.0052%"), so a few refused requests of many never read as
+    none."""
+    if 0 < fraction < 0.0005:
+        return f"{fraction * 100:.2g}%"
+    return f"{fraction:.1%}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvsim.model.units import counted, dollars
+from kvsim.model.units import counted, dollars, share
 from kvsim.report import studies
 from kvsim.report.applicable import left_out_text, skipped_text
 from kvsim.report.speculation_study import speculation_text
@@ -186,7 +186,7 @@ def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfi
                 f"({paged.price_source}).")
     rejected = ""
     if paged.rejected_fraction and paged.rejected_fraction > 0:
-        rejected = (f" {paged.rejected_fraction:.1%} of the requests can never be served (over max_model_len or "
+        rejected = (f" {share(paged.rejected_fraction)} of the requests can never be served (over max_model_len or "
                     "the pool) and are counted apart, not as SLO misses.")
     failer = "long run" if paged.num_long_runs > 1 else "probe"
     above = (f" Above it, at {paged.first_failing_rate:g} req/s, the {failer} {paged.fails_by}."
