@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.engine.builder import build_engine, make_latency, resolve_engine
+from kvsim.engine.builder import build_engine, make_latency
 from kvsim.kv import fig2_shares
 from kvsim.model.capacity import (
     model_kv_layout,
@@ -113,8 +113,7 @@ class Study:
                              "several rates; run it with --set workload.multi_turn.timing=open")
         self.base = variant(base, f"workload.num_requests={cfg.num_requests}")
         self.cfg = cfg
-        build_engine(self.base, np.random.default_rng(0))  # what `kvsim run` refuses (a tier holding no block),
-        spec = resolve_engine(self.base)  # refused here in its words, before any section: not as a variant's refusal
+        spec = build_engine(self.base, np.random.default_rng(0)).spec  # run's refusals first, in run's words
         self.model, self.gpu, self.max_model_len, self.num_blocks = (spec.model, spec.gpu, spec.max_model_len,
                                                                       spec.num_gpu_blocks)
         self.kv_layout, self.max_num_batched_tokens = spec.kv_layout, spec.limits.max_num_batched_tokens
