@@ -39,6 +39,7 @@ import simpy
 from kvsim.engine.clock import Wakeup, at_instant
 from kvsim.engine.runtime import Engine
 from kvsim.workload.conversations import Conversations
+from kvsim.workload.generate import KeptWarnings
 from kvsim.workload.request import Request
 
 log = logging.getLogger(__name__)
@@ -49,26 +50,12 @@ UNSENT_TURNS = ("workload.multi_turn.timing=after_reply: %s of %s turns were nev
 hold: the summary counts the requests sent ("2 finished, 2 rejected of 4"), which read as a whole run of 4."""
 
 
-class _Kept(logging.Filter):
-    """Drops the `UNSENT_TURNS` warning, keeping its arguments in `kept`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kept = list[tuple]()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg != UNSENT_TURNS:
-            return True
-        self.kept.append(tuple(record.args or ()))
-        return False
-
-
 @contextlib.contextmanager
 def unsent_turns_kept() -> Iterator[list[tuple]]:
     """Inside, the `UNSENT_TURNS` warning is not said; the list yielded gets its arguments, for the process that
     reports to say (`say_unsent_turns`): a run in a worker process or on a Dask worker said it there, where a
     notebook's or a remote user's process never heard it (`kvsim.planning.sweep.run_many`)."""
-    gate = _Kept()
+    gate = KeptWarnings(UNSENT_TURNS, said_first=False)
     log.addFilter(gate)
     try:
         yield gate.kept

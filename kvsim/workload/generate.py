@@ -214,16 +214,17 @@ def _fewer_than_asked(num_requests: int, records: list[TraceRecord], source: str
     return records
 
 
-class _ShortTraceFilter(logging.Filter):
-    """Drops `_fewer_than_asked`'s warning (`said_first`: all but the first), appending the arguments of those it
-    drops to `kept`."""
+class KeptWarnings(logging.Filter):
+    """Drops the warning whose format is `msg` (`said_first`: all but the first), appending the arguments of those it
+    drops to `kept`, for the process that reports to say them (`_fewer_than_asked`'s here; an after_reply run's
+    unsent turns, `kvsim.engine.turns.unsent_turns_kept`)."""
 
-    def __init__(self, said_first: bool) -> None:
+    def __init__(self, msg: str, said_first: bool) -> None:
         super().__init__()
-        self.say, self.kept = said_first, list[tuple]()
+        self.msg, self.say, self.kept = msg, said_first, list[tuple]()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg != SHORT_TRACE:
+        if record.msg != self.msg:
             return True
         say, self.say = self.say, False
         if not say:
@@ -234,10 +235,10 @@ class _ShortTraceFilter(logging.Filter):
 @contextlib.contextmanager
 def _short_trace_filtered(said_first: bool) -> Iterator[list[tuple]]:
     """Yields the arguments of the warnings the filter drops (none where another filter decides)."""
-    if said_first and any(isinstance(f, _ShortTraceFilter) for f in log.filters):
+    if said_first and any(isinstance(f, KeptWarnings) and f.msg == SHORT_TRACE for f in log.filters):
         yield []  # inside another: it decides
         return
-    gate = _ShortTraceFilter(said_first)  # one that drops them all goes first: a record it drops says nothing
+    gate = KeptWarnings(SHORT_TRACE, said_first)  # one that drops them all goes first: a record it drops says nothing
     log.filters.insert(len(log.filters) if said_first else 0, gate)
     try:
         yield gate.kept
