@@ -51,7 +51,8 @@ def test_a_recorded_device_of_another_sku_is_not_taken_for_the_folder_s_family()
     """A run recorded on an A100 80GB PCIe (1,935 GB/s, 300 W: the A100 datasheet) in a folder labelled A100
     was priced as the SXM4 preset (2,039 GB/s) in silence: the label names a family. Now --gpu is asked for."""
     recorded = {"gpu": "NVIDIA A100 80GB PCIe"}
-    with pytest.raises(KvsimError, match=r"gpu='NVIDIA A100 80GB PCIe' matches no single preset\); pass --gpu"):
+    with pytest.raises(KvsimError, match=r"gpu=.NVIDIA A100 80GB PCIe., which matches no single preset "
+                                         r"\(hardware=.A100.\); pass --gpu with a preset \(a100-40gb, "):
         resolve_gpu(_run(hardware="A100"), None, recorded)
     assert resolve_gpu(_run(hardware="A100"), "a100-80gb", recorded) == "a100-80gb"  # the planner's choice
     assert resolve_gpu(_run(hardware="A100"), None, {}) == "a100-80gb"  # no device recorded: the label

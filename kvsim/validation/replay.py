@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.latency.base import PROFILE_META_KEYS
-from kvsim.model.config import load_gpu, load_model, model_presets
+from kvsim.model.config import gpu_presets, load_gpu, load_model, model_presets
 from kvsim.model.errors import KvsimError, shown
 from kvsim.validation.measured import MeasuredRun
 from kvsim.validation.recorded import recorded_engine
@@ -77,7 +77,6 @@ def _recorded_gpu(recorded: dict[str, Any] | None) -> str | None:
     if not name:
         return None
     from kvsim.latency.profiles import gpu_matches
-    from kvsim.model.config import gpu_presets
 
     matches = [p for p in gpu_presets() if gpu_matches(str(name), load_gpu(p))]
     return matches[0] if len(matches) == 1 else None
@@ -103,9 +102,11 @@ def resolve_gpu(run: MeasuredRun, gpu: str | None, recorded: dict[str, Any] | No
     name = (recorded or {}).get("gpu")
     if run.hardware in HARDWARE_GPUS and not name:  # a device name no preset is outranks the family label
         return HARDWARE_GPUS[run.hardware]
-    raise KvsimError(f"gpu: the run does not say which GPU it ran on (hardware={run.hardware!r}"
-                     + (f", gpu={name!r} matches no single preset" if name else "")
-                     + "); pass --gpu with a preset or a GPU file")
+    ask = f"pass --gpu with a preset ({', '.join(gpu_presets())}) or a GPU file"
+    if name:  # refused rather than guessed: a near name is often another SKU (H100 NVL, A100 80GB PCIe, L40)
+        raise KvsimError(f"gpu: the run recorded gpu={shown(name)}, which matches no single preset "
+                         f"(hardware={run.hardware!r}); {ask}")
+    raise KvsimError(f"gpu: the run does not say which GPU it ran on (hardware={run.hardware!r}); {ask}")
 
 
 def default_profile(run_dir: Path, run: MeasuredRun) -> Path | None:
