@@ -2,19 +2,55 @@
 (held against each other and against flags), and GPU names as the driver writes them. Expected values by hand
 from the fields vLLM's `benchmarks/benchmark_serving.py` (2024-25) and `vllm/benchmarks/serve.py` (2025-26) save."""
 
+import json
+
 import pandas as pd
 import pytest
 
 from kvsim.model.config import gpu_presets
 from kvsim.model.errors import KvsimError
 from kvsim.validation.measured import MeasuredRun
-from kvsim.validation.replay import resolve_gpu
+from kvsim.validation.recorded import recorded_settings
+from kvsim.validation.replay import build_scenario, resolve_gpu
 from kvsim.workload.traces import TraceRecord
 
 
 def _run(engine=None, hardware=None) -> MeasuredRun:
     return MeasuredRun(name="r", source="vllm-measured", model_id="meta-llama/Llama-3.1-8B", requests=pd.DataFrame(),
                        records=[TraceRecord(0.0, 10, 5)], engine=engine or {}, hardware=hardware)
+
+
+def test_bench_metadata_is_text_and_is_read_as_the_engine_reads_it(tmp_path):
+    """`vllm bench serve --metadata k=v` saves each value as text (`kvstring[1].strip()`): the pool was refused
+    ("num_gpu_blocks='5000' is not a whole number"), and a `--set` repeating a recorded '8' as 8 was refused as a
+    contradiction of the run's own setting."""
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"model_id": "x", "num_gpu_blocks": "5000", "max_num_seqs": "8"}))
+    recorded = recorded_settings(bench)
+    assert recorded == {"num_gpu_blocks": 5000, "max_num_seqs": "8"}
+    trace = tmp_path / "w.jsonl"
+    trace.write_text("")
+    scenario = build_scenario(_run(), trace, model="llama-3.1-8b", gpu="h100-80gb", recorded=recorded,
+                              overrides=["engine.max_num_seqs=8"])
+    assert (scenario.engine.num_gpu_blocks_override, scenario.engine.max_num_seqs) == (5000, 8)
+    with pytest.raises(KvsimError, match=r"recorded engine.max_num_seqs='8'; a replay runs the engine that ran"):
+        build_scenario(_run(), trace, model="llama-3.1-8b", gpu="h100-80gb", recorded=recorded,
+                       overrides=["engine.max_num_seqs=9"])
+
+
+def test_a_pool_recorded_against_its_own_override_is_refused(tmp_path):
+    """meta.json's num_gpu_blocks 200 beside engine_kwargs.num_gpu_blocks_override 100 replayed 100 blocks while the
+    notes said "from what the run recorded: num_gpu_blocks=200". vLLM allocates an override exactly, so the two
+    cannot both be this run's."""
+    trace = tmp_path / "w.jsonl"
+    trace.write_text("")
+    with pytest.raises(KvsimError, match=r"^measured run r: engine_kwargs.num_gpu_blocks_override=100, but it "
+                                         r"recorded num_gpu_blocks=200: one of the two is not this run's"):
+        build_scenario(_run({"num_gpu_blocks_override": 100}), trace, model="llama-3.1-8b", gpu="h100-80gb",
+                       recorded={"num_gpu_blocks": 200})
+    agreed = build_scenario(_run({"num_gpu_blocks_override": 100}), trace, model="llama-3.1-8b", gpu="h100-80gb",
+                            recorded={"num_gpu_blocks": 100})
+    assert agreed.engine.num_gpu_blocks_override == 100
 
 
 # the device names nvidia-smi (torch.cuda.get_device_name, which vLLM logs) gives, and the preset each is: another

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError
-from kvsim.model.units import is_number
+from kvsim.model.units import ascii_int, is_number
 from kvsim.model.yaml_io import TEXT_ENCODING, load_json
 
 RECORDED_GPU_KEYS = ("gpu", "gpu_name", "device_name")  # not "device": engine_kwargs may say "cuda"
@@ -24,7 +24,8 @@ def recorded_settings(path: str | Path) -> dict[str, Any]:
     JSON, engine arguments saved as its metadata (`--metadata tensor_parallel_size=2 ...`).
 
     Read from `vllm/meta.json` of a measured folder (top level, `engine_kwargs` or `cache_config`) or from
-    the top level of a bench result. Missing (or null) keys are simply absent; values are as recorded, but a
+    the top level of a bench result. Missing (or null) keys are simply absent; values are as recorded (a bench
+    result's `num_gpu_blocks` of ASCII digits, as `--metadata num_gpu_blocks=5000` saves it, is that number), but a
     GPU name that is not a string, a `num_gpu_blocks` that is not a whole number >= 1, or `true`/`false`
     for an engine argument raises `KvsimError` naming the file and the key (never a default in its place).
     """
@@ -48,6 +49,8 @@ def recorded_settings(path: str | Path) -> dict[str, Any]:
             if name and "gpu" not in out:
                 out["gpu"] = name
         blocks = scope.get("num_gpu_blocks")
+        if not p.is_dir() and ascii_int(blocks) is not None:  # `--metadata num_gpu_blocks=5000` saves text
+            blocks = ascii_int(blocks)
         if blocks is not None:
             if not is_number(blocks) or blocks < 1 or blocks != int(blocks):  # Infinity: not int()'d
                 raise KvsimError(f"{source}: num_gpu_blocks={blocks!r} is not a whole number of blocks >= 1")

@@ -9,6 +9,7 @@ from typing import Any
 
 from kvsim.latency.base import PROFILE_META_KEYS
 from kvsim.model.config import gpu_presets, load_gpu, load_model, model_presets
+from kvsim.model.engine_config import EngineConfig
 from kvsim.model.errors import KvsimError, shown
 from kvsim.validation.measured import MeasuredRun
 from kvsim.validation.recorded import recorded_engine
@@ -145,6 +146,18 @@ def _refuse_run_overrides(overrides: list[str]) -> None:
                              "not a --set")
 
 
+def _same_setting(name: str, given: Any, recorded: Any) -> bool:
+    """Whether `given` and `recorded` are one value of engine field `name` as the engine config reads each: a bench
+    result's `--metadata max_num_seqs=8` saves the text '8', which a `--set engine.max_num_seqs=8` repeats."""
+    if given == recorded:
+        return True
+    try:
+        return bool(getattr(EngineConfig.model_validate({name: given}), name)
+                    == getattr(EngineConfig.model_validate({name: recorded}), name))
+    except (KvsimError, ValueError):  # either refused on its own: not one value (the replay's config names it)
+        return False
+
+
 def _refuse_recorded_engine_overrides(overrides: list[str], recorded: dict[str, Any]) -> None:
     """`--set engine.tensor_parallel_size=2` on a run that recorded 1 replayed another deployment than the one
     measured, and its errors were tabulated as kvsim's on the run. A setting the run did not record (vLLM's default
@@ -158,9 +171,24 @@ def _refuse_recorded_engine_overrides(overrides: list[str], recorded: dict[str, 
             {fields[1]: value} if fields[0] == "engine" and len(fields) == 2 else {}
         for name in recorded if whole else given:
             setting = given.get(name, missing)
-            if name in recorded and setting != recorded[name]:
+            if name in recorded and not _same_setting(name, setting, recorded[name]):
                 raise KvsimError(f"{label}: the measured run recorded engine.{name}={shown(recorded[name])}; a replay "
                                  "runs the engine that ran (--set only what the run did not record)")
+
+
+def _recorded_engine_args(run: MeasuredRun, recorded: dict[str, Any]) -> dict[str, Any]:
+    """The engine arguments the run recorded: its engine_kwargs (`run.engine`) and what `recorded_settings` read
+    besides (the pool vLLM allocated, a bench result's metadata). A setting the two give differently is refused,
+    not resolved in silence: `num_gpu_blocks` 200 beside `engine_kwargs.num_gpu_blocks_override` 100 replayed the
+    override's pool while the notes said the recorded 200 was used (vLLM allocates an override exactly)."""
+    extra = recorded_engine(recorded)
+    for name in extra.keys() & run.engine.keys():
+        if not _same_setting(name, run.engine[name], extra[name]):
+            label = "num_gpu_blocks" if name == "num_gpu_blocks_override" else name
+            raise KvsimError(f"measured run {run.name}: engine_kwargs.{name}={shown(run.engine[name])}, but it "
+                             f"recorded {label}={shown(recorded[label])}: one of the two is not this run's; "
+                             "correct the record")
+    return {**extra, **run.engine}
 
 
 def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, latency: str = "roofline",
@@ -173,7 +201,7 @@ def build_scenario(run: MeasuredRun, trace_path: Path, *, model: str, gpu: str, 
     if latency not in LATENCY_MODELS:
         raise KvsimError(f"--latency={latency!r}: expected one of {', '.join(LATENCY_MODELS)}")
     _refuse_run_overrides(overrides or [])
-    engine = {**recorded_engine(recorded or {}), **run.engine}
+    engine = _recorded_engine_args(run, recorded or {})
     _refuse_recorded_engine_overrides(overrides or [], engine)
     if profile is not None and not str(profile).strip():  # Path('') is the working folder, read as the bundle
         raise KvsimError(f"--profile={str(profile)!r}: is empty: name a measured profile bundle or CSV")
