@@ -9,10 +9,55 @@ import pytest
 
 from kvsim.model.config import gpu_presets
 from kvsim.model.errors import KvsimError
-from kvsim.validation.measured import MeasuredRun
+from kvsim.validation.measured import MeasuredRun, load_measured
 from kvsim.validation.recorded import recorded_settings
 from kvsim.validation.replay import build_scenario, resolve_gpu
 from kvsim.workload.traces import TraceRecord
+
+# four requests: TTFT, gaps between streamed tokens, output tokens; E2E = TTFT + the gaps (vLLM's client sets its
+# latency at the last chunk); request 1 streamed one token (no TPOT)
+DETAIL = {"input_lens": [100, 200, 50, 80], "output_lens": [3, 1, 4, 2], "ttfts": [0.1, 0.2, 0.05, 0.3],
+          "itls": [[0.02, 0.03], [], [0.01, 0.01, 0.01], [0.05]], "generated_texts": ["a b c", "x", "p q r s", "u v"],
+          "errors": ["", "", "", ""]}
+SETUP = {"date": "20250101-120000", "backend": "vllm", "model_id": "meta-llama/Llama-3.1-8B-Instruct",
+         "tokenizer_id": "meta-llama/Llama-3.1-8B-Instruct", "num_prompts": 4, "mean_ttft_ms": 162.5}
+VERSIONS = {  # what each generation of the benchmark saves beside the per-request lists
+    "0.4-0.6: no burstiness, max_concurrency, start_times or latencies": {"request_rate": "inf", "best_of": 1},
+    "0.7-0.9: burstiness and max_concurrency": {"request_rate": "inf", "burstiness": 1.0, "max_concurrency": None},
+    "2025: start_times": {"request_rate": 4.0, "burstiness": 1.0, "max_concurrency": None, "failed": 0,
+                          "start_times": [10.0, 10.5, 11.0, 11.2]},
+    "2026: latencies, start_times, queue_times": {"request_rate": 4.0, "burstiness": 1.0, "max_concurrency": None,
+                                                 "start_times": [10.0, 10.5, 11.0, 11.2],
+                                                 "latencies": [0.15, 0.2, 0.08, 0.35], "queue_times": [0.0] * 4},
+}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_each_versions_bench_json_reads_to_the_same_requests(tmp_path, version):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({**SETUP, **VERSIONS[version], **DETAIL}))
+    run = load_measured(path)
+    df = run.requests.sort_values("request_index")
+    assert list(df.ttft_s) == pytest.approx([0.1, 0.2, 0.05, 0.3])
+    assert list(df.e2e_s) == pytest.approx([0.15, 0.2, 0.08, 0.35])  # 0.1 + 0.05, 0.2, 0.05 + 0.03, 0.3 + 0.05
+    assert list(df.tpot_s[[0, 2, 3]]) == pytest.approx([0.05 / 2, 0.03 / 3, 0.05 / 1]) and df.tpot_s.isna()[1]
+    assert df.ttft_s.mean() * 1000 == pytest.approx(SETUP["mean_ttft_ms"])  # the file's own mean, recomputed
+    arrivals = [r.arrival_s for r in run.records]
+    if "start_times" in VERSIONS[version]:
+        assert arrivals == pytest.approx([0.0, 0.5, 1.0, 1.2])
+    else:  # vLLM's default infinite rate hands the client every request at the start
+        assert arrivals == [0.0] * 4 and any("no start_times" in n for n in run.notes)
+
+
+def test_a_ramp_without_start_times_is_refused_not_sent_at_once(tmp_path):
+    """`--ramp-up-strategy` saves request_rate "inf"; a version that saved no start_times was replayed with every
+    request at t = 0, as if the rate were infinite."""
+    path = tmp_path / "ramp.json"
+    path.write_text(json.dumps({**SETUP, **VERSIONS["0.7-0.9: burstiness and max_concurrency"], **DETAIL,
+                                "ramp_up_strategy": "linear", "ramp_up_start_rps": 1, "ramp_up_end_rps": 4}))
+    with pytest.raises(KvsimError, match=r"ramp.json: ramp_up_strategy='linear' and no start_times: the requests "
+                                         r"were sent at a ramping rate the file does not record"):
+        load_measured(path)
 
 
 def _run(engine=None, hardware=None) -> MeasuredRun:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, shown
 from kvsim.model.units import is_number
 from kvsim.validation.frame import (
     MAX_SPAN_S,
@@ -231,6 +231,13 @@ def _positive(value: Any, key: str, path: Path) -> float:
 
 
 def _bench_arrivals(raw: dict[str, Any], n: int, path: Path) -> np.ndarray:
+    """Arrivals for a file without `start_times`: all at 0 at an infinite rate, else drawn at `request_rate` as
+    vLLM's `get_request` draws them. A ramp (`--ramp-up-strategy`, saved with `request_rate` "inf") is refused:
+    its sends followed a rate that changed request by request, which were replayed all at once."""
+    if raw.get("ramp_up_strategy") is not None:
+        raise KvsimError(f"{path}: ramp_up_strategy={shown(raw['ramp_up_strategy'])} and no start_times: the requests "
+                         "were sent at a ramping rate the file does not record; kvsim replays a ramp from "
+                         "its start_times, which newer vLLM versions save")
     if _infinite_rate(raw):
         return np.zeros(n)
     rate = _positive(raw.get("request_rate"), "request_rate", path)
