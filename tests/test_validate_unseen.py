@@ -9,6 +9,7 @@ import pytest
 
 from kvsim.model.config import gpu_presets
 from kvsim.model.errors import KvsimError
+from kvsim.validation.compare import _read_notes
 from kvsim.validation.measured import MeasuredRun, load_measured
 from kvsim.validation.recorded import recorded_settings
 from kvsim.validation.replay import build_scenario, resolve_gpu
@@ -96,6 +97,16 @@ def test_a_pool_recorded_against_its_own_override_is_refused(tmp_path):
     agreed = build_scenario(_run({"num_gpu_blocks_override": 100}), trace, model="llama-3.1-8b", gpu="h100-80gb",
                             recorded={"num_gpu_blocks": 100})
     assert agreed.engine.num_gpu_blocks_override == 100
+
+
+def test_each_setting_read_is_noted():
+    run = _run({"max_num_seqs": 8, "enable_prefix_caching": False}, hardware="H100")
+    assert _read_notes(run, {}, None, "h100-80gb") == [
+        "from the run's engine_kwargs: max_num_seqs=8, enable_prefix_caching=False",
+        "the run names no GPU device: gpu preset h100-80gb from its hardware label H100"]
+    assert _read_notes(run, {"gpu": "NVIDIA H200"}, None, "h200")[1:] == [
+        "from what the run recorded: gpu=NVIDIA H200 (gpu preset h200)"]
+    assert _read_notes(_run(), {}, "h100-80gb", "h100-80gb") == []  # --gpu: nothing taken from the run
 
 
 # the device names nvidia-smi (torch.cuda.get_device_name, which vLLM logs) gives, and the preset each is: another

@@ -305,10 +305,7 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
     notes = list(run.notes)
     if model is None and model_name != id_name(run.model_id):
         notes.append(f"the run's model {run.model_id} replays as preset {model_name}, its base model's architecture")
-    taken = ", ".join(f"{k}={v}" for k, v in recorded.items() if k != "gpu" or gpu is None)
-    if taken:  # not "from what the run recorded: " and nothing, when --gpu stands for the one thing it did
-        notes.append(f"from what the run recorded: {taken}" + (f" (gpu preset {gpu_name})" if gpu is None and
-                                                                 "gpu" in recorded else ""))
+    notes += _read_notes(run, recorded, gpu, gpu_name)
     rejected = result.summary.get("num_rejected", 0)
     if rejected and rejected >= len(run.records):  # the table would be empty: every statistic "not recorded"
         why = "; ".join(f"{reason}: {n:,}" for reason, n in result.summary["reject_reasons"].items())
@@ -327,6 +324,22 @@ def validate(run: MeasuredRun, *, latency: str = "roofline", profile: str | Path
                      f"{link.latency_s * 1e6:g} us per hop), "
                      "not the GPU preset's datasheet link")
     return Validation(run=run, scenario=scenario, result=result, rows=compare(run, result, phases), notes=notes)
+
+
+def _read_notes(run: MeasuredRun, recorded: dict[str, Any], gpu: str | None, gpu_name: str) -> list[str]:
+    """What the replay took from the run, as notes: the engine arguments its engine_kwargs gave, what it recorded
+    besides (`recorded_settings`; its GPU unless `--gpu` stood for it) and, where it named no device, the hardware
+    label the GPU preset came from. Each setting read is said; none is used unsaid."""
+    notes = []
+    if run.engine:
+        notes.append("from the run's engine_kwargs: " + ", ".join(f"{k}={v}" for k, v in run.engine.items()))
+    taken = ", ".join(f"{k}={v}" for k, v in recorded.items() if k != "gpu" or gpu is None)
+    if taken:  # not "from what the run recorded: " and nothing, when --gpu stands for the one thing it did
+        notes.append(f"from what the run recorded: {taken}" + (f" (gpu preset {gpu_name})" if gpu is None and
+                                                                 "gpu" in recorded else ""))
+    if gpu is None and "gpu" not in recorded:
+        notes.append(f"the run names no GPU device: gpu preset {gpu_name} from its hardware label {run.hardware}")
+    return notes
 
 
 # -- output ------------------------------------------------------------------------------------
