@@ -70,6 +70,8 @@ FOLDER_CASES = {
                                     r"meta.json: num_requests=1 but requests.jsonl records 2 requests: not this run's"),
     "num_requests a string": (lambda run: _patch_json(run / "vllm" / "meta.json", num_requests="2"),
                               r"meta.json: num_requests='2' is not a whole number of requests >= 1"),
+    "vllm_version a number": (lambda run: _patch_json(run / "vllm" / "meta.json", vllm_version=0.19),
+                              r"meta.json: vllm_version=0.19 is not text"),
     # requests.jsonl
     "fractional tokens": (_requests(lambda rows: [rows[0], {**rows[1], "input_toks": 32.7}]),
                           r"requests.jsonl:2: input_toks=32.7 is not a positive whole number of tokens"),
@@ -216,6 +218,12 @@ def test_cli_bench_bad_input_exits_2_and_writes_nothing(tmp_path):
       "replay runs kvsim's defaults there; --set an engine field where kvsim has one)"]),
     ({"num_requests": 5}, ["meta.json's num_requests=5 but requests.jsonl records 2: the 3 not recorded (failed, "
                            "or lost) loaded the server and are not replayed"]),
+    ({"vllm_version": "0.19.0"}, []),  # the release the replay follows (the shared runs'), and any after it
+    ({"vllm_version": "0.20.1"}, []),
+    ({"vllm_version": "0.10.1.1"}, ["meta.json's vllm_version='0.10.1.1': the replay follows vLLM 0.19's defaults "
+                                    "where engine_kwargs gives none (asynchronous scheduling, since late 2025; "
+                                    "CUDA-graph padding); record engine_kwargs.async_scheduling and enforce_eager as "
+                                    "that version ran them"]),  # read in silence before: replayed as a 0.19
 ])
 def test_what_meta_json_says_that_the_replay_cannot_follow_is_noted(tmp_path, meta, notes):
     """engine_kwargs the replay does not read and a num_requests above the recorded rows were ignored without a

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -110,12 +111,13 @@ def meta_notes(meta: dict[str, Any], num_rows: int, where: Path) -> list[str]:
     """What `meta.json` says that the replay cannot follow, as notes (they print with the comparison): the
     engine_kwargs it does not replay (vLLM ran with them; the replay runs kvsim's defaults there), and a
     `num_requests` (the requests the benchmark sent) above the recorded rows (those that failed or were not
-    recorded put load on the server that the replay lacks). A `num_requests` that is no whole number >= 1, or
-    below the rows (then it is not this run's), is a `KvsimError` naming it."""
+    recorded put load on the server that the replay lacks), and a `vllm_version` before the one the replay follows
+    (`_version_notes`). A `num_requests` that is no whole number >= 1, or below the rows (then it is not this
+    run's), is a `KvsimError` naming it."""
     kwargs = meta["engine_kwargs"]
     unread = {key: value for key, value in kwargs.items() if key not in (*ENGINE_KEYS, *READ_ELSEWHERE)
               and not (key == "dtype" and value in TWO_BYTE_DTYPES)}
-    notes = []
+    notes = _version_notes(meta, where)
     if unread:
         shown_args = ", ".join(f"{key}={shown(value)}" for key, value in unread.items())
         notes.append(f"meta.json's engine_kwargs {shown_args}: not replayed (the replay runs kvsim's defaults "
@@ -132,6 +134,28 @@ def meta_notes(meta: dict[str, Any], num_rows: int, where: Path) -> list[str]:
         notes.append(f"meta.json's num_requests={sent} but requests.jsonl records {num_rows}: the "
                      f"{sent - num_rows} not recorded (failed, or lost) loaded the server and are not replayed")
     return notes
+
+
+REPLAYED_VLLM = (0, 19)
+"""The vLLM release whose scheduler and defaults a replay follows where engine_kwargs says nothing: the measured
+runs' (`kvsim.latency.cudagraph`, docs/accuracy.md)."""
+
+
+def _version_notes(meta: dict[str, Any], where: Path) -> list[str]:
+    """A note for a `vllm_version` older than `REPLAYED_VLLM`, or that names no release: its defaults may differ
+    (asynchronous scheduling became vLLM's default in late 2025), and nothing in the record says which it ran. A
+    version that is not text is a `KvsimError` naming it."""
+    version = meta.get("vllm_version")
+    if version is None:
+        return []
+    if not isinstance(version, str):
+        raise KvsimError(f"{where}: vllm_version={shown(version)} is not text")
+    release = re.match(r"v?(\d+)\.(\d+)", version)
+    if release and (int(release[1]), int(release[2])) >= REPLAYED_VLLM:
+        return []
+    return [f"meta.json's vllm_version={shown(version)}: the replay follows vLLM {'.'.join(map(str, REPLAYED_VLLM))}'s "
+            "defaults where engine_kwargs gives none (asynchronous scheduling, since late 2025; CUDA-graph padding); "
+            "record engine_kwargs.async_scheduling and enforce_eager as that version ran them"]
 
 
 def find_workload(run_dir: Path, dataset_path: str) -> Path:
