@@ -6,10 +6,11 @@ import json
 
 import pandas as pd
 import pytest
+from test_validate import CONSTANT, write_run
 
 from kvsim.model.config import gpu_presets
 from kvsim.model.errors import KvsimError
-from kvsim.validation.compare import _read_notes
+from kvsim.validation.compare import PHASE_METRICS, _read_notes, series_tick_s, simulated_phase_rates, validate
 from kvsim.validation.measured import MeasuredRun, load_measured
 from kvsim.validation.recorded import recorded_settings
 from kvsim.validation.replay import build_scenario, resolve_gpu
@@ -107,6 +108,35 @@ def test_each_setting_read_is_noted():
     assert _read_notes(run, {"gpu": "NVIDIA H200"}, None, "h200")[1:] == [
         "from what the run recorded: gpu=NVIDIA H200 (gpu preset h200)"]
     assert _read_notes(_run(), {}, "h100-80gb", "h100-80gb") == []  # --gpu: nothing taken from the run
+
+
+def test_phase_rates_are_binned_by_the_measured_series_tick():
+    """A series read every 2 s averages each 2 s (a row's rate is its window's tokens over 2 s), idle time
+    included; kvsim's rates were binned by 1 s whatever the series' tick, so a run that prefilled 100 tokens at
+    0.5 s and 200 at 3.5 s read 150 tokens/s while prefilling in kvsim against 75 measured, from the binning alone.
+    Steps: [0, .5) prefill (running 1), [.5, 3) decode (1), [3, 3.5) prefill (2), [3.5, 4.5) decode (2)."""
+    steps = pd.DataFrame({"time_s": [0.0, 0.5, 3.0, 3.5], "duration_s": [0.5, 2.5, 0.5, 1.0],
+                          "vllm:num_requests_running": [1, 1, 2, 2]})
+    requests = pd.DataFrame({"first_token_s": [0.5, 3.5], "prompt_tokens": [100, 200], "output_tokens": [3, 2],
+                             "num_samples": [1, 1], "status": ["finished", "finished"]})
+    # 2-s ticks: prompts 100 in [0, 2), 200 in [2, 4): 50 and 100 tokens/s; running at 2, 4, 6 s: 1, 2, 0; the 5
+    # tokens over 2 s per tick, over the 3 running samples
+    assert simulated_phase_rates(steps, requests, tick_s=2.0) == {PHASE_METRICS[0]: pytest.approx(75.0),
+                                                                 PHASE_METRICS[1]: pytest.approx(5 / 2 / 3)}
+    assert simulated_phase_rates(steps, requests)[PHASE_METRICS[0]] == pytest.approx(150.0)  # 1-s ticks: 100, 200
+    assert series_tick_s(pd.DataFrame({"t_s": [0.9348, 2.9348, 4.9348, 6.9348]})) == 2.0  # shifted by started_at
+    assert series_tick_s(None) == series_tick_s(pd.DataFrame({"t_s": [3.0]})) == 1.0
+
+
+def test_a_validation_bins_kvsims_rates_by_its_series_tick(tmp_path):
+    """The tiny run of test_validate.py with its series read every 2 s: kvsim's two prompts (16 and 32 tokens, first
+    tokens at .01 and .04 s on the constant 10 ms step) fall in the first 2-s tick, 48 tokens over 2 s."""
+    run_dir = write_run(tmp_path)
+    (run_dir / "vllm" / "timeseries.csv").write_text(
+        "t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n1.0,24,4,0,0,0.0\n3.0,0,0,0,0,0.0\n")
+    v = validate(load_measured(run_dir), gpu="h100-80gb", overrides=CONSTANT, measured_path=run_dir)
+    assert v.row(PHASE_METRICS[0])["measured"] == pytest.approx(24.0)
+    assert v.row(PHASE_METRICS[0])["kvsim"] == pytest.approx(48 / 2)
 
 
 # the device names nvidia-smi (torch.cuda.get_device_name, which vLLM logs) gives, and the preset each is: another

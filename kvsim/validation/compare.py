@@ -155,9 +155,10 @@ def ttft_split(df: pd.DataFrame) -> dict[str, float]:
 
 
 def measured_phase_rates(path: str | Path) -> dict[str, float | None]:
-    """Prefill and decode speed separately, from vLLM's per-second series (`vllm/timeseries.csv`:
-    `prompt_throughput`, `gen_throughput`, `running`): the mean prompt tokens/s over the seconds that
-    prefilled anything, and generated tokens per second per running request (Σ gen / Σ running). A
+    """Prefill and decode speed separately, from vLLM's series (`vllm/timeseries.csv`, a row a tick, each second
+    as the validation set reads it: `prompt_throughput`, `gen_throughput`, `running`): the mean prompt tokens/s
+    over the ticks that prefilled anything, and generated tokens per second per running request (Σ gen / Σ
+    running). A
     model that prices prefill slow and decode fast shows both here even when its latency means agree.
     No phase rates ({}) from a series without those columns; a cell that is not a finite number >= 0
     raises `KvsimError` naming the file, line and column. Read as `load_measured` reads the series:
@@ -179,8 +180,18 @@ def measured_phase_rates(path: str | Path) -> dict[str, float | None]:
             PHASE_METRICS[1]: sum(g for _, g, _ in rows) / running if running else None}
 
 
-def simulated_phase_rates(steps: pd.DataFrame, requests: pd.DataFrame) -> dict[str, float | None]:
-    """`measured_phase_rates` of kvsim's run, binned into the same 1-second ticks from the first arrival and
+def series_tick_s(series: pd.DataFrame | None) -> float:
+    """How often the measured series was read: the median gap between its rows' `t_s`, to the microsecond (1 s
+    where it has fewer than two rows). A row's rates are its window's tokens over the window's length, as vLLM's
+    logger averages them over its interval, so kvsim's are binned by the same length (`simulated_phase_rates`)."""
+    if series is None or len(series) < 2:
+        return 1.0
+    return round(float(np.median(np.diff(series["t_s"].to_numpy(dtype=float)))), 6)
+
+
+def simulated_phase_rates(steps: pd.DataFrame, requests: pd.DataFrame, tick_s: float = 1.0
+                          ) -> dict[str, float | None]:
+    """`measured_phase_rates` of kvsim's run, binned into the same ticks of `tick_s` from the first arrival and
     counted as vLLM's logger counts them (`IterationStats.update_from_output`, vllm/v1/metrics/stats.py):
     a request's whole prompt, prefix-cache hits included, in the tick of its first token (chunks produce
     no output before it), and every token sampled as generated (`len(new_token_ids)` of each output, after
@@ -188,25 +199,27 @@ def simulated_phase_rates(steps: pd.DataFrame, requests: pd.DataFrame) -> dict[s
     is every finished request's `output_tokens` × `num_samples`: each token sampled once, its first, the
     one a recomputed request samples after a preemption, and a verify step's accepted drafts and its
     correction or bonus token included (step rows count a decoding or verifying sequence once and
-    miss a recompute's token). Running is sampled at each tick (all data-parallel engines together)."""
+    miss a recompute's token). Running is sampled at each tick's end (all data-parallel engines together). Rates
+    are per second: a tick's tokens over `tick_s` (a series read every 5 s averages each 5 s, idle ones included,
+    and 1-second bins of the same run prefilled faster)."""
     if not len(steps):
         return dict.fromkeys(PHASE_METRICS)
-    ticks = np.floor((steps["time_s"] + steps["duration_s"]).to_numpy()).astype(int)
+    ticks = np.floor((steps["time_s"] + steps["duration_s"]).to_numpy() / tick_s).astype(int)
     first = requests["first_token_s"].to_numpy(dtype=float)
     started = ~np.isnan(first)
-    first_ticks = np.floor(first[started]).astype(int)
+    first_ticks = np.floor(first[started] / tick_s).astype(int)
     num_ticks = int(max(ticks.max(), first_ticks.max(initial=0))) + 1
     prompt = np.bincount(first_ticks, weights=requests["prompt_tokens"].to_numpy(dtype=float)[started],
-                         minlength=num_ticks)
+                         minlength=num_ticks) / tick_s
     finished = (requests["status"] == "finished").to_numpy()
     generated = float((requests["output_tokens"].to_numpy(dtype=float) * requests["num_samples"].to_numpy())[finished]
                       .sum())
     if "dp_rank" in steps:
         steps = steps.groupby("time_s", as_index=False).agg({"duration_s": "max", "vllm:num_requests_running": "sum"})
-    running = sample_steps(steps, "vllm:num_requests_running", np.arange(1, num_ticks + 1, dtype=float))
+    running = sample_steps(steps, "vllm:num_requests_running", np.arange(1, num_ticks + 1, dtype=float) * tick_s)
     busy = prompt[prompt > 0]
     return {PHASE_METRICS[0]: float(busy.mean()) if busy.size else None,
-            PHASE_METRICS[1]: generated / float(running.sum()) if running.sum() else None}
+            PHASE_METRICS[1]: generated / tick_s / float(running.sum()) if running.sum() else None}
 
 
 def _error_pct(value: float | None, reference: float | None) -> float | None:
@@ -258,7 +271,7 @@ def compare(run: MeasuredRun, result: RunResult, phases: dict[str, float | None]
             peer.update(ttft_split(peer_served))
     if phases:
         measured.update(phases)
-        simulated.update(simulated_phase_rates(result.steps, result.requests))
+        simulated.update(simulated_phase_rates(result.steps, result.requests, series_tick_s(run.timeseries)))
     rows = []
     for metric, value in measured.items():
         row: dict[str, Any] = {"metric": metric, "measured": value, "kvsim": simulated.get(metric),
