@@ -224,6 +224,11 @@ def test_cli_bench_bad_input_exits_2_and_writes_nothing(tmp_path):
                                     "where engine_kwargs gives none (asynchronous scheduling, since late 2025; "
                                     "CUDA-graph padding); record engine_kwargs.async_scheduling and enforce_eager as "
                                     "that version ran them"]),  # read in silence before: replayed as a 0.19
+    # keys no reader takes, at the top level and in cache_config (kvsim reads its num_gpu_blocks alone)
+    ({"gpu_type": "NVIDIA H100 80GB HBM3", "cache_config": {"num_gpu_blocks": 900, "cache_dtype": "fp8"},
+      "dataset_hash": "05e4", "tick_seconds": 1.0},
+     ["meta.json's gpu_type='NVIDIA H100 80GB HBM3', cache_config.cache_dtype='fp8': not read (the replay follows "
+      "engine_kwargs and its defaults there; --set an engine field, or --gpu, where one applies)"]),
 ])
 def test_what_meta_json_says_that_the_replay_cannot_follow_is_noted(tmp_path, meta, notes):
     """engine_kwargs the replay does not read and a num_requests above the recorded rows were ignored without a

@@ -109,15 +109,15 @@ TWO_BYTE_DTYPES = ("auto", "bfloat16", "float16", "half")
 
 def meta_notes(meta: dict[str, Any], num_rows: int, where: Path) -> list[str]:
     """What `meta.json` says that the replay cannot follow, as notes (they print with the comparison): the
-    engine_kwargs it does not replay (vLLM ran with them; the replay runs kvsim's defaults there), and a
+    engine_kwargs it does not replay (vLLM ran with them; the replay runs kvsim's defaults there), a
     `num_requests` (the requests the benchmark sent) above the recorded rows (those that failed or were not
-    recorded put load on the server that the replay lacks), and a `vllm_version` before the one the replay follows
-    (`_version_notes`). A `num_requests` that is no whole number >= 1, or below the rows (then it is not this
-    run's), is a `KvsimError` naming it."""
+    recorded put load on the server that the replay lacks), a `vllm_version` before the one the replay follows
+    (`_version_notes`) and keys no reader takes (`_unread_meta_notes`). A `num_requests` that is no whole number
+    >= 1, or below the rows (then it is not this run's), is a `KvsimError` naming it."""
     kwargs = meta["engine_kwargs"]
     unread = {key: value for key, value in kwargs.items() if key not in (*ENGINE_KEYS, *READ_ELSEWHERE)
               and not (key == "dtype" and value in TWO_BYTE_DTYPES)}
-    notes = _version_notes(meta, where)
+    notes = _version_notes(meta, where) + _unread_meta_notes(meta)
     if unread:
         shown_args = ", ".join(f"{key}={shown(value)}" for key, value in unread.items())
         notes.append(f"meta.json's engine_kwargs {shown_args}: not replayed (the replay runs kvsim's defaults "
@@ -134,6 +134,30 @@ def meta_notes(meta: dict[str, Any], num_rows: int, where: Path) -> list[str]:
         notes.append(f"meta.json's num_requests={sent} but requests.jsonl records {num_rows}: the "
                      f"{sent - num_rows} not recorded (failed, or lost) loaded the server and are not replayed")
     return notes
+
+
+# meta.json's keys beside engine_kwargs that a validation reads (the workload, the clock, the request count, what
+# `recorded_settings` takes) or that describe the record alone (its schema, the workload's hash, when it ended, the
+# series' tick, which the series' own `t` gives)
+META_KEYS = ("schema_version", "model", "vllm_version", "engine_kwargs", "dataset_path", "dataset_hash", "num_requests",
+             "started_at", "finished_at", "tick_seconds", "gpu", "gpu_name", "device_name", "num_gpu_blocks",
+             "cache_config", "metadata")
+RECORDED_SECTION_KEYS = ("gpu", "gpu_name", "device_name", "num_gpu_blocks")  # of cache_config and metadata
+
+
+def _unread_meta_notes(meta: dict[str, Any]) -> list[str]:
+    """A note naming the keys of `meta.json` (and of its `cache_config` and `metadata` sections) that no reader
+    takes: a `cache_config.cache_dtype` or a top-level `gpu_type` was dropped in silence, the replay running its
+    default or the folder's hardware label there."""
+    unread = {key: value for key, value in meta.items() if key not in META_KEYS}
+    for section in ("cache_config", "metadata"):
+        if isinstance(meta.get(section), dict):
+            unread |= {f"{section}.{key}": value for key, value in meta[section].items()
+                       if key not in RECORDED_SECTION_KEYS}
+    if not unread:
+        return []
+    return ["meta.json's " + ", ".join(f"{key}={shown(value)}" for key, value in unread.items()) + ": not read (the "
+            "replay follows engine_kwargs and its defaults there; --set an engine field, or --gpu, where one applies)"]
 
 
 REPLAYED_VLLM = (0, 19)
