@@ -85,6 +85,19 @@ def test_bench_metadata_is_text_and_is_read_as_the_engine_reads_it(tmp_path):
                        overrides=["engine.max_num_seqs=9"])
 
 
+def test_bench_metadata_flags_are_replayed(tmp_path):
+    """`--metadata enable_prefix_caching=false enforce_eager=true async_scheduling=false` (text, as vLLM saves it)
+    was dropped: the replay ran prefix caching on (a replay's default), CUDA graphs and asynchronous scheduling."""
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"model_id": "x", "enable_prefix_caching": "false", "enforce_eager": "true",
+                                 "async_scheduling": "false"}))
+    trace = tmp_path / "w.jsonl"
+    trace.write_text("")
+    engine = build_scenario(_run(), trace, model="llama-3.1-8b", gpu="h100-80gb",
+                            recorded=recorded_settings(bench)).engine
+    assert (engine.enable_prefix_caching, engine.enforce_eager, engine.async_scheduling) == (False, True, False)
+
+
 def test_a_pool_recorded_against_its_own_override_is_refused(tmp_path):
     """meta.json's num_gpu_blocks 200 beside engine_kwargs.num_gpu_blocks_override 100 replayed 100 blocks while the
     notes said "from what the run recorded: num_gpu_blocks=200". vLLM allocates an override exactly, so the two

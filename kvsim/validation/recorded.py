@@ -14,8 +14,9 @@ from kvsim.model.units import ascii_int, is_number
 from kvsim.model.yaml_io import TEXT_ENCODING, load_json
 
 RECORDED_GPU_KEYS = ("gpu", "gpu_name", "device_name")  # not "device": engine_kwargs may say "cuda"
+RECORDED_FLAGS = ("enable_prefix_caching", "async_scheduling", "enforce_eager")  # `--metadata enforce_eager=true`
 RECORDED_ENGINE_KEYS = ("tensor_parallel_size", "kv_cache_dtype", "block_size", "max_num_seqs",
-                        "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization")
+                        "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization", *RECORDED_FLAGS)
 
 
 def recorded_settings(path: str | Path) -> dict[str, Any]:
@@ -27,7 +28,8 @@ def recorded_settings(path: str | Path) -> dict[str, Any]:
     the top level of a bench result. Missing (or null) keys are simply absent; values are as recorded (a bench
     result's `num_gpu_blocks` of ASCII digits, as `--metadata num_gpu_blocks=5000` saves it, is that number), but a
     GPU name that is not a string, a `num_gpu_blocks` that is not a whole number >= 1, or `true`/`false`
-    for an engine argument raises `KvsimError` naming the file and the key (never a default in its place).
+    for an engine argument other than a flag (`RECORDED_FLAGS`) raises `KvsimError` naming the file and the key
+    (never a default in its place).
     """
     p = Path(path)
     source = p / "vllm" / "meta.json" if p.is_dir() else p
@@ -57,7 +59,7 @@ def recorded_settings(path: str | Path) -> dict[str, Any]:
             out.setdefault("num_gpu_blocks", int(blocks))
         if not p.is_dir():  # a bench result's engine arguments; a measured folder's come from load_measured
             for key in RECORDED_ENGINE_KEYS:  # `--metadata key=value` saves strings; the engine config parses them
-                if isinstance(scope.get(key), bool):
+                if isinstance(scope.get(key), bool) and key not in RECORDED_FLAGS:
                     raise KvsimError(f"{source}: {key}={scope[key]!r} is not a number or a name")
                 if scope.get(key) not in (None, "") and key not in out:
                     out[key] = scope[key]
