@@ -118,8 +118,16 @@ def test_each_setting_read_is_noted():
     assert _read_notes(run, {}, None, "h100-80gb") == [
         "from the run's engine_kwargs: max_num_seqs=8, enable_prefix_caching=False",
         "the run names no GPU device: gpu preset h100-80gb from its hardware label H100"]
+    # a label is followed where the run named no device, and a device it named is followed over the label: a label
+    # of another family than the device is said (H100 and an H200), a label of its family not (H100, H100 PCIe)
     assert _read_notes(run, {"gpu": "NVIDIA H200"}, None, "h200")[1:] == [
-        "from what the run recorded: gpu=NVIDIA H200 (gpu preset h200)"]
+        "from what the run recorded: gpu=NVIDIA H200 (gpu preset h200)",
+        "the run's hardware label H100 (preset h100-80gb) is not the device it recorded, 'NVIDIA H200': replayed on "
+        "the recorded device's preset h200"]
+    assert _read_notes(run, {"gpu": "NVIDIA H100 PCIe"}, None, "h100-pcie")[1:] == [
+        "from what the run recorded: gpu=NVIDIA H100 PCIe (gpu preset h100-pcie)"]
+    assert len(_read_notes(_run(hardware="RTXPRO6000"), {"gpu": "NVIDIA RTX PRO 6000 Blackwell Server Edition"},
+                           None, "rtx-pro-6000")) == 1
     assert _read_notes(_run(), {}, "h100-80gb", "h100-80gb") == []  # --gpu: nothing taken from the run
 
 

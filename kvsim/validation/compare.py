@@ -26,7 +26,7 @@ from kvsim.model.config import load_gpu, load_model
 from kvsim.model.errors import KvsimError, shown
 from kvsim.validation.measured import MeasuredRun, series_number
 from kvsim.validation.recorded import recorded_settings
-from kvsim.validation.replay import build_scenario, id_name, resolve_gpu, resolve_model
+from kvsim.validation.replay import build_scenario, id_name, label_disagreement, resolve_gpu, resolve_model
 from kvsim.workload.files import csv_rows, data_file, open_text
 from kvsim.workload.scenario import Scenario
 from kvsim.workload.traces import write_sharegpt_tokens
@@ -352,7 +352,8 @@ def _read_notes(run: MeasuredRun, recorded: dict[str, Any], gpu: str | None, gpu
                                                                  "gpu" in recorded else ""))
     if gpu is None and "gpu" not in recorded:
         notes.append(f"the run names no GPU device: gpu preset {gpu_name} from its hardware label {run.hardware}")
-    return notes
+    disagreement = label_disagreement(run, recorded, gpu_name) if gpu is None else None
+    return notes + ([disagreement] if disagreement else [])
 
 
 # -- output ------------------------------------------------------------------------------------

@@ -110,6 +110,20 @@ def resolve_gpu(run: MeasuredRun, gpu: str | None, recorded: dict[str, Any] | No
     raise KvsimError(f"gpu: the run does not say which GPU it ran on (hardware={run.hardware!r}); {ask}")
 
 
+def label_disagreement(run: MeasuredRun, recorded: dict[str, Any], preset: str) -> str | None:
+    """A note when the device a run recorded (its preset `preset`, which the replay runs) is not of the family its
+    hardware label names (a folder labelled H100 whose meta.json says NVIDIA H200), else None: the record is
+    followed, and the disagreement said, not resolved in silence. An H100 PCIe under the label H100 agrees."""
+    from kvsim.latency.profiles import gpu_matches
+
+    label = run.hardware
+    if not recorded.get("gpu") or label not in HARDWARE_GPUS or HARDWARE_GPUS[label] == preset \
+            or gpu_matches(label, load_gpu(preset)):
+        return None
+    return (f"the run's hardware label {label} (preset {HARDWARE_GPUS[label]}) is not the device it recorded, "
+            f"{shown(recorded['gpu'])}: replayed on the recorded device's preset {preset}")
+
+
 def default_profile(run_dir: Path, run: MeasuredRun) -> Path | None:
     """The measured profile bundle for the run's GPU and model in a `profiles/` folder above it
     (`profiles/<hardware>/<org>/<model>/bf16/`), if there is one."""
