@@ -3,7 +3,7 @@
 Two inputs, one result type (`MeasuredRun`, `kvsim.validation.frame`):
 
 * a folder in the layout of `benchmarks/validation_set/measured/<hardware>/<case>/`:
-  `vllm/meta.json` (engine arguments, the workload file), `vllm/requests.jsonl` (engine-clock
+  `vllm/meta.json` (engine arguments, the workload file: `kvsim.validation.meta`), `vllm/requests.jsonl` (engine-clock
   timestamps per request), `vllm/timeseries.csv` (one row a second), and optionally the peer
   simulator LLMServingSim's prediction `outputs/sim.csv` and its cluster config `config.json`;
 * the JSON that `vllm bench serve --save-result --save-detailed` writes (`kvsim.validation.bench`).
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.model.errors import KvsimError, not_a_file, reading, shown
-from kvsim.model.units import is_number, read_number
+from kvsim.model.units import read_number
 from kvsim.validation.bench import read_vllm_bench
 from kvsim.validation.frame import (
     NS_PER_S,
@@ -40,6 +39,7 @@ from kvsim.validation.frame import (
     refuse_late_arrival,
     request_frame,
 )
+from kvsim.validation.meta import engine_args, meta_notes
 from kvsim.workload.files import csv_rows, data_file, open_text
 from kvsim.workload.traces import TraceRecord, iter_jsonl, read_sharegpt_tokens
 
@@ -68,119 +68,6 @@ def series_number(raw: str | None, column: str, where: str, upper: float = math.
 
 
 # -- the measured-run folder ---------------------------------------------------------------
-
-# vLLM's engine arguments kvsim's engine has under the same name and the replay reads (the last four were dropped
-# without a word: a run of `num_gpu_blocks_override: 50` replayed on the GPU's whole pool, a priority one as FCFS)
-ENGINE_KEYS = ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-               "kv_cache_dtype", "block_size", "gpu_memory_utilization", "enable_prefix_caching",
-               "data_parallel_size", "enable_expert_parallel", "async_scheduling", "num_gpu_blocks_override",
-               "kv_cache_memory_bytes", "scheduling_policy", "disable_hybrid_kv_cache_manager", "enforce_eager")
-_ENGINE_KINDS = {"kv_cache_dtype": "a string", "gpu_memory_utilization": "a number", "enforce_eager": "true or false",
-                 "enable_prefix_caching": "true or false", "enable_expert_parallel": "true or false",
-                 "async_scheduling": "true or false", "scheduling_policy": "a string",
-                 "disable_hybrid_kv_cache_manager": "true or false"}
-
-
-def _engine_args(kwargs: dict[str, Any], where: Path) -> dict[str, Any]:
-    """The `ENGINE_KEYS` meta.json's engine_kwargs set (null: vLLM's default), each of the JSON type vLLM
-    records (an integer, unless `_ENGINE_KINDS` says otherwise); ranges are the engine config's to check.
-    A `true` where a count belongs, or `"false"` for a flag, raises rather than reading as 1 or as on."""
-    engine = {}
-    for key in ENGINE_KEYS:
-        value = kwargs.get(key)
-        if value is None:
-            continue
-        kind = _ENGINE_KINDS.get(key, "an integer")
-        ok = {"a string": isinstance(value, str), "true or false": isinstance(value, bool),
-              "a number": is_number(value),
-              "an integer": isinstance(value, int) and not isinstance(value, bool)}[kind]
-        if not ok:
-            raise KvsimError(f"{where}: engine_kwargs.{key}={value!r} is not {kind}")
-        engine[key] = value
-    return engine
-
-
-# engine_kwargs the replay reads besides `ENGINE_KEYS` (the model id, the drafts, `recorded_settings`' GPU and pool),
-# and those that change nothing it models: the sampling seed (the replay takes the recorded output lengths) and a
-# 2-byte `dtype`, the presets' weights
-READ_ELSEWHERE = ("model", "speculative_config", "gpu", "gpu_name", "device_name", "num_gpu_blocks", "seed")
-TWO_BYTE_DTYPES = ("auto", "bfloat16", "float16", "half")
-
-
-def meta_notes(meta: dict[str, Any], num_rows: int, where: Path) -> list[str]:
-    """What `meta.json` says that the replay cannot follow, as notes (they print with the comparison): the
-    engine_kwargs it does not replay (vLLM ran with them; the replay runs kvsim's defaults there), a
-    `num_requests` (the requests the benchmark sent) above the recorded rows (those that failed or were not
-    recorded put load on the server that the replay lacks), a `vllm_version` before the one the replay follows
-    (`_version_notes`) and keys no reader takes (`_unread_meta_notes`). A `num_requests` that is no whole number
-    >= 1, or below the rows (then it is not this run's), is a `KvsimError` naming it."""
-    kwargs = meta["engine_kwargs"]
-    unread = {key: value for key, value in kwargs.items() if key not in (*ENGINE_KEYS, *READ_ELSEWHERE)
-              and not (key == "dtype" and value in TWO_BYTE_DTYPES)}
-    notes = _version_notes(meta, where) + _unread_meta_notes(meta)
-    if unread:
-        shown_args = ", ".join(f"{key}={shown(value)}" for key, value in unread.items())
-        notes.append(f"meta.json's engine_kwargs {shown_args}: not replayed (the replay runs kvsim's defaults "
-                     "there; --set an engine field where kvsim has one)")
-    sent = meta.get("num_requests")
-    if sent is None:
-        return notes
-    if isinstance(sent, bool) or not isinstance(sent, int) or sent < 1:
-        raise KvsimError(f"{where}: num_requests={shown(sent)} is not a whole number of requests >= 1")
-    if sent < num_rows:
-        raise KvsimError(f"{where}: num_requests={sent} but requests.jsonl records {num_rows} requests: not this "
-                         "run's meta.json")
-    if sent > num_rows:
-        notes.append(f"meta.json's num_requests={sent} but requests.jsonl records {num_rows}: the "
-                     f"{sent - num_rows} not recorded (failed, or lost) loaded the server and are not replayed")
-    return notes
-
-
-# meta.json's keys beside engine_kwargs that a validation reads (the workload, the clock, the request count, what
-# `recorded_settings` takes) or that describe the record alone (its schema, the workload's hash, when it ended, the
-# series' tick, which the series' own `t` gives)
-META_KEYS = ("schema_version", "model", "vllm_version", "engine_kwargs", "dataset_path", "dataset_hash", "num_requests",
-             "started_at", "finished_at", "tick_seconds", "gpu", "gpu_name", "device_name", "num_gpu_blocks",
-             "cache_config", "metadata")
-RECORDED_SECTION_KEYS = ("gpu", "gpu_name", "device_name", "num_gpu_blocks")  # of cache_config and metadata
-
-
-def _unread_meta_notes(meta: dict[str, Any]) -> list[str]:
-    """A note naming the keys of `meta.json` (and of its `cache_config` and `metadata` sections) that no reader
-    takes: a `cache_config.cache_dtype` or a top-level `gpu_type` was dropped in silence, the replay running its
-    default or the folder's hardware label there."""
-    unread = {key: value for key, value in meta.items() if key not in META_KEYS}
-    for section in ("cache_config", "metadata"):
-        if isinstance(meta.get(section), dict):
-            unread |= {f"{section}.{key}": value for key, value in meta[section].items()
-                       if key not in RECORDED_SECTION_KEYS}
-    if not unread:
-        return []
-    return ["meta.json's " + ", ".join(f"{key}={shown(value)}" for key, value in unread.items()) + ": not read (the "
-            "replay follows engine_kwargs and its defaults there; --set an engine field, or --gpu, where one applies)"]
-
-
-REPLAYED_VLLM = (0, 19)
-"""The vLLM release whose scheduler and defaults a replay follows where engine_kwargs says nothing: the measured
-runs' (`kvsim.latency.cudagraph`, docs/accuracy.md)."""
-
-
-def _version_notes(meta: dict[str, Any], where: Path) -> list[str]:
-    """A note for a `vllm_version` older than `REPLAYED_VLLM`, or that names no release: its defaults may differ
-    (asynchronous scheduling became vLLM's default in late 2025), and nothing in the record says which it ran. A
-    version that is not text is a `KvsimError` naming it."""
-    version = meta.get("vllm_version")
-    if version is None:
-        return []
-    if not isinstance(version, str):
-        raise KvsimError(f"{where}: vllm_version={shown(version)} is not text")
-    release = re.match(r"v?(\d+)\.(\d+)", version)
-    if release and (int(release[1]), int(release[2])) >= REPLAYED_VLLM:
-        return []
-    return [f"meta.json's vllm_version={shown(version)}: the replay follows vLLM {'.'.join(map(str, REPLAYED_VLLM))}'s "
-            "defaults where engine_kwargs gives none (asynchronous scheduling, since late 2025; CUDA-graph padding); "
-            "record engine_kwargs.async_scheduling and enforce_eager as that version ran them"]
-
 
 def find_workload(run_dir: Path, dataset_path: str) -> Path:
     """The workload file `meta.json` names, looked up beside each folder above the run and in
@@ -306,7 +193,7 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     meta = read_json(vllm / "meta.json")
     if not isinstance(meta, dict) or not isinstance(meta.get("engine_kwargs"), dict):
         raise KvsimError(f"{vllm / 'meta.json'}: expected an object with engine_kwargs")
-    engine = _engine_args(meta["engine_kwargs"], vllm / "meta.json")
+    engine = engine_args(meta["engine_kwargs"], vllm / "meta.json")
     speculative = meta["engine_kwargs"].get("speculative_config")
     if speculative is not None and not isinstance(speculative, dict):
         raise KvsimError(f"{vllm / 'meta.json'}: engine_kwargs.speculative_config={shown(speculative)} is not an "
