@@ -72,6 +72,20 @@ FOLDER_CASES = {
                               r"meta.json: num_requests='2' is not a whole number of requests >= 1"),
     "vllm_version a number": (lambda run: _patch_json(run / "vllm" / "meta.json", vllm_version=0.19),
                               r"meta.json: vllm_version=0.19 is not text"),
+    # values that were skipped in silence: a section that is no object (its pool with it), a tick that is no number
+    # or not the series' own, a started_at with no arrival_time to align the series by (it was never parsed)
+    "cache_config a string": (lambda run: _patch_json(run / "vllm" / "meta.json", cache_config="x"),
+                              r"meta.json: cache_config='x' is not an object"),
+    "tick_seconds a string": (lambda run: _patch_json(run / "vllm" / "meta.json", tick_seconds="x"),
+                              r"meta.json: tick_seconds='x' is not a positive number of seconds"),
+    "tick_seconds not the rows'": (
+        lambda run: (_patch_json(run / "vllm" / "meta.json", tick_seconds=1.0),
+                     _file("vllm/timeseries.csv", SERIES + "1.0,48,8,0,0,0\n3.0,0,0,0,0,0\n5.0,0,0,0,0,0\n")(run)),
+        r"meta.json: tick_seconds=1.0, but timeseries.csv's rows are 2 s apart: one of the two is not this run's"),
+    "started_at unaligned and bad": (
+        lambda run: (_patch_json(run / "vllm" / "meta.json", started_at="yesterday"),
+                     _requests(lambda rows: [{k: v for k, v in r.items() if k != "arrival_time"} for r in rows])(run)),
+        r"meta.json: started_at='yesterday' is not an ISO timestamp"),
     # requests.jsonl
     "fractional tokens": (_requests(lambda rows: [rows[0], {**rows[1], "input_toks": 32.7}]),
                           r"requests.jsonl:2: input_toks=32.7 is not a positive whole number of tokens"),

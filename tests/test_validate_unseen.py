@@ -155,6 +155,8 @@ def test_a_validation_bins_kvsims_rates_by_its_series_tick(tmp_path):
     run_dir = write_run(tmp_path)
     (run_dir / "vllm" / "timeseries.csv").write_text(
         "t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n1.0,24,4,0,0,0.0\n3.0,0,0,0,0,0.0\n")
+    meta = json.loads((run_dir / "vllm" / "meta.json").read_text())
+    (run_dir / "vllm" / "meta.json").write_text(json.dumps({**meta, "tick_seconds": 2}))  # as the rows say
     v = validate(load_measured(run_dir), gpu="h100-80gb", overrides=CONSTANT, measured_path=run_dir)
     assert v.row(PHASE_METRICS[0])["measured"] == pytest.approx(24.0)
     assert v.row(PHASE_METRICS[0])["kvsim"] == pytest.approx(48 / 2)

@@ -24,6 +24,7 @@ import numpy as np
 
 from kvsim.model.config import load_gpu, load_model
 from kvsim.model.errors import KvsimError, shown
+from kvsim.validation.frame import series_tick_s
 from kvsim.validation.measured import MeasuredRun, series_number
 from kvsim.validation.recorded import recorded_settings
 from kvsim.validation.replay import build_scenario, id_name, label_disagreement, resolve_gpu, resolve_model
@@ -178,15 +179,6 @@ def measured_phase_rates(path: str | Path) -> dict[str, float | None]:
     running = sum(r for _, _, r in rows)
     return {PHASE_METRICS[0]: sum(prompt) / len(prompt) if prompt else None,
             PHASE_METRICS[1]: sum(g for _, g, _ in rows) / running if running else None}
-
-
-def series_tick_s(series: pd.DataFrame | None) -> float:
-    """How often the measured series was read: the median gap between its rows' `t_s`, to the microsecond (1 s
-    where it has fewer than two rows). A row's rates are its window's tokens over the window's length, as vLLM's
-    logger averages them over its interval, so kvsim's are binned by the same length (`simulated_phase_rates`)."""
-    if series is None or len(series) < 2:
-        return 1.0
-    return round(float(np.median(np.diff(series["t_s"].to_numpy(dtype=float)))), 6)
 
 
 def simulated_phase_rates(steps: pd.DataFrame, requests: pd.DataFrame, tick_s: float = 1.0

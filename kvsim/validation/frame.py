@@ -139,3 +139,12 @@ def request_frame(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: np
     }
     df = pd.DataFrame({name: columns[name] for name in REQUEST_COLUMNS})
     return df.sort_values(["arrival_s", "request_index"], kind="stable").reset_index(drop=True)
+
+
+def series_tick_s(series: pd.DataFrame | None) -> float:
+    """How often the measured series was read: the median gap between its rows' `t_s`, to the microsecond (1 s
+    where it has fewer than two rows). A row's rates are its window's tokens over the window's length, as vLLM's
+    logger averages them over its interval, so kvsim's are binned by the same length (`simulated_phase_rates`)."""
+    if series is None or len(series) < 2:
+        return 1.0
+    return round(float(np.median(np.diff(series["t_s"].to_numpy(dtype=float)))), 6)

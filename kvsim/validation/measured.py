@@ -39,7 +39,7 @@ from kvsim.validation.frame import (
     refuse_late_arrival,
     request_frame,
 )
-from kvsim.validation.meta import engine_args, meta_notes
+from kvsim.validation.meta import check_tick, engine_args, meta_notes
 from kvsim.workload.files import csv_rows, data_file, open_text
 from kvsim.workload.traces import TraceRecord, iter_jsonl, read_sharegpt_tokens
 
@@ -236,14 +236,16 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     # the time series counts from started_at (wall clock); requests carry wall-clock arrival_time too
     offset_s, aligned = 0.0, False
     first = min(rows, key=lambda r: float(r["queued_ts"]))
-    if "started_at" in meta and isinstance(first.get("arrival_time"), (int, float)):
-        offset_s = float(first["arrival_time"]) - _epoch_s(meta["started_at"], vllm / "meta.json")
+    started_s = _epoch_s(meta["started_at"], vllm / "meta.json") if "started_at" in meta else None  # checked alone too
+    if started_s is not None and isinstance(first.get("arrival_time"), (int, float)):
+        offset_s = float(first["arrival_time"]) - started_s
         if offset_s < 0:  # the series was shifted by it in silence (a year-9999 started_at: by 8e3 years)
             raise KvsimError(f"{vllm / 'meta.json'}: started_at={shown(meta['started_at'])} is {-offset_s:g} s after "
                              f"the first request's arrival_time ({requests_path}): a run starts before its requests "
                              "arrive, on one clock")
         aligned = True
     timeseries, notes = _read_timeseries(vllm / "timeseries.csv", offset_s)
+    check_tick(meta, timeseries, vllm / "meta.json")
     if timeseries is not None and not aligned:
         notes.append("timeseries.csv is taken to start at the first arrival: the run records no started_at "
                      "or no arrival_time to align it by, so its gauges may be shifted against the requests")

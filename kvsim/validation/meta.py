@@ -5,12 +5,17 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsim.model.errors import KvsimError, shown
 from kvsim.model.units import is_number
+from kvsim.validation.frame import series_tick_s
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # vLLM's engine arguments kvsim's engine has under the same name and the replay reads (the last four were dropped
 # without a word: a run of `num_gpu_blocks_override: 50` replayed on the GPU's whole pool, a priority one as FCFS)
@@ -60,7 +65,7 @@ def meta_notes(meta: dict[str, Any], num_rows: int, where: Path) -> list[str]:
     kwargs = meta["engine_kwargs"]
     unread = {key: value for key, value in kwargs.items() if key not in (*ENGINE_KEYS, *READ_ELSEWHERE)
               and not (key == "dtype" and value in TWO_BYTE_DTYPES)}
-    notes = _version_notes(meta, where) + _unread_meta_notes(meta)
+    notes = _version_notes(meta, where) + _unread_meta_notes(meta, where)
     if unread:
         shown_args = ", ".join(f"{key}={shown(value)}" for key, value in unread.items())
         notes.append(f"meta.json's engine_kwargs {shown_args}: not replayed (the replay runs kvsim's defaults "
@@ -88,12 +93,15 @@ META_KEYS = ("schema_version", "model", "vllm_version", "engine_kwargs", "datase
 RECORDED_SECTION_KEYS = ("gpu", "gpu_name", "device_name", "num_gpu_blocks")  # of cache_config and metadata
 
 
-def _unread_meta_notes(meta: dict[str, Any]) -> list[str]:
+def _unread_meta_notes(meta: dict[str, Any], where: Path) -> list[str]:
     """A note naming the keys of `meta.json` (and of its `cache_config` and `metadata` sections) that no reader
     takes: a `cache_config.cache_dtype` or a top-level `gpu_type` was dropped in silence, the replay running its
-    default or the folder's hardware label there."""
+    default or the folder's hardware label there. A section that is not an object is a `KvsimError` naming it
+    (`cache_config: "x"` was skipped, its pool with it)."""
     unread = {key: value for key, value in meta.items() if key not in META_KEYS}
     for section in ("cache_config", "metadata"):
+        if meta.get(section) is not None and not isinstance(meta[section], dict):
+            raise KvsimError(f"{where}: {section}={shown(meta[section])} is not an object")
         if isinstance(meta.get(section), dict):
             unread |= {f"{section}.{key}": value for key, value in meta[section].items()
                        if key not in RECORDED_SECTION_KEYS}
@@ -123,3 +131,18 @@ def _version_notes(meta: dict[str, Any], where: Path) -> list[str]:
     return [f"meta.json's vllm_version={shown(version)}: the replay follows vLLM {'.'.join(map(str, REPLAYED_VLLM))}'s "
             "defaults where engine_kwargs gives none (asynchronous scheduling, since late 2025; CUDA-graph padding); "
             "record engine_kwargs.async_scheduling and enforce_eager as that version ran them"]
+
+
+def check_tick(meta: dict[str, Any], series: pd.DataFrame | None, where: Path) -> None:
+    """meta.json's `tick_seconds`, where given, is a positive number and the gap the series' rows have
+    (`series_tick_s`, to 0.1 %): kvsim's per-phase rates are binned by the series' gap, so a record that says 1 s
+    beside rows 2 s apart (or `tick_seconds: "x"`, which was read as nothing) is refused, not resolved in silence."""
+    tick = meta.get("tick_seconds")
+    if tick is None:
+        return
+    if not is_number(tick) or tick <= 0:
+        raise KvsimError(f"{where}: tick_seconds={shown(tick)} is not a positive number of seconds")
+    gap_s = series_tick_s(series)
+    if series is not None and len(series) >= 2 and not math.isclose(gap_s, tick, rel_tol=1e-3):
+        raise KvsimError(f"{where}: tick_seconds={shown(tick)}, but timeseries.csv's rows are {gap_s:g} s apart: one "
+                         "of the two is not this run's")
