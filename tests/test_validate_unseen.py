@@ -44,11 +44,23 @@ def test_each_versions_bench_json_reads_to_the_same_requests(tmp_path, version):
     assert list(df.e2e_s) == pytest.approx([0.15, 0.2, 0.08, 0.35])  # 0.1 + 0.05, 0.2, 0.05 + 0.03, 0.3 + 0.05
     assert list(df.tpot_s[[0, 2, 3]]) == pytest.approx([0.05 / 2, 0.03 / 3, 0.05 / 1]) and df.tpot_s.isna()[1]
     assert df.ttft_s.mean() * 1000 == pytest.approx(SETUP["mean_ttft_ms"])  # the file's own mean, recomputed
+    assert not [n for n in run.notes if "mean_ttft_ms" in n]  # so no note of a summary the lists do not give
     arrivals = [r.arrival_s for r in run.records]
     if "start_times" in VERSIONS[version]:
         assert arrivals == pytest.approx([0.0, 0.5, 1.0, 1.2])
     else:  # vLLM's default infinite rate hands the client every request at the start
         assert arrivals == [0.0] * 4 and any("no start_times" in n for n in run.notes)
+
+
+def test_a_summary_its_lists_do_not_reproduce_is_noted(tmp_path):
+    """vLLM's mean_ttft_ms is the mean of its successful requests' ttfts × 1000: TTFTs saved in milliseconds (another
+    tool's file) read as seconds 1000 times too long, and nothing said so. The lists give 162.5 ms (above)."""
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({**SETUP, **DETAIL, "ttfts": [100.0, 200.0, 50.0, 300.0],
+                                "itls": [[20.0, 30.0], [], [10.0] * 3, [50.0]]}))
+    assert [n for n in load_measured(path).notes if "mean_ttft_ms" in n] == [
+        "the file's mean_ttft_ms=162.5 is not the mean of its successful requests' ttfts (162500 ms): its "
+        "per-request lists may be another run's or in other units; the comparison reads the lists"]
 
 
 def test_a_ramp_without_start_times_is_refused_not_sent_at_once(tmp_path):

@@ -105,6 +105,7 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
         with np.errstate(over="ignore"):
             e2e = ttft + np.array([g.sum() for g in gaps])
     _check_bench_times(ttft, e2e, ok, gaps, path)
+    notes += _summary_notes(raw, ttft_all[[i for i in range(n) if not errors[i]]])
     if starts is not None:
         sent = _values(starts, replayed, "start_times", path)
         refuse_late_arrival(sent, path, lambda i: f"start_times[{replayed[i]}]")
@@ -190,6 +191,20 @@ def _whole(values: np.ndarray, indices: Any, key: str, path: Path, minimum: int)
         if value > MAX_LENGTH:
             raise KvsimError(f"{path}: {key}[{i}]={value:g} is more tokens than kvsim counts ({MAX_LENGTH:,})")
     return values.astype(int)
+
+
+def _summary_notes(raw: dict[str, Any], success_ttfts_s: np.ndarray) -> list[str]:
+    """The file's own `mean_ttft_ms` held against its lists, in a note where they differ (beyond float rounding):
+    vLLM computes it from its successful requests' `ttfts` (`calculate_metrics`), so another mean says the lists are
+    not the summary's: edited, another tool's, or in other units (milliseconds read as seconds)."""
+    saved = raw.get("mean_ttft_ms")
+    if not is_number(saved) or not len(success_ttfts_s):
+        return []
+    mean_ms = float(np.mean(success_ttfts_s)) * 1000
+    if math.isclose(mean_ms, saved, rel_tol=1e-6, abs_tol=1e-6):
+        return []
+    return [f"the file's mean_ttft_ms={saved:g} is not the mean of its successful requests' ttfts ({mean_ms:g} ms): "
+            "its per-request lists may be another run's or in other units; the comparison reads the lists"]
 
 
 def _check_bench_times(ttft: np.ndarray, e2e: np.ndarray, ok: list[int], itls: list[np.ndarray],
