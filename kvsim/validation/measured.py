@@ -4,7 +4,7 @@ Two inputs, one result type (`MeasuredRun`, `kvsim.validation.frame`):
 
 * a folder in the layout of `benchmarks/validation_set/measured/<hardware>/<case>/`:
   `vllm/meta.json` (engine arguments, the workload file: `kvsim.validation.meta`), `vllm/requests.jsonl` (engine-clock
-  timestamps per request), `vllm/timeseries.csv` (one row a second), and optionally the peer
+  timestamps per request), `vllm/timeseries.csv` (a row a tick: a second in the validation set), and optionally the peer
   simulator LLMServingSim's prediction `outputs/sim.csv` and its cluster config `config.json`;
 * the JSON that `vllm bench serve --save-result --save-detailed` writes (`kvsim.validation.bench`).
 
