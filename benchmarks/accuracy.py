@@ -1,6 +1,6 @@
 """kvsim's accuracy on every public measured run: regenerates the tables of docs/accuracy.md and the JSON.
 
-    python benchmarks/accuracy.py [--validation benchmarks/validation_set] [--no-readme]
+    python benchmarks/accuracy.py [--validation benchmarks/validation_set] [--no-docs]
 
 For each case under `<validation>/measured/<hardware>/<case>/`: the measured means, kvsim with
 the roofline alone, kvsim calibrated from the imported measured profile of that GPU and model
@@ -202,13 +202,19 @@ def update_page(table: str, page: Path = PAGE, start: str = START, end: str = EN
     page.write_text(f"{head}{start}\n{table}{end}{tail}", encoding="utf-8")
 
 
-def main() -> None:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (`argv`, else `sys.argv`'s): `--validation` and `--no-docs` (named `--no-readme` while the
+    tables were in README.md; they are in docs/accuracy.md)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--validation", type=Path, default=VALIDATION)
-    parser.add_argument("--no-readme", action="store_true",
+    parser.add_argument("--no-docs", action="store_true",
                         help="write only the JSON (no docs/accuracy.md tables, no figures)")
-    args = parser.parse_args()
-    entries = [case_accuracy(d, figures=not args.no_readme)
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = arguments()
+    entries = [case_accuracy(d, figures=not args.no_docs)
                for d in sorted((args.validation / "measured").glob("*/*")) if d.is_dir()]
     logo = leave_one_gpu_out()
     RESULT.write_text(json.dumps({"validation_set": "../shared/validation (LLMServingSim @ 5daddb2, MIT)",
@@ -219,7 +225,7 @@ def main() -> None:
     table = markdown_table(entries)
     print(table)
     print(logo_table(logo))
-    if not args.no_readme:
+    if not args.no_docs:
         update_page(table)
         update_page(logo_table(logo), start=LOGO_START, end=LOGO_END)
 

@@ -137,3 +137,17 @@ def test_published_table_is_current():
                 assert published[metric] == pytest.approx(replay(case, latency).row(metric)["kvsim"], rel=1e-9)
     page = (repo / "docs" / "accuracy.md").read_text(encoding="utf-8")
     assert f"{script.START}\n{script.markdown_table(entries)}{script.END}" in page
+
+
+def test_the_flag_that_skips_the_page_is_named_for_it():
+    """`--no-docs` writes only the JSON: the tables and figures it skips are docs/accuracy.md's. It was `--no-readme`
+    from when they were in README.md; that name is refused now (argparse's exit 2), not kept beside it."""
+    from conftest import benchmark_script
+
+    script = benchmark_script("accuracy")
+    assert script.arguments(["--no-docs"]).no_docs is True
+    assert script.arguments([]).no_docs is False
+    with pytest.raises(SystemExit) as refused:
+        script.arguments(["--no-readme"])
+    assert refused.value.code == 2
+    assert "[--no-docs]" in script.__doc__
