@@ -96,7 +96,7 @@ def test_a_plan_of_a_burst_at_one_instant_is_refused(tmp_path):
 
 def test_traffic_with_a_span_passes_the_rate_check(tmp_path):
     """Two of the four arrive 1 ms apart: a span of 1 ms, a rate of 3 / 0.001 s, and the check passes."""
-    from kvsim.planning.plan import check_traffic_rate
+    from kvsim.planning.plan_checks import check_traffic_rate
     from kvsim.planning.plan_rate import offered_rate_per_s
     from kvsim.planning.spec import make_plan_spec
     from kvsim.workload.scenario import load_scenario
@@ -118,7 +118,7 @@ def test_a_rate_search_whose_first_probe_is_a_burst_followed_by_arrivals_passes_
     (its first 4) spans no time, so its window is empty and it is judged too short (`window_evidence`: 0
     requests in a window of 0 s), which runs it again with 8 requests (`SteadyRateSearch.observe`), spanning
     0.8 s: a rate (`kvsim plan` then answers). It was refused (`plan.probe_requests=4`)."""
-    from kvsim.planning.plan import check_traffic_rate
+    from kvsim.planning.plan_checks import check_traffic_rate
     from kvsim.workload.scenario import load_scenario
 
     check_traffic_rate(load_scenario(_burst(tmp_path, [0, 0, 0, 0, 200, 400, 600, 800])), _rate_search(4))
@@ -126,7 +126,7 @@ def test_a_rate_search_whose_first_probe_is_a_burst_followed_by_arrivals_passes_
 
 def test_a_rate_search_whose_every_probe_is_a_burst_is_refused(tmp_path):
     """Its probes double up to the traffic's 8 requests, all at 0 ms: still no rate."""
-    from kvsim.planning.plan import check_traffic_rate
+    from kvsim.planning.plan_checks import check_traffic_rate
     from kvsim.workload.scenario import load_scenario
 
     with pytest.raises(KvsimError, match=r"^workload.num_requests=8: 8 requests arriving at one instant offer no rate"):

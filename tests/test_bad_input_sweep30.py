@@ -173,7 +173,7 @@ def test_a_point_whose_format_is_no_integer_is_damaged_not_of_format_minus_one(t
 def test_knob_values_one_engine_once_its_defaults_are_filled_are_refused(scheduler, gpus, knob, values, refused):
     """`max_num_seqs: [null, 256]` on v0 ran one engine as two candidates (their evidence lines alike, twice the
     points): refused where the two are one engine on every GPU of the plan, kept where a GPU tells them apart."""
-    from kvsim.planning.plan import check_knob_repeats
+    from kvsim.planning.plan_checks import check_knob_repeats
     from kvsim.workload.scenario import make_scenario
 
     base = make_scenario({"name": "toy", "engine": {"scheduler": scheduler, "num_gpu_blocks_override": 400},

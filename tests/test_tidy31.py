@@ -9,7 +9,8 @@ from test_plan import SLO, toy
 
 from kvsim.model.units import dollars
 from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens
-from kvsim.planning.plan import check_probe_cap, spec_from_options
+from kvsim.planning.plan import spec_from_options
+from kvsim.planning.plan_checks import check_probe_cap
 from kvsim.results.render import rows_to_markdown
 
 PLAN = {"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8}

@@ -69,8 +69,9 @@ def plan(
     import yaml
 
     from kvsim.model.yaml_io import load_yaml, settings_text, yaml_problem
-    from kvsim.planning.plan import check_candidates, refuse_replaced_overrides, spec_from_options
     from kvsim.planning.plan import plan as run_plan
+    from kvsim.planning.plan import refuse_replaced_overrides, spec_from_options
+    from kvsim.planning.plan_checks import check_candidates
     from kvsim.planning.search import close_client, dask_client
     from kvsim.planning.spec import candidates
     from kvsim.results.output_dir import check_output_dir, claim_directory, errors_name_output, safe_component

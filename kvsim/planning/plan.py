@@ -51,7 +51,7 @@ import math
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvsim.model.errors import KvsimError, empty_item, shown
 from kvsim.model.units import read_number
@@ -63,12 +63,9 @@ from kvsim.planning.cost import (
     gpu_price,
     usd_rounded,
 )
-from kvsim.planning.memory import MemoryBound
+from kvsim.planning.plan_checks import check_candidates
 from kvsim.planning.plan_rate import (
     RateSearch,
-    arrivals_s,
-    first_probe_requests,
-    longest_probe,
     offered_rate_per_s,
     scaled_traffic,
 )
@@ -82,11 +79,8 @@ from kvsim.planning.spec import (
     PlanSpec,
     auto_splits,
     candidates,
-    check_slo_classes,
     cost_problem,
-    has_auto,
     make_plan_spec,
-    with_split,
 )
 from kvsim.planning.verify import traffic_of
 from kvsim.planning.xpyd import XpydSearch
@@ -94,160 +88,7 @@ from kvsim.results.output_dir import claim_directory
 from kvsim.workload.overrides import override_items
 from kvsim.workload.scenario import Scenario
 
-if TYPE_CHECKING:
-    from kvsim.model.config import GPUSpec
-    from kvsim.model.engine_config import EngineConfig
-    from kvsim.model.spec import ModelSpec
-
 POINTS_FILE = "points.jsonl"  # the file in a plan's folder that keeps its finished points
-
-
-def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "plan.memory_limit_bytes") -> None:
-    """Refuse, before any cluster starts or folder is made, a scenario that already fixes `replicas` or autoscales, an
-    SLO for a priority class the workload does not have, and a candidate whose GPU is unknown, whose engine
-    knobs do not make a valid scenario, or whose TP the model cannot be split over, whose weights leave
-    no KV pool or whose engine cannot be built (`check_engine`: e.g. an offload tier under one block) (a
-    `KvsimError` naming the field; `memory_limit_name` is what gave `spec.memory_limit_bytes`, as
-    `check_plan_memory` names it)."""
-    import numpy as np
-
-    from kvsim.engine.builder import check_engine
-    from kvsim.fleet.driver import replica_groups
-    from kvsim.model.capacity import check_parallel, num_gpu_blocks
-    from kvsim.model.config import load_gpu, load_model
-    from kvsim.workload.fleet_layout import Router
-    from kvsim.workload.generate import iter_requests
-
-    if base.autoscaler is not None:  # "remove replicas" alone was refused next as an autoscaler without its start
-        drop = ["autoscaler", "replicas", *(["router"] if base.router != Router() else [])]  # no router without them
-        raise KvsimError(f"autoscaler: plan sizes a static fleet, searching its replica count; remove "
-                         f"{', '.join(drop)} from the scenario ({' '.join(f'--set {name}=null' for name in drop)})")
-    if base.replicas is not None:
-        raise KvsimError(f"replicas={base.replicas_shown}: plan searches the replica count; remove it from the "
-                         "scenario")
-    if base.workload.max_concurrency is not None:  # a closed loop's queue waits in the client, never grows
-        raise KvsimError(f"workload.max_concurrency={base.workload.max_concurrency}: plan sizes a fleet for open-loop "
-                         "traffic (requests arrive whether or not earlier ones ended); remove it from the scenario")
-    multi_turn = base.workload.multi_turn
-    if multi_turn is not None and multi_turn.timing == "after_reply":  # each user waits for the reply: a closed loop
-        raise KvsimError("workload.multi_turn.timing=after_reply: plan sizes a fleet for open-loop traffic "
-                         "(turns arrive whether or not earlier replies came); use timing=open")
-    check_slo_classes(base, spec)
-    for gpu in dict.fromkeys(spec.gpus):
-        load_gpu(gpu)
-    model = load_model(base.model)
-    # the traffic as the first point reads it: a trace that is missing or has a bad row was found after the
-    # plan folder had been made (every random draw happens here, the requests themselves are built lazily)
-    iter_requests(base, base.engine.resolved_max_model_len(model), np.random.default_rng(base.seed))
-    auto = [with_split(c, (1, 1), spec) for c in candidates(spec) if c.split is None] if has_auto(spec) else []
-    for candidate in [*candidates(spec), *auto]:  # an automatic split's shape is checked as 1P1D
-        scenario = candidate.scenario(base, candidate.smallest_fleet, spec.router)
-        check_parallel(model, scenario.engine)
-        num_gpu_blocks(model, load_gpu(candidate.gpu), scenario.engine)
-        for replica, _ in replica_groups(scenario):  # what building it refuses: found after the folder was made
-            check_engine(replica)
-        if candidate.split is not None:
-            from kvsim.fleet.disagg_checks import check_disaggregable
-            from kvsim.fleet.driver import replica_scenarios
-
-            check_disaggregable(scenario, replica_scenarios(scenario))
-    check_knob_repeats(base, spec)
-    check_traffic_rate(base, spec)
-    check_probe_cap(base, spec)
-    check_plan_memory(base, spec, memory_limit_name)
-
-
-def check_knob_repeats(base: Scenario, spec: PlanSpec) -> None:
-    """Refuse two values of an engine knob that make one engine on every GPU of the plan: as the engine reads them
-    (`max_num_seqs: [4, '4']`) or once its defaults are filled (`defaults_filled`: `max_num_seqs: [null, 256]` on
-    v0, whose default is 256 on every GPU). `PlanSpec` refuses values equal as written, but these made two
-    candidates of one engine, searched twice and ranked beside each other. Two values that are one engine on
-    some of the plan's GPUs only are kept (v1's default `max_num_seqs` is 1024 on an H100, 256 on an L4). A
-    `KvsimError` naming the knob, the later value and the earlier one it repeats."""
-    from kvsim.model.config import load_gpu, load_model
-
-    model, gpus = load_model(base.model), [load_gpu(gpu) for gpu in dict.fromkeys(spec.gpus)]
-    shape = (spec.gpus[0], spec.tensor_parallel_sizes[0])
-    for name, values in spec.engine.items():
-        engines: list[tuple[EngineConfig, list[EngineConfig], Any]] = []  # (engine, it filled per GPU, value)
-        for value in values:
-            engine = Candidate(*shape, ((name, value),)).scenario(base, 1, spec.router).engine
-            filled = [defaults_filled(engine, model, gpu) for gpu in gpus]
-            earlier = next(((made, given) for made, made_filled, given in engines if made_filled == filled), None)
-            if earlier is not None:
-                made, given = earlier
-                how = "the same engine" if made == engine else "the same engine once its defaults are filled"
-                raise KvsimError(f"plan.engine: {name}={shown(value)} is given twice (as {name}={shown(given)}, "
-                                 f"{how})")
-            engines.append((engine, filled, value))
-
-
-def defaults_filled(engine: EngineConfig, model: ModelSpec, gpu: GPUSpec) -> EngineConfig:
-    """`engine` on `model` and `gpu` with every default it resolves there given (`EngineConfig.resolved_*`):
-    `max_model_len`, `max_num_seqs`, `max_num_batched_tokens`, `async_scheduling` and `watermark`."""
-    max_model_len = engine.resolved_max_model_len(model)
-    return engine.model_copy(update={
-        "max_model_len": max_model_len, "max_num_seqs": engine.resolved_max_num_seqs(gpu),
-        "max_num_batched_tokens": engine.resolved_max_num_batched_tokens(max_model_len, gpu),
-        "async_scheduling": engine.resolved_async_scheduling, "watermark": engine.resolved_watermark})
-
-
-def check_traffic_rate(base: Scenario, spec: PlanSpec) -> None:
-    """Refuse traffic that offers no rate: one request, or a burst arriving at one instant. A fleet is sized for
-    a rate, and a steady state is judged over a window between arrivals (`kvsim.planning.window`): the search
-    found no window at any count and the traffic's floor was infinite replicas (an OverflowError after every
-    point had run). A rate search's first probe is the traffic's first `probe_requests`: one request is refused
-    (its probe has no window, is judged empty and never lengthened); a burst of them at one instant is not where
-    later arrivals follow within its longest probe (`longest_probe`, at most the traffic's count), as a probe too
-    short to judge runs again with twice the requests (a trace opening with a burst at t=0 was refused)."""
-    num_requests = base.workload.num_requests
-    probed = first_probe_requests(base, spec) if spec.search == "rate" else num_requests
-    arrivals = arrivals_s(traffic_of(base, probed))
-    if 2 <= len(arrivals) < num_requests and arrivals[-1] == arrivals[0]:  # a burst: the probe is doubled
-        probed = min(longest_probe(probed, spec.max_probe_requests), num_requests)
-        arrivals = arrivals_s(traffic_of(base, probed))
-    if len(arrivals) < 2 or arrivals[-1] == arrivals[0]:
-        field = f"plan.probe_requests={probed}" if probed < num_requests else f"workload.num_requests={num_requests}"
-        which = "one request offers" if len(arrivals) == 1 else \
-            f"{len(arrivals):,} requests arriving at one instant offer"
-        raise KvsimError(f"{field}: {which} no rate to size a fleet for; give at least 2 requests that arrive at "
-                         "different times")
-
-
-def check_probe_cap(base: Scenario, spec: PlanSpec) -> None:
-    """Refuse a rate search whose first probe, the traffic's first `probe_requests`, is longer than
-    `max_probe_requests`, the longest probe it may run: it ran the whole search anyway, then advised raising
-    the cap. A `probe_requests` past the cap is none where the traffic has no more requests than the cap: the
-    first probe is then the whole traffic (a cap of 200 beside the default 2,000 on 100 requests)."""
-    probed = first_probe_requests(base, spec)
-    if spec.search == "rate" and probed > spec.max_probe_requests:
-        raise KvsimError(f"plan.probe_requests={spec.probe_requests}: a rate search's first probe of {probed:,} "
-                         f"requests is longer than plan.max_probe_requests={spec.max_probe_requests}, the longest "
-                         "probe it runs")
-
-
-def first_point(base: Scenario, spec: PlanSpec, candidate: Candidate) -> Scenario:
-    """The smallest point a candidate's search simulates: one replica on the traffic (a rate search's
-    first probe: its first `probe_requests`)."""
-    traffic = scaled_traffic(base, 1.0, first_probe_requests(base, spec)) \
-        if spec.search == "rate" and candidate.split is None else base
-    return candidate.scenario(traffic, candidate.smallest_fleet, spec.router)
-
-
-def check_plan_memory(base: Scenario, spec: PlanSpec, memory_limit_name: str = "plan.memory_limit_bytes") -> None:
-    """Refuse a plan none of whose candidates fits in the memory limit even at its smallest point (the
-    searches are bounded by it; `kvsim.planning.memory`): one line naming the limit as the user gave it,
-    `memory_limit_name` (a spec file's `plan.memory_limit_bytes` was refused as `--memory-limit`)."""
-    memory = MemoryBound.of(spec.memory_limit_bytes, memory_limit_name)
-    needs = [(memory.needed_bytes(first_point(base, spec, c)), c) for c in candidates(spec)]
-    least, smallest = min(needs, key=lambda need: need[0])
-    if least > memory.limit_bytes:
-        raise KvsimError(f"{memory.label}: even the smallest point ({smallest.label}, {smallest.smallest_fleet} "
-                         f"{'instances' if smallest.split else 'replica'}, "
-                         f"{first_point(base, spec, smallest).workload.num_requests} requests) needs at least "
-                         f"{memory.size(least)} of memory; nothing in this plan fits")
-
-
 
 
 AnySearch = ReplicaSearch | RateSearch | XpydSearch | UnreachableSearch

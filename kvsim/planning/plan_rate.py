@@ -296,7 +296,7 @@ def arrivals_s(base: Scenario) -> list[float]:
 
 def offered_rate_per_s(base: Scenario) -> float:
     """The base traffic's request rate: (requests − 1) / (last arrival − first); inf without a span (one
-    request, or all arriving at one instant: `kvsim.planning.plan.check_candidates` refuses a plan's such)."""
+    request, or all arriving at one instant: `kvsim.planning.plan_checks.check_candidates` refuses a plan's such)."""
     arrivals = arrivals_s(base)
     span_s = arrivals[-1] - arrivals[0] if arrivals else 0.0
     return (len(arrivals) - 1) / span_s if span_s > 0 else math.inf
