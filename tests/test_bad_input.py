@@ -345,7 +345,7 @@ CASES = [
     ("plan-xpyd-malformed", {}, [*PLAN, "--xpyd", "1P"], "plan.xpyd=['1P']: '1P': expected xPyD"),
     ("plan-xpyd-twice", {}, [*PLAN, "--xpyd", "1P1D", "--xpyd", "1p1d"], "plan.xpyd=['1P1D', '1p1d']: a split is given twice"),
     ("plan-xpyd-auto-on-slab", {}, [*PLAN, "--xpyd", "auto", "--set", "engine.allocator=slab-pow2"],
-     "disaggregation needs paged and v1"),
+     "--xpyd auto: engine.allocator=slab-pow2: a prefill/decode split needs engine.allocator=paged"),
     ("plan-xpyd-link-unknown", {}, [*PLAN, "--xpyd", "1P1D", "--kv-transfer-config", '{"kv_link": "pigeon"}'],
      "kv_transfer_config.kv_link='pigeon'"),
     ("plan-kv-transfer-config-not-json", {}, [*PLAN, "--xpyd", "1P1D", "--kv-transfer-config", "[1,"],
@@ -353,7 +353,7 @@ CASES = [
     ("plan-kv-transfer-config-without-splits", {}, [*PLAN, "--kv-transfer-config", '{"kv_link": "nvlink"}'],
      "give the splits with --xpyd"),
     ("plan-xpyd-slab-allocator", {}, [*PLAN, "--xpyd", "1P1D", "--set", "engine.allocator=slab-max"],
-     "engine.allocator=slab-max, engine.scheduler=v1: disaggregation needs paged and v1"),
+     "--xpyd 1P1D: engine.allocator=slab-max: a prefill/decode split needs engine.allocator=paged"),
     # --- configurations vLLM refuses at startup (vllm/config/scheduler.py, verify_max_model_len)
     ("v0-batch-below-max-model-len", {}, ["run", "--set", "engine.scheduler=v0", "--set",
                                           "engine.max_num_batched_tokens=512"],

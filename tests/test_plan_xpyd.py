@@ -149,3 +149,26 @@ def test_plan_command_counts_tp_in_a_split_and_prints_the_choice(tmp_path):
     table = runner.invoke(app, args)  # resumes from points.jsonl
     assert table.exit_code == 0, table.output
     assert "chosen: h100-80gb tp2 x1 (colocated): 2 GPUs, $4.00/hour, $" in table.stdout
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--set", "engine.scheduler=v0", "--xpyd", "1P1D,2P1D"],
+     "--xpyd 1P1D,2P1D: engine.scheduler=v0: a prefill/decode split needs engine.scheduler=v1"),
+    (["--engine", "scheduler=v1,v0", "--xpyd", "auto"],  # the grid's v0 shape, checked as 1P1D for auto
+     "--xpyd auto: engine.scheduler=v0: a prefill/decode split needs engine.scheduler=v1"),
+    (["--set", "engine.allocator=slab-max", "--xpyd", "1P1D"],
+     "--xpyd 1P1D: engine.allocator=slab-max: a prefill/decode split needs engine.allocator=paged")])
+def test_a_split_of_a_v0_or_slab_engine_is_refused_naming_the_flag_and_the_engine_field(tmp_path, flags, said):
+    """vLLM's KV connectors are its v1 engine's, over the paged pool: a plan whose splits would run another engine
+    is refused in one line naming `--xpyd` as given and the engine field with its value (exit 2, nothing written).
+    It said `replicas (toy/h100-80gb_tp1_1P1D/x2/prefill-0, kv_producer): engine.allocator=paged,
+    engine.scheduler=v0: ...`, a name the plan made up for the split's first instance."""
+    scenario = tmp_path / "toy.yaml"
+    scenario.write_text(json.dumps(toy().model_dump(mode="json")))
+    out = tmp_path / "plan"
+    result = runner.invoke(app, ["plan", str(scenario), "--slo", "ttft_s.p90=2", "--gpu", "h100-80gb", *flags,
+                                 "--workers", "1", "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kvsim: error: {said} (vLLM v1's KV connectors)"), lines
+    assert "prefill-0" not in result.output and not out.exists()

@@ -100,7 +100,8 @@ def plan(
         spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
                                  max_replicas, router, search, limit_bytes, xpyd, kv_transfer_config)
         refuse_replaced_overrides(overrides or [], spec)
-        check_candidates(base, spec, "plan.memory_limit_bytes" if limit_bytes is None else "--memory-limit")
+        check_candidates(base, spec, "plan.memory_limit_bytes" if limit_bytes is None else "--memory-limit",
+                         "--xpyd" if xpyd else "plan.xpyd")
         sizes = [parse_size_flag(size, "--offload-size") for size in offload_sizes or []]
         if (twice := first_repeat(sizes)) is not None:  # each size is one tier to size: a row apiece
             raise KvsimError(f"--offload-size: {twice:,} bytes is given twice")

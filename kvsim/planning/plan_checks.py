@@ -20,13 +20,14 @@ if TYPE_CHECKING:
     from kvsim.model.spec import ModelSpec
 
 
-def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "plan.memory_limit_bytes") -> None:
+def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "plan.memory_limit_bytes",
+                     xpyd_name: str = "plan.xpyd") -> None:
     """Refuse, before any cluster starts or folder is made, a scenario that already fixes `replicas` or autoscales, an
     SLO for a priority class the workload does not have, and a candidate whose GPU is unknown, whose engine
     knobs do not make a valid scenario, or whose TP the model cannot be split over, whose weights leave
     no KV pool or whose engine cannot be built (`check_engine`: e.g. an offload tier under one block) (a
     `KvsimError` naming the field; `memory_limit_name` is what gave `spec.memory_limit_bytes`, as
-    `check_plan_memory` names it)."""
+    `check_plan_memory` names it, and `xpyd_name` what gave `spec.xpyd`, as `check_split_engine` names it)."""
     import numpy as np
 
     from kvsim.engine.builder import check_engine
@@ -66,6 +67,8 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
             check_engine(replica)
         if candidate.split is not None:
             from kvsim.fleet.disagg_checks import check_disaggregable
+
+            check_split_engine(scenario, spec, xpyd_name)
             from kvsim.fleet.driver import replica_scenarios
 
             check_disaggregable(scenario, replica_scenarios(scenario))
@@ -73,6 +76,20 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
     check_traffic_rate(base, spec)
     check_probe_cap(base, spec)
     check_plan_memory(base, spec, memory_limit_name)
+
+
+def check_split_engine(scenario: Scenario, spec: PlanSpec, xpyd_name: str) -> None:
+    """Refuse an xPyD split of an engine that is not v1 and paged, the engine vLLM's KV connectors run on, in the
+    plan's terms: the splits as given (`xpyd_name`: `--xpyd 1P1D`, or a spec file's `plan.xpyd=1P1D`) and the engine
+    field and value. `check_disaggregable` said it of the fleet's first instance, a name the plan made up
+    (`replicas (default/h100-80gb_tp1_1P1D/x2/prefill-0, kv_producer): ...`)."""
+    engine = scenario.engine
+    for field, value, needed in (("scheduler", engine.scheduler, "v1"), ("allocator", engine.allocator, "paged")):
+        if value != needed:
+            given = f"{xpyd_name}{' ' if xpyd_name.startswith('--') else '='}{','.join(spec.xpyd)}"
+            raise KvsimError(f"{given}: engine.{field}={value}: a prefill/decode split needs engine.{field}={needed} "
+                             f"(vLLM v1's KV connectors); plan the splits on a {needed} engine, or without "
+                             f"{xpyd_name}")
 
 
 def check_knob_repeats(base: Scenario, spec: PlanSpec) -> None:
