@@ -71,7 +71,7 @@ def plan(
     from kvsim.model.yaml_io import load_yaml, settings_text, yaml_problem
     from kvsim.planning.plan import plan as run_plan
     from kvsim.planning.plan import refuse_replaced_overrides, spec_from_options
-    from kvsim.planning.plan_checks import check_candidates
+    from kvsim.planning.plan_checks import check_candidates, unfit_reason
     from kvsim.planning.search import close_client, dask_client
     from kvsim.planning.spec import candidates
     from kvsim.results.output_dir import check_output_dir, claim_directory, errors_name_output, safe_component
@@ -109,11 +109,13 @@ def plan(
             from kvsim.planning.offload_sizing import check_sizes, ttft_slo
 
             ttft_slo(spec.slo)
-            colocated = [c.scenario(base, 1, spec.router) for c in candidates(spec) if c.split is None]
+            colocated = [c.scenario(base, 1, spec.router) for c in candidates(spec)
+                         if c.split is None and unfit_reason(base, c, spec.router) is None]
             check_sizes([base, *colocated], sizes, field="--offload-size")
         out_path = f"plans/{safe_component(base.name)}" if output is None else output
         check_output_dir(out_path, "plan")
-        warn_unread([c.scenario(base, c.smallest_fleet, spec.router) for c in candidates(spec)])
+        warn_unread([c.scenario(base, c.smallest_fleet, spec.router) for c in candidates(spec)  # those it simulates
+                     if unfit_reason(base, c, spec.router) is None])
         client = None if workers == 1 and not dask_address else dask_client(dask_address, workers)
         try:  # a full disk was 'No space left on device', naming no --output: the writes below name it
             out_dir = claim_directory(out_path, "plan", PLAN_FILES)  # made only once every input is good

@@ -63,7 +63,7 @@ from kvsim.planning.cost import (
     gpu_price,
     usd_rounded,
 )
-from kvsim.planning.plan_checks import check_candidates
+from kvsim.planning.plan_checks import UnfitSearch, check_candidates, unfit_reason
 from kvsim.planning.plan_rate import (
     RateSearch,
     offered_rate_per_s,
@@ -91,7 +91,7 @@ from kvsim.workload.scenario import Scenario
 POINTS_FILE = "points.jsonl"  # the file in a plan's folder that keeps its finished points
 
 
-AnySearch = ReplicaSearch | RateSearch | XpydSearch | UnreachableSearch
+AnySearch = ReplicaSearch | RateSearch | XpydSearch | UnreachableSearch | UnfitSearch
 
 
 def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -168,13 +168,17 @@ def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_p
         tokens_per_s = row.get("output_tokens_per_s")
         if tokens_per_s is None and row["feasible"] and isinstance(s, RateSearch):  # from its long run or probe
             tokens_per_s = s.output_tokens_per_s()
-        shape = Candidate(c.gpu, c.tensor_parallel_size, c.knobs)  # the floor counts colocated replicas
-        floor, gap = answer_floor(base, shape, spec, row, s.answer_metrics())
+        bound: dict[str, Any] = {"lower_bound_replicas": None, "bound_binds": None}  # an unfit engine has none
+        gap: dict[str, float] = {}
+        if not isinstance(s, UnfitSearch):
+            shape = Candidate(c.gpu, c.tensor_parallel_size, c.knobs)  # the floor counts colocated replicas
+            floor, gap = answer_floor(base, shape, spec, row, s.answer_metrics())
+            bound = {"lower_bound_replicas": floor.replicas, "bound_binds": floor.binds}
         rows.append({"topology": "colocated", **row, "output_tokens_per_s": tokens_per_s,
                      "usd_per_million_output_tokens": cost_per_million_output_tokens(
                          price, row["num_gpus"], tokens_per_s) if row["feasible"] and tokens_per_s else None,
-                     "lower_bound_replicas": floor.replicas, "bound_binds": floor.binds,
-                     "replicas_over_bound": round(row["replicas"] / floor.replicas, 3) if row["replicas"] else None,
+                     **bound, "replicas_over_bound": round(row["replicas"] / bound["lower_bound_replicas"], 3)
+                     if row["replicas"] else None,
                      **{f"gap_{k}": v for k, v in gap.items()}, "gap_breakdown": gap_text(gap, row["replicas"]),
                      "price_source": price.source})
     return rank(rows), simulated
@@ -182,7 +186,10 @@ def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_p
 
 def search_for(c: Candidate, base: Scenario, spec: PlanSpec) -> AnySearch:
     """The candidate's search; a stand-in that simulates nothing when its latency floor rules out an SLO at any
-    replica count (`kvsim.planning.slo_floor`: a split's instances are the shape's engines too)."""
+    replica count (`kvsim.planning.slo_floor`: a split's instances are the shape's engines too), or when its engine
+    does not fit its GPU (`kvsim.planning.plan_checks.unfit_reason`)."""
+    if (why := unfit_reason(base, c, spec.router)) is not None:
+        return UnfitSearch(c, why)
     floor = slo_floor(Candidate(c.gpu, c.tensor_parallel_size, c.knobs).scenario(base, 1, spec.router))
     if floor is not None and (missed := unreachable_slos(floor, spec.slo)):
         return UnreachableSearch(c, floor, missed, spec.slo)
@@ -196,7 +203,7 @@ def note_memory_limited(searches: Sequence[AnySearch], store: PointStore) -> Non
     "memory_bytes", "memory_limit_bytes"}` (no `evidence`: a rerun never takes it for a simulated point,
     and judges the bound again under its own limit); once per point and limit."""
     for search in searches:
-        if isinstance(search, UnreachableSearch):  # simulates nothing: no point of it was held back
+        if isinstance(search, (UnreachableSearch, UnfitSearch)):  # simulates nothing: no point of it was held back
             continue
         block = search.memory_block()
         if block is None:

@@ -5,6 +5,7 @@ Each refusal is one `KvsimError` naming the field and the value."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvsim.model.errors import KvsimError, shown
@@ -25,14 +26,15 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
     """Refuse, before any cluster starts or folder is made, a scenario that already fixes `replicas` or autoscales, an
     SLO for a priority class the workload does not have, and a candidate whose GPU is unknown, whose engine
     knobs do not make a valid scenario, or whose TP the model cannot be split over, whose weights leave
-    no KV pool or whose engine cannot be built (`check_engine`: e.g. an offload tier under one block) (a
+    no KV pool (`unfit_reason`; where some candidates fit, those that do not are ranked infeasible instead) or whose
+    engine cannot be built (`check_engine`: e.g. an offload tier under one block) (a
     `KvsimError` naming the field; `memory_limit_name` is what gave `spec.memory_limit_bytes`, as
     `check_plan_memory` names it, and `xpyd_name` what gave `spec.xpyd`, as `check_split_engine` names it)."""
     import numpy as np
 
     from kvsim.engine.builder import check_engine
     from kvsim.fleet.driver import replica_groups
-    from kvsim.model.capacity import check_parallel, num_gpu_blocks
+    from kvsim.model.capacity import check_parallel
     from kvsim.model.config import load_gpu, load_model
     from kvsim.workload.fleet_layout import Router
     from kvsim.workload.generate import iter_requests
@@ -59,10 +61,13 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
     # plan folder had been made (every random draw happens here, the requests themselves are built lazily)
     iter_requests(base, base.engine.resolved_max_model_len(model), np.random.default_rng(base.seed))
     auto = [with_split(c, (1, 1), spec) for c in candidates(spec) if c.split is None] if has_auto(spec) else []
+    unfit = []  # each candidate that does not fit its GPU: ranked infeasible, unless every one is
     for candidate in [*candidates(spec), *auto]:  # an automatic split's shape is checked as 1P1D
         scenario = candidate.scenario(base, candidate.smallest_fleet, spec.router)
         check_parallel(model, scenario.engine)
-        num_gpu_blocks(model, load_gpu(candidate.gpu), scenario.engine)
+        if (why := unfit_reason(base, candidate, spec.router)) is not None:
+            unfit.append(why)
+            continue
         for replica, _ in replica_groups(scenario):  # what building it refuses: found after the folder was made
             check_engine(replica)
         if candidate.split is not None:
@@ -72,6 +77,8 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
             from kvsim.fleet.driver import replica_scenarios
 
             check_disaggregable(scenario, replica_scenarios(scenario))
+    if len(unfit) == len(candidates(spec)) + len(auto):  # nothing to plan: the first one's refusal
+        raise KvsimError(unfit[0])
     check_knob_repeats(base, spec)
     check_traffic_rate(base, spec)
     check_probe_cap(base, spec)
@@ -174,10 +181,52 @@ def check_plan_memory(base: Scenario, spec: PlanSpec, memory_limit_name: str = "
     searches are bounded by it; `kvsim.planning.memory`): one line naming the limit as the user gave it,
     `memory_limit_name` (a spec file's `plan.memory_limit_bytes` was refused as `--memory-limit`)."""
     memory = MemoryBound.of(spec.memory_limit_bytes, memory_limit_name)
-    needs = [(memory.needed_bytes(first_point(base, spec, c)), c) for c in candidates(spec)]
+    needs = [(memory.needed_bytes(first_point(base, spec, c)), c) for c in candidates(spec)
+             if unfit_reason(base, c, spec.router) is None]
     least, smallest = min(needs, key=lambda need: need[0])
     if least > memory.limit_bytes:
         raise KvsimError(f"{memory.label}: even the smallest point ({smallest.label}, {smallest.smallest_fleet} "
                          f"{'instances' if smallest.split else 'replica'}, "
                          f"{first_point(base, spec, smallest).workload.num_requests} requests) needs at least "
                          f"{memory.size(least)} of memory; nothing in this plan fits")
+
+
+def unfit_reason(base: Scenario, candidate: Candidate, router: str) -> str | None:
+    """Why `candidate`'s engine does not fit its GPU (`kvsim.model.capacity.num_gpu_blocks`'s refusal, one line: weights
+    over its memory, no KV pool left, a `num_gpu_blocks_override` or `kv_cache_memory_bytes` pool beside the weights
+    over it, a pool that cannot hold one request of max_model_len); None where it fits. A plan ranks such a candidate
+    infeasible with that line as its limiting factor (`UnfitSearch`) and plans the others: one `--engine
+    num_gpu_blocks_override=...` value, or one `--gpu` too small for the model, refused the whole plan."""
+    from kvsim.model.capacity import num_gpu_blocks
+    from kvsim.model.config import load_gpu, load_model
+
+    engine = candidate.scenario(base, candidate.smallest_fleet, router).engine
+    try:
+        num_gpu_blocks(load_model(base.model), load_gpu(candidate.gpu), engine)
+    except KvsimError as error:
+        return str(error)
+    return None
+
+
+@dataclass(slots=True)
+class UnfitSearch:
+    """A candidate whose engine does not fit its GPU (`unfit_reason`): nothing is simulated, and its row says why."""
+
+    candidate: Candidate
+    reason: str
+
+    def next_scenario(self) -> None:
+        return None
+
+    def observe(self, metrics: Any) -> None:
+        raise AssertionError("an unfit candidate asks for no point")
+
+    def memory_block(self) -> None:
+        return None
+
+    def answer_metrics(self) -> None:
+        return None
+
+    def row(self, hourly_cost: float | None) -> dict[str, Any]:
+        """Infeasible, no headroom (no engine to measure it on), the reason as its limiting factor."""
+        return self.candidate.unsearched_row(None, f"does not fit its GPU: {self.reason}")

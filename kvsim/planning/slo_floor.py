@@ -114,8 +114,5 @@ class UnreachableSearch:
 
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """Infeasible, with the SLOs' headroom at their floors (negative: each limit short of its floor)."""
-        c = self.candidate
-        return {"candidate": c.label, "gpu": c.gpu, "tensor_parallel_size": c.tensor_parallel_size, **dict(c.knobs),
-                **c.split_columns(), "feasible": False, "memory_limited": False, "replicas": None, "num_gpus": None,
-                "cost_per_hour": None, "headroom": min((self.slo[k] - v) / self.slo[k] for k, v in self.missed.items()),
-                "limiting_factor": unreachable_text(self.missed, self.slo, self.floor.step_s)}
+        return self.candidate.unsearched_row(min((self.slo[k] - v) / self.slo[k] for k, v in self.missed.items()),
+                                             unreachable_text(self.missed, self.slo, self.floor.step_s))

@@ -262,6 +262,14 @@ class Candidate:
             return {}
         return {"topology": self.topology, "prefill_instances": self.split[0], "decode_instances": self.split[1]}
 
+    def unsearched_row(self, headroom: float | None, limiting_factor: str) -> dict[str, Any]:
+        """The infeasible plan row of this candidate where nothing was simulated, `limiting_factor` saying why (an
+        SLO under its latency floor, an engine that does not fit its GPU)."""
+        return {"candidate": self.label, "gpu": self.gpu, "tensor_parallel_size": self.tensor_parallel_size,
+                **dict(self.knobs), **self.split_columns(), "feasible": False, "memory_limited": False,
+                "replicas": None, "num_gpus": None, "cost_per_hour": None, "headroom": headroom,
+                "limiting_factor": limiting_factor}
+
     @property
     def smallest_fleet(self) -> int:
         """The fewest instances this candidate runs: 1 replica, or a split's x + y."""
