@@ -199,3 +199,21 @@ def test_a_store_link_too_slow_for_its_writes_is_busy_from_the_first_store_to_th
     assert offload["bytes_stored"] / 1e6 > 100 * summary["duration_s"]
     assert offload["store_link_busy_fraction"] == pytest.approx(
         (start_s + summary["duration_s"] - first_store_s) / summary["duration_s"], rel=1e-9)
+
+
+def test_radix_beside_an_offload_tier_with_caching_off_is_unread_and_runs_as_the_hash_chain():
+    """With `enable_prefix_caching: false` no GPU prefix cache is built (`make_allocator`: a radix tree only where
+    caching is on), so `prefix_cache: radix` is unread and the engine is the hash chain's: same requests table,
+    same tier counts. It was refused, `kv_offload needs prefix_cache=hash_chain (got radix)`, though nothing read
+    it. With caching on the radix tree would be the GPU cache, whose blocks the tiers do not hold: still refused."""
+    def scenario(prefix_cache, caching):
+        raw = multi_turn({"cpu_bytes": "6GiB"}, num_requests=12).model_dump(mode="json")
+        raw["engine"].update(prefix_cache=prefix_cache, enable_prefix_caching=caching)
+        return make_scenario(raw)
+
+    radix, chain = simulate(scenario("radix", False)), simulate(scenario("hash_chain", False))
+    assert radix.summary["kv_offload"]["num_loads"] > 0  # the tier serves: a conversation's turns load from it
+    assert radix.requests.equals(chain.requests) and radix.summary["kv_offload"] == chain.summary["kv_offload"]
+    with pytest.raises(KvsimError, match=r"kv_offload with enable_prefix_caching needs prefix_cache=hash_chain "
+                                         r"\(got radix\)"):
+        scenario("radix", True)

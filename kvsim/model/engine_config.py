@@ -124,12 +124,17 @@ class EngineConfig(Settings):
         """The tiers hold hashed blocks of vLLM v1's paged hash chain (the connector's world). GPU prefix caching
         may be off, as `vllm serve --no-enable-prefix-caching` with an offloading connector runs: vLLM still hashes
         every request's blocks when a KV connector is set (`request_block_hasher` in vllm/v1/engine/core.py), so
-        the tiers store and load them while the GPU pool caches nothing (`kvsim.kv.offload_connector`)."""
+        the tiers store and load them while the GPU pool caches nothing (`kvsim.kv.offload_connector`). The GPU's
+        prefix cache must then be the hash chain only where there is one: with caching off no prefix cache is built
+        (`kvsim.engine.builder.make_allocator`), so `prefix_cache: radix` is unread (`unread_settings` says it) and
+        the engine is the hash chain's; it was refused as if the tiers needed it."""
         if self.kv_offload is not None:
-            for name, value, needed in (("allocator", self.allocator, "paged"), ("scheduler", self.scheduler, "v1"),
-                                        ("prefix_cache", self.prefix_cache, "hash_chain")):
+            for name, value, needed in (("allocator", self.allocator, "paged"), ("scheduler", self.scheduler, "v1")):
                 if value != needed:
                     raise ValueError(f"kv_offload needs {name}={needed} (got {value})")
+            if self.prefix_cache != "hash_chain" and self.enable_prefix_caching:
+                raise ValueError(f"kv_offload with enable_prefix_caching needs prefix_cache=hash_chain (got "
+                                 f"{self.prefix_cache}): the tiers hold the hash chain's blocks")
             if self.speculative_config is not None:
                 raise ValueError("kv_offload with speculative_config: not modelled together")
         return self
