@@ -119,12 +119,35 @@ def test_rerun_replaces_its_own_output_and_leaves_nothing_beside_it(world):
     assert sorted(marker["files"]) == ["requests.csv", "scenario.yaml", steps_file, "summary.json"]
 
 
+def _sha(name):  # the suffix a cleaned name takes: the first 8 hex digits of its SHA-256 (Python's own hashlib)
+    import hashlib
+
+    return hashlib.sha256(name.encode()).hexdigest()[:8]
+
+
 @pytest.mark.parametrize(("name", "expected"), [
-    (".", "scenario"), ("..", "scenario"), ("../../etc", "etc"), ("a/b", "a_b"), ("~", "scenario"),
-    ("", "scenario"), (".hidden", "hidden"), ("lab 1: 8k", "lab_1_8k"), ("ok-name_1.2", "ok-name_1.2"),
+    (".", f"scenario-{_sha('.')}"), ("..", f"scenario-{_sha('..')}"), ("../../etc", f"etc-{_sha('../../etc')}"),
+    ("a/b", f"a_b-{_sha('a/b')}"), ("~", f"scenario-{_sha('~')}"), ("", "scenario"),
+    (".hidden", f"hidden-{_sha('.hidden')}"), ("lab 1: 8k", f"lab_1_8k-{_sha('lab 1: 8k')}"),
+    ("ok-name_1.2", "ok-name_1.2"), ("lab-1-max-len-8192", "lab-1-max-len-8192"),
 ])
 def test_scenario_names_become_one_safe_component(name, expected):
     assert safe_component(name) == expected
+
+
+def test_short_names_that_clean_alike_get_folders_of_their_own(world):
+    """`a/b`, `a b` and `a_b` all cleaned to `a_b` (and `.x`, `_x`, `x` to `x`): three scenarios shared one default
+    folder, each run replacing the last one's output. A name that is a safe component already keeps it; the
+    others end in their own digest. Three runs of 2, 3 and 4 requests leave three folders."""
+    names = ["a/b", "a b", "a_b"]
+    assert len({safe_component(name) for name in names}) == 3 and safe_component("a_b") == "a_b"
+    assert len({safe_component(name) for name in (".x", "_x", "x")}) == 3
+    for name, num_requests in zip(names, (2, 3, 4), strict=True):
+        result = runner.invoke(app, ["run", "--set", f"name={name}", "--set", f"workload.num_requests={num_requests}"])
+        assert result.exit_code == 0, result.output
+    runs = world / "project" / "work" / "runs"
+    found = {folder.name: json.loads((folder / "summary.json").read_text())["num_requests"] for folder in runs.iterdir()}
+    assert found == {"a_b": 4, f"a_b-{_sha('a/b')}": 2, f"a_b-{_sha('a b')}": 3}
 
 
 def test_long_names_alike_in_their_first_100_characters_get_folders_of_their_own():

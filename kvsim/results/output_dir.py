@@ -55,21 +55,24 @@ _TEMP_INFIX = ".kvsim-"
 _AT_FDCWD = -100
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 MAX_COMPONENT_CHARS = 100  # a default folder's name at most: room left under NAME_MAX (255) for the temporaries'
-_DIGEST_CHARS = 8  # hex digits of the whole name's SHA-256 that tell apart names cut to the same beginning
+_DIGEST_CHARS = 8  # hex digits of the whole name's SHA-256 that tell apart names cleaned or cut to one beginning
 
 
 def safe_component(name: str, fallback: str = "scenario") -> str:
     """`name` as one harmless path component: `[A-Za-z0-9._-]` only, no leading dot, not empty, at most
     `MAX_COMPONENT_CHARS` long; the same name always gives the same component.
 
-    `../../etc` → `etc`, `a/b` → `a_b`, `.` and `..` → `fallback`. A longer name keeps its beginning and ends in
-    `-` and the first `_DIGEST_CHARS` hex digits of the SHA-256 of the whole name: two names alike in their first
-    100 characters were cut to one folder, and the second run replaced the first's output."""
+    A name that is such a component already is kept (`lab-1-max-len-8192`). Any other keeps what it can of
+    itself and ends in `-` and the first `_DIGEST_CHARS` hex digits of the SHA-256 of the whole name, so distinct
+    names never share a folder: `a/b` → `a_b-<digest>`, `../../etc` → `etc-<digest>`, `.` and `..` →
+    `fallback-<digest>`, and a name over 100 characters is cut to its beginning. Cleaning alone made `a/b`, `a b`
+    and `a_b` one folder `a_b` (and `_x`, `.x` and `x` one `x`), and cutting made names alike in their first 100
+    characters one: the second run replaced the first's output."""
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).lstrip("._")
-    if len(cleaned) <= MAX_COMPONENT_CHARS:
-        return cleaned or fallback
+    if cleaned == name and len(name) <= MAX_COMPONENT_CHARS:
+        return name or fallback
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_CHARS]
-    return f"{cleaned[:MAX_COMPONENT_CHARS - _DIGEST_CHARS - 1]}-{digest}"
+    return f"{(cleaned or fallback)[:MAX_COMPONENT_CHARS - _DIGEST_CHARS - 1]}-{digest}"
 
 
 def _version() -> str:
