@@ -77,3 +77,32 @@ def test_a_near_miss_is_not_rerun_long_on_a_trace_the_search_took_whole(tmp_path
         near = search._near_miss(search._traffic(probe))
         assert (None if near is None else (near[0], near[1].workload.num_requests)) == (
             None if rerun is None else (1, rerun))
+
+
+def test_a_split_on_a_trace_the_search_took_whole_is_verified_by_that_run(tmp_path, capsys):
+    """1P1D beside the colocated fleet on the whole 200-row trace. By hand: arrivals 0, 0.1, ..., 19.9 s; the window
+    leaves out the first 20 % and the last 10 % of that span, [3.98 s, 17.91 s), 13.93 s holding the arrivals
+    k = 40..179, 140 requests. A split's first token is at least a prefill step (10 ms), the KV's transfer over the
+    default RDMA link (64 tokens × 128 KiB = 8,388,608 B at 50 GB/s + 20 µs = 0.188 ms) and the decode instance's
+    step that samples it (10 ms): 20.188 ms; at most one decode step in progress more, 30.188 ms (a decode instance
+    serves 4 / (20 × 10 ms) = 20 req/s, twice the traffic, so nothing queues longer). The split's one run took the
+    whole trace (10× would be the same 200 rows): it is the verification, not re-run (two points in all, one per
+    candidate), and its row's evidence, search and verify columns are that one run's."""
+    spec = make_plan_spec({**SPEC, "xpyd": ["1P1D"]})
+    rows, simulated = plan(trace_fleet(tmp_path, NUM_ROWS), spec, tmp_path / "plan")
+    split = next(row for row in rows if row["topology"] == "1P1D")
+    assert simulated == 2 and split["feasible"] and split["replicas"] == 2
+    assert split["verify_run"] == "search" and split["verify_attempts"] == "2 held" and split["verified"] is True
+    assert (split["verify_num_requests"] == split["evidence_num_requests"] == split["search_num_requests"]
+            == split["requests_per_probe"] == NUM_ROWS)
+    for column in ("verdict", "window_s", "num_in_window", "served_over_offered", "backlog_trend", "ttft_s.p90",
+                   "ttft_s.p90_ci"):
+        assert split[column] == split[f"search_{column}"] == split[f"verify_{column}"], column
+    assert split["verdict"] == "stable" and split["num_in_window"] == 140
+    assert abs(split["window_s"] - 13.93) < 1e-9
+    assert 0.020188 - 1e-6 <= split["ttft_s.p90"] <= 0.030188 + 1e-6
+    print_plan(rows, "trace", tmp_path / "plan", simulated, spec.verify_factor)
+    out = capsys.readouterr().out
+    assert "evidence, h100-80gb tp1 1P1D: 1P1D (2 instances), 200-request run: stable over its window (140 " in out
+    assert ("verification, h100-80gb tp1 1P1D: not re-run: the trace holds 200 requests and the search's run took "
+            "them all, so verify_* is that run (window stable, every SLO met)") in out
