@@ -62,12 +62,10 @@ def safe_component(name: str, fallback: str = "scenario") -> str:
     """`name` as one harmless path component: `[A-Za-z0-9._-]` only, no leading dot, not empty, at most
     `MAX_COMPONENT_CHARS` long; the same name always gives the same component.
 
-    A name that is such a component already is kept (`lab-1-max-len-8192`). Any other keeps what it can of
-    itself and ends in `-` and the first `_DIGEST_CHARS` hex digits of the SHA-256 of the whole name, so distinct
-    names never share a folder: `a/b` → `a_b-<digest>`, `../../etc` → `etc-<digest>`, `.` and `..` →
-    `fallback-<digest>`, and a name over 100 characters is cut to its beginning. Cleaning alone made `a/b`, `a b`
-    and `a_b` one folder `a_b` (and `_x`, `.x` and `x` one `x`), and cutting made names alike in their first 100
-    characters one: the second run replaced the first's output."""
+    A name that is one already is kept; any other keeps what it can (its beginning, if over 100 characters) and
+    ends in `-` and `_DIGEST_CHARS` hex digits of the whole name's SHA-256, so distinct names never share a folder
+    (`a/b` → `a_b-<digest>`, `..` → `fallback-<digest>`): cleaning made `a/b`, `a b` and `a_b` one `a_b`, and
+    cutting names alike in 100 characters one; the second run replaced the first's output."""
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).lstrip("._")
     if cleaned == name and len(name) <= MAX_COMPONENT_CHARS:
         return name or fallback
