@@ -23,15 +23,16 @@ from kvsim.workload.content import SegmentContent
 
 def test_free_blocks_picks_and_queues_as_a_naive_pool():
     """400 tables of 1-300 blocks over 2,000 blocks: each takes new blocks and references to 0-40 % of the
-    blocks of live tables (a prefix of one, as a hit, or blocks picked anywhere), caches some of its blocks,
-    and tables are freed tail-first in random order."""
+    blocks of live tables (a prefix of one, as a hit, or blocks picked anywhere), caches some of its new blocks,
+    all, or all but the last (a request's partial last block; one block under the hash 0, a false value), and
+    tables are freed tail-first in random order."""
     rng, num_blocks = random.Random(5), 2_000
     pool = BlockPool(num_blocks)
     refs = [0] * num_blocks  # the naive pool: ref counts, the plain blocks (head first) and the LRU
     plain, lru, hashed = list(range(1, num_blocks)), OrderedDict[int, None](), set[int]()
     keys = count(1 << 40)
     tables: list[list[int]] = []
-    num_sliced = num_picked = 0
+    num_sliced = num_picked = num_all_hashed = num_head_plain = num_zero_hash = 0
     for step in range(400):
         while tables and (len(tables) > 12 or rng.random() < 0.4):
             table = tables.pop(rng.randrange(len(tables)))
@@ -40,6 +41,9 @@ def test_free_blocks_picks_and_queues_as_a_naive_pool():
                 refs[block_id] -= 1
             expected = [b for b in ordered if not refs[b]]
             kept = len(ordered) - len(expected)
+            num_all_hashed += len(expected) > 1 and all(b in hashed for b in expected)
+            num_head_plain += len(expected) > 1 and expected[0] not in hashed and all(b in hashed for b in expected[1:])
+            num_zero_hash += any(pool.cache.block_hashes[b] == 0 for b in expected)
             num_sliced += bool(kept) and ordered[:len(expected)] == expected
             num_picked += bool(kept) and ordered[:len(expected)] != expected
             assert pool.free_blocks(ordered) == expected
@@ -66,13 +70,18 @@ def test_free_blocks_picks_and_queues_as_a_naive_pool():
         table = [*shared, *new]
         for block_id in table:
             refs[block_id] += 1
-        cached = [b for b in new if rng.random() < 0.7]
-        pool.cache.insert_keys(cached, islice(keys, len(cached)))
+        kind = rng.randrange(3)  # as a request caches: some blocks, all, or all but its partial last block
+        cached = [b for b in new if rng.random() < 0.7] if kind == 0 else new if kind == 1 else new[:-1]
+        # a hash of 0 once (a false value the pool must still see as a hash)
+        pool.cache.insert_keys(cached, [0, *islice(keys, len(cached) - 1)] if step == 0 and cached
+                               else islice(keys, len(cached)))
         hashed.update(cached)
         tables.append(table)
         if step % 40 == 0:
             pool.check_invariants()
     assert num_sliced > 40 and num_picked > 40  # both ways of picking the freed blocks
+    # every way of splitting them into cached and plain ones
+    assert num_all_hashed > 40 and num_head_plain > 40 and num_zero_hash == 1
 
 
 def test_release_counts_the_filled_slots_of_a_recount():
