@@ -2,20 +2,26 @@
 
 No domain logic lives here. Every `KvsimError` becomes one line on stderr and exit code 2.
 The commands' annotations are objects, not strings (no `from __future__ import annotations` here or in
-`kvsim.cli.profiles`): typer reads every command's annotations at each start, and would compile and
+`kvsim.cli.profiles`): typer reads a command's annotations each time it builds it, and would compile and
 evaluate each string twice (~10 ms of every command line).
+
+The commands are listed in `COMMANDS` (name -> where its function is, in `--help`'s order) and each is built
+into its click command, its module imported, only when it is asked for (`LazyCommands`): a `kvsim run` builds
+`run` alone, where typer built all seven and imported `kvsim plan`'s and the profile commands' modules at every
+start (callgrind, a one-request run of the bench's Mooncake scenario: 1924 -> 1888 M instructions). `--help`
+builds them all; usage errors, their suggestions and exit codes are click's and typer's as before.
 """
 
 import json
 import sys
+from collections.abc import Iterator, MutableMapping
+from importlib import import_module
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from kvsim.cli.interrupts import installed as interrupts_installed
-from kvsim.cli.plan_command import plan
-from kvsim.cli.profiles import calibrate, import_profile
 from kvsim.cli.progress import run_progress, study_text, updater
 from kvsim.cli.shared import (
     DEFAULT_GPU,
@@ -58,13 +64,69 @@ from kvsim.cli.shared import (
 from kvsim.cli.terminal import escape_unencodable_output, usable_terminal_size
 from kvsim.model.errors import KvsimError, shown
 
+COMMANDS = {
+    "capacity": "kvsim.cli:capacity",
+    "run": "kvsim.cli:run",
+    "plan": "kvsim.cli.plan_command:plan",
+    "calibrate": "kvsim.cli.profiles:calibrate",
+    "import-profile": "kvsim.cli.profiles:import_profile",
+    "report": "kvsim.cli:report",
+    "validate": "kvsim.cli:validate",
+}
+"""Every command: its name -> `module:function`, in the order `--help` lists them."""
+TYPER_SETTINGS: dict[str, Any] = {"pretty_exceptions_enable": False, "add_completion": False, "rich_markup_mode": None}
+"""The app's typer settings, and each command's (`build_command`). Help text is plain: rich markup would swallow
+"[default ...]" and other brackets."""
+
+
+def build_command(name: str) -> Any:  # click's Command, which typer vendors
+    """The click command `name` runs (`COMMANDS`): its function imported and built by typer, as the app's own
+    commands are (`typer.main.get_command` of an app of that one command, with the app's settings)."""
+    module, _, function = COMMANDS[name].partition(":")
+    one = typer.Typer(**TYPER_SETTINGS)
+    one.command(name)(getattr(import_module(module), function))
+    return typer.main.get_command(one)
+
+
+class LazyCommands(MutableMapping[str, Any]):
+    """The group's commands (click's `Group.commands`): every name of `COMMANDS`, in its order, each built
+    (`build_command`) the first time it is looked up, and kept."""
+
+    def __init__(self, built: dict[str, Any]) -> None:
+        self._built = dict(built)
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._built and name in COMMANDS:
+            self._built[name] = build_command(name)
+        return self._built[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self._built[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        raise TypeError(f"{name}: kvsim's commands are fixed")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*COMMANDS, *(name for name in self._built if name not in COMMANDS)])
+
+    def __len__(self) -> int:
+        return len(set(COMMANDS) | set(self._built))
+
+
+class Commands(OneLineUsageErrors):
+    """kvsim's command group (`OneLineUsageErrors`) with its commands built as they are asked for
+    (`LazyCommands`), after any the app registered itself (none)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = LazyCommands(dict(self.commands))
+
+
 app = typer.Typer(
-    cls=OneLineUsageErrors,
+    cls=Commands,
     help="kvsim: capacity simulator for LLM serving with a paged KV cache.",
     no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    rich_markup_mode=None,  # help text is plain: rich markup would swallow "[default ...]" and other brackets
+    **TYPER_SETTINGS,
 )
 
 DEFAULT_CONTEXT_LENGTHS = "1024,2048,4096,8192,16384,32768"
@@ -93,7 +155,6 @@ def _root(
     """kvsim: capacity simulator for LLM serving with a paged KV cache."""
 
 
-@app.command()
 def capacity(
     model: ModelOpt = DEFAULT_MODEL,
     gpu: GpuOpt = DEFAULT_GPU,
@@ -206,7 +267,6 @@ def capacity(
                 console.print(SUSTAINED_NOTE, markup=False)
 
 
-@app.command()
 def run(
     scenario: Annotated[str | None, typer.Argument(help="Scenario YAML; omitted: the built-in default.")] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a field: engine.block_size=32")] = None,
@@ -285,12 +345,6 @@ def run(
     console.print(f"results written to {written}/ ({files})")
 
 
-app.command()(plan)  # `kvsim plan` lives in kvsim.cli.plan_command, the profile commands in kvsim.cli.profiles;
-app.command()(calibrate)  # registered here for --help's order
-app.command("import-profile")(import_profile)
-
-
-@app.command()
 def report(
     scenario: Annotated[str | None, typer.Argument(help="Base scenario YAML [a KV-bound built-in one]")] = None,
     model: Annotated[str | None, typer.Option("--model")] = None,
@@ -356,7 +410,6 @@ def report(
     typer.echo(f"report written to {out}/report.html (and report.md, figures, CSVs, alerts.yaml)")
 
 
-@app.command()
 def validate(
     measured: Annotated[str, typer.Argument(help="A measured-run folder (as benchmarks/validation_set/measured/"
                                                  "<hw>/<case>) or a `vllm bench serve --save-result "

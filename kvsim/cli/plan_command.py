@@ -1,7 +1,7 @@
 """`kvsim plan`: the cheapest fleet meeting latency SLOs (`kvsim.planning.plan`), and its output: the ranked
 table, the evidence and the choice on the terminal, plan.csv / .json / .md and the Pareto figure in its folder, and
-with `--offload-size` the CPU tier its answer needs. Registered on the app by `kvsim.cli`; its annotations are
-objects, as `kvsim.cli` explains."""
+with `--offload-size` the CPU tier its answer needs. Listed in `kvsim.cli.COMMANDS`, imported only when it runs;
+its annotations are objects, as `kvsim.cli` explains."""
 
 import sys
 from pathlib import Path

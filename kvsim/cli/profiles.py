@@ -1,6 +1,6 @@
 """The profile commands: `kvsim calibrate` (time the Triton kernels and GEMMs on a GPU into a profile CSV)
-and `kvsim import-profile` (convert a measured profile into kvsim's). Registered on the app by `kvsim.cli`;
-its annotations are objects, as `kvsim.cli` explains."""
+and `kvsim import-profile` (convert a measured profile into kvsim's). Listed in `kvsim.cli.COMMANDS`, imported
+only when one of them runs; its annotations are objects, as `kvsim.cli` explains."""
 
 import dataclasses
 import os
