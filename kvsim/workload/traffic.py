@@ -154,3 +154,15 @@ class Workload(Settings):
                              "(from its clients' rates); give arrival.process=trace and scale them with "
                              "trace.rate_scale")
         return self
+
+    @model_validator(mode="after")
+    def _rate_scale_read(self) -> Workload:
+        """`trace.rate_scale` divides the trace's own timestamps, which only `arrival.process: trace` replays
+        (`kvsim.workload.generate._arrivals`; a servegen trace needs that process): beside a rate process, which
+        keeps the trace's lengths at its own rate, it was dropped without a word (`rate_scale: 1e-300` on a
+        lengths table ran at the Poisson rate). The default (written in every scenario) passes."""
+        if self.trace is not None and self.arrival.process != "trace" and self.trace.rate_scale != 1.0:
+            raise ValueError(f"trace.rate_scale={self.trace.rate_scale:g}: arrival.process={self.arrival.process} "
+                             "does not read it (only trace, which replays the trace's timestamps); scale "
+                             "arrival.rate instead")
+        return self
