@@ -5,6 +5,9 @@ Found: `workload.trace.rate_scale` beside a rate process (`arrival.process: pois
 keep a trace's lengths at their own rate) was dropped without a word: `rate_scale: 1e-300` on a lengths table ran
 at the Poisson rate, exit 0. Only `arrival.process: trace` divides the trace's timestamps by it
 (`kvsim.workload.generate._arrivals`), as `start_s` is read only by the formats with timestamps (refused elsewhere).
+`kvsim validate` of a measured folder whose first request's `arrival_time` lay 1e300 s after meta.json's `started_at`
+blamed the time series ("timeseries.csv:3: t='2.0' is not after the row before it"), and one 1e12 s after shifted the
+series in silence.
 """
 
 from __future__ import annotations
@@ -56,3 +59,32 @@ def test_the_cli_refuses_it_and_writes_nothing(tmp_path):
         "trace's timestamps); scale arrival.rate instead")
     assert not out.exists()
 
+
+@pytest.mark.parametrize(("arrival_time", "after"), [(1e300, "1e+300"), (1e12, "9.98233e+11")])
+def test_a_first_arrival_time_past_any_replayed_run_is_refused_naming_it(tmp_path, arrival_time, after):
+    """requests.jsonl's wall-clock `arrival_time` places meta.json's per-second series (counted from `started_at`)
+    on the request clock. A first arrival 1e300 s after started_at shifted every row to about -1e300 s, where
+    t=1.0 and t=2.0 are one float, so the series was blamed ("timeseries.csv:3: t='2.0' is not after the row
+    before it"); 1e12 (about 31,600 years after 2026) shifted it in silence, exit 0. The bound is the span
+    kvsim replays, int64 nanoseconds (2**63 / 1e9 = 9.22337e+09 s); `after` is arrival_time − started_at's epoch
+    second 1,767,225,600 (2026-01-01T00:00:00Z), which 1e300 swallows."""
+    import json
+
+    from test_validate import EPOCH, STARTED, write_run
+
+    from kvsim.validation.measured import read_measured_dir
+
+    assert (STARTED, EPOCH) == ("2026-01-01T00:00:00Z", 1_767_225_600)
+    run = write_run(tmp_path)
+    requests = run / "vllm" / "requests.jsonl"
+    rows = [json.loads(line) for line in requests.read_text().splitlines()]
+    rows[0]["arrival_time"] = arrival_time
+    requests.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(KvsimError) as error:
+        read_measured_dir(run)
+    assert str(error.value) == (f"{requests}: request 'bench-0' arrival_time={arrival_time!r} is {after} s after "
+                                "meta.json's started_at='2026-01-01T00:00:00Z', longer than a run kvsim replays "
+                                "(9.22337e+09 s: int64 ns)")
+    rows[0]["arrival_time"] = EPOCH + 2**63 / 1e9 - 1  # within the span: read (its series far from the requests)
+    requests.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    read_measured_dir(run)

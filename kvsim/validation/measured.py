@@ -30,6 +30,7 @@ from kvsim.model.errors import KvsimError, not_a_file, reading, shown
 from kvsim.model.units import read_number
 from kvsim.validation.bench import read_vllm_bench
 from kvsim.validation.frame import (
+    MAX_SPAN_S,
     NS_PER_S,
     REQUEST_COLUMNS,
     MeasuredRun,
@@ -243,6 +244,11 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
             raise KvsimError(f"{vllm / 'meta.json'}: started_at={shown(meta['started_at'])} is {-offset_s:g} s after "
                              f"the first request's arrival_time ({requests_path}): a run starts before its requests "
                              "arrive, on one clock")
+        if offset_s > MAX_SPAN_S:  # every row of the series shifted to ~ -1e300 s: "t=2.0 is not after the row before"
+            raise KvsimError(f"{requests_path}: request {first.get('request_id')!r} arrival_time="
+                             f"{float(first['arrival_time'])!r} is {offset_s:g} s after meta.json's started_at="
+                             f"{shown(meta['started_at'])}, longer than a run kvsim replays ({MAX_SPAN_S:g} s: "
+                             "int64 ns)")
         aligned = True
     timeseries, notes = _read_timeseries(vllm / "timeseries.csv", offset_s)
     check_tick(meta, timeseries, vllm / "meta.json")
