@@ -7,7 +7,9 @@ at the Poisson rate, exit 0. Only `arrival.process: trace` divides the trace's t
 (`kvsim.workload.generate._arrivals`), as `start_s` is read only by the formats with timestamps (refused elsewhere).
 `kvsim validate` of a measured folder whose first request's `arrival_time` lay 1e300 s after meta.json's `started_at`
 blamed the time series ("timeseries.csv:3: t='2.0' is not after the row before it"), and one 1e12 s after shifted the
-series in silence.
+series in silence. `kvsim capacity --gpu-hourly-cost 1e308 -tp 8` printed `inf` USD per user-hour and per million
+tokens, exit 0: the price was checked positive and finite, not its products (`kvsim plan` bounds its fleets' hourly
+cost, sweep 30; capacity and the report's priced rows did not).
 """
 
 from __future__ import annotations
@@ -88,3 +90,30 @@ def test_a_first_arrival_time_past_any_replayed_run_is_refused_naming_it(tmp_pat
     rows[0]["arrival_time"] = EPOCH + 2**63 / 1e9 - 1  # within the span: read (its series far from the requests)
     requests.write_text("".join(json.dumps(row) + "\n" for row in rows))
     read_measured_dir(run)
+
+
+def test_a_price_whose_capacity_cost_overflows_a_float_is_refused():
+    """llama-3.1-70b at TP 8: the first row's cost per user-hour is 1e308 × 8 GPUs / sequences, and 8e308 is past
+    the largest float, 1.7976931348623157e308, whatever the sequences; 1e308 on one GPU is not (its figures print)."""
+    import math
+    import sys
+
+    assert math.isinf(1e308 * 8) and sys.float_info.max == 1.7976931348623157e308
+    line = one_line_exit_2(["capacity", "--model", "llama-3.1-70b", "-tp", "8", "--gpu-hourly-cost", "1e308",
+                            "--context-lengths", "1024"])
+    assert line.startswith("gpu_hourly_cost=1e+308: the USD for a concurrent user-hour at ")
+    assert line.endswith(" sequences on 8 GPUs overflows a float (past 1.798e+308)")
+
+
+def test_a_cost_per_million_tokens_past_a_float_is_refused_and_one_within_is_kept():
+    """USD per million tokens = price × GPUs × 1e6 / (tokens/s × 3600): $1e306 an hour on one GPU at 1 token/s is
+    1e312 / 3600 = 2.8e308, past the largest float (1.798e308); at 10 tokens/s 2.8e307, kept as computed."""
+    from kvsim.planning.cost import GpuPrice, cost_per_million_output_tokens, cost_per_user_hour
+
+    price = GpuPrice(1e306, "given (--gpu-hourly-cost)")
+    with pytest.raises(KvsimError) as error:
+        cost_per_million_output_tokens(price, 1, 1.0)
+    assert str(error.value) == ("gpu_hourly_cost=1e+306: the USD for a million output tokens at 1 tokens/s on 1 GPU "
+                                "overflows a float (past 1.798e+308)")
+    assert cost_per_million_output_tokens(price, 1, 10.0) == 1e306 * 1 * (1e6 / (10.0 * 3600))
+    assert cost_per_user_hour(price, 2, 4.0) == 1e306 * 2 / 4.0

@@ -15,6 +15,7 @@ stated beside every figure; a planner's own price (`--gpu-hourly-cost`) replaces
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -64,7 +65,8 @@ def cost_per_user_hour(price: GpuPrice, num_gpus: int, concurrency: float) -> fl
     """USD per concurrent user (sequence) per hour; None without a price or a positive concurrency."""
     if price.usd_per_gpu_hour is None or concurrency <= 0:
         return None
-    return price.usd_per_gpu_hour * num_gpus / concurrency
+    return _finite(price.usd_per_gpu_hour * num_gpus / concurrency, price, num_gpus,
+                   f"a concurrent user-hour at {concurrency:g} sequences")
 
 
 def cost_per_million_output_tokens(price: GpuPrice, num_gpus: int, output_tokens_per_s: float) -> float | None:
@@ -73,7 +75,18 @@ def cost_per_million_output_tokens(price: GpuPrice, num_gpus: int, output_tokens
     price of $1e-320 an hour fell below the smallest float and read $0 per million tokens."""
     if price.usd_per_gpu_hour is None or output_tokens_per_s <= 0:
         return None
-    return price.usd_per_gpu_hour * num_gpus * (1e6 / (output_tokens_per_s * 3600))
+    return _finite(price.usd_per_gpu_hour * num_gpus * (1e6 / (output_tokens_per_s * 3600)), price, num_gpus,
+                   f"a million output tokens at {output_tokens_per_s:g} tokens/s")
+
+
+def _finite(usd: float, price: GpuPrice, num_gpus: int, what: str) -> float:
+    """`usd`, a figure priced at `price` on `num_gpus` GPUs, or a `KvsimError` naming the price when it overflowed a
+    float: `kvsim capacity --gpu-hourly-cost 1e308 -tp 8` printed inf per user-hour and per million tokens, exit 0
+    (a price is checked positive and finite, `gpu_price`, but not its products)."""
+    if not math.isfinite(usd):
+        raise KvsimError(f"gpu_hourly_cost={price.usd_per_gpu_hour:g}: the USD for {what} on {num_gpus} GPU"
+                         f"{'s' if num_gpus != 1 else ''} overflows a float (past {sys.float_info.max:.4g})")
+    return usd
 
 
 def window_output_tokens_per_s(metrics: dict[str, Any]) -> float:
