@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,7 +35,10 @@ class Autoscaler:
     """The HPA's recommendation with its stabilisation windows. `recommend` is called once per sync period."""
 
     spec: AutoscalerConfig  # the scenario's policy, validated there
-    _history: deque[tuple[float, int]] = field(default_factory=deque)  # (instant, raw recommendation)
+    # (instant, raw recommendation) of the syncs in the scale-up window whose recommendation no later one's is at
+    # or below: rising, so its first is the window's lowest; and in the scale-down window falling, first the highest
+    _up_lows: deque[tuple[float, int]] = field(default_factory=deque)
+    _down_highs: deque[tuple[float, int]] = field(default_factory=deque)
     _changes: deque[tuple[float, int]] = field(default_factory=deque)  # (instant, replicas added) of each scaling
 
     def raw(self, num_current: int, metric_per_replica: float) -> int:
@@ -48,17 +52,14 @@ class Autoscaler:
     def recommend(self, now_s: float, num_current: int, metric_per_replica: float) -> int:
         """How many replicas the fleet should have from `now_s` (stabilised; `num_current` includes starting ones)."""
         raw = self.raw(num_current, metric_per_replica)
-        self._history.append((now_s, raw))
-        horizon_s = max(self.spec.scale_up_window_s, self.spec.scale_down_window_s)
-        while self._history and self._history[0][0] < now_s - horizon_s:
-            self._history.popleft()
+        lowest = _window_extreme(self._up_lows, now_s, self.spec.scale_up_window_s, raw, lambda kept: kept >= raw)
+        highest = _window_extreme(self._down_highs, now_s, self.spec.scale_down_window_s, raw,
+                                  lambda kept: kept <= raw)
         stabilised = num_current
         if raw > num_current:
-            up = [r for t, r in self._history if t >= now_s - self.spec.scale_up_window_s]
-            stabilised = max(num_current, min(up))
+            stabilised = max(num_current, lowest)
         elif raw < num_current:
-            down = [r for t, r in self._history if t >= now_s - self.spec.scale_down_window_s]
-            stabilised = min(num_current, max(down))
+            stabilised = min(num_current, highest)
         desired = self._rate_limited(now_s, num_current, stabilised)
         if desired != num_current:
             self._changes.append((now_s, desired - num_current))
@@ -86,3 +87,20 @@ class Autoscaler:
         """The replica count `period_s` ago: now's less the changes made strictly after then (the HPA's
         `getReplicasChangePerPeriod` counts events after the cutoff)."""
         return num_current - sum(n for t, n in self._changes if t > now_s - period_s)
+
+
+def _window_extreme(kept: deque[tuple[float, int]], now_s: float, window_s: float, raw: int,
+                    dominated: Callable[[int], bool]) -> int:
+    """The lowest (or highest) raw recommendation of the syncs in [`now_s` − `window_s`, `now_s`], this one's (`raw`)
+    included: `kept` is a monotonic queue of them, a recommendation `dominated` by `raw` (at or above it for the
+    lowest) dropped as `raw` joins (it can never be the extreme while `raw` is in the window: the later instant
+    leaves last), one older than the window dropped from the front. Each sync is pushed and popped once: a scan of
+    every sync in the window (as the HPA's stabilisation reads it) cost O(window / sync_period_s) a sync, and
+    `sync_period_s: 0.001` under the default 300 s scale-down window took 40 s for 1,000 requests."""
+    while kept and dominated(kept[-1][1]):
+        kept.pop()
+    kept.append((now_s, raw))
+    while kept[0][0] < now_s - window_s:
+        kept.popleft()
+    return kept[0][1]
+
