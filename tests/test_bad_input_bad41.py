@@ -11,7 +11,8 @@ series in silence. `kvsim capacity --gpu-hourly-cost 1e308 -tp 8` printed `inf` 
 tokens, exit 0: the price was checked positive and finite, not its products (`kvsim plan` bounds its fleets' hourly
 cost, sweep 30; capacity and the report's priced rows did not). An autoscaler with `sync_period_s: 0.001` (the
 least it takes) under the default 300 s scale-down window scanned every sync of the window at each sync: 1,000
-requests took 26 s, an hour's trace would not end; its window queues are held to that scan here.
+requests took 26 s, an hour's trace would not end; its window queues are held to that scan here. `kvsim plan --engine
+kv_cache_dtype=fp8,fp8_e4m3` (or `auto,bfloat16` on a bfloat16 model) searched one engine twice.
 """
 
 from __future__ import annotations
@@ -175,3 +176,45 @@ def test_the_autoscalers_window_queues_recommend_what_a_scan_of_every_sync_does(
         changed += desired != current
         current = desired
     assert changed > 50  # the windows and the policies were exercised, not a fleet that never moved
+
+
+PLAN_TOY = """\
+name: toy
+engine: {max_model_len: 2048, num_gpu_blocks_override: 400, max_num_seqs: 8}
+workload:
+  num_requests: 40
+  arrival: {process: poisson, rate: 14.0}
+  prompt_len: {dist: fixed, value: 256}
+  output_len: {dist: fixed, value: 64}
+latency: {model: constant, step_s: 0.02}
+"""
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ("fp8,fp8_e4m3", "kv_cache_dtype='fp8_e4m3' is given twice (as kv_cache_dtype='fp8', "),
+    ("auto,bfloat16", "kv_cache_dtype='bfloat16' is given twice (as kv_cache_dtype='auto', ")])
+def test_kv_cache_dtypes_vllm_reads_as_one_are_one_plan_candidate(tmp_path, values, expected):
+    """vLLM's `kv_cache_dtype`: `auto` is the model's dtype (llama-3.1-8b's config: bfloat16) and `fp8` is
+    `fp8_e4m3` (its CacheConfig help: "fp8 (=fp8_e4m3)"); each pair made two candidates of one engine, searched
+    twice and ranked beside each other (their runs' summaries are equal but for the label). Two dtypes of
+    different sizes stay two candidates."""
+    (tmp_path / "toy.yaml").write_text(PLAN_TOY, encoding="utf-8")
+    out = tmp_path / "plan"
+    argv = ["plan", str(tmp_path / "toy.yaml"), "--workers", "1", "--slo", "ttft_s.p90=2", "--gpu", "h100-80gb",
+            "-o", str(out), "--engine", f"kv_cache_dtype={values}"]
+    assert one_line_exit_2(argv) == f"plan.engine: {expected}the same engine once its defaults are filled)"
+    assert not out.exists()
+
+
+def test_kv_cache_dtypes_vllm_tells_apart_are_two_candidates(tmp_path):
+    """fp8_e5m2 is not fp8_e4m3, nor float16 bfloat16, in vLLM: kept, though kvsim prices each pair alike."""
+    from kvsim.model.config import load_model
+    from kvsim.planning.plan import check_knob_repeats
+    from kvsim.planning.spec import make_plan_spec
+    from kvsim.workload.scenario import load_scenario
+
+    (tmp_path / "toy.yaml").write_text(PLAN_TOY, encoding="utf-8")
+    base = load_scenario(tmp_path / "toy.yaml")
+    assert load_model(base.model).dtype == "bfloat16"
+    check_knob_repeats(base, make_plan_spec({"slo": {"ttft_s.p90": 2}, "gpus": ["h100-80gb"],
+                                             "engine": {"kv_cache_dtype": ["auto", "fp8", "fp8_e5m2", "float16"]}}))

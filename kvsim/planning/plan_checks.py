@@ -126,12 +126,16 @@ def check_knob_repeats(base: Scenario, spec: PlanSpec) -> None:
 
 def defaults_filled(engine: EngineConfig, model: ModelSpec, gpu: GPUSpec) -> EngineConfig:
     """`engine` on `model` and `gpu` with every default it resolves there given (`EngineConfig.resolved_*`):
-    `max_model_len`, `max_num_seqs`, `max_num_batched_tokens`, `async_scheduling` and `watermark`."""
+    `max_model_len`, `max_num_seqs`, `max_num_batched_tokens`, `async_scheduling` and `watermark`; and its KV
+    dtype as vLLM reads it (`auto`: the model's dtype; `fp8`: `fp8_e4m3`, vLLM's CacheConfig "fp8 (=fp8_e4m3)"),
+    so `kv_cache_dtype: [auto, bfloat16]` on a bfloat16 model is one engine, as `[fp8, fp8_e4m3]` is."""
     max_model_len = engine.resolved_max_model_len(model)
+    kv_dtype = {"auto": model.dtype, "fp8": "fp8_e4m3"}.get(engine.kv_cache_dtype, engine.kv_cache_dtype)
     return engine.model_copy(update={
         "max_model_len": max_model_len, "max_num_seqs": engine.resolved_max_num_seqs(gpu),
         "max_num_batched_tokens": engine.resolved_max_num_batched_tokens(max_model_len, gpu),
-        "async_scheduling": engine.resolved_async_scheduling, "watermark": engine.resolved_watermark})
+        "async_scheduling": engine.resolved_async_scheduling, "watermark": engine.resolved_watermark,
+        "kv_cache_dtype": kv_dtype})
 
 
 def check_traffic_rate(base: Scenario, spec: PlanSpec) -> None:
