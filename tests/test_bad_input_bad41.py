@@ -12,7 +12,8 @@ tokens, exit 0: the price was checked positive and finite, not its products (`kv
 cost, sweep 30; capacity and the report's priced rows did not). An autoscaler with `sync_period_s: 0.001` (the
 least it takes) under the default 300 s scale-down window scanned every sync of the window at each sync: 1,000
 requests took 26 s, an hour's trace would not end; its window queues are held to that scan here. `kvsim plan --engine
-kv_cache_dtype=fp8,fp8_e4m3` (or `auto,bfloat16` on a bfloat16 model) searched one engine twice.
+kv_cache_dtype=fp8,fp8_e4m3` (or `auto,bfloat16` on a bfloat16 model) searched one engine twice. A ServeGen window's
+rate of 1e300 was refused with a 303-digit count of draws on its one error line.
 """
 
 from __future__ import annotations
@@ -218,3 +219,14 @@ def test_kv_cache_dtypes_vllm_tells_apart_are_two_candidates(tmp_path):
     assert load_model(base.model).dtype == "bfloat16"
     check_knob_repeats(base, make_plan_spec({"slo": {"ttft_s.p90": 2}, "gpus": ["h100-80gb"],
                                              "engine": {"kv_cache_dtype": ["auto", "fp8", "fp8_e5m2", "float16"]}}))
+
+
+def test_a_servegen_rate_past_an_int64_of_draws_is_counted_shortly(tmp_path):
+    """A window's rate of 1e300 req/s over its 600 s would draw 6e302 requests: the error printed all 303 digits
+    (`:,.0f`) on its one line; a count past 2**63 now reads 6e+302. sweep8's 1e9 (6e11 draws) keeps its digits."""
+    from test_bad_input_sweep8 import _servegen
+
+    assert one_line_exit_2(_servegen(tmp_path, "0,1e300,1\n")) == (
+        f"{tmp_path}/sg/chunk-0-trace.csv:1: rate='1e300': the clients' rates would draw about 6e+302 requests over "
+        "[start_s, start_s + duration_s), more than kvsim samples (10,000,000); is it requests per second?")
+    assert not (tmp_path / "out").exists()

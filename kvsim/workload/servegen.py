@@ -53,8 +53,10 @@ def read_servegen(path: Path, rng: np.random.Generator, start_s: float, duration
                 lo, hi = max(window, start_s), min(window + SERVEGEN_WINDOW_S, start_s + duration_s)
                 drawn += rate * max(hi - lo, 0.0)
                 if drawn > SERVEGEN_MAX_DRAWS:  # each draw is a Python step: a slip of units never ends
+                    # a count past an int64's digits as 6e+302, not 303 digits on the one error line
+                    about = f"{drawn:,.0f}" if drawn < 2**63 else f"{drawn:.3g}"
                     raise bad_row(trace_file, line_no, f"rate={shown(row[1])}: the clients' rates would draw about "
-                                                    f"{drawn:,.0f} requests over [start_s, start_s + duration_s), "
+                                                    f"{about} requests over [start_s, start_s + duration_s), "
                                                     f"more than kvsim samples ({SERVEGEN_MAX_DRAWS:,}); is it "
                                                     "requests per second?")
                 if rate <= 0 or hi <= lo:
