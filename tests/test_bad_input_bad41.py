@@ -210,7 +210,7 @@ def test_kv_cache_dtypes_vllm_reads_as_one_are_one_plan_candidate(tmp_path, valu
 def test_kv_cache_dtypes_vllm_tells_apart_are_two_candidates(tmp_path):
     """fp8_e5m2 is not fp8_e4m3, nor float16 bfloat16, in vLLM: kept, though kvsim prices each pair alike."""
     from kvsim.model.config import load_model
-    from kvsim.planning.plan import check_knob_repeats
+    from kvsim.planning.plan_checks import check_knob_repeats
     from kvsim.planning.spec import make_plan_spec
     from kvsim.workload.scenario import load_scenario
 
