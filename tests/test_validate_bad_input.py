@@ -253,3 +253,19 @@ def test_what_meta_json_says_that_the_replay_cannot_follow_is_noted(tmp_path, me
     kwargs = meta.pop("engine_kwargs", {})
     _patch_json(path, **meta, engine_kwargs={**json.loads(path.read_text())["engine_kwargs"], **kwargs})
     assert [n for n in read_measured_dir(run_dir).notes if n.startswith("meta.json's")] == notes
+
+
+@pytest.mark.parametrize("arrival_times", [True, False])
+def test_a_started_at_of_null_is_not_recorded_not_refused(tmp_path, arrival_times):
+    """`"started_at": null` is a harness's "not recorded", as null is for every other meta.json value (num_requests,
+    vllm_version, tick_seconds, an engine_kwargs entry): the series is then taken to start at the first arrival and
+    the note says so. It was refused, 'started_at=None is not an ISO timestamp', even where the requests carry no
+    arrival_time to align by (read since 61761e7 whenever the key is present). By hand: unaligned, the series' one
+    row keeps its t of 1.0 s (aligned by the tiny run's started_at it reads 0.5 s: test_validate.py)."""
+    run_dir = write_run(tmp_path)
+    _patch_json(run_dir / "vllm" / "meta.json", started_at=None)
+    if not arrival_times:
+        _requests(lambda rows: [{k: v for k, v in r.items() if k != "arrival_time"} for r in rows])(run_dir)
+    run = read_measured_dir(run_dir)
+    assert run.timeseries is not None and run.timeseries.t_s.tolist() == [1.0]
+    assert any(n.startswith("timeseries.csv is taken to start at the first arrival") for n in run.notes)

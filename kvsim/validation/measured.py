@@ -237,7 +237,8 @@ def read_measured_dir(run_dir: Path, workload: Path | None = None) -> MeasuredRu
     # the time series counts from started_at (wall clock); requests carry wall-clock arrival_time too
     offset_s, aligned = 0.0, False
     first = min(rows, key=lambda r: float(r["queued_ts"]))
-    started_s = _epoch_s(meta["started_at"], vllm / "meta.json") if "started_at" in meta else None  # checked alone too
+    stamp = meta.get("started_at")  # null: not recorded, as every meta.json value (it was refused as no timestamp)
+    started_s = _epoch_s(stamp, vllm / "meta.json") if stamp is not None else None  # checked alone too
     if started_s is not None and isinstance(first.get("arrival_time"), (int, float)):
         offset_s = float(first["arrival_time"]) - started_s
         if offset_s < 0:  # the series was shifted by it in silence (a year-9999 started_at: by 8e3 years)
