@@ -73,7 +73,7 @@ from kvsim.planning.point import POINT_FORMAT, point_metrics, point_problem
 from kvsim.planning.replica_search import ReplicaSearch
 from kvsim.planning.search import Metrics, PointStore, run_searches, scenario_hash
 from kvsim.planning.slo import slo_limit_problem
-from kvsim.planning.slo_floor import UnreachableSearch, slo_floor, unreachable_slos
+from kvsim.planning.slo_floor import UnreachableSearch, Unsearched, slo_floor, unreachable_slos
 from kvsim.planning.spec import (
     Candidate,
     PlanSpec,
@@ -203,7 +203,7 @@ def note_memory_limited(searches: Sequence[AnySearch], store: PointStore) -> Non
     "memory_bytes", "memory_limit_bytes"}` (no `evidence`: a rerun never takes it for a simulated point,
     and judges the bound again under its own limit); once per point and limit."""
     for search in searches:
-        if isinstance(search, (UnreachableSearch, UnfitSearch)):  # simulates nothing: no point of it was held back
+        if isinstance(search, Unsearched):  # simulates nothing: no point of it was held back
             continue
         block = search.memory_block()
         if block is None:

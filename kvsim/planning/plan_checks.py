@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from kvsim.model.errors import KvsimError, shown
 from kvsim.planning.memory import MemoryBound
 from kvsim.planning.plan_rate import arrivals_s, first_probe_requests, longest_probe, scaled_traffic
+from kvsim.planning.slo_floor import Unsearched
 from kvsim.planning.spec import Candidate, PlanSpec, candidates, check_slo_classes, has_auto, with_split
 from kvsim.planning.verify import traffic_of
 from kvsim.workload.scenario import Scenario
@@ -213,23 +214,10 @@ def unfit_reason(base: Scenario, candidate: Candidate, router: str) -> str | Non
 
 
 @dataclass(slots=True)
-class UnfitSearch:
+class UnfitSearch(Unsearched):
     """A candidate whose engine does not fit its GPU (`unfit_reason`): nothing is simulated, and its row says why."""
 
-    candidate: Candidate
     reason: str
-
-    def next_scenario(self) -> None:
-        return None
-
-    def observe(self, metrics: Any) -> None:
-        raise AssertionError("an unfit candidate asks for no point")
-
-    def memory_block(self) -> None:
-        return None
-
-    def answer_metrics(self) -> None:
-        return None
 
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """Infeasible, no headroom (no engine to measure it on), the reason as its limiting factor."""

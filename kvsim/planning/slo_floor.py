@@ -92,25 +92,33 @@ def unreachable_text(missed: dict[str, float], slo: dict[str, float], step_s: fl
 
 
 @dataclass(slots=True)
-class UnreachableSearch:
-    """A candidate whose SLOs its floor rules out: nothing is simulated, and its row says why."""
+class Unsearched:
+    """A plan's stand-in for a candidate's search where nothing is simulated (its SLOs under their floor here, its
+    engine over its GPU: `kvsim.planning.plan_checks.UnfitSearch`): it asks for no point, holds no point back under a
+    memory limit and has no answer's metrics; its `row`, the subclass's, says why it is infeasible."""
 
     candidate: Any  # a `kvsim.planning.spec.Candidate`
-    floor: SloFloor
-    missed: dict[str, float]
-    slo: dict[str, float]
 
     def next_scenario(self) -> None:
         return None
 
     def observe(self, metrics: Any) -> None:
-        raise AssertionError("an unreachable candidate asks for no point")
+        raise AssertionError(f"{self.candidate.label}: a candidate that is not searched asks for no point")
 
     def memory_block(self) -> None:
         return None
 
     def answer_metrics(self) -> None:
         return None
+
+
+@dataclass(slots=True)
+class UnreachableSearch(Unsearched):
+    """A candidate whose SLOs its floor rules out: nothing is simulated, and its row says why."""
+
+    floor: SloFloor
+    missed: dict[str, float]
+    slo: dict[str, float]
 
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """Infeasible, with the SLOs' headroom at their floors (negative: each limit short of its floor)."""
