@@ -63,6 +63,22 @@ def test_a_summary_its_lists_do_not_reproduce_is_noted(tmp_path):
         "per-request lists may be another run's or in other units; the comparison reads the lists"]
 
 
+def test_a_failed_requests_ttft_is_not_in_the_summary_it_is_held_against(tmp_path):
+    """vLLM's calculate_metrics appends a ttft to the mean only for a successful output, while the saved `ttfts` list
+    holds every output's, a failure's 0.0 among them: request 3 failed (error text, no tokens), so the file's
+    mean_ttft_ms is (100 + 200 + 50) / 3 = 116.67 ms and its lists give it: no note. A mean over all four lists
+    (87.5 ms) noted every file with a failure (nothing tested it)."""
+    path = tmp_path / "bench.json"
+    failed = {"ttfts": [0.1, 0.2, 0.05, 0.0], "itls": [[0.02, 0.03], [], [0.01] * 3, []], "output_lens": [3, 1, 4, 0],
+              "generated_texts": ["a b c", "x", "p q r s", ""], "errors": ["", "", "", "Bad Request"]}
+    path.write_text(json.dumps({**SETUP, **DETAIL, **failed, "mean_ttft_ms": 350 / 3}))
+    assert not [n for n in load_measured(path).notes if "mean_ttft_ms" in n]
+    path.write_text(json.dumps({**SETUP, **DETAIL, **failed, "mean_ttft_ms": 87.5}))  # the four lists' mean
+    assert [n for n in load_measured(path).notes if "mean_ttft_ms" in n] == [
+        "the file's mean_ttft_ms=87.5 is not the mean of its successful requests' ttfts (116.667 ms): its "
+        "per-request lists may be another run's or in other units; the comparison reads the lists"]
+
+
 def test_a_ramp_without_start_times_is_refused_not_sent_at_once(tmp_path):
     """`--ramp-up-strategy` saves request_rate "inf"; a version that saved no start_times was replayed with every
     request at t = 0, as if the rate were infinite."""
