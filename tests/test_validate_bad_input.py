@@ -82,6 +82,12 @@ FOLDER_CASES = {
         lambda run: (_patch_json(run / "vllm" / "meta.json", tick_seconds=1.0),
                      _file("vllm/timeseries.csv", SERIES + "1.0,48,8,0,0,0\n3.0,0,0,0,0,0\n5.0,0,0,0,0,0\n")(run)),
         r"meta.json: tick_seconds=1.0, but timeseries.csv's rows are 2 s apart: one of the two is not this run's"),
+    # rows 0.1 us apart: kvsim bins its rates by the rows' gap (since 2b68d87), which rounded to 0 s: np.bincount's
+    # ValueError, a traceback after the replay had run
+    "rows under a millisecond apart": (_file("vllm/timeseries.csv", SERIES + "1.0,48,8,1,0,0\n1.0000001,0,0,0,0,0\n"
+                                             "1.0000002,0,0,0,0,0\n"),
+                                       r"timeseries.csv: t: its rows are 0 s apart \(the median gap, to the "
+                                       r"microsecond\), under 0.001 s: t counts seconds"),
     "started_at unaligned and bad": (
         lambda run: (_patch_json(run / "vllm" / "meta.json", started_at="yesterday"),
                      _requests(lambda rows: [{k: v for k, v in r.items() if k != "arrival_time"} for r in rows])(run)),
@@ -199,6 +205,8 @@ CLI_CASES = {  # one per family, through the command line
     "request twice": (FOLDER_CASES["request twice"][0], [], "is workload line 1 again"),
     "series": (FOLDER_CASES["t backwards"][0], [], "t='1.0' is not after"),
     "phase rates": (_file("vllm/timeseries.csv", SERIES + "1.0,48,x,0,0,0\n"), [], "gen_throughput='x'"),
+    "series ticks under a millisecond": (FOLDER_CASES["rows under a millisecond apart"][0], [],
+                                         "its rows are 0 s apart"),
     "config": (FOLDER_CASES["nodes a number"][0], [], "nodes=5 is not a list of objects"),
     "peer": (FOLDER_CASES["peer TTFT negative"][0], [], "TTFT='-5': negative"),
     "profile without calibrated": (lambda run: None, ["--profile", "p"], "only --latency calibrated reads a profile"),

@@ -141,6 +141,12 @@ def request_frame(arrival_s: np.ndarray, first_token_s: np.ndarray, finish_s: np
     return df.sort_values(["arrival_s", "request_index"], kind="stable").reset_index(drop=True)
 
 
+MIN_TICK_S = 1e-3
+"""The shortest gap a measured series' rows may have (`series_tick_s`): kvsim bins its own run by that gap, and a
+gap under half a microsecond rounded to 0 (a division by zero, then a traceback); rows logged faster than every
+millisecond are not a rate logger's ticks, and an hour's run at 1 ms is already 3.6 million bins."""
+
+
 def series_tick_s(series: pd.DataFrame | None) -> float:
     """How often the measured series was read: the median gap between its rows' `t_s`, to the microsecond (1 s
     where it has fewer than two rows). A row's rates are its window's tokens over the window's length, as vLLM's

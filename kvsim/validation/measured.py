@@ -31,6 +31,7 @@ from kvsim.model.units import read_number
 from kvsim.validation.bench import read_vllm_bench
 from kvsim.validation.frame import (
     MAX_SPAN_S,
+    MIN_TICK_S,
     NS_PER_S,
     REQUEST_COLUMNS,
     MeasuredRun,
@@ -39,6 +40,7 @@ from kvsim.validation.frame import (
     read_json,
     refuse_late_arrival,
     request_frame,
+    series_tick_s,
 )
 from kvsim.validation.meta import check_tick, engine_args, meta_notes
 from kvsim.workload.files import csv_rows, data_file, open_text
@@ -166,6 +168,9 @@ def _read_timeseries(path: Path, offset_s: float) -> tuple[pd.DataFrame | None, 
         kv_pct = series_number(r.get("kv_cache_pct") or "0", "kv_cache_pct", where, upper=100)
         series["kv_usage"].append(kv_pct / 100)
     df = pd.DataFrame(series)
+    if (gap_s := series_tick_s(df)) < MIN_TICK_S:  # kvsim's rates are binned by it (`simulated_phase_rates`)
+        raise KvsimError(f"{path}: t: its rows are {gap_s:g} s apart (the median gap, to the microsecond), under "
+                         f"{MIN_TICK_S:g} s: t counts seconds, a row each tick of the run's rate logger")
     notes = []
     if len(df) and not (df["kv_usage"] > 0).any():
         df["kv_usage"] = np.nan
