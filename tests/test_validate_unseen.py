@@ -79,6 +79,26 @@ def test_a_failed_requests_ttft_is_not_in_the_summary_it_is_held_against(tmp_pat
         "per-request lists may be another run's or in other units; the comparison reads the lists"]
 
 
+def test_bench_metadata_naming_an_engine_argument_the_replay_does_not_read_is_noted(tmp_path):
+    """`vllm bench serve --metadata num_gpu_blocks_override=500 data_parallel_size=2` (serve.py saves each as text at
+    the top level): a measured folder's engine_kwargs give the replay both (meta.ENGINE_KEYS), a bench result's
+    metadata neither, and both were dropped without a word, the replay running the GPU's whole pool on one engine.
+    Now a note names them and the --set that replays them; the keys vLLM's result holds itself (request_rate,
+    max_concurrency, ...) are none of them, so the four version files get no such note."""
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({**SETUP, **VERSIONS["2025: start_times"], **DETAIL, "max_num_seqs": "8",
+                                "num_gpu_blocks_override": "500", "data_parallel_size": "2"}))
+    assert [n for n in load_measured(path).notes if n.startswith("the file's")] == [
+        "the file's data_parallel_size='2', num_gpu_blocks_override='500': engine arguments a bench result's metadata "
+        "does not give the replay (it reads tensor_parallel_size, kv_cache_dtype, block_size, max_num_seqs, "
+        "max_num_batched_tokens, max_model_len, gpu_memory_utilization, enable_prefix_caching, async_scheduling, "
+        "enforce_eager and num_gpu_blocks); not replayed: --set engine.data_parallel_size=... "
+        "--set engine.num_gpu_blocks_override=... to replay them"]
+    for version in VERSIONS.values():
+        path.write_text(json.dumps({**SETUP, **version, **DETAIL}))
+        assert not [n for n in load_measured(path).notes if n.startswith("the file's")]
+
+
 def test_a_ramp_without_start_times_is_refused_not_sent_at_once(tmp_path):
     """`--ramp-up-strategy` saves request_rate "inf"; a version that saved no start_times was replayed with every
     request at t = 0, as if the rate were infinite."""

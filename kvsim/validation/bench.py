@@ -27,6 +27,7 @@ from kvsim.validation.frame import (
     refuse_late_arrival,
     request_frame,
 )
+from kvsim.validation.recorded import unread_bench_engine_notes
 from kvsim.workload.traces import MAX_LENGTH, TraceRecord
 
 
@@ -106,6 +107,7 @@ def read_vllm_bench(path: Path) -> MeasuredRun:
             e2e = ttft + np.array([g.sum() for g in gaps])
     _check_bench_times(ttft, e2e, ok, gaps, path)
     notes += _summary_notes(raw, ttft_all[[i for i in range(n) if not errors[i]]])
+    notes += unread_bench_engine_notes(raw)
     if starts is not None:
         sent = _values(starts, replayed, "start_times", path)
         refuse_late_arrival(sent, path, lambda i: f"start_times[{replayed[i]}]")

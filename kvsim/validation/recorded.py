@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, shown
 from kvsim.model.units import ascii_int, is_number
 from kvsim.model.yaml_io import TEXT_ENCODING, load_json
+from kvsim.validation.meta import ENGINE_KEYS
 
 RECORDED_GPU_KEYS = ("gpu", "gpu_name", "device_name")  # not "device": engine_kwargs may say "cuda"
 RECORDED_FLAGS = ("enable_prefix_caching", "async_scheduling", "enforce_eager")  # `--metadata enforce_eager=true`
@@ -64,6 +65,22 @@ def recorded_settings(path: str | Path) -> dict[str, Any]:
                 if scope.get(key) not in (None, "") and key not in out:
                     out[key] = scope[key]
     return out
+
+
+def unread_bench_engine_notes(raw: dict[str, Any]) -> list[str]:
+    """A note naming a bench result's top-level keys that are engine arguments a measured folder's engine_kwargs give
+    the replay (`kvsim.validation.meta.ENGINE_KEYS`) but `recorded_settings` does not read from a bench result:
+    `--metadata num_gpu_blocks_override=500` (`vllm serve`'s own name for the pool) or `data_parallel_size=2` was
+    dropped in silence, the replay running the GPU's whole pool or one engine. They are not replayed; the note says
+    to --set them (a setting the run did not record may be set)."""
+    unread = {key: raw[key] for key in ENGINE_KEYS
+              if key not in RECORDED_ENGINE_KEYS and raw.get(key) not in (None, "")}
+    if not unread:
+        return []
+    shown_args = ", ".join(f"{key}={shown(value)}" for key, value in unread.items())
+    sets = " ".join(f"--set engine.{key}=..." for key in unread)
+    return [f"the file's {shown_args}: engine arguments a bench result's metadata does not give the replay (it reads "
+            f"{', '.join(RECORDED_ENGINE_KEYS)} and num_gpu_blocks); not replayed: {sets} to replay them"]
 
 
 def recorded_engine(recorded: dict[str, Any]) -> dict[str, Any]:
