@@ -185,11 +185,17 @@ def empty_item(text: str) -> int | None:
 
 
 def close_match(word: str, choices: list[str]) -> str:
-    """` (did you mean X?)` for the choice nearest a misspelt `word` (difflib), or "" when none is near."""
+    """` (did you mean X?)` for the choice nearest a misspelt `word` (`nearest`), or "" when none is near."""
+    near = nearest(word, choices)
+    return f" (did you mean {near}?)" if near is not None else ""
+
+
+def nearest(word: str, choices: list[str]) -> str | None:
+    """The choice nearest a misspelt `word` (difflib, similarity at least 0.75), or None when none is near."""
     import difflib
 
     near = difflib.get_close_matches(word, choices, n=1, cutoff=0.75)
-    return f" (did you mean {near[0]}?)" if near else ""
+    return near[0] if near else None
 
 
 def blank_name(field: str, name: str, wanted: str) -> str | None:
@@ -202,20 +208,41 @@ def not_a_preset(field: str, name: str, presets: list[str], why: str = "", wante
     """Why `name`, no preset, cannot be read: `blank_name`; or, where it names something that is neither a regular
     file nor a folder (a FIFO, a device: reading it would block or never end), `field='name': not a regular file
     (a FIFO): name {wanted}` (`not_a_file`; "nor a file" named no reason); else `field='name': not a preset (the
-    presets) nor a file` with `why` (what the path is instead), then ` (did you mean X?)` where a preset is near:
-    the presets `name` begins, up to three (`h100`: h100-80gb or h100-pcie), else the nearest (`close_match`, case
-    aside: `LLAMA-3.1-8B`)."""
+    presets) nor a file` with `why` (what the path is instead), then ` (did you mean X?)` where a preset is near
+    (`near_presets`)."""
     blank = blank_name(field, name, wanted)
     if blank is not None:
         return blank
     special = None if why else not_a_file(name)
     if special is not None and special.startswith("not a regular file"):
         return f"{field}={name!r}: {special}: name {wanted}"
-    key = name.strip().lower()
-    starting = [preset for preset in presets if key and preset.startswith(key)]
-    hint = f" (did you mean {' or '.join(starting)}?)" if 0 < len(starting) <= 3 else \
-        "" if starting else close_match(key, presets)
+    near = near_presets(name, presets)
+    hint = f" (did you mean {' or '.join(near)}?)" if near else ""
     return f"{field}={name!r}: not a preset ({', '.join(presets)}) nor a file{why}{hint}"
+
+
+def near_presets(name: str, presets: list[str]) -> list[str]:
+    """The presets a name that is none of them most likely meant, case aside, first rule that answers: the presets
+    it begins, up to three (`h100`: h100-80gb or h100-pcie; more, as `llama`'s six, answer nothing: the list says
+    them); the longest preset it holds with no letter or digit right after (a Hugging Face id,
+    `meta-llama/Llama-3.1-8B-Instruct`: llama-3.1-8b; `NVIDIA-H100-80GB-HBM3`; `nvidia-l40s`: l40s; `rtx-a4000`
+    holds no a40); the presets, up to three, that begin with its leading family word (`H100-SXM`, `h100sxm`:
+    `h100`); the nearest (`nearest`: `llama3.1-8b`)."""
+    import re
+
+    key = name.strip().lower()
+    starting = [preset for preset in presets if preset.startswith(key)]
+    if starting:
+        return starting if len(starting) <= 3 else []
+    held = [preset for preset in presets if re.search(rf"{re.escape(preset)}(?![a-z0-9])", key)]
+    if held:
+        return [max(held, key=len)]
+    family = re.match(r"[a-z]+[0-9]*", key)
+    same_family = [preset for preset in presets if family and preset.startswith(family[0])]
+    if 0 < len(same_family) <= 3:
+        return same_family
+    near = nearest(key, presets)
+    return [near] if near is not None else []
 
 
 def union_members(annotation: Any) -> list[Any]:

@@ -1,0 +1,36 @@
+"""A new user's first hour: names a serving engineer types from habit, answered with the nearest thing kvsim knows.
+
+Found following the README from a fresh clone: a GPU named as its vendor does (`H100-SXM`, `NVIDIA-H100-80GB-HBM3`)
+and a model named by its Hugging Face id (`meta-llama/Llama-3.1-8B`, as vLLM's `--model` takes it) listed every
+preset and suggested none."""
+
+import pytest
+from conftest import one_line_exit_2
+
+
+@pytest.mark.parametrize(("flag", "name", "hint"), [
+    # a preset held whole inside a longer name (a Hugging Face id, as vLLM's --model takes it): the longest such
+    ("--model", "meta-llama/Llama-3.1-8B", " (did you mean llama-3.1-8b?)"),
+    ("--model", "Qwen/Qwen3-30B-A3B", " (did you mean qwen3-30b-a3b?)"),
+    ("--model", "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8", " (did you mean qwen3-30b-a3b-instruct-2507?)"),
+    ("--model", "meta-llama/Meta-Llama-3.1-8B-Instruct", " (did you mean llama-3.1-8b?)"),
+    ("--gpu", "NVIDIA-H100-80GB-HBM3", " (did you mean h100-80gb?)"),
+    ("--gpu", "nvidia-l40s", " (did you mean l40s?)"),
+    ("--gpu", "l4-24gb", " (did you mean l4?)"),
+    # the family word (letters, then digits) begins up to three presets
+    ("--gpu", "H100-SXM", " (did you mean h100-80gb or h100-pcie?)"),
+    ("--gpu", "h100sxm", " (did you mean h100-80gb or h100-pcie?)"),
+    ("--gpu", "B200-SXM", " (did you mean b200?)"),
+    # a preset followed by a digit is not held: `rtx-a4000` holds `a40` but is no A40
+    ("--gpu", "rtx-a4000", " (did you mean rtx-4090 or rtx-pro-6000?)"),
+    # what the earlier rules answered stays
+    ("--gpu", "h100", " (did you mean h100-80gb or h100-pcie?)"),
+    ("--model", "Llama-3.1-8B", " (did you mean llama-3.1-8b?)"),
+    ("--model", "llama", ""),
+    ("--model", "meta-llama/", ""),
+])
+def test_a_vendor_or_hugging_face_name_is_answered_with_the_preset(tmp_path, monkeypatch, flag, name, hint):
+    monkeypatch.chdir(tmp_path)
+    message = one_line_exit_2(["capacity", flag, name])
+    assert message.startswith(f"{flag.removeprefix('--')}={name!r}: not a preset (")
+    assert message.endswith(f") nor a file{hint}"), message
