@@ -2,7 +2,8 @@
 
 Found following the README from a fresh clone: a GPU named as its vendor does (`H100-SXM`, `NVIDIA-H100-80GB-HBM3`)
 and a model named by its Hugging Face id (`meta-llama/Llama-3.1-8B`, as vLLM's `--model` takes it) listed every
-preset and suggested none."""
+preset and suggested none; a scenario path one character off the README's (`.yml`, `scenario/`, `paper_paged`,
+the bare name) said `file not found` and no more."""
 
 import pytest
 from conftest import one_line_exit_2
@@ -34,3 +35,23 @@ def test_a_vendor_or_hugging_face_name_is_answered_with_the_preset(tmp_path, mon
     message = one_line_exit_2(["capacity", flag, name])
     assert message.startswith(f"{flag.removeprefix('--')}={name!r}: not a preset (")
     assert message.endswith(f") nor a file{hint}"), message
+
+
+@pytest.mark.parametrize(("given", "hint"), [
+    ("scenarios/paper-paged.yml", " (did you mean scenarios/paper-paged.yaml?)"),
+    ("scenarios/paper_paged.yaml", " (did you mean scenarios/paper-paged.yaml?)"),
+    ("scenario/paper-paged.yaml", " (did you mean scenarios/paper-paged.yaml?)"),  # the folder one letter off
+    ("paper-paged", " (did you mean scenarios/paper-paged.yaml?)"),  # a bare name: the working folder's scenarios/
+    ("lab.yaml", " (did you mean lab.yml?)"),  # the working folder's own files first
+    ("scenarios/nothing-like.yaml", ""),
+    ("nowhere/paper-paged.yaml", ""),
+])
+def test_a_scenario_path_one_typo_off_is_answered_with_the_file(tmp_path, monkeypatch, given, hint):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "scenarios").mkdir()
+    for name in ("paper-paged.yaml", "paper-slab-max.yaml", "notes.txt"):
+        (tmp_path / "scenarios" / name).write_text("workload: {num_requests: 1}\n")
+    (tmp_path / "lab.yml").write_text("workload: {num_requests: 1}\n")
+    before = sorted(tmp_path.rglob("*"))
+    assert one_line_exit_2(["run", given]) == f"scenario={given!r}: file not found{hint}"
+    assert sorted(tmp_path.rglob("*")) == before

@@ -33,6 +33,7 @@ from kvsim.model.errors import (
     KvsimError,
     first_repeat,
     from_validation_error,
+    nearest,
     not_a_file,
     reading,
     section_hint,
@@ -371,7 +372,8 @@ def load_scenario(path: str | Path | None = None, overrides: Overrides | None = 
     file = Path(default) if path is None else Path(path)
     problem = not_a_file(file if path is None else path, file_kind="a scenario YAML file")
     if problem is not None:  # a FIFO or /dev/zero was "file not found"
-        raise KvsimError(f"scenario={str(path)!r}: {problem}")
+        hint = near_scenario(file) if problem == "file not found" else ""
+        raise KvsimError(f"scenario={str(path)!r}: {problem}{hint}")
     try:
         with reading(file, "scenario"):
             raw = load_yaml(settings_text(file, "scenario")) or {}
@@ -386,6 +388,30 @@ def load_scenario(path: str | Path | None = None, overrides: Overrides | None = 
     # a built-in default names no data file of its own: a path an override gives is the caller's, relative to the
     # working folder as a dict scenario's are (`--set workload.trace.path=t.csv` was looked for in kvsim's package)
     return make_scenario(apply_overrides(raw, overrides or ()), file.parent if path is not None else ".")
+
+
+def near_scenario(path: Path) -> str:
+    """` (did you mean X?)` for a scenario `path` that names no file: the YAML file whose name is nearest its name
+    (`nearest`: `.yml` for `.yaml`, `_` for `-`, the suffix left out) in its folder, or in the nearest sibling folder
+    where its folder does not exist (`scenario/x.yaml`: `scenarios/`), and for a bare name also in the working
+    folder's `scenarios/`, where the README's examples keep them (`paper-paged`: `scenarios/paper-paged.yaml`);
+    "" when none is near or a folder cannot be read."""
+    folder = path.parent
+    try:
+        if not folder.is_dir():
+            siblings = [sub.name for sub in folder.parent.iterdir() if sub.is_dir()] if folder.parent.is_dir() else []
+            near_folder = nearest(folder.name, siblings)
+            if near_folder is None:
+                return ""
+            folder = folder.parent / near_folder
+        folders = [folder, Path("scenarios")] if path.parent == Path(".") else [folder]
+        for where in folders:
+            near = nearest(path.name, sorted(file.name for file in where.glob("*.y*ml") if file.is_file()))
+            if near is not None:
+                return f" (did you mean {where / near}?)"
+    except OSError:  # a folder without read permission: no hint, the error stands
+        pass
+    return ""
 
 
 def set_for_flag(flag: str) -> str | None:
