@@ -55,3 +55,17 @@ def test_a_scenario_path_one_typo_off_is_answered_with_the_file(tmp_path, monkey
     before = sorted(tmp_path.rglob("*"))
     assert one_line_exit_2(["run", given]) == f"scenario={given!r}: file not found{hint}"
     assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--gpu", "h100-80gb"], "plan.slo: required field is missing: give --slo (e.g. --slo ttft_s.p90=2, repeatable) "
+                             "or `slo` in a --spec file"),
+    (["--slo", "ttft_s.p90=2"], "plan.gpus: required field is missing: give --gpu (e.g. --gpu h100-80gb, repeatable) "
+                                "or `gpus` in a --spec file"),
+])
+def test_plan_without_an_slo_or_a_gpu_names_the_flag(tmp_path, monkeypatch, argv, expected):
+    """`kvsim plan --gpu h100-80gb` said `plan.slo: required field is missing`, a field no flag is called (the flag
+    is --slo; for `gpus`, --gpu)."""
+    monkeypatch.chdir(tmp_path)
+    assert one_line_exit_2(["plan", *argv]) == expected
+    assert list(tmp_path.iterdir()) == []

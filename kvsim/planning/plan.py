@@ -339,4 +339,8 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
         raw["search"] = search
     if memory_limit_bytes is not None:
         raw["memory_limit_bytes"] = memory_limit_bytes
+    for field, flag, example in (("slo", "--slo", "ttft_s.p90=2"), ("gpus", "--gpu", "h100-80gb")):
+        if field not in raw:  # 'plan.gpus: required field is missing' named a field no flag is called
+            raise KvsimError(f"plan.{field}: required field is missing: give {flag} (e.g. {flag} {example}, "
+                             f"repeatable) or `{field}` in a --spec file")
     return make_plan_spec(raw)
