@@ -69,3 +69,18 @@ def test_plan_without_an_slo_or_a_gpu_names_the_flag(tmp_path, monkeypatch, argv
     monkeypatch.chdir(tmp_path)
     assert one_line_exit_2(["plan", *argv]) == expected
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("given", "hint"), [
+    ("measured/RTXPRO6000/llama-3.1-8b", " (did you mean measured/RTXPRO6000/Llama-3.1-8B?)"),  # the case
+    ("measured/RTX-PRO-6000/Llama-3.1-8B", " (did you mean measured/RTXPRO6000/Llama-3.1-8B?)"),  # the folder
+    ("measured/RTXPRO6000/Qwen3-32B", ""),
+])
+def test_a_measured_run_path_one_typo_off_is_answered_with_the_folder(tmp_path, monkeypatch, given, hint):
+    """`kvsim validate benchmarks/validation_set/measured/RTXPRO6000/llama-3.1-8b` (the model's preset spelling) said
+    only 'no such file or folder'."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "measured" / "RTXPRO6000" / "Llama-3.1-8B").mkdir(parents=True)
+    assert one_line_exit_2(["validate", given]) == f"measured={given!r}: no such file or folder{hint}"
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "measured", "measured/RTXPRO6000", "measured/RTXPRO6000/Llama-3.1-8B"]

@@ -198,6 +198,28 @@ def nearest(word: str, choices: list[str]) -> str | None:
     return near[0] if near else None
 
 
+def near_path(path: Path, pattern: str = "*", also: Sequence[Path] = ()) -> str:
+    """` (did you mean X?)` for a `path` that names nothing: the entry matching `pattern` whose name is nearest its
+    name (`nearest`: `.yml` for `.yaml`, `_` for `-`, a suffix left out, `Llama` for `llama`) in its folder, or in
+    the nearest sibling folder where its folder does not exist (`scenario/x.yaml`: `scenarios/`), then in the
+    folders `also` names; "" when none is near or a folder cannot be read."""
+    folder = path.parent
+    try:
+        if not folder.is_dir():
+            siblings = [sub.name for sub in folder.parent.iterdir() if sub.is_dir()] if folder.parent.is_dir() else []
+            near_folder = nearest(folder.name, siblings)
+            if near_folder is None:
+                return ""
+            folder = folder.parent / near_folder
+        for where in (folder, *also):
+            near = nearest(path.name, sorted(entry.name for entry in where.glob(pattern)))
+            if near is not None:
+                return f" (did you mean {where / near}?)"
+    except OSError:  # a folder without read permission: no hint, the error stands
+        pass
+    return ""
+
+
 def blank_name(field: str, name: str, wanted: str) -> str | None:
     """`field='name': is empty: name {wanted}` when `name` (a model or GPU: a preset or a path) is blank, else None:
     `Path('')` is the working folder, so an unset shell variable (`--model "$MODEL"`) read what lay there."""
@@ -228,8 +250,6 @@ def near_presets(name: str, presets: list[str]) -> list[str]:
     `meta-llama/Llama-3.1-8B-Instruct`: llama-3.1-8b; `NVIDIA-H100-80GB-HBM3`; `nvidia-l40s`: l40s; `rtx-a4000`
     holds no a40); the presets, up to three, that begin with its leading family word (`H100-SXM`, `h100sxm`:
     `h100`); the nearest (`nearest`: `llama3.1-8b`)."""
-    import re
-
     key = name.strip().lower()
     starting = [preset for preset in presets if preset.startswith(key)]
     if starting:

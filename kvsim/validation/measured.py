@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.model.errors import KvsimError, not_a_file, reading, shown
+from kvsim.model.errors import KvsimError, near_path, not_a_file, reading, shown
 from kvsim.model.units import read_number
 from kvsim.validation.bench import read_vllm_bench
 from kvsim.validation.frame import (
@@ -374,7 +374,8 @@ def load_measured(path: str | Path, workload: str | Path | None = None) -> Measu
     p = Path(path)
     problem = not_a_file(path, missing="no such file or folder")
     if problem is not None:  # a FIFO was "no such file or folder"
-        raise KvsimError(f"measured={str(path)!r}: {problem}")
+        hint = near_path(p) if problem == "no such file or folder" else ""
+        raise KvsimError(f"measured={str(path)!r}: {problem}{hint}")
     if workload is not None:  # a missing file was "PATH: No such file or directory", naming no flag
         if not p.is_dir():  # it was ignored: a bench JSON lists its own requests
             raise KvsimError(f"workload={str(workload)!r}: replaces the workload a measured folder's meta.json "

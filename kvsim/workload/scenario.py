@@ -33,7 +33,7 @@ from kvsim.model.errors import (
     KvsimError,
     first_repeat,
     from_validation_error,
-    nearest,
+    near_path,
     not_a_file,
     reading,
     section_hint,
@@ -391,27 +391,10 @@ def load_scenario(path: str | Path | None = None, overrides: Overrides | None = 
 
 
 def near_scenario(path: Path) -> str:
-    """` (did you mean X?)` for a scenario `path` that names no file: the YAML file whose name is nearest its name
-    (`nearest`: `.yml` for `.yaml`, `_` for `-`, the suffix left out) in its folder, or in the nearest sibling folder
-    where its folder does not exist (`scenario/x.yaml`: `scenarios/`), and for a bare name also in the working
-    folder's `scenarios/`, where the README's examples keep them (`paper-paged`: `scenarios/paper-paged.yaml`);
-    "" when none is near or a folder cannot be read."""
-    folder = path.parent
-    try:
-        if not folder.is_dir():
-            siblings = [sub.name for sub in folder.parent.iterdir() if sub.is_dir()] if folder.parent.is_dir() else []
-            near_folder = nearest(folder.name, siblings)
-            if near_folder is None:
-                return ""
-            folder = folder.parent / near_folder
-        folders = [folder, Path("scenarios")] if path.parent == Path(".") else [folder]
-        for where in folders:
-            near = nearest(path.name, sorted(file.name for file in where.glob("*.y*ml") if file.is_file()))
-            if near is not None:
-                return f" (did you mean {where / near}?)"
-    except OSError:  # a folder without read permission: no hint, the error stands
-        pass
-    return ""
+    """` (did you mean X?)` for a scenario `path` that names no file: the nearest YAML file (`near_path`), for a bare
+    name also in the working folder's `scenarios/`, where the README's examples keep them (`paper-paged`:
+    `scenarios/paper-paged.yaml`)."""
+    return near_path(path, "*.y*ml", [Path("scenarios")] if path.parent == Path(".") else [])
 
 
 def set_for_flag(flag: str) -> str | None:
