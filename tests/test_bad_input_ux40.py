@@ -84,3 +84,18 @@ def test_a_measured_run_path_one_typo_off_is_answered_with_the_folder(tmp_path, 
     assert one_line_exit_2(["validate", given]) == f"measured={given!r}: no such file or folder{hint}"
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         "measured", "measured/RTXPRO6000", "measured/RTXPRO6000/Llama-3.1-8B"]
+
+
+@pytest.mark.parametrize(("setting", "expected"), [
+    ("max_model_len=4096", "max_model_len: unknown key (did you mean engine.max_model_len?)"),
+    ("block_size=32", "block_size: unknown key (did you mean engine.block_size?)"),
+    ("num_requests=10", "num_requests: unknown key (did you mean workload.num_requests?)"),
+    ("workload.rate=10", "workload.rate: unknown key (did you mean workload.arrival.rate?)"),
+    ("engine.max_num_seq=8", "engine.max_num_seq: unknown key (did you mean max_num_seqs?)"),  # a typo: as before
+    ("rate=3", "rate: unknown key"),  # a field two sections down: no guess
+])
+def test_a_set_of_a_field_one_section_off_names_its_place(tmp_path, monkeypatch, setting, expected):
+    """`--set max_model_len=4096`, vLLM's flag without the scenario's `engine.`, said `unknown key` and no more."""
+    monkeypatch.chdir(tmp_path)
+    assert one_line_exit_2(["run", "--set", setting]) == expected
+    assert list(tmp_path.iterdir()) == []

@@ -358,6 +358,17 @@ def _fields_at(model: type | None, loc: tuple[Any, ...]) -> list[str]:
     return list(getattr(_section_at(model, loc), "model_fields", {}))
 
 
+def _moved_hint(model: type | None, loc: tuple[Any, ...], key: str, field: str) -> str:
+    """` (did you mean section.key?)` for an unknown `key` (written as `field`) of the section `loc` leads to that is
+    a field of one of that section's own sections, the first in field order (`max_model_len` at the top: the
+    engine's; `workload.rate`: the arrival's), or ""."""
+    parent = field.rpartition(".")[0]
+    for name in _fields_at(model, loc):
+        if key in _fields_at(model, (*loc, name)):
+            return f" (did you mean {parent + '.' if parent else ''}{name}.{key}?)"
+    return ""
+
+
 def section_hint(model: type | None, loc: tuple[Any, ...], field: str, value: Any, setter: str = "") -> str:
     """What to write for a section given one value (`router=least_kv`, `router: least_kv`): pydantic's "a valid
     dictionary or instance of Router" named a class, not the form. The field of the section whose choices hold
@@ -424,7 +435,8 @@ def from_validation_error(error: ValidationError, prefix: str = "", model: type 
         if colon and name.strip() in fields:  # YAML reads `{cpu_bytes:1GiB}` as one key: it needs `: `
             return KvsimError(f"{field}: unknown key; YAML needs a space after the colon: "
                               f"`{name.strip()}: {key[len(name) + 1:].strip()}`")
-        return KvsimError(f"{field}: unknown key{close_match(key, fields)}")
+        hint = close_match(key, fields) or _moved_hint(model, where[:-1], key, field)
+        return KvsimError(f"{field}: unknown key{hint}")
     if first["type"] == "missing":
         return KvsimError(f"{field}: required field is missing")
     if first["type"] == "invalid_key":  # YAML's `1: x` or `~: x`, a dict's non-str key
