@@ -99,3 +99,13 @@ def test_a_set_of_a_field_one_section_off_names_its_place(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     assert one_line_exit_2(["run", "--set", setting]) == expected
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("flag", "key"), [("--request-rate", "workload.arrival.rate"),
+                                           ("--num-prompts", "workload.num_requests")])
+def test_a_vllm_bench_serve_flag_is_told_as_its_set(tmp_path, monkeypatch, flag, key):
+    """`kvsim run --request-rate 10`, as `vllm bench serve` takes it, said `No such option` and offered nothing."""
+    monkeypatch.chdir(tmp_path)
+    assert one_line_exit_2(["run", flag, "10"]) == (
+        f"No such option: {flag}: {key} is a scenario field; give it as --set {key}=VALUE (see 'kvsim run --help')")
+    assert list(tmp_path.iterdir()) == []

@@ -397,15 +397,21 @@ def near_scenario(path: Path) -> str:
     return near_path(path, "*.y*ml", [Path("scenarios")] if path.parent == Path(".") else [])
 
 
+BENCH_FLAGS = {"request_rate": "workload.arrival.rate", "num_prompts": "workload.num_requests"}  # vllm bench serve
+
+
 def set_for_flag(flag: str) -> str | None:
     """The `--set` key of the scenario field an option names (`--gpu`: `gpu`; `--max-model-len`, vLLM's spelling of
     an engine field: `engine.max_model_len`; `--num-requests`: `workload.num_requests`), or None: a command without
     that option tells the user to give it as `--set KEY=VALUE` (`kvsim run --gpu h100` was "No such option").
     Only a long option names a field: a short one is a letter, not a field's name (`-n 2` was told as
-    `workload.n`, parallel samples, where a user of `head -n` or `wc -l` means a count of requests)."""
+    `workload.n`, parallel samples, where a user of `head -n` or `wc -l` means a count of requests). `vllm bench
+    serve`'s `--request-rate` and `--num-prompts` name the workload's `arrival.rate` and `num_requests`."""
     if not flag.startswith("--"):
         return None
     name = flag[2:].replace("-", "_")
+    if name in BENCH_FLAGS:
+        return BENCH_FLAGS[name]
     for prefix, fields in (("", Scenario.model_fields), ("engine.", EngineConfig.model_fields),
                            ("workload.", Workload.model_fields)):
         if name in fields:
@@ -422,6 +428,8 @@ def section_set_hint(key: str, value: str | None) -> str:
 
     *parents, name = key.split(".")
     sections: dict[str, type[Settings]] = {"": Scenario, "engine": EngineConfig, "workload": Workload}
+    if ".".join(parents) not in sections:  # a `BENCH_FLAGS` key deeper down (`workload.arrival.rate`): one value
+        return ""
     info = sections[".".join(parents)].model_fields[name]
     pending, scalar = [info.annotation, *info.metadata], False
     while pending:  # `X | None`, `int | list[Group]`, `Annotated[A | B, ...]`: is any member one value?
