@@ -109,3 +109,15 @@ def test_a_vllm_bench_serve_flag_is_told_as_its_set(tmp_path, monkeypatch, flag,
     assert one_line_exit_2(["run", flag, "10"]) == (
         f"No such option: {flag}: {key} is a scenario field; give it as --set {key}=VALUE (see 'kvsim run --help')")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_profile_path_one_typo_off_is_answered_with_the_folder(tmp_path, monkeypatch):
+    """The README's import-profile line with the model's folder in the preset's case (`llama-3.1-8B`) said only
+    'no such file or folder'; the folder two levels up is found as the measured run's is."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p" / "meta-llama" / "Llama-3.1-8B" / "bf16").mkdir(parents=True)
+    given = "p/meta-llama/llama-3.1-8B/bf16"
+    assert one_line_exit_2(["import-profile", given, "--model", "llama-3.1-8b", "--gpu", "rtx-pro-6000", "-o",
+                            "x.csv"]) == (f"profile {given}: no such file or folder "
+                                          "(did you mean p/meta-llama/Llama-3.1-8B/bf16?)")
+    assert not (tmp_path / "x.csv").exists()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from kvsim.latency.profiles import Profile, bundle, check_profile, native, vidur
 from kvsim.latency.profiles.checks import check_model_name, check_rows
-from kvsim.model.errors import KvsimError, not_a_file
+from kvsim.model.errors import KvsimError, near_path, not_a_file
 
 if TYPE_CHECKING:
     from kvsim.model.config import GPUSpec
@@ -20,7 +20,8 @@ def load_profile(path: str | Path, model: ModelSpec, gpu: GPUSpec, engine: Engin
     physical rows (`checks.check_rows`), the model's name, then its shapes, dtype, GPU and TP."""
     problem = not_a_file(path, missing="no such file or folder")
     if problem is not None:  # a FIFO was "no such file or folder"
-        raise KvsimError(f"profile {str(path) or repr(path)}: {problem}")
+        hint = near_path(Path(path)) if problem == "no such file or folder" else ""
+        raise KvsimError(f"profile {str(path) or repr(path)}: {problem}{hint}")
     path = Path(path)
     if path.is_dir():
         profile = bundle.read_bundle(path, engine.tensor_parallel_size)
