@@ -121,3 +121,13 @@ def test_a_profile_path_one_typo_off_is_answered_with_the_folder(tmp_path, monke
                             "x.csv"]) == (f"profile {given}: no such file or folder "
                                           "(did you mean p/meta-llama/Llama-3.1-8B/bf16?)")
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_a_data_file_one_typo_off_is_answered_with_the_file(tmp_path, monkeypatch):
+    """A trace path with its suffix misspelt (`trace.cvs`) said 'file not found' and no more."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "trace.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    assert one_line_exit_2(["run", "--set", "workload.trace={format: azure, path: trace.cvs}", "--set",
+                            "workload.prompt_len=null", "--set", "workload.output_len=null"]) == (
+        "workload.trace.path='trace.cvs': file not found: trace.cvs (did you mean trace.csv?)")
+    assert [p.name for p in tmp_path.iterdir()] == ["trace.csv"]

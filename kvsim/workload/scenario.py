@@ -263,7 +263,8 @@ class Scenario(WholeSettings):
         resolved = data_file(Path(self.base_dir) / path)  # `x.csv` may be found as `x.csv.gz`
         problem = not_a_file(resolved)  # /dev/zero, a pipe: reading never ends
         if problem is not None:
-            raise KvsimError(f"{field}={path!r}: {problem}: {resolved}")
+            hint = near_path(resolved) if problem == "file not found" else ""
+            raise KvsimError(f"{field}={path!r}: {problem}: {resolved}{hint}")
         return resolved
 
     def variant_fields(self, exclude: set[str] | None = None) -> dict[str, Any]:
