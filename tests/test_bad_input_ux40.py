@@ -131,3 +131,15 @@ def test_a_data_file_one_typo_off_is_answered_with_the_file(tmp_path, monkeypatc
                             "workload.prompt_len=null", "--set", "workload.output_len=null"]) == (
         "workload.trace.path='trace.cvs': file not found: trace.cvs (did you mean trace.csv?)")
     assert [p.name for p in tmp_path.iterdir()] == ["trace.csv"]
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--gpu-hourly-cost", "4.76"], "--gpu-hourly-cost '4.76': expected NAME=VALUE, e.g. --gpu-hourly-cost h100-80gb=4.76"),
+    (["--engine", "max_num_seqs"], "--engine 'max_num_seqs': expected NAME=VALUE, e.g. --engine max_num_seqs=128,256"),
+])
+def test_a_plan_pair_flag_without_a_name_shows_the_form(tmp_path, monkeypatch, argv, expected):
+    """`kvsim plan --gpu-hourly-cost 4.76`, as `capacity` and `report` take it (one price), said only
+    `expected NAME=VALUE`, where plan's names the GPU each price is for."""
+    monkeypatch.chdir(tmp_path)
+    assert one_line_exit_2(["plan", "--gpu", "h100-80gb", "--slo", "ttft_s.p90=2", *argv]) == expected
+    assert list(tmp_path.iterdir()) == []

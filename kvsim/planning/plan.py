@@ -246,12 +246,14 @@ def hourly_price(spec: PlanSpec, gpu: str) -> GpuPrice:
     return gpu_price(gpu, spec.gpu_hourly_cost.get(gpu))
 
 
-def _assignments(items: list[str], flag: str) -> list[tuple[str, str]]:
+def _assignments(items: list[str], flag: str, example: str) -> list[tuple[str, str]]:
+    """Each `NAME=VALUE` of a repeatable `flag`, in order; one without `=`, a name or a value is refused with the
+    flag's `example` (`--gpu-hourly-cost 4.76`, one price for one candidate, said only `expected NAME=VALUE`)."""
     pairs: list[tuple[str, str]] = []
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip() or not value.strip():
-            raise KvsimError(f"{flag} {shown(item)}: expected NAME=VALUE")
+            raise KvsimError(f"{flag} {shown(item)}: expected NAME=VALUE, e.g. {flag} {example}")
         if any(key.strip() == given for given, _ in pairs):  # not the last one silently
             raise KvsimError(f"{flag} {shown(item)}: {key.strip()} is given twice")
         pairs.append((key.strip(), value.strip()))
@@ -314,12 +316,12 @@ def spec_from_options(raw: dict[str, Any], slo: list[str], gpus: list[str], tp_s
         raw["xpyd"] = [split.strip() for item in xpyd for split in item.split(",")]
     if kv_transfer_config is not None:
         raw["kv_transfer_config"] = flag_mapping(kv_transfer_config, "--kv-transfer-config")
-    for key, value in _assignments(slo, "--slo"):
+    for key, value in _assignments(slo, "--slo", "ttft_s.p90=2"):
         _section(raw, "slo")[key] = _flag_number("--slo", key, value, "seconds", slo_limit_problem)
-    for key, value in _assignments(costs, "--gpu-hourly-cost"):
+    for key, value in _assignments(costs, "--gpu-hourly-cost", "h100-80gb=4.76"):
         _section(raw, "gpu_hourly_cost")[key] = _flag_number("--gpu-hourly-cost", key, value, "a price per hour",
                                                               cost_problem)
-    for key, value in _assignments(knobs, "--engine"):
+    for key, value in _assignments(knobs, "--engine", "max_num_seqs=128,256"):
         section = _section(raw, "engine")
         if (gap := empty_item(value)) is not None:  # `1,,2` or `1,2,`: the gap read as null, a candidate at the default
             raise KvsimError(f"--engine {key}={shown(value)}: item {gap} is empty")
