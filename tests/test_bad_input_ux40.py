@@ -22,6 +22,8 @@ from conftest import one_line_exit_2
     ("--gpu", "H100-SXM", " (did you mean h100-80gb or h100-pcie?)"),
     ("--gpu", "h100sxm", " (did you mean h100-80gb or h100-pcie?)"),
     ("--gpu", "B200-SXM", " (did you mean b200?)"),
+    ("--gpu", "NVIDIA H100 80GB HBM3", " (did you mean h100-80gb or h100-pcie?)"),  # nvidia-smi's name: its 2nd word
+    ("--gpu", "NVIDIA L4", " (did you mean l4?)"),
     # a preset followed by a digit is not held: `rtx-a4000` holds `a40` but is no A40
     ("--gpu", "rtx-a4000", " (did you mean rtx-4090 or rtx-pro-6000?)"),
     # what the earlier rules answered stays

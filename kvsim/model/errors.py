@@ -248,8 +248,9 @@ def near_presets(name: str, presets: list[str]) -> list[str]:
     it begins, up to three (`h100`: h100-80gb or h100-pcie; more, as `llama`'s six, answer nothing: the list says
     them); the longest preset it holds with no letter or digit right after (a Hugging Face id,
     `meta-llama/Llama-3.1-8B-Instruct`: llama-3.1-8b; `NVIDIA-H100-80GB-HBM3`; `nvidia-l40s`: l40s; `rtx-a4000`
-    holds no a40); the presets, up to three, that begin with its leading family word (`H100-SXM`, `h100sxm`:
-    `h100`); the nearest (`nearest`: `llama3.1-8b`)."""
+    holds no a40); the presets, up to three, that begin with its first family word that begins any (letters, then
+    digits, at the start of a word: `H100-SXM`, `h100sxm`, nvidia-smi's `NVIDIA H100 80GB HBM3`: `h100`); the
+    nearest (`nearest`: `llama3.1-8b`)."""
     key = name.strip().lower()
     starting = [preset for preset in presets if preset.startswith(key)]
     if starting:
@@ -257,10 +258,10 @@ def near_presets(name: str, presets: list[str]) -> list[str]:
     held = [preset for preset in presets if re.search(rf"{re.escape(preset)}(?![a-z0-9])", key)]
     if held:
         return [max(held, key=len)]
-    family = re.match(r"[a-z]+[0-9]*", key)
-    same_family = [preset for preset in presets if family and preset.startswith(family[0])]
-    if 0 < len(same_family) <= 3:
-        return same_family
+    for family in re.findall(r"(?<![a-z0-9])[a-z]+[0-9]*", key):
+        same_family = [preset for preset in presets if preset.startswith(family)]
+        if 0 < len(same_family) <= 3:
+            return same_family
     near = nearest(key, presets)
     return [near] if near is not None else []
 
