@@ -249,8 +249,8 @@ def near_presets(name: str, presets: list[str]) -> list[str]:
     them); the longest preset it holds with no letter or digit right after (a Hugging Face id,
     `meta-llama/Llama-3.1-8B-Instruct`: llama-3.1-8b; `NVIDIA-H100-80GB-HBM3`; `nvidia-l40s`: l40s; `rtx-a4000`
     holds no a40); the presets, up to three, that begin with its first family word that begins any (letters, then
-    digits, at the start of a word: `H100-SXM`, `h100sxm`, nvidia-smi's `NVIDIA H100 80GB HBM3`: `h100`); the
-    nearest (`nearest`: `llama3.1-8b`)."""
+    digits, at the start of a word, two characters at least: `H100-SXM`, `h100sxm`, nvidia-smi's `NVIDIA H100 80GB
+    HBM3`: `h100`); the nearest (`nearest`: `llama3.1-8b`)."""
     key = name.strip().lower()
     starting = [preset for preset in presets if preset.startswith(key)]
     if starting:
@@ -259,6 +259,8 @@ def near_presets(name: str, presets: list[str]) -> list[str]:
     if held:
         return [max(held, key=len)]
     for family in re.findall(r"(?<![a-z0-9])[a-z]+[0-9]*", key):
+        if len(family) < 2:  # a lone letter (a path's `m`, `a`) is no family: it began mistral and mixtral
+            continue
         same_family = [preset for preset in presets if preset.startswith(family)]
         if 0 < len(same_family) <= 3:
             return same_family
