@@ -326,3 +326,46 @@ def test_evidence_line_of_a_split_ranked_beside_a_rate_search():
            "window_s": 6.0, "served_over_offered": 1.0, "e2e_s.mean@3": 0.29}
     assert evidence_line(row) == ("evidence, h200 tp1 2P1D: 2P1D (3 instances), 80-request run: stable over its "
                                   "window (61 requests in 6 s, served/offered 1.000); e2e_s.mean@3 0.29")
+
+
+def _one_per_second(stay_s):
+    """100 requests arriving at t = 0, 1, ..., 99 s, each scheduled on arrival (the waiting queue never grows) and
+    finishing `stay_s(t)` later: a requests table as `window_evidence` reads one."""
+    import numpy as np
+
+    arrival = np.arange(100.0)
+    finish = arrival + np.array([stay_s(t) for t in arrival])
+    nan = np.full(100, np.nan)
+    return {"arrival_s": arrival, "first_scheduled_s": arrival, "finish_s": finish, "status": np.array(["finished"] * 100),
+            "num_preemptions": np.zeros(100, int), "output_tokens": np.ones(100, int), "num_samples": np.ones(100, int),
+            "ttft_s": nan, "tpot_s": nan, "e2e_s": finish - arrival, "queue_s": np.zeros(100)}
+
+
+def test_a_long_run_that_served_under_95_percent_of_its_arrivals_fails_whatever_its_waiting_queue_did():
+    """By hand: the span is 99 s and the median stay 2 s, so the window is [19.8, 89.1) (20 % warm-up, 10 % tail),
+    70 arrivals (t = 20..89). Staying 2 s each, the requests of t = 18..87 finish in it: served ÷ offered 70/70.
+    When the requests from t = 70 on stay 30 s (the running set grows, as an overloaded batch engine's does while
+    it admits everything), only t = 18..69 finish in it: 52/70 = 0.743, which is 1 − (B(b) − B(a)) ÷ N with
+    backlogs B(19.8) = 20 − 18 = 2 and B(89.1) = 90 − 70 = 20. The waiting queue never grew: the window's verdict
+    is *stable* (a probe's shortfall is let through unless its queue outgrew a stable queue's margin), but a long
+    run that served under 1 − THROUGHPUT_TOL of its arrivals is overloaded, and a verification refuses it."""
+    from kvsim.planning.slo import probe_passes
+    from kvsim.planning.verify import Verification, long_run_evidence
+    from kvsim.planning.window import window_evidence
+
+    steady = window_evidence(_one_per_second(lambda t: 2.0))
+    assert (steady["window_start_s"], steady["window_s"], steady["num_in_window"]) == pytest.approx((19.8, 69.3, 70))
+    assert steady["verdict"] == "stable" and steady["served_over_offered"] == 1.0
+    assert long_run_evidence(steady) is steady  # kept up: nothing to change
+    growing = window_evidence(_one_per_second(lambda t: 2.0 if t < 70 else 30.0))
+    assert growing["verdict"] == "stable" and growing["early_overload"]["waiting_growth"] == 0
+    assert growing["served_over_offered"] == pytest.approx(52 / 70) == pytest.approx(1 - (20 - 2) / 70)
+    judged = long_run_evidence(growing)
+    assert judged["verdict"] == "overloaded" and judged["long_run_shortfall"] and growing["verdict"] == "stable"
+    spec = make_plan_spec({"slo": {"e2e_s.p90": 60}, "gpus": ["h100-80gb"]})
+    assert probe_passes(growing, spec.slo)  # as a probe it passes: stable, p90 E2E 30 s within 60 s
+    verify = Verification(None, spec, None)  # observe reads neither candidate nor memory
+    verify._count = 3  # as next_scenario leaves it
+    verify.observe({"evidence": growing, "num_preemptions": 0})
+    assert verify.held is False and verify.replicas(3) is None
+    assert verify.columns()["verify_verdict"] == "overloaded" and verify.columns()["verify_attempts"] == "3 failed"

@@ -16,7 +16,14 @@ from kvsim.planning.memory import MemoryBound, bounded_by_memory
 from kvsim.planning.search import Metrics
 from kvsim.planning.slo import headroom, missed_within_noise, probe_passes, shortage, why_failed
 from kvsim.planning.spec import Candidate, PlanSpec
-from kvsim.planning.verify import Verification, answer_columns, evidence_columns, traffic_of, with_requests
+from kvsim.planning.verify import (
+    Verification,
+    answer_columns,
+    evidence_columns,
+    long_run_evidence,
+    traffic_of,
+    with_requests,
+)
 from kvsim.planning.window import TOO_SHORT, early_overloaded, unjudged
 from kvsim.workload.scenario import Scenario
 
@@ -113,8 +120,9 @@ class ReplicaSearch:
         if self._pending is None:
             self.verify.observe(metrics)
             return
-        if self._rerun:  # a near miss run long: its verdict replaces the probe's
-            self.results[self._pending], self._rerun = metrics, False
+        if self._rerun:  # a near miss run long: its verdict, judged as a long run's, replaces the probe's
+            self.results[self._pending] = {**metrics, "evidence": long_run_evidence(metrics["evidence"])}
+            self._rerun = False
             self._long.add(self._pending)
             return
         ev = metrics["evidence"]

@@ -36,7 +36,8 @@ must be longer (the search doubles it). Otherwise, with
   queue's growth also says no stable queue could show it (a false "overloaded" makes a rate search
   answer too low). The price is power: at ρ = 1.1 a 1,280-request run still passes about 1 time in
   5 (the queue's growth, 9 % of ~900 arrivals, is within 1.96·√900), which the search's longer runs and
-  its 10 × verification settle (at 3,000 requests 1 in 20 passes, at 6,000 none).
+  its 10 × verification settle (at 3,000 requests 1 in 20 passes, at 6,000 none; a verification run is
+  also held to served ÷ offered ≥ 1 − `THROUGHPUT_TOL` without this veto: `kvsim.planning.verify.long_run_evidence`).
 
 A run too short by the service-time test (but with at least 50 requests in the window) is still judged
 **overloaded** when its waiting queue (requests arrived and never scheduled) grows over the window by more
