@@ -79,3 +79,17 @@ def test_v0_lets_a_request_go_when_its_output_outgrows_the_pool_bursts_or_not():
         assert result.requests["length_capped_tokens"].tolist() == [14]
         assert result.requests["num_preemptions"].tolist() == [1]
     assert results[0].requests.equals(results[1].requests)
+
+
+def test_a_refused_request_is_not_counted_as_cut_though_its_row_keeps_the_cap():
+    # v0 refuses a group of n = 2 samples beside max_num_seqs 1 (`num_samples > max_num_seqs`), after capping each
+    # sample at 128 - 100 = 28 tokens (22 cut). A refused request generates nothing, so the summary counts the
+    # finished ones only: round robin sends requests 0 and 2 to the max_num_seqs-1 replica (refused), 1 and 3 to
+    # the other (served, 2 requests · 2 samples · 22 = 88 tokens cut). Counting every row gave 4 and 176.
+    replicas = [{"count": 1, "engine": {"max_num_seqs": 1}}, {"count": 1, "engine": {"max_num_seqs": 2}}]
+    result = run(100, 50, 128, n=2, engine__scheduler="v0", replicas=replicas)
+    assert result.requests["status"].tolist() == ["rejected", "finished"] * 2
+    assert result.requests["length_capped_tokens"].tolist() == [22] * 4
+    assert result.summary["length_capped"] == {"num_requests": 2, "num_dropped_output_tokens": 2 * 2 * 22}
+    assert [r.summary["length_capped"] for r in result.replicas] == [
+        {"num_requests": 0, "num_dropped_output_tokens": 0}, {"num_requests": 2, "num_dropped_output_tokens": 88}]

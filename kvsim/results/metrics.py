@@ -353,17 +353,19 @@ def optional_column_summaries(requests: Mapping[str, Any]) -> dict[str, Any]:
     fleet's table alike: `by_priority` with `priority`; with `client_queue_s` (a closed-loop client's waits), its
     percentiles over the finished requests, as `vllm bench serve` takes its "Client Queue Time" over the
     successful ones (TTFT and E2E are over the finished requests too); with `length_capped_tokens`,
-    `length_capped`: the requests whose output max_model_len cut (vLLM's finish_reason "length") and the output
-    tokens cut, every sample's counted (as `output_tokens_per_s` counts them)."""
+    `length_capped`: the finished requests whose output max_model_len cut (vLLM's finish_reason "length") and the
+    output tokens cut, every sample's counted (as `output_tokens_per_s` counts them, over the finished requests). A
+    refused request generated nothing, so nothing of its was cut: its row keeps the cap its admission check
+    used (refused for its KV or its samples, the capped output), the summary does not count it."""
     out: dict[str, Any] = {}
+    finished = np.asarray(requests["status"]) == RequestStatus.FINISHED.value
     if "length_capped_tokens" in requests:
-        capped = np.asarray(requests["length_capped_tokens"])
+        capped = np.asarray(requests["length_capped_tokens"]) * finished
         out["length_capped"] = {"num_requests": int((capped > 0).sum()),
                                 "num_dropped_output_tokens": int((capped * np.asarray(requests["num_samples"])).sum())}
     if "priority" in requests:
         out["by_priority"] = by_priority(requests)
     if "client_queue_s" in requests:
-        finished = np.asarray(requests["status"]) == RequestStatus.FINISHED.value
         out["client_queue_s"] = percentiles(np.asarray(requests["client_queue_s"], dtype=float)[finished])
     return out
 
