@@ -93,3 +93,18 @@ def test_a_refused_request_is_not_counted_as_cut_though_its_row_keeps_the_cap():
     assert result.summary["length_capped"] == {"num_requests": 2, "num_dropped_output_tokens": 2 * 2 * 22}
     assert [r.summary["length_capped"] for r in result.replicas] == [
         {"num_requests": 0, "num_dropped_output_tokens": 0}, {"num_requests": 2, "num_dropped_output_tokens": 88}]
+
+
+def test_a_disaggregated_fleet_cuts_on_the_decode_instance_not_on_the_prefill_one():
+    # The prefill instance is asked for one token (the proxy's max_tokens=1) and cuts none: its rows show 1 output
+    # token and no cut; the decode instance generates 128 - 100 = 28 and cuts 22, each request once (its rows showed
+    # the cut made when the requests were drawn, and its summary 4 requests and 88 tokens cut beside the decode's).
+    replicas = [{"count": 1, "kv_role": "kv_producer"}, {"count": 1, "kv_role": "kv_consumer"}]
+    result = run(100, 50, 128, replicas=replicas, kv_transfer_config={"kv_link": "nvlink"})
+    prefill, decode = result.replicas
+    assert prefill.requests["output_tokens"].tolist() == [1] * 4 and "length_capped" not in prefill.summary
+    assert "length_capped_tokens" not in prefill.requests
+    assert decode.requests["output_tokens"].tolist() == [28] * 4
+    assert decode.requests["length_capped_tokens"].tolist() == [22] * 4
+    assert decode.summary["length_capped"] == result.summary["length_capped"] == {
+        "num_requests": 4, "num_dropped_output_tokens": 4 * 22}

@@ -235,7 +235,10 @@ class Disaggregation:
         prefill, asked = self.prefill[decision.replica], req.output_len
         req.output_len = 1
         if self.engines[prefill].scheduler.reject_reason(req) is None:
-            self.output_len[req.request_id] = asked
+            # the client's whole max_tokens, uncut: its prefill row cut none of its one token (the decode instance's
+            # max_model_len cuts it at the hand-off), where the row showed the cut made when the requests were drawn
+            self.output_len[req.request_id] = asked + req.num_length_capped_tokens
+            req.num_length_capped_tokens = 0
         else:
             req.output_len = asked
         return prefill
