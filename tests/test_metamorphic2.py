@@ -463,16 +463,14 @@ def test_every_token_is_computed_once_without_preemption(engine):
     requests, steps = result.requests, result.steps
     assert result.summary["num_preemptions"] == 0 and requests.prefix_hit_tokens.sum() > 0
     prompts = (requests.prompt_tokens - requests.prefix_hit_tokens).sum()
-    one_token_tails = 0
     if engine == {}:  # v1, n = 2: the second sample is a request of its own (vLLM v1's fan-out), whose lookup
         # finds all the first one's full prompt blocks but the one holding the last token (at most prompt − 1
         # tokens hit): it computes the prompt's last partial block, or its last whole block (16 tokens). A
-        # tail of one token is a one-token query after cached ones, which steps count as a decode (vLLM's
-        # attention backends split decodes from prefills by query length)
+        # tail of one token is a prompt token like the others (docs/metrics.md: `num_prefill_tokens`), though
+        # priced as a decode; steps counted it as a decode until 2026-12-07
         tails = requests.prompt_tokens - (requests.prompt_tokens - 1) // 16 * 16
         siblings = requests.num_samples - 1
-        one_token_tails = (siblings * (tails == 1)).sum()
-        prompts += (siblings * tails).sum() - one_token_tails
+        prompts += (siblings * tails).sum()
     assert result.counters is not None and result.counters.num_recomputed_tokens == 0  # a sibling's tail is no recompute
     if "speculative_config" in engine:
         counts = result.summary["spec_decode"]
@@ -490,7 +488,7 @@ def test_every_token_is_computed_once_without_preemption(engine):
     else:
         assert steps.num_prefill_tokens.sum() == prompts
         outputs = ((requests.output_tokens - 1) * requests.num_samples).sum()
-        assert steps.num_batched_tokens.sum() == prompts + one_token_tails + outputs
+        assert steps.num_batched_tokens.sum() == prompts + outputs
 
 
 @pytest.mark.parametrize("acceptance", [1.0, 0.0])

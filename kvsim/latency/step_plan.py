@@ -39,6 +39,8 @@ class StepPlan:
     # passes read each context without them: `kvsim.latency.speculative`)
     num_verify_chunk_tokens: int = 0  # tokens of verify chunks of ≥ 2 tokens: in num_prefill_tokens, priced as
     num_verify_chunk_seqs: int = 0  # chunks; their sequences, not in num_decode_seqs (see `num_row_decode_seqs`)
+    num_one_token_chunks: int = 0  # sequences computing one prompt (or recomputed) token after ≥ 1: priced as
+    # decodes (`add`, `kvsim.sched.base.Scheduler.account`), reported as prefill (`num_row_prefill_tokens`)
     windowed_decode_context_tokens: dict[int, int] | None = None  # window → Σ min(context, window) over the
     # decodes (`decode_context_in_window`); None where not counted (the scheduler counts it for windowed models)
 
@@ -51,13 +53,16 @@ class StepPlan:
         """Prefill tokens as a step row reports them: prompt (and recomputed) tokens only. A sequence verifying
         k drafts is a decode processing k + 1 tokens, as vLLM counts it (`IterationStats.update_from_output`,
         vllm/v1/metrics/stats.py: generation tokens once the prompt is done), though the latency models
-        price its k + 1 tokens as a chunk (`num_prefill_tokens`)."""
-        return self.num_prefill_tokens - self.num_verify_chunk_tokens
+        price its k + 1 tokens as a chunk (`num_prefill_tokens`). A chunk of one prompt token after others (the
+        prompt's last, once chunked prefill or a prefix hit left one) is a prompt token, though priced as a
+        decode (`num_one_token_chunks`)."""
+        return self.num_prefill_tokens - self.num_verify_chunk_tokens + self.num_one_token_chunks
 
     @property
     def num_row_decode_seqs(self) -> int:
-        """Decode sequences as a step row reports them: one-token decodes and verifying sequences."""
-        return self.num_decode_seqs + self.num_verify_chunk_seqs
+        """Decode sequences as a step row reports them: one-token decodes of a sampled token and verifying
+        sequences."""
+        return self.num_decode_seqs + self.num_verify_chunk_seqs - self.num_one_token_chunks
 
     def decode_context_in_window(self, window: int) -> int:
         """Σ min(context, window) over the decode sequences: what a sliding-window layer (or a chunked one, at

@@ -229,6 +229,8 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
                 plan.add_verify(num_new, past)
             elif (num_new == 1 and past and past + 1 == req.prompt_len + req.num_output_tokens
                   and (req.num_samples == 1 or req.request_id not in forked)):
+                if not req.num_output_tokens:  # the prompt's last token: priced as a decode, reported as prefill
+                    plan.num_one_token_chunks += 1
                 num_decodes += 1
                 sum_context += past + 1
                 if past >= max_context:
@@ -237,6 +239,8 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
                     min_context = past + 1
             else:
                 num_seqs = _sequences(req, forked)
+                if num_new == 1 and past and past + 1 < req.prompt_len + req.num_output_tokens:  # a chunk of one
+                    plan.num_one_token_chunks += num_seqs  # (`add` prices it as a decode)
                 add(num_new, past, num_seqs, past + num_new == req.num_tokens)
                 self.num_recomputed_tokens += req.num_recomputed(past, num_new) * num_seqs
         if num_decodes:
