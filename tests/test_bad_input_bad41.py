@@ -23,6 +23,7 @@ import pytest
 from kvsim.model.errors import KvsimError
 from kvsim.workload.scenario import make_scenario
 from tests.conftest import one_line_exit_2
+from tests.test_bad_input_sweep30 import TOY as PLAN_TOY
 
 LENGTHS = "num_prefill_tokens,num_decode_tokens\n100,10\n200,20\n"
 
@@ -179,16 +180,6 @@ def test_the_autoscalers_window_queues_recommend_what_a_scan_of_every_sync_does(
     assert changed > 50  # the windows and the policies were exercised, not a fleet that never moved
 
 
-PLAN_TOY = """\
-name: toy
-engine: {max_model_len: 2048, num_gpu_blocks_override: 400, max_num_seqs: 8}
-workload:
-  num_requests: 40
-  arrival: {process: poisson, rate: 14.0}
-  prompt_len: {dist: fixed, value: 256}
-  output_len: {dist: fixed, value: 64}
-latency: {model: constant, step_s: 0.02}
-"""
 
 
 @pytest.mark.parametrize(("values", "expected"), [
