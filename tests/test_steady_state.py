@@ -427,3 +427,47 @@ def test_a_fleet_below_its_limit_is_stable_replica_by_replica(rho):
     verdicts = [run.evidence["verdict"] for run in run_many(
         [uneven_fleet(rho, 6000, seed) for seed in range(sized(8, 15))], workers=1, evidence=True)]
     assert set(verdicts) == {STABLE}
+
+
+def kept_running(long_from):
+    """100 requests arriving at t = 0, 1, ..., 99 s, each scheduled on arrival (the waiting queue never grows),
+    running 2 s, or 40 s from t = `long_from` on (the running set grows, as an overloaded batch engine's does while
+    it admits everything)."""
+    arrival = np.arange(100.0)
+    requests = table(arrival, arrival + np.where(arrival < long_from, 2.0, 40.0))
+    requests["first_scheduled_s"] = arrival
+    return requests
+
+
+def test_the_rate_search_s_long_run_that_served_under_95_percent_of_its_arrivals_fails():
+    """By hand: the span is 99 s and the median stay 2 s, so the window is [19.8, 89.1) (20 % warm-up, 10 % tail),
+    70 arrivals (t = 20..89). A 2 s request finishes in it from t = 18 on, a 40 s one after the run (t + 40 ≥ 100):
+    with long stays from t = 85, t = 18..84 finish in it, 67/70 = 0.957 = 1 − (B(89.1) − B(19.8)) ÷ 70 with backlogs
+    90 − 85 = 5 and 20 − 18 = 2; from t = 84, 66/70 = 0.943. The waiting queue never grows: both windows read
+    *stable*, and both pass as probes (no SLO: stability alone). As the search's long runs (verification, 10 × a
+    probe's 100 requests), 0.957 holds and 0.943 is overloaded: served ÷ offered under 1 − THROUGHPUT_TOL.
+
+    Short probes pass up to 4: 1, 2, 4 pass, then 8 and the bisections √(4 · 8), ... fail, 4 · 2^(1/2^k), until
+    4 · 2^(1/16) = 4.18 is within 5 % of 4 (a 200-request level is over max_requests). So the long runs are:
+    4 (67/70, holds), the short search's lowest failure 4 · 2^(1/16) (66/70), then, that one failing,
+    √(4 · 4 · 2^(1/16)) = 4 · 2^(1/32) = 4.09 (66/70, fails), whose 3 % step down (3.97) reaches 4: the answer is 4.
+    Taking the probe's verdict, every long run held, and the answer climbed above 4.18."""
+    from kvsim.planning.steady_state import search_rates
+
+    ran_long = {False: window_evidence(kept_running(85)), True: window_evidence(kept_running(84))}
+    assert [ev["served_over_offered"] for ev in ran_long.values()] == pytest.approx([67 / 70, 66 / 70])
+    assert all(ev["verdict"] == STABLE and probe_passes(ev, {}) for ev in ran_long.values())
+    short = {True: window_evidence(kept_running(100)), False: {"verdict": OVERLOADED}}
+
+    def run(probes):
+        return [ran_long[rate > 4.0] if n == 1000 else short[rate <= 4.0] for rate, n in probes]
+
+    (search,) = search_rates(lambda _, rate, n: (rate, n), 1, {}, run, num_requests=100, max_requests=100,
+                             verify_factor=10)
+    assert search.search_rate == 4.0
+    rates = [run.rate for run in search.long_runs]
+    assert rates == pytest.approx([4.0, 4 * 2 ** (1 / 16), 4 * 2 ** (1 / 32)])
+    assert [run.passed for run in search.long_runs] == [True, False, False]
+    assert search.rate == 4.0 and search.failed_rate == rates[2] and search.evidence is ran_long[False]
+    failed = failing_evidence(search)
+    assert failed["verdict"] == OVERLOADED and failed["long_run_shortfall"] and ran_long[True]["verdict"] == STABLE

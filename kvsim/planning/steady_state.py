@@ -21,6 +21,15 @@ both held and failed, the rate is bisected between the highest held and the lowe
 (at most `max_verify_tries` long runs). `rate` is then the highest rate a
 long run held (0, with `verified` False, when none did), and `evidence` that long run's.
 
+A long run is judged as a plan's verification judges its fleet's (`kvsim.planning.verify.long_run_evidence`):
+one that served under 95 % of its arrivals is *overloaded*, whatever its waiting queue did, and fails. A probe's
+verdict lets such a shortfall through while its waiting queue stays within a stable queue's margin, as a short
+run's backlog wanders by several % of its arrivals; an overloaded batch engine grows its running set first, which
+that margin does not see. One H100 on the default traffic, stability alone (no SLO), 320-request probes: the 10 ×
+long runs (6,400 requests) held 18.49 req/s at served ÷ offered 0.909 (p90 TTFT 11.5 s), which 32,000 requests
+find backlogged (p90 TTFT 63 s); judged as a long run it fails, and the answer is 16.97 (stable on 32,000, p90
+TTFT 0.30 s).
+
 The long runs bracket the answer from both sides because short runs err both ways: a short run can pass an
 optimistic rate (above), and miss a percentile SLO by noise below the true limit, which no longer run
 revisits once the bisection has moved below it. Checking only downwards left that bias in the answer: an
@@ -37,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsim.planning.slo import probe_passes
+from kvsim.planning.verify import long_run_evidence
 from kvsim.planning.window import TOO_SHORT
 
 
@@ -232,9 +242,16 @@ class SteadyRateSearch:
     def observe(self, passed: bool, evidence: Any, too_short: bool | None = None) -> None:
         """The pending probe's outcome. `too_short`: its run was too short to judge the rate (None: read
         from `evidence`'s verdict, which a caller keeping more than the window evidence must pass itself);
-        such a probe is not a failure: its level starts again with twice the requests."""
+        such a probe is not a failure: its level starts again with twice the requests.
+
+        A long run's window evidence (a mapping with a verdict) is judged as a long run's (`long_run_evidence`):
+        one that served under 95 % of its arrivals fails, its verdict *overloaded*, though `passed` (a probe's
+        judgement, which needs a stable verdict) said it held. Other evidence is kept as given."""
         assert self._pending is not None, "observe follows next_probe"
         if self._verifying:
+            if isinstance(evidence, Mapping) and "verdict" in evidence:
+                evidence = long_run_evidence(evidence)
+                passed = passed and not evidence.get("long_run_shortfall", False)
             self.long_runs.append(LongRun(self._pending, passed, evidence))
             self._pending, self._verifying = None, False
             return

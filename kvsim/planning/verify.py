@@ -78,6 +78,8 @@ def answer_columns(answer: Mapping[str, Any], search: Mapping[str, Any], slo: Ma
 def long_run_evidence(evidence: Mapping[str, Any]) -> Mapping[str, Any]:
     """A long run's evidence as a verification judges it: a *stable* window that served under 1 − `THROUGHPUT_TOL`
     of what was offered is *overloaded* (`long_run_shortfall` True), the waiting queue's growth notwithstanding.
+    The plan's verification (`Verification.observe`, the replica search's near-miss rerun) and the rate search's
+    long runs (`kvsim.planning.steady_state.SteadyRateSearch.observe`) judge theirs with it.
 
     Over a window [a, b) with N arrivals, served ÷ offered is exactly 1 − (B(b) − B(a)) ÷ N, B the backlog (arrived,
     not finished): the λ·W requests a queue holds (Little's law) trail the arrivals at both ends of the window, so
