@@ -1,11 +1,14 @@
 """The report's fleet section: the unbounded-cache bound and the affinity verdict, worked by hand."""
 
+import functools
+
 import pandas as pd
 import pytest
 
 from kvsim.model.errors import KvsimError
 from kvsim.report.fleet_study import unbounded_hit_rate
-from kvsim.report.text import _affinity_verdict
+from kvsim.report.fleet_text import _affinity_verdict, fleet_text
+from kvsim.report.fleet_traffic import AZURE_CONV, MOONCAKE
 from kvsim.workload.traces import TraceRecord
 
 
@@ -86,7 +89,6 @@ def test_verdict_names_a_small_gain_as_a_gain():
 def test_one_replica_fleet_says_there_is_nothing_to_route():
     """A fleet of one (OPT-13B, max_model_len 2,048): the words give it, say "1 replica" and compare no routers."""
     from kvsim.report.studies import Section
-    from kvsim.report.text import fleet_text
     from kvsim.workload.scenario import load_scenario
 
     class St:  # what fleet_text reads of a Study
@@ -101,7 +103,7 @@ def test_one_replica_fleet_says_there_is_nothing_to_route():
     facts = {"num_requests": 60, "span_s": 15.0, "mean_prompt_tokens": 12386.0, "max_model_len": 2048,
              "num_too_long": 50, "floor_ttft_p90_s": 0.18, "floor_queue_p99_s": 0.0,
              "unbounded_hit_rate": 0.344, "ttft_target_s": 2.0, "slo_s": 2.0, "max_replicas": 8,
-             "price_source": "none"}
+             "price_source": "none", "trace": MOONCAKE, "passed_over": []}
     text = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame(rows)}, facts), St)
     assert "max_model_len 2,048; the 50 prompts" in text
     assert "needs 1 replica with round robin; 1 replica with least outstanding; 1 replica with affinity." in text
@@ -110,18 +112,95 @@ def test_one_replica_fleet_says_there_is_nothing_to_route():
 
 def test_a_mostly_unservable_trace_is_said_in_one_line_and_not_sized():
     from kvsim.report.studies import Section
-    from kvsim.report.text import fleet_text
 
-    facts = {"unservable": True, "num_too_long": 236, "num_requests": 300, "max_model_len": 2048}
+    facts = {"unservable": True, "num_requests": 300, "max_model_len": 512,
+             "passed_over": [{"name": "Mooncake", "num_too_long": 300}, {"name": "Azure conversation",
+                                                                        "num_too_long": 180}]}
     text = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame()}, facts), None)
-    assert text == ("236 of the first 300 Mooncake requests (79%) have prompts of max_model_len (2,048 tokens) or "
-                    "more: this engine cannot serve this trace, so no fleet is sized for it.")
+    assert text == ("300 of the first 300 Mooncake requests (100%) and 180 of the first 300 Azure conversation "
+                    "requests (60%) have prompts of max_model_len (512 tokens) or more: this engine cannot serve "
+                    "these traces, so no fleet is sized for them.")
+
+
+@functools.cache
+def _prompts() -> tuple[list[int], list[int]]:
+    """The prompt lengths of the shipped Mooncake slice and Azure conversation trace, read with json and csv alone."""
+    import csv
+    import json
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[1] / "kvsim/workload/data"
+    lines = (data / "mooncake_conversation_head.jsonl").read_text().splitlines()
+    with (data / "azure_conv.csv").open(newline="") as f:
+        azure = [int(row["ContextTokens"]) for row in csv.DictReader(f)]
+    return [json.loads(line)["input_length"] for line in lines], azure
+
+
+def _counts(max_model_len: int, num_requests: int) -> tuple[int, int]:
+    """Prompts of max_model_len or more among each shipped trace's first `num_requests`."""
+    return tuple(sum(p >= max_model_len for p in prompts[:num_requests]) for prompts in _prompts())
+
+
+@pytest.mark.parametrize(("max_model_len", "num_requests", "expected"), [
+    (4096, 300, (210, 1)),  # the report's L4 default: Mooncake passed over (70 %), Azure served (its 4,107 row)
+    (16384, 300, (85, None)),  # 28 % of Mooncake refused: served, Azure never read
+    (8192, 60, (30, None)),  # exactly half refused (--quick, docs/report.md's third command): served
+    (512, 300, (300, 180)),  # neither: nothing sized
+])
+def test_the_fleet_serves_the_first_shipped_trace_at_most_half_of_which_is_too_long(max_model_len, num_requests,
+                                                                                      expected):
+    """`choose` on the report's default engine, against counts read from the files by `_prompts` (210 of
+    Mooncake's first 300 prompts are 4,096 tokens or more, docs/report.md's figure)."""
+    from kvsim.report.fleet_traffic import choose
+    from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
+
+    tried = choose(load_scenario(None, default=REPORT_SCENARIO), num_requests, max_model_len)
+    moon, azure = _counts(max_model_len, num_requests)
+    read_azure = expected[1] is not None
+    assert (moon, azure if read_azure else None) == expected
+    assert [(t.trace, t.num_too_long, len(t.records)) for t in tried] == \
+        [(MOONCAKE, moon, num_requests)] + ([(AZURE_CONV, azure, num_requests)] if read_azure else [])
+    half = num_requests / 2
+    assert [t.served for t in tried] == [moon <= half] + ([azure <= half] if read_azure else [])
+
+
+def test_a_trace_without_prompt_content_compares_no_hit_rates_and_runs_no_affinity():
+    """Azure's rows give lengths alone: the words say why this trace (the passed-over Mooncake count), that
+    affinity has nothing to follow, and quote no hit rate or unbounded bound (it has none: no block identity)."""
+    from kvsim.report.studies import Section
+    from kvsim.workload.scenario import load_scenario
+
+    class St:  # what fleet_text reads of a Study
+        base = load_scenario(None, ["model=llama-3.1-8b", "gpu=l4"])
+        model = type("M", (), {"name": "llama-3.1-8b"})
+        gpu = type("G", (), {"name": "l4"})
+
+    rows = [{"router": r, "replicas": 6, "prefix_cache_hit_rate": 0.0, "ttft_p50_s": p50, "ttft_p90_s": p90,
+             "queue_p90_s": q, "prompt_tokens_computed": 43328, "requests_per_replica_max": busiest,
+             "replicas_for_slo": 6, "cost_per_hour_for_slo": None}
+            for r, p50, p90, q, busiest in (("round_robin", 0.17, 0.52, 0.05, 10),
+                                            ("least_outstanding", 0.16, 0.59, 0.04, 12))]
+    facts = {"num_requests": 60, "span_s": 30.2, "mean_prompt_tokens": 722.1, "max_model_len": 4096,
+             "num_too_long": 0, "floor_ttft_p90_s": 0.47, "floor_queue_p99_s": 0.0, "unbounded_hit_rate": None,
+             "ttft_target_s": 2.0, "slo_s": 2.0, "max_replicas": 8, "price_source": "none", "trace": AZURE_CONV,
+             "passed_over": [{"name": "Mooncake", "num_too_long": 45}]}
+    text = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame(rows)}, facts), St)
+    assert text.startswith("The first 60 requests of the Azure LLM inference trace's conversation service (Azure's "
+                           "production traffic, 2023: real arrivals over 30 s, prompts of 722 tokens on average, "
+                           "lengths alone, no prompt content; CC-BY 4.0")
+    assert ("max_model_len 4,096. It is served because this engine refuses most of the trace tried first: 45 of "
+            "the first 60 Mooncake requests (75%) have prompts of max_model_len or more") in text
+    assert "affinity is not run" in text and "Affinity" not in text and "hit rate" not in text
+    assert "so no fleet goes far below it. TTFT p90 ≤ 2 s needs 6 replicas with round robin; 6 replicas with " \
+        "least outstanding." in text
+    assert text.endswith("At 6 replicas (the fewest least-outstanding routing needs), TTFT p50 / p90: 0.17 / 0.52 s "
+                         "with round robin and 0.16 / 0.59 s with least outstanding; queue p90 0.05 s and 0.04 s; "
+                         "the busiest replica got 10 and 12 requests.")
 
 
 def test_the_fleet_section_quotes_the_gap_breakdown_of_the_floor():
     """With a floor and the plan's gap breakdown in the table, the sentence on the floor quotes the parts."""
     from kvsim.report.studies import Section
-    from kvsim.report.text import fleet_text
     from kvsim.workload.scenario import load_scenario
 
     class St:  # what fleet_text reads of a Study
@@ -138,7 +217,7 @@ def test_the_fleet_section_quotes_the_gap_breakdown_of_the_floor():
     facts = {"num_requests": 60, "span_s": 15.0, "mean_prompt_tokens": 1200.0, "max_model_len": 2048,
              "num_too_long": 0, "floor_ttft_p90_s": 0.18, "floor_queue_p99_s": 0.0,
              "unbounded_hit_rate": 0.3, "ttft_target_s": 2.0, "slo_s": 2.0, "max_replicas": 8,
-             "price_source": "none"}
+             "price_source": "none", "trace": MOONCAKE, "passed_over": []}
     text = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame(rows)}, facts), St)
     assert "least outstanding needs 1.5× that, made of (from that fleet's own run" in text and gap in text
 
@@ -205,3 +284,19 @@ def test_the_offload_section_sizes_tiers_in_the_blocks_a_sequence_can_hold():
     v0 = study("engine.scheduler=v0")
     assert gpu_pool_bytes(v0) == 2000 * 2 * 2**20
     assert offload_sizing(v0).skipped == "engine: kv_offload needs scheduler=v1 (got v0)"
+
+
+def test_an_engine_both_traces_mostly_overflow_sizes_nothing_and_says_so():
+    """At max_model_len 512 all 300 of Mooncake's first prompts and 180 of Azure's (60 %: `_counts`) are that long
+    or longer: the section runs nothing and names both counts (the figure's words: test_report_render)."""
+    from kvsim.report.fleet_study import fleet_routing
+    from kvsim.report.studies import Study, StudyConfig
+    from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
+
+    st = Study(load_scenario(None, ["engine.max_model_len=512"], default=REPORT_SCENARIO), StudyConfig(workers=1))
+    sec = fleet_routing(st)
+    assert st.runs_submitted == 0 and sec.tables["fleet_routing"].empty
+    assert sec.facts["passed_over"] == [{"name": "Mooncake", "num_too_long": _counts(512, 300)[0]},
+                                        {"name": "Azure conversation", "num_too_long": _counts(512, 300)[1]}]
+    assert fleet_text(sec, st).startswith("300 of the first 300 Mooncake requests (100%) and 180 of the first 300 "
+                                          "Azure conversation requests (60%) have prompts of max_model_len (512 ")

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from kvsim.report.build import STYLE, _markdown_to_html
-from kvsim.report.figures import fig_context, fig_load, save_figure
+from kvsim.report.figures import fig_context, fig_fleet, fig_load, save_figure
+from kvsim.report.fleet_traffic import AZURE_CONV, MOONCAKE
 from kvsim.report.studies import Section, StudyConfig
 from kvsim.report.summary import summary_lines, summary_markdown
 
@@ -43,6 +44,29 @@ def test_a_one_panel_figure_uses_the_whole_canvas_and_coinciding_lines_stay_visi
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1,024", "2,048", "4,096"]
 
 
+def test_fleet_figure_names_each_trace_refused_and_draws_no_hit_rate_without_prompt_content():
+    """Nothing sized: both traces' counts in words. Sized on Azure (lengths alone): no hit-rate bars (every one
+    would be 0 with no reuse to find), the words say why; the TTFT bars are the two load routers'."""
+    fig, axes = plt.subplots(1, 2)
+    facts = {"unservable": True, "num_requests": 300, "max_model_len": 512,
+             "passed_over": [{"name": "Mooncake", "num_too_long": 300}, {"name": "Azure conversation",
+                                                                        "num_too_long": 180}]}
+    fig_fleet(Section("fleet", "Fleet", {"fleet_routing": pd.DataFrame()}, facts), CFG, axes)
+    assert axes[0].texts[0].get_text() == ("300 of 300 Mooncake, 180 of 300 Azure conversation prompts of "
+                                           "max_model_len (512 tokens) or more:\nnot servable, no fleet sized")
+    plt.close(fig)
+    fig, axes = plt.subplots(1, 2)
+    df = pd.DataFrame({"router": ["round_robin", "least_outstanding"], "replicas": [6, 6],
+                       "prefix_cache_hit_rate": [0.0, 0.0], "ttft_p50_s": [0.17, 0.16], "ttft_p90_s": [0.52, 0.59]})
+    fig_fleet(Section("fleet", "Fleet", {"fleet_routing": df}, {"trace": AZURE_CONV, "ttft_target_s": 2.0}), CFG,
+              axes)
+    assert not axes[0].patches and axes[0].texts[0].get_text().startswith("Azure conversation trace: lengths, no "
+                                                                          "prompt content")
+    assert [t.get_text() for t in axes[1].get_xticklabels()] == ["round robin", "least outstanding"]
+    assert [bar.get_height() for bar in axes[1].patches] == [0.17, 0.16, 0.52, 0.59]
+    plt.close(fig)
+
+
 def test_load_figure_has_real_rates_and_the_slo_line():
     df = pd.DataFrame({"rate": [0.25, 1.0, 4.0], **{f"{m}_{p}_s": [0.1, 0.5, 9.0] for m in ("ttft", "tpot")
                                                      for p in ("p50", "p90", "p99")}})
@@ -70,7 +94,7 @@ def sections(gpus_for_slo=6.0, failing=4.9):
     fleet = pd.DataFrame({"router": ["round_robin", "least_outstanding"], "replicas_for_slo": [4.0, 3.0],
                           "gpus_for_slo": [8.0, gpus_for_slo], "cost_per_hour_for_slo": [9.0, 7.5]})
     return [Section("fp8", "", {"kv_quantization": quant}), Section("paging", "", {"sustained_rate": rates}),
-            Section("fleet", "", {"fleet_routing": fleet}, {"ttft_target_s": 2.0, "num_requests": 300,
+            Section("fleet", "", {"fleet_routing": fleet}, {"ttft_target_s": 2.0, "num_requests": 300, "trace": MOONCAKE,
                                                             "max_replicas": 64})]
 
 

@@ -4,7 +4,7 @@
 
 Sections (each a table and a figure, computed in `kvsim.report.studies` and `kvsim.report.fleet_study`):
 context ↔ concurrency, KV quantization, prefix sharing, the capacity formula, the paging
-multiplier, load, alerts, the fleet (replicas and routing on the Mooncake trace), KV offload and
+multiplier, load, alerts, the fleet (replicas and routing on a shipped trace), KV offload and
 speculative decoding. A section whose setting this engine refuses says why and has no figure; a
 comparison with variants this engine refuses (slab allocators, prefix caching off) leaves their rows
 out and quotes the refusal (`kvsim.report.applicable`).

@@ -188,18 +188,23 @@ def fig_load(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -
 def fig_fleet(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
     df, f = sec.tables["fleet_routing"], sec.facts
     if f.get("unservable"):
-        axes[0].text(0.5, 0.5, f"{f['num_too_long']} of {f['num_requests']} prompts of max_model_len "
-                     f"({f['max_model_len']:,} tokens) or more:\nnot servable, no fleet sized", ha="center",
-                     va="center", transform=axes[0].transAxes)
+        tried = ", ".join(f"{p['num_too_long']} of {f['num_requests']} {p['name']}" for p in f["passed_over"])
+        axes[0].text(0.5, 0.5, f"{tried} prompts of max_model_len ({f['max_model_len']:,} tokens) or more:\n"
+                     "not servable, no fleet sized", ha="center", va="center", transform=axes[0].transAxes)
         axes[0].set_axis_off()
         axes[1].set_axis_off()
         return
     names = [r.replace("_", " ") for r in df.router]
-    axes[0].bar(names, df.prefix_cache_hit_rate * 100, color=PAGED)
-    axes[0].axhline(f["unbounded_hit_rate"] * 100, color="#2b8a3e", linestyle="--", linewidth=1,
-                    label="unbounded fleet-wide cache")
-    axes[0].set_ylabel(f"prefix-cache hit rate (%), {counted(int(df.replicas.iloc[0]), 'replica')}")
-    axes[0].legend(fontsize=8)
+    if f["trace"].has_prefixes:
+        axes[0].bar(names, df.prefix_cache_hit_rate * 100, color=PAGED)
+        axes[0].axhline(f["unbounded_hit_rate"] * 100, color="#2b8a3e", linestyle="--", linewidth=1,
+                        label="unbounded fleet-wide cache")
+        axes[0].set_ylabel(f"prefix-cache hit rate (%), {counted(int(df.replicas.iloc[0]), 'replica')}")
+        axes[0].legend(fontsize=8)
+    else:
+        axes[0].text(0.5, 0.5, f"{f['trace'].name} trace: lengths, no prompt content:\nno shared prefix to hit "
+                     "or to route by", ha="center", va="center", transform=axes[0].transAxes)
+        axes[0].set_axis_off()
     x = np.arange(len(df))
     axes[1].bar(x - 0.2, df.ttft_p50_s, 0.4, label="TTFT p50", color=VLLM)
     axes[1].bar(x + 0.2, df.ttft_p90_s, 0.4, label="TTFT p90", color=SLAB)

@@ -1,12 +1,12 @@
 """The report's fleet section: how many GPUs for a real trace, and what the router changes.
 
-Traffic: the first `StudyConfig.fleet_requests` requests of the Mooncake FAST'25 conversation
-trace shipped in `kvsim/workload/data` (Kimi's real arrival times, lengths and 512-token prefix
-`hash_ids`; Apache-2.0, Qin et al., FAST 2025), served by replicas of the report's model, GPU,
-TP and engine settings with prefix caching on and the user's `max_model_len` (which one replica's
-pool holds: vLLM, and `Study`, refuse an engine whose pool cannot hold one request of it; a longer
-prompt is refused, as vLLM refuses it, and counted). When more than half the slice is refused, the
-section says so and sizes nothing.
+Traffic: the first `StudyConfig.fleet_requests` requests of a production trace shipped in `kvsim/workload/data`,
+the first of `kvsim.report.fleet_traffic.TRACES` the engine can serve (the Mooncake FAST'25 conversation slice,
+whose 512-token prefix `hash_ids` give the routers real reuse to compete for; else the Azure conversation trace,
+lengths and arrivals alone), served by replicas of the report's model, GPU, TP and engine settings with prefix
+caching on and the user's `max_model_len` (which one replica's pool holds: vLLM, and `Study`, refuse an engine
+whose pool cannot hold one request of it; a longer prompt is refused, as vLLM refuses it, and counted). When
+more than half of every trace's slice is refused, the section says so and sizes nothing.
 
 Three measurements, all ordinary simulations:
 
@@ -17,6 +17,9 @@ Three measurements, all ordinary simulations:
    doubling, then bisection), or within the floor plus the SLO when the floor alone exceeds it;
 3. every router at one fleet size (the fewest replicas least-outstanding routing needs):
    prefix-cache hit rate, TTFT p50/p90, queue p90, prompt tokens computed, load spread.
+
+A trace without prompt content (Azure's) has no prefix a router could follow: affinity routing is not run (it
+would route as least outstanding does, on no evidence), and no hit rate is compared.
 """
 
 from __future__ import annotations
@@ -34,21 +37,23 @@ from kvsim.model.errors import KvsimError
 from kvsim.planning.cost import gpu_price
 from kvsim.planning.plan import Candidate, make_plan_spec, plan
 from kvsim.planning.spec import PlanSpec
+from kvsim.report.fleet_traffic import MOONCAKE, FleetTrace, TraceTried, choose
 from kvsim.report.studies import Section, Study, variant
 from kvsim.report.study_config import StudyConfig
 from kvsim.workload.scenario import Scenario
-from kvsim.workload.traces import TraceRecord, read_mooncake
+from kvsim.workload.traces import TraceRecord
 
-TRACE = "builtin:mooncake_conversation_head"
+TRACE = MOONCAKE.path  # the offload section's traffic
 ROUTERS = ("round_robin", "least_outstanding", "affinity")
-UNSERVABLE_SHARE = 0.5  # more of the trace than this over max_model_len: say so, size nothing
+LOAD_ROUTERS = ROUTERS[:2]  # for a trace without prompt content: affinity has no prefix to follow
 FLOOR_GAP_S = 1000.0  # s between the floor run's arrivals; its queue p99 is reported to show none waited
 
 
-def traffic(st: Study) -> Scenario:
-    """The report's engine on the Mooncake slice, prefix caching on."""
+def traffic(st: Study, trace: FleetTrace = MOONCAKE) -> Scenario:
+    """The report's engine on `trace`'s first `fleet_requests` requests (the Mooncake slice unless named), prefix
+    caching on."""
     workload = {"num_requests": st.cfg.fleet_requests, "arrival": {"process": "trace"},
-                "trace": {"format": "mooncake", "path": TRACE}}
+                "trace": {"format": trace.format, "path": trace.path}}
     return variant(st.base, f"workload={json.dumps(workload)}", "engine.allocator=paged",
                    "engine.enable_prefix_caching=true", "replicas=null")
 
@@ -96,10 +101,10 @@ def fleet_plan_spec(cfg: StudyConfig, base: Scenario, gpu_name: str, target_s: f
                            "gpu_hourly_cost": {base.gpu: price} if price else {}})
 
 
-def _replicas_needed(st: Study, base: Scenario, target_s: float) -> dict[str, dict[str, Any]]:
+def _replicas_needed(st: Study, base: Scenario, target_s: float, routers: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Per router, `kvsim.planning.plan.plan`'s row for TTFT p90 ≤ `target_s` on this GPU and TP."""
     out = {}
-    for router in ROUTERS:
+    for router in routers:
         spec = fleet_plan_spec(st.cfg, base, st.gpu.name, target_s, router)
         with tempfile.TemporaryDirectory() as tmp:
             rows, _ = plan(base, spec, Path(tmp) / "plan",  # a folder plan() makes: it writes only into its own
@@ -108,28 +113,34 @@ def _replicas_needed(st: Study, base: Scenario, target_s: float) -> dict[str, di
     return out
 
 
+def _passed_over(tried: Sequence[TraceTried]) -> list[dict[str, Any]]:
+    """Each trace tried and not served: its name and how many of its first requests are too long."""
+    return [{"name": t.trace.name, "num_too_long": t.num_too_long} for t in tried if not t.served]
+
+
 def fleet_routing(st: Study) -> Section:
     """Replicas needed per router for the TTFT SLO, and the routers compared at one fleet size."""
-    base = traffic(st)
-    max_model_len = base.engine.resolved_max_model_len(st.model)
-    records = read_mooncake(base.resolve_path(TRACE, "workload.trace.path"))[: st.cfg.fleet_requests]
-    prompts = np.array([r.prompt_len for r in records])
-    num_too_long = int((prompts >= max_model_len).sum())
-    if num_too_long > UNSERVABLE_SHARE * len(records):  # sizing the rest would answer another question
-        return Section("fleet", "How many GPUs for this traffic (Mooncake trace, routing)",
+    max_model_len = traffic(st).engine.resolved_max_model_len(st.model)
+    tried = choose(st.base, st.cfg.fleet_requests, max_model_len)
+    chosen = tried[-1]
+    if not chosen.served:  # sizing the rest would answer another question
+        return Section("fleet", "How many GPUs for this traffic (shipped traces, routing)",
                        {"fleet_routing": pd.DataFrame()},
-                       {"unservable": True, "num_too_long": num_too_long, "num_requests": len(records),
+                       {"unservable": True, "passed_over": _passed_over(tried), "num_requests": len(chosen.records),
                         "max_model_len": max_model_len})
+    base, records = traffic(st, chosen.trace), chosen.records
+    routers = ROUTERS if chosen.trace.has_prefixes else LOAD_ROUTERS
+    prompts = np.array([r.prompt_len for r in records])
     floor = st.run([variant(base, f"workload.arrival={{process: constant, rate: {1 / FLOOR_GAP_S}}}")])[0].summary
     slo = st.cfg.ttft_slo_s
     floor_p90 = floor["ttft_s"]["p90"]
     target = slo if floor_p90 is None or floor_p90 < slo else floor_p90 + slo
-    needed = _replicas_needed(st, base, target)
+    needed = _replicas_needed(st, base, target, routers)
     size = needed["least_outstanding"]["replicas"] or st.cfg.fleet_max_replicas
     candidate = Candidate(base.gpu, base.engine.tensor_parallel_size)
-    runs = st.run([candidate.scenario(base, size, router) for router in ROUTERS])
+    runs = st.run([candidate.scenario(base, size, router) for router in routers])
     rows = []
-    for router, run in zip(ROUTERS, runs, strict=True):
+    for router, run in zip(routers, runs, strict=True):
         s, need = run.summary, needed[router]
         rows.append({
             "router": router, "replicas": size, "prefix_cache_hit_rate": round(s["prefix_cache_hit_rate"], 4),
@@ -146,12 +157,13 @@ def fleet_routing(st: Study) -> Section:
     facts = {"num_requests": st.cfg.fleet_requests, "span_s": float(arrivals.max() - arrivals.min()),
              "mean_prompt_tokens": float(prompts.mean()), "max_model_len": max_model_len,
              "pool_tokens": pool_tokens(st),
-             "num_too_long": num_too_long,
+             "num_too_long": chosen.num_too_long,
+             "trace": chosen.trace, "passed_over": _passed_over(tried),
              "floor_ttft_p90_s": floor_p90, "floor_hit_rate": floor["prefix_cache_hit_rate"],
              "floor_queue_p99_s": floor["queue_s"]["p99"],
-             "unbounded_hit_rate": unbounded_hit_rate(records, max_model_len),
+             "unbounded_hit_rate": unbounded_hit_rate(records, max_model_len) if chosen.trace.has_prefixes else None,
              "ttft_target_s": target, "slo_s": slo,
              "max_replicas": st.cfg.fleet_max_replicas,
              "price_source": gpu_price(st.gpu.name, st.cfg.gpu_hourly_cost).source}
-    return Section("fleet", "How many GPUs for this traffic (Mooncake trace, routing)",
+    return Section("fleet", f"How many GPUs for this traffic ({chosen.trace.name} trace, routing)",
                    {"fleet_routing": pd.DataFrame(rows)}, facts)

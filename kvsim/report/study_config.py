@@ -38,7 +38,7 @@ class StudyConfig(WholeSettings):
     workers: Count | None = None  # local processes; None: one per CPU
     dask_address: str | None = Field(default=None, min_length=1)
     gpu_hourly_cost: float | None = Field(default=None, gt=0)  # USD per GPU-hour; None: the GPU's list price
-    fleet_requests: Count = 300  # leading requests of the Mooncake slice the fleet section replays
+    fleet_requests: Count = 300  # leading requests of the shipped trace the fleet section replays
     fleet_max_replicas: Count = 64  # the fleet section's replica search stops here
     rate_requests: Count = 400  # the steady-state rate search's first run length (it doubles until converged)
     rate_max_requests: Count = 12_800  # ... up to this many requests per probe (the cap is reported when hit)

@@ -65,7 +65,7 @@ def summary_lines(sections: list[studies.Section], st: studies.Study, cfg: studi
                      + (f"; {failed:.3g} requests/s misses it)." if failed is not None else ")."))
     fleet = _facts(sections, "fleet")
     if "ttft_target_s" in fleet:
-        traffic = f"the Mooncake trace's first {fleet.get('num_requests', '?')} requests"
+        traffic = f"the {fleet['trace'].name} trace's first {fleet.get('num_requests', '?')} requests"
         target = f"TTFT p90 ≤ {_seconds(fleet['ttft_target_s'])}"
         gpus = _cell(sections, "fleet_routing", "router", SIZING_ROUTER, "gpus_for_slo")
         replicas = _cell(sections, "fleet_routing", "router", SIZING_ROUTER, "replicas_for_slo")
