@@ -193,6 +193,8 @@ def test_a_trace_without_prompt_content_compares_no_hit_rates_and_runs_no_affini
     assert "affinity is not run" in text and "Affinity" not in text and "hit rate" not in text
     assert "so no fleet goes far below it. TTFT p90 ≤ 2 s needs 6 replicas with round robin; 6 replicas with " \
         "least outstanding." in text
+    one = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame(rows)}, {**facts, "num_too_long": 1}), St)
+    assert "max_model_len 4,096; its one prompt of 4,096 tokens or more is refused, as vLLM refuses it. It" in one
     assert text.endswith("At 6 replicas (the fewest least-outstanding routing needs), TTFT p50 / p90: 0.17 / 0.52 s "
                          "with round robin and 0.16 / 0.59 s with least outstanding; queue p90 0.05 s and 0.04 s; "
                          "the busiest replica got 10 and 12 requests.")

@@ -39,8 +39,11 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
     df = sec.tables["fleet_routing"].set_index("router")
     e = st.base.engine
     tp = f"{e.tensor_parallel_size}× " if e.tensor_parallel_size > 1 else ""
-    refused = (f"; the {f['num_too_long']} prompts of {f['max_model_len']:,} tokens or more are refused, as vLLM "
-               "refuses them" if f["num_too_long"] else "")
+    refused = ("" if not f["num_too_long"] else
+               f"; its one prompt of {f['max_model_len']:,} tokens or more is refused, as vLLM refuses it"
+               if f["num_too_long"] == 1 else
+               f"; the {f['num_too_long']} prompts of {f['max_model_len']:,} tokens or more are refused, as vLLM "
+               "refuses them")
     trace = f["trace"]
     traffic = (f"The first {f['num_requests']} requests of {trace.label} ({trace.source}: real arrivals over "
                f"{f['span_s']:.0f} s, prompts of {f['mean_prompt_tokens']:,.0f} tokens on average, "
