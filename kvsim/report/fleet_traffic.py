@@ -19,11 +19,11 @@ neither is served, nothing is sized.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvsim.workload.rows_read import read_rows
 from kvsim.workload.scenario import Scenario
-from kvsim.workload.traces import TraceRecord, read_azure, read_mooncake
+from kvsim.workload.traces import NO_COLUMNS, TraceRecord
 
 UNSERVABLE_SHARE = 0.5  # more of a trace than this at max_model_len or over: not served, the next one tried
 
@@ -33,8 +33,7 @@ class FleetTrace:
     """A shipped trace the fleet section may serve: its scenario `workload.trace`, and how the report names it."""
 
     path: str  # `builtin:NAME`
-    format: str  # the scenario's `workload.trace.format`
-    reader: Callable[[str], list[TraceRecord]]
+    format: str  # the scenario's `workload.trace.format` (a key of `ROW_READERS`)
     name: str  # short, in the section's title and the summary: "Mooncake"
     label: str  # "the Mooncake conversation trace"
     source: str  # whose traffic, before "real arrivals" in the section's first sentence
@@ -42,10 +41,10 @@ class FleetTrace:
     has_prefixes: bool  # prompt blocks carry identities: a prefix cache and the affinity router have reuse to find
 
 
-MOONCAKE = FleetTrace("builtin:mooncake_conversation_head", "mooncake", read_mooncake, "Mooncake",
+MOONCAKE = FleetTrace("builtin:mooncake_conversation_head", "mooncake", "Mooncake",
                       "the Mooncake conversation trace", "Kimi's production traffic",
                       "512-token prefix hashes; Apache-2.0, Qin et al., FAST 2025", True)
-AZURE_CONV = FleetTrace("builtin:azure_conv", "azure", read_azure, "Azure conversation",
+AZURE_CONV = FleetTrace("builtin:azure_conv", "azure", "Azure conversation",
                         "the Azure LLM inference trace's conversation service", "Azure's production traffic, 2023",
                         "lengths alone, no prompt content; CC-BY 4.0, Patel et al., Splitwise, ISCA 2024", False)
 TRACES = (MOONCAKE, AZURE_CONV)  # tried in this order (module docstring)
@@ -65,8 +64,9 @@ class TraceTried:
 
 
 def records(base: Scenario, trace: FleetTrace, num_requests: int) -> list[TraceRecord]:
-    """The first `num_requests` requests of `trace`, read from the shipped file `base` resolves it to."""
-    return trace.reader(str(base.resolve_path(trace.path, "workload.trace.path")))[:num_requests]
+    """The first `num_requests` requests of `trace`, read from the shipped file `base` resolves it to (parsed once
+    for this and the section's runs: `read_rows`)."""
+    return read_rows(base.resolve_path(trace.path, "workload.trace.path"), trace.format, NO_COLUMNS)[:num_requests]
 
 
 def choose(base: Scenario, num_requests: int, max_model_len: int) -> list[TraceTried]:

@@ -46,6 +46,7 @@ from kvsim.model.errors import KvsimError, reading
 from kvsim.workload.conversations import Conversations, OpenTurns, TurnBuilder
 from kvsim.workload.draws import Arrival, Empirical, Fixed, LengthDist, Lognormal, Uniform
 from kvsim.workload.request import Request
+from kvsim.workload.rows_read import read_rows
 from kvsim.workload.scenario import Scenario
 from kvsim.workload.servegen import read_servegen
 from kvsim.workload.traces import (
@@ -166,7 +167,7 @@ def trace_rows(scenario: Scenario, rng: np.random.Generator) -> tuple[Path, list
         if trace.format == "servegen":
             return path, read_servegen(path, rng, trace.start_s, trace.duration_s, trace.clients)
         if trace.format in ROW_READERS:
-            records = ROW_READERS[trace.format](path, TraceColumns(trace.priority_column, trace.acceptance_column))
+            records = read_rows(path, trace.format, TraceColumns(trace.priority_column, trace.acceptance_column))
         else:
             records = READERS[trace.format](path)
     if not records:
