@@ -164,27 +164,40 @@ def test_the_fleet_serves_the_first_shipped_trace_at_most_half_of_which_is_too_l
     assert [t.served for t in tried] == [moon <= half] + ([azure <= half] if read_azure else [])
 
 
-def test_a_trace_without_prompt_content_compares_no_hit_rates_and_runs_no_affinity():
-    """Azure's rows give lengths alone: the words say why this trace (the passed-over Mooncake count), that
-    affinity has nothing to follow, and quote no hit rate or unbounded bound (it has none: no block identity)."""
-    from kvsim.report.studies import Section
-    from kvsim.workload.scenario import load_scenario
+class _AzureSt:  # what fleet_text reads of a Study: the default report's engine
+    model = type("M", (), {"name": "llama-3.1-8b"})
+    gpu = type("G", (), {"name": "l4"})
 
-    class St:  # what fleet_text reads of a Study
-        base = load_scenario(None, ["model=llama-3.1-8b", "gpu=l4"])
-        model = type("M", (), {"name": "llama-3.1-8b"})
-        gpu = type("G", (), {"name": "l4"})
+    @functools.cached_property
+    def base(self):
+        from kvsim.workload.scenario import load_scenario
+
+        return load_scenario(None, ["model=llama-3.1-8b", "gpu=l4"])
+
+
+def _azure_section(row_extra: dict | None = None, **facts_extra):
+    """The default --quick report's fleet section on Azure's first 60 requests (figures as a run gave them): 6
+    replicas with either router; `row_extra` is set in both rows, `facts_extra` in the facts."""
+    from kvsim.report.studies import Section
 
     rows = [{"router": r, "replicas": 6, "prefix_cache_hit_rate": 0.0, "ttft_p50_s": p50, "ttft_p90_s": p90,
              "queue_p90_s": q, "prompt_tokens_computed": 43328, "requests_per_replica_max": busiest,
-             "replicas_for_slo": 6, "cost_per_hour_for_slo": None}
+             "replicas_for_slo": 6, "cost_per_hour_for_slo": None, **(row_extra or {})}
             for r, p50, p90, q, busiest in (("round_robin", 0.17, 0.52, 0.05, 10),
                                             ("least_outstanding", 0.16, 0.59, 0.04, 12))]
     facts = {"num_requests": 60, "span_s": 30.2, "mean_prompt_tokens": 722.1, "max_model_len": 4096,
              "num_too_long": 0, "floor_ttft_p90_s": 0.47, "floor_queue_p99_s": 0.0, "unbounded_hit_rate": None,
              "ttft_target_s": 2.0, "slo_s": 2.0, "max_replicas": 8, "price_source": "none", "trace": AZURE_CONV,
-             "passed_over": [{"name": "Mooncake", "num_too_long": 45}]}
-    text = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame(rows)}, facts), St)
+             "passed_over": [{"name": "Mooncake", "num_too_long": 45}], **facts_extra}
+    return Section("fleet", "t", {"fleet_routing": pd.DataFrame(rows)}, facts)
+
+
+def test_a_trace_without_prompt_content_compares_no_hit_rates_and_runs_no_affinity():
+    """Azure's rows give lengths alone: the words say why this trace (the passed-over Mooncake count), that
+    affinity has nothing to follow, and quote no hit rate or unbounded bound (it has none: no block identity)."""
+    St = _AzureSt()
+    sec = _azure_section()
+    text = fleet_text(sec, St)
     assert text.startswith("The first 60 requests of the Azure LLM inference trace's conversation service (Azure's "
                            "production traffic, 2023: real arrivals over 30 s, prompts of 722 tokens on average, "
                            "lengths alone, no prompt content; CC-BY 4.0")
@@ -193,7 +206,7 @@ def test_a_trace_without_prompt_content_compares_no_hit_rates_and_runs_no_affini
     assert "affinity is not run" in text and "Affinity" not in text and "hit rate" not in text
     assert "so no fleet goes far below it. TTFT p90 ≤ 2 s needs 6 replicas with round robin; 6 replicas with " \
         "least outstanding." in text
-    one = fleet_text(Section("fleet", "t", {"fleet_routing": pd.DataFrame(rows)}, {**facts, "num_too_long": 1}), St)
+    one = fleet_text(_azure_section(num_too_long=1), St)
     assert "max_model_len 4,096; its one prompt of 4,096 tokens or more is refused, as vLLM refuses it. It" in one
     assert text.endswith("At 6 replicas (the fewest least-outstanding routing needs), TTFT p50 / p90: 0.17 / 0.52 s "
                          "with round robin and 0.16 / 0.59 s with least outstanding; queue p90 0.05 s and 0.04 s; "
@@ -302,3 +315,78 @@ def test_an_engine_both_traces_mostly_overflow_sizes_nothing_and_says_so():
                                         {"name": "Azure conversation", "num_too_long": _counts(512, 300)[1]}]
     assert fleet_text(sec, st).startswith("300 of the first 300 Mooncake requests (100%) and 180 of the first 300 "
                                           "Azure conversation requests (60%) have prompts of max_model_len (512 ")
+
+
+def test_the_quick_fleet_search_probes_its_60_requests_once_and_re_runs_nothing_the_full_one_verifies_10x():
+    """`--quick`'s fleet plan: probes capped at its own 60 requests (no doubling) and no long run (verify factor
+    0); the full report's keeps what it ran before these knobs: probes doubled up to 32,000 requests and the
+    answer re-run 10 × as long (`PlanSpec`'s defaults, which `fleet_plan_spec` passed on until it named them)."""
+    from kvsim.report.fleet_study import fleet_plan_spec
+    from kvsim.report.study_config import StudyConfig
+    from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
+
+    base = load_scenario(None, default=REPORT_SCENARIO)
+    quick = fleet_plan_spec(StudyConfig.quick(), base, "l4", 2.0, "least_outstanding")
+    assert (quick.max_probe_requests, quick.verify_factor) == (60, 0) and StudyConfig.quick().fleet_requests == 60
+    full = fleet_plan_spec(StudyConfig(), base, "l4", 2.0, "least_outstanding")
+    assert (full.max_probe_requests, full.verify_factor) == (32_000, 10)
+
+
+def test_an_answer_not_re_run_says_it_rests_on_probes_alone_and_a_verified_one_says_nothing_new():
+    """With `fleet_verify_factor` 0 the sized fleet had no long run (`verified_10x` empty): the words say it rests
+    on the 1,920-request probes alone and what a full report does; the summary line says "not verified". An answer
+    whose 10 × run held reads as before (the full report's words are unchanged)."""
+    from kvsim.report.summary import summary_lines
+
+    St = _AzureSt()
+    cfg = type("Cfg", (), {"ttft_slo_s": 2.0})
+    unverified = _azure_section({"verified_10x": None, "requests_per_probe": 1920, "probes_too_short": False,
+                                 "gpus_for_slo": 6}, verify_factor=0)
+    text = fleet_text(unverified, St)
+    assert ("TTFT p90 ≤ 2 s needs 6 replicas with round robin; 6 replicas with least outstanding. These answers "
+            "rest on 1,920-request probes alone, not verified by a longer run (this report's fleet_verify_factor is "
+            "0; kvsim report without --quick re-runs each 10× as long).") in text
+    assert summary_lines([unverified], St, cfg)[-1] == (
+        "**6 GPUs (6 replicas) for the Azure conversation trace's first 60 requests** at TTFT p90 ≤ 2 s "
+        "(least-outstanding routing; probes alone, not verified by a longer run).")
+    verified = _azure_section({"verified_10x": True, "requests_per_probe": 1920, "probes_too_short": False,
+                               "gpus_for_slo": 6}, verify_factor=10)
+    assert fleet_text(verified, St) == fleet_text(_azure_section(), St)  # the words without these columns
+    assert "verified" not in fleet_text(verified, St)
+    assert summary_lines([verified], St, cfg)[-1] == (
+        "**6 GPUs (6 replicas) for the Azure conversation trace's first 60 requests** at TTFT p90 ≤ 2 s "
+        "(least-outstanding routing).")
+    not_made = _azure_section({"verified_10x": None, "requests_per_probe": 1920, "probes_too_short": False,
+                               "gpus_for_slo": 6}, verify_factor=10)  # asked for, not run (the memory limit)
+    not_made.tables["fleet_routing"].loc[0, "verified_10x"] = True  # round robin's held
+    assert ("6 replicas with least outstanding. Not verified by a run 10× as long with least outstanding: that "
+            "long run was not made.") in fleet_text(not_made, St)
+    assert summary_lines([not_made], St, cfg)[-1].endswith("(least-outstanding routing; probes alone, not verified "
+                                                          "by a longer run).")
+
+
+def test_probes_capped_while_too_short_size_nothing_and_say_so_not_more_than_the_limit():
+    """`--quick` on the default report: the 60-request probes, capped at 60, were too short to judge any count up
+    to 8 replicas, so the plan answered no count (`replicas_for_slo` empty). That is not "more than 8 replicas
+    (the search's limit)", which it read as before: the words and the summary say the probes were too short and
+    that the cap stopped them growing. With one router judged, only the other is named."""
+    from kvsim.report.summary import summary_lines
+
+    St = _AzureSt()
+    cfg = type("Cfg", (), {"ttft_slo_s": 2.0})
+    short = {"replicas": 8, "replicas_for_slo": None, "gpus_for_slo": None, "verified_10x": None,
+             "requests_per_probe": 60, "probes_too_short": True}
+    sec = _azure_section(short, verify_factor=0, max_probe_requests=60)
+    text = fleet_text(sec, St)
+    assert ("so no fleet goes far below it. No fleet is sized for TTFT p90 ≤ 2 s: with every router the 60-request "
+            "probes were too short to judge any fleet of up to 8 replicas (this report caps them at 60 requests, its "
+            "fleet_max_probe_requests; kvsim report without --quick doubles them up to 32,000).") in text
+    assert "search's limit)" not in text.split("At 8 replicas")[0] and "rest on" not in text
+    assert summary_lines([sec], St, cfg)[-1] == (
+        "**No fleet sized for the Azure conversation trace's first 60 requests** at TTFT p90 ≤ 2 s: its probes were "
+        "too short to judge one (see the fleet section).")
+    mixed = sec.tables["fleet_routing"].copy()
+    mixed.loc[1, ["replicas_for_slo", "probes_too_short", "verified_10x"]] = [6, False, True]
+    text = fleet_text(type(sec)("fleet", "t", {"fleet_routing": mixed}, sec.facts), St)
+    assert ("TTFT p90 ≤ 2 s needs 6 replicas with least outstanding. With round robin, no count is judged: the "
+            "60-request probes were too short to judge any fleet of up to 8 replicas (this report caps them") in text

@@ -115,7 +115,9 @@ def test_fleet_section_counts_the_trace_and_quotes_its_table(report_dir):
     which its pool holds, or the engine would not start): 45 of the first 60 Mooncake prompts are that long or
     longer, more than half, so the section passes it over and sizes the Azure conversation trace's first 60, none
     of which is (the longest is 4,085); it was "nothing sized". The hit rates and TTFTs in the words are the
-    table's; Azure's rows carry no prompt content, so affinity is not run."""
+    table's; Azure's rows carry no prompt content, so affinity is not run. --quick's probes stay at 60 requests
+    (`StudyConfig.quick`), too short to judge, and nothing is re-run: the section and summary say no fleet is
+    sized because of that."""
     import csv
     import json
 
@@ -136,11 +138,17 @@ def test_fleet_section_counts_the_trace_and_quotes_its_table(report_dir):
     fleet = pd.read_csv(report_dir / "fleet_routing.csv").set_index("router")
     assert list(fleet.index) == ["round_robin", "least_outstanding"]
     assert (fleet.num_rejected == azure_too_long).all() and (fleet.prefix_cache_hit_rate == 0).all()
-    assert fleet.replicas_for_slo.notna().all()  # sized within the quick search's 8 replicas
+    # --quick probes its 60 requests only (no doubling, no long run): too short to judge a fleet, so none is sized
+    # and the words say so, never "more than 8 replicas" (a full report doubles them to 1,920 and sizes 6)
+    assert fleet.replicas_for_slo.isna().all() and fleet.verified_10x.isna().all()
+    assert fleet.probes_too_short.all() and (fleet.requests_per_probe == num_requests).all()
+    assert (f"No fleet is sized for TTFT p90 ≤ 2 s: with every router the {num_requests}-request probes were too "
+            f"short to judge any fleet of up to 8 replicas (this report caps them at {num_requests} requests") in md
     rr, lo = fleet.loc["round_robin"], fleet.loc["least_outstanding"]
     assert (f"{rr.ttft_p50_s:.2f} / {rr.ttft_p90_s:.2f} s with round robin and {lo.ttft_p50_s:.2f} / "
             f"{lo.ttft_p90_s:.2f} s with least outstanding") in md
-    assert f"for the Azure conversation trace's first {num_requests} requests** at TTFT p90" in md  # the summary
+    assert (f"**No fleet sized for the Azure conversation trace's first {num_requests} requests** at TTFT p90 ≤ 2 s: "
+            "its probes were too short to judge one") in md  # the summary
 
 
 def test_a_run_that_never_saturates_has_no_sustained_figure_not_zero():

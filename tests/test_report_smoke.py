@@ -26,7 +26,7 @@ GPUS = sorted(yaml.safe_load((PRESET_DIR / "gpus.yaml").read_text()))
 PAIRS = sized([("llama-3.1-8b", "h100-80gb"), ("qwen3-30b-a3b", "h100-80gb"), ("qwen2.5-7b", "l4")],
               [(m, g) for m in PRESETS for g in GPUS])
 TINY = StudyConfig(num_requests=12, load_fractions=(0.5, 1.5), shared_prefix_counts=(4,), fleet_requests=12,
-                   fleet_max_replicas=2, rate_requests=60, rate_max_requests=120, rate_max_verify_requests=240,
+                   fleet_max_replicas=2, fleet_max_probe_requests=12, fleet_verify_factor=0, rate_requests=60, rate_max_requests=120, rate_max_verify_requests=240,
                    saturate_max_requests=150, offload_requests=12, offload_loads=(1.0,),
                    speculation_batch_sizes=(1, 16), workers=1)
 

@@ -14,7 +14,9 @@ Three measurements, all ordinary simulations:
    so TTFT is prefill alone, with the warmest cache one replica can keep: no fleet size beats
    its p90;
 2. the replicas each router needs for TTFT p90 within the report's SLO (`kvsim.planning.plan.plan`:
-   doubling, then bisection), or within the floor plus the SLO when the floor alone exceeds it;
+   doubling, then bisection; probes too short to judge doubled up to `fleet_max_probe_requests`, the answer
+   re-run `fleet_verify_factor` × as long: `--quick` caps the probes at its 60 requests and re-runs nothing,
+   and the words say so), or within the floor plus the SLO when the floor alone exceeds it;
 3. every router at one fleet size (the fewest replicas least-outstanding routing needs):
    prefix-cache hit rate, TTFT p50/p90, queue p90, prompt tokens computed, load spread.
 
@@ -37,6 +39,7 @@ from kvsim.model.errors import KvsimError
 from kvsim.planning.cost import gpu_price
 from kvsim.planning.plan import Candidate, make_plan_spec, plan
 from kvsim.planning.spec import PlanSpec
+from kvsim.planning.window import TOO_SHORT
 from kvsim.report.fleet_traffic import MOONCAKE, FleetTrace, TraceTried, choose
 from kvsim.report.studies import Section, Study, variant
 from kvsim.report.study_config import StudyConfig
@@ -92,12 +95,17 @@ def unbounded_hit_rate(records: Sequence[TraceRecord], max_model_len: int) -> fl
 
 def fleet_plan_spec(cfg: StudyConfig, base: Scenario, gpu_name: str, target_s: float, router: str) -> PlanSpec:
     """The plan the fleet section runs per router: TTFT p90 <= `target_s` on `base`'s GPU (named `gpu_name`) and
-    TP, at most `cfg.fleet_max_replicas` replicas, priced at `cfg.gpu_hourly_cost` (else the GPU's list price).
+    TP, at most `cfg.fleet_max_replicas` replicas, priced at `cfg.gpu_hourly_cost` (else the GPU's list price),
+    probes too short to judge doubled up to `cfg.fleet_max_probe_requests` requests (a probe still too short there
+    judges no count: the row has no replicas, and the section says its probes were too short), the answer re-run
+    `cfg.fleet_verify_factor` × as long (0: not re-run, and the section says the answer rests on probes alone).
     `kvsim report` makes one first, so that a price the plan refuses fails before any run."""
     price = gpu_price(gpu_name, cfg.gpu_hourly_cost).usd_per_gpu_hour
     return make_plan_spec({"slo": {"ttft_s.p90": target_s}, "gpus": [base.gpu],
                            "tensor_parallel_sizes": [base.engine.tensor_parallel_size],
                            "max_replicas": cfg.fleet_max_replicas, "router": router,
+                           "max_probe_requests": cfg.fleet_max_probe_requests,
+                           "verify_factor": cfg.fleet_verify_factor,
                            "gpu_hourly_cost": {base.gpu: price} if price else {}})
 
 
@@ -151,6 +159,8 @@ def fleet_routing(st: Study) -> Section:
             "num_preemptions": s["num_preemptions"], "num_rejected": s["num_rejected"],
             "replicas_for_slo": need["replicas"], "gpus_for_slo": need["num_gpus"],
             "cost_per_hour_for_slo": need["cost_per_hour"], "verified_10x": need.get("verified"),
+            "requests_per_probe": need.get("requests_per_probe"),
+            "probes_too_short": need["replicas"] is None and need.get("verdict") == TOO_SHORT,
             "floor_replicas": need["lower_bound_replicas"], "floor_binds": need["bound_binds"],
             "replicas_over_floor": need["replicas_over_bound"], "gap_breakdown": need.get("gap_breakdown") or None})
     arrivals = np.array([r.arrival_s or 0.0 for r in records])
@@ -164,6 +174,7 @@ def fleet_routing(st: Study) -> Section:
              "unbounded_hit_rate": unbounded_hit_rate(records, max_model_len) if chosen.trace.has_prefixes else None,
              "ttft_target_s": target, "slo_s": slo,
              "max_replicas": st.cfg.fleet_max_replicas,
+             "max_probe_requests": st.cfg.fleet_max_probe_requests, "verify_factor": st.cfg.fleet_verify_factor,
              "price_source": gpu_price(st.gpu.name, st.cfg.gpu_hourly_cost).source}
     return Section("fleet", f"How many GPUs for this traffic ({chosen.trace.name} trace, routing)",
                    {"fleet_routing": pd.DataFrame(rows)}, facts)

@@ -11,6 +11,7 @@ import pandas as pd
 
 from kvsim.model.units import counted, dollars
 from kvsim.report import studies
+from kvsim.report.study_config import StudyConfig
 
 ROUTER_NAMES = {"round_robin": "round robin", "least_outstanding": "least outstanding", "affinity": "affinity"}
 
@@ -68,8 +69,10 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
         target = (f"That is above the report's {f['slo_s']:g} s TTFT SLO, so no fleet of this GPU meets it; sized "
                   f"instead for TTFT p90 ≤ {f['ttft_target_s']:.2f} s (the floor plus {f['slo_s']:g} s of waiting), "
                   "it needs")
+    short = _too_short(df)
+    judged = df[~short]
     needs = []
-    for router, row in df.iterrows():
+    for router, row in judged.iterrows():
         if pd.isna(row.replicas_for_slo):
             needs.append(f"more than {counted(f['max_replicas'], 'replica')} (the search's limit) with "
                          f"{ROUTER_NAMES[router]}")
@@ -77,8 +80,12 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
         cost = f" ({dollars(row.cost_per_hour_for_slo, 2, widen=False)}/h)" if pd.notna(row.cost_per_hour_for_slo) \
             else ""
         needs.append(f"{counted(int(row.replicas_for_slo), 'replica')} with {ROUTER_NAMES[router]}{cost}")
-    if df.replicas_for_slo.isna().all():
+    if not short.any() and df.replicas_for_slo.isna().all():
         needs = [f"more than {counted(f['max_replicas'], 'replica')} (the search's limit) with every router"]
+    answer = f"{target} {'; '.join(needs)}." if needs else _unjudged_target(f)
+    if short.any():
+        answer += _unjudged(f, df[short], every=not needs)
+    answer += _unverified(f, judged[judged.replicas_for_slo.notna()])
     prices = f" Prices: {f['price_source']}." if df.cost_per_hour_for_slo.notna().any() else ""
     lo_row = df.loc["least_outstanding"]
     if "floor_replicas" in df.columns and pd.notna(lo_row.floor_replicas):
@@ -96,7 +103,7 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
     lo, rr = df.loc["least_outstanding"], df.loc["round_robin"]
     which = ("the fewest least-outstanding routing needs" if pd.notna(lo.replicas_for_slo)
              else "the search's limit")
-    sized = " ".join([traffic, floor, f"{target} {'; '.join(needs)}.{prices}"])
+    sized = " ".join([traffic, floor, f"{answer}{prices}"])
     if size == 1:
         hits = (f"prefix-cache hit rate {lo.prefix_cache_hit_rate:.1%} (an unbounded cache would serve "
                 f"{f['unbounded_hit_rate']:.1%}), " if trace.has_prefixes else "")
@@ -114,6 +121,57 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
                f"these prompts); TTFT p50 / p90: {rr.ttft_p50_s:.2f} / {rr.ttft_p90_s:.2f} s, {lo.ttft_p50_s:.2f} / "
                f"{lo.ttft_p90_s:.2f} s and {aff.ttft_p50_s:.2f} / {aff.ttft_p90_s:.2f} s.")
     return " ".join([sized, compare, _affinity_verdict(f, lo, aff)])
+
+
+def _too_short(df: pd.DataFrame) -> pd.Series:
+    """Per router, whether its search judged no count: its probes, doubled up to the cap, stayed too short."""
+    if "probes_too_short" not in df.columns:
+        return pd.Series(False, index=df.index)
+    return df.probes_too_short.fillna(False).astype(bool)
+
+
+def _unjudged_target(f: dict) -> str:
+    """The target sentence when no router's search judged any count (the routers' reasons follow)."""
+    if f["ttft_target_s"] == f["slo_s"]:
+        return f"No fleet is sized for TTFT p90 ≤ {f['slo_s']:g} s"
+    return (f"That is above the report's {f['slo_s']:g} s TTFT SLO, so no fleet of this GPU meets it; nor is one "
+            f"sized for TTFT p90 ≤ {f['ttft_target_s']:.2f} s (the floor plus {f['slo_s']:g} s of waiting)")
+
+
+def _unjudged(f: dict, short: pd.DataFrame, every: bool) -> str:
+    """Why the routers in `short` have no answer: their probes were too short to judge any count, and whether this
+    report's probe cap (`fleet_max_probe_requests`, below a full report's) stopped them growing. `every`: no
+    router has an answer (the sentence follows `_unjudged_target`)."""
+    num_requests = int(short.requests_per_probe.max())
+    cap = f.get("max_probe_requests")
+    full = StudyConfig.model_fields["fleet_max_probe_requests"].default
+    capped = (f" (this report caps them at {cap:,} requests, its fleet_max_probe_requests"
+              + (f"; kvsim report without --quick doubles them up to {full:,}" if cap < full else "") + ")"
+              if cap is not None and 2 * num_requests > cap else "")
+    why = (f"the {num_requests:,}-request probes were too short to judge any fleet of up to "
+           f"{counted(f['max_replicas'], 'replica')}{capped}")
+    if every:
+        return f": with every router {why}."
+    return f" With {' and '.join(ROUTER_NAMES[r] for r in short.index)}, no count is judged: {why}."
+
+
+def _unverified(f: dict, sized: pd.DataFrame) -> str:
+    """Words for the answers in `sized` that no long run verified (`verified_10x` not True): long runs not asked
+    for (`fleet_verify_factor` 0, as `--quick` sets it), or one not made (the memory limit); empty when every answer
+    held in its long run (or the table predates the column). An unverified answer is never worded as verified."""
+    if "verified_10x" not in sized.columns:
+        return ""
+    unverified = sized[~sized.verified_10x.map(lambda held: bool(pd.notna(held) and held))]
+    if unverified.empty:
+        return ""
+    if f.get("verify_factor") == 0:
+        full = StudyConfig.model_fields["fleet_verify_factor"].default
+        num_requests = int(unverified.requests_per_probe.max())
+        return (f" {'This answer rests' if len(unverified) == 1 else 'These answers rest'} on {num_requests:,}-request "
+                f"probes alone, not verified by a longer run (this report's fleet_verify_factor is 0; kvsim report "
+                f"without --quick re-runs each {full}× as long).")
+    names = " and ".join(ROUTER_NAMES[r] for r in unverified.index)
+    return f" Not verified by a run {f['verify_factor']}× as long with {names}: that long run was not made."
 
 
 def _affinity_verdict(f: dict, lo: pd.Series, aff: pd.Series) -> str:

@@ -5,7 +5,8 @@ own tables (nothing is simulated or computed anew here).
             the base KV dtype's row; the fp8 row beside it)
     rate:   the highest request rate one paged replica serves within the TTFT SLO (`sustained_rate`)
     fleet:  replicas and GPUs the fleet section's traffic needs within its TTFT target
-            (`fleet_routing`, least-outstanding routing)
+            (`fleet_routing`, least-outstanding routing), "not verified" when no longer run held it, or that
+            its probes were too short to judge any count (`--quick`'s are capped)
 
 A figure a table lacks (a renamed column, a missing value) drops its line instead of printing a
 wrong one; an empty box is left out.
@@ -72,8 +73,15 @@ def summary_lines(sections: list[studies.Section], st: studies.Study, cfg: studi
         if gpus is not None and replicas is not None:
             cost = _cell(sections, "fleet_routing", "router", SIZING_ROUTER, "cost_per_hour_for_slo")
             price = f", {dollars(cost, 2, widen=False)} per hour" if cost is not None else ""
+            verified = _cell(sections, "fleet_routing", "router", SIZING_ROUTER, "verified_10x")
+            asked = fleet.get("verify_factor")  # the long run's length factor (0: none asked for)
+            unverified = ("; probes alone, not verified by a longer run" if asked == 0 or (asked and not verified)
+                          else "")
             lines.append(f"**{counted(round(gpus), 'GPU')} ({counted(round(replicas), 'replica')}) for {traffic}** "
-                         f"at {target} (least-outstanding routing{price}).")
+                         f"at {target} (least-outstanding routing{price}{unverified}).")
+        elif _cell(sections, "fleet_routing", "router", SIZING_ROUTER, "probes_too_short"):
+            lines.append(f"**No fleet sized for {traffic}** at {target}: its probes were too short to judge one (see "
+                         "the fleet section).")
         elif "max_replicas" in fleet:
             lines.append(f"**More than {counted(fleet['max_replicas'], 'replica')} for {traffic}** at {target}: the "
                          "search stopped at its limit without meeting it (see the fleet section).")
