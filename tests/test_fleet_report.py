@@ -385,6 +385,9 @@ def test_probes_capped_while_too_short_size_nothing_and_say_so_not_more_than_the
     assert summary_lines([sec], St, cfg)[-1] == (
         "**No fleet sized for the Azure conversation trace's first 60 requests** at TTFT p90 ≤ 2 s: its probes were "
         "too short to judge one (see the fleet section).")
+    above = fleet_text(_azure_section(short, verify_factor=0, max_probe_requests=60, ttft_target_s=2.47), St)
+    assert ("That is above the report's 2 s TTFT SLO, so no fleet of this GPU meets it; nor is one sized for TTFT p90 "
+            "≤ 2.47 s (the floor plus 2 s of waiting): with every router the 60-request probes were too short") in above
     mixed = sec.tables["fleet_routing"].copy()
     mixed.loc[1, ["replicas_for_slo", "probes_too_short", "verified_10x"]] = [6, False, True]
     text = fleet_text(type(sec)("fleet", "t", {"fleet_routing": mixed}, sec.facts), St)
