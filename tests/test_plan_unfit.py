@@ -56,3 +56,31 @@ def test_a_plan_none_of_whose_candidates_fits_is_refused_in_one_line(tmp_path):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvsim: error: num_gpu_blocks_override=40000: a KV pool of 78.1")
     assert not out.exists()
+
+
+def test_a_split_of_a_v0_grid_value_is_ranked_infeasible_and_the_v1_split_and_colocated_ones_planned(tmp_path):
+    """`--engine scheduler=v1,v0 --xpyd 1P1D` refused the whole plan (`--xpyd 1P1D: engine.scheduler=v0: a
+    prefill/decode split needs engine.scheduler=v1`). By hand: 1 req/s is far below one instance's 6.25 req/s, so
+    each colocated engine is one replica (1 GPU) and the v1 1P1D two instances (2 GPUs), all feasible; vLLM's KV
+    connectors run on its v1 engine only, so the v0 1P1D is infeasible with that reason and simulates nothing."""
+    spec = make_plan_spec({"slo": {"e2e_s.p99": 5}, "gpus": ["h100-80gb"], "max_replicas": 2, "verify_factor": 0,
+                           "engine": {"scheduler": ["v1", "v0"]}, "xpyd": ["1P1D"]})
+    rows, _ = plan(light(), spec, tmp_path / "plan")
+    by_name = {(row["scheduler"], row["topology"]): row for row in rows}
+    assert set(by_name) == {("v1", "colocated"), ("v0", "colocated"), ("v1", "1P1D"), ("v0", "1P1D")}
+    for name, num_gpus in ((("v1", "colocated"), 1), (("v0", "colocated"), 1), (("v1", "1P1D"), 2)):
+        assert by_name[name]["feasible"] and by_name[name]["num_gpus"] == num_gpus, by_name[name]
+    unsplit = by_name[("v0", "1P1D")]
+    assert not unsplit["feasible"] and unsplit["rank"] == 4 and unsplit["num_gpus"] is None
+    assert unsplit["limiting_factor"] == ("cannot be split: engine.scheduler=v0: a prefill/decode split needs "
+                                          "engine.scheduler=v1 (vLLM v1's KV connectors)")
+
+
+def test_xpyd_auto_beside_a_v0_grid_value_plans(tmp_path):
+    """`--engine scheduler=v1,v0 --xpyd auto` was refused as the v0 shape's 1P1D; now it plans: at 1 req/s each
+    shape's colocated answer is one replica, so auto adds no split (a split has at least 2 instances)."""
+    spec = make_plan_spec({"slo": {"e2e_s.p99": 5}, "gpus": ["h100-80gb"], "max_replicas": 2, "verify_factor": 0,
+                           "engine": {"scheduler": ["v1", "v0"]}, "xpyd": ["auto"]})
+    rows, _ = plan(light(), spec, tmp_path / "plan")
+    assert sorted((row["scheduler"], row["topology"], row["replicas"]) for row in rows) == [
+        ("v0", "colocated", 1), ("v1", "colocated", 1)]

@@ -154,13 +154,15 @@ def test_plan_command_counts_tp_in_a_split_and_prints_the_choice(tmp_path):
 @pytest.mark.parametrize(("flags", "said"), [
     (["--set", "engine.scheduler=v0", "--xpyd", "1P1D,2P1D"],
      "--xpyd 1P1D,2P1D: engine.scheduler=v0: a prefill/decode split needs engine.scheduler=v1"),
-    (["--engine", "scheduler=v1,v0", "--xpyd", "auto"],  # the grid's v0 shape, checked as 1P1D for auto
+    (["--set", "engine.scheduler=v0", "--engine", "max_num_seqs=8,4", "--xpyd", "auto"],  # checked as 1P1D
      "--xpyd auto: engine.scheduler=v0: a prefill/decode split needs engine.scheduler=v1"),
     (["--set", "engine.allocator=slab-max", "--xpyd", "1P1D"],
      "--xpyd 1P1D: engine.allocator=slab-max: a prefill/decode split needs engine.allocator=paged")])
 def test_a_split_of_a_v0_or_slab_engine_is_refused_naming_the_flag_and_the_engine_field(tmp_path, flags, said):
     """vLLM's KV connectors are its v1 engine's, over the paged pool: a plan whose splits would run another engine
-    is refused in one line naming `--xpyd` as given and the engine field with its value (exit 2, nothing written).
+    is refused in one line naming `--xpyd` as given and the engine field with its value (exit 2, nothing written),
+    where no split of the plan can be split (beside a v1 value, the v0 splits are ranked infeasible instead:
+    `tests/test_plan_unfit.py`).
     It said `replicas (toy/h100-80gb_tp1_1P1D/x2/prefill-0, kv_producer): engine.allocator=paged,
     engine.scheduler=v0: ...`, a name the plan made up for the split's first instance."""
     scenario = tmp_path / "toy.yaml"

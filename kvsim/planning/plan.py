@@ -63,7 +63,7 @@ from kvsim.planning.cost import (
     gpu_price,
     usd_rounded,
 )
-from kvsim.planning.plan_checks import UnfitSearch, check_candidates, unfit_reason
+from kvsim.planning.plan_checks import UnfitSearch, check_candidates, unfit_search
 from kvsim.planning.plan_rate import (
     RateSearch,
     offered_rate_per_s,
@@ -156,8 +156,9 @@ def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_p
     evaluate = partial(point_metrics, memory_limit_bytes=spec.memory_limit_bytes)
     simulated = run_searches(searches, evaluate, store, client, on_point)
     # xpyd: [auto]: then the splits no larger than each shape's colocated answer
-    splits = [XpydSearch(c, base, spec) for s in searches if s.candidate.split is None
-              for c in auto_splits(spec, s.candidate, s.row(None)["replicas"] or 0)]
+    splits: list[AnySearch] = [unfit_search(base, c, spec.router) or XpydSearch(c, base, spec) for s in searches
+                               if s.candidate.split is None
+                               for c in auto_splits(spec, s.candidate, s.row(None)["replicas"] or 0)]
     simulated += run_searches(splits, evaluate, store, client, on_point)
     searches += splits
     note_memory_limited(searches, store)
@@ -187,9 +188,9 @@ def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_p
 def search_for(c: Candidate, base: Scenario, spec: PlanSpec) -> AnySearch:
     """The candidate's search; a stand-in that simulates nothing when its latency floor rules out an SLO at any
     replica count (`kvsim.planning.slo_floor`: a split's instances are the shape's engines too), or when its engine
-    does not fit its GPU (`kvsim.planning.plan_checks.unfit_reason`)."""
-    if (why := unfit_reason(base, c, spec.router)) is not None:
-        return UnfitSearch(c, why)
+    does not fit its GPU or cannot be split (`kvsim.planning.plan_checks.unfit_search`)."""
+    if (unfit := unfit_search(base, c, spec.router)) is not None:
+        return unfit
     floor = slo_floor(Candidate(c.gpu, c.tensor_parallel_size, c.knobs).scenario(base, 1, spec.router))
     if floor is not None and (missed := unreachable_slos(floor, spec.slo)):
         return UnreachableSearch(c, floor, missed, spec.slo)

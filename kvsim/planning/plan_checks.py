@@ -27,8 +27,9 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
     """Refuse, before any cluster starts or folder is made, a scenario that already fixes `replicas` or autoscales, an
     SLO for a priority class the workload does not have, and a candidate whose GPU is unknown, whose engine
     knobs do not make a valid scenario, or whose TP the model cannot be split over, whose weights leave
-    no KV pool (`unfit_reason`; where some candidates fit, those that do not are ranked infeasible instead) or whose
-    engine cannot be built (`check_engine`: e.g. an offload tier under one block) (a
+    no KV pool or whose split's engine cannot be split (`unfit_search`; where some candidates can be planned, those
+    that cannot are ranked infeasible instead, but a plan none of whose splits can be split is refused as
+    `check_split_engine` says) or whose engine cannot be built (`check_engine`: e.g. an offload tier under one block) (a
     `KvsimError` naming the field; `memory_limit_name` is what gave `spec.memory_limit_bytes`, as
     `check_plan_memory` names it, and `xpyd_name` what gave `spec.xpyd`, as `check_split_engine` names it)."""
     import numpy as np
@@ -62,10 +63,14 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
     # plan folder had been made (every random draw happens here, the requests themselves are built lazily)
     iter_requests(base, base.engine.resolved_max_model_len(model), np.random.default_rng(base.seed))
     auto = [with_split(c, (1, 1), spec) for c in candidates(spec) if c.split is None] if has_auto(spec) else []
-    unfit = []  # each candidate that does not fit its GPU: ranked infeasible, unless every one is
-    for candidate in [*candidates(spec), *auto]:  # an automatic split's shape is checked as 1P1D
+    everything = [*candidates(spec), *auto]  # an automatic split's shape is checked as 1P1D
+    unfit, unsplit = [], []  # ranked infeasible, unless nothing is left to plan: why each does not fit its GPU,
+    for candidate in everything:  # and the splits of an engine that cannot be split
         scenario = candidate.scenario(base, candidate.smallest_fleet, spec.router)
         check_parallel(model, scenario.engine)
+        if candidate.split is not None and split_problem(scenario.engine) is not None:
+            unsplit.append(scenario)
+            continue
         if (why := unfit_reason(base, candidate, spec.router)) is not None:
             unfit.append(why)
             continue
@@ -73,12 +78,12 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
             check_engine(replica)
         if candidate.split is not None:
             from kvsim.fleet.disagg_checks import check_disaggregable
-
-            check_split_engine(scenario, spec, xpyd_name)
             from kvsim.fleet.driver import replica_scenarios
 
             check_disaggregable(scenario, replica_scenarios(scenario))
-    if len(unfit) == len(candidates(spec)) + len(auto):  # nothing to plan: the first one's refusal
+    if unsplit and len(unsplit) == sum(c.split is not None for c in everything):  # no split to plan
+        check_split_engine(unsplit[0], spec, xpyd_name)
+    if len(unfit) + len(unsplit) == len(everything):  # nothing to plan: the first one's refusal
         raise KvsimError(unfit[0])
     check_knob_repeats(base, spec)
     check_traffic_rate(base, spec)
@@ -87,17 +92,30 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
 
 
 def check_split_engine(scenario: Scenario, spec: PlanSpec, xpyd_name: str) -> None:
-    """Refuse an xPyD split of an engine that is not v1 and paged, the engine vLLM's KV connectors run on, in the
-    plan's terms: the splits as given (`xpyd_name`: `--xpyd 1P1D`, or a spec file's `plan.xpyd=1P1D`) and the engine
-    field and value. `check_disaggregable` said it of the fleet's first instance, a name the plan made up
+    """Refuse an xPyD split of an engine that is not v1 and paged (`split_problem`), in the plan's terms: the splits
+    as given (`xpyd_name`: `--xpyd 1P1D`, or a spec file's `plan.xpyd=1P1D`) and the engine field and value.
+    `check_disaggregable` said it of the fleet's first instance, a name the plan made up
     (`replicas (default/h100-80gb_tp1_1P1D/x2/prefill-0, kv_producer): ...`)."""
-    engine = scenario.engine
+    if (problem := split_problem(scenario.engine)) is not None:
+        field, value, needed = problem
+        given = f"{xpyd_name}{' ' if xpyd_name.startswith('--') else '='}{','.join(spec.xpyd)}"
+        raise KvsimError(f"{given}: {split_text(problem)}; plan the splits on a {needed} engine, or without "
+                         f"{xpyd_name}")
+
+
+def split_problem(engine: EngineConfig) -> tuple[str, str, str] | None:
+    """The first engine field an xPyD split cannot run on, as (field, value, the value it needs): a split needs
+    vLLM's v1 engine over the paged pool, the engine its KV connectors run on; None where it can be split."""
     for field, value, needed in (("scheduler", engine.scheduler, "v1"), ("allocator", engine.allocator, "paged")):
         if value != needed:
-            given = f"{xpyd_name}{' ' if xpyd_name.startswith('--') else '='}{','.join(spec.xpyd)}"
-            raise KvsimError(f"{given}: engine.{field}={value}: a prefill/decode split needs engine.{field}={needed} "
-                             f"(vLLM v1's KV connectors); plan the splits on a {needed} engine, or without "
-                             f"{xpyd_name}")
+            return field, value, needed
+    return None
+
+
+def split_text(problem: tuple[str, str, str]) -> str:
+    """`split_problem`'s answer in words: `engine.scheduler=v0: a prefill/decode split needs ...`."""
+    field, value, needed = problem
+    return f"engine.{field}={value}: a prefill/decode split needs engine.{field}={needed} (vLLM v1's KV connectors)"
 
 
 def check_knob_repeats(base: Scenario, spec: PlanSpec) -> None:
@@ -197,28 +215,38 @@ def check_plan_memory(base: Scenario, spec: PlanSpec, memory_limit_name: str = "
 
 
 def unfit_reason(base: Scenario, candidate: Candidate, router: str) -> str | None:
-    """Why `candidate`'s engine does not fit its GPU (`kvsim.model.capacity.num_gpu_blocks`'s refusal, one line: weights
-    over its memory, no KV pool left, a `num_gpu_blocks_override` or `kv_cache_memory_bytes` pool beside the weights
-    over it, a pool that cannot hold one request of max_model_len); None where it fits. A plan ranks such a candidate
-    infeasible with that line as its limiting factor (`UnfitSearch`) and plans the others: one `--engine
-    num_gpu_blocks_override=...` value, or one `--gpu` too small for the model, refused the whole plan."""
+    """Why `candidate` cannot be planned (`unfit_search`'s reason); None where it can."""
+    return None if (unfit := unfit_search(base, candidate, router)) is None else unfit.reason
+
+
+def unfit_search(base: Scenario, candidate: Candidate, router: str) -> UnfitSearch | None:
+    """The stand-in of a candidate that cannot be planned: a split of an engine that cannot be split
+    (`split_problem`: v0, or a slab allocator), or an engine that does not fit its GPU
+    (`kvsim.model.capacity.num_gpu_blocks`'s refusal, one line: weights over its memory, no KV pool left, a
+    `num_gpu_blocks_override` or `kv_cache_memory_bytes` pool beside the weights over it, a pool that cannot hold one
+    request of max_model_len); None where it can. A plan ranks such a candidate infeasible with that line as its
+    limiting factor and plans the others: one `--engine num_gpu_blocks_override=...` value, one `--gpu` too small
+    for the model, or a v0 value beside `--xpyd`, refused the whole plan."""
     from kvsim.model.capacity import num_gpu_blocks
     from kvsim.model.config import load_gpu, load_model
 
     engine = candidate.scenario(base, candidate.smallest_fleet, router).engine
+    if candidate.split is not None and (problem := split_problem(engine)) is not None:
+        return UnfitSearch(candidate, split_text(problem), "cannot be split")
     try:
         num_gpu_blocks(load_model(base.model), load_gpu(candidate.gpu), engine)
     except KvsimError as error:
-        return str(error)
+        return UnfitSearch(candidate, str(error))
     return None
 
 
 @dataclass(slots=True)
 class UnfitSearch(Unsearched):
-    """A candidate whose engine does not fit its GPU (`unfit_reason`): nothing is simulated, and its row says why."""
+    """A candidate that cannot be planned (`unfit_search`): nothing is simulated, and its row says why."""
 
     reason: str
+    cannot: str = "does not fit its GPU"  # what the reason stops: the engine on its GPU, or its split
 
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """Infeasible, no headroom (no engine to measure it on), the reason as its limiting factor."""
-        return self.candidate.unsearched_row(None, f"does not fit its GPU: {self.reason}")
+        return self.candidate.unsearched_row(None, f"{self.cannot}: {self.reason}")
