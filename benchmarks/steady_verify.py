@@ -54,9 +54,11 @@ PLAN_LOAD = 2.5  # the plan's traffic, in verified single-replica rates
 
 
 def _long_run(run: Any) -> dict[str, Any]:
+    """One long run's row; `ttft_p90_ci` None where no request was measured in a window (a run too short for one,
+    or stalled: `kvsim.planning.window.metric_stats` gives no interval over no values; it was a KeyError)."""
     ev = run.evidence
     return {"rate_per_s": round(run.rate, 4), "passed": run.passed, "num_requests": ev["num_requests"],
-            "verdict": ev["verdict"], "ttft_p90_s": ev["ttft_s"]["p90"], "ttft_p90_ci": ev["ttft_s"]["p90_ci"],
+            "verdict": ev["verdict"], "ttft_p90_s": ev["ttft_s"]["p90"], "ttft_p90_ci": ev["ttft_s"].get("p90_ci"),
             "served_over_offered": ev["served_over_offered"], "backlog_trend": ev["backlog_trend"],
             "window_s": ev["window_s"], "num_in_window": ev["num_in_window"]}
 
