@@ -68,11 +68,11 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
     for candidate in everything:  # and the splits of an engine that cannot be split
         scenario = candidate.scenario(base, candidate.smallest_fleet, spec.router)
         check_parallel(model, scenario.engine)
-        if candidate.split is not None and split_problem(scenario.engine) is not None:
-            unsplit.append(scenario)
-            continue
-        if (why := unfit_reason(base, candidate, spec.router)) is not None:
-            unfit.append(why)
+        if (stand_in := unfit_search(base, candidate, spec.router)) is not None:
+            if stand_in.cannot == CANNOT_SPLIT:
+                unsplit.append(scenario)
+            else:
+                unfit.append(stand_in.reason)
             continue
         for replica, _ in replica_groups(scenario):  # what building it refuses: found after the folder was made
             check_engine(replica)
@@ -232,12 +232,15 @@ def unfit_search(base: Scenario, candidate: Candidate, router: str) -> UnfitSear
 
     engine = candidate.scenario(base, candidate.smallest_fleet, router).engine
     if candidate.split is not None and (problem := split_problem(engine)) is not None:
-        return UnfitSearch(candidate, split_text(problem), "cannot be split")
+        return UnfitSearch(candidate, split_text(problem), CANNOT_SPLIT)
     try:
         num_gpu_blocks(load_model(base.model), load_gpu(candidate.gpu), engine)
     except KvsimError as error:
         return UnfitSearch(candidate, str(error))
     return None
+
+
+CANNOT_SPLIT = "cannot be split"  # `UnfitSearch.cannot` of a split whose engine cannot be split (`split_problem`)
 
 
 @dataclass(slots=True)
