@@ -52,8 +52,8 @@ def recorded_settings(path: str | Path) -> dict[str, Any]:
             if name and "gpu" not in out:
                 out["gpu"] = name
         blocks = scope.get("num_gpu_blocks")
-        if not p.is_dir() and ascii_int(blocks) is not None:  # `--metadata num_gpu_blocks=5000` saves text
-            blocks = ascii_int(blocks)
+        if not p.is_dir() and (digits := ascii_int(blocks)) is not None:  # `--metadata num_gpu_blocks=5000`
+            blocks = digits  # saves text
         if blocks is not None:
             if not is_number(blocks) or blocks < 1 or blocks != int(blocks):  # Infinity: not int()'d
                 raise KvsimError(f"{source}: num_gpu_blocks={blocks!r} is not a whole number of blocks >= 1")
