@@ -71,7 +71,7 @@ def plan(
     from kvsim.model.yaml_io import load_yaml, settings_text, yaml_problem
     from kvsim.planning.plan import plan as run_plan
     from kvsim.planning.plan import refuse_replaced_overrides, spec_from_options
-    from kvsim.planning.plan_checks import check_candidates, unfit_reason
+    from kvsim.planning.plan_checks import check_candidates
     from kvsim.planning.search import close_client, dask_client
     from kvsim.planning.spec import candidates
     from kvsim.results.output_dir import check_output_dir, claim_directory, errors_name_output, safe_component
@@ -100,8 +100,8 @@ def plan(
         spec = spec_from_options(raw, slo or [], gpus or [], tp_sizes or [], knobs or [], costs or [],
                                  max_replicas, router, search, limit_bytes, xpyd, kv_transfer_config)
         refuse_replaced_overrides(overrides or [], spec)
-        check_candidates(base, spec, "plan.memory_limit_bytes" if limit_bytes is None else "--memory-limit",
-                         "--xpyd" if xpyd else "plan.xpyd")
+        limit_name = "plan.memory_limit_bytes" if limit_bytes is None else "--memory-limit"
+        stand_ins = check_candidates(base, spec, limit_name, "--xpyd" if xpyd else "plan.xpyd")
         sizes = [parse_size_flag(size, "--offload-size") for size in offload_sizes or []]
         if (twice := first_repeat(sizes)) is not None:  # each size is one tier to size: a row apiece
             raise KvsimError(f"--offload-size: {twice:,} bytes is given twice")
@@ -110,12 +110,12 @@ def plan(
 
             ttft_slo(spec.slo)
             colocated = [c.scenario(base, 1, spec.router) for c in candidates(spec)
-                         if c.split is None and unfit_reason(base, c, spec.router) is None]
+                         if c.split is None and stand_ins.of(c) is None]
             check_sizes([base, *colocated], sizes, field="--offload-size")
         out_path = f"plans/{safe_component(base.name)}" if output is None else output
         check_output_dir(out_path, "plan")
         warn_unread([c.scenario(base, c.smallest_fleet, spec.router) for c in candidates(spec)  # those it simulates
-                     if unfit_reason(base, c, spec.router) is None])
+                     if stand_ins.of(c) is None])
         client = None if workers == 1 and not dask_address else dask_client(dask_address, workers)
         try:  # a full disk was 'No space left on device', naming no --output: the writes below name it
             out_dir = claim_directory(out_path, "plan", PLAN_FILES)  # made only once every input is good
@@ -124,7 +124,7 @@ def plan(
                     assert update is not None
                     update(points_text(finished, simulated, open_searches, num_searches), None, None, None)
 
-                rows, simulated = run_plan(base, spec, out_dir, client, on_point, warn)
+                rows, simulated = run_plan(base, spec, out_dir, client, on_point, warn, stand_ins)
         finally:
             if client is not None:
                 close_client(client)

@@ -63,7 +63,7 @@ from kvsim.planning.cost import (
     gpu_price,
     usd_rounded,
 )
-from kvsim.planning.plan_checks import UnfitSearch, check_candidates, unfit_search
+from kvsim.planning.plan_checks import StandIns, UnfitSearch, check_candidates
 from kvsim.planning.plan_rate import (
     RateSearch,
     offered_rate_per_s,
@@ -117,7 +117,8 @@ def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None,
-         on_point: Any = None, on_note: Callable[[str], None] | None = None) -> tuple[list[dict[str, Any]], int]:
+         on_point: Any = None, on_note: Callable[[str], None] | None = None,
+         stand_ins: StandIns | None = None) -> tuple[list[dict[str, Any]], int]:
     """Search every candidate; returns the ranked rows and how many points were simulated now.
 
     Finished points are kept in `out_dir/points.jsonl`, so a rerun resumes where it stopped; points there of
@@ -128,7 +129,8 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     `out_dir` follows kvsim's output rule (`kvsim.results.output_dir`), as `kvsim plan`'s `-o` and
     `RunResult.write` do: it is new (made here once the candidates are good) or a plan folder kvsim made, whose
     marker then lists points.jsonl; a folder kvsim did not make (a bare `tempfile.mkdtemp()`, a user's) is refused,
-    where points.jsonl was written into it.
+    where points.jsonl was written into it. `stand_ins`: what `check_candidates` returned for this `base` and
+    `spec` (`kvsim plan` checked them before it made its folder), so no candidate's fit is sized again; None: new.
     """
     from kvsim.workload.generate import short_trace_said_once
     from kvsim.workload.scenario import expect_scenario
@@ -140,13 +142,13 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     if not isinstance(out_dir, (str, Path)) or not str(out_dir).strip():
         raise KvsimError(f"out_dir={shown(out_dir)}: expected the folder that keeps the plan's points.jsonl")
     with short_trace_said_once():  # a short trace: said by the first read, not by every point's
-        return _plan(base, spec, out_dir, client, on_point, on_note)
+        return _plan(base, spec, out_dir, client, on_point, on_note, stand_ins)
 
 
 def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_point: Any,
-          on_note: Callable[[str], None] | None) -> tuple[list[dict[str, Any]], int]:
-    check_candidates(base, spec)  # bad knob values fail here, before any simulation
-    searches = [search_for(c, base, spec) for c in candidates(spec)]
+          on_note: Callable[[str], None] | None, stand_ins: StandIns | None) -> tuple[list[dict[str, Any]], int]:
+    stand_ins = check_candidates(base, spec, stand_ins=stand_ins)  # bad knob values fail here, before simulating
+    searches = [search_for(c, base, spec, stand_ins) for c in candidates(spec)]
     folder = claim_directory(out_dir, "plan", [POINTS_FILE])
     store = PointStore(folder / POINTS_FILE, required=("evidence", "work"), point_format=POINT_FORMAT,
                        problem=point_problem)
@@ -156,7 +158,7 @@ def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_p
     evaluate = partial(point_metrics, memory_limit_bytes=spec.memory_limit_bytes)
     simulated = run_searches(searches, evaluate, store, client, on_point)
     # xpyd: [auto]: then the splits no larger than each shape's colocated answer
-    splits: list[AnySearch] = [unfit_search(base, c, spec.router) or XpydSearch(c, base, spec) for s in searches
+    splits: list[AnySearch] = [stand_ins.of(c) or XpydSearch(c, base, spec) for s in searches
                                if s.candidate.split is None
                                for c in auto_splits(spec, s.candidate, s.row(None)["replicas"] or 0)]
     simulated += run_searches(splits, evaluate, store, client, on_point)
@@ -185,11 +187,11 @@ def _plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any, on_p
     return rank(rows), simulated
 
 
-def search_for(c: Candidate, base: Scenario, spec: PlanSpec) -> AnySearch:
+def search_for(c: Candidate, base: Scenario, spec: PlanSpec, stand_ins: StandIns) -> AnySearch:
     """The candidate's search; a stand-in that simulates nothing when its latency floor rules out an SLO at any
     replica count (`kvsim.planning.slo_floor`: a split's instances are the shape's engines too), or when its engine
-    does not fit its GPU or cannot be split (`kvsim.planning.plan_checks.unfit_search`)."""
-    if (unfit := unfit_search(base, c, spec.router)) is not None:
+    does not fit its GPU or cannot be split (`stand_ins`: `kvsim.planning.plan_checks.unfit_search`'s)."""
+    if (unfit := stand_ins.of(c)) is not None:
         return unfit
     floor = slo_floor(Candidate(c.gpu, c.tensor_parallel_size, c.knobs).scenario(base, 1, spec.router))
     if floor is not None and (missed := unreachable_slos(floor, spec.slo)):

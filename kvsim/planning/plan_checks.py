@@ -5,6 +5,7 @@ Each refusal is one `KvsimError` naming the field and the value."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 
 def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "plan.memory_limit_bytes",
-                     xpyd_name: str = "plan.xpyd") -> None:
+                     xpyd_name: str = "plan.xpyd", stand_ins: StandIns | None = None) -> StandIns:
     """Refuse, before any cluster starts or folder is made, a scenario that already fixes `replicas` or autoscales, an
     SLO for a priority class the workload does not have, and a candidate whose GPU is unknown, whose engine
     knobs do not make a valid scenario, or whose TP the model cannot be split over, whose weights leave
@@ -31,7 +32,9 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
     that cannot are ranked infeasible instead, but a plan none of whose splits can be split is refused as
     `check_split_engine` says) or whose engine cannot be built (`check_engine`: e.g. an offload tier under one block) (a
     `KvsimError` naming the field; `memory_limit_name` is what gave `spec.memory_limit_bytes`, as
-    `check_plan_memory` names it, and `xpyd_name` what gave `spec.xpyd`, as `check_split_engine` names it)."""
+    `check_plan_memory` names it, and `xpyd_name` what gave `spec.xpyd`, as `check_split_engine` names it).
+    Returns the candidates' stand-ins (`stand_ins`, those of `base` and `spec.router` found so far, or new), for
+    the plan's searches and lists of the candidates it simulates to read."""
     import numpy as np
 
     from kvsim.engine.builder import check_engine
@@ -62,13 +65,15 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
     # the traffic as the first point reads it: a trace that is missing or has a bad row was found after the
     # plan folder had been made (every random draw happens here, the requests themselves are built lazily)
     iter_requests(base, base.engine.resolved_max_model_len(model), np.random.default_rng(base.seed))
+    stand_ins = StandIns(base, spec.router) if stand_ins is None else stand_ins
+    assert stand_ins.base is base and stand_ins.router == spec.router, "stand-ins of another plan"
     auto = [with_split(c, (1, 1), spec) for c in candidates(spec) if c.split is None] if has_auto(spec) else []
     everything = [*candidates(spec), *auto]  # an automatic split's shape is checked as 1P1D
     unfit, unsplit = [], []  # ranked infeasible, unless nothing is left to plan: why each does not fit its GPU,
     for candidate in everything:  # and the splits of an engine that cannot be split
         scenario = candidate.scenario(base, candidate.smallest_fleet, spec.router)
         check_parallel(model, scenario.engine)
-        if (stand_in := unfit_search(base, candidate, spec.router)) is not None:
+        if (stand_in := stand_ins.of(candidate)) is not None:
             if stand_in.cannot == CANNOT_SPLIT:
                 unsplit.append(scenario)
             else:
@@ -88,7 +93,8 @@ def check_candidates(base: Scenario, spec: PlanSpec, memory_limit_name: str = "p
     check_knob_repeats(base, spec)
     check_traffic_rate(base, spec)
     check_probe_cap(base, spec)
-    check_plan_memory(base, spec, memory_limit_name)
+    check_plan_memory(base, spec, memory_limit_name, stand_ins)
+    return stand_ins
 
 
 def check_split_engine(scenario: Scenario, spec: PlanSpec, xpyd_name: str) -> None:
@@ -199,24 +205,19 @@ def first_point(base: Scenario, spec: PlanSpec, candidate: Candidate) -> Scenari
     return candidate.scenario(traffic, candidate.smallest_fleet, spec.router)
 
 
-def check_plan_memory(base: Scenario, spec: PlanSpec, memory_limit_name: str = "plan.memory_limit_bytes") -> None:
-    """Refuse a plan none of whose candidates fits in the memory limit even at its smallest point (the
-    searches are bounded by it; `kvsim.planning.memory`): one line naming the limit as the user gave it,
-    `memory_limit_name` (a spec file's `plan.memory_limit_bytes` was refused as `--memory-limit`)."""
+def check_plan_memory(base: Scenario, spec: PlanSpec, memory_limit_name: str, stand_ins: StandIns) -> None:
+    """Refuse a plan none of whose candidates that can be planned (`stand_ins`) fits in the memory limit even at its
+    smallest point (the searches are bounded by it; `kvsim.planning.memory`): one line naming the limit as the user
+    gave it, `memory_limit_name` (a spec file's `plan.memory_limit_bytes` was refused as `--memory-limit`)."""
     memory = MemoryBound.of(spec.memory_limit_bytes, memory_limit_name)
     needs = [(memory.needed_bytes(first_point(base, spec, c)), c) for c in candidates(spec)
-             if unfit_reason(base, c, spec.router) is None]
+             if stand_ins.of(c) is None]
     least, smallest = min(needs, key=lambda need: need[0])
     if least > memory.limit_bytes:
         raise KvsimError(f"{memory.label}: even the smallest point ({smallest.label}, {smallest.smallest_fleet} "
                          f"{'instances' if smallest.split else 'replica'}, "
                          f"{first_point(base, spec, smallest).workload.num_requests} requests) needs at least "
                          f"{memory.size(least)} of memory; nothing in this plan fits")
-
-
-def unfit_reason(base: Scenario, candidate: Candidate, router: str) -> str | None:
-    """Why `candidate` cannot be planned (`unfit_search`'s reason); None where it can."""
-    return None if (unfit := unfit_search(base, candidate, router)) is None else unfit.reason
 
 
 def unfit_search(base: Scenario, candidate: Candidate, router: str) -> UnfitSearch | None:
@@ -253,3 +254,24 @@ class UnfitSearch(Unsearched):
     def row(self, hourly_cost: float | None) -> dict[str, Any]:
         """Infeasible, no headroom (no engine to measure it on), the reason as its limiting factor."""
         return self.candidate.unsearched_row(None, f"{self.cannot}: {self.reason}")
+
+
+@dataclass(slots=True)
+class StandIns:
+    """Each candidate's `unfit_search` stand-in (None where it can be planned) for one plan's `base` and `router`,
+    each found once: `check_candidates`, `check_plan_memory`, the plan's searches and `kvsim plan`'s lists of the
+    candidates it simulates all ask, and each answer is a scenario build and a pool sizing. Candidates are compared,
+    not hashed: a knob's value may be a mapping (`kv_offload`)."""
+
+    base: Scenario
+    router: str
+    found: list[tuple[Candidate, UnfitSearch | None]] = dataclasses.field(default_factory=list)
+
+    def of(self, candidate: Candidate) -> UnfitSearch | None:
+        """`candidate`'s stand-in: `unfit_search`'s answer, found on the first question."""
+        for asked, known in self.found:
+            if asked == candidate:
+                return known
+        stand_in = unfit_search(self.base, candidate, self.router)
+        self.found.append((candidate, stand_in))
+        return stand_in
