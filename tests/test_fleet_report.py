@@ -192,6 +192,16 @@ def _azure_section(row_extra: dict | None = None, **facts_extra):
     return Section("fleet", "t", {"fleet_routing": pd.DataFrame(rows)}, facts)
 
 
+def test_a_floor_above_the_slo_sizes_for_the_floor_plus_the_slo_and_says_so():
+    """The target sentence's other branch where counts are judged: a floor whose p90 TTFT is past the 2 s SLO makes
+    the target the floor plus the SLO (`fleet_routing`: 0.47 s + 2 s = 2.47 s, as `ttft_target_s` here), and the
+    words say the SLO is out of reach before the replicas that target needs (`_target`, sized)."""
+    text = fleet_text(_azure_section(ttft_target_s=2.47), _AzureSt())
+    assert ("so no fleet goes far below it. That is above the report's 2 s TTFT SLO, so no fleet of this GPU meets "
+            "it; sized instead for TTFT p90 ≤ 2.47 s (the floor plus 2 s of waiting), it needs 6 replicas with round "
+            "robin; 6 replicas with least outstanding.") in text
+
+
 def test_a_trace_without_prompt_content_compares_no_hit_rates_and_runs_no_affinity():
     """Azure's rows give lengths alone: the words say why this trace (the passed-over Mooncake count), that
     affinity has nothing to follow, and quote no hit rate or unbounded bound (it has none: no block identity)."""

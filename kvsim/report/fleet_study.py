@@ -128,7 +128,7 @@ def _passed_over(tried: Sequence[TraceTried]) -> list[dict[str, Any]]:
 
 def fleet_routing(st: Study) -> Section:
     """Replicas needed per router for the TTFT SLO, and the routers compared at one fleet size."""
-    max_model_len = traffic(st).engine.resolved_max_model_len(st.model)
+    max_model_len = st.max_model_len  # the traffic's engine is the report's, its allocator and prefix caching aside
     tried = choose(st.base, st.cfg.fleet_requests, max_model_len)
     chosen = tried[-1]
     if not chosen.served:  # sizing the rest would answer another question

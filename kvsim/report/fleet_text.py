@@ -63,12 +63,6 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
              f"queue p99 {f['floor_queue_p99_s']:.2f} s): more replicas only remove queueing, so no fleet goes far "
              "below it" + (f" (other cache hits aside: at most {f['unbounded_hit_rate']:.1%} of the prompt tokens "
                            "here)." if trace.has_prefixes else "."))
-    if f["ttft_target_s"] == f["slo_s"]:
-        target = f"TTFT p90 ≤ {f['slo_s']:g} s needs"
-    else:
-        target = (f"That is above the report's {f['slo_s']:g} s TTFT SLO, so no fleet of this GPU meets it; sized "
-                  f"instead for TTFT p90 ≤ {f['ttft_target_s']:.2f} s (the floor plus {f['slo_s']:g} s of waiting), "
-                  "it needs")
     short = _too_short(df)
     judged = df[~short]
     needs = []
@@ -82,7 +76,7 @@ def fleet_text(sec: studies.Section, st: studies.Study) -> str:
         needs.append(f"{counted(int(row.replicas_for_slo), 'replica')} with {ROUTER_NAMES[router]}{cost}")
     if not short.any() and df.replicas_for_slo.isna().all():
         needs = [f"more than {counted(f['max_replicas'], 'replica')} (the search's limit) with every router"]
-    answer = f"{target} {'; '.join(needs)}." if needs else _unjudged_target(f)
+    answer = f"{_target(f, sized=True)} {'; '.join(needs)}." if needs else _target(f, sized=False)
     if short.any():
         answer += _unjudged(f, df[short], every=not needs)
     answer += _unverified(f, judged[judged.replicas_for_slo.notna()])
@@ -130,18 +124,22 @@ def _too_short(df: pd.DataFrame) -> pd.Series:
     return df.probes_too_short.fillna(False).astype(bool)
 
 
-def _unjudged_target(f: dict) -> str:
-    """The target sentence when no router's search judged any count (the routers' reasons follow)."""
+def _target(f: dict, sized: bool) -> str:
+    """The target sentence up to what follows it: the routers' needs where some router's search judged a count
+    (`sized`), else their reasons. The target is the report's TTFT SLO, or the floor plus it where the floor alone
+    exceeds it (then no fleet of this GPU meets the SLO)."""
+    slo = f"{f['slo_s']:g} s"
     if f["ttft_target_s"] == f["slo_s"]:
-        return f"No fleet is sized for TTFT p90 ≤ {f['slo_s']:g} s"
-    return (f"That is above the report's {f['slo_s']:g} s TTFT SLO, so no fleet of this GPU meets it; nor is one "
-            f"sized for TTFT p90 ≤ {f['ttft_target_s']:.2f} s (the floor plus {f['slo_s']:g} s of waiting)")
+        return f"TTFT p90 ≤ {slo} needs" if sized else f"No fleet is sized for TTFT p90 ≤ {slo}"
+    target = f"TTFT p90 ≤ {f['ttft_target_s']:.2f} s (the floor plus {slo} of waiting)"
+    return (f"That is above the report's {slo} TTFT SLO, so no fleet of this GPU meets it; "
+            + (f"sized instead for {target}, it needs" if sized else f"nor is one sized for {target}"))
 
 
 def _unjudged(f: dict, short: pd.DataFrame, every: bool) -> str:
     """Why the routers in `short` have no answer: their probes were too short to judge any count, and whether this
     report's probe cap (`fleet_max_probe_requests`, below a full report's) stopped them growing. `every`: no
-    router has an answer (the sentence follows `_unjudged_target`)."""
+    router has an answer (the sentence follows `_target`'s, unsized)."""
     num_requests = int(short.requests_per_probe.max())
     cap = f.get("max_probe_requests")
     full = StudyConfig.model_fields["fleet_max_probe_requests"].default
