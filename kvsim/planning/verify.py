@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from kvsim.planning.slo import parse_slo_key, probe_passes, slo_stats, slo_values
@@ -110,6 +111,12 @@ def traffic_of(base: Scenario, num_requests: int) -> Scenario:
     return base if num_requests == base.workload.num_requests else with_requests(base, num_requests)
 
 
+class _Unread(Enum):
+    """A memo not yet read, where None is an answer (`Verification`'s `most_requests`: any count can be run)."""
+
+    UNREAD = "unread"
+
+
 @dataclass(slots=True)
 class Verification:
     """The long runs of a candidate's chosen fleet: the searched count first, one replica more while it fails."""
@@ -124,17 +131,16 @@ class Verification:
     attempts: list[tuple[int, Metrics]] = field(default_factory=list)  # (replicas, long run's metrics)
     memory_note: str | None = None  # why a long run was not made: its memory floor exceeds the plan's limit
     search_run: bool = False  # the verification is the search's probe: the trace held no more requests
-    _most: tuple[int | None] | None = None  # (the traffic's `most_requests`,), once read (None: not yet)
+    _most: int | None | _Unread = _Unread.UNREAD  # the traffic's `most_requests`, once read
     _count: int | None = None
 
     def long_requests(self, traffic: Scenario, probe_requests: int) -> int:
         """A long run's requests: `verify_factor` × `probe_requests`, at most what `traffic` holds (a timestamped
         trace's rows: `most_requests`, read once; every run of a plan takes the same trace)."""
-        if self._most is None:
-            self._most = (most_requests(traffic),)
-        most = self._most[0]
+        if self._most is _Unread.UNREAD:
+            self._most = most_requests(traffic)
         num_requests = self.spec.verify_factor * probe_requests
-        return num_requests if most is None else min(num_requests, most)
+        return num_requests if self._most is None else min(num_requests, self._most)
 
     def next_scenario(self, traffic: Scenario, replicas: int | None, probe_requests: int,
                       probe: Metrics | None = None) -> Scenario | None:
