@@ -162,7 +162,7 @@ def _tables_of(table: Path, earlier: Path) -> bool:
     """Whether `table` is a plain file holding `markdown` of the result in `earlier` (read only up to the size
     `check_output_file` reads of a JSON result: a stranger's large file is not read whole)."""
     from kvsim.model.yaml_io import load_json
-    from kvsim.results.output_dir import MAX_JSON_RESULT_BYTES
+    from kvsim.results.output_checks import MAX_JSON_RESULT_BYTES
 
     if table.is_symlink() or not table.is_file() or not earlier.is_file():
         return False

@@ -263,7 +263,8 @@ RESULT_KEYS = frozenset({"baseline_loop_s", "benchmark", "cpus", "duration_s", "
 def write_scenarios(folder: Path, names: list[str], num_requests: int | None) -> None:
     """`--write-scenarios DIR`: each scenario's traces and kvsim scenario.yaml under DIR/NAME, DIR new or this
     option's earlier output, replaced whole when all are written (it wrote over any files there), else exit 2."""
-    from kvsim.results.output_dir import check_output_dir, output_directory
+    from kvsim.results.output_checks import check_output_dir
+    from kvsim.results.output_dir import output_directory
 
     with one_line("bench_vidur.py", "--write-scenarios"):
         final = check_output_dir(folder, "vidur-scenarios")  # where output_directory puts it: `gone/../out` is `out`

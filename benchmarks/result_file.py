@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.model.errors import KvsimError
-from kvsim.results.output_dir import check_output_file, output_file
+from kvsim.results.output_checks import check_output_file
+from kvsim.results.output_dir import output_file
 
 
 @contextmanager

@@ -35,7 +35,8 @@ import triton
 from kernels.grid import KERNELS_COMMIT_ENV, Grid, LayerShapes, plan
 from kernels.paged_attention import FP8_DTYPE, paged_attention_decode, paged_attention_prefill
 from kvsim.latency.base import PROFILE_COLUMNS
-from kvsim.results.output_dir import FILE_TAG, output_file
+from kvsim.results.output_checks import FILE_TAG
+from kvsim.results.output_dir import output_file
 
 L2_BYTES = 64 * 2**20  # H100/H200 have 50-60 MB; pools are sized well past it
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}

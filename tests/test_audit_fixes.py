@@ -8,7 +8,7 @@ from test_profiles import write_bundle  # tests/ is on sys.path
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.results.output_dir import MARKER_NAME
+from kvsim.results.output_checks import MARKER_NAME
 
 runner = CliRunner()
 

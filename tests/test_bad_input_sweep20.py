@@ -33,7 +33,7 @@ from conftest import benchmark_script, one_line_exit_2  # tests/ is on sys.path
 import kvsim
 from kvsim.model.errors import KvsimError
 from kvsim.model.families import fields_from_hf_config
-from kvsim.results.output_dir import check_output_file
+from kvsim.results.output_checks import check_output_file
 from kvsim.workload.traces import read_azure, read_lengths, read_mooncake, read_sharegpt_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -374,7 +374,7 @@ def test_a_measured_runs_engine_argument_of_the_wrong_json_type_is_named(tmp_pat
 def test_a_large_file_named_as_the_output_marker_is_read_only_in_part(tmp_path):
     """`-o FOLDER` reads FOLDER/.kvsim-output to tell kvsim's own output: a stranger's 1 GiB file of that name was
     read whole (2 GB of memory, 10 s) before the folder was refused."""
-    from kvsim.results.output_dir import MARKER_NAME, check_output_dir
+    from kvsim.results.output_checks import MARKER_NAME, check_output_dir
 
     (tmp_path / "mine").mkdir()
     with (tmp_path / "mine" / MARKER_NAME).open("wb") as f:

@@ -187,7 +187,7 @@ def test_an_output_marker_nested_too_deeply_is_no_marker(tmp_path):
 def test_a_json_result_nested_too_deeply_is_not_replaced(tmp_path):
     """A study's `--output FILE.json` is replaced only when it is a JSON object of the result's keys."""
     from kvsim.model.errors import OutputError
-    from kvsim.results.output_dir import check_output_file
+    from kvsim.results.output_checks import check_output_file
 
     path = tmp_path / "r.json"
     path.write_text(DEEP, encoding="utf-8")

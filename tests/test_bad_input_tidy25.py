@@ -13,7 +13,7 @@ from conftest import benchmark_script, one_line_exit_2  # tests/ is on sys.path
 
 import kvsim
 from kvsim.model.errors import KvsimError
-from kvsim.results.output_dir import check_output_file
+from kvsim.results.output_checks import check_output_file
 from kvsim.results.run_result import RunResult
 from kvsim.workload.scenario import Scenario
 

@@ -18,7 +18,8 @@ import pytest
 
 from kvsim.__main__ import interrupted_message
 from kvsim.results import output_dir
-from kvsim.results.output_dir import FILE_TAG, output_directory, output_file
+from kvsim.results.output_checks import FILE_TAG
+from kvsim.results.output_dir import output_directory, output_file
 
 
 def _raise_keyboard_interrupt(signum, frame):

@@ -20,14 +20,8 @@ from typer.testing import CliRunner
 from kvsim.cli import app
 from kvsim.model.errors import KvsimError
 from kvsim.results import output_dir
-from kvsim.results.output_dir import (
-    FILE_TAG,
-    MARKER_NAME,
-    check_output_dir,
-    output_directory,
-    output_file,
-    safe_component,
-)
+from kvsim.results.output_checks import FILE_TAG, MARKER_NAME, check_output_dir, safe_component
+from kvsim.results.output_dir import output_directory, output_file
 from kvsim.results.step_writer import has_pyarrow
 
 runner = CliRunner()

@@ -302,7 +302,7 @@ def run(
     # they are made (collecting them finds nothing: ~0.015 CPU s), then frozen for the run (`run_collector`).
     with collector_off():
         from kvsim.fleet.run import simulate_scenario
-        from kvsim.results.output_dir import check_output_dir, safe_component
+        from kvsim.results.output_checks import check_output_dir, safe_component
         from kvsim.results.step_writer import resolve_format
 
         with user_errors():
@@ -426,7 +426,7 @@ def validate(
     output_format: Annotated[ValidateFormat, typer.Option("--format")] = ValidateFormat.table,
 ) -> None:
     """Replay a real vLLM run in kvsim and tabulate the errors (TTFT, TPOT, E2E, throughput, queues)."""
-    from kvsim.results.output_dir import check_output_dir, safe_component
+    from kvsim.results.output_checks import check_output_dir, safe_component
     from kvsim.validation import compare as v
     from kvsim.validation.measured import load_measured
     from kvsim.validation.replay import default_profile

@@ -74,7 +74,8 @@ def plan(
     from kvsim.planning.plan_checks import check_candidates
     from kvsim.planning.search import close_client, dask_client
     from kvsim.planning.spec import candidates
-    from kvsim.results.output_dir import check_output_dir, claim_directory, errors_name_output, safe_component
+    from kvsim.results.output_checks import check_output_dir, errors_name_output, safe_component
+    from kvsim.results.output_dir import claim_directory
     from kvsim.results.render import rows_to_csv, rows_to_markdown, to_json
     from kvsim.workload.generate import short_trace_said_once
     from kvsim.workload.scenario import load_scenario

@@ -38,7 +38,7 @@ def calibrate(
     from kvsim.model.capacity import check_parallel
     from kvsim.model.config import load_model
     from kvsim.model.engine_config import make_engine
-    from kvsim.results.output_dir import check_output_file
+    from kvsim.results.output_checks import check_output_file
 
     with user_errors():
         if not gpu.strip():  # recorded as the profile's gpu: an empty one is checked against no GPU when read
@@ -121,7 +121,7 @@ def import_profile(
     from kvsim.latency.profiles.native import write_native
     from kvsim.model.config import load_gpu, load_model
     from kvsim.model.engine_config import make_engine
-    from kvsim.results.output_dir import check_output_file
+    from kvsim.results.output_checks import check_output_file
 
     with user_errors():
         check_output_file(output)  # as given: Path('') is the working folder; and before the profile is read

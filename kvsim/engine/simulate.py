@@ -22,7 +22,8 @@ from kvsim.kv.offload_connector import combine_summaries
 from kvsim.model.errors import KvsimError, expect_flag
 from kvsim.results.budget import check_engines_memory
 from kvsim.results.metrics import combined_counters, summarize
-from kvsim.results.output_dir import check_output_dir, output_directory
+from kvsim.results.output_checks import check_output_dir
+from kvsim.results.output_dir import output_directory
 from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
 from kvsim.results.step_writer import StepsFormat, StepWriter

@@ -39,7 +39,8 @@ from kvsim.results.metrics import (
     percentiles,
     prefix_cache_hit_rate,
 )
-from kvsim.results.output_dir import check_output_dir, output_directory
+from kvsim.results.output_checks import check_output_dir
+from kvsim.results.output_dir import output_directory
 from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
 from kvsim.results.step_writer import StepsFormat, StepWriter, concat_step_files

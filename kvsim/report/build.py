@@ -32,7 +32,8 @@ from kvsim.report import text as report_text
 from kvsim.report.alerts import prometheus_rules  # noqa: E402
 from kvsim.report.figures import FIGURES, fig_series, save_figure  # noqa: E402
 from kvsim.report.summary import summary_markdown  # noqa: E402
-from kvsim.results.output_dir import check_output_dir, output_directory  # noqa: E402
+from kvsim.results.output_checks import check_output_dir  # noqa: E402
+from kvsim.results.output_dir import output_directory  # noqa: E402
 from kvsim.results.render import rows_to_markdown  # noqa: E402
 from kvsim.workload.scenario import Scenario  # noqa: E402
 

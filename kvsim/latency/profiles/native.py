@@ -12,7 +12,8 @@ from pathlib import Path
 from kvsim.latency.base import PROFILE_COLUMNS, PROFILE_KINDS
 from kvsim.latency.profiles import Profile
 from kvsim.model.errors import KvsimError, reading, shown
-from kvsim.results.output_dir import FILE_TAG, output_file
+from kvsim.results.output_checks import FILE_TAG
+from kvsim.results.output_dir import output_file
 from kvsim.workload.files import csv_rows, first_ragged, open_text
 
 NUM_LEGACY_COLUMNS = 16
