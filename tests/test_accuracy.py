@@ -75,7 +75,7 @@ TARGET_NOT_MET: dict[tuple[str, str, str], str] = {
         "from scheduled to first token than kvsim's steps (41 requests), beside more than 100 0.1 ms (101); single "
         "decode steps read between the run's records average 2.6 % longer (11 steps at 3-107 running), and the run's "
         "first step 68 ms (request 0); Qwen3-32B shows the same (its 11 requests that do not queue: prefill -27 %, "
-        "the 284 that do: +0.1 %). Every op the profile measured is priced at the step's token count (linear and "
+        "the 289 that do: +0.1 %). Every op the profile measured is priced at the step's token count (linear and "
         "token ops at the CUDA-graph size, the attention grid at the chunk, its cached tokens, the decodes and their "
         "context, LM head and sampler at the sampled rows; vLLM also computes a partial chunk's logits, which kvsim "
         "leaves out, 0.7 ms on the one step here that samples nothing), and the excess does not depend on the step in "
