@@ -17,6 +17,7 @@ from kvsim.engine.builder import build_engine
 from kvsim.fleet.disagg import Disaggregation, simulate_disagg
 from kvsim.fleet.run import simulate_scenario
 from kvsim.kv import PagedAllocator, TokenContent
+from kvsim.kv.radix_cache import RadixCache
 from kvsim.kv.radix_prefix_cache import RadixPrefixCache
 from kvsim.kv.slab import SlabAllocator
 from kvsim.model.errors import KvsimError, SchedulingLivelock
@@ -28,16 +29,17 @@ from tests.test_hybrid_alloc import tiny
 EAGLE_ALWAYS_REJECTED = {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rates": 0.0}
 
 
-def fleet(tmp_path, policy, output_len=40):
+def fleet(tmp_path, policy, output_len=40, prefix_cache="hash_chain"):
     """1P1D (`tests.test_disagg.scenario`: 10 ms steps, a large prefill instance). Two requests at t = 0:
     request 0, a 48-token prompt asking `output_len` tokens, and request 1, 80 tokens asking 5. The decode
     instance: 10 blocks of 16 (9 usable, 144 slots), max_model_len 128, max_num_seqs 1, a 16-token budget, EAGLE
-    K = 3 whose drafts are always rejected (each verify emits exactly one token: no randomness)."""
+    K = 3 whose drafts are always rejected (each verify emits exactly one token: no randomness), its prefix cache
+    `prefix_cache`."""
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps({"timestamp": 0, "input_length": n, "output_length": out, "hash_ids": [i]})
                             + "\n" for i, (n, out) in enumerate([(48, output_len), (80, 5)])))
     decode = {"num_gpu_blocks_override": 10, "max_model_len": 128, "max_num_seqs": 1, "max_num_batched_tokens": 16,
-              "scheduling_policy": policy, "speculative_config": EAGLE_ALWAYS_REJECTED}
+              "scheduling_policy": policy, "speculative_config": EAGLE_ALWAYS_REJECTED, "prefix_cache": prefix_cache}
     raw = scenario(num_requests=2, decode_engine=decode).model_dump(mode="json")
     raw["workload"] = {"num_requests": 2, "arrival": {"process": "trace"}, "prompt_len": None, "output_len": None,
                        "trace": {"format": "mooncake", "path": str(path)}}
@@ -66,7 +68,9 @@ def assert_same_run(a, b):
     assert json.dumps(a.summary, sort_keys=True, default=str) == json.dumps(b.summary, sort_keys=True, default=str)
 
 
-def test_a_request_that_recomputes_into_its_own_lookahead_forever_is_a_named_livelock(tmp_path, monkeypatch):
+@pytest.mark.parametrize("prefix_cache", ["hash_chain", "radix"])
+def test_a_request_that_recomputes_into_its_own_lookahead_forever_is_a_named_livelock(tmp_path, monkeypatch,
+                                                                                      prefix_cache):
     # By hand. P prefills both prompts in one step and hands both off at 10 ms; D reserves 3 + 5 blocks of its 9.
     # Request 0 (first in priority order: same priority, its transfer ends first) is admitted holding 47 computed
     # tokens and asks 47 + 1 + 3 = 51 slots (vLLM asks the lookahead of a request with computed tokens): 4 blocks,
@@ -77,8 +81,11 @@ def test_a_request_that_recomputes_into_its_own_lookahead_forever_is_a_named_liv
     # 66 > 64: preempted again; 60 -> 61 -> 62 tokens the same way (63 and 64 slots fit). With 62 tokens its last
     # prefill chunk asks 62 + 3 = 65 slots, 5 blocks (80 slots), 4 free (64): it preempts itself before sampling,
     # in the same state each time, and request 1 (behind it in priority order, max_num_seqs 1) is never admitted.
+    # The slots asked and free do not depend on the prefix cache: SGLang's radix tree (`prefix_cache: radix`) gives
+    # the same line. Its cache said no state (`state_key` None), so the check never fired there and the run went on
+    # until the clock's end (`kvsim run` still looping after 60 s of wall time, 630 s simulated).
     with pytest.raises(SchedulingLivelock) as livelock:  # capped: a missed livelock fails, it does not hang
-        simulate_disagg(fleet(tmp_path, "priority"), check=True, progress=capped(10.0))
+        simulate_disagg(fleet(tmp_path, "priority", prefix_cache=prefix_cache), check=True, progress=capped(10.0))
     assert str(livelock.value) == (
         "engine.scheduling_policy=priority: request 0 preempts itself forever: it needs 80 KV slots for its 62 "
         "tokens and the 3 slots of its speculative lookahead, 64 of the KV cache's 144 are free and requests [1] "
@@ -89,7 +96,7 @@ def test_a_request_that_recomputes_into_its_own_lookahead_forever_is_a_named_liv
     # under 1 s (2 requests, 40 + 5 tokens in 10 ms steps, a few recomputes of at most 4 chunks each).
     without_the_check(monkeypatch)
     with pytest.raises(Endless):
-        simulate_disagg(fleet(tmp_path, "priority"), progress=capped(10.0))
+        simulate_disagg(fleet(tmp_path, "priority", prefix_cache=prefix_cache), progress=capped(10.0))
 
 
 @pytest.mark.parametrize(("policy", "output_len", "num_preemptions"), [
@@ -102,13 +109,15 @@ def test_a_request_that_recomputes_into_its_own_lookahead_forever_is_a_named_liv
     # preemptions, each by itself, with a token sampled between them.
     ("priority", 13, 2),
 ])
+@pytest.mark.parametrize("prefix_cache", ["hash_chain", "radix"])
 def test_a_request_that_preempts_itself_and_recovers_runs_as_without_the_check(tmp_path, monkeypatch, policy,
-                                                                              output_len, num_preemptions):
-    checked = simulate_disagg(fleet(tmp_path, policy, output_len), check=True)
+                                                                              output_len, num_preemptions,
+                                                                              prefix_cache):
+    checked = simulate_disagg(fleet(tmp_path, policy, output_len, prefix_cache), check=True)
     assert set(checked.requests.status) == {"finished"}
     assert checked.summary["num_preemptions"] == num_preemptions
     without_the_check(monkeypatch)
-    assert_same_run(checked, simulate_disagg(fleet(tmp_path, policy, output_len), check=True))
+    assert_same_run(checked, simulate_disagg(fleet(tmp_path, policy, output_len, prefix_cache), check=True))
 
 
 @st.composite
@@ -156,7 +165,9 @@ def test_every_small_world_ends_or_says_why_in_one_line(raw):
 
 
 @pytest.mark.parametrize("make", [lambda: PagedAllocator(num_blocks=11, block_size=16, enable_caching=True),
-                                  lambda: tiny(enable_caching=True)], ids=["paged", "hybrid"])
+                                  lambda: PagedAllocator(num_blocks=11, block_size=16, enable_caching=True,
+                                                         prefix_cache=RadixPrefixCache(11, 16)),
+                                  lambda: tiny(enable_caching=True)], ids=["paged", "radix", "hybrid"])
 def test_an_allocator_state_key_follows_every_change_and_comes_back_with_the_state(make):
     # The livelock check is exact only if equal keys mean equal allocators: a key must change with a table, a
     # fill or the free queue's order, and be equal for the same state reached again.
@@ -178,8 +189,34 @@ def test_an_allocator_state_key_follows_every_change_and_comes_back_with_the_sta
 
 def test_allocators_that_cannot_say_their_state_never_fire():
     assert SlabAllocator(num_slots=64, max_model_len=32, policy="max").state_key() is None
-    assert PagedAllocator(num_blocks=11, block_size=16, enable_caching=True,
-                          prefix_cache=RadixPrefixCache(11, 16)).state_key() is None
+
+
+def test_a_radix_tree_key_keeps_the_access_order_of_locked_nodes_and_drops_the_clock():
+    # Two pages in SGLang's tree (page size 1), both locked (in use), the same nodes and locks, one of them matched
+    # again since: no free queue holds them, yet which one is evicted first once both are unlocked is the one not
+    # matched (least recently used). Trees that differ only in which was matched must differ; the same calls on a
+    # tree whose clock and node ids are further on (another page inserted and evicted first) must not, and must
+    # evict alike.
+    def tree(matched, warm_up=False):
+        radix = RadixCache(1)
+        if warm_up:
+            radix.insert(["w"], [9])
+            assert radix.evict(1) == [9]
+        for key, value in (("a", 1), ("b", 2)):
+            radix.insert([key], [value])
+            radix.inc_lock_ref(radix.where(value)[0])
+        radix.match_prefix([matched])
+        return radix
+
+    def evicted_first(radix):
+        for value in (1, 2):
+            radix.dec_lock_ref(radix.where(value)[0])
+        return radix.evict(1)
+
+    a, b, warm = tree("a"), tree("b"), tree("a", warm_up=True)
+    assert a.state_key() != b.state_key() and warm.state_key() == a.state_key()
+    assert (warm._clock, warm._next_id) != (a._clock, a._next_id)
+    assert evicted_first(a) == evicted_first(warm) == [2] and evicted_first(b) == [1]
 
 
 def test_kvsim_run_says_the_livelock_in_one_line_exits_2_and_writes_nothing(tmp_path):

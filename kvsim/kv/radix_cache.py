@@ -36,6 +36,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def page_keys(token_ids: Sequence[Hashable], page_size: int) -> list[tuple[Hashable, ...]]:
@@ -290,6 +291,21 @@ class RadixCache:
             self.evictable_leaves.add(node)
         else:
             self.evictable_leaves.discard(node)
+
+    def state_key(self) -> tuple[tuple[Any, ...], ...]:
+        """Everything of the tree a later call reads, hashable: each node (but the root) with its parent, pages,
+        values and page locks, and its place in the two orders eviction reads (least recently used first, ties
+        to the older node), as ranks: the logical clock and the node ids only grow, so a later tick or a new node
+        comes after every node here whatever their values, and two trees equal in these ranks act alike from
+        then on (`kvsim.sched.livelock` compares states this way). The root is never evicted: its access time is
+        left out."""
+        nodes = sorted(self._nodes(), key=lambda node: node.node_id)
+        id_rank = {node.node_id: rank for rank, node in enumerate(nodes)}
+        access_rank = {t: rank for rank, t in enumerate(sorted({node.last_access for node in nodes}))}
+        id_rank[self.root.node_id] = -1
+        return tuple((id_rank[node.parent.node_id if node.parent is not None else self.root.node_id],
+                      tuple(node.key), tuple(node.value), tuple(node.page_locks), access_rank[node.last_access])
+                     for node in nodes)
 
     def _nodes(self) -> list[TreeNode]:
         """Every node but the root, parents before children."""

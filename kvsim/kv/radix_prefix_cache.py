@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Collection, Iterator, Sequence
+from typing import Any
 
 from kvsim.kv.protocol import PrefixHit
 from kvsim.kv.radix_cache import RadixCache, TreeNode
@@ -164,9 +165,12 @@ class RadixPrefixCache:
         taken, self._spare = self._spare[:num_blocks], self._spare[num_blocks:]
         return taken
 
-    def state_key(self) -> None:
-        """`PrefixCache.state_key`: None, its tree is not taken (a livelock check never fires with it)."""
-        return None
+    def state_key(self) -> tuple[Any, ...]:
+        """`PrefixCache.state_key`: the tree (`RadixCache.state_key`: its access order too, which the pool's free
+        queue holds only for the free blocks, where a locked node's place decides once it is freed) and the spare
+        blocks in the order `evict` takes them. It was None, so a livelock check never fired with this cache: a
+        request preempting itself for ever ran until the clock's end (`tests/test_livelock.py`)."""
+        return self.tree.state_key(), tuple(self._spare), self._num_free_cached
 
     def check_invariants(self, ref_counts: Sequence[int]) -> None:
         """The tree balances; each block in it holds one lock per reference state (1 if in use);

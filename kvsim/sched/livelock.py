@@ -19,7 +19,7 @@ The engine's future is a function of that state alone then (time only stamps rec
 repeats for ever: `SchedulingLivelock`. A state that never recurs (arrivals to come, a transfer in flight, another
 request finishing, a sampled token, a new random draw) never fires. The states kept are dropped whenever a token is
 sampled or a request ends (a state before that can never recur), so memory stays small. Not checked (never
-fires): an allocator that cannot say its state (slabs, a radix prefix cache) and KV offload on the engine (its
+fires): an allocator that cannot say its state (slabs) and KV offload on the engine (its
 tiers' LRU and timed transfers; it is refused with speculation, whose lookahead makes these loops). Nothing is
 taken in a run that never preempts a request by itself: no cost per step.
 """
