@@ -239,7 +239,10 @@ class GroupedPagedAllocator(PoolSlots):
         return ALLOCATED
 
     def append_token(self, seq_id: int) -> bool:
-        """No separate fast path: every token goes through `allocate`."""
+        """No separate fast path: every token goes through `allocate`. Only a speed gap (v1's plain-decode loop
+        stops at once and its general path decodes each request, `_schedule_plain_decodes`): `allocate` is the
+        exact path, and also drops the blocks a sliding window or chunk has left (`remove_skipped_blocks`, as
+        vLLM's `KVCacheManager.allocate_slots` does each step), which a fast path here would have to do too."""
         return False
 
     def hold(self, seq_id: int, num_slots: int) -> bool:

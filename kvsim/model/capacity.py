@@ -177,7 +177,10 @@ def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, *, layo
     `max_model_len` as for `kv_pool_bytes`.
 
     Like vLLM's `check_enough_kv_cache_memory` (vllm/v1/core/kv_cache_utils.py), a pool that
-    cannot hold one request of `max_model_len` tokens is an error: vLLM refuses to start.
+    cannot hold one request of `max_model_len` tokens is an error: vLLM refuses to start. A
+    `num_gpu_blocks_override` pool too: vLLM starts with it (`get_kv_cache_configs` checks the profiled memory,
+    then `may_override_num_blocks` replaces the count) and leaves a request larger than it at the head of its
+    queue for ever; kvsim refuses it deliberately (docs/fleets-and-plan.md), as the report's studies rely on.
     """
     if layout is None:
         layout = model_kv_layout(model, engine)

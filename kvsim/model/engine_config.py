@@ -311,7 +311,9 @@ class EngineConfig(Settings):
     def num_null_blocks(self) -> int:
         """Blocks of the pool no sequence can hold: vLLM v1's null block (block 0 of its `BlockPool`) in a paged
         pool. vLLM v0's block manager hands out every one of `num_gpu_blocks` (vllm/core/block/
-        cpu_gpu_block_allocator.py, `CpuGpuBlockAllocator.create`), and slab pools, the paper's Orca, have none."""
+        cpu_gpu_block_allocator.py, `CpuGpuBlockAllocator.create`), and slab pools, the paper's Orca, have none.
+        The static scheduler is a batching policy, no vLLM engine's: it runs over v1's paged pool, null block
+        included, so that it differs from v1 by its batching alone."""
         return 1 if self.allocator == "paged" and self.scheduler != "v0" else 0
 
     @property
