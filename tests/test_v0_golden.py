@@ -403,3 +403,35 @@ def test_a_swapped_group_vllm_counts_as_the_whole_pool_is_a_stall_beside_the_wat
     reason = sched.held_kv_stall()
     assert reason is not None and "request 1 is swapped out and vLLM v0 counts 8 KV blocks" in reason
     assert "the pool's 8 but never beside the watermark's 1," in reason
+
+
+def test_a_swapped_request_whose_prefix_a_running_one_holds_comes_back_by_vllms_count_without_those_blocks():
+    """9 blocks, no watermark, prefix caching, preemption_mode=swap. A (a 48-token system prompt + 1 token, asking
+    100), C (16 tokens, asking 19) and B (the system prompt + 16, asking 100) are admitted in that order in step 1
+    (`can_allocate` counts every prompt block, hits too: 4, 1, 4 ≤ 9, 5, 4): A 0..3, C 4, B shares 0, 1, 2 (v0
+    caches a block at once) and takes 5 (free 3). Step 2: C takes 6 at its position 16, B 7 at 64 (free 1).
+    Step 17: A takes 8 at its position 64 (free 0); C then finds no free block for its next token
+    (`can_append_slots` counts one a sequence) and B, the last admitted, swaps out with 79 tokens: full blocks 0, 1,
+    2 (still held by A) and 5, and 7 with 15 tokens (5 blocks moved; free 2). Step 18: C takes 7 at 32 (free 1).
+    C ends after step 19 (free 4). vLLM v0's `_can_swap` counts B's full blocks but those whose hash a GPU block
+    in use caches (`PrefixCachingBlockAllocator.get_num_full_blocks_touched`: 0, 1 and 2, A's), and 1 for its next
+    token: 1 + 1 = 2 > 1 free in steps 18 and 19 (LATER), ≤ 4 in step 20 (OK): B comes back, sharing 0, 1 and 2
+    with A by reference (`allocate_immutable_block` finds their hashes), 2 blocks taken, its next token in its
+    partial block (free 2). Counting A's blocks too (4 + 1 = 5 > 4, LATER) kept it out while A ran."""
+    sched = v0_world(9, watermark_blocks=0, caching=True, num_cpu_blocks=16, preemption_mode="swap")
+    a, c, b = (make_request(0, 0.0, 49, 100, prefix=48), make_request(1, 0.0, 16, 19),
+               make_request(2, 0.0, 64, 100, prefix=48))
+    step = stepper(sched, [a, c, b])
+    assert step(1)[2] == {0: [0, 1, 2, 3], 1: [4], 2: [0, 1, 2, 5]}
+    swapped_in = []
+    for t in range(2, 21):
+        preempted = step(t)[1]
+        assert preempted == ([2] if t == 17 else []), t
+        if t == 17:
+            assert step.plan.swap_out_bytes == 5 * 1000 and sched.alloc.pool.num_free_blocks == 2
+        swapped_in += [t] if step.plan.swap_in_bytes else []
+    assert swapped_in == [20] and step.plan.swap_in_bytes == 5 * 1000  # every block copied, as vLLM's swap-in does
+    assert c.status.value == "finished" and a.status.value == b.status.value == "running"
+    b_table, a_table = sched.alloc.seqs[b.seq_ids[0]].block_table, sched.alloc.seqs[a.seq_ids[0]].block_table
+    assert b_table[:3] == a_table[:3] == [0, 1, 2] and len(b_table) == 5
+    assert sched.alloc.pool.ref_counts[:3] == [2, 2, 2] and sched.alloc.pool.num_free_blocks == 2

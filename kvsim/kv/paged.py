@@ -40,20 +40,21 @@ from itertools import compress
 from typing import Any
 
 from kvsim.kv.block_pool import BlockPool, PoolSlots
-from kvsim.kv.block_tables import distinct_blocks, growth_blocks, repeated_blocks, table_references
+from kvsim.kv.block_tables import growth_blocks, table_references
 from kvsim.kv.paged_burst import PagedBursts
 from kvsim.kv.paged_decode import PagedDecodes, SeqBlocks
+from kvsim.kv.paged_swap import PagedSwaps
 from kvsim.kv.prefix_cache import HashChainCache, PrefixCache
-from kvsim.kv.protocol import ALLOCATED, NO_HIT, Allocation, PrefixHit, SwapResult
+from kvsim.kv.protocol import ALLOCATED, NO_HIT, Allocation, PrefixHit
 from kvsim.model.units import ceil_div
 from kvsim.workload.content import Content
 
 
-class PagedAllocator(PoolSlots, PagedDecodes, PagedBursts):
+class PagedAllocator(PoolSlots, PagedDecodes, PagedBursts, PagedSwaps):
     """Block tables over a GPU pool (and a CPU pool for swap); the policy half of vLLM's KV manager.
 
     Implements `kvsim.kv.protocol.KVAllocator`; the one-token decode paths live in `paged_decode.py`, the
-    decode-burst methods in `paged_burst.py`.
+    decode-burst methods in `paged_burst.py`, swap in `paged_swap.py`.
     `prefix_cache`: the GPU pool's prefix cache (default a `HashChainCache`); decode bursts need the
     hash chain's key-level inserts, so with another cache and caching on they are off (`supports_bursts`).
     """
@@ -380,74 +381,6 @@ class PagedAllocator(PoolSlots, PagedDecodes, PagedBursts):
         self._sum_written -= seq.num_tokens
         self._num_mapped_blocks -= len(seq.block_table)
         self._set_reservable(seq, 0)
-
-    # ------------------------------------------------------------------- swap
-    def swap_out(self, seq_ids: Sequence[int]) -> SwapResult | None:
-        """Move a group's blocks to CPU with room for each next token (v0's `_can_swap`); else None, nothing changed."""
-        if self.cpu_pool is None:
-            return None
-        seqs = [self.seqs[s] for s in seq_ids]
-        unique = distinct_blocks([s.block_table for s in seqs])
-        needed = len(unique) + growth_blocks(seqs, [s.num_tokens + 1 for s in seqs], self.block_size,
-                                             self.pool.ref_counts.__getitem__)
-        if needed > self.cpu_pool.num_free_blocks:
-            return None
-        mapping = dict(zip(unique, self.cpu_pool.get_new_blocks(len(unique)), strict=True))
-        for seq_id, seq in zip(seq_ids, seqs, strict=True):
-            del self.seqs[seq_id]
-            self._release_gpu(seq)
-            seq.block_table = [mapping[b] for b in seq.block_table]
-            seq.num_hashed_blocks = 0
-            self.swapped[seq_id] = seq
-        self.cpu_pool.touch(repeated_blocks([s.block_table for s in seqs]))
-        return SwapResult(len(unique), len(unique) * self.bytes_per_block)
-
-    def swap_in_growth_slots(self, seq_ids: Sequence[int]) -> int:
-        """Slots the swapped group needs, once back, for each sequence's next token.
-
-        A sequence whose last block is full needs a new block; k sequences sharing a partial
-        last block need k − 1 copies (the last writer keeps the original).
-        """
-        assert self.cpu_pool is not None
-        seqs = [self.swapped[s] for s in seq_ids]
-        return growth_blocks(seqs, [s.num_tokens + 1 for s in seqs], self.block_size,
-                                   self.cpu_pool.ref_counts.__getitem__) * self.block_size
-
-    def swapped_slots(self, seq_ids: Sequence[int]) -> int:
-        """Slots of the distinct blocks a swapped group holds on the CPU: what swapping it in takes."""
-        return len(distinct_blocks([self.swapped[s].block_table for s in seq_ids])) * self.block_size
-
-    def can_swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> bool:
-        return ceil_div(self.swapped_slots(seq_ids) + reserve_slots, self.block_size) <= self.pool.num_free_blocks
-
-    def swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> SwapResult | None:
-        """Bring a swapped group back to new GPU blocks; None (nothing changed) if they don't fit."""
-        if not self.can_swap_in(seq_ids, reserve_slots):
-            return None
-        assert self.cpu_pool is not None
-        seqs = [self.swapped[s] for s in seq_ids]
-        unique = distinct_blocks([s.block_table for s in seqs])
-        fresh = self.pool.get_new_blocks(len(unique))
-        mapping = dict(zip(unique, fresh, strict=True))
-        last_blocks: set[int] = set()
-        for seq_id, seq in zip(seq_ids, seqs, strict=True):
-            self.cpu_pool.free_blocks(seq.block_table[::-1])
-            seq.block_table = [mapping[b] for b in seq.block_table]
-            del self.swapped[seq_id]
-            self.seqs[seq_id] = seq
-            for index, block_id in enumerate(seq.block_table):
-                self.block_fill[block_id] = min(self.block_size, seq.num_tokens - index * self.block_size)
-            self._sum_written += seq.num_tokens
-            self._num_mapped_blocks += len(seq.block_table)
-            shares_last = bool(seq.block_table) and seq.block_table[-1] in last_blocks
-            self._set_reservable(seq, seq.num_tokens if shares_last else self._own_reservable(seq))
-            last_blocks.update(seq.block_table[-1:])
-        self.pool.touch(repeated_blocks([s.block_table for s in seqs]))
-        self.num_filled_slots += sum(self.block_fill[b] for b in fresh)
-        for seq in seqs:
-            if self.enable_caching and seq.content is not None:
-                self._hash_full_blocks(seq)
-        return SwapResult(len(unique), len(unique) * self.bytes_per_block)
 
     def state_key(self) -> tuple[Any, ...] | None:
         """`KVAllocator.state_key`: the tables (GPU, then swapped), every block's fill and the pools' state."""

@@ -62,6 +62,9 @@ class PrefixCache(Protocol):
     """What the block pool and the paged allocators use of a prefix cache (see the module docstring)."""
 
     def match(self, content: Content, num_tokens: int) -> PrefixHit: ...
+    def cached_prefix(self, content: Content, num_blocks: int) -> list[int]:
+        """The blocks holding the longest cached prefix of the content's first `num_blocks` full blocks, changing
+        nothing (no access time, split or memo): what is cached, asked without a lookup."""
     def insert(self, content: Content, block_table: Sequence[int], first_block: int,
                num_full_blocks: int) -> list[tuple[int, int]]: ...
     def lock(self, block_id: int) -> bool: ...
@@ -126,6 +129,16 @@ class HashChainCache:
         hit = PrefixHit(len(hits) * bs, tuple(hits))
         self._memo, self._memo_miss, self._memo_blocks = (content, num_tokens, hit), miss, frozenset(hits)
         return hit
+
+    def cached_prefix(self, content: Content, num_blocks: int) -> list[int]:
+        """`PrefixCache.cached_prefix`: the blocks `match` finds for those blocks, its memo kept."""
+        blocks, lookup = [], self.cached.get
+        for block_hash in content.block_hashes(self.block_size, num_blocks):
+            block_id = lookup(block_hash)
+            if block_id is None:
+                break
+            blocks.append(block_id)
+        return blocks
 
     def insert(self, content: Content, block_table: Sequence[int], first_block: int,
                num_full_blocks: int) -> list[tuple[int, int]]:

@@ -97,6 +97,10 @@ class RadixPrefixCache:
         values = self.tree.match_prefix(keys).values
         return PrefixHit(len(values) * self.block_size, tuple(values))
 
+    def cached_prefix(self, content: Content, num_blocks: int) -> list[int]:
+        """`PrefixCache.cached_prefix`: `RadixCache.cached_values`, no access time refreshed, no node split."""
+        return self.tree.cached_values(content.block_hashes(self.block_size, num_blocks))
+
     def insert(self, content: Content, block_table: Sequence[int], first_block: int,
                num_full_blocks: int) -> list[tuple[int, int]]:
         """SGLang's insert of the table's full blocks, each new one locked (it is in use). When the tree

@@ -200,12 +200,14 @@ class V0Scheduler(Scheduler):
         get_num_full_blocks_touched` counts apart (a set of `Block` objects): a full block the samples share
         counts once for each, though kvsim's swap moves it once (module docstring). With prefix caching
         (`PrefixCachingBlockAllocator`, whose `fork` makes new `Block` objects too) each sequence's full blocks
-        count one by one as well, so the count is the same, except a full block a running request holds, which
-        that allocator leaves out (not modelled). For one sequence it is exactly the blocks kvsim's swap-in and
-        its next token take. Every sequence of a group holds `num_computed_tokens` (samples and beams decode in
-        step)."""
+        count one by one as well, but for a full block whose content a GPU block in use holds (a prefix a running
+        request shares: `get_num_full_blocks_touched` counts a cached block only when it sits in the evictor),
+        which its swap-in takes by reference, as kvsim's does (`PagedAllocator.swapped_held_references`). For one
+        sequence it is exactly the blocks kvsim's swap-in and its next token take. Every sequence of a group holds
+        `num_computed_tokens` (samples and beams decode in step)."""
         assert isinstance(self.alloc, PagedAllocator)
-        touched = len(seq_ids) * (req.num_computed_tokens // self.alloc.block_size + 1)
+        touched = (len(seq_ids) * (req.num_computed_tokens // self.alloc.block_size + 1)
+                   - self.alloc.swapped_held_references(seq_ids))
         assert len(seq_ids) > 1 or touched * self.alloc.block_size == (
             self.alloc.swapped_slots(seq_ids) + self.alloc.swap_in_growth_slots(seq_ids)), "one sequence: kvsim's"
         return touched
