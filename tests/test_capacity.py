@@ -152,7 +152,25 @@ def test_max_model_len_the_pool_cannot_hold_is_refused_as_vllm_does():
     m = load_model("llama-3.1-8b")
     with pytest.raises(KvsimError, match="max_model_len=4096"):
         num_gpu_blocks(m, H100, EngineConfig(max_model_len=4096, num_gpu_blocks_override=100))
-    assert num_gpu_blocks(m, H100, EngineConfig(max_model_len=4096, num_gpu_blocks_override=256)) == 256
+    assert num_gpu_blocks(m, H100, EngineConfig(max_model_len=4096, num_gpu_blocks_override=257)) == 257
+
+
+def test_the_startup_check_leaves_out_v1s_null_block():
+    """vLLM PR #47272 (vllm/v1/core/kv_cache_utils.py `get_kv_cache_configs`: the override folded into the memory
+    checked, one block's bytes reserved for the null block `BlockPool` holds back): its test refuses a 32-block
+    pool for max_model_len 512 (exactly cdiv(512, 16) = 32 blocks) and accepts 33. Here 4,096 tokens: 256 blocks of
+    16, refused under v1 (255 usable; it started, and every request that long was then refused on arrival) and
+    accepted under v0, whose `raise_if_cache_size_invalid` counts every block (no null block); 257 start v1."""
+    m = load_model("llama-3.1-8b")
+    with pytest.raises(KvsimError) as refused:
+        num_gpu_blocks(m, H100, EngineConfig(max_model_len=4096, num_gpu_blocks_override=256))
+    assert str(refused.value) == (
+        "max_model_len=4096: one request needs 0.50 GiB of KV cache, the pool holds 0.50 GiB (256 blocks, one of them "
+        "v1's null block, which no request holds); decrease max_model_len or give the KV cache more memory")
+    assert num_gpu_blocks(m, H100, EngineConfig(max_model_len=4096, num_gpu_blocks_override=256, scheduler="v0")) == 256
+    assert num_gpu_blocks(m, H100, EngineConfig(max_model_len=512, num_gpu_blocks_override=33)) == 33
+    with pytest.raises(KvsimError, match="max_model_len=512: .* \\(32 blocks, one of them v1's null block"):
+        num_gpu_blocks(m, H100, EngineConfig(max_model_len=512, num_gpu_blocks_override=32))
 
 
 def test_tensor_parallel_must_split_the_heads():

@@ -96,7 +96,7 @@ def test_conservation_across_pools_under_memory_pressure():
     and every allocator balances (`check` runs check_invariants after every step; the run ends with no
     block held anywhere, asserted inside simulate_disagg)."""
     spec = scenario(num_prefill=2, num_decode=2, num_requests=60, rate=200.0, prompt=300, output=40,
-                    extra={"engine": {"max_model_len": 1024, "num_gpu_blocks_override": 64}})
+                    extra={"engine": {"max_model_len": 1024, "num_gpu_blocks_override": 65}})
     result = simulate_disagg(spec, check=True)
     ids = sorted(result.requests["request_id"])
     assert ids == list(range(60))
@@ -107,7 +107,7 @@ def test_conservation_across_pools_under_memory_pressure():
 
 
 def test_a_request_decode_can_never_hold_is_rejected_once():
-    spec = scenario(decode_engine={"num_gpu_blocks_override": 4, "max_model_len": 64})  # D holds 3 blocks
+    spec = scenario(decode_engine={"num_gpu_blocks_override": 5, "max_model_len": 64})  # D holds 4 blocks
     result = simulate_disagg(spec)
     assert list(result.requests["status"]) == ["rejected"]
     assert result.summary["num_rejected"] == 1 and len(result.tables["transfers"]) == 0
@@ -120,7 +120,7 @@ def test_a_rejected_rows_prefix_hit_tokens_are_those_of_its_first_admission():
     and the rows sum to the fleet's `num_prefix_cache_hit_tokens` as they do on one engine. A request refused on
     arrival was never admitted: 0. By hand: both prompts start with the same 64-token prefix (4 blocks of 16);
     the first request fills the cache, the second hits all 4 blocks (its prompt goes on past them): 64."""
-    spec = scenario(num_requests=2, decode_engine={"num_gpu_blocks_override": 4, "max_model_len": 64})
+    spec = scenario(num_requests=2, decode_engine={"num_gpu_blocks_override": 5, "max_model_len": 64})
     raw = spec.model_dump(mode="json")
     raw["engine"]["enable_prefix_caching"] = True
     raw["workload"]["shared_prefix"] = {"tokens": 64, "fraction": 1.0}

@@ -275,10 +275,10 @@ def test_a_hybrid_pool_s_tokens_are_its_blocks_shared_among_its_groups():
 
 
 def test_the_fleet_traffic_keeps_the_max_model_len_its_pool_holds():
-    """The longest max_model_len 5,000 Gemma 3 blocks start with: cdiv(L, 16) + 3,462 <= 5,000, so L <= 1,538 x 16
-    = 24,608 (the old clamp, min(max_model_len, blocks x 16) = 80,000, counted the pool as one group's). vLLM
-    refuses an engine whose pool cannot hold one such request, so the report's own engine already fits and the
-    fleet's traffic keeps its max_model_len."""
+    """The longest max_model_len 5,001 Gemma 3 blocks start with, one of them v1's null block: cdiv(L, 16) + 3,462
+    <= 5,000, so L <= 1,538 x 16 = 24,608 (the old clamp, min(max_model_len, blocks x 16) = 80,000, counted the pool
+    as one group's). vLLM refuses an engine whose pool cannot hold one such request, so the report's own engine
+    already fits and the fleet's traffic keeps its max_model_len."""
     import pytest
 
     from kvsim.engine.builder import resolve_engine
@@ -287,10 +287,11 @@ def test_the_fleet_traffic_keeps_the_max_model_len_its_pool_holds():
     from kvsim.report.studies import Study, StudyConfig
     from kvsim.workload.scenario import load_scenario
 
-    st = Study(load_scenario(None, [*GEMMA, "engine.max_model_len=24608"]), StudyConfig.quick())
+    gemma = ["model=gemma-3-27b", "engine.num_gpu_blocks_override=5001"]
+    st = Study(load_scenario(None, [*gemma, "engine.max_model_len=24608"]), StudyConfig.quick())
     assert resolve_engine(traffic(st)).max_model_len == 24_608
     with pytest.raises(KvsimError, match="max_model_len=24609: one request needs"):
-        Study(load_scenario(None, [*GEMMA, "engine.max_model_len=24609"]), StudyConfig.quick())
+        Study(load_scenario(None, [*gemma, "engine.max_model_len=24609"]), StudyConfig.quick())
 
 
 def test_the_offload_section_sizes_tiers_in_the_blocks_a_sequence_can_hold():

@@ -254,15 +254,29 @@ def test_a_request_inside_its_window_needs_only_its_own_blocks() -> None:
 
 
 def test_mistral_requests_inside_the_window_fill_the_pool_exactly() -> None:
-    """Mistral-7B slides every layer over 4,096 tokens. max_model_len 128, blocks of 32, 5 blocks (the null
-    block and 4 usable, 128 slots): a 68-token prompt with 38 or 60 output tokens (106 and 128 tokens, KV of
-    105 and 127) holds cdiv(·, 32) = 4 blocks, so vLLM serves both; kvsim rejected both, asking for 5 blocks."""
+    """Mistral-7B slides every layer over 4,096 tokens. max_model_len 128, blocks of 32: a 68-token prompt with 38
+    or 60 output tokens (106 and 128 tokens, KV of 105 and 127) holds cdiv(·, 32) = 4 blocks, so vLLM serves both;
+    kvsim rejected both, asking for 5 blocks. vLLM's startup check asks cdiv(min(4,095 + max_num_batched_tokens,
+    128), 32) + 1 = 5 blocks (`SlidingWindowSpec.max_memory_usage_bytes`: a window need not start at a block's
+    start) besides the null block (PR #47272): 5 blocks do not start, 6 do (5 usable, 160 slots), where a request
+    asks 4 (128 slots)."""
+    import numpy as np
+    import pytest
+
     import kvsim
+    from kvsim.engine.builder import build_engine
+    from kvsim.model.errors import KvsimError
+    from kvsim.workload.scenario import make_scenario
 
     scenario = {"model": "mistral-7b", "engine": {"max_model_len": 128, "block_size": 32,
-                                                  "num_gpu_blocks_override": 5},
+                                                  "num_gpu_blocks_override": 6},
                 "workload": {"num_requests": 2, "arrival": {"process": "constant", "rate": 1},
                              "prompt_len": {"dist": "fixed", "value": 68},
                              "output_len": {"dist": "uniform", "low": 38, "high": 60}}}
     summary = kvsim.simulate(scenario, check=True).summary
     assert summary["num_rejected"] == 0 and summary["num_finished"] == 2
+    alloc = build_engine(make_scenario(scenario), np.random.default_rng(0)).scheduler.alloc
+    assert alloc.request_slots(68, 127, 1) == 4 * 32
+    scenario["engine"]["num_gpu_blocks_override"] = 5
+    with pytest.raises(KvsimError, match=r"max_model_len=128: .* \(5 blocks, one of them v1's null block"):
+        kvsim.simulate(scenario)

@@ -104,7 +104,9 @@ def test_decode_pools_that_differ_answer_alike_where_each_holds_a_whole_sequence
     """Both decode instances at max_model_len 4,096; the second's pool is `num_blocks` blocks of 16, one of them
     vLLM's null block. A sequence of 4,095 tokens (a prompt and a reply cut at 4,096, less the last token) takes 256
     blocks: 256 usable hold it, so neither pool refuses what the other serves and the run goes on (turn 2: 100 + 10
-    + 100 = 210 tokens); 255 (4,080 slots) refuse what the first serves: one error naming the second."""
+    + 100 = 210 tokens); 255 usable (4,080 slots) cannot hold one 4,096-token request (256 blocks), so that engine
+    does not start, as vLLM's startup check, which reserves the null block (PR #47272), refuses it: one line naming
+    the second."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.csv").write_text(_trace([(100, 10), (100, 10)]))
     (tmp_path / "s.yaml").write_text(
@@ -114,7 +116,7 @@ def test_decode_pools_that_differ_answer_alike_where_each_holds_a_whole_sequence
     if alike:
         assert kvsim.simulate(kvsim.load_scenario("s.yaml")).requests["prompt_tokens"].tolist() == [100, 210]
     else:
-        with pytest.raises(KvsimError, match=r"\(s/small-0, kv_consumer\): max_model_len 4096, a KV pool of 4,080 "):
+        with pytest.raises(KvsimError, match=r"^replicas\[2\]: max_model_len=4096: .* \(256 blocks, one of them v1's null"):
             kvsim.simulate(kvsim.load_scenario("s.yaml"))
 
 
@@ -131,18 +133,18 @@ def test_a_token_level_reply_cut_keeps_its_first_tokens():
 
 
 def test_decode_pools_of_one_size_in_other_block_sizes_answer_alike(tmp_path, monkeypatch):
-    """max_model_len 4,100 everywhere; decode pools of 257 blocks of 16 and 129 of 32, one of each vLLM's null block:
-    4,096 usable tokens each, a multiple of both block sizes, so each holds a KV (`kv_len` = prompt + reply − 1) of
-    4,096 tokens and refuses 4,097: they refuse the same turns, and the run goes on (review33: they were refused for
-    their block sizes). Conversation 0, 4,000 tokens asking 97 (KV 4,096; 4,100 − 4,000 = 100 cuts nothing), is
-    served by the first decode instance (least outstanding, a tie: the first); its next turn, arriving 1 ms later
-    while it prefills, is 4,000 + 97 + 10 = 4,107 ≥ 4,100, refused. Conversation 1, 4,000 asking 98 (KV 4,097), is
-    refused by the second (the first has a request outstanding): no reply, so its next turn is 4,000 + 10 = 4,010
-    tokens, served (KV 4,014)."""
+    """max_model_len 4,096 everywhere; decode pools of 257 blocks of 16 and 129 of 32, one of each vLLM's null block:
+    4,096 usable tokens each, a multiple of both block sizes, each the fewest vLLM's startup check accepts (PR
+    #47272 reserves the null block): they serve the same turns, and the run goes on (review33: they were refused for
+    their block sizes). Conversation 0, 4,000 tokens asking 97, gets the 96 that max_model_len leaves, served by the
+    first decode instance (least outstanding, a tie: the first); its next turn, arriving 1 ms later while it
+    prefills, is 4,000 + 96 + 10 = 4,106 ≥ 4,096, refused. Conversation 1, 4,000 asking 98, gets 96 too, served by
+    the second (the first has a request outstanding); its next turn, 4,106 tokens, is refused alike. (At
+    max_model_len 4,100 these pools no longer start: 257 blocks of 16 are needed besides the null block.)"""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.csv").write_text(_trace([(4000, 97), (10, 5), (4000, 98), (10, 5)]))
     (tmp_path / "s.yaml").write_text(
-        "steps: none\nengine: {max_model_len: 4100}\nkv_transfer_config: {kv_connector: NixlConnector, "
+        "steps: none\nengine: {max_model_len: 4096}\nkv_transfer_config: {kv_connector: NixlConnector, "
         "kv_link: rdma}\nreplicas:\n  - {count: 1, name: prefill, kv_role: kv_producer}\n"
         "  - {count: 1, name: d16, kv_role: kv_consumer, engine: {num_gpu_blocks_override: 257}}\n"
         "  - {count: 1, name: d32, kv_role: kv_consumer, engine: {block_size: 32, num_gpu_blocks_override: 129}}\n"
@@ -150,7 +152,7 @@ def test_decode_pools_of_one_size_in_other_block_sizes_answer_alike(tmp_path, mo
         "multi_turn: {turns: 2, think_time_s: 0.001}}\n")
     result = kvsim.simulate(kvsim.load_scenario("s.yaml"))
     rows = result.requests[["prompt_tokens", "output_tokens", "status"]].values.tolist()
-    assert rows == [[4000, 97, "finished"], [4107, 5, "rejected"], [4000, 98, "rejected"], [4010, 5, "finished"]]
+    assert rows == [[4000, 96, "finished"], [4106, 5, "rejected"], [4000, 96, "finished"], [4106, 5, "rejected"]]
     routes = result.tables["routes"]
     decode = routes[routes["pool"] == "decode"].set_index("request_id")["replica"]
     assert decode[0] == 1 and decode[2] == 2  # each pool decided one conversation's first turn

@@ -179,7 +179,7 @@ def test_finished_requests_are_not_kept_by_the_run():
 def _peak_bytes(num_requests, out_dir):
     spec = load_scenario(None, [f"workload.num_requests={num_requests}", "workload.prompt_len={dist: fixed, value: 24}",
                                 "workload.output_len={dist: fixed, value: 4}", "workload.arrival.rate=1000",
-                                "latency={model: constant, step_s: 0.002}", "engine.num_gpu_blocks_override=512"])
+                                "latency={model: constant, step_s: 0.002}", "engine.num_gpu_blocks_override=513"])  # 512 + v1's null block: 8,192 tokens
     tracemalloc.start()
     try:
         result = simulate(spec, out_dir=out_dir, steps_format="csv")
@@ -265,7 +265,7 @@ def test_chunked_data_parallel_steps_are_the_whole_tables_and_its_totals(tmp_pat
 def _dp_peak_bytes(num_requests, out_dir):
     spec = load_scenario(None, [f"workload.num_requests={num_requests}", "workload.prompt_len={dist: fixed, value: 24}",
                                 "workload.output_len={dist: fixed, value: 32}", "workload.arrival.rate=400",
-                                "latency={model: constant, step_s: 0.002}", "engine.num_gpu_blocks_override=512",
+                                "latency={model: constant, step_s: 0.002}", "engine.num_gpu_blocks_override=513",
                                 "engine.data_parallel_size=2"])
     tracemalloc.start()
     try:
@@ -298,7 +298,7 @@ def test_peak_memory_of_a_data_parallel_steps_all_run_grows_far_less_than_its_re
 def _fleet_peak_bytes(num_requests, out_dir):
     spec = load_scenario(None, [f"workload.num_requests={num_requests}", "workload.prompt_len={dist: fixed, value: 24}",
                                 "workload.output_len={dist: fixed, value: 32}", "workload.arrival.rate=400",
-                                "latency={model: constant, step_s: 0.002}", "engine.num_gpu_blocks_override=512",
+                                "latency={model: constant, step_s: 0.002}", "engine.num_gpu_blocks_override=513",
                                 "replicas=8", "router.policy=least_outstanding"])
     tracemalloc.start()
     try:

@@ -7,14 +7,15 @@ import pytest
 from kvsim.engine.builder import build_engine
 from kvsim.model.config import load_gpu
 from kvsim.model.engine_config import EngineConfig
+from kvsim.model.errors import KvsimError
 from kvsim.workload.scenario import load_scenario
 from tests.conftest import make_request
 
 
-def built(scheduler: str, num_blocks: int, *extra: str):
+def built(scheduler: str, num_blocks: int, *extra: str, max_model_len: int = 64):
     """An engine of `num_blocks` blocks of 16 tokens, built from a scenario as every run is."""
     scenario = load_scenario(None, ["model=llama-3.1-8b", f"engine.num_gpu_blocks_override={num_blocks}",
-                                    "engine.block_size=16", "engine.max_model_len=64",
+                                    "engine.block_size=16", f"engine.max_model_len={max_model_len}",
                                     f"engine.scheduler={scheduler}", "workload.num_requests=1",
                                     *(extra or ["engine.enable_prefix_caching=false"])])
     return build_engine(scenario, np.random.default_rng(0)).scheduler
@@ -30,7 +31,9 @@ def built(scheduler: str, num_blocks: int, *extra: str):
     ("v0", [0, 1, 2], 0.75),
 ])
 def test_v0_pools_have_no_null_block(scheduler, block_table, usage):
-    sched = built(scheduler, 4)
+    # max_model_len 48 (3 blocks): v1's 3 usable blocks hold it, so its engine starts (vLLM's startup check
+    # leaves the null block out, PR #47272)
+    sched = built(scheduler, 4, max_model_len=48)
     req = make_request(0, 0.0, 40, 4)
     assert sched.add(req)
     plan = sched.schedule(0.0)
@@ -42,11 +45,14 @@ def test_v0_pools_have_no_null_block(scheduler, block_table, usage):
 
 def test_v0_admits_a_prompt_the_whole_pool_holds():
     """64 tokens = 4 blocks: v0's 4 blocks hold them (4 − 4 ≥ int(0.01 · 4) = 0: not AllocStatus.NEVER);
-    v1's 3 usable blocks never do, so v1 refuses the request on arrival."""
-    v0, v1 = built("v0", 4), built("v1", 4)
+    v1's 3 usable blocks never do, and vLLM v1 does not start such an engine: its startup check
+    (vllm/v1/core/kv_cache_utils.py `get_kv_cache_configs`) reserves the null block since PR #47272; before it
+    the engine started and kvsim refused the request on arrival."""
+    v0 = built("v0", 4)
     assert v0.add(make_request(0, 0.0, 60, 4))
     assert [n for _, n in v0.schedule(0.0).scheduled] == [60]
-    assert not v1.add(make_request(0, 0.0, 60, 4))
+    with pytest.raises(KvsimError, match=r"max_model_len=64: .* \(4 blocks, one of them v1's null block"):
+        built("v1", 4)
 
 
 @pytest.mark.parametrize(("scheduler", "second_step"), [

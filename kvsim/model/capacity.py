@@ -176,11 +176,13 @@ def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, *, layo
     """`floor(kv_pool_bytes / bytes_per_block)` (`num_gpu_blocks_override` when given); `layout` and
     `max_model_len` as for `kv_pool_bytes`.
 
-    Like vLLM's `check_enough_kv_cache_memory` (vllm/v1/core/kv_cache_utils.py), a pool that
-    cannot hold one request of `max_model_len` tokens is an error: vLLM refuses to start. A
-    `num_gpu_blocks_override` pool too: vLLM starts with it (`get_kv_cache_configs` checks the profiled memory,
-    then `may_override_num_blocks` replaces the count) and leaves a request larger than it at the head of its
-    queue for ever; kvsim refuses it deliberately (docs/fleets-and-plan.md), as the report's studies rely on.
+    Like vLLM's startup check (vllm/v1/core/kv_cache_utils.py `get_kv_cache_configs`, which folds
+    `num_gpu_blocks_override` into the memory it checks), a pool that cannot hold one request of
+    `max_model_len` tokens is an error: vLLM refuses to start. The blocks counted are those a request can
+    hold, less v1's null block (`EngineConfig.num_null_blocks`), as vLLM plans since PR #47272 ("Reserve the
+    null block BlockPool permanently holds back", August 2026); before it a pool of exactly `max_model_len`'s
+    blocks started and then served no request that long (0 tok/s); v0's check counts every block
+    (`raise_if_cache_size_invalid`).
     """
     if layout is None:
         layout = model_kv_layout(model, engine)
@@ -195,10 +197,11 @@ def num_gpu_blocks(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, *, layo
     if max_model_len is None:
         max_model_len = engine.resolved_max_model_len(model)
     needed = layout.blocks_per_request(max_model_len, engine.resolved_max_num_batched_tokens(max_model_len, gpu))
-    if blocks < needed:
+    if blocks - engine.num_null_blocks < needed:
+        null = ", one of them v1's null block, which no request holds" if blocks >= needed else ""
         raise KvsimError(f"max_model_len={max_model_len}: one request needs {needed * per_block / GIB:.2f} GiB of "
                          f"KV cache, the pool holds {pool / GIB:.2f} GiB ({blocks:,} "
-                         f"{'block' if blocks == 1 else 'blocks'}); decrease "
+                         f"{'block' if blocks == 1 else 'blocks'}{null}); decrease "
                          "max_model_len or give the KV cache more memory")
     return blocks
 
