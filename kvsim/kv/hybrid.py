@@ -323,6 +323,17 @@ class GroupedPagedAllocator(PoolSlots):
              child_final_num_tokens: int | None = None) -> None:
         self.slots_needed([parent_id], 0)
 
+    def forget_newest_block_hash(self, seq_id: int) -> None:
+        """`KVAllocator.forget_newest_block_hash`, in every group (a group's null block holds no hash)."""
+        seq = self.seqs[seq_id]
+        index = seq.num_tokens // self.block_size - 1
+        if seq.num_tokens % self.block_size or not 0 <= index < seq.num_hashed_blocks:
+            return
+        for table in seq.tables:
+            if table[index] != NULL_BLOCK_ID:
+                self.prefix_cache.forget(table[index])
+        seq.num_hashed_blocks = index
+
     def free(self, seq_id: int) -> None:
         """Release a sequence's blocks, group by group, each tail-first."""
         seq = self.seqs.pop(seq_id)

@@ -4,6 +4,8 @@ A mixin of `PagedAllocator` (the hot path of every decode step, split out to kee
 either writes into its sequence's own partly filled last block (`append_token`, which the scheduler asks
 first) or, every `block_size`-th token, starts a new block (`_append_block`). Each does exactly what
 `PagedAllocator.allocate` does in that case (`tests/test_paged_decode.py` drives both on one workload).
+`forget_newest_block_hash` takes back the hash of the block a decode's token completed, for a token vLLM had not
+seen yet (async scheduling's token in flight).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvsim.kv.prefix_cache import HashChainCache
 from kvsim.model.units import ceil_div
 
 if TYPE_CHECKING:
     from kvsim.kv.block_pool import BlockPool
+    from kvsim.kv.prefix_cache import PrefixCache
     from kvsim.workload.content import Content
 
 
@@ -37,6 +41,7 @@ class PagedDecodes:
     block_size: int
     enable_caching: bool
     pool: BlockPool
+    prefix_cache: PrefixCache
     seqs: dict[int, SeqBlocks]
     block_fill: list[int]
     num_filled_slots: int
@@ -91,3 +96,14 @@ class PagedDecodes:
         self._num_mapped_blocks += 1
         self._mark_written(seq, seq.num_tokens + 1)
         return True
+
+    def forget_newest_block_hash(self, seq_id: int) -> None:
+        """`KVAllocator.forget_newest_block_hash`: if the sequence's newest written token filled its block, that
+        block leaves the prefix cache (with the hash chain; a radix cache models SGLang, which has no such lag)."""
+        seq = self.seqs[seq_id]
+        index = seq.num_tokens // self.block_size - 1
+        if seq.num_tokens % self.block_size or not 0 <= index < seq.num_hashed_blocks:
+            return
+        if isinstance(self.prefix_cache, HashChainCache):
+            self.prefix_cache.forget(seq.block_table[index])
+            seq.num_hashed_blocks = index

@@ -199,21 +199,35 @@ class HashChainCache:
                 own[block_id] = None
         else:
             for block_id in evicted:
-                block_hash = block_hashes[block_id]
-                others = duplicates.get(block_hash)
-                if others is None:
-                    del cached[block_hash]
-                else:  # the hash stays found while another block holds it
-                    if cached[block_hash] == block_id:
-                        cached[block_hash] = others.pop(0)
-                    else:
-                        others.remove(block_id)
-                    if not others:
-                        del duplicates[block_hash]
-                own[block_id] = None
+                self._uncache(block_id, block_hashes[block_id])
         if self._memo is not None and not self._memo_blocks.isdisjoint(evicted):
             self._memo = None  # the last match hit a block that is gone
         return evicted
+
+    def forget(self, block_id: int) -> None:
+        """Take a held block's hash out of the cache: lookups stop finding it there, and freed it is a plain
+        block (the free queue's head). For a block vLLM would not have cached yet (async scheduling's token in
+        flight: `PagedAllocator.forget_newest_block_hash`)."""
+        block_hash = self.block_hashes[block_id]
+        if block_hash is None:
+            return
+        self._uncache(block_id, block_hash)
+        if block_id in self._memo_blocks:
+            self._memo = None  # the last match hit it
+
+    def _uncache(self, block_id: int, block_hash: int) -> None:
+        """Drop `block_id` from the blocks holding `block_hash`; the hash stays found while another holds it."""
+        others = self.duplicates.get(block_hash)
+        if others is None:
+            del self.cached[block_hash]
+        else:
+            if self.cached[block_hash] == block_id:
+                self.cached[block_hash] = others.pop(0)
+            else:
+                others.remove(block_id)
+            if not others:
+                del self.duplicates[block_hash]
+        self.block_hashes[block_id] = None
 
     def state_key(self) -> tuple[Any, ...]:
         """`PrefixCache.state_key`: each block's hash and the blocks found for each (its memos are caches of

@@ -251,6 +251,9 @@ class SlabAllocator:
     def holds(self, seq_id: int) -> bool:
         return seq_id in self.seqs or seq_id in self.swapped
 
+    def forget_newest_block_hash(self, seq_id: int) -> None:
+        """Slabs cache nothing (`lookup_prefix`): nothing to forget."""
+
     def free(self, seq_id: int) -> None:
         if seq_id in self.swapped:
             self.num_cpu_slots_used -= self.swapped.pop(seq_id).num_tokens

@@ -118,6 +118,8 @@ class Admission:
         if loaded is None and self.alloc.enable_caching:
             self.prefix_stats.record(req.num_tokens, num_computed, preempted=bool(req.num_preemptions))
         req.num_computed_tokens = num_computed
+        # its steps here so far: none (a step of another engine's, or before a preemption, is no step before this one)
+        req.sampled_step = req.in_flight_decode_step = -1
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         plan.scheduled.append((req, num_new))

@@ -37,7 +37,9 @@ at t_k+1 with what vLLM knew at t_k:
   takes it.
 
 Everything else (a decode's next token, a prefill's next chunk) is planned as the synchronous scheduler
-plans it: vLLM's placeholders make the in-flight step's tokens count as computed.
+plans it: vLLM's placeholders make the in-flight step's tokens count as computed. They are not known tokens,
+though, and vLLM caches a full block only once its tokens are: a block that a decode of the token in flight
+completes is cached one plan late, which a preemption in that plan shows (`forget_in_flight_hash`).
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ from kvsim.workload.request import RequestStatus
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from kvsim.kv import KVAllocator
     from kvsim.latency.step_plan import StepPlan
     from kvsim.results.records import RequestRecords
     from kvsim.sched.request_queue import RequestQueue
+    from kvsim.sched.speculative import Speculation
     from kvsim.workload.request import Request
 
 
@@ -62,6 +66,9 @@ class AsyncSteps:
     synchronous scheduler: every request's KV is freed when it finishes, arrivals are seen at once."""
 
     async_scheduling: bool = False
+    num_steps_planned: int
+    alloc: KVAllocator
+    speculation: Speculation | None
     finishing: list[Request]
     running: list[Request]
     waiting: RequestQueue
@@ -112,7 +119,32 @@ class AsyncSteps:
             counted = any(records.add_preemption(row) for records in self.row_records())
             assert counted, f"request {row} has no row"
         plan.preempted.append(req)
+        self.forget_in_flight_hash(req, plan)
         self._free_finished(req)
+
+    def forget_in_flight_hash(self, req: Request, plan: StepPlan) -> None:
+        """Before a preemption frees `req`'s KV: uncache the block vLLM has not cached yet.
+
+        vLLM caches a request's full blocks up to `request.num_tokens` (`KVCacheManager.allocate_slots`), which
+        the token a step in flight samples is not in (an output placeholder) until that output is processed,
+        after the next plan (`AsyncScheduler._update_request_with_output` then caches up to `num_computed_tokens
+        - num_output_placeholders`, for a request still running). So a decode of a token still in flight when
+        its step was planned leaves the block that token fills uncached for one more plan: the step in flight's
+        decode, if the step before it sampled that token, or this plan's (a priority victim it already
+        scheduled), if the step in flight samples it. Preempted in this plan, vLLM frees that block uncached
+        (`BlockPool.free_blocks`: to the free queue's head) and the re-admission misses it; kvsim caches a block
+        when it is written, so it takes that one back here (tests/test_async_hash_lag.py). Not modelled with
+        speculative decoding, whose drafts are placeholders too."""
+        if not self.async_scheduling or self.speculation is not None:
+            return
+        step = self.num_steps_planned
+        if any(r is req for r, _ in plan.scheduled):
+            in_flight = req.sampled_step == step - 1
+        else:
+            in_flight = req.in_flight_decode_step == step - 1
+        if in_flight:
+            for seq_id in req.seq_ids:
+                self.alloc.forget_newest_block_hash(seq_id)
 
     def row_records(self) -> Sequence[RequestRecords]:
         """The records a row of `row_id` may be in: this engine's (the v1 policy's are those of every

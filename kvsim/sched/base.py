@@ -67,6 +67,7 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
         self.swapped: deque[Request] = deque()
         self.records = RequestRecords()  # every request that ended (finished or rejected), columnar
         self.num_preemptions = self.num_swapped_out_bytes = 0
+        self.num_steps_planned = 0  # a decode burst's steps each (`kvsim.sched.async_steps`: which step sampled what)
         self.num_recomputed_tokens = 0  # tokens computed again after a preemption dropped their KV (`Request.drop_kv`)
         # when the step being planned was decided: vLLM's SCHEDULED timestamp of the requests it admits
         # (`schedule`'s `planned_s`; with async scheduling the previous step's start)
@@ -196,6 +197,7 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
         `planned_s` (default `now`): when vLLM made that choice, the time it stamps on the requests it
         admits (`first_scheduled_s`, whence `queue_s`); with async scheduling, while the step before ran."""
         self.planned_s = now if planned_s is None else planned_s
+        self.num_steps_planned += 1
         plan = self.select(now)
         self.account(plan)
         if self.speculation is not None:
@@ -321,6 +323,7 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
             plan.swap_out_bytes += result.num_bytes
             self.num_swapped_out_bytes += result.num_bytes
             return
+        self.forget_in_flight_hash(req, plan)
         self.free_request(req)
         req.drop_kv()
         self.waiting.prepend(req)
@@ -333,6 +336,7 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
     def complete(self, plan: StepPlan, now: float) -> list[Request]:
         """Apply a finished step: advance progress, sample tokens, fork samples, finish and free."""
         done, running, spec = [], RequestStatus.RUNNING, self.speculation
+        step, in_flight = self.num_steps_planned, self.async_scheduling  # vLLM sees this step's tokens a plan late
         if spec is not None:
             spec.integrate_rejected_slots(now)
         for req, num_new in plan.scheduled:
@@ -349,6 +353,10 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
             if computed < req.prompt_len + num_output:
                 continue  # a prefill chunk: nothing sampled yet
             req.num_output_tokens = num_output = num_output + 1
+            if in_flight:
+                if req.sampled_step == step - 1:
+                    req.in_flight_decode_step = step
+                req.sampled_step = step
             if req.first_token_s is None:
                 req.first_token_s = now
             if spec is not None:

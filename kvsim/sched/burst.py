@@ -104,6 +104,8 @@ class BurstScheduler(Protocol):
     def swapped(self) -> Sequence[Request]: ...
     @property
     def finishing(self) -> list[Request]: ...
+    num_steps_planned: int
+    async_scheduling: bool
 
     @property
     def allows_bursts(self) -> bool:
@@ -202,10 +204,17 @@ def apply_burst(scheduler: BurstScheduler, burst: Burst, now: float) -> Occupanc
     slots after each step (`KVAllocator.burst_occupancy` before it), for the step rows."""
     num_steps = len(burst.durations)
     occupancy = scheduler.alloc.append_burst(burst.seq_ids, num_steps)
+    first = scheduler.num_steps_planned + 1
+    scheduler.num_steps_planned = last = first + num_steps - 1
+    in_flight = scheduler.async_scheduling  # each step decodes the token the one before sampled (`Scheduler.complete`)
     done = []
     for req in burst.batch:
         req.num_computed_tokens += num_steps
         req.num_output_tokens += num_steps
+        if in_flight:
+            if num_steps > 1 or req.sampled_step == first - 1:
+                req.in_flight_decode_step = last
+            req.sampled_step = last
         if req.num_output_tokens >= req.output_len:
             done.append(req)
     scheduler.finish(done, now)

@@ -76,6 +76,11 @@ class Request:
     num_dropped_kv_tokens: int = 0
     # output tokens it asked for beyond max_model_len: vLLM ends it there, finish_reason "length" (`cap_output`)
     num_length_capped_tokens: int = 0
+    # async scheduling (`kvsim.sched.async_steps.AsyncSteps.forget_in_flight_hash`): the step (its scheduler's
+    # `num_steps_planned` then) that sampled its newest token, and the last step that decoded a token the step
+    # before it had sampled (planned while that token was still in flight)
+    sampled_step: int = -1
+    in_flight_decode_step: int = -1
 
     @property
     def queue_arrival_s(self) -> float:
