@@ -88,6 +88,23 @@ def test_the_last_running_request_finishing_leaves_nothing_to_wait_for():
     assert times(b) == (0.02, 0.03, 0.03)
 
 
+@pytest.mark.parametrize(("b_arrival_s", "b_times", "c_times"), [
+    # B and C arrive during A's last step: the plan made at .01 (A skipped, nothing seen) is empty; A's output, at
+    # .02, frees its slot before the next plan, made at once, which takes both B and C into the step at .02
+    (0.015, (0.02, 0.03, 0.03), (0.02, 0.03, 0.03)),
+    # B arrives before A's last step: the plan made at .01 takes B beside A (still in its slot) into the step at .02;
+    # C, seen by the plan made at .02 (A's slot free, B's still held), runs at .03
+    (0.005, (0.01, 0.03, 0.03), (0.02, 0.04, 0.04)),
+])
+def test_the_last_running_request_finishing_frees_its_slot_before_a_plan_made_after_its_output(
+        b_arrival_s, b_times, c_times):
+    a = make_request(0, 0.0, prompt=4, output=2)
+    b = make_request(1, b_arrival_s, prompt=4, output=1)
+    c = make_request(2, 0.015, prompt=4, output=1)
+    run(async_world(max_num_seqs=2), [a, b, c])
+    assert (times(b), times(c)) == (b_times, c_times)
+
+
 def roofline(**kwargs):
     return RooflineLatency(load_model("llama-3.1-8b"), load_gpu("h100-80gb"), EngineConfig(), **kwargs)
 

@@ -130,9 +130,11 @@ class Engine:
 
     def planned_at_s(self, now: float) -> float:
         """When vLLM decided the step that starts at `now`: with async scheduling, at the start of the step
-        that ends now, if one does and requests still run (it planned this one while that one ran); else
-        now (nothing in flight: it plans and runs at once)."""
-        if self.step_end_s == now and self.scheduler.running and self.scheduler.async_scheduling:
+        that ends now, if one does (it planned this one while that one ran, even when that step computes the
+        last token of every request: it passes them over, and if nothing it had seen by then is admitted, the
+        plan is empty and the loop plans again at once, with their KV and slots released, `ran_empty_step`);
+        else now (nothing in flight: it plans and runs at once)."""
+        if self.step_end_s == now and self.scheduler.async_scheduling:
             return self.step_start_s
         return now
 
