@@ -32,6 +32,7 @@ from __future__ import annotations
 from kvsim.kv import GroupedPagedAllocator, PagedAllocator, TokenContent
 from kvsim.model.kv_layout import KVGroup, KVLayout
 from kvsim.sched import SchedulerLimits, make_request_queue, make_scheduler
+from kvsim.sched.speculative import AcceptanceModel, Speculation
 from tests.conftest import make_request, tiny_world
 
 
@@ -84,7 +85,7 @@ def test_a_priority_victim_scheduled_in_the_plan_frees_the_block_it_decoded_the_
     ]
 
 
-def test_forget_newest_block_hash_uncaches_the_block_the_newest_token_filled():
+def test_forget_newest_hashes_uncaches_the_block_the_newest_token_filled():
     """The allocators' half, by hand from `BlockPool.free_blocks` (uncached blocks prepended in the given order, cached
     ones appended; a table freed tail-first, a hybrid model's group by group). Paged, block size 4, blocks 1-5: 8
     tokens fill [1, 2]; 2 uncached, the free leaves 2 at the head and 1 at the tail, and the same content finds 4
@@ -93,11 +94,11 @@ def test_forget_newest_block_hash_uncaches_the_block_the_newest_token_filled():
     content = TokenContent(range(12))
     paged = PagedAllocator(6, 4, enable_caching=True)
     assert paged.allocate(1, 7, 12, content)
-    paged.forget_newest_block_hash(1)  # 7 tokens: the newest fills no block
+    paged.forget_newest_hashes(1, 1)  # 7 tokens: the newest fills no block
     assert paged.lookup_prefix(content, 9).num_tokens == 4
     assert paged.allocate(1, 8, 12, content)
     assert paged.lookup_prefix(content, 9).num_tokens == 8
-    paged.forget_newest_block_hash(1)
+    paged.forget_newest_hashes(1, 1)
     assert paged.lookup_prefix(content, 9).num_tokens == 4  # the same question, asked again, answered anew
     paged.check_invariants()
     paged.free(1)
@@ -106,7 +107,7 @@ def test_forget_newest_block_hash_uncaches_the_block_the_newest_token_filled():
     hybrid = GroupedPagedAllocator(20, layout, max_num_batched_tokens=64)
     assert hybrid.allocate(1, 8, 12, content)
     assert hybrid.seqs[1].tables == [[1, 2], [3, 4]]
-    hybrid.forget_newest_block_hash(1)
+    hybrid.forget_newest_hashes(1, 1)
     hybrid.check_invariants()
     hybrid.free(1)
     assert hybrid.pool.free_queue == [4, 2, *range(5, 20), 1, 3]
@@ -127,3 +128,38 @@ def test_steps_of_another_engine_are_not_the_step_before():
         ([(0, 1)], [1], {0: [1, 2]}, [3]),
     ]
     assert sched.alloc.lookup_prefix(victim.content, 5).num_tokens == 4
+
+
+def test_a_request_preempted_after_a_verify_frees_the_accepted_drafts_block_unhashed():
+    """Synchronous, 2 drafts a step (n-gram: no lookahead slots), block size 4, blocks 1-5. B (request 0, prompt 7)
+    prefills into [1, 2], A (request 1, prompt 2) into [3]. Step 2 verifies both (3 tokens each): B grows into 4, A
+    into 5, and both accept their 2 drafts. vLLM cached A's first block (p0 p1 a0 a1) only up to `num_tokens`, 3
+    tokens when it allocated (a1 was a draft), and `update_from_output` caches nothing. Step 3: B's verify needs a
+    fourth block, none is free, and A, the last admitted, is preempted before its turn: block 3 is freed uncached, so
+    A's prefix finds nothing (caching accepted drafts when they are written, A found 4 tokens in block 3)."""
+    sched = tiny_world(num_blocks=6, block_size=4, caching=True)
+    sched.speculation = Speculation(AcceptanceModel((1.0, 1.0)), 0)
+    b, a = make_request(0, 0.0, 7, 6), make_request(1, 0.0, 2, 6)
+    b.acceptance_lengths, a.acceptance_lengths = (3, 1), (3,)
+    assert steps(sched, {0: [b, a]}, 3) == [
+        ([(0, 7), (1, 2)], [], {0: [1, 2], 1: [3]}, [4, 5]),
+        ([(0, 3), (1, 3)], [], {0: [1, 2, 4], 1: [3, 5]}, []),
+        ([(0, 3)], [1], {0: [1, 2, 4, 5]}, [3]),
+    ]
+    assert sched.alloc.lookup_prefix(a.content, a.num_tokens).num_tokens == 0
+
+
+def test_a_verify_before_a_preemption_leaves_nothing_uncached_after_the_re_admission():
+    """As above (2 drafts a step, block size 4, blocks 1-3), V (request 1) marked as having accepted 2 drafts in a
+    verify before an earlier preemption: admitted again, it prefills its prompt into [2], cached (its tokens known),
+    and its first verify needs a second block while B's takes the last free one: V preempts itself before any
+    verify of this admission, and its prompt block stays found."""
+    sched = tiny_world(num_blocks=4, block_size=4, caching=True)
+    sched.speculation = Speculation(AcceptanceModel((1.0, 1.0)), 0)
+    victim = make_request(1, 0.0, 4, 8)
+    victim.num_accepted_drafts = 2
+    assert steps(sched, {0: [make_request(0, 0.0, 4, 8), victim]}, 2) == [
+        ([(0, 4), (1, 4)], [], {0: [1], 1: [2]}, [3]),
+        ([(0, 3)], [1], {0: [1, 3]}, [2]),
+    ]
+    assert sched.alloc.lookup_prefix(victim.content, victim.num_tokens).num_tokens == 4

@@ -323,16 +323,17 @@ class GroupedPagedAllocator(PoolSlots):
              child_final_num_tokens: int | None = None) -> None:
         self.slots_needed([parent_id], 0)
 
-    def forget_newest_block_hash(self, seq_id: int) -> None:
-        """`KVAllocator.forget_newest_block_hash`, in every group (a group's null block holds no hash)."""
+    def forget_newest_hashes(self, seq_id: int, num_tokens: int) -> None:
+        """`KVAllocator.forget_newest_hashes`, in every group (a group's null block holds no hash)."""
         seq = self.seqs[seq_id]
-        index = seq.num_tokens // self.block_size - 1
-        if seq.num_tokens % self.block_size or not 0 <= index < seq.num_hashed_blocks:
+        first = (seq.num_tokens - num_tokens) // self.block_size
+        if first >= seq.num_hashed_blocks:
             return
         for table in seq.tables:
-            if table[index] != NULL_BLOCK_ID:
-                self.prefix_cache.forget(table[index])
-        seq.num_hashed_blocks = index
+            for block_id in table[first:seq.num_hashed_blocks]:
+                if block_id != NULL_BLOCK_ID:
+                    self.prefix_cache.forget(block_id)
+        seq.num_hashed_blocks = first
 
     def free(self, seq_id: int) -> None:
         """Release a sequence's blocks, group by group, each tail-first."""

@@ -4,8 +4,8 @@ A mixin of `PagedAllocator` (the hot path of every decode step, split out to kee
 either writes into its sequence's own partly filled last block (`append_token`, which the scheduler asks
 first) or, every `block_size`-th token, starts a new block (`_append_block`). Each does exactly what
 `PagedAllocator.allocate` does in that case (`tests/test_paged_decode.py` drives both on one workload).
-`forget_newest_block_hash` takes back the hash of the block a decode's token completed, for a token vLLM had not
-seen yet (async scheduling's token in flight).
+`forget_newest_hashes` takes back the hashes of the blocks its newest tokens filled, tokens vLLM had not seen yet
+when it last cached (async scheduling's token in flight, accepted drafts).
 """
 
 from __future__ import annotations
@@ -97,13 +97,13 @@ class PagedDecodes:
         self._mark_written(seq, seq.num_tokens + 1)
         return True
 
-    def forget_newest_block_hash(self, seq_id: int) -> None:
-        """`KVAllocator.forget_newest_block_hash`: if the sequence's newest written token filled its block, that
-        block leaves the prefix cache (with the hash chain; a radix cache models SGLang, which has no such lag)."""
+    def forget_newest_hashes(self, seq_id: int, num_tokens: int) -> None:
+        """`KVAllocator.forget_newest_hashes` (with the hash chain; a radix cache models SGLang, which has no
+        such lag)."""
         seq = self.seqs[seq_id]
-        index = seq.num_tokens // self.block_size - 1
-        if seq.num_tokens % self.block_size or not 0 <= index < seq.num_hashed_blocks:
+        first = (seq.num_tokens - num_tokens) // self.block_size  # the first block holding one of them
+        if first >= seq.num_hashed_blocks or not isinstance(self.prefix_cache, HashChainCache):
             return
-        if isinstance(self.prefix_cache, HashChainCache):
-            self.prefix_cache.forget(seq.block_table[index])
-            seq.num_hashed_blocks = index
+        for block_id in seq.block_table[first:seq.num_hashed_blocks]:
+            self.prefix_cache.forget(block_id)
+        seq.num_hashed_blocks = first

@@ -206,8 +206,8 @@ class HashChainCache:
 
     def forget(self, block_id: int) -> None:
         """Take a held block's hash out of the cache: lookups stop finding it there, and freed it is a plain
-        block (the free queue's head). For a block vLLM would not have cached yet (async scheduling's token in
-        flight: `PagedAllocator.forget_newest_block_hash`)."""
+        block (the free queue's head). For a block vLLM would not have cached yet
+        (`KVAllocator.forget_newest_hashes`)."""
         block_hash = self.block_hashes[block_id]
         if block_hash is None:
             return

@@ -147,10 +147,12 @@ class KVAllocator(Protocol):
         """Start `child_id` off `parent_id`'s written tokens; its tokens are `child_content`, else the parent's
         so far and then its own (`Content.branch`), never the parent's next ones."""
     def free(self, seq_id: int) -> None: ...
-    def forget_newest_block_hash(self, seq_id: int) -> None:
-        """If the sequence's newest written token filled a block, take that block out of the prefix cache (it
-        stays in the table; writing on re-caches it): vLLM had not cached it yet, its token being still in flight
-        under async scheduling (`kvsim.sched.async_steps.AsyncSteps.forget_in_flight_hash`). No-op without caching."""
+    def forget_newest_hashes(self, seq_id: int, num_tokens: int) -> None:
+        """Take the full blocks holding any of the sequence's newest `num_tokens` written tokens out of the prefix
+        cache (they stay in its table): vLLM had not cached them yet, their tokens unknown when it last cached
+        (a token in flight under async scheduling, accepted drafts: `kvsim.sched.async_steps.AsyncSteps.
+        forget_in_flight_hash`, `kvsim.sched.speculative_steps.SpeculativeSteps.forget_draft_hashes`); the
+        caller frees the sequence next. No-op without caching."""
 
     # ------------------------------------------------------------------------ swap
     def swap_out(self, seq_ids: Sequence[int]) -> SwapResult | None: ...

@@ -251,7 +251,7 @@ class SlabAllocator:
     def holds(self, seq_id: int) -> bool:
         return seq_id in self.seqs or seq_id in self.swapped
 
-    def forget_newest_block_hash(self, seq_id: int) -> None:
+    def forget_newest_hashes(self, seq_id: int, num_tokens: int) -> None:
         """Slabs cache nothing (`lookup_prefix`): nothing to forget."""
 
     def free(self, seq_id: int) -> None:

@@ -120,6 +120,7 @@ class Admission:
         req.num_computed_tokens = num_computed
         # its steps here so far: none (a step of another engine's, or before a preemption, is no step before this one)
         req.sampled_step = req.in_flight_decode_step = -1
+        req.num_accepted_drafts = 0
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         plan.scheduled.append((req, num_new))

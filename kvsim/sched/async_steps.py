@@ -144,7 +144,7 @@ class AsyncSteps:
             in_flight = req.in_flight_decode_step == step - 1
         if in_flight:
             for seq_id in req.seq_ids:
-                self.alloc.forget_newest_block_hash(seq_id)
+                self.alloc.forget_newest_hashes(seq_id, 1)
 
     def row_records(self) -> Sequence[RequestRecords]:
         """The records a row of `row_id` may be in: this engine's (the v1 policy's are those of every

@@ -324,6 +324,7 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
             self.num_swapped_out_bytes += result.num_bytes
             return
         self.forget_in_flight_hash(req, plan)
+        self.forget_draft_hashes(req, plan)
         self.free_request(req)
         req.drop_kv()
         self.waiting.prepend(req)

@@ -85,6 +85,7 @@ class SpeculativeSteps:
         the tokens of this verify vLLM still counts computed then: `kvsim.sched.v1.V1Scheduler.select`)."""
         req.num_verify_steps += 1
         req.num_rejected_draft_slots = 0
+        req.num_accepted_drafts = num_accepted
         emitted = min(num_accepted + 1, req.output_len - req.num_output_tokens)
         req.num_computed_tokens += emitted
         req.num_output_tokens += emitted
@@ -100,3 +101,20 @@ class SpeculativeSteps:
         if num_drafts > num_accepted:
             spec.in_flight_rejected[req.request_id] = num_drafts - num_accepted
         return False
+
+    def forget_draft_hashes(self, req: Request, plan: StepPlan) -> None:
+        """Before a preemption frees `req`'s KV (synchronous scheduling): uncache the blocks vLLM has not cached yet.
+
+        vLLM caches a request's full blocks only in `KVCacheManager.allocate_slots`, up to `request.num_tokens`,
+        which a verify's drafts are not in; the drafts it accepts join `num_tokens` when its output is processed
+        (`Scheduler.update_from_output`, which caches nothing), so their blocks are cached at the request's next
+        allocation. Preempted before that (by a plan that has not scheduled it since), vLLM frees them uncached
+        (`BlockPool.free_blocks`: to the free queue's head) and the re-admission misses them; kvsim caches the
+        accepted tokens when the verify's outcome writes them (`_complete_verify`), so it takes them back here
+        (tests/test_async_hash_lag.py). With async scheduling (placeholders for the drafts too): not modelled."""
+        if self.speculation is None or self.async_scheduling or not req.num_accepted_drafts:
+            return
+        # a plan that scheduled it cached them; a step after a verify is a verify, whose outcome sets it anew
+        if not any(r is req for r, _ in plan.scheduled):
+            for seq_id in req.seq_ids:
+                self.alloc.forget_newest_hashes(seq_id, req.num_accepted_drafts)

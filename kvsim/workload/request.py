@@ -81,6 +81,8 @@ class Request:
     # before it had sampled (planned while that token was still in flight)
     sampled_step: int = -1
     in_flight_decode_step: int = -1
+    # the drafts its last verify accepted (`SpeculativeSteps.forget_draft_hashes`)
+    num_accepted_drafts: int = 0
 
     @property
     def queue_arrival_s(self) -> float:
