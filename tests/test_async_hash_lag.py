@@ -33,6 +33,7 @@ from kvsim.kv import GroupedPagedAllocator, PagedAllocator, TokenContent
 from kvsim.model.kv_layout import KVGroup, KVLayout
 from kvsim.sched import SchedulerLimits, make_request_queue, make_scheduler
 from kvsim.sched.speculative import AcceptanceModel, Speculation
+from kvsim.workload.request import RequestStatus
 from tests.conftest import make_request, tiny_world
 
 
@@ -163,3 +164,18 @@ def test_a_verify_before_a_preemption_leaves_nothing_uncached_after_the_re_admis
         ([(0, 3)], [1], {0: [1, 3]}, [2]),
     ]
     assert sched.alloc.lookup_prefix(victim.content, victim.num_tokens).num_tokens == 4
+
+
+def test_a_step_whose_drafts_the_budget_cut_to_none_takes_no_traced_acceptance_length():
+    """2 drafts a step, a budget of 4 tokens. B (prompt 2, accepting none) and A (prompt 1, traced lengths 3, 1)
+    prefill in step 1. Step 2: B's verify of 2 drafts takes 3 tokens, leaving A 1: vLLM schedules no draft of A's
+    (`num_scheduled_spec_tokens` 0), a plain decode that counts no spec-decode step, and B finishes. Step 3: A
+    alone verifies 2 drafts, its first verify: length 3, both accepted, so step 4's verify starts 3 tokens on
+    (A's output 5 of 6) and A finishes with it. (Counting step 2 as a verify gave step 3 the length 1.)"""
+    sched = tiny_world(max_num_batched_tokens=4, caching=False)
+    sched.speculation = Speculation(AcceptanceModel((0.0, 0.0)), 0)  # past the traces: no draft accepted
+    b, a = make_request(0, 0.0, 2, 2), make_request(1, 0.0, 1, 6)
+    b.acceptance_lengths, a.acceptance_lengths = (1, 1), (3, 1)
+    seen = steps(sched, {0: [b, a]}, 4)
+    assert [scheduled for scheduled, _, _, _ in seen] == [[(0, 2), (1, 1)], [(0, 3), (1, 1)], [(1, 3)], [(1, 3)]]
+    assert (a.num_output_tokens, a.status) == (6, RequestStatus.FINISHED)

@@ -57,8 +57,9 @@ class SpeculativeSteps:
 
         One draw per request of `pending`, in the plan's order, from the run's generator (nothing drawn for a
         fixed acceptance). A request with acceptance lengths from a trace takes its k-th verify step's from there
-        (k counted since it arrived) in place of the model's draw while they last; either is capped at the
-        drafts verified."""
+        (k counted since it arrived, over the steps that verified at least one draft: one whose drafts the budget
+        or max_model_len cut to none is a plain decode in vLLM, which counts no spec-decode step for it) in place
+        of the model's draw while they last; either is capped at the drafts verified."""
         spec = self.speculation
         if spec is None or not spec.pending:
             return
@@ -83,7 +84,7 @@ class SpeculativeSteps:
         has its last token; with async scheduling, one that needed more than the verify's one sure token for it
         (accepted drafts ended it) is due vLLM's discarded verify in the next plan (`in_flight_finished`, holding
         the tokens of this verify vLLM still counts computed then: `kvsim.sched.v1.V1Scheduler.select`)."""
-        req.num_verify_steps += 1
+        req.num_verify_steps += num_drafts > 0  # vLLM's: steps with drafts (budget or max_model_len cut some to 0)
         req.num_rejected_draft_slots = 0
         req.num_accepted_drafts = num_accepted
         emitted = min(num_accepted + 1, req.output_len - req.num_output_tokens)
