@@ -155,6 +155,22 @@ def tiny_world(policy="v1", allocator="paged", num_blocks=11, block_size=16, max
     return make_scheduler(policy, alloc, limits)
 
 
+def plan_steps(sched, arrivals, num_steps):
+    """Plan and complete `num_steps` steps one second apart, the requests of `arrivals[k]` added before plan k; each
+    plan's (scheduled (id, tokens), preempted ids, block tables by request id, free queue)."""
+    alloc, seen = sched.alloc, []
+    for k in range(num_steps):
+        for req in arrivals.get(k, []):
+            assert sched.add(req)
+        plan = sched.schedule(float(k))
+        tables = {seq_id // 256: list(seq.block_table) for seq_id, seq in alloc.seqs.items()}
+        seen.append(([(r.request_id, n) for r, n in plan.scheduled], [r.request_id for r in plan.preempted],
+                     tables, alloc.pool.free_queue))
+        sched.complete(plan, k + 1.0)
+        sched.check_invariants()
+    return seen
+
+
 def run(scheduler, requests, step_s=0.01, link=float("inf"), bursts=True):
     return run_engine(scheduler, ConstantLatency(step_s, link), requests, check=True, bursts=bursts)
 

@@ -8,11 +8,14 @@ from kvsim.model.errors import KvsimError
 from kvsim.model.speculative_config import SpeculativeConfig
 from kvsim.sched.speculative import (
     AcceptanceModel,
+    Speculation,
     acceptance_model,
     conditional_from_unconditional,
     constant_rate_for_length,
     min_variance_schedule,
 )
+from kvsim.workload.request import RequestStatus
+from tests.conftest import make_request, plan_steps, tiny_world
 
 
 def spec(**fields):
@@ -103,3 +106,18 @@ def test_scheduling_policy_is_vllms_name():
     assert make_engine(scheduling_policy="priority").scheduling_policy == "priority"
     with pytest.raises(KvsimError, match="scheduling_policy='lifo'"):
         make_engine(scheduling_policy="lifo")
+
+
+def test_a_step_whose_drafts_the_budget_cut_to_none_takes_no_traced_acceptance_length():
+    """2 drafts a step, a budget of 4 tokens. B (prompt 2, accepting none) and A (prompt 1, traced lengths 3, 1)
+    prefill in step 1. Step 2: B's verify of 2 drafts takes 3 tokens, leaving A 1: vLLM schedules no draft of A's
+    (`num_scheduled_spec_tokens` 0), a plain decode that counts no spec-decode step, and B finishes. Step 3: A
+    alone verifies 2 drafts, its first verify: length 3, both accepted, so step 4's verify starts 3 tokens on
+    (A's output 5 of 6) and A finishes with it. (Counting step 2 as a verify gave step 3 the length 1.)"""
+    sched = tiny_world(max_num_batched_tokens=4, caching=False)
+    sched.speculation = Speculation(AcceptanceModel((0.0, 0.0)), 0)  # past the traces: no draft accepted
+    b, a = make_request(0, 0.0, 2, 2), make_request(1, 0.0, 1, 6)
+    b.acceptance_lengths, a.acceptance_lengths = (1, 1), (3, 1)
+    seen = plan_steps(sched, {0: [b, a]}, 4)
+    assert [scheduled for scheduled, _, _, _ in seen] == [[(0, 2), (1, 1)], [(0, 3), (1, 1)], [(1, 3)], [(1, 3)]]
+    assert (a.num_output_tokens, a.status) == (6, RequestStatus.FINISHED)

@@ -133,7 +133,7 @@ class AsyncSteps:
         decode, if the step before it sampled that token, or this plan's (a priority victim it already
         scheduled), if the step in flight samples it. Preempted in this plan, vLLM frees that block uncached
         (`BlockPool.free_blocks`: to the free queue's head) and the re-admission misses it; kvsim caches a block
-        when it is written, so it takes that one back here (tests/test_async_hash_lag.py). Not modelled with
+        when it is written, so it takes that one back here (tests/test_vllm_cache_lag.py). Not modelled with
         speculative decoding, whose drafts are placeholders too."""
         if not self.async_scheduling or self.speculation is not None:
             return

@@ -112,7 +112,7 @@ class SpeculativeSteps:
         allocation. Preempted before that (by a plan that has not scheduled it since), vLLM frees them uncached
         (`BlockPool.free_blocks`: to the free queue's head) and the re-admission misses them; kvsim caches the
         accepted tokens when the verify's outcome writes them (`_complete_verify`), so it takes them back here
-        (tests/test_async_hash_lag.py). With async scheduling (placeholders for the drafts too): not modelled."""
+        (tests/test_vllm_cache_lag.py). With async scheduling (placeholders for the drafts too): not modelled."""
         if self.speculation is None or self.async_scheduling or not req.num_accepted_drafts:
             return
         # a plan that scheduled it cached them; a step after a verify is a verify, whose outcome sets it anew

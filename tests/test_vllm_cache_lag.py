@@ -1,4 +1,4 @@
-"""Async scheduling: a block completed by a token still in flight is not in the prefix cache yet.
+"""Blocks vLLM caches late: a block completed by a token still in flight (async scheduling), accepted drafts.
 
 vLLM caches a request's full blocks in `KVCacheManager.allocate_slots` only up to `request.num_tokens`
 (`num_tokens_to_cache = min(total_computed_tokens + num_new_tokens, request.num_tokens)`), and under async
@@ -8,8 +8,11 @@ is processed after the next plan; `AsyncScheduler._update_request_with_output` t
 token in flight leaves the block that token completes unhashed for one more plan, and a request preempted in that
 plan frees it unhashed: `BlockPool.free_blocks` puts it at the free queue's head, and the request's re-admission
 misses it (vllm/v1/core/kv_cache_manager.py, vllm/v1/core/sched/async_scheduler.py, vllm/v1/core/block_pool.py).
+With speculative decoding a verify's drafts are not in `num_tokens` either: the ones it accepts join it when its
+output is processed (`Scheduler.update_from_output`, which caches nothing), so their blocks are cached at the
+request's next allocation, and a preemption before that frees them unhashed.
 
-The world, worked by hand from those rules (block size 4, blocks 1-3 usable, block 0 the null block; B = request 0,
+The first world, worked by hand from those rules (block size 4, blocks 1-3 usable, block 0 the null block; B = request 0,
 prompt 4, output 4; A = request 1, prompt 3, output 4; both at t = 0, B first):
 
 plan 0  B 4 tokens -> [1] (its prompt block hashed), A 3 -> [2]; free [3]
@@ -33,30 +36,13 @@ from kvsim.kv import GroupedPagedAllocator, PagedAllocator, TokenContent
 from kvsim.model.kv_layout import KVGroup, KVLayout
 from kvsim.sched import SchedulerLimits, make_request_queue, make_scheduler
 from kvsim.sched.speculative import AcceptanceModel, Speculation
-from kvsim.workload.request import RequestStatus
-from tests.conftest import make_request, tiny_world
-
-
-def steps(sched, arrivals, num_steps):
-    """Plan and complete `num_steps` steps one second apart, the requests of `arrivals[k]` added before plan k; each
-    plan's (scheduled (id, tokens), preempted ids, block tables by request id, free queue)."""
-    alloc, seen = sched.alloc, []
-    for k in range(num_steps):
-        for req in arrivals.get(k, []):
-            assert sched.add(req)
-        plan = sched.schedule(float(k))
-        tables = {seq_id // 256: list(seq.block_table) for seq_id, seq in alloc.seqs.items()}
-        seen.append(([(r.request_id, n) for r, n in plan.scheduled], [r.request_id for r in plan.preempted],
-                     tables, alloc.pool.free_queue))
-        sched.complete(plan, k + 1.0)
-        sched.check_invariants()
-    return seen
+from tests.conftest import make_request, plan_steps, tiny_world
 
 
 def test_a_preempted_request_frees_the_block_its_in_flight_token_completed_unhashed():
     sched = tiny_world(num_blocks=4, block_size=4, caching=True)
     sched.async_scheduling = True
-    assert steps(sched, {0: [make_request(0, 0.0, 4, 4), make_request(1, 0.0, 3, 4)]}, 6) == [
+    assert plan_steps(sched, {0: [make_request(0, 0.0, 4, 4), make_request(1, 0.0, 3, 4)]}, 6) == [
         ([(0, 4), (1, 3)], [], {0: [1], 1: [2]}, [3]),
         ([(0, 1), (1, 1)], [], {0: [1, 3], 1: [2]}, []),
         ([(0, 1)], [1], {0: [1, 3]}, [2]),
@@ -79,7 +65,7 @@ def test_a_priority_victim_scheduled_in_the_plan_frees_the_block_it_decoded_the_
     sched.async_scheduling = True
     victim, later = make_request(0, 0.0, 6, 4), make_request(1, 0.5, 4, 4)
     victim.priority = 1
-    assert steps(sched, {0: [victim], 1: [later]}, 3) == [
+    assert plan_steps(sched, {0: [victim], 1: [later]}, 3) == [
         ([(0, 4)], [], {0: [1, 2, 3, 4]}, [5, 6, 7, 8, 9, 10]),
         ([(0, 2), (1, 2)], [], {0: [1, 2, 3, 4, 5, 6], 1: [7, 8]}, [9, 10]),
         ([(1, 2)], [0], {1: [7, 8, 9, 10]}, [6, 5, 4, 3, 2, 1]),
@@ -124,7 +110,7 @@ def test_steps_of_another_engine_are_not_the_step_before():
     sched.async_scheduling = True
     victim = make_request(1, 0.0, 4, 4)
     victim.sampled_step = 1
-    assert steps(sched, {0: [make_request(0, 0.0, 4, 8)], 1: [victim]}, 3)[1:] == [
+    assert plan_steps(sched, {0: [make_request(0, 0.0, 4, 8)], 1: [victim]}, 3)[1:] == [
         ([(0, 1), (1, 4)], [], {0: [1, 2], 1: [3]}, []),
         ([(0, 1)], [1], {0: [1, 2]}, [3]),
     ]
@@ -142,7 +128,7 @@ def test_a_request_preempted_after_a_verify_frees_the_accepted_drafts_block_unha
     sched.speculation = Speculation(AcceptanceModel((1.0, 1.0)), 0)
     b, a = make_request(0, 0.0, 7, 6), make_request(1, 0.0, 2, 6)
     b.acceptance_lengths, a.acceptance_lengths = (3, 1), (3,)
-    assert steps(sched, {0: [b, a]}, 3) == [
+    assert plan_steps(sched, {0: [b, a]}, 3) == [
         ([(0, 7), (1, 2)], [], {0: [1, 2], 1: [3]}, [4, 5]),
         ([(0, 3), (1, 3)], [], {0: [1, 2, 4], 1: [3, 5]}, []),
         ([(0, 3)], [1], {0: [1, 2, 4, 5]}, [3]),
@@ -159,23 +145,8 @@ def test_a_verify_before_a_preemption_leaves_nothing_uncached_after_the_re_admis
     sched.speculation = Speculation(AcceptanceModel((1.0, 1.0)), 0)
     victim = make_request(1, 0.0, 4, 8)
     victim.num_accepted_drafts = 2
-    assert steps(sched, {0: [make_request(0, 0.0, 4, 8), victim]}, 2) == [
+    assert plan_steps(sched, {0: [make_request(0, 0.0, 4, 8), victim]}, 2) == [
         ([(0, 4), (1, 4)], [], {0: [1], 1: [2]}, [3]),
         ([(0, 3)], [1], {0: [1, 3]}, [2]),
     ]
     assert sched.alloc.lookup_prefix(victim.content, victim.num_tokens).num_tokens == 4
-
-
-def test_a_step_whose_drafts_the_budget_cut_to_none_takes_no_traced_acceptance_length():
-    """2 drafts a step, a budget of 4 tokens. B (prompt 2, accepting none) and A (prompt 1, traced lengths 3, 1)
-    prefill in step 1. Step 2: B's verify of 2 drafts takes 3 tokens, leaving A 1: vLLM schedules no draft of A's
-    (`num_scheduled_spec_tokens` 0), a plain decode that counts no spec-decode step, and B finishes. Step 3: A
-    alone verifies 2 drafts, its first verify: length 3, both accepted, so step 4's verify starts 3 tokens on
-    (A's output 5 of 6) and A finishes with it. (Counting step 2 as a verify gave step 3 the length 1.)"""
-    sched = tiny_world(max_num_batched_tokens=4, caching=False)
-    sched.speculation = Speculation(AcceptanceModel((0.0, 0.0)), 0)  # past the traces: no draft accepted
-    b, a = make_request(0, 0.0, 2, 2), make_request(1, 0.0, 1, 6)
-    b.acceptance_lengths, a.acceptance_lengths = (1, 1), (3, 1)
-    seen = steps(sched, {0: [b, a]}, 4)
-    assert [scheduled for scheduled, _, _, _ in seen] == [[(0, 2), (1, 1)], [(0, 3), (1, 1)], [(1, 3)], [(1, 3)]]
-    assert (a.num_output_tokens, a.status) == (6, RequestStatus.FINISHED)
