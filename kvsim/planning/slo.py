@@ -33,35 +33,37 @@ SLO_KEY_FORMAT = "METRIC.STAT or METRIC.STAT@PRIORITY"
 
 def parse_slo_key(key: str) -> tuple[str, str, int | None]:
     """`ttft_s.p90` → ("ttft_s", "p90", None); `ttft_s.p90@1` → ("ttft_s", "p90", 1): the SLO over priority-1
-    requests. A malformed key raises `ValueError` naming it. The class is an integer as `str(int)` writes it:
-    `int()` also read `1_0` as 10, `+1`, `01` and a fullwidth `１` as 1 (two keys of one class: two limits), and
-    refused more digits than it converts with its own advice (`kvsim.model.units.ascii_int`)."""
+    requests. A malformed key raises `KvsimError` naming it (a `ValueError` too, which a pydantic validator
+    wraps). The class is an integer as `str(int)` writes it: `int()` also read `1_0` as 10, `+1`, `01` and a
+    fullwidth `１` as 1 (two keys of one class: two limits), and refused more digits than it converts with its own
+    advice (`kvsim.model.units.ascii_int`)."""
     if not isinstance(key, str):
-        raise ValueError(f"{shown(key)}: expected {SLO_KEY_FORMAT}, a string")
+        raise KvsimError(f"{shown(key)}: expected {SLO_KEY_FORMAT}, a string")
     name, at, cls = key.partition("@")
     metric, _, stat = name.partition(".")
     if metric not in SLO_METRICS or stat not in SLO_STATS:
-        raise ValueError(f"{key!r}: expected {SLO_KEY_FORMAT} with METRIC in {SLO_METRICS}, STAT in {SLO_STATS}")
+        raise KvsimError(f"{key!r}: expected {SLO_KEY_FORMAT} with METRIC in {SLO_METRICS}, STAT in {SLO_STATS}")
     if not at:
         return metric, stat, None
     magnitude = ascii_int(cls.removeprefix("-"))
     priority = None if magnitude is None else -magnitude if cls.startswith("-") else magnitude
     if priority is not None and str(priority) == cls:
         return metric, stat, priority
-    raise ValueError(f"{key!r}: the class after '@' must be an integer request priority, got {cls!r}")
+    raise KvsimError(f"{key!r}: the class after '@' must be an integer request priority, got {cls!r}")
 
 
 def check_slo(slo: Mapping[str, float]) -> None:
-    """A `ValueError` naming the first SLO whose key `parse_slo_key` refuses or whose limit is no positive, finite
+    """A `KvsimError` naming the first SLO whose key `parse_slo_key` refuses or whose limit is no positive, finite
     number of seconds (a limit of 0 divided `headroom` by zero). Every reader of an SLO here checks the whole SLO
     first, whatever the run's verdict: a bad key is refused on an overloaded run as on a stable one. An SLO that is
-    no mapping is a `KvsimError` naming it (a notebook's list of keys was an AttributeError)."""
+    no mapping is one too (a notebook's list of keys was an AttributeError; a bad key or limit given to
+    `probe_passes` was a plain `ValueError`, not kvsim's error type)."""
     if not isinstance(slo, Mapping):
         raise KvsimError(f"slo={shown(slo)}: expected a mapping of SLO keys to seconds, e.g. {{'ttft_s.p90': 2}}")
     for key, limit in slo.items():
         parse_slo_key(key)
         if (problem := slo_limit_problem(limit)) is not None:
-            raise ValueError(f"{key}={shown(limit)}: {problem}")
+            raise KvsimError(f"{key}={shown(limit)}: {problem}")
 
 
 def slo_limit_problem(limit: Any) -> str | None:
