@@ -31,3 +31,31 @@ def test_a_bad_slo_is_kvsims_error(slo, named):
     from kvsim.planning.slo import probe_passes
 
     _refused(lambda: probe_passes({"verdict": "stable"}, slo), named)
+
+
+def _search(**given):
+    from kvsim.planning.steady_state import search_rates
+
+    def make(item, rate, num_requests):
+        raise AssertionError("a probe was made before the arguments were checked")
+
+    arguments = {"make": make, "num_items": 1, "slo": {}, "run": lambda scenarios: []}
+    arguments.update(given)
+    return lambda: search_rates(**arguments)
+
+
+@pytest.mark.parametrize(("given", "named"), [
+    ({"verify_factor": -1}, "verify_factor=-1"), ({"num_items": 1.5}, "num_items=1.5"),
+    ({"num_items": -1}, "num_items=-1"), ({"num_requests": 0}, "num_requests=0"), ({"max_requests": "64"}, "'64'"),
+    ({"max_verify_requests": True}, "max_verify_requests=True"), ({"start_rate": 0}, "start_rate=0"),
+    ({"start_rate": math.inf}, "start_rate=inf"), ({"slo": {"ttft_s.p90": 0}}, "ttft_s.p90=0"),
+    ({"make": None}, "make=None"), ({"run": 5}, "run=5"), ({"make": lambda: None}, "make=")])
+def test_search_rates_checks_its_arguments_before_any_probe(given, named):
+    """`verify_factor=-1` was refused only after a whole search, as a long run's negative `workload.num_requests`; a bad
+    SLO limit after a round of probes; `num_items=1.5` and `make=None` were TypeErrors. `make` here fails the test if
+    any probe is made."""
+    _refused(_search(**given), named)
+
+
+def test_search_rates_of_no_items_is_no_search():
+    assert _search(num_items=0)() == []

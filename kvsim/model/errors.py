@@ -152,6 +152,16 @@ def expect_flag(value: object, name: str) -> bool:
     return value
 
 
+def expect_count(value: object, name: str, least: int, expected: str) -> int:
+    """`value` as an `int` when it is an integer (a NumPy one too, never a bool) of at least `least`, else a
+    `KvsimError` naming it (`name`) and saying what is `expected`: `workers=2.5` was a TypeError deep in a pool."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise KvsimError(f"{name}={shown(value)}: expected {expected}")
+    return int(value)
+
+
 def expect_function(value: object, name: str, num_args: int, expected: str) -> None:
     """Refuse a `value` that is neither None nor a function taking `num_args` positional arguments, in one
     `KvsimError` line naming it (`name`) and saying what is `expected`: `progress=1` was a TypeError traceback at

@@ -45,7 +45,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsim.planning.slo import probe_passes
+from kvsim.model.errors import KvsimError, expect_count, expect_function, shown
+from kvsim.planning.slo import check_slo, probe_passes
 from kvsim.planning.verify import long_run_evidence
 from kvsim.planning.window import TOO_SHORT
 
@@ -313,13 +314,39 @@ def drive(searches: Sequence[SteadyRateSearch],
     raise RuntimeError(f"steady-state rate search did not settle in {max_rounds} rounds")
 
 
+def _check_search(make: object, num_items: object, slo: Mapping[str, float], run: object, start_rate: object,
+                  counts: tuple[object, object, object, object]) -> None:
+    """`search_rates`' arguments, each a `KvsimError` naming it when it is none, before any probe runs: a notebook's
+    `verify_factor=-1` was refused only after the whole search had run, as a long run's `workload.num_requests`
+    of minus the answer's requests, and a bad SLO after the first round of probes; `num_items=1.5` and `make=None`
+    were TypeErrors."""
+    for name, function, num_args, expected in (
+            ("make", make, 3, "a function (item, rate, num_requests) -> the probe's scenario"),
+            ("run", run, 1, "a function (scenarios) -> each one's window evidence")):
+        if function is None:  # `expect_function` lets None through: an optional callback's "none"
+            raise KvsimError(f"{name}=None: expected {expected}")
+        expect_function(function, name, num_args, expected)
+    expect_count(num_items, "num_items", 0, "a count of variants, 0 or more")
+    check_slo(slo)
+    if isinstance(start_rate, bool) or not isinstance(start_rate, (int, float)) or not 0 < start_rate < math.inf:
+        raise KvsimError(f"start_rate={shown(start_rate)}: expected a positive, finite number of requests per second")
+    num_requests, max_requests, verify_factor, max_verify_requests = counts
+    for name, value in (("num_requests", num_requests), ("max_requests", max_requests),
+                        ("max_verify_requests", max_verify_requests)):
+        expect_count(value, name, 1, "a count of requests, 1 or more")
+    expect_count(verify_factor, "verify_factor", 0, "a whole factor, 0 or more (0: no long run)")
+
+
 def search_rates(make: Callable[[int, float, int], Any], num_items: int, slo: Mapping[str, float],
                  run: Callable[[list[Any]], Sequence[Mapping[str, Any]]], start_rate: float = 1.0,
                  num_requests: int = 400, max_requests: int = 12_800, verify_factor: int = 0,
                  max_verify_requests: int = 128_000) -> list[SteadyRateSearch]:
     """The sustainable rate of `num_items` variants at once: `make(item, rate, num_requests)` builds a
     probe's scenario, `run(scenarios)` returns each one's `window_evidence` (a round's probes together);
-    `verify_factor` > 0 re-runs each answer that much longer, backing off until it holds."""
+    `verify_factor` > 0 re-runs each answer that much longer, backing off until it holds. Every argument is
+    checked before the first probe (`_check_search`)."""
+    _check_search(make, num_items, slo, run, start_rate, (num_requests, max_requests, verify_factor,
+                                                           max_verify_requests))
     searches = [SteadyRateSearch(start_rate, num_requests, max_requests, verify_factor=verify_factor,
                                  max_verify_requests=max_verify_requests) for _ in range(num_items)]
 

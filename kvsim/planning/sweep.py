@@ -9,7 +9,6 @@ Results come back in the order of `scenarios`. Each run is independent and deter
 
 from __future__ import annotations
 
-import numbers
 import os
 import signal
 import threading
@@ -19,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvsim.model.errors import KvsimError, expect_flag
+from kvsim.model.errors import KvsimError, expect_count, expect_flag
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -131,10 +130,7 @@ def run_many(scenarios: Sequence[Scenario], keep_steps: bool = False, workers: i
                          + (" (one scenario: [scenario])" if isinstance(scenarios, Scenario) else ""))
     scenarios = [expect_scenario(scenario, f"scenarios[{i}]") for i, scenario in enumerate(scenarios)]
     if workers is not None:  # a NumPy integer is a count too
-        if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
-            raise KvsimError(f"workers={shown(workers)}: expected a count of processes, 1 or more (None: one per "
-                             "CPU)")
-        workers = int(workers)
+        workers = expect_count(workers, "workers", 1, "a count of processes, 1 or more (None: one per CPU)")
     expect_flag(keep_steps, "keep_steps")  # "no" kept steps, as truthy text
     expect_flag(evidence, "evidence")
     if on_done is not None and not callable(on_done):  # a TypeError after the first run, its work lost
