@@ -59,3 +59,16 @@ def test_search_rates_checks_its_arguments_before_any_probe(given, named):
 
 def test_search_rates_of_no_items_is_no_search():
     assert _search(num_items=0)() == []
+
+
+@pytest.mark.parametrize("limit", ["8GiB", math.nan, -1, 0, 2.5, True])
+def test_a_memory_limit_that_is_no_count_of_bytes_is_refused_naming_it(tmp_path, limit):
+    """`memory_limit_bytes="8GiB"` was a TypeError, NaN ran with no limit and -1 was refused as the run being too
+    large for it (naming `num_gpu_blocks`); nothing is written."""
+    import kvsim
+    from kvsim.fleet.run import simulate_scenario
+
+    scenario = kvsim.load_scenario(None, ["workload.num_requests=2", "steps=none"])
+    _refused(lambda: simulate_scenario(scenario, memory_limit_bytes=limit, out_dir=tmp_path / "run"),
+             f"memory_limit_bytes={limit!r}")
+    assert not (tmp_path / "run").exists()

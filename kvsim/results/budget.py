@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from kvsim.model.capacity import kv_bytes_per_block, num_gpu_blocks, swap_bytes
 from kvsim.model.config import load_gpu, load_model
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, expect_count
 
 if TYPE_CHECKING:
     from kvsim.model.config import GPUSpec
@@ -173,8 +173,11 @@ def estimate_engines_bytes(engines: list[tuple[Scenario, int]], steps_in_memory:
 
 
 def _refuse_over_limit(parts: dict[str, int], limit_bytes: int | None, what: str, fields: dict[str, str]) -> None:
-    """The refusal both checks give: the field behind the largest part, every part, and the limit."""
-    limit = machine_memory_bytes() if limit_bytes is None else limit_bytes
+    """The refusal both checks give: the field behind the largest part, every part, and the limit. A limit that is
+    no whole number of bytes, 1 or more, is refused naming it (`simulate_scenario(memory_limit_bytes="8GiB")` was a
+    TypeError, NaN ran without a limit, and -1 was refused as the run being too large for it)."""
+    limit = machine_memory_bytes() if limit_bytes is None else expect_count(
+        limit_bytes, "memory_limit_bytes", 1, "a whole number of bytes, 1 or more (None: the machine's memory)")
     needed = sum(parts.values())
     if needed > limit:
         unit, _ = size_unit(limit)
