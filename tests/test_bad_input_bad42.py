@@ -72,3 +72,19 @@ def test_a_memory_limit_that_is_no_count_of_bytes_is_refused_naming_it(tmp_path,
     _refused(lambda: simulate_scenario(scenario, memory_limit_bytes=limit, out_dir=tmp_path / "run"),
              f"memory_limit_bytes={limit!r}")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", [None, 5, [], b"llama-3.1-8b"])
+def test_a_model_or_gpu_that_is_no_name_is_refused_naming_it(value):
+    """`load_model(None)` was an AttributeError in `blank_name`, `load_gpu([])` a TypeError (unhashable)."""
+    from kvsim.model.config import load_gpu, load_model
+
+    _refused(lambda: load_model(value), f"model={value!r}")
+    _refused(lambda: load_gpu(value), f"gpu={value!r}")
+
+
+def test_a_model_or_gpu_given_as_a_path_object_reads_as_its_text():
+    from kvsim.model.config import PRESETS_DIR, load_model
+
+    preset = PRESETS_DIR / "models" / "llama-3.1-8b.json"
+    assert load_model(preset) == load_model(str(preset))

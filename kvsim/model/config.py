@@ -20,7 +20,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError
 
-from kvsim.model.errors import KvsimError, blank_name, from_validation_error, not_a_file, not_a_preset, reading
+from kvsim.model.errors import (
+    KvsimError,
+    blank_name,
+    expect_name,
+    from_validation_error,
+    not_a_file,
+    not_a_preset,
+    reading,
+)
 from kvsim.model.sizes import Bytes
 from kvsim.model.spec import Label, ModelSpec, Settings
 from kvsim.model.yaml_io import (
@@ -103,7 +111,9 @@ def file_stamp(path: Path) -> tuple[int, int, int] | None:
 
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset name (`llama-3.1-8b`) or a path to a `config.json`, YAML or JSON file; read again when the file
-    changed since it was last read (`file_stamp`)."""
+    changed since it was last read (`file_stamp`). A `name_or_path` that is no text (nor a path object) is a
+    `KvsimError` naming it (`expect_name`)."""
+    name_or_path = expect_name("model", name_or_path, MODEL_WANTED)
     path, is_preset = model_file(name_or_path)
     return _load_model_file(name_or_path, path, is_preset, None if is_preset else file_stamp(path))
 
@@ -206,7 +216,9 @@ def gpu_presets() -> list[str]:
 
 def load_gpu(name_or_path: str) -> GPUSpec:
     """A preset name (`h100-80gb`) or a YAML/JSON file with `GPUSpec` fields; a file is read again when it
-    changed since it was last read (`file_stamp`)."""
+    changed since it was last read (`file_stamp`). A `name_or_path` that is no text (nor a path object) is a
+    `KvsimError` naming it (`expect_name`)."""
+    name_or_path = expect_name("gpu", name_or_path, GPU_WANTED)
     stamp = None if name_or_path in _gpu_presets() else file_stamp(Path(name_or_path))
     return _load_gpu_version(name_or_path, stamp)
 

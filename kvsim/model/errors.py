@@ -230,6 +230,16 @@ def near_path(path: Path, pattern: str = "*", also: Sequence[Path] = ()) -> str:
     return ""
 
 
+def expect_name(field: str, name: object, wanted: str) -> str:
+    """`name` (a model or GPU: a preset or a path) as text, a path object's too, else a `KvsimError` naming it:
+    `load_model(None)` was an AttributeError in `blank_name` and `load_gpu([])` a TypeError (unhashable)."""
+    if isinstance(name, os.PathLike):
+        name = os.fspath(name)
+    if not isinstance(name, str):
+        raise KvsimError(f"{field}={shown(name)}: expected {wanted}, a name or a path")
+    return name
+
+
 def blank_name(field: str, name: str, wanted: str) -> str | None:
     """`field='name': is empty: name {wanted}` when `name` (a model or GPU: a preset or a path) is blank, else None:
     `Path('')` is the working folder, so an unset shell variable (`--model "$MODEL"`) read what lay there."""
