@@ -88,3 +88,18 @@ def test_a_model_or_gpu_given_as_a_path_object_reads_as_its_text():
 
     preset = PRESETS_DIR / "models" / "llama-3.1-8b.json"
     assert load_model(preset) == load_model(str(preset))
+
+
+@pytest.mark.parametrize("reader", ["read_azure", "read_mooncake", "read_sharegpt_tokens", "read_lengths",
+                                    "read_vllm_sharegpt"])
+def test_a_trace_reader_refuses_a_path_it_cannot_read_naming_it(tmp_path, reader):
+    """`read_mooncake(None)` (the colocated_disagg_offload notebook's reader) was a TypeError, a missing file a
+    FileNotFoundError and a folder an IsADirectoryError traceback; every format's reader alike."""
+    import kvsim.workload.traces as traces
+
+    read = getattr(traces, reader)
+    _refused(lambda: read(None), "path=None")
+    _refused(lambda: read(7), "path=7")
+    _refused(lambda: read(str(tmp_path / "missing.jsonl")), f"path='{tmp_path / 'missing.jsonl'}'", "file not found")
+    _refused(lambda: read(tmp_path), f"path='{tmp_path}'", "is a directory")
+    _refused(lambda: read(""), "path=''", "is empty")

@@ -29,6 +29,7 @@ import csv
 import json
 import logging
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -37,7 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kvsim.model.errors import KvsimError, shown
+from kvsim.model.errors import KvsimError, not_a_file, shown
 from kvsim.model.units import read_number
 from kvsim.model.yaml_io import load_json
 from kvsim.workload.files import csv_rows, open_text
@@ -205,6 +206,20 @@ def _acceptance_lengths(value: Any, path: Path, line: int, column: str) -> tuple
     return tuple(lengths)
 
 
+def trace_path(path: object) -> Path:
+    """`path`, a trace file a reader was given (text or a path object), as a `Path`; else a `KvsimError` naming it:
+    what the path is not (`not_a_file`: missing, blank, a folder, a FIFO) or that it is no path at all. A scenario's
+    trace was checked already (`Scenario.resolve_path`); a notebook's `read_mooncake(None)` was a TypeError and a
+    missing file a FileNotFoundError traceback."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise KvsimError(f"path={shown(path)}: expected a trace file's path")
+    text = os.fsdecode(path)
+    problem = not_a_file(text, file_kind="a trace file")
+    if problem is not None:
+        raise KvsimError(f"path={text!r}: {problem}")
+    return Path(text)
+
+
 def iter_jsonl(path: Path | str) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; a bad line raises `KvsimError` naming it."""
     path = Path(path)
@@ -223,7 +238,7 @@ def iter_jsonl(path: Path | str) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def read_azure(path: Path | str, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
     """`TIMESTAMP,ContextTokens,GeneratedTokens`; timestamps have 100 ns digits."""
-    path = Path(path)
+    path = trace_path(path)
     records, first, zoned = [], None, None
     with open_text(path, newline="") as f:
         reader = csv_rows(f, path)
@@ -283,7 +298,7 @@ _HASH_ID_TYPES = frozenset((int, str))  # a Mooncake hash_id's JSON types (`type
 
 def read_mooncake(path: Path | str, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
     """JSONL with `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one per 512 tokens)."""
-    path = Path(path)
+    path = trace_path(path)
     records = []
     for line_no, row in iter_jsonl(path):
         prompt = _positive(row.get("input_length"), path, line_no, "input_length")
@@ -308,7 +323,7 @@ def read_sharegpt_tokens(path: Path | str, columns: TraceColumns = NO_COLUMNS) -
     The token ids are optional, as in LLMServingSim's format: a request without them shares no
     prefix with any other (its blocks get a unique identity).
     """
-    path = Path(path)
+    path = trace_path(path)
     records = []
     for line_no, row in iter_jsonl(path):
         prompt = _positive(row.get("input_toks"), path, line_no, "input_toks")
@@ -343,7 +358,7 @@ def write_sharegpt_tokens(records: list[TraceRecord], path: Path | str) -> None:
 
 def read_lengths(path: Path | str, columns: TraceColumns = NO_COLUMNS) -> list[TraceRecord]:
     """`num_prefill_tokens,num_decode_tokens,...` (Vidur / Sarathi-Serve length tables)."""
-    path = Path(path)
+    path = trace_path(path)
     records = []
     with open_text(path, newline="") as f:
         reader = csv_rows(f, path)
@@ -372,7 +387,7 @@ def read_vllm_sharegpt(path: Path | str) -> list[TraceRecord]:
     counting them; a file of nothing else, or a turn whose value is not text, is refused. vLLM's benchmark
     also prunes prompts over 1,024 tokens and pairs over 2,048 by default; kvsim keeps those (long contexts
     are what it models; `engine.max_model_len` decides what an engine serves)."""
-    path = Path(path)
+    path = trace_path(path)
     try:
         with open_text(path) as f:  # a byte-order mark skipped, a .gz decompressed, as every reader does
             data = load_json(f.read())
