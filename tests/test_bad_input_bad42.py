@@ -103,3 +103,32 @@ def test_a_trace_reader_refuses_a_path_it_cannot_read_naming_it(tmp_path, reader
     _refused(lambda: read(str(tmp_path / "missing.jsonl")), f"path='{tmp_path / 'missing.jsonl'}'", "file not found")
     _refused(lambda: read(tmp_path), f"path='{tmp_path}'", "is a directory")
     _refused(lambda: read(""), "path=''", "is empty")
+
+
+@pytest.mark.parametrize(("records", "max_model_len", "named"), [
+    (None, 8192, "records=None"), ("trace.jsonl", 8192, "records='trace.jsonl'"), ([1], 8192, "records[0]=1"),
+    ([], -1, "max_model_len=-1"), ([], "8192", "max_model_len='8192'"), ([], 0, "max_model_len=0")])
+def test_unbounded_hit_rate_refuses_what_is_no_trace_or_length(records, max_model_len, named):
+    """A list of anything but trace records was an AttributeError; `max_model_len` -1 left every prompt out (0.0) and
+    '8192' failed mid-loop with a TypeError."""
+    from kvsim.report.fleet_study import unbounded_hit_rate
+
+    _refused(lambda: unbounded_hit_rate(records, max_model_len), named)
+
+
+def test_unbounded_hit_rate_of_two_requests_sharing_a_block():
+    """By hand: the second prompt's first 512-token block is the first's, so 512 of 512 + 700 prompt tokens hit."""
+    from kvsim.report.fleet_study import unbounded_hit_rate
+    from kvsim.workload.traces import TraceRecord
+
+    first = TraceRecord(0.0, 512, 1, ((("m", 1), 512),))
+    second = TraceRecord(1.0, 700, 1, ((("m", 1), 512), (("m", 2), 188)))
+    assert unbounded_hit_rate([first, second], 8192) == 512 / 1212
+
+
+@pytest.mark.parametrize("study", [None, 5, "scenario.yaml"])
+def test_speculation_refuses_what_is_no_study(study):
+    """`speculation(scenario)` (the speculative_crossover notebook's study) was an AttributeError."""
+    from kvsim.report.speculation_study import speculation
+
+    _refused(lambda: speculation(study), f"st={study!r}")

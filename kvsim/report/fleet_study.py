@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.model.errors import KvsimError
+from kvsim.model.errors import KvsimError, expect_count, shown
 from kvsim.planning.cost import gpu_price
 from kvsim.planning.plan import Candidate, make_plan_spec, plan
 from kvsim.planning.spec import PlanSpec
@@ -75,10 +75,18 @@ def unbounded_hit_rate(records: Sequence[TraceRecord], max_model_len: int) -> fl
     segments some earlier request already had (Mooncake's ids are chained hashes), over all
     prompt tokens; prompts the engine refuses (≥ max_model_len) are left out, as they are never
     looked up. Read from the trace itself, not from a simulation. A record without segments (a trace of lengths
-    alone: Azure's, a length table) is refused naming it: no block identity to hit (it was an AssertionError)."""
+    alone: Azure's, a length table) is refused naming it: no block identity to hit (it was an AssertionError); so is
+    anything but a sequence of `TraceRecord`s (None, a path: TypeError, AttributeError) and a `max_model_len` that is
+    no count of tokens (a negative one, or '8192', left every prompt out or failed mid-loop)."""
+    if isinstance(records, (str, bytes)) or not isinstance(records, Sequence):
+        raise KvsimError(f"records={shown(records)}: expected a list of trace records "
+                         "(kvsim.workload.traces.read_mooncake(path))")
+    expect_count(max_model_len, "max_model_len", 1, "a count of tokens, 1 or more")
     seen: set[Any] = set()
     hit = total = 0
     for index, record in enumerate(records):
+        if not isinstance(record, TraceRecord):
+            raise KvsimError(f"records[{index}]={shown(record)}: expected a trace record (read_mooncake gives them)")
         if record.segments is None:
             raise KvsimError(f"records[{index}]: no segments (block identities, as Mooncake's hash_ids give); "
                              "unbounded_hit_rate reads a trace that names each prompt block")

@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvsim.model.errors import KvsimError, shown
 from kvsim.report.applicable import refusal, skipped
 from kvsim.report.studies import SATURATE, Section, Study, poisson, variant
 from kvsim.workload.scenario import Scenario
@@ -74,7 +75,10 @@ def _saturated(st: Study, batch_size: int, config: dict[str, Any] | None) -> Sce
 
 
 def speculation(st: Study) -> Section:
-    """TPOT and throughput with and without speculative decoding per batch-size limit; the crossover."""
+    """TPOT and throughput with and without speculative decoding per batch-size limit; the crossover. An `st` that is
+    no Study (a notebook's Scenario) is a `KvsimError` naming it (it was an AttributeError)."""
+    if not isinstance(st, Study):
+        raise KvsimError(f"st={shown(st)}: expected a Study (kvsim.report.studies.Study(scenario, StudyConfig()))")
     config = speculation_config(st)
     sizes = sorted(set(st.cfg.speculation_batch_sizes))
     reason = refusal(lambda: _saturated(st, sizes[0], config))
