@@ -132,3 +132,19 @@ def test_speculation_refuses_what_is_no_study(study):
     from kvsim.report.speculation_study import speculation
 
     _refused(lambda: speculation(study), f"st={study!r}")
+
+
+def test_replica_groups_past_the_most_engines_are_refused_as_a_count_is():
+    """`replicas: 4097` is refused (1..4096, `MAX_ENGINES`); groups of 4096 + 1 ran all 4,097 engines (over a
+    minute for 5 requests). The sum is held to the same bound; a fleet at the bound is still a valid scenario."""
+    from kvsim.workload.scenario import make_scenario
+
+    def raw(*counts: int) -> dict:
+        return {"name": "toy", "workload": {"num_requests": 2, "arrival": {"process": "poisson", "rate": 1.0},
+                                            "prompt_len": {"dist": "fixed", "value": 8},
+                                            "output_len": {"dist": "fixed", "value": 2}},
+                "replicas": [{"count": count} for count in counts], "router": {"policy": "least_outstanding"}}
+
+    message = _refused(lambda: make_scenario(raw(4096, 1)), "replicas", "4096 + 1", "4,097", "1..4096")
+    assert message == "replicas: groups of 4096 + 1 = 4,097 replicas, more than kvsim builds (1..4096)"
+    assert make_scenario(raw(4095, 1)).replicas[0].count == 4095

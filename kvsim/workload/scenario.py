@@ -31,6 +31,7 @@ from kvsim.model.config import MAX_FIXED_COST_S, GPULink, gpu_presets, model_pre
 from kvsim.model.engine_config import MAX_ENGINES, EngineConfig
 from kvsim.model.errors import (
     KvsimError,
+    cut,
     first_repeat,
     from_validation_error,
     near_path,
@@ -199,6 +200,10 @@ class Scenario(WholeSettings):
             raise ValueError(f"replicas={self.replicas}: expected 1..{MAX_ENGINES}")
         if isinstance(self.replicas, list) and not self.replicas:
             raise ValueError("replicas=[]: give a count or at least one replica group")
+        if isinstance(self.replicas, list) and (total := sum(g.count for g in self.replicas)) > MAX_ENGINES:
+            counts = " + ".join(str(g.count) for g in self.replicas)  # each group within it, the fleet past it
+            raise ValueError(f"replicas: groups of {cut(counts)} = {total:,} replicas, more than kvsim builds "
+                             f"(1..{MAX_ENGINES})")
         names = [g.name for g in self.replicas if g.name is not None] if isinstance(self.replicas, list) else []
         if (twice := first_repeat(names)) is not None:  # both groups named their replicas NAME-0, NAME-1, ...
             raise ValueError(f"replicas: two groups are named {twice!r}; a group's name labels its replicas")
