@@ -148,3 +148,21 @@ def test_replica_groups_past_the_most_engines_are_refused_as_a_count_is():
     message = _refused(lambda: make_scenario(raw(4096, 1)), "replicas", "4096 + 1", "4,097", "1..4096")
     assert message == "replicas: groups of 4096 + 1 = 4,097 replicas, more than kvsim builds (1..4096)"
     assert make_scenario(raw(4095, 1)).replicas[0].count == 4095
+
+
+def test_a_pool_left_empty_by_the_token_budget_names_the_token_budget():
+    """`max_num_batched_tokens: 2000000` left no KV pool and the error blamed `model=llama-3.1-8b`. The part that
+    overflows is named with its field. By hand (`activation_peak_bytes`' formula, Llama-3.1-8B's config: I = 14,336,
+    H = 4,096, bf16, vocab 128,256; max_num_seqs 1,024 on an H100 as an API server): 2,000,000 · (3 · 14,336 +
+    4 · 4,096) · 2 B + 1,024 · 128,256 · 4 B = 237,568,000,000 + 525,336,576 = 238,093,336,576 B; the weights,
+    8,030,261,248 parameters in bf16, 16,060,522,496 B."""
+    from kvsim.model.capacity import kv_pool_bytes
+    from kvsim.model.config import load_gpu, load_model
+    from kvsim.model.engine_config import EngineConfig
+
+    model, gpu = load_model("llama-3.1-8b"), load_gpu("h100-80gb")
+    tokens = EngineConfig(max_model_len=8192, max_num_batched_tokens=2_000_000)
+    _refused(lambda: kv_pool_bytes(model, gpu, tokens), "engine.max_num_batched_tokens=2000000:",
+             "activations of a 2,000,000-token forward 238,093,336,576 B", "weights 16,060,522,496 B")
+    non_torch = EngineConfig(max_model_len=8192, non_torch_memory_bytes=70 * 2**30)
+    _refused(lambda: kv_pool_bytes(model, gpu, non_torch), f"engine.non_torch_memory_bytes={70 * 2**30}:")

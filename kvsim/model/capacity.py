@@ -161,12 +161,16 @@ def kv_pool_bytes(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, *, layou
         return pool_bytes
     if max_model_len is None:
         max_model_len = engine.resolved_max_model_len(model)
-    pool = budget - weights - activation_peak_bytes(model, gpu, engine, max_model_len)
-    pool -= engine.non_torch_memory_bytes
-    if pool <= 0:
+    activations = activation_peak_bytes(model, gpu, engine, max_model_len)
+    pool = budget - weights - activations - engine.non_torch_memory_bytes
+    if pool <= 0:  # the weights fit (above): the field behind the larger of the other two parts is named
+        tokens = engine.resolved_max_num_batched_tokens(max_model_len, gpu)
+        field = (f"engine.max_num_batched_tokens={tokens}" if activations >= engine.non_torch_memory_bytes
+                 else f"engine.non_torch_memory_bytes={engine.non_torch_memory_bytes}")
         raise KvsimError(
-            f"model={model.name}: no memory left for KV cache on {gpu.name} "
-            f"(weights + activations + non-torch exceed the budget by {-pool:,} B)"
+            f"{field}: no memory left for KV cache of {model.name} on {gpu.name} (weights {weights:,} B + "
+            f"activations of a {tokens:,}-token forward {activations:,} B + non-torch "
+            f"{engine.non_torch_memory_bytes:,} B exceed the budget of {budget:,} B by {-pool:,} B)"
         )
     return pool
 
