@@ -166,3 +166,31 @@ def test_a_pool_left_empty_by_the_token_budget_names_the_token_budget():
              "activations of a 2,000,000-token forward 238,093,336,576 B", "weights 16,060,522,496 B")
     non_torch = EngineConfig(max_model_len=8192, non_torch_memory_bytes=70 * 2**30)
     _refused(lambda: kv_pool_bytes(model, gpu, non_torch), f"engine.non_torch_memory_bytes={70 * 2**30}:")
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"knobs": 5}, "knobs=5"), ({"knobs": (("max_num_seqs",),)}, "knobs=(('max_num_seqs',),)"),
+    ({"split": (1,)}, "split=(1,)"), ({"split": (0, 1)}, "split=(0, 1)"),
+    ({"split": (1, 1), "kv_transfer_config": "{bad"}, "kv_transfer_config='{bad'"),
+    ({"split": (1, 1), "kv_transfer_config": "[]"}, "kv_transfer_config='[]'")])
+def test_a_plan_candidate_checks_the_fields_no_scenario_checks(fields, named):
+    """`Candidate(..., knobs=5)` was a TypeError, `split=(1,)` an IndexError and a `kv_transfer_config` that is no
+    JSON object a JSONDecodeError, each at the candidate's first `scenario`."""
+    from kvsim.planning.plan import Candidate
+
+    _refused(lambda: Candidate("h100-80gb", 1, **fields), named)
+
+
+def test_a_plan_candidates_scenario_refuses_what_is_no_base_or_no_split_count():
+    """The fleet_sizing notebook's `Candidate(gpu, 1).scenario(probe, n, router)` with a path for `probe` was an
+    AttributeError; a split's count of replicas other than its x + y an AssertionError."""
+    import kvsim
+    from kvsim.planning.plan import Candidate
+
+    _refused(lambda: Candidate("h100-80gb", 1).scenario("azure-conv-replay.yaml", 2, "round_robin"),
+             "base='azure-conv-replay.yaml'")
+    base = kvsim.load_scenario(None, ["workload.num_requests=2"])
+    message = _refused(lambda: Candidate("h100-80gb", 1, split=(2, 1)).scenario(base, 4, "least_outstanding"),
+                       "replicas=4")
+    assert message == "replicas=4: the split 2P1D runs its 2 + 1 = 3 instances"
+    assert Candidate("h100-80gb", 1, split=(2, 1)).scenario(base, 3, "least_outstanding").replicas[0].count == 2

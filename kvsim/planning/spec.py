@@ -22,7 +22,7 @@ from kvsim.model.errors import KvsimError, first_repeat, from_validation_error, 
 from kvsim.model.spec import Settings
 from kvsim.model.units import ascii_int
 from kvsim.planning.slo import check_slo, parse_slo_key
-from kvsim.workload.scenario import Scenario, make_scenario
+from kvsim.workload.scenario import Scenario, expect_scenario, make_scenario
 
 ROUTERS = ("round_robin", "least_outstanding", "least_kv", "affinity")
 
@@ -245,6 +245,25 @@ class Candidate:
     split: tuple[int, int] | None = None
     kv_transfer_config: str = "{}"
 
+    def __post_init__(self) -> None:
+        """The fields a scenario does not check for it (`scenario` gives the GPU and TP to `make_scenario`), each a
+        `KvsimError` naming it: a notebook's `knobs=5` was a TypeError, `split=(1,)` an IndexError and a
+        `kv_transfer_config` that is no JSON object a JSONDecodeError, at the first `scenario`."""
+        if not isinstance(self.knobs, tuple) or not all(
+                isinstance(knob, tuple) and len(knob) == 2 and isinstance(knob[0], str) for knob in self.knobs):
+            raise KvsimError(f"knobs={shown(self.knobs)}: expected a tuple of (engine field, value) pairs")
+        if self.split is not None and (not isinstance(self.split, tuple) or len(self.split) != 2 or any(
+                isinstance(count, bool) or not isinstance(count, int) or count < 1 for count in self.split)):
+            raise KvsimError(f"split={shown(self.split)}: expected (prefill instances, decode instances), each 1 or "
+                             "more")
+        try:
+            link = json.loads(self.kv_transfer_config) if isinstance(self.kv_transfer_config, str) else None
+        except json.JSONDecodeError:
+            link = None
+        if not isinstance(link, dict):
+            raise KvsimError(f"kv_transfer_config={shown(self.kv_transfer_config)}: expected a JSON object's text, "
+                             "e.g. '{\"kv_link\": \"rdma\"}'")
+
     @property
     def label(self) -> str:
         knobs = "".join(f" {k}={v}" for k, v in self.knobs)
@@ -280,14 +299,16 @@ class Candidate:
         its x + y instances, each pool behind `router` unless `kv_transfer_config` names a pool's router). The
         base's `enable_prefix_caching` left at its default stays a default (`Scenario.variant_fields`): a knob
         `scheduler: v0` caches nothing, as vLLM's v0 engine, and a slab candidate does not say it unread."""
-        raw = base.variant_fields()
+        raw = expect_scenario(base, "base").variant_fields()  # a notebook's path was an AttributeError
         raw["engine"] = {**raw["engine"], "tensor_parallel_size": self.tensor_parallel_size, **dict(self.knobs)}
         raw.update(gpu=self.gpu, replicas=replicas, router={**raw["router"], "policy": router},
                    name=f"{base.name}/{self.label.replace(' ', '_')}/x{replicas}")
         if self.split is not None:  # each pool's router routes a split; the fleet's router is left as it was
             raw["router"] = base.router.model_dump(mode="json")
             num_prefill, num_decode = self.split
-            assert replicas == num_prefill + num_decode, "a split's fleet is its x + y instances"
+            if replicas != num_prefill + num_decode:  # it was an assert: a notebook's call may give another count
+                raise KvsimError(f"replicas={shown(replicas)}: the split {self.topology} runs its "
+                                 f"{num_prefill} + {num_decode} = {num_prefill + num_decode} instances")
             raw["replicas"] = [{"count": num_prefill, "name": "prefill", "kv_role": "kv_producer"},
                                {"count": num_decode, "name": "decode", "kv_role": "kv_consumer"}]
             raw["kv_transfer_config"] = {"prefill_router": {"policy": router}, "decode_router": {"policy": router},
