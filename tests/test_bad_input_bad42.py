@@ -194,3 +194,17 @@ def test_a_plan_candidates_scenario_refuses_what_is_no_base_or_no_split_count():
                        "replicas=4")
     assert message == "replicas=4: the split 2P1D runs its 2 + 1 = 3 instances"
     assert Candidate("h100-80gb", 1, split=(2, 1)).scenario(base, 3, "least_outstanding").replicas[0].count == 2
+
+
+@pytest.mark.parametrize("replicas", [None, 2])
+def test_a_steps_format_that_is_none_is_refused_with_no_steps_kept_too(tmp_path, replicas):
+    """`simulate_scenario(s, out_dir=d, steps_format="xml")` of a scenario keeping no steps (`steps: none`) wrote the
+    run, exit 0 as it were: only a step writer read the format. `RunResult.write` refuses it steps kept or not; the
+    streaming paths (one engine, a fleet) now do too, before any folder is made."""
+    import kvsim
+    from kvsim.fleet.run import simulate_scenario
+
+    fleet = [] if replicas is None else [f"replicas={replicas}", "router.policy=least_outstanding"]
+    scenario = kvsim.load_scenario(None, ["workload.num_requests=2", "steps=none", *fleet])
+    _refused(lambda: simulate_scenario(scenario, out_dir=tmp_path / "run", steps_format="xml"), "steps_format='xml'")
+    assert not (tmp_path / "run").exists()

@@ -26,7 +26,7 @@ from kvsim.results.output_checks import check_output_dir
 from kvsim.results.output_dir import output_directory
 from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
-from kvsim.results.step_writer import StepsFormat, StepWriter
+from kvsim.results.step_writer import StepsFormat, StepWriter, resolve_format
 from kvsim.sched.v1 import data_parallel_fan_out
 from kvsim.workload.generate import iter_requests
 from kvsim.workload.scenario import Scenario, StepsMode
@@ -114,6 +114,7 @@ def simulate(scenario: Scenario, check: bool = False, progress: ProgressFn | Non
         return simulate_single(scenario, check, progress, bursts, memory_limit_bytes,
                                StepRecorder(scenario.steps, draft_column=speculates))
     final = check_output_dir(out_dir, "run")  # refused before simulating, not after
+    resolve_format(steps_format)  # as `RunResult.write`: steps kept or not ('xml' with steps none was written)
     with output_directory(out_dir, "run") as tmp:
         writer = StepWriter(tmp, steps_format) if scenario.steps != "none" else None
         steps_path = None if writer is None else final / writer.path.name

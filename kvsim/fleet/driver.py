@@ -43,7 +43,7 @@ from kvsim.results.output_checks import check_output_dir
 from kvsim.results.output_dir import output_directory
 from kvsim.results.records import concat_request_columns
 from kvsim.results.run_result import RunResult, write_run_files
-from kvsim.results.step_writer import StepsFormat, StepWriter, concat_step_files
+from kvsim.results.step_writer import StepsFormat, StepWriter, concat_step_files, resolve_format
 from kvsim.results.together import means_together
 from kvsim.workload.fleet_layout import group_speculates
 from kvsim.workload.generate import iter_requests
@@ -229,6 +229,7 @@ def simulate_fleet(scenario: Scenario, check: bool = False, progress: ProgressFn
     if out_dir is None:
         return _run_fleet(scenario, check, progress, bursts)
     final = check_output_dir(out_dir, "run")  # refused before simulating, not after
+    resolve_format(steps_format)  # as `RunResult.write`: steps kept or not ('xml' with steps none was written)
     with output_directory(out_dir, "run") as tmp:
         result = _run_fleet(scenario, check, progress, bursts, (tmp, final, steps_format))
         write_run_files(tmp, result, steps=False, final=final)
