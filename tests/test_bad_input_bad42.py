@@ -61,6 +61,14 @@ def test_search_rates_of_no_items_is_no_search():
     assert _search(num_items=0)() == []
 
 
+@pytest.mark.parametrize("returned", [[], None, [{}, {}]])
+def test_search_rates_refuses_a_run_that_returns_another_count(returned):
+    """A notebook's `run` returning no list, or one of another length than the scenarios it was given, stopped in
+    `zip(strict=True)` with a ValueError or a TypeError (or, unchecked, would pair probes with others' evidence)."""
+    _refused(_search(make=lambda item, rate, num_requests: item, run=lambda scenarios: returned),
+             f"run returned {returned!r}: expected a list of 1 window evidences")
+
+
 @pytest.mark.parametrize("limit", ["8GiB", math.nan, -1, 0, 2.5, True])
 def test_a_memory_limit_that_is_no_count_of_bytes_is_refused_naming_it(tmp_path, limit):
     """`memory_limit_bytes="8GiB"` was a TypeError, NaN ran with no limit and -1 was refused as the run being too

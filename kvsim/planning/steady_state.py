@@ -352,6 +352,11 @@ def search_rates(make: Callable[[int, float, int], Any], num_items: int, slo: Ma
 
     def probe(batch: list[tuple[int, float, int]]) -> list[tuple[bool, Any]]:
         evidence = run([make(i, rate, n) for i, rate, n in batch])
+        # a `run` of the wrong count paired probes with other probes' evidence, or stopped in zip() (a ValueError)
+        if isinstance(evidence, (str, bytes, Mapping)) or not isinstance(evidence, Sequence) \
+                or len(evidence) != len(batch):
+            raise KvsimError(f"run returned {shown(evidence)}: expected a list of {len(batch)} window evidences, "
+                             "one per scenario it was given")
         return [(probe_passes(ev, slo), ev) for ev in evidence]
 
     drive(searches, probe)
