@@ -216,3 +216,21 @@ def test_a_steps_format_that_is_none_is_refused_with_no_steps_kept_too(tmp_path,
     scenario = kvsim.load_scenario(None, ["workload.num_requests=2", "steps=none", *fleet])
     _refused(lambda: simulate_scenario(scenario, out_dir=tmp_path / "run", steps_format="xml"), "steps_format='xml'")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("given", "named"), [({"on_point": 5}, "on_point=5"), ({"on_point": lambda: None}, "on_point="),
+                                              ({"on_note": 5}, "on_note=5"), ({"client": "tcp://x"}, "client='tcp://x'")])
+def test_plan_checks_its_callbacks_and_client_before_any_point(tmp_path, given, named):
+    """`plan(..., on_point=5)` (the fleet_sizing notebook's call, with a progress callback) was a TypeError once the
+    first point had run and been stored in points.jsonl, `client="tcp://x"` an AttributeError after the plan's
+    folder was made, and `on_note=5` was taken (called only when stored points are stale). Nothing is written now."""
+    import yaml
+
+    from kvsim.planning.plan import make_plan_spec, plan
+    from kvsim.workload.scenario import make_scenario
+    from tests.test_bad_input_sweep30 import TOY
+
+    base = make_scenario(yaml.safe_load(TOY))
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 2.0}, "gpus": ["h100-80gb"], "max_replicas": 2, "verify_factor": 0})
+    _refused(lambda: plan(base, spec, tmp_path / "plan", **given), named)
+    assert not (tmp_path / "plan").exists()

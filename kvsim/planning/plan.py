@@ -53,7 +53,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kvsim.model.errors import KvsimError, empty_item, shown
+from kvsim.model.errors import KvsimError, empty_item, expect_function, shown
 from kvsim.model.units import read_number
 from kvsim.model.yaml_io import flag_mapping, load_yaml
 from kvsim.planning.bounds import ReplicaFloor, gap_breakdown, gap_text, replica_floor, run_floor
@@ -124,8 +124,10 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
     Finished points are kept in `out_dir/points.jsonl`, so a rerun resumes where it stopped; points there of
     another `POINT_FORMAT`, or whose metrics are malformed (`point_problem`), are simulated again, and `on_note`
     gets one line saying so (one for each reason) before any point runs. A `base` that is no Scenario, a `spec`
-    that is no PlanSpec and an `out_dir` that is no path are each a `KvsimError` naming it before any point (a
-    notebook's path or dict was an AttributeError, an `out_dir` of None a TypeError, deep in the plan).
+    that is no PlanSpec, an `out_dir` that is no path, an `on_point` or `on_note` that is no function of its
+    arguments and a `client` that is no Dask client are each a `KvsimError` naming it before any point (a notebook's
+    path or dict was an AttributeError, an `out_dir` of None a TypeError, deep in the plan; `on_point=5` a TypeError
+    after the first point had run and been stored).
     `out_dir` follows kvsim's output rule (`kvsim.results.output_dir`), as `kvsim plan`'s `-o` and
     `RunResult.write` do: it is new (made here once the candidates are good) or a plan folder kvsim made, whose
     marker then lists points.jsonl; a folder kvsim did not make (a bare `tempfile.mkdtemp()`, a user's) is refused,
@@ -141,6 +143,12 @@ def plan(base: Scenario, spec: PlanSpec, out_dir: str | Path, client: Any = None
                          "makes one)")
     if not isinstance(out_dir, (str, Path)) or not str(out_dir).strip():
         raise KvsimError(f"out_dir={shown(out_dir)}: expected the folder that keeps the plan's points.jsonl")
+    # the callbacks and the client are first used after a point has run and been stored (a TypeError or an
+    # AttributeError then, the folder made and the work done): checked here, before anything
+    expect_function(on_point, "on_point", 4, "a function (finished, simulated, open, searches) or None")
+    expect_function(on_note, "on_note", 1, "a function (line) or None")
+    if client is not None and not callable(getattr(client, "submit", None)):
+        raise KvsimError(f"client={shown(client)}: expected a Dask client (distributed.Client) or None")
     with short_trace_said_once():  # a short trace: said by the first read, not by every point's
         return _plan(base, spec, out_dir, client, on_point, on_note, stand_ins)
 
