@@ -234,3 +234,20 @@ def test_plan_checks_its_callbacks_and_client_before_any_point(tmp_path, given, 
     spec = make_plan_spec({"slo": {"ttft_s.p90": 2.0}, "gpus": ["h100-80gb"], "max_replicas": 2, "verify_factor": 0})
     _refused(lambda: plan(base, spec, tmp_path / "plan", **given), named)
     assert not (tmp_path / "plan").exists()
+
+
+def test_window_evidence_refuses_columns_of_other_lengths():
+    """`window_evidence` takes a run's requests table or its columns (a dict): columns of two lengths stopped in
+    NumPy (a ValueError from broadcasting, or an IndexError), a text arrival_s in float() (a ValueError) and a
+    status given as one value was judged as one request ("no servable requests"). By the rule each names the
+    column; a table of equal columns is judged as before."""
+    from kvsim.planning.window import window_evidence
+
+    rows = 40
+    columns = {"arrival_s": [0.1 * i for i in range(rows)], "finish_s": [0.1 * i + 0.05 for i in range(rows)],
+               "status": ["finished"] * rows}
+    _refused(lambda: window_evidence({**columns, "finish_s": columns["finish_s"][:10]}),
+             "column 'finish_s' holds 10 values, not one per row of the table's 40")
+    _refused(lambda: window_evidence({**columns, "status": "finished"}), "column 'status' holds no column of values")
+    _refused(lambda: window_evidence({**columns, "arrival_s": ["x"] * rows}), "column 'arrival_s' holds ['x', ")
+    _refused(lambda: window_evidence(columns), "no column 'first_scheduled_s'")  # the next check, reached

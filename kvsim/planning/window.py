@@ -302,15 +302,34 @@ def stalled_evidence(num_requests: int, reason: str) -> dict[str, Any]:
                        "stall": reason}, STALLED)
 
 
-def _require(table: str, columns: Mapping[str, Any], names: tuple[str, ...]) -> None:
+def _require(table: str, columns: Mapping[str, Any], names: tuple[str, ...], num_rows: int | None = None) -> None:
     """A `KvsimError` naming the first of `names` the table lacks (a KeyError deep in the judging, else), or naming
-    a value that is no table at all (a `RunResult` given for its `requests`, None: `in` raised a TypeError)."""
+    a value that is no table at all (a `RunResult` given for its `requests`, None: `in` raised a TypeError), or the
+    first of `names` that is no column of `num_rows` values (of the first name's count where None): a dict of columns
+    of two lengths stopped in NumPy's broadcasting (a ValueError) or indexing (an IndexError)."""
     where = "RunResult.requests" if table == "requests" else f"RunResult.tables[{table!r}]"
     if isinstance(columns, (str, bytes)) or not isinstance(columns, Container):
         raise KvsimError(f"{table}={shown(columns)}: expected a run's {table} table ({where})")
     missing = next((name for name in names if name not in columns), None)
     if missing is not None:
         raise KvsimError(f"{table}: no column {missing!r}; expected a run's {table} table ({where})")
+    for name in names:
+        shape = np.shape(columns[name])  # a Series' or an array's without a copy
+        if num_rows is None and len(shape) == 1:
+            num_rows = shape[0]  # the first column's count is the table's
+        if shape != (num_rows,):
+            held = f"{shape[0]:,} values" if len(shape) == 1 else f"no column of values (shape {shape})"
+            rows = "" if num_rows is None else f" of the table's {num_rows:,}"
+            raise KvsimError(f"{table}: column {name!r} holds {held}, not one per row{rows}; expected a run's "
+                             f"{table} table ({where})")
+
+
+def _seconds(requests: Mapping[str, Any], name: str) -> np.ndarray:
+    """The column `name` of `requests` as float seconds, or a `KvsimError` naming it (text was a ValueError)."""
+    try:
+        return np.asarray(requests[name], dtype=float)
+    except (TypeError, ValueError):
+        raise KvsimError(f"requests: column {name!r} holds {shown(requests[name])}, not seconds") from None
 
 
 def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP_FRACTION,
@@ -331,8 +350,7 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
     if warmup_fraction + tail_fraction >= 1:
         raise KvsimError(f"warmup_fraction={warmup_fraction:g}, tail_fraction={tail_fraction:g}: leave no window")
     _require("requests", requests, ("arrival_s", "finish_s", "status"))
-    arrival = np.asarray(requests["arrival_s"], dtype=float)
-    finish = np.asarray(requests["finish_s"], dtype=float)
+    arrival, finish = (_seconds(requests, name) for name in ("arrival_s", "finish_s"))
     status = np.asarray(requests["status"])
     rejected = status == "rejected"
     servable = ~rejected
@@ -341,9 +359,9 @@ def window_evidence(requests: Mapping[str, Any], warmup_fraction: float = WARMUP
                            "rejected_fraction": num_rejected / len(arrival) if len(arrival) else 0.0}
     if servable.sum() < 2:
         return _no_window(out, EMPTY)
-    _require("requests", requests, WINDOW_COLUMNS)
+    _require("requests", requests, WINDOW_COLUMNS, len(arrival))
     if transfers is not None:
-        _require("requests", requests, ("request_id", "first_token_s", "replica"))
+        _require("requests", requests, ("request_id", "first_token_s", "replica"), len(arrival))
         _require("transfers", transfers, ("request_id", "handoff_s", "prefill_replica"))
     t0, t_last = float(arrival[servable].min()), float(arrival[servable].max())
     span = t_last - t0
