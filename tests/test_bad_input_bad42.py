@@ -33,6 +33,16 @@ def test_a_bad_slo_is_kvsims_error(slo, named):
     _refused(lambda: probe_passes({"verdict": "stable"}, slo), named)
 
 
+@pytest.mark.parametrize("evidence", [{"verdict": "stable"}, {"verdict": "stable", "ttft_s": None},
+                                      {"verdict": "stable", "ttft_s": {"p90": "fast"}}])
+def test_evidence_without_the_slos_figure_is_refused_naming_the_slo(evidence):
+    """A dict with a verdict but not window_evidence's figures was a KeyError, TypeError or ValueError in the SLO
+    reader: it is refused naming the SLO it has no number for."""
+    from kvsim.planning.slo import probe_passes
+
+    _refused(lambda: probe_passes(evidence, {"ttft_s.p90": 1.0}), "evidence: no number for ttft_s.p90")
+
+
 def _search(**given):
     from kvsim.planning.steady_state import search_rates
 

@@ -84,13 +84,18 @@ def slo_stats(evidence: Mapping[str, Any], metric: str, priority: int | None) ->
 
 def slo_values(evidence: Mapping[str, Any], slo: Mapping[str, float]) -> dict[str, float]:
     """Each SLO's measured value over the window, or over its class's requests there (inf when none
-    produced one)."""
+    produced one); an `evidence` without that figure (a hand-made dict, not `window_evidence`'s) is a `KvsimError`
+    naming the SLO."""
     check_slo(slo)
     out = {}
     for key in slo:
         metric, stat, priority = parse_slo_key(key)
-        value = slo_stats(evidence, metric, priority)[stat]
-        out[key] = math.inf if value is None else float(value)
+        try:  # a hand-made dict with a verdict but no such figure was a KeyError, TypeError or AttributeError
+            value = slo_stats(evidence, metric, priority)[stat]
+            out[key] = math.inf if value is None else float(value)
+        except (KeyError, TypeError, AttributeError, ValueError):
+            raise KvsimError(f"evidence: no number for {key}; expected a run's window evidence "
+                             "(kvsim.planning.window.window_evidence(result.requests))") from None
     return out
 
 
