@@ -88,7 +88,7 @@ def test_verdict_names_a_small_gain_as_a_gain():
 
 def test_one_replica_fleet_says_there_is_nothing_to_route():
     """A fleet of one (OPT-13B, max_model_len 2,048): the words give it, say "1 replica" and compare no routers."""
-    from kvsim.report.studies import Section
+    from kvsim.report.section import Section
     from kvsim.workload.scenario import load_scenario
 
     class St:  # what fleet_text reads of a Study
@@ -111,7 +111,7 @@ def test_one_replica_fleet_says_there_is_nothing_to_route():
 
 
 def test_a_mostly_unservable_trace_is_said_in_one_line_and_not_sized():
-    from kvsim.report.studies import Section
+    from kvsim.report.section import Section
 
     facts = {"unservable": True, "num_requests": 300, "max_model_len": 512,
              "passed_over": [{"name": "Mooncake", "num_too_long": 300}, {"name": "Azure conversation",
@@ -178,7 +178,7 @@ class _AzureSt:  # what fleet_text reads of a Study: the default report's engine
 def _azure_section(row_extra: dict | None = None, **facts_extra):
     """The default --quick report's fleet section on Azure's first 60 requests (figures as a run gave them): 6
     replicas with either router; `row_extra` is set in both rows, `facts_extra` in the facts."""
-    from kvsim.report.studies import Section
+    from kvsim.report.section import Section
 
     rows = [{"router": r, "replicas": 6, "prefix_cache_hit_rate": 0.0, "ttft_p50_s": p50, "ttft_p90_s": p90,
              "queue_p90_s": q, "prompt_tokens_computed": 43328, "requests_per_replica_max": busiest,
@@ -225,7 +225,7 @@ def test_a_trace_without_prompt_content_compares_no_hit_rates_and_runs_no_affini
 
 def test_the_fleet_section_quotes_the_gap_breakdown_of_the_floor():
     """With a floor and the plan's gap breakdown in the table, the sentence on the floor quotes the parts."""
-    from kvsim.report.studies import Section
+    from kvsim.report.section import Section
     from kvsim.workload.scenario import load_scenario
 
     class St:  # what fleet_text reads of a Study

@@ -154,13 +154,13 @@ def test_fleet_section_counts_the_trace_and_quotes_its_table(report_dir):
 def test_a_run_that_never_saturates_has_no_sustained_figure_not_zero():
     """Six requests at once on an H200 all run at once: nothing queues, so there is no steady state to
     average; the table keeps the gap (NaN), the words say "not saturated", the Markdown shows "–"."""
-    from kvsim.report import studies
+    from kvsim.report import capacity_study, studies
     from kvsim.report.build import _rounded
     from kvsim.report.text import fp8_text
 
     base = load_scenario(None, default=REPORT_SCENARIO, overrides=["gpu=h200"])
     st = studies.Study(base, StudyConfig(num_requests=2, workers=1, saturate_max_requests=6))  # no re-run
-    sec = studies.kv_quantization(st)
+    sec = capacity_study.kv_quantization(st)
     table = sec.tables["kv_quantization"]
     assert table.simulated_sustained_running.isna().all()
     assert (table.peak_running_transient == 6).all()

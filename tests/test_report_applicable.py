@@ -15,9 +15,10 @@ import pandas as pd
 import pytest
 
 from kvsim.model.errors import KvsimError
-from kvsim.report import offload_study, speculation_study, studies
+from kvsim.report import capacity_study, offload_study, paging_study, speculation_study, studies
 from kvsim.report.applicable import left_out_text, refused_settings
 from kvsim.report.build import build_report
+from kvsim.report.section import Section
 from kvsim.report.text import section_text
 from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
 from kvsim.workload.traces import read_mooncake
@@ -164,7 +165,7 @@ def test_a_variant_the_engine_takes_is_not_left_out():
     test_report.py's, unchanged)."""
     st = _study()
     assert refused_settings({f"engine.allocator={a}": partial(st.saturated, f"engine.allocator={a}")
-                             for a in studies.ALLOCATORS}) == {}
+                             for a in paging_study.ALLOCATORS}) == {}
     radix = _study(RADIX)
     assert refused_settings({"engine.allocator=slab-pow2": partial(radix.saturated, "engine.allocator=slab-pow2"),
                              "engine.allocator=paged": partial(radix.saturated, "engine.allocator=paged")}) \
@@ -214,12 +215,12 @@ def test_the_context_grid_leaves_out_a_max_model_len_the_pool_cannot_hold():
     4,096 tokens a sequence can hold: the user's max_model_len 4,096 fits, 8,192 (1.00 GiB) and 16,384 do not. The
     report died with the 8,192-token variant's refusal before its first run; now those rows are left out (the
     section's `left_out`, quoted in one sentence) and the rest runs."""
-    lens, refused = studies.context_lengths(_study("engine.num_gpu_blocks_override=257"))
+    lens, refused = capacity_study.context_lengths(_study("engine.num_gpu_blocks_override=257"))
     assert lens == [1024, 2048, 4096]
     assert list(refused) == ["engine.max_model_len=8192", "engine.max_model_len=16384"]
     assert refused["engine.max_model_len=8192"].startswith(
         "max_model_len=8192: one request needs 1.00 GiB of KV cache, the pool holds 0.50 GiB (257 blocks)")
-    assert studies.context_lengths(_study())[1] == {}  # the default pool (2,000-odd blocks) holds 16,384
+    assert capacity_study.context_lengths(_study())[1] == {}  # the default pool (2,000-odd blocks) holds 16,384
 
 
 def test_a_section_whose_every_run_would_be_refused_says_so_and_runs_nothing():
@@ -228,13 +229,13 @@ def test_a_section_whose_every_run_would_be_refused_says_so_and_runs_nothing():
     Prefix sharing: 100-token prompts fit max_model_len 128, but the section puts a min(2000, 128 // 2) = 64-token
     system prompt before each, 164 >= 128: every request refused, and its text read a None TTFT (a TypeError)."""
     st = _study("engine.max_model_len=512", "engine.num_gpu_blocks_override=33")
-    context = studies.context_concurrency(st)
+    context = capacity_study.context_concurrency(st)
     assert context.skipped is not None and not context.tables and st.runs_submitted == 0
     assert section_text(context, st, TINY).startswith(
         "Not run: this engine's pool cannot hold one request of any max_model_len of the section's grid (1024, 2048, "
         "4096, 8192, 16384 tokens; kvsim refuses the shortest with \"max_model_len=1024: one request needs")
     st = _study("engine.max_model_len=128", "workload.prompt_len={dist: fixed, value: 100}")
-    prefix = studies.prefix_sharing(st)
+    prefix = capacity_study.prefix_sharing(st)
     assert prefix.skipped is not None and not prefix.tables and st.runs_submitted == 0
     assert section_text(prefix, st, TINY) == (
         "Not run: with the section's 64-token system prompt before each prompt, every one of its 4 requests has a "
@@ -264,7 +265,7 @@ def test_the_formula_text_fits_no_constant_on_the_fixed_rows_when_none_was_kv_bo
                           "peak_running_transient": [144, 32], "limited_by": ["requests", "kv"]})
     facts = {"fitted_constant": 16 / 48, "fitted_constant_fixed": float("nan"), "pool_blocks": 1999,
              "num_kv_bound": 1, "other_limits": ["requests"], "vllm_max_concurrency": 7.8}
-    text = formula_text(studies.Section("formula", "f", {"capacity_formula": table}, facts), st)
+    text = formula_text(Section("formula", "f", {"capacity_formula": table}, facts), st)
     assert "nan" not in text and "gives k = 0.33 over the 1 KV-bound rows (none of the prompt c/2 + output c/2 rows " \
         "was KV-bound, so they fit no k of their own)" in text
     assert "the peak averages 0.67× the closed form" in text  # 32 / 48

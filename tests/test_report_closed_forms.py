@@ -16,7 +16,7 @@ import pytest
 
 import kvsim
 from kvsim.model.capacity_plan import plan_capacity
-from kvsim.report import studies
+from kvsim.report import capacity_study, studies
 from kvsim.report.studies import StudyConfig, saturated
 from kvsim.report.text import closed_form, formula_text
 from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario, make_scenario
@@ -42,7 +42,7 @@ def test_the_fp8_sections_closed_form_is_capacitys_and_the_simulated_decoders(ge
     The saturated run behind the row decodes 5 sequences at most (its running count shows a 6th for a step: a
     prompt's chunk admitted beside them, preempted when the decoders grow)."""
     assert gemma.mean_kv_len == 2047
-    table = studies.kv_quantization(gemma).tables["kv_quantization"].set_index("kv_cache_dtype")
+    table = capacity_study.kv_quantization(gemma).tables["kv_quantization"].set_index("kv_cache_dtype")
     (row,) = plan_capacity(gemma.model, gemma.gpu, gemma.base.engine, [2047]).rows
     assert (row.blocks_per_seq, row.prefill_blocks_per_seq) == (518, 896)
     assert list(table.closed_form_paged_at_mean_len) == [row.paged_max_seqs, row.paged_max_seqs_fp8] == [SEQS] * 2
@@ -57,7 +57,7 @@ def test_the_formulas_closed_form_counts_every_group_and_its_prompt_chunk(gemma)
     that never preempts at 2,048 tokens is that, rounded down. 4,096 tokens: decoding, 256 + 6 · 65 = 646;
     prefilling, the full group's 256 and each sliding group's window − 1 + the chunk, cdiv(1,023 + 2,048, 16)
     + 1 = 193 (SlidingWindowSpec's worst case): 256 + 6 · 193 = 1,414, so 1 + 1,686 / 646 = 3.61."""
-    sec = studies.capacity_formula(gemma)
+    sec = capacity_study.capacity_formula(gemma)
     table = sec.tables["capacity_formula"].set_index("context_len")
     assert list(table.loc[[2048, 2047, 4096], "blocks_per_seq"]) == [518, 518, 646]
     assert list(table.loc[[2048, 2047, 4096], "closed_form_seqs"]) == [round(1 + 2204 / 518, 2)] * 2 + [
@@ -71,7 +71,7 @@ def test_a_full_attention_engines_closed_form_is_unchanged():
     base = load_scenario(None, default=REPORT_SCENARIO)
     st = studies.Study(base, StudyConfig(num_requests=2, workers=1))
     assert len(st.kv_layout.groups) == 1 and st.kv_layout.groups[0].kind == "full"
-    table = studies.kv_quantization(st).tables["kv_quantization"]
+    table = capacity_study.kv_quantization(st).tables["kv_quantization"]
     blocks_per_seq = -(-round(st.mean_kv_len) // base.engine.block_size)
     assert list(table.closed_form_paged_at_mean_len) == [(n - st.paged_null_blocks) // blocks_per_seq
                                                         for n in table.num_gpu_blocks]

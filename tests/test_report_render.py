@@ -12,7 +12,8 @@ import pytest
 from kvsim.report.build import STYLE, _markdown_to_html
 from kvsim.report.figures import fig_context, fig_fleet, fig_load, save_figure
 from kvsim.report.fleet_traffic import AZURE_CONV, MOONCAKE
-from kvsim.report.studies import Section, StudyConfig
+from kvsim.report.section import Section
+from kvsim.report.studies import StudyConfig
 from kvsim.report.summary import summary_lines, summary_markdown
 
 CFG = StudyConfig(ttft_slo_s=2.0)

@@ -123,14 +123,14 @@ def test_a_workload_with_priority_classes_gets_each_class_latency_in_the_report(
     paged sustained rate it grids from; the report writes each section's tables as CSV, `test_report.py`). Under
     `--scheduling-policy priority` the class served first (priority 0) waits no longer than the other at the
     grid's highest load, and every load point has a row per class."""
-    from kvsim.report import studies
+    from kvsim.report import paging_study, studies
     from kvsim.report.text import load_text
 
     mix = "workload.priority={classes: [{name: chat, priority: 0, weight: 1}, {name: batch, priority: 1, weight: 1}]}"
     base = load_scenario(None, [*settings("llama-3.1-8b", "h100-80gb", 1), mix, "engine.scheduling_policy=priority"],
                          default=REPORT_SCENARIO)
     st = studies.Study(base, TINY)
-    load, _ = studies.load_and_alerts(st, studies.sustained_rates(st, ("paged",)))
+    load, _ = paging_study.load_and_alerts(st, paging_study.sustained_rates(st, ("paged",)))
     by_class, curves = load.tables["load_by_priority"], load.tables["load_curves"]
     assert sorted(by_class.priority.unique()) == [0, 1]
     top = by_class[by_class.rate == by_class.rate.max()].set_index("priority")

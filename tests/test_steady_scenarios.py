@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.report import studies
+from kvsim.report import paging_study, studies
 from kvsim.workload.scenario import REPORT_SCENARIO, load_scenario
 from tests.conftest import sized
 
@@ -22,7 +22,7 @@ def test_paper_scenario_sustains_a_positive_rate_paged_over_oracle_over_max():
     cfg = studies.StudyConfig(workers=1, rate_requests=sized(100, 400), rate_max_requests=sized(400, 6400),
                               rate_max_verify_requests=sized(1200, 128_000))
     allocators = ("slab-max", "slab-oracle", "paged")  # the three the ordering names
-    rates = studies.sustained_rates(studies.Study(base, cfg), allocators).set_index("allocator").max_rate_meeting_slo
+    rates = paging_study.sustained_rates(studies.Study(base, cfg), allocators).set_index("allocator").max_rate_meeting_slo
     assert rates["slab-max"] > 0
     assert rates["paged"] > rates["slab-oracle"] > rates["slab-max"]
 
@@ -76,7 +76,7 @@ def test_the_report_prices_a_data_parallel_group_by_all_its_gpus():
                      "prompt_len": {"dist": "fixed", "value": 32}, "output_len": {"dist": "fixed", "value": 32}}})
     cfg = studies.StudyConfig(workers=1, rate_requests=100, rate_max_requests=400, rate_verify_factor=0,
                               gpu_hourly_cost=1.0)
-    (row,) = studies.sustained_rates(studies.Study(base, cfg), ("paged",)).to_dict("records")
+    (row,) = paging_study.sustained_rates(studies.Study(base, cfg), ("paged",)).to_dict("records")
     assert row["output_tokens_per_s"] > 0
     assert row["usd_per_million_output_tokens"] == pytest.approx(2 / (row["output_tokens_per_s"] * 3600) * 1e6,
                                                                  abs=1e-4)

@@ -3,7 +3,8 @@
 import pytest
 
 from kvsim.engine.simulate import simulate
-from kvsim.report.studies import Study, StudyConfig, capacity_formula
+from kvsim.report.capacity_study import capacity_formula
+from kvsim.report.studies import Study, StudyConfig
 from kvsim.workload.scenario import load_scenario
 
 POOL = ["model=llama-3.1-8b", "gpu=h100-80gb", "engine.num_gpu_blocks_override=1024",

@@ -2,7 +2,8 @@
 
     build_report(base_scenario, out_dir) → out_dir/ report.md, report.html, fig_*.png, *.csv, alerts.yaml
 
-Sections (each a table and a figure, computed in `kvsim.report.studies` and `kvsim.report.fleet_study`):
+Sections (each a table and a figure, computed by the studies of `kvsim.report.capacity_study`, `paging_study`,
+`fleet_study`, `offload_study` and `speculation_study`, each run through `kvsim.report.studies.Study`):
 context ↔ concurrency, KV quantization, prefix sharing, the capacity formula, the paging
 multiplier, load, alerts, the fleet (replicas and routing on a shipped trace), KV offload and
 speculative decoding. A section whose setting this engine refuses says why and has no figure; a
@@ -27,10 +28,18 @@ import pandas as pd  # noqa: E402
 
 from kvsim.model.capacity_plan import plan_capacity  # noqa: E402
 from kvsim.model.errors import KvsimError, expect_function  # noqa: E402
-from kvsim.report import fleet_study, offload_study, speculation_study, studies  # noqa: E402
+from kvsim.report import (  # noqa: E402
+    capacity_study,
+    fleet_study,
+    offload_study,
+    paging_study,
+    speculation_study,
+    studies,
+)
 from kvsim.report import text as report_text
 from kvsim.report.alerts import prometheus_rules  # noqa: E402
 from kvsim.report.figures import FIGURES, fig_series, save_figure  # noqa: E402
+from kvsim.report.section import Section  # noqa: E402
 from kvsim.report.summary import summary_markdown  # noqa: E402
 from kvsim.results.output_checks import check_output_dir  # noqa: E402
 from kvsim.results.output_dir import output_directory  # noqa: E402
@@ -100,11 +109,11 @@ def _build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig 
     check_output_dir(out_dir, "report")  # refuse before the long part, not after it
     cfg = cfg or studies.StudyConfig()
     st = studies.Study(base, cfg)
-    steps: tuple[Callable[[studies.Study], studies.Section | tuple[studies.Section, ...]], ...] = (
-        studies.context_concurrency, studies.kv_quantization, studies.prefix_sharing, studies.capacity_formula,
-        studies.paging_and_load, fleet_study.fleet_routing, offload_study.offload_sizing,
-        speculation_study.speculation)
-    sections: list[studies.Section] = []
+    steps: tuple[Callable[[studies.Study], Section | tuple[Section, ...]], ...] = (
+        capacity_study.context_concurrency, capacity_study.kv_quantization, capacity_study.prefix_sharing,
+        capacity_study.capacity_formula, paging_study.paging_and_load, fleet_study.fleet_routing,
+        offload_study.offload_sizing, speculation_study.speculation)
+    sections: list[Section] = []
     for index, step in enumerate(steps, 1):
         st.runs_submitted = st.runs_done = 0
         if progress is not None:
@@ -122,7 +131,7 @@ def _build_report(base: Scenario, out_dir: str | Path, cfg: studies.StudyConfig 
     return Path(out_dir)
 
 
-def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: list[studies.Section], capacity) -> None:
+def _write(tmp: Path, st: studies.Study, cfg: studies.StudyConfig, sections: list[Section], capacity) -> None:
     head = {k: v for k, v in capacity.to_dict().items() if k != "rows"}
     pd.DataFrame([head]).to_csv(tmp / "capacity.csv", index=False)
     (tmp / "alerts.yaml").write_text(prometheus_rules(cfg), encoding="utf-8")

@@ -1,5 +1,5 @@
 """The load study's latency per request priority: each load point's runs reduced to one row per priority class
-(`kvsim.report.studies.load_and_alerts`'s `load_by_priority` table)."""
+(`kvsim.report.paging_study.load_and_alerts`'s `load_by_priority` table)."""
 
 from __future__ import annotations
 

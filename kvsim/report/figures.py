@@ -23,6 +23,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLoca
 
 from kvsim.model.units import counted  # noqa: E402
 from kvsim.report import studies  # noqa: E402
+from kvsim.report.section import Section  # noqa: E402
 
 WASTE = {"token_state": ("token state (stored tokens)", "#2b8a3e"),
          "reserved": ("reserved for tokens not generated yet", "#f08c00"),
@@ -30,7 +31,7 @@ WASTE = {"token_state": ("token state (stored tokens)", "#2b8a3e"),
          "external_frag_and_others": ("external fragmentation and other", "#862e9c")}
 PAGED, SLAB, VLLM = "#1971c2", "#c92a2a", "#495057"
 
-Draw = Callable[[studies.Section, studies.StudyConfig, np.ndarray], None]  # (section, config, two axes)
+Draw = Callable[[Section, studies.StudyConfig, np.ndarray], None]  # (section, config, two axes)
 
 
 def _number(value: float, unit: str = "") -> str:
@@ -71,7 +72,7 @@ def _line(ax, df: pd.DataFrame, x: str, y: str, label: str, closed_form: bool = 
     ax.plot(df[x], df[y], label=label, **style)
 
 
-def fig_context(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
+def fig_context(sec: Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
     df = sec.tables["context_concurrency"]
     ax = axes[0]
     _line(ax, df, "max_model_len", "closed_form_paged_at_mean_len", "paged, closed form (blocks ÷ mean length)",
@@ -92,7 +93,7 @@ def fig_context(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
 
 
-def fig_fp8(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
+def fig_fp8(sec: Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
     df = sec.tables["kv_quantization"]
     names = [f"{d} KV" for d in df.kv_cache_dtype]
     numeric = df[["simulated_sustained_running", "tpot_mean_s_at_base_rate"]].astype(float)  # None → NaN: no bar
@@ -102,7 +103,7 @@ def fig_fp8(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) ->
     axes[1].set_ylabel("mean TPOT at the base rate (ms)")
 
 
-def fig_prefix(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
+def fig_prefix(sec: Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
     df = sec.tables["prefix_sharing"]
     for caching, style in ((False, "--"), (True, "-")):
         part = df[df.prefix_caching == caching]
@@ -118,7 +119,7 @@ def fig_prefix(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray)
         ax.legend(fontsize=8)
 
 
-def fig_formula(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
+def fig_formula(sec: Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
     df = sec.tables["capacity_formula"].sort_values("context_len")
     ax = axes[0]
     _line(ax, df, "context_len", "closed_form_seqs", "closed form: usable blocks ÷ blocks per sequence",
@@ -146,7 +147,7 @@ def fig_formula(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray
     axes[1].tick_params(axis="y", labelsize=8)
 
 
-def fig_paging(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
+def fig_paging(sec: Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
     df = sec.tables["waste_breakdown"]
     bottom = pd.Series(0.0, index=df.index)
     for key, (label, color) in WASTE.items():
@@ -164,7 +165,7 @@ def fig_paging(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray)
     axes[1].set_ylabel(f"sustainable rate with TTFT p90 ≤ {_number(cfg.ttft_slo_s, 's')} (req/s)")
 
 
-def fig_load(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
+def fig_load(sec: Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
     df = sec.tables["load_curves"]
     for p, color in (("p50", VLLM), ("p90", PAGED), ("p99", SLAB)):
         _line(axes[0], df, "rate", f"ttft_{p}_s", f"TTFT {p}", marker="o", color=color)
@@ -185,7 +186,7 @@ def fig_load(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -
         ax.legend(fontsize=8)
 
 
-def fig_fleet(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
+def fig_fleet(sec: Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
     df, f = sec.tables["fleet_routing"], sec.facts
     if f.get("unservable"):
         tried = ", ".join(f"{p['num_too_long']} of {f['num_requests']} {p['name']}" for p in f["passed_over"])
@@ -216,7 +217,7 @@ def fig_fleet(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) 
     axes[1].legend(fontsize=8, loc="upper center", ncols=3)
 
 
-def fig_offload(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
+def fig_offload(sec: Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
     """Prefix hit rate over all tiers and TTFT p90 against the CPU tier's size, one line per load."""
     df, f = sec.tables["offload_points"], sec.facts
     counted_hits = f["target_hit_rate"] is not None  # prefix caching off: no query counted, no hit rate
@@ -240,7 +241,7 @@ def fig_offload(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray
         ax.set_xlabel("CPU offload tier (GiB; 0: none)")
 
 
-def fig_speculation(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
+def fig_speculation(sec: Section, cfg: studies.StudyConfig, axes: np.ndarray) -> None:
     """TPOT and output throughput against the batch-size limit, without and with speculation; the crossover."""
     df, f = sec.tables["speculation"], sec.facts
     for speculative, label, color in ((False, "without speculation", VLLM),
@@ -262,7 +263,7 @@ def fig_speculation(sec: studies.Section, cfg: studies.StudyConfig, axes: np.nda
         ax.legend(fontsize=8)
 
 
-def fig_series(sec: studies.Section, cfg: studies.StudyConfig, axes: np.ndarray, alert: bool = False) -> None:
+def fig_series(sec: Section, cfg: studies.StudyConfig, axes: np.ndarray, alert: bool = False) -> None:
     """Running and waiting requests, and KV usage with its preemptions (and the alert threshold)."""
     ts = sec.tables["time_series"]
     axes[0].plot(ts.time_s, ts["vllm:num_requests_running"], label="running", color=PAGED)

@@ -41,7 +41,8 @@ from kvsim.planning.plan import Candidate, make_plan_spec, plan
 from kvsim.planning.spec import PlanSpec
 from kvsim.planning.window import TOO_SHORT
 from kvsim.report.fleet_traffic import MOONCAKE, FleetTrace, TraceTried, choose
-from kvsim.report.studies import Section, Study, variant
+from kvsim.report.section import Section
+from kvsim.report.studies import Study, variant
 from kvsim.report.study_config import StudyConfig
 from kvsim.workload.scenario import Scenario
 from kvsim.workload.traces import TraceRecord

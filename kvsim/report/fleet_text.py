@@ -11,6 +11,7 @@ import pandas as pd
 
 from kvsim.model.units import counted, dollars
 from kvsim.report import studies
+from kvsim.report.section import Section
 from kvsim.report.study_config import StudyConfig
 
 ROUTER_NAMES = {"round_robin": "round robin", "least_outstanding": "least outstanding", "affinity": "affinity"}
@@ -28,7 +29,7 @@ def too_long(passed_over: Sequence[dict[str, Any]], num_requests: int) -> str:
                         f"({p['num_too_long'] / num_requests:.0%})" for p in passed_over)
 
 
-def fleet_text(sec: studies.Section, st: studies.Study) -> str:
+def fleet_text(sec: Section, st: studies.Study) -> str:
     """The fleet section: the traffic and why that trace, the floor, replicas per router, and what affinity
     changed and why."""
     f = sec.facts

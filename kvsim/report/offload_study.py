@@ -25,7 +25,8 @@ from kvsim.planning.offload_sizing import size_offload
 from kvsim.planning.offload_sizing import variant as with_tier
 from kvsim.report.applicable import inapplicable, refusal, skipped
 from kvsim.report.fleet_study import TRACE, traffic, unbounded_hit_rate
-from kvsim.report.studies import Section, Study, variant
+from kvsim.report.section import Section
+from kvsim.report.studies import Study, variant
 from kvsim.workload.traces import read_mooncake
 
 POOL_MULTIPLES = (1, 4, 16)  # CPU tier sizes tried, in GPU KV pools

@@ -1,8 +1,8 @@
 """What one study of the report found: its tables and the facts its text quotes.
 
-A module of its own so that `kvsim.report.applicable` (which builds a skipped section) and
-`kvsim.report.studies` (whose comparisons ask `applicable` which variants an engine takes) both
-use it without importing each other.
+A module of its own so that `kvsim.report.applicable` (which builds a skipped section) and the studies
+(`kvsim.report.capacity_study`, `paging_study`, ..., whose comparisons ask `applicable` which variants an engine
+takes) both use it without importing each other.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ import pandas as pd
 
 from kvsim.model.errors import KvsimError, shown
 from kvsim.report.applicable import refusal, skipped
-from kvsim.report.studies import SATURATE, Section, Study, poisson, variant
+from kvsim.report.section import Section
+from kvsim.report.studies import SATURATE, Study, poisson, variant
 from kvsim.workload.scenario import Scenario
 
 # EAGLE-3 for Llama-3.1-8B-Instruct: mean acceptance length 2.77 at K = 7 on MT-bench, temperature 1

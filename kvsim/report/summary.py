@@ -20,11 +20,12 @@ import pandas as pd
 
 from kvsim.model.units import counted, dollars
 from kvsim.report import studies
+from kvsim.report.section import Section
 
 SIZING_ROUTER = "least_outstanding"
 
 
-def _cell(sections: list[studies.Section], table: str, key: str, value: Any, column: str) -> Any:
+def _cell(sections: list[Section], table: str, key: str, value: Any, column: str) -> Any:
     """`column` of the row of `table` whose `key` is `value`; None when any of them is missing or NaN."""
     for sec in sections:
         df = sec.tables.get(table)
@@ -36,7 +37,7 @@ def _cell(sections: list[studies.Section], table: str, key: str, value: Any, col
     return None
 
 
-def _facts(sections: list[studies.Section], key: str) -> dict[str, Any]:
+def _facts(sections: list[Section], key: str) -> dict[str, Any]:
     return next((s.facts for s in sections if s.key == key), {})
 
 
@@ -44,7 +45,7 @@ def _seconds(value: float) -> str:
     return f"{value:.3g} s"
 
 
-def summary_lines(sections: list[studies.Section], st: studies.Study, cfg: studies.StudyConfig) -> list[str]:
+def summary_lines(sections: list[Section], st: studies.Study, cfg: studies.StudyConfig) -> list[str]:
     """The box's sentences, in Markdown (bold for the answer), from the sections' tables."""
     engine, gpu = st.base.engine, st.gpu.name
     tp = engine.tensor_parallel_size
@@ -88,7 +89,7 @@ def summary_lines(sections: list[studies.Section], st: studies.Study, cfg: studi
     return lines
 
 
-def summary_markdown(sections: list[studies.Section], st: studies.Study, cfg: studies.StudyConfig) -> list[str]:
+def summary_markdown(sections: list[Section], st: studies.Study, cfg: studies.StudyConfig) -> list[str]:
     """The box as Markdown quote lines (`> ...`), or nothing when no line could be read."""
     lines = summary_lines(sections, st, cfg)
     return ["> **At a glance**", ">", *(f"> - {line}" for line in lines), ""] if lines else []

@@ -13,6 +13,7 @@ from kvsim.model.units import dollars, share
 from kvsim.report import studies
 from kvsim.report.applicable import left_out_text, skipped_text
 from kvsim.report.fleet_text import fleet_text
+from kvsim.report.section import Section
 from kvsim.report.speculation_study import speculation_text
 
 
@@ -58,7 +59,7 @@ def _change(before: float | None, after: float | None, digits: int, falling: boo
     return f"{(before / after if falling else after / before):.{digits}f}× {pair}"
 
 
-def context_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
+def context_text(sec: Section, cfg: studies.StudyConfig) -> str:
     f, df = sec.facts, sec.tables["context_concurrency"]
     first, last = df.iloc[0], df.iloc[-1]
     paged = _change(first.simulated_paged_sustained, last.simulated_paged_sustained, 2, falling=True)
@@ -75,7 +76,7 @@ def context_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
             f"follows the actual lengths (mean {f['mean_kv_len']:.0f} tokens).")
 
 
-def fp8_text(sec: studies.Section) -> str:
+def fp8_text(sec: Section) -> str:
     df = sec.tables["kv_quantization"].set_index("kv_cache_dtype")
     auto, fp8 = df.loc["auto"], df.loc["fp8"]
     tpot = ""
@@ -100,7 +101,7 @@ def fp8_text(sec: studies.Section) -> str:
     return f"{blocks}, and sustained concurrency changes by {change} from 16-bit to fp8.{caveat}{tpot}"
 
 
-def prefix_text(sec: studies.Section) -> str:
+def prefix_text(sec: Section) -> str:
     f, df = sec.facts, sec.tables["prefix_sharing"]
     biggest = df.num_requests.max()
     on = df[(df.num_requests == biggest) & df.prefix_caching].iloc[0]
@@ -150,7 +151,7 @@ def _rate_evidence(row: pd.Series, cfg: studies.StudyConfig) -> str:
             f"trend of {row.backlog_trend:+.3f} and p90 TTFT {row.ttft_p90_s:.2f} s{ci}")
 
 
-def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
+def paging_text(sec: Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
     waste = sec.tables["waste_breakdown"].set_index("allocator")
     rates = sec.tables["sustained_rate"].set_index("allocator")
     saturated = [a for a in waste.index if waste.loc[a, "limited_by"] == "kv"]
@@ -198,7 +199,7 @@ def paging_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfi
             f"Paging multiplier: {mult or 'no other allocator sustains any rate'}.{rejected}{cost}")
 
 
-def load_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
+def load_text(sec: Section, cfg: studies.StudyConfig) -> str:
     df, f = sec.tables["load_curves"], sec.facts
     ok = df[df.meets_slo]
     knee = f"the p90 TTFT meets the {cfg.ttft_slo_s} s SLO, stably, up to {ok.rate.max():g} req/s" if len(ok) else \
@@ -212,7 +213,7 @@ def load_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
             f"preemptions marked.{_by_priority_text(sec)}")
 
 
-def _by_priority_text(sec: studies.Section) -> str:
+def _by_priority_text(sec: Section) -> str:
     """With priority classes: each class's p90 TTFT at the highest rate of the grid."""
     df = sec.tables.get("load_by_priority")
     if df is None:
@@ -224,7 +225,7 @@ def _by_priority_text(sec: studies.Section) -> str:
             f"req/s: {each}.")
 
 
-def alerts_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
+def alerts_text(sec: Section, cfg: studies.StudyConfig) -> str:
     df = sec.tables["alert_firings"]
     fired = df[df.times_fired > 0]
     when = ("none fired" if fired.empty else "; ".join(
@@ -234,7 +235,7 @@ def alerts_text(sec: studies.Section, cfg: studies.StudyConfig) -> str:
             f"runs with Prometheus `for:` semantics: {when}. `alerts.yaml` holds them as a Prometheus rule file.")
 
 
-def section_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
+def section_text(sec: Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
     """The section's words; then, where it left out variants this engine refuses, a sentence quoting why."""
     if sec.skipped is not None:
         return skipped_text(sec)
@@ -243,7 +244,7 @@ def section_text(sec: studies.Section, st: studies.Study, cfg: studies.StudyConf
     return f"{text} {left_out_text(left_out)}" if left_out else text
 
 
-def _section_body(sec: studies.Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
+def _section_body(sec: Section, st: studies.Study, cfg: studies.StudyConfig) -> str:
     f = sec.facts
     if sec.key == "context":
         return context_text(sec, cfg)
@@ -282,7 +283,7 @@ def closed_form(st: studies.Study) -> str:
     return "pool_blocks ÷ blocks_per_seq"
 
 
-def formula_text(sec: studies.Section, st: studies.Study) -> str:
+def formula_text(sec: Section, st: studies.Study) -> str:
     """Three concurrency figures beside vLLM's, with the fitted constant, all from the table; where no prompt c/2 +
     output c/2 row was KV-bound (only the scenario's own mix filled the pool), no constant of those rows alone."""
     f, df = sec.facts, sec.tables["capacity_formula"]
@@ -321,7 +322,7 @@ def _needs(num_bytes: int | None, caching: bool = True) -> str:
     return f"needs a CPU tier of {_gib(num_bytes)} per replica"
 
 
-def offload_text(sec: studies.Section) -> str:
+def offload_text(sec: Section) -> str:
     """The offload section's words, every number from its tables and facts; with prefix caching off (no hit-rate
     target: `kvsim.report.offload_study`) why the tier is sized by TTFT alone."""
     f, pays, hurts = sec.facts, sec.tables["offload_pays"], sec.tables["offload_hurts"]
