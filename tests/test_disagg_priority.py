@@ -8,8 +8,9 @@ import simpy
 from conftest import make_request
 
 from kvsim.engine.clock import Wakeup
-from kvsim.fleet.disagg import Disaggregation, simulate_disagg
+from kvsim.fleet.disagg import simulate_disagg
 from kvsim.fleet.disagg_checks import synchronous
+from kvsim.fleet.disagg_pools import Disaggregation
 from kvsim.fleet.driver import replica_engines, replica_scenarios
 from kvsim.model.errors import KvsimError
 from kvsim.workload.scenario import make_scenario

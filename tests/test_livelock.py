@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.engine.builder import build_engine
-from kvsim.fleet.disagg import Disaggregation, simulate_disagg
+from kvsim.fleet.disagg import simulate_disagg
+from kvsim.fleet.disagg_pools import Disaggregation
 from kvsim.fleet.run import simulate_scenario
 from kvsim.kv import PagedAllocator, TokenContent
 from kvsim.kv.radix_cache import RadixCache

@@ -62,11 +62,11 @@ def check_decode_alike(specs: Sequence[Scenario], schedulers: Sequence[Scheduler
     instances) that may answer a turn otherwise than the first: a multi-turn conversation's next turn (open timing)
     may arrive while a turn prefills, before the decode router picks the instance that answers it, so its reply
     (none if refused, else cut at that instance's max_model_len) must be the same whichever it picks
-    (`kvsim.fleet.disagg.Disaggregation.reply_len`). A decode instance (paged, v1, one sample a request) refuses a
-    turn whose prompt reaches its max_model_len or whose KV (`Request.kv_len`, under max_model_len) its pool cannot
-    hold (`reject_reason`), so two answer alike exactly where their max_model_len and the longest KV each pool holds
-    below it (`_longest_kv`) are the same: pools of other sizes or block sizes that both hold max_model_len − 1
-    tokens, or the same number of tokens, refuse the same turns."""
+    (`kvsim.fleet.disagg_pools.Disaggregation.reply_len`). A decode instance (paged, v1, one sample a request)
+    refuses a turn whose prompt reaches its max_model_len or whose KV (`Request.kv_len`, under max_model_len) its
+    pool cannot hold (`reject_reason`), so two answer alike exactly where their max_model_len and the longest KV
+    each pool holds below it (`_longest_kv`) are the same: pools of other sizes or block sizes that both hold
+    max_model_len − 1 tokens, or the same number of tokens, refuse the same turns."""
     def limits(d: int) -> tuple[int, int, int]:
         scheduler = schedulers[d]
         return scheduler.limits.max_model_len, scheduler.alloc.num_total_slots, specs[d].engine.block_size

@@ -157,8 +157,8 @@ class OpenTurns:
     sent (`timing: open` sends turn k + 1 think times after turn k, and the arrival process sends each request as
     it takes it), so the engine's decision is known. `reply_len` (default `served_reply_len`) is the run's to
     replace where the engine that first takes a turn does not decide its reply (a disaggregated fleet's prefill
-    instance: `kvsim.fleet.disagg.Disaggregation.reply_len`). Only the conversations in progress are kept: the
-    history after the last turn sent and that turn's request."""
+    instance: `kvsim.fleet.disagg_pools.Disaggregation.reply_len`). Only the conversations in progress are kept:
+    the history after the last turn sent and that turn's request."""
 
     __slots__ = ("builder", "reply_len", "_ongoing")
 
