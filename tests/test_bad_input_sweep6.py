@@ -204,7 +204,12 @@ def test_validate_refuses_a_set_of_what_the_run_fixes(tmp_path, item, message):
     assert one_line_exit_2(["validate", run, "--gpu", "h100-80gb", "--set", item, "-o", str(tmp_path / "out")]) == (
         f"--set {item!r}: {message}")
     assert not (tmp_path / "out").exists()
-    # an engine field the run did not record may be set (one it recorded may not: tests/test_bad_input_sweep23.py)
+
+
+def test_validate_takes_a_set_of_an_engine_field_the_run_did_not_record(tmp_path):
+    """Beside the refusals above (once for all of them: the replay writes its figures, ~1 s): an engine field
+    the run did not record may be set (one it recorded may not: tests/test_bad_input_sweep23.py)."""
+    run = _measured(tmp_path, 100.5)
     result = runner.invoke(app, ["validate", run, "--gpu", "h100-80gb", "--set", "engine.max_num_batched_tokens=2048",
                                  "-o", str(tmp_path / "out"), "--format", "json"])
     assert result.exit_code == 0, result.output

@@ -177,7 +177,7 @@ def _measured(tmp_path) -> str:
 def test_validate_takes_a_calibrated_latency_from_its_flags_not_a_set(tmp_path, monkeypatch, item):
     """`--set latency.profile=p.csv` looked the file up beside the replay's temporary workload
     (`file not found: /tmp/kvsim-validate-.../p.csv`), never where it was given; `--latency` and `--profile`
-    resolve it. A constant latency (no flag gives it) is still a --set."""
+    resolve it. A constant latency (no flag gives it) is still a --set (the next test)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "p.csv").write_text("")
     run = _measured(tmp_path)
@@ -185,6 +185,15 @@ def test_validate_takes_a_calibrated_latency_from_its_flags_not_a_set(tmp_path, 
     assert one_line_exit_2([*argv, "--set", item]) == (
         f"--set {item!r}: a replay's calibrated latency is --latency calibrated --profile PATH, not a --set")
     assert not (tmp_path / "out").exists()
+
+
+def test_validate_takes_a_constant_latency_as_a_set(tmp_path, monkeypatch):
+    """Beside the refusals above (once for all of them: the replay writes its figures, ~1 s): a constant
+    latency, which no flag gives, is a --set."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.csv").write_text("")
+    run = _measured(tmp_path)
+    argv = ["validate", run, "--gpu", "h100-80gb", "-o", str(tmp_path / "out")]
     result = runner.invoke(app, [*argv, "--set", "latency.model=constant", "--set", "latency.step_s=0.01",
                                  "--format", "json"])
     assert result.exit_code == 0, result.output
