@@ -1,5 +1,7 @@
 """`kvsim plan` rows carry their evidence: the window, a 10× verification run, the floor and the price."""
 
+import json
+
 import pytest
 
 from kvsim.planning.cost import gpu_price
@@ -30,8 +32,10 @@ def test_rows_carry_window_evidence_a_long_verification_run_and_the_floor(tmp_pa
 
 
 def test_tp_counts_in_gpus_and_cost(tmp_path):
+    # a verification run as long as a probe (verify_factor 1, not 10): the counts hold whatever fleet it confirms,
+    # in a quarter of the time
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "tensor_parallel_sizes": [2], "max_replicas": 8,
-                           "gpu_hourly_cost": {"h100-80gb": 2.0}})
+                           "gpu_hourly_cost": {"h100-80gb": 2.0}, "verify_factor": 1})
     (row,) = plan(toy(), spec, tmp_path / "plan")[0]
     assert row["num_gpus"] == 2 * row["replicas"] and row["cost_per_hour"] == pytest.approx(4.0 * row["replicas"])
 
@@ -52,17 +56,37 @@ def dd_fleet(num_requests: int):
                      "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 20}}})
 
 
-def test_a_fleet_the_short_probe_flatters_is_re_searched_in_long_runs(tmp_path):
+@pytest.fixture(scope="module")
+def ddc_plan(tmp_path_factory) -> tuple[str, str]:
+    """`kvsim plan` of `dd_fleet(400)` at p90 TTFT <= 0.2 s on up to 8 round-robin replicas, run once for the two
+    tests below (each ran it): the terminal's text and plan.json's, immutable (each test parses its own rows).
+    Module-scoped, so one xdist worker runs this module's tests (tests/conftest.py)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    folder = tmp_path_factory.mktemp("ddc_plan")
+    scenario = folder / "ddc.yaml"
+    scenario.write_text(yaml.safe_dump(dd_fleet(400).model_dump(mode="json")))
+    out = folder / "plan"
+    result = CliRunner().invoke(app, ["plan", str(scenario), "--slo", "ttft_s.p90=0.2", "--gpu", "h100-80gb",
+                                      "--max-replicas", "8", "--router", "round_robin", "--workers", "1",
+                                      "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return result.output, (out / "plan.json").read_text()
+
+
+def test_a_fleet_the_short_probe_flatters_is_re_searched_in_long_runs(ddc_plan):
     """A replica holds a request in one of its 4 slots for 20 steps: capacity 4 / (20 · 10 ms) = 20 req/s.
     Two replicas get 20.1 req/s each, 0.5 % over: the backlog grows by 0.1 request a second, under the
     1 % trend tolerance, so only the waits tell. A request arriving t s into the run waits about
     0.1·t / 20 = t / 200 s. The window's p90 arrival sits at about 0.83 of the arrival span (window
     [0.2, 0.9) of it): with 400 requests (span 10 s) p90 TTFT ≈ 0.04 s + a step or two, within 0.2 s;
     with 4,000 (100 s) ≈ 0.41 s, over it. One replica (40.2 req/s on 20) is overloaded; three (13.4 each)
-    never queue. So the probes choose 2, the 10× run refuses 2, and the next count, 3, holds."""
-    spec = make_plan_spec({"slo": {"ttft_s.p90": 0.2}, "gpus": ["h100-80gb"], "max_replicas": 8,
-                           "router": "round_robin"})
-    (row,) = plan(dd_fleet(400), spec, tmp_path / "plan")[0]
+    never queue. So the probes choose 2, the 10× run refuses 2, and the next count, 3, holds. (The plan is the
+    next test's, run once for both: `ddc_plan`.)"""
+    (row,) = json.loads(ddc_plan[1])
     assert row["searched_replicas"] == 2 and row["replicas"] == 3 and row["verified"] is True
     assert row["verify_attempts"] == "2 failed, 3 held" and row["verify_num_requests"] == 4000
     # three replicas never queue: TTFT is the wait for the next step boundary (< 10 ms) plus one 10 ms step
@@ -70,34 +94,21 @@ def test_a_fleet_the_short_probe_flatters_is_re_searched_in_long_runs(tmp_path):
     assert "in the long run at 2 replicas" in row["limiting_factor"]
 
 
-def test_a_moved_answer_shows_its_own_runs_window_in_the_files_and_the_terminal(tmp_path):
+def test_a_moved_answer_shows_its_own_runs_window_in_the_files_and_the_terminal(ddc_plan):
     """The same D/D/c fleet: the answer, 3 replicas, rests on its 4,000-request run (never queues: TTFT at most
     a step boundary plus one step, 0.02 s), not on the 400-request probe of 2 replicas that the long run
     refuted (waits of about t / 200 s at t s into the run, p90 arrival near 8.3 s: 0.04 s plus a step or two,
     within 0.03..0.2). The row's window columns, its headroom and the printed evidence line are the long
     run's; the probe's are `search_*`."""
-    import json
-
-    import yaml
-    from typer.testing import CliRunner
-
-    from kvsim.cli import app
-
-    scenario = tmp_path / "ddc.yaml"
-    scenario.write_text(yaml.safe_dump(dd_fleet(400).model_dump(mode="json")))
-    out = tmp_path / "plan"
-    result = CliRunner().invoke(app, ["plan", str(scenario), "--slo", "ttft_s.p90=0.2", "--gpu", "h100-80gb",
-                                      "--max-replicas", "8", "--router", "round_robin", "--workers", "1",
-                                      "-o", str(out)])
-    assert result.exit_code == 0, result.output
-    (row,) = json.loads((out / "plan.json").read_text())
+    output, plan_json = ddc_plan
+    (row,) = json.loads(plan_json)
     assert (row["searched_replicas"], row["replicas"]) == (2, 3)
     assert row["evidence_num_requests"] == row["verify_num_requests"] == 4000 and row["search_num_requests"] == 400
     assert row["ttft_s.p90"] == row["verify_ttft_s.p90"] <= 0.02 + 1e-9 and row["verdict"] == "stable"
     assert row["num_in_window"] == row["verify_num_in_window"] and row["window_s"] == row["verify_window_s"]
     assert 0.03 < row["search_ttft_s.p90"] <= 0.2 and row["search_verdict"] == "stable"
     assert row["headroom"] == pytest.approx(1 - row["ttft_s.p90"] / 0.2)
-    line = next(text for text in result.output.splitlines() if text.startswith("evidence, "))
+    line = next(text for text in output.splitlines() if text.startswith("evidence, "))
     assert line.startswith("evidence, h100-80gb tp1: 3 replicas, 4,000-request run: stable")
     assert f"ttft_s.p90 {row['ttft_s.p90']:.4g} (95 % CI {row['ttft_s.p90_ci']})" in line
     assert f"probe of 2 replicas (400 requests): ttft_s.p90 {row['search_ttft_s.p90']:.4g}" in line
