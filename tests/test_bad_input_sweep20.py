@@ -160,10 +160,13 @@ def test_bench_kernels_replaces_its_own_earlier_results(tmp_path, monkeypatch):
         ("kernels.json", "kernels.md"), 0o666 & ~umask)
 
 
-def test_bench_vidur_write_scenarios_refuses_a_folder_it_did_not_write_and_replaces_its_own(tmp_path, traces):
+def test_bench_vidur_write_scenarios_refuses_a_folder_it_did_not_write_and_replaces_its_own(tmp_path, traces,
+                                                                                           monkeypatch):
     """`bench_vidur.py --write-scenarios DIR` wrote DIR/NAME/scenario.yaml and three traces over a user's files;
     DIR is now new or this option's earlier output, written whole (its scenario names the trace where it ends up).
-    The bench converts the Azure conversation trace of ../shared (`traces`: skips on a bare clone)."""
+    The bench converts the Azure conversation trace of ../shared (`traces`: skips on a bare clone). The refusal
+    runs the script as a process (its exit status and stderr); the runs that succeed call its `main` in this
+    process with the same arguments (~1 CPU s of interpreter start each)."""
     if not (traces / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv").is_file():
         pytest.skip("the traces folder holds no Azure 2023 conversation trace")
     args = ["--scenarios", "azure_conv", "--num-requests", "5"]
@@ -176,16 +179,21 @@ def test_bench_vidur_write_scenarios_refuses_a_folder_it_did_not_write_and_repla
         f"bench_vidur.py: error: --write-scenarios='{tmp_path / 'mine'}': exists and has no .kvsim-output marker; kvsim only "
         "replaces output it wrote itself (choose a new path)\n")
     assert (tmp_path / "mine" / "azure_conv" / "scenario.yaml").read_text() == "my notes\n"
+    script = benchmark_script("bench_vidur")
+
+    def main(folder: str) -> None:  # `python bench_vidur.py ARGS --write-scenarios FOLDER`, returning: exit 0
+        monkeypatch.setattr(sys, "argv", [*bench[1:], folder])
+        script.main()
+
     for _ in range(2):  # new, then its own earlier output
-        done = subprocess.run([*bench, str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=120)
-        assert done.returncode == 0, done.stderr
+        main(str(tmp_path / "out"))
     scenario = json.loads((tmp_path / "out" / "azure_conv" / "scenario.yaml").read_text())
     trace = Path(scenario["workload"]["trace"]["path"])
     assert trace == tmp_path / "out" / "azure_conv" / "kvsim_trace.csv" and len(trace.read_text().splitlines()) == 6
     # a folder given through one that does not exist is written where the OS puts it, and named so: the scenario
     # named `.../gone/../again/...`, a path no open() resolves while `gone` is missing
-    done = subprocess.run([*bench, "gone/../again"], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    monkeypatch.chdir(tmp_path)
+    main("gone/../again")
     scenario = json.loads((tmp_path / "again" / "azure_conv" / "scenario.yaml").read_text())
     assert scenario["workload"]["trace"]["path"] == str(tmp_path / "again" / "azure_conv" / "kvsim_trace.csv")
 
