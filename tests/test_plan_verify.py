@@ -6,6 +6,7 @@ import pytest
 
 from kvsim.planning.cost import gpu_price
 from kvsim.planning.plan import make_plan_spec, plan
+from kvsim.report.build import held_rate_per_s
 from tests.test_plan import SLO, toy
 
 
@@ -271,9 +272,17 @@ def test_a_rate_search_answer_is_the_fleet_that_held_not_the_linear_bound(tmp_pa
     if row["usd_per_million_output_tokens"] is not None:
         assert row["usd_per_million_output_tokens"] == pytest.approx(
             row["cost_per_hour"] / (row["output_tokens_per_s"] * 3600) * 1e6)
+    # the Pareto figure's rate is what the four were seen to hold: 1.1 × 300 req/s over the long run's window, not
+    # 4 × one replica's ~62 req/s (~247, under the traffic itself), which it plotted before
+    assert held_rate_per_s(row) == pytest.approx(330.0, rel=0.04)
+    assert row["replicas"] * row["rate_per_replica"] < 300
     (row,), simulated = plan(base, make_plan_spec({**settings, "verify_factor": 0}), tmp_path / "plan")
     assert simulated == 0
     assert row["replicas"] == row["searched_replicas"] >= 5 and "a linear bound" in row["limiting_factor"]
+    # no fleet ran: the linear bound, the count times the one replica's window rate, ceil(1.1 / f) · f · 300 >= 330
+    assert row["evidence_replicas"] == 1
+    assert held_rate_per_s(row) == pytest.approx(row["replicas"] * row["num_in_window"] / row["window_s"])
+    assert held_rate_per_s(row) >= 330 * 0.95
 
 
 def test_the_pooled_note_says_the_count_below_failed_only_where_it_ran():
