@@ -255,6 +255,24 @@ def test_probes_too_short_on_a_trace_shorter_than_asked_blame_the_trace_not_the_
                                           "holds no more) and were too short up to 2 replicas")
 
 
+def test_a_probe_that_took_the_whole_trace_is_not_doubled(tmp_path):
+    """A 20-row trace, 20 requests asked a probe (exactly its rows, as `scenarios/mooncake-conv-replay.yaml` asks
+    its 1,500): every probe is under the window's 50-request minimum, too short. Doubling to 40 would run the same
+    20 rows again, to the same figures: it ran them (3 points: 1 replica at 20, again at "40", 2 replicas at "40")
+    and the row said `requests_per_probe` 40 of a trace of 20. By hand: 1 and 2 replicas once each at 20, the
+    answer unjudged and the trace named, not max_probe_requests."""
+    rows = "".join(f"2023-11-16 18:17:{i // 10:02d}.{i % 10}00,256,64\n" for i in range(20))  # 10 req/s
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    base = toy().model_dump(mode="json")
+    base["workload"] = {"num_requests": 20, "arrival": {"process": "trace"},
+                        "trace": {"format": "azure", "path": "t.csv"}}
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 2, "max_probe_requests": 50})
+    rows, simulated = plan(make_scenario(base, tmp_path), spec, tmp_path / "out")
+    assert simulated == 2 and not rows[0]["feasible"] and rows[0]["requests_per_probe"] == 20
+    assert rows[0]["limiting_factor"] == ("could not be judged: its probes ran the trace's whole, 20 requests, and "
+                                          "were too short up to 2 replicas")
+
+
 def test_a_rate_search_on_a_trace_shorter_than_asked_blames_the_trace(tmp_path):
     """The rate search's unjudged row names the requests its probe was asked (40: probe_requests) beside those it
     ran (the trace's 20), as the replica search's does (`failing_probe`: the short search's level, not the run)."""

@@ -127,7 +127,8 @@ class ReplicaSearch:
             return
         ev = metrics["evidence"]
         if (ev["verdict"] == TOO_SHORT and ev["num_requests"] >= self.num_requests
-                and 2 * self.num_requests <= self.spec.max_probe_requests):
+                and 2 * self.num_requests <= self.spec.max_probe_requests
+                and self.verify.holds_more(self.base, self.num_requests)):
             longer = self._most_replicas(2 * self.num_requests)
             if longer >= self._pending:
                 self.num_requests *= 2  # this traffic is too short to judge a fleet: every count again, longer
@@ -176,7 +177,8 @@ class ReplicaSearch:
             count = max(self.results) if best is None else best
             worst = self.results[count] if best is None else self.verify.attempts[-1][1]
             why = (unjudged(self.num_requests, worst["evidence"]["num_requests"],
-                            f"up to {counted(count, 'replica')}", self.spec.max_probe_requests)
+                            f"up to {counted(count, 'replica')}", self.spec.max_probe_requests,
+                            whole_trace=not self.verify.holds_more(self.base, self.num_requests))
                    if best is None and worst["evidence"]["verdict"] == TOO_SHORT else
                    f"{why_failed(worst['evidence'], slo)} even at {counted(count, 'replica')}" if best is None else
                    f"the long run {why_failed(worst['evidence'], slo)} even at "

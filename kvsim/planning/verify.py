@@ -134,13 +134,23 @@ class Verification:
     _most: int | None | _Unread = _Unread.UNREAD  # the traffic's `most_requests`, once read
     _count: int | None = None
 
-    def long_requests(self, traffic: Scenario, probe_requests: int) -> int:
-        """A long run's requests: `verify_factor` × `probe_requests`, at most what `traffic` holds (a timestamped
-        trace's rows: `most_requests`, read once; every run of a plan takes the same trace)."""
+    def _most_requests(self, traffic: Scenario) -> int | None:
+        """`most_requests(traffic)`, read once: every run of a plan takes the same trace."""
         if self._most is _Unread.UNREAD:
             self._most = most_requests(traffic)
-        num_requests = self.spec.verify_factor * probe_requests
-        return num_requests if self._most is None else min(num_requests, self._most)
+        return self._most
+
+    def long_requests(self, traffic: Scenario, probe_requests: int) -> int:
+        """A long run's requests: `verify_factor` × `probe_requests`, at most what `traffic` holds (a timestamped
+        trace's rows: `most_requests`)."""
+        most, num_requests = self._most_requests(traffic), self.spec.verify_factor * probe_requests
+        return num_requests if most is None else min(num_requests, most)
+
+    def holds_more(self, traffic: Scenario, num_requests: int) -> bool:
+        """Whether a run of `traffic` can take more than `num_requests` requests: a probe that took a finite trace's
+        whole is not doubled (the longer run would be the same requests again, to the same figures)."""
+        most = self._most_requests(traffic)
+        return most is None or most > num_requests
 
     def next_scenario(self, traffic: Scenario, replicas: int | None, probe_requests: int,
                       probe: Metrics | None = None) -> Scenario | None:

@@ -426,13 +426,16 @@ def _class_stats(requests: Mapping[str, Any], window_rows: np.ndarray) -> dict[s
     return out
 
 
-def unjudged(num_requests: int, ran: int, where: str, max_probe_requests: int) -> str:
+def unjudged(num_requests: int, ran: int, where: str, max_probe_requests: int, whole_trace: bool = False) -> str:
     """Why a search answered nothing when its last probe of `num_requests` (`where`: at what; `ran`: the requests
     its evidence counts) was still too short to judge: the run could not be judged, not the hardware unable to
     serve the traffic; the advice to raise `max_probe_requests` only when that cap stopped the doubling (not the
-    memory limit, nor a trace shorter than the probe, `ran` < `num_requests`, which no longer probe lengthens)."""
+    memory limit, nor a trace shorter than the probe, `ran` < `num_requests`, or exactly as long, `whole_trace`,
+    which no longer probe lengthens)."""
     if ran < num_requests:
         return (f"could not be judged: its probes ran only {ran} requests ({num_requests} asked: the trace holds no "
                 f"more) and were too short {where}")
+    if whole_trace:
+        return f"could not be judged: its probes ran the trace's whole, {ran} requests, and were too short {where}"
     advice = f"; raise max_probe_requests (now {max_probe_requests})" if 2 * num_requests > max_probe_requests else ""
     return f"could not be judged: its {num_requests}-request probes were too short {where}{advice}"

@@ -81,7 +81,8 @@ class XpydSearch:
             return
         ev = metrics["evidence"]
         if (ev["verdict"] == TOO_SHORT and ev["num_requests"] >= self.num_requests
-                and 2 * self.num_requests <= self.spec.max_probe_requests):
+                and 2 * self.num_requests <= self.spec.max_probe_requests
+                and self.verify.holds_more(self.base, self.num_requests)):
             longer = self._fleet(2 * self.num_requests)
             if self.memory.fits(longer):
                 self.num_requests *= 2  # too short to judge: the same split again, twice as long
@@ -114,7 +115,8 @@ class XpydSearch:
                   **evidence_columns(ev, slo), **self.verify.columns()}
         if not self._passes():
             limiting = (unjudged(self.num_requests, ev["num_requests"], f"at {self.split_text}",
-                                 self.spec.max_probe_requests)
+                                 self.spec.max_probe_requests,
+                                 whole_trace=not self.verify.holds_more(self.base, self.num_requests))
                         if ev["verdict"] == TOO_SHORT else f"{why_failed(ev, slo)} at {self.split_text}")
             if block is not None:
                 limiting += "; " + bounded_by_memory(self.memory.over(*block))
