@@ -64,8 +64,9 @@ def test_a_trace_longer_than_the_probe_is_verified_on_its_whole(tmp_path, capsys
     assert row["verify_num_requests"] == row["evidence_num_requests"] == NUM_ROWS and row["search_num_requests"] == 100
     print_plan(rows, "trace", tmp_path / "plan", simulated, spec.verify_factor)
     out = capsys.readouterr().out
+    assert row["requests_per_probe"] == 100
     assert (f"verification, {row['candidate']}: the long run took the trace's whole, 200 requests, 2x the search's "
-            "100-request probe, not 10x: the trace holds no more;") in out
+            "100-request probes, not 10x: the trace holds no more;") in out
     assert "re-run with 10x the requests (at most a trace's whole;" in out
 
 
@@ -114,3 +115,20 @@ def test_a_split_on_a_trace_the_search_took_whole_is_verified_by_that_run(tmp_pa
     assert "evidence, h100-80gb tp1 1P1D: 1P1D (2 instances), 200-request run: stable over its window (140 " in out
     assert ("verification, h100-80gb tp1 1P1D: not re-run: the trace holds 200 requests and the search's run took "
             "them all, so verify_* is that run (window stable, every SLO met)") in out
+
+
+def test_the_capped_line_counts_the_probes_not_a_near_miss_rerun():
+    """Llama-3.1-70B TP8 on A100s over Mooncake's 12,031-row hour: 6,000-request probes, the count 19 a near miss
+    rerun long, so its `search_num_requests` is that 12,031-request run, the long run's too. Against it the line read
+    "1x the search's 12,031-request probe"; against the probes it is 12,031 / 6,000 = 2.01x. A long run of a
+    trace that held 10x (60,000 of 6,000) prints no such line, nor does the search's own run of a whole trace."""
+    from kvsim.cli.plan_command import trace_capped, trace_capped_line
+
+    row = {"candidate": "a100-80gb tp8", "verify_run": "long", "verify_num_requests": 12031,
+           "requests_per_probe": 6000, "search_num_requests": 12031}
+    assert trace_capped(row, 10)
+    assert trace_capped_line(row, 10).startswith(
+        "verification, a100-80gb tp8: the long run took the trace's whole, 12,031 requests, 2.01x the search's "
+        "6,000-request probes, not 10x")
+    assert not trace_capped({**row, "verify_num_requests": 60000}, 10)
+    assert not trace_capped({**row, "verify_run": "search"}, 10)

@@ -225,21 +225,22 @@ def search_run_line(row: dict) -> str:
 
 
 def trace_capped(row: dict, verify_factor: int) -> bool:
-    """Whether `row`'s long run took fewer than `verify_factor` × its search's probe requests: a finite trace held no
-    more (`kvsim.planning.verify.Verification.long_requests`), so the footer's "re-run with 10x the requests" did
-    not hold for it."""
-    long_run, probe = row.get("verify_num_requests"), row.get("search_num_requests")
+    """Whether `row`'s long run took fewer than `verify_factor` × its search's probe length (`requests_per_probe`,
+    what `kvsim.planning.verify.Verification.long_requests` multiplies; not `search_num_requests`, the run behind
+    `searched_replicas`, which a near miss's long rerun can be): a finite trace held no more, so the footer's
+    "re-run with 10x the requests" did not hold for it."""
+    long_run, probe = row.get("verify_num_requests"), row.get("requests_per_probe")
     return (row.get("verify_run") == "long" and long_run is not None and probe is not None
             and long_run < verify_factor * probe)
 
 
 def trace_capped_line(row: dict, verify_factor: int) -> str:
     """The line for a row whose long run a finite trace cut short of `verify_factor` × the search's probe: how long
-    it was, against the probe, so the planner does not read the footer's 10x as this candidate's check. The Azure
+    it was, against the probes, so the planner does not read the footer's 10x as this candidate's check. The Azure
     hour (19,366 requests) searched on 3,000-request probes was verified on 6.5x, with "10x" printed."""
-    long_run, probe = row["verify_num_requests"], row["search_num_requests"]
+    long_run, probe = row["verify_num_requests"], row["requests_per_probe"]
     return (f"verification, {row['candidate']}: the long run took the trace's whole, {long_run:,} requests, "
-            f"{long_run / probe:.3g}x the search's {probe:,}-request probe, not {verify_factor}x: the trace holds no "
+            f"{long_run / probe:.3g}x the search's {probe:,}-request probes, not {verify_factor}x: the trace holds no "
             "more; " + LONGER_CHECK)
 
 
