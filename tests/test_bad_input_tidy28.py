@@ -238,6 +238,31 @@ def test_the_capacity_table_says_what_the_closed_form_and_the_sustained_columns_
     assert "Sustained:" not in without.output
 
 
+def test_the_sustained_rate_is_printed_beside_its_probes_length_and_convergence(monkeypatch):
+    """`sustained_requests_per_probe` and `sustained_converged` qualify `sustained_rate_per_s` (how long the runs
+    behind it were, whether the search settled); they were printed in the concurrency table, the rate and its price
+    in the cost table below it. Both now sit in the cost table (the simulation stubbed: 3,200 requests, not
+    converged)."""
+    from typer.testing import CliRunner
+
+    import kvsim.planning.cost as cost
+    from kvsim.cli import app
+
+    def sustained(plan, *args, **kwargs):
+        return {**plan, "rows": [{**r, "sustained_rate_per_s": 1.0, "sustained_requests_per_probe": 3200,
+                                  "sustained_converged": False, "output_tokens_per_s_sustained": 2.0,
+                                  "usd_per_million_output_tokens_sustained": 3.0} for r in plan["rows"]]}
+
+    monkeypatch.setattr(cost, "add_sustained_costs", sustained)
+    out = CliRunner().invoke(app, ["capacity", "--context-lengths", "1024", "--gpu-hourly-cost", "2", "--sustained"],
+                             env={"COLUMNS": "400"})
+    assert out.exit_code == 0, out.output
+    concurrency, costs = out.output.split("Cost at that concurrency")
+    assert "sustained_requests_per_probe" not in concurrency and "sustained_converged" not in concurrency
+    assert "sustained_requests_per_probe" in costs and "3,200" in costs and "sustained_converged" in costs
+    assert "not re-run longer" in costs
+
+
 @pytest.mark.parametrize(("free_blocks", "said"), [(0, True), (100, False)])
 def test_a_full_disk_under_stdout_is_told_without_writing(tmp_path, monkeypatch, capsys, free_blocks, said):
     """Stdout a regular file on a full disk, the failed write (larger than the buffer) dropped: the file takes an

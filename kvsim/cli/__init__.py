@@ -137,7 +137,9 @@ SUSTAINED_NOTE = ("Closed form (concurrent_sequences, output_tokens_per_s_closed
                   "prompt c/2 + output c/2 started together, each ending with all c tokens of context_len c, so "
                   "pool / c of them fit (max_num_seqs caps both). Sustained: Poisson arrivals of the same lengths "
                   "in steady state, where a running sequence holds its prompt and its output so far, about 3c/4 "
-                  "on average, so more run at once and output_tokens_per_s_sustained can exceed the closed form.")
+                  "on average, so more run at once and output_tokens_per_s_sustained can exceed the closed form. "
+                  "The sustained rate is the search's, on probes of sustained_requests_per_probe requests, not re-run "
+                  "longer; kvsim report verifies its rate in runs 10x as long.")
 
 
 def _print_version(value: bool) -> None:
@@ -251,9 +253,11 @@ def capacity(
         console = Console(emoji=False)  # names as written: `:fire:` is no emoji (the headline is markup)
         console.print(capacity_headline(plan))
         console.print(rows_to_rich(data["kv_types"], title="KV by attention type (one request at max_model_len)"))
+        # the sustained rate beside its evidence (its probes' length, whether the search settled): they were printed
+        # in the concurrency table above, away from the rate and the price they qualify
         cost_keys = ("concurrent_sequences", "usd_per_concurrent_user_hour", "output_tokens_per_s_closed_form",
-                     "usd_per_million_output_tokens", "sustained_rate_per_s", "output_tokens_per_s_sustained",
-                     "usd_per_million_output_tokens_sustained")
+                     "usd_per_million_output_tokens", "sustained_rate_per_s", "sustained_requests_per_probe",
+                     "sustained_converged", "output_tokens_per_s_sustained", "usd_per_million_output_tokens_sustained")
         console.print(rows_to_rich([{k: v for k, v in r.items() if k not in cost_keys} for r in rows],
                                    title="Max concurrent sequences by context length"))
         costs = [{"context_len": r["context_len"], **{k: r[k] for k in cost_keys if k in r}} for r in rows
