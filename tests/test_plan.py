@@ -255,6 +255,26 @@ def test_probes_too_short_on_a_trace_shorter_than_asked_blame_the_trace_not_the_
                                           "holds no more) and were too short up to 2 replicas")
 
 
+def test_an_slo_missed_at_every_count_shows_how_little_doubling_the_fleet_moved_it(tmp_path):
+    """Prompts of 256 tokens in chunks of at most 64 (max_num_batched_tokens), 20 ms steps, synchronous scheduling:
+    every first token comes after at least ceil(256 / 64) = 4 steps, 0.08 s, at any fleet size (prefix caching on,
+    so the proved floor is one step and p90 TTFT <= 0.07 s is searched, not refused). Doubling 1, 2, 4, 8 replicas
+    misses at each (1 and 2 overloaded, 4 and 8 stable); the row said only "misses ttft_s.p90 even at 8 replicas",
+    as if 16 might do. It now gives the value at the two largest counts, both stable, each >= 0.08 s by the
+    argument above."""
+    import re
+
+    raw = toy().model_dump(mode="json")
+    raw["engine"].update(max_num_batched_tokens=64, async_scheduling=False)
+    spec = make_plan_spec({"slo": {"ttft_s.p90": 0.07}, "gpus": ["h100-80gb"], "max_replicas": 8})
+    (row,), _ = plan(make_scenario(raw), spec, tmp_path / "plan")
+    found = re.fullmatch(r"misses ttft_s\.p90 even at 8 replicas \(both stable: ttft_s\.p90 ([0-9.]+) s at 4, "
+                         r"([0-9.]+) s at 8 replicas, limit 0\.07 s\)", row["limiting_factor"])
+    assert found, row["limiting_factor"]
+    assert float(found[2]) == pytest.approx(row["ttft_s.p90"], rel=1e-3)
+    assert min(float(found[1]), float(found[2])) >= 4 * 0.02
+
+
 def test_a_probe_that_took_the_whole_trace_is_not_doubled(tmp_path):
     """A 20-row trace, 20 requests asked a probe (exactly its rows, as `scenarios/mooncake-conv-replay.yaml` asks
     its 1,500): every probe is under the window's 50-request minimum, too short. Doubling to 40 would run the same
