@@ -112,7 +112,7 @@ def roofline(**kwargs):
 def plans():
     decode, prefill = StepPlan(), StepPlan()
     decode.add_decodes(8, 8 * 1000, 1000, 1000)
-    prefill.add(512, 0, 1, samples=True)
+    prefill.add(512, 0, 1, logits_row=True)
     return decode, prefill
 
 

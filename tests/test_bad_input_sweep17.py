@@ -55,7 +55,7 @@ def test_a_profile_calls_cell_that_is_not_a_count_of_runs_is_named(tmp_path, cal
 
 def test_a_profile_calls_cell_written_as_a_float_counts_as_the_whole_number(tmp_path):
     plan = StepPlan()
-    plan.add(1, 1023, 16, samples=True)
+    plan.add(1, 1023, 16, logits_row=True)
     times = []
     for calls in ("2", "2.0"):
         path, _ = _native_with_calls(tmp_path / calls, calls)

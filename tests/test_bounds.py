@@ -413,7 +413,7 @@ def test_the_output_token_floor_is_no_dearer_than_a_smaller_capture_size_batch()
 
     def per_token(num_seqs):
         step = StepPlan()
-        step.add(1, 64 + 10 - 1, num_seqs, samples=True)  # the traffic's mean context, 64 + 20 / 2
+        step.add(1, 64 + 10 - 1, num_seqs, logits_row=True)  # the traffic's mean context, 64 + 20 / 2
         return latency.step_time(step) / num_seqs
 
     assert per_token(256) < per_token(257)
@@ -437,6 +437,6 @@ def test_the_output_token_floor_is_the_least_over_every_batch_the_engine_runs(ma
     least = math.inf
     for num_seqs in range(1, max_num_seqs + 1):
         step = StepPlan()
-        step.add(1, 64 + 10 - 1, num_seqs, samples=True)
+        step.add(1, 64 + 10 - 1, num_seqs, logits_row=True)
         least = min(least, latency.step_time(step) / num_seqs)
     assert replica_floor(scenario, 100.0).output_token_s == least

@@ -61,7 +61,7 @@ def model(tmp_path):
 
 def decode_plan(batch, context):
     plan = StepPlan()
-    plan.add(1, context - 1, batch, samples=True)
+    plan.add(1, context - 1, batch, logits_row=True)
     return plan
 
 
@@ -89,15 +89,15 @@ def test_monotone_in_batch_and_context(model):
 
 def test_prefill_reads_the_chunk_and_its_cached_tokens(model):
     plan = StepPlan()
-    plan.add(256, 4096, 1, samples=True)
+    plan.add(256, 4096, 1, logits_row=True)
     expected = 1e-12 * 256 * (4096 + 257 / 2) * 32 + gemm_time(256) * 4 * 32 + gemm_time(1) + missing_terms(256, 1)
     assert model.step_time(plan) == pytest.approx(expected, rel=1e-9)
 
 
 def test_a_profile_without_mixed_batches_adds_prefill_and_decode_kernels(model):
     plan = StepPlan()
-    plan.add(256, 4096, 1, samples=True)
-    plan.add(1, 1023, 16, samples=True)
+    plan.add(256, 4096, 1, logits_row=True)
+    plan.add(1, 1023, 16, logits_row=True)
     attention = (1e-12 * 256 * (4096 + 257 / 2) + decode_time(16, 1024)) * 32
     expected = attention + gemm_time(272) * 4 * 32 + gemm_time(17) + missing_terms(272, 17)
     assert model.step_time(plan) == pytest.approx(expected, rel=1e-9)

@@ -236,7 +236,7 @@ def test_the_closed_form_rate_under_speculation_divides_the_decode_steps_by_the_
     rate = cohort_output_tokens_per_s(latency, 4, 1024, num_speculative_tokens=3, acceptance_length=2.5)
     assert rate == pytest.approx(4 * 512 / (0.01 + 2048e-6 + 511 / 2.5 * (0.01 + 16e-6)))
     verify = latency.plans[-1]
-    assert (verify.num_spec_decode_seqs, verify.num_draft_tokens, verify.num_sampled) == (4, 12, 16)
+    assert (verify.num_spec_decode_seqs, verify.num_draft_tokens, verify.num_logits_rows) == (4, 12, 16)
     assert cohort_output_tokens_per_s(StepCounter(), 4, 1024) == pytest.approx(
         4 * 512 / (0.01 + 2048e-6 + 511 * (0.01 + 4e-6)))
 

@@ -54,7 +54,7 @@ def test_a_step_runs_at_the_next_capture_size_and_eager_past_the_largest(tokens,
 
 def decodes(n: int, context: int) -> StepPlan:
     plan = StepPlan()
-    plan.add(1, context - 1, n, samples=True)
+    plan.add(1, context - 1, n, logits_row=True)
     return plan
 
 
@@ -166,7 +166,7 @@ def test_a_lockstep_group_steps_at_the_padded_price():
     durations = list(simulate(scenario).steps["duration_s"])
     latency = make_latency(resolve_engine(scenario))
     prefill = StepPlan()
-    prefill.add(100, 0, 1, samples=True)
+    prefill.add(100, 0, 1, logits_row=True)
     prefill.num_dp_padded_tokens, prefill.num_dp_group_tokens = 104, 208
     expected = [latency.step_time(prefill)]
     for context in (101, 102):
@@ -230,7 +230,7 @@ def test_capacitys_closed_form_pads_its_decode_steps_as_a_run_of_the_engine_does
 
     h100 = load_gpu("h100-80gb")
     prefill = StepPlan()
-    prefill.add(32, 0, 17, samples=True)
+    prefill.add(32, 0, 17, logits_row=True)
     rates = {}
     for eager, padding in ((False, MEASURED), (True, None)):
         engine = make_engine(max_model_len=8192, max_num_seqs=128, max_num_batched_tokens=2048, enforce_eager=eager)

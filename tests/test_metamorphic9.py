@@ -108,10 +108,10 @@ def gemma_variant(tmp_path, name: str, **text_changes) -> str:
 
 def plans() -> dict[str, StepPlan]:
     decodes, chunk, mixed = StepPlan(), StepPlan(), StepPlan()
-    decodes.add(1, 700, 24, samples=True)
-    chunk.add(512, 0, 1, samples=False)
-    mixed.add(1, 1500, 6, samples=True)
-    mixed.add(300, 200, 1, samples=True)
+    decodes.add(1, 700, 24, logits_row=True)
+    chunk.add(512, 0, 1, logits_row=False)
+    mixed.add(1, 1500, 6, logits_row=True)
+    mixed.add(300, 200, 1, logits_row=True)
     return {"decodes": decodes, "chunk": chunk, "mixed": mixed}
 
 
@@ -133,7 +133,7 @@ def test_doubled_gpu_rates_halve_every_bound_term_and_keep_the_fixed_costs(tmp_p
     token_op_calls = 2 + 1 + 1 + (2 if spec.has_qk_norm else 0)  # two norms, rotary, activation, q/k norms
     fixed = (layers * gemms_per_layer * eff.gemm_floor_s
              + layers * token_op_calls * eff.token_op_floor_s * REFERENCE_CLOCK_HZ / H100.boost_clock_hz
-             + (eff.gemm_floor_s + plan.num_sampled * eff.sample_per_seq_s if plan.num_sampled else 0.0)
+             + (eff.gemm_floor_s + plan.num_logits_rows * eff.sample_per_seq_s if plan.num_logits_rows else 0.0)
              + (layers * (eff.kernel_floor_s + plan.num_decode_seqs * eff.decode_per_seq_s)
                 if plan.num_decode_seqs else 0.0)
              + (layers * eff.kernel_floor_s if plan.num_prefill_tokens else 0.0)
@@ -154,7 +154,7 @@ def test_twice_the_layers_doubles_every_per_layer_term(tmp_path, model, plan_nam
     engine, plan = make_engine(max_model_len=4096), plans()[plan_name]
     one = RooflineLatency(spec, H100, engine, overhead_s=0.0, efficiency=DATASHEET)
     two = RooflineLatency(double, H100, engine, overhead_s=0.0, efficiency=DATASHEET)
-    head = one.sequence_s(plan.num_sampled)
+    head = one.sequence_s(plan.num_logits_rows)
     first_norm = 2 * plan.num_tokens * spec.hidden_size * spec.dtype_bytes / H100.hbm_bandwidth_bytes_per_s
     assert two.step_time(plan) == pytest.approx(2 * one.step_time(plan) - head + first_norm, rel=1e-12)
 
@@ -279,7 +279,7 @@ def test_a_speculating_requests_steps_are_its_verifies_counted_by_hand(acceptanc
     roof = RooflineLatency(load_model("llama-3.1-8b"), H100, make_engine(**engine),
                            overlap_cpu=make_engine(**engine).resolved_async_scheduling)
     first = StepPlan()
-    first.add(prompt, 0, 1, samples=True)
+    first.add(prompt, 0, 1, logits_row=True)
     expected = [roof.step_time(first)]
     emitted = 1 + drafts if acceptance else 1  # tokens each verify step emits: the accepted drafts and one more
     for i in range(math.ceil((output - 1) / emitted)):  # a verify of the last token and every draft, priced whole

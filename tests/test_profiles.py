@@ -57,7 +57,7 @@ def test_bundle_rows_map_into_the_schema_and_time_a_step_by_hand(tmp_path):
     assert profile.meta["kv_cache_dtype"] == "bfloat16" and profile.meta["vocab_size"] == "128256"
     model = calibrated(profile)
     plan = StepPlan()
-    plan.add(1, 1023, 16, samples=True)  # 16 decodes at context 1024: all measured points
+    plan.add(1, 1023, 16, logits_row=True)  # 16 decodes at context 1024: all measured points
     layer_us = 30 + 20 + 100 + 50 + 2 * 2 + 3 + 4  # four GEMMs, two norms, rotary, activation (1-token times...)
     per_token = layer_us / 255  # ...which double by 256 tokens: + layer_us per 255 tokens
     layer_at_16 = layer_us + per_token * 15
@@ -71,8 +71,8 @@ def test_bundle_rows_map_into_the_schema_and_time_a_step_by_hand(tmp_path):
 def test_bundle_mixed_batches_use_the_mixed_kernel(tmp_path):
     model = calibrated(load_profile(write_bundle(tmp_path / "bf16"), LLAMA, RTX, TP1))
     plan = StepPlan()
-    plan.add(256, 1024, 1, samples=True)  # a 256-token chunk after 1024 cached tokens...
-    plan.add(1, 15, 16, samples=True)  # ...with 16 decodes at context 16
+    plan.add(256, 1024, 1, logits_row=True)  # a 256-token chunk after 1024 cached tokens...
+    plan.add(1, 15, 16, logits_row=True)  # ...with 16 decodes at context 16
     assert model.mixed
     assert model.attention_s(plan) == pytest.approx(32 * (10 + 1e-3 * (256 * 1280 + 3 * 16 * 16)) * 1e-6)
 
@@ -83,7 +83,7 @@ def test_calibrated_tensor_parallel_adds_the_allreduces_no_profile_measures(tmp_
     assert profile.meta["num_attention_heads"] == "32"  # the per-rank 16 heads times the TP degree
     model = calibrated(profile, tp2)
     plan = StepPlan()
-    plan.add(1, 1023, 16, samples=True)
+    plan.add(1, 1023, 16, logits_row=True)
     terms = model.linear_s(16) + model.token_ops_s(16) + model.attention_s(plan) + model.sequence_s(16)
     one = 16 * 4096 * 2 / (0.57 * 64e9) + 2 * 1e-6 + 8.4e-6  # ring all-reduce of 16 tokens over PCIe
     assert model.step_time(plan) == pytest.approx(terms + 2 * 32 * one, rel=1e-12)
@@ -122,7 +122,7 @@ def test_an_imported_profile_round_trips_through_the_native_csv(tmp_path):
     assert again.meta.pop("generator") == "kvsim import-profile"  # the tag that lets kvsim replace it later
     assert again.meta == profile.meta
     plan = StepPlan()
-    plan.add(100, 0, 1, samples=True)
+    plan.add(100, 0, 1, logits_row=True)
     assert calibrated(again).step_time(plan) == calibrated(profile).step_time(plan)
 
 
@@ -162,7 +162,7 @@ def test_vidur_mlp_csv_imports_its_ops_and_falls_back_for_the_rest(tmp_path, cap
     per_layer_ops = 0.01 + 0.005 + 0.005 + 0.004 + 0.003  # act, both norms, rope, add
     assert latency.token_ops_s(512) == pytest.approx((32 * 3 * per_layer_ops + 3 * 0.002) * 1e-3)
     plan = StepPlan()
-    plan.add(1, 511, 8, samples=True)
+    plan.add(1, 511, 8, logits_row=True)
     assert latency.attention_s(plan) == roof.attention_s(plan)
 
 

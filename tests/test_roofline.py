@@ -5,7 +5,7 @@ import gzip
 import re
 
 import pytest
-from conftest import VALIDATION_SET
+from conftest import VALIDATION_SET, make_request, tiny_world
 
 from kvsim.latency.efficiency import DATASHEET
 from kvsim.latency.roofline import RooflineLatency
@@ -46,7 +46,7 @@ def test_tensor_parallel_adds_two_allreduces_per_layer():
     assert tp2.allreduce_s(128) == pytest.approx(2 * 32 * one)
     assert RooflineLatency(LLAMA, RTX, TP1).allreduce_s(128) == 0.0
     plan = StepPlan()
-    plan.add(1, 511, 128, samples=True)
+    plan.add(1, 511, 128, logits_row=True)
     assert tp2.fixed_s(plan) == pytest.approx(tp2.allreduce_s(128) + tp2.cpu_s(128))
 
 
@@ -95,8 +95,8 @@ def test_mixed_step_attention_matches_the_measured_grid(model):
     predicted, measured = [], []
     for r in rows:
         plan = StepPlan()
-        plan.add(int(r["prefill_chunk"]), 0, 1, samples=True)
-        plan.add(1, int(r["kv_decode"]) - 1, int(r["n_decode"]), samples=True)
+        plan.add(int(r["prefill_chunk"]), 0, 1, logits_row=True)
+        plan.add(1, int(r["kv_decode"]) - 1, int(r["n_decode"]), logits_row=True)
         predicted.append(roof.attention_s(plan) / spec.num_layers)
         measured.append(float(r["time_us"]) * 1e-6)
     assert len(rows) > 100
@@ -209,7 +209,7 @@ def test_burst_step_times_equal_step_time_of_each_step_bit_for_bit(model, tp, ov
         fast = list(islice(burst_step_times(latency, decode_plan(contexts)), 300))
         assert fast == [latency.step_time(decode_plan([c + j for c in contexts])) for j in range(300)]
     prefill = decode_plan([100])
-    prefill.add(50, 0, 1, samples=True)
+    prefill.add(50, 0, 1, logits_row=True)
     assert latency.decode_step_times(prefill) is None  # not pure decode: priced plan by plan
 
 
@@ -242,7 +242,7 @@ def decode_plan(contexts):
     """One step decoding one token of each sequence, `contexts` its tokens after the step."""
     plan = StepPlan()
     for context in contexts:
-        plan.add(1, context - 1, 1, samples=True)
+        plan.add(1, context - 1, 1, logits_row=True)
     return plan
 
 
@@ -255,7 +255,7 @@ def test_sliding_window_layers_prefill_only_their_window():
     roof = RooflineLatency(gemma, h100, EngineConfig(max_model_len=32768), efficiency=DATASHEET)
     n = 16384
     plan = StepPlan()
-    plan.add(n, 0, 1, samples=True)
+    plan.add(n, 0, 1, logits_row=True)
     full_pairs, window_pairs = n * (n + 1) / 2, n * 1024
     flops = 4 * 32 * 128 * (10 * full_pairs + 52 * window_pairs)  # 4 · heads · head_dim per pair and layer
     kv_read = 62 * n * 2 * 16 * 128 * 2  # every layer reads the chunk's K and V (16 KV heads of 128, bf16)
@@ -279,7 +279,36 @@ def test_sliding_window_layers_read_their_window_whatever_the_kv_manager(disable
     assert roof.decode_read_bytes(1, 4096) == (12 * 4096 + 12 * 128) * 2048
     n = 4096
     plan = StepPlan()
-    plan.add(n, 0, 1, samples=True)
+    plan.add(n, 0, 1, logits_row=True)
     flops = 4 * 64 * 64 * (12 * n * (n + 1) / 2 + 12 * n * 128)  # 64 query heads of 64 per pair and layer
     kv_read = 24 * n * 2048  # every layer reads the chunk's K and V
     assert roof.attention_s(plan) == pytest.approx(flops / 989e12 + kv_read / 3.35e12, rel=1e-12)
+
+
+def test_a_v1_step_of_one_partial_chunk_prices_one_lm_head_row_and_v0s_none():
+    """vLLM v1 takes a logits row at each scheduled request's last token, a partial prefill chunk's too
+    (`GPUModelRunner._prepare_inputs`: `logits_indices = query_start_loc[1:] - 1`), and samples it; v0 takes
+    none for a chunk that does not finish its prompt (`do_sample`). A step holding only a chunk of 32 tokens
+    of a 100-token prompt: v1's costs v0's plus the LM head over one row and the sampler of one row.
+    Llama-3.1-8B's LM head: vocab 128,256 × hidden 4,096 = 525,336,576 bf16 weights, 1,050,673,152 bytes
+    read once; one row is 2 · 525,336,576 FLOPs. On the RTX PRO 6000 (1.597 TB/s, 483.6 dense bf16 TFLOP/s):
+      datasheet  √((1.0507e9 / 483.6e12)² + (1.0507e9 / 1.597e12)²) = √(2.173² + 657.9²) us = 657.9 us
+      fitted     √((1.0507e9 / (0.6902 · 483.6e12))² + (1.0507e9 / (0.95 · 1.597e12))²) + 3.797 us (GEMM floor)
+                 + 0.5 us (sampler, one row) = √(3.148² + 692.5²) + 4.297 us = 696.8 us
+    (efficiency.yaml's rtx-pro-6000 fit: gemm_flops_by_regime[0] 0.6902 below 16 rows, gemm_bandwidth 0.95,
+    gemm_floor_s 3.797e-06; sample_per_seq_s the default 0.5e-6)."""
+    plans = {}
+    for policy in ("v1", "v0"):
+        plans[policy] = StepPlan(scheduled=[(make_request(0, 0.0, 100, 5), 32)])
+        tiny_world(policy).account(plans[policy])
+    assert (plans["v1"].num_logits_rows, plans["v0"].num_logits_rows) == (1, 0)
+    lm_head_bytes, lm_head_flops = 128256 * 4096 * 2, 2 * 128256 * 4096
+    bare = RooflineLatency(LLAMA, RTX, TP1, overhead_s=0.0, efficiency=DATASHEET)
+    added = bare.step_time(plans["v1"]) - bare.step_time(plans["v0"])
+    assert added == pytest.approx(((lm_head_flops / 483.6e12) ** 2 + (lm_head_bytes / 1.597e12) ** 2) ** 0.5)
+    assert added == pytest.approx(657.9e-6, abs=0.05e-6)
+    fitted = RooflineLatency(LLAMA, RTX, TP1)
+    added = fitted.step_time(plans["v1"]) - fitted.step_time(plans["v0"])
+    by_hand = ((lm_head_flops / (0.6902 * 483.6e12)) ** 2 + (lm_head_bytes / (0.95 * 1.597e12)) ** 2) ** 0.5
+    assert added == pytest.approx(by_hand + 3.797e-6 + 0.5e-6)
+    assert added == pytest.approx(696.8e-6, abs=0.05e-6)

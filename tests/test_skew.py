@@ -88,8 +88,8 @@ def skew_bundle(root, enabled="true", label="n<=4"):
 
 
 def skewed_decodes(plan):
-    plan.add(1, 15, 3, samples=True)  # three decodes at context 16 and one at 1024
-    plan.add(1, 1023, 1, samples=True)
+    plan.add(1, 15, 3, logits_row=True)  # three decodes at context 16 and one at 1024
+    plan.add(1, 1023, 1, logits_row=True)
     return plan
 
 
@@ -107,14 +107,14 @@ def test_an_imported_bundle_corrects_decodes_of_unequal_lengths_by_hand(tmp_path
     assert model.attention_s(plan) == pytest.approx(32 * (t_mean + 0.5 * (t_max - t_mean)) * 1e-6, rel=1e-12)
     # the same decodes beside a 256-token prompt chunk: the pc=256 bucket, alpha 0.25
     mixed = StepPlan()
-    mixed.add(256, 0, 1, samples=True)
+    mixed.add(256, 0, 1, logits_row=True)
     skewed_decodes(mixed)
     t_mean, t_max = (10 + 1e-3 * (256 * 256 + 3 * 4 * kd) for kd in (268, 1024))
     assert model.attention_s(mixed) == pytest.approx(32 * (t_mean + 0.25 * (t_max - t_mean)) * 1e-6, rel=1e-12)
     # beside a 128-token chunk, which the skew sweep did not profile: no bucket (LLMServingSim's raw-pc key), so
     # alpha_default 0.05; the grid blends pc 0 and 256 halfway: 10 + 1 ns · (256 · 256 / 2 + 3 · 4 · context)
     off_grid = StepPlan()
-    off_grid.add(128, 0, 1, samples=True)
+    off_grid.add(128, 0, 1, logits_row=True)
     skewed_decodes(off_grid)
     t_mean, t_max = (10 + 1e-3 * (256 * 256 / 2 + 3 * 4 * kd) for kd in (268, 1024))
     assert model.attention_s(off_grid) == pytest.approx(32 * (t_mean + 0.05 * (t_max - t_mean)) * 1e-6, rel=1e-12)
@@ -132,9 +132,9 @@ def test_a_disabled_skew_fit_is_not_imported_and_a_bad_label_is_named(tmp_path):
 
 def test_the_plan_keeps_the_decode_contexts_range_over_both_ways_of_adding_them():
     plan = StepPlan()
-    plan.add(100, 0, 1, samples=True)  # a prefill chunk is not a decode
+    plan.add(100, 0, 1, logits_row=True)  # a prefill chunk is not a decode
     plan.add_decodes(3, 3 * 500, 900, 200)
-    plan.add(1, 99, 1, samples=True)
+    plan.add(1, 99, 1, logits_row=True)
     assert (plan.min_decode_context_tokens, plan.max_decode_context_tokens) == (100, 900)
 
 
@@ -146,12 +146,12 @@ def test_sliding_window_layers_look_the_grid_up_at_contexts_capped_by_their_wind
     profile = load_profile(write_bundle(tmp_path / "bf16"), LLAMA, RTX, TP1)
     model = CalibratedLatency(profile, windowed, TP1, RooflineLatency(windowed, RTX, TP1, overhead_s=0.0))
     plan = StepPlan()
-    plan.add(1, 1023, 16, samples=True)
+    plan.add(1, 1023, 16, logits_row=True)
     full_us, window_us = 10 + 3e-3 * 16 * 1024, 10 + 3e-3 * 16 * 512
     assert model.attention_s(plan) == pytest.approx(16 * (full_us + window_us) * 1e-6, rel=1e-12)
     # a 256-token chunk after 1024 cached tokens: the windowed layers see 512 of them
     prefill = StepPlan()
-    prefill.add(256, 1024, 1, samples=True)
+    prefill.add(256, 1024, 1, logits_row=True)
     full_us, window_us = (10 + 1e-3 * 256 * (cached + 256) for cached in (1024, 512))
     assert model.attention_s(prefill) == pytest.approx(16 * (full_us + window_us) * 1e-6, rel=1e-12)
 

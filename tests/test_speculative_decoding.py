@@ -262,12 +262,12 @@ def test_eagle_drafts_over_every_scheduled_token_then_k_minus_1_passes_over_ever
         cudagraph_padding = None
 
         def step_time(self, plan):
-            seen.append((plan.num_tokens, plan.num_seqs, plan.num_decode_seqs, plan.num_sampled,
+            seen.append((plan.num_tokens, plan.num_seqs, plan.num_decode_seqs, plan.num_logits_rows,
                          plan.sum_context_tokens, plan.attention_work))
             return 1.0
 
     plan = StepPlan()
-    plan.add(100, 50, 1, samples=False)
+    plan.add(100, 50, 1, logits_row=False)
     plan.add_verify(4, 196)
     plan.add_verify(4, 296)
     spec = SpeculativeLatency(Recording(), Recording(), 3, "eagle")
@@ -277,7 +277,7 @@ def test_eagle_drafts_over_every_scheduled_token_then_k_minus_1_passes_over_ever
                         (3, 3, 3, 3, 653, 653.0), (3, 3, 3, 3, 656, 656.0)]
     seen.clear()
     prefill_only = StepPlan()
-    prefill_only.add(64, 0, 2, samples=True)  # no verifying sequence: the head still writes the chunks' KV
+    prefill_only.add(64, 0, 2, logits_row=True)  # no verifying sequence: the head still writes the chunks' KV
     assert spec.step_time(prefill_only) == 4.0 and seen[1][:4] == (128, 2, 0, 2)
     swap_only = StepPlan(swap_out_bytes=1)
     assert spec.step_time(swap_only) == 1.0  # nothing scheduled: no pass
@@ -312,12 +312,12 @@ def test_a_draft_model_drafts_over_every_scheduled_token_plus_each_next_token_th
         cudagraph_padding = None
 
         def step_time(self, plan):
-            seen.append((plan.num_tokens, plan.num_seqs, plan.num_decode_seqs, plan.num_sampled,
+            seen.append((plan.num_tokens, plan.num_seqs, plan.num_decode_seqs, plan.num_logits_rows,
                          plan.sum_context_tokens, plan.max_context_tokens, plan.attention_work))
             return 1.0
 
     plan = StepPlan()
-    plan.add(100, 50, 1, samples=False)
+    plan.add(100, 50, 1, logits_row=False)
     plan.add_verify(4, 196)
     plan.add_verify(4, 296)
     spec = SpeculativeLatency(Recording(), Recording(), 3, "draft_model", appends_next_token=True)
@@ -329,7 +329,7 @@ def test_a_draft_model_drafts_over_every_scheduled_token_plus_each_next_token_th
                         (3, 3, 3, 3, 152 + 202 + 302, 302, 656.0), (3, 3, 3, 3, 659, 303, 659.0)]
     seen.clear()
     prefill_only = StepPlan()
-    prefill_only.add(64, 0, 2, samples=True)  # no verifying sequence: the draft model still runs
+    prefill_only.add(64, 0, 2, logits_row=True)  # no verifying sequence: the draft model still runs
     assert spec.step_time(prefill_only) == 4.0 and seen[1][:4] == (130, 2, 0, 2)
 
 

@@ -12,7 +12,7 @@ into the same terms, per tensor-parallel rank:
     token ops   non-GEMM per-token work: norms, activation, rotary, residual adds, embedding
     attention   decode sequences reading their KV, prefill chunks over cached + new tokens
                 (one mixed kernel when the profile measured mixed batches)
-    sequence    LM head and sampler over the sampled rows
+    sequence    LM head and sampler over the logits rows (`StepPlan.num_logits_rows`)
     all-reduce  two per layer when tensor_parallel_size > 1 (ring over the GPU link)
     copies      copy-on-write block copies
     overhead    CPU-side scheduling and input preparation: fixed + per sequence
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 PROFILE_COLUMNS = (
     "kind",          # one of PROFILE_KINDS
     "op",            # gemm: qkv | o | gate_up | down | lm_head; token_op / step_op / sequence_op: the op's name
-    "batch",         # decode, attention: decode sequences; sequence_op: sampled sequences; prefill: 1
+    "batch",         # decode, attention: decode sequences; sequence_op: logits rows; prefill: 1
     "context_len",   # decode: tokens per sequence; prefill, attention: the chunk's cached + new tokens
     "query_len",     # prefill, attention: new tokens of the prefill chunk (attention: 0 = pure decode)
     "num_tokens",    # gemm, token_op, step_op, moe: rows (M), the batch's tokens
@@ -65,10 +65,10 @@ PROFILE_KINDS = {
     "decode": "paged decode attention of `batch` sequences of `context_len`, one layer",
     "prefill": "causal attention of one chunk of `query_len` ending at `context_len`, one layer",
     "attention": "one attention layer of a batch mixing a prefill chunk with `batch` decodes",
-    "gemm": "one linear layer's GEMM over `num_tokens` rows (lm_head: once per step, sampled rows)",
+    "gemm": "one linear layer's GEMM over `num_tokens` rows (lm_head: once per step, logits rows)",
     "token_op": "one non-GEMM per-token op of a layer over `num_tokens`, `calls` times per layer",
     "step_op": "a per-token op run once per step (embedding, final norm) over `num_tokens`",
-    "sequence_op": "a per-step op over `batch` sampled sequences (lm_head, sampler)",
+    "sequence_op": "a per-step op over `batch` logits rows (lm_head, sampler)",
     "moe": "one expert (MoE) layer over `num_tokens` with `num_experts` distinct experts activated",
     "copy": "a device-to-device copy of `bytes`",
     "attention_skew": "α of one bucket of the skew correction for decodes of unequal lengths (`kvsim.latency.skew`)",
@@ -105,7 +105,7 @@ def burst_step_times(latency: LatencyModel, first: StepPlan) -> Iterator[float]:
 def _priced_step_times(latency: LatencyModel, first: StepPlan) -> Iterator[float]:
     """`burst_step_times` by pricing every step's plan with `step_time`."""
     plan = StepPlan(num_tokens=first.num_tokens, num_seqs=first.num_seqs, num_decode_seqs=first.num_decode_seqs,
-                    num_sampled=first.num_sampled, sum_context_tokens=first.sum_context_tokens,
+                    num_logits_rows=first.num_logits_rows, sum_context_tokens=first.sum_context_tokens,
                     sum_decode_context_tokens=first.sum_decode_context_tokens,
                     max_context_tokens=first.max_context_tokens, attention_work=first.attention_work,
                     min_decode_context_tokens=first.min_decode_context_tokens,

@@ -2,7 +2,7 @@
 
 A profile (`kvsim.latency.profiles.Profile`, schema `kvsim.latency.base.PROFILE_COLUMNS`) comes from
 `kvsim calibrate` or from an importer (LLMServingSim's bundle, Vidur's mlp.csv). For a step of
-T tokens, S sampled rows and L layers, on one tensor-parallel rank:
+T tokens, S logits rows and L layers, on one tensor-parallel rank:
 
     linear      L · Σ over qkv, o, gate_up, down of t_op(T)          linear in T between points
     token ops   L · Σ calls · t_op(T) over norms, rotary, activation  + Σ t_op(T) of the step ops
@@ -261,17 +261,17 @@ class CalibratedLatency:
             return self.roofline.token_ops_s(num_tokens)
         return self.num_layers * sum(layer_s) + sum(step_s)
 
-    def sequence_s(self, num_sampled: int) -> float:
-        if not num_sampled:
+    def sequence_s(self, num_logits_rows: int) -> float:
+        if not num_logits_rows:
             return 0.0
         total = 0.0
         for op, roof in (("lm_head", self.roofline.lm_head_s), ("sampler", self.roofline.sampler_s)):
             f = self.sequence_ops.get(op)
-            t = f(num_sampled) if f is not None else None
+            t = f(num_logits_rows) if f is not None else None
             if t is None:
                 if f is not None:
-                    self._fallback(op, f"{num_sampled} sequences")
-                t = roof(num_sampled)
+                    self._fallback(op, f"{num_logits_rows} logits rows")
+                t = roof(num_logits_rows)
             total += t
         return total
 
@@ -336,7 +336,7 @@ class CalibratedLatency:
         if plan.num_tokens:
             t = self.roofline.run_tokens(plan)
             compute = (self.linear_s(t, plan.num_dp_group_tokens) + self.token_ops_s(t) + self.attention_s(plan)
-                       + self.sequence_s(plan.num_sampled) + self.roofline.fixed_s(plan))
+                       + self.sequence_s(plan.num_logits_rows) + self.roofline.fixed_s(plan))
         return self.roofline.total_s(compute, plan)
 
 

@@ -1,6 +1,6 @@
 """The roofline latency model: datasheet rates scaled by what real kernels achieve.
 
-Per tensor-parallel rank, for a step of T tokens, S sampled rows and L layers (every term is a
+Per tensor-parallel rank, for a step of T tokens, S logits rows and L layers (every term is a
 method, so the calibrated model can fall back to any one of them):
 
     linear     L · Σ_gemm (‖(2 · P · T / (ηf(T) · F),  W / (ηb · B))‖₂ + tg)   P, W: a GEMM's params, bytes
@@ -164,7 +164,7 @@ class RooflineLatency:
         self._gemm_bw = eff.gemm_bandwidth * self.bandwidth
         # linear_s of a dense model by token count: pure, asked again and again (every burst of n sequences)
         self._dense_linear_s: dict[int, float] = {}
-        self._sequence_s: dict[int, float] = {}  # sequence_s by sampled rows: pure, asked every step
+        self._sequence_s: dict[int, float] = {}  # sequence_s by logits rows: pure, asked every step
         # a decode burst's constant terms by its first plan's sizes (`decode_step_times`): a few batch sizes
         self._decode_terms: dict[tuple[int, ...], tuple[float, float, float, float, float, float]] = {}
 
@@ -213,17 +213,18 @@ class RooflineLatency:
                 token_op_s(num_tokens, b, calls, kind, self.gpu, self.eff) for b, calls, kind in self.token_ops)
         return seconds
 
-    def lm_head_s(self, num_sampled: int) -> float:
-        return self._gemm(self.lm_head_params, num_sampled) if num_sampled else 0.0
+    def lm_head_s(self, num_logits_rows: int) -> float:
+        return self._gemm(self.lm_head_params, num_logits_rows) if num_logits_rows else 0.0
 
-    def sampler_s(self, num_sampled: int) -> float:
-        return num_sampled * self.eff.sample_per_seq_s
+    def sampler_s(self, num_logits_rows: int) -> float:
+        return num_logits_rows * self.eff.sample_per_seq_s
 
-    def sequence_s(self, num_sampled: int) -> float:
-        """LM head over the sampled rows, then the sampler."""
-        seconds = self._sequence_s.get(num_sampled)
+    def sequence_s(self, num_logits_rows: int) -> float:
+        """LM head over the logits rows, then the sampler."""
+        rows = num_logits_rows
+        seconds = self._sequence_s.get(rows)
         if seconds is None:
-            seconds = self._sequence_s[num_sampled] = self.lm_head_s(num_sampled) + self.sampler_s(num_sampled)
+            seconds = self._sequence_s[rows] = self.lm_head_s(rows) + self.sampler_s(rows)
         return seconds
 
     # -- attention -----------------------------------------------------------------------------
@@ -333,7 +334,8 @@ class RooflineLatency:
         if first.num_prefill_tokens or first.attention_work != context or first.sum_context_tokens != context:
             return None
         key = (first.num_tokens, first.num_dp_group_tokens, first.num_dp_padded_tokens, first.num_decode_seqs,
-               first.num_sampled, first.num_seqs, first.num_copied_blocks, first.swap_in_bytes, first.swap_out_bytes)
+               first.num_logits_rows, first.num_seqs, first.num_copied_blocks, first.swap_in_bytes,
+               first.swap_out_bytes)
         terms = self._decode_terms.get(key)
         if terms is None:
             terms = self._decode_terms[key] = self._decode_step_terms(first)
@@ -348,7 +350,7 @@ class RooflineLatency:
         floor = self.num_layers * (eff.kernel_floor_s + first.num_decode_seqs * eff.decode_per_seq_s)
         cpu = self.cpu_s(first.num_seqs) if self.overlap_cpu else 0.0  # `total_s`: hidden up to the compute
         swap = (first.swap_in_bytes + first.swap_out_bytes) / self.link
-        return head, floor, self.sequence_s(first.num_sampled), self.fixed_s(first), cpu, swap
+        return head, floor, self.sequence_s(first.num_logits_rows), self.fixed_s(first), cpu, swap
 
     def _decode_times(self, context: int, n: int, growth: int, head: float, floor: float, tail: float,
                       fixed: float, cpu: float, swap: float) -> Iterator[float]:
@@ -388,7 +390,7 @@ class RooflineLatency:
         if plan.num_tokens:
             t = self.run_tokens(plan)
             compute = (self.linear_s(t, plan.num_dp_group_tokens) + self.token_ops_s(t) + self.attention_s(plan)
-                       + self.sequence_s(plan.num_sampled) + self.fixed_s(plan))
+                       + self.sequence_s(plan.num_logits_rows) + self.fixed_s(plan))
         return self.total_s(compute, plan)
 
 
@@ -435,12 +437,12 @@ def cohort_output_tokens_per_s(latency: LatencyModel, num_seqs: int, context_len
     if num_seqs <= 0 or prompt <= 0:
         return 0.0
     prefill = StepPlan()
-    prefill.add(prompt, 0, num_seqs, samples=True)
+    prefill.add(prompt, 0, num_seqs, logits_row=True)
     decode = StepPlan()
     if num_speculative_tokens:
         decode.add_verify(1 + num_speculative_tokens, prompt + output // 2 - 1, num_seqs)
         decode.num_rejected_draft_tokens = round(num_seqs * (num_speculative_tokens + 1 - acceptance_length))
     else:
-        decode.add(1, prompt + output // 2 - 1, num_seqs, samples=True)
+        decode.add(1, prompt + output // 2 - 1, num_seqs, logits_row=True)
     seconds = latency.step_time(prefill) + (output - 1) / acceptance_length * latency.step_time(decode)
     return num_seqs * output / seconds

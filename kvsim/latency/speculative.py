@@ -76,13 +76,13 @@ class SpeculativeLatency:
         if self.appends_next_token:
             extra = 1
             first = StepPlan(num_tokens=plan.num_tokens + n, num_seqs=n, num_prefill_tokens=plan.num_tokens + n,
-                             num_sampled=n, sum_context_tokens=plan.sum_context_tokens + n,
+                             num_logits_rows=n, sum_context_tokens=plan.sum_context_tokens + n,
                              max_context_tokens=plan.max_context_tokens + 1,
                              attention_work=plan.attention_work + plan.sum_context_tokens + n)
         else:
             extra = 0
             first = StepPlan(num_tokens=plan.num_tokens, num_seqs=n, num_prefill_tokens=plan.num_prefill_tokens,
-                             num_decode_seqs=plan.num_decode_seqs, num_sampled=n,
+                             num_decode_seqs=plan.num_decode_seqs, num_logits_rows=n,
                              sum_context_tokens=plan.sum_context_tokens,
                              sum_decode_context_tokens=plan.sum_decode_context_tokens,
                              max_context_tokens=plan.max_context_tokens,

@@ -18,7 +18,8 @@ class StepPlan:
     num_seqs: int = 0  # sequences computing at least one token
     num_prefill_tokens: int = 0
     num_decode_seqs: int = 0
-    num_sampled: int = 0  # sequences that sample a token at the end of the step (logit rows)
+    num_logits_rows: int = 0  # hidden-state rows the LM head and sampler run on: the scheduler's count (vLLM v1:
+    # every scheduled request, a partial prefill chunk too, plus one per draft verified; v0: the sequences sampling)
     sum_context_tokens: int = 0  # Σ over sequences of context after the step (KV read)
     sum_decode_context_tokens: int = 0  # the part of sum_context_tokens from decode sequences
     max_context_tokens: int = 0
@@ -74,8 +75,9 @@ class StepPlan:
             return exact[window]
         return min(self.sum_decode_context_tokens, self.num_decode_seqs * window)
 
-    def add(self, num_new: int, past: int, num_seqs: int, samples: bool) -> None:
-        """Account `num_seqs` sequences each computing `num_new` tokens after `past` cached ones."""
+    def add(self, num_new: int, past: int, num_seqs: int, logits_row: bool) -> None:
+        """Account `num_seqs` sequences each computing `num_new` tokens after `past` cached ones, each with a
+        row of logits (its last token's) where `logits_row`: the scheduler decides (`Scheduler.account`)."""
         context = past + num_new
         self.num_tokens += num_new * num_seqs
         self.num_seqs += num_seqs
@@ -85,7 +87,7 @@ class StepPlan:
             self.sum_decode_context_tokens += context * num_seqs
         else:
             self.num_prefill_tokens += num_new * num_seqs
-        self.num_sampled += num_seqs if samples else 0
+        self.num_logits_rows += num_seqs if logits_row else 0
         self.sum_context_tokens += context * num_seqs
         self.max_context_tokens = max(self.max_context_tokens, context)
         self.attention_work += num_new * (past + (num_new + 1) / 2) * num_seqs
@@ -94,11 +96,11 @@ class StepPlan:
         """Account `num_seqs` speculative verify steps: each sequence's last sampled token and `num_new` − 1
         drafts, computed as one chunk after `past` tokens, each with a row of logits (the target checks every
         draft), the drafter to run for it next (`kvsim.latency.speculative`)."""
-        self.add(num_new, past, num_seqs, samples=True)
+        self.add(num_new, past, num_seqs, logits_row=True)
         if num_new > 1:  # `add` counted its tokens as prefill (one token after `past`: a decode)
             self.num_verify_chunk_tokens += num_new * num_seqs
             self.num_verify_chunk_seqs += num_seqs
-        self.num_sampled += num_seqs * (num_new - 1)
+        self.num_logits_rows += num_seqs * (num_new - 1)
         self.num_spec_decode_seqs += num_seqs
         self.num_draft_tokens += num_seqs * (num_new - 1)
 
@@ -106,7 +108,7 @@ class StepPlan:
                     min_context_tokens: int) -> None:
         """Account `num_seqs` one-token decodes (each after ≥ 1 cached token, each sampling) at once, of
         contexts between `min_context_tokens` and `max_context_tokens`: the same totals as
-        `add(1, context − 1, 1, samples=True)` per sequence. Every term of `attention_work` is a
+        `add(1, context − 1, 1, logits_row=True)` per sequence. Every term of `attention_work` is a
         multiple of ½ far below 2⁵³, so its float sum is exact in any order."""
         if num_seqs:
             self._decode_extremes(min_context_tokens, max_context_tokens)
@@ -114,7 +116,7 @@ class StepPlan:
         self.num_seqs += num_seqs
         self.num_decode_seqs += num_seqs
         self.sum_decode_context_tokens += sum_context_tokens
-        self.num_sampled += num_seqs
+        self.num_logits_rows += num_seqs
         self.sum_context_tokens += sum_context_tokens
         if max_context_tokens > self.max_context_tokens:
             self.max_context_tokens = max_context_tokens

@@ -174,8 +174,8 @@ def _floor(scenario: Scenario, servable_rate_per_s: Callable[[int, int], float])
     held_prompts = prompts - cached  # the prompt tokens every request holds on its own
     prompts = prompts - reused  # ... and computes
     prefill, single = StepPlan(), StepPlan()
-    prefill.add(int(chunk), 0, 1, samples=True)
-    single.add(1, context - 1, 1, samples=True)
+    prefill.add(int(chunk), 0, 1, logits_row=True)
+    single.add(1, context - 1, 1, logits_row=True)
     per_prompt_token_s = latency.step_time(prefill) / chunk
     per_output_token_s = min(latency.step_time(decodes) / decodes.num_seqs
                              for decodes in _decode_steps(latency, batch, context))
@@ -198,7 +198,7 @@ def _decode_steps(latency: LatencyModel, batch: int, context: int) -> list[StepP
     steps = []
     for num_seqs in [*(size for size in (padding.sizes if padding else ()) if size < batch), batch]:
         step = StepPlan()
-        step.add(1, context - 1, num_seqs, samples=True)
+        step.add(1, context - 1, num_seqs, logits_row=True)
         steps.append(step)
     return steps
 

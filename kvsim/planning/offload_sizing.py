@@ -49,6 +49,7 @@ from kvsim.model.units import ceil_div
 from kvsim.planning.slo import parse_slo_key
 from kvsim.planning.spec import Candidate, PlanSpec
 from kvsim.planning.sweep import run_many
+from kvsim.sched import POLICIES
 from kvsim.workload.overrides import apply_overrides
 from kvsim.workload.scenario import Scenario, make_scenario
 
@@ -108,14 +109,16 @@ def point_row(summary: dict[str, Any], load: float, cpu_bytes: int, counts_queri
 
 
 def prefill_s(base: Scenario, num_tokens: int) -> float:
-    """Seconds the engine's latency model takes to prefill `num_tokens` alone, in chunks of the step budget."""
+    """Seconds the engine's latency model takes to prefill `num_tokens` alone, in chunks of the step budget,
+    each chunk with the logits rows its scheduler's steps take (`Scheduler.logits_every_request`)."""
     spec = resolve_engine(base)
     latency, budget = make_latency(spec), spec.limits.max_num_batched_tokens
+    every = POLICIES[spec.engine.scheduler].logits_every_request
     total, past = 0.0, 0
     while past < num_tokens:
         chunk = min(budget, num_tokens - past)
         plan = StepPlan()
-        plan.add(chunk, past, 1, past + chunk == num_tokens)
+        plan.add(chunk, past, 1, every or past + chunk == num_tokens)
         total += latency.step_time(plan)
         past += chunk
     return total

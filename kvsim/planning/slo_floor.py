@@ -66,7 +66,7 @@ def slo_floor(scenario: Scenario) -> SloFloor | None:
     if least is None:
         return None
     fastest = StepPlan()
-    fastest.add(1, 0, 1, samples=True)
+    fastest.add(1, 0, 1, logits_row=True)
     step_s = make_latency(spec).step_time(fastest)
     chunk = engine.resolved_max_num_batched_tokens(spec.max_model_len, spec.gpu)
     # at best all but its last token hit the GPU cache or load from an offload tier (the load time left out)

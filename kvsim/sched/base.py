@@ -53,6 +53,8 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
 
     name = "base"
     decode_windows: tuple[int, ...] = ()  # the model's sliding windows and attention chunks (the builder's)
+    logits_every_request = False  # a logits row for each scheduled request, a partial prefill chunk's too
+    # (vLLM v1: `V1Scheduler`); else only for the sequences that sample (v0's `do_sample`)
 
     def __init__(self, allocator: KVAllocator, limits: SchedulerLimits, rng: np.random.Generator | None = None,
                  waiting: RequestQueue | None = None) -> None:
@@ -214,6 +216,10 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
         """Write the token totals of every (request, new tokens) of `plan.scheduled` (`StepPlan.add`): the
         one place a step's accounting is written, once the policy's choice is final.
 
+        A step's logits rows (`StepPlan.num_logits_rows`, what the LM head and sampler run on): one per
+        sequence that samples (its chunk reaches `num_tokens`) or, under `logits_every_request`, per scheduled
+        sequence; each verifying sequence one per token it verifies (`StepPlan.add_verify`).
+
         A plain decode (one token after ≥ 1 computed, sampling, one sequence: most entries of most
         steps) is summed here and added with the others at once (`StepPlan.add_decodes`, the same totals);
         a speculative verify step has its own totals (`StepPlan.add_verify`). Exact because planning never
@@ -223,7 +229,7 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
         """
         num_decodes = sum_context = max_context = 0
         min_context = -1
-        forked, add = self._forked, plan.add
+        forked, add, every = self._forked, plan.add, self.logits_every_request
         verifying = self.speculation.pending if self.speculation is not None else None
         for req, num_new in plan.scheduled:
             past = req.num_computed_tokens
@@ -243,7 +249,7 @@ class Scheduler(Admission, OffloadScheduling, SpeculativeSteps, AsyncSteps, Samp
                 num_seqs = _sequences(req, forked)
                 if num_new == 1 and past and past + 1 < req.prompt_len + req.num_output_tokens:  # a chunk of one
                     plan.num_one_token_chunks += num_seqs  # (`add` prices it as a decode)
-                add(num_new, past, num_seqs, past + num_new == req.num_tokens)
+                add(num_new, past, num_seqs, every or past + num_new == req.num_tokens)
                 self.num_recomputed_tokens += req.num_recomputed(past, num_new) * num_seqs
         if num_decodes:
             plan.add_decodes(num_decodes, sum_context, max_context, min_context)

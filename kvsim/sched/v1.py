@@ -77,6 +77,11 @@ def _schedule_plain_decodes(running: list[Request], start: int, budget: int, sch
 
 class V1Scheduler(Scheduler):
     name = "v1"
+    # vLLM v1's model runner takes a logits row at every scheduled request's last token and samples them all,
+    # a partial prefill chunk's too, dropping its token afterwards (`GPUModelRunner._prepare_inputs`:
+    # `logits_indices = query_start_loc[1:] - 1`, "we do so for simplicity"; `discard_request_mask`); with
+    # speculative decoding `num_draft_tokens + 1` rows a request, so 1 for a chunk (`StepPlan.add_verify`)
+    logits_every_request = True
 
     def __init__(self, allocator: KVAllocator, limits: SchedulerLimits, rng: np.random.Generator | None = None,
                  waiting: RequestQueue | None = None) -> None:
