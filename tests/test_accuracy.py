@@ -76,7 +76,7 @@ MOE = "Qwen3-30B-A3B-Instruct-2507"
 MOE_ROOFLINE_PCT = 15.0
 TARGET_NOT_MET: dict[tuple[str, str, str], str] = {
     ("Llama-3.1-8B", "calibrated", "TTFT mean (s)"): (
-        "-2.8 %: -199 ms a request, -191 ms of it queue time (queue -2.7 %), -9 ms prefill (prefill time -7.2 %); "
+        "-2.7 %: -193 ms a request, -185 ms of it queue time (queue -2.6 %), -9 ms prefill (prefill time -7.1 %); "
         "both start in the first 10 s, at light load, where the steps that prefill run longer than the profile's "
         "kernels add up to: a request prefilled alone beside at most 100 decodes takes a median 4.4 ms (8 %) longer "
         "from scheduled to first token than kvsim's steps (41 requests), beside more than 100 0.1 ms (101); single "
@@ -84,8 +84,8 @@ TARGET_NOT_MET: dict[tuple[str, str, str], str] = {
         "first step 68 ms (request 0); Qwen3-32B shows the same (its 11 requests that do not queue: prefill -27 %, "
         "the 289 that do: +0.1 %). Every op the profile measured is priced at the step's token count (linear and "
         "token ops at the CUDA-graph size, the attention grid at the chunk, its cached tokens, the decodes and their "
-        "context, LM head and sampler at the sampled rows; vLLM also computes a partial chunk's logits, which kvsim "
-        "leaves out, 0.7 ms on the one step here that samples nothing), and the excess does not depend on the step in "
+        "context, LM head and sampler at every scheduled request's row, a partial chunk's too, as vLLM v1 computes "
+        "them: 0.7 ms on the one step here that samples nothing), and the excess does not depend on the step in "
         "flight (first 10 s: a median 6.5 ms after a step outside CUDA graphs, 38 requests; 4.4 ms after one inside, "
         "73): it is in the measured engine, not in any kernel the eager one-layer profile timed, and per-request "
         "timestamps cannot say what it is (compiled kernels, launch and input preparation outside CUDA graphs, "
@@ -94,7 +94,8 @@ TARGET_NOT_MET: dict[tuple[str, str, str], str] = {
         "% and -7 %), and at 25-30 s, where vLLM admitted in bursts after clustered finishes (20 of 45 requests "
         "scheduled with another, their prompts sharing a step's token budget: 209 ms to first token against 132 ms "
         "alone), kvsim's earlier finishes came singly (13 of 45): -1.72 s of the -2.63 s prefill-time shortfall "
-        "summed over the requests, the first 10 s -0.96 s"),
+        "summed over the requests, the first 10 s -0.96 s (these per-request figures were read before kvsim priced "
+        "the partial chunk's logits row, which moved the mean TTFT by +6 ms and the summed shortfall to -2.60 s)"),
 }
 
 

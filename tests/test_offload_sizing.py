@@ -166,3 +166,25 @@ def test_the_offload_line_says_when_no_ttft_slo_was_sized_for(ttft_slo_s, size, 
     facts = {"ttft_percentile": "p90", "ttft_slo_s": ttft_slo_s, "largest_bytes": GiB, "sized_for": "h100-80gb tp1 x2"}
     sizing = SimpleNamespace(facts=facts, size_for_ttft_bytes=size, pays_from_load=None)
     assert offload_line(sizing).startswith(said)
+
+
+def test_recompute_prices_a_logits_row_per_chunk_under_v1_only():
+    """vLLM v1 takes a logits row at every scheduled request, a partial chunk's too (`logits_indices =
+    query_start_loc[1:] - 1`); v0 only at the chunk that ends the prompt. 5,000 tokens in chunks of 2,048:
+    v1's recompute costs v0's pricing of the same chunks plus two rows of LM head and sampler, one per
+    partial chunk (the 2,048 and 2,048 before the last 904)."""
+    from kvsim.engine.builder import make_latency, resolve_engine
+    from kvsim.latency.roofline import RooflineLatency
+    from kvsim.latency.step_plan import StepPlan
+
+    base = toy()
+    latency = make_latency(resolve_engine(base))
+    assert isinstance(latency, RooflineLatency)
+    last_row_only = 0.0
+    for past, chunk in ((0, 2048), (2048, 2048), (4096, 904)):
+        plan = StepPlan()
+        plan.add(chunk, past, 1, logits_row=past + chunk == 5000)
+        last_row_only += latency.step_time(plan)
+    one_row = latency.lm_head_s(1) + latency.sampler_s(1)
+    assert one_row > 1e-4  # the LM head's 1.05 GB weight read at one row
+    assert prefill_s(base, 5000) == pytest.approx(last_row_only + 2 * one_row, rel=1e-12)
