@@ -1,4 +1,5 @@
-"""Integer, number and text helpers every layer shares; a leaf module (no kvsim imports, no third-party ones)."""
+"""Integer, number and text helpers every layer shares; a leaf module (no third-party imports, no kvsim ones but
+`kvsim.model.errors`, itself stdlib alone, taken only to say a bad argument)."""
 
 import math
 from typing import Any, TypeGuard, TypeVar
@@ -74,8 +75,25 @@ def ascii_int(text: object) -> int | None:
 
 def counted(count: int, noun: str, plural: str | None = None) -> str:
     """`count` and `noun`, the noun plural unless the count is 1: `counted(1, "replica")` is '1 replica',
-    `counted(4, "replica")` '4 replicas' (`plural` for a noun whose plural is not noun + 's')."""
+    `counted(4, "replica")` '4 replicas' (`plural` for a noun whose plural is not noun + 's'). A count that is no
+    integer of at least 0 (a NumPy one will do), or a noun or plural that is no text, is a `KvsimError` naming it:
+    `counted(2, None)` was a TypeError and `counted(None, "replica")` said 'None replicas'."""
+    if type(count) is not int or count < 0 or not isinstance(noun, str) or not isinstance(plural, str | None):
+        count = _counted_arguments(count, noun, plural)
     return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
+def _counted_arguments(count: object, noun: object, plural: object) -> int:
+    """`count` as an `int` when `counted`'s arguments are what it takes, else the `KvsimError` naming the first
+    that is not (the import is here: a leaf module reaches for kvsim's error only to say one)."""
+    from kvsim.model.errors import KvsimError, expect_count, shown
+
+    number = expect_count(count, "count", 0, "an integer of at least 0")
+    if not isinstance(noun, str):
+        raise KvsimError(f"noun={shown(noun)}: expected text")
+    if not isinstance(plural, str | None):
+        raise KvsimError(f"plural={shown(plural)}: expected text or None")
+    return number
 
 
 def control_character(text: str) -> str | None:

@@ -9,7 +9,7 @@ value. It was a plain dataclass: `StudyConfig(num_requests='x')` was accepted an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
@@ -77,12 +77,17 @@ class StudyConfig(WholeSettings):
                                  "it would reach no run; drop it")
 
     @classmethod
-    def quick(cls) -> StudyConfig:
-        """A smoke run's knobs. Its fleet search probes only the section's 60 requests and re-runs nothing (the
-        section says so): with the full report's cap and verify factor it doubled them to 1,920 on the default
-        scenario (Azure's; shorter windows too short to judge) and verified on 19,200, 32 of `--quick`'s 46 CPU s."""
-        return cls(num_requests=60, load_fractions=(0.25, 0.75, 1.0, 1.5), shared_prefix_counts=(4, 16),
-                   fleet_requests=60, fleet_max_probe_requests=60, fleet_verify_factor=0,  # the fleet: a smoke run
-                   fleet_max_replicas=8, rate_requests=200, rate_max_requests=800,
-                   rate_max_verify_requests=1600, saturate_max_requests=3000, offload_requests=60,
-                   offload_loads=(1.0,), speculation_batch_sizes=(1, 16, 128))
+    def quick(cls, **overrides: Any) -> StudyConfig:
+        """A smoke run's knobs, `overrides` (fields, as `StudyConfig(...)` takes them) over them and checked as
+        theirs: `quick(workers=2)`; an unknown or bad one is the `KvsimError` line `StudyConfig(...)` gives
+        (`quick(x=1)` was Python's unexpected-keyword TypeError). Its fleet search probes only the section's 60
+        requests and re-runs nothing (the section says so): with the full report's cap and verify factor it doubled
+        them to 1,920 on the default scenario (Azure's; shorter windows too short to judge) and verified on 19,200,
+        32 of `--quick`'s 46 CPU s."""
+        smoke: dict[str, Any] = dict(
+            num_requests=60, load_fractions=(0.25, 0.75, 1.0, 1.5), shared_prefix_counts=(4, 16),
+            fleet_requests=60, fleet_max_probe_requests=60, fleet_verify_factor=0,  # the fleet: a smoke run
+            fleet_max_replicas=8, rate_requests=200, rate_max_requests=800, rate_max_verify_requests=1600,
+            saturate_max_requests=3000, offload_requests=60, offload_loads=(1.0,),
+            speculation_batch_sizes=(1, 16, 128))
+        return cls(**{**smoke, **overrides})
