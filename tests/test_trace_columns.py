@@ -45,7 +45,12 @@ def test_jsonl_and_csv_rows_carry_priority_and_acceptance_lengths(tmp_path):
     ({"prio": "high", "accepted": [1]}, "m.jsonl:1: priority column prio='high' is not an integer"),
     ({"prio": 1.5, "accepted": [1]}, "priority column prio=1.5 is not an integer"),
     ({"prio": True, "accepted": [1]}, "priority column prio=True is not an integer"),
-    ({"accepted": [1]}, "priority column prio=None is not an integer"),
+    # a row without the column: told missing, with the row's keys (it read as a None the file does not hold)
+    ({"accepted": [1]}, "m.jsonl:1: no priority column 'prio' (the row has 'timestamp,input_length,output_length,"
+                        "hash_ids,accepted')"),
+    ({"prio": 0}, "m.jsonl:1: no acceptance column 'accepted' (the row has 'timestamp,input_length,output_length,"
+                  "hash_ids,prio')"),
+    ({"prio": None, "accepted": [1]}, "priority column prio=None is not an integer"),  # there, and null
     ({"prio": 0, "accepted": [2, 0]}, "acceptance column accepted: 0 is not an acceptance length"),
     ({"prio": 0, "accepted": "two"}, "acceptance column accepted: 'two' is not an acceptance length"),
     ({"prio": 0, "accepted": 3}, "acceptance column accepted=3 is not a list of integers"),

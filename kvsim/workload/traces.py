@@ -137,7 +137,12 @@ class TraceColumns:
         return tuple(name for name in (self.priority, self.acceptance) if name is not None)
 
     def read(self, row: Mapping[str, Any], path: Path, line: int) -> dict[str, Any]:
-        """`TraceRecord` fields from `row`'s columns; a missing or malformed value raises `KvsimError`."""
+        """`TraceRecord` fields from `row`'s columns; a missing or malformed value raises `KvsimError`. A JSONL row
+        without the column (key) is told so, with the row's keys: it read as None, `priority column nope=None is
+        not an integer`, a value the file does not hold (a CSV's header is checked first, `_require_columns`)."""
+        for kind, column in (("priority", self.priority), ("acceptance", self.acceptance)):
+            if column is not None and column not in row:
+                raise bad_row(path, line, f"no {kind} column {column!r} (the row has {shown(','.join(map(str, row)))})")
         out: dict[str, Any] = {}
         if self.priority is not None:
             value = row.get(self.priority)
