@@ -170,7 +170,6 @@ def expect_progress(progress: object) -> None:
 
 def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] | Conversations, dispatch: Dispatch,
                 check: bool = False, progress: ProgressFn | None = None, bursts: bool = True,
-                num_requests: int | None = None,
                 clocks: Callable[[simpy.Environment, ArrivalClock], Sequence[ArrivalClock]] | None = None,
                 max_in_flight: int | None = None, fan_out: Callable[[Request], list[Request]] | None = None,
                 late: LateEngines | None = None) -> None:
@@ -188,7 +187,8 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] 
     one still fed, a decode instance with transfers pending, once no event is left). `bursts=True` runs
     stretches of pure decode several steps at a time (`kvsim.sched.burst`); results are identical
     to `bursts=False`, which plans every step. Every engine's recorder is finished when the run
-    ends. `num_requests`: the total for `progress` (default: the number of requests).
+    ends. `progress`'s total is the number of requests the run sends (a trace shorter than the scenario's
+    `num_requests` sends its rows: the total was `num_requests`, `10/10 requests` for a run of 3).
     `clocks(env, arrivals)`, if given, is called once the clock exists and returns the arrival clock
     each group's loop reads (default: the run's arrivals): engines fed by other engines, not by arrivals.
     `max_in_flight` (a closed-loop client, `workload.max_concurrency`): a request that arrives while that many
@@ -208,7 +208,7 @@ def run_engines(groups: Sequence[Sequence[Engine]], requests: Iterable[Request] 
     engines = [engine for group in groups for engine in group]
     turns = TurnArrivals(env, requests, engines) if isinstance(requests, Conversations) else None
     arrivals = turns if turns is not None else Arrivals(cast(Iterable[Request], requests))
-    total = num_requests if num_requests is not None else len(arrivals)
+    total = len(arrivals)
     slot_freed = Wakeup(env)  # rung only for a closed-loop client
     if turns is not None or max_in_flight is not None:
         bursts = False
@@ -312,12 +312,10 @@ def _ring_at(env: simpy.Environment, wakeup: Wakeup) -> Callable[[float], None]:
 
 def run_engine(scheduler: Scheduler, latency: LatencyModel, requests: Iterable[Request] | Conversations,
                check: bool = False, progress: ProgressFn | None = None, bursts: bool = True,
-               recorder: StepRecorder | None = None, num_requests: int | None = None,
-               max_in_flight: int | None = None) -> StepRecorder:
+               recorder: StepRecorder | None = None, max_in_flight: int | None = None) -> StepRecorder:
     """Run arrivals and one engine's step loop to completion (`run_engines` with one engine)."""
     engine = Engine(scheduler, latency, recorder if recorder is not None else StepRecorder())
-    run_engines([[engine]], requests, lambda req, now: 0, check, progress, bursts, num_requests,
-                max_in_flight=max_in_flight)
+    run_engines([[engine]], requests, lambda req, now: 0, check, progress, bursts, max_in_flight=max_in_flight)
     return engine.recorder
 
 

@@ -57,8 +57,7 @@ def simulate_data_parallel(scenario: Scenario, check: bool = False, memory_limit
     requests = iter_requests(scenario, parts[0].spec.max_model_len, rng)
     run_engines([group] if lockstep else [[engine] for engine in group], requests,
                 lambda req, now: least_loaded(group), check, bursts=False,
-                num_requests=scenario.workload.num_requests, max_in_flight=scenario.workload.max_concurrency,
-                fan_out=data_parallel_fan_out(schedulers))
+                max_in_flight=scenario.workload.max_concurrency, fan_out=data_parallel_fan_out(schedulers))
     tables: list[dict[str, np.ndarray]] = []  # each rank's requests by request_id, with its dp_rank
     for i, (p, engine) in enumerate(zip(parts, group, strict=True)):
         table = finished_requests(p, engine.recorder)
@@ -135,7 +134,6 @@ def simulate_single(scenario: Scenario, check: bool, progress: ProgressFn | None
     rng = np.random.default_rng(scenario.seed)  # the run's only source of randomness
     parts = build_engine(scenario, rng, memory_limit_bytes, steps_in_memory=recorder.keeps_all_rows)
     requests = iter_requests(scenario, parts.spec.max_model_len, rng)
-    num_requests = scenario.workload.num_requests  # an upper bound for progress (a trace may hold fewer)
     run_engine(parts.scheduler, parts.latency, requests, check=check, progress=progress, bursts=bursts,
-               recorder=recorder, num_requests=num_requests, max_in_flight=scenario.workload.max_concurrency)
+               recorder=recorder, max_in_flight=scenario.workload.max_concurrency)
     return engine_result(scenario, parts, recorder, steps_path=steps_path)

@@ -336,7 +336,7 @@ def simulate_autoscaled(scenario: Scenario, check: bool = False, progress: Progr
         return replica
 
     run_engines([[engine] for engine in engines], requests, dispatch, check, progress, bursts,
-                num_requests=scenario.workload.num_requests, clocks=scaler.start,
+                clocks=scaler.start,
                 max_in_flight=scenario.workload.max_concurrency, late=late)
     billed_span_s = scaler.env.now
     scaler.finish()

@@ -101,7 +101,7 @@ def simulate_disagg(scenario: Scenario, check: bool = False, progress: ProgressF
     if isinstance(requests, RequestStream) and requests.turns is not None:  # open multi-turn: a turn's reply is
         requests.turns.reply_len = disagg.reply_len  # decided after its prefill, maybe after its next turn came
     run_engines([[engine] for engine in engines], requests, disagg.dispatch, check, progress, bursts,
-                num_requests=scenario.workload.num_requests, clocks=disagg.clocks)
+                clocks=disagg.clocks)
     assert all(not pending for pending in disagg.pending) and all(not f for f in disagg.in_flight)
     for engine in engines:  # conservation: nothing left queued, no block held on either side
         assert not engine.scheduler.has_work and engine.scheduler.alloc.num_held_slots == 0

@@ -300,7 +300,7 @@ def _run_fleet(scenario: Scenario, check: bool, progress: ProgressFn | None, bur
         return decision.replica
 
     run_engines([[engine] for engine in engines], requests, dispatch, check, progress, bursts,
-                num_requests=scenario.workload.num_requests, max_in_flight=scenario.workload.max_concurrency)
+                max_in_flight=scenario.workload.max_concurrency)
     streams = writers[0] is not None  # then the replicas keep no steps of their own
     replica_specs = [spec.model_copy(update={"steps": "none"}) for spec in specs] if streams else specs
     runs = [engine_result(spec, p, e.recorder) for spec, p, e in zip(replica_specs, parts, engines, strict=True)]
