@@ -311,6 +311,26 @@ def test_a_rate_search_on_a_trace_shorter_than_asked_blames_the_trace(tmp_path):
                         r"and were too short at [0-9.]+ req/s per replica", rows[0]["limiting_factor"])
 
 
+def test_a_rate_search_probe_that_took_the_whole_trace_is_not_doubled(tmp_path):
+    """The rate search's rule is the replica search's (`Verification.holds_more`): a 20-row trace, 20 requests a
+    probe (its rows exactly), room to double to 40 (max_probe_requests 50). Each probe is under the window's
+    50-request minimum, too short; doubling would run the same 20 rows again (it did: `requests_per_probe` 40 of a
+    trace of 20, and 5 points). By hand: one level of 20 requests, the fraction halving from 1 while its probes
+    fail, 1, 0.5, 0.25, 0.125, the last under the search's floor of spare / max_replicas = 1.1 / 8 (ends it): 4
+    points, the row unjudged with the trace's whole named, not max_probe_requests."""
+    rows = "".join(f"2023-11-16 18:17:{i // 10:02d}.{i % 10}00,256,64\n" for i in range(20))  # 10 req/s
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    base = toy().model_dump(mode="json")
+    base["workload"] = {"num_requests": 20, "arrival": {"process": "trace"},
+                        "trace": {"format": "azure", "path": "t.csv"}}
+    spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "max_probe_requests": 50,
+                           "search": "rate", "probe_requests": 20})
+    rows, simulated = plan(make_scenario(base, tmp_path), spec, tmp_path / "out")
+    assert simulated == 4 and not rows[0]["feasible"] and rows[0]["requests_per_probe"] == 20
+    assert rows[0]["limiting_factor"] == ("could not be judged: its probes ran the trace's whole, 20 requests, and "
+                                          "were too short at 1.25 req/s per replica")
+
+
 def test_a_rate_search_whose_probes_stay_too_short_says_the_run_was_not_judged(tmp_path):
     """The rate search counts a probe still too short at its longest (20 requests, under the window's 50, and
     max_probe_requests=20 forbids the doubling) as failed: the row said "over 4 replicas; is too short at R req/s

@@ -89,18 +89,20 @@ class RateSearch:
         self.memory = MemoryBound.of(self.spec.memory_limit_bytes)
         self.cap = self.memory.most_replicas(lambda n: self.candidate.scenario(self.base, n, self.spec.router),
                                              self.spec.max_replicas)
-        enough = self.spare  # a passing fraction at which one replica is the answer
-        first = first_probe_requests(self.base, self.spec)  # then doubled as it converges
-        # a probe's run length doubles only while the probe fits in memory
-        longest = longest_probe(first, self.spec.max_probe_requests, lambda n: self.memory.fits(self._probe(n)))
-        self.first_probe_fits = self.memory.fits(self._probe(first))
-        self.search = SteadyRateSearch(1.0, first, max_requests=longest, first_tol=self.spec.rel_tol,
-                                       max_rate=enough, min_rate=enough / max(1, self.cap))
-        spare = self.spare
+        enough = spare = self.spare  # a passing fraction at which one replica is the answer
         # never down to one replica: that fleet is the search's own probe, which failed a fraction of at most
         # `spare` wherever the answer is 2 or more (else ceil(spare / f) = 1), so its long run could only fail
         self.verify = Verification(self.candidate, self.spec, self.memory,
                                    shrink=lambda traffic, n: scaled_traffic(traffic, spare, n), fewest=2)
+        first = first_probe_requests(self.base, self.spec)  # then doubled as it converges
+        # a probe's run length doubles only while the probe fits in memory and the traffic holds more requests than
+        # the probe before it took (`Verification.holds_more`, as the replica search doubles): a probe that took a
+        # finite trace's whole was doubled into the same rows again, a level of probes to the same figures
+        longest = longest_probe(first, self.spec.max_probe_requests, lambda n: self.verify.holds_more(self.base, n // 2)
+                                and self.memory.fits(self._probe(n)))
+        self.first_probe_fits = self.memory.fits(self._probe(first))
+        self.search = SteadyRateSearch(1.0, first, max_requests=longest, first_tol=self.spec.rel_tol,
+                                       max_rate=enough, min_rate=enough / max(1, self.cap))
 
     @property
     def spare(self) -> float:
@@ -190,7 +192,7 @@ class RateSearch:
             ran = failed["evidence"]["num_requests"]  # a long run was asked what it ran
             limiting = unjudged(ran if asked is None else asked, ran,
                                 f"at {failed['offered_rate_per_s']:.3g} req/s per replica",
-                                self.spec.max_probe_requests)
+                                self.spec.max_probe_requests, whole_trace=not self.verify.holds_more(self.base, ran))
         else:
             cause = shortage(failed["evidence"], failed["num_preemptions"])
             limiting = (f"{why_failed(failed['evidence'], slo)} at {failed['offered_rate_per_s']:.3g} req/s per "
