@@ -193,7 +193,8 @@ def test_a_looser_slo_never_lowers_the_rate_a_replica_sustains(planned):
 def test_the_csv_json_markdown_table_and_chosen_line_say_the_same_costs(tmp_path, planned):
     """The command on the plans' folder (its points already simulated), at $0.001 a GPU-hour: 3 replicas of 8 slots
     cost $0.003 an hour. The chosen line printed `$0.00/hour` (2 decimals) and `$0.001 per million output tokens`
-    (3) under a table that says 0.003 and 0.0009...; it now keeps 3 significant digits."""
+    (3) under a table that says 0.003 and 0.0009...; it now says the table's cells, 4 significant digits (polish46:
+    it said $47.686 beside the table's 47.69). Above it, the traffic every fleet was sized for: TOY's Poisson rate."""
     planned()
     (tmp_path / "spec.yaml").write_text(json.dumps({"verify_factor": 0}), encoding="utf-8")
     args = ["plan", str(planned.scenario), "--slo", "ttft_s.p90=0.3", "--slo", "e2e_s.p99=2", "--gpu",
@@ -218,7 +219,8 @@ def test_the_csv_json_markdown_table_and_chosen_line_say_the_same_costs(tmp_path
         assert from_md[key] == f"{row[key]:,.4g}"  # 4 significant digits, as the table
     for key in ("cost_per_hour", "usd_per_million_output_tokens"):  # the terminal table's cost columns
         assert f"│ {key:<29} │ {row[key]:,.4g} " in table.stdout
-    assert (f"chosen: h100-80gb tp1 max_num_seqs=8 x3 (colocated): 3 GPUs, $0.00300/hour, ${per_million:.6f} per "
+    assert (f"traffic sized for: 14 req/s, Poisson arrivals at workload.arrival.rate\n"
+            f"chosen: h100-80gb tp1 max_num_seqs=8 x3 (colocated): 3 GPUs, $0.003/hour, ${per_million:,.4g} per "
             "million output tokens") in table.stdout
 
 

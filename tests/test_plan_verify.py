@@ -191,10 +191,10 @@ def test_the_terminal_says_what_share_of_the_traffic_a_feasible_fleet_never_serv
 
     row = {"rank": 1, "candidate": "l4 tp1", "topology": "colocated", "feasible": True, "memory_limited": False,
            "replicas": 6, "num_gpus": 6, "cost_per_hour": 4.68, "price_source": "given", "rejected_fraction": 0.375}
-    print_plan([row], "lab", tmp_path, 0, 10)
+    print_plan([row], "lab", tmp_path, 0, 10, "10 req/s")
     out = capsys.readouterr().out
     assert "refused, l4 tp1: 37.5% of the requests can never be served" in out
-    print_plan([{**row, "rejected_fraction": 0.0}], "lab", tmp_path, 0, 10)
+    print_plan([{**row, "rejected_fraction": 0.0}], "lab", tmp_path, 0, 10, "10 req/s")
     assert "refused" not in capsys.readouterr().out
 
 
@@ -210,7 +210,7 @@ def test_the_terminal_states_the_verify_factor_the_plan_ran(capsys, tmp_path, ve
 
     row = {"rank": 1, "candidate": "l4 tp1", "topology": "colocated", "feasible": False, "memory_limited": False,
            "price_source": "given"}
-    print_plan([row], "lab", tmp_path, 0, verify_factor)
+    print_plan([row], "lab", tmp_path, 0, verify_factor, "10 req/s")
     assert capsys.readouterr().out.rstrip().endswith(said)
 
 def single_slot_fleet(name: str, num_requests: int, rate_per_s: float, output_tokens: int):

@@ -45,7 +45,7 @@ def test_a_trace_the_search_took_whole_is_not_re_run_and_the_plan_says_so(tmp_pa
     assert row["verify_num_requests"] == row["evidence_num_requests"] == row["search_num_requests"] == NUM_ROWS
     assert row["verify_verdict"] == row["search_verdict"] == "stable"
     assert row["verify_ttft_s.p90"] == row["search_ttft_s.p90"] == row["ttft_s.p90"] <= 0.5
-    print_plan(rows, "trace", tmp_path / "plan", simulated, make_plan_spec(SPEC).verify_factor)
+    print_plan(rows, "trace", tmp_path / "plan", simulated, make_plan_spec(SPEC).verify_factor, "10 req/s")
     out = capsys.readouterr().out
     assert (f"verification, {row['candidate']}: not re-run: the trace holds 200 requests and the search's run took "
             "them all, so verify_* is that run (window stable, every SLO met)") in out
@@ -62,7 +62,7 @@ def test_a_trace_longer_than_the_probe_is_verified_on_its_whole(tmp_path, capsys
     (row,) = rows
     assert simulated == 2 and row["replicas"] == 1 and row["verify_run"] == "long" and row["verified"] is True
     assert row["verify_num_requests"] == row["evidence_num_requests"] == NUM_ROWS and row["search_num_requests"] == 100
-    print_plan(rows, "trace", tmp_path / "plan", simulated, spec.verify_factor)
+    print_plan(rows, "trace", tmp_path / "plan", simulated, spec.verify_factor, "10 req/s")
     out = capsys.readouterr().out
     assert row["requests_per_probe"] == 100
     assert (f"verification, {row['candidate']}: the long run took the trace's whole, 200 requests, 2x the search's "
@@ -110,7 +110,7 @@ def test_a_split_on_a_trace_the_search_took_whole_is_verified_by_that_run(tmp_pa
     assert split["verdict"] == "stable" and split["num_in_window"] == 140
     assert abs(split["window_s"] - 13.93) < 1e-9
     assert 0.020188 - 1e-6 <= split["ttft_s.p90"] <= 0.030188 + 1e-6
-    print_plan(rows, "trace", tmp_path / "plan", simulated, spec.verify_factor)
+    print_plan(rows, "trace", tmp_path / "plan", simulated, spec.verify_factor, "10 req/s")
     out = capsys.readouterr().out
     assert "evidence, h100-80gb tp1 1P1D: 1P1D (2 instances), 200-request run: stable over its window (140 " in out
     assert ("verification, h100-80gb tp1 1P1D: not re-run: the trace holds 200 requests and the search's run took "

@@ -79,3 +79,36 @@ def test_progress_counts_the_requests_a_short_trace_holds_not_num_requests(tmp_p
     more = [] if replicas is None else [f"replicas={replicas}"]
     kvsim.simulate(trace_scenario(trace, *more), progress=lambda sim_s, done, total: calls.append((done, total)))
     assert calls and {total for _, total in calls} == {3} and calls[-1] == (3, 3)
+
+
+def azure_trace(path, num_rows: int) -> None:
+    """`num_rows` Azure rows 100 ms apart (10 req/s): (num_rows - 1) / ((num_rows - 1) · 0.1 s) offered."""
+    rows = "".join(f"2023-11-16 18:17:{i // 10:02d}.{i % 10}00,256,64\n" for i in range(num_rows))
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+
+
+def test_plan_names_the_rate_it_sized_for_and_where_it_comes_from(tmp_path):
+    """A Poisson scenario's rate is the one asked; a trace's is its run's arrivals, (n - 1) / span: 20 rows 0.1 s
+    apart are 19 / 1.9 s = 10 req/s, and rate_scale 2 halves the span to 0.95 s, 20 req/s."""
+    from kvsim.planning.plan_rate import sized_traffic
+    from kvsim.workload.scenario import load_scenario, make_scenario
+
+    assert sized_traffic(load_scenario(None, ["workload.arrival.rate=14"])) == \
+        "14 req/s, Poisson arrivals at workload.arrival.rate"
+    azure_trace(tmp_path / "t.csv", 20)
+    raw = {"name": "t", "workload": {"num_requests": 20, "arrival": {"process": "trace"},
+                                     "trace": {"format": "azure", "path": "t.csv"}}}
+    assert sized_traffic(make_scenario(raw, tmp_path)) == "10 req/s, the arrivals of t.csv: its first 20 requests over 1.9 s"
+    raw["workload"]["trace"]["rate_scale"] = 2
+    assert sized_traffic(make_scenario(raw, tmp_path)) == \
+        "20 req/s, the arrivals of t.csv: its first 20 requests over 0.95 s, times workload.trace.rate_scale=2"
+
+
+def test_the_chosen_line_prints_prices_as_the_table_does():
+    """One precision: the table's cells, 4 significant digits (47.686 is 47.69 there; the line said $47.686)."""
+    from kvsim.cli.plan_command import chosen_text
+
+    row = {"feasible": True, "candidate": "h100-80gb tp1", "replicas": 3, "topology": "colocated", "num_gpus": 3,
+           "cost_per_hour": 143.058, "usd_per_million_output_tokens": 47.686}
+    assert chosen_text([row]) == ("chosen: h100-80gb tp1 x3 (colocated): 3 GPUs, $143.1/hour, $47.69 per million "
+                                  "output tokens")

@@ -20,7 +20,7 @@ from kvsim.cli.shared import (
     warn_unread,
 )
 from kvsim.model.errors import KvsimError, first_repeat, not_a_file, reading
-from kvsim.model.units import counted, dollars, share
+from kvsim.model.units import counted, share
 
 
 def plan(
@@ -72,6 +72,7 @@ def plan(
     from kvsim.planning.plan import plan as run_plan
     from kvsim.planning.plan import refuse_replaced_overrides, spec_from_options
     from kvsim.planning.plan_checks import check_candidates
+    from kvsim.planning.plan_rate import sized_traffic
     from kvsim.planning.search import close_client, dask_client
     from kvsim.planning.spec import candidates
     from kvsim.results.output_checks import check_output_dir, errors_name_output, safe_component
@@ -131,6 +132,7 @@ def plan(
                 close_client(client)
         with errors_name_output(out_path, out_dir):
             write_plan(rows, out_dir, base.name)
+        traffic = sized_traffic(base) if output_format is Format.table else ""
         if sizes:
             from kvsim.planning.offload_sizing import size_offload, sizing_base, ttft_slo, write_sizing
 
@@ -141,7 +143,7 @@ def plan(
             with errors_name_output(out_path, out_dir):
                 write_sizing(sizing, out_dir)
     if output_format is Format.table:
-        print_plan(rows, base.name, out_dir, simulated, spec.verify_factor)
+        print_plan(rows, base.name, out_dir, simulated, spec.verify_factor, traffic)
         if sizes:
             typer.echo(offload_line(sizing))
     else:
@@ -171,9 +173,10 @@ def offload_line(sizing: Any) -> str:
             "offload_points.csv, offload_pays.csv, offload_hurts.csv, offload_sizing.json")
 
 
-def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int, verify_factor: int) -> None:
-    """`kvsim plan`'s terminal answer: the ranked table, prices, memory bounds met, the choice, the files, and
-    how long each chosen fleet's verification run was (`verify_factor` × a probe's requests; 0: none ran)."""
+def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int, verify_factor: int, traffic: str) -> None:
+    """`kvsim plan`'s terminal answer: the ranked table, prices, memory bounds met, the traffic every fleet is sized
+    for (`traffic`: `kvsim.planning.plan_rate.sized_traffic`), the choice, the files, and how long each chosen
+    fleet's verification run was (`verify_factor` × a probe's requests; 0: none ran)."""
     import typer
     from rich.console import Console
 
@@ -201,6 +204,7 @@ def print_plan(rows: list[dict], name: str, out_dir: Path, simulated: int, verif
         if r.get("gap_breakdown"):
             typer.echo(f"gap to the floor, {r['candidate']}: {r['gap_breakdown']} (replicas over the run behind "
                        f"the answer, at the rate it served; {r['bound_binds']} floor binds)")
+    typer.echo(f"traffic sized for: {traffic}")
     typer.echo(chosen_text(rows))
     whole = (" (at most a trace's whole; not re-run where the search took it all: the verification lines)"
              if any(r.get("verify_run") == "search" or trace_capped(r, verify_factor) for r in rows) else "")
@@ -286,13 +290,17 @@ def evidence_line(row: dict) -> str:
 
 
 def chosen_text(rows: list[dict]) -> str:
-    """The plan's answer in one line: the first ranked row when it meets the SLOs."""
+    """The plan's answer in one line: the first ranked row when it meets the SLOs. Its prices are the table's cells
+    (`cell_text`: 4 significant digits), in dollars: the line printed $47.686 per million output tokens under a
+    table that said 47.69."""
+    from kvsim.results.render import cell_text
+
     best = rows[0] if rows else None
     if best is None or not best["feasible"]:
         return "chosen: none: no candidate meets every SLO within its limits (see limiting_factor)"
-    cost = "no price" if best["cost_per_hour"] is None else f"{dollars(best['cost_per_hour'], 2)}/hour"
+    cost = "no price" if best["cost_per_hour"] is None else f"${cell_text(best['cost_per_hour'])}/hour"
     per_token = best.get("usd_per_million_output_tokens")
-    tokens = "" if per_token is None else f", {dollars(per_token, 3)} per million output tokens"
+    tokens = "" if per_token is None else f", ${cell_text(per_token)} per million output tokens"
     gpus = f"{best['num_gpus']} GPU{'s' * (best['num_gpus'] != 1)}"
     return f"chosen: {best['candidate']} x{best['replicas']} ({best['topology']}): {gpus}, {cost}{tokens}"
 

@@ -299,6 +299,30 @@ def arrivals_s(base: Scenario) -> list[float]:
 def offered_rate_per_s(base: Scenario) -> float:
     """The base traffic's request rate: (requests − 1) / (last arrival − first); inf without a span (one
     request, or all arriving at one instant: `kvsim.planning.plan_checks.check_candidates` refuses a plan's such)."""
-    arrivals = arrivals_s(base)
+    return _rate_per_s(arrivals_s(base))
+
+
+def _rate_per_s(arrivals: list[float]) -> float:
     span_s = arrivals[-1] - arrivals[0] if arrivals else 0.0
     return (len(arrivals) - 1) / span_s if span_s > 0 else math.inf
+
+
+ARRIVAL_NAMES = {"poisson": "Poisson", "gamma": "gamma", "constant": "constant"}
+
+
+def sized_traffic(base: Scenario) -> str:
+    """The traffic a plan sizes every fleet for, for `kvsim plan`'s terminal: its rate in req/s and where that comes
+    from. A timestamped trace's (or ServeGen's) is the rate its run's arrivals offer (`offered_rate_per_s`: its first
+    `num_requests`, from `start_s`, times `rate_scale`); Poisson, gamma or constant arrivals offer the rate asked,
+    `workload.arrival.rate`. The answer named no rate at all."""
+    w = base.workload
+    if w.arrival.process == "trace" or (w.trace is not None and w.trace.format == "servegen"):
+        assert w.trace is not None
+        arrivals = arrivals_s(base)
+        start = f" from start_s={w.trace.start_s:g}" if w.trace.start_s else ""
+        scale = f", times workload.trace.rate_scale={w.trace.rate_scale:g}" if w.trace.rate_scale != 1 else ""
+        return (f"{_rate_per_s(arrivals):,.4g} req/s, the arrivals of {w.trace.path}: its first "  # 2 or more
+                f"{len(arrivals):,} requests{start} over {arrivals[-1] - arrivals[0]:,.4g} s{scale}")
+    assert w.arrival.rate is not None
+    cv = f" (cv {w.arrival.cv:g})" if w.arrival.process == "gamma" else ""
+    return f"{w.arrival.rate:,.4g} req/s, {ARRIVAL_NAMES[w.arrival.process]} arrivals{cv} at workload.arrival.rate"

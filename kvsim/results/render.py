@@ -11,7 +11,7 @@ from typing import Any
 FIXED_POINT_BELOW = 1e15  # a float from this size up prints with an exponent: `{:,.0f}` spelt 1e305 in 306 digits
 
 
-def _cell(value: Any) -> str:
+def cell_text(value: Any) -> str:
     """A table's cell: a float to 4 significant digits, whole from 10,000 and with an exponent from
     `FIXED_POINT_BELOW` (a price per million tokens at `gpu_hourly_cost` 1e305 filled the table with digits)."""
     if value is None or (isinstance(value, float) and value != value):  # None or NaN
@@ -41,7 +41,7 @@ def rows_to_markdown(rows: Sequence[dict[str, Any]]) -> str:
     cols = list(rows[0])
     align = ["---:" if isinstance(rows[0][c], (int, float)) else "---" for c in cols]
     lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join(align) + " |"]
-    lines += ["| " + " | ".join(_cell(r[c]) for c in cols) + " |" for r in rows]
+    lines += ["| " + " | ".join(cell_text(r[c]) for c in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -58,7 +58,7 @@ def rows_to_rich(rows: Sequence[dict[str, Any]], title: str = "", width: int | N
 
     cols = list(rows[0]) if rows else []
     width = width or Console().width
-    cells = {c: [c, *(_cell(r[c]) for r in rows)] for c in cols}
+    cells = {c: [c, *(cell_text(r[c]) for r in rows)] for c in cols}
     longest_words = [max(len(word) for text in cells[c] for word in (text.split() or [""])) for c in cols]
     if not cols or sum(longest_words) + 3 * len(cols) + 1 <= width:
         table = Table(title=Text(title) if title else None)
@@ -66,7 +66,7 @@ def rows_to_rich(rows: Sequence[dict[str, Any]], title: str = "", width: int | N
             table.add_column(Text(c), justify="right" if isinstance(rows[0][c], (int, float)) else "left",
                              overflow="fold")
         for r in rows:
-            table.add_row(*(Text(_cell(r[c])) for c in cols))
+            table.add_row(*(Text(cell_text(r[c])) for c in cols))
         return table
     records = []
     for i, r in enumerate(rows, start=1):
@@ -75,7 +75,7 @@ def rows_to_rich(rows: Sequence[dict[str, Any]], title: str = "", width: int | N
         record.add_column("field", no_wrap=True)
         record.add_column("value", overflow="fold")
         for c in cols:
-            record.add_row(Text(c), Text(_cell(r[c])))
+            record.add_row(Text(c), Text(cell_text(r[c])))
         records.append(record)
     return Group(*records)
 
@@ -192,7 +192,7 @@ def fleet_table(summary: dict[str, Any]):  # -> rich.table.Table
         table.add_column(label, justify="right", no_wrap=True)
 
     def cells(row: dict[str, Any]) -> list[str]:
-        return ([_cell(row[c]) for c in counts] + [_share(row[c]) for c in shares]
+        return ([cell_text(row[c]) for c in counts] + [_share(row[c]) for c in shares]
                 + [_duration(row[c]) for c in times])
 
     scaled = summary.get("autoscaling")
