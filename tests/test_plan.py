@@ -35,6 +35,17 @@ def toy():
     })
 
 
+def twenty_row_trace(tmp_path, num_requests):
+    """The toy engine replaying `t.csv`, an Azure trace of 20 requests 0.1 s apart (10 req/s), 256 prompt and 64
+    output tokens each, asking `num_requests` of it (a scenario's raw dict)."""
+    rows = "".join(f"2023-11-16 18:17:{i // 10:02d}.{i % 10}00,256,64\n" for i in range(20))
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    base = toy().model_dump(mode="json")
+    base["workload"] = {"num_requests": num_requests, "arrival": {"process": "trace"},
+                        "trace": {"format": "azure", "path": "t.csv"}}
+    return base
+
+
 def meets(result):
     r = result.requests
     return (np.percentile(r["ttft_s"], 90) <= SLO["ttft_s.p90"]
@@ -243,11 +254,7 @@ def test_probes_too_short_on_a_trace_shorter_than_asked_blame_the_trace_not_the_
     """A 20-row trace, 40 requests asked a probe: every probe runs the trace's 20 (under the window's 50-request
     minimum), and no longer probe can run more, so raising max_probe_requests (50: the doubling to 80 is over it)
     would change nothing. The row said "its 40-request probes ... raise max_probe_requests (now 50)"."""
-    rows = "".join(f"2023-11-16 18:17:{i // 10:02d}.{i % 10}00,256,64\n" for i in range(20))  # 10 req/s
-    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
-    base = toy().model_dump(mode="json")
-    base["workload"] = {"num_requests": 40, "arrival": {"process": "trace"},
-                        "trace": {"format": "azure", "path": "t.csv"}}
+    base = twenty_row_trace(tmp_path, num_requests=40)
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 2, "max_probe_requests": 50})
     rows, simulated = plan(make_scenario(base, tmp_path), spec, tmp_path / "out")
     assert simulated == 2 and not rows[0]["feasible"]  # 1 and 2 replicas, neither judged
@@ -281,11 +288,7 @@ def test_a_probe_that_took_the_whole_trace_is_not_doubled(tmp_path):
     20 rows again, to the same figures: it ran them (3 points: 1 replica at 20, again at "40", 2 replicas at "40")
     and the row said `requests_per_probe` 40 of a trace of 20. By hand: 1 and 2 replicas once each at 20, the
     answer unjudged and the trace named, not max_probe_requests."""
-    rows = "".join(f"2023-11-16 18:17:{i // 10:02d}.{i % 10}00,256,64\n" for i in range(20))  # 10 req/s
-    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
-    base = toy().model_dump(mode="json")
-    base["workload"] = {"num_requests": 20, "arrival": {"process": "trace"},
-                        "trace": {"format": "azure", "path": "t.csv"}}
+    base = twenty_row_trace(tmp_path, num_requests=20)
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 2, "max_probe_requests": 50})
     rows, simulated = plan(make_scenario(base, tmp_path), spec, tmp_path / "out")
     assert simulated == 2 and not rows[0]["feasible"] and rows[0]["requests_per_probe"] == 20
@@ -298,11 +301,7 @@ def test_a_rate_search_on_a_trace_shorter_than_asked_blames_the_trace(tmp_path):
     ran (the trace's 20), as the replica search's does (`failing_probe`: the short search's level, not the run)."""
     import re
 
-    rows = "".join(f"2023-11-16 18:17:{i // 10:02d}.{i % 10}00,256,64\n" for i in range(20))  # 10 req/s
-    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
-    base = toy().model_dump(mode="json")
-    base["workload"] = {"num_requests": 40, "arrival": {"process": "trace"},
-                        "trace": {"format": "azure", "path": "t.csv"}}
+    base = twenty_row_trace(tmp_path, num_requests=40)
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 2, "max_probe_requests": 50,
                            "search": "rate", "probe_requests": 40})
     rows, _ = plan(make_scenario(base, tmp_path), spec, tmp_path / "out")
@@ -318,11 +317,7 @@ def test_a_rate_search_probe_that_took_the_whole_trace_is_not_doubled(tmp_path):
     trace of 20, and 5 points). By hand: one level of 20 requests, the fraction halving from 1 while its probes
     fail, 1, 0.5, 0.25, 0.125, the last under the search's floor of spare / max_replicas = 1.1 / 8 (ends it): 4
     points, the row unjudged with the trace's whole named, not max_probe_requests."""
-    rows = "".join(f"2023-11-16 18:17:{i // 10:02d}.{i % 10}00,256,64\n" for i in range(20))  # 10 req/s
-    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
-    base = toy().model_dump(mode="json")
-    base["workload"] = {"num_requests": 20, "arrival": {"process": "trace"},
-                        "trace": {"format": "azure", "path": "t.csv"}}
+    base = twenty_row_trace(tmp_path, num_requests=20)
     spec = make_plan_spec({"slo": SLO, "gpus": ["h100-80gb"], "max_replicas": 8, "max_probe_requests": 50,
                            "search": "rate", "probe_requests": 20})
     rows, simulated = plan(make_scenario(base, tmp_path), spec, tmp_path / "out")
