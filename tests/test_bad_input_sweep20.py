@@ -359,7 +359,8 @@ def test_a_measured_runs_engine_arguments_kvsim_models_are_replayed_not_dropped(
 
     run = _measured_run(tmp_path, num_gpu_blocks_override=9000, scheduling_policy="priority",
                         disable_hybrid_kv_cache_manager=True, enable_chunked_prefill=True)
-    result = CliRunner().invoke(app, ["validate", str(run), "--gpu", "h100-80gb", "-o", str(tmp_path / "o")])
+    result = CliRunner().invoke(app, ["validate", str(run), "--gpu", "h100-80gb", "-o", str(tmp_path / "o"),
+                                      "--no-figures"])
     assert result.exit_code == 0, (result.output, result.exception)
     engine = yaml.safe_load((tmp_path / "o" / "sim" / "scenario.yaml").read_text())["engine"]
     assert (engine["num_gpu_blocks_override"], engine["scheduling_policy"]) == (9000, "priority")
@@ -443,7 +444,7 @@ def test_a_measured_run_that_drafted_speculatively_is_not_replayed_without_its_d
     assert not (tmp_path / "o").exists()
     given = '{"method": "ngram", "num_speculative_tokens": 3, "acceptance_rates": 0.5}'
     result = CliRunner().invoke(app, ["validate", str(run), "--gpu", "h100-80gb", "--set",
-                                      f"engine.speculative_config={given}", "-o", str(tmp_path / "o")])
+                                      f"engine.speculative_config={given}", "-o", str(tmp_path / "o"), "--no-figures"])
     assert result.exit_code == 0, (result.output, result.exception)
     run = _measured_run(tmp_path / "2", speculative_config="ngram")
     assert one_line_exit_2(["validate", str(run), "--gpu", "h100-80gb", "-o", str(tmp_path / "o2")]) == (

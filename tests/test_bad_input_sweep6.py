@@ -163,7 +163,7 @@ def test_validate_names_a_workload_flag_it_cannot_use(tmp_path):
         f"workload={run + '/w.jsonl'!r}: replaces the workload a measured folder's meta.json names; {bench} is a "
         "vllm bench serve JSON, which lists its own requests")
     assert not (tmp_path / "out").exists()
-    result = runner.invoke(app, [*argv, f"{run}/w.jsonl", "--format", "json"])
+    result = runner.invoke(app, [*argv, f"{run}/w.jsonl", "--format", "json", "--no-figures"])
     assert result.exit_code == 0, result.output
 
 
@@ -207,11 +207,11 @@ def test_validate_refuses_a_set_of_what_the_run_fixes(tmp_path, item, message):
 
 
 def test_validate_takes_a_set_of_an_engine_field_the_run_did_not_record(tmp_path):
-    """Beside the refusals above (once for all of them: the replay writes its figures, ~1 s): an engine field
+    """Beside the refusals above (once for all of them: a replay, without its figures): an engine field
     the run did not record may be set (one it recorded may not: tests/test_bad_input_sweep23.py)."""
     run = _measured(tmp_path, 100.5)
     result = runner.invoke(app, ["validate", run, "--gpu", "h100-80gb", "--set", "engine.max_num_batched_tokens=2048",
-                                 "-o", str(tmp_path / "out"), "--format", "json"])
+                                 "-o", str(tmp_path / "out"), "--format", "json", "--no-figures"])
     assert result.exit_code == 0, result.output
 
 

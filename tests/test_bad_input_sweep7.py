@@ -188,12 +188,12 @@ def test_validate_takes_a_calibrated_latency_from_its_flags_not_a_set(tmp_path, 
 
 
 def test_validate_takes_a_constant_latency_as_a_set(tmp_path, monkeypatch):
-    """Beside the refusals above (once for all of them: the replay writes its figures, ~1 s): a constant
+    """Beside the refusals above (once for all of them: a replay, without its figures): a constant
     latency, which no flag gives, is a --set."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "p.csv").write_text("")
     run = _measured(tmp_path)
-    argv = ["validate", run, "--gpu", "h100-80gb", "-o", str(tmp_path / "out")]
+    argv = ["validate", run, "--gpu", "h100-80gb", "-o", str(tmp_path / "out"), "--no-figures"]
     result = runner.invoke(app, [*argv, "--set", "latency.model=constant", "--set", "latency.step_s=0.01",
                                  "--format", "json"])
     assert result.exit_code == 0, result.output

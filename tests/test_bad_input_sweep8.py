@@ -142,7 +142,7 @@ def test_a_bench_json_reads_as_the_other_files_do(tmp_path, how):
     path = tmp_path / ("b.json.gz" if how == "gz" else "b.json")
     path.write_bytes(gzip.compress(text.encode()) if how == "gz" else ("\ufeff" + text).encode())
     result = runner.invoke(app, ["validate", str(path), "--model", "llama-3.1-8b", "--gpu", "h100-80gb",
-                                 "-o", str(tmp_path / "out"), "--format", "json"])
+                                 "-o", str(tmp_path / "out"), "--format", "json", "--no-figures"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out" / "validation.json").exists()
 

@@ -82,7 +82,7 @@ def test_plan_counts_points_reused_from_points_jsonl(eager, tmp_path):
 def test_validate_prints_the_replay(eager, tmp_path):
     write_run(tmp_path)
     result = CliRunner().invoke(app, ["validate", str(run_dir_of(tmp_path)), "--gpu", "h100-80gb", "-o",
-                                      str(tmp_path / "out"), *sum((["--set", s] for s in CONSTANT), [])])
+                                      str(tmp_path / "out"), "--no-figures", *sum((["--set", s] for s in CONSTANT), [])])
     assert result.exit_code == 0, result.output
     assert plain_lines(result.stderr, "validate")[-1].startswith("kvsim validate: simulated 0.1 s, 2/2 requests")
 

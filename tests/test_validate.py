@@ -186,6 +186,25 @@ def test_cli_writes_tables_figures_and_a_rerunnable_scenario(tmp_path):
     assert rerun.exit_code == 0, rerun.output
     assert json.loads(rerun.output)["ttft_s"]["mean"] == pytest.approx(0.0175)  # the hand timeline's
 
+    # --no-figures (in the same test: the figures run above is its reference) leaves out the PNGs, their links
+    # and their names in the output's list, and changes no other byte
+    bare = tmp_path / "bare"
+    result = CliRunner().invoke(app, ["validate", str(run_dir_of(tmp_path)), "--gpu", "h100-80gb", "-o", str(bare),
+                                      "--no-figures", *sum((["--set", s] for s in CONSTANT), [])])
+    assert result.exit_code == 0, result.output
+    outs = {"--figures": out, "--no-figures": bare}
+    files = {flag: {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+             for flag, out in outs.items()}
+    pngs = {"fig_timeseries.png", "fig_latency_cdf.png"}
+    assert pngs <= files["--figures"].keys() and not pngs & files["--no-figures"].keys()
+    links = b"\n![running, waiting, KV usage](fig_timeseries.png)\n\n![latency CDFs](fig_latency_cdf.png)\n"
+    with_figures = files["--figures"].pop("validation.md")
+    assert with_figures.count(links) == 1
+    assert files["--no-figures"].pop("validation.md") == with_figures.replace(links, b"")
+    listed = {flag: json.loads(f.pop(".kvsim-output"))["files"] for flag, f in files.items()}  # kvsim's own files
+    assert listed["--no-figures"] == [name for name in listed["--figures"] if name not in pngs]
+    assert {k: v for k, v in files["--figures"].items() if k not in pngs} == files["--no-figures"]
+
 
 def test_cli_bad_path_is_one_line(tmp_path):
     result = CliRunner().invoke(app, ["validate", str(tmp_path / "nope")])
@@ -237,7 +256,7 @@ def test_bench_json_validates_end_to_end(tmp_path):
     assert list(v.result.requests.ttft_s) == pytest.approx([0.01, 0.025])  # as the folder's hand timeline
     assert v.row("TTFT mean (s)")["measured"] == pytest.approx(0.015)
     assert "llmservingsim" not in v.rows[0]
-    write_validation(v, tmp_path / "out")
+    write_validation(v, tmp_path / "out", figures=False)  # the Markdown is what this test reads
     markdown = (tmp_path / "out" / "validation.md").read_text()
     assert "| running mean | not recorded |" in markdown  # a bench file has no time series
     assert "client-side timings" in markdown

@@ -428,6 +428,7 @@ def validate(
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a scenario field")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Directory [validation/NAME-LATENCY]")] = None,
     output_format: Annotated[ValidateFormat, typer.Option("--format")] = ValidateFormat.table,
+    figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw the two PNG figures")] = True,
 ) -> None:
     """Replay a real vLLM run in kvsim and tabulate the errors (TTFT, TPOT, E2E, throughput, queues)."""
     from kvsim.results.output_checks import check_output_dir, safe_component
@@ -449,13 +450,13 @@ def validate(
             result = v.validate(run, latency=latency.value, profile=profile, model=model, gpu=gpu,
                                 overrides=overrides or [], measured_path=measured, progress=progress)
         warn_unread([result.scenario])
-        out_dir = v.write_validation(result, out_path)
+        out_dir = v.write_validation(result, out_path, figures)
     if output_format is ValidateFormat.json:
         from kvsim.results.render import to_json
 
         sys.stdout.write(to_json(v.to_json(result)))
     elif output_format is ValidateFormat.markdown:
-        sys.stdout.write(v.markdown(result))
+        sys.stdout.write(v.markdown(result, figures))
     else:
         from rich.console import Console
 
@@ -465,7 +466,8 @@ def validate(
         console.print(rows_to_rich(v.table_rows(result), title=v.headline(result)))
         for note in result.notes:
             console.print(f"note: {note}", markup=False, emoji=False)  # it may quote a name or a path
-    typer.echo(f"validation written to {out_dir}/ (validation.md, validation.json, figures, sim/)", err=True)
+    typer.echo(f"validation written to {out_dir}/ (validation.md, validation.json, {'figures, ' * figures}sim/)",
+               err=True)
 
 def main() -> None:
     with interrupts_installed():

@@ -413,20 +413,23 @@ def _figure_panels(v: Validation) -> tuple[list[dict], list[dict]]:
     return gauges, cdfs
 
 
-def markdown(v: Validation) -> str:
+def markdown(v: Validation, figures: bool = True) -> str:
+    """The Markdown report; it links the two figures unless `figures` is false (none were drawn)."""
     from kvsim.results.render import rows_to_markdown
 
     lines = [f"# kvsim validation: {v.run.name}", "", headline(v) + ".", "",
              "Errors are (prediction − measured) / measured.", "", rows_to_markdown(table_rows(v))]
     if v.notes:
         lines += ["Notes:", "", *[f"- {n}" for n in v.notes], ""]
-    lines += ["![running, waiting, KV usage](fig_timeseries.png)", "", "![latency CDFs](fig_latency_cdf.png)", ""]
+    if figures:
+        lines += ["![running, waiting, KV usage](fig_timeseries.png)", "", "![latency CDFs](fig_latency_cdf.png)", ""]
     return "\n".join(lines)
 
 
-def write_validation(v: Validation, out_dir: str | Path) -> Path:
-    """`validation.md`, `validation.json`, `errors.csv`, two figures, and `sim/` (kvsim's run plus
-    the replayed `scenario.yaml` and `workload.jsonl`, so `kvsim run sim/scenario.yaml` repeats it).
+def write_validation(v: Validation, out_dir: str | Path, figures: bool = True) -> Path:
+    """`validation.md`, `validation.json`, `errors.csv`, two figures (unless `figures` is false: matplotlib
+    is the costliest step of a small replay), and `sim/` (kvsim's run plus the replayed `scenario.yaml` and
+    `workload.jsonl`, so `kvsim run sim/scenario.yaml` repeats it); the other files are the same either way.
     Written through `kvsim.results.output_dir.output_directory`: only over kvsim's own output, swapped into place
     when complete."""
     import dataclasses
@@ -436,7 +439,7 @@ def write_validation(v: Validation, out_dir: str | Path) -> Path:
     from kvsim.results.render import rows_to_csv
 
     with output_directory(out_dir, "validation") as tmp:
-        (tmp / "validation.md").write_text(markdown(v), encoding="utf-8")
+        (tmp / "validation.md").write_text(markdown(v, figures), encoding="utf-8")
         (tmp / "validation.json").write_text(json.dumps(to_json(v), indent=2) + "\n", encoding="utf-8")
         (tmp / "errors.csv").write_text(rows_to_csv(v.rows), encoding="utf-8")
         v.run.requests.to_csv(tmp / "measured_requests.csv", index=False)
@@ -444,7 +447,8 @@ def write_validation(v: Validation, out_dir: str | Path) -> Path:
         replay = v.result.scenario.model_copy(update={"base_dir": str(tmp / "sim")})
         sim = dataclasses.replace(v.result, scenario=replay).write(tmp / "sim")
         write_sharegpt_tokens(v.run.records, sim / TRACE_FILE)
-        save_figures(v, tmp)
+        if figures:
+            save_figures(v, tmp)
     return Path(out_dir)
 
 
