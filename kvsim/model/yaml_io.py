@@ -213,10 +213,33 @@ def check_yaml_size(path: str | Path, what: str) -> None:
 def load_yaml(text: str) -> Any:
     """`yaml.safe_load(text)`, except that a repeated key, an integer too long to convert or text nested too
     deeply is a `yaml.YAMLError`."""
+    _refuse_a_deep_flow_run(text)
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except RecursionError:
         raise yaml.MarkedYAMLError(problem=TOO_DEEP) from None
+
+
+def _refuse_a_deep_flow_run(text: str) -> None:
+    """The `TOO_DEEP` error, raised before PyYAML reads `text`, when its first run of more consecutive `[` and `{`
+    than the recursion limit opens that many nested flow collections: the loader, which spends at least one
+    Python frame a level, would end in a RecursionError (the same error), but only after ~1 s in PyYAML's scanner,
+    which walks every open level at each token. The run opens collections when PyYAML parses the text up to it and
+    the run's first three characters as three collection starts there: past an opening `[` or `{`, a `[` or `{`
+    always opens another. A run inside a quoted or block scalar, a comment or a plain scalar (`a: x[[[`) parses
+    otherwise, and a text malformed before the run fails that parse: both are left to the loader."""
+    run = re.search(rf"[\[{{]{{{sys.getrecursionlimit() + 1},}}", text)
+    if run is None:
+        return
+    opened = 0
+    try:
+        for event in yaml.parse(text[:run.start() + 3], Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.CollectionStartEvent) and event.start_mark.index >= run.start():
+                opened += 1
+    except yaml.YAMLError:
+        pass  # the prefix ends inside the run's open collections (or is malformed before it: `opened` says)
+    if opened == 3:
+        raise yaml.MarkedYAMLError(problem=TOO_DEEP)
 
 
 class _DuplicateKey(ValueError):
