@@ -29,6 +29,7 @@ def plain(text: str) -> object:
     "x: " + "{" * RUN + "}" * RUN,  # flow mappings, each the key of the one around it
     "x: " + "[{" * RUN + "}]" * RUN,
     "a: 1\nb: [1, " + "[" * RUN + "]" * RUN + "]\n",  # the run opens inside a collection already open
+    "%YAML 1.1\n---\nname: " + "[" * RUN + "]" * RUN,  # in the stream's one document
 ])
 def test_a_run_of_flow_openers_past_the_recursion_limit_is_refused_before_pyyaml_reads_it(text, monkeypatch):
     def no_loader(*args, **kwargs):
@@ -51,6 +52,7 @@ DEEP = "[" * RUN + "]" * RUN
     f"name: >\n  {DEEP}\n",
     f"a: [\n- b\nname: {DEEP}\n",  # malformed before the run: the loader's own error
     f"a: *nope\nname: '{DEEP}'\n",
+    f"a: 1\n---\nname: {DEEP}\n",  # a second document: refused as one before it is composed
 ])
 def test_a_run_the_pre_check_does_not_count_reads_as_the_loader_reads_it(text):
     def outcome(load) -> object:

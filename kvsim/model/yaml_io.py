@@ -231,14 +231,15 @@ def _refuse_a_deep_flow_run(text: str) -> None:
     run = re.search(rf"[\[{{]{{{sys.getrecursionlimit() + 1},}}", text)
     if run is None:
         return
-    opened = 0
+    opened = documents = 0
     try:
         for event in yaml.parse(text[:run.start() + 3], Loader=yaml.SafeLoader):
+            documents += isinstance(event, yaml.DocumentStartEvent)
             if isinstance(event, yaml.CollectionStartEvent) and event.start_mark.index >= run.start():
                 opened += 1
     except yaml.YAMLError:
         pass  # the prefix ends inside the run's open collections (or is malformed before it: `opened` says)
-    if opened == 3:
+    if opened == 3 and documents == 1:  # in a second document, the loader refuses the stream before composing it
         raise yaml.MarkedYAMLError(problem=TOO_DEEP)
 
 
