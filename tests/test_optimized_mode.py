@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _summary(tmp_path: Path, name: str, optimize: bool, args: list[str]) -> bytes:
     """`kvsim run`'s summary.json: under `python -O` in a process of its own, else in this one (asserts kept), which
-    spares a second interpreter's start and imports (~1.5 CPU s a run)."""
+    spares a second interpreter's start."""
     out = tmp_path / name
     argv = ["run", *args, "-o", str(out), "--format", "json"]
     if optimize:
