@@ -24,12 +24,12 @@ from kvsim.workload.scenario import load_scenario
 from tests.conftest import make_request
 
 
-def built(scheduler: str, num_blocks: int = 10):
+def built(scheduler: str, num_blocks: int = 10, max_num_seqs: int = 256, max_model_len: int = 64):
     """An engine of `num_blocks` blocks of 16 tokens with prefix caching on, built as every run is."""
     scenario = load_scenario(None, ["model=llama-3.1-8b", f"engine.num_gpu_blocks_override={num_blocks}",
-                                    "engine.block_size=16", "engine.max_model_len=64",
+                                    "engine.block_size=16", f"engine.max_model_len={max_model_len}",
                                     f"engine.scheduler={scheduler}", "workload.num_requests=1",
-                                    "engine.enable_prefix_caching=true"])
+                                    "engine.enable_prefix_caching=true", f"engine.max_num_seqs={max_num_seqs}"])
     return build_engine(scenario, np.random.default_rng(0)).scheduler
 
 
@@ -142,3 +142,58 @@ def test_v0_hit_is_computed_up_to_the_first_block_filled_this_step():
     assert sched.alloc.seqs[c.seq_ids[0]].block_table == [0, 1, 3, 5]
     assert (b.num_prefix_hit_tokens, c.num_prefix_hit_tokens) == (32, 32)
     sched.check_invariants()
+
+
+def steps(sched, num_steps: int) -> list[list[tuple[int, int]]]:
+    """Plan and complete `num_steps` steps one second apart: each plan's (request id, tokens)."""
+    seen = []
+    for k in range(num_steps):
+        plan = sched.schedule(float(k))
+        seen.append([(r.request_id, n) for r, n in plan.scheduled])
+        sched.complete(plan, k + 1.0)
+        sched.check_invariants()
+    return seen
+
+
+def test_v0_waiting_request_keeps_the_cached_count_of_its_first_look():
+    """max_num_seqs=1; A and B (40 tokens, the first 32 shared: 2 full blocks; 1 output token each) arrive
+    together. Step 1 admits A (40 tokens, blocks 0, 1, 2); `_schedule_prefills` then counts B's tokens
+    (`_get_num_new_uncached_and_cached_tokens`, before the seats check that stops it): blocks 0 and 1 are cached
+    but not computed, so `ComputedBlocksTracker.get_num_cached_tokens` records 0 for B and, B still in
+    prefill, returns that record ever after. A finishes in step 1 (its partial block 2 to the front of the
+    hashless free deque). Step 2 admits B: it shares 0 and 1 (their content is A's) and takes 2, but both the budget and `get_common_computed_block_ids` read the record, 0: B
+    computes all 40 tokens, none counted a hit. C (the same 32-token prefix, arriving after) is first looked up
+    in step 3, blocks 0, 1 computed by then: it skips 32 and computes 8."""
+    sched = built("v0", max_num_seqs=1)
+    a, b = make_request(0, 0.0, 40, 1, prefix=32), make_request(1, 0.0, 40, 1, prefix=32)
+    assert sched.add(a) and sched.add(b)
+    assert steps(sched, 1) == [[(0, 40)]]
+    plan = sched.schedule(1.0)
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [(1, 40)]
+    assert sched.alloc.seqs[b.seq_ids[0]].block_table == [0, 1, 2]
+    sched.complete(plan, 2.0)
+    assert (a.num_prefix_hit_tokens, b.num_prefix_hit_tokens) == (0, 0)
+    assert sched.first_look_computed_tokens == {}
+    c = make_request(2, 1.5, 40, 1, prefix=32)
+    assert sched.add(c)
+    plan = sched.schedule(2.0)
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [(2, 8)]
+    assert c.num_prefix_hit_tokens == 32
+
+
+def test_v0_recompute_preemption_counts_the_cached_tokens_anew():
+    """A recompute preemption frees the sequence and `SelfAttnBlockSpaceManager.free` drops its tracker record
+    (`ComputedBlocksTracker.remove_seq`), so back in waiting it is counted anew. 3 blocks of 16, no watermark
+    (int(0.01 * 3) = 0). A ("a", 16 tokens, 3 outputs) and B ("b", 16 tokens, 2 outputs) are admitted together
+    in step 1 (0 and 1; each records 0 cached tokens, nothing computed yet). Step 2: A's 17th token takes 2
+    (`can_append_slots` counts 1 block a sequence); B's finds none free and, nothing left behind it in
+    `running_queue`, B preempts itself by recompute: its full, computed block 1 goes to the evictor and B waits
+    with 17 tokens. Step 3: B's first look since its free finds block 1 computed (16 cached tokens, recorded);
+    it needs 2 blocks, 1 is free (the evictor's): LATER. A decodes its last token. Step 4: A's blocks are free;
+    B is admitted, shares 1 and computes 17 - 16 = 1 token (with the step-1 record it would compute 17)."""
+    sched = built("v0", num_blocks=3, max_model_len=48)
+    a = Request(0, 0.0, 16, 3, content=SegmentContent([("a", 16)]))
+    b = Request(1, 0.0, 16, 2, content=SegmentContent([("b", 16)]))
+    assert sched.add(a) and sched.add(b)
+    assert steps(sched, 4) == [[(0, 16), (1, 16)], [(0, 1)], [(0, 1)], [(1, 1)]]
+    assert b.num_preemptions == 1

@@ -185,15 +185,17 @@ def test_admission_asks_free_blocks_for_every_prompt_block_cached_or_not():
     """`can_allocate` counts `cdiv(len(prompt), block_size)` blocks against the free ones, whatever the cache
     holds. 4 blocks, caching on; A and B share a 32-token system prompt and have 16 tokens of their own.
     Step 1: A takes 0, 1, 2 (hashed as they fill); B needs 3 blocks, 1 is free: LATER, although two of its
-    blocks are cached. Step 2: B is LATER again; A decodes into 3 and finishes: its full blocks go to the
-    evictor (stamp t2, 2 first), 3 (one token, no hash) to the hashless deque. Step 3: B needs 3 of 4 free:
-    OK; it hits 0 and 1 and computes its own 16 tokens into the hashless 3. Freed at stamp t3, deepest first:
-    the evictor is 2 (t2), then 3, 1, 0."""
+    blocks are cached. Its tokens were counted first (`_get_num_new_uncached_and_cached_tokens`), while 0 and 1
+    were not computed yet: `ComputedBlocksTracker` records 0 cached tokens and keeps that while B waits. Step 2:
+    B is LATER again; A decodes into 3 and finishes: its full blocks go to the evictor (stamp t2, 2 first), 3
+    (one token, no hash) to the hashless deque. Step 3: B needs 3 of 4 free: OK; it shares 0 and 1 and takes
+    the hashless 3, but its record says 0 cached, so it computes all 48 tokens. Freed at stamp t3, deepest
+    first: the evictor is 2 (t2), then 3, 1, 0."""
     sched = v0_world(4, watermark_blocks=0, caching=True)
     step = stepper(sched, [make_request(0, 0.0, 48, 2, prefix=32), make_request(1, 0.0, 48, 1, prefix=32)])
     assert step(1) == ([(0, 48)], [], {0: [0, 1, 2]})
     assert step(2) == ([(0, 1)], [], {0: [0, 1, 2, 3]})
-    assert step(3) == ([(1, 16)], [], {1: [0, 1, 3]})
+    assert step(3) == ([(1, 48)], [], {1: [0, 1, 3]})
     assert sched.alloc.pool.free_queue == [2, 3, 1, 0]
 
 

@@ -9,7 +9,9 @@ Per step, in this order:
    A hit shares every cached full block of the prompt but skips only those computed in earlier steps,
    and never the last token: a prompt admitted after an identical one in the same step shares its
    blocks but computes every token itself (vLLM v0's `PrefixCachingBlockAllocator` marks blocks computed
-   only once the batch is built); a prompt wholly cached earlier computes its last token alone.
+   only once the batch is built); a prompt wholly cached earlier computes its last token alone. A waiting
+   prompt's computed part is the one found the first time the queue's head was counted, kept until it is
+   admitted (`V0Scheduler.lookup`: vLLM v0's `ComputedBlocksTracker`).
 2. Otherwise decode every RUNNING request (1 token per sequence). While fewer blocks are free than a request's
    sequences (vLLM v0 counts each next token as needing one), preempt from the back (most recently admitted): by
    recompute for single-sequence requests, by swap for groups with several sequences (`preemption_mode` overrides).
@@ -44,10 +46,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from kvsim.kv import PagedAllocator, PrefixHit
+import numpy as np
+
+from kvsim.kv import KVAllocator, PagedAllocator, PrefixHit
 from kvsim.latency.step_plan import StepPlan
 from kvsim.sched.base import Scheduler
 from kvsim.sched.fanout import request_label
+from kvsim.sched.limits import SchedulerLimits
+from kvsim.sched.request_queue import RequestQueue
 from kvsim.workload.request import Request, RequestStatus
 
 
@@ -56,6 +62,30 @@ class V0Scheduler(Scheduler):
     watermark_refuses = True
     admits_all_prompt_blocks = True
 
+    def __init__(self, allocator: KVAllocator, limits: SchedulerLimits, rng: np.random.Generator | None = None,
+                 waiting: RequestQueue | None = None) -> None:
+        super().__init__(allocator, limits, rng, waiting)
+        # request id -> the computed tokens of its hit when first looked up while waiting (`lookup`)
+        self.first_look_computed_tokens: dict[int, int] = {}
+
+    def lookup(self, req: Request) -> PrefixHit:
+        """`Scheduler.lookup`, its computed part frozen while `req` waits, as vLLM v0's `ComputedBlocksTracker.
+        get_num_cached_tokens` does: the first time `_schedule_prefills` counts a waiting sequence's tokens
+        (the queue's head, before any budget, seats or blocks check) it records the computed blocks then, and
+        for a sequence still in prefill returns that record ever after, until the sequence is freed
+        (`remove_seq`: a recompute preemption, so a re-admission counts anew). A prefix that becomes computed
+        while it waits (a request admitted with it in one step, or ahead of it) is shared but computed again:
+        the budget and the model runner (`get_common_computed_block_ids`) both read the record. Where the record
+        exceeds what is computed now (its blocks evicted meanwhile, which would have vLLM skip tokens whose KV
+        is gone) kvsim computes them: the smaller count."""
+        hit = super().lookup(req)
+        if not self.alloc.enable_caching:
+            return hit
+        first = self.first_look_computed_tokens.setdefault(req.request_id, hit.num_computed_tokens)
+        if first >= hit.num_computed_tokens:
+            return hit
+        return PrefixHit(hit.num_tokens, hit.block_ids, hit.num_tokens - first)
+
     def admit(self, req: Request, num_new: int, hit: PrefixHit, plan: StepPlan, now: float) -> None:
         """`Scheduler.admit`, and with prefix caching vLLM v0's block counts too (`PrefixCacheStats.record_blocks`):
         v0 allocates every token an admission computes or hits (the prompt, after a recompute the output so
@@ -63,6 +93,7 @@ class V0Scheduler(Scheduler):
         hit. v0 loads no KV from elsewhere (kv_offload and disaggregation need v1), and caches only in paged
         pools."""
         super().admit(req, num_new, hit, plan, now)
+        self.first_look_computed_tokens.pop(req.request_id, None)  # running now: `lookup`'s record is done
         if self.alloc.enable_caching:
             assert isinstance(self.alloc, PagedAllocator)
             self.prefix_stats.record_blocks(req.num_tokens // self.alloc.block_size, len(hit.block_ids))
@@ -130,9 +161,9 @@ class V0Scheduler(Scheduler):
                 waiting.pop()
                 self._let_go(req, plan)
                 continue
+            hit = self.lookup(req)  # before the seats check: v0 counts the tokens first (`lookup`)
             if num_seqs + req.num_samples > self.limits.max_num_seqs:
                 break
-            hit = self.lookup(req)
             num_new = req.num_tokens - hit.num_computed_tokens  # v0's budget counts the uncached tokens
             if num_new > budget or not self.can_admit(req, hit):
                 break
@@ -231,6 +262,7 @@ class V0Scheduler(Scheduler):
         the ignored groups' after the scheduled ones'): when that step ends (`complete`), at once if it runs
         nothing (`select`)."""
         assert req.num_output_tokens > 0, "only a request preempted while decoding outgrows the pool"
+        self.first_look_computed_tokens.pop(req.request_id, None)
         req.num_length_capped_tokens += req.output_len - req.num_output_tokens
         req.output_len = req.num_output_tokens
         plan.ignored.append(req)
