@@ -111,19 +111,23 @@ class PagedSwaps:
         return held
 
     def can_swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> bool:
-        return ceil_div(self.swapped_slots(seq_ids) + reserve_slots, self.block_size) <= self.pool.num_free_blocks
+        return self._fits(self.swapped_slots(seq_ids), reserve_slots)
+
+    def _fits(self, num_slots: int, reserve_slots: int) -> bool:
+        """Whether the GPU pool's free blocks hold `num_slots` swapped in and `reserve_slots` more."""
+        return ceil_div(num_slots + reserve_slots, self.block_size) <= self.pool.num_free_blocks
 
     def swap_in(self, seq_ids: Sequence[int], reserve_slots: int = 0) -> SwapResult | None:
         """Bring a swapped group back to new GPU blocks, but those whose content a GPU block in use holds, which
         it shares (`_held_on_gpu`); None (nothing changed) if they don't fit. Every block is moved (vLLM v0
         copies a held one too, over the same content)."""
-        if not self.can_swap_in(seq_ids, reserve_slots):
-            return None
         assert self.cpu_pool is not None
         seqs = [self.swapped[s] for s in seq_ids]
         unique = distinct_blocks([s.block_table for s in seqs])
-        held = self._held_on_gpu(seqs)
+        held = self._held_on_gpu(seqs)  # once: `can_swap_in`'s count is the moved blocks' slots
         moved = [b for b in unique if b not in held]
+        if not self._fits(len(moved) * self.block_size, reserve_slots):
+            return None
         fresh = self.pool.get_new_blocks(len(moved))
         mapping = {**dict(zip(moved, fresh, strict=True)), **held}
         self.pool.touch(dict.fromkeys(held.values()))  # each held block's first reference; repeats below
